@@ -1,0 +1,133 @@
+"""Variants: what each image holds, its tag and labels, and which one `auto` means on this host.
+
+This is the one place that derives an image tag; build, run, commit, save and load all ask it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dockyard import __version__
+from dockyard.errors import DockyardError
+from dockyard.gpus import Host
+from dockyard.settings import ROOT, Settings
+
+PINNED = ("torch", "triton", "deepspeed", "bitsandbytes", "transformers", "peft", "accelerate", "nvidia-ml-py")
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    description: str
+    base: str
+    cuda: str
+    python: str
+    os_packages: list[str]
+    torch_cuda_arch_list: str
+    ds_ops: list[str]
+    pins: dict[str, str]
+
+    @property
+    def is_cuda(self) -> bool:
+        return bool(self.cuda)
+
+    @property
+    def lock_file(self) -> Path:
+        return ROOT / "images" / "locks" / f"{self.name}.txt"
+
+    @property
+    def requirements_in(self) -> str:
+        """What the lock is resolved from: the pins plus build tools DeepSpeed's sdist needs."""
+        lines = [f"{k}=={v}" for k, v in self.pins.items() if v]
+        return "\n".join(lines + ["setuptools", "wheel", "ninja", "psutil", "pyyaml"]) + "\n"
+
+
+@lru_cache(maxsize=8)
+def _load(path: Path) -> dict[str, Variant]:
+    try:
+        raw = yaml.safe_load(path.read_text())["variants"]
+        out = {name: Variant(name=name, **spec) for name, spec in raw.items()}
+    except FileNotFoundError:
+        raise DockyardError(f"variants file {path} not found: set `variants_file` in invoke.yaml") from None
+    except (ValidationError, KeyError, TypeError) as e:
+        raise DockyardError(f"invalid variants file {path}: {e}") from None
+    for v in out.values():
+        missing = [p for p in PINNED if p not in v.pins]
+        if missing:
+            raise DockyardError(f"variant {v.name} in {path} lacks pins for: {', '.join(missing)}")
+    return out
+
+
+def all_variants(settings: Settings) -> dict[str, Variant]:
+    return _load(settings.path(settings.variants_file))
+
+
+def _cuda_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
+    """The newest CUDA variant the host driver supports, else cpu; with the reason in words."""
+    if not host.gpus:
+        why = host.error or "NVML sees no GPU"
+        return variants["cpu"], f"auto → cpu: {why}"
+    fits = [v for v in variants.values() if v.is_cuda and _cuda_key(v.cuda) <= _cuda_key(host.cuda)]
+    if not fits:
+        have = ", ".join(f"{v.name} (CUDA {v.cuda})" for v in variants.values() if v.is_cuda)
+        raise DockyardError(
+            f"the driver {host.driver} supports CUDA {host.cuda}, older than every CUDA variant: {have}. "
+            "Upgrade the driver, or add a variant for an older CUDA to images/variants.yaml."
+        )
+    best = max(fits, key=lambda v: _cuda_key(v.cuda))
+    return best, f"auto → {best.name}: {host.count} GPU(s), driver {host.driver} supports CUDA {host.cuda}"
+
+
+def resolve(settings: Settings, name: str = "auto", host: Host | None = None) -> tuple[Variant, str]:
+    """A variant by name (or `auto`), and a line that says how it was chosen."""
+    variants = all_variants(settings)
+    if name == "auto":
+        if host is None:
+            from dockyard.gpus import probe
+
+            host = probe()
+        return pick_auto(variants, host)
+    if name not in variants:
+        raise DockyardError(f"unknown variant {name!r}; valid: auto, {', '.join(variants)}")
+    return variants[name], f"variant {name}"
+
+
+def tag(settings: Settings, variant: Variant) -> str:
+    """The image reference: <image_name>:<project version>-<variant>."""
+    return f"{settings.image_name}:{__version__}-{variant.name}"
+
+
+def lock_hash(variant: Variant) -> str:
+    if not variant.lock_file.exists():
+        raise DockyardError(f"no lock file for {variant.name}: run `invoke lock --variant={variant.name}`")
+    return hashlib.sha256(variant.lock_file.read_bytes()).hexdigest()
+
+
+def labels(variant: Variant, *, revision: str, created: str, source: str = "") -> dict[str, str]:
+    """Every label the image carries: what is inside, and what it was built from."""
+    return {
+        "dockyard.variant": variant.name,
+        "dockyard.cuda": variant.cuda,
+        "dockyard.python": variant.python,
+        "dockyard.torch": variant.pins["torch"],
+        "dockyard.triton": variant.pins["triton"],
+        "dockyard.deepspeed": variant.pins["deepspeed"],
+        "dockyard.bitsandbytes": variant.pins["bitsandbytes"],
+        "dockyard.transformers": variant.pins["transformers"],
+        "dockyard.lock": lock_hash(variant),
+        "org.opencontainers.image.title": "dockyard",
+        "org.opencontainers.image.version": __version__,
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.source": source,
+    }
