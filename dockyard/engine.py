@@ -45,11 +45,12 @@ def run(
     input: bytes | None = None,
     cwd: Path | None = None,
     what: str = "",
+    on_line=None,
 ) -> subprocess.CompletedProcess:
     """Run one command. `env` is added to the current environment.
 
     capture=True returns stdout (text) without printing it; otherwise output streams to the terminal
-    and only its last lines are kept for the error message.
+    and only its last lines are kept for the error message; `on_line` sees each streamed line.
     """
     argv = [str(a) for a in argv]
     if not quiet:
@@ -74,6 +75,8 @@ def run(
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 tail_lines.append(line.rstrip())
+                if on_line:
+                    on_line(line.rstrip())
             p.wait()
             proc = subprocess.CompletedProcess(argv, p.returncode, "", "")
             out, tail = "", list(tail_lines)

@@ -22,7 +22,6 @@ class Settings(BaseModel):
 
     image_name: str = "dockyard"
     variants_file: Path = Path("images/variants.yaml")
-    recipes_dir: Path = Path("recipes")
     runs_dir: Path = Path("runs")
     wheelhouse_dir: Path = Path("images/wheelhouse")
     dist_dir: Path = Path("images/dist")
@@ -36,6 +35,8 @@ class Settings(BaseModel):
     extra_index_url: str = ""
     find_links: str = ""
     base_image_cpu: str = "dockyard-base:bookworm"
+    ssh: str = "ssh"
+    allowed_signers: str = ""
 
     def path(self, p: Path | str) -> Path:
         """A setting's path made absolute against the project root (with ~ expanded)."""

@@ -1,0 +1,259 @@
+"""`invoke run` and `invoke shell`: the one place that builds `docker run`, and the torchrun launch line.
+
+A run is: pick the variant → check the host can run it (engine, NVIDIA runtime, driver ≥ image CUDA) →
+create runs/<run-id>/ → `docker run` (GPUs, --ipc=host, ulimits, mounts, host UID/GID) of
+`torchrun ... -m dockyard.train` → read the manifest the trainer wrote and summarise it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dockyard import engine, variants
+from dockyard.errors import DockyardError
+from dockyard.gpus import Host, probe
+from dockyard.settings import ROOT, Settings
+from dockyard.variants import Variant
+
+WORKSPACE = "/workspace"
+CPU_NPROC = 2  # processes per node where there is no GPU: enough to exercise every distributed code path
+
+
+@dataclass
+class Topology:
+    nproc: int
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 29500
+
+
+@dataclass
+class RunPlan:
+    argv: list[str]
+    run_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str]:
+    """One process per GPU (or per CPU slot) on this node; static rendezvous across nodes."""
+    argv = list(launcher or ["torchrun"]) + [f"--nproc-per-node={topo.nproc}"]
+    if topo.nodes > 1:
+        argv += [f"--nnodes={topo.nodes}", f"--node-rank={topo.node_rank}",
+                 f"--master-addr={topo.master_addr}", f"--master-port={topo.master_port}"]
+    else:
+        argv += ["--standalone"]
+    return argv
+
+
+def entry_argv(recipe: str, run_dir: str, overrides: list[str], resume: bool = False) -> list[str]:
+    argv = ["-m", "dockyard.train", "--recipe", recipe, "--run-dir", run_dir]
+    if resume:
+        argv.append("--resume")
+    return argv + (["--", *overrides] if overrides else [])
+
+
+def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,
+                      host: Host, variant: Variant) -> Topology:
+    if nodes < 1:
+        raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
+    if nodes > 1 and not master_addr:
+        raise DockyardError("--nodes > 1 needs --master-addr: the address of node 0, reachable from every node")
+    if not 0 <= node_rank < nodes:
+        raise DockyardError(f"--node-rank must be in 0..{nodes - 1} (got {node_rank})")
+    if not 1 <= master_port <= 65535:
+        raise DockyardError(f"--master-port must be a TCP port (got {master_port})")
+    if variant.is_cuda:
+        if nproc > host.count:
+            raise DockyardError(f"--nproc={nproc} but this host has {host.count} GPU(s): one process per GPU")
+        nproc = nproc or host.count
+    else:
+        nproc = nproc or CPU_NPROC
+    if nproc < 1:
+        raise DockyardError(f"--nproc must be at least 1 (got {nproc})")
+    return Topology(nproc, nodes, node_rank, master_addr, master_port)
+
+
+def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_require: bool) -> None:
+    """Refuse before starting what would fail inside the container with a cryptic message."""
+    if not variant.is_cuda:
+        return
+    if not host.gpus:
+        raise DockyardError(f"variant {variant.name} needs NVIDIA GPUs but {host.error or 'NVML sees none'}; "
+                            "use --variant=cpu")
+    if "nvidia" not in (engine_info.get("Runtimes") or {}) and not engine.which("nvidia-container-runtime-hook"):
+        raise DockyardError(
+            "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
+            "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
+    if variants._cuda_key(variant.cuda) > variants._cuda_key(host.cuda) and not disable_require:
+        raise DockyardError(
+            f"image {variant.name} needs CUDA {variant.cuda} but driver {host.driver} supports CUDA {host.cuda}; "
+            "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
+            "forward compatibility applies (datacenter GPUs with the compat package)")
+
+
+def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool) -> Path:
+    runs = settings.path(settings.runs_dir)
+    run_id = run_id or f"{recipe}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if "/" in run_id or run_id.startswith("."):
+        raise DockyardError(f"--run-id must be a plain folder name (got {run_id!r})")
+    d = runs / run_id
+    if resume:
+        if not d.is_dir():
+            raise DockyardError(f"--resume: no run folder {d} to resume")
+    elif d.exists() and any(d.iterdir()):
+        raise DockyardError(f"run folder {d} already holds a run: pick another --run-id, or add --resume to continue it")
+    return d
+
+
+def docker_run_argv(settings: Settings, image: str, *, gpus: bool, run_dir: Path | None, name: str,
+                    env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
+                    mounts: list[tuple[Path, str, bool]]) -> list[str]:
+    """Every `docker run` of the project: same flags for training and for `invoke shell`."""
+    argv = engine.docker(settings, "run", "--rm", "--init", "--ipc=host",
+                         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+                         "--user", f"{os.getuid()}:{os.getgid()}", "--name", name)
+    if interactive:
+        argv += ["-it"]
+    if gpus:
+        argv += ["--gpus", "all"]
+    if network_host:
+        argv += ["--network", "host"]
+    hf = settings.path(settings.hf_cache)
+    all_env = {"HOME": "/tmp", "HF_HOME": f"{WORKSPACE}/.cache/huggingface", "HF_HUB_OFFLINE": "1", **env}
+    for k, v in all_env.items():
+        argv += ["-e", f"{k}={v}"]
+    vols = [(hf, f"{WORKSPACE}/.cache/huggingface", False)]
+    if run_dir is not None:
+        vols.append((run_dir.parent, f"{WORKSPACE}/runs", False))
+    for host_path, target, ro in vols + mounts:
+        argv += ["-v", f"{host_path}:{target}{':ro' if ro else ''}"]
+    return argv + ["-w", "/opt/dockyard", image, *command]
+
+
+def _user_mounts(settings: Settings, overrides: list[str]) -> tuple[list[tuple[Path, str, bool]], list[str]]:
+    """The model folder and data from settings, mounted read-only and passed to the trainer."""
+    mounts, extra = [], []
+    for key, target in (("model", f"{WORKSPACE}/model"), ("data", f"{WORKSPACE}/data")):
+        value = getattr(settings, key)
+        if not value or f"--{key}" in overrides:
+            continue
+        p = settings.path(value)
+        if not p.exists():
+            raise DockyardError(f"setting {key}: {p} does not exist")
+        inside = target if p.is_dir() else f"{target}/{p.name}"
+        mounts.append((p if p.is_dir() else p.parent, target, True))
+        extra += [f"--{key}", inside]
+    return mounts, extra
+
+
+def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
+             topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
+             disable_require: bool = False) -> RunPlan:
+    """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing)."""
+    from dockyard.train.recipe import load_recipe
+
+    load_recipe(recipe)  # unknown recipe → error listing the valid names, before anything starts
+    check_gpu_host(variant, host, engine_info, disable_require)
+    image = variants.tag(settings, variant)
+    mounts, extra = _user_mounts(settings, overrides)
+    env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_VARIANT": variant.name}
+    if disable_require:
+        env["NVIDIA_DISABLE_REQUIRE"] = "1"
+    command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
+    argv = docker_run_argv(settings, image, gpus=variant.is_cuda, run_dir=run_dir, name=f"dockyard-{run_dir.name}",
+                           env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts)
+    return RunPlan(argv, run_dir)
+
+
+def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
+                resume: bool = False, cpu: bool = True) -> RunPlan:
+    """The same entry point on this host, without a container (development, or GPU hosts without Docker)."""
+    from dockyard.train.recipe import load_recipe
+
+    load_recipe(recipe)
+    env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    if cpu:
+        env["DS_ACCELERATOR"] = "cpu"
+    launcher = [sys.executable, "-m", "torch.distributed.run"]
+    return RunPlan(torchrun_argv(topo, launcher) + entry_argv(recipe, str(run_dir), overrides, resume), run_dir, env)
+
+
+def summarise(run_dir: Path) -> dict:
+    """Read the trainer's manifest and print the lines a user looks at; a failed run is an error."""
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        raise DockyardError(f"the run wrote no manifest ({path}): see {run_dir}/train.log")
+    m = json.loads(path.read_text())
+    eff = m.get("strategy", {}).get("in_effect", {})
+    met = m.get("metrics", {})
+    print(f"run {m.get('run_id')}: {m.get('status')} · recipe {m.get('recipe')} · world size {m.get('world_size')} "
+          f"on {m.get('nodes')} node(s) · {eff.get('engine')}"
+          + (f" ZeRO-{eff['zero_stage']}" if eff.get("zero_stage") is not None else ""))
+    if met:
+        print(f"  steps {met.get('steps')} · loss {met.get('loss_first'):.4f} → {met.get('loss_last'):.4f} · "
+              f"{met.get('tokens_per_second', 0):.0f} tokens/s · peak memory {met.get('peak_memory_bytes', 0) / 2**20:.0f} MiB")
+    print(f"  {run_dir}")
+    if m.get("status") != "completed":
+        raise DockyardError(f"run {m.get('run_id')} {m.get('status')}: {m.get('error', 'see train.log')}")
+    return m
+
+
+def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", nproc: int = 0, nodes: int = 1,
+        node_rank: int = 0, master_addr: str = "", master_port: int = 29500, run_id: str = "",
+        disable_require: bool = False, native: bool = False, resume: bool = False, dry: bool = False,
+        overrides: list[str] | None = None) -> dict | None:
+    overrides = list(overrides or [])
+    host = probe()
+    chosen, why = variants.resolve(settings, variant, host)
+    print(why)
+    topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen)
+    run_dir = new_run_dir(settings, recipe, run_id, resume)
+    if native:
+        plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
+                           resume=resume, cpu=not chosen.is_cuda)
+    else:
+        info = {} if dry else engine.engine_info(settings)
+        if not dry and not engine.image_inspect(settings, variants.tag(settings, chosen)):
+            raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build --variant={chosen.name}`"
+                                f" (or `invoke build run --recipe={recipe}`)")
+        plan = plan_run(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
+                        run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require)
+        if not dry:
+            img = engine.image_inspect(settings, variants.tag(settings, chosen))
+            plan.argv[plan.argv.index("-e") : plan.argv.index("-e")] = ["-e", f"DOCKYARD_IMAGE_ID={img['Id']}"]
+    if dry:
+        engine.echo(plan.argv, plan.env)
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from dockyard import monitor
+
+    with monitor.watch(run_dir):
+        engine.run(plan.argv, env=plan.env, check=False)
+    return summarise(run_dir)
+
+
+def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:
+    host = probe()
+    chosen, why = variants.resolve(settings, variant, host)
+    print(why, file=sys.stderr)
+    image = variants.tag(settings, chosen)
+    if not dry:
+        check_gpu_host(chosen, host, engine.engine_info(settings), False)
+    mounts, _ = _user_mounts(settings, [])
+    runs = settings.path(settings.runs_dir)
+    argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
+                           env={"DOCKYARD_IMAGE_REF": image, "DOCKYARD_VARIANT": chosen.name}, network_host=False,
+                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts)
+    if dry:
+        engine.echo(argv)
+        return
+    runs.mkdir(parents=True, exist_ok=True)
+    engine.echo(argv)
+    os.execvp(argv[0], argv)

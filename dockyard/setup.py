@@ -1,0 +1,98 @@
+"""`invoke setup`: make a fresh host ready, idempotently — engine, cpu base image, wheelhouse."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from dockyard import build, engine, variants
+from dockyard.errors import DockyardError
+from dockyard.settings import Settings
+
+APT_PACKAGES = ["docker.io", "debootstrap", "zstd", "pigz", "openssh-client", "rsync"]
+
+
+def _is_debian() -> bool:
+    return Path("/etc/debian_version").exists()
+
+
+def ensure_engine(settings: Settings, dry: bool = False) -> None:
+    try:
+        info = engine.engine_info(settings)
+        print(f"engine: Docker {info.get('ServerVersion')} answers ({info.get('Driver')})")
+        return
+    except DockyardError:
+        if os.geteuid() != 0 or not _is_debian():
+            raise
+    steps = [["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *APT_PACKAGES]]
+    if dry:
+        for s in steps:
+            engine.echo(s)
+        print("then start dockerd (systemctl, or setsid dockerd where no init system runs)")
+        return
+    for s in steps:
+        engine.run(s, env={"DEBIAN_FRONTEND": "noninteractive"}, what="installing the Docker engine")
+    engine.docker_binary.cache_clear()
+    if Path("/run/systemd/system").exists():
+        engine.run(["systemctl", "enable", "--now", "docker"], what="starting docker")
+    else:
+        log = open("/var/log/dockerd.log", "ab")
+        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+    for _ in range(60):
+        try:
+            engine.engine_info(settings)
+            print("engine: started")
+            return
+        except DockyardError:
+            time.sleep(1)
+    raise DockyardError("dockerd did not answer within 60 s: see /var/log/dockerd.log")
+
+
+def debootstrap_plan(target: Path, mirror: str, suite: str = "bookworm") -> list[str]:
+    return ["debootstrap", "--variant=minbase", suite, str(target), mirror]
+
+
+def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
+    name = settings.base_image_cpu
+    if not dry and engine.image_inspect(settings, name):
+        print(f"base image: {name} present")
+        return
+    if not name.startswith("dockyard-base:"):
+        argv = engine.docker(settings, "pull", name)
+        engine.echo(argv) if dry else engine.run(argv, what=f"pulling {name}")
+        return
+    if not shutil.which("debootstrap") and not dry:
+        raise DockyardError("debootstrap is missing: `apt-get install debootstrap` (or run `sudo invoke setup`)")
+    with tempfile.TemporaryDirectory(prefix="dockyard-rootfs-", dir="/var/tmp") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        argv = debootstrap_plan(rootfs, mirror)
+        importer = engine.docker(settings, "import", "-", name)
+        if dry:
+            engine.echo(argv)
+            print(f"+ tar -C {rootfs} -c . | {engine.quote(importer)}")
+            return
+        engine.run(argv, what="debootstrap of the cpu base image")
+        engine.echo(importer)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        imp = subprocess.run(importer, stdin=tar.stdout, capture_output=True, text=True)
+        tar.stdout.close()
+        if tar.wait() != 0 or imp.returncode != 0:
+            raise DockyardError(f"importing {name} failed: {imp.stderr.strip()}")
+    print(f"base image: {name} made with debootstrap from {mirror}")
+
+
+def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
+    ensure_engine(settings, dry)
+    variant, why = variants.resolve(settings, "auto")
+    print(why)
+    if not variant.is_cuda:
+        ensure_cpu_base(settings, mirror, dry)
+    if dry or not build.wheelhouse_complete(settings, variant):
+        build.wheelhouse(settings, variant.name, dry=dry)
+    else:
+        print(f"wheelhouse: {build.wheelhouse_dir(settings, variant)} matches the lock")
+    print(f"ready: `invoke build run --recipe=zero2` builds {variants.tag(settings, variant)} and trains in it")

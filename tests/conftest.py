@@ -1,0 +1,48 @@
+"""Shared fixtures. Integration tests use the real Docker engine that .ci/run starts; nothing is faked
+except NVML readings (recorded, fed through dockyard.gpus.Host) where a test needs GPUs this host lacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dockyard import engine, settings as settings_mod, variants
+from dockyard.settings import ROOT
+
+INVOKE = [sys.executable, "-m", "invoke"]
+
+
+@pytest.fixture(scope="session")
+def settings():
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "invoke.yaml").read_text())["dockyard"]
+    if os.environ.get("INVOKE_DOCKYARD_DOCKER"):
+        raw["docker"] = os.environ["INVOKE_DOCKYARD_DOCKER"]
+    return settings_mod.load(raw)
+
+
+def invoke(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """Run `invoke ARGS` as a user would, from the project root."""
+    return subprocess.run([*INVOKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def engine_ready(settings):
+    """The real engine must answer: CI starts one. A missing engine is a failure, not a skip."""
+    return engine.engine_info(settings)
+
+
+@pytest.fixture(scope="session")
+def cpu_image(settings, engine_ready) -> str:
+    """The project's cpu image, built once per session through `invoke build` (cached layers make it quick)."""
+    r = invoke("build", "--variant=cpu")
+    assert r.returncode == 0, f"invoke build --variant=cpu failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    ref = variants.tag(settings, variants.resolve(settings, "cpu")[0])
+    assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
+    return ref

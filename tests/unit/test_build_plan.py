@@ -1,0 +1,94 @@
+"""Build plans: the exact docker build / pip download / uv commands, built without running anything."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from dockyard import build, variants
+from dockyard.settings import ROOT
+
+
+def _args(argv, flag):
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == flag)
+
+
+@pytest.fixture
+def cu130(settings):
+    return variants.resolve(settings, "cu130")[0]
+
+
+def test_cuda_build_plan(settings, cu130):
+    (argv, env), = build.build_plan(settings, cu130, revision="deadbeef", created="t").steps
+    assert env == {"DOCKER_BUILDKIT": "1"}
+    assert argv[argv.index("-t") + 1] == "dockyard:0.1.0-cu130"
+    args = _args(argv, "--build-arg")
+    assert args["BASE_IMAGE"] == cu130.base
+    assert set(args["DOCKYARD_DS_OPS"].split()) >= {"CPU_ADAM", "FUSED_ADAM", "AIO"}
+    assert args["TORCH_CUDA_ARCH_LIST"] and args["DS_ACCELERATOR"] == "cuda"
+    assert args["EXPECT_TORCH"] == cu130.pins["torch"] and args["EXPECT_TRITON"] == cu130.pins["triton"]
+    labels = _args(argv, "--label")
+    assert labels["org.opencontainers.image.revision"] == "deadbeef" and labels["dockyard.variant"] == "cu130"
+    assert "--no-cache" not in argv and argv[-1] == str(ROOT)
+
+
+def test_cpu_build_uses_the_debootstrap_base_and_cpu_ops(settings):
+    cpu = variants.resolve(settings, "cpu")[0]
+    (argv, _), = build.build_plan(settings, cpu, no_cache=True).steps
+    args = _args(argv, "--build-arg")
+    assert args["BASE_IMAGE"] == settings.base_image_cpu
+    assert "CPU_ADAM" in args["DOCKYARD_DS_OPS"] and args["DS_ACCELERATOR"] == "cpu"
+    assert "--no-cache" in argv
+
+
+def test_wheelhouse_plan_is_hash_checked_for_the_image_platform(settings, cu130):
+    (argv, _), = build.wheelhouse_plan(settings, cu130).steps
+    assert "--require-hashes" in argv and "--no-deps" in argv
+    assert argv[argv.index("--python-version") + 1] == "3.12"
+    assert "manylinux_2_28_x86_64" in argv and str(cu130.lock_file) in argv
+
+
+def test_index_and_ca_settings_reach_pip_but_not_the_image(settings, cu130):
+    s = settings.model_copy(update={"index_url": "https://pypi.corp/simple", "ca_bundle": "/etc/corp-ca.pem"})
+    (argv, env), = build.wheelhouse_plan(s, cu130).steps
+    assert argv[argv.index("--index-url") + 1] == "https://pypi.corp/simple" and env["PIP_CERT"] == "/etc/corp-ca.pem"
+    (bargv, _), = build.build_plan(s, cu130).steps
+    assert "corp" not in " ".join(bargv)  # never a build arg: args are recorded in the image history
+
+
+def test_dockerfile_stays_offline_and_layers_code_last():
+    text = (ROOT / "images" / "Dockerfile").read_text()
+    assert not re.search(r"^#\s*syntax=", text, re.M), "a syntax line makes BuildKit pull a frontend (fails offline)"
+    assert "libaio-dev" in text and "--no-index" in text and "DS_BUILD_EVOFORMER_ATTN=0" in text
+    copies = [l.split()[1] for l in text.splitlines() if l.startswith("COPY ") and "--from" not in l and "wheel" not in l and "locks" not in l]
+    assert copies[-1] == "recipes/", "recipes must be the top layer so a recipe change rebuilds only that"
+    last_run = max(i for i, l in enumerate(text.splitlines()) if l.startswith("RUN "))
+    first_copy = min(i for i, l in enumerate(text.splitlines()) if l.startswith("COPY dockyard/"))
+    assert last_run < first_copy, "no heavy RUN step may come after the project's code"
+
+
+def test_build_step_tracker_names_the_failing_step():
+    t = build._StepTracker()
+    for line in ["#5 [base 2/2] RUN apt-get update", "#5 12.1 Reading...", "#10 [deepspeed-build 1/1] RUN pip wheel x",
+                 "#10 4.3 error: metadata-generation-failed"]:
+        t(line)
+    assert t.last.startswith("[deepspeed-build 1/1] RUN pip wheel")
+
+
+def test_lock_resolution_for_a_cuda_variant_pins_the_triton_torch_wants(settings, cu130, tmp_path):
+    """Real resolution against the package index (no GPU needed): the lock holds torch's own triton."""
+    in_file = tmp_path / "cu130.in"
+    in_file.write_text(cu130.requirements_in)
+    (argv, env), = build.lock_plan(settings, cu130, in_file, tmp_path / "lock.txt").steps
+    r = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lock = (tmp_path / "lock.txt").read_text()
+    assert f"torch=={cu130.pins['torch']}" in lock and f"triton=={cu130.pins['triton']}" in lock
+    assert "nvidia-nccl" in lock  # the CUDA build of torch, not a CPU one
+
+
+def test_lock_with_a_triton_torch_does_not_want_is_refused(settings, cu130):
+    bad = cu130.model_copy(update={"pins": {**cu130.pins, "triton": "2.1.0"}})
+    with pytest.raises(Exception, match="triton"):
+        build.check_lock(bad)

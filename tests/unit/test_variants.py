@@ -1,0 +1,67 @@
+"""Variants: tags, labels, and which variant `auto` picks for recorded NVML readings (no GPU here)."""
+
+import pytest
+
+from dockyard import build, variants
+from dockyard.errors import DockyardError
+from dockyard.gpus import Gpu, Host
+
+H100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * 2**30)
+
+
+def test_tag_says_version_and_variant(settings):
+    cpu = variants.resolve(settings, "cpu")[0]
+    assert variants.tag(settings, cpu) == "dockyard:0.1.0-cpu"
+
+
+def test_labels_carry_what_is_inside(settings):
+    for v in variants.all_variants(settings).values():
+        labels = variants.labels(v, revision="abc123", created="2026-01-01T00:00:00+00:00")
+        for key in ("dockyard.variant", "dockyard.cuda", "dockyard.python", "dockyard.torch", "dockyard.triton",
+                    "dockyard.deepspeed", "dockyard.bitsandbytes", "dockyard.lock",
+                    "org.opencontainers.image.version", "org.opencontainers.image.revision",
+                    "org.opencontainers.image.created", "org.opencontainers.image.source",
+                    "org.opencontainers.image.title"):
+            assert key in labels, (v.name, key)
+        assert labels["dockyard.lock"] == variants.lock_hash(v) and len(labels["dockyard.lock"]) == 64
+        assert labels["dockyard.cuda"] == ("" if v.name == "cpu" else v.cuda)
+
+
+def test_at_least_two_cuda_variants_and_cpu(settings):
+    vs = variants.all_variants(settings)
+    cuda = sorted((v for v in vs.values() if v.is_cuda), key=lambda v: variants._cuda_key(v.cuda))
+    assert "cpu" in vs and len(cuda) >= 2
+    assert variants._cuda_key(cuda[0].cuda) <= (12, 4) and variants._cuda_key(cuda[-1].cuda) >= (12, 8)
+    for v in cuda:
+        assert v.base.startswith("nvidia/cuda:") and "cudnn-devel" in v.base
+        assert {"CPU_ADAM", "FUSED_ADAM", "AIO"} <= set(v.ds_ops) and v.torch_cuda_arch_list
+
+
+@pytest.mark.parametrize("cuda, expected", [("13.2", "cu130"), ("13.0", "cu130"), ("12.8", "cu124"), ("12.4", "cu124")])
+def test_auto_picks_newest_variant_the_driver_supports(settings, cuda, expected):
+    host = Host(driver="580.00", cuda=cuda, gpus=[H100, H100])
+    v, why = variants.resolve(settings, "auto", host)
+    assert v.name == expected and "2 GPU(s)" in why
+
+
+def test_auto_without_gpus_is_cpu_and_says_why(settings):
+    v, why = variants.resolve(settings, "auto", Host(error="NVML unavailable: no NVIDIA driver"))
+    assert v.name == "cpu" and "no NVIDIA driver" in why
+
+
+def test_driver_too_old_for_every_variant_is_a_clear_error(settings):
+    with pytest.raises(DockyardError, match=r"driver 470\.1 supports CUDA 11\.4.*cu124"):
+        variants.resolve(settings, "auto", Host(driver="470.1", cuda="11.4", gpus=[H100]))
+
+
+def test_unknown_variant_lists_valid_names(settings):
+    with pytest.raises(DockyardError, match=r"unknown variant 'cu99'.*auto, .*cpu"):
+        variants.resolve(settings, "cu99")
+
+
+def test_committed_locks_agree_with_pins(settings):
+    """A pin edited in variants.yaml without `invoke lock` would build something else than the label says."""
+    for v in variants.all_variants(settings).values():
+        build.check_lock(v)
+        text = v.lock_file.read_text()
+        assert "--hash=sha256:" in text and text.count("==") >= 40
