@@ -96,19 +96,20 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "master_addr": "address of node 0 (required with --nodes > 1)",
             "master_port": "rendezvous port on node 0 (default 29500)",
             "run_id": "name of the run folder (default: <recipe>-<timestamp>); an existing one is refused",
+            "resume": "continue the run named by --run-id from its last checkpoint",
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
             "dry": "print the exact command and run nothing"})
 @_user_errors
 def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
-        master_port=29500, run_id="", disable_require=False, native=False, dry=False):
+        master_port=29500, run_id="", resume=False, disable_require=False, native=False, dry=False):
     """Train a recipe in the image, one process per GPU (torchrun). Trainer overrides go after `--`,
     e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
     from dockyard import launch
 
     launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
                node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
-               disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c))
+               resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c))
 
 
 def _remainder(c) -> list[str]:
@@ -133,6 +134,41 @@ def shell(c, variant="auto", dry=False):
     from dockyard import launch
 
     launch.shell(_settings(c), variant=variant, dry=dry)
+
+
+# --- the machine -----------------------------------------------------------------------------
+
+@task(help={"json": "print the checks as JSON instead of a table"})
+@_user_errors
+def doctor(c, json=False):
+    """Check this host: Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the
+    driver runs, /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops.
+    Each check says how to fix it; exits non-zero when one fails. A host without GPUs passes (cpu variant)."""
+    from dockyard import doctor as doctor_mod
+    from dockyard.errors import DockyardError
+
+    checks = doctor_mod.run(_settings(c))
+    print(doctor_mod.to_json(checks)) if json else doctor_mod.print_table(checks)
+    failed = doctor_mod.failures(checks)
+    if failed:
+        raise DockyardError(f"{len(failed)} check(s) failed: {', '.join(f.name for f in failed)}")
+
+
+@task(help={"model": "a local model folder (config.json; no weights are read) or a parameter count: 8B, 1.5B, 350M",
+            "gpus": "GPUs per node (default: what NVML sees)",
+            "gpu_mem": "GiB per GPU (default: what NVML sees)",
+            "cpu_mem": "GiB of host memory per node (default: this host's)",
+            "seq_len": "tokens per sequence (default 2048)",
+            "batch": "sequences per GPU per step (default 1)",
+            "json": "print the plan as JSON"})
+@_user_errors
+def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, json=False):
+    """Estimate GPU memory per device and host memory per node for every recipe (model states as DeepSpeed
+    counts them, plus activations with and without gradient checkpointing), and recommend the fastest that fits."""
+    from dockyard import plan as plan_mod
+
+    result = plan_mod.run(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len, batch=batch)
+    print(plan_mod.to_json(result)) if json else plan_mod.print_plan(result)
 
 
 # --- project ---------------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""The cpu image on the real engine: what it holds, `invoke run` of zero2 in it, and layer reuse on rebuild."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dockyard import build, engine, variants
+from dockyard.settings import ROOT
+from tests.conftest import invoke
+
+
+def _docker(settings, *args, check=True):
+    return subprocess.run(engine.docker(settings, *args), capture_output=True, text=True, check=check)
+
+
+def test_image_holds_what_its_labels_say(settings, cpu_image):
+    info = engine.image_inspect(settings, cpu_image)
+    labels = info["Config"]["Labels"]
+    cpu = variants.resolve(settings, "cpu")[0]
+    assert labels["dockyard.variant"] == "cpu" and labels["dockyard.lock"] == variants.lock_hash(cpu)
+    assert labels["dockyard.torch"] == cpu.pins["torch"] and labels["org.opencontainers.image.version"] == "0.1.0"
+    assert len(labels["org.opencontainers.image.revision"]) >= 40
+    assert info["Config"]["User"] == "dockyard", "the image must not run as root by default"
+    probe = ("import json, torch, deepspeed, transformers, peft, bitsandbytes;"
+             "from deepspeed.git_version_info import installed_ops as o;"
+             "print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__, 'ops': o}))")
+    out = json.loads(_docker(settings, "run", "--rm", cpu_image, "python", "-c", probe).stdout.strip().splitlines()[-1])
+    assert out["torch"] == cpu.pins["torch"] and out["deepspeed"] == cpu.pins["deepspeed"]
+    for op in ("cpu_adam", "deepspeed_shm_comm", "async_io"):
+        assert out["ops"][op], f"DeepSpeed op {op} was asked for but is not built"
+    report = _docker(settings, "run", "--rm", cpu_image, "sh", "-c", "cat /opt/dockyard/ds_report.txt; ldconfig -p").stdout
+    assert "DeepSpeed general environment info" in report and "libaio.so" in report
+
+
+def test_zero2_trains_in_the_image_through_invoke_run(settings, cpu_image, tmp_path):
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)}
+    r = invoke("run", "--recipe=zero2", "--variant=cpu", "--run-id=z2", "--", "--max_steps", "12", env=env)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    run_dir = tmp_path / "z2"
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert m["status"] == "completed" and m["recipe"] == "zero2" and m["variant"] == "cpu"
+    assert m["world_size"] == 2 and m["nodes"] == 1
+    assert m["strategy"]["in_effect"]["engine"] == "deepspeed" and m["strategy"]["in_effect"]["zero_stage"] == 2
+    assert m["image"]["ref"] == cpu_image and m["image"]["id"] == engine.image_inspect(settings, cpu_image)["Id"]
+    assert m["metrics"]["steps"] == 12 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+    assert m["metrics"]["tokens_per_second"] > 0 and m["metrics"]["peak_memory_bytes"] > 0
+    steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    assert any("loss" in s for s in steps)
+    for p in run_dir.rglob("*"):  # outputs belong to the user who ran the task, not to root-in-a-container
+        assert p.stat().st_uid == os.getuid(), p
+    before = (run_dir / "manifest.json").read_bytes()
+    again = invoke("run", "--recipe=zero2", "--variant=cpu", "--run-id=z2", env=env)
+    assert again.returncode != 0 and "already holds a run" in again.stderr
+    assert (run_dir / "manifest.json").read_bytes() == before, "a refused run must leave the old one untouched"
+
+
+def _copy_context(dst: Path) -> Path:
+    """A copy of what the build reads (wheelhouse hard-linked), so the test can edit files safely."""
+    for name in ("dockyard", "data", "recipes"):
+        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "images").mkdir()
+    for name in ("Dockerfile", "check_image.py", "variants.yaml"):
+        shutil.copy2(ROOT / "images" / name, dst / "images" / name)
+    shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
+    shutil.copytree(ROOT / "images" / "wheelhouse" / "cpu", dst / "images" / "wheelhouse" / "cpu", copy_function=os.link)
+    shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
+    return dst
+
+
+def _build_layers(settings, context: Path, ref: str) -> list[str]:
+    cpu = variants.resolve(settings, "cpu")[0]
+    (argv, env), = build.build_plan(settings, cpu, context=context, ref=ref, revision="test").steps
+    engine.run(argv, env=env, quiet=True, capture=True)
+    return engine.image_inspect(settings, ref)["RootFS"]["Layers"]
+
+
+def _top_layers_bytes(settings, ref: str, count: int) -> float:
+    """Bytes of the `count` topmost layers that hold files (metadata steps like USER have none)."""
+    out = _docker(settings, "history", "--no-trunc", "--format", "{{json .}}", ref).stdout.splitlines()
+    sized = [_bytes(json.loads(l)["Size"]) for l in out]
+    return sum([b for b in sized if b > 0][:count])
+
+
+def _bytes(text: str) -> float:
+    units = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    for u in sorted(units, key=len, reverse=True):
+        if text.endswith(u):
+            return float(text[: -len(u)]) * units[u]
+    return float(text)
+
+
+def test_recipe_or_code_change_rebuilds_only_the_top_layers(settings, cpu_image, tmp_path):
+    ctx = _copy_context(tmp_path / "ctx")
+    ref = "dockyard-test/rebuild:layers"
+    try:
+        base = _build_layers(settings, ctx, ref)
+        assert base == engine.image_inspect(settings, cpu_image)["RootFS"]["Layers"], "a copy of the context must hit the cache"
+
+        with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:
+            f.write("# a recipe-only change\n")
+        after_recipe = _build_layers(settings, ctx, ref)
+        assert after_recipe[:-1] == base[:-1] and after_recipe[-1] != base[-1], "only the recipes layer may change"
+        assert _top_layers_bytes(settings, ref, 1) < 1e6
+
+        with open(ctx / "dockyard" / "__init__.py", "a") as f:
+            f.write("# a code-only change\n")
+        after_code = _build_layers(settings, ctx, ref)
+        assert after_code[:-3] == base[:-3], "a code change may rebuild code, data and recipes layers, nothing below"
+        assert after_code[-3] != base[-3]
+    finally:
+        _docker(settings, "rmi", "-f", ref, check=False)

@@ -1,0 +1,116 @@
+"""`invoke run` plans: the docker run flags every GPU user needs, and the refusals that come before it.
+
+GPUs are recorded NVML readings (dockyard.gpus.Host), since this host has none; nothing is run."""
+
+import os
+
+import pytest
+
+from dockyard import launch, variants
+from dockyard.errors import DockyardError
+from dockyard.gpus import Gpu, Host
+
+GPU = Gpu(0, "NVIDIA A100-SXM4-80GB", 80 * 2**30)
+TWO_GPUS = Host(driver="580.65", cuda="13.0", gpus=[GPU, Gpu(1, GPU.name, GPU.memory_bytes)])
+NVIDIA_ENGINE = {"Runtimes": {"runc": {}, "nvidia": {}}}
+
+
+def _plan(settings, tmp_path, variant="cu130", host=TWO_GPUS, info=NVIDIA_ENGINE, overrides=(), **topo):
+    v = variants.resolve(settings, variant)[0]
+    t = launch.validate_topology(topo.pop("nproc", 0), topo.pop("nodes", 1), topo.pop("node_rank", 0),
+                                 topo.pop("master_addr", ""), topo.pop("master_port", 29500), host, v)
+    return launch.plan_run(settings, recipe="zero2", variant=v, host=host, engine_info=info, topo=t,
+                           run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **topo)
+
+
+def _after_image(argv, image):
+    return argv[argv.index(image) + 1:]
+
+
+def test_gpu_run_has_the_flags_multi_gpu_training_needs(settings, tmp_path):
+    argv = _plan(settings, tmp_path).argv
+    joined = " ".join(argv)
+    for flag in ("--gpus all", "--ipc=host", "--ulimit memlock=-1", "--ulimit stack=67108864", "--init", "--rm"):
+        assert flag in joined
+    assert f"--user {os.getuid()}:{os.getgid()}" in joined
+    assert "HF_HUB_OFFLINE=1" in argv and "NVIDIA_DISABLE_REQUIRE=1" not in argv
+    cmd = _after_image(argv, "dockyard:0.1.0-cu130")
+    assert cmd[:3] == ["torchrun", "--nproc-per-node=2", "--standalone"], "one process per GPU"
+    assert cmd[3:9] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/r1"]
+    assert f"{tmp_path / 'runs'}:/workspace/runs" in argv
+
+
+def test_cpu_run_has_no_gpu_flags_and_two_processes(settings, tmp_path):
+    argv = _plan(settings, tmp_path, variant="cpu", host=Host(error="no driver"), info={}).argv
+    assert "--gpus" not in argv and "--ipc=host" in argv
+    assert "--nproc-per-node=2" in _after_image(argv, "dockyard:0.1.0-cpu")
+
+
+def test_overrides_reach_the_trainer_after_a_bare_double_dash(settings, tmp_path):
+    cmd = _plan(settings, tmp_path, overrides=["--max_steps", "5", "--learning_rate", "1e-4"]).argv
+    assert cmd[-5:] == ["--", "--max_steps", "5", "--learning_rate", "1e-4"]
+
+
+def test_disable_require_is_opt_in(settings, tmp_path):
+    assert "NVIDIA_DISABLE_REQUIRE=1" in _plan(settings, tmp_path, disable_require=True).argv
+
+
+def test_multinode_uses_torchrun_rendezvous_and_host_network(settings, tmp_path):
+    argv = _plan(settings, tmp_path, nodes=2, node_rank=1, master_addr="10.1.2.3", master_port=29600).argv
+    cmd = _after_image(argv, "dockyard:0.1.0-cu130")
+    assert cmd[:5] == ["torchrun", "--nproc-per-node=2", "--nnodes=2", "--node-rank=1", "--master-addr=10.1.2.3"]
+    assert "--master-port=29600" in cmd and "--network" in argv and "host" in argv
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(nodes=2), "needs --master-addr"),
+    (dict(nodes=2, node_rank=2, master_addr="h"), "--node-rank must be in 0..1"),
+    (dict(nproc=3), "one process per GPU"),
+    (dict(master_port=70000), "TCP port"),
+])
+def test_bad_topology_is_refused(settings, tmp_path, kw, message):
+    with pytest.raises(DockyardError, match=message):
+        _plan(settings, tmp_path, **kw)
+
+
+def test_gpus_without_nvidia_runtime_says_how_to_configure_it(settings, tmp_path, monkeypatch):
+    monkeypatch.setattr(launch.engine, "which", lambda name: None)
+    with pytest.raises(DockyardError, match="nvidia-ctk runtime configure"):
+        _plan(settings, tmp_path, info={"Runtimes": {"runc": {}}})
+
+
+def test_driver_older_than_image_cuda_is_refused_before_starting(settings, tmp_path):
+    old = Host(driver="550.54", cuda="12.4", gpus=[GPU])
+    with pytest.raises(DockyardError, match=r"needs CUDA 13\.0 but driver 550\.54 supports CUDA 12\.4.*--variant=auto"):
+        _plan(settings, tmp_path, host=old)
+
+
+def test_unknown_recipe_lists_valid_names(settings, tmp_path):
+    v = variants.resolve(settings, "cpu")[0]
+    t = launch.validate_topology(0, 1, 0, "", 29500, Host(), v)
+    with pytest.raises(DockyardError, match=r"zero2"):
+        launch.plan_run(settings, recipe="zero9", variant=v, host=Host(), engine_info={}, topo=t,
+                        run_dir=tmp_path / "r", overrides=[])
+
+
+def test_existing_run_is_never_overwritten(settings, tmp_path):
+    s = settings.model_copy(update={"runs_dir": tmp_path})
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "manifest.json").write_text("{}")
+    with pytest.raises(DockyardError, match="already holds a run.*--resume"):
+        launch.new_run_dir(s, "zero2", "r1", resume=False)
+    assert launch.new_run_dir(s, "zero2", "r1", resume=True) == tmp_path / "r1"
+    with pytest.raises(DockyardError, match="no run folder"):
+        launch.new_run_dir(s, "zero2", "nope", resume=True)
+
+
+def test_model_and_data_settings_are_mounted_read_only(settings, tmp_path):
+    data = tmp_path / "mine.jsonl"
+    data.write_text('{"text": "x"}\n')
+    (tmp_path / "model").mkdir()
+    s = settings.model_copy(update={"data": str(data), "model": str(tmp_path / "model")})
+    mounts, extra = launch._user_mounts(s, [])
+    assert (tmp_path / "model", "/workspace/model", True) in mounts and (tmp_path, "/workspace/data", True) in mounts
+    assert extra == ["--model", "/workspace/model", "--data", "/workspace/data/mine.jsonl"]
+    with pytest.raises(DockyardError, match="does not exist"):
+        launch._user_mounts(settings.model_copy(update={"data": str(tmp_path / "missing.jsonl")}), [])
