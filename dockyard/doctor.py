@@ -1,0 +1,359 @@
+"""`invoke doctor`: is this host ready to build and train? Each check passes, warns or fails, with its fix.
+
+Checks are plain functions from facts (`docker info`, NVML readings, a probe container's output, the image's
+saved ds_report) to a Check; `run()` gathers the facts once and calls them. A host without GPUs passes:
+it trains with the cpu variant.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from dockyard import engine, variants
+from dockyard.errors import DockyardError
+from dockyard.gpus import Host, Link
+from dockyard.settings import Settings
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+GIB = 2**30
+SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
+STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
+DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~20 GB, and `docker load` unpacks a copy first
+# The oldest Linux driver for each CUDA release (NVIDIA's CUDA toolkit release notes), for the fix lines
+MIN_DRIVER = {"11.8": "520", "12.0": "525", "12.1": "530", "12.2": "535", "12.3": "545", "12.4": "550",
+              "12.5": "555", "12.6": "560", "12.8": "570", "12.9": "575", "13.0": "580"}
+# ds_ops names in images/variants.yaml → the op names ds_report prints
+DS_OPS = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",
+          "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
+REPORT = "/opt/dockyard/ds_report.txt"
+# What the probe container prints: /dev/shm and the data root's disk (the overlay root reports its backing
+# filesystem, so this works for a remote engine too), the ulimits, then the image's saved ds_report.
+PROBE_SCRIPT = (f"df -Pk /dev/shm | tail -n 1; df -Pk / | tail -n 1; echo memlock=$(ulimit -l); "
+                f"echo stack=$(ulimit -s); echo ---; cat {REPORT} 2>/dev/null || true")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+# --- engine ---------------------------------------------------------------------------------------
+
+def image_store(info: dict) -> str:
+    """"containerd" when the engine uses the containerd image store (Docker 29 default), else "classic"."""
+    status = dict(tuple(kv) for kv in info.get("DriverStatus") or [] if len(kv) == 2)
+    return "containerd" if "containerd" in status.get("driver-type", "") else "classic"
+
+
+def check_engine(info: dict) -> Check:
+    version = info.get("ServerVersion", "?")
+    store = image_store(info)
+    detail = f"Docker {version}, storage {info.get('Driver', '?')}, {store} image store, data root {info.get('DockerRootDir', '?')}"
+    try:
+        major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
+    except ValueError:
+        major, minor = 0, 0
+    if (major, minor) < (19, 3):
+        return Check("engine", FAIL, detail, "Docker 19.03 or newer is needed for --gpus: upgrade the engine")
+    if store == "containerd":
+        detail += " (docker save/load can fail silently there; dockyard verifies both)"
+    return Check("engine", PASS, detail)
+
+
+def check_engine_down(error: DockyardError) -> Check:
+    lines = str(error).splitlines()
+    return Check("engine", FAIL, "not reachable" + (f": {lines[-1].strip(' ()')}" if len(lines) > 1 else ""),
+                 lines[0])
+
+
+def check_buildkit(settings: Settings) -> Check:
+    """BuildKit: the buildx plugin, or a pre-23 client where DOCKER_BUILDKIT=1 turns it on."""
+    client = engine.docker_binary(settings.docker)
+    buildx = engine.run(engine.docker(settings, "buildx", "version"), capture=True, check=False, quiet=True)
+    if buildx.returncode == 0:
+        return Check("buildkit", PASS, f"{client}: buildx {buildx.stdout.split()[1] if len(buildx.stdout.split()) > 1 else ''}".strip())
+    v = engine.run(engine.docker(settings, "version", "--format", "{{.Client.Version}}"),
+                   capture=True, check=False, quiet=True).stdout.strip()
+    nums = [int(x) for x in re.findall(r"\d+", v)[:2]]
+    if len(nums) == 2 and (18, 9) <= tuple(nums) < (23, 0):
+        return Check("buildkit", PASS, f"{client} {v}: built in (DOCKER_BUILDKIT=1)")
+    return Check("buildkit", FAIL, f"{client} {v or '?'} has no buildx plugin",
+                 "install the buildx plugin (apt-get install docker-buildx), or set `docker:` in invoke.yaml "
+                 "to a client that has it")
+
+
+# --- GPUs -----------------------------------------------------------------------------------------
+
+def check_gpus(host: Host) -> Check:
+    if not host.gpus:
+        return Check("gpus", PASS, f"no NVIDIA GPU ({host.error or 'NVML sees none'}): the cpu variant will be used")
+    names = sorted({g.name for g in host.gpus})
+    mem = min(g.memory_bytes for g in host.gpus) / GIB
+    return Check("gpus", PASS, f"{host.count} × {', '.join(names)} ({mem:.1f} GiB each), driver {host.driver}, "
+                               f"supports CUDA ≤ {host.cuda}")
+
+
+def check_runtime(host: Host, info: dict, cdi_specs: list[str]) -> Check:
+    """`--gpus all` needs the NVIDIA runtime, a CDI spec, or the toolkit's prestart hook."""
+    if not host.gpus:
+        return Check("nvidia runtime", PASS, "not needed: no GPU")
+    if "nvidia" in (info.get("Runtimes") or {}):
+        return Check("nvidia runtime", PASS, "the engine lists the nvidia runtime")
+    if cdi_specs:
+        return Check("nvidia runtime", PASS, f"CDI: {', '.join(cdi_specs)}")
+    if engine.which("nvidia-container-runtime-hook"):
+        return Check("nvidia runtime", PASS, "nvidia-container-runtime-hook found (--gpus uses it)")
+    return Check("nvidia runtime", FAIL, "GPUs found, but the engine has no NVIDIA runtime or CDI spec",
+                 "install the NVIDIA Container Toolkit, `sudo nvidia-ctk runtime configure --runtime=docker`, "
+                 "restart the engine")
+
+
+def cdi_specs(info: dict) -> list[str]:
+    from pathlib import Path
+
+    dirs = info.get("CDISpecDirs") or ["/etc/cdi", "/var/run/cdi"]
+    return [str(p) for d in dirs for p in sorted(Path(d).glob("nvidia*.y*ml")) if p.is_file()]
+
+
+def check_topology(host: Host, links: list[Link]) -> Check | None:
+    if host.count < 2:
+        return None
+    kinds: dict[str, list[str]] = {}
+    for link in links:
+        kinds.setdefault(link.path + ("" if link.p2p else ", no P2P"), []).append(f"{link.a}-{link.b}")
+    detail = "; ".join(f"{kind}: {' '.join(pairs)}" for kind, pairs in kinds.items()) or "NVML gave no topology"
+    no_p2p = [f"{link.a}-{link.b}" for link in links if not link.p2p]
+    if no_p2p:
+        return Check("gpu topology", WARN, detail,
+                     f"no peer-to-peer between {' '.join(no_p2p)}: NCCL goes through host memory (slower "
+                     "all-reduce); on bare metal check IOMMU/ACS settings, in a VM ask for P2P passthrough")
+    return Check("gpu topology", PASS, detail)
+
+
+# --- variants and the image -----------------------------------------------------------------------
+
+def _min_driver(cuda: str) -> str:
+    return f" (driver ≥ {MIN_DRIVER[cuda]})" if cuda in MIN_DRIVER else ""
+
+
+def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None]) -> list[Check]:
+    """Which variants the driver runs (the image's dockyard.cuda label when built), and what auto picks."""
+    out = []
+    if host.gpus:
+        for name, v in all_variants.items():
+            if not v.is_cuda:
+                continue
+            label = image_cuda.get(name)
+            cuda, where = (label, "image label") if label else (v.cuda, "variants.yaml; image not built")
+            if variants._cuda_key(cuda) <= variants._cuda_key(host.cuda):
+                out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
+            else:
+                out.append(Check(f"variant {name}", WARN,
+                                 f"CUDA {cuda} ({where}) is newer than driver {host.driver} supports (CUDA {host.cuda})",
+                                 f"upgrade the driver{_min_driver(cuda)} to use {name}; auto picks an older variant"))
+    try:
+        _, why = variants.pick_auto(all_variants, host)
+        out.append(Check("auto variant", PASS, why))
+    except DockyardError as e:
+        out.append(Check("auto variant", FAIL, "no CUDA variant runs on this driver", str(e)))
+    return out
+
+
+def parse_probe(text: str) -> dict:
+    """The probe container's output → shm and disk bytes, memlock/stack (KiB or "unlimited"), ds_report."""
+    head, _, report = text.partition("---\n")
+    lines = head.strip().splitlines()
+    df = [l.split() for l in lines if len(l.split()) >= 6 and l.split()[1].isdigit()]
+    limits = dict(l.split("=", 1) for l in lines if "=" in l)
+    return {"shm_bytes": int(df[0][1]) * 1024 if df else 0,
+            "disk_free_bytes": int(df[1][3]) * 1024 if len(df) > 1 else 0,
+            "memlock": limits.get("memlock", ""), "stack": limits.get("stack", ""), "ds_report": report}
+
+
+def check_shm(shm_bytes: int) -> Check:
+    detail = f"/dev/shm in a run container: {shm_bytes / GIB:.1f} GiB"
+    if shm_bytes < SHM_MIN:
+        return Check("shared memory", FAIL, detail,
+                     "NCCL and DataLoader workers crash (bus error, exit -7) with a small /dev/shm: the host's "
+                     "/dev/shm is what --ipc=host gives; mount a larger tmpfs there")
+    return Check("shared memory", PASS, detail)
+
+
+def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
+    detail = f"memlock {memlock or '?'}, stack {stack or '?'} KiB"
+    small_stack = stack != "unlimited" and (not stack.isdigit() or int(stack) < STACK_MIN_KIB)
+    if not gpu:
+        return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
+    if memlock != "unlimited" or small_stack:
+        return Check("ulimits", WARN, detail,
+                     "RDMA/NCCL want memlock unlimited and stack ≥ 64 MiB: the engine refused "
+                     "--ulimit memlock=-1 --ulimit stack=67108864; raise the engine's limits (dockerd --default-ulimit)")
+    return Check("ulimits", PASS, detail)
+
+
+def check_disk(free: int, data_root: str) -> Check:
+    detail = f"{free / GIB:.0f} GiB free under the engine's data root {data_root}"
+    if free < DISK_FAIL:
+        return Check("disk", FAIL, detail, "free space there: `docker image prune`, or move the data root "
+                                           "(dockerd --data-root) to a larger disk")
+    if free < DISK_WARN:
+        return Check("disk", WARN, detail, "a CUDA image takes ~20 GB and `docker load` unpacks a copy first: "
+                                           "keep 50 GiB free")
+    return Check("disk", PASS, detail)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_OP_LINE = re.compile(r"^(\w+)\s*\.*\s*\[(YES|NO)\]\s*\.+\s*\[(OKAY|NO)\]", re.M)
+
+
+def parse_ds_report(text: str) -> dict[str, tuple[bool, bool]]:
+    """op name → (installed, compatible) from `ds_report` output (colour codes or not)."""
+    return {m[1]: (m[2] == "YES", m[3] == "OKAY") for m in _OP_LINE.finditer(_ANSI.sub("", text))}
+
+
+def check_ds_report(report: str, variant, image: str) -> Check:
+    ops = parse_ds_report(report)
+    if not ops:
+        return Check("deepspeed ops", WARN, f"{image} has no readable {REPORT}", f"rebuild it: invoke build --variant={variant.name}")
+    wanted = [DS_OPS.get(op, op.lower()) for op in variant.ds_ops]
+    missing = [op for op in wanted if not ops.get(op, (False, False))[0]]
+    aio = ops.get("async_io", (False, False))
+    libaio = "libaio found (async_io usable)" if aio[0] or aio[1] else "no libaio (async_io/NVMe offload unusable)"
+    detail = f"{image}: built {', '.join(op for op in wanted if op not in missing) or 'none'}; {libaio}"
+    if missing:
+        return Check("deepspeed ops", FAIL, detail + f"; NOT built: {', '.join(missing)}",
+                     f"rebuild without cache: invoke build --variant={variant.name} --no-cache")
+    if "async_io" in wanted and not aio[1]:
+        return Check("deepspeed ops", FAIL, detail, "the image lacks libaio-dev: add it to the variant's os_packages")
+    return Check("deepspeed ops", PASS, detail)
+
+
+# --- gathering the facts ----------------------------------------------------------------------------
+
+def _gpu_facts(source) -> tuple[Host, list[Link]]:
+    if source is not None:
+        return source.host(), source.links()
+    from dockyard.gpus import Nvml, NvmlUnavailable
+
+    try:
+        nvml = Nvml()
+    except NvmlUnavailable as e:
+        return Host(error=str(e)), []
+    try:
+        return nvml.host(), nvml.links()
+    finally:
+        nvml.close()
+
+
+def probe_argv(settings: Settings, image: str, name: str) -> list[str]:
+    """A container started the way `invoke run` starts one (the launcher's own flags), running PROBE_SCRIPT."""
+    from dockyard import launch
+
+    return launch.docker_run_argv(settings, image, gpus=False, run_dir=None, name=name, env={}, network_host=False,
+                                  interactive=False, command=["sh", "-c", PROBE_SCRIPT], mounts=[])
+
+
+def without_ulimits(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--ulimit":
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def _probe_container(settings: Settings, image: str) -> tuple[dict, Check | None]:
+    """Read what a run container sees. When the engine refuses the run's ulimits, say so (a check) and
+    probe again without them, so the other checks still get their facts."""
+    import os
+
+    argv = probe_argv(settings, image, f"dockyard-doctor-{os.getpid()}")
+    proc = engine.run(argv, capture=True, check=False, quiet=True)
+    refused = None
+    if proc.returncode != 0 and "rlimit" in proc.stderr:
+        refused = Check("ulimits", FAIL, "the engine cannot give containers the run's --ulimit flags: "
+                        + proc.stderr.strip().splitlines()[-1][-160:],
+                        "dockerd's own hard limit is too low and it may not raise it (no CAP_SYS_RESOURCE): "
+                        "start it with `ulimit -l unlimited -s unlimited` (systemd: LimitMEMLOCK=infinity)")
+        proc = engine.run(without_ulimits(argv), capture=True, check=False, quiet=True)
+    if proc.returncode != 0:
+        raise DockyardError(f"probe container failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+    return parse_probe(proc.stdout), refused
+
+
+def run(settings: Settings, gpus=None) -> list[Check]:
+    """Every check, in the order a user reads them. `gpus`: a source with host() and links() (default NVML)."""
+    checks: list[Check] = []
+    try:
+        info = engine.engine_info(settings)
+    except DockyardError as e:
+        info = None
+        checks.append(check_engine_down(e))
+    if info is not None:
+        checks += [check_engine(info), check_buildkit(settings)]
+    host, links = _gpu_facts(gpus)
+    checks.append(check_gpus(host))
+    if info is not None:
+        checks.append(check_runtime(host, info, cdi_specs(info)))
+    topo = check_topology(host, links)
+    if topo:
+        checks.append(topo)
+    all_variants = variants.all_variants(settings)
+    images = {name: engine.image_inspect(settings, variants.tag(settings, v)) if info is not None else None
+              for name, v in all_variants.items()}
+    labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
+    checks += check_variants(all_variants, host, {n: l.get("dockyard.cuda") for n, l in labels.items()})
+    if info is None:
+        return checks
+    try:
+        auto, _ = variants.pick_auto(all_variants, host)
+    except DockyardError:
+        auto = all_variants["cpu"]
+    image = variants.tag(settings, auto)
+    probe_image = image if images.get(auto.name) else settings.base_image_cpu
+    if not engine.image_inspect(settings, probe_image):
+        checks.append(Check("run container", WARN, f"neither {image} nor {settings.base_image_cpu} exists to test with",
+                            "invoke setup, then invoke build"))
+        return checks
+    try:
+        facts, refused = _probe_container(settings, probe_image)
+    except DockyardError as e:
+        checks.append(Check("run container", FAIL, str(e), "see the engine's log; `invoke run` would fail the same way"))
+        return checks
+    checks += [check_shm(facts["shm_bytes"]), refused or check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
+               check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
+    if images.get(auto.name):
+        checks.append(check_ds_report(facts["ds_report"], auto, image))
+    else:
+        checks.append(Check("deepspeed ops", WARN, f"image not built: {image}",
+                            f"invoke build (builds {auto.name}), then run doctor again"))
+    return checks
+
+
+def failures(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.status == FAIL]
+
+
+def to_json(checks: list[Check]) -> str:
+    return json.dumps({"ok": not failures(checks), "checks": [asdict(c) for c in checks]}, indent=2)
+
+
+def print_table(checks: list[Check]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_lines=False)
+    for col in ("check", "", "what was found", "fix"):
+        table.add_column(col, overflow="fold")
+    style = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
+    for c in checks:
+        table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.fix)
+    Console().print(table)

@@ -1,0 +1,304 @@
+"""The run monitor: samples every GPU (or, without GPUs, every training rank's CPU and RSS) once a second
+while a run lasts, warns when the work is unbalanced, and leaves plots and a verdict in the run folder.
+
+    with monitor.watch(run_dir):
+        engine.run(argv)
+
+It runs on the host, beside the container, and never fails the run: its own errors become a warning.
+Files it writes in the run folder: monitor.jsonl (one line per sample), monitor.json (the verdict),
+gpu.png or cpu.png (utilisation and memory per device over time), loss.png (from the trainer's metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+
+from dockyard.gpus import Reading, Source, reading_to_dict
+
+SAMPLES_FILE = "monitor.jsonl"
+VERDICT_FILE = "monitor.json"
+METRICS_FILE = "metrics.jsonl"
+BUSY, IDLE = 50.0, 10.0  # percent: a device at or above BUSY works, one below IDLE waits
+LIVE_WINDOW = 30         # samples (seconds at the default interval) a live warning looks back on
+MIN_ACTIVE = 5           # samples with some device busy before any verdict on balance
+MOSTLY = 0.5             # "most of the run": this share of the busy samples
+
+
+class Processes:
+    """CPU runs: each training rank's CPU % and RSS, found by command line (dockyard.train + the run's name).
+
+    torchrun's own process and the docker client name the module too; the ranks are the matching processes
+    with no matching descendant, the docker client excluded by name.
+    """
+
+    kind = "cpu"
+
+    def __init__(self, run_dir: Path):
+        import psutil
+
+        self.psutil = psutil
+        self.run_name = run_dir.name
+        self.procs: dict[int, "psutil.Process"] = {}  # kept so cpu_percent() measures since the last sample
+        self.total = psutil.virtual_memory().total
+
+    def close(self) -> None:
+        pass
+
+    def _ranks(self) -> list:
+        ps, matches = self.psutil, []
+        for p in ps.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            line = " ".join(cmd)
+            if "dockyard.train" in line and self.run_name in line and not Path(cmd[0]).name.startswith("docker"):
+                matches.append(p)
+        pids = {p.pid for p in matches}
+        ranks = []
+        for p in matches:
+            try:
+                if not any(c.pid in pids for c in p.children(recursive=True)):
+                    ranks.append(self.procs.setdefault(p.pid, p))
+            except ps.Error:
+                continue
+        return ranks
+
+    def _rank_of(self, p, fallback: int) -> int:
+        try:
+            return int(p.environ().get("LOCAL_RANK", fallback))
+        except (self.psutil.Error, ValueError):
+            return fallback
+
+    def sample(self) -> list[Reading]:
+        out = []
+        for i, p in enumerate(sorted(self._ranks(), key=lambda p: p.pid)):
+            try:
+                with p.oneshot():
+                    out.append(Reading(self._rank_of(p, i), p.cpu_percent(None), p.memory_info().rss,
+                                       self.total, (p.pid,)))
+            except self.psutil.Error:
+                continue  # the rank just ended
+        return out
+
+
+def default_source(run_dir: Path) -> Source:
+    """NVML when this host has GPUs, else the training ranks' processes."""
+    from dockyard.gpus import Nvml, NvmlUnavailable
+
+    try:
+        nvml = Nvml()
+    except NvmlUnavailable:
+        return Processes(run_dir)
+    if nvml.handles:
+        return nvml
+    nvml.close()
+    return Processes(run_dir)
+
+
+# --- the verdict: pure, on recorded samples --------------------------------------------------------
+
+def _label(kind: str, device) -> str:
+    return f"{'GPU' if kind == 'gpu' else 'rank'} {device}"
+
+
+def verdict(samples: list[dict], kind: str) -> dict:
+    """Is the work spread over every device? Samples are monitor.jsonl lines ({"t", "devices": [...]})."""
+    per_dev: dict[int, list[dict]] = collections.defaultdict(list)
+    for s in samples:
+        for d in s["devices"]:
+            per_dev[d["device"]].append(d)
+    devices = sorted(per_dev)
+    mean_util = {d: sum(r["util"] for r in rs) / len(rs) for d, rs in per_dev.items()}
+    peak_mem = {d: max(r["mem"] for r in rs) for d, rs in per_dev.items()}
+    active = [s for s in samples if any(d["util"] >= BUSY for d in s["devices"])]
+    idle_in = collections.Counter(d["device"] for s in active for d in s["devices"] if d["util"] < IDLE)
+    lopsided = sum(1 for s in active if any(d["util"] < IDLE for d in s["devices"]))
+    idle = [d for d in devices if active and idle_in[d] >= MOSTLY * len(active)]
+    unbalanced = len(devices) > 1 and len(active) >= MIN_ACTIVE and lopsided >= MOSTLY * len(active) and bool(idle)
+    all_idle = kind == "gpu" and len(samples) >= LIVE_WINDOW and not active
+    seconds = samples[-1]["t"] - samples[0]["t"] if samples else 0.0
+    means = ", ".join(f"{_label(kind, d)} {mean_util[d]:.0f}%" for d in devices)
+    if unbalanced:
+        busy = [d for d in devices if d not in idle]
+        message = (f"unbalanced: {', '.join(_label(kind, d) for d in idle)} mostly idle while "
+                   f"{', '.join(_label(kind, d) for d in busy)} worked, in {lopsided} of {len(active)} busy "
+                   f"samples (mean utilisation: {means})")
+        causes = _causes(samples, kind, idle, peak_mem)
+    elif all_idle:
+        message = (f"the GPUs stayed idle for the whole run ({means}): the training did not run on them "
+                   "(the cpu variant, or CUDA not visible in the container)")
+        causes = []
+    elif not samples:
+        message, causes = "no samples: no training process was seen", []
+    else:
+        message, causes = f"balanced: {means}", []
+    return {"kind": kind, "devices": len(devices), "samples": len(samples), "seconds": round(seconds, 1),
+            "unbalanced": unbalanced, "idle_devices": idle, "idle_whole_run": all_idle,
+            "mean_util": {str(d): round(u, 1) for d, u in mean_util.items()},
+            "peak_mem_bytes": {str(d): m for d, m in peak_mem.items()}, "message": message, "causes": causes}
+
+
+def _causes(samples: list[dict], kind: str, idle: list[int], peak_mem: dict[int, int]) -> list[str]:
+    """The likely reasons, the ones the readings point at first."""
+    if kind != "gpu":
+        return ["the idle ranks wait for the others: uneven batches or sequence lengths, or more ranks than "
+                "free CPU cores (other work on the host)"]
+    devices_of_pid: dict[int, set[int]] = collections.defaultdict(set)
+    total = {}
+    for s in samples:
+        for d in s["devices"]:
+            total[d["device"]] = d.get("mem_total") or total.get(d["device"], 0)
+            for pid in d.get("pids", ()):
+                devices_of_pid[pid].add(d["device"])
+    causes = [f"one process (pid {pid}) drives GPUs {', '.join(map(str, sorted(devs)))}: it was started with "
+              "plain `python` (the HF Trainer then uses nn.DataParallel) or loads the model with "
+              'device_map="auto"; recipes must run one process per GPU (torchrun)'
+              for pid, devs in sorted(devices_of_pid.items()) if len(devs) > 1]
+    empty = [d for d in idle if peak_mem.get(d, 0) < max(512 * 2**20, 0.05 * total.get(d, 0))]
+    if empty:
+        causes.append(f"nothing runs on GPU {', '.join(map(str, empty))}: fewer processes than GPUs "
+                      "(--nproc) or CUDA_VISIBLE_DEVICES hides them")
+    if any(d not in empty for d in idle):
+        causes.append('the idle GPUs hold memory but wait: layers split across GPUs by device_map="auto" run '
+                      "one after another, or uneven batches make ranks wait for the slowest")
+    return causes
+
+
+# --- plots ---------------------------------------------------------------------------------------
+
+def plot_usage(samples: list[dict], kind: str, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    util_ax, mem_ax = fig.subplots(2, 1, sharex=True)
+    devices = sorted({d["device"] for s in samples for d in s["devices"]})
+    for dev in devices:
+        points = [(s["t"], d) for s in samples for d in s["devices"] if d["device"] == dev]
+        t = [p[0] for p in points]
+        util_ax.plot(t, [p[1]["util"] for p in points], label=_label(kind, dev))
+        mem_ax.plot(t, [p[1]["mem"] / 2**30 for p in points], label=_label(kind, dev))
+    util_ax.set_ylabel("GPU utilisation (%)" if kind == "gpu" else "CPU (% of one core)")
+    mem_ax.set_ylabel("GPU memory used (GiB)" if kind == "gpu" else "RSS (GiB)")
+    mem_ax.set_xlabel("seconds since start")
+    util_ax.legend(loc="upper right")
+    util_ax.grid(alpha=0.3)
+    mem_ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100)
+
+
+def read_losses(metrics: Path) -> dict[str, list[tuple[float, float]]]:
+    """(step, value) series for `loss` and `eval_loss` from JSON lines; other lines and keys are skipped."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    if not metrics.is_file():
+        return series
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
+            continue
+        for key in ("loss", "eval_loss"):
+            v = row.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                series.setdefault(key, []).append((row["step"], float(v)))
+    return series
+
+
+def plot_loss(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for key, points in series.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None, label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=100)
+
+
+# --- the sampler and the context manager ----------------------------------------------------------
+
+def _say(text: str, style: str = "yellow") -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False).print(f"[{style}]monitor: {text}[/]")
+
+
+class Monitor:
+    def __init__(self, run_dir: Path, interval: float, source: Source):
+        self.run_dir, self.interval, self.source = run_dir, interval, source
+        self.samples: list[dict] = []
+        self.warned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dockyard-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        t0 = time.monotonic()
+        try:
+            with open(self.run_dir / SAMPLES_FILE, "a") as f:
+                while True:
+                    readings = self.source.sample()
+                    if readings:
+                        row = {"t": round(time.monotonic() - t0, 3), "kind": self.source.kind,
+                               "devices": [reading_to_dict(r) for r in readings]}
+                        f.write(json.dumps(row) + "\n")
+                        f.flush()
+                        self.samples.append(row)
+                        self._live_check()
+                    if self._stop.wait(self.interval):
+                        return
+        except Exception as e:  # noqa: BLE001 - the run must go on whatever the monitor meets
+            _say(f"sampling stopped ({type(e).__name__}: {e}); the run goes on")
+
+    def _live_check(self) -> None:
+        if self.warned or len(self.samples) < LIVE_WINDOW:
+            return
+        v = verdict(self.samples[-LIVE_WINDOW:], self.source.kind)
+        if v["unbalanced"]:
+            self.warned = True
+            _say("; ".join([v["message"], *v["causes"]]))
+
+    def finish(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=max(10.0, 3 * self.interval))
+        self.source.close()
+        kind = self.source.kind
+        v = verdict(self.samples, kind)
+        if self.samples:
+            plot_usage(self.samples, kind, self.run_dir / f"{kind}.png")
+        losses = read_losses(self.run_dir / METRICS_FILE)
+        if losses:
+            plot_loss(losses, self.run_dir / "loss.png")
+        v["plots"] = ([f"{kind}.png"] if self.samples else []) + (["loss.png"] if losses else [])
+        (self.run_dir / VERDICT_FILE).write_text(json.dumps(v, indent=2) + "\n")
+        _say(" ".join([v["message"] + ".", *v["causes"]]), "yellow" if v["unbalanced"] or v["idle_whole_run"] else "green")
+        return v
+
+
+@contextlib.contextmanager
+def watch(run_dir: Path, *, interval: float = 1.0, source: Source | None = None):
+    """Sample while the block runs; at the end write plots and the verdict. Never raises on its own account."""
+    mon = None
+    try:
+        mon = Monitor(Path(run_dir), interval, source if source is not None else default_source(Path(run_dir)))
+        mon.start()
+    except Exception as e:  # noqa: BLE001
+        _say(f"not started ({type(e).__name__}: {e}); the run goes on without it")
+        mon = None
+    try:
+        yield mon
+    finally:
+        if mon is not None:
+            try:
+                mon.finish()
+            except Exception as e:  # noqa: BLE001
+                _say(f"could not finish ({type(e).__name__}: {e}); the run itself is not affected")
