@@ -98,8 +98,12 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
             "forward compatibility applies (datacenter GPUs with the compat package)")
 
 
-def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool) -> Path:
+def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
+    """runs/<run-id>/, refusing to overwrite a run. Only node 0 owns the folder: on a shared filesystem the
+    other nodes find it already made by node 0 (and they must be given the same --run-id)."""
     runs = settings.path(settings.runs_dir)
+    if node_rank > 0 and not run_id:
+        raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
     run_id = run_id or f"{recipe}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if "/" in run_id or run_id.startswith("."):
         raise DockyardError(f"--run-id must be a plain folder name (got {run_id!r})")
@@ -107,7 +111,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool) -> P
     if resume:
         if not d.is_dir():
             raise DockyardError(f"--resume: no run folder {d} to resume")
-    elif d.exists() and any(d.iterdir()):
+    elif node_rank == 0 and d.exists() and any(d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run: pick another --run-id, or add --resume to continue it")
     return d
 
@@ -155,7 +159,7 @@ def _user_mounts(settings: Settings, overrides: list[str]) -> tuple[list[tuple[P
 
 def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
-             disable_require: bool = False) -> RunPlan:
+             disable_require: bool = False, image_id: str = "") -> RunPlan:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing)."""
     from dockyard.train.recipe import load_recipe
 
@@ -163,7 +167,7 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
     check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
     mounts, extra = _user_mounts(settings, overrides)
-    env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_VARIANT": variant.name}
+    env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_IMAGE_ID": image_id, "DOCKYARD_VARIANT": variant.name}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
@@ -214,20 +218,21 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
     chosen, why = variants.resolve(settings, variant, host)
     print(why)
     topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen)
-    run_dir = new_run_dir(settings, recipe, run_id, resume)
+    run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
     if native:
         plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
                            resume=resume, cpu=not chosen.is_cuda)
     else:
-        info = {} if dry else engine.engine_info(settings)
-        if not dry and not engine.image_inspect(settings, variants.tag(settings, chosen)):
-            raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build --variant={chosen.name}`"
-                                f" (or `invoke build run --recipe={recipe}`)")
-        plan = plan_run(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
-                        run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require)
+        info, image = {}, {}
         if not dry:
-            img = engine.image_inspect(settings, variants.tag(settings, chosen))
-            plan.argv[plan.argv.index("-e") : plan.argv.index("-e")] = ["-e", f"DOCKYARD_IMAGE_ID={img['Id']}"]
+            info = engine.engine_info(settings)
+            image = engine.image_inspect(settings, variants.tag(settings, chosen))
+            if not image:
+                raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
+                                    f"--variant={chosen.name}` (or `invoke build run --recipe={recipe}`)")
+        plan = plan_run(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
+                        run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require,
+                        image_id=image.get("Id", ""))
     if dry:
         engine.echo(plan.argv, plan.env)
         return None
@@ -235,7 +240,11 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
     from dockyard import monitor
 
     with monitor.watch(run_dir):
-        engine.run(plan.argv, env=plan.env, check=False)
+        proc = engine.run(plan.argv, env=plan.env, check=False)
+    if node_rank > 0:  # node 0 writes the manifest
+        if proc.returncode:
+            raise DockyardError(f"training on node {node_rank} failed (exit {proc.returncode})")
+        return None
     return summarise(run_dir)
 
 

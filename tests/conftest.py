@@ -21,8 +21,8 @@ def settings():
     import yaml
 
     raw = yaml.safe_load((ROOT / "invoke.yaml").read_text())["dockyard"]
-    if os.environ.get("INVOKE_DOCKYARD_DOCKER"):
-        raw["docker"] = os.environ["INVOKE_DOCKYARD_DOCKER"]
+    for key in raw:  # the same overrides Invoke applies to the tasks
+        raw[key] = os.environ.get(f"INVOKE_DOCKYARD_{key.upper()}", raw[key])
     return settings_mod.load(raw)
 
 

@@ -1,0 +1,61 @@
+"""Compose, Slurm and Kubernetes files: compose runs for real on the engine; the others are checked for
+consistency (no Slurm or Kubernetes cluster here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+
+import yaml
+
+from dockyard.settings import ROOT
+
+
+def _compose(settings, *args, env=None):
+    """The compose command is a setting: `docker compose` (v2) for most users, `docker-compose` (v1) here."""
+    argv = shlex.split(settings.compose) + list(args)
+    return subprocess.run(argv, cwd=ROOT / "compose", capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **(env or {})})
+
+
+def test_compose_trains_zero2_in_the_cpu_image(settings, cpu_image, tmp_path):
+    env = {"DOCKYARD_IMAGE": cpu_image, "DOCKYARD_RUNS": str(tmp_path), "DOCKYARD_RUN_ID": "compose1",
+           "DOCKYARD_UID": str(os.getuid()), "DOCKYARD_GID": str(os.getgid()), "HF_CACHE": str(tmp_path / "hf")}
+    r = _compose(settings, "-f", "train.yml", "run", "--rm", "train", env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = json.loads((tmp_path / "compose1" / "manifest.json").read_text())
+    assert m["status"] == "completed" and m["world_size"] == 2
+    assert m["strategy"]["in_effect"]["engine"] == "deepspeed" and m["strategy"]["in_effect"]["zero_stage"] == 2
+
+
+def test_multinode_compose_renders_rendezvous_gpus_and_host_network(settings):
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "198.18.0.1", "DOCKYARD_NPROC": "gpu"}
+    r = _compose(settings, "-f", "train.yml", "-f", "multinode.yml", "-f", "gpu.yml", "config", env=env)
+    assert r.returncode == 0, r.stderr
+    svc = yaml.safe_load(r.stdout)["services"]["train"]
+    assert svc["network_mode"] == "host" and svc["ipc"] == "host"
+    assert {"--nnodes=2", "--node-rank=1", "--master-addr=198.18.0.1", "--nproc-per-node=gpu"} <= set(svc["command"])
+    assert svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    missing = _compose(settings, "-f", "train.yml", "-f", "multinode.yml", "config",
+                       env={k: "" for k in ("NNODES",)} | {"NODE_RANK": "0", "MASTER_ADDR": "h"})
+    assert missing.returncode != 0 and "set NNODES" in missing.stderr
+
+
+def test_slurm_script_is_valid_bash_and_launches_through_invoke_run():
+    script = ROOT / "deploy" / "slurm" / "train.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "invoke run" in text and "--node-rank=\"$SLURM_NODEID\"" in text and "--ntasks-per-node=1" in text
+
+
+def test_kubernetes_job_agrees_with_itself():
+    svc, job = yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "train.yaml").read_text())
+    spec = job["spec"]
+    container = spec["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == int(env["NNODES"])
+    assert svc["spec"]["clusterIP"] == "None" and spec["template"]["spec"]["subdomain"] == svc["metadata"]["name"]
+    assert "--node-rank=$JOB_COMPLETION_INDEX" in container["args"][0]
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in spec["template"]["spec"]["volumes"])
