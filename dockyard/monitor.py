@@ -33,7 +33,8 @@ class Processes:
     """CPU runs: each training rank's CPU % and RSS, found by command line (dockyard.train + the run's name).
 
     torchrun's own process and the docker client name the module too; the ranks are the matching processes
-    with no matching descendant, the docker client excluded by name.
+    with no matching descendant and, where their environment is readable, LOCAL_RANK set (torchrun sets it
+    for its workers only: before they start, torchrun itself is a leaf).
     """
 
     kind = "cpu"
@@ -66,19 +67,23 @@ class Processes:
                 continue
         return ranks
 
-    def _rank_of(self, p, fallback: int) -> int:
+    def _local_rank(self, p) -> str | None:
+        """LOCAL_RANK from the process environment; "" when it cannot be read (then trust the command line)."""
         try:
-            return int(p.environ().get("LOCAL_RANK", fallback))
-        except (self.psutil.Error, ValueError):
-            return fallback
+            return p.environ().get("LOCAL_RANK")
+        except self.psutil.Error:
+            return ""
 
     def sample(self) -> list[Reading]:
         out = []
         for i, p in enumerate(sorted(self._ranks(), key=lambda p: p.pid)):
             try:
+                rank = self._local_rank(p)
+                if rank is None:
+                    continue  # a launcher whose workers have not started yet
                 with p.oneshot():
-                    out.append(Reading(self._rank_of(p, i), p.cpu_percent(None), p.memory_info().rss,
-                                       self.total, (p.pid,)))
+                    out.append(Reading(int(rank) if rank.isdigit() else i, p.cpu_percent(None),
+                                       p.memory_info().rss, self.total, (p.pid,)))
             except self.psutil.Error:
                 continue  # the rank just ended
         return out

@@ -1,0 +1,56 @@
+"""`invoke doctor` against the real Docker engine, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _doctor(env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", "doctor", "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.engine
+def test_doctor_on_this_host():
+    from dockyard.gpus import probe
+
+    proc = _doctor()
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
+    assert proc.returncode == (1 if failed else 0), proc.stderr
+    assert report["ok"] == (not failed)
+    if failed:
+        assert f"check(s) failed: {', '.join(failed)}" in proc.stderr
+    assert checks["engine"]["status"] == "pass" and "Docker" in checks["engine"]["detail"]
+    assert checks["buildkit"]["status"] == "pass"
+    assert checks["shared memory"]["status"] == "pass"  # the run flags give the host's /dev/shm
+    assert checks["disk"]["status"] in ("pass", "warn")
+    if not probe().gpus:
+        assert checks["gpus"]["status"] == "pass" and "cpu variant will be used" in checks["gpus"]["detail"]
+        assert checks["auto variant"]["detail"].startswith("auto → cpu")
+    # the probe container is gone (--rm)
+    from dockyard import engine
+    from dockyard.settings import Settings
+
+    left = subprocess.run(engine.docker(Settings(), "ps", "-aq", "--filter", "name=dockyard-doctor-"),
+                          capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+def test_doctor_fails_clearly_without_an_engine(tmp_path):
+    """DOCKER_HOST at a socket where no daemon listens: the engine check fails with how to fix it."""
+    proc = _doctor({"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
+    assert proc.returncode == 1
+    assert "check(s) failed: engine" in proc.stderr
+    engine = json.loads(proc.stdout)["checks"][0]
+    assert engine["name"] == "engine" and engine["status"] == "fail"
+    assert "no Docker engine answers" in engine["fix"] and "no-daemon.sock" in engine["detail"]

@@ -1,0 +1,138 @@
+"""doctor's checks on facts: recorded NVML readings (this CI has no GPU), `docker info` shapes, a real
+ds_report, the probe container's output. The real engine is exercised in tests/integration/test_doctor.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from dockyard import doctor, variants
+from dockyard.gpus import Host, Recorded
+from dockyard.settings import Settings
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def all_variants():
+    return variants.all_variants(Settings())
+
+
+def _host(name: str) -> tuple[Host, list]:
+    src = Recorded.from_file(FIXTURES / "nvml" / name)
+    return src.host(), src.links()
+
+
+def _with_ops(variant, *ops):
+    """The variant with these DS_BUILD ops, whatever images/variants.yaml says today."""
+    return variant.model_copy(update={"ds_ops": list(ops)})
+
+
+def _by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_old_driver_with_a_new_cuda_image(all_variants):
+    host, _ = _host("old_driver.json")  # driver 550, CUDA 12.4
+    checks = _by_name(doctor.check_variants(all_variants, host, {"cu130": "13.0", "cu124": None}))
+    assert checks["variant cu130"].status == doctor.WARN
+    assert "image label" in checks["variant cu130"].detail and "driver ≥ 580" in checks["variant cu130"].fix
+    assert checks["variant cu124"].status == doctor.PASS
+    assert checks["auto variant"].status == doctor.PASS and "auto → cu124" in checks["auto variant"].detail
+
+
+def test_driver_older_than_every_variant_fails(all_variants):
+    host, _ = _host("old_driver.json")
+    older = dataclasses.replace(host, driver="535.183.01", cuda="12.2")
+    checks = _by_name(doctor.check_variants(all_variants, older, {}))
+    assert checks["auto variant"].status == doctor.FAIL and "Upgrade the driver" in checks["auto variant"].fix
+    assert {checks["variant cu124"].status, checks["variant cu130"].status} == {doctor.WARN}
+
+
+def test_host_without_gpus_passes_with_the_cpu_notice(all_variants):
+    host = Host(error="NVML unavailable: no NVIDIA driver on this host")
+    checks = [doctor.check_gpus(host), doctor.check_runtime(host, {}, []), *doctor.check_variants(all_variants, host, {})]
+    assert all(c.status == doctor.PASS for c in checks)
+    assert "cpu variant will be used" in checks[0].detail
+    assert "auto → cpu" in checks[-1].detail
+
+
+def test_gpus_without_nvidia_runtime_fail_with_the_fix():
+    host, _ = _host("two_gpus_one_idle.json")
+    c = doctor.check_runtime(host, {"Runtimes": {"runc": {"path": "runc"}}}, [])
+    if doctor.engine.which("nvidia-container-runtime-hook"):
+        pytest.skip("this host has the NVIDIA toolkit hook installed")
+    assert c.status == doctor.FAIL and "nvidia-ctk runtime configure" in c.fix
+    assert doctor.check_runtime(host, {"Runtimes": {"nvidia": {}}}, []).status == doctor.PASS
+    assert doctor.check_runtime(host, {}, ["/etc/cdi/nvidia.yaml"]).status == doctor.PASS
+    assert "2 × NVIDIA A100-SXM4-80GB (80.0 GiB each), driver 570.124.06" in doctor.check_gpus(host).detail
+
+
+def test_topology():
+    nvlink = doctor.check_topology(*_host("two_gpus_one_idle.json"))
+    assert nvlink.status == doctor.PASS and nvlink.detail == "NVLink: 0-1"
+    no_p2p = doctor.check_topology(*_host("old_driver.json"))
+    assert no_p2p.status == doctor.WARN and "across CPU sockets, no P2P: 0-1" in no_p2p.detail
+    assert doctor.check_topology(Host(), []) is None
+
+
+def test_image_store():
+    assert doctor.image_store({"DriverStatus": [["Backing Filesystem", "extfs"]]}) == "classic"
+    containerd = {"ServerVersion": "29.0.1", "Driver": "overlayfs",
+                  "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
+    assert doctor.image_store(containerd) == "containerd"
+    c = doctor.check_engine(containerd)
+    assert c.status == doctor.PASS and "containerd image store" in c.detail
+    assert doctor.check_engine({"ServerVersion": "18.09.1"}).status == doctor.FAIL
+
+
+def test_ds_report_from_an_image_without_built_ops(all_variants):
+    """A real ds_report (JIT only: nothing prebuilt, no libaio): the cpu variant's ops are missing."""
+    report = (FIXTURES / "ds_report_cpu_jit.txt").read_text()
+    ops = doctor.parse_ds_report(report)
+    assert ops["cpu_adam"] == (False, True) and ops["async_io"] == (False, False)
+    c = doctor.check_ds_report(report, _with_ops(all_variants["cpu"], "CPU_ADAM", "SHM_COMM"), "dockyard:0.1.0-cpu")
+    assert c.status == doctor.FAIL and "NOT built: cpu_adam, deepspeed_shm_comm" in c.detail
+    assert "--no-cache" in c.fix
+
+
+def test_ds_report_with_built_ops_and_libaio(all_variants):
+    report = (FIXTURES / "ds_report_cpu_jit.txt").read_text()
+    for op in ("cpu_adam", "deepspeed_shm_comm", "fused_adam"):
+        report = re.sub(rf"^({op} \.+ )\x1b\[93m\[NO\]", "\\1\x1b[92m[YES]", report, flags=re.M)
+    cpu = _with_ops(all_variants["cpu"], "CPU_ADAM", "SHM_COMM")
+    c = doctor.check_ds_report(report, cpu, "img")
+    assert c.status == doctor.PASS and "no libaio" in c.detail
+    aio = _with_ops(all_variants["cu124"], "CPU_ADAM", "FUSED_ADAM", "AIO")  # without libaio, no async_io
+    c = doctor.check_ds_report(report, aio, "img")
+    assert c.status == doctor.FAIL and "NOT built: async_io" in c.detail
+    with_libaio = re.sub(r"^(async_io \.+ )\x1b\[93m\[NO\]\x1b\[0m \.+ \x1b\[93m\[NO\]",
+                         "\\1\x1b[92m[YES]\x1b[0m ....... \x1b[92m[OKAY]", report, flags=re.M)
+    c = doctor.check_ds_report(with_libaio, aio, "img")
+    assert c.status == doctor.PASS and "libaio found" in c.detail
+    assert doctor.check_ds_report("", aio, "img").status == doctor.WARN
+
+
+def test_probe_output_and_its_checks():
+    out = ("tmpfs 24680448 0 24680448 0% /dev/shm\noverlay 263174212 27000000 80000000 26% /\n"
+           "memlock=unlimited\nstack=65536\n---\nop report...\n")
+    facts = doctor.parse_probe(out)
+    assert facts["shm_bytes"] == 24680448 * 1024 and facts["disk_free_bytes"] == 80000000 * 1024
+    assert facts["ds_report"] == "op report...\n"
+    assert doctor.check_shm(facts["shm_bytes"]).status == doctor.PASS
+    assert doctor.check_shm(64 * 2**20).status == doctor.FAIL
+    assert doctor.check_ulimits("unlimited", "65536", gpu=True).status == doctor.PASS
+    assert doctor.check_ulimits("8192", "8192", gpu=True).status == doctor.WARN
+    assert doctor.check_ulimits("8192", "8192", gpu=False).status == doctor.PASS
+    assert doctor.check_disk(5 * 2**30, "/var/lib/docker").status == doctor.FAIL
+    assert doctor.check_disk(30 * 2**30, "/var/lib/docker").status == doctor.WARN
+    assert doctor.check_disk(300 * 2**30, "/var/lib/docker").status == doctor.PASS
+
+
+def test_probe_runs_with_the_launchers_flags():
+    argv = doctor.probe_argv(Settings(), "img", "dockyard-doctor-1")
+    assert "--ipc=host" in argv and argv[argv.index("img") + 1:][:2] == ["sh", "-c"]
+    assert "--ulimit" not in doctor.without_ulimits(argv) and "--ipc=host" in doctor.without_ulimits(argv)

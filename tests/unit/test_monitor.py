@@ -1,0 +1,97 @@
+"""The run monitor. GPU readings are fed through the NVML source interface from recordings in
+tests/fixtures/nvml/ (this CI has no GPU); the CPU path samples real processes; plots are real PNG files."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from dockyard import monitor
+from dockyard.gpus import Recorded
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _samples(name: str) -> list[dict]:
+    return json.loads((FIXTURES / name).read_text())["samples"]
+
+
+def _is_png(path: Path) -> bool:
+    from matplotlib.image import imread
+
+    return path.read_bytes()[:8] == PNG and imread(path).shape[0] > 100
+
+
+def test_verdict_two_gpus_one_idle_names_the_idle_gpu_and_the_cause():
+    v = monitor.verdict(_samples("two_gpus_one_idle.json"), "gpu")
+    assert v["unbalanced"] and v["idle_devices"] == [1]
+    assert "GPU 1 mostly idle" in v["message"]
+    assert "pid 4242" in v["causes"][0] and "DataParallel" in v["causes"][0]
+
+
+def test_verdict_balanced_run():
+    v = monitor.verdict(_samples("balanced.json"), "gpu")
+    assert not v["unbalanced"] and not v["idle_whole_run"]
+    assert v["message"].startswith("balanced") and v["idle_devices"] == []
+    assert float(v["mean_util"]["0"]) > 70 and float(v["mean_util"]["1"]) > 70
+
+
+def test_verdict_gpus_idle_for_the_whole_run():
+    idle = [{"t": float(t), "devices": [{"device": 0, "util": 0.0, "mem": 0}, {"device": 1, "util": 0.0, "mem": 0}]}
+            for t in range(40)]
+    v = monitor.verdict(idle, "gpu")
+    assert v["idle_whole_run"] and not v["unbalanced"] and "did not run on them" in v["message"]
+
+
+def test_verdict_nothing_on_the_idle_gpu():
+    """Fewer processes than GPUs: GPU 1 neither works nor holds memory."""
+    rows = [{"t": float(t), "devices": [{"device": 0, "util": 95.0, "mem": 20 * 2**30, "mem_total": 80 * 2**30, "pids": [7]},
+                                        {"device": 1, "util": 0.0, "mem": 2**20, "mem_total": 80 * 2**30, "pids": []}]}
+            for t in range(20)]
+    v = monitor.verdict(rows, "gpu")
+    assert v["unbalanced"] and any("nothing runs on GPU 1" in c for c in v["causes"])
+
+
+def test_watch_records_warns_live_and_plots(tmp_path, capfd):
+    (tmp_path / "metrics.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [{"step": s, "loss": 3.0 - s * 0.1, "learning_rate": 1e-4} for s in range(1, 21)])
+        + '\nnot json\n{"step": 20, "eval_loss": 2.1}\n{"train_runtime": 12.5}\n')
+    with monitor.watch(tmp_path, interval=0.001, source=Recorded.from_file(FIXTURES / "two_gpus_one_idle.json")) as mon:
+        while len(mon.samples) < 90:  # the run lasts until the recording is replayed
+            time.sleep(0.01)
+    err = capfd.readouterr().err
+    assert err.count("unbalanced") == 2  # once live, once at the end
+    lines = (tmp_path / monitor.SAMPLES_FILE).read_text().splitlines()
+    assert len(lines) == 90 and json.loads(lines[-1])["devices"][1]["device"] == 1
+    verdict = json.loads((tmp_path / monitor.VERDICT_FILE).read_text())
+    assert verdict["unbalanced"] and verdict["plots"] == ["gpu.png", "loss.png"]
+    assert _is_png(tmp_path / "gpu.png") and _is_png(tmp_path / "loss.png")
+    assert monitor.read_losses(tmp_path / "metrics.jsonl")["eval_loss"] == [(20, 2.1)]
+
+
+def test_watch_never_fails_the_run(tmp_path, capfd):
+    class Broken:
+        kind = "gpu"
+
+        def sample(self):
+            raise RuntimeError("NVML went away")
+
+        def close(self):
+            pass
+
+    ran = []
+    with monitor.watch(tmp_path, interval=0.001, source=Broken()):
+        ran.append(True)
+    assert ran and "sampling stopped (RuntimeError: NVML went away)" in capfd.readouterr().err
+    assert json.loads((tmp_path / monitor.VERDICT_FILE).read_text())["samples"] == 0
+
+
+def test_watch_lets_the_runs_own_error_through(tmp_path):
+    with pytest.raises(KeyError, match="boom"):
+        with monitor.watch(tmp_path, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")):
+            raise KeyError("boom")
+    assert json.loads((tmp_path / monitor.VERDICT_FILE).read_text())["samples"] > 0

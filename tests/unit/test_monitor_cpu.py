@@ -1,0 +1,61 @@
+"""The monitor on a host without GPUs: it finds the training ranks by command line (not the launcher, not the
+docker client) and records their CPU and RSS. Real processes, no fakes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dockyard import monitor
+
+# A stand-in for torchrun: a parent whose command names the module, starting two ranks that do too.
+# Rank 0 spins, rank 1 sleeps: the unbalanced case the monitor must catch.
+LAUNCHER = """
+import os, subprocess, sys
+run_dir = sys.argv[-1]
+work = "import time\\nt=time.time()\\nwhile time.time()-t<30: pass"
+rest = "import time; time.sleep(30)"
+ranks = [subprocess.Popen([sys.executable, "-c", code, "-m", "dockyard.train", "--run-dir", run_dir],
+                          env={**os.environ, "LOCAL_RANK": str(i)}) for i, code in enumerate((work, rest))]
+for r in ranks:
+    r.wait()
+"""
+
+
+def test_cpu_ranks_sampled_and_idle_rank_caught(tmp_path, capfd):
+    run_dir = tmp_path / f"zero2-monitor-test-{os.getpid()}"
+    run_dir.mkdir()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, "-m", "dockyard.train", "--run-dir", str(run_dir)],
+                                start_new_session=True)
+    try:
+        with monitor.watch(run_dir, interval=0.25, source=monitor.Processes(run_dir)) as mon:
+            deadline = time.time() + 20
+            while time.time() < deadline and sum(1 for s in mon.samples if len(s["devices"]) == 2) < 12:
+                time.sleep(0.1)
+    finally:
+        os.killpg(launcher.pid, 9)
+        launcher.wait()
+    rows = [json.loads(l) for l in (run_dir / monitor.SAMPLES_FILE).read_text().splitlines()]
+    full = [r for r in rows if len(r["devices"]) == 2]
+    assert len(full) >= 12, "the two ranks were not found"
+    assert {d["device"] for r in full for d in r["devices"]} == {0, 1}  # LOCAL_RANK, the launcher left out
+    assert launcher.pid not in {p for r in rows for d in r["devices"] for p in d["pids"]}
+    assert all(d["mem"] > 1_000_000 and r["kind"] == "cpu" for r in full for d in r["devices"])  # RSS
+    verdict = json.loads((run_dir / monitor.VERDICT_FILE).read_text())
+    assert verdict["kind"] == "cpu" and verdict["unbalanced"] and verdict["idle_devices"] == [1]
+    assert (run_dir / "cpu.png").read_bytes()[:4] == b"\x89PNG"
+    assert "rank 1 mostly idle" in capfd.readouterr().err
+
+
+def test_default_source_on_a_host_without_gpus(tmp_path):
+    from dockyard.gpus import probe
+
+    source = monitor.default_source(tmp_path)
+    try:
+        assert source.kind == ("gpu" if probe().gpus else "cpu")
+    finally:
+        source.close()
