@@ -174,10 +174,11 @@ def _causes(samples: list[dict], kind: str, idle: list[int], peak_mem: dict[int,
 
 # --- plots ---------------------------------------------------------------------------------------
 
-def plot_usage(samples: list[dict], kind: str, path: Path) -> None:
+def plot_usage(samples: list[dict], kind: str, path: Path, title: str = "") -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 6), layout="constrained")
+    fig.suptitle(title, fontsize=10)
     util_ax, mem_ax = fig.subplots(2, 1, sharex=True)
     devices = sorted({d["device"] for s in samples for d in s["devices"]})
     for dev in devices:
@@ -213,10 +214,11 @@ def read_losses(metrics: Path) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def plot_loss(series: dict[str, list[tuple[float, float]]], path: Path) -> None:
+def plot_loss(series: dict[str, list[tuple[float, float]]], path: Path, title: str = "") -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 4.5), layout="constrained")
+    fig.suptitle(title, fontsize=10)
     ax = fig.subplots()
     for key, points in series.items():
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None, label=key)
@@ -279,10 +281,10 @@ class Monitor:
         kind = self.source.kind
         v = verdict(self.samples, kind)
         if self.samples:
-            plot_usage(self.samples, kind, self.run_dir / f"{kind}.png")
+            plot_usage(self.samples, kind, self.run_dir / f"{kind}.png", f"{self.run_dir.name}: {v['message'].split(' (')[0]}")
         losses = read_losses(self.run_dir / METRICS_FILE)
         if losses:
-            plot_loss(losses, self.run_dir / "loss.png")
+            plot_loss(losses, self.run_dir / "loss.png", self.run_dir.name)
         v["plots"] = ([f"{kind}.png"] if self.samples else []) + (["loss.png"] if losses else [])
         (self.run_dir / VERDICT_FILE).write_text(json.dumps(v, indent=2) + "\n")
         _say(" ".join([v["message"] + ".", *v["causes"]]), "yellow" if v["unbalanced"] or v["idle_whole_run"] else "green")
