@@ -136,6 +136,91 @@ def shell(c, variant="auto", dry=False):
     launch.shell(_settings(c), variant=variant, dry=dry)
 
 
+# --- moving images ---------------------------------------------------------------------------
+
+@task(help={"container": "name or id of the container to commit (see `docker ps -a`)",
+            "tag": "tag of the new image (default: <source tag>-commit-<time>)",
+            "allow_secrets": "commit even if the container holds token, key or credential files"})
+@_user_errors
+def commit(c, container="", tag="", allow_secrets=False):
+    """Commit a container to an image, refusing if it holds secrets.
+
+    Secrets: HF token, .netrc, ssh keys, .git-credentials, cloud credentials, env files. Labels record the source image, container, time, a summary of `docker diff`,
+    and which Python packages were changed by hand against the image's lock file."""
+    from dockyard import commit as commit_mod
+
+    commit_mod.commit(_settings(c), container, tag=tag, allow_secrets=allow_secrets)
+
+
+@task(help={"image": "image(s) to save, comma-separated; they share common layers (default: the auto variant's)",
+            "out": "folder for the archive (default: images/dist/)",
+            "compress": "zstd (default, every core), gzip (pigz where installed), or none",
+            "level": "compression level (default: zstd 3, gzip 6)",
+            "thin_for": "INVENTORY.json or ssh://[user@]host[:port]: leave out the layers that node already holds",
+            "sign": "ssh private key: sign the manifest (ssh-keygen -Y sign)"})
+@_user_errors
+def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign=""):
+    """Write an image archive: a compressed `docker save` tar with its sha256, manifest and load.sh.
+
+    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json and load.sh (loads it with only sh, sha256sum, docker and zstd/gzip). Checks free space first, writes
+    .partial files and renames them when complete, and checks every layer against the image's diff ids."""
+    from dockyard import archive
+
+    archive.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,
+                 sign=sign)
+
+
+@task(help={"file": "the archive (<name>.tar.zst/.tar.gz/.tar), with its .sha256 and .manifest.json beside it"})
+@_user_errors
+def load(c, file=""):
+    """Verify an archive, then load it; a damaged or tampered one is refused.
+
+    Checks the sha256 of archive and manifest (and the signature when `allowed_signers` is set), then
+    loads it and checks that every image is there with the right id. A damaged, truncated or tampered
+    archive is refused and nothing is loaded."""
+    from dockyard import archive
+    from dockyard.errors import DockyardError
+
+    if not file:
+        raise DockyardError("--file is required: the archive to load (e.g. images/dist/dockyard_0.1.0-cpu.tar.zst)")
+    archive.load(_settings(c), file)
+
+
+@task(help={"out": "file to write (default: images/dist/inventory-<hostname>.json)"})
+@_user_errors
+def inventory(c, out=""):
+    """Write this node's image and layer inventory, for thin archives.
+
+    Lists images, diff ids and chain ids. Copy it to where you save archives and pass it to `invoke save --thin-for=FILE` to ship only the layers this node lacks."""
+    from dockyard import archive
+
+    archive.write_inventory(_settings(c), out)
+
+
+@task(help={"file": "archive to copy (file mode); its .sha256, .manifest.json and load.sh go with it",
+            "image": "image(s) to stream instead, comma-separated (stream mode: no file on either side)",
+            "to": "[user@]host:/dir (file mode) or [user@]host (stream mode); ~/.ssh/config applies",
+            "port": "ssh port (default: the ssh config's)",
+            "identity": "ssh private key (default: the ssh config's / agent's)",
+            "load": "load it there after verifying (file mode; stream mode always loads)",
+            "thin": "stream mode: leave out the layers the node already holds"})
+@_user_errors
+def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=False):
+    """Copy an archive to another node over SSH, resumably; verify it there; optionally load it.
+
+    Resumes with rsync --append-verify, or ssh append where the node has no rsync. With --image
+    instead of --file: stream save → zstd → ssh → docker load in one pipeline (fastest; not resumable; checked after)."""
+    from dockyard import ship as ship_mod
+    from dockyard.errors import DockyardError
+
+    if bool(file) == bool(image) or not to:
+        raise DockyardError("give --to and one of --file (copy an archive) or --image (stream an image)")
+    if file:
+        ship_mod.ship_file(_settings(c), file, to, port=port, identity=identity, load=load)
+    else:
+        ship_mod.ship_image(_settings(c), image, to, port=port, identity=identity, thin=thin)
+
+
 # --- the machine -----------------------------------------------------------------------------
 
 @task(help={"json": "print the checks as JSON instead of a table"})

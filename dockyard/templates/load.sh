@@ -1,0 +1,133 @@
+#!/bin/sh
+# Loads a dockyard image archive into this node's Docker engine with nothing but sh, sha256sum, docker
+# and zstd or gzip: checks the sha256s, checks that a thin archive's base layers are here, loads, then
+# checks that every image is present with the right id (docker load can exit 0 on failure).
+# Written by `invoke save`, for the archives listed below.
+#
+#   sh load.sh [ARCHIVE]       load ARCHIVE (default: the only archive listed below)
+#   sh load.sh --inventory     print this node's layer inventory (for `invoke save --thin-for=FILE`)
+#   ALLOWED_SIGNERS=FILE sh load.sh ...   also require a good `ssh-keygen -Y` signature by a key in FILE
+set -u
+
+archive_info() {
+	case "$1" in
+@ARCHIVES@
+	*) return 1 ;;
+	esac
+}
+KNOWN='@KNOWN@'
+NAMESPACE=dockyard-archive
+
+die() { echo "load.sh: $*" >&2; exit 1; }
+need() { command -v "$1" >/dev/null 2>&1 || die "$1 is missing on this node: $2"; }
+
+store() {  # containerd or classic
+	case "$(docker info --format '{{range .DriverStatus}}{{index . 1}} {{end}}' 2>/dev/null)" in
+	*containerd.snapshotter*) echo containerd ;;
+	*) echo classic ;;
+	esac
+}
+
+chain_ids() {  # every layer chain id this engine holds, one per line
+	for id in $(docker image ls -aq --no-trunc | sort -u); do
+		chain=
+		for diff in $(docker image inspect --format '{{range .RootFS.Layers}}{{.}} {{end}}' "$id"); do
+			if [ -z "$chain" ]; then chain=$diff
+			else chain="sha256:$(printf '%s %s' "$chain" "$diff" | sha256sum | cut -d' ' -f1)"; fi
+			echo "$chain"
+		done
+	done | sort -u
+}
+
+inventory() {
+	need docker "install Docker"
+	need sha256sum "install coreutils"
+	docker info >/dev/null 2>&1 || die "docker cannot reach an engine"
+	printf '{"format": "dockyard-inventory/1", "host": "%s", "engine": {"store": "%s"}, "images": [],\n "chain_ids": [' \
+		"$(hostname)" "$(store)"
+	sep=
+	for c in $(chain_ids); do printf '%s"%s"' "$sep" "$c"; sep=', '; done
+	printf ']}\n'
+}
+
+[ "${1:-}" = --inventory ] && { inventory; exit 0; }
+
+name=${1:-}
+if [ -z "$name" ]; then
+	set -- $KNOWN
+	[ $# -eq 1 ] || die "name the archive to load, one of: $KNOWN"
+	name=$1
+fi
+name=$(basename "$name")
+archive_info "$name" || die "$name is not an archive this loader knows (it knows: $KNOWN)"
+cd "$(dirname "$0")" || die "cannot enter the loader's folder"
+base=${name%.tar*}
+for f in "$name" "$base.sha256" "$base.manifest.json"; do
+	[ -f "$f" ] || die "$f is missing here: copy the archive with its .sha256 and .manifest.json"
+done
+
+need sha256sum "install coreutils"
+need docker "install Docker"
+case "$name" in
+*.zst) need zstd "install zstd (apt-get install zstd), or ship a gzip archive (invoke save --compress=gzip)"
+	unpack="zstd -dc" ;;
+*.gz) need gzip "install gzip"; unpack="gzip -dc" ;;
+*) unpack= ;;
+esac
+
+if [ -n "${ALLOWED_SIGNERS:-}" ]; then
+	need ssh-keygen "install openssh-client (needed to check signatures)"
+	[ -f "$base.manifest.json.sig" ] || die "$name is not signed and ALLOWED_SIGNERS is set: refused, nothing was loaded"
+	who=$(ssh-keygen -Y find-principals -s "$base.manifest.json.sig" -f "$ALLOWED_SIGNERS" 2>/dev/null | head -n 1)
+	[ -n "$who" ] || die "$name was signed by a key not in $ALLOWED_SIGNERS: refused, nothing was loaded"
+	ssh-keygen -Y verify -f "$ALLOWED_SIGNERS" -I "$who" -n "$NAMESPACE" -s "$base.manifest.json.sig" \
+		<"$base.manifest.json" >/dev/null 2>&1 \
+		|| die "the signature of $base.manifest.json does not verify: refused, nothing was loaded"
+	signed=$(sed -n 's/.*"archive_sha256": "\([0-9a-f]*\)".*/\1/p' "$base.manifest.json")
+	listed=$(grep "  $name\$" "$base.sha256" | cut -d' ' -f1)
+	[ -n "$signed" ] && [ "$signed" = "$listed" ] || die "$base.sha256 does not match the signed manifest: refused, nothing was loaded"
+	echo "signature good: signed by $who"
+fi
+
+echo "verifying $name ..."
+if ! sha256sum -c "$base.sha256" >/dev/null 2>&1; then
+	sha256sum -c "$base.sha256" >&2
+	die "$name or its manifest is damaged, truncated or was changed (sha256 mismatch): nothing was loaded. Copy it again."
+fi
+
+docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
+if [ -n "$REQUIRES" ]; then
+	[ "$(store)" = classic ] || die "this engine uses the containerd image store, which cannot load a thin archive: load the full archive"
+	have=$(chain_ids)
+	missing=0
+	for c in $REQUIRES; do
+		printf '%s\n' "$have" | grep -qx "$c" || missing=$((missing + 1))
+	done
+	[ "$missing" -eq 0 ] || die "this thin archive needs $missing base layers this node does not hold: load the full archive (invoke save without --thin-for). Nothing was loaded."
+fi
+root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null)
+if [ -d "$root" ]; then
+	free=$(df -Pk "$root" | awk 'NR == 2 { print $4 }')
+	[ "$free" -ge "$NEED_KB" ] || die "not enough space for docker load in $root: ${free} KiB free, about ${NEED_KB} KiB needed"
+fi
+
+echo "loading $name ..."
+if [ -n "$unpack" ]; then
+	$unpack "$name" | docker load || die "docker load failed"
+else
+	docker load -i "$name" || die "docker load failed"
+fi
+
+bad=0
+for pair in $IMAGES; do
+	ref=${pair%%=*}
+	want=${pair#*=}
+	got=$(docker image inspect --format '{{.Id}}' "$ref" 2>/dev/null)
+	if [ "$got" = "$want" ]; then
+		echo "loaded $ref $want"
+	else
+		echo "load.sh: $ref is ${got:-missing}, expected $want" >&2
+		bad=1
+	fi
+done
+[ "$bad" -eq 0 ] || die "docker load did not load every image of $name"
