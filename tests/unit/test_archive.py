@@ -1,0 +1,232 @@
+"""Archives without an engine: the tar reader, thin plans, names, verification, signatures, load.sh."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+
+import pytest
+
+from dockyard import archive
+from dockyard.errors import DockyardError
+from dockyard.settings import Settings
+
+# Diff ids of a real image (dockyard-base + one RUN layer) and the chain id the engine itself reported
+# for the second layer in its inventory: chain_ids must compute the engine's keys exactly.
+BASE = "sha256:9ba81386ba29b10deff81f99005998bad89564bddb1a8515f74cad7c1a539a87"
+RUN = "sha256:e2915dd2eb8c6176022685ceaef9a59dbd79c08cdf3a4f3c9a62356b1daf64a8"
+ENGINE_CHAIN = "sha256:b26ca394c2214c2ed2d5b85999ec4a68ec5fd082060f7e468ef77f1a1d218b8d"
+
+
+def test_chain_ids_match_the_engine():
+    assert archive.chain_ids([BASE, RUN]) == [BASE, ENGINE_CHAIN]
+    assert archive.chain_ids([]) == []
+
+
+def _img(ref, diffs, image_id="sha256:" + "0" * 64):
+    return {"ref": ref, "id": image_id, "diff_ids": diffs, "chain_ids": archive.chain_ids(diffs), "bytes": 0}
+
+
+def test_thin_plan_leaves_out_only_layers_the_target_holds_everywhere():
+    a, b, c = ("sha256:" + x * 64 for x in "abc")
+    v1, v2 = _img("x:1", [a, b]), _img("x:2", [a, b, c])
+    omit, requires = archive.thin_plan([v2], {"chain_ids": v1["chain_ids"]})
+    assert omit == {a, b} and requires == sorted(v1["chain_ids"])
+    # b also sits on top of another base the target lacks: its file must travel.
+    other = _img("y:1", [c, b])
+    omit, requires = archive.thin_plan([v2, other], {"chain_ids": v1["chain_ids"]})
+    assert omit == {a} and requires == [a]
+    assert archive.thin_plan([v2], {"chain_ids": []}) == (set(), [])
+
+
+def _member(tf, name, data=b"", kind=tarfile.REGTYPE, link=""):
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.linkname = kind, len(data) if kind == tarfile.REGTYPE else 0, link
+    tf.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+def _layer(content: bytes) -> tuple[bytes, str]:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        _member(t, "file", content)
+    data = buf.getvalue()
+    return data, "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def fake_save(fmt=tarfile.USTAR_FORMAT, long_dir=False):
+    """A `docker save` tar in the classic engine's layout: <legacy id>/layer.tar (one of them a symlink)."""
+    big, big_id = _layer(b"x" * 300_000)
+    small, small_id = _layer(b"recipe v2\n")
+    config = json.dumps({"rootfs": {"diff_ids": [big_id, small_id, big_id]}}).encode()
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    d1 = ("d" * 120 if long_dir else "1" * 64)
+    manifest = [{"Config": image_id[7:] + ".json", "RepoTags": ["t:2"],
+                 "Layers": [f"{d1}/layer.tar", f"{'2' * 64}/layer.tar", f"{'3' * 64}/layer.tar"]}]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
+        _member(t, d1 + "/json", b"{}")
+        _member(t, d1 + "/layer.tar", big)
+        _member(t, "2" * 64 + "/layer.tar", small)
+        _member(t, "3" * 64 + "/layer.tar", kind=tarfile.SYMTYPE, link=f"../{d1}/layer.tar")
+        _member(t, image_id[7:] + ".json", config)
+        _member(t, "manifest.json", json.dumps(manifest).encode())
+    image = {"ref": "t:2", "id": image_id, "diff_ids": [big_id, small_id, big_id]}
+    return buf.getvalue(), image, big_id, small_id
+
+
+@pytest.mark.parametrize("fmt,long_dir", [(tarfile.USTAR_FORMAT, False), (tarfile.PAX_FORMAT, True),
+                                          (tarfile.GNU_FORMAT, True)])
+def test_tar_pump_records_layers_and_drops_omitted_ones(fmt, long_dir):
+    raw, image, big_id, small_id = fake_save(fmt, long_dir)
+    out = io.BytesIO()
+    pump = archive.TarPump(omit={big_id})
+    pump.run(io.BufferedReader(io.BytesIO(raw)), out.write)
+    pump.check([image])  # every layer hashed, the symlink followed
+    names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
+    assert not any(n.endswith("/layer.tar") and n.startswith(("1", "d")) for n in names)
+    assert "2" * 64 + "/layer.tar" in names and "manifest.json" in names
+    assert len(out.getvalue()) < len(raw) - 300_000
+    assert {d for d, _ in pump.layers.values()} == {big_id, small_id}
+
+    full = io.BytesIO()
+    archive.TarPump().run(io.BufferedReader(io.BytesIO(raw)), full.write)
+    assert full.getvalue() == raw  # without --thin-for, the tar passes byte for byte
+
+
+def test_tar_pump_refuses_a_cut_stream_and_a_wrong_layer():
+    raw, image, _, _ = fake_save()
+    with pytest.raises(DockyardError, match="ended in the middle"):
+        archive.TarPump().run(io.BufferedReader(io.BytesIO(raw[:5000])), lambda b: None)
+    pump = archive.TarPump()
+    pump.run(io.BufferedReader(io.BytesIO(raw)), lambda b: None)
+    with pytest.raises(DockyardError, match="does not match"):
+        pump.check([{**image, "diff_ids": image["diff_ids"][1::-1] + image["diff_ids"][2:]}])
+
+
+def test_names_and_paths():
+    assert archive.archive_name(["dockyard:0.1.0-cpu"], "zstd", False) == "dockyard_0.1.0-cpu.tar.zst"
+    assert archive.archive_name(["a:1", "reg/b:2"], "gzip", True) == "a_1+reg_b_2-thin.tar.gz"
+    p = archive.ArchivePaths(archive.Path("/d/x_1-thin.tar.zst"))
+    assert (p.base, p.method, p.sha256.name, p.manifest.name, p.signature.name, p.loader.name) == (
+        "x_1-thin", "zstd", "x_1-thin.sha256", "x_1-thin.manifest.json", "x_1-thin.manifest.json.sig", "load.sh")
+    with pytest.raises(DockyardError, match="not an image archive"):
+        archive.ArchivePaths(archive.Path("/d/x.zip")).base
+
+
+def test_compression_choices():
+    assert archive.check_method("zstd", 0) == 3 and archive.check_method("gzip", 9) == 9
+    with pytest.raises(DockyardError, match="choose zstd, gzip or none"):
+        archive.check_method("xz", 0)
+    with pytest.raises(DockyardError, match="1..9"):
+        archive.check_method("gzip", 12)
+    assert archive.compressor_argv("zstd", 3) == ["zstd", "-T0", "-3", "-q", "-c"]
+    assert "--ultra" in archive.compressor_argv("zstd", 22)
+    assert archive.compressor_argv("none", 0) is None
+
+
+def test_engine_store_detects_containerd():
+    assert archive.engine_store({"DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}) == "containerd"
+    assert archive.engine_store({"DriverStatus": [["Backing Filesystem", "extfs"]]}) == "classic"
+
+
+# --- verification: a hand-made archive set -----------------------------------------------------------
+
+def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000):
+    paths = archive.ArchivePaths(folder / "t_1.tar.zst")
+    paths.archive.write_bytes(payload)
+    manifest = {"format": archive.FORMAT, "archive": paths.archive.name, "tar_bytes": 10_000,
+                "archive_sha256": hashlib.sha256(payload).hexdigest(), "archive_bytes": len(payload),
+                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64}], "thin": None}
+    paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    paths.sha256.write_text(f"{manifest['archive_sha256']}  {paths.archive.name}\n"
+                            f"{hashlib.sha256(paths.manifest.read_bytes()).hexdigest()}  {paths.manifest.name}\n")
+    return paths
+
+
+def test_verify_accepts_a_good_set_and_sha256sum_agrees(tmp_path):
+    paths = make_set(tmp_path)
+    assert archive.verify(Settings(), paths)["archive"] == "t_1.tar.zst"
+    assert subprocess.run(["sha256sum", "-c", paths.sha256.name], cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("truncate", "truncated"),
+    ("bitflip", "does not match its sha256"),
+    ("manifest", "manifest was changed"),
+    ("missing", "is missing"),
+])
+def test_verify_refuses_damage(tmp_path, damage, message):
+    paths = make_set(tmp_path)
+    data = bytearray(paths.archive.read_bytes())
+    if damage == "truncate":
+        paths.archive.write_bytes(data[: len(data) // 2])
+    elif damage == "bitflip":
+        data[len(data) // 2] ^= 0x01
+        paths.archive.write_bytes(data)
+    elif damage == "manifest":
+        paths.manifest.write_text(paths.manifest.read_text().replace("a" * 64, "b" * 64))
+    else:
+        paths.sha256.unlink()
+    with pytest.raises(DockyardError, match=message):
+        archive.verify(Settings(), paths)
+
+
+def _keypair(folder, name):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", folder / name], check=True)
+    return folder / name
+
+
+def test_signatures(tmp_path):
+    paths = make_set(tmp_path)
+    good, other = _keypair(tmp_path, "release"), _keypair(tmp_path, "intruder")
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f'release@site namespaces="{archive.SIGN_NAMESPACE}" '
+                       + " ".join(good.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    settings = Settings(allowed_signers=str(allowed))
+
+    with pytest.raises(DockyardError, match="not signed"):
+        archive.verify(settings, paths)
+    archive.sign_manifest(paths, good)
+    assert archive.verify_signature(allowed, paths) == "release@site"
+    archive.verify(settings, paths)
+
+    # A manifest re-written after signing (with its sha256 line updated to match) is refused.
+    text = paths.manifest.read_text().replace("t:1", "evil:1")
+    paths.manifest.write_text(text)
+    sums = paths.sha256.read_text().splitlines()
+    sums[1] = f"{hashlib.sha256(text.encode()).hexdigest()}  {paths.manifest.name}"
+    paths.sha256.write_text("\n".join(sums) + "\n")
+    with pytest.raises(DockyardError, match="does not verify"):
+        archive.verify(settings, paths)
+
+    paths = make_set(tmp_path)
+    paths.signature.unlink()
+    archive.sign_manifest(paths, other)
+    with pytest.raises(DockyardError, match="not in"):
+        archive.verify(settings, paths)
+
+
+def test_load_sh_renders_each_archive_and_is_valid_sh(tmp_path):
+    m1 = {"archive": "a_1.tar.zst", "tar_bytes": 4096, "thin": None,
+          "images": [{"tags": ["a:1", "a:latest"], "id": "sha256:" + "1" * 64}]}
+    m2 = {"archive": "a_2-thin.tar.zst", "tar_bytes": 2048, "thin": {"requires": ["sha256:" + "c" * 64]},
+          "images": [{"tags": [], "id": "sha256:" + "2" * 64}]}
+    text = archive.render_loader([m1, m2])
+    assert "IMAGES='a:1=sha256:" + "1" * 64 + " a:latest=sha256:" + "1" * 64 + "'" in text
+    assert "IMAGES='sha256:" + "2" * 64 + "=sha256:" + "2" * 64 + "'" in text
+    assert "REQUIRES='sha256:" + "c" * 64 + "'" in text and "KNOWN='a_1.tar.zst a_2-thin.tar.zst'" in text
+    (tmp_path / "load.sh").write_text(text)
+    assert subprocess.run(["sh", "-n", tmp_path / "load.sh"]).returncode == 0
+    r = subprocess.run(["sh", tmp_path / "load.sh"], capture_output=True, text=True)
+    assert r.returncode == 1 and "name the archive to load" in r.stderr
+    r = subprocess.run(["sh", tmp_path / "load.sh", "a_1.tar.zst"], capture_output=True, text=True)
+    assert r.returncode == 1 and "a_1.tar.zst is missing here" in r.stderr
+
+
+def test_save_refuses_a_full_disk_before_writing(tmp_path):
+    with pytest.raises(DockyardError, match="not enough space"):
+        archive.check_free(tmp_path / "new", 1 << 62, "the archive", "Free some space.")
+    assert not (tmp_path / "new").exists()
