@@ -239,7 +239,8 @@ def doctor(c, json=False):
         raise DockyardError(f"{len(failed)} check(s) failed: {', '.join(f.name for f in failed)}")
 
 
-@task(help={"model": "a local model folder (config.json; no weights are read) or a parameter count: 8B, 1.5B, 350M",
+@task(help={"model": "a local model folder (config.json; no weights are read) or a parameter count: 8B, 1.5B, 350M "
+                     "(default: the `model` setting of invoke.yaml)",
             "gpus": "GPUs per node (default: what NVML sees)",
             "gpu_mem": "GiB per GPU (default: what NVML sees)",
             "cpu_mem": "GiB of host memory per node (default: this host's)",
@@ -252,6 +253,8 @@ def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, j
     counts them, plus activations with and without gradient checkpointing), and recommend the fastest that fits."""
     from dockyard import plan as plan_mod
 
+    s = _settings(c)
+    model = model or (str(s.path(s.model)) if s.model else "")
     result = plan_mod.run(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len, batch=batch)
     print(plan_mod.to_json(result)) if json else plan_mod.print_plan(result)
 

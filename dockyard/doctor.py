@@ -8,8 +8,10 @@ it trains with the cpu variant.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from dockyard import engine, variants
 from dockyard.errors import DockyardError
@@ -75,8 +77,8 @@ def check_buildkit(settings: Settings) -> Check:
     """BuildKit: the buildx plugin, or a pre-23 client where DOCKER_BUILDKIT=1 turns it on."""
     client = engine.docker_binary(settings.docker)
     buildx = engine.run(engine.docker(settings, "buildx", "version"), capture=True, check=False, quiet=True)
-    if buildx.returncode == 0:
-        return Check("buildkit", PASS, f"{client}: buildx {buildx.stdout.split()[1] if len(buildx.stdout.split()) > 1 else ''}".strip())
+    if buildx.returncode == 0:  # "github.com/docker/buildx v0.17.1 <commit>"
+        return Check("buildkit", PASS, f"{client}: buildx {' '.join(buildx.stdout.split()[1:2])}".strip())
     v = engine.run(engine.docker(settings, "version", "--format", "{{.Client.Version}}"),
                    capture=True, check=False, quiet=True).stdout.strip()
     nums = [int(x) for x in re.findall(r"\d+", v)[:2]]
@@ -114,10 +116,20 @@ def check_runtime(host: Host, info: dict, cdi_specs: list[str]) -> Check:
 
 
 def cdi_specs(info: dict) -> list[str]:
-    from pathlib import Path
-
     dirs = info.get("CDISpecDirs") or ["/etc/cdi", "/var/run/cdi"]
     return [str(p) for d in dirs for p in sorted(Path(d).glob("nvidia*.y*ml")) if p.is_file()]
+
+
+def check_gpu_container(host: Host, returncode: int, output: str) -> Check:
+    """`docker run --gpus all IMAGE nvidia-smi -L`: the toolkit injects nvidia-smi and every GPU must show."""
+    seen = sum(1 for line in output.splitlines() if line.startswith("GPU "))
+    if returncode == 0 and seen == host.count:
+        return Check("gpus in a container", PASS, f"--gpus all shows {seen} GPU(s) inside a container")
+    last = output.strip().splitlines()[-1][-200:] if output.strip() else f"exit {returncode}"
+    fix = ("install and configure the NVIDIA Container Toolkit: `sudo nvidia-ctk runtime configure --runtime=docker`, "
+           "restart the engine" if "device driver" in output or "nvidia-container-cli" in output else
+           "see the error; `docker run --gpus all` must work before `invoke run` can")
+    return Check("gpus in a container", FAIL, f"{seen} of {host.count} GPU(s) visible: {last}", fix)
 
 
 def check_topology(host: Host, links: list[Link]) -> Check | None:
@@ -273,8 +285,6 @@ def without_ulimits(argv: list[str]) -> list[str]:
 def _probe_container(settings: Settings, image: str) -> tuple[dict, Check | None]:
     """Read what a run container sees. When the engine refuses the run's ulimits, say so (a check) and
     probe again without them, so the other checks still get their facts."""
-    import os
-
     argv = probe_argv(settings, image, f"dockyard-doctor-{os.getpid()}")
     proc = engine.run(argv, capture=True, check=False, quiet=True)
     refused = None
@@ -328,6 +338,11 @@ def run(settings: Settings, gpus=None) -> list[Check]:
     except DockyardError as e:
         checks.append(Check("run container", FAIL, str(e), "see the engine's log; `invoke run` would fail the same way"))
         return checks
+    if host.gpus:
+        argv = engine.docker(settings, "run", "--rm", "--gpus", "all", "--name", f"dockyard-doctor-gpu-{os.getpid()}",
+                             probe_image, "nvidia-smi", "-L")
+        proc = engine.run(argv, capture=True, check=False, quiet=True)
+        checks.append(check_gpu_container(host, proc.returncode, proc.stdout + proc.stderr))
     checks += [check_shm(facts["shm_bytes"]), refused or check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
                check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
     if images.get(auto.name):

@@ -136,3 +136,12 @@ def test_probe_runs_with_the_launchers_flags():
     argv = doctor.probe_argv(Settings(), "img", "dockyard-doctor-1")
     assert "--ipc=host" in argv and argv[argv.index("img") + 1:][:2] == ["sh", "-c"]
     assert "--ulimit" not in doctor.without_ulimits(argv) and "--ipc=host" in doctor.without_ulimits(argv)
+
+
+def test_gpus_in_a_container():
+    host, _ = _host("two_gpus_one_idle.json")
+    ok = doctor.check_gpu_container(host, 0, "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-a)\nGPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-b)\n")
+    assert ok.status == doctor.PASS
+    err = ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].')
+    bad = doctor.check_gpu_container(host, 125, err)
+    assert bad.status == doctor.FAIL and "nvidia-ctk runtime configure" in bad.fix and "0 of 2" in bad.detail

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -185,3 +188,16 @@ def test_offload_assumptions_match_the_recipes_deepspeed_configs():
         assert z["stage"] == stage, name
         assert (z.get("offload_optimizer") or {}).get("device", None) in (opt, "none" if opt is None else opt), name
         assert (z.get("offload_param") or {}).get("device", None) in (param, "none" if param is None else param), name
+
+
+def test_invoke_plan_as_a_user_runs_it():
+    base = [sys.executable, "-m", "invoke", "plan", "--gpus=8", "--gpu-mem=80", "--cpu-mem=512"]
+    proc = subprocess.run(base + [f"--model={LLAMA_8B}", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["model"]["params"] == 8_030_261_248 and result["recommendation"]["recipe"] == "zero2"
+    table = subprocess.run(base + ["--model=8B", "--seq-len=4096", "--batch=2"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "COLUMNS": "160"})
+    assert table.returncode == 0 and "recommended: zero2" in table.stdout and "qlora" in table.stdout
+    bad = subprocess.run(base + ["--model=eight-billion"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "error: --model=eight-billion: neither a folder" in bad.stderr
