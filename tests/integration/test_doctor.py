@@ -54,3 +54,28 @@ def test_doctor_fails_clearly_without_an_engine(tmp_path):
     engine = json.loads(proc.stdout)["checks"][0]
     assert engine["name"] == "engine" and engine["status"] == "fail"
     assert "no Docker engine answers" in engine["fix"] and "no-daemon.sock" in engine["detail"]
+
+
+@pytest.mark.engine
+def test_doctor_reads_the_images_saved_ds_report(tmp_path):
+    """A stand-in image under its own name, holding a real ds_report where the build keeps it: doctor reads it
+    from a container started with the run flags."""
+    from dockyard import engine
+    from dockyard.settings import Settings
+
+    settings = Settings()
+    name = f"dockyard-doctortest-{os.getpid()}"
+    tag = f"{name}:0.1.0-cpu"
+    (tmp_path / "ds_report.txt").write_bytes((ROOT / "tests" / "fixtures" / "ds_report_cpu_jit.txt").read_bytes())
+    (tmp_path / "Dockerfile").write_text(f"FROM {settings.base_image_cpu}\nCOPY ds_report.txt /opt/dockyard/ds_report.txt\n"
+                                         'LABEL dockyard.variant=cpu dockyard.cuda=""\n')
+    engine.run(engine.docker(settings, "build", "-q", "-t", tag, str(tmp_path)), capture=True, quiet=True)
+    try:
+        proc = _doctor({"INVOKE_DOCKYARD_IMAGE_NAME": name})
+        ds = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["deepspeed ops"]
+        # the JIT-only report has no prebuilt op: the cpu variant's ops are reported missing, libaio absent
+        assert ds["status"] == "fail" and ds["detail"].startswith(f"{tag}: built")
+        assert "NOT built: cpu_adam" in ds["detail"] and "no libaio" in ds["detail"]
+        assert "--no-cache" in ds["fix"]
+    finally:
+        engine.run(engine.docker(settings, "rmi", "-f", tag), capture=True, check=False, quiet=True)
