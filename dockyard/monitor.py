@@ -24,6 +24,7 @@ SAMPLES_FILE = "monitor.jsonl"
 VERDICT_FILE = "monitor.json"
 METRICS_FILE = "metrics.jsonl"
 BUSY, IDLE = 50.0, 10.0  # percent: a device at or above BUSY works, one below IDLE waits
+CPU_BUSY = 25.0          # a CPU rank works from a quarter of a core: CPU hosts are shared, a waiting rank sits near 0
 LIVE_WINDOW = 30         # samples (seconds at the default interval) a live warning looks back on
 MIN_ACTIVE = 5           # samples with some device busy before any verdict on balance
 MOSTLY = 0.5             # "most of the run": this share of the busy samples
@@ -118,7 +119,8 @@ def verdict(samples: list[dict], kind: str) -> dict:
     devices = sorted(per_dev)
     mean_util = {d: sum(r["util"] for r in rs) / len(rs) for d, rs in per_dev.items()}
     peak_mem = {d: max(r["mem"] for r in rs) for d, rs in per_dev.items()}
-    active = [s for s in samples if any(d["util"] >= BUSY for d in s["devices"])]
+    busy_at = BUSY if kind == "gpu" else CPU_BUSY
+    active = [s for s in samples if any(d["util"] >= busy_at for d in s["devices"])]
     idle_in = collections.Counter(d["device"] for s in active for d in s["devices"] if d["util"] < IDLE)
     lopsided = sum(1 for s in active if any(d["util"] < IDLE for d in s["devices"]))
     idle = [d for d in devices if active and idle_in[d] >= MOSTLY * len(active)]

@@ -90,8 +90,11 @@ def shape_from_model(model, config, source: str = "") -> Shape:
     """Count a built model (on the meta device is enough): P, the largest module, linear layers, LoRA size."""
     import torch
 
-    params = sum(p.numel() for p in model.parameters())  # parameters() yields tied weights once
-    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    def numel(p) -> int:  # under ZeRO-3 a partitioned parameter holds nothing locally; ds_numel is its size
+        return getattr(p, "ds_numel", None) or p.numel()
+
+    params = sum(numel(p) for p in model.parameters())  # parameters() yields tied weights once
+    largest = max((sum(numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     linear = lora = 0
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and name.split(".")[-1] not in ("lm_head", "score", "classifier"):
