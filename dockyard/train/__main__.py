@@ -1,0 +1,235 @@
+"""The trainer's entry point, one process per GPU (or per CPU worker) under torchrun:
+
+    torchrun --nproc-per-node N -m dockyard.train --recipe NAME_OR_DIR --run-dir DIR [--resume] [-- --key value ...]
+
+Everything after `--` overrides recipes/defaults.yaml: the project's settings (model, data, task, ...) or
+any TrainingArguments field; overrides may also follow the options directly, without the `--`.
+The run writes DIR/train.log, DIR/metrics.jsonl, checkpoints under DIR/checkpoints, the final model (or
+LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from dockyard.errors import DockyardError
+from dockyard.train.recipe import Recipe, RunSettings, load_recipe, parse_overrides, resolve_settings
+
+log = logging.getLogger("dockyard.train")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
+    head, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m dockyard.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", required=True, help="a recipe name (recipes/<name>/) or a recipe folder")
+    parser.add_argument("--run-dir", required=True, type=Path, help="where the run writes everything")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    opts, extra = parser.parse_known_args(head)
+    return opts, parse_overrides(extra + rest)
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> str | None:
+    """Never overwrite a run: a folder holding one is refused unless --resume, which continues it."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    ckpt_dir = run_dir / "checkpoints"
+    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    holds_run = (run_dir / "manifest.json").exists() or last is not None
+    if resume and last is None:
+        raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
+    if holds_run and not resume:
+        raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
+                            f"it from its last checkpoint")
+    return last
+
+
+def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
+    import torch
+    import yaml
+    from transformers import TrainingArguments
+
+    from dockyard.train import guards
+
+    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
+                            f"and any transformers.TrainingArguments field")
+    cuda = torch.cuda.is_available()
+    args: dict[str, Any] = {
+        "bf16": cuda and torch.cuda.is_bf16_supported(),
+        "include_num_input_tokens_seen": "non_padding",  # tokens/s counts real tokens, not padding
+        **overrides,
+        "output_dir": str(run_dir / "checkpoints"),
+        "use_cpu": not cuda,
+    }
+    if recipe.deepspeed:
+        args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
+    if recipe.fsdp:
+        fsdp = yaml.safe_load(recipe.file(recipe.fsdp).read_text()) or {}
+        extra = set(fsdp) - {"fsdp", "fsdp_config"}
+        if extra:
+            raise DockyardError(f"{recipe.file(recipe.fsdp)}: only `fsdp` and `fsdp_config` belong here, "
+                                f"not {', '.join(sorted(extra))}")
+        args.update(fsdp)
+    args = guards.peft_training_args(args, recipe.peft)
+    try:
+        return TrainingArguments(**args)
+    except (ValueError, TypeError) as e:
+        raise DockyardError(f"invalid training setting: {e}") from None
+
+
+def setup_logging(run_dir: Path, is_main: bool) -> None:
+    import transformers
+
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if is_main:
+        handlers.append(logging.FileHandler(run_dir / "train.log"))
+    for h in handlers:
+        h.setFormatter(fmt)
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
+    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+
+
+def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, state: dict[str, Any]) -> None:
+    """Everything from a parsed command line to the saved model and manifest; `state` collects what the
+    manifest needs, so that a run that fails half-way still records how far it got."""
+    import torch
+    import transformers
+    from transformers import Trainer
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from dockyard.train import data, guards, manifest, model as models
+    from dockyard.train.callbacks import MetricsLog, StrategyCheck
+
+    recipe = state["recipe"] = load_recipe(opts.recipe)
+    settings, overrides = resolve_settings(recipe, overrides)
+    run_dir = opts.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    last = check_run_dir(run_dir, opts.resume)
+    state["run_dir_ok"] = True
+
+    args = training_arguments(recipe, settings, overrides, run_dir)
+    world_size, is_main = args.world_size, args.process_index == 0
+    state.update(world_size=world_size, is_main=is_main)
+    setup_logging(run_dir, is_main)
+    guards.one_process_per_gpu(args.n_gpu)
+    log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, world_size,
+             settings.model_dump())
+
+    model_dir = settings.model
+    if not model_dir:
+        model_dir = str(run_dir / "base")
+        with args.main_process_first(desc="tiny model"):
+            if is_main:
+                models.materialize_tiny_model(Path(model_dir))
+    tokenizer = models.load_tokenizer(model_dir)
+    rows = data.read_rows(settings.data_path)
+    if settings.task == "seq_cls":
+        labels = data.label_names(rows)
+        examples = data.seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
+    else:
+        labels = []
+        examples = data.causal_lm_examples(rows, tokenizer, settings.max_seq_length)
+    params = models.parameter_count(model_dir, settings.task, max(1, len(labels)))
+    state["extra"]["model"] = {"base": model_dir, "parameters": params, "saved": "model",
+                               "format": "adapter" if recipe.peft else "full"}
+    if recipe.strategy.endswith("-offload"):
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        guards.check_offload_memory(recipe.strategy, params, local, guards.host_memory_available())
+
+    transformers.set_seed(args.seed)
+    model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index,
+                              args.gradient_checkpointing)
+    check = StrategyCheck(recipe.strategy, world_size)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", is_main, started)
+    trainer = Trainer(model=model, args=args, train_dataset=examples, processing_class=tokenizer,
+                      data_collator=data.collate(tokenizer.pad_token_id), callbacks=[check, metrics])
+    for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
+        trainer.remove_callback(cb)
+    check.trainer = trainer
+    state["check"] = check
+    trainer.train(resume_from_checkpoint=last)
+
+    state["extra"]["probe"] = probe(trainer.model, examples[0]["input_ids"][:32], args.device)
+    trainer.save_model(str(run_dir / "model"))
+    peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
+    if world_size > 1:
+        torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+    state["metrics"] = {"steps": trainer.state.global_step,
+                        "tokens_per_second": round(metrics.tokens_per_second, 2),
+                        "peak_memory_bytes": int(peak.item()),
+                        "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss",
+                        "seconds_to_first_step": metrics.seconds_to_first_step}
+    state["status"] = "completed"
+
+
+def probe(model: Any, input_ids: list[int], device: Any) -> dict[str, Any]:
+    """Logits of one fixed input at the end of training, so anyone can check that the saved model, reloaded,
+    is the model that was trained (ZeRO-3 used to save empty weights). All ranks take part: under ZeRO-3
+    and FSDP the forward pass gathers the sharded weights."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([input_ids], device=device)).logits.float()
+    last = out[0, -1] if out.dim() == 3 else out[0]
+    return {"input_ids": input_ids, "logits": [round(x, 5) for x in last[:16].tolist()],
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+
+
+def finish(opts: argparse.Namespace, state: dict[str, Any], error: str | None) -> None:
+    from dockyard.train import manifest
+
+    if not state.get("run_dir_ok") or not state.get("is_main", True):
+        return  # never touch a folder that holds another run; rank 0 alone writes
+    check = state.get("check")
+    extra = dict(state["extra"])
+    if error:
+        extra["error"] = error
+    record = manifest.build(opts.run_dir, state.get("recipe"), state["status"], state.get("world_size", 1),
+                            check.in_effect if check else None, state.get("metrics", {}), extra)
+    manifest.write(opts.run_dir, record)
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    if not os.environ.get("DS_ACCELERATOR"):
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
+    opts, state = None, {"status": "failed", "extra": {}}
+    try:
+        opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+        train(opts, overrides, started, state)
+    except DockyardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if opts:
+            finish(opts, state, str(e))
+        return e.exit_code
+    except BaseException as e:
+        if opts:
+            finish(opts, state, "".join(traceback.format_exception_only(type(e), e)).strip())
+        raise
+    finish(opts, state, None)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Checks and fixes the trainer applies by itself, each against a failure people meet in practice.
+
+Plain functions over plain data (no torch import at module level), so each is tested on its own;
+__main__ calls every one of them on the way to the Trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from dockyard.errors import DockyardError
+
+GiB = 2**30
+
+
+def one_process_per_gpu(n_gpu: int) -> None:
+    """The HF Trainer wraps the model in nn.DataParallel when one process sees several GPUs: one GPU works,
+    the others idle, and it is slower than one GPU."""
+    if n_gpu > 1:
+        raise DockyardError(
+            f"this process sees {n_gpu} GPUs: training them from one process (DataParallel) is slower than one GPU. "
+            f"Start one process per GPU: `invoke run` does, or `torchrun --nproc-per-node {n_gpu} -m dockyard.train ...`")
+
+
+def device_map(strategy: str, local_rank: int, cuda: bool) -> dict[str, int] | None:
+    """Where from_pretrained puts the weights. Never "auto" when distributed: it splits the layers over the
+    GPUs of one process and runs them one after another (or the Trainer refuses the model)."""
+    if strategy == "ddp" and cuda:
+        return {"": local_rank}  # each DDP/LoRA/QLoRA process loads the whole model onto its own GPU
+    return None  # DeepSpeed and FSDP place (and shard) the weights themselves
+
+
+def peft_training_args(args: dict[str, Any], peft: str | None) -> dict[str, Any]:
+    """LoRA/QLoRA with gradient checkpointing under DDP: reentrant checkpointing marks the adapter weights
+    ready twice ("Expected to mark a variable ready only once"), and unused-parameter search fails the same way."""
+    if not peft or not args.get("gradient_checkpointing"):
+        return args
+    return {**args, "ddp_find_unused_parameters": False,
+            "gradient_checkpointing_kwargs": {**(args.get("gradient_checkpointing_kwargs") or {}),
+                                              "use_reentrant": False}}
+
+
+def reject_prequantized(model_dir: str, strategy: str) -> None:
+    """GPTQ/AWQ checkpoints cannot be sharded by ZeRO-3 or FSDP: every rank would hold the whole model."""
+    cfg = Path(model_dir, "config.json") if model_dir else None
+    if not cfg or not cfg.is_file() or strategy not in ("zero3", "zero3-offload", "fsdp"):
+        return
+    method = (json.loads(cfg.read_text()).get("quantization_config") or {}).get("quant_method", "")
+    if str(method).lower() in ("gptq", "awq"):
+        raise DockyardError(f"{model_dir} is a pre-quantized {method.upper()} checkpoint, which {strategy} cannot "
+                            f"shard; use the unquantized model (qlora quantizes it itself) or the lora/qlora recipe")
+
+
+# --- DeepSpeed ---------------------------------------------------------------------------------
+
+# Top-level keys DeepSpeed reads. It looks each one up by name with a default, so a misspelt key is
+# silently ignored and the default used: we refuse keys not in this list instead.
+DEEPSPEED_KEYS = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "optimizer", "scheduler", "zero_optimization", "bf16", "bfloat16", "fp16", "amp", "torch_autocast",
+    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
+    "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "activation_checkpointing",
+    "aio", "flops_profiler", "comms_logger", "monitor_config", "tensorboard", "wandb", "csv_monitor", "comet",
+    "checkpoint", "data_types", "elasticity", "compression_training", "data_efficiency", "curriculum_learning",
+    "autotuning", "nebula", "pipeline", "sparse_attention", "dataloader_drop_last", "disable_allgather",
+    "load_universal_checkpoint", "use_node_local_storage", "graph_harvesting", "compile", "timers",
+    "weight_quantization", "hybrid_engine", "use_data_before_expert_parallelism", "tensor_parallel",
+    "sequence_parallel_size", "gradient_accumulation_dtype", "grad_accum_dtype", "log_level", "zenflow",
+}
+
+
+def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
+    """The recipe's DeepSpeed JSON, validated, with the settings its strategy cannot do without."""
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DockyardError(f"{path} is not valid JSON: {e}") from None
+    unknown = sorted(set(cfg) - DEEPSPEED_KEYS)
+    if unknown:
+        raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "
+                            f"silently and use its defaults); check the spelling against the DeepSpeed config docs")
+    zero = cfg.get("zero_optimization", {})
+    _validate_zero_section(path, zero)
+    if strategy.startswith("zero3"):
+        # Without this ZeRO-3 saves a model file of a few KB: every rank holds only its shard.
+        cfg = copy.deepcopy(cfg)
+        cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    return cfg
+
+
+def _validate_zero_section(path: Path, zero: dict[str, Any]) -> None:
+    """DeepSpeed's own pydantic model for `zero_optimization` forbids unknown keys; check before launching,
+    leaving out the "auto" values the HF Trainer fills in later."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from pydantic import ValidationError
+
+    concrete = {k: v for k, v in zero.items() if v != "auto"}
+    try:
+        DeepSpeedZeroConfig(**concrete)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise DockyardError(f"{path}: zero_optimization: {problems}") from None
+
+
+# --- host memory for offload -------------------------------------------------------------------
+
+def offload_host_bytes(strategy: str, params: int, procs_per_node: int) -> int:
+    """Host RAM that CPU offload needs per node for model states (DeepSpeed's own estimates, with
+    their 1.5 safety factor): optimizer offload P*max(4N, 16)*1.5, everything offloaded 18P*1.5."""
+    if strategy == "zero2-offload":
+        return int(params * max(4 * procs_per_node, 16) * 1.5)
+    if strategy == "zero3-offload":
+        return int(18 * params * 1.5)
+    return 0
+
+
+def host_memory_available() -> int:
+    """What this node (or its container: the cgroup limit is what the OOM killer uses) still has free."""
+    import psutil
+
+    free = psutil.virtual_memory().available
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:
+            free = min(free, int(limit) - usage)
+        break
+    return free
+
+
+def check_offload_memory(strategy: str, params: int, procs_per_node: int, available: int) -> None:
+    need = offload_host_bytes(strategy, params, procs_per_node)
+    if need > available:
+        raise DockyardError(
+            f"{strategy} needs about {need / GiB:.1f} GiB of host RAM for {params / 1e9:.2f} B parameters on this "
+            f"node, and only {available / GiB:.1f} GiB is free (container limit included). Use more nodes, "
+            f"a recipe that offloads less (invoke plan), or raise the container's memory limit")

@@ -1,0 +1,53 @@
+"""DIR/manifest.json: the record of a run (schema in docs/interface.md), written by rank 0 at the end,
+whether the run completed or failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+
+def peak_memory_bytes() -> int:
+    """This process's peak: GPU memory reserved by torch on a GPU, resident set size on CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_reserved())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def losses(metrics_file: Path) -> list[float]:
+    if not metrics_file.is_file():
+        return []
+    return [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
+
+
+def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: dict | None,
+          metrics: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    seen = losses(run_dir / "metrics.jsonl")
+    return {
+        "run_id": run_dir.resolve().name,
+        "recipe": recipe.name if recipe else "",
+        "variant": os.environ.get("DOCKYARD_VARIANT", "native"),
+        "status": status,
+        "image": {"ref": os.environ.get("DOCKYARD_IMAGE_REF", ""), "id": os.environ.get("DOCKYARD_IMAGE_ID", "")},
+        "world_size": world_size,
+        "nodes": max(1, world_size // max(1, local)),
+        "strategy": {"requested": recipe.strategy if recipe else "", "in_effect": in_effect,
+                     "peft": recipe.peft if recipe else None},
+        "metrics": {"steps": metrics.get("steps", 0),
+                    "loss_first": seen[0] if seen else None,
+                    "loss_last": seen[-1] if seen else None,
+                    **{k: v for k, v in metrics.items() if k != "steps"}},
+        **extra,
+    }
+
+
+def write(run_dir: Path, manifest: dict[str, Any]) -> None:
+    tmp = run_dir / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(run_dir / "manifest.json")  # never a half-written manifest

@@ -1,0 +1,108 @@
+"""The model: which weights, in which dtype, where, quantized or not, with or without LoRA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dockyard.errors import DockyardError
+from dockyard.train import guards
+from dockyard.train.recipe import TINY_MODEL, Recipe, RunSettings
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def weights_dtype(settings: RunSettings, recipe: Recipe) -> torch.dtype:
+    """auto: a LoRA base is frozen, so bf16 weights lose nothing; a full fine-tune keeps fp32 weights and
+    trains in bf16 mixed precision where the GPU has it (DeepSpeed and FSDP cast for compute themselves)."""
+    if settings.dtype != "auto":
+        return DTYPES[settings.dtype]
+    return torch.bfloat16 if recipe.peft else torch.float32
+
+
+def materialize_tiny_model(folder: Path) -> None:
+    """The default model: Llama-shaped, tiny, made from the config shipped in the package, with a seeded
+    initialisation, written once as a normal checkpoint so every rank and every later reload (LoRA's base
+    included) reads the same weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if (folder / "config.json").is_file():
+        return
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY_MODEL))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(folder)
+
+
+def load_tokenizer(model_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.pad_token_id is None:  # Llama-family tokenizers ship without one; padding is masked out anyway
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def parameter_count(model_dir: str, task: str, num_labels: int) -> int:
+    """Parameters of the model, counted on the meta device (no memory), for checks made before loading."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels)
+    with init_empty_weights():
+        model = _auto_class(task).from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _auto_class(task: str):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if task == "seq_cls" else AutoModelForCausalLM
+
+
+def quantization_config(dtype: torch.dtype) -> Any:
+    """4-bit NF4 for QLoRA. The packed weights are stored in the model's dtype (not uint8) so that ZeRO-3
+    and FSDP can flatten them together with everything else ("Must flatten tensors with uniform dtype")."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+
+
+def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer: Any, labels: list[str],
+               local_rank: int, gradient_checkpointing: bool) -> Any:
+    guards.reject_prequantized(model_dir, recipe.strategy)
+    dtype = weights_dtype(settings, recipe)
+    kwargs: dict[str, Any] = {"dtype": dtype,
+                              "device_map": guards.device_map(recipe.strategy, local_rank, torch.cuda.is_available())}
+    if recipe.peft == "qlora":
+        kwargs["quantization_config"] = quantization_config(dtype)
+    if settings.task == "seq_cls":
+        kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                      label2id={name: i for i, name in enumerate(labels)}, pad_token_id=tokenizer.pad_token_id)
+    try:
+        model = _auto_class(settings.task).from_pretrained(model_dir, **kwargs)
+    except (OSError, ValueError) as e:
+        raise DockyardError(f"cannot load the model from {model_dir}: {e}") from None
+    if recipe.peft:
+        model = add_lora(model, recipe, settings, gradient_checkpointing)
+    return model
+
+
+def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpointing: bool) -> Any:
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if recipe.peft == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif gradient_checkpointing:
+        # With the base frozen, checkpointed blocks see inputs that need no grad, and the adapters would
+        # receive none: the model would silently not learn.
+        model.enable_input_require_grads()
+    config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
+                        target_modules=settings.lora_target_modules,
+                        task_type="SEQ_CLS" if settings.task == "seq_cls" else "CAUSAL_LM")
+    return get_peft_model(model, config)
+

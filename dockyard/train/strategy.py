@@ -1,0 +1,93 @@
+"""What is really running, read from the wrapped model, against what the recipe asked for.
+
+Never trust the requested strategy: asked for FSDP on CPU, the HF Trainer silently wraps the model in
+DistributedDataParallel instead. So after the Trainer has wrapped the model we look at the objects
+themselves (the DeepSpeed engine and its ZeRO optimizer, FSDP's wrappers, DDP) and stop on a mismatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dockyard.errors import DockyardError
+
+FIELDS = ("engine", "zero_stage", "offload_optimizer", "offload_param", "fsdp_version")
+
+
+def describe(engine: str, zero_stage: int | None = None, offload_optimizer: str | None = None,
+             offload_param: str | None = None, fsdp_version: int | None = None) -> dict[str, Any]:
+    return {"engine": engine, "zero_stage": zero_stage, "offload_optimizer": offload_optimizer,
+            "offload_param": offload_param, "fsdp_version": fsdp_version}
+
+
+def expected(strategy: str, world_size: int) -> dict[str, Any]:
+    """What a recipe's strategy must look like once the Trainer has wrapped the model."""
+    if strategy == "ddp":
+        # One process has nothing to synchronise: the Trainer (rightly) does not wrap the model.
+        return describe("ddp" if world_size > 1 else "single")
+    if strategy == "fsdp":
+        return describe("fsdp", fsdp_version=2)
+    stage = 3 if strategy.startswith("zero3") else 2
+    offload = strategy.endswith("-offload")
+    return describe("deepspeed", zero_stage=stage, offload_optimizer="cpu" if offload else None,
+                    offload_param="cpu" if offload and stage == 3 else None)
+
+
+def in_effect(wrapped: Any) -> dict[str, Any]:
+    """Read the strategy from the model object the Trainer trains (trainer.model_wrapped)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    try:
+        from deepspeed import DeepSpeedEngine
+    except ImportError:  # a stack without DeepSpeed cannot be running it
+        DeepSpeedEngine = ()
+    if DeepSpeedEngine and isinstance(wrapped, DeepSpeedEngine):
+        return _deepspeed(wrapped)
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    inner = wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+    if isinstance(wrapped, FullyShardedDataParallel):
+        return describe("fsdp", fsdp_version=1)
+    if isinstance(inner, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in inner.modules()):
+        return describe("fsdp", fsdp_version=2)
+    if isinstance(wrapped, DistributedDataParallel):
+        return describe("ddp")
+    return describe("single")
+
+
+def _deepspeed(engine: Any) -> dict[str, Any]:
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    opt = engine.optimizer
+    # The stage the optimizer really implements, not the one the config names.
+    if isinstance(opt, DeepSpeedZeroOptimizer_Stage3):
+        stage, off_opt, off_param = 3, opt.offload_optimizer, opt.offload_param
+    elif isinstance(opt, DeepSpeedZeroOptimizer):
+        stage, off_opt, off_param = engine.zero_optimization_stage(), opt.cpu_offload, False
+    else:
+        stage, off_opt, off_param = 0, False, False
+
+    def device(flag: bool, cfg: Any) -> str | None:
+        return (str(getattr(cfg.device, "value", cfg.device)) if cfg is not None else "cpu") if flag else None
+
+    return describe("deepspeed", zero_stage=stage,
+                    offload_optimizer=device(off_opt, engine.zero_offload_optimizer()),
+                    offload_param=device(off_param, engine.zero_offload_param()))
+
+
+def check(strategy: str, actual: dict[str, Any], world_size: int) -> None:
+    want = expected(strategy, world_size)
+    wrong = [f"{k}: asked {want[k]!r}, running {actual[k]!r}" for k in FIELDS if want[k] != actual[k]]
+    if wrong:
+        raise DockyardError(
+            f"strategy mismatch: the recipe asks for {strategy} but the Trainer is running {actual['engine']} "
+            f"({'; '.join(wrong)}). Stopped instead of training with another strategy. "
+            f"{_hint(strategy, actual)}".strip())
+
+
+def _hint(strategy: str, actual: dict[str, Any]) -> str:
+    if strategy == "fsdp" and actual["engine"] == "ddp":
+        return "The HF Trainer runs FSDP only on GPUs (on CPU it falls back to DDP): run this recipe on GPUs."
+    return ""

@@ -1,0 +1,84 @@
+"""Recipes and settings: pure parsing, no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dockyard.errors import DockyardError
+from dockyard.train.recipe import (RECIPES, list_recipes, load_recipe, parse_overrides, recipe_names,
+                                   resolve_settings)
+
+
+def test_recipe_module_imports_without_torch():
+    code = ("import sys; import dockyard.train.recipe as r; r.list_recipes(); "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_recipe_says_how_to_run_it_and_when_to_pick_it():
+    recipes = list_recipes()
+    assert {r.name for r in recipes} >= {"zero2"}
+    for r in recipes:
+        assert r.command == f"invoke run --recipe={r.name}"
+        assert r.when.endswith(".") and len(r.when.split()) > 6
+
+
+def test_unknown_recipe_lists_the_valid_names():
+    with pytest.raises(DockyardError, match="unknown recipe 'zero9'.*zero2"):
+        load_recipe("zero9")
+
+
+def test_a_recipe_folder_outside_the_project_loads(tmp_path):
+    (tmp_path / "ds.json").write_text("{}")
+    (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: zero3\n"
+                                          "deepspeed: ds.json\n")
+    r = load_recipe(tmp_path)
+    assert (r.name, r.strategy, r.file(r.deepspeed)) == (tmp_path.name, "zero3", tmp_path / "ds.json")
+
+
+@pytest.mark.parametrize("body, problem", [
+    ("strategy: zero2\ndeepspeed: ds.json\nfsdp: fsdp.yaml\n", "not both"),
+    ("strategy: zero2\n", "needs `deepspeed:`"),
+    ("strategy: ddp\nfsdp: fsdp.yaml\n", "takes no `fsdp:`"),
+    ("strategy: zero2\ndeepspeed: ds.json\nsettings: {fsdp: true}\n", "set by the strategy file"),
+    ("strategy: zero5\ndeepspeed: ds.json\n", "strategy"),
+])
+def test_invalid_recipes_are_refused(tmp_path, body, problem):
+    for name in ("ds.json", "fsdp.yaml"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=x\nwhen: Never.\n" + body)
+    with pytest.raises(DockyardError, match=problem):
+        load_recipe(tmp_path)
+
+
+def test_overrides_are_read_as_yaml_scalars():
+    assert parse_overrides(["--max_steps", "50", "--learning_rate", "1e-4", "--bf16", "--model=/m",
+                            "--lora-r", "4", "--report_to", "none"]) == {
+        "max_steps": 50, "learning_rate": 1e-4, "bf16": True, "model": "/m", "lora_r": 4, "report_to": "none"}
+    with pytest.raises(DockyardError, match="--key value"):
+        parse_overrides(["max_steps", "5"])
+
+
+def test_settings_layer_defaults_recipe_and_overrides():
+    recipe = load_recipe("zero2")
+    settings, training = resolve_settings(recipe, {"task": "seq_cls", "max_steps": 7})
+    assert settings.task == "seq_cls" and settings.data_path.name == "sample-classify.jsonl"
+    assert training["max_steps"] == 7 and training["learning_rate"] > 0
+    assert "task" not in training and "model" not in training
+
+
+def test_the_strategy_cannot_be_overridden_per_run():
+    with pytest.raises(DockyardError, match="the recipe is the strategy"):
+        resolve_settings(load_recipe("zero2"), {"deepspeed": "other.json"})
+
+
+def test_bad_setting_values_are_named():
+    with pytest.raises(DockyardError, match="task"):
+        resolve_settings(load_recipe("zero2"), {"task": "translate"})
+
+
+def test_recipes_folder_is_found_next_to_the_package():
+    assert (RECIPES / "defaults.yaml").is_file() and "zero2" in recipe_names()
