@@ -236,7 +236,7 @@ def plot_loss(series: dict[str, list[tuple[float, float]]], path: Path, title: s
 def _say(text: str, style: str = "yellow") -> None:
     from rich.console import Console
 
-    Console(stderr=True, highlight=False).print(f"[{style}]monitor: {text}[/]")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[{style}]monitor: {text}[/]")
 
 
 class Monitor:
