@@ -121,14 +121,19 @@ def cdi_specs(info: dict) -> list[str]:
 
 
 def check_gpu_container(host: Host, returncode: int, output: str) -> Check:
-    """`docker run --gpus all IMAGE nvidia-smi -L`: the toolkit injects nvidia-smi and every GPU must show."""
+    """`nvidia-smi -L` in a container started exactly as a GPU run (--gpus all and the run's ulimits): the
+    toolkit injects nvidia-smi, and every GPU must show."""
     seen = sum(1 for line in output.splitlines() if line.startswith("GPU "))
     if returncode == 0 and seen == host.count:
-        return Check("gpus in a container", PASS, f"--gpus all shows {seen} GPU(s) inside a container")
+        return Check("gpus in a container", PASS, f"a GPU run's container sees {seen} GPU(s)")
     last = output.strip().splitlines()[-1][-200:] if output.strip() else f"exit {returncode}"
-    fix = ("install and configure the NVIDIA Container Toolkit: `sudo nvidia-ctk runtime configure --runtime=docker`, "
-           "restart the engine" if "device driver" in output or "nvidia-container-cli" in output else
-           "see the error; `docker run --gpus all` must work before `invoke run` can")
+    if "device driver" in output or "nvidia-container-cli" in output:
+        fix = ("install and configure the NVIDIA Container Toolkit: `sudo nvidia-ctk runtime configure "
+               "--runtime=docker`, restart the engine")
+    elif "rlimit" in output:
+        fix = "the engine may not raise memlock/stack: start dockerd with `ulimit -l unlimited` (systemd: LimitMEMLOCK=infinity)"
+    else:
+        fix = "see the error: `invoke run` starts its containers the same way"
     return Check("gpus in a container", FAIL, f"{seen} of {host.count} GPU(s) visible: {last}", fix)
 
 
@@ -262,12 +267,13 @@ def _gpu_facts(source) -> tuple[Host, list[Link]]:
         nvml.close()
 
 
-def probe_argv(settings: Settings, image: str, name: str) -> list[str]:
+def probe_argv(settings: Settings, image: str, name: str, command: list[str] | None = None,
+               gpus: bool = False) -> list[str]:
     """A container started the way `invoke run` starts one (the launcher's own flags), running PROBE_SCRIPT."""
     from dockyard import launch
 
-    return launch.docker_run_argv(settings, image, gpus=False, run_dir=None, name=name, env={}, network_host=False,
-                                  interactive=False, command=["sh", "-c", PROBE_SCRIPT], mounts=[])
+    return launch.docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
+                                  interactive=False, command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[])
 
 
 def without_ulimits(argv: list[str]) -> list[str]:
@@ -339,8 +345,7 @@ def run(settings: Settings, gpus=None) -> list[Check]:
         checks.append(Check("run container", FAIL, str(e), "see the engine's log; `invoke run` would fail the same way"))
         return checks
     if host.gpus:
-        argv = engine.docker(settings, "run", "--rm", "--gpus", "all", "--name", f"dockyard-doctor-gpu-{os.getpid()}",
-                             probe_image, "nvidia-smi", "-L")
+        argv = probe_argv(settings, probe_image, f"dockyard-doctor-gpu-{os.getpid()}", ["nvidia-smi", "-L"], gpus=True)
         proc = engine.run(argv, capture=True, check=False, quiet=True)
         checks.append(check_gpu_container(host, proc.returncode, proc.stdout + proc.stderr))
     checks += [check_shm(facts["shm_bytes"]), refused or check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),

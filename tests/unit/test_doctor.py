@@ -145,3 +145,7 @@ def test_gpus_in_a_container():
     err = ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].')
     bad = doctor.check_gpu_container(host, 125, err)
     assert bad.status == doctor.FAIL and "nvidia-ctk runtime configure" in bad.fix and "0 of 2" in bad.detail
+    rlimit = doctor.check_gpu_container(host, 125, "error setting rlimit type 8: operation not permitted")
+    assert rlimit.status == doctor.FAIL and "LimitMEMLOCK" in rlimit.fix
+    argv = doctor.probe_argv(Settings(), "img", "n", ["nvidia-smi", "-L"], gpus=True)
+    assert argv[-3:] == ["img", "nvidia-smi", "-L"] and "--gpus" in argv
