@@ -120,6 +120,8 @@ def shape_from_folder(folder: Path) -> Shape:
     except ImportError:
         raise DockyardError("reading a model folder needs torch and transformers (pip install -e '.[train]'); "
                             "or pass a parameter count, e.g. --model=8B") from None
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # building heads without weights makes it chatty
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         with torch.device("meta"):
@@ -129,6 +131,8 @@ def shape_from_folder(folder: Path) -> Shape:
                 model = transformers.AutoModel.from_config(config)
     except (OSError, ValueError, KeyError) as e:
         raise DockyardError(f"cannot build the model of {folder}/config.json: {e}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     return shape_from_model(model, config, source=f"{folder}/config.json")
 
 
