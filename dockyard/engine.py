@@ -150,5 +150,22 @@ def image_inspect(settings, ref: str) -> dict | None:
     return json.loads(proc.stdout)[0]
 
 
+def daemon_memlock_hard_limit() -> int | None:
+    """The local dockerd's hard RLIMIT_MEMLOCK in bytes (None: unlimited or unknown).
+
+    A container cannot get more than the engine's own hard limit: `--ulimit memlock=-1` then fails with
+    "error setting rlimit type 8". Where dockerd is local and limited, the launcher asks for that limit instead.
+    """
+    try:
+        pid = Path("/var/run/docker.pid").read_text().strip()
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max locked memory"):
+                hard = line.split()[4]
+                return None if hard == "unlimited" else int(hard)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def which(name: str) -> str | None:
     return shutil.which(name)

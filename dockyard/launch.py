@@ -116,12 +116,21 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     return d
 
 
+def memlock_flag(daemon_hard_limit: int | None) -> str:
+    """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant."""
+    if daemon_hard_limit is None:
+        return "memlock=-1"
+    print(f"note: dockerd's hard memlock limit is {daemon_hard_limit} bytes, so containers get that, not unlimited; "
+          "for NCCL/RDMA set LimitMEMLOCK=infinity for the docker service (systemctl edit docker)", file=sys.stderr)
+    return f"memlock={daemon_hard_limit}"
+
+
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
-                    mounts: list[tuple[Path, str, bool]]) -> list[str]:
+                    mounts: list[tuple[Path, str, bool]], memlock: str = "memlock=-1") -> list[str]:
     """Every `docker run` of the project: same flags for training and for `invoke shell`."""
     argv = engine.docker(settings, "run", "--rm", "--init", "--ipc=host",
-                         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+                         "--ulimit", memlock, "--ulimit", "stack=67108864",
                          "--user", f"{os.getuid()}:{os.getgid()}", "--name", name)
     if interactive:
         argv += ["-it"]
@@ -159,7 +168,7 @@ def _user_mounts(settings: Settings, overrides: list[str]) -> tuple[list[tuple[P
 
 def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
-             disable_require: bool = False, image_id: str = "") -> RunPlan:
+             disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1") -> RunPlan:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing)."""
     from dockyard.train.recipe import load_recipe
 
@@ -172,7 +181,8 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
     argv = docker_run_argv(settings, image, gpus=variant.is_cuda, run_dir=run_dir, name=f"dockyard-{run_dir.name}",
-                           env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts)
+                           env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts,
+                           memlock=memlock)
     return RunPlan(argv, run_dir)
 
 
@@ -232,7 +242,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={recipe}`)")
         plan = plan_run(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require,
-                        image_id=image.get("Id", ""))
+                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
     if dry:
         engine.echo(plan.argv, plan.env)
         return None
@@ -259,7 +269,8 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> No
     runs = settings.path(settings.runs_dir)
     argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
                            env={"DOCKYARD_IMAGE_REF": image, "DOCKYARD_VARIANT": chosen.name}, network_host=False,
-                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts)
+                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts,
+                           memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
     if dry:
         engine.echo(argv)
         return

@@ -114,3 +114,9 @@ def test_model_and_data_settings_are_mounted_read_only(settings, tmp_path):
     assert extra == ["--model", "/workspace/model", "--data", "/workspace/data/mine.jsonl"]
     with pytest.raises(DockyardError, match="does not exist"):
         launch._user_mounts(settings.model_copy(update={"data": str(tmp_path / "missing.jsonl")}), [])
+
+
+def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):
+    assert launch.memlock_flag(None) == "memlock=-1"
+    assert launch.memlock_flag(8388608) == "memlock=8388608"
+    assert "LimitMEMLOCK=infinity" in capsys.readouterr().err
