@@ -82,9 +82,16 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         args.update(fsdp)
     args = guards.peft_training_args(args, recipe.peft)
     try:
-        return TrainingArguments(**args)
+        targs = TrainingArguments(**args)
     except (ValueError, TypeError) as e:
         raise DockyardError(f"invalid training setting: {e}") from None
+    if recipe.deepspeed and not cuda and targs.world_size > 1:
+        # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
+        # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    return targs
 
 
 def setup_logging(run_dir: Path, is_main: bool) -> None:
@@ -110,6 +117,7 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+    from dockyard import plan
     from dockyard.train import data, guards, manifest, model as models
     from dockyard.train.callbacks import MetricsLog, StrategyCheck
 
@@ -120,20 +128,30 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     last = check_run_dir(run_dir, opts.resume)
     state["run_dir_ok"] = True
 
+    model_dir = settings.model
+    if not model_dir:
+        model_dir = str(run_dir / "base")
+        models.materialize_tiny_model(Path(model_dir))
+    # Counted on the meta device, before TrainingArguments: once those hold a ZeRO-3 config, building any
+    # model (even on meta) goes through deepspeed.zero.Init.
+    shape = plan.shape_from_folder(Path(model_dir))
+    state["extra"]["model"] = {"base": model_dir, "parameters": shape.params, "saved": "model",
+                               "format": "adapter" if recipe.peft else "full"}
+    state["extra"]["task"] = settings.task
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if recipe.strategy.endswith("-offload"):
+        _, need = plan.model_states(recipe.strategy, shape, world_size, local)
+        guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
+
     args = training_arguments(recipe, settings, overrides, run_dir)
-    world_size, is_main = args.world_size, args.process_index == 0
+    world_size, is_main = args.world_size, args.process_index == 0  # what torch.distributed really formed
     state.update(world_size=world_size, is_main=is_main)
     setup_logging(run_dir, is_main)
     guards.one_process_per_gpu(args.n_gpu)
     log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, world_size,
              settings.model_dump())
 
-    model_dir = settings.model
-    if not model_dir:
-        model_dir = str(run_dir / "base")
-        with args.main_process_first(desc="tiny model"):
-            if is_main:
-                models.materialize_tiny_model(Path(model_dir))
     tokenizer = models.load_tokenizer(model_dir)
     rows = data.read_rows(settings.data_path)
     if settings.task == "seq_cls":
@@ -142,16 +160,13 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     else:
         labels = []
         examples = data.causal_lm_examples(rows, tokenizer, settings.max_seq_length)
-    params = models.parameter_count(model_dir, settings.task, max(1, len(labels)))
-    state["extra"]["model"] = {"base": model_dir, "parameters": params, "saved": "model",
-                               "format": "adapter" if recipe.peft else "full"}
-    if recipe.strategy.endswith("-offload"):
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        guards.check_offload_memory(recipe.strategy, params, local, guards.host_memory_available())
+    state["extra"]["plan"] = predicted(shape, recipe, settings, args, local)
 
     transformers.set_seed(args.seed)
     model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index,
                               args.gradient_checkpointing)
+    if recipe.peft == "qlora":
+        state["extra"]["model"]["quantized_layers"] = models.count_4bit_layers(model)
     check = StrategyCheck(recipe.strategy, world_size)
     metrics = MetricsLog(run_dir / "metrics.jsonl", is_main, started)
     trainer = Trainer(model=model, args=args, train_dataset=examples, processing_class=tokenizer,
@@ -162,7 +177,8 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     state["check"] = check
     trainer.train(resume_from_checkpoint=last)
 
-    state["extra"]["probe"] = probe(trainer.model, examples[0]["input_ids"][:32], args.device)
+    state["extra"]["probe"] = probe(trainer.model, examples[0]["input_ids"][:32], args.device,
+                                    models.weights_dtype(settings, recipe))
     trainer.save_model(str(run_dir / "model"))
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
     if world_size > 1:
@@ -175,7 +191,21 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     state["status"] = "completed"
 
 
-def probe(model: Any, input_ids: list[int], device: Any) -> dict[str, Any]:
+def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int) -> dict[str, Any]:
+    """`invoke plan`'s estimate for this run, next to the measured peak in the manifest. Only a record:
+    an estimate that cannot be made never fails the run."""
+    from dockyard import plan
+
+    try:
+        return plan.estimate(shape, recipe.peft or recipe.strategy, world_size=args.world_size,
+                             gpus_per_node=gpus_per_node, seq_len=settings.max_seq_length,
+                             batch=args.per_device_train_batch_size,
+                             gradient_checkpointing=args.gradient_checkpointing)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str, Any]:
     """Logits of one fixed input at the end of training, so anyone can check that the saved model, reloaded,
     is the model that was trained (ZeRO-3 used to save empty weights). All ranks take part: under ZeRO-3
     and FSDP the forward pass gathers the sharded weights."""
@@ -186,14 +216,14 @@ def probe(model: Any, input_ids: list[int], device: Any) -> dict[str, Any]:
         out = model(input_ids=torch.tensor([input_ids], device=device)).logits.float()
     last = out[0, -1] if out.dim() == 3 else out[0]
     return {"input_ids": input_ids, "logits": [round(x, 5) for x in last[:16].tolist()],
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+            "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
 
 
 def finish(opts: argparse.Namespace, state: dict[str, Any], error: str | None) -> None:
     from dockyard.train import manifest
 
-    if not state.get("run_dir_ok") or not state.get("is_main", True):
-        return  # never touch a folder that holds another run; rank 0 alone writes
+    if not state.get("run_dir_ok") or not state["is_main"]:
+        return  # never touch a folder that holds another run
     check = state.get("check")
     extra = dict(state["extra"])
     if error:
@@ -210,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
-    opts, state = None, {"status": "failed", "extra": {}}
+    # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
+    opts, state = None, {"status": "failed", "extra": {}, "is_main": os.environ.get("RANK", "0") == "0"}
     try:
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
         train(opts, overrides, started, state)

@@ -108,16 +108,6 @@ def _validate_zero_section(path: Path, zero: dict[str, Any]) -> None:
 
 # --- host memory for offload -------------------------------------------------------------------
 
-def offload_host_bytes(strategy: str, params: int, procs_per_node: int) -> int:
-    """Host RAM that CPU offload needs per node for model states (DeepSpeed's own estimates, with
-    their 1.5 safety factor): optimizer offload P*max(4N, 16)*1.5, everything offloaded 18P*1.5."""
-    if strategy == "zero2-offload":
-        return int(params * max(4 * procs_per_node, 16) * 1.5)
-    if strategy == "zero3-offload":
-        return int(18 * params * 1.5)
-    return 0
-
-
 def host_memory_available() -> int:
     """What this node (or its container: the cgroup limit is what the OOM killer uses) still has free."""
     import psutil
@@ -137,8 +127,9 @@ def host_memory_available() -> int:
     return free
 
 
-def check_offload_memory(strategy: str, params: int, procs_per_node: int, available: int) -> None:
-    need = offload_host_bytes(strategy, params, procs_per_node)
+def check_offload_memory(strategy: str, need: int, params: int, available: int) -> None:
+    """CPU offload needs host RAM for the offloaded states (`need`: dockyard.plan's estimate, DeepSpeed's
+    formulas); short of it the OOM killer ends the run at the first step, after minutes of loading."""
     if need > available:
         raise DockyardError(
             f"{strategy} needs about {need / GiB:.1f} GiB of host RAM for {params / 1e9:.2f} B parameters on this "

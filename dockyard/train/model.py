@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +27,24 @@ def weights_dtype(settings: RunSettings, recipe: Recipe) -> torch.dtype:
 def materialize_tiny_model(folder: Path) -> None:
     """The default model: Llama-shaped, tiny, made from the config shipped in the package, with a seeded
     initialisation, written once as a normal checkpoint so every rank and every later reload (LoRA's base
-    included) reads the same weights."""
+    included) reads the same weights.
+
+    Called by every rank before torch.distributed exists (under ZeRO-3 building a model is itself a
+    collective): each writes a private copy and renames it into place; the first rename wins, and the
+    copies are identical anyway."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if (folder / "config.json").is_file():
         return
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY_MODEL))
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(folder)
+    tmp = folder.with_name(f".{folder.name}-{os.getpid()}")
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(tmp)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another rank was first
+        shutil.rmtree(tmp)
 
 
 def load_tokenizer(model_dir: str) -> Any:
@@ -43,17 +54,6 @@ def load_tokenizer(model_dir: str) -> Any:
     if tok.pad_token_id is None:  # Llama-family tokenizers ship without one; padding is masked out anyway
         tok.pad_token = tok.eos_token
     return tok
-
-
-def parameter_count(model_dir: str, task: str, num_labels: int) -> int:
-    """Parameters of the model, counted on the meta device (no memory), for checks made before loading."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels)
-    with init_empty_weights():
-        model = _auto_class(task).from_config(config)
-    return sum(p.numel() for p in model.parameters())
 
 
 def _auto_class(task: str):
@@ -106,3 +106,11 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
                         task_type="SEQ_CLS" if settings.task == "seq_cls" else "CAUSAL_LM")
     return get_peft_model(model, config)
 
+
+
+def count_4bit_layers(model: Any) -> int:
+    """Linear layers really held in 4 bits (a quantization state attached), as the manifest records them."""
+    import bitsandbytes as bnb
+
+    return sum(1 for m in model.modules()
+               if isinstance(m, bnb.nn.Linear4bit) and getattr(m.weight, "quant_state", None) is not None)

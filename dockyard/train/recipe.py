@@ -77,7 +77,10 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     first = text.splitlines()[0] if text else ""
     if not first.startswith("# "):
         raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")
-    raw = yaml.safe_load(text) or {}
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise DockyardError(f"{path} is not valid YAML: {e}") from None
     try:
         recipe = Recipe(name=folder.name, folder=folder.resolve(), command=first[2:].strip(), **raw)
     except (ValidationError, TypeError) as e:
