@@ -155,7 +155,7 @@ def commit(c, container="", tag="", allow_secrets=False):
 @task(help={"image": "image(s) to save, comma-separated; they share common layers (default: the auto variant's)",
             "out": "folder for the archive (default: images/dist/)",
             "compress": "zstd (default, every core), gzip (pigz where installed), or none",
-            "level": "compression level (default: zstd 3, gzip 6)",
+            "level": "compression level (default: zstd 2, gzip 6)",
             "thin_for": "INVENTORY.json or ssh://[user@]host[:port]: leave out the layers that node already holds",
             "sign": "ssh private key: sign the manifest (ssh-keygen -Y sign)"})
 @_user_errors

@@ -36,7 +36,9 @@ FORMAT = "dockyard-archive/1"
 INVENTORY_FORMAT = "dockyard-inventory/1"
 SIGN_NAMESPACE = "dockyard-archive"
 SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
-DEFAULT_LEVEL = {"zstd": 3, "gzip": 6, "none": 0}
+# zstd 2: on 2 cores smaller than `gzip -6` and close to the speed of `docker save` itself
+# (benchmarks/results/transport.md); 3 is about 7 % smaller and 15 % slower.
+DEFAULT_LEVEL = {"zstd": 2, "gzip": 6, "none": 0}
 LEVELS = {"zstd": range(1, 23), "gzip": range(1, 10), "none": range(0, 1)}
 # Compressed size as a share of the tar, for the free-space check: zstd/gzip reach 35-40 % on
 # images of wheels and shared libraries; 60 % leaves room for images that compress badly.

@@ -86,7 +86,7 @@ def remote(settings, r: Remote, script: str, what: str, check: bool = True) -> s
 def probe_script(folder: str, name: str) -> str:
     d = rpath(folder)
     return (
-        "for t in rsync zstd gzip sha256sum docker; do printf '%s=%s\\n' $t \"$(command -v $t)\"; done\n"
+        "for t in rsync zstd gzip sha256sum openssl docker; do printf '%s=%s\\n' $t \"$(command -v $t)\"; done\n"
         f"p={d}; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done\n"
         "printf 'free_kb=%s\\n' \"$(df -Pk \"$p\" | awk 'NR == 2 { print $4 }')\"\n"
         f"f={rpath(folder, name + '.partial')}; [ -f \"$f\" ] && printf 'partial=%s\\n' \"$(wc -c < \"$f\")\"\n"
@@ -176,8 +176,10 @@ def _put_small(settings, r: Remote, local: Path) -> None:
                quiet=True, what=f"copying {local.name} to {r.host}")
 
 
-def _remote_sha256(settings, r: Remote, name: str) -> str:
-    out = remote(settings, r, f"sha256sum < {rpath(r.dir, name)}", f"checking the sha256 on {r.host}").stdout
+def _remote_sha256(settings, r: Remote, name: str, have: dict[str, str]) -> str:
+    """sha256 of a file on the node; OpenSSL where it is there (about 4x faster than coreutils)."""
+    tool = "openssl dgst -sha256 -r" if have.get("openssl") else "sha256sum"
+    out = remote(settings, r, f"{tool} < {rpath(r.dir, name)}", f"checking the sha256 on {r.host}").stdout
     return out.split()[0] if out.split() else ""
 
 
@@ -211,7 +213,7 @@ def ship_file(settings, file: str, to: str, port: int = 0, identity: str = "", l
                                 + (", or save with --compress=gzip" if tool == "zstd" else ""))
     check_thin_fits(settings, r, manifest)
 
-    done = int(have.get("final", -1)) == size and _remote_sha256(settings, r, name) == expected
+    done = int(have.get("final", -1)) == size and _remote_sha256(settings, r, name, have) == expected
     if done:
         print(f"{r.where(name)} is already there and verified")
     else:
@@ -235,7 +237,7 @@ def ship_file(settings, file: str, to: str, port: int = 0, identity: str = "", l
                        what=f"copying to {r.host} (run it again to continue where it stopped)")
         else:
             _append_copy(settings, r, paths.archive, name + ".partial", offset)
-        got = _remote_sha256(settings, r, name + ".partial")
+        got = _remote_sha256(settings, r, name + ".partial", have)
         if got != expected:
             remote(settings, r, f"rm -f {rpath(r.dir, name + '.partial')}", "removing a bad copy")
             raise DockyardError(f"the copy on {r.host} does not match the archive's sha256 ({got[:12]} != "
@@ -244,8 +246,9 @@ def ship_file(settings, file: str, to: str, port: int = 0, identity: str = "", l
     for p in (paths.manifest, paths.signature, paths.sha256, paths.loader):
         if p.exists():
             _put_small(settings, r, p)
-    remote(settings, r, f"cd {rpath(r.dir)} && sha256sum -c {shlex.quote(paths.sha256.name)}",
-           f"verifying {name} on {r.host}")
+    # The archive's sha256 was checked above; this checks that the manifest arrived intact.
+    remote(settings, r, f"cd {rpath(r.dir)} && grep -F {shlex.quote('  ' + paths.manifest.name)} "
+                        f"{shlex.quote(paths.sha256.name)} | sha256sum -c -", f"verifying the manifest on {r.host}")
     print(f"shipped {name} to {r.where()}: sha256 verified there")
     if not load:
         return []

@@ -117,7 +117,7 @@ def test_names_and_paths():
 
 
 def test_compression_choices():
-    assert archive.check_method("zstd", 0) == 3 and archive.check_method("gzip", 9) == 9
+    assert archive.check_method("zstd", 0) == 2 and archive.check_method("gzip", 9) == 9
     with pytest.raises(DockyardError, match="choose zstd, gzip or none"):
         archive.check_method("xz", 0)
     with pytest.raises(DockyardError, match="1..9"):

@@ -1,0 +1,133 @@
+"""Moving an image to another node: the usual manual way against dockyard's, side by side in one run.
+
+    python benchmarks/transport.py [--image=dockyard:0.1.0-cpu]
+
+Starts a second node on this machine (tests/integration/node2.py: its own dockerd in a network
+namespace, reached over ssh on a veth pair), then measures, on the same image:
+  (0) `docker save > /dev/null`: the engine's own limit;
+  (a) the baseline: `docker save | gzip` + scp + `docker load -i` there;
+  (b) `invoke save` (zstd) + `invoke ship --load`;
+  (c) the same as a thin archive after a recipe-only change (a new top layer);
+  (d) `invoke ship --image` (stream mode: save, compress, copy and load overlap).
+Prints seconds and bytes per stage and the ratios; writes benchmarks/results/transport.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dockyard import archive, engine, ship, variants  # noqa: E402
+from dockyard.settings import load as load_settings  # noqa: E402
+from tests.integration import node2  # noqa: E402
+
+
+def timed(fn):
+    t = time.monotonic()
+    out = fn()
+    return time.monotonic() - t, out
+
+
+def sh(argv, **kw):
+    return subprocess.run([str(a) for a in argv], check=True, capture_output=True, **kw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--image", default="")
+    args = ap.parse_args()
+    settings = load_settings({})
+    image = args.image or variants.tag(settings, variants.resolve(settings, "cpu")[0])
+    if engine.image_inspect(settings, image) is None:
+        sys.exit(f"no image {image}: build it first (invoke build --variant=cpu)")
+    docker = engine.docker(settings)
+    rows: list[tuple[str, float, int]] = []
+    work = Path(tempfile.mkdtemp(prefix="dy-bench-"))
+    recipe_tag = f"dockyard-bench-recipe:{os.getpid()}"
+    node = node2.start()
+    try:
+        s = settings.model_copy(update={"ssh": node.ssh_command})
+        ssh = ["ssh", "-F", node.ssh_config, node.alias]
+
+        t, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True))
+        t, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True))
+        tar = int(sh([*docker, "image", "inspect", "--format", "{{.Size}}", image]).stdout)
+        rows.append(("(0) docker save > /dev/null", t, tar))
+
+        gz = work / "baseline.tar.gz"
+        t1, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} | gzip -6 > {gz}", shell=True, check=True))
+        t2, _ = timed(lambda: sh(["scp", "-q", "-F", node.ssh_config, gz, f"{node.alias}:{node.base}/"]))
+        t3, _ = timed(lambda: sh([*ssh, f"docker load -i {node.base}/{gz.name}"]))
+        rows += [("(a) docker save | gzip -6", t1, gz.stat().st_size), ("(a) scp", t2, gz.stat().st_size),
+                 ("(a) docker load -i (node 2)", t3, 0)]
+        node.wipe()
+
+        out = work / "dist"
+        t1, m = timed(lambda: archive.save(s, image=image, out=str(out)))
+        path = out / m["archive"]
+        t2, _ = timed(lambda: ship.ship_file(s, str(path), f"{node.alias}:{node.base}/dist", load=True))
+        rows += [("(b) invoke save (zstd)", t1, m["archive_bytes"]),
+                 ("(b) invoke ship --load (copy, verify, load)", t2, m["archive_bytes"])]
+
+        ctx = work / "ctx"
+        ctx.mkdir()
+        (ctx / "recipe.yaml").write_text(f"# a recipe-only change, {time.time()}\nlearning_rate: 2.0e-5\n")
+        (ctx / "Dockerfile").write_text(f"FROM {image}\nCOPY recipe.yaml /opt/dockyard/recipe-bench.yaml\n")
+        sh([*docker, "build", "-q", "-t", recipe_tag, ctx], env={**os.environ, **engine.build_env()})
+        t1, mt = timed(lambda: archive.save(s, image=recipe_tag, out=str(out), thin_for=f"ssh://{node.alias}"))
+        t2, _ = timed(lambda: ship.ship_file(s, str(out / mt["archive"]), f"{node.alias}:{node.base}/dist", load=True))
+        rows += [("(c) invoke save --thin-for=ssh://node2", t1, mt["archive_bytes"]),
+                 ("(c) invoke ship --load", t2, mt["archive_bytes"])]
+        node.wipe()
+
+        t, _ = timed(lambda: ship.ship_image(s, image, node.alias))
+        rows.append(("(d) invoke ship --image (stream, loads)", t, 0))
+    finally:
+        node2.stop(node)
+        subprocess.run([*docker, "image", "rm", "-f", recipe_tag], capture_output=True)
+        subprocess.run(["rm", "-rf", str(work)])
+
+    report(rows, image)
+
+
+def report(rows: list[tuple[str, float, int]], image: str) -> None:
+    by = lambda prefix: [(t, b) for name, t, b in rows if name.startswith(prefix)]  # noqa: E731
+    total = {k: sum(t for t, _ in by(k)) for k in ("(a)", "(b)", "(c)")}
+    size = {k: max(b for _, b in by(k)) for k in ("(a)", "(b)", "(c)")}
+    engine_limit = by("(0)")[0][0]
+    save_b = by("(b)")[0][0]
+    ratios = [
+        ("end to end, (a) ÷ (b): dockyard's speed-up", total["(a)"] / total["(b)"], "≥ 2"),
+        ("bytes shipped, (b) ÷ (a)", size["(b)"] / size["(a)"], "≤ 1"),
+        ("save, (b) ÷ engine limit (0)", save_b / engine_limit, "≤ 1.3"),
+        ("bytes shipped, thin (c) ÷ full (b)", size["(c)"] / size["(b)"], "< 0.01"),
+        ("end to end, (a) ÷ stream (d)", total["(a)"] / by("(d)")[0][0], ""),
+    ]
+    lines = [f"# Transport benchmark: {image}", "",
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
+             f"{platform.machine()}, node 2 = a network namespace on the same machine (veth, real ssh). "
+             "One run; other work shared the cores.", "",
+             "| stage | seconds | bytes |", "|---|---:|---:|"]
+    lines += [f"| {name} | {t:.1f} | {b:,} |" if b else f"| {name} | {t:.1f} | |" for name, t, b in rows]
+    lines += ["", f"Totals: (a) {total['(a)']:.1f} s, (b) {total['(b)']:.1f} s, (c) {total['(c)']:.1f} s.", "",
+              "| ratio | measured | target |", "|---|---:|---:|"]
+    lines += [f"| {name} | {v:.3f} | {target} |" for name, v, target in ratios]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = ROOT / "benchmarks" / "results" / "transport.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
