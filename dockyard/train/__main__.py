@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -37,18 +38,25 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
-    """Never overwrite a run: a folder holding one is refused unless --resume, which continues it."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    ckpt_dir = run_dir / "checkpoints"
-    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-    holds_run = (run_dir / "manifest.json").exists() or last is not None
-    if resume and last is None:
+    """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
+    its last complete checkpoint (a run killed while saving leaves a checkpoint without trainer_state.json,
+    the file the Trainer writes last)."""
+    started = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    complete = [p for p in started if (p / "trainer_state.json").is_file()]
+    holds_run = (run_dir / "manifest.json").exists() or bool(started)
+    if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
     if holds_run and not resume:
         raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
                             f"it from its last checkpoint")
-    return last
+    return str(complete[-1]) if resume else None
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """On resume, drop the lines logged after the checkpoint: those steps run again."""
+    if path.is_file():
+        lines = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
+        path.write_text("".join(x + "\n" for x in lines))
 
 
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
@@ -127,6 +135,8 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     run_dir.mkdir(parents=True, exist_ok=True)
     last = check_run_dir(run_dir, opts.resume)
     state["run_dir_ok"] = True
+    if last and state["is_main"]:
+        trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
 
     model_dir = settings.model
     if not model_dir:

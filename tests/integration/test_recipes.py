@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -150,3 +151,84 @@ def test_fsdp_on_cpu_stops_with_the_strategy_mismatch_instead_of_training_ddp(tm
     assert m["status"] == "failed" and "strategy mismatch" in m["error"]
     assert m["strategy"]["requested"] == "fsdp" and m["strategy"]["in_effect"]["engine"] == "ddp"
     assert not (run / "metrics.jsonl").exists() and not (run / "model").exists()
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    args = ["--max_steps", "60", "--save_steps", "8", "--per_device_train_batch_size", "4", "--max_seq_length", "64"]
+    proc = subprocess.Popen(command("zero2", run, *args), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 600
+        while not (run / "checkpoints" / "checkpoint-8" / "trainer_state.json").exists():
+            assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.05)
+    finally:  # a crash, mid-way: every process killed at once, no chance to clean up
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            p.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (run / "manifest.json").exists() and not (run / "checkpoints" / "checkpoint-56").exists()
+
+    refused = train("zero2", run, *args, ok=False)
+    assert refused.returncode != 0 and "already holds a run" in refused.stderr
+
+    train("zero2", run, *args, resume=True)
+    m = manifest(run)
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 60
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 61)), "each step logged once: the resumed run continued after its checkpoint"
+    assert "Resuming training from checkpoint" in (run / "train.log").read_text()
+    assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+
+
+# --- refusals: each stops before training and says what to do -------------------------------------
+
+def trainer_alone(*argv: str, code: str = "pass") -> subprocess.CompletedProcess:
+    """The entry point as one plain process (no torchrun), optionally after a line of set-up code."""
+    script = f"import sys; {code}; from dockyard.train.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", script, *argv], cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_folder_holding_a_run_is_never_overwritten(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"mine": true}')
+    proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path))
+    assert proc.returncode == 1 and "already holds a run" in proc.stderr and "--resume" in proc.stderr
+    assert (tmp_path / "manifest.json").read_text() == '{"mine": true}'
+    proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "new"), "--resume")
+    assert proc.returncode == 1 and "no checkpoint to continue from" in proc.stderr
+
+
+def test_unknown_settings_are_named(tmp_path):
+    proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--max_step", "5")
+    assert proc.returncode == 1 and "unknown setting(s): max_step" in proc.stderr
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_several_gpus_in_one_process_are_refused(tmp_path):
+    """What the HF Trainer would do with them is nn.DataParallel: one busy GPU, the others idle."""
+    proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"),
+                         code="import transformers; transformers.TrainingArguments.n_gpu = property(lambda s: 2)")
+    assert proc.returncode == 1 and "sees 2 GPUs" in proc.stderr and "torchrun" in proc.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_a_misspelt_deepspeed_key_in_a_recipe_is_refused(tmp_path):
+    recipe = tmp_path / "my-zero2"
+    recipe.mkdir()
+    (recipe / "recipe.yaml").write_text((ROOT / "recipes/zero2/recipe.yaml").read_text())
+    cfg = json.loads((ROOT / "recipes/zero2/ds_config.json").read_text())
+    cfg["zero_optimisation"] = cfg.pop("zero_optimization")
+    (recipe / "ds_config.json").write_text(json.dumps(cfg))
+    proc = trainer_alone("--recipe", str(recipe), "--run-dir", str(tmp_path / "r"))
+    assert proc.returncode == 1 and "unknown DeepSpeed key(s) zero_optimisation" in proc.stderr
+
+
+def test_offload_refuses_a_model_the_host_cannot_hold(tmp_path):
+    model = tmp_path / "llama-70b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672,
+        "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8}))
+    proc = trainer_alone("--recipe", "zero3-offload", "--run-dir", str(tmp_path / "r"), "--", "--model", str(model))
+    assert proc.returncode == 1 and "zero3-offload needs about" in proc.stderr and "70.55 B parameters" in proc.stderr

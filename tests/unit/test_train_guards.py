@@ -1,0 +1,152 @@
+"""The trainer's guards, one by one, on plain inputs (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dockyard.errors import DockyardError
+from dockyard.train import guards, strategy
+from dockyard.train.recipe import RECIPES, load_recipe, recipe_names
+
+
+def test_more_than_one_gpu_in_one_process_is_refused_with_how_to_launch():
+    with pytest.raises(DockyardError, match="torchrun --nproc-per-node 4"):
+        guards.one_process_per_gpu(4)
+    guards.one_process_per_gpu(1)
+    guards.one_process_per_gpu(0)
+
+
+@pytest.mark.parametrize("strategy_name, cuda, expected", [
+    ("ddp", True, {"": 3}),            # DDP, LoRA, QLoRA: the whole model on this process's GPU
+    ("ddp", False, None),
+    ("zero2", True, None),             # DeepSpeed and FSDP place the weights themselves
+    ("zero3", True, None),
+    ("zero3-offload", True, None),
+    ("fsdp", True, None),
+])
+def test_device_map_is_never_auto(strategy_name, cuda, expected):
+    assert guards.device_map(strategy_name, 3, cuda) == expected
+
+
+def test_load_model_passes_the_device_map_of_the_local_rank(monkeypatch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from dockyard.train import model as models
+    from dockyard.train.recipe import RunSettings
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda path, **kw: seen.update(kw))
+    models.load_model(str(tmp_path), load_recipe("ddp"), RunSettings(), None, [], 1, False)
+    assert seen["device_map"] == {"": 1}
+    models.load_model(str(tmp_path), load_recipe("zero3"), RunSettings(), None, [], 1, False)
+    assert seen["device_map"] is None
+
+
+def test_lora_with_gradient_checkpointing_gets_non_reentrant_checkpointing_and_no_unused_search():
+    args = guards.peft_training_args({"gradient_checkpointing": True, "learning_rate": 1e-3}, "lora")
+    assert args["ddp_find_unused_parameters"] is False
+    assert args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert args["learning_rate"] == 1e-3
+    assert guards.peft_training_args({"gradient_checkpointing": False}, "qlora") == {"gradient_checkpointing": False}
+    assert guards.peft_training_args({"gradient_checkpointing": True}, None) == {"gradient_checkpointing": True}
+
+
+def test_lora_with_gradient_checkpointing_enables_input_grads():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dockyard.train.model import add_lora
+    from dockyard.train.recipe import RunSettings
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    model = add_lora(model, load_recipe("lora"), RunSettings(lora_r=2), gradient_checkpointing=True)
+    embeddings = model.get_input_embeddings()(torch.tensor([[1, 2]]))
+    assert embeddings.requires_grad, "checkpointed blocks would pass no gradient to the adapters"
+
+
+def test_qlora_stores_4bit_weights_in_the_model_dtype():
+    from dockyard.train.model import quantization_config
+
+    q = quantization_config(torch.bfloat16)
+    assert q.load_in_4bit and q.bnb_4bit_quant_type == "nf4"
+    assert q.bnb_4bit_quant_storage == torch.bfloat16  # FSDP/ZeRO-3 flatten it with the bf16 weights
+
+
+@pytest.mark.parametrize("method, strategy_name, refused", [
+    ("gptq", "zero3", True), ("awq", "fsdp", True), ("gptq", "zero3-offload", True),
+    ("gptq", "ddp", False), ("bitsandbytes", "zero3", False),
+])
+def test_prequantized_checkpoints_are_refused_where_they_cannot_be_sharded(tmp_path, method, strategy_name, refused):
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": method}}))
+    if refused:
+        with pytest.raises(DockyardError, match=method.upper()):
+            guards.reject_prequantized(str(tmp_path), strategy_name)
+    else:
+        guards.reject_prequantized(str(tmp_path), strategy_name)
+
+
+@pytest.mark.parametrize("name", [n for n in recipe_names() if load_recipe(n).deepspeed])
+def test_shipped_deepspeed_configs_are_valid_and_auto(name):
+    recipe = load_recipe(name)
+    cfg = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+        assert cfg[key] == "auto"  # explicit values that disagree with TrainingArguments are an error
+
+
+def test_misspelt_deepspeed_keys_are_refused(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_clipings": 1.0}))
+    with pytest.raises(DockyardError, match="unknown DeepSpeed key.*gradient_clipings"):
+        guards.deepspeed_config(path, "zero2")
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_com": False}}))
+    with pytest.raises(DockyardError, match="overlap_com"):
+        guards.deepspeed_config(path, "zero2")
+
+
+def test_zero3_always_gathers_16bit_weights_on_save(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    cfg = guards.deepspeed_config(path, "zero3")
+    assert cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert "stage3_gather_16bit_weights_on_model_save" not in json.loads(path.read_text())["zero_optimization"]
+
+
+def test_offload_is_refused_when_the_host_lacks_the_ram():
+    with pytest.raises(DockyardError, match="needs about 18.6 GiB.*only 8.0 GiB"):
+        guards.check_offload_memory("zero3-offload", int(18.6 * 2**30), 10**9, 8 * 2**30)
+    guards.check_offload_memory("zero3-offload", 2**30, 10**8, 8 * 2**30)
+    assert guards.host_memory_available() > 0
+
+
+def test_defaults_name_no_deepspeed_or_fsdp_keys():
+    text = (RECIPES / "defaults.yaml").read_text()
+    assert "deepspeed" not in text.split("# --- any other key")[1] and "fsdp" not in text
+
+
+# --- strategy in effect --------------------------------------------------------------------------
+
+def test_expected_strategy_per_recipe():
+    assert strategy.expected("ddp", 2)["engine"] == "ddp"
+    assert strategy.expected("ddp", 1)["engine"] == "single"
+    assert strategy.expected("zero2-offload", 2) == strategy.describe("deepspeed", 2, "cpu", None)
+    assert strategy.expected("zero3-offload", 2) == strategy.describe("deepspeed", 3, "cpu", "cpu")
+    assert strategy.expected("fsdp", 2) == strategy.describe("fsdp", fsdp_version=2)
+
+
+def test_fsdp_falling_back_to_ddp_is_a_mismatch():
+    with pytest.raises(DockyardError, match="strategy mismatch.*asks for fsdp.*running ddp.*only on GPUs"):
+        strategy.check("fsdp", strategy.describe("ddp"), 2)
+
+
+def test_a_lost_offload_is_a_mismatch():
+    with pytest.raises(DockyardError, match="offload_optimizer: asked 'cpu', running None"):
+        strategy.check("zero2-offload", strategy.describe("deepspeed", 2), 2)
+    strategy.check("zero2", strategy.describe("deepspeed", 2), 2)
+
+
+def test_an_unwrapped_model_is_single_process():
+    assert strategy.in_effect(torch.nn.Linear(2, 2))["engine"] == "single"
