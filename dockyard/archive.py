@@ -710,6 +710,8 @@ def load(settings, file: str) -> list[tuple[str, str]]:
         check_free(root, 2 * manifest["tar_bytes"], "docker load",
                    "Free space on the engine's disk (docker image prune) and load again.")
     dec = decompressor_argv(paths.method)
+    if dec and not engine.which(dec[0]):
+        raise DockyardError(f"{dec[0]} is not installed: install it (apt-get install {dec[0]}) to load {paths.archive.name}")
     load_argv = engine.docker(settings, "load", *([] if dec else ["-i", str(paths.archive)]))
     if dec:
         echo_pipeline([*dec, str(paths.archive)], load_argv)

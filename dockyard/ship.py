@@ -261,8 +261,8 @@ def ship_file(settings, file: str, to: str, port: int = 0, identity: str = "", l
 
 # --- stream an image -----------------------------------------------------------------------------
 
-def ship_image(settings, image: str, to: str, port: int = 0, identity: str = "", thin: bool = False,
-               level: int = 0) -> list[tuple[str, str]]:
+def ship_image(settings, image: str, to: str, port: int = 0, identity: str = "",
+               thin: bool = False) -> list[tuple[str, str]]:
     """docker save | zstd | ssh node 'zstd -dc | docker load', then check every image id there."""
     r = Remote(parse_to(to.split(":", 1)[0], need_dir=False).host, ".", port, identity)
     refs = [x.strip() for x in image.split(",") if x.strip()]
@@ -284,7 +284,7 @@ def ship_image(settings, image: str, to: str, port: int = 0, identity: str = "",
         p = subprocess.Popen(load_argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
         try:
             got = archive.stream_save(settings, images, p.stdin.write, method=method,
-                                      level=archive.check_method(method, level), omit=omit,
+                                      level=archive.check_method(method, 0), omit=omit,
                                       label=f"stream to {r.host}")
             p.stdin.close()
         except (BrokenPipeError, DockyardError) as e:

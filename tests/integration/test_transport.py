@@ -168,6 +168,20 @@ def test_thin_archive_after_a_recipe_change(node, images, full, shipped, ssh_env
     assert node.docker("image", "ls", "-aq").stdout.strip() == ""
 
 
+def test_several_images_share_their_layers_in_one_archive(node, images, full, tmp_path):
+    node.wipe()
+    r = invoke("save", f"--image={images['v1']},{images['v2']}", f"--out={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / f"{IMAGE}_v1+{IMAGE}_v2.tar.zst"
+    m = json.loads(path.with_name(f"{IMAGE}_v1+{IMAGE}_v2.manifest.json").read_text())
+    assert [i["id"] for i in m["images"]] == [images["v1_id"], images["v2_id"]]
+    assert len(m["layers"]) == 4  # base and blob once, two recipe layers
+    assert m["archive_bytes"] < 1.01 * full[1]["archive_bytes"]
+    r = invoke("load", f"--file={path}", env={"DOCKER_HOST": f"unix://{node.sock}"})
+    assert r.returncode == 0, r.stderr
+    assert node.image_id(images["v1"]) == images["v1_id"] and node.image_id(images["v2"]) == images["v2_id"]
+
+
 def _copy_set(full, folder: Path) -> Path:
     folder.mkdir()
     for f in full[0].parent.glob(f"{IMAGE}_v1.*"):

@@ -230,3 +230,25 @@ def test_save_refuses_a_full_disk_before_writing(tmp_path):
     with pytest.raises(DockyardError, match="not enough space"):
         archive.check_free(tmp_path / "new", 1 << 62, "the archive", "Free some space.")
     assert not (tmp_path / "new").exists()
+
+
+def test_thin_for_a_containerd_node_falls_back_to_a_full_archive(tmp_path, monkeypatch, capsys):
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"format": archive.INVENTORY_FORMAT, "engine": {"store": "containerd"},
+                               "chain_ids": [BASE]}))
+    monkeypatch.setattr(archive.engine, "engine_info", lambda settings: {"DriverStatus": []})
+    assert archive.plan_thin(Settings(), [_img("x:1", [BASE, RUN])], str(inv)) == (set(), None)
+    err = capsys.readouterr().err
+    assert "the target" in err and "containerd image store" in err and "writing a full archive" in err
+    inv.write_text(json.dumps({"format": archive.INVENTORY_FORMAT, "engine": {"store": "classic"},
+                               "chain_ids": [BASE]}))
+    omit, thin = archive.plan_thin(Settings(), [_img("x:1", [BASE, RUN])], str(inv))
+    assert omit == {BASE} and thin["requires"] == [BASE] and thin["for"] == str(inv)
+
+
+def test_thin_for_a_missing_or_foreign_inventory_is_refused(tmp_path):
+    with pytest.raises(DockyardError, match="invoke inventory"):
+        archive.read_inventory(tmp_path / "nope.json")
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(DockyardError, match="not a dockyard inventory"):
+        archive.read_inventory(tmp_path / "x.json")
