@@ -549,6 +549,10 @@ def save(settings, image: str = "", out: str = "", compress: str = "zstd", level
     if compress != "none" and not engine.which(compressor_argv(compress, level)[0]):
         raise DockyardError(f"{compressor_argv(compress, level)[0]} is not installed: install it "
                             f"(apt-get install {compress}) or pass --compress=gzip / none")
+    key = Path(sign).expanduser() if sign else None
+    if key and not key.exists():
+        raise DockyardError(f"--sign={sign}: no such key file (an ssh private key, or a public key "
+                            "whose private half is in your ssh-agent)")
     omit, thin = plan_thin(settings, images, thin_for)
     out_dir = settings.path(out or settings.dist_dir)
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
@@ -557,23 +561,27 @@ def save(settings, image: str = "", out: str = "", compress: str = "zstd", level
                "Free some space or pass --out=DIR on a larger disk.")
     out_dir.mkdir(parents=True, exist_ok=True)
     partials = [p.with_name(p.name + ".partial") for p in (paths.archive, paths.manifest, paths.sha256)]
+    signature = partials[1].with_name(partials[1].name + ".sig")  # where ssh-keygen puts it
     try:
         with open(partials[0], "wb") as f:
             got = stream_save(settings, images, f.write, method=compress, level=level, omit=omit,
                               spool_dir=out_dir, label=f"save {paths.archive.name}")
         manifest = _manifest(paths, images, got, compress, level, thin)
         partials[1].write_text(json.dumps(manifest, indent=2) + "\n")
+        if sign:
+            sign_file(partials[1], key)
+        partials[2].write_text(f"{got.out_sha256}  {paths.archive.name}\n"
+                               f"{hashlib.sha256(partials[1].read_bytes()).hexdigest()}  {paths.manifest.name}\n")
+        # The .sha256 comes last: a set with one is complete.
         os.replace(partials[0], paths.archive)
         os.replace(partials[1], paths.manifest)
-        paths.signature.unlink(missing_ok=True)
         if sign:
-            sign_manifest(paths, Path(sign).expanduser())
-        manifest_sha = hashlib.sha256(paths.manifest.read_bytes()).hexdigest()
-        partials[2].write_text(f"{got.out_sha256}  {paths.archive.name}\n"
-                               f"{manifest_sha}  {paths.manifest.name}\n")
+            os.replace(signature, paths.signature)
+        else:
+            paths.signature.unlink(missing_ok=True)
         os.replace(partials[2], paths.sha256)
     finally:
-        for p in partials:
+        for p in (*partials, signature):
             p.unlink(missing_ok=True)
     write_loader(out_dir)
     tar = manifest["tar_bytes"]
@@ -614,12 +622,9 @@ def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: st
 
 # --- signatures ----------------------------------------------------------------------------------
 
-def sign_manifest(paths: ArchivePaths, key: Path) -> None:
-    """`ssh-keygen -Y sign`: writes <name>.manifest.json.sig. The manifest holds the archive's sha256."""
-    if not key.exists():
-        raise DockyardError(f"--sign={key}: no such key file (an ssh private key, or a public key "
-                            "whose private half is in your ssh-agent)")
-    engine.run(["ssh-keygen", "-Y", "sign", "-q", "-f", str(key), "-n", SIGN_NAMESPACE, str(paths.manifest)],
+def sign_file(path: Path, key: Path) -> None:
+    """`ssh-keygen -Y sign`: writes <path>.sig. Signing the manifest covers the archive's sha256 in it."""
+    engine.run(["ssh-keygen", "-Y", "sign", "-q", "-f", str(key), "-n", SIGN_NAMESPACE, str(path)],
                what="signing the manifest")
 
 

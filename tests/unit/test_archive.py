@@ -189,7 +189,7 @@ def test_signatures(tmp_path):
 
     with pytest.raises(DockyardError, match="not signed"):
         archive.verify(settings, paths)
-    archive.sign_manifest(paths, good)
+    archive.sign_file(paths.manifest, good)
     assert archive.verify_signature(allowed, paths) == "release@site"
     archive.verify(settings, paths)
 
@@ -204,7 +204,7 @@ def test_signatures(tmp_path):
 
     paths = make_set(tmp_path)
     paths.signature.unlink()
-    archive.sign_manifest(paths, other)
+    archive.sign_file(paths.manifest, other)
     with pytest.raises(DockyardError, match="not in"):
         archive.verify(settings, paths)
 
