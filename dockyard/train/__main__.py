@@ -173,10 +173,12 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     state["extra"]["plan"] = predicted(shape, recipe, settings, args, local)
 
     transformers.set_seed(args.seed)
-    model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index,
-                              args.gradient_checkpointing)
+    model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
+    state["extra"]["model"]["footprint_bytes"] = model.get_memory_footprint()  # the base's weights as loaded
     if recipe.peft == "qlora":
         state["extra"]["model"]["quantized_layers"] = models.count_4bit_layers(model)
+    if recipe.peft:
+        model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
     check = StrategyCheck(recipe.strategy, world_size)
     metrics = MetricsLog(run_dir / "metrics.jsonl", is_main, started)
     trainer = Trainer(model=model, args=args, train_dataset=examples, processing_class=tokenizer,

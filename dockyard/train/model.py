@@ -72,7 +72,8 @@ def quantization_config(dtype: torch.dtype) -> Any:
 
 
 def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer: Any, labels: list[str],
-               local_rank: int, gradient_checkpointing: bool) -> Any:
+               local_rank: int) -> Any:
+    """The base model as the recipe needs it (dtype, placement, 4-bit for QLoRA); adapters come after."""
     guards.reject_prequantized(model_dir, recipe.strategy)
     dtype = weights_dtype(settings, recipe)
     kwargs: dict[str, Any] = {"dtype": dtype,
@@ -86,8 +87,6 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
         model = _auto_class(settings.task).from_pretrained(model_dir, **kwargs)
     except (OSError, ValueError) as e:
         raise DockyardError(f"cannot load the model from {model_dir}: {e}") from None
-    if recipe.peft:
-        model = add_lora(model, recipe, settings, gradient_checkpointing)
     return model
 
 

@@ -139,6 +139,8 @@ def test_qlora_trains_adapters_on_a_4bit_base(tmp_path):
     m = assert_trained(run, "qlora", "ddp")
     assert m["strategy"]["peft"] == "qlora"
     assert m["model"]["quantized_layers"] == 14  # q, k, v, o, gate, up, down in both layers: all 4-bit
+    bf16_bytes = 2 * m["model"]["parameters"]
+    assert m["model"]["footprint_bytes"] < 0.65 * bf16_bytes  # the linear layers take a quarter of bf16's room
 
 
 def test_fsdp_on_cpu_stops_with_the_strategy_mismatch_instead_of_training_ddp(tmp_path):

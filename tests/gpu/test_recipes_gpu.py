@@ -1,0 +1,45 @@
+"""Every recipe on the GPUs of this machine (one process per GPU), a few steps on the tiny model: the real
+strategies the CPU tests cannot run (FSDP2 above all), bf16 mixed precision, QLoRA's base really in 4 bits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from test_recipes import FAST, LORA_LR, manifest, reload_logits, train  # noqa: E402
+
+from dockyard.train import strategy  # noqa: E402
+from dockyard.train.recipe import load_recipe  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")
+GPUS = torch.cuda.device_count()
+RECIPES = ["ddp", "zero2", "zero2-offload", "zero3", "zero3-offload", "fsdp", "lora", "qlora"]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_trains_on_the_gpus_with_its_strategy_in_effect(tmp_path, name):
+    run = tmp_path / "run"
+    train(name, run, *FAST, *(LORA_LR if load_recipe(name).peft else []), nproc=GPUS)
+    m = manifest(run)
+    assert m["status"] == "completed" and m["world_size"] == GPUS
+    assert m["strategy"]["in_effect"] == strategy.expected(load_recipe(name).strategy, GPUS)
+    assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
+    assert m["metrics"]["peak_memory_kind"] == "gpu_reserved" and m["metrics"]["peak_memory_bytes"] > 0
+    # Trained in bf16 mixed precision, reloaded in the weights' dtype: equal up to bf16 rounding.
+    reloaded, trained = reload_logits(run, m), torch.tensor(m["probe"]["logits"])
+    assert torch.allclose(reloaded, trained, atol=5e-2, rtol=5e-2), (reloaded, trained)
+
+
+def test_qlora_base_is_held_in_4_bits(tmp_path):
+    qlora, lora = tmp_path / "qlora", tmp_path / "lora"
+    train("qlora", qlora, *FAST, *LORA_LR, nproc=GPUS)
+    train("lora", lora, *FAST, *LORA_LR, nproc=GPUS)
+    q, b = manifest(qlora)["model"], manifest(lora)["model"]
+    assert q["quantized_layers"] == 14  # every decoder linear layer of the tiny model
+    # NF4 packs a weight in half a byte instead of bf16's two: the linear layers (58 % of the tiny model's
+    # parameters, the embeddings stay bf16) shrink to a quarter.
+    assert q["footprint_bytes"] < 0.65 * b["footprint_bytes"], (q, b)
