@@ -31,6 +31,8 @@ from dockyard import archive, engine, ship, variants  # noqa: E402
 from dockyard.settings import load as load_settings  # noqa: E402
 from tests.integration import node2  # noqa: E402
 
+REPEAT = 2
+
 
 def timed(fn):
     t = time.monotonic()
@@ -59,10 +61,24 @@ def main() -> None:
         s = settings.model_copy(update={"ssh": node.ssh_command})
         ssh = ["ssh", "-F", node.ssh_config, node.alias]
 
-        t, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True))
-        t, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True))
+        out = work / "dist"
+        raw = work / "raw.tar.zst"
+        level = archive.DEFAULT_LEVEL["zstd"]
+        # Other work shares the cores: the engine's limit and the save it is compared with are each
+        # taken as the best of REPEAT runs, interleaved (the first, untimed, warms the page cache).
+        subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True)
+        limit, save_b = [], []
+        for _ in range(REPEAT):
+            limit.append(timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True,
+                                                      check=True))[0])
+            t, m = timed(lambda: archive.save(s, image=image, out=str(out)))
+            save_b.append(t)
+        t_raw, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} | zstd -T0 -{level} -q > {raw}",
+                                                shell=True, check=True))
         tar = int(sh([*docker, "image", "inspect", "--format", "{{.Size}}", image]).stdout)
-        rows.append(("(0) docker save > /dev/null", t, tar))
+        rows += [("(0) docker save > /dev/null", limit[-1], tar),
+                 (f"(0) docker save | zstd -T0 -{level} > file (no checks)", t_raw, raw.stat().st_size)]
+        raw.unlink()
 
         gz = work / "baseline.tar.gz"
         t1, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} | gzip -6 > {gz}", shell=True, check=True))
@@ -72,11 +88,9 @@ def main() -> None:
                  ("(a) docker load -i (node 2)", t3, 0)]
         node.wipe()
 
-        out = work / "dist"
-        t1, m = timed(lambda: archive.save(s, image=image, out=str(out)))
         path = out / m["archive"]
         t2, _ = timed(lambda: ship.ship_file(s, str(path), f"{node.alias}:{node.base}/dist", load=True))
-        rows += [("(b) invoke save (zstd)", t1, m["archive_bytes"]),
+        rows += [(f"(b) invoke save (zstd -{level})", save_b[-1], m["archive_bytes"]),
                  ("(b) invoke ship --load (copy, verify, load)", t2, m["archive_bytes"])]
 
         ctx = work / "ctx"
@@ -97,19 +111,17 @@ def main() -> None:
         subprocess.run([*docker, "image", "rm", "-f", recipe_tag], capture_output=True)
         subprocess.run(["rm", "-rf", str(work)])
 
-    report(rows, image)
+    report(rows, image, min(save_b) / min(limit))
 
 
-def report(rows: list[tuple[str, float, int]], image: str) -> None:
+def report(rows: list[tuple[str, float, int]], image: str, save_ratio: float) -> None:
     by = lambda prefix: [(t, b) for name, t, b in rows if name.startswith(prefix)]  # noqa: E731
     total = {k: sum(t for t, _ in by(k)) for k in ("(a)", "(b)", "(c)")}
     size = {k: max(b for _, b in by(k)) for k in ("(a)", "(b)", "(c)")}
-    engine_limit = by("(0)")[0][0]
-    save_b = by("(b)")[0][0]
     ratios = [
         ("end to end, (a) ÷ (b): dockyard's speed-up", total["(a)"] / total["(b)"], "≥ 2"),
         ("bytes shipped, (b) ÷ (a)", size["(b)"] / size["(a)"], "≤ 1"),
-        ("save, (b) ÷ engine limit (0)", save_b / engine_limit, "≤ 1.3"),
+        (f"save, (b) ÷ engine limit (0), best of {REPEAT} each, interleaved", save_ratio, "≤ 1.3"),
         ("bytes shipped, thin (c) ÷ full (b)", size["(c)"] / size["(b)"], "< 0.01"),
         ("end to end, (a) ÷ stream (d)", total["(a)"] / by("(d)")[0][0], ""),
     ]
