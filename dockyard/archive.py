@@ -108,11 +108,14 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    """Bytes in decimal units, as `df -H` and transfer tools show them."""
+    if abs(n) < 1000:
+        return f"{n:.0f} B"
+    for unit in ("kB", "MB", "GB"):
         n /= 1000
-    return ""
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} TB"
 
 
 def check_free(folder: Path, need: int, what: str, hint: str) -> None:
@@ -130,7 +133,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _progress():
+def progress():
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                                TransferSpeedColumn)
@@ -147,7 +150,7 @@ def echo_pipeline(*argvs: list[str]) -> None:
 
 def sha256_file(path: Path, label: str = "") -> str:
     h = hashlib.sha256()
-    with _progress() as bar, open(path, "rb") as f:
+    with progress() as bar, open(path, "rb") as f:
         task = bar.add_task(label or f"sha256 {path.name}", total=path.stat().st_size)
         while chunk := f.read(CHUNK):
             h.update(chunk)
@@ -445,7 +448,7 @@ class Streamed:
     seconds: float
 
 
-def _fail_tail(f) -> str:
+def fail_tail(f) -> str:
     f.seek(0)
     lines = f.read().decode(errors="replace").strip().splitlines()[-10:]
     return "\n".join(f"  | {l}" for l in lines)
@@ -466,7 +469,7 @@ def stream_save(settings, images: list[dict], sink: Callable[[bytes], object], *
         sink(chunk)
 
     started = time.monotonic()
-    with _progress() as bar, tempfile.TemporaryFile() as save_err, tempfile.TemporaryFile() as comp_err:
+    with progress() as bar, tempfile.TemporaryFile() as save_err, tempfile.TemporaryFile() as comp_err:
         task = bar.add_task(label, total=sum(i["bytes"] for i in images) or None)
         pump = TarPump(omit, spool_dir, on_read=lambda n: bar.advance(task, n))
         save = subprocess.Popen(save_argv, stdout=subprocess.PIPE, stderr=save_err)
@@ -506,11 +509,11 @@ def stream_save(settings, images: list[dict], sink: Callable[[bytes], object], *
                 comp.stdout.close()
         if rc_save != 0:
             raise DockyardError(f"docker save failed (exit {rc_save}): {engine.quote(save_argv)}\n"
-                                + _fail_tail(save_err))
+                                + fail_tail(save_err))
         if failure:
             raise failure[0]
         if rc_comp != 0:
-            raise DockyardError(f"{comp_argv[0]} failed (exit {rc_comp})\n" + _fail_tail(comp_err))
+            raise DockyardError(f"{comp_argv[0]} failed (exit {rc_comp})\n" + fail_tail(comp_err))
     pump.check(images)
     return Streamed(pump, out_bytes, out_hash.hexdigest(), time.monotonic() - started)
 
@@ -546,9 +549,10 @@ def save(settings, image: str = "", out: str = "", compress: str = "zstd", level
     level = check_method(compress, level)
     refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings)]
     images = inspect_images(settings, refs)
-    if compress != "none" and not engine.which(compressor_argv(compress, level)[0]):
-        raise DockyardError(f"{compressor_argv(compress, level)[0]} is not installed: install it "
-                            f"(apt-get install {compress}) or pass --compress=gzip / none")
+    tool = (compressor_argv(compress, level) or [""])[0]
+    if tool and not engine.which(tool):
+        raise DockyardError(f"{tool} is not installed: install it (apt-get install {compress}) or pass "
+                            "--compress=gzip / none")
     key = Path(sign).expanduser() if sign else None
     if key and not key.exists():
         raise DockyardError(f"--sign={sign}: no such key file (an ssh private key, or a public key "
@@ -556,6 +560,7 @@ def save(settings, image: str = "", out: str = "", compress: str = "zstd", level
     omit, thin = plan_thin(settings, images, thin_for)
     out_dir = settings.path(out or settings.dist_dir)
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
+    # Thin archives need about as much: they spool each layer while hashing it.
     tar_estimate = sum(i["bytes"] for i in images)
     check_free(out_dir, int(tar_estimate * COMPRESSED_SHARE[compress]) + MARGIN, "the archive",
                "Free some space or pass --out=DIR on a larger disk.")

@@ -150,7 +150,7 @@ def append_argv(settings, r: Remote, remote_name: str) -> list[str]:
 def _append_copy(settings, r: Remote, local: Path, remote_name: str, offset: int) -> None:
     argv = append_argv(settings, r, remote_name)
     engine.echo(argv)
-    with archive._progress() as bar, open(local, "rb") as f, tempfile.TemporaryFile() as err:
+    with archive.progress() as bar, open(local, "rb") as f, tempfile.TemporaryFile() as err:
         task = bar.add_task(f"copy {local.name}", total=local.stat().st_size, completed=offset)
         f.seek(offset)
         p = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=err)
@@ -166,7 +166,7 @@ def _append_copy(settings, r: Remote, local: Path, remote_name: str, offset: int
             raise
         if p.wait() != 0:
             raise DockyardError(f"the copy to {r.host} stopped (exit {p.returncode}): run the same `invoke ship` "
-                                "again to continue where it stopped\n" + archive._fail_tail(err))
+                                "again to continue where it stopped\n" + archive.fail_tail(err))
 
 
 def _put_small(settings, r: Remote, local: Path) -> None:
@@ -291,9 +291,9 @@ def ship_image(settings, image: str, to: str, port: int = 0, identity: str = "",
             if p.poll() is None:
                 p.kill()
             p.wait()
-            raise DockyardError(f"streaming to {r.host} failed: {e}\n" + archive._fail_tail(out)) from None
+            raise DockyardError(f"streaming to {r.host} failed: {e}\n" + archive.fail_tail(out)) from None
         if p.wait() != 0:
-            raise DockyardError(f"docker load on {r.host} failed (exit {p.returncode})\n" + archive._fail_tail(out))
+            raise DockyardError(f"docker load on {r.host} failed (exit {p.returncode})\n" + archive.fail_tail(out))
     refs_ids = [(ref, img["id"]) for img in images for ref in img["tags"] or [img["id"]]]
     check = " && ".join(f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}" for ref, _ in refs_ids)
     ids = remote(settings, r, check, f"checking the images on {r.host}", check=False).stdout.split()

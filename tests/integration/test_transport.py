@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import archive, engine
+from dockyard import engine
 from dockyard.settings import ROOT
 from tests.conftest import invoke
 from tests.integration import node2
@@ -250,7 +250,7 @@ def _partial_bytes(folder: Path) -> int:
 
 
 @pytest.mark.parametrize("transport", ["rsync", "ssh"])
-def test_a_ship_killed_mid_copy_resumes_and_verifies(node, full, settings, transport):
+def test_a_ship_killed_mid_copy_resumes_and_verifies(node, full, transport):
     path, manifest = full
     rdir = node.base / f"resume-{transport}"
     code = ("import sys; from dockyard import ship; from dockyard.settings import load; "
