@@ -425,7 +425,10 @@ class TarPump:
         return self.layers[name][0]
 
     def check(self, images: list[dict]) -> None:
-        """Every image's layer files hash to its diff ids, in order: the archive is what it claims."""
+        """Every image's layer files hash to its diff ids, in order: the archive is what it claims.
+
+        Also sets each image's "tags" to those the archive carries (`docker save` by id carries none).
+        """
         for img in images:
             hexid = img["id"].split(":", 1)[1]
             entry = next((e for e in self.docker_manifest if hexid in e.get("Config", "")), None)
@@ -436,6 +439,7 @@ class TarPump:
             if got != img["diff_ids"]:
                 raise DockyardError(f"the `docker save` archive does not match {img['ref']}: its layer "
                                     "files do not hash to the image's diff ids. Nothing was written.")
+            img["tags"] = entry.get("RepoTags") or []
 
 
 # --- save ----------------------------------------------------------------------------------------
@@ -622,6 +626,12 @@ def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: st
         "images": [{k: i[k] for k in ("ref", "tags", "id", "labels", "diff_ids", "chain_ids")} for i in images],
         "layers": layers,
         "thin": thin,
+        # What load.sh reads with sed: flat strings, one per line (the .sha256 pins this layout).
+        "load_sh": {
+            "check_images": " ".join(f"{ref}={i['id']}" for i in images for ref in i["tags"] or [i["id"]]),
+            "require_chains": " ".join((thin or {}).get("requires") or []),
+            "need_kb": str(2 * got.pump.bytes_read // 1024),  # docker load unpacks, then applies
+        },
     }
 
 
@@ -752,34 +762,10 @@ def load(settings, file: str) -> list[tuple[str, str]]:
 
 # --- load.sh -------------------------------------------------------------------------------------
 
-def loader_entry(manifest: dict) -> str:
-    """load.sh's record of one archive: images to check after loading, chain ids a thin one needs."""
-    images = " ".join(f"{ref}={img['id']}" for img in manifest["images"] for ref in img["tags"] or [img["id"]])
-    requires = " ".join((manifest.get("thin") or {}).get("requires") or [])
-    need_kb = 2 * manifest["tar_bytes"] // 1024
-    return (f"\t{manifest['archive']})\n\t\tIMAGES='{images}'\n\t\tREQUIRES='{requires}'\n"
-            f"\t\tNEED_KB={need_kb} ;;\n")
-
-
-def render_loader(manifests: list[dict]) -> str:
-    text = LOADER_TEMPLATE.read_text()
-    return (text.replace("@ARCHIVES@\n", "".join(loader_entry(m) for m in manifests))
-                .replace("@KNOWN@", " ".join(m["archive"] for m in manifests)))
-
-
 def write_loader(folder: Path) -> Path:
-    """(Re)writes <folder>/load.sh for every archive whose manifest is in the folder."""
-    manifests = []
-    for path in sorted(folder.glob("*.manifest.json")):
-        try:
-            m = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if m.get("format") == FORMAT and (folder / m["archive"]).exists():
-            manifests.append(m)
-    loader = folder / "load.sh"
-    partial = folder / "load.sh.partial"
-    partial.write_text(render_loader(manifests))
+    """Puts load.sh beside the archives. It is the same for every archive: it reads the manifest."""
+    loader, partial = folder / "load.sh", folder / "load.sh.partial"
+    shutil.copyfile(LOADER_TEMPLATE, partial)
     partial.chmod(0o755)
     os.replace(partial, loader)
     return loader

@@ -2,20 +2,12 @@
 # Loads a dockyard image archive into this node's Docker engine with nothing but sh, sha256sum, docker
 # and zstd or gzip: checks the sha256s, checks that a thin archive's base layers are here, loads, then
 # checks that every image is present with the right id (docker load can exit 0 on failure).
-# Written by `invoke save`, for the archives listed below.
+# Written by `invoke save` beside the archives; it reads what it needs from <name>.manifest.json.
 #
-#   sh load.sh [ARCHIVE]       load ARCHIVE (default: the only archive listed below)
+#   sh load.sh [ARCHIVE]       load ARCHIVE (default: the only archive in this folder)
 #   sh load.sh --inventory     print this node's layer inventory (for `invoke save --thin-for=FILE`)
 #   ALLOWED_SIGNERS=FILE sh load.sh ...   also require a good `ssh-keygen -Y` signature by a key in FILE
 set -u
-
-archive_info() {
-	case "$1" in
-@ARCHIVES@
-	*) return 1 ;;
-	esac
-}
-KNOWN='@KNOWN@'
 NAMESPACE=dockyard-archive
 
 die() { echo "load.sh: $*" >&2; exit 1; }
@@ -57,15 +49,17 @@ inventory() {
 
 [ "${1:-}" = --inventory ] && { inventory; exit 0; }
 
-name=${1:-}
-if [ -z "$name" ]; then
-	set -- $KNOWN
-	[ $# -eq 1 ] || die "name the archive to load, one of: $KNOWN"
-	name=$1
-fi
-name=$(basename "$name")
-archive_info "$name" || die "$name is not an archive this loader knows (it knows: $KNOWN)"
+field() {  # a value of the manifest's flat "load_sh" block (read only after the sha256 check)
+	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$base.manifest.json"
+}
+
 cd "$(dirname "$0")" || die "cannot enter the loader's folder"
+name=$(basename "${1:-}")
+if [ -z "$name" ]; then
+	set -- *.manifest.json
+	[ $# -eq 1 ] && [ -f "$1" ] || die "name the archive to load: sh load.sh NAME.tar.zst"
+	name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1")
+fi
 base=${name%.tar*}
 for f in "$name" "$base.sha256" "$base.manifest.json"; do
 	[ -f "$f" ] || die "$f is missing here: copy the archive with its .sha256 and .manifest.json"
@@ -99,6 +93,11 @@ while read -r want file; do
 	got=$(sha256 "$file")
 	[ "$got" = "$want" ] || die "$file is damaged, truncated or was changed (sha256 mismatch: $got, expected $want): nothing was loaded. Copy it again."
 done <"$base.sha256"
+
+IMAGES=$(field check_images)
+REQUIRES=$(field require_chains)
+NEED_KB=$(field need_kb)
+[ -n "$IMAGES" ] && [ -n "$NEED_KB" ] || die "$base.manifest.json is not a dockyard manifest"
 
 docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
 if [ -n "$REQUIRES" ]; then

@@ -85,6 +85,7 @@ def test_tar_pump_records_layers_and_drops_omitted_ones(fmt, long_dir):
     pump = archive.TarPump(omit={big_id})
     pump.run(io.BufferedReader(io.BytesIO(raw)), out.write)
     pump.check([image])  # every layer hashed, the symlink followed
+    assert image["tags"] == ["t:2"]
     names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
     assert not any(n.endswith("/layer.tar") and n.startswith(("1", "d")) for n in names)
     assert "2" * 64 + "/layer.tar" in names and "manifest.json" in names
@@ -134,12 +135,13 @@ def test_engine_store_detects_containerd():
 
 # --- verification: a hand-made archive set -----------------------------------------------------------
 
-def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000):
-    paths = archive.ArchivePaths(folder / "t_1.tar.zst")
+def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, name="t_1.tar.zst"):
+    paths = archive.ArchivePaths(folder / name)
     paths.archive.write_bytes(payload)
     manifest = {"format": archive.FORMAT, "archive": paths.archive.name, "tar_bytes": 10_000,
                 "archive_sha256": hashlib.sha256(payload).hexdigest(), "archive_bytes": len(payload),
-                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64}], "thin": None}
+                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64}], "thin": None,
+                "load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}}
     paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     paths.sha256.write_text(f"{manifest['archive_sha256']}  {paths.archive.name}\n"
                             f"{hashlib.sha256(paths.manifest.read_bytes()).hexdigest()}  {paths.manifest.name}\n")
@@ -209,21 +211,20 @@ def test_signatures(tmp_path):
         archive.verify(settings, paths)
 
 
-def test_load_sh_renders_each_archive_and_is_valid_sh(tmp_path):
-    m1 = {"archive": "a_1.tar.zst", "tar_bytes": 4096, "thin": None,
-          "images": [{"tags": ["a:1", "a:latest"], "id": "sha256:" + "1" * 64}]}
-    m2 = {"archive": "a_2-thin.tar.zst", "tar_bytes": 2048, "thin": {"requires": ["sha256:" + "c" * 64]},
-          "images": [{"tags": [], "id": "sha256:" + "2" * 64}]}
-    text = archive.render_loader([m1, m2])
-    assert "IMAGES='a:1=sha256:" + "1" * 64 + " a:latest=sha256:" + "1" * 64 + "'" in text
-    assert "IMAGES='sha256:" + "2" * 64 + "=sha256:" + "2" * 64 + "'" in text
-    assert "REQUIRES='sha256:" + "c" * 64 + "'" in text and "KNOWN='a_1.tar.zst a_2-thin.tar.zst'" in text
-    (tmp_path / "load.sh").write_text(text)
-    assert subprocess.run(["sh", "-n", tmp_path / "load.sh"]).returncode == 0
-    r = subprocess.run(["sh", tmp_path / "load.sh"], capture_output=True, text=True)
+def test_load_sh_finds_its_archive_and_refuses_damage_before_docker(tmp_path):
+    loader = archive.write_loader(tmp_path)
+    assert subprocess.run(["sh", "-n", loader]).returncode == 0
+    paths = make_set(tmp_path)
+    data = bytearray(paths.archive.read_bytes())
+    data[100] ^= 1
+    paths.archive.write_bytes(data)
+    r = subprocess.run(["sh", loader], capture_output=True, text=True)  # the only archive: no name needed
+    assert r.returncode == 1 and "t_1.tar.zst is damaged" in r.stderr and "nothing was loaded" in r.stderr
+    make_set(tmp_path, name="t_2.tar.zst")
+    r = subprocess.run(["sh", loader], capture_output=True, text=True)
     assert r.returncode == 1 and "name the archive to load" in r.stderr
-    r = subprocess.run(["sh", tmp_path / "load.sh", "a_1.tar.zst"], capture_output=True, text=True)
-    assert r.returncode == 1 and "a_1.tar.zst is missing here" in r.stderr
+    r = subprocess.run(["sh", loader, "t_3.tar.zst"], capture_output=True, text=True)
+    assert r.returncode == 1 and "t_3.tar.zst is missing here" in r.stderr
 
 
 def test_save_refuses_a_full_disk_before_writing(tmp_path):
