@@ -145,8 +145,9 @@ def shell(c, variant="auto", dry=False):
 def commit(c, container="", tag="", allow_secrets=False):
     """Commit a container to an image, refusing if it holds secrets.
 
-    Secrets: HF token, .netrc, ssh keys, .git-credentials, cloud credentials, env files. Labels record the source image, container, time, a summary of `docker diff`,
-    and which Python packages were changed by hand against the image's lock file."""
+    Secrets: HF token, .netrc, ssh keys, .git-credentials, cloud credentials, env files. Labels record
+    the source image, container, time, a summary of `docker diff`, and which Python packages were
+    changed by hand against the image's lock file."""
     from dockyard import commit as commit_mod
 
     commit_mod.commit(_settings(c), container, tag=tag, allow_secrets=allow_secrets)
@@ -191,7 +192,9 @@ def load(c, file=""):
 def inventory(c, out=""):
     """Write this node's image and layer inventory, for thin archives.
 
-    Lists images, diff ids and chain ids. Copy it to where you save archives and pass it to `invoke save --thin-for=FILE` to ship only the layers this node lacks."""
+    Lists images, diff ids and chain ids. Copy it to where you save archives and pass it to
+    `invoke save --thin-for=FILE` to ship only the layers this node lacks. On a node without the
+    project, `sh load.sh --inventory > FILE` writes what --thin-for needs."""
     from dockyard import archive
 
     archive.write_inventory(_settings(c), out)
@@ -209,7 +212,8 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
     """Copy an archive to another node over SSH, resumably; verify it there; optionally load it.
 
     Resumes with rsync --append-verify, or ssh append where the node has no rsync. With --image
-    instead of --file: stream save → zstd → ssh → docker load in one pipeline (fastest; not resumable; checked after)."""
+    instead of --file: streams save → zstd → ssh → docker load in one pipeline (fastest; not
+    resumable; the images are checked there after loading)."""
     from dockyard import ship as ship_mod
     from dockyard.errors import DockyardError
 

@@ -562,7 +562,7 @@ def save(settings, image: str = "", out: str = "", compress: str = "zstd", level
         raise DockyardError(f"--sign={sign}: no such key file (an ssh private key, or a public key "
                             "whose private half is in your ssh-agent)")
     omit, thin = plan_thin(settings, images, thin_for)
-    out_dir = settings.path(out or settings.dist_dir)
+    out_dir = Path(out).expanduser().resolve() if out else settings.path(settings.dist_dir)
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
     # Thin archives need about as much: they spool each layer while hashing it.
     tar_estimate = sum(i["bytes"] for i in images)
