@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -74,8 +75,8 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     cuda = torch.cuda.is_available()
     args: dict[str, Any] = {
         "bf16": cuda and torch.cuda.is_bf16_supported(),
-        "include_num_input_tokens_seen": "non_padding",  # tokens/s counts real tokens, not padding
         **overrides,
+        "include_num_input_tokens_seen": "non_padding",  # the manifest's tokens/s: real tokens, not padding
         "output_dir": str(run_dir / "checkpoints"),
         "use_cpu": not cuda,
     }
@@ -142,15 +143,13 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     if not model_dir:
         model_dir = str(run_dir / "base")
         models.materialize_tiny_model(Path(model_dir))
-    # Counted on the meta device, before TrainingArguments: once those hold a ZeRO-3 config, building any
-    # model (even on meta) goes through deepspeed.zero.Init.
-    shape = plan.shape_from_folder(Path(model_dir))
-    state["extra"]["model"] = {"base": model_dir, "parameters": shape.params, "saved": "model",
-                               "format": "adapter" if recipe.peft else "full"}
+    shape = model_shape(Path(model_dir), state)
+    state["extra"]["model"] = {"base": model_dir, "parameters": shape.params if shape else None,
+                               "saved": "model", "format": "adapter" if recipe.peft else "full"}
     state["extra"]["task"] = settings.task
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if recipe.strategy.endswith("-offload"):
+    if recipe.strategy.endswith("-offload") and shape:
         _, need = plan.model_states(recipe.strategy, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
@@ -170,7 +169,8 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     else:
         labels = []
         examples = data.causal_lm_examples(rows, tokenizer, settings.max_seq_length)
-    state["extra"]["plan"] = predicted(shape, recipe, settings, args, local)
+    if shape:
+        state["extra"]["plan"] = predicted(shape, recipe, settings, args, local)
 
     transformers.set_seed(args.seed)
     model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
@@ -201,6 +201,22 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
                         "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss",
                         "seconds_to_first_step": metrics.seconds_to_first_step}
     state["status"] = "completed"
+
+
+def model_shape(model_dir: Path, state: dict[str, Any]) -> Any:
+    """The model's size from its config, built on the meta device (nothing loaded), or None when that cannot
+    be done: the offload RAM check and the manifest's estimate are then skipped, and the run goes on.
+    Called before TrainingArguments exist: once they hold a ZeRO-3 config, building any model (even on
+    meta) goes through deepspeed.zero.Init."""
+    from dockyard import plan
+
+    try:
+        return plan.shape_from_folder(model_dir)
+    except DockyardError:
+        raise  # no config.json: the model folder is wrong, say so now
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        state["extra"]["plan"] = {"error": f"cannot size the model: {type(e).__name__}: {e}"}
+        return None
 
 
 def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int) -> dict[str, Any]:
@@ -245,6 +261,12 @@ def finish(opts: argparse.Namespace, state: dict[str, Any], error: str | None) -
     manifest.write(opts.run_dir, record)
 
 
+def _stopped(signum: int, frame: Any) -> None:
+    """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out."""
+    raise DockyardError("stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled",
+                        exit_code=128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     if not os.environ.get("DS_ACCELERATOR"):
@@ -252,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
+    signal.signal(signal.SIGTERM, _stopped)
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
     opts, state = None, {"status": "failed", "extra": {}, "is_main": os.environ.get("RANK", "0") == "0"}
     try:

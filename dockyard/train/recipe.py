@@ -153,11 +153,13 @@ def _scalar(text: str) -> Any:
 
 def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
     """defaults.yaml ← recipe settings ← overrides, split into the project's settings and TrainingArguments."""
+    defaults = yaml.safe_load((RECIPES / "defaults.yaml").read_text()) or {}
     for key in STRATEGY_KEYS:
-        if key in overrides:
-            raise DockyardError(f"--{key} cannot be overridden: the recipe is the strategy; pick another recipe "
-                                f"(invoke recipes) or make a recipe folder of your own")
-    merged = {**(yaml.safe_load((RECIPES / "defaults.yaml").read_text()) or {}), **recipe.settings, **overrides}
+        if key in overrides or key in defaults:
+            where = f"--{key}" if key in overrides else f"`{key}` in recipes/defaults.yaml"
+            raise DockyardError(f"{where}: the recipe is the strategy (DeepSpeed or FSDP, never both); pick "
+                                f"another recipe (invoke recipes) or make a recipe folder of your own")
+    merged = {**defaults, **recipe.settings, **overrides}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
         settings = RunSettings(**ours)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 LORA_LR = ["--learning_rate", "1e-2"]  # adapters on a random tiny base need a push to learn in 12 steps
 FAST = ["--max_steps", "12", "--per_device_train_batch_size", "4", "--max_seq_length", "64",
-        "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--save_steps", "6"]
+        "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--save_steps", "6", "--logging_steps", "1"]
 
 
 def env() -> dict[str, str]:
@@ -157,7 +157,8 @@ def test_fsdp_on_cpu_stops_with_the_strategy_mismatch_instead_of_training_ddp(tm
 
 def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     run = tmp_path / "run"
-    args = ["--max_steps", "60", "--save_steps", "8", "--per_device_train_batch_size", "4", "--max_seq_length", "64"]
+    args = ["--max_steps", "60", "--save_steps", "8", "--per_device_train_batch_size", "4", "--max_seq_length", "64",
+            "--logging_steps", "1"]
     proc = subprocess.Popen(command("zero2", run, *args), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

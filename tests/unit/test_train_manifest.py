@@ -1,0 +1,37 @@
+"""manifest.json carries every key of the interface contract, natively and in the image."""
+
+from __future__ import annotations
+
+import json
+
+from dockyard.train import manifest, strategy
+from dockyard.train.recipe import load_recipe
+
+
+def test_manifest_has_the_contract_keys_and_reads_losses_from_the_metrics(tmp_path, monkeypatch):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 5, "loss": 4.25}\n')
+    monkeypatch.setenv("DOCKYARD_VARIANT", "cpu")
+    monkeypatch.setenv("DOCKYARD_IMAGE_REF", "dockyard:0.1.0-cpu")
+    monkeypatch.setenv("DOCKYARD_IMAGE_ID", "sha256:abc")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    m = manifest.build(tmp_path, load_recipe("zero3-offload"), "completed", 4,
+                       strategy.describe("deepspeed", 3, "cpu", "cpu"),
+                       {"steps": 5, "tokens_per_second": 10.0, "peak_memory_bytes": 7}, {"probe": {}})
+    manifest.write(tmp_path, m)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert {"run_id", "recipe", "variant", "status", "image", "world_size", "nodes", "strategy", "metrics"} <= set(m)
+    assert (m["variant"], m["image"]) == ("cpu", {"ref": "dockyard:0.1.0-cpu", "id": "sha256:abc"})
+    assert (m["world_size"], m["nodes"], m["recipe"], m["run_id"]) == (4, 2, "zero3-offload", tmp_path.name)
+    assert m["strategy"]["requested"] == "zero3-offload" and m["strategy"]["peft"] is None
+    assert set(m["strategy"]["in_effect"]) == {"engine", "zero_stage", "offload_optimizer", "offload_param",
+                                               "fsdp_version"}
+    assert m["metrics"] == {"steps": 5, "loss_first": 6.5, "loss_last": 4.25, "tokens_per_second": 10.0,
+                            "peak_memory_bytes": 7}
+
+
+def test_a_native_run_says_so(tmp_path, monkeypatch):
+    for k in ("DOCKYARD_VARIANT", "DOCKYARD_IMAGE_REF", "DOCKYARD_IMAGE_ID"):
+        monkeypatch.delenv(k, raising=False)
+    m = manifest.build(tmp_path, load_recipe("ddp"), "failed", 1, None, {}, {"error": "x"})
+    assert m["variant"] == "native" and m["image"] == {"ref": "", "id": ""} and m["status"] == "failed"
+    assert m["metrics"]["loss_first"] is None and m["error"] == "x"
