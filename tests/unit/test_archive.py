@@ -253,3 +253,27 @@ def test_thin_for_a_missing_or_foreign_inventory_is_refused(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(DockyardError, match="not a dockyard inventory"):
         archive.read_inventory(tmp_path / "x.json")
+
+
+def test_tar_pump_reads_the_oci_layout_of_newer_engines():
+    """Docker 25+ saves layers as blobs/sha256/<diff id>: the name alone says what to leave out."""
+    big, big_id = _layer(b"y" * 200_000)
+    small, small_id = _layer(b"recipe\n")
+    config = json.dumps({"rootfs": {"diff_ids": [big_id, small_id]}}).encode()
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    manifest = [{"Config": f"blobs/sha256/{image_id[7:]}", "RepoTags": ["t:3"],
+                 "Layers": [f"blobs/sha256/{big_id[7:]}", f"blobs/sha256/{small_id[7:]}"]}]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for digest, data in ((big_id, big), (small_id, small), (image_id, config)):
+            _member(t, f"blobs/sha256/{digest[7:]}", data)
+        _member(t, "index.json", b"{}")
+        _member(t, "manifest.json", json.dumps(manifest).encode())
+    out = io.BytesIO()
+    pump = archive.TarPump(omit={big_id})
+    pump.run(io.BufferedReader(io.BytesIO(buf.getvalue())), out.write)
+    image = {"ref": "t:3", "id": image_id, "diff_ids": [big_id, small_id]}
+    pump.check([image])
+    names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
+    assert f"blobs/sha256/{big_id[7:]}" not in names and f"blobs/sha256/{small_id[7:]}" in names
+    assert image["tags"] == ["t:3"]
