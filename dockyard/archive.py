@@ -629,6 +629,7 @@ def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: st
         # What load.sh reads with sed: flat strings, one per line (the .sha256 pins this layout).
         "load_sh": {
             "check_images": " ".join(f"{ref}={i['id']}" for i in images for ref in i["tags"] or [i["id"]]),
+            "check_layers": " ".join(f"{ref}={','.join(i['diff_ids'])}" for i in images for ref in i["tags"] or [i["id"]]),
             "require_chains": " ".join((thin or {}).get("requires") or []),
             "need_kb": str(2 * got.pump.bytes_read // 1024),  # docker load unpacks, then applies
         },
@@ -709,6 +710,19 @@ def verify(settings, paths: ArchivePaths) -> dict:
     return manifest
 
 
+def loaded_as_saved(meta: dict | None, img: dict, store: str) -> str:
+    """"" when the engine holds the image the archive carries, else what is wrong with it.
+
+    The classic store names an image by its config digest, which the archive knows. The containerd
+    store names it by a manifest it writes while importing, so there the layers are compared.
+    """
+    if meta is None:
+        return "is missing"
+    if store == "containerd":
+        return "" if meta["RootFS"].get("Layers") == img["diff_ids"] else "has other layers than the archive's"
+    return "" if meta["Id"] == img["id"] else f"is {meta['Id']}, the archive holds {img['id']}"
+
+
 def load(settings, file: str) -> list[tuple[str, str]]:
     """Verify, then load an archive; returns (ref, id) of every image it holds, checked in the engine."""
     paths = ArchivePaths(Path(file).expanduser().resolve())
@@ -742,16 +756,15 @@ def load(settings, file: str) -> list[tuple[str, str]]:
         done = subprocess.run(load_argv, capture_output=True, text=True)
     output = (done.stdout + done.stderr).strip()
     problems = [] if done.returncode == 0 else [f"docker load exited {done.returncode}"]
-    loaded = []
+    loaded, store = [], engine_store(info)
     for img in manifest["images"]:
         for ref in img["tags"] or [img["id"]]:
             meta = engine.image_inspect(settings, ref)
-            if meta is None:
-                problems.append(f"{ref} is missing")
-            elif meta["Id"] != img["id"]:
-                problems.append(f"{ref} is {meta['Id']}, the archive holds {img['id']}")
+            wrong = loaded_as_saved(meta, img, store)
+            if wrong:
+                problems.append(f"{ref} {wrong}")
             else:
-                loaded.append((ref, img["id"]))
+                loaded.append((ref, meta["Id"]))
     if problems:
         raise DockyardError(f"loading {paths.archive.name} failed: " + "; ".join(problems) + "\n"
                             + "\n".join(f"  | {l}" for l in output.splitlines()[-10:]))

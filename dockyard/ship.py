@@ -294,13 +294,19 @@ def ship_image(settings, image: str, to: str, port: int = 0, identity: str = "",
             raise DockyardError(f"streaming to {r.host} failed: {e}\n" + archive.fail_tail(out)) from None
         if p.wait() != 0:
             raise DockyardError(f"docker load on {r.host} failed (exit {p.returncode})\n" + archive.fail_tail(out))
-    refs_ids = [(ref, img["id"]) for img in images for ref in img["tags"] or [img["id"]]]
-    check = " && ".join(f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}" for ref, _ in refs_ids)
-    ids = remote(settings, r, check, f"checking the images on {r.host}", check=False).stdout.split()
-    bad = [ref for (ref, want), have_id in zip(refs_ids, ids + [""] * len(refs_ids)) if have_id != want]
-    if bad:
-        raise DockyardError(f"docker load on {r.host} did not load {', '.join(bad)} with the right id")
+    wanted = [(ref, img) for img in images for ref in img["tags"] or [img["id"]]]
+    script = "; ".join(["docker info --format '{{json .}}'"] + [
+        f"docker image inspect --format '{{{{json .}}}}' {shlex.quote(ref)} 2>/dev/null || echo null"
+        for ref, _ in wanted])
+    lines = remote(settings, r, script, f"checking the images on {r.host}").stdout.splitlines()
+    store = archive.engine_store(json.loads(lines[0]))
+    found = [(ref, json.loads(line)) for (ref, _), line in zip(wanted, lines[1:])]
+    bad = [f"{ref} {archive.loaded_as_saved(meta, img, store)}" for (ref, img), (_, meta) in zip(wanted, found)
+           if archive.loaded_as_saved(meta, img, store)]
+    if bad or len(found) < len(wanted):
+        raise DockyardError(f"docker load on {r.host} did not load what was sent: {'; '.join(bad) or 'no answer'}")
     print(f"streamed {archive.human(got.out_bytes)} ({method}) to {r.host} in {got.seconds:.1f} s")
+    refs_ids = [(ref, meta["Id"]) for ref, meta in found]
     for ref, image_id in refs_ids:
         print(f"loaded on {r.host}: {ref} {image_id}")
     return refs_ids

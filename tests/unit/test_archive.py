@@ -277,3 +277,15 @@ def test_tar_pump_reads_the_oci_layout_of_newer_engines():
     names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
     assert f"blobs/sha256/{big_id[7:]}" not in names and f"blobs/sha256/{small_id[7:]}" in names
     assert image["tags"] == ["t:3"]
+
+
+def test_loaded_images_are_checked_by_id_or_on_containerd_by_layers():
+    img = {"id": "sha256:" + "c" * 64, "diff_ids": [BASE, RUN]}
+    classic = {"Id": img["id"], "RootFS": {"Layers": [BASE, RUN]}}
+    assert archive.loaded_as_saved(classic, img, "classic") == ""
+    assert "the archive holds" in archive.loaded_as_saved({**classic, "Id": "sha256:" + "d" * 64}, img, "classic")
+    assert archive.loaded_as_saved(None, img, "classic") == "is missing"
+    # containerd names the image by the manifest it wrote on import: the layers must match instead.
+    imported = {"Id": "sha256:" + "e" * 64, "RootFS": {"Layers": [BASE, RUN]}}
+    assert archive.loaded_as_saved(imported, img, "containerd") == ""
+    assert archive.loaded_as_saved({**imported, "RootFS": {"Layers": [BASE]}}, img, "containerd")
