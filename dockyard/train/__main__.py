@@ -30,7 +30,8 @@ log = logging.getLogger("dockyard.train")
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     head, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m dockyard.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dockyard.train", description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, help="a recipe name (recipes/<name>/) or a recipe folder")
     parser.add_argument("--run-dir", required=True, type=Path, help="where the run writes everything")
     parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
@@ -42,7 +43,8 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
     its last complete checkpoint (a run killed while saving leaves a checkpoint without trainer_state.json,
     the file the Trainer writes last)."""
-    started = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
+                     key=lambda p: int(p.name[11:]))
     complete = [p for p in started if (p / "trainer_state.json").is_file()]
     holds_run = (run_dir / "manifest.json").exists() or bool(started)
     if resume and not complete:

@@ -17,11 +17,14 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 
 def weights_dtype(settings: RunSettings, recipe: Recipe) -> torch.dtype:
-    """auto: a LoRA base is frozen, so bf16 weights lose nothing; a full fine-tune keeps fp32 weights and
-    trains in bf16 mixed precision where the GPU has it (DeepSpeed and FSDP cast for compute themselves)."""
+    """auto: a LoRA base is frozen, so 16-bit weights lose nothing (bf16, or fp16 on GPUs without bf16);
+    a full fine-tune keeps fp32 weights and trains in bf16 mixed precision where the GPU has it (DeepSpeed
+    and FSDP cast for compute themselves)."""
     if settings.dtype != "auto":
         return DTYPES[settings.dtype]
-    return torch.bfloat16 if recipe.peft else torch.float32
+    if not recipe.peft:
+        return torch.float32
+    return torch.float16 if torch.cuda.is_available() and not torch.cuda.is_bf16_supported() else torch.bfloat16
 
 
 def materialize_tiny_model(folder: Path) -> None:

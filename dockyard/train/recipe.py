@@ -107,8 +107,8 @@ class RunSettings(BaseModel):
     task: Literal["causal_lm", "seq_cls"] = "causal_lm"
     max_seq_length: int = 128
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    lora_r: int = 8
-    lora_alpha: int = 16
+    lora_r: int = 16
+    lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target_modules: str | list[str] = "all-linear"
 

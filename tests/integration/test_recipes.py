@@ -286,7 +286,8 @@ def test_lora_classifies_with_the_tiny_llm_and_the_adapter_reloads(tmp_path):
     """The LLM-for-classification case: a decoder with a classification head, LoRA adapters, DDP."""
     run = tmp_path / "run"
     train("lora", run, "--task", "seq_cls", "--max_steps", "12", "--per_device_train_batch_size", "8",
-          "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--max_seq_length", "32")
+          "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--max_seq_length", "32",
+          "--logging_steps", "1")
     m = manifest(run)
     assert m["status"] == "completed" and m["strategy"]["in_effect"]["engine"] == "ddp"
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
