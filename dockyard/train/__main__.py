@@ -64,7 +64,6 @@ def trim_metrics(path: Path, step: int) -> None:
 
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
     import torch
-    import yaml
     from transformers import TrainingArguments
 
     from dockyard.train import guards
@@ -85,12 +84,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     if recipe.deepspeed:
         args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
     if recipe.fsdp:
-        fsdp = yaml.safe_load(recipe.file(recipe.fsdp).read_text()) or {}
-        extra = set(fsdp) - {"fsdp", "fsdp_config"}
-        if extra:
-            raise DockyardError(f"{recipe.file(recipe.fsdp)}: only `fsdp` and `fsdp_config` belong here, "
-                                f"not {', '.join(sorted(extra))}")
-        args.update(fsdp)
+        args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
     args = guards.peft_training_args(args, recipe.peft)
     try:
         targs = TrainingArguments(**args)

@@ -106,6 +106,20 @@ def _validate_zero_section(path: Path, zero: dict[str, Any]) -> None:
         raise DockyardError(f"{path}: zero_optimization: {problems}") from None
 
 
+# --- FSDP --------------------------------------------------------------------------------------
+
+def fsdp_settings(path: Path) -> dict[str, Any]:
+    """The recipe's FSDP file (TrainingArguments' `fsdp` and `fsdp_config`), with a full state dict on save:
+    a sharded one leaves one file per rank that from_pretrained cannot read."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text()) or {}
+    extra = sorted(set(raw) - {"fsdp", "fsdp_config"})
+    if extra:
+        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {', '.join(extra)}")
+    return {**raw, "fsdp_config": {**(raw.get("fsdp_config") or {}), "state_dict_type": "FULL_STATE_DICT"}}
+
+
 # --- host memory for offload -------------------------------------------------------------------
 
 def host_memory_available() -> int:

@@ -115,6 +115,18 @@ def test_zero3_always_gathers_16bit_weights_on_save(tmp_path):
     assert "stage3_gather_16bit_weights_on_model_save" not in json.loads(path.read_text())["zero_optimization"]
 
 
+def test_fsdp_always_saves_a_full_state_dict(tmp_path):
+    path = tmp_path / "fsdp.yaml"
+    path.write_text("fsdp: true\nfsdp_config: {version: 2, state_dict_type: SHARDED_STATE_DICT}\n")
+    assert guards.fsdp_settings(path) == {"fsdp": True, "fsdp_config": {"version": 2,
+                                                                        "state_dict_type": "FULL_STATE_DICT"}}
+    shipped = guards.fsdp_settings(load_recipe("fsdp").file("fsdp.yaml"))
+    assert shipped["fsdp"] is True and shipped["fsdp_config"]["version"] == 2
+    path.write_text("fsdp: true\nlearning_rate: 1\n")
+    with pytest.raises(DockyardError, match="not learning_rate"):
+        guards.fsdp_settings(path)
+
+
 def test_offload_is_refused_when_the_host_lacks_the_ram():
     with pytest.raises(DockyardError, match="needs about 18.6 GiB.*only 8.0 GiB"):
         guards.check_offload_memory("zero3-offload", int(18.6 * 2**30), 10**9, 8 * 2**30)
