@@ -3,17 +3,12 @@ strategies the CPU tests cannot run (FSDP2 above all), bf16 mixed precision, QLo
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from test_recipes import FAST, LORA_LR, manifest, reload_logits, train  # noqa: E402
-
-from dockyard.train import strategy  # noqa: E402
-from dockyard.train.recipe import load_recipe  # noqa: E402
+from dockyard.train import strategy
+from dockyard.train.recipe import load_recipe
+from tests.integration.test_recipes import FAST, LORA_LR, manifest, reload_logits, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")
 GPUS = torch.cuda.device_count()
