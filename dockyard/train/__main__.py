@@ -135,7 +135,7 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     if last and state["is_main"]:
         trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
 
-    model_dir = settings.model
+    model_dir = models.resolve_model(settings.model) if settings.model else ""
     if not model_dir:
         model_dir = str(run_dir / "base")
         models.materialize_tiny_model(Path(model_dir))

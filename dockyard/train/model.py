@@ -50,6 +50,21 @@ def materialize_tiny_model(folder: Path) -> None:
         shutil.rmtree(tmp)
 
 
+def resolve_model(name: str) -> str:
+    """A model folder, or a hub id found in the Hugging Face cache (HF_HOME; the image runs offline)."""
+    if Path(name).is_dir():
+        return name
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name)
+    except Exception as e:  # noqa: BLE001 - every failure here means the same thing to the user
+        raise DockyardError(f"model {name!r} is neither a folder nor in the Hugging Face cache "
+                            f"({os.environ.get('HF_HOME', '~/.cache/huggingface')}): {type(e).__name__}. Give "
+                            f"a folder holding config.json and the weights, or download the model into the cache "
+                            f"first") from None
+
+
 def load_tokenizer(model_dir: str) -> Any:
     from transformers import AutoTokenizer
 

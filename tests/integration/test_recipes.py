@@ -227,6 +227,27 @@ def test_a_misspelt_deepspeed_key_in_a_recipe_is_refused(tmp_path):
     assert proc.returncode == 1 and "unknown DeepSpeed key(s) zero_optimisation" in proc.stderr
 
 
+def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    from dockyard.train.model import materialize_tiny_model
+
+    commit = "0" * 40
+    snapshot = tmp_path / "hf" / "hub" / "models--acme--tiny" / "snapshots" / commit
+    materialize_tiny_model(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    run = tmp_path / "run"
+    train("ddp", run, *FAST, "--model", "acme/tiny")
+    m = assert_trained(run, "ddp", "ddp")
+    assert m["model"]["base"] == str(snapshot) and not (run / "base").exists()
+
+
+def test_a_model_that_is_neither_a_folder_nor_cached_is_named(tmp_path):
+    proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--model", "acme/no-such-model")
+    assert proc.returncode == 1 and "'acme/no-such-model' is neither a folder nor in the Hugging Face cache" \
+        in proc.stderr
+
+
 def test_offload_refuses_a_model_the_host_cannot_hold(tmp_path):
     model = tmp_path / "llama-70b"
     model.mkdir()
