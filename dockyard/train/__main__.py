@@ -265,6 +265,9 @@ def _stopped(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
+    # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
+    # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if not os.environ.get("DS_ACCELERATOR"):
         import torch
 
