@@ -30,8 +30,8 @@ class StrategyCheck(TrainerCallback):
 
 
 class MetricsLog(TrainerCallback):
-    """DIR/metrics.jsonl: one line per logging step with `step` and `loss` (appended to on resume), and
-    the timings and token counts the manifest reports."""
+    """DIR/metrics.jsonl: one line per logging step with `step` and `loss` (a resumed run appends to it),
+    and the timings and token counts the manifest reports."""
 
     def __init__(self, path: Path, is_main: bool, started: float):
         self.path, self.is_main, self.started = path, is_main, started

@@ -1,5 +1,5 @@
-"""DIR/manifest.json: the record of a run (schema in docs/interface.md), written by rank 0 at the end,
-whether the run completed or failed."""
+"""DIR/manifest.json: the record of a run (the interface contract's schema plus extra keys, described in
+docs/training.md), written by rank 0 at the end, whether the run completed or failed."""
 
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def losses(metrics_file: Path) -> list[float]:
+def logged(metrics_file: Path) -> list[dict[str, Any]]:
     if not metrics_file.is_file():
         return []
-    return [json.loads(line)["loss"] for line in metrics_file.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
 
 
 def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: dict | None,
           metrics: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    seen = losses(run_dir / "metrics.jsonl")
+    seen = logged(run_dir / "metrics.jsonl")
     return {
         "run_id": run_dir.resolve().name,
         "recipe": recipe.name if recipe else "",
@@ -39,10 +39,13 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
         "nodes": max(1, world_size // max(1, local)),
         "strategy": {"requested": recipe.strategy if recipe else "", "in_effect": in_effect,
                      "peft": recipe.peft if recipe else None},
-        "metrics": {"steps": metrics.get("steps", 0),
-                    "loss_first": seen[0] if seen else None,
-                    "loss_last": seen[-1] if seen else None,
-                    **{k: v for k, v in metrics.items() if k != "steps"}},
+        # A failed run reports what it got to: the last logged step, and no throughput.
+        "metrics": {"steps": metrics.get("steps", seen[-1]["step"] if seen else 0),
+                    "loss_first": seen[0]["loss"] if seen else None,
+                    "loss_last": seen[-1]["loss"] if seen else None,
+                    "tokens_per_second": metrics.get("tokens_per_second"),
+                    "peak_memory_bytes": metrics.get("peak_memory_bytes", peak_memory_bytes()),
+                    **metrics},
         **extra,
     }
 

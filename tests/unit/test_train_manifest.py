@@ -35,3 +35,10 @@ def test_a_native_run_says_so(tmp_path, monkeypatch):
     m = manifest.build(tmp_path, load_recipe("ddp"), "failed", 1, None, {}, {"error": "x"})
     assert m["variant"] == "native" and m["image"] == {"ref": "", "id": ""} and m["status"] == "failed"
     assert m["metrics"]["loss_first"] is None and m["error"] == "x"
+    assert m["metrics"]["tokens_per_second"] is None and m["metrics"]["peak_memory_bytes"] > 0
+
+
+def test_a_run_that_failed_mid_way_reports_its_last_step(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 10, "loss": 5.0}\n')
+    m = manifest.build(tmp_path, load_recipe("ddp"), "failed", 2, None, {}, {})
+    assert (m["metrics"]["steps"], m["metrics"]["loss_first"], m["metrics"]["loss_last"]) == (10, 6.5, 5.0)
