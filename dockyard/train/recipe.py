@@ -60,8 +60,13 @@ class Recipe(BaseModel):
         return self.folder / name
 
 
+# From the least to the most memory saved per GPU, then adapters; recipes of your own come after.
+ORDER = ("ddp", "zero2", "zero2-offload", "zero3", "zero3-offload", "fsdp", "lora", "qlora")
+
+
 def recipe_names() -> list[str]:
-    return sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
+    names = [p.parent.name for p in RECIPES.glob("*/recipe.yaml")]
+    return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
 
 
 def load_recipe(name_or_dir: str | Path) -> Recipe:
