@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -77,7 +78,6 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     args: dict[str, Any] = {
         "bf16": cuda and torch.cuda.is_bf16_supported(),
         **overrides,
-        "include_num_input_tokens_seen": "non_padding",  # the manifest's tokens/s: real tokens, not padding
         "output_dir": str(run_dir / "checkpoints"),
         "use_cpu": not cuda,
     }
@@ -176,9 +176,10 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
     if recipe.peft:
         model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
     check = StrategyCheck(recipe.strategy, world_size)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", is_main, started)
+    tokens = multiprocessing.Value("q", 0)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", is_main, started, tokens)
     trainer = Trainer(model=model, args=args, train_dataset=examples, processing_class=tokenizer,
-                      data_collator=data.collate(tokenizer.pad_token_id), callbacks=[check, metrics])
+                      data_collator=data.collate(tokenizer.pad_token_id, tokens), callbacks=[check, metrics])
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
         trainer.remove_callback(cb)
     check.trainer = trainer
@@ -189,10 +190,12 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
                                     models.weights_dtype(settings, recipe))
     trainer.save_model(str(run_dir / "model"))
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
+    trained = torch.tensor(metrics.tokens_trained, device=args.device)
     if world_size > 1:
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(trained)
     state["metrics"] = {"steps": trainer.state.global_step,
-                        "tokens_per_second": round(metrics.tokens_per_second, 2),
+                        "tokens_per_second": round(trained.item() / metrics.seconds, 2) if metrics.seconds else 0.0,
                         "peak_memory_bytes": int(peak.item()),
                         "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss",
                         "seconds_to_first_step": metrics.seconds_to_first_step}

@@ -31,15 +31,16 @@ class StrategyCheck(TrainerCallback):
 
 class MetricsLog(TrainerCallback):
     """DIR/metrics.jsonl: one line per logging step with `step` and `loss` (a resumed run appends to it),
-    and the timings and token counts the manifest reports."""
+    and the timings the manifest reports; `tokens` is the collator's count of this process's tokens."""
 
-    def __init__(self, path: Path, is_main: bool, started: float):
-        self.path, self.is_main, self.started = path, is_main, started
+    def __init__(self, path: Path, is_main: bool, started: float, tokens: Any):
+        self.path, self.is_main, self.started, self.tokens = path, is_main, started, tokens
         self.seconds_to_first_step: float | None = None
-        self.tokens_start = self.time_start = self.tokens_end = self.time_end = 0.0
+        self.tokens_start = self.tokens_end = 0
+        self.time_start = self.time_end = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.tokens_start, self.time_start = state.num_input_tokens_seen, time.perf_counter()
+        self.tokens_start, self.time_start = self.tokens.value, time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds_to_first_step is None:
@@ -53,9 +54,12 @@ class MetricsLog(TrainerCallback):
             log.info("%s", line)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.tokens_end, self.time_end = state.num_input_tokens_seen, time.perf_counter()
+        self.tokens_end, self.time_end = self.tokens.value, time.perf_counter()
 
     @property
-    def tokens_per_second(self) -> float:
-        seconds = self.time_end - self.time_start
-        return (self.tokens_end - self.tokens_start) / seconds if seconds > 0 else 0.0
+    def tokens_trained(self) -> int:
+        return self.tokens_end - self.tokens_start
+
+    @property
+    def seconds(self) -> float:
+        return self.time_end - self.time_start

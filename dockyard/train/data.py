@@ -82,12 +82,19 @@ def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
              "labels": index[str(r["label"])]} for r in rows]
 
 
-def collate(pad_id: int):
-    """Pad a batch to its longest example; padded positions are masked out and skipped by the loss."""
+def collate(pad_id: int, tokens: Any = None):
+    """Pad a batch to its longest example; padded positions are masked out and skipped by the loss.
+
+    `tokens`, a multiprocessing.Value, counts the real (non-padding) tokens of every batch made, in this
+    process or in dataloader workers (then also the few batches they prefetch past the last step): the
+    manifest's tokens/s without a collective at every step."""
     import torch
 
     def pad_batch(batch: list[dict[str, Any]]) -> dict[str, Any]:
         width = max(len(ex["input_ids"]) for ex in batch)
+        if tokens is not None:
+            with tokens.get_lock():
+                tokens.value += sum(len(ex["input_ids"]) for ex in batch)
         ids = [ex["input_ids"] + [pad_id] * (width - len(ex["input_ids"])) for ex in batch]
         mask = [[1] * len(ex["input_ids"]) + [0] * (width - len(ex["input_ids"])) for ex in batch]
         if isinstance(batch[0]["labels"], int):
