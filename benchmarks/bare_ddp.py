@@ -48,4 +48,5 @@ total = torch.tensor([tokens], device=device)
 dist.all_reduce(total)
 if rank == 0:
     json.dump({"tokens_per_second": total.item() / seconds, "loss": loss.item()}, open(out, "w"))
+dist.barrier()  # nobody tears down gloo while rank 0 still writes
 dist.destroy_process_group()
