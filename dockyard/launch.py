@@ -116,19 +116,22 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     return d
 
 
-def memlock_flag(daemon_hard_limit: int | None) -> str:
+def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
     """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant."""
     if daemon_hard_limit is None:
         return "memlock=-1"
-    print(f"note: dockerd's hard memlock limit is {daemon_hard_limit} bytes, so containers get that, not unlimited; "
-          "for NCCL/RDMA set LimitMEMLOCK=infinity for the docker service (systemctl edit docker)", file=sys.stderr)
+    if say:
+        print(f"note: dockerd's hard memlock limit is {daemon_hard_limit} bytes, so containers get that, not "
+              "unlimited; for NCCL/RDMA set LimitMEMLOCK=infinity for the docker service (systemctl edit docker)",
+              file=sys.stderr)
     return f"memlock={daemon_hard_limit}"
 
 
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
-                    mounts: list[tuple[Path, str, bool]], memlock: str = "memlock=-1") -> list[str]:
-    """Every `docker run` of the project: same flags for training and for `invoke shell`."""
+                    mounts: list[tuple[Path, str, bool]], memlock: str | None = None) -> list[str]:
+    """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes."""
+    memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(), say=False)
     argv = engine.docker(settings, "run", "--rm", "--init", "--ipc=host",
                          "--ulimit", memlock, "--ulimit", "stack=67108864",
                          "--user", f"{os.getuid()}:{os.getgid()}", "--name", name)

@@ -10,6 +10,7 @@ import subprocess
 
 import yaml
 
+from dockyard import engine
 from dockyard.settings import ROOT
 
 
@@ -23,7 +24,13 @@ def _compose(settings, *args, env=None):
 def test_compose_trains_zero2_in_the_cpu_image(settings, cpu_image, tmp_path):
     env = {"DOCKYARD_IMAGE": cpu_image, "DOCKYARD_RUNS": str(tmp_path), "DOCKYARD_RUN_ID": "compose1",
            "DOCKYARD_UID": str(os.getuid()), "DOCKYARD_GID": str(os.getgid()), "HF_CACHE": str(tmp_path / "hf")}
-    r = _compose(settings, "-f", "train.yml", "run", "--rm", "train", env=env)
+    if engine.daemon_memlock_hard_limit():  # this engine cannot grant unlimited locked memory (see launch.memlock_flag)
+        env["DOCKYARD_MEMLOCK"] = str(engine.daemon_memlock_hard_limit())
+    project = ["-p", f"dockyardtest{os.getpid()}", "-f", "train.yml"]
+    try:
+        r = _compose(settings, *project, "run", "--rm", "train", env=env)
+    finally:
+        _compose(settings, *project, "down", env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = json.loads((tmp_path / "compose1" / "manifest.json").read_text())
     assert m["status"] == "completed" and m["world_size"] == 2
