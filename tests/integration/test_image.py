@@ -116,3 +116,15 @@ def test_recipe_or_code_change_rebuilds_only_the_top_layers(settings, cpu_image,
         assert after_code[-3] != base[-3]
     finally:
         _docker(settings, "rmi", "-f", ref, check=False)
+
+
+@pytest.mark.parametrize("name", ["cu124", "cu130"])
+def test_cuda_variant_builds_where_its_base_image_is_present(settings, engine_ready, name):
+    """No registry here: the CUDA bases (nvidia/cuda:*-cudnn-devel) exist only on hosts that pulled or loaded them."""
+    v = variants.resolve(settings, name)[0]
+    if not engine.image_inspect(settings, v.base):
+        pytest.skip(f"CUDA base image {v.base} is not in this engine (no registry reachable): GPU build hosts only")
+    r = invoke("build", f"--variant={name}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    labels = engine.image_inspect(settings, variants.tag(settings, v))["Config"]["Labels"]
+    assert labels["dockyard.cuda"] == v.cuda and labels["dockyard.triton"] == v.pins["triton"]
