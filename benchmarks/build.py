@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,19 +30,6 @@ COPY . /opt/dockyard
 RUN DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_AIO=1 DS_ACCELERATOR=cpu /opt/venv/bin/pip install \\
     --no-index --find-links /opt/dockyard/images/wheelhouse/{variant} -r /opt/dockyard/images/locks/{variant}.txt
 """
-
-
-def copy_context(dst: Path, variant: str) -> Path:
-    for name in ("dockyard", "data", "recipes"):
-        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (dst / "images").mkdir()
-    for name in ("Dockerfile", "check_image.py"):
-        shutil.copy2(ROOT / "images" / name, dst / "images" / name)
-    shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
-    shutil.copytree(ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,
-                    copy_function=os.link)
-    shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
-    return dst
 
 
 def timed_build(settings, v, ctx: Path, ref: str, no_cache: bool = False) -> tuple[float, list[str]]:
@@ -72,7 +58,7 @@ def main() -> None:
     ref = f"dockyard-bench/{v.name}:layers"
     rows = []
     with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as tmp:
-        ctx = copy_context(Path(tmp) / "ctx", v.name)
+        ctx = build.copy_context(Path(tmp) / "ctx", v.name)
         cold, base = timed_build(s, v, ctx, ref, no_cache=not a.skip_cold)
         rows.append(("cold build" + (" (cache kept)" if a.skip_cold else " (--no-cache)"), cold, None))
         with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:

@@ -9,7 +9,9 @@ works on an air-gapped host that received the wheelhouse.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -241,3 +243,17 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dry
     info = engine.image_inspect(settings, ref)
     print(f"built {ref} ({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
     return ref
+
+
+def copy_context(dst: Path, variant: str) -> Path:
+    """A copy of what the build reads (the wheelhouse hard-linked), for rebuilds that edit files safely."""
+    for name in ("dockyard", "data", "recipes"):
+        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "images").mkdir()
+    for name in ("Dockerfile", "check_image.py", "variants.yaml"):
+        shutil.copy2(ROOT / "images" / name, dst / "images" / name)
+    shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
+    shutil.copytree(ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,
+                    copy_function=os.link)
+    shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
+    return dst

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -60,19 +59,6 @@ def test_zero2_trains_in_the_image_through_invoke_run(settings, cpu_image, tmp_p
     assert (run_dir / "manifest.json").read_bytes() == before, "a refused run must leave the old one untouched"
 
 
-def _copy_context(dst: Path) -> Path:
-    """A copy of what the build reads (wheelhouse hard-linked), so the test can edit files safely."""
-    for name in ("dockyard", "data", "recipes"):
-        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (dst / "images").mkdir()
-    for name in ("Dockerfile", "check_image.py", "variants.yaml"):
-        shutil.copy2(ROOT / "images" / name, dst / "images" / name)
-    shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
-    shutil.copytree(ROOT / "images" / "wheelhouse" / "cpu", dst / "images" / "wheelhouse" / "cpu", copy_function=os.link)
-    shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
-    return dst
-
-
 def _build_layers(settings, context: Path, ref: str) -> list[str]:
     cpu = variants.resolve(settings, "cpu")[0]
     (argv, env), = build.build_plan(settings, cpu, context=context, ref=ref, revision="test").steps
@@ -96,7 +82,7 @@ def _bytes(text: str) -> float:
 
 
 def test_recipe_or_code_change_rebuilds_only_the_top_layers(settings, cpu_image, tmp_path):
-    ctx = _copy_context(tmp_path / "ctx")
+    ctx = build.copy_context(tmp_path / "ctx", "cpu")
     ref = "dockyard-test/rebuild:layers"
     try:
         base = _build_layers(settings, ctx, ref)

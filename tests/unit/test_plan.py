@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.plan_accuracy import saved_bytes  # the benchmark's own measurement, one copy
 from dockyard import plan
 from dockyard.errors import DockyardError
 
@@ -81,24 +82,6 @@ def test_llama_3_1_8b_anchor_figures_and_deepspeed_printout():
     assert guessed.largest_layer == 525_336_576 and (guessed.hidden, guessed.layers) == (4096, 32)
 
 
-def _saved_bytes(model, ids) -> int:
-    """Bytes autograd saves for backward in one forward (parameters excluded): activation memory, measured."""
-    import torch
-
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params and st.data_ptr() != 0:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_activation_estimate_matches_what_autograd_saves(checkpointing, tmp_path):
     import torch
@@ -112,7 +95,7 @@ def test_activation_estimate_matches_what_autograd_saves(checkpointing, tmp_path
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     batch, seq = 2, 128
-    measured = _saved_bytes(model, torch.randint(0, 4000, (batch, seq)))
+    measured = saved_bytes(model, torch.randint(0, 4000, (batch, seq)))
     shape = plan.shape_from_folder(tmp_path)
     predicted = plan.activation_bytes(shape, seq, batch, checkpointing)
     if checkpointing:  # the layer being recomputed is transient: not in what the outer graph saves
