@@ -30,7 +30,8 @@ def weights_dtype(settings: RunSettings, recipe: Recipe) -> torch.dtype:
 def materialize_tiny_model(folder: Path) -> None:
     """The default model: Llama-shaped, tiny, made from the config shipped in the package, with a seeded
     initialisation, written once as a normal checkpoint so every rank and every later reload (LoRA's base
-    included) reads the same weights.
+    included) reads the same weights. Every width is a multiple of 32: bitsandbytes' 4-bit CPU kernels
+    (used for inference on CPUs with AVX512-BF16) refuse other widths.
 
     Called by every rank before torch.distributed exists (under ZeRO-3 building a model is itself a
     collective): each writes a private copy and renames it into place; the first rename wins, and the
