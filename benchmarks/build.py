@@ -27,10 +27,12 @@ NAIVE = """FROM {base}
 RUN apt-get update && apt-get install -y {os_packages} g++ make libaio-dev ca-certificates
 RUN python{python} -m venv /opt/venv
 COPY . /opt/dockyard
-RUN DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_AIO=1 DS_ACCELERATOR=cpu /opt/venv/bin/pip install \\
-    --no-index --find-links /opt/dockyard/images/wheelhouse/{variant} -r /opt/dockyard/images/locks/{variant}.txt
+RUN awk '/^[^ #]/ {{ skip = ($0 ~ /^deepspeed==/) }} !skip' /opt/dockyard/images/locks/{variant}.txt > /tmp/stack.txt \\
+    && /opt/venv/bin/pip install --no-index --find-links /opt/dockyard/images/wheelhouse/{variant} -r /tmp/stack.txt
+RUN awk '/^[^ #]/ {{ keep = ($0 ~ /^deepspeed==/) }} keep' /opt/dockyard/images/locks/{variant}.txt > /tmp/ds.txt \\
+    && DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_AIO=1 DS_ACCELERATOR=cpu /opt/venv/bin/pip install \\
+       --no-index --find-links /opt/dockyard/images/wheelhouse/{variant} --no-build-isolation -r /tmp/ds.txt
 """
-
 
 def timed_build(settings, v, ctx: Path, ref: str, no_cache: bool = False) -> tuple[float, list[str]]:
     (argv, env), = build.build_plan(settings, v, context=ctx, ref=ref, no_cache=no_cache, revision="bench").steps
@@ -76,7 +78,7 @@ def main() -> None:
                                                            os_packages=" ".join(v.os_packages)))
         (ctx / ".dockerignore").unlink()
         t = time.perf_counter()
-        engine.run(engine.docker(s, "build", "-q", "-f", str(ctx / "Dockerfile.naive"), "-t", naive_ref, str(ctx)),
+        engine.run(engine.docker(s, "build", "-q", "--no-cache", "-f", str(ctx / "Dockerfile.naive"), "-t", naive_ref, str(ctx)),
                    env=engine.build_env(), capture=True, quiet=True)
         naive_time = time.perf_counter() - t
         naive_size = engine.image_inspect(s, naive_ref)["Size"]

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,25 +59,38 @@ def main() -> None:
     recipe_tag = f"dockyard-bench-recipe:{os.getpid()}"
     node = node2.start()
     try:
-        s = settings.model_copy(update={"ssh": node.ssh_command})
+        s = settings.model_copy(update={"ssh": node.ssh_command, "layer_cache": work / "layer-cache"})
         ssh = ["ssh", "-F", node.ssh_config, node.alias]
 
         out = work / "dist"
         raw = work / "raw.tar.zst"
         level = archive.DEFAULT_LEVEL["zstd"]
-        # Other work shares the cores: the engine's limit and the save it is compared with are each
-        # taken as the best of REPEAT runs, interleaved (the first, untimed, warms the page cache).
+        # The next version of the image: a recipe-only change, one new top layer.
+        ctx = work / "ctx"
+        ctx.mkdir()
+        (ctx / "recipe.yaml").write_text(f"# a recipe-only change, {time.time()}\nlearning_rate: 2.0e-5\n")
+        (ctx / "Dockerfile").write_text(f"FROM {image}\nCOPY recipe.yaml /opt/dockyard/recipe-bench.yaml\n")
+        sh([*docker, "build", "-q", "-t", recipe_tag, ctx], env={**os.environ, **engine.build_env()})
+        # Other work shares the cores: the engine's limit and the saves compared with it are each taken
+        # as the best of REPEAT runs, interleaved (the first, untimed, warms the page cache). A cold save
+        # starts from an empty layer cache; the save of the next version then finds the layers it shares.
         subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True)
-        limit, save_b = [], []
-        for _ in range(REPEAT):
+        limit, limit_next, save_b, save_next = [], [], [], []
+        for i in range(REPEAT):
+            shutil.rmtree(s.layer_cache, ignore_errors=True)
             limit.append(timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True,
                                                       check=True))[0])
             t, m = timed(lambda: archive.save(s, image=image, out=str(out)))
             save_b.append(t)
+            limit_next.append(timed(lambda: subprocess.run(f"{docker[0]} save {recipe_tag} > /dev/null",
+                                                           shell=True, check=True))[0])
+            t, m_next = timed(lambda: archive.save(s, image=recipe_tag, out=str(work / "next")))
+            save_next.append(t)
+        shutil.rmtree(work / "next")
         t_raw, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} | zstd -T0 -{level} -q > {raw}",
                                                 shell=True, check=True))
         tar = int(sh([*docker, "image", "inspect", "--format", "{{.Size}}", image]).stdout)
-        rows += [("(0) docker save > /dev/null", limit[-1], tar),
+        rows += [("(0) docker save > /dev/null", min(limit), tar),
                  (f"(0) docker save | zstd -T0 -{level} > file (no checks)", t_raw, raw.stat().st_size)]
         raw.unlink()
 
@@ -90,14 +104,11 @@ def main() -> None:
 
         path = out / m["archive"]
         t2, _ = timed(lambda: ship.ship_file(s, str(path), f"{node.alias}:{node.base}/dist", load=True))
-        rows += [(f"(b) invoke save (zstd -{level})", save_b[-1], m["archive_bytes"]),
-                 ("(b) invoke ship --load (copy, verify, load)", t2, m["archive_bytes"])]
+        rows += [(f"(b) invoke save (zstd -{level}), empty layer cache", min(save_b), m["archive_bytes"]),
+                 ("(b) invoke ship --load (copy, verify, load)", t2, m["archive_bytes"]),
+                 ("(b') invoke save of the next version (recipe-only change), full, layers cached",
+                  min(save_next), m_next["archive_bytes"])]
 
-        ctx = work / "ctx"
-        ctx.mkdir()
-        (ctx / "recipe.yaml").write_text(f"# a recipe-only change, {time.time()}\nlearning_rate: 2.0e-5\n")
-        (ctx / "Dockerfile").write_text(f"FROM {image}\nCOPY recipe.yaml /opt/dockyard/recipe-bench.yaml\n")
-        sh([*docker, "build", "-q", "-t", recipe_tag, ctx], env={**os.environ, **engine.build_env()})
         t1, mt = timed(lambda: archive.save(s, image=recipe_tag, out=str(out), thin_for=f"ssh://{node.alias}"))
         t2, _ = timed(lambda: ship.ship_file(s, str(out / mt["archive"]), f"{node.alias}:{node.base}/dist", load=True))
         rows += [("(c) invoke save --thin-for=ssh://node2", t1, mt["archive_bytes"]),
@@ -111,10 +122,11 @@ def main() -> None:
         subprocess.run([*docker, "image", "rm", "-f", recipe_tag], capture_output=True)
         subprocess.run(["rm", "-rf", str(work)])
 
-    report(rows, image, min(save_b) / min(limit))
+    report(rows, image, min(save_b) / min(limit), min(save_next) / min(limit_next), m_next["archive_bytes"])
 
 
-def report(rows: list[tuple[str, float, int]], image: str, save_ratio: float) -> None:
+def report(rows: list[tuple[str, float, int]], image: str, save_ratio: float, next_ratio: float,
+           next_bytes: int) -> None:
     by = lambda prefix: [(t, b) for name, t, b in rows if name.startswith(prefix)]  # noqa: E731
     total = {k: sum(t for t, _ in by(k)) for k in ("(a)", "(b)", "(c)")}
     size = {k: max(b for _, b in by(k)) for k in ("(a)", "(b)", "(c)")}
@@ -122,18 +134,20 @@ def report(rows: list[tuple[str, float, int]], image: str, save_ratio: float) ->
         ("end to end, (a) ÷ (b): dockyard's speed-up", total["(a)"] / total["(b)"], "≥ 2"),
         ("bytes shipped, (b) ÷ (a)", size["(b)"] / size["(a)"], "≤ 1"),
         (f"save, (b) ÷ engine limit (0), best of {REPEAT} each, interleaved", save_ratio, "≤ 1.3"),
+        ("save of the next version (full archive, layers cached) ÷ its engine limit", next_ratio, "≤ 1.3"),
         ("bytes shipped, thin (c) ÷ full (b)", size["(c)"] / size["(b)"], "< 0.01"),
         ("end to end, (a) ÷ stream (d)", total["(a)"] / by("(d)")[0][0], ""),
     ]
     lines = [f"# Transport benchmark: {image}", "",
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
              f"{platform.machine()}, node 2 = a network namespace on the same machine (veth, real ssh). "
-             "One run; other work shared the cores.", "",
+             "One run.", "",
              "| stage | seconds | bytes |", "|---|---:|---:|"]
     lines += [f"| {name} | {t:.1f} | {b:,} |" if b else f"| {name} | {t:.1f} | |" for name, t, b in rows]
     lines += ["", f"Totals: (a) {total['(a)']:.1f} s, (b) {total['(b)']:.1f} s, (c) {total['(c)']:.1f} s.", "",
               "| ratio | measured | target |", "|---|---:|---:|"]
     lines += [f"| {name} | {v:.3f} | {target} |" for name, v, target in ratios]
+    lines += ["", f"The next version's full archive: {next_bytes:,} bytes (the same layers, frames copied)."]
     text = "\n".join(lines) + "\n"
     print(text)
     out = ROOT / "benchmarks" / "results" / "transport.md"

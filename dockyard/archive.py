@@ -9,6 +9,8 @@ layer file's size and sha256, so each archive is checked against the images' dif
 kept (the engine can leave blobs out silently, moby#49473), and it drops the layer files a thin
 archive leaves out. Classic engines name layer files by a legacy id that says nothing about the
 layer, so for thin archives each layer is spooled while it is hashed, then kept or dropped.
+Compressed archives are a sequence of frames, one per large layer, reused from a cache by the next save
+that holds the same layer (dockyard/frames.py).
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from dockyard import engine
+from dockyard.frames import FramedSink, LayerCache
 from dockyard.errors import DockyardError
 
 FORMAT = "dockyard-archive/1"
@@ -329,6 +331,8 @@ class TarPump:
         self.omitted: set[str] = set()
         self.docker_manifest: list[dict] = []
         self.bytes_read = 0
+        self.frames: FramedSink | None = None  # set when compressing: layers become frames of their own
+        self.known: dict[str, str] = {}        # member name → diff id, from earlier saves (LayerCache.known)
 
     def _read(self, src, n: int) -> bytes:
         data = src.read(n)
@@ -400,8 +404,12 @@ class TarPump:
         h = hashlib.sha256()
         if not self.omit or blob:
             write(head)
-            self._copy(src, padded, write, h, size)
+            hint = "sha256:" + name.rsplit("/", 1)[1] if blob else self.known.get(name, "")
+            send = self.frames.begin(padded, hint) if self.frames else True
+            self._copy(src, padded, write if send else None, h, size)
             self.layers[name] = ("sha256:" + h.hexdigest(), size)
+            if self.frames:
+                self.frames.end(self.layers[name][0])
             return
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY, dir=self.spool_dir) as spool:
             self._copy(src, padded, spool.write, h, size)
@@ -411,9 +419,14 @@ class TarPump:
                 self.omitted.add(name)
                 return
             write(head)
+            if self.frames and not self.frames.begin(padded, digest):
+                self.frames.end(digest)
+                return
             spool.seek(0)
             while chunk := spool.read(CHUNK):
                 write(chunk)
+            if self.frames:
+                self.frames.end(digest)
 
     def diff_id(self, name: str) -> str:
         seen = set()
@@ -468,9 +481,18 @@ def fail_tail(f) -> str:
     return "\n".join(f"  | {l}" for l in lines)
 
 
+def layer_cache(settings, method: str, level: int) -> LayerCache | None:
+    """The cache of compressed layer frames (dockyard/frames.py), or None when it is off."""
+    if method == "none" or settings.layer_cache_gb <= 0:
+        return None
+    return LayerCache(settings.path(settings.layer_cache), method, level, int(settings.layer_cache_gb * (1 << 30)))
+
+
 def stream_save(settings, images: list[dict], sink: Callable[[bytes], object], *, method: str, level: int,
-                omit: Iterable[str] = (), spool_dir: Path | None = None, label: str = "save") -> Streamed:
-    """docker save → tar reader (hash, thin) → compressor → sink, hashing what reaches the sink."""
+                omit: Iterable[str] = (), spool_dir: Path | None = None, label: str = "save",
+                cache: LayerCache | None = None) -> Streamed:
+    """docker save → tar reader (hash, thin) → compressor, one frame per large layer, or the frame the
+    cache holds for it → sink, hashing what reaches the sink."""
     save_argv = engine.docker(settings, "save", *[i["ref"] for i in images])
     comp_argv = compressor_argv(method, level)
     echo_pipeline(save_argv, *([comp_argv] if comp_argv else []))
@@ -483,53 +505,36 @@ def stream_save(settings, images: list[dict], sink: Callable[[bytes], object], *
         sink(chunk)
 
     started = time.monotonic()
-    with progress() as bar, tempfile.TemporaryFile() as save_err, tempfile.TemporaryFile() as comp_err:
+    with progress() as bar, tempfile.TemporaryFile() as save_err:
         task = bar.add_task(label, total=sum(i["bytes"] for i in images) or None)
         pump = TarPump(omit, spool_dir, on_read=lambda n: bar.advance(task, n))
         save = subprocess.Popen(save_argv, stdout=subprocess.PIPE, stderr=save_err)
-        comp = (subprocess.Popen(comp_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=comp_err)
-                if comp_argv else None)
-        widen(save.stdout, *((comp.stdin, comp.stdout) if comp else ()))
-        failure: list[BaseException] = []
+        widen(save.stdout)
+        framed = None
         try:
-            if comp is None:
+            if comp_argv is None:
                 pump.run(save.stdout, emit)
             else:
-                def feed() -> None:
-                    try:
-                        pump.run(save.stdout, comp.stdin.write)
-                    except BaseException as e:  # reported by the main thread
-                        failure.append(e)
-                    finally:
-                        try:
-                            comp.stdin.close()
-                        except OSError:
-                            pass
-
-                feeder = threading.Thread(target=feed, daemon=True)
-                feeder.start()
-                while chunk := os.read(comp.stdout.fileno(), CHUNK):
-                    emit(chunk)
-                feeder.join()
+                framed = pump.frames = FramedSink(comp_argv, emit, cache, widen)
+                pump.known = cache.known() if cache else {}
+                pump.run(save.stdout, framed.write)
+                framed.close()
         except BaseException:
-            for p in (save, comp):
-                if p is not None and p.poll() is None:
-                    p.kill()
+            if framed is not None:
+                framed.abort()
+            if save.poll() is None:
+                save.kill()
             raise
         finally:
             save.stdout.close()
             rc_save = save.wait()
-            rc_comp = comp.wait() if comp else 0
-            if comp:
-                comp.stdout.close()
         if rc_save != 0:
             raise DockyardError(f"docker save failed (exit {rc_save}): {engine.quote(save_argv)}\n"
                                 + fail_tail(save_err))
-        if failure:
-            raise failure[0]
-        if rc_comp != 0:
-            raise DockyardError(f"{comp_argv[0]} failed (exit {rc_comp})\n" + fail_tail(comp_err))
     pump.check(images)
+    if cache is not None:
+        cache.learn({n: d for n, (d, _) in pump.layers.items() if n.endswith("/layer.tar")})
+        cache.prune()
     return Streamed(pump, out_bytes, out_hash.hexdigest(), time.monotonic() - started)
 
 
@@ -584,8 +589,9 @@ def save(settings, image: str = "", out: str = "", compress: str = "zstd", level
     signature = partials[1].with_name(partials[1].name + ".sig")  # where ssh-keygen puts it
     try:
         with open(partials[0], "wb") as f:
+            cache = layer_cache(settings, compress, level)
             got = stream_save(settings, images, f.write, method=compress, level=level, omit=omit,
-                              spool_dir=out_dir, label=f"save {paths.archive.name}")
+                              spool_dir=out_dir, label=f"save {paths.archive.name}", cache=cache)
         manifest = _manifest(paths, images, got, compress, level, thin)
         partials[1].write_text(json.dumps(manifest, indent=2) + "\n")
         if sign:
@@ -605,6 +611,9 @@ def save(settings, image: str = "", out: str = "", compress: str = "zstd", level
             p.unlink(missing_ok=True)
     write_loader(out_dir)
     tar = manifest["tar_bytes"]
+    if cache is not None and cache.hits:
+        print(f"layer cache: {cache.hits} of {cache.hits + cache.misses} large layers copied from earlier saves "
+              f"({human(cache.bytes_copied)}, {cache.dir})")
     print(f"wrote {paths.archive}: {human(got.out_bytes)} from {human(tar)} of tar in {got.seconds:.1f} s "
           f"({human(got.pump.bytes_read / max(got.seconds, 1e-9))}/s)")
     if thin is not None:

@@ -37,6 +37,8 @@ class Settings(BaseModel):
     base_image_cpu: str = "dockyard-base:bookworm"
     ssh: str = "ssh"
     allowed_signers: str = ""
+    layer_cache: Path = Path("~/.cache/dockyard/layers")
+    layer_cache_gb: float = 20
 
     def path(self, p: Path | str) -> Path:
         """A setting's path made absolute against the project root (with ~ expanded)."""

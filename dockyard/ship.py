@@ -285,7 +285,8 @@ def ship_image(settings, image: str, to: str, port: int = 0, identity: str = "",
         try:
             got = archive.stream_save(settings, images, p.stdin.write, method=method,
                                       level=archive.check_method(method, 0), omit=omit,
-                                      label=f"stream to {r.host}")
+                                      label=f"stream to {r.host}",
+                                      cache=archive.layer_cache(settings, method, archive.check_method(method, 0)))
             p.stdin.close()
         except (BrokenPipeError, DockyardError) as e:
             if p.poll() is None:

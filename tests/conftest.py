@@ -32,6 +32,12 @@ def invoke(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int =
                           env={**os.environ, **(env or {})})
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_layer_cache(tmp_path_factory):
+    """Saves made by the tests keep their compressed layers in a cache of their own, not the user's."""
+    os.environ["INVOKE_DOCKYARD_LAYER_CACHE"] = str(tmp_path_factory.mktemp("layer-cache"))
+
+
 @pytest.fixture(scope="session")
 def engine_ready(settings):
     """The real engine must answer: CI starts one. A missing engine is a failure, not a skip."""

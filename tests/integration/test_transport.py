@@ -168,6 +168,19 @@ def test_thin_archive_after_a_recipe_change(node, images, full, shipped, ssh_env
     assert node.docker("image", "ls", "-aq").stdout.strip() == ""
 
 
+def test_the_next_version_copies_the_compressed_layers_of_the_last_save(node, images, full, tmp_path):
+    """v2 shares all but its top layer with v1, saved before (the `full` fixture): the layer cache hands
+    over those layers' frames instead of compressing them again; the archive loads like any other."""
+    r = invoke("save", f"--image={images['v2']}", f"--out={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert "layer cache: 2 of 2 large layers copied" in r.stdout
+    path = tmp_path / f"{IMAGE}_v2.tar.zst"
+    node.wipe()
+    node.ssh(f"zstd -dc {path} | docker load")
+    assert node.image_id(images["v2"]) == images["v2_id"]
+    assert node.ssh(f"docker run --rm --network none {images['v2']} cat /recipe.txt").stdout == "v2\n"
+
+
 def test_several_images_share_their_layers_in_one_archive(node, images, full, tmp_path):
     node.wipe()
     r = invoke("save", f"--image={images['v1']},{images['v2']}", f"--out={tmp_path}")

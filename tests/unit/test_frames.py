@@ -1,0 +1,111 @@
+"""Framed compression and the layer cache, on a synthetic `docker save` tar with the real zstd and gzip."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+
+import pytest
+
+from dockyard import archive, frames
+from dockyard.errors import DockyardError
+from tests.unit.test_archive import fake_save
+
+
+@pytest.fixture(autouse=True)
+def small_layers_get_frames(monkeypatch):
+    monkeypatch.setattr(frames, "MIN_LAYER", 100_000)  # the fake image's big layer is 300 kB
+
+
+def framed(raw: bytes, cache: frames.LayerCache | None, method: str = "zstd", omit=()) -> tuple[bytes, archive.TarPump]:
+    out = io.BytesIO()
+    level = archive.check_method(method, 0)
+    sink = frames.FramedSink(archive.compressor_argv(method, level), out.write, cache)
+    pump = archive.TarPump(omit)
+    pump.frames = sink
+    pump.known = cache.known() if cache else {}
+    pump.run(io.BufferedReader(io.BytesIO(raw)), sink.write)
+    sink.close()
+    if cache is not None:
+        cache.learn({n: d for n, (d, _) in pump.layers.items() if n.endswith("/layer.tar")})
+    return out.getvalue(), pump
+
+
+def unpack(data: bytes, method: str = "zstd") -> bytes:
+    return subprocess.run(archive.decompressor_argv(method), input=data, capture_output=True, check=True).stdout
+
+
+@pytest.mark.parametrize("method", ["zstd", "gzip"])
+def test_frames_decompress_to_the_tar_and_the_second_save_copies_the_layer(tmp_path, method):
+    raw, image, big_id, _ = fake_save()
+    cache = frames.LayerCache(tmp_path, method, archive.check_method(method, 0), 1 << 30)
+    first, pump = framed(raw, cache, method)
+    pump.check([image])
+    assert unpack(first, method) == raw
+    assert (cache.hits, cache.misses) == (0, 1)
+
+    again = frames.LayerCache(tmp_path, method, archive.check_method(method, 0), 1 << 30)
+    second, pump = framed(raw, again, method)
+    pump.check([image])  # the layer was still read and hashed
+    assert (again.hits, again.misses) == (1, 0)
+    assert unpack(second, method) == raw
+
+
+def test_a_damaged_frame_is_not_used(tmp_path):
+    raw, _, big_id, _ = fake_save()
+    cache = frames.LayerCache(tmp_path, "zstd", 2, 1 << 30)
+    framed(raw, cache)
+    frame = cache.dir / f"{big_id.split(':')[1]}.frame"
+    data = bytearray(frame.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    frame.write_bytes(bytes(data))
+
+    again = frames.LayerCache(tmp_path, "zstd", 2, 1 << 30)
+    out, _ = framed(raw, again)
+    assert (again.hits, again.misses) == (0, 1)  # compressed afresh, and the entry rewritten
+    assert unpack(out) == raw
+    assert frames.LayerCache(tmp_path, "zstd", 2, 1 << 30).find(big_id) is not None
+
+
+def test_a_wrong_name_map_stops_the_save_and_is_forgotten(tmp_path):
+    raw, _, big_id, small_id = fake_save()
+    cache = frames.LayerCache(tmp_path, "zstd", 2, 1 << 30)
+    framed(raw, cache)
+    names = cache.known()
+    (name,) = [n for n, d in names.items() if d == big_id]
+    # The big layer's file name now points at another cached layer: the layer read must not match it.
+    other = "sha256:" + "e" * 64
+    (cache.dir / f"{'e' * 64}.frame").write_bytes(b"x")
+    (cache.dir / f"{'e' * 64}.sum").write_text(f"{hashlib.sha256(b'x').hexdigest()} 1\n")
+    (cache.dir / frames.NAMES).write_text(json.dumps({name: other}))
+    with pytest.raises(DockyardError, match="save again"):
+        framed(raw, frames.LayerCache(tmp_path, "zstd", 2, 1 << 30))
+    assert frames.LayerCache(tmp_path, "zstd", 2, 1 << 30).known() == {}
+    out, _ = framed(raw, frames.LayerCache(tmp_path, "zstd", 2, 1 << 30))
+    assert unpack(out) == raw
+
+
+def test_thin_archives_use_frames_too(tmp_path):
+    raw, image, big_id, small_id = fake_save()
+    cache = frames.LayerCache(tmp_path, "zstd", 2, 1 << 30)
+    framed(raw, cache)
+    plain = io.BytesIO()
+    archive.TarPump(omit={small_id}).run(io.BufferedReader(io.BytesIO(raw)), plain.write)
+    out, pump = framed(raw, cache, omit={small_id})
+    assert unpack(out) == plain.getvalue()  # the same thin tar, big layer from the cache
+    assert cache.hits == 1
+
+
+def test_prune_keeps_the_most_recently_used(tmp_path):
+    cache = frames.LayerCache(tmp_path, "zstd", 2, 2500)
+    for i, hexid in enumerate("abc"):
+        p = cache.partial(hexid)
+        p.write_bytes(b"z" * 1000)
+        cache.keep(p, "sha256:" + hexid * 64, "0" * 64, 1000)
+        os.utime(cache.dir / f"{hexid * 64}.frame", (1000 + i, 1000 + i))
+    cache.prune()
+    assert sorted(p.name[0] for p in cache.dir.glob("*.frame")) == ["b", "c"]
+    assert not (cache.dir / f"{'a' * 64}.sum").exists()
