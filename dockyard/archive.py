@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from dockyard import engine
-from dockyard.frames import FramedSink, LayerCache
+from dockyard.frames import FramedSink, LayerCache, StaleNames
 from dockyard.errors import DockyardError
 
 FORMAT = "dockyard-archive/1"
@@ -402,9 +402,17 @@ class TarPump:
             self.omitted.add(name)
             return
         h = hashlib.sha256()
-        if not self.omit or blob:
+        hint = "sha256:" + name.rsplit("/", 1)[1] if blob else self.known.get(name, "")
+        if hint in self.omit:  # known from an earlier save: no need to spool it, only to check it
+            self._copy(src, padded, None, h, size)
+            self.layers[name] = ("sha256:" + h.hexdigest(), size)
+            if self.layers[name][0] != hint:
+                raise StaleNames(f"the layer cache's name map said {name} holds {hint}, but it holds "
+                                 f"{self.layers[name][0]}; the map is now cleared: save again")
+            self.omitted.add(name)
+            return
+        if not self.omit or hint:
             write(head)
-            hint = "sha256:" + name.rsplit("/", 1)[1] if blob else self.known.get(name, "")
             send = self.frames.begin(padded, hint) if self.frames else True
             self._copy(src, padded, write if send else None, h, size)
             self.layers[name] = ("sha256:" + h.hexdigest(), size)
@@ -488,6 +496,23 @@ def layer_cache(settings, method: str, level: int) -> LayerCache | None:
     return LayerCache(settings.path(settings.layer_cache), method, level, int(settings.layer_cache_gb * (1 << 30)))
 
 
+def pump_framed(pump: TarPump, src, compressor: list[str], emit: Callable[[bytes], None],
+                cache: LayerCache | None) -> None:
+    """The tar from src through the pump into frames (dockyard/frames.py), the frames into emit."""
+    framed = pump.frames = FramedSink(compressor, emit, cache, widen)
+    pump.known = cache.known() if cache else {}
+    try:
+        pump.run(src, framed.write)
+        framed.close()
+    except BaseException as e:
+        framed.abort()
+        if isinstance(e, StaleNames):
+            cache.forget()
+        raise
+    if cache is not None:
+        cache.learn({n: d for n, (d, _) in pump.layers.items() if n.endswith("/layer.tar")})
+
+
 def stream_save(settings, images: list[dict], sink: Callable[[bytes], object], *, method: str, level: int,
                 omit: Iterable[str] = (), spool_dir: Path | None = None, label: str = "save",
                 cache: LayerCache | None = None) -> Streamed:
@@ -510,18 +535,12 @@ def stream_save(settings, images: list[dict], sink: Callable[[bytes], object], *
         pump = TarPump(omit, spool_dir, on_read=lambda n: bar.advance(task, n))
         save = subprocess.Popen(save_argv, stdout=subprocess.PIPE, stderr=save_err)
         widen(save.stdout)
-        framed = None
         try:
             if comp_argv is None:
                 pump.run(save.stdout, emit)
             else:
-                framed = pump.frames = FramedSink(comp_argv, emit, cache, widen)
-                pump.known = cache.known() if cache else {}
-                pump.run(save.stdout, framed.write)
-                framed.close()
+                pump_framed(pump, save.stdout, comp_argv, emit, cache)
         except BaseException:
-            if framed is not None:
-                framed.abort()
             if save.poll() is None:
                 save.kill()
             raise
@@ -533,7 +552,6 @@ def stream_save(settings, images: list[dict], sink: Callable[[bytes], object], *
                                 + fail_tail(save_err))
     pump.check(images)
     if cache is not None:
-        cache.learn({n: d for n, (d, _) in pump.layers.items() if n.endswith("/layer.tar")})
         cache.prune()
     return Streamed(pump, out_bytes, out_hash.hexdigest(), time.monotonic() - started)
 

@@ -31,6 +31,10 @@ CHUNK = 1 << 20
 NAMES = "names.json"         # archive member name → diff id, learned from earlier saves (see known())
 
 
+class StaleNames(DockyardError):
+    """The name map said a layer file held one layer and it held another (see LayerCache.known)."""
+
+
 class LayerCache:
     """Frames of one method and level: <dir>/<method>-<level>/<hex>.frame, with <hex>.sum holding the
     frame's sha256 and size. Written by rename only; the least recently used are removed above max_bytes."""
@@ -87,6 +91,9 @@ class LayerCache:
             return json.loads((self.dir / NAMES).read_text())
         except (OSError, ValueError):
             return {}
+
+    def forget(self) -> None:
+        (self.dir / NAMES).unlink(missing_ok=True)
 
     def learn(self, names: dict[str, str]) -> None:
         merged = {n: d for n, d in {**self.known(), **names}.items() if self._paths(d)[1].exists()}
@@ -189,10 +196,9 @@ class FramedSink:
         """The layer's content has been read; digest is what it hashed to."""
         mode, self.mode = self.mode, "loose"
         if mode == "cached":
-            if digest != self.expect:  # its name map was wrong: forget it (the frames stay good)
-                (self.cache.dir / NAMES).unlink(missing_ok=True)
-                raise DockyardError(f"the layer cache ({self.cache.dir}) expected {self.expect} for a layer "
-                                    f"the engine sent as {digest}; its name map is now cleared: save again")
+            if digest != self.expect:
+                raise StaleNames(f"the layer cache ({self.cache.dir}) expected {self.expect} for a layer "
+                                 f"the engine sent as {digest}; its name map is now cleared: save again")
             with open(self.frame, "rb") as f:
                 while chunk := f.read(CHUNK):
                     self.emit(chunk)

@@ -22,15 +22,9 @@ def small_layers_get_frames(monkeypatch):
 
 def framed(raw: bytes, cache: frames.LayerCache | None, method: str = "zstd", omit=()) -> tuple[bytes, archive.TarPump]:
     out = io.BytesIO()
-    level = archive.check_method(method, 0)
-    sink = frames.FramedSink(archive.compressor_argv(method, level), out.write, cache)
     pump = archive.TarPump(omit)
-    pump.frames = sink
-    pump.known = cache.known() if cache else {}
-    pump.run(io.BufferedReader(io.BytesIO(raw)), sink.write)
-    sink.close()
-    if cache is not None:
-        cache.learn({n: d for n, (d, _) in pump.layers.items() if n.endswith("/layer.tar")})
+    archive.pump_framed(pump, io.BufferedReader(io.BytesIO(raw)),
+                        archive.compressor_argv(method, archive.check_method(method, 0)), out.write, cache)
     return out.getvalue(), pump
 
 
@@ -87,6 +81,12 @@ def test_a_wrong_name_map_stops_the_save_and_is_forgotten(tmp_path):
     out, _ = framed(raw, frames.LayerCache(tmp_path, "zstd", 2, 1 << 30))
     assert unpack(out) == raw
 
+    # A thin save trusts the map to leave a layer out unspooled; a wrong entry must not drop the wrong layer.
+    (cache.dir / frames.NAMES).write_text(json.dumps({name: small_id}))
+    with pytest.raises(DockyardError, match="save again"):
+        framed(raw, frames.LayerCache(tmp_path, "zstd", 2, 1 << 30), omit={small_id})
+    assert frames.LayerCache(tmp_path, "zstd", 2, 1 << 30).known() == {}
+
 
 def test_thin_archives_use_frames_too(tmp_path):
     raw, image, big_id, small_id = fake_save()
@@ -97,6 +97,8 @@ def test_thin_archives_use_frames_too(tmp_path):
     out, pump = framed(raw, cache, omit={small_id})
     assert unpack(out) == plain.getvalue()  # the same thin tar, big layer from the cache
     assert cache.hits == 1
+    pump.check([image])
+    assert pump.omitted == {"2" * 64 + "/layer.tar"}  # left out on the name map's word, and checked
 
 
 def test_prune_keeps_the_most_recently_used(tmp_path):
