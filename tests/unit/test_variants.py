@@ -29,9 +29,9 @@ def test_labels_carry_what_is_inside(settings):
 
 def test_at_least_two_cuda_variants_and_cpu(settings):
     vs = variants.all_variants(settings)
-    cuda = sorted((v for v in vs.values() if v.is_cuda), key=lambda v: variants._cuda_key(v.cuda))
+    cuda = sorted((v for v in vs.values() if v.is_cuda), key=lambda v: variants.cuda_version(v.cuda))
     assert "cpu" in vs and len(cuda) >= 2
-    assert variants._cuda_key(cuda[0].cuda) <= (12, 4) and variants._cuda_key(cuda[-1].cuda) >= (12, 8)
+    assert variants.cuda_version(cuda[0].cuda) <= (12, 4) and variants.cuda_version(cuda[-1].cuda) >= (12, 8)
     for v in cuda:
         assert v.base.startswith("nvidia/cuda:") and "cudnn-devel" in v.base
         assert {"CPU_ADAM", "FUSED_ADAM", "AIO"} <= set(v.ds_ops) and v.torch_cuda_arch_list

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import monitor
+from dockyard.machine import monitor
 from dockyard.gpus import Recorded
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"

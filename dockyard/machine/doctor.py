@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dockyard import engine, variants
+from dockyard import engine, gpus, variants
 from dockyard.errors import DockyardError
 from dockyard.gpus import Host, Link
 from dockyard.settings import Settings
@@ -167,7 +167,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
                 continue
             label = image_cuda.get(name)
             cuda, where = (label, "image label") if label else (v.cuda, "variants.yaml; image not built")
-            if variants._cuda_key(cuda) <= variants._cuda_key(host.cuda):
+            if variants.cuda_version(cuda) <= variants.cuda_version(host.cuda):
                 out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
             else:
                 out.append(Check(f"variant {name}", WARN,
@@ -255,16 +255,11 @@ def check_ds_report(report: str, variant, image: str) -> Check:
 def _gpu_facts(source) -> tuple[Host, list[Link]]:
     if source is not None:
         return source.host(), source.links()
-    from dockyard.gpus import Nvml, NvmlUnavailable
-
     try:
-        nvml = Nvml()
-    except NvmlUnavailable as e:
+        with gpus.nvml() as nv:
+            return nv.host(), nv.links()
+    except gpus.NvmlUnavailable as e:
         return Host(error=str(e)), []
-    try:
-        return nvml.host(), nvml.links()
-    finally:
-        nvml.close()
 
 
 def probe_argv(settings: Settings, image: str, name: str, command: list[str] | None = None,

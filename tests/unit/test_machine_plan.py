@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.plan_accuracy import saved_bytes  # the benchmark's own measurement, one copy
-from dockyard import plan
+from dockyard.machine import plan
 from dockyard.errors import DockyardError
 
 ROOT = Path(__file__).resolve().parents[2]

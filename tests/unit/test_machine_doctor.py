@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import doctor, variants
+from dockyard import variants
+from dockyard.machine import doctor
 from dockyard.gpus import Host, Recorded
 from dockyard.settings import Settings
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from dockyard import monitor
+from dockyard.machine import monitor
 
 # A stand-in for torchrun: a parent whose command names the module, starting two ranks that do too.
 # Rank 0 spins, rank 1 sleeps: the unbalanced case the monitor must catch.
@@ -54,8 +54,5 @@ def test_cpu_ranks_sampled_and_idle_rank_caught(tmp_path, capfd):
 def test_default_source_on_a_host_without_gpus(tmp_path):
     from dockyard.gpus import probe
 
-    source = monitor.default_source(tmp_path)
-    try:
+    with monitor.default_source(tmp_path) as source:
         assert source.kind == ("gpu" if probe().gpus else "cpu")
-    finally:
-        source.close()
