@@ -122,17 +122,16 @@ def fsdp_settings(path: Path) -> dict[str, Any]:
 
 # --- host memory for offload -------------------------------------------------------------------
 
-def host_memory_available() -> int:
+def host_memory_available(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """What this node (or its container: the cgroup limit is what the OOM killer uses) still has free."""
     import psutil
 
     free = psutil.virtual_memory().available
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
+            limit = (cgroup / limit_file).read_text().strip()
+            usage = int((cgroup / usage_file).read_text().strip())
         except (OSError, ValueError):
             continue
         if limit.isdigit() and int(limit) < 2**60:
