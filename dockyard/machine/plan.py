@@ -240,11 +240,12 @@ def print_plan(result: dict) -> None:
                   f"({m['source']})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
                         f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU")
-    for col in ("recipe", "strategy", "states", "+ activations", "= per GPU", "checkpointed", "host/node", "fits"):
-        table.add_column(col, justify="left" if col in ("recipe", "strategy", "fits") else "right")
+    for col in ("recipe", "states", "+ activations", "= per GPU", "checkpointed", "host/node", "fits"):
+        table.add_column(col, justify="left" if col in ("recipe", "fits") else "right")
     for r in result["recipes"]:
         fits = "yes" if r["fits"] else "with checkpointing" if r["fits_checkpointed"] else "no"
-        table.add_row(r["recipe"], r["strategy"] + (f" + {r['peft']}" if r["peft"] else ""),
+        how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
+        table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
                       _gib(r["model_states_bytes"]), _gib(r["activation_bytes"]), _gib(r["gpu_bytes"]),
                       _gib(r["gpu_bytes_checkpointed"]), _gib(r["host_bytes"]),
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]")
