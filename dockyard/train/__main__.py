@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -21,7 +20,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dockyard.errors import DockyardError
 from dockyard.recipes import Recipe, load_recipe
@@ -39,29 +38,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     opts, extra = parser.parse_known_args(head)
     return opts, parse_overrides(extra + rest)
-
-
-def check_run_dir(run_dir: Path, resume: bool) -> str | None:
-    """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
-    its last complete checkpoint (a run killed while saving leaves a checkpoint without trainer_state.json,
-    the file the Trainer writes last)."""
-    started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
-                     key=lambda p: int(p.name[11:]))
-    complete = [p for p in started if (p / "trainer_state.json").is_file()]
-    holds_run = (run_dir / "manifest.json").exists() or bool(started)
-    if resume and not complete:
-        raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
-    if holds_run and not resume:
-        raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
-                            f"it from its last checkpoint")
-    return str(complete[-1]) if resume else None
-
-
-def trim_metrics(path: Path, step: int) -> None:
-    """On resume, drop the lines logged after the checkpoint: those steps run again."""
-    if path.is_file():
-        lines = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
-        path.write_text("".join(x + "\n" for x in lines))
 
 
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
@@ -158,16 +134,17 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     import transformers
 
     from dockyard.machine import plan
-    from dockyard.train import data, guards, model as models
+    from dockyard.train import data, guards, manifest
+    from dockyard.train import model as models
 
     recipe = run.recipe = load_recipe(run.opts.recipe)
     settings, overrides = resolve_settings(recipe, overrides)
     run_dir = run.opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    last = check_run_dir(run_dir, run.opts.resume)
+    last = manifest.check_run_dir(run_dir, run.opts.resume)
     run.run_dir_ok = True
     if last and run.is_main:
-        trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
+        manifest.trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
 
     model_dir = models.resolve_model(settings.model) if settings.model else ""
     if not model_dir:
@@ -238,7 +215,8 @@ def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     """The probe logits, the saved model, and the run's figures (peak memory, throughput) over all ranks."""
     import torch
 
-    from dockyard.train import manifest, model as models
+    from dockyard.train import manifest
+    from dockyard.train import model as models
 
     args = p.args
     run.extra["probe"] = probe(trainer.model, p.examples[0]["input_ids"][:32], args.device,
@@ -347,9 +325,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     if dist.is_initialized():
+        dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
         dist.destroy_process_group()
     return 0
 
 
+def leave(code: int) -> NoReturn:
+    """Exit without the interpreter's finalisation. After a ZeRO-3 run DeepSpeed still references the engine
+    from module globals (zero.Init, groups._WORLD_GROUP, every parameter's ds_process_group), so its gloo
+    process groups and their threads outlive destroy_process_group and would be torn down in whatever order
+    finalisation takes: the likely cause of a zero3-offload rank aborting after saving with "terminate called
+    without an active exception" (once in two runs). Everything the run leaves is written by now; only the
+    logs need flushing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

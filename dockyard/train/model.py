@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from dockyard.errors import DockyardError
-from dockyard.train import guards
 from dockyard.recipes import Recipe
+from dockyard.train import guards
 from dockyard.train.recipe import TINY_MODEL, RunSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

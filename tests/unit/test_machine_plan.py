@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.plan_accuracy import saved_bytes  # the benchmark's own measurement, one copy
-from dockyard.machine import plan
 from dockyard.errors import DockyardError
+from dockyard.machine import plan
 from dockyard.recipes import load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dockyard.errors import DockyardError
-from dockyard.train import guards, strategy
 from dockyard.recipes import RECIPES, load_recipe, recipe_names
+from dockyard.train import guards, strategy
 
 
 def test_more_than_one_gpu_in_one_process_is_refused_with_how_to_launch():
