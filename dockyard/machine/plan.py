@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dockyard import recipes
 from dockyard.errors import DockyardError
+from dockyard.gpus import Host
 from dockyard.machine import model_config
 from dockyard.recipes import Recipe, Sizes
 
@@ -205,7 +206,7 @@ def _too_big(r: dict, gpu_mem: int, cpu_mem: int) -> str:
 # --- the task's front end -----------------------------------------------------------------------------
 
 def run(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 2048,
-        batch: int = 1, host=None) -> dict:
+        batch: int = 1, host: Host | None = None) -> dict:
     """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given."""
     if seq_len < 1 or batch < 1:
         raise DockyardError("--seq-len and --batch must be at least 1")
