@@ -17,7 +17,7 @@ import pytest
 from benchmarks.plan_accuracy import saved_bytes  # the benchmark's own measurement, one copy
 from dockyard.errors import DockyardError
 from dockyard.machine import plan
-from dockyard.recipes import load_recipe, recipe_names
+from dockyard.recipes import list_recipes, load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
@@ -180,19 +180,21 @@ def test_user_errors():
             plan.run("8B", **{"gpus": 8, "gpu_mem_gib": 80.0, **kwargs})
 
 
-def test_offload_assumptions_match_the_recipes_deepspeed_configs():
-    """plan assumes zero2-offload moves the optimizer, zero3-offload moves parameters and optimizer, and the
-    others move nothing: the recipes' own ds_config.json files must say the same."""
-    expect = {"zero2": (2, None, None), "zero2-offload": (2, "cpu", None), "zero3": (3, None, None),
-              "zero3-offload": (3, "cpu", "cpu")}
-    for name, (stage, opt, param) in expect.items():
-        path = ROOT / "recipes" / name / "ds_config.json"
-        if not path.exists():
-            continue  # recipe not written yet
-        z = json.loads(path.read_text())["zero_optimization"]
-        assert z["stage"] == stage, name
-        assert (z.get("offload_optimizer") or {}).get("device", None) in (opt, "none" if opt is None else opt), name
-        assert (z.get("offload_param") or {}).get("device", None) in (param, "none" if param is None else param), name
+@pytest.mark.parametrize("recipe", [r for r in list_recipes() if r.deepspeed], ids=lambda r: r.name)
+def test_the_registry_says_what_each_deepspeed_config_does(recipe):
+    """plan and the strategy check take the ZeRO stage and the offloads from the registry: every recipe's own
+    ds_config.json must say the same."""
+    z = json.loads(recipe.file(recipe.deepspeed).read_text())["zero_optimization"]
+    spec = recipe.spec
+    assert z["stage"] == spec.zero_stage
+    for key, wanted in (("offload_optimizer", spec.offload_optimizer), ("offload_param", spec.offload_param)):
+        assert (z.get(key) or {}).get("device", "none") == ("cpu" if wanted else "none"), key
+
+
+def test_every_strategy_has_a_recipe_folder():
+    from dockyard.recipes import STRATEGIES
+
+    assert {r.strategy for r in list_recipes()} == set(STRATEGIES)
 
 
 def test_invoke_plan_as_a_user_runs_it():

@@ -47,7 +47,8 @@ def test_a_recipe_folder_outside_the_project_loads(tmp_path):
     ("strategy: zero2\n", "needs `deepspeed:`"),
     ("strategy: ddp\nfsdp: fsdp.yaml\n", "takes no `fsdp:`"),
     ("strategy: zero2\ndeepspeed: ds.json\nsettings: {fsdp: true}\n", "set by the strategy file"),
-    ("strategy: zero5\ndeepspeed: ds.json\n", "strategy"),
+    ("strategy: zero5\ndeepspeed: ds.json\n", "unknown strategy 'zero5'"),
+    ("strategy: ddp\npeft: dora\n", "unknown adapter 'dora'"),
 ])
 def test_invalid_recipes_are_refused(tmp_path, body, problem):
     for name in ("ds.json", "fsdp.yaml"):
