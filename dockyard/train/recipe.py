@@ -4,7 +4,7 @@ The recipe itself (its folder, strategy and adapters) is read by dockyard.recipe
 recipes/defaults.yaml holds the settings every recipe shares; a recipe may change a few of them
 (`settings:`), and the command line overrides any of them (`-- --max_steps 50`).
 
-Importable without torch: the host reads recipes and settings with this module.
+Needs only pydantic and PyYAML (no torch), like the registry it reads.
 """
 
 from __future__ import annotations
