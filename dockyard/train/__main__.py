@@ -11,14 +11,13 @@ LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -46,7 +45,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
 
     from dockyard.train import guards
 
-    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    known = {f.name for f in fields(TrainingArguments)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "

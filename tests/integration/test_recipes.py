@@ -208,6 +208,15 @@ def test_unknown_settings_are_named(tmp_path):
     assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
 
 
+def test_the_entry_point_exits_with_the_runs_code_and_its_last_words(tmp_path):
+    """`python -m dockyard.train` leaves without interpreter finalisation: the exit code, the error on stderr
+    and the manifest must all still be there."""
+    proc = subprocess.run([sys.executable, "-m", "dockyard.train", "--recipe", "ddp", "--run-dir", str(tmp_path / "r"),
+                           "--", "--max_step", "5"], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.rstrip().endswith("any transformers.TrainingArguments field")
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
+
+
 def test_several_gpus_in_one_process_are_refused(tmp_path):
     """What the HF Trainer would do with them is nn.DataParallel: one busy GPU, the others idle."""
     proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"),
