@@ -124,7 +124,7 @@ def recipes(c):
     """List the recipes, each with the one line that says when to pick it."""
     from dockyard import recipes as recipes_mod
 
-    recipes_mod.print_table(_settings(c))
+    recipes_mod.print_table()
 
 
 @task(help={"variant": "image variant; default auto", "dry": "print the command and run nothing"})
@@ -233,7 +233,7 @@ def doctor(c, json=False):
     """Check this host: Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the
     driver runs, /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops.
     Each check says how to fix it; exits non-zero when one fails. A host without GPUs passes (cpu variant)."""
-    from dockyard import doctor as doctor_mod
+    from dockyard.machine import doctor as doctor_mod
     from dockyard.errors import DockyardError
 
     checks = doctor_mod.run(_settings(c))
@@ -255,7 +255,7 @@ def doctor(c, json=False):
 def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, json=False):
     """Estimate GPU memory per device and host memory per node for every recipe (model states as DeepSpeed
     counts them, plus activations with and without gradient checkpointing), and recommend the fastest that fits."""
-    from dockyard import plan as plan_mod
+    from dockyard.machine import plan as plan_mod
 
     s = _settings(c)
     model = model or (str(s.path(s.model)) if s.model else "")

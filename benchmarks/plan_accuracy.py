@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dockyard import plan  # noqa: E402
+from dockyard.machine import plan  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plan_accuracy.md"
 SHAPES = [  # (architecture, hidden, intermediate, heads, kv heads, layers, vocab)
@@ -93,7 +93,7 @@ def model_states() -> list[str]:
                   "zero3": z3(p, big, gpn, nodes, cpu_offload=False)[1::-1],
                   "zero3-offload": z3(p, big, gpn, nodes, cpu_offload=True, cpu_offload_params=True)[1::-1]}
             for recipe, (ds_gpu, ds_cpu) in ds.items():
-                gpu, host = plan.model_states(recipe, shape, gpn * nodes, gpn)
+                gpu, host = plan.model_states(recipe, None, shape, gpn * nodes, gpn)
                 rows.append(f"| {name} | {gpn} × {nodes} | {recipe} | {gpu / 2**30:.2f} | {ds_gpu / 2**30:.2f} | "
                             f"{gpu / ds_gpu:.4f} | {host / 2**30:.1f} | {ds_cpu / 2**30:.1f} | {host / ds_cpu:.4f} |")
     return rows

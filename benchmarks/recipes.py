@@ -26,10 +26,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dockyard.recipes import recipe_names  # noqa: E402
 from dockyard.train.recipe import DATA, TINY_MODEL  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recipes.md"
-RECIPES = ["ddp", "zero2", "zero2-offload", "zero3", "zero3-offload", "fsdp", "lora", "qlora"]
+RECIPES = recipe_names()  # every recipe folder, in the registry's order
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}  # dense FLOP/s
 ONE_B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
          "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 4096}

@@ -7,10 +7,11 @@ and how busy each GPU is right now (`sample()`). `Nvml` asks the real library; `
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,6 @@ class Source(Protocol):
 
     def sample(self) -> list[Reading]: ...
 
-    def close(self) -> None: ...
-
 
 # NVML's nvmlDeviceGetTopologyCommonAncestor levels, in the words `nvidia-smi topo -m` uses
 _PATHS = {0: "same board", 10: "one PCIe switch", 20: "several PCIe switches", 30: "PCIe host bridge",
@@ -87,29 +86,35 @@ class NvmlUnavailable(Exception):
     """No NVIDIA driver or library on this host: normal on a CPU host."""
 
 
+@contextlib.contextmanager
+def nvml() -> Iterator["Nvml"]:
+    """NVML for the length of the block: the one place that initialises and shuts it down.
+    Raises NvmlUnavailable on entry where there is no driver or library."""
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
+        raise NvmlUnavailable(f"nvidia-ml-py not installed: {e}") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise NvmlUnavailable(f"NVML unavailable ({e}): no NVIDIA driver on this host") from None
+    try:
+        try:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError as e:
+            raise NvmlUnavailable(f"NVML cannot list the GPUs ({e})") from None
+        yield Nvml(pynvml, handles)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class Nvml:
-    """The real NVML. Raises NvmlUnavailable when there is none; close() when done."""
+    """The real NVML, open while `nvml()`'s block runs."""
 
     kind = "gpu"
 
-    def __init__(self):
-        try:
-            import pynvml
-        except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
-            raise NvmlUnavailable(f"nvidia-ml-py not installed: {e}") from None
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            raise NvmlUnavailable(f"NVML unavailable ({e}): no NVIDIA driver on this host") from None
-        self.nv = pynvml
-        try:
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except pynvml.NVMLError as e:
-            pynvml.nvmlShutdown()
-            raise NvmlUnavailable(f"NVML cannot list the GPUs ({e})") from None
-
-    def close(self) -> None:
-        self.nv.nvmlShutdown()
+    def __init__(self, nv, handles: list):
+        self.nv, self.handles = nv, handles
 
     def host(self) -> Host:
         nv = self.nv
@@ -167,9 +172,6 @@ class Recorded:
         data = json.loads(Path(path).read_text())
         return cls(data, kind=data.get("kind", "gpu"))
 
-    def close(self) -> None:
-        pass
-
     def host(self) -> Host:
         h = self.data.get("host", {})
         return Host(driver=h.get("driver", ""), cuda=h.get("cuda", ""),
@@ -196,14 +198,12 @@ def reading_to_dict(r: Reading) -> dict:
 
 
 def probe() -> Host:
-    """Read the real NVML. Never raises: a host without GPUs gives Host(error=...)."""
+    """What the real NVML says about this host. Never raises: a host without GPUs gives Host(error=...)."""
     try:
-        nvml = Nvml()
+        with nvml() as nv:
+            try:
+                return nv.host()
+            except nv.nv.NVMLError as e:
+                return Host(error=f"NVML cannot read the GPUs ({e})")
     except NvmlUnavailable as e:
         return Host(error=str(e))
-    try:
-        return nvml.host()
-    except nvml.nv.NVMLError as e:
-        return Host(error=f"NVML cannot read the GPUs ({e})")
-    finally:
-        nvml.close()

@@ -91,7 +91,7 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
         raise DockyardError(
             "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
             "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
-    if variants._cuda_key(variant.cuda) > variants._cuda_key(host.cuda) and not disable_require:
+    if variants.cuda_version(variant.cuda) > variants.cuda_version(host.cuda) and not disable_require:
         raise DockyardError(
             f"image {variant.name} needs CUDA {variant.cuda} but driver {host.driver} supports CUDA {host.cuda}; "
             "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
@@ -173,7 +173,7 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
              disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1") -> RunPlan:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing)."""
-    from dockyard.train.recipe import load_recipe
+    from dockyard.recipes import load_recipe
 
     load_recipe(recipe)  # unknown recipe → error listing the valid names, before anything starts
     check_gpu_host(variant, host, engine_info, disable_require)
@@ -192,7 +192,7 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
 def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
                 resume: bool = False, cpu: bool = True) -> RunPlan:
     """The same entry point on this host, without a container (development, or GPU hosts without Docker)."""
-    from dockyard.train.recipe import load_recipe
+    from dockyard.recipes import load_recipe
 
     load_recipe(recipe)
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
@@ -250,7 +250,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
         engine.echo(plan.argv, plan.env)
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
-    from dockyard import monitor
+    from dockyard.machine import monitor
 
     with monitor.watch(run_dir):
         proc = engine.run(plan.argv, env=plan.env, check=False)

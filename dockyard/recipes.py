@@ -1,19 +1,262 @@
-"""`invoke recipes`: the recipes, each with the one line that says when to pick it."""
+"""The recipe registry: what every strategy means, written once, and the recipe folders that use them.
+
+A recipe is a folder, recipes/<name>/recipe.yaml, naming one strategy below (and, optionally, adapters).
+A strategy says which engine trains (ddp, deepspeed, fsdp), its ZeRO stage and offloads, which file the
+recipe folder must hold, what the strategy-in-effect check expects to find, and how the planner counts its
+memory. The trainer (recipe validation, guards, the strategy check), `invoke plan`, `invoke recipes`, the
+benchmarks and the GPU tests all read this module, so:
+
+- a new recipe with an existing strategy is one folder, nothing else;
+- a new strategy is one entry in STRATEGIES (the order there is the listing order) plus its folder.
+
+Imports only the standard library, PyYAML and pydantic: the host (no torch) and the image both import it.
+"""
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
-from dockyard.settings import Settings
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from dockyard import ROOT
+from dockyard.errors import DockyardError, problems
+
+RECIPES = ROOT / "recipes"
+BUFFER = 1.5          # DeepSpeed's additional_buffer_factor for host memory
+FULL_STATES = 18      # bytes per trained parameter: fp32 weights 4 + grads 4 + Adam 8 + bf16 working copy 2
+NF4_BYTES = 0.52      # 4-bit NF4 with double-quantised scales, per quantised weight
 
 
-def print_table(settings: Settings) -> None:
-    from dockyard.train.recipe import list_recipes
+@dataclass(frozen=True)
+class Sizes:
+    """What a memory formula needs: parameter counts and where the processes run."""
+
+    params: int           # all parameters (tied ones once)
+    largest_layer: int    # parameters of the largest single module (DeepSpeed's "largest layer")
+    world_size: int
+    gpus_per_node: int
+    linear_params: int = 0  # the decoder's linear weights: what QLoRA quantises
+    lora_params: int = 0    # trainable parameters of the adapters
+
+    @property
+    def nodes(self) -> int:
+        return max(1, math.ceil(self.world_size / self.gpus_per_node))
+
+
+Formula = Callable[[Sizes], "tuple[int, int]"]  # → (GPU bytes per device, host bytes per node)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to spread training over processes. `model_states` is the planner's memory formula;
+    zero2/zero3 and their offloads are DeepSpeed's own estimators with zero.Init (tests pin them)."""
+
+    name: str
+    engine: str                      # "ddp" | "deepspeed" | "fsdp"
+    model_states: Formula
+    zero_stage: int | None = None
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    fsdp_version: int | None = None
+    recommend: bool = True           # False: shown by `invoke plan`, never the recipe it recommends
+    # the recipe.yaml key naming the strategy's own file in the recipe folder (None: no file)
+    file_key: str | None = None
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload_optimizer or self.offload_param
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Every rank holds only a shard of the weights (ZeRO-3, FSDP)."""
+        return self.zero_stage == 3 or self.engine == "fsdp"
+
+    def in_effect(self, world_size: int) -> dict[str, Any]:
+        """What the wrapped model must look like once the Trainer has set this strategy up."""
+        # One DDP process has nothing to synchronise: the Trainer (rightly) does not wrap the model.
+        engine = "single" if self.engine == "ddp" and world_size == 1 else self.engine
+        return {"engine": engine, "zero_stage": self.zero_stage,
+                "offload_optimizer": "cpu" if self.offload_optimizer else None,
+                "offload_param": "cpu" if self.offload_param else None, "fsdp_version": self.fsdp_version}
+
+
+def _replicated(s: Sizes) -> tuple[int, int]:
+    return FULL_STATES * s.params, int(s.params * 4 * s.gpus_per_node * BUFFER)
+
+
+def _zero2(s: Sizes) -> tuple[int, int]:
+    return 2 * s.params + int(FULL_STATES * s.params / s.world_size), int(s.params * 4 * s.gpus_per_node * BUFFER)
+
+
+def _zero2_offload(s: Sizes) -> tuple[int, int]:
+    return 2 * s.params, int(s.params * max(4 * s.world_size, 16) * BUFFER)
+
+
+def _zero3(s: Sizes) -> tuple[int, int]:
+    return (4 * s.largest_layer + int(FULL_STATES * s.params / s.world_size),
+            int(s.largest_layer * 4 * s.gpus_per_node * BUFFER))
+
+
+def _zero3_offload(s: Sizes) -> tuple[int, int]:  # parameters and optimizer both in host memory
+    return 4 * s.largest_layer, int(s.params * FULL_STATES * (1 / s.nodes) * BUFFER)
+
+
+# From the fastest (least memory saved per GPU) to the slowest: recipes are listed in this order, and
+# `invoke plan` recommends the first that fits.
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("ddp", "ddp", _replicated),
+    Strategy("zero2", "deepspeed", _zero2, zero_stage=2, file_key="deepspeed"),
+    Strategy("zero2-offload", "deepspeed", _zero2_offload, zero_stage=2, offload_optimizer=True,
+             file_key="deepspeed"),
+    Strategy("zero3", "deepspeed", _zero3, zero_stage=3, file_key="deepspeed"),
+    Strategy("zero3-offload", "deepspeed", _zero3_offload, zero_stage=3, offload_optimizer=True,
+             offload_param=True, file_key="deepspeed"),
+    # FULL_SHARD shards like ZeRO-3 and needs what it needs: shown, but zero3 is the one recommended.
+    Strategy("fsdp", "fsdp", _zero3, fsdp_version=2, recommend=False, file_key="fsdp"),
+)}
+
+
+def _lora(s: Sizes) -> tuple[int, int]:
+    return 2 * s.params + FULL_STATES * s.lora_params, int(s.params * 2 * s.gpus_per_node * BUFFER)
+
+
+def _qlora(s: Sizes) -> tuple[int, int]:
+    frozen = int(NF4_BYTES * s.linear_params) + 2 * (s.params - s.linear_params)
+    return frozen + FULL_STATES * s.lora_params, int(s.params * 2 * s.gpus_per_node * BUFFER)
+
+
+# Adapters: the base stays frozen on every GPU (bf16, or NF4 for the quantised linear layers) and only the
+# adapters train, with full optimizer states. Listed after full fine-tuning, in this order.
+ADAPTERS: dict[str, Formula] = {"lora": _lora, "qlora": _qlora}
+
+
+def strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise DockyardError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def model_states(strategy_name: str, peft: str | None, sizes: Sizes) -> tuple[int, int]:
+    """(GPU bytes per device, host bytes per node) for weights, gradients and optimizer states. Host memory
+    without offload is what loading the checkpoint takes (every rank holds a copy while loading)."""
+    formula = ADAPTERS[peft] if peft else strategy(strategy_name).model_states
+    return formula(sizes)
+
+
+# --- the recipe folders -------------------------------------------------------------------------------
+
+# What the recipe itself decides; a run may not change them with overrides (that would be another recipe).
+STRATEGY_KEYS = ("deepspeed", "fsdp", "fsdp_config")
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    folder: Path
+    command: str
+    when: str
+    strategy: str
+    peft: str | None = None
+    deepspeed: str | None = None      # file in the recipe folder
+    fsdp: str | None = None           # file in the recipe folder: TrainingArguments' fsdp and fsdp_config
+    settings: dict[str, Any] = {}     # this recipe's changes to recipes/defaults.yaml
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        if v not in STRATEGIES:
+            raise ValueError(f"unknown strategy {v!r}; valid: {', '.join(STRATEGIES)}")
+        return v
+
+    @field_validator("peft")
+    @classmethod
+    def _known_adapter(cls, v: str | None) -> str | None:
+        if v is not None and v not in ADAPTERS:
+            raise ValueError(f"unknown adapter {v!r}; valid: {', '.join(ADAPTERS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_strategy_file(self):
+        if self.deepspeed and self.fsdp:
+            raise ValueError("a recipe uses DeepSpeed or FSDP, not both: remove one of `deepspeed:` and `fsdp:`")
+        wants = STRATEGIES[self.strategy].file_key
+        for key in ("deepspeed", "fsdp"):
+            if key == wants and not getattr(self, key):
+                raise ValueError(f"strategy {self.strategy} needs `{key}:` naming its file in the recipe folder")
+            if key != wants and getattr(self, key):
+                raise ValueError(f"strategy {self.strategy} takes no `{key}:` file")
+        for key in STRATEGY_KEYS:
+            if key in self.settings:
+                raise ValueError(f"`{key}` is set by the strategy file, not under `settings:`")
+        return self
+
+    @property
+    def spec(self) -> Strategy:
+        return STRATEGIES[self.strategy]
+
+    def file(self, name: str) -> Path:
+        return self.folder / name
+
+
+def load_recipe(name_or_dir: str | Path) -> Recipe:
+    """A recipe by name (recipes/<name>/) or by the path of a folder holding a recipe.yaml."""
+    folder = Path(name_or_dir)
+    if not (folder / "recipe.yaml").is_file():
+        folder = RECIPES / str(name_or_dir)
+    path = folder / "recipe.yaml"
+    if not path.is_file():
+        names = sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
+        raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: pick one of {', '.join(names)} "
+                            f"or give a folder that holds a recipe.yaml")
+    text = path.read_text()
+    first = text.splitlines()[0] if text else ""
+    if not first.startswith("# "):
+        raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise DockyardError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise DockyardError(f"{path}: expected `key: value` lines (when, strategy, ...)")
+    try:
+        recipe = Recipe(name=folder.name, folder=folder.resolve(), command=first[2:].strip(), **raw)
+    except (ValidationError, TypeError) as e:
+        raise DockyardError(f"{path}: {problems(e, 'recipe')}") from None
+    for f in (recipe.deepspeed, recipe.fsdp):
+        if f and not recipe.file(f).is_file():
+            raise DockyardError(f"{path}: names {f}, which is not in {folder}")
+    return recipe
+
+
+def order(recipe: Recipe) -> tuple[int, int, str]:
+    """Full fine-tuning first, from the fastest strategy to the slowest, then adapters; by name within."""
+    return (list(ADAPTERS).index(recipe.peft) + 1 if recipe.peft else 0, list(STRATEGIES).index(recipe.strategy),
+            recipe.name)
+
+
+def list_recipes() -> list[Recipe]:
+    """Every folder under recipes/ that holds a recipe.yaml, in the registry's order."""
+    return sorted((load_recipe(p.parent) for p in RECIPES.glob("*/recipe.yaml")), key=order)
+
+
+def recipe_names() -> list[str]:
+    return [r.name for r in list_recipes()]
+
+
+def print_table() -> None:
+    """`invoke recipes`: each recipe with its strategy and the one line that says when to pick it."""
+    from rich.console import Console
+    from rich.table import Table
 
     table = Table(title="recipes (invoke run --recipe=NAME)", show_lines=False)
     table.add_column("recipe", style="bold")
+    table.add_column("strategy")
     table.add_column("when to pick it")
     for r in list_recipes():
-        table.add_row(r.name, r.when)
+        table.add_row(r.name, r.strategy + (f" + {r.peft}" if r.peft else ""), r.when)
     Console().print(table)

@@ -12,9 +12,8 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dockyard.errors import DockyardError
-
-ROOT = Path(__file__).resolve().parent.parent
+from dockyard import ROOT
+from dockyard.errors import DockyardError, problems
 
 
 class Settings(BaseModel):
@@ -56,5 +55,4 @@ def load(config: Mapping[str, Any] | None) -> Settings:
     try:
         return Settings(**raw)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise DockyardError(f"invalid setting in invoke.yaml (dockyard:): {problems}") from None
+        raise DockyardError(f"invalid setting in invoke.yaml (dockyard:): {problems(e)}") from None

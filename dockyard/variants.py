@@ -68,8 +68,9 @@ def all_variants(settings: Settings) -> dict[str, Variant]:
     return _load(settings.path(settings.variants_file))
 
 
-def _cuda_key(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in v.split("."))
+def cuda_version(text: str) -> tuple[int, ...]:
+    """"12.8" → (12, 8): CUDA versions compare as numbers ("12.10" is newer than "12.9")."""
+    return tuple(int(x) for x in text.split("."))
 
 
 def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
@@ -77,14 +78,14 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
     if not host.gpus:
         why = host.error or "NVML sees no GPU"
         return variants["cpu"], f"auto → cpu: {why}"
-    fits = [v for v in variants.values() if v.is_cuda and _cuda_key(v.cuda) <= _cuda_key(host.cuda)]
+    fits = [v for v in variants.values() if v.is_cuda and cuda_version(v.cuda) <= cuda_version(host.cuda)]
     if not fits:
         have = ", ".join(f"{v.name} (CUDA {v.cuda})" for v in variants.values() if v.is_cuda)
         raise DockyardError(
             f"the driver {host.driver} supports CUDA {host.cuda}, older than every CUDA variant: {have}. "
             "Upgrade the driver, or add a variant for an older CUDA to images/variants.yaml."
         )
-    best = max(fits, key=lambda v: _cuda_key(v.cuda))
+    best = max(fits, key=lambda v: cuda_version(v.cuda))
     return best, f"auto → {best.name}: {host.count} GPU(s), driver {host.driver} supports CUDA {host.cuda}"
 
 

@@ -11,20 +11,19 @@ LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import logging
-import multiprocessing
 import os
 import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dockyard.errors import DockyardError
-from dockyard.train.recipe import Recipe, RunSettings, load_recipe, parse_overrides, resolve_settings
+from dockyard.recipes import Recipe, load_recipe
+from dockyard.train.recipe import RunSettings, parse_overrides, resolve_settings
 
 log = logging.getLogger("dockyard.train")
 
@@ -40,36 +39,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     return opts, parse_overrides(extra + rest)
 
 
-def check_run_dir(run_dir: Path, resume: bool) -> str | None:
-    """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
-    its last complete checkpoint (a run killed while saving leaves a checkpoint without trainer_state.json,
-    the file the Trainer writes last)."""
-    started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
-                     key=lambda p: int(p.name[11:]))
-    complete = [p for p in started if (p / "trainer_state.json").is_file()]
-    holds_run = (run_dir / "manifest.json").exists() or bool(started)
-    if resume and not complete:
-        raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
-    if holds_run and not resume:
-        raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
-                            f"it from its last checkpoint")
-    return str(complete[-1]) if resume else None
-
-
-def trim_metrics(path: Path, step: int) -> None:
-    """On resume, drop the lines logged after the checkpoint: those steps run again."""
-    if path.is_file():
-        lines = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
-        path.write_text("".join(x + "\n" for x in lines))
-
-
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
     import torch
     from transformers import TrainingArguments
 
     from dockyard.train import guards
 
-    known = {f.name for f in dataclasses.fields(TrainingArguments)}
+    known = {f.name for f in fields(TrainingArguments)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
@@ -114,47 +90,80 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
 
 
-def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, state: dict[str, Any]) -> None:
-    """Everything from a parsed command line to the saved model and manifest; `state` collects what the
-    manifest needs, so that a run that fails half-way still records how far it got."""
-    import torch
+@dataclass
+class Run:
+    """What this process knows about its run so far: the manifest is written from it, also when a run fails
+    half-way (it then records how far it got)."""
+
+    opts: argparse.Namespace
+    started: float
+    is_main: bool                      # rank 0 alone writes the manifest
+    status: str = "failed"
+    recipe: Recipe | None = None
+    run_dir_ok: bool = False           # the folder is this run's: only then is a manifest written there
+    world_size: int = 1
+    check: Any = None                  # the strategy check, once the Trainer exists
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """Everything the Trainer needs, checked and loaded."""
+
+    recipe: Recipe
+    settings: RunSettings
+    args: Any                          # TrainingArguments
+    model: Any
+    tokenizer: Any
+    examples: list[dict[str, Any]]
+    resume_from: str | None
+
+
+def train(overrides: dict[str, Any], run: Run) -> None:
+    """Everything from a parsed command line to the saved model; `run` collects what the manifest needs."""
+    prepared = prepare(overrides, run)
+    trainer, metrics = fit(prepared, run)
+    record(prepared, trainer, metrics, run)
+    run.status = "completed"
+
+
+def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
+    """The recipe and settings, the run folder, the guards, TrainingArguments, the data and the model."""
     import transformers
-    from transformers import Trainer
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dockyard import plan
-    from dockyard.train import data, guards, manifest, model as models
-    from dockyard.train.callbacks import MetricsLog, StrategyCheck
+    from dockyard.machine import plan
+    from dockyard.train import data, guards, manifest
+    from dockyard.train import model as models
 
-    recipe = state["recipe"] = load_recipe(opts.recipe)
+    recipe = run.recipe = load_recipe(run.opts.recipe)
     settings, overrides = resolve_settings(recipe, overrides)
-    run_dir = opts.run_dir
+    run_dir = run.opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    last = check_run_dir(run_dir, opts.resume)
-    state["run_dir_ok"] = True
-    if last and state["is_main"]:
-        trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
+    last = manifest.check_run_dir(run_dir, run.opts.resume)
+    run.run_dir_ok = True
+    if last and run.is_main:
+        manifest.trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
 
     model_dir = models.resolve_model(settings.model) if settings.model else ""
     if not model_dir:
         model_dir = str(run_dir / "base")
         models.materialize_tiny_model(Path(model_dir))
-    shape = model_shape(Path(model_dir), state)
-    state["extra"]["model"] = {"base": model_dir, "parameters": shape.params if shape else None,
-                               "saved": "model", "format": "adapter" if recipe.peft else "full"}
-    state["extra"]["task"] = settings.task
+    shape = model_shape(Path(model_dir), run)
+    run.extra["model"] = {"base": model_dir, "parameters": shape.params if shape else None,
+                          "saved": "model", "format": "adapter" if recipe.peft else "full"}
+    run.extra["task"] = settings.task
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if recipe.strategy.endswith("-offload") and shape:
-        _, need = plan.model_states(recipe.strategy, shape, world_size, local)
+    if recipe.spec.offloads and shape:
+        _, need = plan.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
     args = training_arguments(recipe, settings, overrides, run_dir)
-    world_size, is_main = args.world_size, args.process_index == 0  # what torch.distributed really formed
-    state.update(world_size=world_size, is_main=is_main)
-    setup_logging(run_dir, is_main)
+    run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
+    setup_logging(run_dir, run.is_main)
     guards.one_process_per_gpu(args.n_gpu)
-    log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, world_size,
+    log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
              settings.model_dump())
 
     tokenizer = models.load_tokenizer(model_dir)
@@ -166,65 +175,87 @@ def train(opts: argparse.Namespace, overrides: dict[str, Any], started: float, s
         labels = []
         examples = data.causal_lm_examples(rows, tokenizer, settings.max_seq_length)
     if shape:
-        state["extra"]["plan"] = predicted(shape, recipe, settings, args, local)
+        run.extra["plan"] = predicted(shape, recipe, settings, args, local)
 
     transformers.set_seed(args.seed)
     model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
-    state["extra"]["model"]["footprint_bytes"] = model.get_memory_footprint()  # the base's weights as loaded
+    run.extra["model"]["footprint_bytes"] = model.get_memory_footprint()  # the base's weights as loaded
     if recipe.peft == "qlora":
-        state["extra"]["model"]["quantized_layers"] = models.count_4bit_layers(model)
+        run.extra["model"]["quantized_layers"] = models.count_4bit_layers(model)
     if recipe.peft:
         model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
-    check = StrategyCheck(recipe.strategy, world_size)
+    return Prepared(recipe, settings, args, model, tokenizer, examples, last)
+
+
+def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
+    """The HF Trainer, with the strategy check and the metrics log, trained to the end."""
+    import multiprocessing
+
+    from transformers import Trainer
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from dockyard.train import data
+    from dockyard.train.callbacks import MetricsLog, StrategyCheck
+
+    check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = multiprocessing.Value("q", 0)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", is_main, started, tokens)
-    trainer = Trainer(model=model, args=args, train_dataset=examples, processing_class=tokenizer,
-                      data_collator=data.collate(tokenizer.pad_token_id, tokens), callbacks=[check, metrics])
+    metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens)
+    trainer = Trainer(model=p.model, args=p.args, train_dataset=p.examples, processing_class=p.tokenizer,
+                      data_collator=data.collate(p.tokenizer.pad_token_id, tokens), callbacks=[check, metrics])
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
         trainer.remove_callback(cb)
     check.trainer = trainer
-    state["check"] = check
-    trainer.train(resume_from_checkpoint=last)
+    run.check = check
+    trainer.train(resume_from_checkpoint=p.resume_from)
+    return trainer, metrics
 
-    state["extra"]["probe"] = probe(trainer.model, examples[0]["input_ids"][:32], args.device,
-                                    models.weights_dtype(settings, recipe))
-    trainer.save_model(str(run_dir / "model"))
+
+def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
+    """The probe logits, the saved model, and the run's figures (peak memory, throughput) over all ranks."""
+    import torch
+
+    from dockyard.train import manifest
+    from dockyard.train import model as models
+
+    args = p.args
+    run.extra["probe"] = probe(trainer.model, p.examples[0]["input_ids"][:32], args.device,
+                               models.weights_dtype(p.settings, p.recipe))
+    trainer.save_model(str(run.opts.run_dir / "model"))
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
     trained = torch.tensor(metrics.tokens_trained, device=args.device)
-    if world_size > 1:
+    if run.world_size > 1:
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
         torch.distributed.all_reduce(trained)
-    state["metrics"] = {"steps": trainer.state.global_step,
-                        "tokens_per_second": round(trained.item() / metrics.seconds, 2) if metrics.seconds else 0.0,
-                        "peak_memory_bytes": int(peak.item()),
-                        "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss",
-                        "seconds_to_first_step": metrics.seconds_to_first_step}
-    state["status"] = "completed"
+    run.metrics = {"steps": trainer.state.global_step,
+                   "tokens_per_second": round(trained.item() / metrics.seconds, 2) if metrics.seconds else 0.0,
+                   "peak_memory_bytes": int(peak.item()),
+                   "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss",
+                   "seconds_to_first_step": metrics.seconds_to_first_step}
 
 
-def model_shape(model_dir: Path, state: dict[str, Any]) -> Any:
+def model_shape(model_dir: Path, run: Run) -> Any:
     """The model's size from its config, built on the meta device (nothing loaded), or None when that cannot
     be done: the offload RAM check and the manifest's estimate are then skipped, and the run goes on.
     Called before TrainingArguments exist: once they hold a ZeRO-3 config, building any model (even on
     meta) goes through deepspeed.zero.Init."""
-    from dockyard import plan
+    from dockyard.train import model as models
 
     try:
-        return plan.shape_from_folder(model_dir)
+        return models.model_shape(model_dir)
     except DockyardError:
         raise  # no config.json: the model folder is wrong, say so now
     except Exception as e:  # noqa: BLE001 - see the docstring
-        state["extra"]["plan"] = {"error": f"cannot size the model: {type(e).__name__}: {e}"}
+        run.extra["plan"] = {"error": f"cannot size the model: {type(e).__name__}: {e}"}
         return None
 
 
 def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int) -> dict[str, Any]:
     """`invoke plan`'s estimate for this run, next to the measured peak in the manifest. Only a record:
     an estimate that cannot be made never fails the run."""
-    from dockyard import plan
+    from dockyard.machine import plan
 
     try:
-        return plan.estimate(shape, recipe.peft or recipe.strategy, world_size=args.world_size,
+        return plan.estimate(shape, recipe, world_size=args.world_size,
                              gpus_per_node=gpus_per_node, seq_len=settings.max_seq_length,
                              batch=args.per_device_train_batch_size,
                              gradient_checkpointing=args.gradient_checkpointing)
@@ -246,18 +277,15 @@ def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str
             "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
 
 
-def finish(opts: argparse.Namespace, state: dict[str, Any], error: str | None) -> None:
+def finish(run: Run, error: str | None) -> None:
     from dockyard.train import manifest
 
-    if not state.get("run_dir_ok") or not state["is_main"]:
+    if not run.run_dir_ok or not run.is_main:
         return  # never touch a folder that holds another run
-    check = state.get("check")
-    extra = dict(state["extra"])
-    if error:
-        extra["error"] = error
-    record = manifest.build(opts.run_dir, state.get("recipe"), state["status"], state.get("world_size", 1),
-                            check.in_effect if check else None, state.get("metrics", {}), extra)
-    manifest.write(opts.run_dir, record)
+    extra = {**run.extra, **({"error": error} if error else {})}
+    record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
+                            run.check.in_effect if run.check else None, run.metrics, extra)
+    manifest.write(run.opts.run_dir, record)
 
 
 def _stopped(signum: int, frame: Any) -> None:
@@ -278,26 +306,41 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     signal.signal(signal.SIGTERM, _stopped)
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
-    opts, state = None, {"status": "failed", "extra": {}, "is_main": os.environ.get("RANK", "0") == "0"}
+    run = None
     try:
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-        train(opts, overrides, started, state)
+        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0")
+        train(overrides, run)
     except DockyardError as e:
         print(f"error: {e}", file=sys.stderr)
-        if opts:
-            finish(opts, state, str(e))
+        if run:
+            finish(run, str(e))
         return e.exit_code
     except BaseException as e:
-        if opts:
-            finish(opts, state, "".join(traceback.format_exception_only(type(e), e)).strip())
+        if run:
+            finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
-    finish(opts, state, None)
+    finish(run, None)
     import torch.distributed as dist
 
     if dist.is_initialized():
+        dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
         dist.destroy_process_group()
     return 0
 
 
+def leave(code: int) -> NoReturn:
+    """Exit without the interpreter's finalisation. After a ZeRO-3 run DeepSpeed still references the engine
+    from module globals (zero.Init, groups._WORLD_GROUP, every parameter's ds_process_group), so its gloo
+    process groups and their threads outlive destroy_process_group and would be torn down in whatever order
+    finalisation takes: the likely cause of a zero3-offload rank aborting after saving with "terminate called
+    without an active exception" (once in two runs). Everything the run leaves is written by now; only the
+    logs need flushing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dockyard.errors import DockyardError
+from dockyard import recipes
+from dockyard.errors import DockyardError, problems
 
 GiB = 2**30
 
@@ -28,7 +29,7 @@ def one_process_per_gpu(n_gpu: int) -> None:
 def device_map(strategy: str, local_rank: int, cuda: bool) -> dict[str, int] | None:
     """Where from_pretrained puts the weights. Never "auto" when distributed: it splits the layers over the
     GPUs of one process and runs them one after another (or the Trainer refuses the model)."""
-    if strategy == "ddp" and cuda:
+    if recipes.strategy(strategy).engine == "ddp" and cuda:
         return {"": local_rank}  # each DDP/LoRA/QLoRA process loads the whole model onto its own GPU
     return None  # DeepSpeed and FSDP place (and shard) the weights themselves
 
@@ -46,7 +47,7 @@ def peft_training_args(args: dict[str, Any], peft: str | None) -> dict[str, Any]
 def reject_prequantized(model_dir: str, strategy: str) -> None:
     """GPTQ/AWQ checkpoints cannot be sharded by ZeRO-3 or FSDP: every rank would hold the whole model."""
     cfg = Path(model_dir, "config.json") if model_dir else None
-    if not cfg or not cfg.is_file() or strategy not in ("zero3", "zero3-offload", "fsdp"):
+    if not cfg or not cfg.is_file() or not recipes.strategy(strategy).shards_parameters:
         return
     method = (json.loads(cfg.read_text()).get("quantization_config") or {}).get("quant_method", "")
     if str(method).lower() in ("gptq", "awq"):
@@ -85,7 +86,7 @@ def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
                             f"silently and use its defaults); check the spelling against the DeepSpeed config docs")
     zero = cfg.get("zero_optimization", {})
     _validate_zero_section(path, zero)
-    if strategy.startswith("zero3"):
+    if recipes.strategy(strategy).zero_stage == 3:
         # Without this ZeRO-3 saves a model file of a few KB: every rank holds only its shard.
         cfg = copy.deepcopy(cfg)
         cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
@@ -102,8 +103,7 @@ def _validate_zero_section(path: Path, zero: dict[str, Any]) -> None:
     try:
         DeepSpeedZeroConfig(**concrete)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise DockyardError(f"{path}: zero_optimization: {problems}") from None
+        raise DockyardError(f"{path}: zero_optimization: {problems(e)}") from None
 
 
 # --- FSDP --------------------------------------------------------------------------------------
@@ -122,17 +122,16 @@ def fsdp_settings(path: Path) -> dict[str, Any]:
 
 # --- host memory for offload -------------------------------------------------------------------
 
-def host_memory_available() -> int:
+def host_memory_available(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """What this node (or its container: the cgroup limit is what the OOM killer uses) still has free."""
     import psutil
 
     free = psutil.virtual_memory().available
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
+            limit = (cgroup / limit_file).read_text().strip()
+            usage = int((cgroup / usage_file).read_text().strip())
         except (OSError, ValueError):
             continue
         if limit.isdigit() and int(limit) < 2**60:
@@ -142,7 +141,7 @@ def host_memory_available() -> int:
 
 
 def check_offload_memory(strategy: str, need: int, params: int, available: int) -> None:
-    """CPU offload needs host RAM for the offloaded states (`need`: dockyard.plan's estimate, DeepSpeed's
+    """CPU offload needs host RAM for the offloaded states (`need`: dockyard.machine.plan's estimate, DeepSpeed's
     formulas); short of it the OOM killer ends the run at the first step, after minutes of loading."""
     if need > available:
         raise DockyardError(

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-ROOT = Path(__file__).resolve().parents[2]
+from dockyard import ROOT
+
 DATA = ROOT / "data"
 TINY_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-llama"
 

@@ -1,5 +1,6 @@
-"""DIR/manifest.json: the record of a run (the interface contract's schema plus extra keys, described in
-docs/training.md), written by rank 0 at the end, whether the run completed or failed."""
+"""The run folder: DIR/manifest.json, the record of a run (the interface contract's schema plus extra keys,
+described in docs/training.md), written by rank 0 at the end, whether the run completed or failed; and the
+rule that a folder holding a run is never overwritten, only resumed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import resource
 from pathlib import Path
 from typing import Any
+
+from dockyard.errors import DockyardError
 
 
 def peak_memory_bytes() -> int:
@@ -54,3 +57,26 @@ def write(run_dir: Path, manifest: dict[str, Any]) -> None:
     tmp = run_dir / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     tmp.replace(run_dir / "manifest.json")  # never a half-written manifest
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> str | None:
+    """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
+    its last complete checkpoint (a run killed while saving leaves a checkpoint without trainer_state.json,
+    the file the Trainer writes last)."""
+    started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
+                     key=lambda p: int(p.name[11:]))
+    complete = [p for p in started if (p / "trainer_state.json").is_file()]
+    holds_run = (run_dir / "manifest.json").exists() or bool(started)
+    if resume and not complete:
+        raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
+    if holds_run and not resume:
+        raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
+                            f"it from its last checkpoint")
+    return str(complete[-1]) if resume else None
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """On resume, drop the lines logged after the checkpoint: those steps run again."""
+    if path.is_file():
+        lines = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
+        path.write_text("".join(x + "\n" for x in lines))

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from dockyard.errors import DockyardError
+from dockyard.recipes import Recipe
 from dockyard.train import guards
-from dockyard.train.recipe import TINY_MODEL, Recipe, RunSettings
+from dockyard.train.recipe import TINY_MODEL, RunSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -132,3 +133,46 @@ def count_4bit_layers(model: Any) -> int:
 
     return sum(1 for m in model.modules()
                if isinstance(m, bnb.nn.Linear4bit) and getattr(m.weight, "quant_state", None) is not None)
+
+
+def model_shape(folder: Path) -> Any:
+    """The model's exact size, any architecture: built from config.json on the meta device (nothing loaded).
+    `invoke plan` on the host reads config.json alone (machine/model_config.py); here torch is at hand."""
+    import transformers
+
+    from dockyard.machine import plan
+
+    if not (folder / "config.json").is_file():
+        raise DockyardError(f"{folder} has no config.json: pass a model folder")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # building heads without weights makes it chatty
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        with torch.device("meta"):
+            try:
+                model = transformers.AutoModelForCausalLM.from_config(config)
+            except ValueError:  # an encoder (BERT...): no causal-LM head, count the bare model
+                model = transformers.AutoModel.from_config(config)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+    def numel(p) -> int:  # under ZeRO-3 a partitioned parameter holds nothing locally; ds_numel is its size
+        return getattr(p, "ds_numel", None) or p.numel()
+
+    params = sum(numel(p) for p in model.parameters())  # parameters() yields tied weights once
+    largest = max((sum(numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    linear = lora = 0
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.split(".")[-1] not in ("lm_head", "score", "classifier"):
+            linear += m.weight.numel()
+            lora += plan.LORA_RANK * (m.in_features + m.out_features)
+    hidden = getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0)
+    heads = getattr(config, "num_attention_heads", 0) or 1
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return plan.Shape(params=params, largest_layer=largest, hidden=hidden,
+                      layers=getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0),
+                      vocab=getattr(config, "vocab_size", 0),
+                      intermediate=getattr(config, "intermediate_size", 0) or 4 * hidden,
+                      kv_hidden=kv_heads * head_dim, linear_params=linear, lora_params=lora,
+                      source=f"{folder}/config.json")

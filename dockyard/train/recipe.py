@@ -1,10 +1,10 @@
-"""Recipes: a recipe is a strategy; the model, data, task and hyper-parameters are shared settings.
+"""A run's settings: recipes/defaults.yaml ← the recipe's `settings:` ← the command line.
 
-recipes/<name>/recipe.yaml says which strategy (and which DeepSpeed JSON or FSDP file) a recipe uses and
-when to pick it; recipes/defaults.yaml holds the settings every recipe shares; a recipe may change a few
-of them (`settings:`), and the command line overrides any of them (`-- --max_steps 50`).
+The recipe itself (its folder, strategy and adapters) is read by dockyard.recipes, the one registry;
+recipes/defaults.yaml holds the settings every recipe shares; a recipe may change a few of them
+(`settings:`), and the command line overrides any of them (`-- --max_steps 50`).
 
-Importable without torch: the host's `invoke recipes` lists recipes with this module.
+Needs only pydantic and PyYAML (no torch), like the registry it reads.
 """
 
 from __future__ import annotations
@@ -13,91 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dockyard.errors import DockyardError
+from dockyard import ROOT
+from dockyard.errors import DockyardError, problems
+from dockyard.recipes import RECIPES, STRATEGY_KEYS, Recipe
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPES = ROOT / "recipes"
 DATA = ROOT / "data"
 TINY_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-llama"
-
-Strategy = Literal["ddp", "zero2", "zero2-offload", "zero3", "zero3-offload", "fsdp"]
-
-# What the recipe itself decides; a run may not change them with overrides (that would be another recipe).
-STRATEGY_KEYS = ("deepspeed", "fsdp", "fsdp_config")
-
-
-class Recipe(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    folder: Path
-    command: str
-    when: str
-    strategy: Strategy
-    peft: Literal["lora", "qlora"] | None = None
-    deepspeed: str | None = None      # file in the recipe folder
-    fsdp: str | None = None           # file in the recipe folder: TrainingArguments' fsdp and fsdp_config
-    settings: dict[str, Any] = {}     # this recipe's changes to recipes/defaults.yaml
-
-    @model_validator(mode="after")
-    def _one_strategy_file(self):
-        if self.deepspeed and self.fsdp:
-            raise ValueError("a recipe uses DeepSpeed or FSDP, not both: remove one of `deepspeed:` and `fsdp:`")
-        wants = "deepspeed" if self.strategy.startswith("zero") else "fsdp" if self.strategy == "fsdp" else None
-        for key in ("deepspeed", "fsdp"):
-            if key == wants and not getattr(self, key):
-                raise ValueError(f"strategy {self.strategy} needs `{key}:` naming its file in the recipe folder")
-            if key != wants and getattr(self, key):
-                raise ValueError(f"strategy {self.strategy} takes no `{key}:` file")
-        for key in STRATEGY_KEYS:
-            if key in self.settings:
-                raise ValueError(f"`{key}` is set by the strategy file, not under `settings:`")
-        return self
-
-    def file(self, name: str) -> Path:
-        return self.folder / name
-
-
-# From the least to the most memory saved per GPU, then adapters; recipes of your own come after.
-ORDER = ("ddp", "zero2", "zero2-offload", "zero3", "zero3-offload", "fsdp", "lora", "qlora")
-
-
-def recipe_names() -> list[str]:
-    names = [p.parent.name for p in RECIPES.glob("*/recipe.yaml")]
-    return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
-
-
-def load_recipe(name_or_dir: str | Path) -> Recipe:
-    """A recipe by name (recipes/<name>/) or by the path of a folder holding a recipe.yaml."""
-    folder = Path(name_or_dir)
-    if not (folder / "recipe.yaml").is_file():
-        folder = RECIPES / str(name_or_dir)
-    path = folder / "recipe.yaml"
-    if not path.is_file():
-        raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: pick one of {', '.join(recipe_names())} "
-                            f"or give a folder that holds a recipe.yaml")
-    text = path.read_text()
-    first = text.splitlines()[0] if text else ""
-    if not first.startswith("# "):
-        raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise DockyardError(f"{path} is not valid YAML: {e}") from None
-    try:
-        recipe = Recipe(name=folder.name, folder=folder.resolve(), command=first[2:].strip(), **raw)
-    except (ValidationError, TypeError) as e:
-        raise DockyardError(f"{path}: {_problems(e)}") from None
-    for f in (recipe.deepspeed, recipe.fsdp):
-        if f and not recipe.file(f).is_file():
-            raise DockyardError(f"{path}: names {f}, which is not in {folder}")
-    return recipe
-
-
-def list_recipes() -> list[Recipe]:
-    return [load_recipe(name) for name in recipe_names()]
 
 
 # --- settings ------------------------------------------------------------------------------------
@@ -169,11 +92,6 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     try:
         settings = RunSettings(**ours)
     except ValidationError as e:
-        raise DockyardError(f"invalid setting: {_problems(e)}") from None
+        raise DockyardError(f"invalid setting: {problems(e)}") from None
     return settings, merged
 
-
-def _problems(e: Exception) -> str:
-    if isinstance(e, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'recipe'}: {err['msg']}" for err in e.errors())
-    return str(e)

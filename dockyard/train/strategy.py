@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dockyard import recipes
 from dockyard.errors import DockyardError
 
 FIELDS = ("engine", "zero_stage", "offload_optimizer", "offload_param", "fsdp_version")
@@ -20,17 +21,9 @@ def describe(engine: str, zero_stage: int | None = None, offload_optimizer: str 
             "offload_param": offload_param, "fsdp_version": fsdp_version}
 
 
-def expected(strategy: str, world_size: int) -> dict[str, Any]:
-    """What a recipe's strategy must look like once the Trainer has wrapped the model."""
-    if strategy == "ddp":
-        # One process has nothing to synchronise: the Trainer (rightly) does not wrap the model.
-        return describe("ddp" if world_size > 1 else "single")
-    if strategy == "fsdp":
-        return describe("fsdp", fsdp_version=2)
-    stage = 3 if strategy.startswith("zero3") else 2
-    offload = strategy.endswith("-offload")
-    return describe("deepspeed", zero_stage=stage, offload_optimizer="cpu" if offload else None,
-                    offload_param="cpu" if offload and stage == 3 else None)
+def expected(strategy_name: str, world_size: int) -> dict[str, Any]:
+    """What a recipe's strategy must look like once the Trainer has wrapped the model (from the registry)."""
+    return recipes.strategy(strategy_name).in_effect(world_size)
 
 
 def in_effect(wrapped: Any) -> dict[str, Any]:
@@ -88,6 +81,6 @@ def check(strategy: str, actual: dict[str, Any], world_size: int) -> None:
 
 
 def _hint(strategy: str, actual: dict[str, Any]) -> str:
-    if strategy == "fsdp" and actual["engine"] == "ddp":
+    if recipes.strategy(strategy).engine == "fsdp" and actual["engine"] == "ddp":
         return "The HF Trainer runs FSDP only on GPUs (on CPU it falls back to DDP): run this recipe on GPUs."
     return ""

@@ -7,18 +7,16 @@ import time
 
 import pytest
 
-from dockyard import doctor, gpus, monitor
+from dockyard import gpus
+from dockyard.machine import doctor, monitor
 
 HOST = gpus.probe()
 pytestmark = pytest.mark.skipif(not HOST.gpus, reason=f"needs an NVIDIA GPU: {HOST.error}")
 
 
 def test_nvml_host_links_and_samples():
-    nvml = gpus.Nvml()
-    try:
+    with gpus.nvml() as nvml:
         host, links, readings = nvml.host(), nvml.links(), nvml.sample()
-    finally:
-        nvml.close()
     assert host.count >= 1 and host.driver and host.cuda
     assert len(links) == host.count * (host.count - 1) // 2
     assert [r.device for r in readings] == list(range(host.count))

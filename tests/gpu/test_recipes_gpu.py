@@ -6,16 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dockyard.recipes import load_recipe, recipe_names
 from dockyard.train import strategy
-from dockyard.train.recipe import load_recipe
 from tests.integration.test_recipes import FAST, LORA_LR, manifest, reload_logits, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")
 GPUS = torch.cuda.device_count()
-RECIPES = ["ddp", "zero2", "zero2-offload", "zero3", "zero3-offload", "fsdp", "lora", "qlora"]
 
-
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", recipe_names())  # every recipe folder, from the registry
 def test_recipe_trains_on_the_gpus_with_its_strategy_in_effect(tmp_path, name):
     run = tmp_path / "run"
     train(name, run, *FAST, *(LORA_LR if load_recipe(name).peft else []), nproc=GPUS)

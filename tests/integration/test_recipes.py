@@ -208,6 +208,15 @@ def test_unknown_settings_are_named(tmp_path):
     assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
 
 
+def test_the_entry_point_exits_with_the_runs_code_and_its_last_words(tmp_path):
+    """`python -m dockyard.train` leaves without interpreter finalisation: the exit code, the error on stderr
+    and the manifest must all still be there."""
+    proc = subprocess.run([sys.executable, "-m", "dockyard.train", "--recipe", "ddp", "--run-dir", str(tmp_path / "r"),
+                           "--", "--max_step", "5"], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.rstrip().endswith("any transformers.TrainingArguments field")
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
+
+
 def test_several_gpus_in_one_process_are_refused(tmp_path):
     """What the HF Trainer would do with them is nn.DataParallel: one busy GPU, the others idle."""
     proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"),
@@ -314,3 +323,53 @@ def test_lora_classifies_with_the_tiny_llm_and_the_adapter_reloads(tmp_path):
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
     assert len(m["probe"]["logits"]) == 2  # calm, storm
     assert torch.allclose(reload_logits(run, m), torch.tensor(m["probe"]["logits"]), atol=1e-3)
+
+
+# --- a recipe of one's own: one folder, nothing else ------------------------------------------------
+
+def test_a_new_recipe_folder_with_an_existing_strategy_is_listed_planned_and_trained(tmp_path):
+    """The registry's promise: a recipe folder naming an existing strategy needs no other change. In a copy
+    of the project, add recipes/zero2-small/ and nothing else: `invoke recipes` lists it, `invoke plan` plans
+    it with zero2's figures, and it trains under torchrun with ZeRO-2 in effect."""
+    import shutil
+
+    project = tmp_path / "project"
+    for name in ("dockyard", "recipes", "data"):
+        shutil.copytree(ROOT / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("tasks.py", "invoke.yaml"):
+        shutil.copy2(ROOT / name, project / name)
+    mine = project / "recipes" / "zero2-small"
+    mine.mkdir()
+    shutil.copy2(ROOT / "recipes" / "zero2" / "ds_config.json", mine / "ds_config.json")
+    (mine / "recipe.yaml").write_text(
+        "# invoke run --recipe=zero2-small\n"
+        'when: "Pick it to try ZeRO-2 with small batches of short sequences."\n'
+        "strategy: zero2\ndeepspeed: ds_config.json\n"
+        "settings:\n  per_device_train_batch_size: 4\n  max_seq_length: 64\n")
+    e = {**env(), "PYTHONPATH": str(project)}
+
+    listed = subprocess.run([sys.executable, "-m", "invoke", "recipes"], cwd=project, env={**e, "COLUMNS": "200"},
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "zero2-small" in listed.stdout, listed.stderr
+
+    planned = subprocess.run([sys.executable, "-m", "invoke", "plan", "--model=8B", "--gpus=8", "--gpu-mem=80",
+                              "--cpu-mem=512", "--json"], cwd=project, env=e, capture_output=True, text=True,
+                             timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    rows = {r["recipe"]: r for r in json.loads(planned.stdout)["recipes"]}
+    assert list(rows).index("zero2-small") == list(rows).index("zero2") + 1  # beside its strategy
+    assert rows["zero2-small"]["strategy"] == "zero2"
+    assert rows["zero2-small"]["model_states_bytes"] == rows["zero2"]["model_states_bytes"]
+
+    run = tmp_path / "run"
+    proc = subprocess.run(command("zero2-small", run, "--max_steps", "12", "--learning_rate", "3e-3",
+                                  "--lr_scheduler_type", "constant", "--save_steps", "100", "--logging_steps", "1"),
+                          cwd=project, env=e, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    m = manifest(run)
+    assert m["status"] == "completed" and m["recipe"] == "zero2-small" and m["world_size"] == 2
+    assert m["strategy"]["requested"] == "zero2"
+    assert m["strategy"]["in_effect"] == {"engine": "deepspeed", "zero_stage": 2, "offload_optimizer": None,
+                                          "offload_param": None, "fsdp_version": None}
+    assert m["metrics"]["steps"] == 12 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
+    assert m["plan"]["recipe"] == "zero2-small" and m["plan"]["strategy"] == "zero2"

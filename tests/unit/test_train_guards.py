@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from dockyard.errors import DockyardError
+from dockyard.recipes import RECIPES, load_recipe, recipe_names
 from dockyard.train import guards, strategy
-from dockyard.train.recipe import RECIPES, load_recipe, recipe_names
 
 
 def test_more_than_one_gpu_in_one_process_is_refused_with_how_to_launch():
     with pytest.raises(DockyardError, match="torchrun --nproc-per-node 4"):
         guards.one_process_per_gpu(4)
+    with pytest.raises(DockyardError, match="sees 2 GPUs"):  # the smallest DataParallel there is
+        guards.one_process_per_gpu(2)
     guards.one_process_per_gpu(1)
     guards.one_process_per_gpu(0)
 
@@ -131,7 +133,29 @@ def test_offload_is_refused_when_the_host_lacks_the_ram():
     with pytest.raises(DockyardError, match="needs about 18.6 GiB.*only 8.0 GiB"):
         guards.check_offload_memory("zero3-offload", int(18.6 * 2**30), 10**9, 8 * 2**30)
     guards.check_offload_memory("zero3-offload", 2**30, 10**8, 8 * 2**30)
-    assert guards.host_memory_available() > 0
+
+
+@pytest.mark.parametrize("files", [
+    {"memory.max": "2147483648", "memory.current": "536870912"},                       # cgroup v2
+    {"memory/memory.limit_in_bytes": "2147483648", "memory/memory.usage_in_bytes": "536870912"},  # v1
+])
+def test_host_memory_is_the_containers_limit_less_its_usage(tmp_path, files):
+    """In a container limited to 2 GiB that uses 0.5 GiB, 1.5 GiB is what the OOM killer leaves."""
+    import psutil
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    assert psutil.virtual_memory().available > 2 * 2**30  # this host has more: the limit is what counts
+    assert guards.host_memory_available(tmp_path) == 3 * 2**29
+
+
+def test_host_memory_without_a_limit_is_what_the_host_has_free(tmp_path):
+    import psutil
+
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("536870912\n")
+    assert guards.host_memory_available(tmp_path) == pytest.approx(psutil.virtual_memory().available, rel=0.05)
 
 
 def test_defaults_name_no_deepspeed_or_fsdp_keys():

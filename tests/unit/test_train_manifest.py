@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from dockyard.recipes import load_recipe
 from dockyard.train import manifest, strategy
-from dockyard.train.recipe import load_recipe
 
 
 def test_manifest_has_the_contract_keys_and_reads_losses_from_the_metrics(tmp_path, monkeypatch):

@@ -29,19 +29,35 @@ def test_labels_carry_what_is_inside(settings):
 
 def test_at_least_two_cuda_variants_and_cpu(settings):
     vs = variants.all_variants(settings)
-    cuda = sorted((v for v in vs.values() if v.is_cuda), key=lambda v: variants._cuda_key(v.cuda))
+    cuda = sorted((v for v in vs.values() if v.is_cuda), key=lambda v: variants.cuda_version(v.cuda))
     assert "cpu" in vs and len(cuda) >= 2
-    assert variants._cuda_key(cuda[0].cuda) <= (12, 4) and variants._cuda_key(cuda[-1].cuda) >= (12, 8)
+    assert variants.cuda_version(cuda[0].cuda) <= (12, 4) and variants.cuda_version(cuda[-1].cuda) >= (12, 8)
     for v in cuda:
         assert v.base.startswith("nvidia/cuda:") and "cudnn-devel" in v.base
         assert {"CPU_ADAM", "FUSED_ADAM", "AIO"} <= set(v.ds_ops) and v.torch_cuda_arch_list
 
 
-@pytest.mark.parametrize("cuda, expected", [("13.2", "cu130"), ("13.0", "cu130"), ("12.8", "cu124"), ("12.4", "cu124")])
+# "12.10" and "9.2" sort the other way as strings: CUDA versions must compare as numbers.
+@pytest.mark.parametrize("cuda, expected", [("13.2", "cu130"), ("13.0", "cu130"), ("12.10", "cu124"),
+                                            ("12.8", "cu124"), ("12.4", "cu124")])
 def test_auto_picks_newest_variant_the_driver_supports(settings, cuda, expected):
     host = Host(driver="580.00", cuda=cuda, gpus=[H100, H100])
     v, why = variants.resolve(settings, "auto", host)
     assert v.name == expected and "2 GPU(s)" in why
+
+
+def test_a_driver_older_than_every_variant_is_refused_even_where_strings_sort_it_newer(settings):
+    with pytest.raises(DockyardError, match=r"supports CUDA 9\.2, older than every CUDA variant"):
+        variants.resolve(settings, "auto", Host(driver="396.26", cuda="9.2", gpus=[H100]))
+
+
+def test_auto_prefers_cuda_12_10_to_12_9(settings):
+    base = variants.all_variants(settings)["cu124"]
+    choice = {"cu129": base.model_copy(update={"name": "cu129", "cuda": "12.9"}),
+              "cu1210": base.model_copy(update={"name": "cu1210", "cuda": "12.10"})}
+    picked, _ = variants.pick_auto(choice, Host(driver="999.0", cuda="12.10", gpus=[H100]))
+    assert picked.name == "cu1210"
+    assert variants.cuda_version("12.10") > variants.cuda_version("12.9") > variants.cuda_version("9.2")
 
 
 def test_auto_without_gpus_is_cpu_and_says_why(settings):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import doctor, variants
+from dockyard import variants
 from dockyard.gpus import Host, Recorded
+from dockyard.machine import container, doctor
 from dockyard.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -92,9 +93,9 @@ def test_image_store():
 def test_ds_report_from_an_image_without_built_ops(all_variants):
     """A real ds_report (JIT only: nothing prebuilt, no libaio): the cpu variant's ops are missing."""
     report = (FIXTURES / "ds_report_cpu_jit.txt").read_text()
-    ops = doctor.parse_ds_report(report)
+    ops = container.parse_ds_report(report)
     assert ops["cpu_adam"] == (False, True) and ops["async_io"] == (False, False)
-    c = doctor.check_ds_report(report, _with_ops(all_variants["cpu"], "CPU_ADAM", "SHM_COMM"), "dockyard:0.1.0-cpu")
+    c = container.check_ds_report(report, _with_ops(all_variants["cpu"], "CPU_ADAM", "SHM_COMM"), "dockyard:0.1.0-cpu")
     assert c.status == doctor.FAIL and "NOT built: cpu_adam, deepspeed_shm_comm" in c.detail
     assert "--no-cache" in c.fix
 
@@ -104,38 +105,38 @@ def test_ds_report_with_built_ops_and_libaio(all_variants):
     for op in ("cpu_adam", "deepspeed_shm_comm", "fused_adam"):
         report = re.sub(rf"^({op} \.+ )\x1b\[93m\[NO\]", "\\1\x1b[92m[YES]", report, flags=re.M)
     cpu = _with_ops(all_variants["cpu"], "CPU_ADAM", "SHM_COMM")
-    c = doctor.check_ds_report(report, cpu, "img")
+    c = container.check_ds_report(report, cpu, "img")
     assert c.status == doctor.PASS and "no libaio" in c.detail
     aio = _with_ops(all_variants["cu124"], "CPU_ADAM", "FUSED_ADAM", "AIO")  # without libaio, no async_io
-    c = doctor.check_ds_report(report, aio, "img")
+    c = container.check_ds_report(report, aio, "img")
     assert c.status == doctor.FAIL and "NOT built: async_io" in c.detail
     with_libaio = re.sub(r"^(async_io \.+ )\x1b\[93m\[NO\]\x1b\[0m \.+ \x1b\[93m\[NO\]",
                          "\\1\x1b[92m[YES]\x1b[0m ....... \x1b[92m[OKAY]", report, flags=re.M)
-    c = doctor.check_ds_report(with_libaio, aio, "img")
+    c = container.check_ds_report(with_libaio, aio, "img")
     assert c.status == doctor.PASS and "libaio found" in c.detail
-    assert doctor.check_ds_report("", aio, "img").status == doctor.WARN
+    assert container.check_ds_report("", aio, "img").status == doctor.WARN
 
 
 def test_probe_output_and_its_checks():
     out = ("tmpfs 24680448 0 24680448 0% /dev/shm\noverlay 263174212 27000000 80000000 26% /\n"
            "memlock=unlimited\nstack=65536\n---\nop report...\n")
-    facts = doctor.parse_probe(out)
+    facts = container.parse_probe(out)
     assert facts["shm_bytes"] == 24680448 * 1024 and facts["disk_free_bytes"] == 80000000 * 1024
     assert facts["ds_report"] == "op report...\n"
-    assert doctor.check_shm(facts["shm_bytes"]).status == doctor.PASS
-    assert doctor.check_shm(64 * 2**20).status == doctor.FAIL
-    assert doctor.check_ulimits("unlimited", "65536", gpu=True).status == doctor.PASS
-    assert doctor.check_ulimits("8192", "8192", gpu=True).status == doctor.WARN
-    assert doctor.check_ulimits("8192", "8192", gpu=False).status == doctor.PASS
-    assert doctor.check_disk(5 * 2**30, "/var/lib/docker").status == doctor.FAIL
-    assert doctor.check_disk(30 * 2**30, "/var/lib/docker").status == doctor.WARN
-    assert doctor.check_disk(300 * 2**30, "/var/lib/docker").status == doctor.PASS
+    assert container.check_shm(facts["shm_bytes"]).status == doctor.PASS
+    assert container.check_shm(64 * 2**20).status == doctor.FAIL
+    assert container.check_ulimits("unlimited", "65536", gpu=True).status == doctor.PASS
+    assert container.check_ulimits("8192", "8192", gpu=True).status == doctor.WARN
+    assert container.check_ulimits("8192", "8192", gpu=False).status == doctor.PASS
+    assert container.check_disk(5 * 2**30, "/var/lib/docker").status == doctor.FAIL
+    assert container.check_disk(30 * 2**30, "/var/lib/docker").status == doctor.WARN
+    assert container.check_disk(300 * 2**30, "/var/lib/docker").status == doctor.PASS
 
 
 def test_probe_runs_with_the_launchers_flags():
-    argv = doctor.probe_argv(Settings(), "img", "dockyard-doctor-1")
+    argv = container.probe_argv(Settings(), "img", "dockyard-doctor-1")
     assert "--ipc=host" in argv and argv[argv.index("img") + 1:][:2] == ["sh", "-c"]
-    assert "--ulimit" not in doctor.without_ulimits(argv) and "--ipc=host" in doctor.without_ulimits(argv)
+    assert "--ulimit" not in container.without_ulimits(argv) and "--ipc=host" in container.without_ulimits(argv)
 
 
 def test_gpus_in_a_container():
@@ -147,5 +148,5 @@ def test_gpus_in_a_container():
     assert bad.status == doctor.FAIL and "nvidia-ctk runtime configure" in bad.fix and "0 of 2" in bad.detail
     rlimit = doctor.check_gpu_container(host, 125, "error setting rlimit type 8: operation not permitted")
     assert rlimit.status == doctor.FAIL and "LimitMEMLOCK" in rlimit.fix
-    argv = doctor.probe_argv(Settings(), "img", "n", ["nvidia-smi", "-L"], gpus=True)
+    argv = container.probe_argv(Settings(), "img", "n", ["nvidia-smi", "-L"], gpus=True)
     assert argv[-3:] == ["img", "nvidia-smi", "-L"] and "--gpus" in argv

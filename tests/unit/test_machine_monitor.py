@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import monitor
 from dockyard.gpus import Recorded
+from dockyard.machine import monitor
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -54,6 +54,27 @@ def test_verdict_nothing_on_the_idle_gpu():
             for t in range(20)]
     v = monitor.verdict(rows, "gpu")
     assert v["unbalanced"] and any("nothing runs on GPU 1" in c for c in v["causes"])
+
+
+def _two(util0: float, util1: list[float]) -> list[dict]:
+    return [{"t": float(t), "devices": [{"device": 0, "util": util0, "mem": 2**30}, {"device": 1, "util": u, "mem": 2**30}]}
+            for t, u in enumerate(util1)]
+
+
+@pytest.mark.parametrize("samples, unbalanced", [
+    (_two(monitor.BUSY, [0.0] * 10), True),              # exactly BUSY is working
+    (_two(monitor.BUSY - 0.1, [0.0] * 10), False),       # just under: nobody works, nothing to compare
+    (_two(95.0, [monitor.IDLE - 0.1] * 10), True),       # just under IDLE is idle
+    (_two(95.0, [monitor.IDLE] * 10), False),            # exactly IDLE is not idle
+    (_two(95.0, [0.0] * 5 + [60.0] * 5), True),          # idle in exactly MOSTLY (half) of the busy samples
+    (_two(95.0, [0.0] * 4 + [60.0] * 6), False),
+    (_two(95.0, [0.0] * monitor.MIN_ACTIVE), True),      # exactly MIN_ACTIVE busy samples give a verdict
+    (_two(95.0, [0.0] * (monitor.MIN_ACTIVE - 1)), False),
+])
+def test_verdict_on_each_threshold(samples, unbalanced):
+    v = monitor.verdict(samples, "gpu")
+    assert v["unbalanced"] is unbalanced
+    assert v["idle_devices"] == ([1] if unbalanced else v["idle_devices"])
 
 
 def test_watch_records_warns_live_and_plots(tmp_path, capfd):

@@ -1,5 +1,5 @@
 """The monitor on a host without GPUs: it finds the training ranks by command line (not the launcher, not the
-docker client) and records their CPU and RSS. Real processes, no fakes."""
+docker client) and records their CPU and RSS. Real processes; NVML is faked (no GPU here) where a test says so."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from dockyard import monitor
+import pytest
+
+from dockyard.machine import monitor
 
 # A stand-in for torchrun: a parent whose command names the module, starting two ranks that do too.
 # Rank 0 spins, rank 1 sleeps: the unbalanced case the monitor must catch.
@@ -51,11 +52,31 @@ def test_cpu_ranks_sampled_and_idle_rank_caught(tmp_path, capfd):
     assert "rank 1 mostly idle" in capfd.readouterr().err
 
 
-def test_default_source_on_a_host_without_gpus(tmp_path):
-    from dockyard.gpus import probe
+class FakeNvml:
+    """A stand-in for pynvml (this CI has no GPU): a driver that is missing, or present with no GPU."""
 
-    source = monitor.default_source(tmp_path)
-    try:
-        assert source.kind == ("gpu" if probe().gpus else "cpu")
-    finally:
-        source.close()
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, driver: bool):
+        self.driver, self.opened, self.closed = driver, 0, 0
+
+    def nvmlInit(self):
+        if not self.driver:
+            raise self.NVMLError("Driver Not Loaded")
+        self.opened += 1
+
+    def nvmlShutdown(self):
+        self.closed += 1
+
+    def nvmlDeviceGetCount(self):
+        return 0
+
+
+@pytest.mark.parametrize("driver", [False, True])
+def test_without_gpus_the_monitor_samples_the_ranks_and_leaves_nvml_closed(tmp_path, monkeypatch, driver):
+    fake = FakeNvml(driver)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with monitor.default_source(tmp_path) as source:
+        assert isinstance(source, monitor.Processes) and source.kind == "cpu"
+    assert (fake.opened, fake.closed) == ((1, 1) if driver else (0, 0))  # NVML shut down as often as opened

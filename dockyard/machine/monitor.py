@@ -17,7 +17,9 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
+from dockyard import gpus
 from dockyard.gpus import Reading, Source, reading_to_dict
 
 SAMPLES_FILE = "monitor.jsonl"
@@ -47,9 +49,6 @@ class Processes:
         self.run_name = run_dir.name
         self.procs: dict[int, "psutil.Process"] = {}  # kept so cpu_percent() measures since the last sample
         self.total = psutil.virtual_memory().total
-
-    def close(self) -> None:
-        pass
 
     def _ranks(self) -> list:
         ps, matches = self.psutil, []
@@ -90,18 +89,15 @@ class Processes:
         return out
 
 
-def default_source(run_dir: Path) -> Source:
-    """NVML when this host has GPUs, else the training ranks' processes."""
-    from dockyard.gpus import Nvml, NvmlUnavailable
-
-    try:
-        nvml = Nvml()
-    except NvmlUnavailable:
-        return Processes(run_dir)
-    if nvml.handles:
-        return nvml
-    nvml.close()
-    return Processes(run_dir)
+@contextlib.contextmanager
+def default_source(run_dir: Path) -> Iterator[Source]:
+    """NVML (open while the block runs) when this host has GPUs, else the training ranks' processes."""
+    with contextlib.ExitStack() as stack:
+        try:
+            nv = stack.enter_context(gpus.nvml())
+        except gpus.NvmlUnavailable:
+            nv = None
+        yield nv if nv is not None and nv.handles else Processes(run_dir)
 
 
 # --- the verdict: pure, on recorded samples --------------------------------------------------------
@@ -279,7 +275,6 @@ class Monitor:
     def finish(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=max(10.0, 3 * self.interval))
-        self.source.close()
         kind = self.source.kind
         v = verdict(self.samples, kind)
         if self.samples:
@@ -296,18 +291,21 @@ class Monitor:
 @contextlib.contextmanager
 def watch(run_dir: Path, *, interval: float = 1.0, source: Source | None = None):
     """Sample while the block runs; at the end write plots and the verdict. Never raises on its own account."""
-    mon = None
-    try:
-        mon = Monitor(Path(run_dir), interval, source if source is not None else default_source(Path(run_dir)))
-        mon.start()
-    except Exception as e:  # noqa: BLE001
-        _say(f"not started ({type(e).__name__}: {e}); the run goes on without it")
+    with contextlib.ExitStack() as stack:
         mon = None
-    try:
-        yield mon
-    finally:
-        if mon is not None:
-            try:
-                mon.finish()
-            except Exception as e:  # noqa: BLE001
-                _say(f"could not finish ({type(e).__name__}: {e}); the run itself is not affected")
+        try:
+            if source is None:
+                source = stack.enter_context(default_source(Path(run_dir)))
+            mon = Monitor(Path(run_dir), interval, source)
+            mon.start()
+        except Exception as e:  # noqa: BLE001
+            _say(f"not started ({type(e).__name__}: {e}); the run goes on without it")
+            mon = None
+        try:
+            yield mon
+        finally:
+            if mon is not None:
+                try:
+                    mon.finish()  # stops sampling before NVML is shut down on the way out
+                except Exception as e:  # noqa: BLE001
+                    _say(f"could not finish ({type(e).__name__}: {e}); the run itself is not affected")

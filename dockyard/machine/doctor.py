@@ -10,38 +10,20 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from dockyard import engine, variants
+from dockyard import engine, gpus, variants
 from dockyard.errors import DockyardError
 from dockyard.gpus import Host, Link
+from dockyard.machine import container
+from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 
-PASS, WARN, FAIL = "pass", "warn", "fail"
 GIB = 2**30
-SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
-STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
-DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~20 GB, and `docker load` unpacks a copy first
 # The oldest Linux driver for each CUDA release (NVIDIA's CUDA toolkit release notes), for the fix lines
 MIN_DRIVER = {"11.8": "520", "12.0": "525", "12.1": "530", "12.2": "535", "12.3": "545", "12.4": "550",
               "12.5": "555", "12.6": "560", "12.8": "570", "12.9": "575", "13.0": "580"}
-# ds_ops names in images/variants.yaml → the op names ds_report prints
-DS_OPS = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",
-          "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
-REPORT = "/opt/dockyard/ds_report.txt"
-# What the probe container prints: /dev/shm and the data root's disk (the overlay root reports its backing
-# filesystem, so this works for a remote engine too), the ulimits, then the image's saved ds_report.
-PROBE_SCRIPT = (f"df -Pk /dev/shm | tail -n 1; df -Pk / | tail -n 1; echo memlock=$(ulimit -l); "
-                f"echo stack=$(ulimit -s); echo ---; cat {REPORT} 2>/dev/null || true")
-
-
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
 
 
 # --- engine ---------------------------------------------------------------------------------------
@@ -167,7 +149,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
                 continue
             label = image_cuda.get(name)
             cuda, where = (label, "image label") if label else (v.cuda, "variants.yaml; image not built")
-            if variants._cuda_key(cuda) <= variants._cuda_key(host.cuda):
+            if variants.cuda_version(cuda) <= variants.cuda_version(host.cuda):
                 out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
             else:
                 out.append(Check(f"variant {name}", WARN,
@@ -181,131 +163,19 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
     return out
 
 
-def parse_probe(text: str) -> dict:
-    """The probe container's output → shm and disk bytes, memlock/stack (KiB or "unlimited"), ds_report."""
-    head, _, report = text.partition("---\n")
-    lines = head.strip().splitlines()
-    df = [l.split() for l in lines if len(l.split()) >= 6 and l.split()[1].isdigit()]
-    limits = dict(l.split("=", 1) for l in lines if "=" in l)
-    return {"shm_bytes": int(df[0][1]) * 1024 if df else 0,
-            "disk_free_bytes": int(df[1][3]) * 1024 if len(df) > 1 else 0,
-            "memlock": limits.get("memlock", ""), "stack": limits.get("stack", ""), "ds_report": report}
-
-
-def check_shm(shm_bytes: int) -> Check:
-    detail = f"/dev/shm in a run container: {shm_bytes / GIB:.1f} GiB"
-    if shm_bytes < SHM_MIN:
-        return Check("shared memory", FAIL, detail,
-                     "NCCL and DataLoader workers crash (bus error, exit -7) with a small /dev/shm: the host's "
-                     "/dev/shm is what --ipc=host gives; mount a larger tmpfs there")
-    return Check("shared memory", PASS, detail)
-
-
-def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
-    detail = f"memlock {memlock or '?'}, stack {stack or '?'} KiB"
-    small_stack = stack != "unlimited" and (not stack.isdigit() or int(stack) < STACK_MIN_KIB)
-    if not gpu:
-        return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
-    if memlock != "unlimited" or small_stack:
-        return Check("ulimits", WARN, detail,
-                     "RDMA/NCCL want memlock unlimited and stack ≥ 64 MiB: the engine refused "
-                     "--ulimit memlock=-1 --ulimit stack=67108864; raise the engine's limits (dockerd --default-ulimit)")
-    return Check("ulimits", PASS, detail)
-
-
-def check_disk(free: int, data_root: str) -> Check:
-    detail = f"{free / GIB:.0f} GiB free under the engine's data root {data_root}"
-    if free < DISK_FAIL:
-        return Check("disk", FAIL, detail, "free space there: `docker image prune`, or move the data root "
-                                           "(dockerd --data-root) to a larger disk")
-    if free < DISK_WARN:
-        return Check("disk", WARN, detail, "a CUDA image takes ~20 GB and `docker load` unpacks a copy first: "
-                                           "keep 50 GiB free")
-    return Check("disk", PASS, detail)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_OP_LINE = re.compile(r"^(\w+)\s*\.*\s*\[(YES|NO)\]\s*\.+\s*\[(OKAY|NO)\]", re.M)
-
-
-def parse_ds_report(text: str) -> dict[str, tuple[bool, bool]]:
-    """op name → (installed, compatible) from `ds_report` output (colour codes or not)."""
-    return {m[1]: (m[2] == "YES", m[3] == "OKAY") for m in _OP_LINE.finditer(_ANSI.sub("", text))}
-
-
-def check_ds_report(report: str, variant, image: str) -> Check:
-    ops = parse_ds_report(report)
-    if not ops:
-        return Check("deepspeed ops", WARN, f"{image} has no readable {REPORT}", f"rebuild it: invoke build --variant={variant.name}")
-    wanted = [DS_OPS.get(op, op.lower()) for op in variant.ds_ops]
-    missing = [op for op in wanted if not ops.get(op, (False, False))[0]]
-    aio = ops.get("async_io", (False, False))
-    libaio = "libaio found (async_io usable)" if aio[0] or aio[1] else "no libaio (async_io/NVMe offload unusable)"
-    detail = f"{image}: built {', '.join(op for op in wanted if op not in missing) or 'none'}; {libaio}"
-    if missing:
-        return Check("deepspeed ops", FAIL, detail + f"; NOT built: {', '.join(missing)}",
-                     f"rebuild without cache: invoke build --variant={variant.name} --no-cache")
-    if "async_io" in wanted and not aio[1]:
-        return Check("deepspeed ops", FAIL, detail, "the image lacks libaio-dev: add it to the variant's os_packages")
-    return Check("deepspeed ops", PASS, detail)
-
-
 # --- gathering the facts ----------------------------------------------------------------------------
 
-def _gpu_facts(source) -> tuple[Host, list[Link]]:
+def _gpu_facts(source: gpus.Recorded | None) -> tuple[Host, list[Link]]:
     if source is not None:
         return source.host(), source.links()
-    from dockyard.gpus import Nvml, NvmlUnavailable
-
     try:
-        nvml = Nvml()
-    except NvmlUnavailable as e:
+        with gpus.nvml() as nv:
+            return nv.host(), nv.links()
+    except gpus.NvmlUnavailable as e:
         return Host(error=str(e)), []
-    try:
-        return nvml.host(), nvml.links()
-    finally:
-        nvml.close()
 
 
-def probe_argv(settings: Settings, image: str, name: str, command: list[str] | None = None,
-               gpus: bool = False) -> list[str]:
-    """A container started the way `invoke run` starts one (the launcher's own flags), running PROBE_SCRIPT."""
-    from dockyard import launch
-
-    return launch.docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
-                                  interactive=False, command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[])
-
-
-def without_ulimits(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--ulimit":
-            skip = True
-        else:
-            out.append(a)
-    return out
-
-
-def _probe_container(settings: Settings, image: str) -> tuple[dict, Check | None]:
-    """Read what a run container sees. When the engine refuses the run's ulimits, say so (a check) and
-    probe again without them, so the other checks still get their facts."""
-    argv = probe_argv(settings, image, f"dockyard-doctor-{os.getpid()}")
-    proc = engine.run(argv, capture=True, check=False, quiet=True)
-    refused = None
-    if proc.returncode != 0 and "rlimit" in proc.stderr:
-        refused = Check("ulimits", FAIL, "the engine cannot give containers the run's --ulimit flags: "
-                        + proc.stderr.strip().splitlines()[-1][-160:],
-                        "dockerd's own hard limit is too low and it may not raise it (no CAP_SYS_RESOURCE): "
-                        "start it with `ulimit -l unlimited -s unlimited` (systemd: LimitMEMLOCK=infinity)")
-        proc = engine.run(without_ulimits(argv), capture=True, check=False, quiet=True)
-    if proc.returncode != 0:
-        raise DockyardError(f"probe container failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
-    return parse_probe(proc.stdout), refused
-
-
-def run(settings: Settings, gpus=None) -> list[Check]:
+def run(settings: Settings, gpu_source: gpus.Recorded | None = None) -> list[Check]:
     """Every check, in the order a user reads them. `gpus`: a source with host() and links() (default NVML)."""
     checks: list[Check] = []
     try:
@@ -315,7 +185,7 @@ def run(settings: Settings, gpus=None) -> list[Check]:
         checks.append(check_engine_down(e))
     if info is not None:
         checks += [check_engine(info), check_buildkit(settings)]
-    host, links = _gpu_facts(gpus)
+    host, links = _gpu_facts(gpu_source)
     checks.append(check_gpus(host))
     if info is not None:
         checks.append(check_runtime(host, info, cdi_specs(info)))
@@ -340,18 +210,18 @@ def run(settings: Settings, gpus=None) -> list[Check]:
                             "invoke setup, then invoke build"))
         return checks
     try:
-        facts, refused = _probe_container(settings, probe_image)
+        facts, refused = container.probe_container(settings, probe_image)
     except DockyardError as e:
         checks.append(Check("run container", FAIL, str(e), "see the engine's log; `invoke run` would fail the same way"))
         return checks
     if host.gpus:
-        argv = probe_argv(settings, probe_image, f"dockyard-doctor-gpu-{os.getpid()}", ["nvidia-smi", "-L"], gpus=True)
+        argv = container.probe_argv(settings, probe_image, f"dockyard-doctor-gpu-{os.getpid()}", ["nvidia-smi", "-L"], gpus=True)
         proc = engine.run(argv, capture=True, check=False, quiet=True)
         checks.append(check_gpu_container(host, proc.returncode, proc.stdout + proc.stderr))
-    checks += [check_shm(facts["shm_bytes"]), refused or check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
-               check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
+    checks += [container.check_shm(facts["shm_bytes"]), refused or container.check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
+               container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
     if images.get(auto.name):
-        checks.append(check_ds_report(facts["ds_report"], auto, image))
+        checks.append(container.check_ds_report(facts["ds_report"], auto, image))
     else:
         checks.append(Check("deepspeed ops", WARN, f"image not built: {image}",
                             f"invoke build (builds {auto.name}), then run doctor again"))

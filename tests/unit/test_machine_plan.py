@@ -1,5 +1,5 @@
 """plan: model-state numbers against DeepSpeed's own estimators, the Llama-3.1-8B anchors, activations against
-what autograd really saves, and the recommendation."""
+what autograd really saves, config.json read without torch, every recipe folder planned, the recommendation."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.plan_accuracy import saved_bytes  # the benchmark's own measurement, one copy
-from dockyard import plan
 from dockyard.errors import DockyardError
+from dockyard.machine import plan
+from dockyard.recipes import list_recipes, load_recipe, recipe_names
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
@@ -37,7 +38,7 @@ def test_model_states_agree_with_deepspeed_estimators(p, big, gpn, nodes):
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     shape, world = _shape(p, big), gpn * nodes
-    ours = {r: plan.model_states(r, shape, world, gpn) for r in ("zero2", "zero2-offload", "zero3", "zero3-offload")}
+    ours = {r: plan.model_states(r, None, shape, world, gpn) for r in ("zero2", "zero2-offload", "zero3", "zero3-offload")}
     cpu, gpu = estimate_zero2_model_states_mem_needs(p, gpn, nodes, cpu_offload=False)
     assert ours["zero2"] == (gpu, cpu)
     cpu, gpu = estimate_zero2_model_states_mem_needs(p, gpn, nodes, cpu_offload=True)
@@ -47,7 +48,18 @@ def test_model_states_agree_with_deepspeed_estimators(p, big, gpn, nodes):
     cpu, gpu, _ = estimate_zero3_model_states_mem_needs(p, big, gpn, nodes, cpu_offload=True,
                                                         cpu_offload_params=True, zero_init=True)
     assert ours["zero3-offload"] == (gpu, cpu)
-    assert ours["zero3"][0] == plan.model_states("fsdp", shape, world, gpn)[0]  # FULL_SHARD shards like ZeRO-3
+    assert ours["zero3"][0] == plan.model_states("fsdp", None, shape, world, gpn)[0]  # FULL_SHARD shards like ZeRO-3
+
+
+@pytest.mark.parametrize("world", [1, 8])
+def test_ddp_and_adapter_model_states_are_pinned(world):
+    """Hand-computed, not by the function under test: DDP keeps fp32 weights 4 + grads 4 + Adam 8 + the bf16
+    working copy 2 = 18 bytes per parameter on every GPU, whatever the GPU count; LoRA keeps the bf16 base (2)
+    plus 18 per adapter parameter; QLoRA 0.52 per quantised weight, 2 for the rest, 18 per adapter parameter."""
+    shape = _shape(1_000_000_000, 100_000_000)  # linear_params 500 M, lora_params 5 M
+    assert plan.model_states("ddp", None, shape, world, world)[0] == 18_000_000_000
+    assert plan.model_states("ddp", "lora", shape, world, world)[0] == 2_000_000_000 + 90_000_000
+    assert plan.model_states("ddp", "qlora", shape, world, world)[0] == 260_000_000 + 1_000_000_000 + 90_000_000
 
 
 def _deepspeed_table(fn, *args) -> list[tuple[float, float, str]]:
@@ -63,16 +75,16 @@ def test_llama_3_1_8b_anchor_figures_and_deepspeed_printout():
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
 
-    shape = plan.shape_from_folder(LLAMA_8B)  # built on the meta device from config.json alone
+    shape = plan.shape_from_folder(LLAMA_8B)  # from config.json alone
     assert (shape.params, shape.largest_layer) == (8_030_261_248, 525_336_576)
-    z2 = plan.model_states("zero2", shape, 8, 8)[0] / plan.GIB
-    z3 = plan.model_states("zero3", shape, 8, 8)[0] / plan.GIB
+    z2 = plan.model_states("zero2", None, shape, 8, 8)[0] / plan.GIB
+    z3 = plan.model_states("zero3", None, shape, 8, 8)[0] / plan.GIB
     assert (round(z2, 1), round(z3, 1)) == (31.8, 18.8)
 
     ds2 = _deepspeed_table(estimate_zero2_model_states_mem_needs_all_cold, shape.params, 8, 1)
     assert [r[1] for r in ds2 if "offload_optimizer=none" in r[2]] == [round(z2, 2)]
     ds3 = _deepspeed_table(estimate_zero3_model_states_mem_needs_all_cold, shape.params, shape.largest_layer, 8, 1)
-    offload_all = plan.model_states("zero3-offload", shape, 8, 8)
+    offload_all = plan.model_states("zero3-offload", None, shape, 8, 8)
     row = next(r for r in ds3 if "offload_param=none" not in r[2] and "offload_optimizer=none" not in r[2] and "zero_init=1" in r[2])
     assert (row[0], row[1]) == (round(offload_all[1] / plan.GIB, 2), round(offload_all[0] / plan.GIB, 2))
     assert any(r[1] == round(z3, 2) for r in ds3 if "offload_optimizer=none" in r[2] and "zero_init=1" in r[2])
@@ -108,7 +120,7 @@ def test_recommendation_is_the_fastest_recipe_that_fits():
     assert big["recommendation"]["recipe"] == "zero2"
     assert "ddp needs" in big["recommendation"]["why"]
     rows = {r["recipe"]: r for r in big["recipes"]}
-    assert set(rows) == set(plan.RECIPES)
+    assert list(rows) == recipe_names()  # every recipe folder, in the registry's order
     assert not rows["ddp"]["fits"] and rows["zero3"]["fits"]
     assert rows["zero2"]["gpu_bytes_checkpointed"] < rows["zero2"]["gpu_bytes"]
 
@@ -130,13 +142,19 @@ def test_qlora_says_it_buys_memory_not_speed():
     assert "not speed" in r["recommendation"]["why"]
 
 
-def test_estimate_run_for_the_manifest():
-    got = plan.estimate_run(8_030_261_248, 525_336_576, "zero3", 8, 8, 2048, 1, 4096, 32, True,
-                            vocab=128256, intermediate=14336, kv_hidden=1024)
-    assert got["gpu_bytes"] == got["gpu_model_states_bytes"] + got["gpu_activation_bytes"] + got["gpu_overhead_bytes"]
+def test_the_trainers_estimate_for_the_manifest():
+    """What the trainer records next to the measured peak: zero3 of Llama-3.1-8B on 8 GPUs, 18.8 GiB of model
+    states per GPU (the anchor above), activations with checkpointing, 1 GiB overhead, as plain JSON."""
+    shape = plan.shape_from_folder(LLAMA_8B)
+    got = plan.estimate(shape, load_recipe("zero3"), world_size=8, gpus_per_node=8, seq_len=2048, batch=1,
+                        gradient_checkpointing=True)
     assert round(got["gpu_model_states_bytes"] / plan.GIB, 1) == 18.8
-    assert got["host_bytes"] > 0 and got["recipe"] == "zero3" and got["gradient_checkpointing"] is True
-    json.dumps(got)  # goes into manifest.json as is
+    # checkpointed: each of 32 layers keeps its 2·h input, one layer is recomputed, plus the loss head
+    per_token = 32 * 2 * 4096 + (20 * 4096 + 4 * 1024 + 8 * 14336) + (4 * 128256 + 8 * 4096)
+    assert got["gpu_activation_bytes"] == 2048 * per_token
+    assert got["gpu_bytes"] == got["gpu_model_states_bytes"] + got["gpu_activation_bytes"] + plan.GIB
+    assert (got["recipe"], got["strategy"], got["peft"]) == ("zero3", "zero3", None)
+    assert json.loads(json.dumps(got)) == got  # manifest.json holds exactly these figures
 
 
 @pytest.mark.parametrize("text,count", [("8B", 8_000_000_000), ("1.5b", 1_500_000_000), ("350M", 350_000_000),
@@ -154,23 +172,29 @@ def test_user_errors():
 
     with pytest.raises(DockyardError, match="--gpus=8 --gpu-mem=80"):
         plan.run("8B", host=Host(error="no driver"))
-    with pytest.raises(DockyardError, match="unknown recipe"):
-        plan.model_states("zero4", plan.shape_for("1B"), 1, 1)
+    with pytest.raises(DockyardError, match="unknown strategy 'zero4'"):
+        plan.model_states("zero4", None, plan.shape_for("1B"), 1, 1)
+    for flag, kwargs in (("--gpu-mem", {"gpu_mem_gib": -80.0}), ("--cpu-mem", {"cpu_mem_gib": -1.0}),
+                         ("--gpus", {"gpus": -8})):
+        with pytest.raises(DockyardError, match=f"{flag}=-.*must be positive"):
+            plan.run("8B", **{"gpus": 8, "gpu_mem_gib": 80.0, **kwargs})
 
 
-def test_offload_assumptions_match_the_recipes_deepspeed_configs():
-    """plan assumes zero2-offload moves the optimizer, zero3-offload moves parameters and optimizer, and the
-    others move nothing: the recipes' own ds_config.json files must say the same."""
-    expect = {"zero2": (2, None, None), "zero2-offload": (2, "cpu", None), "zero3": (3, None, None),
-              "zero3-offload": (3, "cpu", "cpu")}
-    for name, (stage, opt, param) in expect.items():
-        path = ROOT / "recipes" / name / "ds_config.json"
-        if not path.exists():
-            continue  # recipe not written yet
-        z = json.loads(path.read_text())["zero_optimization"]
-        assert z["stage"] == stage, name
-        assert (z.get("offload_optimizer") or {}).get("device", None) in (opt, "none" if opt is None else opt), name
-        assert (z.get("offload_param") or {}).get("device", None) in (param, "none" if param is None else param), name
+@pytest.mark.parametrize("recipe", [r for r in list_recipes() if r.deepspeed], ids=lambda r: r.name)
+def test_the_registry_says_what_each_deepspeed_config_does(recipe):
+    """plan and the strategy check take the ZeRO stage and the offloads from the registry: every recipe's own
+    ds_config.json must say the same."""
+    z = json.loads(recipe.file(recipe.deepspeed).read_text())["zero_optimization"]
+    spec = recipe.spec
+    assert z["stage"] == spec.zero_stage
+    for key, wanted in (("offload_optimizer", spec.offload_optimizer), ("offload_param", spec.offload_param)):
+        assert (z.get(key) or {}).get("device", "none") == ("cpu" if wanted else "none"), key
+
+
+def test_every_strategy_has_a_recipe_folder():
+    from dockyard.recipes import STRATEGIES
+
+    assert {r.strategy for r in list_recipes()} == set(STRATEGIES)
 
 
 def test_invoke_plan_as_a_user_runs_it():
@@ -184,3 +208,79 @@ def test_invoke_plan_as_a_user_runs_it():
     assert table.returncode == 0 and "recommended: zero2" in table.stdout and "qlora" in table.stdout
     bad = subprocess.run(base + ["--model=eight-billion"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "error: --model=eight-billion: neither a folder" in bad.stderr
+
+
+# --- config.json without torch ------------------------------------------------------------------------
+
+SMALL = dict(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2,
+             num_hidden_layers=3, vocab_size=32064)
+
+
+@pytest.mark.parametrize("model_type, extra", [
+    ("llama", {}), ("llama", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
+    ("mistral", {}), ("qwen2", {}), ("qwen3", {"head_dim": 64}), ("gemma", {"head_dim": 48}), ("gemma2", {}),
+    ("phi3", {}),
+])
+def test_config_counts_match_the_model_transformers_builds(tmp_path, model_type, extra):
+    """plan reads config.json alone; the trainer builds the model on the meta device: the same numbers."""
+    import dataclasses
+
+    import transformers
+
+    from dockyard.train.model import model_shape
+
+    transformers.AutoConfig.for_model(model_type, **SMALL, **extra).save_pretrained(tmp_path)
+    built = model_shape(tmp_path)
+    assert plan.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
+
+
+@pytest.mark.parametrize("key, value, problem", [
+    ("hidden_size", -4096, "`hidden_size` is -4096: expected a positive whole number"),
+    ("num_hidden_layers", 32.5, "`num_hidden_layers` is 32.5"),
+    ("vocab_size", "128256", "`vocab_size` is '128256'"),
+    ("num_key_value_heads", 0, "`num_key_value_heads` is 0"),
+    ("num_attention_heads", None, "`num_attention_heads` is missing"),
+])
+def test_bad_config_values_are_named(tmp_path, key, value, problem):
+    cfg = json.loads((LLAMA_8B / "config.json").read_text())
+    cfg.pop(key) if value is None else cfg.update({key: value})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DockyardError, match=re.escape(problem)):
+        plan.shape_for(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(DockyardError, match="not valid JSON"):
+        plan.shape_for(str(tmp_path))
+
+
+def test_invoke_plan_reads_a_model_folder_with_host_dependencies_only():
+    """A host install has no torch: `invoke plan --model=FOLDER` must not need it (torch made unimportable)."""
+    code = ("import sys; sys.modules.update(torch=None, transformers=None, deepspeed=None); "
+            "from invoke.main import program; program.run(sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", code, "invoke", "plan", f"--model={LLAMA_8B}", "--gpus=8",
+                           "--gpu-mem=80", "--cpu-mem=512", "--json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["model"]["params"], result["model"]["largest_layer"]) == (8_030_261_248, 525_336_576)
+    assert result["recommendation"]["recipe"] == "zero2"
+
+
+def test_a_recipe_folder_of_ones_own_is_planned_beside_its_strategy(tmp_path, monkeypatch):
+    """A recipe is a folder: one naming an existing strategy is planned with that strategy's figures."""
+    import shutil
+
+    from dockyard import recipes
+
+    for name in ("zero2", "lora"):
+        shutil.copytree(ROOT / "recipes" / name, tmp_path / name)
+    mine = tmp_path / "zero2-long"
+    shutil.copytree(ROOT / "recipes" / "zero2", mine)
+    (mine / "recipe.yaml").write_text("# invoke run --recipe=zero2-long\nwhen: Mine, for long sequences.\n"
+                                      "strategy: zero2\ndeepspeed: ds_config.json\n")
+    monkeypatch.setattr(recipes, "RECIPES", tmp_path)
+    result = plan.plan(plan.shape_for("8B"), gpus=8, gpu_mem=80 * plan.GIB, cpu_mem=512 * plan.GIB, seq_len=2048,
+                       batch=1)
+    rows = {r["recipe"]: r for r in result["recipes"]}
+    assert list(rows) == ["zero2", "zero2-long", "lora"]
+    assert rows["zero2-long"]["strategy"] == "zero2"
+    assert rows["zero2-long"]["gpu_bytes"] == rows["zero2"]["gpu_bytes"]

@@ -1,0 +1,134 @@
+"""What a container started the way `invoke run` starts one sees: /dev/shm, ulimits, the engine's free disk,
+and the image's DeepSpeed ops (its saved ds_report). `invoke doctor` starts one such probe container."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from dockyard import engine
+from dockyard.errors import DockyardError
+from dockyard.machine.check import FAIL, PASS, WARN, Check
+from dockyard.settings import Settings
+
+GIB = 2**30
+SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
+STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
+DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~20 GB, and `docker load` unpacks a copy first
+# ds_ops names in images/variants.yaml → the op names ds_report prints
+DS_OPS = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",
+          "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
+REPORT = "/opt/dockyard/ds_report.txt"
+# What the probe container prints: /dev/shm and the data root's disk (the overlay root reports its backing
+# filesystem, so this works for a remote engine too), the ulimits, then the image's saved ds_report.
+PROBE_SCRIPT = (f"df -Pk /dev/shm | tail -n 1; df -Pk / | tail -n 1; echo memlock=$(ulimit -l); "
+                f"echo stack=$(ulimit -s); echo ---; cat {REPORT} 2>/dev/null || true")
+
+
+def parse_probe(text: str) -> dict:
+    """The probe container's output → shm and disk bytes, memlock/stack (KiB or "unlimited"), ds_report."""
+    head, _, report = text.partition("---\n")
+    lines = head.strip().splitlines()
+    df = [l.split() for l in lines if len(l.split()) >= 6 and l.split()[1].isdigit()]
+    limits = dict(l.split("=", 1) for l in lines if "=" in l)
+    return {"shm_bytes": int(df[0][1]) * 1024 if df else 0,
+            "disk_free_bytes": int(df[1][3]) * 1024 if len(df) > 1 else 0,
+            "memlock": limits.get("memlock", ""), "stack": limits.get("stack", ""), "ds_report": report}
+
+
+def check_shm(shm_bytes: int) -> Check:
+    detail = f"/dev/shm in a run container: {shm_bytes / GIB:.1f} GiB"
+    if shm_bytes < SHM_MIN:
+        return Check("shared memory", FAIL, detail,
+                     "NCCL and DataLoader workers crash (bus error, exit -7) with a small /dev/shm: the host's "
+                     "/dev/shm is what --ipc=host gives; mount a larger tmpfs there")
+    return Check("shared memory", PASS, detail)
+
+
+def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
+    detail = f"memlock {memlock or '?'}, stack {stack or '?'} KiB"
+    small_stack = stack != "unlimited" and (not stack.isdigit() or int(stack) < STACK_MIN_KIB)
+    if not gpu:
+        return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
+    if memlock != "unlimited" or small_stack:
+        return Check("ulimits", WARN, detail,
+                     "RDMA/NCCL want memlock unlimited and stack ≥ 64 MiB: the engine refused "
+                     "--ulimit memlock=-1 --ulimit stack=67108864; raise the engine's limits (dockerd --default-ulimit)")
+    return Check("ulimits", PASS, detail)
+
+
+def check_disk(free: int, data_root: str) -> Check:
+    detail = f"{free / GIB:.0f} GiB free under the engine's data root {data_root}"
+    if free < DISK_FAIL:
+        return Check("disk", FAIL, detail, "free space there: `docker image prune`, or move the data root "
+                                           "(dockerd --data-root) to a larger disk")
+    if free < DISK_WARN:
+        return Check("disk", WARN, detail, "a CUDA image takes ~20 GB and `docker load` unpacks a copy first: "
+                                           "keep 50 GiB free")
+    return Check("disk", PASS, detail)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_OP_LINE = re.compile(r"^(\w+)\s*\.*\s*\[(YES|NO)\]\s*\.+\s*\[(OKAY|NO)\]", re.M)
+
+
+def parse_ds_report(text: str) -> dict[str, tuple[bool, bool]]:
+    """op name → (installed, compatible) from `ds_report` output (colour codes or not)."""
+    return {m[1]: (m[2] == "YES", m[3] == "OKAY") for m in _OP_LINE.finditer(_ANSI.sub("", text))}
+
+
+def check_ds_report(report: str, variant, image: str) -> Check:
+    ops = parse_ds_report(report)
+    if not ops:
+        return Check("deepspeed ops", WARN, f"{image} has no readable {REPORT}", f"rebuild it: invoke build --variant={variant.name}")
+    wanted = [DS_OPS.get(op, op.lower()) for op in variant.ds_ops]
+    missing = [op for op in wanted if not ops.get(op, (False, False))[0]]
+    aio = ops.get("async_io", (False, False))
+    libaio = "libaio found (async_io usable)" if aio[0] or aio[1] else "no libaio (async_io/NVMe offload unusable)"
+    detail = f"{image}: built {', '.join(op for op in wanted if op not in missing) or 'none'}; {libaio}"
+    if missing:
+        return Check("deepspeed ops", FAIL, detail + f"; NOT built: {', '.join(missing)}",
+                     f"rebuild without cache: invoke build --variant={variant.name} --no-cache")
+    if "async_io" in wanted and not aio[1]:
+        return Check("deepspeed ops", FAIL, detail, "the image lacks libaio-dev: add it to the variant's os_packages")
+    return Check("deepspeed ops", PASS, detail)
+
+
+def probe_argv(settings: Settings, image: str, name: str, command: list[str] | None = None,
+               gpus: bool = False) -> list[str]:
+    """A container started the way `invoke run` starts one (the launcher's own flags), running PROBE_SCRIPT."""
+    from dockyard import launch
+
+    return launch.docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
+                                  interactive=False, command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[])
+
+
+def without_ulimits(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--ulimit":
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def probe_container(settings: Settings, image: str) -> tuple[dict, Check | None]:
+    """Read what a run container sees. When the engine refuses the run's ulimits, say so (a check) and
+    probe again without them, so the other checks still get their facts."""
+    argv = probe_argv(settings, image, f"dockyard-doctor-{os.getpid()}")
+    proc = engine.run(argv, capture=True, check=False, quiet=True)
+    refused = None
+    if proc.returncode != 0 and "rlimit" in proc.stderr:
+        refused = Check("ulimits", FAIL, "the engine cannot give containers the run's --ulimit flags: "
+                        + proc.stderr.strip().splitlines()[-1][-160:],
+                        "dockerd's own hard limit is too low and it may not raise it (no CAP_SYS_RESOURCE): "
+                        "start it with `ulimit -l unlimited -s unlimited` (systemd: LimitMEMLOCK=infinity)")
+        proc = engine.run(without_ulimits(argv), capture=True, check=False, quiet=True)
+    if proc.returncode != 0:
+        raise DockyardError(f"probe container failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
+    return parse_probe(proc.stdout), refused
+
+

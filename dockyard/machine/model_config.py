@@ -1,0 +1,79 @@
+"""A model's sizes from its config.json alone, without torch: what `invoke plan --model=FOLDER` counts.
+
+The common decoder families (Llama, Mistral, Qwen2/3, Gemma 1/2, Phi-3) are counted exactly, the way
+their transformers classes build them (tests compare with a model built on the meta device). Another
+model_type is counted as a Llama-style decoder, said so in the result. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dockyard.errors import DockyardError
+
+# model_type → how its decoder layer differs from Llama's:
+#   qkv_bias: q/k/v projections always have a bias (Qwen2); "flag": when `attention_bias` says so (Llama:
+#   o_proj too); norms: hidden-sized norms per layer; qk_norm: per-head norms on q and k (Qwen3);
+#   fused: q/k/v in one projection and gate/up in another (Phi-3); tied: tie_word_embeddings' default.
+FAMILIES = {
+    "llama": {"qkv_bias": "flag", "norms": 2, "tied": False},
+    "mistral": {"qkv_bias": None, "norms": 2, "tied": False},
+    "qwen2": {"qkv_bias": "always", "norms": 2, "tied": False},
+    "qwen3": {"qkv_bias": "flag", "norms": 2, "qk_norm": True, "tied": False},
+    "gemma": {"qkv_bias": "flag", "norms": 2, "tied": True},
+    "gemma2": {"qkv_bias": "flag", "norms": 4, "tied": True},
+    "phi3": {"qkv_bias": None, "norms": 2, "fused": True, "tied": False},
+}
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def count(folder: Path, lora_rank: int) -> dict:
+    """Parameter counts and widths of the model in `folder` (the fields of machine.plan.Shape)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise DockyardError(f"{folder} has no config.json: pass a model folder or a count like --model=8B")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DockyardError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise DockyardError(f"{path}: expected a JSON object of model settings")
+    kind = str(cfg.get("model_type", ""))
+    family = FAMILIES.get(kind, FAMILIES["llama"])
+
+    def size(key: str, default: int | None = None) -> int:
+        value = cfg.get(key)
+        value = default if value is None else value
+        if value is None:
+            raise DockyardError(f"{path}: `{key}` is missing; plan needs {', '.join(REQUIRED)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise DockyardError(f"{path}: `{key}` is {value!r}: expected a positive whole number")
+        return value
+
+    h, layers, heads, vocab = (size(k) for k in REQUIRED)
+    inter = size("intermediate_size", 4 * h)
+    kv_heads = size("num_key_value_heads", heads)
+    head_dim = size("head_dim", h // heads or 1)
+    q, kv = heads * head_dim, kv_heads * head_dim
+    bias_flag = bool(cfg.get("attention_bias", False))
+    mlp_bias = bool(cfg.get("mlp_bias", False)) and (kind == "llama" or kind not in FAMILIES)  # Llama's own
+
+    qkv_bias = family["qkv_bias"] == "always" or (family["qkv_bias"] == "flag" and bias_flag)
+    o_bias = family["qkv_bias"] == "flag" and bias_flag
+    if family.get("fused"):  # (in, out, has a bias) of every linear layer in one decoder layer
+        linears = [(h, q + 2 * kv, False), (q, h, False), (h, 2 * inter, False), (inter, h, False)]
+    else:
+        linears = [(h, q, qkv_bias), (h, kv, qkv_bias), (h, kv, qkv_bias), (q, h, o_bias),
+                   (h, inter, mlp_bias), (h, inter, mlp_bias), (inter, h, mlp_bias)]
+    own = [a * b + (b if bias else 0) for a, b, bias in linears]  # each module's own parameters
+    norms = family["norms"] * h + (2 * head_dim if family.get("qk_norm") else 0)
+    linear = sum(a * b for a, b, _ in linears)
+    tied = cfg.get("tie_word_embeddings", family["tied"])
+    embeddings = vocab * h * (1 if tied else 2)
+    params = layers * (sum(own) + norms) + h + embeddings  # h: the final norm
+    source = f"{path}" if kind in FAMILIES else \
+        f"{path}; model_type {kind or '(none)'!r} counted as a Llama-style decoder (approximate)"
+    return {"params": params, "largest_layer": max(vocab * h, *own), "hidden": h, "layers": layers, "vocab": vocab,
+            "intermediate": inter, "kv_hidden": kv, "linear_params": layers * linear,
+            "lora_params": layers * lora_rank * sum(a + b for a, b, _ in linears), "source": source}

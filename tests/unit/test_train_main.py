@@ -1,0 +1,29 @@
+"""The trainer's entry point in one process, without torchrun: the TrainingArguments it builds per recipe."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockyard.recipes import load_recipe
+from dockyard.train.__main__ import training_arguments
+from dockyard.train.recipe import resolve_settings
+
+
+@pytest.mark.parametrize("name", ["lora", "qlora"])
+def test_adapters_train_with_non_reentrant_checkpointing_and_no_unused_parameter_search(tmp_path, name):
+    """Reentrant checkpointing under DDP marks the adapter weights ready twice and the run dies at step 1:
+    the arguments the trainer really hands the HF Trainer must carry the fix."""
+    recipe = load_recipe(name)
+    settings, overrides = resolve_settings(recipe, {})
+    args = training_arguments(recipe, settings, overrides, tmp_path)
+    assert args.gradient_checkpointing is True  # the recipe's own setting
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert args.ddp_find_unused_parameters is False
+
+
+def test_full_fine_tuning_keeps_the_trainers_defaults(tmp_path):
+    recipe = load_recipe("ddp")
+    settings, overrides = resolve_settings(recipe, {"gradient_checkpointing": True})
+    args = training_arguments(recipe, settings, overrides, tmp_path)
+    assert args.gradient_checkpointing is True and args.ddp_find_unused_parameters is None
+    assert args.output_dir == str(tmp_path / "checkpoints")
