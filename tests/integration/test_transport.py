@@ -35,12 +35,18 @@ def _docker(settings, *args, check=True):
 
 @pytest.fixture(scope="module")
 def images(settings, engine_ready, tmp_path_factory):
-    """v1 and v2 of a small image; v2 differs only in its top layer (a recipe-only change)."""
+    """v1 and v2 of a small image; v2 differs only in its top layer (a recipe-only change).
+
+    The 3 MB layer is the same file COPYed into both, so both hold the same layer whatever the engine's
+    build cache holds (a RUN that writes random bytes gives each build its own layer wherever the cache
+    has several results for that step, e.g. after builds running side by side).
+    """
     ctx = tmp_path_factory.mktemp("xfer-ctx")
     lock = hashlib.sha256((ROOT / "images" / "locks" / "cpu.txt").read_bytes()).hexdigest()
+    (ctx / "blob").write_bytes(os.urandom(3_000_000))
     (ctx / "Dockerfile").write_text(
         f"FROM {settings.base_image_cpu}\nLABEL dockyard.variant=cpu dockyard.lock={lock}\n"
-        "RUN head -c 3000000 /dev/urandom > /blob\nCOPY recipe.txt /recipe.txt\n")
+        "COPY blob /blob\nCOPY recipe.txt /recipe.txt\n")
     refs = {}
     try:
         for v in ("v1", "v2"):
