@@ -148,7 +148,7 @@ def commit(c, container="", tag="", allow_secrets=False):
     Secrets: HF token, .netrc, ssh keys, .git-credentials, cloud credentials, env files. Labels record
     the source image, container, time, a summary of `docker diff`, and which Python packages were
     changed by hand against the image's lock file."""
-    from dockyard import commit as commit_mod
+    from dockyard.transport import commit as commit_mod
 
     commit_mod.commit(_settings(c), container, tag=tag, allow_secrets=allow_secrets)
 
@@ -163,9 +163,10 @@ def commit(c, container="", tag="", allow_secrets=False):
 def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign=""):
     """Write an image archive: a compressed `docker save` tar with its sha256, manifest and load.sh.
 
-    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json and load.sh (loads it with only sh, sha256sum, docker and zstd/gzip). Checks free space first, writes
-    .partial files and renames them when complete, and checks every layer against the image's diff ids."""
-    from dockyard import archive
+    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json and load.sh (loads it with only sh, sha256sum,
+    docker and zstd/gzip). Checks free space first, writes .partial files and renames them when complete,
+    and checks every layer against the image's diff ids."""
+    from dockyard.transport import archive
 
     archive.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,
                  sign=sign)
@@ -179,12 +180,12 @@ def load(c, file=""):
     Checks the sha256 of archive and manifest (and the signature when `allowed_signers` is set), then
     loads it and checks that every image is there with the right id. A damaged, truncated or tampered
     archive is refused and nothing is loaded."""
-    from dockyard import archive
     from dockyard.errors import DockyardError
+    from dockyard.transport import verify
 
     if not file:
         raise DockyardError("--file is required: the archive to load (e.g. images/dist/dockyard_0.1.0-cpu.tar.zst)")
-    archive.load(_settings(c), file)
+    verify.load(_settings(c), file)
 
 
 @task(help={"out": "file to write (default: images/dist/inventory-<hostname>.json)"})
@@ -195,9 +196,9 @@ def inventory(c, out=""):
     Lists images, diff ids and chain ids. Copy it to where you save archives and pass it to
     `invoke save --thin-for=FILE` to ship only the layers this node lacks. On a node without the
     project, `sh load.sh --inventory > FILE` writes what --thin-for needs."""
-    from dockyard import archive
+    from dockyard.transport import inventory as inventory_mod
 
-    archive.write_inventory(_settings(c), out)
+    inventory_mod.write_inventory(_settings(c), out)
 
 
 @task(help={"file": "archive to copy (file mode); its .sha256, .manifest.json and load.sh go with it",
@@ -214,8 +215,8 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
     Resumes with rsync --append-verify, or ssh append where the node has no rsync. With --image
     instead of --file: streams save → zstd → ssh → docker load in one pipeline (fastest; not
     resumable; the images are checked there after loading)."""
-    from dockyard import ship as ship_mod
     from dockyard.errors import DockyardError
+    from dockyard.transport import ship as ship_mod
 
     if bool(file) == bool(image) or not to:
         raise DockyardError("give --to and one of --file (copy an archive) or --image (stream an image)")

@@ -28,8 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dockyard import archive, engine, ship, variants  # noqa: E402
+from dockyard import engine, variants  # noqa: E402
 from dockyard.settings import load as load_settings  # noqa: E402
+from dockyard.transport import archive, layout, ship  # noqa: E402
 from tests.integration import node2  # noqa: E402
 
 REPEAT = 2
@@ -64,7 +65,7 @@ def main() -> None:
 
         out = work / "dist"
         raw = work / "raw.tar.zst"
-        level = archive.DEFAULT_LEVEL["zstd"]
+        level = layout.DEFAULT_LEVEL["zstd"]
         # The next version of the image: a recipe-only change, one new top layer.
         ctx = work / "ctx"
         ctx.mkdir()
@@ -76,7 +77,7 @@ def main() -> None:
         # starts from an empty layer cache; the save of the next version then finds the layers it shares.
         subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True)
         limit, limit_next, save_b, save_next = [], [], [], []
-        for i in range(REPEAT):
+        for _ in range(REPEAT):
             shutil.rmtree(s.layer_cache, ignore_errors=True)
             limit.append(timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True,
                                                       check=True))[0])

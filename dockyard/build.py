@@ -101,12 +101,7 @@ def lock(settings: Settings, name: str = "all", dry: bool = False) -> None:
 
 def lock_pins(variant: Variant) -> dict[str, str]:
     """name → version of every package in the variant's lock file."""
-    pins = {}
-    for line in variant.lock_file.read_text().splitlines():
-        m = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line)
-        if m:
-            pins[m.group(1).lower()] = m.group(2)
-    return pins
+    return variants.lock_pins(variant.lock_file.read_text())
 
 
 def check_lock(variant: Variant) -> None:

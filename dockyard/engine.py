@@ -1,12 +1,14 @@
 """The Docker CLI: which client binary to use, argv builders, and the ONE runner every task uses.
 
-The runner echoes each command, streams its output, and on failure raises a DockyardError that
-quotes the exact command, its exit code and the end of its output.
+The runner (`run` for one command, `Pipeline` for commands connected by pipes, `start_detached` for a
+daemon) echoes each command and, on failure, raises a DockyardError that quotes the exact command, its
+exit code and the end of its output (`failure`).
 """
 
 from __future__ import annotations
 
 import collections
+import fcntl
 import functools
 import json
 import os
@@ -14,10 +16,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import IO
 
+from dockyard import console
 from dockyard.errors import DockyardError
+from dockyard.settings import Settings
 
 NO_ENGINE_HELP = (
     "no Docker engine answers. Install and start one: `sudo invoke setup` (Debian/Ubuntu), or "
@@ -35,6 +41,20 @@ def echo(argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     print(f"+ {prefix + ' ' if prefix else ''}{quote(argv)}", file=sys.stderr, flush=True)
 
 
+def echo_pipeline(*argvs: Sequence[str]) -> None:
+    print("+ " + " | ".join(quote(a) for a in argvs), file=sys.stderr, flush=True)
+
+
+def failure(argv: Sequence[str], returncode: int, output: Sequence[str], what: str = "") -> DockyardError:
+    """How every failed command is reported: what failed, the exit code, the command, its last output lines."""
+    label = f"{what} failed" if what else "command failed"
+    return DockyardError(f"{label} (exit {returncode}): {quote(argv)}\n{console.tail(output)}".rstrip())
+
+
+def _not_found(argv: Sequence[str]) -> DockyardError:
+    return DockyardError(f"`{argv[0]}` not found: install it or set its path in invoke.yaml")
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -46,11 +66,13 @@ def run(
     cwd: Path | None = None,
     what: str = "",
     on_line=None,
+    binary: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run one command. `env` is added to the current environment.
 
-    capture=True returns stdout (text) without printing it; otherwise output streams to the terminal
-    and only its last lines are kept for the error message; `on_line` sees each streamed line.
+    capture=True returns stdout (text, or bytes with binary=True) without printing it; otherwise output
+    streams to the terminal and only its last lines are kept for the error message; `on_line` sees each
+    streamed line.
     """
     argv = [str(a) for a in argv]
     if not quiet:
@@ -59,10 +81,10 @@ def run(
     try:
         if capture:
             proc = subprocess.run(argv, env=full_env, cwd=cwd, input=input, capture_output=True)
-            out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
-            tail = err.strip().splitlines()[-20:]
+            out = proc.stdout if binary else proc.stdout.decode(errors="replace")
+            tail = proc.stderr.decode(errors="replace").strip().splitlines()[-console.TAIL_LINES:]
         else:
-            tail_lines: collections.deque[str] = collections.deque(maxlen=20)
+            tail_lines: collections.deque[str] = collections.deque(maxlen=console.TAIL_LINES)
             p = subprocess.Popen(
                 argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 stdin=subprocess.PIPE if input is not None else None,
@@ -81,14 +103,128 @@ def run(
             proc = subprocess.CompletedProcess(argv, p.returncode, "", "")
             out, tail = "", list(tail_lines)
     except FileNotFoundError:
-        raise DockyardError(f"`{argv[0]}` not found: install it or set its path in invoke.yaml") from None
+        raise _not_found(argv) from None
     except KeyboardInterrupt:
         raise DockyardError(f"interrupted: {quote(argv)}", exit_code=130) from None
     if check and proc.returncode != 0:
-        label = f"{what} failed" if what else "command failed"
-        detail = "\n".join(f"  | {l}" for l in tail)
-        raise DockyardError(f"{label} (exit {proc.returncode}): {quote(argv)}\n{detail}".rstrip())
+        raise failure(argv, proc.returncode, tail, what)
     return subprocess.CompletedProcess(argv, proc.returncode, out, "\n".join(tail))
+
+
+PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
+TAIL = "tail"      # Pipeline(stdout=TAIL): the last command's output is kept with its stderr, for errors
+CHUNK = 1 << 20    # the width of every pipe, and the size of the pieces copied through them
+
+
+class Pipeline:
+    """Commands connected by pipes (`a | b | c`), started together: the runner for streams.
+
+    stdin: None (inherited), PIPE (the caller writes into `.stdin`) or an open file. stdout: None
+    (inherited), PIPE (the caller reads `.stdout`), DEVNULL, an open file, or TAIL. Each command's stderr
+    is kept for the error message. Pipes are 1 MiB wide: fewer wake-ups between the stages.
+    Use it as a context manager: leaving it by an exception kills what still runs.
+    """
+
+    def __init__(self, *argvs: Sequence[str], stdin=None, stdout=None, what: str = "", quiet: bool = False,
+                 env: Mapping[str, str] | None = None):
+        self.argvs = [[str(a) for a in argv] for argv in argvs]
+        self.what = what
+        self.returncodes: list[int] = []
+        if not quiet:
+            echo_pipeline(*self.argvs)
+        self.errs = [tempfile.TemporaryFile() for _ in self.argvs]
+        self.procs: list[subprocess.Popen] = []
+        full_env = {**os.environ, **(env or {})}
+        prev = stdin
+        try:
+            for i, (argv, err) in enumerate(zip(self.argvs, self.errs, strict=True)):
+                last = i == len(self.argvs) - 1
+                out = (err if stdout == TAIL else stdout) if last else PIPE
+                p = subprocess.Popen(argv, stdin=prev, stdout=out, stderr=err, env=full_env)
+                if i:
+                    prev.close()  # our copy of the pipe between two stages: theirs is enough
+                self.procs.append(p)
+                widen(p.stdin, p.stdout)
+                prev = p.stdout
+        except FileNotFoundError:
+            self.close(kill=True)
+            raise _not_found(argv) from None
+        except BaseException:
+            self.close(kill=True)
+            raise
+        self.stdin: IO[bytes] | None = self.procs[0].stdin
+        self.stdout: IO[bytes] | None = self.procs[-1].stdout
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.close(kill=kind is not None)
+
+    def wait(self, check: bool = True) -> list[int]:
+        """Close our end of stdin, wait for every command; raise (check) when one failed."""
+        if self.stdin is not None and not self.stdin.closed:
+            try:
+                self.stdin.close()
+            except BrokenPipeError:
+                pass
+        self.returncodes = [p.wait() for p in self.procs]
+        if check:
+            self.check()
+        return self.returncodes
+
+    def check(self) -> None:
+        """After wait(check=False): raise for the commands that failed, each quoted like `run` does."""
+        failed = [failure(argv, rc, console.last_lines(err), self.what)
+                  for argv, rc, err in zip(self.argvs, self.returncodes, self.errs, strict=True) if rc != 0]
+        if failed:
+            raise DockyardError("\n".join(str(e) for e in failed))
+
+    def output(self) -> list[str]:
+        """The last lines of the last command's stderr (and its stdout with TAIL)."""
+        return console.last_lines(self.errs[-1])
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+    def close(self, kill: bool = False) -> None:
+        """Release the pipes and files; with kill, stop whatever still runs first."""
+        if kill:
+            self.kill()
+        for p in self.procs:
+            for f in (p.stdin, p.stdout):
+                if f is not None and not f.closed:
+                    try:
+                        f.close()
+                    except BrokenPipeError:
+                        pass
+            p.wait()
+        for f in self.errs:
+            f.close()
+
+
+def widen(*pipes) -> None:
+    """Pipes of 1 MiB instead of 64 KiB (where a pipe is given and the system allows it)."""
+    for pipe in pipes:
+        if pipe is None:
+            continue
+        try:
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, CHUNK)
+        except (OSError, AttributeError):  # above /proc/sys/fs/pipe-max-size, or not a pipe
+            pass
+
+
+def start_detached(argv: Sequence[str], log: Path) -> int:
+    """Start a daemon in a session of its own, its output appended to `log`; returns its pid."""
+    argv = [str(a) for a in argv]
+    echo(argv)
+    try:
+        with open(log, "ab") as f:
+            return subprocess.Popen(argv, stdin=DEVNULL, stdout=f, stderr=f, start_new_session=True).pid
+    except FileNotFoundError:
+        raise _not_found(argv) from None
 
 
 # --- the docker client ------------------------------------------------------------------------
@@ -105,7 +241,7 @@ def _client_ok(binary: str) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def docker_binary(setting: str = "") -> str:
     """The docker client: the setting when given, else the first `docker` on PATH that can use BuildKit."""
     if setting:
@@ -122,7 +258,7 @@ def docker_binary(setting: str = "") -> str:
     raise DockyardError("no `docker` client on PATH. " + NO_ENGINE_HELP)
 
 
-def docker(settings, *args: str) -> list[str]:
+def docker(settings: Settings, *args: str) -> list[str]:
     """argv for one docker CLI call."""
     return [docker_binary(settings.docker), *args]
 
@@ -131,18 +267,19 @@ def build_env() -> dict[str, str]:
     return {"DOCKER_BUILDKIT": "1"}
 
 
-def engine_info(settings) -> dict:
+def engine_info(settings: Settings) -> dict:
     """`docker info` as a dict; raises a DockyardError with install hints when no engine answers."""
     proc = run(docker(settings, "info", "--format", "{{json .}}"), capture=True, check=False, quiet=True)
     if proc.returncode != 0:
-        raise DockyardError(NO_ENGINE_HELP + f"\n  ({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'no answer'})")
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no answer"
+        raise DockyardError(NO_ENGINE_HELP + f"\n  ({last})")
     info = json.loads(proc.stdout)
     if info.get("ServerErrors"):
         raise DockyardError(NO_ENGINE_HELP + "\n  (" + "; ".join(info["ServerErrors"]) + ")")
     return info
 
 
-def image_inspect(settings, ref: str) -> dict | None:
+def image_inspect(settings: Settings, ref: str) -> dict | None:
     """`docker image inspect` of one image, or None when the engine does not hold it."""
     proc = run(docker(settings, "image", "inspect", ref), capture=True, check=False, quiet=True)
     if proc.returncode != 0:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -40,8 +39,7 @@ def ensure_engine(settings: Settings, dry: bool = False) -> None:
     if Path("/run/systemd/system").exists():
         engine.run(["systemctl", "enable", "--now", "docker"], what="starting docker")
     else:
-        log = open("/var/log/dockerd.log", "ab")
-        subprocess.Popen(["dockerd"], stdout=log, stderr=log, start_new_session=True)
+        engine.start_detached(["dockerd"], Path("/var/log/dockerd.log"))
     for _ in range(60):
         try:
             engine.engine_info(settings)
@@ -70,18 +68,14 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="dockyard-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
         argv = debootstrap_plan(rootfs, mirror)
-        importer = engine.docker(settings, "import", "-", name)
+        tar, importer = ["tar", "-C", str(rootfs), "-c", "."], engine.docker(settings, "import", "-", name)
         if dry:
             engine.echo(argv)
-            print(f"+ tar -C {rootfs} -c . | {engine.quote(importer)}")
+            engine.echo_pipeline(tar, importer)
             return
         engine.run(argv, what="debootstrap of the cpu base image")
-        engine.echo(importer)
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run(importer, stdin=tar.stdout, capture_output=True, text=True)
-        tar.stdout.close()
-        if tar.wait() != 0 or imp.returncode != 0:
-            raise DockyardError(f"importing {name} failed: {imp.stderr.strip()}")
+        with engine.Pipeline(tar, importer, stdout=engine.TAIL, what=f"importing {name}") as pipeline:
+            pipeline.wait()
     print(f"base image: {name} made with debootstrap from {mirror}")
 
 

@@ -6,6 +6,7 @@ This is the one place that derives an image tag; build, run, commit, save and lo
 from __future__ import annotations
 
 import hashlib
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -112,6 +113,21 @@ def lock_hash(variant: Variant) -> str:
     if not variant.lock_file.exists():
         raise DockyardError(f"no lock file for {variant.name}: run `invoke lock --variant={variant.name}`")
     return hashlib.sha256(variant.lock_file.read_bytes()).hexdigest()
+
+
+def canonical_name(name: str) -> str:
+    """A package name as PEP 503 normalises it: lowercase, each run of -, _ and . one -."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_pins(text: str) -> dict[str, str]:
+    """Canonical name → version of every `name==version` line of a (hash-pinned) lock file."""
+    pins = {}
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
+        if m:
+            pins[canonical_name(m.group(1))] = m.group(2)
+    return pins
 
 
 def labels(variant: Variant, *, revision: str, created: str, source: str = "") -> dict[str, str]:

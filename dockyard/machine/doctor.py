@@ -19,6 +19,7 @@ from dockyard.gpus import Host, Link
 from dockyard.machine import container
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
+from dockyard.transport.inventory import engine_store
 
 GIB = 2**30
 # The oldest Linux driver for each CUDA release (NVIDIA's CUDA toolkit release notes), for the fix lines
@@ -28,15 +29,9 @@ MIN_DRIVER = {"11.8": "520", "12.0": "525", "12.1": "530", "12.2": "535", "12.3"
 
 # --- engine ---------------------------------------------------------------------------------------
 
-def image_store(info: dict) -> str:
-    """"containerd" when the engine uses the containerd image store (Docker 29 default), else "classic"."""
-    status = dict(tuple(kv) for kv in info.get("DriverStatus") or [] if len(kv) == 2)
-    return "containerd" if "containerd" in status.get("driver-type", "") else "classic"
-
-
 def check_engine(info: dict) -> Check:
     version = info.get("ServerVersion", "?")
-    store = image_store(info)
+    store = engine_store(info)
     detail = f"Docker {version}, storage {info.get('Driver', '?')}, {store} image store, data root {info.get('DockerRootDir', '?')}"
     try:
         major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])

@@ -11,6 +11,7 @@ veth pair, any mounts under the node's folder, and the folder.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import random
@@ -89,6 +90,28 @@ class Node:
     def unlimit_rate(self) -> None:
         _sh("tc", "qdisc", "del", "dev", self.veth, "root", check=False)
 
+    def write_ssh_config(self, path: Path, identity: Path | None) -> Path:
+        """An ssh config that reaches the node by its alias, as a user's ~/.ssh/config does: with
+        `identity` as its key, or naming no key at all (then only `ssh -i KEY` of an authorised key gets in)."""
+        path.write_text(
+            f"Host {self.alias}\n  HostName {self.addr}\n  User root\n"
+            + (f"  IdentityFile {identity}\n" if identity else "")
+            + f"  IdentitiesOnly yes\n  UserKnownHostsFile {self.base / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
+            "  BatchMode yes\n  ConnectTimeout 10\n")
+        return path
+
+    @contextlib.contextmanager
+    def only_key(self, public_key: Path):
+        """Authorise only this key while the block runs (sshd reads the file at every login), then the
+        usual one again."""
+        keys = self.base / "authorized_keys"
+        usual = keys.read_text()
+        keys.write_text(public_key.read_text())
+        try:
+            yield
+        finally:
+            keys.write_text(usual)
+
 
 def _free_subnet() -> ipaddress.IPv4Network:
     used = _sh("ip", "-4", "-o", "addr").stdout
@@ -152,10 +175,7 @@ def _start(node: Node, net: ipaddress.IPv4Network) -> None:
         f"AuthorizedKeysFile {b / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         f"SetEnv DOCKER_HOST=unix://{node.sock}\nSubsystem sftp internal-sftp\n")
-    node.ssh_config.write_text(
-        f"Host {node.alias}\n  HostName {node.addr}\n  User root\n  IdentityFile {b / 'key'}\n"
-        f"  IdentitiesOnly yes\n  UserKnownHostsFile {b / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
-        "  BatchMode yes\n  ConnectTimeout 10\n")
+    node.write_ssh_config(node.ssh_config, b / "key")
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation folder
     node.procs["sshd"] = subprocess.Popen(
         [*nsenter, "/usr/sbin/sshd", "-D", "-e", "-f", b / "sshd_config"],

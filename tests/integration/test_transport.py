@@ -35,12 +35,18 @@ def _docker(settings, *args, check=True):
 
 @pytest.fixture(scope="module")
 def images(settings, engine_ready, tmp_path_factory):
-    """v1 and v2 of a small image; v2 differs only in its top layer (a recipe-only change)."""
+    """v1 and v2 of a small image; v2 differs only in its top layer (a recipe-only change).
+
+    The 3 MB layer is the same file COPYed into both, so both hold the same layer whatever the engine's
+    build cache holds (a RUN that writes random bytes gives each build its own layer wherever the cache
+    has several results for that step, e.g. after builds running side by side).
+    """
     ctx = tmp_path_factory.mktemp("xfer-ctx")
     lock = hashlib.sha256((ROOT / "images" / "locks" / "cpu.txt").read_bytes()).hexdigest()
+    (ctx / "blob").write_bytes(os.urandom(3_000_000))
     (ctx / "Dockerfile").write_text(
         f"FROM {settings.base_image_cpu}\nLABEL dockyard.variant=cpu dockyard.lock={lock}\n"
-        "RUN head -c 3000000 /dev/urandom > /blob\nCOPY recipe.txt /recipe.txt\n")
+        "COPY blob /blob\nCOPY recipe.txt /recipe.txt\n")
     refs = {}
     try:
         for v in ("v1", "v2"):
@@ -104,8 +110,8 @@ def test_save_writes_a_verified_archive_set(full, images, settings):
     assert subprocess.run(["zstd", "-tq", path]).returncode == 0
     meta = engine.image_inspect(settings, images["v1"])
     assert manifest["images"][0]["id"] == meta["Id"] and manifest["images"][0]["tags"] == [images["v1"]]
-    assert [l["diff_id"] for l in manifest["layers"]] == meta["RootFS"]["Layers"]
-    assert all(l["bytes"] > 0 and l["included"] for l in manifest["layers"])
+    assert [layer["diff_id"] for layer in manifest["layers"]] == meta["RootFS"]["Layers"]
+    assert all(layer["bytes"] > 0 and layer["included"] for layer in manifest["layers"])
     assert manifest["images"][0]["labels"]["dockyard.variant"] == "cpu"
     assert manifest["archive_bytes"] == path.stat().st_size < manifest["tar_bytes"]
 
@@ -140,15 +146,16 @@ def test_thin_archive_after_a_recipe_change(node, images, full, shipped, ssh_env
     thin = dist / f"{IMAGE}_v2-thin.tar.zst"
     m = json.loads(thin.with_name(f"{IMAGE}_v2-thin.manifest.json").read_text())
     assert m["archive_bytes"] < 0.01 * full[1]["archive_bytes"]
-    assert [l["included"] for l in m["layers"]] == [False, False, True]
+    assert [layer["included"] for layer in m["layers"]] == [False, False, True]
     assert m["thin"]["requires"] == sorted(full[1]["images"][0]["chain_ids"][:2])
 
-    # The same plan from an inventory file written on the node by load.sh alone (no project there).
+    # The same omission from an inventory file written on the node by load.sh alone (no project there).
     inv = tmp_path / "node2.json"
     inv.write_text(node.ssh(f"sh {shipped[0]}/load.sh --inventory").stdout)
     r = invoke("save", f"--image={images['v2']}", f"--out={tmp_path}", f"--thin-for={inv}")
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / f"{IMAGE}_v2-thin.manifest.json").read_text())["thin"]["omitted"] == m["thin"]["omitted"]
+    again = json.loads((tmp_path / f"{IMAGE}_v2-thin.manifest.json").read_text())
+    assert again["thin"]["omitted"] == m["thin"]["omitted"]
 
     # Shipped and loaded with plain `zstd -dc | docker load` on the node that holds the base layers.
     rdir = node.base / "thin"
@@ -266,7 +273,7 @@ def _partial_bytes(folder: Path) -> int:
 def test_a_ship_killed_mid_copy_resumes_and_verifies(node, full, transport):
     path, manifest = full
     rdir = node.base / f"resume-{transport}"
-    code = ("import sys; from dockyard import ship; from dockyard.settings import load; "
+    code = ("import sys; from dockyard.transport import ship; from dockyard.settings import load; "
             f"ship.ship_file(load({{'ssh': {node.ssh_command!r}}}), {str(path)!r}, {f'{node.alias}:{rdir}'!r}, "
             f"transport={transport!r})")
     argv = [sys.executable, "-c", code]
@@ -340,6 +347,26 @@ def test_stream_mode_loads_on_node2_and_thin_sends_only_the_new_layer(node, imag
     assert r.returncode == 0, r.stderr
     assert "leaving out 2 layers" in r.stderr and " kB (zstd)" in r.stdout
     assert node.ssh(f"docker run --rm --network none {images['v2']} cat /recipe.txt").stdout == "v2\n"
+
+
+def test_stream_thin_with_an_identity_uses_that_key_for_every_connection(node, images, ssh_env, tmp_path):
+    """`ship --image --thin --identity=KEY` to a node where ONLY that key is authorised, with an ssh config
+    that names no key: the node's state, its inventory (what thin leaves out) and the load all need KEY."""
+    node.wipe()
+    r = invoke("ship", f"--image={images['v1']}", f"--to={node.alias}", env=ssh_env)  # the base layers
+    assert r.returncode == 0, r.stderr
+    key = tmp_path / "only_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "only-key", "-f", key], check=True)
+    env = {"INVOKE_DOCKYARD_SSH": f"ssh -F {node.write_ssh_config(tmp_path / 'ssh_config', None)}"}
+    with node.only_key(key.with_suffix(".pub")):
+        assert node.ssh("true", check=False).returncode != 0  # the usual key no longer gets in
+        r = invoke("ship", f"--image={images['v2']}", f"--to={node.alias}", "--thin", env=env)
+        assert r.returncode != 0 and node.image_id(images["v2"]) is None  # nor does no key
+        r = invoke("ship", f"--image={images['v2']}", f"--to={node.alias}", "--thin", f"--identity={key}", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "leaving out 2 layers" in r.stderr and " kB (zstd)" in r.stdout
+    assert f"loaded on {node.alias}: {images['v2']} {images['v2_id']}" in r.stdout
+    assert node.image_id(images["v2"]) == images["v2_id"]
 
 
 def test_inventory_lists_this_nodes_layers(images, tmp_path):

@@ -18,7 +18,8 @@ import re
 
 from dockyard import engine
 from dockyard.errors import DockyardError
-from dockyard.settings import ROOT
+from dockyard.settings import ROOT, Settings
+from dockyard.variants import canonical_name, lock_pins
 
 # (pattern on the path, what it is): files that hold credentials in the usual places.
 SECRETS = [
@@ -42,90 +43,7 @@ NOT_SECRET = (".pub", ".example", ".sample", ".template")
 DIST_INFO = re.compile(r"/site-packages/([^/]+?)-([^/-]+)\.(?:dist|egg)-info$")
 
 
-def parse_diff(text: str) -> list[tuple[str, str]]:
-    """`docker diff` lines ("A /path", "C /path", "D /path") as (kind, path)."""
-    return [(line[0], line[2:]) for line in text.splitlines() if len(line) > 2 and line[1] == " "]
-
-
-def find_secrets(diff: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(path, what) for every added or changed file that looks like a credential."""
-    found = []
-    for kind, path in diff:
-        if kind == "D" or path.endswith(NOT_SECRET):
-            continue
-        what = next((w for pattern, w in SECRETS if fnmatch.fnmatch(path, pattern)), None)
-        if what:
-            found.append((path, what))
-    return found
-
-
-def diff_summary(diff: list[tuple[str, str]], top: int = 5) -> str:
-    """"12 added, 3 changed, 1 deleted; most under /root/.cache (9), /opt/venv (4)"."""
-    counts = collections.Counter(kind for kind, _ in diff)
-    where = collections.Counter("/".join(path.split("/")[:3]) or "/" for kind, path in diff if kind != "C")
-    head = f"{counts['A']} added, {counts['C']} changed, {counts['D']} deleted"
-    if where:
-        head += "; most under " + ", ".join(f"{d} ({n})" for d, n in where.most_common(top))
-    return head
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def lock_pins(text: str) -> dict[str, str]:
-    """name → version from a hash-pinned requirements file (`name==version \\` lines)."""
-    pins = {}
-    for line in text.splitlines():
-        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
-        if m:
-            pins[_norm(m.group(1))] = m.group(2)
-    return pins
-
-
-def drift(diff: list[tuple[str, str]], pins: dict[str, str]) -> list[str]:
-    """Packages changed by hand after the build that differ from the lock, e.g. "peft==0.22.0 (lock: 0.21.2)"."""
-    present, removed = {}, {}
-    for kind, path in diff:
-        m = DIST_INFO.search(path)
-        if m:
-            (removed if kind == "D" else present)[_norm(m.group(1))] = m.group(2)
-    out = [f"{name}=={ver} (lock: {pins.get(name, 'absent')})"
-           for name, ver in sorted(present.items()) if pins.get(name) != ver]
-    out += [f"-{name} (lock: {pins.get(name, 'absent')})" for name in sorted(removed) if name not in present]
-    return out
-
-
-def source_lock(labels: dict[str, str]) -> tuple[dict[str, str], str]:
-    """The pins of the lock the source image was built from, and a note when they cannot be trusted."""
-    variant, want = labels.get("dockyard.variant", ""), labels.get("dockyard.lock", "")
-    path = ROOT / "images" / "locks" / f"{variant}.txt"
-    if not variant or not want:
-        return {}, "source image has no dockyard.lock label; "
-    if not path.exists():
-        return {}, f"lock file {path.name} not found; "
-    text = path.read_bytes()
-    if hashlib.sha256(text).hexdigest() != want:
-        return lock_pins(text.decode()), f"{path.name} changed since the image was built; "
-    return lock_pins(text.decode()), ""
-
-
-def default_tag(source: str, image_name: str, now: datetime.datetime) -> str:
-    """`<source tag>-commit-<time>`; `<image_name>:commit-<time>` for an untagged source."""
-    stamp = now.strftime("%Y%m%d-%H%M%S")
-    if source.startswith("sha256:"):
-        return f"{image_name}:commit-{stamp}"
-    if ":" in source.rsplit("/", 1)[-1]:
-        return f"{source}-commit-{stamp}"
-    return f"{source}:commit-{stamp}"
-
-
-def commit_argv(settings, container: str, tag: str, labels: dict[str, str]) -> list[str]:
-    change = "LABEL " + " ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items())
-    return engine.docker(settings, "commit", "--change", change, container, tag)
-
-
-def commit(settings, container: str, tag: str = "", allow_secrets: bool = False) -> str:
+def commit(settings: Settings, container: str, tag: str = "", allow_secrets: bool = False) -> str:
     """Commit a container to an image; returns the tag."""
     if not container:
         raise DockyardError("--container is required: the name or id of a container (see `docker ps -a`)")
@@ -163,3 +81,72 @@ def commit(settings, container: str, tag: str = "", allow_secrets: bool = False)
     if secrets:
         print(f"  WARNING: holds {len(secrets)} secret file(s) (--allow-secrets): do not push or ship it")
     return tag
+
+
+def parse_diff(text: str) -> list[tuple[str, str]]:
+    """`docker diff` lines ("A /path", "C /path", "D /path") as (kind, path)."""
+    return [(line[0], line[2:]) for line in text.splitlines() if len(line) > 2 and line[1] == " "]
+
+
+def find_secrets(diff: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(path, what) for every added or changed file that looks like a credential."""
+    found = []
+    for kind, path in diff:
+        if kind == "D" or path.endswith(NOT_SECRET):
+            continue
+        what = next((w for pattern, w in SECRETS if fnmatch.fnmatch(path, pattern)), None)
+        if what:
+            found.append((path, what))
+    return found
+
+
+def diff_summary(diff: list[tuple[str, str]], top: int = 5) -> str:
+    """"12 added, 3 changed, 1 deleted; most under /root/.cache (9), /opt/venv (4)"."""
+    counts = collections.Counter(kind for kind, _ in diff)
+    where = collections.Counter("/".join(path.split("/")[:3]) or "/" for kind, path in diff if kind != "C")
+    head = f"{counts['A']} added, {counts['C']} changed, {counts['D']} deleted"
+    if where:
+        head += "; most under " + ", ".join(f"{d} ({n})" for d, n in where.most_common(top))
+    return head
+
+
+def drift(diff: list[tuple[str, str]], pins: dict[str, str]) -> list[str]:
+    """Packages changed by hand after the build that differ from the lock, e.g. "peft==0.22.0 (lock: 0.21.2)"."""
+    present, removed = {}, {}
+    for kind, path in diff:
+        m = DIST_INFO.search(path)
+        if m:
+            (removed if kind == "D" else present)[canonical_name(m.group(1))] = m.group(2)
+    out = [f"{name}=={ver} (lock: {pins.get(name, 'absent')})"
+           for name, ver in sorted(present.items()) if pins.get(name) != ver]
+    out += [f"-{name} (lock: {pins.get(name, 'absent')})" for name in sorted(removed) if name not in present]
+    return out
+
+
+def source_lock(labels: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The pins of the lock the source image was built from, and a note when they cannot be trusted."""
+    variant, want = labels.get("dockyard.variant", ""), labels.get("dockyard.lock", "")
+    path = ROOT / "images" / "locks" / f"{variant}.txt"
+    if not variant or not want:
+        return {}, "source image has no dockyard.lock label; "
+    if not path.exists():
+        return {}, f"lock file {path.name} not found; "
+    text = path.read_bytes()
+    if hashlib.sha256(text).hexdigest() != want:
+        return lock_pins(text.decode()), f"{path.name} changed since the image was built; "
+    return lock_pins(text.decode()), ""
+
+
+def default_tag(source: str, image_name: str, now: datetime.datetime) -> str:
+    """`<source tag>-commit-<time>`; `<image_name>:commit-<time>` for an untagged source."""
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    if source.startswith("sha256:"):
+        return f"{image_name}:commit-{stamp}"
+    if ":" in source.rsplit("/", 1)[-1]:
+        return f"{source}-commit-{stamp}"
+    return f"{source}:commit-{stamp}"
+
+
+def commit_argv(settings: Settings, container: str, tag: str, labels: dict[str, str]) -> list[str]:
+    change = "LABEL " + " ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items())
+    return engine.docker(settings, "commit", "--change", change, container, tag)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import datetime
 
-from dockyard import commit
+import pytest
+
+from dockyard import variants
+from dockyard.transport import commit
 
 DIFF = """C /root
 A /root/.cache
@@ -41,9 +44,43 @@ def test_secrets_in_the_diff_are_named():
                      ("/work/.env", "env file")]
 
 
+# One case per pattern of commit.SECRETS: a path the pattern is there for, and what it must be called.
+SECRET_CASES = [
+    ("*/.cache/huggingface/token", "/root/.cache/huggingface/token", "Hugging Face token"),
+    ("*/.cache/huggingface/stored_tokens", "/home/u/.cache/huggingface/stored_tokens", "Hugging Face tokens"),
+    ("*/.huggingface/token", "/root/.huggingface/token", "Hugging Face token"),
+    ("*/.netrc", "/home/u/.netrc", "netrc credentials"),
+    ("*/.ssh/id_*", "/root/.ssh/id_rsa", "ssh private key"),
+    ("*/.git-credentials", "/root/.git-credentials", "git credentials"),
+    ("*/.aws/credentials", "/root/.aws/credentials", "AWS credentials"),
+    ("*/.config/gcloud/*credentials*", "/root/.config/gcloud/application_default_credentials.json",
+     "Google Cloud credentials"),
+    ("*/.azure/*token*", "/root/.azure/msal_token_cache.json", "Azure tokens"),
+    ("*/.docker/config.json", "/root/.docker/config.json", "registry credentials"),
+    ("*/.kube/config", "/root/.kube/config", "Kubernetes credentials"),
+    ("*/.pypirc", "/root/.pypirc", "package index credentials"),
+    ("*/.env", "/work/.env", "env file"),
+    ("*/.env.*", "/work/.env.production", "env file"),
+    ("*.env", "/work/prod.env", "env file"),
+]
+
+
+@pytest.mark.parametrize("pattern,path,what", SECRET_CASES, ids=[c[0] for c in SECRET_CASES])
+def test_each_secret_pattern_refuses_its_file(pattern, path, what):
+    assert (pattern, what) in commit.SECRETS  # the pattern is still on the list, under this name
+    assert commit.find_secrets([("A", path)]) == [(path, what)]
+    assert commit.find_secrets([("C", path)]) == [(path, what)]  # changed after the build: still captured
+    assert commit.find_secrets([("D", path)]) == []  # deleted: nothing to capture
+
+
+def test_every_secret_pattern_has_its_case():
+    assert sorted(commit.SECRETS) == sorted((pattern, what) for pattern, _, what in SECRET_CASES)
+
+
 def test_drift_lists_packages_changed_by_hand_against_the_lock():
-    pins = commit.lock_pins(LOCK)
+    pins = variants.lock_pins(LOCK)
     assert pins == {"accelerate": "1.15.0", "peft": "0.21.2", "torch": "2.13.0+cpu", "typing-extensions": "4.12.2"}
+    assert variants.lock_pins("Zope.Interface==7.1 \\\n    --hash=sha256:dd\n") == {"zope-interface": "7.1"}
     assert commit.drift(commit.parse_diff(DIFF), pins) == [
         "peft==0.22.0 (lock: 0.21.2)", "requests==2.32.3 (lock: absent)", "-accelerate (lock: 1.15.0)"]
 

@@ -18,16 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from dockyard import engine
 from dockyard.errors import DockyardError
 
 MIN_LAYER = 1 << 20          # smaller layers are not worth a frame (or a cache entry) of their own
 LOOSE_FLUSH = 64 << 20       # bytes between layers kept in memory before they are compressed
-CHUNK = 1 << 20
 NAMES = "names.json"         # archive member name → diff id, learned from earlier saves (see known())
 
 
@@ -59,7 +58,7 @@ class LayerCache:
         h, size = hashlib.sha256(), 0
         try:
             with open(frame, "rb") as f:
-                while chunk := f.read(CHUNK):
+                while chunk := f.read(engine.CHUNK):
                     h.update(chunk)
                     size += len(chunk)
         except OSError:
@@ -117,17 +116,15 @@ class FramedSink:
     frame when a layer starts; each large layer is compressed by its own compressor process (or copied
     from the cache). Frames reach `emit` in the order of the tar stream."""
 
-    def __init__(self, compressor: list[str], emit: Callable[[bytes], None], cache: LayerCache | None,
-                 widen: Callable[..., None] = lambda *pipes: None):
+    def __init__(self, compressor: list[str], emit: Callable[[bytes], None], cache: LayerCache | None):
         self.compressor = compressor
         self.emit = emit
         self.cache = cache
-        self.widen = widen
         self.loose = bytearray()
         self.mode = "loose"
         self.expect = ""
         self.frame: Path | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: engine.Pipeline | None = None
         self.reader: threading.Thread | None = None
         self.failure: list[BaseException] = []
         self.partial: Path | None = None
@@ -147,11 +144,9 @@ class FramedSink:
     def _flush_loose(self) -> None:
         if not self.loose:
             return
-        p = subprocess.run(self.compressor, input=bytes(self.loose), capture_output=True)
-        if p.returncode != 0:
-            raise DockyardError(f"{self.compressor[0]} failed (exit {p.returncode}): "
-                                f"{p.stderr.decode(errors='replace').strip()[-500:]}")
-        self.emit(p.stdout)
+        done = engine.run(self.compressor, input=bytes(self.loose), capture=True, binary=True, quiet=True,
+                          what="compressing the archive")
+        self.emit(done.stdout)
         self.loose.clear()
 
     # --- one layer
@@ -166,20 +161,19 @@ class FramedSink:
             self.mode, self.expect, self.frame = "cached", digest, frame
             return False
         self.mode = "compress"
-        self.proc = subprocess.Popen(self.compressor, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
-        self.widen(self.proc.stdin, self.proc.stdout)
+        self.proc = engine.Pipeline(self.compressor, stdin=engine.PIPE, stdout=engine.PIPE, quiet=True,
+                                    what="compressing a layer")
         self.partial = self.cache.partial(digest.split(":")[-1] or "layer") if self.cache else None
         self.frame_sha, self.frame_bytes = hashlib.sha256(), 0
         self.reader = threading.Thread(target=self._read_frame, args=(self.proc, self.partial), daemon=True)
         self.reader.start()
         return True
 
-    def _read_frame(self, proc: subprocess.Popen, partial: Path | None) -> None:
+    def _read_frame(self, proc: engine.Pipeline, partial: Path | None) -> None:
         try:
             out = open(partial, "wb") if partial else None
             try:
-                while chunk := os.read(proc.stdout.fileno(), CHUNK):
+                while chunk := os.read(proc.stdout.fileno(), engine.CHUNK):
                     self.emit(chunk)
                     if out:
                         out.write(chunk)
@@ -200,25 +194,20 @@ class FramedSink:
                 raise StaleNames(f"the layer cache ({self.cache.dir}) expected {self.expect} for a layer "
                                  f"the engine sent as {digest}; its name map is now cleared: save again")
             with open(self.frame, "rb") as f:
-                while chunk := f.read(CHUNK):
+                while chunk := f.read(engine.CHUNK):
                     self.emit(chunk)
             self.cache.hits += 1
             self.cache.bytes_copied += self.frame.stat().st_size
         elif mode == "compress":
             proc, self.proc = self.proc, None
             try:
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-            self.reader.join()
-            rc = proc.wait()
-            err = proc.stderr.read().decode(errors="replace").strip()[-500:]
-            proc.stdout.close()
-            proc.stderr.close()
-            if self.failure:
-                raise self.failure[0]
-            if rc != 0:
-                raise DockyardError(f"{self.compressor[0]} failed (exit {rc}): {err}")
+                proc.wait(check=False)  # closes its stdin first: the compressor finishes the frame
+                self.reader.join()
+                if self.failure:
+                    raise self.failure[0]
+                proc.check()
+            finally:
+                proc.close()
             if self.cache is not None:
                 self.cache.misses += 1
                 self.cache.keep(self.partial, digest, self.frame_sha.hexdigest(), self.frame_bytes)
@@ -228,9 +217,12 @@ class FramedSink:
         self._flush_loose()
 
     def abort(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None:
             self.proc.kill()
         if self.reader is not None:
             self.reader.join(timeout=10)
+        if self.proc is not None:
+            self.proc.close()
+            self.proc = None
         if self.partial is not None:
             self.partial.unlink(missing_ok=True)

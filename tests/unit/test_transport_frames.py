@@ -10,9 +10,12 @@ import subprocess
 
 import pytest
 
-from dockyard import archive, frames
 from dockyard.errors import DockyardError
-from tests.unit.test_archive import fake_save
+from dockyard.transport import frames
+from dockyard.transport.archive import pump_framed
+from dockyard.transport.layout import check_method, compressor_argv, decompressor_argv
+from dockyard.transport.tarstream import TarPump
+from tests.support.save_tars import fake_save
 
 
 @pytest.fixture(autouse=True)
@@ -20,28 +23,28 @@ def small_layers_get_frames(monkeypatch):
     monkeypatch.setattr(frames, "MIN_LAYER", 100_000)  # the fake image's big layer is 300 kB
 
 
-def framed(raw: bytes, cache: frames.LayerCache | None, method: str = "zstd", omit=()) -> tuple[bytes, archive.TarPump]:
+def framed(raw: bytes, cache: frames.LayerCache | None, method: str = "zstd", omit=()) -> tuple[bytes, TarPump]:
     out = io.BytesIO()
-    pump = archive.TarPump(omit)
-    archive.pump_framed(pump, io.BufferedReader(io.BytesIO(raw)),
-                        archive.compressor_argv(method, archive.check_method(method, 0)), out.write, cache)
+    pump = TarPump(omit)
+    pump_framed(pump, io.BufferedReader(io.BytesIO(raw)), compressor_argv(method, check_method(method, 0)),
+                out.write, cache)
     return out.getvalue(), pump
 
 
 def unpack(data: bytes, method: str = "zstd") -> bytes:
-    return subprocess.run(archive.decompressor_argv(method), input=data, capture_output=True, check=True).stdout
+    return subprocess.run(decompressor_argv(method), input=data, capture_output=True, check=True).stdout
 
 
 @pytest.mark.parametrize("method", ["zstd", "gzip"])
 def test_frames_decompress_to_the_tar_and_the_second_save_copies_the_layer(tmp_path, method):
     raw, image, big_id, _ = fake_save()
-    cache = frames.LayerCache(tmp_path, method, archive.check_method(method, 0), 1 << 30)
+    cache = frames.LayerCache(tmp_path, method, check_method(method, 0), 1 << 30)
     first, pump = framed(raw, cache, method)
     pump.check([image])
     assert unpack(first, method) == raw
     assert (cache.hits, cache.misses) == (0, 1)
 
-    again = frames.LayerCache(tmp_path, method, archive.check_method(method, 0), 1 << 30)
+    again = frames.LayerCache(tmp_path, method, check_method(method, 0), 1 << 30)
     second, pump = framed(raw, again, method)
     pump.check([image])  # the layer was still read and hashed
     assert (again.hits, again.misses) == (1, 0)
@@ -93,7 +96,7 @@ def test_thin_archives_use_frames_too(tmp_path):
     cache = frames.LayerCache(tmp_path, "zstd", 2, 1 << 30)
     framed(raw, cache)
     plain = io.BytesIO()
-    archive.TarPump(omit={small_id}).run(io.BufferedReader(io.BytesIO(raw)), plain.write)
+    TarPump(omit={small_id}).run(io.BufferedReader(io.BytesIO(raw)), plain.write)
     out, pump = framed(raw, cache, omit={small_id})
     assert unpack(out) == plain.getvalue()  # the same thin tar, big layer from the cache
     assert cache.hits == 1
@@ -111,3 +114,13 @@ def test_prune_keeps_the_most_recently_used(tmp_path):
     cache.prune()
     assert sorted(p.name[0] for p in cache.dir.glob("*.frame")) == ["b", "c"]
     assert not (cache.dir / f"{'a' * 64}.sum").exists()
+
+
+def test_a_failing_compressor_is_quoted_with_its_exit_code_and_output(tmp_path):
+    raw, _, _, _ = fake_save()
+    broken = ["sh", "-c", "cat > /dev/null; echo 'zstd: out of memory' >&2; exit 4"]
+    with pytest.raises(DockyardError) as e:
+        pump_framed(TarPump(), io.BufferedReader(io.BytesIO(raw)), broken, io.BytesIO().write,
+                    frames.LayerCache(tmp_path, "zstd", 2, 1 << 30))
+    assert "failed (exit 4): sh -c " in str(e.value) and "  | zstd: out of memory" in str(e.value)
+    assert not list(tmp_path.rglob("*.partial"))  # no half-written frame left in the cache

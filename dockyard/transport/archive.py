@@ -1,0 +1,227 @@
+"""`invoke save`: images to an archive set (layout.py), checked layer by layer on the way.
+
+docker save → the tar reader (tarstream.py: hashes every layer, leaves out what a thin archive omits)
+→ a compressor, one frame per large layer, or the frame the layer cache holds for it (frames.py)
+→ the archive, hashed as it is written. The manifest records what is inside; `--thin-for` leaves out
+the layers a target already holds (inventory.py), `--sign` signs the manifest (verify.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard import console, engine
+from dockyard.errors import DockyardError
+from dockyard.settings import Settings
+from dockyard.transport import inventory, remote
+from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
+from dockyard.transport.layout import (
+    FORMAT,
+    ArchivePaths,
+    archive_name,
+    check_method,
+    compressor_argv,
+    write_loader,
+)
+from dockyard.transport.tarstream import TarPump
+from dockyard.transport.verify import sign_file
+
+# Compressed size as a share of the tar, for the free-space check: zstd/gzip reach 35-40 % on
+# images of wheels and shared libraries; 60 % leaves room for images that compress badly.
+COMPRESSED_SHARE = {"zstd": 0.6, "gzip": 0.6, "none": 1.0}
+MARGIN = 64 << 20
+
+
+def save(settings: Settings, image: str = "", out: str = "", compress: str = "zstd", level: int = 0,
+         thin_for: str = "", sign: str = "") -> dict:
+    """Write an archive and its companions; returns the manifest."""
+    level = check_method(compress, level)
+    refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings)]
+    images = inventory.inspect_images(settings, refs)
+    tool = (compressor_argv(compress, level) or [""])[0]
+    if tool and not engine.which(tool):
+        raise DockyardError(f"{tool} is not installed: install it (apt-get install {compress}) or pass "
+                            "--compress=gzip / none")
+    key = Path(sign).expanduser() if sign else None
+    if key and not key.exists():
+        raise DockyardError(f"--sign={sign}: no such key file (an ssh private key, or a public key "
+                            "whose private half is in your ssh-agent)")
+    thin = thin_record(settings, images, thin_for) if thin_for else None
+    out_dir = Path(out).expanduser().resolve() if out else settings.path(settings.dist_dir)
+    paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
+    # Thin archives need about as much: they spool each layer while hashing it.
+    tar_estimate = sum(i["bytes"] for i in images)
+    console.check_free(out_dir, int(tar_estimate * COMPRESSED_SHARE[compress]) + MARGIN, "the archive",
+                       "Free some space or pass --out=DIR on a larger disk.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache = layer_cache(settings, compress, level)
+    manifest, got = write_set(settings, paths, images, compress, level, thin, key, cache)
+    write_loader(out_dir)
+    human = console.human
+    if cache is not None and cache.hits:
+        print(f"layer cache: {cache.hits} of {cache.hits + cache.misses} large layers copied from earlier saves "
+              f"({human(cache.bytes_copied)}, {cache.dir})")
+    print(f"wrote {paths.archive}: {human(got.out_bytes)} from {human(manifest['tar_bytes'])} of tar in "
+          f"{got.seconds:.1f} s ({human(got.pump.bytes_read / max(got.seconds, 1e-9))}/s)")
+    if thin is not None:
+        left = sum(layer["bytes"] for layer in manifest["layers"] if not layer["included"])
+        print(f"thin for {thin_for}: left out {len(thin['omitted'])} layers ({human(left)}) the target "
+              f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
+    print(f"load it: invoke load --file={paths.archive}  (or, without the project: sh load.sh "
+          f"{paths.archive.name})")
+    return manifest
+
+
+def default_image(settings: Settings) -> str:
+    """The image of the `auto` variant, saying how it was chosen."""
+    from dockyard import variants
+
+    variant, why = variants.resolve(settings, "auto")
+    print(why, file=sys.stderr)
+    return variants.tag(settings, variant)
+
+
+def thin_record(settings: Settings, images: list[dict], thin_for: str) -> dict | None:
+    """The manifest's `thin` record for --thin-for (an inventory file or ssh://node), or None where an
+    image store needs a full archive."""
+    target = remote.target_inventory(settings, thin_for)
+    omitted = inventory.omission_for(settings, images, target, thin_for)
+    if omitted is None:
+        return None
+    return {"for": thin_for, "target_host": target.get("host", ""), "omitted": sorted(omitted.diff_ids),
+            "requires": omitted.requires}
+
+
+def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], method: str, level: int,
+              thin: dict | None, key: Path | None, cache: LayerCache | None) -> tuple[dict, Streamed]:
+    """The archive, its manifest (signed with `key`) and its .sha256: written as .partial files, renamed
+    when complete, the .sha256 last (a set with one is complete)."""
+    partials = [p.with_name(p.name + ".partial") for p in (paths.archive, paths.manifest, paths.sha256)]
+    signature = partials[1].with_name(partials[1].name + ".sig")  # where ssh-keygen puts it
+    try:
+        with open(partials[0], "wb") as f:
+            got = stream_save(settings, images, f.write, method=method, level=level,
+                              omit=(thin or {}).get("omitted", ()), spool_dir=paths.archive.parent,
+                              label=f"save {paths.archive.name}", cache=cache)
+        manifest = _manifest(paths, images, got, method, level, thin)
+        partials[1].write_text(json.dumps(manifest, indent=2) + "\n")
+        if key:
+            sign_file(partials[1], key)
+        partials[2].write_text(f"{got.out_sha256}  {paths.archive.name}\n"
+                               f"{hashlib.sha256(partials[1].read_bytes()).hexdigest()}  {paths.manifest.name}\n")
+        os.replace(partials[0], paths.archive)
+        os.replace(partials[1], paths.manifest)
+        if key:
+            os.replace(signature, paths.signature)
+        else:
+            paths.signature.unlink(missing_ok=True)
+        os.replace(partials[2], paths.sha256)
+    finally:
+        for p in (*partials, signature):
+            p.unlink(missing_ok=True)
+    return manifest, got
+
+
+# --- the stream ----------------------------------------------------------------------------------
+
+@dataclass
+class Streamed:
+    pump: TarPump
+    out_bytes: int
+    out_sha256: str
+    seconds: float
+
+
+def stream_save(settings: Settings, images: list[dict], sink: Callable[[bytes], object], *, method: str,
+                level: int, omit: Iterable[str] = (), spool_dir: Path | None = None, label: str = "save",
+                cache: LayerCache | None = None) -> Streamed:
+    """docker save → tar reader (hash, thin) → compressor, one frame per large layer, or the frame the
+    cache holds for it → sink, hashing what reaches the sink."""
+    save_argv = engine.docker(settings, "save", *[i["ref"] for i in images])
+    comp_argv = compressor_argv(method, level)
+    engine.echo_pipeline(save_argv, *([comp_argv] if comp_argv else []))
+    out_hash, out_bytes = hashlib.sha256(), 0
+
+    def emit(chunk: bytes) -> None:
+        nonlocal out_bytes
+        out_hash.update(chunk)
+        out_bytes += len(chunk)
+        sink(chunk)
+
+    started = time.monotonic()
+    with (console.progress() as bar,
+          engine.Pipeline(save_argv, stdout=engine.PIPE, quiet=True, what="docker save") as docker_save):
+        task = bar.add_task(label, total=sum(i["bytes"] for i in images) or None)
+        pump = TarPump(omit, spool_dir, on_read=lambda n: bar.advance(task, n))
+        if comp_argv is None:
+            pump.run(docker_save.stdout, emit)
+        else:
+            pump_framed(pump, docker_save.stdout, comp_argv, emit, cache)
+        docker_save.wait()
+    pump.check(images)
+    if cache is not None:
+        cache.prune()
+    return Streamed(pump, out_bytes, out_hash.hexdigest(), time.monotonic() - started)
+
+
+def layer_cache(settings: Settings, method: str, level: int) -> LayerCache | None:
+    """The cache of compressed layer frames (frames.py), or None when it is off."""
+    if method == "none" or settings.layer_cache_gb <= 0:
+        return None
+    return LayerCache(settings.path(settings.layer_cache), method, level, int(settings.layer_cache_gb * (1 << 30)))
+
+
+def pump_framed(pump: TarPump, src, compressor: list[str], emit: Callable[[bytes], None],
+                cache: LayerCache | None) -> None:
+    """The tar from src through the pump into frames (frames.py), the frames into emit."""
+    framed = pump.frames = FramedSink(compressor, emit, cache)
+    pump.known = cache.known() if cache else {}
+    try:
+        pump.run(src, framed.write)
+        framed.close()
+    except BaseException as e:
+        framed.abort()
+        if isinstance(e, StaleNames):
+            cache.forget()
+        raise
+    if cache is not None:
+        cache.learn({n: d for n, (d, _) in pump.layers.items() if n.endswith("/layer.tar")})
+
+
+def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: str, level: int,
+              thin: dict | None) -> dict:
+    layers, seen = [], set()
+    included = {got.pump.layers[n][0] for n in got.pump.layers if n not in got.pump.omitted}
+    sizes = {d: b for d, b in got.pump.layers.values()}
+    for img in images:
+        for d in img["diff_ids"]:
+            if d not in seen:
+                seen.add(d)
+                layers.append({"diff_id": d, "bytes": sizes.get(d, 0), "included": d in included})
+    named = inventory.names(images)
+    return {
+        "format": FORMAT,
+        "archive": paths.archive.name,
+        "archive_sha256": got.out_sha256,
+        "archive_bytes": got.out_bytes,
+        "tar_bytes": got.pump.bytes_read,
+        "compression": {"method": method, "level": level},
+        "created": inventory.now(),
+        "images": [{k: i[k] for k in ("ref", "tags", "id", "labels", "diff_ids", "chain_ids")} for i in images],
+        "layers": layers,
+        "thin": thin,
+        # What load.sh reads with sed: flat strings, one per line (the .sha256 pins this layout).
+        "load_sh": {
+            "check_images": " ".join(f"{ref}={i['id']}" for ref, i in named),
+            "check_layers": " ".join(f"{ref}={','.join(i['diff_ids'])}" for ref, i in named),
+            "require_chains": " ".join((thin or {}).get("requires") or []),
+            "need_kb": str(2 * got.pump.bytes_read // 1024),  # docker load unpacks, then applies
+        },
+    }

@@ -1,0 +1,169 @@
+"""What an engine holds, and what a thin archive may leave out for it.
+
+A node's inventory lists its images with their diff ids and chain ids (the keys the engine stores
+layers under) and its image store. A thin archive leaves out the layer files a target already holds
+(an `Omission`); `docker load` opens a layer file only for a chain id the engine lacks, and only the
+classic store loads such an archive.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard import engine
+from dockyard.errors import DockyardError
+from dockyard.settings import Settings
+
+INVENTORY_FORMAT = "dockyard-inventory/1"
+
+
+def layer_inventory(settings: Settings) -> dict:
+    """This node's inventory: every image, its diff ids and chain ids."""
+    info = engine.engine_info(settings)
+    ids = engine.run(engine.docker(settings, "image", "ls", "-aq", "--no-trunc"),
+                     capture=True, quiet=True).stdout.split()
+    ids = sorted(set(ids))
+    inspected = json.loads(engine.run(engine.docker(settings, "image", "inspect", *ids), capture=True,
+                                      quiet=True).stdout) if ids else []
+    return inventory_from(info, inspected, socket.gethostname())
+
+
+def inventory_from(info: dict, inspected: list[dict], host: str) -> dict:
+    """A node's inventory from `docker info` and `docker image inspect` of all its images."""
+    images, held = [], set()
+    for meta in inspected:
+        diff_ids = (meta.get("RootFS") or {}).get("Layers") or []
+        chains = chain_ids(diff_ids)
+        held.update(chains)
+        images.append({"id": meta["Id"], "tags": meta.get("RepoTags") or [], "diff_ids": diff_ids,
+                       "chain_ids": chains})
+    return {"format": INVENTORY_FORMAT, "host": host, "created": now(),
+            "engine": {"version": info.get("ServerVersion", ""), "store": engine_store(info),
+                       "root": info.get("DockerRootDir", "")},
+            "images": images, "chain_ids": sorted(held)}
+
+
+def engine_store(info: dict) -> str:
+    """The image store of an engine, from `docker info`: "containerd" for the containerd image store
+    (default on new Docker 29 installs), else "classic" (overlay2 and the other graph drivers)."""
+    for pair in info.get("DriverStatus") or []:
+        if len(pair) == 2 and pair[0] == "driver-type" and "containerd.snapshotter" in pair[1]:
+            return "containerd"
+    return "classic"
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """The engine's layer keys: chain(0) = diff(0); chain(i) = sha256(chain(i-1) + " " + diff(i))."""
+    out: list[str] = []
+    for d in diff_ids:
+        out.append(d if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
+    return out
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_inventory(settings: Settings, out: str = "") -> Path:
+    inv = layer_inventory(settings)
+    path = Path(out) if out else settings.path(settings.dist_dir) / f"inventory-{inv['host']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(inv, indent=2) + "\n")
+    print(f"wrote {path}: {len(inv['images'])} images, {len(inv['chain_ids'])} layers, "
+          f"{inv['engine']['store']} image store")
+    return path
+
+
+def read_inventory(path: Path) -> dict:
+    try:
+        inv = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DockyardError(f"no inventory {path}: make one on the target with `invoke inventory "
+                            "--out=FILE` (or `sh load.sh --inventory > FILE`) and copy it here") from None
+    except json.JSONDecodeError as e:
+        raise DockyardError(f"{path} is not an inventory (invalid JSON: {e})") from None
+    if inv.get("format") != INVENTORY_FORMAT or "chain_ids" not in inv:
+        raise DockyardError(f"{path} is not a dockyard inventory (format {INVENTORY_FORMAT})")
+    return inv
+
+
+# --- images, as archives record them --------------------------------------------------------------
+
+def inspect_images(settings: Settings, refs: list[str]) -> list[dict]:
+    """What the manifest records of each image; refuses names the engine does not hold."""
+    out = []
+    for ref in refs:
+        meta = engine.image_inspect(settings, ref)
+        if meta is None:
+            raise DockyardError(f"no image {ref} in the engine: build it (`invoke build`) or name "
+                                "another with --image (see `docker image ls`)")
+        diff_ids = meta["RootFS"].get("Layers") or []
+        out.append({"ref": ref, "id": meta["Id"], "tags": meta.get("RepoTags") or [],
+                    "bytes": meta.get("Size", 0), "labels": (meta.get("Config") or {}).get("Labels") or {},
+                    "diff_ids": diff_ids, "chain_ids": chain_ids(diff_ids)})
+    return out
+
+
+def names(images: list[dict]) -> list[tuple[str, dict]]:
+    """(name, image) for every name an archive gives its images: their tags, or the id of an untagged one."""
+    return [(ref, img) for img in images for ref in img["tags"] or [img["id"]]]
+
+
+def loaded_as_saved(meta: dict | None, img: dict, store: str) -> str:
+    """"" when the engine holds the image the archive carries, else what is wrong with it.
+
+    The classic store names an image by its config digest, which the archive knows. The containerd
+    store names it by a manifest it writes while importing, so there the layers are compared.
+    """
+    if meta is None:
+        return "is missing"
+    if store == "containerd":
+        return "" if meta["RootFS"].get("Layers") == img["diff_ids"] else "has other layers than the archive's"
+    return "" if meta["Id"] == img["id"] else f"is {meta['Id']}, the archive holds {img['id']}"
+
+
+# --- thin archives ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Omission:
+    """What a thin archive leaves out for one target: the layer files (diff ids), and the chain ids the
+    target must hold for the archive to load there."""
+
+    diff_ids: frozenset[str]
+    requires: list[str]
+
+
+def omission(images: list[dict], target: dict) -> Omission:
+    """The layer files `target` (an inventory) makes unnecessary for `images`.
+
+    A layer file is left out only when every place it appears in is already held by the target:
+    `docker load` opens a layer file only for a chain id the engine lacks.
+    """
+    held = set(target["chain_ids"])
+    needed: set[str] = set()
+    covered: list[tuple[str, str]] = []
+    for img in images:
+        for diff, chain in zip(img["diff_ids"], img["chain_ids"], strict=True):
+            if chain in held:
+                covered.append((diff, chain))
+            else:
+                needed.add(diff)
+    omit = frozenset(d for d, _ in covered) - needed
+    return Omission(omit, sorted({c for d, c in covered if d in omit}))
+
+
+def omission_for(settings: Settings, images: list[dict], target: dict, target_name: str) -> Omission | None:
+    """The omission for `target`, or None (saying why) where an image store needs every layer."""
+    here = engine_store(engine.engine_info(settings))
+    if "containerd" in (here, target["engine"]["store"]):
+        where = "this host" if here == "containerd" else f"the target ({target_name})"
+        print(f"{where} uses the containerd image store, where `docker load` needs every layer in the "
+              "archive: writing a full archive", file=sys.stderr)
+        return None
+    return omission(images, target)

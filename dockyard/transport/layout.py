@@ -1,0 +1,117 @@
+"""An archive set on disk, and the compression methods it may use.
+
+An archive is a plain `docker save` tar, compressed, with three files beside it: `<name>.sha256`
+(sha256sum -c format, covering the archive AND the manifest), `<name>.manifest.json` (what is inside),
+and `load.sh` (the same verify-then-load for nodes without the project).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard import engine
+from dockyard.errors import DockyardError
+
+FORMAT = "dockyard-archive/1"
+SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
+# zstd 2: on 2 cores smaller than `gzip -6` and close to the speed of `docker save` itself
+# (benchmarks/results/transport.md); 3 is about 7 % smaller and 15 % slower.
+DEFAULT_LEVEL = {"zstd": 2, "gzip": 6, "none": 0}
+LEVELS = {"zstd": range(1, 23), "gzip": range(1, 10), "none": range(0, 1)}
+LOADER_TEMPLATE = Path(__file__).parent / "load.sh"
+
+
+@dataclass(frozen=True)
+class ArchivePaths:
+    """The files of one archive: `<base><suffix>` and its companions in the same folder."""
+
+    archive: Path
+
+    @property
+    def base(self) -> str:
+        name = self.archive.name
+        for suffix in SUFFIXES.values():
+            if name.endswith(suffix):
+                return name[: -len(suffix)]
+        raise DockyardError(f"{self.archive} is not an image archive: expected a name ending in "
+                            + ", ".join(SUFFIXES.values()))
+
+    @property
+    def method(self) -> str:
+        return next(m for m, s in SUFFIXES.items() if self.archive.name.endswith(s))
+
+    def _beside(self, suffix: str) -> Path:
+        return self.archive.with_name(self.base + suffix)
+
+    @property
+    def sha256(self) -> Path:
+        return self._beside(".sha256")
+
+    @property
+    def manifest(self) -> Path:
+        return self._beside(".manifest.json")
+
+    @property
+    def signature(self) -> Path:
+        return self._beside(".manifest.json.sig")
+
+    @property
+    def loader(self) -> Path:
+        return self.archive.with_name("load.sh")
+
+
+def archive_name(refs: list[str], method: str, thin: bool) -> str:
+    """A file name that says what is inside: `dockyard_0.1.0-cpu.tar.zst`, `..-thin.tar.zst`."""
+    stem = "+".join(r.replace("/", "_").replace(":", "_").replace("@", "_") for r in refs)
+    if len(stem) > 120:
+        stem = stem[:100] + "+" + hashlib.sha256(stem.encode()).hexdigest()[:12]
+    return stem + ("-thin" if thin else "") + SUFFIXES[method]
+
+
+def read_sums(path: Path) -> dict[str, str]:
+    """A .sha256 file (sha256sum format) as file name → digest."""
+    sums = {}
+    for line in path.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name:
+            sums[name.lstrip("*")] = digest
+    return sums
+
+
+def write_loader(folder: Path) -> Path:
+    """Puts load.sh beside the archives. It is the same for every archive: it reads the manifest."""
+    loader, partial = folder / "load.sh", folder / "load.sh.partial"
+    shutil.copyfile(LOADER_TEMPLATE, partial)
+    partial.chmod(0o755)
+    os.replace(partial, loader)
+    return loader
+
+
+# --- compressors ---------------------------------------------------------------------------------
+
+def check_method(method: str, level: int) -> int:
+    """The level to use (0 = the method's default); refuses unknown methods and levels."""
+    if method not in SUFFIXES:
+        raise DockyardError(f"--compress={method}: choose zstd, gzip or none")
+    level = level or DEFAULT_LEVEL[method]
+    if level not in LEVELS[method]:
+        r = LEVELS[method]
+        raise DockyardError(f"--level={level} does not fit --compress={method}: use {r.start}..{r.stop - 1}")
+    return level
+
+
+def compressor_argv(method: str, level: int) -> list[str] | None:
+    """zstd on every core; pigz where installed (same gzip format, every core), else gzip."""
+    if method == "zstd":
+        return ["zstd", "-T0", f"-{level}", *(["--ultra"] if level > 19 else []), "-q", "-c"]
+    if method == "gzip":
+        return [engine.which("pigz") or "gzip", f"-{level}", "-c"]
+    return None
+
+
+def decompressor_argv(method: str) -> list[str] | None:
+    return {"zstd": ["zstd", "-dc", "-q"], "gzip": ["gzip", "-dc"]}.get(method)

@@ -1,0 +1,210 @@
+"""`invoke ship`: an archive (file mode) or an image (stream mode) to another node over ssh.
+
+`ship_file`: copies an archive resumably (rsync --partial --append-verify where the node has rsync;
+otherwise ssh appending to a `.partial` file from where it stopped), checks the sha256 there, and
+only then renames it; with `load`, runs the archive's load.sh there. `ship_image`: no file on
+either side, `docker save | zstd | ssh node 'zstd -dc | docker load'`, checked after loading.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from dockyard import console, engine
+from dockyard.errors import DockyardError
+from dockyard.settings import Settings
+from dockyard.transport import archive, inventory
+from dockyard.transport.layout import ArchivePaths, check_method, decompressor_argv, read_sums
+from dockyard.transport.remote import (
+    Remote,
+    node_state,
+    parse_to,
+    remote_inventory,
+    rpath,
+    run_there,
+    sha256_there,
+    ssh_argv,
+    ssh_base,
+)
+
+
+def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: str = "", load: bool = False,
+              transport: str = "") -> list[tuple[str, str]]:
+    """Copy an archive and its companions to the node, verify it there, optionally load it there.
+
+    `transport` forces "rsync" or "ssh" (tests); by default rsync where the node has it.
+    Returns the (ref, id) pairs load.sh reported when loading, else [].
+    """
+    paths = ArchivePaths(Path(file).expanduser().resolve())
+    for p in (paths.archive, paths.sha256, paths.manifest, paths.loader):
+        if not p.exists():
+            raise DockyardError(f"{p} is missing: ship an archive written by `invoke save` (it writes the "
+                                ".sha256, .manifest.json and load.sh beside it)")
+    r = parse_to(to, port, identity)
+    name, size = paths.archive.name, paths.archive.stat().st_size
+    manifest = json.loads(paths.manifest.read_text())
+    expected = read_sums(paths.sha256).get(name, "")
+    have = node_state(settings, r, name)
+    needs = {"sha256sum": "to check the copy"}
+    if load:
+        needs["docker"] = "to load it"
+        if paths.method != "none":
+            needs[paths.method] = "to unpack it"
+    for tool, why in needs.items():
+        if not have.get(tool):
+            raise DockyardError(f"{r.host} has no {tool} ({why}): install it there"
+                                + (", or save with --compress=gzip" if tool == "zstd" else ""))
+    check_thin_fits(settings, r, manifest)
+
+    if int(have.get("final", -1)) == size and sha256_there(settings, r, name, have) == expected:
+        print(f"{r.where(name)} is already there and verified")
+    else:
+        copy(settings, r, paths, have, transport)
+        got = sha256_there(settings, r, name + ".partial", have)
+        if got != expected:
+            run_there(settings, r, f"rm -f {rpath(r.dir, name + '.partial')}", "removing a bad copy")
+            raise DockyardError(f"the copy on {r.host} does not match the archive's sha256 ({got[:12]} != "
+                                f"{expected[:12]}): removed it; run `invoke ship` again")
+        run_there(settings, r, f"mv -f {rpath(r.dir, name + '.partial')} {rpath(r.dir, name)}", "renaming the copy")
+    for p in (paths.manifest, paths.signature, paths.sha256, paths.loader):
+        if p.exists():
+            _put_small(settings, r, p)
+    # The archive's sha256 was checked above; this checks that the manifest arrived intact.
+    run_there(settings, r, f"cd {rpath(r.dir)} && grep -F {shlex.quote('  ' + paths.manifest.name)} "
+                           f"{shlex.quote(paths.sha256.name)} | sha256sum -c -", f"verifying the manifest on {r.host}")
+    print(f"shipped {name} to {r.where()}: sha256 verified there")
+    if not load:
+        return []
+    out = run_there(settings, r, f"cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}", f"loading {name} on {r.host}")
+    loaded = [tuple(line.split()[1:3]) for line in out.stdout.splitlines() if line.startswith("loaded ")]
+    for ref, image_id in loaded:
+        print(f"loaded on {r.host}: {ref} {image_id}")
+    return loaded
+
+
+def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity: str = "",
+               thin: bool = False) -> list[tuple[str, str]]:
+    """docker save | zstd | ssh node 'zstd -dc | docker load', then check every image id there."""
+    r = Remote(parse_to(to.split(":", 1)[0], need_dir=False).host, ".", port, identity)
+    refs = [x.strip() for x in image.split(",") if x.strip()]
+    images = inventory.inspect_images(settings, refs)
+    have = node_state(settings, r, "")
+    if not have.get("docker"):
+        raise DockyardError(f"{r.host} has no docker to load into")
+    method = "zstd" if have.get("zstd") and engine.which("zstd") else "gzip"
+    level = check_method(method, 0)
+    omit: frozenset[str] = frozenset()
+    if thin:
+        omitted = inventory.omission_for(settings, images, remote_inventory(settings, r), r.url)
+        if omitted is not None:
+            omit = omitted.diff_ids
+            print(f"thin: leaving out {len(omit)} layers {r.host} already holds", file=sys.stderr)
+    load_argv = ssh_argv(settings, r, f"{' '.join(decompressor_argv(method))} | docker load")
+    engine.echo(load_argv)
+    with engine.Pipeline(load_argv, stdin=engine.PIPE, stdout=engine.TAIL, quiet=True,
+                         what=f"docker load on {r.host}") as remote_load:
+        try:
+            got = archive.stream_save(settings, images, remote_load.stdin.write, method=method, level=level,
+                                      omit=omit, label=f"stream to {r.host}",
+                                      cache=archive.layer_cache(settings, method, level))
+        except BrokenPipeError:  # the node stopped reading: its exit code and output say why
+            remote_load.wait()
+            raise DockyardError(f"{r.host} stopped reading the stream: {engine.quote(load_argv)}\n"
+                                + console.tail(remote_load.output())) from None
+        remote_load.wait()
+    wanted = inventory.names(images)
+    script = "; ".join(["docker info --format '{{json .}}'"] + [
+        f"docker image inspect --format '{{{{json .}}}}' {shlex.quote(ref)} 2>/dev/null || echo null"
+        for ref, _ in wanted])
+    lines = run_there(settings, r, script, f"checking the images on {r.host}").stdout.splitlines()
+    store = inventory.engine_store(json.loads(lines[0]))
+    found = [(ref, json.loads(line)) for (ref, _), line in zip(wanted, lines[1:], strict=False)]
+    bad = [f"{ref} {wrong}" for (ref, img), (_, meta) in zip(wanted, found, strict=False)
+           if (wrong := inventory.loaded_as_saved(meta, img, store))]
+    if bad or len(found) < len(wanted):
+        raise DockyardError(f"docker load on {r.host} did not load what was sent: {'; '.join(bad) or 'no answer'}")
+    print(f"streamed {console.human(got.out_bytes)} ({method}) to {r.host} in {got.seconds:.1f} s")
+    for ref, meta in found:
+        print(f"loaded on {r.host}: {ref} {meta['Id']}")
+    return [(ref, meta["Id"]) for ref, meta in found]
+
+
+def check_thin_fits(settings: Settings, r: Remote, manifest: dict) -> None:
+    """Refuse before copying when the node lacks a layer the thin archive relies on."""
+    requires = (manifest.get("thin") or {}).get("requires") or []
+    if not requires:
+        return
+    inv = remote_inventory(settings, r)
+    if inv["engine"]["store"] == "containerd":
+        raise DockyardError(f"{r.host} uses the containerd image store, which cannot load a thin archive: "
+                            "ship the full archive (invoke save without --thin-for)")
+    missing = set(requires) - set(inv["chain_ids"])
+    if missing:
+        raise DockyardError(f"{r.host} lacks {len(missing)} of the {len(requires)} base layers this thin "
+                            f"archive relies on: it would not load there. Ship the full archive, or a thin "
+                            f"one made for this node (invoke save --thin-for={r.url}). Nothing was copied.")
+
+
+# --- copying -------------------------------------------------------------------------------------
+
+def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str], transport: str) -> None:
+    """The archive to <name>.partial on the node, continuing a cut copy; refuses when space is short."""
+    name, size = paths.archive.name, paths.archive.stat().st_size
+    offset = int(have.get("partial", 0))
+    if offset > size:
+        offset = 0
+    companions = sum(p.stat().st_size for p in (paths.sha256, paths.manifest, paths.loader))
+    need = size - offset + companions
+    free = int(have.get("free_kb") or 0) * 1024
+    if free < need:
+        raise DockyardError(f"not enough space in {r.where()}: {console.human(free)} free, the copy needs "
+                            f"{console.human(need)}. Free space there or ship to another folder. "
+                            "Nothing was copied.")
+    mkdir = f"mkdir -p {rpath(r.dir)}" + ("" if offset else f" && rm -f {rpath(r.dir, name + '.partial')}")
+    run_there(settings, r, mkdir, f"preparing {r.where()}")
+    if offset:
+        print(f"resuming the copy at {console.human(offset)} of {console.human(size)}", file=sys.stderr)
+    use = transport or ("rsync" if have.get("rsync") and engine.which("rsync") else "ssh")
+    if use == "rsync":
+        engine.run(rsync_argv(settings, r, paths.archive, name + ".partial"), what=_copying(r))
+    else:
+        _append_copy(settings, r, paths.archive, name + ".partial", offset)
+
+
+def _copying(r: Remote) -> str:
+    return f"copying to {r.host} (run the same `invoke ship` again to continue where it stopped)"
+
+
+def rsync_argv(settings: Settings, r: Remote, local: Path, remote_name: str) -> list[str]:
+    """rsync keeps a cut copy (--partial) and continues it, checking the whole file (--append-verify)."""
+    return ["rsync", "--partial", "--append-verify", "--info=progress2", "-e", engine.quote(ssh_base(settings, r)),
+            str(local), f"{r.host}:{r.dir}/{remote_name}"]
+
+
+def append_argv(settings: Settings, r: Remote, remote_name: str) -> list[str]:
+    """Without rsync: the missing tail goes over ssh and is appended (the sha256 check comes after)."""
+    return ssh_argv(settings, r, f"cat >> {rpath(r.dir, remote_name)}")
+
+
+def _append_copy(settings: Settings, r: Remote, local: Path, remote_name: str, offset: int) -> None:
+    with (console.progress() as bar, open(local, "rb") as f,
+          engine.Pipeline(append_argv(settings, r, remote_name), stdin=engine.PIPE, what=_copying(r)) as append):
+        task = bar.add_task(f"copy {local.name}", total=local.stat().st_size, completed=offset)
+        f.seek(offset)
+        try:
+            while chunk := f.read(engine.CHUNK):
+                append.stdin.write(chunk)
+                bar.advance(task, len(chunk))
+        except BrokenPipeError:  # ssh stopped: its exit code and output say why
+            pass
+        append.wait()
+
+
+def _put_small(settings: Settings, r: Remote, local: Path) -> None:
+    """A companion file: written whole to .partial, then renamed."""
+    final, tmp = rpath(r.dir, local.name), rpath(r.dir, local.name + ".partial")
+    engine.run(ssh_argv(settings, r, f"cat > {tmp} && mv -f {tmp} {final}"), input=local.read_bytes(),
+               quiet=True, what=f"copying {local.name} to {r.host}")

@@ -1,0 +1,200 @@
+"""The `docker save` tar stream, read on its way to the compressor (TarPump).
+
+It records every layer file's size and sha256, so each archive is checked against the images' diff ids
+before it is kept (the engine can leave blobs out silently, moby#49473), and it drops the layer files a
+thin archive leaves out. Classic engines name layer files by a legacy id that says nothing about the
+layer, so for thin archives each layer is spooled while it is hashed, then kept or dropped, unless the
+layer cache's name map (frames.LayerCache.known) already says which layer a name holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from dockyard.engine import CHUNK
+from dockyard.errors import DockyardError
+from dockyard.transport.frames import FramedSink, StaleNames
+
+BLOCK = 512
+SPOOL_IN_MEMORY = 256 << 20
+
+
+class TarPump:
+    """Copies a `docker save` tar from `src` to `write`, member by member.
+
+    Records each layer file's sha256 and size, symlinked layer files, docker's manifest.json, and
+    leaves out the layer files whose diff id is in `omit`.
+    """
+
+    def __init__(self, omit: Iterable[str] = (), spool_dir: Path | None = None,
+                 on_read: Callable[[int], None] = lambda n: None):
+        self.omit = set(omit)
+        self.spool_dir = spool_dir
+        self.on_read = on_read
+        self.layers: dict[str, tuple[str, int]] = {}  # member name → (diff id, bytes)
+        self.links: dict[str, str] = {}              # layer file name → the layer file it links to
+        self.omitted: set[str] = set()
+        self.docker_manifest: list[dict] = []
+        self.bytes_read = 0
+        self.frames: FramedSink | None = None  # set when compressing: layers become frames of their own
+        self.known: dict[str, str] = {}        # member name → diff id, from earlier saves (LayerCache.known)
+
+    def _read(self, src, n: int) -> bytes:
+        data = src.read(n)
+        if len(data) < n:
+            raise DockyardError("the `docker save` stream ended in the middle of a file")
+        self.bytes_read += n
+        self.on_read(n)
+        return data
+
+    def _copy(self, src, n: int, write, h=None, content: int = 0) -> None:
+        """Copy n bytes; the first `content` of them (the member without its padding) into h."""
+        while n:
+            chunk = self._read(src, min(n, CHUNK))
+            n -= len(chunk)
+            if h is not None and content > 0:
+                h.update(chunk if len(chunk) <= content else chunk[:content])
+                content -= len(chunk)
+            if write is not None:
+                write(chunk)
+
+    def run(self, src, write) -> None:
+        ext: list[bytes] = []          # PAX / GNU long-name headers that belong to the next member
+        over: dict[str, str] = {}
+        while True:
+            header = self._read(src, BLOCK)
+            if not any(header):        # end-of-archive marker: pass it and whatever follows
+                write(header)
+                while chunk := src.read(CHUNK):
+                    write(chunk)
+                return
+            kind, size = header[156:157], _number(header[124:136])
+            if kind in (b"x", b"L", b"K"):
+                data = self._read(src, _padded(size))
+                ext += [header, data]
+                if kind == b"x":
+                    over.update(_pax(data[:size]))
+                else:
+                    over["path" if kind == b"L" else "linkpath"] = _cstr(data[:size])
+                continue
+            name = over.get("path") or _cstr(header[0:100])
+            if "path" not in over and header[257:262] == b"ustar" and header[345]:
+                name = _cstr(header[345:500]) + "/" + name
+            link = over.get("linkpath") or _cstr(header[157:257])
+            size = int(over.get("size", size))
+            self._member(src, write, b"".join(ext) + header, name.removeprefix("./"), kind, size, link)
+            ext, over = [], {}
+
+    def _member(self, src, write, head: bytes, name: str, kind: str, size: int, link: str) -> None:
+        padded = _padded(size)
+        regular = kind in (b"0", b"\0", b"7")
+        blob = name.startswith("blobs/sha256/")
+        if kind == b"2" and name.endswith("/layer.tar"):
+            self.links[name] = posixpath.normpath(posixpath.join(posixpath.dirname(name), link))
+        if not regular or not (blob or name.endswith("/layer.tar")):
+            if name == "manifest.json":
+                data = self._read(src, padded)
+                self.docker_manifest = json.loads(data[:size])
+                write(head)
+                write(data)
+            else:
+                write(head)
+                self._copy(src, padded, write)
+            return
+        if blob and "sha256:" + name.rsplit("/", 1)[1] in self.omit:
+            self._copy(src, padded, None)   # the name is the digest: no need to look inside
+            self.layers[name] = ("sha256:" + name.rsplit("/", 1)[1], size)
+            self.omitted.add(name)
+            return
+        h = hashlib.sha256()
+        hint = "sha256:" + name.rsplit("/", 1)[1] if blob else self.known.get(name, "")
+        if hint in self.omit:  # known from an earlier save: no need to spool it, only to check it
+            self._copy(src, padded, None, h, size)
+            self.layers[name] = ("sha256:" + h.hexdigest(), size)
+            if self.layers[name][0] != hint:
+                raise StaleNames(f"the layer cache's name map said {name} holds {hint}, but it holds "
+                                 f"{self.layers[name][0]}; the map is now cleared: save again")
+            self.omitted.add(name)
+            return
+        if not self.omit or hint:
+            write(head)
+            send = self.frames.begin(padded, hint) if self.frames else True
+            self._copy(src, padded, write if send else None, h, size)
+            self.layers[name] = ("sha256:" + h.hexdigest(), size)
+            if self.frames:
+                self.frames.end(self.layers[name][0])
+            return
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY, dir=self.spool_dir) as spool:
+            self._copy(src, padded, spool.write, h, size)
+            digest = "sha256:" + h.hexdigest()
+            self.layers[name] = (digest, size)
+            if digest in self.omit:
+                self.omitted.add(name)
+                return
+            write(head)
+            if self.frames and not self.frames.begin(padded, digest):
+                self.frames.end(digest)
+                return
+            spool.seek(0)
+            while chunk := spool.read(CHUNK):
+                write(chunk)
+            if self.frames:
+                self.frames.end(digest)
+
+    def diff_id(self, name: str) -> str:
+        seen = set()
+        while name in self.links and name not in seen:
+            seen.add(name)
+            name = self.links[name]
+        if name not in self.layers:
+            raise DockyardError(f"the `docker save` archive names {name} but does not hold it "
+                                "(the engine left it out: moby#49473). Nothing was written.")
+        return self.layers[name][0]
+
+    def check(self, images: list[dict]) -> None:
+        """Every image's layer files hash to its diff ids, in order: the archive is what it claims.
+
+        Also sets each image's "tags" to those the archive carries (`docker save` by id carries none).
+        """
+        for img in images:
+            hexid = img["id"].split(":", 1)[1]
+            entry = next((e for e in self.docker_manifest if hexid in e.get("Config", "")), None)
+            if entry is None:
+                raise DockyardError(f"the `docker save` archive lacks the config of {img['ref']}. "
+                                    "Nothing was written.")
+            got = [self.diff_id(p) for p in entry.get("Layers", [])]
+            if got != img["diff_ids"]:
+                raise DockyardError(f"the `docker save` archive does not match {img['ref']}: its layer "
+                                    "files do not hash to the image's diff ids. Nothing was written.")
+            img["tags"] = entry.get("RepoTags") or []
+
+
+def _padded(n: int) -> int:
+    return (n + BLOCK - 1) // BLOCK * BLOCK
+
+
+def _cstr(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _number(field: bytes) -> int:
+    if field[0] & 0x80:  # base-256, how GNU tar writes sizes of 8 GiB and more
+        return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+    text = _cstr(field).strip()
+    return int(text, 8) if text else 0
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    out, i = {}, 0
+    while i < len(data):
+        space = data.index(b" ", i)
+        length = int(data[i:space])
+        key, _, value = data[space + 1: i + length - 1].partition(b"=")
+        out[key.decode()] = value.decode("utf-8", "replace")
+        i += length
+    return out

@@ -1,0 +1,56 @@
+"""The one runner: single commands and pipelines, and how their failures are quoted."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockyard import engine
+from dockyard.errors import DockyardError
+
+
+def test_a_failed_command_is_quoted_with_its_exit_code_and_output():
+    with pytest.raises(DockyardError) as e:
+        engine.run(["sh", "-c", "echo 'no space left' >&2; exit 3"], capture=True, quiet=True, what="copying x")
+    assert str(e.value) == "copying x failed (exit 3): sh -c 'echo '\"'\"'no space left'\"'\"' >&2; exit 3'\n" \
+                           "  | no space left"
+    with pytest.raises(DockyardError, match="`no-such-tool-here` not found"):
+        engine.run(["no-such-tool-here"], quiet=True)
+
+
+def test_binary_output_stays_bytes():
+    assert engine.run(["printf", "\\377\\000"], capture=True, binary=True, quiet=True).stdout == b"\xff\x00"
+
+
+def test_a_pipeline_streams_between_its_commands(capsys):
+    with engine.Pipeline(["cat"], ["tr", "a-z", "A-Z"], stdin=engine.PIPE, stdout=engine.PIPE) as p:
+        p.stdin.write(b"hello\n")
+        p.stdin.close()
+        assert p.stdout.read() == b"HELLO\n"
+        assert p.wait() == [0, 0]
+    assert capsys.readouterr().err == "+ cat | tr a-z A-Z\n"
+
+
+def test_a_failing_stage_is_quoted_like_a_single_command(capsys):
+    failing = ["sh", "-c", "cat > /dev/null; echo 'docker load: invalid tar header' >&2; exit 1"]
+    with engine.Pipeline(["printf", "data"], failing, stdout=engine.TAIL, what="loading x.tar.zst") as p:
+        with pytest.raises(DockyardError) as e:
+            p.wait()
+    assert str(e.value) == (f"loading x.tar.zst failed (exit 1): {engine.quote(failing)}\n"
+                            "  | docker load: invalid tar header")
+    assert p.returncodes == [0, 1]
+
+
+def test_the_last_commands_output_can_be_kept_for_the_error(capsys):
+    with engine.Pipeline(["sh", "-c", "echo out; echo err >&2"], stdout=engine.TAIL, quiet=True) as p:
+        p.wait()
+        assert p.output() == ["out", "err"]
+    assert capsys.readouterr() == ("", "")
+
+
+def test_leaving_a_pipeline_by_an_exception_stops_its_commands():
+    with pytest.raises(KeyError):
+        with engine.Pipeline(["sleep", "60"], quiet=True) as p:
+            raise KeyError("the caller failed")
+    assert p.procs[0].returncode is not None and p.procs[0].returncode < 0
+    with pytest.raises(DockyardError, match="`no-such-tool-here` not found"):
+        engine.Pipeline(["cat"], ["no-such-tool-here"], stdin=engine.PIPE, quiet=True)

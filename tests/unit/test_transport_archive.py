@@ -1,0 +1,37 @@
+"""Save decisions without an engine: what --thin-for records, and refusing before writing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dockyard.errors import DockyardError
+from dockyard.settings import Settings
+from dockyard.transport import archive, inventory
+
+BASE, RUN = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+IMAGE = {"ref": "x:1", "id": "sha256:" + "0" * 64, "tags": [], "diff_ids": [BASE, RUN],
+         "chain_ids": inventory.chain_ids([BASE, RUN]), "bytes": 0}
+
+
+def test_thin_for_a_containerd_node_writes_a_full_archive(tmp_path, monkeypatch, capsys):
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"format": inventory.INVENTORY_FORMAT, "host": "n7",
+                               "engine": {"store": "containerd"}, "chain_ids": [BASE]}))
+    monkeypatch.setattr(inventory.engine, "engine_info", lambda settings: {"DriverStatus": []})
+    assert archive.thin_record(Settings(), [IMAGE], str(inv)) is None
+    err = capsys.readouterr().err
+    assert "the target" in err and "containerd image store" in err and "writing a full archive" in err
+    inv.write_text(json.dumps({"format": inventory.INVENTORY_FORMAT, "host": "n7",
+                               "engine": {"store": "classic"}, "chain_ids": [BASE]}))
+    thin = archive.thin_record(Settings(), [IMAGE], str(inv))
+    assert thin == {"for": str(inv), "target_host": "n7", "omitted": [BASE], "requires": [BASE]}
+
+
+def test_save_refuses_bad_choices_before_asking_the_engine(monkeypatch):
+    monkeypatch.setattr(inventory.engine, "image_inspect", lambda settings, ref: pytest.fail("asked the engine"))
+    with pytest.raises(DockyardError, match="choose zstd, gzip or none"):
+        archive.save(Settings(), image="x:1", compress="xz")
+    with pytest.raises(DockyardError, match="does not fit --compress=zstd"):
+        archive.save(Settings(), image="x:1", level=40)

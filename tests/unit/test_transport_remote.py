@@ -1,0 +1,80 @@
+"""A node over ssh, without a node: destinations, the ssh argv, the node-state script (run by a real sh)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+
+from dockyard.errors import DockyardError
+from dockyard.settings import Settings
+from dockyard.transport import remote
+from dockyard.transport.inventory import INVENTORY_FORMAT
+from dockyard.transport.remote import Remote
+
+
+def test_parse_destinations():
+    assert remote.parse_to("gpu@node7:/srv/images/", 2222, "~/.ssh/k") == Remote("gpu@node7", "/srv/images", 2222,
+                                                                                  "~/.ssh/k")
+    assert remote.parse_to("node7:dist").dir == "dist"
+    assert remote.parse_to("node7", need_dir=False).host == "node7"
+    with pytest.raises(DockyardError, match=r"\[user@\]host:/dir"):
+        remote.parse_to("node7")
+    assert remote.parse_ssh_url("ssh://me@node7:2200") == Remote("me@node7", port=2200)
+    assert remote.parse_ssh_url("ssh://node7").port == 0
+    with pytest.raises(DockyardError, match="ssh://"):
+        remote.parse_ssh_url("node7:/x")
+    assert Remote("me@node7", port=2200).url == "ssh://me@node7:2200" and Remote("node7").url == "ssh://node7"
+
+
+def test_ssh_honours_the_users_ssh_and_its_options():
+    s = Settings(ssh="ssh -F /etc/cluster.conf")
+    r = Remote("node7", "/d", 2222, "/k")
+    argv = remote.ssh_argv(s, r, "echo 'hi' && true")
+    assert argv[:7] == ["ssh", "-F", "/etc/cluster.conf", "-p", "2222", "-i", "/k"]
+    assert argv[7] == "node7" and argv[8] == "sh -c " + shlex.quote("echo 'hi' && true")
+    # The remote command runs in POSIX sh whatever the login shell is: check the quoting round-trips.
+    assert subprocess.run(["sh", "-c", argv[8]], capture_output=True, text=True).stdout == "hi\n"
+
+
+def test_node_state_script_reports_tools_space_and_partial_copies(tmp_path):
+    (tmp_path / "x.tar.zst.partial").write_bytes(b"a" * 1234)
+    out = subprocess.run(["sh", "-c", remote.node_state_script(str(tmp_path), "x.tar.zst")],
+                         capture_output=True, text=True, check=True).stdout
+    have = remote.parse_node_state(out)
+    assert have["partial"] == "1234" and "final" not in have
+    assert int(have["free_kb"]) > 0 and have["sha256sum"].endswith("sha256sum")
+    # A folder that does not exist yet: free space of the nearest parent, nothing created.
+    script = remote.node_state_script(str(tmp_path / "new" / "deeper"), "x")
+    have = remote.parse_node_state(subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                                                  check=True).stdout)
+    assert int(have["free_kb"]) > 0 and not (tmp_path / "new").exists()
+
+
+def test_the_inventory_script_is_read_like_docker_prints_it(monkeypatch):
+    """What INVENTORY_SCRIPT prints over ssh becomes an inventory; the Remote given is the one used."""
+    info = {"ServerVersion": "20.10", "DriverStatus": []}
+    layers = ["sha256:" + "a" * 64]
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv)
+        out = json.dumps(info) + "\n" + remote.SEP + "\n" + json.dumps([{"Id": "sha256:" + "1" * 64,
+                                                                        "RootFS": {"Layers": layers}}])
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(remote.engine, "run", fake_run)
+    inv = remote.remote_inventory(Settings(), Remote("node7", port=2200, identity="/keys/k"))
+    assert inv["format"] == INVENTORY_FORMAT and inv["host"] == "node7" and inv["chain_ids"] == layers
+    assert calls[0][:5] == ["ssh", "-p", "2200", "-i", "/keys/k"]
+
+
+def test_thin_for_names_a_node_or_an_inventory_file(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(remote, "remote_inventory", lambda settings, r: seen.append(r) or {"chain_ids": []})
+    remote.target_inventory(Settings(), "ssh://me@node7:2200")
+    assert seen == [Remote("me@node7", port=2200)]
+    (tmp_path / "n.json").write_text(json.dumps({"format": INVENTORY_FORMAT, "chain_ids": []}))
+    assert remote.target_inventory(Settings(), str(tmp_path / "n.json"))["chain_ids"] == []

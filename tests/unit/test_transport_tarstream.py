@@ -1,0 +1,54 @@
+"""The `docker save` tar reader without an engine: every layer hashed, omitted layers dropped."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from dockyard.errors import DockyardError
+from dockyard.transport.tarstream import TarPump
+from tests.support.save_tars import fake_oci_save, fake_save
+
+
+@pytest.mark.parametrize("fmt,long_dir", [(tarfile.USTAR_FORMAT, False), (tarfile.PAX_FORMAT, True),
+                                          (tarfile.GNU_FORMAT, True)])
+def test_tar_pump_records_layers_and_drops_omitted_ones(fmt, long_dir):
+    raw, image, big_id, small_id = fake_save(fmt, long_dir)
+    out = io.BytesIO()
+    pump = TarPump(omit={big_id})
+    pump.run(io.BufferedReader(io.BytesIO(raw)), out.write)
+    pump.check([image])  # every layer hashed, the symlink followed
+    assert image["tags"] == ["t:2"]
+    names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
+    assert not any(n.endswith("/layer.tar") and n.startswith(("1", "d")) for n in names)
+    assert "2" * 64 + "/layer.tar" in names and "manifest.json" in names
+    assert len(out.getvalue()) < len(raw) - 300_000
+    assert {d for d, _ in pump.layers.values()} == {big_id, small_id}
+
+    full = io.BytesIO()
+    TarPump().run(io.BufferedReader(io.BytesIO(raw)), full.write)
+    assert full.getvalue() == raw  # without --thin-for, the tar passes byte for byte
+
+
+def test_tar_pump_refuses_a_cut_stream_and_a_wrong_layer():
+    raw, image, _, _ = fake_save()
+    with pytest.raises(DockyardError, match="ended in the middle"):
+        TarPump().run(io.BufferedReader(io.BytesIO(raw[:5000])), lambda b: None)
+    pump = TarPump()
+    pump.run(io.BufferedReader(io.BytesIO(raw)), lambda b: None)
+    with pytest.raises(DockyardError, match="does not match"):
+        pump.check([{**image, "diff_ids": image["diff_ids"][1::-1] + image["diff_ids"][2:]}])
+
+
+def test_tar_pump_reads_the_oci_layout_of_newer_engines():
+    """Docker 25+ saves layers as blobs/sha256/<diff id>: the name alone says what to leave out."""
+    raw, image, big_id, small_id = fake_oci_save()
+    out = io.BytesIO()
+    pump = TarPump(omit={big_id})
+    pump.run(io.BufferedReader(io.BytesIO(raw)), out.write)
+    pump.check([image])
+    names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
+    assert f"blobs/sha256/{big_id[7:]}" not in names and f"blobs/sha256/{small_id[7:]}" in names
+    assert image["tags"] == ["t:3"]
