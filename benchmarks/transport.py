@@ -2,7 +2,7 @@
 
     python benchmarks/transport.py [--image=dockyard:0.1.0-cpu]
 
-Starts a second node on this machine (tests/integration/node2.py: its own dockerd in a network
+Starts a second node on this machine (tests/support/node2.py: its own dockerd in a network
 namespace, reached over ssh on a veth pair), then measures, on the same image:
   (0) `docker save > /dev/null`: the engine's own limit;
   (a) the baseline: `docker save | gzip` + scp + `docker load -i` there;
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from dockyard import engine, variants  # noqa: E402
 from dockyard.settings import load as load_settings  # noqa: E402
 from dockyard.transport import archive, layout, ship  # noqa: E402
-from tests.integration import node2  # noqa: E402
+from tests.support import node2  # noqa: E402
 
 REPEAT = 2
 

@@ -4,16 +4,13 @@ except NVML readings (recorded, fed through dockyard.gpus.Host) where a test nee
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from dockyard import engine, settings as settings_mod, variants
+from dockyard import engine, variants
+from dockyard import settings as settings_mod
 from dockyard.settings import ROOT
-
-INVOKE = [sys.executable, "-m", "invoke"]
+from tests.support.cli import invoke
 
 
 @pytest.fixture(scope="session")
@@ -24,12 +21,6 @@ def settings():
     for key in raw:  # the same overrides Invoke applies to the tasks
         raw[key] = os.environ.get(f"INVOKE_DOCKYARD_{key.upper()}", raw[key])
     return settings_mod.load(raw)
-
-
-def invoke(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """Run `invoke ARGS` as a user would, from the project root."""
-    return subprocess.run([*INVOKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,7 +8,7 @@ import torch
 
 from dockyard.recipes import load_recipe, recipe_names
 from dockyard.train import strategy
-from tests.integration.test_recipes import FAST, LORA_LR, manifest, reload_logits, train
+from tests.support.training import FAST, LORA_LR, manifest, reload_logits, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")
 GPUS = torch.cuda.device_count()

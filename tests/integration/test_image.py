@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from dockyard import build, engine, variants
-from dockyard.settings import ROOT
-from tests.conftest import invoke
+from tests.support.cli import invoke
 
 
 def _docker(settings, *args, check=True):

@@ -1,5 +1,5 @@
 """Moving images between nodes, for real: the local engine, a second node (its own dockerd in a network
-namespace, reached over real ssh; see node2.py), `invoke save/ship/load/commit/inventory` as users run them.
+namespace, reached over real ssh; see tests/support/node2.py), `invoke save/ship/load/commit/inventory` as users run them.
 
 Small test images (dockyard-base + a 3 MB layer + a recipe file) keep most tests quick; one end-to-end
 pass uses the project's cpu image.
@@ -22,8 +22,8 @@ import pytest
 
 from dockyard import engine
 from dockyard.settings import ROOT
-from tests.conftest import invoke
-from tests.integration import node2
+from tests.support import node2
+from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
 IMAGE = f"dockyard-xfer-test-{os.getpid()}"

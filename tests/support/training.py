@@ -1,0 +1,75 @@
+"""Native training runs for the tests: torchrun of `python -m dockyard.train` from this checkout, and what a
+run leaves behind (its manifest, the logits of its saved model reloaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dockyard import ROOT
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+LORA_LR = ["--learning_rate", "1e-2"]  # adapters on a random tiny base need a push to learn in 12 steps
+FAST = ["--max_steps", "12", "--per_device_train_batch_size", "4", "--max_seq_length", "64",
+        "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--save_steps", "6", "--logging_steps", "1"]
+
+
+def env(accelerator: str = "cpu") -> dict[str, str]:
+    """The trainer's environment for a native run: DeepSpeed on its CPU accelerator (gloo) unless told otherwise;
+    the GPU tests pass "cuda" so that ZeRO runs on NCCL with the batches on the GPUs."""
+    e = {**os.environ, "DS_ACCELERATOR": accelerator, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+         "PYTHONPATH": str(ROOT)}
+    for k in ("DOCKYARD_VARIANT", "DOCKYARD_IMAGE_REF", "DOCKYARD_IMAGE_ID"):
+        e.pop(k, None)
+    return e
+
+
+def command(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: bool = False) -> list[str]:
+    return [*TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "-m", "dockyard.train",
+            "--recipe", recipe, "--run-dir", str(run_dir), *(["--resume"] if resume else []), "--", *overrides]
+
+
+def train(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: bool = False,
+          ok: bool = True, accelerator: str = "cpu") -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(recipe, run_dir, *overrides, nproc=nproc, resume=resume), cwd=ROOT,
+                          env=env(accelerator),
+                          capture_output=True, text=True, timeout=900)
+    if ok and proc.returncode != 0:
+        pytest.fail(f"{recipe} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def reload_logits(run_dir: Path, m: dict) -> torch.Tensor:
+    """Logits of the saved model (or the base plus the saved adapter) on the run's probe input."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    auto = AutoModelForSequenceClassification if m.get("task") == "seq_cls" else AutoModelForCausalLM
+    dtype = getattr(torch, m["probe"]["dtype"])
+    if m["model"]["format"] == "adapter":
+        from peft import PeftModel
+
+        kwargs = {}
+        if m["strategy"]["peft"] == "qlora":
+            from dockyard.train.model import quantization_config
+
+            kwargs["quantization_config"] = quantization_config(dtype)
+        model = PeftModel.from_pretrained(auto.from_pretrained(m["model"]["base"], dtype=dtype, **kwargs),
+                                          run_dir / "model")
+    else:
+        model = auto.from_pretrained(run_dir / "model", dtype=dtype)
+    model.eval()
+    with torch.no_grad():
+        # bitsandbytes puts a QLoRA base on the GPU where there is one: the input goes where the model is.
+        ids = torch.tensor([m["probe"]["input_ids"]], device=model.device)
+        out = model(input_ids=ids).logits.float().cpu()
+    return (out[0, -1] if out.dim() == 3 else out[0])[:16]
