@@ -16,7 +16,7 @@ GPUS = torch.cuda.device_count()
 @pytest.mark.parametrize("name", recipe_names())  # every recipe folder, from the registry
 def test_recipe_trains_on_the_gpus_with_its_strategy_in_effect(tmp_path, name):
     run = tmp_path / "run"
-    train(name, run, *FAST, *(LORA_LR if load_recipe(name).peft else []), nproc=GPUS)
+    train(name, run, *FAST, *(LORA_LR if load_recipe(name).peft else []), nproc=GPUS, accelerator="cuda")
     m = manifest(run)
     assert m["status"] == "completed" and m["world_size"] == GPUS
     assert m["strategy"]["in_effect"] == strategy.expected(load_recipe(name).strategy, GPUS)
@@ -29,8 +29,8 @@ def test_recipe_trains_on_the_gpus_with_its_strategy_in_effect(tmp_path, name):
 
 def test_qlora_base_is_held_in_4_bits(tmp_path):
     qlora, lora = tmp_path / "qlora", tmp_path / "lora"
-    train("qlora", qlora, *FAST, *LORA_LR, nproc=GPUS)
-    train("lora", lora, *FAST, *LORA_LR, nproc=GPUS)
+    train("qlora", qlora, *FAST, *LORA_LR, nproc=GPUS, accelerator="cuda")
+    train("lora", lora, *FAST, *LORA_LR, nproc=GPUS, accelerator="cuda")
     q, b = manifest(qlora)["model"], manifest(lora)["model"]
     assert q["quantized_layers"] == 14  # every decoder linear layer of the tiny model
     # NF4 packs a weight in half a byte instead of bf16's two: the linear layers (58 % of the tiny model's
