@@ -79,8 +79,10 @@ def build(c, variant="auto", no_cache=False, dry=False):
             "dry": "print what would be done"})
 @_user_errors
 def setup(c, mirror="http://deb.debian.org/debian", dry=False):
-    """Prepare a fresh host: a Docker engine (installed and started as root on Debian/Ubuntu), the cpu
-    base image (debootstrap, where no registry answers), and the wheelhouse of the auto variant."""
+    """Prepare a fresh host for building and training.
+
+    A Docker engine (installed and started as root on Debian/Ubuntu), the registry-free Debian base image
+    (debootstrap), and the wheelhouse of the auto variant."""
     from dockyard import setup as setup_mod
 
     setup_mod.setup(_settings(c), mirror=mirror, dry=dry)
@@ -103,8 +105,9 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
 @_user_errors
 def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
         master_port=29500, run_id="", resume=False, disable_require=False, native=False, dry=False):
-    """Train a recipe in the image, one process per GPU (torchrun). Trainer overrides go after `--`,
-    e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
+    """Train a recipe in the image, one process per GPU (torchrun).
+
+    Trainer overrides go after `--`, e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
     from dockyard import launch
 
     launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
@@ -231,11 +234,13 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
 @task(help={"json": "print the checks as JSON instead of a table"})
 @_user_errors
 def doctor(c, json=False):
-    """Check this host: Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the
-    driver runs, /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops.
-    Each check says how to fix it; exits non-zero when one fails. A host without GPUs passes (cpu variant)."""
-    from dockyard.machine import doctor as doctor_mod
+    """Check this host for training, with a fix for each failure.
+
+    Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the driver runs,
+    /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops. Exits
+    non-zero when a check fails. A host without GPUs passes (cpu variant)."""
     from dockyard.errors import DockyardError
+    from dockyard.machine import doctor as doctor_mod
 
     checks = doctor_mod.run(_settings(c))
     print(doctor_mod.to_json(checks)) if json else doctor_mod.print_table(checks)
@@ -254,8 +259,10 @@ def doctor(c, json=False):
             "json": "print the plan as JSON"})
 @_user_errors
 def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, json=False):
-    """Estimate GPU memory per device and host memory per node for every recipe (model states as DeepSpeed
-    counts them, plus activations with and without gradient checkpointing), and recommend the fastest that fits."""
+    """Estimate the memory of every recipe for a model, and recommend the fastest that fits.
+
+    GPU memory per device and host memory per node: model states as DeepSpeed counts them, plus
+    activations with and without gradient checkpointing."""
     from dockyard.machine import plan as plan_mod
 
     s = _settings(c)
@@ -268,12 +275,14 @@ def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, j
 
 @task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})
 def test(c, k="", x=False):
-    """Run the test suite (what .ci/run calls). Tests that need a GPU skip, saying why, where there is none."""
+    """Run the test suite (what .ci/run calls).
+
+    Tests that need a GPU skip, saying why, where there is none."""
+    import shlex
+
     args = [sys.executable, "-m", "pytest", "-ra", "--durations=15", "tests"]
     if k:
         args += ["-k", k]
     if x:
         args.append("-x")
-    import shlex
-
     c.run(shlex.join(args), pty=False)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dockyard import build, engine, settings as settings_mod, variants  # noqa: E402
+from dockyard import build, engine, variants  # noqa: E402
+from dockyard import settings as settings_mod
 from dockyard.settings import ROOT  # noqa: E402
 
 NAIVE = """FROM {base}

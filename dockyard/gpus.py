@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class NvmlUnavailable(Exception):
 
 
 @contextlib.contextmanager
-def nvml() -> Iterator["Nvml"]:
+def nvml() -> Iterator[Nvml]:
     """NVML for the length of the block: the one place that initialises and shuts it down.
     Raises NvmlUnavailable on entry where there is no driver or library."""
     try:
@@ -168,7 +169,7 @@ class Recorded:
         self._next = 0
 
     @classmethod
-    def from_file(cls, path: Path | str) -> "Recorded":
+    def from_file(cls, path: Path | str) -> Recorded:
         data = json.loads(Path(path).read_text())
         return cls(data, kind=data.get("kind", "gpu"))
 

@@ -16,8 +16,8 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from dockyard import gpus
 from dockyard.gpus import Reading, Source, reading_to_dict
@@ -47,7 +47,7 @@ class Processes:
 
         self.psutil = psutil
         self.run_name = run_dir.name
-        self.procs: dict[int, "psutil.Process"] = {}  # kept so cpu_percent() measures since the last sample
+        self.procs: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last sample
         self.total = psutil.virtual_memory().total
 
     def _ranks(self) -> list:
