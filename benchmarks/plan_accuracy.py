@@ -5,7 +5,7 @@
    checkpointing.
 2. Model states: plan's per-GPU and per-node bytes against DeepSpeed's own estimator functions.
 
-    python benchmarks/plan_accuracy.py
+    python -m benchmarks.plan_accuracy
 
 Writes benchmarks/results/plan_accuracy.md. Peak GPU memory of real runs goes into each run's manifest.json
 next to plan's prediction (needs a GPU).
@@ -13,16 +13,12 @@ next to plan's prediction (needs a GPU).
 
 from __future__ import annotations
 
-import datetime as dt
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import report
+from dockyard.machine import plan
 
-from dockyard.machine import plan  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "plan_accuracy.md"
 SHAPES = [  # (architecture, hidden, intermediate, heads, kv heads, layers, vocab)
     ("llama", 256, 704, 8, 2, 4, 4000),
     ("llama", 512, 1792, 8, 8, 2, 32000),
@@ -101,15 +97,11 @@ def model_states() -> list[str]:
 
 def main() -> None:
     act, states = activations(), model_states()
-    text = "\n".join([
-        "# plan accuracy", "",
-        f"Measured {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC by `python benchmarks/plan_accuracy.py` "
-        "(CPU, bf16, torch SDPA; ratio = predicted / measured).", "",
+    report.write("plan_accuracy", [
+        *report.header("plan accuracy", "Measured by `python -m benchmarks.plan_accuracy` (CPU, bf16, torch SDPA; "
+                       "ratio = predicted / measured)"),
         "## Activations: plan against the bytes autograd saves for backward", "", *act, "",
-        "## Model states: plan against DeepSpeed's estimators (zero_init, buffer factor 1.5)", "", *states, ""])
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
-    print(text)
+        "## Model states: plan against DeepSpeed's estimators (zero_init, buffer factor 1.5)", "", *states])
 
 
 if __name__ == "__main__":

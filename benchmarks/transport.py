@@ -1,6 +1,6 @@
 """Moving an image to another node: the usual manual way against dockyard's, side by side in one run.
 
-    python benchmarks/transport.py [--image=dockyard:0.1.0-cpu]
+    python -m benchmarks.transport [--image=dockyard:0.1.0-cpu]
 
 Starts a second node on this machine (tests/support/node2.py: its own dockerd in a network
 namespace, reached over ssh on a veth pair), then measures, on the same image:
@@ -15,9 +15,7 @@ Prints seconds and bytes per stage and the ratios; writes benchmarks/results/tra
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -25,13 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from dockyard import engine, variants  # noqa: E402
-from dockyard.settings import load as load_settings  # noqa: E402
-from dockyard.transport import archive, layout, ship  # noqa: E402
-from tests.support import node2  # noqa: E402
+from benchmarks import report
+from dockyard import engine, variants
+from dockyard.settings import load as load_settings
+from dockyard.transport import archive, layout, ship
+from tests.support import node2  # the second node is shared infrastructure of tests and benchmarks
 
 REPEAT = 2
 
@@ -123,10 +119,10 @@ def main() -> None:
         subprocess.run([*docker, "image", "rm", "-f", recipe_tag], capture_output=True)
         subprocess.run(["rm", "-rf", str(work)])
 
-    report(rows, image, min(save_b) / min(limit), min(save_next) / min(limit_next), m_next["archive_bytes"])
+    write_report(rows, image, min(save_b) / min(limit), min(save_next) / min(limit_next), m_next["archive_bytes"])
 
 
-def report(rows: list[tuple[str, float, int]], image: str, save_ratio: float, next_ratio: float,
+def write_report(rows: list[tuple[str, float, int]], image: str, save_ratio: float, next_ratio: float,
            next_bytes: int) -> None:
     by = lambda prefix: [(t, b) for name, t, b in rows if name.startswith(prefix)]  # noqa: E731
     total = {k: sum(t for t, _ in by(k)) for k in ("(a)", "(b)", "(c)")}
@@ -139,21 +135,15 @@ def report(rows: list[tuple[str, float, int]], image: str, save_ratio: float, ne
         ("bytes shipped, thin (c) ÷ full (b)", size["(c)"] / size["(b)"], "< 0.01"),
         ("end to end, (a) ÷ stream (d)", total["(a)"] / by("(d)")[0][0], ""),
     ]
-    lines = [f"# Transport benchmark: {image}", "",
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
-             f"{platform.machine()}, node 2 = a network namespace on the same machine (veth, real ssh). "
-             "One run.", "",
+    lines = [*report.header(f"Transport benchmark: {image}",
+                            "node 2 = a network namespace on the same machine (veth, real ssh)", "One run."),
              "| stage | seconds | bytes |", "|---|---:|---:|"]
     lines += [f"| {name} | {t:.1f} | {b:,} |" if b else f"| {name} | {t:.1f} | |" for name, t, b in rows]
     lines += ["", f"Totals: (a) {total['(a)']:.1f} s, (b) {total['(b)']:.1f} s, (c) {total['(c)']:.1f} s.", "",
               "| ratio | measured | target |", "|---|---:|---:|"]
     lines += [f"| {name} | {v:.3f} | {target} |" for name, v, target in ratios]
     lines += ["", f"The next version's full archive: {next_bytes:,} bytes (the same layers, frames copied)."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = ROOT / "benchmarks" / "results" / "transport.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    report.write("transport", lines)
 
 
 if __name__ == "__main__":
