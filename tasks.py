@@ -36,7 +36,7 @@ def _user_errors(fn):
 
 # --- images ----------------------------------------------------------------------------------
 
-@task(help={"variant": "cpu, cu124, cu130 ... or all (default: all)",
+@task(help={"variant": "cpu, cu128, cu132 ... or all (default: all)",
             "dry": "print the uv command and write nothing"})
 @_user_errors
 def lock(c, variant="all", dry=False):
@@ -46,7 +46,7 @@ def lock(c, variant="all", dry=False):
     build.lock(_settings(c), variant, dry=dry)
 
 
-@task(help={"variant": "auto (default), cpu, cu124, cu130 ...",
+@task(help={"variant": "auto (default), cpu, cu128, cu132 ...",
             "dry": "print the pip command and download nothing"})
 @_user_errors
 def wheelhouse(c, variant="auto", dry=False):

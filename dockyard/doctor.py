@@ -23,9 +23,6 @@ GIB = 2**30
 SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
 STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
 DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~20 GB, and `docker load` unpacks a copy first
-# The oldest Linux driver for each CUDA release (NVIDIA's CUDA toolkit release notes), for the fix lines
-MIN_DRIVER = {"11.8": "520", "12.0": "525", "12.1": "530", "12.2": "535", "12.3": "545", "12.4": "550",
-              "12.5": "555", "12.6": "560", "12.8": "570", "12.9": "575", "13.0": "580"}
 # ds_ops names in images/variants.yaml → the op names ds_report prints
 DS_OPS = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",
           "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
@@ -155,7 +152,8 @@ def check_topology(host: Host, links: list[Link]) -> Check | None:
 # --- variants and the image -----------------------------------------------------------------------
 
 def _min_driver(cuda: str) -> str:
-    return f" (driver ≥ {MIN_DRIVER[cuda]})" if cuda in MIN_DRIVER else ""
+    major = variants._cuda_key(cuda)[0]
+    return f" (driver ≥ {variants.MIN_DRIVER[major]})" if major in variants.MIN_DRIVER else ""
 
 
 def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None]) -> list[Check]:
@@ -167,7 +165,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
                 continue
             label = image_cuda.get(name)
             cuda, where = (label, "image label") if label else (v.cuda, "variants.yaml; image not built")
-            if variants._cuda_key(cuda) <= variants._cuda_key(host.cuda):
+            if variants.driver_runs(cuda, host.cuda):
                 out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
             else:
                 out.append(Check(f"variant {name}", WARN,

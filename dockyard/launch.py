@@ -91,7 +91,7 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
         raise DockyardError(
             "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
             "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
-    if variants._cuda_key(variant.cuda) > variants._cuda_key(host.cuda) and not disable_require:
+    if not variants.driver_runs(variant.cuda, host.cuda) and not disable_require:
         raise DockyardError(
             f"image {variant.name} needs CUDA {variant.cuda} but driver {host.driver} supports CUDA {host.cuda}; "
             "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
