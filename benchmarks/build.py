@@ -101,7 +101,8 @@ def write_cuda_section(rows: list[dict]) -> str:
              "nvidia/cuda:<same>-cudnn-devel: this image plus the CUDA libraries that base holds a second copy of "
              "(its toolkit replacing the wheels'); a lower bound, since the base also ships static libraries.", "",
              "| variant | cold build s | image GB | `invoke save` archive GB (save s) | duplicated CUDA libs GB "
-             "| toolkit wheels GB | same stack on devel base ≥ GB | image / devel |", "|---|---|---|---|---|---|---|---|"]
+             "| toolkit wheels GB | same stack on devel base ≥ GB | image / devel |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['variant']} (CUDA {r['cuda']}) | {r['cold']:.0f}{' (cache kept)' if r['cached'] else ''} "
                      f"| {r['size'] / 1e9:.2f} | {r['archive'] / 1e9:.2f} ({r['save_s']:.0f}) | {r['dup'] / 1e9:.2f} "

@@ -8,10 +8,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from dockyard import build, engine, variants
-from dockyard.settings import ROOT
 from tests.conftest import invoke, newest_cuda_variant
 
 
