@@ -36,7 +36,10 @@ def main() -> int:
     if home.exists():
         print(f"{home} exists (a registry base brought its toolkit): left as it is")
         return 0
-    nvidia = Path(sysconfig.get_paths()["purelib"]) / "nvidia"
+    return assemble(Path(sysconfig.get_paths()["purelib"]) / "nvidia", home)
+
+
+def assemble(nvidia: Path, home: Path) -> int:
     roots = [d for d in sorted(nvidia.iterdir()) if d.is_dir() and any((d / p).is_dir() for p in PARTS)]
     # nvcc's component first, so that its own headers (crt/) win over a copy another component carries
     roots.sort(key=lambda d: not (d / "bin" / "nvcc").exists())
