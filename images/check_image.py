@@ -74,9 +74,10 @@ def main() -> int:
 
 # --- CUDA variants ---------------------------------------------------------------------------
 
-# The libraries torch's wheels bring; a second copy (e.g. from a CUDA devel base) costs gigabytes.
+# The libraries torch's wheels bring; a second copy (e.g. from a CUDA devel base) costs gigabytes. Not CUPTI:
+# triton ships its own for its profiler (about 40 MB, at the release it was built with), torch uses the wheel's.
 CUDA_LIBS = re.compile(r"^(lib(?:cublas|cublasLt|cudnn\w*|nccl|cudart|cusparse|cusparseLt|cufft|curand|cusolver"
-                       r"|nvrtc|nvJitLink|nvshmem\w*|cufile|cupti))\.so(\.[\d.]+)?$")
+                       r"|nvrtc|nvJitLink|nvshmem\w*|cufile))\.so(\.[\d.]+)?$")
 SKIP_DIRS = {"/proc", "/sys", "/dev", "/tmp", "/wheels", "/dist"}
 
 
