@@ -9,6 +9,7 @@ while the wheels ship only the versioned file, hence the unversioned links in li
 
 import os
 import re
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -29,6 +30,15 @@ def merge(src: Path, dst: Path) -> None:
                 target.unlink()
                 merge(first, target)
             merge(entry, target)
+
+
+def make_driver_stub(stubs: Path) -> None:
+    """An empty libcuda.so for the link step only (DeepSpeed's async_io links -lcuda), found through
+    LIBRARY_PATH as in NVIDIA's devel images: at run time the container toolkit mounts the driver's libcuda.so.1,
+    the only name the loader asks for. The wheels ship no stub, and a build host has no driver."""
+    stubs.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-x", "c", "-shared", "-o", str(stubs / "libcuda.so"), "-Wl,-soname,libcuda.so.1", "-"],
+                   input=b"", check=True)
 
 
 def main() -> int:
@@ -57,6 +67,7 @@ def assemble(nvidia: Path, home: Path) -> int:
         if m and not (lib64 / m.group(1)).exists():
             (lib64 / m.group(1)).symlink_to(so.name)
     os.symlink("lib64", home / "lib")
+    make_driver_stub(home / "lib64" / "stubs")
     print(f"{home}: CUDA_HOME assembled from {', '.join(d.name for d in roots)}")
     return 0
 

@@ -8,6 +8,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from dockyard import build, engine, variants
 from tests.conftest import invoke, newest_cuda_variant
 
@@ -125,3 +127,17 @@ def test_cuda_image_holds_one_toolkit_that_matches_torch(settings, cuda_image):
     for op in ("fused_adam", "cpu_adam", "async_io"):
         assert out["ops"][op], f"DeepSpeed op {op} was asked for but is not built"
     assert info["Size"] < 7e9, f"the CUDA image is {info['Size'] / 1e9:.2f} GB, the target is 7 GB"
+
+
+def test_cuda_variants_on_a_registry_base_build_where_the_base_is_present(settings, engine_ready):
+    """A variant naming a registry base (nvidia/cuda:*-devel) builds FROM it: only where it was pulled or loaded."""
+    named = [v for v in variants.all_variants(settings).values() if v.is_cuda and v.base]
+    present = [v for v in named if engine.image_inspect(settings, v.base)]
+    if not present:
+        pytest.skip(f"no registry base in this engine ({', '.join(v.base for v in named) or 'none named'}): "
+                    "no registry reachable here")
+    for v in present:
+        r = invoke("build", f"--variant={v.name}", timeout=3600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        labels = engine.image_inspect(settings, variants.tag(settings, v))["Config"]["Labels"]
+        assert labels["dockyard.cuda"] == v.cuda and labels["dockyard.triton"] == v.pins["triton"]
