@@ -70,6 +70,8 @@ def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, 
     if not 1 <= master_port <= 65535:
         raise DockyardError(f"--master-port must be a TCP port (got {master_port})")
     if variant.is_cuda and not cpu:
+        if not host.gpus:
+            check_gpu_host(variant, host, {}, False)  # says why, and what to run instead
         if nproc > host.count:
             raise DockyardError(f"--nproc={nproc} but this host has {host.count} GPU(s): one process per GPU")
         nproc = nproc or host.count

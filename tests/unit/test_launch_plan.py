@@ -88,7 +88,7 @@ def test_driver_older_than_image_cuda_is_refused_before_starting(settings, tmp_p
 def test_cuda_image_on_a_host_without_gpus_trains_on_cpu_only_when_asked(settings, tmp_path):
     v = variants.resolve(settings, "cu132")[0]
     with pytest.raises(DockyardError, match="needs NVIDIA GPUs.*--variant=cpu.*--cpu"):
-        launch.check_gpu_host(v, Host(error="NVML unavailable"), {}, False)
+        launch.validate_topology(0, 1, 0, "", 29500, Host(error="NVML unavailable"), v)
     t = launch.validate_topology(0, 1, 0, "", 29500, Host(), v, cpu=True)
     argv = launch.plan_run(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "r", overrides=[], cpu=True).argv
