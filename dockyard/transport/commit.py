@@ -47,6 +47,9 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     """Commit a container to an image; returns the tag."""
     if not container:
         raise DockyardError("--container is required: the name or id of a container (see `docker ps -a`)")
+    engine.reference(container, "container")
+    if tag:
+        engine.reference(tag, "--tag")
     got = engine.run(engine.docker(settings, "container", "inspect", container), capture=True, check=False,
                      quiet=True)
     if got.returncode != 0:

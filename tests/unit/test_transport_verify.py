@@ -19,7 +19,7 @@ def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, na
     paths.archive.write_bytes(payload)
     manifest = {"format": FORMAT, "archive": paths.archive.name, "tar_bytes": 10_000,
                 "archive_sha256": hashlib.sha256(payload).hexdigest(), "archive_bytes": len(payload),
-                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64}], "thin": None,
+                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64, "diff_ids": []}], "thin": None,
                 "load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}}
     paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     paths.sha256.write_text(f"{manifest['archive_sha256']}  {paths.archive.name}\n"
