@@ -165,11 +165,11 @@ def git_revision() -> str:
         return "unknown"
 
 
-def repository_url() -> str:
+def repository_url(root: Path = ROOT) -> str:
     """Where the source lives for whoever gets the image: the `origin` remote without credentials, or "" (a local
     checkout path would mean nothing on another host and tells about this one)."""
     try:
-        url = subprocess.run(["git", "-C", str(ROOT), "remote", "get-url", "origin"], capture_output=True,
+        url = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"], capture_output=True,
                              text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
