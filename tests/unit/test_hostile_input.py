@@ -7,6 +7,7 @@ Property-based where the input is open-ended (hypothesis); everything here is re
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -19,7 +20,7 @@ from dockyard.settings import ROOT, Settings, load
 from dockyard.transport import commit, verify
 from tests.conftest import invoke
 
-DOCKER_NAME = launch.RUN_ID  # docker's container-name rule, which the run id must meet (it names the container)
+DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")  # docker's container-name rule; the run id names one
 
 
 # --- through the real CLI: what a user types -------------------------------------------------------
@@ -79,12 +80,12 @@ def test_a_run_id_is_refused_or_is_a_valid_container_name_and_folder(run_id):
     except DockyardError as e:
         assert "--run-id" in str(e)
         return
-    assert DOCKER_NAME.fullmatch(d.name) and d.parent == s.path(s.runs_dir) and d.name not in (".", "..")
+    assert DOCKER_NAME.fullmatch(f"dockyard-{d.name}") and d.name[0].isalnum() and d.parent == s.path(s.runs_dir) and d.name not in (".", "..")
 
 
 def test_the_default_run_id_of_a_recipe_folder_is_a_valid_name():
     d = launch.new_run_dir(Settings(runs_dir="/nonexistent/runs"), str(ROOT / "recipes" / "zero2"), "", False)
-    assert d.name.startswith("zero2-") and DOCKER_NAME.fullmatch(d.name)
+    assert d.name.startswith("zero2-") and DOCKER_NAME.fullmatch(f"dockyard-{d.name}")
 
 
 # --- references ------------------------------------------------------------------------------------
