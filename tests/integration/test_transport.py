@@ -394,3 +394,20 @@ def test_cpu_image_end_to_end(node, cpu_image, ssh_env, tmp_path):
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)  # 600 MB: do not leave it in pytest's tmp folders
         shutil.rmtree(node.base / "cpu", ignore_errors=True)
+
+
+def test_commit_refuses_tokens_in_the_environment_and_in_changed_files_without_showing_them(settings, images):
+    name, tag = f"{IMAGE}-commit-env", f"{IMAGE}:committed-env"
+    hf, aws = "hf_" + "Q7w8E9r0" * 5, "AKIA" + "ZYXWVUTSRQPONMLK"
+    _docker(settings, "run", "-d", "--name", name, "--network", "none", "-e", f"HF_TOKEN={hf}", images["v1"],
+            "sleep", "600")
+    try:
+        _docker(settings, "exec", name, "sh", "-c", f"mkdir -p /opt/work && echo 'key {aws}' > /opt/work/notes.txt")
+        r = invoke("commit", f"--container={name}", f"--tag={tag}")
+        assert r.returncode != 0 and "Traceback" not in r.stderr
+        assert "env HF_TOKEN  (Hugging Face token)" in r.stderr
+        assert "/opt/work/notes.txt  (content: AWS access key id)" in r.stderr
+        assert hf not in r.stdout + r.stderr and aws not in r.stdout + r.stderr
+        assert engine.image_inspect(settings, tag) is None
+    finally:
+        _docker(settings, "rm", "-f", name, check=False)
