@@ -411,3 +411,26 @@ def test_commit_refuses_tokens_in_the_environment_and_in_changed_files_without_s
         assert engine.image_inspect(settings, tag) is None
     finally:
         _docker(settings, "rm", "-f", name, check=False)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_save_is_refused_and_a_stopped_save_publishes_nothing_and_leaves_no_partial_files(images, tmp_path,
+                                                                                                   sig):
+    out, cache = tmp_path / "dist", tmp_path / "layer-cache"
+    env = {**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)}
+    argv = [sys.executable, "-m", "invoke", "save", f"--image={images['v1']}", f"--out={out}", "--compress=gzip",
+            "--level=9"]
+    first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not glob.glob(f"{out}/*.partial") and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    assert first.poll() is None, "the save ended before it could be stopped: " + first.communicate()[1][-2000:]
+    second = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode != 0 and "another save of" in second.stderr and "Traceback" not in second.stderr
+    first.send_signal(sig)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 128 + sig and f"interrupted ({sig.name})" in err and "Traceback" not in err
+    leftovers = glob.glob(f"{out}/*partial*") + glob.glob(f"{cache}/**/*partial*", recursive=True) \
+        + glob.glob(f"{cache}/**/.*partial*", recursive=True)
+    assert leftovers == []
+    assert not glob.glob(f"{out}/*.sha256") and not glob.glob(f"{out}/*.tar.gz")
