@@ -89,10 +89,12 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
 @contextlib.contextmanager
 def exclusive(paths: ArchivePaths):
     """One save of an archive at a time: a second one (another shell, the same folder) is refused at once
-    rather than publishing over the first's files."""
+    rather than publishing over the first's files. The lock lives outside the folder, which holds the set alone."""
     import fcntl
+    import tempfile
 
-    with open(paths.archive.with_name(f".{paths.archive.name}.lock"), "w") as lock:
+    key = hashlib.sha256(str(paths.archive).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"dockyard-save-{key}.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
