@@ -7,6 +7,9 @@ import json
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from dockyard.errors import DockyardError
 from dockyard.settings import Settings
@@ -153,3 +156,12 @@ def test_load_sh_refuses_a_manifest_it_cannot_trust_before_docker_load(tmp_path,
     reseal(paths, changes)
     r = subprocess.run(["sh", loader, paths.archive.name], capture_output=True, text=True)
     assert r.returncode == 1 and "refused" in r.stderr and "loading" not in r.stdout
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_any_sha256_file_verifies_or_is_refused_never_a_crash(tmp_path, content):
+    paths = make_set(tmp_path)
+    paths.sha256.write_bytes(content)
+    with pytest.raises(DockyardError, match="refused|changed or damaged|disagree"):
+        verify.verify(Settings(), paths)
