@@ -118,9 +118,9 @@ def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master
 
 
 def _remainder(c) -> list[str]:
-    import shlex
-
-    return shlex.split(getattr(c, "remainder", "") or "")
+    """The trainer overrides as the shell gave them: Invoke's remainder joins them into one string, which loses
+    the user's quoting (a value with a space) and cannot be split again safely."""
+    return sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
 
 
 @task

@@ -170,6 +170,21 @@ def git_revision() -> str:
         return "unknown"
 
 
+def repository_url(root: Path = ROOT) -> str:
+    """Where the source lives for whoever gets the image: the `origin` remote without credentials, or "" (a local
+    checkout path would mean nothing on another host and tells about this one)."""
+    try:
+        url = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    if "://" not in url:
+        return "" if url.startswith(("/", ".", "file:")) or ":" not in url else url
+    scheme, rest = url.split("://", 1)
+    host_path = rest.split("@", 1)[-1] if "@" in rest.split("/", 1)[0] else rest  # drop user:token@
+    return "" if scheme == "file" else f"{scheme}://{host_path}"
+
+
 def base_image(settings: Settings, variant: Variant) -> str:
     return variant.base or settings.base_image_cpu
 
@@ -194,7 +209,8 @@ def build_plan(settings: Settings, variant: Variant, *, no_cache: bool = False, 
         "CUDA_TOOLKIT": "wheels" if variant.is_cuda and not variant.base else "none",
         "ALLOW_DUPLICATE_CUDA_LIBS": "--allow-duplicate-cuda-libs" if variant.is_cuda and variant.base else "",
     }
-    labels = variants.labels(variant, revision=revision, created=created, source=str(ROOT))
+    labels = variants.labels(variant, revision=revision, created=created, source=repository_url())
+    labels = {k: v for k, v in labels.items() if v or k != "org.opencontainers.image.source"}
     argv = engine.docker(settings, "build", "--progress=plain", "-f", str(context / "images" / "Dockerfile"),
                          "-t", ref or variants.tag(settings, variant))
     for k, v in args.items():

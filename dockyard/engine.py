@@ -279,12 +279,23 @@ def engine_info(settings: Settings) -> dict:
     return info
 
 
+def reference(ref: str, what: str = "image") -> str:
+    """`ref` if it can be an image or container name, id or digest; refused otherwise, before docker reads a
+    leading '-' as one of its options."""
+    if not ref or ref.startswith("-") or len(ref) > 512 or not all(c.isprintable() and not c.isspace() for c in ref):
+        raise DockyardError(f"{what} {ref!r} is not a docker reference (a name[:tag], an id or a digest)")
+    return ref
+
+
 def image_inspect(settings: Settings, ref: str) -> dict | None:
     """`docker image inspect` of one image, or None when the engine does not hold it."""
-    proc = run(docker(settings, "image", "inspect", ref), capture=True, check=False, quiet=True)
+    proc = run(docker(settings, "image", "inspect", reference(ref)), capture=True, check=False, quiet=True)
     if proc.returncode != 0:
         return None
     return json.loads(proc.stdout)[0]
+
+
+LOCAL_ENGINE = "unix:///var/run/docker.sock"
 
 
 def daemon_memlock_hard_limit() -> int | None:
@@ -292,7 +303,10 @@ def daemon_memlock_hard_limit() -> int | None:
 
     A container cannot get more than the engine's own hard limit: `--ulimit memlock=-1` then fails with
     "error setting rlimit type 8". Where dockerd is local and limited, the launcher asks for that limit instead.
+    An engine elsewhere (DOCKER_HOST) has limits this host cannot read: the local pid file says nothing about it.
     """
+    if os.environ.get("DOCKER_HOST", LOCAL_ENGINE) not in (LOCAL_ENGINE, "unix:///run/docker.sock"):
+        return None
     try:
         pid = Path("/var/run/docker.pid").read_text().strip()
         for line in Path(f"/proc/{pid}/limits").read_text().splitlines():

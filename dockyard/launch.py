@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,15 +102,20 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
             "forward compatibility applies (datacenter GPUs with the compat package)")
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
     """runs/<run-id>/, refusing to overwrite a run. Only node 0 owns the folder: on a shared filesystem the
     other nodes find it already made by node 0 (and they must be given the same --run-id)."""
     runs = settings.path(settings.runs_dir)
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
-    run_id = run_id or f"{recipe}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    if "/" in run_id or run_id.startswith("."):
-        raise DockyardError(f"--run-id must be a plain folder name (got {run_id!r})")
+    run_id = run_id or f"{Path(recipe).name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if not RUN_ID.fullmatch(run_id):
+        # It names the container too (dockyard-<run-id>): docker's rule, checked before anything is made.
+        raise DockyardError(f"--run-id {run_id!r}: use letters, digits, '_', '.' and '-', starting with a letter "
+                            "or digit (it names the run folder and the container)")
     d = runs / run_id
     if resume:
         if not d.is_dir():
@@ -240,6 +247,9 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
     chosen, why = variants.resolve(settings, variant, host)
     print(why)
     topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen, cpu)
+    from dockyard.recipes import load_recipe
+
+    load_recipe(recipe)  # a bad --recipe is reported as such, not through the run id derived from it
     run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
     if native:
         plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
@@ -259,11 +269,17 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
     if dry:
         engine.echo(plan.argv, plan.env)
         return None
+    made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     from dockyard.machine import monitor
 
     with monitor.watch(run_dir):
         proc = engine.run(plan.argv, env=plan.env, check=False)
+    if proc.returncode and made and not (run_dir / "train.log").exists():
+        # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
+                            f"nothing was kept, so the same command can be run again")
     if node_rank > 0:  # node 0 writes the manifest
         if proc.returncode:
             raise DockyardError(f"training on node {node_rank} failed (exit {proc.returncode})")

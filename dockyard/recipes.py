@@ -14,6 +14,7 @@ Imports only the standard library, PyYAML and pydantic: the host (no torch) and 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -231,7 +232,26 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     for f in (recipe.deepspeed, recipe.fsdp):
         if f and not recipe.file(f).is_file():
             raise DockyardError(f"{path}: names {f}, which is not in {folder}")
+    if recipe.deepspeed:
+        _check_deepspeed_file(recipe.file(recipe.deepspeed))
     return recipe
+
+
+def _check_deepspeed_file(path: Path) -> None:
+    """What the trainer would refuse, said on the host before any container starts (`run --dry`, `invoke recipes`).
+    The key list is the trainer's (train/guards.py, torch-free at import); read there, not typed out again."""
+    from dockyard.train.guards import DEEPSPEED_KEYS
+
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DockyardError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise DockyardError(f"{path}: expected a JSON object of DeepSpeed settings")
+    unknown = sorted(set(cfg) - DEEPSPEED_KEYS)
+    if unknown:
+        raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)}; check the spelling against "
+                            "the DeepSpeed config docs")
 
 
 def order(recipe: Recipe) -> tuple[int, int, str]:

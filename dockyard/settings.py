@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import ROOT
 from dockyard.errors import DockyardError, problems
@@ -38,7 +38,7 @@ class Settings(BaseModel):
     ssh: str = "ssh"
     allowed_signers: str = ""
     layer_cache: Path = Path("~/.cache/dockyard/layers")
-    layer_cache_gb: float = 20
+    layer_cache_gb: float = Field(20, allow_inf_nan=False)  # int(inf) would be a traceback in every save
 
     def path(self, p: Path | str) -> Path:
         """A setting's path made absolute against the project root (with ~ expanded)."""

@@ -8,9 +8,11 @@ the layers a target already holds (inventory.py), `--sign` signs the manifest (v
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -60,9 +62,14 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     tar_estimate = sum(i["bytes"] for i in images)
     console.check_free(out_dir, int(tar_estimate * COMPRESSED_SHARE[compress]) + MARGIN, "the archive",
                        "Free some space or pass --out=DIR on a larger disk.")
-    out_dir.mkdir(parents=True, exist_ok=True)
     cache = layer_cache(settings, compress, level)
-    manifest, got = write_set(settings, paths, images, compress, level, thin, key, cache)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive(paths), interrupts_as_errors(f"saving {paths.archive.name}"):
+            manifest, got = write_set(settings, paths, images, compress, level, thin, key, cache)
+    except OSError as e:  # read-only folder, disk full, broken pipe: the partial files are already gone
+        raise DockyardError(f"saving {paths.archive.name} in {out_dir} failed: {e.strerror or e}; nothing was "
+                            "published. Free space or pick a writable --out=DIR, then save again.") from None
     write_loader(out_dir)
     human = console.human
     if cache is not None and cache.hits:
@@ -77,6 +84,41 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     print(f"load it: invoke load --file={paths.archive}  (or, without the project: sh load.sh "
           f"{paths.archive.name})")
     return manifest
+
+
+@contextlib.contextmanager
+def exclusive(paths: ArchivePaths):
+    """One save of an archive at a time: a second one (another shell, the same folder) is refused at once
+    rather than publishing over the first's files. The lock lives outside the folder, which holds the set alone."""
+    import fcntl
+    import tempfile
+
+    key = hashlib.sha256(str(paths.archive).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"dockyard-save-{key}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DockyardError(f"another save of {paths.archive.name} into {paths.archive.parent} is under way: "
+                                "wait for it, or save into another --out=DIR") from None
+        yield
+
+
+@contextlib.contextmanager
+def interrupts_as_errors(what: str):
+    """SIGTERM and Ctrl-C end the save through the normal clean-up (partial files in the output folder and the
+    layer cache removed), then say what was interrupted."""
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        name = str(e) or "SIGINT"
+        raise DockyardError(f"{what}: interrupted ({name}); the partial files were removed, nothing was "
+                            "published", exit_code=128 + getattr(signal, name, signal.SIGINT)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_image(settings: Settings) -> str:
@@ -103,7 +145,7 @@ def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], metho
               thin: dict | None, key: Path | None, cache: LayerCache | None) -> tuple[dict, Streamed]:
     """The archive, its manifest (signed with `key`) and its .sha256: written as .partial files, renamed
     when complete, the .sha256 last (a set with one is complete)."""
-    partials = [p.with_name(p.name + ".partial") for p in (paths.archive, paths.manifest, paths.sha256)]
+    partials = [p.with_name(f"{p.name}.{os.getpid()}.partial") for p in (paths.archive, paths.manifest, paths.sha256)]
     signature = partials[1].with_name(partials[1].name + ".sig")  # where ssh-keygen puts it
     try:
         with open(partials[0], "wb") as f:

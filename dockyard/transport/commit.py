@@ -40,6 +40,19 @@ SECRETS = [
     ("*.env", "env file"),
 ]
 NOT_SECRET = (".pub", ".example", ".sample", ".template")
+# (pattern on content, what it is): tokens wherever they were left, in a changed file or the environment.
+TOKENS = [
+    (re.compile(rb"\bhf_[A-Za-z0-9]{30,}"), "Hugging Face token"),
+    (re.compile(rb"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "AWS access key id"),
+    (re.compile(rb"(?i)aws_secret_access_key\s*[=:]\s*\S{40}"), "AWS secret access key"),
+    (re.compile(rb"\bgh[pousr]_[A-Za-z0-9]{36,}|\bgithub_pat_[A-Za-z0-9_]{40,}"), "GitHub token"),
+    (re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"), "private key"),
+    (re.compile(rb"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "Slack token"),
+    (re.compile(rb"\bglpat-[A-Za-z0-9_-]{20,}"), "GitLab token"),
+]
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL", re.I)
+SCAN_BYTES, SCAN_FILES = 1 << 20, 500  # what one commit reads back: small text files are where tokens are left
+NOT_SCANNED = ("/site-packages/", "/dist-packages/", "/__pycache__/", "/proc/", "/sys/", "/dev/")
 DIST_INFO = re.compile(r"/site-packages/([^/]+?)-([^/-]+)\.(?:dist|egg)-info$")
 
 
@@ -47,18 +60,23 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     """Commit a container to an image; returns the tag."""
     if not container:
         raise DockyardError("--container is required: the name or id of a container (see `docker ps -a`)")
+    engine.reference(container, "container")
+    if tag:
+        engine.reference(tag, "--tag")
     got = engine.run(engine.docker(settings, "container", "inspect", container), capture=True, check=False,
                      quiet=True)
     if got.returncode != 0:
         raise DockyardError(f"no container {container}: see `docker ps -a`")
     meta = json.loads(got.stdout)[0]
     diff = parse_diff(engine.run(engine.docker(settings, "diff", container), capture=True, quiet=True).stdout)
-    secrets = find_secrets(diff)
+    secrets = find_secrets(diff) + env_secrets(meta["Config"].get("Env") or [])
+    secrets += content_secrets(settings, container, diff, {path for path, _ in secrets})
     if secrets and not allow_secrets:
         listed = "\n".join(f"  {path}  ({what})" for path, what in secrets)
-        raise DockyardError(f"container {container} holds files that look like secrets; `docker commit` would "
-                            f"put them in the image:\n{listed}\nRemove them (docker exec {container} rm ...) "
-                            "or, if they must be there, pass --allow-secrets.")
+        raise DockyardError(f"container {container} holds what looks like secrets; `docker commit` would "
+                            f"put them in the image:\n{listed}\nRemove them (docker exec {container} rm ...; a "
+                            "variable: start the container without it) or, if they must be there, "
+                            "pass --allow-secrets.")
     source = meta["Config"].get("Image") or meta["Image"]
     src_meta = engine.image_inspect(settings, meta["Image"]) or {}
     pins, note = source_lock((src_meta.get("Config") or {}).get("Labels") or {})
@@ -97,6 +115,50 @@ def find_secrets(diff: list[tuple[str, str]]) -> list[tuple[str, str]]:
         what = next((w for pattern, w in SECRETS if fnmatch.fnmatch(path, pattern)), None)
         if what:
             found.append((path, what))
+    return found
+
+
+def env_secrets(env: list[str]) -> list[tuple[str, str]]:
+    """(`env NAME`, what) for every variable whose value is a token, or whose name says it holds one."""
+    found = []
+    for item in env:
+        name, _, value = item.partition("=")
+        what = token_in(value.encode()) or ("secret by its name" if value and SECRET_NAME.search(name) else None)
+        if what:
+            found.append((f"env {name}", what))
+    return found
+
+
+def token_in(data: bytes) -> str | None:
+    """Which token pattern `data` holds, if any (never the token itself)."""
+    return next((what for pattern, what in TOKENS if pattern.search(data)), None)
+
+
+def content_secrets(settings: Settings, container: str, diff: list[tuple[str, str]],
+                    known: set[str]) -> list[tuple[str, str]]:
+    """(path, what) for added or changed small files whose content holds a token, read with `docker cp`
+    (works on a stopped container and runs nothing inside it). Folders are left out (their files are in the
+    diff too), and so is every file past SCAN_BYTES: only its tar header is read before the copy is stopped."""
+    import tarfile
+
+    changed = [p for kind, p in diff if kind != "D" and p not in known and not any(x in p + "/" for x in NOT_SCANNED)]
+    parents = {p.rsplit("/", 1)[0] for p in changed}
+    found = []
+    for path in [p for p in changed if p not in parents][:SCAN_FILES]:
+        with engine.Pipeline(engine.docker(settings, "cp", f"{container}:{path}", "-"), stdout=engine.PIPE,
+                             quiet=True) as copy:
+            try:
+                with tarfile.open(fileobj=copy.stdout, mode="r|") as tar:
+                    member = tar.next()
+                    if member is None or not member.isfile() or member.size > SCAN_BYTES:
+                        copy.kill()
+                        continue
+                    what = token_in(tar.extractfile(member).read())
+            except tarfile.TarError:
+                what = None
+            copy.kill()
+        if what:
+            found.append((path, f"content: {what}"))
     return found
 
 

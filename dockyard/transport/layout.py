@@ -75,7 +75,7 @@ def archive_name(refs: list[str], method: str, thin: bool) -> str:
 def read_sums(path: Path) -> dict[str, str]:
     """A .sha256 file (sha256sum format) as file name → digest."""
     sums = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode(errors="replace").splitlines():  # a damaged file is refused, not a crash
         digest, _, name = line.partition("  ")
         if name:
             sums[name.lstrip("*")] = digest

@@ -53,7 +53,14 @@ field() {  # a value of the manifest's flat "load_sh" block (read only after the
 	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$base.manifest.json"
 }
 
-cd "$(dirname "$0")" || die "cannot enter the loader's folder"
+# ARCHIVE is found as given (from the caller's folder), or by a bare name beside load.sh; never a same-named
+# file elsewhere.
+if [ -n "${1:-}" ] && { [ -f "$1" ] || [ "$1" != "$(basename "$1")" ]; }; then
+	[ -f "$1" ] || die "$1 is missing: copy the archive with its .sha256 and .manifest.json"
+	cd "$(dirname "$1")" || die "cannot enter the folder of $1"
+else
+	cd "$(dirname "$0")" || die "cannot enter the loader's folder"
+fi
 name=$(basename "${1:-}")
 if [ -z "$name" ]; then
 	set -- *.manifest.json
@@ -88,6 +95,13 @@ if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	echo "signature good: signed by $who"
 fi
 
+# Exactly the two lines `invoke save` writes: an empty, partial or padded .sha256 would verify less than it claims.
+awk -v a="$name" -v m="$base.manifest.json" '
+	NF == 2 && length($1) == 64 && $1 !~ /[^0-9a-f]/ && ($2 == a || $2 == m) && !seen[$2]++ { n++; next }
+	{ bad = 1 }
+	END { exit (bad || n != 2) }' "$base.sha256" \
+	|| die "$base.sha256 must list exactly $name and $base.manifest.json: refused, nothing was loaded"
+
 echo "verifying $name ..."
 while read -r want file; do
 	got=$(sha256 "$file")
@@ -97,7 +111,12 @@ done <"$base.sha256"
 IMAGES=$(field check_images)
 REQUIRES=$(field require_chains)
 NEED_KB=$(field need_kb)
-[ -n "$IMAGES" ] && [ -n "$NEED_KB" ] || die "$base.manifest.json is not a dockyard manifest"
+TAR_BYTES=$(sed -n 's/^  "tar_bytes": \([0-9]\{1,18\}\),$/\1/p' "$base.manifest.json")
+[ -n "$IMAGES" ] && [ -n "$TAR_BYTES" ] && printf '%s' "$NEED_KB" | grep -qx '[0-9]\{1,18\}' \
+	|| die "$base.manifest.json is not a dockyard manifest (check_images, need_kb, tar_bytes): refused, nothing was loaded"
+for pair in $IMAGES; do
+	case "$pair" in -*) die "$base.manifest.json names an image ${pair%%=*}, which is not a reference: refused" ;; esac
+done
 
 docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
 if [ -n "$REQUIRES" ]; then
@@ -116,11 +135,11 @@ if [ -d "$root" ]; then
 fi
 
 echo "loading $name ..."
-if [ -n "$unpack" ]; then
-	$unpack "$name" | docker load || die "docker load failed"
-else
-	docker load -i "$name" || die "docker load failed"
-fi
+# At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
+# that decompresses to more is cut there, and the image check below refuses what it then lacks.
+if [ -z "$unpack" ]; then unpack=cat; fi
+limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
+$unpack "$name" | head -c "$limit" | docker load || die "docker load failed (an archive that decompresses to more than its manifest's tar_bytes is cut there)"
 
 # The classic store names an image by its config digest, which the manifest holds; the containerd
 # store by a manifest it writes while importing: there, compare the layers instead.

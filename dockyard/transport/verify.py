@@ -7,12 +7,13 @@ image is looked up in the engine (`docker load` can exit 0 without loading every
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from dockyard import console, engine
-from dockyard.errors import DockyardError
+from dockyard.errors import DockyardError, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
@@ -83,7 +84,7 @@ def verify(settings: Settings, paths: ArchivePaths) -> dict:
     if sums.get(paths.manifest.name) != hashlib.sha256(raw).hexdigest():
         raise DockyardError(f"{paths.manifest.name} does not match {paths.sha256.name}: the manifest was "
                             "changed or damaged. Refused, nothing was loaded.")
-    manifest = json.loads(raw)
+    manifest = read_manifest(raw, paths.manifest.name)
     expected = sums.get(paths.archive.name)
     if expected is None or manifest.get("archive_sha256") != expected:
         raise DockyardError(f"{paths.sha256.name} and {paths.manifest.name} disagree about "
@@ -97,6 +98,41 @@ def verify(settings: Settings, paths: ArchivePaths) -> dict:
         raise DockyardError(f"{paths.archive.name} does not match its sha256: the archive is damaged or was "
                             "changed. Copy it again; nothing was loaded.")
     return manifest
+
+
+class _Image(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    tags: list[str]
+    diff_ids: list[str]
+
+    @field_validator("tags")
+    @classmethod
+    def _references(cls, tags: list[str]) -> list[str]:
+        for t in tags:
+            engine.reference(t, "tag")  # a tag such as '-q' would reach docker as an option
+        return tags
+
+
+class _Manifest(BaseModel):
+    """The fields the loaders rely on; the rest of what `invoke save` writes is carried along unchecked."""
+    model_config = ConfigDict(extra="allow")
+
+    archive_sha256: str
+    archive_bytes: int = Field(ge=0)
+    tar_bytes: int = Field(ge=0)
+    images: list[_Image] = Field(min_length=1)
+    thin: dict | None = None
+
+
+def read_manifest(raw: bytes, name: str) -> dict:
+    """The manifest as `invoke save` writes it, or a refusal that says what is wrong (never a traceback)."""
+    try:
+        return _Manifest.model_validate_json(raw).model_dump()
+    except (ValidationError, DockyardError) as e:
+        raise DockyardError(f"{name} is not a manifest `invoke save` writes ({problems(e, 'manifest')}): "
+                            "refused, nothing was loaded") from None
 
 
 def sha256_file(path: Path, label: str) -> str:

@@ -394,3 +394,43 @@ def test_cpu_image_end_to_end(node, cpu_image, ssh_env, tmp_path):
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)  # 600 MB: do not leave it in pytest's tmp folders
         shutil.rmtree(node.base / "cpu", ignore_errors=True)
+
+
+def test_commit_refuses_tokens_in_the_environment_and_in_changed_files_without_showing_them(settings, images):
+    name, tag = f"{IMAGE}-commit-env", f"{IMAGE}:committed-env"
+    hf, aws = "hf_" + "Q7w8E9r0" * 5, "AKIA" + "ZYXWVUTSRQPONMLK"
+    _docker(settings, "run", "-d", "--name", name, "--network", "none", "-e", f"HF_TOKEN={hf}", images["v1"],
+            "sleep", "600")
+    try:
+        _docker(settings, "exec", name, "sh", "-c", f"mkdir -p /opt/work && echo 'key {aws}' > /opt/work/notes.txt")
+        r = invoke("commit", f"--container={name}", f"--tag={tag}")
+        assert r.returncode != 0 and "Traceback" not in r.stderr
+        assert "env HF_TOKEN  (Hugging Face token)" in r.stderr
+        assert "/opt/work/notes.txt  (content: AWS access key id)" in r.stderr
+        assert hf not in r.stdout + r.stderr and aws not in r.stdout + r.stderr
+        assert engine.image_inspect(settings, tag) is None
+    finally:
+        _docker(settings, "rm", "-f", name, check=False)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_save_is_refused_and_a_stopped_save_publishes_nothing_and_leaves_no_partial_files(images, tmp_path,
+                                                                                                   sig):
+    out, cache = tmp_path / "dist", tmp_path / "layer-cache"
+    env = {**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)}
+    argv = [sys.executable, "-m", "invoke", "save", f"--image={images['v1']}", f"--out={out}", "--compress=gzip",
+            "--level=9"]
+    first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not glob.glob(f"{out}/*.partial") and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    assert first.poll() is None, "the save ended before it could be stopped: " + first.communicate()[1][-2000:]
+    second = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode != 0 and "another save of" in second.stderr and "Traceback" not in second.stderr
+    first.send_signal(sig)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 128 + sig and f"interrupted ({sig.name})" in err and "Traceback" not in err
+    leftovers = glob.glob(f"{out}/*partial*") + glob.glob(f"{cache}/**/*partial*", recursive=True) \
+        + glob.glob(f"{cache}/**/.*partial*", recursive=True)
+    assert leftovers == []
+    assert not glob.glob(f"{out}/*.sha256") and not glob.glob(f"{out}/*.tar.gz")

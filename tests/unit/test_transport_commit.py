@@ -95,3 +95,33 @@ def test_default_tag_says_where_it_came_from():
     assert commit.default_tag("dockyard:0.1.0-cpu", "dockyard", now) == "dockyard:0.1.0-cpu-commit-20261122-040506"
     assert commit.default_tag("reg:5000/team/img", "dockyard", now) == "reg:5000/team/img:commit-20261122-040506"
     assert commit.default_tag("sha256:" + "a" * 64, "dockyard", now) == "dockyard:commit-20261122-040506"
+
+
+HF = "hf_" + "A1b2C3d4" * 5
+AWS_ID = "AKIA" + "ABCDEFGHIJKLMNOP"
+GH = "ghp_" + "x" * 36
+
+
+@pytest.mark.parametrize("content,what", [
+    (f"token={HF}\n", "Hugging Face token"),
+    (f"export AWS_ACCESS_KEY_ID={AWS_ID}", "AWS access key id"),
+    ("aws_secret_access_key = " + "s" * 40, "AWS secret access key"),
+    (f"git push https://{GH}@github.com/x/y", "GitHub token"),
+    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...", "private key"),
+    ("-----BEGIN RSA PRIVATE KEY-----", "private key"),
+])
+def test_token_patterns_find_tokens_wherever_they_were_left(content, what):
+    assert commit.token_in(content.encode()) == what
+
+
+@pytest.mark.parametrize("content", ["hf_short", "AKIA lowercase", "-----BEGIN PUBLIC KEY-----", "ghp_tooshort"])
+def test_token_patterns_leave_look_alikes_alone(content):
+    assert commit.token_in(content.encode()) is None
+
+
+def test_the_environment_is_scanned_by_value_and_by_name_and_the_secret_is_never_named():
+    env = [f"HF_TOKEN={HF}", f"OTHER={GH}", "DB_PASSWORD=hunter2", "EMPTY_TOKEN=", "HF_HUB_OFFLINE=1", "PATH=/bin"]
+    found = commit.env_secrets(env)
+    assert found == [("env HF_TOKEN", "Hugging Face token"), ("env OTHER", "GitHub token"),
+                     ("env DB_PASSWORD", "secret by its name")]
+    assert not any(secret in str(found) for secret in (HF, GH, "hunter2"))

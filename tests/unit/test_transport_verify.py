@@ -7,6 +7,9 @@ import json
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from dockyard.errors import DockyardError
 from dockyard.settings import Settings
@@ -19,7 +22,7 @@ def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, na
     paths.archive.write_bytes(payload)
     manifest = {"format": FORMAT, "archive": paths.archive.name, "tar_bytes": 10_000,
                 "archive_sha256": hashlib.sha256(payload).hexdigest(), "archive_bytes": len(payload),
-                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64}], "thin": None,
+                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64, "diff_ids": []}], "thin": None,
                 "load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}}
     paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     paths.sha256.write_text(f"{manifest['archive_sha256']}  {paths.archive.name}\n"
@@ -104,3 +107,61 @@ def test_load_sh_finds_its_archive_and_refuses_damage_before_docker(tmp_path):
     assert r.returncode == 1 and "name the archive to load" in r.stderr
     r = subprocess.run(["sh", loader, "t_3.tar.zst"], capture_output=True, text=True)
     assert r.returncode == 1 and "t_3.tar.zst is missing here" in r.stderr
+
+
+def reseal(paths, manifest_changes=None, sums=None):
+    """Rewrite the manifest and the .sha256 consistently: what someone crafting a set would do."""
+    if manifest_changes:
+        m = json.loads(paths.manifest.read_text())
+        m.update(manifest_changes)
+        paths.manifest.write_text(json.dumps(m, indent=2) + "\n")
+    lines = sums if sums is not None else [paths.archive, paths.manifest]
+    paths.sha256.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in lines))
+
+
+@pytest.mark.parametrize("which", ["empty", "archive only", "manifest only", "another file too"])
+def test_load_sh_refuses_a_sha256_file_that_does_not_list_exactly_the_set(tmp_path, which):
+    loader = write_loader(tmp_path)
+    paths = make_set(tmp_path)
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    reseal(paths, sums={"empty": [], "archive only": [paths.archive], "manifest only": [paths.manifest],
+                        "another file too": [paths.archive, paths.manifest, other]}[which])
+    r = subprocess.run(["sh", loader, paths.archive.name], capture_output=True, text=True)
+    assert r.returncode == 1 and "must list exactly t_1.tar.zst and t_1.manifest.json" in r.stderr
+    assert "loading" not in r.stdout
+
+
+def test_load_sh_loads_the_archive_named_by_its_path_never_a_namesake_beside_it(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "other").mkdir()
+    loader = write_loader(tmp_path / "a")
+    make_set(tmp_path / "a")  # intact: verifying this one instead would pass
+    theirs = make_set(tmp_path / "other")
+    theirs.archive.write_bytes(b"changed" + theirs.archive.read_bytes()[7:])
+    r = subprocess.run(["sh", loader, "../other/t_1.tar.zst"], cwd=tmp_path / "a", capture_output=True, text=True)
+    assert r.returncode == 1 and "t_1.tar.zst is damaged" in r.stderr
+    r = subprocess.run(["sh", loader, "nowhere/t_1.tar.zst"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and "nowhere/t_1.tar.zst is missing" in r.stderr
+
+
+@pytest.mark.parametrize("changes", [
+    {"load_sh": {"check_images": "-q=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}},
+    {"tar_bytes": "lots"},
+    {"load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "", "need_kb": "-5"}},
+])
+def test_load_sh_refuses_a_manifest_it_cannot_trust_before_docker_load(tmp_path, changes):
+    loader = write_loader(tmp_path)
+    paths = make_set(tmp_path)
+    reseal(paths, changes)
+    r = subprocess.run(["sh", loader, paths.archive.name], capture_output=True, text=True)
+    assert r.returncode == 1 and "refused" in r.stderr and "loading" not in r.stdout
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_any_sha256_file_verifies_or_is_refused_never_a_crash(tmp_path, content):
+    paths = make_set(tmp_path)
+    paths.sha256.write_bytes(content)
+    with pytest.raises(DockyardError, match="refused|changed or damaged|disagree"):
+        verify.verify(Settings(), paths)
