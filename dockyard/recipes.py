@@ -233,15 +233,30 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         if f and not recipe.file(f).is_file():
             raise DockyardError(f"{path}: names {f}, which is not in {folder}")
     if recipe.deepspeed:
-        _check_deepspeed_file(recipe.file(recipe.deepspeed))
+        read_deepspeed_config(recipe.file(recipe.deepspeed))
     return recipe
 
 
-def _check_deepspeed_file(path: Path) -> None:
-    """What the trainer would refuse, said on the host before any container starts (`run --dry`, `invoke recipes`).
-    The key list is the trainer's (train/guards.py, torch-free at import); read there, not typed out again."""
-    from dockyard.train.guards import DEEPSPEED_KEYS
+# Top-level keys DeepSpeed reads. It looks each one up by name with a default, so a misspelt key is
+# silently ignored and the default used: we refuse keys not in this list instead.
+DEEPSPEED_KEYS = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "optimizer", "scheduler", "zero_optimization", "bf16", "bfloat16", "fp16", "amp", "torch_autocast",
+    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
+    "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "activation_checkpointing",
+    "aio", "flops_profiler", "comms_logger", "monitor_config", "tensorboard", "wandb", "csv_monitor", "comet",
+    "checkpoint", "data_types", "elasticity", "compression_training", "data_efficiency", "curriculum_learning",
+    "autotuning", "nebula", "pipeline", "sparse_attention", "dataloader_drop_last", "disable_allgather",
+    "load_universal_checkpoint", "use_node_local_storage", "graph_harvesting", "compile", "timers",
+    "weight_quantization", "hybrid_engine", "use_data_before_expert_parallelism", "tensor_parallel",
+    "sequence_parallel_size", "gradient_accumulation_dtype", "grad_accum_dtype", "log_level", "zenflow",
+}
 
+
+def read_deepspeed_config(path: Path) -> dict:
+    """A recipe's DeepSpeed JSON, refused when it is not an object of keys DeepSpeed reads. Called by the host
+    (`run --dry`, `invoke recipes`: before any container starts) and by the trainer."""
     try:
         cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -250,8 +265,9 @@ def _check_deepspeed_file(path: Path) -> None:
         raise DockyardError(f"{path}: expected a JSON object of DeepSpeed settings")
     unknown = sorted(set(cfg) - DEEPSPEED_KEYS)
     if unknown:
-        raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)}; check the spelling against "
-                            "the DeepSpeed config docs")
+        raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "
+                            "silently and use its defaults); check the spelling against the DeepSpeed config docs")
+    return cfg
 
 
 def order(recipe: Recipe) -> tuple[int, int, str]:

@@ -57,33 +57,9 @@ def reject_prequantized(model_dir: str, strategy: str) -> None:
 
 # --- DeepSpeed ---------------------------------------------------------------------------------
 
-# Top-level keys DeepSpeed reads. It looks each one up by name with a default, so a misspelt key is
-# silently ignored and the default used: we refuse keys not in this list instead.
-DEEPSPEED_KEYS = {
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "optimizer", "scheduler", "zero_optimization", "bf16", "bfloat16", "fp16", "amp", "torch_autocast",
-    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
-    "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
-    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "activation_checkpointing",
-    "aio", "flops_profiler", "comms_logger", "monitor_config", "tensorboard", "wandb", "csv_monitor", "comet",
-    "checkpoint", "data_types", "elasticity", "compression_training", "data_efficiency", "curriculum_learning",
-    "autotuning", "nebula", "pipeline", "sparse_attention", "dataloader_drop_last", "disable_allgather",
-    "load_universal_checkpoint", "use_node_local_storage", "graph_harvesting", "compile", "timers",
-    "weight_quantization", "hybrid_engine", "use_data_before_expert_parallelism", "tensor_parallel",
-    "sequence_parallel_size", "gradient_accumulation_dtype", "grad_accum_dtype", "log_level", "zenflow",
-}
-
-
 def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
     """The recipe's DeepSpeed JSON, validated, with the settings its strategy cannot do without."""
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DockyardError(f"{path} is not valid JSON: {e}") from None
-    unknown = sorted(set(cfg) - DEEPSPEED_KEYS)
-    if unknown:
-        raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "
-                            f"silently and use its defaults); check the spelling against the DeepSpeed config docs")
+    cfg = recipes.read_deepspeed_config(path)
     zero = cfg.get("zero_optimization", {})
     _validate_zero_section(path, zero)
     if recipes.strategy(strategy).zero_stage == 3:
