@@ -36,7 +36,7 @@ def _user_errors(fn):
 
 # --- images ----------------------------------------------------------------------------------
 
-@task(help={"variant": "cpu, cu124, cu130 ... or all (default: all)",
+@task(help={"variant": "cpu, cu128, cu132 ... or all (default: all)",
             "dry": "print the uv command and write nothing"})
 @_user_errors
 def lock(c, variant="all", dry=False):
@@ -46,7 +46,7 @@ def lock(c, variant="all", dry=False):
     build.lock(_settings(c), variant, dry=dry)
 
 
-@task(help={"variant": "auto (default), cpu, cu124, cu130 ...",
+@task(help={"variant": "auto (default), cpu, cu128, cu132 ...",
             "dry": "print the pip command and download nothing"})
 @_user_errors
 def wheelhouse(c, variant="auto", dry=False):
@@ -99,17 +99,19 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "resume": "continue the run named by --run-id from its last checkpoint",
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
+            "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "dry": "print the exact command and run nothing"})
 @_user_errors
 def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
-        master_port=29500, run_id="", resume=False, disable_require=False, native=False, dry=False):
+        master_port=29500, run_id="", resume=False, disable_require=False, native=False, cpu=False, dry=False):
     """Train a recipe in the image, one process per GPU (torchrun). Trainer overrides go after `--`,
     e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
     from dockyard import launch
 
     launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
                node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
-               resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c))
+               resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c),
+               cpu=cpu)
 
 
 def _remainder(c) -> list[str]:

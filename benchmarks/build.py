@@ -2,8 +2,11 @@
 naive single-stage Dockerfile doing the same installs. All measured in one run, side by side.
 
     python benchmarks/build.py [--variant=cpu] [--skip-cold]
+    python benchmarks/build.py --variant=cu132 [--skip-cold]     # a CUDA variant: the section below
 
 Targets (issue 2): a recipe- or code-only rebuild under 10 s and under 1 MB of new layers.
+For a CUDA variant (issue 13): cold build time, image size, its `invoke save` archive, and the size the same
+stack has on an nvidia/cuda:<same>-cudnn-devel base, side by side; targets ≤ 7 GB, archive ≤ 3.5 GB, ≤ 0.6×.
 Writes benchmarks/results/build.md. Builds into its own tags (dockyard-bench/*) from a copy of the context.
 """
 
@@ -50,6 +53,67 @@ def new_layer_bytes(settings, ref: str, old: list[str], new: list[str]) -> int:
     return sum(sizes[:changed])
 
 
+# What an nvidia/cuda *-cudnn-devel base holds as well, in the same files torch's wheels bring (their shared
+# libraries; the base adds static ones and more, not counted: the devel-base size below is a lower bound).
+DUPLICATED = r"^lib(cublas|cublasLt|cudnn\w*|nccl|cudart|cusparse|cufft|curand|cusolver|nvrtc\w*|nvJitLink|cupti|cufile)\.so"
+# The toolkit wheels (nvcc, nvvm, crt, cccl, headers, static runtime) a devel base would replace.
+TOOLKIT = r"/(bin|nvvm|include)/|\.a$|/cuda_nvcc/|/cuda_cccl/"
+MEASURE = f"""
+import os, re, sysconfig
+site = sysconfig.get_paths()["purelib"] + "/nvidia"
+dup = tk = 0
+for top, dirs, files in os.walk(site):
+    for f in files:
+        p = os.path.join(top, f)
+        if os.path.islink(p):
+            continue
+        if re.match(r"{DUPLICATED}", f):
+            dup += os.path.getsize(p)
+        elif re.search(r"{TOOLKIT}", p):
+            tk += os.path.getsize(p)
+print(dup, tk)
+"""
+
+
+def cuda_row(s, v, skip_cold: bool) -> dict:
+    """One CUDA variant: cold build, size, `invoke save` archive, the same stack on a devel base."""
+    ref = f"dockyard-bench/{v.name}:cuda"
+    with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as tmp:
+        ctx = build.copy_context(Path(tmp) / "ctx", v.name)
+        cold, _ = timed_build(s, v, ctx, ref, no_cache=not skip_cold)
+        size = engine.image_inspect(s, ref)["Size"]
+        out = subprocess.run(engine.docker(s, "run", "--rm", "--network", "none", ref, "python", "-c", MEASURE),
+                             capture_output=True, text=True, check=True).stdout.split()
+        dup, toolkit = int(out[0]), int(out[1])
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "invoke", "save", f"--image={ref}", f"--out={tmp}/dist"], cwd=ROOT,
+                       check=True, capture_output=True, env={**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": f"{tmp}/lc"})
+        save_s = time.perf_counter() - t
+        archive = next(Path(tmp, "dist").glob("*.tar.zst")).stat().st_size
+    subprocess.run(engine.docker(s, "rmi", "-f", ref), capture_output=True)
+    return {"variant": v.name, "cuda": v.cuda, "cold": cold, "cached": skip_cold, "size": size, "archive": archive,
+            "save_s": save_s, "dup": dup, "toolkit": toolkit, "devel": size + dup}
+
+
+def write_cuda_section(rows: list[dict]) -> str:
+    lines = ["## CUDA variants", "",
+             f"{os.cpu_count()} cores, {dt.date.today()}. The devel-base column is the same stack on "
+             "nvidia/cuda:<same>-cudnn-devel: this image plus the CUDA libraries that base holds a second copy of "
+             "(its toolkit replacing the wheels'); a lower bound, since the base also ships static libraries.", "",
+             "| variant | cold build s | image GB | `invoke save` archive GB (save s) | duplicated CUDA libs GB "
+             "| toolkit wheels GB | same stack on devel base ≥ GB | image / devel |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} (CUDA {r['cuda']}) | {r['cold']:.0f}{' (cache kept)' if r['cached'] else ''} "
+                     f"| {r['size'] / 1e9:.2f} | {r['archive'] / 1e9:.2f} ({r['save_s']:.0f}) | {r['dup'] / 1e9:.2f} "
+                     f"| {r['toolkit'] / 1e9:.2f} | {r['devel'] / 1e9:.2f} | {r['size'] / r['devel']:.2f} |")
+    newest = max(rows, key=lambda r: variants._cuda_key(r["cuda"]))
+    ok = newest["size"] <= 7e9 and newest["archive"] <= 3.5e9 and newest["size"] <= 0.6 * newest["devel"]
+    lines += ["", f"Targets for the newest ({newest['variant']}): ≤ 7 GB, archive ≤ 3.5 GB, ≤ 0.6× the devel-base "
+              f"image: {'PASS' if ok else 'FAIL'}."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--variant", default="cpu")
@@ -57,6 +121,13 @@ def main() -> None:
     a = p.parse_args()
     s = settings_mod.load({"docker": os.environ.get("INVOKE_DOCKYARD_DOCKER", "")})
     v = variants.resolve(s, a.variant)[0]
+    if v.is_cuda:
+        section = write_cuda_section([cuda_row(s, v, a.skip_cold)])
+        print(section)
+        out = ROOT / "benchmarks" / "results" / "build.md"
+        old = out.read_text() if out.exists() else ""
+        out.write_text(old.split("## CUDA variants")[0].rstrip() + "\n\n" + section)
+        return
     ref = f"dockyard-bench/{v.name}:layers"
     rows = []
     with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as tmp:
@@ -99,7 +170,8 @@ def main() -> None:
     print(text)
     out = ROOT / "benchmarks" / "results" / "build.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    old = out.read_text() if out.exists() else ""
+    out.write_text(text + ("\n## CUDA variants" + old.split("## CUDA variants", 1)[1] if "## CUDA variants" in old else ""))
 
 
 if __name__ == "__main__":

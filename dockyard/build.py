@@ -105,10 +105,15 @@ def lock_pins(variant: Variant) -> dict[str, str]:
 
 
 def check_lock(variant: Variant) -> None:
-    """The lock must hold exactly the pinned versions (triton included: the one torch pins)."""
+    """The lock must hold exactly the pinned versions (triton included: the one torch pins), and the CUDA
+    runtime torch pulls must be the CUDA the variant is named and labelled for."""
     pins = lock_pins(variant)
     wrong = [f"{k} {pins.get(k, 'missing')} (pinned {v})" for k, v in variant.pins.items()
              if v and pins.get(k) != v]
+    if variant.is_cuda:
+        runtime = pins.get("nvidia-cuda-runtime") or pins.get("nvidia-cuda-runtime-cu12") or "missing"
+        if ".".join(runtime.split(".")[:2]) != variant.cuda:
+            wrong.append(f"the CUDA runtime torch pulls is {runtime} (the variant says cuda {variant.cuda})")
     if wrong:
         raise DockyardError(f"lock for {variant.name} disagrees with images/variants.yaml: {', '.join(wrong)}. "
                             "Fix the pins (triton must be the version torch requires) and run `invoke lock`.")
@@ -183,6 +188,11 @@ def build_plan(settings: Settings, variant: Variant, *, no_cache: bool = False, 
         "EXPECT_TORCH": variant.pins["torch"],
         "EXPECT_TRITON": variant.pins["triton"],
         "EXPECT_DEEPSPEED": variant.pins["deepspeed"],
+        "EXPECT_CUDA": variant.cuda,
+        # The default CUDA variant takes its toolkit from the lock's wheels; a registry base brings its own,
+        # along with a second copy of the CUDA libraries torch's wheels hold (the check then only warns).
+        "CUDA_TOOLKIT": "wheels" if variant.is_cuda and not variant.base else "none",
+        "ALLOW_DUPLICATE_CUDA_LIBS": "--allow-duplicate-cuda-libs" if variant.is_cuda and variant.base else "",
     }
     labels = variants.labels(variant, revision=revision, created=created, source=str(ROOT))
     argv = engine.docker(settings, "build", "--progress=plain", "-f", str(context / "images" / "Dockerfile"),
@@ -223,7 +233,7 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dry
         print(plan.show())
         return variants.tag(settings, variant)
     engine.engine_info(settings)
-    if not engine.image_inspect(settings, base_image(settings, variant)) and not variant.is_cuda:
+    if not variant.base and not engine.image_inspect(settings, base_image(settings, variant)):
         raise DockyardError(f"base image {base_image(settings, variant)} is missing: run `invoke setup` "
                             "(makes it with debootstrap) or set base_image_cpu in invoke.yaml")
     if need_wheels:
@@ -245,7 +255,7 @@ def copy_context(dst: Path, variant: str) -> Path:
     for name in ("dockyard", "data", "recipes"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "images").mkdir()
-    for name in ("Dockerfile", "check_image.py", "variants.yaml"):
+    for name in ("Dockerfile", "check_image.py", "cuda_home.py", "variants.yaml"):
         shutil.copy2(ROOT / "images" / name, dst / "images" / name)
     shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
     shutil.copytree(ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,

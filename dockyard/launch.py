@@ -60,7 +60,7 @@ def entry_argv(recipe: str, run_dir: str, overrides: list[str], resume: bool = F
 
 
 def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,
-                      host: Host, variant: Variant) -> Topology:
+                      host: Host, variant: Variant, cpu: bool = False) -> Topology:
     if nodes < 1:
         raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
     if nodes > 1 and not master_addr:
@@ -69,7 +69,9 @@ def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, 
         raise DockyardError(f"--node-rank must be in 0..{nodes - 1} (got {node_rank})")
     if not 1 <= master_port <= 65535:
         raise DockyardError(f"--master-port must be a TCP port (got {master_port})")
-    if variant.is_cuda:
+    if variant.is_cuda and not cpu:
+        if not host.gpus:
+            check_gpu_host(variant, host, {}, False)  # says why, and what to run instead
         if nproc > host.count:
             raise DockyardError(f"--nproc={nproc} but this host has {host.count} GPU(s): one process per GPU")
         nproc = nproc or host.count
@@ -86,12 +88,12 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
         return
     if not host.gpus:
         raise DockyardError(f"variant {variant.name} needs NVIDIA GPUs but {host.error or 'NVML sees none'}; "
-                            "use --variant=cpu")
+                            "use --variant=cpu (or --cpu to try this image's stack on CPU)")
     if "nvidia" not in (engine_info.get("Runtimes") or {}) and not engine.which("nvidia-container-runtime-hook"):
         raise DockyardError(
             "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
             "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
-    if variants.cuda_version(variant.cuda) > variants.cuda_version(host.cuda) and not disable_require:
+    if not variants.driver_runs(variant.cuda, host.cuda) and not disable_require:
         raise DockyardError(
             f"image {variant.name} needs CUDA {variant.cuda} but driver {host.driver} supports CUDA {host.cuda}; "
             "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
@@ -171,19 +173,26 @@ def _user_mounts(settings: Settings, overrides: list[str]) -> tuple[list[tuple[P
 
 def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
-             disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1") -> RunPlan:
-    """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing)."""
+             disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
+             cpu: bool = False) -> RunPlan:
+    """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
+
+    `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
+    host without GPUs."""
     from dockyard.recipes import load_recipe
 
     load_recipe(recipe)  # unknown recipe → error listing the valid names, before anything starts
-    check_gpu_host(variant, host, engine_info, disable_require)
+    if not cpu:
+        check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
     mounts, extra = _user_mounts(settings, overrides)
     env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_IMAGE_ID": image_id, "DOCKYARD_VARIANT": variant.name}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
+    if cpu and variant.is_cuda:
+        env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
-    argv = docker_run_argv(settings, image, gpus=variant.is_cuda, run_dir=run_dir, name=f"dockyard-{run_dir.name}",
+    argv = docker_run_argv(settings, image, gpus=variant.is_cuda and not cpu, run_dir=run_dir, name=f"dockyard-{run_dir.name}",
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts,
                            memlock=memlock)
     return RunPlan(argv, run_dir)
@@ -225,16 +234,16 @@ def summarise(run_dir: Path) -> dict:
 def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", nproc: int = 0, nodes: int = 1,
         node_rank: int = 0, master_addr: str = "", master_port: int = 29500, run_id: str = "",
         disable_require: bool = False, native: bool = False, resume: bool = False, dry: bool = False,
-        overrides: list[str] | None = None) -> dict | None:
+        overrides: list[str] | None = None, cpu: bool = False) -> dict | None:
     overrides = list(overrides or [])
     host = probe()
     chosen, why = variants.resolve(settings, variant, host)
     print(why)
-    topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen)
+    topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen, cpu)
     run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
     if native:
         plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
-                           resume=resume, cpu=not chosen.is_cuda)
+                           resume=resume, cpu=cpu or not chosen.is_cuda)
     else:
         info, image = {}, {}
         if not dry:
@@ -245,7 +254,8 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={recipe}`)")
         plan = plan_run(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require,
-                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
+                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
+                        cpu=cpu)
     if dry:
         engine.echo(plan.argv, plan.env)
         return None

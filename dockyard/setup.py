@@ -83,7 +83,7 @@ def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     ensure_engine(settings, dry)
     variant, why = variants.resolve(settings, "auto")
     print(why)
-    if not variant.is_cuda:
+    if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
         ensure_cpu_base(settings, mirror, dry)
     if dry or not build.wheelhouse_complete(settings, variant):
         build.wheelhouse(settings, variant.name, dry=dry)

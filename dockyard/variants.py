@@ -74,12 +74,22 @@ def cuda_version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split("."))
 
 
+# CUDA's minor-version compatibility: what is built with CUDA X.y runs on every driver of major X or newer
+# (12.x from driver 525.60.13 on, 13.x from 580 on); only PTX JIT for an arch not compiled in needs X.y itself.
+MIN_DRIVER = {12: "525.60.13", 13: "580"}
+
+
+def driver_runs(image_cuda: str, host_cuda: str) -> bool:
+    """Whether a driver that reports `host_cuda` runs an image built for `image_cuda`."""
+    return cuda_version(image_cuda)[0] <= cuda_version(host_cuda)[0]
+
+
 def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
     """The newest CUDA variant the host driver supports, else cpu; with the reason in words."""
     if not host.gpus:
         why = host.error or "NVML sees no GPU"
         return variants["cpu"], f"auto → cpu: {why}"
-    fits = [v for v in variants.values() if v.is_cuda and cuda_version(v.cuda) <= cuda_version(host.cuda)]
+    fits = [v for v in variants.values() if v.is_cuda and driver_runs(v.cuda, host.cuda)]
     if not fits:
         have = ", ".join(f"{v.name} (CUDA {v.cuda})" for v in variants.values() if v.is_cuda)
         raise DockyardError(

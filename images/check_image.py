@@ -2,14 +2,20 @@
 
 Catches what otherwise surfaces only at training time: a later install that swapped the pinned torch or
 triton, a DeepSpeed op that was asked for but silently skipped (DeepSpeed >= 0.15.1 does that), a library
-that does not import against this torch. Saves `ds_report` for `invoke doctor`.
+that does not import against this torch. For CUDA variants (checked without a GPU): nvcc and torch agree on
+the CUDA release, the compiled ops hold code for every asked arch, bitsandbytes has its library for torch's
+CUDA, triton has its ptxas, and no CUDA library is there twice. Saves `ds_report` for `invoke doctor`.
 """
 
 import argparse
 import importlib
+import os
+import re
 import subprocess
 import sys
+import sysconfig
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 OP_NAMES = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io",
             "SHM_COMM": "deepspeed_shm_comm", "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
@@ -22,6 +28,9 @@ def main() -> int:
     p.add_argument("--deepspeed", default="")
     p.add_argument("--ops", default="")
     p.add_argument("--report", required=True)
+    p.add_argument("--cuda", default="", help="the CUDA release the variant is labelled with (empty: cpu)")
+    p.add_argument("--arch-list", default="", help="TORCH_CUDA_ARCH_LIST the ops were compiled for")
+    p.add_argument("--allow-duplicate-cuda-libs", action="store_true", help="a registry base: warn only")
     a = p.parse_args()
     problems = []
 
@@ -48,6 +57,9 @@ def main() -> int:
         if not installed_ops.get(name):
             problems.append(f"DeepSpeed op {name} (DS_BUILD_{op}=1) was not built")
 
+    if a.cuda:
+        problems += cuda_problems(a.cuda, a.arch_list, a.ops.split(), a.allow_duplicate_cuda_libs)
+
     report = subprocess.run(["ds_report"], capture_output=True, text=True)
     with open(a.report, "w") as f:
         f.write(report.stdout + report.stderr)
@@ -58,6 +70,108 @@ def main() -> int:
     built = sorted(k for k, v in installed_ops.items() if v)
     print(f"image check passed: torch {version('torch')}, deepspeed {version('deepspeed')}, ops built: {', '.join(built)}")
     return 0
+
+
+# --- CUDA variants ---------------------------------------------------------------------------
+
+# The libraries torch's wheels bring; a second copy (e.g. from a CUDA devel base) costs gigabytes. Not CUPTI:
+# triton ships its own for its profiler (about 40 MB, at the release it was built with), torch uses the wheel's.
+CUDA_LIBS = re.compile(r"^(lib(?:cublas|cublasLt|cudnn\w*|nccl|cudart|cusparse|cusparseLt|cufft|curand|cusolver"
+                       r"|nvrtc|nvJitLink|nvshmem\w*|cufile))\.so(\.[\d.]+)?$")
+SKIP_DIRS = {"/proc", "/sys", "/dev", "/tmp", "/wheels", "/dist"}
+
+
+def cuda_problems(cuda: str, arch_list: str, ops: list[str], allow_duplicates: bool) -> list[str]:
+    import torch
+
+    problems = []
+    torch_cuda = torch.version.cuda or "none"
+    if _major_minor(torch_cuda) != cuda:
+        problems.append(f"torch is built for CUDA {torch_cuda}, the variant is labelled CUDA {cuda}")
+    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+    m = re.search(r"release (\d+\.\d+)", nvcc.stdout)
+    if not m:
+        problems.append(f"nvcc did not run (CUDA_HOME={os.environ.get('CUDA_HOME')}): {nvcc.stderr.strip()[-300:]}")
+    elif m.group(1) != _major_minor(torch_cuda):
+        problems.append(f"nvcc is release {m.group(1)}, torch is built for CUDA {torch_cuda}: pin the toolkit "
+                        "wheels (nvidia-cuda-nvcc, -nvvm, -crt) to torch's CUDA release")
+    if "FUSED_ADAM" in ops:
+        problems += _op_archs("fused_adam_op", arch_list)
+    problems += _bitsandbytes(torch_cuda)
+    problems += _triton_ptxas()
+    duplicates = _duplicate_cuda_libs()
+    if duplicates and allow_duplicates:
+        print("warning: CUDA libraries present twice (the registry base's and torch's wheels'):\n  "
+              + "\n  ".join(duplicates), file=sys.stderr)
+    elif duplicates:
+        problems += [f"CUDA library present twice: {d}" for d in duplicates]
+    return problems
+
+
+def _major_minor(release: str) -> str:
+    return ".".join(release.split(".")[:2])
+
+
+def _site() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def _cuobjdump() -> str:
+    """triton's wheel ships one (the toolkit wheels do not)."""
+    return str(_site() / "triton" / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def _op_archs(module: str, arch_list: str) -> list[str]:
+    """The compiled op holds machine code for every arch asked for, and imports without a GPU."""
+    found = sorted((_site() / "deepspeed").rglob(f"{module}*.so"))
+    if not found:
+        return [f"DeepSpeed CUDA op {module}: no compiled .so under deepspeed/"]
+    so = found[0]
+    elf = subprocess.run([_cuobjdump(), "--list-elf", str(so)], capture_output=True, text=True)
+    if elf.returncode:
+        return [f"cuobjdump --list-elf {so} failed: {elf.stderr.strip()[-300:]}"]
+    have = set(re.findall(r"\.sm_(\d+a?)\.", elf.stdout))
+    want = [a.replace("+PTX", "").replace(".", "") for a in re.split(r"[;\s]+", arch_list) if a]
+    problems = [f"{so.name} holds no code for sm_{w} (TORCH_CUDA_ARCH_LIST={arch_list}; it holds "
+                f"{', '.join(sorted(have)) or 'none'})" for w in want if w not in have]
+    if "+PTX" in arch_list:
+        ptx = subprocess.run([_cuobjdump(), "--list-ptx", str(so)], capture_output=True, text=True).stdout
+        if "compute_" not in ptx and ".ptx" not in ptx:
+            problems.append(f"{so.name} holds no PTX although the arch list asks for +PTX")
+    dotted = ".".join(so.relative_to(_site()).with_suffix("").parts).split(".cpython")[0]
+    try:
+        importlib.import_module(dotted)
+    except Exception as e:  # the op must load on a GPU-less build host, as on any node
+        problems.append(f"import {dotted} failed: {type(e).__name__}: {e}")
+    return problems
+
+
+def _bitsandbytes(torch_cuda: str) -> list[str]:
+    import bitsandbytes
+
+    lib = Path(bitsandbytes.__file__).parent / f"libbitsandbytes_cuda{torch_cuda.replace('.', '')}.so"
+    return [] if lib.exists() else [f"bitsandbytes {version('bitsandbytes')} has no {lib.name} for torch's CUDA"]
+
+
+def _triton_ptxas() -> list[str]:
+    ptxas = os.environ.get("TRITON_PTXAS_PATH") or str(_site() / "triton" / "backends" / "nvidia" / "bin" / "ptxas")
+    r = subprocess.run([ptxas, "--version"], capture_output=True, text=True) if os.path.exists(ptxas) else None
+    if r is None or r.returncode:
+        return [f"triton's ptxas ({ptxas}) is missing or does not run"]
+    return []
+
+
+def _duplicate_cuda_libs() -> list[str]:
+    """Library names (libcublas, libcudnn_ops...) held by more than one real file, symlinks not counted."""
+    seen: dict[str, set[str]] = {}
+    for top, dirs, files in os.walk("/"):
+        dirs[:] = [d for d in dirs if os.path.join(top, d) not in SKIP_DIRS]
+        for f in files:
+            m = CUDA_LIBS.match(f)
+            path = os.path.join(top, f)
+            if m and not os.path.islink(path):
+                seen.setdefault(m.group(1), set()).add(path)
+    return [f"{name}: {', '.join(sorted(paths))}" for name, paths in sorted(seen.items()) if len(paths) > 1]
 
 
 if __name__ == "__main__":

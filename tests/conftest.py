@@ -52,3 +52,20 @@ def cpu_image(settings, engine_ready) -> str:
     ref = variants.tag(settings, variants.resolve(settings, "cpu")[0])
     assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
     return ref
+
+
+def newest_cuda_variant(settings) -> variants.Variant:
+    cuda = [v for v in variants.all_variants(settings).values() if v.is_cuda]
+    return max(cuda, key=lambda v: variants.cuda_version(v.cuda))
+
+
+@pytest.fixture(scope="session")
+def cuda_image(settings, engine_ready) -> str:
+    """The newest CUDA variant's image, built for real once per session through `invoke build` (no GPU needed:
+    the toolkit comes from the lock's wheels, the build checks run without one). Cold: see benchmarks/results."""
+    v = newest_cuda_variant(settings)
+    r = invoke("build", f"--variant={v.name}", timeout=3600)
+    assert r.returncode == 0, f"invoke build --variant={v.name} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    ref = variants.tag(settings, v)
+    assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
+    return ref

@@ -22,9 +22,6 @@ from dockyard.settings import Settings
 from dockyard.transport.inventory import engine_store
 
 GIB = 2**30
-# The oldest Linux driver for each CUDA release (NVIDIA's CUDA toolkit release notes), for the fix lines
-MIN_DRIVER = {"11.8": "520", "12.0": "525", "12.1": "530", "12.2": "535", "12.3": "545", "12.4": "550",
-              "12.5": "555", "12.6": "560", "12.8": "570", "12.9": "575", "13.0": "580"}
 
 
 # --- engine ---------------------------------------------------------------------------------------
@@ -132,7 +129,8 @@ def check_topology(host: Host, links: list[Link]) -> Check | None:
 # --- variants and the image -----------------------------------------------------------------------
 
 def _min_driver(cuda: str) -> str:
-    return f" (driver ≥ {MIN_DRIVER[cuda]})" if cuda in MIN_DRIVER else ""
+    major = variants.cuda_version(cuda)[0]
+    return f" (driver ≥ {variants.MIN_DRIVER[major]})" if major in variants.MIN_DRIVER else ""
 
 
 def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None]) -> list[Check]:
@@ -144,7 +142,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
                 continue
             label = image_cuda.get(name)
             cuda, where = (label, "image label") if label else (v.cuda, "variants.yaml; image not built")
-            if variants.cuda_version(cuda) <= variants.cuda_version(host.cuda):
+            if variants.driver_runs(cuda, host.cuda):
                 out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
             else:
                 out.append(Check(f"variant {name}", WARN,

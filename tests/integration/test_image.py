@@ -1,17 +1,17 @@
-"""The cpu image on the real engine: what it holds, `invoke run` of zero2 in it, and layer reuse on rebuild."""
+"""The images on the real engine: what the cpu and the newest CUDA image hold, `invoke run` of zero2, layer reuse."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from dockyard import build, engine, variants
-from dockyard.settings import ROOT
-from tests.conftest import invoke
+from tests.conftest import invoke, newest_cuda_variant
 
 
 def _docker(settings, *args, check=True):
@@ -104,13 +104,40 @@ def test_recipe_or_code_change_rebuilds_only_the_top_layers(settings, cpu_image,
         _docker(settings, "rmi", "-f", ref, check=False)
 
 
-@pytest.mark.parametrize("name", ["cu124", "cu130"])
-def test_cuda_variant_builds_where_its_base_image_is_present(settings, engine_ready, name):
-    """No registry here: the CUDA bases (nvidia/cuda:*-cudnn-devel) exist only on hosts that pulled or loaded them."""
-    v = variants.resolve(settings, name)[0]
-    if not engine.image_inspect(settings, v.base):
-        pytest.skip(f"CUDA base image {v.base} is not in this engine (no registry reachable): GPU build hosts only")
-    r = invoke("build", f"--variant={name}")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    labels = engine.image_inspect(settings, variants.tag(settings, v))["Config"]["Labels"]
-    assert labels["dockyard.cuda"] == v.cuda and labels["dockyard.triton"] == v.pins["triton"]
+KERNEL = "__global__ void twice(float *x) { x[threadIdx.x] *= 2; }\nint main() { twice<<<1, 32>>>(0); return 0; }\n"
+
+
+def test_cuda_image_holds_one_toolkit_that_matches_torch(settings, cuda_image):
+    """Checked without a GPU: labels, torch's CUDA, nvcc building and linking a kernel through CUDA_HOME, the
+    prebuilt DeepSpeed ops. The build's own checks (images/check_image.py) also read the op's fatbinary."""
+    v = newest_cuda_variant(settings)
+    info = engine.image_inspect(settings, cuda_image)
+    labels = info["Config"]["Labels"]
+    assert labels["dockyard.variant"] == v.name and labels["dockyard.cuda"] == v.cuda
+    assert labels["dockyard.lock"] == variants.lock_hash(v) and labels["dockyard.torch"] == v.pins["torch"]
+    probe = ("import json, torch; from deepspeed.git_version_info import installed_ops as o;"
+             "print(json.dumps({'cuda': torch.version.cuda, 'ops': o}))")
+    script = (f"python -c {shlex.quote(probe)} && printf {shlex.quote(KERNEL)} > /tmp/k.cu && cd /tmp"
+              f" && nvcc -gencode arch=compute_90,code=sm_90 k.cu -o k -L$CUDA_HOME/lib64 && nvcc --version"
+              f" && ls $CUDA_HOME/lib64/libcudart.so $CUDA_HOME/nvvm/bin/cicc")
+    r = _docker(settings, "run", "--rm", "--network", "none", cuda_image, "bash", "-c", script, check=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout.splitlines()[0])
+    assert out["cuda"] == v.cuda and f"release {v.cuda}" in r.stdout
+    for op in ("fused_adam", "cpu_adam", "async_io"):
+        assert out["ops"][op], f"DeepSpeed op {op} was asked for but is not built"
+    assert info["Size"] < 7e9, f"the CUDA image is {info['Size'] / 1e9:.2f} GB, the target is 7 GB"
+
+
+def test_cuda_variants_on_a_registry_base_build_where_the_base_is_present(settings, engine_ready):
+    """A variant naming a registry base (nvidia/cuda:*-devel) builds FROM it: only where it was pulled or loaded."""
+    named = [v for v in variants.all_variants(settings).values() if v.is_cuda and v.base]
+    present = [v for v in named if engine.image_inspect(settings, v.base)]
+    if not present:
+        pytest.skip(f"no registry base in this engine ({', '.join(v.base for v in named) or 'none named'}): "
+                    "no registry reachable here")
+    for v in present:
+        r = invoke("build", f"--variant={v.name}", timeout=3600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        labels = engine.image_inspect(settings, variants.tag(settings, v))["Config"]["Labels"]
+        assert labels["dockyard.cuda"] == v.cuda and labels["dockyard.triton"] == v.pins["triton"]

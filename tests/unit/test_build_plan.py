@@ -15,21 +15,23 @@ def _args(argv, flag):
 
 
 @pytest.fixture
-def cu130(settings):
-    return variants.resolve(settings, "cu130")[0]
+def cu132(settings):
+    return variants.resolve(settings, "cu132")[0]
 
 
-def test_cuda_build_plan(settings, cu130):
-    (argv, env), = build.build_plan(settings, cu130, revision="deadbeef", created="t").steps
+def test_cuda_build_plan(settings, cu132):
+    (argv, env), = build.build_plan(settings, cu132, revision="deadbeef", created="t").steps
     assert env == {"DOCKER_BUILDKIT": "1"}
-    assert argv[argv.index("-t") + 1] == "dockyard:0.1.0-cu130"
+    assert argv[argv.index("-t") + 1] == "dockyard:0.1.0-cu132"
     args = _args(argv, "--build-arg")
-    assert args["BASE_IMAGE"] == cu130.base
+    assert args["BASE_IMAGE"] == settings.base_image_cpu, "the CUDA image builds FROM the registry-free base"
+    assert args["CUDA_TOOLKIT"] == "wheels" and args["EXPECT_CUDA"] == cu132.cuda
+    assert "7.5" in args["TORCH_CUDA_ARCH_LIST"].split(";"), "T4 (sm_75) is served"
     assert set(args["DOCKYARD_DS_OPS"].split()) >= {"CPU_ADAM", "FUSED_ADAM", "AIO"}
     assert args["TORCH_CUDA_ARCH_LIST"] and args["DS_ACCELERATOR"] == "cuda"
-    assert args["EXPECT_TORCH"] == cu130.pins["torch"] and args["EXPECT_TRITON"] == cu130.pins["triton"]
+    assert args["EXPECT_TORCH"] == cu132.pins["torch"] and args["EXPECT_TRITON"] == cu132.pins["triton"]
     labels = _args(argv, "--label")
-    assert labels["org.opencontainers.image.revision"] == "deadbeef" and labels["dockyard.variant"] == "cu130"
+    assert labels["org.opencontainers.image.revision"] == "deadbeef" and labels["dockyard.variant"] == "cu132"
     assert "--no-cache" not in argv and argv[-1] == str(ROOT)
 
 
@@ -37,23 +39,50 @@ def test_cpu_build_uses_the_debootstrap_base_and_cpu_ops(settings):
     cpu = variants.resolve(settings, "cpu")[0]
     (argv, _), = build.build_plan(settings, cpu, no_cache=True).steps
     args = _args(argv, "--build-arg")
-    assert args["BASE_IMAGE"] == settings.base_image_cpu
+    assert args["BASE_IMAGE"] == settings.base_image_cpu and args["CUDA_TOOLKIT"] == "none"
     assert "CPU_ADAM" in args["DOCKYARD_DS_OPS"] and args["DS_ACCELERATOR"] == "cpu"
     assert "--no-cache" in argv
 
 
-def test_wheelhouse_plan_is_hash_checked_for_the_image_platform(settings, cu130):
-    (argv, _), = build.wheelhouse_plan(settings, cu130).steps
+def test_a_variant_naming_a_registry_base_builds_from_it_with_that_toolkit(settings, cu132):
+    ngc = cu132.model_copy(update={"base": "nvcr.io/nvidia/cuda:13.2.0-cudnn-devel-ubuntu24.04"})
+    (argv, _), = build.build_plan(settings, ngc).steps
+    args = _args(argv, "--build-arg")
+    assert args["BASE_IMAGE"] == ngc.base and args["CUDA_TOOLKIT"] == "none"
+    assert args["ALLOW_DUPLICATE_CUDA_LIBS"], "the base's CUDA libraries duplicate torch's: warned, not refused"
+
+
+def test_every_cuda_lock_holds_a_toolkit_at_torchs_cuda_release(settings):
+    """nvcc, nvvm and crt of torch's CUDA release (a newer nvvm breaks ptxas), and a runtime of the variant's CUDA."""
+    for v in variants.all_variants(settings).values():
+        if not v.is_cuda or v.base:  # a registry base brings its own toolkit
+            continue
+        build.check_lock(v)
+        pins = build.lock_pins(v)
+        nvcc = pins.get("nvidia-cuda-nvcc") or pins.get("nvidia-cuda-nvcc-cu12")
+        assert nvcc and nvcc.startswith(v.cuda + "."), f"{v.name}: nvcc {nvcc} for CUDA {v.cuda}"
+        if "nvidia-nvvm" in pins:
+            assert pins["nvidia-nvvm"] == pins["nvidia-cuda-crt"] == nvcc
+
+
+def test_a_lock_whose_cuda_runtime_disagrees_with_the_variant_is_refused(settings, cu132):
+    wrong = cu132.model_copy(update={"cuda": "13.0"})
+    with pytest.raises(Exception, match=r"CUDA runtime torch pulls is 13\.2\.\d+ \(the variant says cuda 13\.0\)"):
+        build.check_lock(wrong)
+
+
+def test_wheelhouse_plan_is_hash_checked_for_the_image_platform(settings, cu132):
+    (argv, _), = build.wheelhouse_plan(settings, cu132).steps
     assert "--require-hashes" in argv and "--no-deps" in argv
-    assert argv[argv.index("--python-version") + 1] == "3.12"
-    assert "manylinux_2_28_x86_64" in argv and str(cu130.lock_file) in argv
+    assert argv[argv.index("--python-version") + 1] == "3.11"
+    assert "manylinux_2_28_x86_64" in argv and str(cu132.lock_file) in argv
 
 
-def test_index_and_ca_settings_reach_pip_but_not_the_image(settings, cu130):
+def test_index_and_ca_settings_reach_pip_but_not_the_image(settings, cu132):
     s = settings.model_copy(update={"index_url": "https://pypi.corp/simple", "ca_bundle": "/etc/corp-ca.pem"})
-    (argv, env), = build.wheelhouse_plan(s, cu130).steps
+    (argv, env), = build.wheelhouse_plan(s, cu132).steps
     assert argv[argv.index("--index-url") + 1] == "https://pypi.corp/simple" and env["PIP_CERT"] == "/etc/corp-ca.pem"
-    (bargv, _), = build.build_plan(s, cu130).steps
+    (bargv, _), = build.build_plan(s, cu132).steps
     assert "corp" not in " ".join(bargv)  # never a build arg: args are recorded in the image history
 
 
@@ -76,19 +105,19 @@ def test_build_step_tracker_names_the_failing_step():
     assert t.last.startswith("[deepspeed-build 1/1] RUN pip wheel")
 
 
-def test_lock_resolution_for_a_cuda_variant_pins_the_triton_torch_wants(settings, cu130, tmp_path):
+def test_lock_resolution_for_a_cuda_variant_pins_the_triton_torch_wants(settings, cu132, tmp_path):
     """Real resolution against the package index (no GPU needed): the lock holds torch's own triton."""
-    in_file = tmp_path / "cu130.in"
-    in_file.write_text(cu130.requirements_in)
-    (argv, env), = build.lock_plan(settings, cu130, in_file, tmp_path / "lock.txt").steps
+    in_file = tmp_path / "cu132.in"
+    in_file.write_text(cu132.requirements_in)
+    (argv, env), = build.lock_plan(settings, cu132, in_file, tmp_path / "lock.txt").steps
     r = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     lock = (tmp_path / "lock.txt").read_text()
-    assert f"torch=={cu130.pins['torch']}" in lock and f"triton=={cu130.pins['triton']}" in lock
+    assert f"torch=={cu132.pins['torch']}" in lock and f"triton=={cu132.pins['triton']}" in lock
     assert "nvidia-nccl" in lock  # the CUDA build of torch, not a CPU one
 
 
-def test_lock_with_a_triton_torch_does_not_want_is_refused(settings, cu130):
-    bad = cu130.model_copy(update={"pins": {**cu130.pins, "triton": "2.1.0"}})
+def test_lock_with_a_triton_torch_does_not_want_is_refused(settings, cu132):
+    bad = cu132.model_copy(update={"pins": {**cu132.pins, "triton": "2.1.0"}})
     with pytest.raises(Exception, match="triton"):
         build.check_lock(bad)

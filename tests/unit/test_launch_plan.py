@@ -15,7 +15,7 @@ TWO_GPUS = Host(driver="580.65", cuda="13.0", gpus=[GPU, Gpu(1, GPU.name, GPU.me
 NVIDIA_ENGINE = {"Runtimes": {"runc": {}, "nvidia": {}}}
 
 
-def _plan(settings, tmp_path, variant="cu130", host=TWO_GPUS, info=NVIDIA_ENGINE, overrides=(), **topo):
+def _plan(settings, tmp_path, variant="cu132", host=TWO_GPUS, info=NVIDIA_ENGINE, overrides=(), **topo):
     v = variants.resolve(settings, variant)[0]
     t = launch.validate_topology(topo.pop("nproc", 0), topo.pop("nodes", 1), topo.pop("node_rank", 0),
                                  topo.pop("master_addr", ""), topo.pop("master_port", 29500), host, v)
@@ -34,7 +34,7 @@ def test_gpu_run_has_the_flags_multi_gpu_training_needs(settings, tmp_path):
         assert flag in joined
     assert f"--user {os.getuid()}:{os.getgid()}" in joined
     assert "HF_HUB_OFFLINE=1" in argv and "NVIDIA_DISABLE_REQUIRE=1" not in argv
-    cmd = _after_image(argv, "dockyard:0.1.0-cu130")
+    cmd = _after_image(argv, "dockyard:0.1.0-cu132")
     assert cmd[:3] == ["torchrun", "--nproc-per-node=2", "--standalone"], "one process per GPU"
     assert cmd[3:9] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/r1"]
     assert f"{tmp_path / 'runs'}:/workspace/runs" in argv
@@ -57,7 +57,7 @@ def test_disable_require_is_opt_in(settings, tmp_path):
 
 def test_multinode_uses_torchrun_rendezvous_and_host_network(settings, tmp_path):
     argv = _plan(settings, tmp_path, nodes=2, node_rank=1, master_addr="10.1.2.3", master_port=29600).argv
-    cmd = _after_image(argv, "dockyard:0.1.0-cu130")
+    cmd = _after_image(argv, "dockyard:0.1.0-cu132")
     assert cmd[:5] == ["torchrun", "--nproc-per-node=2", "--nnodes=2", "--node-rank=1", "--master-addr=10.1.2.3"]
     assert "--master-port=29600" in cmd and "--network" in argv and "host" in argv
 
@@ -81,8 +81,19 @@ def test_gpus_without_nvidia_runtime_says_how_to_configure_it(settings, tmp_path
 
 def test_driver_older_than_image_cuda_is_refused_before_starting(settings, tmp_path):
     old = Host(driver="550.54", cuda="12.4", gpus=[GPU])
-    with pytest.raises(DockyardError, match=r"needs CUDA 13\.0 but driver 550\.54 supports CUDA 12\.4.*--variant=auto"):
+    with pytest.raises(DockyardError, match=r"needs CUDA 13\.2 but driver 550\.54 supports CUDA 12\.4.*--variant=auto"):
         _plan(settings, tmp_path, host=old)
+
+
+def test_cuda_image_on_a_host_without_gpus_trains_on_cpu_only_when_asked(settings, tmp_path):
+    v = variants.resolve(settings, "cu132")[0]
+    with pytest.raises(DockyardError, match="needs NVIDIA GPUs.*--variant=cpu.*--cpu"):
+        launch.validate_topology(0, 1, 0, "", 29500, Host(error="NVML unavailable"), v)
+    t = launch.validate_topology(0, 1, 0, "", 29500, Host(), v, cpu=True)
+    argv = launch.plan_run(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
+                           run_dir=tmp_path / "r", overrides=[], cpu=True).argv
+    assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in argv, "DeepSpeed must not look for a GPU"
+    assert _after_image(argv, "dockyard:0.1.0-cu132")[1] == f"--nproc-per-node={launch.CPU_NPROC}"
 
 
 def test_unknown_recipe_lists_valid_names(settings, tmp_path):

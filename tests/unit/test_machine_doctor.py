@@ -38,19 +38,19 @@ def _by_name(checks):
 
 def test_old_driver_with_a_new_cuda_image(all_variants):
     host, _ = _host("old_driver.json")  # driver 550, CUDA 12.4
-    checks = _by_name(doctor.check_variants(all_variants, host, {"cu130": "13.0", "cu124": None}))
-    assert checks["variant cu130"].status == doctor.WARN
-    assert "image label" in checks["variant cu130"].detail and "driver ≥ 580" in checks["variant cu130"].fix
-    assert checks["variant cu124"].status == doctor.PASS
-    assert checks["auto variant"].status == doctor.PASS and "auto → cu124" in checks["auto variant"].detail
+    checks = _by_name(doctor.check_variants(all_variants, host, {"cu132": "13.2", "cu128": None}))
+    assert checks["variant cu132"].status == doctor.WARN
+    assert "image label" in checks["variant cu132"].detail and "driver ≥ 580" in checks["variant cu132"].fix
+    assert checks["variant cu128"].status == doctor.PASS, "CUDA 12.8 runs on a 12.4 driver (minor-version compat)"
+    assert checks["auto variant"].status == doctor.PASS and "auto → cu128" in checks["auto variant"].detail
 
 
 def test_driver_older_than_every_variant_fails(all_variants):
     host, _ = _host("old_driver.json")
-    older = dataclasses.replace(host, driver="535.183.01", cuda="12.2")
+    older = dataclasses.replace(host, driver="470.256.02", cuda="11.4")
     checks = _by_name(doctor.check_variants(all_variants, older, {}))
     assert checks["auto variant"].status == doctor.FAIL and "Upgrade the driver" in checks["auto variant"].fix
-    assert {checks["variant cu124"].status, checks["variant cu130"].status} == {doctor.WARN}
+    assert {checks["variant cu128"].status, checks["variant cu132"].status} == {doctor.WARN}
 
 
 def test_host_without_gpus_passes_with_the_cpu_notice(all_variants):
@@ -105,7 +105,7 @@ def test_ds_report_with_built_ops_and_libaio(all_variants):
     cpu = _with_ops(all_variants["cpu"], "CPU_ADAM", "SHM_COMM")
     c = container.check_ds_report(report, cpu, "img")
     assert c.status == doctor.PASS and "no libaio" in c.detail
-    aio = _with_ops(all_variants["cu124"], "CPU_ADAM", "FUSED_ADAM", "AIO")  # without libaio, no async_io
+    aio = _with_ops(all_variants["cu128"], "CPU_ADAM", "FUSED_ADAM", "AIO")  # without libaio, no async_io
     c = container.check_ds_report(report, aio, "img")
     assert c.status == doctor.FAIL and "NOT built: async_io" in c.detail
     with_libaio = re.sub(r"^(async_io \.+ )\x1b\[93m\[NO\]\x1b\[0m \.+ \x1b\[93m\[NO\]",

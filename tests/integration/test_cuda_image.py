@@ -1,0 +1,87 @@
+"""The newest CUDA image, built for real on this GPU-less host (the `cuda_image` fixture): its Python stack
+trains on CPU, and it moves to the second node as a full archive and then as a thin one.
+
+The GPU path itself (NCCL, fused_adam on a device, bitsandbytes' CUDA kernels) runs only in tests/gpu, on a
+host with GPUs: here `invoke run --cpu` trains in the CUDA image with gloo and DS_ACCELERATOR=cpu, which
+checks the image's own transformers, PEFT, DeepSpeed and bitsandbytes, not the GPU kernels.
+Multi-GB image: one full save and one full load per session, everything else reuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dockyard import build, engine
+from tests.conftest import invoke, newest_cuda_variant
+from tests.integration import node2
+
+pytestmark = pytest.mark.engine
+TRAIN = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--max_seq_length", "32",
+         "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--save_steps", "1000", "--logging_steps", "1"]
+
+
+@pytest.mark.parametrize("recipe, in_effect", [
+    ("ddp", {"engine": "ddp", "zero_stage": None}),
+    ("zero2", {"engine": "deepspeed", "zero_stage": 2}),
+    ("qlora", {"engine": "ddp"}),
+])
+def test_cuda_image_stack_trains_on_cpu_with_two_processes(settings, cuda_image, tmp_path, recipe, in_effect):
+    v = newest_cuda_variant(settings)
+    r = invoke("run", f"--recipe={recipe}", f"--variant={v.name}", "--cpu", f"--run-id={recipe}", "--", *TRAIN,
+               env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    m = json.loads((tmp_path / recipe / "manifest.json").read_text())
+    assert m["status"] == "completed" and m["variant"] == v.name and m["world_size"] == 2
+    assert m["image"]["ref"] == cuda_image
+    for key, value in in_effect.items():
+        assert m["strategy"]["in_effect"][key] == value, (key, m["strategy"]["in_effect"])
+    if recipe == "qlora":
+        assert m["strategy"]["peft"] == "qlora"
+    assert m["metrics"]["steps"] == 4 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+
+
+@pytest.fixture(scope="module")
+def node():
+    n = node2.start()
+    try:
+        yield n
+    finally:
+        node2.stop(n)
+
+
+def _save(out: Path, ref: str, *flags: str, env: dict | None = None) -> tuple[Path, dict]:
+    r = invoke("save", f"--image={ref}", f"--out={out}", *flags, env=env, timeout=3600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    archive, = out.glob("*.tar.zst")
+    return archive, json.loads(next(out.glob("*.manifest.json")).read_text())
+
+
+def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda_image, node, tmp_path):
+    """Full archive → load.sh on node 2; then a recipe-only rebuild ships as a thin archive < 1 % of it."""
+    v = newest_cuda_variant(settings)
+    ssh_env = {"INVOKE_DOCKYARD_SSH": node.ssh_command}
+    # Written into the node's own folder: node 2 shares this file system (copying is test_transport's job).
+    full, full_m = _save(node.base / "full", cuda_image)
+    r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
+    assert node.image_id(cuda_image) == engine.image_inspect(settings, cuda_image)["Id"], r.stdout + r.stderr
+
+    ctx = build.copy_context(tmp_path / "ctx", v.name)
+    with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:
+        f.write("# a recipe-only change\n")
+    v2 = "dockyard-test/cuda-thin:v2"
+    (argv, benv), = build.build_plan(settings, v, context=ctx, ref=v2, revision="test").steps
+    try:
+        engine.run(argv, env=benv, quiet=True, capture=True)
+        thin, thin_m = _save(node.base / "thin", v2, f"--thin-for=ssh://{node.alias}", env=ssh_env)
+        sizes = (thin_m["archive_bytes"], full_m["archive_bytes"])
+        assert sizes[0] < 0.01 * sizes[1], f"thin {sizes[0]:,} B vs full {sizes[1]:,} B"
+        r = node.ssh(f"sh {thin.parent}/load.sh {thin.name}", timeout=1200)
+        assert node.image_id(v2) == engine.image_inspect(settings, v2)["Id"], r.stdout + r.stderr
+        tail = node.ssh(f"docker run --rm --network none {v2} tail -1 /opt/dockyard/recipes/zero2/recipe.yaml")
+        assert tail.stdout.strip() == "# a recipe-only change"
+    finally:
+        subprocess.run(engine.docker(settings, "rmi", "-f", v2), capture_output=True)
