@@ -230,15 +230,21 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
 
 # --- the machine -----------------------------------------------------------------------------
 
-@task(help={"json": "print the checks as JSON instead of a table"})
+@task(help={"json": "print the checks as JSON instead of a table",
+            "record": "also write what NVML reports (GPUs, capability, MIG, driver, links) to this JSON file; "
+                      "DOCKYARD_NVML_REPLAY=FILE replays it in doctor, plan and run --dry"})
 @_user_errors
-def doctor(c, json=False):
+def doctor(c, json=False, record=""):
     """Check this host: Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the
     driver runs, /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops.
     Each check says how to fix it; exits non-zero when one fails. A host without GPUs passes (cpu variant)."""
     from dockyard.machine import doctor as doctor_mod
     from dockyard.errors import DockyardError
 
+    if record:
+        from dockyard import gpus
+        gpus.record(record)
+        print(f"recorded this host's NVML readings in {record}")
     checks = doctor_mod.run(_settings(c))
     print(doctor_mod.to_json(checks)) if json else doctor_mod.print_table(checks)
     failed = doctor_mod.failures(checks)
