@@ -11,7 +11,7 @@ import contextlib
 import ctypes
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Protocol
 
@@ -36,6 +36,7 @@ class Host:
     cuda: str = ""
     gpus: list[Gpu] = field(default_factory=list)
     error: str = ""  # why NVML could not be read (no driver, no library): not an error on a CPU host
+    visible: str = ""  # the devices chosen by --gpus or CUDA_VISIBLE_DEVICES, "0,2"; "" is all of them
 
     @property
     def count(self) -> int:
@@ -257,6 +258,28 @@ def record(path: Path | str) -> dict:
         data = {"kind": "gpu", "host": asdict(Host(error=str(e))), "links": [], "samples": []}
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
     return data
+
+
+def select(host: Host, spec: str = "") -> Host:
+    """`host` limited to the GPUs of `spec` (`--gpus=0,2`) or else of CUDA_VISIBLE_DEVICES: indices or UUIDs.
+    The process count follows what is left; docker gets the same list (`--gpus '"device=0,2"'`)."""
+    spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
+    if not spec or not host.gpus:
+        return host
+    chosen = []
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        found = [g for g in host.gpus if (token.isdigit() and g.index == int(token)) or g.uuid == token]
+        if not found:
+            raise DockyardError(f"GPU {token!r} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is not on this host: "
+                                f"it has {', '.join(str(g.index) for g in host.gpus)}")
+        if found[0] not in chosen:
+            chosen.append(found[0])
+    return replace(host, gpus=chosen, visible=",".join(str(g.index) for g in chosen))
+
+
+def docker_gpus(host: Host) -> str:
+    """docker's --gpus value: a device list needs the inner quotes, or docker splits it at the comma."""
+    return f'"device={host.visible}"' if host.visible else "all"
 
 
 def probe() -> Host:
