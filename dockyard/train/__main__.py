@@ -43,7 +43,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     import torch
     from transformers import TrainingArguments
 
-    from dockyard.train import guards
+    from dockyard.train import guards, precision
 
     known = {f.name for f in fields(TrainingArguments)}
     unknown = sorted(set(overrides) - known)
@@ -52,8 +52,8 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
                             f"and any transformers.TrainingArguments field")
     cuda = torch.cuda.is_available()
     args: dict[str, Any] = {
-        "bf16": cuda and torch.cuda.is_bf16_supported(),
-        **overrides,
+        **precision.mixed_precision(precision.capability(), overrides),
+        **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
         "output_dir": str(run_dir / "checkpoints"),
         "use_cpu": not cuda,
     }
