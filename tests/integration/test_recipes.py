@@ -23,9 +23,13 @@ FAST = ["--max_steps", "12", "--per_device_train_batch_size", "4", "--max_seq_le
         "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--save_steps", "6", "--logging_steps", "1"]
 
 
-def env() -> dict[str, str]:
-    e = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-         "PYTHONPATH": str(ROOT)}
+def env(gpu: bool = False) -> dict[str, str]:
+    """The trainer's environment; on CPU DeepSpeed must use its CPU accelerator, on GPUs it must not (it would
+    run beside an NCCL process group on CUDA batches)."""
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    e.pop("DS_ACCELERATOR", None)
+    if not gpu:
+        e["DS_ACCELERATOR"] = "cpu"
     for k in ("DOCKYARD_VARIANT", "DOCKYARD_IMAGE_REF", "DOCKYARD_IMAGE_ID"):
         e.pop(k, None)
     return e
@@ -37,8 +41,8 @@ def command(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume:
 
 
 def train(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: bool = False,
-          ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command(recipe, run_dir, *overrides, nproc=nproc, resume=resume), cwd=ROOT, env=env(),
+          ok: bool = True, gpu: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(recipe, run_dir, *overrides, nproc=nproc, resume=resume), cwd=ROOT, env=env(gpu),
                           capture_output=True, text=True, timeout=900)
     if ok and proc.returncode != 0:
         pytest.fail(f"{recipe} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -69,7 +73,8 @@ def reload_logits(run_dir: Path, m: dict) -> torch.Tensor:
         model = auto.from_pretrained(run_dir / "model", dtype=dtype)
     model.eval()
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([m["probe"]["input_ids"]])).logits.float()
+        # bitsandbytes puts a 4-bit base on the GPU: the inputs go where the model is
+        out = model(input_ids=torch.tensor([m["probe"]["input_ids"]]).to(model.device)).logits.float().cpu()
     return (out[0, -1] if out.dim() == 3 else out[0])[:16]
 
 
