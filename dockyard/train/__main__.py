@@ -53,6 +53,9 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     cuda = torch.cuda.is_available()
     args: dict[str, Any] = {
         **precision.mixed_precision(precision.capability(), overrides),
+        # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
+        # DDP walk the graph after every backward for nothing
+        "ddp_find_unused_parameters": False,
         **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
         "output_dir": str(run_dir / "checkpoints"),
         "use_cpu": not cuda,
@@ -61,6 +64,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
     if recipe.fsdp:
         args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
+        os.environ.update(guards.fsdp_environment(args["fsdp_config"]))
     args = guards.peft_training_args(args, recipe.peft)
     try:
         targs = TrainingArguments(**args)
