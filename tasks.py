@@ -102,10 +102,12 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
+            "gpus": "which GPUs, e.g. 0,2 (default: CUDA_VISIBLE_DEVICES, else all): one process each",
             "dry": "print the exact command and run nothing"})
 @_user_errors
 def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
-        master_port=29500, run_id="", resume=False, disable_require=False, native=False, cpu=False, dry=False):
+        master_port=29500, run_id="", resume=False, disable_require=False, native=False, cpu=False, dry=False,
+        gpus=""):
     """Train a recipe in the image, one process per GPU (torchrun).
 
     Trainer overrides go after `--`, e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
@@ -114,7 +116,7 @@ def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master
     launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
                node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
                resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c),
-               cpu=cpu)
+               cpu=cpu, gpus=str(gpus))
 
 
 def _remainder(c) -> list[str]:
@@ -233,9 +235,11 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
 
 # --- the machine -----------------------------------------------------------------------------
 
-@task(help={"json": "print the checks as JSON instead of a table"})
+@task(help={"json": "print the checks as JSON instead of a table",
+            "record": "also write what NVML reports (GPUs, capability, MIG, driver, links) to this JSON file; "
+                      "DOCKYARD_NVML_REPLAY=FILE replays it in doctor, plan and run --dry"})
 @_user_errors
-def doctor(c, json=False):
+def doctor(c, json=False, record=""):
     """Check this host for training, with a fix for each failure.
 
     Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the driver runs,
@@ -244,6 +248,10 @@ def doctor(c, json=False):
     from dockyard.errors import DockyardError
     from dockyard.machine import doctor as doctor_mod
 
+    if record:
+        from dockyard import gpus
+        gpus.record(record)
+        print(f"recorded this host's NVML readings in {record}")
     checks = doctor_mod.run(_settings(c))
     print(doctor_mod.to_json(checks)) if json else doctor_mod.print_table(checks)
     failed = doctor_mod.failures(checks)

@@ -8,11 +8,15 @@ and how busy each GPU is right now (`sample()`). `Nvml` asks the real library; `
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
+import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
+
+from dockyard.errors import DockyardError
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,8 @@ class Gpu:
     name: str
     memory_bytes: int
     uuid: str = ""
+    capability: str = ""  # CUDA compute capability, "7.5" on a T4: decides bf16 or fp16
+    mig: bool = False     # MIG mode on: NVML counts the physical GPU, utilisation reads are not supported
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class Host:
     cuda: str = ""
     gpus: list[Gpu] = field(default_factory=list)
     error: str = ""  # why NVML could not be read (no driver, no library): not an error on a CPU host
+    visible: str = ""  # the devices chosen by --gpus or CUDA_VISIBLE_DEVICES, "0,2"; "" is all of them
 
     @property
     def count(self) -> int:
@@ -83,6 +90,23 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
+REPLAY_ENV = "DOCKYARD_NVML_REPLAY"
+
+
+def _index(constant) -> int:
+    """nvidia-ml-py 13.615.71 defines NVML_P2P_CAPS_INDEX_READ as the tuple (0,); ctypes wants the int."""
+    return int(constant[0]) if isinstance(constant, tuple) else int(constant)
+
+
+def _read(nv, fn, *args, default=None):
+    """One NVML field, or `default` where this device or binding cannot say (MIG, old driver, a binding bug):
+    one missing fact must not hide the others."""
+    try:
+        return fn(*args)
+    except (nv.NVMLError, ctypes.ArgumentError, TypeError, AttributeError):
+        return default
+
+
 class NvmlUnavailable(Exception):
     """No NVIDIA driver or library on this host: normal on a CPU host."""
 
@@ -117,40 +141,44 @@ class Nvml:
     def __init__(self, nv, handles: list):
         self.nv, self.handles = nv, handles
 
+    def _gpu(self, i: int, h) -> Gpu:
+        nv = self.nv
+        mem = _read(nv, nv.nvmlDeviceGetMemoryInfo, h)
+        cc = _read(nv, nv.nvmlDeviceGetCudaComputeCapability, h)
+        mig = _read(nv, nv.nvmlDeviceGetMigMode, h)
+        return Gpu(i, _text(_read(nv, nv.nvmlDeviceGetName, h, default="unknown GPU")),
+                   int(mem.total) if mem is not None else 0, _text(_read(nv, nv.nvmlDeviceGetUUID, h, default="")),
+                   f"{cc[0]}.{cc[1]}" if cc else "", bool(mig and mig[0] == nv.NVML_DEVICE_MIG_ENABLE))
+
     def host(self) -> Host:
         nv = self.nv
-        gpus = [Gpu(i, _text(nv.nvmlDeviceGetName(h)), int(nv.nvmlDeviceGetMemoryInfo(h).total),
-                    _text(nv.nvmlDeviceGetUUID(h))) for i, h in enumerate(self.handles)]
-        return Host(driver=_text(nv.nvmlSystemGetDriverVersion()),
-                    cuda=cuda_from_int(nv.nvmlSystemGetCudaDriverVersion()), gpus=gpus)
+        cuda = _read(nv, nv.nvmlSystemGetCudaDriverVersion)
+        return Host(driver=_text(_read(nv, nv.nvmlSystemGetDriverVersion, default="")),
+                    cuda=cuda_from_int(cuda) if cuda else "",
+                    gpus=[self._gpu(i, h) for i, h in enumerate(self.handles)])
 
     def links(self) -> list[Link]:
         nv, out = self.nv, []
         for a, ha in enumerate(self.handles):
             for b in range(a + 1, len(self.handles)):
                 hb = self.handles[b]
-                try:
-                    p2p = nv.nvmlDeviceGetP2PStatus(ha, hb, nv.NVML_P2P_CAPS_INDEX_READ) == nv.NVML_P2P_STATUS_OK
-                    nvlink = nv.nvmlDeviceGetP2PStatus(ha, hb, nv.NVML_P2P_CAPS_INDEX_NVLINK) == nv.NVML_P2P_STATUS_OK
-                except nv.NVMLError:
-                    p2p = nvlink = False
-                try:
-                    path = _PATHS.get(nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb), "unknown")
-                except nv.NVMLError:
-                    path = "unknown"
+                ok = nv.NVML_P2P_STATUS_OK
+                p2p = _read(nv, nv.nvmlDeviceGetP2PStatus, ha, hb, _index(nv.NVML_P2P_CAPS_INDEX_READ)) == ok
+                nvlink = _read(nv, nv.nvmlDeviceGetP2PStatus, ha, hb, _index(nv.NVML_P2P_CAPS_INDEX_NVLINK)) == ok
+                path = _PATHS.get(_read(nv, nv.nvmlDeviceGetTopologyCommonAncestor, ha, hb), "unknown")
                 out.append(Link(a, b, "NVLink" if nvlink else path, p2p, nvlink))
         return out
 
     def sample(self) -> list[Reading]:
         nv, out = self.nv, []
         for i, h in enumerate(self.handles):
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            try:
-                pids = tuple(sorted(p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)))
-            except nv.NVMLError:
-                pids = ()
-            out.append(Reading(i, float(nv.nvmlDeviceGetUtilizationRates(h).gpu), int(mem.used),
-                               int(mem.total), pids))
+            # each field on its own: on a MIG device utilisation raises NOT_SUPPORTED, memory still reads
+            mem = _read(nv, nv.nvmlDeviceGetMemoryInfo, h)
+            util = _read(nv, nv.nvmlDeviceGetUtilizationRates, h)
+            procs = _read(nv, nv.nvmlDeviceGetComputeRunningProcesses, h, default=[])
+            out.append(Reading(i, float(util.gpu) if util is not None else 0.0,
+                               int(mem.used) if mem is not None else 0, int(mem.total) if mem is not None else 0,
+                               tuple(sorted(p.pid for p in procs))))
         return out
 
 
@@ -198,8 +226,68 @@ def reading_to_dict(r: Reading) -> dict:
     return {**asdict(r), "pids": list(r.pids)}
 
 
+def replay() -> Recorded | None:
+    """The recorded host named by DOCKYARD_NVML_REPLAY, read in place of NVML (a user's `doctor --record` file)."""
+    path = os.environ.get(REPLAY_ENV)
+    if not path:
+        return None
+    try:
+        return Recorded.from_file(path)
+    except (OSError, ValueError) as e:
+        raise DockyardError(f"{REPLAY_ENV}={path}: cannot read the recorded host ({e})") from None
+
+
+def facts() -> tuple[Host, list[Link]]:
+    """The host and its links: from the replay file if set, else NVML. Never raises for a host without GPUs."""
+    source = replay()
+    if source is not None:
+        return source.host(), source.links()
+    try:
+        with nvml() as nv:
+            return nv.host(), nv.links()
+    except NvmlUnavailable as e:
+        return Host(error=str(e)), []
+
+
+def record(path: Path | str) -> dict:
+    """Write what NVML reports now (host, links, one sample) in the fixtures' format; returns it."""
+    try:
+        with nvml() as nv:
+            data = {"kind": "gpu", "host": asdict(nv.host()), "links": [asdict(x) for x in nv.links()],
+                    "samples": [{"devices": [reading_to_dict(r) for r in nv.sample()]}]}
+    except NvmlUnavailable as e:
+        data = {"kind": "gpu", "host": asdict(Host(error=str(e))), "links": [], "samples": []}
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def select(host: Host, spec: str = "") -> Host:
+    """`host` limited to the GPUs of `spec` (`--gpus=0,2`) or else of CUDA_VISIBLE_DEVICES: indices or UUIDs.
+    The process count follows what is left; docker gets the same list (`--gpus '"device=0,2"'`)."""
+    spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
+    if not spec or not host.gpus:
+        return host
+    chosen = []
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        found = [g for g in host.gpus if (token.isdigit() and g.index == int(token)) or g.uuid == token]
+        if not found:
+            raise DockyardError(f"GPU {token!r} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is not on this host: "
+                                f"it has {', '.join(str(g.index) for g in host.gpus)}")
+        if found[0] not in chosen:
+            chosen.append(found[0])
+    return replace(host, gpus=chosen, visible=",".join(str(g.index) for g in chosen))
+
+
+def docker_gpus(host: Host) -> str:
+    """docker's --gpus value: a device list needs the inner quotes, or docker splits it at the comma."""
+    return f'"device={host.visible}"' if host.visible else "all"
+
+
 def probe() -> Host:
-    """What the real NVML says about this host. Never raises: a host without GPUs gives Host(error=...)."""
+    """What NVML (or the replay file) says about this host. Never raises: no GPUs gives Host(error=...)."""
+    source = replay()
+    if source is not None:
+        return source.host()
     try:
         with nvml() as nv:
             try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dockyard import engine, variants
 from dockyard.errors import DockyardError
-from dockyard.gpus import Host, probe
+from dockyard.gpus import Host, docker_gpus, probe, select
 from dockyard.settings import ROOT, Settings
 from dockyard.variants import Variant
 
@@ -91,7 +91,9 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
     if not host.gpus:
         raise DockyardError(f"variant {variant.name} needs NVIDIA GPUs but {host.error or 'NVML sees none'}; "
                             "use --variant=cpu (or --cpu to try this image's stack on CPU)")
-    if "nvidia" not in (engine_info.get("Runtimes") or {}) and not engine.which("nvidia-container-runtime-hook"):
+    # engine_info is {} on `run --dry`, which asks no engine: nothing known about its runtimes then
+    if engine_info and "nvidia" not in (engine_info.get("Runtimes") or {}) \
+            and not engine.which("nvidia-container-runtime-hook"):
         raise DockyardError(
             "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
             "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
@@ -136,7 +138,7 @@ def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
     return f"memlock={daemon_hard_limit}"
 
 
-def docker_run_argv(settings: Settings, image: str, *, gpus: bool, run_dir: Path | None, name: str,
+def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
                     mounts: list[tuple[Path, str, bool]], memlock: str | None = None) -> list[str]:
     """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes."""
@@ -147,7 +149,7 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool, run_dir: Path
     if interactive:
         argv += ["-it"]
     if gpus:
-        argv += ["--gpus", "all"]
+        argv += ["--gpus", gpus if isinstance(gpus, str) else "all"]  # a str: gpus.docker_gpus()
     if network_host:
         argv += ["--network", "host"]
     hf = settings.path(settings.hf_cache)
@@ -199,7 +201,7 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
     if cpu and variant.is_cuda:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
-    argv = docker_run_argv(settings, image, gpus=variant.is_cuda and not cpu, run_dir=run_dir, name=f"dockyard-{run_dir.name}",
+    argv = docker_run_argv(settings, image, gpus=variant.is_cuda and not cpu and docker_gpus(host), run_dir=run_dir, name=f"dockyard-{run_dir.name}",
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts,
                            memlock=memlock)
     return RunPlan(argv, run_dir)
@@ -241,9 +243,9 @@ def summarise(run_dir: Path) -> dict:
 def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", nproc: int = 0, nodes: int = 1,
         node_rank: int = 0, master_addr: str = "", master_port: int = 29500, run_id: str = "",
         disable_require: bool = False, native: bool = False, resume: bool = False, dry: bool = False,
-        overrides: list[str] | None = None, cpu: bool = False) -> dict | None:
+        overrides: list[str] | None = None, cpu: bool = False, gpus: str = "") -> dict | None:
     overrides = list(overrides or [])
-    host = probe()
+    host = select(probe(), gpus)
     chosen, why = variants.resolve(settings, variant, host)
     print(why)
     topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen, cpu)

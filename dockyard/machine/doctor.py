@@ -68,10 +68,17 @@ def check_buildkit(settings: Settings) -> Check:
 def check_gpus(host: Host) -> Check:
     if not host.gpus:
         return Check("gpus", PASS, f"no NVIDIA GPU ({host.error or 'NVML sees none'}): the cpu variant will be used")
-    names = sorted({g.name for g in host.gpus})
+    names = sorted({g.name + (f" (compute {g.capability})" if g.capability else "") for g in host.gpus})
     mem = min(g.memory_bytes for g in host.gpus) / GIB
-    return Check("gpus", PASS, f"{host.count} × {', '.join(names)} ({mem:.1f} GiB each), driver {host.driver}, "
-                               f"supports CUDA ≤ {host.cuda}")
+    detail = (f"{host.count} × {', '.join(names)} ({mem:.1f} GiB each), driver {host.driver}, "
+              f"supports CUDA ≤ {host.cuda}")
+    mig = [str(g.index) for g in host.gpus if g.mig]
+    if mig:
+        return Check("gpus", WARN, f"{detail}; MIG mode on GPU {', '.join(mig)}",
+                     "MIG: NVML counts physical GPUs and cannot report utilisation of a MIG slice; one process "
+                     "per slice needs CUDA_VISIBLE_DEVICES=MIG-<uuid> (`nvidia-smi -L`), or turn MIG off "
+                     "(`sudo nvidia-smi -i N -mig 0`)")
+    return Check("gpus", PASS, detail)
 
 
 def check_runtime(host: Host, info: dict, cdi_specs: list[str]) -> Check:
@@ -161,11 +168,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
 def _gpu_facts(source: gpus.Recorded | None) -> tuple[Host, list[Link]]:
     if source is not None:
         return source.host(), source.links()
-    try:
-        with gpus.nvml() as nv:
-            return nv.host(), nv.links()
-    except gpus.NvmlUnavailable as e:
-        return Host(error=str(e)), []
+    return gpus.facts()
 
 
 def run(settings: Settings, gpu_source: gpus.Recorded | None = None) -> list[Check]:

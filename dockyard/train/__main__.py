@@ -43,7 +43,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     import torch
     from transformers import TrainingArguments
 
-    from dockyard.train import guards
+    from dockyard.train import guards, precision
 
     known = {f.name for f in fields(TrainingArguments)}
     unknown = sorted(set(overrides) - known)
@@ -52,8 +52,11 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
                             f"and any transformers.TrainingArguments field")
     cuda = torch.cuda.is_available()
     args: dict[str, Any] = {
-        "bf16": cuda and torch.cuda.is_bf16_supported(),
-        **overrides,
+        **precision.mixed_precision(precision.capability(), overrides),
+        # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
+        # DDP walk the graph after every backward for nothing
+        "ddp_find_unused_parameters": False,
+        **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
         "output_dir": str(run_dir / "checkpoints"),
         "use_cpu": not cuda,
     }
@@ -61,6 +64,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
     if recipe.fsdp:
         args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
+        os.environ.update(guards.fsdp_environment(args["fsdp_config"]))
     args = guards.peft_training_args(args, recipe.peft)
     try:
         targs = TrainingArguments(**args)

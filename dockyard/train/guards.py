@@ -96,6 +96,14 @@ def fsdp_settings(path: Path) -> dict[str, Any]:
     return {**raw, "fsdp_config": {**(raw.get("fsdp_config") or {}), "state_dict_type": "FULL_STATE_DICT"}}
 
 
+def fsdp_environment(fsdp_config: dict[str, Any]) -> dict[str, str]:
+    """What from_pretrained reads to load once per node: transformers honours cpu_ram_efficient_loading only
+    with ACCELERATE_USE_FSDP set before the model loads, which plain torchrun never does (every rank would read
+    the full model into host RAM)."""
+    on = str(fsdp_config.get("cpu_ram_efficient_loading", "")).lower() in ("true", "1")
+    return {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"} if on else {}
+
+
 # --- host memory for offload -------------------------------------------------------------------
 
 def host_memory_available(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

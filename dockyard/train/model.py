@@ -11,7 +11,7 @@ import torch
 
 from dockyard.errors import DockyardError
 from dockyard.recipes import Recipe
-from dockyard.train import guards
+from dockyard.train import guards, precision
 from dockyard.train.recipe import TINY_MODEL, RunSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -25,7 +25,7 @@ def weights_dtype(settings: RunSettings, recipe: Recipe) -> torch.dtype:
         return DTYPES[settings.dtype]
     if not recipe.peft:
         return torch.float32
-    return torch.float16 if torch.cuda.is_available() and not torch.cuda.is_bf16_supported() else torch.bfloat16
+    return torch.float16 if precision.half_dtype(precision.capability()) == "fp16" else torch.bfloat16
 
 
 def materialize_tiny_model(folder: Path) -> None:
@@ -123,7 +123,10 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
     config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                         target_modules=settings.lora_target_modules,
                         task_type="SEQ_CLS" if settings.task == "seq_cls" else "CAUSAL_LM")
-    return get_peft_model(model, config)
+    model = get_peft_model(model, config)
+    if weights_dtype(settings, recipe) == torch.float16:
+        precision.upcast_trainable(model)
+    return model
 
 
 

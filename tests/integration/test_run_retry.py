@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from tests.conftest import invoke
+from tests.support.cli import invoke
 
 
 def test_a_run_docker_refused_to_start_can_be_run_again(cpu_image, settings, tmp_path):

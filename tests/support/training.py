@@ -20,11 +20,13 @@ FAST = ["--max_steps", "12", "--per_device_train_batch_size", "4", "--max_seq_le
         "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--save_steps", "6", "--logging_steps", "1"]
 
 
-def env(accelerator: str = "cpu") -> dict[str, str]:
-    """The trainer's environment for a native run: DeepSpeed on its CPU accelerator (gloo) unless told otherwise;
-    the GPU tests pass "cuda" so that ZeRO runs on NCCL with the batches on the GPUs."""
-    e = {**os.environ, "DS_ACCELERATOR": accelerator, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-         "PYTHONPATH": str(ROOT)}
+def env(gpu: bool = False) -> dict[str, str]:
+    """The trainer's environment; on CPU DeepSpeed must use its CPU accelerator, on GPUs it must not (it would
+    run beside an NCCL process group on CUDA batches)."""
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    e.pop("DS_ACCELERATOR", None)
+    if not gpu:
+        e["DS_ACCELERATOR"] = "cpu"
     for k in ("DOCKYARD_VARIANT", "DOCKYARD_IMAGE_REF", "DOCKYARD_IMAGE_ID"):
         e.pop(k, None)
     return e
@@ -36,9 +38,9 @@ def command(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume:
 
 
 def train(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: bool = False,
-          ok: bool = True, accelerator: str = "cpu") -> subprocess.CompletedProcess:
+          ok: bool = True, gpu: bool = False) -> subprocess.CompletedProcess:
     proc = subprocess.run(command(recipe, run_dir, *overrides, nproc=nproc, resume=resume), cwd=ROOT,
-                          env=env(accelerator),
+                          env=env(gpu),
                           capture_output=True, text=True, timeout=900)
     if ok and proc.returncode != 0:
         pytest.fail(f"{recipe} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

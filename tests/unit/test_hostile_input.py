@@ -20,7 +20,7 @@ from dockyard import build, engine, launch, recipes
 from dockyard.errors import DockyardError
 from dockyard.settings import ROOT, Settings, load
 from dockyard.transport import commit, verify
-from tests.conftest import invoke
+from tests.support.cli import invoke
 
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")  # docker's container-name rule; the run id names one
 

@@ -21,9 +21,24 @@ def test_adapters_train_with_non_reentrant_checkpointing_and_no_unused_parameter
     assert args.ddp_find_unused_parameters is False
 
 
-def test_full_fine_tuning_keeps_the_trainers_defaults(tmp_path):
+def test_full_fine_tuning_does_not_search_for_unused_parameters(tmp_path):
     recipe = load_recipe("ddp")
     settings, overrides = resolve_settings(recipe, {"gradient_checkpointing": True})
     args = training_arguments(recipe, settings, overrides, tmp_path)
-    assert args.gradient_checkpointing is True and args.ddp_find_unused_parameters is None
+    assert args.gradient_checkpointing is True and args.ddp_find_unused_parameters is False
     assert args.output_dir == str(tmp_path / "checkpoints")
+
+
+def test_fsdp_cpu_ram_efficient_loading_is_set_before_the_model_loads(tmp_path, monkeypatch):
+    import os
+
+    from transformers.integrations.fsdp import is_fsdp_enabled
+
+    for k in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
+        monkeypatch.delenv(k, raising=False)
+    recipe = load_recipe("fsdp")
+    settings, overrides = resolve_settings(recipe, {})
+    training_arguments(recipe, settings, overrides, tmp_path)  # what the trainer runs before from_pretrained
+    assert os.environ.get("ACCELERATE_USE_FSDP") == "true"
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
+    assert is_fsdp_enabled()  # what from_pretrained asks (distributed faked: no process group here)

@@ -81,3 +81,18 @@ def test_committed_locks_agree_with_pins(settings):
         build.check_lock(v)
         text = v.lock_file.read_text()
         assert "--hash=sha256:" in text and text.count("==") >= 40
+
+
+# driver → the CUDA it reports; minor-version compatibility runs any 12.x image on a CUDA 12 driver (T4 hosts on
+# 535 included) and 13.x only from driver 580
+DRIVERS = {"535.183.01": "12.2", "550.54.15": "12.4", "570.133.20": "12.8", "580.65.06": "13.0"}
+
+
+@pytest.mark.parametrize("driver, runs", [("535.183.01", {"cu128"}), ("550.54.15", {"cu128"}),
+                                          ("570.133.20", {"cu128"}), ("580.65.06", {"cu128", "cu132"})])
+def test_driver_by_variant_table(settings, driver, runs):
+    vs = variants.all_variants(settings)
+    host = Host(driver=driver, cuda=DRIVERS[driver], gpus=[H100])
+    assert {n for n, v in vs.items() if v.is_cuda and variants.driver_runs(v.cuda, host.cuda)} == runs
+    picked, _ = variants.pick_auto(vs, host)
+    assert picked.name == max(runs, key=lambda n: variants.cuda_version(vs[n].cuda))

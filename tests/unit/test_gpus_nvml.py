@@ -1,0 +1,91 @@
+"""The NVML calls themselves, against a FAKE pynvml (no GPU here): it behaves as nvidia-ml-py 13.615.71 does
+where that matters (NVML_P2P_CAPS_INDEX_READ is the tuple (0,); ctypes rejects a tuple where it wants an int;
+a MIG device raises NOT_SUPPORTED for utilisation). Plus record → replay through DOCKYARD_NVML_REPLAY."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from dockyard import gpus
+from dockyard.errors import DockyardError
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_pynvml(n=2, mig=False):
+    def p2p(a, b, index):
+        if not isinstance(index, int):  # what ctypes does with (0,)
+            raise ctypes.ArgumentError("argument 3: TypeError: wrong type")
+        return 0
+
+    def util(h):
+        if mig:
+            raise NVMLError("Not Supported")
+        return SimpleNamespace(gpu=42)
+
+    return SimpleNamespace(
+        NVMLError=NVMLError, NVML_P2P_CAPS_INDEX_READ=(0,), NVML_P2P_CAPS_INDEX_NVLINK=2, NVML_P2P_STATUS_OK=0,
+        NVML_DEVICE_MIG_ENABLE=1,
+        nvmlDeviceGetP2PStatus=p2p, nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 50,
+        nvmlDeviceGetName=lambda h: b"Tesla T4", nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=16 * 2**30, used=2**30),
+        nvmlDeviceGetCudaComputeCapability=lambda h: (7, 5), nvmlDeviceGetMigMode=lambda h: (int(mig), int(mig)),
+        nvmlSystemGetDriverVersion=lambda: "535.183.01", nvmlSystemGetCudaDriverVersion=lambda: 12020,
+        nvmlDeviceGetUtilizationRates=util, nvmlDeviceGetComputeRunningProcesses=lambda h: [])
+
+
+def test_p2p_is_asked_with_an_int_index_so_two_gpus_do_not_crash():
+    links = gpus.Nvml(fake_pynvml(), [0, 1]).links()
+    assert links == [gpus.Link(0, 1, "NVLink", True, True)]
+
+
+def test_a_binding_error_in_one_field_leaves_the_other_facts():
+    nv = fake_pynvml()
+    nv.nvmlDeviceGetCudaComputeCapability = lambda h: (_ for _ in ()).throw(ctypes.ArgumentError("bad"))
+    host = gpus.Nvml(nv, [0, 1]).host()
+    assert host.count == 2 and host.cuda == "12.2" and host.gpus[0].capability == ""
+
+
+def test_host_has_capability_and_mig_and_mig_sampling_goes_on():
+    src = gpus.Nvml(fake_pynvml(n=1, mig=True), [0])
+    g = src.host().gpus[0]
+    assert (g.capability, g.mig) == ("7.5", True)
+    r = src.sample()[0]
+    assert r.util == 0.0 and r.mem == 2**30  # utilisation not supported on MIG; memory still read
+
+
+@pytest.mark.parametrize("name", ["t4x2_535", "h100x8_580", "a100_mig_570", "l40sx2_550"])
+def test_replay_file_replaces_nvml_for_probe_and_facts(monkeypatch, name):
+    path = gpus.Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts" / f"{name}.json"
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(path))
+    data = json.loads(path.read_text())
+    host, links = gpus.facts()
+    assert gpus.probe() == host and host.count == len(data["host"]["gpus"]) and len(links) == len(data["links"])
+    assert host.gpus[0].capability == data["host"]["gpus"][0]["capability"]
+
+
+def test_record_writes_what_replay_reads(monkeypatch, tmp_path):
+    from contextlib import contextmanager
+
+    @contextmanager
+    def fake_nvml():
+        yield gpus.Nvml(fake_pynvml(), [0, 1])
+
+    monkeypatch.setattr(gpus, "nvml", fake_nvml)
+    out = tmp_path / "host.json"
+    gpus.record(out)
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(out))
+    host, links = gpus.facts()
+    assert host.driver == "535.183.01" and [g.capability for g in host.gpus] == ["7.5", "7.5"] and links[0].p2p
+
+
+def test_unreadable_replay_file_is_a_short_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(DockyardError, match="DOCKYARD_NVML_REPLAY"):
+        gpus.probe()

@@ -1,0 +1,84 @@
+"""doctor's GPU checks, plan and `run --dry` against recorded hosts (tests/fixtures/nvml/hosts, replayed through
+DOCKYARD_NVML_REPLAY: no GPU here), and the GPU choice by --gpus / CUDA_VISIBLE_DEVICES."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dockyard import gpus, launch
+from dockyard.errors import DockyardError
+from dockyard.machine import doctor
+from dockyard.machine import plan as plan_mod
+
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts"
+
+
+@pytest.fixture
+def replay(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def use(name):
+        monkeypatch.setenv(gpus.REPLAY_ENV, str(HOSTS / f"{name}.json"))
+        return gpus.facts()
+    return use
+
+
+def dry_run(settings, capsys, **kw):
+    launch.run(settings, recipe="ddp", dry=True, **kw)
+    out = capsys.readouterr()
+    return out.out + out.err  # the command is echoed on stderr
+
+
+# host → (variant auto picks, processes, docker --gpus value)
+CASES = {"t4x2_535": ("cu128", 2), "h100x8_580": ("cu132", 8), "a100_mig_570": ("cu128", 1),
+         "l40sx2_550": ("cu128", 2)}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_run_dry_on_recorded_host(settings, capsys, replay, name):
+    replay(name)
+    out = dry_run(settings, capsys)
+    variant, nproc = CASES[name]
+    assert f"auto → {variant}" in out or f"→ {variant}" in out
+    assert f"--nproc-per-node={nproc}" in out and "--gpus all" in out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_doctor_gpu_checks_on_recorded_host(replay, name):
+    host, links = replay(name)
+    gpu = doctor.check_gpus(host)
+    topo = doctor.check_topology(host, links)
+    if name == "a100_mig_570":
+        assert gpu.status == doctor.WARN and "MIG" in gpu.detail
+    else:
+        assert gpu.status == doctor.PASS and "compute" in gpu.detail
+    if name == "l40sx2_550":
+        assert topo.status == doctor.WARN and "peer-to-peer" in topo.fix
+    if name == "h100x8_580":
+        assert topo.status == doctor.PASS
+
+
+def test_plan_counts_the_recorded_gpus(replay):
+    replay("h100x8_580")
+    assert plan_mod.run("1.5B")["gpus"] == 8
+
+
+def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
+    replay("h100x8_580")
+    out = dry_run(settings, capsys, gpus="0,2")
+    assert "--nproc-per-node=2" in out and "'\"device=0,2\"'" in out
+
+
+def test_cuda_visible_devices_is_honoured(settings, capsys, replay, monkeypatch):
+    replay("h100x8_580")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    out = dry_run(settings, capsys)
+    assert "--nproc-per-node=1" in out and "device=5" in out
+
+
+def test_a_gpu_not_on_the_host_is_a_short_error(settings, capsys, replay):
+    replay("t4x2_535")
+    with pytest.raises(DockyardError, match="'3'.*not on this host"):
+        dry_run(settings, capsys, gpus="0,3")
