@@ -285,11 +285,12 @@ def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, j
 
 @task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})
 def test(c, k="", x=False):
-    """Run the test suite (what .ci/run calls).
+    """Run the linter and the test suite (what .ci/run calls).
 
     Tests that need a GPU skip, saying why, where there is none."""
     import shlex
 
+    c.run(shlex.join([sys.executable, "-m", "ruff", "check", "."]), pty=False)
     args = [sys.executable, "-m", "pytest", "-ra", "--durations=15", "tests"]
     if k:
         args += ["-k", k]

@@ -26,7 +26,7 @@ model = torch.nn.parallel.DistributedDataParallel(
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 gen = torch.Generator().manual_seed(rank)
 tokens, start = 0, None
-for step in range(steps):
+for _ in range(steps):
     rows = [ids[i] for i in torch.randint(len(ids), (batch,), generator=gen).tolist()]
     width = max(map(len, rows))
     x = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows], device=device)

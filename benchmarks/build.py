@@ -47,7 +47,7 @@ def timed_build(settings, v, ctx: Path, ref: str, no_cache: bool = False) -> tup
 
 def new_layer_bytes(settings, ref: str, old: list[str], new: list[str]) -> int:
     """Bytes of the layers of `new` that `old` does not share, from `docker history` (top first)."""
-    changed = len([l for i, l in enumerate(new) if i >= len(old) or old[i] != l])
+    changed = len([ln for i, ln in enumerate(new) if i >= len(old) or old[i] != ln])
     out = subprocess.run(engine.docker(settings, "history", "--no-trunc", "--format", "{{.Size}}", "--human=false", ref),
                          capture_output=True, text=True, check=True).stdout.split()
     sizes = [int(s) for s in out if int(s) > 0]

@@ -78,7 +78,8 @@ def model_states() -> list[str]:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as z3
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as z2
 
-    rows = ["| params | GPUs (per node × nodes) | recipe | plan GPU GiB | DeepSpeed GPU GiB | ratio | plan host GiB | DeepSpeed host GiB | ratio |",
+    rows = ["| params | GPUs (per node × nodes) | recipe | plan GPU GiB | DeepSpeed GPU GiB | ratio "
+            "| plan host GiB | DeepSpeed host GiB | ratio |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name in ("1B", "8.03B", "70B"):
         shape = plan.shape_for(name)

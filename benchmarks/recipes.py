@@ -126,7 +126,8 @@ def main() -> None:
     overhead = 1 - ours_tps / bare_tps
     gib = 2**30
     lines = [f"# Recipes side by side ({dt.date.today()}, {where})", "",
-             f"Model: {'~1B Llama-shaped (config, random weights), bf16 mixed precision' if gpu else 'tiny Llama-shaped (164 k parameters), fp32'}; "
+             "Model: " + ("~1B Llama-shaped (config, random weights), bf16 mixed precision" if gpu
+                          else "tiny Llama-shaped (164 k parameters), fp32") + "; "
              f"sequence length {seq}, micro-batch {batch} per process, {opts.steps} steps, gradient checkpointing off. "
              f"Peak memory: {'GPU memory reserved by torch' if gpu else 'resident set size'} of the largest rank. "
              "Time to first step: from process start (imports, model load, DeepSpeed set-up) to the end of step 1.", "",

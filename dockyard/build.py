@@ -96,7 +96,8 @@ def lock(settings: Settings, name: str = "all", dry: bool = False) -> None:
         for argv, env in plan.steps:
             engine.run(argv, env=env, cwd=ROOT, what=f"locking {variant.name}")
         check_lock(variant)
-        print(f"wrote {variant.lock_file.relative_to(ROOT)} ({len(lock_pins(variant))} packages, sha256 {variants.lock_hash(variant)[:12]})")
+        print(f"wrote {variant.lock_file.relative_to(ROOT)} ({len(lock_pins(variant))} packages, "
+              f"sha256 {variants.lock_hash(variant)[:12]})")
 
 
 def lock_pins(variant: Variant) -> dict[str, str]:

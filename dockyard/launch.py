@@ -201,7 +201,8 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
     if cpu and variant.is_cuda:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
-    argv = docker_run_argv(settings, image, gpus=variant.is_cuda and not cpu and docker_gpus(host), run_dir=run_dir, name=f"dockyard-{run_dir.name}",
+    argv = docker_run_argv(settings, image, gpus=variant.is_cuda and not cpu and docker_gpus(host), run_dir=run_dir,
+                           name=f"dockyard-{run_dir.name}",
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts,
                            memlock=memlock)
     return RunPlan(argv, run_dir)

@@ -29,8 +29,8 @@ def parse_probe(text: str) -> dict:
     """The probe container's output → shm and disk bytes, memlock/stack (KiB or "unlimited"), ds_report."""
     head, _, report = text.partition("---\n")
     lines = head.strip().splitlines()
-    df = [l.split() for l in lines if len(l.split()) >= 6 and l.split()[1].isdigit()]
-    limits = dict(l.split("=", 1) for l in lines if "=" in l)
+    df = [ln.split() for ln in lines if len(ln.split()) >= 6 and ln.split()[1].isdigit()]
+    limits = dict(ln.split("=", 1) for ln in lines if "=" in ln)
     return {"shm_bytes": int(df[0][1]) * 1024 if df else 0,
             "disk_free_bytes": int(df[1][3]) * 1024 if len(df) > 1 else 0,
             "memlock": limits.get("memlock", ""), "stack": limits.get("stack", ""), "ds_report": report}
@@ -80,7 +80,8 @@ def parse_ds_report(text: str) -> dict[str, tuple[bool, bool]]:
 def check_ds_report(report: str, variant, image: str) -> Check:
     ops = parse_ds_report(report)
     if not ops:
-        return Check("deepspeed ops", WARN, f"{image} has no readable {REPORT}", f"rebuild it: invoke build --variant={variant.name}")
+        return Check("deepspeed ops", WARN, f"{image} has no readable {REPORT}",
+                     f"rebuild it: invoke build --variant={variant.name}")
     wanted = [DS_OPS.get(op, op.lower()) for op in variant.ds_ops]
     missing = [op for op in wanted if not ops.get(op, (False, False))[0]]
     aio = ops.get("async_io", (False, False))

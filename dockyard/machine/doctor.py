@@ -29,7 +29,8 @@ GIB = 2**30
 def check_engine(info: dict) -> Check:
     version = info.get("ServerVersion", "?")
     store = engine_store(info)
-    detail = f"Docker {version}, storage {info.get('Driver', '?')}, {store} image store, data root {info.get('DockerRootDir', '?')}"
+    detail = (f"Docker {version}, storage {info.get('Driver', '?')}, {store} image store, "
+              f"data root {info.get('DockerRootDir', '?')}")
     try:
         major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
     except ValueError:
@@ -192,7 +193,7 @@ def run(settings: Settings, gpu_source: gpus.Recorded | None = None) -> list[Che
     images = {name: engine.image_inspect(settings, variants.tag(settings, v)) if info is not None else None
               for name, v in all_variants.items()}
     labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
-    checks += check_variants(all_variants, host, {n: l.get("dockyard.cuda") for n, l in labels.items()})
+    checks += check_variants(all_variants, host, {n: ln.get("dockyard.cuda") for n, ln in labels.items()})
     if info is None:
         return checks
     try:
@@ -214,7 +215,8 @@ def run(settings: Settings, gpu_source: gpus.Recorded | None = None) -> list[Che
         argv = container.probe_argv(settings, probe_image, f"dockyard-doctor-gpu-{os.getpid()}", ["nvidia-smi", "-L"], gpus=True)
         proc = engine.run(argv, capture=True, check=False, quiet=True)
         checks.append(check_gpu_container(host, proc.returncode, proc.stdout + proc.stderr))
-    checks += [container.check_shm(facts["shm_bytes"]), refused or container.check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
+    checks += [container.check_shm(facts["shm_bytes"]),
+               refused or container.check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
                container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
     if images.get(auto.name):
         checks.append(container.check_ds_report(facts["ds_report"], auto, image))

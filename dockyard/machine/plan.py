@@ -125,7 +125,8 @@ def estimate(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: in
     """One recipe's prediction: GPU bytes per device (model states + activations + overhead), host bytes per node."""
     states, host = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node)
     act = activation_bytes(shape, seq_len, batch, gradient_checkpointing)
-    return {"recipe": recipe.name, "strategy": recipe.strategy, "peft": recipe.peft, "world_size": world_size, "gpus_per_node": gpus_per_node, "seq_len": seq_len,
+    return {"recipe": recipe.name, "strategy": recipe.strategy, "peft": recipe.peft, "world_size": world_size,
+            "gpus_per_node": gpus_per_node, "seq_len": seq_len,
             "batch": batch, "gradient_checkpointing": gradient_checkpointing,
             "gpu_model_states_bytes": states, "gpu_activation_bytes": act, "gpu_overhead_bytes": OVERHEAD,
             "gpu_bytes": states + act + OVERHEAD, "host_bytes": host}

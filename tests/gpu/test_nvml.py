@@ -21,7 +21,7 @@ def test_nvml_host_links_and_samples():
     assert len(links) == host.count * (host.count - 1) // 2
     assert [r.device for r in readings] == list(range(host.count))
     assert all(0 <= r.util <= 100 and 0 < r.mem <= r.mem_total == g.memory_bytes
-               for r, g in zip(readings, host.gpus))
+               for r, g in zip(readings, host.gpus, strict=True))
     assert doctor.check_gpus(host).status == doctor.PASS
 
 
@@ -29,6 +29,6 @@ def test_monitor_samples_the_gpus(tmp_path):
     with monitor.watch(tmp_path, interval=0.05) as mon:
         while len(mon.samples) < 5:
             time.sleep(0.05)
-    rows = [json.loads(l) for l in (tmp_path / monitor.SAMPLES_FILE).read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (tmp_path / monitor.SAMPLES_FILE).read_text().splitlines()]
     assert rows[0]["kind"] == "gpu" and len(rows[0]["devices"]) == HOST.count
     assert (tmp_path / "gpu.png").read_bytes()[:4] == b"\x89PNG"

@@ -49,7 +49,7 @@ def test_zero2_trains_in_the_image_through_invoke_run(settings, cpu_image, tmp_p
     assert m["image"]["ref"] == cpu_image and m["image"]["id"] == engine.image_inspect(settings, cpu_image)["Id"]
     assert m["metrics"]["steps"] == 12 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
     assert m["metrics"]["tokens_per_second"] > 0 and m["metrics"]["peak_memory_bytes"] > 0
-    steps = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    steps = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     assert any("loss" in s for s in steps)
     for p in run_dir.rglob("*"):  # outputs belong to the user who ran the task, not to root-in-a-container
         assert p.stat().st_uid == os.getuid(), p
@@ -69,7 +69,7 @@ def _build_layers(settings, context: Path, ref: str) -> list[str]:
 def _top_layers_bytes(settings, ref: str, count: int) -> float:
     """Bytes of the `count` topmost layers that hold files (metadata steps like USER have none)."""
     out = _docker(settings, "history", "--no-trunc", "--format", "{{json .}}", ref).stdout.splitlines()
-    sized = [_bytes(json.loads(l)["Size"]) for l in out]
+    sized = [_bytes(json.loads(ln)["Size"]) for ln in out]
     return sum([b for b in sized if b > 0][:count])
 
 

@@ -19,7 +19,7 @@ def test_run_is_monitored(tmp_path):
                           env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_dir = tmp_path / run_id
-    rows = [json.loads(l) for l in (run_dir / "monitor.jsonl").read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (run_dir / "monitor.jsonl").read_text().splitlines()]
     assert rows and all(r["kind"] == "cpu" for r in rows)
     assert {d["device"] for r in rows for d in r["devices"]} == {0, 1}  # both ranks, not torchrun itself
     verdict = json.loads((run_dir / "monitor.json").read_text())

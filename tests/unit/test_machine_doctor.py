@@ -139,7 +139,8 @@ def test_probe_runs_with_the_launchers_flags():
 
 def test_gpus_in_a_container():
     host, _ = _host("two_gpus_one_idle.json")
-    ok = doctor.check_gpu_container(host, 0, "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-a)\nGPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-b)\n")
+    ok = doctor.check_gpu_container(host, 0, "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-a)\n"
+                                             "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-b)\n")
     assert ok.status == doctor.PASS
     err = ('docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].')
     bad = doctor.check_gpu_container(host, 125, err)

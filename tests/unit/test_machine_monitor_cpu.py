@@ -40,7 +40,7 @@ def test_cpu_ranks_sampled_and_idle_rank_caught(tmp_path, capfd):
     finally:
         os.killpg(launcher.pid, 9)
         launcher.wait()
-    rows = [json.loads(l) for l in (run_dir / monitor.SAMPLES_FILE).read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (run_dir / monitor.SAMPLES_FILE).read_text().splitlines()]
     full = [r for r in rows if len(r["devices"]) == 2]
     assert len(full) >= 12, "the two ranks were not found"
     assert {d["device"] for r in full for d in r["devices"]} == {0, 1}  # LOCAL_RANK, the launcher left out

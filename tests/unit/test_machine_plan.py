@@ -85,7 +85,8 @@ def test_llama_3_1_8b_anchor_figures_and_deepspeed_printout():
     assert [r[1] for r in ds2 if "offload_optimizer=none" in r[2]] == [round(z2, 2)]
     ds3 = _deepspeed_table(estimate_zero3_model_states_mem_needs_all_cold, shape.params, shape.largest_layer, 8, 1)
     offload_all = plan.model_states("zero3-offload", None, shape, 8, 8)
-    row = next(r for r in ds3 if "offload_param=none" not in r[2] and "offload_optimizer=none" not in r[2] and "zero_init=1" in r[2])
+    row = next(r for r in ds3
+               if "offload_param=none" not in r[2] and "offload_optimizer=none" not in r[2] and "zero_init=1" in r[2])
     assert (row[0], row[1]) == (round(offload_all[1] / plan.GIB, 2), round(offload_all[0] / plan.GIB, 2))
     assert any(r[1] == round(z3, 2) for r in ds3 if "offload_optimizer=none" in r[2] and "zero_init=1" in r[2])
 
