@@ -5,6 +5,9 @@ Standard library only: the trainer imports this inside the image as cheaply as t
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 
 class DockyardError(Exception):
     """A failure caused by input or environment; tasks print the message and exit non-zero."""
@@ -21,3 +24,14 @@ def problems(error: Exception, where: str = "") -> str:
     if not callable(errors):
         return str(error)
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or where}: {e['msg']}" for e in errors())
+
+
+def json_object(path: Path, what: str) -> dict:
+    """A JSON file that must hold one object (`what` names its contents in the refusal), read as untrusted input."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DockyardError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise DockyardError(f"{path}: expected a JSON object of {what}")
+    return data

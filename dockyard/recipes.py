@@ -14,7 +14,6 @@ Imports only the standard library, PyYAML and pydantic: the host (no torch) and 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from dockyard import ROOT
-from dockyard.errors import DockyardError, problems
+from dockyard.errors import DockyardError, json_object, problems
 
 RECIPES = ROOT / "recipes"
 BUFFER = 1.5          # DeepSpeed's additional_buffer_factor for host memory
@@ -257,12 +256,7 @@ DEEPSPEED_KEYS = {
 def read_deepspeed_config(path: Path) -> dict:
     """A recipe's DeepSpeed JSON, refused when it is not an object of keys DeepSpeed reads. Called by the host
     (`run --dry`, `invoke recipes`: before any container starts) and by the trainer."""
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DockyardError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise DockyardError(f"{path}: expected a JSON object of DeepSpeed settings")
+    cfg = json_object(path, "DeepSpeed settings")
     unknown = sorted(set(cfg) - DEEPSPEED_KEYS)
     if unknown:
         raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "

@@ -7,10 +7,9 @@ model_type is counted as a Llama-style decoder, said so in the result. Standard 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from dockyard.errors import DockyardError
+from dockyard.errors import DockyardError, json_object
 
 # model_type → how its decoder layer differs from Llama's:
 #   qkv_bias: q/k/v projections always have a bias (Qwen2); "flag": when `attention_bias` says so (Llama:
@@ -33,12 +32,7 @@ def count(folder: Path, lora_rank: int) -> dict:
     path = folder / "config.json"
     if not path.is_file():
         raise DockyardError(f"{folder} has no config.json: pass a model folder or a count like --model=8B")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DockyardError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise DockyardError(f"{path}: expected a JSON object of model settings")
+    cfg = json_object(path, "model settings")
     kind = str(cfg.get("model_type", ""))
     family = FAMILIES.get(kind, FAMILIES["llama"])
 

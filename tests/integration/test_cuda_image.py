@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from dockyard import build, engine, variants
-from tests.support import node2
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
@@ -42,15 +41,6 @@ def test_cuda_image_stack_trains_on_cpu_with_two_processes(settings, cuda_image,
     if recipe == "qlora":
         assert m["strategy"]["peft"] == "qlora"
     assert m["metrics"]["steps"] == 4 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
-
-
-@pytest.fixture(scope="module")
-def node():
-    n = node2.start()
-    try:
-        yield n
-    finally:
-        node2.stop(n)
 
 
 def _save(out: Path, ref: str, *flags: str, env: dict | None = None) -> tuple[Path, dict]:

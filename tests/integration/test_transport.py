@@ -22,7 +22,6 @@ import pytest
 
 from dockyard import engine
 from dockyard.settings import ROOT
-from tests.support import node2
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
@@ -61,15 +60,6 @@ def images(settings, engine_ready, tmp_path_factory):
         tags = _docker(settings, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", IMAGE).stdout.split()
         if tags:
             _docker(settings, "image", "rm", "-f", *tags, check=False)
-
-
-@pytest.fixture(scope="module")
-def node():
-    n = node2.start()
-    try:
-        yield n
-    finally:
-        node2.stop(n)
 
 
 @pytest.fixture(scope="module")
