@@ -1,8 +1,8 @@
 """Build benchmark: cold build vs rebuild after a recipe-only or code-only change, and image size against a
 naive single-stage Dockerfile doing the same installs. All measured in one run, side by side.
 
-    python benchmarks/build.py [--variant=cpu] [--skip-cold]
-    python benchmarks/build.py --variant=cu132 [--skip-cold]     # a CUDA variant: the section below
+    python -m benchmarks.build [--variant=cpu] [--skip-cold]
+    python -m benchmarks.build --variant=cu132 [--skip-cold]     # a CUDA variant: the section below
 
 Targets (issue 2): a recipe- or code-only rebuild under 10 s and under 1 MB of new layers.
 For a CUDA variant (issue 13): cold build time, image size, its `invoke save` archive, and the size the same
@@ -21,11 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from dockyard import build, engine, variants  # noqa: E402
+from benchmarks import report
+from dockyard import build, engine, variants
 from dockyard import settings as settings_mod
-from dockyard.settings import ROOT  # noqa: E402
+from dockyard.settings import ROOT
 
 NAIVE = """FROM {base}
 RUN apt-get update && apt-get install -y {os_packages} g++ make libaio-dev ca-certificates
@@ -125,7 +124,7 @@ def main() -> None:
     if v.is_cuda:
         section = write_cuda_section([cuda_row(s, v, a.skip_cold)])
         print(section)
-        out = ROOT / "benchmarks" / "results" / "build.md"
+        out = report.RESULTS / "build.md"
         old = out.read_text() if out.exists() else ""
         out.write_text(old.split("## CUDA variants")[0].rstrip() + "\n\n" + section)
         return
@@ -169,7 +168,7 @@ def main() -> None:
               f"code-only: {'PASS' if rows[2][1] < 10 and rows[2][2] < 1e6 else 'FAIL'}."]
     text = "\n".join(lines) + "\n"
     print(text)
-    out = ROOT / "benchmarks" / "results" / "build.md"
+    out = report.RESULTS / "build.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     old = out.read_text() if out.exists() else ""
     out.write_text(text + ("\n## CUDA variants" + old.split("## CUDA variants", 1)[1] if "## CUDA variants" in old else ""))

@@ -2,7 +2,7 @@
 of the project's entry point against a bare torchrun + DDP loop (benchmarks/bare_ddp.py) on the same model
 and data, all measured in one run.
 
-    python benchmarks/recipes.py [--steps 200] [--repeats 3]
+    python -m benchmarks.recipes [--steps 200] [--repeats 3]
 
 On CPU: the tiny model, 2 processes (gloo). On GPUs: a ~1B Llama-shaped model made from a config, bf16,
 sequence length 2048, one process per GPU, with MFU (tokens/s x 6P / peak bf16 FLOP/s).
@@ -23,13 +23,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks import report
+from dockyard import ROOT
+from dockyard.recipes import recipe_names
+from dockyard.train.recipe import DATA, TINY_MODEL
 
-from dockyard.recipes import recipe_names  # noqa: E402
-from dockyard.train.recipe import DATA, TINY_MODEL  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "recipes.md"
 RECIPES = recipe_names()  # every recipe folder, in the registry's order
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}  # dense FLOP/s
 ONE_B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
@@ -147,8 +145,7 @@ def main() -> None:
               f"| `python -m dockyard.train --recipe ddp` | {each['ours']} | {ours_tps:,.0f} |",
               f"| benchmarks/bare_ddp.py | {each['bare']} | {bare_tps:,.0f} |",
               "", f"Overhead on throughput: **{overhead:+.1%}** (target: under 3 %)."]
-    RESULTS.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    report.write("recipes", lines)
 
 
 if __name__ == "__main__":
