@@ -11,7 +11,7 @@ from dockyard import gpus
 from dockyard.machine import doctor, monitor
 
 HOST = gpus.probe()
-pytestmark = pytest.mark.skipif(not HOST.gpus, reason=f"needs an NVIDIA GPU: {HOST.error}")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOST.gpus, reason=f"needs an NVIDIA GPU: {HOST.error}")]
 
 
 def test_nvml_host_links_and_samples():

@@ -10,7 +10,7 @@ from dockyard.recipes import load_recipe, recipe_names
 from dockyard.train import strategy
 from tests.support.training import FAST, LORA_LR, manifest, reload_logits, train
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")]
 GPUS = torch.cuda.device_count()
 
 @pytest.mark.parametrize("name", recipe_names())  # every recipe folder, from the registry

@@ -8,10 +8,13 @@ import os
 import shlex
 import subprocess
 
+import pytest
 import yaml
 
 from dockyard import engine
 from dockyard.settings import ROOT
+
+pytestmark = pytest.mark.engine
 
 
 def _compose(settings, *args, env=None):

@@ -13,6 +13,8 @@ import pytest
 from dockyard import build, engine, variants
 from tests.support.cli import invoke
 
+pytestmark = pytest.mark.engine
+
 
 def _docker(settings, *args, check=True):
     return subprocess.run(engine.docker(settings, *args), capture_output=True, text=True, check=check)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from tests.support.cli import invoke
+
+pytestmark = pytest.mark.engine
 
 
 def test_a_run_docker_refused_to_start_can_be_run_again(cpu_image, settings, tmp_path):
