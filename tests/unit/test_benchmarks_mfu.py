@@ -1,0 +1,34 @@
+"""MFU as benchmarks/recipes.py reports it, against figures computed by hand."""
+
+from benchmarks.mfu import flops_per_token, mfu, peak_flops
+
+
+def test_flops_per_token_leaves_out_the_input_embedding_and_adds_attention():
+    # 1,000,000 parameters of which a 100 x 50 input embedding (untied): 995,000 matmul weights.
+    # 6 * 995,000 + 12 * 2 layers * 50 * 128 = 5,970,000 + 153,600
+    full = flops_per_token(parameters=1_000_000, vocab=100, hidden=50, layers=2, seq_len=128, tied=False,
+                           adapters=False)
+    assert full == 6_123_600
+    # adapters: no weight gradients for the frozen base, 4 * 995,000 + 153,600
+    assert flops_per_token(parameters=1_000_000, vocab=100, hidden=50, layers=2, seq_len=128, tied=False,
+                           adapters=True) == 4_133_600
+    # tied: the shared matrix still multiplies as the output head, so all 1,000,000 count
+    assert flops_per_token(parameters=1_000_000, vocab=100, hidden=50, layers=2, seq_len=128, tied=True,
+                           adapters=False) == 6_153_600
+
+
+def test_peak_is_looked_up_by_the_exact_part():
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert peak_flops("NVIDIA H100 NVL", "bf16") == 835e12
+    assert peak_flops("NVIDIA A10", "bf16") == 125e12
+    assert peak_flops("NVIDIA A10G", "bf16") is None  # not the A10's figure
+    assert peak_flops("Tesla T4", "fp16") == 65e12 and peak_flops("Tesla T4", "bf16") is None
+    assert peak_flops("NVIDIA B200", "bf16") == 2250e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+
+
+def test_mfu_is_achieved_over_peak_flops():
+    # 10,000 tokens/s * 6e9 FLOPs per token = 6e13 FLOP/s on 2 GPUs of 1e14: 30 %
+    assert mfu(10_000, 6e9, 1e14, 2) == 0.3
+    assert mfu(10_000, 6e9, None, 2) is None
