@@ -165,9 +165,10 @@ def commit(c, container="", tag="", allow_secrets=False):
             "compress": "zstd (default, every core), gzip (pigz where installed), or none",
             "level": "compression level (default: zstd 2, gzip 6)",
             "thin_for": "INVENTORY.json or ssh://[user@]host[:port]: leave out the layers that node already holds",
-            "sign": "ssh private key: sign the manifest (ssh-keygen -Y sign)"})
+            "sign": "ssh private key: sign the manifest (ssh-keygen -Y sign)",
+            "variant": "save this variant's image (cpu, cu132, ...) instead of --image; needs no GPU on this host"})
 @_user_errors
-def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign=""):
+def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign="", variant=""):
     """Write an image archive: a compressed `docker save` tar with its sha256, manifest and load.sh.
 
     Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json and load.sh (loads it with only sh, sha256sum,
@@ -176,7 +177,7 @@ def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign=""):
     from dockyard.transport import archive
 
     archive.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,
-                 sign=sign)
+                 sign=sign, variant=variant)
 
 
 @task(help={"file": "the archive (<name>.tar.zst/.tar.gz/.tar), with its .sha256 and .manifest.json beside it"})

@@ -42,10 +42,12 @@ MARGIN = 64 << 20
 
 
 def save(settings: Settings, image: str = "", out: str = "", compress: str = "zstd", level: int = 0,
-         thin_for: str = "", sign: str = "") -> dict:
+         thin_for: str = "", sign: str = "", variant: str = "") -> dict:
     """Write an archive and its companions; returns the manifest."""
+    if image and variant:
+        raise DockyardError("give --image or --variant, not both")
     level = check_method(compress, level)
-    refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings)]
+    refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings, variant)]
     images = inventory.inspect_images(settings, refs)
     tool = (compressor_argv(compress, level) or [""])[0]
     if tool and not engine.which(tool):
@@ -121,11 +123,12 @@ def interrupts_as_errors(what: str):
         signal.signal(signal.SIGTERM, previous)
 
 
-def default_image(settings: Settings) -> str:
-    """The image of the `auto` variant, saying how it was chosen."""
+def default_image(settings: Settings, variant_name: str = "auto") -> str:
+    """The image of a variant (`auto`: the one this host would run), saying how it was chosen. A named variant
+    needs no GPU: a GPU-less build host saves the CUDA image it built."""
     from dockyard import variants
 
-    variant, why = variants.resolve(settings, "auto")
+    variant, why = variants.resolve(settings, variant_name or "auto")
     print(why, file=sys.stderr)
     return variants.tag(settings, variant)
 

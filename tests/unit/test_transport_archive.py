@@ -35,3 +35,16 @@ def test_save_refuses_bad_choices_before_asking_the_engine(monkeypatch):
         archive.save(Settings(), image="x:1", compress="xz")
     with pytest.raises(DockyardError, match="does not fit --compress=zstd"):
         archive.save(Settings(), image="x:1", level=40)
+
+
+def test_save_by_variant_names_that_variants_image_without_a_gpu(monkeypatch, settings):
+    """`invoke save --variant=cu132` on a GPU-less build host: the CUDA image, not the cpu one auto would pick."""
+    asked = []
+    monkeypatch.setattr(inventory, "inspect_images", lambda s, refs: asked.extend(refs) or pytest.fail("stop"))
+    with pytest.raises(pytest.fail.Exception):
+        archive.save(settings, variant="cu132")
+    assert asked == [f"{settings.image_name}:0.1.0-cu132"]
+    with pytest.raises(DockyardError, match="unknown variant 'cu999'"):
+        archive.save(settings, variant="cu999")
+    with pytest.raises(DockyardError, match="--image or --variant, not both"):
+        archive.save(settings, image="x:1", variant="cpu")
