@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from dockyard.errors import DockyardError
+from dockyard.errors import DockyardError, json_object
 
 
 @dataclass(frozen=True)
@@ -232,9 +232,15 @@ def replay() -> Recorded | None:
     if not path:
         return None
     try:
-        return Recorded.from_file(path)
-    except (OSError, ValueError) as e:
+        data = json_object(Path(path), "recorded NVML readings (`invoke doctor --record=FILE`)")
+        source = Recorded(data, kind=data.get("kind", "gpu"))
+        source.host(), source.links()  # a file of another shape is refused here, not in the middle of a task
+    except OSError as e:
         raise DockyardError(f"{REPLAY_ENV}={path}: cannot read the recorded host ({e})") from None
+    except (AttributeError, TypeError, ValueError) as e:
+        raise DockyardError(f"{REPLAY_ENV}={path}: not a recorded host as `invoke doctor --record` writes it "
+                            f"({type(e).__name__}: {e})") from None
+    return source
 
 
 def facts() -> tuple[Host, list[Link]]:
@@ -257,7 +263,11 @@ def record(path: Path | str) -> dict:
                     "samples": [{"devices": [reading_to_dict(r) for r in nv.sample()]}]}
     except NvmlUnavailable as e:
         data = {"kind": "gpu", "host": asdict(Host(error=str(e))), "links": [], "samples": []}
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    try:
+        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as e:
+        raise DockyardError(f"--record={path}: cannot write it ({e.strerror}); name a file in a folder you can "
+                            "write to") from None
     return data
 
 

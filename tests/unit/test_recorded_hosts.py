@@ -82,3 +82,19 @@ def test_a_gpu_not_on_the_host_is_a_short_error(settings, capsys, replay):
     replay("t4x2_535")
     with pytest.raises(DockyardError, match="'3'.*not on this host"):
         dry_run(settings, capsys, gpus="0,3")
+
+
+@pytest.mark.parametrize("text, says", [("[1, 2]", "expected a JSON object"), ('{"host": []}', "not a recorded host"),
+                                        ('{"host": {"gpus": [{"x": 1}]}}', "not a recorded host"),
+                                        ("not json", "is not valid JSON")])
+def test_a_replay_file_of_another_shape_is_a_short_error(tmp_path, monkeypatch, text, says):
+    bad = tmp_path / "host.json"
+    bad.write_text(text)
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(bad))
+    with pytest.raises(DockyardError, match=says):
+        gpus.facts()
+
+
+def test_recording_into_a_folder_that_does_not_exist_is_a_short_error(tmp_path):
+    with pytest.raises(DockyardError, match="cannot write it"):
+        gpus.record(tmp_path / "no-such-folder" / "host.json")
