@@ -211,7 +211,6 @@ def build_plan(settings: Settings, variant: Variant, *, no_cache: bool = False, 
         "ALLOW_DUPLICATE_CUDA_LIBS": "--allow-duplicate-cuda-libs" if variant.is_cuda and variant.base else "",
     }
     labels = variants.labels(variant, revision=revision, created=created, source=repository_url())
-    labels = {k: v for k, v in labels.items() if v or k != "org.opencontainers.image.source"}
     argv = engine.docker(settings, "build", "--progress=plain", "-f", str(context / "images" / "Dockerfile"),
                          "-t", ref or variants.tag(settings, variant))
     for k, v in args.items():

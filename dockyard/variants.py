@@ -147,7 +147,8 @@ def lock_pins(text: str) -> dict[str, str]:
 
 
 def labels(variant: Variant, *, revision: str, created: str, source: str = "") -> dict[str, str]:
-    """Every label the image carries: what is inside, and what it was built from."""
+    """Every label the image carries: what is inside, and what it was built from (`source` only when there is
+    a repository URL to give: a local checkout path would mean nothing on another host)."""
     return {
         "dockyard.variant": variant.name,
         "dockyard.cuda": variant.cuda,
@@ -162,5 +163,5 @@ def labels(variant: Variant, *, revision: str, created: str, source: str = "") -
         "org.opencontainers.image.version": __version__,
         "org.opencontainers.image.revision": revision,
         "org.opencontainers.image.created": created,
-        "org.opencontainers.image.source": source,
+        **({"org.opencontainers.image.source": source} if source else {}),
     }

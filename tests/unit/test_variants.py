@@ -16,7 +16,8 @@ def test_tag_says_version_and_variant(settings):
 
 def test_labels_carry_what_is_inside(settings):
     for v in variants.all_variants(settings).values():
-        labels = variants.labels(v, revision="abc123", created="2026-01-01T00:00:00+00:00")
+        labels = variants.labels(v, revision="abc123", created="2026-01-01T00:00:00+00:00",
+                                 source="https://example.org/dockyard.git")
         for key in ("dockyard.variant", "dockyard.cuda", "dockyard.python", "dockyard.torch", "dockyard.triton",
                     "dockyard.deepspeed", "dockyard.bitsandbytes", "dockyard.lock",
                     "org.opencontainers.image.version", "org.opencontainers.image.revision",
@@ -25,6 +26,9 @@ def test_labels_carry_what_is_inside(settings):
             assert key in labels, (v.name, key)
         assert labels["dockyard.lock"] == variants.lock_hash(v) and len(labels["dockyard.lock"]) == 64
         assert labels["dockyard.cuda"] == ("" if v.name == "cpu" else v.cuda)
+        assert labels["org.opencontainers.image.source"] == "https://example.org/dockyard.git"
+        no_remote = variants.labels(v, revision="abc123", created="2026-01-01T00:00:00+00:00")
+        assert "org.opencontainers.image.source" not in no_remote, "no repository: no source label at all"
 
 
 def test_at_least_two_cuda_variants_and_cpu(settings):
