@@ -88,7 +88,8 @@ def read_inventory(path: Path) -> dict:
                             "--out=FILE` (or `sh load.sh --inventory > FILE`) and copy it here") from None
     except json.JSONDecodeError as e:
         raise DockyardError(f"{path} is not an inventory (invalid JSON: {e})") from None
-    if inv.get("format") != INVENTORY_FORMAT or "chain_ids" not in inv:
+    if not isinstance(inv, dict) or inv.get("format") != INVENTORY_FORMAT \
+            or not isinstance(inv.get("chain_ids"), list) or not all(isinstance(c, str) for c in inv["chain_ids"]):
         raise DockyardError(f"{path} is not a dockyard inventory (format {INVENTORY_FORMAT})")
     return inv
 

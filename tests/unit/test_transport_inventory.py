@@ -75,6 +75,11 @@ def test_a_missing_or_foreign_inventory_is_refused(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(DockyardError, match="not a dockyard inventory"):
         inventory.read_inventory(tmp_path / "x.json")
+    for foreign in ([1], {"format": inventory.INVENTORY_FORMAT, "chain_ids": "sha256:x"},
+                    {"format": inventory.INVENTORY_FORMAT, "chain_ids": [1]}):
+        (tmp_path / "x.json").write_text(json.dumps(foreign))
+        with pytest.raises(DockyardError, match="not a dockyard inventory"):
+            inventory.read_inventory(tmp_path / "x.json")
     (tmp_path / "y.json").write_text("{")
     with pytest.raises(DockyardError, match="invalid JSON"):
         inventory.read_inventory(tmp_path / "y.json")
