@@ -18,7 +18,8 @@ from dockyard.errors import DockyardError
 from dockyard.gpus import Host
 from dockyard.settings import ROOT, Settings
 
-PINNED = ("torch", "triton", "deepspeed", "bitsandbytes", "transformers", "peft", "accelerate", "nvidia-ml-py")
+PINNED = ("torch", "triton", "deepspeed", "bitsandbytes", "transformers", "peft", "accelerate", "nvidia-ml-py",
+          "datasets")
 
 
 class Variant(BaseModel):

@@ -44,7 +44,7 @@ def main() -> int:
         if have != want:
             problems.append(f"{dist} is {have}, the variant pins {want}")
 
-    for mod in ("transformers", "peft", "accelerate", "bitsandbytes", "pynvml"):
+    for mod in ("transformers", "peft", "accelerate", "bitsandbytes", "pynvml", "datasets"):
         try:
             importlib.import_module(mod)
         except Exception as e:  # any import-time failure is a broken image

@@ -7,6 +7,10 @@ import os
 
 import pytest
 
+# Nothing in the tests may reach the Hugging Face Hub (or any address but loopback and the test namespaces):
+# set before any test module imports transformers or datasets, which read these once.
+os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+
 from dockyard import engine, variants
 from dockyard import settings as settings_mod
 from dockyard.settings import ROOT

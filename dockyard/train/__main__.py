@@ -56,6 +56,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
         # DDP walk the graph after every backward for nothing
         "ddp_find_unused_parameters": False,
+        **evaluation(settings, overrides),
         **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
         "output_dir": str(run_dir / "checkpoints"),
         "use_cpu": not cuda,
@@ -77,6 +78,14 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
 
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     return targs
+
+
+def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
+    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise."""
+    if not (settings.eval_data or settings.eval_fraction):
+        return {}
+    steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
+    return {"eval_strategy": "steps", "eval_steps": steps}
 
 
 def setup_logging(run_dir: Path, is_main: bool) -> None:
@@ -121,6 +130,7 @@ class Prepared:
     model: Any
     tokenizer: Any
     examples: list[dict[str, Any]]
+    eval_examples: list[dict[str, Any]]  # empty: no evaluation
     resume_from: str | None
 
 
@@ -171,13 +181,9 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
              settings.model_dump())
 
     tokenizer = models.load_tokenizer(model_dir)
-    rows = data.read_rows(settings.data_path)
-    if settings.task == "seq_cls":
-        labels = data.label_names(rows)
-        examples = data.seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
-    else:
-        labels = []
-        examples = data.causal_lm_examples(rows, tokenizer, settings.max_seq_length)
+    loaded = data.load(settings, tokenizer, args.seed)
+    run.extra["data"] = loaded.info
+    labels = loaded.labels
     if shape:
         run.extra["plan"] = predicted(shape, recipe, settings, args, local)
 
@@ -188,7 +194,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         run.extra["model"]["quantized_layers"] = models.count_4bit_layers(model)
     if recipe.peft:
         model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
-    return Prepared(recipe, settings, args, model, tokenizer, examples, last)
+    return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last)
 
 
 def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
@@ -204,7 +210,8 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = multiprocessing.Value("q", 0)
     metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens)
-    trainer = Trainer(model=p.model, args=p.args, train_dataset=p.examples, processing_class=p.tokenizer,
+    trainer = Trainer(model=p.model, args=p.args, train_dataset=p.examples, eval_dataset=p.eval_examples or None,
+                      processing_class=p.tokenizer,
                       data_collator=data.collate(p.tokenizer.pad_token_id, tokens), callbacks=[check, metrics])
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
         trainer.remove_callback(cb)

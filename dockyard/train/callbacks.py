@@ -47,7 +47,7 @@ class MetricsLog(TrainerCallback):
             self.seconds_to_first_step = time.perf_counter() - self.started
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.is_main and logs and "loss" in logs:
+        if self.is_main and logs and ("loss" in logs or "eval_loss" in logs):
             line = json.dumps({"step": state.global_step, **logs, "time": round(time.time(), 3)})
             with self.path.open("a") as f:
                 f.write(line + "\n")

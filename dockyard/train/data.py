@@ -1,76 +1,290 @@
-"""Training data: JSONL or plain text on disk → tokenized examples and the collator that pads them.
+"""Training data: files or a cached hub dataset → rows → tokenized examples, and the collator that pads them.
 
-Formats (one example per line):
-- causal_lm: {"text": ...}, or {"prompt": ..., "completion": ...} (the loss counts only the completion),
-  or a .txt file (each non-empty line is a document);
-- seq_cls: {"text": ..., "label": ...}, labels as names or integers.
-A folder means every *.jsonl and *.txt file in it.
+Read through `datasets`, offline: a .jsonl/.json, .parquet, .csv or .txt file, a folder of files of one kind,
+or a hub id (`org/name`) already in the local Hugging Face cache. The format is found from the fields of the
+rows (or named with the `data_format` setting):
+
+| format            | fields                                   | the loss counts                         |
+|-------------------|------------------------------------------|-----------------------------------------|
+| text              | text                                     | every token                             |
+| prompt_completion | prompt, completion                       | the completion                          |
+| messages          | messages: [{role, content}, ...]         | the assistant turns (chat template)     |
+| alpaca            | instruction, [input], output             | the output (as a user → assistant chat) |
+| sharegpt          | conversations: [{from, value}, ...]      | the gpt/assistant turns                 |
+| text_label        | text, label (task seq_cls)               | the class                               |
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dockyard.errors import DockyardError
 
+log = logging.getLogger("dockyard.train")
+
 IGNORE = -100  # label value the loss skips
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+# The fields that name each format, most specific first (a row with `messages` and `text` is a chat).
+FORMATS: dict[str, tuple[str, ...]] = {
+    "messages": ("messages",),
+    "sharegpt": ("conversations",),
+    "alpaca": ("instruction", "output"),
+    "prompt_completion": ("prompt", "completion"),
+    "text": ("text",),
+}
+CHAT_FORMATS = ("messages", "alpaca", "sharegpt")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "tool": "tool", "function_call": "assistant", "observation": "tool"}
+ALPACA_PROMPT = "{instruction}\n\n{input}"
+
+# For a tokenizer without a chat template of its own (the tiny sample model, base models): role tags, the
+# assistant turn ended by the EOS token. It is saved with the trained model, so inference uses the same one.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% if bos_token %}{{ bos_token }}{% endif %}"
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    files = sorted([*path.glob("*.jsonl"), *path.glob("*.txt")]) if path.is_dir() else [path]
-    if not path.exists() or not files:
-        raise DockyardError(f"no data at {path}: set --data to a .jsonl or .txt file (or a folder of them)")
-    rows: list[dict[str, Any]] = []
-    for f in files:
-        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            if f.suffix != ".jsonl":
-                rows.append({"text": line})
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DockyardError(f"{f}:{n}: not a JSON line ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DockyardError(f"{f}:{n}: each line must be a JSON object")
-            rows.append(row)
+# --- reading ---------------------------------------------------------------------------------------
+
+def read_rows(source: str | Path) -> list[dict[str, Any]]:
+    """Every row of a file, a folder of files of one kind, or a cached hub dataset (its train split)."""
+    text = str(source)
+    path = Path(text)
+    if path.exists():
+        files = _files(path)
+        builder = BUILDERS[files[0].suffix]
+        rows = _load(text, builder, data_files=[str(f) for f in files])
+        if builder == "text":
+            rows = [r for r in rows if (r.get("text") or "").strip()]
+    elif HUB_ID.fullmatch(text):
+        rows = _load(text, _hub_snapshot(text) or text)
+    else:
+        raise DockyardError(f"no data at {text}: give a .jsonl, .json, .parquet, .csv or .txt file, a folder of "
+                            f"them, or a hub dataset id (org/name) that is in the local Hugging Face cache")
     if not rows:
-        raise DockyardError(f"{path} holds no examples")
+        raise DockyardError(f"{text} holds no examples")
     return rows
 
 
-def causal_lm_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[dict[str, list[int]]]:
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    out = []
+def _files(path: Path) -> list[Path]:
+    if path.is_file():
+        if path.suffix not in BUILDERS:
+            raise DockyardError(f"{path}: unknown data file type {path.suffix or '(none)'}; "
+                                f"use {', '.join(BUILDERS)}")
+        return [path]
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS)
+    if not files:
+        raise DockyardError(f"no data at {path}: the folder holds no {', '.join(BUILDERS)} file")
+    kinds = {BUILDERS[f.suffix] for f in files}
+    if len(kinds) > 1:
+        raise DockyardError(f"{path} mixes data files of different kinds ({', '.join(sorted(kinds))}): "
+                            f"keep one kind per folder, or point --data at one file")
+    return files
+
+
+def _hub_snapshot(repo_id: str) -> str:
+    """The folder of a hub dataset's files in the local cache (`hf download --repo-type dataset`), or ""."""
+    import huggingface_hub
+
+    try:
+        return huggingface_hub.snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached (or not a valid id): load_dataset's own cache is tried next
+        return ""
+
+
+def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """Rows through `datasets`, never over the network: runs are offline, and so are the tests."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        ds = datasets.load_dataset(builder, split="train", **kwargs)
+    except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
+        if "data_files" not in kwargs:
+            raise DockyardError(f"dataset {what} is not in the local Hugging Face cache (runs are offline): on a "
+                                f"machine with internet, `hf download --repo-type dataset {what}`, then copy its "
+                                f"~/.cache/huggingface to this host's hf_cache") from None
+        where = _bad_json_line(kwargs["data_files"]) if builder == "json" else ""
+        raise DockyardError(f"cannot read {where or what}: {_first_line(e)}") from None
+    return ds.to_list()
+
+
+def _bad_json_line(files: list[str]) -> str:
+    """FILE:LINE of the first line of a JSON Lines file that is not a JSON object, or ""."""
+    for f in files:
+        if not f.endswith(".jsonl"):
+            continue
+        with open(f, encoding="utf-8", errors="replace") as lines:
+            for n, line in enumerate(lines, 1):
+                try:
+                    ok = not line.strip() or isinstance(json.loads(line), dict)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    return f"{f}:{n} (each line must be one JSON object)"
+    return ""
+
+
+def _first_line(e: BaseException) -> str:
+    cause = e.__cause__ or e
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+
+
+# --- formats ---------------------------------------------------------------------------------------
+
+def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", source: str = "data") -> str:
+    """The format named in the recipe, or the one the fields of the first row say; checked on every row."""
+    found = _fields(rows[0])  # datasets gives every row every column of the file: a missing field is None
+    if task == "seq_cls" or named == "text_label":
+        fmt, need = "text_label", ("text", "label")
+    elif named != "auto":
+        fmt, need = named, FORMATS[named]
+    else:
+        fmt = next((f for f, fields in FORMATS.items() if all(k in found for k in fields)), "")
+        if not fmt:
+            raise DockyardError(f"{source}: cannot tell the data format from its fields ({', '.join(found)}); "
+                                f"expected one of {_expected()}, or name it with data_format")
+        need = FORMATS[fmt]
     for n, row in enumerate(rows, 1):
-        if "prompt" in row and "completion" in row:
-            prompt = tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
-            completion = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + eos
-            ids = (prompt + completion)[:max_len]
-            labels = ([IGNORE] * len(prompt) + completion)[:max_len]
-        elif "text" in row:
-            ids = (tokenizer(row["text"], add_special_tokens=True)["input_ids"] + eos)[:max_len]
+        missing = [k for k in need if row.get(k) is None]
+        if missing:
+            raise DockyardError(f"{source}: example {n} lacks {', '.join(missing)} for the {fmt} format "
+                                f"(fields found: {', '.join(_fields(row))}; expected: {', '.join(need)})")
+    return fmt
+
+
+def _fields(row: dict[str, Any]) -> list[str]:
+    return sorted(k for k, v in row.items() if v is not None)
+
+
+def _expected() -> str:
+    return "; ".join(f"{fmt} ({'+'.join(fields)})" for fmt, fields in FORMATS.items())
+
+
+def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
+    """An Alpaca or ShareGPT row as chat messages; a `messages` row checked."""
+    if fmt == "alpaca":
+        prompt = ALPACA_PROMPT.format(**row) if row.get("input") else str(row["instruction"])
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": str(row["output"])}]
+        if row.get("system"):
+            messages.insert(0, {"role": "system", "content": str(row["system"])})
+        return messages
+    turns = row["conversations"] if fmt == "sharegpt" else row["messages"]
+    role_key, text_key = ("from", "value") if fmt == "sharegpt" else ("role", "content")
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        raise DockyardError(f"example {n}: `{'conversations' if fmt == 'sharegpt' else 'messages'}` must be a list "
+                            f"of {{{role_key!r}: ..., {text_key!r}: ...}} objects")
+    messages = []
+    for t in turns:
+        role, content = t.get(role_key), t.get(text_key)
+        if fmt == "sharegpt":
+            role = SHAREGPT_ROLES.get(str(role))
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise DockyardError(f"example {n}: a turn without a known {role_key!r} or a text {text_key!r} ({t!r:.120})")
+        messages.append({"role": role, "content": content})
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DockyardError(f"example {n}: no assistant turn, so nothing to learn")
+    return messages
+
+
+# --- tokens ----------------------------------------------------------------------------------------
+
+@dataclass
+class Tokenized:
+    examples: list[dict[str, Any]]
+    truncated: int = 0     # examples cut at max_seq_length
+    dropped: int = 0       # examples with no token left to learn from after the cut
+
+
+def causal_lm_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
+                       fmt: str = "auto") -> list[dict[str, list[int]]]:
+    return tokenize(rows, fmt if fmt != "auto" else detect_format(rows, "causal_lm"), tokenizer, max_len).examples
+
+
+def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int) -> Tokenized:
+    """input_ids and labels (IGNORE where the loss must not count) for every row of a causal-LM format."""
+    if fmt in CHAT_FORMATS and not tokenizer.chat_template:
+        log.info("the tokenizer has no chat template: using dockyard's plain one (saved with the model)")
+        tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    out = Tokenized([])
+    for n, row in enumerate(rows, 1):
+        if fmt == "text":
+            ids = tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
             labels = list(ids)
+        elif fmt == "prompt_completion":
+            prompt = tokenizer(str(row["prompt"]), add_special_tokens=True)["input_ids"]
+            completion = tokenizer(str(row["completion"]), add_special_tokens=False)["input_ids"] + eos
+            ids, labels = prompt + completion, [IGNORE] * len(prompt) + completion
         else:
-            raise DockyardError(f"example {n} has neither `text` nor `prompt`+`completion` "
-                                f"(keys: {', '.join(row) or 'none'})")
+            ids, labels = chat_tokens(to_messages(row, fmt, n), tokenizer, n)
+        if len(ids) > max_len:
+            out.truncated += 1
+            ids, labels = ids[:max_len], labels[:max_len]
         if any(label != IGNORE for label in labels[1:]):
-            out.append({"input_ids": ids, "labels": labels})
-    if not out:
-        raise DockyardError(f"no example has a token to learn from within max_seq_length={max_len}")
+            out.examples.append({"input_ids": ids, "labels": labels})
+        else:
+            out.dropped += 1
+    if not out.examples:
+        raise DockyardError(f"no example has a token to learn from within max_seq_length={max_len}: "
+                            f"raise it (-- --max_seq_length 2048)")
     return out
+
+
+def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int) -> tuple[list[int], list[int]]:
+    """The conversation through the chat template, learning only the assistant turns: each turn's text is
+    what the template adds to the conversation so far (templates render a conversation as a prefix of its
+    continuation), tokenized on its own."""
+    def render(msgs: list[dict[str, str]], generation_prompt: bool) -> str:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+
+    ids: list[int] = []
+    labels: list[int] = []
+    done = ""
+
+    def add(text: str, learn: bool) -> None:
+        nonlocal done
+        piece = tokenizer(text[len(done):], add_special_tokens=False)["input_ids"]
+        ids.extend(piece)
+        labels.extend(piece if learn else [IGNORE] * len(piece))
+        done = text
+
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before, through = render(messages[:i], True), render(messages[: i + 1], False)
+        if not before.startswith(done) or not through.startswith(before):
+            raise DockyardError(f"example {n}: the tokenizer's chat template does not render a conversation as "
+                                f"a prefix of its continuation, so the assistant turns cannot be found; convert "
+                                f"the data to prompt/completion")
+        add(before, learn=False)
+        add(through, learn=True)
+    return ids, labels
 
 
 def label_names(rows: list[dict[str, Any]]) -> list[str]:
     """Class names in a stable order: integers by value, names sorted."""
-    missing = [n for n, r in enumerate(rows, 1) if "text" not in r or "label" not in r]
+    missing = [n for n, r in enumerate(rows, 1) if r.get("text") is None or r.get("label") is None]
     if missing:
-        raise DockyardError(f"seq_cls needs `text` and `label` in every example; example {missing[0]} lacks one")
+        raise DockyardError(f"seq_cls needs `text` and `label` in every example; example {missing[0]} lacks one "
+                            f"(fields found: {', '.join(_fields(rows[missing[0] - 1]))})")
     labels = {r["label"] for r in rows}
-    if all(isinstance(x, int) for x in labels):
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in labels):
+        if min(labels) < 0:
+            raise DockyardError(f"integer labels must be 0 or more (found {min(labels)})")
         return [str(i) for i in range(max(labels) + 1)]
     return sorted(str(x) for x in labels)
 
@@ -78,8 +292,66 @@ def label_names(rows: list[dict[str, Any]]) -> list[str]:
 def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
                      names: list[str]) -> list[dict[str, Any]]:
     index = {name: i for i, name in enumerate(names)}
-    return [{"input_ids": tokenizer(r["text"], truncation=True, max_length=max_len)["input_ids"],
+    unknown = sorted({str(r["label"]) for r in rows} - set(index))
+    if unknown:
+        raise DockyardError(f"labels not seen in the training data: {', '.join(unknown[:5])}")
+    return [{"input_ids": tokenizer(str(r["text"]), truncation=True, max_length=max_len)["input_ids"],
              "labels": index[str(r["label"])]} for r in rows]
+
+
+@dataclass
+class Loaded:
+    """The training (and evaluation) examples of a run, with what the manifest says about them."""
+
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    labels: list[str]                  # class names (seq_cls), else []
+    info: dict[str, Any]
+
+
+def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
+    """The run's data (`data`, `data_format`, `eval_data` or `eval_fraction`, `task`, `max_seq_length`)."""
+    source = str(settings.data_path)
+    rows = read_rows(source)
+    fmt = detect_format(rows, settings.task, settings.data_format, source)
+    eval_rows: list[dict[str, Any]] = []
+    if settings.eval_data:
+        eval_rows = read_rows(settings.eval_data)
+        detect_format(eval_rows, settings.task, fmt, settings.eval_data)
+    elif settings.eval_fraction:
+        rows, eval_rows = split(rows, settings.eval_fraction, seed)
+    info: dict[str, Any] = {"source": source, "format": fmt, "eval_source": settings.eval_data or
+                            (f"{settings.eval_fraction:g} of the data" if eval_rows else "")}
+    if fmt == "text_label":
+        labels = label_names(rows)
+        train = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
+        evals = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else []
+    else:
+        labels = []
+        done = tokenize(rows, fmt, tokenizer, settings.max_seq_length)
+        train, evals = done.examples, (tokenize(eval_rows, fmt, tokenizer, settings.max_seq_length).examples
+                                       if eval_rows else [])
+        info.update(truncated=done.truncated, dropped=done.dropped)
+        if done.truncated:
+            log.warning("%d of %d examples are longer than max_seq_length=%d and were cut (%d left nothing to "
+                        "learn and were dropped): raise it with -- --max_seq_length N", done.truncated, len(rows),
+                        settings.max_seq_length, done.dropped)
+    info.update(examples=len(train), eval_examples=len(evals))
+    log.info("data %s: format %s, %d training examples, %d for evaluation", source, fmt, len(train), len(evals))
+    return Loaded(train, evals, labels, info)
+
+
+def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, eval): a `fraction` of the rows (at least one, never all) held out, chosen by the seed."""
+    if not 0 < fraction < 1:
+        raise DockyardError(f"eval_fraction must be between 0 and 1 (got {fraction})")
+    if len(rows) < 2:
+        raise DockyardError("eval_fraction needs at least 2 examples")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    k = min(len(rows) - 1, max(1, round(len(rows) * fraction)))
+    held = set(order[:k])
+    return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)]
 
 
 def collate(pad_id: int, tokens: Any = None):

@@ -31,7 +31,9 @@ def logged(metrics_file: Path) -> list[dict[str, Any]]:
 def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: dict | None,
           metrics: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    seen = logged(run_dir / "metrics.jsonl")
+    lines = logged(run_dir / "metrics.jsonl")
+    seen = [row for row in lines if "loss" in row]
+    evals = [row for row in lines if "eval_loss" in row]
     return {
         "run_id": run_dir.resolve().name,
         "recipe": recipe.name if recipe else "",
@@ -46,6 +48,7 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
         "metrics": {"steps": metrics.get("steps", seen[-1]["step"] if seen else 0),
                     "loss_first": seen[0]["loss"] if seen else None,
                     "loss_last": seen[-1]["loss"] if seen else None,
+                    **({"eval_loss_last": evals[-1]["eval_loss"]} if evals else {}),
                     "tokens_per_second": metrics.get("tokens_per_second"),
                     "peak_memory_bytes": metrics.get("peak_memory_bytes", peak_memory_bytes()),
                     **metrics},

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import ROOT
 from dockyard.errors import DockyardError, problems
@@ -31,7 +31,10 @@ class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = ""               # a model folder; "" = the tiny Llama-shaped model made from its config
-    data: str = ""                # JSONL or .txt; "" = the sample shipped in data/
+    data: str = ""                # a data file, folder or cached hub id; "" = the sample shipped in data/
+    data_format: Literal["auto", "text", "prompt_completion", "messages", "alpaca", "sharegpt", "text_label"] = "auto"
+    eval_data: str = ""           # held-out examples in the same format, or:
+    eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)  # that share of `data` held out (by the seed)
     task: Literal["causal_lm", "seq_cls"] = "causal_lm"
     max_seq_length: int = 128
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"

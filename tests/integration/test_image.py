@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import build, engine, variants
+from dockyard import ROOT, build, engine, variants
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
@@ -143,3 +143,18 @@ def test_cuda_variants_on_a_registry_base_build_where_the_base_is_present(settin
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         labels = engine.image_inspect(settings, variants.tag(settings, v))["Config"]["Labels"]
         assert labels["dockyard.cuda"] == v.cuda and labels["dockyard.triton"] == v.pins["triton"]
+
+
+@pytest.mark.parametrize("existing", ["", "ubuntu"])
+def test_the_image_user_is_made_on_bases_with_or_without_a_uid_1000(settings, existing):
+    """images/add_user.sh, the Dockerfile's user step, in the registry-free base as it is and with a UID 1000
+    already taken, as on every Ubuntu 24.04 base (nvidia/cuda:*-ubuntu24.04 ships `ubuntu`): plain useradd
+    fails there."""
+    before = f"useradd --create-home --uid 1000 {existing} && touch /home/{existing}/.kept && " if existing else ""
+    check = ("id -u dockyard; id -gn dockyard; getent passwd dockyard | cut -d: -f6,7; "
+             "stat -c %U /home/dockyard; ls -A /home /home/dockyard")
+    out = _docker(settings, "run", "--rm", "--user", "0", "-v", f"{ROOT / 'images' / 'add_user.sh'}:/tmp/add_user.sh:ro",
+                  settings.base_image_cpu, "sh", "-ec", f"{before}sh /tmp/add_user.sh >/dev/null; {check}").stdout.split()
+    assert out[:4] == ["1000", "dockyard", "/home/dockyard:/bin/bash", "dockyard"]
+    assert "ubuntu" not in out  # one user: the existing one renamed, with its group
+    assert (".kept" in out) == bool(existing)  # and its home moved, files kept

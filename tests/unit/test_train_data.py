@@ -40,7 +40,7 @@ def test_prompt_completion_learns_only_the_completion(tok, tmp_path):
 
 def test_plain_text_files_are_one_document_per_line(tok, tmp_path):
     (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
-    rows = data.read_rows(tmp_path)  # a folder: every .txt and .jsonl in it
+    rows = data.read_rows(tmp_path)  # a folder: every data file in it, of one kind
     assert rows == [{"text": "first line"}, {"text": "second line"}]
 
 
@@ -49,12 +49,9 @@ def test_examples_are_truncated_to_max_seq_length(tok):
     assert len(ex["input_ids"]) == len(ex["labels"]) == 16
 
 
-@pytest.mark.parametrize("rows, problem", [
-    ([{"question": "x"}], "neither `text` nor `prompt`"),
-])
-def test_rows_without_a_known_format_are_refused(tok, rows, problem):
-    with pytest.raises(DockyardError, match=problem):
-        data.causal_lm_examples(rows, tok, 64)
+def test_rows_without_a_known_format_are_refused_with_the_fields_found(tok):
+    with pytest.raises(DockyardError, match=r"fields \(answer, question\).*messages \(messages\)"):
+        data.causal_lm_examples([{"question": "x", "answer": "y"}], tok, 64)
 
 
 def test_bad_files_are_refused_with_their_line(tmp_path):
@@ -64,6 +61,16 @@ def test_bad_files_are_refused_with_their_line(tmp_path):
         data.read_rows(bad)
     with pytest.raises(DockyardError, match="no data at"):
         data.read_rows(tmp_path / "missing.jsonl")
+    (tmp_path / "x.md").write_text("# notes")
+    with pytest.raises(DockyardError, match="unknown data file type .md"):
+        data.read_rows(tmp_path / "x.md")
+
+
+def test_a_folder_must_hold_one_kind_of_file(tmp_path):
+    write(tmp_path / "a.jsonl", [{"text": "a"}])
+    (tmp_path / "b.txt").write_text("b\n")
+    with pytest.raises(DockyardError, match="mixes data files of different kinds"):
+        data.read_rows(tmp_path)
 
 
 def test_labels_may_be_names_or_integers(tok):

@@ -1,0 +1,145 @@
+"""Every data format a user brings, read from disk through `datasets` and tokenized with the shipped tokenizer:
+the format found from the fields, and the loss counting only what the model must learn (checked on token ids)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from dockyard.errors import DockyardError
+from dockyard.train import data
+from dockyard.train.recipe import TINY_MODEL, RunSettings
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Which port?"},
+        {"role": "assistant", "content": "Bergen"}, {"role": "user", "content": "And the next?"},
+        {"role": "assistant", "content": "Stavanger"}]
+
+
+@pytest.fixture
+def tok():
+    return AutoTokenizer.from_pretrained(TINY_MODEL)  # no chat template of its own: the fallback is used
+
+
+def jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def learned_text(tok, ex) -> list[str]:
+    """The runs of tokens the loss counts, decoded."""
+    runs, cur = [], []
+    for i, label in zip(ex["input_ids"], ex["labels"], strict=True):
+        if label == data.IGNORE:
+            if cur:
+                runs.append(tok.decode(cur))
+            cur = []
+        else:
+            assert label == i
+            cur.append(i)
+    return runs + ([tok.decode(cur)] if cur else [])
+
+
+def one_example(tok, path, fmt_expected):
+    rows = data.read_rows(path)
+    fmt = data.detect_format(rows, "causal_lm", "auto", str(path))
+    assert fmt == fmt_expected
+    [ex] = data.tokenize(rows, fmt, tok, 512).examples
+    return ex
+
+
+def test_messages_learn_only_the_assistant_turns(tok, tmp_path):
+    ex = one_example(tok, jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}]), "messages")
+    learned = learned_text(tok, ex)
+    assert [t.strip() for t in learned] == [f"Bergen{tok.eos_token}", f"Stavanger{tok.eos_token}"]
+    whole = tok.decode(ex["input_ids"])
+    assert "Which port?" in whole and "Be brief." in whole and "<|assistant|>" in whole
+    assert tok.chat_template == data.FALLBACK_CHAT_TEMPLATE  # saved with the model: inference sees the same
+
+
+def test_a_tokenizer_with_its_own_chat_template_is_used(tok, tmp_path):
+    tok.chat_template = ("{% for m in messages %}{{ '[' + m['role'] + ']' + m['content'] + '[/]' }}{% endfor %}"
+                         "{% if add_generation_prompt %}{{ '[assistant]' }}{% endif %}")
+    ex = one_example(tok, jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT[1:3]}]), "messages")
+    assert [t.strip() for t in learned_text(tok, ex)] == ["Bergen[/]"]
+    assert tok.decode(ex["input_ids"]).startswith("[user]Which port?[/][assistant]")
+
+
+def test_alpaca_is_a_user_assistant_chat_learning_the_output(tok, tmp_path):
+    rows = [{"instruction": "Name a port.", "input": "In Norway.", "output": "Bergen"}]
+    ex = one_example(tok, jsonl(tmp_path / "alpaca.json", rows), "alpaca")
+    assert [t.strip() for t in learned_text(tok, ex)] == [f"Bergen{tok.eos_token}"]
+    assert "Name a port." in tok.decode(ex["input_ids"]) and "In Norway." in tok.decode(ex["input_ids"])
+
+
+def test_sharegpt_maps_human_and_gpt_turns(tok, tmp_path):
+    rows = [{"conversations": [{"from": "human", "value": "Which port?"}, {"from": "gpt", "value": "Bergen"}]}]
+    ex = one_example(tok, jsonl(tmp_path / "sg.jsonl", rows), "sharegpt")
+    assert [t.strip() for t in learned_text(tok, ex)] == [f"Bergen{tok.eos_token}"]
+
+
+def test_prompt_completion_from_parquet_and_text_from_csv(tok, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["Which port?"], "completion": [" Bergen"]}), tmp_path / "pc.parquet")
+    ex = one_example(tok, tmp_path / "pc.parquet", "prompt_completion")
+    assert [t.strip() for t in learned_text(tok, ex)] == [f"Bergen{tok.eos_token}"]
+    (tmp_path / "t.csv").write_text('text\n"Ships sail from Bergen, daily."\n')
+    ex = one_example(tok, tmp_path / "t.csv", "text")
+    assert ex["labels"] == ex["input_ids"]
+
+
+def test_a_hub_dataset_is_read_from_the_local_cache_only(tok, tmp_path, monkeypatch):
+    """The Hub cache layout `hf download --repo-type dataset acme/chats` leaves behind, made by hand here (the
+    tests never reach the Hub)."""
+    revision = "0" * 40
+    repo = tmp_path / "hub" / "datasets--acme--chats"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "snapshots" / revision / "data").mkdir(parents=True)
+    jsonl(repo / "snapshots" / revision / "data" / "train.jsonl", [{"messages": CHAT[1:3]}])
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert data.read_rows("acme/chats") == [{"messages": CHAT[1:3]}]
+    with pytest.raises(DockyardError, match="acme/missing is not in the local Hugging Face cache.*hf download"):
+        data.read_rows("acme/missing")
+
+
+@pytest.mark.parametrize("rows, named, message", [
+    ([{"messages": [{"role": "user", "content": "hi"}]}], "auto", "no assistant turn"),
+    ([{"messages": "hello"}], "auto", "must be a list"),
+    ([{"conversations": [{"from": "robot", "value": "x"}]}], "auto", "without a known 'from'"),
+    ([{"text": "a"}, {"txt": "b"}], "auto", r"example 2 lacks text.*fields found: txt"),
+    ([{"text": "a"}], "messages", r"lacks messages for the messages format \(fields found: text"),
+])
+def test_a_wrong_schema_stops_before_training_naming_the_fields(tok, tmp_path, rows, named, message):
+    rows = data.read_rows(jsonl(tmp_path / "bad.jsonl", rows))
+    with pytest.raises(DockyardError, match=message):
+        fmt = data.detect_format(rows, "causal_lm", named, "bad.jsonl")
+        data.tokenize(rows, fmt, tok, 64)
+
+
+def test_an_eval_fraction_holds_out_rows_by_the_seed(tok, tmp_path):
+    path = jsonl(tmp_path / "d.jsonl", [{"text": f"ship number {i} sails"} for i in range(20)])
+    settings = RunSettings(data=str(path), eval_fraction=0.25)
+    a, b = data.load(settings, tok, seed=1), data.load(settings, tok, seed=1)
+    assert (len(a.train), len(a.eval)) == (15, 5) and a.eval == b.eval
+    assert not {tuple(e["input_ids"]) for e in a.eval} & {tuple(e["input_ids"]) for e in a.train}
+    assert a.info["format"] == "text" and a.info["eval_examples"] == 5
+    other = data.load(settings, tok, seed=2)
+    assert other.eval != a.eval
+
+
+def test_eval_data_from_a_file_must_have_the_training_format(tok, tmp_path):
+    train = jsonl(tmp_path / "train.jsonl", [{"prompt": "p", "completion": " c"}])
+    held = jsonl(tmp_path / "eval.jsonl", [{"text": "t"}])
+    with pytest.raises(DockyardError, match="eval.jsonl: example 1 lacks prompt, completion"):
+        data.load(RunSettings(data=str(train), eval_data=str(held)), tok, seed=0)
+
+
+def test_cut_examples_are_counted_and_said(tok, tmp_path, caplog):
+    path = jsonl(tmp_path / "d.jsonl", [{"text": "word " * 100}, {"text": "short"}])
+    with caplog.at_level("WARNING", logger="dockyard.train"):
+        loaded = data.load(RunSettings(data=str(path), max_seq_length=16), tok, seed=0)
+    assert loaded.info["truncated"] == 1 and "max_seq_length" in caplog.text
