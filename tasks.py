@@ -93,11 +93,15 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
             "variant": "image variant; default auto",
             "nproc": "processes on this node: default one per GPU, or 2 on a CPU-only host",
-            "nodes": "number of nodes (torchrun rendezvous); default 1",
-            "node_rank": "this node's rank, 0..nodes-1",
-            "master_addr": "address of node 0 (required with --nodes > 1)",
+            "nodes": "number of nodes (torchrun's c10d rendezvous); default 1",
+            "node_rank": "this node's rank, 0..nodes-1: node 0 hosts the rendezvous",
+            "master_addr": "address of node 0 on the network the nodes share (required with --nodes > 1)",
             "master_port": "rendezvous port on node 0 (default 29500)",
-            "run_id": "name of the run folder (default: <recipe>-<timestamp>); an existing one is refused",
+            "iface": "network interface for NCCL/gloo (default: the one that routes to --master-addr)",
+            "join_timeout": "seconds to wait for every node to join (default 120)",
+            "max_restarts": "times torchrun restarts the workers after a failure (default 0)",
+            "run_id": "name of the run folder (default: <recipe>-<timestamp>); an existing one is refused; "
+                      "with --nodes > 1 required, the same on every node",
             "resume": "continue the run named by --run-id from its last checkpoint",
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
@@ -107,7 +111,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
 @_user_errors
 def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
         master_port=29500, run_id="", resume=False, disable_require=False, native=False, cpu=False, dry=False,
-        gpus=""):
+        gpus="", iface="", join_timeout=120, max_restarts=0):
     """Train a recipe in the image, one process per GPU (torchrun).
 
     Trainer overrides go after `--`, e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
@@ -116,7 +120,7 @@ def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master
     launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
                node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
                resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c),
-               cpu=cpu, gpus=str(gpus))
+               cpu=cpu, gpus=str(gpus), iface=iface, join_timeout=join_timeout, max_restarts=max_restarts)
 
 
 def _remainder(c) -> list[str]:

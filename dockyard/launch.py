@@ -16,9 +16,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dockyard import engine, variants
+from dockyard import engine, multinode, variants
 from dockyard.errors import DockyardError
 from dockyard.gpus import Host, docker_gpus, probe, select
+from dockyard.multinode import Rendezvous
 from dockyard.settings import ROOT, Settings
 from dockyard.variants import Variant
 
@@ -33,6 +34,7 @@ class Topology:
     node_rank: int = 0
     master_addr: str = ""
     master_port: int = 29500
+    rendezvous: Rendezvous | None = None  # several nodes: torchrun's c10d rendezvous
 
 
 @dataclass
@@ -44,11 +46,12 @@ class RunPlan:
 
 
 def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str]:
-    """One process per GPU (or per CPU slot) on this node; static rendezvous across nodes."""
+    """One process per GPU (or per CPU slot) on this node; c10d rendezvous across nodes (node 0 hosts the store:
+    torchrun then numbers the nodes itself, so --node-rank only says which node hosts it)."""
     argv = list(launcher or ["torchrun"]) + [f"--nproc-per-node={topo.nproc}"]
     if topo.nodes > 1:
-        argv += [f"--nnodes={topo.nodes}", f"--node-rank={topo.node_rank}",
-                 f"--master-addr={topo.master_addr}", f"--master-port={topo.master_port}"]
+        rdzv = topo.rendezvous or Rendezvous(f"{topo.master_addr}:{topo.master_port}", "", topo.node_rank == 0)
+        argv += [f"--nnodes={topo.nodes}", *rdzv.torchrun_flags()]
     else:
         argv += ["--standalone"]
     return argv
@@ -128,7 +131,9 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
 
 
 def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
-    """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant."""
+    """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant. An engine reached
+    through DOCKER_HOST has limits this host cannot read: DOCKYARD_MEMLOCK=BYTES says them (as for compose)."""
+    daemon_hard_limit = int(os.environ["DOCKYARD_MEMLOCK"]) if os.environ.get("DOCKYARD_MEMLOCK") else daemon_hard_limit
     if daemon_hard_limit is None:
         return "memlock=-1"
     if say:
@@ -140,7 +145,8 @@ def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
 
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
-                    mounts: list[tuple[Path, str, bool]], memlock: str | None = None) -> list[str]:
+                    mounts: list[tuple[Path, str, bool]], memlock: str | None = None,
+                    devices: list[str] | None = None) -> list[str]:
     """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(), say=False)
     argv = engine.docker(settings, "run", "--rm", "--init", "--ipc=host",
@@ -152,6 +158,7 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
         argv += ["--gpus", gpus if isinstance(gpus, str) else "all"]  # a str: gpus.docker_gpus()
     if network_host:
         argv += ["--network", "host"]
+    argv += devices or []  # multinode.infiniband_flags()
     hf = settings.path(settings.hf_cache)
     all_env = {"HOME": "/tmp", "HF_HOME": f"{WORKSPACE}/.cache/huggingface", "HF_HUB_OFFLINE": "1", **env}
     for k, v in all_env.items():
@@ -183,7 +190,7 @@ def _user_mounts(settings: Settings, overrides: list[str]) -> tuple[list[tuple[P
 def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
              disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
-             cpu: bool = False) -> RunPlan:
+             cpu: bool = False, ib_root: Path = multinode.INFINIBAND) -> RunPlan:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
@@ -200,11 +207,14 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     if cpu and variant.is_cuda:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
+    if topo.rendezvous:
+        env |= topo.rendezvous.env() | {"DOCKYARD_NODE_RANK": str(topo.node_rank)}
+    gpu = variant.is_cuda and not cpu
     command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
-    argv = docker_run_argv(settings, image, gpus=variant.is_cuda and not cpu and docker_gpus(host), run_dir=run_dir,
+    argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
                            name=f"dockyard-{run_dir.name}",
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts,
-                           memlock=memlock)
+                           memlock=memlock, devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [])
     return RunPlan(argv, run_dir)
 
 
@@ -217,13 +227,16 @@ def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Pat
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     if cpu:
         env["DS_ACCELERATOR"] = "cpu"
+    if topo.rendezvous:
+        env |= topo.rendezvous.env() | {"DOCKYARD_NODE_RANK": str(topo.node_rank)}
     launcher = [sys.executable, "-m", "torch.distributed.run"]
     return RunPlan(torchrun_argv(topo, launcher) + entry_argv(recipe, str(run_dir), overrides, resume), run_dir, env)
 
 
-def summarise(run_dir: Path) -> dict:
-    """Read the trainer's manifest and print the lines a user looks at; a failed run is an error."""
-    path = run_dir / "manifest.json"
+def summarise(run_dir: Path, node_rank: int = 0) -> dict:
+    """Read the trainer's manifest (node 0's, or this node's on the others) and print the lines a user looks at;
+    a failed run is an error."""
+    path = run_dir / multinode.manifest_file(node_rank)
     if not path.exists():
         raise DockyardError(f"the run wrote no manifest ({path}): see {run_dir}/train.log")
     m = json.loads(path.read_text())
@@ -232,9 +245,10 @@ def summarise(run_dir: Path) -> dict:
     print(f"run {m.get('run_id')}: {m.get('status')} · recipe {m.get('recipe')} · world size {m.get('world_size')} "
           f"on {m.get('nodes')} node(s) · {eff.get('engine')}"
           + (f" ZeRO-{eff['zero_stage']}" if eff.get("zero_stage") is not None else ""))
-    if met:
-        print(f"  steps {met.get('steps')} · loss {met.get('loss_first'):.4f} → {met.get('loss_last'):.4f} · "
-              f"{met.get('tokens_per_second', 0):.0f} tokens/s · peak memory {met.get('peak_memory_bytes', 0) / 2**20:.0f} MiB")
+    if met and met.get("loss_first") is not None:  # a run that failed early logged no loss
+        print(f"  steps {met.get('steps')} · loss {met['loss_first']:.4f} → {met['loss_last']:.4f} · "
+              f"{met.get('tokens_per_second') or 0:.0f} tokens/s · "
+              f"peak memory {(met.get('peak_memory_bytes') or 0) / 2**20:.0f} MiB")
     print(f"  {run_dir}")
     if m.get("status") != "completed":
         raise DockyardError(f"run {m.get('run_id')} {m.get('status')}: {m.get('error', 'see train.log')}")
@@ -244,12 +258,17 @@ def summarise(run_dir: Path) -> dict:
 def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", nproc: int = 0, nodes: int = 1,
         node_rank: int = 0, master_addr: str = "", master_port: int = 29500, run_id: str = "",
         disable_require: bool = False, native: bool = False, resume: bool = False, dry: bool = False,
-        overrides: list[str] | None = None, cpu: bool = False, gpus: str = "") -> dict | None:
+        overrides: list[str] | None = None, cpu: bool = False, gpus: str = "", iface: str = "",
+        join_timeout: int = multinode.JOIN_TIMEOUT, max_restarts: int = 0) -> dict | None:
     overrides = list(overrides or [])
     host = select(probe(), gpus)
     chosen, why = variants.resolve(settings, variant, host)
     print(why)
     topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen, cpu)
+    if nodes > 1:
+        topo.rendezvous = multinode.rendezvous(master_addr=master_addr, master_port=master_port, node_rank=node_rank,
+                                               run_id=run_id, join_timeout=join_timeout,
+                                               max_restarts=max_restarts, iface=iface)
     from dockyard.recipes import load_recipe
 
     load_recipe(recipe)  # a bad --recipe is reported as such, not through the run id derived from it
@@ -283,11 +302,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
         shutil.rmtree(run_dir, ignore_errors=True)
         raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
                             f"nothing was kept, so the same command can be run again")
-    if node_rank > 0:  # node 0 writes the manifest
-        if proc.returncode:
-            raise DockyardError(f"training on node {node_rank} failed (exit {proc.returncode})")
-        return None
-    return summarise(run_dir)
+    return summarise(run_dir, node_rank)
 
 
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:

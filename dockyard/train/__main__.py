@@ -147,7 +147,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     import transformers
 
     from dockyard.machine import plan
-    from dockyard.train import data, guards, manifest
+    from dockyard.train import data, guards, manifest, nodes
     from dockyard.train import model as models
 
     recipe = run.recipe = load_recipe(run.opts.recipe)
@@ -177,6 +177,9 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run_dir, run.is_main)
     guards.one_process_per_gpu(args.n_gpu)
+    if nodes.several():
+        _ = args.device  # NCCL's collectives need this rank's GPU chosen
+        run.extra["nodes_seen"] = nodes.check_shared(run_dir)
     log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
              settings.model_dump())
 
@@ -289,14 +292,16 @@ def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str
 
 
 def finish(run: Run, error: str | None) -> None:
-    from dockyard.train import manifest
+    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it."""
+    from dockyard.multinode import manifest_file
+    from dockyard.train import manifest, nodes
 
-    if not run.run_dir_ok or not run.is_main:
+    if not run.run_dir_ok or os.environ.get("LOCAL_RANK", "0") != "0":
         return  # never touch a folder that holds another run
     extra = {**run.extra, **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
                             run.check.in_effect if run.check else None, run.metrics, extra)
-    manifest.write(run.opts.run_dir, record)
+    manifest.write(run.opts.run_dir, record, manifest_file(nodes.node_rank()))
 
 
 def _stopped(signum: int, frame: Any) -> None:
@@ -329,7 +334,14 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except BaseException as e:
         if run:
-            finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
+            error = "".join(traceback.format_exception_only(type(e), e)).strip()
+            from dockyard.train import nodes
+
+            lost = nodes.lost_node(error, run.extra.get("nodes_seen", []))
+            if lost:
+                print(f"error: {lost}", file=sys.stderr, flush=True)
+                error = f"{lost}: {error}"
+            finish(run, error)
         raise
     finish(run, None)
     import torch.distributed as dist

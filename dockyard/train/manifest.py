@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.errors import DockyardError
+from dockyard.train import nodes
 
 
 def peak_memory_bytes() -> int:
@@ -42,6 +43,8 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
         "image": {"ref": os.environ.get("DOCKYARD_IMAGE_REF", ""), "id": os.environ.get("DOCKYARD_IMAGE_ID", "")},
         "world_size": world_size,
         "nodes": max(1, world_size // max(1, local)),
+        "node_rank": nodes.node_rank(),
+        "rendezvous": nodes.rendezvous(),
         "strategy": {"requested": recipe.strategy if recipe else "", "in_effect": in_effect,
                      "peft": recipe.peft if recipe else None},
         # A failed run reports what it got to: the last logged step, and no throughput.
@@ -56,10 +59,10 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
     }
 
 
-def write(run_dir: Path, manifest: dict[str, Any]) -> None:
-    tmp = run_dir / "manifest.json.tmp"
+def write(run_dir: Path, manifest: dict[str, Any], name: str = "manifest.json") -> None:
+    tmp = run_dir / f"{name}.tmp"
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    tmp.replace(run_dir / "manifest.json")  # never a half-written manifest
+    tmp.replace(run_dir / name)  # never a half-written manifest
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
@@ -68,7 +71,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     the file the Trainer writes last)."""
     started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
                      key=lambda p: int(p.name[11:]))
-    complete = [p for p in started if (p / "trainer_state.json").is_file()]
+    complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / "manifest.json").exists() or bool(started)
     if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
@@ -76,6 +79,16 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
         raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
                             f"it from its last checkpoint")
     return str(complete[-1]) if resume else None
+
+
+def complete_checkpoint(path: Path) -> bool:
+    """The Trainer writes trainer_state.json last, from rank 0, after DeepSpeed's closing barrier (every rank's
+    shards written); each rank then writes its RNG state, so a node lost right there leaves one missing."""
+    if not (path / "trainer_state.json").is_file():
+        return False
+    shards = list(path.glob("global_step*/*optim_states.pt"))
+    states = list(path.glob("rng_state_*.pth"))
+    return not (shards and states) or len(shards) == len(states)
 
 
 def trim_metrics(path: Path, step: int) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from dockyard import launch, variants
+from dockyard import launch, multinode, variants
 from dockyard.errors import DockyardError
 from dockyard.gpus import Gpu, Host
 
@@ -55,11 +55,39 @@ def test_disable_require_is_opt_in(settings, tmp_path):
     assert "NVIDIA_DISABLE_REQUIRE=1" in _plan(settings, tmp_path, disable_require=True).argv
 
 
-def test_multinode_uses_torchrun_rendezvous_and_host_network(settings, tmp_path):
-    argv = _plan(settings, tmp_path, nodes=2, node_rank=1, master_addr="10.1.2.3", master_port=29600).argv
-    cmd = _after_image(argv, "dockyard:0.1.0-cu132")
-    assert cmd[:5] == ["torchrun", "--nproc-per-node=2", "--nnodes=2", "--node-rank=1", "--master-addr=10.1.2.3"]
-    assert "--master-port=29600" in cmd and "--network" in argv and "host" in argv
+def _two_nodes(settings, tmp_path, node_rank, ib_root):
+    v = variants.resolve(settings, "cu132")[0]
+    t = launch.validate_topology(0, 2, node_rank, "10.1.2.3", 29600, TWO_GPUS, v)
+    t.rendezvous = multinode.rendezvous(master_addr="10.1.2.3", master_port=29600, node_rank=node_rank, run_id="exp1",
+                                        join_timeout=90, max_restarts=1,
+                                        routes={"iface": "ens5", "addr": f"10.1.2.{3 + node_rank}"})
+    return launch.plan_run(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
+                           run_dir=tmp_path / "runs" / "exp1", overrides=[], ib_root=ib_root)
+
+
+def test_multinode_uses_c10d_rendezvous_hosted_by_node_0_and_host_network(settings, tmp_path):
+    node0, node1 = (_two_nodes(settings, tmp_path, r, tmp_path / "no-ib").argv for r in (0, 1))
+    cmd0, cmd1 = (_after_image(a, "dockyard:0.1.0-cu132") for a in (node0, node1))
+    for cmd in (cmd0, cmd1):
+        assert cmd[:6] == ["torchrun", "--nproc-per-node=2", "--nnodes=2", "--rdzv-backend=c10d",
+                           "--rdzv-endpoint=10.1.2.3:29600", "--rdzv-id=exp1"]
+        assert "--max-restarts=1" in cmd
+    assert "--rdzv-conf=is_host=1,join_timeout=90" in cmd0 and "--rdzv-conf=is_host=0,join_timeout=90" in cmd1
+    assert "--local-addr=10.1.2.3" in cmd0 and "--local-addr=10.1.2.4" in cmd1, "each node advertises its own address"
+    assert "NCCL_SOCKET_IFNAME=ens5" in node1 and "GLOO_SOCKET_IFNAME=ens5" in node1 and "DOCKYARD_NODE_RANK=1" in node1
+    assert "--network" in node0 and "host" in node0
+    assert "--device" not in node0 and "IPC_LOCK" not in node0, "no InfiniBand on this host: nothing passed"
+
+
+def test_multinode_gpu_run_gets_the_infiniband_devices_and_ipc_lock(settings, tmp_path):
+    ib = tmp_path / "dev" / "infiniband"
+    ib.mkdir(parents=True)
+    for name in ("uverbs0", "uverbs1", "rdma_cm"):
+        (ib / name).touch()
+    argv = _two_nodes(settings, tmp_path, 0, ib).argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--device"] == [str(ib / n) for n in
+                                                                            ("rdma_cm", "uverbs0", "uverbs1")]
+    assert argv[argv.index("--cap-add") + 1] == "IPC_LOCK"
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -1,0 +1,92 @@
+"""Several nodes, from inside the run: do they share the run folder, who they are, which one was lost.
+
+DeepSpeed writes each rank's shard of a checkpoint into the run folder, and a resume reads them all back:
+node-local run folders make a resume silently impossible. So before training, node 0 writes a fresh token
+there and every node must read it back within SHARED_TIMEOUT seconds, or every rank stops with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from dockyard.errors import DockyardError
+
+SHARED_TIMEOUT = float(os.environ.get("DOCKYARD_SHARED_TIMEOUT", 30))  # network filesystems show new files late
+TOKEN = ".shared-check"
+
+
+def node_rank() -> int:
+    """The node's rank as the user numbered it (`invoke run --node-rank`); torchrun's own order otherwise."""
+    return int(os.environ.get("DOCKYARD_NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+
+
+def rendezvous() -> dict[str, Any] | None:
+    raw = os.environ.get("DOCKYARD_RENDEZVOUS")
+    return json.loads(raw) if raw else None
+
+
+def several() -> bool:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1))
+
+
+def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[str, Any]]:
+    """All ranks call this once torch.distributed is up. Returns every node (rank, host, address); raises the
+    same DockyardError on every rank when a node cannot see what node 0 wrote in the run folder."""
+    import torch.distributed as dist
+
+    token = [secrets.token_hex(16) if dist.get_rank() == 0 else None]
+    if dist.get_rank() == 0:
+        tmp = run_dir / f"{TOKEN}.tmp"
+        tmp.write_text(token[0])
+        tmp.replace(run_dir / TOKEN)
+    dist.broadcast_object_list(token, src=0)
+    sees = None
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        sees = _wait_for(run_dir / TOKEN, token[0], timeout)
+    me = {"node_rank": node_rank(), "host": socket.gethostname(), "sees_run_dir": sees,
+          "addr": (rendezvous() or {}).get("local_addr", "")}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    found = sorted((n for n in everyone if n["sees_run_dir"] is not None), key=lambda n: n["node_rank"])
+    blind = [n for n in found if not n["sees_run_dir"]]
+    if blind:
+        who = ", ".join(f"node {n['node_rank']} ({n['addr'] or n['host']})" for n in blind)
+        raise DockyardError(
+            f"the run folder is not shared: {who} did not see in {run_dir} the file node 0 wrote there within "
+            f"{timeout:.0f} s. DeepSpeed writes each node's checkpoint shards there and a resume needs them all: "
+            "give every node the same runs folder on shared storage (NFS, Lustre, ...) mounted at the same "
+            "path, e.g. INVOKE_DOCKYARD_RUNS_DIR=/shared/runs on each node")
+    return [{k: v for k, v in n.items() if k != "sees_run_dir"} for n in found]
+
+
+def _wait_for(path: Path, token: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if path.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+
+
+PEER = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?:\d+")
+
+
+def lost_node(error: str, nodes: list[dict[str, Any]]) -> str | None:
+    """The node a communication error names (gloo and NCCL quote the peer's address), as the user numbered it."""
+    mine = node_rank()
+    for addr in PEER.findall(error):
+        for n in nodes:
+            if n["addr"] == addr and n["node_rank"] != mine:
+                return f"lost node {n['node_rank']} ({addr}, host {n['host']}): it stopped answering"
+    return None

@@ -1,0 +1,73 @@
+"""Several nodes: the rendezvous each node gets, the refusals before anything starts, naming a lost node, and
+which checkpoint a resume after a node failure may trust. Nothing is run; no network is touched."""
+
+import pytest
+
+from dockyard import multinode
+from dockyard.errors import DockyardError
+from dockyard.train import manifest, nodes
+
+ROUTE = {"iface": "ens5", "addr": "10.0.0.2"}
+
+
+def _rdzv(**kw):
+    args = dict(master_addr="10.0.0.1", master_port=29500, node_rank=1, run_id="exp1", join_timeout=120,
+                max_restarts=0, routes=ROUTE) | kw
+    return multinode.rendezvous(**args)
+
+
+def test_every_node_needs_the_same_run_id_and_is_told_so():
+    with pytest.raises(DockyardError, match="needs --run-id, the same on every node"):
+        _rdzv(run_id="")
+
+
+@pytest.mark.parametrize("kw, message", [(dict(join_timeout=0), "--join-timeout"),
+                                         (dict(max_restarts=-1), "--max-restarts")])
+def test_bad_rendezvous_settings_are_refused(kw, message):
+    with pytest.raises(DockyardError, match=message):
+        _rdzv(**kw)
+
+
+def test_a_loopback_master_address_is_refused_before_starting():
+    with pytest.raises(DockyardError, match="loopback address: the other nodes cannot reach it"):
+        multinode.route_to("127.0.0.1")
+
+
+def test_the_rendezvous_is_recorded_for_the_manifest_and_names_the_interface():
+    env = _rdzv().env()
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "ens5"
+    assert '"endpoint": "10.0.0.1:29500"' in env["DOCKYARD_RENDEZVOUS"] and '"id": "exp1"' in env["DOCKYARD_RENDEZVOUS"]
+
+
+def test_no_infiniband_folder_means_no_device_flags(tmp_path):
+    assert multinode.infiniband_flags(tmp_path / "absent") == []
+
+
+SEEN = [{"node_rank": 0, "host": "gpu-a", "addr": "10.0.0.1"}, {"node_rank": 1, "host": "gpu-b", "addr": "10.0.0.2"}]
+
+
+def test_a_gloo_error_names_the_lost_node(monkeypatch):
+    monkeypatch.setenv("DOCKYARD_NODE_RANK", "0")
+    error = ("RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:15063: "
+             "Connection reset by peer")
+    assert nodes.lost_node(error, SEEN) == "lost node 1 (10.0.0.2, host gpu-b): it stopped answering"
+    assert nodes.lost_node("CUDA out of memory", SEEN) is None
+
+
+def _checkpoint(root, step, shards, rng_states, state=True):
+    ck = root / "checkpoints" / f"checkpoint-{step}"
+    (ck / f"global_step{step}").mkdir(parents=True)
+    for r in range(shards):
+        (ck / f"global_step{step}" / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt").touch()
+    for r in range(rng_states):
+        (ck / f"rng_state_{r}.pth").touch()
+    if state:
+        (ck / "trainer_state.json").write_text("{}")
+    return ck
+
+
+def test_resume_skips_a_checkpoint_a_lost_node_left_incomplete(tmp_path):
+    good = _checkpoint(tmp_path, 3, shards=4, rng_states=4)
+    _checkpoint(tmp_path, 6, shards=4, rng_states=2)            # node 1 died before writing its RNG states
+    _checkpoint(tmp_path, 9, shards=3, rng_states=0, state=False)  # died while DeepSpeed was saving
+    assert manifest.check_run_dir(tmp_path, resume=True) == str(good)
