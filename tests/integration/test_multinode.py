@@ -1,0 +1,153 @@
+"""Two nodes training together for real: node 0 is this host's engine, node 1 the test node (its own network
+namespace and dockerd, reached over a veth in 198.18.0.0/15). Each runs `invoke run --nodes=2 --node-rank=I
+--master-addr=<node 0's address on the test network>` as a user would, at the same time, 2 CPU processes each.
+
+The test node shares this machine's filesystem, so one runs folder is "shared storage" and two different
+folders are not. The cpu image reaches the test node's engine through `docker save | docker load` (the archive
+path itself is tested in test_transport.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dockyard.settings import ROOT
+from tests.support import node2
+
+pytestmark = pytest.mark.engine
+
+STEPS = ["--per_device_train_batch_size", "4", "--max_seq_length", "64", "--logging_steps", "1",
+         "--learning_rate", "3e-3", "--lr_scheduler_type", "constant"]
+LOST_NODE_BOUND_S = 60  # node 0 must stop this soon after node 1's container is killed
+
+
+@pytest.fixture(scope="module")
+def node_image(cpu_image, node):
+    save = subprocess.Popen([node2.DOCKER, "save", cpu_image], stdout=subprocess.PIPE)
+    load = subprocess.run([node2.DOCKER, "load"], stdin=save.stdout, env=node.env, capture_output=True, text=True)
+    save.stdout.close()
+    assert save.wait() == 0 and load.returncode == 0, load.stderr
+    return cpu_image
+
+
+def _memlock_env() -> dict[str, str]:
+    """The test node's dockerd was started by this test, with this process's locked-memory limit: say it."""
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return {} if hard == resource.RLIM_INFINITY else {"DOCKYARD_MEMLOCK": str(hard)}
+
+
+class TwoNodes:
+    def __init__(self, node, run_id: str, runs0: Path, runs1: Path, overrides: list[str], resume: bool = False):
+        self.node, self.run_id, self.runs0, self.runs1 = node, run_id, runs0, runs1
+        port = random.randrange(20000, 29000)
+        common = ["run", "--variant=cpu", "--nodes=2", f"--master-addr={node.host_addr}", f"--master-port={port}",
+                  f"--run-id={run_id}", "--join-timeout=60", *(["--resume"] if resume else []), "--", *overrides]
+        invoke = [sys.executable, "-m", "invoke"]
+        self.logs = {r: open(runs0.parent / f"{run_id}-node{r}{'-resume' if resume else ''}.log", "w+") for r in (0, 1)}
+        self.started = time.monotonic()
+        self.procs = {0: subprocess.Popen([*invoke, common[0], "--node-rank=0", *common[1:]], cwd=ROOT,
+                                          env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(runs0)},
+                                          stdout=self.logs[0], stderr=subprocess.STDOUT)}
+        self.procs[1] = subprocess.Popen(
+            ["ip", "netns", "exec", node.netns, "env", f"DOCKER_HOST=unix://{node.sock}",
+             f"INVOKE_DOCKYARD_RUNS_DIR={runs1}", *[f"{k}={v}" for k, v in _memlock_env().items()],
+             *invoke, common[0], "--node-rank=1", *common[1:]],
+            cwd=ROOT, stdout=self.logs[1], stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float = 600) -> dict[int, int]:
+        try:
+            return {r: p.wait(timeout) for r, p in self.procs.items()}
+        finally:
+            self.stop()
+
+    def output(self, rank: int) -> str:
+        self.logs[rank].seek(0)
+        return self.logs[rank].read()
+
+    def stop(self) -> None:
+        """Nothing left behind when a test fails half-way: the processes it started, then both containers."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        subprocess.run([node2.DOCKER, "rm", "-f", f"dockyard-{self.run_id}"], capture_output=True)
+        self.node.docker("rm", "-f", f"dockyard-{self.run_id}", check=False)
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_two_nodes_train_zero2_together(node, node_image, tmp_path):
+    runs = tmp_path / "runs"
+    two = TwoNodes(node, "two1", runs, runs, ["--max_steps", "8", "--save_steps", "4", *STEPS])
+    codes = two.wait()
+    assert codes == {0: 0, 1: 0}, two.output(0)[-3000:] + two.output(1)[-3000:]
+    m0, m1 = _manifest(runs / "two1" / "manifest.json"), _manifest(runs / "two1" / "manifest-node1.json")
+    for m, rank in ((m0, 0), (m1, 1)):
+        assert m["status"] == "completed" and m["world_size"] == 4 and m["nodes"] == 2 and m["node_rank"] == rank
+        assert m["strategy"]["in_effect"]["engine"] == "deepspeed" and m["strategy"]["in_effect"]["zero_stage"] == 2
+        assert m["rendezvous"]["endpoint"].startswith(f"{node.host_addr}:") and m["rendezvous"]["id"] == "two1"
+    assert m1["rendezvous"]["local_addr"] == node.addr, "node 1 advertised its own address, not loopback"
+    assert [n["addr"] for n in m0["nodes_seen"]] == [node.host_addr, node.addr]
+    assert m0["metrics"]["loss_first"] == m1["metrics"]["loss_first"] and m0["metrics"]["steps"] == 8
+    assert m0["metrics"]["loss_last"] < m0["metrics"]["loss_first"], "the loss fell"
+    print(f"two nodes, world size 4, 8 steps: {time.monotonic() - two.started:.1f} s")
+
+
+def test_run_folders_not_shared_between_the_nodes_are_refused_before_training(node, node_image, tmp_path):
+    two = TwoNodes(node, "apart1", tmp_path / "runs-a", tmp_path / "runs-b", ["--max_steps", "4", *STEPS])
+    codes = two.wait(timeout=180)
+    took = time.monotonic() - two.started
+    assert codes[0] != 0 and codes[1] != 0
+    for rank in (0, 1):
+        assert "the run folder is not shared: node 1" in two.output(rank), two.output(rank)[-3000:]
+    m = _manifest(tmp_path / "runs-a" / "apart1" / "manifest.json")
+    assert m["status"] == "failed" and "shared storage" in m["error"] and m["metrics"]["steps"] == 0
+    assert not (tmp_path / "runs-a" / "apart1" / "checkpoints").exists(), "refused before training"
+    print(f"unshared run folders refused on both nodes in {took:.1f} s")
+
+
+def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_path):
+    runs = tmp_path / "runs"
+    overrides = ["--max_steps", "60", "--save_steps", "5", *STEPS]
+    two = TwoNodes(node, "lost1", runs, runs, overrides)
+    metrics = runs / "lost1" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 12):
+            assert time.monotonic() < deadline and two.procs[0].poll() is None, two.output(0)[-3000:]
+            time.sleep(0.2)
+        node.docker("kill", "dockyard-lost1")
+        killed = time.monotonic()
+        code0 = two.procs[0].wait(timeout=LOST_NODE_BOUND_S * 3)
+        stopped_after = time.monotonic() - killed
+    finally:
+        two.wait(timeout=60)
+    print(f"node 1's container killed: node 0 stopped {stopped_after:.1f} s later")
+    assert code0 != 0 and stopped_after < LOST_NODE_BOUND_S
+    out = two.output(0)
+    assert f"lost node 1 ({node.addr}" in out, out[-3000:]
+    m = _manifest(runs / "lost1" / "manifest.json")
+    assert m["status"] == "failed" and m["error"].startswith("lost node 1")
+    steps_before = m["metrics"]["steps"]
+
+    again = TwoNodes(node, "lost1", runs, runs, overrides, resume=True)
+    codes = again.wait()
+    assert codes == {0: 0, 1: 0}, again.output(0)[-3000:] + again.output(1)[-3000:]
+    m0, m1 = _manifest(runs / "lost1" / "manifest.json"), _manifest(runs / "lost1" / "manifest-node1.json")
+    assert m0["status"] == m1["status"] == "completed" and m0["metrics"]["steps"] == 60
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert logged == sorted(set(logged)) and logged[-1] == 60, "no step logged twice after the resume"
+    resumed = re.findall(r"Attempting to resume from \S+/checkpoint-(\d+)", (runs / "lost1" / "train.log").read_text())
+    assert resumed and 5 <= int(resumed[-1]) <= steps_before, "resumed from the last complete checkpoint"
