@@ -129,6 +129,25 @@ def _remainder(c) -> list[str]:
     return sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
 
 
+@task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
+            "nodes": "number of nodes to allocate (one `invoke run` each)",
+            "gpus_per_node": "GPUs per node (0: CPU nodes, the cpu image)",
+            "variant": "image variant; default auto: the newest CUDA variant with GPUs, else cpu",
+            "archive": "an archive from `invoke save`: each node loads it first where it lacks the image",
+            "out": "where to write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
+@_user_errors
+def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="", out=""):
+    """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
+
+    One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
+    rank is SLURM_NODEID. Trainer overrides go after `--`; arguments after the script's name in `sbatch FILE
+    ...` go to `invoke run` (e.g. --resume)."""
+    from dockyard import slurm as slurm_mod
+
+    slurm_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
+                    archive=archive, out=out, overrides=_remainder(c))
+
+
 @task
 @_user_errors
 def recipes(c):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,9 @@ def materialize_tiny_model(folder: Path) -> None:
         return
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY_MODEL))
-    tmp = folder.with_name(f".{folder.name}-{os.getpid()}")
+    # A unique folder, not one named by the pid: on a run folder shared by several nodes, ranks of different
+    # containers have the same pids.
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     model.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(tmp)
     try:

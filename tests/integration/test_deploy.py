@@ -1,5 +1,5 @@
-"""Compose, Slurm and Kubernetes files: compose runs for real on the engine; the others are checked for
-consistency (no Slurm or Kubernetes cluster here)."""
+"""Compose and Kubernetes files: compose runs for real on the engine; Kubernetes is checked for consistency (no
+cluster here). The Slurm script is written by `invoke slurm` and tested in test_multinode.py."""
 
 from __future__ import annotations
 
@@ -51,13 +51,6 @@ def test_multinode_compose_renders_rendezvous_gpus_and_host_network(settings):
     missing = _compose(settings, "-f", "train.yml", "-f", "multinode.yml", "config",
                        env={k: "" for k in ("NNODES",)} | {"NODE_RANK": "0", "MASTER_ADDR": "h"})
     assert missing.returncode != 0 and "set NNODES" in missing.stderr
-
-
-def test_slurm_script_is_valid_bash_and_launches_through_invoke_run():
-    script = ROOT / "deploy" / "slurm" / "train.sbatch"
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    text = script.read_text()
-    assert "invoke run" in text and "--node-rank=\"$SLURM_NODEID\"" in text and "--ntasks-per-node=1" in text
 
 
 def test_kubernetes_job_agrees_with_itself():

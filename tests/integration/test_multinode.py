@@ -151,3 +151,45 @@ def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_
     assert logged == sorted(set(logged)) and logged[-1] == 60, "no step logged twice after the resume"
     resumed = re.findall(r"Attempting to resume from \S+/checkpoint-(\d+)", (runs / "lost1" / "train.log").read_text())
     assert resumed and 5 <= int(resumed[-1]) <= steps_before, "resumed from the last complete checkpoint"
+
+
+# Stand-ins for Slurm (no cluster here): `scontrol show hostnames` prints the allocation's hosts (the test
+# network's addresses, as a cluster's DNS would resolve names), `srun` runs its command once per node with that
+# node's SLURM_NODEID, one after the other, and records its own options.
+SCONTROL = """#!/bin/sh
+printf '%s\\n' $FAKE_HOSTS
+"""
+SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do echo "$1" >> "$FAKE_SRUN_LOG"; shift; done
+for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" || exit $?; done
+"""
+
+
+def test_slurm_script_runs_one_invoke_run_per_node_with_the_rendezvous_from_slurm(node, tmp_path):
+    from tests.support.cli import invoke
+
+    script = tmp_path / "train.sbatch"
+    r = invoke("slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=0", f"--out={script}", "--",
+               "--max_steps", "5", "--learning_rate", "1e-4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == script.read_text(), "the script is printed as written"
+    assert "#SBATCH --nodes=2" in r.stdout and "#SBATCH --ntasks-per-node=1" in r.stdout
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "gpu-[a-b]", "FAKE_HOSTS": f"{node.host_addr} {node.addr}",
+           "FAKE_SRUN_LOG": str(tmp_path / "srun.log"), "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    # Arguments after the script go to `invoke run`: --dry prints each node's command and runs nothing.
+    p = subprocess.run(["bash", str(script), "--dry"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    torchruns = [line[line.index(" torchrun "):].split() for line in p.stderr.splitlines() if " torchrun " in line]
+    assert len(torchruns) == 2, p.stderr[-3000:]
+    for rank, cmd in enumerate(torchruns):
+        assert cmd[:7] == ["torchrun", "--nproc-per-node=2", "--nnodes=2", "--rdzv-backend=c10d",
+                           f"--rdzv-endpoint={node.host_addr}:29500", "--rdzv-id=zero2-slurm-4242",
+                           f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=120"]
+        assert cmd[-4:] == ["--max_steps", "5", "--learning_rate", "1e-4"]
+    assert (tmp_path / "srun.log").read_text().split() == ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
