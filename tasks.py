@@ -261,14 +261,18 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
 
 @task(help={"json": "print the checks as JSON instead of a table",
             "record": "also write what NVML reports (GPUs, capability, MIG, driver, links) to this JSON file; "
-                      "DOCKYARD_NVML_REPLAY=FILE replays it in doctor, plan and run --dry"})
+                      "DOCKYARD_NVML_REPLAY=FILE replays it in doctor, plan and run --dry",
+            "peer": "[user@]host of another node (node 0, from the others): route, rendezvous port, InfiniBand, "
+                    "its /dev/shm and image, over the ssh setting",
+            "port": "the rendezvous port --peer checks (default 29500)"})
 @_user_errors
-def doctor(c, json=False, record=""):
+def doctor(c, json=False, record="", peer="", port=29500):
     """Check this host for training, with a fix for each failure.
 
     Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the driver runs,
-    /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops. Exits
-    non-zero when a check fails. A host without GPUs passes (cpu variant)."""
+    /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops; with --peer,
+    whether this node can train with another. Exits non-zero when a check fails. A host without GPUs passes
+    (cpu variant)."""
     from dockyard.errors import DockyardError
     from dockyard.machine import doctor as doctor_mod
 
@@ -277,6 +281,10 @@ def doctor(c, json=False, record=""):
         gpus.record(record)
         print(f"recorded this host's NVML readings in {record}")
     checks = doctor_mod.run(_settings(c))
+    if peer:
+        from dockyard.machine import peer as peer_mod
+
+        checks += peer_mod.run(_settings(c), peer, port)
     print(doctor_mod.to_json(checks)) if json else doctor_mod.print_table(checks)
     failed = doctor_mod.failures(checks)
     if failed:

@@ -105,6 +105,28 @@ def test_two_nodes_train_zero2_together(node, node_image, tmp_path):
     print(f"two nodes, world size 4, 8 steps: {time.monotonic() - two.started:.1f} s")
 
 
+def test_doctor_peer_checks_the_route_port_and_image_of_the_other_node(node, node_image):
+    from tests.support.cli import invoke
+
+    r = invoke("doctor", f"--peer={node.alias}", "--json", env={"INVOKE_DOCKYARD_SSH": node.ssh_command})
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["peer route"]["status"] == "pass" and f"through {node.veth}" in checks["peer route"]["detail"]
+    assert f"this node's address {node.host_addr}" in checks["peer route"]["detail"]
+    assert checks["rendezvous port"]["status"] == "pass" and "nothing listens yet" in checks["rendezvous port"]["detail"]
+    assert checks["same image"]["status"] == "pass" and node_image in checks["same image"]["detail"]
+    assert checks["infiniband"]["status"] == "pass" and checks["peer shm"]["status"] in ("pass", "warn")
+
+    # A firewall on the peer that drops the rendezvous port (in the test node's own namespace only).
+    rule = ["INPUT", "-p", "tcp", "--dport", "29500", "-j", "DROP"]
+    subprocess.run(["ip", "netns", "exec", node.netns, "iptables", "-I", *rule], check=True)
+    try:
+        r = invoke("doctor", f"--peer={node.alias}", "--json", env={"INVOKE_DOCKYARD_SSH": node.ssh_command})
+    finally:
+        subprocess.run(["ip", "netns", "exec", node.netns, "iptables", "-D", *rule], check=True)
+    port = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["rendezvous port"]
+    assert r.returncode != 0 and port["status"] == "fail" and "open TCP 29500" in port["fix"]
+
+
 def test_run_folders_not_shared_between_the_nodes_are_refused_before_training(node, node_image, tmp_path):
     two = TwoNodes(node, "apart1", tmp_path / "runs-a", tmp_path / "runs-b", ["--max_steps", "4", *STEPS])
     codes = two.wait(timeout=180)

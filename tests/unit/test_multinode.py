@@ -71,3 +71,16 @@ def test_resume_skips_a_checkpoint_a_lost_node_left_incomplete(tmp_path):
     _checkpoint(tmp_path, 6, shards=4, rng_states=2)            # node 1 died before writing its RNG states
     _checkpoint(tmp_path, 9, shards=3, rng_states=0, state=False)  # died while DeepSpeed was saving
     assert manifest.check_run_dir(tmp_path, resume=True) == str(good)
+
+
+def test_doctor_peer_says_which_image_to_ship_and_where_infiniband_is_missing():
+    from dockyard.machine import peer
+
+    same = peer.check_same_image("dockyard:0.1.0-cu132", "sha256:aa", "sha256:aa", "gpu-b")
+    differs = peer.check_same_image("dockyard:0.1.0-cu132", "sha256:aa", "sha256:bb", "gpu-b")
+    missing = peer.check_same_image("dockyard:0.1.0-cu132", "sha256:aa", "", "gpu-b")
+    assert same.status == "pass" and differs.status == missing.status == "fail"
+    assert "invoke ship --image=dockyard:0.1.0-cu132 --to=gpu-b" in missing.fix and "differs" in differs.detail
+    one_sided = peer.check_infiniband(["uverbs0"], [])
+    assert one_sided.status == "warn" and "this node only" in one_sided.detail
+    assert peer.check_peer_shm(str(64 * 1024)).status == "warn" and peer.check_peer_shm(str(8 * 2**20)).status == "pass"

@@ -1,0 +1,120 @@
+"""`invoke doctor --peer=HOST`: can this node train together with HOST? Run it on each node, naming node 0.
+
+From this node: the interface that routes to the peer (the one NCCL/gloo will use), whether the rendezvous port
+answers, InfiniBand devices here and there, the peer's /dev/shm, and whether both engines hold the same image.
+The peer is reached through the `ssh` setting (its ~/.ssh/config applies: aliases, keys, ProxyJump).
+"""
+
+from __future__ import annotations
+
+import errno
+import shlex
+import socket
+import subprocess
+
+from dockyard import engine, multinode, variants
+from dockyard.errors import DockyardError
+from dockyard.machine.check import FAIL, PASS, WARN, Check
+from dockyard.settings import Settings
+from dockyard.transport import remote
+
+GIB = 2**30
+SHM_MIN = GIB  # NCCL and DeepSpeed's shared-memory ops need more than Docker's 64 MB
+CONNECT_TIMEOUT = 5
+
+
+def run(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
+    r = remote.parse_to(peer, need_dir=False)
+    image = _image(settings)
+    address = ssh_hostname(settings, r.host)
+    checks = [check_route(address)]
+    checks.append(check_port(address, port))
+    facts = peer_facts(settings, r, image)
+    if facts is None:
+        return checks + [Check("peer ssh", FAIL, f"`{settings.ssh} {r.host}` did not answer",
+                               "check the ssh setting and ~/.ssh/config: doctor, ship and save --thin-for use it")]
+    local_ib = [d.name for d in multinode.INFINIBAND.iterdir()] if multinode.INFINIBAND.is_dir() else []
+    local_id = (engine.image_inspect(settings, image) or {}).get("Id", "")
+    return checks + [check_peer_shm(facts.get("shm_kib", "")),
+                     check_infiniband(local_ib, facts.get("ib", "").split()),
+                     check_same_image(image, local_id, facts.get("image", ""), r.host)]
+
+
+def _image(settings: Settings) -> str:
+    try:
+        chosen, _ = variants.resolve(settings, "auto")
+    except DockyardError:
+        chosen = variants.all_variants(settings)["cpu"]
+    return variants.tag(settings, chosen)
+
+
+def ssh_hostname(settings: Settings, host: str) -> str:
+    """The address an ssh alias stands for (`ssh -G`), so the network checks test what ssh reaches."""
+    p = subprocess.run([*shlex.split(settings.ssh), "-G", host], capture_output=True, text=True)
+    for line in p.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname":
+            return value
+    return host.rpartition("@")[2]
+
+
+def check_route(address: str) -> Check:
+    try:
+        found = multinode.route_to(address)
+    except DockyardError as e:
+        return Check("peer route", FAIL, str(e), "give a peer address on the network the nodes share")
+    return Check("peer route", PASS, f"{address} through {found['iface']}, this node's address {found['addr']} "
+                                     f"(invoke run uses it for NCCL/gloo; --iface to choose another)")
+
+
+def check_port(address: str, port: int) -> Check:
+    """A refused connection is an answer (nothing listens until node 0 starts); silence is a firewall."""
+    try:
+        with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT):
+            return Check("rendezvous port", PASS, f"{address}:{port} accepts connections (a run is listening)")
+    except ConnectionRefusedError:
+        return Check("rendezvous port", PASS, f"{address}:{port} answers; nothing listens yet (normal until node 0 "
+                                              "starts `invoke run`)")
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) or e.errno == errno.ETIMEDOUT else str(e)
+        return Check("rendezvous port", FAIL, f"{address}:{port}: {why} within {CONNECT_TIMEOUT} s",
+                     f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo")
+
+
+def peer_facts(settings: Settings, r: remote.Remote, image: str) -> dict[str, str] | None:
+    script = ("echo shm_kib=$(df -Pk /dev/shm | tail -n 1 | awk '{print $2}'); "
+              "echo ib=$(ls /dev/infiniband 2>/dev/null); "
+              f"echo image=$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)} 2>/dev/null)")
+    p = remote.run_there(settings, r, script, f"asking {r.host}", check=False)
+    if p.returncode != 0:
+        return None
+    return dict(line.partition("=")[::2] for line in p.stdout.splitlines() if "=" in line)
+
+
+def check_peer_shm(kib: str) -> Check:
+    size = int(kib) * 1024 if kib.isdigit() else 0
+    if size >= SHM_MIN:
+        return Check("peer shm", PASS, f"/dev/shm {size / GIB:.1f} GiB (runs share the host's: --ipc=host)")
+    return Check("peer shm", WARN, f"/dev/shm {size / 2**20:.0f} MiB on the peer",
+                 "NCCL/DeepSpeed need more: enlarge /dev/shm there (mount -o remount,size=16G /dev/shm)")
+
+
+def check_infiniband(here: list[str], there: list[str]) -> Check:
+    if here and there:
+        return Check("infiniband", PASS, f"here: {' '.join(sorted(here))}; peer: {' '.join(sorted(there))} "
+                                         "(passed into GPU runs with IPC_LOCK)")
+    if not here and not there:
+        return Check("infiniband", PASS, "no /dev/infiniband on either node: NCCL uses TCP sockets")
+    return Check("infiniband", WARN, f"/dev/infiniband on {'this node' if here else 'the peer'} only",
+                 "load the RDMA drivers (rdma-core, the NIC's OFED) on the other node, or NCCL uses TCP between them")
+
+
+def check_same_image(image: str, here: str, there: str, peer: str) -> Check:
+    if here and here == there:
+        return Check("same image", PASS, f"{image} is {here[:19]} on both nodes")
+    if not here:
+        return Check("same image", FAIL, f"{image} is not on this node", "invoke build (or invoke load)")
+    if not there:
+        return Check("same image", FAIL, f"{image} is not on {peer}", f"invoke ship --image={image} --to={peer}")
+    return Check("same image", FAIL, f"{image} differs: {here[:19]} here, {there[:19]} on {peer}",
+                 f"the nodes must run the same image: invoke ship --image={image} --to={peer}")
