@@ -41,24 +41,50 @@ def test_compose_trains_zero2_in_the_cpu_image(settings, cpu_image, tmp_path):
 
 
 def test_multinode_compose_renders_rendezvous_gpus_and_host_network(settings):
-    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "198.18.0.1", "DOCKYARD_NPROC": "gpu"}
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "198.18.0.1", "DOCKYARD_NPROC": "gpu", "IFACE": "eth9",
+           "LOCAL_ADDR": "198.18.0.2", "DOCKYARD_RUN_ID": "exp1"}
     r = _compose(settings, "-f", "train.yml", "-f", "multinode.yml", "-f", "gpu.yml", "config", env=env)
     assert r.returncode == 0, r.stderr
     svc = yaml.safe_load(r.stdout)["services"]["train"]
     assert svc["network_mode"] == "host" and svc["ipc"] == "host"
-    assert {"--nnodes=2", "--node-rank=1", "--master-addr=198.18.0.1", "--nproc-per-node=gpu"} <= set(svc["command"])
+    command = svc["command"][2].split()
+    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=198.18.0.1:29500", "--rdzv-id=exp1",
+            "--local-addr=198.18.0.2", "--nproc-per-node=gpu"} <= set(command)
+    assert svc["environment"]["GLOO_SOCKET_IFNAME"] == svc["environment"]["NCCL_SOCKET_IFNAME"] == "eth9"
     assert svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     missing = _compose(settings, "-f", "train.yml", "-f", "multinode.yml", "config",
-                       env={k: "" for k in ("NNODES",)} | {"NODE_RANK": "0", "MASTER_ADDR": "h"})
-    assert missing.returncode != 0 and "set NNODES" in missing.stderr
+                       env={**env, "DOCKYARD_RUN_ID": ""})
+    assert missing.returncode != 0 and "set DOCKYARD_RUN_ID" in missing.stderr
 
 
-def test_kubernetes_job_agrees_with_itself():
-    svc, job = yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "train.yaml").read_text())
+def test_kubernetes_job_agrees_with_itself(tmp_path):
+    text = (ROOT / "deploy" / "kubernetes" / "train.yaml").read_text()
+    svc, job = yaml.safe_load_all(text)
     spec = job["spec"]
-    container = spec["template"]["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == int(env["NNODES"])
-    assert svc["spec"]["clusterIP"] == "None" and spec["template"]["spec"]["subdomain"] == svc["metadata"]["name"]
-    assert "--node-rank=$JOB_COMPLETION_INDEX" in container["args"][0]
-    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in spec["template"]["spec"]["volumes"])
+    assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"]
+    assert svc["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    args = " ".join(container["args"][0].split())
+    endpoint = f"{job['metadata']['name']}-0.{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+    assert f"--rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=$RUN_ID" in args, "pod 0 is the endpoint"
+    assert '--rdzv-conf=is_host=$([ "$JOB_COMPLETION_INDEX" = 0 ] && echo 1 || echo 0)' in args, "pod 0 hosts it"
+    assert "--local-addr=$POD_IP" in args and "DOCKYARD_NODE_RANK=$JOB_COMPLETION_INDEX" in args
+    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    claim = volumes[mounts["/workspace/runs"]]["persistentVolumeClaim"]["claimName"]
+    assert f"PersistentVolumeClaim `{claim}` must exist, ReadWriteMany" in text, "the file says to create it first"
+    assert "--run-dir /workspace/runs/$RUN_ID" in args
+    # Each pod's command, run with a stand-in `torchrun` that prints its arguments (no cluster here).
+    (tmp_path / "torchrun").write_text('#!/bin/sh\necho "$@"\n')
+    (tmp_path / "torchrun").chmod(0o755)
+    for index in (0, 1):
+        pod_env = {**env, "JOB_COMPLETION_INDEX": str(index), "POD_IP": f"10.0.0.{index + 5}",
+                   "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+        out = subprocess.run(["bash", "-c", container["args"][0]], env=pod_env, capture_output=True, text=True).stdout
+        assert f"--rdzv-conf=is_host={int(index == 0)},join_timeout=120" in out and f"--local-addr=10.0.0.{index + 5}" in out

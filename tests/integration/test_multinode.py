@@ -105,6 +105,42 @@ def test_two_nodes_train_zero2_together(node, node_image, tmp_path):
     print(f"two nodes, world size 4, 8 steps: {time.monotonic() - two.started:.1f} s")
 
 
+def test_two_nodes_train_together_through_compose(settings, node, node_image, tmp_path):
+    """compose/multinode.yml as its header says to use it, on both engines at the same time."""
+    import shlex
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    port = str(random.randrange(20000, 29000))
+    common = {"DOCKYARD_IMAGE": node_image, "DOCKYARD_RUNS": str(runs), "DOCKYARD_RUN_ID": "comp1", "NNODES": "2",
+              "DOCKYARD_NPROC": "2", "MASTER_ADDR": node.host_addr, "MASTER_PORT": port, "HF_CACHE": str(tmp_path / "hf"),
+              "DOCKYARD_UID": str(os.getuid()), "DOCKYARD_GID": str(os.getgid())}
+    if resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] != resource.RLIM_INFINITY:  # both engines run under this limit
+        common["DOCKYARD_MEMLOCK"] = str(resource.getrlimit(resource.RLIMIT_MEMLOCK)[1])
+    compose = [*shlex.split(settings.compose), "-p", f"dyn{os.getpid()}", "-f", "train.yml", "-f", "multinode.yml",
+               "run", "--rm", "train"]
+    logs = [open(tmp_path / f"compose-node{r}.log", "w+") for r in (0, 1)]
+    procs = [subprocess.Popen(compose, cwd=ROOT / "compose", stdout=logs[0], stderr=subprocess.STDOUT,
+                              env={**os.environ, **common, "NODE_RANK": "0", "IFACE": node.veth,
+                                   "LOCAL_ADDR": node.host_addr}),
+             subprocess.Popen(["ip", "netns", "exec", node.netns, *compose], cwd=ROOT / "compose", stdout=logs[1],
+                              stderr=subprocess.STDOUT,
+                              env={**os.environ, **common, "NODE_RANK": "1", "IFACE": node.veth[:-1] + "b",
+                                   "LOCAL_ADDR": node.addr, "DOCKER_HOST": f"unix://{node.sock}"})]
+    try:
+        codes = [p.wait(600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    outputs = [(log.seek(0), log.read())[1] for log in logs]
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    m0, m1 = _manifest(runs / "comp1" / "manifest.json"), _manifest(runs / "comp1" / "manifest-node1.json")
+    assert m0["status"] == m1["status"] == "completed" and m0["world_size"] == m1["world_size"] == 4
+    assert (m0["node_rank"], m1["node_rank"]) == (0, 1) and m1["rendezvous"]["local_addr"] == node.addr
+
+
 def test_doctor_peer_checks_the_route_port_and_image_of_the_other_node(node, node_image):
     from tests.support.cli import invoke
 
