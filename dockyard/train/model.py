@@ -47,6 +47,7 @@ def materialize_tiny_model(folder: Path) -> None:
     # A unique folder, not one named by the pid: on a run folder shared by several nodes, ranks of different
     # containers have the same pids.
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of the run folder
     model.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(tmp)
     try:

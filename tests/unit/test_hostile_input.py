@@ -36,7 +36,7 @@ def test_trainer_overrides_reach_the_trainer_as_the_user_quoted_them():
 
 @pytest.mark.parametrize("args,says", [
     (["--run-id=a b:c"], "--run-id 'a b:c'"),
-    (["--run-id=-x"], "--run-id '-x'"),
+    (["--run-id=-q"], "--run-id '-q'"),  # a letter no flag of `run` has (-x is --max-restarts)
     (["--recipe=../x"], "unknown recipe '../x'"),
 ])
 def test_bad_run_values_are_refused_before_anything_is_made(args, says, tmp_path):
