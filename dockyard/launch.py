@@ -50,8 +50,7 @@ def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str
     torchrun then numbers the nodes itself, so --node-rank only says which node hosts it)."""
     argv = list(launcher or ["torchrun"]) + [f"--nproc-per-node={topo.nproc}"]
     if topo.nodes > 1:
-        rdzv = topo.rendezvous or Rendezvous(f"{topo.master_addr}:{topo.master_port}", "", topo.node_rank == 0)
-        argv += [f"--nnodes={topo.nodes}", *rdzv.torchrun_flags()]
+        argv += [f"--nnodes={topo.nodes}", *topo.rendezvous.torchrun_flags()]  # multinode.rendezvous()
     else:
         argv += ["--standalone"]
     return argv
