@@ -296,8 +296,12 @@ def finish(run: Run, error: str | None) -> None:
     from dockyard.multinode import manifest_file
     from dockyard.train import manifest, nodes
 
-    if not run.run_dir_ok or os.environ.get("LOCAL_RANK", "0") != "0":
+    if not run.run_dir_ok:
         return  # never touch a folder that holds another run
+    if error and run.extra.get("nodes_seen"):
+        error = nodes.explain(error, run.opts.run_dir, run.extra["nodes_seen"])
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
     extra = {**run.extra, **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
                             run.check.in_effect if run.check else None, run.metrics, extra)
@@ -334,14 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except BaseException as e:
         if run:
-            error = "".join(traceback.format_exception_only(type(e), e)).strip()
-            from dockyard.train import nodes
-
-            lost = nodes.lost_node(error, run.extra.get("nodes_seen", []))
-            if lost:
-                print(f"error: {lost}", file=sys.stderr, flush=True)
-                error = f"{lost}: {error}"
-            finish(run, error)
+            finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
     finish(run, None)
     import torch.distributed as dist

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from dockyard.errors import DockyardError
 
 SHARED_TIMEOUT = float(os.environ.get("DOCKYARD_SHARED_TIMEOUT", 30))  # network filesystems show new files late
 TOKEN = ".shared-check"
+LOST = ".lost-node"  # the first rank that sees which node was lost says it here, for the ranks that see less
 
 
 def node_rank() -> int:
@@ -43,6 +45,7 @@ def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[st
 
     token = [secrets.token_hex(16) if dist.get_rank() == 0 else None]
     if dist.get_rank() == 0:
+        (run_dir / LOST).unlink(missing_ok=True)  # from an earlier attempt of this run
         tmp = run_dir / f"{TOKEN}.tmp"
         tmp.write_text(token[0])
         tmp.replace(run_dir / TOKEN)
@@ -80,6 +83,24 @@ def _wait_for(path: Path, token: str, timeout: float) -> bool:
 
 
 PEER = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?:\d+")
+
+
+def explain(error: str, run_dir: Path, nodes: list[dict[str, Any]]) -> str:
+    """A failed rank's error, led by the node that was lost when this rank or another one found out which.
+    The rank that finds it says so on stderr, and leaves it for the others: a rank whose own peer was a
+    neighbour on the same node (which stopped first), or which torchrun stopped, sees only that."""
+    lost = lost_node(error, nodes)
+    if lost:
+        print(f"error: {lost}", file=sys.stderr, flush=True)
+        tmp = run_dir / f"{LOST}.{secrets.token_hex(8)}"  # not the pid: containers of several nodes share pids
+        tmp.write_text(lost)
+        tmp.replace(run_dir / LOST)
+    else:
+        try:
+            lost = (run_dir / LOST).read_text()
+        except OSError:
+            return error
+    return f"{lost}: {error}"
 
 
 def lost_node(error: str, nodes: list[dict[str, Any]]) -> str | None:

@@ -84,3 +84,12 @@ def test_doctor_peer_says_which_image_to_ship_and_where_infiniband_is_missing():
     one_sided = peer.check_infiniband(["uverbs0"], [])
     assert one_sided.status == "warn" and "this node only" in one_sided.detail
     assert peer.check_peer_shm(str(64 * 1024)).status == "warn" and peer.check_peer_shm(str(8 * 2**20)).status == "pass"
+
+
+def test_a_rank_that_saw_only_its_neighbour_stop_still_reports_the_lost_node(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DOCKYARD_NODE_RANK", "0")
+    first = nodes.explain("Read error [10.0.0.2]:15063: Connection reset by peer", tmp_path, SEEN)
+    later = nodes.explain("Connection closed by peer [10.0.0.1]:40112", tmp_path, SEEN)  # its neighbour on node 0
+    assert first.startswith("lost node 1 (10.0.0.2") and later.startswith("lost node 1 (10.0.0.2")
+    assert capsys.readouterr().err.count("error: lost node 1") == 1, "said once, by the rank that found it"
+    assert nodes.explain("CUDA out of memory", tmp_path / "other", SEEN) == "CUDA out of memory"
