@@ -272,8 +272,9 @@ def copy_context(dst: Path, variant: str) -> Path:
     for name in ("dockyard", "data", "recipes"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "images").mkdir()
-    for name in ("Dockerfile", "check_image.py", "cuda_home.py", "variants.yaml"):
-        shutil.copy2(ROOT / "images" / name, dst / "images" / name)
+    for f in (ROOT / "images").iterdir():  # the Dockerfile and the scripts its steps bind-mount
+        if f.is_file():
+            shutil.copy2(f, dst / "images" / f.name)
     shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
     shutil.copytree(ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,
                     copy_function=os.link)
