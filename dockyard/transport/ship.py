@@ -111,8 +111,9 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
                                       omit=omit, label=f"stream to {r.host}",
                                       cache=archive.layer_cache(settings, method, level))
         except BrokenPipeError:  # the node stopped reading: its exit code and output say why
-            remote_load.wait()
-            raise DockyardError(f"{r.host} stopped reading the stream: {engine.quote(load_argv)}\n"
+            code = remote_load.wait(check=False)[0]
+            raise DockyardError(f"{r.host} stopped reading the stream (ssh exit {code}): nothing was loaded there. "
+                                f"Check the connection and the node's disk and docker, then ship again.\n"
                                 + console.tail(remote_load.output())) from None
         remote_load.wait()
     wanted = inventory.names(images)
