@@ -1,9 +1,12 @@
-"""`invoke save` where the disk says no (issue 11): a read-only output folder, a disk that fills up mid-save, and
-`ship` whose remote end stops reading. Each gets a short error naming the folder or node, a non-zero exit, and
-nothing half-written: no published archive, no `.partial` file in the folder or the layer cache.
+"""Archives where the disk, the link or the archive itself says no (issue 11).
 
-The filesystems are real: small tmpfs mounts under the test's folder, unmounted at the end. The image saved is
-the registry-free base image (one ~200 MB layer), so a save takes seconds.
+`invoke save` into a read-only folder or onto a disk that fills up mid-save, `ship` whose remote end stops
+reading: a short error naming the folder or node, a non-zero exit, and nothing half-written (no published
+archive, no `.partial` file in the folder or the layer cache). An archive that decompresses to more than its
+manifest declares: `invoke load` and load.sh both stop there and load nothing.
+
+The filesystems are real: small tmpfs mounts under the test's folder, unmounted at the end. The images are the
+registry-free base image (one ~200 MB layer) and one small layer on it, so each test takes seconds.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from dockyard import engine
 from dockyard.settings import ROOT
 from tests.support.cli import invoke
 
@@ -100,3 +106,45 @@ def test_a_ship_whose_remote_end_stops_reading_says_which_node(settings, engine_
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "node9 stopped reading the stream" in r.stderr and "closed by remote host" in r.stderr
     assert partial_files(cache) == []
+
+
+def test_an_archive_that_decompresses_to_more_than_declared_loads_nothing(settings, engine_ready, tmp_path):
+    """A manifest that under-declares its tar (rewritten, with a .sha256 to match: only a signature would
+    tell): `invoke load` and load.sh stop at what it declares, docker load is stopped before its input ends."""
+    ref = f"dockyard-h3-bomb-{os.getpid()}:v1"
+    (tmp_path / "blob").write_bytes(os.urandom(3_000_000))
+    (tmp_path / "Dockerfile").write_text(f"FROM {settings.base_image_cpu}\nCOPY blob /blob\n")
+    docker = [engine.docker_binary(settings.docker)]
+    subprocess.run([*docker, "build", "-q", "-t", ref, str(tmp_path)], check=True, capture_output=True,
+                   env={**os.environ, **engine.build_env()})
+    try:
+        dist = tmp_path / "dist"
+        r = invoke("save", f"--image={ref}", f"--out={dist}", env={"INVOKE_DOCKYARD_LAYER_CACHE": str(tmp_path / "c")})
+        assert r.returncode == 0, r.stderr
+        subprocess.run([*docker, "image", "rm", ref], check=True, capture_output=True)
+        archive = next(dist.glob("*.tar.zst"))
+        mpath, spath = archive.with_name(archive.name[:-8] + ".manifest.json"), archive.with_name(archive.name[:-8] + ".sha256")
+        good = mpath.read_text(), spath.read_text()
+        manifest = json.loads(good[0])
+        manifest["tar_bytes"] = 4096
+        mpath.write_text(json.dumps(manifest, indent=2) + "\n")
+        spath.write_text(spath.read_text().splitlines()[0] + f"\n{hashlib.sha256(mpath.read_bytes()).hexdigest()}"
+                         f"  {mpath.name}\n")
+
+        r = invoke("load", f"--file={archive}")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "decompresses to more than its manifest declares (4096 bytes of tar)" in r.stderr
+        assert engine.image_inspect(settings, ref) is None
+        r = subprocess.run(["sh", dist / "load.sh", archive.name], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "decompresses to more than its manifest declares (4096 bytes" in r.stderr, r.stderr
+        assert engine.image_inspect(settings, ref) is None
+
+        mpath.write_text(good[0])  # the set as saved loads through the same capped path, both ways
+        spath.write_text(good[1])
+        r = invoke("load", f"--file={archive}")
+        assert r.returncode == 0 and f"loaded {ref}" in r.stdout, r.stderr
+        subprocess.run([*docker, "image", "rm", ref], check=True, capture_output=True)
+        r = subprocess.run(["sh", dist / "load.sh", archive.name], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and f"loaded {ref}" in r.stdout, r.stderr
+    finally:
+        subprocess.run([*docker, "image", "rm", "-f", ref], capture_output=True)
