@@ -6,7 +6,6 @@ ProxyJump all apply. Nothing but sh, coreutils and docker is needed on the node.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -121,13 +120,21 @@ INVENTORY_SCRIPT = (
 
 
 def remote_inventory(settings: Settings, r: Remote) -> dict:
-    """The node's layer inventory, read over ssh with its own docker (no project needed there)."""
-    p = run_there(settings, r, INVENTORY_SCRIPT, f"reading the image inventory of {r.host}", check=False)
-    info, sep, images = p.stdout.partition(SEP + "\n")
-    if p.returncode != 0 or not sep:
+    """The node's layer inventory, read over ssh with its own docker (no project needed there). What the node
+    sends is untrusted: at most INVENTORY_CAP bytes are read, and it must have the shape docker prints."""
+    what = f"reading the image inventory of {r.host}"
+    with engine.Pipeline(ssh_argv(settings, r, INVENTORY_SCRIPT), stdout=engine.PIPE, quiet=True, what=what) as p:
+        out = p.stdout.read(inventory.INVENTORY_CAP + 1)
+        if len(out) > inventory.INVENTORY_CAP:  # leaving the block stops ssh
+            raise DockyardError(f"{r.host} sent more than {inventory.INVENTORY_CAP >> 20} MiB for its image "
+                                "inventory: refused (no engine's inventory is that large)")
+        code = p.wait(check=False)[0]
+        last = (p.output() or ["no answer"])[-1]
+    info, sep, images = out.partition((SEP + "\n").encode())
+    if code != 0 or not sep:
         raise DockyardError(f"cannot read the images of {r.host} over ssh (is docker there, and may this "
-                            f"user use it?): {(p.stderr.strip().splitlines() or ['no answer'])[-1]}")
-    return inventory.inventory_from(json.loads(info), json.loads(images), r.host)
+                            f"user use it?): {last}")
+    return inventory.inventory_from_json(info, images, r.host)
 
 
 def target_inventory(settings: Settings, thin_for: str) -> dict:
