@@ -3,7 +3,8 @@
 `invoke save` into a read-only folder or onto a disk that fills up mid-save, `ship` whose remote end stops
 reading: a short error naming the folder or node, a non-zero exit, and nothing half-written (no published
 archive, no `.partial` file in the folder or the layer cache). An archive that decompresses to more than its
-manifest declares: `invoke load` and load.sh both stop there and load nothing.
+manifest declares: `invoke load` and load.sh both stop there and load nothing. A node that never answers: ship
+and save --thin-for give up in bounded time, naming it.
 
 The filesystems are real: small tmpfs mounts under the test's folder, unmounted at the end. The images are the
 registry-free base image (one ~200 MB layer) and one small layer on it, so each test takes seconds.
@@ -26,6 +27,7 @@ import pytest
 
 from dockyard import engine
 from dockyard.settings import ROOT
+from tests.support import node2
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
@@ -148,3 +150,20 @@ def test_an_archive_that_decompresses_to_more_than_declared_loads_nothing(settin
         assert r.returncode == 0 and f"loaded {ref}" in r.stdout, r.stderr
     finally:
         subprocess.run([*docker, "image", "rm", "-f", ref], capture_output=True)
+
+
+@pytest.mark.parametrize("task", ["ship", "save"])
+def test_a_node_that_never_answers_fails_in_bounded_time_naming_it(settings, engine_ready, tmp_path, task):
+    """Without a connect timeout, ssh waits until TCP gives up (about two minutes); with it, 15 s."""
+    image = f"--image={settings.base_image_cpu}"
+    with node2.silent_host() as (inside, addr):
+        args = {"ship": ["ship", image, f"--to={addr}"],
+                "save": ["save", image, f"--thin-for=ssh://{addr}", f"--out={tmp_path}"]}[task]
+        started = time.monotonic()
+        r = subprocess.run([*inside, sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=90)
+        took = time.monotonic() - started
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"ssh to {addr} failed (ssh: connect to host {addr} port 22: Connection timed out)" in r.stderr
+    assert "ConnectTimeout" in r.stderr and took < 40
+    assert os.listdir(tmp_path) == []
