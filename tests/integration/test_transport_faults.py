@@ -167,3 +167,37 @@ def test_a_node_that_never_answers_fails_in_bounded_time_naming_it(settings, eng
     assert f"ssh to {addr} failed (ssh: connect to host {addr} port 22: Connection timed out)" in r.stderr
     assert "ConnectTimeout" in r.stderr and took < 40
     assert os.listdir(tmp_path) == []
+
+
+def descendants(pid: int) -> list[int]:
+    kids = [int(k) for k in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    return kids + [d for k in kids for d in descendants(k)]
+
+
+def command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # it ended meanwhile
+        return ""
+
+
+def test_a_compressor_killed_mid_save_is_named_and_nothing_is_published(settings, engine_ready, tmp_path):
+    """The compressor of a layer dies (the kernel's OOM killer, an operator): the save says which command died
+    and how, rather than `Broken pipe`, and publishes nothing."""
+    out, cache = tmp_path / "dist", tmp_path / "cache"
+    argv = [sys.executable, "-m", "invoke", "save", f"--image={settings.base_image_cpu}", f"--out={out}",
+            "--compress=gzip", "--level=9"]
+    save = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, gzip = time.monotonic() + 60, []
+    while not gzip and time.monotonic() < deadline and save.poll() is None:
+        gzip = [p for p in descendants(save.pid) if command_name(p) in ("gzip", "pigz")
+                and partial_files(cache)]  # a layer's own compressor is running
+        time.sleep(0.02)
+    assert gzip and save.poll() is None, "no layer compressor to stop: " + save.communicate()[1][-2000:]
+    os.kill(gzip[-1], 9)
+    _, err = save.communicate(timeout=120)
+    assert save.returncode == 1 and "Traceback" not in err, err
+    assert "compressing a layer failed (exit -9)" in err and "Broken pipe" not in err
+    assert os.listdir(out) == []
+    assert partial_files(out, cache) == []
