@@ -84,10 +84,13 @@ def read_sums(path: Path) -> dict[str, str]:
 
 def write_loader(folder: Path) -> Path:
     """Puts load.sh beside the archives. It is the same for every archive: it reads the manifest."""
-    loader, partial = folder / "load.sh", folder / "load.sh.partial"
-    shutil.copyfile(LOADER_TEMPLATE, partial)
-    partial.chmod(0o755)
-    os.replace(partial, loader)
+    loader, partial = folder / "load.sh", folder / f"load.sh.{os.getpid()}.partial"
+    try:
+        shutil.copyfile(LOADER_TEMPLATE, partial)
+        partial.chmod(0o755)
+        os.replace(partial, loader)
+    finally:
+        partial.unlink(missing_ok=True)
     return loader
 
 
