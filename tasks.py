@@ -103,20 +103,26 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "gpus": "which GPUs, e.g. 0,2 (default: CUDA_VISIBLE_DEVICES, else all): one process each",
+            "data": "your data: a file or folder on this host, mounted read-only (default: the `data` setting, "
+                    "else the sample)",
+            "model": "your model: a folder on this host (config.json + weights), mounted read-only (default: the "
+                     "`model` setting, else a tiny model made from a config)",
             "dry": "print the exact command and run nothing"})
 @_user_errors
 def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
         master_port=29500, run_id="", resume=False, disable_require=False, native=False, cpu=False, dry=False,
-        gpus=""):
+        gpus="", data="", model=""):
     """Train a recipe in the image, one process per GPU (torchrun).
 
+    --recipe is a name (`invoke recipes`) or a folder of your own holding a recipe.yaml. The checkout's recipes/
+    is mounted over the image's, so an edit applies to the next run without a build.
     Trainer overrides go after `--`, e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
     from dockyard import launch
 
     launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
                node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
                resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c),
-               cpu=cpu, gpus=str(gpus))
+               cpu=cpu, gpus=str(gpus), data=data, model=model)
 
 
 def _remainder(c) -> list[str]:

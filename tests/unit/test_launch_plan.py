@@ -115,18 +115,6 @@ def test_existing_run_is_never_overwritten(settings, tmp_path):
         launch.new_run_dir(s, "zero2", "nope", resume=True)
 
 
-def test_model_and_data_settings_are_mounted_read_only(settings, tmp_path):
-    data = tmp_path / "mine.jsonl"
-    data.write_text('{"text": "x"}\n')
-    (tmp_path / "model").mkdir()
-    s = settings.model_copy(update={"data": str(data), "model": str(tmp_path / "model")})
-    mounts, extra = launch._user_mounts(s, [])
-    assert (tmp_path / "model", "/workspace/model", True) in mounts and (tmp_path, "/workspace/data", True) in mounts
-    assert extra == ["--model", "/workspace/model", "--data", "/workspace/data/mine.jsonl"]
-    with pytest.raises(DockyardError, match="does not exist"):
-        launch._user_mounts(settings.model_copy(update={"data": str(tmp_path / "missing.jsonl")}), [])
-
-
 def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):
     assert launch.memlock_flag(None) == "memlock=-1"
     assert launch.memlock_flag(8388608) == "memlock=8388608"
