@@ -170,18 +170,18 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
 def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
              disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
-             cpu: bool = False, data: str = "", model: str = "") -> RunPlan:
+             cpu: bool = False, data: str = "", model: str = "", checkout_recipes: bool = True) -> RunPlan:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
-    host without GPUs."""
+    host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout)."""
     from dockyard.recipes import load_recipe
 
     load_recipe(recipe)  # unknown recipe → error listing the valid names, before anything starts
     if not cpu:
         check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
-    seen = inputs.plan_mounts(settings, recipe, overrides, data=data, model=model)
+    seen = inputs.plan_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
     env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_IMAGE_ID": image_id, "DOCKYARD_VARIANT": variant.name, **seen.env}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"

@@ -22,7 +22,7 @@ from pathlib import Path
 from dockyard import console, engine
 from dockyard.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import inventory, remote
+from dockyard.transport import inventory, remote, runscript
 from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
 from dockyard.transport.layout import (
     FORMAT,
@@ -73,6 +73,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         raise DockyardError(f"saving {paths.archive.name} in {out_dir} failed: {e.strerror or e}; nothing was "
                             "published. Free space or pick a writable --out=DIR, then save again.") from None
     write_loader(out_dir)
+    runner = runscript.write(settings, out_dir, images)
     human = console.human
     if cache is not None and cache.hits:
         print(f"layer cache: {cache.hits} of {cache.hits + cache.misses} large layers copied from earlier saves "
@@ -85,6 +86,8 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
     print(f"load it: invoke load --file={paths.archive}  (or, without the project: sh load.sh "
           f"{paths.archive.name})")
+    if runner:
+        print(f"train there without the project: sh {runner.name} --recipe=ddp --data=FILE --model=DIR -- --max_steps 100")
     return manifest
 
 
