@@ -50,7 +50,9 @@ def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str
         argv += [f"--nnodes={topo.nodes}", f"--node-rank={topo.node_rank}",
                  f"--master-addr={topo.master_addr}", f"--master-port={topo.master_port}"]
     else:
-        argv += ["--standalone"]
+        # The workers' store address: without it torchrun looks up the container's hostname, which an engine
+        # without a bridge network (air-gapped nodes, `--bridge=none`) cannot resolve: every rank then waits forever.
+        argv += ["--standalone", "--local-addr=127.0.0.1"]
     return argv
 
 

@@ -36,7 +36,8 @@ def test_gpu_run_has_the_flags_multi_gpu_training_needs(settings, tmp_path):
     assert "HF_HUB_OFFLINE=1" in argv and "NVIDIA_DISABLE_REQUIRE=1" not in argv
     cmd = _after_image(argv, "dockyard:0.1.0-cu132")
     assert cmd[:3] == ["torchrun", "--nproc-per-node=2", "--standalone"], "one process per GPU"
-    assert cmd[3:9] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/r1"]
+    assert cmd[3] == "--local-addr=127.0.0.1", "a container without a network cannot resolve its hostname"
+    assert cmd[4:10] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/r1"]
     assert f"{tmp_path / 'runs'}:/workspace/runs" in argv
 
 
