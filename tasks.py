@@ -131,6 +131,23 @@ def _remainder(c) -> list[str]:
     return sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
 
 
+@task(help={"run": "the run id (its folder under the runs folder)",
+            "merge": "LoRA/QLoRA: merge the adapters into the base (QLoRA: onto the 16-bit base) instead of the "
+                     "adapter alone",
+            "out": "folder to write, which must not exist (default: runs/<ID>/export, or runs/<ID>/merged)",
+            "dry": "print the command and run nothing"})
+@_user_errors
+def export(c, run="", merge=False, out="", dry=False):
+    """Write a run's trained model as a plain Hugging Face folder (for serving, or the hub).
+
+    A full fine-tune: the model and tokenizer. LoRA/QLoRA: the adapter, or with --merge the base with the adapters
+    merged in, loadable with transformers alone. Runs in the run's image, on CPU; the folder is reloaded and its
+    logits compared with the run's own model on a few inputs (the difference and tolerance are printed)."""
+    from dockyard import export as export_mod
+
+    export_mod.export(_settings(c), run=run, merge=merge, out=out, dry=dry)
+
+
 @task
 @_user_errors
 def recipes(c):
