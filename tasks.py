@@ -52,8 +52,8 @@ def lock(c, variant="all", dry=False):
 def wheelhouse(c, variant="auto", dry=False):
     """Download every wheel (and DeepSpeed's source) of a variant's lock into images/wheelhouse/<variant>/.
 
-    The build installs only from there (--no-index), so copying this folder to an air-gapped build host
-    is all it needs to build there too.
+    The build installs Python packages only from there (--no-index). Its base stage still runs apt-get: build where
+    a Debian mirror answers, then carry the image (`invoke save`: README, "Air-gapped, step by step").
     """
     from dockyard import build
 

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node N -m dockyard.train --recipe NAME_OR_DIR --run-dir DIR [--resume] [-- --key value ...]
 
 Everything after `--` overrides recipes/defaults.yaml: the project's settings (model, data, task, ...) or
-any TrainingArguments field; overrides may also follow the options directly, without the `--`.
+any TrainingArguments field; here they may also follow the options without the `--` (`invoke run` needs it).
 The run writes DIR/train.log, DIR/metrics.jsonl, checkpoints under DIR/checkpoints, the final model (or
 LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 """

@@ -1,5 +1,5 @@
-"""The run folder: DIR/manifest.json, the record of a run (the interface contract's schema plus extra keys,
-described in docs/training.md), written by rank 0 at the end, whether the run completed or failed; and the
+"""The run folder: DIR/manifest.json, the record of a run (its schema and extra keys: docs/training.md,
+"What a run writes"), written by rank 0 at the end, whether the run completed or failed; and the
 rule that a folder holding a run is never overwritten, only resumed."""
 
 from __future__ import annotations
