@@ -13,7 +13,7 @@ from dockyard.transport import runscript
 
 FAKE_DOCKER = """#!/bin/sh
 case "$1" in
-info) exit 0 ;;
+info) case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;; esac ;;
 image) case "$*" in *dockyard.variant*) echo "$FAKE_VARIANT" ;; *) echo sha256:feed ;; esac ;;
 run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
@@ -29,12 +29,16 @@ def node(tmp_path, settings):
     (bin_dir / "docker").write_text(FAKE_DOCKER)
     (bin_dir / "docker").chmod(0o755)
 
-    def run(*args: str, variant: str = "cpu") -> tuple[subprocess.CompletedProcess, list[str]]:
+    def run(*args: str, variant: str = "cpu", gpus: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
         (tmp_path / "run.sh").write_text(runscript.render(settings, "dockyard:0.1.0-" + variant, variant))
+        # nvidia-smi as a GPU host's (that many GPUs), or as a host without a driver (fails)
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: x)'\n"
+                                                                     for i in range(gpus)) + f"exit {0 if gpus else 9}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
         out = tmp_path / "argv"
         out.unlink(missing_ok=True)
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGV_OUT": str(out), "FAKE_VARIANT": variant,
-               "HOME": str(tmp_path)}
+               "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else ""}
         proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         return proc, out.read_bytes().decode().split("\0")[:-1] if out.exists() else []
 
@@ -89,3 +93,11 @@ def test_a_cuda_image_without_gpus_trains_on_cpu_and_bad_input_is_refused(node):
     assert proc.returncode == 1 and "no such file or folder on this node" in proc.stderr and not argv
     proc, argv = node("--run-id=../x")
     assert proc.returncode == 1 and "--run-id" in proc.stderr and not argv
+
+
+def test_a_cuda_image_on_a_gpu_node_gets_every_gpu_one_process_each(node):
+    proc, argv = node("--run-id=r4", variant="cu132", gpus=4)
+    assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=4" in argv, proc.stderr
+    assert "DS_ACCELERATOR=cpu" not in argv
+    _, argv = node("--run-id=r5", variant="cpu", gpus=4)
+    assert "--gpus" not in argv, "the cpu image has no use for GPUs"
