@@ -85,7 +85,7 @@ mkdir -p "$RUNS" || die "cannot make the runs folder $RUNS"
 RUNS=$(cd "$RUNS" && pwd)
 RUN_DIR=$RUNS/$RUN_ID
 [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id"
-HF=${HF_HOME:-$HOME/.cache/huggingface}
+HF=${HF_HOME:-${HOME:-/tmp}/.cache/huggingface}
 mkdir -p "$HF" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
 
 # The command `invoke run` would give (rendered from its plan by dockyard/transport/runscript.py):

@@ -48,6 +48,25 @@ def test_data_model_and_an_edited_recipe_folder_are_mounted_and_recorded(cpu_ima
     assert r.returncode == 1 and "nope.jsonl: no such file or folder on this host" in r.stderr
 
 
+def test_an_edit_to_the_checkouts_defaults_applies_to_the_next_run_without_a_build(cpu_image, tmp_path):
+    """In a copy of the checkout (never edit the real one), recipes/defaults.yaml is edited after the image was
+    built: the run in that image follows the edit, and says nothing about stale code (the code is the image's)."""
+    project = tmp_path / "project"
+    for name in ("dockyard", "recipes", "data", "images/locks"):
+        shutil.copytree(ROOT / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("tasks.py", "invoke.yaml", "images/variants.yaml"):
+        shutil.copy2(ROOT / name, project / name)
+    defaults = project / "recipes" / "defaults.yaml"
+    defaults.write_text(defaults.read_text().replace("max_steps: 50", "max_steps: 3"))
+    r = invoke("run", "--variant=cpu", "--recipe=ddp", "--run-id=edited", cwd=project,
+               env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(project)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    m = _manifest(tmp_path / "runs" / "edited")
+    assert m["metrics"]["steps"] == 3, "the image's own defaults say 50"
+    assert m["recipe_files"]["defaults.yaml"] == hashlib.sha256(defaults.read_bytes()).hexdigest()
+    assert "warning" not in r.stderr
+
+
 def test_run_sh_trains_on_the_air_gapped_node(node, cpu_image, tmp_path):
     dist = tmp_path / "dist"
     r = invoke("save", "--variant=cpu", f"--out={dist}", "--compress=gzip", "--level=1")
