@@ -24,7 +24,7 @@ from pathlib import Path
 from dockyard import console, engine
 from dockyard.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import inventory, remote
+from dockyard.transport import inventory, remote, runscript
 from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
 from dockyard.transport.layout import (
     FORMAT,
@@ -73,6 +73,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
             manifest, got = write_set(settings, paths, images, compress, level, thin, key, cache)
     except OSError as e:  # read-only folder, disk full: the partial files are already gone
         raise write_failed(e, paths, cache) from None
+    runner = runscript.dockyard_variant(images)
     human = console.human
     if cache is not None and cache.hits:
         print(f"layer cache: {cache.hits} of {cache.hits + cache.misses} large layers copied from earlier saves "
@@ -85,6 +86,8 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
     print(f"load it: invoke load --file={paths.archive}  (or, without the project: sh load.sh "
           f"{paths.archive.name})")
+    if runner:
+        print("train there without the project: sh run.sh --recipe=ddp --data=FILE --model=DIR -- --max_steps 100")
     return manifest
 
 
@@ -180,6 +183,7 @@ def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], metho
         partials[2].write_text(f"{got.out_sha256}  {paths.archive.name}\n"
                                f"{hashlib.sha256(partials[1].read_bytes()).hexdigest()}  {paths.manifest.name}\n")
         write_loader(paths.archive.parent)  # before publishing: a disk that fills up here publishes nothing
+        runscript.write(settings, paths.archive.parent, images)
         os.replace(partials[0], paths.archive)
         os.replace(partials[1], paths.manifest)
         if key:

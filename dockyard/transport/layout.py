@@ -2,7 +2,7 @@
 
 An archive is a plain `docker save` tar, compressed, with three files beside it: `<name>.sha256`
 (sha256sum -c format, covering the archive AND the manifest), `<name>.manifest.json` (what is inside),
-and `load.sh` (the same verify-then-load for nodes without the project).
+`load.sh` (the same verify-then-load for nodes without the project) and, for dockyard images, `run.sh`.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ class ArchivePaths:
     @property
     def loader(self) -> Path:
         return self.archive.with_name("load.sh")
+
+    @property
+    def runner(self) -> Path:
+        """run.sh: trains in the loaded image (runscript.py); only beside archives of dockyard images."""
+        return self.archive.with_name("run.sh")
 
 
 def archive_name(refs: list[str], method: str, thin: bool) -> str:

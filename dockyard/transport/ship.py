@@ -74,7 +74,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
             raise DockyardError(f"the copy on {r.host} does not match the archive's sha256 ({got[:12]} != "
                                 f"{expected[:12]}): removed it; run `invoke ship` again")
         run_there(settings, r, f"mv -f {rpath(r.dir, name + '.partial')} {rpath(r.dir, name)}", "renaming the copy")
-    for p in (paths.manifest, paths.signature, paths.sha256, paths.loader):
+    for p in (paths.manifest, paths.signature, paths.sha256, paths.loader, paths.runner):
         if p.exists():
             _put_small(settings, r, p)
     # The archive's sha256 was checked above; this checks that the manifest arrived intact.
