@@ -52,8 +52,8 @@ def lock(c, variant="all", dry=False):
 def wheelhouse(c, variant="auto", dry=False):
     """Download every wheel (and DeepSpeed's source) of a variant's lock into images/wheelhouse/<variant>/.
 
-    The build installs only from there (--no-index), so copying this folder to an air-gapped build host
-    is all it needs to build there too.
+    The build installs Python packages only from there (--no-index). Its base stage still runs apt-get: build where
+    a Debian mirror answers, then carry the image (`invoke save`: README, "Air-gapped, step by step").
     """
     from dockyard import build
 
@@ -107,20 +107,27 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "gpus": "which GPUs, e.g. 0,2 (default: CUDA_VISIBLE_DEVICES, else all): one process each",
+            "data": "your data: a file or folder on this host, mounted read-only (default: the `data` setting, "
+                    "else the sample)",
+            "model": "your model: a folder on this host (config.json + weights), mounted read-only (default: the "
+                     "`model` setting, else a tiny model made from a config)",
             "dry": "print the exact command and run nothing"})
 @_user_errors
 def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
         master_port=29500, run_id="", resume=False, disable_require=False, native=False, cpu=False, dry=False,
-        gpus="", iface="", join_timeout=120, max_restarts=0):
+        gpus="", data="", model="", iface="", join_timeout=120, max_restarts=0):
     """Train a recipe in the image, one process per GPU (torchrun).
 
+    --recipe is a name (`invoke recipes`) or a folder of your own holding a recipe.yaml. The checkout's recipes/
+    is mounted over the image's, so an edit applies to the next run without a build.
     Trainer overrides go after `--`, e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
     from dockyard import launch
 
     launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
                node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
                resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c),
-               cpu=cpu, gpus=str(gpus), iface=iface, join_timeout=join_timeout, max_restarts=max_restarts)
+               cpu=cpu, gpus=str(gpus), data=data, model=model, iface=iface, join_timeout=join_timeout,
+               max_restarts=max_restarts)
 
 
 def _remainder(c) -> list[str]:
@@ -146,6 +153,23 @@ def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="
 
     slurm_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
                     archive=archive, out=out, overrides=_remainder(c))
+
+
+@task(help={"run": "the run id (its folder under the runs folder)",
+            "merge": "LoRA/QLoRA: merge the adapters into the base (QLoRA: onto the 16-bit base) instead of the "
+                     "adapter alone",
+            "out": "folder to write, which must not exist (default: runs/<ID>/export, or runs/<ID>/merged)",
+            "dry": "print the command and run nothing"})
+@_user_errors
+def export(c, run="", merge=False, out="", dry=False):
+    """Write a run's trained model as a plain Hugging Face folder (for serving, or the hub).
+
+    A full fine-tune: the model and tokenizer. LoRA/QLoRA: the adapter, or with --merge the base with the adapters
+    merged in, loadable with transformers alone. Runs in the run's image, on CPU; the folder is reloaded and its
+    logits compared with the run's own model on a few inputs (the difference and tolerance are printed)."""
+    from dockyard import export as export_mod
+
+    export_mod.export(_settings(c), run=run, merge=merge, out=out, dry=dry)
 
 
 @task

@@ -9,6 +9,7 @@ works on an air-gapped host that received the wheelhouse.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import re
 import shutil
@@ -186,6 +187,25 @@ def repository_url(root: Path = ROOT) -> str:
     return "" if scheme == "file" else f"{scheme}://{host_path}"
 
 
+def code_hash(package: Path = ROOT / "dockyard") -> str:
+    """sha256 over the package's files (names and contents) as the build copies them: the image's label
+    and the checkout's are equal exactly when the image runs this checkout's code."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def warn_if_stale(image: dict, ref: str) -> None:
+    """One line when the image was built from other code than this checkout's (recipes need no build: they
+    are mounted from the checkout)."""
+    built = ((image.get("Config") or {}).get("Labels") or {}).get(variants.CODE_LABEL, "")
+    if built != code_hash():
+        print(f"warning: {ref} holds older (or other) code than this checkout's dockyard/: `invoke build` to "
+              "run your changes" if built else f"warning: {ref} predates code labels: it may run older code "
+              "than this checkout's; `invoke build` to be sure", file=sys.stderr)
+
+
 def base_image(settings: Settings, variant: Variant) -> str:
     return variant.base or settings.base_image_cpu
 
@@ -211,7 +231,8 @@ def build_plan(settings: Settings, variant: Variant, *, no_cache: bool = False, 
         "CUDA_TOOLKIT": "wheels" if variant.is_cuda and not variant.base else "none",
         "ALLOW_DUPLICATE_CUDA_LIBS": "--allow-duplicate-cuda-libs" if variant.is_cuda and variant.base else "",
     }
-    labels = variants.labels(variant, revision=revision, created=created, source=repository_url())
+    labels = variants.labels(variant, revision=revision, created=created, source=repository_url(),
+                             code=code_hash(context / "dockyard"))
     argv = engine.docker(settings, "build", "--progress=plain", "-f", str(context / "images" / "Dockerfile"),
                          "-t", ref or variants.tag(settings, variant))
     for k, v in args.items():
@@ -272,8 +293,9 @@ def copy_context(dst: Path, variant: str) -> Path:
     for name in ("dockyard", "data", "recipes"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "images").mkdir()
-    for name in ("Dockerfile", "check_image.py", "cuda_home.py", "variants.yaml"):
-        shutil.copy2(ROOT / "images" / name, dst / "images" / name)
+    for f in (ROOT / "images").iterdir():  # the Dockerfile and the scripts its steps bind-mount
+        if f.is_file():
+            shutil.copy2(f, dst / "images" / f.name)
     shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
     shutil.copytree(ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,
                     copy_function=os.link)

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dockyard import engine, multinode, variants
+from dockyard import build, engine, inputs, multinode, variants
 from dockyard.errors import DockyardError
 from dockyard.gpus import Host, docker_gpus, probe, select
 from dockyard.multinode import Rendezvous
@@ -52,7 +52,9 @@ def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str
     if topo.nodes > 1:
         argv += [f"--nnodes={topo.nodes}", *topo.rendezvous.torchrun_flags()]  # multinode.rendezvous()
     else:
-        argv += ["--standalone"]
+        # The workers' store address: without it torchrun looks up the container's hostname, which an engine
+        # without a bridge network (air-gapped nodes, `--bridge=none`) cannot resolve: every rank then waits forever.
+        argv += ["--standalone", "--local-addr=127.0.0.1"]
     return argv
 
 
@@ -115,7 +117,10 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     runs = settings.path(settings.runs_dir)
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
-    run_id = run_id or f"{Path(recipe).name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    # a recipe folder given as a path (`.`, `../mine/`) is named by the folder it resolves to
+    name = Path(recipe).expanduser().resolve().name if (Path(recipe).expanduser() / "recipe.yaml").is_file() else recipe
+    run_id = run_id or f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name).lstrip('-._') or 'run'}-" \
+                       f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if not RUN_ID.fullmatch(run_id):
         # It names the container too (dockyard-<run-id>): docker's rule, checked before anything is made.
         raise DockyardError(f"--run-id {run_id!r}: use letters, digits, '_', '.' and '-', starting with a letter "
@@ -170,38 +175,23 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     return argv + ["-w", "/opt/dockyard", image, *command]
 
 
-def _user_mounts(settings: Settings, overrides: list[str]) -> tuple[list[tuple[Path, str, bool]], list[str]]:
-    """The model folder and data from settings, mounted read-only and passed to the trainer."""
-    mounts, extra = [], []
-    for key, target in (("model", f"{WORKSPACE}/model"), ("data", f"{WORKSPACE}/data")):
-        value = getattr(settings, key)
-        if not value or f"--{key}" in overrides:
-            continue
-        p = settings.path(value)
-        if not p.exists():
-            raise DockyardError(f"setting {key}: {p} does not exist")
-        inside = target if p.is_dir() else f"{target}/{p.name}"
-        mounts.append((p if p.is_dir() else p.parent, target, True))
-        extra += [f"--{key}", inside]
-    return mounts, extra
-
-
 def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
              disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
-             cpu: bool = False, ib_root: Path = multinode.INFINIBAND) -> RunPlan:
+             cpu: bool = False, data: str = "", model: str = "", checkout_recipes: bool = True,
+             ib_root: Path = multinode.INFINIBAND) -> RunPlan:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
-    host without GPUs."""
+    host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout)."""
     from dockyard.recipes import load_recipe
 
     load_recipe(recipe)  # unknown recipe → error listing the valid names, before anything starts
     if not cpu:
         check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
-    mounts, extra = _user_mounts(settings, overrides)
-    env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_IMAGE_ID": image_id, "DOCKYARD_VARIANT": variant.name}
+    seen = inputs.plan_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
+    env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_IMAGE_ID": image_id, "DOCKYARD_VARIANT": variant.name, **seen.env}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     if cpu and variant.is_cuda:
@@ -209,16 +199,17 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
     if topo.rendezvous:
         env |= topo.rendezvous.env() | {"DOCKYARD_NODE_RANK": str(topo.node_rank)}
     gpu = variant.is_cuda and not cpu
-    command = torchrun_argv(topo) + entry_argv(recipe, f"{WORKSPACE}/runs/{run_dir.name}", overrides + extra, resume)
+    command = torchrun_argv(topo) + entry_argv(seen.recipe, f"{WORKSPACE}/runs/{run_dir.name}", seen.overrides, resume)
     argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
                            name=f"dockyard-{run_dir.name}",
-                           env=env, network_host=topo.nodes > 1, interactive=False, command=command, mounts=mounts,
-                           memlock=memlock, devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [])
+                           env=env, network_host=topo.nodes > 1, interactive=False, command=command,
+                           mounts=seen.volumes, memlock=memlock,
+                           devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [])
     return RunPlan(argv, run_dir)
 
 
 def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
-                resume: bool = False, cpu: bool = True) -> RunPlan:
+                resume: bool = False, cpu: bool = True, data: str = "", model: str = "") -> RunPlan:
     """The same entry point on this host, without a container (development, or GPU hosts without Docker)."""
     from dockyard.recipes import load_recipe
 
@@ -229,6 +220,7 @@ def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Pat
     if topo.rendezvous:
         env |= topo.rendezvous.env() | {"DOCKYARD_NODE_RANK": str(topo.node_rank)}
     launcher = [sys.executable, "-m", "torch.distributed.run"]
+    overrides = [*overrides, *(["--data", data] if data else []), *(["--model", model] if model else [])]
     return RunPlan(torchrun_argv(topo, launcher) + entry_argv(recipe, str(run_dir), overrides, resume), run_dir, env)
 
 
@@ -257,8 +249,9 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
 def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", nproc: int = 0, nodes: int = 1,
         node_rank: int = 0, master_addr: str = "", master_port: int = 29500, run_id: str = "",
         disable_require: bool = False, native: bool = False, resume: bool = False, dry: bool = False,
-        overrides: list[str] | None = None, cpu: bool = False, gpus: str = "", iface: str = "",
-        join_timeout: int = multinode.JOIN_TIMEOUT, max_restarts: int = 0) -> dict | None:
+        overrides: list[str] | None = None, cpu: bool = False, gpus: str = "", data: str = "",
+        model: str = "", iface: str = "", join_timeout: int = multinode.JOIN_TIMEOUT,
+        max_restarts: int = 0) -> dict | None:
     overrides = list(overrides or [])
     host = select(probe(), gpus)
     chosen, why = variants.resolve(settings, variant, host)
@@ -274,7 +267,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
     run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
     if native:
         plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
-                           resume=resume, cpu=cpu or not chosen.is_cuda)
+                           resume=resume, cpu=cpu or not chosen.is_cuda, data=data, model=model)
     else:
         info, image = {}, {}
         if not dry:
@@ -283,10 +276,11 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
             if not image:
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={recipe}`)")
+            build.warn_if_stale(image, variants.tag(settings, chosen))
         plan = plan_run(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require,
                         image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
-                        cpu=cpu)
+                        cpu=cpu, data=data, model=model)
     if dry:
         engine.echo(plan.argv, plan.env)
         return None
@@ -311,7 +305,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> No
     image = variants.tag(settings, chosen)
     if not dry:
         check_gpu_host(chosen, host, engine.engine_info(settings), False)
-    mounts, _ = _user_mounts(settings, [])
+    mounts = inputs.plan_mounts(settings, "", []).volumes
     runs = settings.path(settings.runs_dir)
     argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
                            env={"DOCKYARD_IMAGE_REF": image, "DOCKYARD_VARIANT": chosen.name}, network_host=False,

@@ -27,6 +27,10 @@ from dockyard import ROOT
 from dockyard.errors import DockyardError, json_object, problems
 
 RECIPES = ROOT / "recipes"
+# What yaml.safe_load raises besides YAMLError: its constructors convert tagged and date-like scalars with int(),
+# float() and datetime (`0x_`, `!!float x`, `0000-00-00`: ValueError; `!!float`: IndexError; `!!timestamp x`:
+# AttributeError), and it recurses once per nesting level.
+YAML_ERRORS = (yaml.YAMLError, ValueError, IndexError, AttributeError, TypeError, RecursionError)
 BUFFER = 1.5          # DeepSpeed's additional_buffer_factor for host memory
 FULL_STATES = 18      # bytes per trained parameter: fp32 weights 4 + grads 4 + Adam 8 + bf16 working copy 2
 NF4_BYTES = 0.52      # 4-bit NF4 with double-quantised scales, per quantised weight
@@ -181,6 +185,13 @@ class Recipe(BaseModel):
             raise ValueError(f"unknown adapter {v!r}; valid: {', '.join(ADAPTERS)}")
         return v
 
+    @field_validator("deepspeed", "fsdp")
+    @classmethod
+    def _in_the_folder(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "/" in v or "\\" in v or v in (".", "..")):
+            raise ValueError(f"{v!r} is not the name of a file in the recipe folder (a recipe travels as one folder)")
+        return v
+
     @model_validator(mode="after")
     def _one_strategy_file(self):
         if self.deepspeed and self.fsdp:
@@ -220,7 +231,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")
     try:
         raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
+    except YAML_ERRORS as e:
         raise DockyardError(f"{path} is not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise DockyardError(f"{path}: expected `key: value` lines (when, strategy, ...)")

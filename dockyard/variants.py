@@ -147,9 +147,13 @@ def lock_pins(text: str) -> dict[str, str]:
     return pins
 
 
-def labels(variant: Variant, *, revision: str, created: str, source: str = "") -> dict[str, str]:
+CODE_LABEL = "dockyard.code"
+
+
+def labels(variant: Variant, *, revision: str, created: str, source: str = "", code: str = "") -> dict[str, str]:
     """Every label the image carries: what is inside, and what it was built from (`source` only when there is
-    a repository URL to give: a local checkout path would mean nothing on another host)."""
+    a repository URL to give: a local checkout path would mean nothing on another host; `code`: the hash of the
+    dockyard/ package copied in, which `invoke run` compares with the checkout's)."""
     return {
         "dockyard.variant": variant.name,
         "dockyard.cuda": variant.cuda,
@@ -160,6 +164,7 @@ def labels(variant: Variant, *, revision: str, created: str, source: str = "") -
         "dockyard.bitsandbytes": variant.pins["bitsandbytes"],
         "dockyard.transformers": variant.pins["transformers"],
         "dockyard.lock": lock_hash(variant),
+        **({CODE_LABEL: code} if code else {}),
         "org.opencontainers.image.title": "dockyard",
         "org.opencontainers.image.version": __version__,
         "org.opencontainers.image.revision": revision,

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node N -m dockyard.train --recipe NAME_OR_DIR --run-dir DIR [--resume] [-- --key value ...]
 
 Everything after `--` overrides recipes/defaults.yaml: the project's settings (model, data, task, ...) or
-any TrainingArguments field; overrides may also follow the options directly, without the `--`.
+any TrainingArguments field; here they may also follow the options without the `--` (`invoke run` needs it).
 The run writes DIR/train.log, DIR/metrics.jsonl, checkpoints under DIR/checkpoints, the final model (or
 LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dockyard.errors import DockyardError
-from dockyard.recipes import Recipe, load_recipe
+from dockyard.recipes import RECIPES, Recipe, load_recipe
 from dockyard.train.recipe import RunSettings, parse_overrides, resolve_settings
 
 log = logging.getLogger("dockyard.train")
@@ -152,6 +152,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
 
     recipe = run.recipe = load_recipe(run.opts.recipe)
     settings, overrides = resolve_settings(recipe, overrides)
+    run.extra["recipe_files"] = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
     run_dir = run.opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     last = manifest.check_run_dir(run_dir, run.opts.resume)
@@ -183,6 +184,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
              settings.model_dump())
 
+    run.extra["inputs"] = manifest.inputs_record({"model": settings.model, "data": str(settings.data_path),
+                                                  "eval_data": settings.eval_data})
     tokenizer = models.load_tokenizer(model_dir)
     loaded = data.load(settings, tokenizer, args.seed)
     run.extra["data"] = loaded.info

@@ -1,9 +1,10 @@
-"""The run folder: DIR/manifest.json, the record of a run (the interface contract's schema plus extra keys,
-described in docs/training.md), written by rank 0 at the end, whether the run completed or failed; and the
+"""The run folder: DIR/manifest.json, the record of a run (its schema and extra keys: docs/training.md,
+"What a run writes"), written by rank 0 at the end, whether the run completed or failed; and the
 rule that a folder holding a run is never overwritten, only resumed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -57,6 +58,49 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
                     **metrics},
         **extra,
     }
+
+
+SMALL = 64 << 20  # files up to this size are hashed whole; bigger ones and folders by their list of files and sizes
+
+
+def fingerprint(path: Path) -> dict[str, Any]:
+    """What a run used, recorded so it can be checked later: size, and a sha256 of the file (small files) or of
+    its list of (relative name, size) (big files and folders: hashing gigabytes of weights would delay every
+    run)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    size = sum(f.stat().st_size for f in files)
+    h = hashlib.sha256()
+    if path.is_file() and size <= SMALL:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return {"bytes": size, "sha256": h.hexdigest(), "hash_of": "content"}
+    for f in files:
+        h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\t{f.stat().st_size}\n".encode())
+    return {"bytes": size, "files": len(files), "sha256": h.hexdigest(), "hash_of": "file list with sizes"}
+
+
+def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
+    """key → the host path (as `invoke run` / run.sh mounted it, from DOCKYARD_HOST_PATHS), the path inside, and
+    its fingerprint; keys naming no local path (a hub id) record the name alone."""
+    host = json.loads(os.environ.get("DOCKYARD_HOST_PATHS") or "{}")
+    out: dict[str, Any] = {}
+    for key, value in paths.items():
+        if not value:
+            continue
+        p = Path(value)
+        out[key] = {"path": host.get(value, str(p)), "inside": value}
+        if p.exists():
+            out[key].update(fingerprint(p))
+    return out
+
+
+def recipe_files(recipe: Any, defaults: Path) -> dict[str, str]:
+    """sha256 of every file that made the recipe (its folder and recipes/defaults.yaml): the edited recipe of a
+    run is told from the image's by these."""
+    files = [defaults, *sorted(p for p in recipe.folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
+    return {(f.name if f == defaults else f"{recipe.name}/{f.relative_to(recipe.folder).as_posix()}"):
+            hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
 def write(run_dir: Path, manifest: dict[str, Any], name: str = "manifest.json") -> None:

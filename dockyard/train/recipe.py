@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import ROOT
 from dockyard.errors import DockyardError, problems
-from dockyard.recipes import RECIPES, STRATEGY_KEYS, Recipe
+from dockyard.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
 
 DATA = ROOT / "data"
 TINY_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-llama"
@@ -72,7 +72,7 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
 def _scalar(text: str) -> Any:
     try:
         value = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except YAML_ERRORS:  # `0x_`, `2001-02-30`, ...: not a YAML value, so the text itself
         return text
     if isinstance(value, str):
         try:  # YAML 1.1 reads 1e-4 as a string

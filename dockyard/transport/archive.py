@@ -9,9 +9,11 @@ the layers a target already holds (inventory.py), `--sign` signs the manifest (v
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -22,7 +24,7 @@ from pathlib import Path
 from dockyard import console, engine
 from dockyard.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import inventory, remote
+from dockyard.transport import inventory, remote, runscript
 from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
 from dockyard.transport.layout import (
     FORMAT,
@@ -69,10 +71,9 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         out_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(paths), interrupts_as_errors(f"saving {paths.archive.name}"):
             manifest, got = write_set(settings, paths, images, compress, level, thin, key, cache)
-    except OSError as e:  # read-only folder, disk full, broken pipe: the partial files are already gone
-        raise DockyardError(f"saving {paths.archive.name} in {out_dir} failed: {e.strerror or e}; nothing was "
-                            "published. Free space or pick a writable --out=DIR, then save again.") from None
-    write_loader(out_dir)
+    except OSError as e:  # read-only folder, disk full: the partial files are already gone
+        raise write_failed(e, paths, cache) from None
+    runner = runscript.dockyard_variant(images)
     human = console.human
     if cache is not None and cache.hits:
         print(f"layer cache: {cache.hits} of {cache.hits + cache.misses} large layers copied from earlier saves "
@@ -85,6 +86,8 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
     print(f"load it: invoke load --file={paths.archive}  (or, without the project: sh load.sh "
           f"{paths.archive.name})")
+    if runner:
+        print("train there without the project: sh run.sh --recipe=ddp --data=FILE --model=DIR -- --max_steps 100")
     return manifest
 
 
@@ -121,6 +124,24 @@ def interrupts_as_errors(what: str):
                             "published", exit_code=128 + getattr(signal, name, signal.SIGINT)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def write_failed(e: OSError, paths: ArchivePaths, cache: LayerCache | None) -> DockyardError:
+    """What a failed write of the set says: which folder would not take it, and what to do."""
+    out_dir = paths.archive.parent
+    where = Path(e.filename) if e.filename else out_dir
+    where = where if where.is_dir() else where.parent
+    head = f"saving {paths.archive.name} failed"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return DockyardError(f"{head}: {where} is not writable ({e.strerror}); nothing was published. Pick a "
+                             "writable --out=DIR (or make that folder writable), then save again.")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if not e.filename:  # a write into an open file names none: the fuller of the two folders it writes into
+            folders = [out_dir, *([cache.dir] if cache is not None and cache.dir.exists() else [])]
+            where = min(folders, key=lambda d: shutil.disk_usage(d).free)
+        return DockyardError(f"{head}: no space left in {where} ({e.strerror}); nothing was published. Free "
+                             "space there or save to a larger disk (--out=DIR), then save again.")
+    return DockyardError(f"{head} in {out_dir}: {e.strerror or e}; nothing was published.")
 
 
 def default_image(settings: Settings, variant_name: str = "auto") -> str:
@@ -161,6 +182,8 @@ def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], metho
             sign_file(partials[1], key)
         partials[2].write_text(f"{got.out_sha256}  {paths.archive.name}\n"
                                f"{hashlib.sha256(partials[1].read_bytes()).hexdigest()}  {paths.manifest.name}\n")
+        write_loader(paths.archive.parent)  # before publishing: a disk that fills up here publishes nothing
+        runscript.write(settings, paths.archive.parent, images)
         os.replace(partials[0], paths.archive)
         os.replace(partials[1], paths.manifest)
         if key:

@@ -134,7 +134,14 @@ class FramedSink:
     # --- the stream between layers
     def write(self, chunk: bytes) -> None:
         if self.mode == "compress":
-            self.proc.stdin.write(chunk)
+            try:
+                self.proc.stdin.write(chunk)
+            except BrokenPipeError:
+                self.reader.join()
+                if self.failure:  # the frame's reader stopped first (e.g. the node it streams to went away)
+                    raise self.failure[0] from None
+                self.proc.wait()  # the compressor died on its own (killed, out of memory): its exit says so
+                raise
         elif self.mode == "loose":
             self.loose += chunk
             if len(self.loose) >= LOOSE_FLUSH:

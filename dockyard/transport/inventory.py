@@ -13,11 +13,15 @@ import hashlib
 import json
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 from dockyard import engine
-from dockyard.errors import DockyardError
+from dockyard.errors import DockyardError, problems
 from dockyard.settings import Settings
 
 INVENTORY_FORMAT = "dockyard-inventory/1"
@@ -81,17 +85,85 @@ def write_inventory(settings: Settings, out: str = "") -> Path:
 
 
 def read_inventory(path: Path) -> dict:
+    """An inventory file, as untrusted input: the shape `invoke inventory` and `load.sh --inventory` write."""
     try:
-        inv = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise DockyardError(f"no inventory {path}: make one on the target with `invoke inventory "
                             "--out=FILE` (or `sh load.sh --inventory > FILE`) and copy it here") from None
-    except json.JSONDecodeError as e:
-        raise DockyardError(f"{path} is not an inventory (invalid JSON: {e})") from None
-    if not isinstance(inv, dict) or inv.get("format") != INVENTORY_FORMAT \
-            or not isinstance(inv.get("chain_ids"), list) or not all(isinstance(c, str) for c in inv["chain_ids"]):
-        raise DockyardError(f"{path} is not a dockyard inventory (format {INVENTORY_FORMAT})")
-    return inv
+    if len(raw) > INVENTORY_CAP:
+        raise DockyardError(f"{path} is not a dockyard inventory: {len(raw)} bytes, more than any engine's "
+                            f"inventory ({INVENTORY_CAP >> 20} MiB)")
+    return check_inventory(lambda: _Inventory.model_validate_json(raw).model_dump(),
+                           f"{path} is not a dockyard inventory ({INVENTORY_FORMAT})")
+
+
+# --- the shape of inventories, checked wherever one comes from (a file, a node over ssh) -------------
+
+INVENTORY_CAP = 64 << 20  # `docker image inspect` of a few thousand images; more is not an inventory
+Digest = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class _Engine(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    store: Literal["classic", "containerd"]
+
+
+class _Inventory(BaseModel):
+    """What omission_for reads; the rest (images, created, ...) is carried along."""
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["dockyard-inventory/1"]
+    host: str = ""
+    engine: _Engine
+    chain_ids: list[Digest]
+
+
+class _Info(BaseModel):
+    """The fields of `docker info` an inventory records."""
+    model_config = ConfigDict(extra="allow")
+
+    ServerVersion: str = ""
+    DockerRootDir: str = ""
+    DriverStatus: list[list[str]] | None = None
+
+
+class _Layers(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    Layers: list[Digest] | None = None
+
+
+class _Inspected(BaseModel):
+    """One image of `docker image inspect`, the fields an inventory records."""
+    model_config = ConfigDict(extra="allow")
+
+    Id: str
+    RepoTags: list[str] | None = None
+    RootFS: _Layers = _Layers()
+
+
+_INSPECTED = TypeAdapter(list[_Inspected])
+
+
+def check_inventory(parse: Callable[[], dict], refusal: str) -> dict:
+    """What parse() returns, checked: an inventory, or `refusal` (which names the file or node) and what is wrong."""
+    try:
+        return _Inventory.model_validate(parse()).model_dump()
+    except ValidationError as e:
+        raise DockyardError(f"{refusal}: {problems(e, 'inventory')}") from None
+
+
+def inventory_from_json(info: bytes, inspected: bytes, host: str) -> dict:
+    """A node's inventory from what its `docker info --format '{{json .}}'` and `docker image inspect` printed,
+    read as untrusted input (a node is another machine): a refusal naming the node when it is not that."""
+    def parse() -> dict:
+        meta = _Info.model_validate_json(info).model_dump()
+        images = [i.model_dump() for i in _INSPECTED.validate_json(inspected)]
+        return inventory_from(meta, images, host)
+
+    return check_inventory(parse, f"the image inventory {host} sent over ssh is not what docker prints; refused")
 
 
 # --- images, as archives record them --------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 An archive is a plain `docker save` tar, compressed, with three files beside it: `<name>.sha256`
 (sha256sum -c format, covering the archive AND the manifest), `<name>.manifest.json` (what is inside),
-and `load.sh` (the same verify-then-load for nodes without the project).
+`load.sh` (the same verify-then-load for nodes without the project) and, for dockyard images, `run.sh`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,11 @@ class ArchivePaths:
     def loader(self) -> Path:
         return self.archive.with_name("load.sh")
 
+    @property
+    def runner(self) -> Path:
+        """run.sh: trains in the loaded image (runscript.py); only beside archives of dockyard images."""
+        return self.archive.with_name("run.sh")
+
 
 def archive_name(refs: list[str], method: str, thin: bool) -> str:
     """A file name that says what is inside: `dockyard_0.1.0-cpu.tar.zst`, `..-thin.tar.zst`."""
@@ -84,10 +89,13 @@ def read_sums(path: Path) -> dict[str, str]:
 
 def write_loader(folder: Path) -> Path:
     """Puts load.sh beside the archives. It is the same for every archive: it reads the manifest."""
-    loader, partial = folder / "load.sh", folder / "load.sh.partial"
-    shutil.copyfile(LOADER_TEMPLATE, partial)
-    partial.chmod(0o755)
-    os.replace(partial, loader)
+    loader, partial = folder / "load.sh", folder / f"load.sh.{os.getpid()}.partial"
+    try:
+        shutil.copyfile(LOADER_TEMPLATE, partial)
+        partial.chmod(0o755)
+        os.replace(partial, loader)
+    finally:
+        partial.unlink(missing_ok=True)
     return loader
 
 

@@ -136,10 +136,24 @@ fi
 
 echo "loading $name ..."
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
-# that decompresses to more is cut there, and the image check below refuses what it then lacks.
-if [ -z "$unpack" ]; then unpack=cat; fi
+# that decompresses to more is stopped there, and docker load is killed before its input ends, so it loads
+# nothing (`invoke load` does the same). Its input is a fifo this shell holds open until the count is known.
 limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
-$unpack "$name" | head -c "$limit" | docker load || die "docker load failed (an archive that decompresses to more than its manifest's tar_bytes is cut there)"
+work=$(mktemp -d) && mkfifo "$work/tar" || die "cannot make a fifo in ${TMPDIR:-/tmp}"
+trap 'rm -rf "$work"' EXIT
+docker load <"$work/tar" & loader=$!
+exec 3>"$work/tar"
+capped() { head -c "$limit"; [ "$(head -c 1 | wc -c)" -eq 0 ] || : >"$work/over"; }
+{ ${unpack:-cat} "$name" 2>"$work/unpack.err" || : >"$work/bad"; } | capped >&3
+if [ -e "$work/over" ] || [ -e "$work/bad" ]; then
+	kill "$loader" 2>/dev/null
+	exec 3>&-
+	wait "$loader"
+	[ -e "$work/over" ] && die "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): stopped there, refused, nothing was loaded"
+	die "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
+fi
+exec 3>&-
+wait "$loader" || die "docker load failed"
 
 # The classic store names an image by its config digest, which the manifest holds; the containerd
 # store by a manifest it writes while importing: there, compare the layers instead.

@@ -6,7 +6,6 @@ ProxyJump all apply. Nothing but sh, coreutils and docker is needed on the node.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -54,6 +53,13 @@ def parse_ssh_url(url: str) -> Remote:
     return Remote(m.group(1), port=int(m.group(2) or 0))
 
 
+# A node that does not answer fails in bounded time instead of when TCP gives up (about two minutes to connect,
+# never on a link that died mid-copy). ssh keeps the first value it is given for an option, so the same `-o` in
+# the `ssh` setting wins over these (they also override ~/.ssh/config, which ssh reads after the command line).
+SSH_DEFAULTS = ["-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+SSH_FAILED = 255  # ssh's own exit code when it cannot connect, log in, or the link dies
+
+
 def ssh_base(settings: Settings, r: Remote) -> list[str]:
     """ssh and its options, without the destination (what rsync -e takes)."""
     argv = shlex.split(settings.ssh)
@@ -61,7 +67,15 @@ def ssh_base(settings: Settings, r: Remote) -> list[str]:
         argv += ["-p", str(r.port)]
     if r.identity:
         argv += ["-i", str(Path(r.identity).expanduser())]
-    return argv
+    return argv + SSH_DEFAULTS
+
+
+def unreachable(r: Remote, stderr: str) -> DockyardError:
+    """What ssh failing on its own (exit 255) says: the node, ssh's reason, and what to check."""
+    reason = (stderr.strip().splitlines() or ["no answer"])[-1]
+    return DockyardError(f"ssh to {r.host} failed ({reason}). Check that {r.host} is up and reachable from here, "
+                         f"that its sshd answers on port {r.port or 22} and accepts your key, and the `ssh` "
+                         "setting (it may hold -o ConnectTimeout=SECONDS, -F FILE, ...)")
 
 
 def ssh_argv(settings: Settings, r: Remote, script: str) -> list[str]:
@@ -80,7 +94,12 @@ def rpath(folder: str, name: str = "") -> str:
 def run_there(settings: Settings, r: Remote, script: str, what: str,
               check: bool = True) -> subprocess.CompletedProcess:
     """A script on the node, its output captured (the runner quotes the ssh command when it fails)."""
-    return engine.run(ssh_argv(settings, r, script), capture=True, check=check, quiet=True, what=what)
+    p = engine.run(ssh_argv(settings, r, script), capture=True, check=False, quiet=True, what=what)
+    if p.returncode == SSH_FAILED:
+        raise unreachable(r, p.stderr)
+    if check and p.returncode != 0:
+        raise engine.failure(p.args, p.returncode, p.stderr.splitlines(), what)
+    return p
 
 
 def sha256_there(settings: Settings, r: Remote, name: str, have: dict[str, str]) -> str:
@@ -121,13 +140,24 @@ INVENTORY_SCRIPT = (
 
 
 def remote_inventory(settings: Settings, r: Remote) -> dict:
-    """The node's layer inventory, read over ssh with its own docker (no project needed there)."""
-    p = run_there(settings, r, INVENTORY_SCRIPT, f"reading the image inventory of {r.host}", check=False)
-    info, sep, images = p.stdout.partition(SEP + "\n")
-    if p.returncode != 0 or not sep:
+    """The node's layer inventory, read over ssh with its own docker (no project needed there). What the node
+    sends is untrusted: at most INVENTORY_CAP bytes are read, and it must have the shape docker prints."""
+    what = f"reading the image inventory of {r.host}"
+    with engine.Pipeline(ssh_argv(settings, r, INVENTORY_SCRIPT), stdout=engine.PIPE, quiet=True, what=what) as p:
+        out = p.stdout.read(inventory.INVENTORY_CAP + 1)
+        if len(out) > inventory.INVENTORY_CAP:  # leaving the block stops ssh
+            raise DockyardError(f"{r.host} sent more than {inventory.INVENTORY_CAP >> 20} MiB for its image "
+                                "inventory: refused (no engine's inventory is that large)")
+        code = p.wait(check=False)[0]
+        said = p.output()
+    if code == SSH_FAILED:
+        raise unreachable(r, "\n".join(said))
+    last = (said or ["no answer"])[-1]
+    info, sep, images = out.partition((SEP + "\n").encode())
+    if code != 0 or not sep:
         raise DockyardError(f"cannot read the images of {r.host} over ssh (is docker there, and may this "
-                            f"user use it?): {(p.stderr.strip().splitlines() or ['no answer'])[-1]}")
-    return inventory.inventory_from(json.loads(info), json.loads(images), r.host)
+                            f"user use it?): {last}")
+    return inventory.inventory_from_json(info, images, r.host)
 
 
 def target_inventory(settings: Settings, thin_for: str) -> dict:

@@ -29,6 +29,7 @@ from dockyard.transport.remote import (
     ssh_argv,
     ssh_base,
 )
+from dockyard.transport.verify import read_manifest, sha256_file
 
 
 def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: str = "", load: bool = False,
@@ -45,7 +46,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
                                 ".sha256, .manifest.json and load.sh beside it)")
     r = parse_to(to, port, identity)
     name, size = paths.archive.name, paths.archive.stat().st_size
-    manifest = json.loads(paths.manifest.read_text())
+    manifest = read_manifest(paths.manifest.read_bytes(), paths.manifest.name)
     expected = read_sums(paths.sha256).get(name, "")
     have = node_state(settings, r, name)
     needs = {"sha256sum": "to check the copy"}
@@ -66,10 +67,14 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
         got = sha256_there(settings, r, name + ".partial", have)
         if got != expected:
             run_there(settings, r, f"rm -f {rpath(r.dir, name + '.partial')}", "removing a bad copy")
+            if sha256_file(paths.archive, f"checking {name} here") != expected:  # no copy of it would ever match
+                raise DockyardError(f"{paths.archive} does not match its {paths.sha256.name}: the archive here is "
+                                    "damaged or was changed, so no copy of it can verify. Save it again (invoke "
+                                    f"save), then ship; the copy on {r.host} was removed.")
             raise DockyardError(f"the copy on {r.host} does not match the archive's sha256 ({got[:12]} != "
                                 f"{expected[:12]}): removed it; run `invoke ship` again")
         run_there(settings, r, f"mv -f {rpath(r.dir, name + '.partial')} {rpath(r.dir, name)}", "renaming the copy")
-    for p in (paths.manifest, paths.signature, paths.sha256, paths.loader):
+    for p in (paths.manifest, paths.signature, paths.sha256, paths.loader, paths.runner):
         if p.exists():
             _put_small(settings, r, p)
     # The archive's sha256 was checked above; this checks that the manifest arrived intact.
@@ -111,8 +116,9 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
                                       omit=omit, label=f"stream to {r.host}",
                                       cache=archive.layer_cache(settings, method, level))
         except BrokenPipeError:  # the node stopped reading: its exit code and output say why
-            remote_load.wait()
-            raise DockyardError(f"{r.host} stopped reading the stream: {engine.quote(load_argv)}\n"
+            code = remote_load.wait(check=False)[0]
+            raise DockyardError(f"{r.host} stopped reading the stream (ssh exit {code}): nothing was loaded there. "
+                                f"Check the connection and the node's disk and docker, then ship again.\n"
                                 + console.tail(remote_load.output())) from None
         remote_load.wait()
     wanted = inventory.names(images)

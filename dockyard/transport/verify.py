@@ -19,6 +19,7 @@ from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
 
 SIGN_NAMESPACE = "dockyard-archive"
+TAR_SLACK = 1 << 20  # past the manifest's tar_bytes (load.sh allows as much): the end of a tar is padded
 
 
 def load(settings: Settings, file: str) -> list[tuple[str, str]]:
@@ -46,11 +47,8 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     if dec and not engine.which(dec[0]):
         raise DockyardError(f"{dec[0]} is not installed: install it (apt-get install {dec[0]}) to load "
                             f"{paths.archive.name}")
-    load_argv = engine.docker(settings, "load", *([] if dec else ["-i", str(paths.archive)]))
-    stages = [[*dec, str(paths.archive)], load_argv] if dec else [load_argv]
-    with engine.Pipeline(*stages, stdout=engine.TAIL, what=f"loading {paths.archive.name}") as pipeline:
-        pipeline.wait()
-        output = pipeline.output()
+    load_argv = engine.docker(settings, "load")
+    output = load_capped(paths, dec, load_argv, manifest["tar_bytes"] + TAR_SLACK)
     loaded, problems = [], []
     for ref, img in inventory.names(manifest["images"]):
         meta = engine.image_inspect(settings, ref)
@@ -65,6 +63,33 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     for ref, image_id in loaded:
         print(f"loaded {ref} {image_id}")
     return loaded
+
+
+def load_capped(paths: ArchivePaths, dec: list[str] | None, load_argv: list[str], limit: int) -> list[str]:
+    """The archive, decompressed, into `docker load`, counted on the way: at most `limit` bytes reach it. An
+    archive that decompresses to more than its manifest declared (what the free-space check counted) is stopped
+    there, and docker load is killed before it sees the end of its input, so it loads nothing. load.sh does the
+    same. Returns docker load's last output lines."""
+    name, unpack_argv = paths.archive.name, [*(dec or ["cat"]), str(paths.archive)]
+    engine.echo_pipeline(unpack_argv, load_argv)
+    with (engine.Pipeline(load_argv, stdin=engine.PIPE, stdout=engine.TAIL, quiet=True,
+                          what=f"loading {name}") as docker_load,
+          engine.Pipeline(unpack_argv, stdout=engine.PIPE, quiet=True, what=f"decompressing {name}") as unpack):
+        copied = 0
+        while chunk := unpack.stdout.read(engine.CHUNK):
+            copied += len(chunk)
+            if copied > limit:  # leaving the block kills docker load before its input ends
+                raise DockyardError(f"{name} decompresses to more than its manifest declares ({limit - TAR_SLACK} "
+                                    "bytes of tar): stopped there, refused, nothing was loaded")
+            try:
+                docker_load.stdin.write(chunk)
+            except BrokenPipeError:  # docker load stopped reading: its exit code and output say why
+                docker_load.wait()
+                unpack.kill()
+                return docker_load.output()
+        unpack.wait()  # a damaged stream fails here, before docker load sees the end of a truncated tar
+        docker_load.wait()
+        return docker_load.output()
 
 
 def verify(settings: Settings, paths: ArchivePaths) -> dict:

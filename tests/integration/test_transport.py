@@ -95,7 +95,7 @@ def test_save_writes_a_verified_archive_set(full, images, settings):
     path, manifest = full
     folder = path.parent
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [path.name, f"{IMAGE}_v1.sha256", f"{IMAGE}_v1.manifest.json", "load.sh"])
+        [path.name, f"{IMAGE}_v1.sha256", f"{IMAGE}_v1.manifest.json", "load.sh", "run.sh"])
     assert subprocess.run(["sha256sum", "-c", f"{IMAGE}_v1.sha256"], cwd=folder, capture_output=True).returncode == 0
     assert subprocess.run(["zstd", "-tq", path]).returncode == 0
     meta = engine.image_inspect(settings, images["v1"])
@@ -111,7 +111,7 @@ def test_full_archive_ships_loads_and_runs_on_node2(node, images, shipped):
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"loaded on {node.alias}: {images['v1']} {images['v1_id']}" in r.stdout
     assert sorted(os.listdir(rdir)) == sorted([f"{IMAGE}_v1.tar.zst", f"{IMAGE}_v1.sha256",
-                                               f"{IMAGE}_v1.manifest.json", "load.sh"])
+                                               f"{IMAGE}_v1.manifest.json", "load.sh", "run.sh"])
     assert node.image_id(images["v1"]) == images["v1_id"]
     run = node.ssh(f"docker run --rm --network none {images['v1']} cat /recipe.txt")
     assert run.stdout == "v1\n"

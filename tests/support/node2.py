@@ -185,6 +185,27 @@ def _start(node: Node, net: ipaddress.IPv4Network) -> None:
     _wait("sshd", lambda: node.ssh("docker info >/dev/null", check=False, timeout=20).returncode == 0)
 
 
+@contextlib.contextmanager
+def silent_host():
+    """A network namespace where one address of 198.18.0.0/15 is routed but never answers: packets to it go out
+    of a veth (both ends inside the namespace) to a link address nobody has, and are dropped, as on a link to a
+    node that is down. Yields the command prefix that runs a program in the namespace, and the address."""
+    tag = f"{os.getpid() % 100000:05d}{random.randrange(1000):03d}"
+    netns, net = f"dysil-{tag}", _free_subnet()
+    here, there = (str(h) for h in net.hosts())
+    inside = ["ip", "-n", netns]
+    try:
+        _sh("ip", "netns", "add", netns)
+        _sh(*inside, "link", "add", "v0", "type", "veth", "peer", "name", "v1")
+        _sh(*inside, "addr", "add", f"{here}/{net.prefixlen}", "dev", "v0")
+        for link in ("lo", "v0", "v1"):
+            _sh(*inside, "link", "set", link, "up")
+        _sh(*inside, "neigh", "add", there, "lladdr", "02:00:00:00:00:02", "dev", "v0", "nud", "permanent")
+        yield ["nsenter", f"--net=/var/run/netns/{netns}"], there
+    finally:
+        _sh("ip", "netns", "del", netns, check=False)
+
+
 def _stop_process(p: subprocess.Popen, timeout: float) -> None:
     if p.poll() is not None:
         return

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dockyard import build, engine, launch, recipes
 from dockyard.errors import DockyardError
 from dockyard.settings import ROOT, Settings, load
-from dockyard.transport import commit, verify
+from dockyard.transport import commit, inventory, verify
 from tests.support.cli import invoke
 
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")  # docker's container-name rule; the run id names one
@@ -65,6 +65,15 @@ def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     r = invoke("run", "--dry", "--variant=cpu", f"--recipe={folder}")
     assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr
     assert "docker run" not in r.stdout + r.stderr
+
+
+def test_a_recipe_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    folder = broken_recipe(tmp_path, (ROOT / "recipes" / "zero2" / "ds_config.json").read_text())
+    shutil.copytree(ROOT / "recipes" / "zero3", tmp_path / "zero3")
+    (folder / "recipe.yaml").write_text((folder / "recipe.yaml").read_text().replace(
+        "deepspeed: ds_config.json", "deepspeed: ../zero3/ds_config.json"))
+    with pytest.raises(DockyardError, match="is not the name of a file in the recipe folder"):
+        recipes.load_recipe(folder)
 
 
 def test_every_shipped_recipe_passes_the_host_check():
@@ -196,3 +205,110 @@ def test_any_json_is_a_manifest_or_a_refusal(value):
     except DockyardError:
         return
     assert isinstance(m["tar_bytes"], int) and m["images"]
+
+
+# --- inventories: a file from another node, or what a node sends over ssh ------------------------------------------
+
+DIGESTS = st.sampled_from(["sha256:" + c * 64 for c in "0af"] + ["sha256:x", "", "-q", "sha256:" + "A" * 64])
+GOOD_INVENTORY = {"format": inventory.INVENTORY_FORMAT, "host": "n7", "engine": {"store": "classic"},
+                  "chain_ids": ["sha256:" + "0" * 64]}
+
+
+def inventory_like():
+    """Inventories with every field present, each field an arbitrary value or a plausible one."""
+    plausible = {"format": st.sampled_from([inventory.INVENTORY_FORMAT, "dockyard-inventory/2"]),
+                 "host": st.text(max_size=8),
+                 "engine": st.fixed_dictionaries({"store": st.sampled_from(["classic", "containerd", "zfs"])}),
+                 "chain_ids": st.lists(DIGESTS, max_size=3)}
+    return st.fixed_dictionaries({k: st.one_of(v, json_values) for k, v in plausible.items()})
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, inventory_like()), st.binary(max_size=40))
+def test_any_inventory_file_is_an_inventory_or_a_refusal(tmp_path_factory, value, garbage):
+    path = tmp_path_factory.mktemp("inv") / "n.json"
+    for content in (json.dumps(value).encode(), garbage):
+        path.write_bytes(content)
+        try:
+            inv = inventory.read_inventory(path)
+        except DockyardError as e:
+            assert str(path) in str(e)
+            continue
+        assert inv["engine"]["store"] in ("classic", "containerd")
+        assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", c) for c in inv["chain_ids"])
+        images = [{"diff_ids": ["sha256:" + "0" * 64], "chain_ids": ["sha256:" + "0" * 64]}]
+        assert inventory.omission(images, inv).diff_ids <= {"sha256:" + "0" * 64}
+
+
+docker_inspect_like = st.lists(st.fixed_dictionaries({
+    "Id": st.one_of(st.text(max_size=8), json_values),
+    "RepoTags": st.one_of(st.none(), st.lists(st.text(max_size=8), max_size=2), json_values),
+    "RootFS": st.one_of(st.fixed_dictionaries({"Layers": st.one_of(st.none(), st.lists(DIGESTS, max_size=3))}),
+                        json_values)}), max_size=3)
+docker_info_like = st.fixed_dictionaries({"ServerVersion": st.one_of(st.text(max_size=8), json_values),
+                                          "DriverStatus": st.one_of(st.none(), json_values,
+                                                                    st.lists(st.lists(st.text(max_size=30),
+                                                                                      max_size=3), max_size=2))})
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.one_of(json_values, docker_info_like), st.one_of(json_values, docker_inspect_like), st.binary(max_size=20))
+def test_whatever_a_node_sends_for_its_inventory_is_an_inventory_or_a_refusal_naming_it(info, inspected, garbage):
+    for sent in ((json.dumps(info).encode(), json.dumps(inspected).encode()), (garbage, garbage)):
+        try:
+            inv = inventory.inventory_from_json(*sent, host="node7")
+        except DockyardError as e:
+            assert "node7" in str(e)
+            continue
+        assert inv["host"] == "node7" and all(isinstance(c, str) for c in inv["chain_ids"])
+
+
+# --- recipe files ------------------------------------------------------------------------------------------------
+
+RECIPE_KEYS = {"when": st.text(max_size=10), "strategy": st.sampled_from(["zero2", "ddp", "fsdp", "zero9"]),
+               "peft": st.sampled_from(["lora", "qlora", "dora"]), "deepspeed": st.sampled_from(["ds_config.json",
+               "../zero3/ds_config.json", "missing.json", "recipe.yaml"]), "fsdp": st.text(max_size=8),
+               "settings": st.dictionaries(st.sampled_from(["learning_rate", "deepspeed", "model"]), json_values,
+                                           max_size=2), "name": st.text(max_size=4)}
+yaml_scalars = st.sampled_from(["2001-02-30", "0x_", "!!float x", "!!timestamp x", "&a [*a]", "[" * 200, "{a: [}",
+                                "!!python/object:os.system x", "\x00", "~", "- a\n- b"])
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.text(max_size=60),
+    yaml_scalars,
+    st.dictionaries(st.sampled_from(sorted(RECIPE_KEYS)), json_values, max_size=4).map(json.dumps),
+    st.fixed_dictionaries({}, optional=RECIPE_KEYS).map(json.dumps),
+    st.tuples(st.sampled_from(sorted(RECIPE_KEYS)), yaml_scalars).map(lambda kv: f"{kv[0]}: {kv[1]}")))
+def test_any_recipe_file_is_a_recipe_or_a_refusal(tmp_path_factory, body):
+    folder = tmp_path_factory.mktemp("recipe")
+    shutil.copy(ROOT / "recipes" / "zero2" / "ds_config.json", folder)
+    for text in (body, "# invoke run --recipe=x\n" + body):
+        (folder / "recipe.yaml").write_text(text, errors="surrogateescape")
+        try:
+            r = recipes.load_recipe(folder)
+        except DockyardError:
+            continue
+        assert r.strategy in recipes.STRATEGIES and r.folder == folder.resolve()
+        assert all((r.folder / f).resolve().parent == r.folder for f in (r.deepspeed, r.fsdp) if f)
+
+
+# --- trainer overrides (after `--`) --------------------------------------------------------------------------------
+
+override_words = st.one_of(st.text(max_size=12), st.sampled_from(["--max_steps", "--lora_r", "--task", "--data",
+                                                                  "--deepspeed", "--eval_fraction", "--x=1", "--"]),
+                           yaml_scalars)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.lists(override_words, max_size=6))
+def test_any_trainer_overrides_are_settings_or_a_refusal(argv):
+    from dockyard.train.recipe import parse_overrides, resolve_settings
+
+    try:
+        overrides = parse_overrides(argv)
+        settings, rest = resolve_settings(recipes.load_recipe("zero2"), overrides)
+    except DockyardError:
+        return
+    assert set(overrides) <= set(type(settings).model_fields) | set(rest)

@@ -36,7 +36,8 @@ def test_gpu_run_has_the_flags_multi_gpu_training_needs(settings, tmp_path):
     assert "HF_HUB_OFFLINE=1" in argv and "NVIDIA_DISABLE_REQUIRE=1" not in argv
     cmd = _after_image(argv, "dockyard:0.1.0-cu132")
     assert cmd[:3] == ["torchrun", "--nproc-per-node=2", "--standalone"], "one process per GPU"
-    assert cmd[3:9] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/r1"]
+    assert cmd[3] == "--local-addr=127.0.0.1", "a container without a network cannot resolve its hostname"
+    assert cmd[4:10] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/r1"]
     assert f"{tmp_path / 'runs'}:/workspace/runs" in argv
 
 
@@ -141,18 +142,6 @@ def test_existing_run_is_never_overwritten(settings, tmp_path):
     assert launch.new_run_dir(s, "zero2", "r1", resume=True) == tmp_path / "r1"
     with pytest.raises(DockyardError, match="no run folder"):
         launch.new_run_dir(s, "zero2", "nope", resume=True)
-
-
-def test_model_and_data_settings_are_mounted_read_only(settings, tmp_path):
-    data = tmp_path / "mine.jsonl"
-    data.write_text('{"text": "x"}\n')
-    (tmp_path / "model").mkdir()
-    s = settings.model_copy(update={"data": str(data), "model": str(tmp_path / "model")})
-    mounts, extra = launch._user_mounts(s, [])
-    assert (tmp_path / "model", "/workspace/model", True) in mounts and (tmp_path, "/workspace/data", True) in mounts
-    assert extra == ["--model", "/workspace/model", "--data", "/workspace/data/mine.jsonl"]
-    with pytest.raises(DockyardError, match="does not exist"):
-        launch._user_mounts(settings.model_copy(update={"data": str(tmp_path / "missing.jsonl")}), [])
 
 
 def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):

@@ -72,20 +72,21 @@ def test_inventory_from_docker_info_and_inspect():
 def test_a_missing_or_foreign_inventory_is_refused(tmp_path):
     with pytest.raises(DockyardError, match="invoke inventory"):
         inventory.read_inventory(tmp_path / "nope.json")
-    (tmp_path / "x.json").write_text("{}")
-    with pytest.raises(DockyardError, match="not a dockyard inventory"):
-        inventory.read_inventory(tmp_path / "x.json")
-    for foreign in ([1], {"format": inventory.INVENTORY_FORMAT, "chain_ids": "sha256:x"},
-                    {"format": inventory.INVENTORY_FORMAT, "chain_ids": [1]}):
+    good = {"format": inventory.INVENTORY_FORMAT, "engine": {"store": "classic"}, "chain_ids": [BASE]}
+    for foreign, says in (({}, "format"), ([1], "inventory"), ({**good, "chain_ids": "sha256:x"}, "chain_ids"),
+                          ({**good, "chain_ids": [1]}, "chain_ids.0"), ({**good, "chain_ids": ["-x"]}, "chain_ids.0"),
+                          ({k: v for k, v in good.items() if k != "engine"}, "engine: Field required"),
+                          ({**good, "engine": {"store": "zfs"}}, "engine.store")):
         (tmp_path / "x.json").write_text(json.dumps(foreign))
-        with pytest.raises(DockyardError, match="not a dockyard inventory"):
+        with pytest.raises(DockyardError, match="not a dockyard inventory") as e:
             inventory.read_inventory(tmp_path / "x.json")
+        assert says in str(e.value) and str(tmp_path / "x.json") in str(e.value)
     (tmp_path / "y.json").write_text("{")
-    with pytest.raises(DockyardError, match="invalid JSON"):
+    with pytest.raises(DockyardError, match="Invalid JSON"):
         inventory.read_inventory(tmp_path / "y.json")
-    good = {"format": inventory.INVENTORY_FORMAT, "chain_ids": [BASE]}
-    (tmp_path / "z.json").write_text(json.dumps(good))
-    assert inventory.read_inventory(tmp_path / "z.json") == good
+    (tmp_path / "z.json").write_text(json.dumps({**good, "images": [], "created": "today"}))
+    got = inventory.read_inventory(tmp_path / "z.json")
+    assert got["chain_ids"] == [BASE] and got["engine"]["store"] == "classic" and got["created"] == "today"
 
 
 def test_images_are_named_by_their_tags_or_their_id():

@@ -34,9 +34,25 @@ def test_ssh_honours_the_users_ssh_and_its_options():
     r = Remote("node7", "/d", 2222, "/k")
     argv = remote.ssh_argv(s, r, "echo 'hi' && true")
     assert argv[:7] == ["ssh", "-F", "/etc/cluster.conf", "-p", "2222", "-i", "/k"]
-    assert argv[7] == "node7" and argv[8] == "sh -c " + shlex.quote("echo 'hi' && true")
+    assert argv[-2] == "node7" and argv[-1] == "sh -c " + shlex.quote("echo 'hi' && true")
     # The remote command runs in POSIX sh whatever the login shell is: check the quoting round-trips.
-    assert subprocess.run(["sh", "-c", argv[8]], capture_output=True, text=True).stdout == "hi\n"
+    assert subprocess.run(["sh", "-c", argv[-1]], capture_output=True, text=True).stdout == "hi\n"
+
+
+def effective(argv: list[str]) -> dict[str, str]:
+    """The options the real ssh would use for this argv (`ssh -G` prints them without connecting)."""
+    out = subprocess.run([*argv[:-2], "-G", argv[-2]], capture_output=True, text=True, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def test_ssh_gives_up_on_a_silent_node_in_bounded_time_unless_the_setting_says_otherwise(tmp_path):
+    (tmp_path / "config").write_text("Host *\n  ConnectTimeout 300\n")
+    used = effective(remote.ssh_argv(Settings(ssh=f"ssh -F {tmp_path / 'config'}"), Remote("node7"), "true"))
+    assert used["connecttimeout"] == "15" and used["serveraliveinterval"] == "15"
+    assert used["serveralivecountmax"] == "4"
+    used = effective(remote.ssh_argv(Settings(ssh="ssh -o ConnectTimeout=3 -o ServerAliveCountMax=9"),
+                                     Remote("node7"), "true"))
+    assert used["connecttimeout"] == "3" and used["serveralivecountmax"] == "9"  # the setting's own values win
 
 
 def test_node_state_script_reports_tools_space_and_partial_copies(tmp_path):
@@ -53,22 +69,54 @@ def test_node_state_script_reports_tools_space_and_partial_copies(tmp_path):
     assert int(have["free_kb"]) > 0 and not (tmp_path / "new").exists()
 
 
-def test_the_inventory_script_is_read_like_docker_prints_it(monkeypatch):
+def fake_node(tmp_path, stdout: bytes, code: int = 0) -> Settings:
+    """An `ssh` setting whose node answers every command with `stdout` and exit `code`; it records its argv."""
+    (tmp_path / "answer").write_bytes(stdout)
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\ncat {tmp_path}/answer\n'
+                   f'echo "node says bye" >&2\nexit {code}\n')
+    ssh.chmod(0o755)
+    return Settings(ssh=str(ssh))
+
+
+def docker_prints(info, inspected) -> bytes:
+    return (json.dumps(info) + "\n" + remote.SEP + "\n" + json.dumps(inspected)).encode()
+
+
+LAYERS = ["sha256:" + "a" * 64]
+
+
+def test_the_inventory_script_is_read_like_docker_prints_it(tmp_path):
     """What INVENTORY_SCRIPT prints over ssh becomes an inventory; the Remote given is the one used."""
-    info = {"ServerVersion": "20.10", "DriverStatus": []}
-    layers = ["sha256:" + "a" * 64]
-    calls = []
+    s = fake_node(tmp_path, docker_prints({"ServerVersion": "20.10", "DriverStatus": []},
+                                          [{"Id": "sha256:" + "1" * 64, "RootFS": {"Layers": LAYERS}}]))
+    inv = remote.remote_inventory(s, Remote("node7", port=2200, identity="/keys/k"))
+    assert inv["format"] == INVENTORY_FORMAT and inv["host"] == "node7" and inv["chain_ids"] == LAYERS
+    sent = (tmp_path / "argv").read_text().split("\n")
+    assert sent[:4] == ["-p", "2200", "-i", "/keys/k"] and "node7" in sent
 
-    def fake_run(argv, **kw):
-        calls.append(argv)
-        out = json.dumps(info) + "\n" + remote.SEP + "\n" + json.dumps([{"Id": "sha256:" + "1" * 64,
-                                                                        "RootFS": {"Layers": layers}}])
-        return subprocess.CompletedProcess(argv, 0, out, "")
 
-    monkeypatch.setattr(remote.engine, "run", fake_run)
-    inv = remote.remote_inventory(Settings(), Remote("node7", port=2200, identity="/keys/k"))
-    assert inv["format"] == INVENTORY_FORMAT and inv["host"] == "node7" and inv["chain_ids"] == layers
-    assert calls[0][:5] == ["ssh", "-p", "2200", "-i", "/keys/k"]
+@pytest.mark.parametrize("answer,says", [
+    (b"not json\n" + remote.SEP.encode() + b"\n[]", "Invalid JSON"),
+    (docker_prints([1], []), "Input should be an object"),
+    (docker_prints({}, {"Id": "x"}), "Input should be a valid array"),
+    (docker_prints({}, [{"RootFS": {}}]), "Id: Field required"),
+    (docker_prints({}, [{"Id": "x", "RootFS": {"Layers": ["sha256:../../etc"]}}]), "RootFS.Layers.0"),
+    (docker_prints({"DriverStatus": "containerd"}, []), "DriverStatus"),
+])
+def test_a_node_that_sends_something_else_than_docker_prints_is_refused_by_name(tmp_path, answer, says):
+    with pytest.raises(DockyardError, match="the image inventory node7 sent over ssh is not what docker prints") as e:
+        remote.remote_inventory(fake_node(tmp_path, answer), Remote("node7"))
+    assert says in str(e.value)
+
+
+def test_a_node_that_sends_too_much_or_fails_is_refused_by_name(tmp_path):
+    with pytest.raises(DockyardError, match="node7 sent more than 64 MiB for its image inventory"):
+        remote.remote_inventory(fake_node(tmp_path, b"{" * (64 << 20) + b"}"), Remote("node7"))
+    with pytest.raises(DockyardError, match="cannot read the images of node7 over ssh .* node says bye"):
+        remote.remote_inventory(fake_node(tmp_path, b"", code=1), Remote("node7"))
+    with pytest.raises(DockyardError, match=r"ssh to node7 failed \(node says bye\)\. Check that node7 is up"):
+        remote.remote_inventory(fake_node(tmp_path, b"", code=255), Remote("node7"))
 
 
 def test_thin_for_names_a_node_or_an_inventory_file(tmp_path, monkeypatch):
@@ -76,5 +124,6 @@ def test_thin_for_names_a_node_or_an_inventory_file(tmp_path, monkeypatch):
     monkeypatch.setattr(remote, "remote_inventory", lambda settings, r: seen.append(r) or {"chain_ids": []})
     remote.target_inventory(Settings(), "ssh://me@node7:2200")
     assert seen == [Remote("me@node7", port=2200)]
-    (tmp_path / "n.json").write_text(json.dumps({"format": INVENTORY_FORMAT, "chain_ids": []}))
+    (tmp_path / "n.json").write_text(json.dumps({"format": INVENTORY_FORMAT, "engine": {"store": "classic"},
+                                                 "chain_ids": []}))
     assert remote.target_inventory(Settings(), str(tmp_path / "n.json"))["chain_ids"] == []

@@ -1,22 +1,71 @@
-"""Ship's copy commands without a node: rsync resumes, the ssh fallback appends."""
+"""Ship without a node: rsync resumes, the ssh fallback appends; a "node" that is this machine's own sh."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 from pathlib import Path
 
+import pytest
+
+from dockyard.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import ship
+from dockyard.transport.layout import write_loader
 from dockyard.transport.remote import Remote
 
 
 def test_rsync_resumes_and_checks_the_whole_file():
     argv = ship.rsync_argv(Settings(), Remote("n", "/d", 2222), Path("/a/x.tar.zst"), "x.tar.zst.partial")
     assert {"--partial", "--append-verify"} <= set(argv)
-    assert argv[argv.index("-e") + 1] == "ssh -p 2222"
+    assert argv[argv.index("-e") + 1].startswith("ssh -p 2222 -o ConnectTimeout=")  # the copy is bounded too
     assert argv[-2:] == ["/a/x.tar.zst", "n:/d/x.tar.zst.partial"]
 
 
 def test_append_fallback_appends_to_the_partial_file():
     argv = ship.append_argv(Settings(), Remote("n", "~/in box"), "x.tar.zst.partial")
     assert argv[-1] == "sh -c " + shlex.quote("cat >> \"$HOME\"/'in box/x.tar.zst.partial'")
+
+
+def local_node(tmp_path) -> Settings:
+    """An `ssh` setting whose "node" is this machine: it runs the remote script with the local sh, no network."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text('#!/bin/sh\nfor last; do :; done\nexec sh -c "$last"\n')
+    ssh.chmod(0o755)
+    return Settings(ssh=str(ssh))
+
+
+def archive_set(folder: Path, content: bytes, listed: bytes) -> Path:
+    """An archive set as `invoke save` lays it out, its .sha256 listing the sha256 of `listed`."""
+    folder.mkdir()
+    archive = folder / "x.tar.zst"
+    archive.write_bytes(content)
+    manifest = {"archive_sha256": hashlib.sha256(listed).hexdigest(), "archive_bytes": len(listed), "tar_bytes": 1,
+                "images": [{"id": "sha256:" + "b" * 64, "tags": ["t:1"], "diff_ids": []}]}
+    (folder / "x.manifest.json").write_text(json.dumps(manifest))
+    (folder / "x.sha256").write_text(f"{manifest['archive_sha256']}  x.tar.zst\n"
+                                     f"{hashlib.sha256((folder / 'x.manifest.json').read_bytes()).hexdigest()}"
+                                     "  x.manifest.json\n")
+    write_loader(folder)
+    return archive
+
+
+def test_an_archive_damaged_here_is_blamed_here_not_on_the_copy(tmp_path):
+    s = local_node(tmp_path)
+    good = archive_set(tmp_path / "good", b"archive bytes", b"archive bytes")
+    ship.ship_file(s, str(good), f"node7:{tmp_path / 'there'}", transport="ssh")
+    assert (tmp_path / "there" / "x.tar.zst").read_bytes() == b"archive bytes"
+
+    damaged = archive_set(tmp_path / "damaged", b"archive bytez", b"archive bytes")
+    with pytest.raises(DockyardError, match="the archive here is damaged or was changed, so no copy of it can verify"):
+        ship.ship_file(s, str(damaged), f"node7:{tmp_path / 'there2'}", transport="ssh")
+    assert not list((tmp_path / "there2").glob("*.tar.zst*"))
+
+
+def test_a_manifest_that_is_not_ours_is_refused_before_anything_is_copied(tmp_path):
+    archive = archive_set(tmp_path / "set", b"a", b"a")
+    (tmp_path / "set" / "x.manifest.json").write_text("[not, a, manifest")
+    with pytest.raises(DockyardError, match="x.manifest.json is not a manifest `invoke save` writes"):
+        ship.ship_file(local_node(tmp_path), str(archive), f"node7:{tmp_path / 'there'}")
+    assert not (tmp_path / "there").exists()

@@ -1,0 +1,150 @@
+"""A run's model as a plain Hugging Face folder, checked by reloading it (`invoke export` runs this in the image):
+
+    python -m dockyard.train.export --run-dir DIR --out EMPTY_DIR [--merge]
+
+Full fine-tunes: the saved model and tokenizer. LoRA/QLoRA: the adapter (load it onto the base with peft), or with
+--merge the base with the adapters merged into its weights (QLoRA: onto the 16-bit base, not the 4-bit one it
+trained on), loadable with transformers alone. Either way the written folder is reloaded and its logits compared,
+on a few inputs, with the run's own model (base as trained, 4-bit for QLoRA, plus adapter); the largest difference
+and the tolerance are printed, and a folder outside it is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dockyard.errors import DockyardError
+
+TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dockyard.train.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run-dir", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="an empty folder to write into")
+    p.add_argument("--merge", action="store_true", help="merge LoRA/QLoRA adapters into the base")
+    opts = p.parse_args(argv)
+    try:
+        export(opts.run_dir, opts.out, opts.merge)
+    except DockyardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
+    """Write the folder, reload it, compare; returns what was checked."""
+    m = read_manifest(run_dir)
+    if out.exists() and any(out.iterdir()):
+        raise DockyardError(f"{out} is not empty: pick a new --out folder")
+    out.mkdir(parents=True, exist_ok=True)
+    adapter = m["model"]["format"] == "adapter"
+    dtype = getattr(torch, m["probe"]["dtype"])
+    if adapter and merge:
+        what = f"{m['strategy']['peft']} adapters merged into the {m['probe']['dtype']} base"
+        load_run_model(m, run_dir, dtype, quantized=False).merge_and_unload().save_pretrained(out)
+    else:
+        what = "adapter (load it onto the base with peft)" if adapter else "model"
+        if merge:
+            print(f"note: run {m['run_id']} trained the whole model: there are no adapters to merge")
+        for f in (run_dir / "model").iterdir():  # what the Trainer saved, as it is: weights (or adapter), config
+            if f.is_file() and f.name != "training_args.bin":
+                shutil.copy2(f, out / f.name)
+    tokenizer(run_dir / "model").save_pretrained(out)
+    check = compare(m, run_dir, out, dtype, reload_adapter=adapter and not merge)
+    print(f"exported {what} of run {m['run_id']} to {out}")
+    print(f"  reloaded and compared with the run's own model on {check['inputs']} inputs: largest logit difference "
+          f"{check['max_abs_diff']:.2e} (tolerance {check['tolerance']:.1e}{', ' + check['why'] if check['why'] else ''})")
+    if "vs_4bit_as_trained" in check:
+        print(f"  the 4-bit model as trained differs from it by up to {check['vs_4bit_as_trained']:.2e} (the base's "
+              "4-bit rounding: merging onto the 16-bit base undoes it)")
+    if check["max_abs_diff"] > check["tolerance"]:
+        shutil.rmtree(out)
+        raise DockyardError(f"the exported model's logits differ from the run's by {check['max_abs_diff']:.3g} "
+                            f"(> {check['tolerance']:.1e}): nothing was kept")
+    return check
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "manifest.json"
+    if not path.is_file():
+        raise DockyardError(f"{run_dir} holds no run (no manifest.json): give a run id from the runs folder")
+    m = json.loads(path.read_text())
+    if m.get("status") != "completed" or not (run_dir / "model").is_dir():
+        raise DockyardError(f"run {m.get('run_id')} did not complete (status {m.get('status')}): it saved no model "
+                            "to export")
+    return m
+
+
+def _auto(m: dict[str, Any]) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if m.get("task") == "seq_cls" else AutoModelForCausalLM
+
+
+def load_run_model(m: dict[str, Any], run_dir: Path, dtype: torch.dtype, quantized: bool,
+                   adapter_dir: Path | None = None) -> Any:
+    """The run's model: its saved weights, or its base (4-bit for QLoRA when `quantized`) plus the adapter."""
+    if m["model"]["format"] != "adapter":
+        return _auto(m).from_pretrained(adapter_dir or run_dir / "model", dtype=dtype)
+    from peft import PeftModel
+
+    kwargs: dict[str, Any] = {}
+    if quantized and m["strategy"]["peft"] == "qlora":
+        from dockyard.train.model import quantization_config
+
+        kwargs["quantization_config"] = quantization_config(dtype)
+    base = m["model"]["base"]
+    if not Path(base).is_dir():
+        raise DockyardError(f"the run's base model {base} is not here: give the same --model as the run")
+    return PeftModel.from_pretrained(_auto(m).from_pretrained(base, dtype=dtype, **kwargs), adapter_dir or run_dir / "model")
+
+
+def tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def logits(model: Any, batches: list[list[int]]) -> torch.Tensor:
+    model.eval()
+    rows = []
+    with torch.no_grad():
+        for ids in batches:
+            out = model(input_ids=torch.tensor([ids], device=model.device)).logits.float().cpu()
+            rows.append(out[0, -1] if out.dim() == 3 else out[0])
+    return torch.stack(rows)
+
+
+def compare(m: dict[str, Any], run_dir: Path, out: Path, dtype: torch.dtype, reload_adapter: bool) -> dict[str, Any]:
+    """Logits of the written folder, reloaded as a user would, against the run's own model. A merged QLoRA model
+    is held to the 16-bit base plus the adapter (what merging computes), and its distance from the 4-bit model
+    that trained is reported beside (the base's 4-bit rounding, not an error)."""
+    tok = tokenizer(out)
+    batches = [m["probe"]["input_ids"]] + [tok(t)["input_ids"] for t in TEXTS]
+    merged_qlora = not reload_adapter and m["strategy"]["peft"] == "qlora"
+    own = logits(load_run_model(m, run_dir, dtype, quantized=not merged_qlora), batches)
+    if reload_adapter:
+        got = logits(load_run_model(m, run_dir, dtype, quantized=True, adapter_dir=out), batches)
+    else:
+        got = logits(_auto(m).from_pretrained(out, dtype=dtype), batches)
+    scale = max(1.0, float(own.abs().max()))
+    tol, why = (1e-4 * scale, "") if dtype == torch.float32 else (2e-2 * scale, f"{m['probe']['dtype']} weights")
+    check = {"inputs": len(batches), "max_abs_diff": float((got - own).abs().max()), "tolerance": tol, "why": why}
+    if merged_qlora:
+        as_trained = logits(load_run_model(m, run_dir, dtype, quantized=True), batches)
+        check["why"] += "; against the 16-bit base + adapter"
+        check["vs_4bit_as_trained"] = float((got - as_trained).abs().max())
+    return check
+
+
+if __name__ == "__main__":
+    sys.exit(main())

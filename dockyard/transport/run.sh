@@ -1,0 +1,101 @@
+#!/bin/sh
+# Trains a dockyard recipe in a loaded image with nothing but sh and Docker: no Python, no checkout.
+# Written by `invoke save` beside load.sh, from the same plan as `invoke run` (docker flags, mounts, torchrun line).
+#
+#   sh load.sh && sh run.sh --recipe=ddp --data=/data/x.jsonl --model=/models/m -- --max_steps 100
+#
+#   --recipe=NAME|FOLDER   a recipe in the image (default zero2), or a folder holding a recipe.yaml
+#   --data=PATH --model=PATH   your data file/folder and model folder, mounted read-only
+#   --run-id=ID --runs=DIR     the run folder DIR/ID (default ./runs/<recipe>-<time>)
+#   --nproc=N --cpu            processes (default: one per GPU, else 2); --cpu: no GPU even in a CUDA image
+#   --image=REF                the image (default @IMAGE_DEFAULT@)
+#   --dry                      print the docker command and run nothing
+# Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
+set -u
+die() { echo "run.sh: $*" >&2; exit 1; }
+q() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }  # one word, quoted for eval
+cmd=
+add() { for a do cmd="$cmd $(q "$a")"; done; }
+json() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
+
+RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE=@IMAGE_DEFAULT_Q@
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--recipe=*) RECIPE=${1#*=} ;;
+	--data=*) DATA=${1#*=} ;;
+	--model=*) MODEL=${1#*=} ;;
+	--run-id=*) RUN_ID=${1#*=} ;;
+	--runs=*) RUNS=${1#*=} ;;
+	--nproc=*) NPROC=${1#*=} ;;
+	--image=*) IMAGE=${1#*=} ;;
+	--cpu) CPU=1 ;;
+	--dry) DRY=1 ;;
+	--) shift; break ;;
+	*) die "unknown option $1 (options take the form --name=value; trainer overrides go after --)" ;;
+	esac
+	shift
+done
+
+command -v docker >/dev/null 2>&1 || die "docker is missing on this node: install Docker"
+docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
+VARIANT=$(docker image inspect --format '{{index .Config.Labels "dockyard.variant"}}' "$IMAGE" 2>/dev/null) \
+	|| die "image $IMAGE is not loaded here: sh load.sh first (or --image=REF)"
+IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")
+# A container cannot lock more memory than the engine itself may, and gets the engine's limit by default: ask
+# for unlimited (NCCL, RDMA) only where the engine has it.
+MEMLOCK=$(docker run --rm --entrypoint sh "$IMAGE" -c 'ulimit -H -l' 2>/dev/null)
+case "$MEMLOCK" in unlimited | '' | *[!0-9]*) MEMLOCK=-1 ;; *) MEMLOCK=$((MEMLOCK * 1024)) ;; esac
+
+GPUS=
+if [ "$VARIANT" != cpu ] && [ -z "$CPU" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+	docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia || command -v nvidia-container-runtime-hook >/dev/null 2>&1 \
+		|| die "GPUs found, but Docker has no NVIDIA runtime: install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker, restart dockerd (or --cpu)"
+	GPUS=all
+	[ -n "$NPROC" ] || NPROC=$(nvidia-smi -L | grep -c '^GPU')
+elif [ "$VARIANT" != cpu ]; then
+	echo "run.sh: no usable GPU here: training on CPU in the $VARIANT image" >&2
+	CPU=1
+fi
+[ -n "$NPROC" ] || NPROC=@CPU_NPROC@
+case "$NPROC" in '' | *[!0-9]*) die "--nproc=$NPROC is not a number" ;; esac
+
+# Inputs: a file is mounted alone, a folder whole, both read-only (as `invoke run` does).
+MOUNTS= EXTRA= HOST_PATHS=
+input() {  # key host-path
+	[ -e "$2" ] || die "--$1=$2: no such file or folder on this node"
+	host=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+	if [ -d "$2" ]; then inside=@INPUTS@/$1; else inside=@INPUTS@/$1/$(basename "$2"); fi
+	MOUNTS="$MOUNTS $(q -v) $(q "$host:$inside:ro")"
+	EXTRA="$EXTRA $(q "--$1") $(q "$inside")"
+	HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$inside")\": \"$(json "$host")\""
+}
+[ -z "$MODEL" ] || input model "$MODEL"
+[ -z "$DATA" ] || input data "$DATA"
+RECIPE_IN=$RECIPE
+if [ -f "$RECIPE/recipe.yaml" ]; then
+	folder=$(cd "$RECIPE" && pwd)
+	RECIPE_IN=@USER_RECIPES@/$(basename "$folder")
+	MOUNTS="$MOUNTS $(q -v) $(q "$folder:$RECIPE_IN:ro")"
+	HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$RECIPE_IN")\": \"$(json "$folder")\""
+fi
+[ -n "$RUN_ID" ] || RUN_ID=$(basename "$RECIPE_IN")-$(date +%Y%m%d-%H%M%S)
+case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
+case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
+mkdir -p "$RUNS" || die "cannot make the runs folder $RUNS"
+RUNS=$(cd "$RUNS" && pwd)
+RUN_DIR=$RUNS/$RUN_ID
+[ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id"
+HF=${HF_HOME:-${HOME:-/tmp}/.cache/huggingface}
+mkdir -p "$HF" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
+
+# The command `invoke run` would give (rendered from its plan by dockyard/transport/runscript.py):
+@COMMAND@
+
+if [ -n "$DRY" ]; then echo "$cmd"; rmdir "$RUN_DIR" 2>/dev/null; exit 0; fi
+echo "run.sh: training $RECIPE_IN in $IMAGE ($VARIANT${GPUS:+, GPUs}${CPU:+, CPU}), $NPROC process(es) → $RUN_DIR" >&2
+eval "$cmd"
+rc=$?
+[ -f "$RUN_DIR/manifest.json" ] || die "the run wrote no manifest (exit $rc): see $RUN_DIR/train.log"
+status=$(sed -n 's/^  "status": "\(.*\)",$/\1/p' "$RUN_DIR/manifest.json")
+echo "run $RUN_ID: ${status:-unknown} · $RUN_DIR"
+[ "$rc" -eq 0 ] && [ "$status" = completed ] || exit 1

@@ -1,0 +1,96 @@
+"""run.sh: `invoke run` for a node with only sh and Docker, written beside load.sh in every archive set.
+
+The docker command in it is `launch.plan_run`'s own, rendered with marks where a node's values go (its user, run
+folder, Hugging Face cache, process count, recipe, overrides) and each mark turned into a shell variable: the
+flags, mounts, environment and torchrun line cannot drift from `invoke run`'s. What only a node can know (GPUs and
+the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the template).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from dockyard import launch, variants
+from dockyard.gpus import Gpu, Host
+from dockyard.inputs import INPUTS, USER_RECIPES
+from dockyard.settings import Settings
+
+TEMPLATE = Path(__file__).parent / "run.sh"
+NPROC = 987654321                       # a process count no plan has: marks where run.sh's $NPROC goes
+MARKS = {"/__RUNS__": "RUNS", "__RUN_ID__": "RUN_ID", "/__HF__": "HF", "__IMAGE_ID__": "IMAGE_ID",
+         "__RECIPE__": "RECIPE_IN", "__IMAGE__": "IMAGE", "__VARIANT__": "VARIANT", "__MEMLOCK__": "MEMLOCK",
+         str(NPROC): "NPROC"}
+OVERRIDES = "__OVERRIDES__"             # where the user's overrides and the rewritten input paths go
+
+
+def render(settings: Settings, image: str, variant_name: str) -> str:
+    """The text of run.sh for `image` (the default of its --image) built for `variant_name`."""
+    variant = variants.resolve(settings, variant_name)[0]
+    # A CUDA image plans for GPUs (run.sh drops --gpus and adds DS_ACCELERATOR=cpu on a node without them).
+    host = Host(cuda=variant.cuda, gpus=[Gpu(0, "", 0)]) if variant.is_cuda else Host()
+    s = settings.model_copy(update={"docker": "docker", "hf_cache": Path("/__HF__"), "data": "", "model": ""})
+    plan = launch.plan_run(s, recipe="ddp", variant=variant, host=host, engine_info={},
+                           topo=launch.Topology(nproc=NPROC), run_dir=Path("/__RUNS__/__RUN_ID__"),
+                           overrides=[OVERRIDES], image_id="__IMAGE_ID__", checkout_recipes=False,
+                           memlock="memlock=__MEMLOCK__")
+    argv = plan.argv
+    argv[argv.index("--recipe") + 1] = "__RECIPE__"
+    tag = variants.tag(s, variant)
+    at = argv.index(tag)
+    flags = [w.replace(tag, "__IMAGE__").replace(f"DOCKYARD_VARIANT={variant.name}", "DOCKYARD_VARIANT=__VARIANT__")
+             for w in argv[:at]]
+    command = argv[at + 1:]
+    if "--gpus" in flags:
+        i = flags.index("--gpus")
+        del flags[i:i + 2]
+    user = f"{os.getuid()}:{os.getgid()}"
+    lines = ["add " + " ".join('"$(id -u):$(id -g)"' if w == user else word(w) for w in flags),
+             '[ -z "$GPUS" ] || add --gpus "$GPUS"',
+             '[ -z "$CPU" ] || add -e DS_ACCELERATOR=cpu  # the image says cuda; DeepSpeed would look for a GPU',
+             '[ -z "$HOST_PATHS" ] || add -e "DOCKYARD_HOST_PATHS={$HOST_PATHS}"',
+             'cmd="$cmd$MOUNTS"',
+             "add \"$IMAGE\" " + " ".join(word(w) for w in command[:command.index(OVERRIDES)]),
+             'add "$@"',
+             'cmd="$cmd$EXTRA"']
+    text = TEMPLATE.read_text()
+    for mark, value in {"@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
+                        "@CPU_NPROC@": str(launch.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
+                        "@COMMAND@": "\n".join(lines)}.items():
+        text = text.replace(mark, value)
+    return text
+
+
+def word(w: str) -> str:
+    """One argv word as sh: quoted as it is, or in double quotes with its marks as variables."""
+    if not any(m in w for m in MARKS):
+        return shlex.quote(w)
+    out = w.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+    for mark, var in MARKS.items():
+        out = out.replace(mark, "${" + var + "}")
+    return f'"{out}"'
+
+
+def dockyard_variant(images: list[dict]) -> tuple[str, str] | None:
+    """(ref, variant) of the first dockyard image of a set: the one run.sh trains in (others train nothing)."""
+    for img in images:
+        name = (img.get("labels") or {}).get("dockyard.variant")
+        if name:
+            return img["ref"], name
+    return None
+
+
+def write(settings: Settings, folder: Path, images: list[dict]) -> Path | None:
+    """run.sh beside load.sh, for the first dockyard image of the set, under a name of this process until whole."""
+    chosen = dockyard_variant(images)
+    if chosen is None:
+        return None
+    script, partial = folder / "run.sh", folder / f"run.sh.{os.getpid()}.partial"
+    try:
+        partial.write_text(render(settings, *chosen))
+        partial.chmod(0o755)
+        os.replace(partial, script)
+    finally:
+        partial.unlink(missing_ok=True)
+    return script

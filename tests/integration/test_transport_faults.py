@@ -1,0 +1,203 @@
+"""Archives where the disk, the link or the archive itself says no (issue 11).
+
+`invoke save` into a read-only folder or onto a disk that fills up mid-save, `ship` whose remote end stops
+reading: a short error naming the folder or node, a non-zero exit, and nothing half-written (no published
+archive, no `.partial` file in the folder or the layer cache). An archive that decompresses to more than its
+manifest declares: `invoke load` and load.sh both stop there and load nothing. A node that never answers: ship
+and save --thin-for give up in bounded time, naming it.
+
+The filesystems are real: small tmpfs mounts under the test's folder, unmounted at the end. The images are the
+registry-free base image (one ~200 MB layer) and one small layer on it, so each test takes seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dockyard import engine
+from dockyard.settings import ROOT
+from tests.support import node2
+from tests.support.cli import invoke
+
+pytestmark = pytest.mark.engine
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str, *options: str):
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", folder], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", folder], check=True)
+
+
+def partial_files(*folders: Path) -> list[str]:
+    return [p for f in folders for p in glob.glob(f"{f}/**/*partial*", recursive=True)
+            + glob.glob(f"{f}/**/.*partial*", recursive=True)]
+
+
+def fill(folder: Path) -> None:
+    """Take every free byte of the filesystem of `folder`, as another program writing there would."""
+    with open(folder / "filler", "wb") as f:
+        block = b"\0" * (1 << 20)
+        while True:
+            try:
+                f.write(block)
+                f.flush()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+                return
+
+
+def test_a_save_into_a_read_only_folder_says_so_and_writes_nothing(settings, engine_ready, tmp_path):
+    cache = tmp_path / "cache"
+    with tmpfs(tmp_path / "ro", "2g", "ro") as out:
+        r = invoke("save", f"--image={settings.base_image_cpu}", f"--out={out}",
+                   env={"INVOKE_DOCKYARD_LAYER_CACHE": str(cache)})
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"{out} is not writable (Read-only file system)" in r.stderr and "nothing was published" in r.stderr
+        assert os.listdir(out) == []
+    assert partial_files(cache) == []
+
+
+def test_a_disk_that_fills_up_mid_save_leaves_nothing_half_written(settings, engine_ready, tmp_path):
+    """The free-space check passes; another program then takes the rest of the disk while the archive is written."""
+    cache = tmp_path / "cache"
+    with tmpfs(tmp_path / "small", "300m") as out:
+        argv = [sys.executable, "-m", "invoke", "save", f"--image={settings.base_image_cpu}", f"--out={out}"]
+        save = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not glob.glob(f"{out}/*.partial") and time.monotonic() < deadline and save.poll() is None:
+            time.sleep(0.02)
+        assert save.poll() is None, "the save ended before the disk filled: " + save.communicate()[1][-2000:]
+        fill(out)
+        _, err = save.communicate(timeout=300)
+        assert save.returncode == 1 and "Traceback" not in err, err
+        assert f"no space left in {out}" in err and "nothing was published" in err
+        assert os.listdir(out) == ["filler"]
+    assert partial_files(cache) == []
+    assert all(p.suffix in (".frame", ".sum", ".json") for p in cache.rglob("*") if p.is_file())
+
+
+def test_a_ship_whose_remote_end_stops_reading_says_which_node(settings, engine_ready, tmp_path):
+    """The stream to a node whose connection drops after 64 kB (ssh exits 255): the node is named, no traceback,
+    and the layer cache keeps no partial frame."""
+    fake_ssh = tmp_path / "ssh"
+    fake_ssh.write_text(
+        "#!/bin/sh\n# [options] host command: answers like a node with docker and zstd, drops the load's stream\n"
+        'for last; do :; done\ncase "$last" in\n'
+        "  *'docker load'*) head -c 65536 >/dev/null; echo 'Connection to node9 closed by remote host.' >&2; exit 255 ;;\n"
+        "  *) printf 'docker=/usr/bin/docker\\nzstd=/usr/bin/zstd\\nfree_kb=1000000\\n' ;;\nesac\n")
+    fake_ssh.chmod(0o755)
+    cache = tmp_path / "cache"
+    r = invoke("ship", f"--image={settings.base_image_cpu}", "--to=node9",
+               env={"INVOKE_DOCKYARD_SSH": str(fake_ssh), "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "node9 stopped reading the stream" in r.stderr and "closed by remote host" in r.stderr
+    assert partial_files(cache) == []
+
+
+def test_an_archive_that_decompresses_to_more_than_declared_loads_nothing(settings, engine_ready, tmp_path):
+    """A manifest that under-declares its tar (rewritten, with a .sha256 to match: only a signature would
+    tell): `invoke load` and load.sh stop at what it declares, docker load is stopped before its input ends."""
+    ref = f"dockyard-h3-bomb-{os.getpid()}:v1"
+    (tmp_path / "blob").write_bytes(os.urandom(3_000_000))
+    (tmp_path / "Dockerfile").write_text(f"FROM {settings.base_image_cpu}\nCOPY blob /blob\n")
+    docker = [engine.docker_binary(settings.docker)]
+    subprocess.run([*docker, "build", "-q", "-t", ref, str(tmp_path)], check=True, capture_output=True,
+                   env={**os.environ, **engine.build_env()})
+    try:
+        dist = tmp_path / "dist"
+        r = invoke("save", f"--image={ref}", f"--out={dist}", env={"INVOKE_DOCKYARD_LAYER_CACHE": str(tmp_path / "c")})
+        assert r.returncode == 0, r.stderr
+        subprocess.run([*docker, "image", "rm", ref], check=True, capture_output=True)
+        archive = next(dist.glob("*.tar.zst"))
+        mpath, spath = archive.with_name(archive.name[:-8] + ".manifest.json"), archive.with_name(archive.name[:-8] + ".sha256")
+        good = mpath.read_text(), spath.read_text()
+        manifest = json.loads(good[0])
+        manifest["tar_bytes"] = 4096
+        mpath.write_text(json.dumps(manifest, indent=2) + "\n")
+        spath.write_text(spath.read_text().splitlines()[0] + f"\n{hashlib.sha256(mpath.read_bytes()).hexdigest()}"
+                         f"  {mpath.name}\n")
+
+        r = invoke("load", f"--file={archive}")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "decompresses to more than its manifest declares (4096 bytes of tar)" in r.stderr
+        assert engine.image_inspect(settings, ref) is None
+        r = subprocess.run(["sh", dist / "load.sh", archive.name], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "decompresses to more than its manifest declares (4096 bytes" in r.stderr, r.stderr
+        assert engine.image_inspect(settings, ref) is None
+
+        mpath.write_text(good[0])  # the set as saved loads through the same capped path, both ways
+        spath.write_text(good[1])
+        r = invoke("load", f"--file={archive}")
+        assert r.returncode == 0 and f"loaded {ref}" in r.stdout, r.stderr
+        subprocess.run([*docker, "image", "rm", ref], check=True, capture_output=True)
+        r = subprocess.run(["sh", dist / "load.sh", archive.name], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and f"loaded {ref}" in r.stdout, r.stderr
+    finally:
+        subprocess.run([*docker, "image", "rm", "-f", ref], capture_output=True)
+
+
+@pytest.mark.parametrize("task", ["ship", "save"])
+def test_a_node_that_never_answers_fails_in_bounded_time_naming_it(settings, engine_ready, tmp_path, task):
+    """Without a connect timeout, ssh waits until TCP gives up (about two minutes); with it, 15 s."""
+    image = f"--image={settings.base_image_cpu}"
+    with node2.silent_host() as (inside, addr):
+        args = {"ship": ["ship", image, f"--to={addr}"],
+                "save": ["save", image, f"--thin-for=ssh://{addr}", f"--out={tmp_path}"]}[task]
+        started = time.monotonic()
+        r = subprocess.run([*inside, sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=90)
+        took = time.monotonic() - started
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"ssh to {addr} failed (ssh: connect to host {addr} port 22: Connection timed out)" in r.stderr
+    assert "ConnectTimeout" in r.stderr and took < 40
+    assert os.listdir(tmp_path) == []
+
+
+def descendants(pid: int) -> list[int]:
+    kids = [int(k) for k in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    return kids + [d for k in kids for d in descendants(k)]
+
+
+def command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # it ended meanwhile
+        return ""
+
+
+def test_a_compressor_killed_mid_save_is_named_and_nothing_is_published(settings, engine_ready, tmp_path):
+    """The compressor of a layer dies (the kernel's OOM killer, an operator): the save says which command died
+    and how, rather than `Broken pipe`, and publishes nothing."""
+    out, cache = tmp_path / "dist", tmp_path / "cache"
+    argv = [sys.executable, "-m", "invoke", "save", f"--image={settings.base_image_cpu}", f"--out={out}",
+            "--compress=gzip", "--level=9"]
+    save = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, gzip = time.monotonic() + 60, []
+    while not gzip and time.monotonic() < deadline and save.poll() is None:
+        gzip = [p for p in descendants(save.pid) if command_name(p) in ("gzip", "pigz")
+                and partial_files(cache)]  # a layer's own compressor is running
+        time.sleep(0.02)
+    assert gzip and save.poll() is None, "no layer compressor to stop: " + save.communicate()[1][-2000:]
+    os.kill(gzip[-1], 9)
+    _, err = save.communicate(timeout=120)
+    assert save.returncode == 1 and "Traceback" not in err, err
+    assert "compressing a layer failed (exit -9)" in err and "Broken pipe" not in err
+    assert os.listdir(out) == []
+    assert partial_files(out, cache) == []

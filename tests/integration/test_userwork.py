@@ -1,0 +1,88 @@
+"""The user's own work through the real image: their data and model mounted read-only, a recipe edited without a
+build, and an air-gapped node that trains with nothing but `sh load.sh && sh run.sh` (no project, no venv there)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+from dockyard import ROOT
+from tests.support.cli import invoke
+
+FEW = ["--max_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "2"]
+
+
+def _manifest(folder):
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def test_data_model_and_an_edited_recipe_folder_are_mounted_and_recorded(cpu_image, tmp_path):
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    data = tmp_path / "my data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"line {i} of the user's own data"}) + "\n" for i in range(40)))
+    recipe = tmp_path / "mine"
+    shutil.copytree(ROOT / "recipes" / "ddp", recipe)
+    r = invoke("run", "--variant=cpu", f"--recipe={recipe}", f"--data={data}", "--", *FEW, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    first = next((tmp_path / "runs").glob("mine-*"))
+    m = _manifest(first)
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 2
+    assert m["inputs"]["data"]["path"] == str(data) and m["inputs"]["data"]["inside"].startswith("/workspace/inputs/")
+    assert m["inputs"]["data"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert m["data"]["examples"] == 40, "the user's file was read, not the sample"
+
+    # The model the first run made, as a host folder; and the recipe edited: the next run uses both, no build.
+    (recipe / "recipe.yaml").write_text((recipe / "recipe.yaml").read_text() + "settings:\n  max_seq_length: 48\n")
+    r = invoke("run", "--variant=cpu", f"--recipe={recipe}", "--run-id=second", f"--model={first / 'base'}",
+               "--", *FEW, f"--data={data}", env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    m2 = _manifest(tmp_path / "runs" / "second")
+    assert m2["status"] == "completed" and m2["inputs"]["model"]["path"] == str(first / "base")
+    assert m2["inputs"]["model"]["hash_of"] == "file list with sizes"
+    assert m2["recipe_files"]["mine/recipe.yaml"] != m["recipe_files"]["mine/recipe.yaml"]
+    assert m2["recipe_files"]["mine/recipe.yaml"] == hashlib.sha256((recipe / "recipe.yaml").read_bytes()).hexdigest()
+    assert "max_seq_length': 48" in (tmp_path / "runs" / "second" / "train.log").read_text()
+
+    r = invoke("run", "--variant=cpu", "--recipe=ddp", f"--data={tmp_path / 'nope.jsonl'}", env=env)
+    assert r.returncode == 1 and "nope.jsonl: no such file or folder on this host" in r.stderr
+
+
+def test_an_edit_to_the_checkouts_defaults_applies_to_the_next_run_without_a_build(cpu_image, tmp_path):
+    """In a copy of the checkout (never edit the real one), recipes/defaults.yaml is edited after the image was
+    built: the run in that image follows the edit, and says nothing about stale code (the code is the image's)."""
+    project = tmp_path / "project"
+    for name in ("dockyard", "recipes", "data", "images/locks"):
+        shutil.copytree(ROOT / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("tasks.py", "invoke.yaml", "images/variants.yaml"):
+        shutil.copy2(ROOT / name, project / name)
+    defaults = project / "recipes" / "defaults.yaml"
+    defaults.write_text(defaults.read_text().replace("max_steps: 50", "max_steps: 3"))
+    r = invoke("run", "--variant=cpu", "--recipe=ddp", "--run-id=edited", cwd=project,
+               env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(project)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    m = _manifest(tmp_path / "runs" / "edited")
+    assert m["metrics"]["steps"] == 3, "the image's own defaults say 50"
+    assert m["recipe_files"]["defaults.yaml"] == hashlib.sha256(defaults.read_bytes()).hexdigest()
+    assert "warning" not in r.stderr
+
+
+def test_run_sh_trains_on_the_air_gapped_node(node, cpu_image, tmp_path):
+    dist = tmp_path / "dist"
+    r = invoke("save", "--variant=cpu", f"--out={dist}", "--compress=gzip", "--level=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (dist / "run.sh").is_file() and (dist / "load.sh").is_file()
+    data = tmp_path / "node data" / "x.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(24)))
+    node.wipe()
+    runs = tmp_path / "node-runs"
+    # On the node: a fresh login shell, no checkout and no venv; only sh, docker and the archive set.
+    got = node.ssh(f"cd {dist} && sh load.sh && sh run.sh --recipe=ddp --run-id=air --runs={runs} "
+                   f"'--data={data}' -- --max_steps 2 --logging_steps 1", check=False, timeout=600)
+    assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-3000:]
+    m = _manifest(runs / "air")
+    assert m["status"] == "completed" and m["world_size"] == 2 and m["metrics"]["steps"] == 2
+    assert m["image"]["id"] == node.image_id(cpu_image) and m["variant"] == "cpu"
+    assert m["inputs"]["data"]["path"] == str(data) and m["data"]["format"] == "prompt_completion"
+    assert (runs / "air" / "model" / "config.json").is_file()

@@ -1,0 +1,102 @@
+"""What of the host a run sees: the user's model and data (flags, settings, or host paths given as trainer
+overrides) mounted read-only with the paths rewritten, the checkout's recipes over the image's, a recipe folder of
+one's own; and what the trainer records of them. Plans only: nothing runs."""
+
+import json
+
+import pytest
+
+from dockyard import ROOT, build, launch, variants
+from dockyard.errors import DockyardError
+from dockyard.gpus import Host
+from dockyard.train import manifest
+
+
+@pytest.fixture
+def files(tmp_path):
+    data = tmp_path / "my data.jsonl"
+    data.write_text('{"text": "x"}\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return data, model
+
+
+def _argv(settings, tmp_path, recipe="ddp", overrides=(), **kw):
+    v = variants.resolve(settings, "cpu")[0]
+    t = launch.validate_topology(0, 1, 0, "", 29500, Host(), v)
+    return launch.plan_run(settings, recipe=recipe, variant=v, host=Host(), engine_info={}, topo=t,
+                           run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **kw).argv
+
+
+def _volumes(argv):
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
+
+
+def test_data_and_model_flags_are_mounted_read_only_and_rewritten(settings, tmp_path, files):
+    data, model = files
+    argv = _argv(settings, tmp_path, data=str(data), model=str(model), overrides=["--max_steps", "3"])
+    assert f"{data}:/workspace/inputs/data/my data.jsonl:ro" in _volumes(argv), "the file alone, not its folder"
+    assert f"{model}:/workspace/inputs/model:ro" in _volumes(argv)
+    tail = argv[argv.index("--", argv.index("dockyard.train")) + 1:]
+    assert tail == ["--max_steps", "3", "--model", "/workspace/inputs/model",
+                    "--data", "/workspace/inputs/data/my data.jsonl"]
+    env = json.loads(next(a for a in argv if a.startswith("DOCKYARD_HOST_PATHS="))[len("DOCKYARD_HOST_PATHS="):])
+    assert env["/workspace/inputs/model"] == str(model)
+
+
+def test_host_paths_given_as_overrides_are_mounted_the_same_way(settings, tmp_path, files):
+    data, model = files
+    argv = _argv(settings, tmp_path, overrides=[f"--data={data}", "--model", str(model), "--max_steps", "3"])
+    assert f"{model}:/workspace/inputs/model:ro" in _volumes(argv)
+    assert str(data) not in argv[argv.index("dockyard.train"):], "no host path reaches the container"
+    # a hub id is not a host path: passed as it is, found in the mounted Hugging Face cache
+    argv = _argv(settings, tmp_path, overrides=["--model", "Qwen/Qwen2.5-0.5B"])
+    assert argv[-2:] == ["--model", "Qwen/Qwen2.5-0.5B"]
+
+
+@pytest.mark.parametrize("how", ["flag", "override", "setting"])
+def test_a_path_that_does_not_exist_is_a_short_error(settings, tmp_path, how):
+    missing = str(tmp_path / "nope.jsonl")
+    s, kw, ov = settings, {}, []
+    if how == "flag":
+        kw = {"data": missing}
+    elif how == "override":
+        ov = ["--data", missing]
+    else:
+        s = settings.model_copy(update={"data": missing})
+    with pytest.raises(DockyardError, match="nope.jsonl: no such file or folder on this host"):
+        _argv(s, tmp_path, overrides=ov, **kw)
+
+
+def test_checkout_recipes_are_mounted_over_the_images_and_a_recipe_folder_of_ones_own_too(settings, tmp_path,
+                                                                                            monkeypatch):
+    mine = tmp_path / "my-recipe"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text("# invoke run --recipe=my-recipe\nwhen: mine\nstrategy: ddp\n")
+    argv = _argv(settings, tmp_path, recipe=str(mine))
+    assert f"{(ROOT / 'recipes').resolve()}:/opt/dockyard/recipes:ro" in _volumes(argv)
+    assert f"{mine}:/workspace/recipes/my-recipe:ro" in _volumes(argv)
+    assert argv[argv.index("--recipe") + 1] == "/workspace/recipes/my-recipe"
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    monkeypatch.chdir(mine)
+    assert launch.new_run_dir(s, ".", "", False).name.startswith("my-recipe-"), "named by the folder"
+
+
+def test_run_says_when_the_image_holds_other_code(capsys):
+    build.warn_if_stale({"Config": {"Labels": {variants.CODE_LABEL: build.code_hash()}}}, "img")
+    assert capsys.readouterr().err == ""
+    build.warn_if_stale({"Config": {"Labels": {variants.CODE_LABEL: "0" * 64}}}, "img")
+    assert "older (or other) code" in capsys.readouterr().err
+
+
+def test_the_manifest_records_what_was_used(tmp_path, files, monkeypatch):
+    data, model = files
+    monkeypatch.setenv("DOCKYARD_HOST_PATHS", json.dumps({"/workspace/inputs/model": "/host/model"}))
+    (model / "weights.bin").write_bytes(b"w" * 10)
+    rec = manifest.inputs_record({"model": str(model), "data": str(data), "eval_data": ""})
+    assert rec["data"]["hash_of"] == "content" and rec["data"]["bytes"] == data.stat().st_size
+    assert rec["model"]["hash_of"] == "file list with sizes" and rec["model"]["files"] == 2
+    assert "eval_data" not in rec
+    rec = manifest.inputs_record({"model": "/workspace/inputs/model"})
+    assert rec["model"]["path"] == "/host/model"

@@ -1,0 +1,103 @@
+"""run.sh, rendered from `invoke run`'s plan: valid POSIX sh, the same docker flags and torchrun line, and hostile
+file names and overrides reaching docker as single words, never run. A stand-in `docker` on PATH records the argv
+(the real script on a real node: tests/integration/test_userwork.py)."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dockyard import launch, variants
+from dockyard.gpus import Host
+from dockyard.transport import runscript
+
+FAKE_DOCKER = """#!/bin/sh
+case "$1" in
+info) case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;; esac ;;
+image) case "$*" in *dockyard.variant*) echo "$FAKE_VARIANT" ;; *) echo sha256:feed ;; esac ;;
+run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
+esac
+"""
+HOSTILE = "it's a \"test\" $(touch pwned) `touch pwned2` ; rm -rf x"
+
+
+@pytest.fixture
+def node(tmp_path, settings):
+    """A folder with run.sh for the cpu image and a stand-in docker; returns a function that runs run.sh there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+
+    def run(*args: str, variant: str = "cpu", gpus: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
+        (tmp_path / "run.sh").write_text(runscript.render(settings, "dockyard:0.1.0-" + variant, variant))
+        # nvidia-smi as a GPU host's (that many GPUs), or as a host without a driver (fails)
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: x)'\n"
+                                                                     for i in range(gpus)) + f"exit {0 if gpus else 9}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        out = tmp_path / "argv"
+        out.unlink(missing_ok=True)
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGV_OUT": str(out), "FAKE_VARIANT": variant,
+               "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else ""}
+        proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        return proc, out.read_bytes().decode().split("\0")[:-1] if out.exists() else []
+
+    return run
+
+
+def test_run_sh_is_valid_posix_sh(settings, tmp_path):
+    for variant in ("cpu", "cu132"):
+        script = tmp_path / f"run-{variant}.sh"
+        script.write_text(runscript.render(settings, f"dockyard:0.1.0-{variant}", variant))
+        assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0
+        if Path("/bin/dash").exists():
+            assert subprocess.run(["dash", "-n", str(script)]).returncode == 0
+
+
+def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, settings, tmp_path):
+    _, argv = node("--recipe=ddp", "--run-id=r1", "--", "--max_steps", "2")
+    v = variants.resolve(settings, "cpu")[0]
+    plan = launch.plan_run(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
+                           topo=launch.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1",
+                           overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
+                           checkout_recipes=False)
+    want = plan.argv[1:]  # the docker binary aside (a setting)
+    hf = ":/workspace/.cache/huggingface"
+    assert f"{tmp_path}/.cache/huggingface{hf}" in argv, "the node's own cache ($HF_HOME or ~/.cache/huggingface)"
+    assert [a for a in argv if not a.endswith(hf)] == [a for a in want if not a.endswith(hf)]
+
+
+def test_hostile_names_and_overrides_reach_docker_as_single_words_and_never_run(node, tmp_path):
+    data = tmp_path / HOSTILE
+    data.mkdir()
+    (data / "x.jsonl").write_text("{}\n")
+    recipe = tmp_path / "my recipe's"
+    recipe.mkdir()
+    (recipe / "recipe.yaml").write_text("# sh run.sh\nwhen: x\nstrategy: ddp\n")
+    proc, argv = node(f"--data={data}/x.jsonl", f"--recipe={recipe}", "--run-id=r2", "--", "--note", HOSTILE)
+    assert argv, proc.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    assert f"{data}/x.jsonl:/workspace/inputs/data/x.jsonl:ro" in argv
+    assert f"{recipe}:/workspace/recipes/my recipe's:ro" in argv
+    assert argv[argv.index("--recipe") + 1] == "/workspace/recipes/my recipe's"
+    assert argv[-4:] == ["--note", HOSTILE, "--data", "/workspace/inputs/data/x.jsonl"]
+    assert "memlock=8388608" in argv, "the engine's own limit, as invoke run asks"
+    assert "--gpus" not in argv
+
+
+def test_a_cuda_image_without_gpus_trains_on_cpu_and_bad_input_is_refused(node):
+    proc, argv = node("--run-id=r3", variant="cu132")
+    assert "DS_ACCELERATOR=cpu" in argv and "--gpus" not in argv and "--nproc-per-node=2" in argv
+    assert "training on CPU" in proc.stderr
+    proc, argv = node("--data=/nonexistent/x.jsonl")
+    assert proc.returncode == 1 and "no such file or folder on this node" in proc.stderr and not argv
+    proc, argv = node("--run-id=../x")
+    assert proc.returncode == 1 and "--run-id" in proc.stderr and not argv
+
+
+def test_a_cuda_image_on_a_gpu_node_gets_every_gpu_one_process_each(node):
+    proc, argv = node("--run-id=r4", variant="cu132", gpus=4)
+    assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=4" in argv, proc.stderr
+    assert "DS_ACCELERATOR=cpu" not in argv
+    _, argv = node("--run-id=r5", variant="cpu", gpus=4)
+    assert "--gpus" not in argv, "the cpu image has no use for GPUs"
