@@ -46,6 +46,7 @@ def materialize_tiny_model(folder: Path) -> None:
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY_MODEL))
     # A unique folder, not one named by the pid: on a run folder shared by several nodes, ranks of different
     # containers have the same pids.
+    folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of the run folder
     model.save_pretrained(tmp)
