@@ -410,14 +410,21 @@ def test_a_second_save_is_refused_and_a_stopped_save_publishes_nothing_and_leave
     env = {**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)}
     argv = [sys.executable, "-m", "invoke", "save", f"--image={images['v1']}", f"--out={out}", "--compress=gzip",
             "--level=9"]
-    first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
     deadline = time.monotonic() + 120
     while not glob.glob(f"{out}/*.partial") and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.05)
-    assert first.poll() is None, "the save ended before it could be stopped: " + first.communicate()[1][-2000:]
-    second = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    # Held still (SIGSTOP to its whole group: save, docker save, gzip) while the second save tries, so that it is
+    # still mid-way when the signal arrives however fast this machine is; the signal is delivered on SIGCONT.
+    os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        assert first.poll() is None, "the save ended before it could be stopped: " + first.communicate()[1][-2000:]
+        second = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        first.send_signal(sig)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
     assert second.returncode != 0 and "another save of" in second.stderr and "Traceback" not in second.stderr
-    first.send_signal(sig)
     _, err = first.communicate(timeout=120)
     assert first.returncode == 128 + sig and f"interrupted ({sig.name})" in err and "Traceback" not in err
     leftovers = glob.glob(f"{out}/*partial*") + glob.glob(f"{cache}/**/*partial*", recursive=True) \
