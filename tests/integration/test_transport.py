@@ -410,8 +410,10 @@ def test_a_second_save_is_refused_and_a_stopped_save_publishes_nothing_and_leave
     env = {**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)}
     argv = [sys.executable, "-m", "invoke", "save", f"--image={images['v1']}", f"--out={out}", "--compress=gzip",
             "--level=9"]
+    # As from a terminal: Ctrl-C not ignored, even where the tests run in a background job (whose children
+    # inherit SIGINT ignored, and Python then keeps it ignored).
     first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not glob.glob(f"{out}/*.partial") and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.05)
