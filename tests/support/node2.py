@@ -27,7 +27,14 @@ RANGE = ipaddress.ip_network("198.18.0.0/15")
 
 
 def _sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in argv], check=check, capture_output=True, text=True, **kw)
+    p = subprocess.run([str(a) for a in argv], check=False, capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        # What the command said is what explains a failure (a full disk, a refused archive): keep it.
+        raise AssertionError(
+            f"exit {p.returncode}: {' '.join(map(str, argv))}\n"
+            f"stdout (end): {p.stdout[-3000:]}\nstderr (end): {p.stderr[-3000:]}"
+        )
+    return p
 
 
 @dataclass
