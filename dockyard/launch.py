@@ -111,6 +111,11 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
+# What the other nodes of a multi-node run write into the shared folder (manifest-node1.json, monitor-node1.jsonl):
+# launched at the same moment (Slurm, Kubernetes), node 1 may be there first, and that is not an earlier run.
+OTHER_NODES_FILE = re.compile(r"[^.]+-node[1-9][0-9]*(\.[a-z]+)+")
+
+
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
     """runs/<run-id>/, refusing to overwrite a run. Only node 0 owns the folder: on a shared filesystem the
     other nodes find it already made by node 0 (and they must be given the same --run-id)."""
@@ -129,7 +134,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     if resume:
         if not d.is_dir():
             raise DockyardError(f"--resume: no run folder {d} to resume")
-    elif node_rank == 0 and d.exists() and any(d.iterdir()):
+    elif node_rank == 0 and d.exists() and any(not OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run: pick another --run-id, or add --resume to continue it")
     return d
 
@@ -288,7 +293,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
     run_dir.mkdir(parents=True, exist_ok=True)
     from dockyard.machine import monitor
 
-    with monitor.watch(run_dir):
+    with monitor.watch(run_dir, node_rank=node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
     if proc.returncode and made and not (run_dir / "train.log").exists():
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.

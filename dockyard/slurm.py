@@ -56,7 +56,11 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         f"#SBATCH --output={runs}/slurm-%j.out",
         "set -euo pipefail",
         f"cd {shlex.quote(str(ROOT))}",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# Node 0's address as Slurm itself reaches it (NodeAddr; the node name where none is set): a node name",
+        "# need not resolve on the other nodes, and inside a container a hostname can resolve to loopback.",
+        'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "MASTER_ADDR=$(scontrol show node \"$MASTER_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+        'MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}',
         f"export MASTER_ADDR MASTER_PORT=${{MASTER_PORT:-{master_port}}}",
         f'export RUN_ID=${{DOCKYARD_RUN_ID:-{Path(recipe).name}-slurm-$SLURM_JOB_ID}}',
     ]
@@ -76,6 +80,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     text = script(settings, **kw)
     path = Path(out) if out else settings.path(settings.runs_dir) / "slurm" / f"{Path(kw['recipe']).name}-{kw['nodes']}n.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
+    settings.path(settings.runs_dir).mkdir(parents=True, exist_ok=True)  # Slurm writes the job's output there
     path.write_text(text)
     path.chmod(0o755)
     print(text, end="")

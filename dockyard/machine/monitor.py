@@ -236,8 +236,12 @@ def _say(text: str, style: str = "yellow") -> None:
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, interval: float, source: Source):
+    def __init__(self, run_dir: Path, interval: float, source: Source, node_rank: int = 0):
         self.run_dir, self.interval, self.source = run_dir, interval, source
+        # Several nodes share one run folder: each watches its own devices into its own files; node 0's keep
+        # the plain names (and the loss plot, from the metrics only global rank 0 writes).
+        self.suffix = f"-node{node_rank}" if node_rank else ""
+        self.node_rank = node_rank
         self.samples: list[dict] = []
         self.warned = False
         self._stop = threading.Event()
@@ -249,7 +253,7 @@ class Monitor:
     def _loop(self) -> None:
         t0 = time.monotonic()
         try:
-            with open(self.run_dir / SAMPLES_FILE, "a") as f:
+            with open(self.run_dir / self.name(SAMPLES_FILE), "a") as f:
                 while True:
                     readings = self.source.sample()
                     if readings:
@@ -272,31 +276,36 @@ class Monitor:
             self.warned = True
             _say("; ".join([v["message"], *v["causes"]]))
 
+    def name(self, file: str) -> str:
+        stem, dot, ext = file.partition(".")
+        return f"{stem}{self.suffix}{dot}{ext}"
+
     def finish(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=max(10.0, 3 * self.interval))
         kind = self.source.kind
         v = verdict(self.samples, kind)
+        usage = self.name(f"{kind}.png")
         if self.samples:
-            plot_usage(self.samples, kind, self.run_dir / f"{kind}.png", f"{self.run_dir.name}: {v['message'].split(' (')[0]}")
-        losses = read_losses(self.run_dir / METRICS_FILE)
+            plot_usage(self.samples, kind, self.run_dir / usage, f"{self.run_dir.name}: {v['message'].split(' (')[0]}")
+        losses = read_losses(self.run_dir / METRICS_FILE) if self.node_rank == 0 else {}
         if losses:
             plot_loss(losses, self.run_dir / "loss.png", self.run_dir.name)
-        v["plots"] = ([f"{kind}.png"] if self.samples else []) + (["loss.png"] if losses else [])
-        (self.run_dir / VERDICT_FILE).write_text(json.dumps(v, indent=2) + "\n")
+        v["plots"] = ([usage] if self.samples else []) + (["loss.png"] if losses else [])
+        (self.run_dir / self.name(VERDICT_FILE)).write_text(json.dumps(v, indent=2) + "\n")
         _say(" ".join([v["message"] + ".", *v["causes"]]), "yellow" if v["unbalanced"] or v["idle_whole_run"] else "green")
         return v
 
 
 @contextlib.contextmanager
-def watch(run_dir: Path, *, interval: float = 1.0, source: Source | None = None):
+def watch(run_dir: Path, *, interval: float = 1.0, source: Source | None = None, node_rank: int = 0):
     """Sample while the block runs; at the end write plots and the verdict. Never raises on its own account."""
     with contextlib.ExitStack() as stack:
         mon = None
         try:
             if source is None:
                 source = stack.enter_context(default_source(Path(run_dir)))
-            mon = Monitor(Path(run_dir), interval, source)
+            mon = Monitor(Path(run_dir), interval, source, node_rank)
             mon.start()
         except Exception as e:  # noqa: BLE001
             _say(f"not started ({type(e).__name__}: {e}); the run goes on without it")

@@ -144,6 +144,19 @@ def test_existing_run_is_never_overwritten(settings, tmp_path):
         launch.new_run_dir(s, "zero2", "nope", resume=True)
 
 
+def test_node_0_is_not_refused_for_what_the_other_nodes_wrote_first(settings, tmp_path):
+    """Slurm and Kubernetes start the nodes together: node 1 may write its own files into the shared folder
+    before node 0 looks. Those are not an earlier run; anything else still is."""
+    s = settings.model_copy(update={"runs_dir": tmp_path})
+    (tmp_path / "r2").mkdir()
+    for name in ("monitor-node1.jsonl", "manifest-node1.json", "gpu-node12.png"):
+        (tmp_path / "r2" / name).write_text("")
+    assert launch.new_run_dir(s, "zero2", "r2", resume=False, node_rank=0) == tmp_path / "r2"
+    (tmp_path / "r2" / "monitor.jsonl").write_text("")
+    with pytest.raises(DockyardError, match="already holds a run"):
+        launch.new_run_dir(s, "zero2", "r2", resume=False, node_rank=0)
+
+
 def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):
     assert launch.memlock_flag(None) == "memlock=-1"
     assert launch.memlock_flag(8388608) == "memlock=8388608"

@@ -116,3 +116,17 @@ def test_watch_lets_the_runs_own_error_through(tmp_path):
         with monitor.watch(tmp_path, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")):
             raise KeyError("boom")
     assert json.loads((tmp_path / monitor.VERDICT_FILE).read_text())["samples"] > 0
+
+
+def test_each_node_of_a_shared_run_folder_watches_into_its_own_files(tmp_path):
+    """Two nodes, one run folder: node 1 must not write into node 0's samples, verdict or plots."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    for rank in (0, 1):
+        with monitor.watch(tmp_path, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json"),
+                           node_rank=rank) as mon:
+            while len(mon.samples) < 5:
+                time.sleep(0.01)
+    v0 = json.loads((tmp_path / "monitor.json").read_text())
+    v1 = json.loads((tmp_path / "monitor-node1.json").read_text())
+    assert v0["plots"] == ["gpu.png", "loss.png"] and v1["plots"] == ["gpu-node1.png"]
+    assert _is_png(tmp_path / "gpu-node1.png") and (tmp_path / "monitor-node1.jsonl").read_text().count("\n") >= 5

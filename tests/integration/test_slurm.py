@@ -1,0 +1,80 @@
+"""A real Slurm (Debian's slurmctld, slurmd, munge) with two nodes: this host, and the air-gapped test node whose
+slurmd runs in its own network namespace with its own dockerd (tests/support/slurm.py). The script is the one
+`invoke slurm` writes, submitted with `sbatch` as a user would; the test node starts without the image and gets
+it from the archive the script names (`invoke load` on the nodes that lack it).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import subprocess
+import time
+
+import pytest
+
+from tests.support import slurm
+from tests.support.cli import invoke
+
+pytestmark = pytest.mark.engine
+
+STEPS = ["--max_steps", "6", "--save_steps", "3", "--per_device_train_batch_size", "4", "--max_seq_length", "64",
+         "--logging_steps", "1", "--learning_rate", "3e-3", "--lr_scheduler_type", "constant"]
+
+
+@pytest.fixture(scope="module")
+def cluster(node, tmp_path_factory):
+    assert not slurm.missing(), f"Slurm is not installed ({slurm.missing()}): .ci/run installs slurmctld slurmd munge"
+    c = slurm.start(node, tmp_path_factory.mktemp("slurm") / "cluster")
+    try:
+        yield c
+    finally:
+        slurm.stop(c)
+
+
+@pytest.fixture(scope="module")
+def cpu_archive(cpu_image, tmp_path_factory):
+    out = tmp_path_factory.mktemp("archive")
+    r = invoke("save", f"--image={cpu_image}", f"--out={out}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (archive,) = out.glob("*.tar.zst")
+    return archive
+
+
+def test_sbatch_of_the_written_script_trains_zero2_across_both_nodes(cluster, node, cpu_image, cpu_archive, tmp_path):
+    assert node.image_id(cpu_image) is None, "the test node starts without the image"
+    runs = tmp_path / "runs"
+    script = tmp_path / "zero2.sbatch"
+    port = random.randrange(20000, 29000)  # the script's default (29500) may be taken on a busy host
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(runs), "SLURM_CONF": str(cluster.conf), "MASTER_PORT": str(port)}
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard != resource.RLIM_INFINITY:  # the test node's dockerd runs under this process's limit: say it
+        env["DOCKYARD_MEMLOCK"] = str(hard)
+    r = invoke("slurm", "--recipe=zero2", "--nodes=2", "--variant=cpu", f"--archive={cpu_archive}",
+               f"--out={script}", "--", *STEPS, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == script.read_text(), "the script is printed as written"
+
+    started = time.monotonic()
+    sub = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
+                         env={**cluster.env, **env}, timeout=900)
+    job = sub.stdout.strip().split(";")[0]
+    out = (runs / f"slurm-{job}.out").read_text() if job and (runs / f"slurm-{job}.out").exists() else ""
+    assert sub.returncode == 0, f"sbatch: {sub.stderr}\n--- job output\n{out[-5000:]}\n{cluster.logs()}"
+    print(f"sbatch --nodes=2, zero2, 6 steps, image loaded on node 2 from the archive: "
+          f"{time.monotonic() - started:.1f} s")
+
+    assert node.image_id(cpu_image), "the script loaded the image on the node that lacked it"
+    run_dir = runs / f"zero2-slurm-{job}"
+    m0 = json.loads((run_dir / "manifest.json").read_text())
+    m1 = json.loads((run_dir / "manifest-node1.json").read_text())
+    for m, rank in ((m0, 0), (m1, 1)):
+        assert m["status"] == "completed" and m["node_rank"] == rank and m["nodes"] == 2 and m["world_size"] == 4
+        assert m["rendezvous"]["endpoint"] == f"{node.host_addr}:{port}", "node 0's address as Slurm reaches it"
+        assert m["rendezvous"]["id"] == f"zero2-slurm-{job}"
+        assert m["strategy"]["in_effect"]["engine"] == "deepspeed" and m["strategy"]["in_effect"]["zero_stage"] == 2
+    assert m1["rendezvous"]["local_addr"] == node.addr, "node 2 advertised its own address"
+    assert m0["metrics"]["steps"] == m1["metrics"]["steps"] == 6
+    assert m0["metrics"]["loss_first"] == m1["metrics"]["loss_first"]
+    assert m0["metrics"]["loss_last"] < m0["metrics"]["loss_first"], "the loss fell"
