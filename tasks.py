@@ -141,9 +141,12 @@ def _remainder(c) -> list[str]:
             "gpus_per_node": "GPUs per node (0: CPU nodes, the cpu image)",
             "variant": "image variant; default auto: the newest CUDA variant with GPUs, else cpu",
             "archive": "an archive from `invoke save`: each node loads it first where it lacks the image",
+            "runtime": "docker (default: `invoke run` on each node), pyxis (enroot .sqsh) or apptainer (.sif)",
+            "image_file": "pyxis: the image as FILE.sqsh; apptainer: FILE.sif (on storage every node sees)",
             "out": "where to write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
 @_user_errors
-def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="", out=""):
+def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="", runtime="docker", image_file="",
+          out=""):
     """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
 
     One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
@@ -152,7 +155,7 @@ def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="
     from dockyard import slurm as slurm_mod
 
     slurm_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
-                    archive=archive, out=out, overrides=_remainder(c))
+                    archive=archive, runtime=runtime, image_file=image_file, out=out, overrides=_remainder(c))
 
 
 @task(help={"run": "the run id (its folder under the runs folder)",

@@ -1,9 +1,15 @@
-"""`invoke slurm`: an sbatch script that runs `invoke run` once per node; Slurm allocates, torchrun's c10d
-rendezvous does the rest (dockyard schedules nothing itself).
+"""`invoke slurm`: an sbatch script that starts one node of the run per node of the allocation; Slurm allocates,
+torchrun's c10d rendezvous does the rest (dockyard schedules nothing itself).
 
-The script needs on every node this checkout and its Python (a shared filesystem, so the runs folder is shared
-too), and a Docker engine. Node 0 is the first host of the allocation (`scontrol show hostnames`), each node's
-rank is SLURM_NODEID. With --archive, each node first loads the image from that archive where it lacks it.
+Three ways to get the image on the nodes (--runtime):
+- docker (default): each node runs `invoke run`, so the script needs this checkout and its Python on every node
+  (a shared filesystem, so the runs folder is shared too) and a Docker engine there; with --archive, each node
+  first loads the image from that archive where it lacks it;
+- pyxis: `srun --container-image=FILE.sqsh` (enroot cannot import a docker archive: the squashfs comes from
+  `enroot import dockerd://IMAGE` on a host that loaded it);
+- apptainer: `apptainer exec FILE.sif` (`apptainer build FILE.sif docker-archive://ARCHIVE.tar`).
+With the last two, torchrun runs in the container directly: no checkout, no engine on the nodes.
+Node 0 is the first host of the allocation, reached at its NodeAddr; each node's rank is SLURM_NODEID.
 """
 
 from __future__ import annotations
@@ -12,16 +18,21 @@ import shlex
 import sys
 from pathlib import Path
 
-from dockyard import variants
+from dockyard import multinode, variants
 from dockyard.errors import DockyardError
+from dockyard.launch import WORKSPACE
 from dockyard.recipes import load_recipe
 from dockyard.settings import ROOT, Settings
 
+RUNTIMES = {"docker": "", "pyxis": ".sqsh", "apptainer": ".sif"}  # and the image file each one runs
+
 
 def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, overrides: list[str],
-           variant: str = "auto", archive: str = "", master_port: int = 29500) -> str:
+           variant: str = "auto", archive: str = "", master_port: int = 29500, runtime: str = "docker",
+           image_file: str = "") -> str:
     """The sbatch script's text (pure)."""
     load_recipe(recipe)
+    _check_runtime(runtime, image_file, archive, gpus_per_node)
     if nodes < 1:
         raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
     if gpus_per_node < 0:
@@ -45,9 +56,12 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         run += ["--", *(shlex.quote(o) for o in overrides)]
     lines = [
         "#!/bin/bash",
-        f"# Written by `invoke slurm --recipe={recipe} --nodes={nodes} --gpus-per-node={gpus_per_node}`.",
-        "#   sbatch THIS_FILE              # arguments after the file go to `invoke run`, e.g. --resume",
-        "# One task per node, each running `invoke run`; node 0 (the first host) hosts torchrun's rendezvous.",
+        f"# Written by `invoke slurm --recipe={recipe} --nodes={nodes} --gpus-per-node={gpus_per_node}"
+        + (f" --runtime={runtime}`." if runtime != "docker" else "`."),
+        "#   sbatch THIS_FILE              # arguments after the file go to "
+        + ("`invoke run`" if runtime == "docker" else "the trainer") + ", e.g. --resume",
+        "# One task per node, each running " + ("`invoke run`" if runtime == "docker" else "torchrun in the container")
+        + "; node 0 (the first host) hosts torchrun's rendezvous.",
         f"#SBATCH --job-name=dockyard-{Path(recipe).name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -64,6 +78,9 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         f"export MASTER_ADDR MASTER_PORT=${{MASTER_PORT:-{master_port}}}",
         f'export RUN_ID=${{DOCKYARD_RUN_ID:-{Path(recipe).name}-slurm-$SLURM_JOB_ID}}',
     ]
+    if runtime != "docker":
+        return "\n".join(lines + _container_launch(settings, runtime, image_file, recipe, gpus_per_node, image,
+                                                    overrides)) + "\n"
     if archive:
         load = (f"docker image inspect {shlex.quote(image)} >/dev/null 2>&1 || "
                 f"exec {invoke} load --file={shlex.quote(str(Path(archive).resolve()))}")
@@ -73,6 +90,61 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     lines += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
               + shlex.quote(f"exec {invoke} {' '.join(run)}") + ' bash "$@"']
     return "\n".join(lines) + "\n"
+
+
+def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: int) -> None:
+    if runtime not in RUNTIMES:
+        raise DockyardError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
+    if runtime == "docker":
+        if image_file:
+            raise DockyardError("--image-file is for --runtime=pyxis (.sqsh) or apptainer (.sif); with docker "
+                                "give --archive (from `invoke save`)")
+        return
+    ext = RUNTIMES[runtime]
+    how = {"pyxis": "make it on a host that loaded the image: enroot import -o dockyard.sqsh dockerd://IMAGE",
+           "apptainer": "make it from an archive: zstd -d X.tar.zst && apptainer build dockyard.sif docker-archive://X.tar"}
+    if not image_file.endswith(ext):
+        raise DockyardError(f"--runtime={runtime} needs --image-file=FILE{ext} on storage every node sees; {how[runtime]}")
+    if archive:
+        raise DockyardError(f"--archive is for --runtime=docker; {runtime} runs the {ext} file itself")
+    if gpus_per_node < 1:
+        raise DockyardError(f"--runtime={runtime} starts one process per GPU: give --gpus-per-node (the CPU-only "
+                            "stand-in runs with --runtime=docker)")
+
+
+def _container_launch(settings: Settings, runtime: str, image_file: str, recipe: str, gpus: int, image: str,
+                      overrides: list[str]) -> list[str]:
+    """srun of torchrun inside the container, one per node: the same rendezvous `invoke run` gives a node."""
+    runs, hf = settings.path(settings.runs_dir), settings.path(settings.hf_cache)
+    mounts = [(runs, f"{WORKSPACE}/runs", ""), (hf, f"{WORKSPACE}/.cache/huggingface", ""),
+              (ROOT / "recipes", "/opt/dockyard/recipes", "ro")]  # this checkout's recipes, as `invoke run` does
+    spec = ",".join(f"{src}:{dst}" + (f":{flag}" if flag else "") for src, dst, flag in mounts)
+    image_file = str(Path(image_file).resolve())
+    if runtime == "pyxis":
+        container = [f"--container-image={image_file}", f"--container-mounts={spec}",
+                     "--container-workdir=/opt/dockyard", "--no-container-mount-home"]
+        wrap = ""
+    else:
+        container = []
+        wrap = f"apptainer exec --nv --bind {spec} --pwd /opt/dockyard {image_file} "
+    rdzv = ('{\\"backend\\": \\"c10d\\", \\"endpoint\\": \\"$MASTER_ADDR:$MASTER_PORT\\", \\"id\\": \\"$RUN_ID\\", '
+            f'\\"join_timeout\\": {multinode.JOIN_TIMEOUT}}}')
+    inner = " ".join([
+        # SLURM_NODEID is this node's, expanded inside; node 0 hosts the store.
+        "DOCKYARD_NODE_RANK=$SLURM_NODEID",
+        f"exec torchrun --nproc-per-node={gpus} --nnodes=$SLURM_NNODES --rdzv-backend=c10d",
+        "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv-id=$RUN_ID",
+        f"--rdzv-conf=is_host=$(( SLURM_NODEID == 0 )),join_timeout={multinode.JOIN_TIMEOUT} --max-restarts=0",
+        f"-m dockyard.train --recipe {shlex.quote(recipe)} --run-dir {WORKSPACE}/runs/$RUN_ID",
+        '"$@"', *(["--", *(shlex.quote(o) for o in overrides)] if overrides else []),
+    ])
+    env = ["# The containers see the job's environment: what the trainer records and reads.",
+           f'export DOCKYARD_RENDEZVOUS="{rdzv}"',
+           f"export DOCKYARD_IMAGE_REF={shlex.quote(image)} HF_HOME={WORKSPACE}/.cache/huggingface HF_HUB_OFFLINE=1"]
+    what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
+    return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
+            shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container])
+            + f" {wrap}bash -c " + shlex.quote(inner) + ' bash "$@"']
 
 
 def write(settings: Settings, *, out: str = "", **kw) -> Path:

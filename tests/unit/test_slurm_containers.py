@@ -1,0 +1,111 @@
+"""`invoke slurm --runtime=pyxis|apptainer`: the scripts for nodes without Docker.
+
+Neither pyxis/enroot nor Apptainer can be installed on these machines, and pyxis is a plugin of a real
+cluster's srun. So the written script runs under bash with stand-ins that record what they were given:
+`scontrol` (the allocation's hosts and their NodeAddr), `srun` (its options; then the command once per node with
+that node's SLURM_NODEID, as Slurm does), `apptainer` (its options; then the command after the .sif) and
+`torchrun` (its arguments and the environment the trainer reads). The docker runtime runs on a real Slurm in
+tests/integration/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dockyard import slurm
+from dockyard.errors import DockyardError
+
+SCONTROL = """#!/bin/sh
+case "$2" in
+  hostnames) printf 'gpu-a\\ngpu-b\\n' ;;
+  node) echo "NodeName=$3 Arch=x86_64 NodeAddr=10.9.0.$([ "$3" = gpu-a ] && echo 1 || echo 2) NodeHostName=$3" ;;
+esac
+"""
+SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do echo "$1" >> "$LOG/srun"; shift; done
+for i in 0 1; do SLURM_NODEID=$i SLURM_NNODES=2 "$@" || exit $?; done
+"""
+APPTAINER = """#!/bin/bash
+echo "$@" >> "$LOG/apptainer"
+shift  # exec
+while [[ $1 == --* ]]; do [[ $1 == --nv ]] && shift || shift 2; done
+shift  # the .sif
+exec "$@"
+"""
+TORCHRUN = """#!/bin/bash
+python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank": os.environ.get("DOCKYARD_NODE_RANK"),
+  "rdzv": json.loads(os.environ["DOCKYARD_RENDEZVOUS"]), "image": os.environ.get("DOCKYARD_IMAGE_REF"),
+  "hf_offline": os.environ.get("HF_HUB_OFFLINE")}))' "$@" >> "$LOG/torchrun"
+"""
+
+
+def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str) -> dict:
+    text = slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, runtime=runtime, image_file=image_file,
+                        overrides=["--max_steps", "5", "--learning_rate", "1e-4"])
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    bin_, log = tmp_path / "bin", tmp_path / "log"
+    bin_.mkdir()
+    log.mkdir()
+    for name, body in (("scontrol", SCONTROL), ("srun", SRUN), ("apptainer", APPTAINER), ("torchrun", TORCHRUN)):
+        (bin_ / name).write_text(body)
+        (bin_ / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "LOG": str(log), "SLURM_JOB_ID": "77",
+           "SLURM_JOB_NODELIST": "gpu-[a-b]"}
+    p = subprocess.run(["bash", str(script), *after], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    read = {f.name: f.read_text() for f in log.iterdir()}
+    read["torchrun"] = [json.loads(line) for line in read["torchrun"].splitlines()]
+    return read
+
+
+@pytest.mark.parametrize("runtime,image_file", [("pyxis", "/shared/dockyard.sqsh"), ("apptainer", "/shared/dy.sif")])
+def test_each_node_starts_torchrun_in_the_container_with_the_rendezvous_from_slurm(settings, tmp_path, runtime,
+                                                                                    image_file):
+    got = _run(settings, tmp_path, runtime, image_file, "--resume")
+    nodes = got["torchrun"]
+    assert [n["rank"] for n in nodes] == ["0", "1"]
+    for i, n in enumerate(nodes):
+        argv = n["argv"]
+        assert "--nproc-per-node=4" in argv and "--nnodes=2" in argv
+        assert "--rdzv-endpoint=10.9.0.1:29500" in argv, "node 0's NodeAddr, not its name"
+        assert f"--rdzv-conf=is_host={int(i == 0)},join_timeout=120" in argv
+        assert "--rdzv-id=zero2-slurm-77" in argv
+        assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir",
+                                           "/workspace/runs/zero2-slurm-77", "--resume",
+                                           "--", "--max_steps", "5", "--learning_rate", "1e-4"]
+        assert n["rdzv"] == {"backend": "c10d", "endpoint": "10.9.0.1:29500", "id": "zero2-slurm-77",
+                             "join_timeout": 120}
+        assert n["image"].endswith("-cu132") and n["hf_offline"] == "1"
+    runs, recipes = settings.path(settings.runs_dir), slurm.ROOT / "recipes"
+    mounts = f"{runs}:/workspace/runs,"
+    if runtime == "pyxis":
+        srun = got["srun"].split()
+        assert f"--container-image={image_file}" in srun and "--container-workdir=/opt/dockyard" in srun
+        spec = next(a for a in srun if a.startswith("--container-mounts="))
+        assert mounts in spec and f"{recipes}:/opt/dockyard/recipes:ro" in spec
+        assert "apptainer" not in got
+    else:
+        calls = got["apptainer"].splitlines()
+        assert len(calls) == 2 and all(c.startswith("exec --nv --bind ") and image_file in c for c in calls)
+        assert mounts in calls[0] and f"{recipes}:/opt/dockyard/recipes:ro" in calls[0]
+        assert "--container-image" not in got["srun"]
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"runtime": "pyxis", "image_file": "x.sif"}, "needs --image-file=FILE.sqsh.*enroot import"),
+    ({"runtime": "apptainer", "image_file": ""}, "needs --image-file=FILE.sif.*apptainer build"),
+    ({"runtime": "apptainer", "image_file": "x.sif", "archive": "a.tar.zst"}, "--archive is for --runtime=docker"),
+    ({"runtime": "docker", "image_file": "x.sif"}, "--image-file is for"),
+    ({"runtime": "podman"}, "use one of docker, pyxis, apptainer"),
+    ({"runtime": "pyxis", "image_file": "x.sqsh", "gpus_per_node": 0}, "one process per GPU"),
+])
+def test_bad_runtime_choices_are_refused_with_what_to_give(settings, kw, message):
+    kw = {"gpus_per_node": 2, **kw}
+    with pytest.raises(DockyardError, match=message):
+        slurm.script(settings, recipe="zero2", nodes=2, overrides=[], **kw)
