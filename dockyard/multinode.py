@@ -130,3 +130,20 @@ def infiniband_flags(root: Path = INFINIBAND) -> list[str]:
     if not devices:
         return []
     return [f for d in devices for f in ("--device", str(d))] + ["--cap-add", "IPC_LOCK"]
+
+
+def node_command(*, index: str, nnodes: str | int, nproc: str | int, endpoint: str, entry: str, run_id: str,
+                 local_addr: str = "", join_timeout: int = JOIN_TIMEOUT, max_restarts: int = 0) -> str:
+    """The shell line one node runs when a scheduler starts every node at once and numbers them (Slurm's
+    SLURM_NODEID, an Indexed Job's JOB_COMPLETION_INDEX): torchrun with the same c10d rendezvous `invoke run`
+    gives a node, the node numbered 0 hosting the store. `index`, `endpoint`, `run_id` and `local_addr` may be
+    shell expressions, expanded on each node; `entry` is what follows torchrun's flags (already shell words)."""
+    rdzv = {"backend": "c10d", "endpoint": endpoint, "id": run_id, "join_timeout": join_timeout}
+    if local_addr:
+        rdzv["local_addr"] = local_addr
+    rdzv_json = json.dumps(rdzv).replace('"', '\\"')  # inside the double quotes below, the variables still expand
+    flags = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+             f"--rdzv-id={run_id}", f"--rdzv-conf=is_host=$(( {index} == 0 )),join_timeout={join_timeout}",
+             f"--max-restarts={max_restarts}", *([f"--local-addr={local_addr}"] if local_addr else [])]
+    return (f'export DOCKYARD_NODE_RANK={index} DOCKYARD_RENDEZVOUS="{rdzv_json}"; '
+            f"exec torchrun {' '.join(flags)} {entry}")

@@ -127,19 +127,11 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     else:
         container = []
         wrap = f"apptainer exec --nv --bind {spec} --pwd /opt/dockyard {image_file} "
-    rdzv = ('{\\"backend\\": \\"c10d\\", \\"endpoint\\": \\"$MASTER_ADDR:$MASTER_PORT\\", \\"id\\": \\"$RUN_ID\\", '
-            f'\\"join_timeout\\": {multinode.JOIN_TIMEOUT}}}')
-    inner = " ".join([
-        # SLURM_NODEID is this node's, expanded inside; node 0 hosts the store.
-        "DOCKYARD_NODE_RANK=$SLURM_NODEID",
-        f"exec torchrun --nproc-per-node={gpus} --nnodes=$SLURM_NNODES --rdzv-backend=c10d",
-        "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv-id=$RUN_ID",
-        f"--rdzv-conf=is_host=$(( SLURM_NODEID == 0 )),join_timeout={multinode.JOIN_TIMEOUT} --max-restarts=0",
-        f"-m dockyard.train --recipe {shlex.quote(recipe)} --run-dir {WORKSPACE}/runs/$RUN_ID",
-        '"$@"', *(["--", *(shlex.quote(o) for o in overrides)] if overrides else []),
-    ])
-    env = ["# The containers see the job's environment: what the trainer records and reads.",
-           f'export DOCKYARD_RENDEZVOUS="{rdzv}"',
+    entry = " ".join([f"-m dockyard.train --recipe {shlex.quote(recipe)} --run-dir {WORKSPACE}/runs/$RUN_ID", '"$@"',
+                      *(["--", *(shlex.quote(o) for o in overrides)] if overrides else [])])
+    inner = multinode.node_command(index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus,
+                                   endpoint="$MASTER_ADDR:$MASTER_PORT", run_id="$RUN_ID", entry=entry)
+    env = ["# The containers see the job's environment.",
            f"export DOCKYARD_IMAGE_REF={shlex.quote(image)} HF_HOME={WORKSPACE}/.cache/huggingface HF_HUB_OFFLINE=1"]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
