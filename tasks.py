@@ -158,6 +158,29 @@ def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="
                     archive=archive, runtime=runtime, image_file=image_file, out=out, overrides=_remainder(c))
 
 
+@task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
+            "nodes": "number of nodes (pods), one torchrun each",
+            "gpus_per_node": "GPUs per node (0: CPU nodes, the cpu image)",
+            "variant": "image variant; default auto: the newest CUDA variant with GPUs, else cpu",
+            "image": "the image reference the cluster pulls (default: this project's tag of the variant)",
+            "run_id": "names the Job, its pods, the rendezvous and the run folder (lowercase, digits, '-')",
+            "runs_claim": "the ReadWriteMany PersistentVolumeClaim holding the runs folder (default dockyard-runs)",
+            "shm": "size of the memory-backed /dev/shm (default 16Gi)",
+            "max_restarts": "torchrun restarts of a node's workers before the node fails (default 0)",
+            "resume": "continue the run --run-id from its last complete checkpoint",
+            "out": "folder to write job.yaml and trainjob.yaml into (default: <runs>/k8s/<run-id>/)"})
+@_user_errors
+def k8s(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", image="", run_id="", runs_claim="dockyard-runs",
+        shm="16Gi", max_restarts=0, resume=False, out=""):
+    """Write Kubernetes manifests that train a recipe on several nodes: an Indexed Job + headless Service (no
+    operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go after `--`."""
+    from dockyard import k8s as k8s_mod
+
+    k8s_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant, image=image,
+                  run_id=run_id, runs_claim=runs_claim, shm=shm, max_restarts=max_restarts, resume=resume, out=out,
+                  overrides=_remainder(c))
+
+
 @task(help={"run": "the run id (its folder under the runs folder)",
             "merge": "LoRA/QLoRA: merge the adapters into the base (QLoRA: onto the 16-bit base) instead of the "
                      "adapter alone",

@@ -1,5 +1,5 @@
-"""Compose and Kubernetes files: compose runs for real on the engine; Kubernetes is checked for consistency (no
-cluster here). The Slurm script is written by `invoke slurm` and tested in test_multinode.py."""
+"""The compose files, run for real on the engine. Slurm runs for real in test_slurm.py; the Kubernetes manifests
+are written by `invoke k8s` and validated in tests/unit/test_k8s.py (no cluster here)."""
 
 from __future__ import annotations
 
@@ -55,36 +55,3 @@ def test_multinode_compose_renders_rendezvous_gpus_and_host_network(settings):
     missing = _compose(settings, "-f", "train.yml", "-f", "multinode.yml", "config",
                        env={**env, "DOCKYARD_RUN_ID": ""})
     assert missing.returncode != 0 and "set DOCKYARD_RUN_ID" in missing.stderr
-
-
-def test_kubernetes_job_agrees_with_itself(tmp_path):
-    text = (ROOT / "deploy" / "kubernetes" / "train.yaml").read_text()
-    svc, job = yaml.safe_load_all(text)
-    spec = job["spec"]
-    pod = spec["template"]["spec"]
-    container = pod["containers"][0]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == int(env["NNODES"])
-    assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"]
-    assert svc["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
-    args = " ".join(container["args"][0].split())
-    endpoint = f"{job['metadata']['name']}-0.{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
-    assert f"--rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=$RUN_ID" in args, "pod 0 is the endpoint"
-    assert '--rdzv-conf=is_host=$([ "$JOB_COMPLETION_INDEX" = 0 ] && echo 1 || echo 0)' in args, "pod 0 hosts it"
-    assert "--local-addr=$POD_IP" in args and "DOCKYARD_NODE_RANK=$JOB_COMPLETION_INDEX" in args
-    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
-    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
-    claim = volumes[mounts["/workspace/runs"]]["persistentVolumeClaim"]["claimName"]
-    assert f"PersistentVolumeClaim `{claim}` must exist, ReadWriteMany" in text, "the file says to create it first"
-    assert "--run-dir /workspace/runs/$RUN_ID" in args
-    # Each pod's command, run with a stand-in `torchrun` that prints its arguments (no cluster here).
-    (tmp_path / "torchrun").write_text('#!/bin/sh\necho "$@"\n')
-    (tmp_path / "torchrun").chmod(0o755)
-    for index in (0, 1):
-        pod_env = {**env, "JOB_COMPLETION_INDEX": str(index), "POD_IP": f"10.0.0.{index + 5}",
-                   "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-        out = subprocess.run(["bash", "-c", container["args"][0]], env=pod_env, capture_output=True, text=True).stdout
-        assert f"--rdzv-conf=is_host={int(index == 0)},join_timeout=120" in out and f"--local-addr=10.0.0.{index + 5}" in out

@@ -1,0 +1,214 @@
+"""`invoke k8s`: the manifests that train a recipe on several Kubernetes nodes, written as data (yaml.safe_dump).
+
+Two forms, one file each:
+- job.yaml, no operator needed: a headless Service and an Indexed Job, one pod per node. Pod 0 is reachable as
+  <name>-0.<name> (the Service gives each pod a DNS name, before it is ready) and hosts torchrun's c10d store;
+  every pod advertises its pod IP (a container's hostname can resolve to loopback).
+- trainjob.yaml, for clusters with Kubeflow Trainer v2: a TrainJob (trainer.kubeflow.org/v1alpha1) on the
+  `torch-distributed` runtime, which numbers the nodes and sets torchrun's PET_* variables itself.
+Both mount the run folder from a ReadWriteMany PersistentVolumeClaim (every node writes its DeepSpeed shards
+into the same folder) and a memory-backed /dev/shm (Kubernetes has no --ipc=host).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from dockyard import multinode, variants
+from dockyard.errors import DockyardError
+from dockyard.launch import CPU_NPROC, WORKSPACE
+from dockyard.recipes import load_recipe
+from dockyard.settings import Settings
+
+PORT = 29500
+RUNTIME = "torch-distributed"  # Kubeflow Trainer's ClusterTrainingRuntime for torchrun
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: it names the Job, Service and pods
+NAME_MAX = 40  # pods are named <name>-<index>-<suffix>, hostnames <name>-<index>: both must stay within 63
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+HEADER = {
+    "job": """\
+# Written by `invoke k8s` (operator-free form): a headless Service and an Indexed Job, one pod per node.
+#   kubectl apply -f {path}
+# Before applying:
+# - the PersistentVolumeClaim `{claim}` must exist, ReadWriteMany (NFS, CephFS, Lustre...): every pod writes its
+#   DeepSpeed shards into the same run folder, and the trainer refuses to start when the pods do not share it;
+# - the image {image} must be in a registry the cluster pulls from, or loaded on every node (`invoke load`).
+# A lost pod fails the Job (backoffLimit 0): delete it (`kubectl delete -f {path}`), write the files again with
+# the same --run-id and --resume, apply: training continues from the last complete checkpoint.
+""",
+    "trainjob": """\
+# Written by `invoke k8s` (Kubeflow Trainer v2 form): a TrainJob on the `{runtime}` ClusterTrainingRuntime.
+#   kubectl apply -f {path}
+# Needs Kubeflow Trainer (v2) installed with its `{runtime}` runtime, the ReadWriteMany PersistentVolumeClaim
+# `{claim}`, and the image {image} pullable or loaded on every node (`invoke load`).
+""",
+}
+
+
+@dataclass
+class Spec:
+    """What both forms are made from (plain data; `spec()` checks it)."""
+
+    recipe: str
+    nodes: int
+    gpus: int
+    nproc: int
+    image: str
+    run_id: str
+    claim: str = "dockyard-runs"
+    shm: str = "16Gi"
+    overrides: list[str] = field(default_factory=list)
+    max_restarts: int = 0
+    resume: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"dockyard-{self.run_id}"
+
+    @property
+    def run_dir(self) -> str:
+        return f"{WORKSPACE}/runs/{self.run_id}"
+
+    def entry(self) -> str:
+        words = ["-m", "dockyard.train", "--recipe", self.recipe, "--run-dir", self.run_dir]
+        words += ["--resume"] if self.resume else []
+        return shlex.join(words + (["--", *self.overrides] if self.overrides else []))
+
+
+def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, variant: str = "auto",
+         run_id: str = "", image: str = "", runs_claim: str = "dockyard-runs", shm: str = "16Gi",
+         overrides: list[str] | None = None, max_restarts: int = 0, resume: bool = False) -> Spec:
+    load_recipe(recipe)
+    if "/" in recipe or recipe.startswith("."):
+        raise DockyardError(f"--recipe {recipe!r}: on Kubernetes the pods run the image's recipes; give a recipe "
+                            "name (`invoke recipes`), or build the image with your recipe folder in recipes/")
+    if nodes < 1:
+        raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
+    if gpus_per_node < 0:
+        raise DockyardError(f"--gpus-per-node must be 0 (CPU nodes) or more (got {gpus_per_node})")
+    if max_restarts < 0:
+        raise DockyardError(f"--max-restarts must be 0 or more (got {max_restarts})")
+    run_id = run_id or f"{recipe}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if not (NAME.fullmatch(run_id) and len(run_id) <= NAME_MAX):
+        raise DockyardError(f"--run-id {run_id!r}: on Kubernetes it names the Job and its pods: use at most "
+                            f"{NAME_MAX} lowercase letters, digits and '-', starting and ending with a letter or digit")
+    if not (NAME.fullmatch(runs_claim) and len(runs_claim) <= 63):
+        raise DockyardError(f"--runs-claim {runs_claim!r}: a PersistentVolumeClaim name (lowercase letters, digits, '-')")
+    if not QUANTITY.fullmatch(shm):
+        raise DockyardError(f"--shm {shm!r}: a Kubernetes quantity such as 16Gi or 512Mi")
+    if not image:
+        if variant == "auto":  # the cluster's nodes decide, not this host: CUDA with GPUs, else cpu
+            chosen = variants.newest_cuda(settings) if gpus_per_node else variants.resolve(settings, "cpu")[0]
+        else:
+            chosen = variants.resolve(settings, variant)[0]
+        image = variants.tag(settings, chosen)
+    return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or CPU_NPROC, image=image,
+                run_id=run_id, claim=runs_claim, shm=shm, overrides=list(overrides or []), max_restarts=max_restarts,
+                resume=resume)
+
+
+ENV = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
+       {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"}]
+
+
+def _volumes(s: Spec) -> tuple[list[dict], list[dict]]:
+    volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm}},
+               {"name": "runs", "persistentVolumeClaim": {"claimName": s.claim}}]
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": f"{WORKSPACE}/runs"}]
+    return volumes, mounts
+
+
+def _resources(s: Spec) -> dict:
+    return {"limits": {"nvidia.com/gpu": s.gpus}} if s.gpus else {}
+
+
+SECURITY = {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}  # the image's `dockyard` user
+
+
+def job_manifests(s: Spec) -> list[dict]:
+    """The operator-free form: [headless Service, Indexed Job]."""
+    endpoint = f"{s.name}-0.{s.name}:{PORT}"
+    command = multinode.node_command(index="$JOB_COMPLETION_INDEX", nnodes=s.nodes, nproc=s.nproc,
+                                     endpoint=endpoint, run_id=s.run_id, local_addr="$POD_IP", entry=s.entry(),
+                                     max_restarts=s.max_restarts)
+    volumes, mounts = _volumes(s)
+    labels = {"app.kubernetes.io/name": "dockyard", "dockyard/run-id": s.run_id}
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": s.name, "labels": dict(labels)},
+        "spec": {"clusterIP": "None",  # headless: one DNS name per pod, no load balancing
+                 "publishNotReadyAddresses": True,  # pod 0's name resolves as soon as it exists
+                 "selector": {"job-name": s.name},
+                 "ports": [{"name": "rendezvous", "port": PORT}]},
+    }
+    container = {
+        "name": "train", "image": s.image, "imagePullPolicy": "IfNotPresent", "workingDir": "/opt/dockyard",
+        "command": ["bash", "-c"], "args": [command],
+        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image},
+                # what this pod advertises to the others: its own address, not its hostname's loopback
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "rendezvous", "containerPort": PORT}],
+        "volumeMounts": mounts,
+    }
+    if s.gpus:
+        container["resources"] = _resources(s)
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": s.name, "labels": dict(labels)},
+        "spec": {"completionMode": "Indexed", "completions": s.nodes, "parallelism": s.nodes,
+                 "backoffLimit": 0,  # a lost pod fails the job: resume from the last checkpoint
+                 "template": {"metadata": {"labels": dict(labels)},
+                              "spec": {"subdomain": s.name, "restartPolicy": "Never", "securityContext": SECURITY,
+                                       "containers": [container], "volumes": volumes}}},
+    }
+    return [service, job]
+
+
+def trainjob_manifest(s: Spec) -> dict:
+    """The Kubeflow Trainer v2 form: the runtime numbers the nodes and gives torchrun PET_NNODES, PET_NODE_RANK,
+    PET_MASTER_ADDR... (torchrun reads them as its flags); the trainer records the node rank."""
+    volumes, mounts = _volumes(s)
+    trainer = {
+        "image": s.image, "numNodes": s.nodes, "numProcPerNode": s.nproc,
+        "command": ["bash", "-c", f"export DOCKYARD_NODE_RANK=$PET_NODE_RANK; exec torchrun {s.entry()}"],
+        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image}],
+    }
+    if s.gpus:
+        trainer["resourcesPerNode"] = _resources(s)
+    node_pod = {"spec": {"template": {"spec": {
+        "securityContext": SECURITY, "volumes": volumes, "containers": [{"name": "node", "volumeMounts": mounts}]}}}}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": s.name, "labels": {"app.kubernetes.io/name": "dockyard", "dockyard/run-id": s.run_id}},
+        "spec": {"runtimeRef": {"name": RUNTIME}, "trainer": trainer,
+                 "runtimePatches": [{"manager": "dockyard/invoke-k8s", "trainingRuntimeSpec": {"template": {"spec": {
+                     "replicatedJobs": [{"name": "node", "template": node_pod}]}}}}]},
+    }
+
+
+def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
+    """Write job.yaml and trainjob.yaml (default folder: <runs>/k8s/<run-id>/) and say how to apply them."""
+    s = spec(settings, **kw)
+    folder = Path(out) if out else settings.path(settings.runs_dir) / "k8s" / s.run_id
+    paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
+    docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for kind, path in paths.items():
+            header = HEADER[kind].format(path=path, claim=s.claim, image=s.image, runtime=RUNTIME)
+            text = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
+            tmp = path.with_name(f".{path.name}.partial")
+            tmp.write_text(text)
+            tmp.replace(path)
+    except OSError as e:
+        raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
+    print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}")
+    print(f"  without an operator:   kubectl apply -f {paths['job']}")
+    print(f"  with Kubeflow Trainer: kubectl apply -f {paths['trainjob']}")
+    return paths

@@ -1,0 +1,172 @@
+"""`invoke k8s`: the Indexed Job + headless Service and the Kubeflow Trainer v2 TrainJob.
+
+No cluster can run here (no kind/k3d without registry images). So the manifests are validated offline with
+maintained packages: `kubernetes-validate` (the Kubernetes 1.37 JSON schemas, strict: unknown fields are errors)
+for the Service and Job, and the `kubeflow-trainer-api` models for the TrainJob. Each pod's command is run
+under bash with a stand-in `torchrun` that records its arguments and the environment the trainer reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
+
+from dockyard import k8s
+from dockyard.errors import DockyardError
+from tests.support.cli import invoke
+
+K8S_VERSION = "1.37"
+TORCHRUN = """#!/bin/bash
+python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank": os.environ.get("DOCKYARD_NODE_RANK"),
+  "rdzv": json.loads(os.environ.get("DOCKYARD_RENDEZVOUS", "null"))}))' "$@"
+"""
+
+
+def _spec(settings, **kw):
+    args = {"recipe": "zero2", "nodes": 3, "gpus_per_node": 8, "run_id": "exp1",
+            "overrides": ["--max_steps", "100", "--learning_rate", "1e-4"], **kw}
+    return k8s.spec(settings, **args)
+
+
+def _stand_in(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "torchrun").write_text(TORCHRUN)
+    (tmp_path / "torchrun").chmod(0o755)
+    return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+
+def _pod(command: list[str], env: dict[str, str]) -> dict:
+    p = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.mark.parametrize("gpus", [8, 0])
+def test_the_job_and_service_validate_against_the_kubernetes_schema(settings, gpus):
+    for doc in k8s.job_manifests(_spec(settings, gpus_per_node=gpus)):
+        assert kubernetes_validate.validate(doc, K8S_VERSION, strict=True) == K8S_VERSION
+
+
+def test_the_schema_check_can_fail(settings):
+    """The validator really reads the fields: a misspelt one is an error."""
+    _, job = k8s.job_manifests(_spec(settings))
+    job["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+
+
+def test_each_pod_starts_torchrun_with_pod_0_hosting_the_rendezvous(settings, tmp_path):
+    svc, job = k8s.job_manifests(_spec(settings))
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert pod["subdomain"] == svc["metadata"]["name"] and svc["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    endpoint = f"{job['metadata']['name']}-0.{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+    env = _stand_in(tmp_path)
+    for index in range(3):
+        got = _pod([*container["command"], *container["args"]],
+                   {**env, "JOB_COMPLETION_INDEX": str(index), "POD_IP": f"10.1.0.{index + 5}"})
+        argv = got["argv"]
+        assert f"--rdzv-endpoint={endpoint}" in argv and "--rdzv-id=exp1" in argv and "--nnodes=3" in argv
+        assert f"--rdzv-conf=is_host={int(index == 0)},join_timeout=120" in argv, "pod 0 hosts the store"
+        assert f"--local-addr=10.1.0.{index + 5}" in argv, "each pod advertises its own IP, not loopback"
+        assert "--nproc-per-node=8" in argv
+        assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir",
+                                           "/workspace/runs/exp1", "--", "--max_steps", "100", "--learning_rate", "1e-4"]
+        assert got["rank"] == str(index)
+        assert got["rdzv"] == {"backend": "c10d", "endpoint": endpoint, "id": "exp1", "join_timeout": 120,
+                               "local_addr": f"10.1.0.{index + 5}"}
+
+
+def _mounts(pod_spec: dict, mounts: list[dict]) -> dict[str, dict]:
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]] for m in mounts}
+
+
+def test_gpus_shm_and_the_shared_run_folder_are_in_the_pod(settings):
+    _, job = k8s.job_manifests(_spec(settings, shm="32Gi", runs_claim="team-runs"))
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    by_path = _mounts(pod, container["volumeMounts"])
+    assert by_path["/dev/shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert by_path["/workspace/runs"]["persistentVolumeClaim"]["claimName"] == "team-runs"
+    assert container["image"].endswith("-cu132"), "GPU nodes get the newest CUDA variant"
+    _, cpu_job = k8s.job_manifests(_spec(settings, gpus_per_node=0))
+    (cpu,) = cpu_job["spec"]["template"]["spec"]["containers"]
+    assert "resources" not in cpu and cpu["image"].endswith("-cpu") and "--nproc-per-node=2" in cpu["args"][0]
+
+
+def test_the_trainjob_is_a_valid_trainer_v2_object_and_loses_nothing(settings):
+    doc = k8s.trainjob_manifest(_spec(settings))
+    model = TrainerV1alpha1TrainJob.from_dict(doc)
+    assert model.to_dict() == doc, "every field is one the TrainJob API knows (unknown ones would be dropped)"
+    assert doc["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and model.spec.runtime_ref.name == "torch-distributed"
+    t = model.spec.trainer
+    assert t.num_nodes == 3 and t.num_proc_per_node == 8 and t.resources_per_node.limits["nvidia.com/gpu"].actual_instance == 8
+    (patch,) = doc["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    by_path = _mounts(pod, pod["containers"][0]["volumeMounts"])
+    assert by_path["/dev/shm"]["emptyDir"]["medium"] == "Memory"
+    assert by_path["/workspace/runs"]["persistentVolumeClaim"]["claimName"] == "dockyard-runs"
+    bad = json.loads(json.dumps(doc))
+    bad["spec"]["trainer"]["numNodes"] = "three"
+    with pytest.raises(ValueError):
+        TrainerV1alpha1TrainJob.from_dict(bad)
+
+
+def test_resume_reaches_the_trainer_not_its_overrides(settings, tmp_path):
+    _, job = k8s.job_manifests(_spec(settings, resume=True))
+    got = _pod(["bash", "-c", job["spec"]["template"]["spec"]["containers"][0]["args"][0]],
+               {**_stand_in(tmp_path), "JOB_COMPLETION_INDEX": "1", "POD_IP": "10.1.0.6"})
+    assert got["argv"][got["argv"].index("--run-dir") + 2:] == ["--resume", "--", "--max_steps", "100",
+                                                                 "--learning_rate", "1e-4"]
+    t = k8s.trainjob_manifest(_spec(settings, resume=True))["spec"]["trainer"]
+    assert "--run-dir /workspace/runs/exp1 --resume --" in t["command"][2]
+
+
+def test_the_trainjob_command_records_the_node_rank_the_runtime_gives(settings, tmp_path):
+    """Trainer v2's torch runtime sets PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR... which torchrun reads."""
+    t = k8s.trainjob_manifest(_spec(settings))["spec"]["trainer"]
+    got = _pod(t["command"], {**_stand_in(tmp_path), "PET_NODE_RANK": "2"})
+    assert got["rank"] == "2"
+    assert got["argv"] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/exp1",
+                           "--", "--max_steps", "100", "--learning_rate", "1e-4"]
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"nodes": 0}, "--nodes must be at least 1"),
+    ({"gpus_per_node": -1}, "--gpus-per-node must be 0"),
+    ({"run_id": "Exp_1"}, "--run-id 'Exp_1'.*lowercase"),
+    ({"run_id": "x" * 41}, "at most 40"),
+    ({"shm": "lots"}, "--shm 'lots'.*16Gi"),
+    ({"runs_claim": "My Claim"}, "--runs-claim"),
+    ({"recipe": "zero9"}, "zero9"),
+    ({"max_restarts": -1}, "--max-restarts"),
+])
+def test_bad_values_are_refused_with_what_to_give(settings, kw, message):
+    with pytest.raises(DockyardError, match=message):
+        _spec(settings, **kw)
+
+
+def test_invoke_k8s_writes_both_files_and_refuses_bad_values_cleanly(tmp_path):
+    r = invoke("k8s", "--recipe=lora", "--nodes=2", "--gpus-per-node=4", "--run-id=lora-a", f"--out={tmp_path}",
+               "--", "--max_steps", "5")
+    assert r.returncode == 0, r.stderr
+    assert f"kubectl apply -f {tmp_path / 'job.yaml'}" in r.stdout
+    svc, job = yaml.safe_load_all((tmp_path / "job.yaml").read_text())
+    (trainjob,) = yaml.safe_load_all((tmp_path / "trainjob.yaml").read_text())
+    assert job["metadata"]["name"] == trainjob["metadata"]["name"] == "dockyard-lora-a"
+    assert "--recipe lora" in job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert "must exist, ReadWriteMany" in (tmp_path / "job.yaml").read_text(), "the file says what to create first"
+    bad = invoke("k8s", "--run-id=Bad_Id", f"--out={tmp_path / 'bad'}")
+    assert bad.returncode != 0 and bad.stderr.startswith("error: --run-id") and "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists(), "nothing written"
