@@ -119,8 +119,10 @@ ENV = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1
 
 def _volumes(s: Spec) -> tuple[list[dict], list[dict]]:
     volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm}},
-               {"name": "runs", "persistentVolumeClaim": {"claimName": s.claim}}]
-    mounts = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": f"{WORKSPACE}/runs"}]
+               {"name": "runs", "persistentVolumeClaim": {"claimName": s.claim}},
+               {"name": "cache", "emptyDir": {}}]  # datasets and Hugging Face write their caches (HF_HOME) here
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": f"{WORKSPACE}/runs"},
+              {"name": "cache", "mountPath": f"{WORKSPACE}/.cache"}]
     return volumes, mounts
 
 

@@ -14,12 +14,14 @@ import os
 import random
 import re
 import resource
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dockyard.settings import ROOT
 from tests.support import node2
@@ -209,3 +211,70 @@ def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_
     assert logged == sorted(set(logged)) and logged[-1] == 60, "no step logged twice after the resume"
     resumed = re.findall(r"Attempting to resume from \S+/checkpoint-(\d+)", (runs / "lost1" / "train.log").read_text())
     assert resumed and 5 <= int(resumed[-1]) <= steps_before, "resumed from the last complete checkpoint"
+
+
+def _pod_as_docker_run(pod: dict, index: int, pod_ip: str, hosts: dict[str, str], runs: Path) -> list[str]:
+    """What a kubelet would start for pod `index` of the Indexed Job, as a `docker run` on one engine: the pod's
+    network is the node's (POD_IP = the node's address); /etc/hosts holds, as the kubelet writes it, the pod's
+    own hostname at its IP and (the headless Service's DNS) pod 0's name; the runs claim is a bind mount, the
+    memory emptyDir a /dev/shm of its size limit."""
+    (c,) = pod["containers"]
+    sec = pod["securityContext"]
+    argv = [node2.DOCKER, "run", "--rm", "--name", f"k8s-pod-{index}-{os.getpid()}", "--network", "host",
+            "--user", f"{sec['runAsUser']}:{sec['runAsGroup']}", "-w", c["workingDir"],
+            "-e", f"JOB_COMPLETION_INDEX={index}", f"--add-host={socket.gethostname()}:{pod_ip}",
+            *[f"--add-host={h}:{a}" for h, a in hosts.items()]]
+    for e in c["env"]:
+        value = pod_ip if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.podIP" else e["value"]
+        argv += ["-e", f"{e['name']}={value}"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for m in c["volumeMounts"]:
+        v = volumes[m["name"]]
+        if v.get("emptyDir", {}).get("medium") == "Memory":
+            argv += ["--shm-size", v["emptyDir"]["sizeLimit"].replace("Gi", "g").replace("Mi", "m")]
+        elif "emptyDir" in v:  # the kubelet makes it writable by the pod's fsGroup
+            argv += ["--mount", f"type=tmpfs,destination={m['mountPath']},tmpfs-mode=1777"]
+        else:
+            argv += ["-v", f"{runs}:{m['mountPath']}"]
+    assert "resources" not in c, "CPU pods: no GPU limits"
+    return argv + ["--entrypoint", c["command"][0], c["image"], *c["command"][1:], *c["args"]]
+
+
+def test_the_kubernetes_pods_of_invoke_k8s_train_together(node, node_image, tmp_path):
+    """No cluster here: each pod of the Indexed Job `invoke k8s` wrote is started as a kubelet would start it,
+    with `docker run` on each node's engine (see _pod_as_docker_run), so its own command really trains."""
+    from tests.support.cli import invoke
+
+    r = invoke("k8s", "--recipe=zero2", "--nodes=2", "--gpus-per-node=0", "--variant=cpu", "--run-id=kube1",
+               "--shm=1Gi", f"--out={tmp_path / 'k8s'}", "--", "--max_steps", "6", *STEPS)
+    assert r.returncode == 0, r.stderr
+    svc, job = yaml.safe_load_all((tmp_path / "k8s" / "job.yaml").read_text())
+    pod = job["spec"]["template"]["spec"]
+    pod0 = f"{job['metadata']['name']}-0.{svc['metadata']['name']}"
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    os.chown(runs, pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"])  # the claim's fsGroup
+    hosts = {pod0: node.host_addr}
+    logs = [open(tmp_path / f"pod{i}.log", "w+") for i in (0, 1)]
+    procs = [subprocess.Popen(_pod_as_docker_run(pod, 0, node.host_addr, hosts, runs), stdout=logs[0],
+                              stderr=subprocess.STDOUT),
+             subprocess.Popen(_pod_as_docker_run(pod, 1, node.addr, hosts, runs), stdout=logs[1],
+                              stderr=subprocess.STDOUT, env=node.env)]
+    try:
+        codes = [p.wait(600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        subprocess.run([node2.DOCKER, "rm", "-f", f"k8s-pod-0-{os.getpid()}"], capture_output=True)
+        node.docker("rm", "-f", f"k8s-pod-1-{os.getpid()}", check=False)
+    outputs = [(log.seek(0), log.read())[1] for log in logs]
+    assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    m0, m1 = _manifest(runs / "kube1" / "manifest.json"), _manifest(runs / "kube1" / "manifest-node1.json")
+    for m, rank in ((m0, 0), (m1, 1)):
+        assert m["status"] == "completed" and m["world_size"] == 4 and m["node_rank"] == rank
+        assert m["rendezvous"]["endpoint"] == f"{pod0}:29500"
+        assert m["strategy"]["in_effect"]["zero_stage"] == 2
+    assert m1["rendezvous"]["local_addr"] == node.addr, "pod 1 advertised its pod IP"
+    assert m0["metrics"]["loss_last"] < m0["metrics"]["loss_first"], "the loss fell"
