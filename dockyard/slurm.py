@@ -129,9 +129,15 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
         wrap = f"apptainer exec --nv --bind {spec} --pwd /opt/dockyard {image_file} "
     entry = " ".join([f"-m dockyard.train --recipe {shlex.quote(recipe)} --run-dir {WORKSPACE}/runs/$RUN_ID", '"$@"',
                       *(["--", *(shlex.quote(o) for o in overrides)] if overrides else [])])
-    inner = multinode.node_command(index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus,
-                                   endpoint="$MASTER_ADDR:$MASTER_PORT", run_id="$RUN_ID", entry=entry)
-    env = ["# The containers see the job's environment.",
+    # Each node advertises its own NodeAddr (a hostname can resolve to 127.0.1.1 on the node, or not at all).
+    inner = "ADDRS=($NODE_ADDRS); " + multinode.node_command(
+        index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus, endpoint="$MASTER_ADDR:$MASTER_PORT",
+        run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry)
+    env = ["# Every node's address as Slurm reaches it, in SLURM_NODEID order.",
+           "NODE_ADDRS=$(for n in $(scontrol show hostnames \"$SLURM_JOB_NODELIST\"); do",
+           "  scontrol show node \"$n\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2; done | tr '\\n' ' ')",
+           "# The containers see the job's environment.",
+           "export NODE_ADDRS",
            f"export DOCKYARD_IMAGE_REF={shlex.quote(image)} HF_HOME={WORKSPACE}/.cache/huggingface HF_HUB_OFFLINE=1"]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",

@@ -154,7 +154,11 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     settings, overrides = resolve_settings(recipe, overrides)
     run.extra["recipe_files"] = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
     run_dir = run.opts.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DockyardError(f"cannot make the run folder {run_dir} ({e.strerror}): the runs folder must be writable "
+                            f"by the user the trainer runs as (uid {os.getuid()})") from None
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     run.run_dir_ok = True
     if last and run.is_main:
@@ -328,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     signal.signal(signal.SIGTERM, _stopped)
+    from dockyard.train import nodes
+
+    nodes.pin_interface()  # before torch.distributed starts
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
     run = None
     try:

@@ -34,6 +34,38 @@ def rendezvous() -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+def interface_of(addr: str) -> str | None:
+    """The network interface that holds `addr` on this machine (no `ip` needed: images need not have it)."""
+    import fcntl
+    import struct
+
+    SIOCGIFADDR = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address on it
+            if socket.inet_ntoa(raw[20:24]) == addr:
+                return name
+    return None
+
+
+def pin_interface() -> str | None:
+    """gloo and NCCL pick their interface from the hostname, which can resolve to loopback (a container's, or a
+    node whose /etc/hosts maps its name to 127.0.1.1): then every rank tells the others to connect to 127.0.0.1.
+    When the launcher said which address this node advertises (DOCKYARD_RENDEZVOUS local_addr: `invoke run`,
+    `invoke slurm`, `invoke k8s`) and the user chose no interface, use the one that holds that address."""
+    addr = (rendezvous() or {}).get("local_addr")
+    if not addr or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    iface = interface_of(addr)
+    if iface:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    return iface
+
+
 def several() -> bool:
     return int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1))
 

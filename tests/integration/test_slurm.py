@@ -7,6 +7,7 @@ it from the archive the script names (`invoke load` on the nodes that lack it).
 from __future__ import annotations
 
 import json
+import os
 import random
 import resource
 import subprocess
@@ -77,4 +78,65 @@ def test_sbatch_of_the_written_script_trains_zero2_across_both_nodes(cluster, no
     assert m1["rendezvous"]["local_addr"] == node.addr, "node 2 advertised its own address"
     assert m0["metrics"]["steps"] == m1["metrics"]["steps"] == 6
     assert m0["metrics"]["loss_first"] == m1["metrics"]["loss_first"]
+    assert m0["metrics"]["loss_last"] < m0["metrics"]["loss_first"], "the loss fell"
+
+
+# Apptainer cannot be installed here. This stand-in does what `apptainer exec` does for the script, with the
+# node's Docker engine: the host's network and /etc/hosts (where this machine's name resolves to no address of
+# the test network), the --bind folders, --pwd, the job's environment, the image named in the .sif file (here: a
+# text file holding the image reference). It records its own arguments.
+APPTAINER = r"""#!/bin/bash
+echo "$*" >> "$APPTAINER_LOG"
+[ "$1" = exec ] && shift
+binds=()
+while [[ $1 == --* ]]; do
+  case $1 in
+    --nv) shift ;;
+    --bind) IFS=, read -ra list <<< "$2"; for b in "${list[@]}"; do binds+=(-v "$b"); done; shift 2 ;;
+    --pwd) pwd=$2; shift 2 ;;
+    *) echo "apptainer stand-in: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+image=$(cat "$1"); shift
+envs=()
+while IFS= read -r -d '' kv; do envs+=(-e "$kv"); done \
+  < <(env -0 | grep -zE '^(SLURM_|DOCKYARD_|MASTER_|RUN_ID=|NODE_ADDRS=|HF_)')
+exec /usr/bin/docker run --rm --network host --ipc=host --user "$(id -u):$(id -g)" "${binds[@]}" -w "$pwd" \
+  "${envs[@]}" "$image" "$@"
+"""
+
+
+def test_the_apptainer_script_trains_across_both_nodes(cluster, node, cpu_image, tmp_path):
+    if node.image_id(cpu_image) is None:  # the test above loads it from the archive; alone, this one copies it
+        save = subprocess.Popen(["/usr/bin/docker", "save", cpu_image], stdout=subprocess.PIPE)
+        subprocess.run(["/usr/bin/docker", "load"], stdin=save.stdout, env=node.env, check=True, capture_output=True)
+        save.stdout.close()
+        save.wait()
+    sif = tmp_path / "dockyard.sif"
+    sif.write_text(cpu_image)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "apptainer").write_text(APPTAINER)
+    (bin_ / "apptainer").chmod(0o755)
+    runs, script = tmp_path / "runs", tmp_path / "app.sbatch"
+    port = random.randrange(20000, 29000)
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(runs), "MASTER_PORT": str(port), "APPTAINER_LOG": str(tmp_path / "app.log"),
+           "PATH": f"{bin_}:{os.environ['PATH']}", "DOCKYARD_RUN_ID": "app1"}
+    r = invoke("slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=2", "--variant=cpu", "--runtime=apptainer",
+               f"--image-file={sif}", f"--out={script}", "--", *STEPS, env=env)
+    assert r.returncode == 0, r.stderr
+    # The test cluster has no GPUs to allocate: drop the request; everything else is the script as written.
+    script.write_text(script.read_text().replace("#SBATCH --gpus-per-node=2\n", ""))
+    sub = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
+                         env={**cluster.env, **env}, timeout=900)
+    job = sub.stdout.strip().split(";")[0]
+    out = (runs / f"slurm-{job}.out").read_text() if job and (runs / f"slurm-{job}.out").exists() else ""
+    assert sub.returncode == 0, f"sbatch: {sub.stderr}\n--- job output\n{out[-5000:]}\n{cluster.logs()}"
+    calls = (tmp_path / "app.log").read_text().splitlines()
+    assert len(calls) == 2 and all(c.startswith("exec --nv --bind ") and str(sif) in c for c in calls)
+    m0 = json.loads((runs / "app1" / "manifest.json").read_text())
+    m1 = json.loads((runs / "app1" / "manifest-node1.json").read_text())
+    for m, rank in ((m0, 0), (m1, 1)):
+        assert m["status"] == "completed" and m["node_rank"] == rank and m["world_size"] == 4
+        assert m["rendezvous"]["endpoint"] == f"{node.host_addr}:{port}" and m["rendezvous"]["id"] == "app1"
     assert m0["metrics"]["loss_last"] < m0["metrics"]["loss_first"], "the loss fell"

@@ -1,6 +1,9 @@
 """Several nodes: the rendezvous each node gets, the refusals before anything starts, naming a lost node, and
 which checkpoint a resume after a node failure may trust. Nothing is run; no network is touched."""
 
+import json
+import os
+
 import pytest
 
 from dockyard import multinode
@@ -93,3 +96,20 @@ def test_a_rank_that_saw_only_its_neighbour_stop_still_reports_the_lost_node(tmp
     assert first.startswith("lost node 1 (10.0.0.2") and later.startswith("lost node 1 (10.0.0.2")
     assert capsys.readouterr().err.count("error: lost node 1") == 1, "said once, by the rank that found it"
     assert nodes.explain("CUDA out of memory", tmp_path / "other", SEEN) == "CUDA out of memory"
+
+
+def test_the_trainer_binds_gloo_and_nccl_to_the_interface_of_the_advertised_address(monkeypatch):
+    """A hostname that resolves to loopback would make every rank advertise 127.0.0.1: the interface holding the
+    address the launcher advertises is used instead, unless the user chose one."""
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"endpoint": "x:1", "local_addr": "127.0.0.1"}))
+    assert nodes.pin_interface() == "lo"
+    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    assert nodes.pin_interface() is None and os.environ["NCCL_SOCKET_IFNAME"] == "ib0", "the user's choice"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"endpoint": "x:1", "local_addr": "198.18.255.254"}))
+    assert nodes.pin_interface() is None and "GLOO_SOCKET_IFNAME" not in os.environ, "no such address here"

@@ -75,12 +75,13 @@ def test_each_node_starts_torchrun_in_the_container_with_the_rendezvous_from_slu
         assert "--nproc-per-node=4" in argv and "--nnodes=2" in argv
         assert "--rdzv-endpoint=10.9.0.1:29500" in argv, "node 0's NodeAddr, not its name"
         assert f"--rdzv-conf=is_host={int(i == 0)},join_timeout=120" in argv
+        assert f"--local-addr=10.9.0.{i + 1}" in argv, "each node advertises its own NodeAddr"
         assert "--rdzv-id=zero2-slurm-77" in argv
         assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir",
                                            "/workspace/runs/zero2-slurm-77", "--resume",
                                            "--", "--max_steps", "5", "--learning_rate", "1e-4"]
         assert n["rdzv"] == {"backend": "c10d", "endpoint": "10.9.0.1:29500", "id": "zero2-slurm-77",
-                             "join_timeout": 120}
+                             "join_timeout": 120, "local_addr": f"10.9.0.{i + 1}"}
         assert n["image"].endswith("-cu132") and n["hf_offline"] == "1"
     runs, recipes = settings.path(settings.runs_dir), slurm.ROOT / "recipes"
     mounts = f"{runs}:/workspace/runs,"

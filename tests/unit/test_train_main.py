@@ -42,3 +42,13 @@ def test_fsdp_cpu_ram_efficient_loading_is_set_before_the_model_loads(tmp_path, 
     assert os.environ.get("ACCELERATE_USE_FSDP") == "true"
     monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
     assert is_fsdp_enabled()  # what from_pretrained asks (distributed faked: no process group here)
+
+
+def test_a_run_folder_that_cannot_be_made_is_a_short_error_not_a_traceback(tmp_path, capsys):
+    from dockyard.train.__main__ import main
+
+    (tmp_path / "runs").write_text("a file where the runs folder should be")
+    code = main(["--recipe", "zero2", "--run-dir", str(tmp_path / "runs" / "r1")])
+    err = capsys.readouterr().err
+    assert code != 0 and "error: cannot make the run folder" in err and "must be writable" in err
+    assert "Traceback" not in err
