@@ -5,7 +5,8 @@ Two forms, one file each:
   <name>-0.<name> (the Service gives each pod a DNS name, before it is ready) and hosts torchrun's c10d store;
   every pod advertises its pod IP (a container's hostname can resolve to loopback).
 - trainjob.yaml, for clusters with Kubeflow Trainer v2: a TrainJob (trainer.kubeflow.org/v1alpha1) on the
-  `torch-distributed` runtime, which numbers the nodes and sets torchrun's PET_* variables itself.
+  `torch-distributed` runtime, which numbers the nodes and names node 0 in torchrun's PET_* variables; each pod
+  starts the same c10d rendezvous from them (bounded join, --max-restarts, pod IP advertised).
 Both mount the run folder from a ReadWriteMany PersistentVolumeClaim (every node writes its DeepSpeed shards
 into the same folder) and a memory-backed /dev/shm (Kubernetes has no --ipc=host).
 """
@@ -133,12 +134,20 @@ def _resources(s: Spec) -> dict:
 SECURITY = {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}  # the image's `dockyard` user
 
 
+# What a pod advertises to the others: its own address (the reason --local-addr is given at all: a container's
+# hostname can resolve to loopback, and gloo then connects there).
+POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def _command(s: Spec, *, index: str, nnodes: str | int, nproc: str | int, endpoint: str) -> str:
+    return multinode.node_command(index=index, nnodes=nnodes, nproc=nproc, endpoint=endpoint, run_id=s.run_id,
+                                  local_addr="$POD_IP", entry=s.entry(), max_restarts=s.max_restarts)
+
+
 def job_manifests(s: Spec) -> list[dict]:
     """The operator-free form: [headless Service, Indexed Job]."""
-    endpoint = f"{s.name}-0.{s.name}:{PORT}"
-    command = multinode.node_command(index="$JOB_COMPLETION_INDEX", nnodes=s.nodes, nproc=s.nproc,
-                                     endpoint=endpoint, run_id=s.run_id, local_addr="$POD_IP", entry=s.entry(),
-                                     max_restarts=s.max_restarts)
+    command = _command(s, index="$JOB_COMPLETION_INDEX", nnodes=s.nodes, nproc=s.nproc,
+                       endpoint=f"{s.name}-0.{s.name}:{PORT}")
     volumes, mounts = _volumes(s)
     labels = {"app.kubernetes.io/name": "dockyard", "dockyard/run-id": s.run_id}
     service = {
@@ -152,9 +161,7 @@ def job_manifests(s: Spec) -> list[dict]:
     container = {
         "name": "train", "image": s.image, "imagePullPolicy": "IfNotPresent", "workingDir": "/opt/dockyard",
         "command": ["bash", "-c"], "args": [command],
-        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image},
-                # what this pod advertises to the others: its own address, not its hostname's loopback
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image}, POD_IP],
         "ports": [{"name": "rendezvous", "containerPort": PORT}],
         "volumeMounts": mounts,
     }
@@ -173,13 +180,17 @@ def job_manifests(s: Spec) -> list[dict]:
 
 
 def trainjob_manifest(s: Spec) -> dict:
-    """The Kubeflow Trainer v2 form: the runtime numbers the nodes and gives torchrun PET_NNODES, PET_NODE_RANK,
-    PET_MASTER_ADDR... (torchrun reads them as its flags); the trainer records the node rank."""
+    """The Kubeflow Trainer v2 form: the runtime numbers the nodes and names node 0 (PET_NODE_RANK,
+    PET_MASTER_ADDR, PET_MASTER_PORT...). Left to those alone torchrun would use its static rendezvous, with no
+    bound on the wait for a lost node: so each pod starts the c10d rendezvous of the Indexed Job from them, and
+    explicit flags win over torchrun's PET_* defaults."""
     volumes, mounts = _volumes(s)
+    command = _command(s, index="$PET_NODE_RANK", nnodes="$PET_NNODES", nproc="$PET_NPROC_PER_NODE",
+                       endpoint="$PET_MASTER_ADDR:$PET_MASTER_PORT")
     trainer = {
         "image": s.image, "numNodes": s.nodes, "numProcPerNode": s.nproc,
-        "command": ["bash", "-c", f"export DOCKYARD_NODE_RANK=$PET_NODE_RANK; exec torchrun {s.entry()}"],
-        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image}],
+        "command": ["bash", "-c", command],
+        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image}, POD_IP],
     }
     if s.gpus:
         trainer["resourcesPerNode"] = _resources(s)

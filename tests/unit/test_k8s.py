@@ -133,13 +133,24 @@ def test_resume_reaches_the_trainer_not_its_overrides(settings, tmp_path):
     assert "--run-dir /workspace/runs/exp1 --resume --" in t["command"][2]
 
 
-def test_the_trainjob_command_records_the_node_rank_the_runtime_gives(settings, tmp_path):
-    """Trainer v2's torch runtime sets PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR... which torchrun reads."""
-    t = k8s.trainjob_manifest(_spec(settings))["spec"]["trainer"]
-    got = _pod(t["command"], {**_stand_in(tmp_path), "PET_NODE_RANK": "2"})
-    assert got["rank"] == "2"
-    assert got["argv"] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/exp1",
-                           "--", "--max_steps", "100", "--learning_rate", "1e-4"]
+def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_gives(settings, tmp_path):
+    """Trainer v2's torch runtime numbers the nodes and names node 0 in PET_* variables (here set by hand, as
+    the runtime would: no cluster): the flags given on top of them bound the join and host the store on node 0."""
+    t = k8s.trainjob_manifest(_spec(settings, max_restarts=2))["spec"]["trainer"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in t["env"]
+    runtime = {"PET_NNODES": "3", "PET_NPROC_PER_NODE": "8", "PET_MASTER_ADDR": "dockyard-exp1-node-0-0.dockyard-exp1",
+               "PET_MASTER_PORT": "29400"}
+    env = {**_stand_in(tmp_path), **runtime}
+    for rank in range(3):
+        got = _pod(t["command"], {**env, "PET_NODE_RANK": str(rank), "POD_IP": f"10.2.0.{rank + 5}"})
+        argv = got["argv"]
+        assert got["rank"] == str(rank)
+        assert f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=120" in argv, "node 0 hosts the store"
+        assert "--rdzv-endpoint=dockyard-exp1-node-0-0.dockyard-exp1:29400" in argv and "--rdzv-id=exp1" in argv
+        assert {"--nnodes=3", "--nproc-per-node=8", "--max-restarts=2", f"--local-addr=10.2.0.{rank + 5}"} <= set(argv)
+        assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir",
+                                           "/workspace/runs/exp1", "--", "--max_steps", "100", "--learning_rate", "1e-4"]
+        assert got["rdzv"]["local_addr"] == f"10.2.0.{rank + 5}", "the manifest records it; a lost node is named by it"
 
 
 @pytest.mark.parametrize("kw,message", [
