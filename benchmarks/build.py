@@ -3,10 +3,13 @@ naive single-stage Dockerfile doing the same installs. All measured in one run, 
 
     python -m benchmarks.build [--variant=cpu] [--skip-cold]
     python -m benchmarks.build --variant=cu132 [--skip-cold]     # a CUDA variant: the section below
+    python -m benchmarks.build --variant=cpu --ops                # DeepSpeed's ops: serial vs ninja
 
 Targets (issue 2): a recipe- or code-only rebuild under 10 s and under 1 MB of new layers.
 For a CUDA variant (issue 13): cold build time, image size, its `invoke save` archive, and the size the same
 stack has on an nvidia/cuda:<same>-cudnn-devel base, side by side; targets ≤ 7 GB, archive ≤ 3.5 GB, ≤ 0.6×.
+`--ops`: the deepspeed-build stage cold, DeepSpeed's own serial compile (DS_ENABLE_NINJA empty) beside ninja
+running MAX_JOBS=nproc compilers (the Dockerfile's default), with the step's time as BuildKit reports it.
 Writes benchmarks/results/build.md. Builds into its own tags (dockyard-bench/*) from a copy of the context.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -95,6 +99,45 @@ def cuda_row(s, v, skip_cold: bool) -> dict:
             "save_s": save_s, "dup": dup, "toolkit": toolkit, "devel": size + dup}
 
 
+OPS_STEP = re.compile(r"^#(\d+) \[deepspeed-build [^\]]*\] RUN ")
+
+
+def ops_seconds(s, v, ctx: Path, ninja: bool) -> float:
+    """Cold build of the deepspeed-build stage; the seconds BuildKit gives its one RUN (the ops compile)."""
+    (argv, env), = build.build_plan(s, v, context=ctx, ref=f"dockyard-bench/{v.name}:ops", no_cache=True,
+                                    revision="bench").steps
+    argv = argv[:-1] + ["--target", "deepspeed-build", "--build-arg", f"DS_ENABLE_NINJA={'1' if ninja else ''}",
+                        argv[-1]]
+    out = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"ops build ({'ninja' if ninja else 'serial'}) failed:\n{out.stderr[-3000:]}")
+    lines = out.stderr.splitlines()
+    step = next(m.group(1) for ln in lines if (m := OPS_STEP.match(ln)))
+    done = [ln for ln in lines if ln.startswith(f"#{step} DONE ")]
+    return float(done[-1].split()[-1].rstrip("s"))
+
+
+def ops_section(s, v) -> str:
+    with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as tmp:
+        ctx = build.copy_context(Path(tmp) / "ctx", v.name)
+        serial = ops_seconds(s, v, ctx, ninja=False)
+        ninja = ops_seconds(s, v, ctx, ninja=True)
+    subprocess.run(engine.docker(s, "rmi", "-f", f"dockyard-bench/{v.name}:ops"), capture_output=True)
+    return "\n".join([
+        f"## DeepSpeed ops: serial vs ninja ({v.name}: {' '.join(v.ds_ops)}; {os.cpu_count()} cores, {dt.date.today()})",
+        "", "| compile | ops step s | vs serial |", "|---|---|---|",
+        f"| DeepSpeed's default (one source at a time) | {serial:.0f} | 1.00 |",
+        f"| DS_ENABLE_NINJA=1, MAX_JOBS={os.cpu_count()} (the Dockerfile's) | {ninja:.0f} | {ninja / serial:.2f} |",
+        ""])
+
+
+def replace_section(text: str, heading: str, section: str) -> str:
+    """`text` with its `## heading...` section (up to the next `## `) replaced by `section`, or it appended."""
+    parts = re.split(r"(?m)^(?=## )", text)
+    kept = [p for p in parts if not p.startswith(f"## {heading}")]
+    return "".join(kept).rstrip() + "\n\n" + section
+
+
 def write_cuda_section(rows: list[dict]) -> str:
     lines = ["## CUDA variants", "",
              f"{os.cpu_count()} cores, {dt.date.today()}. The devel-base column is the same stack on "
@@ -118,15 +161,20 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--variant", default="cpu")
     p.add_argument("--skip-cold", action="store_true", help="reuse the build cache for the first build")
+    p.add_argument("--ops", action="store_true", help="only the DeepSpeed ops compile: serial vs ninja")
     a = p.parse_args()
     s = settings_mod.load({"docker": os.environ.get("INVOKE_DOCKYARD_DOCKER", "")})
     v = variants.resolve(s, a.variant)[0]
+    out = report.RESULTS / "build.md"
+    if a.ops:
+        section = ops_section(s, v)
+        print(section)
+        out.write_text(replace_section(out.read_text() if out.exists() else "", "DeepSpeed ops", section))
+        return
     if v.is_cuda:
         section = write_cuda_section([cuda_row(s, v, a.skip_cold)])
         print(section)
-        out = report.RESULTS / "build.md"
-        old = out.read_text() if out.exists() else ""
-        out.write_text(old.split("## CUDA variants")[0].rstrip() + "\n\n" + section)
+        out.write_text(replace_section(out.read_text() if out.exists() else "", "CUDA variants", section))
         return
     ref = f"dockyard-bench/{v.name}:layers"
     rows = []
@@ -168,10 +216,10 @@ def main() -> None:
               f"code-only: {'PASS' if rows[2][1] < 10 and rows[2][2] < 1e6 else 'FAIL'}."]
     text = "\n".join(lines) + "\n"
     print(text)
-    out = report.RESULTS / "build.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     old = out.read_text() if out.exists() else ""
-    out.write_text(text + ("\n## CUDA variants" + old.split("## CUDA variants", 1)[1] if "## CUDA variants" in old else ""))
+    sections = old[old.index("\n## ") + 1:] if "\n## " in old else ""
+    out.write_text(text + ("\n" + sections if sections else ""))
 
 
 if __name__ == "__main__":
