@@ -23,7 +23,7 @@ def _user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from dockyard.errors import DockyardError
+        from dockyard.common.errors import DockyardError
 
         try:
             return fn(*args, **kwargs)
@@ -41,7 +41,7 @@ def _user_errors(fn):
 @_user_errors
 def lock(c, variant="all", dry=False):
     """Resolve a variant's pins into its hash-pinned lock file, images/locks/<variant>.txt (uv, linux x86_64)."""
-    from dockyard import build
+    from dockyard.images import build
 
     build.lock(_settings(c), variant, dry=dry)
 
@@ -55,7 +55,7 @@ def wheelhouse(c, variant="auto", dry=False):
     The build installs Python packages only from there (--no-index). Its base stage still runs apt-get: build where
     a Debian mirror answers, then carry the image (`invoke save`: README, "Air-gapped, step by step").
     """
-    from dockyard import build
+    from dockyard.images import build
 
     build.wheelhouse(_settings(c), variant, dry=dry)
 
@@ -70,7 +70,7 @@ def build(c, variant="auto", no_cache=False, dry=False):
     Fetches the wheelhouse first when it is missing. DeepSpeed ops are compiled in the image and the build
     fails if one is missing, or if torch/triton/deepspeed differ from the pins.
     """
-    from dockyard import build as build_mod
+    from dockyard.images import build as build_mod
 
     build_mod.build(_settings(c), variant, no_cache=no_cache, dry=dry)
 
@@ -83,7 +83,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
 
     A Docker engine (installed and started as root on Debian/Ubuntu), the registry-free Debian base image
     (debootstrap), and the wheelhouse of the auto variant."""
-    from dockyard import setup as setup_mod
+    from dockyard.images import setup as setup_mod
 
     setup_mod.setup(_settings(c), mirror=mirror, dry=dry)
 
@@ -121,9 +121,9 @@ def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master
     --recipe is a name (`invoke recipes`) or a folder of your own holding a recipe.yaml. The checkout's recipes/
     is mounted over the image's, so an edit applies to the next run without a build.
     Trainer overrides go after `--`, e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
-    from dockyard import launch
+    from dockyard.launch import run as launch_run
 
-    launch.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
+    launch_run.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
                node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
                resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c),
                cpu=cpu, gpus=str(gpus), data=data, model=model, iface=iface, join_timeout=join_timeout,
@@ -152,7 +152,7 @@ def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="
     One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
     rank is SLURM_NODEID. Trainer overrides go after `--`; arguments after the script's name in `sbatch FILE
     ...` go to `invoke run` (e.g. --resume)."""
-    from dockyard import slurm as slurm_mod
+    from dockyard.launch import slurm as slurm_mod
 
     slurm_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
                     archive=archive, runtime=runtime, image_file=image_file, out=out, overrides=_remainder(c))
@@ -174,7 +174,7 @@ def k8s(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", image="", r
         shm="16Gi", max_restarts=0, resume=False, out=""):
     """Write Kubernetes manifests that train a recipe on several nodes: an Indexed Job + headless Service (no
     operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go after `--`."""
-    from dockyard import k8s as k8s_mod
+    from dockyard.launch import k8s as k8s_mod
 
     k8s_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant, image=image,
                   run_id=run_id, runs_claim=runs_claim, shm=shm, max_restarts=max_restarts, resume=resume, out=out,
@@ -193,7 +193,7 @@ def export(c, run="", merge=False, out="", dry=False):
     A full fine-tune: the model and tokenizer. LoRA/QLoRA: the adapter, or with --merge the base with the adapters
     merged in, loadable with transformers alone. Runs in the run's image, on CPU; the folder is reloaded and its
     logits compared with the run's own model on a few inputs (the difference and tolerance are printed)."""
-    from dockyard import export as export_mod
+    from dockyard.launch import export as export_mod
 
     export_mod.export(_settings(c), run=run, merge=merge, out=out, dry=dry)
 
@@ -202,7 +202,7 @@ def export(c, run="", merge=False, out="", dry=False):
 @_user_errors
 def recipes(c):
     """List the recipes, each with the one line that says when to pick it."""
-    from dockyard import recipes as recipes_mod
+    from dockyard.common import recipes as recipes_mod
 
     recipes_mod.print_table()
 
@@ -211,9 +211,9 @@ def recipes(c):
 @_user_errors
 def shell(c, variant="auto", dry=False):
     """An interactive shell in the image, with the same mounts, user and flags as `invoke run`."""
-    from dockyard import launch
+    from dockyard.launch import run as launch_run
 
-    launch.shell(_settings(c), variant=variant, dry=dry)
+    launch_run.shell(_settings(c), variant=variant, dry=dry)
 
 
 # --- moving images ---------------------------------------------------------------------------
@@ -247,9 +247,9 @@ def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign="", va
     Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json and load.sh (loads it with only sh, sha256sum,
     docker and zstd/gzip). Checks free space first, writes .partial files and renames them when complete,
     and checks every layer against the image's diff ids."""
-    from dockyard.transport import archive
+    from dockyard.transport import save as save_mod
 
-    archive.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,
+    save_mod.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,
                  sign=sign, variant=variant)
 
 
@@ -261,12 +261,12 @@ def load(c, file=""):
     Checks the sha256 of archive and manifest (and the signature when `allowed_signers` is set), then
     loads it and checks that every image is there with the right id. A damaged, truncated or tampered
     archive is refused and nothing is loaded."""
-    from dockyard.errors import DockyardError
-    from dockyard.transport import verify
+    from dockyard.common.errors import DockyardError
+    from dockyard.transport import load as load_mod
 
     if not file:
         raise DockyardError("--file is required: the archive to load (e.g. images/dist/dockyard_0.1.0-cpu.tar.zst)")
-    verify.load(_settings(c), file)
+    load_mod.load(_settings(c), file)
 
 
 @task(help={"out": "file to write (default: images/dist/inventory-<hostname>.json)"})
@@ -296,7 +296,7 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
     Resumes with rsync --append-verify, or ssh append where the node has no rsync. With --image
     instead of --file: streams save → zstd → ssh → docker load in one pipeline (fastest; not
     resumable; the images are checked there after loading)."""
-    from dockyard.errors import DockyardError
+    from dockyard.common.errors import DockyardError
     from dockyard.transport import ship as ship_mod
 
     if bool(file) == bool(image) or not to:
@@ -323,7 +323,7 @@ def doctor(c, json=False, record="", peer="", port=29500):
     /dev/shm and ulimits in a run container, the engine's free disk, the image's DeepSpeed ops; with --peer,
     whether this node can train with another. Exits non-zero when a check fails. A host without GPUs passes
     (cpu variant)."""
-    from dockyard.errors import DockyardError
+    from dockyard.common.errors import DockyardError
     from dockyard.machine import doctor as doctor_mod
 
     if record:
@@ -355,7 +355,7 @@ def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, j
 
     GPU memory per device and host memory per node: model states as DeepSpeed counts them, plus
     activations with and without gradient checkpointing."""
-    from dockyard.machine import plan as plan_mod
+    from dockyard.machine import planner as plan_mod
 
     s = _settings(c)
     model = model or (str(s.path(s.model)) if s.model else "")

@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 from benchmarks import report
-from dockyard import build, engine, variants
+from dockyard import engine
 from dockyard import settings as settings_mod
+from dockyard.images import build, variants
 from dockyard.settings import ROOT
 
 NAIVE = """FROM {base}

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import report
-from dockyard.machine import plan
+from dockyard.machine import planner
 
 SHAPES = [  # (architecture, hidden, intermediate, heads, kv heads, layers, vocab)
     ("llama", 256, 704, 8, 2, 4, 4000),
@@ -57,7 +57,7 @@ def activations() -> list[str]:
                       num_hidden_layers=layers, vocab_size=vocab, attn_implementation="sdpa")
         with tempfile.TemporaryDirectory() as d:
             cfg.save_pretrained(d)
-            shape = plan.shape_from_folder(Path(d))
+            shape = planner.shape_from_folder(Path(d))
         for ckpt in (False, True):
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).train()
@@ -65,7 +65,7 @@ def activations() -> list[str]:
                 model.activation_checkpointing_enable({"use_reentrant": False})
             for batch, seq in RUNS:
                 measured = saved_bytes(model, torch.randint(0, vocab, (batch, seq)))
-                predicted = plan.activation_bytes(shape, seq, batch, ckpt)
+                predicted = planner.activation_bytes(shape, seq, batch, ckpt)
                 if ckpt:  # plan adds the one layer recomputed during backward: transient, not saved by the outer graph
                     predicted -= batch * seq * (20 * shape.hidden + 4 * shape.kv_hidden + 8 * shape.intermediate)
                 rows.append(f"| {arch} | {h}/{inter}/{shape.kv_hidden}/{layers}/{vocab} | {batch} × {seq} | "
@@ -82,7 +82,7 @@ def model_states() -> list[str]:
             "| plan host GiB | DeepSpeed host GiB | ratio |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name in ("1B", "8.03B", "70B"):
-        shape = plan.shape_for(name)
+        shape = planner.shape_for(name)
         p, big = shape.params, shape.largest_layer
         for gpn, nodes in ((1, 1), (8, 1), (8, 4)):
             ds = {"zero2": z2(p, gpn, nodes, cpu_offload=False)[::-1],
@@ -90,7 +90,7 @@ def model_states() -> list[str]:
                   "zero3": z3(p, big, gpn, nodes, cpu_offload=False)[1::-1],
                   "zero3-offload": z3(p, big, gpn, nodes, cpu_offload=True, cpu_offload_params=True)[1::-1]}
             for recipe, (ds_gpu, ds_cpu) in ds.items():
-                gpu, host = plan.model_states(recipe, None, shape, gpn * nodes, gpn)
+                gpu, host = planner.model_states(recipe, None, shape, gpn * nodes, gpn)
                 rows.append(f"| {name} | {gpn} × {nodes} | {recipe} | {gpu / 2**30:.2f} | {ds_gpu / 2**30:.2f} | "
                             f"{gpu / ds_gpu:.4f} | {host / 2**30:.1f} | {ds_cpu / 2**30:.1f} | {host / ds_cpu:.4f} |")
     return rows

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks import mfu, report
 from dockyard import ROOT
-from dockyard.recipes import recipe_names
+from dockyard.common.recipes import recipe_names
 from dockyard.train import precision
 from dockyard.train.recipe import DATA, TINY_MODEL
 

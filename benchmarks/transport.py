@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 
 from benchmarks import report
-from dockyard import engine, variants
+from dockyard import engine
+from dockyard.images import variants
 from dockyard.settings import load as load_settings
-from dockyard.transport import archive, layout, ship
+from dockyard.transport import layout, ship
+from dockyard.transport import save as save_mod
 from tests.support import node2  # the second node is shared infrastructure of tests and benchmarks
 
 REPEAT = 2
@@ -77,11 +79,11 @@ def main() -> None:
             shutil.rmtree(s.layer_cache, ignore_errors=True)
             limit.append(timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True,
                                                       check=True))[0])
-            t, m = timed(lambda: archive.save(s, image=image, out=str(out)))
+            t, m = timed(lambda: save_mod.save(s, image=image, out=str(out)))
             save_b.append(t)
             limit_next.append(timed(lambda: subprocess.run(f"{docker[0]} save {recipe_tag} > /dev/null",
                                                            shell=True, check=True))[0])
-            t, m_next = timed(lambda: archive.save(s, image=recipe_tag, out=str(work / "next")))
+            t, m_next = timed(lambda: save_mod.save(s, image=recipe_tag, out=str(work / "next")))
             save_next.append(t)
         shutil.rmtree(work / "next")
         t_raw, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} | zstd -T0 -{level} -q > {raw}",
@@ -106,7 +108,7 @@ def main() -> None:
                  ("(b') invoke save of the next version (recipe-only change), full, layers cached",
                   min(save_next), m_next["archive_bytes"])]
 
-        t1, mt = timed(lambda: archive.save(s, image=recipe_tag, out=str(out), thin_for=f"ssh://{node.alias}"))
+        t1, mt = timed(lambda: save_mod.save(s, image=recipe_tag, out=str(out), thin_for=f"ssh://{node.alias}"))
         t2, _ = timed(lambda: ship.ship_file(s, str(out / mt["archive"]), f"{node.alias}:{node.base}/dist", load=True))
         rows += [("(c) invoke save --thin-for=ssh://node2", t1, mt["archive_bytes"]),
                  ("(c) invoke ship --load", t2, mt["archive_bytes"])]

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 TAIL_LINES = 20  # how much of a failed command's output an error message quotes
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from dockyard import console
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 
 NO_ENGINE_HELP = (

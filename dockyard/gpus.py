@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from dockyard.errors import DockyardError, json_object
+from dockyard.common.errors import DockyardError, json_object
 
 
 @dataclass(frozen=True)

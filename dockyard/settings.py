@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import ROOT
-from dockyard.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, problems
 
 
 class Settings(BaseModel):

@@ -11,8 +11,9 @@ import pytest
 # set before any test module imports transformers or datasets, which read these once.
 os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-from dockyard import engine, variants
+from dockyard import engine
 from dockyard import settings as settings_mod
+from dockyard.images import variants
 from dockyard.settings import ROOT
 from tests.support.cli import invoke
 

@@ -7,11 +7,11 @@ import os
 import re
 
 from dockyard import engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
+from dockyard.common.units import GIB
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 
-GIB = 2**30
 SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
 STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
 DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~20 GB, and `docker load` unpacks a copy first
@@ -98,9 +98,9 @@ def check_ds_report(report: str, variant, image: str) -> Check:
 def probe_argv(settings: Settings, image: str, name: str, command: list[str] | None = None,
                gpus: bool = False) -> list[str]:
     """A container started the way `invoke run` starts one (the launcher's own flags), running PROBE_SCRIPT."""
-    from dockyard import launch
+    from dockyard.launch import run as launch_run
 
-    return launch.docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
+    return launch_run.docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
                                   interactive=False, command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[])
 
 

@@ -13,16 +13,15 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from dockyard import engine, gpus, variants
-from dockyard.errors import DockyardError
+from dockyard import engine, gpus
+from dockyard.common.errors import DockyardError
+from dockyard.common.units import GIB
 from dockyard.gpus import Host, Link
+from dockyard.images import variants
 from dockyard.machine import container
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 from dockyard.transport.inventory import engine_store
-
-GIB = 2**30
-
 
 # --- engine ---------------------------------------------------------------------------------------
 

@@ -12,13 +12,15 @@ import shlex
 import socket
 import subprocess
 
-from dockyard import engine, multinode, variants
-from dockyard.errors import DockyardError
+from dockyard import engine
+from dockyard.common.errors import DockyardError
+from dockyard.common.units import GIB
+from dockyard.images import variants
+from dockyard.launch import multinode
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 from dockyard.transport import remote
 
-GIB = 2**30
 SHM_MIN = GIB  # NCCL and DeepSpeed's shared-memory ops need more than Docker's 64 MB
 CONNECT_TIMEOUT = 5
 

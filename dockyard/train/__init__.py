@@ -1,6 +1,18 @@
 """The image side: the trainer `invoke run` starts in the container (`python -m dockyard.train`).
 
 Needs the training stack (torch, transformers, DeepSpeed, PEFT); the host side of the project never imports
-it. What it shares with the host lives outside it: the recipe registry (dockyard/recipes.py), the memory
-planner (dockyard/machine/plan.py) and DockyardError, all importable without torch.
+it. What it shares with the host is torch-free: dockyard.common (the recipe registry, DockyardError, model_config,
+units) and the memory model of dockyard.machine.planner (its prediction goes next to the measured peak).
+
+  __main__   main: open the run folder, training arguments, data, model, fit, measure, write the manifest
+  recipe     the run settings (recipes/defaults.yaml + recipe.yaml + overrides)
+  data       the user's data: formats detected, tokenised, eval split
+  model      the model: made or loaded, precision, adapters, quantisation
+  guards     what is refused before training (one process per GPU, host memory for offload, ...)
+  strategy   the engine really in effect after the Trainer wrapped the model
+  callbacks  metrics per logging window, the strategy check
+  nodes      several nodes: shared storage, a lost node named
+  manifest   manifest.json and the checkpoint a resume continues from
+  precision  bf16/fp16/fp32 from the GPU's compute capability
+  export     a run's model as a plain Hugging Face folder
 """

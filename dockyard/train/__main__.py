@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dockyard.errors import DockyardError
-from dockyard.recipes import RECIPES, Recipe, load_recipe
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.train.recipe import RunSettings, parse_overrides, resolve_settings
 
 log = logging.getLogger("dockyard.train")
@@ -146,7 +146,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     """The recipe and settings, the run folder, the guards, TrainingArguments, the data and the model."""
     import transformers
 
-    from dockyard.machine import plan
+    from dockyard.machine import planner
     from dockyard.train import data, guards, manifest, nodes
     from dockyard.train import model as models
 
@@ -175,7 +175,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if recipe.spec.offloads and shape:
-        _, need = plan.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
+        _, need = planner.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
     args = training_arguments(recipe, settings, overrides, run_dir)
@@ -273,10 +273,10 @@ def model_shape(model_dir: Path, run: Run) -> Any:
 def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int) -> dict[str, Any]:
     """`invoke plan`'s estimate for this run, next to the measured peak in the manifest. Only a record:
     an estimate that cannot be made never fails the run."""
-    from dockyard.machine import plan
+    from dockyard.machine import planner
 
     try:
-        return plan.estimate(shape, recipe, world_size=args.world_size,
+        return planner.estimate(shape, recipe, world_size=args.world_size,
                              gpus_per_node=gpus_per_node, seq_len=settings.max_seq_length,
                              batch=args.per_device_train_batch_size,
                              gradient_checkpointing=args.gradient_checkpointing)
@@ -300,7 +300,7 @@ def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str
 
 def finish(run: Run, error: str | None) -> None:
     """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it."""
-    from dockyard.multinode import manifest_file
+    from dockyard.common.runfolder import manifest_file
     from dockyard.train import manifest, nodes
 
     if not run.run_dir_ok:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 log = logging.getLogger("dockyard.train")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
 

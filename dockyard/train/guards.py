@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dockyard import recipes
-from dockyard.errors import DockyardError, problems
-
-GiB = 2**30
+from dockyard.common import recipes
+from dockyard.common.errors import DockyardError, problems
+from dockyard.common.units import GIB
 
 
 def one_process_per_gpu(n_gpu: int) -> None:
@@ -125,10 +124,10 @@ def host_memory_available(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
 
 
 def check_offload_memory(strategy: str, need: int, params: int, available: int) -> None:
-    """CPU offload needs host RAM for the offloaded states (`need`: dockyard.machine.plan's estimate, DeepSpeed's
+    """CPU offload needs host RAM for the offloaded states (`need`: dockyard.machine.planner's estimate, DeepSpeed's
     formulas); short of it the OOM killer ends the run at the first step, after minutes of loading."""
     if need > available:
         raise DockyardError(
-            f"{strategy} needs about {need / GiB:.1f} GiB of host RAM for {params / 1e9:.2f} B parameters on this "
-            f"node, and only {available / GiB:.1f} GiB is free (container limit included). Use more nodes, "
+            f"{strategy} needs about {need / GIB:.1f} GiB of host RAM for {params / 1e9:.2f} B parameters on this "
+            f"node, and only {available / GIB:.1f} GiB is free (container limit included). Use more nodes, "
             f"a recipe that offloads less (invoke plan), or raise the container's memory limit")

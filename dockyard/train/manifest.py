@@ -11,7 +11,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.train import nodes
 
 

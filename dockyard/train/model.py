@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from dockyard.errors import DockyardError
-from dockyard.recipes import Recipe
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import Recipe
 from dockyard.train import guards, precision
 from dockyard.train.recipe import TINY_MODEL, RunSettings
 
@@ -148,7 +148,7 @@ def model_shape(folder: Path) -> Any:
     `invoke plan` on the host reads config.json alone (machine/model_config.py); here torch is at hand."""
     import transformers
 
-    from dockyard.machine import plan
+    from dockyard.machine import planner
 
     if not (folder / "config.json").is_file():
         raise DockyardError(f"{folder} has no config.json: pass a model folder")
@@ -173,12 +173,12 @@ def model_shape(folder: Path) -> Any:
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and name.split(".")[-1] not in ("lm_head", "score", "classifier"):
             linear += m.weight.numel()
-            lora += plan.LORA_RANK * (m.in_features + m.out_features)
+            lora += planner.LORA_RANK * (m.in_features + m.out_features)
     hidden = getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0)
     heads = getattr(config, "num_attention_heads", 0) or 1
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return plan.Shape(params=params, largest_layer=largest, hidden=hidden,
+    return planner.Shape(params=params, largest_layer=largest, hidden=hidden,
                       layers=getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0),
                       vocab=getattr(config, "vocab_size", 0),
                       intermediate=getattr(config, "intermediate_size", 0) or 4 * hidden,

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 SHARED_TIMEOUT = float(os.environ.get("DOCKYARD_SHARED_TIMEOUT", 30))  # network filesystems show new files late
 TOKEN = ".shared-check"

@@ -1,6 +1,6 @@
 """A run's settings: recipes/defaults.yaml ← the recipe's `settings:` ← the command line.
 
-The recipe itself (its folder, strategy and adapters) is read by dockyard.recipes, the one registry;
+The recipe itself (its folder, strategy and adapters) is read by dockyard.common.recipes, the one registry;
 recipes/defaults.yaml holds the settings every recipe shares; a recipe may change a few of them
 (`settings:`), and the command line overrides any of them (`-- --max_steps 50`).
 
@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import ROOT
-from dockyard.errors import DockyardError, problems
-from dockyard.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
+from dockyard.common.errors import DockyardError, problems
+from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
 
 DATA = ROOT / "data"
 TINY_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-llama"

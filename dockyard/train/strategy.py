@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dockyard import recipes
-from dockyard.errors import DockyardError
+from dockyard.common import recipes
+from dockyard.common.errors import DockyardError
 
 FIELDS = ("engine", "zero_stage", "offload_optimizer", "offload_param", "fsdp_version")
 

@@ -1,4 +1,4 @@
-"""Moving images between nodes: archives (save, verify, load), thin archives, ssh, commit.
+"""Moving images between nodes: archives (save, load), thin archives, ssh, commit.
 
 One module per concern; each imports only modules listed before it (and dockyard.engine / console):
   frames      compressed frames, one per large layer, and their cache
@@ -6,8 +6,8 @@ One module per concern; each imports only modules listed before it (and dockyard
   layout      an archive set on disk: file names, compression choices, the .sha256, load.sh
   inventory   what an engine holds (images, chain ids, image store) and what a thin archive omits
   remote      a node over ssh: destinations, remote commands, its state, its inventory
-  verify      sha256, manifest and signature checks; load
-  archive     save
+  load        `invoke load`: sha256, manifest and signature checks, then the load
+  save        `invoke save`: the archive set
   ship        an archive (file mode) or an image (stream mode) to a node over ssh
   commit      a container to an image, refusing secrets
 """

@@ -17,9 +17,9 @@ import json
 import re
 
 from dockyard import engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
+from dockyard.images.variants import canonical_name, lock_pins
 from dockyard.settings import ROOT, Settings
-from dockyard.variants import canonical_name, lock_pins
 
 # (pattern on the path, what it is): files that hold credentials in the usual places.
 SECRETS = [

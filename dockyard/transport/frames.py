@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 MIN_LAYER = 1 << 20          # smaller layers are not worth a frame (or a cache entry) of their own
 LOOSE_FLUSH = 64 << 20       # bytes between layers kept in memory before they are compressed

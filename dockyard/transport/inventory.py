@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 from dockyard import engine
-from dockyard.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, problems
 from dockyard.settings import Settings
 
 INVENTORY_FORMAT = "dockyard-inventory/1"

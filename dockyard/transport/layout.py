@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 FORMAT = "dockyard-archive/1"
 SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}

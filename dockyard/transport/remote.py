@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 

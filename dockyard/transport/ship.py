@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 from dockyard import console, engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import archive, inventory
+from dockyard.transport import inventory
+from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths, check_method, decompressor_argv, read_sums
+from dockyard.transport.load import read_manifest, sha256_file
 from dockyard.transport.remote import (
     Remote,
     node_state,
@@ -29,7 +31,6 @@ from dockyard.transport.remote import (
     ssh_argv,
     ssh_base,
 )
-from dockyard.transport.verify import read_manifest, sha256_file
 
 
 def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: str = "", load: bool = False,
@@ -112,9 +113,9 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
     with engine.Pipeline(load_argv, stdin=engine.PIPE, stdout=engine.TAIL, quiet=True,
                          what=f"docker load on {r.host}") as remote_load:
         try:
-            got = archive.stream_save(settings, images, remote_load.stdin.write, method=method, level=level,
+            got = save_mod.stream_save(settings, images, remote_load.stdin.write, method=method, level=level,
                                       omit=omit, label=f"stream to {r.host}",
-                                      cache=archive.layer_cache(settings, method, level))
+                                      cache=save_mod.layer_cache(settings, method, level))
         except BrokenPipeError:  # the node stopped reading: its exit code and output say why
             code = remote_load.wait(check=False)[0]
             raise DockyardError(f"{r.host} stopped reading the stream (ssh exit {code}): nothing was loaded there. "

@@ -16,8 +16,8 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from dockyard.common.errors import DockyardError
 from dockyard.engine import CHUNK
-from dockyard.errors import DockyardError
 from dockyard.transport.frames import FramedSink, StaleNames
 
 BLOCK = 512

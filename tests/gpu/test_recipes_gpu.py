@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dockyard.recipes import load_recipe, recipe_names
+from dockyard.common.recipes import load_recipe, recipe_names
 from dockyard.train import strategy
 from tests.support.training import FAST, LORA_LR, manifest, reload_logits, train
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import build, engine, variants
+from dockyard import engine
+from dockyard.images import build, variants
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine

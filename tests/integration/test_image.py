@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import ROOT, build, engine, variants
+from dockyard import ROOT, engine
+from dockyard.images import build, variants
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine

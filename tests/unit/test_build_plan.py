@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from dockyard import build, variants
+from dockyard.images import build, variants
 from dockyard.settings import ROOT
 
 

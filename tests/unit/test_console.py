@@ -7,7 +7,7 @@ import io
 import pytest
 
 from dockyard import console
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 
 def test_sizes_read_like_df_h():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dockyard import engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 
 def test_a_failed_command_is_quoted_with_its_exit_code_and_output():

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from dockyard import export
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
+from dockyard.launch import export
 
 
 def _run(tmp_path, **extra):

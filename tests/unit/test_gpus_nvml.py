@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from dockyard import gpus
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 
 class NVMLError(Exception):

@@ -16,10 +16,14 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from dockyard import build, engine, launch, recipes
-from dockyard.errors import DockyardError
+from dockyard import engine
+from dockyard.common import recipes
+from dockyard.common.errors import DockyardError
+from dockyard.images import build
+from dockyard.launch import run as launch_run
 from dockyard.settings import ROOT, Settings, load
-from dockyard.transport import commit, inventory, verify
+from dockyard.transport import commit, inventory
+from dockyard.transport import load as load_mod
 from tests.support.cli import invoke
 
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")  # docker's container-name rule; the run id names one
@@ -87,7 +91,7 @@ def test_every_shipped_recipe_passes_the_host_check():
 def test_a_run_id_is_refused_or_is_a_valid_container_name_and_folder(run_id):
     s = Settings(runs_dir="/nonexistent/runs")
     try:
-        d = launch.new_run_dir(s, "zero2", run_id, resume=False)
+        d = launch_run.new_run_dir(s, "zero2", run_id, resume=False)
     except DockyardError as e:
         assert "--run-id" in str(e)
         return
@@ -96,7 +100,7 @@ def test_a_run_id_is_refused_or_is_a_valid_container_name_and_folder(run_id):
 
 
 def test_the_default_run_id_of_a_recipe_folder_is_a_valid_name():
-    d = launch.new_run_dir(Settings(runs_dir="/nonexistent/runs"), str(ROOT / "recipes" / "zero2"), "", False)
+    d = launch_run.new_run_dir(Settings(runs_dir="/nonexistent/runs"), str(ROOT / "recipes" / "zero2"), "", False)
     assert d.name.startswith("zero2-") and DOCKER_NAME.fullmatch(f"dockyard-{d.name}")
 
 
@@ -160,7 +164,7 @@ def test_the_source_label_is_the_remote_without_credentials_or_nothing(origin, l
 
 def test_an_image_built_from_a_checkout_without_remote_carries_no_local_path(monkeypatch):
     monkeypatch.setattr(build, "repository_url", lambda root=ROOT: "")
-    from dockyard import variants
+    from dockyard.images import variants
 
     s = Settings()
     argv = build.build_plan(s, variants.resolve(s, "cpu")[0]).steps[0][0]
@@ -183,13 +187,13 @@ GOOD = {"archive_sha256": "a" * 64, "archive_bytes": 10, "tar_bytes": 20,
 ])
 def test_a_manifest_we_did_not_write_is_refused_with_what_is_wrong(raw, says):
     with pytest.raises(DockyardError, match="is not a manifest") as e:
-        verify.read_manifest(raw, "x.manifest.json")
+        load_mod.read_manifest(raw, "x.manifest.json")
     assert says in str(e.value)
 
 
 def test_a_manifest_we_write_keeps_every_field():
     extra = {**GOOD, "format": 1, "layers": [{"bytes": 3}]}
-    assert verify.read_manifest(json.dumps(extra).encode(), "x")["layers"] == [{"bytes": 3}]
+    assert load_mod.read_manifest(json.dumps(extra).encode(), "x")["layers"] == [{"bytes": 3}]
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
@@ -201,7 +205,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 @given(st.one_of(json_values, st.fixed_dictionaries({k: json_values for k in GOOD})))
 def test_any_json_is_a_manifest_or_a_refusal(value):
     try:
-        m = verify.read_manifest(json.dumps(value).encode(), "x")
+        m = load_mod.read_manifest(json.dumps(value).encode(), "x")
     except DockyardError:
         return
     assert isinstance(m["tar_bytes"], int) and m["images"]

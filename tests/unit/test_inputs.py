@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from dockyard import ROOT, build, launch, variants
-from dockyard.errors import DockyardError
+from dockyard import ROOT
+from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host
+from dockyard.images import build, variants
+from dockyard.launch import run as launch_run
 from dockyard.train import manifest
 
 
@@ -24,8 +26,8 @@ def files(tmp_path):
 
 def _argv(settings, tmp_path, recipe="ddp", overrides=(), **kw):
     v = variants.resolve(settings, "cpu")[0]
-    t = launch.validate_topology(0, 1, 0, "", 29500, Host(), v)
-    return launch.plan_run(settings, recipe=recipe, variant=v, host=Host(), engine_info={}, topo=t,
+    t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v)
+    return launch_run.plan_run(settings, recipe=recipe, variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **kw).argv
 
 
@@ -80,7 +82,7 @@ def test_checkout_recipes_are_mounted_over_the_images_and_a_recipe_folder_of_one
     assert argv[argv.index("--recipe") + 1] == "/workspace/recipes/my-recipe"
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
     monkeypatch.chdir(mine)
-    assert launch.new_run_dir(s, ".", "", False).name.startswith("my-recipe-"), "named by the folder"
+    assert launch_run.new_run_dir(s, ".", "", False).name.startswith("my-recipe-"), "named by the folder"
 
 
 def test_run_says_when_the_image_holds_other_code(capsys):

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
-from dockyard import k8s
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
+from dockyard.launch import k8s
 from tests.support.cli import invoke
 
 K8S_VERSION = "1.37"

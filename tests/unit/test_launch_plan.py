@@ -6,9 +6,11 @@ import os
 
 import pytest
 
-from dockyard import launch, multinode, variants
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.gpus import Gpu, Host
+from dockyard.images import variants
+from dockyard.launch import multinode
+from dockyard.launch import run as launch_run
 
 GPU = Gpu(0, "NVIDIA A100-SXM4-80GB", 80 * 2**30)
 TWO_GPUS = Host(driver="580.65", cuda="13.0", gpus=[GPU, Gpu(1, GPU.name, GPU.memory_bytes)])
@@ -17,9 +19,9 @@ NVIDIA_ENGINE = {"Runtimes": {"runc": {}, "nvidia": {}}}
 
 def _plan(settings, tmp_path, variant="cu132", host=TWO_GPUS, info=NVIDIA_ENGINE, overrides=(), **topo):
     v = variants.resolve(settings, variant)[0]
-    t = launch.validate_topology(topo.pop("nproc", 0), topo.pop("nodes", 1), topo.pop("node_rank", 0),
+    t = launch_run.validate_topology(topo.pop("nproc", 0), topo.pop("nodes", 1), topo.pop("node_rank", 0),
                                  topo.pop("master_addr", ""), topo.pop("master_port", 29500), host, v)
-    return launch.plan_run(settings, recipe="zero2", variant=v, host=host, engine_info=info, topo=t,
+    return launch_run.plan_run(settings, recipe="zero2", variant=v, host=host, engine_info=info, topo=t,
                            run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **topo)
 
 
@@ -58,11 +60,11 @@ def test_disable_require_is_opt_in(settings, tmp_path):
 
 def _two_nodes(settings, tmp_path, node_rank, ib_root):
     v = variants.resolve(settings, "cu132")[0]
-    t = launch.validate_topology(0, 2, node_rank, "10.1.2.3", 29600, TWO_GPUS, v)
+    t = launch_run.validate_topology(0, 2, node_rank, "10.1.2.3", 29600, TWO_GPUS, v)
     t.rendezvous = multinode.rendezvous(master_addr="10.1.2.3", master_port=29600, node_rank=node_rank, run_id="exp1",
                                         join_timeout=90, max_restarts=1,
                                         routes={"iface": "ens5", "addr": f"10.1.2.{3 + node_rank}"})
-    return launch.plan_run(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
+    return launch_run.plan_run(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
                            run_dir=tmp_path / "runs" / "exp1", overrides=[], ib_root=ib_root)
 
 
@@ -103,7 +105,7 @@ def test_bad_topology_is_refused(settings, tmp_path, kw, message):
 
 
 def test_gpus_without_nvidia_runtime_says_how_to_configure_it(settings, tmp_path, monkeypatch):
-    monkeypatch.setattr(launch.engine, "which", lambda name: None)
+    monkeypatch.setattr(launch_run.engine, "which", lambda name: None)
     with pytest.raises(DockyardError, match="nvidia-ctk runtime configure"):
         _plan(settings, tmp_path, info={"Runtimes": {"runc": {}}})
 
@@ -117,19 +119,19 @@ def test_driver_older_than_image_cuda_is_refused_before_starting(settings, tmp_p
 def test_cuda_image_on_a_host_without_gpus_trains_on_cpu_only_when_asked(settings, tmp_path):
     v = variants.resolve(settings, "cu132")[0]
     with pytest.raises(DockyardError, match="needs NVIDIA GPUs.*--variant=cpu.*--cpu"):
-        launch.validate_topology(0, 1, 0, "", 29500, Host(error="NVML unavailable"), v)
-    t = launch.validate_topology(0, 1, 0, "", 29500, Host(), v, cpu=True)
-    argv = launch.plan_run(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
+        launch_run.validate_topology(0, 1, 0, "", 29500, Host(error="NVML unavailable"), v)
+    t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v, cpu=True)
+    argv = launch_run.plan_run(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "r", overrides=[], cpu=True).argv
     assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in argv, "DeepSpeed must not look for a GPU"
-    assert _after_image(argv, "dockyard:0.1.0-cu132")[1] == f"--nproc-per-node={launch.CPU_NPROC}"
+    assert _after_image(argv, "dockyard:0.1.0-cu132")[1] == f"--nproc-per-node={launch_run.CPU_NPROC}"
 
 
 def test_unknown_recipe_lists_valid_names(settings, tmp_path):
     v = variants.resolve(settings, "cpu")[0]
-    t = launch.validate_topology(0, 1, 0, "", 29500, Host(), v)
+    t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v)
     with pytest.raises(DockyardError, match=r"zero2"):
-        launch.plan_run(settings, recipe="zero9", variant=v, host=Host(), engine_info={}, topo=t,
+        launch_run.plan_run(settings, recipe="zero9", variant=v, host=Host(), engine_info={}, topo=t,
                         run_dir=tmp_path / "r", overrides=[])
 
 
@@ -138,10 +140,10 @@ def test_existing_run_is_never_overwritten(settings, tmp_path):
     (tmp_path / "r1").mkdir()
     (tmp_path / "r1" / "manifest.json").write_text("{}")
     with pytest.raises(DockyardError, match="already holds a run.*--resume"):
-        launch.new_run_dir(s, "zero2", "r1", resume=False)
-    assert launch.new_run_dir(s, "zero2", "r1", resume=True) == tmp_path / "r1"
+        launch_run.new_run_dir(s, "zero2", "r1", resume=False)
+    assert launch_run.new_run_dir(s, "zero2", "r1", resume=True) == tmp_path / "r1"
     with pytest.raises(DockyardError, match="no run folder"):
-        launch.new_run_dir(s, "zero2", "nope", resume=True)
+        launch_run.new_run_dir(s, "zero2", "nope", resume=True)
 
 
 def test_node_0_is_not_refused_for_what_the_other_nodes_wrote_first(settings, tmp_path):
@@ -151,13 +153,13 @@ def test_node_0_is_not_refused_for_what_the_other_nodes_wrote_first(settings, tm
     (tmp_path / "r2").mkdir()
     for name in ("monitor-node1.jsonl", "manifest-node1.json", "gpu-node12.png"):
         (tmp_path / "r2" / name).write_text("")
-    assert launch.new_run_dir(s, "zero2", "r2", resume=False, node_rank=0) == tmp_path / "r2"
+    assert launch_run.new_run_dir(s, "zero2", "r2", resume=False, node_rank=0) == tmp_path / "r2"
     (tmp_path / "r2" / "monitor.jsonl").write_text("")
     with pytest.raises(DockyardError, match="already holds a run"):
-        launch.new_run_dir(s, "zero2", "r2", resume=False, node_rank=0)
+        launch_run.new_run_dir(s, "zero2", "r2", resume=False, node_rank=0)
 
 
 def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):
-    assert launch.memlock_flag(None) == "memlock=-1"
-    assert launch.memlock_flag(8388608) == "memlock=8388608"
+    assert launch_run.memlock_flag(None) == "memlock=-1"
+    assert launch_run.memlock_flag(8388608) == "memlock=8388608"
     assert "LimitMEMLOCK=infinity" in capsys.readouterr().err

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import variants
 from dockyard.gpus import Host, Recorded
+from dockyard.images import variants
 from dockyard.machine import container, doctor
 from dockyard.settings import Settings
 

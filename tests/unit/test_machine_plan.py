@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.plan_accuracy import saved_bytes  # the benchmark's own measurement, one copy
-from dockyard.errors import DockyardError
-from dockyard.machine import plan
-from dockyard.recipes import list_recipes, load_recipe, recipe_names
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import list_recipes, load_recipe, recipe_names
+from dockyard.common.units import GIB
+from dockyard.machine import planner
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
@@ -26,8 +27,8 @@ SIZES = [(125_000_000, 38_597_376), (1_300_000_000, 103_000_000), (8_030_261_248
 SETUPS = [(1, 1), (2, 1), (8, 1), (8, 2), (4, 4)]  # (GPUs per node, nodes)
 
 
-def _shape(p: int, big: int) -> plan.Shape:
-    return plan.Shape(params=p, largest_layer=big, hidden=4096, layers=32, vocab=128256, intermediate=14336,
+def _shape(p: int, big: int) -> planner.Shape:
+    return planner.Shape(params=p, largest_layer=big, hidden=4096, layers=32, vocab=128256, intermediate=14336,
                       kv_hidden=1024, linear_params=p // 2, lora_params=p // 200)
 
 
@@ -38,7 +39,7 @@ def test_model_states_agree_with_deepspeed_estimators(p, big, gpn, nodes):
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     shape, world = _shape(p, big), gpn * nodes
-    ours = {r: plan.model_states(r, None, shape, world, gpn) for r in ("zero2", "zero2-offload", "zero3", "zero3-offload")}
+    ours = {r: planner.model_states(r, None, shape, world, gpn) for r in ("zero2", "zero2-offload", "zero3", "zero3-offload")}
     cpu, gpu = estimate_zero2_model_states_mem_needs(p, gpn, nodes, cpu_offload=False)
     assert ours["zero2"] == (gpu, cpu)
     cpu, gpu = estimate_zero2_model_states_mem_needs(p, gpn, nodes, cpu_offload=True)
@@ -48,7 +49,7 @@ def test_model_states_agree_with_deepspeed_estimators(p, big, gpn, nodes):
     cpu, gpu, _ = estimate_zero3_model_states_mem_needs(p, big, gpn, nodes, cpu_offload=True,
                                                         cpu_offload_params=True, zero_init=True)
     assert ours["zero3-offload"] == (gpu, cpu)
-    assert ours["zero3"][0] == plan.model_states("fsdp", None, shape, world, gpn)[0]  # FULL_SHARD shards like ZeRO-3
+    assert ours["zero3"][0] == planner.model_states("fsdp", None, shape, world, gpn)[0]  # FULL_SHARD shards like ZeRO-3
 
 
 @pytest.mark.parametrize("world", [1, 8])
@@ -57,9 +58,9 @@ def test_ddp_and_adapter_model_states_are_pinned(world):
     working copy 2 = 18 bytes per parameter on every GPU, whatever the GPU count; LoRA keeps the bf16 base (2)
     plus 18 per adapter parameter; QLoRA 0.52 per quantised weight, 2 for the rest, 18 per adapter parameter."""
     shape = _shape(1_000_000_000, 100_000_000)  # linear_params 500 M, lora_params 5 M
-    assert plan.model_states("ddp", None, shape, world, world)[0] == 18_000_000_000
-    assert plan.model_states("ddp", "lora", shape, world, world)[0] == 2_000_000_000 + 90_000_000
-    assert plan.model_states("ddp", "qlora", shape, world, world)[0] == 260_000_000 + 1_000_000_000 + 90_000_000
+    assert planner.model_states("ddp", None, shape, world, world)[0] == 18_000_000_000
+    assert planner.model_states("ddp", "lora", shape, world, world)[0] == 2_000_000_000 + 90_000_000
+    assert planner.model_states("ddp", "qlora", shape, world, world)[0] == 260_000_000 + 1_000_000_000 + 90_000_000
 
 
 def _deepspeed_table(fn, *args) -> list[tuple[float, float, str]]:
@@ -75,23 +76,23 @@ def test_llama_3_1_8b_anchor_figures_and_deepspeed_printout():
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
 
-    shape = plan.shape_from_folder(LLAMA_8B)  # from config.json alone
+    shape = planner.shape_from_folder(LLAMA_8B)  # from config.json alone
     assert (shape.params, shape.largest_layer) == (8_030_261_248, 525_336_576)
-    z2 = plan.model_states("zero2", None, shape, 8, 8)[0] / plan.GIB
-    z3 = plan.model_states("zero3", None, shape, 8, 8)[0] / plan.GIB
+    z2 = planner.model_states("zero2", None, shape, 8, 8)[0] / GIB
+    z3 = planner.model_states("zero3", None, shape, 8, 8)[0] / GIB
     assert (round(z2, 1), round(z3, 1)) == (31.8, 18.8)
 
     ds2 = _deepspeed_table(estimate_zero2_model_states_mem_needs_all_cold, shape.params, 8, 1)
     assert [r[1] for r in ds2 if "offload_optimizer=none" in r[2]] == [round(z2, 2)]
     ds3 = _deepspeed_table(estimate_zero3_model_states_mem_needs_all_cold, shape.params, shape.largest_layer, 8, 1)
-    offload_all = plan.model_states("zero3-offload", None, shape, 8, 8)
+    offload_all = planner.model_states("zero3-offload", None, shape, 8, 8)
     row = next(r for r in ds3
                if "offload_param=none" not in r[2] and "offload_optimizer=none" not in r[2] and "zero_init=1" in r[2])
-    assert (row[0], row[1]) == (round(offload_all[1] / plan.GIB, 2), round(offload_all[0] / plan.GIB, 2))
+    assert (row[0], row[1]) == (round(offload_all[1] / GIB, 2), round(offload_all[0] / GIB, 2))
     assert any(r[1] == round(z3, 2) for r in ds3 if "offload_optimizer=none" in r[2] and "zero_init=1" in r[2])
 
     # a bare count guesses the same shape: the same figures from `--model 8.03B`
-    guessed = plan.shape_for("8.03B")
+    guessed = planner.shape_for("8.03B")
     assert guessed.largest_layer == 525_336_576 and (guessed.hidden, guessed.layers) == (4096, 32)
 
 
@@ -109,15 +110,15 @@ def test_activation_estimate_matches_what_autograd_saves(checkpointing, tmp_path
         model.activation_checkpointing_enable({"use_reentrant": False})
     batch, seq = 2, 128
     measured = saved_bytes(model, torch.randint(0, 4000, (batch, seq)))
-    shape = plan.shape_from_folder(tmp_path)
-    predicted = plan.activation_bytes(shape, seq, batch, checkpointing)
+    shape = planner.shape_from_folder(tmp_path)
+    predicted = planner.activation_bytes(shape, seq, batch, checkpointing)
     if checkpointing:  # the layer being recomputed is transient: not in what the outer graph saves
         predicted -= batch * seq * (20 * shape.hidden + 4 * shape.kv_hidden + 8 * shape.intermediate)
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
 def test_recommendation_is_the_fastest_recipe_that_fits():
-    big = plan.plan(plan.shape_for("8B"), gpus=8, gpu_mem=80 * plan.GIB, cpu_mem=1024 * plan.GIB, seq_len=2048, batch=1)
+    big = planner.plan(planner.shape_for("8B"), gpus=8, gpu_mem=80 * GIB, cpu_mem=1024 * GIB, seq_len=2048, batch=1)
     assert big["recommendation"]["recipe"] == "zero2"
     assert "ddp needs" in big["recommendation"]["why"]
     rows = {r["recipe"]: r for r in big["recipes"]}
@@ -125,20 +126,20 @@ def test_recommendation_is_the_fastest_recipe_that_fits():
     assert not rows["ddp"]["fits"] and rows["zero3"]["fits"]
     assert rows["zero2"]["gpu_bytes_checkpointed"] < rows["zero2"]["gpu_bytes"]
 
-    small = plan.plan(plan.shape_for("350M"), gpus=8, gpu_mem=80 * plan.GIB, cpu_mem=64 * plan.GIB, seq_len=2048, batch=4)
+    small = planner.plan(planner.shape_for("350M"), gpus=8, gpu_mem=80 * GIB, cpu_mem=64 * GIB, seq_len=2048, batch=4)
     assert small["recommendation"] == {**small["recommendation"], "recipe": "ddp", "gradient_checkpointing": False}
 
-    one = plan.plan(plan.shape_for("8B"), gpus=1, gpu_mem=24 * plan.GIB, cpu_mem=64 * plan.GIB, seq_len=2048, batch=1)
+    one = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=24 * GIB, cpu_mem=64 * GIB, seq_len=2048, batch=1)
     assert one["recommendation"]["recipe"] in ("lora", "qlora")
     assert "adapters only" in one["recommendation"]["why"]
     assert not {r["recipe"]: r for r in one["recipes"]}["zero3-offload"]["fits"]  # 200 GiB of host memory needed
 
-    huge = plan.plan(plan.shape_for("405B"), gpus=1, gpu_mem=24 * plan.GIB, cpu_mem=64 * plan.GIB, seq_len=2048, batch=1)
+    huge = planner.plan(planner.shape_for("405B"), gpus=1, gpu_mem=24 * GIB, cpu_mem=64 * GIB, seq_len=2048, batch=1)
     assert huge["recommendation"]["recipe"] is None and "nothing fits" in huge["recommendation"]["why"]
 
 
 def test_qlora_says_it_buys_memory_not_speed():
-    r = plan.plan(plan.shape_for("8B"), gpus=1, gpu_mem=12 * plan.GIB, cpu_mem=64 * plan.GIB, seq_len=1024, batch=1)
+    r = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=12 * GIB, cpu_mem=64 * GIB, seq_len=1024, batch=1)
     assert r["recommendation"]["recipe"] == "qlora"
     assert "not speed" in r["recommendation"]["why"]
 
@@ -146,14 +147,14 @@ def test_qlora_says_it_buys_memory_not_speed():
 def test_the_trainers_estimate_for_the_manifest():
     """What the trainer records next to the measured peak: zero3 of Llama-3.1-8B on 8 GPUs, 18.8 GiB of model
     states per GPU (the anchor above), activations with checkpointing, 1 GiB overhead, as plain JSON."""
-    shape = plan.shape_from_folder(LLAMA_8B)
-    got = plan.estimate(shape, load_recipe("zero3"), world_size=8, gpus_per_node=8, seq_len=2048, batch=1,
+    shape = planner.shape_from_folder(LLAMA_8B)
+    got = planner.estimate(shape, load_recipe("zero3"), world_size=8, gpus_per_node=8, seq_len=2048, batch=1,
                         gradient_checkpointing=True)
-    assert round(got["gpu_model_states_bytes"] / plan.GIB, 1) == 18.8
+    assert round(got["gpu_model_states_bytes"] / GIB, 1) == 18.8
     # checkpointed: each of 32 layers keeps its 2·h input, one layer is recomputed, plus the loss head
     per_token = 32 * 2 * 4096 + (20 * 4096 + 4 * 1024 + 8 * 14336) + (4 * 128256 + 8 * 4096)
     assert got["gpu_activation_bytes"] == 2048 * per_token
-    assert got["gpu_bytes"] == got["gpu_model_states_bytes"] + got["gpu_activation_bytes"] + plan.GIB
+    assert got["gpu_bytes"] == got["gpu_model_states_bytes"] + got["gpu_activation_bytes"] + GIB
     assert (got["recipe"], got["strategy"], got["peft"]) == ("zero3", "zero3", None)
     assert json.loads(json.dumps(got)) == got  # manifest.json holds exactly these figures
 
@@ -161,24 +162,24 @@ def test_the_trainers_estimate_for_the_manifest():
 @pytest.mark.parametrize("text,count", [("8B", 8_000_000_000), ("1.5b", 1_500_000_000), ("350M", 350_000_000),
                                         ("8030261248", 8_030_261_248), ("0.5T", 500_000_000_000)])
 def test_parse_count(text, count):
-    assert plan.parse_count(text) == count
+    assert planner.parse_count(text) == count
 
 
 def test_user_errors():
     with pytest.raises(DockyardError, match="neither a folder nor a parameter count"):
-        plan.shape_for("llama-8b")
+        planner.shape_for("llama-8b")
     with pytest.raises(DockyardError, match="--model"):
-        plan.shape_for("")
+        planner.shape_for("")
     from dockyard.gpus import Host
 
     with pytest.raises(DockyardError, match="--gpus=8 --gpu-mem=80"):
-        plan.run("8B", host=Host(error="no driver"))
+        planner.run("8B", host=Host(error="no driver"))
     with pytest.raises(DockyardError, match="unknown strategy 'zero4'"):
-        plan.model_states("zero4", None, plan.shape_for("1B"), 1, 1)
+        planner.model_states("zero4", None, planner.shape_for("1B"), 1, 1)
     for flag, kwargs in (("--gpu-mem", {"gpu_mem_gib": -80.0}), ("--cpu-mem", {"cpu_mem_gib": -1.0}),
                          ("--gpus", {"gpus": -8})):
         with pytest.raises(DockyardError, match=f"{flag}=-.*must be positive"):
-            plan.run("8B", **{"gpus": 8, "gpu_mem_gib": 80.0, **kwargs})
+            planner.run("8B", **{"gpus": 8, "gpu_mem_gib": 80.0, **kwargs})
 
 
 @pytest.mark.parametrize("recipe", [r for r in list_recipes() if r.deepspeed], ids=lambda r: r.name)
@@ -193,7 +194,7 @@ def test_the_registry_says_what_each_deepspeed_config_does(recipe):
 
 
 def test_every_strategy_has_a_recipe_folder():
-    from dockyard.recipes import STRATEGIES
+    from dockyard.common.recipes import STRATEGIES
 
     assert {r.strategy for r in list_recipes()} == set(STRATEGIES)
 
@@ -232,7 +233,7 @@ def test_config_counts_match_the_model_transformers_builds(tmp_path, model_type,
 
     transformers.AutoConfig.for_model(model_type, **SMALL, **extra).save_pretrained(tmp_path)
     built = model_shape(tmp_path)
-    assert plan.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
+    assert planner.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
 
 
 @pytest.mark.parametrize("key, value, problem", [
@@ -247,10 +248,10 @@ def test_bad_config_values_are_named(tmp_path, key, value, problem):
     cfg.pop(key) if value is None else cfg.update({key: value})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DockyardError, match=re.escape(problem)):
-        plan.shape_for(str(tmp_path))
+        planner.shape_for(str(tmp_path))
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(DockyardError, match="not valid JSON"):
-        plan.shape_for(str(tmp_path))
+        planner.shape_for(str(tmp_path))
 
 
 def test_invoke_plan_reads_a_model_folder_with_host_dependencies_only():
@@ -270,7 +271,7 @@ def test_a_recipe_folder_of_ones_own_is_planned_beside_its_strategy(tmp_path, mo
     """A recipe is a folder: one naming an existing strategy is planned with that strategy's figures."""
     import shutil
 
-    from dockyard import recipes
+    from dockyard.common import recipes
 
     for name in ("zero2", "lora"):
         shutil.copytree(ROOT / "recipes" / name, tmp_path / name)
@@ -279,7 +280,7 @@ def test_a_recipe_folder_of_ones_own_is_planned_beside_its_strategy(tmp_path, mo
     (mine / "recipe.yaml").write_text("# invoke run --recipe=zero2-long\nwhen: Mine, for long sequences.\n"
                                       "strategy: zero2\ndeepspeed: ds_config.json\n")
     monkeypatch.setattr(recipes, "RECIPES", tmp_path)
-    result = plan.plan(plan.shape_for("8B"), gpus=8, gpu_mem=80 * plan.GIB, cpu_mem=512 * plan.GIB, seq_len=2048,
+    result = planner.plan(planner.shape_for("8B"), gpus=8, gpu_mem=80 * GIB, cpu_mem=512 * GIB, seq_len=2048,
                        batch=1)
     rows = {r["recipe"]: r for r in result["recipes"]}
     assert list(rows) == ["zero2", "zero2-long", "lora"]

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from dockyard import multinode
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
+from dockyard.launch import multinode
 from dockyard.train import manifest, nodes
 
 ROUTE = {"iface": "ens5", "addr": "10.0.0.2"}

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import gpus, launch
-from dockyard.errors import DockyardError
+from dockyard import gpus
+from dockyard.common.errors import DockyardError
+from dockyard.launch import run as launch_run
 from dockyard.machine import doctor
-from dockyard.machine import plan as plan_mod
+from dockyard.machine import planner as plan_mod
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts"
 
@@ -26,7 +27,7 @@ def replay(monkeypatch):
 
 
 def dry_run(settings, capsys, **kw):
-    launch.run(settings, recipe="ddp", dry=True, **kw)
+    launch_run.run(settings, recipe="ddp", dry=True, **kw)
     out = capsys.readouterr()
     return out.out + out.err  # the command is echoed on stderr
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import slurm
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
+from dockyard.launch import slurm
 
 SCONTROL = """#!/bin/sh
 case "$2" in

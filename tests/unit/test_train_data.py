@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.train import data
 from dockyard.train.recipe import DATA, TINY_MODEL
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from dockyard.errors import DockyardError
-from dockyard.recipes import RECIPES, load_recipe, recipe_names
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import RECIPES, load_recipe, recipe_names
 from dockyard.train import guards, strategy
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dockyard.recipes import load_recipe
+from dockyard.common.recipes import load_recipe
 from dockyard.train.__main__ import training_arguments
 from dockyard.train.recipe import resolve_settings
 

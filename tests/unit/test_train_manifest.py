@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dockyard.recipes import load_recipe
+from dockyard.common.recipes import load_recipe
 from dockyard.train import manifest, strategy
 
 

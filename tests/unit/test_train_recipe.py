@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from dockyard.errors import DockyardError
-from dockyard.recipes import RECIPES, list_recipes, load_recipe, recipe_names
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import RECIPES, list_recipes, load_recipe, recipe_names
 from dockyard.train.recipe import parse_overrides, resolve_settings
 
 
 def test_recipes_and_settings_read_without_torch():
     """The host lists recipes and resolves settings with no training stack installed."""
-    code = ("import sys; import dockyard.recipes as r, dockyard.train.recipe as s; "
+    code = ("import sys; import dockyard.common.recipes as r, dockyard.train.recipe as s; "
             "s.resolve_settings(r.load_recipe('zero2'), {}); print(len(r.list_recipes())); "
             "assert not {'torch', 'transformers', 'rich'} & set(sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

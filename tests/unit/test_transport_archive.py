@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import archive, inventory
+from dockyard.transport import inventory
+from dockyard.transport import save as save_mod
 
 BASE, RUN = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 IMAGE = {"ref": "x:1", "id": "sha256:" + "0" * 64, "tags": [], "diff_ids": [BASE, RUN],
@@ -20,21 +21,21 @@ def test_thin_for_a_containerd_node_writes_a_full_archive(tmp_path, monkeypatch,
     inv.write_text(json.dumps({"format": inventory.INVENTORY_FORMAT, "host": "n7",
                                "engine": {"store": "containerd"}, "chain_ids": [BASE]}))
     monkeypatch.setattr(inventory.engine, "engine_info", lambda settings: {"DriverStatus": []})
-    assert archive.thin_record(Settings(), [IMAGE], str(inv)) is None
+    assert save_mod.thin_record(Settings(), [IMAGE], str(inv)) is None
     err = capsys.readouterr().err
     assert "the target" in err and "containerd image store" in err and "writing a full archive" in err
     inv.write_text(json.dumps({"format": inventory.INVENTORY_FORMAT, "host": "n7",
                                "engine": {"store": "classic"}, "chain_ids": [BASE]}))
-    thin = archive.thin_record(Settings(), [IMAGE], str(inv))
+    thin = save_mod.thin_record(Settings(), [IMAGE], str(inv))
     assert thin == {"for": str(inv), "target_host": "n7", "omitted": [BASE], "requires": [BASE]}
 
 
 def test_save_refuses_bad_choices_before_asking_the_engine(monkeypatch):
     monkeypatch.setattr(inventory.engine, "image_inspect", lambda settings, ref: pytest.fail("asked the engine"))
     with pytest.raises(DockyardError, match="choose zstd, gzip or none"):
-        archive.save(Settings(), image="x:1", compress="xz")
+        save_mod.save(Settings(), image="x:1", compress="xz")
     with pytest.raises(DockyardError, match="does not fit --compress=zstd"):
-        archive.save(Settings(), image="x:1", level=40)
+        save_mod.save(Settings(), image="x:1", level=40)
 
 
 def test_save_by_variant_names_that_variants_image_without_a_gpu(monkeypatch, settings):
@@ -42,9 +43,9 @@ def test_save_by_variant_names_that_variants_image_without_a_gpu(monkeypatch, se
     asked = []
     monkeypatch.setattr(inventory, "inspect_images", lambda s, refs: asked.extend(refs) or pytest.fail("stop"))
     with pytest.raises(pytest.fail.Exception):
-        archive.save(settings, variant="cu132")
+        save_mod.save(settings, variant="cu132")
     assert asked == [f"{settings.image_name}:0.1.0-cu132"]
     with pytest.raises(DockyardError, match="unknown variant 'cu999'"):
-        archive.save(settings, variant="cu999")
+        save_mod.save(settings, variant="cu999")
     with pytest.raises(DockyardError, match="--image or --variant, not both"):
-        archive.save(settings, image="x:1", variant="cpu")
+        save_mod.save(settings, image="x:1", variant="cpu")

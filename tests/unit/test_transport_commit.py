@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from dockyard import variants
+from dockyard.images import variants
 from dockyard.transport import commit
 
 DIFF = """C /root

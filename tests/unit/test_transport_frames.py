@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.transport import frames
-from dockyard.transport.archive import pump_framed
 from dockyard.transport.layout import check_method, compressor_argv, decompressor_argv
+from dockyard.transport.save import pump_framed
 from dockyard.transport.tarstream import TarPump
 from tests.support.save_tars import fake_save
 

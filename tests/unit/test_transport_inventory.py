@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.inventory import Omission

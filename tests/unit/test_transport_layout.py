@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.transport import layout
 
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import remote
 from dockyard.transport.inventory import INVENTORY_FORMAT

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import launch, variants
 from dockyard.gpus import Host
-from dockyard.transport import runscript
+from dockyard.images import variants
+from dockyard.launch import run as launch_run
+from dockyard.launch import runscript
 
 FAKE_DOCKER = """#!/bin/sh
 case "$1" in
@@ -57,8 +58,8 @@ def test_run_sh_is_valid_posix_sh(settings, tmp_path):
 def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, settings, tmp_path):
     _, argv = node("--recipe=ddp", "--run-id=r1", "--", "--max_steps", "2")
     v = variants.resolve(settings, "cpu")[0]
-    plan = launch.plan_run(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
-                           topo=launch.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1",
+    plan = launch_run.plan_run(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
+                           topo=launch_run.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1",
                            overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
                            checkout_recipes=False)
     want = plan.argv[1:]  # the docker binary aside (a setting)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import ship
 from dockyard.transport.layout import write_loader

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.transport.tarstream import TarPump
 from tests.support.save_tars import fake_oci_save, fake_save
 

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import verify
+from dockyard.transport import load as load_mod
 from dockyard.transport.layout import FORMAT, ArchivePaths, write_loader
 
 
@@ -32,7 +32,7 @@ def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, na
 
 def test_verify_accepts_a_good_set_and_sha256sum_agrees(tmp_path):
     paths = make_set(tmp_path)
-    assert verify.verify(Settings(), paths)["archive"] == "t_1.tar.zst"
+    assert load_mod.verify(Settings(), paths)["archive"] == "t_1.tar.zst"
     assert subprocess.run(["sha256sum", "-c", paths.sha256.name], cwd=tmp_path).returncode == 0
 
 
@@ -55,7 +55,7 @@ def test_verify_refuses_damage(tmp_path, damage, message):
     else:
         paths.sha256.unlink()
     with pytest.raises(DockyardError, match=message):
-        verify.verify(Settings(), paths)
+        load_mod.verify(Settings(), paths)
 
 
 def _keypair(folder, name):
@@ -67,15 +67,15 @@ def test_signatures(tmp_path):
     paths = make_set(tmp_path)
     good, other = _keypair(tmp_path, "release"), _keypair(tmp_path, "intruder")
     allowed = tmp_path / "allowed_signers"
-    allowed.write_text(f'release@site namespaces="{verify.SIGN_NAMESPACE}" '
+    allowed.write_text(f'release@site namespaces="{load_mod.SIGN_NAMESPACE}" '
                        + " ".join(good.with_suffix(".pub").read_text().split()[:2]) + "\n")
     settings = Settings(allowed_signers=str(allowed))
 
     with pytest.raises(DockyardError, match="not signed"):
-        verify.verify(settings, paths)
-    verify.sign_file(paths.manifest, good)
-    assert verify.verify_signature(allowed, paths) == "release@site"
-    verify.verify(settings, paths)
+        load_mod.verify(settings, paths)
+    load_mod.sign_file(paths.manifest, good)
+    assert load_mod.verify_signature(allowed, paths) == "release@site"
+    load_mod.verify(settings, paths)
 
     # A manifest re-written after signing (with its sha256 line updated to match) is refused.
     text = paths.manifest.read_text().replace("t:1", "evil:1")
@@ -84,13 +84,13 @@ def test_signatures(tmp_path):
     sums[1] = f"{hashlib.sha256(text.encode()).hexdigest()}  {paths.manifest.name}"
     paths.sha256.write_text("\n".join(sums) + "\n")
     with pytest.raises(DockyardError, match="does not verify"):
-        verify.verify(settings, paths)
+        load_mod.verify(settings, paths)
 
     paths = make_set(tmp_path)
     paths.signature.unlink()
-    verify.sign_file(paths.manifest, other)
+    load_mod.sign_file(paths.manifest, other)
     with pytest.raises(DockyardError, match="not in"):
-        verify.verify(settings, paths)
+        load_mod.verify(settings, paths)
 
 
 def test_load_sh_finds_its_archive_and_refuses_damage_before_docker(tmp_path):
@@ -164,4 +164,4 @@ def test_any_sha256_file_verifies_or_is_refused_never_a_crash(tmp_path, content)
     paths = make_set(tmp_path)
     paths.sha256.write_bytes(content)
     with pytest.raises(DockyardError, match="refused|changed or damaged|disagree"):
-        verify.verify(Settings(), paths)
+        load_mod.verify(Settings(), paths)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from dockyard import build, variants
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.gpus import Gpu, Host
+from dockyard.images import build, variants
 
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * 2**30)
 

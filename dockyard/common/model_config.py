@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dockyard.errors import DockyardError, json_object
+from dockyard.common.errors import DockyardError, json_object
 
 # model_type → how its decoder layer differs from Llama's:
 #   qkv_bias: q/k/v projections always have a bias (Qwen2); "flag": when `attention_bias` says so (Llama:

@@ -1,6 +1,6 @@
 """Memory per recipe before a run, and which recipe to pick.
 
-Model states (weights, gradients, optimizer) are the registry's formulas (dockyard.recipes: DeepSpeed's
+Model states (weights, gradients, optimizer) are the registry's formulas (dockyard.common.recipes: DeepSpeed's
 own estimators for ZeRO, tests check the numbers agree). Activations are what autograd saves for the
 backward pass of a Llama-shaped decoder with SDPA attention (no seq×seq matrix), measured on CPU with
 saved-tensor hooks: per token and layer 20·h + 4·kv + 8·i bytes in bf16 (h hidden, kv the K/V width,
@@ -18,13 +18,12 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dockyard import recipes
-from dockyard.errors import DockyardError
+from dockyard.common import model_config, recipes
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import Recipe, Sizes
+from dockyard.common.units import GIB
 from dockyard.gpus import Host
-from dockyard.machine import model_config
-from dockyard.recipes import Recipe, Sizes
 
-GIB = 2**30
 OVERHEAD = 1 * GIB     # per GPU: CUDA context, NCCL buffers, allocator slack
 LORA_RANK = 16         # the adapters' rank on every linear layer of the decoder (the recipes' default)
 # `--model 8B` with no config: a Llama-3-shaped decoder (vocab 128256, MLP 3.5·h, K/V h/4, h/128 layers)

@@ -18,10 +18,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from dockyard import multinode, variants
-from dockyard.errors import DockyardError
-from dockyard.launch import WORKSPACE
-from dockyard.recipes import load_recipe
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
+from dockyard.images import variants
+from dockyard.launch import multinode
+from dockyard.launch.run import WORKSPACE
 from dockyard.settings import ROOT, Settings
 
 RUNTIMES = {"docker": "", "pyxis": ".sqsh", "apptainer": ".sif"}  # and the image file each one runs

@@ -18,10 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dockyard import engine, variants
-from dockyard.errors import DockyardError
+from dockyard import engine
+from dockyard.common.errors import DockyardError
+from dockyard.images import variants
+from dockyard.images.variants import Variant
 from dockyard.settings import ROOT, Settings
-from dockyard.variants import Variant
 
 # manylinux tags pip must accept when downloading for the image instead of for this host: the lock is
 # resolved for glibc 2.28 (older than every base image), so every tag up to manylinux_2_28.

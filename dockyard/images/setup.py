@@ -8,8 +8,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dockyard import build, engine, variants
-from dockyard.errors import DockyardError
+from dockyard import engine
+from dockyard.common.errors import DockyardError
+from dockyard.images import build, variants
 from dockyard.settings import Settings
 
 APT_PACKAGES = ["docker.io", "debootstrap", "zstd", "pigz", "openssh-client", "rsync"]

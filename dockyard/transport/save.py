@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import console, engine
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
+from dockyard.launch import runscript
 from dockyard.settings import Settings
-from dockyard.transport import inventory, remote, runscript
+from dockyard.transport import inventory, remote
 from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
 from dockyard.transport.layout import (
     FORMAT,
@@ -34,8 +35,8 @@ from dockyard.transport.layout import (
     compressor_argv,
     write_loader,
 )
+from dockyard.transport.load import sign_file
 from dockyard.transport.tarstream import TarPump
-from dockyard.transport.verify import sign_file
 
 # Compressed size as a share of the tar, for the free-space check: zstd/gzip reach 35-40 % on
 # images of wheels and shared libraries; 60 % leaves room for images that compress badly.
@@ -147,7 +148,7 @@ def write_failed(e: OSError, paths: ArchivePaths, cache: LayerCache | None) -> D
 def default_image(settings: Settings, variant_name: str = "auto") -> str:
     """The image of a variant (`auto`: the one this host would run), saying how it was chosen. A named variant
     needs no GPU: a GPU-less build host saves the CUDA image it built."""
-    from dockyard import variants
+    from dockyard.images import variants
 
     variant, why = variants.resolve(settings, variant_name or "auto")
     print(why, file=sys.stderr)

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.settings import ROOT, Settings
 
 INPUTS = "/workspace/inputs"

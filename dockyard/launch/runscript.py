@@ -1,6 +1,6 @@
 """run.sh: `invoke run` for a node with only sh and Docker, written beside load.sh in every archive set.
 
-The docker command in it is `launch.plan_run`'s own, rendered with marks where a node's values go (its user, run
+The docker command in it is `launch_run.plan_run`'s own, rendered with marks where a node's values go (its user, run
 folder, Hugging Face cache, process count, recipe, overrides) and each mark turned into a shell variable: the
 flags, mounts, environment and torchrun line cannot drift from `invoke run`'s. What only a node can know (GPUs and
 the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the template).
@@ -12,9 +12,10 @@ import os
 import shlex
 from pathlib import Path
 
-from dockyard import launch, variants
 from dockyard.gpus import Gpu, Host
-from dockyard.inputs import INPUTS, USER_RECIPES
+from dockyard.images import variants
+from dockyard.launch import run as launch_run
+from dockyard.launch.inputs import INPUTS, USER_RECIPES
 from dockyard.settings import Settings
 
 TEMPLATE = Path(__file__).parent / "run.sh"
@@ -31,8 +32,8 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     # A CUDA image plans for GPUs (run.sh drops --gpus and adds DS_ACCELERATOR=cpu on a node without them).
     host = Host(cuda=variant.cuda, gpus=[Gpu(0, "", 0)]) if variant.is_cuda else Host()
     s = settings.model_copy(update={"docker": "docker", "hf_cache": Path("/__HF__"), "data": "", "model": ""})
-    plan = launch.plan_run(s, recipe="ddp", variant=variant, host=host, engine_info={},
-                           topo=launch.Topology(nproc=NPROC), run_dir=Path("/__RUNS__/__RUN_ID__"),
+    plan = launch_run.plan_run(s, recipe="ddp", variant=variant, host=host, engine_info={},
+                           topo=launch_run.Topology(nproc=NPROC), run_dir=Path("/__RUNS__/__RUN_ID__"),
                            overrides=[OVERRIDES], image_id="__IMAGE_ID__", checkout_recipes=False,
                            memlock="memlock=__MEMLOCK__")
     argv = plan.argv
@@ -56,7 +57,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
              'cmd="$cmd$EXTRA"']
     text = TEMPLATE.read_text()
     for mark, value in {"@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
-                        "@CPU_NPROC@": str(launch.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
+                        "@CPU_NPROC@": str(launch_run.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
                         "@COMMAND@": "\n".join(lines)}.items():
         text = text.replace(mark, value)
     return text

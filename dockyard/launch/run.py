@@ -16,12 +16,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dockyard import build, engine, inputs, multinode, variants
-from dockyard.errors import DockyardError
+from dockyard import engine
+from dockyard.common import runfolder
+from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host, docker_gpus, probe, select
-from dockyard.multinode import Rendezvous
+from dockyard.images import build, variants
+from dockyard.images.variants import Variant
+from dockyard.launch import inputs, multinode
+from dockyard.launch.multinode import Rendezvous
 from dockyard.settings import ROOT, Settings
-from dockyard.variants import Variant
 
 WORKSPACE = "/workspace"
 CPU_NPROC = 2  # processes per node where there is no GPU: enough to exercise every distributed code path
@@ -189,7 +192,7 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
     host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout)."""
-    from dockyard.recipes import load_recipe
+    from dockyard.common.recipes import load_recipe
 
     load_recipe(recipe)  # unknown recipe → error listing the valid names, before anything starts
     if not cpu:
@@ -216,7 +219,7 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
 def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
                 resume: bool = False, cpu: bool = True, data: str = "", model: str = "") -> RunPlan:
     """The same entry point on this host, without a container (development, or GPU hosts without Docker)."""
-    from dockyard.recipes import load_recipe
+    from dockyard.common.recipes import load_recipe
 
     load_recipe(recipe)
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
@@ -232,7 +235,7 @@ def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Pat
 def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     """Read the trainer's manifest (node 0's, or this node's on the others) and print the lines a user looks at;
     a failed run is an error."""
-    path = run_dir / multinode.manifest_file(node_rank)
+    path = run_dir / runfolder.manifest_file(node_rank)
     if not path.exists():
         raise DockyardError(f"the run wrote no manifest ({path}): see {run_dir}/train.log")
     m = json.loads(path.read_text())
@@ -266,7 +269,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
         topo.rendezvous = multinode.rendezvous(master_addr=master_addr, master_port=master_port, node_rank=node_rank,
                                                run_id=run_id, join_timeout=join_timeout,
                                                max_restarts=max_restarts, iface=iface)
-    from dockyard.recipes import load_recipe
+    from dockyard.common.recipes import load_recipe
 
     load_recipe(recipe)  # a bad --recipe is reported as such, not through the run id derived from it
     run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)

@@ -88,7 +88,7 @@ RUN_DIR=$RUNS/$RUN_ID
 HF=${HF_HOME:-${HOME:-/tmp}/.cache/huggingface}
 mkdir -p "$HF" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
 
-# The command `invoke run` would give (rendered from its plan by dockyard/transport/runscript.py):
+# The command `invoke run` would give (rendered from its plan by dockyard/launch/runscript.py):
 @COMMAND@
 
 if [ -n "$DRY" ]; then echo "$cmd"; rmdir "$RUN_DIR" 2>/dev/null; exit 0; fi

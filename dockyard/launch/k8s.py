@@ -21,10 +21,11 @@ from pathlib import Path
 
 import yaml
 
-from dockyard import multinode, variants
-from dockyard.errors import DockyardError
-from dockyard.launch import CPU_NPROC, WORKSPACE
-from dockyard.recipes import load_recipe
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
+from dockyard.images import variants
+from dockyard.launch import multinode
+from dockyard.launch.run import CPU_NPROC, WORKSPACE
 from dockyard.settings import Settings
 
 PORT = 29500

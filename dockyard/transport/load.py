@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dockyard import console, engine
-from dockyard.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 
 JOIN_TIMEOUT = 120      # seconds node 0 waits for the others to join (torchrun's default: 600)
 INFINIBAND = Path("/dev/infiniband")
@@ -115,11 +115,6 @@ def interface_address(iface: str) -> str:
             if a.get("family") == "inet":
                 return a["local"]
     raise DockyardError(f"--iface {iface}: no IPv4 address on it (see `ip addr`)")
-
-
-def manifest_file(node_rank: int) -> str:
-    """Node 0's manifest is the run's; every other node of a multi-node run writes its own beside it."""
-    return "manifest.json" if node_rank == 0 else f"manifest-node{node_rank}.json"
 
 
 def infiniband_flags(root: Path = INFINIBAND) -> list[str]:

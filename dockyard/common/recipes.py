@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from dockyard import ROOT
-from dockyard.errors import DockyardError, json_object, problems
+from dockyard.common.errors import DockyardError, json_object, problems
 
 RECIPES = ROOT / "recipes"
 # What yaml.safe_load raises besides YAMLError: its constructors convert tagged and date-like scalars with int(),

@@ -11,9 +11,11 @@ import os
 import sys
 from pathlib import Path
 
-from dockyard import engine, launch, variants
-from dockyard.errors import DockyardError
-from dockyard.inputs import INPUTS
+from dockyard import engine
+from dockyard.common.errors import DockyardError
+from dockyard.images import variants
+from dockyard.launch import run as launch_run
+from dockyard.launch.inputs import INPUTS
 from dockyard.settings import ROOT, Settings
 
 OUT = "/workspace/export"
@@ -59,9 +61,9 @@ def plan_export(settings: Settings, m: dict, run_dir: Path, target: Path, merge:
         if not host.exists():
             raise DockyardError(f"the run's model {host} is gone: the export needs the base it trained on")
         mounts.append((host, model["inside"], True))
-    command = ["python", "-m", "dockyard.train.export", "--run-dir", f"{launch.WORKSPACE}/runs/{run_dir.name}",
+    command = ["python", "-m", "dockyard.train.export", "--run-dir", f"{launch_run.WORKSPACE}/runs/{run_dir.name}",
                "--out", OUT, *tail]
-    argv = launch.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",
+    argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",
                                   env={"DS_ACCELERATOR": "cpu"}, network_host=False, interactive=False,
                                   command=command, mounts=mounts)
     return argv, {}

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dockyard import __version__
-from dockyard.errors import DockyardError
+from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host
 from dockyard.settings import ROOT, Settings
 

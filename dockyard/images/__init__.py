@@ -1,0 +1,1 @@
+"""The images: variants (pins, tags, labels, auto), build (lock, wheelhouse, BuildSteps), setup."""
