@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +39,14 @@ def timed(fn):
     return time.monotonic() - t, out
 
 
-def sh(argv, **kw):
-    return subprocess.run([str(a) for a in argv], check=True, capture_output=True, **kw)
+def sh(argv, env=None):
+    return engine.run(argv, env=env, capture=True, quiet=True)
+
+
+def save_into(docker: list[str], image: str, dest: Path | str, *filters: list[str]) -> None:
+    """`docker save IMAGE [| filter ...] > dest` through the project's runner (engine.Pipeline)."""
+    with open(dest, "wb") as f, engine.Pipeline([*docker, "save", image], *filters, stdout=f, quiet=True) as p:
+        p.wait()
 
 
 def main() -> None:
@@ -69,32 +74,29 @@ def main() -> None:
         ctx.mkdir()
         (ctx / "recipe.yaml").write_text(f"# a recipe-only change, {time.time()}\nlearning_rate: 2.0e-5\n")
         (ctx / "Dockerfile").write_text(f"FROM {image}\nCOPY recipe.yaml /opt/dockyard/recipe-bench.yaml\n")
-        sh([*docker, "build", "-q", "-t", recipe_tag, ctx], env={**os.environ, **engine.build_env()})
+        sh([*docker, "build", "-q", "-t", recipe_tag, ctx], env=engine.build_env())
         # Other work shares the cores: the engine's limit and the saves compared with it are each taken
         # as the best of REPEAT runs, interleaved (the first, untimed, warms the page cache). A cold save
         # starts from an empty layer cache; the save of the next version then finds the layers it shares.
-        subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True, check=True)
+        save_into(docker, image, os.devnull)
         limit, limit_next, save_b, save_next = [], [], [], []
         for _ in range(REPEAT):
             shutil.rmtree(s.layer_cache, ignore_errors=True)
-            limit.append(timed(lambda: subprocess.run(f"{docker[0]} save {image} > /dev/null", shell=True,
-                                                      check=True))[0])
+            limit.append(timed(lambda: save_into(docker, image, os.devnull))[0])
             t, m = timed(lambda: save_mod.save(s, image=image, out=str(out)))
             save_b.append(t)
-            limit_next.append(timed(lambda: subprocess.run(f"{docker[0]} save {recipe_tag} > /dev/null",
-                                                           shell=True, check=True))[0])
+            limit_next.append(timed(lambda: save_into(docker, recipe_tag, os.devnull))[0])
             t, m_next = timed(lambda: save_mod.save(s, image=recipe_tag, out=str(work / "next")))
             save_next.append(t)
         shutil.rmtree(work / "next")
-        t_raw, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} | zstd -T0 -{level} -q > {raw}",
-                                                shell=True, check=True))
+        t_raw, _ = timed(lambda: save_into(docker, image, raw, ["zstd", "-T0", f"-{level}", "-q"]))
         tar = int(sh([*docker, "image", "inspect", "--format", "{{.Size}}", image]).stdout)
         rows += [("(0) docker save > /dev/null", min(limit), tar),
                  (f"(0) docker save | zstd -T0 -{level} > file (no checks)", t_raw, raw.stat().st_size)]
         raw.unlink()
 
         gz = work / "baseline.tar.gz"
-        t1, _ = timed(lambda: subprocess.run(f"{docker[0]} save {image} | gzip -6 > {gz}", shell=True, check=True))
+        t1, _ = timed(lambda: save_into(docker, image, gz, ["gzip", "-6"]))
         t2, _ = timed(lambda: sh(["scp", "-q", "-F", node.ssh_config, gz, f"{node.alias}:{node.base}/"]))
         t3, _ = timed(lambda: sh([*ssh, f"docker load -i {node.base}/{gz.name}"]))
         rows += [("(a) docker save | gzip -6", t1, gz.stat().st_size), ("(a) scp", t2, gz.stat().st_size),
@@ -118,8 +120,8 @@ def main() -> None:
         rows.append(("(d) invoke ship --image (stream, loads)", t, 0))
     finally:
         node2.stop(node)
-        subprocess.run([*docker, "image", "rm", "-f", recipe_tag], capture_output=True)
-        subprocess.run(["rm", "-rf", str(work)])
+        engine.run([*docker, "image", "rm", "-f", recipe_tag], capture=True, check=False, quiet=True)
+        shutil.rmtree(work, ignore_errors=True)
 
     write_report(rows, image, min(save_b) / min(limit), min(save_next) / min(limit_next), m_next["archive_bytes"])
 

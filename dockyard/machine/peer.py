@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import shlex
 import socket
-import subprocess
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
@@ -52,7 +51,7 @@ def _image(settings: Settings) -> str:
 
 def ssh_hostname(settings: Settings, host: str) -> str:
     """The address an ssh alias stands for (`ssh -G`), so the network checks test what ssh reaches."""
-    p = subprocess.run([*shlex.split(settings.ssh), "-G", host], capture_output=True, text=True)
+    p = engine.run([*shlex.split(settings.ssh), "-G", host], capture=True, check=False, quiet=True)
     for line in p.stdout.splitlines():
         key, _, value = line.partition(" ")
         if key == "hostname":
