@@ -81,9 +81,9 @@ def plan_export(settings: Settings, m: dict | RunManifest, run_dir: Path, target
         mounts.append((run_model(model), model.inside, True))
     command = ["python", "-m", "dockyard.train.export", "--run-dir", f"{launch.WORKSPACE}/runs/{run_dir.name}",
                "--out", OUT, *tail]
+    env = {"DS_ACCELERATOR": "cpu", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     argv = launch.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",
-                                  env={"DS_ACCELERATOR": "cpu"}, network_host=False, interactive=False,
-                                  command=command, mounts=mounts)
+                                  env=env, network_host=False, interactive=False, command=command, mounts=mounts)
     return argv, {}
 
 

@@ -88,7 +88,10 @@ def check(folder: Path) -> None:
     for root, dirs, files in os.walk(folder):  # walk never descends into a linked folder: it is listed, and refused
         for name in dirs + files:
             path = Path(root, name)
-            mode = os.lstat(path).st_mode
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue  # replaced meanwhile (another node's temporary file): what took its name is checked on use
             if stat.S_ISLNK(mode):
                 raise _link_error(path)
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
