@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dockyard import engine, launch, runfolder, variants
 from dockyard.errors import DockyardError
-from dockyard.inputs import INPUTS, fingerprint
+from dockyard.inputs import INPUTS
 from dockyard.runfolder import RunManifest
 from dockyard.settings import ROOT, Settings
 
@@ -123,7 +123,7 @@ def run_model(model: runfolder.InputRecord) -> Path:
                             "can be mounted: refused")
     if not host.exists():
         raise DockyardError(f"the run's model {host} is gone: the export needs the base it trained on")
-    if not model.sha256 or fingerprint(host)["sha256"] != model.sha256:
+    if not model.sha256 or runfolder.fingerprint(host)["sha256"] != model.sha256:
         raise DockyardError(f"{host} is not the model folder the run trained on (its files and sizes differ from what "
                             "the run's manifest recorded): refused; give back the folder the run used")
     return host

@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dockyard.errors import DockyardError
 from dockyard.settings import ROOT, Settings
@@ -124,23 +122,3 @@ def host_path(value: str, where: str, settings: Settings | None = None) -> Path 
         raise DockyardError(f"{where} {value}: no such file or folder on this host (give an existing file or "
                             "folder; it is mounted read-only into the run)")
     return None
-
-
-SMALL = 64 << 20  # files up to this size are hashed whole; bigger ones and folders by their list of files and sizes
-
-
-def fingerprint(path: Path) -> dict[str, Any]:
-    """What a run used, recorded so it can be checked later: size, and a sha256 of the file (small files) or of
-    its list of (relative name, size) (big files and folders: hashing gigabytes of weights would delay every
-    run)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    size = sum(f.stat().st_size for f in files)
-    h = hashlib.sha256()
-    if path.is_file() and size <= SMALL:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return {"bytes": size, "sha256": h.hexdigest(), "hash_of": "content"}
-    for f in files:
-        h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\t{f.stat().st_size}\n".encode())
-    return {"bytes": size, "files": len(files), "sha256": h.hexdigest(), "hash_of": "file list with sizes"}

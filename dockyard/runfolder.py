@@ -9,7 +9,8 @@ do there:
 - `check` a folder: refused when it is a link or holds one anywhere below (before the host resumes a run,
   before the trainer writes in one, before a checkpoint is loaded or an export reads the model);
 - `claim` a new run folder with one os.mkdir: of two runs given the same --run-id at once, one gets it;
-- `read_manifest`: the trainer's manifest read as untrusted JSON, checked with pydantic before any field is used.
+- `read_manifest`: the trainer's manifest read as untrusted JSON, checked with pydantic before any field is used;
+- `fingerprint` what a run used (the trainer records it; `invoke export` checks the model folder against it).
 
 Every name is a plain file name in the folder; the folder itself is opened without following a link, and the
 file is opened relative to it, so a folder swapped for a link after the check is not followed either.
@@ -18,12 +19,13 @@ file is opened relative to it, so a folder swapped for a link after the check is
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
 import stat
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -131,6 +133,26 @@ def make_dir(folder: Path, name: str) -> Path:
     finally:
         os.close(dfd)
     return folder / name
+
+
+SMALL = 64 << 20  # files up to this size are hashed whole; bigger ones and folders by their list of files and sizes
+
+
+def fingerprint(path: Path) -> dict[str, Any]:
+    """What a run used, recorded so it can be checked later: size, and a sha256 of the file (small files) or of
+    its list of (relative name, size) (big files and folders: hashing gigabytes of weights would delay every
+    run)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    size = sum(f.stat().st_size for f in files)
+    h = hashlib.sha256()
+    if path.is_file() and size <= SMALL:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return {"bytes": size, "sha256": h.hexdigest(), "hash_of": "content"}
+    for f in files:
+        h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\t{f.stat().st_size}\n".encode())
+    return {"bytes": size, "files": len(files), "sha256": h.hexdigest(), "hash_of": "file list with sizes"}
 
 
 # --- the manifest, as the host reads it ---------------------------------------------------------------

@@ -14,7 +14,6 @@ from typing import Any
 
 from dockyard import runfolder
 from dockyard.errors import DockyardError
-from dockyard.inputs import fingerprint
 from dockyard.train import nodes
 
 
@@ -81,7 +80,7 @@ def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
         p = Path(value)
         out[key] = {"path": host.get(value, str(p)), "inside": value}
         if p.exists():
-            out[key].update(fingerprint(p))
+            out[key].update(runfolder.fingerprint(p))
     return out
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from dockyard import export
 from dockyard.errors import DockyardError
-from dockyard.inputs import fingerprint
+from dockyard.runfolder import fingerprint
 
 REF = "dockyard:0.0.9-cpu"  # the cpu image of an earlier version of the project: a run made with it exports with it
 
