@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from dockyard import multinode, variants
+from dockyard import multinode, runfolder, variants
 from dockyard.errors import DockyardError
 from dockyard.launch import CPU_NPROC, WORKSPACE
 from dockyard.recipes import load_recipe
@@ -216,9 +216,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
         for kind, path in paths.items():
             header = HEADER[kind].format(path=path, claim=s.claim, image=s.image, runtime=RUNTIME)
             text = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
-            tmp = path.with_name(f".{path.name}.partial")
-            tmp.write_text(text)
-            tmp.replace(path)
+            runfolder.write(folder, path.name, text)  # the runs folder is the containers': no link followed
     except OSError as e:
         raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
     print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}")

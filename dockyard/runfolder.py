@@ -34,8 +34,8 @@ from dockyard.errors import DockyardError, problems
 MANIFEST_LIMIT = 64 << 20  # bytes: a manifest is a few KiB; a bigger "manifest" is not one the trainer wrote
 
 
-def write(folder: Path, name: str, data: bytes | str) -> None:
-    """Replace folder/name with `data` in one step (never half-written, never through a link)."""
+def write(folder: Path, name: str, data: bytes | str, mode: int | None = None) -> None:
+    """Replace folder/name with `data` in one step (never half-written, never through a link); `mode`: chmod it."""
     raw = data.encode() if isinstance(data, str) else data
     dfd = _open_folder(folder)
     tmp = f".{_plain(name)}.{secrets.token_hex(6)}.tmp"
@@ -44,6 +44,8 @@ def write(folder: Path, name: str, data: bytes | str) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(raw)
+                if mode is not None:
+                    os.fchmod(f.fileno(), mode)
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             _unlink(tmp, dfd)

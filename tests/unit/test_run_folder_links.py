@@ -219,3 +219,24 @@ def test_a_recipe_file_linked_from_outside_its_folder_is_refused(tmp_path):
     (folder / "notes").unlink()
     (folder / "copy.json").symlink_to("ds_config.json")  # a link inside the folder stays inside it
     assert recipes.load_recipe(folder).deepspeed == "ds_config.json"
+
+
+def test_the_slurm_script_and_the_kubernetes_files_in_the_runs_folder_replace_planted_links(settings, tmp_path):
+    """Their default place is the runs folder, which containers write: a link there (to ~/.bashrc) was written
+    through, and the sbatch script's chmod 755 applied to the target."""
+    from dockyard import k8s, slurm
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    (tmp_path / "runs" / "slurm").mkdir(parents=True)
+    (tmp_path / "runs" / "k8s" / "r1").mkdir(parents=True)
+    bashrc = _outside(tmp_path, ".bashrc")
+    bashrc.chmod(0o600)
+    planted = [tmp_path / "runs" / "slurm" / "zero2-2n.sbatch", tmp_path / "runs" / "k8s" / "r1" / "job.yaml",
+               tmp_path / "runs" / "k8s" / "r1" / ".trainjob.yaml.partial"]
+    for link in planted:
+        link.symlink_to(bashrc)
+    script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=1, overrides=[], variant="cpu")
+    k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=1, variant="cpu", run_id="r1")
+    assert bashrc.read_text() == "# .bashrc: the user's own\n" and bashrc.stat().st_mode & 0o777 == 0o600
+    assert not script.is_symlink() and script.stat().st_mode & 0o777 == 0o755 and "srun" in script.read_text()
+    assert "kind: Job" in (tmp_path / "runs" / "k8s" / "r1" / "job.yaml").read_text()
