@@ -91,9 +91,9 @@ def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, An
 def setup_logging(run_dir: Path, is_main: bool) -> None:
     import transformers
 
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     from dockyard import runfolder
 
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
         handlers.append(logging.StreamHandler(runfolder.append(run_dir, "train.log")))  # never through a link
