@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 
 from tests.support.cli import INVOKE, invoke
@@ -81,3 +82,20 @@ def test_a_run_that_fails_before_its_log_exists_is_told_from_its_manifest_and_ke
     m = json.loads((tmp_path / "runs" / "early" / "manifest.json").read_text())
     assert m["status"] == "failed" and m["strategy"]["in_effect"] is None
     assert "run early: failed · recipe ddp" in r.stdout
+
+
+def test_the_trainer_refuses_a_run_folder_holding_a_link_and_writes_nothing_through_it(tmp_path):
+    """The image side (here one plain process): before it writes anything, the trainer checks the whole folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    token = _own(home, "token")
+    run = tmp_path / "runs" / "r1"
+    (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / "checkpoint-2" / "optimizer.pt").symlink_to(token)
+    (run / "manifest.json").symlink_to(token)
+    script = "import sys; from dockyard.train.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", script, "--recipe", "ddp", "--run-dir", str(run), "--resume"],
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "is a symbolic link (to" in r.stderr and "Traceback" not in r.stderr
+    assert token.read_text() == "# token: the user's own\n" and (run / "manifest.json").is_symlink()
