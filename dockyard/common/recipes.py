@@ -15,6 +15,7 @@ Imports only the standard library, PyYAML and pydantic: the host (no torch) and 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         names = sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
         raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: pick one of {', '.join(names)} "
                             f"or give a folder that holds a recipe.yaml")
+    files_inside(folder)
     text = path.read_text()
     first = text.splitlines()[0] if text else ""
     if not first.startswith("# "):
@@ -245,6 +247,16 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     if recipe.deepspeed:
         read_deepspeed_config(recipe.file(recipe.deepspeed))
     return recipe
+
+
+def files_inside(folder: Path) -> None:
+    """A recipe is one folder (mounted alone into the run, hashed into the manifest): a file in it that is a link
+    to somewhere else (`ds_config.json -> ~/x.json`) is refused, so nothing outside it is read on the host either."""
+    root = folder.resolve()
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink() and not p.resolve().is_relative_to(root):
+            raise DockyardError(f"{p} is a link to {os.readlink(p)}, outside the recipe folder {folder}: a recipe is "
+                                "one folder and travels as one; copy the file into the folder instead of linking it")
 
 
 # Top-level keys DeepSpeed reads. It looks each one up by name with a default, so a misspelt key is

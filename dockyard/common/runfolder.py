@@ -1,13 +1,289 @@
-"""The run folder's contract: the files a run writes in runs/<run-id>/, read by the host and written by the
-trainer in the image. One place for their names, so both sides agree."""
+"""The run folder's contract (the names of its files) and safe access to it.
+
+A run folder is untrusted ground: every run's container has the whole runs folder mounted read-write, so
+anything in runs/<id>/ may have been planted by code that ran in some container. What the host and the trainer
+do there:
+
+- `write` a file: a new temporary file in the folder, then os.replace over the name, so a symbolic link
+  planted at the name is replaced by a regular file, never followed (monitor.json, plots, manifest.json);
+- `append` to and `read` a file: opened with O_NOFOLLOW, regular files only (a link, a fifo is refused with
+  a short error: metrics.jsonl, train.log, monitor.jsonl, manifest.json read back by the host);
+- `check` a folder: refused when it is a link or holds one anywhere below (before the host resumes a run,
+  before the trainer writes in one, before a checkpoint is loaded or an export reads the model);
+- `claim` a new run folder with one os.mkdir: of two runs given the same --run-id at once, one gets it;
+- `read_manifest`: the trainer's manifest read as untrusted JSON, checked with pydantic before any field is used;
+- `fingerprint` what a run used (the trainer records it; `invoke export` checks the model folder against it).
+
+Every name is a plain file name in the folder; the folder itself is opened without following a link, and the
+file is opened relative to it, so a folder swapped for a link after the check is not followed either.
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from dockyard.common.errors import DockyardError, problems
+
+MANIFEST_LIMIT = 64 << 20  # bytes: a manifest is a few KiB; a bigger "manifest" is not one the trainer wrote
 MANIFEST = "manifest.json"       # node 0's record of the run (status, strategy in effect, metrics)
 METRICS = "metrics.jsonl"        # one line per logging window
 TRAIN_LOG = "train.log"
 LOSS_PLOT = "loss.png"
 CHECKPOINTS = "checkpoints"      # the Trainer's output_dir: checkpoint-<step>/ folders
+
+
+def write(folder: Path, name: str, data: bytes | str, mode: int | None = None) -> None:
+    """Replace folder/name with `data` in one step (never half-written, never through a link); `mode`: chmod it."""
+    raw = data.encode() if isinstance(data, str) else data
+    dfd = _open_folder(folder)
+    tmp = f".{_plain(name)}.{secrets.token_hex(6)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+                if mode is not None:
+                    os.fchmod(f.fileno(), mode)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            _unlink(tmp, dfd)
+            raise
+    except IsADirectoryError:
+        raise DockyardError(f"{folder / name} is a folder, where a file is written: remove it") from None
+    finally:
+        os.close(dfd)
+
+
+def append(folder: Path, name: str) -> IO[str]:
+    """folder/name opened to append text (made when missing); a link or anything but a regular file refused."""
+    dfd = _open_folder(folder)
+    try:
+        fd = _open(folder, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dfd)
+    finally:
+        os.close(dfd)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def read(folder: Path, name: str, limit: int | None = None) -> bytes | None:
+    """The bytes of folder/name, None when there is no such file; a link, a fifo, a file over `limit` refused."""
+    dfd = _open_folder(folder)
+    try:
+        fd = _open(folder, name, os.O_RDONLY | os.O_NONBLOCK, dfd)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as f:
+        if limit is not None and os.fstat(fd).st_size > limit:
+            raise DockyardError(f"{folder / name} is over {limit >> 20} MiB: not a file dockyard wrote there")
+        return f.read()
+
+
+def read_text(folder: Path, name: str, limit: int | None = None) -> str | None:
+    raw = read(folder, name, limit)
+    return None if raw is None else raw.decode("utf-8", errors="replace")
+
+
+def check(folder: Path) -> None:
+    """Refuse a run folder that is a link or holds a link, a fifo or a device anywhere below it."""
+    os.close(_open_folder(folder))
+    for root, dirs, files in os.walk(folder):  # walk never descends into a linked folder: it is listed, and refused
+        for name in dirs + files:
+            path = Path(root, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue  # replaced meanwhile (another node's temporary file): what took its name is checked on use
+            if stat.S_ISLNK(mode):
+                raise _link_error(path)
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise DockyardError(f"{path} is not a regular file or folder: a run folder holds nothing else; "
+                                    "remove it (something that ran with the runs folder mounted made it)")
+
+
+def claim(folder: Path, marker: str | None = None) -> None:
+    """Make a new run folder, atomically: an existing one (another run's, even one made a moment ago) is refused
+    and left as it is. With `marker`, the folder may already exist (the other nodes of a run make it too) and the
+    claim is that file, made with O_EXCL. The runs folder above it is made when missing."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if marker is None:
+            os.mkdir(folder)
+        else:
+            folder.mkdir(exist_ok=True)
+            dfd = _open_folder(folder)
+            try:
+                os.close(os.open(_plain(marker), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o666, dir_fd=dfd))
+            finally:
+                os.close(dfd)
+    except FileExistsError:
+        raise DockyardError(f"run folder {folder} already holds a run (another run has this id, or one started with "
+                            "it at the same moment): pick another --run-id, or add --resume to continue it") from None
+
+
+def make_dir(folder: Path, name: str) -> Path:
+    """A new folder inside a run folder (an export's output); an existing name, a link included, is refused."""
+    dfd = _open_folder(folder)
+    try:
+        os.mkdir(_plain(name), dir_fd=dfd)
+    except FileExistsError:
+        raise DockyardError(f"{folder / name} already exists: give a new --out folder (an export never overwrites)") \
+            from None
+    finally:
+        os.close(dfd)
+    return folder / name
+
+
+SMALL = 64 << 20  # files up to this size are hashed whole; bigger ones and folders by their list of files and sizes
+
+
+def fingerprint(path: Path) -> dict[str, Any]:
+    """What a run used, recorded so it can be checked later: size, and a sha256 of the file (small files) or of
+    its list of (relative name, size) (big files and folders: hashing gigabytes of weights would delay every
+    run)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    size = sum(f.stat().st_size for f in files)
+    h = hashlib.sha256()
+    if path.is_file() and size <= SMALL:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return {"bytes": size, "sha256": h.hexdigest(), "hash_of": "content"}
+    for f in files:
+        h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\t{f.stat().st_size}\n".encode())
+    return {"bytes": size, "files": len(files), "sha256": h.hexdigest(), "hash_of": "file list with sizes"}
+
+
+# --- the manifest, as the host reads it ---------------------------------------------------------------
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class InEffect(_Loose):
+    engine: str | None = None
+    zero_stage: int | None = None
+
+
+class StrategyRecord(_Loose):
+    requested: str | None = None
+    in_effect: InEffect | None = None  # null when the run failed before the model was wrapped
+    peft: str | None = None
+
+
+class MetricsRecord(_Loose):
+    steps: int | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    tokens_per_second: float | None = None
+    peak_memory_bytes: int | None = None
+
+
+class ImageRecord(_Loose):
+    ref: str = ""
+    id: str = ""
+
+
+class InputRecord(_Loose):
+    path: str = ""
+    inside: str = ""
+    sha256: str | None = None
+    hash_of: str | None = None
+
+
+class RunManifest(_Loose):
+    """The keys the host uses (summaries, `invoke export`), typed; everything else is kept as it is."""
+
+    run_id: str
+    status: str
+    recipe: str = ""
+    variant: str = "native"
+    world_size: int | None = None
+    nodes: int | None = None
+    image: ImageRecord = ImageRecord()
+    strategy: StrategyRecord | None = None
+    metrics: MetricsRecord | None = None
+    inputs: dict[str, InputRecord] = {}
+    error: str | None = None
+
+
+def read_manifest(folder: Path, name: str = "manifest.json") -> RunManifest | None:
+    """The run's manifest, checked; None when the run wrote none."""
+    text = read_text(folder, name, MANIFEST_LIMIT)
+    if text is None:
+        return None
+    try:
+        return parse_manifest(json.loads(text), folder / name)
+    except ValueError as e:  # json.JSONDecodeError
+        raise DockyardError(f"{folder / name} is not valid JSON ({e}): not a manifest the trainer wrote") from None
+
+
+def parse_manifest(raw: object, where: Path | str) -> RunManifest:
+    try:
+        return RunManifest.model_validate(raw)
+    except ValidationError as e:
+        raise DockyardError(f"{where} is not a manifest the trainer writes ({problems(e, 'manifest')})") from None
+
+
+# --- below: opening by name, never through a link -------------------------------------------------------
+
+def _plain(name: str) -> str:
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"not a plain file name: {name!r}")
+    return name
+
+
+def _open_folder(folder: Path) -> int:
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(folder):
+            raise _link_error(Path(folder)) from None
+        if e.errno == errno.ENOTDIR:
+            raise DockyardError(f"{folder} is not a folder: a run folder is a plain folder") from None
+        raise
+
+
+def _open(folder: Path, name: str, flags: int, dfd: int) -> int:
+    try:
+        fd = os.open(_plain(name), flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _link_error(folder / name) from None
+        if e.errno == errno.EISDIR:
+            raise DockyardError(f"{folder / name} is a folder, where dockyard keeps a file: remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DockyardError(f"{folder / name} is not a regular file: remove it (something that ran with the runs "
+                            "folder mounted made it)")
+    return fd
+
+
+def _link_error(path: Path) -> DockyardError:
+    try:
+        target = f" (to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    return DockyardError(f"{path} is a symbolic link{target}: dockyard never follows a link in a run folder. "
+                         "Something that ran with the runs folder mounted made it: remove it, and check what ran")
+
+
+def _unlink(name: str, dfd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
 
 
 def manifest_file(node_rank: int) -> str:

@@ -2,17 +2,23 @@
 
 Runs dockyard.train.export (the writing and the reload check) in the image the run used, on CPU, with the run's
 folder and the run's own model folder mounted as they were; a run made with `--native` is exported on this host.
+
+The run's manifest is untrusted (any run's container can write in the runs folder): it may only name an image of
+this project for the run's own variant, and only the model folder the run trained on (the same file list and
+sizes as the manifest recorded when the run started) is mounted.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from dockyard import engine
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
+from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS
@@ -26,19 +32,27 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if not run:
         raise DockyardError("--run is required: a run id (a folder under the runs folder)")
     runs = settings.path(settings.runs_dir)
+    if not launch_run.RUN_ID.fullmatch(run):
+        raise DockyardError(f"--run {run!r} is not a run id (letters, digits, '_', '.' and '-'): give the name of a "
+                            f"folder in {runs}")
     run_dir = runs / run
-    manifest = run_dir / "manifest.json"
-    if not manifest.is_file():
-        raise DockyardError(f"no run {run!r} in {runs} (no {manifest.name}): give the id of a completed run")
-    m = json.loads(manifest.read_text())
+    m = runfolder.read_manifest(run_dir) if run_dir.is_dir() or run_dir.is_symlink() else None
+    if m is None:
+        raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run")
+    runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
     target = Path(out).expanduser().resolve() if out else run_dir / ("merged" if merge else "export")
-    if target.exists():
+    if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
     argv, env = plan_export(settings, m, run_dir, target, merge)
     if dry:
         engine.echo(argv, env)
         return target
-    target.mkdir(parents=True)
+    if m.variant not in NATIVE:
+        check_image(settings, run_image(settings, m), m.variant)
+    if out:
+        target.mkdir(parents=True)
+    else:
+        runfolder.make_dir(run_dir, target.name)
     proc = engine.run(argv, env=env, check=False)
     if proc.returncode:
         if target.is_dir() and not any(target.iterdir()):
@@ -47,23 +61,72 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     return target
 
 
-def plan_export(settings: Settings, m: dict, run_dir: Path, target: Path, merge: bool) -> tuple[list[str], dict]:
-    """The command that exports (pure): `docker run` of the run's image, or this host's Python for a native run."""
+NATIVE = ("", "native")  # what a run made with --native records as its variant
+
+
+def plan_export(settings: Settings, m: dict | RunManifest, run_dir: Path, target: Path,
+                merge: bool) -> tuple[list[str], dict]:
+    """The command that exports (pure but for checking the model folder): `docker run` of the run's image, or this
+    host's Python for a native run. Every value taken from the manifest is checked first."""
+    m = m if isinstance(m, RunManifest) else runfolder.parse_manifest(m, run_dir / "manifest.json")
+    if m.run_id != run_dir.name:
+        raise DockyardError(f"{run_dir}/manifest.json is the manifest of run {m.run_id!r}, not of {run_dir.name!r}: "
+                            "refused (a manifest is only read in its own run's folder)")
     tail = ["--merge"] if merge else []
-    if m.get("variant") in (None, "", "native"):
+    if m.variant in NATIVE:
+        # the weights are read as weights only, here as in the image: a planted pickle cannot run on this host
         return ([sys.executable, "-m", "dockyard.train.export", "--run-dir", str(run_dir), "--out", str(target), *tail],
-                {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
-    image = (m.get("image") or {}).get("ref") or variants.tag(settings, variants.resolve(settings, m["variant"])[0])
+                {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"})
+    image = run_image(settings, m)
     mounts = [(target, OUT, False)]
-    model = (m.get("inputs") or {}).get("model") or {}
-    if model.get("inside", "").startswith(INPUTS):  # the run's own model folder, where the run saw it
-        host = Path(model["path"])
-        if not host.exists():
-            raise DockyardError(f"the run's model {host} is gone: the export needs the base it trained on")
-        mounts.append((host, model["inside"], True))
+    model = m.inputs.get("model")
+    if model and model.inside.startswith(INPUTS):  # the run's own model folder, where the run saw it
+        mounts.append((run_model(model), model.inside, True))
     command = ["python", "-m", "dockyard.train.export", "--run-dir", f"{launch_run.WORKSPACE}/runs/{run_dir.name}",
                "--out", OUT, *tail]
+    env = {"DS_ACCELERATOR": "cpu", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",
-                                  env={"DS_ACCELERATOR": "cpu"}, network_host=False, interactive=False,
-                                  command=command, mounts=mounts)
+                                  env=env, network_host=False, interactive=False, command=command, mounts=mounts)
     return argv, {}
+
+
+def run_image(settings: Settings, m: RunManifest) -> str:
+    """The image the run used: one of this project's images (`<image_name>:<version>-<variant>`) for the run's own
+    variant, of this or an earlier version of the project; anything else the manifest names is refused."""
+    known = variants.all_variants(settings)
+    if m.variant not in known:
+        raise DockyardError(f"the run's manifest names variant {m.variant!r}, not one of {', '.join(known)}: refused")
+    ref = m.image.ref or variants.tag(settings, known[m.variant])
+    if not re.fullmatch(rf"{re.escape(settings.image_name)}:[A-Za-z0-9][A-Za-z0-9_.-]{{0,100}}-{re.escape(m.variant)}",
+                        ref):
+        raise DockyardError(f"the run's manifest names image {ref!r}, not an image of this project for variant "
+                            f"{m.variant} ({variants.tag(settings, known[m.variant])} or another version of it): "
+                            "refused, an export runs only the project's own images")
+    return ref
+
+
+def check_image(settings: Settings, ref: str, variant: str) -> None:
+    """The image is here and says it is the run's variant (the `dockyard.variant` label every build sets)."""
+    info = engine.image_inspect(settings, ref)
+    if not info:
+        raise DockyardError(f"the run's image {ref} is not here: `invoke load` it (or build that version), then export")
+    label = ((info.get("Config") or {}).get("Labels") or {}).get("dockyard.variant")
+    if label != variant:
+        raise DockyardError(f"image {ref} is labelled variant {label!r}, the run's is {variant!r}: refused")
+
+
+def run_model(model: runfolder.InputRecord) -> Path:
+    """The host folder of the run's model, mounted read-only where the run saw it: only the folder the run
+    trained on, as the manifest recorded it (its file list and sizes, or its content)."""
+    if model.inside != f"{INPUTS}/model":
+        raise DockyardError(f"the run's manifest mounts its model at {model.inside!r}, not {INPUTS}/model: refused")
+    host = Path(model.path)
+    if not host.is_absolute() or any(c in model.path for c in ":,\n\r\0"):
+        raise DockyardError(f"the run's manifest names model folder {model.path!r}, not an absolute path that "
+                            "can be mounted: refused")
+    if not host.exists():
+        raise DockyardError(f"the run's model {host} is gone: the export needs the base it trained on")
+    if not model.sha256 or runfolder.fingerprint(host)["sha256"] != model.sha256:
+        raise DockyardError(f"{host} is not the model folder the run trained on (its files and sizes differ from what "
+                            "the run's manifest recorded): refused; give back the folder the run used")
+    return host

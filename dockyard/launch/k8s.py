@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
@@ -217,9 +218,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
         for kind, path in paths.items():
             header = HEADER[kind].format(path=path, claim=s.claim, image=s.image, runtime=RUNTIME)
             text = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
-            tmp = path.with_name(f".{path.name}.partial")
-            tmp.write_text(text)
-            tmp.replace(path)
+            runfolder.write(folder, path.name, text)  # the runs folder is the containers': no link followed
     except OSError as e:
         raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
     print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}")

@@ -8,7 +8,6 @@ create runs/<run-id>/ → `docker run` (GPUs, --ipc=host, ulimits, mounts, host 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import re
 import shutil
@@ -117,6 +116,7 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # What the other nodes of a multi-node run write into the shared folder (manifest-node1.json, monitor-node1.jsonl):
 # launched at the same moment (Slurm, Kubernetes), node 1 may be there first, and that is not an earlier run.
 OTHER_NODES_FILE = re.compile(r"[^.]+-node[1-9][0-9]*(\.[a-z]+)+")
+CLAIM = ".claimed-by-node0"  # node 0's claim on a run folder the other nodes may have made first
 
 
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
@@ -135,8 +135,9 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
                             "or digit (it names the run folder and the container)")
     d = runs / run_id
     if resume:
-        if not d.is_dir():
+        if not d.is_dir() and not d.is_symlink():
             raise DockyardError(f"--resume: no run folder {d} to resume")
+        runfolder.check(d)  # a link planted in it (monitor.json -> ~/.bashrc) is refused before anything runs
     elif node_rank == 0 and d.exists() and any(not OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run: pick another --run-id, or add --resume to continue it")
     return d
@@ -234,24 +235,24 @@ def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Pat
 
 def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     """Read the trainer's manifest (node 0's, or this node's on the others) and print the lines a user looks at;
-    a failed run is an error."""
-    path = run_dir / runfolder.manifest_file(node_rank)
-    if not path.exists():
-        raise DockyardError(f"the run wrote no manifest ({path}): see {run_dir}/train.log")
-    m = json.loads(path.read_text())
-    eff = m.get("strategy", {}).get("in_effect", {})
-    met = m.get("metrics", {})
-    print(f"run {m.get('run_id')}: {m.get('status')} · recipe {m.get('recipe')} · world size {m.get('world_size')} "
-          f"on {m.get('nodes')} node(s) · {eff.get('engine')}"
-          + (f" ZeRO-{eff['zero_stage']}" if eff.get("zero_stage") is not None else ""))
-    if met and met.get("loss_first") is not None:  # a run that failed early logged no loss
-        print(f"  steps {met.get('steps')} · loss {met['loss_first']:.4f} → {met['loss_last']:.4f} · "
-              f"{met.get('tokens_per_second') or 0:.0f} tokens/s · "
-              f"peak memory {(met.get('peak_memory_bytes') or 0) / 2**20:.0f} MiB")
+    a failed run is an error, said with the manifest's own words. The manifest is read as untrusted (any
+    container could have written it): checked with pydantic, never through a link."""
+    m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank))
+    if m is None:
+        raise DockyardError(f"the run wrote no manifest ({run_dir / runfolder.manifest_file(node_rank)}): "
+                            f"see {run_dir}/train.log")
+    eff = (m.strategy.in_effect if m.strategy else None) or runfolder.InEffect()  # null: failed before the wrap
+    met = m.metrics
+    print(f"run {m.run_id}: {m.status} · recipe {m.recipe} · world size {m.world_size} on {m.nodes} node(s)"
+          + (f" · {eff.engine}" if eff.engine else "")
+          + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else ""))
+    if met and met.loss_first is not None and met.loss_last is not None:  # a run that failed early logged no loss
+        print(f"  steps {met.steps} · loss {met.loss_first:.4f} → {met.loss_last:.4f} · "
+              f"{met.tokens_per_second or 0:.0f} tokens/s · peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
     print(f"  {run_dir}")
-    if m.get("status") != "completed":
-        raise DockyardError(f"run {m.get('run_id')} {m.get('status')}: {m.get('error', 'see train.log')}")
-    return m
+    if m.status != "completed":
+        raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
+    return m.model_dump()
 
 
 def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", nproc: int = 0, nodes: int = 1,
@@ -292,13 +293,19 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
     if dry:
         engine.echo(plan.argv, plan.env)
         return None
-    made = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    made = not resume and node_rank == 0
+    if made:
+        # One os.mkdir (or, on a folder the other nodes share, one O_EXCL file): of two runs given the same
+        # --run-id at once, one gets the folder and the other stops here, touching nothing of it.
+        runfolder.claim(run_dir, CLAIM if nodes > 1 else None)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
     from dockyard.machine import monitor
 
     with monitor.watch(run_dir, node_rank=node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
-    if proc.returncode and made and not (run_dir / "train.log").exists():
+    wrote = [n for n in ("train.log", runfolder.manifest_file(node_rank)) if os.path.lexists(run_dir / n)]
+    if proc.returncode and made and not wrote:
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
         shutil.rmtree(run_dir, ignore_errors=True)
         raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "

@@ -18,6 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
@@ -152,8 +153,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     path = Path(out) if out else settings.path(settings.runs_dir) / "slurm" / f"{Path(kw['recipe']).name}-{kw['nodes']}n.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
     settings.path(settings.runs_dir).mkdir(parents=True, exist_ok=True)  # Slurm writes the job's output there
-    path.write_text(text)
-    path.chmod(0o755)
+    runfolder.write(path.parent, path.name, text, mode=0o755)  # the runs folder is the containers': no link followed
     print(text, end="")
     print(f"# written to {path}: submit it with `sbatch {path}`", file=sys.stderr)
     return path

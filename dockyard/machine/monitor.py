@@ -7,12 +7,14 @@ while a run lasts, warns when the work is unbalanced, and leaves plots and a ver
 It runs on the host, beside the container, and never fails the run: its own errors become a warning.
 Files it writes in the run folder: monitor.jsonl (one line per sample), monitor.json (the verdict),
 gpu.png or cpu.png (utilisation and memory per device over time), loss.png (from the trainer's metrics.jsonl).
+Every file goes through dockyard.common.runfolder: a link planted in the run folder is replaced or refused, never followed.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
 import threading
 import time
@@ -20,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dockyard import gpus
+from dockyard.common import runfolder
+from dockyard.common.errors import DockyardError
 from dockyard.gpus import Reading, Source, reading_to_dict
 
 SAMPLES_FILE = "monitor.jsonl"
@@ -172,7 +176,7 @@ def _causes(samples: list[dict], kind: str, idle: list[int], peak_mem: dict[int,
 
 # --- plots ---------------------------------------------------------------------------------------
 
-def plot_usage(samples: list[dict], kind: str, path: Path, title: str = "") -> None:
+def plot_usage(samples: list[dict], kind: str, title: str = "") -> bytes:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 6), layout="constrained")
@@ -190,15 +194,14 @@ def plot_usage(samples: list[dict], kind: str, path: Path, title: str = "") -> N
     util_ax.legend(loc="upper right")
     util_ax.grid(alpha=0.3)
     mem_ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=100)
+    return _png(fig)
 
 
-def read_losses(metrics: Path) -> dict[str, list[tuple[float, float]]]:
+def read_losses(run_dir: Path, name: str = METRICS_FILE) -> dict[str, list[tuple[float, float]]]:
     """(step, value) series for `loss` and `eval_loss` from JSON lines; other lines and keys are skipped."""
     series: dict[str, list[tuple[float, float]]] = {}
-    if not metrics.is_file():
-        return series
-    for line in metrics.read_text(errors="replace").splitlines():
+    text = runfolder.read_text(run_dir, name)
+    for line in (text or "").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -212,7 +215,7 @@ def read_losses(metrics: Path) -> dict[str, list[tuple[float, float]]]:
     return series
 
 
-def plot_loss(series: dict[str, list[tuple[float, float]]], path: Path, title: str = "") -> None:
+def plot_loss(series: dict[str, list[tuple[float, float]]], title: str = "") -> bytes:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 4.5), layout="constrained")
@@ -224,7 +227,13 @@ def plot_loss(series: dict[str, list[tuple[float, float]]], path: Path, title: s
     ax.set_ylabel("loss")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=100)
+    return _png(fig)
+
+
+def _png(fig) -> bytes:
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=100)
+    return out.getvalue()
 
 
 # --- the sampler and the context manager ----------------------------------------------------------
@@ -253,7 +262,7 @@ class Monitor:
     def _loop(self) -> None:
         t0 = time.monotonic()
         try:
-            with open(self.run_dir / self.name(SAMPLES_FILE), "a") as f:
+            with runfolder.append(self.run_dir, self.name(SAMPLES_FILE)) as f:
                 while True:
                     readings = self.source.sample()
                     if readings:
@@ -287,12 +296,17 @@ class Monitor:
         v = verdict(self.samples, kind)
         usage = self.name(f"{kind}.png")
         if self.samples:
-            plot_usage(self.samples, kind, self.run_dir / usage, f"{self.run_dir.name}: {v['message'].split(' (')[0]}")
-        losses = read_losses(self.run_dir / METRICS_FILE) if self.node_rank == 0 else {}
+            runfolder.write(self.run_dir, usage,
+                            plot_usage(self.samples, kind, f"{self.run_dir.name}: {v['message'].split(' (')[0]}"))
+        try:
+            losses = read_losses(self.run_dir) if self.node_rank == 0 else {}
+        except DockyardError as e:  # metrics.jsonl planted as a link or a fifo: no plot, the verdict still
+            _say(f"no loss plot: {e}")
+            losses = {}
         if losses:
-            plot_loss(losses, self.run_dir / "loss.png", self.run_dir.name)
+            runfolder.write(self.run_dir, "loss.png", plot_loss(losses, self.run_dir.name))
         v["plots"] = ([usage] if self.samples else []) + (["loss.png"] if losses else [])
-        (self.run_dir / self.name(VERDICT_FILE)).write_text(json.dumps(v, indent=2) + "\n")
+        runfolder.write(self.run_dir, self.name(VERDICT_FILE), json.dumps(v, indent=2) + "\n")
         _say(" ".join([v["message"] + ".", *v["causes"]]), "yellow" if v["unbalanced"] or v["idle_whole_run"] else "green")
         return v
 

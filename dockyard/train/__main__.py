@@ -91,10 +91,12 @@ def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, An
 def setup_logging(run_dir: Path, is_main: bool) -> None:
     import transformers
 
+    from dockyard.common import runfolder
+
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
-        handlers.append(logging.FileHandler(run_dir / "train.log"))
+        handlers.append(logging.StreamHandler(runfolder.append(run_dir, "train.log")))  # never through a link
     for h in handlers:
         h.setFormatter(fmt)
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
@@ -146,8 +148,9 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     """The recipe and settings, the run folder, the guards, TrainingArguments, the data and the model."""
     import transformers
 
+    from dockyard.common import runfolder
     from dockyard.machine import planner
-    from dockyard.train import data, guards, manifest, nodes
+    from dockyard.train import checkpoints, data, guards, manifest, nodes
     from dockyard.train import model as models
 
     recipe = run.recipe = load_recipe(run.opts.recipe)
@@ -159,10 +162,17 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     except OSError as e:
         raise DockyardError(f"cannot make the run folder {run_dir} ({e.strerror}): the runs folder must be writable "
                             f"by the user the trainer runs as (uid {os.getuid()})") from None
+    runfolder.check(run_dir)  # any run's container can write here: a planted link is refused, never followed
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     run.run_dir_ok = True
+    if last:
+        checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
+    if last and os.environ.get("LOCAL_RANK", "0") == "0":
+        # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
+        # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
+        checkpoints.check(Path(last))
     if last and run.is_main:
-        manifest.trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
+        manifest.trim_metrics(run_dir, int(Path(last).name.rsplit("-", 1)[1]))
 
     model_dir = models.resolve_model(settings.model) if settings.model else ""
     if not model_dir:
@@ -210,11 +220,12 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
 def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     """The HF Trainer, with the strategy check and the metrics log, trained to the end."""
     import multiprocessing
+    import pickle
 
     from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dockyard.train import data
+    from dockyard.train import checkpoints, data
     from dockyard.train.callbacks import MetricsLog, StrategyCheck
 
     check = StrategyCheck(p.recipe.strategy, run.world_size)
@@ -227,7 +238,10 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         trainer.remove_callback(cb)
     check.trainer = trainer
     run.check = check
-    trainer.train(resume_from_checkpoint=p.resume_from)
+    try:
+        trainer.train(resume_from_checkpoint=p.resume_from)
+    except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
+        raise checkpoints.explain(e) from None
     return trainer, metrics
 
 
@@ -332,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     signal.signal(signal.SIGTERM, _stopped)
-    from dockyard.train import nodes
+    from dockyard.train import checkpoints, nodes
+
+    checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
 
     nodes.pin_interface()  # before torch.distributed starts
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.

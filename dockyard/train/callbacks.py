@@ -10,6 +10,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from dockyard.common import runfolder
 from dockyard.train import strategy
 
 log = logging.getLogger("dockyard.train")
@@ -49,7 +50,7 @@ class MetricsLog(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.is_main and logs and ("loss" in logs or "eval_loss" in logs):
             line = json.dumps({"step": state.global_step, **logs, "time": round(time.time(), 3)})
-            with self.path.open("a") as f:
+            with runfolder.append(self.path.parent, self.path.name) as f:  # never through a planted link
                 f.write(line + "\n")
             log.info("%s", line)
 

@@ -12,7 +12,6 @@ and the tolerance are printed, and a folder outside it is an error.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -73,14 +72,25 @@ def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
     return check
 
 
+DTYPES = ("float32", "bfloat16", "float16")  # what the trainer records as the probe's (and the weights') dtype
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "manifest.json"
-    if not path.is_file():
+    """The run's manifest, read as untrusted (any run's container can write it), in a folder holding no link."""
+    from dockyard.common import runfolder
+
+    runfolder.check(run_dir)
+    record = runfolder.read_manifest(run_dir)
+    if record is None:
         raise DockyardError(f"{run_dir} holds no run (no manifest.json): give a run id from the runs folder")
-    m = json.loads(path.read_text())
-    if m.get("status") != "completed" or not (run_dir / "model").is_dir():
-        raise DockyardError(f"run {m.get('run_id')} did not complete (status {m.get('status')}): it saved no model "
-                            "to export")
+    m = record.model_dump()
+    if m["status"] != "completed" or not (run_dir / "model").is_dir():
+        raise DockyardError(f"run {m['run_id']} did not complete (status {m['status']}): it saved no model to export")
+    model, probe = m.get("model"), m.get("probe")
+    if not (isinstance(model, dict) and model.get("format") in ("full", "adapter") and isinstance(model.get("base"), str)
+            and isinstance(probe, dict) and probe.get("dtype") in DTYPES and isinstance(probe.get("input_ids"), list)
+            and m["strategy"] is not None):
+        raise DockyardError(f"{run_dir}/manifest.json is not a manifest the trainer writes (model, probe): refused")
     return m
 
 

@@ -1,6 +1,7 @@
 """The run folder: DIR/manifest.json, the record of a run (its schema and extra keys: docs/training.md,
 "What a run writes"), written by rank 0 at the end, whether the run completed or failed; and the
-rule that a folder holding a run is never overwritten, only resumed."""
+rule that a folder holding a run is never overwritten, only resumed. Files in the folder are read and written
+through dockyard.common.runfolder: never through a link."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.train import nodes
 
@@ -24,16 +26,23 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def logged(metrics_file: Path) -> list[dict[str, Any]]:
-    if not metrics_file.is_file():
-        return []
-    return [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+def logged(run_dir: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    """The lines of metrics.jsonl that are JSON objects with a step (a damaged line is skipped, not a crash)."""
+    rows = []
+    for line in (runfolder.read_text(run_dir, name) or "").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
 
 
 def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: dict | None,
           metrics: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    lines = logged(run_dir / "metrics.jsonl")
+    lines = logged(run_dir)
     seen = [row for row in lines if "loss" in row]
     evals = [row for row in lines if "eval_loss" in row]
     return {
@@ -60,26 +69,6 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
     }
 
 
-SMALL = 64 << 20  # files up to this size are hashed whole; bigger ones and folders by their list of files and sizes
-
-
-def fingerprint(path: Path) -> dict[str, Any]:
-    """What a run used, recorded so it can be checked later: size, and a sha256 of the file (small files) or of
-    its list of (relative name, size) (big files and folders: hashing gigabytes of weights would delay every
-    run)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    size = sum(f.stat().st_size for f in files)
-    h = hashlib.sha256()
-    if path.is_file() and size <= SMALL:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return {"bytes": size, "sha256": h.hexdigest(), "hash_of": "content"}
-    for f in files:
-        h.update(f"{f.relative_to(path).as_posix() if f != path else f.name}\t{f.stat().st_size}\n".encode())
-    return {"bytes": size, "files": len(files), "sha256": h.hexdigest(), "hash_of": "file list with sizes"}
-
-
 def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
     """key → the host path (as `invoke run` / run.sh mounted it, from DOCKYARD_HOST_PATHS), the path inside, and
     its fingerprint; keys naming no local path (a hub id) record the name alone."""
@@ -91,7 +80,7 @@ def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
         p = Path(value)
         out[key] = {"path": host.get(value, str(p)), "inside": value}
         if p.exists():
-            out[key].update(fingerprint(p))
+            out[key].update(runfolder.fingerprint(p))
     return out
 
 
@@ -104,9 +93,7 @@ def recipe_files(recipe: Any, defaults: Path) -> dict[str, str]:
 
 
 def write(run_dir: Path, manifest: dict[str, Any], name: str = "manifest.json") -> None:
-    tmp = run_dir / f"{name}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    tmp.replace(run_dir / name)  # never a half-written manifest
+    runfolder.write(run_dir, name, json.dumps(manifest, indent=2) + "\n")  # never half-written, never via a link
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
@@ -135,8 +122,8 @@ def complete_checkpoint(path: Path) -> bool:
     return not (shards and states) or len(shards) == len(states)
 
 
-def trim_metrics(path: Path, step: int) -> None:
+def trim_metrics(run_dir: Path, step: int, name: str = "metrics.jsonl") -> None:
     """On resume, drop the lines logged after the checkpoint: those steps run again."""
-    if path.is_file():
-        lines = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= step]
-        path.write_text("".join(x + "\n" for x in lines))
+    if runfolder.read(run_dir, name) is not None:
+        runfolder.write(run_dir, name, "".join(json.dumps(row) + "\n" for row in logged(run_dir, name)
+                                               if row["step"] <= step))

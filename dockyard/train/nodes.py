@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 
 SHARED_TIMEOUT = float(os.environ.get("DOCKYARD_SHARED_TIMEOUT", 30))  # network filesystems show new files late
@@ -78,13 +79,11 @@ def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[st
     token = [secrets.token_hex(16) if dist.get_rank() == 0 else None]
     if dist.get_rank() == 0:
         (run_dir / LOST).unlink(missing_ok=True)  # from an earlier attempt of this run
-        tmp = run_dir / f"{TOKEN}.tmp"
-        tmp.write_text(token[0])
-        tmp.replace(run_dir / TOKEN)
+        runfolder.write(run_dir, TOKEN, token[0])
     dist.broadcast_object_list(token, src=0)
     sees = None
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
-        sees = _wait_for(run_dir / TOKEN, token[0], timeout)
+        sees = _wait_for(run_dir, token[0], timeout)
     me = {"node_rank": node_rank(), "host": socket.gethostname(), "sees_run_dir": sees,
           "addr": (rendezvous() or {}).get("local_addr", "")}
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -101,13 +100,13 @@ def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[st
     return [{k: v for k, v in n.items() if k != "sees_run_dir"} for n in found]
 
 
-def _wait_for(path: Path, token: str, timeout: float) -> bool:
+def _wait_for(run_dir: Path, token: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if path.read_text() == token:
+            if runfolder.read_text(run_dir, TOKEN) == token:
                 return True
-        except OSError:
+        except (OSError, DockyardError):
             pass
         if time.monotonic() > deadline:
             return False
@@ -124,13 +123,13 @@ def explain(error: str, run_dir: Path, nodes: list[dict[str, Any]]) -> str:
     lost = lost_node(error, nodes)
     if lost:
         print(f"error: {lost}", file=sys.stderr, flush=True)
-        tmp = run_dir / f"{LOST}.{secrets.token_hex(8)}"  # not the pid: containers of several nodes share pids
-        tmp.write_text(lost)
-        tmp.replace(run_dir / LOST)
+        runfolder.write(run_dir, LOST, lost)  # a random temporary name: containers of several nodes share pids
     else:
         try:
-            lost = (run_dir / LOST).read_text()
-        except OSError:
+            lost = runfolder.read_text(run_dir, LOST)
+        except (OSError, DockyardError):
+            return error
+        if lost is None:
             return error
     return f"{lost}: {error}"
 

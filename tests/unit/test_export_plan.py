@@ -6,26 +6,34 @@ import json
 import pytest
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.runfolder import fingerprint
 from dockyard.launch import export
+
+REF = "dockyard:0.0.9-cpu"  # the cpu image of an earlier version of the project: a run made with it exports with it
 
 
 def _run(tmp_path, **extra):
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
-    m = {"run_id": "r1", "status": "completed", "variant": "cpu", "image": {"ref": "mine:1", "id": "sha256:x"}, **extra}
+    m = {"run_id": "r1", "status": "completed", "variant": "cpu", "image": {"ref": REF, "id": "sha256:x"}, **extra}
     (run / "manifest.json").write_text(json.dumps(m))
     return m, run
 
 
+def _model(folder):
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return {"path": str(folder), "inside": "/workspace/inputs/model", **fingerprint(folder)}
+
+
 def test_export_runs_in_the_runs_image_with_its_model_mounted_read_only(settings, tmp_path):
     model = tmp_path / "model"
-    model.mkdir()
-    m, run = _run(tmp_path, inputs={"model": {"path": str(model), "inside": "/workspace/inputs/model"}})
+    m, run = _run(tmp_path, inputs={"model": _model(model)})
     argv, _ = export.plan_export(settings, m, run, tmp_path / "out", merge=True)
     assert f"{model}:/workspace/inputs/model:ro" in argv and f"{tmp_path / 'out'}:/workspace/export" in argv
     assert "--gpus" not in argv
-    assert argv[argv.index("mine:1"):] == ["mine:1", "python", "-m", "dockyard.train.export", "--run-dir",
-                                           "/workspace/runs/r1", "--out", "/workspace/export", "--merge"]
+    assert argv[argv.index(REF):] == [REF, "python", "-m", "dockyard.train.export", "--run-dir",
+                                      "/workspace/runs/r1", "--out", "/workspace/export", "--merge"]
 
 
 def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
@@ -36,6 +44,57 @@ def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
         export.export(s, run="r1", dry=True)
     with pytest.raises(DockyardError, match="no run 'nope'"):
         export.export(s, run="nope", dry=True)
-    m, _ = _run(tmp_path / "b", inputs={"model": {"path": str(tmp_path / "gone"), "inside": "/workspace/inputs/model"}})
+    m, _ = _run(tmp_path / "b", inputs={"model": {"path": str(tmp_path / "gone"), "inside": "/workspace/inputs/model",
+                                                  "sha256": "0" * 64}})
     with pytest.raises(DockyardError, match="is gone"):
         export.plan_export(settings, m, run, tmp_path / "o", merge=False)
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"image": {"ref": "alpine:3"}}, "not an image of this project"),
+    ({"image": {"ref": "dockyard:0.1.0-cu128"}}, "not an image of this project for variant cpu"),
+    ({"image": {"ref": "dockyard:0.1.0-cpu --privileged"}}, "not an image of this project"),
+    ({"variant": "auto"}, "names variant 'auto'"),
+    ({"image": "dockyard:0.1.0-cpu"}, "image: Input should be a valid dictionary"),
+    ({"run_id": "r2"}, "manifest of run 'r2', not of 'r1'"),
+    ({"status": None}, "status: Input should be a valid string"),
+    ({"inputs": {"model": {"path": "/home", "inside": "/workspace/inputs/model", "sha256": "0" * 64}}},
+     "not the model folder the run trained on"),
+    ({"inputs": {"model": {"path": "/etc", "inside": "/workspace/inputs/elsewhere"}}}, "not /workspace/inputs/model"),
+    ({"inputs": {"model": {"path": "/a:/workspace/runs", "inside": "/workspace/inputs/model"}}}, "path that can be mounted"),
+    ({"inputs": {"model": {"path": "etc", "inside": "/workspace/inputs/model"}}}, "path that can be mounted"),
+])
+def test_an_edited_manifest_cannot_choose_the_image_or_mount_another_folder(settings, tmp_path, edit, says):
+    """Any run's container can rewrite any manifest in the runs folder: `invoke export` runs only the project's
+    image of the run's variant and mounts only the folder the run trained on, whatever the manifest says."""
+    m, run = _run(tmp_path, inputs={"model": _model(tmp_path / "model")})
+    m.update(edit)
+    with pytest.raises(DockyardError, match=says):
+        export.plan_export(settings, m, run, tmp_path / "out", merge=False)
+
+
+def test_a_model_folder_changed_since_the_run_is_not_mounted(settings, tmp_path):
+    """The folder at the recorded path is checked against the manifest's fingerprint: another folder put there
+    (or the manifest pointed at ~/.ssh with a made-up hash) is refused."""
+    model = tmp_path / "model"
+    m, run = _run(tmp_path, inputs={"model": _model(model)})
+    (model / "id_rsa").write_text("secret")
+    with pytest.raises(DockyardError, match="not the model folder the run trained on"):
+        export.plan_export(settings, m, run, tmp_path / "out", merge=False)
+
+
+def test_a_run_id_that_leaves_the_runs_folder_or_a_linked_run_is_refused(settings, tmp_path):
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _run(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "manifest.json").write_text(json.dumps({"run_id": "r1", "status": "completed"}))
+    for bad in ("../elsewhere", "/etc", "r1/../../elsewhere"):
+        with pytest.raises(DockyardError, match="is not a run id"):
+            export.export(s, run=bad, dry=True)
+    (tmp_path / "runs" / "linked").symlink_to(elsewhere)
+    with pytest.raises(DockyardError, match="symbolic link"):
+        export.export(s, run="linked", dry=True)
+    (tmp_path / "runs" / "r1" / "model").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DockyardError, match=r"r1/model is a symbolic link \(to .*elsewhere\)"):
+        export.export(s, run="r1", dry=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from dockyard import ROOT
 
 PACKAGE = ROOT / "dockyard"
-HOST_FAMILIES = ("dockyard.images", "dockyard.launch", "dockyard.transport", "dockyard.engine", "dockyard.settings",
+HOST_FAMILIES = ("dockyard.images", "dockyard.launch.run", "dockyard.transport", "dockyard.engine", "dockyard.settings",
                  "dockyard.console")
 TRAINING_STACK = ("torch", "transformers", "deepspeed", "peft", "bitsandbytes", "accelerate", "datasets")
 

@@ -91,7 +91,7 @@ def test_watch_records_warns_live_and_plots(tmp_path, capfd):
     verdict = json.loads((tmp_path / monitor.VERDICT_FILE).read_text())
     assert verdict["unbalanced"] and verdict["plots"] == ["gpu.png", "loss.png"]
     assert _is_png(tmp_path / "gpu.png") and _is_png(tmp_path / "loss.png")
-    assert monitor.read_losses(tmp_path / "metrics.jsonl")["eval_loss"] == [(20, 2.1)]
+    assert monitor.read_losses(tmp_path)["eval_loss"] == [(20, 2.1)]
 
 
 def test_watch_never_fails_the_run(tmp_path, capfd):

@@ -1,0 +1,56 @@
+"""`--resume` loads a checkpoint as weights, never as code (issue 27): a checkpoint file replaced by a pickle that
+runs a command is refused before anything of it is unpickled, and a checkpoint the trainer wrote still resumes.
+Real runs: 2 processes under torchrun on CPU (gloo; DeepSpeed on its CPU accelerator), the tiny model."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shlex
+import shutil
+
+import pytest
+import torch
+
+from tests.support.training import manifest, train
+
+FIRST = ["--max_steps", "2", "--save_steps", "2", "--per_device_train_batch_size", "2", "--max_seq_length", "32",
+         "--logging_steps", "1"]
+MORE = ["--max_steps", "3", *FIRST[2:]]
+
+
+class Planted:
+    """What a hostile container leaves in a checkpoint: unpickling it runs a shell command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+@pytest.mark.parametrize("recipe, planted", [
+    ("ddp", "rng_state_0.pth"),                              # the Trainer's own file
+    ("zero2", "global_step2/mp_rank_00_model_states.pt"),    # DeepSpeed's: it asks torch.load for weights_only=False
+])
+def test_a_planted_pickle_is_refused_and_the_genuine_checkpoint_resumes(recipe, planted, tmp_path):
+    run = tmp_path / "run"
+    train(recipe, run, *FIRST)
+    marker = tmp_path / "the-pickle-ran"
+    for name, write in (("torch.save", lambda p: torch.save({"state": Planted(marker)}, p)),
+                        ("bare pickle", lambda p: p.write_bytes(pickle.dumps(Planted(marker))))):
+        bad = tmp_path / f"bad-{name.replace(' ', '-')}"
+        shutil.copytree(run, bad)
+        write(bad / "checkpoints" / "checkpoint-2" / planted)
+        refused = train(recipe, bad, *MORE, resume=True, ok=False)
+        assert refused.returncode != 0, name
+        assert not marker.exists(), f"{name}: the planted pickle ran"
+        m = manifest(bad)
+        assert m["status"] == "failed" and m["error"].startswith("--resume refused") and planted in m["error"], m["error"]
+        assert ("posix.system" in m["error"]) == (name == "torch.save") and "error: --resume refused" in refused.stderr
+
+    train(recipe, run, *MORE, resume=True)
+    m = manifest(run)
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 3, m.get("error")
+    assert "Resuming training from checkpoint" in (run / "train.log").read_text()
+    assert not marker.exists()

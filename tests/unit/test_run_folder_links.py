@@ -1,0 +1,243 @@
+"""A run folder is written by containers (issue 27): links planted in it are never followed, by the host's monitor,
+summary and export, or by the trainer; a folder is claimed by one run only; a failed run is told from its manifest.
+Real files, real links, real processes; the GPU readings are recorded ones fed through the NVML interface."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dockyard.common import runfolder
+from dockyard.common.errors import DockyardError
+from dockyard.gpus import Recorded
+from dockyard.launch import run as launch_run
+from dockyard.machine import monitor
+from dockyard.train import manifest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _outside(tmp_path: Path, name: str) -> Path:
+    """A file a container cannot reach, such as ~/.bashrc: it must keep its bytes."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    f = home / name
+    f.write_text(f"# {name}: the user's own\n")
+    return f
+
+
+def _watch(run: Path, samples: int = 5) -> None:
+    with monitor.watch(run, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")) as mon:
+        deadline = time.monotonic() + 30
+        while mon is not None and len(mon.samples) < samples and mon._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def test_the_monitor_replaces_planted_links_instead_of_writing_through_them(tmp_path):
+    """The red-team's attack: monitor.json -> ~/.bashrc, loss.png -> ~/.ssh/authorized_keys, gpu.png -> another."""
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    targets = {name: _outside(tmp_path, f"target-of-{name}") for name in ("monitor.json", "loss.png", "gpu.png")}
+    for name, target in targets.items():
+        (run / name).symlink_to(target)
+    _watch(run)
+    for name, target in targets.items():
+        assert target.read_text() == f"# {target.name}: the user's own\n", f"{name} was written through its link"
+        assert not (run / name).is_symlink(), name
+    assert json.loads((run / "monitor.json").read_text())["plots"] == ["gpu.png", "loss.png"]
+    assert (run / "gpu.png").read_bytes()[:8] == PNG and (run / "loss.png").read_bytes()[:8] == PNG
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")], "no temporary file left behind"
+
+
+def test_the_monitor_appends_and_reads_through_no_link_and_the_run_goes_on(tmp_path, capfd):
+    run = tmp_path / "r1"
+    run.mkdir()
+    samples, metrics = _outside(tmp_path, "samples-target"), _outside(tmp_path, "metrics-target")
+    metrics.write_text(json.dumps({"step": 1, "loss": 9.0}) + "\n")  # readable data the run folder must not reach
+    (run / "monitor.jsonl").symlink_to(samples)
+    (run / "metrics.jsonl").symlink_to(metrics)
+    _watch(run)
+    err = capfd.readouterr().err
+    assert "sampling stopped" in err and "monitor.jsonl is a symbolic link" in err and "no loss plot" in err
+    assert samples.read_text() == "# samples-target: the user's own\n"
+    v = json.loads((run / "monitor.json").read_text())
+    assert v["samples"] == 0 and "loss.png" not in v["plots"] and not (run / "loss.png").exists()
+
+
+def test_the_trainers_files_are_never_written_or_read_through_a_link(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    targets = {name: _outside(tmp_path, f"target-of-{name}") for name in ("manifest.json", "metrics.jsonl", "train.log")}
+    for name, target in targets.items():
+        (run / name).symlink_to(target)
+    manifest.write(run, {"run_id": "r1", "status": "failed"})
+    assert json.loads((run / "manifest.json").read_text())["status"] == "failed" and not (run / "manifest.json").is_symlink()
+    with pytest.raises(DockyardError, match="metrics.jsonl is a symbolic link"):
+        manifest.trim_metrics(run, 2)
+    with pytest.raises(DockyardError, match="metrics.jsonl is a symbolic link"):
+        manifest.logged(run)
+    with pytest.raises(DockyardError, match="train.log is a symbolic link"):
+        runfolder.append(run, "train.log")
+    for name, target in targets.items():
+        assert target.read_text() == f"# {target.name}: the user's own\n", name
+
+
+def test_a_planted_temporary_name_is_not_written_through_either(tmp_path):
+    """The old manifest writer wrote manifest.json.tmp by name first: a link there was followed."""
+    run = tmp_path / "r1"
+    run.mkdir()
+    target = _outside(tmp_path, "bashrc")
+    (run / "manifest.json.tmp").symlink_to(target)
+    manifest.write(run, {"run_id": "r1", "status": "completed"})
+    assert target.read_text() == "# bashrc: the user's own\n"
+
+
+def test_trimming_metrics_on_resume_keeps_the_steps_before_the_checkpoint_and_skips_damage(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2}\nnot json\n[1]\n{"step": 3, "loss": 1}\n')
+    manifest.trim_metrics(tmp_path, 2)
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+@pytest.mark.parametrize("plant", ["link-out", "link-in", "fifo", "folder-link"])
+def test_a_run_folder_holding_a_link_or_a_fifo_anywhere_is_refused(tmp_path, plant):
+    run = tmp_path / "r1"
+    ckpt = run / "checkpoints" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    target = _outside(tmp_path, "token")
+    if plant == "link-out":
+        (ckpt / "optimizer.pt").symlink_to(target)
+    elif plant == "link-in":
+        (run / "model").symlink_to(ckpt)
+    elif plant == "fifo":
+        os.mkfifo(run / "manifest.json")
+    else:
+        (tmp_path / "r2").symlink_to(run)
+        run = tmp_path / "r2"
+    with pytest.raises(DockyardError, match="symbolic link|not a regular file"):
+        runfolder.check(run)
+
+
+def test_resume_refuses_a_run_folder_holding_a_link_before_anything_runs(settings, tmp_path):
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    bashrc = _outside(tmp_path, ".bashrc")
+    (run / "monitor.json").symlink_to(bashrc)
+    with pytest.raises(DockyardError, match=r"monitor.json is a symbolic link \(to .*\.bashrc\)"):
+        launch_run.new_run_dir(s, "zero2", "r1", resume=True)
+    (tmp_path / "runs" / "r2").symlink_to(tmp_path / "home")
+    with pytest.raises(DockyardError, match="r2 is a symbolic link"):
+        launch_run.new_run_dir(s, "zero2", "r2", resume=True)
+    assert bashrc.read_text() == "# .bashrc: the user's own\n"
+
+
+def _claim(folder: str, marker, start, out) -> None:
+    start.wait()
+    try:
+        runfolder.claim(Path(folder), marker)
+        out.put("won")
+    except DockyardError as e:
+        out.put(str(e))
+
+
+@pytest.mark.parametrize("marker", [None, launch_run.CLAIM])
+def test_of_runs_claiming_one_folder_at_once_exactly_one_gets_it(tmp_path, marker):
+    """os.mkdir (or, where the other nodes made the folder first, an O_EXCL file) decides: no exists-then-create."""
+    ctx = multiprocessing.get_context("fork")
+    start, out = ctx.Barrier(8), ctx.Queue()
+    folder = tmp_path / "runs" / "same-id"
+    if marker:
+        folder.mkdir(parents=True)
+        (folder / "manifest-node1.json").write_text("{}")  # node 1 was there first: not a run
+    procs = [ctx.Process(target=_claim, args=(str(folder), marker, start, out)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join()
+    assert results.count("won") == 1
+    assert all("already holds a run" in r for r in results if r != "won")
+    if marker:
+        (folder / "manifest-node1.json").read_text()  # the losers deleted nothing
+
+
+def test_a_failed_run_is_reported_from_its_manifest_whatever_it_holds(tmp_path, capsys):
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({
+        "run_id": "r1", "recipe": "ddp", "status": "failed", "world_size": 2, "nodes": 1,
+        "strategy": {"requested": "ddp", "in_effect": None, "peft": None},
+        "metrics": {"steps": 0, "loss_first": None, "loss_last": None}, "error": "unknown setting(s): nope"}))
+    with pytest.raises(DockyardError, match=r"run r1 failed: unknown setting\(s\): nope"):
+        launch_run.summarise(run)
+    assert "run r1: failed · recipe ddp" in capsys.readouterr().out
+    for text, says in (("{", "is not valid JSON"), ("[]", "not a manifest the trainer writes"),
+                       ('{"run_id": "r1", "status": "failed", "strategy": {"in_effect": 3}}', "strategy.in_effect"),
+                       ('{"run_id": "r1", "status": "failed", "metrics": {"loss_first": "x"}}', "metrics.loss_first")):
+        (run / "manifest.json").write_text(text)
+        with pytest.raises(DockyardError, match=says):
+            launch_run.summarise(run)
+
+
+def test_a_fifo_planted_as_the_manifest_does_not_hang_the_host(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    os.mkfifo(run / "manifest.json")
+    result = []
+    t = threading.Thread(target=lambda: result.append(pytest.raises(DockyardError, launch_run.summarise, run)), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "summarise blocked on a fifo"
+    assert "not a regular file" in str(result[0].value)
+
+
+def test_a_recipe_file_linked_from_outside_its_folder_is_refused(tmp_path):
+    from dockyard.common import recipes
+    from dockyard.settings import ROOT
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text((ROOT / "recipes" / "zero2" / "recipe.yaml").read_text())
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text((ROOT / "recipes" / "zero2" / "ds_config.json").read_text())
+    (folder / "ds_config.json").symlink_to(outside)
+    with pytest.raises(DockyardError, match="ds_config.json is a link to .*elsewhere.json, outside the recipe folder"):
+        recipes.load_recipe(folder)
+    (folder / "ds_config.json").unlink()
+    (folder / "ds_config.json").write_text(outside.read_text())
+    (folder / "notes").symlink_to(tmp_path)  # any file of the recipe, not only the ones it names
+    with pytest.raises(DockyardError, match="notes is a link to"):
+        recipes.load_recipe(folder)
+    (folder / "notes").unlink()
+    (folder / "copy.json").symlink_to("ds_config.json")  # a link inside the folder stays inside it
+    assert recipes.load_recipe(folder).deepspeed == "ds_config.json"
+
+
+def test_the_slurm_script_and_the_kubernetes_files_in_the_runs_folder_replace_planted_links(settings, tmp_path):
+    """Their default place is the runs folder, which containers write: a link there (to ~/.bashrc) was written
+    through, and the sbatch script's chmod 755 applied to the target."""
+    from dockyard.launch import k8s, slurm
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    (tmp_path / "runs" / "slurm").mkdir(parents=True)
+    (tmp_path / "runs" / "k8s" / "r1").mkdir(parents=True)
+    bashrc = _outside(tmp_path, ".bashrc")
+    bashrc.chmod(0o600)
+    planted = [tmp_path / "runs" / "slurm" / "zero2-2n.sbatch", tmp_path / "runs" / "k8s" / "r1" / "job.yaml",
+               tmp_path / "runs" / "k8s" / "r1" / ".trainjob.yaml.partial"]
+    for link in planted:
+        link.symlink_to(bashrc)
+    script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=1, overrides=[], variant="cpu")
+    k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=1, variant="cpu", run_id="r1")
+    assert bashrc.read_text() == "# .bashrc: the user's own\n" and bashrc.stat().st_mode & 0o777 == 0o600
+    assert not script.is_symlink() and script.stat().st_mode & 0o777 == 0o755 and "srun" in script.read_text()
+    assert "kind: Job" in (tmp_path / "runs" / "k8s" / "r1" / "job.yaml").read_text()
