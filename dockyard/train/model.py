@@ -182,5 +182,5 @@ def model_shape(folder: Path) -> Any:
                       layers=getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0),
                       vocab=getattr(config, "vocab_size", 0),
                       intermediate=getattr(config, "intermediate_size", 0) or 4 * hidden,
-                      kv_hidden=kv_heads * head_dim, linear_params=linear, lora_params=lora,
+                      kv_hidden=kv_heads * head_dim, q_hidden=heads * head_dim, linear_params=linear, lora_params=lora,
                       source=f"{folder}/config.json")
