@@ -6,25 +6,14 @@ micro-batch never above what the plan says fits on that GPU with the margin."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from dockyard.gpus import Recorded
 from dockyard.machine import plan
 from dockyard.recipes import load_recipe
+from tests.support.measured import H100, measured_shape
 
-ROOT = Path(__file__).resolve().parents[2]
-H100 = ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "h100x1_580.json"
 GIB = plan.GIB
-
-# The config the GPU ran: benchmarks/recipes.py's ONE_B applied to dockyard/train/assets/tiny-llama/config.json.
-# head_dim 16 is the tiny model's (64 / 4 heads), which ONE_B does not reset: 32 query heads of 16 (q width 512).
-# That is the model measured (944,334,848 parameters), so the test keeps it whatever ONE_B becomes.
-MEASURED_MODEL = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
-                  "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 16, "vocab_size": 32000,
-                  "max_position_embeddings": 4096, "tie_word_embeddings": False}
 
 # (recipe, micro-batch, lora_dropout, measured GiB). The issue gives micro-batch 8 in GiB and micro-batch 1 as the
 # ratio of the plan at a5eb2cf to the measured peak (ddp 1.19 with 17.4 GiB in the table, zero2 1.03,
@@ -46,11 +35,7 @@ MEASURED = [
 
 @pytest.fixture(scope="module")
 def shape(tmp_path_factory) -> plan.Shape:
-    folder = tmp_path_factory.mktemp("one-b")
-    (folder / "config.json").write_text(json.dumps(MEASURED_MODEL))
-    s = plan.shape_from_folder(folder)
-    assert s.params == 944_334_848  # the parameter count the GPU runs recorded
-    return s
+    return measured_shape(tmp_path_factory.mktemp("one-b"))
 
 
 @pytest.mark.parametrize("name,batch,dropout,measured_gib", MEASURED,
