@@ -31,7 +31,6 @@ from dockyard.recipes import Recipe, Sizes
 GIB = 2**30
 OVERHEAD = 1 * GIB     # per GPU: CUDA context, NCCL buffers, allocator slack
 LORA_RANK = 16         # the adapters' rank on every linear layer of the decoder (the recipes' default)
-LORA_DROPOUT = 0.0     # and their dropout (recipes/defaults.yaml)
 # `--model 8B` with no config: a Llama-3-shaped decoder (vocab 128256, MLP 3.5·h, K/V h/4, h/128 layers)
 ASSUMED_VOCAB = 128256
 
@@ -150,7 +149,7 @@ MARGIN = 0.10          # the auto micro-batch leaves this share of the GPU free:
 class Regime:
     """How a run computes, as far as its memory goes: what the trainer resolves for it (autos included)."""
 
-    lora_dropout: float = 0.0
+    lora_dropout: float = 0.0    # recipes/defaults.yaml's default
     compiled: bool = False       # torch_compile
     liger: bool = False          # Liger's fused linear cross-entropy: no fp32 logits
     accumulation: int = 1        # gradient accumulation steps: above 1, gradients stay allocated between steps
@@ -243,8 +242,7 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
     rows = []
     for recipe in recipes.list_recipes() if recipe_list is None else recipe_list:
         plain, ckpt = (estimate(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
-                                batch=batch, gradient_checkpointing=g, regime=Regime(lora_dropout=LORA_DROPOUT))
-                       for g in (False, True))
+                                batch=batch, gradient_checkpointing=g) for g in (False, True))
         # Offloaded states live in host memory all run long; without offload the host figure is only the
         # loading-time worst case (every rank holding a copy), which low-memory loading avoids: shown, not gated.
         offloads = recipe.spec.offloads and not recipe.peft
@@ -356,7 +354,8 @@ def print_plan(result: dict) -> None:
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
                   + f" — {rec['why']}")
-    console.print("[dim]per GPU includes 1 GiB for the CUDA context and NCCL; fsdp needs what zero3 needs; host/node "
+    console.print("[dim]per GPU is the peak of a step: the states held when activations peak (full fine-tuning's "
+                  "gradients come later), the engine's buckets, and 1 GiB for the CUDA context and NCCL; host/node "
                   "is what offloading keeps in RAM, else the worst case while loading the checkpoint.[/]")
 
 

@@ -24,3 +24,30 @@ def measured_shape(folder: Path) -> plan.Shape:
     shape = plan.shape_from_folder(folder)
     assert shape.params == 944_334_848  # the parameter count the GPU runs recorded
     return shape
+
+
+def make_measured_model(folder: Path) -> Path:
+    """The measured model itself (random weights, saved in bf16) with the tiny model's tokenizer: for GPU tests."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from dockyard.train.recipe import TINY_MODEL
+
+    config = AutoConfig.from_pretrained(TINY_MODEL, **{k: v for k, v in MEASURED_MODEL.items() if k != "model_type"})
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(folder)
+    return folder
+
+
+def long_documents(path: Path, tokens: int, count: int = 64) -> Path:
+    """Text examples of at least `tokens` tokens of the tiny tokenizer, from the shipped sample's lines."""
+    import random
+
+    from dockyard.train.recipe import DATA
+
+    lines = [json.loads(x)["text"] for x in (DATA / "sample.jsonl").read_text().splitlines()]
+    rng = random.Random(0)
+    per_doc = max(1, tokens // 20)  # a sample line is 45 tokens or so: twice what is needed
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choices(lines, k=per_doc))}) + "\n" for _ in range(count)))
+    return path
