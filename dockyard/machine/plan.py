@@ -18,6 +18,7 @@ imports this module inside the image too, to put its prediction next to the meas
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -215,13 +216,19 @@ def estimate(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: in
             "gpu_reserved_bytes": reserved, "gpu_bytes": reserved + OVERHEAD, "host_bytes": host}
 
 
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, smallest first (up to √n steps: a global batch of a billion still answers at once)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
 def largest_micro_batch(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: int, seq_len: int,
                         per_rank: int, gpu_mem: int, checkpointing: bool,
                         regime: Regime = Regime()) -> tuple[int, dict] | None:
     """The largest micro-batch dividing `per_rank` (the examples each rank takes per optimizer step) whose
     predicted GPU bytes stay within (1 - MARGIN) of `gpu_mem`, with its estimate; None when not even 1 fits."""
     budget = gpu_mem * (1 - MARGIN)
-    for m in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):
+    for m in divisors(per_rank)[::-1]:
         accumulation = per_rank // m
         est = estimate(shape, recipe, world_size=world_size, gpus_per_node=gpus_per_node, seq_len=seq_len, batch=m,
                        gradient_checkpointing=checkpointing,

@@ -175,3 +175,12 @@ def test_padding_free_can_be_set_but_not_for_classification():
         autos.resolve_padding_free(True, "text_label", "seq_cls", None, "sdpa", 8, 128)
     with pytest.raises(DockyardError, match="true, false or auto"):
         autos.resolve_padding_free("yes", "messages", "causal_lm", None, "sdpa", 8, 128)
+
+
+def test_a_huge_global_batch_is_answered_at_once(shape):
+    huge = 2 * 3 * 5 * 7 * 11 * 13 * 10**6
+    r = resolve("ddp", {"max_seq_length": 2048, "global_batch": huge}, device=H100_GPU, shape=shape)
+    # steps that long repay compiling, whose smaller activations fit 16 (measured: 61.0 GiB on the H100)
+    assert values(r)["torch_compile"] is True
+    assert (values(r)["per_device_train_batch_size"], values(r)["gradient_accumulation_steps"]) == (16, huge // 16)
+    assert plan.divisors(12) == [1, 2, 3, 4, 6, 12] and plan.divisors(1) == [1] and plan.divisors(49) == [1, 7, 49]
