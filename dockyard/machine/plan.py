@@ -223,12 +223,13 @@ def divisors(n: int) -> list[int]:
 
 
 def largest_micro_batch(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: int, seq_len: int,
-                        per_rank: int, gpu_mem: int, checkpointing: bool,
-                        regime: Regime = Regime()) -> tuple[int, dict] | None:
-    """The largest micro-batch dividing `per_rank` (the examples each rank takes per optimizer step) whose
-    predicted GPU bytes stay within (1 - MARGIN) of `gpu_mem`, with its estimate; None when not even 1 fits."""
+                        per_rank: int, gpu_mem: int, checkpointing: bool, regime: Regime = Regime(),
+                        candidates: list[int] | None = None) -> tuple[int, dict] | None:
+    """The largest micro-batch dividing `per_rank` (the examples each rank takes per optimizer step; or the
+    largest of `candidates`) whose predicted GPU bytes stay within (1 - MARGIN) of `gpu_mem`, with its estimate;
+    None when none fits."""
     budget = gpu_mem * (1 - MARGIN)
-    for m in divisors(per_rank)[::-1]:
+    for m in sorted(candidates or divisors(per_rank), reverse=True):
         accumulation = per_rank // m
         est = estimate(shape, recipe, world_size=world_size, gpus_per_node=gpus_per_node, seq_len=seq_len, batch=m,
                        gradient_checkpointing=checkpointing,

@@ -27,6 +27,9 @@ from dockyard.machine import plan
 from dockyard.recipes import Recipe
 
 AUTO = "auto"
+SET = "set"                    # the why of a setting given in a recipe or on the command line, not resolved
+TRAINING = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "torch_compile",
+            "use_liger_kernel")
 CPU_MICRO_BATCH = 8            # the micro-batch every run had before the autos (and the default global batch per rank)
 # torch.compile pays when the time it saves exceeds the time it takes. Measured on one H100 (issue 24): the 944M
 # model (22 layers) compiles in 80-90 s and then runs 19 % faster per token (48.5k → 60.1k tokens/s under DDP).
@@ -128,25 +131,27 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     if use_liger is True and compile_:
         raise DockyardError("use_liger_kernel and torch_compile do not work together (Liger's kernels fail under "
                             "torch.compile): turn one of them off")
-    liger_ok = _liger_applies(recipe, settings, device, kind, liger, compile_) if use_liger == AUTO else ""
+    liger_ok = use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compile_)
 
     dropout = float(getattr(settings, "lora_dropout", 0.0))
-    if micro != AUTO or accum != AUTO or device is None or shape is None:
-        m = micro if micro != AUTO else (per_rank // accum if accum != AUTO else _cpu_micro(per_rank))
+    given = micro if micro != AUTO else per_rank // accum if accum != AUTO else None
+    if device is None or shape is None:
+        m = given or _cpu_micro(per_rank)
         gc_on = gc if gc != AUTO else bool(recipe.peft)
-        why_m = ("set" if micro != AUTO else "global_batch / gradient_accumulation_steps" if accum != AUTO
-                 else f"CPU: {CPU_MICRO_BATCH} as before" if device is None else "the model could not be sized")
-        lig = use_liger if use_liger != AUTO else False
-        out.note("per_device_train_batch_size", m, why_m)
+        lig = use_liger is True
+        cpu = device is None
+        if micro == AUTO:
+            out.note("per_device_train_batch_size", m, "global_batch / gradient_accumulation_steps" if given else
+                     f"CPU: {CPU_MICRO_BATCH} as before" if cpu else "the model could not be sized: 8 as on CPU")
         if gc == AUTO:
             out.note("gradient_checkpointing", gc_on, "CPU: as before (on for the adapter recipes, off for full "
-                     "fine-tuning)" if device is None else "as on CPU: the model could not be sized")
+                     "fine-tuning)" if cpu else "the model could not be sized: as on CPU")
         if use_liger == AUTO:
             out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_)
-                     or "the micro-batch is not fitted to the GPU here: Liger goes on only where it buys a larger one")
+                     or "the model could not be sized, so whether memory binds is not known")
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
-                             per_rank, gc, use_liger, liger_ok, plan.Regime(dropout, compile_))
+                             per_rank, given, gc, use_liger, liger_ok, plan.Regime(dropout, compile_))
         if use_liger == AUTO and not liger_ok:
             out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_))
     if per_rank % m:
@@ -162,6 +167,8 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                  f"{world_size} process(es))")
     out.overrides.update(per_device_train_batch_size=m, gradient_accumulation_steps=a,
                          gradient_checkpointing=bool(gc_on), torch_compile=bool(compile_), use_liger_kernel=bool(lig))
+    for key, value in (("global_batch", per_rank * world_size), *((k, out.overrides[k]) for k in TRAINING)):
+        out.record.setdefault(key, {"value": value, "why": SET})
     out.regime = plan.Regime(dropout, bool(compile_), bool(lig), a)
     return out
 
@@ -255,41 +262,50 @@ def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: s
 
 
 def _fit(out: Resolved, recipe: Recipe, shape: plan.Shape, device: Device, world: int, gpn: int, seq: int,
-         per_rank: int, gc: bool | str, use_liger: bool | str, liger_ok: bool,
+         per_rank: int, given: int | None, gc: bool | str, use_liger: bool | str, liger_ok: bool,
          regime: plan.Regime) -> tuple[int, bool, bool]:
-    """The micro-batch, checkpointing and Liger from the plan's memory model on this GPU."""
+    """The micro-batch (the largest that fits, or the one given), checkpointing and Liger from the plan's memory
+    model on this GPU."""
     def largest(ckpt: bool, lig: bool):
         r = plan.Regime(regime.lora_dropout, regime.compiled, lig)
         return plan.largest_micro_batch(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq,
-                                        per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt, regime=r)
+                                        per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt, regime=r,
+                                        candidates=[given] if given else None)
 
     gib = plan.GIB
     budget = f"{device.memory_bytes * (1 - plan.MARGIN) / gib:.1f} GiB ({1 - plan.MARGIN:.0%} of the {device.name})"
-    ligers = [False, True] if use_liger == AUTO and liger_ok else [bool(use_liger is True)]
+    ligers = [False, True] if liger_ok else [use_liger is True]
     for ckpt in ([False, True] if gc == AUTO else [gc]):
-        found = [(lig, largest(ckpt, lig)) for lig in ligers]
-        found = [(lig, r) for lig, r in found if r]
+        found = [(lig, r) for lig in ligers if (r := largest(ckpt, lig))]
         if not found:
             continue
         lig, (m, est) = max(found, key=lambda f: (f[1][0], not f[0]))  # the larger micro-batch; without Liger on a tie
         need = f"{est['gpu_bytes'] / gib:.1f} GiB"
-        if m == per_rank:
-            why = f"all {per_rank} examples per process fit at once: {need} of {budget}"
-        else:
-            why = (f"the largest divisor of the {per_rank} examples per process that fits: {need} of {budget}; "
-                   f"accumulation makes up the rest")
-        out.note("per_device_train_batch_size", m, why)
+        if not given:
+            out.note("per_device_train_batch_size", m, f"all {per_rank} examples per process fit at once: {need} of "
+                     f"{budget}" if m == per_rank else f"the largest divisor of the {per_rank} examples per process "
+                     f"that fits: {need} of {budget}; accumulation makes up the rest")
         if gc == AUTO:
-            out.note("gradient_checkpointing", ckpt, "needed: not even one example fits without it" if ckpt
-                     else "not needed: the micro-batch fits without it")
-        if use_liger == AUTO and liger_ok:
+            out.note("gradient_checkpointing", ckpt, (f"needed: micro-batch {given} does not fit without it" if given
+                     else "needed: not even one example fits without it")
+                     if ckpt else f"not needed: micro-batch {m} fits without it ({need} of {budget})")
+        if liger_ok:
             plain = dict(found).get(False)
             out.note("use_liger_kernel", lig,
-                     f"memory binds: its fused loss (no fp32 logits) fits micro-batch {m} instead of "
-                     f"{plain[0] if plain else 'none'}" if lig else
-                     "memory does not bind here, and on ~1B models at small batches Liger's kernels are reported "
+                     (f"memory binds: its fused loss (no fp32 logits) fits micro-batch {m} instead of "
+                      f"{plain[0] if plain else 'none'}" if not given else
+                      f"memory binds: micro-batch {m} fits with its fused loss (no fp32 logits), not without") if lig
+                     else "memory does not bind here, and on ~1B models at small batches Liger's kernels are reported "
                      "slower: kept for when they buy a larger micro-batch")
         return m, ckpt, lig
+    if given:  # the user's micro-batch: run it as asked, with checkpointing unless told otherwise
+        ckpt = gc if gc != AUTO else True
+        if gc == AUTO:
+            out.note("gradient_checkpointing", True, f"micro-batch {given} does not fit {budget} even with it by the "
+                     "plan's estimate: on, and the run goes as asked")
+        if liger_ok:
+            out.note("use_liger_kernel", False, "memory binds beyond what Liger's fused loss saves")
+        return given, ckpt, use_liger is True
     raise DockyardError(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}"
                         + (" with gradient checkpointing" if gc is not False else "")
                         + " by the plan's estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")

@@ -105,6 +105,12 @@ def test_checkpointing_only_where_nothing_fits_without_it(shape):
         resolve("lora", {"max_seq_length": 16384, "gradient_checkpointing": False}, device=T4_GPU, shape=shape)
     with pytest.raises(DockyardError, match="ddp: not even one example .* with gradient checkpointing"):
         resolve("ddp", {"max_seq_length": 2048}, device=T4_GPU, shape=shape)
+    # a micro-batch given is run as asked: checkpointing on where the plan says it does not fit without it
+    given = resolve("lora", {"max_seq_length": 2048, "per_device_train_batch_size": 8}, device=T4_GPU, shape=shape)
+    assert values(given)["gradient_checkpointing"] is True and values(given)["per_device_train_batch_size"] == 8
+    assert given.record["per_device_train_batch_size"] == {"value": 8, "why": "set"}
+    small = resolve("lora", {"max_seq_length": 2048, "per_device_train_batch_size": 1}, device=T4_GPU, shape=shape)
+    assert values(small)["gradient_checkpointing"] is False
 
 
 def test_torch_compile_goes_on_for_ddp_only_when_the_run_repays_it(shape):
@@ -117,7 +123,7 @@ def test_torch_compile_goes_on_for_ddp_only_when_the_run_repays_it(shape):
         r = resolve(name, {"max_seq_length": 2048, "max_steps": 5000}, device=H100_GPU, shape=shape)
         assert values(r)["torch_compile"] is False and word in r.record["torch_compile"]["why"]
     given = resolve("ddp", {"torch_compile": True}, device=H100_GPU, shape=shape)
-    assert values(given)["torch_compile"] is True and "torch_compile" not in given.record
+    assert given.record["torch_compile"] == {"value": True, "why": "set"}
 
 
 def test_liger_goes_on_only_where_memory_binds_and_its_kernels_apply(shape):
