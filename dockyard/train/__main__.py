@@ -134,6 +134,7 @@ class Prepared:
     examples: list[dict[str, Any]]
     eval_examples: list[dict[str, Any]]  # empty: no evaluation
     resume_from: str | None
+    padding_free: bool = False         # batches packed into one row (autos.resolve_padding_free)
 
 
 def train(overrides: dict[str, Any], run: Run) -> None:
@@ -150,7 +151,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
 
     from dockyard.common import runfolder
     from dockyard.machine import planner
-    from dockyard.train import checkpoints, data, guards, manifest, nodes
+    from dockyard.train import autos, checkpoints, data, guards, manifest, nodes
     from dockyard.train import model as models
 
     recipe = run.recipe = load_recipe(run.opts.recipe)
@@ -188,6 +189,11 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         _, need = planner.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
+    device = autos.device_from_torch()
+    resolved = autos.resolve(recipe, settings, overrides, world_size=world_size, gpus_per_node=local, device=device,
+                             shape=shape, kind=autos.model_type(model_dir))
+    run.extra["settings_resolved"] = resolved.record
+    overrides = resolved.overrides
     args = training_arguments(recipe, settings, overrides, run_dir)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run_dir, run.is_main)
@@ -205,7 +211,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     run.extra["data"] = loaded.info
     labels = loaded.labels
     if shape:
-        run.extra["plan"] = predicted(shape, recipe, settings, args, local)
+        run.extra["plan"] = predicted(shape, recipe, settings, args, local, resolved.regime)
 
     transformers.set_seed(args.seed)
     model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
@@ -214,7 +220,11 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         run.extra["model"]["quantized_layers"] = models.count_4bit_layers(model)
     if recipe.peft:
         model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
-    return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last)
+    packed, why = autos.resolve_padding_free(settings.padding_free, loaded.info["format"], settings.task, device,
+                                             getattr(model.config, "_attn_implementation", "") or "",
+                                             args.per_device_train_batch_size, settings.max_seq_length)
+    run.extra["settings_resolved"]["padding_free"] = {"value": packed, "why": why}
+    return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed)
 
 
 def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
@@ -233,7 +243,8 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens)
     trainer = Trainer(model=p.model, args=p.args, train_dataset=p.examples, eval_dataset=p.eval_examples or None,
                       processing_class=p.tokenizer,
-                      data_collator=data.collate(p.tokenizer.pad_token_id, tokens), callbacks=[check, metrics])
+                      data_collator=(data.collate_packed(tokens) if p.padding_free
+                                     else data.collate(p.tokenizer.pad_token_id, tokens)), callbacks=[check, metrics])
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
         trainer.remove_callback(cb)
     check.trainer = trainer
@@ -284,7 +295,8 @@ def model_shape(model_dir: Path, run: Run) -> Any:
         return None
 
 
-def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int) -> dict[str, Any]:
+def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int,
+              regime: Any) -> dict[str, Any]:
     """`invoke plan`'s estimate for this run, next to the measured peak in the manifest. Only a record:
     an estimate that cannot be made never fails the run."""
     from dockyard.machine import planner
@@ -293,7 +305,7 @@ def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus
         return planner.estimate(shape, recipe, world_size=args.world_size,
                              gpus_per_node=gpus_per_node, seq_len=settings.max_seq_length,
                              batch=args.per_device_train_batch_size,
-                             gradient_checkpointing=args.gradient_checkpointing)
+                             gradient_checkpointing=args.gradient_checkpointing, regime=regime)
     except Exception as e:  # noqa: BLE001 - see the docstring
         return {"error": f"{type(e).__name__}: {e}"}
 

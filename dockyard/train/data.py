@@ -376,3 +376,23 @@ def collate(pad_id: int, tokens: Any = None):
         return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": labels}
 
     return pad_batch
+
+
+def collate_packed(tokens: Any = None):
+    """Padding-free batches for causal LM: the batch's examples end to end in one row, no padding, position ids
+    restarting at 0 for each example and the first label of each left out (transformers'
+    DataCollatorWithFlattening), so no token attends to or predicts across an example's boundary: flash
+    attention reads the boundaries from the position ids, SDPA gets a block-diagonal mask from them. transformers
+    looks for those boundaries only without a KV cache, which a model makes in training too unless told not to:
+    hence use_cache False in every batch. `tokens` counts tokens as `collate` does."""
+    from transformers import DataCollatorWithFlattening
+
+    flatten = DataCollatorWithFlattening(return_tensors="pt", separator_id=IGNORE)
+
+    def pack_batch(batch: list[dict[str, Any]]) -> dict[str, Any]:
+        if tokens is not None:
+            with tokens.get_lock():
+                tokens.value += sum(len(ex["input_ids"]) for ex in batch)
+        return {**flatten([{"input_ids": ex["input_ids"], "labels": ex["labels"]} for ex in batch]), "use_cache": False}
+
+    return pack_batch

@@ -116,12 +116,14 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
 
 
 def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpointing: bool) -> Any:
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    """LoRA adapters on the frozen base, the same way for a 16-bit (lora) and a 4-bit (qlora) base. Not through
+    peft's prepare_model_for_kbit_training: it casts every non-quantized weight (norms, embeddings, the output
+    layer) to fp32, which makes the residual stream and the logits fp32 and put QLoRA's peak above full
+    fine-tuning's on an H100 (54.5 GiB against 53.4 at micro-batch 8). bf16 norms and head train the adapters as
+    well (LoRA always ran that way) and are what the saved adapter is reloaded onto."""
+    from peft import LoraConfig, get_peft_model
 
-    if recipe.peft == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif gradient_checkpointing:
+    if gradient_checkpointing:
         # With the base frozen, checkpointed blocks see inputs that need no grad, and the adapters would
         # receive none: the model would silently not learn.
         model.enable_input_require_grads()
@@ -182,5 +184,5 @@ def model_shape(folder: Path) -> Any:
                       layers=getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0),
                       vocab=getattr(config, "vocab_size", 0),
                       intermediate=getattr(config, "intermediate_size", 0) or 4 * hidden,
-                      kv_hidden=kv_heads * head_dim, linear_params=linear, lora_params=lora,
+                      kv_hidden=kv_heads * head_dim, q_hidden=heads * head_dim, linear_params=linear, lora_params=lora,
                       source=f"{folder}/config.json")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from dockyard import ROOT
 from dockyard.common.errors import DockyardError, problems
@@ -40,8 +40,10 @@ class RunSettings(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     lora_r: int = 16
     lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    lora_dropout: float = 0.0
     lora_target_modules: str | list[str] = "all-linear"
+    global_batch: StrictInt | Literal["auto"] = "auto"  # examples per optimizer step over all processes
+    padding_free: StrictBool | Literal["auto"] = "auto"  # instruction/chat examples packed into one row per batch
 
     @property
     def data_path(self) -> Path:

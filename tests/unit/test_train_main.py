@@ -5,26 +5,31 @@ from __future__ import annotations
 import pytest
 
 from dockyard.common.recipes import load_recipe
+from dockyard.train import autos
 from dockyard.train.__main__ import training_arguments
 from dockyard.train.recipe import resolve_settings
+
+
+def cpu_arguments(name: str, given: dict, run_dir):
+    """TrainingArguments as the trainer builds them on CPU: settings, then the autos resolved, then the arguments."""
+    recipe = load_recipe(name)
+    settings, overrides = resolve_settings(recipe, given)
+    resolved = autos.resolve(recipe, settings, overrides, world_size=1, gpus_per_node=1, device=None, shape=None)
+    return training_arguments(recipe, settings, resolved.overrides, run_dir)
 
 
 @pytest.mark.parametrize("name", ["lora", "qlora"])
 def test_adapters_train_with_non_reentrant_checkpointing_and_no_unused_parameter_search(tmp_path, name):
     """Reentrant checkpointing under DDP marks the adapter weights ready twice and the run dies at step 1:
     the arguments the trainer really hands the HF Trainer must carry the fix."""
-    recipe = load_recipe(name)
-    settings, overrides = resolve_settings(recipe, {})
-    args = training_arguments(recipe, settings, overrides, tmp_path)
-    assert args.gradient_checkpointing is True  # the recipe's own setting
+    args = cpu_arguments(name, {}, tmp_path)
+    assert args.gradient_checkpointing is True  # auto on CPU: on for the adapter recipes, as they always were
     assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
     assert args.ddp_find_unused_parameters is False
 
 
 def test_full_fine_tuning_does_not_search_for_unused_parameters(tmp_path):
-    recipe = load_recipe("ddp")
-    settings, overrides = resolve_settings(recipe, {"gradient_checkpointing": True})
-    args = training_arguments(recipe, settings, overrides, tmp_path)
+    args = cpu_arguments("ddp", {"gradient_checkpointing": True}, tmp_path)
     assert args.gradient_checkpointing is True and args.ddp_find_unused_parameters is False
     assert args.output_dir == str(tmp_path / "checkpoints")
 
@@ -36,9 +41,7 @@ def test_fsdp_cpu_ram_efficient_loading_is_set_before_the_model_loads(tmp_path, 
 
     for k in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
         monkeypatch.delenv(k, raising=False)
-    recipe = load_recipe("fsdp")
-    settings, overrides = resolve_settings(recipe, {})
-    training_arguments(recipe, settings, overrides, tmp_path)  # what the trainer runs before from_pretrained
+    cpu_arguments("fsdp", {}, tmp_path)  # what the trainer runs before from_pretrained
     assert os.environ.get("ACCELERATE_USE_FSDP") == "true"
     monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
     assert is_fsdp_enabled()  # what from_pretrained asks (distributed faked: no process group here)

@@ -1,0 +1,340 @@
+"""The settings that may be `auto` (recipes/defaults.yaml): what each becomes on the GPU at hand, and why.
+
+    per_device_train_batch_size, gradient_accumulation_steps, gradient_checkpointing: the largest micro-batch
+        the plan's memory model says fits this GPU with its margin (dockyard.machine.planner), checkpointing only
+        where not even one example fits without it, accumulation making up `global_batch`;
+    torch_compile: on for full fine-tuning under DDP when the run is long enough to repay the compilation;
+    use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
+    padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data.
+
+On CPU every auto is what the project did before: micro-batch 8, no accumulation, checkpointing for the adapter
+recipes only, no compilation, no Liger, padded batches. What each became is written into the manifest
+(`settings_resolved`, with the reason); any of them can be set instead (recipe file or `-- --key value`).
+Plain functions over plain data: the trainer passes the GPU it sees (torch.cuda), tests pass recorded hosts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import Recipe
+from dockyard.gpus import Host
+from dockyard.machine import planner
+
+AUTO = "auto"
+SET = "set"                    # the why of a setting given in a recipe or on the command line, not resolved
+TRAINING = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "torch_compile",
+            "use_liger_kernel")
+CPU_MICRO_BATCH = 8            # the micro-batch every run had before the autos (and the default global batch per rank)
+# torch.compile pays when the time it saves exceeds the time it takes. Measured on one H100 (issue 24): the 944M
+# model (22 layers) compiles in 80-90 s and then runs 19 % faster per token (48.5k → 60.1k tokens/s under DDP).
+COMPILE_SECONDS_PER_LAYER = 4.0
+COMPILE_SAVING = 0.19
+# The step time the saving is taken from: the H100's uncompiled rate (48.5k tokens/s × 6.38 GFLOP per token).
+# A slower GPU takes longer per step, so compilation pays sooner there: the rule errs towards leaving it off.
+UNCOMPILED_FLOPS = 3.1e14
+COMPILE_MIN_CAPABILITY = (7, 0)  # triton's kernels need Volta or newer
+# Liger's kernels cover these model types (liger_kernel.transformers; the installed package's own list wins).
+LIGER_TYPES = ("llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "qwen2", "qwen3", "phi3", "granite",
+               "olmo2", "glm4")
+PADDING_FREE_FORMATS = ("prompt_completion", "messages", "alpaca", "sharegpt")
+# With SDPA, transformers masks a packed row block-diagonally (exact) but still computes attention over the whole
+# row: worth it only while the row is short next to the linear layers' work.
+PACKED_SDPA_MAX_TOKENS = 4096
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+@dataclass(frozen=True)
+class Device:
+    """The GPU the run plans for: the smallest of this node's."""
+
+    name: str
+    memory_bytes: int
+    capability: tuple[int, int]
+
+
+def device_from_host(host: Host) -> Device | None:
+    """From NVML (dockyard.gpus): the GPU with the least memory, or None without GPUs."""
+    if not host.gpus:
+        return None
+    g = min(host.gpus, key=lambda g: g.memory_bytes)
+    major, _, minor = (g.capability or "0.0").partition(".")
+    return Device(g.name, g.memory_bytes, (int(major or 0), int(minor or 0)))
+
+
+def device_from_torch() -> Device | None:
+    """Inside the trainer: the smallest GPU this process can see (every rank then resolves the same values)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    p = min(props, key=lambda p: p.total_memory)
+    return Device(p.name, int(p.total_memory), (p.major, p.minor))
+
+
+@dataclass
+class Resolved:
+    overrides: dict[str, Any]                  # TrainingArguments values with every auto replaced
+    record: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest's settings_resolved
+    regime: planner.Regime = planner.Regime()        # what the plan needs to know about the run
+
+    def note(self, key: str, value: Any, why: str) -> None:
+        self.record[key] = {"value": value, "why": why}
+
+
+def model_type(model_dir: str) -> str:
+    try:
+        return str(json.loads((Path(model_dir) / "config.json").read_text()).get("model_type", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def liger_types() -> tuple[str, ...]:
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except Exception:  # noqa: BLE001 - not installed, or a version without the table: our own list
+        return LIGER_TYPES
+    return tuple(MODEL_TYPE_TO_APPLY_LIGER_FN)
+
+
+# --- the training settings (before TrainingArguments) --------------------------------------------------
+
+def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_size: int, gpus_per_node: int,
+            device: Device | None, shape: planner.Shape | None, kind: str = "", liger: bool | None = None) -> Resolved:
+    """Every training auto: batch sizes, checkpointing, compilation, Liger. `kind` is the model_type,
+    `liger` whether liger-kernel is installed (None: look)."""
+    out = Resolved({**overrides})
+    micro = _count(overrides.get("per_device_train_batch_size", AUTO), "per_device_train_batch_size")
+    accum = _count(overrides.get("gradient_accumulation_steps", AUTO), "gradient_accumulation_steps")
+    glob = _count(settings.global_batch, "global_batch")
+    gc = _switch(overrides.get("gradient_checkpointing", AUTO), "gradient_checkpointing")
+    compile_ = _switch(overrides.get("torch_compile", AUTO), "torch_compile")
+    use_liger = _switch(overrides.get("use_liger_kernel", AUTO), "use_liger_kernel")
+    liger = liger_installed() if liger is None else liger
+
+    per_rank = _global_batch(out, glob, micro, accum, world_size)
+    compile_ = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
+                        overrides.get("max_steps"), gc)
+    if use_liger is True and not liger:
+        raise DockyardError("use_liger_kernel true needs liger-kernel, which this environment lacks (the CUDA images "
+                            "pin it); set it to auto or false")
+    if use_liger is True and compile_:
+        raise DockyardError("use_liger_kernel and torch_compile do not work together (Liger's kernels fail under "
+                            "torch.compile): turn one of them off")
+    liger_ok = use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compile_)
+
+    dropout = float(getattr(settings, "lora_dropout", 0.0))
+    given = micro if micro != AUTO else per_rank // accum if accum != AUTO else None
+    if device is None or shape is None:
+        m = given or _cpu_micro(per_rank)
+        gc_on = gc if gc != AUTO else bool(recipe.peft)
+        lig = use_liger is True
+        cpu = device is None
+        if micro == AUTO:
+            out.note("per_device_train_batch_size", m, "global_batch / gradient_accumulation_steps" if given else
+                     f"CPU: {CPU_MICRO_BATCH} as before" if cpu else "the model could not be sized: 8 as on CPU")
+        if gc == AUTO:
+            out.note("gradient_checkpointing", gc_on, "CPU: as before (on for the adapter recipes, off for full "
+                     "fine-tuning)" if cpu else "the model could not be sized: as on CPU")
+        if use_liger == AUTO:
+            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_)
+                     or "the model could not be sized, so whether memory binds is not known")
+    else:
+        m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
+                             per_rank, given, gc, use_liger, liger_ok, planner.Regime(dropout, compile_))
+        if use_liger == AUTO and not liger_ok:
+            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_))
+    if per_rank % m:
+        raise DockyardError(f"per_device_train_batch_size {m} does not divide the {per_rank} examples each of the "
+                            f"{world_size} process(es) takes per step (global_batch {per_rank * world_size}): "
+                            f"pick a divisor, or set global_batch")
+    a = per_rank // m
+    if accum != AUTO and accum != a:
+        raise DockyardError(f"global_batch {per_rank * world_size} ≠ per_device_train_batch_size {m} × "
+                            f"gradient_accumulation_steps {accum} × {world_size} process(es): set two of the three")
+    if accum == AUTO:
+        out.note("gradient_accumulation_steps", a, f"global_batch {per_rank * world_size} / ({m} per micro-batch × "
+                 f"{world_size} process(es))")
+    out.overrides.update(per_device_train_batch_size=m, gradient_accumulation_steps=a,
+                         gradient_checkpointing=bool(gc_on), torch_compile=bool(compile_), use_liger_kernel=bool(lig))
+    for key, value in (("global_batch", per_rank * world_size), *((k, out.overrides[k]) for k in TRAINING)):
+        out.record.setdefault(key, {"value": value, "why": SET})
+    out.regime = planner.Regime(dropout, bool(compile_), bool(lig), a)
+    return out
+
+
+def _count(value: Any, key: str) -> int | str:
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DockyardError(f"{key} must be a whole number of examples, 1 or more, or auto (got {value!r})")
+    return value
+
+
+def _switch(value: Any, key: str) -> bool | str:
+    if value == AUTO or isinstance(value, bool):
+        return value
+    raise DockyardError(f"{key} must be true, false or auto (got {value!r})")
+
+
+def _cpu_micro(per_rank: int) -> int:
+    return max(d for d in range(1, min(per_rank, CPU_MICRO_BATCH) + 1) if per_rank % d == 0)
+
+
+def _global_batch(out: Resolved, glob: int | str, micro: int | str, accum: int | str, world: int) -> int:
+    """Examples per process per optimizer step."""
+    if glob == AUTO:
+        glob = (micro if micro != AUTO else CPU_MICRO_BATCH) * (accum if accum != AUTO else 1) * world
+        out.note("global_batch", glob, f"{glob // world} examples per process per step"
+                 + (" (the micro-batch every run had before the autos)" if micro == AUTO and accum == AUTO else "")
+                 + f" × {world} process(es)")
+    if glob % world:
+        raise DockyardError(f"global_batch {glob} cannot be split evenly over {world} processes: make it a multiple "
+                            f"of {world}")
+    return glob // world
+
+
+def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | None, shape: planner.Shape | None,
+             per_rank: int, seq_len: int, max_steps: Any, gc: bool | str) -> bool:
+    if value != AUTO:
+        return bool(value)
+    why = ""
+    if device is None:
+        why = "CPU: off as before"
+    elif recipe.peft or recipe.spec.engine != "ddp":
+        why = ("compiled only under plain DDP full fine-tuning, where it was measured (+24 % tokens/s on an H100); "
+               + ("LoRA/QLoRA: peft's adapter layers and bitsandbytes' 4-bit matmul break the graph"
+                  if recipe.peft else "DeepSpeed wraps the model in its own engine (its own `compile` setting)"
+                  if recipe.spec.engine == "deepspeed" else "FSDP2 wants each layer compiled on its own, which the "
+                  "HF Trainer's whole-model compile does not do"))
+    elif device.capability < COMPILE_MIN_CAPABILITY:
+        why = f"{device.name} (compute {device.capability[0]}.{device.capability[1]}) is older than triton supports"
+    elif gc is True:
+        why = "gradient checkpointing is on: compiling recomputed layers is not measured here"
+    elif shape is None:
+        why = "the model could not be sized"
+    elif not isinstance(max_steps, int) or max_steps <= 0:
+        why = "the run's length is in epochs: its steps are not known before the data loads; set it for a long run"
+    else:
+        cost = COMPILE_SECONDS_PER_LAYER * shape.layers
+        step = per_rank * seq_len * 6 * shape.params / UNCOMPILED_FLOPS
+        saved = max_steps * step * COMPILE_SAVING
+        on = saved >= cost
+        out.note("torch_compile", on, f"{max_steps} steps of about {step:.2f} s would save {saved:.0f} s against "
+                 f"about {cost:.0f} s of compiling ({shape.layers} layers): "
+                 + ("it pays" if on else f"it pays from about {int(cost / (step * COMPILE_SAVING)) + 1} steps"))
+        return on
+    out.note("torch_compile", False, why)
+    return False
+
+
+def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind: str, installed: bool,
+                      compiled: bool) -> str:
+    if device is None:
+        return "CPU: off as before (Liger's kernels are triton, GPU only)"
+    if not installed:
+        return "liger-kernel is not installed in this environment"
+    if settings.task != "causal_lm":
+        return "its fused loss is for causal language models"
+    if kind not in liger_types():
+        return f"Liger has no kernels for model type {kind or '(none)'!r}"
+    if compiled:
+        return "torch_compile is on, and Liger's kernels fail under torch.compile"
+    if recipe.spec.zero_stage == 3 or recipe.spec.engine == "fsdp":
+        return ("its fused loss reads the output layer's weight directly, which ZeRO-3 and FSDP keep sharded "
+                "outside that layer's own forward")
+    return ""
+
+
+def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: str, installed: bool,
+                   compiled: bool) -> bool:
+    return not _liger_off_reason(recipe, settings, device, kind, installed, compiled)
+
+
+def _fit(out: Resolved, recipe: Recipe, shape: planner.Shape, device: Device, world: int, gpn: int, seq: int,
+         per_rank: int, given: int | None, gc: bool | str, use_liger: bool | str, liger_ok: bool,
+         regime: planner.Regime) -> tuple[int, bool, bool]:
+    """The micro-batch (the largest that fits, or the one given), checkpointing and Liger from the plan's memory
+    model on this GPU."""
+    def largest(ckpt: bool, lig: bool):
+        r = planner.Regime(regime.lora_dropout, regime.compiled, lig)
+        return planner.largest_micro_batch(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq,
+                                        per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt, regime=r,
+                                        candidates=[given] if given else None)
+
+    gib = planner.GIB
+    budget = f"{device.memory_bytes * (1 - planner.MARGIN) / gib:.1f} GiB ({1 - planner.MARGIN:.0%} of the {device.name})"
+    ligers = [False, True] if liger_ok else [use_liger is True]
+    for ckpt in ([False, True] if gc == AUTO else [gc]):
+        found = [(lig, r) for lig in ligers if (r := largest(ckpt, lig))]
+        if not found:
+            continue
+        lig, (m, est) = max(found, key=lambda f: (f[1][0], not f[0]))  # the larger micro-batch; without Liger on a tie
+        need = f"{est['gpu_bytes'] / gib:.1f} GiB"
+        if not given:
+            out.note("per_device_train_batch_size", m, f"all {per_rank} examples per process fit at once: {need} of "
+                     f"{budget}" if m == per_rank else f"the largest divisor of the {per_rank} examples per process "
+                     f"that fits: {need} of {budget}; accumulation makes up the rest")
+        if gc == AUTO:
+            out.note("gradient_checkpointing", ckpt, (f"needed: micro-batch {given} does not fit without it" if given
+                     else "needed: not even one example fits without it")
+                     if ckpt else f"not needed: micro-batch {m} fits without it ({need} of {budget})")
+        if liger_ok:
+            plain = dict(found).get(False)
+            out.note("use_liger_kernel", lig,
+                     (f"memory binds: its fused loss (no fp32 logits) fits micro-batch {m} instead of "
+                      f"{plain[0] if plain else 'none'}" if not given else
+                      f"memory binds: micro-batch {m} fits with its fused loss (no fp32 logits), not without") if lig
+                     else "memory does not bind here, and on ~1B models at small batches Liger's kernels are reported "
+                     "slower: kept for when they buy a larger micro-batch")
+        return m, ckpt, lig
+    if given:  # the user's micro-batch: run it as asked, with checkpointing unless told otherwise
+        ckpt = gc if gc != AUTO else True
+        if gc == AUTO:
+            out.note("gradient_checkpointing", True, f"micro-batch {given} does not fit {budget} even with it by the "
+                     "plan's estimate: on, and the run goes as asked")
+        if liger_ok:
+            out.note("use_liger_kernel", False, "memory binds beyond what Liger's fused loss saves")
+        return given, ckpt, use_liger is True
+    raise DockyardError(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}"
+                        + (" with gradient checkpointing" if gc is not False else "")
+                        + " by the plan's estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
+
+
+# --- padding-free batches (once the data and the model are loaded) -----------------------------------------
+
+def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None, attention: str, micro: int,
+                         seq_len: int) -> tuple[bool, str]:
+    """(on, why) for packing each batch into one row with position ids restarting per example."""
+    if value is True:
+        if task != "causal_lm":
+            raise DockyardError("padding_free applies to causal language modelling, not seq_cls: set it to auto or "
+                                "false")
+        return True, "set"
+    if value is False:
+        return False, "set"
+    if value != AUTO:
+        raise DockyardError(f"padding_free must be true, false or auto (got {value!r})")
+    if device is None:
+        return False, "CPU: padded batches as before"
+    if task != "causal_lm" or fmt not in PADDING_FREE_FORMATS:
+        return False, f"the {fmt} format: only instruction and chat data ({', '.join(PADDING_FREE_FORMATS)}) is packed"
+    if attention in VARLEN_ATTENTION:
+        return True, f"{attention} attends to each packed example on its own: no padding, no extra work"
+    row = micro * seq_len
+    if attention == "sdpa" and row <= PACKED_SDPA_MAX_TOKENS:
+        return True, (f"sdpa masks the packed row per example; the row ({row} tokens at most) is short enough that "
+                      f"attention over it costs less than the padding it saves")
+    return False, (f"the model's {attention} attention would compute attention over the whole packed row of up to "
+                   f"{row} tokens (more than {PACKED_SDPA_MAX_TOKENS}); padding costs less. flash_attention_2 "
+                   f"packs without that cost")

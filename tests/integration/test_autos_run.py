@@ -1,0 +1,37 @@
+"""The auto settings in real runs (torchrun, 2 CPU processes, the tiny model): each resolves to what runs did
+before and says so in the manifest; padding-free batches, set by hand, train chat data."""
+
+from __future__ import annotations
+
+import json
+
+from tests.support.training import FAST, manifest, train
+
+AUTOS = ("global_batch", "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+         "torch_compile", "use_liger_kernel", "padding_free")
+
+
+def test_on_cpu_every_auto_resolves_to_the_old_behaviour_and_the_manifest_says_why(tmp_path):
+    run = tmp_path / "run"
+    train("lora", run, "--max_steps", "4", "--max_seq_length", "64", "--save_steps", "100", "--logging_steps", "1")
+    resolved = manifest(run)["settings_resolved"]
+    assert {k: resolved[k]["value"] for k in AUTOS} == {
+        "global_batch": 16, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+        "gradient_checkpointing": True, "torch_compile": False, "use_liger_kernel": False, "padding_free": False}
+    assert all(resolved[k]["why"] for k in AUTOS)
+    assert manifest(run)["plan"]["batch"] == 8
+
+
+def test_padding_free_batches_train_chat_data(tmp_path):
+    data = tmp_path / "chat.jsonl"
+    turns = [("What is two and two?", "Four."), ("Name a colour.", "Blue is a colour."), ("Say hi.", "Hi there!")]
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+                            + "\n" for q, a in turns * 20))
+    run = tmp_path / "run"
+    train("ddp", run, *FAST, "--data", str(data), "--padding_free", "true", "--global_batch", "8")
+    m = manifest(run)
+    assert m["settings_resolved"]["padding_free"] == {"value": True, "why": "set"}
+    assert m["data"]["format"] == "messages"
+    assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
+    assert (m["settings_resolved"]["per_device_train_batch_size"]["value"],
+            m["settings_resolved"]["gradient_accumulation_steps"]["value"]) == (4, 1)

@@ -1,0 +1,192 @@
+"""The auto settings: what each becomes on CPU (what every run did before) and on recorded GPU hosts (the real
+H100 recording, a T4 pair), what can be overridden, and the short errors for settings that contradict each other."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
+from dockyard.gpus import Recorded
+from dockyard.machine import planner
+from dockyard.train import autos
+from dockyard.train.recipe import resolve_settings
+from tests.support.measured import H100, HOSTS, measured_shape
+
+H100_GPU = autos.device_from_host(Recorded.from_file(H100).host())
+T4_GPU = autos.device_from_host(Recorded.from_file(HOSTS / "t4x2_535.json").host())
+TRAINING_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+                 "torch_compile", "use_liger_kernel")
+
+
+@pytest.fixture(scope="module")
+def shape(tmp_path_factory) -> planner.Shape:
+    return measured_shape(tmp_path_factory.mktemp("one-b"))
+
+
+def resolve(name: str, given: dict | None = None, *, world: int = 1, device=None, shape=None, liger=False,
+            kind="llama") -> autos.Resolved:
+    recipe = load_recipe(name)
+    settings, overrides = resolve_settings(recipe, given or {})
+    return autos.resolve(recipe, settings, overrides, world_size=world, gpus_per_node=world, device=device,
+                         shape=shape, kind=kind, liger=liger)
+
+
+def values(r: autos.Resolved) -> dict:
+    return {k: r.overrides[k] for k in TRAINING_KEYS}
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero2", "zero3", "fsdp", "lora", "qlora"])
+def test_on_cpu_every_auto_is_what_runs_did_before(name):
+    r = resolve(name, world=2)
+    assert values(r) == {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+                         "gradient_checkpointing": bool(load_recipe(name).peft),  # the adapter recipes checkpointed
+                         "torch_compile": False, "use_liger_kernel": False}
+    assert r.record["global_batch"]["value"] == 16
+    for key in ("global_batch", *TRAINING_KEYS):
+        assert set(r.record[key]) == {"value", "why"} and r.record[key]["why"]
+    assert autos.resolve_padding_free("auto", "messages", "causal_lm", None, "sdpa", 8, 128) == \
+        (False, "CPU: padded batches as before")
+
+
+def test_a_micro_batch_given_keeps_the_old_meaning_and_a_global_batch_is_made_up_by_accumulation():
+    given = resolve("ddp", {"per_device_train_batch_size": 4}, world=2)
+    assert values(given)["per_device_train_batch_size"] == 4 and values(given)["gradient_accumulation_steps"] == 1
+    assert given.record["global_batch"]["value"] == 8
+    big = resolve("ddp", {"global_batch": 64}, world=2)
+    assert (values(big)["per_device_train_batch_size"], values(big)["gradient_accumulation_steps"]) == (8, 4)
+    accum = resolve("ddp", {"global_batch": 64, "gradient_accumulation_steps": 2}, world=2)
+    assert values(accum)["per_device_train_batch_size"] == 16
+
+
+@pytest.mark.parametrize("given,problem", [
+    ({"global_batch": 7}, "cannot be split evenly over 2 processes"),
+    ({"global_batch": 16, "per_device_train_batch_size": 3}, "does not divide the 8 examples"),
+    ({"global_batch": 16, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}, "set two of the three"),
+    ({"per_device_train_batch_size": "many"}, "whole number of examples"),
+    ({"per_device_train_batch_size": 0}, "whole number of examples"),
+    ({"gradient_checkpointing": "sometimes"}, "true, false or auto"),
+    ({"use_liger_kernel": True}, "needs liger-kernel"),
+])
+def test_settings_that_contradict_each_other_are_short_errors(given, problem):
+    with pytest.raises(DockyardError, match=problem):
+        resolve("ddp", given, world=2)
+
+
+def test_a_global_batch_that_is_not_a_number_is_refused():
+    with pytest.raises(DockyardError, match="global_batch"):
+        resolve_settings(load_recipe("ddp"), {"global_batch": True})
+
+
+def test_on_the_h100_the_micro_batch_is_the_largest_that_fits_and_the_global_batch_stays(shape):
+    r = resolve("ddp", {"max_seq_length": 2048}, device=H100_GPU, shape=shape)
+    assert values(r)["per_device_train_batch_size"] == 8 and values(r)["gradient_checkpointing"] is False
+    big = resolve("ddp", {"max_seq_length": 2048, "global_batch": 64}, device=H100_GPU, shape=shape)
+    m, a = values(big)["per_device_train_batch_size"], values(big)["gradient_accumulation_steps"]
+    assert m * a == 64 and m == 8  # 16 would need ~95 GiB by the plan; measured 53.4 GiB at 8
+    assert "accumulation makes up the rest" in big.record["per_device_train_batch_size"]["why"]
+    est = planner.estimate(shape, load_recipe("ddp"), world_size=1, gpus_per_node=1, seq_len=2048, batch=m,
+                        gradient_checkpointing=False, regime=big.regime)
+    assert est["gpu_bytes"] <= H100_GPU.memory_bytes * (1 - planner.MARGIN)
+
+
+def test_checkpointing_only_where_nothing_fits_without_it(shape):
+    """LoRA of the 944M model on a 16 GB T4: at 2048 tokens a smaller micro-batch fits without checkpointing;
+    at 16k tokens not even one example does, so checkpointing goes on. Full fine-tuning (16 GiB of states)
+    fits nowhere there, said before any weight loads."""
+    lora = resolve("lora", {"max_seq_length": 2048}, device=T4_GPU, shape=shape)
+    assert values(lora)["gradient_checkpointing"] is False
+    m, a = values(lora)["per_device_train_batch_size"], values(lora)["gradient_accumulation_steps"]
+    assert 1 <= m < 8 and m * a == 8
+    long = resolve("lora", {"max_seq_length": 16384}, device=T4_GPU, shape=shape)
+    assert values(long)["gradient_checkpointing"] is True
+    assert "not even one example fits" in long.record["gradient_checkpointing"]["why"]
+    with pytest.raises(DockyardError, match="not even one example of 16384 tokens fits"):
+        resolve("lora", {"max_seq_length": 16384, "gradient_checkpointing": False}, device=T4_GPU, shape=shape)
+    with pytest.raises(DockyardError, match="ddp: not even one example .* with gradient checkpointing"):
+        resolve("ddp", {"max_seq_length": 2048}, device=T4_GPU, shape=shape)
+    # a micro-batch given is run as asked: checkpointing on where the plan says it does not fit without it
+    given = resolve("lora", {"max_seq_length": 2048, "per_device_train_batch_size": 8}, device=T4_GPU, shape=shape)
+    assert values(given)["gradient_checkpointing"] is True and values(given)["per_device_train_batch_size"] == 8
+    assert given.record["per_device_train_batch_size"] == {"value": 8, "why": "set"}
+    small = resolve("lora", {"max_seq_length": 2048, "per_device_train_batch_size": 1}, device=T4_GPU, shape=shape)
+    assert values(small)["gradient_checkpointing"] is False
+
+
+def test_torch_compile_goes_on_for_ddp_only_when_the_run_repays_it(shape):
+    short = resolve("ddp", {"max_seq_length": 2048, "max_steps": 200}, device=H100_GPU, shape=shape)
+    assert values(short)["torch_compile"] is False and "pays from about" in short.record["torch_compile"]["why"]
+    long = resolve("ddp", {"max_seq_length": 2048, "max_steps": 5000}, device=H100_GPU, shape=shape)
+    assert values(long)["torch_compile"] is True and "it pays" in long.record["torch_compile"]["why"]
+    assert long.regime.compiled  # the plan counts compile's smaller activations
+    for name, word in (("lora", "peft"), ("zero2", "DeepSpeed"), ("fsdp", "FSDP2")):
+        r = resolve(name, {"max_seq_length": 2048, "max_steps": 5000}, device=H100_GPU, shape=shape)
+        assert values(r)["torch_compile"] is False and word in r.record["torch_compile"]["why"]
+    given = resolve("ddp", {"torch_compile": True}, device=H100_GPU, shape=shape)
+    assert given.record["torch_compile"] == {"value": True, "why": "set"}
+
+
+def test_liger_goes_on_only_where_memory_binds_and_its_kernels_apply(shape):
+    fits = resolve("ddp", {"max_seq_length": 2048}, device=H100_GPU, shape=shape, liger=True)
+    assert values(fits)["use_liger_kernel"] is False
+    assert "memory does not bind" in fits.record["use_liger_kernel"]["why"]
+    binds = resolve("ddp", {"max_seq_length": 2048, "global_batch": 64}, device=H100_GPU, shape=shape, liger=True)
+    plain = resolve("ddp", {"max_seq_length": 2048, "global_batch": 64}, device=H100_GPU, shape=shape, liger=False)
+    if values(binds)["use_liger_kernel"]:  # on only when it buys a larger micro-batch
+        assert values(binds)["per_device_train_batch_size"] > values(plain)["per_device_train_batch_size"]
+        assert binds.regime.liger
+    for kind, name, word in (("gpt2", "ddp", "no kernels for model type"), ("llama", "zero3", "sharded"),
+                             ("llama", "fsdp", "sharded")):
+        r = resolve(name, {"max_seq_length": 2048}, device=H100_GPU, shape=shape, liger=True, kind=kind)
+        assert values(r)["use_liger_kernel"] is False and word in r.record["use_liger_kernel"]["why"]
+    absent = resolve("ddp", {"max_seq_length": 2048}, device=H100_GPU, shape=shape, liger=False)
+    assert "not installed" in absent.record["use_liger_kernel"]["why"]
+    with pytest.raises(DockyardError, match="do not work together"):
+        resolve("ddp", {"use_liger_kernel": True, "torch_compile": True}, device=H100_GPU, shape=shape, liger=True)
+
+
+def test_liger_buys_a_larger_micro_batch_where_the_logits_are_what_does_not_fit(tmp_path):
+    """A small model with a big vocabulary (the fp32 logits dominate) on a T4: Liger's fused loss turns a
+    micro-batch that does not fit into one that does."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 512,
+                                                      "intermediate_size": 1408, "num_hidden_layers": 4,
+                                                      "num_attention_heads": 8, "vocab_size": 152064}))
+    small = planner.shape_from_folder(tmp_path)
+    given = {"max_seq_length": 4096, "global_batch": 32}
+    plain = resolve("ddp", given, device=T4_GPU, shape=small, liger=False, kind="qwen2")
+    fused = resolve("ddp", given, device=T4_GPU, shape=small, liger=True, kind="qwen2")
+    assert values(fused)["use_liger_kernel"] is True and "memory binds" in fused.record["use_liger_kernel"]["why"]
+    assert values(fused)["per_device_train_batch_size"] > values(plain)["per_device_train_batch_size"]
+
+
+@pytest.mark.parametrize("fmt,attention,micro,seq,on", [
+    ("messages", "sdpa", 8, 128, True),
+    ("alpaca", "sdpa", 4, 1024, True),
+    ("prompt_completion", "sdpa", 8, 2048, False),       # a 16k-token row: attention over it costs more than padding
+    ("sharegpt", "flash_attention_2", 8, 2048, True),
+    ("text", "sdpa", 8, 128, False),
+    ("text_label", "sdpa", 8, 128, False),
+])
+def test_padding_free_on_gpus_for_instruction_and_chat_data_where_attention_makes_it_pay(fmt, attention, micro, seq,
+                                                                                         on):
+    got, why = autos.resolve_padding_free("auto", fmt, "causal_lm", H100_GPU, attention, micro, seq)
+    assert got is on and why
+
+
+def test_padding_free_can_be_set_but_not_for_classification():
+    assert autos.resolve_padding_free(True, "text", "causal_lm", None, "sdpa", 8, 128) == (True, "set")
+    with pytest.raises(DockyardError, match="not seq_cls"):
+        autos.resolve_padding_free(True, "text_label", "seq_cls", None, "sdpa", 8, 128)
+    with pytest.raises(DockyardError, match="true, false or auto"):
+        autos.resolve_padding_free("yes", "messages", "causal_lm", None, "sdpa", 8, 128)
+
+
+def test_a_huge_global_batch_is_answered_at_once(shape):
+    huge = 2 * 3 * 5 * 7 * 11 * 13 * 10**6
+    r = resolve("ddp", {"max_seq_length": 2048, "global_batch": huge}, device=H100_GPU, shape=shape)
+    # steps that long repay compiling, whose smaller activations fit 16 (measured: 61.0 GiB on the H100)
+    assert values(r)["torch_compile"] is True
+    assert (values(r)["per_device_train_batch_size"], values(r)["gradient_accumulation_steps"]) == (16, huge // 16)
+    assert planner.divisors(12) == [1, 2, 3, 4, 6, 12] and planner.divisors(1) == [1] and planner.divisors(49) == [1, 7, 49]
