@@ -16,7 +16,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, event, given
+from hypothesis import HealthCheck, Phase, event, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
@@ -41,7 +41,9 @@ while case $1 in --nv) shift; true ;; --*) shift 2; true ;; *) false ;; esac; do
 shift  # the .sif
 exec "$@"
 """
-EXAMPLES = hsettings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ATTACK = 'it\'s a "test" `touch "$MARK"` $(touch "$MARK") ${HOME} \\ * #x %j'
+EXAMPLES = hsettings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])  # explaining reruns for minutes
 
 
 def sbatch_options(text: str) -> list[str]:
@@ -114,6 +116,7 @@ def _default_run_id(folder_name: str) -> str:
 
 
 @EXAMPLES
+@example(recipe="-r $(touch \"$MARK\")", archive="a b", runs="r u'n # %j", override=ATTACK, after=ATTACK)
 @given(recipe=path_name, archive=path_name, runs=path_name, override=hostile_text,
        after=hostile_text.filter(lambda s: "\0" not in s))
 def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, recipe, archive, runs,
@@ -148,6 +151,8 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
 
 
 @EXAMPLES
+@example(runtime="apptainer", image="i m'g", recipe="-r $(touch \"$MARK\")", runs="r u'n # %j", override=ATTACK,
+         after=ATTACK)
 @given(runtime=st.sampled_from(["pyxis", "apptainer"]), image=path_name, recipe=path_name, runs=path_name,
        override=hostile_text, after=hostile_text.filter(lambda s: "\0" not in s))
 def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, runtime, image,
@@ -189,6 +194,7 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
 
 
 @EXAMPLES
+@example(run_id=ATTACK)
 @given(run_id=hostile_text.filter(lambda s: "\0" not in s))
 def test_a_run_id_from_the_environment_is_used_as_given_or_refused_before_any_node_starts(settings, tmp_path_factory,
                                                                                          run_id):
