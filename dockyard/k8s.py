@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from dockyard import multinode, variants
+from dockyard import engine, multinode, scriptwords, variants
 from dockyard.errors import DockyardError
 from dockyard.launch import CPU_NPROC, WORKSPACE
 from dockyard.recipes import load_recipe
@@ -85,6 +85,10 @@ class Spec:
 def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, variant: str = "auto",
          run_id: str = "", image: str = "", runs_claim: str = "dockyard-runs", shm: str = "16Gi",
          overrides: list[str] | None = None, max_restarts: int = 0, resume: bool = False) -> Spec:
+    scriptwords.one_line(recipe, "--recipe")
+    scriptwords.argv_words(list(overrides or []), "trainer overrides")
+    if image:
+        engine.reference(image, "--image")  # also written into the files' header comments: one line, no blanks
     load_recipe(recipe)
     if "/" in recipe or recipe.startswith("."):
         raise DockyardError(f"--recipe {recipe!r}: on Kubernetes the pods run the image's recipes; give a recipe "
@@ -209,12 +213,13 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     """Write job.yaml and trainjob.yaml (default folder: <runs>/k8s/<run-id>/) and say how to apply them."""
     s = spec(settings, **kw)
     folder = Path(out) if out else settings.path(settings.runs_dir) / "k8s" / s.run_id
+    scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for kind, path in paths.items():
-            header = HEADER[kind].format(path=path, claim=s.claim, image=s.image, runtime=RUNTIME)
+            header = HEADER[kind].format(path=shlex.quote(str(path)), claim=s.claim, image=s.image, runtime=RUNTIME)
             text = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
             tmp = path.with_name(f".{path.name}.partial")
             tmp.write_text(text)
@@ -222,6 +227,6 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     except OSError as e:
         raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
     print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}")
-    print(f"  without an operator:   kubectl apply -f {paths['job']}")
-    print(f"  with Kubeflow Trainer: kubectl apply -f {paths['trainjob']}")
+    print(f"  without an operator:   kubectl apply -f {shlex.quote(str(paths['job']))}")
+    print(f"  with Kubeflow Trainer: kubectl apply -f {shlex.quote(str(paths['trainjob']))}")
     return paths

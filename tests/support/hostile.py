@@ -14,8 +14,13 @@ from hypothesis import strategies as st
 
 PIECES = ["'", '"', '$(touch "$MARK")', '`touch "$MARK"`', "$(touch $MARK)", ';touch "$MARK";', "\\", "$HOME",
           "${X:-y}", "$((1+1))", " ", "  ", "\t", "\n", "-v", "--", "-", "*", "?", "[a]", "#", "%j", "%", "~", ",",
-          ":", "=", "!", "&", "|", "<", ">", "é", "日本", "\u200b", "\x7f", "\x85", "'\"'\"'", "$'\\n'", '\\"',
+          ":", "=", "!", "&", "|", "<", ">", "é", "日本", "\u200b", "\x7f", "\x85", "\u2028", "'\"'\"'", "$'\\n'", '\\"',
           "{a,b}", "\0"]
+
+
+def unsafe(value: str) -> bool:
+    """What no generated script carries: control characters (NUL, newline, tab...) and non-UTF-8 names."""
+    return any(unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") for c in value)
 
 
 def _texts(pieces: list[str], chars: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -31,8 +36,7 @@ def _names(texts: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 # Pieces, and now and then any text at all (every code point but lone surrogates, NUL and newlines included).
 hostile_text = _texts(PIECES, st.characters(blacklist_categories=("Cs",)))
 # The same without control characters: what a path in a generated script can hold.
-line_text = _texts([p for p in PIECES if not any(unicodedata.category(c) == "Cc" for c in p)],
-                   st.characters(blacklist_categories=("Cs", "Cc")))
+line_text = _texts([p for p in PIECES if not unsafe(p)], st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")))
 hostile_name, line_name = _names(hostile_text), _names(line_text)
 # Mostly names a script can carry, sometimes one it must refuse.
 path_name = st.one_of(line_name, line_name, line_name, hostile_name)
@@ -43,11 +47,6 @@ RECORDER = """#!/bin/sh
 { printf '%s\\0' "${0##*/}" "$#" "$@"
   for k in $(echo "${RECORD_ENV-}" | tr , ' '); do eval "printf '%s\\0' \\"\\${$k-}\\""; done; } >>"$ARGV_LOG"
 """
-
-
-def unsafe(value: str) -> bool:
-    """What no generated script carries: control characters (NUL, newline, tab...) and non-UTF-8 names."""
-    return any(unicodedata.category(c) in ("Cc", "Cs") for c in value)
 
 
 def recorder(bin_dir: Path, *names: str, then: str = "") -> None:
