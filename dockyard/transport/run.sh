@@ -13,12 +13,14 @@
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
 die() { printf '%s\n' "run.sh: $*" >&2; exit 1; }
-q() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }  # one word, quoted for eval
+# One word, quoted for eval (the '.' keeps the trailing newlines that $(...) would strip).
+q() { qv=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${qv%.}"; }
 cmd=
 add() { for a do cmd="$cmd $(q "$a")"; done; }
 json() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
-# A relative path as ./PATH: a file named -v is then a file for cd, mkdir, dirname and basename, never an option.
-here() { case $1 in /*) printf '%s' "$1" ;; *) printf './%s' "$1" ;; esac; }
+# HERE=the path, a relative one as ./PATH: a file named -v is then a file for cd, mkdir, dirname and basename,
+# never an option (a variable, not $(...), which would strip trailing newlines).
+here() { case $1 in /*) HERE=$1 ;; *) HERE=./$1 ;; esac; }
 # A host path for docker's -v and the run's JSON record: a control character (a newline) would end the record,
 # and -v splits on ':'.
 mountable() {  # what path
@@ -74,7 +76,7 @@ case "$NPROC" in '' | *[!0-9]*) die "--nproc=$NPROC is not a number" ;; esac
 MOUNTS= EXTRA= HOST_PATHS=
 input() {  # key host-path
 	mountable "--$1" "$2"
-	path=$(here "$2")
+	here "$2"; path=$HERE
 	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node"
 	host=$(cd "$(dirname "$path")" && pwd)/$(basename "$path")
 	mountable "--$1" "$host"
@@ -86,8 +88,10 @@ input() {  # key host-path
 [ -z "$MODEL" ] || input model "$MODEL"
 [ -z "$DATA" ] || input data "$DATA"
 RECIPE_IN=$RECIPE
-if [ -f "$(here "$RECIPE")/recipe.yaml" ]; then
-	folder=$(cd "$(here "$RECIPE")" && pwd)
+here "$RECIPE"
+if [ -f "$HERE/recipe.yaml" ]; then
+	mountable --recipe "$RECIPE"
+	folder=$(cd "$HERE" && pwd)
 	mountable --recipe "$folder"
 	RECIPE_IN=@USER_RECIPES@/${folder##*/}
 	MOUNTS="$MOUNTS $(q -v) $(q "$folder:$RECIPE_IN:ro")"
@@ -96,14 +100,18 @@ fi
 [ -n "$RUN_ID" ] || RUN_ID=${RECIPE_IN##*/}-$(date +%Y%m%d-%H%M%S)
 case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
 case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
-mkdir -p "$(here "$RUNS")" || die "cannot make the runs folder $RUNS"
-RUNS=$(cd "$(here "$RUNS")" && pwd)
+mountable --runs "$RUNS"
+here "$RUNS"
+mkdir -p "$HERE" || die "cannot make the runs folder $RUNS"
+RUNS=$(cd "$HERE" && pwd)
 mountable --runs "$RUNS"
 RUN_DIR=$RUNS/$RUN_ID
 [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id"
 HF=${HF_HOME:-${HOME:-/tmp}/.cache/huggingface}
-mkdir -p "$(here "$HF")" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
-HF=$(cd "$(here "$HF")" && pwd)  # docker -v takes a relative path for a volume's name
+mountable HF_HOME "$HF"
+here "$HF"
+mkdir -p "$HERE" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
+HF=$(cd "$HERE" && pwd)  # docker -v takes a relative path for a volume's name
 mountable HF_HOME "$HF"
 
 # The command `invoke run` would give (rendered from its plan by dockyard/transport/runscript.py):

@@ -6,6 +6,7 @@ no attack may run ($MARK never appears)."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -49,9 +50,7 @@ def test_a_word_with_marks_is_one_sh_word_with_the_node_s_values_in_it(tmp_path_
     """What sh makes of word(w): w, each mark replaced by its variable's value, whatever the value holds."""
     w = "".join(parts)
     env = dict(zip(runscript.MARKS.values(), values, strict=True))
-    want = w
-    for mark, var in runscript.MARKS.items():
-        want = want.replace(mark, env[var])
+    want = re.sub("|".join(map(re.escape, runscript.MARKS)), lambda m: env[runscript.MARKS[m.group()]], w)
     mark = tmp_path_factory.mktemp("w") / "pwned"
     p = subprocess.run(["sh", "-c", "printf '%s\\0' " + runscript.word(w)], capture_output=True,
                        env={**env, "PATH": "/usr/bin:/bin", "MARK": str(mark)})
@@ -80,6 +79,9 @@ def _refused_by_sh(path: str) -> bool:
 
 @EXAMPLES
 @example(data="-v", recipe="my recipe's", runs="a b", hf='$(touch "$MARK")', override=ATTACK)
+@example(data="d", recipe="r\n", runs="u", hf="h", override="ends in newlines\n\n")  # what $(...) strips
+@example(data="d", recipe="r", runs="u\n", hf="h", override="x")
+@example(data="d", recipe="r", runs="u", hf="h\n", override="x")
 @given(data=path_name, recipe=path_name, runs=path_name, hf=path_name, override=hostile_text.filter(lambda s: "\0" not in s))
 def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_factory, data, recipe, runs, hf, override):
     base = tmp_path_factory.mktemp("node")
