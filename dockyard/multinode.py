@@ -137,7 +137,9 @@ def node_command(*, index: str, nnodes: str | int, nproc: str | int, endpoint: s
     """The shell line one node runs when a scheduler starts every node at once and numbers them (Slurm's
     SLURM_NODEID, an Indexed Job's JOB_COMPLETION_INDEX): torchrun with the same c10d rendezvous `invoke run`
     gives a node, the node numbered 0 hosting the store. `index`, `endpoint`, `run_id` and `local_addr` may be
-    shell expressions, expanded on each node; `entry` is what follows torchrun's flags (already shell words)."""
+    shell expressions, expanded on each node, each in double quotes: so they are ours ($VAR, ${...}), and a user's
+    value reaches them through a variable or checked to hold no shell character (a Kubernetes name); `entry` is
+    what follows torchrun's flags (already shell words)."""
     rdzv = {"backend": "c10d", "endpoint": endpoint, "id": run_id, "join_timeout": join_timeout}
     if local_addr:
         rdzv["local_addr"] = local_addr
