@@ -21,11 +21,12 @@ from pathlib import Path
 
 import yaml
 
+from dockyard import engine
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import multinode
+from dockyard.launch import multinode, scriptwords
 from dockyard.launch.run import CPU_NPROC, WORKSPACE
 from dockyard.settings import Settings
 
@@ -87,6 +88,10 @@ class Spec:
 def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, variant: str = "auto",
          run_id: str = "", image: str = "", runs_claim: str = "dockyard-runs", shm: str = "16Gi",
          overrides: list[str] | None = None, max_restarts: int = 0, resume: bool = False) -> Spec:
+    scriptwords.one_line(recipe, "--recipe")
+    scriptwords.argv_words(list(overrides or []), "trainer overrides")
+    if image:
+        engine.reference(image, "--image")  # also written into the files' header comments: one line, no blanks
     load_recipe(recipe)
     if "/" in recipe or recipe.startswith("."):
         raise DockyardError(f"--recipe {recipe!r}: on Kubernetes the pods run the image's recipes; give a recipe "
@@ -211,17 +216,18 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     """Write job.yaml and trainjob.yaml (default folder: <runs>/k8s/<run-id>/) and say how to apply them."""
     s = spec(settings, **kw)
     folder = Path(out) if out else settings.path(settings.runs_dir) / "k8s" / s.run_id
+    scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for kind, path in paths.items():
-            header = HEADER[kind].format(path=path, claim=s.claim, image=s.image, runtime=RUNTIME)
+            header = HEADER[kind].format(path=shlex.quote(str(path)), claim=s.claim, image=s.image, runtime=RUNTIME)
             text = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
             runfolder.write(folder, path.name, text)  # the runs folder is the containers': no link followed
     except OSError as e:
         raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
     print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}")
-    print(f"  without an operator:   kubectl apply -f {paths['job']}")
-    print(f"  with Kubeflow Trainer: kubectl apply -f {paths['trainjob']}")
+    print(f"  without an operator:   kubectl apply -f {shlex.quote(str(paths['job']))}")
+    print(f"  with Kubeflow Trainer: kubectl apply -f {shlex.quote(str(paths['trainjob']))}")
     return paths

@@ -132,13 +132,20 @@ def node_command(*, index: str, nnodes: str | int, nproc: str | int, endpoint: s
     """The shell line one node runs when a scheduler starts every node at once and numbers them (Slurm's
     SLURM_NODEID, an Indexed Job's JOB_COMPLETION_INDEX): torchrun with the same c10d rendezvous `invoke run`
     gives a node, the node numbered 0 hosting the store. `index`, `endpoint`, `run_id` and `local_addr` may be
-    shell expressions, expanded on each node; `entry` is what follows torchrun's flags (already shell words)."""
+    shell expressions, expanded on each node, each in double quotes: so they are ours ($VAR, ${...}), and a user's
+    value reaches them through a variable or checked to hold no shell character (a Kubernetes name); `entry` is
+    what follows torchrun's flags (already shell words)."""
     rdzv = {"backend": "c10d", "endpoint": endpoint, "id": run_id, "join_timeout": join_timeout}
     if local_addr:
         rdzv["local_addr"] = local_addr
-    rdzv_json = json.dumps(rdzv).replace('"', '\\"')  # inside the double quotes below, the variables still expand
     flags = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
              f"--rdzv-id={run_id}", f"--rdzv-conf=is_host=$(( {index} == 0 )),join_timeout={join_timeout}",
              f"--max-restarts={max_restarts}", *([f"--local-addr={local_addr}"] if local_addr else [])]
-    return (f'export DOCKYARD_NODE_RANK={index} DOCKYARD_RENDEZVOUS="{rdzv_json}"; '
-            f"exec torchrun {' '.join(flags)} {entry}")
+    # Each in double quotes: the expressions expand on the node, and what they expand to stays one word.
+    return (f"export DOCKYARD_NODE_RANK={_expanding(str(index))} DOCKYARD_RENDEZVOUS={_expanding(json.dumps(rdzv))}; "
+            f"exec torchrun {' '.join(_expanding(f) for f in flags)} {entry}")
+
+
+def _expanding(text: str) -> str:
+    """`text` as one double-quoted shell word in which $VAR, ${...} and $(( )) still expand."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'

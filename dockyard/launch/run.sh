@@ -12,11 +12,21 @@
 #   --dry                      print the docker command and run nothing
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
-die() { echo "run.sh: $*" >&2; exit 1; }
-q() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }  # one word, quoted for eval
+die() { printf '%s\n' "run.sh: $*" >&2; exit 1; }
+# One word, quoted for eval (the '.' keeps the trailing newlines that $(...) would strip).
+q() { qv=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${qv%.}"; }
 cmd=
 add() { for a do cmd="$cmd $(q "$a")"; done; }
 json() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
+# HERE=the path, a relative one as ./PATH: a file named -v is then a file for cd, mkdir, dirname and basename,
+# never an option (a variable, not $(...), which would strip trailing newlines).
+here() { case $1 in /*) HERE=$1 ;; *) HERE=./$1 ;; esac; }
+# A host path for docker's -v and the run's JSON record: a control character (a newline) would end the record,
+# and -v splits on ':'.
+mountable() {  # what path
+	case $2 in *[[:cntrl:]]*) die "$1: the path holds a control character (a newline?): rename it" ;; esac
+	case $2 in *:*) die "$1=$2: docker -v cannot mount a path holding ':': rename it" ;; esac
+}
 
 RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE=@IMAGE_DEFAULT_Q@
 while [ $# -gt 0 ]; do
@@ -35,6 +45,9 @@ while [ $# -gt 0 ]; do
 	esac
 	shift
 done
+
+case $IMAGE in '' | -* | *[[:cntrl:][:space:]]*) die "--image=$IMAGE is not an image reference" ;; esac
+[ -n "$RECIPE" ] || die "--recipe= needs a recipe name or folder"
 
 command -v docker >/dev/null 2>&1 || die "docker is missing on this node: install Docker"
 docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
@@ -62,9 +75,12 @@ case "$NPROC" in '' | *[!0-9]*) die "--nproc=$NPROC is not a number" ;; esac
 # Inputs: a file is mounted alone, a folder whole, both read-only (as `invoke run` does).
 MOUNTS= EXTRA= HOST_PATHS=
 input() {  # key host-path
-	[ -e "$2" ] || die "--$1=$2: no such file or folder on this node"
-	host=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
-	if [ -d "$2" ]; then inside=@INPUTS@/$1; else inside=@INPUTS@/$1/$(basename "$2"); fi
+	mountable "--$1" "$2"
+	here "$2"; path=$HERE
+	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node"
+	host=$(cd "$(dirname "$path")" && pwd)/$(basename "$path")
+	mountable "--$1" "$host"
+	if [ -d "$path" ]; then inside=@INPUTS@/$1; else inside=@INPUTS@/$1/$(basename "$path"); fi
 	MOUNTS="$MOUNTS $(q -v) $(q "$host:$inside:ro")"
 	EXTRA="$EXTRA $(q "--$1") $(q "$inside")"
 	HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$inside")\": \"$(json "$host")\""
@@ -72,30 +88,40 @@ input() {  # key host-path
 [ -z "$MODEL" ] || input model "$MODEL"
 [ -z "$DATA" ] || input data "$DATA"
 RECIPE_IN=$RECIPE
-if [ -f "$RECIPE/recipe.yaml" ]; then
-	folder=$(cd "$RECIPE" && pwd)
-	RECIPE_IN=@USER_RECIPES@/$(basename "$folder")
+here "$RECIPE"
+if [ -f "$HERE/recipe.yaml" ]; then
+	mountable --recipe "$RECIPE"
+	folder=$(cd "$HERE" && pwd)
+	mountable --recipe "$folder"
+	RECIPE_IN=@USER_RECIPES@/${folder##*/}
 	MOUNTS="$MOUNTS $(q -v) $(q "$folder:$RECIPE_IN:ro")"
 	HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$RECIPE_IN")\": \"$(json "$folder")\""
 fi
-[ -n "$RUN_ID" ] || RUN_ID=$(basename "$RECIPE_IN")-$(date +%Y%m%d-%H%M%S)
+[ -n "$RUN_ID" ] || RUN_ID=${RECIPE_IN##*/}-$(date +%Y%m%d-%H%M%S)
 case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
 case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
-mkdir -p "$RUNS" || die "cannot make the runs folder $RUNS"
-RUNS=$(cd "$RUNS" && pwd)
+mountable --runs "$RUNS"
+here "$RUNS"
+mkdir -p "$HERE" || die "cannot make the runs folder $RUNS"
+RUNS=$(cd "$HERE" && pwd)
+mountable --runs "$RUNS"
 RUN_DIR=$RUNS/$RUN_ID
 [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id"
 HF=${HF_HOME:-${HOME:-/tmp}/.cache/huggingface}
-mkdir -p "$HF" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
+mountable HF_HOME "$HF"
+here "$HF"
+mkdir -p "$HERE" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
+HF=$(cd "$HERE" && pwd)  # docker -v takes a relative path for a volume's name
+mountable HF_HOME "$HF"
 
 # The command `invoke run` would give (rendered from its plan by dockyard/launch/runscript.py):
 @COMMAND@
 
-if [ -n "$DRY" ]; then echo "$cmd"; rmdir "$RUN_DIR" 2>/dev/null; exit 0; fi
-echo "run.sh: training $RECIPE_IN in $IMAGE ($VARIANT${GPUS:+, GPUs}${CPU:+, CPU}), $NPROC process(es) → $RUN_DIR" >&2
+if [ -n "$DRY" ]; then printf '%s\n' "$cmd"; rmdir "$RUN_DIR" 2>/dev/null; exit 0; fi
+printf '%s\n' "run.sh: training $RECIPE_IN in $IMAGE ($VARIANT${GPUS:+, GPUs}${CPU:+, CPU}), $NPROC process(es) → $RUN_DIR" >&2
 eval "$cmd"
 rc=$?
 [ -f "$RUN_DIR/manifest.json" ] || die "the run wrote no manifest (exit $rc): see $RUN_DIR/train.log"
 status=$(sed -n 's/^  "status": "\(.*\)",$/\1/p' "$RUN_DIR/manifest.json")
-echo "run $RUN_ID: ${status:-unknown} · $RUN_DIR"
+printf '%s\n' "run $RUN_ID: ${status:-unknown} · $RUN_DIR"
 [ "$rc" -eq 0 ] && [ "$status" = completed ] || exit 1

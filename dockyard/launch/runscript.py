@@ -12,6 +12,7 @@ import os
 import shlex
 from pathlib import Path
 
+from dockyard import engine
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import run as launch_run
@@ -28,6 +29,7 @@ OVERRIDES = "__OVERRIDES__"             # where the user's overrides and the rew
 
 def render(settings: Settings, image: str, variant_name: str) -> str:
     """The text of run.sh for `image` (the default of its --image) built for `variant_name`."""
+    engine.reference(image)  # it goes into a comment line too: no newline, no blank, no leading '-'
     variant = variants.resolve(settings, variant_name)[0]
     # A CUDA image plans for GPUs (run.sh drops --gpus and adds DS_ACCELERATOR=cpu on a node without them).
     host = Host(cuda=variant.cuda, gpus=[Gpu(0, "", 0)]) if variant.is_cuda else Host()

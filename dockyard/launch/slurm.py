@@ -14,6 +14,7 @@ Node 0 is the first host of the allocation, reached at its NodeAddr; each node's
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -22,17 +23,21 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import multinode
+from dockyard.launch import multinode, scriptwords
 from dockyard.launch.run import WORKSPACE
 from dockyard.settings import ROOT, Settings
 
 RUNTIMES = {"docker": "", "pyxis": ".sqsh", "apptainer": ".sif"}  # and the image file each one runs
+INVOKE = [sys.executable, "-m", "invoke"]  # what each node runs with --runtime=docker (this checkout's Python)
 
 
 def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, overrides: list[str],
            variant: str = "auto", archive: str = "", master_port: int = 29500, runtime: str = "docker",
            image_file: str = "") -> str:
-    """The sbatch script's text (pure)."""
+    """The sbatch script's text (pure). Every value in it is quoted for the shell(s) that read it, or refused."""
+    for flag, value in (("--recipe", recipe), ("--archive", archive), ("--image-file", image_file)):
+        scriptwords.one_line(value, flag)
+    scriptwords.argv_words(overrides, "trainer overrides")
     load_recipe(recipe)
     _check_runtime(runtime, image_file, archive, gpus_per_node)
     if nodes < 1:
@@ -45,11 +50,17 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     else:
         chosen = variants.resolve(settings, variant)[0]
     image = variants.tag(settings, chosen)
-    invoke = shlex.join([sys.executable, "-m", "invoke"])
     runs = settings.path(settings.runs_dir)
-    run = ["run", f"--recipe={recipe}", f"--variant={chosen.name}"]
-    if gpus_per_node:
-        run.append(f"--nproc={gpus_per_node}")
+    scriptwords.one_line(str(runs), "the runs_dir setting")
+    if "\\" in str(runs):
+        raise DockyardError(f"the runs_dir setting {str(runs)!r}: Slurm reads a backslash in --output as "
+                            "\"no %j here\": use a folder without one")
+    # A recipe folder is named by its absolute path (the script runs from this checkout) and by its own name.
+    recipe_arg = str(Path(recipe).resolve()) if (Path(recipe) / "recipe.yaml").is_file() else recipe
+    name = _name(recipe)
+    invoke = shlex.join(INVOKE)
+    run = [shlex.quote(w) for w in ["run", f"--recipe={recipe_arg}", f"--variant={chosen.name}",
+                                    *([f"--nproc={gpus_per_node}"] if gpus_per_node else [])]]
     if nodes > 1:
         run += ['--nodes="$SLURM_NNODES"', '--node-rank="$SLURM_NODEID"', '--master-addr="$MASTER_ADDR"',
                 '--master-port="$MASTER_PORT"']
@@ -64,12 +75,12 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         + ("`invoke run`" if runtime == "docker" else "the trainer") + ", e.g. --resume",
         "# One task per node, each running " + ("`invoke run`" if runtime == "docker" else "torchrun in the container")
         + "; node 0 (the first host) hosts torchrun's rendezvous.",
-        f"#SBATCH --job-name=dockyard-{Path(recipe).name}",
+        f"#SBATCH --job-name=dockyard-{name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
         "#SBATCH --exclusive",
-        f"#SBATCH --output={runs}/slurm-%j.out",
+        "#SBATCH --output=" + scriptwords.sbatch_word(str(runs).replace("%", "%%")) + "/slurm-%j.out",
         "set -euo pipefail",
         f"cd {shlex.quote(str(ROOT))}",
         "# Node 0's address as Slurm itself reaches it (NodeAddr; the node name where none is set): a node name",
@@ -77,21 +88,33 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "MASTER_ADDR=$(scontrol show node \"$MASTER_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
         'MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}',
-        f"export MASTER_ADDR MASTER_PORT=${{MASTER_PORT:-{master_port}}}",
-        f'export RUN_ID=${{DOCKYARD_RUN_ID:-{Path(recipe).name}-slurm-$SLURM_JOB_ID}}',
+        f"export MASTER_ADDR MASTER_PORT=${{MASTER_PORT:-{int(master_port)}}}",
+        f'export RUN_ID="${{DOCKYARD_RUN_ID:-{name}-slurm-$SLURM_JOB_ID}}"',
+        "# It names a folder and goes into the nodes' command lines: checked here, before any node starts.",
+        'if [[ ${#RUN_ID} -gt 128 || $RUN_ID == [!A-Za-z0-9]* || $RUN_ID == *[!A-Za-z0-9_.-]* ]]; then',
+        "  printf 'dockyard: run id %s: use at most 128 letters, digits, _ . -, starting with a letter or digit\\n' "
+        '"$RUN_ID" >&2',
+        "  exit 2",
+        "fi",
     ]
     if runtime != "docker":
         return "\n".join(lines + _container_launch(settings, runtime, image_file, recipe, gpus_per_node, image,
                                                     overrides)) + "\n"
     if archive:
         load = (f"docker image inspect {shlex.quote(image)} >/dev/null 2>&1 || "
-                f"exec {invoke} load --file={shlex.quote(str(Path(archive).resolve()))}")
+                f"exec {invoke} load {shlex.quote('--file=' + str(Path(archive).resolve()))}")
         lines += ["# The image on every node, from the archive where a node lacks it (`invoke save` wrote it).",
                   f"srun --ntasks-per-node=1 bash -c {shlex.quote(load)}"]
-    # Single quotes: SLURM_NODEID is expanded on each node by its own bash, not here.
+    # Quoted twice: each word for the node's bash, the whole line for this one (SLURM_NODEID is each node's own).
     lines += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
               + shlex.quote(f"exec {invoke} {' '.join(run)}") + ' bash "$@"']
     return "\n".join(lines) + "\n"
+
+
+def _name(recipe: str) -> str:
+    """The recipe's name as the job, the default run id and the script's file know it (letters, digits, _ . -)."""
+    folder = Path(recipe).resolve() if (Path(recipe) / "recipe.yaml").is_file() else Path(recipe)
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", folder.name).lstrip("-._") or "run"
 
 
 def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: int) -> None:
@@ -117,20 +140,22 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
 def _container_launch(settings: Settings, runtime: str, image_file: str, recipe: str, gpus: int, image: str,
                       overrides: list[str]) -> list[str]:
     """srun of torchrun inside the container, one per node: the same rendezvous `invoke run` gives a node."""
-    runs, hf = settings.path(settings.runs_dir), settings.path(settings.hf_cache)
+    runs = scriptwords.mount_path(str(settings.path(settings.runs_dir)), "the runs_dir setting")
+    hf = scriptwords.mount_path(str(settings.path(settings.hf_cache)), "the hf_cache setting")
+    recipes = scriptwords.mount_path(str(ROOT / "recipes"), "this checkout's folder")
     mounts = [(runs, f"{WORKSPACE}/runs", ""), (hf, f"{WORKSPACE}/.cache/huggingface", ""),
-              (ROOT / "recipes", "/opt/dockyard/recipes", "ro")]  # this checkout's recipes, as `invoke run` does
+              (recipes, "/opt/dockyard/recipes", "ro")]  # this checkout's recipes, as `invoke run` does
     spec = ",".join(f"{src}:{dst}" + (f":{flag}" if flag else "") for src, dst, flag in mounts)
     image_file = str(Path(image_file).resolve())
     if runtime == "pyxis":
         container = [f"--container-image={image_file}", f"--container-mounts={spec}",
                      "--container-workdir=/opt/dockyard", "--no-container-mount-home"]
-        wrap = ""
+        wrap = []
     else:
         container = []
-        wrap = f"apptainer exec --nv --bind {spec} --pwd /opt/dockyard {image_file} "
-    entry = " ".join([f"-m dockyard.train --recipe {shlex.quote(recipe)} --run-dir {WORKSPACE}/runs/$RUN_ID", '"$@"',
-                      *(["--", *(shlex.quote(o) for o in overrides)] if overrides else [])])
+        wrap = ["apptainer", "exec", "--nv", "--bind", spec, "--pwd", "/opt/dockyard", image_file]
+    entry = (shlex.join(["-m", "dockyard.train", "--recipe", recipe]) + f' --run-dir "{WORKSPACE}/runs/$RUN_ID" "$@"'
+             + (" " + shlex.join(["--", *overrides]) if overrides else ""))
     # Each node advertises its own NodeAddr (a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + multinode.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus, endpoint="$MASTER_ADDR:$MASTER_PORT",
@@ -143,17 +168,17 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
            f"export DOCKYARD_IMAGE_REF={shlex.quote(image)} HF_HOME={WORKSPACE}/.cache/huggingface HF_HUB_OFFLINE=1"]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
-            shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container])
-            + f" {wrap}bash -c " + shlex.quote(inner) + ' bash "$@"']
+            shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
+            + ' bash "$@"']
 
 
 def write(settings: Settings, *, out: str = "", **kw) -> Path:
     """Write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch), print it, and say how to submit it."""
     text = script(settings, **kw)
-    path = Path(out) if out else settings.path(settings.runs_dir) / "slurm" / f"{Path(kw['recipe']).name}-{kw['nodes']}n.sbatch"
+    path = Path(out) if out else settings.path(settings.runs_dir) / "slurm" / f"{_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
     settings.path(settings.runs_dir).mkdir(parents=True, exist_ok=True)  # Slurm writes the job's output there
     runfolder.write(path.parent, path.name, text, mode=0o755)  # the runs folder is the containers': no link followed
     print(text, end="")
-    print(f"# written to {path}: submit it with `sbatch {path}`", file=sys.stderr)
+    print(f"# written to {path}: submit it with `sbatch {shlex.quote(str(path))}`", file=sys.stderr)
     return path

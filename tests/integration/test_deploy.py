@@ -47,9 +47,12 @@ def test_multinode_compose_renders_rendezvous_gpus_and_host_network(settings):
     assert r.returncode == 0, r.stderr
     svc = yaml.safe_load(r.stdout)["services"]["train"]
     assert svc["network_mode"] == "host" and svc["ipc"] == "host"
-    command = svc["command"][2].split()
-    assert {"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=198.18.0.1:29500", "--rdzv-id=exp1",
-            "--local-addr=198.18.0.2", "--nproc-per-node=gpu"} <= set(command)
+    # The command reads the values from the environment (tests/unit/test_compose_quoting.py runs it)
+    env_in = svc["environment"]
+    assert {"DY_NNODES": "2", "DY_ENDPOINT": "198.18.0.1:29500", "DY_RUN_ID": "exp1", "DY_LOCAL_ADDR": "198.18.0.2",
+            "DY_NPROC": "gpu"}.items() <= {k: str(v) for k, v in env_in.items()}.items()
+    words = set(svc["command"][2].split())
+    assert {'"--nnodes=$$DY_NNODES"', '"--rdzv-id=$$DY_RUN_ID"', '"--local-addr=$$DY_LOCAL_ADDR"'} <= words
     assert svc["environment"]["GLOO_SOCKET_IFNAME"] == svc["environment"]["NCCL_SOCKET_IFNAME"] == "eth9"
     assert svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     missing = _compose(settings, "-f", "train.yml", "-f", "multinode.yml", "config",

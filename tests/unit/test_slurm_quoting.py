@@ -1,0 +1,231 @@
+"""`invoke slurm` with hostile values: recipe folders, archives, image files, runs folders, overrides, sbatch's own
+arguments and DOCKYARD_RUN_ID full of quotes, $(...), backticks, newlines, spaces, leading dashes and unicode.
+
+The written script runs under a real bash with recording stand-ins (tests/support/hostile.py) for srun, scontrol,
+docker, apptainer, torchrun and `invoke` itself: each must be given exactly the words the user gave, and no attack
+may run ($MARK never appears). What no script can carry (a control character in a path, a NUL) is refused with
+the flag named. The real Slurm runs the docker form in tests/integration/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, Phase, event, example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import RECIPES
+from dockyard.launch import run as launch_run
+from dockyard.launch import slurm
+from tests.support.hostile import environment, hostile_text, path_name, recorder, records, unsafe
+
+SCONTROL = """#!/bin/sh
+case "$2" in
+  hostnames) printf 'gpu-a\\ngpu-b\\n' ;;
+  node) echo "NodeName=$3 NodeAddr=10.9.0.$([ "$3" = gpu-a ] && echo 1 || echo 2) NodeHostName=$3" ;;
+esac
+"""
+SRUN = """
+while [ $# -gt 0 ] && case $1 in --*) true ;; *) false ;; esac; do shift; done
+for i in 0 1; do SLURM_NODEID=$i SLURM_NNODES=2 "$@" || exit $?; done
+"""
+APPTAINER = """
+shift  # exec
+while case $1 in --nv) shift; true ;; --*) shift 2; true ;; *) false ;; esac; do :; done
+shift  # the .sif
+exec "$@"
+"""
+ATTACK = 'it\'s a "test" `touch "$MARK"` $(touch "$MARK") ${HOME} \\ * #x %j'
+EXAMPLES = hsettings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])  # explaining reruns for minutes
+
+
+def sbatch_options(text: str) -> list[str]:
+    """The arguments sbatch reads from the `#SBATCH` lines: blanks split, quotes and backslashes as in its
+    src/sbatch/opt.c, an unescaped `#` ends the line."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("#SBATCH"):
+            continue
+        rest, i = line[len("#SBATCH"):], 0
+        while i < len(rest):
+            if rest[i] in " \t\r\v\f":
+                i += 1
+                continue
+            arg, quote, escaped = [], "", False
+            while i < len(rest) and (quote or rest[i] not in " \t\r\v\f"):
+                c, i = rest[i], i + 1
+                if escaped:
+                    escaped = False
+                    arg.append(c)
+                elif c == "\\":
+                    escaped = True
+                elif quote:
+                    if c == quote:
+                        quote = ""
+                    else:
+                        arg.append(c)
+                elif c in "\"'":
+                    quote = c
+                elif c == "#":
+                    i = len(rest)
+                else:
+                    arg.append(c)
+            out += ["".join(arg)] if arg else []
+    return out
+
+
+def _recipe_folder(base: Path, name: str) -> Path:
+    folder = base / name
+    shutil.copytree(RECIPES / "zero2", folder)
+    return folder
+
+
+def _submit(base: Path, text: str, *after: str, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run the script as sbatch would on node 0 (the stand-ins start each node's part)."""
+    script = base / "job.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, "bash -n: not valid bash"
+    bin_, log = base / "bin", base / "argv.jsonl"
+    (bin_ / "scontrol").write_text(SCONTROL)
+    (bin_ / "scontrol").chmod(0o755)
+    (bin_ / "docker").write_text("#!/bin/sh\nexit 1\n")  # no node has the image yet
+    (bin_ / "docker").chmod(0o755)
+    p = subprocess.run(["bash", str(script), *after], capture_output=True, text=True, timeout=60,
+                       env=environment(bin_, log, base / "pwned", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="gpu-[a-b]",
+                                       RECORD_ENV="DOCKYARD_RENDEZVOUS,DOCKYARD_NODE_RANK", **env))
+    assert not (base / "pwned").exists(), "a value ran as a command"
+    return p, records(log, ("DOCKYARD_RENDEZVOUS", "DOCKYARD_NODE_RANK"))
+
+
+def _refused(e: DockyardError, values: dict[str, str], runs_refuses: str = "\\") -> None:
+    """A refusal names a flag whose value no script can carry (`runs_refuses`: what the runs folder may not hold)."""
+    event("refused")
+    assert any(flag in str(e) for flag, v in values.items() if (unsafe(v) and flag != "trainer overrides") or "\0" in v
+               or (flag == "runs_dir" and any(c in v for c in runs_refuses))), e
+
+
+def _default_run_id(folder_name: str) -> str:
+    return (re.sub(r"[^A-Za-z0-9_.-]", "-", folder_name).lstrip("-._") or "run") + "-slurm-77"
+
+
+@EXAMPLES
+@example(recipe="-r $(touch \"$MARK\")", archive="a b", runs="r u'n # %j", override=ATTACK, after=ATTACK)
+@given(recipe=path_name, archive=path_name, runs=path_name, override=hostile_text,
+       after=hostile_text.filter(lambda s: "\0" not in s))
+def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, recipe, archive, runs,
+                                                                  override, after):
+    base = tmp_path_factory.mktemp("job")
+    recorder(base / "bin", "invoke")
+    recorder(base / "bin", "srun", then=SRUN)
+    folder = base / "recipes" / recipe
+    kw = {"recipe": str(folder), "archive": str(base / archive), "overrides": ["--note", override, "--max_steps", "5"]}
+    s = settings.model_copy(update={"runs_dir": str(base / runs)})
+    try:
+        if not unsafe(recipe):
+            _recipe_folder(base / "recipes", recipe)
+        with mock.patch.object(slurm, "INVOKE", [str(base / "bin" / "invoke")]):
+            text = slurm.script(s, nodes=2, gpus_per_node=0, variant="cpu", **kw)
+    except DockyardError as e:
+        _refused(e, {"--recipe": recipe, "--archive": archive, "runs_dir": runs, "trainer overrides": override})
+        return
+    assert not any(unsafe(v) for v in (recipe, archive, runs)) and "\\" not in runs and "\0" not in override
+    runs_dir = (base / runs).resolve()
+    assert sbatch_options(text)[:2] == [f"--job-name=dockyard-{_default_run_id(recipe)[:-len('-slurm-77')]}",
+                                        "--nodes=2"]
+    assert f"--output={str(runs_dir).replace('%', '%%')}/slurm-%j.out" in sbatch_options(text)
+    p, got = _submit(base, text, "--resume", after)
+    assert p.returncode == 0, p.stderr
+    by_tool = {t: [r["argv"] for r in got if r["tool"] == t] for t in ("invoke", "srun")}
+    load = ["load", f"--file={(base / archive).resolve()}"]
+    run = ["run", f"--recipe={folder.resolve()}", "--variant=cpu", "--nodes=2", "--node-rank=0",
+           "--master-addr=10.9.0.1", "--master-port=29500", f"--run-id={_default_run_id(folder.resolve().name)}",
+           "--resume", after, "--", "--note", override, "--max_steps", "5"]
+    assert by_tool["invoke"] == [load, load, run, [*run[:4], "--node-rank=1", *run[5:]]]
+
+
+@EXAMPLES
+@example(runtime="apptainer", image="i m'g", recipe="-r $(touch \"$MARK\")", runs="r u'n # %j", override=ATTACK,
+         after=ATTACK)
+@given(runtime=st.sampled_from(["pyxis", "apptainer"]), image=path_name, recipe=path_name, runs=path_name,
+       override=hostile_text, after=hostile_text.filter(lambda s: "\0" not in s))
+def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, runtime, image,
+                                                                     recipe, runs, override, after):
+    base = tmp_path_factory.mktemp("job")
+    recorder(base / "bin", "torchrun")
+    recorder(base / "bin", "srun", then=SRUN)
+    recorder(base / "bin", "apptainer", then=APPTAINER)
+    image_file = base / (image + {"pyxis": ".sqsh", "apptainer": ".sif"}[runtime])
+    folder = base / "recipes" / recipe
+    s = settings.model_copy(update={"runs_dir": str(base / runs)})
+    try:
+        if not unsafe(recipe):
+            _recipe_folder(base / "recipes", recipe)
+        text = slurm.script(s, recipe=str(folder), nodes=2, gpus_per_node=4, runtime=runtime,
+                            image_file=str(image_file), overrides=["--note", override])
+    except DockyardError as e:
+        _refused(e, {"--recipe": recipe, "--image-file": image, "runs_dir": runs, "trainer overrides": override}, "\\,:")
+        return
+    p, got = _submit(base, text, after)
+    assert p.returncode == 0, p.stderr
+    run_id = _default_run_id(folder.resolve().name)
+    torchrun = [r for r in got if r["tool"] == "torchrun"]
+    assert [r["env"]["DOCKYARD_NODE_RANK"] for r in torchrun] == ["0", "1"]
+    for node, r in enumerate(torchrun):
+        argv = r["argv"]
+        assert f"--rdzv-id={run_id}" in argv and f"--local-addr=10.9.0.{node + 1}" in argv
+        assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", str(folder), "--run-dir",
+                                           f"/workspace/runs/{run_id}", after, "--", "--note", override]
+    srun = next(r["argv"] for r in got if r["tool"] == "srun")
+    runs_dir = (base / runs).resolve()
+    if runtime == "pyxis":
+        assert f"--container-image={image_file.resolve()}" in srun
+        assert any(a.startswith(f"--container-mounts={runs_dir}:/workspace/runs,") for a in srun)
+    else:
+        calls = [r["argv"] for r in got if r["tool"] == "apptainer"]
+        assert len(calls) == 2 and all(c[:4] == ["exec", "--nv", "--bind", calls[0][3]] for c in calls)
+        assert calls[0][3].startswith(f"{runs_dir}:/workspace/runs,") and calls[0][6] == str(image_file.resolve())
+
+
+@EXAMPLES
+@example(run_id=ATTACK)
+@given(run_id=hostile_text.filter(lambda s: "\0" not in s))
+def test_a_run_id_from_the_environment_is_used_as_given_or_refused_before_any_node_starts(settings, tmp_path_factory,
+                                                                                         run_id):
+    base = tmp_path_factory.mktemp("job")
+    recorder(base / "bin", "torchrun")
+    recorder(base / "bin", "srun", then=SRUN)
+    text = slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, runtime="pyxis",
+                        image_file=str(base / "x.sqsh"), overrides=[])
+    p, got = _submit(base, text, DOCKYARD_RUN_ID=run_id)
+    if launch_run.RUN_ID.fullmatch(run_id):
+        assert p.returncode == 0, p.stderr
+        assert [f"--rdzv-id={run_id}" in r["argv"] for r in got if r["tool"] == "torchrun"] == [True, True]
+    else:
+        assert p.returncode == 2 and "run id" in p.stderr and not got
+
+
+@pytest.mark.parametrize("value,flag", [("a\nb", "--recipe"), ("x\0y", "trainer overrides")])
+def test_what_no_script_can_carry_is_refused_naming_the_flag(settings, value, flag):
+    kw = {"recipe": value, "overrides": []} if flag == "--recipe" else {"recipe": "zero2", "overrides": [value]}
+    with pytest.raises(DockyardError, match=flag):
+        slurm.script(settings, nodes=2, gpus_per_node=0, **kw)
+
+
+def test_a_recipe_path_with_a_space_and_a_quote_reaches_invoke_run_whole(settings, tmp_path):
+    folder = _recipe_folder(tmp_path, "my recipe's $(touch \"$MARK\")")
+    recorder(tmp_path / "bin", "invoke")
+    recorder(tmp_path / "bin", "srun", then=SRUN)
+    with mock.patch.object(slurm, "INVOKE", [str(tmp_path / "bin" / "invoke")]):
+        text = slurm.script(settings, recipe=str(folder), nodes=1, gpus_per_node=0, variant="cpu", overrides=[])
+    p, got = _submit(tmp_path, text)
+    assert p.returncode == 0, p.stderr
+    run = next(r["argv"] for r in got if r["tool"] == "invoke")
+    assert run[:2] == ["run", f"--recipe={folder}"] and run[-1] == "--run-id=my-recipe-s---touch---MARK---slurm-77"
