@@ -270,6 +270,13 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
 
     load_recipe(recipe)  # a bad --recipe is reported as such, not through the run id derived from it
     run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
+    from dockyard.machine import disk
+
+    need = disk.check_before_run(settings, recipe, overrides, model=model, run_dir=run_dir,
+                                 gpu=chosen.is_cuda and not cpu, resume=resume)
+    if need:
+        print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
+              f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
     if native:
         plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
                            resume=resume, cpu=cpu or not chosen.is_cuda, data=data, model=model)

@@ -63,9 +63,17 @@ def run_bytes(shape: Any, *, strategy: str, peft: str | None, dtype: str, half_o
                              lora_r=lora_r)
     kept, peak = checkpoints_written(max_steps=max_steps, save_steps=save_steps, save_strategy=save_strategy,
                                      save_total_limit=save_total_limit)
-    return {"checkpoint_bytes": one, "checkpoints": kept, "model_bytes": model,
+    return {"checkpoint_bytes": one, "checkpoints": kept, "checkpoints_at_peak": peak, "model_bytes": model,
             "total_bytes": max(peak * one, kept * one + model),  # the final model comes after the last rotation
             "optimizer_saved": optimizer, "save_total_limit": save_total_limit}
+
+
+def for_recipe(shape: Any, recipe: Any) -> dict[str, Any]:
+    """`invoke plan`: what a recipe writes with its own settings (recipes/defaults.yaml and its `settings:`), bf16."""
+    from dockyard.train.recipe import resolve_settings
+
+    run_settings, training = resolve_settings(recipe, {})
+    return for_settings(shape, recipe, run_settings, training, half_on_gpu=True)
 
 
 def for_settings(shape: Any, recipe: Any, settings: Any, training: dict[str, Any], half_on_gpu: bool) -> dict[str, Any]:
@@ -95,8 +103,8 @@ def free_bytes(folder: Path) -> int:
 def ways_out(need: dict[str, Any]) -> str:
     limit = need.get("save_total_limit")
     fewer = (f"keep fewer checkpoints (-- --save_total_limit {max(1, limit - 1)}; each is "
-             f"{gib(need['checkpoint_bytes'])})" if limit and limit > 1 else
-             f"save fewer checkpoints (-- --save_steps; each is {gib(need['checkpoint_bytes'])})")
+             f"{size(need['checkpoint_bytes'])})" if limit and limit > 1 else
+             f"save fewer checkpoints (-- --save_steps; each is {size(need['checkpoint_bytes'])})")
     return (f"{fewer}"
             + (", leave the optimizer out of them (-- --save_only_model true: such a checkpoint cannot be resumed)"
                if need.get("optimizer_saved") else "")
@@ -110,21 +118,26 @@ def check_room(runs: Path, need: dict[str, Any], already: int = 0) -> None:
     wanted = max(0, need["total_bytes"] - already)
     free = free_bytes(runs)
     if wanted > free:
-        raise DockyardError(f"not enough disk for this run in {runs}: it writes about {gib(wanted)} "
-                            f"({describe(need)}) but {gib(free)} is free. Ways out: {ways_out(need)}")
+        raise DockyardError(f"not enough disk for this run in {runs}: it writes about {size(wanted)} "
+                            f"({describe(need)}) but {size(free)} is free. Ways out: {ways_out(need)}")
 
 
 def describe(need: dict[str, Any]) -> str:
-    return (f"{need['checkpoints']} checkpoint(s) of {gib(need['checkpoint_bytes'])}"
-            + ("" if need["optimizer_saved"] else " (model only)") + f" + the final model, {gib(need['model_bytes'])}")
+    extra = need.get("checkpoints_at_peak", 0) > need["checkpoints"]
+    return (f"{need['checkpoints']} checkpoint(s) of {size(need['checkpoint_bytes'])}"
+            + ("" if need["optimizer_saved"] else " (model only)")
+            + (", one more while the next is written" if extra else "")
+            + f", and the final model, {size(need['model_bytes'])}")
 
 
 def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
 
 
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB" if n < 10 * GIB else f"{n / GIB:.0f} GiB"
+def size(n: float) -> str:
+    if n < GIB:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / GIB:.1f} GiB" if n < 100 * GIB else f"{n / GIB:.0f} GiB"
 
 
 def disk_full(error: BaseException, folder: Path) -> bool:
@@ -147,10 +160,35 @@ def full_message(error: BaseException, folder: Path, need: dict[str, Any] | None
     whole = f"{type(error).__name__}: {error}".strip()
     need = need if need and "total_bytes" in need else None
     try:
-        free = gib(free_bytes(folder))
+        free = size(free_bytes(folder))
     except OSError:
         free = "unknown"
-    planned = f"; the run writes about {gib(need['total_bytes'])} ({describe(need)})" if need else ""
+    planned = f"; the run writes about {size(need['total_bytes'])} ({describe(need)})" if need else ""
     out = ways_out(need) if need else ("save fewer checkpoints (save_total_limit, save_steps), or put the runs folder "
                                        "on a bigger disk (the runs_dir setting)")
     return f"the disk holding {folder} ran out of space ({free} free now){planned}. Ways out: {out}. The error: {whole}"
+
+
+def check_before_run(settings: Any, recipe: str, overrides: list[str], *, model: str, run_dir: Path, gpu: bool,
+                     resume: bool) -> dict[str, Any] | None:
+    """`invoke run`: what the run will write, refused before anything starts when the runs folder's disk lacks the
+    room. Settings the trainer would refuse, or a model sized only inside the image (a hub id), are left to the
+    trainer: None, no check."""
+    from dockyard import inputs
+    from dockyard.machine import plan
+    from dockyard.recipes import load_recipe
+    from dockyard.train.recipe import TINY_MODEL, parse_overrides, resolve_settings
+
+    try:
+        seen = inputs.plan_mounts(settings, recipe, overrides, model=model, checkout_recipes=False)
+        given = parse_overrides(seen.overrides)
+        folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
+        if not folder:
+            return None
+        chosen = load_recipe(recipe)
+        run_settings, training = resolve_settings(chosen, given)
+        need = for_settings(plan.shape_from_folder(Path(folder)), chosen, run_settings, training, half_on_gpu=gpu)
+    except DockyardError:
+        return None
+    check_room(run_dir.parent, need, folder_bytes(run_dir) if resume else 0)
+    return need
