@@ -51,6 +51,8 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
                             f"and any transformers.TrainingArguments field")
     cuda = torch.cuda.is_available()
+    # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
+    overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}
     args: dict[str, Any] = {
         **precision.mixed_precision(precision.capability(), overrides),
         # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
