@@ -8,10 +8,11 @@ On CPU: the tiny model, 2 processes (gloo): a smoke check that every part runs. 
 made from a config (random weights), bf16, one process per GPU. On one GPU, a call of two or three recipes at
 `--batch 8` finishes in under 10 minutes; run several calls with their own `--out`.
 
-Throughput is the steady state read from each run's metrics.jsonl: the logging windows after the first
-WARMUP_STEPS steps, each its own tokens (every rank's real tokens) over its own wall time, saves and evaluation left
-out (dockyard/train/callbacks.py); MFU by dockyard/train/mfu.py, the trainer's own formula. Runs save no
-checkpoints, and each run folder is removed once read (a 1B full fine-tune's final model alone is 4 GB).
+Throughput is the steady state read from each run's metrics.jsonl (a window every 5 steps, the default, as a
+user's run has): the logging windows after the first WARMUP_STEPS steps, each its own tokens (every rank's real
+tokens) over its own wall time, saves and evaluation left out (dockyard/train/callbacks.py); MFU by
+dockyard/train/mfu.py, the trainer's own formula. Runs save no checkpoints, and each run folder is removed once
+read (a 1B full fine-tune's final model alone is 4 GB).
 """
 
 from __future__ import annotations
@@ -108,10 +109,10 @@ def setup_line(gpu: bool, seq: int, batch: int, steps: int) -> str:
     model = ("~1B Llama-shaped (config, random weights), bf16 mixed precision (fp16 before Ampere)" if gpu
              else "tiny Llama-shaped (164 k parameters), fp32")
     return (f"Model: {model}; sequence length {seq}, micro-batch {batch} per process, {steps} steps, gradient "
-            f"checkpointing off, no checkpoints saved. tokens/s: steady state, steps {WARMUP_STEPS + 1}..{steps} "
-            "from metrics.jsonl (real tokens of every rank); manifest: the run's own figure. Peak memory: GPU "
-            "memory reserved by torch (resident set size on CPU) of the largest rank; plan: `invoke plan`'s "
-            "estimate for the run, from its manifest. First step: from process start to the end of step 1")
+            f"checkpointing off, no checkpoints saved. tokens/s: steady state, the logging windows (every 5 steps) "
+            f"after step {WARMUP_STEPS}, from metrics.jsonl (real tokens of every rank); manifest: the run's own "
+            "figure. Peak memory: GPU memory reserved by torch (resident set size on CPU) of the largest rank; "
+            "plan: `invoke plan`'s estimate for the run, from its manifest. First step: from process start to the end of step 1")
 
 
 def make_model(work: Path, gpu: bool) -> Path:
@@ -171,7 +172,7 @@ def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps
         proc = torchrun(nproc, "-m", "dockyard.train", "--recipe", name, "--run-dir", str(run), "--",
                         "--model", str(model), "--data", str(data), "--max_steps", str(steps),
                         "--per_device_train_batch_size", str(batch), "--max_seq_length", str(seq),
-                        "--logging_steps", "1", "--save_strategy", "no", "--gradient_checkpointing", "false")
+                        "--logging_steps", "5", "--save_strategy", "no", "--gradient_checkpointing", "false")
         m = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").exists() else {}
         if proc.returncode != 0 or m.get("status") != "completed":
             tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
@@ -249,7 +250,9 @@ def _pct(x: float | None) -> str:
 def table_row(r: dict, rows: list[dict]) -> str:
     if "error" in r:
         first = r["error"].strip().splitlines()[-1] if r["error"].strip() else "failed"
-        return f"| {r['recipe']} | - | - | - | - | - | - | - | - | - | failed: {first.replace('|', '/')} (whole error below) |"
+        first = first if len(first) <= 100 else first[:100] + "…"
+        note = f"failed: {first.replace('|', '/')} (the whole error below)"
+        return f"| {r['recipe']} | - | - | - | - | - | - | - | - | - | {note} |"
     if "tokens_per_second" not in r:
         return f"| {r['recipe']} | - | {r['manifest_tps']:,.0f} | - | - | - | - | - | - | - | no steady-state window |"
     ddp = next((x["tokens_per_second"] for x in rows if x["recipe"] == "ddp" and "tokens_per_second" in x), None)
