@@ -120,7 +120,7 @@ class MetricsLog(TrainerCallback):
         out = {"tokens": tokens, "seconds": round(seconds, 4), "step_seconds": round(seconds / max(1, step - start_step), 4),
                "tokens_per_second": round(rate, 2)}
         if self.flops and self.peak:
-            out["mfu"] = round(rate * self.flops / (self.peak * self.world), 4)
+            out["mfu"] = float(f"{rate * self.flops / (self.peak * self.world):.4g}")
         return out
 
     def steady_state(self) -> dict[str, Any]:
@@ -135,7 +135,7 @@ class MetricsLog(TrainerCallback):
                "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 2), "mfu": None,
                "warm_up_left_out": bool(after)}
         if self.flops and self.peak:
-            out["mfu"] = round(tokens / seconds * self.flops / (self.peak * self.world), 4)
+            out["mfu"] = float(f"{tokens / seconds * self.flops / (self.peak * self.world):.4g}")
         return out
 
     @property
