@@ -243,7 +243,8 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
           + (f" ZeRO-{eff['zero_stage']}" if eff.get("zero_stage") is not None else ""))
     if met and met.get("loss_first") is not None:  # a run that failed early logged no loss
         print(f"  steps {met.get('steps')} · loss {met['loss_first']:.4f} → {met['loss_last']:.4f} · "
-              f"{met.get('tokens_per_second') or 0:.0f} tokens/s · "
+              f"{met.get('tokens_per_second') or 0:.0f} tokens/s (steady state)"
+              + (f" · MFU {met['mfu']:.1%}" if met.get("mfu") else "") + " · "
               f"peak memory {(met.get('peak_memory_bytes') or 0) / 2**20:.0f} MiB")
     print(f"  {run_dir}")
     if m.get("status") != "completed":
