@@ -20,7 +20,7 @@ STEPS = ["--max_steps", "100", "--per_device_train_batch_size", "8", "--max_seq_
          "--lr_scheduler_type", "constant"]
 SAVING = ["--save_steps", "1", "--save_total_limit", "2", "--eval_fraction", "0.05", "--eval_steps", "10",
           "--per_device_eval_batch_size", "8"]
-PLAIN = ["--save_strategy", "no"]
+PLAIN = ["--save_strategy", "no", "--eval_fraction", "0.05", "--eval_strategy", "no"]  # the same training examples
 
 
 def lines(run: Path) -> list[dict]:
