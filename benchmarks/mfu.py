@@ -1,44 +1,6 @@
-"""Model FLOPs utilisation: the FLOPs a step must do, over what the GPUs could do at their dense peak.
+"""Model FLOPs utilisation, as the benchmarks report it: the trainer's own formula and peak table
+(dockyard/train/mfu.py), so a benchmark's MFU and a run's manifest agree."""
 
-Per token (PaLM's accounting, appendix B): 6·N for the weight matmuls (forward 2N, backward 2N for the activation
-gradients and 2N for the weight gradients) plus 12·L·d·S for attention scores and values. N counts every matmul
-weight: the input embedding is a lookup, not a matmul, so it is left out (a tied output head still multiplies, so it
-stays in). With adapters (LoRA, QLoRA) the frozen base gets no weight gradients: 4·N, the adapters' own FLOPs being
-negligible. Recomputation under gradient checkpointing is not useful work and is not counted.
-"""
+from dockyard.train.mfu import PEAK, attention_length, flops_per_token, mfu, peak_flops
 
-from __future__ import annotations
-
-# Dense (no sparsity) tensor-core peak per GPU, by part and by the dtype a recipe trains in (NVIDIA data sheets).
-# A name matches when every word of the key is one of its words: "A10" is not "A10G", "H100 PCIe" is not SXM.
-PEAK = [
-    (("H100", "NVL"), {"bf16": 835e12, "fp16": 835e12}),
-    (("H100", "PCIe"), {"bf16": 756e12, "fp16": 756e12}),
-    (("H100",), {"bf16": 989e12, "fp16": 989e12}),  # SXM ("NVIDIA H100 80GB HBM3")
-    (("H200",), {"bf16": 989e12, "fp16": 989e12}),
-    (("B200",), {"bf16": 2250e12, "fp16": 2250e12}),
-    (("A100",), {"bf16": 312e12, "fp16": 312e12}),
-    (("L40S",), {"bf16": 362e12, "fp16": 362e12}),
-    (("A10",), {"bf16": 125e12, "fp16": 125e12}),
-    (("T4",), {"fp16": 65e12}),  # Turing: no bf16 tensor cores
-]
-
-
-def peak_flops(device_name: str, dtype: str) -> float | None:
-    """The dense peak of one GPU of this name in this dtype; None for a part (or dtype) not in the table."""
-    words = set(device_name.replace("-", " ").split())
-    for key, by_dtype in PEAK:
-        if set(key) <= words:
-            return by_dtype.get(dtype)
-    return None
-
-
-def flops_per_token(*, parameters: int, vocab: int, hidden: int, layers: int, seq_len: int, tied: bool,
-                    adapters: bool) -> float:
-    """Training FLOPs per token of a decoder of `parameters` (all of them, embeddings included)."""
-    matmul = parameters - (0 if tied else vocab * hidden)
-    return (4 if adapters else 6) * matmul + 12 * layers * hidden * seq_len
-
-
-def mfu(tokens_per_second: float, flops: float, peak: float | None, gpus: int) -> float | None:
-    return tokens_per_second * flops / (peak * gpus) if peak else None
+__all__ = ["PEAK", "attention_length", "flops_per_token", "mfu", "peak_flops"]

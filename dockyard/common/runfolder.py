@@ -186,6 +186,7 @@ class MetricsRecord(_Loose):
     loss_first: float | None = None
     loss_last: float | None = None
     tokens_per_second: float | None = None
+    mfu: float | None = None
     peak_memory_bytes: int | None = None
 
 

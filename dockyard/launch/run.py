@@ -248,7 +248,9 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
           + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else ""))
     if met and met.loss_first is not None and met.loss_last is not None:  # a run that failed early logged no loss
         print(f"  steps {met.steps} · loss {met.loss_first:.4f} → {met.loss_last:.4f} · "
-              f"{met.tokens_per_second or 0:.0f} tokens/s · peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
+              f"{met.tokens_per_second or 0:.0f} tokens/s (steady state)"
+              + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · "
+              f"peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
     print(f"  {run_dir}")
     if m.status != "completed":
         raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
@@ -274,6 +276,13 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
 
     load_recipe(recipe)  # a bad --recipe is reported as such, not through the run id derived from it
     run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
+    from dockyard.machine import disk
+
+    need = disk.check_before_run(settings, recipe, overrides, model=model, run_dir=run_dir,
+                                 gpu=chosen.is_cuda and not cpu, resume=resume)
+    if need:
+        print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
+              f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
     if native:
         plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
                            resume=resume, cpu=cpu or not chosen.is_cuda, data=data, model=model)

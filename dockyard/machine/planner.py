@@ -238,6 +238,16 @@ def largest_micro_batch(shape: Shape, recipe: Recipe, *, world_size: int, gpus_p
     return None
 
 
+def disk_columns(shape: Shape, recipe: Recipe) -> dict:
+    """What a run of the recipe writes with its default settings (machine/disk.py): a checkpoint, how many are
+    kept (save_total_limit), and the total with the final model."""
+    from dockyard.machine import disk
+
+    need = disk.for_recipe(shape, recipe)
+    return {"checkpoint_bytes": need["checkpoint_bytes"], "checkpoints_kept": need["checkpoints"],
+            "disk_bytes": need["total_bytes"]}
+
+
 # --- all recipes and a recommendation ---------------------------------------------------------------
 
 def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, batch: int,
@@ -268,6 +278,7 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
             "host_bytes": plain["host_bytes"],
             "fits": host_ok and plain["gpu_bytes"] <= gpu_mem,
             "fits_checkpointed": host_ok and ckpt["gpu_bytes"] <= gpu_mem,
+            **disk_columns(shape, recipe),
         })
     return {"model": asdict(shape), "gpus": gpus, "gpu_mem_bytes": gpu_mem, "cpu_mem_bytes": cpu_mem,
             "seq_len": seq_len, "batch": batch, "recipes": rows,
@@ -348,7 +359,7 @@ def print_plan(result: dict) -> None:
                   f"({m['source']})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
                         f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU")
-    for col in ("recipe", "states", "+ activations", "= per GPU", "checkpointed", "host/node", "fits"):
+    for col in ("recipe", "states", "+ activations", "= per GPU", "checkpointed", "host/node", "fits", "disk"):
         table.add_column(col, justify="left" if col in ("recipe", "fits") else "right")
     for r in result["recipes"]:
         fits = "yes" if r["fits"] else "with checkpointing" if r["fits_checkpointed"] else "no"
@@ -356,14 +367,23 @@ def print_plan(result: dict) -> None:
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
                       _gib(r["model_states_bytes"]), _gib(r["activation_bytes"]), _gib(r["gpu_bytes"]),
                       _gib(r["gpu_bytes_checkpointed"]), _gib(r["host_bytes"]),
-                      f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]")
+                      f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]",
+                      _disk_cell(r))
     console.print(table)
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
                   + f" — {rec['why']}")
+    console.print("[dim]disk: checkpoint size × checkpoints kept (save_total_limit) and the final model, with the "
+                  "recipe's settings; `invoke run` checks the runs folder has room before starting.[/]")
     console.print("[dim]per GPU is the peak of a step: the states held when activations peak (full fine-tuning's "
                   "gradients come later), the engine's buckets, and 1 GiB for the CUDA context and NCCL; host/node "
                   "is what offloading keeps in RAM, else the worst case while loading the checkpoint.[/]")
+
+
+def _disk_cell(r: dict) -> str:
+    from dockyard.machine import disk
+
+    return f"{disk.size(r['disk_bytes'])} ({r['checkpoints_kept']} × {disk.size(r['checkpoint_bytes'])} + model)"
 
 
 def to_json(result: dict) -> str:

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
-from dockyard.train.recipe import RunSettings, parse_overrides, resolve_settings
+from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
 
 log = logging.getLogger("dockyard.train")
 
@@ -51,6 +51,8 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
                             f"and any transformers.TrainingArguments field")
     cuda = torch.cuda.is_available()
+    # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
+    overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}
     args: dict[str, Any] = {
         **precision.mixed_precision(precision.capability(), overrides),
         # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
@@ -135,13 +137,21 @@ class Prepared:
     eval_examples: list[dict[str, Any]]  # empty: no evaluation
     resume_from: str | None
     padding_free: bool = False         # batches packed into one row (autos.resolve_padding_free)
+    shape: Any = None                  # plan.Shape, or None where the model could not be sized
 
 
 def train(overrides: dict[str, Any], run: Run) -> None:
     """Everything from a parsed command line to the saved model; `run` collects what the manifest needs."""
+    from dockyard.machine import disk
+
     prepared = prepare(overrides, run)
-    trainer, metrics = fit(prepared, run)
-    record(prepared, trainer, metrics, run)
+    try:
+        trainer, metrics = fit(prepared, run)
+        record(prepared, trainer, metrics, run)
+    except Exception as e:
+        if isinstance(e, DockyardError) or not disk.disk_full(e, run.opts.run_dir):
+            raise
+        raise DockyardError(disk.full_message(e, run.opts.run_dir, run.extra.get("disk"))) from None
     run.status = "completed"
 
 
@@ -212,6 +222,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     labels = loaded.labels
     if shape:
         run.extra["plan"] = predicted(shape, recipe, settings, args, local, resolved.regime)
+        run.extra["disk"] = disk_needed(shape, recipe, settings, args)
 
     transformers.set_seed(args.seed)
     model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
@@ -224,7 +235,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                                              getattr(model.config, "_attn_implementation", "") or "",
                                              args.per_device_train_batch_size, settings.max_seq_length)
     run.extra["settings_resolved"]["padding_free"] = {"value": packed, "why": why}
-    return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed)
+    return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed, shape)
 
 
 def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
@@ -236,15 +247,16 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from dockyard.train import checkpoints, data
-    from dockyard.train.callbacks import MetricsLog, StrategyCheck
+    from dockyard.train.callbacks import MetricsLog, PublishCheckpoint, StrategyCheck
 
     check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = multiprocessing.Value("q", 0)
-    metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens)
+    metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens, *flops_and_peak(p))
     trainer = Trainer(model=p.model, args=p.args, train_dataset=p.examples, eval_dataset=p.eval_examples or None,
                       processing_class=p.tokenizer,
                       data_collator=(data.collate_packed(tokens) if p.padding_free
-                                     else data.collate(p.tokenizer.pad_token_id, tokens)), callbacks=[check, metrics])
+                                     else data.collate(p.tokenizer.pad_token_id, tokens)),
+                      callbacks=[check, PublishCheckpoint(), metrics])  # publish first: a save is timed to its end
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
         trainer.remove_callback(cb)
     check.trainer = trainer
@@ -254,6 +266,25 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
         raise checkpoints.explain(e) from None
     return trainer, metrics
+
+
+def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
+    """FLOPs per trained token and one GPU's dense peak in the dtype this run computes in (dockyard.train.mfu), for
+    MFU; (None, None) on CPU, in fp32, on a GPU not in the table or for a model that could not be sized."""
+    import torch
+
+    from dockyard.train import mfu
+
+    args = p.args
+    half = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
+    if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
+        return None, None
+    peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
+    tied = bool(getattr(getattr(p.model, "config", None), "tie_word_embeddings", False))
+    flops = mfu.flops_per_token(parameters=p.shape.params, vocab=p.shape.vocab, hidden=p.shape.hidden,
+                                layers=p.shape.layers, tied=tied, adapters=bool(p.recipe.peft),
+                                seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))
+    return flops, peak
 
 
 def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
@@ -266,17 +297,28 @@ def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     args = p.args
     run.extra["probe"] = probe(trainer.model, p.examples[0]["input_ids"][:32], args.device,
                                models.weights_dtype(p.settings, p.recipe))
+    saving = time.perf_counter()
     trainer.save_model(str(run.opts.run_dir / "model"))
+    metrics.seconds_saving += time.perf_counter() - saving
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
     trained = torch.tensor(metrics.tokens_trained, device=args.device)
     if run.world_size > 1:
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
         torch.distributed.all_reduce(trained)
+    # The steady state: logging windows after warm-up, saves and evaluation left out (callbacks.MetricsLog);
+    # with nothing logged, the whole run less saves and evaluation.
+    steady = metrics.steady_state() or {
+        "tokens": int(trained.item()), "seconds": round(metrics.seconds, 4), "warm_up_left_out": False,
+        "tokens_per_second": round(trained.item() / metrics.seconds, 2) if metrics.seconds > 0 else 0.0, "mfu": None}
     run.metrics = {"steps": trainer.state.global_step,
-                   "tokens_per_second": round(trained.item() / metrics.seconds, 2) if metrics.seconds else 0.0,
+                   "tokens_per_second": steady["tokens_per_second"],
+                   "mfu": steady["mfu"],
+                   "seconds_to_first_step": metrics.seconds_to_first_step,
+                   "seconds_saving": round(metrics.seconds_saving, 3),
+                   "seconds_evaluating": round(metrics.seconds_evaluating, 3),
+                   "steady_state": steady,
                    "peak_memory_bytes": int(peak.item()),
-                   "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss",
-                   "seconds_to_first_step": metrics.seconds_to_first_step}
+                   "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss"}
 
 
 def model_shape(model_dir: Path, run: Run) -> Any:
@@ -310,6 +352,20 @@ def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def disk_needed(shape: Any, recipe: Recipe, settings: RunSettings, args: Any) -> dict[str, Any] | None:
+    """What the run writes (machine/disk.py): said again if a save runs out of space. Only a record."""
+    from dockyard.machine import disk
+
+    try:
+        return disk.run_bytes(shape, strategy=recipe.strategy, peft=recipe.peft, dtype=settings.dtype,
+                              half_on_gpu=bool(args.bf16 or args.fp16), optimizer=not args.save_only_model,
+                              max_steps=args.max_steps, save_steps=args.save_steps,
+                              save_strategy=str(args.save_strategy), save_total_limit=args.save_total_limit,
+                              lora_r=settings.lora_r)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str, Any]:
     """Logits of one fixed input at the end of training, so anyone can check that the saved model, reloaded,
     is the model that was trained (ZeRO-3 used to save empty weights). All ranks take part: under ZeRO-3
@@ -338,7 +394,10 @@ def finish(run: Run, error: str | None) -> None:
     extra = {**run.extra, **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
                             run.check.in_effect if run.check else None, run.metrics, extra)
-    manifest.write(run.opts.run_dir, record, manifest_file(nodes.node_rank()))
+    try:
+        manifest.write(run.opts.run_dir, record, manifest_file(nodes.node_rank()))
+    except OSError as e:  # a full disk: the error above is what the user needs
+        print(f"error: cannot write {run.opts.run_dir / manifest_file(nodes.node_rank())}: {e.strerror}", file=sys.stderr)
 
 
 def _stopped(signum: int, frame: Any) -> None:

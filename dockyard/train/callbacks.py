@@ -1,4 +1,5 @@
-"""Trainer callbacks: the strategy check once the model is wrapped, metrics as JSON lines, throughput."""
+"""Trainer callbacks: the strategy check once the model is wrapped, metrics as JSON lines with the throughput of
+each logging window, and checkpoints published once every rank has written its part."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from dockyard.common import runfolder
-from dockyard.train import strategy
+from dockyard.train import manifest, strategy
 
 log = logging.getLogger("dockyard.train")
+WARMUP_STEPS = 5  # logging windows ending within a run's first 5 steps are warm-up (set-up, compilation, allocator)
 
 
 class StrategyCheck(TrainerCallback):
@@ -30,37 +33,142 @@ class StrategyCheck(TrainerCallback):
         strategy.check(self.requested, self.in_effect, self.world_size)
 
 
-class MetricsLog(TrainerCallback):
-    """DIR/metrics.jsonl: one line per logging step with `step` and `loss` (a resumed run appends to it),
-    and the timings the manifest reports; `tokens` is the collator's count of this process's tokens."""
+class PublishCheckpoint(TrainerCallback):
+    """A checkpoint counts once every rank has written its part: the Trainer writes trainer_state.json from rank 0
+    while other ranks may still be writing their RNG state (and on other nodes, their shards). on_save runs on every
+    rank after the Trainer's save; after a barrier, rank 0 adds the marker manifest.complete_checkpoint looks for."""
 
-    def __init__(self, path: Path, is_main: bool, started: float, tokens: Any):
+    def on_save(self, args, state, control, **kwargs):
+        _barrier()
+        if args.process_index == 0:
+            manifest.mark_complete(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}", state.global_step)
+        _barrier()  # nobody trains on (and may be killed) before the marker is there
+
+
+class MetricsLog(TrainerCallback):
+    """DIR/metrics.jsonl: one line per logging window with `step`, `loss` (a resumed run appends to it) and that
+    window's throughput: `tokens` (real, non-padding tokens of every rank), `seconds` (its wall time, less any
+    time spent saving or evaluating), `step_seconds`, `tokens_per_second` and, on GPUs whose dense peak is known,
+    `mfu`. The steady state the manifest reports is the sum of the windows after warm-up (steady_state()).
+
+    `tokens` is the collator's count of this process's tokens (a multiprocessing.Value, evaluation batches
+    included: those are taken out here); `flops` the FLOPs per token and `peak` one GPU's peak (dockyard.train.mfu)."""
+
+    def __init__(self, path: Path, is_main: bool, started: float, tokens: Any, flops: float | None = None,
+                 peak: float | None = None):
         self.path, self.is_main, self.started, self.tokens = path, is_main, started, tokens
+        self.flops, self.peak = flops, peak
         self.seconds_to_first_step: float | None = None
-        self.tokens_start = self.tokens_end = 0
+        self.seconds_saving = self.seconds_evaluating = 0.0
+        self.windows: list[dict[str, Any]] = []
+        self.world, self.device, self.first_step = 1, None, 0
+        self.tokens_start = self.tokens_end = self.eval_tokens = 0
         self.time_start = self.time_end = 0.0
+        self._mark = (0.0, 0)          # (time, token count) after the last thing that was timed
+        self._window = (0.0, 0, 0)     # (time, token count, step) where the open window began
+        self._paused = 0.0             # seconds saving or evaluating within the open window
+        self._window_eval_tokens = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.world, self.device, self.first_step = args.world_size, args.device, state.global_step
         self.tokens_start, self.time_start = self.tokens.value, time.perf_counter()
+        self._mark = (self.time_start, self.tokens_start)
+        self._window = (self.time_start, self.tokens_start, state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds_to_first_step is None:
             self.seconds_to_first_step = time.perf_counter() - self.started
+        if control.should_save or control.should_evaluate:
+            _synchronize()  # the step's queued GPU work belongs to the step, not to the save that follows
+        self._mark = (time.perf_counter(), self.tokens.value)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.is_main and logs and ("loss" in logs or "eval_loss" in logs):
+        logs = dict(logs or {})
+        if "loss" in logs:  # a training window closes (every rank logs it: the token sum is a collective)
+            logs.update(self._close_window(state.global_step))
+        if self.is_main and ("loss" in logs or "eval_loss" in logs):
             line = json.dumps({"step": state.global_step, **logs, "time": round(time.time(), 3)})
             with runfolder.append(self.path.parent, self.path.name) as f:  # never through a planted link
                 f.write(line + "\n")
             log.info("%s", line)
 
+    def on_evaluate(self, args, state, control, **kwargs):
+        now, count = time.perf_counter(), self.tokens.value
+        self.seconds_evaluating += now - self._mark[0]
+        self._paused += now - self._mark[0]
+        self._window_eval_tokens += count - self._mark[1]
+        self.eval_tokens += count - self._mark[1]
+        self._mark = (now, count)
+
+    def on_save(self, args, state, control, **kwargs):
+        now = time.perf_counter()  # after PublishCheckpoint (added before this callback): every rank has saved
+        self.seconds_saving += now - self._mark[0]
+        self._paused += now - self._mark[0]
+        self._mark = (now, self.tokens.value)
+
     def on_train_end(self, args, state, control, **kwargs):
         self.tokens_end, self.time_end = self.tokens.value, time.perf_counter()
 
+    def _close_window(self, step: int) -> dict[str, Any]:
+        _synchronize()
+        now, count = time.perf_counter(), self.tokens.value
+        start, start_count, start_step = self._window
+        tokens = _sum_over_ranks(count - start_count - self._window_eval_tokens, self.world, self.device)
+        seconds = max(now - start - self._paused, 1e-9)
+        self.windows.append({"from_step": start_step + 1, "step": step, "tokens": tokens, "seconds": seconds})
+        self._window, self._mark, self._paused, self._window_eval_tokens = (now, count, step), (now, count), 0.0, 0
+        rate = tokens / seconds
+        out = {"tokens": tokens, "seconds": round(seconds, 4), "step_seconds": round(seconds / max(1, step - start_step), 4),
+               "tokens_per_second": round(rate, 2)}
+        if self.flops and self.peak:
+            out["mfu"] = float(f"{rate * self.flops / (self.peak * self.world):.4g}")
+        return out
+
+    def steady_state(self) -> dict[str, Any]:
+        """The windows after warm-up (the first window and any ending within the first WARMUP_STEPS steps of this
+        process), summed; fewer windows than that: what there is. Empty when nothing was logged."""
+        after = [w for w in self.windows[1:] if w["step"] > self.first_step + WARMUP_STEPS]
+        chosen = after or self.windows[1:] or self.windows
+        if not chosen:
+            return {}
+        tokens, seconds = sum(w["tokens"] for w in chosen), sum(w["seconds"] for w in chosen)
+        out = {"from_step": chosen[0]["from_step"], "to_step": chosen[-1]["step"], "tokens": tokens,
+               "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 2), "mfu": None,
+               "warm_up_left_out": bool(after)}
+        if self.flops and self.peak:
+            out["mfu"] = float(f"{tokens / seconds * self.flops / (self.peak * self.world):.4g}")
+        return out
+
     @property
     def tokens_trained(self) -> int:
-        return self.tokens_end - self.tokens_start
+        return self.tokens_end - self.tokens_start - self.eval_tokens
 
     @property
     def seconds(self) -> float:
-        return self.time_end - self.time_start
+        """Training time of the whole run, less saving and evaluating."""
+        return self.time_end - self.time_start - self.seconds_saving - self.seconds_evaluating
+
+
+def _synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _sum_over_ranks(n: int, world: int, device: Any) -> int:
+    import torch
+    import torch.distributed as dist
+
+    if world <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return n
+    total = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(total)
+    return int(total.item())

@@ -63,6 +63,8 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
                     "loss_last": seen[-1]["loss"] if seen else None,
                     **({"eval_loss_last": evals[-1]["eval_loss"]} if evals else {}),
                     "tokens_per_second": metrics.get("tokens_per_second"),
+                    "mfu": metrics.get("mfu"),
+                    **{k: metrics.get(k) for k in ("seconds_to_first_step", "seconds_saving", "seconds_evaluating")},
                     "peak_memory_bytes": metrics.get("peak_memory_bytes", peak_memory_bytes()),
                     **metrics},
         **extra,
@@ -98,8 +100,7 @@ def write(run_dir: Path, manifest: dict[str, Any], name: str = "manifest.json") 
 
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
-    its last complete checkpoint (a run killed while saving leaves a checkpoint without trainer_state.json,
-    the file the Trainer writes last)."""
+    its last complete checkpoint (complete_checkpoint)."""
     started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
                      key=lambda p: int(p.name[11:]))
     complete = [p for p in started if complete_checkpoint(p)]
@@ -112,14 +113,21 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     return str(complete[-1]) if resume else None
 
 
+COMPLETE = "complete.json"  # written last, by rank 0, once every rank has saved its part (callbacks.PublishCheckpoint)
+
+
+def mark_complete(path: Path, step: int) -> None:
+    """Publish a checkpoint: the marker appears whole (written aside, then renamed) or not at all."""
+    tmp = path / f".{COMPLETE}.tmp"
+    tmp.write_text(json.dumps({"step": step, "ranks_saved": "all"}) + "\n")
+    tmp.replace(path / COMPLETE)
+
+
 def complete_checkpoint(path: Path) -> bool:
-    """The Trainer writes trainer_state.json last, from rank 0, after DeepSpeed's closing barrier (every rank's
-    shards written); each rank then writes its RNG state, so a node lost right there leaves one missing."""
-    if not (path / "trainer_state.json").is_file():
-        return False
-    shards = list(path.glob("global_step*/*optim_states.pt"))
-    states = list(path.glob("rng_state_*.pth"))
-    return not (shards and states) or len(shards) == len(states)
+    """A checkpoint holding the marker: every rank had written its part. A run killed while saving leaves one
+    without, even with trainer_state.json written (rank 0 writes it while other ranks may still be writing
+    their RNG state, or on other nodes their shards)."""
+    return (path / COMPLETE).is_file()
 
 
 def trim_metrics(run_dir: Path, step: int, name: str = "metrics.jsonl") -> None:

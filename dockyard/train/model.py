@@ -12,8 +12,8 @@ import torch
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
+from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
-from dockyard.train.recipe import TINY_MODEL, RunSettings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -3,11 +3,13 @@ strategies the CPU tests cannot run (FSDP2 above all), bf16 mixed precision, QLo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from dockyard.common.recipes import load_recipe, recipe_names
-from dockyard.train import strategy
+from dockyard.train import mfu, strategy
 from tests.support.training import FAST, LORA_LR, manifest, reload_logits, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")]
@@ -22,6 +24,11 @@ def test_recipe_trains_on_the_gpus_with_its_strategy_in_effect(tmp_path, name):
     assert m["strategy"]["in_effect"] == strategy.expected(load_recipe(name).strategy, GPUS)
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
     assert m["metrics"]["peak_memory_kind"] == "gpu_reserved" and m["metrics"]["peak_memory_bytes"] > 0
+    # MFU beside tokens/s, in the manifest and in every training line of metrics.jsonl, on a GPU of known peak
+    half = "bf16" if torch.cuda.get_device_capability() >= (8, 0) else "fp16"
+    if mfu.peak_flops(torch.cuda.get_device_name(), half):
+        logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert m["metrics"]["mfu"] > 0 and all(x["mfu"] > 0 for x in logged if "loss" in x), logged
     # Trained in 16-bit mixed precision (bf16, fp16 before compute 8.0), reloaded in the weights' dtype.
     reloaded, trained = reload_logits(run, m), torch.tensor(m["probe"]["logits"])
     assert torch.allclose(reloaded, trained, atol=5e-2, rtol=5e-2), (reloaded, trained)

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from dockyard.train import manifest as manifest_module
 from tests.support.training import FAST, LORA_LR, ROOT, command, env, manifest, reload_logits, train
 
 
@@ -30,6 +31,10 @@ def assert_trained(run_dir: Path, recipe: str, engine: str, **in_effect) -> dict
     assert metrics["tokens_per_second"] > 0 and metrics["peak_memory_bytes"] > 50 * 2**20
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, 13)) and all("loss" in x for x in lines)
+    # what `invoke run` checked the disk for: one checkpoint as the plan sized it (machine/disk.py)
+    written = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "checkpoint-12").rglob("*") if f.is_file())
+    planned = m["disk"]["checkpoint_bytes"]
+    assert planned <= 1.15 * written and written <= 1.1 * planned + 200_000, (planned, written)
     assert "loss" in (run_dir / "train.log").read_text()
     # bf16 weights (LoRA bases) reload bit-exact, but QLoRA trains its norms in fp32 and reloads them in bf16
     tolerance = 1e-4 if m["probe"]["dtype"] == "float32" else 2e-2
@@ -107,7 +112,8 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 600
-        while not (run / "checkpoints" / "checkpoint-8" / "trainer_state.json").exists():
+        # killed right after checkpoint-8 is published (every rank has saved), as the trainer counts complete
+        while not (run / "checkpoints" / "checkpoint-8" / manifest_module.COMPLETE).exists():
             assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.05)
     finally:  # a crash, mid-way: every process killed at once, no chance to clean up

@@ -31,7 +31,7 @@ def make_measured_model(folder: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from dockyard.train.recipe import TINY_MODEL
+    from dockyard.common.run_settings import TINY_MODEL
 
     config = AutoConfig.from_pretrained(TINY_MODEL, **{k: v for k, v in MEASURED_MODEL.items() if k != "model_type"})
     torch.manual_seed(0)
@@ -44,7 +44,7 @@ def long_documents(path: Path, tokens: int, count: int = 64) -> Path:
     """Text examples of at least `tokens` tokens of the tiny tokenizer, from the shipped sample's lines."""
     import random
 
-    from dockyard.train.recipe import DATA
+    from dockyard.common.run_settings import DATA
 
     lines = [json.loads(x)["text"] for x in (DATA / "sample.jsonl").read_text().splitlines()]
     rng = random.Random(0)

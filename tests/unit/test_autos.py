@@ -7,10 +7,10 @@ import pytest
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
+from dockyard.common.run_settings import resolve_settings
 from dockyard.gpus import Recorded
 from dockyard.machine import planner
 from dockyard.train import autos
-from dockyard.train.recipe import resolve_settings
 from tests.support.measured import H100, HOSTS, measured_shape
 
 H100_GPU = autos.device_from_host(Recorded.from_file(H100).host())

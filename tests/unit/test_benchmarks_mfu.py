@@ -32,3 +32,20 @@ def test_mfu_is_achieved_over_peak_flops():
     # 10,000 tokens/s * 6e9 FLOPs per token = 6e13 FLOP/s on 2 GPUs of 1e14: 30 %
     assert mfu(10_000, 6e9, 1e14, 2) == 0.3
     assert mfu(10_000, 6e9, None, 2) is None
+
+
+def test_attention_runs_over_each_examples_own_length():
+    from benchmarks.mfu import attention_length
+
+    assert attention_length([2048, 2048]) == 2048
+    # a 100-token and a 900-token example: 900 of the 1000 tokens attend over 900 positions
+    assert attention_length([100, 900]) == (100 * 100 + 900 * 900) / 1000
+    assert attention_length([]) == 0.0
+
+
+def test_the_trainer_and_the_benchmarks_share_one_formula():
+    import benchmarks.mfu
+    import dockyard.train.mfu
+
+    assert benchmarks.mfu.flops_per_token is dockyard.train.mfu.flops_per_token
+    assert benchmarks.mfu.peak_flops is dockyard.train.mfu.peak_flops

@@ -57,7 +57,7 @@ def test_a_gloo_error_names_the_lost_node(monkeypatch):
     assert nodes.lost_node("CUDA out of memory", SEEN) is None
 
 
-def _checkpoint(root, step, shards, rng_states, state=True):
+def _checkpoint(root, step, shards, rng_states, state=True, published=False):
     ck = root / "checkpoints" / f"checkpoint-{step}"
     (ck / f"global_step{step}").mkdir(parents=True)
     for r in range(shards):
@@ -66,12 +66,15 @@ def _checkpoint(root, step, shards, rng_states, state=True):
         (ck / f"rng_state_{r}.pth").touch()
     if state:
         (ck / "trainer_state.json").write_text("{}")
+    if published:  # what the trainer adds once every rank has saved (callbacks.PublishCheckpoint)
+        manifest.mark_complete(ck, step)
     return ck
 
 
 def test_resume_skips_a_checkpoint_a_lost_node_left_incomplete(tmp_path):
-    good = _checkpoint(tmp_path, 3, shards=4, rng_states=4)
+    good = _checkpoint(tmp_path, 3, shards=4, rng_states=4, published=True)
     _checkpoint(tmp_path, 6, shards=4, rng_states=2)            # node 1 died before writing its RNG states
+    _checkpoint(tmp_path, 7, shards=4, rng_states=4)            # all written, but killed before the barrier after
     _checkpoint(tmp_path, 9, shards=3, rng_states=0, state=False)  # died while DeepSpeed was saving
     assert manifest.check_run_dir(tmp_path, resume=True) == str(good)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from dockyard.common.recipes import load_recipe
+from dockyard.common.run_settings import resolve_settings
 from dockyard.train import model as models
-from dockyard.train.recipe import resolve_settings
 
 
 def test_qlora_keeps_the_frozen_base_in_16_bits_and_trains_the_adapters(tmp_path):

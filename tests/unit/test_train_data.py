@@ -8,8 +8,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.run_settings import DATA, TINY_MODEL
 from dockyard.train import data
-from dockyard.train.recipe import DATA, TINY_MODEL
 
 
 @pytest.fixture(scope="module")

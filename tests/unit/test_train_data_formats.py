@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import data
-from dockyard.train.recipe import TINY_MODEL, RunSettings
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Which port?"},
         {"role": "assistant", "content": "Bergen"}, {"role": "user", "content": "And the next?"},

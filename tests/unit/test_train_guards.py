@@ -36,8 +36,8 @@ def test_device_map_is_never_auto(strategy_name, cuda, expected):
 def test_load_model_passes_the_device_map_of_the_local_rank(monkeypatch, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from dockyard.common.run_settings import RunSettings
     from dockyard.train import model as models
-    from dockyard.train.recipe import RunSettings
 
     seen = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -60,8 +60,8 @@ def test_lora_with_gradient_checkpointing_gets_non_reentrant_checkpointing_and_n
 def test_lora_with_gradient_checkpointing_enables_input_grads():
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from dockyard.common.run_settings import RunSettings
     from dockyard.train.model import add_lora
-    from dockyard.train.recipe import RunSettings
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dockyard.common.recipes import load_recipe
+from dockyard.common.run_settings import resolve_settings
 from dockyard.train import autos
 from dockyard.train.__main__ import training_arguments
-from dockyard.train.recipe import resolve_settings
 
 
 def cpu_arguments(name: str, given: dict, run_dir):

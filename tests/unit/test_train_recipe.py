@@ -9,12 +9,12 @@ import pytest
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, list_recipes, load_recipe, recipe_names
-from dockyard.train.recipe import parse_overrides, resolve_settings
+from dockyard.common.run_settings import parse_overrides, resolve_settings
 
 
 def test_recipes_and_settings_read_without_torch():
     """The host lists recipes and resolves settings with no training stack installed."""
-    code = ("import sys; import dockyard.common.recipes as r, dockyard.train.recipe as s; "
+    code = ("import sys; import dockyard.common.recipes as r, dockyard.common.run_settings as s; "
             "s.resolve_settings(r.load_recipe('zero2'), {}); print(len(r.list_recipes())); "
             "assert not {'torch', 'transformers', 'rich'} & set(sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

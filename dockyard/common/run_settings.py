@@ -20,7 +20,7 @@ from dockyard.common.errors import DockyardError, problems
 from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
 
 DATA = ROOT / "data"
-TINY_MODEL = Path(__file__).resolve().parent / "assets" / "tiny-llama"
+TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
 
 
 # --- settings ------------------------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""What a run writes to disk, and whether the runs folder has room for it: `invoke plan` shows it per recipe,
+`invoke run` (and `--dry`) refuses to start without it, and the trainer says it when a save still runs out.
+
+A checkpoint holds the weights (the whole model, or the adapters alone) and, unless `save_only_model`, the
+optimizer: AdamW's two moments in fp32 (8 bytes per trainable parameter); DeepSpeed adds its fp32 master copy (4
+more) and, for ZeRO-1/2, the module's weights again in its model-states file. At most `save_total_limit` checkpoints
+are kept (the Trainer deletes the oldest only after writing the next, so one more is on disk for a moment); the
+final model comes on top. Estimates: tokenizer, RNG and scheduler files are small beside the weights. No torch.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from dockyard.common.errors import DockyardError
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def checkpoint_bytes(shape: Any, *, strategy: str, peft: str | None, weight_bytes: int, optimizer: bool,
+                     lora_r: int = 16) -> int:
+    """One checkpoint of a model of planner.Shape `shape` (see the module docstring)."""
+    from dockyard.machine.planner import LORA_RANK
+
+    trainable = shape.lora_params * lora_r // LORA_RANK if peft else shape.params
+    weights = trainable * 4 if peft else shape.params * weight_bytes  # PEFT keeps (and saves) adapters in fp32
+    if not optimizer:
+        return weights
+    deepspeed = strategy.startswith("zero")
+    states = trainable * (12 if deepspeed else 8)
+    module_copy = weights if deepspeed and not strategy.startswith("zero3") else 0
+    return weights + states + module_copy
+
+
+def checkpoints_written(*, max_steps: int, save_steps: float, save_strategy: str,
+                        save_total_limit: int | None) -> tuple[int, int]:
+    """(checkpoints kept at the end, checkpoints on disk at once at the peak): the Trainer also saves at the last
+    step, and deletes the oldest only once the next is written."""
+    if str(save_strategy).split(".")[-1].lower() == "no":
+        return 0, 0
+    limit = save_total_limit if save_total_limit and save_total_limit > 0 else None
+    if max_steps and max_steps > 0 and save_steps and save_steps > 0:
+        every = math.ceil(max_steps * save_steps) if save_steps < 1 else int(save_steps)
+        count = math.ceil(max_steps / max(1, every))
+        return (min(count, limit), min(count, limit + 1)) if limit else (count, count)
+    return (limit, limit + 1) if limit else (1, 1)  # epochs, no step count: at least what the limit keeps
+
+
+def run_bytes(shape: Any, *, strategy: str, peft: str | None, dtype: str, half_on_gpu: bool, optimizer: bool,
+              max_steps: int, save_steps: float, save_strategy: str, save_total_limit: int | None,
+              lora_r: int = 16) -> dict[str, Any]:
+    """What a run writes: checkpoints (one × how many at the peak) and the final model."""
+    weight_bytes = DTYPE_BYTES.get(dtype, 4)  # "auto": fp32 weights for full fine-tuning
+    if strategy.startswith("zero") and half_on_gpu:
+        weight_bytes = 2  # DeepSpeed casts the module to bf16/fp16 and saves it so
+    one = checkpoint_bytes(shape, strategy=strategy, peft=peft, weight_bytes=weight_bytes, optimizer=optimizer,
+                           lora_r=lora_r)
+    model = checkpoint_bytes(shape, strategy=strategy, peft=peft, weight_bytes=weight_bytes, optimizer=False,
+                             lora_r=lora_r)
+    kept, peak = checkpoints_written(max_steps=max_steps, save_steps=save_steps, save_strategy=save_strategy,
+                                     save_total_limit=save_total_limit)
+    return {"checkpoint_bytes": one, "checkpoints": kept, "checkpoints_at_peak": peak, "model_bytes": model,
+            "total_bytes": max(peak * one, kept * one + model),  # the final model comes after the last rotation
+            "optimizer_saved": optimizer, "save_total_limit": save_total_limit}
+
+
+def for_recipe(shape: Any, recipe: Any) -> dict[str, Any]:
+    """`invoke plan`: what a recipe writes with its own settings (recipes/defaults.yaml and its `settings:`), bf16."""
+    from dockyard.common.run_settings import resolve_settings
+
+    run_settings, training = resolve_settings(recipe, {})
+    return for_settings(shape, recipe, run_settings, training, half_on_gpu=True)
+
+
+def for_settings(shape: Any, recipe: Any, settings: Any, training: dict[str, Any], half_on_gpu: bool) -> dict[str, Any]:
+    """run_bytes for a recipe with its resolved settings (train.recipe.resolve_settings: RunSettings and the
+    TrainingArguments values, read before any TrainingArguments exist)."""
+    def number(key: str, default: float) -> float:
+        value = training.get(key, default)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+    limit = training.get("save_total_limit")
+    return run_bytes(shape, strategy=recipe.strategy, peft=recipe.peft, dtype=settings.dtype, half_on_gpu=half_on_gpu,
+                     optimizer=training.get("save_only_model") not in (True, "true", "True", 1),
+                     max_steps=int(number("max_steps", -1)), save_steps=number("save_steps", 500),
+                     save_strategy=str(training.get("save_strategy", "steps")),
+                     save_total_limit=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+                     lora_r=settings.lora_r)
+
+
+def free_bytes(folder: Path) -> int:
+    """Free space (for this user) on the filesystem that holds `folder`, or would once it is made."""
+    path = folder.resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def ways_out(need: dict[str, Any]) -> str:
+    limit = need.get("save_total_limit")
+    fewer = (f"keep fewer checkpoints (-- --save_total_limit {max(1, limit - 1)}; each is "
+             f"{size(need['checkpoint_bytes'])})" if limit and limit > 1 else
+             f"save fewer checkpoints (-- --save_steps; each is {size(need['checkpoint_bytes'])})")
+    return (f"{fewer}"
+            + (", leave the optimizer out of them (-- --save_only_model true: such a checkpoint cannot be resumed)"
+               if need.get("optimizer_saved") else "")
+            + ", or put the runs folder on a bigger disk (the runs_dir setting, e.g. "
+              "INVOKE_DOCKYARD_RUNS_DIR=/scratch/runs invoke run ...; run.sh: --runs=DIR)")
+
+
+def check_room(runs: Path, need: dict[str, Any], already: int = 0) -> None:
+    """Refuse a run whose checkpoints and model will not fit in the free space of the runs folder's disk (less
+    what a resumed run already holds there)."""
+    wanted = max(0, need["total_bytes"] - already)
+    free = free_bytes(runs)
+    if wanted > free:
+        raise DockyardError(f"not enough disk for this run in {runs}: it writes about {size(wanted)} "
+                            f"({describe(need)}) but {size(free)} is free. Ways out: {ways_out(need)}")
+
+
+def describe(need: dict[str, Any]) -> str:
+    extra = need.get("checkpoints_at_peak", 0) > need["checkpoints"]
+    return (f"{need['checkpoints']} checkpoint(s) of {size(need['checkpoint_bytes'])}"
+            + ("" if need["optimizer_saved"] else " (model only)")
+            + (", one more while the next is written" if extra else "")
+            + f", and the final model, {size(need['model_bytes'])}")
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+
+
+def size(n: float) -> str:
+    if n < GIB:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / GIB:.1f} GiB" if n < 100 * GIB else f"{n / GIB:.0f} GiB"
+
+
+def disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether a failure while training or saving was the disk running out: the errno where there is one
+    (safetensors and torch.save wrap it in their own errors, torch.save without the reason), else a folder
+    whose disk has (almost) nothing left."""
+    if isinstance(error, OSError) and error.errno == 28:
+        return True
+    text = str(error)
+    if "No space left on device" in text or "os error 28" in text or "StorageFull" in text:
+        return True
+    try:
+        return free_bytes(folder) < 16 * 2**20
+    except OSError:
+        return False
+
+
+def full_message(error: BaseException, folder: Path, need: dict[str, Any] | None) -> str:
+    """The whole error (never cut), what filled the disk and the ways out."""
+    whole = f"{type(error).__name__}: {error}".strip()
+    need = need if need and "total_bytes" in need else None
+    try:
+        free = size(free_bytes(folder))
+    except OSError:
+        free = "unknown"
+    planned = f"; the run writes about {size(need['total_bytes'])} ({describe(need)})" if need else ""
+    out = ways_out(need) if need else ("save fewer checkpoints (save_total_limit, save_steps), or put the runs folder "
+                                       "on a bigger disk (the runs_dir setting)")
+    return f"the disk holding {folder} ran out of space ({free} free now){planned}. Ways out: {out}. The error: {whole}"
+
+
+def check_before_run(settings: Any, recipe: str, overrides: list[str], *, model: str, run_dir: Path, gpu: bool,
+                     resume: bool) -> dict[str, Any] | None:
+    """`invoke run`: what the run will write, refused before anything starts when the runs folder's disk lacks the
+    room. Settings the trainer would refuse, or a model sized only inside the image (a hub id), are left to the
+    trainer: None, no check."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import TINY_MODEL, parse_overrides, resolve_settings
+    from dockyard.launch import inputs
+    from dockyard.machine import planner
+
+    try:
+        seen = inputs.plan_mounts(settings, recipe, overrides, model=model, checkout_recipes=False)
+        given = parse_overrides(seen.overrides)
+        folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
+        if not folder:
+            return None
+        chosen = load_recipe(recipe)
+        run_settings, training = resolve_settings(chosen, given)
+        need = for_settings(planner.shape_from_folder(Path(folder)), chosen, run_settings, training, half_on_gpu=gpu)
+    except DockyardError:
+        return None
+    check_room(run_dir.parent, need, folder_bytes(run_dir) if resume else 0)
+    return need

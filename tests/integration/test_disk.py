@@ -1,0 +1,54 @@
+"""A run and the disk it writes to: `invoke run` refuses to start where the runs folder lacks the room its
+checkpoints and model need, and a save that still runs out of space says so whole, with the ways out.
+A small disk is a real tmpfs mounted for the test (these tests run as root, as CI does)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.support.cli import invoke
+from tests.support.training import train
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB filesystem: room for the tiny model's base weights, not for a checkpoint with its optimizer."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_save_that_runs_out_of_space_says_so_whole_with_the_ways_out(small_disk):
+    run = small_disk / "run"
+    proc = train("ddp", run, "--max_steps", "8", "--save_steps", "4", "--logging_steps", "1", ok=False)
+    assert proc.returncode != 0
+    said = next((line for line in proc.stderr.splitlines() if "ran out of space" in line), "")
+    assert said.startswith("error: the disk holding"), proc.stderr[-3000:]
+    assert "save_total_limit" in said and "runs_dir" in said and "checkpoint(s) of" in said
+    # the library's own error, after the first dot too (it used to be cut at "safetensors" / "Error while...")
+    error = said.split("The error: ", 1)[1]
+    assert error.count(".") >= 1 and len(error) > 40, error
+    assert "Traceback" not in proc.stderr.split("error: the disk holding")[0].splitlines()[-1]
+
+
+def test_run_refuses_to_start_without_room_in_the_runs_folder(small_disk, tmp_path):
+    runs = small_disk / "runs"
+    proc = invoke("run", "--recipe=zero2", "--variant=cpu", "--run-id=r1", "--dry", "--", "--max_steps", "8",
+                  env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs)})
+    assert proc.returncode != 0
+    assert "not enough disk for this run" in proc.stderr and "Traceback" not in proc.stderr
+    for way in ("--save_total_limit 1", "--save_only_model true", "INVOKE_DOCKYARD_RUNS_DIR"):
+        assert way in proc.stderr, proc.stderr
+    assert not (runs / "r1").exists()
+
+    elsewhere = tmp_path / "big" / "runs"  # the way out: a runs folder on a disk with room
+    proc = invoke("run", "--recipe=zero2", "--variant=cpu", "--run-id=r1", "--dry", "--", "--max_steps", "8",
+                  env={"INVOKE_DOCKYARD_RUNS_DIR": str(elsewhere)})
+    assert proc.returncode == 0, proc.stderr
+    assert "disk: the run writes about" in proc.stderr and "dockyard.train" in proc.stdout + proc.stderr

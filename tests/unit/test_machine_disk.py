@@ -1,0 +1,72 @@
+"""What a run writes, as `invoke plan` shows it and `invoke run` checks the runs folder for (machine/disk.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
+from dockyard.machine import disk, planner
+
+GB = 1_000_000_000
+
+
+def test_the_plan_says_what_each_recipe_writes():
+    rows = {r["recipe"]: r for r in planner.plan(planner.shape_from_count(GB), gpus=1, gpu_mem=80 * planner.GIB,
+                                              cpu_mem=64 * planner.GIB, seq_len=2048, batch=1)["recipes"]}
+    # full fine-tuning: fp32 weights (4 bytes) and AdamW's two moments (8) per parameter; defaults.yaml's
+    # max_steps 50, save_steps 25 and save_total_limit 2: two checkpoints, then the final model
+    ddp = rows["ddp"]
+    assert ddp["checkpoint_bytes"] == 12 * GB and ddp["checkpoints_kept"] == 2
+    assert ddp["disk_bytes"] == 2 * 12 * GB + 4 * GB
+    # ZeRO-2 on a GPU: the bf16 module twice (the Trainer's model file, DeepSpeed's model states) and fp32
+    # master weights plus moments: 2 + 2 + 12 bytes per parameter; ZeRO-3 has no whole-module copy
+    assert rows["zero2"]["checkpoint_bytes"] == 16 * GB and rows["zero3"]["checkpoint_bytes"] == 14 * GB
+    assert rows["lora"]["disk_bytes"] < ddp["disk_bytes"] / 50  # adapters alone
+
+
+@pytest.mark.parametrize("steps, every, limit, expected", [
+    (50, 25, 2, (2, 2)),        # saves at 25 and 50
+    (100, 10, 2, (2, 3)),       # ten saves, two kept, a third while the next is written
+    (100, 10, None, (10, 10)),  # no limit: all of them
+    (100, 0.5, 5, (2, 2)),      # a fraction of the run
+    (-1, 500, 3, (3, 4)),       # epochs: what the limit keeps
+])
+def test_checkpoints_on_disk(steps, every, limit, expected):
+    assert disk.checkpoints_written(max_steps=steps, save_steps=every, save_strategy="steps",
+                                    save_total_limit=limit) == expected
+    assert disk.checkpoints_written(max_steps=steps, save_steps=every, save_strategy="SaveStrategy.NO",
+                                    save_total_limit=limit) == (0, 0)
+
+
+def test_a_model_only_checkpoint_leaves_the_optimizer_out():
+    shape = planner.shape_from_count(GB)
+    full = disk.run_bytes(shape, strategy="ddp", peft=None, dtype="auto", half_on_gpu=True, optimizer=True,
+                          max_steps=10, save_steps=10, save_strategy="steps", save_total_limit=1)
+    lean = disk.run_bytes(shape, strategy="ddp", peft=None, dtype="bfloat16", half_on_gpu=True, optimizer=False,
+                          max_steps=10, save_steps=10, save_strategy="steps", save_total_limit=1)
+    assert (full["total_bytes"], lean["total_bytes"]) == (16 * GB, 4 * GB)
+
+
+def test_no_room_is_refused_with_the_ways_out(tmp_path, monkeypatch):
+    need = disk.for_recipe(planner.shape_from_count(GB), load_recipe("zero2"))
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: 10 * planner.GIB)
+    with pytest.raises(DockyardError) as e:
+        disk.check_room(tmp_path / "runs", need)
+    text = str(e.value)
+    assert f"writes about {disk.size(need['total_bytes'])}" in text and "10.0 GiB is free" in text
+    assert "--save_total_limit 1" in text and "save_only_model" in text and "runs_dir" in text
+    disk.check_room(tmp_path / "runs", need, already=need["total_bytes"])  # a resumed run holds it already
+
+
+def test_a_full_disk_is_told_from_another_failure(tmp_path, monkeypatch):
+    enospc = OSError(28, "No space left on device")
+    assert disk.disk_full(enospc, tmp_path)
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: 100 * GB)
+    assert not disk.disk_full(RuntimeError("CUDA out of memory. Tried to allocate"), tmp_path)
+    # torch.save says only that writing failed: the disk's free space tells
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: 4096)
+    err = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0. PytorchStreamWriter failed")
+    assert disk.disk_full(err, tmp_path)
+    text = disk.full_message(err, tmp_path, None)
+    assert text.endswith("The error: RuntimeError: " + str(err))  # whole, not cut at its first dot
