@@ -74,7 +74,7 @@ def test_signatures(tmp_path):
     with pytest.raises(DockyardError, match="not signed"):
         verify.verify(settings, paths)
     verify.sign_file(paths.manifest, good)
-    assert verify.verify_signature(allowed, paths) == "release@site"
+    assert verify.verify_signature(allowed, paths, paths.manifest.read_bytes()) == "release@site"
     verify.verify(settings, paths)
 
     # A manifest re-written after signing (with its sha256 line updated to match) is refused.
