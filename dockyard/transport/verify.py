@@ -188,7 +188,7 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
     found: set[str] = set()
 
     def refuse(why: str) -> DockyardError:
-        return DockyardError(f"{name}: the tar {why}, which its manifest does not name: refused, nothing was "
+        return DockyardError(f"{name}: the tar {why}; its manifest does not name that: refused, nothing was "
                              "loaded")
 
     def check(ref: object, where: str, image_id: str = "") -> None:
@@ -210,8 +210,6 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
             if not isinstance(data, list) or not all(isinstance(e, dict) and set(e) <= DOCKER_KEYS for e in data):
                 raise DockyardError(f"{name}: the tar's manifest.json is not what docker save writes: refused, "
                                     "nothing was loaded")
-            if len(data) > len(ids):
-                raise refuse(f"holds {len(data)} images (the manifest: {len(ids)})")
             for entry in data:
                 config = entry.get("Config")
                 image_id = "sha256:" + config.removeprefix("blobs/sha256/").removesuffix(".json") \
@@ -221,6 +219,8 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
                     raise refuse("holds a RepoTags that is not a list")
                 for ref in tags:
                     check(ref, path, image_id)
+            if len(data) > len(ids):  # untagged extras (the containerd store's ids are not config digests)
+                raise refuse(f"holds {len(data)} images where its manifest has {len(ids)}")
         elif path == "repositories":
             if not isinstance(data, dict) or not all(isinstance(t, dict) for t in data.values()):
                 raise refuse("holds a repositories file that is not docker's")
