@@ -115,6 +115,9 @@ got=$(sha256 <"$work/manifest.json")
 [ "$got" = "$(listed "$base.manifest.json")" ] \
 	|| die "$base.manifest.json is damaged, truncated or was changed (sha256 mismatch: $got): nothing was loaded. Copy it again."
 
+[ "$(sed -n 's/^  "archive_sha256": "\([0-9a-f]*\)",$/\1/p' "$work/manifest.json")" = "$(listed "$name")" ] \
+	|| die "$base.sha256 and $base.manifest.json disagree about $name: refused, nothing was loaded"
+
 IMAGES=$(field check_images)
 REQUIRES=$(field require_chains)
 NEED_KB=$(field need_kb)

@@ -204,7 +204,7 @@ class TarGate:
     def _read(self, src, n: int) -> bytes:
         data = src.read(n)
         if len(data) < n:
-            raise DockyardError("the tar ends in the middle of a file")
+            raise Truncated("the tar ends in the middle of a file")
         self.bytes += n
         if self.bytes > self.limit:
             raise TooLong(self.limit)
@@ -272,6 +272,10 @@ class TarGate:
 
 
 NAMING_CAP = 16 << 20
+
+
+class Truncated(DockyardError):
+    pass
 
 
 class TooLong(DockyardError):

@@ -19,7 +19,7 @@ from dockyard.errors import DockyardError, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
-from dockyard.transport.tarstream import TarGate, TooLong
+from dockyard.transport.tarstream import TarGate, TooLong, Truncated
 
 SIGN_NAMESPACE = "dockyard-archive"
 TAR_SLACK = 1 << 20  # past the manifest's tar_bytes (load.sh allows as much): the end of a tar is padded
@@ -149,10 +149,11 @@ def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:
             gate.run(unpack.stdout)
             if unpack.stdout.read(1):
                 raise DockyardError("the tar holds more than 1 MiB after its end")
+        except Truncated:  # the decompressor stopped: when it failed (a damaged stream), its message says why
+            feeder.join()
+            unpack.wait()
+            raise
         except BaseException:
-            if unpack.procs[0].poll() not in (None, 0):  # the stream does not decompress: say so
-                feeder.join()
-                unpack.wait()
             unpack.kill()
             feeder.join()
             raise
