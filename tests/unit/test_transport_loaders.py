@@ -17,9 +17,9 @@ import pytest
 
 from dockyard.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import verify
+from dockyard.transport import archive, verify
 from dockyard.transport.layout import ArchivePaths, write_loader
-from dockyard.transport.tarstream import TarGate, TooLong
+from dockyard.transport.tarstream import TarGate, TarPump, TooLong
 from tests.support.archive_sets import keypair, make_set, reseal
 from tests.support.save_tars import fake_save, member
 
@@ -84,6 +84,26 @@ def test_load_sh_refuses_a_set_changed_after_signing_or_hashing(tmp_path, change
     assert "loading" not in r.stdout
 
 
+def test_load_sh_checks_the_signature_of_the_manifest_it_then_uses(tmp_path):
+    """The signed manifest is put back in the shared folder while load.sh checks the signature (a hook in
+    ssh-keygen's place, which then runs the real one); load.sh had already taken its copy of the tampered one."""
+    paths, allowed = signed_set(tmp_path)
+    good = paths.manifest.read_bytes()
+    reseal(paths, {"load_sh": {"check_images": "evil:1=sha256:" + "b" * 64, "require_chains": "", "need_kb": "20"}})
+    (tmp_path / "good.json").write_bytes(good)
+    hook = tmp_path / "bin"
+    hook.mkdir()
+    (hook / "ssh-keygen").write_text(f'#!/bin/sh\ncp "{tmp_path}/good.json" "{paths.manifest}"\n'
+                                     f'exec /usr/bin/ssh-keygen "$@"\n')
+    (hook / "ssh-keygen").chmod(0o755)
+    loader = write_loader(tmp_path)
+    r = subprocess.run(["sh", loader, paths.archive.name], capture_output=True, text=True,
+                       env={"PATH": f"{hook}:/usr/bin:/bin", "ALLOWED_SIGNERS": str(allowed),
+                            "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert r.returncode == 1 and "does not verify: refused" in r.stderr, r.stderr
+    assert "signature good" not in r.stdout
+
+
 # --- what reaches docker load ----------------------------------------------------------------------
 
 def archive_set(tmp_path, raw: bytes, images: list[dict], method: str = "none") -> tuple[ArchivePaths, dict]:
@@ -134,6 +154,23 @@ def test_an_archive_that_is_not_what_was_verified_never_reaches_the_end_of_its_t
         into_cat(tmp_path, paths, manifest, method)
     got = received.read_bytes() if received.exists() else b""
     assert raw.startswith(got) and len(got) <= end_of(raw)
+
+
+def test_an_archive_written_like_invoke_save_loads_under_its_own_manifest(tmp_path):
+    """The manifest's tar_bytes is what the loaders let through (and the free-space check counts): an archive
+    written through the save path's tar reader loads whole under the manifest written for it (a tar of a few MB
+    that compresses to little, as tars of images do)."""
+    raw, image, _, _ = fake_save(big_bytes=3 << 20)
+    pump = TarPump()
+    out = io.BytesIO()
+    pump.run(io.BufferedReader(io.BytesIO(raw)), out.write)
+    packed = subprocess.run(["zstd", "-q", "-c"], input=out.getvalue(), capture_output=True, check=True).stdout
+    paths = ArchivePaths(tmp_path / "t_2.tar.zst")
+    paths.archive.write_bytes(packed)
+    got = archive.Streamed(pump, len(packed), hashlib.sha256(packed).hexdigest(), 1.0)
+    manifest = archive._manifest(paths, [{**image, "tags": ["t:2"], "labels": {}, "chain_ids": []}], got, "zstd", 2,
+                                 None)
+    assert into_cat(tmp_path, paths, manifest, "zstd") == ({"t:2"}, raw)
 
 
 def test_an_archive_longer_than_its_manifest_says_is_stopped(tmp_path):
@@ -256,6 +293,26 @@ def test_the_gate_reads_sizes_and_names_as_docker_does():
     assert g.naming == [("manifest.json", b"[1]")] and passed + g.tail == gnu
     zeros = header_with(tar_of(("manifest.json", b"[2]", tarfile.REGTYPE, "")), 124, b"\0\0\0\0\0\0\0\0003 \0")
     assert gate(zeros)[0].naming == [("manifest.json", b"[2]")]
+
+
+@pytest.mark.parametrize("name", ["./manifest.json", "a/../manifest.json", "/manifest.json"])
+def test_the_gate_knows_a_naming_file_by_the_path_docker_writes_it_to(name):
+    g, _ = gate(tar_of((name, b"[3]", tarfile.REGTYPE, "")))
+    assert g.naming == [("manifest.json", b"[3]")]
+
+
+def test_the_gate_reads_no_content_after_a_link_whatever_its_size_field_says():
+    """Go's reader gives links and folders no content: the header after a link with a size is a header."""
+    raw = tar_of(("l", b"", tarfile.SYMTYPE, "x"), ("manifest.json", b"[4]", tarfile.REGTYPE, ""))
+    g, passed = gate(header_with(raw, 124, b"00000001000\0"))
+    assert g.naming == [("manifest.json", b"[4]")]
+
+
+def test_the_gate_reads_no_prefix_in_a_gnu_header():
+    """Old GNU headers keep times where USTAR keeps a name prefix: the name is the name field alone."""
+    raw = tar_of(("manifest.json", b"[5]", tarfile.REGTYPE, ""), fmt=tarfile.GNU_FORMAT)
+    g, _ = gate(header_with(raw, 345, b"14721234567\0"))
+    assert g.naming == [("manifest.json", b"[5]")]
 
 
 def test_the_gate_stops_past_its_limit():

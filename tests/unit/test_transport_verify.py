@@ -25,6 +25,7 @@ def test_verify_accepts_a_good_set_and_sha256sum_agrees(tmp_path):
 
 @pytest.mark.parametrize("damage,message", [
     ("truncate", "truncated"),
+    ("longer", r"is \d+ bytes, the manifest says \d+: the copy is damaged"),
     ("bitflip", "does not match its sha256"),
     ("manifest", "manifest was changed"),
     ("missing", "is missing"),
@@ -34,6 +35,8 @@ def test_verify_refuses_damage(tmp_path, damage, message):
     data = bytearray(paths.archive.read_bytes())
     if damage == "truncate":
         paths.archive.write_bytes(data[: len(data) // 2])
+    elif damage == "longer":  # told by its size, before a byte is hashed
+        paths.archive.write_bytes(data + b"more")
     elif damage == "bitflip":
         data[len(data) // 2] ^= 0x01
         paths.archive.write_bytes(data)
