@@ -99,26 +99,28 @@ def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, lo
                           what=f"loading {name}") as docker_load):
         archive = Hashed(f)
         gate = TarGate(docker_load.stdin.write, manifest["tar_bytes"] + TAR_SLACK)
+        damaged = DockyardError(f"{name} does not match its sha256: the archive is damaged or was changed (it is "
+                                "read once, as it is loaded). Copy it again; nothing was loaded.")
         try:
             if dec:
                 unpacked(archive, dec, gate, name)
             else:
                 gate.run(archive)
-                archive.drain()
-        except TooLong:
-            raise DockyardError(f"{name} decompresses to more than its manifest declares ({manifest['tar_bytes']} "
-                                "bytes of tar): stopped there, refused, nothing was loaded") from None
-        except BrokenPipeError:  # docker load stopped reading: its exit code and output say why
-            docker_load.wait()
-            raise DockyardError(f"docker load stopped reading {name} before its end, before it was verified: "
-                                "refused\n" + console.tail(docker_load.output())) from None
-        except DockyardError as e:
+            archive.drain()
+        except (DockyardError, BrokenPipeError) as e:
+            archive.drain()  # a damaged archive is said to be damaged, whatever its damage did downstream
+            if not archive.matches(manifest):
+                raise damaged from None
+            if isinstance(e, TooLong):
+                raise DockyardError(f"{name} decompresses to more than its manifest declares ({manifest['tar_bytes']} "
+                                    "bytes of tar): stopped there, refused, nothing was loaded") from None
+            if isinstance(e, BrokenPipeError):  # docker load stopped reading: its exit code and output say why
+                docker_load.wait()
+                raise DockyardError(f"docker load stopped reading {name} before its end, before it was verified: "
+                                    "refused\n" + console.tail(docker_load.output())) from None
             raise DockyardError(f"{name}: {e}: refused, nothing was loaded") from None
-        if archive.bytes != manifest["archive_bytes"] or archive.hash.hexdigest() != manifest["archive_sha256"]:
-            raise DockyardError(f"{name} changed while it was read ({archive.bytes} bytes, sha256 "
-                                f"{archive.hash.hexdigest()}; verified: {manifest['archive_bytes']} bytes, "
-                                f"{manifest['archive_sha256']}): refused, nothing was loaded. Copy it again where "
-                                "nothing else writes.")
+        if not archive.matches(manifest):
+            raise damaged
         names |= tar_names(gate.naming, manifest, name)
         try:
             docker_load.stdin.write(gate.tail)
@@ -179,6 +181,9 @@ class Hashed:
     def drain(self) -> None:
         while self.read(engine.CHUNK):
             pass
+
+    def matches(self, manifest: dict) -> bool:
+        return self.bytes == manifest["archive_bytes"] and self.hash.hexdigest() == manifest["archive_sha256"]
 
 
 def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set[str]:
