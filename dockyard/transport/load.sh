@@ -1,7 +1,9 @@
 #!/bin/sh
-# Loads a dockyard image archive into this node's Docker engine with nothing but sh, sha256sum, docker
-# and zstd or gzip: checks the sha256s, checks that a thin archive's base layers are here, loads, then
-# checks that every image is present with the right id (docker load can exit 0 on failure).
+# Loads a dockyard image archive into this node's Docker engine with nothing but sh, coreutils, docker
+# and zstd or gzip: copies the set once into a private folder (TMPDIR) and checks the sha256s there, checks
+# that a thin archive's base layers are here, loads that copy, then checks that every image is present with
+# the right id (docker load can exit 0 on failure) and that it loaded no name the manifest lacks. A refused
+# load puts back every tag it moved.
 # Written by `invoke save` beside the archives; it reads what it needs from <name>.manifest.json.
 #
 #   sh load.sh [ARCHIVE]       load ARCHIVE (default: the only archive in this folder)

@@ -1,7 +1,10 @@
-"""Checking an archive before anything is loaded (sha256s, manifest, signature), and loading it.
+"""Checking an archive set (sha256s, manifest, signature), and loading exactly the bytes checked.
 
-A damaged, truncated or tampered archive is refused before the engine is touched; after loading, every
-image is looked up in the engine (`docker load` can exit 0 without loading everything).
+The .sha256, manifest and signature are each read once and checked against each other before the engine is
+touched. The archive is read once, hashed on its way into `docker load`, which gets the end of the tar only when
+the hash and the tar's image names are right: a damaged, swapped or tampered archive loads nothing. After
+loading, every image is looked up in the engine (`docker load` can exit 0 without loading everything); a load
+refused then puts the tags it moved back.
 """
 
 from __future__ import annotations
@@ -210,7 +213,7 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
     for path, raw in naming:
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             raise DockyardError(f"{name}: the tar's {path} is not JSON: refused, nothing was loaded") from None
         if path == "manifest.json":
             if not isinstance(data, list) or not all(isinstance(e, dict) and set(e) <= DOCKER_KEYS for e in data):

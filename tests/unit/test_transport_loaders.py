@@ -360,6 +360,8 @@ def test_a_tar_naming_only_its_manifests_images_passes():
     ([("manifest.json", [entry(IMG_A)]), ("manifest.json", [entry(IMG_A, "evil:1")])], "'evil:1'"),
     ([("repositories", {"app": {"1": "x"}})], "no manifest.json"),
     ([("manifest.json", b"[{]")], "not JSON"),
+    ([("manifest.json", b"[" * 100_000)], "not JSON"),
+    ([("manifest.json", b"\xff\xfe[")], "not JSON"),
 ])
 def test_a_tar_naming_anything_else_is_refused(files, message):
     with pytest.raises(DockyardError, match=message):
