@@ -1,13 +1,18 @@
-"""Checking an archive before anything is loaded (sha256s, manifest, signature), and loading it.
+"""Checking an archive set (sha256s, manifest, signature), and loading exactly the bytes checked.
 
-A damaged, truncated or tampered archive is refused before the engine is touched; after loading, every
-image is looked up in the engine (`docker load` can exit 0 without loading everything).
+The .sha256, manifest and signature are each read once and checked against each other before the engine is
+touched. The archive is read once, hashed on its way into `docker load`, which gets the end of the tar only when
+the hash and the tar's image names are right: a damaged, swapped or tampered archive loads nothing. After
+loading, every image is looked up in the engine (`docker load` can exit 0 without loading everything); a load
+refused then puts the tags it moved back.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
+import threading
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -17,15 +22,19 @@ from dockyard.common.errors import DockyardError, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
+from dockyard.transport.tarstream import TarGate, TooLong, Truncated
 
 SIGN_NAMESPACE = "dockyard-archive"
 TAR_SLACK = 1 << 20  # past the manifest's tar_bytes (load.sh allows as much): the end of a tar is padded
 
 
 def load(settings: Settings, file: str) -> list[tuple[str, str]]:
-    """Verify, then load an archive; returns (ref, id) of every image it holds, checked in the engine."""
+    """Verify, then load an archive; returns (ref, id) of every image it holds, checked in the engine.
+
+    The archive is opened once: the bytes hashed are the bytes loaded. A refused load leaves the engine's tags
+    where they were."""
     paths = ArchivePaths(Path(file).expanduser().resolve())
-    manifest = verify(settings, paths)
+    manifest = check_set(settings, paths)
     info = engine.engine_info(settings)
     store = inventory.engine_store(info)
     requires = (manifest.get("thin") or {}).get("requires") or []
@@ -48,64 +57,259 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
         raise DockyardError(f"{dec[0]} is not installed: install it (apt-get install {dec[0]}) to load "
                             f"{paths.archive.name}")
     load_argv = engine.docker(settings, "load")
-    output = load_capped(paths, dec, load_argv, manifest["tar_bytes"] + TAR_SLACK)
-    loaded, problems = [], []
-    for ref, img in inventory.names(manifest["images"]):
-        meta = engine.image_inspect(settings, ref)
-        wrong = inventory.loaded_as_saved(meta, img, store)
-        if wrong:
-            problems.append(f"{ref} {wrong}")
-        else:
-            loaded.append((ref, meta["Id"]))
-    if problems:
-        raise DockyardError(f"loading {paths.archive.name} failed: `{engine.quote(load_argv)}` exited 0, but "
-                            + "; ".join(problems) + "\n" + console.tail(output))
+    before = tag_snapshot(settings)
+    touched = {ref for ref, _ in inventory.names(manifest["images"])}
+    try:
+        output = load_verified(paths, manifest, dec, load_argv, touched)
+        touched |= {line.split(": ", 1)[1] for line in output if line.startswith("Loaded image: ")}
+        loaded = check_loaded(settings, paths, manifest, store, load_argv, output)
+    except DockyardError as e:
+        undone = roll_back(settings, before, touched)
+        raise DockyardError(f"{e}{undone}") from None
     for ref, image_id in loaded:
         print(f"loaded {ref} {image_id}")
     return loaded
 
 
-def load_capped(paths: ArchivePaths, dec: list[str] | None, load_argv: list[str], limit: int) -> list[str]:
-    """The archive, decompressed, into `docker load`, counted on the way: at most `limit` bytes reach it. An
-    archive that decompresses to more than its manifest declared (what the free-space check counted) is stopped
-    there, and docker load is killed before it sees the end of its input, so it loads nothing. load.sh does the
-    same. Returns docker load's last output lines."""
-    name, unpack_argv = paths.archive.name, [*(dec or ["cat"]), str(paths.archive)]
-    engine.echo_pipeline(unpack_argv, load_argv)
-    with (engine.Pipeline(load_argv, stdin=engine.PIPE, stdout=engine.TAIL, quiet=True,
-                          what=f"loading {name}") as docker_load,
-          engine.Pipeline(unpack_argv, stdout=engine.PIPE, quiet=True, what=f"decompressing {name}") as unpack):
-        copied = 0
-        while chunk := unpack.stdout.read(engine.CHUNK):
-            copied += len(chunk)
-            if copied > limit:  # leaving the block kills docker load before its input ends
-                raise DockyardError(f"{name} decompresses to more than its manifest declares ({limit - TAR_SLACK} "
-                                    "bytes of tar): stopped there, refused, nothing was loaded")
-            try:
-                docker_load.stdin.write(chunk)
-            except BrokenPipeError:  # docker load stopped reading: its exit code and output say why
+def check_loaded(settings: Settings, paths: ArchivePaths, manifest: dict, store: str, load_argv: list[str],
+                 output: list[str]) -> list[tuple[str, str]]:
+    """Every image of the manifest in the engine, as saved (docker load can exit 0 without loading everything)."""
+    loaded, wrong = [], []
+    for ref, img in inventory.names(manifest["images"]):
+        meta = engine.image_inspect(settings, ref)
+        why = inventory.loaded_as_saved(meta, img, store)
+        if why:
+            wrong.append(f"{ref} {why}")
+        else:
+            loaded.append((ref, meta["Id"]))
+    if wrong:
+        raise DockyardError(f"loading {paths.archive.name} failed: `{engine.quote(load_argv)}` exited 0, but "
+                            + "; ".join(wrong) + "\n" + console.tail(output))
+    return loaded
+
+
+def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, load_argv: list[str],
+                  names: set[str]) -> list[str]:
+    """The archive, read once: hashed, decompressed and read as a tar (tarstream.TarGate) on its way into
+    `docker load`. docker load gets the end of the tar only once the whole archive hashed to the manifest's
+    sha256 and the tar names no image but the manifest's; otherwise it is killed before its input ends and loads
+    nothing. At most the manifest's tar_bytes (what the free-space check counted) reach it. The names the tar
+    gives images are added to `names`. Returns docker load's last output lines."""
+    name = paths.archive.name
+    engine.echo_pipeline([*(dec or ["cat"]), str(paths.archive)], load_argv)
+    with (open(paths.archive, "rb") as f,
+          engine.Pipeline(load_argv, stdin=engine.PIPE, stdout=engine.TAIL, quiet=True,
+                          what=f"loading {name}") as docker_load):
+        archive = Hashed(f)
+        gate = TarGate(docker_load.stdin.write, manifest["tar_bytes"] + TAR_SLACK)
+        damaged = DockyardError(f"{name} does not match its sha256: the archive is damaged or was changed (it is "
+                                "read once, as it is loaded). Copy it again; nothing was loaded.")
+        try:
+            if dec:
+                unpacked(archive, dec, gate, name)
+            else:
+                gate.run(archive)
+            archive.drain()
+        except (DockyardError, BrokenPipeError) as e:
+            archive.drain()  # a damaged archive is said to be damaged, whatever its damage did downstream
+            if not archive.matches(manifest):
+                raise damaged from None
+            if isinstance(e, TooLong):
+                raise DockyardError(f"{name} decompresses to more than its manifest declares ({manifest['tar_bytes']} "
+                                    "bytes of tar): stopped there, refused, nothing was loaded") from None
+            if isinstance(e, BrokenPipeError):  # docker load stopped reading: its exit code and output say why
                 docker_load.wait()
-                unpack.kill()
-                return docker_load.output()
-        unpack.wait()  # a damaged stream fails here, before docker load sees the end of a truncated tar
+                raise DockyardError(f"docker load stopped reading {name} before its end, before it was verified: "
+                                    "refused\n" + console.tail(docker_load.output())) from None
+            raise DockyardError(f"{name}: {e}: refused, nothing was loaded") from None
+        if not archive.matches(manifest):
+            raise damaged
+        names |= tar_names(gate.naming, manifest, name)
+        try:
+            docker_load.stdin.write(gate.tail)
+        except BrokenPipeError:
+            pass
         docker_load.wait()
         return docker_load.output()
 
 
-def verify(settings: Settings, paths: ArchivePaths) -> dict:
-    """Checks signature (when configured), manifest and archive sha256s; returns the manifest.
+def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:
+    """archive → the decompressor (fed by a thread) → gate."""
+    failed: list[BaseException] = []
+    with engine.Pipeline(dec, stdin=engine.PIPE, stdout=engine.PIPE, quiet=True,
+                         what=f"decompressing {name}") as unpack:
+        def feed() -> None:
+            try:
+                while chunk := archive.read(engine.CHUNK):
+                    unpack.stdin.write(chunk)
+                unpack.stdin.close()
+            except BrokenPipeError:  # the decompressor stopped (damage) or was stopped (a refusal)
+                pass
+            except BaseException as e:
+                failed.append(e)
 
-    Touches no engine: a damaged archive is refused before anything is loaded.
-    """
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        try:
+            gate.run(unpack.stdout)
+            if unpack.stdout.read(1):
+                raise DockyardError("the tar holds more than 1 MiB after its end")
+        except Truncated:  # the decompressor stopped: when it failed (a damaged stream), its message says why
+            feeder.join()
+            unpack.wait()
+            raise
+        except BaseException:
+            unpack.kill()
+            feeder.join()
+            raise
+        feeder.join()
+        if failed:
+            raise failed[0]
+        # a damaged stream fails here, before docker load sees the end of its tar
+        unpack.wait()
+
+
+class Hashed:
+    """A file read through its sha256."""
+
+    def __init__(self, f):
+        self.f, self.hash, self.bytes = f, hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.hash.update(data)
+        self.bytes += len(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(engine.CHUNK):
+            pass
+
+    def matches(self, manifest: dict) -> bool:
+        return self.bytes == manifest["archive_bytes"] and self.hash.hexdigest() == manifest["archive_sha256"]
+
+
+def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set[str]:
+    """The names the tar gives its images (docker's manifest.json, repositories, an OCI index.json), refused
+    unless every one is a name the manifest gives that image and the tar holds no image the manifest lacks."""
+    ours = {_familiar(ref): img for ref, img in inventory.names(manifest["images"])}
+    ids = {img["id"] for img in manifest["images"]}
+    found: set[str] = set()
+
+    def refuse(why: str) -> DockyardError:
+        return DockyardError(f"{name}: the tar {why}; its manifest does not name that: refused, nothing was "
+                             "loaded")
+
+    def check(ref: object, where: str, image_id: str = "") -> None:
+        if not isinstance(ref, str) or _familiar(ref) not in ours:
+            raise refuse(f"names an image {ref!r} in {where}")
+        if image_id and image_id in ids and ours[_familiar(ref)]["id"] != image_id:
+            raise refuse(f"gives {ref} to another of its images in {where}")
+        found.add(ref)
+
+    if "manifest.json" not in {path for path, _ in naming}:
+        raise DockyardError(f"{name}: the tar has no manifest.json, so it is not a `docker save` archive: "
+                            "refused, nothing was loaded")
+    for path, raw in naming:
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise DockyardError(f"{name}: the tar's {path} is not JSON: refused, nothing was loaded") from None
+        if path == "manifest.json":
+            if not isinstance(data, list) or not all(isinstance(e, dict) and set(e) <= DOCKER_KEYS for e in data):
+                raise DockyardError(f"{name}: the tar's manifest.json is not what docker save writes: refused, "
+                                    "nothing was loaded")
+            for entry in data:
+                config = entry.get("Config")
+                image_id = "sha256:" + config.removeprefix("blobs/sha256/").removesuffix(".json") \
+                    if isinstance(config, str) else ""
+                tags = entry.get("RepoTags") or []
+                if not isinstance(tags, list):
+                    raise refuse("holds a RepoTags that is not a list")
+                for ref in tags:
+                    check(ref, path, image_id)
+            if len(data) > len(ids):  # untagged extras (the containerd store's ids are not config digests)
+                raise refuse(f"holds {len(data)} images where its manifest has {len(ids)}")
+        elif path == "repositories":
+            if not isinstance(data, dict) or not all(isinstance(t, dict) for t in data.values()):
+                raise refuse("holds a repositories file that is not docker's")
+            for repo, tags in data.items():
+                for tag in tags:
+                    check(f"{repo}:{tag}", path)
+        else:  # index.json: the OCI layout, read by the containerd image store
+            entries = data.get("manifests") if isinstance(data, dict) else None
+            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+                raise refuse("holds an index.json that is not an OCI index")
+            for entry in entries:
+                notes = entry.get("annotations") or {}
+                if not isinstance(notes, dict):
+                    raise refuse("holds index.json annotations that are not an object")
+                if "io.containerd.image.name" in notes:
+                    check(notes["io.containerd.image.name"], path)
+    return found
+
+
+DOCKER_KEYS = {"Config", "RepoTags", "Layers", "LayerSources"}  # docker reads its keys case-insensitively: no others
+
+
+def _familiar(ref: str) -> str:
+    """A reference as `docker image ls` shows it: `t:1` for docker.io/library/t:1."""
+    return ref.removeprefix("docker.io/").removeprefix("library/") if ref.startswith("docker.io/") else ref
+
+
+# --- undoing a refused load ------------------------------------------------------------------------
+
+def tag_snapshot(settings: Settings) -> dict[str, str]:
+    """Every tag the engine holds → the image id it names, and "" → the ids of all its images (one per line)."""
+    out = engine.run(engine.docker(settings, "image", "ls", "-a", "--no-trunc", "--format",
+                                   "{{.ID}} {{.Repository}}:{{.Tag}}"), capture=True, quiet=True).stdout
+    tags, ids = {}, []
+    for line in out.splitlines():
+        image_id, _, ref = line.partition(" ")
+        ids.append(image_id)
+        if "<none>" not in ref:
+            tags[ref] = image_id
+    return {**tags, "": "\n".join(ids)}
+
+
+def roll_back(settings: Settings, before: dict[str, str], names: set[str]) -> str:
+    """Puts every tag in `names` back on the image it named before the load (or removes it where it named none),
+    then removes the images the load brought that nothing names any more. Returns what it says about that."""
+    known = set(before[""].split())
+    moved, new = [], set()
+    for ref in sorted(names):
+        try:
+            meta = engine.image_inspect(settings, ref)
+        except DockyardError:  # a name docker would not take: it cannot have been loaded either
+            continue
+        now, was = (meta or {}).get("Id"), before.get(_familiar(ref))
+        if now == was or (not was and now in known):  # untagging an image that was here would remove it
+            continue
+        if now and now not in known:
+            new.add(now)
+        argv = engine.docker(settings, "tag", was, ref) if was else engine.docker(settings, "rmi", "--no-prune", ref)
+        if engine.run(argv, capture=True, check=False, quiet=True).returncode == 0:
+            moved.append(ref)
+    for image_id in sorted(new):  # only what nothing names (docker rmi without -f keeps anything still used)
+        engine.run(engine.docker(settings, "rmi", image_id), capture=True, check=False, quiet=True)
+    if not moved:
+        return ""
+    return ("\nthe tags the load moved are back where they were: " + ", ".join(moved)
+            + "; the images it brought are removed")
+
+
+def check_set(settings: Settings, paths: ArchivePaths) -> dict:
+    """The signature (when configured), the .sha256 and the manifest, each read once, checked against each
+    other; returns the manifest. The archive itself is not read: its bytes are checked as they are used."""
     for p in (paths.archive, paths.sha256, paths.manifest):
         if not p.exists():
             raise DockyardError(f"{p} is missing: an archive travels with its .sha256 and .manifest.json "
                                 "(copy all three, or use `invoke ship`)")
+    raw = paths.manifest.read_bytes()
     if settings.allowed_signers:
-        principal = verify_signature(settings.path(settings.allowed_signers), paths)
+        principal = verify_signature(settings.path(settings.allowed_signers), paths, raw)
         print(f"signature good: signed by {principal}", file=sys.stderr)
     sums = read_sums(paths.sha256)
-    raw = paths.manifest.read_bytes()
     if sums.get(paths.manifest.name) != hashlib.sha256(raw).hexdigest():
         raise DockyardError(f"{paths.manifest.name} does not match {paths.sha256.name}: the manifest was "
                             "changed or damaged. Refused, nothing was loaded.")
@@ -114,12 +318,21 @@ def verify(settings: Settings, paths: ArchivePaths) -> dict:
     if expected is None or manifest.get("archive_sha256") != expected:
         raise DockyardError(f"{paths.sha256.name} and {paths.manifest.name} disagree about "
                             f"{paths.archive.name}: refused, nothing was loaded")
-    size, want = paths.archive.stat().st_size, manifest.get("archive_bytes")
+    size, want = paths.archive.stat().st_size, manifest["archive_bytes"]
     if size != want:
         raise DockyardError(f"{paths.archive.name} is {size} bytes, the manifest says {want}: the copy is "
                             f"{'truncated' if size < want else 'damaged'}. Copy it again (`invoke ship` "
                             "resumes); nothing was loaded.")
-    if sha256_file(paths.archive, f"verify {paths.archive.name}") != expected:
+    return manifest
+
+
+def verify(settings: Settings, paths: ArchivePaths) -> dict:
+    """Checks signature (when configured), manifest and archive sha256s; returns the manifest.
+
+    Touches no engine: a damaged archive is refused before anything is loaded.
+    """
+    manifest = check_set(settings, paths)
+    if sha256_file(paths.archive, f"verify {paths.archive.name}") != manifest["archive_sha256"]:
         raise DockyardError(f"{paths.archive.name} does not match its sha256: the archive is damaged or was "
                             "changed. Copy it again; nothing was loaded.")
     return manifest
@@ -178,8 +391,9 @@ def sign_file(path: Path, key: Path) -> None:
                what="signing the manifest")
 
 
-def verify_signature(allowed: Path, paths: ArchivePaths) -> str:
-    """The principal that signed the manifest; refuses unsigned or wrongly signed archives."""
+def verify_signature(allowed: Path, paths: ArchivePaths, manifest: bytes) -> str:
+    """The principal that signed `manifest` (the bytes read from paths.manifest: the ones then used); refuses
+    unsigned or wrongly signed archives."""
     if not allowed.exists():
         raise DockyardError(f"allowed_signers is set to {allowed}, which does not exist: fix the setting")
     if not paths.signature.exists():
@@ -192,7 +406,7 @@ def verify_signature(allowed: Path, paths: ArchivePaths) -> str:
         raise DockyardError(f"{paths.archive.name} was signed by a key that is not in {allowed}: "
                             "refused, nothing was loaded")
     ok = engine.run(["ssh-keygen", "-Y", "verify", "-f", str(allowed), "-I", principal, "-n", SIGN_NAMESPACE,
-                     "-s", str(paths.signature)], input=paths.manifest.read_bytes(), capture=True,
+                     "-s", str(paths.signature)], input=manifest, capture=True,
                     check=False, quiet=True)
     if ok.returncode != 0:
         raise DockyardError(f"the signature of {paths.manifest.name} does not verify (the manifest was "

@@ -1,7 +1,9 @@
 #!/bin/sh
-# Loads a dockyard image archive into this node's Docker engine with nothing but sh, sha256sum, docker
-# and zstd or gzip: checks the sha256s, checks that a thin archive's base layers are here, loads, then
-# checks that every image is present with the right id (docker load can exit 0 on failure).
+# Loads a dockyard image archive into this node's Docker engine with nothing but sh, coreutils, docker
+# and zstd or gzip: copies the set once into a private folder (TMPDIR) and checks the sha256s there, checks
+# that a thin archive's base layers are here, loads that copy, then checks that every image is present with
+# the right id (docker load can exit 0 on failure) and that it loaded no name the manifest lacks. A refused
+# load puts back every tag it moved.
 # Written by `invoke save` beside the archives; it reads what it needs from <name>.manifest.json.
 #
 #   sh load.sh [ARCHIVE]       load ARCHIVE (default: the only archive in this folder)
@@ -13,9 +15,9 @@ NAMESPACE=dockyard-archive
 die() { echo "load.sh: $*" >&2; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is missing on this node: $2"; }
 
-sha256() {  # OpenSSL where it is there: several times faster than coreutils on large archives
-	if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r "$1" | cut -d' ' -f1
-	else sha256sum "$1" | cut -d' ' -f1; fi
+sha256() {  # of stdin; OpenSSL where it is there: several times faster than coreutils on large archives
+	if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r | cut -d' ' -f1
+	else sha256sum | cut -d' ' -f1; fi
 }
 
 store() {  # containerd or classic
@@ -50,7 +52,7 @@ inventory() {
 [ "${1:-}" = --inventory ] && { inventory; exit 0; }
 
 field() {  # a value of the manifest's flat "load_sh" block (read only after the sha256 check)
-	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$base.manifest.json"
+	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$work/manifest.json"
 }
 
 # ARCHIVE is found as given (from the caller's folder), or by a bare name beside load.sh; never a same-named
@@ -81,16 +83,24 @@ case "$name" in
 *) unpack= ;;
 esac
 
+# Every file is read once, into a private folder, and checked and used there: a file changed in the shared
+# folder after its check (another writer, an NFS scratch) is never what gets loaded.
+work=$(mktemp -d) || die "cannot make a private folder in ${TMPDIR:-/tmp}"
+trap 'rm -rf "$work"' EXIT
+cp "$base.sha256" "$work/sums" && cp "$base.manifest.json" "$work/manifest.json" \
+	|| die "cannot copy $base.sha256 and $base.manifest.json into $work"
+
 if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	need ssh-keygen "install openssh-client (needed to check signatures)"
-	[ -f "$base.manifest.json.sig" ] || die "$name is not signed and ALLOWED_SIGNERS is set: refused, nothing was loaded"
-	who=$(ssh-keygen -Y find-principals -s "$base.manifest.json.sig" -f "$ALLOWED_SIGNERS" 2>/dev/null | head -n 1)
+	cp "$base.manifest.json.sig" "$work/manifest.json.sig" 2>/dev/null \
+		|| die "$name is not signed and ALLOWED_SIGNERS is set: refused, nothing was loaded"
+	who=$(ssh-keygen -Y find-principals -s "$work/manifest.json.sig" -f "$ALLOWED_SIGNERS" 2>/dev/null | head -n 1)
 	[ -n "$who" ] || die "$name was signed by a key not in $ALLOWED_SIGNERS: refused, nothing was loaded"
-	ssh-keygen -Y verify -f "$ALLOWED_SIGNERS" -I "$who" -n "$NAMESPACE" -s "$base.manifest.json.sig" \
-		<"$base.manifest.json" >/dev/null 2>&1 \
+	ssh-keygen -Y verify -f "$ALLOWED_SIGNERS" -I "$who" -n "$NAMESPACE" -s "$work/manifest.json.sig" \
+		<"$work/manifest.json" >/dev/null 2>&1 \
 		|| die "the signature of $base.manifest.json does not verify: refused, nothing was loaded"
-	signed=$(sed -n 's/.*"archive_sha256": "\([0-9a-f]*\)".*/\1/p' "$base.manifest.json")
-	listed=$(grep "  $name\$" "$base.sha256" | cut -d' ' -f1)
+	signed=$(sed -n 's/.*"archive_sha256": "\([0-9a-f]*\)".*/\1/p' "$work/manifest.json")
+	listed=$(grep "  $name\$" "$work/sums" | cut -d' ' -f1)
 	[ -n "$signed" ] && [ "$signed" = "$listed" ] || die "$base.sha256 does not match the signed manifest: refused, nothing was loaded"
 	echo "signature good: signed by $who"
 fi
@@ -99,24 +109,37 @@ fi
 awk -v a="$name" -v m="$base.manifest.json" '
 	NF == 2 && length($1) == 64 && $1 !~ /[^0-9a-f]/ && ($2 == a || $2 == m) && !seen[$2]++ { n++; next }
 	{ bad = 1 }
-	END { exit (bad || n != 2) }' "$base.sha256" \
+	END { exit (bad || n != 2) }' "$work/sums" \
 	|| die "$base.sha256 must list exactly $name and $base.manifest.json: refused, nothing was loaded"
+listed() { awk -v f="$1" '$2 == f { print $1 }' "$work/sums"; }
 
-echo "verifying $name ..."
-while read -r want file; do
-	got=$(sha256 "$file")
-	[ "$got" = "$want" ] || die "$file is damaged, truncated or was changed (sha256 mismatch: $got, expected $want): nothing was loaded. Copy it again."
-done <"$base.sha256"
+got=$(sha256 <"$work/manifest.json")
+[ "$got" = "$(listed "$base.manifest.json")" ] \
+	|| die "$base.manifest.json is damaged, truncated or was changed (sha256 mismatch: $got): nothing was loaded. Copy it again."
+
+[ "$(sed -n 's/^  "archive_sha256": "\([0-9a-f]*\)",$/\1/p' "$work/manifest.json")" = "$(listed "$name")" ] \
+	|| die "$base.sha256 and $base.manifest.json disagree about $name: refused, nothing was loaded"
 
 IMAGES=$(field check_images)
 REQUIRES=$(field require_chains)
 NEED_KB=$(field need_kb)
-TAR_BYTES=$(sed -n 's/^  "tar_bytes": \([0-9]\{1,18\}\),$/\1/p' "$base.manifest.json")
-[ -n "$IMAGES" ] && [ -n "$TAR_BYTES" ] && printf '%s' "$NEED_KB" | grep -qx '[0-9]\{1,18\}' \
-	|| die "$base.manifest.json is not a dockyard manifest (check_images, need_kb, tar_bytes): refused, nothing was loaded"
+TAR_BYTES=$(sed -n 's/^  "tar_bytes": \([0-9]\{1,18\}\),$/\1/p' "$work/manifest.json")
+ARCHIVE_BYTES=$(sed -n 's/^  "archive_bytes": \([0-9]\{1,18\}\),$/\1/p' "$work/manifest.json")
+[ -n "$IMAGES" ] && [ -n "$TAR_BYTES" ] && [ -n "$ARCHIVE_BYTES" ] && printf '%s' "$NEED_KB" | grep -qx '[0-9]\{1,18\}' \
+	|| die "$base.manifest.json is not a dockyard manifest (check_images, need_kb, tar_bytes, archive_bytes): refused, nothing was loaded"
 for pair in $IMAGES; do
 	case "$pair" in -*) die "$base.manifest.json names an image ${pair%%=*}, which is not a reference: refused" ;; esac
 done
+
+# The archive is copied once into the private folder, hashed on the way: what is loaded is that copy.
+free=$(df -Pk "$work" | awk 'NR == 2 { print $4 }')
+[ "$free" -ge $((ARCHIVE_BYTES / 1024 + 1024)) ] \
+	|| die "not enough space in $work for a private copy of $name (${free} KiB free, $((ARCHIVE_BYTES / 1024)) KiB needed): set TMPDIR to a folder with room"
+echo "verifying $name ..."
+got=$( { tee "$work/$name" <"$name" || : >"$work/copy-failed"; } | sha256)
+[ ! -e "$work/copy-failed" ] || die "cannot copy $name into $work (full?): nothing was loaded"
+[ "$got" = "$(listed "$name")" ] \
+	|| die "$name is damaged, truncated or was changed (sha256 mismatch: $got, expected $(listed "$name")): nothing was loaded. Copy it again."
 
 docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
 if [ -n "$REQUIRES" ]; then
@@ -134,26 +157,57 @@ if [ -d "$root" ]; then
 	[ "$free" -ge "$NEED_KB" ] || die "not enough space for docker load in $root: ${free} KiB free, about ${NEED_KB} KiB needed"
 fi
 
+# What every tag named before loading: a refused load puts back each tag it moved (roll_back).
+docker image ls -a --no-trunc --format '{{.ID}} {{.Repository}}:{{.Tag}}' >"$work/before" \
+	|| die "docker cannot list its images"
+roll_back() {
+	names=$(for pair in $IMAGES; do echo "${pair%%=*}"; done; sed -n 's/^Loaded image: //p' "$work/load.out" 2>/dev/null)
+	moved=
+	for ref in $(printf '%s\n' "$names" | sort -u); do
+		now=$(docker image inspect --format '{{.Id}}' "$ref" 2>/dev/null)
+		was=$(awk -v r="$ref" '$2 == r { print $1; exit }' "$work/before")
+		[ "$now" = "$was" ] && continue
+		if [ -n "$was" ]; then docker tag "$was" "$ref" >/dev/null 2>&1 && moved="$moved $ref"
+		elif ! grep -q "^$now " "$work/before"; then docker rmi "$ref" >/dev/null 2>&1 && moved="$moved $ref"
+		fi
+		grep -q "^$now " "$work/before" || echo "$now" >>"$work/new"
+	done
+	sed -n 's/^Loaded image ID: //p' "$work/load.out" 2>/dev/null >>"$work/new"
+	for id in $(sort -u "$work/new" 2>/dev/null); do
+		grep -q "^$id " "$work/before" || docker rmi "$id" >/dev/null 2>&1
+	done
+	[ -z "$moved" ] || echo "load.sh: the tags the load moved are back where they were:$moved; the images it brought are removed" >&2
+}
+refuse() { cat "$work/load.out" >&2 2>/dev/null; roll_back; die "$@"; }
+
 echo "loading $name ..."
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
 # that decompresses to more is stopped there, and docker load is killed before its input ends, so it loads
 # nothing (`invoke load` does the same). Its input is a fifo this shell holds open until the count is known.
 limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
-work=$(mktemp -d) && mkfifo "$work/tar" || die "cannot make a fifo in ${TMPDIR:-/tmp}"
-trap 'rm -rf "$work"' EXIT
-docker load <"$work/tar" & loader=$!
+mkfifo "$work/tar" || die "cannot make a fifo in $work"
+docker load <"$work/tar" >"$work/load.out" 2>&1 & loader=$!
 exec 3>"$work/tar"
 capped() { head -c "$limit"; [ "$(head -c 1 | wc -c)" -eq 0 ] || : >"$work/over"; }
-{ ${unpack:-cat} "$name" 2>"$work/unpack.err" || : >"$work/bad"; } | capped >&3
+{ ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | capped >&3
 if [ -e "$work/over" ] || [ -e "$work/bad" ]; then
 	kill "$loader" 2>/dev/null
 	exec 3>&-
 	wait "$loader"
-	[ -e "$work/over" ] && die "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): stopped there, refused, nothing was loaded"
-	die "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
+	[ -e "$work/over" ] && refuse "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): stopped there, refused, nothing was loaded"
+	refuse "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
 fi
 exec 3>&-
-wait "$loader" || die "docker load failed"
+wait "$loader" || refuse "docker load failed"
+cat "$work/load.out"
+
+# The tar holds only the images the manifest names: docker load says which names and ids it loaded.
+for ref in $(sed -n 's/^Loaded image: //p' "$work/load.out"); do
+	case " $IMAGES" in *" $ref="*) ;; *) refuse "the tar of $name holds an image named $ref, which its manifest does not name: refused" ;; esac
+done
+for id in $(sed -n 's/^Loaded image ID: //p' "$work/load.out"); do
+	case "$IMAGES " in *"=$id "*) ;; *) refuse "the tar of $name holds an image $id its manifest does not name: refused" ;; esac
+done
 
 # The classic store names an image by its config digest, which the manifest holds; the containerd
 # store by a manifest it writes while importing: there, compare the layers instead.
@@ -165,15 +219,18 @@ else
 	checks=$IMAGES
 	format='{{.Id}}'
 fi
+said=
 for pair in $checks; do
 	ref=${pair%%=*}
 	want=${pair#*=}
 	got=$(docker image inspect --format "$format" "$ref" 2>/dev/null)
 	if [ "$got" = "$want" ]; then
-		echo "loaded $ref $(docker image inspect --format '{{.Id}}' "$ref")"
+		said="${said}loaded $ref $(docker image inspect --format '{{.Id}}' "$ref")
+"
 	else
 		echo "load.sh: $ref is ${got:-missing}, expected $want" >&2
 		bad=1
 	fi
 done
-[ "$bad" -eq 0 ] || die "docker load did not load every image of $name"
+[ "$bad" -eq 0 ] || refuse "docker load did not load every image of $name: refused"
+printf '%s' "$said"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -174,6 +175,135 @@ class TarPump:
             img["tags"] = entry.get("RepoTags") or []
 
 
+NAMING = ("manifest.json", "index.json", "repositories")  # where docker load reads the names it gives images
+HEADER_ONLY = (b"1", b"2", b"5")  # links and folders: no content in Go's reader, whatever their size field says
+MEMBER_KINDS = (b"0", *HEADER_ONLY)
+
+
+class TarGate:
+    """A `docker save` tar on its way into `docker load`, read member by member as docker's reader (Go's
+    archive/tar) reads it: the bytes pass through to `write`, except the end-of-archive marker and what follows.
+
+    Those are held back (`tail`) until the caller has checked the whole stream (its sha256, the names it gives
+    images): `docker load` cannot finish a tar it has not seen the end of, so a stream that fails a check is cut
+    there and nothing is loaded. The files docker load takes image names from are kept (`naming`). Anything
+    docker save does not write, and where two readers could disagree about where a member ends or what it is
+    called (devices, sparse files, global or repeated PAX headers, bad checksums, a path through a link), is
+    refused.
+    """
+
+    def __init__(self, write: Callable[[bytes], object], limit: int, tail_cap: int = 1 << 20):
+        self.write = write
+        self.limit = limit          # the most bytes the stream may hold (what the free-space check counted)
+        self.tail_cap = tail_cap
+        self.bytes = 0
+        self.naming: list[tuple[str, bytes]] = []   # (name, content) of each naming file, in tar order
+        self.links: set[str] = set()
+        self.tail = b""
+
+    def _read(self, src, n: int) -> bytes:
+        data = src.read(n)
+        if len(data) < n:
+            raise Truncated("the tar ends in the middle of a file")
+        self.bytes += n
+        if self.bytes > self.limit:
+            raise TooLong(self.limit)
+        return data
+
+    def run(self, src) -> None:
+        pax: dict[str, str] | None = None
+        long: dict[str, str] = {}
+        while True:
+            header = self._read(src, BLOCK)
+            if not any(header):
+                self.tail = header + src.read(self.tail_cap + 1)
+                if len(self.tail) > self.tail_cap:
+                    raise DockyardError("the tar holds more than 1 MiB after its end")
+                self.bytes += len(self.tail) - BLOCK
+                if self.bytes > self.limit:
+                    raise TooLong(self.limit)
+                return
+            _checksum(header)
+            kind, size = header[156:157], _number(header[124:136])
+            if kind in (b"x", b"L", b"K"):
+                if kind == b"x" and pax is not None:
+                    raise DockyardError("the tar gives one member two PAX headers")
+                raw = self._read(src, _padded(size))
+                data = raw[:size]
+                self.write(header)
+                self.write(raw)
+                if kind == b"x":
+                    pax = _pax(data)
+                    if any(k.startswith("GNU.sparse") for k in pax):
+                        raise DockyardError("the tar holds a sparse file, which docker save never writes")
+                else:
+                    long["path" if kind == b"L" else "linkpath"] = _cstr(data)
+                continue
+            if kind not in MEMBER_KINDS:
+                raise DockyardError(f"the tar holds a member of type {kind!r}, which docker save never writes")
+            pax = pax or {}
+            name = long.get("path") or pax.get("path") or _go_name(header)
+            link = long.get("linkpath") or pax.get("linkpath") or _cstr(header[157:257])
+            size = 0 if kind in HEADER_ONLY else int(pax.get("size", size))
+            self._member(src, header, name, kind, size, link)
+            pax, long = None, {}
+
+    def _member(self, src, header: bytes, name: str, kind: bytes, size: int, link: str) -> None:
+        path = posixpath.normpath("/" + name).lstrip("/")
+        if any(path.startswith(p + "/") for p in self.links):
+            raise DockyardError(f"the tar writes {name} through a link it made: refused")
+        if kind == b"2":
+            self.links.add(path)
+        naming = path in NAMING
+        if naming and kind != b"0":
+            raise DockyardError(f"the tar's {path} is a link or a folder, not a file: refused")
+        self.write(header)
+        n, kept = _padded(size), bytearray()
+        while n:
+            chunk = self._read(src, min(n, CHUNK))
+            n -= len(chunk)
+            if naming and len(kept) < size:
+                kept += chunk
+                if len(kept) > NAMING_CAP:
+                    raise DockyardError(f"the tar's {path} is larger than any docker save writes")
+            self.write(chunk)
+        if naming:
+            self.naming.append((path, bytes(kept[:size])))
+
+
+NAMING_CAP = 16 << 20
+
+
+class Truncated(DockyardError):
+    pass
+
+
+class TooLong(DockyardError):
+    def __init__(self, limit: int):
+        super().__init__(f"more than {limit} bytes of tar")
+        self.limit = limit
+
+
+def _go_name(header: bytes) -> str:
+    """A member's name from its header alone, as Go's reader joins it: a prefix only in USTAR and PAX headers
+    (GNU headers keep times there), 131 bytes of it in star headers."""
+    name = _cstr(header[0:100])
+    if header[257:263] == b"ustar\0":
+        prefix = header[345:476] if header[508:512] == b"tar\0" else header[345:500]
+        if _cstr(prefix):
+            name = _cstr(prefix) + "/" + name
+    return name
+
+
+def _checksum(header: bytes) -> None:
+    """Go's reader refuses a header whose checksum (unsigned or signed sum) is wrong: so does this one."""
+    field = header[148:156]
+    want = _number(field)
+    blank = header[:148] + b" " * 8 + header[156:]
+    if want not in (sum(blank), sum(b - 256 if b > 127 else b for b in blank)):
+        raise DockyardError("a tar header's checksum is wrong: the stream is damaged")
+
+
 def _padded(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK * BLOCK
 
@@ -183,18 +313,32 @@ def _cstr(field: bytes) -> str:
 
 
 def _number(field: bytes) -> int:
+    """A size as Go's archive/tar (docker's reader) reads it; anything it would not read is refused, so that
+    this reader and docker's never disagree about where a member ends."""
     if field[0] & 0x80:  # base-256, how GNU tar writes sizes of 8 GiB and more
+        if field[0] == 0xFF:
+            raise DockyardError("a tar header holds a negative size")
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-    text = _cstr(field).strip()
+    text = field.strip(b" \0")
+    if text and not re.fullmatch(rb"[0-7]+", text):
+        raise DockyardError(f"a tar header holds a size that is not a number ({text[:20]!r})")
     return int(text, 8) if text else 0
 
 
 def _pax(data: bytes) -> dict[str, str]:
+    """PAX records (`<length> <key>=<value>\\n`); a malformed one is refused, as docker's reader refuses it."""
     out, i = {}, 0
     while i < len(data):
-        space = data.index(b" ", i)
-        length = int(data[i:space])
-        key, _, value = data[space + 1: i + length - 1].partition(b"=")
-        out[key.decode()] = value.decode("utf-8", "replace")
-        i += length
+        space = data.find(b" ", i)
+        length = data[i:space]
+        if space < 0 or not re.fullmatch(rb"[0-9]{1,12}", length) or not space - i + 2 < int(length) <= len(data) - i:
+            raise DockyardError("a tar PAX header is malformed")
+        record = data[space + 1: i + int(length)]
+        key, eq, value = record[:-1].partition(b"=")
+        if record[-1:] != b"\n" or not eq:
+            raise DockyardError("a tar PAX header is malformed")
+        out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        i += int(length)
+    if "size" in out and not re.fullmatch(r"[0-9]{1,19}", out["size"]):
+        raise DockyardError(f"a tar PAX header holds a size that is not a number ({out['size'][:20]!r})")
     return out

@@ -23,13 +23,13 @@ def layer(content: bytes) -> tuple[bytes, str]:
     return data, "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def fake_save(fmt=tarfile.USTAR_FORMAT, long_dir=False) -> tuple[bytes, dict, str, str]:
+def fake_save(fmt=tarfile.USTAR_FORMAT, long_dir=False, big_bytes=300_000) -> tuple[bytes, dict, str, str]:
     """A `docker save` tar in the classic engine's layout: <legacy id>/layer.tar (one of them a symlink).
 
-    Returns the tar, the image as the manifest records it, and the diff ids of its big (300 kB) and
-    small layers.
+    Returns the tar, the image as the manifest records it, and the diff ids of its big (300 kB unless
+    big_bytes says otherwise) and small layers.
     """
-    big, big_id = layer(b"x" * 300_000)
+    big, big_id = layer(b"x" * big_bytes)
     small, small_id = layer(b"recipe v2\n")
     config = json.dumps({"rootfs": {"diff_ids": [big_id, small_id, big_id]}}).encode()
     image_id = "sha256:" + hashlib.sha256(config).hexdigest()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 
 import pytest
@@ -14,20 +13,8 @@ from hypothesis import strategies as st
 from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import load as load_mod
-from dockyard.transport.layout import FORMAT, ArchivePaths, write_loader
-
-
-def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, name="t_1.tar.zst"):
-    paths = ArchivePaths(folder / name)
-    paths.archive.write_bytes(payload)
-    manifest = {"format": FORMAT, "archive": paths.archive.name, "tar_bytes": 10_000,
-                "archive_sha256": hashlib.sha256(payload).hexdigest(), "archive_bytes": len(payload),
-                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64, "diff_ids": []}], "thin": None,
-                "load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}}
-    paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
-    paths.sha256.write_text(f"{manifest['archive_sha256']}  {paths.archive.name}\n"
-                            f"{hashlib.sha256(paths.manifest.read_bytes()).hexdigest()}  {paths.manifest.name}\n")
-    return paths
+from dockyard.transport.layout import write_loader
+from tests.support.archive_sets import keypair, make_set, reseal
 
 
 def test_verify_accepts_a_good_set_and_sha256sum_agrees(tmp_path):
@@ -38,6 +25,7 @@ def test_verify_accepts_a_good_set_and_sha256sum_agrees(tmp_path):
 
 @pytest.mark.parametrize("damage,message", [
     ("truncate", "truncated"),
+    ("longer", r"is \d+ bytes, the manifest says \d+: the copy is damaged"),
     ("bitflip", "does not match its sha256"),
     ("manifest", "manifest was changed"),
     ("missing", "is missing"),
@@ -47,6 +35,8 @@ def test_verify_refuses_damage(tmp_path, damage, message):
     data = bytearray(paths.archive.read_bytes())
     if damage == "truncate":
         paths.archive.write_bytes(data[: len(data) // 2])
+    elif damage == "longer":  # told by its size, before a byte is hashed
+        paths.archive.write_bytes(data + b"more")
     elif damage == "bitflip":
         data[len(data) // 2] ^= 0x01
         paths.archive.write_bytes(data)
@@ -58,14 +48,9 @@ def test_verify_refuses_damage(tmp_path, damage, message):
         load_mod.verify(Settings(), paths)
 
 
-def _keypair(folder, name):
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", folder / name], check=True)
-    return folder / name
-
-
 def test_signatures(tmp_path):
     paths = make_set(tmp_path)
-    good, other = _keypair(tmp_path, "release"), _keypair(tmp_path, "intruder")
+    good, other = keypair(tmp_path, "release"), keypair(tmp_path, "intruder")
     allowed = tmp_path / "allowed_signers"
     allowed.write_text(f'release@site namespaces="{load_mod.SIGN_NAMESPACE}" '
                        + " ".join(good.with_suffix(".pub").read_text().split()[:2]) + "\n")
@@ -74,7 +59,7 @@ def test_signatures(tmp_path):
     with pytest.raises(DockyardError, match="not signed"):
         load_mod.verify(settings, paths)
     load_mod.sign_file(paths.manifest, good)
-    assert load_mod.verify_signature(allowed, paths) == "release@site"
+    assert load_mod.verify_signature(allowed, paths, paths.manifest.read_bytes()) == "release@site"
     load_mod.verify(settings, paths)
 
     # A manifest re-written after signing (with its sha256 line updated to match) is refused.
@@ -107,16 +92,6 @@ def test_load_sh_finds_its_archive_and_refuses_damage_before_docker(tmp_path):
     assert r.returncode == 1 and "name the archive to load" in r.stderr
     r = subprocess.run(["sh", loader, "t_3.tar.zst"], capture_output=True, text=True)
     assert r.returncode == 1 and "t_3.tar.zst is missing here" in r.stderr
-
-
-def reseal(paths, manifest_changes=None, sums=None):
-    """Rewrite the manifest and the .sha256 consistently: what someone crafting a set would do."""
-    if manifest_changes:
-        m = json.loads(paths.manifest.read_text())
-        m.update(manifest_changes)
-        paths.manifest.write_text(json.dumps(m, indent=2) + "\n")
-    lines = sums if sums is not None else [paths.archive, paths.manifest]
-    paths.sha256.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in lines))
 
 
 @pytest.mark.parametrize("which", ["empty", "archive only", "manifest only", "another file too"])

@@ -1,0 +1,190 @@
+"""The two loaders (`invoke load`, `sh load.sh`) against archives changed under them, with the real engine (issue 27).
+
+An archive swapped between its check and its load (shared scratch, NFS) must not be loaded; a tar that holds an
+image its manifest does not name, under a tag this engine already has, must be refused; a refused load must leave
+every tag where it was. The images are made with `docker import` from a one-file tar: a few kB each, so every test
+takes seconds. Every image made here carries the module's prefix and is removed at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from dockyard import engine
+from dockyard.transport.layout import ArchivePaths
+from tests.support.cli import invoke
+
+pytestmark = pytest.mark.engine
+P = f"dockyard-loaders-test-{os.getpid()}"
+APP, VICTIM, EVIL = f"{P}-app:1", f"{P}-victim:1", f"{P}-evil:1"
+LOADERS = ["invoke load", "sh load.sh"]
+
+
+def docker(settings, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(engine.docker(settings, *args), capture_output=True, check=check, **kw)
+
+
+def image_id(settings, ref: str) -> str | None:
+    meta = engine.image_inspect(settings, ref)
+    return meta["Id"] if meta else None
+
+
+def imported(settings, ref: str, content: bytes) -> str:
+    """An image of one file, made with `docker import`; returns its id."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("content")
+        info.size = len(content)
+        t.addfile(info, io.BytesIO(content))
+    docker(settings, "import", "-", ref, input=buf.getvalue())
+    return image_id(settings, ref)
+
+
+def saved_tar(settings, *refs: str, rename: dict[str, str] | None = None, config_as: dict[str, str] | None = None):
+    """`docker save` of refs, with tags renamed in manifest.json and repositories (`rename`: old → new) and
+    config files renamed (`config_as`: image id → the id whose name it takes), as someone crafting a tar would."""
+    raw = docker(settings, "save", *refs).stdout
+    rename, config_as = rename or {}, config_as or {}
+    src, out = tarfile.open(fileobj=io.BytesIO(raw)), io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as dst:
+        for m in src.getmembers():
+            data = src.extractfile(m).read() if m.isfile() else None
+            if m.name in ("manifest.json", "repositories"):
+                text = data.decode()
+                for old, new in rename.items():
+                    text = text.replace(f'"{old}"', f'"{new}"')  # manifest.json: "repo:tag"
+                    repo, tag = old.rsplit(":", 1)
+                    new_repo, new_tag = new.rsplit(":", 1)
+                    text = text.replace(f'"{repo}":{{"{tag}"', f'"{new_repo}":{{"{new_tag}"')  # repositories
+                for old, new in config_as.items():
+                    text = text.replace(old.removeprefix("sha256:"), new.removeprefix("sha256:"))
+                data = text.encode()
+            for old, new in config_as.items():
+                if m.name == old.removeprefix("sha256:") + ".json":
+                    m.name = new.removeprefix("sha256:") + ".json"
+            if data is not None:
+                m.size = len(data)
+            dst.addfile(m, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def zstd(raw: bytes) -> bytes:
+    return subprocess.run(["zstd", "-q", "-c"], input=raw, capture_output=True, check=True).stdout
+
+
+def save(ref: str, out: Path) -> ArchivePaths:
+    r = invoke("save", f"--image={ref}", f"--out={out}")
+    assert r.returncode == 0, r.stderr
+    return ArchivePaths(next(out.glob("*.tar.zst")))
+
+
+def reseal(paths: ArchivePaths, archive: bytes, tar_bytes: int) -> None:
+    """Put another archive into a set and make the manifest and .sha256 agree with it (an unsigned set)."""
+    paths.archive.write_bytes(archive)
+    m = json.loads(paths.manifest.read_text())
+    m.update(archive_sha256=hashlib.sha256(archive).hexdigest(), archive_bytes=len(archive), tar_bytes=tar_bytes)
+    paths.manifest.write_text(json.dumps(m, indent=2) + "\n")
+    paths.sha256.write_text(f"{m['archive_sha256']}  {paths.archive.name}\n"
+                            f"{hashlib.sha256(paths.manifest.read_bytes()).hexdigest()}  {paths.manifest.name}\n")
+
+
+def run_loader(loader: str, paths: ArchivePaths, env: dict | None = None) -> subprocess.CompletedProcess:
+    if loader == "invoke load":
+        return invoke("load", f"--file={paths.archive}", env=env)
+    return subprocess.run(["sh", str(paths.loader), str(paths.archive)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.fixture
+def images(settings, engine_ready):
+    """app (the image archives carry), victim (a tag this engine already has), evil (what an attacker adds):
+    victim stays; app and evil are saved, then removed, so that a load has to bring them."""
+    made = {"victim": imported(settings, VICTIM, b"the engine's own image\n")}
+    made["app"] = imported(settings, APP, b"the image the archive carries\n")
+    made["evil"] = imported(settings, EVIL, b"what an attacker slips in\n")
+    yield made
+    for ref in (APP, VICTIM, EVIL):
+        docker(settings, "rmi", ref, check=False)
+    for i in made.values():
+        docker(settings, "rmi", i, check=False)
+
+
+def forget(settings, *refs: str) -> None:
+    for ref in refs:
+        docker(settings, "rmi", ref)
+
+
+def swapping_zstd(folder: Path, target: Path, replacement: Path, how: str) -> dict:
+    """A `zstd` first on PATH that, the first time it decompresses, swaps `target` for `replacement` (renamed over
+    it, or written into it), then runs the real zstd: the file changes between the loader's check and its load."""
+    folder.mkdir()
+    real = engine.which("zstd")
+    swap = f'mv "{replacement}" "{target}"' if how == "rename" else f'cat "{replacement}" > "{target}"'
+    (folder / "zstd").write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" -d"*) [ -e "{folder}/swapped" ] || {{ {swap}; : > "{folder}/swapped"; }} ;; esac\n'
+        f'exec "{real}" "$@"\n')
+    (folder / "zstd").chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("how", ["rename", "overwrite"])
+@pytest.mark.parametrize("loader", LOADERS)
+def test_an_archive_swapped_after_its_check_is_never_what_gets_loaded(settings, images, tmp_path, loader, how):
+    """The swapped-in archive holds the right image (so a check after loading passes) and a foreign one under a
+    tag this engine has. Either the verified bytes load (exit 0) or the load is refused; the foreign image never
+    reaches the engine and the victim's tag stays on its image."""
+    paths = save(APP, tmp_path / "set")
+    evil = tmp_path / "evil.tar.zst"
+    evil.write_bytes(zstd(saved_tar(settings, APP, EVIL, rename={EVIL: VICTIM})))
+    forget(settings, APP, EVIL)
+    r = run_loader(loader, paths, swapping_zstd(tmp_path / "bin", paths.archive, evil, how))
+    assert (tmp_path / "bin" / "swapped").exists(), "the hook never ran: " + r.stderr
+    assert image_id(settings, VICTIM) == images["victim"], r.stdout + r.stderr
+    assert image_id(settings, images["evil"]) is None
+    assert "Traceback" not in r.stderr
+    if r.returncode == 0:
+        assert image_id(settings, APP) == images["app"] and f"loaded {APP} {images['app']}" in r.stdout
+    else:
+        assert "nothing was loaded" in r.stderr and image_id(settings, APP) is None
+    if how == "rename" or loader == "sh load.sh":  # the file the loader opened, or its private copy: the verified bytes
+        assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_tar_holding_a_second_image_under_an_existing_tag_is_refused_and_the_tag_stays(settings, images,
+                                                                                          tmp_path, loader):
+    paths = save(APP, tmp_path / "set")
+    raw = saved_tar(settings, APP, EVIL, rename={EVIL: VICTIM})
+    reseal(paths, zstd(raw), len(raw))
+    forget(settings, APP, EVIL)
+    r = run_loader(loader, paths)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert VICTIM in r.stderr and "manifest does not name" in r.stderr
+    assert image_id(settings, VICTIM) == images["victim"]
+    assert image_id(settings, images["evil"]) is None and image_id(settings, APP) is None
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_refused_load_puts_back_the_tags_it_moved(settings, images, tmp_path, loader):
+    """A tar whose manifest.json names the archive's image but whose config is another's: its names pass every
+    check before loading, docker loads the other image under the archive's tag, the check after loading refuses
+    it. The tag goes back to the image it named before, and the foreign image leaves the engine."""
+    paths = save(APP, tmp_path / "set")
+    raw = saved_tar(settings, EVIL, rename={EVIL: APP}, config_as={images["evil"]: images["app"]})
+    reseal(paths, zstd(raw), len(raw))
+    forget(settings, APP, EVIL)
+    docker(settings, "tag", images["victim"], APP)  # the archive's tag already names an image here
+    r = run_loader(loader, paths)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert f"{APP} is " in r.stderr and "back where they were" in r.stderr
+    assert image_id(settings, APP) == images["victim"]
+    assert image_id(settings, images["evil"]) is None

@@ -1,0 +1,38 @@
+"""Hand-made archive sets (archive, manifest, .sha256), as `invoke save` writes them or as someone crafting one
+would, for tests without an engine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+
+from dockyard.transport.layout import FORMAT, ArchivePaths
+
+
+def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, name="t_1.tar.zst"):
+    paths = ArchivePaths(folder / name)
+    paths.archive.write_bytes(payload)
+    manifest = {"format": FORMAT, "archive": paths.archive.name, "tar_bytes": 10_000,
+                "archive_sha256": hashlib.sha256(payload).hexdigest(), "archive_bytes": len(payload),
+                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64, "diff_ids": []}], "thin": None,
+                "load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}}
+    paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    paths.sha256.write_text(f"{manifest['archive_sha256']}  {paths.archive.name}\n"
+                            f"{hashlib.sha256(paths.manifest.read_bytes()).hexdigest()}  {paths.manifest.name}\n")
+    return paths
+
+
+def keypair(folder, name):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", folder / name], check=True)
+    return folder / name
+
+
+def reseal(paths, manifest_changes=None, sums=None):
+    """Rewrite the manifest and the .sha256 consistently: what someone crafting a set would do."""
+    if manifest_changes:
+        m = json.loads(paths.manifest.read_text())
+        m.update(manifest_changes)
+        paths.manifest.write_text(json.dumps(m, indent=2) + "\n")
+    lines = sums if sums is not None else [paths.archive, paths.manifest]
+    paths.sha256.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in lines))
