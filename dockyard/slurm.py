@@ -96,6 +96,9 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
     if runtime not in RUNTIMES:
         raise DockyardError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     if runtime == "docker":
+        if archive and not Path(archive).expanduser().is_file():
+            raise DockyardError(f"--archive {archive}: no such file (give the .tar.zst, .tar.gz or .tar `invoke save` "
+                                "wrote, on storage every node sees)")
         if image_file:
             raise DockyardError("--image-file is for --runtime=pyxis (.sqsh) or apptainer (.sif); with docker "
                                 "give --archive (from `invoke save`)")
