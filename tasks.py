@@ -9,7 +9,9 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from dockyard.cli import task
+from dockyard.cli import hold_setting_overrides, task
+
+hold_setting_overrides()  # until a task runs: Invoke's own cast of them is a traceback (dockyard/cli.py)
 
 if TYPE_CHECKING:  # the flags' types, read when a task runs (dockyard/cli.py): pydantic is not imported for --list
     from dockyard.flags import Batch, Count, GiB, Level, Nodes, Port, PortOrConfig, Rank, Restarts, Seconds, Tokens

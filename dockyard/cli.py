@@ -10,12 +10,28 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import typing
 from typing import Any
 
 import invoke
 from invoke import Argument, Exit, Task
+
+from dockyard import ENV_PREFIX
+
+_held: dict[str, str] = {}
+
+
+def hold_setting_overrides() -> None:
+    """Keep INVOKE_DOCKYARD_* out of the environment while Invoke loads its config; a task gets them back (`checked`).
+
+    Invoke casts an override to the type of the value the config files hold (`int('2.5')` for a size written `20`)
+    and fails with a traceback before any task code. dockyard.settings reads them itself, as typed, with the same
+    model as invoke.yaml. Called when tasks.py is imported, which Invoke does before it reads the environment."""
+    _held.clear()
+    for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+        _held[key] = os.environ.pop(key)
 
 
 class TypedFlag(Argument):
@@ -66,6 +82,7 @@ def checked(fn):
         from dockyard.errors import DockyardError
         from dockyard.settings import load
 
+        os.environ.update(_held)  # for the settings, and for what the task starts (`invoke test`'s pytest)
         try:
             load(c.config.get("dockyard", {}))  # every task refuses a bad setting, whether it reads it or not
             kwargs = parse_flags(fn, kwargs)

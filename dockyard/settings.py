@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dockyard import ROOT
+from dockyard import ENV_PREFIX, ROOT
 from dockyard.errors import DockyardError
 
 
@@ -67,9 +67,6 @@ class Settings(BaseModel):
     @property
     def pip_ca_bundle(self) -> str:
         return self.ca_bundle or os.environ.get("PIP_CERT", "")
-
-
-ENV_PREFIX = "INVOKE_DOCKYARD_"
 
 
 def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> Settings:

@@ -241,22 +241,24 @@ def print_plan(result: dict) -> None:
     console.print(f"model: {m['params'] / 1e9:.2f} B parameters, largest layer {m['largest_layer'] / 1e6:.0f} M "
                   f"({m['source']})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
-                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU")
-    for col in ("recipe", "states", "+ activations", "= per GPU", "checkpointed", "host/node", "fits"):
-        table.add_column(col, justify="left" if col in ("recipe", "fits") else "right")
+                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU (GiB)")
+    # GiB without the unit in each cell: the table fits 80 columns with every recipe name whole
+    for col in ("recipe", "states", "+ activ.", "= per GPU", "w/ ckpt", "host", "fits"):
+        table.add_column(col, justify="left" if col in ("recipe", "fits") else "right", no_wrap=col != "fits")
     for r in result["recipes"]:
-        fits = "yes" if r["fits"] else "with checkpointing" if r["fits_checkpointed"] else "no"
+        fits = "yes" if r["fits"] else "w/ ckpt" if r["fits_checkpointed"] else "no"
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
-                      _gib(r["model_states_bytes"]), _gib(r["activation_bytes"]), _gib(r["gpu_bytes"]),
-                      _gib(r["gpu_bytes_checkpointed"]), _gib(r["host_bytes"]),
+                      *(f"{r[k] / GIB:.1f}" for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
+                                                      "gpu_bytes_checkpointed", "host_bytes")),
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]")
     console.print(table)
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
                   + f" — {rec['why']}")
-    console.print("[dim]per GPU includes 1 GiB for the CUDA context and NCCL; fsdp needs what zero3 needs; host/node "
-                  "is what offloading keeps in RAM, else the worst case while loading the checkpoint.[/]")
+    console.print("[dim]per GPU includes 1 GiB for the CUDA context and NCCL; w/ ckpt: per GPU with gradient "
+                  "checkpointing; fsdp needs what zero3 needs; host (per node) is what offloading keeps in RAM, else the "
+                  "worst case while loading the checkpoint.[/]")
 
 
 def to_json(result: dict) -> str:
