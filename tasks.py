@@ -155,8 +155,10 @@ def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant
 def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", image="", run_id="",
         runs_claim="dockyard-runs",
         shm="16Gi", max_restarts: Restarts = 0, resume=False, out=""):
-    """Write Kubernetes manifests that train a recipe on several nodes: an Indexed Job + headless Service (no
-    operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go after `--`."""
+    """Write Kubernetes manifests that train a recipe on several nodes.
+
+    An Indexed Job + headless Service (no operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go
+    after `--`."""
     from dockyard import k8s as k8s_mod
 
     k8s_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant, image=image,
@@ -220,11 +222,12 @@ def commit(c, container="", tag="", allow_secrets=False):
             "sign": "ssh private key: sign the manifest (ssh-keygen -Y sign)",
             "variant": "save this variant's image (cpu, cu132, ...) instead of --image; needs no GPU on this host"})
 def save(c, image="", out="", compress="zstd", level: Level = 0, thin_for="", sign="", variant=""):
-    """Write an image archive: a compressed `docker save` tar with its sha256, manifest and load.sh.
+    """Write an image archive: a compressed `docker save` tar with its sha256, manifest, load.sh (and run.sh).
 
-    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json and load.sh (loads it with only sh, sha256sum,
-    docker and zstd/gzip). Checks free space first, writes .partial files and renames them when complete,
-    and checks every layer against the image's diff ids."""
+    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json, load.sh (loads it with only sh, sha256sum,
+    docker and zstd/gzip) and, for a dockyard image, run.sh (`invoke run` as shell, for a node with only sh and
+    Docker). Checks free space first, writes .partial files and renames them when complete, and checks every layer
+    against the image's diff ids."""
     from dockyard.transport import archive
 
     archive.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,
