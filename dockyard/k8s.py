@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from dockyard import multinode, variants
+from dockyard import multinode, preflight, variants
 from dockyard.errors import DockyardError
 from dockyard.launch import CPU_NPROC, WORKSPACE
 from dockyard.recipes import load_recipe
@@ -85,7 +85,7 @@ class Spec:
 def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, variant: str = "auto",
          run_id: str = "", image: str = "", runs_claim: str = "dockyard-runs", shm: str = "16Gi",
          overrides: list[str] | None = None, max_restarts: int = 0, resume: bool = False) -> Spec:
-    load_recipe(recipe)
+    preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
     if "/" in recipe or recipe.startswith("."):
         raise DockyardError(f"--recipe {recipe!r}: on Kubernetes the pods run the image's recipes; give a recipe "
                             "name (`invoke recipes`), or build the image with your recipe folder in recipes/")

@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dockyard import multinode, variants
+from dockyard import multinode, preflight, variants
 from dockyard.errors import DockyardError
 from dockyard.launch import WORKSPACE
 from dockyard.recipes import load_recipe
@@ -31,7 +31,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
            variant: str = "auto", archive: str = "", master_port: int = 29500, runtime: str = "docker",
            image_file: str = "") -> str:
     """The sbatch script's text (pure)."""
-    load_recipe(recipe)
+    preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
     _check_runtime(runtime, image_file, archive, gpus_per_node)
     if nodes < 1:
         raise DockyardError(f"--nodes must be at least 1 (got {nodes})")

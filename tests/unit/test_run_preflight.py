@@ -99,6 +99,12 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
     assert preflight.training_argument_names() == {f.name for f in fields(TrainingArguments)}
 
 
+@pytest.mark.parametrize("task", ["slurm", "k8s"])
+def test_the_multinode_writers_refuse_a_misspelt_override_before_writing(task, tmp_path):
+    refused(invoke_here(task, f"--out={tmp_path / 'out'}", "--", "--max_stepz", "5"), "did you mean --max_steps?")
+    assert not (tmp_path / "out").exists()
+
+
 def test_slurm_refuses_a_missing_archive_before_writing(tmp_path):
     out = tmp_path / "job.sbatch"
     refused(invoke_here("slurm", "--archive=/missing.tar.zst", f"--out={out}"), "--archive /missing.tar.zst: no such file")
