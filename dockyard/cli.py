@@ -88,7 +88,7 @@ def checked(fn):
             kwargs = parse_flags(fn, kwargs)
             return fn(c, *args, **kwargs)
         except DockyardError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {shown(str(e))}", file=sys.stderr)
             raise Exit(code=e.exit_code) from None
 
     return wrapper
@@ -113,3 +113,9 @@ def parse_flags(fn, values: dict[str, Any]) -> dict[str, Any]:
         bad = "; ".join(f"--{'.'.join(map(str, err['loc'])).replace('_', '-')}={err['input']!r}: "
                         f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
         raise DockyardError(f"{bad} (`invoke --help {fn.__name__}` says what each flag takes)") from None
+
+
+def shown(message: str) -> str:
+    """A message as the terminal should show it: a control character the user typed (a carriage return, an escape
+    sequence) is written escaped, so it can neither hide the message nor drive the terminal."""
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in message)

@@ -29,7 +29,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if not manifest.is_file():
         raise DockyardError(f"no run {run!r} in {runs} (no {manifest.name}): give the id of a completed run")
     m = json.loads(manifest.read_text())
-    target = Path(out).expanduser().resolve() if out else run_dir / ("merged" if merge else "export")
+    target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
     argv, env = plan_export(settings, m, run_dir, target, merge)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def plan_mounts(settings: Settings, recipe: str, overrides: list[str], *, data: 
         m.host_paths[inside] = str(host)
         m.overrides += [f"--{key}", inside]
     m.recipe = recipe
-    folder = Path(recipe).expanduser()
+    folder = Path(os.path.expanduser(recipe))
     if recipe and (folder / "recipe.yaml").is_file():
         folder = folder.resolve()
         if checkout_recipes and folder.parent == (ROOT / "recipes").resolve():
@@ -120,7 +121,7 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
     The rule: a value that exists on this host is that file or folder. One that does not is a hub id only when it
     has the form org/name and that model or dataset is in the Hugging Face cache (the `hf_cache` setting): runs are
     offline, so it could not be found anywhere else. Anything else is refused before the run starts."""
-    p = Path(value).expanduser()
+    p = Path(os.path.expanduser(value))
     if p.exists():
         return p.resolve()
     if not looks_like_path(value) and HUB_ID.fullmatch(value) and in_hub_cache(settings, value, key):

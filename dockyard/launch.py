@@ -123,7 +123,8 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
     # a recipe folder given as a path (`.`, `../mine/`) is named by the folder it resolves to
-    name = Path(recipe).expanduser().resolve().name if (Path(recipe).expanduser() / "recipe.yaml").is_file() else recipe
+    folder = Path(os.path.expanduser(recipe))
+    name = folder.resolve().name if (folder / "recipe.yaml").is_file() else recipe
     run_id = run_id or f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name).lstrip('-._') or 'run'}-" \
                        f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if not RUN_ID.fullmatch(run_id):

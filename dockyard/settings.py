@@ -61,7 +61,7 @@ class Settings(BaseModel):
 
     def path(self, p: Path | str) -> Path:
         """A setting's path made absolute against the project root (with ~ expanded)."""
-        p = Path(p).expanduser()
+        p = Path(os.path.expanduser(p))
         return p if p.is_absolute() else ROOT / p
 
     @property

@@ -14,6 +14,7 @@ Node 0 is the first host of the allocation, reached at its NodeAddr; each node's
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -96,7 +97,7 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
     if runtime not in RUNTIMES:
         raise DockyardError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     if runtime == "docker":
-        if archive and not Path(archive).expanduser().is_file():
+        if archive and not Path(os.path.expanduser(archive)).is_file():
             raise DockyardError(f"--archive {archive}: no such file (give the .tar.zst, .tar.gz or .tar `invoke save` "
                                 "wrote, on storage every node sees)")
         if image_file:

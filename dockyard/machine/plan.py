@@ -14,6 +14,7 @@ imports this module inside the image too, to put its prediction next to the meas
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,16 +87,21 @@ def shape_from_folder(folder: Path) -> Shape:
     return Shape(**model_config.count(folder, LORA_RANK))
 
 
+MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo, not a plan
+
+
 def shape_for(model: str) -> Shape:
     """`--model`: a local folder with config.json, or a parameter count like 8B."""
     if not model:
         raise DockyardError("say which model: --model=PATH (a folder with config.json) or --model=8B")
-    folder = Path(model).expanduser()
+    folder = Path(os.path.expanduser(model))
     if folder.is_dir():
         return shape_from_folder(folder)
     count = parse_count(model)
     if count is None:
         raise DockyardError(f"--model={model}: neither a folder nor a parameter count like 8B, 1.5B, 350M")
+    if count > MAX_PARAMS:
+        raise DockyardError(f"--model={model}: more than {MAX_PARAMS / 1e12:.0f}T parameters; give a count like 8B or 405B")
     return shape_from_count(count)
 
 

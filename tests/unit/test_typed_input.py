@@ -50,9 +50,10 @@ FEWER = settings(FEW, max_examples=20)  # a setting: 19 keys, each through two w
 def _short_error(r, *names: str) -> None:
     assert r.returncode != 0, r.stdout
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: "), r.stderr
-    assert any(n in last for n in names), f"{last!r} names none of {names}"
+    said = r.stderr[r.stderr.find("error: "):]
+    assert r.stderr.count("error: ") == 1 and said.endswith("\n"), r.stderr
+    assert said.isprintable() or set(said) - set(filter(str.isprintable, said)) <= {"\n", "\t"}, repr(said)
+    assert any(n in said for n in names), f"{said!r} names none of {names}"
 
 
 def _plain_number(text: str, whole: bool) -> float | None:
@@ -139,3 +140,26 @@ def test_the_layer_cache_size_from_the_environment(value, says):
     else:
         _short_error(r, "INVOKE_DOCKYARD_LAYER_CACHE_GB", says)
         assert says in r.stderr
+
+
+# The text flags of the tasks that can stop before acting (a dry run, or files written into a temporary folder):
+# each flag given any text. The others act on images, engines and nodes: tests/unit/test_hostile_input.py.
+DRY = {"run": ["--dry"], "plan": [], "slurm": ["--out={tmp}/job.sbatch"], "k8s": ["--out={tmp}/k8s"],
+       "build": ["--dry"], "lock": ["--dry"], "wheelhouse": ["--dry"], "shell": ["--dry"], "export": ["--dry"]}
+TEXT_FLAGS = sorted((name, arg.names[0]) for name, t in COLLECTION.tasks.items() if name in DRY
+                    for arg in t.get_arguments() if arg.kind is str and not isinstance(arg, TypedFlag)
+                    and arg.names[0] not in ("out", "record"))
+
+
+def test_the_text_flags_tried_include_every_dry_task():
+    assert {t for t, _ in TEXT_FLAGS} == set(DRY)
+
+
+@pytest.mark.parametrize("task,flag", TEXT_FLAGS)
+@FEWER
+@given(value=TEXT)
+def test_a_text_flag_of_a_dry_task_is_taken_or_a_short_error(task, flag, value, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in DRY[task]]
+    r = invoke_here(task, *args, f"--{flag}={value}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    if r.returncode:
+        _short_error(r, "")
