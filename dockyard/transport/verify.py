@@ -7,6 +7,7 @@ image is looked up in the engine (`docker load` can exit 0 without loading every
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ TAR_SLACK = 1 << 20  # past the manifest's tar_bytes (load.sh allows as much): t
 
 def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     """Verify, then load an archive; returns (ref, id) of every image it holds, checked in the engine."""
-    paths = ArchivePaths(Path(file).expanduser().resolve())
+    paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
     manifest = verify(settings, paths)
     info = engine.engine_info(settings)
     store = inventory.engine_store(info)
