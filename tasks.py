@@ -92,10 +92,11 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "gpus": "which GPUs, e.g. 0,2 (default: CUDA_VISIBLE_DEVICES, else all): one process each",
-            "data": "your data: a file or folder on this host, mounted read-only (default: the `data` setting, "
-                    "else the sample)",
-            "model": "your model: a folder on this host (config.json + weights), mounted read-only (default: the "
-                     "`model` setting, else a tiny model made from a config)",
+            "data": "your data: a file or folder on this host, mounted read-only, or a hub dataset org/name in the "
+                    "hf_cache folder (default: the `data` setting, else the sample)",
+            "model": "your model: a folder on this host (config.json + weights), mounted read-only, or a hub model "
+                     "org/name in the hf_cache folder (default: the `model` setting, else a tiny model made from a "
+                     "config)",
             "dry": "print the exact command and run nothing"})
 def run(c, recipe="zero2", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = 0, master_addr="",
         master_port: Port = 29500, run_id="", resume=False, disable_require=False, native=False, cpu=False,
