@@ -132,10 +132,8 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
                         "folder; it is mounted read-only into the run)")
 
 
-
-
-
 def looks_like_path(value: str) -> bool:
+    """Absolute, ./, ~, or a data file's suffix: a path whatever else it might look like."""
     return value.startswith(("/", ".", "~")) or Path(value).suffix in FILE_SUFFIXES
 
 

@@ -72,14 +72,14 @@ class Settings(BaseModel):
 def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from Invoke's config subtree (a DataProxy or a plain dict) and the INVOKE_DOCKYARD_* variables."""
     environ = os.environ if environ is None else environ
-    raw = {k: v for k, v in dict(config or {}).items()}
+    raw = dict(config or {})
     env = {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
     known = sorted(Settings.model_fields)
     for where, keys in ((f"{ENV_PREFIX}*", env), ("invoke.yaml (dockyard:)", raw)):
         unknown = sorted(set(keys) - set(known))
         if unknown:
-            shown = [f"{ENV_PREFIX}{k.upper()}" if where.startswith(ENV_PREFIX) else k for k in unknown]
-            raise DockyardError(f"unknown setting(s) in {where}: {', '.join(shown)}; known: {', '.join(known)}")
+            names = [f"{ENV_PREFIX}{k.upper()}" if where.startswith(ENV_PREFIX) else k for k in unknown]
+            raise DockyardError(f"unknown setting(s) in {where}: {', '.join(names)}; known: {', '.join(known)}")
     try:
         return Settings(**(raw | env))
     except ValidationError as e:
