@@ -78,5 +78,10 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> None:
     if path.is_file() and path.suffix not in BUILDERS:
         raise DockyardError(f"{where} {value}: unknown data file type {path.suffix or '(none)'}; use "
                             f"{', '.join(BUILDERS)} (docs/data.md)")
-    if path.is_dir() and not any(f.suffix in BUILDERS for f in path.iterdir() if f.is_file()):
-        raise DockyardError(f"{where} {value}: the folder holds no {', '.join(BUILDERS)} file")
+    if path.is_dir():
+        kinds = {BUILDERS[f.suffix] for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS}
+        if not kinds:
+            raise DockyardError(f"{where} {value}: the folder holds no {', '.join(BUILDERS)} file")
+        if len(kinds) > 1:
+            raise DockyardError(f"{where} {value}: the folder mixes data files of different kinds "
+                                f"({', '.join(sorted(kinds))}): keep one kind per folder, or point at one file")
