@@ -43,8 +43,8 @@ NUMBERISH = st.one_of(
     st.sampled_from(["nan", "inf", "-inf", "NaN", "1e400", "two", "", " ", "0x10", "1_0", "2.5", "-0", "+3", "٣"]),
     TEXT,
 )
-FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-FEWER = settings(FEW, max_examples=20)  # a setting: 19 keys, each through two ways in
+FEW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FEWER = settings(FEW, max_examples=15)  # a setting: 19 keys, each through two ways in
 
 
 def _short_error(r, *names: str) -> None:
