@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,14 @@ class Settings(BaseModel):
         if not re.fullmatch(r"[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*", v) or len(v) > 200:
             raise ValueError("a docker repository name: lowercase letters, digits, '.', '_', '-' and '/' (e.g. "
                              "dockyard, or registry.example.com/team/dockyard without the port)")
+        return v
+
+    @field_validator("docker")
+    @classmethod
+    def _a_client(cls, v: str) -> str:
+        if v and not shutil.which(os.path.expanduser(v)):
+            raise ValueError(f"{v!r} is not an executable docker client (give its path, or \"\" for the first "
+                             "`docker` on PATH that can use BuildKit)")
         return v
 
     @field_validator("variants_file", "runs_dir", "wheelhouse_dir", "dist_dir", "hf_cache", "layer_cache",
