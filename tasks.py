@@ -6,10 +6,15 @@ Every task docstring is its `invoke --help TASK` text.
 
 from __future__ import annotations
 
-import functools
 import sys
+from typing import TYPE_CHECKING
 
-from invoke import Exit, task
+from dockyard.cli import hold_setting_overrides, task
+
+hold_setting_overrides()  # until a task runs: Invoke's own cast of them is a traceback (dockyard/cli.py)
+
+if TYPE_CHECKING:  # the flags' types, read when a task runs (dockyard/cli.py): pydantic is not imported for --list
+    from dockyard.flags import Batch, Count, GiB, Level, Nodes, Port, PortOrConfig, Rank, Restarts, Seconds, Tokens
 
 
 def _settings(c):
@@ -18,27 +23,10 @@ def _settings(c):
     return load(c.config.get("dockyard", {}))
 
 
-def _user_errors(fn):
-    """Turn a DockyardError into a short message on stderr and a non-zero exit."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from dockyard.common.errors import DockyardError
-
-        try:
-            return fn(*args, **kwargs)
-        except DockyardError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise Exit(code=e.exit_code) from None
-
-    return wrapper
-
-
 # --- images ----------------------------------------------------------------------------------
 
 @task(help={"variant": "cpu, cu128, cu132 ... or all (default: all)",
             "dry": "print the uv command and write nothing"})
-@_user_errors
 def lock(c, variant="all", dry=False):
     """Resolve a variant's pins into its hash-pinned lock file, images/locks/<variant>.txt (uv, linux x86_64)."""
     from dockyard.images import build
@@ -48,7 +36,6 @@ def lock(c, variant="all", dry=False):
 
 @task(help={"variant": "auto (default), cpu, cu128, cu132 ...",
             "dry": "print the pip command and download nothing"})
-@_user_errors
 def wheelhouse(c, variant="auto", dry=False):
     """Download every wheel (and DeepSpeed's source) of a variant's lock into images/wheelhouse/<variant>/.
 
@@ -63,7 +50,6 @@ def wheelhouse(c, variant="auto", dry=False):
 @task(help={"variant": "auto (default): the newest CUDA variant the driver supports, else cpu",
             "no_cache": "rebuild every layer",
             "dry": "print the exact commands and build nothing"})
-@_user_errors
 def build(c, variant="auto", no_cache=False, dry=False):
     """Build the image of a variant, tagged dockyard:<version>-<variant>.
 
@@ -77,7 +63,6 @@ def build(c, variant="auto", no_cache=False, dry=False):
 
 @task(help={"mirror": "Debian mirror for the cpu base image (default: deb.debian.org)",
             "dry": "print what would be done"})
-@_user_errors
 def setup(c, mirror="http://deb.debian.org/debian", dry=False):
     """Prepare a fresh host for building and training.
 
@@ -107,15 +92,15 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "gpus": "which GPUs, e.g. 0,2 (default: CUDA_VISIBLE_DEVICES, else all): one process each",
-            "data": "your data: a file or folder on this host, mounted read-only (default: the `data` setting, "
-                    "else the sample)",
-            "model": "your model: a folder on this host (config.json + weights), mounted read-only (default: the "
-                     "`model` setting, else a tiny model made from a config)",
+            "data": "your data: a file or folder on this host, mounted read-only, or a hub dataset org/name in the "
+                    "hf_cache folder (default: the `data` setting, else the sample)",
+            "model": "your model: a folder on this host (config.json + weights), mounted read-only, or a hub model "
+                     "org/name in the hf_cache folder (default: the `model` setting, else a tiny model made from a "
+                     "config)",
             "dry": "print the exact command and run nothing"})
-@_user_errors
-def run(c, recipe="zero2", variant="auto", nproc=0, nodes=1, node_rank=0, master_addr="",
-        master_port=29500, run_id="", resume=False, disable_require=False, native=False, cpu=False, dry=False,
-        gpus="", data="", model="", iface="", join_timeout=120, max_restarts=0):
+def run(c, recipe="zero2", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = 0, master_addr="",
+        master_port: Port = 29500, run_id="", resume=False, disable_require=False, native=False, cpu=False,
+        dry=False, gpus="", data="", model="", iface="", join_timeout: Seconds = 120, max_restarts: Restarts = 0):
     """Train a recipe in the image, one process per GPU (torchrun).
 
     --recipe is a name (`invoke recipes`) or a folder of your own holding a recipe.yaml. The checkout's recipes/
@@ -144,9 +129,8 @@ def _remainder(c) -> list[str]:
             "runtime": "docker (default: `invoke run` on each node), pyxis (enroot .sqsh) or apptainer (.sif)",
             "image_file": "pyxis: the image as FILE.sqsh; apptainer: FILE.sif (on storage every node sees)",
             "out": "where to write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
-@_user_errors
-def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="", runtime="docker", image_file="",
-          out=""):
+def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive="", runtime="docker",
+          image_file="", out=""):
     """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
 
     One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
@@ -169,11 +153,13 @@ def slurm(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", archive="
             "max_restarts": "torchrun restarts of a node's workers before the node fails (default 0)",
             "resume": "continue the run --run-id from its last complete checkpoint",
             "out": "folder to write job.yaml and trainjob.yaml into (default: <runs>/k8s/<run-id>/)"})
-@_user_errors
-def k8s(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", image="", run_id="", runs_claim="dockyard-runs",
-        shm="16Gi", max_restarts=0, resume=False, out=""):
-    """Write Kubernetes manifests that train a recipe on several nodes: an Indexed Job + headless Service (no
-    operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go after `--`."""
+def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", image="", run_id="",
+        runs_claim="dockyard-runs",
+        shm="16Gi", max_restarts: Restarts = 0, resume=False, out=""):
+    """Write Kubernetes manifests that train a recipe on several nodes.
+
+    An Indexed Job + headless Service (no operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go
+    after `--`."""
     from dockyard.launch import k8s as k8s_mod
 
     k8s_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant, image=image,
@@ -186,7 +172,6 @@ def k8s(c, recipe="zero2", nodes=2, gpus_per_node=0, variant="auto", image="", r
                      "adapter alone",
             "out": "folder to write, which must not exist (default: runs/<ID>/export, or runs/<ID>/merged)",
             "dry": "print the command and run nothing"})
-@_user_errors
 def export(c, run="", merge=False, out="", dry=False):
     """Write a run's trained model as a plain Hugging Face folder (for serving, or the hub).
 
@@ -199,7 +184,6 @@ def export(c, run="", merge=False, out="", dry=False):
 
 
 @task
-@_user_errors
 def recipes(c):
     """List the recipes, each with the one line that says when to pick it."""
     from dockyard.common import recipes as recipes_mod
@@ -208,7 +192,6 @@ def recipes(c):
 
 
 @task(help={"variant": "image variant; default auto", "dry": "print the command and run nothing"})
-@_user_errors
 def shell(c, variant="auto", dry=False):
     """An interactive shell in the image, with the same mounts, user and flags as `invoke run`."""
     from dockyard.launch import run as launch_run
@@ -221,7 +204,6 @@ def shell(c, variant="auto", dry=False):
 @task(help={"container": "name or id of the container to commit (see `docker ps -a`)",
             "tag": "tag of the new image (default: <source tag>-commit-<time>)",
             "allow_secrets": "commit even if the container holds token, key or credential files"})
-@_user_errors
 def commit(c, container="", tag="", allow_secrets=False):
     """Commit a container to an image, refusing if it holds secrets.
 
@@ -240,13 +222,13 @@ def commit(c, container="", tag="", allow_secrets=False):
             "thin_for": "INVENTORY.json or ssh://[user@]host[:port]: leave out the layers that node already holds",
             "sign": "ssh private key: sign the manifest (ssh-keygen -Y sign)",
             "variant": "save this variant's image (cpu, cu132, ...) instead of --image; needs no GPU on this host"})
-@_user_errors
-def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign="", variant=""):
-    """Write an image archive: a compressed `docker save` tar with its sha256, manifest and load.sh.
+def save(c, image="", out="", compress="zstd", level: Level = 0, thin_for="", sign="", variant=""):
+    """Write an image archive: a compressed `docker save` tar with its sha256, manifest, load.sh (and run.sh).
 
-    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json and load.sh (loads it with only sh, sha256sum,
-    docker and zstd/gzip). Checks free space first, writes .partial files and renames them when complete,
-    and checks every layer against the image's diff ids."""
+    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json, load.sh (loads it with only sh, sha256sum,
+    docker and zstd/gzip) and, for a dockyard image, run.sh (`invoke run` as shell, for a node with only sh and
+    Docker). Checks free space first, writes .partial files and renames them when complete, and checks every layer
+    against the image's diff ids."""
     from dockyard.transport import save as save_mod
 
     save_mod.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,
@@ -254,7 +236,6 @@ def save(c, image="", out="", compress="zstd", level=0, thin_for="", sign="", va
 
 
 @task(help={"file": "the archive (<name>.tar.zst/.tar.gz/.tar), with its .sha256 and .manifest.json beside it"})
-@_user_errors
 def load(c, file=""):
     """Verify an archive, then load it; a damaged or tampered one is refused.
 
@@ -270,7 +251,6 @@ def load(c, file=""):
 
 
 @task(help={"out": "file to write (default: images/dist/inventory-<hostname>.json)"})
-@_user_errors
 def inventory(c, out=""):
     """Write this node's image and layer inventory, for thin archives.
 
@@ -289,8 +269,7 @@ def inventory(c, out=""):
             "identity": "ssh private key (default: the ssh config's / agent's)",
             "load": "load it there after verifying (file mode; stream mode always loads)",
             "thin": "stream mode: leave out the layers the node already holds"})
-@_user_errors
-def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=False):
+def ship(c, file="", image="", to="", port: PortOrConfig = 0, identity="", load=False, thin=False):
     """Copy an archive to another node over SSH, resumably; verify it there; optionally load it.
 
     Resumes with rsync --append-verify, or ssh append where the node has no rsync. With --image
@@ -315,8 +294,7 @@ def ship(c, file="", image="", to="", port=0, identity="", load=False, thin=Fals
             "peer": "[user@]host of another node (node 0, from the others): route, rendezvous port, InfiniBand, "
                     "its /dev/shm and image, over the ssh setting",
             "port": "the rendezvous port --peer checks (default 29500)"})
-@_user_errors
-def doctor(c, json=False, record="", peer="", port=29500):
+def doctor(c, json=False, record="", peer="", port: Port = 29500):
     """Check this host for training, with a fix for each failure.
 
     Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the driver runs,
@@ -349,8 +327,8 @@ def doctor(c, json=False, record="", peer="", port=29500):
             "seq_len": "tokens per sequence (default 2048)",
             "batch": "sequences per GPU per step (default 1)",
             "json": "print the plan as JSON"})
-@_user_errors
-def plan(c, model="", gpus=0, gpu_mem=0.0, cpu_mem=0.0, seq_len=2048, batch=1, json=False):
+def plan(c, model="", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, seq_len: Tokens = 2048, batch: Batch = 1,
+         json=False):
     """Estimate the memory of every recipe for a model, and recommend the fastest that fits.
 
     GPU memory per device and host memory per node: model states as DeepSpeed counts them, plus

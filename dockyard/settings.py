@@ -1,20 +1,24 @@
 """Typed settings: the `dockyard:` subtree of invoke.yaml, validated in one place.
 
 Relative paths are relative to the project root (the folder that holds invoke.yaml), so tasks work
-from any working directory inside the checkout.
+from any working directory inside the checkout. The same model reads invoke.yaml and the INVOKE_DOCKYARD_<KEY>
+environment overrides, from the text the user typed (Invoke's own cast, by the type of the yaml value, is not
+used): an unknown key or a bad value is a short error naming the known keys.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dockyard import ROOT
-from dockyard.common.errors import DockyardError, problems
+from dockyard import ENV_PREFIX, ROOT
+from dockyard.common.errors import DockyardError
 
 
 class Settings(BaseModel):
@@ -38,11 +42,35 @@ class Settings(BaseModel):
     ssh: str = "ssh"
     allowed_signers: str = ""
     layer_cache: Path = Path("~/.cache/dockyard/layers")
-    layer_cache_gb: float = Field(20, allow_inf_nan=False)  # int(inf) would be a traceback in every save
+    layer_cache_gb: float = Field(20, ge=0, le=2**20, allow_inf_nan=False)  # GB; int(inf) would be a traceback
+
+    @field_validator("image_name")
+    @classmethod
+    def _a_repository(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*", v) or len(v) > 200:
+            raise ValueError("a docker repository name: lowercase letters, digits, '.', '_', '-' and '/' (e.g. "
+                             "dockyard, or registry.example.com/team/dockyard without the port)")
+        return v
+
+    @field_validator("docker")
+    @classmethod
+    def _a_client(cls, v: str) -> str:
+        if v and not shutil.which(os.path.expanduser(v)):
+            raise ValueError(f"{v!r} is not an executable docker client (give its path, or \"\" for the first "
+                             "`docker` on PATH that can use BuildKit)")
+        return v
+
+    @field_validator("variants_file", "runs_dir", "wheelhouse_dir", "dist_dir", "hf_cache", "layer_cache",
+                     mode="before")
+    @classmethod
+    def _a_path(cls, v: Any) -> Any:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("must name a file or folder (an empty value would be the project root itself)")
+        return v
 
     def path(self, p: Path | str) -> Path:
         """A setting's path made absolute against the project root (with ~ expanded)."""
-        p = Path(p).expanduser()
+        p = Path(os.path.expanduser(p))
         return p if p.is_absolute() else ROOT / p
 
     @property
@@ -50,10 +78,23 @@ class Settings(BaseModel):
         return self.ca_bundle or os.environ.get("PIP_CERT", "")
 
 
-def load(config: Mapping[str, Any] | None) -> Settings:
-    """Settings from Invoke's config subtree (a DataProxy or a plain dict)."""
+def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from Invoke's config subtree (a DataProxy or a plain dict) and the INVOKE_DOCKYARD_* variables."""
+    environ = os.environ if environ is None else environ
     raw = dict(config or {})
+    env = {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
+    known = sorted(Settings.model_fields)
+    for where, keys in ((f"{ENV_PREFIX}*", env), ("invoke.yaml (dockyard:)", raw)):
+        unknown = sorted(set(keys) - set(known))
+        if unknown:
+            names = [f"{ENV_PREFIX}{k.upper()}" if where.startswith(ENV_PREFIX) else k for k in unknown]
+            raise DockyardError(f"unknown setting(s) in {where}: {', '.join(names)}; known: {', '.join(known)}")
     try:
-        return Settings(**raw)
+        return Settings(**(raw | env))
     except ValidationError as e:
-        raise DockyardError(f"invalid setting in invoke.yaml (dockyard:): {problems(e)}") from None
+        said = []
+        for err in e.errors():
+            key = str(err["loc"][0]) if err["loc"] else ""
+            where = f"{ENV_PREFIX}{key.upper()}={env[key]!r}" if key in env else f"invoke.yaml dockyard.{key}"
+            said.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+        raise DockyardError(f"invalid setting: {'; '.join(said)}") from None

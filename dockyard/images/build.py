@@ -264,11 +264,17 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dry
     variant, why = variants.resolve(settings, name)
     print(f"{why}")
     created = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
-    plan = build_plan(settings, variant, no_cache=no_cache, revision=git_revision(), created=created)
+    wheels = wheelhouse_dir(settings, variant)
+    # The Dockerfile reads images/wheelhouse/<variant>/ of its context: a wheelhouse_dir elsewhere is built from a
+    # context beside it (the checkout's files copied, the wheels hard-linked), so the setting moves both.
+    context = ROOT if wheels == ROOT / "images" / "wheelhouse" / variant.name else wheels.parent / f".context-{variant.name}"
+    plan = build_plan(settings, variant, no_cache=no_cache, revision=git_revision(), created=created, context=context)
     need_wheels = not wheelhouse_complete(settings, variant)
     if dry:
         if need_wheels:
             print(wheelhouse_plan(settings, variant).show())
+        if context != ROOT:
+            print(f"# in {context}: this checkout's build files and {wheels}/ as images/wheelhouse/{variant.name}/")
         print(plan.show())
         return variants.tag(settings, variant)
     engine.engine_info(settings)
@@ -278,19 +284,26 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dry
     if need_wheels:
         wheelhouse(settings, variant.name)
     tracker = _StepTracker()
-    for argv, env in plan.steps:
-        try:
+    if context != ROOT:
+        shutil.rmtree(context, ignore_errors=True)
+        copy_context(context, variant.name, wheels=wheels)
+    try:
+        for argv, env in plan.steps:
             engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
-        except DockyardError as e:
-            raise DockyardError(f"build failed at step {tracker.last or '(before the first step)'}\n{e}") from None
+    except DockyardError as e:
+        raise DockyardError(f"build failed at step {tracker.last or '(before the first step)'}\n{e}") from None
+    finally:
+        if context != ROOT:
+            shutil.rmtree(context, ignore_errors=True)
     ref = variants.tag(settings, variant)
     info = engine.image_inspect(settings, ref)
     print(f"built {ref} ({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
     return ref
 
 
-def copy_context(dst: Path, variant: str) -> Path:
-    """A copy of what the build reads (the wheelhouse hard-linked), for rebuilds that edit files safely."""
+def copy_context(dst: Path, variant: str, wheels: Path | None = None) -> Path:
+    """A copy of what the build reads (the wheelhouse, `wheels` or the checkout's, hard-linked), for rebuilds that
+    edit files safely and for a wheelhouse_dir outside images/wheelhouse."""
     for name in ("dockyard", "data", "recipes"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "images").mkdir()
@@ -298,7 +311,7 @@ def copy_context(dst: Path, variant: str) -> Path:
         if f.is_file():
             shutil.copy2(f, dst / "images" / f.name)
     shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
-    shutil.copytree(ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,
+    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,
                     copy_function=os.link)
     shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
     return dst

@@ -40,7 +40,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if m is None:
         raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run")
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
-    target = Path(out).expanduser().resolve() if out else run_dir / ("merged" if merge else "export")
+    target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
     argv, env = plan_export(settings, m, run_dir, target, merge)

@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockyard.common.data_files import HUB_ID  # a hub id as the trainer reads one
 from dockyard.common.errors import DockyardError
 from dockyard.settings import ROOT, Settings
 
@@ -43,30 +45,18 @@ def plan_mounts(settings: Settings, recipe: str, overrides: list[str], *, data: 
     """The mounts of one run (pure: reads only whether the paths exist). Flags win over the invoke.yaml
     settings; a host path given as an override is mounted the same way (overrides win over both)."""
     m = Mounts()
-    given = override_values(overrides)
-    rest = strip_keys(overrides, given)
-    for key, flag in (("model", model), ("data", data), ("eval_data", "")):
-        if key in given:
-            value, where = given[key], f"-- --{key}"
-        elif flag:
-            value, where = flag, f"--{key}"
-        else:
-            value, where = (getattr(settings, key, "") or ""), f"setting {key}"
-            if value:
-                value = str(settings.path(value))
-        if not value:
-            continue
-        host = host_path(value, where, settings if where.startswith("setting") else None)
+    m.overrides = strip_keys(overrides, override_values(overrides))
+    for key, value, where in resolved(settings, overrides, data=data, model=model):
+        host = host_path(value, where, settings, key)
         if host is None:  # a hub id (model or dataset in the Hugging Face cache): passed as it is
-            rest += [f"--{key}", value]
+            m.overrides += [f"--{key}", value]
             continue
         inside = f"{INPUTS}/{key}" + ("" if host.is_dir() else f"/{host.name}")
         m.volumes.append((host, inside, True))
         m.host_paths[inside] = str(host)
-        rest += [f"--{key}", inside]
-    m.overrides = rest
+        m.overrides += [f"--{key}", inside]
     m.recipe = recipe
-    folder = Path(recipe).expanduser()
+    folder = Path(os.path.expanduser(recipe))
     if recipe and (folder / "recipe.yaml").is_file():
         folder = folder.resolve()
         if checkout_recipes and folder.parent == (ROOT / "recipes").resolve():
@@ -111,14 +101,46 @@ def strip_keys(overrides: list[str], keys: dict[str, str]) -> list[str]:
     return out
 
 
-def host_path(value: str, where: str, settings: Settings | None = None) -> Path | None:
-    """The host file or folder `value` names, or None for a hub id (`org/name`, found in the cache inside).
-    What looks like a path (absolute, ./, ~, a data file's suffix) but is not there is an error."""
-    p = Path(value).expanduser()
+def resolved(settings: Settings, overrides: list[str], *, data: str = "", model: str = ""):
+    """(key, value, where it came from) of each input the run is given: an override wins over the flag, the flag
+    over the invoke.yaml setting (whose relative path is relative to the project root, where it names one)."""
+    given = override_values(overrides)
+    for key, flag in (("model", model), ("data", data), ("eval_data", "")):
+        if key in given:
+            yield key, given[key], f"-- --{key}"
+        elif flag:
+            yield key, flag, f"--{key}"
+        elif value := getattr(settings, key, "") or "":
+            in_root = settings.path(value)
+            yield key, str(in_root) if in_root.exists() or looks_like_path(value) else value, f"setting {key}"
+
+
+def host_path(value: str, where: str, settings: Settings, key: str = "data") -> Path | None:
+    """The host file or folder `value` names, or None for a hub id.
+
+    The rule: a value that exists on this host is that file or folder. One that does not is a hub id only when it
+    has the form org/name and that model or dataset is in the Hugging Face cache (the `hf_cache` setting): runs are
+    offline, so it could not be found anywhere else. Anything else is refused before the run starts."""
+    p = Path(os.path.expanduser(value))
     if p.exists():
         return p.resolve()
-    looks_like_path = value.startswith(("/", ".", "~")) or Path(value).suffix in FILE_SUFFIXES
-    if looks_like_path or settings is not None:  # the invoke.yaml settings name host paths only
-        raise DockyardError(f"{where} {value}: no such file or folder on this host (give an existing file or "
-                            "folder; it is mounted read-only into the run)")
-    return None
+    if not looks_like_path(value) and HUB_ID.fullmatch(value) and in_hub_cache(settings, value, key):
+        return None
+    hub = (f"; nor is it a hub id in the Hugging Face cache {settings.path(settings.hf_cache)} (runs are offline: "
+           f"download it there first)") if HUB_ID.fullmatch(value) and not looks_like_path(value) else ""
+    raise DockyardError(f"{where} {value}: no such file or folder on this host{hub} (give an existing file or "
+                        "folder; it is mounted read-only into the run)")
+
+
+def looks_like_path(value: str) -> bool:
+    """Absolute, ./, ~, or a data file's suffix: a path whatever else it might look like."""
+    return value.startswith(("/", ".", "~")) or Path(value).suffix in FILE_SUFFIXES
+
+
+def in_hub_cache(settings: Settings, repo_id: str, key: str) -> bool:
+    """The hub cache's folder of a model or dataset (hub/models--org--name), or the datasets library's own cache."""
+    home = settings.path(settings.hf_cache)
+    org, name = repo_id.split("/")
+    kinds = ("models",) if key == "model" else ("datasets",)
+    return any((home / "hub" / f"{kind}--{org}--{name}").is_dir() for kind in kinds) \
+        or (key != "model" and (home / "datasets" / f"{org}___{name}").is_dir())

@@ -26,7 +26,7 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import multinode, scriptwords
+from dockyard.launch import multinode, preflight, scriptwords
 from dockyard.launch.run import CPU_NPROC, WORKSPACE
 from dockyard.settings import Settings
 
@@ -92,7 +92,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     scriptwords.argv_words(list(overrides or []), "trainer overrides")
     if image:
         engine.reference(image, "--image")  # also written into the files' header comments: one line, no blanks
-    load_recipe(recipe)
+    preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
     if "/" in recipe or recipe.startswith("."):
         raise DockyardError(f"--recipe {recipe!r}: on Kubernetes the pods run the image's recipes; give a recipe "
                             "name (`invoke recipes`), or build the image with your recipe folder in recipes/")

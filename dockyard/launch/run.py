@@ -126,7 +126,8 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
     # a recipe folder given as a path (`.`, `../mine/`) is named by the folder it resolves to
-    name = Path(recipe).expanduser().resolve().name if (Path(recipe).expanduser() / "recipe.yaml").is_file() else recipe
+    folder = Path(os.path.expanduser(recipe))
+    name = folder.resolve().name if (folder / "recipe.yaml").is_file() else recipe
     run_id = run_id or f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name).lstrip('-._') or 'run'}-" \
                        f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if not RUN_ID.fullmatch(run_id):
@@ -272,9 +273,11 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
         topo.rendezvous = multinode.rendezvous(master_addr=master_addr, master_port=master_port, node_rank=node_rank,
                                                run_id=run_id, join_timeout=join_timeout,
                                                max_restarts=max_restarts, iface=iface)
-    from dockyard.common.recipes import load_recipe
+    from dockyard.launch import preflight
 
-    load_recipe(recipe)  # a bad --recipe is reported as such, not through the run id derived from it
+    # a bad --recipe is reported as such, not through the run id derived from it; then what the trainer would refuse
+    preflight.check_run(settings, recipe=recipe, overrides=overrides, resume=resume, run_id=run_id, data=data,
+                        model=model, gpus_in_effect=chosen.is_cuda and not cpu)
     run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
     from dockyard.machine import disk
 
@@ -288,7 +291,9 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
                            resume=resume, cpu=cpu or not chosen.is_cuda, data=data, model=model)
     else:
         info, image = {}, {}
-        if not dry:
+        if dry:
+            image = _image_if_there(settings, variants.tag(settings, chosen))
+        else:
             info = engine.engine_info(settings)
             image = engine.image_inspect(settings, variants.tag(settings, chosen))
             if not image:
@@ -320,6 +325,19 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
         raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
                             f"nothing was kept, so the same command can be run again")
     return summarise(run_dir, node_rank)
+
+
+def _image_if_there(settings: Settings, tag: str) -> dict:
+    """`run --dry`: the image's id where an engine answers and holds it, so the command printed is the one that runs;
+    else a note says what the run fills in."""
+    try:
+        image = engine.image_inspect(settings, tag) or {}
+    except DockyardError:
+        image = {}
+    if not image:
+        print(f"note: {tag} is not built (or no engine answers): the run sets DOCKYARD_IMAGE_ID to its id",
+              file=sys.stderr)
+    return image
 
 
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:

@@ -14,6 +14,7 @@ Node 0 is the first host of the allocation, reached at its NodeAddr; each node's
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -23,7 +24,7 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import multinode, scriptwords
+from dockyard.launch import multinode, preflight, scriptwords
 from dockyard.launch.run import WORKSPACE
 from dockyard.settings import ROOT, Settings
 
@@ -38,7 +39,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     for flag, value in (("--recipe", recipe), ("--archive", archive), ("--image-file", image_file)):
         scriptwords.one_line(value, flag)
     scriptwords.argv_words(overrides, "trainer overrides")
-    load_recipe(recipe)
+    preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
     _check_runtime(runtime, image_file, archive, gpus_per_node)
     if nodes < 1:
         raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
@@ -121,6 +122,9 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
     if runtime not in RUNTIMES:
         raise DockyardError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     if runtime == "docker":
+        if archive and not Path(os.path.expanduser(archive)).is_file():
+            raise DockyardError(f"--archive {archive}: no such file (give the .tar.zst, .tar.gz or .tar `invoke save` "
+                                "wrote, on storage every node sees)")
         if image_file:
             raise DockyardError("--image-file is for --runtime=pyxis (.sqsh) or apptainer (.sif); with docker "
                                 "give --archive (from `invoke save`)")

@@ -14,7 +14,7 @@ from dockyard.settings import Settings
 
 SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
 STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
-DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~20 GB, and `docker load` unpacks a copy first
+DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~7 GB (cu132), and `docker load` unpacks a copy first
 # ds_ops names in images/variants.yaml → the op names ds_report prints
 DS_OPS = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",
           "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
@@ -63,8 +63,8 @@ def check_disk(free: int, data_root: str) -> Check:
         return Check("disk", FAIL, detail, "free space there: `docker image prune`, or move the data root "
                                            "(dockerd --data-root) to a larger disk")
     if free < DISK_WARN:
-        return Check("disk", WARN, detail, "a CUDA image takes ~20 GB and `docker load` unpacks a copy first: "
-                                           "keep 50 GiB free")
+        return Check("disk", WARN, detail, "a CUDA image takes ~7 GB (cu132, measured) and `docker load` unpacks a "
+                                           "copy first: keep 50 GiB free")
     return Check("disk", PASS, detail)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -95,16 +96,21 @@ def shape_from_folder(folder: Path) -> Shape:
     return Shape(**model_config.count(folder, LORA_RANK))
 
 
+MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo, not a plan
+
+
 def shape_for(model: str) -> Shape:
     """`--model`: a local folder with config.json, or a parameter count like 8B."""
     if not model:
         raise DockyardError("say which model: --model=PATH (a folder with config.json) or --model=8B")
-    folder = Path(model).expanduser()
+    folder = Path(os.path.expanduser(model))
     if folder.is_dir():
         return shape_from_folder(folder)
     count = parse_count(model)
     if count is None:
         raise DockyardError(f"--model={model}: neither a folder nor a parameter count like 8B, 1.5B, 350M")
+    if count > MAX_PARAMS:
+        raise DockyardError(f"--model={model}: more than {MAX_PARAMS / 1e12:.0f}T parameters; give a count like 8B or 405B")
     return shape_from_count(count)
 
 
@@ -358,15 +364,16 @@ def print_plan(result: dict) -> None:
     console.print(f"model: {m['params'] / 1e9:.2f} B parameters, largest layer {m['largest_layer'] / 1e6:.0f} M "
                   f"({m['source']})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
-                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU")
-    for col in ("recipe", "states", "+ activations", "= per GPU", "checkpointed", "host/node", "fits", "disk"):
-        table.add_column(col, justify="left" if col in ("recipe", "fits") else "right")
+                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU (GiB)")
+    # GiB without the unit in each cell: the table fits 80 columns with every recipe name whole
+    for col in ("recipe", "states", "+ activ.", "= per GPU", "w/ ckpt", "host", "fits", "disk"):
+        table.add_column(col, justify="left" if col in ("recipe", "fits") else "right", no_wrap=col != "fits")
     for r in result["recipes"]:
-        fits = "yes" if r["fits"] else "with checkpointing" if r["fits_checkpointed"] else "no"
+        fits = "yes" if r["fits"] else "w/ ckpt" if r["fits_checkpointed"] else "no"
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
-                      _gib(r["model_states_bytes"]), _gib(r["activation_bytes"]), _gib(r["gpu_bytes"]),
-                      _gib(r["gpu_bytes_checkpointed"]), _gib(r["host_bytes"]),
+                      *(f"{r[k] / GIB:.1f}" for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
+                                                      "gpu_bytes_checkpointed", "host_bytes")),
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]",
                       _disk_cell(r))
     console.print(table)
@@ -375,15 +382,15 @@ def print_plan(result: dict) -> None:
                   + f" — {rec['why']}")
     console.print("[dim]disk: checkpoint size × checkpoints kept (save_total_limit) and the final model, with the "
                   "recipe's settings; `invoke run` checks the runs folder has room before starting.[/]")
-    console.print("[dim]per GPU is the peak of a step: the states held when activations peak (full fine-tuning's "
-                  "gradients come later), the engine's buckets, and 1 GiB for the CUDA context and NCCL; host/node "
-                  "is what offloading keeps in RAM, else the worst case while loading the checkpoint.[/]")
+    console.print("[dim]per GPU includes 1 GiB for the CUDA context and NCCL; w/ ckpt: per GPU with gradient "
+                  "checkpointing; fsdp needs what zero3 needs; host (per node) is what offloading keeps in RAM, else the "
+                  "worst case while loading the checkpoint.[/]")
 
 
 def _disk_cell(r: dict) -> str:
     from dockyard.machine import disk
 
-    return f"{disk.size(r['disk_bytes'])} ({r['checkpoints_kept']} × {disk.size(r['checkpoint_bytes'])} + model)"
+    return disk.size(r["disk_bytes"])  # checkpoints kept + the final model: the footnote says so, --json itemises
 
 
 def to_json(result: dict) -> str:

@@ -20,18 +20,16 @@ import json
 import logging
 import os
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dockyard.common.data_files import BUILDERS, HUB_ID
 from dockyard.common.errors import DockyardError
 
 log = logging.getLogger("dockyard.train")
 
 IGNORE = -100  # label value the loss skips
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 # The fields that name each format, most specific first (a row with `messages` and `text` is a chat).
 FORMATS: dict[str, tuple[str, ...]] = {

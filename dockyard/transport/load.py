@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -33,7 +34,7 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
 
     The archive is opened once: the bytes hashed are the bytes loaded. A refused load leaves the engine's tags
     where they were."""
-    paths = ArchivePaths(Path(file).expanduser().resolve())
+    paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
     manifest = check_set(settings, paths)
     info = engine.engine_info(settings)
     store = inventory.engine_store(info)

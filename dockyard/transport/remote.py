@@ -6,6 +6,7 @@ ProxyJump all apply. Nothing but sh, coreutils and docker is needed on the node.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -66,7 +67,7 @@ def ssh_base(settings: Settings, r: Remote) -> list[str]:
     if r.port:
         argv += ["-p", str(r.port)]
     if r.identity:
-        argv += ["-i", str(Path(r.identity).expanduser())]
+        argv += ["-i", str(Path(os.path.expanduser(r.identity)))]
     return argv + SSH_DEFAULTS
 
 

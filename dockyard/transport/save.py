@@ -56,12 +56,12 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if tool and not engine.which(tool):
         raise DockyardError(f"{tool} is not installed: install it (apt-get install {compress}) or pass "
                             "--compress=gzip / none")
-    key = Path(sign).expanduser() if sign else None
+    key = Path(os.path.expanduser(sign)) if sign else None
     if key and not key.exists():
         raise DockyardError(f"--sign={sign}: no such key file (an ssh private key, or a public key "
                             "whose private half is in your ssh-agent)")
     thin = thin_record(settings, images, thin_for) if thin_for else None
-    out_dir = Path(out).expanduser().resolve() if out else settings.path(settings.dist_dir)
+    out_dir = Path(os.path.expanduser(out)).resolve() if out else settings.path(settings.dist_dir)
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
     # Thin archives need about as much: they spool each layer while hashing it.
     tar_estimate = sum(i["bytes"] for i in images)

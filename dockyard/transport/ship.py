@@ -9,6 +9,7 @@ either side, `docker save | zstd | ssh node 'zstd -dc | docker load'`, checked a
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     `transport` forces "rsync" or "ssh" (tests); by default rsync where the node has it.
     Returns the (ref, id) pairs load.sh reported when loading, else [].
     """
-    paths = ArchivePaths(Path(file).expanduser().resolve())
+    paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
     for p in (paths.archive, paths.sha256, paths.manifest, paths.loader):
         if not p.exists():
             raise DockyardError(f"{p} is missing: ship an archive written by `invoke save` (it writes the "

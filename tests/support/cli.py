@@ -16,3 +16,28 @@ def invoke(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int =
     """Run `invoke ARGS` as a user would, from the project root."""
     return subprocess.run([*INVOKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+def invoke_here(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`invoke ARGS` in this process (Invoke's own Program, the real tasks.py and invoke.yaml), for tests that try
+    hundreds of values: a subprocess each would take minutes. sys.argv is what the tasks read the overrides after
+    `--` from; the environment gets `env` for the call alone."""
+    import contextlib
+    import io
+
+    from invoke.main import program
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved_argv, saved_env = sys.argv, dict(os.environ)
+    sys.argv = ["invoke", *args]
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            program.run(["invoke", "--search-root", str(ROOT), *args])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["invoke", *args], code, out.getvalue(), err.getvalue())

@@ -35,6 +35,9 @@ def _names(texts: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 
 # Pieces, and now and then any text at all (every code point but lone surrogates, NUL and newlines included).
 hostile_text = _texts(PIECES, st.characters(blacklist_categories=("Cs",)))
+# an override's value: anything but a leading "--", which the override grammar reads as the next key (refused
+# before anything is written, as `invoke run --dry` refuses it)
+hostile_value = hostile_text.filter(lambda s: not s.startswith("--"))
 # The same without control characters: what a path in a generated script can hold.
 line_text = _texts([p for p in PIECES if not unsafe(p)], st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")))
 hostile_name, line_name = _names(hostile_text), _names(line_text)

@@ -32,15 +32,15 @@ DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")  # docker's container-na
 # --- through the real CLI: what a user types -------------------------------------------------------
 
 def test_trainer_overrides_reach_the_trainer_as_the_user_quoted_them():
-    r = invoke("run", "--dry", "--variant=cpu", "--", "--note", "a b", "it's")
+    r = invoke("run", "--dry", "--variant=cpu", "--", "--run_name", "a b", "--hub_model_id", "it's")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
-    assert "--note 'a b' 'it'\"'\"'s'" in r.stderr  # three arguments, quoting kept (the echo is on stderr)
+    assert "--run_name 'a b' --hub_model_id 'it'\"'\"'s'" in r.stderr  # quoting kept (the echo is on stderr)
 
 
 @pytest.mark.parametrize("args,says", [
     (["--run-id=a b:c"], "--run-id 'a b:c'"),
-    (["--run-id=-q"], "--run-id '-q'"),  # a letter no flag of `run` has (-x is --max-restarts)
+    (["--run-id=-q"], "--run-id '-q'"),  # a dash first: not read as a flag
     (["--recipe=../x"], "unknown recipe '../x'"),
 ])
 def test_bad_run_values_are_refused_before_anything_is_made(args, says, tmp_path):

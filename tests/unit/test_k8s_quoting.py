@@ -14,7 +14,7 @@ from hypothesis import settings as hsettings
 
 from dockyard.common.errors import DockyardError
 from dockyard.launch import k8s
-from tests.support.hostile import environment, hostile_text, path_name, recorder, records, unsafe
+from tests.support.hostile import environment, hostile_text, hostile_value, path_name, recorder, records, unsafe
 
 ATTACK = 'it\'s a "test" `touch "$MARK"` $(touch "$MARK") ${HOME} \\ * #x\n- evil: 1'
 EXAMPLES = hsettings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -28,11 +28,11 @@ def _not_a_reference(image: str) -> bool:
 @EXAMPLES
 @example(image="reg.example/x:'$(touch\"$MARK\")`#", out="o u't # x\u2028y: 1", override=ATTACK)
 @example(image="reg.example/x:1", out="o u't # x", override=ATTACK)
-@given(image=hostile_text, out=path_name, override=hostile_text)
+@given(image=hostile_text, out=path_name, override=hostile_value)
 def test_values_stay_one_scalar_and_one_word_and_nothing_runs(settings, tmp_path_factory, image, out, override):
     base = tmp_path_factory.mktemp("k8s")
     kw = {"recipe": "zero2", "nodes": 2, "gpus_per_node": 0, "run_id": "exp1", "image": image,
-          "overrides": ["--note", override]}
+          "overrides": ["--run_name", override]}
     try:
         paths = k8s.write(settings, out=str(base / out), **kw)
     except DockyardError as e:
@@ -49,7 +49,7 @@ def test_values_stay_one_scalar_and_one_word_and_nothing_runs(settings, tmp_path
     assert container["image"] == trainjob["spec"]["trainer"]["image"] == image
     bin_, log = base / "bin", base / "argv"
     recorder(bin_, "torchrun")
-    want = ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/exp1", "--", "--note", override]
+    want = ["-m", "dockyard.train", "--recipe", "zero2", "--run-dir", "/workspace/runs/exp1", "--", "--run_name", override]
     pods = [([*container["command"], *container["args"]], {"JOB_COMPLETION_INDEX": "1", "POD_IP": "10.1.0.6"}),
             (trainjob["spec"]["trainer"]["command"], {"PET_NODE_RANK": "1", "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2",
                                                       "PET_MASTER_ADDR": "node-0", "PET_MASTER_PORT": "29500",

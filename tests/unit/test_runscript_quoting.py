@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES
 from dockyard.launch import runscript
-from tests.support.hostile import PIECES, environment, hostile_text, path_name, recorder, records
+from tests.support.hostile import PIECES, environment, hostile_value, path_name, recorder, records
 
 DOCKER = """
 case "$1" in
@@ -82,14 +82,14 @@ def _refused_by_sh(path: str) -> bool:
 @example(data="d", recipe="r\n", runs="u", hf="h", override="ends in newlines\n\n")  # what $(...) strips
 @example(data="d", recipe="r", runs="u\n", hf="h", override="x")
 @example(data="d", recipe="r", runs="u", hf="h\n", override="x")
-@given(data=path_name, recipe=path_name, runs=path_name, hf=path_name, override=hostile_text.filter(lambda s: "\0" not in s))
+@given(data=path_name, recipe=path_name, runs=path_name, hf=path_name, override=hostile_value.filter(lambda s: "\0" not in s))
 def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_factory, data, recipe, runs, hf, override):
     base = tmp_path_factory.mktemp("node")
     (base / data).write_text("{}\n")
     folder = base / "recipes" / recipe
     shutil.copytree(RECIPES / "ddp", folder)
     p, argv = _node(settings, base, f"--data={data}", f"--recipe=recipes/{recipe}", f"--runs=runs/{runs}", "--run-id=r1",
-                    "--", "--note", override, hf=f"hf/{hf}")
+                    "--", "--run_name", override, hf=f"hf/{hf}")
     if any(_refused_by_sh(v) for v in (data, recipe, runs, hf)):
         event("refused")
         assert p.returncode == 1 and not argv, p.stderr
@@ -101,7 +101,7 @@ def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_fac
     assert f"{folder}:/workspace/recipes/{recipe}:ro" in argv
     assert f"{base}/runs/{runs}:/workspace/runs" in argv and f"{base}/hf/{hf}:/workspace/.cache/huggingface" in argv
     assert argv[argv.index("--recipe") + 1] == f"/workspace/recipes/{recipe}"
-    assert argv[-4:] == ["--note", override, "--data", inside]
+    assert argv[-4:] == ["--run_name", override, "--data", inside]
     (record,) = [a for a in argv if a.startswith("DOCKYARD_HOST_PATHS=")]
     assert json.loads(record.split("=", 1)[1]) == {inside: f"{base}/{data}", f"/workspace/recipes/{recipe}": str(folder)}
 

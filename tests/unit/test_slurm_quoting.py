@@ -24,7 +24,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES
 from dockyard.launch import run as launch_run
 from dockyard.launch import slurm
-from tests.support.hostile import environment, hostile_text, path_name, recorder, records, unsafe
+from tests.support.hostile import environment, hostile_text, hostile_value, path_name, recorder, records, unsafe
 
 SCONTROL = """#!/bin/sh
 case "$2" in
@@ -118,7 +118,7 @@ def _default_run_id(folder_name: str) -> str:
 
 @EXAMPLES
 @example(recipe="-r $(touch \"$MARK\")", archive="a b", runs="r u'n # %j", override=ATTACK, after=ATTACK)
-@given(recipe=path_name, archive=path_name, runs=path_name, override=hostile_text,
+@given(recipe=path_name, archive=path_name, runs=path_name, override=hostile_value,
        after=hostile_text.filter(lambda s: "\0" not in s))
 def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, recipe, archive, runs,
                                                                   override, after):
@@ -126,11 +126,13 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
     recorder(base / "bin", "invoke")
     recorder(base / "bin", "srun", then=SRUN)
     folder = base / "recipes" / recipe
-    kw = {"recipe": str(folder), "archive": str(base / archive), "overrides": ["--note", override, "--max_steps", "5"]}
+    kw = {"recipe": str(folder), "archive": str(base / archive), "overrides": ["--run_name", override, "--max_steps", "5"]}
     s = settings.model_copy(update={"runs_dir": str(base / runs)})
     try:
         if not unsafe(recipe):
             _recipe_folder(base / "recipes", recipe)
+        if not unsafe(archive):
+            (base / archive).write_bytes(b"")  # `invoke slurm` refuses an archive that is not there
         with mock.patch.object(slurm, "INVOKE", [str(base / "bin" / "invoke")]):
             text = slurm.script(s, nodes=2, gpus_per_node=0, variant="cpu", **kw)
     except DockyardError as e:
@@ -147,7 +149,7 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
     load = ["load", f"--file={(base / archive).resolve()}"]
     run = ["run", f"--recipe={folder.resolve()}", "--variant=cpu", "--nodes=2", "--node-rank=0",
            "--master-addr=10.9.0.1", "--master-port=29500", f"--run-id={_default_run_id(folder.resolve().name)}",
-           "--resume", after, "--", "--note", override, "--max_steps", "5"]
+           "--resume", after, "--", "--run_name", override, "--max_steps", "5"]
     assert by_tool["invoke"] == [load, load, run, [*run[:4], "--node-rank=1", *run[5:]]]
 
 
@@ -155,7 +157,7 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
 @example(runtime="apptainer", image="i m'g", recipe="-r $(touch \"$MARK\")", runs="r u'n # %j", override=ATTACK,
          after=ATTACK)
 @given(runtime=st.sampled_from(["pyxis", "apptainer"]), image=path_name, recipe=path_name, runs=path_name,
-       override=hostile_text, after=hostile_text.filter(lambda s: "\0" not in s))
+       override=hostile_value, after=hostile_text.filter(lambda s: "\0" not in s))
 def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, runtime, image,
                                                                      recipe, runs, override, after):
     base = tmp_path_factory.mktemp("job")
@@ -169,7 +171,7 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
         if not unsafe(recipe):
             _recipe_folder(base / "recipes", recipe)
         text = slurm.script(s, recipe=str(folder), nodes=2, gpus_per_node=4, runtime=runtime,
-                            image_file=str(image_file), overrides=["--note", override])
+                            image_file=str(image_file), overrides=["--run_name", override])
     except DockyardError as e:
         _refused(e, {"--recipe": recipe, "--image-file": image, "runs_dir": runs, "trainer overrides": override}, "\\,:")
         return
@@ -182,7 +184,7 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
         argv = r["argv"]
         assert f"--rdzv-id={run_id}" in argv and f"--local-addr=10.9.0.{node + 1}" in argv
         assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", str(folder), "--run-dir",
-                                           f"/workspace/runs/{run_id}", after, "--", "--note", override]
+                                           f"/workspace/runs/{run_id}", after, "--", "--run_name", override]
     srun = next(r["argv"] for r in got if r["tool"] == "srun")
     runs_dir = (base / runs).resolve()
     if runtime == "pyxis":

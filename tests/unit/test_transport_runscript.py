@@ -75,13 +75,13 @@ def test_hostile_names_and_overrides_reach_docker_as_single_words_and_never_run(
     recipe = tmp_path / "my recipe's"
     recipe.mkdir()
     (recipe / "recipe.yaml").write_text("# sh run.sh\nwhen: x\nstrategy: ddp\n")
-    proc, argv = node(f"--data={data}/x.jsonl", f"--recipe={recipe}", "--run-id=r2", "--", "--note", HOSTILE)
+    proc, argv = node(f"--data={data}/x.jsonl", f"--recipe={recipe}", "--run-id=r2", "--", "--run_name", HOSTILE)
     assert argv, proc.stderr
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
     assert f"{data}/x.jsonl:/workspace/inputs/data/x.jsonl:ro" in argv
     assert f"{recipe}:/workspace/recipes/my recipe's:ro" in argv
     assert argv[argv.index("--recipe") + 1] == "/workspace/recipes/my recipe's"
-    assert argv[-4:] == ["--note", HOSTILE, "--data", "/workspace/inputs/data/x.jsonl"]
+    assert argv[-4:] == ["--run_name", HOSTILE, "--data", "/workspace/inputs/data/x.jsonl"]
     assert "memlock=8388608" in argv, "the engine's own limit, as invoke run asks"
     assert "--gpus" not in argv
 

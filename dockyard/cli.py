@@ -1,0 +1,121 @@
+"""How a task reads its flags: every value a user types is checked in one place before the task runs.
+
+Invoke casts a flag with the type of its default (`int('two')` is a ValueError inside Invoke, before any task
+code). Here numbers reach the task as typed and pydantic turns them into the type the task annotates
+(dockyard/flags.py: finite, in range), so a bad value is a short error and a non-zero exit. Flags have no
+one-letter forms: `-h` is help on every task. Only Invoke is imported here: `invoke --list` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import typing
+from typing import Any
+
+import invoke
+from invoke import Argument, Exit, Task
+
+from dockyard import ENV_PREFIX
+
+_held: dict[str, str] = {}
+
+
+def hold_setting_overrides() -> None:
+    """Keep INVOKE_DOCKYARD_* out of the environment while Invoke loads its config; a task gets them back (`checked`).
+
+    Invoke casts an override to the type of the value the config files hold (`int('2.5')` for a size written `20`)
+    and fails with a traceback before any task code. dockyard.settings reads them itself, as typed, with the same
+    model as invoke.yaml. Called when tasks.py is imported, which Invoke does before it reads the environment."""
+    _held.clear()
+    for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+        _held[key] = os.environ.pop(key)
+
+
+class TypedFlag(Argument):
+    """A number flag kept as the text the user typed; the task's annotation parses it (see `checked`)."""
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        super().set_value(value, cast=False)
+
+
+class DockyardTask(Task):
+    """A task whose flags have no one-letter forms and whose numbers are parsed by pydantic, not by Invoke."""
+
+    def __init__(self, body, *args, **kwargs):
+        kwargs["auto_shortflags"] = False
+        super().__init__(body, *args, **kwargs)
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        out = []
+        for arg in super().get_arguments(ignore_unknown_help):
+            if arg.kind in (int, float):
+                # int keeps Invoke's `--flag=INT` in the help; a float is shown as `--flag=STRING` (Invoke names
+                # no other kind, and shows a flag of any other kind as a switch, which takes no value)
+                arg = TypedFlag(names=arg.names, kind=int if arg.kind is int else str, default=arg.default,
+                                help=arg.help, positional=arg.positional, optional=arg.optional,
+                                attr_name=arg.attr_name)
+            out.append(arg)
+        return out
+
+
+def task(*args: Any, **kwargs: Any):
+    """`@task` as Invoke's, for a task whose flags are checked (`checked`) and whose DockyardError is a short
+    message on stderr and a non-zero exit."""
+    def wrap(fn):
+        return invoke.task(checked(fn), *args, klass=DockyardTask, **kwargs)
+
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        fn, args = args[0], ()
+        return wrap(fn)
+    return wrap
+
+
+def checked(fn):
+    """Validate the flags against the task's annotations (dockyard/flags.py), then run it; a DockyardError
+    becomes `error: ...` on stderr and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(c, *args, **kwargs):
+        from dockyard.common.errors import DockyardError
+        from dockyard.settings import load
+
+        os.environ.update(_held)  # for the settings, and for what the task starts (`invoke test`'s pytest)
+        try:
+            load(c.config.get("dockyard", {}))  # every task refuses a bad setting, whether it reads it or not
+            kwargs = parse_flags(fn, kwargs)
+            return fn(c, *args, **kwargs)
+        except DockyardError as e:
+            print(f"error: {shown(str(e))}", file=sys.stderr)
+            raise Exit(code=e.exit_code) from None
+
+    return wrapper
+
+
+def parse_flags(fn, values: dict[str, Any]) -> dict[str, Any]:
+    """The flags of task `fn` as their annotated types (dockyard/flags.py), or a DockyardError naming each bad one."""
+    from pydantic import ConfigDict, ValidationError, create_model
+
+    from dockyard import flags
+    from dockyard.common.errors import DockyardError
+
+    hints = typing.get_type_hints(fn, globalns={**vars(flags), **fn.__globals__}, include_extras=True)
+    typed = [p for p in inspect.signature(fn).parameters.values() if p.name in values and p.name in hints]
+    if not typed:  # switches and text only: Invoke's parsing is all they need
+        return values
+    model = create_model(f"{fn.__name__}_flags", __config__=ConfigDict(extra="forbid"),
+                         **{p.name: (hints[p.name], p.default) for p in typed})
+    try:
+        return values | dict(model(**{p.name: values[p.name] for p in typed}))
+    except ValidationError as e:
+        bad = "; ".join(f"--{'.'.join(map(str, err['loc'])).replace('_', '-')}={err['input']!r}: "
+                        f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
+        raise DockyardError(f"{bad} (`invoke --help {fn.__name__}` says what each flag takes)") from None
+
+
+def shown(message: str) -> str:
+    """A message as the terminal should show it: a control character the user typed (a carriage return, an escape
+    sequence) is written escaped, so it can neither hide the message nor drive the terminal."""
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in message)

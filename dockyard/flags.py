@@ -1,0 +1,42 @@
+"""What each number flag of a task takes: the annotations of tasks.py, read by dockyard/cli.py with pydantic.
+
+A value outside these (not a number, nan, inf, negative, absurdly large) is a short error before the task runs;
+what depends on another flag (--node-rank below --nodes) is checked by the task's own module.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
+
+
+def _whole(v: object) -> object:
+    if isinstance(v, str):
+        if not re.fullmatch(r"[+-]?[0-9]+", v.strip()):
+            raise ValueError("expected a whole number, e.g. 4")
+        return v.strip()
+    return v
+
+
+def _decimal(v: object) -> object:
+    if isinstance(v, str):
+        if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", v.strip()):
+            raise ValueError("expected a number, e.g. 80 or 7.5")
+        return v.strip()
+    return v
+
+
+Whole = BeforeValidator(_whole)
+Count = Annotated[int, Whole, Field(ge=0, le=4096)]                 # processes, GPUs: 0 = what the host has
+Nodes = Annotated[int, Whole, Field(ge=1, le=4096)]
+Rank = Annotated[int, Whole, Field(ge=0, le=4095)]
+Port = Annotated[int, Whole, Field(ge=1, le=65535)]
+PortOrConfig = Annotated[int, Whole, Field(ge=0, le=65535)]         # 0 = the ssh config's
+Seconds = Annotated[int, Whole, Field(ge=1, le=7 * 24 * 3600)]
+Restarts = Annotated[int, Whole, Field(ge=0, le=1000)]
+Level = Annotated[int, Whole, Field(ge=0, le=22)]                   # 0 = the compressor's default
+GiB = Annotated[float, BeforeValidator(_decimal), Field(ge=0, le=2**20, allow_inf_nan=False)]  # 0 = what the host has
+Tokens = Annotated[int, Whole, Field(ge=1, le=2**24)]
+Batch = Annotated[int, Whole, Field(ge=1, le=2**16)]

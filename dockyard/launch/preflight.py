@@ -1,0 +1,87 @@
+"""What `invoke run` checks on the host before anything starts, `--dry` included: what the trainer would refuse
+minutes later, inside the container, refused now with the same reason and no engine asked.
+
+- the trainer overrides (`-- --max_steps 5`): every key a project setting or a TrainingArguments field (a misspelt
+  one names the closest), the project's settings valid (recipes/defaults.yaml ← recipe ← overrides);
+- the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
+- the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
+  config.json, a hub id that is in the Hugging Face cache (runs are offline);
+- `--resume` names the run it continues (`--run-id`).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe, strategy
+from dockyard.settings import ROOT, Settings
+
+TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
+
+
+def check_run(settings: Settings, *, recipe: str, overrides: list[str], gpus_in_effect: bool, resume: bool,
+              run_id: str, data: str = "", model: str = "") -> None:
+    """Refuse what the run would refuse (pure: reads files, runs nothing)."""
+    from dockyard.launch import inputs
+
+    if resume and not run_id:
+        raise DockyardError("--resume needs --run-id: the run folder to continue (`ls "
+                            f"{settings.path(settings.runs_dir)}`)")
+    spec = load_recipe(recipe)
+    check_overrides(spec, overrides)
+    if strategy(spec.strategy).engine == "fsdp" and not gpus_in_effect:
+        raise DockyardError(f"recipe {spec.name} is FSDP, which the HF Trainer runs only on GPUs (on CPU it would "
+                            "fall back to DDP, so the trainer stops): run it on GPUs, or pick zero3 for sharding "
+                            "on CPU (invoke recipes)")
+    for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
+        check_input(key, value, where, settings)
+
+
+def training_argument_names() -> set[str]:
+    """TrainingArguments' field names, as the pinned transformers has them (a test keeps the snapshot current):
+    the host has no transformers."""
+    lines = TRAINING_ARGUMENTS.read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def check_overrides(spec, overrides: list[str]) -> None:
+    """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings)."""
+    from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
+
+    given = parse_overrides(overrides)
+    known = set(RunSettings.model_fields) | training_argument_names()
+    unknown = sorted(set(given) - known)
+    if unknown:
+        said = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            said.append(f"--{key}" + (f" (did you mean --{close[0]}?)" if close else ""))
+        raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
+                            "recipes/defaults.yaml and any transformers.TrainingArguments field")
+    resolve_settings(spec, given)
+
+
+def check_input(key: str, value: str, where: str, settings: Settings) -> None:
+    """A host path of the right kind, or a hub id in the cache."""
+    from dockyard.common.data_files import BUILDERS
+    from dockyard.launch.inputs import host_path
+
+    path = host_path(value, where, settings, key)
+    if path is None:
+        return  # a hub id found in the cache
+    if key == "model":
+        if not (path / "config.json").is_file():
+            raise DockyardError(f"{where} {value}: not a model folder (no config.json in it): give the folder "
+                                "`from_pretrained` reads (config.json, weights, tokenizer)")
+        return
+    if path.is_file() and path.suffix not in BUILDERS:
+        raise DockyardError(f"{where} {value}: unknown data file type {path.suffix or '(none)'}; use "
+                            f"{', '.join(BUILDERS)} (docs/data.md)")
+    if path.is_dir():
+        kinds = {BUILDERS[f.suffix] for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS}
+        if not kinds:
+            raise DockyardError(f"{where} {value}: the folder holds no {', '.join(BUILDERS)} file")
+        if len(kinds) > 1:
+            raise DockyardError(f"{where} {value}: the folder mixes data files of different kinds "
+                                f"({', '.join(sorted(kinds))}): keep one kind per folder, or point at one file")

@@ -1,0 +1,125 @@
+"""`invoke run --dry` refuses, on the host and without an engine, what the run would refuse later in the container,
+and prints the command the run starts; `invoke slurm` and `invoke build` check what they are given the same way.
+Through the real CLI (in this process); the trainer's own refusals are in tests/integration/test_recipes.py."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import fields
+
+import pytest
+
+from dockyard import ROOT
+from dockyard.launch import preflight
+from tests.support.cli import invoke_here
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_HF_CACHE": str(tmp_path / "hf")}
+
+
+def dry(env, *args):
+    return invoke_here("run", "--dry", "--variant=cpu", *args, env=env)
+
+
+def refused(r, says: str) -> None:
+    assert r.returncode != 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: ") and says in r.stderr, r.stderr
+    assert "docker run" not in r.stderr, "refused before printing a command"
+
+
+@pytest.fixture
+def model(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def test_a_misspelt_override_is_refused_naming_the_closest(env):
+    refused(dry(env, "--", "--max_stepz", "5"), "--max_stepz (did you mean --max_steps?)")
+    refused(dry(env, "--", "--eval_fractoin", "0.1"), "did you mean --eval_fraction?")
+    refused(dry(env, "--", "--eval_fraction", "2"), "eval_fraction")  # a project setting out of its range
+    assert dry(env, "--", "--max_steps", "5", "--learning_rate", "1e-4").returncode == 0
+
+
+def test_fsdp_without_gpus_is_refused_as_the_trainer_refuses_it(env):
+    refused(dry(env, "--recipe=fsdp"), "FSDP, which the HF Trainer runs only on GPUs")
+    refused(invoke_here("run", "--dry", "--recipe=fsdp", "--cpu", env=env), "only on GPUs")
+
+
+def test_inputs_are_checked_against_what_the_trainer_reads(env, tmp_path, model):
+    pdf = tmp_path / "notes.pdf"
+    pdf.write_bytes(b"%PDF")
+    refused(dry(env, f"--data={pdf}"), "unknown data file type .pdf")
+    (tmp_path / "empty").mkdir()
+    refused(dry(env, f"--data={tmp_path / 'empty'}"), "holds no .jsonl")
+    (tmp_path / "empty" / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "empty" / "b.csv").write_text("text\nx\n")
+    refused(dry(env, f"--data={tmp_path / 'empty'}"), "mixes data files of different kinds (csv, json)")
+    (model / "config.json").unlink()
+    refused(dry(env, f"--model={model}"), "no config.json")
+    refused(dry(env, "--", "--model", str(model)), "no config.json")  # the same as an override
+
+
+def test_a_relative_path_that_is_not_there_is_refused_not_taken_for_a_hub_id(env):
+    refused(dry(env, "--model=models/x"), "--model models/x: no such file or folder on this host")
+    refused(dry(env, "--data=mydata"), "--data mydata: no such file or folder")
+    refused(dry(env, "--data=notes.pdf"), "no such file or folder")
+
+
+def test_a_hub_id_in_the_cache_is_taken_as_a_flag_and_as_the_setting(env, tmp_path):
+    refused(dry(env, "--data=org/name"), "nor is it a hub id in the Hugging Face cache")
+    (tmp_path / "hf" / "hub" / "datasets--org--name").mkdir(parents=True)
+    for r in (dry(env, "--data=org/name"), dry({**env, "INVOKE_DOCKYARD_DATA": "org/name"})):
+        assert r.returncode == 0, r.stderr
+        assert shlex.split(r.stderr.splitlines()[-1])[-2:] == ["--data", "org/name"], "passed on as it is, not mounted"
+
+
+def test_resume_needs_the_run_id(env):
+    refused(dry(env, "--resume"), "--resume needs --run-id")
+
+
+def test_dry_prints_the_command_the_run_starts(env, model):
+    """The memlock the engine grants and the image id: what `docker run` really gets, not a placeholder."""
+    r = dry(env, f"--model={model}", "--run-id=r1", "--", "--max_steps", "3")
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stderr.strip().splitlines()[-1][2:])
+    from dockyard import engine
+
+    hard = engine.daemon_memlock_hard_limit()
+    assert f"memlock={hard if hard is not None else -1}" in argv
+    image_id = next(a for a in argv if a.startswith("DOCKYARD_IMAGE_ID="))
+    assert image_id != "DOCKYARD_IMAGE_ID=" or "not built" in r.stderr, "an empty id is said, not left silent"
+    assert argv[argv.index("--", argv.index("dockyard.train")) + 1:] == ["--max_steps", "3", "--model",
+                                                                         "/workspace/inputs/model"]
+
+
+def test_the_training_arguments_snapshot_is_the_pinned_transformers():
+    from transformers import TrainingArguments
+
+    assert preflight.training_argument_names() == {f.name for f in fields(TrainingArguments)}
+
+
+@pytest.mark.parametrize("task", ["slurm", "k8s"])
+def test_the_multinode_writers_refuse_a_misspelt_override_before_writing(task, tmp_path):
+    refused(invoke_here(task, f"--out={tmp_path / 'out'}", "--", "--max_stepz", "5"), "did you mean --max_steps?")
+    assert not (tmp_path / "out").exists()
+
+
+def test_slurm_refuses_a_missing_archive_before_writing(tmp_path):
+    out = tmp_path / "job.sbatch"
+    refused(invoke_here("slurm", "--archive=/missing.tar.zst", f"--out={out}"), "--archive /missing.tar.zst: no such file")
+    assert not out.exists()
+
+
+def test_a_wheelhouse_elsewhere_is_what_the_build_reads(tmp_path):
+    r = invoke_here("build", "--variant=cpu", "--dry", env={"INVOKE_DOCKYARD_WHEELHOUSE_DIR": str(tmp_path / "wh")})
+    assert r.returncode == 0, r.stderr
+    assert f"# in {tmp_path / 'wh' / '.context-cpu'}: this checkout's build files and {tmp_path / 'wh' / 'cpu'}/" in r.stdout
+    build_line = next(x for x in r.stdout.splitlines() if " build " in x and "--progress=plain" in x)
+    assert build_line.endswith(str(tmp_path / "wh" / ".context-cpu")), "built from the context holding those wheels"
+    r = invoke_here("build", "--variant=cpu", "--dry")
+    assert next(x for x in r.stdout.splitlines() if "--progress=plain" in x).endswith(str(ROOT))

@@ -1,0 +1,165 @@
+"""Every value a user types, through the real `invoke` CLI (in this process: Invoke's Program, tasks.py, invoke.yaml):
+each number flag of every task, each setting as INVOKE_DOCKYARD_<KEY> or in a config file, unknown keys. Whatever is
+typed, the outcome is the task going on or one short `error:` line naming what was wrong, and a non-zero exit;
+never a traceback (an exception escaping Program.run fails the test)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from invoke import Collection
+
+import tasks
+from dockyard.cli import TypedFlag
+from dockyard.settings import Settings
+from tests.support.cli import invoke_here
+
+# What stops each task right after its flags are read, without an engine, a GPU or a network: a dry run, a file in
+# a temporary folder, or a refusal of another flag. A task that gains a number flag must get a line here.
+STOP_EARLY = {
+    "run": ["--dry", "--variant=cpu"],
+    "slurm": ["--out={tmp}/job.sbatch"],
+    "k8s": ["--out={tmp}/k8s"],
+    "plan": ["--model=8B", "--gpus=1", "--gpu-mem=80", "--cpu-mem=64"],
+    "save": ["--compress=none-such"],
+    "ship": [],
+    "doctor": ["--record=/nonexistent/folder/host.json"],
+}
+
+COLLECTION = Collection.from_module(tasks)
+NUMBER_FLAGS = sorted((name, arg.names[0], arg.kind is int)
+                      for name, t in COLLECTION.tasks.items() for arg in t.get_arguments() if isinstance(arg, TypedFlag))
+
+# text with no NUL (no argv or environment can hold one) and no lone surrogates
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+NUMBERISH = st.one_of(
+    st.integers(-10**30, 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["nan", "inf", "-inf", "NaN", "1e400", "two", "", " ", "0x10", "1_0", "2.5", "-0", "+3", "٣"]),
+    TEXT,
+)
+FEW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FEWER = settings(FEW, max_examples=15)  # a setting: 19 keys, each through two ways in
+
+
+def _short_error(r, *names: str) -> None:
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    said = r.stderr[r.stderr.find("error: "):]
+    assert r.stderr.count("error: ") == 1 and said.endswith("\n"), r.stderr
+    assert said.isprintable() or set(said) - set(filter(str.isprintable, said)) <= {"\n", "\t"}, repr(said)
+    assert any(n in said for n in names), f"{said!r} names none of {names}"
+
+
+def _plain_number(text: str, whole: bool) -> float | None:
+    """The number a user meant, for the flags that say GiB, counts, ports: decimal digits (with a point for GiB)."""
+    digits = "[0-9]+"  # ASCII: a count typed as `٣` or `1_0` is refused, not guessed at
+    pattern = rf"[+-]?{digits}" if whole else rf"[+-]?({digits}\.?[0-9]*|\.{digits})([eE][+-]?{digits})?"
+    if not re.fullmatch(pattern, text.strip()):
+        return None
+    value = float(text.strip())
+    return value if math.isfinite(value) else None
+
+
+def test_every_number_flag_is_covered():
+    assert NUMBER_FLAGS, "tasks.py has number flags"
+    assert {t for t, _, _ in NUMBER_FLAGS} <= set(STOP_EARLY), "a task with a number flag needs a STOP_EARLY line"
+
+
+@pytest.mark.parametrize("task,flag,whole", NUMBER_FLAGS)
+@FEW
+@given(value=NUMBERISH)
+def test_a_number_flag_is_its_number_or_a_short_error_naming_it(task, flag, whole, value, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in STOP_EARLY[task] if not a.startswith(f"--{flag}=")]  # once each
+    r = invoke_here(task, *args, f"--{flag}={value}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert "Traceback" not in r.stderr
+    number = _plain_number(value, whole)
+    if number is None or number < 0:
+        _short_error(r, f"--{flag}=")  # not a number of this kind (a word, nan, inf, 2.5 for a count), or negative
+    elif number > 10**9:
+        _short_error(r, f"--{flag}=")  # no count, port, size or time of that order makes sense
+    elif r.returncode:
+        _short_error(r, "")  # refused by this flag's range or by the task itself: still one line
+
+
+@pytest.mark.parametrize("task,flag,whole", NUMBER_FLAGS)
+def test_a_number_flag_shows_that_it_takes_a_value(task, flag, whole):
+    r = invoke_here("--help", task)
+    line = next(x for x in r.stdout.splitlines() if re.match(rf"\s+--{flag}[= ]", x))
+    assert re.search(rf"--{flag}=(INT|STRING)", line), line  # not shown as a switch
+
+
+@pytest.mark.parametrize("task", sorted(COLLECTION.tasks))
+def test_dash_h_is_help_on_every_task_and_no_flag_has_a_one_letter_form(task):
+    r = invoke_here(task, "-h")
+    assert r.returncode == 0 and f"Usage: inv[oke] [--core-opts] {task}" in r.stdout, r.stderr
+    options = r.stdout.split("Options:", 1)[-1]
+    assert not re.search(r"^\s+-[a-zA-Z]( [A-Z]+)?, --", options, re.M), options  # `-x, --long`: none
+
+
+@pytest.mark.parametrize("key", sorted(Settings.model_fields))
+@FEWER
+@given(value=TEXT)
+def test_a_setting_from_the_environment_is_taken_or_a_short_error_naming_it(key, value):
+    r = invoke_here("recipes", env={f"INVOKE_DOCKYARD_{key.upper()}": value})
+    if r.returncode:
+        _short_error(r, f"INVOKE_DOCKYARD_{key.upper()}")
+
+
+@pytest.mark.parametrize("key", sorted(Settings.model_fields))
+@FEWER
+@given(value=st.one_of(TEXT, st.integers(), st.floats(), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)))
+def test_a_setting_in_a_config_file_is_taken_or_a_short_error_naming_it(key, value, tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text(yaml.safe_dump({"dockyard": {key: value}}))
+    r = invoke_here("-f", str(config), "recipes")
+    if r.returncode:
+        _short_error(r, f"dockyard.{key}")
+
+
+@FEW
+@given(name=st.from_regex(r"[A-Z][A-Z0-9_]{0,20}", fullmatch=True).filter(lambda n: n.lower() not in Settings.model_fields))
+def test_an_unknown_setting_is_refused_listing_the_known_ones(name):
+    r = invoke_here("recipes", env={f"INVOKE_DOCKYARD_{name}": "x"})
+    _short_error(r, f"INVOKE_DOCKYARD_{name}")
+    assert "known: allowed_signers, base_image_cpu" in r.stderr
+
+
+@pytest.mark.parametrize("value,says", [
+    ("2.5", None), ("nan", "finite"), ("-1", "greater than or equal to 0"), ("lots", "valid number")])
+def test_the_layer_cache_size_from_the_environment(value, says):
+    """The case of issue 25: Invoke's own cast of INVOKE_DOCKYARD_LAYER_CACHE_GB used to be a traceback."""
+    r = invoke_here("recipes", env={"INVOKE_DOCKYARD_LAYER_CACHE_GB": value})
+    if says is None:
+        assert r.returncode == 0, r.stderr
+    else:
+        _short_error(r, "INVOKE_DOCKYARD_LAYER_CACHE_GB", says)
+        assert says in r.stderr
+
+
+# The text flags of the tasks that can stop before acting (a dry run, or files written into a temporary folder):
+# each flag given any text. The others act on images, engines and nodes: tests/unit/test_hostile_input.py.
+DRY = {"run": ["--dry"], "plan": [], "slurm": ["--out={tmp}/job.sbatch"], "k8s": ["--out={tmp}/k8s"],
+       "build": ["--dry"], "lock": ["--dry"], "wheelhouse": ["--dry"], "shell": ["--dry"], "export": ["--dry"]}
+TEXT_FLAGS = sorted((name, arg.names[0]) for name, t in COLLECTION.tasks.items() if name in DRY
+                    for arg in t.get_arguments() if arg.kind is str and not isinstance(arg, TypedFlag)
+                    and arg.names[0] not in ("out", "record"))
+
+
+def test_the_text_flags_tried_include_every_dry_task():
+    assert {t for t, _ in TEXT_FLAGS} == set(DRY)
+
+
+@pytest.mark.parametrize("task,flag", TEXT_FLAGS)
+@FEWER
+@given(value=TEXT)
+def test_a_text_flag_of_a_dry_task_is_taken_or_a_short_error(task, flag, value, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in DRY[task]]
+    r = invoke_here(task, *args, f"--{flag}={value}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    if r.returncode:
+        _short_error(r, "")
