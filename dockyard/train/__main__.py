@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field, fields
@@ -118,6 +119,13 @@ class Run:
     check: Any = None                  # the strategy check, once the Trainer exists
     metrics: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
+    finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
+
+    def doing(self, phase: str) -> None:
+        """What this node is doing, for the message that names a node lost meanwhile."""
+        if self.heartbeat:
+            self.heartbeat.phase = phase
 
 
 @dataclass
@@ -161,8 +169,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                             f"by the user the trainer runs as (uid {os.getuid()})") from None
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     run.run_dir_ok = True
-    if last and run.is_main:
-        manifest.trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]))
+    if run.opts.resume and run.is_main:  # from the start again when it failed before its first checkpoint
+        manifest.trim_metrics(run_dir / "metrics.jsonl", int(Path(last).name.rsplit("-", 1)[1]) if last else 0)
 
     model_dir = models.resolve_model(settings.model) if settings.model else ""
     if not model_dir:
@@ -178,13 +186,18 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         _, need = plan.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
+    run.doing("setting up the process group")
     args = training_arguments(recipe, settings, overrides, run_dir)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run_dir, run.is_main)
+    if run.opts.resume and not last:
+        log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
     guards.one_process_per_gpu(args.n_gpu)
     if nodes.several():
         _ = args.device  # NCCL's collectives need this rank's GPU chosen
+        run.doing("checking that the run folder is shared")
         run.extra["nodes_seen"] = nodes.check_shared(run_dir)
+    run.doing("loading the data and the model")
     log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
              settings.model_dump())
 
@@ -217,6 +230,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from dockyard.train import data
     from dockyard.train.callbacks import MetricsLog, StrategyCheck
 
+    run.doing("setting up the Trainer and its engine")
     check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = multiprocessing.Value("q", 0)
     metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens)
@@ -227,6 +241,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         trainer.remove_callback(cb)
     check.trainer = trainer
     run.check = check
+    run.doing("training (or saving a checkpoint)")
     trainer.train(resume_from_checkpoint=p.resume_from)
     return trainer, metrics
 
@@ -239,6 +254,7 @@ def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     from dockyard.train import model as models
 
     args = p.args
+    run.doing("saving the model")
     run.extra["probe"] = probe(trainer.model, p.examples[0]["input_ids"][:32], args.device,
                                models.weights_dtype(p.settings, p.recipe))
     trainer.save_model(str(run.opts.run_dir / "model"))
@@ -298,14 +314,28 @@ def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str
             "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
 
 
+_finishing = threading.Lock()
+
+
 def finish(run: Run, error: str | None) -> None:
-    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it."""
+    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it.
+    Once: the main thread and the heartbeat's (a lost node) may both get here."""
+    with _finishing:
+        if not run.finished:
+            run.finished = True
+            _finish(run, error)
+
+
+def _finish(run: Run, error: str | None) -> None:
     from dockyard.multinode import manifest_file
     from dockyard.train import manifest, nodes
 
     if not run.run_dir_ok:
         return  # never touch a folder that holds another run
-    if error and run.extra.get("nodes_seen"):
+    verdict = run.heartbeat.verdict if run.heartbeat else None
+    if error and verdict and not error.startswith("lost "):
+        error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
+    elif error and run.extra.get("nodes_seen"):
         error = nodes.explain(error, run.opts.run_dir, run.extra["nodes_seen"])
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
@@ -339,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     run = None
     try:
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0")
+        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
+                  world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        if nodes.several():
+            run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
     except DockyardError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -351,12 +384,28 @@ def main(argv: list[str] | None = None) -> int:
             finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
     finish(run, None)
+    if run.heartbeat:
+        run.doing("finishing")
+        run.heartbeat.done()
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
         dist.destroy_process_group()
     return 0
+
+
+def lost(run: Run, message: str) -> NoReturn:
+    """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
+    the node's first process says so and writes the manifest, and every process of this node exits."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        finish(run, message)
+    else:
+        from dockyard.train import nodes
+
+        time.sleep(nodes.GRACE)
+    leave(0 if run.status == "completed" else 1)
 
 
 def leave(code: int) -> NoReturn:

@@ -112,17 +112,27 @@ def write(run_dir: Path, manifest: dict[str, Any], name: str = "manifest.json") 
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
     its last complete checkpoint (a run killed while saving leaves a checkpoint without trainer_state.json,
-    the file the Trainer writes last)."""
+    the file the Trainer writes last), or starts it again when it failed before completing one (a node lost
+    while starting: the same command with --resume is what a user runs then)."""
     started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
                      key=lambda p: int(p.name[11:]))
     complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / "manifest.json").exists() or bool(started)
+    if resume and not complete and _failed(run_dir / "manifest.json"):
+        return None
     if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
     if holds_run and not resume:
         raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
                             f"it from its last checkpoint")
     return str(complete[-1]) if resume else None
+
+
+def _failed(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("status") == "failed"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def complete_checkpoint(path: Path) -> bool:
