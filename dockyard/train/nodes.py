@@ -234,7 +234,7 @@ class Heartbeat:
         self.verdict: str | None = None
         self._infos: dict[int, dict[str, Any]] = {}
         self._store: Any = None
-        self._stop = False
+        self._stop = False  # tests: this node goes silent
 
     def start(self) -> Heartbeat:
         import threading
@@ -243,8 +243,8 @@ class Heartbeat:
         return self
 
     def done(self) -> None:
-        """This node finished its run: the others must not count its silence from now on as a loss."""
-        self._stop = True
+        """This node finished its run: the others must not count its silence from now on as a loss. It still
+        watches them through the last barrier (a verdict then ends the process; its manifest is written)."""
         if self.first and self._store is not None:
             try:
                 self._store.add(BEAT.format(self.me), DONE)
