@@ -236,7 +236,7 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     if not path.exists():
         raise DockyardError(f"the run wrote no manifest ({path}): see {run_dir}/train.log")
     m = json.loads(path.read_text())
-    eff = m.get("strategy", {}).get("in_effect", {})
+    eff = m.get("strategy", {}).get("in_effect") or {}  # null when the run failed before the Trainer existed
     met = m.get("metrics", {})
     print(f"run {m.get('run_id')}: {m.get('status')} · recipe {m.get('recipe')} · world size {m.get('world_size')} "
           f"on {m.get('nodes')} node(s) · {eff.get('engine')}"
@@ -295,7 +295,8 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
 
     with monitor.watch(run_dir, node_rank=node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
-    if proc.returncode and made and not (run_dir / "train.log").exists():
+    if proc.returncode and made and not (run_dir / "train.log").exists() \
+            and not (run_dir / multinode.manifest_file(node_rank)).exists():  # e.g. a node lost while starting
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
         shutil.rmtree(run_dir, ignore_errors=True)
         raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "

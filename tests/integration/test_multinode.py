@@ -229,9 +229,18 @@ STOP_MARGIN_S = 30
 
 
 def _workers_started(node, run_id: str) -> bool:
-    """torchrun on node 1 started its trainer processes: the rendezvous is over."""
-    top = node.docker("top", f"dockyard-{run_id}", check=False).stdout.splitlines()
-    return sum("dockyard.train" in line and "torchrun" not in line and "run.py" not in line for line in top) >= 2
+    """torchrun on node 1 started its trainer processes (`python -u -m dockyard.train`): the rendezvous is over.
+    Found in this machine's process table, in the test node's network namespace (its containers share it)."""
+    netns = os.stat(f"/var/run/netns/{node.netns}").st_ino
+    found = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if argv[1:4] == [b"-u", b"-m", b"dockyard.train"] and f"/runs/{run_id}".encode() in b" ".join(argv):
+                found += os.stat(proc / "ns" / "net").st_ino == netns
+        except (OSError, IndexError):
+            continue  # not a process, or one that has just exited
+    return found >= 2
 
 
 MOMENTS = {  # what node 0's test waits for before killing node 1's container
