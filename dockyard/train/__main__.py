@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field, fields
@@ -122,6 +123,13 @@ class Run:
     check: Any = None                  # the strategy check, once the Trainer exists
     metrics: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
+    finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
+
+    def doing(self, phase: str) -> None:
+        """What this node is doing, for the message that names a node lost meanwhile."""
+        if self.heartbeat:
+            self.heartbeat.phase = phase
 
 
 @dataclass
@@ -182,8 +190,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
         # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
         checkpoints.check(Path(last))
-    if last and run.is_main:
-        manifest.trim_metrics(run_dir, int(Path(last).name.rsplit("-", 1)[1]))
+    if run.opts.resume and run.is_main:  # from the start again when it failed before its first checkpoint
+        manifest.trim_metrics(run_dir, int(Path(last).name.rsplit("-", 1)[1]) if last else 0)
 
     model_dir = models.resolve_model(settings.model) if settings.model else ""
     if not model_dir:
@@ -204,13 +212,18 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              shape=shape, kind=autos.model_type(model_dir))
     run.extra["settings_resolved"] = resolved.record
     overrides = resolved.overrides
+    run.doing("setting up the process group")
     args = training_arguments(recipe, settings, overrides, run_dir)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run_dir, run.is_main)
+    if run.opts.resume and not last:
+        log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
     guards.one_process_per_gpu(args.n_gpu)
     if nodes.several():
         _ = args.device  # NCCL's collectives need this rank's GPU chosen
+        run.doing("checking that the run folder is shared")
         run.extra["nodes_seen"] = nodes.check_shared(run_dir)
+    run.doing("loading the data and the model")
     log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
              settings.model_dump())
 
@@ -249,6 +262,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from dockyard.train import checkpoints, data
     from dockyard.train.callbacks import MetricsLog, PublishCheckpoint, StrategyCheck
 
+    run.doing("setting up the Trainer and its engine")
     check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = multiprocessing.Value("q", 0)
     metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens, *flops_and_peak(p))
@@ -261,6 +275,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         trainer.remove_callback(cb)
     check.trainer = trainer
     run.check = check
+    run.doing("training (or saving a checkpoint)")
     try:
         trainer.train(resume_from_checkpoint=p.resume_from)
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
@@ -295,6 +310,7 @@ def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     from dockyard.train import model as models
 
     args = p.args
+    run.doing("saving the model")
     run.extra["probe"] = probe(trainer.model, p.examples[0]["input_ids"][:32], args.device,
                                models.weights_dtype(p.settings, p.recipe))
     saving = time.perf_counter()
@@ -380,14 +396,28 @@ def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str
             "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
 
 
+_finishing = threading.Lock()
+
+
 def finish(run: Run, error: str | None) -> None:
-    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it."""
+    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it.
+    Once: the main thread and the heartbeat's (a lost node) may both get here."""
+    with _finishing:
+        if not run.finished:
+            run.finished = True
+            _finish(run, error)
+
+
+def _finish(run: Run, error: str | None) -> None:
     from dockyard.common.runfolder import manifest_file
     from dockyard.train import manifest, nodes
 
     if not run.run_dir_ok:
         return  # never touch a folder that holds another run
-    if error and run.extra.get("nodes_seen"):
+    verdict = run.heartbeat.verdict if run.heartbeat else None
+    if error and verdict and not error.startswith("lost "):
+        error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
+    elif error and run.extra.get("nodes_seen"):
         error = nodes.explain(error, run.opts.run_dir, run.extra["nodes_seen"])
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
@@ -426,7 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     run = None
     try:
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0")
+        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
+                  world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        if nodes.several():
+            run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
     except DockyardError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -438,12 +471,28 @@ def main(argv: list[str] | None = None) -> int:
             finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
     finish(run, None)
+    if run.heartbeat:
+        run.doing("finishing")
+        run.heartbeat.done()
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
         dist.destroy_process_group()
     return 0
+
+
+def lost(run: Run, message: str) -> NoReturn:
+    """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
+    the node's first process says so and writes the manifest, and every process of this node exits."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        finish(run, message)
+    else:
+        from dockyard.train import nodes
+
+        time.sleep(nodes.GRACE)
+    leave(0 if run.status == "completed" else 1)
 
 
 def leave(code: int) -> NoReturn:

@@ -100,11 +100,14 @@ def write(run_dir: Path, manifest: dict[str, Any], name: str = "manifest.json") 
 
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
-    its last complete checkpoint (complete_checkpoint)."""
+    its last complete checkpoint (complete_checkpoint), or starts it again when it failed before completing one
+    (a node lost while starting: the same command with --resume is what a user runs then)."""
     started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
                      key=lambda p: int(p.name[11:]))
     complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / "manifest.json").exists() or bool(started)
+    if resume and not complete and _failed(run_dir / "manifest.json"):
+        return None
     if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
     if holds_run and not resume:
@@ -121,6 +124,14 @@ def mark_complete(path: Path, step: int) -> None:
     tmp = path / f".{COMPLETE}.tmp"
     tmp.write_text(json.dumps({"step": step, "ranks_saved": "all"}) + "\n")
     tmp.replace(path / COMPLETE)
+
+
+def _failed(path: Path) -> bool:
+    """The manifest at `path` says the run failed (read as untrusted: never through a link)."""
+    try:
+        return json.loads(runfolder.read_text(path.parent, path.name, runfolder.MANIFEST_LIMIT) or "{}").get("status") == "failed"
+    except (OSError, ValueError, AttributeError, DockyardError):
+        return False
 
 
 def complete_checkpoint(path: Path) -> bool:

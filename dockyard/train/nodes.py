@@ -142,3 +142,153 @@ def lost_node(error: str, nodes: list[dict[str, Any]]) -> str | None:
             if n["addr"] == addr and n["node_rank"] != mine:
                 return f"lost node {n['node_rank']} ({addr}, host {n['host']}): it stopped answering"
     return None
+
+
+# --- heartbeats: a node lost at any moment, not only under a running collective ----------------------------
+# A killed node's sockets close, and a collective running at that moment fails at once (lost_node() names the
+# peer). Before the first collective nothing notices: a rank waiting for a peer's address while the process
+# group is set up, or for a barrier while another node loads the model, waits for the process group's timeout
+# (the Trainer's ddp_timeout: 30 minutes). So every node's first process adds to a counter of its own in
+# torchrun's store every few seconds, and a thread in every process watches the other nodes' counters: one that
+# stays still for the bound (the rendezvous' join timeout, `invoke run --join-timeout`) is a lost node, and this
+# node stops, naming it, whatever its main thread is waiting for. Counters, not times: no clock is shared
+# across nodes, each process measures the silence on its own.
+
+BEAT = "dockyard/beat/{}"
+NODE = "dockyard/node/{}"
+DONE = 1 << 40  # added to a node's counter when it finished its run: its silence from then on is no loss
+GRACE = 5.0     # what a process other than its node's first waits after its verdict, so that the first one
+#                 (which writes the node's manifest) stops with the reason, not with torchrun's SIGTERM
+
+
+def silence_bound() -> float:
+    """How long a node may stay silent: the join timeout the launcher gave torchrun, recorded in
+    DOCKYARD_RENDEZVOUS (`invoke run --join-timeout`, `invoke slurm`, `invoke k8s`, compose's JOIN_TIMEOUT)."""
+    from dockyard.launch.multinode import JOIN_TIMEOUT
+
+    try:
+        bound = float((rendezvous() or {}).get("join_timeout") or JOIN_TIMEOUT)
+    except (TypeError, ValueError):
+        bound = JOIN_TIMEOUT
+    return bound if bound >= 1 else JOIN_TIMEOUT
+
+
+def beat_interval(bound: float) -> float:
+    """A beat often enough that ten fit in the bound, at most every 5 s and at least every 0.5 s."""
+    return max(0.5, min(5.0, bound / 10))
+
+
+def node_count() -> int:
+    return int(os.environ.get("GROUP_WORLD_SIZE") or
+               int(os.environ.get("WORLD_SIZE", 1)) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+
+
+class Silence:
+    """The verdict, from the counters alone: which other node's counter has stayed still for longer than
+    `bound` seconds of this process's clock, counting from `started` for a node that never beat."""
+
+    def __init__(self, others: list[int], bound: float, started: float):
+        self.bound = bound
+        self.last = {n: (0, started) for n in others}  # node → (counter, when it last changed)
+
+    def see(self, counts: dict[int, int], now: float) -> tuple[int, float, bool] | None:
+        """The silent node (the longest silent, when several), how long it has been silent, and whether it ever
+        beat; None while every node is heard from or done."""
+        worst = None
+        for n, (count, since) in self.last.items():
+            new = counts.get(n, count)
+            if new != count:
+                self.last[n] = (new, now)
+                continue
+            if count >= DONE:
+                continue
+            silent = now - since
+            if silent > self.bound and (worst is None or silent > worst[1]):
+                worst = (n, silent, count > 0)
+        return worst
+
+
+def lost_message(node: int, silent: float, ever_beat: bool, info: dict[str, Any] | None, phase: str) -> str:
+    """Said the way lost_node() says it, so that a user (and a test) reads one sentence for a lost node."""
+    where = f" ({info['addr'] or '?'}, host {info['host']})" if info else ""
+    why = (f"no heartbeat for {silent:.0f} s" if ever_beat else
+           f"its processes never started: no heartbeat in the {silent:.0f} s since this node's started")
+    return f"lost node {node}{where}: it stopped answering ({why}, while this node was {phase})"
+
+
+class Heartbeat:
+    """This node's beat and the watch over the others, in a daemon thread with its own connection to torchrun's
+    store (the process group's own connection may be blocked in a wait). `on_lost(message)` is called from
+    that thread, once; it is expected to end the process."""
+
+    def __init__(self, on_lost, bound: float | None = None):
+        self.on_lost = on_lost
+        self.bound = bound or silence_bound()
+        self.me = node_rank()
+        self.first = int(os.environ.get("LOCAL_RANK", 0)) == 0
+        self.others = [n for n in range(node_count()) if n != self.me]
+        self.store_at = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", 0)))
+        self.info = {"node_rank": self.me, "host": socket.gethostname(), "addr": (rendezvous() or {}).get("local_addr", "")}
+        self.phase = "starting"
+        self.verdict: str | None = None
+        self._infos: dict[int, dict[str, Any]] = {}
+        self._store: Any = None
+        self._stop = False  # tests: this node goes silent
+
+    def start(self) -> Heartbeat:
+        import threading
+
+        threading.Thread(target=self._run, name="dockyard-heartbeat", daemon=True).start()
+        return self
+
+    def done(self) -> None:
+        """This node finished its run: the others must not count its silence from now on as a loss. It still
+        watches them through the last barrier (a verdict then ends the process; its manifest is written)."""
+        if self.first and self._store is not None:
+            try:
+                self._store.add(BEAT.format(self.me), DONE)
+            except Exception:  # noqa: BLE001 - the store's host finished first: nobody is left to tell
+                pass
+
+    def _run(self) -> None:
+        message = self._watch()
+        if message and not self._stop:
+            self.verdict = message
+            self.on_lost(message)
+
+    def _watch(self) -> str | None:
+        """Beat and watch until a node is lost (its message) or this node is done (None)."""
+        import datetime
+
+        from torch.distributed import TCPStore
+
+        silence = Silence(self.others, self.bound, time.monotonic())
+        interval = beat_interval(self.bound)
+        try:
+            self._store = TCPStore(*self.store_at, is_master=False, timeout=datetime.timedelta(seconds=self.bound),
+                                   wait_for_workers=False)
+            if self.first:
+                self._store.set(NODE.format(self.me), json.dumps(self.info))
+            while not self._stop:
+                if self.first:
+                    self._store.add(BEAT.format(self.me), 1)
+                counts = {n: self._store.add(BEAT.format(n), 0) for n in self.others}
+                for n, c in counts.items():
+                    if c and n not in self._infos and self._store.check([NODE.format(n)]):
+                        self._infos[n] = json.loads(self._store.get(NODE.format(n)))
+                lost = silence.see(counts, time.monotonic())
+                if lost:
+                    n, silent, ever = lost
+                    return lost_message(n, silent, ever, self._infos.get(n), self.phase)
+                time.sleep(interval)
+        except Exception as e:  # noqa: BLE001 - the store's connection failed: its host is gone
+            return self._store_lost(e)
+        return None
+
+    def _store_lost(self, error: Exception) -> str:
+        addr = self.store_at[0]
+        host = next((i for i in self._infos.values() if i.get("addr") == addr), None)
+        who = f"node {host['node_rank']} ({addr}, host {host['host']})" if host else f"the node at {addr}"
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return (f"lost {who}: it stopped answering (torchrun's store there failed: {detail}; while this node was "
+                f"{self.phase})")

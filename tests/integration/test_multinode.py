@@ -49,17 +49,24 @@ def _memlock_env() -> dict[str, str]:
 
 
 class TwoNodes:
-    def __init__(self, node, run_id: str, runs0: Path, runs1: Path, overrides: list[str], resume: bool = False):
+    """`invoke run` on both nodes at once; node 1 `late` seconds after node 0, or not at all (`late=None`)."""
+
+    def __init__(self, node, run_id: str, runs0: Path, runs1: Path, overrides: list[str], resume: bool = False,
+                 join_timeout: int = 60, late: float | None = 0):
         self.node, self.run_id, self.runs0, self.runs1 = node, run_id, runs0, runs1
         port = random.randrange(20000, 29000)
         common = ["run", "--variant=cpu", "--nodes=2", f"--master-addr={node.host_addr}", f"--master-port={port}",
-                  f"--run-id={run_id}", "--join-timeout=60", *(["--resume"] if resume else []), "--", *overrides]
+                  f"--run-id={run_id}", f"--join-timeout={join_timeout}", *(["--resume"] if resume else []), "--",
+                  *overrides]
         invoke = [sys.executable, "-m", "invoke"]
         self.logs = {r: open(runs0.parent / f"{run_id}-node{r}{'-resume' if resume else ''}.log", "w+") for r in (0, 1)}
         self.started = time.monotonic()
         self.procs = {0: subprocess.Popen([*invoke, common[0], "--node-rank=0", *common[1:]], cwd=ROOT,
                                           env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(runs0)},
                                           stdout=self.logs[0], stderr=subprocess.STDOUT)}
+        if late is None:
+            return
+        time.sleep(late)
         self.procs[1] = subprocess.Popen(
             ["ip", "netns", "exec", node.netns, "env", f"DOCKER_HOST=unix://{node.sock}",
              f"INVOKE_DOCKYARD_RUNS_DIR={runs1}", *[f"{k}={v}" for k, v in _memlock_env().items()],
@@ -211,6 +218,105 @@ def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_
     assert logged == sorted(set(logged)) and logged[-1] == 60, "no step logged twice after the resume"
     resumed = re.findall(r"Attempting to resume from \S+/checkpoint-(\d+)", (runs / "lost1" / "train.log").read_text())
     assert resumed and 5 <= int(resumed[-1]) <= steps_before, "resumed from the last complete checkpoint"
+
+
+# --- a node lost at any moment of the run, one that never arrives, one that arrives late -------------------------
+# The bound is the join timeout (docs/multinode.md): small here, so the tests stay short.
+JOIN_S = 20
+# on top of the bound: node 0's processes starting their watch (importing torch), the last beat, torchrun and the
+# container stopping, invoke's summary
+STOP_MARGIN_S = 30
+
+
+def _workers_started(node, run_id: str) -> bool:
+    """torchrun on node 1 started its trainer processes (`python -u -m dockyard.train`): the rendezvous is over.
+    Found in this machine's process table, in the test node's network namespace (its containers share it)."""
+    netns = os.stat(f"/var/run/netns/{node.netns}").st_ino
+    found = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if argv[1:4] == [b"-u", b"-m", b"dockyard.train"] and f"/runs/{run_id}".encode() in b" ".join(argv):
+                found += os.stat(proc / "ns" / "net").st_ino == netns
+        except (OSError, IndexError):
+            continue  # not a process, or one that has just exited
+    return found >= 2
+
+
+MOMENTS = {  # what node 0's test waits for before killing node 1's container
+    "after-the-rendezvous": lambda node, run: _workers_started(node, run.name),
+    # node 0 logs this once every node has checked the run folder; then each loads the data and the model
+    "during-model-load": lambda node, run: "recipe zero2 (" in _text(run / "train.log"),
+    "during-the-first-checkpoint-save": lambda node, run: (run / "checkpoints" / "checkpoint-5").exists(),
+}
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_a_node_lost_at_any_moment_stops_the_other_within_the_bound_and_the_run_resumes(node, node_image, tmp_path,
+                                                                                        moment):
+    runs = tmp_path / "runs"
+    overrides = ["--max_steps", "10", "--save_steps", "5", *STEPS]
+    two = TwoNodes(node, "gone1", runs, runs, overrides, join_timeout=JOIN_S)
+    try:
+        deadline = time.monotonic() + 300
+        while not MOMENTS[moment](node, runs / "gone1"):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in two.procs.values()), \
+                f"{moment} never came\n" + two.output(0)[-3000:] + two.output(1)[-3000:]
+            time.sleep(0.1)
+        node.docker("kill", "dockyard-gone1")
+        killed = time.monotonic()
+        code0 = two.procs[0].wait(timeout=JOIN_S * 10)  # before this change: no end in 887 s
+        stopped_after = time.monotonic() - killed
+    finally:
+        two.wait(timeout=60)
+    out = two.output(0)
+    print(f"node 1 killed {moment}: node 0 stopped {stopped_after:.1f} s later (bound {JOIN_S} s)")
+    assert code0 != 0 and stopped_after < JOIN_S + STOP_MARGIN_S, out[-3000:]
+    assert "error: lost node 1" in out and "it stopped answering" in out, out[-3000:]
+    m = _manifest(runs / "gone1" / "manifest.json")
+    assert m["status"] == "failed" and m["error"].startswith("lost node 1"), m.get("error")
+    assert m["world_size"] == 4 and m["nodes"] == 2
+    if moment != "after-the-rendezvous":  # node 1 had said where it is by then
+        assert m["error"].startswith(f"lost node 1 ({node.addr}, host "), m["error"]
+    if moment == "during-model-load":
+        return  # resuming is the same as after the rendezvous: no checkpoint yet, the run starts again
+
+    again = TwoNodes(node, "gone1", runs, runs, overrides, resume=True, join_timeout=JOIN_S)
+    codes = again.wait()
+    assert codes == {0: 0, 1: 0}, again.output(0)[-3000:] + again.output(1)[-3000:]
+    m0 = _manifest(runs / "gone1" / "manifest.json")
+    assert m0["status"] == "completed" and m0["metrics"]["steps"] == 10 and "error" not in m0
+    logged = [json.loads(line)["step"] for line in (runs / "gone1" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, 11)), "every step logged once after the resume"
+
+
+def test_a_node_that_never_arrives_stops_node_0_at_the_join_bound(node, node_image, tmp_path):
+    runs = tmp_path / "runs"
+    alone = TwoNodes(node, "alone1", runs, runs, ["--max_steps", "4", *STEPS], join_timeout=JOIN_S, late=None)
+    code = alone.procs[0].wait(timeout=JOIN_S * 10)
+    took = time.monotonic() - alone.started
+    alone.wait(timeout=60)
+    print(f"node 1 never came: node 0 stopped after {took:.1f} s (join bound {JOIN_S} s)")
+    out = alone.output(0)
+    assert code != 0 and JOIN_S <= took < JOIN_S + STOP_MARGIN_S + 15, out[-3000:]  # + the image's start
+    assert "RendezvousTimeoutError" in out, out[-3000:]
+
+
+def test_a_node_that_arrives_late_but_within_the_bound_trains_with_the_other(node, node_image, tmp_path):
+    runs = tmp_path / "runs"
+    late = TwoNodes(node, "late1", runs, runs, ["--max_steps", "4", *STEPS], join_timeout=JOIN_S + 10,
+                    late=JOIN_S / 2)
+    codes = late.wait()
+    assert codes == {0: 0, 1: 0}, late.output(0)[-3000:] + late.output(1)[-3000:]
+    m = _manifest(runs / "late1" / "manifest.json")
+    assert m["status"] == "completed" and m["world_size"] == 4 and m["metrics"]["steps"] == 4
 
 
 def _pod_as_docker_run(pod: dict, index: int, pod_ip: str, hosts: dict[str, str], runs: Path) -> list[str]:

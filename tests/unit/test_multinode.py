@@ -3,6 +3,7 @@ which checkpoint a resume after a node failure may trust. Nothing is run; no net
 
 import json
 import os
+import re
 
 import pytest
 
@@ -116,3 +117,140 @@ def test_the_trainer_binds_gloo_and_nccl_to_the_interface_of_the_advertised_addr
     monkeypatch.delenv("NCCL_SOCKET_IFNAME")
     monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"endpoint": "x:1", "local_addr": "198.18.255.254"}))
     assert nodes.pin_interface() is None and "GLOO_SOCKET_IFNAME" not in os.environ, "no such address here"
+
+
+# --- a node lost at any moment: the heartbeat's bound and verdicts ----------------------------------------------
+
+@pytest.mark.parametrize("rdzv, bound", [({"join_timeout": 45}, 45.0), ({}, float(multinode.JOIN_TIMEOUT)),
+                                         ({"join_timeout": "x"}, float(multinode.JOIN_TIMEOUT)),
+                                         ({"join_timeout": 0}, float(multinode.JOIN_TIMEOUT))])
+def test_the_silence_bound_is_the_join_timeout_the_launcher_gave(monkeypatch, rdzv, bound):
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps(rdzv))
+    assert nodes.silence_bound() == bound
+
+
+def test_the_join_timeout_reaches_the_trainer_from_every_launcher():
+    """`invoke run` and the schedulers' node command both record it where the trainer reads it."""
+    assert json.loads(_rdzv(join_timeout=33).env()["DOCKYARD_RENDEZVOUS"])["join_timeout"] == 33
+    line = multinode.node_command(index="$I", nnodes=2, nproc=8, endpoint="n0:29500", entry="-m dockyard.train",
+                                  run_id="r", join_timeout=33)
+    assert '\\"join_timeout\\": 33' in line and re.search(r"join_timeout=33\b", line)
+
+
+@pytest.mark.parametrize("bound, interval", [(1, 0.5), (20, 2.0), (120, 5.0), (600, 5.0)])
+def test_ten_beats_fit_in_the_bound(bound, interval):
+    assert nodes.beat_interval(bound) == interval
+
+
+def test_a_node_that_keeps_beating_is_never_lost_and_a_still_one_is_after_the_bound():
+    s = nodes.Silence([1, 2], bound=10, started=0.0)
+    for t in range(1, 30):
+        assert s.see({1: t, 2: t}, float(t)) is None
+    assert s.see({1: 30, 2: 29}, 30.0) is None      # node 2 still for 1 s
+    assert s.see({1: 40, 2: 29}, 39.0) is None      # ... for 10 s: not more than the bound yet
+    assert s.see({1: 41, 2: 29}, 39.5) == (2, 10.5, True)
+
+
+def test_a_node_that_never_beats_is_lost_a_bound_after_watching_started():
+    s = nodes.Silence([1], bound=10, started=100.0)
+    assert s.see({1: 0}, 109.0) is None
+    assert s.see({1: 0}, 111.0) == (1, 11.0, False)
+    late = nodes.Silence([1], bound=10, started=100.0)
+    assert late.see({1: 0}, 109.0) is None and late.see({1: 1}, 109.5) is None, "late, but within the bound"
+    assert late.see({1: 1}, 119.0) is None and late.see({1: 1}, 120.0) == (1, 10.5, True)
+
+
+def test_a_node_done_with_its_run_is_never_lost_and_the_longest_silent_is_named():
+    s = nodes.Silence([1, 2, 3], bound=5, started=0.0)
+    s.see({1: 1, 2: 1, 3: 1}, 1.0)
+    s.see({1: 1 + nodes.DONE, 2: 2, 3: 1}, 2.0)
+    assert s.see({1: 1 + nodes.DONE, 2: 2, 3: 1}, 100.0) == (3, 99.0, True)
+
+
+def test_the_lost_node_is_named_as_a_collective_names_it():
+    info = {"node_rank": 1, "host": "gpu-b", "addr": "10.0.0.2"}
+    said = nodes.lost_message(1, 21.4, True, info, "loading the data and the model")
+    assert said.startswith("lost node 1 (10.0.0.2, host gpu-b): it stopped answering")
+    assert "no heartbeat for 21 s, while this node was loading the data and the model" in said
+    never = nodes.lost_message(1, 20.2, False, None, "setting up the process group")
+    assert never.startswith("lost node 1: it stopped answering") and "never started" in never
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _heartbeats(monkeypatch, port, bound, ranks=(0, 1)):
+    """One Heartbeat per node rank, as each node's first process makes it, in this process (real TCPStore)."""
+    import queue
+
+    said = {r: queue.Queue() for r in ranks}
+    beats = {}
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("GROUP_WORLD_SIZE", str(len(ranks)))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "127.0.0.1"}))
+    for r in ranks:
+        monkeypatch.setenv("DOCKYARD_NODE_RANK", str(r))
+        beats[r] = nodes.Heartbeat(said[r].put, bound=bound)
+    return beats, said
+
+
+def test_heartbeats_through_a_real_store_name_a_node_that_goes_silent(monkeypatch):
+    import datetime
+    import queue
+    import time
+
+    from torch.distributed import TCPStore
+
+    port = _free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    beats, said = _heartbeats(monkeypatch, port, bound=1.5)
+    beats[0].phase = "setting up the process group"
+    for b in beats.values():
+        b.start()
+    time.sleep(2.5)  # longer than the bound: both beat, nobody is lost
+    assert said[0].empty() and said[1].empty()
+    beats[1]._stop = True  # node 1 goes silent, as a killed node does
+    stopped = time.monotonic()
+    message = said[0].get(timeout=10)
+    assert 1.5 - 2 * nodes.beat_interval(1.5) <= time.monotonic() - stopped < 4.5  # its last beat came before
+    assert message.startswith("lost node 1 (127.0.0.1, host ") and "while this node was setting up the process" in message
+    assert beats[0].verdict == message and said[1].empty()
+    del store
+    with pytest.raises(queue.Empty):
+        said[1].get(timeout=0.1)
+
+
+def test_a_node_done_with_its_run_is_not_lost_and_losing_the_store_names_its_node(monkeypatch):
+    import datetime
+    import time
+
+    from torch.distributed import TCPStore
+
+    port = _free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    beats, said = _heartbeats(monkeypatch, port, bound=1.0)
+    for b in beats.values():
+        b.start()
+    time.sleep(1.5)
+    beats[0].done()  # node 0 finished first, then is silent for good
+    time.sleep(3)
+    assert said[1].empty(), "a node done with its run is not lost"
+    del store  # the store's host (node 0's torchrun) is gone
+    message = said[1].get(timeout=10)
+    assert message.startswith("lost node 0 (127.0.0.1, host ") and "torchrun's store there failed" in message
+
+
+def test_resume_after_a_run_lost_before_its_first_checkpoint_starts_it_again(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "failed", "error": "lost node 1 (...)"}))
+    _checkpoint(tmp_path, 5, shards=3, rng_states=0, state=False)  # lost while saving the first checkpoint
+    assert manifest.check_run_dir(tmp_path, resume=True) is None
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "completed"}))
+    with pytest.raises(DockyardError, match="no checkpoint to continue from"):
+        manifest.check_run_dir(tmp_path, resume=True)
