@@ -212,7 +212,7 @@ def lost_message(node: int, silent: float, ever_beat: bool, info: dict[str, Any]
     """Said the way lost_node() says it, so that a user (and a test) reads one sentence for a lost node."""
     where = f" ({info['addr'] or '?'}, host {info['host']})" if info else ""
     why = (f"no heartbeat for {silent:.0f} s" if ever_beat else
-           f"its processes never started: no heartbeat in the {silent:.0f} s since this node's started")
+           f"its processes never started: no heartbeat in the {silent:.0f} s since this node started")
     return f"lost node {node}{where}: it stopped answering ({why}, while this node was {phase})"
 
 
