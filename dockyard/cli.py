@@ -34,6 +34,12 @@ def hold_setting_overrides() -> None:
         _held[key] = os.environ.pop(key)
 
 
+def release_setting_overrides() -> None:
+    """Put the held INVOKE_DOCKYARD_* back: for a task (its settings, what it starts), or a process that imported
+    tasks.py without being Invoke (the tests)."""
+    os.environ.update(_held)
+
+
 class TypedFlag(Argument):
     """A number flag kept as the text the user typed; the task's annotation parses it (see `checked`)."""
 
@@ -82,7 +88,7 @@ def checked(fn):
         from dockyard.common.errors import DockyardError
         from dockyard.settings import load
 
-        os.environ.update(_held)  # for the settings, and for what the task starts (`invoke test`'s pytest)
+        release_setting_overrides()  # for the settings, and for what the task starts (`invoke test`'s pytest)
         try:
             load(c.config.get("dockyard", {}))  # every task refuses a bad setting, whether it reads it or not
             kwargs = parse_flags(fn, kwargs)
