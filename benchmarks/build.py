@@ -43,7 +43,7 @@ RUN awk '/^[^ #]/ {{ keep = ($0 ~ /^deepspeed==/) }} keep' /opt/dockyard/images/
 """
 
 def timed_build(settings, v, ctx: Path, ref: str, no_cache: bool = False) -> tuple[float, list[str]]:
-    (argv, env), = build.build_plan(settings, v, context=ctx, ref=ref, no_cache=no_cache, revision="bench").steps
+    (argv, env), = build.build_steps(settings, v, context=ctx, ref=ref, no_cache=no_cache, revision="bench").steps
     t = time.perf_counter()
     engine.run(argv, env=env, capture=True, quiet=True)
     return time.perf_counter() - t, engine.image_inspect(settings, ref)["RootFS"]["Layers"]
@@ -105,7 +105,7 @@ OPS_STEP = re.compile(r"^#(\d+) \[deepspeed-build [^\]]*\] RUN ")
 
 def ops_seconds(s, v, ctx: Path, ninja: bool) -> float:
     """Cold build of the deepspeed-build stage; the seconds BuildKit gives its one RUN (the ops compile)."""
-    (argv, env), = build.build_plan(s, v, context=ctx, ref=f"dockyard-bench/{v.name}:ops", no_cache=True,
+    (argv, env), = build.build_steps(s, v, context=ctx, ref=f"dockyard-bench/{v.name}:ops", no_cache=True,
                                     revision="bench").steps
     argv = argv[:-1] + ["--target", "deepspeed-build", "--build-arg", f"DS_ENABLE_NINJA={'1' if ninja else ''}",
                         argv[-1]]

@@ -31,7 +31,7 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(28, 16, -1)] + [
 
 
 @dataclass
-class Plan:
+class BuildSteps:
     """Commands to run in order, with the environment each needs; printed as-is by --dry."""
 
     steps: list[tuple[list[str], dict[str, str]]] = field(default_factory=list)
@@ -64,7 +64,7 @@ def _selected(settings: Settings, name: str) -> list[Variant]:
 
 # --- lock ------------------------------------------------------------------------------------
 
-def lock_plan(settings: Settings, variant: Variant, requirements_in: Path, output: Path | None = None) -> Plan:
+def lock_steps(settings: Settings, variant: Variant, requirements_in: Path, output: Path | None = None) -> BuildSteps:
     """`uv pip compile` of the variant's pins for linux x86_64 at the variant's Python, with hashes.
 
     Paths inside the project are given relative (run from the root) so the lock's comments are stable."""
@@ -77,7 +77,7 @@ def lock_plan(settings: Settings, variant: Variant, requirements_in: Path, outpu
         # The CPU build of torch is not on PyPI: pip's own find-links (where configured) or PyTorch's CPU index.
         argv += ["--find-links", _pip_find_links() or "https://download.pytorch.org/whl/cpu"]
     env = {"SSL_CERT_FILE": settings.pip_ca_bundle} if settings.pip_ca_bundle else {}
-    return Plan([(argv, env)])
+    return BuildSteps([(argv, env)])
 
 
 def _pip_find_links() -> str:
@@ -89,7 +89,7 @@ def _pip_find_links() -> str:
 def lock(settings: Settings, name: str = "all", dry: bool = False) -> None:
     for variant in _selected(settings, name):
         requirements_in = variant.lock_file.with_suffix(".in")
-        plan = lock_plan(settings, variant, requirements_in)
+        plan = lock_steps(settings, variant, requirements_in)
         if dry:
             print(plan.show())
             continue
@@ -104,7 +104,7 @@ def lock(settings: Settings, name: str = "all", dry: bool = False) -> None:
 
 def lock_pins(variant: Variant) -> dict[str, str]:
     """name → version of every package in the variant's lock file."""
-    return variants.lock_pins(variant.lock_file.read_text())
+    return variants.parse_lock_pins(variant.lock_file.read_text())
 
 
 def check_lock(variant: Variant) -> None:
@@ -128,14 +128,14 @@ def wheelhouse_dir(settings: Settings, variant: Variant) -> Path:
     return settings.path(settings.wheelhouse_dir) / variant.name
 
 
-def wheelhouse_plan(settings: Settings, variant: Variant) -> Plan:
+def wheelhouse_steps(settings: Settings, variant: Variant) -> BuildSteps:
     """pip download of every file in the lock, for the image's platform and Python, hash-checked."""
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
             "-r", str(variant.lock_file), "-d", str(wheelhouse_dir(settings, variant)),
             "--python-version", variant.python, "--implementation", "cp",
             *[a for p in PLATFORMS for a in ("--platform", p)], *_index_args(settings)]
     env = {"PIP_CERT": settings.pip_ca_bundle} if settings.pip_ca_bundle else {}
-    return Plan([(argv, env)])
+    return BuildSteps([(argv, env)])
 
 
 def wheelhouse_complete(settings: Settings, variant: Variant) -> bool:
@@ -146,7 +146,7 @@ def wheelhouse_complete(settings: Settings, variant: Variant) -> bool:
 
 def wheelhouse(settings: Settings, name: str = "auto", dry: bool = False) -> None:
     for variant in _selected(settings, name):
-        plan = wheelhouse_plan(settings, variant)
+        plan = wheelhouse_steps(settings, variant)
         if dry:
             print(plan.show())
             continue
@@ -211,8 +211,8 @@ def base_image(settings: Settings, variant: Variant) -> str:
     return variant.base or settings.base_image_cpu
 
 
-def build_plan(settings: Settings, variant: Variant, *, no_cache: bool = False, revision: str = "unknown",
-               created: str = "", context: Path = ROOT, ref: str = "") -> Plan:
+def build_steps(settings: Settings, variant: Variant, *, no_cache: bool = False, revision: str = "unknown",
+               created: str = "", context: Path = ROOT, ref: str = "") -> BuildSteps:
     """The one `docker build` that makes the image of `variant` (tagged `ref`, default its versioned tag)."""
     args = {
         "BASE_IMAGE": base_image(settings, variant),
@@ -243,7 +243,7 @@ def build_plan(settings: Settings, variant: Variant, *, no_cache: bool = False, 
     if no_cache:
         argv.append("--no-cache")
     argv.append(str(context))
-    return Plan([(argv, engine.build_env())])
+    return BuildSteps([(argv, engine.build_env())])
 
 
 class _StepTracker:
@@ -268,11 +268,11 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dry
     # The Dockerfile reads images/wheelhouse/<variant>/ of its context: a wheelhouse_dir elsewhere is built from a
     # context beside it (the checkout's files copied, the wheels hard-linked), so the setting moves both.
     context = ROOT if wheels == ROOT / "images" / "wheelhouse" / variant.name else wheels.parent / f".context-{variant.name}"
-    plan = build_plan(settings, variant, no_cache=no_cache, revision=git_revision(), created=created, context=context)
+    plan = build_steps(settings, variant, no_cache=no_cache, revision=git_revision(), created=created, context=context)
     need_wheels = not wheelhouse_complete(settings, variant)
     if dry:
         if need_wheels:
-            print(wheelhouse_plan(settings, variant).show())
+            print(wheelhouse_steps(settings, variant).show())
         if context != ROOT:
             print(f"# in {context}: this checkout's build files and {wheels}/ as images/wheelhouse/{variant.name}/")
         print(plan.show())

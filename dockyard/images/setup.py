@@ -52,7 +52,7 @@ def ensure_engine(settings: Settings, dry: bool = False) -> None:
     raise DockyardError("dockerd did not answer within 60 s: see /var/log/dockerd.log")
 
 
-def debootstrap_plan(target: Path, mirror: str, suite: str = "bookworm") -> list[str]:
+def debootstrap_steps(target: Path, mirror: str, suite: str = "bookworm") -> list[str]:
     return ["debootstrap", "--variant=minbase", suite, str(target), mirror]
 
 
@@ -70,7 +70,7 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
                             f"(`sudo {sys.executable} -m invoke setup`: a venv's invoke is not on root's PATH)")
     with tempfile.TemporaryDirectory(prefix="dockyard-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        argv = debootstrap_plan(rootfs, mirror)
+        argv = debootstrap_steps(rootfs, mirror)
         tar, importer = ["tar", "-C", str(rootfs), "-c", "."], engine.docker(settings, "import", "-", name)
         if dry:
             engine.echo(argv)

@@ -137,7 +137,7 @@ def canonical_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def lock_pins(text: str) -> dict[str, str]:
+def parse_lock_pins(text: str) -> dict[str, str]:
     """Canonical name → version of every `name==version` line of a (hash-pinned) lock file."""
     pins = {}
     for line in text.splitlines():

@@ -43,7 +43,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
-    argv, env = plan_export(settings, m, run_dir, target, merge)
+    argv, env = export_command(settings, m, run_dir, target, merge)
     if dry:
         engine.echo(argv, env)
         return target
@@ -64,7 +64,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
 NATIVE = ("", "native")  # what a run made with --native records as its variant
 
 
-def plan_export(settings: Settings, m: dict | RunManifest, run_dir: Path, target: Path,
+def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, target: Path,
                 merge: bool) -> tuple[list[str], dict]:
     """The command that exports (pure but for checking the model folder): `docker run` of the run's image, or this
     host's Python for a native run. Every value taken from the manifest is checked first."""

@@ -40,7 +40,7 @@ class Mounts:
         return {"DOCKYARD_HOST_PATHS": json.dumps(self.host_paths, sort_keys=True)} if self.host_paths else {}
 
 
-def plan_mounts(settings: Settings, recipe: str, overrides: list[str], *, data: str = "", model: str = "",
+def read_only_mounts(settings: Settings, recipe: str, overrides: list[str], *, data: str = "", model: str = "",
                 checkout_recipes: bool = True) -> Mounts:
     """The mounts of one run (pure: reads only whether the paths exist). Flags win over the invoke.yaml
     settings; a host path given as an override is mounted the same way (overrides win over both)."""

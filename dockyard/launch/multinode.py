@@ -80,7 +80,7 @@ def _ip_json(*args: str) -> list[dict]:
     return json.loads(p.stdout or "[]")
 
 
-def resolve(host: str) -> str:
+def resolve_address(host: str) -> str:
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
@@ -95,7 +95,7 @@ def resolve(host: str) -> str:
 def route_to(host: str) -> dict[str, str]:
     """The interface this node reaches `host` through, and this node's address on it. Node 0 reaches itself
     through `lo`: then the interface that holds the address."""
-    addr = resolve(host)
+    addr = resolve_address(host)
     if ipaddress.ip_address(addr).is_loopback:
         raise DockyardError(f"--master-addr {host} is a loopback address: the other nodes cannot reach it; "
                             "give node 0's address on the network the nodes share")

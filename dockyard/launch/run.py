@@ -40,7 +40,7 @@ class Topology:
 
 
 @dataclass
-class RunPlan:
+class RunCommand:
     argv: list[str]
     run_dir: Path
     env: dict[str, str] = field(default_factory=dict)
@@ -185,11 +185,11 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     return argv + ["-w", "/opt/dockyard", image, *command]
 
 
-def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
+def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
              disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
              cpu: bool = False, data: str = "", model: str = "", checkout_recipes: bool = True,
-             ib_root: Path = multinode.INFINIBAND) -> RunPlan:
+             ib_root: Path = multinode.INFINIBAND) -> RunCommand:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
@@ -200,7 +200,7 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
     if not cpu:
         check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
-    seen = inputs.plan_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
+    seen = inputs.read_only_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
     env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_IMAGE_ID": image_id, "DOCKYARD_VARIANT": variant.name, **seen.env}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
@@ -215,11 +215,11 @@ def plan_run(settings: Settings, *, recipe: str, variant: Variant, host: Host, e
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command,
                            mounts=seen.volumes, memlock=memlock,
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [])
-    return RunPlan(argv, run_dir)
+    return RunCommand(argv, run_dir)
 
 
-def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
-                resume: bool = False, cpu: bool = True, data: str = "", model: str = "") -> RunPlan:
+def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
+                resume: bool = False, cpu: bool = True, data: str = "", model: str = "") -> RunCommand:
     """The same entry point on this host, without a container (development, or GPU hosts without Docker)."""
     from dockyard.common.recipes import load_recipe
 
@@ -231,7 +231,7 @@ def plan_native(settings: Settings, *, recipe: str, topo: Topology, run_dir: Pat
         env |= topo.rendezvous.env() | {"DOCKYARD_NODE_RANK": str(topo.node_rank)}
     launcher = [sys.executable, "-m", "torch.distributed.run"]
     overrides = [*overrides, *(["--data", data] if data else []), *(["--model", model] if model else [])]
-    return RunPlan(torchrun_argv(topo, launcher) + entry_argv(recipe, str(run_dir), overrides, resume), run_dir, env)
+    return RunCommand(torchrun_argv(topo, launcher) + entry_argv(recipe, str(run_dir), overrides, resume), run_dir, env)
 
 
 def summarise(run_dir: Path, node_rank: int = 0) -> dict:
@@ -287,7 +287,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
     if native:
-        plan = plan_native(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
+        plan = native_command(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
                            resume=resume, cpu=cpu or not chosen.is_cuda, data=data, model=model)
     else:
         info, image = {}, {}
@@ -300,7 +300,7 @@ def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", npr
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={recipe}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
-        plan = plan_run(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
+        plan = run_command(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require,
                         image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
                         cpu=cpu, data=data, model=model)
@@ -347,7 +347,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> No
     image = variants.tag(settings, chosen)
     if not dry:
         check_gpu_host(chosen, host, engine.engine_info(settings), False)
-    mounts = inputs.plan_mounts(settings, "", []).volumes
+    mounts = inputs.read_only_mounts(settings, "", []).volumes
     runs = settings.path(settings.runs_dir)
     argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
                            env={"DOCKYARD_IMAGE_REF": image, "DOCKYARD_VARIANT": chosen.name}, network_host=False,

@@ -1,6 +1,6 @@
 """run.sh: `invoke run` for a node with only sh and Docker, written beside load.sh in every archive set.
 
-The docker command in it is `launch_run.plan_run`'s own, rendered with marks where a node's values go (its user, run
+The docker command in it is `launch_run.run_command`'s own, rendered with marks where a node's values go (its user, run
 folder, Hugging Face cache, process count, recipe, overrides) and each mark turned into a shell variable: the
 flags, mounts, environment and torchrun line cannot drift from `invoke run`'s. What only a node can know (GPUs and
 the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the template).
@@ -34,7 +34,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     # A CUDA image plans for GPUs (run.sh drops --gpus and adds DS_ACCELERATOR=cpu on a node without them).
     host = Host(cuda=variant.cuda, gpus=[Gpu(0, "", 0)]) if variant.is_cuda else Host()
     s = settings.model_copy(update={"docker": "docker", "hf_cache": Path("/__HF__"), "data": "", "model": ""})
-    plan = launch_run.plan_run(s, recipe="ddp", variant=variant, host=host, engine_info={},
+    plan = launch_run.run_command(s, recipe="ddp", variant=variant, host=host, engine_info={},
                            topo=launch_run.Topology(nproc=NPROC), run_dir=Path("/__RUNS__/__RUN_ID__"),
                            overrides=[OVERRIDES], image_id="__IMAGE_ID__", checkout_recipes=False,
                            memlock="memlock=__MEMLOCK__")

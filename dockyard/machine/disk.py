@@ -180,7 +180,7 @@ def check_before_run(settings: Any, recipe: str, overrides: list[str], *, model:
     from dockyard.machine import planner
 
     try:
-        seen = inputs.plan_mounts(settings, recipe, overrides, model=model, checkout_recipes=False)
+        seen = inputs.read_only_mounts(settings, recipe, overrides, model=model, checkout_recipes=False)
         given = parse_overrides(seen.overrides)
         folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
         if not folder:

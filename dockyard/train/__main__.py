@@ -27,85 +27,53 @@ from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
 
 log = logging.getLogger("dockyard.train")
+_finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
-    head, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m dockyard.train", description=__doc__, allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", required=True, help="a recipe name (recipes/<name>/) or a recipe folder")
-    parser.add_argument("--run-dir", required=True, type=Path, help="where the run writes everything")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    opts, extra = parser.parse_known_args(head)
-    return opts, parse_overrides(extra + rest)
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
+    # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    if not os.environ.get("DS_ACCELERATOR"):
+        import torch
 
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
+    signal.signal(signal.SIGTERM, _stopped)
+    from dockyard.train import checkpoints, nodes
 
-def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
-    import torch
-    from transformers import TrainingArguments
+    checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
 
-    from dockyard.train import guards, precision
-
-    known = {f.name for f in fields(TrainingArguments)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
-                            f"and any transformers.TrainingArguments field")
-    cuda = torch.cuda.is_available()
-    # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
-    overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}
-    args: dict[str, Any] = {
-        **precision.mixed_precision(precision.capability(), overrides),
-        # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
-        # DDP walk the graph after every backward for nothing
-        "ddp_find_unused_parameters": False,
-        **evaluation(settings, overrides),
-        **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
-        "output_dir": str(run_dir / "checkpoints"),
-        "use_cpu": not cuda,
-    }
-    if recipe.deepspeed:
-        args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
-    if recipe.fsdp:
-        args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
-        os.environ.update(guards.fsdp_environment(args["fsdp_config"]))
-    args = guards.peft_training_args(args, recipe.peft)
+    nodes.pin_interface()  # before torch.distributed starts
+    # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
+    run = None
     try:
-        targs = TrainingArguments(**args)
-    except (ValueError, TypeError) as e:
-        raise DockyardError(f"invalid training setting: {e}") from None
-    if recipe.deepspeed and not cuda and targs.world_size > 1:
-        # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
-        # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.
-        import deepspeed
+        opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
+                  world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        if nodes.several():
+            run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
+        train(overrides, run)
+    except DockyardError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if run:
+            finish(run, str(e))
+        return e.exit_code
+    except BaseException as e:
+        if run:
+            finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
+        raise
+    finish(run, None)
+    if run.heartbeat:
+        run.doing("finishing")
+        run.heartbeat.done()
+    import torch.distributed as dist
 
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    return targs
-
-
-def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
-    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise."""
-    if not (settings.eval_data or settings.eval_fraction):
-        return {}
-    steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
-    return {"eval_strategy": "steps", "eval_steps": steps}
-
-
-def setup_logging(run_dir: Path, is_main: bool) -> None:
-    import transformers
-
-    from dockyard.common import runfolder
-
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if is_main:
-        handlers.append(logging.StreamHandler(runfolder.append(run_dir, "train.log")))  # never through a link
-    for h in handlers:
-        h.setFormatter(fmt)
-    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
-    transformers.utils.logging.disable_default_handler()
-    transformers.utils.logging.enable_propagation()
-    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+    if dist.is_initialized():
+        dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
+        dist.destroy_process_group()
+    return 0
 
 
 @dataclass
@@ -251,6 +219,49 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed, shape)
 
 
+def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
+    import torch
+    from transformers import TrainingArguments
+
+    from dockyard.train import guards, precision
+
+    known = {f.name for f in fields(TrainingArguments)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
+                            f"and any transformers.TrainingArguments field")
+    cuda = torch.cuda.is_available()
+    # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
+    overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}
+    args: dict[str, Any] = {
+        **precision.mixed_precision(precision.capability(), overrides),
+        # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
+        # DDP walk the graph after every backward for nothing
+        "ddp_find_unused_parameters": False,
+        **evaluation(settings, overrides),
+        **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
+        "output_dir": str(run_dir / "checkpoints"),
+        "use_cpu": not cuda,
+    }
+    if recipe.deepspeed:
+        args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
+    if recipe.fsdp:
+        args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
+        os.environ.update(guards.fsdp_environment(args["fsdp_config"]))
+    args = guards.peft_training_args(args, recipe.peft)
+    try:
+        targs = TrainingArguments(**args)
+    except (ValueError, TypeError) as e:
+        raise DockyardError(f"invalid training setting: {e}") from None
+    if recipe.deepspeed and not cuda and targs.world_size > 1:
+        # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
+        # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    return targs
+
+
 def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     """The HF Trainer, with the strategy check and the metrics log, trained to the end."""
     import multiprocessing
@@ -281,25 +292,6 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
         raise checkpoints.explain(e) from None
     return trainer, metrics
-
-
-def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
-    """FLOPs per trained token and one GPU's dense peak in the dtype this run computes in (dockyard.train.mfu), for
-    MFU; (None, None) on CPU, in fp32, on a GPU not in the table or for a model that could not be sized."""
-    import torch
-
-    from dockyard.train import mfu
-
-    args = p.args
-    half = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
-    if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
-        return None, None
-    peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
-    tied = bool(getattr(getattr(p.model, "config", None), "tie_word_embeddings", False))
-    flops = mfu.flops_per_token(parameters=p.shape.params, vocab=p.shape.vocab, hidden=p.shape.hidden,
-                                layers=p.shape.layers, tied=tied, adapters=bool(p.recipe.peft),
-                                seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))
-    return flops, peak
 
 
 def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
@@ -335,6 +327,111 @@ def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                    "steady_state": steady,
                    "peak_memory_bytes": int(peak.item()),
                    "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss"}
+
+
+def finish(run: Run, error: str | None) -> None:
+    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it.
+    Once: the main thread and the heartbeat's (a lost node) may both get here."""
+    with _finishing:
+        if not run.finished:
+            run.finished = True
+            _finish(run, error)
+
+
+def _finish(run: Run, error: str | None) -> None:
+    from dockyard.common.runfolder import manifest_file
+    from dockyard.train import manifest, nodes
+
+    if not run.run_dir_ok:
+        return  # never touch a folder that holds another run
+    verdict = run.heartbeat.verdict if run.heartbeat else None
+    if error and verdict and not error.startswith("lost "):
+        error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
+    elif error and run.extra.get("nodes_seen"):
+        error = nodes.explain(error, run.opts.run_dir, run.extra["nodes_seen"])
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    extra = {**run.extra, **({"error": error} if error else {})}
+    record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
+                            run.check.in_effect if run.check else None, run.metrics, extra)
+    try:
+        manifest.write(run.opts.run_dir, record, manifest_file(nodes.node_rank()))
+    except OSError as e:  # a full disk: the error above is what the user needs
+        print(f"error: cannot write {run.opts.run_dir / manifest_file(nodes.node_rank())}: {e.strerror}", file=sys.stderr)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit without the interpreter's finalisation. After a ZeRO-3 run DeepSpeed still references the engine
+    from module globals (zero.Init, groups._WORLD_GROUP, every parameter's ds_process_group), so its gloo
+    process groups and their threads outlive destroy_process_group and would be torn down in whatever order
+    finalisation takes: the likely cause of a zero3-offload rank aborting after saving with "terminate called
+    without an active exception" (once in two runs). Everything the run leaves is written by now; only the
+    logs need flushing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out."""
+    raise DockyardError("stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled",
+                        exit_code=128 + signum)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
+    head, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m dockyard.train", description=__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, help="a recipe name (recipes/<name>/) or a recipe folder")
+    parser.add_argument("--run-dir", required=True, type=Path, help="where the run writes everything")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    opts, extra = parser.parse_known_args(head)
+    return opts, parse_overrides(extra + rest)
+
+
+def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
+    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise."""
+    if not (settings.eval_data or settings.eval_fraction):
+        return {}
+    steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
+    return {"eval_strategy": "steps", "eval_steps": steps}
+
+
+def setup_logging(run_dir: Path, is_main: bool) -> None:
+    import transformers
+
+    from dockyard.common import runfolder
+
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if is_main:
+        handlers.append(logging.StreamHandler(runfolder.append(run_dir, "train.log")))  # never through a link
+    for h in handlers:
+        h.setFormatter(fmt)
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
+    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+
+
+def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
+    """FLOPs per trained token and one GPU's dense peak in the dtype this run computes in (dockyard.train.mfu), for
+    MFU; (None, None) on CPU, in fp32, on a GPU not in the table or for a model that could not be sized."""
+    import torch
+
+    from dockyard.train import mfu
+
+    args = p.args
+    half = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
+    if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
+        return None, None
+    peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
+    tied = bool(getattr(getattr(p.model, "config", None), "tie_word_embeddings", False))
+    flops = mfu.flops_per_token(parameters=p.shape.params, vocab=p.shape.vocab, hidden=p.shape.hidden,
+                                layers=p.shape.layers, tied=tied, adapters=bool(p.recipe.peft),
+                                seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))
+    return flops, peak
 
 
 def model_shape(model_dir: Path, run: Run) -> Any:
@@ -396,92 +493,6 @@ def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str
             "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
 
 
-_finishing = threading.Lock()
-
-
-def finish(run: Run, error: str | None) -> None:
-    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it.
-    Once: the main thread and the heartbeat's (a lost node) may both get here."""
-    with _finishing:
-        if not run.finished:
-            run.finished = True
-            _finish(run, error)
-
-
-def _finish(run: Run, error: str | None) -> None:
-    from dockyard.common.runfolder import manifest_file
-    from dockyard.train import manifest, nodes
-
-    if not run.run_dir_ok:
-        return  # never touch a folder that holds another run
-    verdict = run.heartbeat.verdict if run.heartbeat else None
-    if error and verdict and not error.startswith("lost "):
-        error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
-    elif error and run.extra.get("nodes_seen"):
-        error = nodes.explain(error, run.opts.run_dir, run.extra["nodes_seen"])
-    if os.environ.get("LOCAL_RANK", "0") != "0":
-        return
-    extra = {**run.extra, **({"error": error} if error else {})}
-    record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
-                            run.check.in_effect if run.check else None, run.metrics, extra)
-    try:
-        manifest.write(run.opts.run_dir, record, manifest_file(nodes.node_rank()))
-    except OSError as e:  # a full disk: the error above is what the user needs
-        print(f"error: cannot write {run.opts.run_dir / manifest_file(nodes.node_rank())}: {e.strerror}", file=sys.stderr)
-
-
-def _stopped(signum: int, frame: Any) -> None:
-    """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out."""
-    raise DockyardError("stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled",
-                        exit_code=128 + signum)
-
-
-def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()
-    # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
-    # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if not os.environ.get("DS_ACCELERATOR"):
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
-    signal.signal(signal.SIGTERM, _stopped)
-    from dockyard.train import checkpoints, nodes
-
-    checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
-
-    nodes.pin_interface()  # before torch.distributed starts
-    # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
-    run = None
-    try:
-        opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
-                  world_size=int(os.environ.get("WORLD_SIZE", 1)))
-        if nodes.several():
-            run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
-        train(overrides, run)
-    except DockyardError as e:
-        print(f"error: {e}", file=sys.stderr)
-        if run:
-            finish(run, str(e))
-        return e.exit_code
-    except BaseException as e:
-        if run:
-            finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
-        raise
-    finish(run, None)
-    if run.heartbeat:
-        run.doing("finishing")
-        run.heartbeat.done()
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
-        dist.destroy_process_group()
-    return 0
-
-
 def lost(run: Run, message: str) -> NoReturn:
     """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
     the node's first process says so and writes the manifest, and every process of this node exits."""
@@ -493,19 +504,6 @@ def lost(run: Run, message: str) -> NoReturn:
 
         time.sleep(nodes.GRACE)
     leave(0 if run.status == "completed" else 1)
-
-
-def leave(code: int) -> NoReturn:
-    """Exit without the interpreter's finalisation. After a ZeRO-3 run DeepSpeed still references the engine
-    from module globals (zero.Init, groups._WORLD_GROUP, every parameter's ds_process_group), so its gloo
-    process groups and their threads outlive destroy_process_group and would be torn down in whatever order
-    finalisation takes: the likely cause of a zero3-offload rank aborting after saving with "terminate called
-    without an active exception" (once in two runs). Everything the run leaves is written by now; only the
-    logs need flushing."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

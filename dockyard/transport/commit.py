@@ -18,7 +18,7 @@ import re
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
-from dockyard.images.variants import canonical_name, lock_pins
+from dockyard.images.variants import canonical_name, parse_lock_pins
 from dockyard.settings import ROOT, Settings
 
 # (pattern on the path, what it is): files that hold credentials in the usual places.
@@ -195,8 +195,8 @@ def source_lock(labels: dict[str, str]) -> tuple[dict[str, str], str]:
         return {}, f"lock file {path.name} not found; "
     text = path.read_bytes()
     if hashlib.sha256(text).hexdigest() != want:
-        return lock_pins(text.decode()), f"{path.name} changed since the image was built; "
-    return lock_pins(text.decode()), ""
+        return parse_lock_pins(text.decode()), f"{path.name} changed since the image was built; "
+    return parse_lock_pins(text.decode()), ""
 
 
 def default_tag(source: str, image_name: str, now: datetime.datetime) -> str:

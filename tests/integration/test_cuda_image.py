@@ -64,7 +64,7 @@ def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda
     with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:
         f.write("# a recipe-only change\n")
     v2 = "dockyard-test/cuda-thin:v2"
-    (argv, benv), = build.build_plan(settings, v, context=ctx, ref=v2, revision="test").steps
+    (argv, benv), = build.build_steps(settings, v, context=ctx, ref=v2, revision="test").steps
     try:
         engine.run(argv, env=benv, quiet=True, capture=True)
         thin, thin_m = _save(node.base / "thin", v2, f"--thin-for=ssh://{node.alias}", env=ssh_env)

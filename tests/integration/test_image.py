@@ -64,7 +64,7 @@ def test_zero2_trains_in_the_image_through_invoke_run(settings, cpu_image, tmp_p
 
 def _build_layers(settings, context: Path, ref: str) -> list[str]:
     cpu = variants.resolve(settings, "cpu")[0]
-    (argv, env), = build.build_plan(settings, cpu, context=context, ref=ref, revision="test").steps
+    (argv, env), = build.build_steps(settings, cpu, context=context, ref=ref, revision="test").steps
     engine.run(argv, env=env, quiet=True, capture=True)
     return engine.image_inspect(settings, ref)["RootFS"]["Layers"]
 

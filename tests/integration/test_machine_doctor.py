@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import INVOKE
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _doctor(env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", "doctor", "--json"], cwd=ROOT, capture_output=True,
+    return subprocess.run([*INVOKE, "doctor", "--json"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={**os.environ, **(env or {})})
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.support.cli import INVOKE
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_run_is_monitored(tmp_path):
     run_id = f"monitored-{os.getpid()}"
-    proc = subprocess.run([sys.executable, "-m", "invoke", "run", "--native", "--recipe=zero2", f"--run-id={run_id}",
+    proc = subprocess.run([*INVOKE, "run", "--native", "--recipe=zero2", f"--run-id={run_id}",
                            "--", "--max_steps", "8"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

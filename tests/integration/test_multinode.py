@@ -16,7 +16,6 @@ import re
 import resource
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import yaml
 
 from dockyard.settings import ROOT
 from tests.support import node2
+from tests.support.cli import INVOKE
 
 pytestmark = pytest.mark.engine
 
@@ -58,7 +58,7 @@ class TwoNodes:
         common = ["run", "--variant=cpu", "--nodes=2", f"--master-addr={node.host_addr}", f"--master-port={port}",
                   f"--run-id={run_id}", f"--join-timeout={join_timeout}", *(["--resume"] if resume else []), "--",
                   *overrides]
-        invoke = [sys.executable, "-m", "invoke"]
+        invoke = INVOKE
         self.logs = {r: open(runs0.parent / f"{run_id}-node{r}{'-resume' if resume else ''}.log", "w+") for r in (0, 1)}
         self.started = time.monotonic()
         self.procs = {0: subprocess.Popen([*invoke, common[0], "--node-rank=0", *common[1:]], cwd=ROOT,

@@ -15,6 +15,7 @@ import psutil
 import torch
 
 from dockyard.train import manifest as manifest_module
+from tests.support.cli import INVOKE
 from tests.support.training import FAST, LORA_LR, ROOT, command, env, manifest, reload_logits, train
 
 
@@ -298,11 +299,11 @@ def test_a_new_recipe_folder_with_an_existing_strategy_is_listed_planned_and_tra
         "settings:\n  per_device_train_batch_size: 4\n  max_seq_length: 64\n")
     e = {**env(), "PYTHONPATH": str(project)}
 
-    listed = subprocess.run([sys.executable, "-m", "invoke", "recipes"], cwd=project, env={**e, "COLUMNS": "200"},
+    listed = subprocess.run([*INVOKE, "recipes"], cwd=project, env={**e, "COLUMNS": "200"},
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "zero2-small" in listed.stdout, listed.stderr
 
-    planned = subprocess.run([sys.executable, "-m", "invoke", "plan", "--model=8B", "--gpus=8", "--gpu-mem=80",
+    planned = subprocess.run([*INVOKE, "plan", "--model=8B", "--gpus=8", "--gpu-mem=80",
                               "--cpu-mem=512", "--json"], cwd=project, env=e, capture_output=True, text=True,
                              timeout=120)
     assert planned.returncode == 0, planned.stderr

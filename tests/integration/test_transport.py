@@ -22,7 +22,7 @@ import pytest
 
 from dockyard import engine
 from dockyard.settings import ROOT
-from tests.support.cli import invoke
+from tests.support.cli import INVOKE, invoke
 
 pytestmark = pytest.mark.engine
 IMAGE = f"dockyard-xfer-test-{os.getpid()}"
@@ -408,7 +408,7 @@ def test_a_second_save_is_refused_and_a_stopped_save_publishes_nothing_and_leave
                                                                                                    sig):
     out, cache = tmp_path / "dist", tmp_path / "layer-cache"
     env = {**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)}
-    argv = [sys.executable, "-m", "invoke", "save", f"--image={images['v1']}", f"--out={out}", "--compress=gzip",
+    argv = [*INVOKE, "save", f"--image={images['v1']}", f"--out={out}", "--compress=gzip",
             "--level=9"]
     # As from a terminal: Ctrl-C not ignored, even where the tests run in a background job (whose children
     # inherit SIGINT ignored, and Python then keeps it ignored).

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import pytest
 from dockyard import engine
 from dockyard.settings import ROOT
 from tests.support import node2
-from tests.support.cli import invoke
+from tests.support.cli import INVOKE, invoke
 
 pytestmark = pytest.mark.engine
 
@@ -76,7 +75,7 @@ def test_a_disk_that_fills_up_mid_save_leaves_nothing_half_written(settings, eng
     """The free-space check passes; another program then takes the rest of the disk while the archive is written."""
     cache = tmp_path / "cache"
     with tmpfs(tmp_path / "small", "300m") as out:
-        argv = [sys.executable, "-m", "invoke", "save", f"--image={settings.base_image_cpu}", f"--out={out}"]
+        argv = [*INVOKE, "save", f"--image={settings.base_image_cpu}", f"--out={out}"]
         save = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
@@ -160,7 +159,7 @@ def test_a_node_that_never_answers_fails_in_bounded_time_naming_it(settings, eng
         args = {"ship": ["ship", image, f"--to={addr}"],
                 "save": ["save", image, f"--thin-for=ssh://{addr}", f"--out={tmp_path}"]}[task]
         started = time.monotonic()
-        r = subprocess.run([*inside, sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+        r = subprocess.run([*inside, *INVOKE, *args], cwd=ROOT, capture_output=True, text=True,
                            timeout=90)
         took = time.monotonic() - started
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
@@ -185,7 +184,7 @@ def test_a_compressor_killed_mid_save_is_named_and_nothing_is_published(settings
     """The compressor of a layer dies (the kernel's OOM killer, an operator): the save says which command died
     and how, rather than `Broken pipe`, and publishes nothing."""
     out, cache = tmp_path / "dist", tmp_path / "cache"
-    argv = [sys.executable, "-m", "invoke", "save", f"--image={settings.base_image_cpu}", f"--out={out}",
+    argv = [*INVOKE, "save", f"--image={settings.base_image_cpu}", f"--out={out}",
             "--compress=gzip", "--level=9"]
     save = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

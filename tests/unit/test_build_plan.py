@@ -19,8 +19,8 @@ def cu132(settings):
     return variants.resolve(settings, "cu132")[0]
 
 
-def test_cuda_build_plan(settings, cu132):
-    (argv, env), = build.build_plan(settings, cu132, revision="deadbeef", created="t").steps
+def test_cuda_build_steps(settings, cu132):
+    (argv, env), = build.build_steps(settings, cu132, revision="deadbeef", created="t").steps
     assert env == {"DOCKER_BUILDKIT": "1"}
     assert argv[argv.index("-t") + 1] == "dockyard:0.1.0-cu132"
     args = _args(argv, "--build-arg")
@@ -37,7 +37,7 @@ def test_cuda_build_plan(settings, cu132):
 
 def test_cpu_build_uses_the_debootstrap_base_and_cpu_ops(settings):
     cpu = variants.resolve(settings, "cpu")[0]
-    (argv, _), = build.build_plan(settings, cpu, no_cache=True).steps
+    (argv, _), = build.build_steps(settings, cpu, no_cache=True).steps
     args = _args(argv, "--build-arg")
     assert args["BASE_IMAGE"] == settings.base_image_cpu and args["CUDA_TOOLKIT"] == "none"
     assert "CPU_ADAM" in args["DOCKYARD_DS_OPS"] and args["DS_ACCELERATOR"] == "cpu"
@@ -46,7 +46,7 @@ def test_cpu_build_uses_the_debootstrap_base_and_cpu_ops(settings):
 
 def test_a_variant_naming_a_registry_base_builds_from_it_with_that_toolkit(settings, cu132):
     ngc = cu132.model_copy(update={"base": "nvcr.io/nvidia/cuda:13.2.0-cudnn-devel-ubuntu24.04"})
-    (argv, _), = build.build_plan(settings, ngc).steps
+    (argv, _), = build.build_steps(settings, ngc).steps
     args = _args(argv, "--build-arg")
     assert args["BASE_IMAGE"] == ngc.base and args["CUDA_TOOLKIT"] == "none"
     assert args["ALLOW_DUPLICATE_CUDA_LIBS"], "the base's CUDA libraries duplicate torch's: warned, not refused"
@@ -72,7 +72,7 @@ def test_a_lock_whose_cuda_runtime_disagrees_with_the_variant_is_refused(setting
 
 
 def test_wheelhouse_plan_is_hash_checked_for_the_image_platform(settings, cu132):
-    (argv, _), = build.wheelhouse_plan(settings, cu132).steps
+    (argv, _), = build.wheelhouse_steps(settings, cu132).steps
     assert "--require-hashes" in argv and "--no-deps" in argv
     assert argv[argv.index("--python-version") + 1] == "3.11"
     assert "manylinux_2_28_x86_64" in argv and str(cu132.lock_file) in argv
@@ -80,9 +80,9 @@ def test_wheelhouse_plan_is_hash_checked_for_the_image_platform(settings, cu132)
 
 def test_index_and_ca_settings_reach_pip_but_not_the_image(settings, cu132):
     s = settings.model_copy(update={"index_url": "https://pypi.corp/simple", "ca_bundle": "/etc/corp-ca.pem"})
-    (argv, env), = build.wheelhouse_plan(s, cu132).steps
+    (argv, env), = build.wheelhouse_steps(s, cu132).steps
     assert argv[argv.index("--index-url") + 1] == "https://pypi.corp/simple" and env["PIP_CERT"] == "/etc/corp-ca.pem"
-    (bargv, _), = build.build_plan(s, cu132).steps
+    (bargv, _), = build.build_steps(s, cu132).steps
     assert "corp" not in " ".join(bargv)  # never a build arg: args are recorded in the image history
 
 
@@ -110,7 +110,7 @@ def test_lock_resolution_for_a_cuda_variant_pins_the_triton_torch_wants(settings
     """Real resolution against the package index (no GPU needed): the lock holds torch's own triton."""
     in_file = tmp_path / "cu132.in"
     in_file.write_text(cu132.requirements_in)
-    (argv, env), = build.lock_plan(settings, cu132, in_file, tmp_path / "lock.txt").steps
+    (argv, env), = build.lock_steps(settings, cu132, in_file, tmp_path / "lock.txt").steps
     r = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     lock = (tmp_path / "lock.txt").read_text()

@@ -29,7 +29,7 @@ def _model(folder):
 def test_export_runs_in_the_runs_image_with_its_model_mounted_read_only(settings, tmp_path):
     model = tmp_path / "model"
     m, run = _run(tmp_path, inputs={"model": _model(model)})
-    argv, _ = export.plan_export(settings, m, run, tmp_path / "out", merge=True)
+    argv, _ = export.export_command(settings, m, run, tmp_path / "out", merge=True)
     assert f"{model}:/workspace/inputs/model:ro" in argv and f"{tmp_path / 'out'}:/workspace/export" in argv
     assert "--gpus" not in argv
     assert argv[argv.index(REF):] == [REF, "python", "-m", "dockyard.train.export", "--run-dir",
@@ -47,7 +47,7 @@ def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
     m, _ = _run(tmp_path / "b", inputs={"model": {"path": str(tmp_path / "gone"), "inside": "/workspace/inputs/model",
                                                   "sha256": "0" * 64}})
     with pytest.raises(DockyardError, match="is gone"):
-        export.plan_export(settings, m, run, tmp_path / "o", merge=False)
+        export.export_command(settings, m, run, tmp_path / "o", merge=False)
 
 
 @pytest.mark.parametrize("edit, says", [
@@ -70,7 +70,7 @@ def test_an_edited_manifest_cannot_choose_the_image_or_mount_another_folder(sett
     m, run = _run(tmp_path, inputs={"model": _model(tmp_path / "model")})
     m.update(edit)
     with pytest.raises(DockyardError, match=says):
-        export.plan_export(settings, m, run, tmp_path / "out", merge=False)
+        export.export_command(settings, m, run, tmp_path / "out", merge=False)
 
 
 def test_a_model_folder_changed_since_the_run_is_not_mounted(settings, tmp_path):
@@ -80,7 +80,7 @@ def test_a_model_folder_changed_since_the_run_is_not_mounted(settings, tmp_path)
     m, run = _run(tmp_path, inputs={"model": _model(model)})
     (model / "id_rsa").write_text("secret")
     with pytest.raises(DockyardError, match="not the model folder the run trained on"):
-        export.plan_export(settings, m, run, tmp_path / "out", merge=False)
+        export.export_command(settings, m, run, tmp_path / "out", merge=False)
 
 
 def test_a_run_id_that_leaves_the_runs_folder_or_a_linked_run_is_refused(settings, tmp_path):

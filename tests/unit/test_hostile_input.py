@@ -167,7 +167,7 @@ def test_an_image_built_from_a_checkout_without_remote_carries_no_local_path(mon
     from dockyard.images import variants
 
     s = Settings()
-    argv = build.build_plan(s, variants.resolve(s, "cpu")[0]).steps[0][0]
+    argv = build.build_steps(s, variants.resolve(s, "cpu")[0]).steps[0][0]
     assert not [a for a in argv if "org.opencontainers.image.source" in a or str(ROOT) + "=" in a]
 
 

@@ -27,7 +27,7 @@ def files(tmp_path):
 def _argv(settings, tmp_path, recipe="ddp", overrides=(), **kw):
     v = variants.resolve(settings, "cpu")[0]
     t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v)
-    return launch_run.plan_run(settings, recipe=recipe, variant=v, host=Host(), engine_info={}, topo=t,
+    return launch_run.run_command(settings, recipe=recipe, variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **kw).argv
 
 

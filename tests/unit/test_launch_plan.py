@@ -21,7 +21,7 @@ def _plan(settings, tmp_path, variant="cu132", host=TWO_GPUS, info=NVIDIA_ENGINE
     v = variants.resolve(settings, variant)[0]
     t = launch_run.validate_topology(topo.pop("nproc", 0), topo.pop("nodes", 1), topo.pop("node_rank", 0),
                                  topo.pop("master_addr", ""), topo.pop("master_port", 29500), host, v)
-    return launch_run.plan_run(settings, recipe="zero2", variant=v, host=host, engine_info=info, topo=t,
+    return launch_run.run_command(settings, recipe="zero2", variant=v, host=host, engine_info=info, topo=t,
                            run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **topo)
 
 
@@ -64,7 +64,7 @@ def _two_nodes(settings, tmp_path, node_rank, ib_root):
     t.rendezvous = multinode.rendezvous(master_addr="10.1.2.3", master_port=29600, node_rank=node_rank, run_id="exp1",
                                         join_timeout=90, max_restarts=1,
                                         routes={"iface": "ens5", "addr": f"10.1.2.{3 + node_rank}"})
-    return launch_run.plan_run(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
+    return launch_run.run_command(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
                            run_dir=tmp_path / "runs" / "exp1", overrides=[], ib_root=ib_root)
 
 
@@ -121,7 +121,7 @@ def test_cuda_image_on_a_host_without_gpus_trains_on_cpu_only_when_asked(setting
     with pytest.raises(DockyardError, match="needs NVIDIA GPUs.*--variant=cpu.*--cpu"):
         launch_run.validate_topology(0, 1, 0, "", 29500, Host(error="NVML unavailable"), v)
     t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v, cpu=True)
-    argv = launch_run.plan_run(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
+    argv = launch_run.run_command(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "r", overrides=[], cpu=True).argv
     assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in argv, "DeepSpeed must not look for a GPU"
     assert _after_image(argv, "dockyard:0.1.0-cu132")[1] == f"--nproc-per-node={launch_run.CPU_NPROC}"
@@ -131,7 +131,7 @@ def test_unknown_recipe_lists_valid_names(settings, tmp_path):
     v = variants.resolve(settings, "cpu")[0]
     t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v)
     with pytest.raises(DockyardError, match=r"zero2"):
-        launch_run.plan_run(settings, recipe="zero9", variant=v, host=Host(), engine_info={}, topo=t,
+        launch_run.run_command(settings, recipe="zero9", variant=v, host=Host(), engine_info={}, topo=t,
                         run_dir=tmp_path / "r", overrides=[])
 
 

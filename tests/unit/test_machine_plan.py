@@ -19,6 +19,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import list_recipes, load_recipe, recipe_names
 from dockyard.common.units import GIB
 from dockyard.machine import planner
+from tests.support.cli import INVOKE
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
@@ -203,7 +204,7 @@ def test_every_strategy_has_a_recipe_folder():
 
 
 def test_invoke_plan_as_a_user_runs_it():
-    base = [sys.executable, "-m", "invoke", "plan", "--gpus=8", "--gpu-mem=80", "--cpu-mem=512"]
+    base = [*INVOKE, "plan", "--gpus=8", "--gpu-mem=80", "--cpu-mem=512"]
     proc = subprocess.run(base + [f"--model={LLAMA_8B}", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)

@@ -78,9 +78,9 @@ def test_every_secret_pattern_has_its_case():
 
 
 def test_drift_lists_packages_changed_by_hand_against_the_lock():
-    pins = variants.lock_pins(LOCK)
+    pins = variants.parse_lock_pins(LOCK)
     assert pins == {"accelerate": "1.15.0", "peft": "0.21.2", "torch": "2.13.0+cpu", "typing-extensions": "4.12.2"}
-    assert variants.lock_pins("Zope.Interface==7.1 \\\n    --hash=sha256:dd\n") == {"zope-interface": "7.1"}
+    assert variants.parse_lock_pins("Zope.Interface==7.1 \\\n    --hash=sha256:dd\n") == {"zope-interface": "7.1"}
     assert commit.drift(commit.parse_diff(DIFF), pins) == [
         "peft==0.22.0 (lock: 0.21.2)", "requests==2.32.3 (lock: absent)", "-accelerate (lock: 1.15.0)"]
 

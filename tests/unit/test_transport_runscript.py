@@ -58,7 +58,7 @@ def test_run_sh_is_valid_posix_sh(settings, tmp_path):
 def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, settings, tmp_path):
     _, argv = node("--recipe=ddp", "--run-id=r1", "--", "--max_steps", "2")
     v = variants.resolve(settings, "cpu")[0]
-    plan = launch_run.plan_run(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
+    plan = launch_run.run_command(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
                            topo=launch_run.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1",
                            overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
                            checkout_recipes=False)
