@@ -108,11 +108,12 @@ def run(c, recipe="zero2", variant="auto", nproc: Count = 0, nodes: Nodes = 1, n
     Trainer overrides go after `--`, e.g. `invoke run --recipe=zero2 -- --max_steps 50 --learning_rate 1e-4`."""
     from dockyard.launch import run as launch_run
 
-    launch_run.run(_settings(c), recipe=recipe, variant=variant, nproc=nproc, nodes=nodes,
-               node_rank=node_rank, master_addr=master_addr, master_port=master_port, run_id=run_id,
-               resume=resume, disable_require=disable_require, native=native, dry=dry, overrides=_remainder(c),
-               cpu=cpu, gpus=str(gpus), data=data, model=model, iface=iface, join_timeout=join_timeout,
-               max_restarts=max_restarts)
+    request = launch_run.RunRequest(
+        recipe=recipe, variant=variant, nproc=nproc, nodes=nodes, node_rank=node_rank, master_addr=master_addr,
+        master_port=master_port, run_id=run_id, resume=resume, dry=dry, native=native, cpu=cpu,
+        disable_require=disable_require, gpus=str(gpus), data=data, model=model, iface=iface,
+        join_timeout=join_timeout, max_restarts=max_restarts, overrides=tuple(_remainder(c)))
+    launch_run.run(_settings(c), request)
 
 
 def _remainder(c) -> list[str]:

@@ -258,73 +258,96 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     return m.model_dump()
 
 
-def run(settings: Settings, *, recipe: str = "zero2", variant: str = "auto", nproc: int = 0, nodes: int = 1,
-        node_rank: int = 0, master_addr: str = "", master_port: int = 29500, run_id: str = "",
-        disable_require: bool = False, native: bool = False, resume: bool = False, dry: bool = False,
-        overrides: list[str] | None = None, cpu: bool = False, gpus: str = "", data: str = "",
-        model: str = "", iface: str = "", join_timeout: int = multinode.JOIN_TIMEOUT,
-        max_restarts: int = 0) -> dict | None:
-    overrides = list(overrides or [])
-    host = select(probe(), gpus)
-    chosen, why = variants.resolve(settings, variant, host)
+@dataclass(frozen=True)
+class RunRequest:
+    """What `invoke run` was asked, its flags already checked (dockyard/flags.py): the one object tasks.py passes."""
+
+    recipe: str = "zero2"
+    variant: str = "auto"
+    nproc: int = 0
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 29500
+    run_id: str = ""
+    resume: bool = False
+    dry: bool = False
+    native: bool = False
+    cpu: bool = False
+    disable_require: bool = False
+    gpus: str = ""
+    data: str = ""
+    model: str = ""
+    iface: str = ""
+    join_timeout: int = multinode.JOIN_TIMEOUT
+    max_restarts: int = 0
+    overrides: tuple[str, ...] = ()
+
+
+def run(settings: Settings, r: RunRequest) -> dict | None:
+    """`invoke run`: validate the request (topology, what the trainer would refuse, disk), then dispatch it: print
+    the command (--dry), or run it and summarise the run from its manifest."""
+    overrides = list(r.overrides)
+    host = select(probe(), r.gpus)
+    chosen, why = variants.resolve(settings, r.variant, host)
     print(why)
-    topo = validate_topology(nproc, nodes, node_rank, master_addr, master_port, host, chosen, cpu)
-    if nodes > 1:
-        topo.rendezvous = multinode.rendezvous(master_addr=master_addr, master_port=master_port, node_rank=node_rank,
-                                               run_id=run_id, join_timeout=join_timeout,
-                                               max_restarts=max_restarts, iface=iface)
+    topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
+    if r.nodes > 1:
+        topo.rendezvous = multinode.rendezvous(master_addr=r.master_addr, master_port=r.master_port, node_rank=r.node_rank,
+                                               run_id=r.run_id, join_timeout=r.join_timeout,
+                                               max_restarts=r.max_restarts, iface=r.iface)
     from dockyard.launch import preflight
 
     # a bad --recipe is reported as such, not through the run id derived from it; then what the trainer would refuse
-    preflight.check_run(settings, recipe=recipe, overrides=overrides, resume=resume, run_id=run_id, data=data,
-                        model=model, gpus_in_effect=chosen.is_cuda and not cpu)
-    run_dir = new_run_dir(settings, recipe, run_id, resume, node_rank)
+    preflight.check_run(settings, recipe=r.recipe, overrides=overrides, resume=r.resume, run_id=r.run_id, data=r.data,
+                        model=r.model, gpus_in_effect=chosen.is_cuda and not r.cpu)
+    run_dir = new_run_dir(settings, r.recipe, r.run_id, r.resume, r.node_rank)
     from dockyard.machine import disk
 
-    need = disk.check_before_run(settings, recipe, overrides, model=model, run_dir=run_dir,
-                                 gpu=chosen.is_cuda and not cpu, resume=resume)
+    need = disk.check_before_run(settings, r.recipe, overrides, model=r.model, run_dir=run_dir,
+                                 gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
-    if native:
-        plan = native_command(settings, recipe=recipe, topo=topo, run_dir=run_dir, overrides=overrides,
-                           resume=resume, cpu=cpu or not chosen.is_cuda, data=data, model=model)
+    if r.native:
+        plan = native_command(settings, recipe=r.recipe, topo=topo, run_dir=run_dir, overrides=overrides,
+                           resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model)
     else:
         info, image = {}, {}
-        if dry:
+        if r.dry:
             image = _image_if_there(settings, variants.tag(settings, chosen))
         else:
             info = engine.engine_info(settings)
             image = engine.image_inspect(settings, variants.tag(settings, chosen))
             if not image:
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
-                                    f"--variant={chosen.name}` (or `invoke build run --recipe={recipe}`)")
+                                    f"--variant={chosen.name}` (or `invoke build run --recipe={r.recipe}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
-        plan = run_command(settings, recipe=recipe, variant=chosen, host=host, engine_info=info, topo=topo,
-                        run_dir=run_dir, overrides=overrides, resume=resume, disable_require=disable_require,
+        plan = run_command(settings, recipe=r.recipe, variant=chosen, host=host, engine_info=info, topo=topo,
+                        run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
                         image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
-                        cpu=cpu, data=data, model=model)
-    if dry:
+                        cpu=r.cpu, data=r.data, model=r.model)
+    if r.dry:
         engine.echo(plan.argv, plan.env)
         return None
-    made = not resume and node_rank == 0
+    made = not r.resume and r.node_rank == 0
     if made:
-        # One os.mkdir (or, on a folder the other nodes share, one O_EXCL file): of two runs given the same
+        # One os.mkdir (or, on a folder the other r.nodes share, one O_EXCL file): of two runs given the same
         # --run-id at once, one gets the folder and the other stops here, touching nothing of it.
-        runfolder.claim(run_dir, CLAIM if nodes > 1 else None)
+        runfolder.claim(run_dir, CLAIM if r.nodes > 1 else None)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
     from dockyard.machine import monitor
 
-    with monitor.watch(run_dir, node_rank=node_rank):
+    with monitor.watch(run_dir, node_rank=r.node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
-    wrote = [n for n in ("train.log", runfolder.manifest_file(node_rank)) if os.path.lexists(run_dir / n)]
+    wrote = [n for n in ("train.log", runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
     if proc.returncode and made and not wrote:
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
         shutil.rmtree(run_dir, ignore_errors=True)
         raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
                             f"nothing was kept, so the same command can be run again")
-    return summarise(run_dir, node_rank)
+    return summarise(run_dir, r.node_rank)
 
 
 def _image_if_there(settings: Settings, tag: str) -> dict:

@@ -27,7 +27,7 @@ def replay(monkeypatch):
 
 
 def dry_run(settings, capsys, **kw):
-    launch_run.run(settings, recipe="ddp", dry=True, **kw)
+    launch_run.run(settings, launch_run.RunRequest(recipe="ddp", dry=True, **kw))
     out = capsys.readouterr()
     return out.out + out.err  # the command is echoed on stderr
 
