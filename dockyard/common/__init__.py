@@ -1,6 +1,11 @@
-"""Torch-free modules read by both worlds: the host tasks and the trainer in the image.
+"""Torch-free modules read by both worlds: the host tasks and the trainer in the image. They import nothing of
+dockyard but each other (tests/unit/test_layers.py holds that).
 
   errors        DockyardError, the one error type: a short message that says how to fix it
   recipes       the recipe registry: what each strategy is (engine, stage, offload, adapters)
+  run_settings  a run's settings: recipes/defaults.yaml + the recipe's file + the trainer overrides
   model_config  a model folder's config.json -> its shape (no weights read)
+  data_files    what the trainer reads as data (file kinds, hub ids), so `invoke run --dry` checks it the same way
+  runfolder     the run folder's contract: its file names, and reading and writing them without following a link
+  units         GIB
 """

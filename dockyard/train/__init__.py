@@ -1,16 +1,19 @@
 """The image side: the trainer `invoke run` starts in the container (`python -m dockyard.train`).
 
 Needs the training stack (torch, transformers, DeepSpeed, PEFT); the host side of the project never imports
-it. What it shares with the host is torch-free: dockyard.common (the recipe registry, DockyardError, model_config,
-units) and the memory model of dockyard.machine.planner (its prediction goes next to the measured peak).
+it. What it shares with the host is torch-free: dockyard.common (the recipe registry, the run settings, the run
+folder's contract, DockyardError, model_config, units) and the memory model of dockyard.machine.planner (its
+prediction goes next to the measured peak, and the auto micro-batch is chosen from it).
 
   __main__   main: open the run folder, training arguments, data, model, fit, measure, write the manifest
-  recipe     the run settings (recipes/defaults.yaml + recipe.yaml + overrides)
+  autos      the `auto` settings resolved on the GPU at hand (micro-batch, checkpointing, compile, Liger, ...)
   data       the user's data: formats detected, tokenised, eval split
   model      the model: made or loaded, precision, adapters, quantisation
   guards     what is refused before training (one process per GPU, host memory for offload, ...)
   strategy   the engine really in effect after the Trainer wrapped the model
-  callbacks  metrics per logging window, the strategy check
+  callbacks  metrics per logging window (tokens/s, MFU), checkpoints published, the strategy check
+  checkpoints  what a resume may unpickle (weights only, an allow-list)
+  mfu        FLOPs per token and GPU peaks: the one MFU formula
   nodes      several nodes: shared storage, a lost node named
   manifest   manifest.json and the checkpoint a resume continues from
   precision  bf16/fp16/fp32 from the GPU's compute capability
