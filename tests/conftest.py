@@ -22,10 +22,8 @@ from tests.support.cli import invoke
 def settings():
     import yaml
 
-    raw = yaml.safe_load((ROOT / "invoke.yaml").read_text())["dockyard"]
-    for key in raw:  # the same overrides Invoke applies to the tasks
-        raw[key] = os.environ.get(f"INVOKE_DOCKYARD_{key.upper()}", raw[key])
-    return settings_mod.load(raw)
+    # invoke.yaml, and the INVOKE_DOCKYARD_* overrides read by settings.load, as the tasks read them
+    return settings_mod.load(yaml.safe_load((ROOT / "invoke.yaml").read_text())["dockyard"])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from dockyard import ROOT, engine
 from dockyard.images import build, variants
-from tests.support.cli import invoke
+from tests.support.cli import docker, invoke
 
 pytestmark = pytest.mark.engine
-
-
-def _docker(settings, *args, check=True):
-    return subprocess.run(engine.docker(settings, *args), capture_output=True, text=True, check=check)
 
 
 def test_image_holds_what_its_labels_say(settings, cpu_image):
@@ -32,11 +27,11 @@ def test_image_holds_what_its_labels_say(settings, cpu_image):
     probe = ("import json, torch, deepspeed, transformers, peft, bitsandbytes;"
              "from deepspeed.git_version_info import installed_ops as o;"
              "print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__, 'ops': o}))")
-    out = json.loads(_docker(settings, "run", "--rm", cpu_image, "python", "-c", probe).stdout.strip().splitlines()[-1])
+    out = json.loads(docker(settings, "run", "--rm", cpu_image, "python", "-c", probe).stdout.strip().splitlines()[-1])
     assert out["torch"] == cpu.pins["torch"] and out["deepspeed"] == cpu.pins["deepspeed"]
     for op in ("cpu_adam", "deepspeed_shm_comm", "async_io"):
         assert out["ops"][op], f"DeepSpeed op {op} was asked for but is not built"
-    report = _docker(settings, "run", "--rm", cpu_image, "sh", "-c", "cat /opt/dockyard/ds_report.txt; ldconfig -p").stdout
+    report = docker(settings, "run", "--rm", cpu_image, "sh", "-c", "cat /opt/dockyard/ds_report.txt; ldconfig -p").stdout
     assert "DeepSpeed general environment info" in report and "libaio.so" in report
 
 
@@ -71,7 +66,7 @@ def _build_layers(settings, context: Path, ref: str) -> list[str]:
 
 def _top_layers_bytes(settings, ref: str, count: int) -> float:
     """Bytes of the `count` topmost layers that hold files (metadata steps like USER have none)."""
-    out = _docker(settings, "history", "--no-trunc", "--format", "{{json .}}", ref).stdout.splitlines()
+    out = docker(settings, "history", "--no-trunc", "--format", "{{json .}}", ref).stdout.splitlines()
     sized = [_bytes(json.loads(ln)["Size"]) for ln in out]
     return sum([b for b in sized if b > 0][:count])
 
@@ -104,7 +99,7 @@ def test_recipe_or_code_change_rebuilds_only_the_top_layers(settings, cpu_image,
         assert after_code[:-3] == base[:-3], "a code change may rebuild code, data and recipes layers, nothing below"
         assert after_code[-3] != base[-3]
     finally:
-        _docker(settings, "rmi", "-f", ref, check=False)
+        docker(settings, "rmi", "-f", ref, check=False)
 
 
 KERNEL = "__global__ void twice(float *x) { x[threadIdx.x] *= 2; }\nint main() { twice<<<1, 32>>>(0); return 0; }\n"
@@ -123,7 +118,7 @@ def test_cuda_image_holds_one_toolkit_that_matches_torch(settings, cuda_image):
     script = (f"python -c {shlex.quote(probe)} && printf {shlex.quote(KERNEL)} > /tmp/k.cu && cd /tmp"
               f" && nvcc -gencode arch=compute_90,code=sm_90 k.cu -o k -L$CUDA_HOME/lib64 && nvcc --version"
               f" && ls $CUDA_HOME/lib64/libcudart.so $CUDA_HOME/nvvm/bin/cicc")
-    r = _docker(settings, "run", "--rm", "--network", "none", cuda_image, "bash", "-c", script, check=False)
+    r = docker(settings, "run", "--rm", "--network", "none", cuda_image, "bash", "-c", script, check=False)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = json.loads(r.stdout.splitlines()[0])
     assert out["cuda"] == v.cuda and f"release {v.cuda}" in r.stdout
@@ -154,7 +149,7 @@ def test_the_image_user_is_made_on_bases_with_or_without_a_uid_1000(settings, ex
     before = f"useradd --create-home --uid 1000 {existing} && touch /home/{existing}/.kept && " if existing else ""
     check = ("id -u dockyard; id -gn dockyard; getent passwd dockyard | cut -d: -f6,7; "
              "stat -c %U /home/dockyard; ls -A /home /home/dockyard")
-    out = _docker(settings, "run", "--rm", "--user", "0", "-v", f"{ROOT / 'images' / 'add_user.sh'}:/tmp/add_user.sh:ro",
+    out = docker(settings, "run", "--rm", "--user", "0", "-v", f"{ROOT / 'images' / 'add_user.sh'}:/tmp/add_user.sh:ro",
                   settings.base_image_cpu, "sh", "-ec", f"{before}sh /tmp/add_user.sh >/dev/null; {check}").stdout.split()
     assert out[:4] == ["1000", "dockyard", "/home/dockyard:/bin/bash", "dockyard"]
     assert "ubuntu" not in out  # one user: the existing one renamed, with its group

@@ -51,7 +51,7 @@ def test_zero2_trains_and_saves_a_model_that_reloads(tmp_path):
     assert (run / "base" / "config.json").is_file()
 
 
-def test_ddp_trains(tmp_path):
+def test_ddp_trains_two_processes_and_saves_a_model_that_reloads(tmp_path):
     run = tmp_path / "run"
     train("ddp", run, *FAST)
     assert_trained(run, "ddp", "ddp", zero_stage=None)

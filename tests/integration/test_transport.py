@@ -22,14 +22,10 @@ import pytest
 
 from dockyard import engine
 from dockyard.settings import ROOT
-from tests.support.cli import INVOKE, invoke
+from tests.support.cli import INVOKE, docker, invoke
 
 pytestmark = pytest.mark.engine
 IMAGE = f"dockyard-xfer-test-{os.getpid()}"
-
-
-def _docker(settings, *args, check=True):
-    return subprocess.run(engine.docker(settings, *args), capture_output=True, text=True, check=check)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +53,9 @@ def images(settings, engine_ready, tmp_path_factory):
         refs.update({f"{v}_id": engine.image_inspect(settings, refs[v])["Id"] for v in ("v1", "v2")})
         yield refs
     finally:
-        tags = _docker(settings, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", IMAGE).stdout.split()
+        tags = docker(settings, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", IMAGE).stdout.split()
         if tags:
-            _docker(settings, "image", "rm", "-f", *tags, check=False)
+            docker(settings, "image", "rm", "-f", *tags, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -306,9 +302,9 @@ def test_a_target_folder_without_space_is_refused_before_writing(node, images, f
 
 def test_commit_refuses_a_planted_token_and_records_drift(settings, images):
     name, tag = f"{IMAGE}-commit", f"{IMAGE}:committed"
-    _docker(settings, "run", "-d", "--name", name, "--network", "none", images["v1"], "sleep", "600")
+    docker(settings, "run", "-d", "--name", name, "--network", "none", images["v1"], "sleep", "600")
     try:
-        _docker(settings, "exec", name, "sh", "-c",
+        docker(settings, "exec", name, "sh", "-c",
                 "mkdir -p /root/.cache/huggingface /opt/venv/lib/python3.11/site-packages/peft-0.99.0.dist-info"
                 " && echo hf_secret > /root/.cache/huggingface/token")
         r = invoke("commit", f"--container={name}", f"--tag={tag}")
@@ -316,7 +312,7 @@ def test_commit_refuses_a_planted_token_and_records_drift(settings, images):
         assert "/root/.cache/huggingface/token  (Hugging Face token)" in r.stderr and "--allow-secrets" in r.stderr
         assert engine.image_inspect(settings, tag) is None
 
-        _docker(settings, "exec", name, "rm", "/root/.cache/huggingface/token")
+        docker(settings, "exec", name, "rm", "/root/.cache/huggingface/token")
         r = invoke("commit", f"--container={name}", f"--tag={tag}")
         assert r.returncode == 0, r.stderr
         labels = engine.image_inspect(settings, tag)["Config"]["Labels"]
@@ -325,7 +321,7 @@ def test_commit_refuses_a_planted_token_and_records_drift(settings, images):
         assert labels["dockyard.commit.container"].startswith(name)
         assert "added" in labels["dockyard.commit.diff"] and "/opt/venv" in labels["dockyard.commit.diff"]
     finally:
-        _docker(settings, "rm", "-f", name, check=False)
+        docker(settings, "rm", "-f", name, check=False)
 
 
 def test_stream_mode_loads_on_node2_and_thin_sends_only_the_new_layer(node, images, ssh_env):
@@ -389,10 +385,10 @@ def test_cpu_image_end_to_end(node, cpu_image, ssh_env, tmp_path):
 def test_commit_refuses_tokens_in_the_environment_and_in_changed_files_without_showing_them(settings, images):
     name, tag = f"{IMAGE}-commit-env", f"{IMAGE}:committed-env"
     hf, aws = "hf_" + "Q7w8E9r0" * 5, "AKIA" + "ZYXWVUTSRQPONMLK"
-    _docker(settings, "run", "-d", "--name", name, "--network", "none", "-e", f"HF_TOKEN={hf}", images["v1"],
+    docker(settings, "run", "-d", "--name", name, "--network", "none", "-e", f"HF_TOKEN={hf}", images["v1"],
             "sleep", "600")
     try:
-        _docker(settings, "exec", name, "sh", "-c", f"mkdir -p /opt/work && echo 'key {aws}' > /opt/work/notes.txt")
+        docker(settings, "exec", name, "sh", "-c", f"mkdir -p /opt/work && echo 'key {aws}' > /opt/work/notes.txt")
         r = invoke("commit", f"--container={name}", f"--tag={tag}")
         assert r.returncode != 0 and "Traceback" not in r.stderr
         assert "env HF_TOKEN  (Hugging Face token)" in r.stderr
@@ -400,7 +396,7 @@ def test_commit_refuses_tokens_in_the_environment_and_in_changed_files_without_s
         assert hf not in r.stdout + r.stderr and aws not in r.stdout + r.stderr
         assert engine.image_inspect(settings, tag) is None
     finally:
-        _docker(settings, "rm", "-f", name, check=False)
+        docker(settings, "rm", "-f", name, check=False)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -9,12 +9,9 @@ import shutil
 
 from dockyard import ROOT
 from tests.support.cli import invoke
+from tests.support.training import manifest
 
 FEW = ["--max_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "2"]
-
-
-def _manifest(folder):
-    return json.loads((folder / "manifest.json").read_text())
 
 
 def test_data_model_and_an_edited_recipe_folder_are_mounted_and_recorded(cpu_image, tmp_path):
@@ -26,7 +23,7 @@ def test_data_model_and_an_edited_recipe_folder_are_mounted_and_recorded(cpu_ima
     r = invoke("run", "--variant=cpu", f"--recipe={recipe}", f"--data={data}", "--", *FEW, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     first = next((tmp_path / "runs").glob("mine-*"))
-    m = _manifest(first)
+    m = manifest(first)
     assert m["status"] == "completed" and m["metrics"]["steps"] == 2
     assert m["inputs"]["data"]["path"] == str(data) and m["inputs"]["data"]["inside"].startswith("/workspace/inputs/")
     assert m["inputs"]["data"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
@@ -37,7 +34,7 @@ def test_data_model_and_an_edited_recipe_folder_are_mounted_and_recorded(cpu_ima
     r = invoke("run", "--variant=cpu", f"--recipe={recipe}", "--run-id=second", f"--model={first / 'base'}",
                "--", *FEW, f"--data={data}", env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    m2 = _manifest(tmp_path / "runs" / "second")
+    m2 = manifest(tmp_path / "runs" / "second")
     assert m2["status"] == "completed" and m2["inputs"]["model"]["path"] == str(first / "base")
     assert m2["inputs"]["model"]["hash_of"] == "file list with sizes"
     assert m2["recipe_files"]["mine/recipe.yaml"] != m["recipe_files"]["mine/recipe.yaml"]
@@ -61,7 +58,7 @@ def test_an_edit_to_the_checkouts_defaults_applies_to_the_next_run_without_a_bui
     r = invoke("run", "--variant=cpu", "--recipe=ddp", "--run-id=edited", cwd=project,
                env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(project)})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    m = _manifest(tmp_path / "runs" / "edited")
+    m = manifest(tmp_path / "runs" / "edited")
     assert m["metrics"]["steps"] == 3, "the image's own defaults say 50"
     assert m["recipe_files"]["defaults.yaml"] == hashlib.sha256(defaults.read_bytes()).hexdigest()
     assert "warning" not in r.stderr
@@ -81,7 +78,7 @@ def test_run_sh_trains_on_the_air_gapped_node(node, cpu_image, tmp_path):
     got = node.ssh(f"cd {dist} && sh load.sh && sh run.sh --recipe=ddp --run-id=air --runs={runs} "
                    f"'--data={data}' -- --max_steps 2 --logging_steps 1", check=False, timeout=600)
     assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-3000:]
-    m = _manifest(runs / "air")
+    m = manifest(runs / "air")
     assert m["status"] == "completed" and m["world_size"] == 2 and m["metrics"]["steps"] == 2
     assert m["image"]["id"] == node.image_id(cpu_image) and m["variant"] == "cpu"
     assert m["inputs"]["data"]["path"] == str(data) and m["data"]["format"] == "prompt_completion"

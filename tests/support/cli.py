@@ -41,3 +41,10 @@ def invoke_here(*args: str, env: dict | None = None) -> subprocess.CompletedProc
         os.environ.clear()
         os.environ.update(saved_env)
     return subprocess.CompletedProcess(["invoke", *args], code, out.getvalue(), err.getvalue())
+
+
+def docker(settings, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The docker client the settings name, as tests call it directly (outside the tasks): text output captured."""
+    from dockyard import engine
+
+    return subprocess.run(engine.docker(settings, *args), capture_output=True, text=True, check=check)

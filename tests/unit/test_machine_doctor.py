@@ -72,7 +72,7 @@ def test_gpus_without_nvidia_runtime_fail_with_the_fix():
     assert "2 × NVIDIA A100-SXM4-80GB (80.0 GiB each), driver 570.124.06" in doctor.check_gpus(host).detail
 
 
-def test_topology():
+def test_doctor_names_nvlink_pairs_and_warns_of_gpus_across_sockets_without_p2p():
     nvlink = doctor.check_topology(*_host("two_gpus_one_idle.json"))
     assert nvlink.status == doctor.PASS and nvlink.detail == "NVLink: 0-1"
     no_p2p = doctor.check_topology(*_host("old_driver.json"))

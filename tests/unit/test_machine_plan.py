@@ -169,7 +169,7 @@ def test_parse_count(text, count):
     assert planner.parse_count(text) == count
 
 
-def test_user_errors():
+def test_a_bad_model_size_or_flag_gets_a_short_error_naming_the_fix():
     with pytest.raises(DockyardError, match="neither a folder nor a parameter count"):
         planner.shape_for("llama-8b")
     with pytest.raises(DockyardError, match="--model"):

@@ -10,7 +10,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.transport import layout
 
 
-def test_names_and_paths():
+def test_an_archive_set_is_named_after_its_images_and_a_foreign_file_is_refused():
     assert layout.archive_name(["dockyard:0.1.0-cpu"], "zstd", False) == "dockyard_0.1.0-cpu.tar.zst"
     assert layout.archive_name(["a:1", "reg/b:2"], "gzip", True) == "a_1+reg_b_2-thin.tar.gz"
     p = layout.ArchivePaths(Path("/d/x_1-thin.tar.zst"))

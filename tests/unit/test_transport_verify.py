@@ -48,7 +48,7 @@ def test_verify_refuses_damage(tmp_path, damage, message):
         load_mod.verify(Settings(), paths)
 
 
-def test_signatures(tmp_path):
+def test_an_unsigned_or_re_written_manifest_is_refused_and_a_signed_one_verifies(tmp_path):
     paths = make_set(tmp_path)
     good, other = keypair(tmp_path, "release"), keypair(tmp_path, "intruder")
     allowed = tmp_path / "allowed_signers"
