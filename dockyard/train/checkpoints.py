@@ -12,6 +12,7 @@ that calls os.system would run its code in the next `--resume` (DeepSpeed 0.19.8
 
 from __future__ import annotations
 
+import enum
 import importlib
 import os
 import pickle
@@ -49,7 +50,16 @@ def allow() -> list[str]:
             names.append(f"{module}.{name}")
         except (ImportError, AttributeError):
             continue
-    torch.serialization.add_safe_globals(found)
+    enums = tuple(c for c in found if isinstance(c, type) and issubclass(c, enum.Enum))
+
+    def enum_member(cls, name):
+        """`getattr` as a pickle uses it for an enum member by name (Python's own pickling of ZeroStageEnum in the
+        image writes `getattr(ZeroStageEnum, 'gradients')`): only a member of an allowed enum, nothing else."""
+        if cls in enums and isinstance(name, str) and name in cls.__members__:
+            return cls[name]
+        raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not a member of an enum the trainer allows")
+
+    torch.serialization.add_safe_globals([*found, (enum_member, "builtins.getattr")])
     return names
 
 

@@ -80,3 +80,27 @@ def test_torch_load_refuses_the_pickle_even_when_asked_for_a_full_unpickle(tmp_p
     assert not marker.exists()
     said = str(checkpoints.explain(e.value))
     assert "posix.system" in said and "\n" not in said
+
+
+class _ByName:
+    """What the image's Python writes for an enum member: getattr(Class, 'name') (protocol 2, as DeepSpeed saves)."""
+
+    def __init__(self, cls, name):
+        self.cls, self.name = cls, name
+
+    def __reduce__(self):
+        return (getattr, (self.cls, self.name))
+
+
+def test_an_enum_member_pickled_by_name_loads_and_no_other_getattr_does(tmp_path):
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    checkpoints.allow()
+    (tmp_path / "checkpoint-2").mkdir()
+    good, evil = tmp_path / "checkpoint-2" / "optim_states.pt", tmp_path / "evil.pt"
+    torch.save({"zero_stage": _ByName(ZeroStageEnum, "gradients")}, good, pickle_protocol=2)
+    torch.save({"x": _ByName(np.ndarray, "tofile")}, evil, pickle_protocol=2)
+    checkpoints.check(tmp_path / "checkpoint-2")  # a ZeRO checkpoint written by the image's Python is resumed
+    assert torch.load(good, weights_only=True) == {"zero_stage": ZeroStageEnum.gradients}
+    with pytest.raises(pickle.UnpicklingError, match="not a member of an enum the trainer allows"):
+        torch.load(evil, weights_only=True)
