@@ -12,20 +12,23 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field
 
 
-def _whole(v: object) -> object:
-    if isinstance(v, str):
-        if not re.fullmatch(r"[+-]?[0-9]+", v.strip()):
-            raise ValueError("expected a whole number, e.g. 4")
-        return v.strip()
-    return v
+def _text_as(pattern: str, hint: str):
+    """A validator that lets pydantic parse a typed number only when its text has this form (`two` or `nan` is
+    refused here, saying what was expected)."""
+    form = re.compile(pattern)
+
+    def check(v: object) -> object:
+        if isinstance(v, str):
+            if not form.fullmatch(v.strip()):
+                raise ValueError(hint)
+            return v.strip()
+        return v
+
+    return check
 
 
-def _decimal(v: object) -> object:
-    if isinstance(v, str):
-        if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", v.strip()):
-            raise ValueError("expected a number, e.g. 80 or 7.5")
-        return v.strip()
-    return v
+_whole = _text_as(r"[+-]?[0-9]+", "expected a whole number, e.g. 4")
+_decimal = _text_as(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", "expected a number, e.g. 80 or 7.5")
 
 
 Whole = BeforeValidator(_whole)

@@ -4,14 +4,12 @@ micro-batch of the 944M benchmark model fits the GPU it was planned for (no out-
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from dockyard.machine import planner
 from tests.support.measured import long_documents, make_measured_model
-from tests.support.training import FAST, LORA_LR, manifest, reload_logits, train
+from tests.support.training import FAST, LORA_LR, chat_data, manifest, reload_logits, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")]
 GPUS = torch.cuda.device_count()
@@ -65,10 +63,7 @@ def test_liger_kernels_train_where_installed(tmp_path):
 
 
 def test_padding_free_auto_packs_chat_data_on_the_gpu(tmp_path):
-    data = tmp_path / "chat.jsonl"
-    turns = [("What is two and two?", "Four."), ("Name a colour.", "Blue is a colour."), ("Say hi.", "Hi there!")]
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                            + "\n" for q, a in turns * 20))
+    data = chat_data(tmp_path / "chat.jsonl")
     run = tmp_path / "run"
     train("lora", run, *FAST, *LORA_LR, "--data", str(data), nproc=GPUS, gpu=True)
     m = manifest(run)

@@ -3,9 +3,7 @@ before and says so in the manifest; padding-free batches, set by hand, train cha
 
 from __future__ import annotations
 
-import json
-
-from tests.support.training import FAST, manifest, train
+from tests.support.training import FAST, chat_data, manifest, train
 
 AUTOS = ("global_batch", "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
          "torch_compile", "use_liger_kernel", "padding_free")
@@ -23,10 +21,7 @@ def test_on_cpu_every_auto_resolves_to_the_old_behaviour_and_the_manifest_says_w
 
 
 def test_padding_free_batches_train_chat_data(tmp_path):
-    data = tmp_path / "chat.jsonl"
-    turns = [("What is two and two?", "Four."), ("Name a colour.", "Blue is a colour."), ("Say hi.", "Hi there!")]
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                            + "\n" for q, a in turns * 20))
+    data = chat_data(tmp_path / "chat.jsonl")
     run = tmp_path / "run"
     train("ddp", run, *FAST, "--data", str(data), "--padding_free", "true", "--global_batch", "8")
     m = manifest(run)

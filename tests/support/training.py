@@ -47,6 +47,14 @@ def train(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: b
     return proc
 
 
+def chat_data(path: Path) -> Path:
+    """A small chat dataset (the `messages` format: short user/assistant turns), for the padding-free tests."""
+    turns = [("What is two and two?", "Four."), ("Name a colour.", "Blue is a colour."), ("Say hi.", "Hi there!")]
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+                            + "\n" for q, a in turns * 20))
+    return path
+
+
 def manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
