@@ -106,7 +106,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
                      key=lambda p: int(p.name[11:]))
     complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / "manifest.json").exists() or bool(started)
-    if resume and not complete and _failed(run_dir / "manifest.json"):
+    if resume and not complete and _failed(run_dir):
         return None
     if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
@@ -121,15 +121,14 @@ COMPLETE = "complete.json"  # written last, by rank 0, once every rank has saved
 
 def mark_complete(path: Path, step: int) -> None:
     """Publish a checkpoint: the marker appears whole (written aside, then renamed) or not at all."""
-    tmp = path / f".{COMPLETE}.tmp"
-    tmp.write_text(json.dumps({"step": step, "ranks_saved": "all"}) + "\n")
-    tmp.replace(path / COMPLETE)
+    runfolder.write(path, COMPLETE, json.dumps({"step": step, "ranks_saved": "all"}) + "\n")
 
 
-def _failed(path: Path) -> bool:
-    """The manifest at `path` says the run failed (read as untrusted: never through a link)."""
+def _failed(run_dir: Path) -> bool:
+    """The run's manifest says it failed (read as untrusted: never through a link)."""
     try:
-        return json.loads(runfolder.read_text(path.parent, path.name, runfolder.MANIFEST_LIMIT) or "{}").get("status") == "failed"
+        raw = json.loads(runfolder.read_text(run_dir, runfolder.MANIFEST, runfolder.MANIFEST_LIMIT) or "{}")
+        return raw.get("status") == "failed"
     except (OSError, ValueError, AttributeError, DockyardError):
         return False
 
