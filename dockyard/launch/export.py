@@ -68,7 +68,7 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
                 merge: bool) -> tuple[list[str], dict]:
     """The command that exports (pure but for checking the model folder): `docker run` of the run's image, or this
     host's Python for a native run. Every value taken from the manifest is checked first."""
-    m = m if isinstance(m, RunManifest) else runfolder.parse_manifest(m, run_dir / "manifest.json")
+    m = m if isinstance(m, RunManifest) else runfolder.parse_manifest(m, run_dir / runfolder.MANIFEST)
     if m.run_id != run_dir.name:
         raise DockyardError(f"{run_dir}/manifest.json is the manifest of run {m.run_id!r}, not of {run_dir.name!r}: "
                             "refused (a manifest is only read in its own run's folder)")

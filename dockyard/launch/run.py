@@ -341,7 +341,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
 
     with monitor.watch(run_dir, node_rank=r.node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
-    wrote = [n for n in ("train.log", runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
+    wrote = [n for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
     if proc.returncode and made and not wrote:
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -28,7 +28,7 @@ from dockyard.gpus import Reading, Source, reading_to_dict
 
 SAMPLES_FILE = "monitor.jsonl"
 VERDICT_FILE = "monitor.json"
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = runfolder.METRICS
 BUSY, IDLE = 50.0, 10.0  # percent: a device at or above BUSY works, one below IDLE waits
 CPU_BUSY = 25.0          # a CPU rank works from a quarter of a core: CPU hosts are shared, a waiting rank sits near 0
 LIVE_WINDOW = 30         # samples (seconds at the default interval) a live warning looks back on

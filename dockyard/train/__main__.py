@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
+from dockyard.common.runfolder import METRICS
 
 log = logging.getLogger("dockyard.train")
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
@@ -276,7 +277,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     run.doing("setting up the Trainer and its engine")
     check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = multiprocessing.Value("q", 0)
-    metrics = MetricsLog(run.opts.run_dir / "metrics.jsonl", run.is_main, run.started, tokens, *flops_and_peak(p))
+    metrics = MetricsLog(run.opts.run_dir / METRICS, run.is_main, run.started, tokens, *flops_and_peak(p))
     trainer = Trainer(model=p.model, args=p.args, train_dataset=p.examples, eval_dataset=p.eval_examples or None,
                       processing_class=p.tokenizer,
                       data_collator=(data.collate_packed(tokens) if p.padding_free
@@ -406,7 +407,7 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
-        handlers.append(logging.StreamHandler(runfolder.append(run_dir, "train.log")))  # never through a link
+        handlers.append(logging.StreamHandler(runfolder.append(run_dir, runfolder.TRAIN_LOG)))  # never through a link
     for h in handlers:
         h.setFormatter(fmt)
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)

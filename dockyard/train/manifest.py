@@ -26,7 +26,7 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def logged(run_dir: Path, name: str = "metrics.jsonl") -> list[dict[str, Any]]:
+def logged(run_dir: Path, name: str = runfolder.METRICS) -> list[dict[str, Any]]:
     """The lines of metrics.jsonl that are JSON objects with a step (a damaged line is skipped, not a crash)."""
     rows = []
     for line in (runfolder.read_text(run_dir, name) or "").splitlines():
@@ -94,7 +94,7 @@ def recipe_files(recipe: Any, defaults: Path) -> dict[str, str]:
             hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
-def write(run_dir: Path, manifest: dict[str, Any], name: str = "manifest.json") -> None:
+def write(run_dir: Path, manifest: dict[str, Any], name: str = runfolder.MANIFEST) -> None:
     runfolder.write(run_dir, name, json.dumps(manifest, indent=2) + "\n")  # never half-written, never via a link
 
 
@@ -105,7 +105,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
                      key=lambda p: int(p.name[11:]))
     complete = [p for p in started if complete_checkpoint(p)]
-    holds_run = (run_dir / "manifest.json").exists() or bool(started)
+    holds_run = (run_dir / runfolder.MANIFEST).exists() or bool(started)
     if resume and not complete and _failed(run_dir):
         return None
     if resume and not complete:
@@ -140,7 +140,7 @@ def complete_checkpoint(path: Path) -> bool:
     return (path / COMPLETE).is_file()
 
 
-def trim_metrics(run_dir: Path, step: int, name: str = "metrics.jsonl") -> None:
+def trim_metrics(run_dir: Path, step: int, name: str = runfolder.METRICS) -> None:
     """On resume, drop the lines logged after the checkpoint: those steps run again."""
     if runfolder.read(run_dir, name) is not None:
         runfolder.write(run_dir, name, "".join(json.dumps(row) + "\n" for row in logged(run_dir, name)

@@ -40,7 +40,9 @@ def test_fsdp_cpu_ram_efficient_loading_is_set_before_the_model_loads(tmp_path, 
     from transformers.integrations.fsdp import is_fsdp_enabled
 
     for k in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "")  # recorded, so the teardown also removes what training_arguments sets below
+        monkeypatch.delenv(k)      # (a delenv of an absent variable records nothing: the FSDP flags leaked into
+                                   # the later tests' torchrun runs, which then asked for an accelerator)
     cpu_arguments("fsdp", {}, tmp_path)  # what the trainer runs before from_pretrained
     assert os.environ.get("ACCELERATE_USE_FSDP") == "true"
     monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
