@@ -430,7 +430,8 @@ def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
     peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
     tied = bool(getattr(getattr(p.model, "config", None), "tie_word_embeddings", False))
     flops = mfu.flops_per_token(parameters=p.shape.params, vocab=p.shape.vocab, hidden=p.shape.hidden,
-                                layers=p.shape.layers, tied=tied, adapters=bool(p.recipe.peft),
+                                attention_width=p.shape.q_width, layers=p.shape.layers, tied=tied,
+                                adapters=bool(p.recipe.peft),
                                 seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))
     return flops, peak
 

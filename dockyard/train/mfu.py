@@ -2,7 +2,8 @@
 formula: the trainer's metrics (metrics.jsonl, manifest.json) and benchmarks/ both use it.
 
 Per token (PaLM's accounting, appendix B): 6·N for the weight matmuls (forward 2N, backward 2N for the activation
-gradients and 2N for the weight gradients) plus 12·L·d·S for attention scores and values. N counts every matmul
+gradients and 2N for the weight gradients) plus 12·L·q·S for attention scores and values, q the width attention
+runs at (heads × head_dim: the hidden size in most models, not in all). N counts every matmul
 weight: the input embedding is a lookup, not a matmul, so it is left out (a tied output head still multiplies, so it
 stays in). With adapters (LoRA, QLoRA) the frozen base gets no weight gradients: 4·N, the adapters' own FLOPs being
 negligible. Recomputation under gradient checkpointing is not useful work and is not counted. S is the length
@@ -36,10 +37,11 @@ def peak_flops(device_name: str, dtype: str) -> float | None:
 
 
 def flops_per_token(*, parameters: int, vocab: int, hidden: int, layers: int, seq_len: float, tied: bool,
-                    adapters: bool) -> float:
-    """Training FLOPs per token of a decoder of `parameters` (all of them, embeddings included)."""
+                    adapters: bool, attention_width: int = 0) -> float:
+    """Training FLOPs per token of a decoder of `parameters` (all of them, embeddings included); `attention_width`:
+    heads × head_dim where it differs from `hidden`."""
     matmul = parameters - (0 if tied else vocab * hidden)
-    return (4 if adapters else 6) * matmul + 12 * layers * hidden * seq_len
+    return (4 if adapters else 6) * matmul + 12 * layers * (attention_width or hidden) * seq_len
 
 
 def attention_length(lengths: list[int]) -> float:

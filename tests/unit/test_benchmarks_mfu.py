@@ -17,6 +17,28 @@ def test_flops_per_token_leaves_out_the_input_embedding_and_adds_attention():
                            adapters=False) == 6_153_600
 
 
+def test_attention_counts_at_the_width_attention_runs_at():
+    """A model whose heads × head_dim (512) is narrower than its hidden size (2048), as benchmarks/recipes.py's ONE_B:
+    attention does 12 · layers · 512 · S, not 12 · layers · 2048 · S (which overstated its MFU by ~15 %)."""
+    narrow = flops_per_token(parameters=1_000_000, vocab=100, hidden=2048, layers=2, seq_len=128, tied=True,
+                             adapters=False, attention_width=512)
+    assert narrow == 6 * 1_000_000 + 12 * 2 * 512 * 128
+
+
+def test_the_benchmark_models_attention_width_is_read_from_its_config(tmp_path):
+    """The benchmark model is the tiny test model's config with ONE_B's sizes: its head_dim stays the tiny one's, so
+    its attention runs narrower than its hidden size, and MFU must read that from the saved config."""
+    from transformers import AutoConfig
+
+    from benchmarks.recipes import ONE_B, TINY_MODEL
+    from dockyard.machine import planner
+
+    config = AutoConfig.from_pretrained(TINY_MODEL, **ONE_B)
+    config.save_pretrained(tmp_path)
+    shape = planner.shape_from_folder(tmp_path)
+    assert shape.q_width == config.num_attention_heads * config.head_dim != config.hidden_size
+
+
 def test_peak_is_looked_up_by_the_exact_part():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
     assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
