@@ -49,16 +49,19 @@ def wheelhouse(c, variant="auto", dry=False):
 
 @task(help={"variant": "auto (default): the newest CUDA variant the driver supports, else cpu",
             "no_cache": "rebuild every layer",
+            "devel": "build FROM the variant's registry CUDA devel image (nvcc inside: DeepSpeed's CUDA ops, "
+                     "your own kernels) instead of the Debian base; needs that image pulled or loaded",
             "dry": "print the exact commands and build nothing"})
-def build(c, variant="auto", no_cache=False, dry=False):
+def build(c, variant="auto", no_cache=False, devel=False, dry=False):
     """Build the image of a variant, tagged dockyard:<version>-<variant>.
 
     Fetches the wheelhouse first when it is missing. DeepSpeed ops are compiled in the image and the build
-    fails if one is missing, or if torch/triton/deepspeed differ from the pins.
+    fails if one is missing, or if torch/triton/deepspeed differ from the pins. The image's labels list the
+    ops it holds (dockyard.ds_ops) and the GPU architectures its torch has code for (dockyard.cuda_archs).
     """
     from dockyard.images import build as build_mod
 
-    build_mod.build(_settings(c), variant, no_cache=no_cache, dry=dry)
+    build_mod.build(_settings(c), variant, no_cache=no_cache, devel=devel, dry=dry)
 
 
 @task(help={"mirror": "Debian mirror for the cpu base image (default: deb.debian.org)",

@@ -2,7 +2,7 @@
 naive single-stage Dockerfile doing the same installs. All measured in one run, side by side.
 
     python -m benchmarks.build [--variant=cpu] [--skip-cold]
-    python -m benchmarks.build --variant=cu132 [--skip-cold]     # a CUDA variant: the section below
+    python -m benchmarks.build --variant=cuda [--skip-cold]      # every CUDA variant side by side (or --variant=cu128)
     python -m benchmarks.build --variant=cpu --ops                # DeepSpeed's ops: serial vs ninja
 
 Targets (issue 2): a recipe- or code-only rebuild under 10 s and under 1 MB of new layers.
@@ -96,8 +96,8 @@ def cuda_row(s, v, skip_cold: bool) -> dict:
         save_s = time.perf_counter() - t
         archive = next(Path(tmp, "dist").glob("*.tar.zst")).stat().st_size
     subprocess.run(engine.docker(s, "rmi", "-f", ref), capture_output=True)
-    return {"variant": v.name, "cuda": v.cuda, "cold": cold, "cached": skip_cold, "size": size, "archive": archive,
-            "save_s": save_s, "dup": dup, "toolkit": toolkit, "devel": size + dup}
+    return {"variant": v.name, "cuda": v.cuda, "nvcc": v.toolkit, "cold": cold, "cached": skip_cold, "size": size,
+            "archive": archive, "save_s": save_s, "dup": dup, "toolkit": toolkit, "devel": size + dup}
 
 
 OPS_STEP = re.compile(r"^#(\d+) \[deepspeed-build [^\]]*\] RUN ")
@@ -148,7 +148,8 @@ def write_cuda_section(rows: list[dict]) -> str:
              "| toolkit wheels GB | same stack on devel base ≥ GB | image / devel |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['variant']} (CUDA {r['cuda']}) | {r['cold']:.0f}{' (cache kept)' if r['cached'] else ''} "
+        lines.append(f"| {r['variant']} (CUDA {r['cuda']}, nvcc: {r['nvcc'] or 'none'}) "
+                     f"| {r['cold']:.0f}{' (cache kept)' if r['cached'] else ''} "
                      f"| {r['size'] / 1e9:.2f} | {r['archive'] / 1e9:.2f} ({r['save_s']:.0f}) | {r['dup'] / 1e9:.2f} "
                      f"| {r['toolkit'] / 1e9:.2f} | {r['devel'] / 1e9:.2f} | {r['size'] / r['devel']:.2f} |")
     newest = max(rows, key=lambda r: variants.cuda_version(r["cuda"]))
@@ -160,13 +161,19 @@ def write_cuda_section(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--variant", default="cpu")
+    p.add_argument("--variant", default="cpu", help="a variant, or `cuda` for every CUDA variant side by side")
     p.add_argument("--skip-cold", action="store_true", help="reuse the build cache for the first build")
     p.add_argument("--ops", action="store_true", help="only the DeepSpeed ops compile: serial vs ninja")
     a = p.parse_args()
     s = settings_mod.load({"docker": os.environ.get("INVOKE_DOCKYARD_DOCKER", "")})
-    v = variants.resolve(s, a.variant)[0]
     out = report.RESULTS / "build.md"
+    if a.variant == "cuda":
+        rows = [cuda_row(s, v, a.skip_cold) for v in variants.all_variants(s).values() if v.is_cuda]
+        section = write_cuda_section(rows)
+        print(section)
+        out.write_text(replace_section(out.read_text() if out.exists() else "", "CUDA variants", section))
+        return
+    v = variants.resolve(s, a.variant)[0]
     if a.ops:
         section = ops_section(s, v)
         print(section)

@@ -17,8 +17,12 @@ import sysconfig
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+# The build runs this file alone (no dockyard package yet): dockyard.images.variants.OP_NAMES is the same table,
+# and tests/unit/test_build_plan.py keeps them equal.
 OP_NAMES = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io",
             "SHM_COMM": "deepspeed_shm_comm", "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
+BUILDERS = {"CPU_ADAM": "CPUAdamBuilder", "FUSED_ADAM": "FusedAdamBuilder", "AIO": "AsyncIOBuilder",
+            "SHM_COMM": "ShmCommBuilder", "CPU_LION": "CPULionBuilder", "CPU_ADAGRAD": "CPUAdagradBuilder"}
 
 
 def main() -> int:
@@ -31,6 +35,8 @@ def main() -> int:
     p.add_argument("--cuda", default="", help="the CUDA release the variant is labelled with (empty: cpu)")
     p.add_argument("--arch-list", default="", help="TORCH_CUDA_ARCH_LIST the ops were compiled for")
     p.add_argument("--allow-duplicate-cuda-libs", action="store_true", help="a registry base: warn only")
+    p.add_argument("--nvcc", action="store_true", help="the image has a CUDA compiler: check its release")
+    p.add_argument("--cuda-archs", default="", help="the GPU archs torch holds code for, as the label says")
     a = p.parse_args()
     problems = []
 
@@ -56,9 +62,12 @@ def main() -> int:
         name = OP_NAMES.get(op, op.lower())
         if not installed_ops.get(name):
             problems.append(f"DeepSpeed op {name} (DS_BUILD_{op}=1) was not built")
+        else:
+            problems += _op_loads(op, name)
 
     if a.cuda:
-        problems += cuda_problems(a.cuda, a.arch_list, a.ops.split(), a.allow_duplicate_cuda_libs)
+        problems += cuda_problems(a.cuda, a.arch_list, a.ops.split(), a.allow_duplicate_cuda_libs, a.nvcc)
+        problems += _torch_archs(a.cuda_archs)
 
     report = subprocess.run(["ds_report"], capture_output=True, text=True)
     with open(a.report, "w") as f:
@@ -81,20 +90,48 @@ CUDA_LIBS = re.compile(r"^(lib(?:cublas|cublasLt|cudnn\w*|nccl|cudart|cusparse|c
 SKIP_DIRS = {"/proc", "/sys", "/dev", "/tmp", "/wheels", "/dist"}
 
 
-def cuda_problems(cuda: str, arch_list: str, ops: list[str], allow_duplicates: bool) -> list[str]:
+def _op_loads(op: str, name: str) -> list[str]:
+    """A prebuilt op loads as DeepSpeed loads it at run time (its builder's load: the compiled module, no JIT),
+    here without a GPU: an op linked against a library the image lacks fails now, not in a user's run."""
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder(BUILDERS.get(op, ""))
+    if builder is None:
+        return [f"DeepSpeed op {name}: the {get_accelerator()._name} accelerator has no builder for it"]
+    try:
+        builder.load(verbose=False)
+    except Exception as e:  # noqa: BLE001 - whatever the import raises, the image is broken
+        return [f"DeepSpeed op {name} was built but does not load: {type(e).__name__}: {str(e)[-300:]}"]
+    return []
+
+
+def _torch_archs(expected: str) -> list[str]:
+    """The GPU architectures torch's own libraries hold code for are the ones the image's label promises (doctor
+    and `invoke run` refuse a GPU outside them)."""
+    import torch
+
+    flags = torch._C._cuda_getArchFlags().split()  # e.g. sm_75 ... sm_120 compute_120, compiled into libtorch_cuda
+    sass = [f"{f[3:-1]}.{f[-1]}" for f in flags if f.startswith("sm_")]
+    ptx = {f"{f[8:-1]}.{f[-1]}" for f in flags if f.startswith("compute_")}
+    have = ";".join(a + ("+PTX" if a in ptx else "") for a in sass)
+    if have != expected:
+        return [f"torch holds code for GPU archs {have or 'none'} ({' '.join(flags)}), the variant's torch_archs "
+                f"says {expected or 'nothing'}: set torch_archs in images/variants.yaml to what torch holds"]
+    return []
+
+
+def cuda_problems(cuda: str, arch_list: str, ops: list[str], allow_duplicates: bool, nvcc: bool) -> list[str]:
     import torch
 
     problems = []
     torch_cuda = torch.version.cuda or "none"
     if _major_minor(torch_cuda) != cuda:
         problems.append(f"torch is built for CUDA {torch_cuda}, the variant is labelled CUDA {cuda}")
-    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
-    m = re.search(r"release (\d+\.\d+)", nvcc.stdout)
-    if not m:
-        problems.append(f"nvcc did not run (CUDA_HOME={os.environ.get('CUDA_HOME')}): {nvcc.stderr.strip()[-300:]}")
-    elif m.group(1) != _major_minor(torch_cuda):
-        problems.append(f"nvcc is release {m.group(1)}, torch is built for CUDA {torch_cuda}: pin the toolkit "
-                        "wheels (nvidia-cuda-nvcc, -nvvm, -crt) to torch's CUDA release")
+    if nvcc:
+        problems += _nvcc_release(torch_cuda)
+    elif "FUSED_ADAM" in ops:
+        problems.append("FUSED_ADAM needs nvcc, and this image has none: drop it from ds_ops or build FROM a "
+                        "CUDA devel base (`invoke build --devel`)")
     if "FUSED_ADAM" in ops:
         problems += _op_archs("fused_adam_op", arch_list)
     problems += _bitsandbytes(torch_cuda)
@@ -105,6 +142,18 @@ def cuda_problems(cuda: str, arch_list: str, ops: list[str], allow_duplicates: b
               + "\n  ".join(duplicates), file=sys.stderr)
     elif duplicates:
         problems += [f"CUDA library present twice: {d}" for d in duplicates]
+    return problems
+
+
+def _nvcc_release(torch_cuda: str) -> list[str]:
+    problems = []
+    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+    m = re.search(r"release (\d+\.\d+)", nvcc.stdout)
+    if not m:
+        problems.append(f"nvcc did not run (CUDA_HOME={os.environ.get('CUDA_HOME')}): {nvcc.stderr.strip()[-300:]}")
+    elif m.group(1) != _major_minor(torch_cuda):
+        problems.append(f"nvcc is release {m.group(1)}, torch is built for CUDA {torch_cuda}: pin the toolkit "
+                        "wheels (nvidia-cuda-nvcc, -nvvm, -crt) to torch's CUDA release")
     return problems
 
 

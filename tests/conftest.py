@@ -48,13 +48,23 @@ def cpu_image(settings, engine_ready) -> str:
     return ref
 
 
+def _build(settings, variant) -> str:
+    r = invoke("build", f"--variant={variant.name}", timeout=3600)
+    assert r.returncode == 0, f"invoke build --variant={variant.name} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    ref = variants.tag(settings, variant)
+    assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
+    return ref
+
+
 @pytest.fixture(scope="session")
 def cuda_image(settings, engine_ready) -> str:
     """The newest CUDA variant's image, built for real once per session through `invoke build` (no GPU needed:
     the toolkit comes from the lock's wheels, the build checks run without one). Cold: see benchmarks/results."""
-    v = variants.newest_cuda(settings)
-    r = invoke("build", f"--variant={v.name}", timeout=3600)
-    assert r.returncode == 0, f"invoke build --variant={v.name} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    ref = variants.tag(settings, v)
-    assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
-    return ref
+    return _build(settings, variants.newest_cuda(settings))
+
+
+@pytest.fixture(scope="session")
+def cuda12_image(settings, engine_ready) -> str:
+    """The CUDA 12 variant's image (cu128: older drivers), built the same way from the same Debian base, without
+    nvcc (PyPI's CUDA 12 wheels have none): once per session, shared by its tests."""
+    return _build(settings, variants.oldest_cuda(settings))

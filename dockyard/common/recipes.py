@@ -287,6 +287,38 @@ def read_deepspeed_config(path: Path) -> dict:
     return cfg
 
 
+# The CUDA ops DeepSpeed loads for a config's `optimizer` section on GPUs (runtime/engine.py picks them): with the
+# optimizer offloaded to the CPU its host-side twin (compiled with g++, prebuilt in every image) is used instead.
+GPU_OPTIMIZER_OPS = {"adam": "fused_adam", "adamw": "fused_adam", "lamb": "fused_lamb", "lion": "fused_lion"}
+
+
+def deepspeed_cuda_ops(cfg: dict) -> dict[str, str]:
+    """The CUDA ops a DeepSpeed config makes DeepSpeed load on GPUs: op name → the setting that asks for it.
+    None without an `optimizer` section: the HF Trainer's torch AdamW is ZeRO's optimizer then."""
+    opt = cfg.get("optimizer")
+    if not isinstance(opt, dict):
+        return {}
+    kind = str(opt.get("type", "")).lower()
+    params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+    offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    offloaded = isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme")
+    if kind not in GPU_OPTIMIZER_OPS or offloaded or params.get("torch_adam") is True:
+        return {}
+    return {GPU_OPTIMIZER_OPS[kind]: f'"optimizer": {{"type": "{opt.get("type")}"}} without an offloaded optimizer'}
+
+
+def check_deepspeed_ops(cfg: dict, where: str, prebuilt: set[str], image: str) -> None:
+    """Refuse a config whose CUDA ops the image neither holds nor can compile (no nvcc in it), saying the ways out."""
+    missing = {op: why for op, why in deepspeed_cuda_ops(cfg).items() if op not in prebuilt}
+    if missing:
+        op, why = next(iter(missing.items()))
+        raise DockyardError(
+            f"{where}: {why} makes DeepSpeed load its CUDA op {op}, which {image} does not hold and cannot compile "
+            f"(it has no nvcc; prebuilt: {', '.join(sorted(prebuilt)) or 'none'}). Remove the `optimizer` section "
+            "(the Trainer's torch AdamW, fused, is used), or add \"torch_adam\": true to its params, or build the "
+            "image FROM a CUDA devel base: `invoke build --variant=<name> --devel`")
+
+
 def order(recipe: Recipe) -> tuple[int, int, str]:
     """Full fine-tuning first, from the fastest strategy to the slowest, then adapters; by name within."""
     return (list(ADAPTERS).index(recipe.peft) + 1 if recipe.peft else 0, list(STRATEGIES).index(recipe.strategy),

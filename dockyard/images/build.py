@@ -227,13 +227,15 @@ def build_steps(settings: Settings, variant: Variant, *, no_cache: bool = False,
         "EXPECT_TRITON": variant.pins["triton"],
         "EXPECT_DEEPSPEED": variant.pins["deepspeed"],
         "EXPECT_CUDA": variant.cuda,
-        # The default CUDA variant takes its toolkit from the lock's wheels; a registry base brings its own,
-        # along with a second copy of the CUDA libraries torch's wheels hold (the check then only warns).
-        "CUDA_TOOLKIT": "wheels" if variant.is_cuda and not variant.base else "none",
-        "ALLOW_DUPLICATE_CUDA_LIBS": "--allow-duplicate-cuda-libs" if variant.is_cuda and variant.base else "",
+        # nvcc from the lock's wheels (cu132); a registry base brings its own, along with a second copy of the
+        # CUDA libraries torch's wheels hold (the check then only warns); cu128 on the Debian base has none.
+        "CUDA_TOOLKIT": "wheels" if variant.toolkit == "wheels" else "none",
+        "CHECK_NVCC": "--nvcc" if variant.toolkit else "",
+        "ALLOW_DUPLICATE_CUDA_LIBS": "--allow-duplicate-cuda-libs" if variant.toolkit == "base" else "",
+        "EXPECT_CUDA_ARCHS": variants.cuda_archs(variant),
     }
     labels = variants.labels(variant, revision=revision, created=created, source=repository_url(),
-                             code=code_hash(context / "dockyard"))
+                             code=code_hash(context / "dockyard"), base=base_image(settings, variant))
     argv = engine.docker(settings, "build", "--progress=plain", "-f", str(context / "images" / "Dockerfile"),
                          "-t", ref or variants.tag(settings, variant))
     for k, v in args.items():
@@ -260,8 +262,12 @@ class _StepTracker:
             self.last = f"[{m.group('step')}] {m.group('what')[:120]}"
 
 
-def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dry: bool = False) -> str:
+def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, devel: bool = False,
+          dry: bool = False) -> str:
     variant, why = variants.resolve(settings, name)
+    if devel:
+        variant = variant.on_devel_base()
+        why += f", FROM its devel base {variant.base}"
     print(f"{why}")
     created = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
     wheels = wheelhouse_dir(settings, variant)

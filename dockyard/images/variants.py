@@ -22,6 +22,16 @@ PINNED = ("torch", "triton", "deepspeed", "bitsandbytes", "transformers", "peft"
           "datasets")
 
 
+class DevelBase(BaseModel):
+    """A variant's option to build FROM a registry CUDA devel image (nvcc inside) instead of the Debian base."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str
+    os_packages: list[str]
+    ds_ops: list[str]
+
+
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -32,12 +42,32 @@ class Variant(BaseModel):
     python: str
     os_packages: list[str]
     torch_cuda_arch_list: str
+    torch_archs: str = ""
     ds_ops: list[str]
+    devel: DevelBase | None = None
     pins: dict[str, str]
 
     @property
     def is_cuda(self) -> bool:
         return bool(self.cuda)
+
+    @property
+    def toolkit(self) -> str:
+        """Where a CUDA variant's nvcc comes from: "wheels" (pinned in the lock), "base" (a registry devel image),
+        or "" (none: cpu, or a CUDA image whose ops all build with the host compiler)."""
+        if not self.is_cuda:
+            return ""
+        if self.base:
+            return "base"
+        return "wheels" if any(p.startswith("nvidia-cuda-nvcc") for p in self.pins) else ""
+
+    def on_devel_base(self) -> Variant:
+        """This variant built FROM its registry devel base: same pins and lock, the base's nvcc for its ops."""
+        if self.devel is None:
+            raise DockyardError(f"variant {self.name} has no devel base (images/variants.yaml): build it without "
+                                "--devel, or add a `devel:` entry naming a registry CUDA devel image")
+        return self.model_copy(update={"base": self.devel.base, "os_packages": self.devel.os_packages,
+                                       "ds_ops": self.devel.ds_ops, "devel": None})
 
     @property
     def lock_file(self) -> Path:
@@ -85,10 +115,35 @@ def driver_runs(image_cuda: str, host_cuda: str) -> bool:
     return cuda_version(image_cuda)[0] <= cuda_version(host_cuda)[0]
 
 
+def arch_runs(archs: str, capability: str) -> bool:
+    """Whether a GPU of compute capability `capability` ("8.9") has code in a build for `archs` ("7.5;8.6;12.0+PTX"):
+    machine code of its major at or below its minor (sm_86 runs on 8.9), or PTX at or below it (JIT-compiled).
+    An unknown capability or a variant that declares no archs is given the benefit of the doubt."""
+    if not capability or not archs:
+        return True
+    have = cuda_version(capability)
+    for entry in re.split(r"[;\s]+", archs.strip()):
+        arch = cuda_version(entry.replace("+PTX", ""))
+        if (arch[0] == have[0] and arch <= have) or ("+PTX" in entry and arch <= have):
+            return True
+    return False
+
+
+def gpus_without_code(archs: str, host: Host) -> list[str]:
+    """The host's GPUs a build for `archs` has no code for, each as "GPU 0 (Tesla P100, 6.0)"."""
+    return [f"GPU {g.index} ({g.name}, {g.capability})" for g in host.gpus if not arch_runs(archs, g.capability)]
+
+
 def newest_cuda(settings: Settings) -> Variant:
     """The CUDA variant with the newest CUDA: what CI builds and checks for real."""
     cuda = [v for v in all_variants(settings).values() if v.is_cuda]
     return max(cuda, key=lambda v: cuda_version(v.cuda))
+
+
+def oldest_cuda(settings: Settings) -> Variant:
+    """The CUDA variant with the oldest CUDA (the one for older drivers): CI builds and checks it too."""
+    cuda = [v for v in all_variants(settings).values() if v.is_cuda]
+    return min(cuda, key=lambda v: cuda_version(v.cuda))
 
 
 def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
@@ -103,6 +158,13 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
             f"the driver {host.driver} supports CUDA {host.cuda}, older than every CUDA variant: {have}. "
             "Upgrade the driver, or add a variant for an older CUDA to images/variants.yaml."
         )
+    with_code = [v for v in fits if not gpus_without_code(cuda_archs(v), host)]
+    if not with_code:
+        have = ", ".join(f"{v.name} ({cuda_archs(v)})" for v in fits)
+        raise DockyardError(
+            f"no variant this driver runs has GPU code for {', '.join(gpus_without_code(cuda_archs(fits[0]), host))}: "
+            f"{have}. Use --gpus to leave that GPU out, or add a variant whose torch covers it to images/variants.yaml.")
+    fits = with_code
     best = max(fits, key=lambda v: cuda_version(v.cuda))
     return best, f"auto → {best.name}: {host.count} GPU(s), driver {host.driver} supports CUDA {host.cuda}"
 
@@ -148,9 +210,38 @@ def parse_lock_pins(text: str) -> dict[str, str]:
 
 
 CODE_LABEL = "dockyard.code"
+OPS_LABEL = "dockyard.ds_ops"
+ARCHS_LABEL = "dockyard.cuda_archs"
+TOOLKIT_LABEL = "dockyard.nvcc"  # where the image's nvcc comes from (wheels, base), empty when it has none
+
+# DeepSpeed's name of each op a ds_ops entry builds (DS_BUILD_<entry>=1).
+OP_NAMES = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",
+            "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
 
 
-def labels(variant: Variant, *, revision: str, created: str, source: str = "", code: str = "") -> dict[str, str]:
+def cuda_ops_the_image_can_load(variant: Variant, image_labels: dict | None) -> set[str] | None:
+    """The DeepSpeed ops a CUDA image can load on GPUs: its prebuilt ones when it has no nvcc to compile others,
+    None when it can compile (or is cpu). From the image's labels when it is built (a --devel build has nvcc)."""
+    labels = image_labels or {}
+    if OPS_LABEL in labels:
+        return None if labels.get(TOOLKIT_LABEL) else set(filter(None, labels[OPS_LABEL].split(",")))
+    if not variant.is_cuda or variant.toolkit:
+        return None
+    return set(ds_ops(variant).split(","))
+
+
+def cuda_archs(variant: Variant) -> str:
+    """The GPU architectures the variant's torch holds code for ("7.5;8.0;...;12.0+PTX"), checked by the build."""
+    return variant.torch_archs if variant.is_cuda else ""
+
+
+def ds_ops(variant: Variant) -> str:
+    """DeepSpeed's names of the ops prebuilt in the image, comma-separated (the label)."""
+    return ",".join(OP_NAMES.get(op, op.lower()) for op in variant.ds_ops)
+
+
+def labels(variant: Variant, *, revision: str, created: str, source: str = "", code: str = "",
+           base: str = "") -> dict[str, str]:
     """Every label the image carries: what is inside, and what it was built from (`source` only when there is
     a repository URL to give: a local checkout path would mean nothing on another host; `code`: the hash of the
     dockyard/ package copied in, which `invoke run` compares with the checkout's)."""
@@ -164,6 +255,10 @@ def labels(variant: Variant, *, revision: str, created: str, source: str = "", c
         "dockyard.bitsandbytes": variant.pins["bitsandbytes"],
         "dockyard.transformers": variant.pins["transformers"],
         "dockyard.lock": lock_hash(variant),
+        OPS_LABEL: ds_ops(variant),
+        TOOLKIT_LABEL: variant.toolkit,
+        ARCHS_LABEL: cuda_archs(variant),
+        **({"dockyard.base": base} if base else {}),
         **({CODE_LABEL: code} if code else {}),
         "org.opencontainers.image.title": "dockyard",
         "org.opencontainers.image.version": __version__,

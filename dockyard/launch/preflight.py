@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 
 from dockyard.common.errors import DockyardError
-from dockyard.common.recipes import load_recipe, strategy
+from dockyard.common.recipes import check_deepspeed_ops, load_recipe, read_deepspeed_config, strategy
 from dockyard.settings import ROOT, Settings
 
 TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
@@ -36,6 +36,15 @@ def check_run(settings: Settings, *, recipe: str, overrides: list[str], gpus_in_
                             "on CPU (invoke recipes)")
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
         check_input(key, value, where, settings)
+
+
+def check_cuda_ops(recipe: str, image: str, loadable: set[str] | None) -> None:
+    """A recipe whose DeepSpeed config needs a CUDA op the image can neither load nor compile is refused (GPU runs)."""
+    spec = load_recipe(recipe)
+    if loadable is None or not spec.deepspeed:
+        return
+    path = spec.file(spec.deepspeed)
+    check_deepspeed_ops(read_deepspeed_config(path), str(path), loadable, image)
 
 
 def training_argument_names() -> set[str]:

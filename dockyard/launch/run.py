@@ -108,6 +108,11 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
             f"image {variant.name} needs CUDA {variant.cuda} but driver {host.driver} supports CUDA {host.cuda}; "
             "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
             "forward compatibility applies (datacenter GPUs with the compat package)")
+    lacking = variants.gpus_without_code(variants.cuda_archs(variant), host)
+    if lacking:
+        raise DockyardError(
+            f"image {variant.name}'s torch has no code for {', '.join(lacking)} (it holds "
+            f"{variants.cuda_archs(variant)}): use --variant=auto (picks one that has), or --gpus to leave it out")
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -323,6 +328,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={r.recipe}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
+        if chosen.is_cuda and not r.cpu:
+            preflight.check_cuda_ops(r.recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
+                chosen, ((image or {}).get("Config") or {}).get("Labels")))
         plan = run_command(settings, recipe=r.recipe, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
                         image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),

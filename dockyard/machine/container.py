@@ -9,15 +9,13 @@ import re
 from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.common.units import GIB
+from dockyard.images import variants
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 
 SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
 STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
 DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~7 GB (cu132), and `docker load` unpacks a copy first
-# ds_ops names in images/variants.yaml → the op names ds_report prints
-DS_OPS = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",
-          "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
 REPORT = "/opt/dockyard/ds_report.txt"
 # What the probe container prints: /dev/shm and the data root's disk (the overlay root reports its backing
 # filesystem, so this works for a remote engine too), the ulimits, then the image's saved ds_report.
@@ -82,7 +80,7 @@ def check_ds_report(report: str, variant, image: str) -> Check:
     if not ops:
         return Check("deepspeed ops", WARN, f"{image} has no readable {REPORT}",
                      f"rebuild it: invoke build --variant={variant.name}")
-    wanted = [DS_OPS.get(op, op.lower()) for op in variant.ds_ops]
+    wanted = variants.ds_ops(variant).split(",")  # the op names ds_report prints
     missing = [op for op in wanted if not ops.get(op, (False, False))[0]]
     aio = ops.get("async_io", (False, False))
     libaio = "libaio found (async_io usable)" if aio[0] or aio[1] else "no libaio (async_io/NVMe offload unusable)"

@@ -140,8 +140,10 @@ def _min_driver(cuda: str) -> str:
     return f" (driver ≥ {variants.MIN_DRIVER[major]})" if major in variants.MIN_DRIVER else ""
 
 
-def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None]) -> list[Check]:
-    """Which variants the driver runs (the image's dockyard.cuda label when built), and what auto picks."""
+def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None],
+                   image_archs: dict[str, str | None] | None = None) -> list[Check]:
+    """Which variants the driver runs and have code for the GPUs (the image's dockyard.cuda and dockyard.cuda_archs
+    labels when built, else variants.yaml), and what auto picks."""
     out = []
     if host.gpus:
         for name, v in all_variants.items():
@@ -149,7 +151,12 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
                 continue
             label = image_cuda.get(name)
             cuda, where = (label, "image label") if label else (v.cuda, "variants.yaml; image not built")
-            if variants.driver_runs(cuda, host.cuda):
+            archs = (image_archs or {}).get(name) or variants.cuda_archs(v)
+            lacking = variants.gpus_without_code(archs, host)
+            if lacking:
+                out.append(Check(f"variant {name}", WARN, f"its torch has no code for {', '.join(lacking)} "
+                                 f"(it holds {archs})", f"auto skips {name} on this host; use another variant"))
+            elif variants.driver_runs(cuda, host.cuda):
                 out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
             else:
                 out.append(Check(f"variant {name}", WARN,
@@ -192,7 +199,8 @@ def run(settings: Settings, gpu_source: gpus.Recorded | None = None) -> list[Che
     images = {name: engine.image_inspect(settings, variants.tag(settings, v)) if info is not None else None
               for name, v in all_variants.items()}
     labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
-    checks += check_variants(all_variants, host, {n: ln.get("dockyard.cuda") for n, ln in labels.items()})
+    checks += check_variants(all_variants, host, {n: ln.get("dockyard.cuda") for n, ln in labels.items()},
+                             {n: ln.get(variants.ARCHS_LABEL) for n, ln in labels.items()})
     if info is None:
         return checks
     try:

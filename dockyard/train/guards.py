@@ -61,11 +61,25 @@ def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
     cfg = recipes.read_deepspeed_config(path)
     zero = cfg.get("zero_optimization", {})
     _validate_zero_section(path, zero)
+    _check_cuda_ops(cfg, path)
     if recipes.strategy(strategy).zero_stage == 3:
         # Without this ZeRO-3 saves a model file of a few KB: every rank holds only its shard.
         cfg = copy.deepcopy(cfg)
         cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     return cfg
+
+
+def _check_cuda_ops(cfg: dict[str, Any], path: Path) -> None:
+    """On GPUs, an op the config needs must be prebuilt when nothing here can compile it (an image without nvcc):
+    refused now rather than failing in DeepSpeed's JIT build minutes in."""
+    import torch
+    from torch.utils import cpp_extension
+
+    if not torch.cuda.is_available() or cpp_extension.CUDA_HOME is not None:
+        return
+    from deepspeed.git_version_info import installed_ops
+
+    recipes.check_deepspeed_ops(cfg, str(path), {k for k, v in installed_ops.items() if v}, "this image")
 
 
 def _validate_zero_section(path: Path, zero: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
-"""The newest CUDA image, built for real on this GPU-less host (the `cuda_image` fixture): its Python stack
-trains on CPU, and it moves to the second node as a full archive and then as a thin one.
+"""The CUDA images, built for real on this GPU-less host (the `cuda_image` fixture: cu132, the newest; `cuda12_image`:
+cu128, for CUDA 12 drivers, built without nvcc): their Python stacks train on CPU, and they move to the second node
+as full archives, the newest then as a thin one too.
 
 The GPU path itself (NCCL, fused_adam on a device, bitsandbytes' CUDA kernels) runs only in tests/gpu, on a
 host with GPUs: here `invoke run --cpu` trains in the CUDA image with gloo and DS_ACCELERATOR=cpu, which
@@ -24,19 +25,26 @@ TRAIN = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--max_seq_le
          "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--save_steps", "1000", "--logging_steps", "1"]
 
 
-@pytest.mark.parametrize("recipe, in_effect", [
-    ("ddp", {"engine": "ddp", "zero_stage": None}),
-    ("zero2", {"engine": "deepspeed", "zero_stage": 2}),
-    ("qlora", {"engine": "ddp"}),
+IMAGES = {"cuda_image": variants.newest_cuda, "cuda12_image": variants.oldest_cuda}
+
+
+@pytest.mark.parametrize("image, recipe, in_effect", [
+    ("cuda_image", "ddp", {"engine": "ddp", "zero_stage": None}),
+    ("cuda_image", "zero2", {"engine": "deepspeed", "zero_stage": 2}),
+    ("cuda_image", "qlora", {"engine": "ddp"}),
+    ("cuda12_image", "ddp", {"engine": "ddp", "zero_stage": None}),
+    ("cuda12_image", "zero2-offload", {"engine": "deepspeed", "zero_stage": 2, "offload_optimizer": "cpu"}),
+    ("cuda12_image", "qlora", {"engine": "ddp"}),
 ])
-def test_cuda_image_stack_trains_on_cpu_with_two_processes(settings, cuda_image, tmp_path, recipe, in_effect):
-    v = variants.newest_cuda(settings)
+def test_cuda_image_stack_trains_on_cpu_with_two_processes(settings, request, tmp_path, image, recipe, in_effect):
+    ref = request.getfixturevalue(image)
+    v = IMAGES[image](settings)
     r = invoke("run", f"--recipe={recipe}", f"--variant={v.name}", "--cpu", f"--run-id={recipe}", "--", *TRAIN,
                env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     m = json.loads((tmp_path / recipe / "manifest.json").read_text())
     assert m["status"] == "completed" and m["variant"] == v.name and m["world_size"] == 2
-    assert m["image"]["ref"] == cuda_image
+    assert m["image"]["ref"] == ref
     for key, value in in_effect.items():
         assert m["strategy"]["in_effect"][key] == value, (key, m["strategy"]["in_effect"])
     if recipe == "qlora":
@@ -76,3 +84,15 @@ def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda
         assert tail.stdout.strip() == "# a recipe-only change"
     finally:
         subprocess.run(engine.docker(settings, "rmi", "-f", v2), capture_output=True)
+
+
+def test_cuda12_image_loads_on_node2(settings, cuda12_image, node):
+    """cu128 moves like cu132: a full archive, verified and loaded by load.sh on the air-gapped node, same image id,
+    and there its prebuilt DeepSpeed ops load without a GPU."""
+    full, _ = _save(node.base / "cu128", cuda12_image)
+    r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
+    assert node.image_id(cuda12_image) == engine.image_inspect(settings, cuda12_image)["Id"], r.stdout + r.stderr
+    load = ("from deepspeed.accelerator import get_accelerator as a; "
+            "[a().create_op_builder(b).load() for b in ('CPUAdamBuilder', 'AsyncIOBuilder')]; print('ops load')")
+    ops = node.ssh(f"docker run --rm --network none {cuda12_image} python -c \"{load}\"", timeout=600)
+    assert ops.stdout.strip().endswith("ops load"), ops.stdout + ops.stderr

@@ -127,18 +127,24 @@ def test_cuda_image_holds_one_toolkit_that_matches_torch(settings, cuda_image):
     assert info["Size"] < 7e9, f"the CUDA image is {info['Size'] / 1e9:.2f} GB, the target is 7 GB"
 
 
-def test_cuda_variants_on_a_registry_base_build_where_the_base_is_present(settings, engine_ready):
-    """A variant naming a registry base (nvidia/cuda:*-devel) builds FROM it: only where it was pulled or loaded."""
-    named = [v for v in variants.all_variants(settings).values() if v.is_cuda and v.base]
-    present = [v for v in named if engine.image_inspect(settings, v.base)]
-    if not present:
-        pytest.skip(f"no registry base in this engine ({', '.join(v.base for v in named) or 'none named'}): "
-                    "no registry reachable here")
-    for v in present:
-        r = invoke("build", f"--variant={v.name}", timeout=3600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        labels = engine.image_inspect(settings, variants.tag(settings, v))["Config"]["Labels"]
-        assert labels["dockyard.cuda"] == v.cuda and labels["dockyard.triton"] == v.pins["triton"]
+def test_cuda12_image_holds_torchs_cuda_12_and_the_ops_the_host_compiler_builds(settings, cuda12_image):
+    """cu128 from the Debian base, no registry: torch's CUDA 12.8, bitsandbytes' cuda128 library, no nvcc, the
+    ops its labels list prebuilt (and nothing that needs nvcc), torch's GPU archs as the label says."""
+    v = variants.oldest_cuda(settings)
+    labels = engine.image_inspect(settings, cuda12_image)["Config"]["Labels"]
+    assert labels["dockyard.cuda"] == v.cuda == "12.8" and labels["dockyard.base"] == settings.base_image_cpu
+    assert labels["dockyard.ds_ops"] == "cpu_adam,async_io" and labels["dockyard.nvcc"] == ""
+    probe = ("import json, pathlib, torch, bitsandbytes; from deepspeed.git_version_info import installed_ops as o;"
+             "print(json.dumps({'cuda': torch.version.cuda, 'ops': o, 'archs': torch._C._cuda_getArchFlags(),"
+             "'bnb': [p.name for p in pathlib.Path(bitsandbytes.__file__).parent.glob('libbitsandbytes_*.so')]}))")
+    script = f"python -c {shlex.quote(probe)} && if command -v nvcc; then echo 'nvcc found'; fi"
+    r = docker(settings, "run", "--rm", "--network", "none", cuda12_image, "bash", "-c", script, check=False)
+    assert r.returncode == 0 and "nvcc found" not in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout.splitlines()[0])
+    assert out["cuda"] == "12.8" and sorted(out["bnb"]) == ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda128.so"]
+    assert out["ops"]["cpu_adam"] and out["ops"]["async_io"] and not out["ops"]["fused_adam"]
+    archs = [f"{a[3:-1]}.{a[-1]}" for a in out["archs"].split() if a.startswith("sm_")]
+    assert ";".join(archs) == labels["dockyard.cuda_archs"], (out["archs"], labels["dockyard.cuda_archs"])
 
 
 @pytest.mark.parametrize("existing", ["", "ubuntu"])

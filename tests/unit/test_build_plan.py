@@ -44,18 +44,38 @@ def test_cpu_build_uses_the_debootstrap_base_and_cpu_ops(settings):
     assert "--no-cache" in argv
 
 
+def test_cu128_builds_from_the_debian_base_without_nvcc_and_checks_what_it_holds(settings):
+    cu128 = variants.resolve(settings, "cu128")[0]
+    (argv, _), = build.build_steps(settings, cu128).steps
+    args, labels = _args(argv, "--build-arg"), _args(argv, "--label")
+    assert args["BASE_IMAGE"] == settings.base_image_cpu and args["CUDA_TOOLKIT"] == "none"
+    assert args["CHECK_NVCC"] == "" and args["DS_ACCELERATOR"] == "cuda" and args["BNB_CUDA"] == "128"
+    assert args["DOCKYARD_DS_OPS"].split() == ["CPU_ADAM", "AIO"] and args["EXPECT_CUDA_ARCHS"] == cu128.torch_archs
+    assert labels["dockyard.ds_ops"] == "cpu_adam,async_io" and labels["dockyard.nvcc"] == ""
+    assert labels["dockyard.cuda_archs"] == cu128.torch_archs and labels["dockyard.base"] == settings.base_image_cpu
+
+
+def test_build_devel_dry_prints_the_registry_base_build(settings, capsys):
+    build.build(settings, "cu128", devel=True, dry=True)
+    out = capsys.readouterr().out
+    assert "FROM its devel base nvidia/cuda:12.8" in out
+    assert "BASE_IMAGE=nvidia/cuda:12.8" in out and "CHECK_NVCC=--nvcc" in out and "CUDA_TOOLKIT=none" in out
+    assert "'DOCKYARD_DS_OPS=CPU_ADAM FUSED_ADAM AIO'" in out and "dockyard.nvcc=base" in out
+
+
 def test_a_variant_naming_a_registry_base_builds_from_it_with_that_toolkit(settings, cu132):
     ngc = cu132.model_copy(update={"base": "nvcr.io/nvidia/cuda:13.2.0-cudnn-devel-ubuntu24.04"})
     (argv, _), = build.build_steps(settings, ngc).steps
     args = _args(argv, "--build-arg")
     assert args["BASE_IMAGE"] == ngc.base and args["CUDA_TOOLKIT"] == "none"
     assert args["ALLOW_DUPLICATE_CUDA_LIBS"], "the base's CUDA libraries duplicate torch's: warned, not refused"
+    assert args["CHECK_NVCC"] == "--nvcc", "the base's nvcc must match torch's CUDA"
 
 
 def test_every_cuda_lock_holds_a_toolkit_at_torchs_cuda_release(settings):
     """nvcc, nvvm and crt of torch's CUDA release (a newer nvvm breaks ptxas), and a runtime of the variant's CUDA."""
     for v in variants.all_variants(settings).values():
-        if not v.is_cuda or v.base:  # a registry base brings its own toolkit
+        if v.toolkit != "wheels":  # cpu, a registry base (brings its own), cu128 (no nvcc on PyPI for CUDA 12)
             continue
         build.check_lock(v)
         pins = build.lock_pins(v)
@@ -122,3 +142,13 @@ def test_lock_with_a_triton_torch_does_not_want_is_refused(settings, cu132):
     bad = cu132.model_copy(update={"pins": {**cu132.pins, "triton": "2.1.0"}})
     with pytest.raises(Exception, match="triton"):
         build.check_lock(bad)
+
+
+def test_the_build_check_names_ops_as_the_labels_and_doctor_do():
+    """images/check_image.py runs alone in the build: its op table must be the project's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_image", ROOT / "images" / "check_image.py")
+    check_image = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_image)
+    assert check_image.OP_NAMES == variants.OP_NAMES and set(check_image.BUILDERS) == set(variants.OP_NAMES)

@@ -99,3 +99,59 @@ def test_a_replay_file_of_another_shape_is_a_short_error(tmp_path, monkeypatch, 
 def test_recording_into_a_folder_that_does_not_exist_is_a_short_error(tmp_path):
     with pytest.raises(DockyardError, match="cannot write it"):
         gpus.record(tmp_path / "no-such-folder" / "host.json")
+
+
+def _recipe_with_optimizer(tmp_path: Path, optimizer: dict | None, offload: bool) -> Path:
+    """A copy of the zero2 recipe whose ds_config names `optimizer` (DeepSpeed picks its op from it)."""
+    import json
+    import shutil
+
+    from dockyard import ROOT
+
+    folder = tmp_path / "my-zero2"
+    shutil.copytree(ROOT / "recipes" / "zero2", folder)
+    cfg = json.loads((folder / "ds_config.json").read_text())
+    cfg.pop("optimizer", None)
+    if optimizer:
+        cfg["optimizer"] = optimizer
+    if offload:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    (folder / "ds_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+ADAMW = {"type": "AdamW", "params": {"lr": "auto"}}
+
+
+@pytest.mark.parametrize("optimizer, offload, refused", [
+    (ADAMW, False, True),                                   # FusedAdam on the GPU: cu128 has no nvcc to build it
+    ({"type": "Lamb", "params": {"lr": "auto"}}, False, True),
+    (ADAMW, True, False),                                   # offloaded: DeepSpeedCPUAdam, prebuilt
+    ({"type": "AdamW", "params": {"torch_adam": True}}, False, False),
+    (None, False, False),                                   # the Trainer's torch AdamW
+])
+def test_a_deepspeed_op_the_image_cannot_load_is_refused_before_the_run(settings, capsys, replay, tmp_path,
+                                                                        optimizer, offload, refused):
+    """On a T4 host (auto → cu128, no nvcc in the image), `run --dry` refuses a ds_config whose optimizer needs a
+    CUDA op cu128 does not hold, and says the ways out; what it can load goes through to the printed command."""
+    replay("t4x2_535")
+    folder = _recipe_with_optimizer(tmp_path, optimizer, offload)
+    request = launch_run.RunRequest(recipe=str(folder), dry=True)
+    if refused:
+        with pytest.raises(DockyardError, match=r"CUDA op fused_(adam|lamb), which dockyard:\S+-cu128 does not "
+                                                r"hold and cannot compile.*--devel"):
+            launch_run.run(settings, request)
+    else:
+        launch_run.run(settings, request)
+        assert "docker run" in capsys.readouterr().err
+
+
+def test_an_image_built_on_its_devel_base_may_compile_the_op(settings):
+    """A --devel build has nvcc (its dockyard.nvcc label): DeepSpeed may JIT what it lacks, nothing is refused."""
+    from dockyard.images import variants
+
+    cu128 = variants.resolve(settings, "cu128")[0]
+    assert variants.cuda_ops_the_image_can_load(cu128, None) == {"cpu_adam", "async_io"}
+    assert variants.cuda_ops_the_image_can_load(cu128, {"dockyard.ds_ops": "cpu_adam,fused_adam,async_io",
+                                                        "dockyard.nvcc": "base"}) is None
+    assert variants.cuda_ops_the_image_can_load(variants.resolve(settings, "cu132")[0], None) is None

@@ -26,6 +26,8 @@ def test_labels_carry_what_is_inside(settings):
             assert key in labels, (v.name, key)
         assert labels["dockyard.lock"] == variants.lock_hash(v) and len(labels["dockyard.lock"]) == 64
         assert labels["dockyard.cuda"] == ("" if v.name == "cpu" else v.cuda)
+        assert labels["dockyard.ds_ops"].split(",") == [variants.OP_NAMES[op] for op in v.ds_ops]
+        assert labels["dockyard.cuda_archs"] == ("" if v.name == "cpu" else v.torch_archs)
         assert labels["org.opencontainers.image.source"] == "https://example.org/dockyard.git"
         no_remote = variants.labels(v, revision="abc123", created="2026-01-01T00:00:00+00:00")
         assert "org.opencontainers.image.source" not in no_remote, "no repository: no source label at all"
@@ -36,9 +38,12 @@ def test_at_least_two_cuda_variants_and_cpu(settings):
     cuda = sorted((v for v in vs.values() if v.is_cuda), key=lambda v: variants.cuda_version(v.cuda))
     assert "cpu" in vs and len(cuda) >= 2
     assert variants.cuda_version(cuda[0].cuda)[0] == 12 and variants.cuda_version(cuda[-1].cuda) >= (13, 2)
-    assert cuda[-1].base == "", "the newest CUDA variant builds from the registry-free base, its toolkit from the lock"
     for v in cuda:
-        assert {"CPU_ADAM", "FUSED_ADAM", "AIO"} <= set(v.ds_ops) and v.torch_cuda_arch_list
+        assert v.base == "", f"{v.name} builds from the registry-free base, every byte from its lock"
+        assert {"CPU_ADAM", "AIO"} <= set(v.ds_ops) and v.torch_archs
+        # DeepSpeed's CUDA ops only where the lock brings nvcc (PyPI's CUDA 12 wheels have none)
+        assert ("FUSED_ADAM" in v.ds_ops) == (v.toolkit == "wheels"), v.name
+    assert cuda[-1].toolkit == "wheels" and cuda[0].toolkit == "", "cu132 has nvcc from its lock, cu128 none"
 
 
 # "12.10" and "9.2" sort the other way as strings: CUDA versions must compare as numbers.
@@ -100,3 +105,51 @@ def test_driver_by_variant_table(settings, driver, runs):
     assert {n for n, v in vs.items() if v.is_cuda and variants.driver_runs(v.cuda, host.cuda)} == runs
     picked, _ = variants.pick_auto(vs, host)
     assert picked.name == max(runs, key=lambda n: variants.cuda_version(vs[n].cuda))
+
+
+# Compute capabilities of real GPUs: V100 7.0, T4 7.5, A100 8.0, L40S 8.9, H100 9.0, B200 10.0, Thor 11.0, RTX 5090 12.0,
+# DGX Spark 12.1, P100 6.0.
+@pytest.mark.parametrize("archs, capability, runs", [
+    ("7.5;8.0;8.6;9.0;10.0;12.0", "7.0", False),   # no Volta code
+    ("7.0;7.5;8.0;8.6;9.0;10.0;12.0", "7.0", True),
+    ("7.5;8.0;8.6;9.0;10.0;12.0", "8.9", True),    # sm_86 machine code runs on 8.9 (same major, lower minor)
+    ("7.5;8.0;8.6;9.0;10.0;12.0", "12.1", True),
+    ("7.5;8.0;8.6;9.0;10.0;12.0", "6.0", False),   # Pascal: older than everything
+    ("7.5;8.0;8.6;9.0;10.0;12.0", "11.0", False),  # a major with no code and no PTX below it to JIT
+    ("7.5;8.0;9.0+PTX", "11.0", True),             # PTX at or below it is JIT-compiled
+    ("8.0;9.0", "7.5", False),                     # machine code never runs on an older GPU
+])
+def test_a_gpu_runs_a_build_that_has_code_for_its_architecture(archs, capability, runs):
+    assert variants.arch_runs(archs, capability) is runs
+
+
+V100 = Gpu(1, "Tesla V100-SXM2-32GB", 32 * 2**30, capability="7.0")
+P100 = Gpu(2, "Tesla P100-PCIE-16GB", 16 * 2**30, capability="6.0")
+
+
+def test_auto_skips_a_variant_without_code_for_the_gpus(settings):
+    """A V100 on a CUDA 13 driver: cu132's torch has no sm_70, so auto picks cu128, which has."""
+    host = Host(driver="580.65.06", cuda="13.0", gpus=[V100])
+    v, _ = variants.resolve(settings, "auto", host)
+    assert v.name == "cu128"
+    with pytest.raises(DockyardError, match=r"no variant this driver runs has GPU code for GPU 2 \(Tesla P100"):
+        variants.resolve(settings, "auto", Host(driver="580.65.06", cuda="13.0", gpus=[P100]))
+
+
+def test_run_refuses_an_image_without_code_for_a_gpu(settings):
+    from dockyard.launch.run import check_gpu_host
+
+    cu132 = variants.resolve(settings, "cu132")[0]
+    with pytest.raises(DockyardError, match=r"cu132's torch has no code for GPU 1 \(Tesla V100-SXM2-32GB, 7\.0\)"):
+        check_gpu_host(cu132, Host(driver="580.65.06", cuda="13.0", gpus=[V100]), {}, False)
+    check_gpu_host(variants.resolve(settings, "cu128")[0], Host(driver="580.65.06", cuda="13.0", gpus=[V100]), {}, False)
+
+
+def test_the_devel_option_builds_the_same_lock_from_a_registry_base_with_nvcc(settings):
+    cu128 = variants.resolve(settings, "cu128")[0]
+    devel = cu128.on_devel_base()
+    assert devel.base.startswith("nvidia/cuda:12.8") and "devel" in devel.base and devel.toolkit == "base"
+    assert devel.lock_file == cu128.lock_file and devel.pins == cu128.pins and devel.python == cu128.python
+    assert "FUSED_ADAM" in devel.ds_ops and f"python{devel.python}" in devel.os_packages
+    with pytest.raises(DockyardError, match=r"variant cu132 has no devel base"):
+        variants.resolve(settings, "cu132")[0].on_devel_base()
