@@ -312,11 +312,11 @@ def doctor(c, json=False, record="", peer="", port: Port = 29500):
         from dockyard import gpus
         gpus.record(record)
         print(f"recorded this host's NVML readings in {record}")
-    checks = doctor_mod.run(_settings(c))
+    checks = doctor_mod.diagnose(_settings(c))
     if peer:
         from dockyard.machine import peer as peer_mod
 
-        checks += peer_mod.run(_settings(c), peer, port)
+        checks += peer_mod.diagnose(_settings(c), peer, port)
     print(doctor_mod.to_json(checks)) if json else doctor_mod.print_table(checks)
     failed = doctor_mod.failures(checks)
     if failed:

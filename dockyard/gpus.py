@@ -19,6 +19,33 @@ from typing import Protocol
 from dockyard.common.errors import DockyardError, json_object
 
 
+def probe() -> Host:
+    """What NVML (or the replay file) says about this host. Never raises: no GPUs gives Host(error=...)."""
+    source = replay()
+    if source is not None:
+        return source.host()
+    try:
+        with nvml() as nv:
+            try:
+                return nv.host()
+            except nv.nv.NVMLError as e:
+                return Host(error=f"NVML cannot read the GPUs ({e})")
+    except NvmlUnavailable as e:
+        return Host(error=str(e))
+
+
+def facts() -> tuple[Host, list[Link]]:
+    """The host and its links: from the replay file if set, else NVML. Never raises for a host without GPUs."""
+    source = replay()
+    if source is not None:
+        return source.host(), source.links()
+    try:
+        with nvml() as nv:
+            return nv.host(), nv.links()
+    except NvmlUnavailable as e:
+        return Host(error=str(e)), []
+
+
 @dataclass(frozen=True)
 class Gpu:
     index: int
@@ -243,18 +270,6 @@ def replay() -> Recorded | None:
     return source
 
 
-def facts() -> tuple[Host, list[Link]]:
-    """The host and its links: from the replay file if set, else NVML. Never raises for a host without GPUs."""
-    source = replay()
-    if source is not None:
-        return source.host(), source.links()
-    try:
-        with nvml() as nv:
-            return nv.host(), nv.links()
-    except NvmlUnavailable as e:
-        return Host(error=str(e)), []
-
-
 def record(path: Path | str) -> dict:
     """Write what NVML reports now (host, links, one sample) in the fixtures' format; returns it."""
     try:
@@ -291,18 +306,3 @@ def select(host: Host, spec: str = "") -> Host:
 def docker_gpus(host: Host) -> str:
     """docker's --gpus value: a device list needs the inner quotes, or docker splits it at the comma."""
     return f'"device={host.visible}"' if host.visible else "all"
-
-
-def probe() -> Host:
-    """What NVML (or the replay file) says about this host. Never raises: no GPUs gives Host(error=...)."""
-    source = replay()
-    if source is not None:
-        return source.host()
-    try:
-        with nvml() as nv:
-            try:
-                return nv.host()
-            except nv.nv.NVMLError as e:
-                return Host(error=f"NVML cannot read the GPUs ({e})")
-    except NvmlUnavailable as e:
-        return Host(error=str(e))

@@ -23,7 +23,61 @@ from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 from dockyard.transport.inventory import engine_store
 
-# --- engine ---------------------------------------------------------------------------------------
+
+def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> list[Check]:
+    """Every check, in the order a user reads them. `gpus`: a source with host() and links() (default NVML)."""
+    checks: list[Check] = []
+    try:
+        info = engine.engine_info(settings)
+    except DockyardError as e:
+        info = None
+        checks.append(check_engine_down(e))
+    if info is not None:
+        checks += [check_engine(info), check_buildkit(settings)]
+    host, links = _gpu_facts(gpu_source)
+    checks.append(check_gpus(host))
+    if info is not None:
+        checks.append(check_runtime(host, info, cdi_specs(info)))
+    topo = check_topology(host, links)
+    if topo:
+        checks.append(topo)
+    all_variants = variants.all_variants(settings)
+    images = {name: engine.image_inspect(settings, variants.tag(settings, v)) if info is not None else None
+              for name, v in all_variants.items()}
+    labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
+    checks += check_variants(all_variants, host, {n: ln.get("dockyard.cuda") for n, ln in labels.items()},
+                             {n: ln.get(variants.ARCHS_LABEL) for n, ln in labels.items()})
+    if info is None:
+        return checks
+    try:
+        auto, _ = variants.pick_auto(all_variants, host)
+    except DockyardError:
+        auto = all_variants["cpu"]
+    image = variants.tag(settings, auto)
+    probe_image = image if images.get(auto.name) else settings.base_image_cpu
+    if not engine.image_inspect(settings, probe_image):
+        checks.append(Check("run container", WARN, f"neither {image} nor {settings.base_image_cpu} exists to test with",
+                            "invoke setup, then invoke build"))
+        return checks
+    try:
+        facts, refused = container.probe_container(settings, probe_image)
+    except DockyardError as e:
+        checks.append(Check("run container", FAIL, str(e), "see the engine's log; `invoke run` would fail the same way"))
+        return checks
+    if host.gpus:
+        argv = container.probe_argv(settings, probe_image, f"dockyard-doctor-gpu-{os.getpid()}", ["nvidia-smi", "-L"], gpus=True)
+        proc = engine.run(argv, capture=True, check=False, quiet=True)
+        checks.append(check_gpu_container(host, proc.returncode, proc.stdout + proc.stderr))
+    checks += [container.check_shm(facts["shm_bytes"]),
+               refused or container.check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
+               container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
+    if images.get(auto.name):
+        checks.append(container.check_ds_report(facts["ds_report"], auto, image))
+    else:
+        checks.append(Check("deepspeed ops", WARN, f"image not built: {image}",
+                            f"invoke build (builds {auto.name}), then run doctor again"))
+    return checks
+
 
 def check_engine(info: dict) -> Check:
     version = info.get("ServerVersion", "?")
@@ -62,8 +116,6 @@ def check_buildkit(settings: Settings) -> Check:
                  "install the buildx plugin (apt-get install docker-buildx), or set `docker:` in invoke.yaml "
                  "to a client that has it")
 
-
-# --- GPUs -----------------------------------------------------------------------------------------
 
 def check_gpus(host: Host) -> Check:
     if not host.gpus:
@@ -133,8 +185,6 @@ def check_topology(host: Host, links: list[Link]) -> Check | None:
     return Check("gpu topology", PASS, detail)
 
 
-# --- variants and the image -----------------------------------------------------------------------
-
 def _min_driver(cuda: str) -> str:
     major = variants.cuda_version(cuda)[0]
     return f" (driver ≥ {variants.MIN_DRIVER[major]})" if major in variants.MIN_DRIVER else ""
@@ -170,67 +220,10 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
     return out
 
 
-# --- gathering the facts ----------------------------------------------------------------------------
-
 def _gpu_facts(source: gpus.Recorded | None) -> tuple[Host, list[Link]]:
     if source is not None:
         return source.host(), source.links()
     return gpus.facts()
-
-
-def run(settings: Settings, gpu_source: gpus.Recorded | None = None) -> list[Check]:
-    """Every check, in the order a user reads them. `gpus`: a source with host() and links() (default NVML)."""
-    checks: list[Check] = []
-    try:
-        info = engine.engine_info(settings)
-    except DockyardError as e:
-        info = None
-        checks.append(check_engine_down(e))
-    if info is not None:
-        checks += [check_engine(info), check_buildkit(settings)]
-    host, links = _gpu_facts(gpu_source)
-    checks.append(check_gpus(host))
-    if info is not None:
-        checks.append(check_runtime(host, info, cdi_specs(info)))
-    topo = check_topology(host, links)
-    if topo:
-        checks.append(topo)
-    all_variants = variants.all_variants(settings)
-    images = {name: engine.image_inspect(settings, variants.tag(settings, v)) if info is not None else None
-              for name, v in all_variants.items()}
-    labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
-    checks += check_variants(all_variants, host, {n: ln.get("dockyard.cuda") for n, ln in labels.items()},
-                             {n: ln.get(variants.ARCHS_LABEL) for n, ln in labels.items()})
-    if info is None:
-        return checks
-    try:
-        auto, _ = variants.pick_auto(all_variants, host)
-    except DockyardError:
-        auto = all_variants["cpu"]
-    image = variants.tag(settings, auto)
-    probe_image = image if images.get(auto.name) else settings.base_image_cpu
-    if not engine.image_inspect(settings, probe_image):
-        checks.append(Check("run container", WARN, f"neither {image} nor {settings.base_image_cpu} exists to test with",
-                            "invoke setup, then invoke build"))
-        return checks
-    try:
-        facts, refused = container.probe_container(settings, probe_image)
-    except DockyardError as e:
-        checks.append(Check("run container", FAIL, str(e), "see the engine's log; `invoke run` would fail the same way"))
-        return checks
-    if host.gpus:
-        argv = container.probe_argv(settings, probe_image, f"dockyard-doctor-gpu-{os.getpid()}", ["nvidia-smi", "-L"], gpus=True)
-        proc = engine.run(argv, capture=True, check=False, quiet=True)
-        checks.append(check_gpu_container(host, proc.returncode, proc.stdout + proc.stderr))
-    checks += [container.check_shm(facts["shm_bytes"]),
-               refused or container.check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
-               container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
-    if images.get(auto.name):
-        checks.append(container.check_ds_report(facts["ds_report"], auto, image))
-    else:
-        checks.append(Check("deepspeed ops", WARN, f"image not built: {image}",
-                            f"invoke build (builds {auto.name}), then run doctor again"))
-    return checks
 
 
 def failures(checks: list[Check]) -> list[Check]:

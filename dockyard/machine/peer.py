@@ -24,7 +24,7 @@ SHM_MIN = GIB  # NCCL and DeepSpeed's shared-memory ops need more than Docker's 
 CONNECT_TIMEOUT = 5
 
 
-def run(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
+def diagnose(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
     r = remote.parse_to(peer, need_dir=False)
     image = _image(settings)
     address = ssh_hostname(settings, r.host)

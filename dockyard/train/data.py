@@ -54,7 +54,47 @@ FALLBACK_CHAT_TEMPLATE = (
 )
 
 
-# --- reading ---------------------------------------------------------------------------------------
+def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
+    """The run's data (`data`, `data_format`, `eval_data` or `eval_fraction`, `task`, `max_seq_length`)."""
+    source = str(settings.data_path)
+    rows = read_rows(source)
+    fmt = detect_format(rows, settings.task, settings.data_format, source)
+    eval_rows: list[dict[str, Any]] = []
+    if settings.eval_data:
+        eval_rows = read_rows(settings.eval_data)
+        detect_format(eval_rows, settings.task, fmt, settings.eval_data)
+    elif settings.eval_fraction:
+        rows, eval_rows = split(rows, settings.eval_fraction, seed)
+    info: dict[str, Any] = {"source": source, "format": fmt, "eval_source": settings.eval_data or
+                            (f"{settings.eval_fraction:g} of the data" if eval_rows else "")}
+    if fmt == "text_label":
+        labels = label_names(rows)
+        train = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
+        evals = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else []
+    else:
+        labels = []
+        done = tokenize(rows, fmt, tokenizer, settings.max_seq_length)
+        train, evals = done.examples, (tokenize(eval_rows, fmt, tokenizer, settings.max_seq_length).examples
+                                       if eval_rows else [])
+        info.update(truncated=done.truncated, dropped=done.dropped)
+        if done.truncated:
+            log.warning("%d of %d examples are longer than max_seq_length=%d and were cut (%d left nothing to "
+                        "learn and were dropped): raise it with -- --max_seq_length N", done.truncated, len(rows),
+                        settings.max_seq_length, done.dropped)
+    info.update(examples=len(train), eval_examples=len(evals))
+    log.info("data %s: format %s, %d training examples, %d for evaluation", source, fmt, len(train), len(evals))
+    return Loaded(train, evals, labels, info)
+
+
+@dataclass
+class Loaded:
+    """The training (and evaluation) examples of a run, with what the manifest says about them."""
+
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]]
+    labels: list[str]                  # class names (seq_cls), else []
+    info: dict[str, Any]
+
 
 def read_rows(source: str | Path) -> list[dict[str, Any]]:
     """Every row of a file, a folder of files of one kind, or a cached hub dataset (its train split)."""
@@ -141,8 +181,6 @@ def _first_line(e: BaseException) -> str:
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
 
 
-# --- formats ---------------------------------------------------------------------------------------
-
 def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", source: str = "data") -> str:
     """The format named in the recipe, or the one the fields of the first row say; checked on every row."""
     found = _fields(rows[0])  # datasets gives every row every column of the file: a missing field is None
@@ -197,8 +235,6 @@ def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
         raise DockyardError(f"example {n}: no assistant turn, so nothing to learn")
     return messages
 
-
-# --- tokens ----------------------------------------------------------------------------------------
 
 @dataclass
 class Tokenized:
@@ -295,48 +331,6 @@ def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
         raise DockyardError(f"labels not seen in the training data: {', '.join(unknown[:5])}")
     return [{"input_ids": tokenizer(str(r["text"]), truncation=True, max_length=max_len)["input_ids"],
              "labels": index[str(r["label"])]} for r in rows]
-
-
-@dataclass
-class Loaded:
-    """The training (and evaluation) examples of a run, with what the manifest says about them."""
-
-    train: list[dict[str, Any]]
-    eval: list[dict[str, Any]]
-    labels: list[str]                  # class names (seq_cls), else []
-    info: dict[str, Any]
-
-
-def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
-    """The run's data (`data`, `data_format`, `eval_data` or `eval_fraction`, `task`, `max_seq_length`)."""
-    source = str(settings.data_path)
-    rows = read_rows(source)
-    fmt = detect_format(rows, settings.task, settings.data_format, source)
-    eval_rows: list[dict[str, Any]] = []
-    if settings.eval_data:
-        eval_rows = read_rows(settings.eval_data)
-        detect_format(eval_rows, settings.task, fmt, settings.eval_data)
-    elif settings.eval_fraction:
-        rows, eval_rows = split(rows, settings.eval_fraction, seed)
-    info: dict[str, Any] = {"source": source, "format": fmt, "eval_source": settings.eval_data or
-                            (f"{settings.eval_fraction:g} of the data" if eval_rows else "")}
-    if fmt == "text_label":
-        labels = label_names(rows)
-        train = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
-        evals = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else []
-    else:
-        labels = []
-        done = tokenize(rows, fmt, tokenizer, settings.max_seq_length)
-        train, evals = done.examples, (tokenize(eval_rows, fmt, tokenizer, settings.max_seq_length).examples
-                                       if eval_rows else [])
-        info.update(truncated=done.truncated, dropped=done.dropped)
-        if done.truncated:
-            log.warning("%d of %d examples are longer than max_seq_length=%d and were cut (%d left nothing to "
-                        "learn and were dropped): raise it with -- --max_seq_length N", done.truncated, len(rows),
-                        settings.max_seq_length, done.dropped)
-    info.update(examples=len(train), eval_examples=len(evals))
-    log.info("data %s: format %s, %d training examples, %d for evaluation", source, fmt, len(train), len(evals))
-    return Loaded(train, evals, labels, info)
 
 
 def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
