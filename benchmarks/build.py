@@ -19,7 +19,6 @@ import argparse
 import datetime as dt
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,8 +51,8 @@ def timed_build(settings, v, ctx: Path, ref: str, no_cache: bool = False) -> tup
 def new_layer_bytes(settings, ref: str, old: list[str], new: list[str]) -> int:
     """Bytes of the layers of `new` that `old` does not share, from `docker history` (top first)."""
     changed = len([ln for i, ln in enumerate(new) if i >= len(old) or old[i] != ln])
-    out = subprocess.run(engine.docker(settings, "history", "--no-trunc", "--format", "{{.Size}}", "--human=false", ref),
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = engine.run(engine.docker(settings, "history", "--no-trunc", "--format", "{{.Size}}", "--human=false", ref),
+                     capture=True, quiet=True).stdout.split()
     sizes = [int(s) for s in out if int(s) > 0]
     return sum(sizes[:changed])
 
@@ -87,15 +86,15 @@ def cuda_row(s, v, skip_cold: bool) -> dict:
         ctx = build.copy_context(Path(tmp) / "ctx", v.name)
         cold, _ = timed_build(s, v, ctx, ref, no_cache=not skip_cold)
         size = engine.image_inspect(s, ref)["Size"]
-        out = subprocess.run(engine.docker(s, "run", "--rm", "--network", "none", ref, "python", "-c", MEASURE),
-                             capture_output=True, text=True, check=True).stdout.split()
+        out = engine.run(engine.docker(s, "run", "--rm", "--network", "none", ref, "python", "-c", MEASURE),
+                         capture=True, quiet=True).stdout.split()
         dup, toolkit = int(out[0]), int(out[1])
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "invoke", "save", f"--image={ref}", f"--out={tmp}/dist"], cwd=ROOT,
-                       check=True, capture_output=True, env={**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": f"{tmp}/lc"})
+        engine.run([sys.executable, "-m", "invoke", "save", f"--image={ref}", f"--out={tmp}/dist"], cwd=ROOT,
+                   capture=True, quiet=True, env={"INVOKE_DOCKYARD_LAYER_CACHE": f"{tmp}/lc"})
         save_s = time.perf_counter() - t
         archive = next(Path(tmp, "dist").glob("*.tar.zst")).stat().st_size
-    subprocess.run(engine.docker(s, "rmi", "-f", ref), capture_output=True)
+    engine.run(engine.docker(s, "rmi", "-f", ref), capture=True, check=False, quiet=True)
     return {"variant": v.name, "cuda": v.cuda, "nvcc": v.toolkit, "cold": cold, "cached": skip_cold, "size": size,
             "archive": archive, "save_s": save_s, "dup": dup, "toolkit": toolkit, "devel": size + dup}
 
@@ -109,10 +108,11 @@ def ops_seconds(s, v, ctx: Path, ninja: bool) -> float:
                                     revision="bench").steps
     argv = argv[:-1] + ["--target", "deepspeed-build", "--build-arg", f"DS_ENABLE_NINJA={'1' if ninja else ''}",
                         argv[-1]]
-    out = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True)
+    # BuildKit's --progress=plain log (with each step's DONE seconds) is on stderr: run with it merged into stdout
+    out = engine.run(argv, env=env, capture=True, check=False, quiet=True, merge_stderr=True)
     if out.returncode:
-        sys.exit(f"ops build ({'ninja' if ninja else 'serial'}) failed:\n{out.stderr[-3000:]}")
-    lines = out.stderr.splitlines()
+        sys.exit(f"ops build ({'ninja' if ninja else 'serial'}) failed:\n{out.stdout[-3000:]}")
+    lines = out.stdout.splitlines()
     step = next(m.group(1) for ln in lines if (m := OPS_STEP.match(ln)))
     done = [ln for ln in lines if ln.startswith(f"#{step} DONE ")]
     return float(done[-1].split()[-1].rstrip("s"))
@@ -123,7 +123,7 @@ def ops_section(s, v) -> str:
         ctx = build.copy_context(Path(tmp) / "ctx", v.name)
         serial = ops_seconds(s, v, ctx, ninja=False)
         ninja = ops_seconds(s, v, ctx, ninja=True)
-    subprocess.run(engine.docker(s, "rmi", "-f", f"dockyard-bench/{v.name}:ops"), capture_output=True)
+    engine.run(engine.docker(s, "rmi", "-f", f"dockyard-bench/{v.name}:ops"), capture=True, check=False, quiet=True)
     return "\n".join([
         f"## DeepSpeed ops: serial vs ninja ({v.name}: {' '.join(v.ds_ops)}; {os.cpu_count()} cores, {dt.date.today()})",
         "", "| compile | ops step s | vs serial |", "|---|---|---|",
@@ -210,7 +210,7 @@ def main() -> None:
         naive_time = time.perf_counter() - t
         naive_size = engine.image_inspect(s, naive_ref)["Size"]
     for r in (ref, naive_ref):
-        subprocess.run(engine.docker(s, "rmi", "-f", r), capture_output=True)
+        engine.run(engine.docker(s, "rmi", "-f", r), capture=True, check=False, quiet=True)
 
     lines = [f"# Build benchmark ({v.name}, {os.cpu_count()} cores, {dt.date.today()})", "",
              "| step | seconds | new layer bytes | vs cold build |", "|---|---|---|---|"]

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import report
-from dockyard import ROOT
+from dockyard import ROOT, engine
 from dockyard.common.recipes import recipe_names
 from dockyard.common.run_settings import DATA, TINY_MODEL
 from dockyard.train import mfu
@@ -149,7 +149,7 @@ def env() -> dict[str, str]:
 
 def torchrun(nproc: int, *argv: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *argv]
-    return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True)
+    return engine.run(cmd, cwd=ROOT, env=env(), capture=True, check=False, quiet=True)
 
 
 def steady_state(metrics_file: Path) -> dict:
@@ -206,7 +206,8 @@ def bare_mfu(row: dict, model: Path, nproc: int) -> float | None:
     shape = planner.shape_from_folder(model)
     tied = bool(json.loads((model / "config.json").read_text()).get("tie_word_embeddings"))
     flops = mfu.flops_per_token(parameters=shape.params, vocab=shape.vocab, hidden=shape.hidden, layers=shape.layers,
-                                attention_width=shape.q_width, tied=tied, adapters=False, seq_len=mfu.attention_length(row.get("lengths") or []))
+                                attention_width=shape.q_width, tied=tied, adapters=False,
+                                seq_len=mfu.attention_length(row.get("lengths") or []))
     half = "bf16" if torch.cuda.get_device_capability() >= (8, 0) else "fp16"
     return mfu.mfu(row["tokens_per_second"], flops, mfu.peak_flops(torch.cuda.get_device_name(), half), nproc)
 

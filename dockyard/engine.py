@@ -67,12 +67,13 @@ def run(
     what: str = "",
     on_line=None,
     binary: bool = False,
+    merge_stderr: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run one command. `env` is added to the current environment.
 
-    capture=True returns stdout (text, or bytes with binary=True) without printing it; otherwise output
-    streams to the terminal and only its last lines are kept for the error message; `on_line` sees each
-    streamed line.
+    capture=True returns stdout (text, or bytes with binary=True) without printing it, with stderr in it too
+    where merge_stderr; otherwise output streams to the terminal and only its last lines are kept for the error
+    message; `on_line` sees each streamed line.
     """
     argv = [str(a) for a in argv]
     if not quiet:
@@ -80,9 +81,11 @@ def run(
     full_env = {**os.environ, **(env or {})}
     try:
         if capture:
-            proc = subprocess.run(argv, env=full_env, cwd=cwd, input=input, capture_output=True)
+            proc = subprocess.run(argv, env=full_env, cwd=cwd, input=input, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE)
             out = proc.stdout if binary else proc.stdout.decode(errors="replace")
-            tail = proc.stderr.decode(errors="replace").strip().splitlines()[-console.TAIL_LINES:]
+            err = out if merge_stderr and not binary else (proc.stderr or b"").decode(errors="replace")
+            tail = err.strip().splitlines()[-console.TAIL_LINES:]
         else:
             tail_lines: collections.deque[str] = collections.deque(maxlen=console.TAIL_LINES)
             p = subprocess.Popen(
