@@ -1,0 +1,90 @@
+"""What `invoke run` keeps and says after its container exits non-zero (issue 27), with a stand-in engine.
+
+The engine is a stub (tests/support/fake_engine.py): this file runs on hosts and CI jobs without Docker, and the
+question is the host's alone (which files in the run folder mean the trainer started). The container is played
+by a function that writes what the trainer writes, through the folder the real `docker run` argv mounts, with
+the trainer's own manifest code. tests/integration/test_run_folder.py has the real version (a real trainer
+refusing a setting before its log exists).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from dockyard.common import runfolder
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
+from dockyard.launch import run as launch_run
+from dockyard.machine import monitor
+from tests.support.fake_engine import FakeEngine
+
+ERROR = "invalid training setting: nonsense is not a valid SchedulerType"
+
+
+def host_folder(argv: list[str], inside: str):
+    """The host folder the `docker run` argv mounts at the container path `inside` (its parent's mount)."""
+    mounts = dict(reversed(argv[i + 1].split(":")[:2]) for i, a in enumerate(argv) if a == "-v")
+    path = PurePosixPath(inside)
+    for parent in [path, *path.parents]:
+        if str(parent) in mounts:
+            return Path(mounts[str(parent)]) / path.relative_to(parent)
+    raise AssertionError(f"{inside} is not mounted by {argv}")
+
+
+def trainer_that_fails_before_its_log(argv: list[str]) -> int:
+    """The container: the trainer refuses a setting before train.log exists, writes its failed manifest (as
+    dockyard.train.__main__._finish does) into the run folder it was given, and exits 1."""
+    from dockyard.train import manifest
+
+    run_dir = host_folder(argv, argv[argv.index("--run-dir") + 1])
+    record = manifest.build(run_dir, load_recipe("ddp"), "failed", 2, None, {}, {"error": ERROR})
+    manifest.write(run_dir, record, runfolder.manifest_file(0))
+    return 1
+
+
+def refused_by_docker(argv: list[str]) -> int:
+    """The container never starts (docker itself refused the run): nothing is written."""
+    return 125
+
+
+@pytest.fixture
+def run_cpu(settings, monkeypatch, tmp_path):
+    """launch.run.run of the ddp recipe on the cpu variant, the engine a FakeEngine holding the cpu image. The
+    resource monitor is left out: it samples this host's processes and draws plots, which is not this question."""
+    monkeypatch.setattr(monitor, "watch", lambda *a, **kw: contextlib.nullcontext())
+    monkeypatch.setenv("DOCKYARD_MEMLOCK", str(1 << 30))  # not this host's dockerd limits
+
+    def go(container, run_id="early"):
+        fake = FakeEngine(container=container)
+        s = fake.install(monkeypatch, settings).model_copy(update={"runs_dir": tmp_path / "runs"})
+        fake.images.add("sha256:" + "c" * 64)
+        fake.tags[launch_run.variants.tag(s, launch_run.variants.resolve(s, "cpu")[0])] = "sha256:" + "c" * 64
+        request = launch_run.RunRequest(recipe="ddp", variant="cpu", run_id=run_id)
+        return fake, tmp_path / "runs" / run_id, lambda: launch_run.run(s, request)
+    return go
+
+
+def test_a_run_that_failed_before_its_log_is_kept_and_told_from_its_manifest(run_cpu, capsys):
+    fake, run_dir, go = run_cpu(trainer_that_fails_before_its_log)
+    with pytest.raises(DockyardError) as e:
+        go()
+    assert str(e.value) == f"run early failed: {ERROR}"
+    assert "did not start" not in str(e.value)
+    assert (run_dir / "manifest.json").is_file() and not (run_dir / "train.log").exists()
+    assert runfolder.read_manifest(run_dir).error == ERROR
+    assert "run early: failed · recipe ddp" in capsys.readouterr().out
+    assert len(fake.docker_calls("run")) == 1
+
+
+def test_a_run_docker_refused_keeps_nothing_so_the_same_id_can_run_again(run_cpu):
+    fake, run_dir, go = run_cpu(refused_by_docker)
+    with pytest.raises(DockyardError, match=r"the run did not start \(exit 125.*nothing was kept"):
+        go()
+    assert not run_dir.exists()
+    fake, run_dir, go = run_cpu(trainer_that_fails_before_its_log)  # the same --run-id is free again
+    with pytest.raises(DockyardError, match=re.escape(f"run early failed: {ERROR}")):
+        go()

@@ -1,0 +1,92 @@
+"""A refused load puts the engine's tags back where they were (issue 27), for `invoke load` and load.sh.
+
+Without an engine: `invoke load`'s roll_back runs against a stub engine (tests/support/fake_engine.py) that keeps
+tags and images and records the docker argv it is given; load.sh runs in real sh with a `docker` script first on
+PATH. The question is the host side's (which docker commands undo the load, which file reaches docker load), so
+these run on hosts without Docker; tests/integration/test_transport_loaders.py loads into a real engine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from dockyard.transport import load as load_mod
+from dockyard.transport.layout import write_loader
+from tests.support.archive_sets import make_set, reseal
+from tests.support.fake_engine import FakeEngine
+from tests.support.save_tars import fake_save
+
+A, B, C, K = ("sha256:" + c * 64 for c in "abcd")
+
+
+def test_a_refused_load_puts_moved_tags_back_and_removes_new_ones(settings, monkeypatch):
+    """Before: t:1 names image A, keep:1 names K. The load moves t:1 to B and brings new:1 (image C); then it is
+    refused. roll_back tags A as t:1 again (`docker tag A t:1`), untags new:1 without pruning, leaves keep:1 alone
+    and removes B and C, which nothing names any more: the engine is as it was."""
+    fake = FakeEngine(tags={"t:1": A, "keep:1": K})
+    s = fake.install(monkeypatch, settings)
+    before = load_mod.tag_snapshot(s)
+    fake.images |= {B, C}  # what the refused load did
+    fake.tags |= {"t:1": B, "new:1": C}
+
+    said = load_mod.roll_back(s, before, {"t:1", "new:1", "keep:1"})
+
+    assert fake.tags == {"t:1": A, "keep:1": K} and fake.images == {A, K}
+    assert fake.docker_calls("tag") == [["tag", A, "t:1"]]
+    assert fake.docker_calls("rmi", "--no-prune") == [["rmi", "--no-prune", "new:1"]]
+    assert sorted(c for c in fake.docker_calls("rmi") if c[1] != "--no-prune") == [["rmi", B], ["rmi", C]]
+    assert not any("keep:1" in c for c in fake.calls if "inspect" not in c)
+    assert said == ("\nthe tags the load moved are back where they were: new:1, t:1; the images it brought are "
+                    "removed")
+
+
+def test_a_load_that_moved_nothing_says_nothing(settings, monkeypatch):
+    fake = FakeEngine(tags={"t:1": A})
+    s = fake.install(monkeypatch, settings)
+    assert load_mod.roll_back(s, load_mod.tag_snapshot(s), {"t:1", "never:1"}) == ""
+    assert fake.tags == {"t:1": A} and fake.docker_calls("tag") == fake.docker_calls("rmi") == []
+
+
+# --- load.sh loads its private copy -----------------------------------------------------------------
+
+DOCKER = """#!/bin/sh
+# A stand-in docker client. `docker info`, the first thing load.sh asks the engine once the archive's copy is
+# verified, is when another writer replaces the archive in the shared folder; `docker load` keeps what it reads.
+case "$1" in
+info) cp "$CHANGED" "$SHARED" ;;
+load) cat >"$RECEIVED"; echo "Loaded image: t:1" ;;
+image) [ "$2" = inspect ] && echo "$IMAGE_ID" ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("method", ["none", "zst"])
+def test_load_sh_loads_the_copy_it_verified_not_the_shared_file(tmp_path, method):
+    raw, _, _, _ = fake_save()
+    other = bytes(b ^ 0x55 for b in raw)
+    pack = (lambda b: b) if method == "none" else \
+        (lambda b: subprocess.run(["zstd", "-q", "-c"], input=b, capture_output=True, check=True).stdout)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    paths = make_set(shared, pack(raw), name="t_1.tar" if method == "none" else "t_1.tar.zst")
+    reseal(paths, {"tar_bytes": len(raw)})
+    changed = tmp_path / "changed"
+    changed.write_bytes(pack(other))
+    bin_dir, private = tmp_path / "bin", tmp_path / "private"
+    bin_dir.mkdir()
+    private.mkdir()
+    (bin_dir / "docker").write_text(DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    received = tmp_path / "received"
+    image_id = "sha256:" + "a" * 64  # make_set's manifest: t:1=sha256:aaa…
+    r = subprocess.run(["sh", write_loader(shared), paths.archive.name], capture_output=True, text=True,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(private), "CHANGED": str(changed),
+                            "SHARED": str(paths.archive), "RECEIVED": str(received), "IMAGE_ID": image_id})
+    assert paths.archive.read_bytes() == changed.read_bytes(), "the shared archive was not replaced"
+    assert r.returncode == 0, r.stderr
+    assert received.read_bytes() == raw, "docker load read the shared archive, not the verified copy"
+    assert f"loaded t:1 {image_id}" in r.stdout
+    assert list(private.iterdir()) == []  # the private copy is removed
