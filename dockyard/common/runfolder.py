@@ -24,6 +24,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -34,11 +35,21 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from dockyard.common.errors import DockyardError, problems
 
 MANIFEST_LIMIT = 64 << 20  # bytes: a manifest is a few KiB; a bigger "manifest" is not one the trainer wrote
-MANIFEST = "manifest.json"       # node 0's record of the run (status, strategy in effect, metrics)
-METRICS = "metrics.jsonl"        # one line per logging window
-TRAIN_LOG = "train.log"
-LOSS_PLOT = "loss.png"
-CHECKPOINTS = "checkpoints"      # the Trainer's output_dir: checkpoint-<step>/ folders
+# The files of runs/<id>/, written by the trainer (T) or by the host (H), and read by the other.
+MANIFEST = "manifest.json"       # T: node 0's record of the run (status, strategy in effect, metrics)
+METRICS = "metrics.jsonl"        # T: one line per logging window
+TRAIN_LOG = "train.log"          # H: the trainer's output
+LOSS_PLOT = "loss.png"           # H: the monitor's plot of METRICS
+MONITOR_SAMPLES = "monitor.jsonl"  # H: the monitor's samples, one line a second
+MONITOR_VERDICT = "monitor.json"   # H: the monitor's verdict (balance, idle devices, its plots)
+CHECKPOINTS = "checkpoints"      # T: the Trainer's output_dir: checkpoint-<step>/ folders
+COMPLETE = "complete.json"       # T: in a checkpoint-<step>/, written last by rank 0 once every rank saved its part
+SHARED_TOKEN = ".shared-check"   # T: node 0 writes it, the others read it: is the run folder one shared folder?
+LOST_NODE = ".lost-node"         # T: the first rank that sees which node was lost says it here, for the others
+CLAIM = ".claimed-by-node0"      # H: node 0's claim on a run folder the other nodes may have made first
+# What the other nodes of a multi-node run write beside node 0's files (manifest-node1.json, monitor-node1.jsonl):
+# launched at the same moment (Slurm, Kubernetes), node 1 may be there first, and that is not an earlier run.
+OTHER_NODES_FILE = re.compile(r"[^.]+-node[1-9][0-9]*(\.[a-z]+)+")
 
 
 def write(folder: Path, name: str, data: bytes | str, mode: int | None = None) -> None:
@@ -218,7 +229,7 @@ class RunManifest(_Loose):
     error: str | None = None
 
 
-def read_manifest(folder: Path, name: str = "manifest.json") -> RunManifest | None:
+def read_manifest(folder: Path, name: str = MANIFEST) -> RunManifest | None:
     """The run's manifest, checked; None when the run wrote none."""
     text = read_text(folder, name, MANIFEST_LIMIT)
     if text is None:

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dockyard.common import envvars
 from dockyard.common.data_files import HUB_ID  # a hub id as the trainer reads one
 from dockyard.common.errors import DockyardError
 from dockyard.settings import ROOT, Settings
@@ -37,7 +38,7 @@ class Mounts:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"DOCKYARD_HOST_PATHS": json.dumps(self.host_paths, sort_keys=True)} if self.host_paths else {}
+        return {envvars.HOST_PATHS: json.dumps(self.host_paths, sort_keys=True)} if self.host_paths else {}
 
 
 def read_only_mounts(settings: Settings, recipe: str, overrides: list[str], *, data: str = "", model: str = "",

@@ -118,11 +118,6 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
-# What the other nodes of a multi-node run write into the shared folder (manifest-node1.json, monitor-node1.jsonl):
-# launched at the same moment (Slurm, Kubernetes), node 1 may be there first, and that is not an earlier run.
-OTHER_NODES_FILE = re.compile(r"[^.]+-node[1-9][0-9]*(\.[a-z]+)+")
-CLAIM = ".claimed-by-node0"  # node 0's claim on a run folder the other nodes may have made first
-
 
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
     """runs/<run-id>/, refusing to overwrite a run. Only node 0 owns the folder: on a shared filesystem the
@@ -144,7 +139,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
         if not d.is_dir() and not d.is_symlink():
             raise DockyardError(f"--resume: no run folder {d} to resume")
         runfolder.check(d)  # a link planted in it (monitor.json -> ~/.bashrc) is refused before anything runs
-    elif node_rank == 0 and d.exists() and any(not OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
+    elif node_rank == 0 and d.exists() and any(not runfolder.OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run: pick another --run-id, or add --resume to continue it")
     return d
 
@@ -342,7 +337,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if made:
         # One os.mkdir (or, on a folder the other r.nodes share, one O_EXCL file): of two runs given the same
         # --run-id at once, one gets the folder and the other stops here, touching nothing of it.
-        runfolder.claim(run_dir, CLAIM if r.nodes > 1 else None)
+        runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
     from dockyard.machine import monitor

@@ -26,9 +26,6 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Reading, Source, reading_to_dict
 
-SAMPLES_FILE = "monitor.jsonl"
-VERDICT_FILE = "monitor.json"
-METRICS_FILE = runfolder.METRICS
 BUSY, IDLE = 50.0, 10.0  # percent: a device at or above BUSY works, one below IDLE waits
 CPU_BUSY = 25.0          # a CPU rank works from a quarter of a core: CPU hosts are shared, a waiting rank sits near 0
 LIVE_WINDOW = 30         # samples (seconds at the default interval) a live warning looks back on
@@ -197,7 +194,7 @@ def plot_usage(samples: list[dict], kind: str, title: str = "") -> bytes:
     return _png(fig)
 
 
-def read_losses(run_dir: Path, name: str = METRICS_FILE) -> dict[str, list[tuple[float, float]]]:
+def read_losses(run_dir: Path, name: str = runfolder.METRICS) -> dict[str, list[tuple[float, float]]]:
     """(step, value) series for `loss` and `eval_loss` from JSON lines; other lines and keys are skipped."""
     series: dict[str, list[tuple[float, float]]] = {}
     text = runfolder.read_text(run_dir, name)
@@ -262,7 +259,7 @@ class Monitor:
     def _loop(self) -> None:
         t0 = time.monotonic()
         try:
-            with runfolder.append(self.run_dir, self.name(SAMPLES_FILE)) as f:
+            with runfolder.append(self.run_dir, self.name(runfolder.MONITOR_SAMPLES)) as f:
                 while True:
                     readings = self.source.sample()
                     if readings:
@@ -304,9 +301,9 @@ class Monitor:
             _say(f"no loss plot: {e}")
             losses = {}
         if losses:
-            runfolder.write(self.run_dir, "loss.png", plot_loss(losses, self.run_dir.name))
-        v["plots"] = ([usage] if self.samples else []) + (["loss.png"] if losses else [])
-        runfolder.write(self.run_dir, self.name(VERDICT_FILE), json.dumps(v, indent=2) + "\n")
+            runfolder.write(self.run_dir, runfolder.LOSS_PLOT, plot_loss(losses, self.run_dir.name))
+        v["plots"] = ([usage] if self.samples else []) + ([runfolder.LOSS_PLOT] if losses else [])
+        runfolder.write(self.run_dir, self.name(runfolder.MONITOR_VERDICT), json.dumps(v, indent=2) + "\n")
         _say(" ".join([v["message"] + ".", *v["causes"]]), "yellow" if v["unbalanced"] or v["idle_whole_run"] else "green")
         return v
 

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
-from dockyard.common.runfolder import METRICS
+from dockyard.common.runfolder import CHECKPOINTS, METRICS
 
 log = logging.getLogger("dockyard.train")
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
@@ -241,7 +241,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         "ddp_find_unused_parameters": False,
         **evaluation(settings, overrides),
         **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
-        "output_dir": str(run_dir / "checkpoints"),
+        "output_dir": str(run_dir / CHECKPOINTS),
         "use_cpu": not cuda,
     }
     if recipe.deepspeed:

@@ -12,7 +12,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import runfolder
+from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.train import nodes
 
@@ -48,9 +48,9 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
     return {
         "run_id": run_dir.resolve().name,
         "recipe": recipe.name if recipe else "",
-        "variant": os.environ.get("DOCKYARD_VARIANT", "native"),
+        "variant": os.environ.get(envvars.VARIANT, "native"),
         "status": status,
-        "image": {"ref": os.environ.get("DOCKYARD_IMAGE_REF", ""), "id": os.environ.get("DOCKYARD_IMAGE_ID", "")},
+        "image": {"ref": os.environ.get(envvars.IMAGE_REF, ""), "id": os.environ.get(envvars.IMAGE_ID, "")},
         "world_size": world_size,
         "nodes": max(1, world_size // max(1, local)),
         "node_rank": nodes.node_rank(),
@@ -74,7 +74,7 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
 def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
     """key → the host path (as `invoke run` / run.sh mounted it, from DOCKYARD_HOST_PATHS), the path inside, and
     its fingerprint; keys naming no local path (a hub id) record the name alone."""
-    host = json.loads(os.environ.get("DOCKYARD_HOST_PATHS") or "{}")
+    host = json.loads(os.environ.get(envvars.HOST_PATHS) or "{}")
     out: dict[str, Any] = {}
     for key, value in paths.items():
         if not value:
@@ -102,7 +102,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
     its last complete checkpoint (complete_checkpoint), or starts it again when it failed before completing one
     (a node lost while starting: the same command with --resume is what a user runs then)."""
-    started = sorted((p for p in (run_dir / "checkpoints").glob("checkpoint-*") if p.name[11:].isdigit()),
+    started = sorted((p for p in (run_dir / runfolder.CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()),
                      key=lambda p: int(p.name[11:]))
     complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / runfolder.MANIFEST).exists() or bool(started)
@@ -116,12 +116,9 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     return str(complete[-1]) if resume else None
 
 
-COMPLETE = "complete.json"  # written last, by rank 0, once every rank has saved its part (callbacks.PublishCheckpoint)
-
-
 def mark_complete(path: Path, step: int) -> None:
     """Publish a checkpoint: the marker appears whole (written aside, then renamed) or not at all."""
-    runfolder.write(path, COMPLETE, json.dumps({"step": step, "ranks_saved": "all"}) + "\n")
+    runfolder.write(path, runfolder.COMPLETE, json.dumps({"step": step, "ranks_saved": "all"}) + "\n")
 
 
 def _failed(run_dir: Path) -> bool:
@@ -137,7 +134,7 @@ def complete_checkpoint(path: Path) -> bool:
     """A checkpoint holding the marker: every rank had written its part. A run killed while saving leaves one
     without, even with trainer_state.json written (rank 0 writes it while other ranks may still be writing
     their RNG state, or on other nodes their shards)."""
-    return (path / COMPLETE).is_file()
+    return (path / runfolder.COMPLETE).is_file()
 
 
 def trim_metrics(run_dir: Path, step: int, name: str = runfolder.METRICS) -> None:

@@ -17,21 +17,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import runfolder
+from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 
-SHARED_TIMEOUT = float(os.environ.get("DOCKYARD_SHARED_TIMEOUT", 30))  # network filesystems show new files late
-TOKEN = ".shared-check"
-LOST = ".lost-node"  # the first rank that sees which node was lost says it here, for the ranks that see less
+SHARED_TIMEOUT = float(os.environ.get(envvars.SHARED_TIMEOUT, 30))  # network filesystems show new files late
 
 
 def node_rank() -> int:
     """The node's rank as the user numbered it (`invoke run --node-rank`); torchrun's own order otherwise."""
-    return int(os.environ.get("DOCKYARD_NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+    return int(os.environ.get(envvars.NODE_RANK, os.environ.get("GROUP_RANK", 0)))
 
 
 def rendezvous() -> dict[str, Any] | None:
-    raw = os.environ.get("DOCKYARD_RENDEZVOUS")
+    raw = os.environ.get(envvars.RENDEZVOUS)
     return json.loads(raw) if raw else None
 
 
@@ -78,8 +76,8 @@ def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[st
 
     token = [secrets.token_hex(16) if dist.get_rank() == 0 else None]
     if dist.get_rank() == 0:
-        (run_dir / LOST).unlink(missing_ok=True)  # from an earlier attempt of this run
-        runfolder.write(run_dir, TOKEN, token[0])
+        (run_dir / runfolder.LOST_NODE).unlink(missing_ok=True)  # from an earlier attempt of this run
+        runfolder.write(run_dir, runfolder.SHARED_TOKEN, token[0])
     dist.broadcast_object_list(token, src=0)
     sees = None
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
@@ -104,7 +102,7 @@ def _wait_for(run_dir: Path, token: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if runfolder.read_text(run_dir, TOKEN) == token:
+            if runfolder.read_text(run_dir, runfolder.SHARED_TOKEN) == token:
                 return True
         except (OSError, DockyardError):
             pass
@@ -123,10 +121,10 @@ def explain(error: str, run_dir: Path, nodes: list[dict[str, Any]]) -> str:
     lost = lost_node(error, nodes)
     if lost:
         print(f"error: {lost}", file=sys.stderr, flush=True)
-        runfolder.write(run_dir, LOST, lost)  # a random temporary name: containers of several nodes share pids
+        runfolder.write(run_dir, runfolder.LOST_NODE, lost)  # a random temporary name: containers of several nodes share pids
     else:
         try:
-            lost = runfolder.read_text(run_dir, LOST)
+            lost = runfolder.read_text(run_dir, runfolder.LOST_NODE)
         except (OSError, DockyardError):
             return error
         if lost is None:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from dockyard import gpus
+from dockyard.common import runfolder
 from dockyard.machine import doctor, monitor
 
 HOST = gpus.probe()
@@ -29,6 +30,6 @@ def test_monitor_samples_the_gpus(tmp_path):
     with monitor.watch(tmp_path, interval=0.05) as mon:
         while len(mon.samples) < 5:
             time.sleep(0.05)
-    rows = [json.loads(ln) for ln in (tmp_path / monitor.SAMPLES_FILE).read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (tmp_path / runfolder.MONITOR_SAMPLES).read_text().splitlines()]
     assert rows[0]["kind"] == "gpu" and len(rows[0]["devices"]) == HOST.count
     assert (tmp_path / "gpu.png").read_bytes()[:4] == b"\x89PNG"

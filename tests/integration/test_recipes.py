@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from dockyard.train import manifest as manifest_module
+from dockyard.common import runfolder
 from tests.support.cli import INVOKE
 from tests.support.training import FAST, LORA_LR, ROOT, command, env, manifest, reload_logits, train
 
@@ -114,7 +114,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     try:
         deadline = time.time() + 600
         # killed right after checkpoint-8 is published (every rank has saved), as the trainer counts complete
-        while not (run / "checkpoints" / "checkpoint-8" / manifest_module.COMPLETE).exists():
+        while not (run / "checkpoints" / "checkpoint-8" / runfolder.COMPLETE).exists():
             assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.05)
     finally:  # a crash, mid-way: every process killed at once, no chance to clean up

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.common import runfolder
 from dockyard.gpus import Recorded
 from dockyard.machine import monitor
 
@@ -86,9 +87,9 @@ def test_watch_records_warns_live_and_plots(tmp_path, capfd):
             time.sleep(0.01)
     err = capfd.readouterr().err
     assert err.count("unbalanced") == 2  # once live, once at the end
-    lines = (tmp_path / monitor.SAMPLES_FILE).read_text().splitlines()
+    lines = (tmp_path / runfolder.MONITOR_SAMPLES).read_text().splitlines()
     assert len(lines) == 90 and json.loads(lines[-1])["devices"][1]["device"] == 1
-    verdict = json.loads((tmp_path / monitor.VERDICT_FILE).read_text())
+    verdict = json.loads((tmp_path / runfolder.MONITOR_VERDICT).read_text())
     assert verdict["unbalanced"] and verdict["plots"] == ["gpu.png", "loss.png"]
     assert _is_png(tmp_path / "gpu.png") and _is_png(tmp_path / "loss.png")
     assert monitor.read_losses(tmp_path)["eval_loss"] == [(20, 2.1)]
@@ -108,14 +109,14 @@ def test_watch_never_fails_the_run(tmp_path, capfd):
     with monitor.watch(tmp_path, interval=0.001, source=Broken()):
         ran.append(True)
     assert ran and "sampling stopped (RuntimeError: NVML went away)" in capfd.readouterr().err
-    assert json.loads((tmp_path / monitor.VERDICT_FILE).read_text())["samples"] == 0
+    assert json.loads((tmp_path / runfolder.MONITOR_VERDICT).read_text())["samples"] == 0
 
 
 def test_watch_lets_the_runs_own_error_through(tmp_path):
     with pytest.raises(KeyError, match="boom"):
         with monitor.watch(tmp_path, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")):
             raise KeyError("boom")
-    assert json.loads((tmp_path / monitor.VERDICT_FILE).read_text())["samples"] > 0
+    assert json.loads((tmp_path / runfolder.MONITOR_VERDICT).read_text())["samples"] > 0
 
 
 def test_each_node_of_a_shared_run_folder_watches_into_its_own_files(tmp_path):

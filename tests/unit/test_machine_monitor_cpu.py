@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from dockyard.common import runfolder
 from dockyard.machine import monitor
 
 # A stand-in for torchrun: a parent whose command names the module, starting two ranks that do too.
@@ -40,13 +41,13 @@ def test_cpu_ranks_sampled_and_idle_rank_caught(tmp_path, capfd):
     finally:
         os.killpg(launcher.pid, 9)
         launcher.wait()
-    rows = [json.loads(ln) for ln in (run_dir / monitor.SAMPLES_FILE).read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (run_dir / runfolder.MONITOR_SAMPLES).read_text().splitlines()]
     full = [r for r in rows if len(r["devices"]) == 2]
     assert len(full) >= 12, "the two ranks were not found"
     assert {d["device"] for r in full for d in r["devices"]} == {0, 1}  # LOCAL_RANK, the launcher left out
     assert launcher.pid not in {p for r in rows for d in r["devices"] for p in d["pids"]}
     assert all(d["mem"] > 1_000_000 and r["kind"] == "cpu" for r in full for d in r["devices"])  # RSS
-    verdict = json.loads((run_dir / monitor.VERDICT_FILE).read_text())
+    verdict = json.loads((run_dir / runfolder.MONITOR_VERDICT).read_text())
     assert (run_dir / "cpu.png").read_bytes()[:4] == b"\x89PNG"
     spinning = [d["util"] for r in full for d in r["devices"] if d["device"] == 0]
     if sorted(spinning)[len(spinning) // 2] < monitor.CPU_BUSY and not verdict["unbalanced"]:

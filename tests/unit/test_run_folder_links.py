@@ -149,7 +149,7 @@ def _claim(folder: str, marker, start, out) -> None:
         out.put(str(e))
 
 
-@pytest.mark.parametrize("marker", [None, launch_run.CLAIM])
+@pytest.mark.parametrize("marker", [None, runfolder.CLAIM])
 def test_of_runs_claiming_one_folder_at_once_exactly_one_gets_it(tmp_path, marker):
     """os.mkdir (or, where the other nodes made the folder first, an O_EXCL file) decides: no exists-then-create."""
     ctx = multiprocessing.get_context("fork")

@@ -1,0 +1,15 @@
+"""The DOCKYARD_* variables that cross the border: set by the host (`invoke run`, run.sh, the sbatch script, the
+pods' command, compose) and read by the trainer in the image, or set by a user for the host. One name each."""
+
+# host → trainer
+IMAGE_REF = "DOCKYARD_IMAGE_REF"        # the image the run trains in, as the user named it (manifest: image.ref)
+IMAGE_ID = "DOCKYARD_IMAGE_ID"          # its id (manifest: image.id)
+VARIANT = "DOCKYARD_VARIANT"            # its variant (manifest: variant; "native" without one)
+HOST_PATHS = "DOCKYARD_HOST_PATHS"      # JSON {path inside: host path} of the mounted inputs (manifest: inputs)
+NODE_RANK = "DOCKYARD_NODE_RANK"        # the node's rank as the user numbered it (--node-rank, SLURM_NODEID, ...)
+RENDEZVOUS = "DOCKYARD_RENDEZVOUS"      # JSON: how the nodes found each other (endpoint, id, join timeout, ...)
+
+# user → trainer or host
+SHARED_TIMEOUT = "DOCKYARD_SHARED_TIMEOUT"  # seconds the nodes wait to see each other's files on shared storage
+MEMLOCK = "DOCKYARD_MEMLOCK"            # bytes of locked memory the engine grants, where the host cannot read it
+RUN_ID = "DOCKYARD_RUN_ID"              # the run id of an sbatch script's (and compose's) run
