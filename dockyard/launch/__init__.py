@@ -1,6 +1,8 @@
 """Starting training: one node's launch and every way of starting it.
 
-  multinode  the rendezvous and one node's torchrun line under a scheduler
+  node       one node's launch, spelled once: torchrun and the trainer's argv, the rendezvous flags, the
+             container's environment, the cluster's variant, the node checks (every launcher below uses it)
+  multinode  finding the rendezvous: node 0's address, the interface the collectives use, InfiniBand
   inputs     the user's data, model and recipe folders as read-only mounts
   run        `invoke run`: the docker run of one node (RunCommand), its checks, its summary
   runscript  run.sh: the same command as POSIX sh, beside load.sh in every archive set

@@ -20,6 +20,7 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
+from dockyard.launch import node
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS
 from dockyard.settings import ROOT, Settings
@@ -82,7 +83,7 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
     model = m.inputs.get("model")
     if model and model.inside.startswith(INPUTS):  # the run's own model folder, where the run saw it
         mounts.append((run_model(model), model.inside, True))
-    command = ["python", "-m", "dockyard.train.export", "--run-dir", f"{launch_run.WORKSPACE}/runs/{run_dir.name}",
+    command = ["python", "-m", "dockyard.train.export", "--run-dir", node.run_dir_inside(run_dir.name),
                "--out", OUT, *tail]
     env = {"DS_ACCELERATOR": "cpu", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",

@@ -22,15 +22,13 @@ from pathlib import Path
 import yaml
 
 from dockyard import engine
-from dockyard.common import runfolder
+from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import multinode, preflight, scriptwords
-from dockyard.launch.run import CPU_NPROC, WORKSPACE
+from dockyard.launch import node, preflight, scriptwords
 from dockyard.settings import Settings
 
-PORT = 29500
 RUNTIME = "torch-distributed"  # Kubeflow Trainer's ClusterTrainingRuntime for torchrun
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: it names the Job, Service and pods
 NAME_MAX = 40  # pods are named <name>-<index>-<suffix>, hostnames <name>-<index>: both must stay within 63
@@ -77,12 +75,10 @@ class Spec:
 
     @property
     def run_dir(self) -> str:
-        return f"{WORKSPACE}/runs/{self.run_id}"
+        return node.run_dir_inside(self.run_id)
 
     def entry(self) -> str:
-        words = ["-m", "dockyard.train", "--recipe", self.recipe, "--run-dir", self.run_dir]
-        words += ["--resume"] if self.resume else []
-        return shlex.join(words + (["--", *self.overrides] if self.overrides else []))
+        return node.entry_shell(self.recipe, self.run_dir, self.overrides, self.resume)
 
 
 def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, variant: str = "auto",
@@ -96,12 +92,8 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     if "/" in recipe or recipe.startswith("."):
         raise DockyardError(f"--recipe {recipe!r}: on Kubernetes the pods run the image's recipes; give a recipe "
                             "name (`invoke recipes`), or build the image with your recipe folder in recipes/")
-    if nodes < 1:
-        raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
-    if gpus_per_node < 0:
-        raise DockyardError(f"--gpus-per-node must be 0 (CPU nodes) or more (got {gpus_per_node})")
-    if max_restarts < 0:
-        raise DockyardError(f"--max-restarts must be 0 or more (got {max_restarts})")
+    node.check_nodes(nodes, gpus_per_node)
+    node.check_restarts(max_restarts)
     run_id = run_id or f"{recipe}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if not (NAME.fullmatch(run_id) and len(run_id) <= NAME_MAX):
         raise DockyardError(f"--run-id {run_id!r}: on Kubernetes it names the Job and its pods: use at most "
@@ -111,26 +103,18 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     if not QUANTITY.fullmatch(shm):
         raise DockyardError(f"--shm {shm!r}: a Kubernetes quantity such as 16Gi or 512Mi")
     if not image:
-        if variant == "auto":  # the cluster's nodes decide, not this host: CUDA with GPUs, else cpu
-            chosen = variants.newest_cuda(settings) if gpus_per_node else variants.resolve(settings, "cpu")[0]
-        else:
-            chosen = variants.resolve(settings, variant)[0]
-        image = variants.tag(settings, chosen)
-    return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or CPU_NPROC, image=image,
+        image = variants.tag(settings, node.cluster_variant(settings, variant, gpus_per_node))
+    return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or node.CPU_NPROC, image=image,
                 run_id=run_id, claim=runs_claim, shm=shm, overrides=list(overrides or []), max_restarts=max_restarts,
                 resume=resume)
-
-
-ENV = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
-       {"name": "HF_HOME", "value": f"{WORKSPACE}/.cache/huggingface"}]
 
 
 def _volumes(s: Spec) -> tuple[list[dict], list[dict]]:
     volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm}},
                {"name": "runs", "persistentVolumeClaim": {"claimName": s.claim}},
                {"name": "cache", "emptyDir": {}}]  # datasets and Hugging Face write their caches (HF_HOME) here
-    mounts = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": f"{WORKSPACE}/runs"},
-              {"name": "cache", "mountPath": f"{WORKSPACE}/.cache"}]
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": node.RUNS_INSIDE},
+              {"name": "cache", "mountPath": f"{node.WORKSPACE}/.cache"}]
     return volumes, mounts
 
 
@@ -146,15 +130,20 @@ SECURITY = {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}  # the image
 POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 
+def _env(s: Spec) -> list[dict]:
+    env = {**node.container_env(), envvars.IMAGE_REF: s.image}
+    return [*({"name": k, "value": v} for k, v in env.items()), POD_IP]
+
+
 def _command(s: Spec, *, index: str, nnodes: str | int, nproc: str | int, endpoint: str) -> str:
-    return multinode.node_command(index=index, nnodes=nnodes, nproc=nproc, endpoint=endpoint, run_id=s.run_id,
+    return node.node_command(index=index, nnodes=nnodes, nproc=nproc, endpoint=endpoint, run_id=s.run_id,
                                   local_addr="$POD_IP", entry=s.entry(), max_restarts=s.max_restarts)
 
 
 def job_manifests(s: Spec) -> list[dict]:
     """The operator-free form: [headless Service, Indexed Job]."""
     command = _command(s, index="$JOB_COMPLETION_INDEX", nnodes=s.nodes, nproc=s.nproc,
-                       endpoint=f"{s.name}-0.{s.name}:{PORT}")
+                       endpoint=f"{s.name}-0.{s.name}:{node.PORT}")
     volumes, mounts = _volumes(s)
     labels = {"app.kubernetes.io/name": "dockyard", "dockyard/run-id": s.run_id}
     service = {
@@ -163,13 +152,13 @@ def job_manifests(s: Spec) -> list[dict]:
         "spec": {"clusterIP": "None",  # headless: one DNS name per pod, no load balancing
                  "publishNotReadyAddresses": True,  # pod 0's name resolves as soon as it exists
                  "selector": {"job-name": s.name},
-                 "ports": [{"name": "rendezvous", "port": PORT}]},
+                 "ports": [{"name": "rendezvous", "port": node.PORT}]},
     }
     container = {
-        "name": "train", "image": s.image, "imagePullPolicy": "IfNotPresent", "workingDir": "/opt/dockyard",
+        "name": "train", "image": s.image, "imagePullPolicy": "IfNotPresent", "workingDir": node.WORKDIR,
         "command": ["bash", "-c"], "args": [command],
-        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image}, POD_IP],
-        "ports": [{"name": "rendezvous", "containerPort": PORT}],
+        "env": _env(s),
+        "ports": [{"name": "rendezvous", "containerPort": node.PORT}],
         "volumeMounts": mounts,
     }
     if s.gpus:
@@ -197,7 +186,7 @@ def trainjob_manifest(s: Spec) -> dict:
     trainer = {
         "image": s.image, "numNodes": s.nodes, "numProcPerNode": s.nproc,
         "command": ["bash", "-c", command],
-        "env": [*ENV, {"name": "DOCKYARD_IMAGE_REF", "value": s.image}, POD_IP],
+        "env": _env(s),
     }
     if s.gpus:
         trainer["resourcesPerNode"] = _resources(s)

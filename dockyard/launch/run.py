@@ -16,17 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.common import runfolder
+from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host, docker_gpus, probe, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
-from dockyard.launch import inputs, multinode
-from dockyard.launch.multinode import Rendezvous
+from dockyard.launch import inputs, multinode, node
+from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
-
-WORKSPACE = "/workspace"
-CPU_NPROC = 2  # processes per node where there is no GPU: enough to exercise every distributed code path
 
 
 @dataclass
@@ -35,7 +32,7 @@ class Topology:
     nodes: int = 1
     node_rank: int = 0
     master_addr: str = ""
-    master_port: int = 29500
+    master_port: int = node.PORT
     rendezvous: Rendezvous | None = None  # several nodes: torchrun's c10d rendezvous
 
 
@@ -48,35 +45,22 @@ class RunCommand:
 
 
 def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str]:
-    """One process per GPU (or per CPU slot) on this node; c10d rendezvous across nodes (node 0 hosts the store:
-    torchrun then numbers the nodes itself, so --node-rank only says which node hosts it)."""
-    argv = list(launcher or ["torchrun"]) + [f"--nproc-per-node={topo.nproc}"]
-    if topo.nodes > 1:
-        argv += [f"--nnodes={topo.nodes}", *topo.rendezvous.torchrun_flags()]  # multinode.rendezvous()
-    else:
-        # The workers' store address: without it torchrun looks up the container's hostname, which an engine
-        # without a bridge network (air-gapped nodes, `--bridge=none`) cannot resolve: every rank then waits forever.
-        argv += ["--standalone", "--local-addr=127.0.0.1"]
-    return argv
+    """torchrun for this node: alone, or through the rendezvous of several (multinode.rendezvous())."""
+    return node.torchrun_argv(topo.nproc, topo.nodes, topo.rendezvous.torchrun_flags() if topo.nodes > 1 else None,
+                              launcher)
 
 
-def entry_argv(recipe: str, run_dir: str, overrides: list[str], resume: bool = False) -> list[str]:
-    argv = ["-m", "dockyard.train", "--recipe", recipe, "--run-dir", run_dir]
-    if resume:
-        argv.append("--resume")
-    return argv + (["--", *overrides] if overrides else [])
+def node_env(topo: Topology) -> dict[str, str]:
+    """What the trainer of a node of several reads: the rendezvous, and which node it is."""
+    return topo.rendezvous.env() | {envvars.NODE_RANK: str(topo.node_rank)} if topo.rendezvous else {}
 
 
 def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,
                       host: Host, variant: Variant, cpu: bool = False) -> Topology:
-    if nodes < 1:
-        raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
+    node.check_nodes(nodes)
     if nodes > 1 and not master_addr:
         raise DockyardError("--nodes > 1 needs --master-addr: the address of node 0, reachable from every node")
-    if not 0 <= node_rank < nodes:
-        raise DockyardError(f"--node-rank must be in 0..{nodes - 1} (got {node_rank})")
-    if not 1 <= master_port <= 65535:
-        raise DockyardError(f"--master-port must be a TCP port (got {master_port})")
+    node.check_rank_and_port(node_rank, nodes, master_port)
     if variant.is_cuda and not cpu:
         if not host.gpus:
             check_gpu_host(variant, host, {}, False)  # says why, and what to run instead
@@ -147,7 +131,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
 def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
     """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant. An engine reached
     through DOCKER_HOST has limits this host cannot read: DOCKYARD_MEMLOCK=BYTES says them (as for compose)."""
-    daemon_hard_limit = int(os.environ["DOCKYARD_MEMLOCK"]) if os.environ.get("DOCKYARD_MEMLOCK") else daemon_hard_limit
+    daemon_hard_limit = int(os.environ[envvars.MEMLOCK]) if os.environ.get(envvars.MEMLOCK) else daemon_hard_limit
     if daemon_hard_limit is None:
         return "memlock=-1"
     if say:
@@ -174,15 +158,14 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
         argv += ["--network", "host"]
     argv += devices or []  # multinode.infiniband_flags()
     hf = settings.path(settings.hf_cache)
-    all_env = {"HOME": "/tmp", "HF_HOME": f"{WORKSPACE}/.cache/huggingface", "HF_HUB_OFFLINE": "1", **env}
-    for k, v in all_env.items():
+    for k, v in {**node.container_env(), **env}.items():
         argv += ["-e", f"{k}={v}"]
-    vols = [(hf, f"{WORKSPACE}/.cache/huggingface", False)]
+    vols = [(hf, node.HF_INSIDE, False)]
     if run_dir is not None:
-        vols.append((run_dir.parent, f"{WORKSPACE}/runs", False))
+        vols.append((run_dir.parent, node.RUNS_INSIDE, False))
     for host_path, target, ro in vols + mounts:
         argv += ["-v", f"{host_path}:{target}{':ro' if ro else ''}"]
-    return argv + ["-w", "/opt/dockyard", image, *command]
+    return argv + ["-w", node.WORKDIR, image, *command]
 
 
 def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
@@ -201,15 +184,15 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
         check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
     seen = inputs.read_only_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
-    env = {"DOCKYARD_IMAGE_REF": image, "DOCKYARD_IMAGE_ID": image_id, "DOCKYARD_VARIANT": variant.name, **seen.env}
+    env = {envvars.IMAGE_REF: image, envvars.IMAGE_ID: image_id, envvars.VARIANT: variant.name, **seen.env}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     if cpu and variant.is_cuda:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
-    if topo.rendezvous:
-        env |= topo.rendezvous.env() | {"DOCKYARD_NODE_RANK": str(topo.node_rank)}
+    env |= node_env(topo)
     gpu = variant.is_cuda and not cpu
-    command = torchrun_argv(topo) + entry_argv(seen.recipe, f"{WORKSPACE}/runs/{run_dir.name}", seen.overrides, resume)
+    command = torchrun_argv(topo) + node.entry_argv(seen.recipe, node.run_dir_inside(run_dir.name), seen.overrides,
+                                                    resume)
     argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
                            name=f"dockyard-{run_dir.name}",
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command,
@@ -227,11 +210,11 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     if cpu:
         env["DS_ACCELERATOR"] = "cpu"
-    if topo.rendezvous:
-        env |= topo.rendezvous.env() | {"DOCKYARD_NODE_RANK": str(topo.node_rank)}
+    env |= node_env(topo)
     launcher = [sys.executable, "-m", "torch.distributed.run"]
     overrides = [*overrides, *(["--data", data] if data else []), *(["--model", model] if model else [])]
-    return RunCommand(torchrun_argv(topo, launcher) + entry_argv(recipe, str(run_dir), overrides, resume), run_dir, env)
+    return RunCommand(torchrun_argv(topo, launcher) + node.entry_argv(recipe, str(run_dir), overrides, resume), run_dir,
+                      env)
 
 
 def summarise(run_dir: Path, node_rank: int = 0) -> dict:
@@ -268,7 +251,7 @@ class RunRequest:
     nodes: int = 1
     node_rank: int = 0
     master_addr: str = ""
-    master_port: int = 29500
+    master_port: int = node.PORT
     run_id: str = ""
     resume: bool = False
     dry: bool = False
@@ -279,7 +262,7 @@ class RunRequest:
     data: str = ""
     model: str = ""
     iface: str = ""
-    join_timeout: int = multinode.JOIN_TIMEOUT
+    join_timeout: int = node.JOIN_TIMEOUT
     max_restarts: int = 0
     overrides: tuple[str, ...] = ()
 
@@ -361,7 +344,7 @@ def _image_if_there(settings: Settings, tag: str) -> dict:
     except DockyardError:
         image = {}
     if not image:
-        print(f"note: {tag} is not built (or no engine answers): the run sets DOCKYARD_IMAGE_ID to its id",
+        print(f"note: {tag} is not built (or no engine answers): the run sets {envvars.IMAGE_ID} to its id",
               file=sys.stderr)
     return image
 
@@ -376,7 +359,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> No
     mounts = inputs.read_only_mounts(settings, "", []).volumes
     runs = settings.path(settings.runs_dir)
     argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
-                           env={"DOCKYARD_IMAGE_REF": image, "DOCKYARD_VARIANT": chosen.name}, network_host=False,
+                           env={envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}, network_host=False,
                            interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts,
                            memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
     if dry:

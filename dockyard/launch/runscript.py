@@ -13,8 +13,10 @@ import shlex
 from pathlib import Path
 
 from dockyard import engine
+from dockyard.common import envvars
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
+from dockyard.launch import node
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS, USER_RECIPES
 from dockyard.settings import Settings
@@ -42,7 +44,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     argv[argv.index("--recipe") + 1] = "__RECIPE__"
     tag = variants.tag(s, variant)
     at = argv.index(tag)
-    flags = [w.replace(tag, "__IMAGE__").replace(f"DOCKYARD_VARIANT={variant.name}", "DOCKYARD_VARIANT=__VARIANT__")
+    flags = [w.replace(tag, "__IMAGE__").replace(f"{envvars.VARIANT}={variant.name}", f"{envvars.VARIANT}=__VARIANT__")
              for w in argv[:at]]
     command = argv[at + 1:]
     if "--gpus" in flags:
@@ -52,14 +54,14 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     lines = ["add " + " ".join('"$(id -u):$(id -g)"' if w == user else word(w) for w in flags),
              '[ -z "$GPUS" ] || add --gpus "$GPUS"',
              '[ -z "$CPU" ] || add -e DS_ACCELERATOR=cpu  # the image says cuda; DeepSpeed would look for a GPU',
-             '[ -z "$HOST_PATHS" ] || add -e "DOCKYARD_HOST_PATHS={$HOST_PATHS}"',
+             f'[ -z "$HOST_PATHS" ] || add -e "{envvars.HOST_PATHS}={{$HOST_PATHS}}"',
              'cmd="$cmd$MOUNTS"',
              "add \"$IMAGE\" " + " ".join(word(w) for w in command[:command.index(OVERRIDES)]),
              'add "$@"',
              'cmd="$cmd$EXTRA"']
     text = TEMPLATE.read_text()
     for mark, value in {"@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
-                        "@CPU_NPROC@": str(launch_run.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
+                        "@CPU_NPROC@": str(node.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
                         "@COMMAND@": "\n".join(lines)}.items():
         text = text.replace(mark, value)
     return text

@@ -20,12 +20,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from dockyard.common import runfolder
+from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import multinode, preflight, scriptwords
-from dockyard.launch.run import WORKSPACE
+from dockyard.launch import node, preflight, scriptwords
 from dockyard.settings import ROOT, Settings
 
 RUNTIMES = {"docker": "", "pyxis": ".sqsh", "apptainer": ".sif"}  # and the image file each one runs
@@ -33,7 +32,7 @@ INVOKE = [sys.executable, "-m", "invoke"]  # what each node runs with --runtime=
 
 
 def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, overrides: list[str],
-           variant: str = "auto", archive: str = "", master_port: int = 29500, runtime: str = "docker",
+           variant: str = "auto", archive: str = "", master_port: int = node.PORT, runtime: str = "docker",
            image_file: str = "") -> str:
     """The sbatch script's text (pure). Every value in it is quoted for the shell(s) that read it, or refused."""
     for flag, value in (("--recipe", recipe), ("--archive", archive), ("--image-file", image_file)):
@@ -41,15 +40,8 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     scriptwords.argv_words(overrides, "trainer overrides")
     preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
     _check_runtime(runtime, image_file, archive, gpus_per_node)
-    if nodes < 1:
-        raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
-    if gpus_per_node < 0:
-        raise DockyardError(f"--gpus-per-node must be 0 (CPU nodes) or more (got {gpus_per_node})")
-    # auto: the nodes' GPUs, not this (login) host's, decide: the newest CUDA variant, or cpu without GPUs
-    if variant == "auto":
-        chosen = variants.newest_cuda(settings) if gpus_per_node else variants.resolve(settings, "cpu")[0]
-    else:
-        chosen = variants.resolve(settings, variant)[0]
+    node.check_nodes(nodes, gpus_per_node)
+    chosen = node.cluster_variant(settings, variant, gpus_per_node)
     image = variants.tag(settings, chosen)
     runs = settings.path(settings.runs_dir)
     scriptwords.one_line(str(runs), "the runs_dir setting")
@@ -90,7 +82,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         "MASTER_ADDR=$(scontrol show node \"$MASTER_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
         'MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}',
         f"export MASTER_ADDR MASTER_PORT=${{MASTER_PORT:-{int(master_port)}}}",
-        f'export RUN_ID="${{DOCKYARD_RUN_ID:-{name}-slurm-$SLURM_JOB_ID}}"',
+        f'export RUN_ID="${{{envvars.RUN_ID}:-{name}-slurm-$SLURM_JOB_ID}}"',
         "# It names a folder and goes into the nodes' command lines: checked here, before any node starts.",
         'if [[ ${#RUN_ID} -gt 128 || $RUN_ID == [!A-Za-z0-9]* || $RUN_ID == *[!A-Za-z0-9_.-]* ]]; then',
         "  printf 'dockyard: run id %s: use at most 128 letters, digits, _ . -, starting with a letter or digit\\n' "
@@ -147,21 +139,20 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     runs = scriptwords.mount_path(str(settings.path(settings.runs_dir)), "the runs_dir setting")
     hf = scriptwords.mount_path(str(settings.path(settings.hf_cache)), "the hf_cache setting")
     recipes = scriptwords.mount_path(str(ROOT / "recipes"), "this checkout's folder")
-    mounts = [(runs, f"{WORKSPACE}/runs", ""), (hf, f"{WORKSPACE}/.cache/huggingface", ""),
-              (recipes, "/opt/dockyard/recipes", "ro")]  # this checkout's recipes, as `invoke run` does
+    mounts = [(runs, node.RUNS_INSIDE, ""), (hf, node.HF_INSIDE, ""),
+              (recipes, f"{node.WORKDIR}/recipes", "ro")]  # this checkout's recipes, as `invoke run` does
     spec = ",".join(f"{src}:{dst}" + (f":{flag}" if flag else "") for src, dst, flag in mounts)
     image_file = str(Path(image_file).resolve())
     if runtime == "pyxis":
         container = [f"--container-image={image_file}", f"--container-mounts={spec}",
-                     "--container-workdir=/opt/dockyard", "--no-container-mount-home"]
+                     f"--container-workdir={node.WORKDIR}", "--no-container-mount-home"]
         wrap = []
     else:
         container = []
-        wrap = ["apptainer", "exec", "--nv", "--bind", spec, "--pwd", "/opt/dockyard", image_file]
-    entry = (shlex.join(["-m", "dockyard.train", "--recipe", recipe]) + f' --run-dir "{WORKSPACE}/runs/$RUN_ID" "$@"'
-             + (" " + shlex.join(["--", *overrides]) if overrides else ""))
+        wrap = ["apptainer", "exec", "--nv", "--bind", spec, "--pwd", node.WORKDIR, image_file]
+    entry = node.entry_shell(recipe, node.run_dir_inside("$RUN_ID"), overrides, expand_run_dir=True, args='"$@"')
     # Each node advertises its own NodeAddr (a hostname can resolve to 127.0.1.1 on the node, or not at all).
-    inner = "ADDRS=($NODE_ADDRS); " + multinode.node_command(
+    inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus, endpoint="$MASTER_ADDR:$MASTER_PORT",
         run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry)
     env = ["# Every node's address as Slurm reaches it, in SLURM_NODEID order.",
@@ -169,7 +160,9 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
            "  scontrol show node \"$n\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2; done | tr '\\n' ' ')",
            "# The containers see the job's environment.",
            "export NODE_ADDRS",
-           f"export DOCKYARD_IMAGE_REF={shlex.quote(image)} HF_HOME={WORKSPACE}/.cache/huggingface HF_HUB_OFFLINE=1"]
+           # the trainer's environment, HOME left as the runtime sets it for the user
+           "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in {envvars.IMAGE_REF: image, **node.container_env()}.items()
+                                if k != "HOME")]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])

@@ -162,13 +162,11 @@ GRACE = 5.0     # what a process other than its node's first waits after its ver
 def silence_bound() -> float:
     """How long a node may stay silent: the join timeout the launcher gave torchrun, recorded in
     DOCKYARD_RENDEZVOUS (`invoke run --join-timeout`, `invoke slurm`, `invoke k8s`, compose's JOIN_TIMEOUT)."""
-    from dockyard.launch.multinode import JOIN_TIMEOUT
-
     try:
-        bound = float((rendezvous() or {}).get("join_timeout") or JOIN_TIMEOUT)
+        bound = float((rendezvous() or {}).get("join_timeout") or envvars.JOIN_TIMEOUT)
     except (TypeError, ValueError):
-        bound = JOIN_TIMEOUT
-    return bound if bound >= 1 else JOIN_TIMEOUT
+        bound = envvars.JOIN_TIMEOUT
+    return bound if bound >= 1 else envvars.JOIN_TIMEOUT
 
 
 def beat_interval(bound: float) -> float:

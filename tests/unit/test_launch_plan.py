@@ -9,7 +9,7 @@ import pytest
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
-from dockyard.launch import multinode
+from dockyard.launch import multinode, node
 from dockyard.launch import run as launch_run
 
 GPU = Gpu(0, "NVIDIA A100-SXM4-80GB", 80 * 2**30)
@@ -124,7 +124,7 @@ def test_cuda_image_on_a_host_without_gpus_trains_on_cpu_only_when_asked(setting
     argv = launch_run.run_command(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "r", overrides=[], cpu=True).argv
     assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in argv, "DeepSpeed must not look for a GPU"
-    assert _after_image(argv, "dockyard:0.1.0-cu132")[1] == f"--nproc-per-node={launch_run.CPU_NPROC}"
+    assert _after_image(argv, "dockyard:0.1.0-cu132")[1] == f"--nproc-per-node={node.CPU_NPROC}"
 
 
 def test_unknown_recipe_lists_valid_names(settings, tmp_path):

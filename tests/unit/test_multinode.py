@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dockyard.common.errors import DockyardError
-from dockyard.launch import multinode
+from dockyard.launch import multinode, node
 from dockyard.train import manifest, nodes
 
 ROUTE = {"iface": "ens5", "addr": "10.0.0.2"}
@@ -121,9 +121,9 @@ def test_the_trainer_binds_gloo_and_nccl_to_the_interface_of_the_advertised_addr
 
 # --- a node lost at any moment: the heartbeat's bound and verdicts ----------------------------------------------
 
-@pytest.mark.parametrize("rdzv, bound", [({"join_timeout": 45}, 45.0), ({}, float(multinode.JOIN_TIMEOUT)),
-                                         ({"join_timeout": "x"}, float(multinode.JOIN_TIMEOUT)),
-                                         ({"join_timeout": 0}, float(multinode.JOIN_TIMEOUT))])
+@pytest.mark.parametrize("rdzv, bound", [({"join_timeout": 45}, 45.0), ({}, float(node.JOIN_TIMEOUT)),
+                                         ({"join_timeout": "x"}, float(node.JOIN_TIMEOUT)),
+                                         ({"join_timeout": 0}, float(node.JOIN_TIMEOUT))])
 def test_the_silence_bound_is_the_join_timeout_the_launcher_gave(monkeypatch, rdzv, bound):
     monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps(rdzv))
     assert nodes.silence_bound() == bound
@@ -132,7 +132,7 @@ def test_the_silence_bound_is_the_join_timeout_the_launcher_gave(monkeypatch, rd
 def test_the_join_timeout_reaches_the_trainer_from_every_launcher():
     """`invoke run` and the schedulers' node command both record it where the trainer reads it."""
     assert json.loads(_rdzv(join_timeout=33).env()["DOCKYARD_RENDEZVOUS"])["join_timeout"] == 33
-    line = multinode.node_command(index="$I", nnodes=2, nproc=8, endpoint="n0:29500", entry="-m dockyard.train",
+    line = node.node_command(index="$I", nnodes=2, nproc=8, endpoint="n0:29500", entry="-m dockyard.train",
                                   run_id="r", join_timeout=33)
     assert '\\"join_timeout\\": 33' in line and re.search(r"join_timeout=33\b", line)
 

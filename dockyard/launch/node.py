@@ -1,0 +1,166 @@
+"""One node's launch, spelled once: what every launcher starts on a node (`invoke run` and --native, run.sh, the
+sbatch script, the Kubernetes pods) is rendered here.
+
+  torchrun_argv     torchrun's process flags: one process per GPU (or CPU slot), alone or through a rendezvous
+  rendezvous_flags  torchrun's c10d rendezvous (node 0 hosts the store), from a Rendezvous or shell expressions
+  entry_argv        the trainer: -m dockyard.train --recipe R --run-dir D [--resume] [-- overrides]
+  entry_shell       the same as one shell line, for the scripts and pods
+  node_command      the shell line a scheduler starts on each node (Slurm's SLURM_NODEID, an Indexed Job's index)
+  container_env     the trainer's container environment: HOME, Hugging Face's cache, offline
+  cluster_variant   `auto` on a cluster: the nodes' GPUs decide, not this host's
+  check_*           the node count, rank, port and restart checks every launcher makes
+compose/*.yml are static YAML with their own text: tests/unit/test_compose_agrees.py holds them to this module.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from dockyard.common import envvars
+from dockyard.common.errors import DockyardError
+from dockyard.images import variants
+from dockyard.images.variants import Variant
+from dockyard.settings import Settings
+
+WORKSPACE = "/workspace"
+RUNS_INSIDE = f"{WORKSPACE}/runs"                 # the runs folder, as the container sees it
+HF_INSIDE = f"{WORKSPACE}/.cache/huggingface"     # Hugging Face's cache, as the container sees it
+WORKDIR = "/opt/dockyard"                         # the image's copy of the project: dockyard/, recipes/
+CPU_NPROC = 2  # processes per node where there is no GPU: enough to exercise every distributed code path
+PORT = 29500   # node 0's rendezvous port unless told another
+JOIN_TIMEOUT = envvars.JOIN_TIMEOUT  # seconds node 0 waits for the others to join, the trainer's bound on silence
+TRAINER = ["-m", "dockyard.train"]
+
+
+@dataclass
+class Rendezvous:
+    """How the nodes of one run find each other (recorded in every node's manifest): multinode.rendezvous()."""
+
+    endpoint: str             # node 0's host:port
+    run_id: str               # the same on every node: torchrun's --rdzv-id
+    is_host: bool             # node 0 hosts the c10d store
+    join_timeout: int = JOIN_TIMEOUT
+    max_restarts: int = 0
+    iface: str = ""           # the interface the collectives use on this node
+    local_addr: str = ""      # this node's address on it, advertised to the others
+
+    def torchrun_flags(self) -> list[str]:
+        return rendezvous_flags(endpoint=self.endpoint, run_id=self.run_id, is_host=self.is_host,
+                                join_timeout=self.join_timeout, max_restarts=self.max_restarts,
+                                local_addr=self.local_addr)
+
+    def env(self) -> dict[str, str]:
+        record = rendezvous_record(self.endpoint, self.run_id, self.join_timeout, iface=self.iface,
+                                   local_addr=self.local_addr)
+        env = {envvars.RENDEZVOUS: json.dumps(record)}
+        if self.iface:
+            env |= {"GLOO_SOCKET_IFNAME": self.iface, "NCCL_SOCKET_IFNAME": self.iface}
+        return env
+
+
+def torchrun_argv(nproc: int | str, nnodes: int | str = 1, rendezvous: list[str] | None = None,
+                  launcher: list[str] | None = None) -> list[str]:
+    """One process per GPU (or per CPU slot) on this node; with `rendezvous` (rendezvous_flags) the c10d
+    rendezvous across `nnodes` nodes: node 0 hosts the store, and torchrun then numbers the nodes itself."""
+    argv = list(launcher or ["torchrun"]) + [f"--nproc-per-node={nproc}"]
+    if rendezvous is not None:
+        return argv + [f"--nnodes={nnodes}", *rendezvous]
+    # The workers' store address: without it torchrun looks up the container's hostname, which an engine
+    # without a bridge network (air-gapped nodes, `--bridge=none`) cannot resolve: every rank then waits forever.
+    return argv + ["--standalone", "--local-addr=127.0.0.1"]
+
+
+def rendezvous_flags(*, endpoint: str, run_id: str, is_host: bool | str, join_timeout: int | str,
+                     max_restarts: int | str, local_addr: str = "") -> list[str]:
+    """torchrun's c10d flags. `is_host`: True on node 0, or (for a shell line) an expression that gives 1 or 0."""
+    host = int(is_host) if isinstance(is_host, bool) else is_host
+    return ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+            f"--rdzv-conf=is_host={host},join_timeout={join_timeout}", f"--max-restarts={max_restarts}",
+            *([f"--local-addr={local_addr}"] if local_addr else [])]
+
+
+def rendezvous_record(endpoint: str, run_id: str, join_timeout: int | str, **more: str) -> dict:
+    """What the trainer reads in DOCKYARD_RENDEZVOUS (and records in the manifest); `more`: iface, local_addr."""
+    return {"backend": "c10d", "endpoint": endpoint, "id": run_id, "join_timeout": join_timeout, **more}
+
+
+def run_dir_inside(run_id: str) -> str:
+    return f"{RUNS_INSIDE}/{run_id}"
+
+
+def entry_argv(recipe: str, run_dir: str, overrides: list[str] | tuple[str, ...] = (), resume: bool = False) -> list[str]:
+    """What follows torchrun's flags: the trainer, its recipe and run folder, and the recipe's overrides."""
+    argv = [*TRAINER, "--recipe", recipe, "--run-dir", run_dir]
+    if resume:
+        argv.append("--resume")
+    return argv + (["--", *overrides] if overrides else [])
+
+
+def entry_shell(recipe: str, run_dir: str, overrides: list[str] | tuple[str, ...] = (), resume: bool = False, *,
+                expand_run_dir: bool = False, args: str = "") -> str:
+    """entry_argv as shell words. `expand_run_dir`: the run folder is an expression ($RUN_ID in it) expanded on the
+    node; `args`: shell words given on before the overrides (a script's "$@")."""
+    line = shlex.join([*TRAINER, "--recipe", recipe, "--run-dir"]) + " "
+    line += expanding(run_dir) if expand_run_dir else shlex.quote(run_dir)
+    line += " --resume" if resume else ""
+    line += f" {args}" if args else ""
+    return line + (" " + shlex.join(["--", *overrides]) if overrides else "")
+
+
+def node_command(*, index: str, nnodes: str | int, nproc: str | int, endpoint: str, entry: str, run_id: str,
+                 local_addr: str = "", join_timeout: int = JOIN_TIMEOUT, max_restarts: int = 0) -> str:
+    """The shell line one node runs when a scheduler starts every node at once and numbers them (Slurm's
+    SLURM_NODEID, an Indexed Job's JOB_COMPLETION_INDEX): torchrun with the same c10d rendezvous `invoke run`
+    gives a node, the node numbered 0 hosting the store. `index`, `endpoint`, `run_id` and `local_addr` may be
+    shell expressions, expanded on each node, each in double quotes: so they are ours ($VAR, ${...}), and a user's
+    value reaches them through a variable or checked to hold no shell character (a Kubernetes name); `entry` is
+    what follows torchrun's flags (already shell words: entry_shell)."""
+    rdzv = rendezvous_record(endpoint, run_id, join_timeout, **({"local_addr": local_addr} if local_addr else {}))
+    argv = torchrun_argv(nproc, nnodes, rendezvous_flags(
+        endpoint=endpoint, run_id=run_id, is_host=f"$(( {index} == 0 ))", join_timeout=join_timeout,
+        max_restarts=max_restarts, local_addr=local_addr))
+    # Each in double quotes: the expressions expand on the node, and what they expand to stays one word.
+    return (f"export {envvars.NODE_RANK}={expanding(str(index))} {envvars.RENDEZVOUS}={expanding(json.dumps(rdzv))}; "
+            f"exec {argv[0]} {' '.join(expanding(f) for f in argv[1:])} {entry}")
+
+
+def expanding(text: str) -> str:
+    """`text` as one double-quoted shell word in which $VAR, ${...} and $(( )) still expand."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+
+
+def container_env() -> dict[str, str]:
+    """The trainer's container environment on every launcher: a HOME any user id can write, and Hugging Face's
+    cache at its mounted folder, never asked over the network."""
+    return {"HOME": "/tmp", "HF_HOME": HF_INSIDE, "HF_HUB_OFFLINE": "1"}
+
+
+def cluster_variant(settings: Settings, variant: str, gpus_per_node: int) -> Variant:
+    """The variant a cluster's nodes run. `auto`: their GPUs decide, not this (login) host's: the newest CUDA
+    variant, or cpu without GPUs."""
+    if variant == "auto":
+        return variants.newest_cuda(settings) if gpus_per_node else variants.resolve(settings, "cpu")[0]
+    return variants.resolve(settings, variant)[0]
+
+
+def check_nodes(nodes: int, gpus_per_node: int | None = None) -> None:
+    if nodes < 1:
+        raise DockyardError(f"--nodes must be at least 1 (got {nodes})")
+    if gpus_per_node is not None and gpus_per_node < 0:
+        raise DockyardError(f"--gpus-per-node must be 0 (CPU nodes) or more (got {gpus_per_node})")
+
+
+def check_rank_and_port(node_rank: int, nodes: int, master_port: int) -> None:
+    if not 0 <= node_rank < nodes:
+        raise DockyardError(f"--node-rank must be in 0..{nodes - 1} (got {node_rank})")
+    if not 1 <= master_port <= 65535:
+        raise DockyardError(f"--master-port must be a TCP port (got {master_port})")
+
+
+def check_restarts(max_restarts: int, join_timeout: int | None = None) -> None:
+    if join_timeout is not None and join_timeout < 1:
+        raise DockyardError(f"--join-timeout must be at least 1 second (got {join_timeout})")
+    if max_restarts < 0:
+        raise DockyardError(f"--max-restarts must be 0 or more (got {max_restarts})")

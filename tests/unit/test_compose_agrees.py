@@ -1,0 +1,65 @@
+"""compose/*.yml keep their own text (compose reads static YAML, not Python): held here to what
+dockyard/launch/node.py renders for every other launcher, so that the two cannot drift apart. The variables are
+filled in as compose would (${VAR:-default}, $$ for a $), and multinode.yml's command runs under bash with a
+recording torchrun: the argv it gets is node.py's for the same values."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from dockyard.common import envvars
+from dockyard.launch import node
+from dockyard.settings import ROOT
+from tests.support.hostile import environment, recorder, records
+
+VALUES = {"NNODES": "2", "MASTER_ADDR": "10.0.0.1", "IFACE": "eth0", "LOCAL_ADDR": "10.0.0.2",
+          "DOCKYARD_RUN_ID": "exp1", "DOCKYARD_RECIPE": "ddp"}
+
+
+def _service(name: str) -> dict:
+    return yaml.safe_load((ROOT / "compose" / name).read_text())["services"]["train"]
+
+
+def _compose(text: str, values: dict[str, str]) -> str:
+    """`text` with compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR:?message}; $$ is a $."""
+    def one(m: re.Match) -> str:
+        name, how, default = m[1], m[2] or "", m[3] or ""
+        return values.get(name) or (default if how == ":-" else "")
+    return re.sub(r"(?<!\$)\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, text).replace("$$", "$")
+
+
+def test_the_one_node_service_starts_the_trainer_as_node_renders_it():
+    svc = _service("train.yml")
+    nproc = "${DOCKYARD_NPROC:-2}"
+    # compose's one node is torchrun --standalone without --local-addr (its container resolves its own hostname)
+    assert svc["command"][:3] == node.torchrun_argv(nproc)[:3]
+    assert svc["command"][3:] == node.entry_argv("${DOCKYARD_RECIPE:-zero2}", node.run_dir_inside("${DOCKYARD_RUN_ID:-compose}"))
+    assert svc["environment"] == node.container_env()
+    assert svc["working_dir"] == node.WORKDIR
+    assert [v.rsplit(":", 1)[-1] for v in svc["volumes"]] == [node.RUNS_INSIDE, node.HF_INSIDE]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_multinode_service_starts_the_rendezvous_node_renders(tmp_path, rank):
+    svc = _service("multinode.yml")
+    values = {**VALUES, "NODE_RANK": str(rank)}
+    env = {k: _compose(str(v), values) for k, v in svc["environment"].items()}
+    rdzv = node.Rendezvous(endpoint=f"10.0.0.1:{node.PORT}", run_id="exp1", is_host=rank == 0, iface="eth0",
+                           local_addr="10.0.0.2")
+    expected_env = rdzv.env() | {envvars.NODE_RANK: str(rank)}
+    assert {k: env[k] for k in expected_env} == {**expected_env, envvars.RENDEZVOUS: env[envvars.RENDEZVOUS]}
+    assert json.loads(env[envvars.RENDEZVOUS]) == json.loads(expected_env[envvars.RENDEZVOUS])
+
+    recorder(tmp_path / "bin", "torchrun")
+    log = tmp_path / "argv"
+    command = [_compose(w, values) for w in svc["command"]]
+    p = subprocess.run(command, env={**env, **environment(tmp_path / "bin", log, tmp_path / "mark")},
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    expected = node.torchrun_argv("gpu", "2", rdzv.torchrun_flags()) + node.entry_argv("ddp", node.run_dir_inside("exp1"))
+    assert ["torchrun", *records(log)[0]["argv"]] == expected
