@@ -39,8 +39,11 @@ def lock(c, variant="all", dry=False):
 def wheelhouse(c, variant="auto", dry=False):
     """Download every wheel (and DeepSpeed's source) of a variant's lock into images/wheelhouse/<variant>/.
 
-    The build installs Python packages only from there (--no-index). Its base stage still runs apt-get: build where
-    a Debian mirror answers, then carry the image (`invoke save`: README, "Air-gapped, step by step").
+    The wheelhouse_dir setting moves that folder: with INVOKE_DOCKYARD_WHEELHOUSE_DIR=/big/disk/wheels (or
+    wheelhouse_dir in invoke.yaml) the wheels go to /big/disk/wheels/<variant>/, and `invoke build` reads them from
+    there. The build installs Python packages only from that folder (--no-index). Its base stage still runs
+    apt-get: build where a Debian mirror answers, then carry the image (`invoke save`: README, "Air-gapped, step by
+    step").
     """
     from dockyard.images import build
 

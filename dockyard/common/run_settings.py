@@ -9,18 +9,29 @@ Needs only pydantic and PyYAML (no torch), like the registry it reads.
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
 
 DATA = ROOT / "data"
 TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
+# The TrainingArguments fields the trainer may resolve itself when they say `auto` (dockyard.train.autos)
+AUTO_TRAINING_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+                           "torch_compile", "use_liger_kernel")
+# Upper bounds: past them a number is a slip of the keyboard (and the planner's sums would overflow)
+MAX_TOKENS = 2**24        # per example
+MAX_LORA = 2**16          # a rank (or alpha) wider than any layer
+MAX_EXAMPLES = 10**12     # per optimizer step (the micro-batch is found among its divisors, in √n steps)
+
+# from 0 up to, not including, 1 (an int 0 too; never true/false, nan or inf)
+Fraction = Annotated[StrictFloat, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
 
 
 # --- settings ------------------------------------------------------------------------------------
@@ -34,15 +45,16 @@ class RunSettings(BaseModel):
     data: str = ""                # a data file, folder or cached hub id; "" = the sample shipped in data/
     data_format: Literal["auto", "text", "prompt_completion", "messages", "alpaca", "sharegpt", "text_label"] = "auto"
     eval_data: str = ""           # held-out examples in the same format, or:
-    eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)  # that share of `data` held out (by the seed)
+    eval_fraction: Fraction = 0.0  # that share of `data` held out (by the seed)
     task: Literal["causal_lm", "seq_cls"] = "causal_lm"
-    max_seq_length: int = 128
+    max_seq_length: StrictInt = Field(default=128, ge=1, le=MAX_TOKENS)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
+    lora_r: StrictInt = Field(default=16, ge=1, le=MAX_LORA)
+    lora_alpha: StrictInt = Field(default=32, ge=1, le=MAX_LORA)
+    lora_dropout: Fraction = 0.0
     lora_target_modules: str | list[str] = "all-linear"
-    global_batch: StrictInt | Literal["auto"] = "auto"  # examples per optimizer step over all processes
+    # examples per optimizer step over all processes
+    global_batch: Annotated[StrictInt, Field(ge=1, le=MAX_EXAMPLES)] | Literal["auto"] = "auto"
     padding_free: StrictBool | Literal["auto"] = "auto"  # instruction/chat examples packed into one row per batch
 
     @property
@@ -97,6 +109,34 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     try:
         settings = RunSettings(**ours)
     except ValidationError as e:
-        raise DockyardError(f"invalid setting: {problems(e)}") from None
+        raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
     return settings, merged
 
+
+def _problems(error: ValidationError, given: dict[str, Any]) -> str:
+    """pydantic's words, but a number setting's range in place of its union of errors, with the value given."""
+    said = {}
+    for err in error.errors():
+        key = str(err["loc"][0])
+        if takes := number_range(key):
+            said[key] = f"{key} {reprlib.repr(given[key])}: {takes}"
+        else:
+            said[key] = "; ".join(filter(None, [said.get(key), f"{'.'.join(map(str, err['loc']))}: {err['msg']}"]))
+    return "; ".join(said.values())
+
+
+def number_range(name: str) -> str:
+    """What a number setting takes, as a user reads it, from its bounds on RunSettings ("" for the others)."""
+    schema = RunSettings.model_json_schema()["properties"][name]
+    choices = schema.get("anyOf", [schema])
+    number = next((c for c in choices if c.get("type") in ("integer", "number")), None)
+    if number is None:
+        return ""
+    top = (f"to {_plain(number['maximum'])}" if "maximum" in number
+           else f"up to (not including) {_plain(number['exclusiveMaximum'])}")
+    return (f"{'a whole number' if number['type'] == 'integer' else 'a number'} from {_plain(number['minimum'])} "
+            f"{top}" + "".join(f", or {c['const']}" for c in choices if "const" in c))
+
+
+def _plain(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)

@@ -2,7 +2,8 @@
 minutes later, inside the container, refused now with the same reason and no engine asked.
 
 - the trainer overrides (`-- --max_steps 5`): every key a project setting or a TrainingArguments field (a misspelt
-  one names the closest), the project's settings valid (recipes/defaults.yaml ← recipe ← overrides);
+  one names the closest), the project's settings valid (recipes/defaults.yaml ← recipe ← overrides), and every
+  TrainingArguments number a finite number (a whole one where the field is an int);
 - the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
 - the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
   config.json, a hub id that is in the Hugging Face cache (runs are offline);
@@ -12,12 +13,16 @@ minutes later, inside the container, refused now with the same reason and no eng
 from __future__ import annotations
 
 import difflib
+import math
+import reprlib
+from typing import Any
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import check_deepspeed_ops, load_recipe, read_deepspeed_config, strategy
 from dockyard.settings import ROOT, Settings
 
 TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
+WIDEST_INT = 2**63 - 1  # torch's and numpy's widest integer: a count past it overflows in the Trainer
 
 
 def check_run(settings: Settings, *, recipe: str, overrides: list[str], gpus_in_effect: bool, resume: bool,
@@ -47,11 +52,11 @@ def check_cuda_ops(recipe: str, image: str, loadable: set[str] | None) -> None:
     check_deepspeed_ops(read_deepspeed_config(path), str(path), loadable, image)
 
 
-def training_argument_names() -> set[str]:
-    """TrainingArguments' field names, as the pinned transformers has them (a test keeps the snapshot current):
-    the host has no transformers."""
+def training_arguments() -> dict[str, str]:
+    """TrainingArguments' field names and, for a number, its type (`int`, `float|None`, ...; "" for the others), as
+    the pinned transformers has them (a test keeps the snapshot current): the host has no transformers."""
     lines = TRAINING_ARGUMENTS.read_text().splitlines()
-    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    return dict((line.split() + [""])[:2] for line in lines if line.strip() and not line.startswith("#"))
 
 
 def check_overrides(spec, overrides: list[str]) -> None:
@@ -59,7 +64,8 @@ def check_overrides(spec, overrides: list[str]) -> None:
     from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
 
     given = parse_overrides(overrides)
-    known = set(RunSettings.model_fields) | training_argument_names()
+    arguments = training_arguments()
+    known = set(RunSettings.model_fields) | set(arguments)
     unknown = sorted(set(given) - known)
     if unknown:
         said = []
@@ -68,7 +74,35 @@ def check_overrides(spec, overrides: list[str]) -> None:
             said.append(f"--{key}" + (f" (did you mean --{close[0]}?)" if close else ""))
         raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
                             "recipes/defaults.yaml and any transformers.TrainingArguments field")
-    resolve_settings(spec, given)
+    _, training = resolve_settings(spec, given)
+    for key, value in training.items():
+        check_number(key, value, arguments.get(key, ""))
+
+
+def check_number(key: str, value: Any, kind: str) -> None:
+    """A TrainingArguments number given a finite number (a whole one for an int field), or `auto` where the trainer
+    resolves it, or null where the field takes None; anything else would fail minutes into the run, or train
+    nonsense (a learning rate of nan)."""
+    from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS
+
+    auto = key in AUTO_TRAINING_ARGUMENTS
+    optional = kind.endswith("|None")
+    if not kind or (auto and value == "auto") or (optional and value is None):
+        return
+    whole = kind.startswith("int")
+    number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+    if number and (abs(value) <= WIDEST_INT if whole else _finite(value)):
+        return
+    raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} takes "
+                        f"{'a whole number' if whole else 'a finite number'}"
+                        + (", or auto" if auto else ", or null (its default)" if optional else ""))
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def check_input(key: str, value: str, where: str, settings: Settings) -> None:

@@ -81,7 +81,8 @@ def for_settings(shape: Any, recipe: Any, settings: Any, training: dict[str, Any
     TrainingArguments values, read before any TrainingArguments exist)."""
     def number(key: str, default: float) -> float:
         value = training.get(key, default)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return value if number and abs(value) < 2**63 else default  # not nan, inf or past int64: the run refuses those
 
     limit = training.get("save_total_limit")
     return run_bytes(shape, strategy=recipe.strategy, peft=recipe.peft, dtype=settings.dtype, half_on_gpu=half_on_gpu,

@@ -23,13 +23,12 @@ from typing import Any
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
+from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS
 from dockyard.gpus import Host
 from dockyard.machine import planner
 
 AUTO = "auto"
 SET = "set"                    # the why of a setting given in a recipe or on the command line, not resolved
-TRAINING = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "torch_compile",
-            "use_liger_kernel")
 CPU_MICRO_BATCH = 8            # the micro-batch every run had before the autos (and the default global batch per rank)
 # torch.compile pays when the time it saves exceeds the time it takes. Measured on one H100 (issue 24): the 944M
 # model (22 layers) compiles in 80-90 s and then runs 19 % faster per token (48.5k → 60.1k tokens/s under DDP).
@@ -167,7 +166,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                  f"{world_size} process(es))")
     out.overrides.update(per_device_train_batch_size=m, gradient_accumulation_steps=a,
                          gradient_checkpointing=bool(gc_on), torch_compile=bool(compile_), use_liger_kernel=bool(lig))
-    for key, value in (("global_batch", per_rank * world_size), *((k, out.overrides[k]) for k in TRAINING)):
+    for key, value in (("global_batch", per_rank * world_size), *((k, out.overrides[k]) for k in AUTO_TRAINING_ARGUMENTS)):
         out.record.setdefault(key, {"value": value, "why": SET})
     out.regime = planner.Regime(dropout, bool(compile_), bool(lig), a)
     return out

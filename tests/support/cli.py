@@ -43,6 +43,17 @@ def invoke_here(*args: str, env: dict | None = None) -> subprocess.CompletedProc
     return subprocess.CompletedProcess(["invoke", *args], code, out.getvalue(), err.getvalue())
 
 
+def short_error(r: subprocess.CompletedProcess, *names: str) -> None:
+    """The outcome of a refused value: a non-zero exit and one printable `error:` line naming one of `names`
+    ("" for any), never a traceback."""
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    said = r.stderr[r.stderr.find("error: "):]
+    assert r.stderr.count("error: ") == 1 and said.endswith("\n"), r.stderr
+    assert said.isprintable() or set(said) - set(filter(str.isprintable, said)) <= {"\n", "\t"}, repr(said)
+    assert any(n in said for n in names), f"{said!r} names none of {names}"
+
+
 def docker(settings, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """The docker client the settings name, as tests call it directly (outside the tasks): text output captured."""
     from dockyard import engine

@@ -97,15 +97,69 @@ def test_dry_prints_the_command_the_run_starts(env, model):
                                                                          "/workspace/inputs/model"]
 
 
+@pytest.mark.parametrize("native", [[], ["--native"]])
+@pytest.mark.parametrize("override,says", [
+    (["--max_steps", "nan"], "max_steps nan: TrainingArguments.max_steps takes a whole number"),
+    (["--max_steps", "inf"], "max_steps inf: TrainingArguments.max_steps takes a whole number"),
+    (["--max_steps", "1e400"], "max_steps inf: "),
+    (["--max_steps", "2.5"], "max_steps 2.5: TrainingArguments.max_steps takes a whole number"),
+    (["--learning_rate", "words"], "learning_rate 'words': TrainingArguments.learning_rate takes a finite number"),
+    (["--learning_rate", "inf"], "takes a finite number"),
+    (["--learning_rate", "nan"], "takes a finite number"),
+    (["--save_total_limit", "all"], "save_total_limit 'all': TrainingArguments.save_total_limit takes a whole number, "
+                                    "or null"),
+    (["--per_device_train_batch_size", "nan"], "takes a whole number, or auto"),
+])
+def test_a_training_argument_number_that_is_not_one_is_refused_on_the_host(env, native, override, says):
+    """Once a traceback from the disk estimate (int(nan)), and for the others a failure inside the container."""
+    refused(dry(env, *native, "--", *override), says)
+
+
+def test_training_argument_numbers_that_are_numbers_are_taken(env):
+    r = dry(env, "--native", "--", "--max_steps", "7", "--learning_rate", "1", "--save_total_limit", "null",
+            "--per_device_train_batch_size", "auto", "--save_steps", "0.5", "--warmup_steps", "1e-1")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("override,says", [
+    (["--lora_r", "-3"], "lora_r -3: a whole number from 1 to 65536"),
+    (["--lora_alpha", "0"], "lora_alpha 0: a whole number from 1 to 65536"),
+    (["--max_seq_length", "-1"], "max_seq_length -1: a whole number from 1 to 16777216"),
+    (["--global_batch", "0"], "global_batch 0: a whole number from 1 to 1000000000000, or auto"),
+    (["--global_batch", "-4"], "global_batch -4: a whole number from 1 to 1000000000000, or auto"),
+    (["--lora_dropout", "5"], "lora_dropout 5: a number from 0 up to (not including) 1"),
+    (["--lora_dropout", "nan"], "lora_dropout nan: a number from 0 up to (not including) 1"),
+    (["--eval_fraction", "inf"], "eval_fraction inf: a number from 0 up to (not including) 1"),
+    (["--lora_dropout", "true"], "lora_dropout True: a number from 0"),
+])
+def test_a_run_setting_out_of_its_range_is_refused_saying_what_it_takes(env, override, says):
+    refused(dry(env, "--native", "--", *override), f"invalid setting: {says}")
+
+
 def test_the_training_arguments_snapshot_is_the_pinned_transformers():
+    """Each field's name, and for a number its type: what the host checks overrides against."""
+    import types
+    import typing
+
     from transformers import TrainingArguments
 
-    assert preflight.training_argument_names() == {f.name for f in fields(TrainingArguments)}
+    def kind(t) -> str:
+        choices = set(typing.get_args(t)) if typing.get_origin(t) in (typing.Union, types.UnionType) else {t}
+        number = choices - {type(None)}
+        if len(number) != 1 or not number <= {int, float}:
+            return ""
+        return number.pop().__name__ + ("|None" if type(None) in choices else "")
+
+    assert preflight.training_arguments() == {f.name: kind(f.type) for f in fields(TrainingArguments)}
+    assert preflight.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
 
 
 @pytest.mark.parametrize("task", ["slurm", "k8s"])
-def test_the_multinode_writers_refuse_a_misspelt_override_before_writing(task, tmp_path):
-    refused(invoke_here(task, f"--out={tmp_path / 'out'}", "--", "--max_stepz", "5"), "did you mean --max_steps?")
+@pytest.mark.parametrize("override,says", [(["--max_stepz", "5"], "did you mean --max_steps?"),
+                                           (["--max_steps", "nan"], "max_steps nan: "),
+                                           (["--lora_r", "-3"], "lora_r -3: ")])
+def test_the_multinode_writers_refuse_what_the_trainer_would_before_writing(task, override, says, tmp_path):
+    refused(invoke_here(task, f"--out={tmp_path / 'out'}", "--", *override), says)
     assert not (tmp_path / "out").exists()
 
 
@@ -123,3 +177,9 @@ def test_a_wheelhouse_elsewhere_is_what_the_build_reads(tmp_path):
     assert build_line.endswith(str(tmp_path / "wh" / ".context-cpu")), "built from the context holding those wheels"
     r = invoke_here("build", "--variant=cpu", "--dry")
     assert next(x for x in r.stdout.splitlines() if "--progress=plain" in x).endswith(str(ROOT))
+
+
+def test_the_wheelhouse_help_names_the_setting_that_moves_it():
+    r = invoke_here("--help", "wheelhouse")
+    assert "images/wheelhouse/<variant>/" in r.stdout and "wheelhouse_dir setting moves that folder" in r.stdout
+    assert "INVOKE_DOCKYARD_WHEELHOUSE_DIR" in r.stdout

@@ -17,7 +17,7 @@ from invoke import Collection
 import tasks
 from dockyard.cli import TypedFlag, release_setting_overrides
 from dockyard.settings import Settings
-from tests.support.cli import invoke_here
+from tests.support.cli import invoke_here, short_error
 
 # Importing tasks.py held INVOKE_DOCKYARD_* back, as Invoke's own process needs; this pytest process (and the
 # session's `settings` fixture) keeps them.
@@ -51,15 +51,6 @@ FEW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthChec
 FEWER = settings(FEW, max_examples=15)  # a setting: 19 keys, each through two ways in
 
 
-def _short_error(r, *names: str) -> None:
-    assert r.returncode != 0, r.stdout
-    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
-    said = r.stderr[r.stderr.find("error: "):]
-    assert r.stderr.count("error: ") == 1 and said.endswith("\n"), r.stderr
-    assert said.isprintable() or set(said) - set(filter(str.isprintable, said)) <= {"\n", "\t"}, repr(said)
-    assert any(n in said for n in names), f"{said!r} names none of {names}"
-
-
 def _plain_number(text: str, whole: bool) -> float | None:
     """The number a user meant, for the flags that say GiB, counts, ports: decimal digits (with a point for GiB)."""
     digits = "[0-9]+"  # ASCII: a count typed as `٣` or `1_0` is refused, not guessed at
@@ -84,11 +75,11 @@ def test_a_number_flag_is_its_number_or_a_short_error_naming_it(task, flag, whol
     assert "Traceback" not in r.stderr
     number = _plain_number(value, whole)
     if number is None or number < 0:
-        _short_error(r, f"--{flag}=")  # not a number of this kind (a word, nan, inf, 2.5 for a count), or negative
+        short_error(r, f"--{flag}=")  # not a number of this kind (a word, nan, inf, 2.5 for a count), or negative
     elif number > 10**9:
-        _short_error(r, f"--{flag}=")  # no count, port, size or time of that order makes sense
+        short_error(r, f"--{flag}=")  # no count, port, size or time of that order makes sense
     elif r.returncode:
-        _short_error(r, "")  # refused by this flag's range or by the task itself: still one line
+        short_error(r, "")  # refused by this flag's range or by the task itself: still one line
 
 
 @pytest.mark.parametrize("task,flag,whole", NUMBER_FLAGS)
@@ -112,7 +103,7 @@ def test_dash_h_is_help_on_every_task_and_no_flag_has_a_one_letter_form(task):
 def test_a_setting_from_the_environment_is_taken_or_a_short_error_naming_it(key, value):
     r = invoke_here("recipes", env={f"INVOKE_DOCKYARD_{key.upper()}": value})
     if r.returncode:
-        _short_error(r, f"INVOKE_DOCKYARD_{key.upper()}")
+        short_error(r, f"INVOKE_DOCKYARD_{key.upper()}")
 
 
 @pytest.mark.parametrize("key", sorted(Settings.model_fields))
@@ -123,14 +114,14 @@ def test_a_setting_in_a_config_file_is_taken_or_a_short_error_naming_it(key, val
     config.write_text(yaml.safe_dump({"dockyard": {key: value}}))
     r = invoke_here("-f", str(config), "recipes")
     if r.returncode:
-        _short_error(r, f"dockyard.{key}")
+        short_error(r, f"dockyard.{key}")
 
 
 @FEW
 @given(name=st.from_regex(r"[A-Z][A-Z0-9_]{0,20}", fullmatch=True).filter(lambda n: n.lower() not in Settings.model_fields))
 def test_an_unknown_setting_is_refused_listing_the_known_ones(name):
     r = invoke_here("recipes", env={f"INVOKE_DOCKYARD_{name}": "x"})
-    _short_error(r, f"INVOKE_DOCKYARD_{name}")
+    short_error(r, f"INVOKE_DOCKYARD_{name}")
     assert "known: allowed_signers, base_image_cpu" in r.stderr
 
 
@@ -142,7 +133,7 @@ def test_the_layer_cache_size_from_the_environment(value, says):
     if says is None:
         assert r.returncode == 0, r.stderr
     else:
-        _short_error(r, "INVOKE_DOCKYARD_LAYER_CACHE_GB", says)
+        short_error(r, "INVOKE_DOCKYARD_LAYER_CACHE_GB", says)
         assert says in r.stderr
 
 
@@ -162,8 +153,8 @@ def test_the_text_flags_tried_include_every_dry_task():
 @pytest.mark.parametrize("task,flag", TEXT_FLAGS)
 @FEWER
 @given(value=TEXT)
-def test_a_text_flag_of_a_dry_task_is_taken_or_a_short_error(task, flag, value, tmp_path):
+def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, tmp_path):
     args = [a.format(tmp=tmp_path) for a in DRY[task]]
     r = invoke_here(task, *args, f"--{flag}={value}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     if r.returncode:
-        _short_error(r, "")
+        short_error(r, "")

@@ -1,0 +1,74 @@
+"""Every value a user gives a number the trainer reads (`invoke run -- --key value`): the project's number settings
+(recipes/defaults.yaml, RunSettings) and TrainingArguments numbers, through the real `invoke` CLI in this process.
+Whatever is typed, the dry run goes on or stops with one short `error:` line naming the key, exit 1, never a
+traceback; nan, inf and words are refused on the host (before minutes of image start-up, not inside the run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tasks  # noqa: F401 - the tasks the CLI runs
+from dockyard.cli import release_setting_overrides
+from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, RunSettings, number_range, parse_overrides
+from dockyard.launch import preflight
+from tests.support.cli import invoke_here, short_error
+
+release_setting_overrides()  # importing tasks.py held INVOKE_DOCKYARD_* back, as Invoke's own process needs
+
+RUN_NUMBERS = sorted(k for k in RunSettings.model_fields if number_range(k))
+TRAINING_NUMBERS = ["learning_rate", "max_steps", "per_device_train_batch_size", "save_steps", "save_total_limit",
+                    "warmup_steps"]
+KINDS = preflight.training_arguments()
+WHOLE = {k for k in RUN_NUMBERS if number_range(k).startswith("a whole")} | {
+    k for k in TRAINING_NUMBERS if KINDS[k].startswith("int")}
+
+# what a user types as the value: numbers of every form, YAML's own words for them, and any text
+VALUES = st.one_of(
+    st.integers(-10**30, 10**30).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["nan", ".nan", "NaN", "inf", "-inf", ".inf", "1e400", "-1e400", "1" * 400, "auto", "true",
+                     "null", "~", "", " ", "0x10", "1_0", "2.5", "-0", "+3", "1e-4", "[1]", "{a: 1}", "٣", "two"]),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30),
+).filter(lambda v: not v.startswith("--"))  # `--x` is the next key, not a value: refused as a missing value
+FEW = settings(max_examples=30, deadline=None)
+
+
+def test_the_keys_tried_are_numbers():
+    assert set(RUN_NUMBERS) == {"eval_fraction", "global_batch", "lora_alpha", "lora_dropout", "lora_r",
+                                "max_seq_length"}
+    assert all(KINDS[k] for k in TRAINING_NUMBERS), "each a number field of TrainingArguments"
+
+
+def _must(key: str, value) -> str:
+    """What the run must do with the value as the override grammar reads it: "refuse", "take", or "" (either,
+    as the key's range and the task's other checks decide)."""
+    if isinstance(value, bool) or isinstance(value, (str, list, dict)) and value != "auto":
+        return "refuse"  # true, a word, a list: not a number
+    if value == "auto":
+        return "" if key in ("global_batch", *AUTO_TRAINING_ARGUMENTS) else "refuse"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "refuse"
+    if key in WHOLE:
+        return "take" if isinstance(value, int) and 1 <= value <= 1000 else "refuse" if isinstance(value, float) else ""
+    return "take" if isinstance(value, float) and 0 <= value < 1 else ""
+
+
+@pytest.mark.parametrize("key", RUN_NUMBERS + TRAINING_NUMBERS)
+@FEW
+@given(value=VALUES)
+def test_a_trainer_override_is_taken_or_one_short_error_naming_it(key, value, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    r = invoke_here("run", "--dry", "--variant=cpu", "--native", "--", f"--{key}", value,
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs)})
+    assert "Traceback" not in r.stderr + r.stdout
+    must = _must(key, parse_overrides([f"--{key}", value])[key])
+    if must == "take":
+        assert r.returncode == 0, r.stderr
+    if must == "refuse" or r.returncode:
+        short_error(r, key)
+        assert r.returncode == 1
+        assert "-m dockyard.train" not in r.stderr, "refused before the command"
