@@ -365,17 +365,18 @@ def print_plan(result: dict) -> None:
                   f"({m['source']})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
                         f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU (GiB)")
-    # GiB without the unit in each cell: the table fits 80 columns with every recipe name whole
-    for col in ("recipe", "states", "+ activ.", "= per GPU", "w/ ckpt", "host", "fits", "disk"):
-        table.add_column(col, justify="left" if col in ("recipe", "fits") else "right", no_wrap=col != "fits")
+    # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
+    # recipe name, header and cell whole (a long name of one's own recipe wraps)
+    for col in ("recipe", "states", "+ activ.", "= per\nGPU", "w/\nckpt", "host", "fits", "disk"):
+        table.add_column(col, justify="left" if col in ("recipe", "fits") else "right", no_wrap=col != "recipe")
     for r in result["recipes"]:
         fits = "yes" if r["fits"] else "w/ ckpt" if r["fits_checkpointed"] else "no"
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
-                      *(f"{r[k] / GIB:.1f}" for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
-                                                      "gpu_bytes_checkpointed", "host_bytes")),
+                      *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
+                                                  "gpu_bytes_checkpointed", "host_bytes")),
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]",
-                      _disk_cell(r))
+                      _gib_cell(r["disk_bytes"]))  # checkpoints kept + the final model: the footnote says so, --json itemises
     console.print(table)
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
@@ -387,10 +388,8 @@ def print_plan(result: dict) -> None:
                   "worst case while loading the checkpoint.[/]")
 
 
-def _disk_cell(r: dict) -> str:
-    from dockyard.machine import disk
-
-    return disk.size(r["disk_bytes"])  # checkpoints kept + the final model: the footnote says so, --json itemises
+def _gib_cell(b: float) -> str:
+    return f"{b / GIB:.1f}" if b < 100 * GIB else f"{b / GIB:.0f}"
 
 
 def to_json(result: dict) -> str:

@@ -216,6 +216,31 @@ def test_invoke_plan_as_a_user_runs_it():
     assert bad.returncode == 1 and "error: --model=eight-billion: neither a folder" in bad.stderr
 
 
+
+@pytest.mark.parametrize("size", [["--model=1B", "--gpus=1", "--gpu-mem=80"],
+                                  ["--model=70B", "--gpus=1", "--gpu-mem=24", "--cpu-mem=4000"]])
+def test_invoke_plan_at_80_columns_shows_every_column_whole(size):
+    """Once the disk column squeezed `fits` to nothing at 80 columns (blank header, blank cells)."""
+    base = [*INVOKE, "plan", *size]
+    env = {**os.environ, "COLUMNS": "80"}
+    result = json.loads(subprocess.run(base + ["--json"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                                       env=env).stdout)
+    shown = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in shown.stdout
+    header = [c.split("┃")[1:-1] for c in lines if c.startswith("┃")]
+    assert [" ".join(filter(None, (c.strip() for c in col))) for col in zip(*header, strict=True)] == [
+        "recipe", "states", "+ activ.", "= per GPU", "w/ ckpt", "host", "fits", "disk"]
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
+    assert [r[0] for r in rows] == [r["recipe"] for r in result["recipes"]], "every recipe name whole"
+    for row, r in zip(rows, result["recipes"], strict=True):
+        assert row[6] == ("yes" if r["fits"] else "w/ ckpt" if r["fits_checkpointed"] else "no"), row
+        for cell, key in zip(row[1:6] + row[7:], ("model_states_bytes", "activation_bytes", "gpu_bytes",
+                                                  "gpu_bytes_checkpointed", "host_bytes", "disk_bytes"), strict=True):
+            assert float(cell) == pytest.approx(r[key] / GIB, abs=0.5), (key, row)
+
+
 # --- config.json without torch ------------------------------------------------------------------------
 
 SMALL = dict(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2,
