@@ -186,3 +186,38 @@ def test_a_lost_offload_is_a_mismatch():
 
 def test_an_unwrapped_model_is_single_process():
     assert strategy.in_effect(torch.nn.Linear(2, 2))["engine"] == "single"
+
+
+def _ds_config(tmp_path, optimizer):
+    cfg = json.loads((RECIPES / "zero2" / "ds_config.json").read_text())
+    cfg.pop("optimizer", None)
+    if optimizer:
+        cfg["optimizer"] = optimizer
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("optimizer, refused", [
+    ({"type": "AdamW", "params": {"lr": "auto"}}, True),      # DeepSpeed's FusedAdam: a CUDA op
+    ({"type": "AdamW", "params": {"torch_adam": True}}, False),
+    (None, False),                                             # the Trainer's torch AdamW
+])
+def test_on_gpus_without_nvcc_a_cuda_op_the_image_lacks_is_refused_before_training(tmp_path, monkeypatch,
+                                                                                   optimizer, refused):
+    """The trainer's own check, for native runs and images run without `invoke run`: on a GPU (faked here: this
+    host has none; the GPU is the only thing faked) in an image with no CUDA compiler (cu128) and fused_adam not
+    prebuilt, DeepSpeed would try a JIT build that cannot work, minutes in. Refused at once, with the ways out."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    monkeypatch.setattr("deepspeed.git_version_info.installed_ops", {"cpu_adam": True, "async_io": True,
+                                                                    "fused_adam": False})
+    path = _ds_config(tmp_path, optimizer)
+    if refused:
+        with pytest.raises(DockyardError, match=r"CUDA op fused_adam, which this image does not hold and cannot "
+                                                r"compile.*torch_adam.*--devel"):
+            guards.deepspeed_config(path, "zero2")
+    else:
+        assert guards.deepspeed_config(path, "zero2")["zero_optimization"]["stage"] == 2
