@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import report
+from dockyard.common import memory
 from dockyard.machine import planner
 
 SHAPES = [  # (architecture, hidden, intermediate, heads, kv heads, layers, vocab)
@@ -57,7 +58,7 @@ def activations() -> list[str]:
                       num_hidden_layers=layers, vocab_size=vocab, attn_implementation="sdpa")
         with tempfile.TemporaryDirectory() as d:
             cfg.save_pretrained(d)
-            shape = planner.shape_from_folder(Path(d))
+            shape = memory.shape_from_folder(Path(d))
         for ckpt in (False, True):
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).train()
@@ -65,7 +66,7 @@ def activations() -> list[str]:
                 model.activation_checkpointing_enable({"use_reentrant": False})
             for batch, seq in RUNS:
                 measured = saved_bytes(model, torch.randint(0, vocab, (batch, seq)))
-                predicted = planner.activation_bytes(shape, seq, batch, ckpt)
+                predicted = memory.activation_bytes(shape, seq, batch, ckpt)
                 if ckpt:  # plan adds the one layer recomputed during backward: transient, not saved by the outer graph
                     predicted -= batch * seq * (20 * shape.hidden + 4 * shape.kv_hidden + 8 * shape.intermediate)
                 rows.append(f"| {arch} | {h}/{inter}/{shape.kv_hidden}/{layers}/{vocab} | {batch} × {seq} | "
@@ -90,7 +91,7 @@ def model_states() -> list[str]:
                   "zero3": z3(p, big, gpn, nodes, cpu_offload=False)[1::-1],
                   "zero3-offload": z3(p, big, gpn, nodes, cpu_offload=True, cpu_offload_params=True)[1::-1]}
             for recipe, (ds_gpu, ds_cpu) in ds.items():
-                gpu, host = planner.model_states(recipe, None, shape, gpn * nodes, gpn)
+                gpu, host = memory.model_states(recipe, None, shape, gpn * nodes, gpn)
                 rows.append(f"| {name} | {gpn} × {nodes} | {recipe} | {gpu / 2**30:.2f} | {ds_gpu / 2**30:.2f} | "
                             f"{gpu / ds_gpu:.4f} | {host / 2**30:.1f} | {ds_cpu / 2**30:.1f} | {host / ds_cpu:.4f} |")
     return rows

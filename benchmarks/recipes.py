@@ -32,15 +32,16 @@ import torch
 
 from benchmarks import report
 from dockyard import ROOT, engine
+from dockyard.common import memory
 from dockyard.common.recipes import recipe_names
 from dockyard.common.run_settings import DATA, TINY_MODEL
+from dockyard.common.units import GIB
 from dockyard.train import mfu
 from dockyard.train.callbacks import WARMUP_STEPS
 
 RECIPES = recipe_names()  # every recipe folder, in the registry's order
 ONE_B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
          "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 4096}
-GIB = 2**30
 
 
 def main() -> None:
@@ -199,11 +200,9 @@ def run_bare(work: Path, nproc: int, model: Path, data: Path, steps: int, batch:
 
 def bare_mfu(row: dict, model: Path, nproc: int) -> float | None:
     """The bare loop's MFU by the trainer's formula (dockyard/train/mfu.py), the model sized from its config."""
-    from dockyard.machine import planner
-
     if not torch.cuda.is_available() or "tokens_per_second" not in row:
         return None
-    shape = planner.shape_from_folder(model)
+    shape = memory.shape_from_folder(model)
     tied = bool(json.loads((model / "config.json").read_text()).get("tie_word_embeddings"))
     flops = mfu.flops_per_token(parameters=shape.params, vocab=shape.vocab, hidden=shape.hidden, layers=shape.layers,
                                 attention_width=shape.q_width, tied=tied, adapters=False,

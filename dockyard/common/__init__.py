@@ -5,6 +5,8 @@ dockyard but each other (tests/unit/test_layers.py holds that).
   recipes       the recipe registry: what each strategy is (engine, stage, offload, adapters)
   run_settings  a run's settings: recipes/defaults.yaml + the recipe's file + the trainer overrides
   model_config  a model folder's config.json -> its shape (no weights read)
+  memory        the memory model: a model's shape, a recipe's GPU and host bytes, the auto micro-batch's fit
+  disk          what a run writes (checkpoints, the final model) and whether the runs folder has room
   data_files    what the trainer reads as data (file kinds, hub ids), so `invoke run --dry` checks it the same way
   runfolder     the run folder's contract: its file names, and reading and writing them without following a link
   envvars       the DOCKYARD_* variables host and image exchange

@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.memory import LORA_RANK
+from dockyard.common.run_settings import resolve_settings
+from dockyard.common.units import GIB
 
-GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def checkpoint_bytes(shape: Any, *, strategy: str, peft: str | None, weight_bytes: int, optimizer: bool,
-                     lora_r: int = 16) -> int:
-    """One checkpoint of a model of planner.Shape `shape` (see the module docstring)."""
-    from dockyard.machine.planner import LORA_RANK
-
+                     lora_r: int = LORA_RANK) -> int:
+    """One checkpoint of a model of memory.Shape `shape` (see the module docstring)."""
     trainable = shape.lora_params * lora_r // LORA_RANK if peft else shape.params
     weights = trainable * 4 if peft else shape.params * weight_bytes  # PEFT keeps (and saves) adapters in fp32
     if not optimizer:
@@ -52,7 +52,7 @@ def checkpoints_written(*, max_steps: int, save_steps: float, save_strategy: str
 
 def run_bytes(shape: Any, *, strategy: str, peft: str | None, dtype: str, half_on_gpu: bool, optimizer: bool,
               max_steps: int, save_steps: float, save_strategy: str, save_total_limit: int | None,
-              lora_r: int = 16) -> dict[str, Any]:
+              lora_r: int = LORA_RANK) -> dict[str, Any]:
     """What a run writes: checkpoints (one × how many at the peak) and the final model."""
     weight_bytes = DTYPE_BYTES.get(dtype, 4)  # "auto": fp32 weights for full fine-tuning
     if strategy.startswith("zero") and half_on_gpu:
@@ -70,14 +70,12 @@ def run_bytes(shape: Any, *, strategy: str, peft: str | None, dtype: str, half_o
 
 def for_recipe(shape: Any, recipe: Any) -> dict[str, Any]:
     """`invoke plan`: what a recipe writes with its own settings (recipes/defaults.yaml and its `settings:`), bf16."""
-    from dockyard.common.run_settings import resolve_settings
-
     run_settings, training = resolve_settings(recipe, {})
     return for_settings(shape, recipe, run_settings, training, half_on_gpu=True)
 
 
 def for_settings(shape: Any, recipe: Any, settings: Any, training: dict[str, Any], half_on_gpu: bool) -> dict[str, Any]:
-    """run_bytes for a recipe with its resolved settings (train.recipe.resolve_settings: RunSettings and the
+    """run_bytes for a recipe with its resolved settings (run_settings.resolve_settings: RunSettings and the
     TrainingArguments values, read before any TrainingArguments exist)."""
     def number(key: str, default: float) -> float:
         value = training.get(key, default)
@@ -168,28 +166,3 @@ def full_message(error: BaseException, folder: Path, need: dict[str, Any] | None
     out = ways_out(need) if need else ("save fewer checkpoints (save_total_limit, save_steps), or put the runs folder "
                                        "on a bigger disk (the runs_dir setting)")
     return f"the disk holding {folder} ran out of space ({free} free now){planned}. Ways out: {out}. The error: {whole}"
-
-
-def check_before_run(settings: Any, recipe: str, overrides: list[str], *, model: str, run_dir: Path, gpu: bool,
-                     resume: bool) -> dict[str, Any] | None:
-    """`invoke run`: what the run will write, refused before anything starts when the runs folder's disk lacks the
-    room. Settings the trainer would refuse, or a model sized only inside the image (a hub id), are left to the
-    trainer: None, no check."""
-    from dockyard.common.recipes import load_recipe
-    from dockyard.common.run_settings import TINY_MODEL, parse_overrides, resolve_settings
-    from dockyard.launch import inputs
-    from dockyard.machine import planner
-
-    try:
-        seen = inputs.read_only_mounts(settings, recipe, overrides, model=model, checkout_recipes=False)
-        given = parse_overrides(seen.overrides)
-        folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
-        if not folder:
-            return None
-        chosen = load_recipe(recipe)
-        run_settings, training = resolve_settings(chosen, given)
-        need = for_settings(planner.shape_from_folder(Path(folder)), chosen, run_settings, training, half_on_gpu=gpu)
-    except DockyardError:
-        return None
-    check_room(run_dir.parent, need, folder_bytes(run_dir) if resume else 0)
-    return need

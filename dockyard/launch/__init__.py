@@ -5,6 +5,8 @@
   multinode  finding the rendezvous: node 0's address, the interface the collectives use, InfiniBand
   inputs     the user's data, model and recipe folders as read-only mounts
   run        `invoke run`: the docker run of one node (RunCommand), its checks, its summary
+  preflight  what `invoke run` refuses before anything starts: overrides, inputs, CUDA ops, the disk
+  monitor    the GPUs (or CPU ranks) sampled while a run lasts: balance warnings, plots, a verdict
   runscript  run.sh: the same command as POSIX sh, beside load.sh in every archive set
   slurm      `invoke slurm`: an sbatch script
   k8s        `invoke k8s`: an Indexed Job + Service, and a Kubeflow TrainJob

@@ -7,7 +7,8 @@ minutes later, inside the container, refused now with the same reason and no eng
 - the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
 - the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
   config.json, a hub id that is in the Hugging Face cache (runs are offline);
-- `--resume` names the run it continues (`--run-id`).
+- `--resume` names the run it continues (`--run-id`);
+- the runs folder's disk has room for the checkpoints and the model the run writes (check_disk).
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ from __future__ import annotations
 import difflib
 import math
 import reprlib
+from pathlib import Path
 from typing import Any
 
+from dockyard.common import disk, memory
+from dockyard.common.data_files import BUILDERS
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import check_deepspeed_ops, load_recipe, read_deepspeed_config, strategy
+from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, TINY_MODEL, RunSettings, parse_overrides, resolve_settings
+from dockyard.launch import inputs
+from dockyard.launch.inputs import host_path
 from dockyard.settings import ROOT, Settings
 
 TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
@@ -28,8 +35,6 @@ WIDEST_INT = 2**63 - 1  # torch's and numpy's widest integer: a count past it ov
 def check_run(settings: Settings, *, recipe: str, overrides: list[str], gpus_in_effect: bool, resume: bool,
               run_id: str, data: str = "", model: str = "") -> None:
     """Refuse what the run would refuse (pure: reads files, runs nothing)."""
-    from dockyard.launch import inputs
-
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run folder to continue (`ls "
                             f"{settings.path(settings.runs_dir)}`)")
@@ -52,6 +57,26 @@ def check_cuda_ops(recipe: str, image: str, loadable: set[str] | None) -> None:
     check_deepspeed_ops(read_deepspeed_config(path), str(path), loadable, image)
 
 
+def check_disk(settings: Settings, recipe: str, overrides: list[str], *, model: str, run_dir: Path, gpu: bool,
+               resume: bool) -> dict[str, Any] | None:
+    """`invoke run`: what the run will write (dockyard.common.disk), refused before anything starts when the runs
+    folder's disk lacks the room. Settings the trainer would refuse, or a model sized only inside the image (a hub
+    id), are left to the trainer: None, no check."""
+    try:
+        seen = inputs.read_only_mounts(settings, recipe, overrides, model=model, checkout_recipes=False)
+        given = parse_overrides(seen.overrides)
+        folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
+        if not folder:
+            return None
+        chosen = load_recipe(recipe)
+        run_settings, training = resolve_settings(chosen, given)
+        need = disk.for_settings(memory.shape_from_folder(Path(folder)), chosen, run_settings, training, half_on_gpu=gpu)
+    except DockyardError:
+        return None
+    disk.check_room(run_dir.parent, need, disk.folder_bytes(run_dir) if resume else 0)
+    return need
+
+
 def training_arguments() -> dict[str, str]:
     """TrainingArguments' field names and, for a number, its type (`int`, `float|None`, ...; "" for the others), as
     the pinned transformers has them (a test keeps the snapshot current): the host has no transformers."""
@@ -61,8 +86,6 @@ def training_arguments() -> dict[str, str]:
 
 def check_overrides(spec, overrides: list[str]) -> None:
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings)."""
-    from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
-
     given = parse_overrides(overrides)
     arguments = training_arguments()
     known = set(RunSettings.model_fields) | set(arguments)
@@ -83,8 +106,6 @@ def check_number(key: str, value: Any, kind: str) -> None:
     """A TrainingArguments number given a finite number (a whole one for an int field), or `auto` where the trainer
     resolves it, or null where the field takes None; anything else would fail minutes into the run, or train
     nonsense (a learning rate of nan)."""
-    from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS
-
     auto = key in AUTO_TRAINING_ARGUMENTS
     optional = kind.endswith("|None")
     if not kind or (auto and value == "auto") or (optional and value is None):
@@ -107,9 +128,6 @@ def _finite(value: float) -> bool:
 
 def check_input(key: str, value: str, where: str, settings: Settings) -> None:
     """A host path of the right kind, or a hub id in the cache."""
-    from dockyard.common.data_files import BUILDERS
-    from dockyard.launch.inputs import host_path
-
     path = host_path(value, where, settings, key)
     if path is None:
         return  # a hub id found in the cache

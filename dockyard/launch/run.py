@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.common import envvars, runfolder
+from dockyard.common import disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host, docker_gpus, probe, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
-from dockyard.launch import inputs, multinode, node
+from dockyard.launch import inputs, monitor, multinode, node, preflight
 from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
 
@@ -279,15 +279,11 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         topo.rendezvous = multinode.rendezvous(master_addr=r.master_addr, master_port=r.master_port, node_rank=r.node_rank,
                                                run_id=r.run_id, join_timeout=r.join_timeout,
                                                max_restarts=r.max_restarts, iface=r.iface)
-    from dockyard.launch import preflight
-
     # a bad --recipe is reported as such, not through the run id derived from it; then what the trainer would refuse
     preflight.check_run(settings, recipe=r.recipe, overrides=overrides, resume=r.resume, run_id=r.run_id, data=r.data,
                         model=r.model, gpus_in_effect=chosen.is_cuda and not r.cpu)
     run_dir = new_run_dir(settings, r.recipe, r.run_id, r.resume, r.node_rank)
-    from dockyard.machine import disk
-
-    need = disk.check_before_run(settings, r.recipe, overrides, model=r.model, run_dir=run_dir,
+    need = preflight.check_disk(settings, r.recipe, overrides, model=r.model, run_dir=run_dir,
                                  gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
@@ -323,8 +319,6 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
-    from dockyard.machine import monitor
-
     with monitor.watch(run_dir, node_rank=r.node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
     wrote = [n for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]

@@ -1,6 +1,6 @@
-"""The machine: is this host ready (doctor, check, container, peer), what fits on it (planner), how busy it is
-while a run lasts (monitor).
+"""The machine: is this host ready (doctor, check, container, peer), and what fits on it (planner: `invoke plan`,
+the front end of dockyard.common.memory).
 
-Host side, except planner.py, whose memory model the trainer also imports inside the image (standard library at
-import time).
+The top of the host side: it may read images, launch and transport (doctor starts a container the way `invoke run`
+does, peer reaches a node the way transport ships to it); none of them reads it.
 """

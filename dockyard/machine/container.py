@@ -10,6 +10,7 @@ from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.common.units import GIB
 from dockyard.images import variants
+from dockyard.launch.run import docker_run_argv
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 
@@ -96,10 +97,8 @@ def check_ds_report(report: str, variant, image: str) -> Check:
 def probe_argv(settings: Settings, image: str, name: str, command: list[str] | None = None,
                gpus: bool = False) -> list[str]:
     """A container started the way `invoke run` starts one (the launcher's own flags), running PROBE_SCRIPT."""
-    from dockyard.launch import run as launch_run
-
-    return launch_run.docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
-                                  interactive=False, command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[])
+    return docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
+                           interactive=False, command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[])
 
 
 def without_ulimits(argv: list[str]) -> list[str]:

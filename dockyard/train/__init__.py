@@ -1,9 +1,10 @@
 """The image side: the trainer `invoke run` starts in the container (`python -m dockyard.train`).
 
 Needs the training stack (torch, transformers, DeepSpeed, PEFT); the host side of the project never imports
-it. What it shares with the host is torch-free: dockyard.common (the recipe registry, the run settings, the run
-folder's contract, DockyardError, model_config, units) and the memory model of dockyard.machine.planner (its
-prediction goes next to the measured peak, and the auto micro-batch is chosen from it).
+it. What it shares with the host is torch-free, and all of it in dockyard.common: the recipe registry, the run
+settings, the run folder's contract, DockyardError, model_config, units, the memory model (its prediction goes
+next to the measured peak, and the auto micro-batch is chosen from it) and the disk estimate. It imports no host
+module of dockyard (tests/unit/test_layers.py holds that).
 
   __main__   main: open the run folder, training arguments, data, model, fit, measure, write the manifest
   autos      the `auto` settings resolved on the GPU at hand (micro-batch, checkpointing, compile, Liger, ...)

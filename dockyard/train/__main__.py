@@ -114,12 +114,12 @@ class Prepared:
     eval_examples: list[dict[str, Any]]  # empty: no evaluation
     resume_from: str | None
     padding_free: bool = False         # batches packed into one row (autos.resolve_padding_free)
-    shape: Any = None                  # plan.Shape, or None where the model could not be sized
+    shape: Any = None                  # memory.Shape, or None where the model could not be sized
 
 
 def train(overrides: dict[str, Any], run: Run) -> None:
     """Everything from a parsed command line to the saved model; `run` collects what the manifest needs."""
-    from dockyard.machine import disk
+    from dockyard.common import disk
 
     prepared = prepare(overrides, run)
     try:
@@ -136,8 +136,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     """The recipe and settings, the run folder, the guards, TrainingArguments, the data and the model."""
     import transformers
 
-    from dockyard.common import runfolder
-    from dockyard.machine import planner
+    from dockyard.common import memory, runfolder
     from dockyard.train import autos, checkpoints, data, guards, manifest, nodes
     from dockyard.train import model as models
 
@@ -173,7 +172,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if recipe.spec.offloads and shape:
-        _, need = planner.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
+        _, need = memory.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
     device = autos.device_from_torch()
@@ -456,10 +455,10 @@ def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus
               regime: Any) -> dict[str, Any]:
     """`invoke plan`'s estimate for this run, next to the measured peak in the manifest. Only a record:
     an estimate that cannot be made never fails the run."""
-    from dockyard.machine import planner
+    from dockyard.common import memory
 
     try:
-        return planner.estimate(shape, recipe, world_size=args.world_size,
+        return memory.estimate(shape, recipe, world_size=args.world_size,
                              gpus_per_node=gpus_per_node, seq_len=settings.max_seq_length,
                              batch=args.per_device_train_batch_size,
                              gradient_checkpointing=args.gradient_checkpointing, regime=regime)
@@ -468,8 +467,8 @@ def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus
 
 
 def disk_needed(shape: Any, recipe: Recipe, settings: RunSettings, args: Any) -> dict[str, Any] | None:
-    """What the run writes (machine/disk.py): said again if a save runs out of space. Only a record."""
-    from dockyard.machine import disk
+    """What the run writes (dockyard.common.disk): said again if a save runs out of space. Only a record."""
+    from dockyard.common import disk
 
     try:
         return disk.run_bytes(shape, strategy=recipe.strategy, peft=recipe.peft, dtype=settings.dtype,

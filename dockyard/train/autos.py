@@ -1,7 +1,7 @@
 """The settings that may be `auto` (recipes/defaults.yaml): what each becomes on the GPU at hand, and why.
 
     per_device_train_batch_size, gradient_accumulation_steps, gradient_checkpointing: the largest micro-batch
-        the plan's memory model says fits this GPU with its margin (dockyard.machine.planner), checkpointing only
+        the plan's memory model says fits this GPU with its margin (dockyard.common.memory), checkpointing only
         where not even one example fits without it, accumulation making up `global_batch`;
     torch_compile: on for full fine-tuning under DDP when the run is long enough to repay the compilation;
     use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dockyard.common import memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS
-from dockyard.gpus import Host
-from dockyard.machine import planner
+from dockyard.common.units import GIB
 
 AUTO = "auto"
 SET = "set"                    # the why of a setting given in a recipe or on the command line, not resolved
@@ -57,8 +57,9 @@ class Device:
     capability: tuple[int, int]
 
 
-def device_from_host(host: Host) -> Device | None:
-    """From NVML (dockyard.gpus): the GPU with the least memory, or None without GPUs."""
+def device_from_host(host: Any) -> Device | None:
+    """From what NVML says on the host (a dockyard.gpus.Host, read there: the trainer imports no host module): the
+    GPU with the least memory, or None without GPUs."""
     if not host.gpus:
         return None
     g = min(host.gpus, key=lambda g: g.memory_bytes)
@@ -81,7 +82,7 @@ def device_from_torch() -> Device | None:
 class Resolved:
     overrides: dict[str, Any]                  # TrainingArguments values with every auto replaced
     record: dict[str, dict[str, Any]] = field(default_factory=dict)  # manifest's settings_resolved
-    regime: planner.Regime = planner.Regime()        # what the plan needs to know about the run
+    regime: memory.Regime = memory.Regime()        # what the plan needs to know about the run
 
     def note(self, key: str, value: Any, why: str) -> None:
         self.record[key] = {"value": value, "why": why}
@@ -109,7 +110,7 @@ def liger_types() -> tuple[str, ...]:
 # --- the training settings (before TrainingArguments) --------------------------------------------------
 
 def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_size: int, gpus_per_node: int,
-            device: Device | None, shape: planner.Shape | None, kind: str = "", liger: bool | None = None) -> Resolved:
+            device: Device | None, shape: memory.Shape | None, kind: str = "", liger: bool | None = None) -> Resolved:
     """Every training auto: batch sizes, checkpointing, compilation, Liger. `kind` is the model_type,
     `liger` whether liger-kernel is installed (None: look)."""
     out = Resolved({**overrides})
@@ -150,7 +151,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                      or "the model could not be sized, so whether memory binds is not known")
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
-                             per_rank, given, gc, use_liger, liger_ok, planner.Regime(dropout, compile_))
+                             per_rank, given, gc, use_liger, liger_ok, memory.Regime(dropout, compile_))
         if use_liger == AUTO and not liger_ok:
             out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_))
     if per_rank % m:
@@ -168,7 +169,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                          gradient_checkpointing=bool(gc_on), torch_compile=bool(compile_), use_liger_kernel=bool(lig))
     for key, value in (("global_batch", per_rank * world_size), *((k, out.overrides[k]) for k in AUTO_TRAINING_ARGUMENTS)):
         out.record.setdefault(key, {"value": value, "why": SET})
-    out.regime = planner.Regime(dropout, bool(compile_), bool(lig), a)
+    out.regime = memory.Regime(dropout, bool(compile_), bool(lig), a)
     return out
 
 
@@ -203,7 +204,7 @@ def _global_batch(out: Resolved, glob: int | str, micro: int | str, accum: int |
     return glob // world
 
 
-def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | None, shape: planner.Shape | None,
+def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | None, shape: memory.Shape | None,
              per_rank: int, seq_len: int, max_steps: Any, gc: bool | str) -> bool:
     if value != AUTO:
         return bool(value)
@@ -260,26 +261,25 @@ def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: s
     return not _liger_off_reason(recipe, settings, device, kind, installed, compiled)
 
 
-def _fit(out: Resolved, recipe: Recipe, shape: planner.Shape, device: Device, world: int, gpn: int, seq: int,
+def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, world: int, gpn: int, seq: int,
          per_rank: int, given: int | None, gc: bool | str, use_liger: bool | str, liger_ok: bool,
-         regime: planner.Regime) -> tuple[int, bool, bool]:
+         regime: memory.Regime) -> tuple[int, bool, bool]:
     """The micro-batch (the largest that fits, or the one given), checkpointing and Liger from the plan's memory
     model on this GPU."""
     def largest(ckpt: bool, lig: bool):
-        r = planner.Regime(regime.lora_dropout, regime.compiled, lig)
-        return planner.largest_micro_batch(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq,
+        r = memory.Regime(regime.lora_dropout, regime.compiled, lig)
+        return memory.largest_micro_batch(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq,
                                         per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt, regime=r,
                                         candidates=[given] if given else None)
 
-    gib = planner.GIB
-    budget = f"{device.memory_bytes * (1 - planner.MARGIN) / gib:.1f} GiB ({1 - planner.MARGIN:.0%} of the {device.name})"
+    budget = f"{device.memory_bytes * (1 - memory.MARGIN) / GIB:.1f} GiB ({1 - memory.MARGIN:.0%} of the {device.name})"
     ligers = [False, True] if liger_ok else [use_liger is True]
     for ckpt in ([False, True] if gc == AUTO else [gc]):
         found = [(lig, r) for lig in ligers if (r := largest(ckpt, lig))]
         if not found:
             continue
         lig, (m, est) = max(found, key=lambda f: (f[1][0], not f[0]))  # the larger micro-batch; without Liger on a tie
-        need = f"{est['gpu_bytes'] / gib:.1f} GiB"
+        need = f"{est['gpu_bytes'] / GIB:.1f} GiB"
         if not given:
             out.note("per_device_train_batch_size", m, f"all {per_rank} examples per process fit at once: {need} of "
                      f"{budget}" if m == per_rank else f"the largest divisor of the {per_rank} examples per process "

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from dockyard.common import memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
@@ -147,10 +148,8 @@ def count_4bit_layers(model: Any) -> int:
 
 def model_shape(folder: Path) -> Any:
     """The model's exact size, any architecture: built from config.json on the meta device (nothing loaded).
-    `invoke plan` on the host reads config.json alone (machine/model_config.py); here torch is at hand."""
+    `invoke plan` on the host reads config.json alone (dockyard.common.model_config); here torch is at hand."""
     import transformers
-
-    from dockyard.machine import planner
 
     if not (folder / "config.json").is_file():
         raise DockyardError(f"{folder} has no config.json: pass a model folder")
@@ -175,12 +174,12 @@ def model_shape(folder: Path) -> Any:
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and name.split(".")[-1] not in ("lm_head", "score", "classifier"):
             linear += m.weight.numel()
-            lora += planner.LORA_RANK * (m.in_features + m.out_features)
+            lora += memory.LORA_RANK * (m.in_features + m.out_features)
     hidden = getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0)
     heads = getattr(config, "num_attention_heads", 0) or 1
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return planner.Shape(params=params, largest_layer=largest, hidden=hidden,
+    return memory.Shape(params=params, largest_layer=largest, hidden=hidden,
                       layers=getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0),
                       vocab=getattr(config, "vocab_size", 0),
                       intermediate=getattr(config, "intermediate_size", 0) or 4 * hidden,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dockyard.machine import planner
+from dockyard.common import memory
+from dockyard.common.units import GIB
 from tests.support.measured import long_documents, make_measured_model
 from tests.support.training import FAST, LORA_LR, chat_data, manifest, reload_logits, train
 
@@ -92,9 +93,9 @@ def test_the_auto_micro_batch_of_the_944m_model_fits_and_the_plan_holds(tmp_path
     micro, accum = resolved["per_device_train_batch_size"]["value"], resolved["gradient_accumulation_steps"]["value"]
     assert micro * accum == 16
     peak = m["metrics"]["peak_memory_bytes"]
-    assert peak + planner.OVERHEAD <= gpu_memory()
-    assert m["plan"]["gpu_bytes"] <= gpu_memory() * (1 - planner.MARGIN)
-    assert peak == pytest.approx(m["plan"]["gpu_reserved_bytes"], rel=0.10), (peak / planner.GIB, m["plan"])
+    assert peak + memory.OVERHEAD <= gpu_memory()
+    assert m["plan"]["gpu_bytes"] <= gpu_memory() * (1 - memory.MARGIN)
+    assert peak == pytest.approx(m["plan"]["gpu_reserved_bytes"], rel=0.10), (peak / GIB, m["plan"])
 
 
 def test_qlora_peaks_below_lora_on_the_944m_model(tmp_path, measured_model):
@@ -106,4 +107,4 @@ def test_qlora_peaks_below_lora_on_the_944m_model(tmp_path, measured_model):
               "--per_device_train_batch_size", "8", "--gradient_checkpointing", "false", "--save_steps", "100",
               nproc=1, gpu=True)
         peaks[name] = manifest(run)["metrics"]["peak_memory_bytes"]
-    assert peaks["qlora"] < peaks["lora"], {k: v / planner.GIB for k, v in peaks.items()}
+    assert peaks["qlora"] < peaks["lora"], {k: v / GIB for k, v in peaks.items()}

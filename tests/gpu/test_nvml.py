@@ -9,7 +9,8 @@ import pytest
 
 from dockyard import gpus
 from dockyard.common import runfolder
-from dockyard.machine import doctor, monitor
+from dockyard.launch import monitor
+from dockyard.machine import doctor
 
 HOST = gpus.probe()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOST.gpus, reason=f"needs an NVIDIA GPU: {HOST.error}")]

@@ -32,7 +32,7 @@ def assert_trained(run_dir: Path, recipe: str, engine: str, **in_effect) -> dict
     assert metrics["tokens_per_second"] > 0 and metrics["peak_memory_bytes"] > 50 * 2**20
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, 13)) and all("loss" in x for x in lines)
-    # what `invoke run` checked the disk for: one checkpoint as the plan sized it (machine/disk.py)
+    # what `invoke run` checked the disk for: one checkpoint as the plan sized it (dockyard.common.disk)
     written = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "checkpoint-12").rglob("*") if f.is_file())
     planned = m["disk"]["checkpoint_bytes"]
     assert planned <= 1.15 * written and written <= 1.1 * planned + 200_000, (planned, written)

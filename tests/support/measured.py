@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dockyard.machine import planner
+from dockyard.common import memory
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts"
 H100 = HOSTS / "h100x1_580.json"  # `invoke doctor --record` of that host
@@ -19,9 +19,9 @@ MEASURED_MODEL = {"model_type": "llama", "hidden_size": 2048, "intermediate_size
                   "max_position_embeddings": 4096, "tie_word_embeddings": False}
 
 
-def measured_shape(folder: Path) -> planner.Shape:
+def measured_shape(folder: Path) -> memory.Shape:
     (folder / "config.json").write_text(json.dumps(MEASURED_MODEL))
-    shape = planner.shape_from_folder(folder)
+    shape = memory.shape_from_folder(folder)
     assert shape.params == 944_334_848  # the parameter count the GPU runs recorded
     return shape
 

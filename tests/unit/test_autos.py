@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from dockyard.common import memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import resolve_settings
 from dockyard.gpus import Recorded
-from dockyard.machine import planner
 from dockyard.train import autos
 from tests.support.measured import H100, HOSTS, measured_shape
 
@@ -20,7 +20,7 @@ TRAINING_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "
 
 
 @pytest.fixture(scope="module")
-def shape(tmp_path_factory) -> planner.Shape:
+def shape(tmp_path_factory) -> memory.Shape:
     return measured_shape(tmp_path_factory.mktemp("one-b"))
 
 
@@ -85,9 +85,9 @@ def test_on_the_h100_the_micro_batch_is_the_largest_that_fits_and_the_global_bat
     m, a = values(big)["per_device_train_batch_size"], values(big)["gradient_accumulation_steps"]
     assert m * a == 64 and m == 8  # 16 would need ~95 GiB by the plan; measured 53.4 GiB at 8
     assert "accumulation makes up the rest" in big.record["per_device_train_batch_size"]["why"]
-    est = planner.estimate(shape, load_recipe("ddp"), world_size=1, gpus_per_node=1, seq_len=2048, batch=m,
+    est = memory.estimate(shape, load_recipe("ddp"), world_size=1, gpus_per_node=1, seq_len=2048, batch=m,
                         gradient_checkpointing=False, regime=big.regime)
-    assert est["gpu_bytes"] <= H100_GPU.memory_bytes * (1 - planner.MARGIN)
+    assert est["gpu_bytes"] <= H100_GPU.memory_bytes * (1 - memory.MARGIN)
 
 
 def test_checkpointing_only_where_nothing_fits_without_it(shape):
@@ -153,7 +153,7 @@ def test_liger_buys_a_larger_micro_batch_where_the_logits_are_what_does_not_fit(
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 512,
                                                       "intermediate_size": 1408, "num_hidden_layers": 4,
                                                       "num_attention_heads": 8, "vocab_size": 152064}))
-    small = planner.shape_from_folder(tmp_path)
+    small = memory.shape_from_folder(tmp_path)
     given = {"max_seq_length": 4096, "global_batch": 32}
     plain = resolve("ddp", given, device=T4_GPU, shape=small, liger=False, kind="qwen2")
     fused = resolve("ddp", given, device=T4_GPU, shape=small, liger=True, kind="qwen2")
@@ -189,4 +189,4 @@ def test_a_huge_global_batch_is_answered_at_once(shape):
     # steps that long repay compiling, whose smaller activations fit 16 (measured: 61.0 GiB on the H100)
     assert values(r)["torch_compile"] is True
     assert (values(r)["per_device_train_batch_size"], values(r)["gradient_accumulation_steps"]) == (16, huge // 16)
-    assert planner.divisors(12) == [1, 2, 3, 4, 6, 12] and planner.divisors(1) == [1] and planner.divisors(49) == [1, 7, 49]
+    assert memory.divisors(12) == [1, 2, 3, 4, 6, 12] and memory.divisors(1) == [1] and memory.divisors(49) == [1, 7, 49]

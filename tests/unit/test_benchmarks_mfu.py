@@ -31,11 +31,11 @@ def test_the_benchmark_models_attention_width_is_read_from_its_config(tmp_path):
     from transformers import AutoConfig
 
     from benchmarks.recipes import ONE_B, TINY_MODEL
-    from dockyard.machine import planner
+    from dockyard.common import memory
 
     config = AutoConfig.from_pretrained(TINY_MODEL, **ONE_B)
     config.save_pretrained(tmp_path)
-    shape = planner.shape_from_folder(tmp_path)
+    shape = memory.shape_from_folder(tmp_path)
     assert shape.q_width == config.num_attention_heads * config.head_dim != config.hidden_size
 
 

@@ -1,19 +1,21 @@
-"""What a run writes, as `invoke plan` shows it and `invoke run` checks the runs folder for (machine/disk.py)."""
+"""What a run writes, as `invoke plan` shows it and `invoke run` checks the runs folder for (dockyard.common.disk)."""
 
 from __future__ import annotations
 
 import pytest
 
+from dockyard.common import disk, memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
-from dockyard.machine import disk, planner
+from dockyard.common.units import GIB
+from dockyard.machine import planner
 
 GB = 1_000_000_000
 
 
 def test_the_plan_says_what_each_recipe_writes():
-    rows = {r["recipe"]: r for r in planner.plan(planner.shape_from_count(GB), gpus=1, gpu_mem=80 * planner.GIB,
-                                              cpu_mem=64 * planner.GIB, seq_len=2048, batch=1)["recipes"]}
+    rows = {r["recipe"]: r for r in planner.plan(memory.shape_from_count(GB), gpus=1, gpu_mem=80 * GIB,
+                                              cpu_mem=64 * GIB, seq_len=2048, batch=1)["recipes"]}
     # full fine-tuning: fp32 weights (4 bytes) and AdamW's two moments (8) per parameter; defaults.yaml's
     # max_steps 50, save_steps 25 and save_total_limit 2: two checkpoints, then the final model
     ddp = rows["ddp"]
@@ -40,7 +42,7 @@ def test_checkpoints_on_disk(steps, every, limit, expected):
 
 
 def test_a_model_only_checkpoint_leaves_the_optimizer_out():
-    shape = planner.shape_from_count(GB)
+    shape = memory.shape_from_count(GB)
     full = disk.run_bytes(shape, strategy="ddp", peft=None, dtype="auto", half_on_gpu=True, optimizer=True,
                           max_steps=10, save_steps=10, save_strategy="steps", save_total_limit=1)
     lean = disk.run_bytes(shape, strategy="ddp", peft=None, dtype="bfloat16", half_on_gpu=True, optimizer=False,
@@ -49,8 +51,8 @@ def test_a_model_only_checkpoint_leaves_the_optimizer_out():
 
 
 def test_no_room_is_refused_with_the_ways_out(tmp_path, monkeypatch):
-    need = disk.for_recipe(planner.shape_from_count(GB), load_recipe("zero2"))
-    monkeypatch.setattr(disk, "free_bytes", lambda folder: 10 * planner.GIB)
+    need = disk.for_recipe(memory.shape_from_count(GB), load_recipe("zero2"))
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: 10 * GIB)
     with pytest.raises(DockyardError) as e:
         disk.check_room(tmp_path / "runs", need)
     text = str(e.value)

@@ -11,7 +11,7 @@ import pytest
 
 from dockyard.common import runfolder
 from dockyard.gpus import Recorded
-from dockyard.machine import monitor
+from dockyard.launch import monitor
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from dockyard.common import runfolder
-from dockyard.machine import monitor
+from dockyard.launch import monitor
 
 # A stand-in for torchrun: a parent whose command names the module, starting two ranks that do too.
 # Rank 0 spins, rank 1 sleeps: the unbalanced case the monitor must catch.

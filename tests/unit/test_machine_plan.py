@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.plan_accuracy import saved_bytes  # the benchmark's own measurement, one copy
+from dockyard.common import memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import list_recipes, load_recipe, recipe_names
 from dockyard.common.units import GIB
@@ -28,8 +29,8 @@ SIZES = [(125_000_000, 38_597_376), (1_300_000_000, 103_000_000), (8_030_261_248
 SETUPS = [(1, 1), (2, 1), (8, 1), (8, 2), (4, 4)]  # (GPUs per node, nodes)
 
 
-def _shape(p: int, big: int) -> planner.Shape:
-    return planner.Shape(params=p, largest_layer=big, hidden=4096, layers=32, vocab=128256, intermediate=14336,
+def _shape(p: int, big: int) -> memory.Shape:
+    return memory.Shape(params=p, largest_layer=big, hidden=4096, layers=32, vocab=128256, intermediate=14336,
                       kv_hidden=1024, linear_params=p // 2, lora_params=p // 200)
 
 
@@ -40,7 +41,7 @@ def test_model_states_agree_with_deepspeed_estimators(p, big, gpn, nodes):
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     shape, world = _shape(p, big), gpn * nodes
-    ours = {r: planner.model_states(r, None, shape, world, gpn) for r in ("zero2", "zero2-offload", "zero3", "zero3-offload")}
+    ours = {r: memory.model_states(r, None, shape, world, gpn) for r in ("zero2", "zero2-offload", "zero3", "zero3-offload")}
     cpu, gpu = estimate_zero2_model_states_mem_needs(p, gpn, nodes, cpu_offload=False)
     assert ours["zero2"] == (gpu, cpu)
     cpu, gpu = estimate_zero2_model_states_mem_needs(p, gpn, nodes, cpu_offload=True)
@@ -50,7 +51,7 @@ def test_model_states_agree_with_deepspeed_estimators(p, big, gpn, nodes):
     cpu, gpu, _ = estimate_zero3_model_states_mem_needs(p, big, gpn, nodes, cpu_offload=True,
                                                         cpu_offload_params=True, zero_init=True)
     assert ours["zero3-offload"] == (gpu, cpu)
-    assert ours["zero3"][0] == planner.model_states("fsdp", None, shape, world, gpn)[0]  # FULL_SHARD shards like ZeRO-3
+    assert ours["zero3"][0] == memory.model_states("fsdp", None, shape, world, gpn)[0]  # FULL_SHARD shards like ZeRO-3
 
 
 @pytest.mark.parametrize("world", [1, 8])
@@ -59,9 +60,9 @@ def test_ddp_and_adapter_model_states_are_pinned(world):
     working copy 2 = 18 bytes per parameter on every GPU, whatever the GPU count; LoRA keeps the bf16 base (2)
     plus 18 per adapter parameter; QLoRA 0.52 per quantised weight, 2 for the rest, 18 per adapter parameter."""
     shape = _shape(1_000_000_000, 100_000_000)  # linear_params 500 M, lora_params 5 M
-    assert planner.model_states("ddp", None, shape, world, world)[0] == 18_000_000_000
-    assert planner.model_states("ddp", "lora", shape, world, world)[0] == 2_000_000_000 + 90_000_000
-    assert planner.model_states("ddp", "qlora", shape, world, world)[0] == 260_000_000 + 1_000_000_000 + 90_000_000
+    assert memory.model_states("ddp", None, shape, world, world)[0] == 18_000_000_000
+    assert memory.model_states("ddp", "lora", shape, world, world)[0] == 2_000_000_000 + 90_000_000
+    assert memory.model_states("ddp", "qlora", shape, world, world)[0] == 260_000_000 + 1_000_000_000 + 90_000_000
 
 
 def _deepspeed_table(fn, *args) -> list[tuple[float, float, str]]:
@@ -77,16 +78,16 @@ def test_llama_3_1_8b_anchor_figures_and_deepspeed_printout():
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
 
-    shape = planner.shape_from_folder(LLAMA_8B)  # from config.json alone
+    shape = memory.shape_from_folder(LLAMA_8B)  # from config.json alone
     assert (shape.params, shape.largest_layer) == (8_030_261_248, 525_336_576)
-    z2 = planner.model_states("zero2", None, shape, 8, 8)[0] / GIB
-    z3 = planner.model_states("zero3", None, shape, 8, 8)[0] / GIB
+    z2 = memory.model_states("zero2", None, shape, 8, 8)[0] / GIB
+    z3 = memory.model_states("zero3", None, shape, 8, 8)[0] / GIB
     assert (round(z2, 1), round(z3, 1)) == (31.8, 18.8)
 
     ds2 = _deepspeed_table(estimate_zero2_model_states_mem_needs_all_cold, shape.params, 8, 1)
     assert [r[1] for r in ds2 if "offload_optimizer=none" in r[2]] == [round(z2, 2)]
     ds3 = _deepspeed_table(estimate_zero3_model_states_mem_needs_all_cold, shape.params, shape.largest_layer, 8, 1)
-    offload_all = planner.model_states("zero3-offload", None, shape, 8, 8)
+    offload_all = memory.model_states("zero3-offload", None, shape, 8, 8)
     row = next(r for r in ds3
                if "offload_param=none" not in r[2] and "offload_optimizer=none" not in r[2] and "zero_init=1" in r[2])
     assert (row[0], row[1]) == (round(offload_all[1] / GIB, 2), round(offload_all[0] / GIB, 2))
@@ -111,8 +112,8 @@ def test_activation_estimate_matches_what_autograd_saves(checkpointing, tmp_path
         model.activation_checkpointing_enable({"use_reentrant": False})
     batch, seq = 2, 128
     measured = saved_bytes(model, torch.randint(0, 4000, (batch, seq)))
-    shape = planner.shape_from_folder(tmp_path)
-    predicted = planner.activation_bytes(shape, seq, batch, checkpointing)
+    shape = memory.shape_from_folder(tmp_path)
+    predicted = memory.activation_bytes(shape, seq, batch, checkpointing)
     if checkpointing:  # the layer being recomputed is transient: not in what the outer graph saves
         predicted -= batch * seq * (20 * shape.hidden + 4 * shape.kv_hidden + 8 * shape.intermediate)
     assert predicted == pytest.approx(measured, rel=0.05)
@@ -149,14 +150,14 @@ def test_the_trainers_estimate_for_the_manifest():
     """What the trainer records next to the measured peak: zero3 of Llama-3.1-8B on 8 GPUs, 18.8 GiB of model
     states per GPU (the anchor above), activations with checkpointing (bf16: DeepSpeed casts the model), ZeRO-3's
     buckets, and 1 GiB for the CUDA context and NCCL outside torch's pool, as plain JSON."""
-    shape = planner.shape_from_folder(LLAMA_8B)
-    got = planner.estimate(shape, load_recipe("zero3"), world_size=8, gpus_per_node=8, seq_len=2048, batch=1,
+    shape = memory.shape_from_folder(LLAMA_8B)
+    got = memory.estimate(shape, load_recipe("zero3"), world_size=8, gpus_per_node=8, seq_len=2048, batch=1,
                         gradient_checkpointing=True)
     assert round(got["gpu_model_states_bytes"] / GIB, 1) == 18.8
     # checkpointed: each of 32 layers keeps its 2·h input, one layer is recomputed, plus the loss head
     per_token = 32 * 2 * 4096 + (20 * 4096 + 4 * 1024 + 8 * 14336) + (4 * 128256 + 8 * 4096)
     assert got["gpu_activation_bytes"] == 2048 * per_token
-    assert got["gpu_reserved_bytes"] == (got["gpu_model_states_bytes"] + planner.STAGE_EXTRA[3]
+    assert got["gpu_reserved_bytes"] == (got["gpu_model_states_bytes"] + memory.STAGE_EXTRA[3]
                                          + got["gpu_activation_bytes"])
     assert got["gpu_bytes"] == got["gpu_reserved_bytes"] + GIB
     assert (got["recipe"], got["strategy"], got["peft"]) == ("zero3", "zero3", None)
@@ -179,7 +180,7 @@ def test_a_bad_model_size_or_flag_gets_a_short_error_naming_the_fix():
     with pytest.raises(DockyardError, match="--gpus=8 --gpu-mem=80"):
         planner.run("8B", host=Host(error="no driver"))
     with pytest.raises(DockyardError, match="unknown strategy 'zero4'"):
-        planner.model_states("zero4", None, planner.shape_for("1B"), 1, 1)
+        memory.model_states("zero4", None, planner.shape_for("1B"), 1, 1)
     for flag, kwargs in (("--gpu-mem", {"gpu_mem_gib": -80.0}), ("--cpu-mem", {"cpu_mem_gib": -1.0}),
                          ("--gpus", {"gpus": -8})):
         with pytest.raises(DockyardError, match=f"{flag}=-.*must be positive"):
@@ -262,7 +263,7 @@ def test_config_counts_match_the_model_transformers_builds(tmp_path, model_type,
 
     transformers.AutoConfig.for_model(model_type, **SMALL, **extra).save_pretrained(tmp_path)
     built = model_shape(tmp_path)
-    assert planner.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
+    assert memory.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
 
 
 @pytest.mark.parametrize("key, value, problem", [

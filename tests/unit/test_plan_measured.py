@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from dockyard.common import memory
 from dockyard.common.recipes import load_recipe
+from dockyard.common.units import GIB
 from dockyard.gpus import Recorded
-from dockyard.machine import planner
 from tests.support.measured import H100, measured_shape
-
-GIB = planner.GIB
 
 # (recipe, micro-batch, lora_dropout, measured GiB). The issue gives micro-batch 8 in GiB and micro-batch 1 as the
 # ratio of the plan at a5eb2cf to the measured peak (ddp 1.19 with 17.4 GiB in the table, zero2 1.03,
@@ -34,23 +33,23 @@ MEASURED = [
 
 
 @pytest.fixture(scope="module")
-def shape(tmp_path_factory) -> planner.Shape:
+def shape(tmp_path_factory) -> memory.Shape:
     return measured_shape(tmp_path_factory.mktemp("one-b"))
 
 
 @pytest.mark.parametrize("name,batch,dropout,measured_gib", MEASURED,
                          ids=[f"{r}-mb{b}-dropout{d}" for r, b, d, _ in MEASURED])
 def test_plan_is_within_10_percent_of_the_measured_peak(shape, name, batch, dropout, measured_gib):
-    got = planner.estimate(shape, load_recipe(name), world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
-                        gradient_checkpointing=False, regime=planner.Regime(lora_dropout=dropout))
+    got = memory.estimate(shape, load_recipe(name), world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
+                        gradient_checkpointing=False, regime=memory.Regime(lora_dropout=dropout))
     assert got["gpu_reserved_bytes"] / GIB == pytest.approx(measured_gib, rel=0.10)
-    assert got["gpu_bytes"] == got["gpu_reserved_bytes"] + planner.OVERHEAD  # the CUDA context is outside torch's pool
+    assert got["gpu_bytes"] == got["gpu_reserved_bytes"] + memory.OVERHEAD  # the CUDA context is outside torch's pool
 
 
 @pytest.mark.parametrize("batch,measured_gib", [(8, 36.8), (16, 61.0)])
 def test_plan_knows_what_torch_compile_saves(shape, batch, measured_gib):
-    got = planner.estimate(shape, load_recipe("ddp"), world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
-                        gradient_checkpointing=False, regime=planner.Regime(compiled=True))
+    got = memory.estimate(shape, load_recipe("ddp"), world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
+                        gradient_checkpointing=False, regime=memory.Regime(compiled=True))
     assert got["gpu_reserved_bytes"] / GIB == pytest.approx(measured_gib, rel=0.10)
 
 
@@ -60,17 +59,17 @@ def test_qlora_as_measured_with_its_base_upcast_to_fp32(shape, batch, measured_g
     fp32 (hence a fp32 residual stream, as under full fine-tuning's autocast). The trainer no longer does that:
     the plan's qlora is the bf16 path, and this checks the model explains the old figure from its parts."""
     recipe = load_recipe("qlora")
-    base = planner.estimate(shape, recipe, world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
-                         gradient_checkpointing=False, regime=planner.Regime(lora_dropout=0.05))
+    base = memory.estimate(shape, recipe, world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
+                         gradient_checkpointing=False, regime=memory.Regime(lora_dropout=0.05))
     upcast_states = 2 * (shape.params - shape.linear_params)  # those layers' bf16 → fp32
-    bf16_act = planner.activation_bytes(shape, 2048, batch, False)
-    upcast_act = bf16_act * planner.FP32_RESIDUAL
+    bf16_act = memory.activation_bytes(shape, 2048, batch, False)
+    upcast_act = bf16_act * memory.FP32_RESIDUAL
     old = base["gpu_reserved_bytes"] + upcast_states + upcast_act
     assert old / GIB == pytest.approx(measured_gib, rel=0.10)
 
 
 def test_qlora_now_peaks_below_lora(shape):
-    lora, qlora = (planner.estimate(shape, load_recipe(n), world_size=1, gpus_per_node=1, seq_len=2048, batch=8,
+    lora, qlora = (memory.estimate(shape, load_recipe(n), world_size=1, gpus_per_node=1, seq_len=2048, batch=8,
                                  gradient_checkpointing=False) for n in ("lora", "qlora"))
     assert qlora["gpu_reserved_bytes"] < lora["gpu_reserved_bytes"]
 
@@ -82,15 +81,15 @@ def test_auto_micro_batch_never_exceeds_what_fits_with_the_margin(shape, name):
     gpu = Recorded.from_file(H100).host().gpus[0]
     recipe = load_recipe(name)
     for per_rank in (8, 16, 64):
-        m, est = planner.largest_micro_batch(shape, recipe, world_size=1, gpus_per_node=1, seq_len=2048,
+        m, est = memory.largest_micro_batch(shape, recipe, world_size=1, gpus_per_node=1, seq_len=2048,
                                           per_rank=per_rank, gpu_mem=gpu.memory_bytes, checkpointing=False)
-        assert est["gpu_bytes"] <= gpu.memory_bytes * (1 - planner.MARGIN)
+        assert est["gpu_bytes"] <= gpu.memory_bytes * (1 - memory.MARGIN)
         assert est["batch"] == m and per_rank % m == 0
         bigger = [d for d in range(m + 1, per_rank + 1) if per_rank % d == 0]
         if bigger:
-            over = planner.estimate(shape, recipe, world_size=1, gpus_per_node=1, seq_len=2048, batch=bigger[0],
+            over = memory.estimate(shape, recipe, world_size=1, gpus_per_node=1, seq_len=2048, batch=bigger[0],
                                  gradient_checkpointing=False)
-            assert over["gpu_bytes"] > gpu.memory_bytes * (1 - planner.MARGIN)
+            assert over["gpu_bytes"] > gpu.memory_bytes * (1 - memory.MARGIN)
         # what was measured at micro-batch 8 is below the GPU's memory wherever 8 was picked
         if m == 8:
             assert est["gpu_reserved_bytes"] < gpu.memory_bytes

@@ -18,8 +18,8 @@ import pytest
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
+from dockyard.launch import monitor
 from dockyard.launch import run as launch_run
-from dockyard.machine import monitor
 from tests.support.fake_engine import FakeEngine
 
 ERROR = "invalid training setting: nonsense is not a valid SchedulerType"

@@ -16,8 +16,8 @@ import pytest
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Recorded
+from dockyard.launch import monitor
 from dockyard.launch import run as launch_run
-from dockyard.machine import monitor
 from dockyard.train import manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"

@@ -1,0 +1,216 @@
+"""The memory model: a model's shape (from config.json, or guessed from a parameter count) and what a recipe needs
+per GPU and per node, before a run. `invoke plan` tabulates it (dockyard.machine.planner); the trainer puts its
+prediction next to the measured peak in manifest.json and picks the `auto` micro-batch from it.
+
+Model states (weights, gradients, optimizer) are the registry's formulas (dockyard.common.recipes: DeepSpeed's
+own estimators for ZeRO, tests check the numbers agree). Activations are what autograd saves for the
+backward pass of a Llama-shaped decoder with SDPA attention (no seq×seq matrix), measured on CPU with
+saved-tensor hooks: per token and layer 16·h + 4·q + 4·kv + 8·i bytes in bf16 (h hidden, q the query width,
+h for most models, kv the K/V width, i the MLP width), plus 4·vocab for the fp32 log-softmax of the loss;
+with gradient checkpointing only each layer's 2·h input is kept, and one layer is recomputed at a time.
+
+The GPU peak (`gpu_reserved_bytes`: what torch reserves, the manifest's `peak_memory_bytes`) puts both together
+the way a training step holds them, calibrated on one H100 80GB against issue 24's measurements (tests pin
+every figure within 10 %): see "the GPU peak" below.
+
+Torch-free: a model folder is sized from its config.json (dockyard.common.model_config), no weights read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard.common import model_config, recipes
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import Recipe, Sizes
+from dockyard.common.run_settings import RunSettings
+from dockyard.common.units import GIB
+
+OVERHEAD = 1 * GIB     # per GPU: CUDA context, NCCL buffers, allocator slack
+# the adapters' rank on every linear layer of the decoder the shapes count: the run settings' lora_r default
+LORA_RANK: int = RunSettings.model_fields["lora_r"].default
+# `--model 8B` with no config: a Llama-3-shaped decoder (vocab 128256, MLP 3.5·h, K/V h/4, h/128 layers)
+ASSUMED_VOCAB = 128256
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate needs to know about a model."""
+
+    params: int          # P: all parameters (tied ones once)
+    largest_layer: int   # L: parameters of the largest single module (DeepSpeed's "largest layer")
+    hidden: int
+    layers: int
+    vocab: int
+    intermediate: int
+    kv_hidden: int       # width of the K (and V) projection: hidden for MHA, less with grouped-query attention
+    linear_params: int   # weights of the decoder's linear layers: what QLoRA quantises
+    lora_params: int     # trainable parameters of a rank-LORA_RANK adapter on those layers
+    source: str = ""
+    q_hidden: int = 0    # width of the Q projection (heads × head_dim): 0 = hidden, as in most models
+
+    @property
+    def q_width(self) -> int:
+        return self.q_hidden or self.hidden
+
+
+def _decoder_shape(hidden: int, layers: int, intermediate: int, kv: int) -> tuple[int, int]:
+    """(linear weights, LoRA params) of a Llama-style decoder: q, k, v, o, gate, up, down in every layer."""
+    linear = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * intermediate)
+    lora = layers * LORA_RANK * (9 * hidden + 2 * kv + 3 * intermediate)
+    return linear, lora
+
+
+def shape_from_count(params: int) -> Shape:
+    """A Llama-3-shaped guess for a bare parameter count: P ≈ 13·h²·(h/128) + 2·vocab·h, solved for h."""
+    if params <= 0:
+        raise DockyardError(f"a model needs parameters, got {params}")
+    v = ASSUMED_VOCAB
+    lo, hi = 1.0, 1e6
+    for _ in range(200):  # bisection: P is increasing in h
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 13 * mid**3 / 128 + 2 * v * mid < params else (lo, mid)
+    hidden = max(128, int(round(lo / 128)) * 128)
+    layers, inter, kv = max(1, hidden // 128), int(3.5 * hidden), hidden // 4
+    linear, lora = _decoder_shape(hidden, layers, inter, kv)
+    return Shape(params=params, largest_layer=max(v * hidden, hidden * inter), hidden=hidden, layers=layers,
+                 vocab=v, intermediate=inter, kv_hidden=kv, linear_params=min(linear, params), lora_params=lora,
+                 source=f"assumed Llama-3-like shape (hidden {hidden}, {layers} layers, vocab {v}); "
+                        "pass a model folder for exact numbers")
+
+
+def shape_from_folder(folder: Path) -> Shape:
+    """Read config.json alone: exact counts for the common decoder families, no torch, no weights."""
+    return Shape(**model_config.count(folder, LORA_RANK))
+
+
+# --- model states: the registry's formulas ---------------------------------------------------------
+
+def model_states(strategy: str, peft: str | None, shape: Shape, world_size: int,
+                 gpus_per_node: int) -> tuple[int, int]:
+    """(GPU bytes per device, host bytes per node) for weights, gradients and optimizer states."""
+    return recipes.model_states(strategy, peft, Sizes(
+        params=shape.params, largest_layer=shape.largest_layer, world_size=world_size,
+        gpus_per_node=gpus_per_node, linear_params=shape.linear_params, lora_params=shape.lora_params))
+
+
+def activation_bytes(shape: Shape, seq_len: int, batch: int, checkpointing: bool) -> int:
+    """Bytes autograd keeps for backward, per GPU, for one micro-batch (see the module docstring)."""
+    h, q, kv, inter = shape.hidden, shape.q_width, shape.kv_hidden, shape.intermediate
+    tokens = seq_len * batch
+    layer = 16 * h + 4 * q + 4 * kv + 8 * inter
+    head = 4 * shape.vocab + 8 * h  # fp32 log-softmax of the logits, and the final norm
+    if checkpointing:
+        return tokens * (shape.layers * 2 * h + layer + head)
+    return tokens * (shape.layers * layer + head)
+
+
+# --- the GPU peak --------------------------------------------------------------------------------------
+# Calibrated on one H100 80GB (issue 24: a 944M Llama-shaped model, seq 2048, micro-batch 1 and 8, torch's peak
+# reserved memory); the test holding that table checks every figure within 10 %.
+#
+# Activations, as a multiple of the bf16 bytes autograd saves (activation_bytes, measured on CPU):
+FP32_RESIDUAL = 0.41   # fp32 weights under bf16 autocast (ddp and fsdp full fine-tuning): the residual stream,
+                       # the norms and their outputs stay fp32, and each linear layer keeps a bf16 copy of its input
+ADAPTER_INPUTS = 0.26  # LoRA under autocast: the fp32 adapters keep their own 16-bit copy of their inputs
+COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer intermediates (1.41 → 0.83)
+# lora_dropout > 0 adds each adapter's dropout mask, one byte per input feature per token (computed, not fitted).
+# Model states: the registry's formulas, with what is not yet allocated when activations peak (the start of the
+# backward pass) left out, and what the engines add:
+STAGE_EXTRA = {2: int(0.7 * GIB), 3: int(1.2 * GIB)}  # DeepSpeed's buckets (allgather 2e8 elements) and slack
+MARGIN = 0.10          # the auto micro-batch leaves this share of the GPU free: the calibration's error bound
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How a run computes, as far as its memory goes: what the trainer resolves for it (autos included)."""
+
+    lora_dropout: float = 0.0    # recipes/defaults.yaml's default
+    compiled: bool = False       # torch_compile
+    liger: bool = False          # Liger's fused linear cross-entropy: no fp32 logits
+    accumulation: int = 1        # gradient accumulation steps: above 1, gradients stay allocated between steps
+
+
+def _fp32_residual(recipe: Recipe) -> bool:
+    """Full fine-tuning under the HF Trainer's autocast keeps fp32 weights (DDP, FSDP2); DeepSpeed casts the model
+    to bf16 itself; a LoRA/QLoRA base is loaded in 16 bits."""
+    return not recipe.peft and recipe.spec.engine in ("ddp", "fsdp")
+
+
+def adapter_inputs(shape: Shape) -> int:
+    """Input features of every adapted linear layer of one decoder layer (q, k, v, gate, up: h; o: q; down: i)."""
+    return 5 * shape.hidden + shape.q_width + shape.intermediate
+
+
+def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int, checkpointing: bool,
+                         regime: Regime = Regime()) -> int:
+    """Activations at the peak of a step on a GPU, for this recipe's precision (see the factors above)."""
+    base = activation_bytes(shape, seq_len, batch, checkpointing)
+    if regime.liger:  # the loss head no longer holds the fp32 logits
+        base -= seq_len * batch * 4 * shape.vocab
+    fp32 = _fp32_residual(recipe)
+    factor = 1 + (FP32_RESIDUAL if fp32 else 0) + (ADAPTER_INPUTS if recipe.peft else 0)
+    if regime.compiled:
+        factor *= COMPILED
+    masks = 0
+    if recipe.peft and regime.lora_dropout > 0:
+        masks = seq_len * batch * (1 if checkpointing else shape.layers) * adapter_inputs(shape)
+    return int(base * factor) + masks
+
+
+def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_node: int,
+                       regime: Regime = Regime()) -> tuple[int, int]:
+    """(model states held while activations peak, model states at the end of the backward pass), per GPU."""
+    states, _ = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node)
+    spec = recipe.spec
+    at_peak = states + STAGE_EXTRA.get(spec.zero_stage or 0, 0)
+    shard = shape.params / world_size if spec.shards_parameters else shape.params
+    if not recipe.peft and spec.engine in ("ddp", "fsdp"):
+        if regime.accumulation == 1:
+            at_peak -= int(4 * shard)  # the Trainer frees the gradients after each step: they come back during backward
+        if spec.engine == "fsdp":
+            at_peak -= int(2 * shard)  # FSDP gathers one layer at a time: no full bf16 working copy
+        elif world_size > 1:
+            at_peak += 4 * shape.params  # DDP's gradient buckets (a second copy of the gradients)
+            states += 4 * shape.params
+    return at_peak, states
+
+
+def estimate(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: int, seq_len: int, batch: int,
+             gradient_checkpointing: bool, regime: Regime = Regime()) -> dict:
+    """One recipe's prediction: torch's peak reserved memory per GPU (model states held at the peak + activations),
+    the GPU bytes per device with the CUDA context and NCCL on top, and host bytes per node."""
+    states, host = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node)
+    at_peak, at_end = gpu_states_at_peak(shape, recipe, world_size, gpus_per_node, regime)
+    act = gpu_activation_bytes(shape, recipe, seq_len, batch, gradient_checkpointing, regime)
+    reserved = max(at_peak + act, at_end)
+    return {"recipe": recipe.name, "strategy": recipe.strategy, "peft": recipe.peft, "world_size": world_size,
+            "gpus_per_node": gpus_per_node, "seq_len": seq_len,
+            "batch": batch, "gradient_checkpointing": gradient_checkpointing,
+            "gpu_model_states_bytes": states, "gpu_activation_bytes": act, "gpu_overhead_bytes": OVERHEAD,
+            "gpu_reserved_bytes": reserved, "gpu_bytes": reserved + OVERHEAD, "host_bytes": host}
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, smallest first (up to √n steps: a global batch of a billion still answers at once)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def largest_micro_batch(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: int, seq_len: int,
+                        per_rank: int, gpu_mem: int, checkpointing: bool, regime: Regime = Regime(),
+                        candidates: list[int] | None = None) -> tuple[int, dict] | None:
+    """The largest micro-batch dividing `per_rank` (the examples each rank takes per optimizer step; or the
+    largest of `candidates`) whose predicted GPU bytes stay within (1 - MARGIN) of `gpu_mem`, with its estimate;
+    None when none fits."""
+    budget = gpu_mem * (1 - MARGIN)
+    for m in sorted(candidates or divisors(per_rank), reverse=True):
+        accumulation = per_rank // m
+        est = estimate(shape, recipe, world_size=world_size, gpus_per_node=gpus_per_node, seq_len=seq_len, batch=m,
+                       gradient_checkpointing=checkpointing,
+                       regime=Regime(regime.lora_dropout, regime.compiled, regime.liger, accumulation))
+        if est["gpu_bytes"] <= budget:
+            return m, est
+    return None
