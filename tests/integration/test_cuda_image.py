@@ -11,6 +11,7 @@ Multi-GB image: one full save and one full load per session, everything else reu
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -90,9 +91,13 @@ def test_cuda12_image_loads_on_node2(settings, cuda12_image, node):
     """cu128 moves like cu132: a full archive, verified and loaded by load.sh on the air-gapped node, same image id,
     and there its prebuilt DeepSpeed ops load without a GPU."""
     full, _ = _save(node.base / "cu128", cuda12_image)
-    r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
-    assert node.image_id(cuda12_image) == engine.image_inspect(settings, cuda12_image)["Id"], r.stdout + r.stderr
-    load = ("from deepspeed.accelerator import get_accelerator as a; "
-            "[a().create_op_builder(b).load() for b in ('CPUAdamBuilder', 'AsyncIOBuilder')]; print('ops load')")
-    ops = node.ssh(f"docker run --rm --network none {cuda12_image} python -c \"{load}\"", timeout=600)
-    assert ops.stdout.strip().endswith("ops load"), ops.stdout + ops.stderr
+    try:
+        r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
+        assert node.image_id(cuda12_image) == engine.image_inspect(settings, cuda12_image)["Id"], r.stdout + r.stderr
+        load = ("from deepspeed.accelerator import get_accelerator as a; "
+                "[a().create_op_builder(b).load() for b in ('CPUAdamBuilder', 'AsyncIOBuilder')]; print('ops load')")
+        ops = node.ssh(f"docker run --rm --network none {cuda12_image} python -c \"{load}\"", timeout=600)
+        assert ops.stdout.strip().endswith("ops load"), ops.stdout + ops.stderr
+    finally:  # ~11 GB between the archive and the loaded image: CI's disk is shared by every test after this one
+        shutil.rmtree(full.parent, ignore_errors=True)
+        node.docker("rmi", "-f", cuda12_image, check=False)
