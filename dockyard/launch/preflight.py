@@ -8,7 +8,7 @@ minutes later, inside the container, refused now with the same reason and no eng
 - the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
   config.json, a hub id that is in the Hugging Face cache (runs are offline);
 - `--resume` names the run it continues (`--run-id`);
-- the runs folder's disk has room for the checkpoints and the model the run writes (check_disk).
+- the runs folder's disk has room for the checkpoints and the model the run writes (check_runs_disk).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from dockyard.common import disk, memory
 from dockyard.common.data_files import BUILDERS
 from dockyard.common.errors import DockyardError
-from dockyard.common.recipes import check_deepspeed_ops, load_recipe, read_deepspeed_config, strategy
+from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, strategy
 from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, TINY_MODEL, RunSettings, parse_overrides, resolve_settings
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
@@ -32,45 +32,46 @@ TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_argument
 WIDEST_INT = 2**63 - 1  # torch's and numpy's widest integer: a count past it overflows in the Trainer
 
 
-def check_run(settings: Settings, *, recipe: str, overrides: list[str], gpus_in_effect: bool, resume: bool,
-              run_id: str, data: str = "", model: str = "") -> None:
-    """Refuse what the run would refuse (pure: reads files, runs nothing)."""
+def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
+    """`--resume` names the run folder it continues."""
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run folder to continue (`ls "
                             f"{settings.path(settings.runs_dir)}`)")
-    spec = load_recipe(recipe)
-    check_overrides(spec, overrides)
-    if strategy(spec.strategy).engine == "fsdp" and not gpus_in_effect:
-        raise DockyardError(f"recipe {spec.name} is FSDP, which the HF Trainer runs only on GPUs (on CPU it would "
+
+
+def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, data: str = "",
+              model: str = "") -> None:
+    """Refuse what the run would refuse (pure: reads files, runs nothing)."""
+    check_overrides(recipe, overrides)
+    if strategy(recipe.strategy).engine == "fsdp" and not gpus_in_effect:
+        raise DockyardError(f"recipe {recipe.name} is FSDP, which the HF Trainer runs only on GPUs (on CPU it would "
                             "fall back to DDP, so the trainer stops): run it on GPUs, or pick zero3 for sharding "
                             "on CPU (invoke recipes)")
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
         check_input(key, value, where, settings)
 
 
-def check_cuda_ops(recipe: str, image: str, loadable: set[str] | None) -> None:
+def check_cuda_ops(recipe: Recipe, image: str, loadable: set[str] | None) -> None:
     """A recipe whose DeepSpeed config needs a CUDA op the image can neither load nor compile is refused (GPU runs)."""
-    spec = load_recipe(recipe)
-    if loadable is None or not spec.deepspeed:
+    if loadable is None or not recipe.deepspeed:
         return
-    path = spec.file(spec.deepspeed)
+    path = recipe.file(recipe.deepspeed)
     check_deepspeed_ops(read_deepspeed_config(path), str(path), loadable, image)
 
 
-def check_disk(settings: Settings, recipe: str, overrides: list[str], *, model: str, run_dir: Path, gpu: bool,
-               resume: bool) -> dict[str, Any] | None:
+def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path,
+                    gpu: bool, resume: bool) -> dict[str, Any] | None:
     """`invoke run`: what the run will write (dockyard.common.disk), refused before anything starts when the runs
     folder's disk lacks the room. Settings the trainer would refuse, or a model sized only inside the image (a hub
     id), are left to the trainer: None, no check."""
     try:
-        seen = inputs.read_only_mounts(settings, recipe, overrides, model=model, checkout_recipes=False)
+        seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False)  # the model's
         given = parse_overrides(seen.overrides)
         folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
         if not folder:
             return None
-        chosen = load_recipe(recipe)
-        run_settings, training = resolve_settings(chosen, given)
-        need = disk.for_settings(memory.shape_from_folder(Path(folder)), chosen, run_settings, training, half_on_gpu=gpu)
+        run_settings, training = resolve_settings(recipe, given)
+        need = disk.for_settings(memory.shape_from_folder(Path(folder)), recipe, run_settings, training, half_on_gpu=gpu)
     except DockyardError:
         return None
     disk.check_room(run_dir.parent, need, disk.folder_bytes(run_dir) if resume else 0)

@@ -18,6 +18,7 @@ from pathlib import Path
 from dockyard import engine
 from dockyard.common import disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
 from dockyard.gpus import Host, docker_gpus, probe, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
@@ -176,10 +177,8 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
-    host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout)."""
-    from dockyard.common.recipes import load_recipe
-
-    load_recipe(recipe)  # unknown recipe → error listing the valid names, before anything starts
+    host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout).
+    `recipe` is --recipe as given (a name or a folder), which run() has already loaded."""
     if not cpu:
         check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
@@ -203,10 +202,8 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
 
 def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
                 resume: bool = False, cpu: bool = True, data: str = "", model: str = "") -> RunCommand:
-    """The same entry point on this host, without a container (development, or GPU hosts without Docker)."""
-    from dockyard.common.recipes import load_recipe
-
-    load_recipe(recipe)
+    """The same entry point on this host, without a container (development, or GPU hosts without Docker); `recipe`
+    as in run_command."""
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     if cpu:
         env["DS_ACCELERATOR"] = "cpu"
@@ -279,12 +276,15 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         topo.rendezvous = multinode.rendezvous(master_addr=r.master_addr, master_port=r.master_port, node_rank=r.node_rank,
                                                run_id=r.run_id, join_timeout=r.join_timeout,
                                                max_restarts=r.max_restarts, iface=r.iface)
-    # a bad --recipe is reported as such, not through the run id derived from it; then what the trainer would refuse
-    preflight.check_run(settings, recipe=r.recipe, overrides=overrides, resume=r.resume, run_id=r.run_id, data=r.data,
-                        model=r.model, gpus_in_effect=chosen.is_cuda and not r.cpu)
+    preflight.check_resume(settings, r.resume, r.run_id)
+    # the recipe, loaded once here: a bad --recipe is reported as such, not through the run id derived from it;
+    # then what the trainer would refuse
+    recipe = load_recipe(r.recipe)
+    preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
+                        gpus_in_effect=chosen.is_cuda and not r.cpu)
     run_dir = new_run_dir(settings, r.recipe, r.run_id, r.resume, r.node_rank)
-    need = preflight.check_disk(settings, r.recipe, overrides, model=r.model, run_dir=run_dir,
-                                 gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
+    need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
+                                     gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
@@ -303,7 +303,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={r.recipe}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
         if chosen.is_cuda and not r.cpu:
-            preflight.check_cuda_ops(r.recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
+            preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))
         plan = run_command(settings, recipe=r.recipe, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,

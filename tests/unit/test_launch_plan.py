@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from dockyard.common import recipes
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
@@ -128,11 +129,21 @@ def test_cuda_image_on_a_host_without_gpus_trains_on_cpu_only_when_asked(setting
 
 
 def test_unknown_recipe_lists_valid_names(settings, tmp_path):
-    v = variants.resolve(settings, "cpu")[0]
-    t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v)
-    with pytest.raises(DockyardError, match=r"zero2"):
-        launch_run.run_command(settings, recipe="zero9", variant=v, host=Host(), engine_info={}, topo=t,
-                        run_dir=tmp_path / "r", overrides=[])
+    s = settings.model_copy(update={"runs_dir": tmp_path})
+    with pytest.raises(DockyardError, match=r"unknown recipe 'zero9'.*zero2"):
+        launch_run.run(s, launch_run.RunRequest(recipe="zero9", variant="cpu", dry=True))
+    assert not list(tmp_path.iterdir()), "refused before any run folder"
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_dry_run_loads_its_recipe_once(settings, tmp_path, monkeypatch, native):
+    loaded = []
+    real = launch_run.load_recipe
+    monkeypatch.setattr(launch_run, "load_recipe", lambda name: loaded.append(name) or real(name))
+    monkeypatch.setattr(recipes, "load_recipe", lambda name: pytest.fail(f"{name} loaded again"))
+    s = settings.model_copy(update={"runs_dir": tmp_path})
+    launch_run.run(s, launch_run.RunRequest(recipe="zero2", variant="cpu", dry=True, native=native))
+    assert loaded == ["zero2"]
 
 
 def test_existing_run_is_never_overwritten(settings, tmp_path):
