@@ -7,12 +7,17 @@ any TrainingArguments field; here they may also follow the options without the `
 The run writes DIR/train.log, DIR/metrics.jsonl, checkpoints under DIR/checkpoints, the final model (or
 LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 """
+# Read top to bottom: main, the Record the manifest is written from, then train's steps in the order they run (open
+# the run folder, the model's source and size, the `auto` settings, TrainingArguments, the data, the estimates, the
+# model, fit, save and measure), each giving its typed part of the Record, then the manifest itself.
 
 from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -22,13 +27,25 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
+import torch.distributed as dist
+import transformers  # a lazy module: its submodules load when first used
+
+from dockyard.common import disk, memory, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
+from dockyard.train import autos, checkpoints, data, guards, manifest, mfu, nodes, precision
+from dockyard.train import model as models
+
+# Imported inside functions, on purpose: transformers' Trainer, TrainingArguments and our callbacks (subclasses of its
+# TrainerCallback) load accelerate and may load DeepSpeed, which reads DS_ACCELERATOR once, at import: main() sets it
+# first on a host without GPUs.
 
 log = logging.getLogger("dockyard.train")
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
+MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the manifest's model.saved says
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,14 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
     # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if not os.environ.get("DS_ACCELERATOR"):
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
+    if not os.environ.get("DS_ACCELERATOR") and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     signal.signal(signal.SIGTERM, _stopped)
-    from dockyard.train import checkpoints, nodes
-
     checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
 
     nodes.pin_interface()  # before torch.distributed starts
@@ -69,12 +81,69 @@ def main(argv: list[str] | None = None) -> int:
     if run.heartbeat:
         run.doing("finishing")
         run.heartbeat.done()
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
         dist.destroy_process_group()
     return 0
+
+
+# --- what the manifest records, part by part ----------------------------------------------------------
+
+@dataclass
+class ModelRecord:
+    """The manifest's `model`: the base the run started from, its size, and what the run saves."""
+
+    base: str
+    parameters: int | None               # None: the model could not be sized
+    format: str                          # "adapter" (LoRA/QLoRA: the adapter alone is saved) or "full"
+    footprint_bytes: int | None = None   # the base's weights as loaded: known once the model is loaded
+    quantized_layers: int | None = None  # QLoRA: the linear layers really held in 4 bits
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base": self.base, "parameters": self.parameters, "saved": MODEL_DIR, "format": self.format,
+                **({"footprint_bytes": self.footprint_bytes} if self.footprint_bytes is not None else {}),
+                **({"quantized_layers": self.quantized_layers} if self.quantized_layers is not None else {})}
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """`invoke plan`'s figures for this run, beside what it measures: the GPU peak (dockyard.common.memory) and what
+    it writes to disk (dockyard.common.disk, said again if a save runs out of space). Each an error when it cannot
+    be made: only a record."""
+
+    plan: dict[str, Any]
+    disk: dict[str, Any]
+
+
+@dataclass
+class Record:
+    """What the manifest says beyond manifest.build's own keys, filled in as each step gives its part: a run that
+    fails half-way records the parts it got to. to_json keeps the manifest's order of keys."""
+
+    recipe_files: dict[str, Any] | None = None
+    sizing_error: str | None = None              # the model could not be sized: the manifest's `plan` says why
+    model: ModelRecord | None = None
+    task: str | None = None
+    settings_resolved: dict[str, dict[str, Any]] | None = None  # what each `auto` setting became, and why
+    nodes_seen: list[dict[str, Any]] | None = None  # several nodes: who checked the run folder is shared
+    inputs: dict[str, Any] | None = None         # model and data paths, host and inside, fingerprinted
+    data: dict[str, Any] | None = None           # data.load's account: format, examples, tokens, cut, ...
+    estimates: Estimates | None = None
+    reference_logits: dict[str, Any] | None = None  # the manifest's `probe`: see reference_logits()
+
+    def to_json(self) -> dict[str, Any]:
+        parts = [("recipe_files", self.recipe_files),
+                 ("plan", {"error": self.sizing_error} if self.sizing_error else None),
+                 ("model", self.model.to_json() if self.model else None),
+                 ("task", self.task),
+                 ("settings_resolved", self.settings_resolved),
+                 ("nodes_seen", self.nodes_seen),
+                 ("inputs", self.inputs),
+                 ("data", self.data),
+                 ("plan", self.estimates.plan if self.estimates else None),
+                 ("disk", self.estimates.disk if self.estimates else None),
+                 ("probe", self.reference_logits)]
+        return {key: value for key, value in parts if value is not None}
 
 
 @dataclass
@@ -91,7 +160,7 @@ class Run:
     world_size: int = 1
     check: Any = None                  # the strategy check, once the Trainer exists
     metrics: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    record: Record = field(default_factory=Record)
     heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
     finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
 
@@ -117,32 +186,73 @@ class Prepared:
     shape: Any = None                  # memory.Shape, or None where the model could not be sized
 
 
+# --- the steps ------------------------------------------------------------------------------------------
+
 def train(overrides: dict[str, Any], run: Run) -> None:
     """Everything from a parsed command line to the saved model; `run` collects what the manifest needs."""
-    from dockyard.common import disk
-
     prepared = prepare(overrides, run)
     try:
         trainer, metrics = fit(prepared, run)
-        record(prepared, trainer, metrics, run)
+        save_and_measure(prepared, trainer, metrics, run)
     except Exception as e:
         if isinstance(e, DockyardError) or not disk.disk_full(e, run.opts.run_dir):
             raise
-        raise DockyardError(disk.full_message(e, run.opts.run_dir, run.extra.get("disk"))) from None
+        need = run.record.estimates.disk if run.record.estimates else None
+        raise DockyardError(disk.full_message(e, run.opts.run_dir, need)) from None
     run.status = "completed"
 
 
 def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     """The recipe and settings, the run folder, the guards, TrainingArguments, the data and the model."""
-    import transformers
+    opened = open_run_folder(overrides, run)
+    recipe, settings, last = opened.recipe, opened.settings, opened.last_checkpoint
+    model_dir, shape = model_source(settings, recipe, run)
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if recipe.spec.offloads and shape:
+        _, need = memory.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
+        guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
-    from dockyard.common import memory, runfolder
-    from dockyard.train import autos, checkpoints, data, guards, manifest, nodes
-    from dockyard.train import model as models
+    device = autos.device_from_torch()
+    resolved = autos.resolve(recipe, settings, opened.training, world_size=world_size, gpus_per_node=local,
+                             device=device, shape=shape, kind=autos.model_type(model_dir))
+    run.record.settings_resolved = resolved.record
+    args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
+    log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
+             settings.model_dump())
 
+    run.record.inputs = manifest.inputs_record({"model": settings.model, "data": str(settings.data_path),
+                                                "eval_data": settings.eval_data})
+    tokenizer = models.load_tokenizer(model_dir)
+    loaded = data.load(settings, tokenizer, args.seed)
+    run.record.data = loaded.info
+    if shape:
+        run.record.estimates = estimates(shape, recipe, settings, args, local, resolved.regime)
+
+    transformers.set_seed(args.seed)
+    model = load_model(model_dir, recipe, settings, tokenizer, loaded.labels, args, run.record.model)
+    packed, why = autos.resolve_padding_free(settings.padding_free, loaded.info["format"], settings.task, device,
+                                             getattr(model.config, "_attn_implementation", "") or "",
+                                             args.per_device_train_batch_size, settings.max_seq_length)
+    run.record.settings_resolved["padding_free"] = {"value": packed, "why": why}
+    return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed, shape)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The run folder, this run's: the recipe and settings it trains with, and the checkpoint a resume starts from."""
+
+    recipe: Recipe
+    settings: RunSettings
+    training: dict[str, Any]           # TrainingArguments values, `auto` ones still unresolved
+    last_checkpoint: str | None
+
+
+def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
+    """The recipe and its settings; the run folder made (or, for --resume, found with a checkpoint to continue)."""
     recipe = run.recipe = load_recipe(run.opts.recipe)
-    settings, overrides = resolve_settings(recipe, overrides)
-    run.extra["recipe_files"] = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
+    settings, training = resolve_settings(recipe, overrides)
+    run.record.recipe_files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
     run_dir = run.opts.run_dir
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -160,70 +270,57 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         checkpoints.check(Path(last))
     if run.opts.resume and run.is_main:  # from the start again when it failed before its first checkpoint
         manifest.trim_metrics(run_dir, int(Path(last).name.rsplit("-", 1)[1]) if last else 0)
+    return Opened(recipe, settings, training, last)
 
+
+def model_source(settings: RunSettings, recipe: Recipe, run: Run) -> tuple[str, Any]:
+    """The model folder (the tiny model made in the run folder when none is given) and its shape (memory.Shape,
+    None when it cannot be sized); the model's part of the record."""
     model_dir = models.resolve_model(settings.model) if settings.model else ""
     if not model_dir:
-        model_dir = str(run_dir / "base")
+        model_dir = str(run.opts.run_dir / "base")
         models.materialize_tiny_model(Path(model_dir))
     shape = model_shape(Path(model_dir), run)
-    run.extra["model"] = {"base": model_dir, "parameters": shape.params if shape else None,
-                          "saved": "model", "format": "adapter" if recipe.peft else "full"}
-    run.extra["task"] = settings.task
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if recipe.spec.offloads and shape:
-        _, need = memory.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
-        guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
+    run.record.model = ModelRecord(base=model_dir, parameters=shape.params if shape else None,
+                                   format="adapter" if recipe.peft else "full")
+    run.record.task = settings.task
+    return model_dir, shape
 
-    device = autos.device_from_torch()
-    resolved = autos.resolve(recipe, settings, overrides, world_size=world_size, gpus_per_node=local, device=device,
-                             shape=shape, kind=autos.model_type(model_dir))
-    run.extra["settings_resolved"] = resolved.record
-    overrides = resolved.overrides
+
+def model_shape(model_dir: Path, run: Run) -> Any:
+    """The model's size from its config, built on the meta device (nothing loaded), or None when that cannot
+    be done: the offload RAM check and the manifest's estimate are then skipped, and the run goes on.
+    Called before TrainingArguments exist: once they hold a ZeRO-3 config, building any model (even on
+    meta) goes through deepspeed.zero.Init."""
+    try:
+        return models.model_shape(model_dir)
+    except DockyardError:
+        raise  # no config.json: the model folder is wrong, say so now
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        run.record.sizing_error = f"cannot size the model: {type(e).__name__}: {e}"
+        return None
+
+
+def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run: Run,
+                    resumed_from: str | None) -> Any:
+    """TrainingArguments, which form the process group; then the logs, and the checks that need every process."""
     run.doing("setting up the process group")
-    args = training_arguments(recipe, settings, overrides, run_dir)
+    args = training_arguments(recipe, settings, overrides, run.opts.run_dir)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
-    setup_logging(run_dir, run.is_main)
-    if run.opts.resume and not last:
+    setup_logging(run.opts.run_dir, run.is_main)
+    if run.opts.resume and not resumed_from:
         log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
     guards.one_process_per_gpu(args.n_gpu)
     if nodes.several():
         _ = args.device  # NCCL's collectives need this rank's GPU chosen
         run.doing("checking that the run folder is shared")
-        run.extra["nodes_seen"] = nodes.check_shared(run_dir)
+        run.record.nodes_seen = nodes.check_shared(run.opts.run_dir)
     run.doing("loading the data and the model")
-    log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
-             settings.model_dump())
-
-    run.extra["inputs"] = manifest.inputs_record({"model": settings.model, "data": str(settings.data_path),
-                                                  "eval_data": settings.eval_data})
-    tokenizer = models.load_tokenizer(model_dir)
-    loaded = data.load(settings, tokenizer, args.seed)
-    run.extra["data"] = loaded.info
-    labels = loaded.labels
-    if shape:
-        run.extra["plan"] = predicted(shape, recipe, settings, args, local, resolved.regime)
-        run.extra["disk"] = disk_needed(shape, recipe, settings, args)
-
-    transformers.set_seed(args.seed)
-    model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
-    run.extra["model"]["footprint_bytes"] = model.get_memory_footprint()  # the base's weights as loaded
-    if recipe.peft == "qlora":
-        run.extra["model"]["quantized_layers"] = models.count_4bit_layers(model)
-    if recipe.peft:
-        model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
-    packed, why = autos.resolve_padding_free(settings.padding_free, loaded.info["format"], settings.task, device,
-                                             getattr(model.config, "_attn_implementation", "") or "",
-                                             args.per_device_train_batch_size, settings.max_seq_length)
-    run.extra["settings_resolved"]["padding_free"] = {"value": packed, "why": why}
-    return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed, shape)
+    return args
 
 
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
-    import torch
-    from transformers import TrainingArguments
-
-    from dockyard.train import guards, precision
+    from transformers import TrainingArguments  # lazy: see the note on the imports
 
     known = {f.name for f in fields(TrainingArguments)}
     unknown = sorted(set(overrides) - known)
@@ -256,21 +353,81 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     if recipe.deepspeed and not cuda and targs.world_size > 1:
         # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
         # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.
-        import deepspeed
+        import deepspeed  # lazy: only CPU runs of DeepSpeed recipes need it here
 
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     return targs
 
 
+def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
+    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise."""
+    if not (settings.eval_data or settings.eval_fraction):
+        return {}
+    steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
+    return {"eval_strategy": "steps", "eval_steps": steps}
+
+
+def setup_logging(run_dir: Path, is_main: bool) -> None:
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if is_main:
+        handlers.append(logging.StreamHandler(runfolder.append(run_dir, runfolder.TRAIN_LOG)))  # never through a link
+    for h in handlers:
+        h.setFormatter(fmt)
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
+    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+
+
+def estimates(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int,
+              regime: Any) -> Estimates:
+    """The estimates' part of the record (each an error where it cannot be made)."""
+    return Estimates(predicted(shape, recipe, settings, args, gpus_per_node, regime),
+                     disk_needed(shape, recipe, settings, args))
+
+
+def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int,
+              regime: Any) -> dict[str, Any]:
+    """`invoke plan`'s estimate for this run, next to the measured peak in the manifest. Only a record:
+    an estimate that cannot be made never fails the run."""
+    try:
+        return memory.estimate(shape, recipe, world_size=args.world_size, gpus_per_node=gpus_per_node,
+                               seq_len=settings.max_seq_length, batch=args.per_device_train_batch_size,
+                               gradient_checkpointing=args.gradient_checkpointing, regime=regime)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def disk_needed(shape: Any, recipe: Recipe, settings: RunSettings, args: Any) -> dict[str, Any]:
+    """What the run writes (dockyard.common.disk): said again if a save runs out of space. Only a record."""
+    try:
+        return disk.run_bytes(shape, strategy=recipe.strategy, peft=recipe.peft, dtype=settings.dtype,
+                              half_on_gpu=bool(args.bf16 or args.fp16), optimizer=not args.save_only_model,
+                              max_steps=args.max_steps, save_steps=args.save_steps,
+                              save_strategy=str(args.save_strategy), save_total_limit=args.save_total_limit,
+                              lora_r=settings.lora_r)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer: Any, labels: Any, args: Any,
+               record: ModelRecord) -> Any:
+    """The model as the recipe trains it (precision, quantisation, adapters); what was loaded goes in its record."""
+    model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
+    record.footprint_bytes = model.get_memory_footprint()  # the base's weights as loaded
+    if recipe.peft == "qlora":
+        record.quantized_layers = models.count_4bit_layers(model)
+    if recipe.peft:
+        model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
+    return model
+
+
 def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     """The HF Trainer, with the strategy check and the metrics log, trained to the end."""
-    import multiprocessing
-    import pickle
-
-    from transformers import Trainer
+    from transformers import Trainer  # lazy, as TrainingArguments: see the note on the imports
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dockyard.train import checkpoints, data
     from dockyard.train.callbacks import MetricsLog, PublishCheckpoint, StrategyCheck
 
     run.doing("setting up the Trainer and its engine")
@@ -294,19 +451,30 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     return trainer, metrics
 
 
-def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
-    """The probe logits, the saved model, and the run's figures (peak memory, throughput) over all ranks."""
-    import torch
+def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
+    """FLOPs per trained token and one GPU's dense peak in the dtype this run computes in (dockyard.train.mfu), for
+    MFU; (None, None) on CPU, in fp32, on a GPU not in the table or for a model that could not be sized."""
+    args = p.args
+    half = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
+    if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
+        return None, None
+    peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
+    tied = bool(getattr(getattr(p.model, "config", None), "tie_word_embeddings", False))
+    flops = mfu.flops_per_token(parameters=p.shape.params, vocab=p.shape.vocab, hidden=p.shape.hidden,
+                                attention_width=p.shape.q_width, layers=p.shape.layers, tied=tied,
+                                adapters=bool(p.recipe.peft),
+                                seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))
+    return flops, peak
 
-    from dockyard.train import manifest
-    from dockyard.train import model as models
 
+def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
+    """The reference logits, the saved model, and the run's figures (peak memory, throughput) over all ranks."""
     args = p.args
     run.doing("saving the model")
-    run.extra["probe"] = probe(trainer.model, p.examples[0]["input_ids"][:32], args.device,
-                               models.weights_dtype(p.settings, p.recipe))
+    run.record.reference_logits = reference_logits(trainer.model, p.examples[0]["input_ids"][:32], args.device,
+                                                   models.weights_dtype(p.settings, p.recipe))
     saving = time.perf_counter()
-    trainer.save_model(str(run.opts.run_dir / "model"))
+    trainer.save_model(str(run.opts.run_dir / MODEL_DIR))
     metrics.seconds_saving += time.perf_counter() - saving
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
     trained = torch.tensor(metrics.tokens_trained, device=args.device)
@@ -329,6 +497,20 @@ def record(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                    "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss"}
 
 
+def reference_logits(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str, Any]:
+    """Logits of one fixed input at the end of training (the manifest's `probe`), so anyone can check that the saved
+    model, reloaded, is the model that was trained (ZeRO-3 used to save empty weights). All ranks take part: under
+    ZeRO-3 and FSDP the forward pass gathers the sharded weights."""
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([input_ids], device=device)).logits.float()
+    last = out[0, -1] if out.dim() == 3 else out[0]
+    return {"input_ids": input_ids, "logits": [round(x, 5) for x in last[:16].tolist()],
+            "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
+
+
+# --- the manifest, and the way out ---------------------------------------------------------------------
+
 def finish(run: Run, error: str | None) -> None:
     """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it.
     Once: the main thread and the heartbeat's (a lost node) may both get here."""
@@ -339,25 +521,34 @@ def finish(run: Run, error: str | None) -> None:
 
 
 def _finish(run: Run, error: str | None) -> None:
-    from dockyard.common.runfolder import manifest_file
-    from dockyard.train import manifest, nodes
-
     if not run.run_dir_ok:
         return  # never touch a folder that holds another run
     verdict = run.heartbeat.verdict if run.heartbeat else None
     if error and verdict and not error.startswith("lost "):
         error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
-    elif error and run.extra.get("nodes_seen"):
-        error = nodes.explain(error, run.opts.run_dir, run.extra["nodes_seen"])
+    elif error and run.record.nodes_seen:
+        error = nodes.explain(error, run.opts.run_dir, run.record.nodes_seen)
     if os.environ.get("LOCAL_RANK", "0") != "0":
         return
-    extra = {**run.extra, **({"error": error} if error else {})}
+    extra = {**run.record.to_json(), **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
                             run.check.in_effect if run.check else None, run.metrics, extra)
     try:
-        manifest.write(run.opts.run_dir, record, manifest_file(nodes.node_rank()))
+        manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
     except OSError as e:  # a full disk: the error above is what the user needs
-        print(f"error: cannot write {run.opts.run_dir / manifest_file(nodes.node_rank())}: {e.strerror}", file=sys.stderr)
+        print(f"error: cannot write {run.opts.run_dir / runfolder.manifest_file(nodes.node_rank())}: {e.strerror}",
+              file=sys.stderr)
+
+
+def lost(run: Run, message: str) -> NoReturn:
+    """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
+    the node's first process says so and writes the manifest, and every process of this node exits."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        finish(run, message)
+    else:
+        time.sleep(nodes.GRACE)
+    leave(0 if run.status == "completed" else 1)
 
 
 def leave(code: int) -> NoReturn:
@@ -388,123 +579,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     opts, extra = parser.parse_known_args(head)
     return opts, parse_overrides(extra + rest)
-
-
-def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
-    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise."""
-    if not (settings.eval_data or settings.eval_fraction):
-        return {}
-    steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
-    return {"eval_strategy": "steps", "eval_steps": steps}
-
-
-def setup_logging(run_dir: Path, is_main: bool) -> None:
-    import transformers
-
-    from dockyard.common import runfolder
-
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if is_main:
-        handlers.append(logging.StreamHandler(runfolder.append(run_dir, runfolder.TRAIN_LOG)))  # never through a link
-    for h in handlers:
-        h.setFormatter(fmt)
-    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
-    transformers.utils.logging.disable_default_handler()
-    transformers.utils.logging.enable_propagation()
-    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
-
-
-def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
-    """FLOPs per trained token and one GPU's dense peak in the dtype this run computes in (dockyard.train.mfu), for
-    MFU; (None, None) on CPU, in fp32, on a GPU not in the table or for a model that could not be sized."""
-    import torch
-
-    from dockyard.train import mfu
-
-    args = p.args
-    half = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
-    if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
-        return None, None
-    peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
-    tied = bool(getattr(getattr(p.model, "config", None), "tie_word_embeddings", False))
-    flops = mfu.flops_per_token(parameters=p.shape.params, vocab=p.shape.vocab, hidden=p.shape.hidden,
-                                attention_width=p.shape.q_width, layers=p.shape.layers, tied=tied,
-                                adapters=bool(p.recipe.peft),
-                                seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))
-    return flops, peak
-
-
-def model_shape(model_dir: Path, run: Run) -> Any:
-    """The model's size from its config, built on the meta device (nothing loaded), or None when that cannot
-    be done: the offload RAM check and the manifest's estimate are then skipped, and the run goes on.
-    Called before TrainingArguments exist: once they hold a ZeRO-3 config, building any model (even on
-    meta) goes through deepspeed.zero.Init."""
-    from dockyard.train import model as models
-
-    try:
-        return models.model_shape(model_dir)
-    except DockyardError:
-        raise  # no config.json: the model folder is wrong, say so now
-    except Exception as e:  # noqa: BLE001 - see the docstring
-        run.extra["plan"] = {"error": f"cannot size the model: {type(e).__name__}: {e}"}
-        return None
-
-
-def predicted(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int,
-              regime: Any) -> dict[str, Any]:
-    """`invoke plan`'s estimate for this run, next to the measured peak in the manifest. Only a record:
-    an estimate that cannot be made never fails the run."""
-    from dockyard.common import memory
-
-    try:
-        return memory.estimate(shape, recipe, world_size=args.world_size,
-                             gpus_per_node=gpus_per_node, seq_len=settings.max_seq_length,
-                             batch=args.per_device_train_batch_size,
-                             gradient_checkpointing=args.gradient_checkpointing, regime=regime)
-    except Exception as e:  # noqa: BLE001 - see the docstring
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def disk_needed(shape: Any, recipe: Recipe, settings: RunSettings, args: Any) -> dict[str, Any] | None:
-    """What the run writes (dockyard.common.disk): said again if a save runs out of space. Only a record."""
-    from dockyard.common import disk
-
-    try:
-        return disk.run_bytes(shape, strategy=recipe.strategy, peft=recipe.peft, dtype=settings.dtype,
-                              half_on_gpu=bool(args.bf16 or args.fp16), optimizer=not args.save_only_model,
-                              max_steps=args.max_steps, save_steps=args.save_steps,
-                              save_strategy=str(args.save_strategy), save_total_limit=args.save_total_limit,
-                              lora_r=settings.lora_r)
-    except Exception as e:  # noqa: BLE001 - see the docstring
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def probe(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str, Any]:
-    """Logits of one fixed input at the end of training, so anyone can check that the saved model, reloaded,
-    is the model that was trained (ZeRO-3 used to save empty weights). All ranks take part: under ZeRO-3
-    and FSDP the forward pass gathers the sharded weights."""
-    import torch
-
-    model.eval()
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([input_ids], device=device)).logits.float()
-    last = out[0, -1] if out.dim() == 3 else out[0]
-    return {"input_ids": input_ids, "logits": [round(x, 5) for x in last[:16].tolist()],
-            "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
-
-
-def lost(run: Run, message: str) -> NoReturn:
-    """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
-    the node's first process says so and writes the manifest, and every process of this node exits."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        finish(run, message)
-    else:
-        from dockyard.train import nodes
-
-        time.sleep(nodes.GRACE)
-    leave(0 if run.status == "completed" else 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,44 @@
+"""The manifest the trainer writes, key by key and in order: what each step of `python -m dockyard.train` adds to
+the record (the run folder, the model, the settings resolved, the inputs, the data, the estimates, the reference
+logits), for a run that completes and one that fails half-way (it records how far it got). One process, on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from dockyard import ROOT
+
+FIXED = ["run_id", "recipe", "variant", "status", "image", "world_size", "nodes", "node_rank", "rendezvous",
+         "strategy", "metrics"]
+RESOLVED = ["global_batch", "torch_compile", "per_device_train_batch_size", "gradient_checkpointing",
+            "use_liger_kernel", "gradient_accumulation_steps"]
+
+
+def _train(run_dir, recipe: str, *overrides: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    subprocess.run([sys.executable, "-m", "dockyard.train", "--recipe", recipe, "--run-dir", str(run_dir), "--",
+                    *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def test_a_completed_run_records_every_part_in_order(tmp_path):
+    m = _train(tmp_path / "ok", "lora", "--max_steps", "1", "--save_strategy", "no")
+    assert m["status"] == "completed", m.get("error")
+    assert list(m) == FIXED + ["recipe_files", "model", "task", "settings_resolved", "inputs", "data", "plan", "disk",
+                               "probe"]
+    assert list(m["model"]) == ["base", "parameters", "saved", "format", "footprint_bytes"]
+    assert list(m["settings_resolved"]) == RESOLVED + ["padding_free"]
+    assert list(m["probe"]) == ["input_ids", "logits", "dtype"] and m["model"]["format"] == "adapter"
+
+
+def test_a_run_that_fails_at_its_data_records_what_came_before(tmp_path):
+    m = _train(tmp_path / "bad", "ddp", "--data", str(tmp_path / "none.jsonl"))
+    assert m["status"] == "failed" and m["error"].startswith("no data at")
+    assert list(m) == FIXED + ["recipe_files", "model", "task", "settings_resolved", "inputs", "error"]
+    assert list(m["model"]) == ["base", "parameters", "saved", "format"]
+    assert list(m["settings_resolved"]) == RESOLVED
