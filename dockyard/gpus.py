@@ -19,7 +19,7 @@ from typing import Protocol
 from dockyard.common.errors import DockyardError, json_object
 
 
-def probe() -> Host:
+def read_host() -> Host:
     """What NVML (or the replay file) says about this host. Never raises: no GPUs gives Host(error=...)."""
     source = replay()
     if source is not None:

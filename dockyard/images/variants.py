@@ -174,9 +174,9 @@ def resolve(settings: Settings, name: str = "auto", host: Host | None = None) ->
     variants = all_variants(settings)
     if name == "auto":
         if host is None:
-            from dockyard.gpus import probe
+            from dockyard.gpus import read_host
 
-            host = probe()
+            host = read_host()
         return pick_auto(variants, host)
     if name not in variants:
         raise DockyardError(f"unknown variant {name!r}; valid: auto, {', '.join(variants)}")

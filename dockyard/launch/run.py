@@ -19,7 +19,7 @@ from dockyard import engine
 from dockyard.common import disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
-from dockyard.gpus import Host, docker_gpus, probe, select
+from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
 from dockyard.launch import inputs, monitor, multinode, node, preflight
@@ -268,7 +268,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     """`invoke run`: validate the request (topology, what the trainer would refuse, disk), then dispatch it: print
     the command (--dry), or run it and summarise the run from its manifest."""
     overrides = list(r.overrides)
-    host = select(probe(), r.gpus)
+    host = select(read_host(), r.gpus)
     chosen, why = variants.resolve(settings, r.variant, host)
     print(why)
     topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
@@ -344,7 +344,7 @@ def _image_if_there(settings: Settings, tag: str) -> dict:
 
 
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:
-    host = probe()
+    host = read_host()
     chosen, why = variants.resolve(settings, variant, host)
     print(why, file=sys.stderr)
     image = variants.tag(settings, chosen)

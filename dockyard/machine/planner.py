@@ -143,9 +143,9 @@ def run(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: flo
     shape = shape_for(model)
     if not gpus or not gpu_mem_gib:
         if host is None:
-            from dockyard.gpus import probe
+            from dockyard.gpus import read_host
 
-            host = probe()
+            host = read_host()
         if not host.gpus:
             raise DockyardError("NVML sees no GPU on this host: say what to plan for, e.g. --gpus=8 --gpu-mem=80")
         gpus = gpus or host.count

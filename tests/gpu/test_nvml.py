@@ -12,7 +12,7 @@ from dockyard.common import runfolder
 from dockyard.launch import monitor
 from dockyard.machine import doctor
 
-HOST = gpus.probe()
+HOST = gpus.read_host()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOST.gpus, reason=f"needs an NVIDIA GPU: {HOST.error}")]
 
 

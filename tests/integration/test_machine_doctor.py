@@ -21,7 +21,7 @@ def _doctor(env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.mark.engine
 def test_doctor_on_this_host():
-    from dockyard.gpus import probe
+    from dockyard.gpus import read_host
 
     proc = _doctor()
     report = json.loads(proc.stdout)
@@ -35,7 +35,7 @@ def test_doctor_on_this_host():
     assert checks["buildkit"]["status"] == "pass"
     assert checks["shared memory"]["status"] == "pass"  # the run flags give the host's /dev/shm
     assert checks["disk"]["status"] in ("pass", "warn")
-    if not probe().gpus:
+    if not read_host().gpus:
         assert checks["gpus"]["status"] == "pass" and "cpu variant will be used" in checks["gpus"]["detail"]
         assert checks["auto variant"]["detail"].startswith("auto → cpu")
     # the probe container is gone (--rm)

@@ -1,4 +1,4 @@
-"""The NVML interface: the real probe never raises; recorded readings replay through the same shapes."""
+"""The NVML interface: reading the real host never raises; recorded readings replay through the same shapes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dockyard import gpus
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 
 
-def test_probe_never_raises_and_says_why_when_there_is_no_gpu():
-    host = gpus.probe()
+def test_reading_the_host_never_raises_and_says_why_when_there_is_no_gpu():
+    host = gpus.read_host()
     assert host.gpus or "NVML" in host.error or "nvidia-ml-py" in host.error
     if host.gpus:
         assert host.driver and host.cuda.count(".") == 1

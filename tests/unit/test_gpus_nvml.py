@@ -61,12 +61,12 @@ def test_host_has_capability_and_mig_and_mig_sampling_goes_on():
 
 
 @pytest.mark.parametrize("name", ["t4x2_535", "h100x8_580", "a100_mig_570", "l40sx2_550"])
-def test_replay_file_replaces_nvml_for_probe_and_facts(monkeypatch, name):
+def test_replay_file_replaces_nvml_for_read_host_and_facts(monkeypatch, name):
     path = gpus.Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts" / f"{name}.json"
     monkeypatch.setenv(gpus.REPLAY_ENV, str(path))
     data = json.loads(path.read_text())
     host, links = gpus.facts()
-    assert gpus.probe() == host and host.count == len(data["host"]["gpus"]) and len(links) == len(data["links"])
+    assert gpus.read_host() == host and host.count == len(data["host"]["gpus"]) and len(links) == len(data["links"])
     assert host.gpus[0].capability == data["host"]["gpus"][0]["capability"]
 
 
@@ -88,4 +88,4 @@ def test_record_writes_what_replay_reads(monkeypatch, tmp_path):
 def test_unreadable_replay_file_is_a_short_error(monkeypatch, tmp_path):
     monkeypatch.setenv(gpus.REPLAY_ENV, str(tmp_path / "missing.json"))
     with pytest.raises(DockyardError, match="DOCKYARD_NVML_REPLAY"):
-        gpus.probe()
+        gpus.read_host()
