@@ -316,3 +316,13 @@ def test_a_recipe_folder_of_ones_own_is_planned_beside_its_strategy(tmp_path, mo
     assert list(rows) == ["zero2", "zero2-long", "lora"]
     assert rows["zero2-long"]["strategy"] == "zero2"
     assert rows["zero2-long"]["gpu_bytes"] == rows["zero2"]["gpu_bytes"]
+
+
+def test_the_memory_models_lora_rank_is_the_recipes_default():
+    import yaml
+
+    from dockyard.common.recipes import RECIPES
+    from dockyard.common.run_settings import RunSettings
+
+    defaults = yaml.safe_load((RECIPES / "defaults.yaml").read_text())
+    assert memory.LORA_RANK == RunSettings.model_fields["lora_r"].default == defaults["lora_r"]
