@@ -344,7 +344,7 @@ def plan(c, model="", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, s
 
     s = _settings(c)
     model = model or (str(s.path(s.model)) if s.model else "")
-    result = plan_mod.run(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len, batch=batch)
+    result = plan_mod.plan_model(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len, batch=batch)
     print(plan_mod.to_json(result)) if json else plan_mod.print_plan(result)
 
 

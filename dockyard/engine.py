@@ -68,12 +68,13 @@ def run(
     on_line=None,
     binary: bool = False,
     merge_stderr: bool = False,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess:
     """Run one command. `env` is added to the current environment.
 
     capture=True returns stdout (text, or bytes with binary=True) without printing it, with stderr in it too
     where merge_stderr; otherwise output streams to the terminal and only its last lines are kept for the error
-    message; `on_line` sees each streamed line.
+    message; `on_line` sees each streamed line. `timeout` (capture only): seconds before it is stopped, an error.
     """
     argv = [str(a) for a in argv]
     if not quiet:
@@ -82,7 +83,7 @@ def run(
     try:
         if capture:
             proc = subprocess.run(argv, env=full_env, cwd=cwd, input=input, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE)
+                                  stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, timeout=timeout)
             out = proc.stdout if binary else proc.stdout.decode(errors="replace")
             err = out if merge_stderr and not binary else (proc.stderr or b"").decode(errors="replace")
             tail = err.strip().splitlines()[-console.TAIL_LINES:]
@@ -107,6 +108,8 @@ def run(
             out, tail = "", list(tail_lines)
     except FileNotFoundError:
         raise _not_found(argv) from None
+    except subprocess.TimeoutExpired:
+        raise DockyardError(f"no answer in {timeout:g} s: {quote(argv)}") from None
     except KeyboardInterrupt:
         raise DockyardError(f"interrupted: {quote(argv)}", exit_code=130) from None
     if check and proc.returncode != 0:

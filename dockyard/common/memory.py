@@ -136,7 +136,7 @@ class Regime:
 def _fp32_residual(recipe: Recipe) -> bool:
     """Full fine-tuning under the HF Trainer's autocast keeps fp32 weights (DDP, FSDP2); DeepSpeed casts the model
     to bf16 itself; a LoRA/QLoRA base is loaded in 16 bits."""
-    return not recipe.peft and recipe.spec.engine in ("ddp", "fsdp")
+    return not recipe.peft and recipe.strategy_spec.engine in ("ddp", "fsdp")
 
 
 def adapter_inputs(shape: Shape) -> int:
@@ -164,7 +164,7 @@ def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_n
                        regime: Regime = Regime()) -> tuple[int, int]:
     """(model states held while activations peak, model states at the end of the backward pass), per GPU."""
     states, _ = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node)
-    spec = recipe.spec
+    spec = recipe.strategy_spec
     at_peak = states + STAGE_EXTRA.get(spec.zero_stage or 0, 0)
     shard = shape.params / world_size if spec.shards_parameters else shape.params
     if not recipe.peft and spec.engine in ("ddp", "fsdp"):

@@ -209,7 +209,8 @@ class Recipe(BaseModel):
         return self
 
     @property
-    def spec(self) -> Strategy:
+    def strategy_spec(self) -> Strategy:
+        """What the recipe's strategy (its name, `strategy`) is: engine, stage, offloads, memory formula."""
         return STRATEGIES[self.strategy]
 
     def file(self, name: str) -> Path:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-import subprocess
 from pathlib import Path
 
+from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.launch import node
 from dockyard.launch.node import Rendezvous
@@ -42,10 +42,9 @@ def rendezvous(*, master_addr: str, master_port: int, node_rank: int, run_id: st
 
 
 def _ip_json(*args: str) -> list[dict]:
-    try:
-        p = subprocess.run(["ip", "-j", *args], capture_output=True, text=True, timeout=10)
-    except FileNotFoundError:
-        raise DockyardError("`ip` (iproute2) not found: install it, or give --iface=NAME") from None
+    if not engine.which("ip"):
+        raise DockyardError("`ip` (iproute2) not found: install it, or give --iface=NAME")
+    p = engine.run(["ip", "-j", *args], capture=True, check=False, quiet=True, timeout=10)
     if p.returncode != 0:
         raise DockyardError(f"`ip {' '.join(args)}` failed: {p.stderr.strip()}")
     return json.loads(p.stdout or "[]")

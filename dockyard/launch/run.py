@@ -27,6 +27,119 @@ from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """What `invoke run` was asked, its flags already checked (dockyard/flags.py): the one object tasks.py passes."""
+
+    recipe: str = "zero2"
+    variant: str = "auto"
+    nproc: int = 0
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = node.PORT
+    run_id: str = ""
+    resume: bool = False
+    dry: bool = False
+    native: bool = False
+    cpu: bool = False
+    disable_require: bool = False
+    gpus: str = ""
+    data: str = ""
+    model: str = ""
+    iface: str = ""
+    join_timeout: int = node.JOIN_TIMEOUT
+    max_restarts: int = 0
+    overrides: tuple[str, ...] = ()
+
+
+def run(settings: Settings, r: RunRequest) -> dict | None:
+    """`invoke run`: validate the request (topology, what the trainer would refuse, disk), then dispatch it: print
+    the command (--dry), or run it and summarise the run from its manifest."""
+    overrides = list(r.overrides)
+    host = select(read_host(), r.gpus)
+    chosen, why = variants.resolve(settings, r.variant, host)
+    print(why)
+    topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
+    if r.nodes > 1:
+        topo.rendezvous = multinode.rendezvous(master_addr=r.master_addr, master_port=r.master_port, node_rank=r.node_rank,
+                                               run_id=r.run_id, join_timeout=r.join_timeout,
+                                               max_restarts=r.max_restarts, iface=r.iface)
+    preflight.check_resume(settings, r.resume, r.run_id)
+    # the recipe, loaded once here: a bad --recipe is reported as such, not through the run id derived from it;
+    # then what the trainer would refuse
+    recipe = load_recipe(r.recipe)
+    preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
+                        gpus_in_effect=chosen.is_cuda and not r.cpu)
+    run_dir = new_run_dir(settings, r.recipe, r.run_id, r.resume, r.node_rank)
+    need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
+                                     gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
+    if need:
+        print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
+              f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
+    if r.native:
+        plan = native_command(settings, recipe=r.recipe, topo=topo, run_dir=run_dir, overrides=overrides,
+                           resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model)
+    else:
+        info, image = {}, {}
+        if r.dry:
+            image = _image_if_there(settings, variants.tag(settings, chosen))
+        else:
+            info = engine.engine_info(settings)
+            image = engine.image_inspect(settings, variants.tag(settings, chosen))
+            if not image:
+                raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
+                                    f"--variant={chosen.name}` (or `invoke build run --recipe={r.recipe}`)")
+            build.warn_if_stale(image, variants.tag(settings, chosen))
+        if chosen.is_cuda and not r.cpu:
+            preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
+                chosen, ((image or {}).get("Config") or {}).get("Labels")))
+        plan = run_command(settings, recipe=r.recipe, variant=chosen, host=host, engine_info=info, topo=topo,
+                        run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
+                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
+                        cpu=r.cpu, data=r.data, model=r.model)
+    if r.dry:
+        engine.echo(plan.argv, plan.env)
+        return None
+    made = not r.resume and r.node_rank == 0
+    if made:
+        # One os.mkdir (or, on a folder the other r.nodes share, one O_EXCL file): of two runs given the same
+        # --run-id at once, one gets the folder and the other stops here, touching nothing of it.
+        runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
+    with monitor.watch(run_dir, node_rank=r.node_rank):
+        proc = engine.run(plan.argv, env=plan.env, check=False)
+    wrote = [n for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
+    if proc.returncode and made and not wrote:
+        # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
+                            f"nothing was kept, so the same command can be run again")
+    return summarise(run_dir, r.node_rank)
+
+
+def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:
+    host = read_host()
+    chosen, why = variants.resolve(settings, variant, host)
+    print(why, file=sys.stderr)
+    image = variants.tag(settings, chosen)
+    if not dry:
+        check_gpu_host(chosen, host, engine.engine_info(settings), False)
+    mounts = inputs.read_only_mounts(settings, "", []).volumes
+    runs = settings.path(settings.runs_dir)
+    argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
+                           env={envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}, network_host=False,
+                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts,
+                           memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
+    if dry:
+        engine.echo(argv)
+        return
+    runs.mkdir(parents=True, exist_ok=True)
+    engine.echo(argv)
+    os.execvp(argv[0], argv)
+
+
 @dataclass
 class Topology:
     nproc: int
@@ -101,7 +214,6 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
 
 
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
@@ -238,98 +350,6 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     return m.model_dump()
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    """What `invoke run` was asked, its flags already checked (dockyard/flags.py): the one object tasks.py passes."""
-
-    recipe: str = "zero2"
-    variant: str = "auto"
-    nproc: int = 0
-    nodes: int = 1
-    node_rank: int = 0
-    master_addr: str = ""
-    master_port: int = node.PORT
-    run_id: str = ""
-    resume: bool = False
-    dry: bool = False
-    native: bool = False
-    cpu: bool = False
-    disable_require: bool = False
-    gpus: str = ""
-    data: str = ""
-    model: str = ""
-    iface: str = ""
-    join_timeout: int = node.JOIN_TIMEOUT
-    max_restarts: int = 0
-    overrides: tuple[str, ...] = ()
-
-
-def run(settings: Settings, r: RunRequest) -> dict | None:
-    """`invoke run`: validate the request (topology, what the trainer would refuse, disk), then dispatch it: print
-    the command (--dry), or run it and summarise the run from its manifest."""
-    overrides = list(r.overrides)
-    host = select(read_host(), r.gpus)
-    chosen, why = variants.resolve(settings, r.variant, host)
-    print(why)
-    topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
-    if r.nodes > 1:
-        topo.rendezvous = multinode.rendezvous(master_addr=r.master_addr, master_port=r.master_port, node_rank=r.node_rank,
-                                               run_id=r.run_id, join_timeout=r.join_timeout,
-                                               max_restarts=r.max_restarts, iface=r.iface)
-    preflight.check_resume(settings, r.resume, r.run_id)
-    # the recipe, loaded once here: a bad --recipe is reported as such, not through the run id derived from it;
-    # then what the trainer would refuse
-    recipe = load_recipe(r.recipe)
-    preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
-                        gpus_in_effect=chosen.is_cuda and not r.cpu)
-    run_dir = new_run_dir(settings, r.recipe, r.run_id, r.resume, r.node_rank)
-    need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
-                                     gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
-    if need:
-        print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
-              f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
-    if r.native:
-        plan = native_command(settings, recipe=r.recipe, topo=topo, run_dir=run_dir, overrides=overrides,
-                           resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model)
-    else:
-        info, image = {}, {}
-        if r.dry:
-            image = _image_if_there(settings, variants.tag(settings, chosen))
-        else:
-            info = engine.engine_info(settings)
-            image = engine.image_inspect(settings, variants.tag(settings, chosen))
-            if not image:
-                raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
-                                    f"--variant={chosen.name}` (or `invoke build run --recipe={r.recipe}`)")
-            build.warn_if_stale(image, variants.tag(settings, chosen))
-        if chosen.is_cuda and not r.cpu:
-            preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
-                chosen, ((image or {}).get("Config") or {}).get("Labels")))
-        plan = run_command(settings, recipe=r.recipe, variant=chosen, host=host, engine_info=info, topo=topo,
-                        run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
-                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
-                        cpu=r.cpu, data=r.data, model=r.model)
-    if r.dry:
-        engine.echo(plan.argv, plan.env)
-        return None
-    made = not r.resume and r.node_rank == 0
-    if made:
-        # One os.mkdir (or, on a folder the other r.nodes share, one O_EXCL file): of two runs given the same
-        # --run-id at once, one gets the folder and the other stops here, touching nothing of it.
-        runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
-    with monitor.watch(run_dir, node_rank=r.node_rank):
-        proc = engine.run(plan.argv, env=plan.env, check=False)
-    wrote = [n for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
-    if proc.returncode and made and not wrote:
-        # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
-                            f"nothing was kept, so the same command can be run again")
-    return summarise(run_dir, r.node_rank)
-
-
 def _image_if_there(settings: Settings, tag: str) -> dict:
     """`run --dry`: the image's id where an engine answers and holds it, so the command printed is the one that runs;
     else a note says what the run fills in."""
@@ -341,24 +361,3 @@ def _image_if_there(settings: Settings, tag: str) -> dict:
         print(f"note: {tag} is not built (or no engine answers): the run sets {envvars.IMAGE_ID} to its id",
               file=sys.stderr)
     return image
-
-
-def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:
-    host = read_host()
-    chosen, why = variants.resolve(settings, variant, host)
-    print(why, file=sys.stderr)
-    image = variants.tag(settings, chosen)
-    if not dry:
-        check_gpu_host(chosen, host, engine.engine_info(settings), False)
-    mounts = inputs.read_only_mounts(settings, "", []).volumes
-    runs = settings.path(settings.runs_dir)
-    argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
-                           env={envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}, network_host=False,
-                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts,
-                           memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
-    if dry:
-        engine.echo(argv)
-        return
-    runs.mkdir(parents=True, exist_ok=True)
-    engine.echo(argv)
-    os.execvp(argv[0], argv)

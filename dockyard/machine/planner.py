@@ -71,14 +71,14 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
                                 batch=batch, gradient_checkpointing=g) for g in (False, True))
         # Offloaded states live in host memory all run long; without offload the host figure is only the
         # loading-time worst case (every rank holding a copy), which low-memory loading avoids: shown, not gated.
-        offloads = recipe.spec.offloads and not recipe.peft
+        offloads = recipe.strategy_spec.offloads and not recipe.peft
         host_ok = not offloads or plain["host_bytes"] <= cpu_mem
         rows.append({
             "recipe": recipe.name,
             "strategy": recipe.strategy,
             "peft": recipe.peft,
             "offloads": offloads,
-            "recommendable": recipe.spec.recommend,
+            "recommendable": recipe.strategy_spec.recommend,
             "model_states_bytes": plain["gpu_model_states_bytes"],
             "activation_bytes": plain["gpu_activation_bytes"],
             "activation_bytes_checkpointed": ckpt["gpu_activation_bytes"],
@@ -132,8 +132,8 @@ def _too_big(r: dict, gpu_mem: int, cpu_mem: int) -> str:
 
 # --- the task's front end -----------------------------------------------------------------------------
 
-def run(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 2048,
-        batch: int = 1, host: Host | None = None) -> dict:
+def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 2048,
+               batch: int = 1, host: Host | None = None) -> dict:
     """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given."""
     if seq_len < 1 or batch < 1:
         raise DockyardError("--seq-len and --batch must be at least 1")

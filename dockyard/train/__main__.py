@@ -209,7 +209,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     model_dir, shape = model_source(settings, recipe, run)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if recipe.spec.offloads and shape:
+    if recipe.strategy_spec.offloads and shape:
         _, need = memory.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 

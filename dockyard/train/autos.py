@@ -211,11 +211,11 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     why = ""
     if device is None:
         why = "CPU: off as before"
-    elif recipe.peft or recipe.spec.engine != "ddp":
+    elif recipe.peft or recipe.strategy_spec.engine != "ddp":
         why = ("compiled only under plain DDP full fine-tuning, where it was measured (+24 % tokens/s on an H100); "
                + ("LoRA/QLoRA: peft's adapter layers and bitsandbytes' 4-bit matmul break the graph"
                   if recipe.peft else "DeepSpeed wraps the model in its own engine (its own `compile` setting)"
-                  if recipe.spec.engine == "deepspeed" else "FSDP2 wants each layer compiled on its own, which the "
+                  if recipe.strategy_spec.engine == "deepspeed" else "FSDP2 wants each layer compiled on its own, which the "
                   "HF Trainer's whole-model compile does not do"))
     elif device.capability < COMPILE_MIN_CAPABILITY:
         why = f"{device.name} (compute {device.capability[0]}.{device.capability[1]}) is older than triton supports"
@@ -250,7 +250,7 @@ def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind
         return f"Liger has no kernels for model type {kind or '(none)'!r}"
     if compiled:
         return "torch_compile is on, and Liger's kernels fail under torch.compile"
-    if recipe.spec.zero_stage == 3 or recipe.spec.engine == "fsdp":
+    if recipe.strategy_spec.zero_stage == 3 or recipe.strategy_spec.engine == "fsdp":
         return ("its fused loss reads the output layer's weight directly, which ZeRO-3 and FSDP keep sharded "
                 "outside that layer's own forward")
     return ""

@@ -178,13 +178,13 @@ def test_a_bad_model_size_or_flag_gets_a_short_error_naming_the_fix():
     from dockyard.gpus import Host
 
     with pytest.raises(DockyardError, match="--gpus=8 --gpu-mem=80"):
-        planner.run("8B", host=Host(error="no driver"))
+        planner.plan_model("8B", host=Host(error="no driver"))
     with pytest.raises(DockyardError, match="unknown strategy 'zero4'"):
         memory.model_states("zero4", None, planner.shape_for("1B"), 1, 1)
     for flag, kwargs in (("--gpu-mem", {"gpu_mem_gib": -80.0}), ("--cpu-mem", {"cpu_mem_gib": -1.0}),
                          ("--gpus", {"gpus": -8})):
         with pytest.raises(DockyardError, match=f"{flag}=-.*must be positive"):
-            planner.run("8B", **{"gpus": 8, "gpu_mem_gib": 80.0, **kwargs})
+            planner.plan_model("8B", **{"gpus": 8, "gpu_mem_gib": 80.0, **kwargs})
 
 
 @pytest.mark.parametrize("recipe", [r for r in list_recipes() if r.deepspeed], ids=lambda r: r.name)
@@ -192,7 +192,7 @@ def test_the_registry_says_what_each_deepspeed_config_does(recipe):
     """plan and the strategy check take the ZeRO stage and the offloads from the registry: every recipe's own
     ds_config.json must say the same."""
     z = json.loads(recipe.file(recipe.deepspeed).read_text())["zero_optimization"]
-    spec = recipe.spec
+    spec = recipe.strategy_spec
     assert z["stage"] == spec.zero_stage
     for key, wanted in (("offload_optimizer", spec.offload_optimizer), ("offload_param", spec.offload_param)):
         assert (z.get(key) or {}).get("device", "none") == ("cpu" if wanted else "none"), key

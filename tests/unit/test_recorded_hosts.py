@@ -63,7 +63,7 @@ def test_doctor_gpu_checks_on_recorded_host(replay, name):
 
 def test_plan_counts_the_recorded_gpus(replay):
     replay("h100x8_580")
-    assert plan_mod.run("1.5B")["gpus"] == 8
+    assert plan_mod.plan_model("1.5B")["gpus"] == 8
 
 
 def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
