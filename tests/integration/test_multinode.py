@@ -25,6 +25,7 @@ import yaml
 from dockyard.settings import ROOT
 from tests.support import node2
 from tests.support.cli import INVOKE
+from tests.support.training import manifest
 
 pytestmark = pytest.mark.engine
 
@@ -93,16 +94,12 @@ class TwoNodes:
         self.node.docker("rm", "-f", f"dockyard-{self.run_id}", check=False)
 
 
-def _manifest(path: Path) -> dict:
-    return json.loads(path.read_text())
-
-
 def test_two_nodes_train_zero2_together(node, node_image, tmp_path):
     runs = tmp_path / "runs"
     two = TwoNodes(node, "two1", runs, runs, ["--max_steps", "8", "--save_steps", "4", *STEPS])
     codes = two.wait()
     assert codes == {0: 0, 1: 0}, two.output(0)[-3000:] + two.output(1)[-3000:]
-    m0, m1 = _manifest(runs / "two1" / "manifest.json"), _manifest(runs / "two1" / "manifest-node1.json")
+    m0, m1 = manifest(runs / "two1"), manifest(runs / "two1", node_rank=1)
     for m, rank in ((m0, 0), (m1, 1)):
         assert m["status"] == "completed" and m["world_size"] == 4 and m["nodes"] == 2 and m["node_rank"] == rank
         assert m["strategy"]["in_effect"]["engine"] == "deepspeed" and m["strategy"]["in_effect"]["zero_stage"] == 2
@@ -145,7 +142,7 @@ def test_two_nodes_train_together_through_compose(settings, node, node_image, tm
                 p.wait()
     outputs = [(log.seek(0), log.read())[1] for log in logs]
     assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    m0, m1 = _manifest(runs / "comp1" / "manifest.json"), _manifest(runs / "comp1" / "manifest-node1.json")
+    m0, m1 = manifest(runs / "comp1"), manifest(runs / "comp1", node_rank=1)
     assert m0["status"] == m1["status"] == "completed" and m0["world_size"] == m1["world_size"] == 4
     assert (m0["node_rank"], m1["node_rank"]) == (0, 1) and m1["rendezvous"]["local_addr"] == node.addr
 
@@ -179,7 +176,7 @@ def test_run_folders_not_shared_between_the_nodes_are_refused_before_training(no
     assert codes[0] != 0 and codes[1] != 0
     for rank in (0, 1):
         assert "the run folder is not shared: node 1" in two.output(rank), two.output(rank)[-3000:]
-    m = _manifest(tmp_path / "runs-a" / "apart1" / "manifest.json")
+    m = manifest(tmp_path / "runs-a" / "apart1")
     assert m["status"] == "failed" and "shared storage" in m["error"] and m["metrics"]["steps"] == 0
     assert not (tmp_path / "runs-a" / "apart1" / "checkpoints").exists(), "refused before training"
     print(f"unshared run folders refused on both nodes in {took:.1f} s")
@@ -205,14 +202,14 @@ def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_
     assert code0 != 0 and stopped_after < LOST_NODE_BOUND_S
     out = two.output(0)
     assert f"lost node 1 ({node.addr}" in out, out[-3000:]
-    m = _manifest(runs / "lost1" / "manifest.json")
+    m = manifest(runs / "lost1")
     assert m["status"] == "failed" and m["error"].startswith("lost node 1")
     steps_before = m["metrics"]["steps"]
 
     again = TwoNodes(node, "lost1", runs, runs, overrides, resume=True)
     codes = again.wait()
     assert codes == {0: 0, 1: 0}, again.output(0)[-3000:] + again.output(1)[-3000:]
-    m0, m1 = _manifest(runs / "lost1" / "manifest.json"), _manifest(runs / "lost1" / "manifest-node1.json")
+    m0, m1 = manifest(runs / "lost1"), manifest(runs / "lost1", node_rank=1)
     assert m0["status"] == m1["status"] == "completed" and m0["metrics"]["steps"] == 60
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert logged == sorted(set(logged)) and logged[-1] == 60, "no step logged twice after the resume"
@@ -280,7 +277,7 @@ def test_a_node_lost_at_any_moment_stops_the_other_within_the_bound_and_the_run_
     print(f"node 1 killed {moment}: node 0 stopped {stopped_after:.1f} s later (bound {JOIN_S} s)")
     assert code0 != 0 and stopped_after < JOIN_S + STOP_MARGIN_S, out[-3000:]
     assert "error: lost node 1" in out and "it stopped answering" in out, out[-3000:]
-    m = _manifest(runs / "gone1" / "manifest.json")
+    m = manifest(runs / "gone1")
     assert m["status"] == "failed" and m["error"].startswith("lost node 1"), m.get("error")
     assert m["world_size"] == 4 and m["nodes"] == 2
     if moment != "after-the-rendezvous":  # node 1 had said where it is by then
@@ -291,7 +288,7 @@ def test_a_node_lost_at_any_moment_stops_the_other_within_the_bound_and_the_run_
     again = TwoNodes(node, "gone1", runs, runs, overrides, resume=True, join_timeout=JOIN_S)
     codes = again.wait()
     assert codes == {0: 0, 1: 0}, again.output(0)[-3000:] + again.output(1)[-3000:]
-    m0 = _manifest(runs / "gone1" / "manifest.json")
+    m0 = manifest(runs / "gone1")
     assert m0["status"] == "completed" and m0["metrics"]["steps"] == 10 and "error" not in m0
     logged = [json.loads(line)["step"] for line in (runs / "gone1" / "metrics.jsonl").read_text().splitlines()]
     assert logged == list(range(1, 11)), "every step logged once after the resume"
@@ -315,7 +312,7 @@ def test_a_node_that_arrives_late_but_within_the_bound_trains_with_the_other(nod
                     late=JOIN_S / 2)
     codes = late.wait()
     assert codes == {0: 0, 1: 0}, late.output(0)[-3000:] + late.output(1)[-3000:]
-    m = _manifest(runs / "late1" / "manifest.json")
+    m = manifest(runs / "late1")
     assert m["status"] == "completed" and m["world_size"] == 4 and m["metrics"]["steps"] == 4
 
 
@@ -377,7 +374,7 @@ def test_the_kubernetes_pods_of_invoke_k8s_train_together(node, node_image, tmp_
         node.docker("rm", "-f", f"k8s-pod-1-{os.getpid()}", check=False)
     outputs = [(log.seek(0), log.read())[1] for log in logs]
     assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    m0, m1 = _manifest(runs / "kube1" / "manifest.json"), _manifest(runs / "kube1" / "manifest-node1.json")
+    m0, m1 = manifest(runs / "kube1"), manifest(runs / "kube1", node_rank=1)
     for m, rank in ((m0, 0), (m1, 1)):
         assert m["status"] == "completed" and m["world_size"] == 4 and m["node_rank"] == rank
         assert m["rendezvous"]["endpoint"] == f"{pod0}:29500"

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dockyard import ROOT
+from dockyard.common import runfolder
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 LORA_LR = ["--learning_rate", "1e-2"]  # adapters on a random tiny base need a push to learn in 12 steps
@@ -55,8 +56,9 @@ def chat_data(path: Path) -> Path:
     return path
 
 
-def manifest(run_dir: Path) -> dict:
-    return json.loads((run_dir / "manifest.json").read_text())
+def manifest(run_dir: Path, node_rank: int = 0) -> dict:
+    """The manifest a node of the run wrote (node 0's manifest.json, node 1's manifest-node1.json...)."""
+    return json.loads((run_dir / runfolder.manifest_file(node_rank)).read_text())
 
 
 def reload_logits(run_dir: Path, m: dict) -> torch.Tensor:
