@@ -1,6 +1,6 @@
 """The CUDA images, built for real on this GPU-less host (the `cuda_image` fixture: cu132, the newest; `cuda12_image`:
-cu128, for CUDA 12 drivers, built without nvcc): their Python stacks train on CPU, and they move to the second node
-as full archives, the newest then as a thin one too.
+cu128, for CUDA 12 drivers, built without nvcc): their Python stacks train on CPU; the newest moves to the second
+node as a full archive and then as a thin one (cu128's move: test_cuda12_image_moves.py, with a node of its own).
 
 The GPU path itself (NCCL, fused_adam on a device, bitsandbytes' CUDA kernels) runs only in tests/gpu, on a
 host with GPUs: here `invoke run --cpu` trains in the CUDA image with gloo and DS_ACCELERATOR=cpu, which
@@ -11,14 +11,13 @@ Multi-GB image: one full save and one full load per session, everything else reu
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from dockyard import engine
 from dockyard.images import build, variants
+from tests.support.archive_sets import save_image
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
@@ -53,19 +52,12 @@ def test_cuda_image_stack_trains_on_cpu_with_two_processes(settings, request, tm
     assert m["metrics"]["steps"] == 4 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
 
 
-def _save(out: Path, ref: str, *flags: str, env: dict | None = None) -> tuple[Path, dict]:
-    r = invoke("save", f"--image={ref}", f"--out={out}", *flags, env=env, timeout=3600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    archive, = out.glob("*.tar.zst")
-    return archive, json.loads(next(out.glob("*.manifest.json")).read_text())
-
-
 def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda_image, node, tmp_path):
     """Full archive → load.sh on node 2; then a recipe-only rebuild ships as a thin archive < 1 % of it."""
     v = variants.newest_cuda(settings)
     ssh_env = {"INVOKE_DOCKYARD_SSH": node.ssh_command}
     # Written into the node's own folder: node 2 shares this file system (copying is test_transport's job).
-    full, full_m = _save(node.base / "full", cuda_image)
+    full, full_m = save_image(node.base / "full", cuda_image)
     r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
     assert node.image_id(cuda_image) == engine.image_inspect(settings, cuda_image)["Id"], r.stdout + r.stderr
 
@@ -76,7 +68,7 @@ def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda
     (argv, benv), = build.build_steps(settings, v, context=ctx, ref=v2, revision="test").steps
     try:
         engine.run(argv, env=benv, quiet=True, capture=True)
-        thin, thin_m = _save(node.base / "thin", v2, f"--thin-for=ssh://{node.alias}", env=ssh_env)
+        thin, thin_m = save_image(node.base / "thin", v2, f"--thin-for=ssh://{node.alias}", env=ssh_env)
         sizes = (thin_m["archive_bytes"], full_m["archive_bytes"])
         assert sizes[0] < 0.01 * sizes[1], f"thin {sizes[0]:,} B vs full {sizes[1]:,} B"
         r = node.ssh(f"sh {thin.parent}/load.sh {thin.name}", timeout=1200)
@@ -85,19 +77,3 @@ def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda
         assert tail.stdout.strip() == "# a recipe-only change"
     finally:
         subprocess.run(engine.docker(settings, "rmi", "-f", v2), capture_output=True)
-
-
-def test_cuda12_image_loads_on_node2(settings, cuda12_image, node):
-    """cu128 moves like cu132: a full archive, verified and loaded by load.sh on the air-gapped node, same image id,
-    and there its prebuilt DeepSpeed ops load without a GPU."""
-    full, _ = _save(node.base / "cu128", cuda12_image)
-    try:
-        r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
-        assert node.image_id(cuda12_image) == engine.image_inspect(settings, cuda12_image)["Id"], r.stdout + r.stderr
-        load = ("from deepspeed.accelerator import get_accelerator as a; "
-                "[a().create_op_builder(b).load() for b in ('CPUAdamBuilder', 'AsyncIOBuilder')]; print('ops load')")
-        ops = node.ssh(f"docker run --rm --network none {cuda12_image} python -c \"{load}\"", timeout=600)
-        assert ops.stdout.strip().endswith("ops load"), ops.stdout + ops.stderr
-    finally:  # ~11 GB between the archive and the loaded image: CI's disk is shared by every test after this one
-        shutil.rmtree(full.parent, ignore_errors=True)
-        node.docker("rmi", "-f", cuda12_image, check=False)

@@ -36,3 +36,13 @@ def reseal(paths, manifest_changes=None, sums=None):
         paths.manifest.write_text(json.dumps(m, indent=2) + "\n")
     lines = sums if sums is not None else [paths.archive, paths.manifest]
     paths.sha256.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in lines))
+
+
+def save_image(out, ref: str, *flags: str, env: dict | None = None):
+    """`invoke save --image=REF --out=OUT [flags]` for real: the archive's path and its manifest."""
+    from tests.support.cli import invoke
+
+    r = invoke("save", f"--image={ref}", f"--out={out}", *flags, env=env, timeout=3600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    archive, = out.glob("*.tar.zst")
+    return archive, json.loads(next(out.glob("*.manifest.json")).read_text())
