@@ -22,7 +22,7 @@ from pathlib import Path
 OP_NAMES = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io",
             "SHM_COMM": "deepspeed_shm_comm", "CPU_LION": "cpu_lion", "CPU_ADAGRAD": "cpu_adagrad"}
 BUILDERS = {"CPU_ADAM": "CPUAdamBuilder", "FUSED_ADAM": "FusedAdamBuilder", "AIO": "AsyncIOBuilder",
-            "SHM_COMM": "ShmCommBuilder", "CPU_LION": "CPULionBuilder", "CPU_ADAGRAD": "CPUAdagradBuilder"}
+            "SHM_COMM": "ShareMemCommBuilder", "CPU_LION": "CPULionBuilder", "CPU_ADAGRAD": "CPUAdagradBuilder"}
 
 
 def main() -> int:
