@@ -11,10 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import __version__
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, problems
 from dockyard.gpus import Host
 from dockyard.settings import ROOT, Settings
 
@@ -42,7 +42,8 @@ class Variant(BaseModel):
     python: str
     os_packages: list[str]
     torch_cuda_arch_list: str
-    torch_archs: str = ""
+    # the archs torch's libraries hold code for, as TORCH_CUDA_ARCH_LIST writes them: "7.5;8.0;9.0+PTX"
+    torch_archs: str = Field("", pattern=r"^(\d+\.\d+(\+PTX)?([;\s]+\d+\.\d+(\+PTX)?)*)?$")
     ds_ops: list[str]
     devel: DevelBase | None = None
     pins: dict[str, str]
@@ -88,7 +89,7 @@ def _load(path: Path) -> dict[str, Variant]:
     except FileNotFoundError:
         raise DockyardError(f"variants file {path} not found: set `variants_file` in invoke.yaml") from None
     except (ValidationError, KeyError, TypeError) as e:
-        raise DockyardError(f"invalid variants file {path}: {e}") from None
+        raise DockyardError(f"invalid variants file {path}: {problems(e)}") from None
     for v in out.values():
         missing = [p for p in PINNED if p not in v.pins]
         if missing:
@@ -118,8 +119,8 @@ def driver_runs(image_cuda: str, host_cuda: str) -> bool:
 def arch_runs(archs: str, capability: str) -> bool:
     """Whether a GPU of compute capability `capability` ("8.9") has code in a build for `archs` ("7.5;8.6;12.0+PTX"):
     machine code of its major at or below its minor (sm_86 runs on 8.9), or PTX at or below it (JIT-compiled).
-    An unknown capability or a variant that declares no archs is given the benefit of the doubt."""
-    if not capability or not archs:
+    An unknown (or unreadable) capability or a variant that declares no archs is given the benefit of the doubt."""
+    if not re.fullmatch(r"\d+\.\d+", capability or "") or not archs:
         return True
     have = cuda_version(capability)
     for entry in re.split(r"[;\s]+", archs.strip()):

@@ -153,3 +153,21 @@ def test_the_devel_option_builds_the_same_lock_from_a_registry_base_with_nvcc(se
     assert "FUSED_ADAM" in devel.ds_ops and f"python{devel.python}" in devel.os_packages
     with pytest.raises(DockyardError, match=r"variant cu132 has no devel base"):
         variants.resolve(settings, "cu132")[0].on_devel_base()
+
+
+def test_a_variants_file_with_unreadable_torch_archs_is_refused_in_one_line(tmp_path):
+    import yaml
+
+    from dockyard.settings import ROOT
+
+    raw = yaml.safe_load((ROOT / "images" / "variants.yaml").read_text())
+    raw["variants"]["cu128"]["torch_archs"] = "7.0;eight"
+    bad = tmp_path / "variants.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(DockyardError, match=r"invalid variants file .*: torch_archs: String should match") as e:
+        variants._load(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_an_unreadable_gpu_capability_is_given_the_benefit_of_the_doubt():
+    assert variants.arch_runs("7.5;8.0", "") and variants.arch_runs("7.5;8.0", "n/a")
