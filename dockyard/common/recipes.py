@@ -301,7 +301,8 @@ def deepspeed_cuda_ops(cfg: dict) -> dict[str, str]:
         return {}
     kind = str(opt.get("type", "")).lower()
     params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
-    offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    zero = cfg.get("zero_optimization")
+    offload = (zero.get("offload_optimizer") if isinstance(zero, dict) else None) or {}
     offloaded = isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme")
     if kind not in GPU_OPTIMIZER_OPS or offloaded or params.get("torch_adam") is True:
         return {}

@@ -221,3 +221,17 @@ def test_on_gpus_without_nvcc_a_cuda_op_the_image_lacks_is_refused_before_traini
             guards.deepspeed_config(path, "zero2")
     else:
         assert guards.deepspeed_config(path, "zero2")["zero_optimization"]["stage"] == 2
+
+
+@pytest.mark.parametrize("cfg, ops", [
+    ({"optimizer": "Adam"}, set()),                                                  # not a section: DeepSpeed refuses it
+    ({"optimizer": {"type": "AdamW", "params": 3}}, {"fused_adam"}),
+    ({"optimizer": {"type": "AdamW"}, "zero_optimization": [1]}, {"fused_adam"}),
+    ({"optimizer": {"type": "AdamW"}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, set()),
+    ({"optimizer": {"type": None}}, set()),
+])
+def test_the_cuda_ops_of_a_malformed_ds_config_are_read_without_a_traceback(cfg, ops):
+    """The ds_config is a user's file: its odd shapes are read, and DeepSpeed's own checks refuse them later."""
+    from dockyard.common.recipes import deepspeed_cuda_ops
+
+    assert set(deepspeed_cuda_ops(cfg)) == ops
