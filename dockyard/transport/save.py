@@ -280,7 +280,7 @@ def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: st
         "archive": paths.archive.name,
         "archive_sha256": got.out_sha256,
         "archive_bytes": got.out_bytes,
-        "tar_bytes": got.pump.bytes_read,
+        "tar_bytes": got.pump.bytes_out,  # a thin archive's tar: without the layers the peer holds
         "compression": {"method": method, "level": level},
         "created": inventory.now(),
         "images": [{k: i[k] for k in ("ref", "tags", "id", "labels", "diff_ids", "chain_ids")} for i in images],
@@ -291,6 +291,6 @@ def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: st
             "check_images": " ".join(f"{ref}={i['id']}" for ref, i in named),
             "check_layers": " ".join(f"{ref}={','.join(i['diff_ids'])}" for ref, i in named),
             "require_chains": " ".join((thin or {}).get("requires") or []),
-            "need_kb": str(2 * got.pump.bytes_read // 1024),  # docker load unpacks, then applies
+            "need_kb": str(2 * got.pump.bytes_out // 1024),  # docker load unpacks, then applies
         },
     }

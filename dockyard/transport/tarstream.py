@@ -42,6 +42,7 @@ class TarPump:
         self.omitted: set[str] = set()
         self.docker_manifest: list[dict] = []
         self.bytes_read = 0
+        self.bytes_left_out = 0  # of bytes_read: the omitted members, headers included (never written)
         self.frames: FramedSink | None = None  # set when compressing: layers become frames of their own
         self.known: dict[str, str] = {}        # member name → diff id, from earlier saves (LayerCache.known)
 
@@ -110,7 +111,7 @@ class TarPump:
         if blob and "sha256:" + name.rsplit("/", 1)[1] in self.omit:
             self._copy(src, padded, None)   # the name is the digest: no need to look inside
             self.layers[name] = ("sha256:" + name.rsplit("/", 1)[1], size)
-            self.omitted.add(name)
+            self._leave_out(name, head, padded)
             return
         h = hashlib.sha256()
         hint = "sha256:" + name.rsplit("/", 1)[1] if blob else self.known.get(name, "")
@@ -120,7 +121,7 @@ class TarPump:
             if self.layers[name][0] != hint:
                 raise StaleNames(f"the layer cache's name map said {name} holds {hint}, but it holds "
                                  f"{self.layers[name][0]}; the map is now cleared: save again")
-            self.omitted.add(name)
+            self._leave_out(name, head, padded)
             return
         if not self.omit or hint:
             write(head)
@@ -135,7 +136,7 @@ class TarPump:
             digest = "sha256:" + h.hexdigest()
             self.layers[name] = (digest, size)
             if digest in self.omit:
-                self.omitted.add(name)
+                self._leave_out(name, head, padded)
                 return
             write(head)
             if self.frames and not self.frames.begin(padded, digest):
@@ -146,6 +147,15 @@ class TarPump:
                 write(chunk)
             if self.frames:
                 self.frames.end(digest)
+
+    def _leave_out(self, name: str, head: bytes, padded: int) -> None:
+        self.omitted.add(name)
+        self.bytes_left_out += len(head) + padded
+
+    @property
+    def bytes_out(self) -> int:
+        """The tar as written (what docker load will read): what was read, less the members left out."""
+        return self.bytes_read - self.bytes_left_out
 
     def diff_id(self, name: str) -> str:
         seen = set()

@@ -25,6 +25,9 @@ def test_tar_pump_records_layers_and_drops_omitted_ones(fmt, long_dir):
     assert not any(n.endswith("/layer.tar") and n.startswith(("1", "d")) for n in names)
     assert "2" * 64 + "/layer.tar" in names and "manifest.json" in names
     assert len(out.getvalue()) < len(raw) - 300_000
+    # What the manifest declares as the tar (the loaders' gate, their free-space check) is the tar written,
+    # not the one docker save gave: a thin archive's load needs room for its own layers only.
+    assert pump.bytes_out + (len(raw) - pump.bytes_read) == len(out.getvalue())
     assert {d for d, _ in pump.layers.values()} == {big_id, small_id}
 
     full = io.BytesIO()
@@ -51,4 +54,5 @@ def test_tar_pump_reads_the_oci_layout_of_newer_engines():
     pump.check([image])
     names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
     assert f"blobs/sha256/{big_id[7:]}" not in names and f"blobs/sha256/{small_id[7:]}" in names
+    assert pump.bytes_out + (len(raw) - pump.bytes_read) == len(out.getvalue())
     assert image["tags"] == ["t:3"]
