@@ -1,12 +1,17 @@
 """Recipes side by side: steady-state tokens/s, MFU, peak memory against `invoke plan`'s estimate and time to the
 first step per recipe, and the bare torchrun + DDP loop (benchmarks/bare_ddp.py) measured the same way.
 
-    python -m benchmarks.recipes [--recipes ddp,zero2] [--batch 8] [--seq 2048] [--steps 40] [--bare] [--repeats 3]
-                                 [--out benchmarks/results/recipes.md]
+    python -m benchmarks.recipes [--recipes ddp,zero2] [--batch auto|8] [--seq 2048] [--steps 40] [--bare]
+                                 [--repeats 3] [--out benchmarks/results/recipes.md]
 
 On CPU: the tiny model, 2 processes (gloo): a smoke check that every part runs. On GPUs: a ~1B Llama-shaped model
 made from a config (random weights), bf16, one process per GPU. On one GPU, a call of two or three recipes at
 `--batch 8` finishes in under 10 minutes; run several calls with their own `--out`.
+
+`--batch auto` (the default) passes no micro-batch and no gradient checkpointing: each run takes what a user's run
+with no tuning flags gets (recipes/defaults.yaml's autos: micro-batch, accumulation, checkpointing, torch_compile,
+Liger, padding-free, each resolved for the GPU at hand), and the table says what they became. `--batch N` fixes the
+micro-batch at N with checkpointing off (the autos that are left still resolve).
 
 Throughput is the steady state read from each run's metrics.jsonl (a window every 5 steps, the default, as a
 user's run has): the logging windows after the first WARMUP_STEPS steps, each its own tokens (every rank's real
@@ -47,7 +52,8 @@ ONE_B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipe names (default: all)")
-    ap.add_argument("--batch", type=int, default=0, help="micro-batch per process (default: 8 on CPU, 1 on GPUs)")
+    ap.add_argument("--batch", type=batch_arg, default="auto",
+                    help="micro-batch per process, or auto: the defaults a run with no flags gets (the default)")
     ap.add_argument("--seq", type=int, default=0, help="sequence length (default: 128 on CPU, 2048 on GPUs)")
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default: 100 on CPU, 40 on GPUs)")
     ap.add_argument("--bare", action="store_true", help="also measure the bare DDP loop, and the entry point's "
@@ -62,7 +68,7 @@ def main() -> None:
     gpu = torch.cuda.is_available()
     nproc = torch.cuda.device_count() if gpu else 2
     seq = opts.seq or (2048 if gpu else 128)
-    batch = opts.batch or (1 if gpu else 8)
+    batch = opts.batch
     steps = opts.steps or (40 if gpu else 100)
     if steps <= WARMUP_STEPS + 2:
         sys.exit(f"--steps must be over {WARMUP_STEPS + 2}: the first {WARMUP_STEPS} are warm-up")
@@ -76,11 +82,14 @@ def main() -> None:
         for name in names:
             rows.append(run_recipe(name, work, nproc, model, data, steps, batch, seq, "bench"))
             print(table_row(rows[-1], rows), flush=True)  # each result as it lands: a cut-off call keeps it
-        overhead = measure_overhead(opts, work, nproc, model, data, steps, batch, seq, gpu) \
-            if opts.bare and "ddp" in names else []
+        ddp = next((r for r in rows if r["recipe"] == "ddp" and "micro_batch" in r), None)
+        overhead = measure_overhead(opts, work, nproc, model, data, steps,
+                                    batch if batch != "auto" else ddp["micro_batch"], seq, gpu) \
+            if opts.bare and ddp else []
     lines += table(rows) + errors(rows) + overhead
-    if opts.bare and "ddp" not in names:
-        lines += ["", "The bare loop was not measured: it is compared with the ddp recipe, which was not asked for."]
+    if opts.bare and not ddp:
+        lines += ["", "The bare loop was not measured: it is compared with the ddp recipe, which was not asked for "
+                      "or failed."]
     text = "\n".join(lines) + "\n"
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(text)
@@ -106,11 +115,25 @@ def where(gpu: bool, nproc: int) -> str:
     return f"CPU only, {nproc} processes (gloo), {platform.node()}, native (no container), {versions}"
 
 
-def setup_line(gpu: bool, seq: int, batch: int, steps: int) -> str:
+def batch_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of examples, 1 or more, or auto")
+    return n
+
+
+def setup_line(gpu: bool, seq: int, batch: int | str, steps: int) -> str:
     model = ("~1B Llama-shaped (config, random weights), bf16 mixed precision (fp16 before Ampere)" if gpu
              else "tiny Llama-shaped (164 k parameters), fp32")
-    return (f"Model: {model}; sequence length {seq}, micro-batch {batch} per process, {steps} steps, gradient "
-            f"checkpointing off, no checkpoints saved. tokens/s: steady state, the logging windows (every 5 steps) "
+    how = ("micro-batch, checkpointing and the other autos as a run with no tuning flags resolves them (the note "
+           "column)" if batch == "auto" else f"micro-batch {batch} per process, gradient checkpointing off")
+    return (f"Model: {model}; sequence length {seq}, {how}, {steps} steps, "
+            f"no checkpoints saved. tokens/s: steady state, the logging windows (every 5 steps) "
             f"after step {WARMUP_STEPS}, from metrics.jsonl (real tokens of every rank); manifest: the run's own "
             "figure. Peak memory: GPU memory reserved by torch (resident set size on CPU) of the largest rank; "
             "plan: `invoke plan`'s estimate for the run, from its manifest. First step: from process start to the end of step 1")
@@ -165,15 +188,34 @@ def steady_state(metrics_file: Path) -> dict:
             "mfu": sum(mfus) / seconds if len(mfus) == len(windows) else None}
 
 
-def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps: int, batch: int, seq: int,
-               tag: str) -> dict:
-    """One run of the trainer; its figures, then its folder removed."""
+# The autos the table shows, short: settings_resolved key -> column word
+SHOWN = {"per_device_train_batch_size": "mb", "gradient_accumulation_steps": "accum",
+         "gradient_checkpointing": "GC", "torch_compile": "compile", "use_liger_kernel": "Liger",
+         "padding_free": "padding-free"}
+
+
+def resolved(manifest: dict) -> str:
+    """What the run's autos became (settings_resolved), e.g. "mb 8, accum 1, GC off, compile off"."""
+    got = manifest.get("settings_resolved") or {}
+    words = []
+    for key, word in SHOWN.items():
+        v = (got.get(key) or {}).get("value")
+        if v is not None:
+            words.append(f"{word} {'on' if v is True else 'off' if v is False else v}")
+    return ", ".join(words)
+
+
+def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps: int, batch: int | str, seq: int,
+               tag: str, *extra: str) -> dict:
+    """One run of the trainer; its figures, then its folder removed. batch "auto": no tuning flags."""
     run = work / f"{name}-{tag}"
+    fixed = [] if batch == "auto" else ["--per_device_train_batch_size", str(batch), "--gradient_checkpointing",
+                                        "false"]
     try:
         proc = torchrun(nproc, "-m", "dockyard.train", "--recipe", name, "--run-dir", str(run), "--",
                         "--model", str(model), "--data", str(data), "--max_steps", str(steps),
-                        "--per_device_train_batch_size", str(batch), "--max_seq_length", str(seq),
-                        "--logging_steps", "5", "--save_strategy", "no", "--gradient_checkpointing", "false")
+                        "--max_seq_length", str(seq), "--logging_steps", "5", "--save_strategy", "no", *fixed,
+                        *extra)
         m = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").exists() else {}
         if proc.returncode != 0 or m.get("status") != "completed":
             tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
@@ -182,7 +224,9 @@ def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps
         return {"recipe": name, **steady_state(run / "metrics.jsonl"), "manifest_tps": met["tokens_per_second"],
                 "manifest_mfu": met.get("mfu"), "peak": met["peak_memory_bytes"],
                 "plan": (m.get("plan") or {}).get("gpu_bytes"), "first_step": met["seconds_to_first_step"],
-                "saving": met.get("seconds_saving")}
+                "saving": met.get("seconds_saving"), "resolved": resolved(m),
+                "micro_batch": ((m.get("settings_resolved") or {}).get("per_device_train_batch_size") or {})
+                .get("value", batch)}
     finally:
         shutil.rmtree(run, ignore_errors=True)
 
@@ -213,10 +257,13 @@ def bare_mfu(row: dict, model: Path, nproc: int) -> float | None:
 
 def measure_overhead(opts, work: Path, nproc: int, model: Path, data: Path, steps: int, batch: int, seq: int,
                      gpu: bool) -> list[str]:
-    """ddp recipe vs the bare loop, alternated so a noisy neighbour hits both the same; medians."""
+    """ddp recipe vs the bare loop, alternated so a noisy neighbour hits both the same; medians. The recipe runs
+    as the bare loop does (`batch`, which is the ddp row's micro-batch under --batch auto; no checkpointing, no
+    compilation, no Liger): what is compared is the entry point, not the autos."""
     ours, bare = [], []
+    same = ("--torch_compile", "false", "--use_liger_kernel", "false")
     for i in range(max(1, opts.repeats)):
-        ours.append(run_recipe("ddp", work, nproc, model, data, steps, batch, seq, f"o{i}"))
+        ours.append(run_recipe("ddp", work, nproc, model, data, steps, batch, seq, f"o{i}", *same))
         bare.append(run_bare(work, nproc, model, data, steps, batch, seq, i))
         print(f"overhead run {i + 1}: ddp {ours[-1].get('tokens_per_second', 0):,.0f} tokens/s, "
               f"bare {bare[-1].get('tokens_per_second', 0):,.0f} tokens/s", flush=True)
@@ -239,7 +286,7 @@ def measure_overhead(opts, work: Path, nproc: int, model: Path, data: Path, step
 # --- the report ------------------------------------------------------------------------------------------
 
 HEAD = ["| recipe | tokens/s | manifest tokens/s | vs ddp | step (s) | MFU | peak memory (GiB) | plan (GiB) "
-        "| plan / peak | first step (s) | note |",
+        "| plan / peak | first step (s) | settings (the autos resolved) |",
         "|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
@@ -263,7 +310,7 @@ def table_row(r: dict, rows: list[dict]) -> str:
             f"{r['tokens_per_second'] / ddp:.2f} | " if ddp else
             f"| {r['recipe']} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | - | ") + \
         (f"{r['step_seconds']:.3f} | {_pct(r.get('mfu'))} | {r['peak'] / GIB:.2f} | {plan} | {ratio} | "
-         f"{r['first_step']:.1f} | |")
+         f"{r['first_step']:.1f} | {r.get('resolved', '')} |")
 
 
 def table(rows: list[dict]) -> list[str]:

@@ -19,6 +19,9 @@ def test_the_recipes_benchmark_runs_on_cpu_and_reports_each_recipe(tmp_path):
     ddp = next(line for line in text.splitlines() if line.startswith("| ddp |")).split("|")
     steady, manifest = (float(ddp[i].replace(",", "")) for i in (2, 3))
     assert steady > 0 and abs(steady / manifest - 1) < 0.03  # metrics.jsonl and the manifest agree
+    # no tuning flags (--batch auto): the table says what the autos became, here the CPU's (8 examples, no
+    # checkpointing for full fine-tuning, neither compile nor Liger)
+    assert "mb 8, accum 1, GC off, compile off, Liger off" in ddp[-2], ddp
     # fsdp stops on CPU by design: its error is reported whole, past its first sentence
     assert "| fsdp |" in text and "### fsdp: the error" in text
     assert "Stopped instead of training with another strategy." in text.split("### fsdp: the error")[1]
