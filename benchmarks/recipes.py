@@ -1,8 +1,9 @@
 """Recipes side by side: steady-state tokens/s, MFU, peak memory against `invoke plan`'s estimate and time to the
 first step per recipe, and the bare torchrun + DDP loop (benchmarks/bare_ddp.py) measured the same way.
 
-    python -m benchmarks.recipes [--recipes ddp,zero2] [--batch auto|8] [--seq 2048] [--steps 40] [--bare]
-                                 [--repeats 3] [--out benchmarks/results/recipes.md]
+    python -m benchmarks.recipes [--recipes ddp,zero2] [--batch auto|8] [--seq 2048] [--steps 40]
+                                 [--try KEY=VALUE[,KEY=VALUE]]... [--bare] [--repeats 3]
+                                 [--out benchmarks/results/recipes.md]
 
 On CPU: the tiny model, 2 processes (gloo): a smoke check that every part runs. On GPUs: a ~1B Llama-shaped model
 made from a config (random weights), bf16, one process per GPU. On one GPU, a call of two or three recipes at
@@ -11,7 +12,9 @@ made from a config (random weights), bf16, one process per GPU. On one GPU, a ca
 `--batch auto` (the default) passes no micro-batch and no gradient checkpointing: each run takes what a user's run
 with no tuning flags gets (recipes/defaults.yaml's autos: micro-batch, accumulation, checkpointing, torch_compile,
 Liger, padding-free, each resolved for the GPU at hand), and the table says what they became. `--batch N` fixes the
-micro-batch at N with checkpointing off (the autos that are left still resolve).
+micro-batch at N with checkpointing off (the autos that are left still resolve). `--try torch_compile=true` runs
+each recipe a second time with those settings (any recipe setting or TrainingArguments field, as after `invoke run
+-- `), right after its first run, and prints the ratio: how a setting is judged on a GPU before it becomes an auto.
 
 Throughput is the steady state read from each run's metrics.jsonl (a window every 5 steps, the default, as a
 user's run has): the logging windows after the first WARMUP_STEPS steps, each its own tokens (every rank's real
@@ -27,6 +30,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +60,8 @@ def main() -> None:
                     help="micro-batch per process, or auto: the defaults a run with no flags gets (the default)")
     ap.add_argument("--seq", type=int, default=0, help="sequence length (default: 128 on CPU, 2048 on GPUs)")
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default: 100 on CPU, 40 on GPUs)")
+    ap.add_argument("--try", dest="tries", action="append", type=try_arg, default=[], metavar="KEY=VALUE[,...]",
+                    help="also run each recipe with these settings, side by side with its defaults (repeatable)")
     ap.add_argument("--bare", action="store_true", help="also measure the bare DDP loop, and the entry point's "
                                                         "overhead against it (needs ddp among --recipes)")
     ap.add_argument("--repeats", type=int, default=3, help="with --bare: runs of ddp and of the bare loop, alternated")
@@ -80,13 +86,17 @@ def main() -> None:
         model, data = make_model(work, gpu), make_data(work, seq)
         rows = []
         for name in names:
-            rows.append(run_recipe(name, work, nproc, model, data, steps, batch, seq, "bench"))
-            print(table_row(rows[-1], rows), flush=True)  # each result as it lands: a cut-off call keeps it
-        ddp = next((r for r in rows if r["recipe"] == "ddp" and "micro_batch" in r), None)
+            for i, tried in enumerate([(), *opts.tries]):
+                flags = [w for key, value in tried for w in (f"--{key}", value)]
+                rows.append(run_recipe(name, work, nproc, model, data, steps, batch, seq, f"bench{i}", *flags))
+                if tried:
+                    rows[-1]["label"] = f"{name} + {','.join(f'{k}={v}' for k, v in tried)}"
+                print(table_row(rows[-1], rows), flush=True)  # each result as it lands: a cut-off call keeps it
+        ddp = next((r for r in rows if r["recipe"] == "ddp" and "label" not in r and "micro_batch" in r), None)
         overhead = measure_overhead(opts, work, nproc, model, data, steps,
                                     batch if batch != "auto" else ddp["micro_batch"], seq, gpu) \
             if opts.bare and ddp else []
-    lines += table(rows) + errors(rows) + overhead
+    lines += table(rows) + compared(rows) + errors(rows) + overhead
     if opts.bare and not ddp:
         lines += ["", "The bare loop was not measured: it is compared with the ddp recipe, which was not asked for "
                       "or failed."]
@@ -127,10 +137,20 @@ def batch_arg(text: str) -> int | str:
     return n
 
 
+def try_arg(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for part in text.split(","):
+        key, eq, value = part.strip().partition("=")
+        if not eq or not re.fullmatch(r"[a-z_][a-z0-9_]*", key) or not value.strip():
+            raise argparse.ArgumentTypeError(f"{part.strip()!r}: KEY=VALUE, e.g. torch_compile=true")
+        pairs.append((key, value.strip()))
+    return tuple(pairs)
+
+
 def setup_line(gpu: bool, seq: int, batch: int | str, steps: int) -> str:
     model = ("~1B Llama-shaped (config, random weights), bf16 mixed precision (fp16 before Ampere)" if gpu
              else "tiny Llama-shaped (164 k parameters), fp32")
-    how = ("micro-batch, checkpointing and the other autos as a run with no tuning flags resolves them (the note "
+    how = ("micro-batch, checkpointing and the other autos as a run with no tuning flags resolves them (the settings "
            "column)" if batch == "auto" else f"micro-batch {batch} per process, gradient checkpointing off")
     return (f"Model: {model}; sequence length {seq}, {how}, {steps} steps, "
             f"no checkpoints saved. tokens/s: steady state, the logging windows (every 5 steps) "
@@ -299,16 +319,17 @@ def table_row(r: dict, rows: list[dict]) -> str:
         first = r["error"].strip().splitlines()[-1] if r["error"].strip() else "failed"
         first = first if len(first) <= 100 else first[:100] + "…"
         note = f"failed: {first.replace('|', '/')} (the whole error below)"
-        return f"| {r['recipe']} | - | - | - | - | - | - | - | - | - | {note} |"
+        return f"| {r.get('label', r['recipe'])} | - | - | - | - | - | - | - | - | - | {note} |"
     if "tokens_per_second" not in r:
-        return f"| {r['recipe']} | - | {r['manifest_tps']:,.0f} | - | - | - | - | - | - | - | no steady-state window |"
-    ddp = next((x["tokens_per_second"] for x in rows if x["recipe"] == "ddp" and "tokens_per_second" in x), None)
+        return f"| {r.get('label', r['recipe'])} | - | {r['manifest_tps']:,.0f} | - | - | - | - | - | - | - | no steady-state window |"
+    ddp = next((x["tokens_per_second"] for x in rows if x["recipe"] == "ddp" and "label" not in x
+                and "tokens_per_second" in x), None)
     gpu = torch.cuda.is_available()
     plan = f"{r['plan'] / GIB:.2f}" if gpu and r.get("plan") else "-"
     ratio = f"{r['plan'] / r['peak']:.2f}" if gpu and r.get("plan") and r.get("peak") else "-"
-    return (f"| {r['recipe']} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | "
+    return (f"| {r.get('label', r['recipe'])} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | "
             f"{r['tokens_per_second'] / ddp:.2f} | " if ddp else
-            f"| {r['recipe']} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | - | ") + \
+            f"| {r.get('label', r['recipe'])} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | - | ") + \
         (f"{r['step_seconds']:.3f} | {_pct(r.get('mfu'))} | {r['peak'] / GIB:.2f} | {plan} | {ratio} | "
          f"{r['first_step']:.1f} | {r.get('resolved', '')} |")
 
@@ -317,12 +338,26 @@ def table(rows: list[dict]) -> list[str]:
     return [*HEAD, *(table_row(r, rows) for r in rows)]
 
 
+def compared(rows: list[dict]) -> list[str]:
+    """Each --try row against its recipe's run with the defaults just before it."""
+    out, base = [], {}
+    for r in rows:
+        if "label" not in r:
+            base[r["recipe"]] = r.get("tokens_per_second")
+        elif r.get("tokens_per_second") and base.get(r["recipe"]):
+            out.append(f"- {r['label']}: **{r['tokens_per_second'] / base[r['recipe']]:.2f}x** the tokens/s of "
+                       f"{r['recipe']} with its defaults")
+        else:
+            out.append(f"- {r['label']}: not compared (a run failed or had no steady-state window)")
+    return ["", "With --try, each against the same recipe with its defaults, run just before it:", "", *out] if out else []
+
+
 def errors(rows: list[dict]) -> list[str]:
     """Each failure's error as the run gave it, whole."""
     out = []
     for r in rows:
         if "error" in r:
-            out += ["", f"### {r['recipe']}: the error", "", "```", r["error"].strip(), "```"]
+            out += ["", f"### {r.get('label', r['recipe'])}: the error", "", "```", r["error"].strip(), "```"]
     return out
 
 
