@@ -346,6 +346,10 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
         os.environ.update(guards.fsdp_environment(args["fsdp_config"]))
     args = guards.peft_training_args(args, recipe.peft)
+    if args.get("torch_compile") is True and (recipe.deepspeed or recipe.fsdp):
+        # Compiled block by block (accelerate's regional compilation, torchtitan's recipe): FSDP2 shards and
+        # DeepSpeed hooks each layer, which one whole-model graph would cut across; and one block compiles once.
+        os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"
     try:
         targs = TrainingArguments(**args)
     except (ValueError, TypeError) as e:

@@ -212,11 +212,12 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     if device is None:
         why = "CPU: off as before"
     elif recipe.peft or recipe.strategy_spec.engine != "ddp":
-        why = ("compiled only under plain DDP full fine-tuning, where it was measured (+24 % tokens/s on an H100); "
-               + ("LoRA/QLoRA: peft's adapter layers and bitsandbytes' 4-bit matmul break the graph"
-                  if recipe.peft else "DeepSpeed wraps the model in its own engine (its own `compile` setting)"
-                  if recipe.strategy_spec.engine == "deepspeed" else "FSDP2 wants each layer compiled on its own, which the "
-                  "HF Trainer's whole-model compile does not do"))
+        engine = recipe.strategy_spec.engine
+        how = ("it compiles block by block, as FSDP2 needs, but has not run compiled on a GPU yet" if engine == "fsdp"
+               else "it trains compiled, block by block (CPU tests)" if engine == "deepspeed"
+               else "it trains compiled (CPU tests)")
+        why = ("on by itself only under plain DDP full fine-tuning, where it was measured (+24 % tokens/s on an "
+               f"H100); {how}, its speed on a GPU is not measured yet: set torch_compile true to try it")
     elif device.capability < COMPILE_MIN_CAPABILITY:
         why = f"{device.name} (compute {device.capability[0]}.{device.capability[1]}) is older than triton supports"
     elif gc is True:

@@ -31,6 +31,9 @@ def in_effect(wrapped: Any) -> dict[str, Any]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
+    # torch_compile wraps the DDP (or single) model in an OptimizedModule (accelerate compiles last): look inside.
+    while isinstance(getattr(wrapped, "_orig_mod", None), torch.nn.Module):
+        wrapped = wrapped._orig_mod
     try:
         from deepspeed import DeepSpeedEngine
     except ImportError:  # a stack without DeepSpeed cannot be running it

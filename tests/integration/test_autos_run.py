@@ -1,9 +1,11 @@
 """The auto settings in real runs (torchrun, 2 CPU processes, the tiny model): each resolves to what runs did
-before and says so in the manifest; padding-free batches, set by hand, train chat data."""
+before and says so in the manifest; padding-free batches and torch_compile, set by hand, train."""
 
 from __future__ import annotations
 
-from tests.support.training import FAST, chat_data, manifest, train
+import pytest
+
+from tests.support.training import FAST, LORA_LR, chat_data, manifest, train
 
 AUTOS = ("global_batch", "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
          "torch_compile", "use_liger_kernel", "padding_free")
@@ -30,3 +32,15 @@ def test_padding_free_batches_train_chat_data(tmp_path):
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
     assert (m["settings_resolved"]["per_device_train_batch_size"]["value"],
             m["settings_resolved"]["gradient_accumulation_steps"]["value"]) == (4, 1)
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero2", "lora"])
+def test_torch_compile_set_by_hand_trains_under_each_engine(tmp_path, name):
+    """Compiled (inductor on CPU; zero2 block by block), each run passes the strategy check and learns: under DDP
+    torch.compile wraps the DDP model, which the check once read as a single process and refused on 2+ GPUs."""
+    run = tmp_path / "run"
+    train(name, run, *FAST, "--save_strategy", "no", "--torch_compile", "true", *(LORA_LR if name == "lora" else []))
+    m = manifest(run)
+    assert m["settings_resolved"]["torch_compile"] == {"value": True, "why": "set"}
+    assert m["strategy"]["in_effect"]["engine"] == ("deepspeed" if name == "zero2" else "ddp")
+    assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3

@@ -188,6 +188,22 @@ def test_an_unwrapped_model_is_single_process():
     assert strategy.in_effect(torch.nn.Linear(2, 2))["engine"] == "single"
 
 
+def test_a_compiled_ddp_model_is_still_ddp(tmp_path):
+    """torch_compile wraps DDP in torch.compile's OptimizedModule: read through it (the strategy check refused every
+    compiled ddp run on 2+ GPUs as 'single' before)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        compiled = torch.compile(DistributedDataParallel(torch.nn.Linear(2, 2)))
+        assert strategy.in_effect(compiled)["engine"] == "ddp"
+        strategy.check("ddp", strategy.in_effect(compiled), 2)
+        assert strategy.in_effect(torch.compile(torch.nn.Linear(2, 2)))["engine"] == "single"
+    finally:
+        dist.destroy_process_group()
+
+
 def _ds_config(tmp_path, optimizer):
     cfg = json.loads((RECIPES / "zero2" / "ds_config.json").read_text())
     cfg.pop("optimizer", None)
