@@ -1,0 +1,72 @@
+#!/bin/sh
+# The wheels a GPU host without Docker lacks to run tests/gpu and the benchmarks natively
+# (README.md, "Tests"): downloaded here, on a
+# connected machine, into .whl/ (git ignores it), pinned to the versions of images/locks/cu132.txt and
+# pyproject.toml, for CPython 3.12 on x86_64. bitsandbytes is cut to its CUDA 13.0 and CPU libraries (43 MB -> ~4 MB)
+# so that the whole kit travels under 64 MiB.
+#
+#   sh benchmarks/gpu_kit.sh            # writes .whl/
+#   # on the GPU host, from the checkout:
+#   sh benchmarks/gpu_kit.sh --install  # pip installs .whl/ into that python3, no network
+set -eu
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+KIT=.whl
+
+if [ "${1:-}" = --install ]; then
+	[ -d "$KIT" ] || { echo "gpu_kit: no $KIT/ here: run sh benchmarks/gpu_kit.sh on a connected machine first" >&2; exit 1; }
+	"$PY" -m pip install -q --no-index --no-deps "$KIT"/*.whl
+	work=$(mktemp -d)
+	tar xzf "$KIT"/deepspeed-*.tar.gz -C "$work"
+	(cd "$work"/deepspeed-* && DS_BUILD_OPS=0 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation .)
+	rm -rf "$work"
+	echo "gpu_kit: installed $(ls "$KIT" | wc -l) packages into $("$PY" -c 'import sys; print(sys.prefix)')"
+	exit 0
+fi
+
+pin() {  # NAME -> NAME==VERSION from the cu132 lock, else from pyproject.toml
+	v=$(grep -i "^$1==" images/locks/cu132.txt | head -1 | cut -d' ' -f1)
+	[ -n "$v" ] || v=$(grep -io "\"$1==[^\"]*\"" pyproject.toml | head -1 | tr -d '"')
+	[ -n "$v" ] || { echo "gpu_kit: no pin for $1" >&2; exit 1; }
+	echo "$v"
+}
+rm -rf "$KIT" && mkdir -p "$KIT"
+wheels=""
+for name in bitsandbytes datasets pydantic pydantic-core annotated-types typing-inspection invoke hjson dill \
+	multiprocess transformers peft liger-kernel nvidia-ml-py xxhash; do
+	wheels="$wheels $(pin "$name")"
+done
+# shellcheck disable=SC2086 # one word per pin
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 -d "$KIT" $wheels
+# deepspeed is an sdist: downloaded by its locked hashes (what `invoke wheelhouse` does), never built here.
+req=$(mktemp)
+awk '/^deepspeed==/ { on = 1 } on { print; if ($0 !~ /\\$/) exit }' images/locks/cu132.txt >"$req"
+"$PY" -m pip download -q --no-deps --require-hashes -r "$req" -d "$KIT" --python-version 3.12 --implementation cp \
+	--platform manylinux2014_x86_64
+rm -f "$req"
+
+# bitsandbytes: keep the CUDA 13.0 and CPU libraries only, and a RECORD that says so.
+"$PY" - "$KIT" <<'PYEOF'
+import base64, csv, hashlib, io, pathlib, sys, zipfile
+kit = pathlib.Path(sys.argv[1])
+src = next(kit.glob("bitsandbytes-*.whl"))
+keep = lambda n: not (n.endswith(".so") and "libbitsandbytes_" in n) or n.endswith(("_cuda130.so", "_cpu.so"))
+tmp = src.with_suffix(".tmp")
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+    record = next(n for n in zin.namelist() if n.endswith(".dist-info/RECORD"))
+    rows = []
+    for n in zin.namelist():
+        if n == record or not keep(n):
+            continue
+        data = zin.read(n)
+        zout.writestr(n, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append([n, f"sha256={digest}", str(len(data))])
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([*rows, [record, "", ""]])
+    zout.writestr(record, out.getvalue())
+tmp.replace(src)
+PYEOF
+du -sh "$KIT"
