@@ -315,21 +315,22 @@ def _pct(x: float | None) -> str:
 
 
 def table_row(r: dict, rows: list[dict]) -> str:
+    label = r.get("label", r["recipe"])
     if "error" in r:
         first = r["error"].strip().splitlines()[-1] if r["error"].strip() else "failed"
         first = first if len(first) <= 100 else first[:100] + "…"
         note = f"failed: {first.replace('|', '/')} (the whole error below)"
-        return f"| {r.get('label', r['recipe'])} | - | - | - | - | - | - | - | - | - | {note} |"
+        return f"| {label} | - | - | - | - | - | - | - | - | - | {note} |"
     if "tokens_per_second" not in r:
-        return f"| {r.get('label', r['recipe'])} | - | {r['manifest_tps']:,.0f} | - | - | - | - | - | - | - | no steady-state window |"
+        return f"| {label} | - | {r['manifest_tps']:,.0f} | - | - | - | - | - | - | - | no steady-state window |"
     ddp = next((x["tokens_per_second"] for x in rows if x["recipe"] == "ddp" and "label" not in x
                 and "tokens_per_second" in x), None)
     gpu = torch.cuda.is_available()
     plan = f"{r['plan'] / GIB:.2f}" if gpu and r.get("plan") else "-"
     ratio = f"{r['plan'] / r['peak']:.2f}" if gpu and r.get("plan") and r.get("peak") else "-"
-    return (f"| {r.get('label', r['recipe'])} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | "
+    return (f"| {label} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | "
             f"{r['tokens_per_second'] / ddp:.2f} | " if ddp else
-            f"| {r.get('label', r['recipe'])} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | - | ") + \
+            f"| {label} | {r['tokens_per_second']:,.0f} | {r['manifest_tps']:,.0f} | - | ") + \
         (f"{r['step_seconds']:.3f} | {_pct(r.get('mfu'))} | {r['peak'] / GIB:.2f} | {plan} | {ratio} | "
          f"{r['first_step']:.1f} | {r.get('resolved', '')} |")
 
