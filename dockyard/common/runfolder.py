@@ -47,6 +47,8 @@ COMPLETE = "complete.json"       # T: in a checkpoint-<step>/, written last by r
 SHARED_TOKEN = ".shared-check"   # T: node 0 writes it, the others read it: is the run folder one shared folder?
 LOST_NODE = ".lost-node"         # T: the first rank that sees which node was lost says it here, for the others
 CLAIM = ".claimed-by-node0"      # H: node 0's claim on a run folder the other nodes may have made first
+RANK_FAILED = ".failed-rank"     # T: + the global rank: why a process that writes no manifest failed, for the one that
+                                 # does (torchrun stops it with SIGTERM, which alone says nothing)
 # What the other nodes of a multi-node run write beside node 0's files (manifest-node1.json, monitor-node1.jsonl):
 # launched at the same moment (Slurm, Kubernetes), node 1 may be there first, and that is not an earlier run.
 OTHER_NODES_FILE = re.compile(r"[^.]+-node[1-9][0-9]*(\.[a-z]+)+")

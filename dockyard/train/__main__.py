@@ -14,6 +14,7 @@ LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import multiprocessing
 import os
@@ -533,7 +534,11 @@ def _finish(run: Run, error: str | None) -> None:
     elif error and run.record.nodes_seen:
         error = nodes.explain(error, run.opts.run_dir, run.record.nodes_seen)
     if os.environ.get("LOCAL_RANK", "0") != "0":
+        if error and not error.startswith(STOPPED):
+            _tell_the_writer(run, error)
         return
+    if error and error.startswith(STOPPED):
+        error = _first_failure(run) or error
     extra = {**run.record.to_json(), **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
                             run.check.in_effect if run.check else None, run.metrics, extra)
@@ -542,6 +547,39 @@ def _finish(run: Run, error: str | None) -> None:
     except OSError as e:  # a full disk: the error above is what the user needs
         print(f"error: cannot write {run.opts.run_dir / runfolder.manifest_file(nodes.node_rank())}: {e.strerror}",
               file=sys.stderr)
+
+
+def _attempt() -> str:
+    """This start of the run: torchrun's run id and restart count (a file of an earlier attempt is not this one's)."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _tell_the_writer(run: Run, error: str) -> None:
+    """A process that writes no manifest failed: say why in the run folder, before torchrun stops the others."""
+    rank = os.environ.get("RANK", "0")
+    try:
+        runfolder.write(run.opts.run_dir, f"{runfolder.RANK_FAILED}{rank}",
+                        json.dumps({"attempt": _attempt(), "rank": int(rank), "error": error[:4000]}))
+    except (OSError, DockyardError, ValueError):
+        pass  # its error is on its stderr anyway
+
+
+def _first_failure(run: Run) -> str | None:
+    """The error of the lowest rank of this attempt that failed, from its note (untrusted: checked, never followed)."""
+    found = []
+    try:
+        names = [n for n in os.listdir(run.opts.run_dir) if n.startswith(runfolder.RANK_FAILED)]
+        for name in names:
+            note = json.loads(runfolder.read_text(run.opts.run_dir, name, limit=1 << 16) or "null")
+            if (isinstance(note, dict) and note.get("attempt") == _attempt() and isinstance(note.get("rank"), int)
+                    and isinstance(note.get("error"), str)):
+                found.append((note["rank"], note["error"]))
+    except (OSError, ValueError, DockyardError):
+        return None
+    if not found:
+        return None
+    rank, error = min(found)
+    return f"{error} (rank {rank}; torchrun then stopped the others)"
 
 
 def lost(run: Run, message: str) -> NoReturn:
@@ -568,9 +606,12 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
+STOPPED = "stopped by SIGTERM"
+
+
 def _stopped(signum: int, frame: Any) -> None:
     """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out."""
-    raise DockyardError("stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled",
+    raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
                         exit_code=128 + signum)
 
 
