@@ -424,7 +424,8 @@ def test_a_second_save_is_refused_and_a_stopped_save_publishes_nothing_and_leave
         os.killpg(first.pid, signal.SIGCONT)
     assert second.returncode != 0 and "another save of" in second.stderr and "Traceback" not in second.stderr
     _, err = first.communicate(timeout=120)
-    assert first.returncode == 128 + sig and f"interrupted ({sig.name})" in err and "Traceback" not in err
+    assert first.returncode == 128 + sig and f"interrupted ({sig.name})" in err and "Traceback" not in err, \
+        (first.returncode, err[-3000:])
     leftovers = glob.glob(f"{out}/*partial*") + glob.glob(f"{cache}/**/*partial*", recursive=True) \
         + glob.glob(f"{cache}/**/.*partial*", recursive=True)
     assert leftovers == []
