@@ -528,16 +528,17 @@ def finish(run: Run, error: str | None) -> None:
 def _finish(run: Run, error: str | None) -> None:
     if not run.run_dir_ok:
         return  # never touch a folder that holds another run
+    stopped = error is not None and error.startswith(STOPPED)  # by torchrun: the cause is another process's
     verdict = run.heartbeat.verdict if run.heartbeat else None
     if error and verdict and not error.startswith("lost "):
         error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
     elif error and run.record.nodes_seen:
         error = nodes.explain(error, run.opts.run_dir, run.record.nodes_seen)
     if os.environ.get("LOCAL_RANK", "0") != "0":
-        if error and not error.startswith(STOPPED):
+        if error and not stopped:
             _tell_the_writer(run, error)
         return
-    if error and error.startswith(STOPPED):
+    if stopped and error.startswith(STOPPED):  # not already explained by a lost node
         error = _first_failure(run) or error
     extra = {**run.record.to_json(), **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,

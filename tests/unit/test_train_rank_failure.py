@@ -16,12 +16,13 @@ from dockyard.train import __main__ as trainer
 STOPPED = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
 
 
-def play(monkeypatch, tmp_path, rank: int, error: str, attempt: str = "abc") -> None:
+def play(monkeypatch, tmp_path, rank: int, error: str, attempt: str = "abc", verdict: str | None = None) -> None:
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("LOCAL_RANK", str(rank))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", attempt)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    run = trainer.Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=rank == 0, run_dir_ok=True, world_size=2)
+    run = trainer.Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=rank == 0, run_dir_ok=True, world_size=2,
+                      heartbeat=argparse.Namespace(verdict=verdict) if verdict else None)
     trainer._finish(run, error)
 
 
@@ -52,6 +53,7 @@ def test_a_note_of_another_attempt_or_a_planted_one_is_not_taken(monkeypatch, tm
 
 def test_a_rank_stopped_by_torchrun_leaves_no_note_and_the_writer_keeps_its_own_error(monkeypatch, tmp_path):
     play(monkeypatch, tmp_path, 1, STOPPED)
+    play(monkeypatch, tmp_path, 1, STOPPED, verdict="node 1 stopped answering")  # its message says so first
     assert not list(tmp_path.glob(f"{runfolder.RANK_FAILED}*"))
     play(monkeypatch, tmp_path, 0, "cannot load the model")
     assert written_error(tmp_path) == "cannot load the model"
