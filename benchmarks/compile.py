@@ -22,6 +22,7 @@ import time
 import torch
 
 from benchmarks import report
+from benchmarks.recipes import ONE_B, positive
 from dockyard import ROOT
 from dockyard.common.run_settings import TINY_MODEL
 
@@ -32,8 +33,6 @@ def one(mode: str, layers: int, batch: int, seq: int, steps: int) -> dict:
     """In this process: build the model, compile it as `mode` says, train `steps` steps, time them."""
     from accelerate.utils import compile_regions
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from benchmarks.recipes import ONE_B
 
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
@@ -60,10 +59,10 @@ def one(mode: str, layers: int, batch: int, seq: int, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=22)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=0, help="default: 64 on CPU, 2048 on a GPU")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--layers", type=positive, default=22)
+    ap.add_argument("--batch", type=positive, default=4)
+    ap.add_argument("--seq", type=positive, default=None, help="default: 64 on CPU, 2048 on a GPU")
+    ap.add_argument("--steps", type=positive, default=8)
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # the child process
     opts = ap.parse_args()
     gpu = torch.cuda.is_available()

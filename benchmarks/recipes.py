@@ -58,8 +58,8 @@ def main() -> None:
     ap.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipe names (default: all)")
     ap.add_argument("--batch", type=batch_arg, default="auto",
                     help="micro-batch per process, or auto: the defaults a run with no flags gets (the default)")
-    ap.add_argument("--seq", type=int, default=0, help="sequence length (default: 128 on CPU, 2048 on GPUs)")
-    ap.add_argument("--steps", type=int, default=0, help="steps per run (default: 100 on CPU, 40 on GPUs)")
+    ap.add_argument("--seq", type=positive, help="sequence length (default: 128 on CPU, 2048 on GPUs)")
+    ap.add_argument("--steps", type=positive, help="steps per run (default: 100 on CPU, 40 on GPUs)")
     ap.add_argument("--try", dest="tries", action="append", type=try_arg, default=[], metavar="KEY=VALUE[,...]",
                     help="also run each recipe with these settings, side by side with its defaults (repeatable)")
     ap.add_argument("--bare", action="store_true", help="also measure the bare DDP loop, and the entry point's "
@@ -125,16 +125,24 @@ def where(gpu: bool, nproc: int) -> str:
     return f"CPU only, {nproc} processes (gloo), {platform.node()}, native (no container), {versions}"
 
 
-def batch_arg(text: str) -> int | str:
-    if text == "auto":
-        return text
+def positive(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of examples, 1 or more, or auto")
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, 1 or more")
     return n
+
+
+def batch_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of examples, 1 or more, or auto") from None
 
 
 def try_arg(text: str) -> tuple[tuple[str, str], ...]:
