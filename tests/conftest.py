@@ -28,8 +28,10 @@ def settings():
 
 @pytest.fixture(scope="session", autouse=True)
 def private_layer_cache(tmp_path_factory):
-    """Saves made by the tests keep their compressed layers in a cache of their own, not the user's."""
+    """Saves made by the tests keep their compressed layers in a cache of their own, not the user's, held to 4 GB
+    (the default 20 GB would fill with every CUDA image the suite saves, on a disk the node-2 engines share)."""
     os.environ["INVOKE_DOCKYARD_LAYER_CACHE"] = str(tmp_path_factory.mktemp("layer-cache"))
+    os.environ["INVOKE_DOCKYARD_LAYER_CACHE_GB"] = "4"
 
 
 @pytest.fixture(scope="session")
