@@ -3,7 +3,8 @@
     per_device_train_batch_size, gradient_accumulation_steps, gradient_checkpointing: the largest micro-batch
         the plan's memory model says fits this GPU with its margin (dockyard.common.memory), checkpointing only
         where not even one example fits without it, accumulation making up `global_batch`;
-    torch_compile: on for full fine-tuning under DDP when the run is long enough to repay the compilation;
+    torch_compile: on for ddp, zero2 and lora (where its gain was measured on a GPU) when the run is long enough
+        to repay the compilation;
     use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
     padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data.
 
@@ -30,12 +31,9 @@ from dockyard.common.units import GIB
 AUTO = "auto"
 SET = "set"                    # the why of a setting given in a recipe or on the command line, not resolved
 CPU_MICRO_BATCH = 8            # the micro-batch every run had before the autos (and the default global batch per rank)
-# torch.compile pays when the time it saves exceeds the time it takes. Measured on one H100 (issue 24): the 944M
-# model (22 layers) compiles in 80-90 s and then runs 19 % faster per token (48.5k → 60.1k tokens/s under DDP).
-COMPILE_SECONDS_PER_LAYER = 4.0
-COMPILE_SAVING = 0.19
-# The step time the saving is taken from: the H100's uncompiled rate (48.5k tokens/s × 6.38 GFLOP per token).
-# A slower GPU takes longer per step, so compilation pays sooner there: the rule errs towards leaving it off.
+# torch.compile pays when the time it saves exceeds the time it takes. The step time the saving is taken from is an
+# H100's uncompiled rate for the 944M benchmark model (48.5k tokens/s × 6.38 GFLOP per token); a slower GPU takes
+# longer per step, so compilation pays sooner there: the rule errs towards leaving it off.
 UNCOMPILED_FLOPS = 3.1e14
 COMPILE_MIN_CAPABILITY = (7, 0)  # triton's kernels need Volta or newer
 # Liger's kernels cover these model types (liger_kernel.transformers; the installed package's own list wins).
@@ -46,6 +44,44 @@ PADDING_FREE_FORMATS = ("prompt_completion", "messages", "alpaca", "sharegpt")
 # row: worth it only while the row is short next to the linear layers' work.
 PACKED_SDPA_MAX_TOKENS = 4096
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+@dataclass(frozen=True)
+class CompileGain:
+    """What compiling cost and saved, measured for one kind of recipe on the 944M model (22 layers, micro-batch 8,
+    seq 2048; benchmarks/results/recipes_gpu.md): the compile time before the first step, per layer, and the share
+    of each step's time it saves. Where two GPUs measured it, the smaller saving and the longer compile are kept."""
+
+    seconds_per_layer: float
+    saving: float
+    how: str
+
+
+# the whole model compiled: H100 48.5k -> 60.1k tokens/s (saves 19 %) in 80-90 s; H200 56.1k -> 65.6k (15 %) in 50 s
+WHOLE_DDP = CompileGain(4.0, 0.14, "the whole model compiled")
+# LoRA under DDP, the whole model compiled: H200 51.5k -> 71.9k tokens/s (saves 28 %), first step 68 s
+WHOLE_LORA = CompileGain(3.0, 0.28, "the whole model compiled")
+# ZeRO-2, block by block (one block compiled serves every layer): H200 54.4k -> 71.3k (saves 24 %), 7 s more before
+# the first step (19 s against 12 s)
+BLOCKS_ZERO2 = CompileGain(0.5, 0.24, "block by block")
+
+
+def compile_gain(recipe: Recipe) -> CompileGain | str:
+    """The measured gain of compiling this recipe, or why compiling is not turned on by itself for it."""
+    spec = recipe.strategy_spec
+    if recipe.peft == "lora" and spec.engine == "ddp":
+        return WHOLE_LORA
+    if recipe.peft:
+        return (f"{recipe.peft} trains compiled (the whole model), but its speed on a GPU is not measured "
+                "yet: set torch_compile true to try it")
+    if spec.engine == "ddp":
+        return WHOLE_DDP
+    if spec.engine == "deepspeed" and spec.zero_stage == 2 and not spec.offloads:
+        return BLOCKS_ZERO2
+    how = "trains compiled block by block (tests/gpu)" if spec.engine == "fsdp" else "compiles block by block as zero2 does"
+    return (f"{spec.name} {how}, but its speed on a GPU is not measured yet"
+            + (" (its optimizer step runs on the CPU, which compiling does not touch)" if spec.offloads else "")
+            + ": set torch_compile true to try it")
 
 
 @dataclass(frozen=True)
@@ -209,15 +245,11 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     if value != AUTO:
         return bool(value)
     why = ""
+    gain = compile_gain(recipe)
     if device is None:
         why = "CPU: off as before"
-    elif recipe.peft or recipe.strategy_spec.engine != "ddp":
-        engine = recipe.strategy_spec.engine
-        how = ("it compiles block by block, as FSDP2 needs, but has not run compiled on a GPU yet" if engine == "fsdp"
-               else "it trains compiled, block by block (CPU tests)" if engine == "deepspeed"
-               else "it trains compiled (CPU tests)")
-        why = ("on by itself only under plain DDP full fine-tuning, where it was measured (+24 % tokens/s on an "
-               f"H100); {how}, its speed on a GPU is not measured yet: set torch_compile true to try it")
+    elif isinstance(gain, str):
+        why = gain
     elif device.capability < COMPILE_MIN_CAPABILITY:
         why = f"{device.name} (compute {device.capability[0]}.{device.capability[1]}) is older than triton supports"
     elif gc is True:
@@ -227,13 +259,13 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     elif not isinstance(max_steps, int) or max_steps <= 0:
         why = "the run's length is in epochs: its steps are not known before the data loads; set it for a long run"
     else:
-        cost = COMPILE_SECONDS_PER_LAYER * shape.layers
+        cost = gain.seconds_per_layer * shape.layers
         step = per_rank * seq_len * 6 * shape.params / UNCOMPILED_FLOPS
-        saved = max_steps * step * COMPILE_SAVING
+        saved = max_steps * step * gain.saving
         on = saved >= cost
-        out.note("torch_compile", on, f"{max_steps} steps of about {step:.2f} s would save {saved:.0f} s against "
-                 f"about {cost:.0f} s of compiling ({shape.layers} layers): "
-                 + ("it pays" if on else f"it pays from about {int(cost / (step * COMPILE_SAVING)) + 1} steps"))
+        out.note("torch_compile", on, f"{max_steps} steps of about {step:.2f} s would save {saved:.0f} s "
+                 f"({gain.saving:.0%} each) against about {cost:.0f} s of compiling ({gain.how}, {shape.layers} "
+                 "layers): " + ("it pays" if on else f"it pays from about {int(cost / (step * gain.saving)) + 1} steps"))
         return on
     out.note("torch_compile", False, why)
     return False

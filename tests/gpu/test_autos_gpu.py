@@ -37,7 +37,8 @@ def test_every_auto_resolves_on_the_gpu_and_says_why(tmp_path, name):
     assert resolved["per_device_train_batch_size"]["value"] == 8 and resolved["gradient_accumulation_steps"]["value"] == 1
     assert resolved["gradient_checkpointing"]["value"] is False
     assert resolved["torch_compile"]["value"] is False
-    assert "pays from about" in resolved["torch_compile"]["why"] or name != "ddp"
+    # 12 steps never repay compiling where its gain was measured; elsewhere it is not measured yet
+    assert ("pays from about" if name in ("ddp", "zero2", "lora") else "not measured yet") in resolved["torch_compile"]["why"]
     assert resolved["use_liger_kernel"]["value"] is False  # memory does not bind for the tiny model
     assert resolved["padding_free"]["value"] is False  # text data
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
