@@ -34,11 +34,11 @@ NAIVE = """FROM {base}
 RUN apt-get update && apt-get install -y {os_packages} g++ make libaio-dev ca-certificates
 RUN python{python} -m venv /opt/venv
 COPY . /opt/dockyard
-RUN awk '/^[^ #]/ {{ skip = ($0 ~ /^deepspeed==/) }} !skip' /opt/dockyard/images/locks/{variant}.txt > /tmp/stack.txt \\
-    && /opt/venv/bin/pip install --no-index --find-links /opt/dockyard/images/wheelhouse/{variant} -r /tmp/stack.txt
-RUN awk '/^[^ #]/ {{ keep = ($0 ~ /^deepspeed==/) }} keep' /opt/dockyard/images/locks/{variant}.txt > /tmp/ds.txt \\
+RUN awk '/^[^ #]/ {{ skip = ($0 ~ /^deepspeed==/) }} !skip' /opt/dockyard/wheels/lock.txt > /tmp/stack.txt \\
+    && /opt/venv/bin/pip install --no-index --find-links /opt/dockyard/wheels -r /tmp/stack.txt
+RUN awk '/^[^ #]/ {{ keep = ($0 ~ /^deepspeed==/) }} keep' /opt/dockyard/wheels/lock.txt > /tmp/ds.txt \\
     && DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_AIO=1 DS_ACCELERATOR=cpu /opt/venv/bin/pip install \\
-       --no-index --find-links /opt/dockyard/images/wheelhouse/{variant} --no-build-isolation -r /tmp/ds.txt
+       --no-index --find-links /opt/dockyard/wheels --no-build-isolation -r /tmp/ds.txt
 """
 
 def timed_build(settings, v, ctx: Path, ref: str, no_cache: bool = False) -> tuple[float, list[str]]:

@@ -15,6 +15,7 @@ from dockyard import engine
 from dockyard import settings as settings_mod
 from dockyard.images import variants
 from dockyard.settings import ROOT
+from tests.support.buildcache import drop_context_copies
 from tests.support.cli import invoke
 
 
@@ -47,6 +48,7 @@ def cpu_image(settings, engine_ready) -> str:
     assert r.returncode == 0, f"invoke build --variant=cpu failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     ref = variants.tag(settings, variants.resolve(settings, "cpu")[0])
     assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
+    drop_context_copies(settings)
     return ref
 
 
@@ -55,6 +57,7 @@ def _build(settings, variant) -> str:
     assert r.returncode == 0, f"invoke build --variant={variant.name} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     ref = variants.tag(settings, variant)
     assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
+    drop_context_copies(settings)
     return ref
 
 

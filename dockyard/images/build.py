@@ -8,7 +8,9 @@ works on an air-gapped host that received the wheelhouse.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import os
 import re
@@ -38,16 +40,14 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
     print(f"{why}")
     created = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
     wheels = wheelhouse_dir(settings, variant)
-    # The Dockerfile reads images/wheelhouse/<variant>/ of its context: a wheelhouse_dir elsewhere is built from a
-    # context beside it (the checkout's files copied, the wheels hard-linked), so the setting moves both.
-    context = ROOT if wheels == ROOT / "images" / "wheelhouse" / variant.name else wheels.parent / f".context-{variant.name}"
-    plan = build_steps(settings, variant, no_cache=no_cache, revision=git_revision(), created=created, context=context)
+    context = staged_context_dir(wheels, variant.name)
+    plan = build_steps(settings, variant, no_cache=no_cache, revision=git_revision(), created=created, context=context,
+                       code=code_hash())
     need_wheels = not wheelhouse_complete(settings, variant)
     if dry:
         if need_wheels:
             print(wheelhouse_steps(settings, variant).show())
-        if context != ROOT:
-            print(f"# in {context}: this checkout's build files and {wheels}/ as images/wheelhouse/{variant.name}/")
+        print(f"# in {context}: this checkout's build files, {wheels}/ and {variant.lock_file.name} as wheels/")
         print(plan.show())
         return variants.tag(settings, variant)
     engine.engine_info(settings)
@@ -57,16 +57,15 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
     if need_wheels:
         wheelhouse(settings, variant.name)
     tracker = _StepTracker()
-    if context != ROOT:
+    with _only_build_of(context):
         shutil.rmtree(context, ignore_errors=True)
         copy_context(context, variant.name, wheels=wheels)
-    try:
-        for argv, env in plan.steps:
-            engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
-    except DockyardError as e:
-        raise DockyardError(f"build failed at step {tracker.last or '(before the first step)'}\n{e}") from None
-    finally:
-        if context != ROOT:
+        try:
+            for argv, env in plan.steps:
+                engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
+        except DockyardError as e:
+            raise DockyardError(f"build failed at step {tracker.last or '(before the first step)'}\n{e}") from None
+        finally:
             shutil.rmtree(context, ignore_errors=True)
     ref = variants.tag(settings, variant)
     info = engine.image_inspect(settings, ref)
@@ -122,13 +121,13 @@ class BuildSteps:
 
 
 def build_steps(settings: Settings, variant: Variant, *, no_cache: bool = False, revision: str = "unknown",
-               created: str = "", context: Path = ROOT, ref: str = "") -> BuildSteps:
-    """The one `docker build` that makes the image of `variant` (tagged `ref`, default its versioned tag)."""
+               created: str = "", context: Path = ROOT, ref: str = "", code: str = "") -> BuildSteps:
+    """The one `docker build` that makes the image of `variant` (tagged `ref`, default its versioned tag) from
+    `context`, a folder copy_context made; `code` is the hash of the dockyard/ it holds (default: read there)."""
     args = {
         "BASE_IMAGE": base_image(settings, variant),
         "OS_PACKAGES": " ".join(variant.os_packages),
         "PYTHON": f"python{variant.python}",
-        "VARIANT": variant.name,
         "DOCKYARD_DS_OPS": " ".join(variant.ds_ops),
         "DS_ACCELERATOR": "cuda" if variant.is_cuda else "cpu",
         "TORCH_CUDA_ARCH_LIST": variant.torch_cuda_arch_list,
@@ -145,7 +144,7 @@ def build_steps(settings: Settings, variant: Variant, *, no_cache: bool = False,
         "EXPECT_CUDA_ARCHS": variants.cuda_archs(variant),
     }
     labels = variants.labels(variant, revision=revision, created=created, source=repository_url(),
-                             code=code_hash(context / "dockyard"), base=base_image(settings, variant))
+                             code=code or code_hash(context / "dockyard"), base=base_image(settings, variant))
     argv = engine.docker(settings, "build", "--progress=plain", "-f", str(context / "images" / "Dockerfile"),
                          "-t", ref or variants.tag(settings, variant))
     for k, v in args.items():
@@ -303,9 +302,30 @@ class _StepTracker:
             self.last = f"[{m.group('step')}] {m.group('what')[:120]}"
 
 
+def staged_context_dir(wheels: Path, variant: str) -> Path:
+    """Where `invoke build` stages its context: beside the wheelhouse (hard links need the same file system), at a
+    path that stays the same from build to build (BuildKit then sends only what changed)."""
+    return wheels.parent / f".context-{variant}"
+
+
+@contextlib.contextmanager
+def _only_build_of(context: Path):
+    """One build at a time per staged context: a second would remove the files the first is sending."""
+    context.parent.mkdir(parents=True, exist_ok=True)
+    with open(context.parent / f"{context.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DockyardError(f"another build reads {context} (a build of the same variant is under way): wait "
+                                "for it to finish, then build again") from None
+        yield
+
+
 def copy_context(dst: Path, variant: str, wheels: Path | None = None) -> Path:
-    """A copy of what the build reads (the wheelhouse, `wheels` or the checkout's, hard-linked), for rebuilds that
-    edit files safely and for a wheelhouse_dir outside images/wheelhouse."""
+    """What the build reads: the checkout's build files copied; the variant's wheelhouse (`wheels`, default the
+    checkout's) hard-linked and its lock copied into wheels/, which the Dockerfile bind-mounts by that fixed name
+    (so the wheels are never copied into the build cache: ~3-4 GB per CUDA variant). Also for rebuilds that edit
+    files safely."""
     for name in ("dockyard", "data", "recipes"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "images").mkdir()
@@ -313,7 +333,7 @@ def copy_context(dst: Path, variant: str, wheels: Path | None = None) -> Path:
         if f.is_file():
             shutil.copy2(f, dst / "images" / f.name)
     shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
-    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant, dst / "images" / "wheelhouse" / variant,
-                    copy_function=os.link)
+    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant, dst / "wheels", copy_function=os.link)
+    shutil.copy2(ROOT / "images" / "locks" / f"{variant}.txt", dst / "wheels" / "lock.txt")  # = Variant.lock_file
     shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
     return dst

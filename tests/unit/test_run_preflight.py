@@ -170,13 +170,17 @@ def test_slurm_refuses_a_missing_archive_before_writing(tmp_path):
 
 
 def test_a_wheelhouse_elsewhere_is_what_the_build_reads(tmp_path):
+    """The build's context is staged beside the wheelhouse it reads (hard links), at the same path every time."""
     r = invoke_here("build", "--variant=cpu", "--dry", env={"INVOKE_DOCKYARD_WHEELHOUSE_DIR": str(tmp_path / "wh")})
     assert r.returncode == 0, r.stderr
-    assert f"# in {tmp_path / 'wh' / '.context-cpu'}: this checkout's build files and {tmp_path / 'wh' / 'cpu'}/" in r.stdout
+    assert f"# in {tmp_path / 'wh' / '.context-cpu'}: this checkout's build files, {tmp_path / 'wh' / 'cpu'}/ and " \
+           "cpu.txt as wheels/" in r.stdout
     build_line = next(x for x in r.stdout.splitlines() if " build " in x and "--progress=plain" in x)
     assert build_line.endswith(str(tmp_path / "wh" / ".context-cpu")), "built from the context holding those wheels"
+    assert not (tmp_path / "wh").exists(), "--dry stages nothing"
     r = invoke_here("build", "--variant=cpu", "--dry")
-    assert next(x for x in r.stdout.splitlines() if "--progress=plain" in x).endswith(str(ROOT))
+    assert next(x for x in r.stdout.splitlines() if "--progress=plain" in x).endswith(
+        str(ROOT / "images" / "wheelhouse" / ".context-cpu"))
 
 
 def test_the_wheelhouse_help_names_the_setting_that_moves_it():
