@@ -324,8 +324,8 @@ def _only_build_of(context: Path):
 def copy_context(dst: Path, variant: str, wheels: Path | None = None) -> Path:
     """What the build reads: the checkout's build files copied; the variant's wheelhouse (`wheels`, default the
     checkout's) hard-linked and its lock copied into wheels/, which the Dockerfile bind-mounts by that fixed name
-    (so the wheels are never copied into the build cache: ~3-4 GB per CUDA variant). Also for rebuilds that edit
-    files safely."""
+    (the build cache then holds one copy of the wheels, the context's, not a second in a build stage: 3-4 GB per
+    CUDA variant). Also for rebuilds that edit files safely."""
     for name in ("dockyard", "data", "recipes"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "images").mkdir()
