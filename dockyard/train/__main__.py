@@ -450,7 +450,8 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     run.check = check
     run.doing("training (or saving a checkpoint)")
     try:
-        trainer.train(resume_from_checkpoint=p.resume_from)
+        with models.adapter_inputs_as_given(p.model, p.recipe, p.args):
+            trainer.train(resume_from_checkpoint=p.resume_from)
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
         raise checkpoints.explain(e) from None
     return trainer, metrics

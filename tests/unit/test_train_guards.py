@@ -200,6 +200,11 @@ def test_a_compiled_ddp_model_is_still_ddp(tmp_path):
         assert strategy.in_effect(compiled)["engine"] == "ddp"
         strategy.check("ddp", strategy.in_effect(compiled), 2)
         assert strategy.in_effect(torch.compile(torch.nn.Linear(2, 2)))["engine"] == "single"
+        # one process under torchrun on CPU: accelerate wraps it in DDP all the same; that is the 'single' run
+        strategy.check("ddp", strategy.in_effect(DistributedDataParallel(torch.nn.Linear(2, 2))), 1)
+        strategy.check("ddp", strategy.in_effect(torch.nn.Linear(2, 2)), 1)
+        with pytest.raises(DockyardError, match="strategy mismatch"):  # two processes asked, one running
+            strategy.check("ddp", strategy.in_effect(torch.nn.Linear(2, 2)), 2)
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,83 @@
+"""LoRA's adapters take their input as the base layer got it while training under autocast: the fp32 copies peft
+made of every adapted layer's input (and autocast's copies back to 16 bits) are gone, and the loss and every
+adapter gradient are the same to the bit. On CPU, under CPU autocast in bf16, as the Trainer trains on GPUs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dockyard.common.recipes import load_recipe
+from dockyard.common.run_settings import resolve_settings
+from dockyard.train import model as models
+
+
+class Copies(TorchDispatchMode):
+    """Counts the dtype casts of tensors at least `size` elements large (activations, not the tiny adapters)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size, self.casts = size, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and args[0].numel() >= self.size and "dtype" in kwargs:
+            self.casts += 1
+        return func(*args, **kwargs)
+
+
+def lora_model(tmp_path):
+    recipe = load_recipe("lora")
+    settings, _ = resolve_settings(recipe, {})
+    models.materialize_tiny_model(tmp_path / "base")
+    tokenizer = models.load_tokenizer(str(tmp_path / "base"))
+    model = models.load_model(str(tmp_path / "base"), recipe, settings, tokenizer, [], 0).to(torch.bfloat16)
+    model = models.add_lora(model, recipe, settings, gradient_checkpointing=False)
+    with torch.no_grad():  # B starts at zero: make the adapters' path count in the loss
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.02)
+    return recipe, model
+
+
+def step(model, ids, size):
+    model.zero_grad(set_to_none=True)
+    copies = Copies(size)
+    with torch.autocast("cpu", dtype=torch.bfloat16), copies:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return loss.detach(), grads, copies.casts
+
+
+def test_adapters_under_autocast_train_the_same_without_copying_their_inputs(tmp_path):
+    recipe, model = lora_model(tmp_path)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert {p.dtype for p in trained} == {torch.float32}, "peft keeps the adapters in fp32 over the bf16 base"
+    ids = torch.randint(3, 500, (4, 64))
+    hidden = model.config.hidden_size
+    size = ids.numel() * hidden  # one layer's input
+
+    loss_cast, grads_cast, casts_before = step(model, ids, size)
+    with models.adapter_inputs_as_given(model, recipe, SimpleNamespace(bf16=True, fp16=False)):
+        loss, grads, casts = step(model, ids, size)
+    adapted = sum(1 for m in model.modules() if hasattr(m, "lora_A"))
+    assert adapted >= 14 and casts_before - casts >= 2 * adapted, (casts, casts_before, adapted)  # to fp32 and back
+    assert torch.equal(loss, loss_cast)
+    assert grads.keys() == grads_cast.keys() and all(torch.equal(grads[n], grads_cast[n]) for n in grads)
+    # and the casts are back once training ends (a reload or a probe outside autocast needs them)
+    assert step(model, ids, size)[2] == casts_before
+
+
+def test_without_mixed_precision_the_adapters_keep_casting(tmp_path):
+    """On CPU the Trainer runs without autocast: a bf16 input would meet the fp32 adapters, so nothing changes."""
+    recipe, model = lora_model(tmp_path)
+    ids = torch.randint(3, 500, (2, 16))
+    with models.adapter_inputs_as_given(model, recipe, SimpleNamespace(bf16=False, fp16=False)):
+        loss = model(input_ids=ids, labels=ids).loss
+    assert torch.isfinite(loss)
+    full = load_recipe("ddp")
+    with models.adapter_inputs_as_given(model, full, SimpleNamespace(bf16=True, fp16=False)):
+        assert all(getattr(m, "cast_input_dtype_enabled", True) for m in model.modules())
