@@ -11,6 +11,7 @@ Multi-GB image: one full save and one full load per session, everything else reu
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -57,12 +58,8 @@ def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda
     """Full archive → load.sh on node 2; then a recipe-only rebuild ships as a thin archive < 1 % of it."""
     v = variants.newest_cuda(settings)
     ssh_env = {"INVOKE_DOCKYARD_SSH": node.ssh_command}
-    # Written into the node's own folder: node 2 shares this file system (copying is test_transport's job).
-    # No layer cache (another ~3.3 GB): the thin archive takes what node 2 holds, not what a cache holds.
-    full, full_m = save_image(node.base / "full", cuda_image, env={"INVOKE_DOCKYARD_LAYER_CACHE_GB": "0"})
-    r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
-    assert node.image_id(cuda_image) == engine.image_inspect(settings, cuda_image)["Id"], r.stdout + r.stderr
-
+    # The recipe-only rebuild first: BuildKit's copy of its context (the wheels, ~3.3 GB) is dropped before node 2
+    # loads the full image, so the two never take disk at once (node 2 shares this disk).
     ctx = build.copy_context(tmp_path / "ctx", v.name)
     with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:
         f.write("# a recipe-only change\n")
@@ -71,6 +68,14 @@ def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda
     try:
         engine.run(argv, env=benv, quiet=True, capture=True)
         drop_context_copies(settings)
+        shutil.rmtree(ctx)
+        # Written into the node's own folder: node 2 shares this file system (copying is test_transport's job).
+        # No layer cache (another ~3.3 GB): the thin archive takes what node 2 holds, not what a cache holds.
+        full, full_m = save_image(node.base / "full", cuda_image, env={"INVOKE_DOCKYARD_LAYER_CACHE_GB": "0"})
+        r = node.ssh(f"sh {full.parent}/load.sh {full.name}", timeout=3600)
+        assert node.image_id(cuda_image) == engine.image_inspect(settings, cuda_image)["Id"], r.stdout + r.stderr
+        shutil.rmtree(full.parent)  # node 2 holds the image now
+
         thin, thin_m = save_image(node.base / "thin", v2, f"--thin-for=ssh://{node.alias}", env=ssh_env)
         sizes = (thin_m["archive_bytes"], full_m["archive_bytes"])
         assert sizes[0] < 0.01 * sizes[1], f"thin {sizes[0]:,} B vs full {sizes[1]:,} B"
