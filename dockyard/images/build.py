@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import os
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
+from dockyard.common.locks import held_alone
 from dockyard.images import variants
 from dockyard.images.variants import Variant
 from dockyard.settings import ROOT, Settings
@@ -312,12 +312,8 @@ def staged_context_dir(wheels: Path, variant: str) -> Path:
 def _only_build_of(context: Path):
     """One build at a time per staged context: a second would remove the files the first is sending."""
     context.parent.mkdir(parents=True, exist_ok=True)
-    with open(context.parent / f"{context.name}.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DockyardError(f"another build reads {context} (a build of the same variant is under way): wait "
-                                "for it to finish, then build again") from None
+    with held_alone(context.parent / f"{context.name}.lock", f"another build reads {context} (a build of the same "
+                    "variant is under way): wait for it to finish, then build again"):
         yield
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError
+from dockyard.common.locks import held_alone
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory, remote
@@ -96,16 +97,12 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
 def exclusive(paths: ArchivePaths):
     """One save of an archive at a time: a second one (another shell, the same folder) is refused at once
     rather than publishing over the first's files. The lock lives outside the folder, which holds the set alone."""
-    import fcntl
     import tempfile
 
     key = hashlib.sha256(str(paths.archive).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"dockyard-save-{key}.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DockyardError(f"another save of {paths.archive.name} into {paths.archive.parent} is under way: "
-                                "wait for it, or save into another --out=DIR") from None
+    with held_alone(Path(tempfile.gettempdir()) / f"dockyard-save-{key}.lock",
+                    f"another save of {paths.archive.name} into {paths.archive.parent} is under way: wait for it, "
+                    "or save into another --out=DIR"):
         yield
 
 

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from dockyard.common.errors import DockyardError
 from dockyard.images import build, variants
 from dockyard.settings import ROOT
 
@@ -152,3 +153,14 @@ def test_the_build_check_names_ops_as_the_labels_and_doctor_do():
     check_image = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_image)
     assert check_image.OP_NAMES == variants.OP_NAMES and set(check_image.BUILDERS) == set(variants.OP_NAMES)
+
+
+def test_a_second_build_of_the_same_variant_is_refused_at_once_and_the_first_keeps_its_context(tmp_path):
+    """Two builds would share one staged context: the second one would remove the files the first is sending."""
+    ctx = build.staged_context_dir(tmp_path / "wh" / "cpu", "cpu")
+    with build._only_build_of(ctx):
+        with pytest.raises(DockyardError, match="another build reads .*context-cpu .*wait for it to finish"):
+            with build._only_build_of(ctx):
+                pass
+    with build._only_build_of(ctx):  # free again once the first ends
+        pass
