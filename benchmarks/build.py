@@ -83,7 +83,7 @@ def cuda_row(s, v, skip_cold: bool) -> dict:
     """One CUDA variant: cold build, size, `invoke save` archive, the same stack on a devel base."""
     ref = f"dockyard-bench/{v.name}:cuda"
     with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as tmp:
-        ctx = build.copy_context(Path(tmp) / "ctx", v.name)
+        ctx = build.copy_context(Path(tmp) / "ctx", v)
         cold, _ = timed_build(s, v, ctx, ref, no_cache=not skip_cold)
         size = engine.image_inspect(s, ref)["Size"]
         out = engine.run(engine.docker(s, "run", "--rm", "--network", "none", ref, "python", "-c", MEASURE),
@@ -120,7 +120,7 @@ def ops_seconds(s, v, ctx: Path, ninja: bool) -> float:
 
 def ops_section(s, v) -> str:
     with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as tmp:
-        ctx = build.copy_context(Path(tmp) / "ctx", v.name)
+        ctx = build.copy_context(Path(tmp) / "ctx", v)
         serial = ops_seconds(s, v, ctx, ninja=False)
         ninja = ops_seconds(s, v, ctx, ninja=True)
     engine.run(engine.docker(s, "rmi", "-f", f"dockyard-bench/{v.name}:ops"), capture=True, check=False, quiet=True)
@@ -187,7 +187,7 @@ def main() -> None:
     ref = f"dockyard-bench/{v.name}:layers"
     rows = []
     with tempfile.TemporaryDirectory(prefix="dockyard-bench-") as tmp:
-        ctx = build.copy_context(Path(tmp) / "ctx", v.name)
+        ctx = build.copy_context(Path(tmp) / "ctx", v)
         cold, base = timed_build(s, v, ctx, ref, no_cache=not a.skip_cold)
         rows.append(("cold build" + (" (cache kept)" if a.skip_cold else " (--no-cache)"), cold, None))
         with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:

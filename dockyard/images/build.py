@@ -59,7 +59,7 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
     tracker = _StepTracker()
     with _only_build_of(context):
         shutil.rmtree(context, ignore_errors=True)
-        copy_context(context, variant.name, wheels=wheels)
+        copy_context(context, variant, wheels=wheels)
         try:
             for argv, env in plan.steps:
                 engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
@@ -317,7 +317,7 @@ def _only_build_of(context: Path):
         yield
 
 
-def copy_context(dst: Path, variant: str, wheels: Path | None = None) -> Path:
+def copy_context(dst: Path, variant: Variant, wheels: Path | None = None) -> Path:
     """What the build reads: the checkout's build files copied; the variant's wheelhouse (`wheels`, default the
     checkout's) hard-linked and its lock copied into wheels/, which the Dockerfile bind-mounts by that fixed name
     (the build cache then holds one copy of the wheels, the context's, not a second in a build stage: 3-4 GB per
@@ -328,8 +328,7 @@ def copy_context(dst: Path, variant: str, wheels: Path | None = None) -> Path:
     for f in (ROOT / "images").iterdir():  # the Dockerfile and the scripts its steps bind-mount
         if f.is_file():
             shutil.copy2(f, dst / "images" / f.name)
-    shutil.copytree(ROOT / "images" / "locks", dst / "images" / "locks")
-    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant, dst / "wheels", copy_function=os.link)
-    shutil.copy2(ROOT / "images" / "locks" / f"{variant}.txt", dst / "wheels" / "lock.txt")  # = Variant.lock_file
+    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant.name, dst / "wheels", copy_function=os.link)
+    shutil.copy2(variant.lock_file, dst / "wheels" / "lock.txt")
     shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
     return dst

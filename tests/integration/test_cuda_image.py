@@ -60,7 +60,7 @@ def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda
     ssh_env = {"INVOKE_DOCKYARD_SSH": node.ssh_command}
     # The recipe-only rebuild first: BuildKit's copy of its context (the wheels, ~3.3 GB) is dropped before node 2
     # loads the full image, so the two never take disk at once (node 2 shares this disk).
-    ctx = build.copy_context(tmp_path / "ctx", v.name)
+    ctx = build.copy_context(tmp_path / "ctx", v)
     with open(ctx / "recipes" / "zero2" / "recipe.yaml", "a") as f:
         f.write("# a recipe-only change\n")
     v2 = "dockyard-test/cuda-thin:v2"

@@ -80,7 +80,7 @@ def _bytes(text: str) -> float:
 
 
 def test_recipe_or_code_change_rebuilds_only_the_top_layers(settings, cpu_image, tmp_path):
-    ctx = build.copy_context(tmp_path / "ctx", "cpu")
+    ctx = build.copy_context(tmp_path / "ctx", variants.resolve(settings, "cpu")[0])
     ref = "dockyard-test/rebuild:layers"
     try:
         base = _build_layers(settings, ctx, ref)
