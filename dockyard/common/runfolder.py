@@ -186,6 +186,7 @@ class _Loose(BaseModel):
 class InEffect(_Loose):
     engine: str | None = None
     zero_stage: int | None = None
+    compiled: str | None = None  # "the whole model", "block by block (N modules)" or null
 
 
 class StrategyRecord(_Loose):

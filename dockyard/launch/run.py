@@ -338,7 +338,8 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     met = m.metrics
     print(f"run {m.run_id}: {m.status} · recipe {m.recipe} · world size {m.world_size} on {m.nodes} node(s)"
           + (f" · {eff.engine}" if eff.engine else "")
-          + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else ""))
+          + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
+          + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else ""))
     if met and met.loss_first is not None and met.loss_last is not None:  # a run that failed early logged no loss
         print(f"  steps {met.steps} · loss {met.loss_first:.4f} → {met.loss_last:.4f} · "
               f"{met.tokens_per_second or 0:.0f} tokens/s (steady state)"

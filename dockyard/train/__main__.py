@@ -347,9 +347,11 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
         os.environ.update(guards.fsdp_environment(args["fsdp_config"]))
     args = guards.peft_training_args(args, recipe.peft)
-    if args.get("torch_compile") is True and (recipe.deepspeed or recipe.fsdp):
-        # Compiled block by block (accelerate's regional compilation, torchtitan's recipe): FSDP2 shards and
-        # DeepSpeed hooks each layer, which one whole-model graph would cut across; and one block compiles once.
+    if args.get("torch_compile") is True:
+        # Compiled block by block (accelerate's regional compilation, torchtitan's recipe): one block compiles once
+        # for every layer (seconds, where the whole model takes minutes: benchmarks/compile.py), and FSDP2 shards
+        # and DeepSpeed hooks each layer, which one whole-model graph would cut across. Under DDP the blocks sit
+        # inside a copy of the DDP wrapper; the Trainer still saves the model it was given, uncompiled.
         os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"
     try:
         targs = TrainingArguments(**args)

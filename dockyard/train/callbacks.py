@@ -31,6 +31,7 @@ class StrategyCheck(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.in_effect = strategy.in_effect(self.trainer.model_wrapped)
         strategy.check(self.requested, self.in_effect, self.world_size)
+        self.in_effect["compiled"] = strategy.compiled(self.trainer.model_wrapped)
 
 
 class PublishCheckpoint(TrainerCallback):

@@ -52,6 +52,19 @@ def in_effect(wrapped: Any) -> dict[str, Any]:
     return describe("single")
 
 
+def compiled(wrapped: Any) -> str | None:
+    """How torch.compile applies to the model the Trainer trains, read from the objects: the whole model (one
+    OptimizedModule around it), block by block (compiled submodules: torch.compile's wrappers, or the in-place
+    Module.compile DeepSpeed's and FSDP2's regional compilation use), or not at all (None)."""
+    import torch
+
+    if isinstance(wrapped, torch._dynamo.eval_frame.OptimizedModule):
+        return "the whole model"
+    n = sum(1 for m in wrapped.modules() if isinstance(m, torch._dynamo.eval_frame.OptimizedModule)
+            or getattr(m, "_compiled_call_impl", None) is not None)
+    return f"block by block ({n} modules)" if n else None
+
+
 def _deepspeed(engine: Any) -> dict[str, Any]:
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer

@@ -46,12 +46,13 @@ def test_every_auto_resolves_on_the_gpu_and_says_why(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["ddp", "zero2", "fsdp", "lora"])
 def test_torch_compile_trains(tmp_path, name):
-    """Set by hand under each engine (zero2 and fsdp block by block): it trains and passes the strategy check."""
+    """Set by hand under each engine, compiled block by block: it trains and passes the strategy check."""
     run = tmp_path / "run"
     train(name, run, *FAST, "--torch_compile", "true", *(LORA_LR if name == "lora" else []), nproc=GPUS, gpu=True)
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
     assert m["settings_resolved"]["torch_compile"] == {"value": True, "why": "set"}
+    assert m["strategy"]["in_effect"]["compiled"].startswith("block by block (")
 
 
 def test_liger_kernels_train_where_installed(tmp_path):
