@@ -95,9 +95,18 @@ def checked(fn):
             return fn(c, *args, **kwargs)
         except DockyardError as e:
             print(f"error: {shown(str(e))}", file=sys.stderr)
+            forget_caught_interrupt()
             raise Exit(code=e.exit_code) from None
 
     return wrapper
+
+
+def forget_caught_interrupt() -> None:
+    """CPython marks the interpreter to end by SIGINT once a KeyboardInterrupt leaves code that exec() ran from a
+    string (dataclasses and namedtuple build their methods so: a Ctrl-C or SIGTERM during a lazy import lands
+    there), even when it is caught further up; under `python -m invoke` the exit then ignores the status chosen
+    here (a killed save ended by SIGINT, not with 130 or 143). Any string run through exec() clears that mark."""
+    exec("pass")
 
 
 def parse_flags(fn, values: dict[str, Any]) -> dict[str, Any]:
