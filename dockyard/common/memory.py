@@ -101,10 +101,14 @@ def activation_bytes(shape: Shape, seq_len: int, batch: int, checkpointing: bool
     h, q, kv, inter = shape.hidden, shape.q_width, shape.kv_hidden, shape.intermediate
     tokens = seq_len * batch
     layer = 16 * h + 4 * q + 4 * kv + 8 * inter
-    head = 4 * shape.vocab + 8 * h  # fp32 log-softmax of the logits, and the final norm
     if checkpointing:
-        return tokens * (shape.layers * 2 * h + layer + head)
-    return tokens * (shape.layers * layer + head)
+        return tokens * (shape.layers * 2 * h + layer) + head_activation_bytes(shape, seq_len, batch)
+    return tokens * shape.layers * layer + head_activation_bytes(shape, seq_len, batch)
+
+
+def head_activation_bytes(shape: Shape, seq_len: int, batch: int) -> int:
+    """The part of activation_bytes after the last layer: the fp32 log-softmax of the logits, and the final norm."""
+    return seq_len * batch * (4 * shape.vocab + 8 * shape.hidden)
 
 
 # --- the GPU peak --------------------------------------------------------------------------------------
@@ -115,7 +119,8 @@ def activation_bytes(shape: Shape, seq_len: int, batch: int, checkpointing: bool
 FP32_RESIDUAL = 0.41   # fp32 weights under bf16 autocast (ddp and fsdp full fine-tuning): the residual stream,
                        # the norms and their outputs stay fp32, and each linear layer keeps a bf16 copy of its input
 ADAPTER_INPUTS = 0.26  # LoRA under autocast: the fp32 adapters keep their own 16-bit copy of their inputs
-COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer intermediates (1.41 → 0.83)
+COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer intermediates (1.41 → 0.83); the
+                       # trainer compiles block by block, so the loss head after the last block keeps its eager size
 # lora_dropout > 0 adds each adapter's dropout mask, one byte per input feature per token (computed, not fitted).
 # Model states: the registry's formulas, with what is not yet allocated when activations peak (the start of the
 # backward pass) left out, and what the engines add:
@@ -147,17 +152,16 @@ def adapter_inputs(shape: Shape) -> int:
 def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int, checkpointing: bool,
                          regime: Regime = Regime()) -> int:
     """Activations at the peak of a step on a GPU, for this recipe's precision (see the factors above)."""
-    base = activation_bytes(shape, seq_len, batch, checkpointing)
+    head = head_activation_bytes(shape, seq_len, batch)
+    blocks = activation_bytes(shape, seq_len, batch, checkpointing) - head
     if regime.liger:  # the loss head no longer holds the fp32 logits
-        base -= seq_len * batch * 4 * shape.vocab
+        head -= seq_len * batch * 4 * shape.vocab
     fp32 = _fp32_residual(recipe)
     factor = 1 + (FP32_RESIDUAL if fp32 else 0) + (ADAPTER_INPUTS if recipe.peft else 0)
-    if regime.compiled:
-        factor *= COMPILED
     masks = 0
     if recipe.peft and regime.lora_dropout > 0:
         masks = seq_len * batch * (1 if checkpointing else shape.layers) * adapter_inputs(shape)
-    return int(base * factor) + masks
+    return int(blocks * factor * (COMPILED if regime.compiled else 1) + head * factor) + masks
 
 
 def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_node: int,

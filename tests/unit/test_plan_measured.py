@@ -46,9 +46,12 @@ def test_plan_is_within_10_percent_of_the_measured_peak(shape, name, batch, drop
     assert got["gpu_bytes"] == got["gpu_reserved_bytes"] + memory.OVERHEAD  # the CUDA context is outside torch's pool
 
 
-@pytest.mark.parametrize("batch,measured_gib", [(8, 36.8), (16, 61.0)])
-def test_plan_knows_what_torch_compile_saves(shape, batch, measured_gib):
-    got = memory.estimate(shape, load_recipe("ddp"), world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
+@pytest.mark.parametrize("name,batch,measured_gib", [("ddp", 8, 36.8), ("ddp", 16, 61.0), ("zero2", 8, 37.02)])
+def test_plan_knows_what_torch_compile_saves(shape, name, batch, measured_gib):
+    """ddp compiled the whole model when measured (the H100 above); zero2 block by block, as every recipe now
+    compiles (one H200, benchmarks/results/recipes_gpu.md): the plan leaves the loss head uncompiled, which errs
+    above the whole-model figures."""
+    got = memory.estimate(shape, load_recipe(name), world_size=1, gpus_per_node=1, seq_len=2048, batch=batch,
                         gradient_checkpointing=False, regime=memory.Regime(compiled=True))
     assert got["gpu_reserved_bytes"] / GIB == pytest.approx(measured_gib, rel=0.10)
 
