@@ -21,7 +21,8 @@ def test_recipe_trains_on_the_gpus_with_its_strategy_in_effect(tmp_path, name):
     train(name, run, *FAST, *(LORA_LR if load_recipe(name).peft else []), nproc=GPUS, gpu=True)
     m = manifest(run)
     assert m["status"] == "completed" and m["world_size"] == GPUS
-    assert m["strategy"]["in_effect"] == strategy.expected(load_recipe(name).strategy, GPUS)
+    # a few steps: compiling would not pay, so the auto leaves it off
+    assert m["strategy"]["in_effect"] == {**strategy.expected(load_recipe(name).strategy, GPUS), "compiled": None}
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
     assert m["metrics"]["peak_memory_kind"] == "gpu_reserved" and m["metrics"]["peak_memory_bytes"] > 0
     # MFU beside tokens/s, in the manifest and in every training line of metrics.jsonl, on a GPU of known peak

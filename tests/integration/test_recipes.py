@@ -321,6 +321,6 @@ def test_a_new_recipe_folder_with_an_existing_strategy_is_listed_planned_and_tra
     assert m["status"] == "completed" and m["recipe"] == "zero2-small" and m["world_size"] == 2
     assert m["strategy"]["requested"] == "zero2"
     assert m["strategy"]["in_effect"] == {"engine": "deepspeed", "zero_stage": 2, "offload_optimizer": None,
-                                          "offload_param": None, "fsdp_version": None}
+                                          "offload_param": None, "fsdp_version": None, "compiled": None}
     assert m["metrics"]["steps"] == 12 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
     assert m["plan"]["recipe"] == "zero2-small" and m["plan"]["strategy"] == "zero2"

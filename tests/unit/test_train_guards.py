@@ -205,8 +205,31 @@ def test_a_compiled_ddp_model_is_still_ddp(tmp_path):
         strategy.check("ddp", strategy.in_effect(torch.nn.Linear(2, 2)), 1)
         with pytest.raises(DockyardError, match="strategy mismatch"):  # two processes asked, one running
             strategy.check("ddp", strategy.in_effect(torch.nn.Linear(2, 2)), 2)
+        # block by block (accelerate's regional compilation, what the trainer does): a copy of the DDP wrapper
+        # holding compiled blocks, still DDP, and said so
+        from accelerate.utils import compile_regions
+
+        blocks = compile_regions(DistributedDataParallel(_Stack()))
+        assert strategy.in_effect(blocks)["engine"] == "ddp"
+        assert strategy.compiled(blocks) == "block by block (4 modules)"  # 3 blocks and the head
     finally:
         dist.destroy_process_group()
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3))
+        self.head = torch.nn.Linear(2, 2)
+
+
+def test_how_the_model_is_compiled_is_read_from_its_objects():
+    assert strategy.compiled(_Stack()) is None
+    assert strategy.compiled(torch.compile(_Stack())) == "the whole model"
+    inplace = _Stack()  # DeepSpeed's and FSDP2's regional compilation: Module.compile on each block, in place
+    for block in inplace.blocks:
+        block.compile()
+    assert strategy.compiled(inplace) == "block by block (3 modules)"
 
 
 def _ds_config(tmp_path, optimizer):
