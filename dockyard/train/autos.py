@@ -63,7 +63,7 @@ BLOCKS_ZERO2 = CompileGain(0.5, 0.24, "block by block")
 # ddp and lora compile the same blocks: zero2's compile time, and the smaller of the savings measured for them
 # (the whole model compiled: ddp H100 48.5k -> 60.1k, saves 19 %, H200 56.1k -> 65.6k, 15 %, 50-90 s before
 # the first step; lora H200 51.5k -> 71.9k, 28 %, 68 s) and zero2's blocks (24 %). Their own block-by-block
-# speed is not measured on a GPU yet (`sh benchmarks/gpu_check.sh compile` does).
+# speed is not measured on a GPU yet (`sh benchmarks/gpu_check.sh bench ddp,lora` does).
 BLOCKS_DDP = CompileGain(0.5, 0.14, "block by block")
 BLOCKS_LORA = CompileGain(0.5, 0.24, "block by block")
 
