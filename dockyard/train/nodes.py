@@ -3,6 +3,10 @@
 DeepSpeed writes each rank's shard of a checkpoint into the run folder, and a resume reads them all back:
 node-local run folders make a resume silently impossible. So before training, node 0 writes a fresh token
 there and every node must read it back within SHARED_TIMEOUT seconds, or every rank stops with the reason.
+
+"Node 0" is always the node the user numbered 0 (`invoke run --node-rank`, DOCKYARD_NODE_RANK): torchrun numbers
+the ranks by sorting the nodes' addresses as text, so global rank 0 may well live elsewhere (10.0.0.10 sorts
+before 10.0.0.9).
 """
 
 from __future__ import annotations
@@ -74,13 +78,17 @@ def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[st
     same DockyardError on every rank when a node cannot see what node 0 wrote in the run folder."""
     import torch.distributed as dist
 
-    token = [secrets.token_hex(16) if dist.get_rank() == 0 else None]
-    if dist.get_rank() == 0:
+    first = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    who: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(who, (node_rank(), first))
+    writer = who.index((0, True)) if (0, True) in who else 0  # node 0's first process, wherever torchrun ranked it
+    token = [secrets.token_hex(16) if dist.get_rank() == writer else None]
+    if dist.get_rank() == writer:
         (run_dir / runfolder.LOST_NODE).unlink(missing_ok=True)  # from an earlier attempt of this run
         runfolder.write(run_dir, runfolder.SHARED_TOKEN, token[0])
-    dist.broadcast_object_list(token, src=0)
+    dist.broadcast_object_list(token, src=writer)
     sees = None
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    if first:
         sees = _wait_for(run_dir, token[0], timeout)
     me = {"node_rank": node_rank(), "host": socket.gethostname(), "sees_run_dir": sees,
           "addr": (rendezvous() or {}).get("local_addr", "")}
@@ -269,8 +277,8 @@ class Heartbeat:
                 if self.first:
                     self._store.add(BEAT.format(self.me), 1)
                 counts = {n: self._store.add(BEAT.format(n), 0) for n in self.others}
-                for n, c in counts.items():
-                    if c and n not in self._infos and self._store.check([NODE.format(n)]):
+                for n in self.others:  # who each node is, as soon as it says: a lost store's host is named by it
+                    if n not in self._infos and self._store.check([NODE.format(n)]):
                         self._infos[n] = json.loads(self._store.get(NODE.format(n)))
                 lost = silence.see(counts, time.monotonic())
                 if lost:
@@ -282,9 +290,16 @@ class Heartbeat:
         return None
 
     def _store_lost(self, error: Exception) -> str:
+        """The store lives on the node torchrun ranked first: named from what the nodes said of themselves, or,
+        of two nodes, the other one (the store's address is not this node's)."""
         addr = self.store_at[0]
         host = next((i for i in self._infos.values() if i.get("addr") == addr), None)
-        who = f"node {host['node_rank']} ({addr}, host {host['host']})" if host else f"the node at {addr}"
+        if host:
+            who = f"node {host['node_rank']} ({addr}, host {host['host']})"
+        elif len(self.others) == 1 and addr != self.info["addr"]:
+            who = f"node {self.others[0]} ({addr})"
+        else:
+            who = f"the node at {addr}"
         detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return (f"lost {who}: it stopped answering (torchrun's store there failed: {detail}; while this node was "
                 f"{self.phase})")

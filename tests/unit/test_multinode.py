@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.launch import multinode, node
 from dockyard.train import manifest, nodes
@@ -254,3 +255,81 @@ def test_resume_after_a_run_lost_before_its_first_checkpoint_starts_it_again(tmp
     (tmp_path / "manifest.json").write_text(json.dumps({"status": "completed"}))
     with pytest.raises(DockyardError, match="no checkpoint to continue from"):
         manifest.check_run_dir(tmp_path, resume=True)
+
+
+def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_nodes(monkeypatch):
+    """torchrun hosts its store on the node it ranked first, which sorting addresses as text may make node 1
+    (10.0.0.10 before 10.0.0.9): lost before it said who it is, it is still named, as the other of two nodes."""
+    import datetime
+    import queue
+
+    from torch.distributed import TCPStore
+
+    port = _free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("DOCKYARD_NODE_RANK", "0")
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "127.0.0.9"}))  # not the store's address
+    said: queue.Queue = queue.Queue()
+    beat = nodes.Heartbeat(said.put, bound=60).start()  # node 1 never beats: only the store's loss can end this
+    import time
+
+    time.sleep(1.0)
+    del store
+    message = said.get(timeout=15)
+    assert message.startswith("lost node 1 (127.0.0.1): it stopped answering (torchrun's store there failed")
+    assert beat.verdict == message
+
+
+SHARED_CHECK = """
+import json, os, sys
+from pathlib import Path
+import torch.distributed as dist
+from dockyard.common.errors import DockyardError
+from dockyard.train import nodes
+dist.init_process_group("gloo")
+try:
+    print(json.dumps({"nodes": nodes.check_shared(Path(sys.argv[1]))}))
+except DockyardError as e:
+    print(json.dumps({"error": str(e)}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_run_folder_check_is_led_by_node_0_wherever_torchrun_ranked_it(tmp_path, shared):
+    """Global rank 0 on node 1 (as torchrun ranks 10.0.0.10 before 10.0.0.9): node 0 still writes the token, and
+    an unshared folder is blamed on the node that cannot see it, node 1, on both nodes."""
+    import subprocess
+    import sys
+
+    from dockyard import ROOT
+
+    port = _free_port()
+    procs = []
+    for rank, node_rank in ((0, 1), (1, 0)):
+        run_dir = tmp_path / ("runs" if shared else f"runs-node{node_rank}")
+        run_dir.mkdir(exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "DOCKYARD_NODE_RANK": str(node_rank), "DOCKYARD_SHARED_TIMEOUT": "2",
+               "DOCKYARD_RENDEZVOUS": json.dumps({"local_addr": f"10.0.0.{9 + node_rank}"})}
+        procs.append(subprocess.Popen([sys.executable, "-c", SHARED_CHECK, str(run_dir)], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    said = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        said.append(json.loads(out.strip().splitlines()[-1]))
+    if shared:
+        assert said[0] == said[1] and [n["node_rank"] for n in said[0]["nodes"]] == [0, 1]
+        assert (tmp_path / "runs" / runfolder.SHARED_TOKEN).is_file()
+    else:
+        for s in said:
+            assert s["error"].startswith("the run folder is not shared: node 1 (10.0.0.10) did not see in "), s
+        # node 0 wrote the token (into its own folder), not torchrun's rank 0 on node 1
+        assert (tmp_path / "runs-node0" / runfolder.SHARED_TOKEN).is_file()
+        assert not (tmp_path / "runs-node1" / runfolder.SHARED_TOKEN).exists()
