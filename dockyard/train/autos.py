@@ -48,24 +48,24 @@ VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 @dataclass(frozen=True)
 class CompileGain:
-    """What compiling cost and saved, measured for one kind of recipe on the 944M model (22 layers, micro-batch 8,
-    seq 2048; benchmarks/results/recipes_gpu.md): the compile time before the first step, per layer, and the share
-    of each step's time it saves. Where two GPUs measured it, the smaller saving and the longer compile are kept."""
+    """What compiling block by block costs and saves for one kind of recipe on the 944M model (22 layers,
+    micro-batch 8, seq 2048; benchmarks/results/recipes_gpu.md): the compile time before the first step, per layer,
+    and the share of each step's time it saves. Measured for zero2; for ddp and lora taken from it and from their
+    whole-model runs (below). Where two figures exist, the smaller saving and the longer compile are kept."""
 
     seconds_per_layer: float
     saving: float
-    how: str
 
 
 # Every recipe compiles block by block (accelerate's regional compilation): one block compiled serves every layer.
 # ZeRO-2, measured: H200 54.4k -> 71.3k tokens/s (saves 24 %), 7 s more before the first step (19 s against 12 s).
-BLOCKS_ZERO2 = CompileGain(0.5, 0.24, "block by block")
+BLOCKS_ZERO2 = CompileGain(0.5, 0.24)
 # ddp and lora compile the same blocks: zero2's compile time, and the smaller of the savings measured for them
 # (the whole model compiled: ddp H100 48.5k -> 60.1k, saves 19 %, H200 56.1k -> 65.6k, 15 %, 50-90 s before
 # the first step; lora H200 51.5k -> 71.9k, 28 %, 68 s) and zero2's blocks (24 %). Their own block-by-block
 # speed is not measured on a GPU yet (`sh benchmarks/gpu_check.sh bench ddp,lora` does).
-BLOCKS_DDP = CompileGain(0.5, 0.14, "block by block")
-BLOCKS_LORA = CompileGain(0.5, 0.24, "block by block")
+BLOCKS_DDP = CompileGain(0.5, 0.14)
+BLOCKS_LORA = CompileGain(0.5, 0.24)
 
 
 def compile_gain(recipe: Recipe) -> CompileGain | str:
@@ -266,7 +266,7 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
         saved = max_steps * step * gain.saving
         on = saved >= cost
         out.note("torch_compile", on, f"{max_steps} steps of about {step:.2f} s would save {saved:.0f} s "
-                 f"({gain.saving:.0%} each) against about {cost:.0f} s of compiling ({gain.how}, {shape.layers} "
+                 f"({gain.saving:.0%} each) against about {cost:.0f} s of compiling (block by block, {shape.layers} "
                  "layers): " + ("it pays" if on else f"it pays from about {int(cost / (step * gain.saving)) + 1} steps"))
         return on
     out.note("torch_compile", False, why)
