@@ -532,7 +532,7 @@ def _finish(run: Run, error: str | None) -> None:
     if not run.run_dir_ok:
         return  # never touch a folder that holds another run
     stopped = error is not None and error.startswith(STOPPED)  # by torchrun: the cause is another process's
-    verdict = run.heartbeat.verdict if run.heartbeat else None
+    verdict = run.heartbeat.verdict_for(error, run.record.nodes_seen or []) if run.heartbeat and error else None
     if error and verdict and not error.startswith("lost "):
         error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
     elif error and run.record.nodes_seen:

@@ -119,7 +119,7 @@ def _wait_for(run_dir: Path, token: str, timeout: float) -> bool:
         time.sleep(0.5)
 
 
-PEER = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?:\d+")
+PEER = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?(?::|, )\d+")  # gloo's ADDR:PORT, the store's (ADDR, PORT)
 
 
 def explain(error: str, run_dir: Path, nodes: list[dict[str, Any]]) -> str:
@@ -147,6 +147,9 @@ def lost_node(error: str, nodes: list[dict[str, Any]]) -> str | None:
         for n in nodes:
             if n["addr"] == addr and n["node_rank"] != mine:
                 return f"lost node {n['node_rank']} ({addr}, host {n['host']}): it stopped answering"
+        # torchrun's store, lost before the nodes said who they are: of two nodes, the other one hosted it
+        if addr == os.environ.get("MASTER_ADDR") and node_count() == 2 and addr != (rendezvous() or {}).get("local_addr"):
+            return f"lost node {1 - mine} ({addr}): it stopped answering"
     return None
 
 
@@ -160,6 +163,7 @@ def lost_node(error: str, nodes: list[dict[str, Any]]) -> str | None:
 # node stops, naming it, whatever its main thread is waiting for. Counters, not times: no clock is shared
 # across nodes, each process measures the silence on its own.
 
+CUT_OFF = re.compile(r"Dist(Network|Store)Error|Broken pipe|Connection (reset|closed|refused)")
 BEAT = "dockyard/beat/{}"
 NODE = "dockyard/node/{}"
 DONE = 1 << 40  # added to a node's counter when it finished its run: its silence from then on is no loss
@@ -254,6 +258,16 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - the store's host finished first: nobody is left to tell
                 pass
 
+    def verdict_for(self, error: str, nodes: list[dict[str, Any]]) -> str | None:
+        """The verdict that explains the main thread's `error`: the one reached already, or, for a broken
+        connection that names no peer (gloo setting up a group through torchrun's store: "DistNetworkError:
+        Broken pipe"), the one this thread reaches within a beat when that store's host is gone."""
+        if self.verdict is None and CUT_OFF.search(error) and lost_node(error, nodes) is None:
+            deadline = time.monotonic() + beat_interval(self.bound) + 2.0
+            while self.verdict is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return self.verdict
+
     def _run(self) -> None:
         message = self._watch()
         if message and not self._stop:
@@ -262,15 +276,11 @@ class Heartbeat:
 
     def _watch(self) -> str | None:
         """Beat and watch until a node is lost (its message) or this node is done (None)."""
-        import datetime
-
-        from torch.distributed import TCPStore
-
-        silence = Silence(self.others, self.bound, time.monotonic())
+        started = time.monotonic()
+        silence = Silence(self.others, self.bound, started)
         interval = beat_interval(self.bound)
         try:
-            self._store = TCPStore(*self.store_at, is_master=False, timeout=datetime.timedelta(seconds=self.bound),
-                                   wait_for_workers=False)
+            self._store = self._connect(started + self.bound)
             if self.first:
                 self._store.set(NODE.format(self.me), json.dumps(self.info))
             while not self._stop:
@@ -288,6 +298,28 @@ class Heartbeat:
         except Exception as e:  # noqa: BLE001 - the store's connection failed: its host is gone
             return self._store_lost(e)
         return None
+
+    def _connect(self, deadline: float) -> Any:
+        """torchrun's store, reached by `deadline` or lost. TCPStore's own connect retries for up to twice its
+        timeout plus a random pause (50 s for a 20 s bound), so it is only asked once the port answers; its
+        timeout is then the bound, for every later request."""
+        import datetime
+
+        from torch.distributed import TCPStore
+
+        while True:
+            try:
+                socket.create_connection(self.store_at, timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
+                break
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    raise ConnectionError(f"not reachable for {self.bound:.0f} s ({e.strerror or e})") from e
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        # the host may still go in between: a third of the bound, so that even TCPStore's retries fit in it
+        store = TCPStore(*self.store_at, is_master=False, timeout=datetime.timedelta(seconds=max(1.0, self.bound / 3)),
+                         wait_for_workers=False)
+        store.set_timeout(datetime.timedelta(seconds=self.bound))
+        return store
 
     def _store_lost(self, error: Exception) -> str:
         """The store lives on the node torchrun ranked first: named from what the nodes said of themselves, or,

@@ -5,6 +5,11 @@ namespace and dockerd, reached over a veth in 198.18.0.0/15). Each runs `invoke 
 The test node shares this machine's filesystem, so one runs folder is "shared storage" and two different
 folders are not. The cpu image reaches the test node's engine through `docker save | docker load` (the archive
 path itself is tested in test_transport.py).
+
+The two nodes here sit at x.9 (node 0) and x.10 (node 1): torchrun's rendezvous ranks nodes by their addresses as
+text, so global rank 0 and torchrun's store live on node 1, as on a cluster at 10.0.0.9 and 10.0.0.10. Everything
+the user sees must still call node 0 the node they numbered 0. The usual order (global rank 0 on node 0) is what
+test_slurm.py trains across the same two kinds of node with.
 """
 
 from __future__ import annotations
@@ -32,6 +37,16 @@ pytestmark = pytest.mark.engine
 STEPS = ["--per_device_train_batch_size", "4", "--max_seq_length", "64", "--logging_steps", "1",
          "--learning_rate", "3e-3", "--lr_scheduler_type", "constant"]
 LOST_NODE_BOUND_S = 60  # node 0 must stop this soon after node 1's container is killed
+
+
+@pytest.fixture(scope="module")
+def node():
+    """The test node at x.10, this host at x.9 (see above)."""
+    n = node2.start(text_order_flipped=True)
+    try:
+        yield n
+    finally:
+        node2.stop(n)
 
 
 @pytest.fixture(scope="module")

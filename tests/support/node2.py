@@ -120,10 +120,14 @@ class Node:
             keys.write_text(usual)
 
 
-def _free_subnet() -> ipaddress.IPv4Network:
+def _free_subnet(text_order_flipped: bool = False) -> ipaddress.IPv4Network:
+    """A free /30: this host gets its first address, the node the second. `text_order_flipped`: the pair is x.9
+    and x.10, which torchrun's rendezvous ranks by text (x.10 first), putting global rank 0 on the node."""
     used = _sh("ip", "-4", "-o", "addr").stdout
     while True:
-        net = ipaddress.ip_network((int(RANGE.network_address) + 4 * random.randrange(RANGE.num_addresses // 4), 30))
+        offset = 256 * random.randrange(RANGE.num_addresses // 256) + 8 if text_order_flipped \
+            else 4 * random.randrange(RANGE.num_addresses // 4)
+        net = ipaddress.ip_network((int(RANGE.network_address) + offset, 30))
         if str(net.network_address)[:-1] not in used and all(str(h) not in used for h in net.hosts()):
             return net
 
@@ -137,11 +141,11 @@ def _wait(what: str, ok, timeout: float = 90) -> None:
     raise RuntimeError(f"node2: {what} did not come up within {timeout:.0f} s")
 
 
-def start() -> Node:
+def start(text_order_flipped: bool = False) -> Node:
     tag = f"{os.getpid() % 100000:05d}{random.randrange(1000):03d}"
     base = Path(f"/tmp/dyn2-{tag}")  # short: unix socket paths under the exec root must stay < 108
     base.mkdir(mode=0o700)
-    net = _free_subnet()
+    net = _free_subnet(text_order_flipped)
     host_addr, addr = (str(h) for h in net.hosts())
     node = Node(tag=tag, base=base, netns=f"dyn2-{tag}", veth=f"dy{tag[-6:]}a", host_addr=host_addr, addr=addr)
     try:

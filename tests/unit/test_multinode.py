@@ -257,6 +257,17 @@ def test_resume_after_a_run_lost_before_its_first_checkpoint_starts_it_again(tmp
         manifest.check_run_dir(tmp_path, resume=True)
 
 
+def _node_0_of_two_beside_the_store(monkeypatch, port: int) -> None:
+    """This process as node 0's first, of two nodes; torchrun's store at 127.0.0.1:port is node 1's (this node
+    advertises 127.0.0.9), as when torchrun ranked node 1 first."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("DOCKYARD_NODE_RANK", "0")
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "127.0.0.9"}))
+
+
 def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_nodes(monkeypatch):
     """torchrun hosts its store on the node it ranked first, which sorting addresses as text may make node 1
     (10.0.0.10 before 10.0.0.9): lost before it said who it is, it is still named, as the other of two nodes."""
@@ -267,12 +278,7 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
 
     port = _free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("DOCKYARD_NODE_RANK", "0")
-    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "127.0.0.9"}))  # not the store's address
+    _node_0_of_two_beside_the_store(monkeypatch, port)
     said: queue.Queue = queue.Queue()
     beat = nodes.Heartbeat(said.put, bound=60).start()  # node 1 never beats: only the store's loss can end this
     import time
@@ -282,6 +288,47 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
     message = said.get(timeout=15)
     assert message.startswith("lost node 1 (127.0.0.1): it stopped answering (torchrun's store there failed")
     assert beat.verdict == message
+
+
+def test_a_store_gone_before_the_heartbeat_reached_it_is_named_within_the_bound(monkeypatch):
+    """Node 1, hosting torchrun's store, killed between the rendezvous and this process's first beat: TCPStore's
+    own connect would retry for twice its timeout plus a random pause (52 s for a 20 s bound, once past the
+    multinode test's bound); the store must be called lost a bound after the watch started."""
+    import queue
+    import time
+
+    _node_0_of_two_beside_the_store(monkeypatch, _free_port())  # nobody listens there any more
+    said: queue.Queue = queue.Queue()
+    started = time.monotonic()
+    nodes.Heartbeat(said.put, bound=3).start()
+    message = said.get(timeout=30)
+    took = time.monotonic() - started
+    assert 3 <= took < 4.5, f"lost after {took:.1f} s, bound 3 s"
+    assert message.startswith("lost node 1 (127.0.0.1): it stopped answering (torchrun's store there failed: "
+                              "not reachable for 3 s"), message
+
+
+def test_a_broken_connection_that_names_no_peer_is_explained_by_the_store_lost_with_its_host(monkeypatch):
+    """Setting up a gloo group goes through torchrun's store: with its host (node 1, ranked first) killed, the main
+    thread fails with "DistNetworkError: Broken pipe", naming nobody. The heartbeat finds the store gone within a
+    beat, and that verdict is the error's explanation; an error of another kind waits for nothing."""
+    import datetime
+    import time
+
+    from torch.distributed import TCPStore
+
+    port = _free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    _node_0_of_two_beside_the_store(monkeypatch, port)
+    beat = nodes.Heartbeat(lambda message: None, bound=20).start()  # node 1 (the store's host) never beats
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert beat.verdict_for("ValueError: max_steps must be positive", []) is None
+    assert time.monotonic() - started < 0.5, "an error that is not a broken connection waits for nothing"
+    del store
+    verdict = beat.verdict_for("torch.distributed.DistNetworkError: Broken pipe", [])
+    assert verdict and verdict.startswith("lost node 1 (127.0.0.1): it stopped answering (torchrun's store"), verdict
+    assert time.monotonic() - started < nodes.beat_interval(20) + 2.5
 
 
 SHARED_CHECK = """
@@ -333,3 +380,20 @@ def test_the_run_folder_check_is_led_by_node_0_wherever_torchrun_ranked_it(tmp_p
         # node 0 wrote the token (into its own folder), not torchrun's rank 0 on node 1
         assert (tmp_path / "runs-node0" / runfolder.SHARED_TOKEN).is_file()
         assert not (tmp_path / "runs-node1" / runfolder.SHARED_TOKEN).exists()
+
+
+def test_a_store_that_cannot_be_reached_names_the_other_of_two_nodes(monkeypatch):
+    """Setting up the process group, a rank whose store (on the node torchrun ranked first: node 1 here) is gone
+    fails with "(ADDR, PORT)" before any node said who it is: of two nodes, that is the other one."""
+    error = ("DistStoreError: The client socket has timed out after 20000ms while trying to connect to "
+             "(10.0.0.10, 32847).")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.10")
+    monkeypatch.setenv("DOCKYARD_NODE_RANK", "0")
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "10.0.0.9"}))
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert nodes.lost_node(error, []) == "lost node 1 (10.0.0.10): it stopped answering"
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "3")  # which of two others: not known, not guessed
+    assert nodes.lost_node(error, []) is None
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "10.0.0.10"}))  # the store is this node's
+    assert nodes.lost_node(error, []) is None

@@ -12,6 +12,7 @@ import pytest
 
 from dockyard.common import runfolder
 from dockyard.train import __main__ as trainer
+from dockyard.train import nodes
 
 STOPPED = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
 
@@ -21,8 +22,12 @@ def play(monkeypatch, tmp_path, rank: int, error: str, attempt: str = "abc", ver
     monkeypatch.setenv("LOCAL_RANK", str(rank))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", attempt)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    heartbeat = None
+    if verdict:
+        heartbeat = nodes.Heartbeat(lambda message: None)  # not started: its verdict is played
+        heartbeat.verdict = verdict
     run = trainer.Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=rank == 0, run_dir_ok=True, world_size=2,
-                      heartbeat=argparse.Namespace(verdict=verdict) if verdict else None)
+                      heartbeat=heartbeat)
     trainer._finish(run, error)
 
 
