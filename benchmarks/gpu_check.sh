@@ -5,7 +5,8 @@
 #
 #   sh benchmarks/gpu_check.sh tests [PYTEST ARGS]  # tests/gpu (about 10 min on one H100; pass files to split it)
 #   sh benchmarks/gpu_check.sh bench [RECIPES]      # benchmarks.recipes with no tuning flags, each recipe also
-#                                                   # compiled (--try torch_compile=true); default ddp,lora
+#                                                   # compiled (--try torch_compile=true) and with Liger's
+#                                                   # kernels (--try use_liger_kernel=true); default ddp,lora
 #   sh benchmarks/gpu_check.sh compile              # benchmarks.compile: whole model vs block by block
 set -eu
 case "${1:-}" in tests | bench | compile) ;; *)
@@ -25,7 +26,7 @@ case "$part" in
 tests)
 	"$PY" -m pytest -q -p no:cacheprovider -rs --durations=15 "${@:-tests/gpu}" 2>&1 | tee "$OUT/tests-gpu.log" ;;
 bench)
-	"$PY" -m benchmarks.recipes --recipes "${1:-ddp,lora}" --steps 30 --try torch_compile=true \
+	"$PY" -m benchmarks.recipes --recipes "${1:-ddp,lora}" --steps 30 --try torch_compile=true --try use_liger_kernel=true \
 		--out "$OUT/recipes.md" 2>&1 | tee "$OUT/recipes.log" ;;
 compile)
 	"$PY" -m benchmarks.compile 2>&1 | tee "$OUT/compile.log"

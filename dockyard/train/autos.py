@@ -162,7 +162,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
 
     per_rank = _global_batch(out, glob, micro, accum, world_size)
     compile_ = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
-                        overrides.get("max_steps"), gc)
+                        overrides.get("max_steps"), gc, liger_set=use_liger is True)
     if use_liger is True and not liger:
         raise DockyardError("use_liger_kernel true needs liger-kernel, which this environment lacks (the CUDA images "
                             "pin it); set it to auto or false")
@@ -243,13 +243,15 @@ def _global_batch(out: Resolved, glob: int | str, micro: int | str, accum: int |
 
 
 def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | None, shape: memory.Shape | None,
-             per_rank: int, seq_len: int, max_steps: Any, gc: bool | str) -> bool:
+             per_rank: int, seq_len: int, max_steps: Any, gc: bool | str, liger_set: bool = False) -> bool:
     if value != AUTO:
         return bool(value)
     why = ""
     gain = compile_gain(recipe)
     if device is None:
         why = "CPU: off as before"
+    elif liger_set:
+        why = "use_liger_kernel is set true, and Liger's kernels fail under torch.compile"
     elif isinstance(gain, str):
         why = gain
     elif device.capability < COMPILE_MIN_CAPABILITY:

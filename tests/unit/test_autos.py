@@ -163,6 +163,11 @@ def test_liger_goes_on_only_where_memory_binds_and_its_kernels_apply(shape):
     assert "not installed" in absent.record["use_liger_kernel"]["why"]
     with pytest.raises(DockyardError, match="do not work together"):
         resolve("ddp", {"use_liger_kernel": True, "torch_compile": True}, device=H100_GPU, shape=shape, liger=True)
+    # Liger asked for on a run long enough to compile: the compile auto steps aside, it does not refuse the run
+    asked = resolve("ddp", {"use_liger_kernel": True, "max_seq_length": 2048, "max_steps": 5000}, device=H100_GPU,
+                    shape=shape, liger=True)
+    assert values(asked)["use_liger_kernel"] is True and values(asked)["torch_compile"] is False
+    assert "use_liger_kernel is set true" in asked.record["torch_compile"]["why"]
 
 
 def test_liger_buys_a_larger_micro_batch_where_the_logits_are_what_does_not_fit(tmp_path):
