@@ -147,9 +147,17 @@ def lost_node(error: str, nodes: list[dict[str, Any]]) -> str | None:
         for n in nodes:
             if n["addr"] == addr and n["node_rank"] != mine:
                 return f"lost node {n['node_rank']} ({addr}, host {n['host']}): it stopped answering"
-        # torchrun's store, lost before the nodes said who they are: of two nodes, the other one hosted it
-        if addr == os.environ.get("MASTER_ADDR") and node_count() == 2 and addr != (rendezvous() or {}).get("local_addr"):
-            return f"lost node {1 - mine} ({addr}): it stopped answering"
+        other = store_host_of_two(addr)  # torchrun's store, lost before the nodes said who they are
+        if other is not None:
+            return f"lost node {other} ({addr}): it stopped answering"
+    return None
+
+
+def store_host_of_two(addr: str) -> int | None:
+    """The node torchrun's store at `addr` lives on, when it is not this one and there are two: the other node
+    (torchrun may have ranked either first)."""
+    if node_count() == 2 and addr == os.environ.get("MASTER_ADDR") and addr != (rendezvous() or {}).get("local_addr"):
+        return 1 - node_rank()
     return None
 
 
@@ -326,10 +334,11 @@ class Heartbeat:
         of two nodes, the other one (the store's address is not this node's)."""
         addr = self.store_at[0]
         host = next((i for i in self._infos.values() if i.get("addr") == addr), None)
+        other = store_host_of_two(addr)
         if host:
             who = f"node {host['node_rank']} ({addr}, host {host['host']})"
-        elif len(self.others) == 1 and addr != self.info["addr"]:
-            who = f"node {self.others[0]} ({addr})"
+        elif other is not None:
+            who = f"node {other} ({addr})"
         else:
             who = f"the node at {addr}"
         detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -36,17 +36,8 @@ pytestmark = pytest.mark.engine
 
 STEPS = ["--per_device_train_batch_size", "4", "--max_seq_length", "64", "--logging_steps", "1",
          "--learning_rate", "3e-3", "--lr_scheduler_type", "constant"]
+TEXT_ORDER_FLIPPED = True  # the test node at x.10, this host at x.9 (see above; tests/integration/conftest.py)
 LOST_NODE_BOUND_S = 60  # node 0 must stop this soon after node 1's container is killed
-
-
-@pytest.fixture(scope="module")
-def node():
-    """The test node at x.10, this host at x.9 (see above)."""
-    n = node2.start(text_order_flipped=True)
-    try:
-        yield n
-    finally:
-        node2.stop(n)
 
 
 @pytest.fixture(scope="module")

@@ -273,6 +273,7 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
     (10.0.0.10 before 10.0.0.9): lost before it said who it is, it is still named, as the other of two nodes."""
     import datetime
     import queue
+    import time
 
     from torch.distributed import TCPStore
 
@@ -281,8 +282,6 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
     _node_0_of_two_beside_the_store(monkeypatch, port)
     said: queue.Queue = queue.Queue()
     beat = nodes.Heartbeat(said.put, bound=60).start()  # node 1 never beats: only the store's loss can end this
-    import time
-
     time.sleep(1.0)
     del store
     message = said.get(timeout=15)
