@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 import sys
 import typing
 from typing import Any
 
 import invoke
-from invoke import Argument, Exit, Task
+from invoke import Argument, Exit, ParseError, Task
 
 from dockyard import ENV_PREFIX
 
@@ -38,6 +39,55 @@ def release_setting_overrides() -> None:
     """Put the held INVOKE_DOCKYARD_* back: for a task (its settings, what it starts), or a process that imported
     tasks.py without being Invoke (the tests)."""
     os.environ.update(_held)
+
+
+def explain_parse_errors() -> None:
+    """Reword what Invoke's parser refuses (a flag with no value, a switch given one, a flag or task it does not know,
+    `--help` for a task that is not there) as dockyard's one `error:` line, instead of Invoke's own words ("Flag
+    <Argument: runtime> needed value and was not given one!"), which Program.run prints as they are and exits 1.
+    Called when tasks.py is imported, which Invoke does before it parses the tasks' flags; the exit stays 1."""
+    for name in ("parse_tasks", "parse_cleanup"):
+        parse = getattr(invoke.Program, name)
+        if not getattr(parse, "explained", False):
+            setattr(invoke.Program, name, _explaining(parse))
+
+
+def _explaining(parse):
+    @functools.wraps(parse)
+    def wrapper(self) -> None:
+        try:
+            parse(self)
+        except ParseError as e:
+            raise ParseError(f"error: {shown(reworded(e, self.core.unparsed))}", e.context) from None
+
+    wrapper.explained = True
+    return wrapper
+
+
+_NO_VALUE = re.compile(r"Flag <\w+: ([\w-]+)[^>]*> needed value")
+_UNKNOWN = re.compile(r"No idea what (['\"])(.*)\1 is!", re.S)
+
+
+def reworded(e: ParseError, argv: list[str]) -> str:
+    """What an Invoke ParseError means, in the words of dockyard's errors: what was wrong and where help is. `argv`:
+    what the parser was given (Invoke reads `--dry=yes` as the switch, then a task named `yes`)."""
+    said, task = str(e), getattr(e.context, "name", None)
+    where = f"`invoke --help {task}` says what each flag takes" if task else "`invoke --list` lists the tasks"
+    if m := _NO_VALUE.match(said):
+        flag = "--" + m[1].replace("_", "-")
+        return (f"{flag} needs a value, as in {flag}=VALUE; a value that starts with '-' is read as another flag "
+                f"({where})")
+    if m := _UNKNOWN.match(said):
+        token = m[2]
+        switches = {f for f, arg in getattr(e.context, "flags", {}).items() if arg.kind is bool}
+        switch = next((a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in switches and a.endswith(f"={token}")),
+                      None)
+        if switch:
+            return f"{switch} is a switch and takes no value: give {switch} alone ({where})"
+        if token.startswith("-"):
+            return f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ({where})"
+        return f"no task named {token!r} (`invoke --list` lists the tasks)"
+    return f"{said} ({where})"
 
 
 class TypedFlag(Argument):

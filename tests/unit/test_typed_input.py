@@ -17,7 +17,7 @@ from invoke import Collection
 import tasks
 from dockyard.cli import TypedFlag, release_setting_overrides
 from dockyard.settings import Settings
-from tests.support.cli import invoke_here, short_error
+from tests.support.cli import invoke, invoke_here, short_error
 
 # Importing tasks.py held INVOKE_DOCKYARD_* back, as Invoke's own process needs; this pytest process (and the
 # session's `settings` fixture) keeps them.
@@ -158,3 +158,30 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     r = invoke_here(task, *args, f"--{flag}={value}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     if r.returncode:
         short_error(r, "")
+
+
+@pytest.mark.parametrize("args,says", [
+    (["slurm", "--out={tmp}/job.sbatch", "--runtime=--archive"], "--runtime needs a value, as in --runtime=VALUE"),
+    (["slurm", "--runtime"], "--runtime needs a value"),
+    (["plan", "--nosuch=3"], "invoke plan has no flag --nosuch (`invoke --help plan`"),
+    (["run", "--dry=yes"], "--dry is a switch and takes no value"),
+    (["run", "--dry="], "--dry is a switch and takes no value"),
+    (["slurm", "--out={tmp}/job.sbatch", "--runtime=pyxis", "pyxis"], "no task named 'pyxis'"),
+    (["nosuchtask"], "no task named 'nosuchtask' (`invoke --list`"),
+    (["--help", "nosuchtask"], "no task named 'nosuchtask'"),
+])
+def test_what_invokes_parser_refuses_is_one_error_line(args, says, tmp_path):
+    """A flag with no value (a value starting with '-' is read as another flag), a switch given a value, an unknown
+    flag or task, help on a task that is not there: Invoke's parser refuses them before any task runs, in its own
+    words ('Flag <Argument: runtime> needed value and was not given one!'); the user gets dockyard's one `error:`
+    line instead, exit 1."""
+    r = invoke_here(*[a.format(tmp=tmp_path) for a in args])
+    short_error(r, says)
+    assert r.returncode == 1 and "<Argument" not in r.stderr
+
+
+def test_the_invoke_executable_rewords_a_parser_refusal_too():
+    """As above, through the `invoke` a user types (a new process: tasks.py is imported before the flags are read)."""
+    r = invoke("slurm", "--runtime")
+    short_error(r, "--runtime needs a value")
+    assert r.returncode == 1
