@@ -104,13 +104,35 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
             where = f"--{key}" if key in overrides else f"`{key}` in recipes/defaults.yaml"
             raise DockyardError(f"{where}: the recipe is the strategy (DeepSpeed or FSDP, never both); pick "
                                 f"another recipe (invoke recipes) or make a recipe folder of your own")
-    merged = {**defaults, **recipe.settings, **overrides}
+    layers = ((defaults, "recipes/defaults.yaml"), (recipe.settings, f"settings: in {recipe.folder / 'recipe.yaml'}"),
+              (overrides, "the overrides"))
+    merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
         settings = RunSettings(**ours)
     except ValidationError as e:
         raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
     return settings, merged
+
+
+# transformers 5 renamed gradient checkpointing (the old names warn, and go in v6): a recipe may use either name,
+# the trainer reads dockyard's (the old one, which the autos and the plan speak) and hands the Trainer the new one
+CHECKPOINTING_NAMES = {"activation_checkpointing": "gradient_checkpointing",
+                       "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
+
+
+def plain_names(layer: dict[str, Any], where: str) -> dict[str, Any]:
+    """One layer of settings with transformers' new checkpointing names read as dockyard's; both names in one layer
+    with different values is refused."""
+    out = dict(layer)
+    for new, old in CHECKPOINTING_NAMES.items():
+        if new in out:
+            value = out.pop(new)
+            if old in out and out[old] != value:
+                raise DockyardError(f"{where}: {old} {out[old]!r} and {new} {value!r} are one setting (transformers "
+                                    f"5 renamed it): give one of them")
+            out[old] = value
+    return out
 
 
 def _problems(error: ValidationError, given: dict[str, Any]) -> str:

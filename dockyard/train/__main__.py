@@ -35,7 +35,7 @@ import transformers  # a lazy module: its submodules load when first used
 from dockyard.common import disk, memory, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
-from dockyard.common.run_settings import RunSettings, parse_overrides, resolve_settings
+from dockyard.common.run_settings import CHECKPOINTING_NAMES, RunSettings, parse_overrides, resolve_settings
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
 from dockyard.train import autos, checkpoints, data, guards, manifest, mfu, nodes, precision
 from dockyard.train import model as models
@@ -323,7 +323,7 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
     from transformers import TrainingArguments  # lazy: see the note on the imports
 
-    known = {f.name for f in fields(TrainingArguments)}
+    known = {f.name for f in fields(TrainingArguments)} | set(CHECKPOINTING_NAMES.values())
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
@@ -353,6 +353,9 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         # and DeepSpeed hooks each layer, which one whole-model graph would cut across. Under DDP the blocks sit
         # inside a copy of the DDP wrapper; the Trainer still saves the model it was given, uncompiled.
         os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"
+    if "activation_checkpointing" in known:  # transformers >= 5: its name for gradient checkpointing (no warning)
+        trainers = {old: new for new, old in CHECKPOINTING_NAMES.items()}
+        args = {trainers.get(k, k): v for k, v in args.items()}
     try:
         targs = TrainingArguments(**args)
     except (ValueError, TypeError) as e:

@@ -25,7 +25,7 @@ def test_qlora_keeps_the_frozen_base_in_16_bits_and_trains_the_adapters(tmp_path
     assert trained and all("lora_" in n for n, _ in trained)
 
     model.train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # as the Trainer does
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # as the Trainer does
     ids = torch.randint(3, 500, (2, 24))
     model(input_ids=ids, labels=ids).loss.backward()
     assert all(p.grad is not None for _, p in trained)

@@ -57,3 +57,27 @@ def test_a_run_folder_that_cannot_be_made_is_a_short_error_not_a_traceback(tmp_p
     err = capsys.readouterr().err
     assert code != 0 and "error: cannot make the run folder" in err and "must be writable" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("given", [{"activation_checkpointing": True}, {"gradient_checkpointing": True}])
+def test_checkpointing_under_either_name_reaches_the_trainer_without_a_deprecation_warning(tmp_path, given):
+    """transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns in every run's
+    log, and goes in v6): either name in a recipe turns it on, and the Trainer is handed the new one."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        args = cpu_arguments("ddp", given, tmp_path)
+    assert args.activation_checkpointing is True and args.gradient_checkpointing is True
+    assert not [w for w in seen if "gradient_checkpointing" in str(w.message)], [str(w.message) for w in seen]
+
+
+def test_the_new_checkpointing_name_is_what_the_autos_resolve():
+    """A user who writes transformers' new name overrides the defaults' `gradient_checkpointing: auto`, and the plan
+    and the manifest see the one setting."""
+    from dockyard.common.errors import DockyardError
+
+    _, overrides = resolve_settings(load_recipe("lora"), {"activation_checkpointing": False})
+    assert overrides["gradient_checkpointing"] is False and "activation_checkpointing" not in overrides
+    with pytest.raises(DockyardError, match="gradient_checkpointing True and activation_checkpointing False are one"):
+        resolve_settings(load_recipe("lora"), {"activation_checkpointing": False, "gradient_checkpointing": True})
