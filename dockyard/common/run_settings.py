@@ -105,7 +105,7 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
             raise DockyardError(f"{where}: the recipe is the strategy (DeepSpeed or FSDP, never both); pick "
                                 f"another recipe (invoke recipes) or make a recipe folder of your own")
     layers = ((defaults, "recipes/defaults.yaml"), (recipe.settings, f"settings: in {recipe.folder / 'recipe.yaml'}"),
-              (overrides, "the overrides"))
+              (overrides, "the overrides after --"))
     merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
