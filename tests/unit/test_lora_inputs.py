@@ -81,3 +81,13 @@ def test_without_mixed_precision_the_adapters_keep_casting(tmp_path):
     full = load_recipe("ddp")
     with models.adapter_inputs_as_given(model, full, SimpleNamespace(bf16=True, fp16=False)):
         assert all(getattr(m, "cast_input_dtype_enabled", True) for m in model.modules())
+
+
+def test_adding_the_adapters_logs_no_deprecation_warning(tmp_path):
+    """peft reads transformers 4's name of the checkpointing flag; every lora run's log said it goes in v6."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        lora_model(tmp_path)
+    assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
