@@ -546,6 +546,9 @@ def _finish(run: Run, error: str | None) -> None:
         return
     if stopped and error.startswith(STOPPED):  # not already explained by a lost node
         error = _first_failure(run) or error
+    elif error and not error.startswith("lost ") and nodes.CUT_OFF.search(error):
+        # a connection to this node's other process broke: it failed first (its note says why), or was lost
+        error = _first_failure(run) or error
     extra = {**run.record.to_json(), **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
                             run.check.in_effect if run.check else None, run.metrics, extra)
@@ -617,7 +620,11 @@ STOPPED = "stopped by SIGTERM"
 
 
 def _stopped(signum: int, frame: Any) -> None:
-    """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out."""
+    """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out. Not while
+    the manifest is being written (finish): the process is on its way out already, and an error raised there would
+    leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer)."""
+    if _finishing.locked():
+        return
     raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
                         exit_code=128 + signum)
 

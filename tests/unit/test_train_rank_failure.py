@@ -62,3 +62,33 @@ def test_a_rank_stopped_by_torchrun_leaves_no_note_and_the_writer_keeps_its_own_
     assert not list(tmp_path.glob(f"{runfolder.RANK_FAILED}*"))
     play(monkeypatch, tmp_path, 0, "cannot load the model")
     assert written_error(tmp_path) == "cannot load the model"
+
+
+def test_a_connection_broken_by_a_rank_that_failed_first_is_explained_by_its_error(monkeypatch, tmp_path):
+    """Rank 1 fails; rank 0, blocked in an all-reduce with it, sees the connection close before torchrun's SIGTERM
+    reaches it (the other order of the race above)."""
+    play(monkeypatch, tmp_path, 1, "lost node 1 (198.19.0.10, host vm): it stopped answering")
+    play(monkeypatch, tmp_path, 0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:29500.")
+    assert written_error(tmp_path).startswith("lost node 1 (198.19.0.10, host vm): it stopped answering (rank 1;")
+
+
+def test_torchruns_sigterm_while_the_manifest_is_written_does_not_stop_the_writing(monkeypatch, tmp_path):
+    """CI saw it: node 0's first process waited (a beat) for its heartbeat to explain a broken connection, torchrun's
+    SIGTERM arrived meanwhile (its other process had failed), and the process left with no manifest written. The
+    heartbeat here is real but not started: its wait is the longest, and the SIGTERM is sent to this process."""
+    import os
+    import signal
+    import threading
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    heartbeat = nodes.Heartbeat(lambda message: None, bound=10.0)  # waits up to one beat + 2 s for a verdict: 3 s
+    run = trainer.Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=True, run_dir_ok=True, world_size=2,
+                      heartbeat=heartbeat)
+    before = signal.signal(signal.SIGTERM, trainer._stopped)
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        trainer.finish(run, "torch.distributed.DistNetworkError: Broken pipe")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert written_error(tmp_path) == "torch.distributed.DistNetworkError: Broken pipe"
