@@ -80,8 +80,8 @@ def reworded(e: ParseError, argv: list[str]) -> str:
     if m := _UNKNOWN.match(said):
         token = m[2]
         switches = {f for f, arg in getattr(e.context, "flags", {}).items() if arg.kind is bool}
-        switch = next((a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in switches and a.endswith(f"={token}")),
-                      None)
+        switch = next((flag for flag, eq, value in (a.partition("=") for a in argv)
+                       if flag in switches and eq and value == token), None)
         if switch:
             return f"{switch} is a switch and takes no value: give {switch} alone ({where})"
         if token.startswith("-"):

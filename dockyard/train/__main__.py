@@ -544,10 +544,9 @@ def _finish(run: Run, error: str | None) -> None:
         if error and not stopped:
             _tell_the_writer(run, error)
         return
-    if stopped and error.startswith(STOPPED):  # not already explained by a lost node
-        error = _first_failure(run) or error
-    elif error and not error.startswith("lost ") and nodes.CUT_OFF.search(error):
-        # a connection to this node's other process broke: it failed first (its note says why), or was lost
+    # stopped by torchrun, or cut off from this node's other process, and not already explained by a lost node:
+    # the process that failed first says why in its note
+    if error and (error.startswith(STOPPED) or (not error.startswith("lost ") and nodes.CUT_OFF.search(error))):
         error = _first_failure(run) or error
     extra = {**run.record.to_json(), **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,

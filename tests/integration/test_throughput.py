@@ -36,6 +36,9 @@ def lines(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+SWAP_S = 0.25  # how often the two runs swap cores
+
+
 def side_by_side(runs: dict[str, tuple[Path, list[str]]], cores: list[int]) -> None:
     """The runs at once, one process each, each on a core of its own, the two swapping cores every SWAP_S: a core
     the host slows for a while slows both runs alike."""
@@ -58,9 +61,6 @@ def side_by_side(runs: dict[str, tuple[Path, list[str]]], cores: list[int]) -> N
         t.join()
     for name, proc in procs.items():
         assert proc.returncode == 0, f"{name} failed:\n{errors[name][0][-3000:]}"
-
-
-SWAP_S = 0.25
 
 
 def pin(pid: int, core: int) -> None:
