@@ -328,6 +328,10 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     if unknown:
         raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
                             f"and any transformers.TrainingArguments field")
+    kwargs = overrides.get("gradient_checkpointing_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):  # read here and by the Trainer as a mapping
+        raise DockyardError(f"gradient_checkpointing_kwargs (or activation_checkpointing_kwargs) {kwargs!r}: takes a "
+                            f"mapping, as in -- --gradient_checkpointing_kwargs '{{use_reentrant: false}}'")
     cuda = torch.cuda.is_available()
     # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
     overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}

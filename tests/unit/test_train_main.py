@@ -81,3 +81,15 @@ def test_the_new_checkpointing_name_is_what_the_autos_resolve():
     assert overrides["gradient_checkpointing"] is False and "activation_checkpointing" not in overrides
     with pytest.raises(DockyardError, match="gradient_checkpointing True and activation_checkpointing False are one"):
         resolve_settings(load_recipe("lora"), {"activation_checkpointing": False, "gradient_checkpointing": True})
+
+
+@pytest.mark.parametrize("name", ["ddp", "lora"])
+def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path, name):
+    """`-- --activation_checkpointing_kwargs 3` was a TypeError traceback in the lora recipe (its guard merges them)."""
+    from dockyard.common.errors import DockyardError
+
+    with pytest.raises(DockyardError, match=r"activation_checkpointing_kwargs\) 3: takes a mapping, as in"):
+        cpu_arguments(name, {"activation_checkpointing_kwargs": 3}, tmp_path)
+    args = cpu_arguments(name, {"activation_checkpointing_kwargs": {"use_reentrant": False},
+                                "activation_checkpointing": True}, tmp_path)
+    assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
