@@ -121,6 +121,12 @@ CHECKPOINTING_NAMES = {"activation_checkpointing": "gradient_checkpointing",
                        "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
 
 
+def either_name(key: str) -> str:
+    """A checkpointing setting as an error names it: by both its names, since a user may have written either."""
+    new = next((n for n, o in CHECKPOINTING_NAMES.items() if o == key), None)
+    return f"{key} (or {new})" if new else key
+
+
 def plain_names(layer: dict[str, Any], where: str) -> dict[str, Any]:
     """One layer of settings with transformers' new checkpointing names read as dockyard's; both names in one layer
     with different values is refused."""

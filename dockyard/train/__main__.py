@@ -35,7 +35,7 @@ import transformers  # a lazy module: its submodules load when first used
 from dockyard.common import disk, memory, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
-from dockyard.common.run_settings import CHECKPOINTING_NAMES, RunSettings, parse_overrides, resolve_settings
+from dockyard.common.run_settings import CHECKPOINTING_NAMES, RunSettings, either_name, parse_overrides, resolve_settings
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
 from dockyard.train import autos, checkpoints, data, guards, manifest, mfu, nodes, precision
 from dockyard.train import model as models
@@ -330,7 +330,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
                             f"and any transformers.TrainingArguments field")
     kwargs = overrides.get("gradient_checkpointing_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):  # read here and by the Trainer as a mapping
-        raise DockyardError(f"gradient_checkpointing_kwargs (or activation_checkpointing_kwargs) {kwargs!r}: takes a "
+        raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')} {kwargs!r}: takes a "
                             f"mapping, as in -- --gradient_checkpointing_kwargs '{{use_reentrant: false}}'")
     cuda = torch.cuda.is_available()
     # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant

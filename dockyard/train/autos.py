@@ -25,7 +25,7 @@ from typing import Any
 from dockyard.common import memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS
+from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, either_name
 from dockyard.common.units import GIB
 
 AUTO = "auto"
@@ -222,7 +222,7 @@ def _count(value: Any, key: str) -> int | str:
 def _switch(value: Any, key: str) -> bool | str:
     if value == AUTO or isinstance(value, bool):
         return value
-    raise DockyardError(f"{key} must be true, false or auto (got {value!r})")
+    raise DockyardError(f"{either_name(key)} must be true, false or auto (got {value!r})")
 
 
 def _cpu_micro(per_rank: int) -> int:

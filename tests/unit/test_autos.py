@@ -66,6 +66,7 @@ def test_a_micro_batch_given_keeps_the_old_meaning_and_a_global_batch_is_made_up
     ({"per_device_train_batch_size": "many"}, "whole number of examples"),
     ({"per_device_train_batch_size": 0}, "whole number of examples"),
     ({"gradient_checkpointing": "sometimes"}, "true, false or auto"),
+    ({"activation_checkpointing": "maybe"}, r"gradient_checkpointing \(or activation_checkpointing\) must be true"),
     ({"use_liger_kernel": True}, "needs liger-kernel"),
 ])
 def test_settings_that_contradict_each_other_are_short_errors(given, problem):
