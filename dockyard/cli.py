@@ -49,19 +49,45 @@ def explain_parse_errors() -> None:
     for name in ("parse_tasks", "parse_cleanup"):
         parse = getattr(invoke.Program, name)
         if not getattr(parse, "explained", False):
-            setattr(invoke.Program, name, _explaining(parse))
+            setattr(invoke.Program, name, _explaining(parse, name))
 
 
-def _explaining(parse):
+def _explaining(parse, name: str):
     @functools.wraps(parse)
     def wrapper(self) -> None:
         try:
             parse(self)
         except ParseError as e:
             raise ParseError(f"error: {shown(reworded(e, self.core.unparsed))}", e.context) from None
+        if name == "parse_tasks" and (refused := invokes_own_flags(self)):
+            raise ParseError(f"error: {shown(refused)}")
 
     wrapper.explained = True
     return wrapper
+
+
+def invokes_own_flags(program: invoke.Program) -> str | None:
+    """Invoke takes its own flags after a task's name too: `invoke save --dry` parsed as Invoke's --dry, which only
+    echoes shell commands, and the save ran for real. Invoke's --dry is refused wherever it is given; its other
+    flags after a task name are a flag that task does not have (`--help` stays help on the task). The refusal, or
+    None."""
+    if program.core[0].args["dry"].value:
+        have = sorted(t.name for t in program.collection.tasks.values() if "dry" in {a.name for a in t.get_arguments()})
+        tasks = [t.name for t in program.tasks]
+        example = tasks[0] if tasks and tasks[0] in have else "run"
+        return (f"Invoke's own --dry would not stop the task: only {', '.join(have)} have a --dry of their own, "
+                f"given after the task's name, as in `invoke {example} --dry`")
+    for arg in program.core_via_tasks.args.values():
+        if arg.got_value and arg.name != "help":
+            flags = {("-" if len(n) == 1 else "--") + n for n in arg.names}
+            task = None
+            for token in program.core.unparsed:
+                if token.partition("=")[0] in flags:
+                    return (f"invoke {task} has no flag {token.partition('=')[0]} (`invoke --help {task}` says what "
+                            f"each flag takes)")
+                task = token if token in program.collection.task_names else task
+            return f"{max(flags, key=len)} is Invoke's own flag: give it before the task's name"
+    return None
 
 
 _NO_VALUE = re.compile(r"Flag <\w+: ([\w-]+)[^>]*> needed value")

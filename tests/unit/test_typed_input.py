@@ -180,6 +180,23 @@ def test_what_invokes_parser_refuses_is_one_error_line(args, says, tmp_path):
     assert r.returncode == 1 and "<Argument" not in r.stderr
 
 
+@pytest.mark.parametrize("args,says", [
+    (["slurm", "--out={tmp}/out", "--dry"], "Invoke's own --dry would not stop the task: only build, export"),
+    (["k8s", "--out={tmp}/out", "--dry"], "as in `invoke run --dry`"),
+    (["-R", "slurm", "--out={tmp}/out"], "Invoke's own --dry would not stop the task"),
+    (["--dry", "run", "--variant=cpu"], "as in `invoke run --dry`"),
+    (["slurm", "--out={tmp}/out", "--echo"], "invoke slurm has no flag --echo (`invoke --help slurm`"),
+    (["run", "--dry", "k8s", "--out={tmp}/out", "-w"], "invoke k8s has no flag -w"),
+])
+def test_invokes_own_flags_after_a_task_are_refused_and_the_task_does_nothing(args, says, tmp_path):
+    """Invoke reads its own flags after a task's name too: `invoke slurm --dry` was Invoke's --dry (it only echoes
+    shell commands) and the task ran for real, writing its files (`invoke save --dry` wrote the archive)."""
+    r = invoke_here(*[a.format(tmp=tmp_path) for a in args])
+    short_error(r, says)
+    assert r.returncode == 1 and not (tmp_path / "out").exists()
+    assert invoke_here("slurm", "--help").returncode == 0  # --help after a task stays help on it
+
+
 def test_the_invoke_executable_rewords_a_parser_refusal_too():
     """As above, through the `invoke` a user types (a new process: tasks.py is imported before the flags are read)."""
     r = invoke("slurm", "--runtime")
