@@ -30,9 +30,14 @@ def diagnose(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
     address = ssh_hostname(settings, r.host)
     checks = [check_route(address)]
     checks.append(check_port(address, port))
-    facts = peer_facts(settings, r, image)
+    try:
+        facts = peer_facts(settings, r, image)
+    except DockyardError as e:  # ssh itself failed: the report goes on, with ssh's reason
+        facts, why = None, str(e).partition(". ")[0]
+    else:
+        why = f"`{settings.ssh} {r.host}` did not answer"
     if facts is None:
-        return checks + [Check("peer ssh", FAIL, f"`{settings.ssh} {r.host}` did not answer",
+        return checks + [Check("peer ssh", FAIL, why,
                                "check the ssh setting and ~/.ssh/config: doctor, ship and save --thin-for use it")]
     local_ib = [d.name for d in multinode.INFINIBAND.iterdir()] if multinode.INFINIBAND.is_dir() else []
     local_id = (engine.image_inspect(settings, image) or {}).get("Id", "")

@@ -396,3 +396,19 @@ def test_a_store_that_cannot_be_reached_names_the_other_of_two_nodes(monkeypatch
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
     monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "10.0.0.10"}))  # the store is this node's
     assert nodes.lost_node(error, []) is None
+
+
+def test_doctor_peer_that_ssh_cannot_reach_is_a_failed_check_in_the_report(settings):
+    """ssh to the peer failing by itself (here: nothing listens on the loopback port it is pointed at) used to end
+    doctor with ssh's error alone, no report; it is the `peer ssh` check, failed with ssh's reason."""
+    import socket
+
+    from dockyard.machine import peer
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    checks = peer.diagnose(settings.model_copy(update={"ssh": f"ssh -o BatchMode=yes -p {port}"}), "127.0.0.1", port)
+    by_name = {c.name: c for c in checks}
+    assert by_name["peer ssh"].status == "fail" and "Connection refused" in by_name["peer ssh"].detail
+    assert by_name["rendezvous port"].status == "pass"  # the checks before ssh are still reported
