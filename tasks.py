@@ -344,8 +344,11 @@ def plan(c, model="", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, s
     from dockyard.machine import planner as plan_mod
 
     s = _settings(c)
-    model = model or (str(s.path(s.model)) if s.model else "")
-    result = plan_mod.plan_model(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len, batch=batch)
+    where = "--model" if model else "setting model"
+    if not model and s.model:  # a relative folder is the project root's; a hub id stays one
+        model = str(s.path(s.model)) if s.path(s.model).exists() else s.model
+    result = plan_mod.plan_model(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len,
+                                 batch=batch, hub_home=s.path(s.hf_cache), where=where)
     print(plan_mod.to_json(result)) if json else plan_mod.print_plan(result)
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dockyard.common import disk, recipes
+from dockyard.common.data_files import HUB_ID
 from dockyard.common.errors import DockyardError
 from dockyard.common.memory import Shape, estimate, shape_from_count, shape_from_folder
 from dockyard.common.recipes import Recipe
@@ -33,20 +34,45 @@ def parse_count(text: str) -> int | None:
 MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo, not a plan
 
 
-def shape_for(model: str) -> Shape:
-    """`--model`: a local folder with config.json, or a parameter count like 8B."""
+MIN_PARAMS = 10**6  # a bare "8" is 8B with the unit left out, not a model of 8 parameters
+
+
+def shape_for(model: str, hub_home: Path | None = None, where: str = "--model") -> Shape:
+    """`--model`: a local folder with config.json, a hub id whose snapshot is in the Hugging Face cache under
+    `hub_home` (as `invoke run` takes it: runs are offline), or a parameter count like 8B."""
     if not model:
         raise DockyardError("say which model: --model=PATH (a folder with config.json) or --model=8B")
     folder = Path(os.path.expanduser(model))
     if folder.is_dir():
         return shape_from_folder(folder)
+    if hub_home is not None and (snapshot := cached_snapshot(hub_home, model)):
+        return shape_from_folder(snapshot)
+    named = f"{where}={model}" if where.startswith("--") else f"{where} {model}"
     count = parse_count(model)
     if count is None:
-        raise DockyardError(f"--model={model}: neither a folder nor a parameter count like 8B, 1.5B, 350M")
+        hub = f", a model in the Hugging Face cache {hub_home}" if hub_home is not None else ""
+        raise DockyardError(f"{named}: neither a folder{hub} nor a parameter count like 8B, 1.5B, 350M")
     if count > MAX_PARAMS:
-        raise DockyardError(f"--model={model}: more than {MAX_PARAMS / 1e12:.0f}T parameters; give a count like 8B or 405B")
+        raise DockyardError(f"{named}: more than {MAX_PARAMS / 1e12:.0f}T parameters; give a count like 8B or "
+                            "405B")
+    if count < MIN_PARAMS:
+        raise DockyardError(f"{named}: {count:,} parameters is no language model; give the unit, as in 8B or "
+                            "350M")
     return shape_from_count(count)
 
+
+def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:
+    """The folder of a hub model's cached snapshot (the one refs/main names, else the newest with a config.json),
+    or None when `repo_id` is no org/name in the cache."""
+    if not HUB_ID.fullmatch(repo_id):
+        return None
+    repo = hub_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    named = repo / "snapshots" / ref.read_text().strip() if ref.is_file() else None
+    if named is not None and (named / "config.json").is_file():
+        return named
+    found = [d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()]
+    return max(found, key=lambda d: d.stat().st_mtime, default=None)
 
 
 def disk_columns(shape: Shape, recipe: Recipe) -> dict:
@@ -133,14 +159,14 @@ def _too_big(r: dict, gpu_mem: int, cpu_mem: int) -> str:
 # --- the task's front end -----------------------------------------------------------------------------
 
 def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 2048,
-               batch: int = 1, host: Host | None = None) -> dict:
+               batch: int = 1, host: Host | None = None, hub_home: Path | None = None, where: str = "--model") -> dict:
     """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given."""
     if seq_len < 1 or batch < 1:
         raise DockyardError("--seq-len and --batch must be at least 1")
     for flag, value in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib), ("--cpu-mem", cpu_mem_gib)):
         if value < 0:
             raise DockyardError(f"{flag}={value}: must be positive (or 0 for what this host has)")
-    shape = shape_for(model)
+    shape = shape_for(model, hub_home, where)
     if not gpus or not gpu_mem_gib:
         if host is None:
             from dockyard.gpus import read_host

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from contextlib import redirect_stdout
@@ -20,7 +21,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import list_recipes, load_recipe, recipe_names
 from dockyard.common.units import GIB
 from dockyard.machine import planner
-from tests.support.cli import INVOKE
+from tests.support.cli import INVOKE, short_error
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
@@ -326,3 +327,31 @@ def test_the_memory_models_lora_rank_is_the_recipes_default():
 
     defaults = yaml.safe_load((RECIPES / "defaults.yaml").read_text())
     assert memory.LORA_RANK == RunSettings.model_fields["lora_r"].default == defaults["lora_r"]
+
+
+def test_plan_takes_a_hub_model_from_the_cache_as_run_does(tmp_path):
+    """`invoke run --model=org/llama` takes a model the Hugging Face cache holds; `invoke plan` refused that id
+    ("neither a folder nor a parameter count"), and with the id in the `model` setting named a folder made of the
+    project root and the id. Plan counts the cached snapshot's config.json, as it counts a folder's."""
+    from tests.support.cli import invoke_here
+
+    snapshot = tmp_path / "hub" / "models--org--llama" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    shutil.copy(LLAMA_8B / "config.json", snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc")
+    hardware = ["--gpus=8", "--gpu-mem=80", "--cpu-mem=1024", "--json"]
+    env = {"INVOKE_DOCKYARD_HF_CACHE": str(tmp_path)}
+    by_id = invoke_here("plan", "--model=org/llama", *hardware, env=env)
+    by_folder = invoke_here("plan", f"--model={LLAMA_8B}", *hardware, env=env)
+    assert by_id.returncode == 0, by_id.stderr
+    assert json.loads(by_id.stdout)["model"]["params"] == json.loads(by_folder.stdout)["model"]["params"] > 8e9
+    setting = invoke_here("plan", *hardware, env=env | {"INVOKE_DOCKYARD_MODEL": "org/llama"})
+    assert setting.returncode == 0 and setting.stdout == by_id.stdout
+    missing = invoke_here("plan", *hardware, env=env | {"INVOKE_DOCKYARD_MODEL": "org/other"})
+    short_error(missing, "setting model org/other: neither a folder, a model in the Hugging Face cache")
+
+
+def test_a_count_without_its_unit_is_refused():
+    with pytest.raises(DockyardError, match="8 parameters is no language model; give the unit, as in 8B"):
+        planner.shape_for("8")
