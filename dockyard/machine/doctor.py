@@ -127,9 +127,9 @@ def check_gpus(host: Host) -> Check:
     mig = [str(g.index) for g in host.gpus if g.mig]
     if mig:
         return Check("gpus", WARN, f"{detail}; MIG mode on GPU {', '.join(mig)}",
-                     "MIG: NVML counts physical GPUs and cannot report utilisation of a MIG slice; one process "
-                     "per slice needs CUDA_VISIBLE_DEVICES=MIG-<uuid> (`nvidia-smi -L`), or turn MIG off "
-                     "(`sudo nvidia-smi -i N -mig 0`)")
+                     "dockyard trains on whole GPUs: NVML gives the GPU's memory, not a MIG slice's, so plan and "
+                     "the autos would size the batch for memory a slice lacks; turn MIG off for training "
+                     f"(`sudo nvidia-smi -i {','.join(mig)} -mig 0`)")
     return Check("gpus", PASS, detail)
 
 

@@ -174,6 +174,10 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
             host = read_host()
         if not host.gpus:
             raise DockyardError("NVML sees no GPU on this host: say what to plan for, e.g. --gpus=8 --gpu-mem=80")
+        mig = [str(g.index) for g in host.gpus if g.mig]
+        if mig and not gpu_mem_gib:
+            raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "
+                                "GPU's that NVML reports; say the slice's: --gpu-mem=GiB (`nvidia-smi -L` lists them)")
         gpus = gpus or host.count
         gpu_mem_gib = gpu_mem_gib or min(g.memory_bytes for g in host.gpus) / GIB
     if not cpu_mem_gib:
@@ -212,9 +216,10 @@ def print_plan(result: dict) -> None:
                   + f" — {rec['why']}")
     console.print("[dim]disk: checkpoint size × checkpoints kept (save_total_limit) and the final model, with the "
                   "recipe's settings; `invoke run` checks the runs folder has room before starting.[/]")
-    console.print("[dim]per GPU includes 1 GiB for the CUDA context and NCCL; w/ ckpt: per GPU with gradient "
-                  "checkpointing; fsdp needs what zero3 needs; host (per node) is what offloading keeps in RAM, else the "
-                  "worst case while loading the checkpoint.[/]")
+    console.print("[dim]per GPU: the peak of a step, calibrated on measured runs (the strategy's buffers, gradients "
+                  "freed as they are reduced, 1 GiB for the CUDA context and NCCL), so not the sum of the two columns "
+                  "before it; w/ ckpt: per GPU with gradient checkpointing; host (per node) is what offloading keeps in "
+                  "RAM, else the worst case while loading the checkpoint.[/]")
 
 
 def _gib_cell(b: float) -> str:

@@ -51,8 +51,8 @@ def test_doctor_gpu_checks_on_recorded_host(replay, name):
     host, links = replay(name)
     gpu = doctor.check_gpus(host)
     topo = doctor.check_topology(host, links)
-    if name == "a100_mig_570":
-        assert gpu.status == doctor.WARN and "MIG" in gpu.detail
+    if name == "a100_mig_570":  # its advice is one `invoke run` can follow (a MIG uuid is no GPU it selects)
+        assert gpu.status == doctor.WARN and "MIG" in gpu.detail and "-mig 0" in gpu.fix and "MIG-" not in gpu.fix
     else:
         assert gpu.status == doctor.PASS and "compute" in gpu.detail
     if name == "l40sx2_550":
@@ -64,6 +64,15 @@ def test_doctor_gpu_checks_on_recorded_host(replay, name):
 def test_plan_counts_the_recorded_gpus(replay):
     replay("h100x8_580")
     assert plan_mod.plan_model("1.5B")["gpus"] == 8
+
+
+def test_plan_on_a_mig_host_asks_for_the_slices_memory(replay):
+    """NVML reports the whole A100's 40 GiB; a process in MIG mode gets one slice's: the plan said "fits" for memory
+    the run would not have."""
+    replay("a100_mig_570")
+    with pytest.raises(DockyardError, match=r"MIG mode: a process gets one slice's memory.*--gpu-mem=GiB"):
+        plan_mod.plan_model("1B")
+    assert plan_mod.plan_model("1B", gpu_mem_gib=20)["gpu_mem_bytes"] == 20 * 2**30
 
 
 def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
