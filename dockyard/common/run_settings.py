@@ -9,6 +9,7 @@ Needs only pydantic and PyYAML (no torch), like the registry it reads.
 
 from __future__ import annotations
 
+import math
 import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,6 +23,8 @@ from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
 
 DATA = ROOT / "data"
 TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
+# TrainingArguments' fields and number types, as the pinned transformers has them: the host has no transformers
+TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
 # The TrainingArguments fields the trainer may resolve itself when they say `auto` (dockyard.train.autos)
 AUTO_TRAINING_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                            "torch_compile", "use_liger_kernel")
@@ -29,6 +32,7 @@ AUTO_TRAINING_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation
 MAX_TOKENS = 2**24        # per example
 MAX_LORA = 2**16          # a rank (or alpha) wider than any layer
 MAX_EXAMPLES = 10**12     # per optimizer step (the micro-batch is found among its divisors, in √n steps)
+WIDEST_INT = 2**63 - 1    # torch's and numpy's widest integer: a count past it overflows in the Trainer
 
 # from 0 up to, not including, 1 (an int 0 too; never true/false, nan or inf)
 Fraction = Annotated[StrictFloat, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
@@ -113,6 +117,45 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     except ValidationError as e:
         raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
     return settings, merged
+
+
+def check_training_numbers(training: dict[str, Any]) -> None:
+    """Every TrainingArguments number of resolve_settings' second half valid (check_number): the host checks them
+    before a run starts (`invoke run`, slurm, k8s), the trainer again for what reaches it directly (run.sh, native)."""
+    kinds = training_arguments()
+    for key, value in training.items():
+        check_number(key, value, kinds.get(key, ""))
+
+
+def training_arguments() -> dict[str, str]:
+    """TrainingArguments' field names and, for a number, its type (`int`, `float|None`, ...; "" for the others), as
+    the pinned transformers has them (a test keeps the snapshot current)."""
+    lines = TRAINING_ARGUMENTS.read_text().splitlines()
+    return dict((line.split() + [""])[:2] for line in lines if line.strip() and not line.startswith("#"))
+
+
+def check_number(key: str, value: Any, kind: str) -> None:
+    """A TrainingArguments number given a finite number (a whole one for an int field), or `auto` where the trainer
+    resolves it, or null where the field takes None; anything else would fail minutes into the run, or train
+    nonsense (a learning rate of nan)."""
+    auto = key in AUTO_TRAINING_ARGUMENTS
+    optional = kind.endswith("|None")
+    if not kind or (auto and value == "auto") or (optional and value is None):
+        return
+    whole = kind.startswith("int")
+    number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+    if number and (abs(value) <= WIDEST_INT if whole else _finite(value)):
+        return
+    raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} takes "
+                        f"{'a whole number' if whole else 'a finite number'}"
+                        + (", or auto" if auto else ", or null (its default)" if optional else ""))
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 # transformers 5 renamed gradient checkpointing (the old names warn, and go in v6): a recipe may use either name,

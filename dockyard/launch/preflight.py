@@ -14,8 +14,6 @@ minutes later, inside the container, refused now with the same reason and no eng
 from __future__ import annotations
 
 import difflib
-import math
-import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +21,17 @@ from dockyard.common import disk, memory
 from dockyard.common.data_files import BUILDERS
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, strategy
-from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, TINY_MODEL, RunSettings, parse_overrides, resolve_settings
+from dockyard.common.run_settings import (
+    TINY_MODEL,
+    RunSettings,
+    check_training_numbers,
+    parse_overrides,
+    resolve_settings,
+    training_arguments,
+)
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
-from dockyard.settings import ROOT, Settings
-
-TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
-WIDEST_INT = 2**63 - 1  # torch's and numpy's widest integer: a count past it overflows in the Trainer
+from dockyard.settings import Settings
 
 
 def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
@@ -78,13 +80,6 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
     return need
 
 
-def training_arguments() -> dict[str, str]:
-    """TrainingArguments' field names and, for a number, its type (`int`, `float|None`, ...; "" for the others), as
-    the pinned transformers has them (a test keeps the snapshot current): the host has no transformers."""
-    lines = TRAINING_ARGUMENTS.read_text().splitlines()
-    return dict((line.split() + [""])[:2] for line in lines if line.strip() and not line.startswith("#"))
-
-
 def check_overrides(spec, overrides: list[str]) -> None:
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings)."""
     given = parse_overrides(overrides)
@@ -99,32 +94,7 @@ def check_overrides(spec, overrides: list[str]) -> None:
         raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
                             "recipes/defaults.yaml and any transformers.TrainingArguments field")
     _, training = resolve_settings(spec, given)
-    for key, value in training.items():
-        check_number(key, value, arguments.get(key, ""))
-
-
-def check_number(key: str, value: Any, kind: str) -> None:
-    """A TrainingArguments number given a finite number (a whole one for an int field), or `auto` where the trainer
-    resolves it, or null where the field takes None; anything else would fail minutes into the run, or train
-    nonsense (a learning rate of nan)."""
-    auto = key in AUTO_TRAINING_ARGUMENTS
-    optional = kind.endswith("|None")
-    if not kind or (auto and value == "auto") or (optional and value is None):
-        return
-    whole = kind.startswith("int")
-    number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
-    if number and (abs(value) <= WIDEST_INT if whole else _finite(value)):
-        return
-    raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} takes "
-                        f"{'a whole number' if whole else 'a finite number'}"
-                        + (", or auto" if auto else ", or null (its default)" if optional else ""))
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
+    check_training_numbers(training)
 
 
 def check_input(key: str, value: str, where: str, settings: Settings) -> None:

@@ -35,7 +35,14 @@ import transformers  # a lazy module: its submodules load when first used
 from dockyard.common import disk, memory, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
-from dockyard.common.run_settings import CHECKPOINTING_NAMES, RunSettings, either_name, parse_overrides, resolve_settings
+from dockyard.common.run_settings import (
+    CHECKPOINTING_NAMES,
+    RunSettings,
+    check_training_numbers,
+    either_name,
+    parse_overrides,
+    resolve_settings,
+)
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
 from dockyard.train import autos, checkpoints, data, guards, manifest, mfu, nodes, precision
 from dockyard.train import model as models
@@ -263,6 +270,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     runfolder.check(run_dir)  # any run's container can write here: a planted link is refused, never followed
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     run.run_dir_ok = True
+    # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
+    check_training_numbers(training)
+    guards.check_report_to(training.get("report_to"))
     if last:
         checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
     if last and os.environ.get("LOCAL_RANK", "0") == "0":

@@ -43,6 +43,22 @@ def peft_training_args(args: dict[str, Any], peft: str | None) -> dict[str, Any]
                                               "use_reentrant": False}}
 
 
+def check_report_to(value: Any) -> None:
+    """`report_to` names only integrations this image has: the Trainer raises a RuntimeError for one that is not
+    installed, after the model has loaded. "none" and "all" (every one installed) are always fine."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    names = [value] if value is None or isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise DockyardError(f"report_to {value!r}: takes an integration's name, a list of them, or none")
+    have = get_available_reporting_integrations()
+    missing = [n for n in names if n not in ("none", "all", *have)]
+    if missing:
+        raise DockyardError(f"report_to {', '.join(missing)}: not installed in this image (installed: "
+                            f"{', '.join(have) or 'none'}); use --report_to none, or install it in an image "
+                            "of your own")
+
+
 def reject_prequantized(model_dir: str, strategy: str) -> None:
     """GPTQ/AWQ checkpoints cannot be sharded by ZeRO-3 or FSDP: every rank would hold the whole model."""
     cfg = Path(model_dir, "config.json") if model_dir else None

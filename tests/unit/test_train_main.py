@@ -93,3 +93,28 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     args = cpu_arguments(name, {"activation_checkpointing_kwargs": {"use_reentrant": False},
                                 "activation_checkpointing": True}, tmp_path)
     assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
+
+
+@pytest.mark.parametrize("override,says", [
+    (["--learning_rate", "inf"], "learning_rate inf: TrainingArguments.learning_rate takes a finite number"),
+    (["--learning_rate", "fast"], "learning_rate 'fast': TrainingArguments.learning_rate takes a finite number"),
+    (["--max_steps", "nan"], "max_steps nan: TrainingArguments.max_steps takes a whole number"),
+    (["--max_steps", "abc"], "max_steps 'abc': TrainingArguments.max_steps takes a whole number"),
+    (["--max_steps", "1e30"], "max_steps 1e+30: TrainingArguments.max_steps takes a whole number"),
+    (["--seed", "nan"], "seed nan: TrainingArguments.seed takes a whole number"),
+    (["--num_train_epochs", "inf", "--max_steps", "-1"], "num_train_epochs inf: TrainingArguments.num_train_epochs"),
+    (["--report_to", "wandb"], "report_to wandb: not installed in this image (installed: "),
+])
+def test_a_bad_training_number_given_to_the_trainer_itself_is_the_hosts_one_error_line(tmp_path, capsys, override,
+                                                                                       says):
+    """run.sh and native runs hand their overrides straight to the trainer: `--learning_rate inf` trained on NaN and
+    was recorded as completed, `--max_steps nan` was a traceback. The trainer refuses them in the host's words."""
+    import json
+
+    from dockyard.train.__main__ import main
+
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", *override])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: {says}" in err and "Traceback" not in err, err
+    assert json.loads((tmp_path / "r1" / "manifest.json").read_text())["status"] == "failed"
+    assert not (tmp_path / "r1" / "base").exists(), "refused before anything was loaded"
