@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing
 import os
 import pickle
 import signal
@@ -452,17 +451,26 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from transformers import Trainer  # lazy, as TrainingArguments: see the note on the imports
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dockyard.train.callbacks import MetricsLog, PublishCheckpoint, StrategyCheck
+    from dockyard.train.callbacks import MetricsLog, PublishCheckpoint, StrategyCheck, TokenCount
+
+    class CountingTrainer(Trainer):
+        """The HF Trainer, counting the tokens of each step's batches as it takes them (not as the loader makes them:
+        it makes the next step's ahead)."""
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)
+            tokens.add(batches)
+            return batches, items
 
     run.doing("setting up the Trainer and its engine")
     check = StrategyCheck(p.recipe.strategy, run.world_size)
-    tokens = multiprocessing.Value("q", 0)
+    tokens = TokenCount()
     metrics = MetricsLog(run.opts.run_dir / METRICS, run.is_main, run.started, tokens, *flops_and_peak(p))
-    trainer = Trainer(model=p.model, args=p.args, train_dataset=p.examples, eval_dataset=p.eval_examples or None,
-                      processing_class=p.tokenizer,
-                      data_collator=(data.collate_packed(tokens) if p.padding_free
-                                     else data.collate(p.tokenizer.pad_token_id, tokens)),
-                      callbacks=[check, PublishCheckpoint(), metrics])  # publish first: a save is timed to its end
+    trainer = CountingTrainer(model=p.model, args=p.args, train_dataset=p.examples,
+                              eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
+                              data_collator=(data.collate_packed() if p.padding_free
+                                             else data.collate(p.tokenizer.pad_token_id)),
+                              callbacks=[check, PublishCheckpoint(), metrics])  # publish first: saves timed to the end
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
         trainer.remove_callback(cb)
     check.trainer = trainer
@@ -500,7 +508,7 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                                                    models.weights_dtype(p.settings, p.recipe))
     saving = time.perf_counter()
     trainer.save_model(str(run.opts.run_dir / MODEL_DIR))
-    metrics.seconds_saving += time.perf_counter() - saving
+    final_save = time.perf_counter() - saving  # after training: never taken out of its time (metrics.seconds)
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
     trained = torch.tensor(metrics.tokens_trained, device=args.device)
     if run.world_size > 1:
@@ -515,7 +523,7 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                    "tokens_per_second": steady["tokens_per_second"],
                    "mfu": steady["mfu"],
                    "seconds_to_first_step": metrics.seconds_to_first_step,
-                   "seconds_saving": round(metrics.seconds_saving, 3),
+                   "seconds_saving": round(metrics.seconds_saving + final_save, 3),
                    "seconds_evaluating": round(metrics.seconds_evaluating, 3),
                    "steady_state": steady,
                    "peak_memory_bytes": int(peak.item()),

@@ -46,14 +46,34 @@ class PublishCheckpoint(TrainerCallback):
         _barrier()  # nobody trains on (and may be killed) before the marker is there
 
 
+class TokenCount:
+    """The real (non-padding) tokens of the batches this process has trained on, counted as the Trainer takes each
+    step's batches (`add`, from Trainer.get_batch_samples): the batches the data loader has made ahead (it makes the
+    next step's before this one trains) and evaluation batches are not counted. Summed on the device, so a step
+    waits for nothing; `value` waits for the steps queued so far."""
+
+    def __init__(self):
+        self._count: Any = 0
+
+    def add(self, batches: list[dict[str, Any]]) -> None:
+        for batch in batches:  # padded: the mask's ones; padding-free: one row of real tokens only
+            mask = batch.get("attention_mask")
+            self._count = self._count + (mask.sum() if mask is not None else batch["input_ids"].numel())
+
+    @property
+    def value(self) -> int:
+        return int(self._count)
+
+
 class MetricsLog(TrainerCallback):
     """DIR/metrics.jsonl: one line per logging window with `step`, `loss` (a resumed run appends to it) and that
     window's throughput: `tokens` (real, non-padding tokens of every rank), `seconds` (its wall time, less any
     time spent saving or evaluating), `step_seconds`, `tokens_per_second` and, on GPUs whose dense peak is known,
-    `mfu`. The steady state the manifest reports is the sum of the windows after warm-up (steady_state()).
+    `mfu`. The last step always closes a window (a log), whatever logging_steps says. The steady state the
+    manifest reports is the sum of the windows after warm-up (steady_state()).
 
-    `tokens` is the collator's count of this process's tokens (a multiprocessing.Value, evaluation batches
-    included: those are taken out here); `flops` the FLOPs per token and `peak` one GPU's peak (dockyard.train.mfu)."""
+    `tokens` is this process's TokenCount; `flops` the FLOPs per token and `peak` one GPU's peak
+    (dockyard.train.mfu)."""
 
     def __init__(self, path: Path, is_main: bool, started: float, tokens: Any, flops: float | None = None,
                  peak: float | None = None):
@@ -63,25 +83,26 @@ class MetricsLog(TrainerCallback):
         self.seconds_saving = self.seconds_evaluating = 0.0
         self.windows: list[dict[str, Any]] = []
         self.world, self.device, self.first_step = 1, None, 0
-        self.tokens_start = self.tokens_end = self.eval_tokens = 0
+        self.tokens_start = self.tokens_end = 0
         self.time_start = self.time_end = 0.0
-        self._mark = (0.0, 0)          # (time, token count) after the last thing that was timed
+        self._mark = 0.0               # the time after the last thing that was timed
         self._window = (0.0, 0, 0)     # (time, token count, step) where the open window began
         self._paused = 0.0             # seconds saving or evaluating within the open window
-        self._window_eval_tokens = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.world, self.device, self.first_step = args.world_size, args.device, state.global_step
         self.tokens_start, self.time_start = self.tokens.value, time.perf_counter()
-        self._mark = (self.time_start, self.tokens_start)
+        self._mark = self.time_start
         self._window = (self.time_start, self.tokens_start, state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds_to_first_step is None:
             self.seconds_to_first_step = time.perf_counter() - self.started
+        if state.global_step >= state.max_steps:
+            control.should_log = True  # the steps since the last multiple of logging_steps are a window too
         if control.should_save or control.should_evaluate:
             _synchronize()  # the step's queued GPU work belongs to the step, not to the save that follows
-        self._mark = (time.perf_counter(), self.tokens.value)
+        self._mark = time.perf_counter()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = dict(logs or {})
@@ -94,18 +115,16 @@ class MetricsLog(TrainerCallback):
             log.info("%s", line)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        now, count = time.perf_counter(), self.tokens.value
-        self.seconds_evaluating += now - self._mark[0]
-        self._paused += now - self._mark[0]
-        self._window_eval_tokens += count - self._mark[1]
-        self.eval_tokens += count - self._mark[1]
-        self._mark = (now, count)
+        now = time.perf_counter()
+        self.seconds_evaluating += now - self._mark
+        self._paused += now - self._mark
+        self._mark = now
 
     def on_save(self, args, state, control, **kwargs):
         now = time.perf_counter()  # after PublishCheckpoint (added before this callback): every rank has saved
-        self.seconds_saving += now - self._mark[0]
-        self._paused += now - self._mark[0]
-        self._mark = (now, self.tokens.value)
+        self.seconds_saving += now - self._mark
+        self._paused += now - self._mark
+        self._mark = now
 
     def on_train_end(self, args, state, control, **kwargs):
         self.tokens_end, self.time_end = self.tokens.value, time.perf_counter()
@@ -114,10 +133,10 @@ class MetricsLog(TrainerCallback):
         _synchronize()
         now, count = time.perf_counter(), self.tokens.value
         start, start_count, start_step = self._window
-        tokens = _sum_over_ranks(count - start_count - self._window_eval_tokens, self.world, self.device)
+        tokens = _sum_over_ranks(count - start_count, self.world, self.device)
         seconds = max(now - start - self._paused, 1e-9)
         self.windows.append({"from_step": start_step + 1, "step": step, "tokens": tokens, "seconds": seconds})
-        self._window, self._mark, self._paused, self._window_eval_tokens = (now, count, step), (now, count), 0.0, 0
+        self._window, self._mark, self._paused = (now, count, step), now, 0.0
         rate = tokens / seconds
         out = {"tokens": tokens, "seconds": round(seconds, 4), "step_seconds": round(seconds / max(1, step - start_step), 4),
                "tokens_per_second": round(rate, 2)}
@@ -142,11 +161,11 @@ class MetricsLog(TrainerCallback):
 
     @property
     def tokens_trained(self) -> int:
-        return self.tokens_end - self.tokens_start - self.eval_tokens
+        return self.tokens_end - self.tokens_start
 
     @property
     def seconds(self) -> float:
-        """Training time of the whole run, less saving and evaluating."""
+        """Training time of the whole run, less the checkpoints saved and the evaluations run meanwhile."""
         return self.time_end - self.time_start - self.seconds_saving - self.seconds_evaluating
 
 

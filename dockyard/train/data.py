@@ -346,19 +346,13 @@ def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[
     return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)]
 
 
-def collate(pad_id: int, tokens: Any = None):
-    """Pad a batch to its longest example; padded positions are masked out and skipped by the loss.
-
-    `tokens`, a multiprocessing.Value, counts the real (non-padding) tokens of every batch made, in this
-    process or in dataloader workers (then also the few batches they prefetch past the last step): the
-    manifest's tokens/s without a collective at every step."""
+def collate(pad_id: int):
+    """Pad a batch to its longest example; padded positions are masked out and skipped by the loss (and by the
+    count of tokens trained: callbacks.TokenCount)."""
     import torch
 
     def pad_batch(batch: list[dict[str, Any]]) -> dict[str, Any]:
         width = max(len(ex["input_ids"]) for ex in batch)
-        if tokens is not None:
-            with tokens.get_lock():
-                tokens.value += sum(len(ex["input_ids"]) for ex in batch)
         ids = [ex["input_ids"] + [pad_id] * (width - len(ex["input_ids"])) for ex in batch]
         mask = [[1] * len(ex["input_ids"]) + [0] * (width - len(ex["input_ids"])) for ex in batch]
         if isinstance(batch[0]["labels"], int):
@@ -370,21 +364,18 @@ def collate(pad_id: int, tokens: Any = None):
     return pad_batch
 
 
-def collate_packed(tokens: Any = None):
+def collate_packed():
     """Padding-free batches for causal LM: the batch's examples end to end in one row, no padding, position ids
     restarting at 0 for each example and the first label of each left out (transformers'
     DataCollatorWithFlattening), so no token attends to or predicts across an example's boundary: flash
     attention reads the boundaries from the position ids, SDPA gets a block-diagonal mask from them. transformers
     looks for those boundaries only without a KV cache, which a model makes in training too unless told not to:
-    hence use_cache False in every batch. `tokens` counts tokens as `collate` does."""
+    hence use_cache False in every batch."""
     from transformers import DataCollatorWithFlattening
 
     flatten = DataCollatorWithFlattening(return_tensors="pt", separator_id=IGNORE)
 
     def pack_batch(batch: list[dict[str, Any]]) -> dict[str, Any]:
-        if tokens is not None:
-            with tokens.get_lock():
-                tokens.value += sum(len(ex["input_ids"]) for ex in batch)
         return {**flatten([{"input_ids": ex["input_ids"], "labels": ex["labels"]} for ex in batch]), "use_cache": False}
 
     return pack_batch

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 import torch
 
 from dockyard.common.run_settings import TINY_MODEL
+from dockyard.train.callbacks import TokenCount
 from dockyard.train.data import IGNORE, collate, collate_packed
 
 EXAMPLES = [  # a prompt left out of the loss, as the instruction formats make them
@@ -28,9 +27,11 @@ def model():
 
 
 def test_a_packed_batch_has_the_padded_batchs_loss_and_counts_the_same_tokens(model):
-    padded_count, packed_count = multiprocessing.Value("q", 0), multiprocessing.Value("q", 0)
-    padded = collate(0, padded_count)(EXAMPLES)
-    packed = collate_packed(packed_count)(EXAMPLES)
+    padded_count, packed_count = TokenCount(), TokenCount()
+    padded = collate(0)(EXAMPLES)
+    packed = collate_packed()(EXAMPLES)
+    padded_count.add([padded])
+    packed_count.add([packed])
     assert packed["input_ids"].shape == (1, sum(len(e["input_ids"]) for e in EXAMPLES))  # no padding
     assert packed["position_ids"].tolist()[0] == [i for e in EXAMPLES for i in range(len(e["input_ids"]))]
     assert "attention_mask" not in packed  # transformers finds the examples from the restarting positions

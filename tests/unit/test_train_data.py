@@ -91,11 +91,3 @@ def test_batches_pad_with_masked_positions_the_loss_skips():
     assert pad([{"input_ids": [1], "labels": 1}])["labels"].tolist() == [1]
 
 
-def test_the_collator_counts_real_tokens_only():
-    import multiprocessing
-
-    tokens = multiprocessing.Value("q", 0)
-    pad = data.collate(0, tokens)
-    pad([{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8], "labels": [8]}])
-    pad([{"input_ids": [1, 2], "labels": 0}])
-    assert tokens.value == 6

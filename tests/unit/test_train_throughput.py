@@ -6,14 +6,14 @@ evaluations), so the figures are exact whatever the load of the machine running 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from dockyard.train import callbacks
-from dockyard.train.callbacks import MetricsLog
+from dockyard.train.callbacks import MetricsLog, TokenCount
 
 
 class Clock:
@@ -36,21 +36,20 @@ class Clock:
 def test_saves_and_evaluation_are_left_out_of_the_windows(tmp_path, monkeypatch):
     clock = Clock()
     monkeypatch.setattr(callbacks, "time", clock)
-    tokens = multiprocessing.Value("q", 0)
+    tokens = TokenCount()
     log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens, flops=1e6, peak=1e9)
     args = SimpleNamespace(world_size=1, device="cpu")
-    state = SimpleNamespace(global_step=0)
+    state = SimpleNamespace(global_step=0, max_steps=12)
     log.on_train_begin(args, state, None)
     for step in range(1, 13):
-        tokens.value += 100  # the collator made this step's batch
+        tokens.add([{"input_ids": torch.ones(2, 60), "attention_mask": torch.ones(2, 60)[:, :50]}])  # the step's
         clock.sleep(0.01)     # the step
         state.global_step = step
-        control = SimpleNamespace(should_save=step == 8, should_evaluate=step == 8)
+        control = SimpleNamespace(should_save=step == 8, should_evaluate=step == 8, should_log=True)
         log.on_step_end(args, state, control)
         log.on_log(args, state, control, logs={"loss": 1.0})
         if step == 8:
-            tokens.value += 5000  # evaluation batches go through the same collator
-            clock.sleep(0.3)
+            clock.sleep(0.3)  # evaluation batches never reach the count (TokenCount counts the steps' batches)
             log.on_log(args, state, control, logs={"eval_loss": 2.0})
             log.on_evaluate(args, state, control)
             clock.sleep(0.5)  # the checkpoint
@@ -68,3 +67,60 @@ def test_saves_and_evaluation_are_left_out_of_the_windows(tmp_path, monkeypatch)
     assert (steady["from_step"], steady["to_step"], steady["tokens"]) == (6, 12, 700) and steady["warm_up_left_out"]
     assert abs(steady["tokens_per_second"] / (700 / sum(w["seconds"] for w in windows[5:])) - 1) < 0.01
     assert log.tokens_trained == 1200
+
+
+def test_the_last_step_always_closes_a_window(tmp_path, monkeypatch):
+    """With --max_steps 12 --logging_steps 5, steps 11-12 were in no window (missing from metrics.jsonl); with
+    --max_steps 4 --logging_steps 10 loss_last was step 1's."""
+    clock = Clock()
+    monkeypatch.setattr(callbacks, "time", clock)
+    log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), TokenCount())
+    args, state = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(global_step=0, max_steps=12)
+    log.on_train_begin(args, state, None)
+    asked = []
+    for step in range(1, 13):
+        state.global_step = step
+        control = SimpleNamespace(should_save=False, should_evaluate=False, should_log=step % 5 == 0)
+        log.on_step_end(args, state, control)
+        asked.append(control.should_log)
+    assert [step for step, logged in enumerate(asked, 1) if logged] == [5, 10, 12]
+
+
+def test_the_tokens_of_a_window_are_its_steps_not_the_batches_made_ahead():
+    """The loader makes the next step's batch before this step trains: counted as they were made, the first window
+    held two batches (its tokens/s 2x too high). Counted as the Trainer takes them: padded batches by their mask,
+    padding-free rows whole."""
+    count = TokenCount()
+    count.add([{"input_ids": torch.ones(2, 5), "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])}])
+    assert count.value == 7
+    count.add([{"input_ids": torch.ones(1, 21), "position_ids": torch.zeros(1, 21)}])
+    assert count.value == 28
+
+
+def test_the_final_save_is_not_taken_out_of_the_training_time(tmp_path, monkeypatch):
+    """The model saved after training was subtracted from the training time: with a slow final save the steady
+    state's seconds went negative and its tokens/s 0.0."""
+    import dockyard.train.__main__ as trainer_main
+
+    clock = Clock()
+    monkeypatch.setattr(callbacks, "time", clock)
+    monkeypatch.setattr(trainer_main, "time", clock)
+    monkeypatch.setattr(trainer_main, "reference_logits", lambda *a: {})
+    monkeypatch.setattr(trainer_main.models, "weights_dtype", lambda *a: None)
+    tokens = TokenCount()
+    log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens)
+    args = SimpleNamespace(world_size=1, device="cpu")
+    log.on_train_begin(args, SimpleNamespace(global_step=0), None)
+    tokens.add([{"input_ids": torch.ones(1, 1000)}])
+    clock.sleep(2.0)  # training, nothing logged
+    log.on_train_end(args, None, None)
+    trainer = SimpleNamespace(model=None, state=SimpleNamespace(global_step=3),
+                              save_model=lambda path: clock.sleep(5.0))  # a slow final save
+    p = SimpleNamespace(args=args, examples=[{"input_ids": [1]}], settings=None, recipe=None)
+    run = SimpleNamespace(doing=lambda phase: None, opts=SimpleNamespace(run_dir=tmp_path), world_size=1,
+                          record=SimpleNamespace(reference_logits=None), metrics={})
+    trainer_main.save_and_measure(p, trainer, log, run)
+    steady = run.metrics["steady_state"]
+    assert steady["seconds"] == pytest.approx(2.0) and steady["tokens_per_second"] == pytest.approx(500.0)
+    assert run.metrics["tokens_per_second"] == pytest.approx(500.0)
+    assert run.metrics["seconds_saving"] == pytest.approx(5.0)  # the manifest still says what saving took
