@@ -164,6 +164,8 @@ class Run:
     status: str = "failed"
     recipe: Recipe | None = None
     run_dir_ok: bool = False           # the folder is this run's: only then is a manifest written there
+    manifest_found: bool = False       # the folder held this node's manifest already (a run resumed)...
+    training: bool = False             # ...which is replaced only once this attempt starts training
     world_size: int = 1
     check: Any = None                  # the strategy check, once the Trainer exists
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -269,6 +271,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     runfolder.check(run_dir)  # any run's container can write here: a planted link is refused, never followed
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     run.run_dir_ok = True
+    run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
+    if run.opts.resume:
+        manifest.check_same_recipe(run_dir, recipe.name)
     # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
     check_training_numbers(training)
     guards.check_report_to(training.get("report_to"))
@@ -277,10 +282,16 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if last and os.environ.get("LOCAL_RANK", "0") == "0":
         # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
         # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
-        checkpoints.check(Path(last))
-    if run.opts.resume and run.is_main:  # from the start again when it failed before its first checkpoint
-        manifest.trim_metrics(run_dir, int(Path(last).name.rsplit("-", 1)[1]) if last else 0)
+        complete = [p for p in manifest.checkpoints_started(run_dir) if manifest.complete_checkpoint(p)]
+        checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
+    steps = training.get("max_steps")
+    if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
+        raise DockyardError(f"already at max_steps {steps} ({Path(last).name}): raise --max_steps to train on")
     return Opened(recipe, settings, training, last)
+
+
+def checkpoint_step(checkpoint: str) -> int:
+    return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
 def model_source(settings: RunSettings, recipe: Recipe, run: Run) -> tuple[str, Any]:
@@ -476,6 +487,9 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     check.trainer = trainer
     run.check = check
     run.doing("training (or saving a checkpoint)")
+    run.training = True  # from here the run folder's manifest is this attempt's
+    if run.opts.resume and run.is_main:  # from the start again when it failed before its first checkpoint
+        manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
     try:
         with models.adapter_inputs_as_given(p.model, p.recipe, p.args):
             trainer.train(resume_from_checkpoint=p.resume_from)
@@ -556,6 +570,8 @@ def finish(run: Run, error: str | None) -> None:
 def _finish(run: Run, error: str | None) -> None:
     if not run.run_dir_ok:
         return  # never touch a folder that holds another run
+    if run.manifest_found and not run.training:
+        return  # a resume refused before it trained: the run's record stays as it was (the error is on stderr)
     stopped = error is not None and error.startswith(STOPPED)  # by torchrun: the cause is another process's
     verdict = run.heartbeat.verdict_for(error, run.record.nodes_seen or []) if run.heartbeat and error else None
     if error and verdict and not error.startswith("lost "):

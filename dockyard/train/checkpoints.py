@@ -8,14 +8,19 @@ that calls os.system would run its code in the next `--resume` (DeepSpeed 0.19.8
   caller asked: DeepSpeed, the Trainer, accelerate), and allows the few classes these checkpoints really hold;
 - before resuming, reads the list of Python objects each pickled file of the checkpoint names (without
   loading it) and refuses the checkpoint, naming the file, when one is not allowed or a file is a bare pickle.
+
+The same reading finds a damaged checkpoint (a file cut short by a full disk or a copy, trainer_state.json or the
+weights missing) before the Trainer fails on it with a traceback: it is named, and so is the checkpoint before it.
 """
 
 from __future__ import annotations
 
 import enum
 import importlib
+import json
 import os
 import pickle
+import struct
 from pathlib import Path
 
 from dockyard.common.errors import DockyardError
@@ -30,6 +35,10 @@ ALLOWED = (
     ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"), ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
 )
 NEVER_LOADED = {"training_args.bin"}  # the Trainer writes it for the record and never reads it back
+STATE = "trainer_state.json"
+# The model's part of a checkpoint, one of these at least: the Trainer's weights (whole, sharded, LoRA's adapter),
+# DeepSpeed's engine state (global_stepN/), FSDP's (pytorch_model_fsdp*)
+WEIGHTS = ("model*.safetensors", "model.safetensors.index.json", "adapter_model.*", "pytorch_model*", "global_step*")
 ZIP, PICKLE = b"PK\x03\x04", b"\x80"  # torch.save's zip archive; a bare pickle (protocol 2 and later)
 
 
@@ -63,13 +72,30 @@ def allow() -> list[str]:
     return names
 
 
-def check(checkpoint: Path) -> None:
+def check(checkpoint: Path, earlier: Path | None = None) -> None:
     """Refuse a checkpoint that holds a file torch would unpickle with anything but weights and allowed classes
-    (call allow() first)."""
+    (call allow() first), or that is damaged (`earlier`: the complete checkpoint a user may resume from instead)."""
     import torch
 
+    state = checkpoint / STATE
+    try:
+        if not isinstance(json.loads(state.read_text()).get("global_step"), int):
+            raise damaged(checkpoint, earlier, state, "no global_step in it")
+    except FileNotFoundError:
+        raise damaged(checkpoint, earlier, state, "missing") from None
+    except OSError as e:
+        raise damaged(checkpoint, earlier, state, e.strerror or str(e)) from None
+    except (ValueError, AttributeError) as e:  # not JSON (or not UTF-8), or not an object
+        raise damaged(checkpoint, earlier, state, f"not the Trainer's JSON ({e})") from None
+    if not any(any(checkpoint.glob(pattern)) for pattern in WEIGHTS):
+        raise damaged(checkpoint, earlier, checkpoint / "model.safetensors", "missing: the checkpoint holds no "
+                      "weights")
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
-        if path.name in NEVER_LOADED or path.suffix == ".safetensors":
+        if path.name in NEVER_LOADED:
+            continue
+        if path.suffix == ".safetensors":
+            if why := safetensors_damage(path):
+                raise damaged(checkpoint, earlier, path, why)
             continue
         if path.name == ".metadata":  # torch.distributed.checkpoint reads it with plain pickle.load
             raise refusal(path, "a torch.distributed.checkpoint index, which is read with plain pickle")
@@ -78,12 +104,41 @@ def check(checkpoint: Path) -> None:
         if head == ZIP:
             try:
                 unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-            except (ValueError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
+            except pickle.UnpicklingError as e:
                 raise refusal(path, f"not a file torch.save wrote ({e})") from None
+            except (OSError, ValueError, RuntimeError, KeyError) as e:  # a zip archive cut short, or not torch's
+                raise damaged(checkpoint, earlier, path, f"not a whole torch.save file ({e})") from None
             if unsafe:
                 raise refusal(path, f"Python objects that are not weights: {', '.join(sorted(unsafe))}")
         elif head.startswith(PICKLE):
             raise refusal(path, "a bare pickle, not a torch.save file")
+
+
+def safetensors_damage(path: Path) -> str:
+    """What is wrong with a .safetensors file ("" when nothing): its header (an 8-byte length, then JSON) must be
+    whole and its tensors' data all there."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            return f"cut short: {size} bytes, not even the header's length"
+        length = struct.unpack("<Q", raw)[0]
+        if length > size - 8:
+            return f"cut short: its header says {length} bytes, the file has {size}"
+        try:
+            header = json.loads(f.read(length))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            return f"not a safetensors file (its header: {e})"
+    if not isinstance(end, int) or 8 + length + end > size:
+        return f"cut short: its tensors need {8 + length + end} bytes, the file has {size}"
+    return ""
+
+
+def damaged(checkpoint: Path, earlier: Path | None, path: Path, why: str) -> DockyardError:
+    instead = (f"remove it to resume from {earlier.name}" if earlier else
+               "it is the run's only complete checkpoint: start the run again in a new run folder")
+    return DockyardError(f"{checkpoint.name} is damaged ({path.relative_to(checkpoint)}: {why}); {instead}")
 
 
 def refusal(path: Path, what: str) -> DockyardError:

@@ -102,8 +102,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
     its last complete checkpoint (complete_checkpoint), or starts it again when it failed before completing one
     (a node lost while starting: the same command with --resume is what a user runs then)."""
-    started = sorted((p for p in (run_dir / runfolder.CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()),
-                     key=lambda p: int(p.name[11:]))
+    started = checkpoints_started(run_dir)
     complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / runfolder.MANIFEST).exists() or bool(started)
     if resume and not complete and _failed(run_dir):
@@ -116,18 +115,39 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     return str(complete[-1]) if resume else None
 
 
+def checkpoints_started(run_dir: Path) -> list[Path]:
+    """The run's checkpoint folders, complete or not, by step."""
+    return sorted((p for p in (run_dir / runfolder.CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()),
+                  key=lambda p: int(p.name[11:]))
+
+
+def check_same_recipe(run_dir: Path, recipe: str) -> None:
+    """--resume with the recipe the run was started with: a checkpoint holds one strategy's state (DeepSpeed's
+    engine files, DDP's optimizer), which another strategy cannot load, or loads wrongly."""
+    was = _recorded(run_dir).get("recipe")
+    if isinstance(was, str) and was and was != recipe:
+        raise DockyardError(f"--resume: {run_dir} was trained with recipe {was}, not {recipe}: resume it with "
+                            f"--recipe {was} (a checkpoint holds one strategy's state)")
+
+
 def mark_complete(path: Path, step: int) -> None:
     """Publish a checkpoint: the marker appears whole (written aside, then renamed) or not at all."""
     runfolder.write(path, runfolder.COMPLETE, json.dumps({"step": step, "ranks_saved": "all"}) + "\n")
 
 
 def _failed(run_dir: Path) -> bool:
-    """The run's manifest says it failed (read as untrusted: never through a link)."""
+    """The run's manifest says it failed."""
+    return _recorded(run_dir).get("status") == "failed"
+
+
+def _recorded(run_dir: Path) -> dict[str, Any]:
+    """The run's manifest as it is ({} when there is none, or it is not a JSON object), read as untrusted: never
+    through a link."""
     try:
         raw = json.loads(runfolder.read_text(run_dir, runfolder.MANIFEST, runfolder.MANIFEST_LIMIT) or "{}")
-        return raw.get("status") == "failed"
-    except (OSError, ValueError, AttributeError, DockyardError):
-        return False
+    except (OSError, ValueError, DockyardError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def complete_checkpoint(path: Path) -> bool:

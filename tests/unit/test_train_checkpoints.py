@@ -4,6 +4,7 @@ unpickle (DeepSpeed's `weights_only=False`). Real torch.save files; the training
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -12,9 +13,10 @@ import shlex
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from dockyard.common.errors import DockyardError
-from dockyard.train import checkpoints
+from dockyard.train import checkpoints, manifest
 
 
 class Planted:
@@ -36,8 +38,8 @@ def _genuine(folder):
     scalers = {"loss_scaler": LossScaler(1.0), "dynamic": DynamicLossScaler(2.0**16, 1000, 1.0, 2, False)}
     torch.save({"optimizer_state_dict": {**scalers, "zero_stage": ZeroStageEnum(2), "state": {0: torch.zeros(3)}}},
                folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    (folder / "trainer_state.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(b"\x80" + bytes(40))  # a header length that starts like a pickle
+    (folder / "trainer_state.json").write_text('{"global_step": 2}')
+    save_file({"w": torch.zeros(16)}, folder / "model.safetensors")
 
 
 def test_what_the_trainer_and_deepspeed_save_passes_and_loads_as_weights(tmp_path, monkeypatch):
@@ -96,7 +98,7 @@ def test_an_enum_member_pickled_by_name_loads_and_no_other_getattr_does(tmp_path
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
     checkpoints.allow()
-    (tmp_path / "checkpoint-2").mkdir()
+    _genuine(tmp_path / "checkpoint-2")
     good, evil = tmp_path / "checkpoint-2" / "optim_states.pt", tmp_path / "evil.pt"
     torch.save({"zero_stage": _ByName(ZeroStageEnum, "gradients")}, good, pickle_protocol=2)
     torch.save({"x": _ByName(np.ndarray, "tofile")}, evil, pickle_protocol=2)
@@ -104,3 +106,74 @@ def test_an_enum_member_pickled_by_name_loads_and_no_other_getattr_does(tmp_path
     assert torch.load(good, weights_only=True) == {"zero_stage": ZeroStageEnum.gradients}
     with pytest.raises(pickle.UnpicklingError, match="not a member of an enum the trainer allows"):
         torch.load(evil, weights_only=True)
+
+
+def _run_with_checkpoints(run_dir, *steps, recipe="ddp"):
+    """A run folder as a completed run leaves it: its manifest and complete checkpoints (what the Trainer writes)."""
+    for step in steps:
+        folder = run_dir / "checkpoints" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        save_file({"w": torch.zeros(64)}, folder / "model.safetensors")
+        torch.save({"state": {0: {"exp_avg": torch.zeros(64)}}}, folder / "optimizer.pt")
+        manifest.mark_complete(folder, step)
+    record = json.dumps({"run_id": run_dir.name, "recipe": recipe, "status": "completed", "metrics": {"steps": 12}})
+    (run_dir / "manifest.json").write_text(record)
+    return record
+
+
+def _resume(run_dir, capsys, *overrides, recipe="ddp"):
+    from dockyard.train.__main__ import main
+
+    code = main(["--recipe", recipe, "--run-dir", str(run_dir), "--resume", "--", "--max_steps", "20", *overrides])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    return err
+
+
+def _cut(path):
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda ck: _cut(ck / "model.safetensors"), "model.safetensors: cut short"),
+    (lambda ck: (ck / "trainer_state.json").write_text("{bad"), "trainer_state.json: not the Trainer's JSON"),
+    (lambda ck: _cut(ck / "optimizer.pt"), "optimizer.pt: not a whole torch.save file"),
+    (lambda ck: (ck / "model.safetensors").unlink(), "model.safetensors: missing"),
+    (lambda ck: (ck / "trainer_state.json").unlink(), "trainer_state.json: missing"),
+])
+def test_a_damaged_checkpoint_is_named_with_the_one_to_resume_from_and_the_runs_record_stays(tmp_path, capsys,
+                                                                                               damage, says):
+    """A checkpoint cut short (a full disk, a copy) or missing a file was a traceback from safetensors, json, torch or
+    the Trainer, and the refused resume replaced the completed run's manifest with `failed`."""
+    run_dir = tmp_path / "run"
+    record = _run_with_checkpoints(run_dir, 10, 12)
+    damage(run_dir / "checkpoints" / "checkpoint-12")
+    err = _resume(run_dir, capsys)
+    assert f"error: checkpoint-12 is damaged ({says}" in err and "remove it to resume from checkpoint-10" in err, err
+    assert (run_dir / "manifest.json").read_text() == record
+
+
+def test_a_damaged_only_checkpoint_says_to_start_again(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    _run_with_checkpoints(run_dir, 12)
+    _cut(run_dir / "checkpoints" / "checkpoint-12" / "model.safetensors")
+    assert "it is the run's only complete checkpoint" in _resume(run_dir, capsys)
+
+
+def test_a_resume_with_another_recipe_is_refused_naming_both(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    record = _run_with_checkpoints(run_dir, 12, recipe="zero2")
+    err = _resume(run_dir, capsys, recipe="ddp")
+    assert "error: --resume: " in err and "was trained with recipe zero2, not ddp: resume it with --recipe zero2" in err
+    assert (run_dir / "manifest.json").read_text() == record
+
+
+def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
+    """`--resume -- --max_steps 12` from checkpoint-12 trained step 13 and recorded 13 steps."""
+    run_dir = tmp_path / "run"
+    record = _run_with_checkpoints(run_dir, 12)
+    err = _resume(run_dir, capsys, "--max_steps", "12")
+    assert "error: already at max_steps 12 (checkpoint-12): raise --max_steps to train on" in err
+    assert (run_dir / "manifest.json").read_text() == record
+    assert not (run_dir / "checkpoints" / "checkpoint-13").exists()
