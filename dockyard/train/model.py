@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dockyard.common import memory
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -75,10 +75,22 @@ def resolve_model(name: str) -> str:
                             f"first") from None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")  # the usual
+
+
 def load_tokenizer(model_dir: str) -> Any:
+    """The model folder's tokenizer: a weights-only export has none, which transformers says in a traceback."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+            why = f"it holds no tokenizer: none of {', '.join(TOKENIZER_FILES)}"
+        else:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DockyardError(f"{model_dir}: cannot load its tokenizer ({why}); copy the tokenizer's files (and "
+                            "tokenizer_config.json) of the model it came from into the folder") from None
     if tok.pad_token_id is None:  # Llama-family tokenizers ship without one; padding is masked out anyway
         tok.pad_token = tok.eos_token
     return tok
@@ -172,6 +184,7 @@ def model_shape(folder: Path) -> Any:
 
     if not (folder / "config.json").is_file():
         raise DockyardError(f"{folder} has no config.json: pass a model folder")
+    json_object(folder / "config.json", "model settings")  # cut short or not JSON: said here, not as a traceback
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # building heads without weights makes it chatty
     try:

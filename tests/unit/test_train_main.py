@@ -118,3 +118,34 @@ def test_a_bad_training_number_given_to_the_trainer_itself_is_the_hosts_one_erro
     assert code == 1 and f"error: {says}" in err and "Traceback" not in err, err
     assert json.loads((tmp_path / "r1" / "manifest.json").read_text())["status"] == "failed"
     assert not (tmp_path / "r1" / "base").exists(), "refused before anything was loaded"
+
+
+def _without_tokenizer(folder):
+    for f in folder.glob("tokenizer*"):
+        f.unlink()
+
+
+def _config_cut_short(folder):
+    config = folder / "config.json"
+    config.write_text(config.read_text()[:40])
+
+
+@pytest.mark.parametrize("damage,says", [
+    (_without_tokenizer, "cannot load its tokenizer (it holds no tokenizer: none of tokenizer.json"),
+    (_config_cut_short, "config.json is not valid JSON"),
+])
+def test_a_model_folder_without_a_tokenizer_or_with_a_broken_config_is_one_error_line(tmp_path, capsys, damage, says):
+    """A weights-only export was a ValueError traceback from AutoTokenizer, a config.json cut short an OSError one."""
+    import logging
+
+    from dockyard.train import model as models
+    from dockyard.train.__main__ import main
+
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)  # not an earlier test's captured stderr
+    folder = tmp_path / "m"
+    models.materialize_tiny_model(folder)
+    damage(folder)
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--model", str(folder)])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert f"error: {folder}" in err and says in err, err
