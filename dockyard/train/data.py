@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import random
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,15 +150,19 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
 
     datasets.disable_progress_bars()
     try:
-        ds = datasets.load_dataset(builder, split="train", **kwargs)
+        return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
         if "data_files" not in kwargs:
             raise DockyardError(f"dataset {what} is not in the local Hugging Face cache (runs are offline): on a "
                                 f"machine with internet, `hf download --repo-type dataset {what}`, then copy its "
                                 f"~/.cache/huggingface to this host's hf_cache") from None
+        if not any(Path(f).read_bytes().strip() for f in kwargs["data_files"]):
+            raise DockyardError(f"{what} holds no examples (the file is empty)") from None
+        if isinstance(e.__cause__ or e, UnicodeDecodeError):
+            raise DockyardError(f"cannot read {what}: it is not UTF-8 text ({_first_line(e)}); save it as "
+                                "UTF-8") from None
         where = _bad_json_line(kwargs["data_files"]) if builder == "json" else ""
         raise DockyardError(f"cannot read {where or what}: {_first_line(e)}") from None
-    return ds.to_list()
 
 
 def _bad_json_line(files: list[str]) -> str:
@@ -283,7 +288,11 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int) -> tuple
     what the template adds to the conversation so far (templates render a conversation as a prefix of its
     continuation), tokenized on its own."""
     def render(msgs: list[dict[str, str]], generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+        try:
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception as e:  # noqa: BLE001 - a template raises what it likes (jinja2's TemplateError, mostly)
+            raise DockyardError(f"example {n}: the model's chat template refuses this conversation: "
+                                f"{_first_line(e)}") from None
 
     ids: list[int] = []
     labels: list[int] = []
@@ -315,10 +324,19 @@ def label_names(rows: list[dict[str, Any]]) -> list[str]:
     if missing:
         raise DockyardError(f"seq_cls needs `text` and `label` in every example; example {missing[0]} lacks one "
                             f"(fields found: {', '.join(_fields(rows[missing[0] - 1]))})")
+    odd = next((n for n, r in enumerate(rows, 1) if isinstance(r["label"], bool)
+                or not isinstance(r["label"], (int, str))), 0)
+    if odd:
+        raise DockyardError(f"example {odd}: label {reprlib.repr(rows[odd - 1]['label'])} is neither a class name "
+                            f"nor a class number (0, 1, ...)")
     labels = {r["label"] for r in rows}
-    if all(isinstance(x, int) and not isinstance(x, bool) for x in labels):
+    if all(isinstance(x, int) for x in labels):
         if min(labels) < 0:
             raise DockyardError(f"integer labels must be 0 or more (found {min(labels)})")
+        if max(labels) + 1 > 2 * len(labels):  # class numbers no example has: a head of that many outputs
+            raise DockyardError(f"integer labels are class numbers 0..N-1: the largest, {max(labels)}, leaves most "
+                                f"of its {max(labels) + 1} classes without an example ({len(labels)} distinct "
+                                f"labels); number the classes 0..{len(labels) - 1}, or use names")
         return [str(i) for i in range(max(labels) + 1)]
     return sorted(str(x) for x in labels)
 

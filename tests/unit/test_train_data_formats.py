@@ -143,3 +143,36 @@ def test_cut_examples_are_counted_and_said(tok, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="dockyard.train"):
         loaded = data.load(RunSettings(data=str(path), max_seq_length=16), tok, seed=0)
     assert loaded.info["truncated"] == 1 and "max_seq_length" in caplog.text
+
+
+def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
+    """A Latin-1 file was a UnicodeDecodeError traceback, an empty one "cannot read ...: StopIteration"."""
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes('{"text": "smørbrød på bordet"}\n'.encode("latin-1"))
+    with pytest.raises(DockyardError, match=f"cannot read {latin}: it is not UTF-8 text .*save it as UTF-8"):
+        data.read_rows(latin)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DockyardError, match=r"empty.jsonl holds no examples \(the file is empty\)"):
+        data.read_rows(tmp_path / "empty.jsonl")
+
+
+def test_a_chat_template_that_refuses_a_conversation_names_the_example(tok, tmp_path):
+    """A template that raises ("roles must alternate") was a jinja2 traceback with no example number."""
+    tok.chat_template = ("{% for m in messages %}{% if loop.index0 > 0 and m['role'] == 'system' %}"
+                         "{{ raise_exception('roles must alternate') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    rows = data.read_rows(jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT[1:3]},
+                                                          {"messages": [*CHAT[1:3], *CHAT[:1], *CHAT[3:]]}]))
+    with pytest.raises(DockyardError, match="example 2: the model's chat template refuses this conversation: "
+                                            "roles must alternate"):
+        data.tokenize(rows, "messages", tok, 512)
+
+
+@pytest.mark.parametrize("label, message", [
+    ([1], r"example 2: label \[1\] is neither a class name nor a class number"),
+    (1.5, r"example 2: label 1.5 is neither"),
+    (10**12, r"the largest, 1000000000000, leaves most of its 1000000000001 classes without an example"),
+])
+def test_a_label_that_is_not_a_class_is_refused(label, message):
+    """`"label": [1]` was a TypeError (unhashable), `"label": 10**12` built a list of 10^12 class names."""
+    with pytest.raises(DockyardError, match=message):
+        data.label_names([{"text": "a", "label": 0}, {"text": "b", "label": label}])
