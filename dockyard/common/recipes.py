@@ -228,7 +228,10 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: pick one of {', '.join(names)} "
                             f"or give a folder that holds a recipe.yaml")
     files_inside(folder)
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise DockyardError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
     first = text.splitlines()[0] if text else ""
     if not first.startswith("# "):
         raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")

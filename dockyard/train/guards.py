@@ -76,6 +76,13 @@ def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
     """The recipe's DeepSpeed JSON, validated, with the settings its strategy cannot do without."""
     cfg = recipes.read_deepspeed_config(path)
     zero = cfg.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise DockyardError(f"{path}: zero_optimization {zero!r}: takes an object of ZeRO settings, as in "
+                            '"zero_optimization": {"stage": 2}')
+    stage = recipes.strategy(strategy).zero_stage
+    if stage and "zero_optimization" not in cfg:
+        raise DockyardError(f"{path}: no zero_optimization section: the {strategy} strategy needs one, with "
+                            f'"stage": {stage}')
     _validate_zero_section(path, zero)
     _check_cuda_ops(cfg, path)
     if recipes.strategy(strategy).zero_stage == 3:
@@ -118,11 +125,19 @@ def fsdp_settings(path: Path) -> dict[str, Any]:
     a sharded one leaves one file per rank that from_pretrained cannot read."""
     import yaml
 
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (*recipes.YAML_ERRORS, UnicodeDecodeError) as e:
+        raise DockyardError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise DockyardError(f"{path}: expected `fsdp:` and `fsdp_config:` lines")
     extra = sorted(set(raw) - {"fsdp", "fsdp_config"})
     if extra:
-        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {', '.join(extra)}")
-    return {**raw, "fsdp_config": {**(raw.get("fsdp_config") or {}), "state_dict_type": "FULL_STATE_DICT"}}
+        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {', '.join(map(str, extra))}")
+    settings = raw.get("fsdp_config") or {}
+    if not isinstance(settings, dict):
+        raise DockyardError(f"{path}: fsdp_config {settings!r}: takes `key: value` lines of FSDP settings")
+    return {**raw, "fsdp_config": {**settings, "state_dict_type": "FULL_STATE_DICT"}}
 
 
 def fsdp_environment(fsdp_config: dict[str, Any]) -> dict[str, str]:

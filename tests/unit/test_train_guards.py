@@ -279,3 +279,37 @@ def test_the_cuda_ops_of_a_malformed_ds_config_are_read_without_a_traceback(cfg,
     from dockyard.common.recipes import deepspeed_cuda_ops
 
     assert set(deepspeed_cuda_ops(cfg)) == ops
+
+
+@pytest.mark.parametrize("body,strategy,says", [
+    ({"bf16": {"enabled": "auto"}}, "zero3", 'no zero_optimization section: the zero3 strategy needs one, with "stage": 3'),
+    ({"zero_optimization": "fast"}, "zero2", "zero_optimization 'fast': takes an object of ZeRO settings"),
+])
+def test_a_deepspeed_config_without_a_zero_section_is_refused(tmp_path, body, strategy, says):
+    """A zero3 ds.json without zero_optimization was a KeyError traceback, `"zero_optimization": "fast"` an
+    AttributeError one."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(body))
+    with pytest.raises(DockyardError, match=says):
+        guards.deepspeed_config(path, strategy)
+
+
+@pytest.mark.parametrize("text,says", [
+    ("fsdp: [true\n", "fsdp.yaml is not valid YAML"),
+    ("fsdp: true\nfsdp_config: abc\n", "fsdp_config 'abc': takes `key: value` lines of FSDP settings"),
+    ("- fsdp\n", "expected `fsdp:` and `fsdp_config:` lines"),
+])
+def test_a_broken_fsdp_file_is_one_error_line(tmp_path, text, says):
+    """fsdp.yaml that is not YAML was a ParserError traceback, `fsdp_config: abc` a TypeError one."""
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(text)
+    with pytest.raises(DockyardError, match=says):
+        guards.fsdp_settings(path)
+
+
+def test_a_recipe_file_that_is_not_utf8_is_one_error_line(tmp_path):
+    """A recipe.yaml in Latin-1 was a UnicodeDecodeError traceback, in the trainer and in `invoke run --dry`."""
+    (tmp_path / "recipe.yaml").write_bytes("# invoke run --recipe=x\nwhen: Pick it for smørbrød.\nstrategy: ddp\n"
+                                           .encode("latin-1"))
+    with pytest.raises(DockyardError, match=r"recipe.yaml is not UTF-8 text \(.*\): save it as UTF-8"):
+        load_recipe(tmp_path)
