@@ -263,6 +263,10 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     settings, training = resolve_settings(recipe, overrides)
     run.record.recipe_files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
     run_dir = run.opts.run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
+    if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made
+        raise DockyardError(f"--resume: there is no run folder {run_dir}; check the path (or run without --resume)")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -488,7 +492,8 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     run.check = check
     run.doing("training (or saving a checkpoint)")
     run.training = True  # from here the run folder's manifest is this attempt's
-    if run.opts.resume and run.is_main:  # from the start again when it failed before its first checkpoint
+    if run.is_main:  # the lines of steps that run again go: all of them from the start (a run killed before its
+        # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
         manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
     try:
         with models.adapter_inputs_as_given(p.model, p.recipe, p.args):

@@ -158,7 +158,8 @@ def complete_checkpoint(path: Path) -> bool:
 
 
 def trim_metrics(run_dir: Path, step: int, name: str = runfolder.METRICS) -> None:
-    """On resume, drop the lines logged after the checkpoint: those steps run again."""
+    """Drop the lines logged after the checkpoint a run starts from (step 0: from the start): those steps run
+    again."""
     if runfolder.read(run_dir, name) is not None:
         runfolder.write(run_dir, name, "".join(json.dumps(row) + "\n" for row in logged(run_dir, name)
                                                if row["step"] <= step))

@@ -149,3 +149,34 @@ def test_a_model_folder_without_a_tokenizer_or_with_a_broken_config_is_one_error
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
     assert f"error: {folder}" in err and says in err, err
+
+
+def test_a_run_folder_that_is_a_file_or_a_resume_of_no_folder_is_refused_and_nothing_made(tmp_path, capsys):
+    """`--run-dir FILE` said the runs folder must be writable; `--run-dir /typo/x --resume` made /typo/x."""
+    from dockyard.train.__main__ import main
+
+    (tmp_path / "r1").write_text("a file")
+    assert main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1")]) == 1
+    assert f"error: --run-dir {tmp_path / 'r1'} is a file, not a folder" in capsys.readouterr().err
+    assert main(["--recipe", "ddp", "--run-dir", str(tmp_path / "typo" / "x"), "--resume"]) == 1
+    assert "error: --resume: there is no run folder" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_fresh_start_in_a_folder_a_killed_run_left_starts_metrics_afresh(tmp_path):
+    """A run killed before its first checkpoint leaves metrics.jsonl and no manifest: the next run in that folder
+    appended its lines to the old ones."""
+    import json
+    import logging
+
+    from dockyard.train.__main__ import main
+
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)  # not an earlier test's captured stderr
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 5, "loss": 9.0}) + "\n")
+    (run_dir / "train.log").write_text("the killed run's log\n")
+    assert main(["--recipe", "ddp", "--run-dir", str(run_dir), "--", "--max_steps", "2", "--save_strategy", "no",
+                 "--max_seq_length", "32"]) == 0
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
