@@ -35,12 +35,14 @@ def check_free(folder: Path, need: int, what: str, hint: str) -> None:
                             f"{human(need)}. {hint}")
 
 
-def progress():
-    """A transfer bar on stderr (bytes, speed, time); nothing when stderr is not a terminal."""
+def progress(things: bool = False):
+    """A bar on stderr: a transfer (bytes, speed, time), or with `things` a count of things done ("37/600",
+    time); nothing when stderr is not a terminal."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
         DownloadColumn,
+        MofNCompleteColumn,
         Progress,
         TextColumn,
         TimeElapsedColumn,
@@ -48,9 +50,9 @@ def progress():
     )
 
     console = Console(stderr=True)
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                    TransferSpeedColumn(), TimeElapsedColumn(), console=console, transient=True,
-                    disable=not console.is_terminal)
+    counts = [MofNCompleteColumn()] if things else [DownloadColumn(), TransferSpeedColumn()]
+    return Progress(TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn(), console=console,
+                    transient=True, disable=not console.is_terminal)
 
 
 def tail(lines: Iterable[str]) -> str:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 
-from dockyard import engine
+from dockyard import console, engine
 from dockyard.common.errors import DockyardError
 from dockyard.images.variants import canonical_name, parse_lock_pins
 from dockyard.settings import ROOT, Settings
@@ -51,8 +51,17 @@ TOKENS = [
     (re.compile(rb"\bglpat-[A-Za-z0-9_-]{20,}"), "GitLab token"),
 ]
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL", re.I)
-SCAN_BYTES, SCAN_FILES = 1 << 20, 500  # what one commit reads back: small text files are where tokens are left
-NOT_SCANNED = ("/site-packages/", "/dist-packages/", "/__pycache__/", "/proc/", "/sys/", "/dev/")
+# What one commit reads back: small text files are where tokens are left. Each file is one `docker cp` (some 20 a
+# second); past SCAN_FILES the commit is refused, not made with files unread.
+SCAN_BYTES, SCAN_FILES = 1 << 20, 2000
+# Not read for tokens: what pip installed from wheels, and the caches tools fill from downloads (wheels, model and
+# dataset blobs, compiled kernels, package lists). Nothing a user writes lands there, and one `pip install` or
+# model download puts thousands of files in them. The token files that do live under ~/.cache (huggingface/token)
+# are found by their path (SECRETS), which is checked for every file.
+NOT_SCANNED = ("/site-packages/", "/dist-packages/", "/__pycache__/",
+               "/.cache/pip/", "/.cache/uv/", "/.cache/huggingface/hub/", "/.cache/huggingface/xet/",
+               "/.cache/torch/", "/.triton/cache/", "/var/cache/", "/var/lib/apt/lists/",
+               "/proc/", "/sys/", "/dev/")
 DIST_INFO = re.compile(r"/site-packages/([^/]+?)-([^/-]+)\.(?:dist|egg)-info$")
 
 
@@ -70,13 +79,10 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     meta = json.loads(got.stdout)[0]
     diff = parse_diff(engine.run(engine.docker(settings, "diff", container), capture=True, quiet=True).stdout)
     secrets = find_secrets(diff) + env_secrets(meta["Config"].get("Env") or [])
-    secrets += content_secrets(settings, container, diff, {path for path, _ in secrets})
-    if secrets and not allow_secrets:
-        listed = "\n".join(f"  {path}  ({what})" for path, what in secrets)
-        raise DockyardError(f"container {container} holds what looks like secrets; `docker commit` would "
-                            f"put them in the image:\n{listed}\nRemove them (docker exec {container} rm ...; a "
-                            "variable: start the container without it) or, if they must be there, "
-                            "pass --allow-secrets.")
+    found, unread = content_secrets(settings, container, diff, {path for path, _ in secrets})
+    secrets += found
+    if (secrets or unread) and not allow_secrets:
+        raise DockyardError(refusal(container, secrets, unread))
     source = meta["Config"].get("Image") or meta["Image"]
     src_meta = engine.image_inspect(settings, meta["Image"]) or {}
     pins, note = source_lock((src_meta.get("Config") or {}).get("Labels") or {})
@@ -98,7 +104,26 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     print(f"  drift from the lock: {labels['dockyard.drift']}")
     if secrets:
         print(f"  WARNING: holds {len(secrets)} secret file(s) (--allow-secrets): do not push or ship it")
+    if unread:
+        print(f"  WARNING: {len(unread)} changed files were not read for tokens (--allow-secrets), most under "
+              f"{most_under(unread)}")
     return tag
+
+
+def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str]) -> str:
+    """Why a commit is refused: the secrets found, and the changed files past SCAN_FILES that were not read."""
+    said = []
+    if secrets:
+        listed = "\n".join(f"  {path}  ({what})" for path, what in secrets)
+        said.append(f"container {container} holds what looks like secrets; `docker commit` would put them in the "
+                    f"image:\n{listed}\nRemove them (docker exec {container} rm ...; a variable: start the container "
+                    "without it) or, if they must be there, pass --allow-secrets.")
+    if unread:
+        said.append(f"container {container} changed more files than are read for tokens: {len(unread)} past the "
+                    f"first {SCAN_FILES} were not read, most under {most_under(unread)}. Remove what need not be in "
+                    f"the image (docker exec {container} rm -r ...), or, having checked them yourself, pass "
+                    "--allow-secrets.")
+    return "\n".join(said)
 
 
 def parse_diff(text: str) -> list[tuple[str, str]]:
@@ -135,41 +160,55 @@ def token_in(data: bytes) -> str | None:
 
 
 def content_secrets(settings: Settings, container: str, diff: list[tuple[str, str]],
-                    known: set[str]) -> list[tuple[str, str]]:
+                    known: set[str]) -> tuple[list[tuple[str, str]], list[str]]:
     """(path, what) for added or changed small files whose content holds a token, read with `docker cp`
-    (works on a stopped container and runs nothing inside it). Folders are left out (their files are in the
-    diff too), and so is every file past SCAN_BYTES: only its tar header is read before the copy is stopped."""
+    (works on a stopped container and runs nothing inside it), and the files past SCAN_FILES left unread.
+    Folders are left out (their files are in the diff too), and so is every file past SCAN_BYTES: only its tar
+    header is read before the copy is stopped."""
+    parents = {p.rsplit("/", 1)[0] for _, p in diff}
+    files = [p for kind, p in diff if kind != "D" and p not in known and p not in parents
+             and not any(x in p + "/" for x in NOT_SCANNED)]
+    found = []
+    with console.progress(things=True) as bar:
+        task = bar.add_task(f"reading {container}'s changed files for tokens", total=min(len(files), SCAN_FILES))
+        for path in files[:SCAN_FILES]:
+            what = file_token(settings, container, path)
+            if what:
+                found.append((path, f"content: {what}"))
+            bar.advance(task)
+    return found, files[SCAN_FILES:]
+
+
+def file_token(settings: Settings, container: str, path: str) -> str | None:
+    """Which token pattern a file of the container holds, if it is a file of at most SCAN_BYTES."""
     import tarfile
 
-    changed = [p for kind, p in diff if kind != "D" and p not in known and not any(x in p + "/" for x in NOT_SCANNED)]
-    parents = {p.rsplit("/", 1)[0] for p in changed}
-    found = []
-    for path in [p for p in changed if p not in parents][:SCAN_FILES]:
-        with engine.Pipeline(engine.docker(settings, "cp", f"{container}:{path}", "-"), stdout=engine.PIPE,
-                             quiet=True) as copy:
-            try:
-                with tarfile.open(fileobj=copy.stdout, mode="r|") as tar:
-                    member = tar.next()
-                    if member is None or not member.isfile() or member.size > SCAN_BYTES:
-                        copy.kill()
-                        continue
-                    what = token_in(tar.extractfile(member).read())
-            except tarfile.TarError:
-                what = None
+    with engine.Pipeline(engine.docker(settings, "cp", f"{container}:{path}", "-"), stdout=engine.PIPE,
+                         quiet=True) as copy:
+        try:
+            with tarfile.open(fileobj=copy.stdout, mode="r|") as tar:
+                member = tar.next()
+                if member is None or not member.isfile() or member.size > SCAN_BYTES:
+                    return None
+                return token_in(tar.extractfile(member).read())
+        except tarfile.TarError:
+            return None
+        finally:
             copy.kill()
-        if what:
-            found.append((path, f"content: {what}"))
-    return found
 
 
 def diff_summary(diff: list[tuple[str, str]], top: int = 5) -> str:
     """"12 added, 3 changed, 1 deleted; most under /root/.cache (9), /opt/venv (4)"."""
     counts = collections.Counter(kind for kind, _ in diff)
-    where = collections.Counter("/".join(path.split("/")[:3]) or "/" for kind, path in diff if kind != "C")
+    where = most_under([path for kind, path in diff if kind != "C"], top)
     head = f"{counts['A']} added, {counts['C']} changed, {counts['D']} deleted"
-    if where:
-        head += "; most under " + ", ".join(f"{d} ({n})" for d, n in where.most_common(top))
-    return head
+    return head + (f"; most under {where}" if where else "")
+
+
+def most_under(paths: list[str], top: int = 5) -> str:
+    """"/root/.cache (9), /opt/venv (4)": the folders two levels down that hold most of `paths`."""
+    where = collections.Counter("/".join(path.split("/")[:3]) or "/" for path in paths)
+    return ", ".join(f"{d} ({n})" for d, n in where.most_common(top))
 
 
 def drift(diff: list[tuple[str, str]], pins: dict[str, str]) -> list[str]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 
+from dockyard.common.errors import DockyardError
 from dockyard.images import variants
+from dockyard.settings import Settings
 from dockyard.transport import commit
 
 DIFF = """C /root
@@ -125,3 +128,62 @@ def test_the_environment_is_scanned_by_value_and_by_name_and_the_secret_is_never
     assert found == [("env HF_TOKEN", "Hugging Face token"), ("env OTHER", "GitHub token"),
                      ("env DB_PASSWORD", "secret by its name")]
     assert not any(secret in str(found) for secret in (HF, GH, "hunter2"))
+
+
+# --- what is read for tokens: a container played by a folder, behind a stand-in docker client -------------------
+
+DOCKER = """#!/bin/sh
+# A stand-in docker client for `invoke commit`: the container's files are the folder $FS, its `docker diff` the
+# file $FS.diff; `docker commit` only writes its argv to $FS.committed.
+case "$1" in
+container) cat "$FS.inspect" ;;
+diff) cat "$FS.diff" ;;
+cp) path=${2#*:}; exec tar -C "$FS$(dirname "$path")" -cf - "$(basename "$path")" ;;
+image) echo '[{"Id": "sha256:0", "Config": {"Labels": {}}}]' ;;
+commit) echo "$*" >"$FS.committed" ;;
+esac
+"""
+
+
+def container(tmp_path, monkeypatch, files: dict[str, str]):
+    """Settings whose docker client plays a container that added `files` (path → content) to its image, and the
+    file a commit of it writes."""
+    fs = tmp_path / "fs"
+    for path, content in files.items():
+        (fs / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (fs / path.lstrip("/")).write_text(content)
+    added = sorted({"/" + str(p.relative_to(fs)) for p in fs.rglob("*")})
+    (tmp_path / "fs.diff").write_text("".join(f"A {p}\n" for p in added))
+    (tmp_path / "fs.inspect").write_text(json.dumps([{"Id": "c" * 64, "Name": "/box", "Image": "sha256:" + "a" * 64,
+                                                      "Config": {"Image": "python:3.12", "Env": []}}]))
+    client = tmp_path / "docker"
+    client.write_text(DOCKER)
+    client.chmod(0o755)
+    monkeypatch.setenv("FS", str(fs))
+    return Settings(docker=str(client)), tmp_path / "fs.committed"
+
+
+def test_a_token_behind_hundreds_of_cached_downloads_is_found(tmp_path, monkeypatch):
+    """600 wheels in pip's cache come before /workspace/run.sh in `docker diff`: the cache is not read (nothing a
+    user writes is there), run.sh is, and the commit is refused without making the image."""
+    files = {f"/root/.cache/pip/http-v2/{i:03}/body": "wheel bytes" for i in range(600)}
+    files["/workspace/run.sh"] = f"export HF_TOKEN={HF}\npython train.py\n"
+    settings, committed = container(tmp_path, monkeypatch, files)
+    with pytest.raises(DockyardError) as e:
+        commit.commit(settings, "box", tag="t:9")
+    assert "/workspace/run.sh  (content: Hugging Face token)" in str(e.value) and HF not in str(e.value)
+    assert not committed.exists()
+
+
+def test_more_changed_files_than_are_read_refuse_the_commit_unless_allowed(tmp_path, monkeypatch, capsys):
+    """Past SCAN_FILES the files are not read: that is a refusal saying how many and where, never a commit made
+    as if they had been read; --allow-secrets commits and says so."""
+    monkeypatch.setattr(commit, "SCAN_FILES", 3)
+    settings, committed = container(tmp_path, monkeypatch, {f"/workspace/data/{i}.txt": "rows" for i in range(5)})
+    with pytest.raises(DockyardError) as e:
+        commit.commit(settings, "box", tag="t:9")
+    assert "2 past the first 3 were not read, most under /workspace/data (2)" in str(e.value)
+    assert "--allow-secrets" in str(e.value) and not committed.exists()
+    commit.commit(settings, "box", tag="t:9", allow_secrets=True)
+    assert committed.exists()
+    assert "WARNING: 2 changed files were not read for tokens (--allow-secrets)" in capsys.readouterr().out
