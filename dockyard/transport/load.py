@@ -62,7 +62,7 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     touched = {ref for ref, _ in inventory.names(manifest["images"])}
     try:
         output = load_verified(paths, manifest, dec, load_argv, touched)
-        touched |= {line.split(": ", 1)[1] for line in output if line.startswith("Loaded image: ")}
+        touched |= said_loaded(output)
         loaded = check_loaded(settings, paths, manifest, store, load_argv, output)
     except DockyardError as e:
         undone = roll_back(settings, before, touched)
@@ -72,9 +72,21 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     return loaded
 
 
+def said_loaded(output: list[str]) -> set[str]:
+    """The names and ids docker load says it loaded ("Loaded image: t:1", "Loaded image ID: sha256:...")."""
+    return {line.split(": ", 1)[1] for line in output if line.startswith(("Loaded image: ", "Loaded image ID: "))}
+
+
 def check_loaded(settings: Settings, paths: ArchivePaths, manifest: dict, store: str, load_argv: list[str],
                  output: list[str]) -> list[tuple[str, str]]:
-    """Every image of the manifest in the engine, as saved (docker load can exit 0 without loading everything)."""
+    """Every image of the manifest in the engine, as saved (docker load can exit 0 without loading everything),
+    and nothing else: a name or id docker load reports that the manifest lacks (a tar docker read differently
+    from the gate) is refused, as load.sh refuses it, and the load is rolled back."""
+    ours = {_familiar(ref) for ref, _ in inventory.names(manifest["images"])} | {i["id"] for i in manifest["images"]}
+    for ref in sorted(said_loaded(output)):
+        if _familiar(ref) not in ours:
+            raise DockyardError(f"the tar of {paths.archive.name} holds an image {ref}, which its manifest does not "
+                                "name: refused")
     loaded, wrong = [], []
     for ref, img in inventory.names(manifest["images"]):
         meta = engine.image_inspect(settings, ref)
@@ -131,7 +143,9 @@ def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, lo
         except BrokenPipeError:
             pass
         docker_load.wait()
-        return docker_load.output()
+        said = docker_load.errs[-1]  # all of it: with many images, what docker load names is more than a tail
+        said.seek(0)
+        return said.read().decode(errors="replace").splitlines()
 
 
 def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:
@@ -245,12 +259,22 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
                 notes = entry.get("annotations") or {}
                 if not isinstance(notes, dict):
                     raise refuse("holds index.json annotations that are not an object")
-                if "io.containerd.image.name" in notes:
-                    check(notes["io.containerd.image.name"], path)
+                # containerd names an image by the first; by the second where the first is absent
+                image_name, ref_name = notes.get(IMAGE_NAME), notes.get(REF_NAME)
+                if image_name is not None:
+                    check(image_name, path)
+                if ref_name is not None and not (image_name is not None and _bare_tag(ref_name)):
+                    check(ref_name, path)  # beside a name, docker save writes the bare tag: it names nothing
     return found
 
 
 DOCKER_KEYS = {"Config", "RepoTags", "Layers", "LayerSources"}  # docker reads its keys case-insensitively: no others
+IMAGE_NAME, REF_NAME = "io.containerd.image.name", "org.opencontainers.image.ref.name"
+
+
+def _bare_tag(ref: object) -> bool:
+    """A tag alone ("2"), as the OCI ref.name annotation holds it beside containerd's full name."""
+    return isinstance(ref, str) and not any(c in ref for c in "/:@")
 
 
 def _familiar(ref: str) -> str:
@@ -288,6 +312,8 @@ def roll_back(settings: Settings, before: dict[str, str], names: set[str]) -> st
             continue
         if now and now not in known:
             new.add(now)
+        if ref == now:  # an image docker load gave no name: removed below with the others it brought
+            continue
         argv = engine.docker(settings, "tag", was, ref) if was else engine.docker(settings, "rmi", "--no-prune", ref)
         if engine.run(argv, capture=True, check=False, quiet=True).returncode == 0:
             moved.append(ref)

@@ -351,6 +351,14 @@ def test_a_tar_naming_only_its_manifests_images_passes():
                     ("repositories", {"app": {"1": "x"}})) == {"app:1", "docker.io/library/tool:2"}
 
 
+def test_an_oci_index_as_docker_save_writes_it_passes():
+    """Docker 25+ writes each image's full name, and its bare tag as the OCI ref.name beside it."""
+    index = {"manifests": [{"annotations": {"io.containerd.image.name": "docker.io/library/app:1",
+                                            "org.opencontainers.image.ref.name": "1"}}]}
+    assert names_of(("manifest.json", [entry(IMG_A, "app:1")]), ("index.json", index)) == {
+        "app:1", "docker.io/library/app:1"}
+
+
 @pytest.mark.parametrize("files, message", [
     ([("manifest.json", [entry(IMG_A, "app:1", "ubuntu:22.04")])], "'ubuntu:22.04' in manifest.json"),
     ([("manifest.json", [entry(IMG_A, "tool:2")])], "gives tool:2 to another of its images"),
@@ -361,6 +369,16 @@ def test_a_tar_naming_only_its_manifests_images_passes():
     ([("manifest.json", [entry(IMG_A)]),
       ("index.json", {"manifests": [{"annotations": {"io.containerd.image.name": "docker.io/library/ubuntu:22.04"}}]})],
      "in index.json"),
+    ([("manifest.json", [entry(IMG_A)]),
+      ("index.json", {"manifests": [{"annotations": {"org.opencontainers.image.ref.name": "ubuntu:22.04"}}]})],
+     "'ubuntu:22.04' in index.json"),
+    ([("manifest.json", [entry(IMG_A)]),
+      ("index.json", {"manifests": [{"annotations": {"org.opencontainers.image.ref.name": "22.04"}}]})],
+     "'22.04' in index.json"),
+    ([("manifest.json", [entry(IMG_A)]),
+      ("index.json", {"manifests": [{"annotations": {"io.containerd.image.name": "docker.io/library/app:1",
+                                                     "org.opencontainers.image.ref.name": "victim:1"}}]})],
+     "'victim:1' in index.json"),
     ([("manifest.json", [entry(IMG_A)]), ("manifest.json", [entry(IMG_A, "evil:1")])], "'evil:1'"),
     ([("repositories", {"app": {"1": "x"}})], "no manifest.json"),
     ([("manifest.json", b"[{]")], "not JSON"),

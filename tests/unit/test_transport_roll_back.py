@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from dockyard.common.errors import DockyardError
 from dockyard.transport import load as load_mod
 from dockyard.transport.layout import write_loader
 from tests.support.archive_sets import make_set, reseal
@@ -47,6 +48,28 @@ def test_a_load_that_moved_nothing_says_nothing(settings, monkeypatch):
     s = fake.install(monkeypatch, settings)
     assert load_mod.roll_back(s, load_mod.tag_snapshot(s), {"t:1", "never:1"}) == ""
     assert fake.tags == {"t:1": A} and fake.docker_calls("tag") == fake.docker_calls("rmi") == []
+
+
+@pytest.mark.parametrize("said, tags, images", [("Loaded image: victim:1", {"victim:1": B}, {B}),
+                                                ("Loaded image ID: " + C, {}, {C})])
+def test_a_load_that_brings_an_image_its_manifest_does_not_name_is_refused_and_undone(tmp_path, settings,
+                                                                                      monkeypatch, said, tags, images):
+    """docker load reports a name or id the manifest lacks (a tar docker read otherwise than the gate did): the load
+    is refused, as load.sh refuses it; victim:1 names the image it named before and what the load brought is
+    removed."""
+    fake = FakeEngine(tags={"victim:1": K})
+    s = fake.install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    paths = make_set(tmp_path)  # its manifest: t:1 = A
+
+    def docker_load(*_):
+        fake.images |= {A, *images}
+        fake.tags |= {"t:1": A, **tags}
+        return ["Loaded image: t:1", said]
+
+    monkeypatch.setattr(load_mod, "load_verified", docker_load)
+    with pytest.raises(DockyardError, match=f"holds an image {said.split(': ')[1]}, which its manifest does not name"):
+        load_mod.load(s, str(paths.archive))
+    assert fake.tags == {"victim:1": K} and fake.images == {K}
 
 
 # --- load.sh loads its private copy -----------------------------------------------------------------
