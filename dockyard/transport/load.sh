@@ -184,12 +184,22 @@ echo "loading $name ..."
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
 # that decompresses to more is stopped there, and docker load is killed before its input ends, so it loads
 # nothing (`invoke load` does the same). Its input is a fifo this shell holds open until the count is known.
+# When docker load itself stops reading (a full disk), head cannot write the limit: that is docker load's failure,
+# said with its own exit code and message, not a tar longer than declared.
 limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
 mkfifo "$work/tar" || die "cannot make a fifo in $work"
 docker load <"$work/tar" >"$work/load.out" 2>&1 & loader=$!
 exec 3>"$work/tar"
-capped() { head -c "$limit"; [ "$(head -c 1 | wc -c)" -eq 0 ] || : >"$work/over"; }
+capped() {
+	head -c "$limit" || { : >"$work/cut"; return; }
+	[ "$(head -c 1 | wc -c)" -eq 0 ] || : >"$work/over"
+}
 { ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | capped >&3
+if [ -e "$work/cut" ]; then
+	exec 3>&-
+	wait "$loader"
+	refuse "docker load stopped reading $name before its end (exit $?): refused"
+fi
 if [ -e "$work/over" ] || [ -e "$work/bad" ]; then
 	kill "$loader" 2>/dev/null
 	exec 3>&-
@@ -198,7 +208,7 @@ if [ -e "$work/over" ] || [ -e "$work/bad" ]; then
 	refuse "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
 fi
 exec 3>&-
-wait "$loader" || refuse "docker load failed"
+wait "$loader" || refuse "docker load failed (exit $?): refused"
 cat "$work/load.out"
 
 # The tar holds only the images the manifest names: docker load says which names and ids it loaded.

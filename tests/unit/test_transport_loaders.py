@@ -420,3 +420,39 @@ def test_the_gate_passes_what_tar_writers_write_whole(raw):
     assert passed + g.tail == raw and len(passed) == end_of(raw)
     t = tarfile.open(fileobj=io.BytesIO(raw))
     assert g.naming[-1] == ("manifest.json", t.extractfile("manifest.json").read())
+
+
+# --- load.sh when docker load fails, or the loader is stopped ------------------------------------------------
+
+def load_sh_set(tmp_path, docker_load: str):
+    """A set of a 2 MB tar, its load.sh, and the argv and environment that run it with a stand-in docker client
+    whose `load` is the shell command `docker_load` (every other docker command answers nothing, exit 0)."""
+    raw, _, _, _ = fake_save(big_bytes=2 << 20)
+    paths = make_set(tmp_path, raw, name="t_1.tar")
+    reseal(paths, {"tar_bytes": len(raw)})
+    bin_dir, private = tmp_path / "bin", tmp_path / "private"
+    bin_dir.mkdir()
+    private.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = load ] || exit 0\n{docker_load}\n')
+    (bin_dir / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(private)}
+    return ["sh", str(write_loader(tmp_path)), paths.archive.name], env, private
+
+
+def test_load_sh_says_docker_load_failed_when_it_stops_reading_partway(tmp_path):
+    """docker load reads a little, then fails (a full disk): its own message and exit code are said, not that the
+    archive decompresses to more than its manifest declares."""
+    argv, env, private = load_sh_set(tmp_path, 'head -c 1000 >/dev/null\n'
+                                               'echo "write /var/lib/docker/tmp/x: no space left on device"\nexit 3')
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "no space left on device" in r.stderr and "docker load stopped reading t_1.tar before its end (exit 3)" \
+        in r.stderr and "decompresses to more" not in r.stderr, r.stderr
+    assert list(private.iterdir()) == []
+
+
+def test_load_sh_stops_a_tar_longer_than_its_manifest_declares(tmp_path):
+    argv, env, private = load_sh_set(tmp_path, "exec cat >/dev/null")
+    reseal(ArchivePaths(tmp_path / "t_1.tar"), {"tar_bytes": 1000})
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "decompresses to more than its manifest declares (1000 bytes" in r.stderr, r.stderr
