@@ -86,7 +86,15 @@ esac
 # Every file is read once, into a private folder, and checked and used there: a file changed in the shared
 # folder after its check (another writer, an NFS scratch) is never what gets loaded.
 work=$(mktemp -d) || die "cannot make a private folder in ${TMPDIR:-/tmp}"
-trap 'rm -rf "$work"' EXIT
+# The folder (a full-size copy of the archive) goes however the script ends. A signal ends it through `exit`,
+# which runs the EXIT trap (dash runs none for a signal alone). The long steps run in the background and are
+# waited for: a trapped signal stops `wait` at once, where it would wait for a command in the foreground to end.
+# What they left running is stopped.
+running=
+trap 'kill $running 2>/dev/null; rm -rf "$work"' EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 cp "$base.sha256" "$work/sums" && cp "$base.manifest.json" "$work/manifest.json" \
 	|| die "cannot copy $base.sha256 and $base.manifest.json into $work"
 
@@ -136,8 +144,14 @@ free=$(df -Pk "$work" | awk 'NR == 2 { print $4 }')
 [ "$free" -ge $((ARCHIVE_BYTES / 1024 + 1024)) ] \
 	|| die "not enough space in $work for a private copy of $name (${free} KiB free, $((ARCHIVE_BYTES / 1024)) KiB needed): set TMPDIR to a folder with room"
 echo "verifying $name ..."
-got=$( { tee "$work/$name" <"$name" || : >"$work/copy-failed"; } | sha256)
-[ ! -e "$work/copy-failed" ] || die "cannot copy $name into $work (full?): nothing was loaded"
+mkfifo "$work/copy" || die "cannot make a fifo in $work"
+sha256 <"$work/copy" >"$work/copy.sha256" & hasher=$!
+tee "$work/$name" >"$work/copy" <"$name" & copier=$!
+running="$hasher $copier"
+wait "$copier" || die "cannot copy $name into $work (full?): nothing was loaded"
+wait "$hasher"
+running=
+got=$(cat "$work/copy.sha256")
 [ "$got" = "$(listed "$name")" ] \
 	|| die "$name is damaged, truncated or was changed (sha256 mismatch: $got, expected $(listed "$name")): nothing was loaded. Copy it again."
 
@@ -189,12 +203,16 @@ echo "loading $name ..."
 limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
 mkfifo "$work/tar" || die "cannot make a fifo in $work"
 docker load <"$work/tar" >"$work/load.out" 2>&1 & loader=$!
+running=$loader
 exec 3>"$work/tar"
 capped() {
 	head -c "$limit" || { : >"$work/cut"; return; }
 	[ "$(head -c 1 | wc -c)" -eq 0 ] || : >"$work/over"
 }
-{ ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | capped >&3
+{ ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | capped >&3 &
+running="$loader $!"
+wait $!
+running=$loader
 if [ -e "$work/cut" ]; then
 	exec 3>&-
 	wait "$loader"
@@ -209,6 +227,7 @@ if [ -e "$work/over" ] || [ -e "$work/bad" ]; then
 fi
 exec 3>&-
 wait "$loader" || refuse "docker load failed (exit $?): refused"
+running=
 cat "$work/load.out"
 
 # The tar holds only the images the manifest names: docker load says which names and ids it loaded.

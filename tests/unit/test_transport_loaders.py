@@ -10,8 +10,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import signal
 import subprocess
 import tarfile
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -456,3 +459,34 @@ def test_load_sh_stops_a_tar_longer_than_its_manifest_declares(tmp_path):
     reseal(ArchivePaths(tmp_path / "t_1.tar"), {"tar_bytes": 1000})
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 1 and "decompresses to more than its manifest declares (1000 bytes" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_load_sh_stopped_mid_load_leaves_no_private_copy_and_stops_docker_load(tmp_path, sig):
+    """Killed while docker load (which reads nothing here) holds up the load: load.sh ends at once with 128 + the
+    signal, its full-size private copy of the archive is removed and docker load is stopped."""
+    pid_file = tmp_path / "load.pid"
+    argv, env, private = load_sh_set(tmp_path, f'echo $$ >"{pid_file}"\nexec sleep 120')
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as loader:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(p.name.startswith("t_1.tar") for p in private.glob("*/*")), "no private copy to remove"
+        time.sleep(0.3)  # load.sh is waiting on the stream docker load does not read
+        loader.send_signal(sig)
+        _, err = loader.communicate(timeout=15)
+    assert loader.returncode == 128 + sig, err
+    assert list(private.iterdir()) == []
+    docker_load = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(docker_load):
+        assert time.monotonic() < deadline, "docker load was left running"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended but not yet reaped by init, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
