@@ -55,6 +55,12 @@ field() {  # a value of the manifest's flat "load_sh" block (read only after the
 	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$work/manifest.json"
 }
 
+# ALLOWED_SIGNERS is a file named from the caller's folder, as ARCHIVE is: made absolute before the cd below.
+if [ -n "${ALLOWED_SIGNERS:-}" ]; then
+	[ -f "$ALLOWED_SIGNERS" ] || die "ALLOWED_SIGNERS=$ALLOWED_SIGNERS: no such file (an ssh allowed_signers file)"
+	case "$ALLOWED_SIGNERS" in /*) ;; *) ALLOWED_SIGNERS="$(pwd)/$ALLOWED_SIGNERS" ;; esac
+fi
+
 # ARCHIVE is found as given (from the caller's folder), or by a bare name beside load.sh; never a same-named
 # file elsewhere.
 if [ -n "${1:-}" ] && { [ -f "$1" ] || [ "$1" != "$(basename "$1")" ]; }; then

@@ -490,3 +490,24 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_load_sh_reads_allowed_signers_from_the_callers_folder(tmp_path):
+    """ALLOWED_SIGNERS=set/allowed_signers, run from above the set: the key is found (load.sh works in the set's
+    folder, where that path names nothing), and a file that is not there is said to be missing, not a wrong key."""
+    (tmp_path / "set").mkdir()
+    paths, _ = signed_set(tmp_path / "set")
+    write_loader(paths.archive.parent)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 1\n")  # no engine: load.sh stops after the signature
+    (bin_dir / "docker").chmod(0o755)
+
+    def load_sh(allowed: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "set/load.sh", "set/t_1.tar.zst"], cwd=tmp_path, capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", "ALLOWED_SIGNERS": allowed})
+
+    r = load_sh("set/allowed_signers")
+    assert "signature good: signed by release@site" in r.stdout, r.stderr
+    r = load_sh("/nope")
+    assert r.returncode == 1 and "ALLOWED_SIGNERS=/nope: no such file" in r.stderr and "signed by" not in r.stderr
