@@ -380,6 +380,13 @@ class _Image(BaseModel):
         return tags
 
 
+class _Thin(BaseModel):
+    """A thin archive's record: the layer chain ids the loading engine must hold (the rest is carried along)."""
+    model_config = ConfigDict(extra="allow")
+
+    requires: list[inventory.Digest] = []
+
+
 class _Manifest(BaseModel):
     """The fields the loaders rely on; the rest of what `invoke save` writes is carried along unchecked."""
     model_config = ConfigDict(extra="allow")
@@ -388,7 +395,7 @@ class _Manifest(BaseModel):
     archive_bytes: int = Field(ge=0)
     tar_bytes: int = Field(ge=0)
     images: list[_Image] = Field(min_length=1)
-    thin: dict | None = None
+    thin: _Thin | None = None
 
 
 def read_manifest(raw: bytes, name: str) -> dict:

@@ -185,6 +185,11 @@ GOOD = {"archive_sha256": "a" * 64, "archive_bytes": 10, "tar_bytes": 20,
     (json.dumps({k: v for k, v in GOOD.items() if k != "tar_bytes"}).encode(), "tar_bytes"),
     (json.dumps({**GOOD, "archive_bytes": "10 MB"}).encode(), "archive_bytes"),
     (json.dumps({**GOOD, "images": [{**GOOD["images"][0], "tags": ["-q"]}]}).encode(), "not a docker reference"),
+    (json.dumps({**GOOD, "thin": {"requires": 5}}).encode(), "thin.requires"),
+    (json.dumps({**GOOD, "thin": {"requires": [["a"]]}}).encode(), "thin.requires"),
+    (json.dumps({**GOOD, "thin": {"requires": "sha256:" + "c" * 64}}).encode(), "thin.requires"),
+    (json.dumps({**GOOD, "thin": {"requires": ["sha256:abc"]}}).encode(), "thin.requires"),
+    (json.dumps({**GOOD, "thin": ["sha256:" + "c" * 64]}).encode(), "thin"),
 ])
 def test_a_manifest_we_did_not_write_is_refused_with_what_is_wrong(raw, says):
     with pytest.raises(DockyardError, match="is not a manifest") as e:
@@ -193,8 +198,10 @@ def test_a_manifest_we_did_not_write_is_refused_with_what_is_wrong(raw, says):
 
 
 def test_a_manifest_we_write_keeps_every_field():
-    extra = {**GOOD, "format": 1, "layers": [{"bytes": 3}]}
-    assert load_mod.read_manifest(json.dumps(extra).encode(), "x")["layers"] == [{"bytes": 3}]
+    thin = {"for": "node.json", "target_host": "n2", "omitted": ["sha256:" + "d" * 64], "requires": ["sha256:" + "c" * 64]}
+    extra = {**GOOD, "format": 1, "layers": [{"bytes": 3}], "thin": thin}
+    m = load_mod.read_manifest(json.dumps(extra).encode(), "x")
+    assert m["layers"] == [{"bytes": 3}] and m["thin"] == thin
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),

@@ -69,3 +69,13 @@ def test_a_manifest_that_is_not_ours_is_refused_before_anything_is_copied(tmp_pa
     with pytest.raises(DockyardError, match="x.manifest.json is not a manifest `invoke save` writes"):
         ship.ship_file(local_node(tmp_path), str(archive), f"node7:{tmp_path / 'there'}")
     assert not (tmp_path / "there").exists()
+
+
+@pytest.mark.parametrize("requires", [5, [["a"]], "sha256:" + "c" * 64])
+def test_a_thin_record_of_the_wrong_shape_is_refused_before_anything_is_copied(tmp_path, requires):
+    archive = archive_set(tmp_path / "set", b"a", b"a")
+    manifest = json.loads((tmp_path / "set" / "x.manifest.json").read_text())
+    (tmp_path / "set" / "x.manifest.json").write_text(json.dumps({**manifest, "thin": {"requires": requires}}))
+    with pytest.raises(DockyardError, match=r"x.manifest.json is not a manifest `invoke save` writes \(thin.requires"):
+        ship.ship_file(local_node(tmp_path), str(archive), f"node7:{tmp_path / 'there'}")
+    assert not (tmp_path / "there").exists()
