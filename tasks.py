@@ -258,7 +258,7 @@ def load(c, file=""):
     load_mod.load(_settings(c), file)
 
 
-@task(help={"out": "file to write (default: images/dist/inventory-<hostname>.json)"})
+@task(help={"out": "file to write, or a folder to hold inventory-<hostname>.json (default: images/dist/)"})
 def inventory(c, out=""):
     """Write this node's image and layer inventory, for thin archives.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -75,10 +76,17 @@ def now() -> str:
 
 
 def write_inventory(settings: Settings, out: str = "") -> Path:
+    """This node's inventory, written to `out` (a file, or a folder to hold inventory-<host>.json)."""
     inv = layer_inventory(settings)
-    path = Path(out) if out else settings.path(settings.dist_dir) / f"inventory-{inv['host']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(inv, indent=2) + "\n")
+    path = Path(os.path.expanduser(out)) if out else settings.path(settings.dist_dir)
+    if not out or out.endswith("/") or path.is_dir():
+        path = path / f"inventory-{inv['host']}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(inv, indent=2) + "\n")
+    except OSError as e:
+        raise DockyardError(f"cannot write the inventory to {path}: {e.strerror or e}. Pass --out=FILE (or a "
+                            "folder) where you can write.") from None
     print(f"wrote {path}: {len(inv['images'])} images, {len(inv['chain_ids'])} layers, "
           f"{inv['engine']['store']} image store")
     return path
@@ -91,6 +99,9 @@ def read_inventory(path: Path) -> dict:
     except FileNotFoundError:
         raise DockyardError(f"no inventory {path}: make one on the target with `invoke inventory "
                             "--out=FILE` (or `sh load.sh --inventory > FILE`) and copy it here") from None
+    except OSError as e:  # a folder, no permission
+        raise DockyardError(f"cannot read the inventory {path}: {e.strerror or e}. Name the inventory file "
+                            "itself (--thin-for=FILE).") from None
     if len(raw) > INVENTORY_CAP:
         raise DockyardError(f"{path} is not a dockyard inventory: {len(raw)} bytes, more than any engine's "
                             f"inventory ({INVENTORY_CAP >> 20} MiB)")

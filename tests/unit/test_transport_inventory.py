@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -10,6 +11,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.inventory import Omission
+from tests.support.fake_engine import FakeEngine
 
 # Diff ids of a real image (dockyard-base + one RUN layer) and the chain id the engine itself reported
 # for the second layer in its inventory: chain_ids must compute the engine's keys exactly.
@@ -87,6 +89,25 @@ def test_a_missing_or_foreign_inventory_is_refused(tmp_path):
     (tmp_path / "z.json").write_text(json.dumps({**good, "images": [], "created": "today"}))
     got = inventory.read_inventory(tmp_path / "z.json")
     assert got["chain_ids"] == [BASE] and got["engine"]["store"] == "classic" and got["created"] == "today"
+
+
+def test_a_folder_given_as_an_inventory_is_one_error_line(tmp_path):
+    """`invoke save --thin-for=DIR` names a folder: said so, not an IsADirectoryError."""
+    with pytest.raises(DockyardError, match=f"cannot read the inventory {tmp_path}: Is a directory. Name the "
+                                            r"inventory file itself \(--thin-for=FILE\)"):
+        inventory.read_inventory(tmp_path)
+
+
+def test_invoke_inventory_writes_into_a_folder_it_is_given_and_says_what_it_cannot_write(tmp_path, monkeypatch):
+    settings = FakeEngine().install(monkeypatch, Settings())
+    written = inventory.write_inventory(settings, str(tmp_path))
+    assert written == tmp_path / f"inventory-{socket.gethostname()}.json"
+    assert json.loads(written.read_text())["format"] == inventory.INVENTORY_FORMAT
+    assert inventory.write_inventory(settings, str(tmp_path / "new") + "/").parent == tmp_path / "new"
+    assert inventory.write_inventory(settings, str(tmp_path / "node.json")) == tmp_path / "node.json"
+    for where in ("/proc/x", "/proc/x/node.json"):
+        with pytest.raises(DockyardError, match=f"cannot write the inventory to {where}: .* Pass --out=FILE"):
+            inventory.write_inventory(settings, where)
 
 
 def test_images_are_named_by_their_tags_or_their_id():
