@@ -239,10 +239,12 @@ def source_lock(labels: dict[str, str]) -> tuple[dict[str, str], str]:
 
 
 def default_tag(source: str, image_name: str, now: datetime.datetime) -> str:
-    """`<source tag>-commit-<time>`; `<image_name>:commit-<time>` for an untagged source."""
+    """`<source tag>-commit-<time>`; `<image_name>:commit-<time>` for an untagged source. A digest (name@sha256:...)
+    is dropped: a tag cannot hold one."""
     stamp = now.strftime("%Y%m%d-%H%M%S")
     if source.startswith("sha256:"):
         return f"{image_name}:commit-{stamp}"
+    source = source.split("@", 1)[0]
     if ":" in source.rsplit("/", 1)[-1]:
         return f"{source}-commit-{stamp}"
     return f"{source}:commit-{stamp}"

@@ -98,6 +98,9 @@ def test_default_tag_says_where_it_came_from():
     assert commit.default_tag("dockyard:0.1.0-cpu", "dockyard", now) == "dockyard:0.1.0-cpu-commit-20261122-040506"
     assert commit.default_tag("reg:5000/team/img", "dockyard", now) == "reg:5000/team/img:commit-20261122-040506"
     assert commit.default_tag("sha256:" + "a" * 64, "dockyard", now) == "dockyard:commit-20261122-040506"
+    digest = "@sha256:" + "b" * 64
+    assert commit.default_tag("python" + digest, "dockyard", now) == "python:commit-20261122-040506"
+    assert commit.default_tag("python:3.12" + digest, "dockyard", now) == "python:3.12-commit-20261122-040506"
 
 
 HF = "hf_" + "A1b2C3d4" * 5
