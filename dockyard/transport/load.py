@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -110,10 +111,11 @@ def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, lo
     gives images are added to `names`. Returns docker load's last output lines."""
     name = paths.archive.name
     engine.echo_pipeline([*(dec or ["cat"]), str(paths.archive)], load_argv)
-    with (open(paths.archive, "rb") as f,
+    with (console.progress() as bar, open(paths.archive, "rb") as f,
           engine.Pipeline(load_argv, stdin=engine.PIPE, stdout=engine.TAIL, quiet=True,
                           what=f"loading {name}") as docker_load):
-        archive = Hashed(f)
+        task = bar.add_task(f"load {name}", total=manifest["archive_bytes"])
+        archive = Hashed(f, on_read=lambda n: bar.advance(task, n))
         gate = TarGate(docker_load.stdin.write, manifest["tar_bytes"] + TAR_SLACK)
         damaged = DockyardError(f"{name} does not match its sha256: the archive is damaged or was changed (it is "
                                 "read once, as it is loaded). Copy it again; nothing was loaded.")
@@ -185,15 +187,16 @@ def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:
 
 
 class Hashed:
-    """A file read through its sha256."""
+    """A file read through its sha256; on_read(n) is told of every n bytes read (a progress bar)."""
 
-    def __init__(self, f):
-        self.f, self.hash, self.bytes = f, hashlib.sha256(), 0
+    def __init__(self, f, on_read: Callable[[int], object] = lambda n: None):
+        self.f, self.hash, self.bytes, self.on_read = f, hashlib.sha256(), 0, on_read
 
     def read(self, n: int = -1) -> bytes:
         data = self.f.read(n)
         self.hash.update(data)
         self.bytes += len(data)
+        self.on_read(len(data))
         return data
 
     def drain(self) -> None:

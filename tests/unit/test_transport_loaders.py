@@ -149,6 +149,39 @@ def test_a_verified_archive_reaches_docker_load_whole(tmp_path, method):
     assert got == raw and names == {"t:2"}
 
 
+class Bar:
+    """A stand-in for console.progress(): records each task's total and how far it was advanced."""
+
+    def __init__(self):
+        self.tasks: dict[str, list[int]] = {}
+
+    def __call__(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        pass
+
+    def add_task(self, label, total=None, **_):
+        self.tasks[label] = [total, 0]
+        return label
+
+    def advance(self, task, n):
+        self.tasks[task][1] += n
+
+
+@pytest.mark.parametrize("method", ["none", "zstd"])
+def test_loading_shows_how_much_of_the_archive_was_read(tmp_path, monkeypatch, method):
+    raw, image = saved()
+    paths, manifest = archive_set(tmp_path, raw, [image], method)
+    bar = Bar()
+    monkeypatch.setattr(load_mod.console, "progress", bar)
+    into_cat(tmp_path, paths, manifest, method)
+    assert bar.tasks == {f"load {paths.archive.name}": [manifest["archive_bytes"], manifest["archive_bytes"]]}
+
+
 @pytest.mark.parametrize("method", ["none", "zstd"])
 def test_an_archive_that_is_not_what_was_verified_never_reaches_the_end_of_its_tar(tmp_path, method):
     """The manifest's sha256 is of other bytes (the file changed after its check): docker load is stopped
