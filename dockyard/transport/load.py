@@ -332,6 +332,9 @@ def check_set(settings: Settings, paths: ArchivePaths) -> dict:
     """The signature (when configured), the .sha256 and the manifest, each read once, checked against each
     other; returns the manifest. The archive itself is not read: its bytes are checked as they are used."""
     for p in (paths.archive, paths.sha256, paths.manifest):
+        if p.is_dir():
+            raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
+                                "(NAME.tar.zst), its .sha256 and .manifest.json beside it")
         if not p.exists():
             raise DockyardError(f"{p} is missing: an archive travels with its .sha256 and .manifest.json "
                                 "(copy all three, or use `invoke ship`)")

@@ -43,6 +43,9 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     """
     paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
     for p in (paths.archive, paths.sha256, paths.manifest, paths.loader):
+        if p.is_dir():
+            raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
+                                "(NAME.tar.zst), its .sha256 and .manifest.json beside it")
         if not p.exists():
             raise DockyardError(f"{p} is missing: ship an archive written by `invoke save` (it writes the "
                                 ".sha256, .manifest.json and load.sh beside it)")

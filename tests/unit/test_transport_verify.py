@@ -140,3 +140,20 @@ def test_any_sha256_file_verifies_or_is_refused_never_a_crash(tmp_path, content)
     paths.sha256.write_bytes(content)
     with pytest.raises(DockyardError, match="refused|changed or damaged|disagree"):
         load_mod.verify(Settings(), paths)
+
+
+@pytest.mark.parametrize("which", ["archive", "sha256", "manifest"])
+def test_a_file_of_the_set_that_is_a_folder_is_one_error_line(tmp_path, which):
+    """`invoke load --file=DIR` and `invoke ship --file=DIR` (a folder named like an archive), or a companion that
+    is a folder: said so, not an IsADirectoryError."""
+    from dockyard.transport import ship
+
+    paths = make_set(tmp_path)
+    folder = getattr(paths, which)
+    folder.unlink()
+    folder.mkdir()
+    write_loader(tmp_path)
+    for run in (lambda: load_mod.load(Settings(), str(paths.archive)),
+                lambda: ship.ship_file(Settings(), str(paths.archive), "node7:/tmp/nowhere")):
+        with pytest.raises(DockyardError, match=f"{folder.name} is a folder, not a file of an archive set"):
+            run()
