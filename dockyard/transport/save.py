@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -86,11 +87,16 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         left = sum(layer["bytes"] for layer in manifest["layers"] if not layer["included"])
         print(f"thin for {thin_for}: left out {len(thin['omitted'])} layers ({human(left)}) the target "
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
-    print(f"load it: invoke load --file={paths.archive}  (or, without the project: sh load.sh "
-          f"{paths.archive.name})")
+    print(load_hint(paths.archive))
     if runner:
         print("train there without the project: sh run.sh --recipe=ddp --data=FILE --model=DIR -- --max_steps 100")
     return manifest
+
+
+def load_hint(archive: Path) -> str:
+    """The commands that load the archive, quoted for a shell to paste into."""
+    return (f"load it: invoke load --file={shlex.quote(str(archive))}  (or, without the project: sh load.sh "
+            f"{shlex.quote(archive.name)})")
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +51,10 @@ def test_save_by_variant_names_that_variants_image_without_a_gpu(monkeypatch, se
         save_mod.save(settings, variant="cu999")
     with pytest.raises(DockyardError, match="--image or --variant, not both"):
         save_mod.save(settings, image="x:1", variant="cpu")
+
+
+def test_the_load_command_save_prints_can_be_pasted_into_a_shell():
+    hint = save_mod.load_hint(Path("/data/a b/t_2.tar.zst"))
+    command, beside = hint.removeprefix("load it: ").split("  (or, without the project: ")
+    assert shlex.split(command) == ["invoke", "load", "--file=/data/a b/t_2.tar.zst"]
+    assert shlex.split(beside.removesuffix(")")) == ["sh", "load.sh", "t_2.tar.zst"]
