@@ -18,6 +18,7 @@ from pathlib import Path
 from dockyard.common import envvars
 from dockyard.common.data_files import HUB_ID  # a hub id as the trainer reads one
 from dockyard.common.errors import DockyardError
+from dockyard.launch import scriptwords
 from dockyard.settings import ROOT, Settings
 
 INPUTS = "/workspace/inputs"
@@ -42,9 +43,10 @@ class Mounts:
 
 
 def read_only_mounts(settings: Settings, recipe: str, overrides: list[str], *, data: str = "", model: str = "",
-                checkout_recipes: bool = True) -> Mounts:
+                checkout_recipes: bool = True, separators: str = ":") -> Mounts:
     """The mounts of one run (pure: reads only whether the paths exist). Flags win over the invoke.yaml
-    settings; a host path given as an override is mounted the same way (overrides win over both)."""
+    settings; a host path given as an override is mounted the same way (overrides win over both). A path holding
+    one of `separators` (docker's -v splits on ':'; pyxis's and Apptainer's mount lists on ',' too) is refused."""
     m = Mounts()
     m.overrides = strip_keys(overrides, override_values(overrides))
     for key, value, where in resolved(settings, overrides, data=data, model=model):
@@ -52,6 +54,7 @@ def read_only_mounts(settings: Settings, recipe: str, overrides: list[str], *, d
         if host is None:  # a hub id (model or dataset in the Hugging Face cache): passed as it is
             m.overrides += [f"--{key}", value]
             continue
+        scriptwords.mount_path(str(host), where, separators)
         inside = f"{INPUTS}/{key}" + ("" if host.is_dir() else f"/{host.name}")
         m.volumes.append((host, inside, True))
         m.host_paths[inside] = str(host)
@@ -63,12 +66,15 @@ def read_only_mounts(settings: Settings, recipe: str, overrides: list[str], *, d
         if checkout_recipes and folder.parent == (ROOT / "recipes").resolve():
             m.recipe = folder.name  # one of the checkout's own: found in the recipes/ mounted below
         else:
+            scriptwords.mount_path(str(folder), "--recipe", separators)
             inside = f"{USER_RECIPES}/{folder.name}"
             m.volumes.append((folder, inside, True))
             m.host_paths[inside] = str(folder)
             m.recipe = inside
     if checkout_recipes:
-        m.volumes.append(((ROOT / "recipes").resolve(), f"{IMAGE_ROOT}/recipes", True))
+        recipes = (ROOT / "recipes").resolve()
+        scriptwords.mount_path(str(recipes), "this checkout's folder", separators)
+        m.volumes.append((recipes, f"{IMAGE_ROOT}/recipes", True))
     return m
 
 

@@ -47,11 +47,12 @@ def sbatch_word(value: str) -> str:
     return '"' + "".join("\\" + c if c in "\"'\\#" else c for c in value) + '"'
 
 
-def mount_path(value: str, flag: str) -> str:
-    """A host path in a `src:dst[:flags]` mount list (Apptainer's --bind, pyxis's --container-mounts), where ','
-    separates mounts and ':' the parts of one."""
+def mount_path(value: str, flag: str, separators: str = ",:") -> str:
+    """A host path in a `src:dst[:flags]` mount: ':' separates the parts of one (docker's -v: separators=":") and,
+    in Apptainer's --bind and pyxis's --container-mounts, ',' the mounts of the list."""
     one_line(value, flag)
-    if "," in value or ":" in value:
-        raise DockyardError(f"{flag} {value!r}: a path with ',' or ':' cannot be given to the container runtime's "
-                            "mount list; use a folder without them")
+    if any(c in value for c in separators):
+        said = " or ".join(f"'{c}'" for c in separators)
+        raise DockyardError(f"{flag} {value!r}: a path with {said} cannot be given to the container runtime's mount "
+                            "list; rename it, or use a folder without them")
     return value

@@ -24,7 +24,7 @@ from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import node, preflight, scriptwords
+from dockyard.launch import inputs, node, preflight, scriptwords
 from dockyard.settings import ROOT, Settings
 
 RUNTIMES = {"docker": "", "pyxis": ".sqsh", "apptainer": ".sif"}  # and the image file each one runs
@@ -135,13 +135,13 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
 
 def _container_launch(settings: Settings, runtime: str, image_file: str, recipe: str, gpus: int, image: str,
                       overrides: list[str]) -> list[str]:
-    """srun of torchrun inside the container, one per node: the same rendezvous `invoke run` gives a node."""
+    """srun of torchrun inside the container, one per node: the same rendezvous, and the same mounts, `invoke run`
+    gives a node (this checkout's recipes, a recipe folder of one's own, the user's data and model, read-only)."""
     runs = scriptwords.mount_path(str(settings.path(settings.runs_dir)), "the runs_dir setting")
     hf = scriptwords.mount_path(str(settings.path(settings.hf_cache)), "the hf_cache setting")
-    recipes = scriptwords.mount_path(str(ROOT / "recipes"), "this checkout's folder")
-    mounts = [(runs, node.RUNS_INSIDE, ""), (hf, node.HF_INSIDE, ""),
-              (recipes, f"{node.WORKDIR}/recipes", "ro")]  # this checkout's recipes, as `invoke run` does
-    spec = ",".join(f"{src}:{dst}" + (f":{flag}" if flag else "") for src, dst, flag in mounts)
+    seen = inputs.read_only_mounts(settings, recipe, overrides, separators=",:")
+    mounts = [(runs, node.RUNS_INSIDE, False), (hf, node.HF_INSIDE, False), *seen.volumes]
+    spec = ",".join(f"{src}:{dst}" + (":ro" if ro else "") for src, dst, ro in mounts)
     image_file = str(Path(image_file).resolve())
     if runtime == "pyxis":
         container = [f"--container-image={image_file}", f"--container-mounts={spec}",
@@ -150,7 +150,8 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     else:
         container = []
         wrap = ["apptainer", "exec", "--nv", "--bind", spec, "--pwd", node.WORKDIR, image_file]
-    entry = node.entry_shell(recipe, node.run_dir_inside("$RUN_ID"), overrides, expand_run_dir=True, args='"$@"')
+    entry = node.entry_shell(seen.recipe, node.run_dir_inside("$RUN_ID"), seen.overrides, expand_run_dir=True,
+                             args='"$@"')
     # Each node advertises its own NodeAddr (a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus, endpoint="$MASTER_ADDR:$MASTER_PORT",
@@ -161,8 +162,8 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
            "# The containers see the job's environment.",
            "export NODE_ADDRS",
            # the trainer's environment, HOME left as the runtime sets it for the user
-           "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in {envvars.IMAGE_REF: image, **node.container_env()}.items()
-                                if k != "HOME")]
+           "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in
+                                {envvars.IMAGE_REF: image, **node.container_env(), **seen.env}.items() if k != "HOME")]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])

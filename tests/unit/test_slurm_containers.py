@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -40,13 +41,15 @@ exec "$@"
 TORCHRUN = """#!/bin/bash
 python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank": os.environ.get("DOCKYARD_NODE_RANK"),
   "rdzv": json.loads(os.environ["DOCKYARD_RENDEZVOUS"]), "image": os.environ.get("DOCKYARD_IMAGE_REF"),
-  "hf_offline": os.environ.get("HF_HUB_OFFLINE")}))' "$@" >> "$LOG/torchrun"
+  "hf_offline": os.environ.get("HF_HUB_OFFLINE"), "host_paths": os.environ.get("DOCKYARD_HOST_PATHS")}))' "$@" \
+  >> "$LOG/torchrun"
 """
 
 
-def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str) -> dict:
-    text = slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, runtime=runtime, image_file=image_file,
-                        overrides=["--max_steps", "5", "--learning_rate", "1e-4"])
+def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, recipe: str = "zero2",
+         overrides: tuple[str, ...] = ("--max_steps", "5", "--learning_rate", "1e-4")) -> dict:
+    text = slurm.script(settings, recipe=recipe, nodes=2, gpus_per_node=4, runtime=runtime, image_file=image_file,
+                        overrides=list(overrides))
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     bin_, log = tmp_path / "bin", tmp_path / "log"
@@ -96,6 +99,29 @@ def test_each_node_starts_torchrun_in_the_container_with_the_rendezvous_from_slu
         assert len(calls) == 2 and all(c.startswith("exec --nv --bind ") and image_file in c for c in calls)
         assert mounts in calls[0] and f"{recipes}:/opt/dockyard/recipes:ro" in calls[0]
         assert "--container-image" not in got["srun"]
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_a_recipe_folder_and_host_data_are_mounted_into_the_container_as_invoke_run_mounts_them(
+        settings, tmp_path, monkeypatch, runtime):
+    mine = tmp_path / "work" / "myrec"
+    shutil.copytree(slurm.ROOT / "recipes" / "ddp", mine)
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "x"}\n')
+    monkeypatch.chdir(mine.parent)  # `--recipe myrec`: a folder named relative to where `invoke slurm` ran
+    image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
+    image.write_text("")
+    got = _run(settings, tmp_path, runtime, str(image), recipe="myrec", overrides=("--data", str(data)))
+    for n in got["torchrun"]:
+        assert n["argv"][n["argv"].index("-m"):] == [
+            "-m", "dockyard.train", "--recipe", "/workspace/recipes/myrec", "--run-dir", "/workspace/runs/myrec-slurm-77",
+            "--", "--data", "/workspace/inputs/data/data.jsonl"]
+        assert json.loads(n["host_paths"]) == {"/workspace/recipes/myrec": str(mine),
+                                               "/workspace/inputs/data/data.jsonl": str(data)}
+    spec = next(a for a in got["srun"].split() if a.startswith("--container-mounts=")) if runtime == "pyxis" \
+        else got["apptainer"].split()[3]
+    mounts = spec.removeprefix("--container-mounts=").split(",")
+    assert f"{mine}:/workspace/recipes/myrec:ro" in mounts and f"{data}:/workspace/inputs/data/data.jsonl:ro" in mounts
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -105,11 +105,13 @@ def _submit(base: Path, text: str, *after: str, **env: str) -> tuple[subprocess.
     return p, records(log, ("DOCKYARD_RENDEZVOUS", "DOCKYARD_NODE_RANK"))
 
 
-def _refused(e: DockyardError, values: dict[str, str], runs_refuses: str = "\\") -> None:
-    """A refusal names a flag whose value no script can carry (`runs_refuses`: what the runs folder may not hold)."""
+def _refused(e: DockyardError, values: dict[str, str], refuses: dict[str, str] | None = None) -> None:
+    """A refusal names a flag whose value no script can carry (`refuses`: what else a flag's value may not hold;
+    the runs folder never a backslash)."""
     event("refused")
+    refuses = refuses or {"runs_dir": "\\"}
     assert any(flag in str(e) for flag, v in values.items() if (unsafe(v) and flag != "trainer overrides") or "\0" in v
-               or (flag == "runs_dir" and any(c in v for c in runs_refuses))), e
+               or any(c in v for c in refuses.get(flag, ""))), e
 
 
 def _default_run_id(folder_name: str) -> str:
@@ -173,7 +175,9 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
         text = slurm.script(s, recipe=str(folder), nodes=2, gpus_per_node=4, runtime=runtime,
                             image_file=str(image_file), overrides=["--run_name", override])
     except DockyardError as e:
-        _refused(e, {"--recipe": recipe, "--image-file": image, "runs_dir": runs, "trainer overrides": override}, "\\,:")
+        # a mount list splits on ',' and ':': the runs folder and the recipe folder, both mounted, hold neither
+        _refused(e, {"--recipe": recipe, "--image-file": image, "runs_dir": runs, "trainer overrides": override},
+                 {"runs_dir": "\\,:", "--recipe": ",:"})
         return
     p, got = _submit(base, text, after)
     assert p.returncode == 0, p.stderr
@@ -183,17 +187,22 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
     for node, r in enumerate(torchrun):
         argv = r["argv"]
         assert f"--rdzv-id={run_id}" in argv and f"--local-addr=10.9.0.{node + 1}" in argv
-        assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", str(folder), "--run-dir",
+        # the recipe folder as the container sees it: mounted there, as `invoke run` mounts it
+        inside = f"/workspace/recipes/{folder.resolve().name}"
+        assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", inside, "--run-dir",
                                            f"/workspace/runs/{run_id}", after, "--", "--run_name", override]
     srun = next(r["argv"] for r in got if r["tool"] == "srun")
     runs_dir = (base / runs).resolve()
     if runtime == "pyxis":
         assert f"--container-image={image_file.resolve()}" in srun
-        assert any(a.startswith(f"--container-mounts={runs_dir}:/workspace/runs,") for a in srun)
+        spec = next(a for a in srun if a.startswith("--container-mounts="))[len("--container-mounts="):]
     else:
         calls = [r["argv"] for r in got if r["tool"] == "apptainer"]
         assert len(calls) == 2 and all(c[:4] == ["exec", "--nv", "--bind", calls[0][3]] for c in calls)
-        assert calls[0][3].startswith(f"{runs_dir}:/workspace/runs,") and calls[0][6] == str(image_file.resolve())
+        assert calls[0][6] == str(image_file.resolve())
+        spec = calls[0][3]
+    assert spec.startswith(f"{runs_dir}:/workspace/runs,")
+    assert f"{folder.resolve()}:{inside}:ro" in spec.split(",")
 
 
 @EXAMPLES
