@@ -127,7 +127,7 @@ def claim(folder: Path, marker: str | None = None) -> None:
     """Make a new run folder, atomically: an existing one (another run's, even one made a moment ago) is refused
     and left as it is. With `marker`, the folder may already exist (the other nodes of a run make it too) and the
     claim is that file, made with O_EXCL. The runs folder above it is made when missing."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(folder.parent, RUNS_FIX)
     try:
         if marker is None:
             os.mkdir(folder)
@@ -142,6 +142,23 @@ def claim(folder: Path, marker: str | None = None) -> None:
     except FileExistsError:
         raise DockyardError(f"run folder {folder} already holds a run (another run has this id, or one started with "
                             "it at the same moment): pick another --run-id, or add --resume to continue it") from None
+    except OSError as e:  # a runs folder this user cannot write, a read-only file system
+        raise DockyardError(f"cannot make the run folder {folder}: {e.strerror or e}; {RUNS_FIX}") from None
+
+
+RUNS_FIX = "set the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR) to a folder you can write"
+
+
+def make_folders(folder: Path, fix: str) -> Path:
+    """`folder`, and the folders above it, where missing; one that cannot be made is an error naming it, why, and
+    `fix` (what to give instead)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's word for a file where the folder would be
+        raise DockyardError(f"cannot make the folder {folder}: a file of that name is in the way; {fix}") from None
+    except OSError as e:
+        raise DockyardError(f"cannot make the folder {folder}: {e.strerror or e}; {fix}") from None
+    return folder
 
 
 def make_dir(folder: Path, name: str) -> Path:

@@ -50,10 +50,14 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         return target
     if m.variant not in NATIVE:
         check_image(settings, run_image(settings, m), m.variant)
-    if out:
-        target.mkdir(parents=True)
-    else:
-        runfolder.make_dir(run_dir, target.name)
+    try:
+        if out:
+            target.mkdir(parents=True)
+        else:
+            runfolder.make_dir(run_dir, target.name)
+    except OSError as e:  # a file in the way (--out=FILE/x), a folder this user cannot write
+        raise DockyardError(f"cannot make the export folder {target}: {e.strerror or e}; give --out=FOLDER where you "
+                            "can write") from None
     proc = engine.run(argv, env=env, check=False)
     if proc.returncode:
         if target.is_dir() and not any(target.iterdir()):

@@ -171,12 +171,21 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
 
 
 def write(settings: Settings, *, out: str = "", **kw) -> Path:
-    """Write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch), print it, and say how to submit it."""
+    """Write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch; --out=FOLDER: that name in FOLDER), print
+    it, and say how to submit it."""
     text = script(settings, **kw)
-    path = Path(out) if out else settings.path(settings.runs_dir) / "slurm" / f"{_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    settings.path(settings.runs_dir).mkdir(parents=True, exist_ok=True)  # Slurm writes the job's output there
-    runfolder.write(path.parent, path.name, text, mode=0o755)  # the runs folder is the containers': no link followed
+    runs = settings.path(settings.runs_dir)
+    name = f"{_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
+    path = Path(out) if out else runs / "slurm" / name
+    if out and (out.endswith("/") or path.is_dir()):  # a folder the user named (never a link planted in the runs folder)
+        path = path / name
+    fix = "give --out=FILE in a folder you can write"
+    runfolder.make_folders(runs, runfolder.RUNS_FIX)  # Slurm writes the job's output there
+    runfolder.make_folders(path.parent, fix)
+    try:
+        runfolder.write(path.parent, path.name, text, mode=0o755)  # the runs folder is the containers': no link followed
+    except OSError as e:  # a folder this user cannot write, a read-only file system: the temporary file is gone
+        raise DockyardError(f"cannot write the script {path}: {e.strerror or e}; {fix}") from None
     print(text, end="")
     print(f"# written to {path}: submit it with `sbatch {shlex.quote(str(path))}`", file=sys.stderr)
     return path

@@ -6,7 +6,9 @@ Property-based where the input is open-ended (hypothesis); everything here is re
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +26,7 @@ from dockyard.launch import run as launch_run
 from dockyard.settings import ROOT, Settings, load
 from dockyard.transport import commit, inventory
 from dockyard.transport import load as load_mod
-from tests.support.cli import invoke
+from tests.support.cli import invoke, invoke_here, short_error
 
 DOCKER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+")  # docker's container-name rule; the run id names one
 
@@ -324,3 +326,61 @@ def test_any_trainer_overrides_are_settings_or_a_refusal(argv):
     except DockyardError:
         return
     assert set(overrides) <= set(type(settings).model_fields) | set(rest)
+
+
+# --- where a command writes: a file in the way, a folder it may not write ------------------------------------------
+
+@pytest.fixture
+def a_file(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("not a folder\n")
+    return f
+
+
+@pytest.mark.parametrize("task", [["slurm"], ["run", "--native", "--variant=cpu"]])
+def test_a_runs_folder_under_a_file_is_one_error_naming_it(a_file, task):
+    r = invoke_here(*task, env={"INVOKE_DOCKYARD_RUNS_DIR": f"{a_file}/runs"})
+    short_error(r, f"{a_file}/runs")
+    assert "Not a directory" in r.stderr and "INVOKE_DOCKYARD_RUNS_DIR" in r.stderr
+    assert a_file.read_text() == "not a folder\n"
+
+
+def test_a_slurm_script_under_a_file_is_one_error_and_into_a_folder_is_written_there(tmp_path, a_file):
+    runs = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    r = invoke_here("slurm", f"--out={a_file}/x.sbatch", env=runs)
+    short_error(r, str(a_file))
+    assert "a file of that name is in the way" in r.stderr and a_file.read_text() == "not a folder\n"
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    r = invoke_here("slurm", f"--out={jobs}", env=runs)
+    assert r.returncode == 0, r.stderr
+    assert (jobs / "zero2-2n.sbatch").read_text() == r.stdout and f"written to {jobs / 'zero2-2n.sbatch'}" in r.stderr
+
+
+def test_a_slurm_script_in_a_folder_it_may_not_write_is_one_error_and_nothing_is_left(tmp_path, monkeypatch):
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0o500)
+    if os.geteuid() == 0:  # root writes anyway: the refusal a read-only file system gives
+        real = os.open
+
+        def read_only(path, flags, *args, **kw):
+            if flags & os.O_CREAT:
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+            return real(path, flags, *args, **kw)
+
+        monkeypatch.setattr(os, "open", read_only)
+    r = invoke_here("slurm", f"--out={closed}/x.sbatch", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    monkeypatch.undo()
+    short_error(r, f"{closed}/x.sbatch")
+    assert "cannot write the script" in r.stderr and ("Permission denied" in r.stderr or "Read-only" in r.stderr)
+    assert list(closed.iterdir()) == []
+
+
+def test_an_export_under_a_file_is_one_error_naming_it(tmp_path, a_file):
+    run = tmp_path / "runs" / "n1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"run_id": "n1", "status": "completed", "variant": "native"}))
+    r = invoke_here("export", "--run=n1", f"--out={a_file}/x", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, f"{a_file}/x")
+    assert "Not a directory" in r.stderr and a_file.read_text() == "not a folder\n"
