@@ -38,6 +38,8 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     for flag, value in (("--recipe", recipe), ("--archive", archive), ("--image-file", image_file)):
         scriptwords.one_line(value, flag)
     scriptwords.argv_words(overrides, "trainer overrides")
+    # a path the shell left as typed (`--archive='~/x.tar.zst'`) is the user's home's, as the checks below read it
+    archive, image_file = os.path.expanduser(archive), os.path.expanduser(image_file)
     preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
     _check_runtime(runtime, image_file, archive, gpus_per_node)
     node.check_nodes(nodes, gpus_per_node)
@@ -114,7 +116,7 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
     if runtime not in RUNTIMES:
         raise DockyardError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     if runtime == "docker":
-        if archive and not Path(os.path.expanduser(archive)).is_file():
+        if archive and not Path(archive).is_file():
             raise DockyardError(f"--archive {archive}: no such file (give the .tar.zst, .tar.gz or .tar `invoke save` "
                                 "wrote, on storage every node sees)")
         if image_file:
@@ -131,6 +133,9 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
     if gpus_per_node < 1:
         raise DockyardError(f"--runtime={runtime} starts one process per GPU: give --gpus-per-node (the CPU-only "
                             "stand-in runs with --runtime=docker)")
+    if not Path(image_file).is_file():  # the login node sees the storage every node sees, as for --archive
+        raise DockyardError(f"--image-file {image_file}: no such file (give the {ext} file on storage every node "
+                            f"sees; {how[runtime]})")
 
 
 def _container_launch(settings: Settings, runtime: str, image_file: str, recipe: str, gpus: int, image: str,
@@ -176,7 +181,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     text = script(settings, **kw)
     runs = settings.path(settings.runs_dir)
     name = f"{_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
-    path = Path(out) if out else runs / "slurm" / name
+    path = Path(os.path.expanduser(out)) if out else runs / "slurm" / name
     if out and (out.endswith("/") or path.is_dir()):  # a folder the user named (never a link planted in the runs folder)
         path = path / name
     fix = "give --out=FILE in a folder you can write"

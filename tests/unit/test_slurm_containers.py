@@ -67,9 +67,11 @@ def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, r
     return read
 
 
-@pytest.mark.parametrize("runtime,image_file", [("pyxis", "/shared/dockyard.sqsh"), ("apptainer", "/shared/dy.sif")])
+@pytest.mark.parametrize("runtime,image_name", [("pyxis", "dockyard.sqsh"), ("apptainer", "dy.sif")])
 def test_each_node_starts_torchrun_in_the_container_with_the_rendezvous_from_slurm(settings, tmp_path, runtime,
-                                                                                    image_file):
+                                                                                    image_name):
+    image_file = str(tmp_path / image_name)  # on the storage every node sees, as the login node sees it
+    Path(image_file).write_text("")
     got = _run(settings, tmp_path, runtime, image_file, "--resume")
     nodes = got["torchrun"]
     assert [n["rank"] for n in nodes] == ["0", "1"]
@@ -131,8 +133,30 @@ def test_a_recipe_folder_and_host_data_are_mounted_into_the_container_as_invoke_
     ({"runtime": "docker", "image_file": "x.sif"}, "--image-file is for"),
     ({"runtime": "podman"}, "use one of docker, pyxis, apptainer"),
     ({"runtime": "pyxis", "image_file": "x.sqsh", "gpus_per_node": 0}, "one process per GPU"),
+    ({"runtime": "pyxis", "image_file": "/missing/x.sqsh"}, "--image-file /missing/x.sqsh: no such file.*enroot import"),
+    ({"runtime": "apptainer", "image_file": "~/missing.sif"}, "--image-file /.*/missing.sif: no such file"),
 ])
 def test_bad_runtime_choices_are_refused_with_what_to_give(settings, kw, message):
     kw = {"gpus_per_node": 2, **kw}
     with pytest.raises(DockyardError, match=message):
         slurm.script(settings, recipe="zero2", nodes=2, overrides=[], **kw)
+
+
+@pytest.mark.parametrize("runtime,flag,name", [("docker", "archive", "x.tar.zst"), ("pyxis", "image_file", "x.sqsh"),
+                                               ("apptainer", "image_file", "x.sif")])
+def test_a_path_given_with_a_tilde_is_the_home_folders_in_the_check_and_in_the_script(settings, tmp_path, monkeypatch,
+                                                                                      runtime, flag, name):
+    """`--archive='~/x.tar.zst'` (quoted: the shell left the ~) passed the check, which expanded it, but the script
+    was given <cwd>/~/x.tar.zst; `--out='~/x'` made a folder named ~ where `invoke slurm` ran."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    (home / name).write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    path = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=2, overrides=[], runtime=runtime,
+                       out="~/jobs/x.sbatch", **{flag: f"~/{name}"})
+    assert path == home / "jobs" / "x.sbatch" and path.is_file() and not (cwd / "~").exists()
+    text = path.read_text()
+    assert {"archive": f"--file={home / name}", "image_file": f"{home / name}"}[flag] in text and "~" not in text

@@ -172,6 +172,8 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
     try:
         if not unsafe(recipe):
             _recipe_folder(base / "recipes", recipe)
+        if not unsafe(image):
+            image_file.write_bytes(b"")  # `invoke slurm` refuses an image file that is not there
         text = slurm.script(s, recipe=str(folder), nodes=2, gpus_per_node=4, runtime=runtime,
                             image_file=str(image_file), overrides=["--run_name", override])
     except DockyardError as e:
@@ -213,6 +215,7 @@ def test_a_run_id_from_the_environment_is_used_as_given_or_refused_before_any_no
     base = tmp_path_factory.mktemp("job")
     recorder(base / "bin", "torchrun")
     recorder(base / "bin", "srun", then=SRUN)
+    (base / "x.sqsh").write_bytes(b"")
     text = slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, runtime="pyxis",
                         image_file=str(base / "x.sqsh"), overrides=[])
     p, got = _submit(base, text, DOCKYARD_RUN_ID=run_id)
