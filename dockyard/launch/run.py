@@ -244,7 +244,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
 def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
     """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant. An engine reached
     through DOCKER_HOST has limits this host cannot read: DOCKYARD_MEMLOCK=BYTES says them (as for compose)."""
-    daemon_hard_limit = int(os.environ[envvars.MEMLOCK]) if os.environ.get(envvars.MEMLOCK) else daemon_hard_limit
+    daemon_hard_limit = memlock_given(daemon_hard_limit)
     if daemon_hard_limit is None:
         return "memlock=-1"
     if say:
@@ -252,6 +252,20 @@ def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
               "unlimited; for NCCL/RDMA set LimitMEMLOCK=infinity for the docker service (systemctl edit docker)",
               file=sys.stderr)
     return f"memlock={daemon_hard_limit}"
+
+
+def memlock_given(daemon_hard_limit: int | None) -> int | None:
+    """The engine's hard memlock limit in bytes as DOCKYARD_MEMLOCK says it, where set (-1 or `unlimited`: none, as
+    compose reads -1), else `daemon_hard_limit`; None: unlimited."""
+    value = os.environ.get(envvars.MEMLOCK, "").strip()
+    if not value:
+        return daemon_hard_limit
+    if value.lower() in ("-1", "unlimited"):
+        return None
+    if not re.fullmatch(r"[0-9]{1,18}", value):  # docker reads an int64
+        raise DockyardError(f"{envvars.MEMLOCK}={value!r}: give the engine's hard memlock limit in bytes (a whole "
+                            "number, 0 or more), or -1 or `unlimited` where it has none")
+    return int(value)
 
 
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,

@@ -12,6 +12,7 @@ from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import multinode, node
 from dockyard.launch import run as launch_run
+from tests.support.cli import invoke_here, short_error
 
 GPU = Gpu(0, "NVIDIA A100-SXM4-80GB", 80 * 2**30)
 TWO_GPUS = Host(driver="580.65", cuda="13.0", gpus=[GPU, Gpu(1, GPU.name, GPU.memory_bytes)])
@@ -174,3 +175,21 @@ def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):
     assert launch_run.memlock_flag(None) == "memlock=-1"
     assert launch_run.memlock_flag(8388608) == "memlock=8388608"
     assert "LimitMEMLOCK=infinity" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value,flag", [("8388608", "memlock=8388608"), ("0", "memlock=0"), ("-1", "memlock=-1"),
+                                        ("unlimited", "memlock=-1")])
+def test_dockyard_memlock_says_the_engines_limit_in_bytes_or_unlimited(capsys, monkeypatch, value, flag):
+    monkeypatch.setenv("DOCKYARD_MEMLOCK", value)
+    assert launch_run.memlock_flag(None) == flag and launch_run.memlock_flag(4096) == flag
+    err = capsys.readouterr().err
+    assert ("hard memlock limit is -1" not in err) and (("LimitMEMLOCK" in err) == (flag != "memlock=-1"))
+
+
+@pytest.mark.parametrize("task", [["run", "--dry", "--variant=cpu"], ["shell", "--dry", "--variant=cpu"]])
+@pytest.mark.parametrize("value", ["abc", "1e9", "-5", "1.5", "99999999999999999999"])
+def test_a_dockyard_memlock_that_is_not_bytes_is_one_error_naming_it(tmp_path, task, value):
+    r = invoke_here(*task, env={"DOCKYARD_MEMLOCK": value, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "DOCKYARD_MEMLOCK")
+    assert "in bytes" in r.stderr and "unlimited" in r.stderr and "docker run" not in r.stdout + r.stderr
+    assert not (tmp_path / "runs").exists()
