@@ -20,7 +20,7 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
-from dockyard.launch import node
+from dockyard.launch import node, scriptwords
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS
 from dockyard.settings import ROOT, Settings
@@ -83,6 +83,7 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
         return ([sys.executable, "-m", "dockyard.train.export", "--run-dir", str(run_dir), "--out", str(target), *tail],
                 {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"})
     image = run_image(settings, m)
+    scriptwords.mount_path(str(target), "the export folder (--out)", ":")  # docker's -v splits on ':'
     mounts = [(target, OUT, False)]
     model = m.inputs.get("model")
     if model and model.inside.startswith(INPUTS):  # the run's own model folder, where the run saw it

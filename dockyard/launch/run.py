@@ -22,7 +22,7 @@ from dockyard.common.recipes import load_recipe
 from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
-from dockyard.launch import inputs, monitor, multinode, node, preflight
+from dockyard.launch import inputs, monitor, multinode, node, preflight, scriptwords
 from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
 
@@ -287,8 +287,11 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     hf = settings.path(settings.hf_cache)
     for k, v in {**node.container_env(), **env}.items():
         argv += ["-e", f"{k}={v}"]
+    # docker's -v splits on ':' (the user's files and recipes are checked where they are named: inputs.py)
+    scriptwords.mount_path(str(hf), "the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE)", ":")
     vols = [(hf, node.HF_INSIDE, False)]
     if run_dir is not None:
+        scriptwords.mount_path(str(run_dir.parent), "the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR)", ":")
         vols.append((run_dir.parent, node.RUNS_INSIDE, False))
     for host_path, target, ro in vols + mounts:
         argv += ["-v", f"{host_path}:{target}{':ro' if ro else ''}"]

@@ -50,6 +50,12 @@ def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
         export.export_command(settings, m, run, tmp_path / "o", merge=False)
 
 
+def test_an_export_folder_holding_a_colon_is_refused_before_docker(settings, tmp_path):
+    m, run = _run(tmp_path)
+    with pytest.raises(DockyardError, match=r"export folder \(--out\) '.*/a:b': a path with ':'"):
+        export.export_command(settings, m, run, tmp_path / "a:b", merge=False)
+
+
 @pytest.mark.parametrize("edit, says", [
     ({"image": {"ref": "alpine:3"}}, "not an image of this project"),
     ({"image": {"ref": "dockyard:0.1.0-cu128"}}, "not an image of this project for variant cpu"),

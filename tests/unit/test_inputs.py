@@ -12,6 +12,7 @@ from dockyard.gpus import Host
 from dockyard.images import build, variants
 from dockyard.launch import run as launch_run
 from dockyard.train import manifest
+from tests.support.cli import invoke_here, short_error
 
 
 @pytest.fixture
@@ -104,3 +105,27 @@ def test_the_manifest_records_what_was_used(tmp_path, files, monkeypatch):
     assert "eval_data" not in rec
     rec = manifest.inputs_record({"model": "/workspace/inputs/model"})
     assert rec["model"]["path"] == "/host/model"
+
+
+@pytest.mark.parametrize("how", ["--data", "-- --data", "setting data", "runs_dir", "hf_cache"])
+def test_a_path_holding_a_colon_is_refused_naming_where_it_came_from_before_anything_is_made(settings, tmp_path, how):
+    """docker's -v splits on ':' and refused the command `invoke run` printed, after the run folder was made."""
+    odd = tmp_path / "a:b"
+    odd.mkdir()
+    (odd / "d.jsonl").write_text('{"text": "x"}\n')
+    data = str(odd / "d.jsonl")
+    args, env = [], {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    if how == "--data":
+        args = [f"--data={data}"]
+    elif how == "-- --data":
+        args = ["--", "--data", data]
+    elif how == "setting data":
+        env["INVOKE_DOCKYARD_DATA"] = data
+    elif how == "runs_dir":
+        env["INVOKE_DOCKYARD_RUNS_DIR"] = str(odd / "runs")
+    else:
+        env["INVOKE_DOCKYARD_HF_CACHE"] = str(odd / "hf")
+    r = invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp", *args, env=env)
+    short_error(r, how)
+    assert "':'" in r.stderr and f"{odd}" in r.stderr and "docker run" not in r.stdout + r.stderr
+    assert not (tmp_path / "runs").exists() and not (odd / "runs").exists() and not (odd / "hf").exists()
