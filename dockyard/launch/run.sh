@@ -70,7 +70,9 @@ elif [ "$VARIANT" != cpu ]; then
 	CPU=1
 fi
 [ -n "$NPROC" ] || NPROC=@CPU_NPROC@
-case "$NPROC" in '' | *[!0-9]*) die "--nproc=$NPROC is not a number" ;; esac
+# invoke run's range (dockyard/flags.py): 1 to 4096; the length first, so that test never reads an overflowing number
+case "$NPROC" in '' | *[!0-9]* | 0*) die "--nproc=$NPROC: give a whole number of processes from 1 to 4096" ;; esac
+[ ${#NPROC} -le 4 ] && [ "$NPROC" -le 4096 ] || die "--nproc=$NPROC: give a whole number of processes from 1 to 4096"
 
 # Inputs: a file is mounted alone, a folder whole, both read-only (as `invoke run` does).
 MOUNTS= EXTRA= HOST_PATHS=

@@ -96,6 +96,19 @@ def test_a_cuda_image_without_gpus_trains_on_cpu_and_bad_input_is_refused(node):
     assert proc.returncode == 1 and "--run-id" in proc.stderr and not argv
 
 
+@pytest.mark.parametrize("nproc", ["0", "00", "4097", "99999999999999999999999", "two", "1.5", "-1"])
+def test_a_process_count_out_of_invoke_runs_range_is_refused_before_docker(node, nproc):
+    proc, argv = node("--run-id=r6", f"--nproc={nproc}")
+    assert proc.returncode == 1 and not argv
+    assert f"--nproc={nproc}: give a whole number of processes from 1 to 4096" in proc.stderr
+
+
+def test_a_process_count_in_range_reaches_torchrun(node):
+    for nproc in ("1", "4096"):
+        proc, argv = node(f"--run-id=r7-{nproc}", f"--nproc={nproc}")
+        assert f"--nproc-per-node={nproc}" in argv, proc.stderr
+
+
 def test_a_cuda_image_on_a_gpu_node_gets_every_gpu_one_process_each(node):
     proc, argv = node("--run-id=r4", variant="cu132", gpus=4)
     assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=4" in argv, proc.stderr
