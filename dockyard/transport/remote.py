@@ -28,6 +28,13 @@ class Remote:
     port: int = 0
     identity: str = ""
 
+    def __post_init__(self) -> None:
+        # ssh reads a destination word that starts with '-' as an option (`-oProxyCommand=...` runs a command
+        # here); every Remote is checked, whichever flag named it
+        if self.host.startswith("-") or self.host.rpartition("@")[2].startswith("-"):
+            raise DockyardError(f"{self.host!r}: a host cannot start with '-' (ssh would read it as an option); "
+                                "give [user@]host, or an alias from your ssh config")
+
     def where(self, name: str = "") -> str:
         return f"{self.host}:{self.dir}" + (f"/{name}" if name else "")
 
@@ -80,8 +87,9 @@ def unreachable(r: Remote, stderr: str) -> DockyardError:
 
 
 def ssh_argv(settings: Settings, r: Remote, script: str) -> list[str]:
-    """Run a POSIX sh script on the node, whatever the remote user's login shell is."""
-    return [*ssh_base(settings, r), r.host, "sh -c " + shlex.quote(script)]
+    """Run a POSIX sh script on the node, whatever the remote user's login shell is. `--`: nothing after it is an
+    option, whatever the host word holds."""
+    return [*ssh_base(settings, r), "--", r.host, "sh -c " + shlex.quote(script)]
 
 
 def rpath(folder: str, name: str = "") -> str:

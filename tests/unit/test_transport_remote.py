@@ -29,19 +29,41 @@ def test_parse_destinations():
     assert Remote("me@node7", port=2200).url == "ssh://me@node7:2200" and Remote("node7").url == "ssh://node7"
 
 
+@pytest.mark.parametrize("given", ["-oProxyCommand=touch${IFS}x", "me@-oProxyCommand=x", "-l", "-"])
+def test_a_host_that_ssh_would_read_as_an_option_is_refused(given):
+    """--peer, --to and --thin-for: ssh would run `-oProxyCommand=...` here, as an option."""
+    for parse in (lambda: remote.parse_to(given, need_dir=False), lambda: remote.parse_to(given + ":/srv"),
+                  lambda: remote.parse_ssh_url(f"ssh://{given}"), lambda: remote.parse_ssh_url(f"ssh://{given}:22")):
+        with pytest.raises(DockyardError, match=r"a host cannot start with '-' \(ssh would read it as an option\)"):
+            parse()
+
+
+def test_a_hostile_host_runs_nothing_and_ssh_never_reads_the_host_as_an_option(tmp_path):
+    mark = tmp_path / "mark"
+    s = fake_node(tmp_path, b"")
+    with pytest.raises(DockyardError, match="a host cannot start with '-'"):
+        remote.run_there(s, Remote(f"-oProxyCommand=touch {mark}"), "true", "x")
+    assert not (tmp_path / "argv").exists() and not mark.exists()  # ssh was not even started
+    # and the destination always follows `--`: the real ssh takes a hostile word there as a (bad) host name
+    argv = remote.ssh_argv(Settings(), Remote("node7"), "true")
+    argv[argv.index("node7")] = f"-oProxyCommand=touch {mark}"
+    said = subprocess.run([*argv[:-3], "-G", *argv[-3:-1]], capture_output=True, text=True)
+    assert said.returncode != 0 and "hostname contains invalid characters" in said.stderr and not mark.exists()
+
+
 def test_ssh_honours_the_users_ssh_and_its_options():
     s = Settings(ssh="ssh -F /etc/cluster.conf")
     r = Remote("node7", "/d", 2222, "/k")
     argv = remote.ssh_argv(s, r, "echo 'hi' && true")
     assert argv[:7] == ["ssh", "-F", "/etc/cluster.conf", "-p", "2222", "-i", "/k"]
-    assert argv[-2] == "node7" and argv[-1] == "sh -c " + shlex.quote("echo 'hi' && true")
+    assert argv[-3:-1] == ["--", "node7"] and argv[-1] == "sh -c " + shlex.quote("echo 'hi' && true")
     # The remote command runs in POSIX sh whatever the login shell is: check the quoting round-trips.
     assert subprocess.run(["sh", "-c", argv[-1]], capture_output=True, text=True).stdout == "hi\n"
 
 
 def effective(argv: list[str]) -> dict[str, str]:
     """The options the real ssh would use for this argv (`ssh -G` prints them without connecting)."""
-    out = subprocess.run([*argv[:-2], "-G", argv[-2]], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([*argv[:-3], "-G", *argv[-3:-1]], capture_output=True, text=True, check=True).stdout
     return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
 
 
