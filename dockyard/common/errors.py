@@ -26,6 +26,14 @@ def problems(error: Exception, where: str = "") -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or where}: {e['msg']}" for e in errors())
 
 
+def yaml_problem(error: Exception) -> str:
+    """A YAML error as one line: what is wrong and where (`expected ',' or ']', but got '<stream end>' at line 1,
+    column 13`) instead of the several lines PyYAML writes. Anything else is its own message."""
+    mark = getattr(error, "problem_mark", None)
+    said = getattr(error, "problem", None) or str(error)
+    return said + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else "")
+
+
 def json_object(path: Path, what: str) -> dict:
     """A JSON file that must hold one object (`what` names its contents in the refusal), read as untrusted input."""
     try:

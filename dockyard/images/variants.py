@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import __version__
-from dockyard.common.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, problems, yaml_problem
+from dockyard.common.recipes import YAML_ERRORS
 from dockyard.gpus import Host
 from dockyard.settings import ROOT, Settings
 
@@ -84,11 +85,21 @@ class Variant(BaseModel):
 @lru_cache(maxsize=8)
 def _load(path: Path) -> dict[str, Variant]:
     try:
-        raw = yaml.safe_load(path.read_text())["variants"]
-        out = {name: Variant(name=name, **spec) for name, spec in raw.items()}
+        raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise DockyardError(f"variants file {path} not found: set `variants_file` in invoke.yaml") from None
-    except (ValidationError, KeyError, TypeError) as e:
+    except OSError as e:  # a folder, a file this user may not read
+        raise DockyardError(f"cannot read the variants file {path} ({e.strerror}): set `variants_file` in "
+                            "invoke.yaml to a readable file") from None
+    except UnicodeDecodeError as e:
+        raise DockyardError(f"the variants file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except YAML_ERRORS as e:
+        raise DockyardError(f"the variants file {path} is not valid YAML: {yaml_problem(e)}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("variants"), dict):
+        raise DockyardError(f"invalid variants file {path}: expected a `variants:` mapping of names to variants")
+    try:
+        out = {name: Variant(name=name, **spec) for name, spec in raw["variants"].items()}
+    except (ValidationError, TypeError) as e:
         raise DockyardError(f"invalid variants file {path}: {problems(e)}") from None
     for v in out.values():
         missing = [p for p in PINNED if p not in v.pins]

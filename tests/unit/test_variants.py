@@ -171,3 +171,25 @@ def test_a_variants_file_with_unreadable_torch_archs_is_refused_in_one_line(tmp_
 
 def test_an_unreadable_gpu_capability_is_given_the_benefit_of_the_doubt():
     assert variants.arch_runs("7.5;8.0", "") and variants.arch_runs("7.5;8.0", "n/a")
+
+
+@pytest.mark.parametrize("content,says", [
+    (None, r"cannot read the variants file .* \(Is a directory\)"),
+    (b"variants: [x\n", r"is not valid YAML: expected ',' or '\]', but got '<stream end>' at line 2, column 1"),
+    (b"variants:\n  cpu: !!float x\n", r"is not valid YAML: could not convert string to float"),
+    (b"\xff\xfevariants: {}\n", r"is not UTF-8 text \(invalid start byte at byte 0\)"),
+    (b"- variants\n", r"expected a `variants:` mapping"),
+    (b"variants:\n  cpu: 5\n", r"invalid variants file .*: .*must be a mapping"),
+])
+def test_a_broken_variants_file_is_one_error_naming_the_file(tmp_path, content, says):
+    path = tmp_path / "variants.yaml"
+    path.mkdir() if content is None else path.write_bytes(content)
+    with pytest.raises(DockyardError, match=says) as e:
+        variants._load(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_task_refuses_a_variants_file_that_is_a_folder_in_one_line(tmp_path):
+    from tests.support.cli import invoke_here, short_error
+
+    short_error(invoke_here("doctor", env={"INVOKE_DOCKYARD_VARIANTS_FILE": str(tmp_path)}), str(tmp_path))
