@@ -55,10 +55,12 @@ class Settings(BaseModel):
     @field_validator("docker")
     @classmethod
     def _a_client(cls, v: str) -> str:
-        if v and not shutil.which(os.path.expanduser(v)):
+        # kept as checked: `~/bin/docker` is run as the path it names, not as a file named `~` (no shell expands it)
+        client = os.path.expanduser(v)
+        if v and not shutil.which(client):
             raise ValueError(f"{v!r} is not an executable docker client (give its path, or \"\" for the first "
                              "`docker` on PATH that can use BuildKit)")
-        return v
+        return client
 
     @field_validator("variants_file", "runs_dir", "wheelhouse_dir", "dist_dir", "hf_cache", "layer_cache",
                      mode="before")
