@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from dockyard import ENV_PREFIX, ROOT
 from dockyard.common.errors import DockyardError
+
+# what a command setting can hold, for its refusal
+COMMAND_EXAMPLES = {"ssh": "ssh -F ~/.ssh/cluster.conf -o 'ProxyJump gateway'", "compose": "docker compose"}
 
 
 class Settings(BaseModel):
@@ -61,6 +65,21 @@ class Settings(BaseModel):
             raise ValueError(f"{v!r} is not an executable docker client (give its path, or \"\" for the first "
                              "`docker` on PATH that can use BuildKit)")
         return client
+
+    @field_validator("ssh", "compose")
+    @classmethod
+    def _a_command(cls, v: str, info: ValidationInfo) -> str:
+        """A command and its options, split as a shell would (the tasks run it without one), with a `~` word expanded
+        as a shell would (`ssh -F ~/.ssh/cluster.conf`: ssh itself does not expand -F)."""
+        example = COMMAND_EXAMPLES[info.field_name]
+        try:
+            words = shlex.split(v)
+        except ValueError as e:
+            raise ValueError(f"cannot be split into words as a shell would ({str(e).lower()}): check the quotes, "
+                             f"as in {example}") from None
+        if not words:
+            raise ValueError(f"must name a command and its options, as in {example}")
+        return shlex.join(os.path.expanduser(w) if w.startswith("~") else w for w in words)
 
     @field_validator("variants_file", "runs_dir", "wheelhouse_dir", "dist_dir", "hf_cache", "layer_cache",
                      mode="before")
