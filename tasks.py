@@ -9,10 +9,11 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from dockyard.cli import explain_parse_errors, hold_setting_overrides, task
+from dockyard.cli import explain_config_errors, explain_parse_errors, hold_setting_overrides, task
 
 hold_setting_overrides()  # until a task runs: Invoke's own cast of them is a traceback (dockyard/cli.py)
 explain_parse_errors()  # a flag Invoke's parser refuses is one `error:` line, as every other refusal
+explain_config_errors()  # so is invoke.yaml that Invoke cannot read
 
 if TYPE_CHECKING:  # the flags' types, read when a task runs (dockyard/cli.py): pydantic is not imported for --list
     from dockyard.flags import Batch, Count, GiB, Level, Nodes, Port, PortOrConfig, Rank, Restarts, Seconds, Tokens

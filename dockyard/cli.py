@@ -52,6 +52,78 @@ def explain_parse_errors() -> None:
             setattr(invoke.Program, name, _explaining(parse, name))
 
 
+def explain_config_errors() -> None:
+    """A config file Invoke cannot take (invoke.yaml with a YAML syntax error, a folder named invoke.yaml, a file given
+    with -f that is not `key: value` lines or gives a setting another shape) is one `error:` line naming the file and
+    the problem, exit 1, instead of a traceback on every command, `invoke --list` included. Called when tasks.py is
+    imported, which Invoke does before it reads the project's file and -f's; /etc/invoke.yaml and ~/.invoke.yaml it
+    reads earlier, before any code of the project runs."""
+    for name in ("_load_yaml", "_load_yml", "_load_json", "_load_file"):
+        load = getattr(invoke.Config, name)
+        if not getattr(load, "explained", False):
+            setattr(invoke.Config, name, _known_type(load) if name == "_load_file" else _reading(load))
+
+
+def _reading(load):
+    @functools.wraps(load)
+    def wrapper(self, path):
+        try:
+            data = load(self, path)
+        except FileNotFoundError:
+            raise  # Invoke tries invoke.yaml, .yml, .json in turn and skips those that are not there
+        except Exception as e:  # noqa: BLE001 (PyYAML's constructors raise ValueError, IndexError... as well)
+            raise Exit(f"error: {shown(unreadable_config(path, e))}", code=1) from None
+        if data is not None and not isinstance(data, dict):
+            raise Exit(f"error: {shown(str(path))}: expected `key: value` lines at the top level (dockyard: ...)", code=1)
+        if odd := odd_entry(data or {}, self._config):
+            raise Exit(f"error: {shown(f'{path}: {odd}')}", code=1)
+        return data
+
+    wrapper.explained = True
+    return wrapper
+
+
+def _known_type(load_file):
+    @functools.wraps(load_file)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return load_file(self, *args, **kwargs)
+        except invoke.exceptions.UnknownFileType as e:  # -f FILE without .yaml, .yml, .json or .py
+            raise Exit(f"error: {shown(str(e))}", code=1) from None
+
+    wrapper.explained = True
+    return wrapper
+
+
+def odd_entry(data: dict, have: dict, where: str = "") -> str | None:
+    """The first entry, at any depth, Invoke would fail on later with a traceback: a key that is not text (YAML reads
+    `1:` and `true:` as a number and a bool; Invoke joins keys into environment variable names when a task runs), or
+    a setting given another shape than the config read before (`have`: Invoke's defaults, then the files in order)."""
+    for key, value in data.items():
+        at = f"{where}.{key}" if where else str(key)
+        if not isinstance(key, str):
+            return f"the key {at} is not text: quote it"
+        before = have.get(key)
+        if key in have and isinstance(value, dict) != isinstance(before, dict):
+            shape = "`key: value` lines" if isinstance(before, dict) else "one value"
+            return (f"{at} must hold {shape}, as in the config read before this file (Invoke's own, invoke.yaml), "
+                    f"not {'`key: value` lines' if isinstance(value, dict) else repr(value)[:40]}")
+        if isinstance(value, dict) and (odd := odd_entry(value, before if isinstance(before, dict) else {}, at)):
+            return odd
+    return None
+
+
+def unreadable_config(path, e: Exception) -> str:
+    """Why Invoke could not read config file `path`, in one line."""
+    from dockyard.common.errors import yaml_problem
+
+    if isinstance(e, OSError):
+        return f"cannot read the config file {path} ({e.strerror or e})"
+    if isinstance(e, UnicodeDecodeError):
+        return f"the config file {path} is not UTF-8 text ({e.reason} at byte {e.start})"
+    return f"the config file {path} is not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: {yaml_problem(e)}"
+
+
 def _explaining(parse, name: str):
     @functools.wraps(parse)
     def wrapper(self) -> None:

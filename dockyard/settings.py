@@ -102,6 +102,9 @@ class Settings(BaseModel):
 def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from Invoke's config subtree (a DataProxy or a plain dict) and the INVOKE_DOCKYARD_* variables."""
     environ = os.environ if environ is None else environ
+    if config is not None and not callable(getattr(config, "keys", None)):
+        raise DockyardError(f"`dockyard:` in invoke.yaml (or the config file given with -f) holds {config!r:.40}: it "
+                            "must hold the settings as `key: value` lines (runs_dir: runs, ...), or be left out")
     raw = dict(config or {})
     env = {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
     known = sorted(Settings.model_fields)

@@ -3,16 +3,17 @@ and a command setting that cannot be run is refused by name before any task star
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
 
-from dockyard import engine
+from dockyard import ROOT, engine
 from dockyard.cli import release_setting_overrides
 from dockyard.settings import Settings
 from dockyard.transport import remote
 from dockyard.transport.remote import Remote
-from tests.support.cli import invoke_here, short_error
+from tests.support.cli import invoke, invoke_here, short_error
 
 release_setting_overrides()  # importing tasks.py (through invoke_here) holds INVOKE_DOCKYARD_* back
 
@@ -58,3 +59,49 @@ def test_the_ssh_setting_reads_a_config_file_under_home_as_a_shell_would(tmp_pat
     argv = remote.ssh_argv(Settings(ssh="ssh -F ~/.ssh/cluster.conf -o 'User gpu'"), Remote("node7"), "true")
     said = subprocess.run([*argv[:-3], "-G", *argv[-3:-1]], capture_output=True, text=True, check=True).stdout
     assert "port 2299" in said.splitlines() and "user gpu" in said.splitlines()
+
+
+BROKEN_CONFIG = [
+    ("dockyard:\n  runs_dir: [x\n", "is not valid YAML: expected ',' or ']', but got '<stream end>' at line 3, column 1"),
+    ("dockyard:\n  runs_dir: runs\n layer_cache: x\n",
+     "is not valid YAML: expected <block end>, but found '<block mapping start>' at line 3, column 2"),
+    ("- dockyard\n", "expected `key: value` lines at the top level"),
+    ("dockyard: {1: x}\n", "the key dockyard.1 is not text: quote it"),
+    ("run: 5\n", "run must hold `key: value` lines, as in the config read before this file"),
+]
+
+
+@pytest.mark.parametrize("content,says", BROKEN_CONFIG)
+def test_a_project_config_file_invoke_cannot_read_is_one_error_line_even_for_list(tmp_path, content, says):
+    """invoke.yaml with a YAML syntax error was a ParserError traceback on every command, `invoke --list` too."""
+    shutil.copy(ROOT / "tasks.py", tmp_path)
+    (tmp_path / "invoke.yaml").write_text(content)
+    for args in (["--list"], ["recipes"]):
+        r = invoke(*args, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, timeout=120)
+        short_error(r, f"{tmp_path / 'invoke.yaml'}")
+        assert says in r.stderr and r.returncode == 1
+
+
+@pytest.mark.parametrize("content,says", [*BROKEN_CONFIG, ("dockyard: 5\n", "dockyard must hold `key: value` lines"),
+                                          ("dockyard: {runs_dir: {a: 1}}\n", "dockyard.runs_dir must hold one value")])
+def test_a_config_file_given_with_f_that_is_broken_is_one_error_line(tmp_path, content, says):
+    """`dockyard: 5` was `TypeError: 'int' object is not iterable` in every task."""
+    (tmp_path / "mine.yaml").write_text(content)
+    r = invoke_here("-f", str(tmp_path / "mine.yaml"), "recipes")
+    short_error(r, says)
+    assert r.returncode == 1
+
+
+def test_a_config_file_that_is_a_folder_or_no_yaml_is_one_error_line(tmp_path):
+    (tmp_path / "x.yaml").mkdir()
+    short_error(invoke_here("-f", str(tmp_path / "x.yaml"), "recipes"),
+                f"cannot read the config file {tmp_path / 'x.yaml'} (Is a directory)")
+    short_error(invoke_here("-f", str(tmp_path), "recipes"), f"(from file '{tmp_path}') are not supported")
+
+
+def test_dockyard_in_invoke_yaml_that_is_not_a_mapping_is_one_error_naming_it(tmp_path):
+    """`dockyard: 5` in invoke.yaml was `TypeError: 'int' object is not iterable` in every task."""
+    shutil.copy(ROOT / "tasks.py", tmp_path)
+    (tmp_path / "invoke.yaml").write_text("dockyard: 5\n")
+    r = invoke("recipes", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, timeout=120)
+    short_error(r, "`dockyard:` in invoke.yaml (or the config file given with -f) holds 5: it must hold the settings")
