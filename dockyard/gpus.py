@@ -14,9 +14,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Annotated, Protocol
 
-from dockyard.common.errors import DockyardError, json_object
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, with_config
+
+from dockyard.common.errors import DockyardError, json_object, problems
 
 
 def read_host() -> Host:
@@ -46,22 +48,28 @@ def facts() -> tuple[Host, list[Link]]:
         return Host(error=str(e)), []
 
 
+# "12.8", or "" where NVML could not read it
+Version = Annotated[str, StringConstraints(pattern=r"^(\d+\.\d+)?$")]
+
+
+@with_config(ConfigDict(strict=True, extra="forbid"))  # as strict as Recording, which it is read in
 @dataclass(frozen=True)
 class Gpu:
     index: int
     name: str
     memory_bytes: int
     uuid: str = ""
-    capability: str = ""  # CUDA compute capability, "7.5" on a T4: decides bf16 or fp16
+    capability: Version = ""  # CUDA compute capability, "7.5" on a T4: decides bf16 or fp16
     mig: bool = False     # MIG mode on: NVML counts the physical GPU, utilisation reads are not supported
 
 
 @dataclass(frozen=True)
 class Host:
-    """What NVML says about this host. `cuda` is the highest CUDA the driver supports, e.g. "12.8"."""
+    """What NVML says about this host. `cuda` is the highest CUDA the driver supports, e.g. "12.8" ("" where NVML
+    could not read it: variants.driver_runs then goes by the driver version)."""
 
     driver: str = ""
-    cuda: str = ""
+    cuda: Version = ""
     gpus: list[Gpu] = field(default_factory=list)
     error: str = ""  # why NVML could not be read (no driver, no library): not an error on a CPU host
     visible: str = ""  # the devices chosen by --gpus or CUDA_VISIBLE_DEVICES, "0,2"; "" is all of them
@@ -71,6 +79,7 @@ class Host:
         return len(self.gpus)
 
 
+@with_config(ConfigDict(strict=True, extra="forbid"))  # as strict as Recording, which it is read in
 @dataclass(frozen=True)
 class Link:
     """How two GPUs reach each other: `path` in words, whether P2P reads work, whether that is over NVLink."""
@@ -95,6 +104,23 @@ class Reading:
     mem: int
     mem_total: int = 0
     pids: tuple[int, ...] = ()
+
+
+class Sample(BaseModel):
+    devices: list[Reading]
+
+
+class Recording(BaseModel):
+    """A recorded host (`invoke doctor --record`, tests/fixtures/nvml/): users send these to each other, so every
+    field is read strictly as its type ("capability": 7.5 or "memory_bytes": "lots" is refused, naming the field).
+    `samples` has the shape of the monitor's own monitor.jsonl lines, so a real run can be replayed."""
+
+    model_config = ConfigDict(strict=True)
+
+    kind: str = "gpu"
+    host: Host = Field(default_factory=Host)
+    links: list[Link] = []
+    samples: list[Sample] = []
 
 
 class Source(Protocol):
@@ -210,43 +236,30 @@ class Nvml:
 
 
 class Recorded:
-    """Readings recorded earlier, replayed one sample per call (then no readings: the recording is over).
+    """Readings recorded earlier (a `Recording`), replayed one sample per call (then no readings: the recording is
+    over)."""
 
-    The file: {"host": {"driver", "cuda", "gpus": [{"index", "name", "memory_bytes"}]},
-               "links": [{"a", "b", "path", "p2p", "nvlink"}],
-               "samples": [{"devices": [{"device", "util", "mem", "mem_total", "pids"}]}]}
-    `samples` has the shape of the monitor's own monitor.jsonl lines, so a real run can be replayed.
-    """
-
-    def __init__(self, data: dict, kind: str = "gpu"):
-        self.kind = kind
-        self.data = data
+    def __init__(self, recording: Recording):
+        self.kind = recording.kind
+        self.recording = recording
         self._next = 0
 
     @classmethod
     def from_file(cls, path: Path | str) -> Recorded:
-        data = json.loads(Path(path).read_text())
-        return cls(data, kind=data.get("kind", "gpu"))
+        return cls(Recording.model_validate_json(Path(path).read_bytes()))
 
     def host(self) -> Host:
-        h = self.data.get("host", {})
-        return Host(driver=h.get("driver", ""), cuda=h.get("cuda", ""),
-                    gpus=[Gpu(**g) for g in h.get("gpus", [])], error=h.get("error", ""))
+        return self.recording.host
 
     def links(self) -> list[Link]:
-        return [Link(**link) for link in self.data.get("links", [])]
+        return self.recording.links
 
     def sample(self) -> list[Reading]:
-        samples = self.data.get("samples", [])
+        samples = self.recording.samples
         if self._next >= len(samples):
             return []
         self._next += 1
-        return [reading_from_dict(d) for d in samples[self._next - 1]["devices"]]
-
-
-def reading_from_dict(d: dict) -> Reading:
-    return Reading(int(d["device"]), float(d["util"]), int(d["mem"]), int(d.get("mem_total", 0)),
-                   tuple(d.get("pids", ())))
+        return samples[self._next - 1].devices
 
 
 def reading_to_dict(r: Reading) -> dict:
@@ -260,13 +273,13 @@ def replay() -> Recorded | None:
         return None
     try:
         data = json_object(Path(path), "recorded NVML readings (`invoke doctor --record=FILE`)")
-        source = Recorded(data, kind=data.get("kind", "gpu"))
-        source.host(), source.links()  # a file of another shape is refused here, not in the middle of a task
+        # as JSON: strict Python mode would want Host and Gpu instances, not the objects the file holds
+        source = Recorded(Recording.model_validate_json(json.dumps(data)))
     except OSError as e:
         raise DockyardError(f"{REPLAY_ENV}={path}: cannot read the recorded host ({e})") from None
-    except (AttributeError, TypeError, ValueError) as e:
+    except ValidationError as e:
         raise DockyardError(f"{REPLAY_ENV}={path}: not a recorded host as `invoke doctor --record` writes it "
-                            f"({type(e).__name__}: {e})") from None
+                            f"({problems(e)})") from None
     return source
 
 

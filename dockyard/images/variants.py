@@ -122,9 +122,21 @@ def cuda_version(text: str) -> tuple[int, ...]:
 MIN_DRIVER = {12: "525.60.13", 13: "580"}
 
 
-def driver_runs(image_cuda: str, host_cuda: str) -> bool:
-    """Whether a driver that reports `host_cuda` runs an image built for `image_cuda`."""
-    return cuda_version(image_cuda)[0] <= cuda_version(host_cuda)[0]
+def driver_runs(image_cuda: str, host: Host) -> bool | None:
+    """Whether the host's driver runs an image built for `image_cuda`: by the CUDA version NVML reports, else by the
+    driver version (MIN_DRIVER); None where NVML could read neither."""
+    if re.fullmatch(r"\d+\.\d+", host.cuda):
+        return cuda_version(image_cuda)[0] <= cuda_version(host.cuda)[0]
+    least = MIN_DRIVER.get(cuda_version(image_cuda)[0])
+    if least is None or not re.fullmatch(r"\d+(\.\d+)*", host.driver):
+        return None
+    return cuda_version(host.driver) >= cuda_version(least)
+
+
+def driver_says(host: Host) -> str:
+    """The host's driver in words: "driver 570.133.20 supports CUDA 12.8", or that NVML could not read it."""
+    driver = f"driver {host.driver}" if host.driver else "the driver (NVML could not read its version)"
+    return f"{driver} supports CUDA {host.cuda}" if host.cuda else f"{driver}, whose CUDA version NVML could not read"
 
 
 def arch_runs(archs: str, capability: str) -> bool:
@@ -163,11 +175,19 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
     if not host.gpus:
         why = host.error or "NVML sees no GPU"
         return variants["cpu"], f"auto → cpu: {why}"
-    fits = [v for v in variants.values() if v.is_cuda and driver_runs(v.cuda, host.cuda)]
-    if not fits:
-        have = ", ".join(f"{v.name} (CUDA {v.cuda})" for v in variants.values() if v.is_cuda)
+    cuda = [v for v in variants.values() if v.is_cuda]
+    fits = [v for v in cuda if driver_runs(v.cuda, host)]
+    if not fits and any(driver_runs(v.cuda, host) is None for v in cuda):
+        old = min(cuda, key=lambda v: cuda_version(v.cuda))
+        since = MIN_DRIVER.get(cuda_version(old.cuda)[0])
         raise DockyardError(
-            f"the driver {host.driver} supports CUDA {host.cuda}, older than every CUDA variant: {have}. "
+            f"auto cannot pick a variant: {driver_says(host)}, so which CUDA it runs is unknown. Name one, as in "
+            f"--variant={old.name} (CUDA {old.cuda}{f', for drivers from {since} on' if since else ''}), and check "
+            "the driver with nvidia-smi")
+    if not fits:
+        have = ", ".join(f"{v.name} (CUDA {v.cuda})" for v in cuda)
+        raise DockyardError(
+            f"{driver_says(host)}, older than every CUDA variant: {have}. "
             "Upgrade the driver, or add a variant for an older CUDA to images/variants.yaml."
         )
     with_code = [v for v in fits if not gpus_without_code(cuda_archs(v), host)]
@@ -178,7 +198,8 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
             f"{have}. Use --gpus to leave that GPU out, or add a variant whose torch covers it to images/variants.yaml.")
     fits = with_code
     best = max(fits, key=lambda v: cuda_version(v.cuda))
-    return best, f"auto → {best.name}: {host.count} GPU(s), driver {host.driver} supports CUDA {host.cuda}"
+    return best, f"auto → {best.name}: {host.count} GPU(s), {driver_says(host)}" + ("" if host.cuda else
+                                                                                     " (picked by the driver version)")
 
 
 def resolve(settings: Settings, name: str = "auto", host: Host | None = None) -> tuple[Variant, str]:

@@ -201,9 +201,9 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
         raise DockyardError(
             "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
             "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
-    if not variants.driver_runs(variant.cuda, host.cuda) and not disable_require:
+    if variants.driver_runs(variant.cuda, host) is False and not disable_require:  # None: cannot tell, the user chose
         raise DockyardError(
-            f"image {variant.name} needs CUDA {variant.cuda} but driver {host.driver} supports CUDA {host.cuda}; "
+            f"image {variant.name} needs CUDA {variant.cuda} but {variants.driver_says(host)}; "
             "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
             "forward compatibility applies (datacenter GPUs with the compat package)")
     lacking = variants.gpus_without_code(variants.cuda_archs(variant), host)

@@ -122,8 +122,11 @@ def check_gpus(host: Host) -> Check:
         return Check("gpus", PASS, f"no NVIDIA GPU ({host.error or 'NVML sees none'}): the cpu variant will be used")
     names = sorted({g.name + (f" (compute {g.capability})" if g.capability else "") for g in host.gpus})
     mem = min(g.memory_bytes for g in host.gpus) / GIB
-    detail = (f"{host.count} × {', '.join(names)} ({mem:.1f} GiB each), driver {host.driver}, "
-              f"supports CUDA ≤ {host.cuda}")
+    detail = f"{host.count} × {', '.join(names)} ({mem:.1f} GiB each), {variants.driver_says(host)}"
+    if not host.cuda:
+        by_driver = ", ".join(f"CUDA {major} from driver {least} on" for major, least in variants.MIN_DRIVER.items())
+        return Check("gpus", WARN, detail, (f"auto picks by the driver version ({by_driver}); " if host.driver else "")
+                     + "check the driver with nvidia-smi, or name the variant (--variant=NAME)")
     mig = [str(g.index) for g in host.gpus if g.mig]
     if mig:
         return Check("gpus", WARN, f"{detail}; MIG mode on GPU {', '.join(mig)}",
@@ -206,17 +209,20 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             if lacking:
                 out.append(Check(f"variant {name}", WARN, f"its torch has no code for {', '.join(lacking)} "
                                  f"(it holds {archs})", f"auto skips {name} on this host; use another variant"))
-            elif variants.driver_runs(cuda, host.cuda):
+            elif (runs := variants.driver_runs(cuda, host)) is None:
+                out.append(Check(f"variant {name}", WARN, f"cannot tell whether CUDA {cuda} ({where}) runs: "
+                                 f"{variants.driver_says(host)}", f"--variant={name} runs it anyway"))
+            elif runs:
                 out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
             else:
                 out.append(Check(f"variant {name}", WARN,
-                                 f"CUDA {cuda} ({where}) is newer than driver {host.driver} supports (CUDA {host.cuda})",
+                                 f"CUDA {cuda} ({where}) is newer than {variants.driver_says(host)}",
                                  f"upgrade the driver{_min_driver(cuda)} to use {name}; auto picks an older variant"))
     try:
         _, why = variants.pick_auto(all_variants, host)
         out.append(Check("auto variant", PASS, why))
     except DockyardError as e:
-        out.append(Check("auto variant", FAIL, "no CUDA variant runs on this driver", str(e)))
+        out.append(Check("auto variant", FAIL, "auto picks no variant on this host", str(e)))
     return out
 
 

@@ -89,3 +89,32 @@ def test_unreadable_replay_file_is_a_short_error(monkeypatch, tmp_path):
     monkeypatch.setenv(gpus.REPLAY_ENV, str(tmp_path / "missing.json"))
     with pytest.raises(DockyardError, match="DOCKYARD_NVML_REPLAY"):
         gpus.read_host()
+
+
+def test_a_driver_whose_cuda_version_nvml_cannot_read_is_reported_and_auto_goes_by_the_driver(monkeypatch, tmp_path):
+    """nvmlSystemGetCudaDriverVersion failing left cuda "", and doctor, plan and `run --dry` ended in int("")."""
+    from contextlib import contextmanager
+
+    from dockyard.images import variants
+    from dockyard.machine import doctor
+    from dockyard.settings import Settings
+
+    nv = fake_pynvml()
+    nv.nvmlSystemGetCudaDriverVersion = lambda: (_ for _ in ()).throw(NVMLError("Unknown Error"))
+
+    @contextmanager
+    def fake_nvml():
+        yield gpus.Nvml(nv, [0, 1])
+
+    monkeypatch.setattr(gpus, "nvml", fake_nvml)
+    gpus.record(tmp_path / "host.json")  # what a user with such a host sends: replayed as it would be read
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(tmp_path / "host.json"))
+    host = gpus.read_host()
+    assert host.cuda == "" and host.driver == "535.183.01"
+    said = doctor.check_gpus(host)
+    assert said.status == doctor.WARN and "driver 535.183.01, whose CUDA version NVML could not read" in said.detail
+    checks = {c.name: c for c in doctor.check_variants(variants.all_variants(Settings()), host, {})}
+    assert checks["auto variant"].status == doctor.PASS and "auto → cu128" in checks["auto variant"].detail
+    assert checks["variant cu132"].status == doctor.WARN  # 13.x needs driver 580: told by the version alone
+    picked, why = variants.resolve(Settings(), "auto")
+    assert picked.name == "cu128" and "picked by the driver version" in why

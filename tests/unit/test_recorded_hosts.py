@@ -96,13 +96,22 @@ def test_a_gpu_not_on_the_host_is_a_short_error(settings, capsys, replay):
 
 @pytest.mark.parametrize("text, says", [("[1, 2]", "expected a JSON object"), ('{"host": []}', "not a recorded host"),
                                         ('{"host": {"gpus": [{"x": 1}]}}', "not a recorded host"),
-                                        ("not json", "is not valid JSON")])
+                                        ("not json", "is not valid JSON"),
+                                        ('{"host": {"cuda": 12.2}}', r"\(host\.cuda: Input should be a valid string\)"),
+                                        ('{"host": {"gpus": [{"index": 0, "name": "T4", "memory_bytes": "lots"}]}}',
+                                         r"\(host\.gpus\.0\.memory_bytes: Input should be a valid integer\)"),
+                                        ('{"host": {"gpus": [{"index": 0, "name": "T4", "memory_bytes": 1, '
+                                         '"capability": 7.5}]}}', r"host\.gpus\.0\.capability: Input should be a valid"),
+                                        ('{"links": [{"a": 0, "b": 1, "path": "x", "p2p": "yes"}]}', r"links\.0\.p2p"),
+                                        ('{"samples": [{"devices": [{"device": 0, "util": "x", "mem": 0}]}]}',
+                                         r"samples\.0\.devices\.0\.util")])
 def test_a_replay_file_of_another_shape_is_a_short_error(tmp_path, monkeypatch, text, says):
     bad = tmp_path / "host.json"
     bad.write_text(text)
     monkeypatch.setenv(gpus.REPLAY_ENV, str(bad))
-    with pytest.raises(DockyardError, match=says):
+    with pytest.raises(DockyardError, match=says) as e:
         gpus.facts()
+    assert str(bad) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_recording_into_a_folder_that_does_not_exist_is_a_short_error(tmp_path):

@@ -102,9 +102,24 @@ DRIVERS = {"535.183.01": "12.2", "550.54.15": "12.4", "570.133.20": "12.8", "580
 def test_driver_by_variant_table(settings, driver, runs):
     vs = variants.all_variants(settings)
     host = Host(driver=driver, cuda=DRIVERS[driver], gpus=[H100])
-    assert {n for n, v in vs.items() if v.is_cuda and variants.driver_runs(v.cuda, host.cuda)} == runs
-    picked, _ = variants.pick_auto(vs, host)
-    assert picked.name == max(runs, key=lambda n: variants.cuda_version(vs[n].cuda))
+    # where NVML cannot read the driver's CUDA version, the driver version says the same
+    for host in (Host(driver=driver, cuda=DRIVERS[driver], gpus=[H100]), Host(driver=driver, gpus=[H100])):
+        assert {n for n, v in vs.items() if v.is_cuda and variants.driver_runs(v.cuda, host)} == runs
+        picked, why = variants.pick_auto(vs, host)
+        assert picked.name == max(runs, key=lambda n: variants.cuda_version(vs[n].cuda))
+    assert why.endswith(f"driver {driver}, whose CUDA version NVML could not read (picked by the driver version)")
+
+
+def test_auto_refuses_in_one_line_where_nvml_read_neither_the_cuda_nor_the_driver_version(settings):
+    """NVML's CUDA version left as "" used to be int("") in driver_runs: a ValueError traceback in doctor, plan, run."""
+    vs = variants.all_variants(settings)
+    with pytest.raises(DockyardError, match=r"auto cannot pick a variant: the driver \(NVML could not read its "
+                                            r"version\), whose CUDA version NVML could not read.*--variant=cu128"):
+        variants.pick_auto(vs, Host(gpus=[H100]))
+    too_old = Host(driver="470.256.02", gpus=[H100])  # older than every variant needs, by the version alone
+    with pytest.raises(DockyardError, match=r"driver 470\.256\.02, whose CUDA version NVML could not read, older "
+                                            "than every CUDA variant"):
+        variants.pick_auto(vs, too_old)
 
 
 # Compute capabilities of real GPUs: V100 7.0, T4 7.5, A100 8.0, L40S 8.9, H100 9.0, B200 10.0, Thor 11.0, RTX 5090 12.0,
