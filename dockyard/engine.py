@@ -25,8 +25,10 @@ from dockyard import console
 from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 
+# `invoke setup` as root, by this Python's path: a venv's invoke is not on root's PATH, so `sudo invoke setup` fails
+SUDO_SETUP = f"sudo {shlex.quote(sys.executable)} -m invoke setup"
 NO_ENGINE_HELP = (
-    "no Docker engine answers. Install and start one: `sudo invoke setup` (Debian/Ubuntu), or "
+    f"no Docker engine answers. Install and start one: `{SUDO_SETUP}` (Debian/Ubuntu), or "
     "`apt-get install docker.io && systemctl start docker`; where no init system runs, "
     "`setsid dockerd >dockerd.log 2>&1 &`. Set DOCKER_HOST if your engine listens elsewhere."
 )

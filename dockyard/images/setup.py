@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -67,7 +66,7 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
         return
     if not shutil.which("debootstrap") and not dry:
         raise DockyardError("debootstrap is missing: `apt-get install debootstrap`, or run setup as root "
-                            f"(`sudo {sys.executable} -m invoke setup`: a venv's invoke is not on root's PATH)")
+                            f"(`{engine.SUDO_SETUP}`: a venv's invoke is not on root's PATH)")
     with tempfile.TemporaryDirectory(prefix="dockyard-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
         argv = debootstrap_steps(rootfs, mirror)

@@ -54,3 +54,20 @@ def test_leaving_a_pipeline_by_an_exception_stops_its_commands():
     assert p.procs[0].returncode is not None and p.procs[0].returncode < 0
     with pytest.raises(DockyardError, match="`no-such-tool-here` not found"):
         engine.Pipeline(["cat"], ["no-such-tool-here"], stdin=engine.PIPE, quiet=True)
+
+
+def test_no_engine_advice_gives_a_setup_command_root_can_run_from_a_venv(tmp_path):
+    """`sudo invoke setup` fails from a venv (root's PATH has no invoke): the advice names this Python instead."""
+    import shlex
+    import sys
+
+    from dockyard.settings import Settings
+
+    silent = tmp_path / "docker"
+    silent.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    silent.chmod(0o755)
+    with pytest.raises(DockyardError) as e:
+        engine.engine_info(Settings(docker=str(silent)))
+    said = str(e.value)
+    assert f"`sudo {shlex.quote(sys.executable)} -m invoke setup`" in said and "`sudo invoke setup`" not in said
+    assert "(Cannot connect to the Docker daemon)" in said
