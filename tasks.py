@@ -83,7 +83,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
 
 # --- training --------------------------------------------------------------------------------
 
-@task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
+@task(help={"recipe": "which strategy (see `invoke recipes`); default zero2, or with --resume the run's own",
             "variant": "image variant; default auto",
             "nproc": "processes on this node: default one per GPU, or 2 on a CPU-only host",
             "nodes": "number of nodes (torchrun's c10d rendezvous); default 1",
@@ -95,7 +95,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "max_restarts": "times torchrun restarts the workers after a failure (default 0)",
             "run_id": "name of the run folder (default: <recipe>-<timestamp>); an existing one is refused; "
                       "with --nodes > 1 required, the same on every node",
-            "resume": "continue the run named by --run-id from its last checkpoint",
+            "resume": "continue the run named by --run-id from its last checkpoint, with its recipe",
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
@@ -106,7 +106,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
                      "org/name in the hf_cache folder (default: the `model` setting, else a tiny model made from a "
                      "config)",
             "dry": "print the exact command and run nothing"})
-def run(c, recipe="zero2", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = 0, master_addr="",
+def run(c, recipe="", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = 0, master_addr="",
         master_port: Port = 29500, run_id="", resume=False, disable_require=False, native=False, cpu=False,
         dry=False, gpus="", data="", model="", iface="", join_timeout: Seconds = 120, max_restarts: Restarts = 0):
     """Train a recipe in the image, one process per GPU (torchrun).

@@ -7,20 +7,21 @@ minutes later, inside the container, refused now with the same reason and no eng
 - the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
 - the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
   config.json, a hub id that is in the Hugging Face cache (runs are offline);
-- `--resume` names the run it continues (`--run-id`);
+- `--resume` names the run it continues (`--run-id`), and continues it with the recipe it was started with;
 - the runs folder's disk has room for the checkpoints and the model the run writes (check_runs_disk).
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import disk, memory
+from dockyard.common import disk, memory, runfolder
 from dockyard.common.data_files import BUILDERS
 from dockyard.common.errors import DockyardError
-from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, strategy
+from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
 from dockyard.common.run_settings import (
     TINY_MODEL,
     RunSettings,
@@ -39,6 +40,29 @@ def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run folder to continue (`ls "
                             f"{settings.path(settings.runs_dir)}`)")
+
+
+def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
+    """`--resume`: the recipe the run was started with, as its manifest names it; a --recipe naming another is
+    refused (DeepSpeed cannot continue another strategy's checkpoint, and the failed try would overwrite the record
+    of the run). The manifest names a recipe folder of your own by the folder's name: that one is given again."""
+    recorded = next((m.recipe for name in dict.fromkeys((runfolder.manifest_file(node_rank), runfolder.MANIFEST))
+                     if (m := runfolder.read_manifest(run_dir, name)) and m.recipe), "")
+    if given:
+        folder = Path(os.path.expanduser(given))
+        name = folder.resolve().name if (folder / "recipe.yaml").is_file() else given
+        if recorded and name != recorded:
+            raise DockyardError(f"--recipe {given}: run {run_dir.name} was started with recipe {recorded}, and a run "
+                                f"continues with its own: leave --recipe out, or train {given} as a new run "
+                                "(another --run-id)")
+        return given
+    if not recorded:
+        raise DockyardError(f"--resume: run {run_dir.name} has no manifest naming its recipe (it stopped before "
+                            "writing one): give the recipe it was started with, --recipe=NAME")
+    if recorded not in recipe_names():
+        raise DockyardError(f"--resume: run {run_dir.name} was started with recipe {recorded}, a folder of your own: "
+                            "give that folder again, --recipe=FOLDER")
+    return recorded
 
 
 def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, data: str = "",

@@ -26,12 +26,14 @@ from dockyard.launch import inputs, monitor, multinode, node, preflight, scriptw
 from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
 
+DEFAULT_RECIPE = "zero2"  # a new run's, when --recipe is not given
+
 
 @dataclass(frozen=True)
 class RunRequest:
     """What `invoke run` was asked, its flags already checked (dockyard/flags.py): the one object tasks.py passes."""
 
-    recipe: str = "zero2"
+    recipe: str = ""  # not given: DEFAULT_RECIPE, or on --resume the run's own
     variant: str = "auto"
     nproc: int = 0
     nodes: int = 1
@@ -67,18 +69,20 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                                                max_restarts=r.max_restarts, iface=r.iface)
     preflight.check_resume(settings, r.resume, r.run_id)
     # the recipe, loaded once here: a bad --recipe is reported as such, not through the run id derived from it;
-    # then what the trainer would refuse
-    recipe = load_recipe(r.recipe)
+    # a resumed run keeps its own (its manifest names it); then what the trainer would refuse
+    resumed = new_run_dir(settings, "", r.run_id, True, r.node_rank) if r.resume else None
+    recipe_arg = preflight.resumed_recipe(resumed, r.recipe, r.node_rank) if resumed else r.recipe or DEFAULT_RECIPE
+    recipe = load_recipe(recipe_arg)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
                         gpus_in_effect=chosen.is_cuda and not r.cpu)
-    run_dir = new_run_dir(settings, r.recipe, r.run_id, r.resume, r.node_rank)
+    run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
     need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
                                      gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
     if r.native:
-        plan = native_command(settings, recipe=r.recipe, topo=topo, run_dir=run_dir, overrides=overrides,
+        plan = native_command(settings, recipe=recipe_arg, topo=topo, run_dir=run_dir, overrides=overrides,
                            resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model)
     else:
         info, image = {}, {}
@@ -89,12 +93,12 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
             image = engine.image_inspect(settings, variants.tag(settings, chosen))
             if not image:
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
-                                    f"--variant={chosen.name}` (or `invoke build run --recipe={r.recipe}`)")
+                                    f"--variant={chosen.name}` (or `invoke build run --recipe={recipe_arg}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
         if chosen.is_cuda and not r.cpu:
             preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))
-        plan = run_command(settings, recipe=r.recipe, variant=chosen, host=host, engine_info=info, topo=topo,
+        plan = run_command(settings, recipe=recipe_arg, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
                         image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
                         cpu=r.cpu, data=r.data, model=r.model)

@@ -4,6 +4,7 @@ Through the real CLI (in this process); the trainer's own refusals are in tests/
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import fields
 
@@ -80,6 +81,58 @@ def test_a_hub_id_in_the_cache_is_taken_as_a_flag_and_as_the_setting(env, tmp_pa
 
 def test_resume_needs_the_run_id(env):
     refused(dry(env, "--resume"), "--resume needs --run-id")
+
+
+def _finished_run(runs, run_id, recipe):
+    """A run folder as a completed run leaves it: its manifest.json (the keys the trainer writes) and a checkpoint."""
+    folder = runs / run_id
+    (folder / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    manifest = {"run_id": run_id, "recipe": recipe, "variant": "native", "status": "completed", "world_size": 1,
+                "nodes": 1, "node_rank": 0, "rendezvous": None,
+                "strategy": {"requested": "ddp", "in_effect": {"engine": "ddp", "zero_stage": None}, "peft": None},
+                "metrics": {"steps": 2, "loss_first": 6.2, "loss_last": 6.2},
+                "recipe_files": {f"{recipe}/recipe.yaml": "c3" * 32}}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return folder
+
+
+def _trainer_recipe(r) -> str:
+    argv = shlex.split(r.stderr.strip().splitlines()[-1][2:])
+    return argv[argv.index("--recipe", argv.index("dockyard.train")) + 1]
+
+
+@pytest.mark.parametrize("native", [[], ["--native"]])
+def test_resume_continues_with_the_runs_own_recipe_and_refuses_another(env, tmp_path, native):
+    """Once `--resume` without --recipe took zero2 for a ddp run: DeepSpeed failed on the ddp checkpoint and the
+    failure overwrote the finished run's manifest."""
+    runs = tmp_path / "runs"
+    folder = _finished_run(runs, "n1", "ddp")
+    before = (folder / "manifest.json").read_text()
+    r = dry(env, *native, "--resume", "--run-id=n1", "--", "--max_steps", "3")
+    assert r.returncode == 0, r.stderr
+    assert _trainer_recipe(r) == "ddp"
+    for same in ("--recipe=ddp", f"--recipe={ROOT / 'recipes' / 'ddp'}"):  # a name, or the folder the name is
+        r = dry(env, *native, "--resume", "--run-id=n1", same)
+        assert r.returncode == 0, r.stderr
+    refused(dry(env, *native, "--resume", "--run-id=n1", "--recipe=zero2"),
+            "--recipe zero2: run n1 was started with recipe ddp")
+    assert (folder / "manifest.json").read_text() == before
+
+    mine = tmp_path / "mine"  # a recipe folder of the user's: the manifest has its name alone
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text((ROOT / "recipes" / "ddp" / "recipe.yaml").read_text())
+    _finished_run(runs, "n2", "mine")
+    refused(dry(env, *native, "--resume", "--run-id=n2"), "a folder of your own: give that folder again, --recipe=FOLDER")
+    r = dry(env, *native, "--resume", "--run-id=n2", f"--recipe={mine}")
+    assert r.returncode == 0, r.stderr
+    refused(dry(env, *native, "--resume", "--run-id=n2", "--recipe=ddp"), "was started with recipe mine")
+
+    (runs / "n3" / "checkpoints").mkdir(parents=True)  # stopped before writing its manifest
+    refused(dry(env, *native, "--resume", "--run-id=n3"), "no manifest naming its recipe")
+    r = dry(env, *native, "--resume", "--run-id=n3", "--recipe=ddp")
+    assert r.returncode == 0 and _trainer_recipe(r) == "ddp", r.stderr
+    r = dry(env, *native, "--run-id=n4")
+    assert r.returncode == 0 and _trainer_recipe(r) == "zero2", "a new run's default is unchanged"
 
 
 def test_dry_prints_the_command_the_run_starts(env, model):
