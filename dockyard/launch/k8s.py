@@ -94,6 +94,9 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
                             "name (`invoke recipes`), or build the image with your recipe folder in recipes/")
     node.check_nodes(nodes, gpus_per_node)
     node.check_restarts(max_restarts)
+    if resume and not run_id:
+        raise DockyardError("--resume needs --run-id: the run to continue (the --run-id its manifests were written "
+                            f"with; its folder is on the claim {runs_claim})")
     run_id = run_id or f"{recipe}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if not (NAME.fullmatch(run_id) and len(run_id) <= NAME_MAX):
         raise DockyardError(f"--run-id {run_id!r}: on Kubernetes it names the Job and its pods: use at most "

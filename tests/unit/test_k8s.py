@@ -133,6 +133,13 @@ def test_resume_reaches_the_trainer_not_its_overrides(settings, tmp_path):
     assert "--run-dir /workspace/runs/exp1 --resume --" in t["command"][2]
 
 
+def test_resume_needs_the_run_id_it_continues(settings, tmp_path):
+    """Once taken: manifests for a new timestamp id with --resume, whose pods then failed (no such run folder)."""
+    with pytest.raises(DockyardError, match="--resume needs --run-id"):
+        k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, resume=True, out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists(), "nothing written"
+
+
 def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_gives(settings, tmp_path):
     """Trainer v2's torch runtime numbers the nodes and names node 0 in PET_* variables (here set by hand, as
     the runtime would: no cluster): the flags given on top of them bound the join and host the store on node 0."""
