@@ -24,7 +24,7 @@ import yaml
 from dockyard import engine
 from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
-from dockyard.common.recipes import load_recipe
+from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.images import variants
 from dockyard.launch import node, preflight, scriptwords
 from dockyard.settings import Settings
@@ -88,10 +88,13 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     scriptwords.argv_words(list(overrides or []), "trainer overrides")
     if image:
         engine.reference(image, "--image")  # also written into the files' header comments: one line, no blanks
-    preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
-    if "/" in recipe or recipe.startswith("."):
-        raise DockyardError(f"--recipe {recipe!r}: on Kubernetes the pods run the image's recipes; give a recipe "
-                            "name (`invoke recipes`), or build the image with your recipe folder in recipes/")
+    loaded = load_recipe(recipe)
+    # the pods look --recipe up in the image's recipes/: a path, or a name that is a folder here (./myrec), is not there
+    if "/" in recipe or recipe.startswith(".") or loaded.folder != (RECIPES / recipe).resolve():
+        raise DockyardError(f"--recipe {recipe!r} is the folder {loaded.folder} on this host: on Kubernetes the pods "
+                            "run the image's recipes; give a recipe name (`invoke recipes`), or build the image with "
+                            "your recipe folder in recipes/")
+    preflight.check_overrides(loaded, overrides or [])  # what the trainer would refuse on every node
     node.check_nodes(nodes, gpus_per_node)
     node.check_restarts(max_restarts)
     if resume and not run_id:

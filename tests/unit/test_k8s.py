@@ -175,6 +175,21 @@ def test_bad_values_are_refused_with_what_to_give(settings, kw, message):
         _spec(settings, **kw)
 
 
+def test_a_recipe_folder_of_this_host_is_refused_as_the_pods_would_not_find_it(settings, tmp_path, monkeypatch):
+    """Once ./myrec (a folder here, not one of recipes/) was checked and written as `--recipe myrec`, which the
+    image does not have: the pods failed."""
+    mine = tmp_path / "myrec"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text((k8s.RECIPES / "ddp" / "recipe.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    for given in ("myrec", "./myrec", str(mine), str(k8s.RECIPES / "ddp")):
+        with pytest.raises(DockyardError, match=f"--recipe '{given}' is the folder .* on this host: on Kubernetes the "
+                                                "pods run the image's recipes; give a recipe name"):
+            k8s.write(settings, recipe=given, nodes=2, gpus_per_node=0, run_id="mine", out=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists(), "nothing written"
+    assert k8s.spec(settings, recipe="ddp", nodes=2, gpus_per_node=0).recipe == "ddp"
+
+
 def test_invoke_k8s_writes_both_files_and_refuses_bad_values_cleanly(tmp_path):
     r = invoke("k8s", "--recipe=lora", "--nodes=2", "--gpus-per-node=4", "--run-id=lora-a", f"--out={tmp_path}",
                "--", "--max_steps", "5")
