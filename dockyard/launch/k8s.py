@@ -210,7 +210,8 @@ def trainjob_manifest(s: Spec) -> dict:
 def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     """Write job.yaml and trainjob.yaml (default folder: <runs>/k8s/<run-id>/) and say how to apply them."""
     s = spec(settings, **kw)
-    folder = Path(out) if out else settings.path(settings.runs_dir) / "k8s" / s.run_id
+    # expanduser: the shell leaves a ~ after `=` (`--out=~/x`) as it is
+    folder = Path(out).expanduser() if out else settings.path(settings.runs_dir) / "k8s" / s.run_id
     scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}

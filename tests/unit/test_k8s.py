@@ -190,6 +190,15 @@ def test_a_recipe_folder_of_this_host_is_refused_as_the_pods_would_not_find_it(s
     assert k8s.spec(settings, recipe="ddp", nodes=2, gpus_per_node=0).recipe == "ddp"
 
 
+def test_out_under_the_home_folder_is_written_there(settings, tmp_path, monkeypatch):
+    """`--out=~/x`: the shell does not expand a ~ after `=`; the files once went into a folder named `~` here."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    paths = k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="home", out="~/x")
+    assert paths["job"] == tmp_path / "home" / "x" / "job.yaml" and paths["job"].is_file()
+    assert not (tmp_path / "~").exists()
+
+
 def test_invoke_k8s_writes_both_files_and_refuses_bad_values_cleanly(tmp_path):
     r = invoke("k8s", "--recipe=lora", "--nodes=2", "--gpus-per-node=4", "--run-id=lora-a", f"--out={tmp_path}",
                "--", "--max_steps", "5")
