@@ -36,6 +36,9 @@ def rendezvous(*, master_addr: str, master_port: int, node_rank: int, run_id: st
     found = routes if routes is not None else route_to(master_addr)
     if iface and found.get("iface") != iface:
         found = {"iface": iface, "addr": interface_address(iface)}
+    if found.get("addr") and ipaddress.ip_address(found["addr"]).is_loopback:
+        raise DockyardError(f"--iface {found.get('iface')} is a loopback interface ({found['addr']}): the other nodes "
+                            "cannot reach it; give this node's interface on the network the nodes share (`ip addr`)")
     return Rendezvous(endpoint=f"{master_addr}:{master_port}", run_id=run_id, is_host=node_rank == 0,
                       join_timeout=join_timeout, max_restarts=max_restarts, iface=found.get("iface", ""),
                       local_addr=found.get("addr", ""))

@@ -38,6 +38,14 @@ def test_a_loopback_master_address_is_refused_before_starting():
         multinode.route_to("127.0.0.1")
 
 
+@pytest.mark.parametrize("iface", ["lo", ""])
+def test_a_loopback_interface_is_refused_before_starting(iface):
+    """Once `--iface lo` was taken: the node advertised 127.0.0.1 (GLOO_SOCKET_IFNAME=lo), which no other node reaches."""
+    with pytest.raises(DockyardError, match=r"--iface lo is a loopback interface \(127.0.0.1\): the other nodes cannot "
+                                            "reach it"):
+        _rdzv(iface=iface, routes={"iface": "lo", "addr": "127.0.0.1"})
+
+
 def test_the_rendezvous_is_recorded_for_the_manifest_and_names_the_interface():
     env = _rdzv().env()
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "ens5"
