@@ -34,7 +34,8 @@ MOSTLY = 0.5             # "most of the run": this share of the busy samples
 
 
 class Processes:
-    """CPU runs: each training rank's CPU % and RSS, found by command line (dockyard.train + the run's name).
+    """CPU runs: each training rank's CPU % and RSS, found by command line (dockyard.train, its --run-dir the run's
+    folder: .../<run-id>, inside the container or on this host; a run named exp1 is not exp10).
 
     torchrun's own process and the docker client name the module too; the ranks are the matching processes
     with no matching descendant and, where their environment is readable, LOCAL_RANK set (torchrun sets it
@@ -56,7 +57,8 @@ class Processes:
         for p in ps.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
             line = " ".join(cmd)
-            if "dockyard.train" in line and self.run_name in line and not Path(cmd[0]).name.startswith("docker"):
+            if "dockyard.train" in line and Path(run_dir_of(cmd)).name == self.run_name \
+                    and not Path(cmd[0]).name.startswith("docker"):
                 matches.append(p)
         pids = {p.pid for p in matches}
         ranks = []
@@ -88,6 +90,16 @@ class Processes:
             except self.psutil.Error:
                 continue  # the rank just ended
         return out
+
+
+def run_dir_of(cmd: list[str]) -> str:
+    """The trainer's --run-dir in a command line; "" where it names none."""
+    for word, after in zip(cmd, [*cmd[1:], ""], strict=True):
+        if word == "--run-dir":
+            return after
+        if word.startswith("--run-dir="):
+            return word.partition("=")[2]
+    return ""
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,24 @@ def test_cpu_ranks_sampled_and_idle_rank_caught(tmp_path, capfd):
         return
     assert verdict["kind"] == "cpu" and verdict["unbalanced"] and verdict["idle_devices"] == [1]
     assert "rank 1 mostly idle" in capfd.readouterr().err
+
+
+def test_a_run_is_not_sampled_for_another_whose_name_starts_with_its_own():
+    """Once a substring match: two CPU runs exp1 and exp10 at once, and exp1's samples held exp10's rank too."""
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "dockyard.train", "--recipe",
+                             "ddp", "--run-dir", "/workspace/runs/exp10"], env={**os.environ, "LOCAL_RANK": "0"})
+    try:
+        deadline = time.time() + 10
+        seen = []
+        while time.time() < deadline and rank.pid not in seen:
+            seen = [d for r in monitor.Processes(Path("runs/exp10")).sample() for d in r.pids]
+            time.sleep(0.1)
+        assert rank.pid in seen, "the rank of exp10 is found for exp10"
+        assert rank.pid not in [d for r in monitor.Processes(Path("runs/exp1")).sample() for d in r.pids]
+        assert rank.pid not in [d for r in monitor.Processes(Path("runs/exp")).sample() for d in r.pids]
+    finally:
+        rank.kill()
+        rank.wait()
 
 
 class FakeNvml:
