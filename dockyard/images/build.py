@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -115,7 +116,7 @@ class BuildSteps:
     def show(self) -> str:
         lines = [f"# {n}" for n in self.notes]
         for argv, env in self.steps:
-            prefix = " ".join(f"{k}={v}" for k, v in env.items())
+            prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
             lines.append((prefix + " " if prefix else "") + engine.quote(argv))
         return "\n".join(lines)
 

@@ -91,4 +91,7 @@ def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
         build.wheelhouse(settings, variant.name, dry=dry)
     else:
         print(f"wheelhouse: {build.wheelhouse_dir(settings, variant)} matches the lock")
-    print(f"ready: `invoke build run --recipe=zero2` builds {variants.tag(settings, variant)} and trains in it")
+    if dry:
+        print("dry run: nothing was installed, made or downloaded")
+    else:
+        print(f"ready: `invoke build run --recipe=zero2` builds {variants.tag(settings, variant)} and trains in it")

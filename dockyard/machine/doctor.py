@@ -217,7 +217,8 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             else:
                 out.append(Check(f"variant {name}", WARN,
                                  f"CUDA {cuda} ({where}) is newer than {variants.driver_says(host)}",
-                                 f"upgrade the driver{_min_driver(cuda)} to use {name}; auto picks an older variant"))
+                                 f"upgrade the driver{_min_driver(cuda)} to use {name}; auto picks another variant "
+                                 "where one runs here (see `auto variant`)"))
     try:
         _, why = variants.pick_auto(all_variants, host)
         out.append(Check("auto variant", PASS, why))

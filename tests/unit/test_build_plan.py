@@ -105,6 +105,8 @@ def test_index_and_ca_settings_reach_pip_but_not_the_image(settings, cu132):
     assert argv[argv.index("--index-url") + 1] == "https://pypi.corp/simple" and env["PIP_CERT"] == "/etc/corp-ca.pem"
     (bargv, _), = build.build_steps(s, cu132).steps
     assert "corp" not in " ".join(bargv)  # never a build arg: args are recorded in the image history
+    spaced = build.wheelhouse_steps(settings.model_copy(update={"ca_bundle": "/etc/my ca.pem"}), cu132)
+    assert spaced.show().startswith("PIP_CERT='/etc/my ca.pem' ")  # --dry prints a command that can be pasted
 
 
 def test_dockerfile_stays_offline_and_layers_code_last():
