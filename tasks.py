@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 from dockyard.cli import explain_config_errors, explain_parse_errors, hold_setting_overrides, task
 
 hold_setting_overrides()  # until a task runs: Invoke's own cast of them is a traceback (dockyard/cli.py)
-explain_parse_errors()  # a flag Invoke's parser refuses is one `error:` line, as every other refusal
-explain_config_errors()  # so is invoke.yaml that Invoke cannot read
+# a flag Invoke's parser refuses is one `error:` line, as every other refusal; so are trainer overrides after `--`
+# given to a task that does not hand them to the trainer (`_remainder`)
+explain_parse_errors(takes_overrides={"run", "slurm", "k8s"})
+explain_config_errors()  # and invoke.yaml that Invoke cannot read
 
 if TYPE_CHECKING:  # the flags' types, read when a task runs (dockyard/cli.py): pydantic is not imported for --list
     from dockyard.flags import Batch, Count, GiB, Level, Nodes, Port, PortOrConfig, Rank, Restarts, Seconds, Tokens

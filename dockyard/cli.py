@@ -41,11 +41,16 @@ def release_setting_overrides() -> None:
     os.environ.update(_held)
 
 
-def explain_parse_errors() -> None:
+_TAKES_OVERRIDES: set[str] = set()
+
+
+def explain_parse_errors(takes_overrides: set[str] = frozenset()) -> None:
     """Reword what Invoke's parser refuses (a flag with no value, a switch given one, a flag or task it does not know,
     `--help` for a task that is not there) as dockyard's one `error:` line, instead of Invoke's own words ("Flag
     <Argument: runtime> needed value and was not given one!"), which Program.run prints as they are and exits 1.
-    Called when tasks.py is imported, which Invoke does before it parses the tasks' flags; the exit stays 1."""
+    Called when tasks.py is imported, which Invoke does before it parses the tasks' flags; the exit stays 1.
+    `takes_overrides`: the tasks that pass what follows `--` to the trainer; the others refuse it."""
+    _TAKES_OVERRIDES.update(takes_overrides)
     for name in ("parse_tasks", "parse_cleanup"):
         parse = getattr(invoke.Program, name)
         if not getattr(parse, "explained", False):
@@ -143,6 +148,10 @@ def invokes_own_flags(program: invoke.Program) -> str | None:
     echoes shell commands, and the save ran for real. Invoke's --dry is refused wherever it is given; its other
     flags after a task name are a flag that task does not have (`--help` stays help on the task). The refusal, or
     None."""
+    if program.core.remainder and not _TAKES_OVERRIDES & {t.name for t in program.tasks}:
+        return (f"what follows -- ({program.core.remainder}) is for the trainer, and only "
+                f"{', '.join(sorted(_TAKES_OVERRIDES))} pass it on: give flags before --, as `invoke --help TASK` "
+                "lists them")
     if program.core[0].args["dry"].value:
         have = sorted(t.name for t in program.collection.tasks.values() if "dry" in {a.name for a in t.get_arguments()})
         tasks = [t.name for t in program.tasks]

@@ -187,10 +187,13 @@ def test_what_invokes_parser_refuses_is_one_error_line(args, says, tmp_path):
     (["--dry", "run", "--variant=cpu"], "as in `invoke run --dry`"),
     (["slurm", "--out={tmp}/out", "--echo"], "invoke slurm has no flag --echo (`invoke --help slurm`"),
     (["run", "--dry", "k8s", "--out={tmp}/out", "-w"], "invoke k8s has no flag -w"),
+    (["plan", "--model=1B", "--gpus=1", "--gpu-mem=80", "--", "--seq-len", "99999"],
+     "what follows -- (--seq-len 99999) is for the trainer, and only k8s, run, slurm pass it on"),
 ])
 def test_invokes_own_flags_after_a_task_are_refused_and_the_task_does_nothing(args, says, tmp_path):
     """Invoke reads its own flags after a task's name too: `invoke slurm --dry` was Invoke's --dry (it only echoes
-    shell commands) and the task ran for real, writing its files (`invoke save --dry` wrote the archive)."""
+    shell commands) and the task ran for real, writing its files (`invoke save --dry` wrote the archive). And a task
+    that does not pass the overrides after `--` to the trainer ignored them without a word."""
     r = invoke_here(*[a.format(tmp=tmp_path) for a in args])
     short_error(r, says)
     assert r.returncode == 1 and not (tmp_path / "out").exists()
