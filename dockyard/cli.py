@@ -193,8 +193,21 @@ def reworded(e: ParseError, argv: list[str]) -> str:
             return f"{switch} is a switch and takes no value: give {switch} alone ({where})"
         if token.startswith("-"):
             return f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ({where})"
+        if twice := _given_twice(argv, token):  # Invoke reads a flag's second value as a task
+            return f"{twice} is given twice: give it once, as in {twice}={token}"
         return f"no task named {token!r} (`invoke --list` lists the tasks)"
     return f"{said} ({where})"
+
+
+def _given_twice(argv: list[str], token: str) -> str | None:
+    """The flag given more than once whose later value is `token` (`--recipe=lora --recipe=ddp`, or with spaces)."""
+    flags = [a.partition("=")[0] for a in argv if a.startswith("--")]
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        given = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+        if flag.startswith("--") and given == token and flags.count(flag) > 1:
+            return flag
+    return None
 
 
 class TypedFlag(Argument):

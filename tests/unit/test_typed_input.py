@@ -168,6 +168,8 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["run", "--dry="], "--dry is a switch and takes no value"),
     (["slurm", "--out={tmp}/job.sbatch", "--runtime=pyxis", "pyxis"], "no task named 'pyxis'"),
     (["nosuchtask"], "no task named 'nosuchtask' (`invoke --list`"),
+    (["run", "--dry", "--recipe=lora", "--recipe=ddp"], "--recipe is given twice: give it once, as in --recipe=ddp"),
+    (["plan", "--model", "1B", "--gpus", "1", "--gpus", "2"], "--gpus is given twice"),
     (["--help", "nosuchtask"], "no task named 'nosuchtask'"),
 ])
 def test_what_invokes_parser_refuses_is_one_error_line(args, says, tmp_path):
