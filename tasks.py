@@ -139,7 +139,7 @@ def _remainder(c) -> list[str]:
             "archive": "an archive from `invoke save`: each node loads it first where it lacks the image",
             "runtime": "docker (default: `invoke run` on each node), pyxis (enroot .sqsh) or apptainer (.sif)",
             "image_file": "pyxis: the image as FILE.sqsh; apptainer: FILE.sif (on storage every node sees)",
-            "out": "where to write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
+            "out": "the script file to write, or a folder to write it into (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
 def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive="", runtime="docker",
           image_file="", out=""):
     """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
