@@ -511,8 +511,13 @@ def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
     if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
         return None, None
     peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
-    tied = bool(getattr(getattr(p.model, "config", None), "tie_word_embeddings", False))
-    flops = mfu.flops_per_token(parameters=p.shape.params, vocab=p.shape.vocab, hidden=p.shape.hidden,
+    config = getattr(p.model, "config", None)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    params = p.shape.params  # sized as a causal LM (models.model_shape): its output head multiplies every token
+    if p.settings.task == "seq_cls":  # a classifier has no vocab × hidden head (its hidden × labels one is negligible)
+        params -= 0 if tied else p.shape.vocab * p.shape.hidden
+        tied = False  # no head multiplies by the embedding: it is a lookup only
+    flops = mfu.flops_per_token(parameters=params, vocab=p.shape.vocab, hidden=p.shape.hidden,
                                 attention_width=p.shape.q_width, layers=p.shape.layers, tied=tied,
                                 adapters=bool(p.recipe.peft),
                                 seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))

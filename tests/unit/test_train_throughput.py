@@ -124,3 +124,33 @@ def test_the_final_save_is_not_taken_out_of_the_training_time(tmp_path, monkeypa
     assert steady["seconds"] == pytest.approx(2.0) and steady["tokens_per_second"] == pytest.approx(500.0)
     assert run.metrics["tokens_per_second"] == pytest.approx(500.0)
     assert run.metrics["seconds_saving"] == pytest.approx(5.0)  # the manifest still says what saving took
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_classifier_s_mfu_counts_no_vocabulary_head(monkeypatch, tied):
+    """A seq_cls model has no vocab × hidden output head; the FLOPs per token counted it (1.27x too high an MFU for a
+    tied 1B Llama). The GPU is faked (torch.cuda's two reads), the shape is the causal LM's the trainer sizes."""
+    from dockyard.common.memory import Shape
+    from dockyard.train import __main__ as train_main
+    from dockyard.train import mfu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    vocab, hidden, layers = 32000, 2048, 22
+    embedding = vocab * hidden
+    body = 900_000_000  # the decoder layers
+    shape = Shape(params=body + embedding * (1 if tied else 2), largest_layer=embedding, hidden=hidden, layers=layers,
+                  vocab=vocab, intermediate=5632, kv_hidden=256, linear_params=body, lora_params=0)
+
+    def prepared(task):
+        return SimpleNamespace(args=SimpleNamespace(bf16=True, fp16=False, local_process_index=0), shape=shape,
+                               model=SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=tied)),
+                               recipe=SimpleNamespace(peft=None), settings=SimpleNamespace(task=task),
+                               examples=[{"input_ids": [0] * 1024}])
+
+    attention = 12 * layers * hidden * 1024
+    lm, peak = train_main.flops_and_peak(prepared("causal_lm"))
+    classifier, _ = train_main.flops_and_peak(prepared("seq_cls"))
+    assert peak == mfu.peak_flops("NVIDIA H100 80GB HBM3", "bf16")
+    assert lm == 6 * (body + embedding) + attention  # the head multiplies; the input embedding is a lookup
+    assert classifier == 6 * body + attention
