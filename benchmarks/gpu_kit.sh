@@ -30,7 +30,9 @@ pin() {  # NAME -> NAME==VERSION from the cu132 lock, else from pyproject.toml
 	[ -n "$v" ] || { echo "gpu_kit: no pin for $1" >&2; exit 1; }
 	echo "$v"
 }
-rm -rf "$KIT" && mkdir -p "$KIT"
+# gathered beside the kit and put in its place at the end: a failed gather leaves the old kit whole
+NEW="$KIT.new"
+rm -rf "$NEW" && mkdir -p "$NEW"
 wheels=""
 for name in bitsandbytes datasets pydantic pydantic-core annotated-types typing-inspection invoke hjson dill \
 	multiprocess transformers peft liger-kernel nvidia-ml-py xxhash; do
@@ -39,16 +41,16 @@ done
 # shellcheck disable=SC2086 # one word per pin
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-	--platform manylinux2014_x86_64 -d "$KIT" $wheels
+	--platform manylinux2014_x86_64 -d "$NEW" $wheels
 # deepspeed is an sdist: downloaded by its locked hashes (what `invoke wheelhouse` does), never built here.
 req=$(mktemp)
 awk '/^deepspeed==/ { on = 1 } on { print; if ($0 !~ /\\$/) exit }' images/locks/cu132.txt >"$req"
-"$PY" -m pip download -q --no-deps --require-hashes -r "$req" -d "$KIT" --python-version 3.12 --implementation cp \
+"$PY" -m pip download -q --no-deps --require-hashes -r "$req" -d "$NEW" --python-version 3.12 --implementation cp \
 	--platform manylinux2014_x86_64
 rm -f "$req"
 
 # bitsandbytes: keep the CUDA 13.0 and CPU libraries only, and a RECORD that says so.
-"$PY" - "$KIT" <<'PYEOF'
+"$PY" - "$NEW" <<'PYEOF'
 import base64, csv, hashlib, io, pathlib, sys, zipfile
 kit = pathlib.Path(sys.argv[1])
 src = next(kit.glob("bitsandbytes-*.whl"))
@@ -69,4 +71,5 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED
     zout.writestr(record, out.getvalue())
 tmp.replace(src)
 PYEOF
+rm -rf "$KIT" && mv "$NEW" "$KIT"
 du -sh "$KIT"

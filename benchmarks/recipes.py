@@ -164,7 +164,8 @@ def setup_line(gpu: bool, seq: int, batch: int | str, steps: int) -> str:
             f"no checkpoints saved. tokens/s: steady state, the logging windows (every 5 steps) "
             f"after step {WARMUP_STEPS}, from metrics.jsonl (real tokens of every rank); manifest: the run's own "
             "figure. Peak memory: GPU memory reserved by torch (resident set size on CPU) of the largest rank; "
-            "plan: `invoke plan`'s estimate for the run, from its manifest. First step: from process start to the end of step 1")
+            "plan: `invoke plan`'s estimate of that same figure for the run, from its manifest (torch's pool, "
+            "without the CUDA context and NCCL the plan adds for what fits). First step: from process start to the end of step 1")
 
 
 def make_model(work: Path, gpu: bool) -> Path:
@@ -251,7 +252,7 @@ def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps
         met = m["metrics"]
         return {"recipe": name, **steady_state(run / "metrics.jsonl"), "manifest_tps": met["tokens_per_second"],
                 "manifest_mfu": met.get("mfu"), "peak": met["peak_memory_bytes"],
-                "plan": (m.get("plan") or {}).get("gpu_bytes"), "first_step": met["seconds_to_first_step"],
+                "plan": (m.get("plan") or {}).get("gpu_reserved_bytes"), "first_step": met["seconds_to_first_step"],
                 "saving": met.get("seconds_saving"), "resolved": resolved(m),
                 "micro_batch": ((m.get("settings_resolved") or {}).get("per_device_train_batch_size") or {})
                 .get("value", batch)}
