@@ -330,8 +330,8 @@ def doctor(c, json=False, record="", peer="", port: Port = 29500):
         raise DockyardError(f"{len(failed)} check(s) failed: {', '.join(f.name for f in failed)}")
 
 
-@task(help={"model": "a local model folder (config.json; no weights are read) or a parameter count: 8B, 1.5B, 350M "
-                     "(default: the `model` setting of invoke.yaml)",
+@task(help={"model": "a local model folder (config.json; no weights are read), a hub model org/name in the hf_cache "
+                     "folder, or a parameter count: 8B, 1.5B, 350M (default: the `model` setting of invoke.yaml)",
             "gpus": "GPUs per node (default: what NVML sees)",
             "gpu_mem": "GiB per GPU (default: what NVML sees)",
             "cpu_mem": "GiB of host memory per node (default: this host's)",

@@ -112,8 +112,14 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
+    before = _stat(run_dir / runfolder.manifest_file(r.node_rank))
     with monitor.watch(run_dir, node_rank=r.node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
+    if proc.returncode and r.resume and before and _stat(run_dir / runfolder.manifest_file(r.node_rank)) == before:
+        # the trainer refused to continue (a damaged checkpoint, max_steps reached...) and left the record alone:
+        # its manifest still says what the run was, "completed" perhaps, which is not this command's outcome
+        raise DockyardError(f"--resume of run {run_dir.name} was refused (exit {proc.returncode}; the trainer's "
+                            "reason is above): the run is as it was")
     wrote = [n for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
     if proc.returncode and made and not wrote:
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
@@ -121,6 +127,15 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
                             f"nothing was kept, so the same command can be run again")
     return summarise(run_dir, r.node_rank)
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    """(modification time in ns, size) of a file, None where there is none: whether the trainer wrote it meanwhile."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:

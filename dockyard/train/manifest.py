@@ -101,12 +101,14 @@ def write(run_dir: Path, manifest: dict[str, Any], name: str = runfolder.MANIFES
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
     its last complete checkpoint (complete_checkpoint), or starts it again when it failed before completing one
-    (a node lost while starting: the same command with --resume is what a user runs then)."""
+    (a node lost while starting: the same command with --resume is what a user runs then), or was killed before it
+    wrote a manifest or a checkpoint (an OOM kill leaves train.log and metrics.jsonl: `invoke run` refuses that
+    folder without --resume, so --resume must take it)."""
     started = checkpoints_started(run_dir)
     complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / runfolder.MANIFEST).exists() or bool(started)
-    if resume and not complete and _failed(run_dir):
-        return None
+    if resume and not complete and (_failed(run_dir) or not holds_run):
+        return None  # failed before its first checkpoint, or killed before writing a manifest: trained from the start
     if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
     if holds_run and not resume:

@@ -150,7 +150,7 @@ def test_a_folder_holding_a_run_is_never_overwritten(tmp_path):
     assert proc.returncode == 1 and "already holds a run" in proc.stderr and "--resume" in proc.stderr
     assert (tmp_path / "manifest.json").read_text() == '{"mine": true}'
     proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "new"), "--resume")
-    assert proc.returncode == 1 and "no checkpoint to continue from" in proc.stderr
+    assert proc.returncode == 1 and "there is no run folder" in proc.stderr and not (tmp_path / "new").exists()
 
 
 def test_unknown_settings_are_named(tmp_path):

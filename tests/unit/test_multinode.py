@@ -265,6 +265,14 @@ def test_resume_after_a_run_lost_before_its_first_checkpoint_starts_it_again(tmp
         manifest.check_run_dir(tmp_path, resume=True)
 
 
+def test_resume_of_a_run_killed_before_its_manifest_starts_it_again(tmp_path):
+    """An OOM kill before the first checkpoint leaves train.log and metrics.jsonl, no manifest: `invoke run` refuses
+    that folder without --resume (it holds files), and --resume said it held no checkpoint: no way on."""
+    for name in ("train.log", "metrics.jsonl"):
+        (tmp_path / name).write_text("left by the killed run\n")
+    assert manifest.check_run_dir(tmp_path, resume=True) is None
+
+
 def _node_0_of_two_beside_the_store(monkeypatch, port: int) -> None:
     """This process as node 0's first, of two nodes; torchrun's store at 127.0.0.1:port is node 1's (this node
     advertises 127.0.0.9), as when torchrun ranked node 1 first."""

@@ -58,12 +58,12 @@ def run_cpu(settings, monkeypatch, tmp_path):
     monkeypatch.setattr(monitor, "watch", lambda *a, **kw: contextlib.nullcontext())
     monkeypatch.setenv("DOCKYARD_MEMLOCK", str(1 << 30))  # not this host's dockerd limits
 
-    def go(container, run_id="early"):
+    def go(container, run_id="early", **request_fields):
         fake = FakeEngine(container=container)
         s = fake.install(monkeypatch, settings).model_copy(update={"runs_dir": tmp_path / "runs"})
         fake.images.add("sha256:" + "c" * 64)
         fake.tags[launch_run.variants.tag(s, launch_run.variants.resolve(s, "cpu")[0])] = "sha256:" + "c" * 64
-        request = launch_run.RunRequest(recipe="ddp", variant="cpu", run_id=run_id)
+        request = launch_run.RunRequest(recipe="ddp", variant="cpu", run_id=run_id, **request_fields)
         return fake, tmp_path / "runs" / run_id, lambda: launch_run.run(s, request)
     return go
 
@@ -88,3 +88,25 @@ def test_a_run_docker_refused_keeps_nothing_so_the_same_id_can_run_again(run_cpu
     fake, run_dir, go = run_cpu(trainer_that_fails_before_its_log)  # the same --run-id is free again
     with pytest.raises(DockyardError, match=re.escape(f"run early failed: {ERROR}")):
         go()
+
+
+def trainer_that_refuses_to_continue(argv: list[str]) -> int:
+    """The container: the trainer refuses the resume before training (max_steps reached, a damaged checkpoint) and
+    leaves the run's manifest as it was."""
+    return 1
+
+
+def test_a_resume_the_trainer_refused_is_an_error_not_the_old_run_s_completed(run_cpu, capsys):
+    """The run's manifest still said completed, so `invoke run --resume` printed `completed` and exited 0 after the
+    trainer's `error: already at max_steps 7`."""
+    from dockyard.train import manifest
+
+    fake, run_dir, go = run_cpu(trainer_that_refuses_to_continue, resume=True)
+    run_dir.mkdir(parents=True)
+    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    before = (run_dir / "manifest.json").read_bytes()
+    with pytest.raises(DockyardError, match=r"--resume of run early was refused \(exit 1; the trainer's reason is "
+                                            r"above\): the run is as it was"):
+        go()
+    assert (run_dir / "manifest.json").read_bytes() == before
+    assert "completed" not in capsys.readouterr().out
