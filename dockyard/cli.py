@@ -90,9 +90,12 @@ def _reading(load):
 
 def _known_type(load_file):
     @functools.wraps(load_file)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self, prefix, *args, **kwargs):
+        given = getattr(self, "_runtime_path", None) if prefix == "runtime" else None  # -f FILE
+        if given and not os.path.exists(os.path.expanduser(given)):  # Invoke skipped it without a word
+            raise Exit(f"error: -f {shown(given)}: no such file (the config file given with -f/--config)", code=1)
         try:
-            return load_file(self, *args, **kwargs)
+            return load_file(self, prefix, *args, **kwargs)
         except invoke.exceptions.UnknownFileType as e:  # -f FILE without .yaml, .yml, .json or .py
             raise Exit(f"error: {shown(str(e))}", code=1) from None
 

@@ -97,6 +97,9 @@ def test_a_config_file_that_is_a_folder_or_no_yaml_is_one_error_line(tmp_path):
     short_error(invoke_here("-f", str(tmp_path / "x.yaml"), "recipes"),
                 f"cannot read the config file {tmp_path / 'x.yaml'} (Is a directory)")
     short_error(invoke_here("-f", str(tmp_path), "recipes"), f"(from file '{tmp_path}') are not supported")
+    # a mistyped -f: Invoke went on without it, and without a word
+    short_error(invoke_here("-f", str(tmp_path / "typo.yaml"), "recipes"),
+                f"-f {tmp_path / 'typo.yaml'}: no such file (the config file given with -f/--config)")
 
 
 def test_dockyard_in_invoke_yaml_that_is_not_a_mapping_is_one_error_naming_it(tmp_path):
