@@ -290,7 +290,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
     steps = training.get("max_steps")
     if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
-        raise DockyardError(f"already at max_steps {steps} ({Path(last).name}): raise --max_steps to train on")
+        raise DockyardError(f"already at max_steps {steps} ({Path(last).name}): raise --max_steps to train on; the "
+                            f"weights of that step are in {last} (from_pretrained reads them)")
     return Opened(recipe, settings, training, last)
 
 

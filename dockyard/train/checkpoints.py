@@ -39,6 +39,7 @@ STATE = "trainer_state.json"
 # The model's part of a checkpoint, one of these at least: the Trainer's weights (whole, sharded, LoRA's adapter),
 # DeepSpeed's engine state (global_stepN/), FSDP's (pytorch_model_fsdp*)
 WEIGHTS = ("model*.safetensors", "model.safetensors.index.json", "adapter_model.*", "pytorch_model*", "global_step*")
+TORCH_SAVED = {".pt", ".pth", ".bin"}  # what the Trainer and DeepSpeed read with torch.load
 ZIP, PICKLE = b"PK\x03\x04", b"\x80"  # torch.save's zip archive; a bare pickle (protocol 2 and later)
 
 
@@ -112,6 +113,10 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
                 raise refusal(path, f"Python objects that are not weights: {', '.join(sorted(unsafe))}")
         elif head.startswith(PICKLE):
             raise refusal(path, "a bare pickle, not a torch.save file")
+        elif path.suffix in TORCH_SAVED:  # empty, or cut inside its first bytes: torch.load's EOFError otherwise
+            raise damaged(checkpoint, earlier, path, f"cut short: {path.stat().st_size} bytes, not a torch.save file")
+        elif path.name == "latest" and not path.read_text(errors="replace").strip():
+            raise damaged(checkpoint, earlier, path, "empty: DeepSpeed reads the name of its step folder there")
 
 
 def safetensors_damage(path: Path) -> str:

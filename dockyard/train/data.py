@@ -55,6 +55,8 @@ FALLBACK_CHAT_TEMPLATE = (
 )
 
 
+MAX_CLASSES = 1 << 16  # a classifier's outputs: more is an id read as a class number (a head of 10^12 outputs)
+
 def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
     """The run's data (`data`, `data_format`, `eval_data` or `eval_fraction`, `task`, `max_seq_length`)."""
     source = str(settings.data_path)
@@ -156,7 +158,7 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
             raise DockyardError(f"dataset {what} is not in the local Hugging Face cache (runs are offline): on a "
                                 f"machine with internet, `hf download --repo-type dataset {what}`, then copy its "
                                 f"~/.cache/huggingface to this host's hf_cache") from None
-        if not any(Path(f).read_bytes().strip() for f in kwargs["data_files"]):
+        if not any(_holds_text(Path(f)) for f in kwargs["data_files"]):
             raise DockyardError(f"{what} holds no examples (the file is empty)") from None
         if isinstance(e.__cause__ or e, UnicodeDecodeError):
             raise DockyardError(f"cannot read {what}: it is not UTF-8 text ({_first_line(e)}); save it as "
@@ -333,10 +335,10 @@ def label_names(rows: list[dict[str, Any]]) -> list[str]:
     if all(isinstance(x, int) for x in labels):
         if min(labels) < 0:
             raise DockyardError(f"integer labels must be 0 or more (found {min(labels)})")
-        if max(labels) + 1 > 2 * len(labels):  # class numbers no example has: a head of that many outputs
-            raise DockyardError(f"integer labels are class numbers 0..N-1: the largest, {max(labels)}, leaves most "
-                                f"of its {max(labels) + 1} classes without an example ({len(labels)} distinct "
-                                f"labels); number the classes 0..{len(labels) - 1}, or use names")
+        if max(labels) >= MAX_CLASSES:  # a head of that many outputs: an id, not a class number
+            raise DockyardError(f"integer labels are class numbers 0..N-1: {max(labels)} is past the "
+                                f"{MAX_CLASSES:,} classes a head is made for here (an id in place of a class?); "
+                                "number the classes from 0, or use names")
         return [str(i) for i in range(max(labels) + 1)]
     return sorted(str(x) for x in labels)
 
@@ -349,6 +351,15 @@ def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
         raise DockyardError(f"labels not seen in the training data: {', '.join(unknown[:5])}")
     return [{"input_ids": tokenizer(str(r["text"]), truncation=True, max_length=max_len)["input_ids"],
              "labels": index[str(r["label"])]} for r in rows]
+
+
+def _holds_text(path: Path) -> bool:
+    """Whether a data file holds anything but whitespace, read only up to its first other byte."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return True
+    return False
 
 
 def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

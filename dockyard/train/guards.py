@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import recipes
-from dockyard.common.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, problems, yaml_problem
 from dockyard.common.units import GIB
 
 
@@ -128,7 +128,7 @@ def fsdp_settings(path: Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except (*recipes.YAML_ERRORS, UnicodeDecodeError) as e:
-        raise DockyardError(f"{path} is not valid YAML: {e}") from None
+        raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
         raise DockyardError(f"{path}: expected `fsdp:` and `fsdp_config:` lines")
     extra = sorted(set(raw) - {"fsdp", "fsdp_config"})

@@ -107,8 +107,8 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     started = checkpoints_started(run_dir)
     complete = [p for p in started if complete_checkpoint(p)]
     holds_run = (run_dir / runfolder.MANIFEST).exists() or bool(started)
-    if resume and not complete and (_failed(run_dir) or not holds_run):
-        return None  # failed before its first checkpoint, or killed before writing a manifest: trained from the start
+    if resume and not complete and (_failed(run_dir) or not (run_dir / runfolder.MANIFEST).exists()):
+        return None  # failed before its first checkpoint, or killed (mid-save perhaps) before its manifest: again
     if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
     if holds_run and not resume:

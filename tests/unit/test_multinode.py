@@ -428,3 +428,10 @@ def test_doctor_peer_that_ssh_cannot_reach_is_a_failed_check_in_the_report(setti
     by_name = {c.name: c for c in checks}
     assert by_name["peer ssh"].status == "fail" and "Connection refused" in by_name["peer ssh"].detail
     assert by_name["rendezvous port"].status == "pass"  # the checks before ssh are still reported
+
+
+def test_resume_of_a_run_killed_while_saving_its_first_checkpoint_starts_it_again(tmp_path):
+    """An OOM kill during the first save leaves a checkpoint folder without complete.json, and no manifest."""
+    (tmp_path / "train.log").write_text("left by the killed run\n")
+    _checkpoint(tmp_path, 25, shards=3, rng_states=0, state=False)
+    assert manifest.check_run_dir(tmp_path, resume=True) is None

@@ -141,6 +141,7 @@ def _cut(path):
     (lambda ck: _cut(ck / "optimizer.pt"), "optimizer.pt: not a whole torch.save file"),
     (lambda ck: (ck / "model.safetensors").unlink(), "model.safetensors: missing"),
     (lambda ck: (ck / "trainer_state.json").unlink(), "trainer_state.json: missing"),
+    (lambda ck: (ck / "optimizer.pt").write_bytes(b""), "optimizer.pt: cut short: 0 bytes, not a torch.save file"),
 ])
 def test_a_damaged_checkpoint_is_named_with_the_one_to_resume_from_and_the_runs_record_stays(tmp_path, capsys,
                                                                                                damage, says):
