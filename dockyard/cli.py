@@ -63,7 +63,7 @@ def explain_config_errors() -> None:
     the problem, exit 1, instead of a traceback on every command, `invoke --list` included. Called when tasks.py is
     imported, which Invoke does before it reads the project's file and -f's; /etc/invoke.yaml and ~/.invoke.yaml it
     reads earlier, before any code of the project runs."""
-    for name in ("_load_yaml", "_load_yml", "_load_json", "_load_file"):
+    for name in ("_load_yaml", "_load_yml", "_load_json", "_load_py", "_load_file"):
         load = getattr(invoke.Config, name)
         if not getattr(load, "explained", False):
             setattr(invoke.Config, name, _known_type(load) if name == "_load_file" else _reading(load))
@@ -93,7 +93,9 @@ def _known_type(load_file):
     def wrapper(self, prefix, *args, **kwargs):
         given = getattr(self, "_runtime_path", None) if prefix == "runtime" else None  # -f FILE
         if given and not os.path.exists(os.path.expanduser(given)):  # Invoke skipped it without a word
-            raise Exit(f"error: -f {shown(given)}: no such file (the config file given with -f/--config)", code=1)
+            flagged = any(a in ("-f", "--config") or a.startswith(("-f", "--config=")) for a in sys.argv[1:])
+            named = f"-f {given}" if flagged else f"INVOKE_RUNTIME_CONFIG={given}"  # Invoke reads either
+            raise Exit(f"error: {shown(named)}: no such file (a config file to read)", code=1)
         try:
             return load_file(self, prefix, *args, **kwargs)
         except invoke.exceptions.UnknownFileType as e:  # -f FILE without .yaml, .yml, .json or .py
@@ -129,6 +131,8 @@ def unreadable_config(path, e: Exception) -> str:
         return f"cannot read the config file {path} ({e.strerror or e})"
     if isinstance(e, UnicodeDecodeError):
         return f"the config file {path} is not UTF-8 text ({e.reason} at byte {e.start})"
+    if str(path).endswith(".py"):  # Invoke runs it and takes its names
+        return f"the config file {path} is not one Invoke can take: {type(e).__name__}: {str(e).splitlines()[0]}"
     return f"the config file {path} is not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: {yaml_problem(e)}"
 
 
@@ -151,10 +155,13 @@ def invokes_own_flags(program: invoke.Program) -> str | None:
     echoes shell commands, and the save ran for real. Invoke's --dry is refused wherever it is given; its other
     flags after a task name are a flag that task does not have (`--help` stays help on the task). The refusal, or
     None."""
+    if program.core[0].args["complete"].value:  # the shell's completion asks: `invoke --complete -- invoke ru`
+        return None
     if program.core.remainder and not _TAKES_OVERRIDES & {t.name for t in program.tasks}:
-        return (f"what follows -- ({program.core.remainder}) is for the trainer, and only "
-                f"{', '.join(sorted(_TAKES_OVERRIDES))} pass it on: give flags before --, as `invoke --help TASK` "
-                "lists them")
+        named = " ".join(t.name for t in program.tasks) or "invoke"
+        return (f"{named} takes nothing after -- ({program.core.remainder}): only "
+                f"{', '.join(sorted(_TAKES_OVERRIDES))} pass what follows it to the trainer; give flags before --, "
+                "as `invoke --help TASK` lists them")
     if program.core[0].args["dry"].value:
         have = sorted(t.name for t in program.collection.tasks.values() if "dry" in {a.name for a in t.get_arguments()})
         tasks = [t.name for t in program.tasks]

@@ -112,14 +112,20 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
     else:
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
-    before = _stat(run_dir / runfolder.manifest_file(r.node_rank))
+    before = _traces(run_dir, r.node_rank)
     with monitor.watch(run_dir, node_rank=r.node_rank):
         proc = engine.run(plan.argv, env=plan.env, check=False)
-    if proc.returncode and r.resume and before and _stat(run_dir / runfolder.manifest_file(r.node_rank)) == before:
-        # the trainer refused to continue (a damaged checkpoint, max_steps reached...) and left the record alone:
-        # its manifest still says what the run was, "completed" perhaps, which is not this command's outcome
-        raise DockyardError(f"--resume of run {run_dir.name} was refused (exit {proc.returncode}; the trainer's "
-                            "reason is above): the run is as it was")
+    after = _traces(run_dir, r.node_rank)
+    if proc.returncode and r.resume and before[0] and after[0] == before[0]:
+        # The manifest is what the run was before this command ("completed" perhaps), not its outcome: the trainer
+        # refused to continue and left the record alone, or it trained on and was killed before rewriting it.
+        if after == before:
+            raise DockyardError(f"--resume of run {run_dir.name} was refused (exit {proc.returncode}; the trainer's "
+                                "reason is above): the run is as it was")
+        newest = f"; its newest checkpoint is {after[2][-1]}" if after[2] else ""
+        raise DockyardError(f"--resume of run {run_dir.name} trained on and then failed (exit {proc.returncode}; see "
+                            f"{run_dir}/train.log){newest}: its manifest was not rewritten and still describes the run "
+                            "before this resume")
     wrote = [n for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
     if proc.returncode and made and not wrote:
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
@@ -129,13 +135,19 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     return summarise(run_dir, r.node_rank)
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
-    """(modification time in ns, size) of a file, None where there is none: whether the trainer wrote it meanwhile."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
+def _traces(run_dir: Path, node_rank: int) -> tuple:
+    """What a run leaves as it goes: its manifest's and metrics.jsonl's (mtime in ns, size), None where there is
+    none, and its checkpoints' names by step; whether a trainer wrote, trained or saved meanwhile."""
+    def stat(name: str) -> tuple[int, int] | None:
+        try:
+            st = (run_dir / name).lstat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    folders = [p.name for p in (run_dir / runfolder.CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()]
+    return (stat(runfolder.manifest_file(node_rank)), stat(runfolder.METRICS),
+            sorted(folders, key=lambda n: int(n[11:])))
 
 
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:

@@ -60,8 +60,8 @@ SCAN_BYTES, SCAN_FILES = 1 << 20, 2000
 # are found by their path (SECRETS), which is checked for every file.
 NOT_SCANNED = ("/site-packages/", "/dist-packages/", "/__pycache__/",
                "/.cache/pip/", "/.cache/uv/", "/.cache/huggingface/hub/", "/.cache/huggingface/xet/",
-               "/.cache/torch/", "/.triton/cache/", "/var/cache/", "/var/lib/apt/lists/",
-               "/proc/", "/sys/", "/dev/")
+               "/.cache/torch/", "/.triton/cache/")  # anywhere in a path
+NOT_SCANNED_ROOTS = ("/var/cache/", "/var/lib/apt/lists/", "/proc/", "/sys/", "/dev/")  # from / only: ~/dev/ is read
 DIST_INFO = re.compile(r"/site-packages/([^/]+?)-([^/-]+)\.(?:dist|egg)-info$")
 
 
@@ -167,7 +167,7 @@ def content_secrets(settings: Settings, container: str, diff: list[tuple[str, st
     header is read before the copy is stopped."""
     parents = {p.rsplit("/", 1)[0] for _, p in diff}
     files = [p for kind, p in diff if kind != "D" and p not in known and p not in parents
-             and not any(x in p + "/" for x in NOT_SCANNED)]
+             and not any(x in p + "/" for x in NOT_SCANNED) and not (p + "/").startswith(NOT_SCANNED_ROOTS)]
     found = []
     with console.progress(things=True) as bar:
         task = bar.add_task(f"reading {container}'s changed files for tokens", total=min(len(files), SCAN_FILES))

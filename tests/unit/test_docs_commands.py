@@ -73,7 +73,7 @@ def docs_errors(docs) -> tuple[list[str], int]:
                 if word == "--":
                     if named and not _TAKES_OVERRIDES & set(named):
                         wrong.append(f"{doc.name}: `invoke {command.strip()}`: {' '.join(named)} pass nothing "
-                                     "after -- to the trainer")
+                                     "after -- to the trainer")  # as dockyard.cli.invokes_own_flags refuses
                     break  # trainer overrides
                 if word.startswith(("...", "…")):
                     break  # an elided rest

@@ -110,3 +110,23 @@ def test_a_resume_the_trainer_refused_is_an_error_not_the_old_run_s_completed(ru
         go()
     assert (run_dir / "manifest.json").read_bytes() == before
     assert "completed" not in capsys.readouterr().out
+
+
+def test_a_resume_that_trained_then_died_says_so_not_refused(run_cpu):
+    """A resume killed hours into training (the OOM killer) leaves the manifest as it was, like a refusal: the
+    message said "refused ... the run is as it was" over new checkpoints."""
+    from dockyard.train import manifest
+
+    def trains_then_dies(argv: list[str]) -> int:
+        run_dir = host_folder(argv, argv[argv.index("--run-dir") + 1])
+        (run_dir / "checkpoints" / "checkpoint-1000").mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text('{"step": 1000}\n')
+        return 137
+
+    fake, run_dir, go = run_cpu(trains_then_dies, resume=True)
+    run_dir.mkdir(parents=True)
+    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    with pytest.raises(DockyardError, match=r"--resume of run early trained on and then failed \(exit 137; see .*"
+                                            r"train.log\); its newest checkpoint is checkpoint-1000: its manifest "
+                                            r"was not rewritten"):
+        go()

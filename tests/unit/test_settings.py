@@ -98,8 +98,15 @@ def test_a_config_file_that_is_a_folder_or_no_yaml_is_one_error_line(tmp_path):
                 f"cannot read the config file {tmp_path / 'x.yaml'} (Is a directory)")
     short_error(invoke_here("-f", str(tmp_path), "recipes"), f"(from file '{tmp_path}') are not supported")
     # a mistyped -f: Invoke went on without it, and without a word
-    short_error(invoke_here("-f", str(tmp_path / "typo.yaml"), "recipes"),
-                f"-f {tmp_path / 'typo.yaml'}: no such file (the config file given with -f/--config)")
+    short_error(invoke_here("-f", str(tmp_path / "typo.yaml"), "recipes"), f"-f {tmp_path / 'typo.yaml'}: no such file")
+    short_error(invoke_here("recipes", env={"INVOKE_RUNTIME_CONFIG": str(tmp_path / "typo.yaml")}),
+                f"INVOKE_RUNTIME_CONFIG={tmp_path / 'typo.yaml'}: no such file")
+    # a .py config file (Invoke runs it): a tasks file given by mistake, a setting of the wrong shape
+    (tmp_path / "cf.py").write_text("dockyard = 5\n")
+    short_error(invoke_here("-f", str(tmp_path / "cf.py"), "recipes"), "dockyard must hold `key: value` lines")
+    (tmp_path / "tasks_by_mistake.py").write_text("import os\n")
+    short_error(invoke_here("-f", str(tmp_path / "tasks_by_mistake.py"), "recipes"),
+                "is not one Invoke can take: UnpicklableConfigMember: 'os' is a module")
 
 
 def test_dockyard_in_invoke_yaml_that_is_not_a_mapping_is_one_error_naming_it(tmp_path):

@@ -178,6 +178,15 @@ def test_a_token_behind_hundreds_of_cached_downloads_is_found(tmp_path, monkeypa
     assert not committed.exists()
 
 
+@pytest.mark.parametrize("path", ["/root/dev/run.sh", "/workspace/sys/run.sh", "/home/u/var/cache/x/run.sh"])
+def test_a_token_in_a_user_folder_named_like_a_system_one_is_found(tmp_path, monkeypatch, path):
+    """/dev/, /sys/, /var/cache/ are left unread from the root only: ~/dev/<project> is a common layout."""
+    settings, committed = container(tmp_path, monkeypatch, {path: f"export HF_TOKEN={HF}\n"})
+    with pytest.raises(DockyardError, match=f"{path}  \\(content: Hugging Face token\\)"):
+        commit.commit(settings, "box", tag="t:9")
+    assert not committed.exists()
+
+
 def test_more_changed_files_than_are_read_refuse_the_commit_unless_allowed(tmp_path, monkeypatch, capsys):
     """Past SCAN_FILES the files are not read: that is a refusal saying how many and where, never a commit made
     as if they had been read; --allow-secrets commits and says so."""

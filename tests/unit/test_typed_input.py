@@ -190,7 +190,7 @@ def test_what_invokes_parser_refuses_is_one_error_line(args, says, tmp_path):
     (["slurm", "--out={tmp}/out", "--echo"], "invoke slurm has no flag --echo (`invoke --help slurm`"),
     (["run", "--dry", "k8s", "--out={tmp}/out", "-w"], "invoke k8s has no flag -w"),
     (["plan", "--model=1B", "--gpus=1", "--gpu-mem=80", "--", "--seq-len", "99999"],
-     "what follows -- (--seq-len 99999) is for the trainer, and only k8s, run, slurm pass it on"),
+     "plan takes nothing after -- (--seq-len 99999): only k8s, run, slurm pass what follows it to the trainer"),
 ])
 def test_invokes_own_flags_after_a_task_are_refused_and_the_task_does_nothing(args, says, tmp_path):
     """Invoke reads its own flags after a task's name too: `invoke slurm --dry` was Invoke's --dry (it only echoes
@@ -200,6 +200,15 @@ def test_invokes_own_flags_after_a_task_are_refused_and_the_task_does_nothing(ar
     short_error(r, says)
     assert r.returncode == 1 and not (tmp_path / "out").exists()
     assert invoke_here("slurm", "--help").returncode == 0  # --help after a task stays help on it
+
+
+def test_shell_completion_still_answers():
+    """The shell's completion runs `invoke --complete -- invoke ru`: what follows -- there is the line typed, not
+    trainer overrides (refusing it left Tab completing nothing, with an error in the terminal)."""
+    tasks_ = invoke_here("--complete", "--", "invoke", "ru")
+    flags = invoke_here("--complete", "--", "invoke", "run", "--re")
+    assert tasks_.returncode == 0 and "run" in tasks_.stdout.split(), tasks_.stderr
+    assert flags.returncode == 0 and "--recipe" in flags.stdout.split(), flags.stderr
 
 
 def test_the_invoke_executable_rewords_a_parser_refusal_too():
