@@ -500,7 +500,10 @@ def test_load_sh_stopped_mid_load_leaves_no_private_copy_and_stops_docker_load(t
     signal, its full-size private copy of the archive is removed and docker load is stopped."""
     pid_file = tmp_path / "load.pid"
     argv, env, private = load_sh_set(tmp_path, f'echo $$ >"{pid_file}"\nexec sleep 120')
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as loader:
+    # as from a terminal: a process started in the background or under nohup (CI's) inherits SIGINT or SIGHUP
+    # ignored, and a shell cannot trap a signal ignored when it started
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL)) as loader:
         deadline = time.monotonic() + 30
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
