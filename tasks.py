@@ -344,12 +344,13 @@ def plan(c, model="", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, s
 
     GPU memory per device and host memory per node: model states as DeepSpeed counts them, plus
     activations with and without gradient checkpointing."""
+    from dockyard.launch.inputs import setting_input
     from dockyard.machine import planner as plan_mod
 
     s = _settings(c)
     where = "--model" if model else "setting model"
-    if not model and s.model:  # a relative folder is the project root's; a hub id stays one
-        model = str(s.path(s.model)) if s.path(s.model).exists() else s.model
+    if not model and s.model:  # read as `invoke run` reads it
+        model = setting_input(s, s.model)
     result = plan_mod.plan_model(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len,
                                  batch=batch, hub_home=s.path(s.hf_cache), where=where)
     print(plan_mod.to_json(result)) if json else plan_mod.print_plan(result)

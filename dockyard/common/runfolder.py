@@ -318,6 +318,12 @@ def _unlink(name: str, dfd: int) -> None:
         pass
 
 
+def checkpoints_started(run_dir: Path) -> list[Path]:
+    """The run's checkpoint folders (checkpoints/checkpoint-<step>), complete or not, by step."""
+    return sorted((p for p in (run_dir / CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()),
+                  key=lambda p: int(p.name[11:]))
+
+
 def manifest_file(node_rank: int) -> str:
     """Node 0's manifest is the run's; every other node of a multi-node run writes its own beside it."""
     return MANIFEST if node_rank == 0 else f"manifest-node{node_rank}.json"

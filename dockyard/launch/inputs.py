@@ -118,8 +118,14 @@ def resolved(settings: Settings, overrides: list[str], *, data: str = "", model:
         elif flag:
             yield key, flag, f"--{key}"
         elif value := getattr(settings, key, "") or "":
-            in_root = settings.path(value)
-            yield key, str(in_root) if in_root.exists() or looks_like_path(value) else value, f"setting {key}"
+            yield key, setting_input(settings, value), f"setting {key}"
+
+
+def setting_input(settings: Settings, value: str) -> str:
+    """An input named in invoke.yaml: a relative path is the project root's (where it names one, or looks like a
+    path); anything else, a hub id, stays as written."""
+    in_root = settings.path(value)
+    return str(in_root) if in_root.exists() or looks_like_path(value) else value
 
 
 def host_path(value: str, where: str, settings: Settings, key: str = "data") -> Path | None:

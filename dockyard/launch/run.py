@@ -145,9 +145,8 @@ def _traces(run_dir: Path, node_rank: int) -> tuple:
             return None
         return st.st_mtime_ns, st.st_size
 
-    folders = [p.name for p in (run_dir / runfolder.CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()]
     return (stat(runfolder.manifest_file(node_rank)), stat(runfolder.METRICS),
-            sorted(folders, key=lambda n: int(n[11:])))
+            [p.name for p in runfolder.checkpoints_started(run_dir)])
 
 
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:

@@ -286,7 +286,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if last and os.environ.get("LOCAL_RANK", "0") == "0":
         # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
         # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
-        complete = [p for p in manifest.checkpoints_started(run_dir) if manifest.complete_checkpoint(p)]
+        complete = [p for p in runfolder.checkpoints_started(run_dir) if manifest.complete_checkpoint(p)]
         checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
     steps = training.get("max_steps")
     if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):

@@ -44,6 +44,7 @@ CHAT_FORMATS = ("messages", "alpaca", "sharegpt")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "model": "assistant", "tool": "tool", "function_call": "assistant", "observation": "tool"}
 ALPACA_PROMPT = "{instruction}\n\n{input}"
+MAX_CLASSES = 1 << 16  # a classifier's outputs: more is an id read as a class number (a head of 10^12 outputs)
 
 # For a tokenizer without a chat template of its own (the tiny sample model, base models): role tags, the
 # assistant turn ended by the EOS token. It is saved with the trained model, so inference uses the same one.
@@ -54,8 +55,6 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
-
-MAX_CLASSES = 1 << 16  # a classifier's outputs: more is an id read as a class number (a head of 10^12 outputs)
 
 def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
     """The run's data (`data`, `data_format`, `eval_data` or `eval_fraction`, `task`, `max_seq_length`)."""

@@ -85,7 +85,7 @@ def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
                             f'"stage": {stage}')
     _validate_zero_section(path, zero)
     _check_cuda_ops(cfg, path)
-    if recipes.strategy(strategy).zero_stage == 3:
+    if stage == 3:
         # Without this ZeRO-3 saves a model file of a few KB: every rank holds only its shard.
         cfg = copy.deepcopy(cfg)
         cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True

@@ -104,10 +104,11 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     (a node lost while starting: the same command with --resume is what a user runs then), or was killed before it
     wrote a manifest or a checkpoint (an OOM kill leaves train.log and metrics.jsonl: `invoke run` refuses that
     folder without --resume, so --resume must take it)."""
-    started = checkpoints_started(run_dir)
+    started = runfolder.checkpoints_started(run_dir)
     complete = [p for p in started if complete_checkpoint(p)]
-    holds_run = (run_dir / runfolder.MANIFEST).exists() or bool(started)
-    if resume and not complete and (_failed(run_dir) or not (run_dir / runfolder.MANIFEST).exists()):
+    recorded = (run_dir / runfolder.MANIFEST).exists()
+    holds_run = recorded or bool(started)
+    if resume and not complete and (_failed(run_dir) or not recorded):
         return None  # failed before its first checkpoint, or killed (mid-save perhaps) before its manifest: again
     if resume and not complete:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
@@ -115,12 +116,6 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
         raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
                             f"it from its last checkpoint")
     return str(complete[-1]) if resume else None
-
-
-def checkpoints_started(run_dir: Path) -> list[Path]:
-    """The run's checkpoint folders, complete or not, by step."""
-    return sorted((p for p in (run_dir / runfolder.CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()),
-                  key=lambda p: int(p.name[11:]))
 
 
 def check_same_recipe(run_dir: Path, recipe: str) -> None:
