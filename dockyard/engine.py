@@ -188,9 +188,12 @@ class Pipeline:
         if failed:
             raise DockyardError("\n".join(str(e) for e in failed))
 
-    def output(self) -> list[str]:
-        """The last lines of the last command's stderr (and its stdout with TAIL)."""
-        return console.last_lines(self.errs[-1])
+    def output(self, whole: bool = False) -> list[str]:
+        """The last lines of the last command's stderr (and its stdout with TAIL); with whole, every line."""
+        if not whole:
+            return console.last_lines(self.errs[-1])
+        self.errs[-1].seek(0)
+        return self.errs[-1].read().decode(errors="replace").splitlines()
 
     def kill(self) -> None:
         for p in self.procs:

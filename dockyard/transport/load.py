@@ -145,9 +145,7 @@ def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, lo
         except BrokenPipeError:
             pass
         docker_load.wait()
-        said = docker_load.errs[-1]  # all of it: with many images, what docker load names is more than a tail
-        said.seek(0)
-        return said.read().decode(errors="replace").splitlines()
+        return docker_load.output(whole=True)  # with many images, what docker load names is more than a tail
 
 
 def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:

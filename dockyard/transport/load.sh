@@ -95,9 +95,10 @@ work=$(mktemp -d) || die "cannot make a private folder in ${TMPDIR:-/tmp}"
 # The folder (a full-size copy of the archive) goes however the script ends. A signal ends it through `exit`,
 # which runs the EXIT trap (dash runs none for a signal alone). The long steps run in the background and are
 # waited for: a trapped signal stops `wait` at once, where it would wait for a command in the foreground to end.
-# What they left running is stopped.
+# What they left running is stopped; a step stopped that way may still write its note into the folder as it
+# ends (a decompressor cut off writes "bad"), racing the removal: a second removal a moment later gets that too.
 running=
-trap 'kill $running 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $running 2>/dev/null; rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf "$work"; }' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
