@@ -202,12 +202,13 @@ def recipes(c):
     recipes_mod.print_table()
 
 
-@task(help={"variant": "image variant; default auto", "dry": "print the command and run nothing"})
-def shell(c, variant="auto", dry=False):
+@task(help={"variant": "image variant; default auto", "dry": "print the command and run nothing",
+            "cpu": "no GPU even in a CUDA image: work in its stack on a host without GPUs (then `invoke commit`)"})
+def shell(c, variant="auto", dry=False, cpu=False):
     """An interactive shell in the image, with the same mounts, user and flags as `invoke run`."""
     from dockyard.launch import run as launch_run
 
-    launch_run.shell(_settings(c), variant=variant, dry=dry)
+    launch_run.shell(_settings(c), variant=variant, dry=dry, cpu=cpu)
 
 
 # --- moving images ---------------------------------------------------------------------------

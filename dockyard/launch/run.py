@@ -149,17 +149,25 @@ def _traces(run_dir: Path, node_rank: int) -> tuple:
             [p.name for p in runfolder.checkpoints_started(run_dir)])
 
 
-def shell(settings: Settings, *, variant: str = "auto", dry: bool = False) -> None:
+def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: bool = False) -> None:
+    """`cpu`: no GPU even in a CUDA image, as `invoke run --cpu` (a build host without GPUs works in a CUDA image's
+    stack, then commits it)."""
     host = read_host()
     chosen, why = variants.resolve(settings, variant, host)
     print(why, file=sys.stderr)
     image = variants.tag(settings, chosen)
-    if not dry:
+    gpus = chosen.is_cuda and not cpu
+    if gpus and dry:
+        check_gpu_host(chosen, host, {}, False)  # what --dry can tell without an engine, as `run --dry`
+    elif gpus:
         check_gpu_host(chosen, host, engine.engine_info(settings), False)
+    env = {envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}
+    if chosen.is_cuda and cpu:
+        env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     mounts = inputs.read_only_mounts(settings, "", []).volumes
     runs = settings.path(settings.runs_dir)
-    argv = docker_run_argv(settings, image, gpus=chosen.is_cuda, run_dir=runs / "shell", name=f"dockyard-shell-{os.getpid()}",
-                           env={envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}, network_host=False,
+    argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell",
+                           name=f"dockyard-shell-{os.getpid()}", env=env, network_host=False,
                            interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts,
                            memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
     if dry:

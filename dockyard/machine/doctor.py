@@ -163,7 +163,11 @@ def check_gpu_container(host: Host, returncode: int, output: str) -> Check:
     if returncode == 0 and seen == host.count:
         return Check("gpus in a container", PASS, f"a GPU run's container sees {seen} GPU(s)")
     last = output.strip().splitlines()[-1][-200:] if output.strip() else f"exit {returncode}"
-    if "device driver" in output or "nvidia-container-cli" in output:
+    if "requirement error" in output or "unsatisfied condition" in output:
+        fix = ("the image's NVIDIA_REQUIRE_CUDA (set by an nvidia/cuda base) refused this driver, though the toolkit "
+               "is fine: `invoke run --disable-require` (dockyard checks the driver against the image's CUDA itself), "
+               "or a variant this driver runs")
+    elif "device driver" in output or "nvidia-container-cli" in output:
         fix = ("install and configure the NVIDIA Container Toolkit: `sudo nvidia-ctk runtime configure "
                "--runtime=docker`, restart the engine")
     elif "rlimit" in output:

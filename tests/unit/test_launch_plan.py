@@ -193,3 +193,17 @@ def test_a_dockyard_memlock_that_is_not_bytes_is_one_error_naming_it(tmp_path, t
     short_error(r, "DOCKYARD_MEMLOCK")
     assert "in bytes" in r.stderr and "unlimited" in r.stderr and "docker run" not in r.stdout + r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_shell_cpu_opens_a_cuda_image_on_a_host_without_gpus(tmp_path, monkeypatch):
+    """A build host without GPUs works in a CUDA image's stack (then `invoke commit`s it): `invoke shell --cpu` gives
+    the container no GPU and DeepSpeed the CPU accelerator; without --cpu the refusal names a flag shell has."""
+    monkeypatch.setattr(launch_run, "read_host", lambda: Host(error="NVML unavailable (no driver)"))
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    r = invoke_here("shell", "--dry", "--variant=cu128", "--cpu", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "--gpus" not in r.stdout + r.stderr and "DS_ACCELERATOR=cpu" in r.stdout + r.stderr
+    r = invoke_here("shell", "--dry", "--variant=cu128", env=env)
+    short_error(r, "needs NVIDIA GPUs")
+    assert "--cpu" in r.stderr
+    assert invoke_here("shell", "--dry", "--variant=cu128", "--cpu", env=env).returncode == 0

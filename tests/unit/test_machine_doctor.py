@@ -147,5 +147,10 @@ def test_gpus_in_a_container():
     assert bad.status == doctor.FAIL and "nvidia-ctk runtime configure" in bad.fix and "0 of 2" in bad.detail
     rlimit = doctor.check_gpu_container(host, 125, "error setting rlimit type 8: operation not permitted")
     assert rlimit.status == doctor.FAIL and "LimitMEMLOCK" in rlimit.fix
+    # an nvidia/cuda base's NVIDIA_REQUIRE_CUDA refusing the driver: the toolkit works, reinstalling it fixes nothing
+    require = doctor.check_gpu_container(host, 125, (
+        "docker: Error response from daemon: failed to create task for container: ... nvidia-container-cli: "
+        "requirement error: unsatisfied condition: cuda>=12.8, please update your driver to a newer version"))
+    assert require.status == doctor.FAIL and "--disable-require" in require.fix and "nvidia-ctk" not in require.fix
     argv = container.probe_argv(Settings(), "img", "n", ["nvidia-smi", "-L"], gpus=True)
     assert argv[-3:] == ["img", "nvidia-smi", "-L"] and "--gpus" in argv
