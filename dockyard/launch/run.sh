@@ -27,6 +27,8 @@ mountable() {  # what path
 	case $2 in *[[:cntrl:]]*) die "$1: the path holds a control character (a newline?): rename it" ;; esac
 	case $2 in *:*) die "$1=$2: docker -v cannot mount a path holding ':': rename it" ;; esac
 }
+# load.sh's engine(), copied in when run.sh is written:
+@ENGINE@
 
 RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE=@IMAGE_DEFAULT_Q@
 while [ $# -gt 0 ]; do
@@ -50,7 +52,7 @@ case $IMAGE in '' | -* | *[[:cntrl:][:space:]]*) die "--image=$IMAGE is not an i
 [ -n "$RECIPE" ] || die "--recipe= needs a recipe name or folder"
 
 command -v docker >/dev/null 2>&1 || die "docker is missing on this node: install Docker"
-docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
+engine
 VARIANT=$(docker image inspect --format '{{index .Config.Labels "dockyard.variant"}}' "$IMAGE" 2>/dev/null) \
 	|| die "image $IMAGE is not loaded here: sh load.sh first (or --image=REF)"
 IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")

@@ -9,6 +9,7 @@ the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from dockyard.launch import node
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS, USER_RECIPES
 from dockyard.settings import Settings
+from dockyard.transport.layout import LOADER_TEMPLATE
 
 TEMPLATE = Path(__file__).parent / "run.sh"
 NPROC = 987654321                       # a process count no plan has: marks where run.sh's $NPROC goes
@@ -60,11 +62,17 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
              'add "$@"',
              'cmd="$cmd$EXTRA"']
     text = TEMPLATE.read_text()
-    for mark, value in {"@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
+    for mark, value in {"@ENGINE@": engine_check(),
+                        "@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
                         "@CPU_NPROC@": str(node.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
                         "@COMMAND@": "\n".join(lines)}.items():
         text = text.replace(mark, value)
     return text
+
+
+def engine_check() -> str:
+    """load.sh's engine(): whether docker reaches its engine, said in docker's own words with the usual fix."""
+    return re.search(r"^engine\(\) \{\n.*?^\}$", LOADER_TEMPLATE.read_text(), re.M | re.S).group()
 
 
 def word(w: str) -> str:

@@ -15,6 +15,19 @@ NAMESPACE=dockyard-archive
 die() { echo "load.sh: $*" >&2; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is missing on this node: $2"; }
 
+# docker reaches its engine, or the script stops with docker's own last words and the usual fix (run.sh is written
+# with this function too: runscript.py).
+engine() {
+	said=$(docker info 2>&1 >/dev/null) && return
+	said=$(printf '%s\n' "$said" | grep -v -e '^errors pretty printing info' -e '^[[:space:]]*$' | tail -n 1)
+	said=${said#ERROR: }
+	case "$said" in
+	*"permission denied"*) fix="add your user to the docker group: sudo usermod -aG docker $(id -un), then log in again; or use sudo" ;;
+	*) fix="start dockerd, or set DOCKER_HOST to where it listens" ;;
+	esac
+	die "docker cannot reach an engine: ${said:-docker info failed, saying nothing} ($fix)"
+}
+
 sha256() {  # of stdin; OpenSSL where it is there: several times faster than coreutils on large archives
 	if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r | cut -d' ' -f1
 	else sha256sum | cut -d' ' -f1; fi
@@ -41,7 +54,7 @@ chain_ids() {  # every layer chain id this engine holds, one per line
 inventory() {
 	need docker "install Docker"
 	need sha256sum "install coreutils"
-	docker info >/dev/null 2>&1 || die "docker cannot reach an engine"
+	engine
 	printf '{"format": "dockyard-inventory/1", "host": "%s", "engine": {"store": "%s"}, "images": [],\n "chain_ids": [' \
 		"$(hostname)" "$(store)"
 	sep=
@@ -146,6 +159,8 @@ for pair in $IMAGES; do
 	case "$pair" in -*) die "$base.manifest.json names an image ${pair%%=*}, which is not a reference: refused" ;; esac
 done
 
+# Before the copy, which takes minutes for a large archive: an engine that cannot be reached is said at once.
+engine
 # The archive is copied once into the private folder, hashed on the way: what is loaded is that copy.
 free=$(df -Pk "$work" | awk 'NR == 2 { print $4 }')
 [ "$free" -ge $((ARCHIVE_BYTES / 1024 + 1024)) ] \
@@ -162,7 +177,6 @@ got=$(cat "$work/copy.sha256")
 [ "$got" = "$(listed "$name")" ] \
 	|| die "$name is damaged, truncated or was changed (sha256 mismatch: $got, expected $(listed "$name")): nothing was loaded. Copy it again."
 
-docker info >/dev/null 2>&1 || die "docker cannot reach an engine (is it running? DOCKER_HOST?)"
 if [ -n "$REQUIRES" ]; then
 	[ "$(store)" = classic ] || die "this engine uses the containerd image store, which cannot load a thin archive: load the full archive"
 	have=$(chain_ids)

@@ -23,6 +23,16 @@ def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, na
     return paths
 
 
+def engine_answering_info(folder) -> dict[str, str]:
+    """The environment that runs load.sh with a stand-in docker in folder/bin whose engine answers `docker info`
+    (asked before the archive is copied) and nothing else: any other docker command leaves folder/docker-used."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = info ] && exit 0\necho "$*" >>"{folder}/docker-used"\nexit 1\n')
+    (bin_dir / "docker").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
 def keypair(folder, name):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", folder / name], check=True)
     return folder / name

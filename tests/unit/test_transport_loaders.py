@@ -27,7 +27,7 @@ from dockyard.transport import load as load_mod
 from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths, write_loader
 from dockyard.transport.tarstream import TarGate, TarPump, TooLong
-from tests.support.archive_sets import keypair, make_set, reseal
+from tests.support.archive_sets import engine_answering_info, keypair, make_set, reseal
 from tests.support.save_tars import fake_save, member
 
 
@@ -79,16 +79,17 @@ def test_load_sh_refuses_a_sha256_that_lists_the_archive_twice_and_not_the_manif
 
 @pytest.mark.parametrize("change", ["archive", "manifest"])
 def test_load_sh_refuses_a_set_changed_after_signing_or_hashing(tmp_path, change):
-    """load.sh names what is damaged and loads nothing (the engine is never asked)."""
+    """load.sh names what is damaged and loads nothing (the engine is asked only whether it answers)."""
     loader = write_loader(tmp_path)
     paths = make_set(tmp_path)
     target = paths.archive if change == "archive" else paths.manifest
     data = bytearray(target.read_bytes())
     data[-3] ^= 1
     target.write_bytes(data)
-    r = subprocess.run(["sh", loader, paths.archive.name], capture_output=True, text=True)
+    r = subprocess.run(["sh", loader, paths.archive.name], capture_output=True, text=True,
+                       env=engine_answering_info(tmp_path))
     assert r.returncode == 1 and f"{target.name} is damaged" in r.stderr, r.stderr
-    assert "loading" not in r.stdout
+    assert "loading" not in r.stdout and not (tmp_path / "docker-used").exists()
 
 
 def test_load_sh_checks_the_signature_of_the_manifest_it_then_uses(tmp_path):
@@ -547,3 +548,21 @@ def test_load_sh_reads_allowed_signers_from_the_callers_folder(tmp_path):
     assert "signature good: signed by release@site" in r.stdout, r.stderr
     r = load_sh("/nope")
     assert r.returncode == 1 and "ALLOWED_SIGNERS=/nope: no such file" in r.stderr and "signed by" not in r.stderr
+
+
+PERMISSION_DENIED = ("permission denied while trying to connect to the Docker daemon socket at "
+                     "unix:///var/run/docker.sock: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.49/info\": dial unix "
+                     "/var/run/docker.sock: connect: permission denied")
+
+
+def test_load_sh_says_docker_s_own_reason_it_cannot_reach_the_engine_before_copying_anything(tmp_path):
+    """A user outside the docker group: docker's own words and the fix, at once, not after copying and hashing the
+    whole archive (minutes for a large one); nothing is copied and nothing is loaded."""
+    argv, env, private = load_sh_set(tmp_path, "exit 0")
+    (tmp_path / "bin" / "docker").write_text(f"#!/bin/sh\necho 'Client:' ; echo 'ERROR: {PERMISSION_DENIED}' >&2\n"
+                                             "echo 'errors pretty printing info' >&2\nexit 1\n")
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith(f"load.sh: docker cannot reach an engine: {PERMISSION_DENIED} ("), \
+        r.stderr
+    assert "sudo usermod -aG docker" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert "verifying" not in r.stdout and list(private.iterdir()) == []

@@ -75,10 +75,11 @@ def test_a_load_that_brings_an_image_its_manifest_does_not_name_is_refused_and_u
 # --- load.sh loads its private copy -----------------------------------------------------------------
 
 DOCKER = """#!/bin/sh
-# A stand-in docker client. `docker info`, the first thing load.sh asks the engine once the archive's copy is
-# verified, is when another writer replaces the archive in the shared folder; `docker load` keeps what it reads.
+# A stand-in docker client. `docker info` for the engine's root folder, the first thing load.sh asks the engine once
+# the archive's copy is verified, is when another writer replaces the archive in the shared folder; `docker load`
+# keeps what it reads.
 case "$1" in
-info) cp "$CHANGED" "$SHARED" ;;
+info) case "$*" in *DockerRootDir*) cp "$CHANGED" "$SHARED" ;; esac ;;
 load) cat >"$RECEIVED"; echo "Loaded image: t:1" ;;
 image) [ "$2" = inspect ] && echo "$IMAGE_ID" ;;
 esac

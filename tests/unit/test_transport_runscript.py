@@ -14,7 +14,8 @@ from dockyard.launch import runscript
 
 FAKE_DOCKER = """#!/bin/sh
 case "$1" in
-info) case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;; esac ;;
+info) [ -z "${FAKE_INFO_ERROR-}" ] || { echo "$FAKE_INFO_ERROR" >&2; exit 1; }
+      case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;; esac ;;
 image) case "$*" in *dockyard.variant*) echo "$FAKE_VARIANT" ;; *) echo sha256:feed ;; esac ;;
 run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
@@ -30,7 +31,7 @@ def node(tmp_path, settings):
     (bin_dir / "docker").write_text(FAKE_DOCKER)
     (bin_dir / "docker").chmod(0o755)
 
-    def run(*args: str, variant: str = "cpu", gpus: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
+    def run(*args: str, variant: str = "cpu", gpus: int = 0, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
         (tmp_path / "run.sh").write_text(runscript.render(settings, "dockyard:0.1.0-" + variant, variant))
         # nvidia-smi as a GPU host's (that many GPUs), or as a host without a driver (fails)
         (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: x)'\n"
@@ -39,7 +40,7 @@ def node(tmp_path, settings):
         out = tmp_path / "argv"
         out.unlink(missing_ok=True)
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGV_OUT": str(out), "FAKE_VARIANT": variant,
-               "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else ""}
+               "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else "", **env}
         proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         return proc, out.read_bytes().decode().split("\0")[:-1] if out.exists() else []
 
@@ -115,3 +116,12 @@ def test_a_cuda_image_on_a_gpu_node_gets_every_gpu_one_process_each(node):
     assert "DS_ACCELERATOR=cpu" not in argv
     _, argv = node("--run-id=r5", variant="cpu", gpus=4)
     assert "--gpus" not in argv, "the cpu image has no use for GPUs"
+
+
+def test_an_engine_docker_cannot_reach_is_said_in_docker_s_own_words_with_the_fix(node):
+    denied = ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+              "dial unix /var/run/docker.sock: connect: permission denied")
+    proc, argv = node("--run-id=r8", FAKE_INFO_ERROR=denied)
+    assert proc.returncode == 1 and not argv
+    assert proc.stderr.startswith(f"run.sh: docker cannot reach an engine: {denied} (add your user to the docker group")
+    assert "sudo usermod -aG docker" in proc.stderr and len(proc.stderr.splitlines()) == 1

@@ -14,7 +14,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import load as load_mod
 from dockyard.transport.layout import write_loader
-from tests.support.archive_sets import keypair, make_set, reseal
+from tests.support.archive_sets import engine_answering_info, keypair, make_set, reseal
 
 
 def test_verify_accepts_a_good_set_and_sha256sum_agrees(tmp_path):
@@ -78,15 +78,17 @@ def test_an_unsigned_or_re_written_manifest_is_refused_and_a_signed_one_verifies
         load_mod.verify(settings, paths)
 
 
-def test_load_sh_finds_its_archive_and_refuses_damage_before_docker(tmp_path):
+def test_load_sh_finds_its_archive_and_refuses_damage_before_docker_load(tmp_path):
     loader = write_loader(tmp_path)
     assert subprocess.run(["sh", "-n", loader]).returncode == 0
     paths = make_set(tmp_path)
     data = bytearray(paths.archive.read_bytes())
     data[100] ^= 1
     paths.archive.write_bytes(data)
-    r = subprocess.run(["sh", loader], capture_output=True, text=True)  # the only archive: no name needed
+    env = engine_answering_info(tmp_path)
+    r = subprocess.run(["sh", loader], capture_output=True, text=True, env=env)  # the only archive: no name needed
     assert r.returncode == 1 and "t_1.tar.zst is damaged" in r.stderr and "nothing was loaded" in r.stderr
+    assert not (tmp_path / "docker-used").exists(), "the engine was asked for more than whether it answers"
     make_set(tmp_path, name="t_2.tar.zst")
     r = subprocess.run(["sh", loader], capture_output=True, text=True)
     assert r.returncode == 1 and "name the archive to load" in r.stderr
@@ -114,7 +116,8 @@ def test_load_sh_loads_the_archive_named_by_its_path_never_a_namesake_beside_it(
     make_set(tmp_path / "a")  # intact: verifying this one instead would pass
     theirs = make_set(tmp_path / "other")
     theirs.archive.write_bytes(b"changed" + theirs.archive.read_bytes()[7:])
-    r = subprocess.run(["sh", loader, "../other/t_1.tar.zst"], cwd=tmp_path / "a", capture_output=True, text=True)
+    r = subprocess.run(["sh", loader, "../other/t_1.tar.zst"], cwd=tmp_path / "a", capture_output=True, text=True,
+                       env=engine_answering_info(tmp_path))
     assert r.returncode == 1 and "t_1.tar.zst is damaged" in r.stderr
     r = subprocess.run(["sh", loader, "nowhere/t_1.tar.zst"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 1 and "nowhere/t_1.tar.zst is missing" in r.stderr
