@@ -8,7 +8,8 @@
 #   --data=PATH --model=PATH   your data file/folder and model folder, mounted read-only
 #   --run-id=ID --runs=DIR     the run folder DIR/ID (default ./runs/<recipe>-<time>)
 #   --nproc=N --cpu            processes (default: one per GPU, else 2); --cpu: no GPU even in a CUDA image
-#   --image=REF                the image (default @IMAGE_DEFAULT@)
+#   --image=REF                the image (default: the one image of the archives beside run.sh, their
+#                              *.manifest.json, that is loaded here; @IMAGE_DEFAULT@ where no manifest is beside it)
 #   --dry                      print the docker command and run nothing
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
@@ -29,8 +30,36 @@ mountable() {  # what path
 }
 # load.sh's engine(), copied in when run.sh is written:
 @ENGINE@
+# With no --image: the dockyard image of the archive sets beside this script (their manifests name them, as load.sh
+# reads them) that is loaded here; the image it was written for where no manifest is beside it.
+image_of_the_set() {
+	case $0 in */*) here "${0%/*}/" ;; *) HERE=./ ;; esac
+	found= archives=
+	for m in "$HERE"*.manifest.json; do
+		images=$(sed -n 's/^    "check_images": "\(.*\)",\{0,1\}$/\1/p' "$m" 2>/dev/null)
+		[ -n "$images" ] || continue
+		name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$m")
+		archives="$archives${archives:+ }${name:-${m##*/}}"
+		for pair in $images; do
+			ref=${pair%%=*}
+			case "$ref" in '' | -* | *[!A-Za-z0-9._/:@-]*) continue ;; esac
+			case " $found " in *" $ref "*) continue ;; esac
+			[ -n "$(docker image inspect --format '{{index .Config.Labels "dockyard.variant"}}' "$ref" 2>/dev/null)" ] \
+				&& found="$found${found:+ }$ref"
+		done
+	done
+	[ -n "$archives" ] || { IMAGE=@IMAGE_DEFAULT_Q@; return; }
+	case "$found" in
+	'') case "$archives" in
+		*' '*) die "no image of the archives here ($(printf '%s' "$archives" | sed 's/ /, /g')) is loaded: load one first, sh load.sh NAME" ;;
+		*) die "the image of $archives is not loaded here: load it first, sh load.sh $archives" ;;
+		esac ;;
+	*' '*) die "several images of the archives here are loaded ($(printf '%s' "$found" | sed 's/ /, /g')): pick one, --image=REF" ;;
+	esac
+	IMAGE=$found
+}
 
-RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE=@IMAGE_DEFAULT_Q@
+RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--recipe=*) RECIPE=${1#*=} ;;
@@ -39,7 +68,7 @@ while [ $# -gt 0 ]; do
 	--run-id=*) RUN_ID=${1#*=} ;;
 	--runs=*) RUNS=${1#*=} ;;
 	--nproc=*) NPROC=${1#*=} ;;
-	--image=*) IMAGE=${1#*=} ;;
+	--image=*) IMAGE=${1#*=} IMAGE_GIVEN=1 ;;
 	--cpu) CPU=1 ;;
 	--dry) DRY=1 ;;
 	--) shift; break ;;
@@ -48,11 +77,12 @@ while [ $# -gt 0 ]; do
 	shift
 done
 
-case $IMAGE in '' | -* | *[[:cntrl:][:space:]]*) die "--image=$IMAGE is not an image reference" ;; esac
+[ -z "$IMAGE_GIVEN" ] || case $IMAGE in '' | -* | *[[:cntrl:][:space:]]*) die "--image=$IMAGE is not an image reference" ;; esac
 [ -n "$RECIPE" ] || die "--recipe= needs a recipe name or folder"
 
 command -v docker >/dev/null 2>&1 || die "docker is missing on this node: install Docker"
 engine
+[ -n "$IMAGE_GIVEN" ] || image_of_the_set
 VARIANT=$(docker image inspect --format '{{index .Config.Labels "dockyard.variant"}}' "$IMAGE" 2>/dev/null) \
 	|| die "image $IMAGE is not loaded here: sh load.sh first (or --image=REF)"
 IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")

@@ -32,7 +32,8 @@ OVERRIDES = "__OVERRIDES__"             # where the user's overrides and the rew
 
 
 def render(settings: Settings, image: str, variant_name: str) -> str:
-    """The text of run.sh for `image` (the default of its --image) built for `variant_name`."""
+    """The text of run.sh for `image` built for `variant_name`: the image it trains in where no archive's manifest is
+    beside it (else the loaded image those manifests name: the script finds it)."""
     engine.reference(image)  # it goes into a comment line too: no newline, no blank, no leading '-'
     variant = variants.resolve(settings, variant_name)[0]
     # A CUDA image plans for GPUs (run.sh drops --gpus and adds DS_ACCELERATOR=cpu on a node without them).
@@ -95,7 +96,8 @@ def dockyard_variant(images: list[dict]) -> tuple[str, str] | None:
 
 
 def write(settings: Settings, folder: Path, images: list[dict]) -> Path | None:
-    """run.sh beside load.sh, for the first dockyard image of the set, under a name of this process until whole."""
+    """run.sh beside load.sh, written for the first dockyard image of the set, under a name of this process until
+    whole. One run.sh serves every set in the folder: it trains in the one whose image is loaded."""
     chosen = dockyard_variant(images)
     if chosen is None:
         return None

@@ -11,12 +11,15 @@ from dockyard.gpus import Host
 from dockyard.images import variants
 from dockyard.launch import run as launch_run
 from dockyard.launch import runscript
+from tests.support.archive_sets import make_set, reseal
 
 FAKE_DOCKER = """#!/bin/sh
 case "$1" in
 info) [ -z "${FAKE_INFO_ERROR-}" ] || { echo "$FAKE_INFO_ERROR" >&2; exit 1; }
       case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;; esac ;;
-image) case "$*" in *dockyard.variant*) echo "$FAKE_VARIANT" ;; *) echo sha256:feed ;; esac ;;
+image) for ref do :; done  # the image asked about: loaded when FAKE_LOADED names it (unset: every image)
+       case " ${FAKE_LOADED-$ref} " in *" $ref "*) ;; *) echo "Error: No such image: $ref" >&2; exit 1 ;; esac
+       case "$*" in *dockyard.variant*) echo "${ref##*-}" ;; *) echo sha256:feed ;; esac ;;
 run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
 """
@@ -25,7 +28,8 @@ HOSTILE = "it's a \"test\" $(touch pwned) `touch pwned2` ; rm -rf x"
 
 @pytest.fixture
 def node(tmp_path, settings):
-    """A folder with run.sh for the cpu image and a stand-in docker; returns a function that runs run.sh there."""
+    """A folder with run.sh for an image and a stand-in docker (an image's variant is its tag's end); returns a
+    function that runs run.sh there."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text(FAKE_DOCKER)
@@ -39,8 +43,8 @@ def node(tmp_path, settings):
         (bin_dir / "nvidia-smi").chmod(0o755)
         out = tmp_path / "argv"
         out.unlink(missing_ok=True)
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGV_OUT": str(out), "FAKE_VARIANT": variant,
-               "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else "", **env}
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGV_OUT": str(out), "HOME": str(tmp_path),
+               "FAKE_GPUS": "1" if gpus else "", **env}
         proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         return proc, out.read_bytes().decode().split("\0")[:-1] if out.exists() else []
 
@@ -125,3 +129,45 @@ def test_an_engine_docker_cannot_reach_is_said_in_docker_s_own_words_with_the_fi
     assert proc.returncode == 1 and not argv
     assert proc.stderr.startswith(f"run.sh: docker cannot reach an engine: {denied} (add your user to the docker group")
     assert "sudo usermod -aG docker" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def archive_set_of(folder: Path, ref: str) -> str:
+    """The set `invoke save` writes for the image `ref` (its manifest names it as load.sh reads it): its archive."""
+    paths = make_set(folder, name=ref.replace(":", "_") + ".tar.zst")
+    reseal(paths, {"load_sh": {"check_images": f"{ref}=sha256:{'a' * 64}", "require_chains": "", "need_kb": "20"}})
+    return paths.archive.name
+
+
+def test_run_sh_trains_in_the_image_of_the_set_loaded_beside_it_not_the_last_one_saved(node, tmp_path):
+    """`invoke save --variant=cu128` then `--variant=cu132` into one folder leave one run.sh, written for cu132; the
+    node loaded the cu128 archive: that is the image run.sh trains in, with no --image."""
+    cu128 = archive_set_of(tmp_path, "dockyard:0.1.0-cu128")
+    archive_set_of(tmp_path, "dockyard:0.1.0-cu132")
+    proc, argv = node("--run-id=s1", variant="cu132", FAKE_LOADED="dockyard:0.1.0-cu128")
+    assert "dockyard:0.1.0-cu128" in argv and "dockyard:0.1.0-cu132" not in argv, proc.stderr
+    proc, argv = node("--run-id=s2", variant="cu132", FAKE_LOADED="")
+    assert proc.returncode == 1 and not argv
+    assert "no image of the archives here" in proc.stderr and "sh load.sh NAME" in proc.stderr
+    proc, argv = node("--run-id=s3", variant="cu132", FAKE_LOADED="dockyard:0.1.0-cu128 dockyard:0.1.0-cu132")
+    assert proc.returncode == 1 and not argv and "--image=REF" in proc.stderr
+    assert "dockyard:0.1.0-cu128, dockyard:0.1.0-cu132" in proc.stderr
+    proc, argv = node("--run-id=s4", "--image=dockyard:0.1.0-cu132", variant="cu132",
+                      FAKE_LOADED="dockyard:0.1.0-cu128 dockyard:0.1.0-cu132")
+    assert "dockyard:0.1.0-cu132" in argv, proc.stderr
+    (tmp_path / "dockyard_0.1.0-cu132.manifest.json").unlink()
+    proc, argv = node("--run-id=s5", variant="cu132", FAKE_LOADED="")
+    assert proc.returncode == 1 and f"the image of {cu128} is not loaded here: load it first, sh load.sh {cu128}" \
+        in proc.stderr
+
+
+def test_run_sh_finds_the_sets_beside_it_from_another_folder(node, tmp_path):
+    """`sh dist/run.sh` from above: the manifests beside run.sh, not in the current folder."""
+    archive_set_of(tmp_path, "dockyard:0.1.0-cu128")
+    (tmp_path / "elsewhere").mkdir()
+    node("--run-id=s6", variant="cu132", FAKE_LOADED="dockyard:0.1.0-cu128")  # writes run.sh
+    bin_dir = tmp_path / "bin"
+    proc = subprocess.run(["sh", "../run.sh", "--dry", "--run-id=s7"], cwd=tmp_path / "elsewhere",
+                          capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
+                               "FAKE_LOADED": "dockyard:0.1.0-cu128", "FAKE_GPUS": ""})
+    assert proc.returncode == 0 and "'dockyard:0.1.0-cu128'" in proc.stdout, proc.stderr
