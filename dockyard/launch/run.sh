@@ -91,15 +91,26 @@ IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")
 MEMLOCK=$(docker run --rm --entrypoint sh "$IMAGE" -c 'ulimit -H -l' 2>/dev/null)
 case "$MEMLOCK" in unlimited | '' | *[!0-9]*) MEMLOCK=-1 ;; *) MEMLOCK=$((MEMLOCK * 1024)) ;; esac
 
+# A CUDA image trains on the node's GPUs unless --cpu. A node without an NVIDIA driver (no nvidia-smi) trains on CPU;
+# a driver that is there but fails (one upgraded without a reboot) stops the run: torch would find no GPU either.
+smi() {  # SMI=what `nvidia-smi ARGS` says, or the run stops with its first line
+	SMI=$(nvidia-smi "$@" 2>&1) && return
+	rc=$?
+	said=$(printf '%s\n' "$SMI" | grep -v '^[[:space:]]*$' | head -n 1)
+	die "nvidia-smi fails here (${said:-exit $rc}): the NVIDIA driver is installed but does not work; after a driver upgrade, reboot (or --cpu to train on CPU)"
+}
 GPUS=
-if [ "$VARIANT" != cpu ] && [ -z "$CPU" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+if [ "$VARIANT" = cpu ] || [ -n "$CPU" ]; then
+	:
+elif ! command -v nvidia-smi >/dev/null 2>&1; then
+	echo "run.sh: no NVIDIA driver here (no nvidia-smi): training on CPU in the $VARIANT image" >&2
+	CPU=1
+else
+	smi -L
 	docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia || command -v nvidia-container-runtime-hook >/dev/null 2>&1 \
 		|| die "GPUs found, but Docker has no NVIDIA runtime: install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker, restart dockerd (or --cpu)"
 	GPUS=all
-	[ -n "$NPROC" ] || NPROC=$(nvidia-smi -L | grep -c '^GPU')
-elif [ "$VARIANT" != cpu ]; then
-	echo "run.sh: no usable GPU here: training on CPU in the $VARIANT image" >&2
-	CPU=1
+	[ -n "$NPROC" ] || NPROC=$(printf '%s\n' "$SMI" | grep -c '^GPU')
 fi
 [ -n "$NPROC" ] || NPROC=@CPU_NPROC@
 # invoke run's range (dockyard/flags.py): 1 to 4096; the length first, so that test never reads an overflowing number

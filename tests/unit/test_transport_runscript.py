@@ -23,13 +23,35 @@ image) for ref do :; done  # the image asked about: loaded when FAKE_LOADED name
 run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
 """
+# nvidia-smi as a node's driver shows it: its header (driver, CUDA version), its list (-L) of FAKE_GPU_COUNT GPUs;
+# with FAKE_SMI_ERROR, a driver that is installed but fails.
+FAKE_SMI = """#!/bin/sh
+[ -z "${FAKE_SMI_ERROR-}" ] || { printf '%s\\n' "$FAKE_SMI_ERROR"; exit 18; }
+case "${1-}" in
+-L) i=0
+    while [ "$i" -lt "$FAKE_GPU_COUNT" ]; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i$i$i$i-uuid)"; i=$((i + 1)); done ;;
+'') echo "| NVIDIA-SMI $FAKE_DRIVER    Driver Version: $FAKE_DRIVER    CUDA Version: $FAKE_CUDA     |" ;;
+esac
+"""
 HOSTILE = "it's a \"test\" $(touch pwned) `touch pwned2` ; rm -rf x"
 
 
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory) -> Path:
+    """/usr/bin and /bin without NVIDIA's programs: a node without a driver, also on a host that has one."""
+    folder = tmp_path_factory.mktemp("tools")
+    for d in (Path("/usr/bin"), Path("/bin")):
+        for f in d.iterdir():
+            if not f.name.startswith("nvidia") and not (folder / f.name).exists():
+                (folder / f.name).symlink_to(f)
+    return folder
+
+
 @pytest.fixture
-def node(tmp_path, settings):
+def node(tmp_path, settings, tools):
     """A folder with run.sh for an image and a stand-in docker (an image's variant is its tag's end); returns a
-    function that runs run.sh there."""
+    function that runs run.sh there, on a node with `gpus` GPUs (0: no NVIDIA driver, unless FAKE_SMI_ERROR says
+    how its nvidia-smi fails)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text(FAKE_DOCKER)
@@ -37,14 +59,15 @@ def node(tmp_path, settings):
 
     def run(*args: str, variant: str = "cpu", gpus: int = 0, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
         (tmp_path / "run.sh").write_text(runscript.render(settings, "dockyard:0.1.0-" + variant, variant))
-        # nvidia-smi as a GPU host's (that many GPUs), or as a host without a driver (fails)
-        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: x)'\n"
-                                                                     for i in range(gpus)) + f"exit {0 if gpus else 9}\n")
-        (bin_dir / "nvidia-smi").chmod(0o755)
+        smi = bin_dir / "nvidia-smi"
+        smi.unlink(missing_ok=True)
+        if gpus or "FAKE_SMI_ERROR" in env:
+            smi.write_text(FAKE_SMI)
+            smi.chmod(0o755)
         out = tmp_path / "argv"
         out.unlink(missing_ok=True)
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "ARGV_OUT": str(out), "HOME": str(tmp_path),
-               "FAKE_GPUS": "1" if gpus else "", **env}
+        env = {"PATH": f"{bin_dir}:{tools}", "ARGV_OUT": str(out), "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else "",
+               "FAKE_GPU_COUNT": str(gpus), "FAKE_DRIVER": "580.65.06", "FAKE_CUDA": "13.0", **env}
         proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         return proc, out.read_bytes().decode().split("\0")[:-1] if out.exists() else []
 
@@ -160,7 +183,7 @@ def test_run_sh_trains_in_the_image_of_the_set_loaded_beside_it_not_the_last_one
         in proc.stderr
 
 
-def test_run_sh_finds_the_sets_beside_it_from_another_folder(node, tmp_path):
+def test_run_sh_finds_the_sets_beside_it_from_another_folder(node, tmp_path, tools):
     """`sh dist/run.sh` from above: the manifests beside run.sh, not in the current folder."""
     archive_set_of(tmp_path, "dockyard:0.1.0-cu128")
     (tmp_path / "elsewhere").mkdir()
@@ -168,6 +191,18 @@ def test_run_sh_finds_the_sets_beside_it_from_another_folder(node, tmp_path):
     bin_dir = tmp_path / "bin"
     proc = subprocess.run(["sh", "../run.sh", "--dry", "--run-id=s7"], cwd=tmp_path / "elsewhere",
                           capture_output=True, text=True,
-                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
+                          env={"PATH": f"{bin_dir}:{tools}", "HOME": str(tmp_path),
                                "FAKE_LOADED": "dockyard:0.1.0-cu128", "FAKE_GPUS": ""})
     assert proc.returncode == 0 and "'dockyard:0.1.0-cu128'" in proc.stdout, proc.stderr
+
+
+def test_a_driver_that_is_installed_but_fails_stops_the_run_instead_of_training_on_cpu(node):
+    """nvidia-smi fails as it does after a driver upgrade without a reboot: that is said, with the fix; it is no
+    node without GPUs. --cpu trains on CPU anyway."""
+    mismatch = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.65"
+    proc, argv = node("--run-id=d1", variant="cu132", FAKE_SMI_ERROR=mismatch)
+    assert proc.returncode == 1 and not argv and "training on CPU" not in proc.stderr
+    assert "nvidia-smi fails here (Failed to initialize NVML: Driver/library version mismatch)" in proc.stderr
+    assert "reboot" in proc.stderr and "--cpu" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    proc, argv = node("--run-id=d2", "--cpu", variant="cu132", FAKE_SMI_ERROR=mismatch)
+    assert "DS_ACCELERATOR=cpu" in argv and "--gpus" not in argv, proc.stderr
