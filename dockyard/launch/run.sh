@@ -99,6 +99,31 @@ smi() {  # SMI=what `nvidia-smi ARGS` says, or the run stops with its first line
 	said=$(printf '%s\n' "$SMI" | grep -v '^[[:space:]]*$' | head -n 1)
 	die "nvidia-smi fails here (${said:-exit $rc}): the NVIDIA driver is installed but does not work; after a driver upgrade, reboot (or --cpu to train on CPU)"
 }
+# Whether this node's driver runs CUDA $1, as invoke run decides (dockyard/images/variants.py driver_runs): a CUDA X.y
+# build runs on any driver of CUDA X or newer (minor-version compatibility); where nvidia-smi gives no CUDA version, by
+# the driver's version (the least for CUDA X). Exit 0: yes, 1: no, 2: cannot tell.
+runs() {
+	case $1 in '' | .* | *[!0-9.]*) return 2 ;; esac
+	if [ -n "$HOST_CUDA" ]; then [ "${1%%.*}" -le "${HOST_CUDA%%.*}" ]; return; fi
+	least=$(least_driver "$1")
+	[ -n "$least" ] && [ -n "$DRIVER" ] || return 2
+	awk -v a="$DRIVER" -v b="$least" 'BEGIN { n = split(a, x, "."); m = split(b, y, "."); if (m > n) n = m
+		for (i = 1; i <= n; i++) if (x[i] + 0 != y[i] + 0) exit (x[i] + 0 < y[i] + 0); exit 0 }'
+}
+least_driver() { for pair in @MIN_DRIVER@; do [ "${pair%%=*}" != "${1%%.*}" ] || echo "${pair#*=}"; done; }
+# The image's CUDA (its dockyard.cuda label) against the driver's, from nvidia-smi's header ("Driver Version: 535.183.01
+# CUDA Version: 12.2"): inside, torch would find no usable GPU. Names the image to load instead, newest first.
+check_driver() {
+	DRIVER=$(printf '%s\n' "$SMI" | sed -n 's/.*Driver Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+	HOST_CUDA=$(printf '%s\n' "$SMI" | sed -n 's/.*CUDA Version: *\([0-9]\{1,3\}\.[0-9]\{1,3\}\).*/\1/p' | head -n 1)
+	IMAGE_CUDA=$(docker image inspect --format '{{index .Config.Labels "dockyard.cuda"}}' "$IMAGE" 2>/dev/null)
+	runs "$IMAGE_CUDA"
+	[ $? -eq 1 ] || return 0
+	instead=
+	for pair in @CUDA_VARIANTS@; do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
+	least=$(least_driver "$IMAGE_CUDA")
+	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
+}
 GPUS=
 if [ "$VARIANT" = cpu ] || [ -n "$CPU" ]; then
 	:
@@ -106,6 +131,8 @@ elif ! command -v nvidia-smi >/dev/null 2>&1; then
 	echo "run.sh: no NVIDIA driver here (no nvidia-smi): training on CPU in the $VARIANT image" >&2
 	CPU=1
 else
+	smi
+	check_driver
 	smi -L
 	docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia || command -v nvidia-container-runtime-hook >/dev/null 2>&1 \
 		|| die "GPUs found, but Docker has no NVIDIA runtime: install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker, restart dockerd (or --cpu)"

@@ -62,8 +62,13 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
              "add \"$IMAGE\" " + " ".join(word(w) for w in command[:command.index(OVERRIDES)]),
              'add "$@"',
              'cmd="$cmd$EXTRA"']
+    newest_first = sorted((v for v in variants.all_variants(settings).values() if v.is_cuda),
+                          key=lambda v: variants.cuda_version(v.cuda), reverse=True)
     text = TEMPLATE.read_text()
     for mark, value in {"@ENGINE@": engine_check(),
+                        "@MIN_DRIVER@": " ".join(shlex.quote(f"{major}={least}")
+                                                 for major, least in variants.MIN_DRIVER.items()),
+                        "@CUDA_VARIANTS@": " ".join(shlex.quote(f"{v.name}={v.cuda}") for v in newest_first),
                         "@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
                         "@CPU_NPROC@": str(node.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
                         "@COMMAND@": "\n".join(lines)}.items():

@@ -19,7 +19,11 @@ info) [ -z "${FAKE_INFO_ERROR-}" ] || { echo "$FAKE_INFO_ERROR" >&2; exit 1; }
       case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;; esac ;;
 image) for ref do :; done  # the image asked about: loaded when FAKE_LOADED names it (unset: every image)
        case " ${FAKE_LOADED-$ref} " in *" $ref "*) ;; *) echo "Error: No such image: $ref" >&2; exit 1 ;; esac
-       case "$*" in *dockyard.variant*) echo "${ref##*-}" ;; *) echo sha256:feed ;; esac ;;
+       case "$*" in
+       *dockyard.variant*) echo "${ref##*-}" ;;
+       *dockyard.cuda*) for pair in $FAKE_CUDA_LABELS; do [ "${pair%%=*}" != "${ref##*-}" ] || echo "${pair#*=}"; done ;;
+       *) echo sha256:feed ;;
+       esac ;;
 run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
 """
@@ -67,7 +71,9 @@ def node(tmp_path, settings, tools):
         out = tmp_path / "argv"
         out.unlink(missing_ok=True)
         env = {"PATH": f"{bin_dir}:{tools}", "ARGV_OUT": str(out), "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else "",
-               "FAKE_GPU_COUNT": str(gpus), "FAKE_DRIVER": "580.65.06", "FAKE_CUDA": "13.0", **env}
+               "FAKE_GPU_COUNT": str(gpus), "FAKE_DRIVER": "580.65.06", "FAKE_CUDA": "13.0",
+               "FAKE_CUDA_LABELS": " ".join(f"{v.name}={v.cuda}" for v in variants.all_variants(settings).values()),
+               **env}
         proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         return proc, out.read_bytes().decode().split("\0")[:-1] if out.exists() else []
 
@@ -206,3 +212,26 @@ def test_a_driver_that_is_installed_but_fails_stops_the_run_instead_of_training_
     assert "reboot" in proc.stderr and "--cpu" in proc.stderr and len(proc.stderr.splitlines()) == 1
     proc, argv = node("--run-id=d2", "--cpu", variant="cu132", FAKE_SMI_ERROR=mismatch)
     assert "DS_ACCELERATOR=cpu" in argv and "--gpus" not in argv, proc.stderr
+
+
+def test_an_image_newer_than_the_driver_s_cuda_is_refused_naming_the_image_to_load(node):
+    """A 535 driver (CUDA 12.2) and the cu132 image: inside, torch would find no usable GPU and train on CPU. run.sh
+    refuses as invoke run does, naming the image this driver runs; cu128 runs there (minor-version compatibility)."""
+    old = {"FAKE_DRIVER": "535.183.01", "FAKE_CUDA": "12.2"}
+    proc, argv = node("--run-id=c1", variant="cu132", gpus=2, **old)
+    assert proc.returncode == 1 and not argv and len(proc.stderr.splitlines()) == 1
+    assert "image cu132 needs CUDA 13.2 but driver 535.183.01 supports CUDA 12.2: load the cu128 image " \
+           "(invoke save --variant=cu128, then sh load.sh NAME here) or upgrade the driver to 580 or newer" in proc.stderr
+    proc, argv = node("--run-id=c2", variant="cu128", gpus=2, **old)
+    assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=2" in argv, proc.stderr
+    proc, argv = node("--run-id=c3", "--cpu", variant="cu132", gpus=2, **old)
+    assert "DS_ACCELERATOR=cpu" in argv and "--gpus" not in argv, proc.stderr
+
+
+def test_without_a_cuda_version_the_driver_s_own_version_decides(node):
+    """An nvidia-smi whose header gives no CUDA version: the least driver of each CUDA major decides, as in invoke run."""
+    proc, argv = node("--run-id=c4", variant="cu128", gpus=1, FAKE_DRIVER="470.256.02", FAKE_CUDA="N/A")
+    assert proc.returncode == 1 and not argv
+    assert "image cu128 needs CUDA 12.8 but driver 470.256.02: upgrade the driver to 525.60.13 or newer" in proc.stderr
+    proc, argv = node("--run-id=c5", variant="cu128", gpus=1, FAKE_DRIVER="550.54.15", FAKE_CUDA="N/A")
+    assert "--gpus" in argv, proc.stderr
