@@ -8,6 +8,7 @@
 #   --data=PATH --model=PATH   your data file/folder and model folder, mounted read-only
 #   --run-id=ID --runs=DIR     the run folder DIR/ID (default ./runs/<recipe>-<time>)
 #   --nproc=N --cpu            processes (default: one per GPU, else 2); --cpu: no GPU even in a CUDA image
+#                              (CUDA_VISIBLE_DEVICES=0,2, indices or UUIDs: those GPUs only, as for invoke run)
 #   --image=REF                the image (default: the one image of the archives beside run.sh, their
 #                              *.manifest.json, that is loaded here; @IMAGE_DEFAULT@ where no manifest is beside it)
 #   --dry                      print the docker command and run nothing
@@ -124,6 +125,24 @@ check_driver() {
 	least=$(least_driver "$IMAGE_CUDA")
 	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
 }
+# CUDA_VISIBLE_DEVICES as invoke run reads it (dockyard/gpus.py select): GPU indices or UUIDs, comma-separated, each
+# a GPU of nvidia-smi -L's list ($SMI); docker gets their indices (--gpus '"device=0,2"'), torchrun one process each.
+visible() {
+	cvd=${CUDA_VISIBLE_DEVICES-}
+	fix="nvidia-smi -L lists them; unset CUDA_VISIBLE_DEVICES for every GPU, or --cpu for none"
+	case $cvd in *[!A-Za-z0-9,\ -]*) die "CUDA_VISIBLE_DEVICES holds what is no GPU index or UUID: give them comma-separated ($fix)" ;; esac
+	[ -n "$(printf '%s' "$cvd" | tr -d ' ')" ] || return 0
+	have=$(printf '%s\n' "$SMI" | sed -n 's/^GPU \([0-9]*\):.*/\1/p' | awk '{ printf "%s%s", sep, $0; sep = ", " }')
+	chosen= COUNT=0
+	for token in $(printf '%s' "$cvd" | tr ',' ' '); do
+		index=$(printf '%s\n' "$SMI" | awk -v t="$token" '/^GPU [0-9]+:/ { i = substr($2, 1, length($2) - 1); u = $NF
+			sub(/\)$/, "", u); if ((t ~ /^[0-9]+$/ && t + 0 == i + 0) || t == u) { print i; exit } }')
+		[ -n "$index" ] || die "GPU $token (from CUDA_VISIBLE_DEVICES=$cvd) is not on this node: it has ${have:-none} ($fix)"
+		case ",$chosen," in *",$index,"*) ;; *) chosen=$chosen${chosen:+,}$index COUNT=$((COUNT + 1)) ;; esac
+	done
+	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES=$cvd names no GPU ($fix)"
+	GPUS="\"device=$chosen\""
+}
 GPUS=
 if [ "$VARIANT" = cpu ] || [ -n "$CPU" ]; then
 	:
@@ -136,8 +155,9 @@ else
 	smi -L
 	docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia || command -v nvidia-container-runtime-hook >/dev/null 2>&1 \
 		|| die "GPUs found, but Docker has no NVIDIA runtime: install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker, restart dockerd (or --cpu)"
-	GPUS=all
-	[ -n "$NPROC" ] || NPROC=$(printf '%s\n' "$SMI" | grep -c '^GPU')
+	GPUS=all COUNT=$(printf '%s\n' "$SMI" | grep -c '^GPU')
+	visible
+	[ -n "$NPROC" ] || NPROC=$COUNT
 fi
 [ -n "$NPROC" ] || NPROC=@CPU_NPROC@
 # invoke run's range (dockyard/flags.py): 1 to 4096; the length first, so that test never reads an overflowing number

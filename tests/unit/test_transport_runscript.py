@@ -235,3 +235,21 @@ def test_without_a_cuda_version_the_driver_s_own_version_decides(node):
     assert "image cu128 needs CUDA 12.8 but driver 470.256.02: upgrade the driver to 525.60.13 or newer" in proc.stderr
     proc, argv = node("--run-id=c5", variant="cu128", gpus=1, FAKE_DRIVER="550.54.15", FAKE_CUDA="N/A")
     assert "--gpus" in argv, proc.stderr
+
+
+@pytest.mark.parametrize(("visible", "device", "nproc"), [
+    ("1", '"device=1"', 1), ("GPU-1111-uuid", '"device=1"', 1), ("2, 0", '"device=2,0"', 2), ("0,0", '"device=0"', 1),
+    ("", "all", 3)])
+def test_cuda_visible_devices_picks_the_gpus_docker_gets_one_process_each(node, visible, device, nproc):
+    """As invoke run reads it: indices or UUIDs; docker gets the indices as its device list."""
+    proc, argv = node("--run-id=v1", variant="cu132", gpus=3, CUDA_VISIBLE_DEVICES=visible)
+    assert argv[argv.index("--gpus") + 1] == device and f"--nproc-per-node={nproc}" in argv, proc.stderr
+
+
+@pytest.mark.parametrize("visible", ["3", "-1", "GPU-nope", ",", "0;touch x"])
+def test_cuda_visible_devices_naming_no_gpu_of_the_node_is_refused(node, visible):
+    proc, argv = node("--run-id=v2", variant="cu132", gpus=2, CUDA_VISIBLE_DEVICES=visible)
+    assert proc.returncode == 1 and not argv and "CUDA_VISIBLE_DEVICES" in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "nvidia-smi -L lists them" in proc.stderr
+    if visible == "3":
+        assert "GPU 3 (from CUDA_VISIBLE_DEVICES=3) is not on this node: it has 0, 1" in proc.stderr
