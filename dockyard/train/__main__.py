@@ -281,6 +281,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
     check_training_numbers(training)
     guards.check_report_to(training.get("report_to"))
+    guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:
         checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
     if last and os.environ.get("LOCAL_RANK", "0") == "0":

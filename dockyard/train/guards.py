@@ -25,6 +25,27 @@ def one_process_per_gpu(n_gpu: int) -> None:
             f"Start one process per GPU: `invoke run` does, or `torchrun --nproc-per-node {n_gpu} -m dockyard.train ...`")
 
 
+def gpus_as_the_image_says(accelerator: str) -> None:
+    """A CUDA image sets DS_ACCELERATOR=cuda (`--cpu` sets cpu): a process of it that finds no usable GPU (a driver
+    older than the image's CUDA, a driver that fails, a container started without --gpus) would train on CPU and call
+    the run completed, or die in DeepSpeed's traceback. Native runs (DS_ACCELERATOR unset) are left as they are."""
+    if accelerator != "cuda":
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    try:
+        torch.cuda.init()
+        reason = "torch sees no GPU"
+    except Exception as e:  # torch's reason, first sentence: "The NVIDIA driver on your system is too old (...)"
+        said = str(e).strip().splitlines()
+        reason = said[0].split(". ")[0].rstrip(".") if said else type(e).__name__
+    raise DockyardError(f"this CUDA image (DS_ACCELERATOR=cuda) finds no usable GPU: {reason}. Check with nvidia-smi "
+                        "that the driver works and supports the image's CUDA, and that the container was given the GPUs "
+                        "(docker run --gpus); --cpu (invoke run, run.sh) trains on CPU instead")
+
+
 def device_map(strategy: str, local_rank: int, cuda: bool) -> dict[str, int] | None:
     """Where from_pretrained puts the weights. Never "auto" when distributed: it splits the layers over the
     GPUs of one process and runs them one after another (or the Trainer refuses the model)."""

@@ -314,3 +314,43 @@ def test_a_recipe_file_that_is_not_utf8_is_one_error_line(tmp_path):
                                            .encode("latin-1"))
     with pytest.raises(DockyardError, match=r"recipe.yaml is not UTF-8 text \(.*\): save it as UTF-8"):
         load_recipe(tmp_path)
+
+
+TOO_OLD = ("The NVIDIA driver on your system is too old (found version 12020). Please update your GPU driver by "
+           "downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx")
+
+
+def cuda_that_fails(monkeypatch, message: str = TOO_OLD) -> None:
+    """torch.cuda as in a CUDA image on a driver older than its CUDA: no usable GPU, and init() says why."""
+    def init():
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "init", init)
+
+
+def test_a_cuda_image_that_finds_no_usable_gpu_is_refused_with_torch_s_reason(monkeypatch):
+    cuda_that_fails(monkeypatch)
+    with pytest.raises(DockyardError, match=r"finds no usable GPU: The NVIDIA driver on your system is too old "
+                                            r"\(found version 12020\)\. Check with nvidia-smi") as e:
+        guards.gpus_as_the_image_says("cuda")
+    assert "\n" not in str(e.value) and "--cpu" in str(e.value)
+    guards.gpus_as_the_image_says("cpu")  # --cpu in a CUDA image, and the cpu image: CPU is what was asked for
+    guards.gpus_as_the_image_says("")     # a native run: as before, CPU where there is no GPU
+
+
+def test_the_trainer_in_a_cuda_image_without_a_usable_gpu_fails_instead_of_training_on_cpu(monkeypatch, tmp_path,
+                                                                                          capsys):
+    """What reaches the trainer directly (run.sh, Slurm, Kubernetes): one error line, a failed manifest, no training."""
+    from dockyard.train.__main__ import main
+
+    cuda_that_fails(monkeypatch)
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    run_dir = tmp_path / "runs" / "r1"
+    code = main(["--recipe", "ddp", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert code != 0 and "error: this CUDA image (DS_ACCELERATOR=cuda) finds no usable GPU" in err
+    assert "Traceback" not in err
+    record = json.loads((run_dir / "manifest.json").read_text())
+    assert record["status"] == "failed" and "too old" in record["error"]
+    assert not (run_dir / "checkpoints").exists()
