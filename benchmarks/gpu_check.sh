@@ -2,17 +2,23 @@
 # On a GPU host without Docker (the trainer runs natively): install the wheels it lacks (benchmarks/gpu_kit.sh
 # made .whl/ beside this checkout), then run one part, printing as it goes and keeping a copy of everything under
 # $OUT (default gpu-out/), so that a call cut off by a time limit still leaves what it measured. The exit status is
-# the part's own (pytest's, the benchmark's), not the copy's.
+# the part's own (pytest's, the benchmark's), not the copy's. It stops first where torch sees no GPU: a part run on
+# CPU would "pass" having checked nothing.
 #
-#   sh benchmarks/gpu_check.sh tests [PYTEST ARGS]  # one slice of tests/gpu at a time, each under 10 min on one H100:
-#        (no args)                    test_nvml + test_recipes_gpu (10 runs, ~7 min)
-#        tests/gpu/test_autos_gpu.py  (17 runs, 5 of the 1B model, 4 compiled: ~10-12 min; add -k to split it)
-#        tests/gpu/test_resume_gpu.py (16 runs: ~10 min; add -k to split it)
-#      each test's name and outcome is printed as it ends; a test is stopped after 300 s
-#   sh benchmarks/gpu_check.sh bench [RECIPES]      # benchmarks.recipes with no tuning flags, each recipe also
-#                                                   # compiled (--try torch_compile=true) and with Liger's
-#                                                   # kernels (--try use_liger_kernel=true); default ddp,lora
-#   sh benchmarks/gpu_check.sh compile              # benchmarks.compile: whole model vs block by block
+# Each part is sized for one call of under 10 minutes on one H100, after ~1 min of install on a fresh machine
+# (a lease of 15 minutes holds one such call, perhaps two short ones: plan which one it is for):
+#   sh benchmarks/gpu_check.sh tests [SLICE | PYTEST ARGS]   one slice of tests/gpu, never the CPU tests:
+#        (nothing)    test_nvml + test_recipes_gpu (10 runs, ~7 min)
+#        autos        test_autos_gpu.py on the tiny model (11 runs, 4 of them compiled: ~7 min)
+#        autos-944m   test_autos_gpu.py on the 944M model (4 runs: ~5 min)
+#        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min; -k to split it,
+#                     e.g. tests tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora")
+#        or pytest's own arguments naming tests under tests/gpu/ (-k alone: within the default slice)
+#      each test's name and outcome is printed as it ends; a test is stopped after 300 s (with pytest-timeout)
+#   sh benchmarks/gpu_check.sh bench [RECIPES] [ARGS]   benchmarks.recipes with no tuning flags, each recipe also
+#        compiled (--try torch_compile=true) and with Liger's kernels (--try use_liger_kernel=true); default
+#        ddp,lora (6 runs of the 944M model, ~6 min); ARGS go to benchmarks.recipes (--steps 40, --bare, ...)
+#   sh benchmarks/gpu_check.sh compile [ARGS]           benchmarks.compile: whole model vs block by block
 set -eu
 case "${1:-}" in tests | bench | compile) ;; *)
 	echo "usage: sh benchmarks/gpu_check.sh tests|bench|compile [...]" >&2
@@ -23,27 +29,52 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 "$PY" -c 'import deepspeed, bitsandbytes, peft, invoke' 2>/dev/null || sh benchmarks/gpu_kit.sh --install
-rm -rf /tmp/tmp* 2>/dev/null || :  # run folders a killed run left: a 1B full fine-tune writes 15-18 GB
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+if ! smi=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1); then
+	echo "error: nvidia-smi fails here (${smi:-not installed}): this is for a GPU host" >&2
+	exit 1
+fi
+printf '%s\n' "$smi" | tee "$OUT/gpus.txt"
+"$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' \
+	|| { echo "error: torch sees no GPU (torch.cuda.is_available() is false): nothing would be checked" >&2; exit 1; }
+# What an earlier call left, once this is known to be the GPU host: a killed 944M run's folder holds 15-18 GB.
+# (The tests' own folders go with pytest's --basetemp below, which it empties as it starts.)
+rm -rf /tmp/dockyard-bench-* 2>/dev/null || :
 part=$1
 shift
 # dash has no pipefail: the part's status goes through a file, past the tee that copies what it prints
 status="$OUT/.status"
 case "$part" in
 tests)
-	paths=
-	for a in "$@"; do case "$a" in tests/* | */*.py | *.py::*) paths=1 ;; esac; done
-	[ -n "$paths" ] || set -- tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@"  # never the CPU tests
+	case "${1:-}" in
+	autos) shift; set -- tests/gpu/test_autos_gpu.py -k "not 944m" "$@" ;;
+	autos-944m) shift; set -- tests/gpu/test_autos_gpu.py -k 944m "$@" ;;
+	resume) shift; set -- tests/gpu/test_resume_gpu.py "$@" ;;
+	esac
+	# the tests named: words under tests/gpu/ that are not an option's value (--deselect X, --ignore=X, -k X ...);
+	# any other test path is refused, so that pytest never falls back to its testpaths, the CPU and Docker suite
+	paths= prev=
+	for a in "$@"; do
+		case "$prev" in --deselect | --ignore | --ignore-glob | -k | -m | -p | -o | --rootdir | -c) prev=; continue ;; esac
+		prev=$a
+		case "$a" in
+		-*) ;;
+		tests/gpu/*) paths=1 ;;
+		*/* | *.py | *.py::*) echo "error: $a is not under tests/gpu/: this runs the GPU tests only" >&2; exit 2 ;;
+		esac
+	done
+	[ -n "$paths" ] || set -- tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@"
 	cap=  # pytest-timeout: on the GPU hosts' image (KINDS.md), not a project dependency
 	! "$PY" -c 'import pytest_timeout' 2>/dev/null || cap=--timeout=300
-	{ rc=0; "$PY" -m pytest -v --tb=short -p no:cacheprovider -rs --durations=15 $cap "$@" || rc=$?
-		echo $rc >"$status"; } 2>&1 \
-		| tee "$OUT/tests-gpu.log" ;;
+	{ rc=0; "$PY" -m pytest -v --tb=short -p no:cacheprovider -rs --durations=15 --basetemp=/tmp/dockyard-gpu-tests \
+		$cap "$@" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/tests-gpu.log" ;;
 bench)
-	{ rc=0; "$PY" -m benchmarks.recipes --recipes "${1:-ddp,lora}" --steps 30 --try torch_compile=true \
-		--try use_liger_kernel=true --out "$OUT/recipes.md" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/recipes.log" ;;
+	recipes=ddp,lora
+	case "${1:-}" in '' | -*) ;; *) recipes=$1; shift ;; esac
+	{ rc=0; "$PY" -m benchmarks.recipes --recipes "$recipes" --steps 30 --try torch_compile=true \
+		--try use_liger_kernel=true --out "$OUT/recipes.md" "$@" || rc=$?; echo $rc >"$status"; } 2>&1 \
+		| tee "$OUT/recipes.log" ;;
 compile)
-	{ rc=0; "$PY" -m benchmarks.compile || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/compile.log"
+	{ rc=0; "$PY" -m benchmarks.compile "$@" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/compile.log"
 	# the committed table is the CPU's until this run rewrites it: copied only from a run that finished
 	[ "$(cat "$status")" != 0 ] || cp benchmarks/results/compile.md "$OUT/" ;;
 esac

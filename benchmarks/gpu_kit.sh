@@ -33,6 +33,8 @@ pin() {  # NAME -> NAME==VERSION from the cu132 lock, else from pyproject.toml
 # gathered beside the kit and put in its place at the end: a failed gather leaves the old kit whole
 NEW="$KIT.new"
 rm -rf "$NEW" && mkdir -p "$NEW"
+req=
+trap 'rc=$?; rm -f "$req"; [ $rc -eq 0 ] || { rm -rf "$NEW"; echo "error: gpu_kit: could not gather the kit (pip above says why; it needs PyPI or a mirror pip is set up for): $KIT/ is as it was" >&2; }' EXIT
 wheels=""
 for name in bitsandbytes datasets pydantic pydantic-core annotated-types typing-inspection invoke hjson dill \
 	multiprocess transformers peft liger-kernel nvidia-ml-py xxhash; do
@@ -42,12 +44,12 @@ done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 -d "$NEW" $wheels
-# deepspeed is an sdist: downloaded by its locked hashes (what `invoke wheelhouse` does), never built here.
+# deepspeed is an sdist: downloaded by its locked hashes (what `invoke wheelhouse` does); pip reads its metadata
+# (setup.py egg_info, with setuptools from the index) but installs nothing here.
 req=$(mktemp)
 awk '/^deepspeed==/ { on = 1 } on { print; if ($0 !~ /\\$/) exit }' images/locks/cu132.txt >"$req"
 "$PY" -m pip download -q --no-deps --require-hashes -r "$req" -d "$NEW" --python-version 3.12 --implementation cp \
 	--platform manylinux2014_x86_64
-rm -f "$req"
 
 # bitsandbytes: keep the CUDA 13.0 and CPU libraries only, and a RECORD that says so.
 "$PY" - "$NEW" <<'PYEOF'

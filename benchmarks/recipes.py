@@ -49,6 +49,7 @@ from dockyard.train import mfu
 from dockyard.train.callbacks import WARMUP_STEPS
 
 RECIPES = recipe_names()  # every recipe folder, in the registry's order
+TEMP_PREFIX = "dockyard-bench-"  # the work folder's: what a killed call left, benchmarks/gpu_check.sh removes
 ONE_B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
          "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 4096}
 
@@ -81,7 +82,8 @@ def main() -> None:
 
     lines = report.header("Recipes side by side", where(gpu, nproc), setup_line(gpu, seq, batch, steps))
     print("\n".join(lines), flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX) as tmp:
         work = Path(tmp)
         model, data = make_model(work, gpu), make_data(work, seq)
         rows = []
@@ -92,6 +94,8 @@ def main() -> None:
                 if tried:
                     rows[-1]["label"] = f"{name} + {','.join(f'{k}={v}' for k, v in tried)}"
                 print(table_row(rows[-1], rows), flush=True)  # each result as it lands: a cut-off call keeps it
+                # and the table so far, with its errors whole, in case the call is cut off before the end
+                opts.out.write_text("\n".join(lines + table(rows) + errors(rows)) + "\n")
         ddp = next((r for r in rows if r["recipe"] == "ddp" and "label" not in r and "micro_batch" in r), None)
         overhead = measure_overhead(opts, work, nproc, model, data, steps,
                                     batch if batch != "auto" else ddp["micro_batch"], seq, gpu) \
@@ -101,7 +105,6 @@ def main() -> None:
         lines += ["", "The bare loop was not measured: it is compared with the ddp recipe, which was not asked for "
                       "or failed."]
     text = "\n".join(lines) + "\n"
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(text)
     print(text)
 
@@ -193,16 +196,23 @@ def make_data(work: Path, seq: int) -> Path:
 
 # --- runs ---------------------------------------------------------------------------------------------
 
-def env() -> dict[str, str]:
-    e = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+def env(caches: Path) -> dict[str, str]:
+    """The runs' environment. Each run compiles into caches of its own: a cache warm from an earlier run (or an
+    earlier call on the same machine) would hide the compile time its first step reports (benchmarks/compile.py
+    does the same)."""
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+         "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
     if not torch.cuda.is_available():
         e.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     return e
 
 
-def torchrun(nproc: int, *argv: str) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, caches: Path, *argv: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *argv]
-    return engine.run(cmd, cwd=ROOT, env=env(), capture=True, check=False, quiet=True)
+    try:
+        return engine.run(cmd, cwd=ROOT, env=env(caches), capture=True, check=False, quiet=True)
+    finally:
+        shutil.rmtree(caches, ignore_errors=True)
 
 
 def steady_state(metrics_file: Path) -> dict:
@@ -241,7 +251,8 @@ def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps
     fixed = [] if batch == "auto" else ["--per_device_train_batch_size", str(batch), "--gradient_checkpointing",
                                         "false"]
     try:
-        proc = torchrun(nproc, "-m", "dockyard.train", "--recipe", name, "--run-dir", str(run), "--",
+        proc = torchrun(nproc, work / f"{name}-{tag}-caches", "-m", "dockyard.train", "--recipe", name,
+                        "--run-dir", str(run), "--",
                         "--model", str(model), "--data", str(data), "--max_steps", str(steps),
                         "--max_seq_length", str(seq), "--logging_steps", "5", "--save_strategy", "no", *fixed,
                         *extra)
@@ -264,8 +275,8 @@ def run_bare(work: Path, nproc: int, model: Path, data: Path, steps: int, batch:
     out = work / f"bare{i}.json"
     proc = None
     for _ in range(2):  # gloo sometimes aborts while tearing down; the measurement is done by then
-        proc = torchrun(nproc, str(ROOT / "benchmarks" / "bare_ddp.py"), str(model), str(data), str(steps),
-                        str(batch), str(seq), str(out))
+        proc = torchrun(nproc, work / f"bare{i}-caches", str(ROOT / "benchmarks" / "bare_ddp.py"), str(model),
+                        str(data), str(steps), str(batch), str(seq), str(out))
         if out.exists():
             return json.loads(out.read_text())
     return {"error": "\n".join(proc.stderr.strip().splitlines()[-30:]) or f"exit {proc.returncode}"}

@@ -1,0 +1,84 @@
+"""benchmarks/gpu_check.sh, the one command a 15-minute GPU lease runs: what it hands pytest and the benchmarks, and
+that it stops where there is no GPU. The GPU host is faked here (a stand-in python3 that records what it is asked and
+an nvidia-smi that prints a GPU or fails): this machine has neither a GPU nor the host's Python."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def fake_host(tmp_path: Path, cuda: bool = True, smi: bool = True) -> tuple[dict, Path]:
+    """PATH with a python3 that answers gpu_check's import checks and records each -m call (one line of argv), and an
+    nvidia-smi that names one H100 (or fails as a broken driver does)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f"""#!/bin/sh
+case "$1" in
+-c) case "$2" in
+    *cuda.is_available*) exit {0 if cuda else 1} ;;
+    *pytest_timeout*) exit 1 ;;
+    *) exit 0 ;;
+    esac ;;
+-m) printf '%s\\n' "$*" >>{shlex.quote(str(calls))}; echo "ran $2" ;;
+esac
+""")
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB'\n" if smi else
+                                        "#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch'\n"
+                                        "exit 18\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out")}, calls
+
+
+def gpu_check(tmp_path: Path, *args: str, **host) -> tuple[subprocess.CompletedProcess, list[str]]:
+    env, calls = fake_host(tmp_path, **host)
+    r = subprocess.run(["sh", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return r, calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.parametrize("host,said", [({"cuda": False}, "torch sees no GPU"),
+                                       ({"smi": False}, "Driver/library version mismatch")])
+def test_without_a_usable_gpu_nothing_runs_and_the_call_fails(tmp_path, host, said):
+    r, calls = gpu_check(tmp_path, "tests", **host)
+    assert r.returncode == 1 and said in r.stderr and calls == []
+
+
+@pytest.mark.parametrize("args,files", [
+    ([], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
+    (["-k", "qlora"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
+    # an option's value is no test path: pytest must not fall back to its testpaths (the CPU and Docker suite)
+    (["--deselect", "tests/gpu/test_recipes_gpu.py::test_x"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
+    (["--ignore=tests/gpu/test_nvml.py"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
+    (["autos"], ["tests/gpu/test_autos_gpu.py"]),
+    (["tests/gpu/test_resume_gpu.py", "-k", "ddp"], ["tests/gpu/test_resume_gpu.py"]),
+])
+def test_tests_runs_gpu_tests_only(tmp_path, args, files):
+    r, calls = gpu_check(tmp_path, "tests", *args)
+    assert r.returncode == 0, r.stderr
+    [call] = calls
+    words = call.split()
+    assert words[:2] == ["-m", "pytest"] and [w for w in words if w.startswith("tests/")] == files + [
+        w for w in args if w.startswith("tests/gpu/test_recipes_gpu.py::")]
+    assert "--basetemp=/tmp/dockyard-gpu-tests" in words
+
+
+def test_a_test_path_outside_tests_gpu_is_refused(tmp_path):
+    r, calls = gpu_check(tmp_path, "tests", "tests/unit/test_autos.py")
+    assert r.returncode == 2 and "not under tests/gpu/" in r.stderr and calls == []
+
+
+def test_bench_and_compile_pass_their_arguments_on(tmp_path):
+    r, calls = gpu_check(tmp_path, "bench", "fsdp,qlora", "--steps", "40")
+    assert r.returncode == 0, r.stderr
+    words = calls[0].split()
+    assert words[words.index("--recipes") + 1] == "fsdp,qlora" and words[-2:] == ["--steps", "40"]
+    (tmp_path / "compile").mkdir()
+    r, calls = gpu_check(tmp_path / "compile", "compile", "--layers", "8")
+    assert r.returncode == 0 and calls[0].split()[-2:] == ["--layers", "8"], r.stderr
