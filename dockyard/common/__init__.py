@@ -3,7 +3,8 @@ dockyard but each other (tests/unit/test_layers.py holds that).
 
   errors        DockyardError, the one error type: a short message that says how to fix it
   recipes       the recipe registry: what each strategy is (engine, stage, offload, adapters)
-  run_settings  a run's settings: recipes/defaults.yaml + the recipe's file + the trainer overrides
+  run_settings  a run's settings: recipes/defaults.yaml + the recipe's file + the trainer overrides; the auto
+                settings' values and the batch split, checked alike by the host and the trainer
   model_config  a model folder's config.json -> its shape (no weights read)
   memory        the memory model: a model's shape, a recipe's GPU and host bytes, the auto micro-batch's fit
   disk          what a run writes (checkpoints, the final model) and whether the runs folder has room

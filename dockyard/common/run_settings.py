@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,6 +29,10 @@ TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_argument
 # The TrainingArguments fields the trainer may resolve itself when they say `auto` (dockyard.train.autos)
 AUTO_TRAINING_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                            "torch_compile", "use_liger_kernel")
+AUTO = "auto"
+# examples each process takes per optimizer step when global_batch is auto: the micro-batch every run had before the
+# autos (dockyard.train.autos)
+PER_PROCESS = 8
 # Upper bounds: past them a number is a slip of the keyboard (and the planner's sums would overflow)
 MAX_TOKENS = 2**24        # per example
 MAX_LORA = 2**16          # a rank (or alpha) wider than any layer
@@ -156,6 +161,76 @@ def _finite(value: float) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an int too large for a float
         return False
+
+
+# --- the auto settings' values: what the trainer resolves (dockyard.train.autos), checked the same way on the host
+
+@dataclass(frozen=True)
+class Batch:
+    """How the examples of one optimizer step split, as given: AUTO where the trainer picks on the GPU at hand."""
+
+    per_process: int          # examples each process takes per optimizer step
+    processes: int
+    micro: int | str          # per_device_train_batch_size
+    accumulation: int | str   # gradient_accumulation_steps
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_process * self.processes
+
+    @property
+    def given_micro(self) -> int | None:
+        """The micro-batch the settings fix (set, or global_batch over the accumulation set), None where it is auto."""
+        if self.micro != AUTO:
+            return int(self.micro)
+        return self.per_process // int(self.accumulation) if self.accumulation != AUTO else None
+
+
+def check_autos(training: dict[str, Any]) -> tuple[int | str, int | str]:
+    """Every auto setting's value valid, as the trainer reads them before it resolves them (the host checks them
+    too, with batch_split, so a run is refused before its folder is made): (the micro-batch, the accumulation)."""
+    for key in ("gradient_checkpointing", "torch_compile", "use_liger_kernel"):
+        auto_switch(training.get(key, AUTO), key)
+    return (auto_count(training.get("per_device_train_batch_size", AUTO), "per_device_train_batch_size"),
+            auto_count(training.get("gradient_accumulation_steps", AUTO), "gradient_accumulation_steps"))
+
+
+def batch_split(global_batch: int | str, micro: int | str, accumulation: int | str, processes: int) -> Batch:
+    """The examples each process takes per step (global_batch, auto: PER_PROCESS, or the micro-batch × the
+    accumulation set, per process), refused where the micro-batch or the accumulation set cannot divide them."""
+    if global_batch == AUTO:
+        global_batch = (micro if micro != AUTO else PER_PROCESS) * (accumulation if accumulation != AUTO else 1) * processes
+    glob = int(global_batch)
+    if glob % processes:
+        raise DockyardError(f"global_batch {glob} cannot be split evenly over {processes} processes: make it a "
+                            f"multiple of {processes}")
+    per = glob // processes
+    each = f"the {per} examples each of the {processes} process(es) takes per step (global_batch {glob})"
+    if micro != AUTO and per % micro:
+        raise DockyardError(f"per_device_train_batch_size {micro} does not divide {each}: pick a divisor, or set "
+                            "global_batch")
+    if accumulation != AUTO and per % accumulation:
+        raise DockyardError(f"gradient_accumulation_steps {accumulation} does not divide {each}: each micro-batch "
+                            f"is an equal share of them; pick a divisor of {per}, or set global_batch to a multiple of "
+                            f"{accumulation * processes}")
+    if micro != AUTO and accumulation != AUTO and micro * accumulation != per:
+        raise DockyardError(f"global_batch {glob} ≠ per_device_train_batch_size {micro} × gradient_accumulation_steps "
+                            f"{accumulation} × {processes} process(es): set two of the three")
+    return Batch(per, processes, micro, accumulation)
+
+
+def auto_count(value: Any, key: str) -> int | str:
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DockyardError(f"{key} must be a whole number of examples, 1 or more, or auto (got {value!r})")
+    return value
+
+
+def auto_switch(value: Any, key: str) -> bool | str:
+    if value == AUTO or isinstance(value, bool):
+        return value
+    raise DockyardError(f"{either_name(key)} must be true, false or auto (got {value!r})")
 
 
 # transformers 5 renamed gradient checkpointing (the old names warn, and go in v6): a recipe may use either name,

@@ -3,7 +3,9 @@ minutes later, inside the container, refused now with the same reason and no eng
 
 - the trainer overrides (`-- --max_steps 5`): every key a project setting or a TrainingArguments field (a misspelt
   one names the closest), the project's settings valid (recipes/defaults.yaml ← recipe ← overrides), and every
-  TrainingArguments number a finite number (a whole one where the field is an int);
+  TrainingArguments number a finite number (a whole one where the field is an int), every `auto` setting's value
+  valid and the batch settings split over the run's processes (global_batch, the micro-batch and the accumulation
+  dividing it) as the trainer's autos check them;
 - the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
 - the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
   config.json, a hub id that is in the Hugging Face cache (runs are offline);
@@ -25,6 +27,8 @@ from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_
 from dockyard.common.run_settings import (
     TINY_MODEL,
     RunSettings,
+    batch_split,
+    check_autos,
     check_training_numbers,
     parse_overrides,
     resolve_settings,
@@ -65,10 +69,10 @@ def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
     return recorded
 
 
-def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, data: str = "",
-              model: str = "") -> None:
-    """Refuse what the run would refuse (pure: reads files, runs nothing)."""
-    check_overrides(recipe, overrides)
+def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, processes: int,
+              data: str = "", model: str = "") -> None:
+    """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's."""
+    check_overrides(recipe, overrides, processes)
     if strategy(recipe.strategy).engine == "fsdp" and not gpus_in_effect:
         raise DockyardError(f"recipe {recipe.name} is FSDP, which the HF Trainer runs only on GPUs (on CPU it would "
                             "fall back to DDP, so the trainer stops): run it on GPUs, or pick zero3 for sharding "
@@ -104,8 +108,9 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
     return need
 
 
-def check_overrides(spec, overrides: list[str]) -> None:
-    """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings)."""
+def check_overrides(spec, overrides: list[str], processes: int = 0) -> None:
+    """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings), and
+    the batch settings split over the run's `processes` (0: not known here; the trainer checks the split)."""
     given = parse_overrides(overrides)
     arguments = training_arguments()
     known = set(RunSettings.model_fields) | set(arguments)
@@ -117,8 +122,11 @@ def check_overrides(spec, overrides: list[str]) -> None:
             said.append(f"--{key}" + (f" (did you mean --{close[0]}?)" if close else ""))
         raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
                             "recipes/defaults.yaml and any transformers.TrainingArguments field")
-    _, training = resolve_settings(spec, given)
+    run_settings, training = resolve_settings(spec, given)
     check_training_numbers(training)
+    micro, accumulation = check_autos(training)
+    if processes:
+        batch_split(run_settings.global_batch, micro, accumulation, processes)
 
 
 def check_input(key: str, value: str, where: str, settings: Settings) -> None:

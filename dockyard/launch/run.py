@@ -74,7 +74,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     recipe_arg = preflight.resumed_recipe(resumed, r.recipe, r.node_rank) if resumed else r.recipe or DEFAULT_RECIPE
     recipe = load_recipe(recipe_arg)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
-                        gpus_in_effect=chosen.is_cuda and not r.cpu)
+                        gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes)
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
     need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
                                      gpu=chosen.is_cuda and not r.cpu, resume=r.resume)

@@ -25,12 +25,17 @@ from typing import Any
 from dockyard.common import memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, either_name
+from dockyard.common.run_settings import (
+    AUTO,
+    AUTO_TRAINING_ARGUMENTS,
+    PER_PROCESS,
+    auto_switch,
+    batch_split,
+    check_autos,
+)
 from dockyard.common.units import GIB
 
-AUTO = "auto"
 SET = "set"                    # the why of a setting given in a recipe or on the command line, not resolved
-CPU_MICRO_BATCH = 8            # the micro-batch every run had before the autos (and the default global batch per rank)
 # torch.compile pays when the time it saves exceeds the time it takes. The step time the saving is taken from is an
 # H100's uncompiled rate for the 944M benchmark model (48.5k tokens/s × 6.38 GFLOP per token); a slower GPU takes
 # longer per step, so compilation pays sooner there: the rule errs towards leaving it off.
@@ -152,15 +157,18 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     """Every training auto: batch sizes, checkpointing, compilation, Liger. `kind` is the model_type,
     `liger` whether liger-kernel is installed (None: look)."""
     out = Resolved({**overrides})
-    micro = _count(overrides.get("per_device_train_batch_size", AUTO), "per_device_train_batch_size")
-    accum = _count(overrides.get("gradient_accumulation_steps", AUTO), "gradient_accumulation_steps")
-    glob = _count(settings.global_batch, "global_batch")
-    gc = _switch(overrides.get("gradient_checkpointing", AUTO), "gradient_checkpointing")
-    compile_ = _switch(overrides.get("torch_compile", AUTO), "torch_compile")
-    use_liger = _switch(overrides.get("use_liger_kernel", AUTO), "use_liger_kernel")
+    micro, accum = check_autos(overrides)  # as the host checked them (dockyard.launch.preflight)
+    batch = batch_split(settings.global_batch, micro, accum, world_size)
+    gc = auto_switch(overrides.get("gradient_checkpointing", AUTO), "gradient_checkpointing")
+    compile_ = auto_switch(overrides.get("torch_compile", AUTO), "torch_compile")
+    use_liger = auto_switch(overrides.get("use_liger_kernel", AUTO), "use_liger_kernel")
     liger = liger_installed() if liger is None else liger
 
-    per_rank = _global_batch(out, glob, micro, accum, world_size)
+    per_rank = batch.per_process
+    if settings.global_batch == AUTO:
+        out.note("global_batch", batch.global_batch, f"{per_rank} examples per process per step"
+                 + (" (the micro-batch every run had before the autos)" if micro == AUTO and accum == AUTO else "")
+                 + f" × {world_size} process(es)")
     compile_ = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
                         overrides.get("max_steps"), gc, liger_set=use_liger is True)
     if use_liger is True and not liger:
@@ -172,15 +180,16 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     liger_ok = use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compile_)
 
     dropout = float(getattr(settings, "lora_dropout", 0.0))
-    given = micro if micro != AUTO else per_rank // accum if accum != AUTO else None
+    given = batch.given_micro
     if device is None or shape is None:
         m = given or _cpu_micro(per_rank)
         gc_on = gc if gc != AUTO else bool(recipe.peft)
         lig = use_liger is True
         cpu = device is None
-        if micro == AUTO:
-            out.note("per_device_train_batch_size", m, "global_batch / gradient_accumulation_steps" if given else
-                     f"CPU: {CPU_MICRO_BATCH} as before" if cpu else "the model could not be sized: 8 as on CPU")
+        if micro == AUTO and accum == AUTO:
+            out.note("per_device_train_batch_size", m, ("CPU: " if cpu else "the model could not be sized, so as on "
+                     "CPU: ") + (f"{m} as before" if m == PER_PROCESS else f"{m}, the largest divisor of the "
+                     f"{per_rank} examples per process up to {PER_PROCESS} (the micro-batch every run had before)"))
         if gc == AUTO:
             out.note("gradient_checkpointing", gc_on, "CPU: as before (on for the adapter recipes, off for full "
                      "fine-tuning)" if cpu else "the model could not be sized: as on CPU")
@@ -192,54 +201,23 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                              per_rank, given, gc, use_liger, liger_ok, memory.Regime(dropout, compile_))
         if use_liger == AUTO and not liger_ok:
             out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_))
-    if per_rank % m:
-        raise DockyardError(f"per_device_train_batch_size {m} does not divide the {per_rank} examples each of the "
-                            f"{world_size} process(es) takes per step (global_batch {per_rank * world_size}): "
-                            f"pick a divisor, or set global_batch")
     a = per_rank // m
-    if accum != AUTO and accum != a:
-        raise DockyardError(f"global_batch {per_rank * world_size} ≠ per_device_train_batch_size {m} × "
-                            f"gradient_accumulation_steps {accum} × {world_size} process(es): set two of the three")
+    if micro == AUTO and accum != AUTO:
+        out.note("per_device_train_batch_size", m, f"global_batch {batch.global_batch} / (gradient_accumulation_steps "
+                 f"{accum} × {world_size} process(es))")
     if accum == AUTO:
-        out.note("gradient_accumulation_steps", a, f"global_batch {per_rank * world_size} / ({m} per micro-batch × "
+        out.note("gradient_accumulation_steps", a, f"global_batch {batch.global_batch} / ({m} per micro-batch × "
                  f"{world_size} process(es))")
     out.overrides.update(per_device_train_batch_size=m, gradient_accumulation_steps=a,
                          gradient_checkpointing=bool(gc_on), torch_compile=bool(compile_), use_liger_kernel=bool(lig))
-    for key, value in (("global_batch", per_rank * world_size), *((k, out.overrides[k]) for k in AUTO_TRAINING_ARGUMENTS)):
+    for key, value in (("global_batch", batch.global_batch), *((k, out.overrides[k]) for k in AUTO_TRAINING_ARGUMENTS)):
         out.record.setdefault(key, {"value": value, "why": SET})
     out.regime = memory.Regime(dropout, bool(compile_), bool(lig), a)
     return out
 
 
-def _count(value: Any, key: str) -> int | str:
-    if value == AUTO:
-        return AUTO
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DockyardError(f"{key} must be a whole number of examples, 1 or more, or auto (got {value!r})")
-    return value
-
-
-def _switch(value: Any, key: str) -> bool | str:
-    if value == AUTO or isinstance(value, bool):
-        return value
-    raise DockyardError(f"{either_name(key)} must be true, false or auto (got {value!r})")
-
-
 def _cpu_micro(per_rank: int) -> int:
-    return max(d for d in range(1, min(per_rank, CPU_MICRO_BATCH) + 1) if per_rank % d == 0)
-
-
-def _global_batch(out: Resolved, glob: int | str, micro: int | str, accum: int | str, world: int) -> int:
-    """Examples per process per optimizer step."""
-    if glob == AUTO:
-        glob = (micro if micro != AUTO else CPU_MICRO_BATCH) * (accum if accum != AUTO else 1) * world
-        out.note("global_batch", glob, f"{glob // world} examples per process per step"
-                 + (" (the micro-batch every run had before the autos)" if micro == AUTO and accum == AUTO else "")
-                 + f" × {world} process(es)")
-    if glob % world:
-        raise DockyardError(f"global_batch {glob} cannot be split evenly over {world} processes: make it a multiple "
-                            f"of {world}")
-    return glob // world
+    return max(d for d in range(1, min(per_rank, PER_PROCESS) + 1) if per_rank % d == 0)
 
 
 def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | None, shape: memory.Shape | None,

@@ -63,6 +63,9 @@ def test_a_micro_batch_given_keeps_the_old_meaning_and_a_global_batch_is_made_up
     ({"global_batch": 7}, "cannot be split evenly over 2 processes"),
     ({"global_batch": 16, "per_device_train_batch_size": 3}, "does not divide the 8 examples"),
     ({"global_batch": 16, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}, "set two of the three"),
+    # two of the three set: the accumulation cannot share out the examples (it was told "set two of the three")
+    ({"global_batch": 4, "gradient_accumulation_steps": 8}, "gradient_accumulation_steps 8 does not divide the 2 "
+                                                            "examples each of the 2 process"),
     ({"per_device_train_batch_size": "many"}, "whole number of examples"),
     ({"per_device_train_batch_size": 0}, "whole number of examples"),
     ({"gradient_checkpointing": "sometimes"}, "true, false or auto"),
@@ -72,6 +75,23 @@ def test_a_micro_batch_given_keeps_the_old_meaning_and_a_global_batch_is_made_up
 def test_settings_that_contradict_each_other_are_short_errors(given, problem):
     with pytest.raises(DockyardError, match=problem):
         resolve("ddp", given, world=2)
+
+
+def test_each_reason_says_how_its_value_came_about(shape):
+    """Once the CPU's micro-batch 6 of a global batch of 12 said "CPU: 8 as before", and a micro-batch made up from
+    the accumulation given said "set"."""
+    cpu = resolve("ddp", {"global_batch": 12})
+    assert values(cpu)["per_device_train_batch_size"] == 6
+    assert cpu.record["per_device_train_batch_size"]["why"] == ("CPU: 6, the largest divisor of the 12 examples per "
+                                                                "process up to 8 (the micro-batch every run had before)")
+    assert resolve("ddp").record["per_device_train_batch_size"]["why"] == "CPU: 8 as before"
+    for device in (None, T4_GPU):
+        r = resolve("lora", {"max_seq_length": 2048, "global_batch": 8, "gradient_accumulation_steps": 2}, device=device,
+                    shape=shape)
+        assert values(r)["per_device_train_batch_size"] == 4
+        assert r.record["per_device_train_batch_size"]["why"] == ("global_batch 8 / (gradient_accumulation_steps 2 × 1 "
+                                                                  "process(es))")
+        assert r.record["gradient_accumulation_steps"]["why"] == "set"
 
 
 def test_a_global_batch_that_is_not_a_number_is_refused():

@@ -46,6 +46,17 @@ def test_run_dry_on_recorded_host(settings, capsys, replay, name):
     assert f"--nproc-per-node={nproc}" in out and "--gpus all" in out
 
 
+def test_run_dry_splits_the_global_batch_over_the_hosts_gpus(settings, capsys, replay):
+    """Eight H100s, eight processes: a global batch of 12 cannot be split, refused before a command is printed (it
+    passed, and the trainer refused it in the container)."""
+    replay("h100x8_580")
+    with pytest.raises(DockyardError, match="global_batch 12 cannot be split evenly over 8 processes"):
+        dry_run(settings, capsys, overrides=("--global_batch", "12"))
+    assert "docker run" not in capsys.readouterr().err
+    assert "--nproc-per-node=8" in dry_run(settings, capsys, overrides=("--global_batch", "16"))
+    assert "--nproc-per-node=2" in dry_run(settings, capsys, gpus="0,1", overrides=("--global_batch", "12"))
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_doctor_gpu_checks_on_recorded_host(replay, name):
     host, links = replay(name)

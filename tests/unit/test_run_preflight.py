@@ -189,6 +189,25 @@ def test_a_run_setting_out_of_its_range_is_refused_saying_what_it_takes(env, ove
     refused(dry(env, "--native", "--", *override), f"invalid setting: {says}")
 
 
+@pytest.mark.parametrize("native", [[], ["--native"]])
+@pytest.mark.parametrize("override,says", [
+    (["--gradient_checkpointing", "sometimes"], "gradient_checkpointing (or activation_checkpointing) must be true, "
+                                                "false or auto (got 'sometimes')"),
+    (["--torch_compile", "7"], "torch_compile must be true, false or auto"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be a whole number of examples, 1 or "
+                                             "more, or auto (got 0)"),
+    (["--global_batch", "16", "--per_device_train_batch_size", "3"], "per_device_train_batch_size 3 does not divide "
+                                                                     "the 8 examples each of the 2 process(es)"),
+    (["--global_batch", "4", "--gradient_accumulation_steps", "8"], "gradient_accumulation_steps 8 does not divide"),
+    (["--global_batch", "3"], "global_batch 3 cannot be split evenly over 2 processes"),
+])
+def test_auto_settings_the_trainer_would_refuse_are_refused_on_the_host(env, native, override, says):
+    """Once these passed `invoke run` and failed inside the container, after the run folder was made. On CPU a run
+    has two processes (--nproc, default 2): the batch splits over them."""
+    refused(dry(env, *native, "--", *override), says)
+    assert dry(env, *native, "--nproc=1", "--", "--global_batch", "3").returncode == 0  # one process takes all 3
+
+
 def test_the_training_arguments_snapshot_is_the_pinned_transformers():
     """Each field's name, and for a number its type: what the host checks overrides against."""
     import types

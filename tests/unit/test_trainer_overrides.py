@@ -15,6 +15,7 @@ import tasks  # noqa: F401 - the tasks the CLI runs
 from dockyard.cli import release_setting_overrides
 from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, RunSettings, number_range, parse_overrides
 from dockyard.launch import preflight
+from dockyard.launch.node import CPU_NPROC
 from tests.support.cli import invoke_here, short_error
 
 release_setting_overrides()  # importing tasks.py held INVOKE_DOCKYARD_* back, as Invoke's own process needs
@@ -52,6 +53,8 @@ def _must(key: str, value) -> str:
         return "" if key in ("global_batch", *AUTO_TRAINING_ARGUMENTS) else "refuse"
     if isinstance(value, float) and not math.isfinite(value):
         return "refuse"
+    if key == "global_batch" and isinstance(value, int) and value % CPU_NPROC:
+        return "refuse"  # not split evenly over a CPU run's processes (--nproc's default)
     if key in WHOLE:
         return "take" if isinstance(value, int) and 1 <= value <= 1000 else "refuse" if isinstance(value, float) else ""
     return "take" if isinstance(value, float) and 0 <= value < 1 else ""
