@@ -19,7 +19,7 @@ Torch-free: a model folder is sized from its config.json (dockyard.common.model_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dockyard.common import model_config, recipes
@@ -125,7 +125,8 @@ COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer
 # Model states: the registry's formulas, with what is not yet allocated when activations peak (the start of the
 # backward pass) left out, and what the engines add:
 STAGE_EXTRA = {2: int(0.7 * GIB), 3: int(1.2 * GIB)}  # DeepSpeed's buckets (allgather 2e8 elements) and slack
-MARGIN = 0.10          # the auto micro-batch leaves this share of the GPU free: the calibration's error bound
+MARGIN = 0.10          # the auto micro-batch (and `invoke plan`) leave this share of the GPU free: the calibration's
+                       # error bound
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,24 @@ def estimate(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: in
             "gpu_reserved_bytes": reserved, "gpu_bytes": reserved + OVERHEAD, "host_bytes": host}
 
 
+def micro_batch_estimate(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: int, seq_len: int,
+                         batch: int, per_rank: int, checkpointing: bool, regime: Regime = Regime()) -> dict:
+    """estimate() for micro-batch `batch` of a run whose processes each take `per_rank` examples per optimizer step,
+    with the accumulation that makes (above 1, the gradients stay allocated between micro-batches): how the trainer's
+    auto micro-batch and `invoke plan` both size a run, so that they agree."""
+    return estimate(shape, recipe, world_size=world_size, gpus_per_node=gpus_per_node, seq_len=seq_len, batch=batch,
+                    gradient_checkpointing=checkpointing, regime=replace(regime, accumulation=max(1, per_rank // batch)))
+
+
+def budget(gpu_mem: int) -> int:
+    """What a step may take of a GPU's memory: all but MARGIN (the trainer's auto micro-batch, `invoke plan`'s fits)."""
+    return int(gpu_mem * (1 - MARGIN))
+
+
+def fits(est: dict, gpu_mem: int) -> bool:
+    return est["gpu_bytes"] <= budget(gpu_mem)
+
+
 def divisors(n: int) -> list[int]:
     """Every divisor of n, smallest first (up to √n steps: a global batch of a billion still answers at once)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -207,14 +226,11 @@ def largest_micro_batch(shape: Shape, recipe: Recipe, *, world_size: int, gpus_p
                         per_rank: int, gpu_mem: int, checkpointing: bool, regime: Regime = Regime(),
                         candidates: list[int] | None = None) -> tuple[int, dict] | None:
     """The largest micro-batch dividing `per_rank` (the examples each rank takes per optimizer step; or the
-    largest of `candidates`) whose predicted GPU bytes stay within (1 - MARGIN) of `gpu_mem`, with its estimate;
-    None when none fits."""
-    budget = gpu_mem * (1 - MARGIN)
+    largest of `candidates`) whose predicted GPU bytes fit the budget of `gpu_mem`, with its estimate; None when
+    none fits."""
     for m in sorted(candidates or divisors(per_rank), reverse=True):
-        accumulation = per_rank // m
-        est = estimate(shape, recipe, world_size=world_size, gpus_per_node=gpus_per_node, seq_len=seq_len, batch=m,
-                       gradient_checkpointing=checkpointing,
-                       regime=Regime(regime.lora_dropout, regime.compiled, regime.liger, accumulation))
-        if est["gpu_bytes"] <= budget:
+        est = micro_batch_estimate(shape, recipe, world_size=world_size, gpus_per_node=gpus_per_node, seq_len=seq_len,
+                                   batch=m, per_rank=per_rank, checkpointing=checkpointing, regime=regime)
+        if fits(est, gpu_mem):
             return m, est
     return None

@@ -16,8 +16,18 @@ from pathlib import Path
 from dockyard.common import disk, recipes
 from dockyard.common.data_files import HUB_ID
 from dockyard.common.errors import DockyardError
-from dockyard.common.memory import Shape, estimate, shape_from_count, shape_from_folder
+from dockyard.common.memory import (
+    MARGIN,
+    Regime,
+    Shape,
+    budget,
+    fits,
+    micro_batch_estimate,
+    shape_from_count,
+    shape_from_folder,
+)
 from dockyard.common.recipes import Recipe
+from dockyard.common.run_settings import batch_split, check_autos, resolve_settings
 from dockyard.common.units import GIB
 from dockyard.gpus import Host
 
@@ -88,13 +98,18 @@ def disk_columns(shape: Shape, recipe: Recipe) -> dict:
 def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, batch: int,
          recipe_list: list[Recipe] | None = None) -> dict:
     """Every recipe (every folder under recipes/, in the registry's order) on `gpus` GPUs of `gpu_mem` bytes
-    with `cpu_mem` bytes of host memory, and the pick."""
+    with `cpu_mem` bytes of host memory, and the pick. Each row is sized as the trainer sizes the run (its auto
+    micro-batch: dockyard.common.memory.micro_batch_estimate, the same margin), so a recipe the plan says fits is
+    one the trainer takes with the same settings."""
     if gpus < 1:
         raise DockyardError("--gpus must be at least 1")
     rows = []
     for recipe in recipes.list_recipes() if recipe_list is None else recipe_list:
-        plain, ckpt = (estimate(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
-                                batch=batch, gradient_checkpointing=g) for g in (False, True))
+        settings, training = resolve_settings(recipe, {})
+        per_gpu = examples_per_gpu(settings, training, batch, gpus)
+        plain, ckpt = (micro_batch_estimate(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
+                                            batch=batch, per_rank=per_gpu, checkpointing=g,
+                                            regime=Regime(lora_dropout=settings.lora_dropout)) for g in (False, True))
         # Offloaded states live in host memory all run long; without offload the host figure is only the
         # loading-time worst case (every rank holding a copy), which low-memory loading avoids: shown, not gated.
         offloads = recipe.strategy_spec.offloads and not recipe.peft
@@ -105,19 +120,32 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
             "peft": recipe.peft,
             "offloads": offloads,
             "recommendable": recipe.strategy_spec.recommend,
+            "gradient_accumulation_steps": per_gpu // batch,
             "model_states_bytes": plain["gpu_model_states_bytes"],
             "activation_bytes": plain["gpu_activation_bytes"],
             "activation_bytes_checkpointed": ckpt["gpu_activation_bytes"],
             "gpu_bytes": plain["gpu_bytes"],
             "gpu_bytes_checkpointed": ckpt["gpu_bytes"],
             "host_bytes": plain["host_bytes"],
-            "fits": host_ok and plain["gpu_bytes"] <= gpu_mem,
-            "fits_checkpointed": host_ok and ckpt["gpu_bytes"] <= gpu_mem,
+            "fits": host_ok and fits(plain, gpu_mem),
+            "fits_checkpointed": host_ok and fits(ckpt, gpu_mem),
             **disk_columns(shape, recipe),
         })
-    return {"model": asdict(shape), "gpus": gpus, "gpu_mem_bytes": gpu_mem, "cpu_mem_bytes": cpu_mem,
-            "seq_len": seq_len, "batch": batch, "recipes": rows,
+    return {"model": asdict(shape), "gpus": gpus, "gpu_mem_bytes": gpu_mem, "gpu_budget_bytes": budget(gpu_mem),
+            "cpu_mem_bytes": cpu_mem, "seq_len": seq_len, "batch": batch, "recipes": rows,
             "recommendation": recommend(rows, gpus=gpus, gpu_mem=gpu_mem, cpu_mem=cpu_mem)}
+
+
+def examples_per_gpu(settings, training: dict, batch: int, gpus: int) -> int:
+    """The examples each GPU takes per optimizer step in a run of a recipe with its own settings (global_batch auto:
+    8 per process) at micro-batch `batch`, as the trainer splits them: accumulation makes up the rest. A `batch`
+    that does not divide them (or settings that do not split over `gpus`) is a run with that micro-batch set, and
+    no accumulation."""
+    try:
+        per = batch_split(settings.global_batch, *check_autos(training), gpus).per_process
+    except DockyardError:
+        return batch
+    return per if per % batch == 0 else batch
 
 
 def _gib(b: float) -> str:
@@ -129,11 +157,12 @@ def recommend(rows: list[dict], *, gpus: int, gpu_mem: int, cpu_mem: int) -> dic
     with one line of why."""
     candidates = [r for r in rows if r["recommendable"]]
     skipped: list[dict] = []
+    room = f"{_gib(budget(gpu_mem))} per GPU ({1 - MARGIN:.0%} of {_gib(gpu_mem)})"
     for r in candidates:
         if r["fits"] or r["fits_checkpointed"]:
             ckpt = not r["fits"]
             need = r["gpu_bytes_checkpointed"] if ckpt else r["gpu_bytes"]
-            why = (f"{r['recipe']} is the fastest recipe that fits: {_gib(need)} of {_gib(gpu_mem)} per GPU"
+            why = (f"{r['recipe']} is the fastest recipe that fits: {_gib(need)} of {room}"
                    + (" with gradient checkpointing" if ckpt else "")
                    + (f", {_gib(r['host_bytes'])} of {_gib(cpu_mem)} host memory" if r["offloads"] else ""))
             if skipped:
@@ -146,7 +175,7 @@ def recommend(rows: list[dict], *, gpus: int, gpu_mem: int, cpu_mem: int) -> dic
         skipped.append(r)
     last = f"even {skipped[-1]['recipe']} needs {_too_big(skipped[-1], gpu_mem, cpu_mem)}; " if skipped else ""
     return {"recipe": None, "gradient_checkpointing": None,
-            "why": f"nothing fits on {gpus} GPU(s) of {_gib(gpu_mem)}: {last}use more or larger GPUs, "
+            "why": f"nothing fits in {room} on {gpus} GPU(s): {last}use more or larger GPUs, "
                    f"or a shorter --seq-len"}
 
 
@@ -214,6 +243,10 @@ def print_plan(result: dict) -> None:
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
                   + f" — {rec['why']}")
+    console.print(f"[dim]fits: within {1 - MARGIN:.0%} of the GPU, the margin the trainer's auto micro-batch keeps; each "
+                  "row at --batch examples per micro-batch, with the accumulation the recipe's global batch makes of it "
+                  "(auto: 8 examples per GPU per step; the gradients stay allocated between micro-batches), as the "
+                  "trainer sizes the run.[/]")
     console.print("[dim]disk: checkpoint size × checkpoints kept (save_total_limit) and the final model, with the "
                   "recipe's settings; `invoke run` checks the runs folder has room before starting.[/]")
     console.print("[dim]per GPU: the peak of a step, calibrated on measured runs (the strategy's buffers, gradients "

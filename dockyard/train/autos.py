@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -282,12 +282,11 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
     """The micro-batch (the largest that fits, or the one given), checkpointing and Liger from the plan's memory
     model on this GPU."""
     def largest(ckpt: bool, lig: bool):
-        r = memory.Regime(regime.lora_dropout, regime.compiled, lig)
         return memory.largest_micro_batch(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq,
-                                        per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt, regime=r,
-                                        candidates=[given] if given else None)
+                                          per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt,
+                                          regime=replace(regime, liger=lig), candidates=[given] if given else None)
 
-    budget = f"{device.memory_bytes * (1 - memory.MARGIN) / GIB:.1f} GiB ({1 - memory.MARGIN:.0%} of the {device.name})"
+    budget = f"{memory.budget(device.memory_bytes) / GIB:.1f} GiB ({1 - memory.MARGIN:.0%} of the {device.name})"
     ligers = [False, True] if liger_ok else [use_liger is True]
     for ckpt in ([False, True] if gc == AUTO else [gc]):
         found = [(lig, r) for lig in ligers if (r := largest(ckpt, lig))]
@@ -320,9 +319,18 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
         if liger_ok:
             out.note("use_liger_kernel", False, "memory binds beyond what Liger's fused loss saves")
         return given, ckpt, use_liger is True
-    raise DockyardError(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}"
-                        + (" with gradient checkpointing" if gc is not False else "")
-                        + " by the plan's estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
+    ckpt = gc is not False
+    said = " with gradient checkpointing" if ckpt else ""
+    alone = memory.estimate(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq, batch=1,
+                            gradient_checkpointing=ckpt, regime=replace(regime, liger=liger_ok or use_liger is True))
+    if per_rank > 1 and memory.fits(alone, device.memory_bytes):  # accumulation's gradients are what does not fit
+        raise DockyardError(f"{recipe.name}: no micro-batch that divides the {per_rank} examples each process takes per "
+                            f"step (global_batch {per_rank * world}) fits in {budget}{said} by the plan's estimate: "
+                            "accumulating keeps the gradients allocated between micro-batches. One example per "
+                            f"process without accumulation fits ({alone['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
+                            f"{world} (or per_device_train_batch_size 1), or run `invoke plan` for a recipe that fits")
+    raise DockyardError(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
+                        "estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
 
 
 # --- padding-free batches (once the data and the model are loaded) -----------------------------------------

@@ -3,6 +3,8 @@ H100 recording, a T4 pair), what can be overridden, and the short errors for set
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dockyard.common import memory
@@ -10,11 +12,16 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import resolve_settings
 from dockyard.gpus import Recorded
+from dockyard.machine import planner
 from dockyard.train import autos
 from tests.support.measured import H100, HOSTS, measured_shape
 
 H100_GPU = autos.device_from_host(Recorded.from_file(H100).host())
 T4_GPU = autos.device_from_host(Recorded.from_file(HOSTS / "t4x2_535.json").host())
+# Qwen3-4B's config.json sizes (4.02B parameters)
+QWEN3_4B = {"model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36, "intermediate_size": 9728,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+            "tie_word_embeddings": True}
 TRAINING_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                  "torch_compile", "use_liger_kernel")
 
@@ -167,6 +174,48 @@ def test_torch_compile_goes_on_where_its_gain_was_measured_when_the_run_repays_i
     assert given.record["torch_compile"] == {"value": True, "why": "set"}
 
 
+@pytest.mark.parametrize("model,seq", [("qwen3-4b", 4096), ("4.2B", 2048), ("944M", 2048), ("944M", 16384),
+                                       ("8B", 1024), ("1.5B", 8192)])
+def test_a_recipe_the_plan_says_fits_is_one_the_trainer_takes_with_the_same_settings(tmp_path, model, seq):
+    """Once `invoke plan --seq-len=4096` recommended ddp for Qwen3-4B on the H100 ("68.4 GiB of 79.6 GiB per GPU with
+    gradient checkpointing") and the trainer, with the same inputs, refused it (not even one example fits in 71.7
+    GiB): the plan sized one micro-batch with no accumulation against the whole GPU, the trainer eight accumulated
+    (their gradients held) against 90 % of it. Now both size the run one way: every row the plan says fits, the
+    trainer takes, with checkpointing only where the plan needs it; every row it says does not, the trainer refuses."""
+    if model == "qwen3-4b":
+        (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
+        model = str(tmp_path)
+    result = planner.plan_model(model, seq_len=seq, host=Recorded.from_file(H100).host(), cpu_mem_gib=4096)
+    shape = planner.shape_for(model)
+    for row in result["recipes"]:
+        try:
+            r = resolve(row["recipe"], {"max_seq_length": seq}, device=H100_GPU, shape=shape)
+        except DockyardError as e:
+            assert not (row["fits"] or row["fits_checkpointed"]), (row["recipe"], str(e))
+            continue
+        assert row["fits"] or row["fits_checkpointed"] or values(r)["torch_compile"], row["recipe"]
+        if row["fits"]:
+            assert values(r)["gradient_checkpointing"] is False, row["recipe"]
+    rec = result["recommendation"]
+    if rec["recipe"]:
+        r = resolve(rec["recipe"], {"max_seq_length": seq}, device=H100_GPU, shape=shape)
+        assert values(r)["gradient_checkpointing"] <= rec["gradient_checkpointing"]
+
+
+def test_where_only_the_accumulated_gradients_do_not_fit_the_trainer_says_so(tmp_path):
+    """ddp of Qwen3-4B at 4096 tokens on the H100: one example fits (68.4 GiB with checkpointing), but the default
+    global batch of 8 accumulates over micro-batches of 1, and the gradients held between them (16 GB) do not."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
+    qwen = memory.shape_from_folder(tmp_path)
+    with pytest.raises(DockyardError, match=r"ddp: no micro-batch that divides the 8 examples each process takes per "
+                                            r"step \(global_batch 8\) fits .* set global_batch 1"):
+        resolve("ddp", {"max_seq_length": 4096}, device=H100_GPU, shape=qwen)
+    one = resolve("ddp", {"max_seq_length": 4096, "global_batch": 1}, device=H100_GPU, shape=qwen)
+    assert values(one)["gradient_checkpointing"] is True and values(one)["gradient_accumulation_steps"] == 1
+    with pytest.raises(DockyardError, match="ddp: not even one example of 65536 tokens fits"):
+        resolve("ddp", {"max_seq_length": 65536, "global_batch": 1}, device=H100_GPU, shape=qwen)
+
+
 def test_liger_goes_on_only_where_memory_binds_and_its_kernels_apply(shape):
     fits = resolve("ddp", {"max_seq_length": 2048}, device=H100_GPU, shape=shape, liger=True)
     assert values(fits)["use_liger_kernel"] is False
@@ -194,8 +243,6 @@ def test_liger_goes_on_only_where_memory_binds_and_its_kernels_apply(shape):
 def test_liger_buys_a_larger_micro_batch_where_the_logits_are_what_does_not_fit(tmp_path):
     """A small model with a big vocabulary (the fp32 logits dominate) on a T4: Liger's fused loss turns a
     micro-batch that does not fit into one that does."""
-    import json
-
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 512,
                                                       "intermediate_size": 1408, "num_hidden_layers": 4,
                                                       "num_attention_heads": 8, "vocab_size": 152064}))
