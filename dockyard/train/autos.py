@@ -4,7 +4,7 @@
         the plan's memory model says fits this GPU with its margin (dockyard.common.memory), checkpointing only
         where not even one example fits without it, accumulation making up `global_batch`;
     torch_compile: on for ddp, zero2 and lora (where its gain was measured on a GPU) when the run is long enough
-        to repay the compilation;
+        to repay the compilation and checkpointing stays off (decided once checkpointing is);
     use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
     padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ SET = "set"                    # the why of a setting given in a recipe or on th
 # longer per step, so compilation pays sooner there: the rule errs towards leaving it off.
 UNCOMPILED_FLOPS = 3.1e14
 COMPILE_MIN_CAPABILITY = (7, 0)  # triton's kernels need Volta or newer
+# The auto compiles only without checkpointing; where checkpointing goes on, compiling goes off (and the micro-batch
+# is sized uncompiled: COMPILED was calibrated without checkpointing).
+COMPILE_CHECKPOINTED = "gradient checkpointing is on: compiling recomputed layers is not measured here"
 # Liger's kernels cover these model types (liger_kernel.transformers; the installed package's own list wins).
 LIGER_TYPES = ("llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "qwen2", "qwen3", "phi3", "granite",
                "olmo2", "glm4")
@@ -169,15 +173,20 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         out.note("global_batch", batch.global_batch, f"{per_rank} examples per process per step"
                  + (" (the micro-batch every run had before the autos)" if micro == AUTO and accum == AUTO else "")
                  + f" × {world_size} process(es)")
-    compile_ = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
-                        overrides.get("max_steps"), gc, liger_set=use_liger is True)
+    pays = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
+                    overrides.get("max_steps"), gc, liger_set=use_liger is True)
     if use_liger is True and not liger:
         raise DockyardError("use_liger_kernel true needs liger-kernel, which this environment lacks (the CUDA images "
                             "pin it); set it to auto or false")
-    if use_liger is True and compile_:
+    if use_liger is True and pays:
         raise DockyardError("use_liger_kernel and torch_compile do not work together (Liger's kernels fail under "
                             "torch.compile): turn one of them off")
-    liger_ok = use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compile_)
+
+    def compiled(ckpt: bool) -> bool:  # the auto compiles only without checkpointing (COMPILE_CHECKPOINTED)
+        return pays and (compile_ is True or not ckpt)
+
+    def liger_ok(compiling: bool) -> bool:  # Liger may go on by itself
+        return use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiling)
 
     dropout = float(getattr(settings, "lora_dropout", 0.0))
     given = batch.given_micro
@@ -193,14 +202,18 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         if gc == AUTO:
             out.note("gradient_checkpointing", gc_on, "CPU: as before (on for the adapter recipes, off for full "
                      "fine-tuning)" if cpu else "the model could not be sized: as on CPU")
+        on = compiled(gc_on)
         if use_liger == AUTO:
-            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_)
+            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on)
                      or "the model could not be sized, so whether memory binds is not known")
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
-                             per_rank, given, gc, use_liger, liger_ok, memory.Regime(dropout, compile_))
-        if use_liger == AUTO and not liger_ok:
-            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, compile_))
+                             per_rank, given, gc, use_liger, liger_ok, compiled, memory.Regime(dropout))
+        on = compiled(gc_on)
+        if on != pays:
+            out.note("torch_compile", False, COMPILE_CHECKPOINTED)
+        if use_liger == AUTO and not liger_ok(on):
+            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on))
     a = per_rank // m
     if micro == AUTO and accum != AUTO:
         out.note("per_device_train_batch_size", m, f"global_batch {batch.global_batch} / (gradient_accumulation_steps "
@@ -209,10 +222,10 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         out.note("gradient_accumulation_steps", a, f"global_batch {batch.global_batch} / ({m} per micro-batch × "
                  f"{world_size} process(es))")
     out.overrides.update(per_device_train_batch_size=m, gradient_accumulation_steps=a,
-                         gradient_checkpointing=bool(gc_on), torch_compile=bool(compile_), use_liger_kernel=bool(lig))
+                         gradient_checkpointing=bool(gc_on), torch_compile=on, use_liger_kernel=bool(lig))
     for key, value in (("global_batch", batch.global_batch), *((k, out.overrides[k]) for k in AUTO_TRAINING_ARGUMENTS)):
         out.record.setdefault(key, {"value": value, "why": SET})
-    out.regime = memory.Regime(dropout, bool(compile_), bool(lig), a)
+    out.regime = memory.Regime(dropout, on, bool(lig), a)
     return out
 
 
@@ -235,7 +248,7 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     elif device.capability < COMPILE_MIN_CAPABILITY:
         why = f"{device.name} (compute {device.capability[0]}.{device.capability[1]}) is older than triton supports"
     elif gc is True:
-        why = "gradient checkpointing is on: compiling recomputed layers is not measured here"
+        why = COMPILE_CHECKPOINTED
     elif shape is None:
         why = "the model could not be sized"
     elif not isinstance(max_steps, int) or max_steps <= 0:
@@ -277,18 +290,20 @@ def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: s
 
 
 def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, world: int, gpn: int, seq: int,
-         per_rank: int, given: int | None, gc: bool | str, use_liger: bool | str, liger_ok: bool,
-         regime: memory.Regime) -> tuple[int, bool, bool]:
+         per_rank: int, given: int | None, gc: bool | str, use_liger: bool | str, liger_ok: Callable[[bool], bool],
+         compiled: Callable[[bool], bool], regime: memory.Regime) -> tuple[int, bool, bool]:
     """The micro-batch (the largest that fits, or the one given), checkpointing and Liger from the plan's memory
-    model on this GPU."""
+    model on this GPU; each micro-batch sized compiled or not as it would run (`compiled(checkpointing)`), and with
+    Liger where it may go on (`liger_ok(compiled)`)."""
     def largest(ckpt: bool, lig: bool):
         return memory.largest_micro_batch(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq,
                                           per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt,
-                                          regime=replace(regime, liger=lig), candidates=[given] if given else None)
+                                          regime=replace(regime, compiled=compiled(ckpt), liger=lig),
+                                          candidates=[given] if given else None)
 
     budget = f"{memory.budget(device.memory_bytes) / GIB:.1f} GiB ({1 - memory.MARGIN:.0%} of the {device.name})"
-    ligers = [False, True] if liger_ok else [use_liger is True]
     for ckpt in ([False, True] if gc == AUTO else [gc]):
+        ligers = [False, True] if liger_ok(compiled(ckpt)) else [use_liger is True]
         found = [(lig, r) for lig in ligers if (r := largest(ckpt, lig))]
         if not found:
             continue
@@ -302,7 +317,7 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
             out.note("gradient_checkpointing", ckpt, (f"needed: micro-batch {given} does not fit without it" if given
                      else "needed: not even one example fits without it")
                      if ckpt else f"not needed: micro-batch {m} fits without it ({need} of {budget})")
-        if liger_ok:
+        if liger_ok(compiled(ckpt)):
             plain = dict(found).get(False)
             out.note("use_liger_kernel", lig,
                      (f"memory binds: its fused loss (no fp32 logits) fits micro-batch {m} instead of "
@@ -316,13 +331,14 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
         if gc == AUTO:
             out.note("gradient_checkpointing", True, f"micro-batch {given} does not fit {budget} even with it by the "
                      "plan's estimate: on, and the run goes as asked")
-        if liger_ok:
+        if liger_ok(compiled(ckpt)):
             out.note("use_liger_kernel", False, "memory binds beyond what Liger's fused loss saves")
         return given, ckpt, use_liger is True
     ckpt = gc is not False
     said = " with gradient checkpointing" if ckpt else ""
+    lig = liger_ok(compiled(ckpt)) or use_liger is True
     alone = memory.estimate(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq, batch=1,
-                            gradient_checkpointing=ckpt, regime=replace(regime, liger=liger_ok or use_liger is True))
+                            gradient_checkpointing=ckpt, regime=replace(regime, compiled=compiled(ckpt), liger=lig))
     if per_rank > 1 and memory.fits(alone, device.memory_bytes):  # accumulation's gradients are what does not fit
         raise DockyardError(f"{recipe.name}: no micro-batch that divides the {per_rank} examples each process takes per "
                             f"step (global_batch {per_rank * world}) fits in {budget}{said} by the plan's estimate: "
