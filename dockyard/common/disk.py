@@ -26,7 +26,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def checkpoint_bytes(shape: Any, *, strategy: str, peft: str | None, weight_bytes: int, optimizer: bool,
                      lora_r: int = LORA_RANK) -> int:
     """One checkpoint of a model of memory.Shape `shape` (see the module docstring)."""
-    trainable = shape.lora_params * lora_r // LORA_RANK if peft else shape.params
+    trainable = shape.adapter_params(lora_r) if peft else shape.params
     weights = trainable * 4 if peft else shape.params * weight_bytes  # PEFT keeps (and saves) adapters in fp32
     if not optimizer:
         return weights

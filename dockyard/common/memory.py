@@ -55,6 +55,24 @@ class Shape:
     def q_width(self) -> int:
         return self.q_hidden or self.hidden
 
+    def adapter_params(self, rank: int) -> int:
+        """Trainable parameters of rank-`rank` adapters on the linear layers (lora_params is rank LORA_RANK's:
+        an adapter's size is linear in its rank)."""
+        return self.lora_params * rank // LORA_RANK
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How a run computes, as far as its memory goes: what the trainer resolves for it (autos included), and the
+    settings that size what it trains (recipes/defaults.yaml's defaults)."""
+
+    lora_dropout: float = 0.0    # recipes/defaults.yaml's default
+    compiled: bool = False       # torch_compile
+    liger: bool = False          # Liger's fused linear cross-entropy: no fp32 logits
+    accumulation: int = 1        # gradient accumulation steps: above 1, gradients stay allocated between steps
+    lora_r: int = LORA_RANK      # the adapters' rank (lora, qlora)
+    dtype: str = "auto"          # the weights' dtype setting: an adapter recipe's frozen base is 16-bit unless float32
+
 
 def _decoder_shape(hidden: int, layers: int, intermediate: int, kv: int) -> tuple[int, int]:
     """(linear weights, LoRA params) of a Llama-style decoder: q, k, v, o, gate, up, down in every layer."""
@@ -88,12 +106,17 @@ def shape_from_folder(folder: Path) -> Shape:
 
 # --- model states: the registry's formulas ---------------------------------------------------------
 
-def model_states(strategy: str, peft: str | None, shape: Shape, world_size: int,
-                 gpus_per_node: int) -> tuple[int, int]:
-    """(GPU bytes per device, host bytes per node) for weights, gradients and optimizer states."""
-    return recipes.model_states(strategy, peft, Sizes(
-        params=shape.params, largest_layer=shape.largest_layer, world_size=world_size,
-        gpus_per_node=gpus_per_node, linear_params=shape.linear_params, lora_params=shape.lora_params))
+def model_states(strategy: str, peft: str | None, shape: Shape, world_size: int, gpus_per_node: int,
+                 regime: Regime = Regime()) -> tuple[int, int]:
+    """(GPU bytes per device, host bytes per node) for weights, gradients and optimizer states, with the run's
+    adapter rank and, for an adapter recipe, its base's dtype (the registry's formulas hold a 16-bit base)."""
+    gpu, host = recipes.model_states(strategy, peft, Sizes(
+        params=shape.params, largest_layer=shape.largest_layer, world_size=world_size, gpus_per_node=gpus_per_node,
+        linear_params=shape.linear_params, lora_params=shape.adapter_params(regime.lora_r)))
+    if peft and regime.dtype == "float32":  # 2 bytes more per weight that is not quantised, loaded twice as large
+        gpu += 2 * (shape.params - (shape.linear_params if peft == "qlora" else 0))
+        host *= 2
+    return gpu, host
 
 
 def activation_bytes(shape: Shape, seq_len: int, batch: int, checkpointing: bool) -> int:
@@ -129,20 +152,12 @@ MARGIN = 0.10          # the auto micro-batch (and `invoke plan`) leave this sha
                        # error bound
 
 
-@dataclass(frozen=True)
-class Regime:
-    """How a run computes, as far as its memory goes: what the trainer resolves for it (autos included)."""
-
-    lora_dropout: float = 0.0    # recipes/defaults.yaml's default
-    compiled: bool = False       # torch_compile
-    liger: bool = False          # Liger's fused linear cross-entropy: no fp32 logits
-    accumulation: int = 1        # gradient accumulation steps: above 1, gradients stay allocated between steps
-
-
-def _fp32_residual(recipe: Recipe) -> bool:
+def _fp32_residual(recipe: Recipe, regime: Regime) -> bool:
     """Full fine-tuning under the HF Trainer's autocast keeps fp32 weights (DDP, FSDP2); DeepSpeed casts the model
-    to bf16 itself; a LoRA/QLoRA base is loaded in 16 bits."""
-    return not recipe.peft and recipe.strategy_spec.engine in ("ddp", "fsdp")
+    to bf16 itself; a LoRA/QLoRA base is loaded in 16 bits, unless its dtype is set to float32."""
+    if recipe.peft:
+        return regime.dtype == "float32"
+    return recipe.strategy_spec.engine in ("ddp", "fsdp")
 
 
 def adapter_inputs(shape: Shape) -> int:
@@ -157,7 +172,7 @@ def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int,
     blocks = activation_bytes(shape, seq_len, batch, checkpointing) - head
     if regime.liger:  # the loss head no longer holds the fp32 logits
         head -= seq_len * batch * 4 * shape.vocab
-    fp32 = _fp32_residual(recipe)
+    fp32 = _fp32_residual(recipe, regime)
     factor = 1 + (FP32_RESIDUAL if fp32 else 0) + (ADAPTER_INPUTS if recipe.peft else 0)
     masks = 0
     if recipe.peft and regime.lora_dropout > 0:
@@ -168,7 +183,7 @@ def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int,
 def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_node: int,
                        regime: Regime = Regime()) -> tuple[int, int]:
     """(model states held while activations peak, model states at the end of the backward pass), per GPU."""
-    states, _ = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node)
+    states, _ = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node, regime)
     spec = recipe.strategy_spec
     at_peak = states + STAGE_EXTRA.get(spec.zero_stage or 0, 0)
     shard = shape.params / world_size if spec.shards_parameters else shape.params
@@ -187,7 +202,7 @@ def estimate(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: in
              gradient_checkpointing: bool, regime: Regime = Regime()) -> dict:
     """One recipe's prediction: torch's peak reserved memory per GPU (model states held at the peak + activations),
     the GPU bytes per device with the CUDA context and NCCL on top, and host bytes per node."""
-    states, host = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node)
+    states, host = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node, regime)
     at_peak, at_end = gpu_states_at_peak(shape, recipe, world_size, gpus_per_node, regime)
     act = gpu_activation_bytes(shape, recipe, seq_len, batch, gradient_checkpointing, regime)
     reserved = max(at_peak + act, at_end)

@@ -109,7 +109,8 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
         per_gpu = examples_per_gpu(settings, training, batch, gpus)
         plain, ckpt = (micro_batch_estimate(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
                                             batch=batch, per_rank=per_gpu, checkpointing=g,
-                                            regime=Regime(lora_dropout=settings.lora_dropout)) for g in (False, True))
+                                            regime=Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r,
+                                                          dtype=settings.dtype)) for g in (False, True))
         # Offloaded states live in host memory all run long; without offload the host figure is only the
         # loading-time worst case (every rank holding a copy), which low-memory loading avoids: shown, not gated.
         offloads = recipe.strategy_spec.offloads and not recipe.peft

@@ -188,7 +188,8 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     def liger_ok(compiling: bool) -> bool:  # Liger may go on by itself
         return use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiling)
 
-    dropout = float(getattr(settings, "lora_dropout", 0.0))
+    # what sizes the run besides the autos: the adapters' rank and dropout, the base's dtype
+    regime = memory.Regime(float(settings.lora_dropout), lora_r=settings.lora_r, dtype=settings.dtype)
     given = batch.given_micro
     if device is None or shape is None:
         m = given or _cpu_micro(per_rank)
@@ -208,7 +209,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                      or "the model could not be sized, so whether memory binds is not known")
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
-                             per_rank, given, gc, use_liger, liger_ok, compiled, memory.Regime(dropout))
+                             per_rank, given, gc, use_liger, liger_ok, compiled, regime)
         on = compiled(gc_on)
         if on != pays:
             out.note("torch_compile", False, COMPILE_CHECKPOINTED)
@@ -225,7 +226,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                          gradient_checkpointing=bool(gc_on), torch_compile=on, use_liger_kernel=bool(lig))
     for key, value in (("global_batch", batch.global_batch), *((k, out.overrides[k]) for k in AUTO_TRAINING_ARGUMENTS)):
         out.record.setdefault(key, {"value": value, "why": SET})
-    out.regime = memory.Regime(dropout, on, bool(lig), a)
+    out.regime = replace(regime, compiled=on, liger=bool(lig), accumulation=a)
     return out
 
 

@@ -16,6 +16,8 @@ from dockyard.machine import planner
 from dockyard.train import autos
 from tests.support.measured import H100, HOSTS, measured_shape
 
+LLAMA_8B = HOSTS.parents[1] / "models" / "llama-3.1-8b"
+
 H100_GPU = autos.device_from_host(Recorded.from_file(H100).host())
 T4_GPU = autos.device_from_host(Recorded.from_file(HOSTS / "t4x2_535.json").host())
 # Qwen3-4B's config.json sizes (4.02B parameters)
@@ -233,6 +235,31 @@ def test_compiling_goes_off_where_checkpointing_goes_on_and_the_micro_batch_is_s
     assert values(short)["torch_compile"] is True and values(short)["gradient_checkpointing"] is False
     asked = resolve("lora", {"max_seq_length": 8192, "torch_compile": True}, device=T4_GPU, shape=shape)
     assert values(asked)["torch_compile"] is True and values(asked)["gradient_checkpointing"] is True
+
+
+@pytest.mark.parametrize("name", ["lora", "qlora"])
+def test_the_adapters_rank_and_the_bases_dtype_size_the_micro_batch(name):
+    """Llama-3.1-8B on an L40S (45 GiB): once lora_r 16, 64, 128 and 256, and a float32 base, all gave LoRA's
+    micro-batch 2 at "37.4 GiB of 40.5" (rank 256 adds 11 GiB of adapter states, the fp32 base 15 GiB)."""
+    l40s = autos.device_from_host(Recorded.from_file(HOSTS / "l40sx2_550.json").host())
+    llama = memory.shape_from_folder(LLAMA_8B)
+    seen = {}
+    for given in ({}, {"lora_r": 64}, {"lora_r": 256}, {"dtype": "float32"}):
+        r = resolve(name, {"max_seq_length": 2048, **given}, device=l40s, shape=llama)
+        est = memory.estimate(llama, load_recipe(name), world_size=1, gpus_per_node=1, seq_len=2048,
+                              batch=values(r)["per_device_train_batch_size"],
+                              gradient_checkpointing=values(r)["gradient_checkpointing"], regime=r.regime)
+        assert memory.fits(est, l40s.memory_bytes)  # as the trainer's manifest will predict it (r.regime)
+        seen[str(given)] = est["gpu_model_states_bytes"], values(r)
+    states = {k: v[0] for k, v in seen.items()}
+    assert states["{}"] < states["{'lora_r': 64}"] < states["{'lora_r': 256}"]
+    assert states["{'lora_r': 256}"] - states["{}"] == 18 * 15 * llama.lora_params  # 18 bytes per adapter parameter
+    assert states["{'dtype': 'float32'}"] - states["{}"] == 2 * (llama.params - (llama.linear_params if name == "qlora"
+                                                                                else 0))
+    if name == "lora":  # micro-batch 2 fits rank 16 only: rank 256 takes 1, the fp32 base needs checkpointing
+        assert seen["{}"][1]["per_device_train_batch_size"] == 2 and not seen["{}"][1]["gradient_checkpointing"]
+        assert seen["{'lora_r': 256}"][1]["per_device_train_batch_size"] == 1
+        assert seen["{'dtype': 'float32'}"][1]["gradient_checkpointing"] is True
 
 
 def test_liger_goes_on_only_where_memory_binds_and_its_kernels_apply(shape):

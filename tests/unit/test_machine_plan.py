@@ -64,6 +64,13 @@ def test_ddp_and_adapter_model_states_are_pinned(world):
     assert memory.model_states("ddp", None, shape, world, world)[0] == 18_000_000_000
     assert memory.model_states("ddp", "lora", shape, world, world)[0] == 2_000_000_000 + 90_000_000
     assert memory.model_states("ddp", "qlora", shape, world, world)[0] == 260_000_000 + 1_000_000_000 + 90_000_000
+    # the run's adapter rank (lora_params is rank 16's) and, for an adapter recipe, a float32 base: once every rank
+    # and dtype gave rank 16's figure on a 16-bit base
+    r64, fp32 = memory.Regime(lora_r=64), memory.Regime(dtype="float32")
+    assert memory.model_states("ddp", "lora", shape, world, world, r64)[0] == 2_000_000_000 + 4 * 90_000_000
+    assert memory.model_states("ddp", "lora", shape, world, world, fp32)[0] == 4_000_000_000 + 90_000_000
+    assert memory.model_states("ddp", "qlora", shape, world, world, fp32)[0] == 260_000_000 + 2_000_000_000 + 90_000_000
+    assert memory.model_states("ddp", None, shape, world, world, fp32)[0] == 18_000_000_000  # full: fp32 already
 
 
 def _deepspeed_table(fn, *args) -> list[tuple[float, float, str]]:
@@ -317,6 +324,25 @@ def test_a_recipe_folder_of_ones_own_is_planned_beside_its_strategy(tmp_path, mo
     assert list(rows) == ["zero2", "zero2-long", "lora"]
     assert rows["zero2-long"]["strategy"] == "zero2"
     assert rows["zero2-long"]["gpu_bytes"] == rows["zero2"]["gpu_bytes"]
+
+
+def test_a_recipes_own_adapter_rank_and_base_dtype_are_planned(tmp_path, monkeypatch):
+    """plan takes each recipe's settings: a LoRA recipe of one's own at rank 256 on a float32 base needs more than
+    lora (it was planned with rank 16's figure on a 16-bit base)."""
+    from dockyard.common import recipes
+
+    shutil.copytree(ROOT / "recipes" / "lora", tmp_path / "lora")
+    mine = tmp_path / "lora-wide"
+    shutil.copytree(ROOT / "recipes" / "lora", mine)
+    (mine / "recipe.yaml").write_text("# invoke run --recipe=lora-wide\nwhen: Mine.\nstrategy: ddp\npeft: lora\n"
+                                      "settings:\n  lora_r: 256\n  dtype: float32\n")
+    monkeypatch.setattr(recipes, "RECIPES", tmp_path)
+    shape = memory.shape_from_folder(LLAMA_8B)
+    rows = {r["recipe"]: r for r in planner.plan(shape, gpus=1, gpu_mem=80 * GIB, cpu_mem=512 * GIB, seq_len=2048,
+                                                 batch=1)["recipes"]}
+    assert rows["lora-wide"]["model_states_bytes"] - rows["lora"]["model_states_bytes"] == \
+        18 * 15 * shape.lora_params + 2 * shape.params
+    assert rows["lora-wide"]["gpu_bytes"] > rows["lora"]["gpu_bytes"]
 
 
 def test_the_memory_models_lora_rank_is_the_recipes_default():
