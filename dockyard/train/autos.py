@@ -371,9 +371,12 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
     if attention in VARLEN_ATTENTION:
         return True, f"{attention} attends to each packed example on its own: no padding, no extra work"
     row = micro * seq_len
-    if attention == "sdpa" and row <= PACKED_SDPA_MAX_TOKENS:
+    if attention != "sdpa":
+        return False, (f"the model's {attention or 'unknown'} attention would compute attention over the whole packed "
+                       f"row of up to {row} tokens; padding costs less. flash_attention_2 packs without that cost "
+                       f"(sdpa too while the row is at most {PACKED_SDPA_MAX_TOKENS} tokens)")
+    if row <= PACKED_SDPA_MAX_TOKENS:
         return True, (f"sdpa masks the packed row per example; the row ({row} tokens at most) is short enough that "
                       f"attention over it costs less than the padding it saves")
-    return False, (f"the model's {attention} attention would compute attention over the whole packed row of up to "
-                   f"{row} tokens (more than {PACKED_SDPA_MAX_TOKENS}); padding costs less. flash_attention_2 "
-                   f"packs without that cost")
+    return False, (f"sdpa would compute attention over the whole packed row of up to {row} tokens (more than "
+                   f"{PACKED_SDPA_MAX_TOKENS}); padding costs less. flash_attention_2 packs without that cost")

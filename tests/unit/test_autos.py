@@ -314,6 +314,14 @@ def test_padding_free_on_gpus_for_instruction_and_chat_data_where_attention_make
     assert got is on and why
 
 
+def test_padding_free_says_why_it_is_off_for_the_attention_at_hand():
+    """eager attention on a short row was said to be off "(more than 4096)" tokens: a row of 1024."""
+    off, why = autos.resolve_padding_free("auto", "messages", "causal_lm", H100_GPU, "eager", 8, 128)
+    assert off is False and "eager attention" in why and "1024 tokens" in why and "more than" not in why
+    off, why = autos.resolve_padding_free("auto", "messages", "causal_lm", H100_GPU, "sdpa", 8, 2048)
+    assert off is False and "16384 tokens (more than 4096)" in why
+
+
 def test_padding_free_can_be_set_but_not_for_classification():
     assert autos.resolve_padding_free(True, "text", "causal_lm", None, "sdpa", 8, 128) == (True, "set")
     with pytest.raises(DockyardError, match="not seq_cls"):
