@@ -260,11 +260,12 @@ def plain_names(layer: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _problems(error: ValidationError, given: dict[str, Any]) -> str:
-    """pydantic's words, but a number setting's range in place of its union of errors, with the value given."""
+    """pydantic's words, but what a number or a switch setting takes in place of its union of errors, with the
+    value given."""
     said = {}
     for err in error.errors():
         key = str(err["loc"][0])
-        if takes := number_range(key):
+        if takes := number_range(key) or switch_choices(key):
             said[key] = f"{key} {reprlib.repr(given[key])}: {takes}"
         else:
             said[key] = "; ".join(filter(None, [said.get(key), f"{'.'.join(map(str, err['loc']))}: {err['msg']}"]))
@@ -282,6 +283,16 @@ def number_range(name: str) -> str:
            else f"up to (not including) {_plain(number['exclusiveMaximum'])}")
     return (f"{'a whole number' if number['type'] == 'integer' else 'a number'} from {_plain(number['minimum'])} "
             f"{top}" + "".join(f", or {c['const']}" for c in choices if "const" in c))
+
+
+def switch_choices(name: str) -> str:
+    """What a true/false setting takes ("true, false or auto" where it may be auto; "" for the others)."""
+    schema = RunSettings.model_json_schema()["properties"][name]
+    choices = schema.get("anyOf", [schema])
+    if not any(c.get("type") == "boolean" for c in choices):
+        return ""
+    words = ["true", "false", *(c["const"] for c in choices if "const" in c)]
+    return f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def _plain(x: float) -> str:
