@@ -69,9 +69,11 @@ def run_bytes(shape: Any, *, strategy: str, peft: str | None, dtype: str, half_o
 
 
 def for_recipe(shape: Any, recipe: Any) -> dict[str, Any]:
-    """`invoke plan`: what a recipe writes with its own settings (recipes/defaults.yaml and its `settings:`), bf16."""
+    """`invoke plan`: what a recipe writes with its own settings (recipes/defaults.yaml and its `settings:`), bf16,
+    at the peak of a run long enough to rotate its checkpoints (save_total_limit + 1 on disk while the next is
+    written): a plan is for the run to come, not the default's 50 steps (`invoke run` counts its own run's steps)."""
     run_settings, training = resolve_settings(recipe, {})
-    return for_settings(shape, recipe, run_settings, training, half_on_gpu=True)
+    return for_settings(shape, recipe, run_settings, {**training, "max_steps": -1}, half_on_gpu=True)
 
 
 def for_settings(shape: Any, recipe: Any, settings: Any, training: dict[str, Any], half_on_gpu: bool) -> dict[str, Any]:

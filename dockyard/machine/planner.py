@@ -86,11 +86,11 @@ def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:
 
 
 def disk_columns(shape: Shape, recipe: Recipe) -> dict:
-    """What a run of the recipe writes with its default settings (dockyard.common.disk): a checkpoint, how many
-    are kept (save_total_limit), and the total with the final model."""
+    """What a long run of the recipe writes with its settings (dockyard.common.disk.for_recipe): a checkpoint, how
+    many are kept (save_total_limit), how many are on disk at the peak, and the peak with the final model."""
     need = disk.for_recipe(shape, recipe)
     return {"checkpoint_bytes": need["checkpoint_bytes"], "checkpoints_kept": need["checkpoints"],
-            "disk_bytes": need["total_bytes"]}
+            "checkpoints_at_peak": need["checkpoints_at_peak"], "disk_bytes": need["total_bytes"]}
 
 
 # --- all recipes and a recommendation ---------------------------------------------------------------
@@ -239,7 +239,7 @@ def print_plan(result: dict) -> None:
                       *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
                                                   "gpu_bytes_checkpointed", "host_bytes")),
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]",
-                      _gib_cell(r["disk_bytes"]))  # checkpoints kept + the final model: the footnote says so, --json itemises
+                      _gib_cell(r["disk_bytes"]))  # a long run's peak: the footnote says so, --json itemises
     console.print(table)
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
@@ -248,8 +248,10 @@ def print_plan(result: dict) -> None:
                   "row at --batch examples per micro-batch, with the accumulation the recipe's global batch makes of it "
                   "(auto: 8 examples per GPU per step; the gradients stay allocated between micro-batches), as the "
                   "trainer sizes the run.[/]")
-    console.print("[dim]disk: checkpoint size × checkpoints kept (save_total_limit) and the final model, with the "
-                  "recipe's settings; `invoke run` checks the runs folder has room before starting.[/]")
+    console.print("[dim]disk: the peak of a run long enough to rotate its checkpoints, with the recipe's settings: "
+                  "save_total_limit + 1 checkpoints while the next is written, or those kept and the final model, "
+                  "whichever is more; `invoke run` counts its own run's steps and checks the runs folder has room "
+                  "before starting.[/]")
     console.print("[dim]per GPU: the peak of a step, calibrated on measured runs (the strategy's buffers, gradients "
                   "freed as they are reduced, 1 GiB for the CUDA context and NCCL), so not the sum of the two columns "
                   "before it; w/ ckpt: per GPU with gradient checkpointing; host (per node) is what offloading keeps in "

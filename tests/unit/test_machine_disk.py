@@ -17,10 +17,11 @@ def test_the_plan_says_what_each_recipe_writes():
     rows = {r["recipe"]: r for r in planner.plan(memory.shape_from_count(GB), gpus=1, gpu_mem=80 * GIB,
                                               cpu_mem=64 * GIB, seq_len=2048, batch=1)["recipes"]}
     # full fine-tuning: fp32 weights (4 bytes) and AdamW's two moments (8) per parameter; defaults.yaml's
-    # max_steps 50, save_steps 25 and save_total_limit 2: two checkpoints, then the final model
+    # save_total_limit 2 kept, and in a run longer than the default 50 steps a third while the next is written (the
+    # plan counted the default's two, 28 GB, below what a real run needs at its peak)
     ddp = rows["ddp"]
-    assert ddp["checkpoint_bytes"] == 12 * GB and ddp["checkpoints_kept"] == 2
-    assert ddp["disk_bytes"] == 2 * 12 * GB + 4 * GB
+    assert ddp["checkpoint_bytes"] == 12 * GB and ddp["checkpoints_kept"] == 2 and ddp["checkpoints_at_peak"] == 3
+    assert ddp["disk_bytes"] == 3 * 12 * GB
     # ZeRO-2 on a GPU: the bf16 module twice (the Trainer's model file, DeepSpeed's model states) and fp32
     # master weights plus moments: 2 + 2 + 12 bytes per parameter; ZeRO-3 has no whole-module copy
     assert rows["zero2"]["checkpoint_bytes"] == 16 * GB and rows["zero3"]["checkpoint_bytes"] == 14 * GB
@@ -48,6 +49,19 @@ def test_a_model_only_checkpoint_leaves_the_optimizer_out():
     lean = disk.run_bytes(shape, strategy="ddp", peft=None, dtype="bfloat16", half_on_gpu=True, optimizer=False,
                           max_steps=10, save_steps=10, save_strategy="steps", save_total_limit=1)
     assert (full["total_bytes"], lean["total_bytes"]) == (16 * GB, 4 * GB)
+
+
+def test_invoke_run_counts_its_own_runs_checkpoints():
+    """The plan counts a long run's peak; a run checks for what it will write with its own steps."""
+    from dockyard.common.run_settings import resolve_settings
+
+    shape, recipe = memory.shape_from_count(GB), load_recipe("ddp")
+    # (settings, checkpoints at the peak, GB on disk at the peak: the larger of those and the kept ones + the model)
+    for given, peak, total in (({}, 2, 2 * 12 + 4), ({"max_steps": 1000}, 3, 3 * 12),
+                               ({"max_steps": 1000, "save_total_limit": 4}, 5, 5 * 12)):
+        run_settings, training = resolve_settings(recipe, given)
+        need = disk.for_settings(shape, recipe, run_settings, training, half_on_gpu=True)
+        assert (need["checkpoints_at_peak"], need["total_bytes"]) == (peak, total * GB), given
 
 
 def test_no_room_is_refused_with_the_ways_out(tmp_path, monkeypatch):
