@@ -21,9 +21,11 @@ from dockyard.launch import node
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS, USER_RECIPES
 from dockyard.settings import Settings
-from dockyard.transport.layout import LOADER_TEMPLATE
 
 TEMPLATE = Path(__file__).parent / "run.sh"
+# load.sh (transport.layout.LOADER_TEMPLATE), read for its engine() alone: a file, not an import (transport imports
+# launch to write run.sh)
+LOADER = Path(__file__).parents[1] / "transport" / "load.sh"
 NPROC = 987654321                       # a process count no plan has: marks where run.sh's $NPROC goes
 MARKS = {"/__RUNS__": "RUNS", "__RUN_ID__": "RUN_ID", "/__HF__": "HF", "__IMAGE_ID__": "IMAGE_ID",
          "__RECIPE__": "RECIPE_IN", "__IMAGE__": "IMAGE", "__VARIANT__": "VARIANT", "__MEMLOCK__": "MEMLOCK",
@@ -78,7 +80,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
 
 def engine_check() -> str:
     """load.sh's engine(): whether docker reaches its engine, said in docker's own words with the usual fix."""
-    return re.search(r"^engine\(\) \{\n.*?^\}$", LOADER_TEMPLATE.read_text(), re.M | re.S).group()
+    return re.search(r"^engine\(\) \{\n.*?^\}$", LOADER.read_text(), re.M | re.S).group()
 
 
 def word(w: str) -> str:
