@@ -132,6 +132,15 @@ def check_training_numbers(training: dict[str, Any]) -> None:
         check_number(key, value, kinds.get(key, ""))
 
 
+def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
+    """An evaluation strategy with held-out data to evaluate on: the HF Trainer refuses one without, but only once
+    the model and the data have loaded. The host checks it before a run starts, the trainer again (run.sh, native)."""
+    strategy = training.get("eval_strategy")
+    if str(strategy) in ("steps", "epoch") and not (settings.eval_data or settings.eval_fraction):
+        raise DockyardError(f"eval_strategy {strategy} needs held-out data: add --eval_fraction 0.05 or --eval_data "
+                            "FILE (or --eval_strategy no)")
+
+
 def training_arguments() -> dict[str, str]:
     """TrainingArguments' field names and, for a number, its type (`int`, `float|None`, ...; "" for the others), as
     the pinned transformers has them (a test keeps the snapshot current)."""

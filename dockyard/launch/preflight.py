@@ -5,7 +5,8 @@ minutes later, inside the container, refused now with the same reason and no eng
   one names the closest), the project's settings valid (recipes/defaults.yaml ← recipe ← overrides), and every
   TrainingArguments number a finite number (a whole one where the field is an int), every `auto` setting's value
   valid and the batch settings split over the run's processes (global_batch, the micro-batch and the accumulation
-  dividing it) as the trainer's autos check them;
+  dividing it) as the trainer's autos check them, and an eval_strategy with held-out data to evaluate on (eval_data
+  or eval_fraction);
 - the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
 - the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
   config.json, a hub id that is in the Hugging Face cache (runs are offline);
@@ -29,6 +30,7 @@ from dockyard.common.run_settings import (
     RunSettings,
     batch_split,
     check_autos,
+    check_evaluation,
     check_training_numbers,
     parse_overrides,
     resolve_settings,
@@ -127,6 +129,7 @@ def check_overrides(spec, overrides: list[str], processes: int = 0) -> None:
     micro, accumulation = check_autos(training)
     if processes:
         batch_split(run_settings.global_batch, micro, accumulation, processes)
+    check_evaluation(run_settings, training)
 
 
 def check_input(key: str, value: str, where: str, settings: Settings) -> None:

@@ -37,6 +37,7 @@ from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
     RunSettings,
+    check_evaluation,
     check_training_numbers,
     either_name,
     parse_overrides,
@@ -389,7 +390,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     try:
         targs = TrainingArguments(**args)
     except (ValueError, TypeError) as e:
-        raise DockyardError(f"invalid training setting: {e}") from None
+        raise DockyardError(f"invalid training setting: {' '.join(str(e).split())}") from None  # some say it in lines
     if recipe.deepspeed and not cuda and targs.world_size > 1:
         # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
         # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.
@@ -400,7 +401,9 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
 
 
 def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
-    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise."""
+    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise; an
+    evaluation asked for without any is refused here, before the data and the model load."""
+    check_evaluation(settings, overrides)
     if not (settings.eval_data or settings.eval_fraction):
         return {}
     steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
@@ -483,11 +486,14 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = TokenCount()
     metrics = MetricsLog(run.opts.run_dir / METRICS, run.is_main, run.started, tokens, *flops_and_peak(p))
-    trainer = CountingTrainer(model=p.model, args=p.args, train_dataset=p.examples,
-                              eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
-                              data_collator=(data.collate_packed() if p.padding_free
-                                             else data.collate(p.tokenizer.pad_token_id)),
-                              callbacks=[check, PublishCheckpoint(), metrics])  # publish first: saves timed to the end
+    try:
+        trainer = CountingTrainer(model=p.model, args=p.args, train_dataset=p.examples,
+                                  eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
+                                  data_collator=(data.collate_packed() if p.padding_free
+                                                 else data.collate(p.tokenizer.pad_token_id)),
+                                  callbacks=[check, PublishCheckpoint(), metrics])  # publish first: saves timed to the end
+    except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)
+        raise DockyardError(f"invalid training settings: {' '.join(str(e).split())}") from None
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
         trainer.remove_callback(cb)
     check.trainer = trainer

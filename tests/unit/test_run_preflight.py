@@ -46,6 +46,14 @@ def test_a_misspelt_override_is_refused_naming_the_closest(env):
     assert dry(env, "--", "--max_steps", "5", "--learning_rate", "1e-4").returncode == 0
 
 
+def test_an_evaluation_without_held_out_data_is_refused_as_the_trainer_refuses_it(env):
+    """`invoke run --dry -- --eval_strategy steps` was accepted; the run then failed after loading the model."""
+    says = "eval_strategy steps needs held-out data: add --eval_fraction 0.05 or --eval_data FILE (or --eval_strategy no)"
+    refused(dry(env, "--recipe=ddp", "--", "--eval_strategy", "steps", "--eval_steps", "2"), says)
+    assert dry(env, "--", "--eval_strategy", "steps", "--eval_fraction", "0.05").returncode == 0
+    assert dry(env, "--", "--eval_strategy", "no").returncode == 0
+
+
 def test_fsdp_without_gpus_is_refused_as_the_trainer_refuses_it(env):
     refused(dry(env, "--recipe=fsdp"), "FSDP, which the HF Trainer runs only on GPUs")
     refused(invoke_here("run", "--dry", "--recipe=fsdp", "--cpu", env=env), "only on GPUs")

@@ -180,3 +180,49 @@ def test_a_fresh_start_in_a_folder_a_killed_run_left_starts_metrics_afresh(tmp_p
                  "--max_seq_length", "32"]) == 0
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+@pytest.mark.parametrize("strategy", ["steps", "epoch"])
+def test_an_evaluation_without_held_out_data_is_one_error_line_before_anything_loads(tmp_path, capsys, strategy):
+    """`-- --eval_strategy steps` without eval data was the HF Trainer's ValueError traceback, after the model and the
+    data had loaded."""
+    import json
+
+    from dockyard.train.__main__ import main
+
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "4",
+                 "--eval_strategy", strategy, "--eval_steps", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert (f"error: eval_strategy {strategy} needs held-out data: add --eval_fraction 0.05 or --eval_data FILE "
+            "(or --eval_strategy no)") in err, err
+    written = json.loads((tmp_path / "r1" / "manifest.json").read_text())
+    assert written["status"] == "failed" and "data" not in written, "refused before the data loaded"
+
+
+def test_held_out_data_or_no_evaluation_passes_the_evaluation_check(tmp_path):
+    assert cpu_arguments("ddp", {"eval_strategy": "steps", "eval_fraction": 0.25}, tmp_path).eval_strategy == "steps"
+    assert cpu_arguments("ddp", {"eval_strategy": False}, tmp_path).eval_strategy == "no"  # `--eval_strategy no`
+    assert cpu_arguments("ddp", {"eval_fraction": 0.25}, tmp_path).eval_strategy == "steps"  # on by itself
+
+
+def test_the_trainers_own_check_of_the_settings_together_is_one_error_line(tmp_path, capsys):
+    """Settings each valid but refused together by the HF Trainer as it is built (after the model loaded): its
+    ValueError was a traceback; TrainingArguments' several-line refusals are one line too."""
+    import logging
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.train.__main__ import main
+
+    with pytest.raises(DockyardError, match=r"^invalid training setting: --load_best_model_at_end requires the save "
+                                            r"and eval strategy to match.*- Evaluation strategy") as refused:
+        cpu_arguments("ddp", {"load_best_model_at_end": True}, tmp_path)
+    assert "\n" not in str(refused.value)
+
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)  # not an earlier test's captured stderr
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "2",
+                 "--save_strategy", "best", "--max_seq_length", "32"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    line = next(x for x in err.splitlines() if x.startswith("error: "))
+    assert line.startswith("error: invalid training settings: `args.metric_for_best_model` must be provided"), err
