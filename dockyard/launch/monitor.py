@@ -37,9 +37,11 @@ class Processes:
     """CPU runs: each training rank's CPU % and RSS, found by command line (dockyard.train, its --run-dir the run's
     folder: .../<run-id>, inside the container or on this host; a run named exp1 is not exp10).
 
-    torchrun's own process and the docker client name the module too; the ranks are the matching processes
-    with no matching descendant and, where their environment is readable, LOCAL_RANK set (torchrun sets it
-    for its workers only: before they start, torchrun itself is a leaf).
+    torchrun's own process and the docker client name the module too, and so do a rank's data-loader workers
+    (forked: its command line and environment). The ranks are the matching processes with LOCAL_RANK set whose
+    parent is not a rank (torchrun sets it for its workers only: before they start, torchrun itself has none).
+    Where a process's environment cannot be read, its command line is trusted: a worker has its parent's, and a
+    launcher is a process that started matching ones with another.
     """
 
     kind = "cpu"
@@ -52,23 +54,25 @@ class Processes:
         self.procs: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last sample
         self.total = psutil.virtual_memory().total
 
-    def _ranks(self) -> list:
-        ps, matches = self.psutil, []
-        for p in ps.process_iter(["cmdline"]):
+    def _ranks(self) -> list[tuple]:
+        """(process, LOCAL_RANK: "" where unreadable) of each rank."""
+        matches = {}
+        for p in self.psutil.process_iter(["cmdline", "ppid"]):
             cmd = p.info["cmdline"] or []
-            line = " ".join(cmd)
-            if "dockyard.train" in line and Path(run_dir_of(cmd)).name == self.run_name \
+            if "dockyard.train" in " ".join(cmd) and Path(run_dir_of(cmd)).name == self.run_name \
                     and not Path(cmd[0]).name.startswith("docker"):
-                matches.append(p)
-        pids = {p.pid for p in matches}
-        ranks = []
-        for p in matches:
-            try:
-                if not any(c.pid in pids for c in p.children(recursive=True)):
-                    ranks.append(self.procs.setdefault(p.pid, p))
-            except ps.Error:
-                continue
-        return ranks
+                matches[p.pid] = p
+        local = {pid: self._local_rank(p) for pid, p in matches.items()}
+
+        def worker(p) -> bool:  # a rank's data-loader worker
+            parent = matches.get(p.info["ppid"])
+            if parent is None or local[parent.pid] is None:
+                return False
+            return local[parent.pid] != "" or parent.info["cmdline"] == p.info["cmdline"]
+
+        started = {p.info["ppid"] for p in matches.values() if not worker(p)}  # the launchers, by what they started
+        return [(self.procs.setdefault(pid, p), local[pid]) for pid, p in matches.items()
+                if local[pid] is not None and not worker(p) and not (local[pid] == "" and pid in started)]
 
     def _local_rank(self, p) -> str | None:
         """LOCAL_RANK from the process environment; "" when it cannot be read (then trust the command line)."""
@@ -79,11 +83,8 @@ class Processes:
 
     def sample(self) -> list[Reading]:
         out = []
-        for i, p in enumerate(sorted(self._ranks(), key=lambda p: p.pid)):
+        for i, (p, rank) in enumerate(sorted(self._ranks(), key=lambda pr: pr[0].pid)):
             try:
-                rank = self._local_rank(p)
-                if rank is None:
-                    continue  # a launcher whose workers have not started yet
                 with p.oneshot():
                     out.append(Reading(int(rank) if rank.isdigit() else i, p.cpu_percent(None),
                                        p.memory_info().rss, self.total, (p.pid,)))

@@ -60,6 +60,53 @@ def test_cpu_ranks_sampled_and_idle_rank_caught(tmp_path, capfd):
     assert "rank 1 mostly idle" in capfd.readouterr().err
 
 
+# A rank with --dataloader_num_workers 2: it forks two workers (a fork keeps its command line and LOCAL_RANK), then
+# leaves its pid in the run folder; and torchrun's stand-in again, starting two of them.
+RANK_WITH_WORKERS = """
+import os, sys, time
+for _ in range(2):
+    if os.fork() == 0:
+        time.sleep(30)
+        os._exit(0)
+open(os.path.join(sys.argv[-1], str(os.getpid())), "w").close()
+time.sleep(30)
+"""
+LAUNCHER_OF_RANKS_WITH_WORKERS = f"""
+import os, subprocess, sys
+ranks = [subprocess.Popen([sys.executable, "-c", {RANK_WITH_WORKERS!r}, "-m", "dockyard.train", "--run-dir",
+                           sys.argv[-1]], env={{**os.environ, "LOCAL_RANK": str(i)}}) for i in range(2)]
+for r in ranks:
+    r.wait()
+"""
+
+
+@pytest.mark.parametrize("environment", ["readable", "unreadable"])
+def test_the_ranks_are_sampled_not_their_data_loader_workers(tmp_path, monkeypatch, environment):
+    """With --dataloader_num_workers 2 the samples held the four workers (about 0 % CPU) and left the ranks out, which
+    have children with their command line: cpu.png fell to 0 % while training. Where no environment can be read
+    (another user's processes) the command lines tell them apart."""
+    run_dir = tmp_path / f"ddp-workers-test-{os.getpid()}"
+    run_dir.mkdir()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER_OF_RANKS_WITH_WORKERS, "-m", "dockyard.train",
+                                 "--run-dir", str(run_dir)], start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline and len(list(run_dir.iterdir())) < 2:
+            time.sleep(0.05)
+        ranks = {int(p.name) for p in run_dir.iterdir()}
+        assert len(ranks) == 2, "the ranks did not start"
+        source = monitor.Processes(run_dir)
+        if environment == "unreadable":
+            monkeypatch.setattr(source, "_local_rank", lambda p: "")
+        readings = source.sample()
+    finally:
+        os.killpg(launcher.pid, 9)
+        launcher.wait()
+    assert {pid for r in readings for pid in r.pids} == ranks
+    if environment == "readable":
+        assert sorted(r.device for r in readings) == [0, 1]
+
+
 def test_a_run_is_not_sampled_for_another_whose_name_starts_with_its_own():
     """Once a substring match: two CPU runs exp1 and exp10 at once, and exp1's samples held exp10's rank too."""
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "dockyard.train", "--recipe",
@@ -106,3 +153,4 @@ def test_without_gpus_the_monitor_samples_the_ranks_and_leaves_nvml_closed(tmp_p
     with monitor.default_source(tmp_path) as source:
         assert isinstance(source, monitor.Processes) and source.kind == "cpu"
     assert (fake.opened, fake.closed) == ((1, 1) if driver else (0, 0))  # NVML shut down as often as opened
+
