@@ -1,4 +1,4 @@
-"""The run monitor: samples every GPU (or, without GPUs, every training rank's CPU and RSS) once a second
+"""The run monitor: samples the run's GPUs (or, without GPUs, every training rank's CPU and RSS) once a second
 while a run lasts, warns when the work is unbalanced, and leaves plots and a verdict in the run folder.
 
     with monitor.watch(run_dir):
@@ -18,7 +18,7 @@ import io
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dockyard import gpus
@@ -103,15 +103,32 @@ def run_dir_of(cmd: list[str]) -> str:
     return ""
 
 
+class Selected:
+    """The GPUs a run was given (`invoke run --gpus=0,2`) of a source that reads them all: the others run other work,
+    or nothing, and are no part of the run's verdict."""
+
+    kind = "gpu"
+
+    def __init__(self, source: Source, devices: Sequence[int]):
+        self.source, self.devices = source, set(devices)
+
+    def sample(self) -> list[Reading]:
+        return [r for r in self.source.sample() if r.device in self.devices]
+
+
 @contextlib.contextmanager
-def default_source(run_dir: Path) -> Iterator[Source]:
-    """NVML (open while the block runs) when this host has GPUs, else the training ranks' processes."""
+def default_source(run_dir: Path, devices: Sequence[int] | None = None) -> Iterator[Source]:
+    """NVML (open while the block runs) for the run's GPUs (`devices`, their indices; None: every GPU of the host),
+    else (no GPUs, or a run given none: the cpu variant, --cpu) the training ranks' processes."""
     with contextlib.ExitStack() as stack:
         try:
             nv = stack.enter_context(gpus.nvml())
         except gpus.NvmlUnavailable:
             nv = None
-        yield nv if nv is not None and nv.handles else Processes(run_dir)
+        if nv is None or not nv.handles or (devices is not None and not devices):
+            yield Processes(run_dir)
+        else:
+            yield nv if devices is None else Selected(nv, devices)
 
 
 # --- the verdict: pure, on recorded samples --------------------------------------------------------
@@ -322,13 +339,15 @@ class Monitor:
 
 
 @contextlib.contextmanager
-def watch(run_dir: Path, *, interval: float = 1.0, source: Source | None = None, node_rank: int = 0):
-    """Sample while the block runs; at the end write plots and the verdict. Never raises on its own account."""
+def watch(run_dir: Path, *, interval: float = 1.0, source: Source | None = None, node_rank: int = 0,
+          devices: Sequence[int] | None = None):
+    """Sample while the block runs; at the end write plots and the verdict. Never raises on its own account.
+    `devices`: the indices of the GPUs the run uses (default_source)."""
     with contextlib.ExitStack() as stack:
         mon = None
         try:
             if source is None:
-                source = stack.enter_context(default_source(Path(run_dir)))
+                source = stack.enter_context(default_source(Path(run_dir), devices))
             mon = Monitor(Path(run_dir), interval, source, node_rank)
             mon.start()
         except Exception as e:  # noqa: BLE001

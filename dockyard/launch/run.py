@@ -113,7 +113,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     else:
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
     before = _traces(run_dir, r.node_rank)
-    with monitor.watch(run_dir, node_rank=r.node_rank):
+    # the GPUs this run was given (--gpus, CUDA_VISIBLE_DEVICES), none on CPU: the others are no part of its verdict
+    with monitor.watch(run_dir, node_rank=r.node_rank,
+                       devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []):
         proc = engine.run(plan.argv, env=plan.env, check=False)
     after = _traces(run_dir, r.node_rank)
     if proc.returncode and r.resume and before[0] and after[0] == before[0]:

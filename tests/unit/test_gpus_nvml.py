@@ -1,43 +1,16 @@
-"""The NVML calls themselves, against a FAKE pynvml (no GPU here): it behaves as nvidia-ml-py 13.615.71 does
-where that matters (NVML_P2P_CAPS_INDEX_READ is the tuple (0,); ctypes rejects a tuple where it wants an int;
-a MIG device raises NOT_SUPPORTED for utilisation). Plus record → replay through DOCKYARD_NVML_REPLAY."""
+"""The NVML calls themselves, against a FAKE pynvml (no GPU here: tests/support/nvml.py). Plus record → replay
+through DOCKYARD_NVML_REPLAY."""
 
 from __future__ import annotations
 
 import ctypes
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from dockyard import gpus
 from dockyard.common.errors import DockyardError
-
-
-class NVMLError(Exception):
-    pass
-
-
-def fake_pynvml(n=2, mig=False):
-    def p2p(a, b, index):
-        if not isinstance(index, int):  # what ctypes does with (0,)
-            raise ctypes.ArgumentError("argument 3: TypeError: wrong type")
-        return 0
-
-    def util(h):
-        if mig:
-            raise NVMLError("Not Supported")
-        return SimpleNamespace(gpu=42)
-
-    return SimpleNamespace(
-        NVMLError=NVMLError, NVML_P2P_CAPS_INDEX_READ=(0,), NVML_P2P_CAPS_INDEX_NVLINK=2, NVML_P2P_STATUS_OK=0,
-        NVML_DEVICE_MIG_ENABLE=1,
-        nvmlDeviceGetP2PStatus=p2p, nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 50,
-        nvmlDeviceGetName=lambda h: b"Tesla T4", nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=16 * 2**30, used=2**30),
-        nvmlDeviceGetCudaComputeCapability=lambda h: (7, 5), nvmlDeviceGetMigMode=lambda h: (int(mig), int(mig)),
-        nvmlSystemGetDriverVersion=lambda: "535.183.01", nvmlSystemGetCudaDriverVersion=lambda: 12020,
-        nvmlDeviceGetUtilizationRates=util, nvmlDeviceGetComputeRunningProcesses=lambda h: [])
+from tests.support.nvml import NVMLError, fake_pynvml
 
 
 def test_p2p_is_asked_with_an_int_index_so_two_gpus_do_not_crash():

@@ -131,3 +131,42 @@ def test_each_node_of_a_shared_run_folder_watches_into_its_own_files(tmp_path):
     v1 = json.loads((tmp_path / "monitor-node1.json").read_text())
     assert v0["plots"] == ["gpu.png", "loss.png"] and v1["plots"] == ["gpu-node1.png"]
     assert _is_png(tmp_path / "gpu-node1.png") and (tmp_path / "monitor-node1.jsonl").read_text().count("\n") >= 5
+
+
+def test_a_run_given_some_gpus_is_watched_on_those_alone(settings, monkeypatch, tmp_path):
+    """`invoke run --gpus=0,2` sampled every GPU of the host: the verdict said "GPU 1 mostly idle ... nothing runs on
+    GPU 1" of a GPU the run was told not to use, and gpu.png drew it. Through launch.run with a stand-in engine on a
+    recorded 8-GPU host; NVML faked with GPUs 0 and 2 busy, the others idle."""
+    from dockyard import engine, gpus
+    from dockyard.common.recipes import load_recipe
+    from dockyard.launch import run as launch_run
+    from dockyard.train import manifest
+    from tests.support.fake_engine import FakeEngine
+    from tests.support.nvml import install
+
+    def trainer(argv: list[str]) -> int:  # the container: a run that completes once the monitor has sampled it
+        run_dir, deadline = tmp_path / "runs" / "picked", time.time() + 10
+        sampled = run_dir / runfolder.MONITOR_SAMPLES
+        while time.time() < deadline and not (sampled.is_file() and sampled.read_text().strip()):
+            time.sleep(0.05)
+        manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 2, None, {}, {}))
+        return 0
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(FIXTURES / "hosts" / "h100x8_580.json"))
+    monkeypatch.setenv("DOCKYARD_MEMLOCK", str(1 << 30))  # not this host's dockerd limits
+    monkeypatch.setattr(engine, "which", lambda name: f"/usr/bin/{name}")  # the NVIDIA runtime's hook
+    install(monkeypatch, 8, util=[95, 0, 95, 0, 0, 0, 0, 0])
+    fake = FakeEngine(container=trainer)
+    s = fake.install(monkeypatch, settings).model_copy(update={"runs_dir": tmp_path / "runs"})
+    host = gpus.read_host()
+    tag = launch_run.variants.tag(s, launch_run.variants.resolve(s, "auto", host)[0])
+    fake.images.add("sha256:" + "c" * 64)
+    fake.tags[tag] = "sha256:" + "c" * 64
+    launch_run.run(s, launch_run.RunRequest(recipe="ddp", run_id="picked", gpus="0,2"))
+
+    run_dir = tmp_path / "runs" / "picked"
+    rows = [json.loads(line) for line in (run_dir / runfolder.MONITOR_SAMPLES).read_text().splitlines()]
+    assert rows and all([d["device"] for d in r["devices"]] == [0, 2] for r in rows)
+    verdict = json.loads((run_dir / runfolder.MONITOR_VERDICT).read_text())
+    assert verdict["devices"] == 2 and set(verdict["mean_util"]) == {"0", "2"} and "GPU 1" not in verdict["message"]

@@ -154,3 +154,13 @@ def test_without_gpus_the_monitor_samples_the_ranks_and_leaves_nvml_closed(tmp_p
         assert isinstance(source, monitor.Processes) and source.kind == "cpu"
     assert (fake.opened, fake.closed) == ((1, 1) if driver else (0, 0))  # NVML shut down as often as opened
 
+
+def test_a_run_on_cpu_of_a_host_with_gpus_samples_its_ranks_not_the_gpus(tmp_path, monkeypatch):
+    """`invoke run --cpu` (or the cpu variant) on a GPU host: its GPUs idle the whole run, and say nothing of it."""
+    from tests.support.nvml import install
+
+    install(monkeypatch, 2)
+    with monitor.default_source(tmp_path, devices=[]) as source:
+        assert isinstance(source, monitor.Processes)
+    with monitor.default_source(tmp_path, devices=[1]) as source:
+        assert source.kind == "gpu" and [r.device for r in source.sample()] == [1]
