@@ -95,12 +95,13 @@ class Link:
 class Reading:
     """One device at one moment: percent busy, memory used, and the processes using it.
 
-    For GPUs `util` is NVML's SM utilisation; the monitor uses the same shape for CPU ranks (CPU % of the
-    rank process, RSS), so the verdict and the plots work on both.
+    For GPUs `util` is NVML's SM utilisation, None where NVML cannot read it (a MIG device): unknown, not idle. The
+    monitor uses the same shape for CPU ranks (CPU % of the rank process, RSS), so the verdict and the plots work on
+    both.
     """
 
     device: int
-    util: float
+    util: float | None
     mem: int
     mem_total: int = 0
     pids: tuple[int, ...] = ()
@@ -229,7 +230,7 @@ class Nvml:
             mem = _read(nv, nv.nvmlDeviceGetMemoryInfo, h)
             util = _read(nv, nv.nvmlDeviceGetUtilizationRates, h)
             procs = _read(nv, nv.nvmlDeviceGetComputeRunningProcesses, h, default=[])
-            out.append(Reading(i, float(util.gpu) if util is not None else 0.0,
+            out.append(Reading(i, float(util.gpu) if util is not None else None,
                                int(mem.used) if mem is not None else 0, int(mem.total) if mem is not None else 0,
                                tuple(sorted(p.pid for p in procs))))
         return out

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import io
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -144,17 +145,25 @@ def verdict(samples: list[dict], kind: str) -> dict:
         for d in s["devices"]:
             per_dev[d["device"]].append(d)
     devices = sorted(per_dev)
-    mean_util = {d: sum(r["util"] for r in rs) / len(rs) for d, rs in per_dev.items()}
+    # utilisation None: NVML cannot read it (a MIG device), which is neither busy nor idle
+    known = {d: [r["util"] for r in rs if r["util"] is not None] for d, rs in per_dev.items()}
+    mean_util = {d: sum(u) / len(u) if u else None for d, u in known.items()}
+    unknown = [d for d in devices if mean_util[d] is None]
     peak_mem = {d: max(r["mem"] for r in rs) for d, rs in per_dev.items()}
     busy_at = BUSY if kind == "gpu" else CPU_BUSY
-    active = [s for s in samples if any(d["util"] >= busy_at for d in s["devices"])]
-    idle_in = collections.Counter(d["device"] for s in active for d in s["devices"] if d["util"] < IDLE)
-    lopsided = sum(1 for s in active if any(d["util"] < IDLE for d in s["devices"]))
+
+    def idle_now(d: dict) -> bool:
+        return d["util"] is not None and d["util"] < IDLE
+
+    active = [s for s in samples if any(d["util"] is not None and d["util"] >= busy_at for d in s["devices"])]
+    idle_in = collections.Counter(d["device"] for s in active for d in s["devices"] if idle_now(d))
+    lopsided = sum(1 for s in active if any(idle_now(d) for d in s["devices"]))
     idle = [d for d in devices if active and idle_in[d] >= MOSTLY * len(active)]
     unbalanced = len(devices) > 1 and len(active) >= MIN_ACTIVE and lopsided >= MOSTLY * len(active) and bool(idle)
-    all_idle = kind == "gpu" and len(samples) >= LIVE_WINDOW and not active
+    all_idle = kind == "gpu" and len(samples) >= LIVE_WINDOW and not active and not unknown
     seconds = samples[-1]["t"] - samples[0]["t"] if samples else 0.0
-    means = ", ".join(f"{_label(kind, d)} {mean_util[d]:.0f}%" for d in devices)
+    means = ", ".join(f"{_label(kind, d)} " + (f"{mean_util[d]:.0f}%" if d not in unknown else "unknown")
+                      for d in devices)
     if unbalanced:
         busy = [d for d in devices if d not in idle]
         message = (f"unbalanced: {', '.join(_label(kind, d) for d in idle)} mostly idle while "
@@ -167,11 +176,17 @@ def verdict(samples: list[dict], kind: str) -> dict:
         causes = []
     elif not samples:
         message, causes = "no samples: no training process was seen", []
+    elif unknown:
+        used = ", ".join(f"{peak_mem[d] / 2**30:.1f} GiB on {_label(kind, d)}" for d in unknown)
+        message = (f"utilisation unknown for {', '.join(_label(kind, d) for d in unknown)} (NVML cannot read it on a "
+                   f"MIG device); memory in use peaked at {used}"
+                   + (f" (mean utilisation: {means})" if len(unknown) < len(devices) else ""))
+        causes = []
     else:
         message, causes = f"balanced: {means}", []
     return {"kind": kind, "devices": len(devices), "samples": len(samples), "seconds": round(seconds, 1),
             "unbalanced": unbalanced, "idle_devices": idle, "idle_whole_run": all_idle,
-            "mean_util": {str(d): round(u, 1) for d, u in mean_util.items()},
+            "mean_util": {str(d): None if u is None else round(u, 1) for d, u in mean_util.items()},
             "peak_mem_bytes": {str(d): m for d, m in peak_mem.items()}, "message": message, "causes": causes}
 
 
@@ -213,7 +228,8 @@ def plot_usage(samples: list[dict], kind: str, title: str = "") -> bytes:
     for dev in devices:
         points = [(s["t"], d) for s in samples for d in s["devices"] if d["device"] == dev]
         t = [p[0] for p in points]
-        util_ax.plot(t, [p[1]["util"] for p in points], label=_label(kind, dev))
+        util = [math.nan if p[1]["util"] is None else p[1]["util"] for p in points]  # unknown (MIG): no line
+        util_ax.plot(t, util, label=_label(kind, dev) + (" (utilisation unknown)" if all(map(math.isnan, util)) else ""))
         mem_ax.plot(t, [p[1]["mem"] / 2**30 for p in points], label=_label(kind, dev))
     util_ax.set_ylabel("GPU utilisation (%)" if kind == "gpu" else "CPU (% of one core)")
     mem_ax.set_ylabel("GPU memory used (GiB)" if kind == "gpu" else "RSS (GiB)")

@@ -30,7 +30,15 @@ def test_host_has_capability_and_mig_and_mig_sampling_goes_on():
     g = src.host().gpus[0]
     assert (g.capability, g.mig) == ("7.5", True)
     r = src.sample()[0]
-    assert r.util == 0.0 and r.mem == 2**30  # utilisation not supported on MIG; memory still read
+    assert r.util is None and r.mem == 2**30  # utilisation not supported on MIG (unknown, not 0 %); memory still read
+
+
+def test_a_recorded_mig_host_replays_its_utilisation_as_unknown_and_older_recordings_still_read():
+    path = gpus.Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts" / "a100_mig_570.json"
+    assert gpus.Recorded.from_file(path).sample()[0].util is None
+    data = json.loads(path.read_text())
+    data["samples"][0]["devices"][0]["util"] = 0.0  # as the monitor recorded a MIG device before
+    assert gpus.Recorded(gpus.Recording.model_validate_json(json.dumps(data))).sample()[0].util == 0.0
 
 
 @pytest.mark.parametrize("name", ["t4x2_535", "h100x8_580", "a100_mig_570", "l40sx2_550"])

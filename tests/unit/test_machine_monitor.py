@@ -57,6 +57,24 @@ def test_verdict_nothing_on_the_idle_gpu():
     assert v["unbalanced"] and any("nothing runs on GPU 1" in c for c in v["causes"])
 
 
+def test_a_gpu_whose_utilisation_nvml_cannot_read_is_unknown_not_idle(tmp_path):
+    """A MIG GPU: its utilisation was stored as 0 %, and the verdict said "the GPUs stayed idle for the whole run (GPU 0
+    0%): the training did not run on them" while 30 GiB were in use. Its memory and processes still show the use."""
+    mig = [{"t": float(t), "devices": [{"device": 0, "util": None, "mem": 30 * 2**30, "mem_total": 40 * 2**30,
+                                        "pids": [77]}]} for t in range(40)]
+    v = monitor.verdict(mig, "gpu")
+    assert not v["idle_whole_run"] and not v["unbalanced"] and "did not run on them" not in v["message"]
+    assert v["message"] == ("utilisation unknown for GPU 0 (NVML cannot read it on a MIG device); memory in use peaked "
+                            "at 30.0 GiB on GPU 0")
+    assert v["mean_util"] == {"0": None}
+    beside = [{"t": s["t"], "devices": [{"device": 0, "util": 90.0, "mem": 2**30, "pids": [7]},
+                                        {**s["devices"][0], "device": 1}]} for s in mig]
+    v = monitor.verdict(beside, "gpu")  # beside a busy GPU it is not an idle one
+    assert not v["unbalanced"] and v["idle_devices"] == [] and "GPU 0 90%, GPU 1 unknown" in v["message"]
+    (tmp_path / "gpu.png").write_bytes(monitor.plot_usage(beside, "gpu"))
+    assert _is_png(tmp_path / "gpu.png")
+
+
 def _two(util0: float, util1: list[float]) -> list[dict]:
     return [{"t": float(t), "devices": [{"device": 0, "util": util0, "mem": 2**30}, {"device": 1, "util": u, "mem": 2**30}]}
             for t, u in enumerate(util1)]
