@@ -398,8 +398,10 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
           + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
           + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else ""))
     if met and met.loss_first is not None and met.loss_last is not None:  # a run that failed early logged no loss
-        print(f"  steps {met.steps} · loss {met.loss_first:.4f} → {met.loss_last:.4f} · "
-              f"{met.tokens_per_second or 0:.0f} tokens/s (steady state)"
+        # a failed run measured no throughput (null): no rate rather than 0 tokens/s
+        print(f"  steps {met.steps} · loss {met.loss_first:.4f} → {met.loss_last:.4f}"
+              + (f" · {met.tokens_per_second:.0f} tokens/s (steady state)" if met.tokens_per_second is not None
+                 else " · no throughput measured")
               + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · "
               f"peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
     print(f"  {run_dir}")

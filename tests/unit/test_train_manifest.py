@@ -43,3 +43,18 @@ def test_a_run_that_failed_mid_way_reports_its_last_step(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 10, "loss": 5.0}\n')
     m = manifest.build(tmp_path, load_recipe("ddp"), "failed", 2, None, {}, {})
     assert (m["metrics"]["steps"], m["metrics"]["loss_first"], m["metrics"]["loss_last"]) == (10, 6.5, 5.0)
+
+
+def test_the_summary_of_a_run_that_failed_mid_way_gives_no_rate_it_did_not_measure(tmp_path, capsys):
+    """Its manifest has tokens_per_second null: `invoke run` printed "0 tokens/s (steady state)"."""
+    import pytest
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.launch import run as launch_run
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 10, "loss": 5.0}\n')
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "failed", 2, None, {}, {"error": "boom"}))
+    with pytest.raises(DockyardError, match="failed: boom"):
+        launch_run.summarise(tmp_path)
+    said = capsys.readouterr().out
+    assert "steps 10 · loss 6.5000 → 5.0000 · no throughput measured ·" in said and "tokens/s" not in said, said
