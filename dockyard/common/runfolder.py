@@ -216,6 +216,7 @@ class MetricsRecord(_Loose):
     steps: int | None = None
     loss_first: float | None = None
     loss_last: float | None = None
+    loss_non_finite_at_step: int | None = None  # the run diverged there
     tokens_per_second: float | None = None
     mfu: float | None = None
     peak_memory_bytes: int | None = None

@@ -397,13 +397,18 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
           + (f" · {eff.engine}" if eff.engine else "")
           + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
           + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else ""))
-    if met and met.loss_first is not None and met.loss_last is not None:  # a run that failed early logged no loss
-        # a failed run measured no throughput (null): no rate rather than 0 tokens/s
-        print(f"  steps {met.steps} · loss {met.loss_first:.4f} → {met.loss_last:.4f}"
+    diverged = met.loss_non_finite_at_step if met else None
+    if met and met.loss_first is not None and (met.loss_last is not None or diverged is not None):
+        # a run that failed early logged no loss; a failed run measured no throughput (null): no rate, not 0 tokens/s
+        print(f"  steps {met.steps} · loss {met.loss_first:.4f} → "
+              + (f"{met.loss_last:.4f}" if met.loss_last is not None else "not finite")
               + (f" · {met.tokens_per_second:.0f} tokens/s (steady state)" if met.tokens_per_second is not None
                  else " · no throughput measured")
               + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · "
               f"peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
+    if diverged is not None:
+        print(f"  warning: the loss became non-finite at step {diverged}: the run diverged (the model it saved is not "
+              "usable); lower --learning_rate (and keep --max_grad_norm above 0)")
     print(f"  {run_dir}")
     if m.status != "completed":
         raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")

@@ -3,7 +3,6 @@ each logging window, and checkpoints published once every rank has written its p
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -70,7 +69,8 @@ class MetricsLog(TrainerCallback):
     window's throughput: `tokens` (real, non-padding tokens of every rank), `seconds` (its wall time, less any
     time spent saving or evaluating), `step_seconds`, `tokens_per_second` and, on GPUs whose dense peak is known,
     `mfu`. The last step always closes a window (a log), whatever logging_steps says. The steady state the
-    manifest reports is the sum of the windows after warm-up (steady_state()).
+    manifest reports is the sum of the windows after warm-up (steady_state()). A number that is not finite (a
+    diverged run's loss) is written null, and the first such loss is warned of in train.log.
 
     `tokens` is this process's TokenCount; `flops` the FLOPs per token and `peak` one GPU's peak
     (dockyard.train.mfu)."""
@@ -80,6 +80,7 @@ class MetricsLog(TrainerCallback):
         self.path, self.is_main, self.started, self.tokens = path, is_main, started, tokens
         self.flops, self.peak = flops, peak
         self.seconds_to_first_step: float | None = None
+        self.diverged_at: int | None = None  # the first step whose loss was not finite (said once, in train.log)
         self.seconds_saving = self.seconds_evaluating = 0.0
         self.windows: list[dict[str, Any]] = []
         self.world, self.device, self.first_step = 1, None, 0
@@ -108,8 +109,13 @@ class MetricsLog(TrainerCallback):
         logs = dict(logs or {})
         if "loss" in logs:  # a training window closes (every rank logs it: the token sum is a collective)
             logs.update(self._close_window(state.global_step))
+            if self.is_main and self.diverged_at is None and manifest.finite(logs["loss"]) is None:
+                self.diverged_at = state.global_step
+                log.warning("the loss became non-finite (%s) at step %d: the run diverged (the model it saves is not "
+                            "usable); lower --learning_rate (and keep --max_grad_norm above 0)", logs["loss"],
+                            state.global_step)
         if self.is_main and ("loss" in logs or "eval_loss" in logs):
-            line = json.dumps({"step": state.global_step, **logs, "time": round(time.time(), 3)})
+            line = manifest.json_text({"step": state.global_step, **logs, "time": round(time.time(), 3)})
             with runfolder.append(self.path.parent, self.path.name) as f:  # never through a planted link
                 f.write(line + "\n")
             log.info("%s", line)

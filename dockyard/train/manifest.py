@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import resource
 from pathlib import Path
@@ -39,12 +40,30 @@ def logged(run_dir: Path, name: str = runfolder.METRICS) -> list[dict[str, Any]]
     return rows
 
 
+def json_text(value: Any, **kw: Any) -> str:
+    """JSON that strict parsers read: a non-finite number (a diverged run's NaN loss, its logits) is null, never NaN."""
+    return json.dumps(finite(value), allow_nan=False, **kw)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinity in it, in dicts and lists too, as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: dict | None,
           metrics: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     lines = logged(run_dir)
     seen = [row for row in lines if "loss" in row]
     evals = [row for row in lines if "eval_loss" in row]
+    # a loss logged as null (or NaN, by an older trainer) was not finite: the run diverged there
+    diverged = next((row["step"] for row in seen if finite(row["loss"]) is None), None)
     return {
         "run_id": run_dir.resolve().name,
         "recipe": recipe.name if recipe else "",
@@ -61,6 +80,7 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
         "metrics": {"steps": metrics.get("steps", seen[-1]["step"] if seen else 0),
                     "loss_first": seen[0]["loss"] if seen else None,
                     "loss_last": seen[-1]["loss"] if seen else None,
+                    "loss_non_finite_at_step": diverged,
                     **({"eval_loss_last": evals[-1]["eval_loss"]} if evals else {}),
                     "tokens_per_second": metrics.get("tokens_per_second"),
                     "mfu": metrics.get("mfu"),
@@ -95,7 +115,7 @@ def recipe_files(recipe: Any, defaults: Path) -> dict[str, str]:
 
 
 def write(run_dir: Path, manifest: dict[str, Any], name: str = runfolder.MANIFEST) -> None:
-    runfolder.write(run_dir, name, json.dumps(manifest, indent=2) + "\n")  # never half-written, never via a link
+    runfolder.write(run_dir, name, json_text(manifest, indent=2) + "\n")  # never half-written, never via a link
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
@@ -158,5 +178,5 @@ def trim_metrics(run_dir: Path, step: int, name: str = runfolder.METRICS) -> Non
     """Drop the lines logged after the checkpoint a run starts from (step 0: from the start): those steps run
     again."""
     if runfolder.read(run_dir, name) is not None:
-        runfolder.write(run_dir, name, "".join(json.dumps(row) + "\n" for row in logged(run_dir, name)
+        runfolder.write(run_dir, name, "".join(json_text(row) + "\n" for row in logged(run_dir, name)
                                                if row["step"] <= step))

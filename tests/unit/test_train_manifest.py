@@ -25,7 +25,8 @@ def test_manifest_has_the_contract_keys_and_reads_losses_from_the_metrics(tmp_pa
     assert m["strategy"]["requested"] == "zero3-offload" and m["strategy"]["peft"] is None
     assert set(m["strategy"]["in_effect"]) == {"engine", "zero_stage", "offload_optimizer", "offload_param",
                                                "fsdp_version"}
-    assert m["metrics"] == {"steps": 5, "loss_first": 6.5, "loss_last": 4.25, "tokens_per_second": 10.0, "mfu": None,
+    assert m["metrics"] == {"steps": 5, "loss_first": 6.5, "loss_last": 4.25, "loss_non_finite_at_step": None,
+                            "tokens_per_second": 10.0, "mfu": None,
                             "seconds_to_first_step": None, "seconds_saving": None, "seconds_evaluating": None,
                             "peak_memory_bytes": 7}
 
