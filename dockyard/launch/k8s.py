@@ -94,8 +94,9 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
         raise DockyardError(f"--recipe {recipe!r} is the folder {loaded.folder} on this host: on Kubernetes the pods "
                             "run the image's recipes; give a recipe name (`invoke recipes`), or build the image with "
                             "your recipe folder in recipes/")
-    preflight.check_overrides(loaded, overrides or [])  # what the trainer would refuse on every node
     node.check_nodes(nodes, gpus_per_node)
+    # what the trainer would refuse on every node, the batch split over all their processes included
+    preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
     node.check_restarts(max_restarts)
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run to continue (the --run-id its manifests were written "

@@ -40,9 +40,10 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     scriptwords.argv_words(overrides, "trainer overrides")
     # a path the shell left as typed (`--archive='~/x.tar.zst'`) is the user's home's, as the checks below read it
     archive, image_file = os.path.expanduser(archive), os.path.expanduser(image_file)
-    preflight.check_overrides(load_recipe(recipe), overrides or [])  # what the trainer would refuse on every node
-    _check_runtime(runtime, image_file, archive, gpus_per_node)
     node.check_nodes(nodes, gpus_per_node)
+    # what the trainer would refuse on every node; the batch split too where the process count is known here
+    preflight.check_overrides(load_recipe(recipe), overrides or [], nodes * gpus_per_node)
+    _check_runtime(runtime, image_file, archive, gpus_per_node)
     chosen = node.cluster_variant(settings, variant, gpus_per_node)
     image = variants.tag(settings, chosen)
     runs = settings.path(settings.runs_dir)

@@ -212,3 +212,11 @@ def test_invoke_k8s_writes_both_files_and_refuses_bad_values_cleanly(tmp_path):
     bad = invoke("k8s", "--run-id=Bad_Id", f"--out={tmp_path / 'bad'}")
     assert bad.returncode != 0 and bad.stderr.startswith("error: --run-id") and "Traceback" not in bad.stderr
     assert not (tmp_path / "bad").exists(), "nothing written"
+
+
+def test_a_global_batch_that_does_not_split_over_the_pods_processes_is_refused_before_any_file(settings):
+    """2 pods × 4 GPUs are 8 processes: a global batch of 12 does not split over them (the trainer would refuse it
+    in every pod, after the job was scheduled)."""
+    with pytest.raises(DockyardError, match="global_batch 12"):
+        k8s.spec(settings, recipe="ddp", nodes=2, gpus_per_node=4, overrides=["--global_batch", "12"])
+    assert k8s.spec(settings, recipe="ddp", nodes=2, gpus_per_node=4, overrides=["--global_batch", "16"]).nproc == 4

@@ -160,3 +160,12 @@ def test_a_path_given_with_a_tilde_is_the_home_folders_in_the_check_and_in_the_s
     assert path == home / "jobs" / "x.sbatch" and path.is_file() and not (cwd / "~").exists()
     text = path.read_text()
     assert {"archive": f"--file={home / name}", "image_file": f"{home / name}"}[flag] in text and "~" not in text
+
+
+def test_a_global_batch_that_does_not_split_over_the_jobs_processes_is_refused_before_the_script(settings):
+    """2 nodes × 4 GPUs are 8 processes: a global batch of 12 does not split over them (every node's trainer would
+    refuse it after the job waited in the queue)."""
+    with pytest.raises(DockyardError, match="global_batch 12"):
+        slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=4, overrides=["--global_batch", "12"])
+    assert "--global_batch" in slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=4,
+                                            overrides=["--global_batch", "16"])
