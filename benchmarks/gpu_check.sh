@@ -58,7 +58,7 @@ tests)
 		prev=$a
 		case "$a" in
 		-*) ;;
-		tests/gpu/*) paths=1 ;;
+		tests/gpu | tests/gpu/* | ./tests/gpu | ./tests/gpu/*) paths=1 ;;
 		*/* | *.py | *.py::*) echo "error: $a is not under tests/gpu/: this runs the GPU tests only" >&2; exit 2 ;;
 		esac
 	done

@@ -308,7 +308,15 @@ def select(host: Host, spec: str = "") -> Host:
         return host
     chosen = []
     for token in (t.strip() for t in spec.split(",") if t.strip()):
+        if token.startswith("MIG-"):
+            raise DockyardError(f"{token} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is a MIG device: runs take whole "
+                                "GPUs; name the GPU, or turn MIG off (`invoke doctor` says how)")
         found = [g for g in host.gpus if (token.isdigit() and g.index == int(token)) or g.uuid == token]
+        # or the start of one GPU's UUID, as CUDA takes it (GPU-5d5b)
+        found = found or [g for g in host.gpus if len(token) > 4 and token.startswith("GPU-") and g.uuid.startswith(token)]
+        if len(found) > 1:
+            raise DockyardError(f"{token} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) starts the UUID of several GPUs: "
+                                "give more of it")
         if not found:
             raise DockyardError(f"GPU {token!r} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is not on this host: "
                                 f"it has {', '.join(str(g.index) for g in host.gpus)}")

@@ -139,6 +139,8 @@ POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podI
 
 def _env(s: Spec) -> list[dict]:
     env = {**node.container_env(), envvars.IMAGE_REF: s.image}
+    if not s.gpus:
+        env["DS_ACCELERATOR"] = "cpu"  # CPU pods, whatever the image: a CUDA image's trainer would look for a GPU
     return [*({"name": k, "value": v} for k, v in env.items()), POD_IP]
 
 

@@ -154,7 +154,7 @@ def _traces(run_dir: Path, node_rank: int) -> tuple:
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: bool = False) -> None:
     """`cpu`: no GPU even in a CUDA image, as `invoke run --cpu` (a build host without GPUs works in a CUDA image's
     stack, then commits it)."""
-    host = read_host()
+    host = select(read_host())  # CUDA_VISIBLE_DEVICES, as for `invoke run`
     chosen, why = variants.resolve(settings, variant, host)
     print(why, file=sys.stderr)
     image = variants.tag(settings, chosen)

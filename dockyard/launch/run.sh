@@ -31,33 +31,113 @@ mountable() {  # what path
 }
 # load.sh's engine(), copied in when run.sh is written:
 @ENGINE@
-# With no --image: the dockyard image of the archive sets beside this script (their manifests name them, as load.sh
-# reads them) that is loaded here; the image it was written for where no manifest is beside it.
+smi() {  # SMI=what `nvidia-smi ARGS` says, or the run stops with its first line
+	SMI=$(nvidia-smi "$@" 2>&1) && return
+	rc=$?
+	said=$(printf '%s\n' "$SMI" | grep -v '^[[:space:]]*$' | head -n 1)
+	case $said in *"No devices were found"*)
+		die "nvidia-smi finds no GPU on this node ($said): --cpu to train on CPU, or run where the GPUs are" ;;
+	esac
+	die "nvidia-smi fails here (${said:-exit $rc}): the NVIDIA driver is installed but does not work; after a driver upgrade, reboot (or --cpu to train on CPU)"
+}
+# Whether this node's driver runs CUDA $1, as invoke run decides (dockyard/images/variants.py driver_runs): a CUDA X.y
+# build runs on any driver of CUDA X or newer (minor-version compatibility); where nvidia-smi gives no CUDA version, by
+# the driver's version (the least for CUDA X). Exit 0: yes, 1: no, 2: cannot tell.
+runs() {
+	case $1 in '' | .* | *[!0-9.]*) return 2 ;; esac
+	if [ -n "$HOST_CUDA" ]; then [ "${1%%.*}" -le "${HOST_CUDA%%.*}" ]; return; fi
+	least=$(least_driver "$1")
+	[ -n "$least" ] && [ -n "$DRIVER" ] || return 2
+	awk -v a="$DRIVER" -v b="$least" 'BEGIN { n = split(a, x, "."); m = split(b, y, "."); if (m > n) n = m
+		for (i = 1; i <= n; i++) if (x[i] + 0 != y[i] + 0) exit (x[i] + 0 < y[i] + 0); exit 0 }'
+}
+least_driver() { for pair in @MIN_DRIVER@; do [ "${pair%%=*}" != "${1%%.*}" ] || echo "${pair#*=}"; done; }
+# The image's CUDA (its dockyard.cuda label) against the driver's, from nvidia-smi's header ("Driver Version: 535.183.01
+# CUDA Version: 12.2"): inside, torch would find no usable GPU. Names the image to load instead, newest first.
+driver_facts() {  # DRIVER and HOST_CUDA from nvidia-smi's header ($SMI)
+	DRIVER=$(printf '%s\n' "$SMI" | sed -n 's/.*Driver Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+	HOST_CUDA=$(printf '%s\n' "$SMI" | sed -n 's/.*CUDA Version: *\([0-9]\{1,3\}\.[0-9]\{1,3\}\).*/\1/p' | head -n 1)
+}
+cuda_of() { docker image inspect --format '{{index .Config.Labels "dockyard.cuda"}}' "$1" 2>/dev/null; }
+check_driver() {
+	driver_facts
+	IMAGE_CUDA=$(cuda_of "$IMAGE")
+	runs "$IMAGE_CUDA"
+	[ $? -eq 1 ] || return 0
+	instead=
+	for pair in @CUDA_VARIANTS@; do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
+	least=$(least_driver "$IMAGE_CUDA")
+	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
+}
+# CUDA_VISIBLE_DEVICES as invoke run reads it (dockyard/gpus.py select): GPU indices or UUIDs (or a UUID's unique start,
+# GPU-5d5b), comma-separated, each a GPU of nvidia-smi -L's list ($SMI); docker gets their indices (--gpus
+# '"device=0,2"'), torchrun one process each. A MIG device is refused: runs take whole GPUs.
+visible() {
+	cvd=${CUDA_VISIBLE_DEVICES-}
+	fix="nvidia-smi -L lists them; unset CUDA_VISIBLE_DEVICES for every GPU, or --cpu for none"
+	case $cvd in *[!A-Za-z0-9,\ -]*) die "CUDA_VISIBLE_DEVICES holds what is no GPU index or UUID: give them comma-separated ($fix)" ;; esac
+	[ -n "$(printf '%s' "$cvd" | tr -d ' ')" ] || return 0
+	have=$(printf '%s\n' "$SMI" | sed -n 's/^GPU \([0-9]*\):.*/\1/p' | awk '{ printf "%s%s", sep, $0; sep = ", " }')
+	chosen= COUNT=0
+	for token in $(printf '%s' "$cvd" | tr ',' ' '); do
+		case $token in MIG-*) die "CUDA_VISIBLE_DEVICES=$cvd names a MIG device ($token): runs take whole GPUs; name the GPU, or turn MIG off (nvidia-smi -mig 0)" ;; esac
+		index=$(printf '%s\n' "$SMI" | awk -v t="$token" '/^GPU [0-9]+:/ { i = substr($2, 1, length($2) - 1); u = $NF
+			sub(/\)$/, "", u); if ((t ~ /^[0-9]+$/ && t + 0 == i + 0) || t == u || (t ~ /^GPU-./ && index(u, t) == 1)) {
+			hit = i; n++ } } END { if (n > 1) print "several"; else if (n) print hit }')
+		[ "$index" != several ] || die "$token (from CUDA_VISIBLE_DEVICES=$cvd) starts the UUID of several GPUs: give more of it ($fix)"
+		[ -n "$index" ] || die "GPU $token (from CUDA_VISIBLE_DEVICES=$cvd) is not on this node: it has ${have:-none} ($fix)"
+		case ",$chosen," in *",$index,"*) ;; *) chosen=$chosen${chosen:+,}$index COUNT=$((COUNT + 1)) ;; esac
+	done
+	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES=$cvd names no GPU ($fix)"
+	GPUS="\"device=$chosen\""
+}
+# With no --image: the dockyard image of the archive sets beside this script (their manifests name them and their ids,
+# as load.sh reads them) that is loaded here as that set holds it; of several, those this node's driver runs, then the
+# image the script was written for; that image where no dockyard set is beside it.
+DEFAULT=@IMAGE_DEFAULT_Q@
 image_of_the_set() {
 	case $0 in */*) here "${0%/*}/" ;; *) HERE=./ ;; esac
-	found= archives=
+	found= archives= other=
 	for m in "$HERE"*.manifest.json; do
+		grep -q '"dockyard.variant"' "$m" 2>/dev/null || continue  # a set of other images (invoke save takes any)
 		images=$(sed -n 's/^    "check_images": "\(.*\)",\{0,1\}$/\1/p' "$m" 2>/dev/null)
 		[ -n "$images" ] || continue
 		name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$m")
-		archives="$archives${archives:+ }${name:-${m##*/}}"
+		archives="$archives${archives:+, }${name:-${m##*/}}"
 		for pair in $images; do
-			ref=${pair%%=*}
+			ref=${pair%%=*} id=${pair#*=}
 			case "$ref" in '' | -* | *[!A-Za-z0-9._/:@-]*) continue ;; esac
 			case " $found " in *" $ref "*) continue ;; esac
-			[ -n "$(docker image inspect --format '{{index .Config.Labels "dockyard.variant"}}' "$ref" 2>/dev/null)" ] \
-				&& found="$found${found:+ }$ref"
+			got=$(docker image inspect --format '{{.Id}} {{index .Config.Labels "dockyard.variant"}}' "$ref" 2>/dev/null) \
+				|| continue
+			[ -n "${got#* }" ] || continue  # not a dockyard image
+			if [ "${got%% *}" = "$id" ]; then found="$found${found:+ }$ref"; else other="$other${other:+ }$ref"; fi
 		done
 	done
-	[ -n "$archives" ] || { IMAGE=@IMAGE_DEFAULT_Q@; return; }
-	case "$found" in
-	'') case "$archives" in
-		*' '*) die "no image of the archives here ($(printf '%s' "$archives" | sed 's/ /, /g')) is loaded: load one first, sh load.sh NAME" ;;
+	[ -n "$archives" ] || { IMAGE=$DEFAULT; return; }
+	[ -n "$found" ] || [ -z "$other" ] \
+		|| die "$other here is another build than the one in the archives here ($archives): load theirs, sh load.sh NAME (or --image=REF)"
+	if [ -z "$found" ]; then
+		case "$archives" in
+		*', '*) die "no image of the archives here ($archives) is loaded: load one first, sh load.sh NAME" ;;
 		*) die "the image of $archives is not loaded here: load it first, sh load.sh $archives" ;;
-		esac ;;
-	*' '*) die "several images of the archives here are loaded ($(printf '%s' "$found" | sed 's/ /, /g')): pick one, --image=REF" ;;
-	esac
+		esac
+	fi
+	case "$found" in *' '*) found=$(runnable $found) ;; esac
+	case "$found" in *' '*) case " $found " in *" $DEFAULT "*) found=$DEFAULT ;; esac ;; esac
+	case "$found" in *' '*) die "several images of the archives here are loaded ($(printf '%s' "$found" | sed 's/ /, /g')): pick one, --image=REF" ;; esac
 	IMAGE=$found
+}
+# Of the images $@, those this node's driver runs; all of them with --cpu, without a working driver or where none runs.
+runnable() {
+	{ [ -z "$CPU" ] && command -v nvidia-smi >/dev/null 2>&1 && SMI=$(nvidia-smi 2>&1); } || { echo "$*"; return; }
+	driver_facts
+	kept=
+	for ref do
+		runs "$(cuda_of "$ref")"
+		[ $? -eq 1 ] || kept="$kept${kept:+ }$ref"
+	done
+	echo "${kept:-$*}"
 }
 
 RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN=
@@ -94,55 +174,6 @@ case "$MEMLOCK" in unlimited | '' | *[!0-9]*) MEMLOCK=-1 ;; *) MEMLOCK=$((MEMLOC
 
 # A CUDA image trains on the node's GPUs unless --cpu. A node without an NVIDIA driver (no nvidia-smi) trains on CPU;
 # a driver that is there but fails (one upgraded without a reboot) stops the run: torch would find no GPU either.
-smi() {  # SMI=what `nvidia-smi ARGS` says, or the run stops with its first line
-	SMI=$(nvidia-smi "$@" 2>&1) && return
-	rc=$?
-	said=$(printf '%s\n' "$SMI" | grep -v '^[[:space:]]*$' | head -n 1)
-	die "nvidia-smi fails here (${said:-exit $rc}): the NVIDIA driver is installed but does not work; after a driver upgrade, reboot (or --cpu to train on CPU)"
-}
-# Whether this node's driver runs CUDA $1, as invoke run decides (dockyard/images/variants.py driver_runs): a CUDA X.y
-# build runs on any driver of CUDA X or newer (minor-version compatibility); where nvidia-smi gives no CUDA version, by
-# the driver's version (the least for CUDA X). Exit 0: yes, 1: no, 2: cannot tell.
-runs() {
-	case $1 in '' | .* | *[!0-9.]*) return 2 ;; esac
-	if [ -n "$HOST_CUDA" ]; then [ "${1%%.*}" -le "${HOST_CUDA%%.*}" ]; return; fi
-	least=$(least_driver "$1")
-	[ -n "$least" ] && [ -n "$DRIVER" ] || return 2
-	awk -v a="$DRIVER" -v b="$least" 'BEGIN { n = split(a, x, "."); m = split(b, y, "."); if (m > n) n = m
-		for (i = 1; i <= n; i++) if (x[i] + 0 != y[i] + 0) exit (x[i] + 0 < y[i] + 0); exit 0 }'
-}
-least_driver() { for pair in @MIN_DRIVER@; do [ "${pair%%=*}" != "${1%%.*}" ] || echo "${pair#*=}"; done; }
-# The image's CUDA (its dockyard.cuda label) against the driver's, from nvidia-smi's header ("Driver Version: 535.183.01
-# CUDA Version: 12.2"): inside, torch would find no usable GPU. Names the image to load instead, newest first.
-check_driver() {
-	DRIVER=$(printf '%s\n' "$SMI" | sed -n 's/.*Driver Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
-	HOST_CUDA=$(printf '%s\n' "$SMI" | sed -n 's/.*CUDA Version: *\([0-9]\{1,3\}\.[0-9]\{1,3\}\).*/\1/p' | head -n 1)
-	IMAGE_CUDA=$(docker image inspect --format '{{index .Config.Labels "dockyard.cuda"}}' "$IMAGE" 2>/dev/null)
-	runs "$IMAGE_CUDA"
-	[ $? -eq 1 ] || return 0
-	instead=
-	for pair in @CUDA_VARIANTS@; do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
-	least=$(least_driver "$IMAGE_CUDA")
-	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
-}
-# CUDA_VISIBLE_DEVICES as invoke run reads it (dockyard/gpus.py select): GPU indices or UUIDs, comma-separated, each
-# a GPU of nvidia-smi -L's list ($SMI); docker gets their indices (--gpus '"device=0,2"'), torchrun one process each.
-visible() {
-	cvd=${CUDA_VISIBLE_DEVICES-}
-	fix="nvidia-smi -L lists them; unset CUDA_VISIBLE_DEVICES for every GPU, or --cpu for none"
-	case $cvd in *[!A-Za-z0-9,\ -]*) die "CUDA_VISIBLE_DEVICES holds what is no GPU index or UUID: give them comma-separated ($fix)" ;; esac
-	[ -n "$(printf '%s' "$cvd" | tr -d ' ')" ] || return 0
-	have=$(printf '%s\n' "$SMI" | sed -n 's/^GPU \([0-9]*\):.*/\1/p' | awk '{ printf "%s%s", sep, $0; sep = ", " }')
-	chosen= COUNT=0
-	for token in $(printf '%s' "$cvd" | tr ',' ' '); do
-		index=$(printf '%s\n' "$SMI" | awk -v t="$token" '/^GPU [0-9]+:/ { i = substr($2, 1, length($2) - 1); u = $NF
-			sub(/\)$/, "", u); if ((t ~ /^[0-9]+$/ && t + 0 == i + 0) || t == u) { print i; exit } }')
-		[ -n "$index" ] || die "GPU $token (from CUDA_VISIBLE_DEVICES=$cvd) is not on this node: it has ${have:-none} ($fix)"
-		case ",$chosen," in *",$index,"*) ;; *) chosen=$chosen${chosen:+,}$index COUNT=$((COUNT + 1)) ;; esac
-	done
-	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES=$cvd names no GPU ($fix)"
-	GPUS="\"device=$chosen\""
-}
 GPUS=
 if [ "$VARIANT" = cpu ] || [ -n "$CPU" ]; then
 	:
@@ -163,6 +194,8 @@ fi
 # invoke run's range (dockyard/flags.py): 1 to 4096; the length first, so that test never reads an overflowing number
 case "$NPROC" in '' | *[!0-9]* | 0*) die "--nproc=$NPROC: give a whole number of processes from 1 to 4096" ;; esac
 [ ${#NPROC} -le 4 ] && [ "$NPROC" -le 4096 ] || die "--nproc=$NPROC: give a whole number of processes from 1 to 4096"
+[ -z "$GPUS" ] || [ "$NPROC" -le "$COUNT" ] \
+	|| die "--nproc=$NPROC but this node has $COUNT GPU(s)${CUDA_VISIBLE_DEVICES:+ in CUDA_VISIBLE_DEVICES}: one process per GPU"
 
 # Inputs: a file is mounted alone, a folder whole, both read-only (as `invoke run` does).
 MOUNTS= EXTRA= HOST_PATHS=

@@ -42,7 +42,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     archive, image_file = os.path.expanduser(archive), os.path.expanduser(image_file)
     node.check_nodes(nodes, gpus_per_node)
     # what the trainer would refuse on every node; the batch split too where the process count is known here
-    preflight.check_overrides(load_recipe(recipe), overrides or [], nodes * gpus_per_node)
+    preflight.check_overrides(load_recipe(recipe), overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
     _check_runtime(runtime, image_file, archive, gpus_per_node)
     chosen = node.cluster_variant(settings, variant, gpus_per_node)
     image = variants.tag(settings, chosen)

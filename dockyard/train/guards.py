@@ -43,7 +43,7 @@ def gpus_as_the_image_says(accelerator: str) -> None:
         reason = said[0].split(". ")[0].rstrip(".") if said else type(e).__name__
     raise DockyardError(f"this CUDA image (DS_ACCELERATOR=cuda) finds no usable GPU: {reason}. Check with nvidia-smi "
                         "that the driver works and supports the image's CUDA, and that the container was given the GPUs "
-                        "(docker run --gpus); --cpu (invoke run, run.sh) trains on CPU instead")
+                        "(docker run --gpus); --cpu (invoke run, run.sh) trains on CPU instead (elsewhere: DS_ACCELERATOR=cpu)")
 
 
 def device_map(strategy: str, local_rank: int, cuda: bool) -> dict[str, int] | None:

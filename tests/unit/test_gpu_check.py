@@ -58,6 +58,7 @@ def test_without_a_usable_gpu_nothing_runs_and_the_call_fails(tmp_path, host, sa
     (["--ignore=tests/gpu/test_nvml.py"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
     (["autos"], ["tests/gpu/test_autos_gpu.py"]),
     (["tests/gpu/test_resume_gpu.py", "-k", "ddp"], ["tests/gpu/test_resume_gpu.py"]),
+    (["tests/gpu"], ["tests/gpu"]),
 ])
 def test_tests_runs_gpu_tests_only(tmp_path, args, files):
     r, calls = gpu_check(tmp_path, "tests", *args)
@@ -67,6 +68,11 @@ def test_tests_runs_gpu_tests_only(tmp_path, args, files):
     assert words[:2] == ["-m", "pytest"] and [w for w in words if w.startswith("tests/")] == files + [
         w for w in args if w.startswith("tests/gpu/test_recipes_gpu.py::")]
     assert "--basetemp=/tmp/dockyard-gpu-tests" in words
+
+
+def test_a_path_from_the_checkout_root_is_a_test_path(tmp_path):
+    r, calls = gpu_check(tmp_path, "tests", "./tests/gpu/test_nvml.py")
+    assert r.returncode == 0 and calls[0].split()[-1] == "./tests/gpu/test_nvml.py", r.stderr
 
 
 def test_a_test_path_outside_tests_gpu_is_refused(tmp_path):

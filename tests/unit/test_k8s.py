@@ -220,3 +220,14 @@ def test_a_global_batch_that_does_not_split_over_the_pods_processes_is_refused_b
     with pytest.raises(DockyardError, match="global_batch 12"):
         k8s.spec(settings, recipe="ddp", nodes=2, gpus_per_node=4, overrides=["--global_batch", "12"])
     assert k8s.spec(settings, recipe="ddp", nodes=2, gpus_per_node=4, overrides=["--global_batch", "16"]).nproc == 4
+
+
+def test_cpu_pods_run_deepspeed_on_cpu_whatever_the_image(settings):
+    """--gpus-per-node=0 with a CUDA image: its trainer (DS_ACCELERATOR=cuda) would refuse to train without a GPU in
+    every pod after scheduling; CPU pods are told to use the CPU, as `invoke run --cpu` does. GPU pods are not."""
+    def env_of(**kw):
+        job = k8s.job_manifests(k8s.spec(settings, recipe="ddp", nodes=2, variant="cu132", **kw))[1]
+        return {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert env_of(gpus_per_node=0)["DS_ACCELERATOR"] == "cpu"
+    assert "DS_ACCELERATOR" not in env_of(gpus_per_node=4)

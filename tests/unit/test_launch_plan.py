@@ -207,3 +207,17 @@ def test_shell_cpu_opens_a_cuda_image_on_a_host_without_gpus(tmp_path, monkeypat
     short_error(r, "needs NVIDIA GPUs")
     assert "--cpu" in r.stderr
     assert invoke_here("shell", "--dry", "--variant=cu128", "--cpu", env=env).returncode == 0
+
+
+def test_gpus_are_chosen_by_index_uuid_or_a_uuids_unique_start_and_never_a_mig_device(monkeypatch):
+    from dockyard.gpus import Gpu, select
+
+    host = Host(driver="580.1", cuda="13.0", gpus=[Gpu(0, "H100", 80 << 30, uuid="GPU-5d5ba0d6-aaaa"),
+                                                   Gpu(1, "H100", 80 << 30, uuid="GPU-5d5c0000-bbbb")])
+    assert select(host, "GPU-5d5ba").visible == "0" and select(host, "1,GPU-5d5c").visible == "1"
+    with pytest.raises(DockyardError, match="starts the UUID of several GPUs"):
+        select(host, "GPU-5d5")
+    with pytest.raises(DockyardError, match="is a MIG device: runs take whole GPUs"):
+        select(host, "MIG-c6d4f1ef-1234")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert select(host).gpus == [host.gpus[1]]

@@ -169,3 +169,6 @@ def test_a_global_batch_that_does_not_split_over_the_jobs_processes_is_refused_b
         slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=4, overrides=["--global_batch", "12"])
     assert "--global_batch" in slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=4,
                                             overrides=["--global_batch", "16"])
+    # CPU nodes run invoke run's CPU processes (2 each): 4 in all, which a global batch of 3 does not split over
+    with pytest.raises(DockyardError, match="global_batch 3"):
+        slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--global_batch", "3"])

@@ -20,6 +20,7 @@ info) [ -z "${FAKE_INFO_ERROR-}" ] || { echo "$FAKE_INFO_ERROR" >&2; exit 1; }
 image) for ref do :; done  # the image asked about: loaded when FAKE_LOADED names it (unset: every image)
        case " ${FAKE_LOADED-$ref} " in *" $ref "*) ;; *) echo "Error: No such image: $ref" >&2; exit 1 ;; esac
        case "$*" in
+       *".Id}} {{index"*) echo "$FAKE_SET_ID ${ref##*-}" ;;
        *dockyard.variant*) echo "${ref##*-}" ;;
        *dockyard.cuda*) for pair in $FAKE_CUDA_LABELS; do [ "${pair%%=*}" != "${ref##*-}" ] || echo "${pair#*=}"; done ;;
        *) echo sha256:feed ;;
@@ -72,6 +73,7 @@ def node(tmp_path, settings, tools):
         out.unlink(missing_ok=True)
         env = {"PATH": f"{bin_dir}:{tools}", "ARGV_OUT": str(out), "HOME": str(tmp_path), "FAKE_GPUS": "1" if gpus else "",
                "FAKE_GPU_COUNT": str(gpus), "FAKE_DRIVER": "580.65.06", "FAKE_CUDA": "13.0",
+               "FAKE_SET_ID": f"sha256:{'a' * 64}",  # what archive_set_of's manifests say the images are
                "FAKE_CUDA_LABELS": " ".join(f"{v.name}={v.cuda}" for v in variants.all_variants(settings).values()),
                **env}
         proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -163,7 +165,9 @@ def test_an_engine_docker_cannot_reach_is_said_in_docker_s_own_words_with_the_fi
 def archive_set_of(folder: Path, ref: str) -> str:
     """The set `invoke save` writes for the image `ref` (its manifest names it as load.sh reads it): its archive."""
     paths = make_set(folder, name=ref.replace(":", "_") + ".tar.zst")
-    reseal(paths, {"load_sh": {"check_images": f"{ref}=sha256:{'a' * 64}", "require_chains": "", "need_kb": "20"}})
+    labels = {"dockyard.variant": ref.rsplit("-", 1)[1]} if ref.startswith("dockyard:") else {}
+    reseal(paths, {"images": [{"ref": ref, "tags": [ref], "id": f"sha256:{'a' * 64}", "labels": labels, "diff_ids": []}],
+                   "load_sh": {"check_images": f"{ref}=sha256:{'a' * 64}", "require_chains": "", "need_kb": "20"}})
     return paths.archive.name
 
 
@@ -177,9 +181,20 @@ def test_run_sh_trains_in_the_image_of_the_set_loaded_beside_it_not_the_last_one
     proc, argv = node("--run-id=s2", variant="cu132", FAKE_LOADED="")
     assert proc.returncode == 1 and not argv
     assert "no image of the archives here" in proc.stderr and "sh load.sh NAME" in proc.stderr
-    proc, argv = node("--run-id=s3", variant="cu132", FAKE_LOADED="dockyard:0.1.0-cu128 dockyard:0.1.0-cu132")
+    both = "dockyard:0.1.0-cu128 dockyard:0.1.0-cu132"
+    # both loaded: the one this node's driver runs (the 535 driver runs cu128 only, as run.sh's refusal advised), else
+    # the one run.sh was written for
+    proc, argv = node("--run-id=s3", variant="cu132", gpus=2, FAKE_LOADED=both, FAKE_DRIVER="535.183.01",
+                      FAKE_CUDA="12.2")
+    assert "dockyard:0.1.0-cu128" in argv and "--gpus" in argv, proc.stderr
+    proc, argv = node("--run-id=s3b", variant="cu132", FAKE_LOADED=both)
+    assert "dockyard:0.1.0-cu132" in argv, proc.stderr
+    # several, none of them the one run.sh was written for: the user picks
+    archive_set_of(tmp_path, "dockyard:0.2.0-cu128")
+    proc, argv = node("--run-id=s3c", variant="cu132", FAKE_LOADED="dockyard:0.1.0-cu128 dockyard:0.2.0-cu128")
     assert proc.returncode == 1 and not argv and "--image=REF" in proc.stderr
-    assert "dockyard:0.1.0-cu128, dockyard:0.1.0-cu132" in proc.stderr
+    assert "dockyard:0.1.0-cu128, dockyard:0.2.0-cu128" in proc.stderr
+    (tmp_path / "dockyard_0.2.0-cu128.manifest.json").unlink()
     proc, argv = node("--run-id=s4", "--image=dockyard:0.1.0-cu132", variant="cu132",
                       FAKE_LOADED="dockyard:0.1.0-cu128 dockyard:0.1.0-cu132")
     assert "dockyard:0.1.0-cu132" in argv, proc.stderr
@@ -187,6 +202,18 @@ def test_run_sh_trains_in_the_image_of_the_set_loaded_beside_it_not_the_last_one
     proc, argv = node("--run-id=s5", variant="cu132", FAKE_LOADED="")
     assert proc.returncode == 1 and f"the image of {cu128} is not loaded here: load it first, sh load.sh {cu128}" \
         in proc.stderr
+
+
+def test_run_sh_takes_no_other_build_under_the_sets_tag_and_no_set_of_other_images(node, tmp_path):
+    """A tag the set names, but held by another build (a rebuild kept the version tag; the new set was copied, not
+    loaded): load the set. A set of images that are not dockyard's beside run.sh: it is not run.sh's business."""
+    archive_set_of(tmp_path, "dockyard:0.1.0-cu128")
+    proc, argv = node("--run-id=o1", variant="cu128", FAKE_LOADED="dockyard:0.1.0-cu128", FAKE_SET_ID="sha256:feed")
+    assert proc.returncode == 1 and not argv and "another build" in proc.stderr and "sh load.sh" in proc.stderr
+    (tmp_path / "dockyard_0.1.0-cu128.manifest.json").unlink()
+    archive_set_of(tmp_path, "vllm:0.9")
+    proc, argv = node("--run-id=o2", variant="cu132", FAKE_LOADED="vllm:0.9 dockyard:0.1.0-cu132")
+    assert "dockyard:0.1.0-cu132" in argv, proc.stderr
 
 
 def test_run_sh_finds_the_sets_beside_it_from_another_folder(node, tmp_path, tools):
@@ -198,7 +225,7 @@ def test_run_sh_finds_the_sets_beside_it_from_another_folder(node, tmp_path, too
     proc = subprocess.run(["sh", "../run.sh", "--dry", "--run-id=s7"], cwd=tmp_path / "elsewhere",
                           capture_output=True, text=True,
                           env={"PATH": f"{bin_dir}:{tools}", "HOME": str(tmp_path),
-                               "FAKE_LOADED": "dockyard:0.1.0-cu128", "FAKE_GPUS": ""})
+                               "FAKE_LOADED": "dockyard:0.1.0-cu128", "FAKE_GPUS": "", "FAKE_SET_ID": f"sha256:{'a' * 64}"})
     assert proc.returncode == 0 and "'dockyard:0.1.0-cu128'" in proc.stdout, proc.stderr
 
 
@@ -238,7 +265,8 @@ def test_without_a_cuda_version_the_driver_s_own_version_decides(node):
 
 
 @pytest.mark.parametrize(("visible", "device", "nproc"), [
-    ("1", '"device=1"', 1), ("GPU-1111-uuid", '"device=1"', 1), ("2, 0", '"device=2,0"', 2), ("0,0", '"device=0"', 1),
+    ("1", '"device=1"', 1), ("GPU-1111-uuid", '"device=1"', 1), ("GPU-11", '"device=1"', 1),  # a unique start
+    ("2, 0", '"device=2,0"', 2), ("0,0", '"device=0"', 1),
     ("", "all", 3)])
 def test_cuda_visible_devices_picks_the_gpus_docker_gets_one_process_each(node, visible, device, nproc):
     """As invoke run reads it: indices or UUIDs; docker gets the indices as its device list."""
@@ -253,3 +281,13 @@ def test_cuda_visible_devices_naming_no_gpu_of_the_node_is_refused(node, visible
     assert len(proc.stderr.splitlines()) == 1 and "nvidia-smi -L lists them" in proc.stderr
     if visible == "3":
         assert "GPU 3 (from CUDA_VISIBLE_DEVICES=3) is not on this node: it has 0, 1" in proc.stderr
+
+
+def test_a_mig_device_or_more_processes_than_the_gpus_chosen_is_refused(node):
+    """Runs take whole GPUs (a MIG device's UUID is no GPU of nvidia-smi -L); a second process would ask for a GPU the
+    container does not have: both are said, as invoke run says them."""
+    proc, argv = node("--run-id=m1", variant="cu132", gpus=2, CUDA_VISIBLE_DEVICES="MIG-c6d4f1ef-1234")
+    assert proc.returncode == 1 and not argv and "names a MIG device (MIG-c6d4f1ef-1234)" in proc.stderr
+    proc, argv = node("--run-id=m2", "--nproc=2", variant="cu132", gpus=2, CUDA_VISIBLE_DEVICES="1")
+    assert proc.returncode == 1 and not argv
+    assert "--nproc=2 but this node has 1 GPU(s) in CUDA_VISIBLE_DEVICES: one process per GPU" in proc.stderr
