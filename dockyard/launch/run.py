@@ -398,10 +398,13 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
           + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
           + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else ""))
     diverged = met.loss_non_finite_at_step if met else None
-    if met and met.loss_first is not None and (met.loss_last is not None or diverged is not None):
-        # a run that failed early logged no loss; a failed run measured no throughput (null): no rate, not 0 tokens/s
-        print(f"  steps {met.steps} · loss {met.loss_first:.4f} → "
-              + (f"{met.loss_last:.4f}" if met.loss_last is not None else "not finite")
+    if met and (diverged is not None or (met.loss_first is not None and met.loss_last is not None)):
+        # a run that failed early logged no loss; a failed run measured no throughput (null): no rate, not 0 tokens/s;
+        # a diverged run's losses are null where they were not finite
+        def loss(x: float | None) -> str:
+            return f"{x:.4f}" if x is not None else "not finite"
+
+        print(f"  steps {met.steps} · loss {loss(met.loss_first)} → {loss(met.loss_last)}"
               + (f" · {met.tokens_per_second:.0f} tokens/s (steady state)" if met.tokens_per_second is not None
                  else " · no throughput measured")
               + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · "

@@ -69,3 +69,15 @@ def test_the_summary_of_a_failed_run_that_diverged_still_says_so(tmp_path, capsy
     with pytest.raises(DockyardError, match="failed: boom"):
         launch_run.summarise(tmp_path)
     assert "non-finite at step 2" in capsys.readouterr().out
+
+
+def test_a_run_that_diverged_before_its_first_logged_loss_still_shows_its_figures(tmp_path, capsys):
+    """--logging_first_step false and a loss already NaN at the first log: loss_first is null too; the summary keeps
+    the steps, the throughput and the memory (it printed nothing of them)."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 5, "loss": null}\n{"step": 10, "loss": null}\n')
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None,
+                                            {"steps": 10, "tokens_per_second": 22014.0, "peak_memory_bytes": 2**30},
+                                            {}))
+    launch_run.summarise(tmp_path)
+    out = capsys.readouterr().out
+    assert "steps 10 · loss not finite → not finite · 22014 tokens/s (steady state)" in out and "1024 MiB" in out
