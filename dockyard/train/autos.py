@@ -2,7 +2,8 @@
 
     per_device_train_batch_size, gradient_accumulation_steps, gradient_checkpointing: the largest micro-batch
         the plan's memory model says fits this GPU with its margin (dockyard.common.memory), checkpointing only
-        where not even one example fits without it, accumulation making up `global_batch`;
+        where no micro-batch dividing the examples per process fits without it, accumulation making up
+        `global_batch`;
     torch_compile: on for ddp, zero2 and lora (where its gain was measured on a GPU) when the run is long enough
         to repay the compilation and checkpointing stays off (decided once checkpointing is);
     use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
@@ -209,7 +210,8 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                      or "the model could not be sized, so whether memory binds is not known")
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
-                             per_rank, given, gc, use_liger, liger_ok, compiled, regime)
+                             per_rank, given, gc, use_liger, liger_ok, compiled, regime,
+                             global_auto=settings.global_batch == AUTO)
         on = compiled(gc_on)
         if on != pays:
             out.note("torch_compile", False, COMPILE_CHECKPOINTED)
@@ -292,15 +294,21 @@ def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: s
 
 def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, world: int, gpn: int, seq: int,
          per_rank: int, given: int | None, gc: bool | str, use_liger: bool | str, liger_ok: Callable[[bool], bool],
-         compiled: Callable[[bool], bool], regime: memory.Regime) -> tuple[int, bool, bool]:
+         compiled: Callable[[bool], bool], regime: memory.Regime, global_auto: bool) -> tuple[int, bool, bool]:
     """The micro-batch (the largest that fits, or the one given), checkpointing and Liger from the plan's memory
     model on this GPU; each micro-batch sized compiled or not as it would run (`compiled(checkpointing)`), and with
-    Liger where it may go on (`liger_ok(compiled)`)."""
+    Liger where it may go on (`liger_ok(compiled)`). `global_auto`: global_batch is auto, so a micro-batch set
+    alone sets the examples per process too."""
     def largest(ckpt: bool, lig: bool):
         return memory.largest_micro_batch(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq,
                                           per_rank=per_rank, gpu_mem=device.memory_bytes, checkpointing=ckpt,
                                           regime=replace(regime, compiled=compiled(ckpt), liger=lig),
                                           candidates=[given] if given else None)
+
+    def alone(ckpt: bool) -> dict:  # one example per process and no accumulation: no gradients held between steps
+        lig = liger_ok(compiled(ckpt)) or use_liger is True
+        return memory.estimate(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq, batch=1,
+                               gradient_checkpointing=ckpt, regime=replace(regime, compiled=compiled(ckpt), liger=lig))
 
     budget = f"{memory.budget(device.memory_bytes) / GIB:.1f} GiB ({1 - memory.MARGIN:.0%} of the {device.name})"
     for ckpt in ([False, True] if gc == AUTO else [gc]):
@@ -315,9 +323,8 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                      f"{budget}" if m == per_rank else f"the largest divisor of the {per_rank} examples per process "
                      f"that fits: {need} of {budget}; accumulation makes up the rest")
         if gc == AUTO:
-            out.note("gradient_checkpointing", ckpt, (f"needed: micro-batch {given} does not fit without it" if given
-                     else "needed: not even one example fits without it")
-                     if ckpt else f"not needed: micro-batch {m} fits without it ({need} of {budget})")
+            out.note("gradient_checkpointing", ckpt, _why_checkpointed(given, per_rank, alone, device) if ckpt
+                     else f"not needed: micro-batch {m} fits without it ({need} of {budget})")
         if liger_ok(compiled(ckpt)):
             plain = dict(found).get(False)
             out.note("use_liger_kernel", lig,
@@ -337,17 +344,30 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
         return given, ckpt, use_liger is True
     ckpt = gc is not False
     said = " with gradient checkpointing" if ckpt else ""
-    lig = liger_ok(compiled(ckpt)) or use_liger is True
-    alone = memory.estimate(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq, batch=1,
-                            gradient_checkpointing=ckpt, regime=replace(regime, compiled=compiled(ckpt), liger=lig))
-    if per_rank > 1 and memory.fits(alone, device.memory_bytes):  # accumulation's gradients are what does not fit
+    one = alone(ckpt)
+    if per_rank > 1 and memory.fits(one, device.memory_bytes):  # accumulation's gradients are what does not fit
+        # a micro-batch of 1 set alone means one example per process only while global_batch is auto; beside a
+        # global_batch set, it is accumulated again
+        micro_too = " (or per_device_train_batch_size 1)" if global_auto else ""
         raise DockyardError(f"{recipe.name}: no micro-batch that divides the {per_rank} examples each process takes per "
                             f"step (global_batch {per_rank * world}) fits in {budget}{said} by the plan's estimate: "
                             "accumulating keeps the gradients allocated between micro-batches. One example per "
-                            f"process without accumulation fits ({alone['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
-                            f"{world} (or per_device_train_batch_size 1), or run `invoke plan` for a recipe that fits")
+                            f"process without accumulation fits ({one['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
+                            f"{world}{micro_too}, or run `invoke plan` for a recipe that fits")
     raise DockyardError(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
                         "estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
+
+
+def _why_checkpointed(given: int | None, per_rank: int, alone: Callable[[bool], dict], device: Device) -> str:
+    """Why checkpointing went on by itself: the micro-batch given does not fit without it, or none dividing the
+    examples per process does; of those, either not even one example fits, or one would alone but the gradients
+    that accumulation holds between micro-batches do not (`alone(False)`: one example, no accumulation)."""
+    if given:
+        return f"needed: micro-batch {given} does not fit without it"
+    if per_rank > 1 and memory.fits(alone(False), device.memory_bytes):
+        return (f"needed: no micro-batch dividing the {per_rank} examples per process fits without it (the "
+                "accumulation holds the gradients)")
+    return "needed: not even one example fits without it"
 
 
 # --- padding-free batches (once the data and the model are loaded) -----------------------------------------

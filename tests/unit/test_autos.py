@@ -218,6 +218,33 @@ def test_where_only_the_accumulated_gradients_do_not_fit_the_trainer_says_so(tmp
         resolve("ddp", {"max_seq_length": 65536, "global_batch": 1}, device=H100_GPU, shape=qwen)
 
 
+def test_the_advice_for_held_gradients_is_one_that_works_with_the_global_batch_given():
+    """4.2B ddp at 2048 tokens on the H100, one example per process fits without accumulation. With --global_batch 16
+    the refusal also offered "per_device_train_batch_size 1", which beside that global batch accumulates 16 micro-batches
+    and did not fit (it ran as asked, 73.7 GiB of 71.7); now it offers only global_batch 1, which the trainer takes.
+    With the global batch auto, a micro-batch of 1 alone means one example per process, so it is still offered."""
+    big = planner.shape_for("4.2B")
+    with pytest.raises(DockyardError, match=r"fits \(71.4 GiB\): set global_batch 1, or run `invoke plan`") as e:
+        resolve("ddp", {"max_seq_length": 2048, "global_batch": 16}, device=H100_GPU, shape=big)
+    assert "per_device_train_batch_size" not in str(e.value)
+    with pytest.raises(DockyardError, match=r"set global_batch 1 \(or per_device_train_batch_size 1\)"):
+        resolve("ddp", {"max_seq_length": 2048}, device=H100_GPU, shape=big)
+    for advice in ({"global_batch": 1}, {"per_device_train_batch_size": 1}):
+        took = values(resolve("ddp", {"max_seq_length": 2048, **advice}, device=H100_GPU, shape=big))
+        assert (took["per_device_train_batch_size"], took["gradient_accumulation_steps"]) == (1, 1), advice
+
+
+def test_checkpointing_says_when_it_is_the_accumulations_gradients_that_do_not_fit():
+    """1B ddp on 2 × 24 GiB at 512 tokens: one example alone fits without checkpointing (21.5 GiB of 21.6), micro-batch 1
+    × 8 accumulated does not (its gradients held: 22.7), nor do 2, 4 or 8 at once; checkpointing goes on and said
+    "not even one example fits without it", which was not so."""
+    gpu = autos.Device("24 GiB GPU", 24 * 2**30, (8, 9))
+    r = resolve("ddp", {"max_seq_length": 512}, world=2, device=gpu, shape=planner.shape_for("1B"), kind="")
+    assert values(r)["gradient_checkpointing"] is True and values(r)["per_device_train_batch_size"] == 8
+    assert r.record["gradient_checkpointing"]["why"] == ("needed: no micro-batch dividing the 8 examples per process "
+                                                         "fits without it (the accumulation holds the gradients)")
+
+
 def test_compiling_goes_off_where_checkpointing_goes_on_and_the_micro_batch_is_sized_uncompiled(shape):
     """LoRA of the 944M model at 8192 tokens on a T4: the run is long enough to repay compiling, but not even one
     example fits without checkpointing. Once compile went on anyway and micro-batch 4 was sized with the compiled
