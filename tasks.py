@@ -337,14 +337,16 @@ def doctor(c, json=False, record="", peer="", port: Port = 29500):
             "gpu_mem": "GiB per GPU (default: what NVML sees)",
             "cpu_mem": "GiB of host memory per node (default: this host's)",
             "seq_len": "tokens per sequence (default 2048)",
-            "batch": "sequences per GPU per step (default 1)",
+            "batch": "examples per micro-batch per GPU: auto (or 0, the default) sizes each recipe as a run with no "
+                     "tuning flags; N as a run given `-- --per_device_train_batch_size N`",
             "json": "print the plan as JSON"})
-def plan(c, model="", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, seq_len: Tokens = 2048, batch: Batch = 1,
-         json=False):
+def plan(c, model="", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, seq_len: Tokens = 2048,
+         batch: Batch = 0, json=False):
     """Estimate the memory of every recipe for a model, and recommend the fastest that fits.
 
     GPU memory per device and host memory per node: model states as DeepSpeed counts them, plus
-    activations with and without gradient checkpointing."""
+    activations with and without gradient checkpointing, at the micro-batch and accumulation a run
+    of the recipe would take."""
     from dockyard.launch.inputs import setting_input
     from dockyard.machine import planner as plan_mod
 

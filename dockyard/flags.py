@@ -42,4 +42,13 @@ Restarts = Annotated[int, Whole, Field(ge=0, le=1000)]
 Level = Annotated[int, Whole, Field(ge=0, le=22)]                   # 0 = the compressor's default
 GiB = Annotated[float, BeforeValidator(_decimal), Field(ge=0, le=2**20, allow_inf_nan=False)]  # 0 = what the host has
 Tokens = Annotated[int, Whole, Field(ge=1, le=2**24)]
-Batch = Annotated[int, Whole, Field(ge=1, le=2**16)]
+
+
+def _auto_or_whole(v: object) -> object:
+    """`auto` as 0 (what a run with no tuning flags does); otherwise a whole number typed as such."""
+    if isinstance(v, str) and v.strip() == "auto":
+        return 0
+    return _text_as(r"[+-]?[0-9]+", "expected auto or a whole number, e.g. 4")(v)
+
+
+Batch = Annotated[int, BeforeValidator(_auto_or_whole), Field(ge=0, le=2**16)]  # per micro-batch; auto, 0: the run's

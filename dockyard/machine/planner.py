@@ -22,12 +22,13 @@ from dockyard.common.memory import (
     Shape,
     budget,
     fits,
+    largest_micro_batch,
     micro_batch_estimate,
     shape_from_count,
     shape_from_folder,
 )
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import batch_split, check_autos, resolve_settings
+from dockyard.common.run_settings import AUTO, auto_switch, batch_split, check_autos, resolve_settings
 from dockyard.common.units import GIB
 from dockyard.gpus import Host
 
@@ -95,22 +96,23 @@ def disk_columns(shape: Shape, recipe: Recipe) -> dict:
 
 # --- all recipes and a recommendation ---------------------------------------------------------------
 
-def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, batch: int,
+def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, batch: int = 0,
          recipe_list: list[Recipe] | None = None) -> dict:
     """Every recipe (every folder under recipes/, in the registry's order) on `gpus` GPUs of `gpu_mem` bytes
-    with `cpu_mem` bytes of host memory, and the pick. Each row is sized as the trainer sizes the run (its auto
-    micro-batch: dockyard.common.memory.micro_batch_estimate, the same margin), so a recipe the plan says fits is
-    one the trainer takes with the same settings."""
+    with `cpu_mem` bytes of host memory, and the pick. Each row is sized as the trainer sizes the run with the
+    recipe's settings (`size_run`): `batch` 0 is a run with no tuning flags (the micro-batch auto), a `batch` above 0
+    a run given `-- --per_device_train_batch_size batch`."""
     if gpus < 1:
         raise DockyardError("--gpus must be at least 1")
     rows = []
     for recipe in recipes.list_recipes() if recipe_list is None else recipe_list:
-        settings, training = resolve_settings(recipe, {})
-        per_gpu = examples_per_gpu(settings, training, batch, gpus)
+        settings, training = resolve_settings(recipe, {"per_device_train_batch_size": batch} if batch else {})
+        regime = Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r, dtype=settings.dtype)
+        size = size_run(shape, recipe, training, settings.global_batch, gpus=gpus, gpu_mem=gpu_mem, seq_len=seq_len,
+                        regime=regime)
         plain, ckpt = (micro_batch_estimate(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
-                                            batch=batch, per_rank=per_gpu, checkpointing=g,
-                                            regime=Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r,
-                                                          dtype=settings.dtype)) for g in (False, True))
+                                            batch=size["micro_batch"], per_rank=size["per_rank"], checkpointing=g,
+                                            regime=regime) for g in (False, True))
         # Offloaded states live in host memory all run long; without offload the host figure is only the
         # loading-time worst case (every rank holding a copy), which low-memory loading avoids: shown, not gated.
         offloads = recipe.strategy_spec.offloads and not recipe.peft
@@ -121,32 +123,45 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
             "peft": recipe.peft,
             "offloads": offloads,
             "recommendable": recipe.strategy_spec.recommend,
-            "gradient_accumulation_steps": per_gpu // batch,
+            "micro_batch": size["micro_batch"],
+            "gradient_accumulation_steps": size["per_rank"] // size["micro_batch"],
             "model_states_bytes": plain["gpu_model_states_bytes"],
             "activation_bytes": plain["gpu_activation_bytes"],
             "activation_bytes_checkpointed": ckpt["gpu_activation_bytes"],
             "gpu_bytes": plain["gpu_bytes"],
             "gpu_bytes_checkpointed": ckpt["gpu_bytes"],
             "host_bytes": plain["host_bytes"],
-            "fits": host_ok and fits(plain, gpu_mem),
-            "fits_checkpointed": host_ok and fits(ckpt, gpu_mem),
+            "fits": host_ok and size["checkpointing"] is False,
+            "fits_checkpointed": host_ok and size["checkpointing"] is not None and fits(ckpt, gpu_mem),
             **disk_columns(shape, recipe),
         })
     return {"model": asdict(shape), "gpus": gpus, "gpu_mem_bytes": gpu_mem, "gpu_budget_bytes": budget(gpu_mem),
-            "cpu_mem_bytes": cpu_mem, "seq_len": seq_len, "batch": batch, "recipes": rows,
+            "cpu_mem_bytes": cpu_mem, "seq_len": seq_len, "batch": batch or AUTO, "recipes": rows,
             "recommendation": recommend(rows, gpus=gpus, gpu_mem=gpu_mem, cpu_mem=cpu_mem)}
 
 
-def examples_per_gpu(settings, training: dict, batch: int, gpus: int) -> int:
-    """The examples each GPU takes per optimizer step in a run of a recipe with its own settings (global_batch auto:
-    8 per process) at micro-batch `batch`, as the trainer splits them: accumulation makes up the rest. A `batch`
-    that does not divide them (or settings that do not split over `gpus`) is a run with that micro-batch set, and
-    no accumulation."""
+def size_run(shape: Shape, recipe: Recipe, training: dict, global_batch: int | str, *, gpus: int, gpu_mem: int,
+             seq_len: int, regime: Regime) -> dict:
+    """The micro-batch and checkpointing of a run of the recipe on `gpus` GPUs of `gpu_mem` bytes, as the trainer's
+    autos pick them (dockyard.train.autos): the examples each process takes per step split as the trainer splits
+    them (run_settings.batch_split), then the largest micro-batch dividing them that fits
+    (memory.largest_micro_batch), without checkpointing first, then with (unless the recipe sets it); a micro-batch
+    set is run as asked. Sized uncompiled and without Liger, which the trainer may add. {"micro_batch", "per_rank",
+    "checkpointing": False, True, or None where nothing fits (then the smallest micro-batch)}."""
+    micro, accumulation = check_autos(training)
     try:
-        per = batch_split(settings.global_batch, *check_autos(training), gpus).per_process
-    except DockyardError:
-        return batch
-    return per if per % batch == 0 else batch
+        split = batch_split(global_batch, micro, accumulation, gpus)
+    except DockyardError as e:
+        raise DockyardError(f"recipe {recipe.name}: {e}") from None
+    given = split.given_micro
+    gc = auto_switch(training.get("gradient_checkpointing", AUTO), "gradient_checkpointing")
+    for ckpt in [False, True] if gc == AUTO else [gc]:
+        found = largest_micro_batch(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
+                                    per_rank=split.per_process, gpu_mem=gpu_mem, checkpointing=ckpt, regime=regime,
+                                    candidates=[given] if given else None)
+        if found:
+            return {"micro_batch": found[0], "per_rank": split.per_process, "checkpointing": ckpt}
+    return {"micro_batch": given or 1, "per_rank": split.per_process, "checkpointing": None}
 
 
 def _gib(b: float) -> str:
@@ -163,7 +178,7 @@ def recommend(rows: list[dict], *, gpus: int, gpu_mem: int, cpu_mem: int) -> dic
         if r["fits"] or r["fits_checkpointed"]:
             ckpt = not r["fits"]
             need = r["gpu_bytes_checkpointed"] if ckpt else r["gpu_bytes"]
-            why = (f"{r['recipe']} is the fastest recipe that fits: {_gib(need)} of {room}"
+            why = (f"{r['recipe']} is the fastest recipe that fits: {_gib(need)} of {room} at {_micro_batch(r)}"
                    + (" with gradient checkpointing" if ckpt else "")
                    + (f", {_gib(r['host_bytes'])} of {_gib(cpu_mem)} host memory" if r["offloads"] else ""))
             if skipped:
@@ -172,10 +187,11 @@ def recommend(rows: list[dict], *, gpus: int, gpu_mem: int, cpu_mem: int) -> dic
                 why += "; full fine-tuning fits nowhere, so this trains adapters only"
             if r["peft"] == "qlora":
                 why += " (QLoRA buys memory, not speed: slower per token than bf16 LoRA)"
-            return {"recipe": r["recipe"], "gradient_checkpointing": ckpt, "why": why}
+            return {"recipe": r["recipe"], "gradient_checkpointing": ckpt, "micro_batch": r["micro_batch"],
+                    "gradient_accumulation_steps": r["gradient_accumulation_steps"], "why": why}
         skipped.append(r)
     last = f"even {skipped[-1]['recipe']} needs {_too_big(skipped[-1], gpu_mem, cpu_mem)}; " if skipped else ""
-    return {"recipe": None, "gradient_checkpointing": None,
+    return {"recipe": None, "gradient_checkpointing": None, "micro_batch": None, "gradient_accumulation_steps": None,
             "why": f"nothing fits in {room} on {gpus} GPU(s): {last}use more or larger GPUs, "
                    f"or a shorter --seq-len"}
 
@@ -183,16 +199,25 @@ def recommend(rows: list[dict], *, gpus: int, gpu_mem: int, cpu_mem: int) -> dic
 def _too_big(r: dict, gpu_mem: int, cpu_mem: int) -> str:
     if r["offloads"] and r["host_bytes"] > cpu_mem:
         return f"{_gib(r['host_bytes'])} of host memory (have {_gib(cpu_mem)})"
-    return f"{_gib(r['gpu_bytes_checkpointed'])} per GPU even with gradient checkpointing"
+    return f"{_gib(r['gpu_bytes_checkpointed'])} per GPU even with gradient checkpointing at {_micro_batch(r)}"
+
+
+def _micro_batch(r: dict) -> str:
+    """A row's micro-batch and accumulation, in words."""
+    a = r["gradient_accumulation_steps"]
+    return f"micro-batch {r['micro_batch']}" + (f" × {a} accumulated" if a > 1 else "")
 
 
 # --- the task's front end -----------------------------------------------------------------------------
 
 def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 2048,
-               batch: int = 1, host: Host | None = None, hub_home: Path | None = None, where: str = "--model") -> dict:
-    """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given."""
-    if seq_len < 1 or batch < 1:
-        raise DockyardError("--seq-len and --batch must be at least 1")
+               batch: int = 0, host: Host | None = None, hub_home: Path | None = None, where: str = "--model") -> dict:
+    """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given; `batch` 0
+    is auto."""
+    if seq_len < 1:
+        raise DockyardError("--seq-len must be at least 1")
+    if batch < 0:
+        raise DockyardError("--batch must be auto or at least 1")
     for flag, value in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib), ("--cpu-mem", cpu_mem_gib)):
         if value < 0:
             raise DockyardError(f"{flag}={value}: must be positive (or 0 for what this host has)")
@@ -227,13 +252,14 @@ def print_plan(result: dict) -> None:
     console.print(f"model: {m['params'] / 1e9:.2f} B parameters, largest layer {m['largest_layer'] / 1e6:.0f} M "
                   f"({m['source']})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
-                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']} × batch {result['batch']} per GPU (GiB)")
+                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']} (GiB)")
     # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
     # recipe name, header and cell whole (a long name of one's own recipe wraps)
     for col in ("recipe", "states", "+ activ.", "= per\nGPU", "w/\nckpt", "host", "fits", "disk"):
         table.add_column(col, justify="left" if col in ("recipe", "fits") else "right", no_wrap=col != "recipe")
     for r in result["recipes"]:
-        fits = "yes" if r["fits"] else "w/ ckpt" if r["fits_checkpointed"] else "no"
+        fits = ("yes" if r["fits"] else "ckpt" if r["fits_checkpointed"] else "no") + \
+            f" {r['micro_batch']}×{r['gradient_accumulation_steps']}"
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
                       *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
@@ -244,10 +270,12 @@ def print_plan(result: dict) -> None:
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
                   + f" — {rec['why']}")
-    console.print(f"[dim]fits: within {1 - MARGIN:.0%} of the GPU, the margin the trainer's auto micro-batch keeps; each "
-                  "row at --batch examples per micro-batch, with the accumulation the recipe's global batch makes of it "
-                  "(auto: 8 examples per GPU per step; the gradients stay allocated between micro-batches), as the "
-                  "trainer sizes the run.[/]")
+    console.print(f"[dim]fits: yes, with gradient checkpointing (ckpt) or no, within {1 - MARGIN:.0%} of the GPU (the "
+                  "trainer's margin), at micro-batch × accumulation steps as the trainer picks them: the largest "
+                  "micro-batch dividing the recipe's examples per GPU per step (8 with its global batch auto) that fits, "
+                  "without checkpointing if one does, else the smallest (--batch=N: micro-batch N, as `-- "
+                  "--per_device_train_batch_size N`). Every column is at that micro-batch, uncompiled and without "
+                  "Liger: where the trainer turns those on, it may take a larger one.[/]")
     console.print("[dim]disk: the peak of a run long enough to rotate its checkpoints, with the recipe's settings: "
                   "save_total_limit + 1 checkpoints while the next is written, or those kept and the final model, "
                   "whichever is more; `invoke run` counts its own run's steps and checks the runs folder has room "

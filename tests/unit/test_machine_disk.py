@@ -15,7 +15,7 @@ GB = 1_000_000_000
 
 def test_the_plan_says_what_each_recipe_writes():
     rows = {r["recipe"]: r for r in planner.plan(memory.shape_from_count(GB), gpus=1, gpu_mem=80 * GIB,
-                                              cpu_mem=64 * GIB, seq_len=2048, batch=1)["recipes"]}
+                                              cpu_mem=64 * GIB, seq_len=2048)["recipes"]}
     # full fine-tuning: fp32 weights (4 bytes) and AdamW's two moments (8) per parameter; defaults.yaml's
     # save_total_limit 2 kept, and in a run longer than the default 50 steps a third while the next is written (the
     # plan counted the default's two, 28 GB, below what a real run needs at its peak)

@@ -128,7 +128,7 @@ def test_activation_estimate_matches_what_autograd_saves(checkpointing, tmp_path
 
 
 def test_recommendation_is_the_fastest_recipe_that_fits():
-    big = planner.plan(planner.shape_for("8B"), gpus=8, gpu_mem=80 * GIB, cpu_mem=1024 * GIB, seq_len=2048, batch=1)
+    big = planner.plan(planner.shape_for("8B"), gpus=8, gpu_mem=80 * GIB, cpu_mem=1024 * GIB, seq_len=2048)
     assert big["recommendation"]["recipe"] == "zero2"
     assert "ddp needs" in big["recommendation"]["why"]
     rows = {r["recipe"]: r for r in big["recipes"]}
@@ -139,17 +139,17 @@ def test_recommendation_is_the_fastest_recipe_that_fits():
     small = planner.plan(planner.shape_for("350M"), gpus=8, gpu_mem=80 * GIB, cpu_mem=64 * GIB, seq_len=2048, batch=4)
     assert small["recommendation"] == {**small["recommendation"], "recipe": "ddp", "gradient_checkpointing": False}
 
-    one = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=24 * GIB, cpu_mem=64 * GIB, seq_len=2048, batch=1)
+    one = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=24 * GIB, cpu_mem=64 * GIB, seq_len=2048)
     assert one["recommendation"]["recipe"] in ("lora", "qlora")
     assert "adapters only" in one["recommendation"]["why"]
     assert not {r["recipe"]: r for r in one["recipes"]}["zero3-offload"]["fits"]  # 200 GiB of host memory needed
 
-    huge = planner.plan(planner.shape_for("405B"), gpus=1, gpu_mem=24 * GIB, cpu_mem=64 * GIB, seq_len=2048, batch=1)
+    huge = planner.plan(planner.shape_for("405B"), gpus=1, gpu_mem=24 * GIB, cpu_mem=64 * GIB, seq_len=2048)
     assert huge["recommendation"]["recipe"] is None and "nothing fits" in huge["recommendation"]["why"]
 
 
 def test_qlora_says_it_buys_memory_not_speed():
-    r = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=12 * GIB, cpu_mem=64 * GIB, seq_len=1024, batch=1)
+    r = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=12 * GIB, cpu_mem=64 * GIB, seq_len=1024)
     assert r["recommendation"]["recipe"] == "qlora"
     assert "not speed" in r["recommendation"]["why"]
 
@@ -214,10 +214,13 @@ def test_every_strategy_has_a_recipe_folder():
 
 def test_invoke_plan_as_a_user_runs_it():
     base = [*INVOKE, "plan", "--gpus=8", "--gpu-mem=80", "--cpu-mem=512"]
-    proc = subprocess.run(base + [f"--model={LLAMA_8B}", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(base + [f"--model={LLAMA_8B}", "--batch=auto", "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["model"]["params"] == 8_030_261_248 and result["recommendation"]["recipe"] == "zero2"
+    assert result["batch"] == "auto" and all(r["micro_batch"] * r["gradient_accumulation_steps"] == 8
+                                             for r in result["recipes"])  # each row as a run of 8 examples per GPU
     table = subprocess.run(base + ["--model=8B", "--seq-len=4096", "--batch=2"], cwd=ROOT, capture_output=True,
                            text=True, timeout=120, env={**os.environ, "COLUMNS": "160"})
     assert table.returncode == 0 and "recommended: zero2" in table.stdout and "qlora" in table.stdout
@@ -244,7 +247,8 @@ def test_invoke_plan_at_80_columns_shows_every_column_whole(size):
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
     assert [r[0] for r in rows] == [r["recipe"] for r in result["recipes"]], "every recipe name whole"
     for row, r in zip(rows, result["recipes"], strict=True):
-        assert row[6] == ("yes" if r["fits"] else "w/ ckpt" if r["fits_checkpointed"] else "no"), row
+        verdict = "yes" if r["fits"] else "ckpt" if r["fits_checkpointed"] else "no"
+        assert row[6] == f"{verdict} {r['micro_batch']}×{r['gradient_accumulation_steps']}", row
         for cell, key in zip(row[1:6] + row[7:], ("model_states_bytes", "activation_bytes", "gpu_bytes",
                                                   "gpu_bytes_checkpointed", "host_bytes", "disk_bytes"), strict=True):
             assert float(cell) == pytest.approx(r[key] / GIB, abs=0.5), (key, row)

@@ -184,3 +184,74 @@ def test_an_image_built_on_its_devel_base_may_compile_the_op(settings):
     assert variants.cuda_ops_the_image_can_load(cu128, {"dockyard.ds_ops": "cpu_adam,fused_adam,async_io",
                                                         "dockyard.nvcc": "base"}) is None
     assert variants.cuda_ops_the_image_can_load(variants.resolve(settings, "cu132")[0], None) is None
+
+
+# (recorded host, model, seq, --batch): 0 is auto, what a run with no tuning flags does
+PLANNED = [("t4x2_535", "1B", 512, 0), ("t4x2_535", "1B", 2048, 0), ("l40sx2_550", "1.5B", 4096, 0),
+           ("h100x1_580", "4.2B", 512, 0), ("h100x1_580", "4.2B", 2048, 0), ("h100x1_580", "944M", 16384, 0),
+           ("h100x8_580", "8B", 2048, 0), ("h100x8_580", "13B", 1024, 0), ("h100x1_580", "1B", 2048, 4),
+           ("t4x2_535", "1B", 512, 2)]
+
+
+@pytest.mark.parametrize("name, model, seq, batch", PLANNED)
+def test_every_row_the_plan_says_fits_is_the_run_the_trainer_takes(replay, name, model, seq, batch):
+    """`invoke plan` sized each recipe at micro-batch --batch (1) × accumulation 8 / --batch, the trainer took the
+    largest micro-batch of the 8 examples per process that fits, and without accumulation the gradients are freed:
+    on 2 × 24 GiB the plan said ddp of 1B at 512 tokens fits nowhere, the trainer ran it at micro-batch 8; on the H100
+    it said full fine-tuning of 4.2B fits nowhere, the trainer took ddp. And `--batch=N` meant N × 8 / N where
+    `-- --per_device_train_batch_size N` runs N examples, no accumulation. Now every row the plan says fits is the run
+    the trainer takes with the same inputs (its micro-batch, accumulation and checkpointing), and every row it says
+    does not, the trainer refuses (or, given the micro-batch, runs as asked, with checkpointing)."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+    from dockyard.train import autos
+
+    host, _ = replay(name)
+    device = autos.device_from_host(host)
+    result = plan_mod.plan_model(model, seq_len=seq, batch=batch, cpu_mem_gib=4096)
+    shape = plan_mod.shape_for(model)
+    given = {"max_seq_length": seq, **({"per_device_train_batch_size": batch} if batch else {})}
+
+    def resolve(name: str, **more) -> autos.Resolved:
+        recipe = load_recipe(name)
+        settings, overrides = resolve_settings(recipe, {**given, **more})
+        return autos.resolve(recipe, settings, overrides, world_size=host.count, gpus_per_node=host.count,
+                             device=device, shape=shape, liger=False)
+
+    fitting = 0
+    for row in result["recipes"]:
+        try:
+            r = resolve(row["recipe"])
+            if r.overrides["torch_compile"]:  # the plan sizes uncompiled: the trainer may take more where it compiles
+                r = resolve(row["recipe"], torch_compile=False)
+        except DockyardError as e:
+            assert not (row["fits"] or row["fits_checkpointed"]), (row["recipe"], str(e))
+            continue
+        took = {k: r.overrides[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                            "gradient_checkpointing")}
+        if row["fits"] or row["fits_checkpointed"]:
+            fitting += 1
+            assert took == {"per_device_train_batch_size": row["micro_batch"], "gradient_checkpointing": not row["fits"],
+                            "gradient_accumulation_steps": row["gradient_accumulation_steps"]}, row["recipe"]
+        else:
+            assert batch and took["per_device_train_batch_size"] == batch, (row["recipe"], took)  # run as asked
+    assert fitting, "some recipe fits in every case"
+    rec = result["recommendation"]
+    row = next(r for r in result["recipes"] if r["recipe"] == rec["recipe"])
+    assert (rec["micro_batch"], rec["gradient_accumulation_steps"]) == (row["micro_batch"],
+                                                                        row["gradient_accumulation_steps"])
+
+
+def test_the_plan_recommends_what_the_trainer_runs_where_only_one_micro_batch_fits():
+    """The reviewer's case: ddp of 1B on 2 × 24 GiB at 512 tokens. Micro-batch 1 × 8 holds the gradients (22.7 GiB with
+    checkpointing: "ddp needs 21.9 GiB per GPU even with gradient checkpointing", zero2 recommended); all 8 at once
+    with checkpointing is 21.5 GiB of 21.6, which the trainer runs."""
+    result = plan_mod.plan_model("1B", gpus=2, gpu_mem_gib=24, seq_len=512, cpu_mem_gib=256)
+    ddp = next(r for r in result["recipes"] if r["recipe"] == "ddp")
+    assert (ddp["micro_batch"], ddp["gradient_accumulation_steps"]) == (8, 1)
+    assert not ddp["fits"] and ddp["fits_checkpointed"]
+    rec = result["recommendation"]
+    assert (rec["recipe"], rec["gradient_checkpointing"], rec["micro_batch"]) == ("ddp", True, 8)
+    assert "at micro-batch 8 with gradient checkpointing" in rec["why"]
+    asked = plan_mod.plan_model("1B", gpus=2, gpu_mem_gib=24, seq_len=512, cpu_mem_gib=256, batch=2)
+    assert {(r["micro_batch"], r["gradient_accumulation_steps"]) for r in asked["recipes"]} == {(2, 1)}
