@@ -159,10 +159,8 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     print(why, file=sys.stderr)
     image = variants.tag(settings, chosen)
     gpus = chosen.is_cuda and not cpu
-    if gpus and dry:
-        check_gpu_host(chosen, host, {}, False)  # what --dry can tell without an engine, as `run --dry`
-    elif gpus:
-        check_gpu_host(chosen, host, engine.engine_info(settings), False)
+    if gpus:  # --dry asks no engine, as `run --dry`: what the host alone tells
+        check_gpu_host(chosen, host, {} if dry else engine.engine_info(settings), False)
     env = {envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}
     if chosen.is_cuda and cpu:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU

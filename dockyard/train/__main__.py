@@ -281,6 +281,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         manifest.check_same_recipe(run_dir, recipe.name)
     # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
     check_training_numbers(training)
+    check_evaluation(settings, training)
     guards.check_report_to(training.get("report_to"))
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:
@@ -401,9 +402,8 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
 
 
 def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
-    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise; an
-    evaluation asked for without any is refused here, before the data and the model load."""
-    check_evaluation(settings, overrides)
+    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise (an
+    evaluation asked for without any was refused with the other settings: open_run_folder)."""
     if not (settings.eval_data or settings.eval_fraction):
         return {}
     steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
