@@ -7,6 +7,8 @@ dockyard but each other (tests/unit/test_layers.py holds that).
                 settings' values and the batch split, checked alike by the host and the trainer
   model_config  a model folder's config.json -> its shape (no weights read)
   memory        the memory model: a model's shape, a recipe's GPU and host bytes, the auto micro-batch's fit
+  autos         what the `auto` settings become on a GPU (micro-batch, checkpointing, compile, Liger, packing):
+                the trainer runs it, `invoke plan` shows it
   disk          what a run writes (checkpoints, the final model) and whether the runs folder has room
   data_files    what the trainer reads as data (file kinds, hub ids), so `invoke run --dry` checks it the same way
   runfolder     the run folder's contract: its file names, and reading and writing them without following a link

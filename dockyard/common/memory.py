@@ -50,6 +50,7 @@ class Shape:
     lora_params: int     # trainable parameters of a rank-LORA_RANK adapter on those layers
     source: str = ""
     q_hidden: int = 0    # width of the Q projection (heads × head_dim): 0 = hidden, as in most models
+    model_type: str = "" # config.json's model_type (which kernels apply: Liger's)
 
     @property
     def q_width(self) -> int:
@@ -95,6 +96,7 @@ def shape_from_count(params: int) -> Shape:
     linear, lora = _decoder_shape(hidden, layers, inter, kv)
     return Shape(params=params, largest_layer=max(v * hidden, hidden * inter), hidden=hidden, layers=layers,
                  vocab=v, intermediate=inter, kv_hidden=kv, linear_params=min(linear, params), lora_params=lora,
+                 model_type="llama",
                  source=f"assumed Llama-3-like shape (hidden {hidden}, {layers} layers, vocab {v}); "
                         "pass a model folder for exact numbers")
 

@@ -70,4 +70,5 @@ def count(folder: Path, lora_rank: int) -> dict:
         f"{path}; model_type {kind or '(none)'!r} counted as a Llama-style decoder (approximate)"
     return {"params": params, "largest_layer": max(vocab * h, *own), "hidden": h, "layers": layers, "vocab": vocab,
             "intermediate": inter, "kv_hidden": kv, "q_hidden": q, "linear_params": layers * linear,
-            "lora_params": layers * lora_rank * sum(a + b for a, b, _ in linears), "source": source}
+            "lora_params": layers * lora_rank * sum(a + b for a, b, _ in linears), "source": source,
+            "model_type": kind}

@@ -26,12 +26,12 @@ DATA = ROOT / "data"
 TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
 # TrainingArguments' fields and number types, as the pinned transformers has them: the host has no transformers
 TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
-# The TrainingArguments fields the trainer may resolve itself when they say `auto` (dockyard.train.autos)
+# The TrainingArguments fields the trainer may resolve itself when they say `auto` (dockyard.common.autos)
 AUTO_TRAINING_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                            "torch_compile", "use_liger_kernel")
 AUTO = "auto"
 # examples each process takes per optimizer step when global_batch is auto: the micro-batch every run had before the
-# autos (dockyard.train.autos)
+# autos (dockyard.common.autos)
 PER_PROCESS = 8
 # Upper bounds: past them a number is a slip of the keyboard (and the planner's sums would overflow)
 MAX_TOKENS = 2**24        # per example
@@ -172,7 +172,7 @@ def _finite(value: float) -> bool:
         return False
 
 
-# --- the auto settings' values: what the trainer resolves (dockyard.train.autos), checked the same way on the host
+# --- the auto settings' values: what the trainer resolves (dockyard.common.autos), checked the same way on the host
 
 @dataclass(frozen=True)
 class Batch:

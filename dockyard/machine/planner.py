@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from dockyard.common import disk, recipes
+from dockyard.common import autos, disk, recipes
 from dockyard.common.data_files import HUB_ID
 from dockyard.common.errors import DockyardError
 from dockyard.common.memory import (
@@ -22,13 +22,12 @@ from dockyard.common.memory import (
     Shape,
     budget,
     fits,
-    largest_micro_batch,
     micro_batch_estimate,
     shape_from_count,
     shape_from_folder,
 )
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import AUTO, auto_switch, batch_split, check_autos, resolve_settings
+from dockyard.common.run_settings import AUTO, batch_split, check_autos, resolve_settings
 from dockyard.common.units import GIB
 from dockyard.gpus import Host
 
@@ -96,23 +95,25 @@ def disk_columns(shape: Shape, recipe: Recipe) -> dict:
 
 # --- all recipes and a recommendation ---------------------------------------------------------------
 
+ASSUMED_CAPABILITY = (8, 0)  # a GPU given by --gpu-mem alone: every variant's GPUs compile (Volta and newer)
+
+
 def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, batch: int = 0,
-         recipe_list: list[Recipe] | None = None) -> dict:
+         recipe_list: list[Recipe] | None = None, device: autos.Device | None = None) -> dict:
     """Every recipe (every folder under recipes/, in the registry's order) on `gpus` GPUs of `gpu_mem` bytes
-    with `cpu_mem` bytes of host memory, and the pick. Each row is sized as the trainer sizes the run with the
-    recipe's settings (`size_run`): `batch` 0 is a run with no tuning flags (the micro-batch auto), a `batch` above 0
-    a run given `-- --per_device_train_batch_size batch`."""
+    with `cpu_mem` bytes of host memory, and the pick. Each row is the run the trainer takes with the recipe's
+    settings on that GPU (`size_run`): `batch` 0 is a run with no tuning flags (the micro-batch auto), a `batch`
+    above 0 a run given `-- --per_device_train_batch_size batch`."""
     if gpus < 1:
         raise DockyardError("--gpus must be at least 1")
+    device = device or autos.Device(f"{gpu_mem / GIB:.0f} GiB GPU", gpu_mem, ASSUMED_CAPABILITY)
     rows = []
     for recipe in recipes.list_recipes() if recipe_list is None else recipe_list:
-        settings, training = resolve_settings(recipe, {"per_device_train_batch_size": batch} if batch else {})
-        regime = Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r, dtype=settings.dtype)
-        size = size_run(shape, recipe, training, settings.global_batch, gpus=gpus, gpu_mem=gpu_mem, seq_len=seq_len,
-                        regime=regime)
+        given = {"max_seq_length": seq_len, **({"per_device_train_batch_size": batch} if batch else {})}
+        size = size_run(shape, recipe, given, gpus=gpus, device=device)
         plain, ckpt = (micro_batch_estimate(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
                                             batch=size["micro_batch"], per_rank=size["per_rank"], checkpointing=g,
-                                            regime=regime) for g in (False, True))
+                                            regime=size["regime"]) for g in (False, True))
         # Offloaded states live in host memory all run long; without offload the host figure is only the
         # loading-time worst case (every rank holding a copy), which low-memory loading avoids: shown, not gated.
         offloads = recipe.strategy_spec.offloads and not recipe.peft
@@ -125,6 +126,8 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
             "recommendable": recipe.strategy_spec.recommend,
             "micro_batch": size["micro_batch"],
             "gradient_accumulation_steps": size["per_rank"] // size["micro_batch"],
+            "torch_compile": size["regime"].compiled,
+            "use_liger_kernel": size["regime"].liger,
             "model_states_bytes": plain["gpu_model_states_bytes"],
             "activation_bytes": plain["gpu_activation_bytes"],
             "activation_bytes_checkpointed": ckpt["gpu_activation_bytes"],
@@ -140,28 +143,31 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
             "recommendation": recommend(rows, gpus=gpus, gpu_mem=gpu_mem, cpu_mem=cpu_mem)}
 
 
-def size_run(shape: Shape, recipe: Recipe, training: dict, global_batch: int | str, *, gpus: int, gpu_mem: int,
-             seq_len: int, regime: Regime) -> dict:
-    """The micro-batch and checkpointing of a run of the recipe on `gpus` GPUs of `gpu_mem` bytes, as the trainer's
-    autos pick them (dockyard.train.autos): the examples each process takes per step split as the trainer splits
-    them (run_settings.batch_split), then the largest micro-batch dividing them that fits
-    (memory.largest_micro_batch), without checkpointing first, then with (unless the recipe sets it); a micro-batch
-    set is run as asked. Sized uncompiled and without Liger, which the trainer may add. {"micro_batch", "per_rank",
-    "checkpointing": False, True, or None where nothing fits (then the smallest micro-batch)}."""
-    micro, accumulation = check_autos(training)
+def size_run(shape: Shape, recipe: Recipe, given: dict, *, gpus: int, device: autos.Device) -> dict:
+    """The run of the recipe on `gpus` GPUs like `device` with the trainer overrides `given`, as the trainer's autos
+    take it (dockyard.common.autos, with the Liger kernels the CUDA images hold): {"micro_batch", "per_rank",
+    "checkpointing": False, True, or None where nothing fits (then the smallest micro-batch, sized plainly),
+    "regime": how it computes (compiled, Liger, accumulation)}."""
+    settings, training = resolve_settings(recipe, given)
     try:
-        split = batch_split(global_batch, micro, accumulation, gpus)
+        split = batch_split(settings.global_batch, *check_autos(training), gpus)
     except DockyardError as e:
         raise DockyardError(f"recipe {recipe.name}: {e}") from None
-    given = split.given_micro
-    gc = auto_switch(training.get("gradient_checkpointing", AUTO), "gradient_checkpointing")
-    for ckpt in [False, True] if gc == AUTO else [gc]:
-        found = largest_micro_batch(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
-                                    per_rank=split.per_process, gpu_mem=gpu_mem, checkpointing=ckpt, regime=regime,
-                                    candidates=[given] if given else None)
-        if found:
-            return {"micro_batch": found[0], "per_rank": split.per_process, "checkpointing": ckpt}
-    return {"micro_batch": given or 1, "per_rank": split.per_process, "checkpointing": None}
+    regime = Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r, dtype=settings.dtype)
+    try:
+        r = autos.resolve(recipe, settings, training, world_size=gpus, gpus_per_node=gpus, device=device, shape=shape,
+                          kind=shape.model_type, liger=autos.LIGER_TYPES)
+    except autos.DoesNotFit:
+        return {"micro_batch": split.given_micro or 1, "per_rank": split.per_process, "checkpointing": None,
+                "regime": regime}
+    except DockyardError as e:  # the recipe's own settings contradict each other (Liger and compile both on)
+        raise DockyardError(f"recipe {recipe.name}: {e}") from None
+    micro, ckpt = r.overrides["per_device_train_batch_size"], r.overrides["gradient_checkpointing"]
+    if split.given_micro and not fits(micro_batch_estimate(
+            shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=settings.max_seq_length, batch=micro,
+            per_rank=split.per_process, checkpointing=ckpt, regime=r.regime), device.memory_bytes):
+        ckpt = None  # the micro-batch given, which the trainer runs as asked: it does not fit
+    return {"micro_batch": micro, "per_rank": split.per_process, "checkpointing": ckpt, "regime": r.regime}
 
 
 def _gib(b: float) -> str:
@@ -179,7 +185,7 @@ def recommend(rows: list[dict], *, gpus: int, gpu_mem: int, cpu_mem: int) -> dic
             ckpt = not r["fits"]
             need = r["gpu_bytes_checkpointed"] if ckpt else r["gpu_bytes"]
             why = (f"{r['recipe']} is the fastest recipe that fits: {_gib(need)} of {room} at {_micro_batch(r)}"
-                   + (" with gradient checkpointing" if ckpt else "")
+                   + _how(r, ckpt)
                    + (f", {_gib(r['host_bytes'])} of {_gib(cpu_mem)} host memory" if r["offloads"] else ""))
             if skipped:
                 why += f"; {skipped[0]['recipe']} needs {_too_big(skipped[0], gpu_mem, cpu_mem)}"
@@ -208,6 +214,13 @@ def _micro_batch(r: dict) -> str:
     return f"micro-batch {r['micro_batch']}" + (f" × {a} accumulated" if a > 1 else "")
 
 
+def _how(r: dict, checkpointing: bool) -> str:
+    """What the trainer turns on for a row that fits, in words: " with gradient checkpointing and ..."."""
+    on = [w for w, yes in (("gradient checkpointing", checkpointing), ("torch.compile", r["torch_compile"]),
+                           ("Liger's fused loss", r["use_liger_kernel"])) if yes]
+    return f" with {' and '.join(on)}" if on else ""
+
+
 # --- the task's front end -----------------------------------------------------------------------------
 
 def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 2048,
@@ -222,6 +235,7 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
         if value < 0:
             raise DockyardError(f"{flag}={value}: must be positive (or 0 for what this host has)")
     shape = shape_for(model, hub_home, where)
+    device = None
     if not gpus or not gpu_mem_gib:
         if host is None:
             from dockyard.gpus import read_host
@@ -235,12 +249,14 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
                                 "GPU's that NVML reports; say the slice's: --gpu-mem=GiB (`nvidia-smi -L` lists them)")
         gpus = gpus or host.count
         gpu_mem_gib = gpu_mem_gib or min(g.memory_bytes for g in host.gpus) / GIB
+        seen = autos.device_from_host(host)  # its compute capability decides compiling
+        device = autos.Device(seen.name, int(gpu_mem_gib * GIB), seen.capability)
     if not cpu_mem_gib:
         import psutil
 
         cpu_mem_gib = psutil.virtual_memory().total / GIB
     return plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
-                seq_len=seq_len, batch=batch)
+                seq_len=seq_len, batch=batch, device=device)
 
 
 def print_plan(result: dict) -> None:
@@ -259,7 +275,8 @@ def print_plan(result: dict) -> None:
         table.add_column(col, justify="left" if col in ("recipe", "fits") else "right", no_wrap=col != "recipe")
     for r in result["recipes"]:
         fits = ("yes" if r["fits"] else "ckpt" if r["fits_checkpointed"] else "no") + \
-            f" {r['micro_batch']}×{r['gradient_accumulation_steps']}"
+            f" {r['micro_batch']}×{r['gradient_accumulation_steps']}" + \
+            (" C" if r["torch_compile"] else "") + (" L" if r["use_liger_kernel"] else "")
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
                       *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
@@ -274,8 +291,9 @@ def print_plan(result: dict) -> None:
                   "trainer's margin), at micro-batch × accumulation steps as the trainer picks them: the largest "
                   "micro-batch dividing the recipe's examples per GPU per step (8 with its global batch auto) that fits, "
                   "without checkpointing if one does, else the smallest (--batch=N: micro-batch N, as `-- "
-                  "--per_device_train_batch_size N`). Every column is at that micro-batch, uncompiled and without "
-                  "Liger: where the trainer turns those on, it may take a larger one.[/]")
+                  "--per_device_train_batch_size N`). Every column is at that micro-batch, compiled (C) and with Liger's "
+                  "fused loss (L) where the trainer turns them on by itself for the recipe's settings (its max_steps: "
+                  "a longer run may compile, which takes less memory).[/]")
     console.print("[dim]disk: the peak of a run long enough to rotate its checkpoints, with the recipe's settings: "
                   "save_total_limit + 1 checkpoints while the next is written, or those kept and the final model, "
                   "whichever is more; `invoke run` counts its own run's steps and checks the runs folder has room "

@@ -3,11 +3,11 @@
 Needs the training stack (torch, transformers, DeepSpeed, PEFT); the host side of the project never imports
 it. What it shares with the host is torch-free, and all of it in dockyard.common: the recipe registry, the run
 settings, the run folder's contract, DockyardError, model_config, units, the memory model (its prediction goes
-next to the measured peak, and the auto micro-batch is chosen from it) and the disk estimate. It imports no host
+next to the measured peak), the `auto` settings' rules (autos) and the disk estimate. It imports no host
 module of dockyard (tests/unit/test_layers.py holds that).
 
   __main__   main: open the run folder, training arguments, data, model, fit, measure, write the manifest
-  autos      the `auto` settings resolved on the GPU at hand (micro-batch, checkpointing, compile, Liger, ...)
+  environment  what the `auto` settings (dockyard.common.autos) are resolved against: the GPUs torch sees, Liger
   data       the user's data: formats detected, tokenised, eval split
   model      the model: made or loaded, precision, adapters, quantisation
   guards     what is refused before training (one process per GPU, host memory for offload, ...)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
-from dockyard.common import disk, memory, runfolder
+from dockyard.common import autos, disk, memory, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
@@ -44,7 +44,7 @@ from dockyard.common.run_settings import (
     resolve_settings,
 )
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
-from dockyard.train import autos, checkpoints, data, guards, manifest, mfu, nodes, precision
+from dockyard.train import checkpoints, data, environment, guards, manifest, mfu, nodes, precision
 from dockyard.train import model as models
 
 # Imported inside functions, on purpose: transformers' Trainer, TrainingArguments and our callbacks (subclasses of its
@@ -223,9 +223,10 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         _, need = memory.model_states(recipe.strategy, recipe.peft, shape, world_size, local)
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
-    device = autos.device_from_torch()
+    device = environment.device_from_torch()
     resolved = autos.resolve(recipe, settings, opened.training, world_size=world_size, gpus_per_node=local,
-                             device=device, shape=shape, kind=autos.model_type(model_dir))
+                             device=device, shape=shape, kind=shape.model_type if shape else "",
+                             liger=environment.liger_kinds())
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
     log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,

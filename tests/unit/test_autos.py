@@ -7,13 +7,12 @@ import json
 
 import pytest
 
-from dockyard.common import memory
+from dockyard.common import autos, memory
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import resolve_settings
 from dockyard.gpus import Recorded
 from dockyard.machine import planner
-from dockyard.train import autos
 from tests.support.measured import H100, HOSTS, measured_shape
 
 LLAMA_8B = HOSTS.parents[1] / "models" / "llama-3.1-8b"
@@ -38,7 +37,7 @@ def resolve(name: str, given: dict | None = None, *, world: int = 1, device=None
     recipe = load_recipe(name)
     settings, overrides = resolve_settings(recipe, given or {})
     return autos.resolve(recipe, settings, overrides, world_size=world, gpus_per_node=world, device=device,
-                         shape=shape, kind=kind, liger=liger)
+                         shape=shape, kind=kind, liger=autos.LIGER_TYPES if liger else ())
 
 
 def values(r: autos.Resolved) -> dict:
@@ -191,17 +190,21 @@ def test_a_recipe_the_plan_says_fits_is_one_the_trainer_takes_with_the_same_sett
     shape = planner.shape_for(model)
     for row in result["recipes"]:
         try:
-            r = resolve(row["recipe"], {"max_seq_length": seq}, device=H100_GPU, shape=shape)
+            r = resolve(row["recipe"], {"max_seq_length": seq}, device=H100_GPU, shape=shape, liger=True,
+                        kind=shape.model_type)  # the CUDA images hold liger-kernel
         except DockyardError as e:
             assert not (row["fits"] or row["fits_checkpointed"]), (row["recipe"], str(e))
             continue
-        assert row["fits"] or row["fits_checkpointed"] or values(r)["torch_compile"], row["recipe"]
-        if row["fits"]:
-            assert values(r)["gradient_checkpointing"] is False, row["recipe"]
+        assert row["fits"] or row["fits_checkpointed"], row["recipe"]
+        assert values(r) == {"per_device_train_batch_size": row["micro_batch"],
+                             "gradient_accumulation_steps": row["gradient_accumulation_steps"],
+                             "gradient_checkpointing": not row["fits"], "torch_compile": row["torch_compile"],
+                             "use_liger_kernel": row["use_liger_kernel"]}, row["recipe"]
     rec = result["recommendation"]
     if rec["recipe"]:
-        r = resolve(rec["recipe"], {"max_seq_length": seq}, device=H100_GPU, shape=shape)
-        assert values(r)["gradient_checkpointing"] <= rec["gradient_checkpointing"]
+        r = resolve(rec["recipe"], {"max_seq_length": seq}, device=H100_GPU, shape=shape, liger=True,
+                    kind=shape.model_type)
+        assert values(r)["gradient_checkpointing"] == rec["gradient_checkpointing"]
 
 
 def test_where_only_the_accumulated_gradients_do_not_fit_the_trainer_says_so(tmp_path):
@@ -364,3 +367,21 @@ def test_a_huge_global_batch_is_answered_at_once(shape):
     assert values(r)["torch_compile"] is True
     assert (values(r)["per_device_train_batch_size"], values(r)["gradient_accumulation_steps"]) == (16, huge // 16)
     assert memory.divisors(12) == [1, 2, 3, 4, 6, 12] and memory.divisors(1) == [1] and memory.divisors(49) == [1, 7, 49]
+
+
+def test_the_plan_counts_the_liger_kernels_the_trainer_turns_on(tmp_path):
+    """Qwen3-4B at 4096 tokens on the H100: the plan sized every row without Liger and recommended zero2-offload (its
+    optimizer step on the CPU), saying ddp fits nowhere ("73.6 GiB per GPU even with gradient checkpointing"), while
+    the trainer in a CUDA image (liger-kernel installed) turns Liger's fused loss on where memory binds and runs ddp
+    at micro-batch 8 with checkpointing. The plan now runs the trainer's rules: it recommends that run."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_4B))
+    result = planner.plan_model(str(tmp_path), seq_len=4096, host=Recorded.from_file(H100).host(), cpu_mem_gib=512)
+    rec = result["recommendation"]
+    assert (rec["recipe"], rec["micro_batch"], rec["gradient_checkpointing"]) == ("ddp", 8, True), rec
+    assert "with gradient checkpointing and Liger's fused loss" in rec["why"]
+    ddp = next(r for r in result["recipes"] if r["recipe"] == "ddp")
+    assert ddp["use_liger_kernel"] and ddp["gpu_bytes_checkpointed"] <= memory.budget(H100_GPU.memory_bytes)
+    shape = planner.shape_for(str(tmp_path))
+    trainer = resolve("ddp", {"max_seq_length": 4096}, device=H100_GPU, shape=shape, liger=True, kind="qwen3")
+    assert values(trainer) == {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
+                               "gradient_checkpointing": True, "torch_compile": False, "use_liger_kernel": True}

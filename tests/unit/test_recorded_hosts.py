@@ -202,9 +202,9 @@ def test_every_row_the_plan_says_fits_is_the_run_the_trainer_takes(replay, name,
     `-- --per_device_train_batch_size N` runs N examples, no accumulation. Now every row the plan says fits is the run
     the trainer takes with the same inputs (its micro-batch, accumulation and checkpointing), and every row it says
     does not, the trainer refuses (or, given the micro-batch, runs as asked, with checkpointing)."""
+    from dockyard.common import autos
     from dockyard.common.recipes import load_recipe
     from dockyard.common.run_settings import resolve_settings
-    from dockyard.train import autos
 
     host, _ = replay(name)
     device = autos.device_from_host(host)
@@ -216,23 +216,23 @@ def test_every_row_the_plan_says_fits_is_the_run_the_trainer_takes(replay, name,
         recipe = load_recipe(name)
         settings, overrides = resolve_settings(recipe, {**given, **more})
         return autos.resolve(recipe, settings, overrides, world_size=host.count, gpus_per_node=host.count,
-                             device=device, shape=shape, liger=False)
+                             device=device, shape=shape, kind="llama", liger=autos.LIGER_TYPES)
 
     fitting = 0
     for row in result["recipes"]:
         try:
             r = resolve(row["recipe"])
-            if r.overrides["torch_compile"]:  # the plan sizes uncompiled: the trainer may take more where it compiles
-                r = resolve(row["recipe"], torch_compile=False)
         except DockyardError as e:
             assert not (row["fits"] or row["fits_checkpointed"]), (row["recipe"], str(e))
             continue
         took = {k: r.overrides[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
-                                            "gradient_checkpointing")}
+                                            "gradient_checkpointing", "torch_compile", "use_liger_kernel")}
         if row["fits"] or row["fits_checkpointed"]:
             fitting += 1
             assert took == {"per_device_train_batch_size": row["micro_batch"], "gradient_checkpointing": not row["fits"],
-                            "gradient_accumulation_steps": row["gradient_accumulation_steps"]}, row["recipe"]
+                            "gradient_accumulation_steps": row["gradient_accumulation_steps"],
+                            "torch_compile": row["torch_compile"], "use_liger_kernel": row["use_liger_kernel"]}, \
+                row["recipe"]
         else:
             assert batch and took["per_device_train_batch_size"] == batch, (row["recipe"], took)  # run as asked
     assert fitting, "some recipe fits in every case"

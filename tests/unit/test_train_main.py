@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dockyard.common import autos
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import resolve_settings
-from dockyard.train import autos
 from dockyard.train.__main__ import training_arguments
 
 
@@ -14,7 +14,8 @@ def cpu_arguments(name: str, given: dict, run_dir):
     """TrainingArguments as the trainer builds them on CPU: settings, then the autos resolved, then the arguments."""
     recipe = load_recipe(name)
     settings, overrides = resolve_settings(recipe, given)
-    resolved = autos.resolve(recipe, settings, overrides, world_size=1, gpus_per_node=1, device=None, shape=None)
+    resolved = autos.resolve(recipe, settings, overrides, world_size=1, gpus_per_node=1, device=None, shape=None,
+                              kind="", liger=())
     return training_arguments(recipe, settings, resolved.overrides, run_dir)
 
 

@@ -12,16 +12,15 @@
 On CPU every auto is what the project did before: micro-batch 8, no accumulation, checkpointing for the adapter
 recipes only, no compilation, no Liger, padded batches. What each became is written into the manifest
 (`settings_resolved`, with the reason); any of them can be set instead (recipe file or `-- --key value`).
-Plain functions over plain data: the trainer passes the GPU it sees (torch.cuda), tests pass recorded hosts.
+Plain, torch-free functions over plain data, so that what the trainer runs and what `invoke plan` says are one
+rule: the trainer passes the GPU it sees (dockyard.train.environment), the plan the GPU it plans for, tests recorded
+hosts.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from dockyard.common import memory
@@ -46,7 +45,8 @@ COMPILE_MIN_CAPABILITY = (7, 0)  # triton's kernels need Volta or newer
 # The auto compiles only without checkpointing; where checkpointing goes on, compiling goes off (and the micro-batch
 # is sized uncompiled: COMPILED was calibrated without checkpointing).
 COMPILE_CHECKPOINTED = "gradient checkpointing is on: compiling recomputed layers is not measured here"
-# Liger's kernels cover these model types (liger_kernel.transformers; the installed package's own list wins).
+# Liger's kernels cover these model types (liger_kernel.transformers' table: the trainer reads the installed
+# package's own; `invoke plan`, on a host without it, this list).
 LIGER_TYPES = ("llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "qwen2", "qwen3", "phi3", "granite",
                "olmo2", "glm4")
 PADDING_FREE_FORMATS = ("prompt_completion", "messages", "alpaca", "sharegpt")
@@ -54,6 +54,10 @@ PADDING_FREE_FORMATS = ("prompt_completion", "messages", "alpaca", "sharegpt")
 # row: worth it only while the row is short next to the linear layers' work.
 PACKED_SDPA_MAX_TOKENS = 4096
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+class DoesNotFit(DockyardError):
+    """No micro-batch fits the GPU by the memory model: the trainer stops with it, `invoke plan` says "no"."""
 
 
 @dataclass(frozen=True)
@@ -115,17 +119,6 @@ def device_from_host(host: Any) -> Device | None:
     return Device(g.name, g.memory_bytes, (int(major or 0), int(minor or 0)))
 
 
-def device_from_torch() -> Device | None:
-    """Inside the trainer: the smallest GPU this process can see (every rank then resolves the same values)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-    p = min(props, key=lambda p: p.total_memory)
-    return Device(p.name, int(p.total_memory), (p.major, p.minor))
-
-
 @dataclass
 class Resolved:
     overrides: dict[str, Any]                  # TrainingArguments values with every auto replaced
@@ -136,38 +129,19 @@ class Resolved:
         self.record[key] = {"value": value, "why": why}
 
 
-def model_type(model_dir: str) -> str:
-    try:
-        return str(json.loads((Path(model_dir) / "config.json").read_text()).get("model_type", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
-
-
-def liger_installed() -> bool:
-    return importlib.util.find_spec("liger_kernel") is not None
-
-
-def liger_types() -> tuple[str, ...]:
-    try:
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-    except Exception:  # noqa: BLE001 - not installed, or a version without the table: our own list
-        return LIGER_TYPES
-    return tuple(MODEL_TYPE_TO_APPLY_LIGER_FN)
-
-
 # --- the training settings (before TrainingArguments) --------------------------------------------------
 
 def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_size: int, gpus_per_node: int,
-            device: Device | None, shape: memory.Shape | None, kind: str = "", liger: bool | None = None) -> Resolved:
+            device: Device | None, shape: memory.Shape | None, kind: str, liger: tuple[str, ...]) -> Resolved:
     """Every training auto: batch sizes, checkpointing, compilation, Liger. `kind` is the model_type,
-    `liger` whether liger-kernel is installed (None: look)."""
+    `liger` the model types liger-kernel has kernels for where the run trains (empty: not installed; the trainer
+    asks the installed package, `invoke plan` takes LIGER_TYPES: the CUDA images pin it)."""
     out = Resolved({**overrides})
     micro, accum = check_autos(overrides)  # as the host checked them (dockyard.launch.preflight)
     batch = batch_split(settings.global_batch, micro, accum, world_size)
     gc = auto_switch(overrides.get("gradient_checkpointing", AUTO), "gradient_checkpointing")
     compile_ = auto_switch(overrides.get("torch_compile", AUTO), "torch_compile")
     use_liger = auto_switch(overrides.get("use_liger_kernel", AUTO), "use_liger_kernel")
-    liger = liger_installed() if liger is None else liger
 
     per_rank = batch.per_process
     if settings.global_batch == AUTO:
@@ -269,15 +243,15 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     return False
 
 
-def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind: str, installed: bool,
+def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind: str, liger: tuple[str, ...],
                       compiled: bool) -> str:
     if device is None:
         return "CPU: off as before (Liger's kernels are triton, GPU only)"
-    if not installed:
+    if not liger:
         return "liger-kernel is not installed in this environment"
     if settings.task != "causal_lm":
         return "its fused loss is for causal language models"
-    if kind not in liger_types():
+    if kind not in liger:
         return f"Liger has no kernels for model type {kind or '(none)'!r}"
     if compiled:
         return "torch_compile is on, and Liger's kernels fail under torch.compile"
@@ -287,9 +261,9 @@ def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind
     return ""
 
 
-def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: str, installed: bool,
+def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: str, liger: tuple[str, ...],
                    compiled: bool) -> bool:
-    return not _liger_off_reason(recipe, settings, device, kind, installed, compiled)
+    return not _liger_off_reason(recipe, settings, device, kind, liger, compiled)
 
 
 def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, world: int, gpn: int, seq: int,
@@ -349,12 +323,12 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
         # a micro-batch of 1 set alone means one example per process only while global_batch is auto; beside a
         # global_batch set, it is accumulated again
         micro_too = " (or per_device_train_batch_size 1)" if global_auto else ""
-        raise DockyardError(f"{recipe.name}: no micro-batch that divides the {per_rank} examples each process takes per "
+        raise DoesNotFit(f"{recipe.name}: no micro-batch that divides the {per_rank} examples each process takes per "
                             f"step (global_batch {per_rank * world}) fits in {budget}{said} by the plan's estimate: "
                             "accumulating keeps the gradients allocated between micro-batches. One example per "
                             f"process without accumulation fits ({one['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
                             f"{world}{micro_too}, or run `invoke plan` for a recipe that fits")
-    raise DockyardError(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
+    raise DoesNotFit(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
                         "estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
 
 
