@@ -17,10 +17,12 @@ import contextlib
 import io
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from dockyard import gpus
 from dockyard.common import runfolder
@@ -296,29 +298,39 @@ class Monitor:
         self.node_rank = node_rank
         self.samples: list[dict] = []
         self.warned = False
+        self.discarded = False
+        self._file: Any = None
+        self._kept = 0  # the samples file's size before this run's: what discard() leaves
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dockyard-monitor", daemon=True)
 
     def start(self) -> None:
+        self._file = runfolder.append(self.run_dir, self.name(runfolder.MONITOR_SAMPLES))
+        self._kept = os.fstat(self._file.fileno()).st_size
         self._thread.start()
 
     def _loop(self) -> None:
         t0 = time.monotonic()
+        f = self._file
         try:
-            with runfolder.append(self.run_dir, self.name(runfolder.MONITOR_SAMPLES)) as f:
-                while True:
-                    readings = self.source.sample()
-                    if readings:
-                        row = {"t": round(time.monotonic() - t0, 3), "kind": self.source.kind,
-                               "devices": [reading_to_dict(r) for r in readings]}
-                        f.write(json.dumps(row) + "\n")
-                        f.flush()
-                        self.samples.append(row)
-                        self._live_check()
-                    if self._stop.wait(self.interval):
-                        return
+            while True:
+                readings = self.source.sample()
+                if readings:
+                    row = {"t": round(time.monotonic() - t0, 3), "kind": self.source.kind,
+                           "devices": [reading_to_dict(r) for r in readings]}
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
+                    self.samples.append(row)
+                    self._live_check()
+                if self._stop.wait(self.interval):
+                    return
         except Exception as e:  # noqa: BLE001 - the run must go on whatever the monitor meets
             _say(f"sampling stopped ({type(e).__name__}: {e}); the run goes on")
+
+    def discard(self) -> None:
+        """Keep nothing of this watch (a resume the trainer refused): the run's samples, plots and verdict stay
+        those of the run before it."""
+        self.discarded = True
 
     def _live_check(self) -> None:
         if self.warned or len(self.samples) < LIVE_WINDOW:
@@ -335,6 +347,11 @@ class Monitor:
     def finish(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=max(10.0, 3 * self.interval))
+        with self._file:
+            if self.discarded:
+                self._file.truncate(self._kept)
+        if self.discarded:
+            return {}
         kind = self.source.kind
         v = verdict(self.samples, kind)
         usage = self.name(f"{kind}.png")

@@ -115,13 +115,16 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     before = _traces(run_dir, r.node_rank)
     # the GPUs this run was given (--gpus, CUDA_VISIBLE_DEVICES), none on CPU: the others are no part of its verdict
     with monitor.watch(run_dir, node_rank=r.node_rank,
-                       devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []):
+                       devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []) as watching:
         proc = engine.run(plan.argv, env=plan.env, check=False)
-    after = _traces(run_dir, r.node_rank)
+        after = _traces(run_dir, r.node_rank)
+        refused = bool(proc.returncode and r.resume and before[0] and after == before)
+        if refused and watching:  # the run's plots and verdict stay those of the run it was
+            watching.discard()
     if proc.returncode and r.resume and before[0] and after[0] == before[0]:
         # The manifest is what the run was before this command ("completed" perhaps), not its outcome: the trainer
         # refused to continue and left the record alone, or it trained on and was killed before rewriting it.
-        if after == before:
+        if refused:
             raise DockyardError(f"--resume of run {run_dir.name} was refused (exit {proc.returncode}; the trainer's "
                                 "reason is above): the run is as it was")
         newest = f"; its newest checkpoint is {after[2][-1]}" if after[2] else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -23,6 +24,7 @@ from dockyard.launch import run as launch_run
 from tests.support.fake_engine import FakeEngine
 
 ERROR = "invalid training setting: nonsense is not a valid SchedulerType"
+WATCH = monitor.watch  # the real one, which the fixture below leaves out
 
 
 def host_folder(argv: list[str], inside: str):
@@ -130,3 +132,31 @@ def test_a_resume_that_trained_then_died_says_so_not_refused(run_cpu):
                                             r"train.log\); its newest checkpoint is checkpoint-1000: its manifest "
                                             r"was not rewritten"):
         go()
+
+
+def test_a_refused_resume_leaves_the_run_s_samples_plots_and_verdict_as_they_were(run_cpu, monkeypatch):
+    """The monitor watched the refused attempt like a run: it appended its seconds of samples to monitor.jsonl and
+    replaced the run's gpu.png and verdict with a picture of a GPU idle for two seconds. The resource monitor here
+    replays an NVML recording (no GPU on this host) through the real watch."""
+    from dockyard.gpus import Recorded
+    from dockyard.train import manifest
+
+    recording = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "balanced.json"
+    def replayed(run_dir, **kw):
+        return WATCH(run_dir, interval=0.001, source=Recorded.from_file(recording), node_rank=kw.get("node_rank", 0))
+
+    def refuses_after_a_moment(argv: list[str]) -> int:
+        time.sleep(0.2)  # long enough for the monitor to sample
+        return 1
+
+    fake, run_dir, go = run_cpu(refuses_after_a_moment, resume=True)
+    monkeypatch.setattr(monitor, "watch", replayed)
+    run_dir.mkdir(parents=True)
+    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    kept = {runfolder.MONITOR_SAMPLES: b'{"t": 0.0, "kind": "gpu", "devices": []}\n', "gpu.png": b"the run's plot",
+            runfolder.MONITOR_VERDICT: b'{"message": "the run\'s verdict"}\n'}
+    for name, data in kept.items():
+        (run_dir / name).write_bytes(data)
+    with pytest.raises(DockyardError, match=r"--resume of run early was refused"):
+        go()
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
