@@ -290,6 +290,27 @@ def engine_info(settings: Settings) -> dict:
     return info
 
 
+def container_user(info: dict) -> list[str]:
+    """The `docker run` flags that make a container's files this user's, for the engine `info` describes ({}: an
+    engine not asked, as on --dry). A rootful engine: the user's uid:gid. Rootless Docker maps the container's root to
+    the user who runs the engine and every other uid to a subordinate one, which cannot write the user's folders: run
+    as root there (the user, outside). An engine with userns-remap maps every uid, the user's too: this container
+    leaves the remapping (--userns=host) and runs as the user."""
+    user = ["--user", f"{os.getuid()}:{os.getgid()}"]
+    mapping = user_mapping(info)
+    if mapping == "rootless":
+        return ["--user", "0:0"]
+    if mapping == "userns":
+        return ["--userns=host", *user]
+    return user
+
+
+def user_mapping(info: dict) -> str:
+    """"rootless", "userns" (dockerd --userns-remap) or "" for an engine whose uids are the host's."""
+    options = " ".join(info.get("SecurityOptions") or [])
+    return next((m for m in ("rootless", "userns") if f"name={m}" in options), "")
+
+
 def reference(ref: str, what: str = "image") -> str:
     """`ref` if it can be an image or container name, id or digest; refused otherwise, before docker reads a
     leading '-' as one of its options."""

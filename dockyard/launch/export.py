@@ -44,11 +44,13 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
-    argv, env = export_command(settings, m, run_dir, target, merge)
+    native = m.variant in NATIVE
+    argv, env = export_command(settings, m, run_dir, target, merge,
+                               None if dry or native else engine.engine_info(settings))
     if dry:
         engine.echo(argv, env)
         return target
-    if m.variant not in NATIVE:
+    if not native:
         check_image(settings, run_image(settings, m), m.variant)
     try:
         if out:
@@ -70,9 +72,10 @@ NATIVE = ("", "native")  # what a run made with --native records as its variant
 
 
 def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, target: Path,
-                merge: bool) -> tuple[list[str], dict]:
-    """The command that exports (pure but for checking the model folder): `docker run` of the run's image, or this
-    host's Python for a native run. Every value taken from the manifest is checked first."""
+                merge: bool, engine_info: dict | None = None) -> tuple[list[str], dict]:
+    """The command that exports (pure but for checking the model folder): `docker run` of the run's image (on the
+    engine `engine_info` describes: {} or None, not asked), or this host's Python for a native run. Every value taken
+    from the manifest is checked first."""
     m = m if isinstance(m, RunManifest) else runfolder.parse_manifest(m, run_dir / runfolder.MANIFEST)
     if m.run_id != run_dir.name:
         raise DockyardError(f"{run_dir}/manifest.json is the manifest of run {m.run_id!r}, not of {run_dir.name!r}: "
@@ -92,7 +95,8 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
                "--out", OUT, *tail]
     env = {"DS_ACCELERATOR": "cpu", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",
-                                  env=env, network_host=False, interactive=False, command=command, mounts=mounts)
+                                  env=env, network_host=False, interactive=False, command=command, mounts=mounts,
+                                  engine_info=engine_info or {})
     return argv, {}
 
 

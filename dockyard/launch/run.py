@@ -162,8 +162,9 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     print(why, file=sys.stderr)
     image = variants.tag(settings, chosen)
     gpus = chosen.is_cuda and not cpu
-    if gpus:  # --dry asks no engine, as `run --dry`: what the host alone tells
-        check_gpu_host(chosen, host, {} if dry else engine.engine_info(settings), False)
+    info = {} if dry else engine.engine_info(settings)  # --dry asks no engine, as `run --dry`: what the host tells
+    if gpus:
+        check_gpu_host(chosen, host, info, False)
     env = {envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}
     if chosen.is_cuda and cpu:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
@@ -171,7 +172,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     runs = settings.path(settings.runs_dir)
     argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell",
                            name=f"dockyard-shell-{os.getpid()}", env=env, network_host=False,
-                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts,
+                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts, engine_info=info,
                            memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
     if dry:
         engine.echo(argv)
@@ -311,13 +312,14 @@ def memlock_given(daemon_hard_limit: int | None) -> int | None:
 
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
-                    mounts: list[tuple[Path, str, bool]], memlock: str | None = None,
+                    mounts: list[tuple[Path, str, bool]], engine_info: dict, memlock: str | None = None,
                     devices: list[str] | None = None) -> list[str]:
-    """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes."""
+    """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes.
+    `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(), say=False)
     argv = engine.docker(settings, "run", "--rm", "--init", "--ipc=host",
                          "--ulimit", memlock, "--ulimit", "stack=67108864",
-                         "--user", f"{os.getuid()}:{os.getgid()}", "--name", name)
+                         *engine.container_user(engine_info), "--name", name)
     if interactive:
         argv += ["-it"]
     if gpus:
@@ -365,7 +367,7 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
                            name=f"dockyard-{run_dir.name}",
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command,
-                           mounts=seen.volumes, memlock=memlock,
+                           mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [])
     return RunCommand(argv, run_dir)
 

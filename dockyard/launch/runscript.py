@@ -55,8 +55,10 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     if "--gpus" in flags:
         i = flags.index("--gpus")
         del flags[i:i + 2]
-    user = f"{os.getuid()}:{os.getgid()}"
-    lines = ["add " + " ".join('"$(id -u):$(id -g)"' if w == user else word(w) for w in flags),
+    at = flags.index("--user")  # the node's engine decides the user (run.sh's container_user, engine.container_user)
+    lines = ["add " + " ".join(word(w) for w in flags[:at]),
+             'cmd="$cmd $USER_FLAGS"',
+             "add " + " ".join(word(w) for w in flags[at + 2:]),
              '[ -z "$GPUS" ] || add --gpus "$GPUS"',
              '[ -z "$CPU" ] || add -e DS_ACCELERATOR=cpu  # the image says cuda; DeepSpeed would look for a GPU',
              f'[ -z "$HOST_PATHS" ] || add -e "{envvars.HOST_PATHS}={{$HOST_PATHS}}"',

@@ -154,3 +154,12 @@ def test_gpus_in_a_container():
     assert require.status == doctor.FAIL and "--disable-require" in require.fix and "nvidia-ctk" not in require.fix
     argv = container.probe_argv(Settings(), "img", "n", ["nvidia-smi", "-L"], gpus=True)
     assert argv[-3:] == ["img", "nvidia-smi", "-L"] and "--gpus" in argv
+
+
+def test_doctor_says_whose_files_a_rootless_or_remapping_engine_makes():
+    rootless = doctor.check_engine({"ServerVersion": "27.3.1", "SecurityOptions": ["name=seccomp", "name=rootless"]})
+    remapped = doctor.check_engine({"ServerVersion": "27.3.1", "SecurityOptions": ["name=seccomp", "name=userns"]})
+    plain = doctor.check_engine({"ServerVersion": "27.3.1", "SecurityOptions": ["name=seccomp"]})
+    assert "rootless: containers run as their root, which is you" in rootless.detail
+    assert "userns-remap: dockyard's containers leave the remapping" in remapped.detail
+    assert "rootless" not in plain.detail and "userns" not in plain.detail

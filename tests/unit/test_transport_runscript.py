@@ -16,7 +16,8 @@ from tests.support.archive_sets import make_set, reseal
 FAKE_DOCKER = """#!/bin/sh
 case "$1" in
 info) [ -z "${FAKE_INFO_ERROR-}" ] || { echo "$FAKE_INFO_ERROR" >&2; exit 1; }
-      case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;; esac ;;
+      case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;;
+                   *SecurityOptions*) echo "${FAKE_SECURITY-[\"name=seccomp,profile=default\"]}" ;; esac ;;
 image) for ref do :; done  # the image asked about: loaded when FAKE_LOADED names it (unset: every image)
        case " ${FAKE_LOADED-$ref} " in *" $ref "*) ;; *) echo "Error: No such image: $ref" >&2; exit 1 ;; esac
        case "$*" in
@@ -291,3 +292,20 @@ def test_a_mig_device_or_more_processes_than_the_gpus_chosen_is_refused(node):
     proc, argv = node("--run-id=m2", "--nproc=2", variant="cu132", gpus=2, CUDA_VISIBLE_DEVICES="1")
     assert proc.returncode == 1 and not argv
     assert "--nproc=2 but this node has 1 GPU(s) in CUDA_VISIBLE_DEVICES: one process per GPU" in proc.stderr
+
+
+@pytest.mark.parametrize("options", [["name=seccomp,profile=default"], ["name=seccomp,profile=default", "name=rootless"],
+                                     ["name=seccomp,profile=default", "name=userns"]])
+def test_run_sh_starts_the_container_as_invoke_run_does_on_a_rootless_or_remapping_engine(node, options):
+    """Rootless Docker maps the container's root to the user and any other uid to a subordinate one, userns-remap maps
+    them all: `--user $(id -u):$(id -g)` could not write the run folder there. run.sh asks the node's engine and picks
+    the flags `invoke run` picks for the same `docker info` (engine.container_user; tests/integration/
+    test_engine_userns.py runs a real remapping engine)."""
+    import json
+
+    from dockyard import engine
+
+    _, argv = node("--recipe=ddp", FAKE_SECURITY=json.dumps(options))
+    want = engine.container_user({"SecurityOptions": options})
+    at = argv.index(want[0])
+    assert argv[at:at + len(want)] == want and argv.count("--user") == 1
