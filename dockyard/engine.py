@@ -12,6 +12,7 @@ import fcntl
 import functools
 import json
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -290,19 +291,24 @@ def engine_info(settings: Settings) -> dict:
     return info
 
 
-def container_user(info: dict) -> list[str]:
-    """The `docker run` flags that make a container's files this user's, for the engine `info` describes ({}: an
-    engine not asked, as on --dry). A rootful engine: the user's uid:gid. Rootless Docker maps the container's root to
-    the user who runs the engine and every other uid to a subordinate one, which cannot write the user's folders: run
-    as root there (the user, outside). An engine with userns-remap maps every uid, the user's too: this container
-    leaves the remapping (--userns=host) and runs as the user."""
+ROOTLESS_SHM = "16g"  # /dev/shm where the host's cannot be shared (rootless), as `invoke k8s` gives its pods
+
+
+def host_sharing_flags(info: dict) -> list[str]:
+    """The `docker run` flags that give a run container the host's shared memory (NCCL, DataLoader workers) and make
+    the files it writes the user's, for the engine `info` describes ({}: an engine not asked, as on --dry).
+    A rootful engine: --ipc=host, the user's uid:gid. Rootless Docker maps the container's root to the user who runs
+    the engine and every other uid to a subordinate one, which cannot write the user's folders: root there (the user,
+    outside); and runc cannot join the host's IPC namespace from the engine's user namespace, so a /dev/shm of its
+    own. An engine with userns-remap maps every uid, the user's too, and cannot share the host's IPC either: the
+    container leaves the remapping (--userns=host) and runs as the user."""
     user = ["--user", f"{os.getuid()}:{os.getgid()}"]
     mapping = user_mapping(info)
     if mapping == "rootless":
-        return ["--user", "0:0"]
+        return [f"--shm-size={ROOTLESS_SHM}", "--user", "0:0"]
     if mapping == "userns":
-        return ["--userns=host", *user]
-    return user
+        return ["--userns=host", "--ipc=host", *user]
+    return ["--ipc=host", *user]
 
 
 def user_mapping(info: dict) -> str:
@@ -330,13 +336,17 @@ def image_inspect(settings: Settings, ref: str) -> dict | None:
 LOCAL_ENGINE = "unix:///var/run/docker.sock"
 
 
-def daemon_memlock_hard_limit() -> int | None:
+def daemon_memlock_hard_limit(info: dict | None = None) -> int | None:
     """The local dockerd's hard RLIMIT_MEMLOCK in bytes (None: unlimited or unknown).
 
     A container cannot get more than the engine's own hard limit: `--ulimit memlock=-1` then fails with
     "error setting rlimit type 8". Where dockerd is local and limited, the launcher asks for that limit instead.
     An engine elsewhere (DOCKER_HOST) has limits this host cannot read: the local pid file says nothing about it.
+    A rootless engine (`info` says so) runs as this user, with this user's limits.
     """
+    if user_mapping(info or {}) == "rootless":
+        hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+        return None if hard == resource.RLIM_INFINITY else hard
     if os.environ.get("DOCKER_HOST", LOCAL_ENGINE) not in (LOCAL_ENGINE, "unix:///run/docker.sock"):
         return None
     try:

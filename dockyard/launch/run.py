@@ -100,7 +100,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))
         plan = run_command(settings, recipe=recipe_arg, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
-                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit()),
+                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit(info)),
                         cpu=r.cpu, data=r.data, model=r.model)
     if r.dry:
         engine.echo(plan.argv, plan.env)
@@ -173,7 +173,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell",
                            name=f"dockyard-shell-{os.getpid()}", env=env, network_host=False,
                            interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts, engine_info=info,
-                           memlock=memlock_flag(engine.daemon_memlock_hard_limit()))
+                           memlock=memlock_flag(engine.daemon_memlock_hard_limit(info)))
     if dry:
         engine.echo(argv)
         return
@@ -316,10 +316,9 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
                     devices: list[str] | None = None) -> list[str]:
     """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes.
     `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry."""
-    memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(), say=False)
-    argv = engine.docker(settings, "run", "--rm", "--init", "--ipc=host",
-                         "--ulimit", memlock, "--ulimit", "stack=67108864",
-                         *engine.container_user(engine_info), "--name", name)
+    memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
+    argv = engine.docker(settings, "run", "--rm", "--init", *engine.host_sharing_flags(engine_info),
+                         "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
     if interactive:
         argv += ["-it"]
     if gpus:

@@ -163,12 +163,13 @@ done
 
 command -v docker >/dev/null 2>&1 || die "docker is missing on this node: install Docker"
 engine
-# Whose the run's files are (dockyard/engine.py container_user): rootless Docker maps the container's root to this
-# user and every other uid to a subordinate one; userns-remap maps them all, so the container leaves it.
+# The host's shared memory and whose the run's files are (dockyard/engine.py host_sharing_flags): rootless Docker
+# maps the container's root to this user and every other uid to a subordinate one, and cannot share the host's IPC;
+# userns-remap maps them all, so the container leaves it.
 case $(docker info --format '{{json .SecurityOptions}}' 2>/dev/null) in
-*name=rootless*) USER_FLAGS="--user 0:0" ;;
-*name=userns*) USER_FLAGS="--userns=host --user $(id -u):$(id -g)" ;;
-*) USER_FLAGS="--user $(id -u):$(id -g)" ;;
+*name=rootless*) HOST_FLAGS="--shm-size=@ROOTLESS_SHM@ --user 0:0" ;;
+*name=userns*) HOST_FLAGS="--userns=host --ipc=host --user $(id -u):$(id -g)" ;;
+*) HOST_FLAGS="--ipc=host --user $(id -u):$(id -g)" ;;
 esac
 [ -n "$IMAGE_GIVEN" ] || image_of_the_set
 VARIANT=$(docker image inspect --format '{{index .Config.Labels "dockyard.variant"}}' "$IMAGE" 2>/dev/null) \

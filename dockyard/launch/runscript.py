@@ -55,10 +55,12 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     if "--gpus" in flags:
         i = flags.index("--gpus")
         del flags[i:i + 2]
-    at = flags.index("--user")  # the node's engine decides the user (run.sh's container_user, engine.container_user)
+    # the node's engine decides how the container shares the host (run.sh's HOST_FLAGS: engine.host_sharing_flags)
+    sharing = engine.host_sharing_flags({})
+    at = next(i for i in range(len(flags)) if flags[i:i + len(sharing)] == sharing)
     lines = ["add " + " ".join(word(w) for w in flags[:at]),
-             'cmd="$cmd $USER_FLAGS"',
-             "add " + " ".join(word(w) for w in flags[at + 2:]),
+             'cmd="$cmd $HOST_FLAGS"',
+             "add " + " ".join(word(w) for w in flags[at + len(sharing):]),
              '[ -z "$GPUS" ] || add --gpus "$GPUS"',
              '[ -z "$CPU" ] || add -e DS_ACCELERATOR=cpu  # the image says cuda; DeepSpeed would look for a GPU',
              f'[ -z "$HOST_PATHS" ] || add -e "{envvars.HOST_PATHS}={{$HOST_PATHS}}"',
@@ -74,7 +76,8 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
                                                  for major, least in variants.MIN_DRIVER.items()),
                         "@CUDA_VARIANTS@": " ".join(shlex.quote(f"{v.name}={v.cuda}") for v in newest_first),
                         "@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
-                        "@CPU_NPROC@": str(node.CPU_NPROC), "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
+                        "@CPU_NPROC@": str(node.CPU_NPROC), "@ROOTLESS_SHM@": engine.ROOTLESS_SHM,
+                        "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
                         "@COMMAND@": "\n".join(lines)}.items():
         text = text.replace(mark, value)
     return text

@@ -92,9 +92,10 @@ def check_engine(info: dict) -> Check:
         return Check("engine", FAIL, detail, "Docker 19.03 or newer is needed for --gpus: upgrade the engine")
     if store == "containerd":
         detail += " (docker save/load can fail silently there; dockyard verifies both)"
-    mapping = engine.user_mapping(info)  # engine.container_user decides the flags from it
+    mapping = engine.user_mapping(info)  # engine.host_sharing_flags decides the flags from it
     if mapping == "rootless":
-        detail += "; rootless: containers run as their root, which is you on this host"
+        detail += (f"; rootless: containers run as their root, which is you on this host, with a {engine.ROOTLESS_SHM} "
+                   "/dev/shm of their own (the host's cannot be shared)")
     elif mapping == "userns":
         detail += "; userns-remap: dockyard's containers leave the remapping (--userns=host) and run as you"
     return Check("engine", PASS, detail)

@@ -299,13 +299,13 @@ def test_a_mig_device_or_more_processes_than_the_gpus_chosen_is_refused(node):
 def test_run_sh_starts_the_container_as_invoke_run_does_on_a_rootless_or_remapping_engine(node, options):
     """Rootless Docker maps the container's root to the user and any other uid to a subordinate one, userns-remap maps
     them all: `--user $(id -u):$(id -g)` could not write the run folder there. run.sh asks the node's engine and picks
-    the flags `invoke run` picks for the same `docker info` (engine.container_user; tests/integration/
+    the flags `invoke run` picks for the same `docker info` (engine.host_sharing_flags; tests/integration/
     test_engine_userns.py runs a real remapping engine)."""
     import json
 
     from dockyard import engine
 
     _, argv = node("--recipe=ddp", FAKE_SECURITY=json.dumps(options))
-    want = engine.container_user({"SecurityOptions": options})
+    want = engine.host_sharing_flags({"SecurityOptions": options})
     at = argv.index(want[0])
-    assert argv[at:at + len(want)] == want and argv.count("--user") == 1
+    assert argv[at:at + len(want)] == want and argv.count("--user") == 1 and argv.count("--ipc=host") <= 1
