@@ -11,6 +11,8 @@
 #                              (CUDA_VISIBLE_DEVICES=0,2, indices or UUIDs: those GPUs only, as for invoke run)
 #   --image=REF                the image (default: the one image of the archives beside run.sh, their
 #                              *.manifest.json, that is loaded here; @IMAGE_DEFAULT@ where no manifest is beside it)
+#   --disable-require          run an image newer than the driver's CUDA (CUDA forward compatibility, or an
+#                              nvidia/cuda base's NVIDIA_REQUIRE_CUDA refusing the node's driver), as for invoke run
 #   --dry                      print the docker command and run nothing
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
@@ -63,7 +65,7 @@ check_driver() {
 	driver_facts
 	IMAGE_CUDA=$(cuda_of "$IMAGE")
 	runs "$IMAGE_CUDA"
-	[ $? -eq 1 ] || return 0
+	[ $? -eq 1 ] && [ -z "$DISABLE_REQUIRE" ] || return 0
 	instead=
 	for pair in @CUDA_VARIANTS@; do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
 	least=$(least_driver "$IMAGE_CUDA")
@@ -140,7 +142,7 @@ runnable() {
 	echo "${kept:-$*}"
 }
 
-RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN=
+RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN= DISABLE_REQUIRE=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--recipe=*) RECIPE=${1#*=} ;;
@@ -151,6 +153,7 @@ while [ $# -gt 0 ]; do
 	--nproc=*) NPROC=${1#*=} ;;
 	--image=*) IMAGE=${1#*=} IMAGE_GIVEN=1 ;;
 	--cpu) CPU=1 ;;
+	--disable-require) DISABLE_REQUIRE=1 ;;
 	--dry) DRY=1 ;;
 	--) shift; break ;;
 	*) die "unknown option $1 (options take the form --name=value; trainer overrides go after --)" ;;

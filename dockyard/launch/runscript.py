@@ -63,6 +63,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
              "add " + " ".join(word(w) for w in flags[at + len(sharing):]),
              '[ -z "$GPUS" ] || add --gpus "$GPUS"',
              '[ -z "$CPU" ] || add -e DS_ACCELERATOR=cpu  # the image says cuda; DeepSpeed would look for a GPU',
+             '[ -z "$DISABLE_REQUIRE" ] || add -e NVIDIA_DISABLE_REQUIRE=1  # as invoke run --disable-require',
              f'[ -z "$HOST_PATHS" ] || add -e "{envvars.HOST_PATHS}={{$HOST_PATHS}}"',
              'cmd="$cmd$MOUNTS"',
              "add \"$IMAGE\" " + " ".join(word(w) for w in command[:command.index(OVERRIDES)]),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.gpus import Host
+from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import run as launch_run
 from dockyard.launch import runscript
@@ -309,3 +309,17 @@ def test_run_sh_starts_the_container_as_invoke_run_does_on_a_rootless_or_remappi
     want = engine.host_sharing_flags({"SecurityOptions": options})
     at = argv.index(want[0])
     assert argv[at:at + len(want)] == want and argv.count("--user") == 1 and argv.count("--ipc=host") <= 1
+
+
+def test_disable_require_runs_an_image_newer_than_the_driver_as_invoke_run_does(node, settings, tmp_path):
+    """CUDA forward compatibility (a datacenter GPU with the cuda-compat package) runs a CUDA 13 image on a 535 driver;
+    `invoke run --disable-require` allowed it, run.sh, the node's only launcher, had no such option and refused."""
+    old = {"FAKE_DRIVER": "535.183.01", "FAKE_CUDA": "12.2"}
+    proc, argv = node("--run-id=f1", "--disable-require", variant="cu132", gpus=2, **old)
+    assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=2" in argv, proc.stderr
+    v = variants.resolve(settings, "cu132")[0]
+    plan = launch_run.run_command(settings, recipe="ddp", variant=v, host=Host("535.183.01", "12.2", [Gpu(0, "H100", 80 << 30)]),
+                                  engine_info={}, topo=launch_run.Topology(nproc=2), run_dir=tmp_path / "r",
+                                  overrides=[], disable_require=True, checkout_recipes=False)
+    wanted = [a for a in plan.argv if a.startswith("NVIDIA_DISABLE_REQUIRE")]
+    assert wanted and all(a in argv for a in wanted)
