@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
+import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,10 +15,33 @@ from dockyard.common.errors import DockyardError
 
 @contextlib.contextmanager
 def held_alone(lock_file: Path, busy: str) -> Iterator[None]:
-    """Hold `lock_file` (made if missing) for the block; DockyardError(busy) when another process holds it."""
-    with open(lock_file, "w") as lock:
+    """Hold `lock_file` (made if missing) for the block; DockyardError(busy) when another process holds it.
+    Opened without following a link and without truncating: a link planted under its name writes nothing."""
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise DockyardError(f"cannot open the lock file {lock_file} ({e.strerror}): remove it if it is a link or "
+                            "not yours") from None
+    with os.fdopen(fd, "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise DockyardError(busy) from None
         yield
+
+
+def private_folder() -> Path:
+    """This user's own folder in the temporary folder (/tmp/dockyard-<uid>, made 0700) for lock files: in /tmp
+    itself another user can plant a link or a file under a name that is known in advance. Refused when it is a link,
+    another user's, or others may write in it."""
+    folder = Path(tempfile.gettempdir()) / f"dockyard-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    st = folder.lstat()
+    why = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode)
+           else f"owned by uid {st.st_uid}" if st.st_uid != os.geteuid()
+           else "writable by others" if st.st_mode & 0o022 else "")
+    if why:
+        raise DockyardError(f"{folder} is {why}, not a private folder of yours: someone else made it; remove it, or "
+                            "set TMPDIR to a folder of your own")
+    return folder

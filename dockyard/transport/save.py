@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError
-from dockyard.common.locks import held_alone
+from dockyard.common.locks import held_alone, private_folder
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory, remote
@@ -102,11 +102,10 @@ def load_hint(archive: Path) -> str:
 @contextlib.contextmanager
 def exclusive(paths: ArchivePaths):
     """One save of an archive at a time: a second one (another shell, the same folder) is refused at once
-    rather than publishing over the first's files. The lock lives outside the folder, which holds the set alone."""
-    import tempfile
-
+    rather than publishing over the first's files. The lock lives outside the folder, which holds the set alone, in
+    this user's private folder (a name in /tmp itself could be a link another user planted)."""
     key = hashlib.sha256(str(paths.archive).encode()).hexdigest()[:16]
-    with held_alone(Path(tempfile.gettempdir()) / f"dockyard-save-{key}.lock",
+    with held_alone(private_folder() / f"save-{key}.lock",
                     f"another save of {paths.archive.name} into {paths.archive.parent} is under way: wait for it, "
                     "or save into another --out=DIR"):
         yield

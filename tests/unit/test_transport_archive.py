@@ -58,3 +58,51 @@ def test_the_load_command_save_prints_can_be_pasted_into_a_shell():
     command, beside = hint.removeprefix("load it: ").split("  (or, without the project: ")
     assert shlex.split(command) == ["invoke", "load", "--file=/data/a b/t_2.tar.zst"]
     assert shlex.split(beside.removesuffix(")")) == ["sh", "load.sh", "t_2.tar.zst"]
+
+
+def test_a_link_another_user_planted_in_the_temporary_folder_is_never_written_through(tmp_path, monkeypatch):
+    """The save's lock used a name in /tmp everyone could compute (dockyard-save-<sha of the archive path>.lock) and
+    opened it with "w": a link planted there by another user emptied whatever it pointed at (the saving user's
+    ~/.ssh/authorized_keys). Now the lock lives in the user's own 0700 folder and is opened without following a link
+    or truncating; a folder in its place that is not the user's own is refused."""
+    import hashlib
+    import os
+    import tempfile
+
+    from dockyard.common import locks
+    from dockyard.transport.layout import ArchivePaths
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA user@host\n")
+    paths = ArchivePaths(tmp_path / "dist" / "x_1.tar.zst")
+    key = hashlib.sha256(str(paths.archive).encode()).hexdigest()[:16]
+    (shared / f"dockyard-save-{key}.lock").symlink_to(victim)  # the name in /tmp the lock had
+    with save_mod.exclusive(paths):
+        pass
+    assert victim.read_text() == "ssh-ed25519 AAAA user@host\n"
+    private = shared / f"dockyard-{os.geteuid()}"
+    assert private.is_dir() and private.stat().st_mode & 0o777 == 0o700
+    # a link planted inside that folder (by the user's own processes) is not followed either
+    for lock in private.iterdir():
+        lock.unlink()
+        lock.symlink_to(victim)
+    with pytest.raises(DockyardError, match="cannot open the lock file .* remove it if it is a link"):
+        with save_mod.exclusive(paths):
+            pass
+    assert victim.read_text() == "ssh-ed25519 AAAA user@host\n"
+    # the private folder made by someone else first (a link to theirs, or open to others): refused, naming it
+    for lock in private.iterdir():
+        lock.unlink()
+    private.rmdir()
+    private.symlink_to(tmp_path)
+    with pytest.raises(DockyardError, match=f"{private} is a symbolic link, not a private folder of yours"):
+        locks.private_folder()
+    private.unlink()
+    private.mkdir(mode=0o777)
+    private.chmod(0o777)
+    with pytest.raises(DockyardError, match="writable by others"):
+        with save_mod.exclusive(paths):
+            pass
