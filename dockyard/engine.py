@@ -12,6 +12,7 @@ import fcntl
 import functools
 import json
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -39,19 +40,29 @@ def quote(argv: Sequence[str]) -> str:
     return shlex.join(str(a) for a in argv)
 
 
+# The user part of a URL (`https://alice:TOKEN@pypi.corp/simple`, `https://TOKEN@host`): a private index's token in
+# the index_url setting. What is printed (the echo, --dry, an error quoting its command) says `***` instead.
+_URL_USER = re.compile(r"(://)[^/@\s]+@")
+
+
+def shown(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """A command (with the environment it is given) as printed for a user: shell-quoted, credentials hidden."""
+    words = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()] + [shlex.quote(str(a)) for a in argv]
+    return _URL_USER.sub(r"\1***@", " ".join(words))
+
+
 def echo(argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-    print(f"+ {prefix + ' ' if prefix else ''}{quote(argv)}", file=sys.stderr, flush=True)
+    print(f"+ {shown(argv, env)}", file=sys.stderr, flush=True)
 
 
 def echo_pipeline(*argvs: Sequence[str]) -> None:
-    print("+ " + " | ".join(quote(a) for a in argvs), file=sys.stderr, flush=True)
+    print("+ " + " | ".join(shown(a) for a in argvs), file=sys.stderr, flush=True)
 
 
 def failure(argv: Sequence[str], returncode: int, output: Sequence[str], what: str = "") -> DockyardError:
     """How every failed command is reported: what failed, the exit code, the command, its last output lines."""
     label = f"{what} failed" if what else "command failed"
-    return DockyardError(f"{label} (exit {returncode}): {quote(argv)}\n{console.tail(output)}".rstrip())
+    return DockyardError(f"{label} (exit {returncode}): {shown(argv)}\n{console.tail(output)}".rstrip())
 
 
 def _not_found(argv: Sequence[str]) -> DockyardError:
@@ -112,9 +123,9 @@ def run(
     except FileNotFoundError:
         raise _not_found(argv) from None
     except subprocess.TimeoutExpired:
-        raise DockyardError(f"no answer in {timeout:g} s: {quote(argv)}") from None
+        raise DockyardError(f"no answer in {timeout:g} s: {shown(argv)}") from None
     except KeyboardInterrupt:
-        raise DockyardError(f"interrupted: {quote(argv)}", exit_code=130) from None
+        raise DockyardError(f"interrupted: {shown(argv)}", exit_code=130) from None
     if check and proc.returncode != 0:
         raise failure(argv, proc.returncode, tail, what)
     return subprocess.CompletedProcess(argv, proc.returncode, out, "\n".join(tail))

@@ -13,7 +13,6 @@ import datetime as dt
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -115,9 +114,7 @@ class BuildSteps:
 
     def show(self) -> str:
         lines = [f"# {n}" for n in self.notes]
-        for argv, env in self.steps:
-            prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-            lines.append((prefix + " " if prefix else "") + engine.quote(argv))
+        lines += [engine.shown(argv, env) for argv, env in self.steps]
         return "\n".join(lines)
 
 
@@ -165,13 +162,12 @@ def lock_steps(settings: Settings, variant: Variant, requirements_in: Path, outp
     rel = lambda p: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)  # noqa: E731
     argv = [sys.executable, "-m", "uv", "pip", "compile", rel(requirements_in),
             "--python-platform", "x86_64-manylinux_2_28", "--python-version", variant.python,
-            "--generate-hashes", "--no-header", "--quiet", "-o", rel(output or variant.lock_file),
-            *_index_args(settings)]
+            "--generate-hashes", "--no-header", "--quiet", "-o", rel(output or variant.lock_file)]
     if "+cpu" in variant.pins["torch"] and not (settings.index_url or settings.find_links):
         # The CPU build of torch is not on PyPI: pip's own find-links (where configured) or PyTorch's CPU index.
         argv += ["--find-links", _pip_find_links() or "https://download.pytorch.org/whl/cpu"]
     env = {"SSL_CERT_FILE": settings.pip_ca_bundle} if settings.pip_ca_bundle else {}
-    return BuildSteps([(argv, env)])
+    return BuildSteps([(argv, env | _index_env(settings, "UV_"))])
 
 
 def wheelhouse_steps(settings: Settings, variant: Variant) -> BuildSteps:
@@ -179,20 +175,17 @@ def wheelhouse_steps(settings: Settings, variant: Variant) -> BuildSteps:
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
             "-r", str(variant.lock_file), "-d", str(wheelhouse_dir(settings, variant)),
             "--python-version", variant.python, "--implementation", "cp",
-            *[a for p in PLATFORMS for a in ("--platform", p)], *_index_args(settings)]
+            *[a for p in PLATFORMS for a in ("--platform", p)]]
     env = {"PIP_CERT": settings.pip_ca_bundle} if settings.pip_ca_bundle else {}
-    return BuildSteps([(argv, env)])
+    return BuildSteps([(argv, env | _index_env(settings, "PIP_"))])
 
 
-def _index_args(settings: Settings) -> list[str]:
-    args = []
-    if settings.index_url:
-        args += ["--index-url", settings.index_url]
-    if settings.extra_index_url:
-        args += ["--extra-index-url", settings.extra_index_url]
-    if settings.find_links:
-        args += ["--find-links", settings.find_links]
-    return args
+def _index_env(settings: Settings, prefix: str) -> dict[str, str]:
+    """The index settings as pip's (PIP_) or uv's (UV_) variables, which mean what --index-url ... mean: an index URL
+    can hold a token, and a command line is readable by every user of the host (ps); the echo hides it (engine.shown)."""
+    given = {"INDEX_URL": settings.index_url, "EXTRA_INDEX_URL": settings.extra_index_url,
+             "FIND_LINKS": settings.find_links}
+    return {prefix + k: v for k, v in given.items() if v}
 
 
 def _selected(settings: Settings, name: str) -> list[Variant]:

@@ -102,11 +102,37 @@ def test_wheelhouse_plan_is_hash_checked_for_the_image_platform(settings, cu132)
 def test_index_and_ca_settings_reach_pip_but_not_the_image(settings, cu132):
     s = settings.model_copy(update={"index_url": "https://pypi.corp/simple", "ca_bundle": "/etc/corp-ca.pem"})
     (argv, env), = build.wheelhouse_steps(s, cu132).steps
-    assert argv[argv.index("--index-url") + 1] == "https://pypi.corp/simple" and env["PIP_CERT"] == "/etc/corp-ca.pem"
+    assert env["PIP_INDEX_URL"] == "https://pypi.corp/simple" and env["PIP_CERT"] == "/etc/corp-ca.pem"
     (bargv, _), = build.build_steps(s, cu132).steps
     assert "corp" not in " ".join(bargv)  # never a build arg: args are recorded in the image history
     spaced = build.wheelhouse_steps(settings.model_copy(update={"ca_bundle": "/etc/my ca.pem"}), cu132)
     assert spaced.show().startswith("PIP_CERT='/etc/my ca.pem' ")  # --dry prints a command that can be pasted
+
+
+def test_a_token_in_an_index_url_is_never_printed_nor_on_a_command_line(settings, cu132, capsys):
+    """index_url: https://alice:TOKEN@pypi.corp/simple was printed whole by `invoke lock --dry`, `invoke wheelhouse
+    --dry`, the echo of every real run and an error quoting the command, and stood in pip's and uv's command lines
+    (ps shows them to every user). Now pip and uv get it in their environment and what is printed says ***."""
+    import subprocess
+
+    from dockyard import engine
+    from dockyard.common.errors import DockyardError
+
+    token = "s3cr3t-tok"
+    s = settings.model_copy(update={"index_url": f"https://alice:{token}@pypi.corp/simple",
+                                    "extra_index_url": f"https://{token}@extra.corp/simple"})
+    for plan, tool in ((build.wheelhouse_steps(s, cu132), "PIP_"), (build.lock_steps(s, cu132, cu132.lock_file), "UV_")):
+        (argv, env), = plan.steps
+        assert env[tool + "INDEX_URL"] == s.index_url and env[tool + "EXTRA_INDEX_URL"] == s.extra_index_url
+        assert token not in " ".join(argv)
+        assert token not in plan.show() and "https://***@pypi.corp/simple" in plan.show()
+    engine.echo(argv, env)
+    with pytest.raises(DockyardError) as failed:
+        engine.run(["sh", "-c", "exit 3", s.index_url], env=env, quiet=True, capture=True)
+    assert token not in capsys.readouterr().err and token not in str(failed.value) and "exit 3" in str(failed.value)
+    # what runs still gets the whole URL
+    got = subprocess.run(["sh", "-c", 'printf %s "$UV_INDEX_URL"'], env=env, capture_output=True, text=True).stdout
+    assert got == s.index_url
 
 
 def test_dockerfile_stays_offline_and_layers_code_last():
