@@ -1,10 +1,13 @@
-"""One process at a time: an exclusive, non-blocking lock on a file, refused at once with the caller's words."""
+"""Files in folders other users may write (/tmp, a shared --out folder): one process at a time (an exclusive,
+non-blocking lock, refused at once with the caller's words), this user's private folder, and names for files being
+written that no one can have planted a link under."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -45,3 +48,10 @@ def private_folder() -> Path:
         raise DockyardError(f"{folder} is {why}, not a private folder of yours: someone else made it; remove it, or "
                             "set TMPDIR to a folder of your own")
     return folder
+
+
+def partial(path: Path) -> Path:
+    """A name beside `path` to write it under until whole, which no one can guess: in a folder others may write, a
+    link planted under a predictable name (`<name>.<pid>.partial`) was written through and chmod'ed. Open it with
+    mode "x" (O_EXCL: made new, never through a link)."""
+    return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.partial")

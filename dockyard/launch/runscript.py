@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import envvars
+from dockyard.common.locks import partial
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import node
@@ -114,11 +115,13 @@ def write(settings: Settings, folder: Path, images: list[dict]) -> Path | None:
     chosen = dockyard_variant(images)
     if chosen is None:
         return None
-    script, partial = folder / "run.sh", folder / f"run.sh.{os.getpid()}.partial"
+    script = folder / "run.sh"
+    written = partial(script)
     try:
-        partial.write_text(render(settings, *chosen))
-        partial.chmod(0o755)
-        os.replace(partial, script)
+        with open(written, "x") as f:
+            f.write(render(settings, *chosen))
+            os.fchmod(f.fileno(), 0o755)
+        os.replace(written, script)
     finally:
-        partial.unlink(missing_ok=True)
+        written.unlink(missing_ok=True)
     return script

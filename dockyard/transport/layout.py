@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
+from dockyard.common.locks import partial
 
 FORMAT = "dockyard-archive/1"
 SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
@@ -89,13 +89,15 @@ def read_sums(path: Path) -> dict[str, str]:
 
 def write_loader(folder: Path) -> Path:
     """Puts load.sh beside the archives. It is the same for every archive: it reads the manifest."""
-    loader, partial = folder / "load.sh", folder / f"load.sh.{os.getpid()}.partial"
+    loader = folder / "load.sh"
+    written = partial(loader)
     try:
-        shutil.copyfile(LOADER_TEMPLATE, partial)
-        partial.chmod(0o755)
-        os.replace(partial, loader)
+        with open(written, "xb") as f:
+            f.write(LOADER_TEMPLATE.read_bytes())
+            os.fchmod(f.fileno(), 0o755)
+        os.replace(written, loader)
     finally:
-        partial.unlink(missing_ok=True)
+        written.unlink(missing_ok=True)
     return loader
 
 

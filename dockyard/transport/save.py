@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError
-from dockyard.common.locks import held_alone, private_folder
+from dockyard.common.locks import held_alone, partial, private_folder
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory, remote
@@ -172,19 +172,21 @@ def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], metho
               thin: dict | None, key: Path | None, cache: LayerCache | None) -> tuple[dict, Streamed]:
     """The archive, its manifest (signed with `key`) and its .sha256: written as .partial files, renamed
     when complete, the .sha256 last (a set with one is complete)."""
-    partials = [p.with_name(f"{p.name}.{os.getpid()}.partial") for p in (paths.archive, paths.manifest, paths.sha256)]
+    partials = [partial(p) for p in (paths.archive, paths.manifest, paths.sha256)]
     signature = partials[1].with_name(partials[1].name + ".sig")  # where ssh-keygen puts it
     try:
-        with open(partials[0], "wb") as f:
+        with open(partials[0], "xb") as f:
             got = stream_save(settings, images, f.write, method=method, level=level,
                               omit=(thin or {}).get("omitted", ()), spool_dir=paths.archive.parent,
                               label=f"save {paths.archive.name}", cache=cache)
         manifest = _manifest(paths, images, got, method, level, thin)
-        partials[1].write_text(json.dumps(manifest, indent=2) + "\n")
+        with open(partials[1], "x") as f:
+            f.write(json.dumps(manifest, indent=2) + "\n")
         if key:
             sign_file(partials[1], key)
-        partials[2].write_text(f"{got.out_sha256}  {paths.archive.name}\n"
-                               f"{hashlib.sha256(partials[1].read_bytes()).hexdigest()}  {paths.manifest.name}\n")
+        with open(partials[2], "x") as f:
+            f.write(f"{got.out_sha256}  {paths.archive.name}\n"
+                    f"{hashlib.sha256(partials[1].read_bytes()).hexdigest()}  {paths.manifest.name}\n")
         write_loader(paths.archive.parent)  # before publishing: a disk that fills up here publishes nothing
         runscript.write(settings, paths.archive.parent, images)
         os.replace(partials[0], paths.archive)

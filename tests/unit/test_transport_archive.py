@@ -106,3 +106,37 @@ def test_a_link_another_user_planted_in_the_temporary_folder_is_never_written_th
     with pytest.raises(DockyardError, match="writable by others"):
         with save_mod.exclusive(paths):
             pass
+
+
+def test_a_save_into_a_shared_folder_writes_through_no_link_planted_there(tmp_path, monkeypatch, settings):
+    """`invoke save --out=` a folder others may write (a team's scratch): every file was first written under
+    `<name>.<pid>.partial`, opened to write and then chmod 755 (load.sh, run.sh) through whatever was there. A link
+    planted under those names for the pids to come made the save overwrite the file it pointed at with load.sh and
+    make it 0755 (a private key, world-readable). Now the names cannot be guessed and are made new (O_EXCL)."""
+    import os
+
+    from dockyard.transport.layout import ArchivePaths
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    key = tmp_path / "id_ed25519"
+    key.write_text("PRIVATE KEY\n")
+    key.chmod(0o600)
+    paths = ArchivePaths(shared / "dockyard_0.1.0-cpu.tar.zst")
+    for name in ("load.sh", "run.sh", paths.archive.name, paths.manifest.name, paths.sha256.name):
+        for pid in range(os.getpid() - 50, os.getpid() + 50):  # the pids another user can see coming
+            (shared / f"{name}.{pid}.partial").symlink_to(key)
+
+    def streamed(settings, images, sink, **kw):
+        sink(b"archive bytes")
+        return save_mod.Streamed(pump=None, out_bytes=13, out_sha256="0" * 64, seconds=0.1)
+
+    monkeypatch.setattr(save_mod, "stream_save", streamed)
+    monkeypatch.setattr(save_mod, "_manifest", lambda *a: {"archive": paths.archive.name})
+    images = [{"ref": "dockyard:0.1.0-cpu", "labels": {"dockyard.variant": "cpu"}}]
+    save_mod.write_set(settings, paths, images, "zstd", 3, None, None, None)
+    assert key.read_text() == "PRIVATE KEY\n" and key.stat().st_mode & 0o777 == 0o600
+    assert paths.archive.read_bytes() == b"archive bytes" and (shared / "run.sh").read_text().startswith("#!/bin/sh")
+    assert os.access(shared / "load.sh", os.X_OK) and not (shared / "load.sh").is_symlink()
+    assert not [p for p in shared.iterdir() if p.name.endswith(".partial") and not p.is_symlink()]
