@@ -115,6 +115,12 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                                 f"another recipe (invoke recipes) or make a recipe folder of your own")
     layers = ((defaults, "recipes/defaults.yaml"), (recipe.settings, f"settings: in {recipe.folder / 'recipe.yaml'}"),
               (overrides, "the overrides after --"))
+    for layer, where in layers:
+        if layer.get("hub_token") not in (None, ""):
+            raise DockyardError(f"hub_token in {where}: a token given as a setting is saved whole in training_args.bin "
+                                "of every checkpoint and of model/, and stands in the docker command line every user "
+                                "of the host sees (ps); the runs are offline (HF_HUB_OFFLINE=1) and push nothing: "
+                                "leave it out")
     merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:

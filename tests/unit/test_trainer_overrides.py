@@ -75,3 +75,23 @@ def test_a_trainer_override_is_taken_or_one_short_error_naming_it(key, value, tm
         short_error(r, key)
         assert r.returncode == 1
         assert "-m dockyard.train" not in r.stderr, "refused before the command"
+
+
+def test_a_hub_token_given_as_a_setting_is_refused_before_it_is_printed_or_saved(tmp_path):
+    """`-- --hub_token hf_...` was taken: printed in the docker command (`run --dry`, the echo, ps for every user of
+    the host) and saved whole in training_args.bin of every checkpoint and of model/, which the runs are offline
+    (HF_HUB_OFFLINE=1) and never use. Now the host and the trainer refuse it, from the overrides or a recipe file,
+    without printing it."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    token = "hf_" + "Q" * 34
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", "--hub_token", token, "--max_steps", "2",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "hub_token")
+    assert token not in r.stdout + r.stderr and "dockyard.train" not in r.stderr and not (tmp_path / "runs").exists()
+    recipe = load_recipe("ddp")
+    with pytest.raises(DockyardError, match="hub_token in settings: in .*recipe.yaml"):
+        resolve_settings(recipe.model_copy(update={"settings": {**recipe.settings, "hub_token": token}}), {})
+    assert resolve_settings(recipe, {"hub_model_id": "me/model"})[1]["hub_model_id"] == "me/model"
