@@ -243,7 +243,9 @@ RUNS=$(cd "$HERE" && pwd)
 mountable --runs "$RUNS"
 RUN_DIR=$RUNS/$RUN_ID
 [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id"
-HF=${HF_HOME:-${HOME:-/tmp}/.cache/huggingface}
+# Never a folder in /tmp: another user could have made /tmp/.cache/huggingface first, and it is mounted read-write
+[ -n "${HF_HOME:-}${HOME:-}" ] || die "neither HF_HOME nor HOME is set: set HF_HOME to your Hugging Face cache (a folder of yours)"
+HF=${HF_HOME:-$HOME/.cache/huggingface}
 mountable HF_HOME "$HF"
 here "$HF"
 mkdir -p "$HERE" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"

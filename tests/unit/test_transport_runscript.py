@@ -323,3 +323,14 @@ def test_disable_require_runs_an_image_newer_than_the_driver_as_invoke_run_does(
                                   overrides=[], disable_require=True, checkout_recipes=False)
     wanted = [a for a in plan.argv if a.startswith("NVIDIA_DISABLE_REQUIRE")]
     assert wanted and all(a in argv for a in wanted)
+
+
+def test_without_home_the_hugging_face_cache_is_never_a_folder_in_tmp(node, tmp_path):
+    """With HOME unset (`env -i`, a service) and no HF_HOME, run.sh mounted /tmp/.cache/huggingface read-write as the
+    run's Hugging Face cache: a folder any user of the node can make first and fill (the models a run loads) or read
+    (what the run caches). Now it asks for HF_HOME and runs nothing."""
+    proc, argv = node("--run-id=h1", HOME="")
+    assert proc.returncode == 1 and not argv
+    assert proc.stderr == "run.sh: neither HF_HOME nor HOME is set: set HF_HOME to your Hugging Face cache (a folder of yours)\n"
+    proc, argv = node("--run-id=h2", HOME="", HF_HOME=str(tmp_path / "hf"))
+    assert f"{tmp_path}/hf:/workspace/.cache/huggingface" in argv, proc.stderr
