@@ -133,7 +133,9 @@ def node_state_script(folder: str, name: str) -> str:
         "for t in rsync zstd gzip sha256sum openssl docker; do printf '%s=%s\\n' $t \"$(command -v $t)\"; done\n"
         f"p={d}; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done\n"
         "printf 'free_kb=%s\\n' \"$(df -Pk \"$p\" | awk 'NR == 2 { print $4 }')\"\n"
-        f"f={rpath(folder, name + '.partial')}; [ -f \"$f\" ] && printf 'partial=%s\\n' \"$(wc -c < \"$f\")\"\n"
+        # a link is no cut copy of ours (in a folder others write, one planted there would be appended to)
+        f"f={rpath(folder, name + '.partial')}; [ -f \"$f\" ] && [ ! -L \"$f\" ] "
+        "&& printf 'partial=%s\\n' \"$(wc -c < \"$f\")\"\n"
         f"f={rpath(folder, name)}; [ -f \"$f\" ] && printf 'final=%s\\n' \"$(wc -c < \"$f\")\"\n"
         "true\n")
 

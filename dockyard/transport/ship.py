@@ -174,7 +174,9 @@ def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str
         raise DockyardError(f"not enough space in {r.where()}: {console.human(free)} free, the copy needs "
                             f"{console.human(need)}. Free space there or ship to another folder. "
                             "Nothing was copied.")
-    mkdir = f"mkdir -p {rpath(r.dir)}" + ("" if offset else f" && rm -f {rpath(r.dir, name + '.partial')}")
+    # a new copy's file is made new (set -C: never through a link someone planted under its name since)
+    partial = rpath(r.dir, name + ".partial")
+    mkdir = f"mkdir -p {rpath(r.dir)}" + ("" if offset else f" && rm -f {partial} && (set -C; : > {partial})")
     run_there(settings, r, mkdir, f"preparing {r.where()}")
     if offset:
         print(f"resuming the copy at {console.human(offset)} of {console.human(size)}", file=sys.stderr)
@@ -215,7 +217,7 @@ def _append_copy(settings: Settings, r: Remote, local: Path, remote_name: str, o
 
 
 def _put_small(settings: Settings, r: Remote, local: Path) -> None:
-    """A companion file: written whole to .partial, then renamed."""
+    """A companion file: written whole to a new .partial (set -C: not through a link planted there), then renamed."""
     final, tmp = rpath(r.dir, local.name), rpath(r.dir, local.name + ".partial")
-    engine.run(ssh_argv(settings, r, f"cat > {tmp} && mv -f {tmp} {final}"), input=local.read_bytes(),
-               quiet=True, what=f"copying {local.name} to {r.host}")
+    engine.run(ssh_argv(settings, r, f"rm -f {tmp} && (set -C; cat > {tmp}) && mv -f {tmp} {final}"),
+               input=local.read_bytes(), quiet=True, what=f"copying {local.name} to {r.host}")

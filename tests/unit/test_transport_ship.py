@@ -79,3 +79,23 @@ def test_a_thin_record_of_the_wrong_shape_is_refused_before_anything_is_copied(t
     with pytest.raises(DockyardError, match=r"x.manifest.json is not a manifest `invoke save` writes \(thin.requires"):
         ship.ship_file(local_node(tmp_path), str(archive), f"node7:{tmp_path / 'there'}")
     assert not (tmp_path / "there").exists()
+
+
+def test_a_ship_into_a_shared_folder_writes_through_no_link_planted_there(tmp_path):
+    """`invoke ship --to=node:/scratch/shared` where another user of the node planted links under the names a ship
+    writes (`x.tar.zst.partial`, `x.sha256.partial`, ...): the cut-copy probe followed the link, so the archive was
+    appended to the file it pointed at ("resuming the copy at 12 B"), and the companions were written through theirs
+    (`cat > x.sha256.partial`). Now a link is no cut copy, and every file is made new (`set -C`) after removing the
+    name, so the targets keep their bytes and the ship verifies."""
+    s = local_node(tmp_path)
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    there = tmp_path / "there"
+    there.mkdir()
+    victim = tmp_path / "id_ed25519"
+    victim.write_text("PRIVATE KEY\n")
+    for name in ("x.tar.zst", "x.sha256", "x.manifest.json", "load.sh"):
+        (there / f"{name}.partial").symlink_to(victim)
+    ship.ship_file(s, str(archive), f"node7:{there}", transport="ssh")
+    assert victim.read_text() == "PRIVATE KEY\n"
+    assert (there / "x.tar.zst").read_bytes() == b"archive bytes" and not (there / "x.tar.zst").is_symlink()
+    assert not list(there.glob("*.partial"))
