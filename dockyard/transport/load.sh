@@ -87,6 +87,8 @@ if [ -z "$name" ]; then
 	set -- *.manifest.json
 	[ $# -eq 1 ] && [ -f "$1" ] || die "name the archive to load: sh load.sh NAME.tar.zst"
 	name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1")
+	# read before any check: a name with a path (../../x) would have the copy below opened over that file, emptying it
+	case $name in '' | */* | -*) die "$1 names the archive '$name', which is not a file name beside it: refused, nothing was loaded" ;; esac
 fi
 base=${name%.tar*}
 for f in "$name" "$base.sha256" "$base.manifest.json"; do

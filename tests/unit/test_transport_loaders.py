@@ -566,3 +566,30 @@ def test_load_sh_says_docker_s_own_reason_it_cannot_reach_the_engine_before_copy
         r.stderr
     assert "sudo usermod -aG docker" in r.stderr and len(r.stderr.splitlines()) == 1
     assert "verifying" not in r.stdout and list(private.iterdir()) == []
+
+
+def test_load_sh_takes_no_path_from_the_manifest_it_finds_beside_it(tmp_path):
+    """`sh load.sh` with no argument reads the archive's name from the one manifest beside it, before anything is
+    checked. A manifest naming `../../<a shared folder>/results.tar.zst` (with a .sha256 and manifest dropped beside
+    that file) had load.sh open its private copy at `$TMPDIR/<private folder>/../../<...>`: the same file, emptied
+    before its sha256 was found wrong. Now a name that is not a plain file name is refused and the file keeps its
+    bytes."""
+    shared, folder = tmp_path / "shared", tmp_path / "set"
+    shared.mkdir()
+    folder.mkdir()
+    victim = shared / "results.tar.zst"
+    victim.write_bytes(b"three weeks of results\n")
+    name = "../" * 40 + str(victim).lstrip("/")
+    paths = make_set(shared, name="results.tar.zst")
+    victim.write_bytes(b"three weeks of results\n")
+    reseal(paths, {"archive": name, "archive_bytes": victim.stat().st_size,
+                   "archive_sha256": hashlib.sha256(victim.read_bytes()).hexdigest()})
+    manifest_sum = hashlib.sha256(paths.manifest.read_bytes()).hexdigest()
+    paths.sha256.write_text(f"{hashlib.sha256(victim.read_bytes()).hexdigest()}  {name}\n"
+                            f"{manifest_sum}  {name[:name.index('.tar')]}.manifest.json\n")
+    (folder / "x.manifest.json").write_bytes(paths.manifest.read_bytes())
+    write_loader(folder)
+    proc = subprocess.run(["sh", str(folder / "load.sh")], cwd=tmp_path, capture_output=True, text=True,
+                          env={**engine_answering_info(tmp_path), "TMPDIR": str(tmp_path)})
+    assert victim.read_bytes() == b"three weeks of results\n"
+    assert proc.returncode == 1 and "which is not a file name beside it: refused, nothing was loaded" in proc.stderr
