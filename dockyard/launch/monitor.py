@@ -305,14 +305,19 @@ class Monitor:
         self._thread = threading.Thread(target=self._loop, name="dockyard-monitor", daemon=True)
 
     def start(self) -> None:
-        self._file = runfolder.append(self.run_dir, self.name(runfolder.MONITOR_SAMPLES))
-        self._kept = os.fstat(self._file.fileno()).st_size
+        try:
+            self._file = runfolder.append(self.run_dir, self.name(runfolder.MONITOR_SAMPLES))
+            self._kept = os.fstat(self._file.fileno()).st_size
+        except Exception as e:  # noqa: BLE001 - a link planted there: said by the sampler, the verdict still written
+            self._file = e
         self._thread.start()
 
     def _loop(self) -> None:
         t0 = time.monotonic()
         f = self._file
         try:
+            if isinstance(f, Exception):
+                raise f
             while True:
                 readings = self.source.sample()
                 if readings:
@@ -347,9 +352,10 @@ class Monitor:
     def finish(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=max(10.0, 3 * self.interval))
-        with self._file:
-            if self.discarded:
-                self._file.truncate(self._kept)
+        if not isinstance(self._file, Exception):
+            with self._file:
+                if self.discarded:
+                    self._file.truncate(self._kept)
         if self.discarded:
             return {}
         kind = self.source.kind
