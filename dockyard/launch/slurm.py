@@ -9,7 +9,8 @@ Three ways to get the image on the nodes (--runtime):
   `enroot import dockerd://IMAGE` on a host that loaded it);
 - apptainer: `apptainer exec FILE.sif` (`apptainer build FILE.sif docker-archive://ARCHIVE.tar`).
 With the last two, torchrun runs in the container directly: no checkout, no engine on the nodes.
-Node 0 is the first host of the allocation, reached at its NodeAddr; each node's rank is SLURM_NODEID.
+Node 0 is the first host of the allocation, reached at its NodeAddr as an address (_NODE_ADDRESSES); each node's
+rank is SLURM_NODEID.
 """
 
 from __future__ import annotations
@@ -79,12 +80,8 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         "#SBATCH --output=" + scriptwords.sbatch_word(str(runs).replace("%", "%%")) + "/slurm-%j.out",
         "set -euo pipefail",
         f"cd {shlex.quote(str(ROOT))}",
-        "# Node 0's address as Slurm itself reaches it (NodeAddr; the node name where none is set): a node name",
-        "# need not resolve on the other nodes, and inside a container a hostname can resolve to loopback.",
-        'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "MASTER_ADDR=$(scontrol show node \"$MASTER_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
-        'MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}',
-        f"export MASTER_ADDR MASTER_PORT=${{MASTER_PORT:-{int(master_port)}}}",
+        *_NODE_ADDRESSES,
+        f"export MASTER_ADDR NODE_ADDRS MASTER_PORT=${{MASTER_PORT:-{int(master_port)}}}",
         f'export RUN_ID="${{{envvars.RUN_ID}:-{name}-slurm-$SLURM_JOB_ID}}"',
         "# It names a folder and goes into the nodes' command lines: checked here, before any node starts.",
         'if [[ ${#RUN_ID} -gt 128 || $RUN_ID == [!A-Za-z0-9]* || $RUN_ID == *[!A-Za-z0-9_.-]* ]]; then',
@@ -105,6 +102,32 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     lines += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
               + shlex.quote(f"exec {invoke} {' '.join(run)}") + ' bash "$@"']
     return "\n".join(lines) + "\n"
+
+
+# Every node's address, in SLURM_NODEID order (NODE_ADDRS, node 0's is MASTER_ADDR), as an IPv4 address: torchrun,
+# gloo and `invoke run` need one. Slurm's NodeAddr is the node's name unless slurm.conf sets it, and a node's own
+# name can resolve to loopback on it (Debian's 127.0.1.1 in /etc/hosts): node 0, where this script runs, would then
+# advertise (and `invoke run` refuse) a loopback address. So names are resolved here, and node 0's own address,
+# where its name resolves to loopback here, is the one it reaches node 1 from.
+_NODE_ADDRESSES = [
+    "ADDRS=()",
+    'for n in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+    "  a=$(scontrol show node \"$n\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2) || true",
+    "  a=${a:-$n}",
+    "  ip4=$(getent ahostsv4 \"$a\" | awk '{print $1; exit}') || true",
+    '  ADDRS+=("${ip4:-$a}")',
+    "done",
+    'if [[ ${#ADDRS[@]} -gt 1 && ${ADDRS[0]} == 127.* ]]; then',
+    "  ADDRS[0]=$(ip -o route get \"${ADDRS[1]}\" 2>/dev/null | grep -o 'src [^ ]*' | cut -d' ' -f2) || true",
+    "  if [[ -z ${ADDRS[0]} ]]; then",
+    "    printf 'dockyard: node 0 (%s) resolves its own name to loopback and found no route to node 1 (%s): set "
+    "its NodeAddr in slurm.conf to its address, or map its name to that address in /etc/hosts\\n' "
+    '"$(hostname)" "${ADDRS[1]}" >&2',
+    "    exit 2",
+    "  fi",
+    "fi",
+    'MASTER_ADDR=${ADDRS[0]} NODE_ADDRS="${ADDRS[*]}"',
+]
 
 
 def _name(recipe: str) -> str:
@@ -158,15 +181,11 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
         wrap = ["apptainer", "exec", "--nv", "--bind", spec, "--pwd", node.WORKDIR, image_file]
     entry = node.entry_shell(seen.recipe, node.run_dir_inside("$RUN_ID"), seen.overrides, expand_run_dir=True,
                              args='"$@"')
-    # Each node advertises its own NodeAddr (a hostname can resolve to 127.0.1.1 on the node, or not at all).
+    # Each node advertises its own address (NODE_ADDRS: a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus, endpoint="$MASTER_ADDR:$MASTER_PORT",
         run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry)
-    env = ["# Every node's address as Slurm reaches it, in SLURM_NODEID order.",
-           "NODE_ADDRS=$(for n in $(scontrol show hostnames \"$SLURM_JOB_NODELIST\"); do",
-           "  scontrol show node \"$n\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2; done | tr '\\n' ' ')",
-           "# The containers see the job's environment.",
-           "export NODE_ADDRS",
+    env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above).",
            # the trainer's environment, HOME left as the runtime sets it for the user
            "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in
                                 {envvars.IMAGE_REF: image, **node.container_env(), **seen.env}.items() if k != "HOME")]

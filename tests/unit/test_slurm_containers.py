@@ -47,7 +47,8 @@ python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank"
 
 
 def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, recipe: str = "zero2",
-         overrides: tuple[str, ...] = ("--max_steps", "5", "--learning_rate", "1e-4")) -> dict:
+         overrides: tuple[str, ...] = ("--max_steps", "5", "--learning_rate", "1e-4"), stand_ins: dict | None = None,
+         check: bool = True) -> dict:
     text = slurm.script(settings, recipe=recipe, nodes=2, gpus_per_node=4, runtime=runtime, image_file=image_file,
                         overrides=list(overrides))
     script = tmp_path / "job.sbatch"
@@ -55,16 +56,75 @@ def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, r
     bin_, log = tmp_path / "bin", tmp_path / "log"
     bin_.mkdir()
     log.mkdir()
-    for name, body in (("scontrol", SCONTROL), ("srun", SRUN), ("apptainer", APPTAINER), ("torchrun", TORCHRUN)):
+    bodies = {"scontrol": SCONTROL, "srun": SRUN, "apptainer": APPTAINER, "torchrun": TORCHRUN, **(stand_ins or {})}
+    for name, body in bodies.items():
         (bin_ / name).write_text(body)
         (bin_ / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "LOG": str(log), "SLURM_JOB_ID": "77",
            "SLURM_JOB_NODELIST": "gpu-[a-b]"}
     p = subprocess.run(["bash", str(script), *after], env=env, capture_output=True, text=True, timeout=60)
+    if not check:
+        return {"returncode": p.returncode, "stderr": p.stderr}
     assert p.returncode == 0, p.stderr
     read = {f.name: f.read_text() for f in log.iterdir()}
-    read["torchrun"] = [json.loads(line) for line in read["torchrun"].splitlines()]
+    read["torchrun"] = [json.loads(line) for line in read.get("torchrun", "").splitlines()]
     return read
+
+
+# A cluster whose slurm.conf sets no NodeAddr (Slurm then uses the node name) on Debian nodes, whose /etc/hosts
+# maps a node's own name to 127.0.1.1: on node 0, where the batch script runs, gpu-a resolves to loopback.
+NAMES_ONLY = """#!/bin/sh
+case "$2" in
+  hostnames) printf 'gpu-a\\ngpu-b\\n' ;;
+  node) echo "NodeName=$3 Arch=x86_64 NodeAddr=$3 NodeHostName=$3" ;;
+esac
+"""
+GETENT = """#!/bin/sh
+case "$2" in
+  gpu-a) echo "127.0.1.1       STREAM gpu-a" ;;
+  gpu-b) echo "10.9.0.2        STREAM gpu-b" ;;
+  *) exit 2 ;;
+esac
+"""
+IP_ROUTE = """#!/bin/sh
+[ "$*" = "-o route get 10.9.0.2" ] && echo "10.9.0.2 dev ens5 src 10.9.0.1 uid 1000 \\    cache " || exit 1
+"""
+INVOKE = """#!/bin/bash
+shift 2  # -m invoke
+printf '%s\\n' "$*" >> "$LOG/invoke"
+"""
+
+
+@pytest.mark.parametrize("runtime", ["docker", "pyxis"])
+def test_node_names_that_resolve_to_loopback_on_node_0_still_give_every_node_its_address(settings, tmp_path,
+                                                                                         monkeypatch, runtime):
+    """With Slurm's default NodeAddr (the node name) the script passed node 0's name as --master-addr and
+    --local-addr: on a node whose name resolves to 127.0.1.1 on itself, `invoke run` on node 0 refused it
+    ("--master-addr gpu-a is a loopback address") and a container node 0 advertised a name gloo took as loopback."""
+    invoke = tmp_path / "invoke-stand-in"
+    invoke.write_text(INVOKE)
+    invoke.chmod(0o755)
+    monkeypatch.setattr(slurm, "INVOKE", [str(invoke), "-m", "invoke"])
+    image = tmp_path / "dockyard.sqsh"
+    image.write_text("")
+    got = _run(settings, tmp_path, runtime, str(image) if runtime == "pyxis" else "",
+               stand_ins={"scontrol": NAMES_ONLY, "getent": GETENT, "ip": IP_ROUTE})
+    if runtime == "docker":
+        nodes = got["invoke"].splitlines()
+        assert len(nodes) == 2 and all("--master-addr=10.9.0.1 " in n for n in nodes), nodes
+    else:
+        for i, n in enumerate(got["torchrun"]):
+            assert "--rdzv-endpoint=10.9.0.1:29500" in n["argv"] and f"--local-addr=10.9.0.{i + 1}" in n["argv"]
+            assert n["rdzv"]["local_addr"] == f"10.9.0.{i + 1}"
+
+
+def test_node_0_that_finds_no_address_of_its_own_stops_the_job_saying_what_to_set(settings, tmp_path):
+    image = tmp_path / "dockyard.sqsh"
+    image.write_text("")
+    got = _run(settings, tmp_path, "pyxis", str(image), check=False,
+               stand_ins={"scontrol": NAMES_ONLY, "getent": GETENT, "ip": "#!/bin/sh\nexit 1\n"})
+    assert got["returncode"] == 2 and "resolves its own name to loopback" in got["stderr"]
+    assert "NodeAddr in slurm.conf" in got["stderr"]
 
 
 @pytest.mark.parametrize("runtime,image_name", [("pyxis", "dockyard.sqsh"), ("apptainer", "dy.sif")])
