@@ -14,6 +14,7 @@ into the same folder) and a memory-backed /dev/shm (Kubernetes has no --ipc=host
 from __future__ import annotations
 
 import datetime as dt
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.images import variants
-from dockyard.launch import node, preflight, scriptwords
+from dockyard.launch import inputs, node, preflight, scriptwords
 from dockyard.settings import Settings
 
 RUNTIME = "torch-distributed"  # Kubeflow Trainer's ClusterTrainingRuntime for torchrun
@@ -98,6 +99,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     # what the trainer would refuse on every node, the batch split over all their processes included
     preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
     node.check_restarts(max_restarts)
+    _check_inputs(settings, overrides or [], runs_claim)
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run to continue (the --run-id its manifests were written "
                             f"with; its folder is on the claim {runs_claim})")
@@ -114,6 +116,21 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or node.CPU_NPROC, image=image,
                 run_id=run_id, claim=runs_claim, shm=shm, overrides=list(overrides or []), max_restarts=max_restarts,
                 resume=resume)
+
+
+# Where the pods find a model or data of the user's: on the claim, or in the image. `invoke run` mounts a host path
+# (a flag, an override, the data/model settings) read-only into its container; nothing of this host reaches a pod.
+POD_INPUTS = (node.RUNS_INSIDE + "/", node.WORKDIR + "/")
+
+
+def _check_inputs(settings: Settings, overrides: list[str], claim: str) -> None:
+    """A host path, or a hub id (the pods are offline with an empty Hugging Face cache), would be missing in every
+    pod once it was scheduled; the data/model settings would be silently left out (the pods trained on the sample)."""
+    for key, value, where in inputs.resolved(settings, overrides):
+        if not posixpath.normpath(value).startswith(POD_INPUTS):
+            raise DockyardError(f"{where} {value}: the pods see neither this host's files nor its Hugging Face cache, "
+                                f"only the image and the claim {claim} (mounted at {node.RUNS_INSIDE}): copy it onto "
+                                f"the claim and give -- --{key} {node.RUNS_INSIDE}/PATH_ON_THE_CLAIM")
 
 
 def _volumes(s: Spec) -> tuple[list[dict], list[dict]]:

@@ -231,3 +231,29 @@ def test_cpu_pods_run_deepspeed_on_cpu_whatever_the_image(settings):
 
     assert env_of(gpus_per_node=0)["DS_ACCELERATOR"] == "cpu"
     assert "DS_ACCELERATOR" not in env_of(gpus_per_node=4)
+
+
+def test_the_users_data_and_model_reach_the_pods_only_from_the_claim_or_the_image(settings, tmp_path):
+    """`invoke run` mounts a host path (override or the data/model settings) into its container; the pods get none.
+    A host path was written into every pod's command (missing there once scheduled), and the `data` setting was
+    silently left out: every pod trained on the sample in the image."""
+    data = tmp_path / "mine.jsonl"
+    data.write_text('{"text": "x"}\n')
+    with pytest.raises(DockyardError, match=rf"-- --data {data}: the pods see neither this host's files .* copy it "
+                                            r"onto the claim and give -- --data /workspace/runs/"):
+        _spec(settings, overrides=["--data", str(data)])
+    with_setting = settings.model_copy(update={"data": str(data)})
+    with pytest.raises(DockyardError, match=rf"setting data {data}: the pods see neither"):
+        _spec(with_setting, overrides=[])
+    with pytest.raises(DockyardError, match="-- --model Qwen/Qwen3-0.6B: the pods see neither .* Hugging Face cache"):
+        _spec(settings, overrides=["--model", "Qwen/Qwen3-0.6B"])
+    with pytest.raises(DockyardError, match="the claim"):
+        _spec(settings, overrides=["--data=/workspace/runs/../../etc/passwd"])
+    # on the claim (the override wins over the setting), or in the image: what each pod's trainer is given
+    _, job = k8s.job_manifests(_spec(with_setting, overrides=["--data", "/workspace/runs/data/mine.jsonl",
+                                                              "--eval_data=/opt/dockyard/data/sample.jsonl"]))
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    got = _pod([*container["command"], *container["args"]],
+               {**_stand_in(tmp_path), "JOB_COMPLETION_INDEX": "1", "POD_IP": "10.1.0.6"})
+    assert got["argv"][got["argv"].index("--"):] == ["--", "--data", "/workspace/runs/data/mine.jsonl",
+                                                     "--eval_data=/opt/dockyard/data/sample.jsonl"]
