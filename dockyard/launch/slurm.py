@@ -69,7 +69,8 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         f"# Written by `invoke slurm --recipe={recipe} --nodes={nodes} --gpus-per-node={gpus_per_node}"
         + (f" --runtime={runtime}`." if runtime != "docker" else "`."),
         "#   sbatch THIS_FILE              # arguments after the file go to "
-        + ("`invoke run`" if runtime == "docker" else "the trainer") + ", e.g. --resume",
+        + ("`invoke run`" if runtime == "docker" else "the trainer"),
+        f"#   DOCKYARD_RUN_ID={name}-slurm-JOBID sbatch THIS_FILE --resume   # continues that job's run",
         "# One task per node, each running " + ("`invoke run`" if runtime == "docker" else "torchrun in the container")
         + "; node 0 (the first host) hosts torchrun's rendezvous.",
         f"#SBATCH --job-name=dockyard-{name}",
@@ -89,6 +90,15 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
         '"$RUN_ID" >&2',
         "  exit 2",
         "fi",
+        "# --resume continues an earlier job's run, whose id is not this job's default: it must be named.",
+        'for a in "$@"; do',
+        '  if [[ $a == --resume && -z ${DOCKYARD_RUN_ID:-} ]]; then',
+        "    printf 'dockyard: --resume continues an earlier run, not this job'\\''s new %s: name it, e.g. "
+        "DOCKYARD_RUN_ID=%s sbatch FILE --resume\\n' \"$RUN_ID\" \"$(ls -t "
+        + shlex.quote(str(runs)) + f" 2>/dev/null | grep -m 1 '^{name}-slurm-[0-9]*$' || echo {name}-slurm-JOBID)\" >&2",
+        "    exit 2",
+        "  fi",
+        "done",
     ]
     if runtime != "docker":
         return "\n".join(lines + _container_launch(settings, runtime, image_file, recipe, gpus_per_node, image,

@@ -48,7 +48,7 @@ python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank"
 
 def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, recipe: str = "zero2",
          overrides: tuple[str, ...] = ("--max_steps", "5", "--learning_rate", "1e-4"), stand_ins: dict | None = None,
-         check: bool = True) -> dict:
+         check: bool = True, env: dict | None = None) -> dict:
     text = slurm.script(settings, recipe=recipe, nodes=2, gpus_per_node=4, runtime=runtime, image_file=image_file,
                         overrides=list(overrides))
     script = tmp_path / "job.sbatch"
@@ -60,8 +60,9 @@ def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, r
     for name, body in bodies.items():
         (bin_ / name).write_text(body)
         (bin_ / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "LOG": str(log), "SLURM_JOB_ID": "77",
-           "SLURM_JOB_NODELIST": "gpu-[a-b]"}
+    env = {**{k: v for k, v in os.environ.items() if k != "DOCKYARD_RUN_ID"}, "PATH": f"{bin_}:{os.environ['PATH']}",
+           "LOG": str(log), "SLURM_JOB_ID": "77",
+           "SLURM_JOB_NODELIST": "gpu-[a-b]", **(env or {})}
     p = subprocess.run(["bash", str(script), *after], env=env, capture_output=True, text=True, timeout=60)
     if not check:
         return {"returncode": p.returncode, "stderr": p.stderr}
@@ -118,6 +119,25 @@ def test_node_names_that_resolve_to_loopback_on_node_0_still_give_every_node_its
             assert n["rdzv"]["local_addr"] == f"10.9.0.{i + 1}"
 
 
+def test_a_resume_names_the_run_it_continues_as_a_new_job_has_a_new_default_run_id(settings, tmp_path, monkeypatch):
+    """`sbatch FILE --resume` (as the docs and the script said) resumed `zero2-slurm-<this new job>`: every node
+    refused "--resume: no run folder .../zero2-slurm-77 to resume" after the job waited in the queue."""
+    invoke = tmp_path / "invoke-stand-in"
+    invoke.write_text(INVOKE)
+    invoke.chmod(0o755)
+    monkeypatch.setattr(slurm, "INVOKE", [str(invoke), "-m", "invoke"])
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    (tmp_path / "runs" / "zero2-slurm-40").mkdir(parents=True)
+    got = _run(s, tmp_path, "docker", "", "--resume", check=False)
+    assert got["returncode"] == 2 and "invoke" not in os.listdir(tmp_path / "log"), "no node started"
+    assert "not this job's new zero2-slurm-77: name it, e.g. DOCKYARD_RUN_ID=zero2-slurm-40 sbatch FILE --resume" \
+        in got["stderr"]
+    shutil.rmtree(tmp_path / "bin")
+    shutil.rmtree(tmp_path / "log")
+    nodes = _run(s, tmp_path, "docker", "", "--resume", env={"DOCKYARD_RUN_ID": "zero2-slurm-40"})["invoke"].splitlines()
+    assert len(nodes) == 2 and all("--run-id=zero2-slurm-40 --resume" in n for n in nodes), nodes
+
+
 def test_node_0_that_finds_no_address_of_its_own_stops_the_job_saying_what_to_set(settings, tmp_path):
     image = tmp_path / "dockyard.sqsh"
     image.write_text("")
@@ -132,7 +152,7 @@ def test_each_node_starts_torchrun_in_the_container_with_the_rendezvous_from_slu
                                                                                     image_name):
     image_file = str(tmp_path / image_name)  # on the storage every node sees, as the login node sees it
     Path(image_file).write_text("")
-    got = _run(settings, tmp_path, runtime, image_file, "--resume")
+    got = _run(settings, tmp_path, runtime, image_file, "--resume", env={"DOCKYARD_RUN_ID": "zero2-slurm-77"})
     nodes = got["torchrun"]
     assert [n["rank"] for n in nodes] == ["0", "1"]
     for i, n in enumerate(nodes):
