@@ -139,9 +139,11 @@ def _remainder(c) -> list[str]:
             "archive": "an archive from `invoke save`: each node loads it first where it lacks the image",
             "runtime": "docker (default: `invoke run` on each node), pyxis (enroot .sqsh) or apptainer (.sif)",
             "image_file": "pyxis: the image as FILE.sqsh; apptainer: FILE.sif (on storage every node sees)",
+            "join_timeout": "seconds the nodes wait for each other, joining and later (default 120): raise it where "
+                            "nodes start minutes apart (pyxis unpacking a large squashfs)",
             "out": "the script file to write, or a folder to write it into (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
 def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive="", runtime="docker",
-          image_file="", out=""):
+          image_file="", out="", join_timeout: Seconds = 120):
     """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
 
     One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
@@ -150,7 +152,8 @@ def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant
     from dockyard.launch import slurm as slurm_mod
 
     slurm_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
-                    archive=archive, runtime=runtime, image_file=image_file, out=out, overrides=_remainder(c))
+                    archive=archive, runtime=runtime, image_file=image_file, out=out, join_timeout=join_timeout,
+                    overrides=_remainder(c))
 
 
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
@@ -162,11 +165,13 @@ def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant
             "runs_claim": "the ReadWriteMany PersistentVolumeClaim holding the runs folder (default dockyard-runs)",
             "shm": "size of the memory-backed /dev/shm (default 16Gi)",
             "max_restarts": "torchrun restarts of a node's workers before the node fails (default 0)",
+            "join_timeout": "seconds the pods wait for each other, joining and later (default 120): raise it where "
+                            "pods start minutes apart (a node pulling the image for the first time)",
             "resume": "continue the run --run-id from its last complete checkpoint",
             "out": "folder to write job.yaml and trainjob.yaml into (default: <runs>/k8s/<run-id>/)"})
 def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", image="", run_id="",
         runs_claim="dockyard-runs",
-        shm="16Gi", max_restarts: Restarts = 0, resume=False, out=""):
+        shm="16Gi", max_restarts: Restarts = 0, resume=False, out="", join_timeout: Seconds = 120):
     """Write Kubernetes manifests that train a recipe on several nodes.
 
     An Indexed Job + headless Service (no operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go
@@ -175,7 +180,7 @@ def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="
 
     k8s_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant, image=image,
                   run_id=run_id, runs_claim=runs_claim, shm=shm, max_restarts=max_restarts, resume=resume, out=out,
-                  overrides=_remainder(c))
+                  join_timeout=join_timeout, overrides=_remainder(c))
 
 
 @task(help={"run": "the run id (its folder under the runs folder)",

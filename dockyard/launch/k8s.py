@@ -69,6 +69,7 @@ class Spec:
     overrides: list[str] = field(default_factory=list)
     max_restarts: int = 0
     resume: bool = False
+    join_timeout: int = node.JOIN_TIMEOUT
 
     @property
     def name(self) -> str:
@@ -84,7 +85,8 @@ class Spec:
 
 def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, variant: str = "auto",
          run_id: str = "", image: str = "", runs_claim: str = "dockyard-runs", shm: str = "16Gi",
-         overrides: list[str] | None = None, max_restarts: int = 0, resume: bool = False) -> Spec:
+         overrides: list[str] | None = None, max_restarts: int = 0, resume: bool = False,
+         join_timeout: int = node.JOIN_TIMEOUT) -> Spec:
     scriptwords.one_line(recipe, "--recipe")
     scriptwords.argv_words(list(overrides or []), "trainer overrides")
     if image:
@@ -98,7 +100,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     node.check_nodes(nodes, gpus_per_node)
     # what the trainer would refuse on every node, the batch split over all their processes included
     preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
-    node.check_restarts(max_restarts)
+    node.check_restarts(max_restarts, join_timeout)
     _check_inputs(settings, overrides or [], runs_claim)
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run to continue (the --run-id its manifests were written "
@@ -115,7 +117,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
         image = variants.tag(settings, node.cluster_variant(settings, variant, gpus_per_node))
     return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or node.CPU_NPROC, image=image,
                 run_id=run_id, claim=runs_claim, shm=shm, overrides=list(overrides or []), max_restarts=max_restarts,
-                resume=resume)
+                resume=resume, join_timeout=join_timeout)
 
 
 # Where the pods find a model or data of the user's: on the claim, or in the image. `invoke run` mounts a host path
@@ -163,7 +165,8 @@ def _env(s: Spec) -> list[dict]:
 
 def _command(s: Spec, *, index: str, nnodes: str | int, nproc: str | int, endpoint: str) -> str:
     return node.node_command(index=index, nnodes=nnodes, nproc=nproc, endpoint=endpoint, run_id=s.run_id,
-                                  local_addr="$POD_IP", entry=s.entry(), max_restarts=s.max_restarts)
+                             local_addr="$POD_IP", entry=s.entry(), max_restarts=s.max_restarts,
+                             join_timeout=s.join_timeout)
 
 
 def job_manifests(s: Spec) -> list[dict]:

@@ -34,7 +34,7 @@ INVOKE = [sys.executable, "-m", "invoke"]  # what each node runs with --runtime=
 
 def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, overrides: list[str],
            variant: str = "auto", archive: str = "", master_port: int = node.PORT, runtime: str = "docker",
-           image_file: str = "") -> str:
+           image_file: str = "", join_timeout: int = node.JOIN_TIMEOUT) -> str:
     """The sbatch script's text (pure). Every value in it is quoted for the shell(s) that read it, or refused."""
     for flag, value in (("--recipe", recipe), ("--archive", archive), ("--image-file", image_file)):
         scriptwords.one_line(value, flag)
@@ -42,6 +42,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     # a path the shell left as typed (`--archive='~/x.tar.zst'`) is the user's home's, as the checks below read it
     archive, image_file = os.path.expanduser(archive), os.path.expanduser(image_file)
     node.check_nodes(nodes, gpus_per_node)
+    node.check_restarts(0, join_timeout)
     # what the trainer would refuse on every node; the batch split too where the process count is known here
     preflight.check_overrides(load_recipe(recipe), overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
     _check_runtime(runtime, image_file, archive, gpus_per_node)
@@ -61,6 +62,8 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     if nodes > 1:
         run += ['--nodes="$SLURM_NNODES"', '--node-rank="$SLURM_NODEID"', '--master-addr="$MASTER_ADDR"',
                 '--master-port="$MASTER_PORT"']
+        if join_timeout != node.JOIN_TIMEOUT:
+            run.append(f"--join-timeout={int(join_timeout)}")
     run += ['--run-id="$RUN_ID"', '"$@"']
     if overrides:
         run += ["--", *(shlex.quote(o) for o in overrides)]
@@ -102,7 +105,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     ]
     if runtime != "docker":
         return "\n".join(lines + _container_launch(settings, runtime, image_file, recipe, gpus_per_node, image,
-                                                    overrides)) + "\n"
+                                                    overrides, join_timeout)) + "\n"
     if archive:
         load = (f"docker image inspect {shlex.quote(image)} >/dev/null 2>&1 || "
                 f"exec {invoke} load {shlex.quote('--file=' + str(Path(archive).resolve()))}")
@@ -173,7 +176,7 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
 
 
 def _container_launch(settings: Settings, runtime: str, image_file: str, recipe: str, gpus: int, image: str,
-                      overrides: list[str]) -> list[str]:
+                      overrides: list[str], join_timeout: int) -> list[str]:
     """srun of torchrun inside the container, one per node: the same rendezvous, and the same mounts, `invoke run`
     gives a node (this checkout's recipes, a recipe folder of one's own, the user's data and model, read-only)."""
     runs = scriptwords.mount_path(str(settings.path(settings.runs_dir)), "the runs_dir setting")
@@ -194,7 +197,7 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     # Each node advertises its own address (NODE_ADDRS: a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus, endpoint="$MASTER_ADDR:$MASTER_PORT",
-        run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry)
+        run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry, join_timeout=join_timeout)
     env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above).",
            # the trainer's environment, HOME left as the runtime sets it for the user
            "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in

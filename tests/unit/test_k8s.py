@@ -257,3 +257,19 @@ def test_the_users_data_and_model_reach_the_pods_only_from_the_claim_or_the_imag
                {**_stand_in(tmp_path), "JOB_COMPLETION_INDEX": "1", "POD_IP": "10.1.0.6"})
     assert got["argv"][got["argv"].index("--"):] == ["--", "--data", "/workspace/runs/data/mine.jsonl",
                                                      "--eval_data=/opt/dockyard/data/sample.jsonl"]
+
+
+def test_the_join_bound_can_be_raised_for_pods_that_start_minutes_apart(settings, tmp_path):
+    """A node pulling a CUDA image for the first time starts its pod minutes after pod 0, which gave up after the
+    fixed 120 s (`invoke k8s` had no --join-timeout): every pod of both forms now waits the bound given."""
+    s = _spec(settings, join_timeout=900)
+    (container,) = k8s.job_manifests(s)[1]["spec"]["template"]["spec"]["containers"]
+    env = _stand_in(tmp_path)
+    got = _pod([*container["command"], *container["args"]], {**env, "JOB_COMPLETION_INDEX": "0", "POD_IP": "10.1.0.5"})
+    assert "--rdzv-conf=is_host=1,join_timeout=900" in got["argv"] and got["rdzv"]["join_timeout"] == 900
+    trainer = k8s.trainjob_manifest(s)["spec"]["trainer"]
+    got = _pod(trainer["command"], {**env, "PET_NODE_RANK": "1", "PET_NNODES": "3", "PET_NPROC_PER_NODE": "8",
+                                    "PET_MASTER_ADDR": "node-0", "PET_MASTER_PORT": "29500", "POD_IP": "10.1.0.6"})
+    assert "--rdzv-conf=is_host=0,join_timeout=900" in got["argv"] and got["rdzv"]["join_timeout"] == 900
+    r = invoke("k8s", "--run-id=jt", "--join-timeout=900", f"--out={tmp_path / 'out'}")
+    assert r.returncode == 0 and "join_timeout=900" in (tmp_path / "out" / "job.yaml").read_text(), r.stderr

@@ -48,9 +48,9 @@ python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank"
 
 def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, recipe: str = "zero2",
          overrides: tuple[str, ...] = ("--max_steps", "5", "--learning_rate", "1e-4"), stand_ins: dict | None = None,
-         check: bool = True, env: dict | None = None) -> dict:
+         check: bool = True, env: dict | None = None, **script_kw) -> dict:
     text = slurm.script(settings, recipe=recipe, nodes=2, gpus_per_node=4, runtime=runtime, image_file=image_file,
-                        overrides=list(overrides))
+                        overrides=list(overrides), **script_kw)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     bin_, log = tmp_path / "bin", tmp_path / "log"
@@ -252,3 +252,16 @@ def test_a_global_batch_that_does_not_split_over_the_jobs_processes_is_refused_b
     # CPU nodes run invoke run's CPU processes (2 each): 4 in all, which a global batch of 3 does not split over
     with pytest.raises(DockyardError, match="global_batch 3"):
         slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--global_batch", "3"])
+
+
+def test_the_join_bound_reaches_every_node_in_the_container_and_through_invoke_run(settings, tmp_path):
+    """pyxis unpacks the squashfs on each node before torchrun starts: nodes minutes apart need a longer bound than
+    the fixed 120 s the script had."""
+    image = tmp_path / "dockyard.sqsh"
+    image.write_text("")
+    got = _run(settings, tmp_path, "pyxis", str(image), join_timeout=900)
+    assert len(got["torchrun"]) == 2
+    for n in got["torchrun"]:
+        assert any(a.endswith(",join_timeout=900") for a in n["argv"]) and n["rdzv"]["join_timeout"] == 900
+    assert "--join-timeout=900" in slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, overrides=[],
+                                                join_timeout=900)
