@@ -308,8 +308,8 @@ def ship(c, file="", image="", to="", port: PortOrConfig = 0, identity="", load=
 @task(help={"json": "print the checks as JSON instead of a table",
             "record": "also write what NVML reports (GPUs, capability, MIG, driver, links) to this JSON file; "
                       "DOCKYARD_NVML_REPLAY=FILE replays it in doctor, plan and run --dry",
-            "peer": "[user@]host of another node (node 0, from the others): route, rendezvous port, InfiniBand, "
-                    "its /dev/shm and image, over the ssh setting",
+            "peer": "[user@]host of another node, or ssh://[user@]host:PORT (node 0, from the others): route, "
+                    "rendezvous port, InfiniBand, its /dev/shm and image, over the ssh setting",
             "port": "the rendezvous port --peer checks (default 29500)"})
 def doctor(c, json=False, record="", peer="", port: Port = 29500):
     """Check this host for training, with a fix for each failure.

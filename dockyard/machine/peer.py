@@ -8,6 +8,7 @@ The peer is reached through the `ssh` setting (its ~/.ssh/config applies: aliase
 from __future__ import annotations
 
 import errno
+import ipaddress
 import shlex
 import socket
 
@@ -25,7 +26,7 @@ CONNECT_TIMEOUT = 5
 
 
 def diagnose(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
-    r = remote.parse_to(peer, need_dir=False)
+    r = parse_peer(peer)
     image = _image(settings)
     address = ssh_hostname(settings, r.host)
     checks = [check_route(address)]
@@ -44,6 +45,25 @@ def diagnose(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
     return checks + [check_peer_shm(facts.get("shm_kib", "")),
                      check_infiniband(local_ib, facts.get("ib", "").split()),
                      check_same_image(image, local_id, facts.get("image", ""), r.host)]
+
+
+def parse_peer(peer: str) -> remote.Remote:
+    """--peer: [user@]host (an ssh alias, a name, an IPv4 or IPv6 address, bracketed or not), or
+    ssh://[user@]host[:port] for another ssh port. `host:2222` was read as a folder and the port silently dropped,
+    and an IPv6 address cut at its first colon."""
+    if peer.startswith("ssh://"):
+        return remote.parse_ssh_url(peer)
+    user, at, host = peer.rpartition("@")
+    host = host.removeprefix("[").removesuffix("]")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise DockyardError(f"--peer={peer!r}: expected [user@]host; for another ssh port give "
+                                "ssh://[user@]host:PORT, or a Host in ~/.ssh/config with its Port") from None
+    if not host:
+        raise DockyardError(f"--peer={peer!r}: expected [user@]host")
+    return remote.Remote(user + at + host)
 
 
 def _image(settings: Settings) -> str:

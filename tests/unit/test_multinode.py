@@ -435,3 +435,26 @@ def test_resume_of_a_run_killed_while_saving_its_first_checkpoint_starts_it_agai
     (tmp_path / "train.log").write_text("left by the killed run\n")
     _checkpoint(tmp_path, 25, shards=3, rng_states=0, state=False)
     assert manifest.check_run_dir(tmp_path, resume=True) is None
+
+
+def test_doctor_peer_reaches_the_ssh_port_and_the_ipv6_address_it_was_given(settings):
+    """`--peer=host:2222` was read as host and a folder: ssh went to port 22 and the report blamed it; an IPv6
+    address was cut at its first colon (`--peer=fd00::2`: "cannot resolve 'fd00'")."""
+    import socket
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.machine import peer
+
+    with socket.socket() as s:  # a loopback port nothing listens on: ssh's refusal names the port it tried
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    batch = settings.model_copy(update={"ssh": "ssh -o BatchMode=yes"})
+    by_name = {c.name: c for c in peer.diagnose(batch, f"ssh://127.0.0.1:{port}", port)}
+    assert f"port {port}: Connection refused" in by_name["peer ssh"].detail
+    with pytest.raises(DockyardError, match=r"--peer='127.0.0.1:2222': expected \[user@\]host; for another ssh port "
+                                            r"give ssh://\[user@\]host:PORT"):
+        peer.diagnose(batch, "127.0.0.1:2222", port)
+    for given in ("::1", "[::1]", "me@::1"):
+        assert peer.parse_peer(given).host == given.replace("[", "").replace("]", "")
+    by_name = {c.name: c for c in peer.diagnose(batch, "::1", port)}
+    assert "::1 is a loopback address" in by_name["peer route"].detail  # the address given, not "cannot resolve ''"
