@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     run = None
     try:
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+        opts.resume = opts.resume or restarted()
         run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
                   world_size=int(os.environ.get("WORLD_SIZE", 1)))
         if nodes.several():
@@ -338,7 +339,11 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     args = training_arguments(recipe, settings, overrides, run.opts.run_dir)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run.opts.run_dir, run.is_main)
-    if run.opts.resume and not resumed_from:
+    if restarted():
+        log.warning(f"torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}): the run "
+                    + (f"continues from {Path(resumed_from).name}" if resumed_from else "starts again (it failed "
+                       "before its first complete checkpoint)"))
+    elif run.opts.resume and not resumed_from:
         log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
     guards.one_process_per_gpu(args.n_gpu)
     if nodes.several():
@@ -683,6 +688,13 @@ def _stopped(signum: int, frame: Any) -> None:
         return
     raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
                         exit_code=128 + signum)
+
+
+def restarted() -> bool:
+    """torchrun --max-restarts (`invoke run/k8s --max-restarts`) starts the same command again after a failure: that
+    is this run continued, from its last complete checkpoint (or from the start when it failed before one), not a new
+    run, which the folder the first attempt wrote would refuse ("already holds a run") on every restart."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
