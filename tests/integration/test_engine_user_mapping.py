@@ -37,9 +37,11 @@ def monkeypatch_module():
 
 
 def _start(settings, root: Path, argv: list[str], sock: str, user: str | None = None) -> subprocess.Popen:
-    """dockerd (as `user` where given) on `sock`, up and holding the base image."""
-    preexec = None
+    """dockerd (as `user` where given) on `sock`, up and holding the base image. It runs in a network namespace of
+    its own, empty: a dockerd in this host's, even with --bridge=none, removes the system engine's docker0 bridge, and
+    every container of the system engine then fails to start ("could not find bridge docker0")."""
     env = {**os.environ, "DOCKER_HOST": sock}
+    argv = ["unshare", "--net", "--", *argv]
     if user:
         pw = pwd.getpwnam(user)
         env |= {"HOME": pw.pw_dir, "USER": user, "XDG_RUNTIME_DIR": str(root / "run"),
@@ -47,13 +49,9 @@ def _start(settings, root: Path, argv: list[str], sock: str, user: str | None = 
                 # no network of its own (rootlesskit would want a tap device), nothing published
                 "DOCKERD_ROOTLESS_ROOTLESSKIT_NET": "host", "DOCKERD_ROOTLESS_ROOTLESSKIT_PORT_DRIVER": "none",
                 "DOCKERD_ROOTLESS_ROOTLESSKIT_MTU": "0"}
-
-        def preexec():
-            os.setgid(pw.pw_gid)
-            os.setgroups([])
-            os.setuid(pw.pw_uid)
+        argv[3:3] = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
     proc = subprocess.Popen(argv, stdout=open(root / "dockerd.log", "wb"), stderr=subprocess.STDOUT, env=env,
-                            cwd=root, start_new_session=True, preexec_fn=preexec)
+                            cwd=root, start_new_session=True)
     for _ in range(60):
         if proc.poll() is not None or subprocess.run([settings.docker, "info"], env=env,
                                                      capture_output=True).returncode == 0:
@@ -104,6 +102,7 @@ def mapped(request, settings, engine_ready, monkeypatch_module):
         argv = [ROOTLESS_SCRIPT, "--data-root", root / "data", "--exec-root", root / "exec", "--pidfile",
                 root / "docker.pid", "-H", sock, "--bridge=none", "--iptables=false"]
         user = ROOTLESS_USER
+    bridge = _bridge()
     proc = _start(settings, root, [str(a) for a in argv], sock, user)
     try:
         monkeypatch_module.setenv("DOCKER_HOST", sock)
@@ -111,6 +110,11 @@ def mapped(request, settings, engine_ready, monkeypatch_module):
     finally:
         monkeypatch_module.delenv("DOCKER_HOST")
         _stop(settings, proc, sock, root)
+        assert _bridge() == bridge, "the system engine's docker0 bridge is as it was"
+
+
+def _bridge() -> bool:
+    return subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
 
 
 def test_the_engine_s_mapping_is_told_from_docker_info(settings, mapped):
