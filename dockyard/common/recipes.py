@@ -288,7 +288,18 @@ def read_deepspeed_config(path: Path) -> dict:
     if unknown:
         raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "
                             "silently and use its defaults); check the spelling against the DeepSpeed config docs")
+    for key, setting in DEEPSPEED_BATCH_KEYS.items():
+        if key in cfg and cfg[key] != "auto":
+            raise DockyardError(f'{path}: {key} {cfg[key]!r}: the run sets the batch, so write "auto" here (or leave '
+                                f"it out) and give {setting} in the recipe's settings: or after -- instead")
     return cfg
+
+
+# The batch keys of a DeepSpeed config, which the HF Trainer fills from the run's settings: an explicit value would
+# disagree with the micro-batch the trainer picks (auto) and stop the run with the Trainer's traceback.
+DEEPSPEED_BATCH_KEYS = {"train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+                        "gradient_accumulation_steps": "gradient_accumulation_steps",
+                        "train_batch_size": "global_batch"}
 
 
 # The CUDA ops DeepSpeed loads for a config's `optimizer` section on GPUs (runtime/engine.py picks them): with the

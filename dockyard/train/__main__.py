@@ -398,6 +398,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         targs = TrainingArguments(**args)
     except (ValueError, TypeError) as e:
         raise DockyardError(f"invalid training setting: {' '.join(str(e).split())}") from None  # some say it in lines
+    guards.deepspeed_agrees(getattr(targs, "hf_deepspeed_config", None), recipe.file(recipe.deepspeed or ""))
     if recipe.deepspeed and not cuda and targs.world_size > 1:
         # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
         # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.

@@ -106,11 +106,23 @@ def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
                             f'"stage": {stage}')
     _validate_zero_section(path, zero)
     _check_cuda_ops(cfg, path)
+    # the Trainer fills only keys that say "auto": one left out (DeepSpeed's smallest example has none) would be
+    # DeepSpeed's "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided" traceback
+    cfg = {**{key: "auto" for key in recipes.DEEPSPEED_BATCH_KEYS}, **copy.deepcopy(cfg)}
     if stage == 3:
         # Without this ZeRO-3 saves a model file of a few KB: every rank holds only its shard.
-        cfg = copy.deepcopy(cfg)
         cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     return cfg
+
+
+def deepspeed_agrees(hf_config: Any, path: Path) -> None:
+    """A DeepSpeed value the TrainingArguments also set (gradient_clipping and max_grad_norm, the optimizer's lr and
+    learning_rate, bf16...) must agree with them: the HF Trainer lists every mismatch when it builds the
+    TrainingArguments but raises only minutes later, as a traceback, once the model has loaded."""
+    mismatches = [m.removeprefix("- ") for m in getattr(hf_config, "mismatches", None) or []]
+    if mismatches:
+        raise DockyardError(f"{path} disagrees with the run's settings ({'; '.join(mismatches)}): write \"auto\" "
+                            "for those keys (the run fills them in), or give the same value after --")
 
 
 def _check_cuda_ops(cfg: dict[str, Any], path: Path) -> None:

@@ -227,3 +227,46 @@ def test_the_trainers_own_check_of_the_settings_together_is_one_error_line(tmp_p
     assert code == 1 and "Traceback" not in err, err
     line = next(x for x in err.splitlines() if x.startswith("error: "))
     assert line.startswith("error: invalid training settings: `args.metric_for_best_model` must be provided"), err
+
+
+def _zero2_with(folder, ds_config: dict):
+    """recipes/zero2 copied to `folder`, with this DeepSpeed config."""
+    import json
+    import shutil
+
+    shutil.copytree(load_recipe("zero2").folder, folder)
+    (folder / "ds_config.json").write_text(json.dumps(ds_config))
+    return str(folder)
+
+
+def test_a_deepspeed_config_without_batch_keys_gets_the_runs_batch(tmp_path):
+    """DeepSpeed's smallest config ({"zero_optimization": {"stage": 2}}) was DeepSpeed's traceback "Either
+    train_batch_size or train_micro_batch_size_per_gpu needs to be provided" once the model had loaded: the Trainer
+    fills only keys that say auto."""
+    recipe = _zero2_with(tmp_path / "mine", {"zero_optimization": {"stage": 2}})
+    args = cpu_arguments(recipe, {"global_batch": 8, "per_device_train_batch_size": 4}, tmp_path / "r1")
+    ds = args.hf_deepspeed_config.config
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], ds["train_batch_size"]) == (4, 2, 8)
+
+
+def test_an_explicit_deepspeed_batch_is_refused_in_one_line_where_the_recipe_is_read(tmp_path):
+    """`"train_micro_batch_size_per_gpu": 4` disagreed with the micro-batch the run picks: the HF Trainer's
+    several-line ValueError traceback minutes into the run; now `invoke run --dry` and the trainer refuse it alike."""
+    from dockyard.common.errors import DockyardError
+
+    recipe = _zero2_with(tmp_path / "mine", {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4})
+    with pytest.raises(DockyardError, match=r'train_micro_batch_size_per_gpu 4: the run sets the batch, so write '
+                                            r'"auto" here .* give per_device_train_batch_size'):
+        load_recipe(recipe)
+
+
+def test_a_deepspeed_value_that_disagrees_with_the_settings_is_one_line_before_the_model_loads(tmp_path):
+    from dockyard.common.errors import DockyardError
+
+    recipe = _zero2_with(tmp_path / "mine", {"zero_optimization": {"stage": 2}, "gradient_clipping": 0.5})
+    with pytest.raises(DockyardError, match=r"disagrees with the run's settings \(ds gradient_clipping=0.5 vs hf "
+                                            r"max_grad_norm=1.0\): write \"auto\"") as refused:
+        cpu_arguments(recipe, {}, tmp_path / "r1")
+    assert "\n" not in str(refused.value)
+    assert cpu_arguments(recipe, {"max_grad_norm": 0.5}, tmp_path / "r2").hf_deepspeed_config.config[
+        "gradient_clipping"] == 0.5  # the same value given to both is fine
