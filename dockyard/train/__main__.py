@@ -284,6 +284,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
     check_training_numbers(training)
     check_evaluation(settings, training)
+    guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
     guards.check_report_to(training.get("report_to"))
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:

@@ -46,6 +46,20 @@ def gpus_as_the_image_says(accelerator: str) -> None:
                         "(docker run --gpus); --cpu (invoke run, run.sh) trains on CPU instead (elsewhere: DS_ACCELERATOR=cpu)")
 
 
+def deepspeed_launched(recipe_name: str, deepspeed: bool, environ: dict[str, str]) -> None:
+    """DeepSpeed forms its process group from torchrun's variables; a process started without them (plain
+    `python -m dockyard.train --recipe zero2`) falls back to MPI discovery, which images without mpi4py end in a
+    ModuleNotFoundError traceback after the model has loaded."""
+    import importlib.util
+
+    torchrun = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+    if not deepspeed or all(k in environ for k in torchrun) or importlib.util.find_spec("mpi4py"):
+        return
+    raise DockyardError(f"recipe {recipe_name} runs DeepSpeed, which needs torchrun's process group: start it with "
+                        "`torchrun --nproc-per-node N -m dockyard.train ...` (or `invoke run`, `invoke run --native`), "
+                        "not plain python")
+
+
 def device_map(strategy: str, local_rank: int, cuda: bool) -> dict[str, int] | None:
     """Where from_pretrained puts the weights. Never "auto" when distributed: it splits the layers over the
     GPUs of one process and runs them one after another (or the Trainer refuses the model)."""

@@ -270,3 +270,23 @@ def test_a_deepspeed_value_that_disagrees_with_the_settings_is_one_line_before_t
     assert "\n" not in str(refused.value)
     assert cpu_arguments(recipe, {"max_grad_norm": 0.5}, tmp_path / "r2").hf_deepspeed_config.config[
         "gradient_clipping"] == 0.5  # the same value given to both is fine
+
+
+def test_a_deepspeed_recipe_started_without_torchrun_is_one_error_line_before_anything_loads(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """`python -m dockyard.train --recipe zero2` made the tiny base, then died in DeepSpeed's MPI discovery:
+    "ModuleNotFoundError: No module named 'mpi4py'", a traceback. It says how to start it instead."""
+    import json
+    import logging
+
+    from dockyard.train.__main__ import main
+
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    code = main(["--recipe", "zero2", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert "error: recipe zero2 runs DeepSpeed, which needs torchrun's process group: start it with `torchrun" in err
+    assert json.loads((tmp_path / "r1" / "manifest.json").read_text())["status"] == "failed"
+    assert not (tmp_path / "r1" / "base").exists(), "refused before anything was loaded"
