@@ -125,6 +125,11 @@ def check_overrides(spec, overrides: list[str], processes: int = 0) -> None:
         raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
                             "recipes/defaults.yaml and any transformers.TrainingArguments field")
     run_settings, training = resolve_settings(spec, given)
+    if unknown := sorted(set(training) - known):  # in the recipe's `settings:` or defaults.yaml: the trainer refuses it
+        where = (f"settings: in {spec.folder / 'recipe.yaml'}" if set(unknown) & set(spec.settings)
+                 else "recipes/defaults.yaml")
+        raise DockyardError(f"unknown setting(s) {', '.join(unknown)} in {where}: give a key of recipes/defaults.yaml "
+                            "or a transformers.TrainingArguments field")
     check_training_numbers(training)
     micro, accumulation = check_autos(training)
     if processes:

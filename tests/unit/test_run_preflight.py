@@ -268,3 +268,15 @@ def test_the_wheelhouse_help_names_the_setting_that_moves_it():
     r = invoke_here("--help", "wheelhouse")
     assert "images/wheelhouse/<variant>/" in r.stdout and "wheelhouse_dir setting moves that folder" in r.stdout
     assert "INVOKE_DOCKYARD_WHEELHOUSE_DIR" in r.stdout
+
+
+def test_an_unknown_key_in_a_recipes_settings_is_refused_on_the_host_as_the_trainer_refuses_it(env, tmp_path):
+    """`settings: {bogus: 1}` in a recipe of your own passed `run --dry` (and started the run): the trainer refused it
+    only once the container had started and the base model was made."""
+    import shutil
+
+    folder = tmp_path / "mine"
+    shutil.copytree(ROOT / "recipes" / "ddp", folder)
+    with (folder / "recipe.yaml").open("a") as f:
+        f.write("settings:\n  max_step: 5\n")
+    refused(dry(env, f"--recipe={folder}"), f"unknown setting(s) max_step in settings: in {folder}/recipe.yaml")
