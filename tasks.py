@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from dockyard.cli import explain_config_errors, explain_parse_errors, hold_setting_overrides, task
+from dockyard.cli import explain_config_errors, explain_parse_errors, hold_setting_overrides, task, task_settings
 
 hold_setting_overrides()  # until a task runs: Invoke's own cast of them is a traceback (dockyard/cli.py)
 # a flag Invoke's parser refuses is one `error:` line, as every other refusal; so are trainer overrides after `--`
@@ -22,9 +22,7 @@ if TYPE_CHECKING:  # the flags' types, read when a task runs (dockyard/cli.py): 
 
 
 def _settings(c):
-    from dockyard.settings import load
-
-    return load(c.config.get("dockyard", {}))
+    return task_settings(c)
 
 
 # --- images ----------------------------------------------------------------------------------

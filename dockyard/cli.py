@@ -266,11 +266,10 @@ def checked(fn):
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         from dockyard.common.errors import DockyardError
-        from dockyard.settings import load
 
         release_setting_overrides()  # for the settings, and for what the task starts (`invoke test`'s pytest)
         try:
-            load(c.config.get("dockyard", {}))  # every task refuses a bad setting, whether it reads it or not
+            task_settings(c)  # every task refuses a bad setting, whether it reads it or not
             kwargs = parse_flags(fn, kwargs)
             return fn(c, *args, **kwargs)
         except DockyardError as e:
@@ -279,6 +278,27 @@ def checked(fn):
             raise Exit(code=e.exit_code) from None
 
     return wrapper
+
+
+def task_settings(c):
+    """The settings a task runs with (dockyard.settings.Settings). Invoke reads the project's invoke.yaml after
+    ~/.invoke.yaml and /etc/invoke.yaml, and invoke.yaml names every setting, so a setting in either was never taken
+    (`runs_dir: /scratch/runs` in ~/.invoke.yaml: the runs still went to runs/, without a word). The project's file
+    gives the defaults; /etc/invoke.yaml, then ~/.invoke.yaml, then a file given with -f override them."""
+    from dockyard.settings import load
+
+    config = c.config
+    merged = config.get("dockyard", {})
+    if not callable(getattr(merged, "keys", None)):
+        return load(merged)  # says what is wrong with it
+    settings, files = dict(merged), {}
+    for layer in ("project", "system", "user", "runtime"):  # Invoke's -f: its "runtime" file
+        given = (getattr(config, f"_{layer}", None) or {}).get("dockyard")
+        if isinstance(given, dict):
+            settings.update(given)
+            if layer != "project":  # a refusal names the file a bad value came from
+                files.update(dict.fromkeys(given, str(getattr(config, f"_{layer}_path", None) or f"the {layer} config")))
+    return load(settings, files=files)
 
 
 def forget_caught_interrupt() -> None:

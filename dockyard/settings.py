@@ -99,8 +99,10 @@ class Settings(BaseModel):
         return self.ca_bundle or os.environ.get("PIP_CERT", "")
 
 
-def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from Invoke's config subtree (a DataProxy or a plain dict) and the INVOKE_DOCKYARD_* variables."""
+def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None,
+         files: Mapping[str, str] | None = None) -> Settings:
+    """Settings from Invoke's config subtree (a DataProxy or a plain dict) and the INVOKE_DOCKYARD_* variables;
+    `files`: the config file each setting came from where it is not invoke.yaml (~/.invoke.yaml), for the refusal."""
     environ = os.environ if environ is None else environ
     if config is not None and not callable(getattr(config, "keys", None)):
         raise DockyardError(f"`dockyard:` in invoke.yaml (or the config file given with -f) holds {config!r:.40}: it "
@@ -119,6 +121,7 @@ def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = N
         said = []
         for err in e.errors():
             key = str(err["loc"][0]) if err["loc"] else ""
-            where = f"{ENV_PREFIX}{key.upper()}={env[key]!r}" if key in env else f"invoke.yaml dockyard.{key}"
+            where = (f"{ENV_PREFIX}{key.upper()}={env[key]!r}" if key in env
+                     else f"{(files or {}).get(key, 'invoke.yaml')} dockyard.{key}")
             said.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
         raise DockyardError(f"invalid setting: {'; '.join(said)}") from None

@@ -115,3 +115,26 @@ def test_dockyard_in_invoke_yaml_that_is_not_a_mapping_is_one_error_naming_it(tm
     (tmp_path / "invoke.yaml").write_text("dockyard: 5\n")
     r = invoke("recipes", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)}, timeout=120)
     short_error(r, "`dockyard:` in invoke.yaml (or the config file given with -f) holds 5: it must hold the settings")
+
+
+def test_a_setting_in_the_users_invoke_yaml_is_taken_and_a_bad_one_named(tmp_path):
+    """invoke.yaml says a key may be overridden in ~/.invoke.yaml, but Invoke reads the project's file after it and
+    invoke.yaml names every setting: `runs_dir: /scratch/runs` there was ignored without a word, and the runs went to
+    runs/ of the checkout. It is taken; a -f file and INVOKE_DOCKYARD_* still win over it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".invoke.yaml").write_text(f"dockyard:\n  runs_dir: {tmp_path / 'mine'}\n")
+    said = invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp", env={"HOME": str(home)})
+    assert said.returncode == 0, said.stderr
+    assert f"{tmp_path / 'mine'}:/workspace/runs" in said.stdout + said.stderr
+    (tmp_path / "f.yaml").write_text(f"dockyard:\n  runs_dir: {tmp_path / 'given'}\n")
+    said = invoke_here("-f", str(tmp_path / "f.yaml"), "run", "--dry", "--variant=cpu", "--recipe=ddp",
+                       env={"HOME": str(home)})
+    assert f"{tmp_path / 'given'}:/workspace/runs" in said.stdout + said.stderr
+    said = invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp",
+                       env={"HOME": str(home), "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "env")})
+    assert f"{tmp_path / 'env'}:/workspace/runs" in said.stdout + said.stderr
+
+    (home / ".invoke.yaml").write_text("dockyard:\n  image_name: My Images\n")
+    short_error(invoke_here("recipes", env={"HOME": str(home)}),
+                f"invalid setting: {home / '.invoke.yaml'} dockyard.image_name: a docker repository name")
