@@ -123,10 +123,15 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     if settings.task == "seq_cls":
         kwargs.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
                       label2id={name: i for i, name in enumerate(labels)}, pad_token_id=tokenizer.pad_token_id)
+    from safetensors import SafetensorError
+
     try:
         model = _auto_class(settings.task).from_pretrained(model_dir, **kwargs)
     except (OSError, ValueError) as e:
         raise DockyardError(f"cannot load the model from {model_dir}: {e}") from None
+    except SafetensorError as e:  # an empty or cut-short weights file: a copy or download that did not finish
+        raise DockyardError(f"{model_dir}: a weights file is damaged ({e}): copy or download the model folder "
+                            "again") from None
     return model
 
 

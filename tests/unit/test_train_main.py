@@ -131,12 +131,24 @@ def _config_cut_short(folder):
     config.write_text(config.read_text()[:40])
 
 
+def _weights_empty(folder):
+    (folder / "model.safetensors").write_bytes(b"")
+
+
+def _weights_cut_short(folder):
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+
 @pytest.mark.parametrize("damage,says", [
     (_without_tokenizer, "cannot load its tokenizer (it holds no tokenizer: none of tokenizer.json"),
     (_config_cut_short, "config.json is not valid JSON"),
+    (_weights_empty, "a weights file is damaged (Error while deserializing header"),
+    (_weights_cut_short, "a weights file is damaged ("),
 ])
 def test_a_model_folder_without_a_tokenizer_or_with_a_broken_config_is_one_error_line(tmp_path, capsys, damage, says):
-    """A weights-only export was a ValueError traceback from AutoTokenizer, a config.json cut short an OSError one."""
+    """A weights-only export was a ValueError traceback from AutoTokenizer, a config.json cut short an OSError one,
+    an empty or cut-short model.safetensors (a copy that did not finish) safetensors' SafetensorError one."""
     import logging
 
     from dockyard.train import model as models
