@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError, json_object, problems
+from dockyard.common.errors import DockyardError, json_object, problems, yaml_problem
 
 RECIPES = ROOT / "recipes"
 # What yaml.safe_load raises besides YAMLError: its constructors convert tagged and date-like scalars with int(),
@@ -238,7 +238,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     try:
         raw = yaml.safe_load(text) or {}
     except YAML_ERRORS as e:
-        raise DockyardError(f"{path} is not valid YAML: {e}") from None
+        raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
         raise DockyardError(f"{path}: expected `key: value` lines (when, strategy, ...)")
     try:

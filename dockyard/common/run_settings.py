@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, yaml_problem
 from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
 
 DATA = ROOT / "data"
@@ -107,7 +107,7 @@ def _scalar(text: str) -> Any:
 
 def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
     """defaults.yaml ← recipe settings ← overrides, split into the project's settings and TrainingArguments."""
-    defaults = yaml.safe_load((RECIPES / "defaults.yaml").read_text()) or {}
+    defaults = read_defaults(RECIPES / "defaults.yaml")
     for key in STRATEGY_KEYS:
         if key in overrides or key in defaults:
             where = f"--{key}" if key in overrides else f"`{key}` in recipes/defaults.yaml"
@@ -128,6 +128,18 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     except ValidationError as e:
         raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
     return settings, merged
+
+
+def read_defaults(path: Path) -> dict[str, Any]:
+    """recipes/defaults.yaml as `key: value` settings, or one error line saying what is wrong with it (it is read by
+    every run, on the host and in the trainer: a slip in it was a traceback there)."""
+    try:
+        defaults = yaml.safe_load(path.read_text()) or {}
+    except (*YAML_ERRORS, UnicodeDecodeError) as e:
+        raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
+    if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):
+        raise DockyardError(f"{path}: expected `key: value` lines, one setting each (max_steps: 50, ...)")
+    return defaults
 
 
 def check_training_numbers(training: dict[str, Any]) -> None:

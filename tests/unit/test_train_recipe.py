@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -86,3 +87,28 @@ def test_bad_setting_values_are_named():
 
 def test_recipes_folder_is_found_next_to_the_package():
     assert (RECIPES / "defaults.yaml").is_file() and "zero2" in recipe_names()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("max_steps: [\n", "defaults.yaml is not valid YAML: expected the node content, but found '<stream end>' at line 2"),
+    ("- max_steps\n- 50\n", "defaults.yaml: expected `key: value` lines"),
+    ("1: 2\n", "defaults.yaml: expected `key: value` lines"),
+])
+def test_a_broken_defaults_file_is_one_error_line(tmp_path, monkeypatch, text, says):
+    """A slip in recipes/defaults.yaml (read by every run, on the host and in the trainer) was PyYAML's ParserError
+    traceback, or `ValueError: dictionary update sequence element #0` for a list, in `invoke run --dry` too."""
+    from dockyard.common import run_settings
+
+    (tmp_path / "defaults.yaml").write_text(text)
+    monkeypatch.setattr(run_settings, "RECIPES", tmp_path)
+    with pytest.raises(DockyardError, match=re.escape(says)) as refused:
+        resolve_settings(load_recipe("ddp"), {})
+    assert "\n" not in str(refused.value)
+
+
+def test_a_recipe_file_that_is_not_yaml_is_one_error_line(tmp_path):
+    """PyYAML's own several lines (with a caret under the column) were the refusal."""
+    (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=x\nwhen: [a\n")
+    with pytest.raises(DockyardError, match=r"recipe.yaml is not valid YAML: expected ',' or '\]', but got "
+                                            r"'<stream end>' at line 3, column 1$"):
+        load_recipe(tmp_path)
