@@ -178,6 +178,9 @@ def check_number(key: str, value: Any, kind: str) -> None:
     number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
     if number and (abs(value) <= WIDEST_INT if whole else _finite(value)):
         return
+    if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)
+        raise DockyardError(f"--{key} was given no value: put {'a whole number' if whole else 'a number'} after it "
+                            f"(--{key} N)")
     raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} takes "
                         f"{'a whole number' if whole else 'a finite number'}"
                         + (", or auto" if auto else ", or null (its default)" if optional else ""))

@@ -170,6 +170,9 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     (["--save_total_limit", "all"], "save_total_limit 'all': TrainingArguments.save_total_limit takes a whole number, "
                                     "or null"),
     (["--per_device_train_batch_size", "nan"], "takes a whole number, or auto"),
+    # a flag with no value read as a switch was "max_steps True: ... takes a whole number"
+    (["--max_steps"], "--max_steps was given no value: put a whole number after it (--max_steps N)"),
+    (["--learning_rate", "--max_steps", "5"], "--learning_rate was given no value: put a number after it"),
 ])
 def test_a_training_argument_number_that_is_not_one_is_refused_on_the_host(env, native, override, says):
     """Once a traceback from the disk estimate (int(nan)), and for the others a failure inside the container."""
