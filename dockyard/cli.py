@@ -80,6 +80,8 @@ def _reading(load):
             raise Exit(f"error: {shown(unreadable_config(path, e))}", code=1) from None
         if data is not None and not isinstance(data, dict):
             raise Exit(f"error: {shown(str(path))}: expected `key: value` lines at the top level (dockyard: ...)", code=1)
+        if at_fault := earlier_file_at_fault(self, path, data or {}):
+            raise Exit(f"error: {shown(at_fault)}", code=1)
         if odd := odd_entry(data or {}, self._config):
             raise Exit(f"error: {shown(f'{path}: {odd}')}", code=1)
         return data
@@ -103,6 +105,21 @@ def _known_type(load_file):
 
     wrapper.explained = True
     return wrapper
+
+
+def earlier_file_at_fault(config, path, data: dict) -> str | None:
+    """The refusal when a file Invoke read before this one (~/.invoke.yaml, /etc/invoke.yaml) gave one of its top-level
+    settings another shape (`dockyard: 5`): that file is the one to fix, not this one, which odd_entry would name."""
+    for layer in ("user", "system"):
+        earlier, where = getattr(config, f"_{layer}", None) or {}, getattr(config, f"_{layer}_path", None)
+        if not where or str(where) == str(path):
+            continue
+        for key, value in earlier.items():
+            if key in data and isinstance(value, dict) != isinstance(data[key], dict):
+                shape = "`key: value` lines" if isinstance(data[key], dict) else "one value"
+                return (f"{where}: {key} must hold {shape}, as in {path}, not "
+                        f"{'`key: value` lines' if isinstance(value, dict) else repr(value)[:40]}")
+    return None
 
 
 def odd_entry(data: dict, have: dict, where: str = "") -> str | None:

@@ -138,3 +138,14 @@ def test_a_setting_in_the_users_invoke_yaml_is_taken_and_a_bad_one_named(tmp_pat
     (home / ".invoke.yaml").write_text("dockyard:\n  image_name: My Images\n")
     short_error(invoke_here("recipes", env={"HOME": str(home)}),
                 f"invalid setting: {home / '.invoke.yaml'} dockyard.image_name: a docker repository name")
+
+
+def test_a_setting_of_another_shape_in_the_users_invoke_yaml_is_blamed_on_that_file(tmp_path):
+    """`dockyard: 5` in ~/.invoke.yaml was refused as "/project/invoke.yaml: dockyard must hold one value ...": the
+    project's file, which is right, was named, and the user was told to make its settings one value."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".invoke.yaml").write_text("dockyard: 5\n")
+    r = invoke_here("recipes", env={"HOME": str(home)})
+    short_error(r, f"{home / '.invoke.yaml'}: dockyard must hold `key: value` lines, as in {ROOT / 'invoke.yaml'}, not 5")
+    assert r.returncode == 1
