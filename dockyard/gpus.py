@@ -303,6 +303,9 @@ def record(path: Path | str) -> dict:
 def select(host: Host, spec: str = "") -> Host:
     """`host` limited to the GPUs of `spec` (`--gpus=0,2`) or else of CUDA_VISIBLE_DEVICES: indices or UUIDs.
     The process count follows what is left; docker gets the same list (`--gpus '"device=0,2"'`)."""
+    if spec.strip() and not host.gpus:  # CUDA_VISIBLE_DEVICES left set on a host without GPUs is no request
+        raise DockyardError(f"--gpus={spec}, but {host.error or 'NVML sees no GPU on this host'}: leave --gpus out to "
+                            "train on CPU")
     spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
     if not spec or not host.gpus:
         return host

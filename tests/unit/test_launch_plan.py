@@ -221,3 +221,16 @@ def test_gpus_are_chosen_by_index_uuid_or_a_uuids_unique_start_and_never_a_mig_d
         select(host, "MIG-c6d4f1ef-1234")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert select(host).gpus == [host.gpus[1]]
+
+
+def test_gpus_asked_for_on_a_host_without_gpus_are_refused_not_trained_on_cpu(settings, tmp_path, monkeypatch):
+    """`invoke run --gpus=0,2` on a host where NVML sees no GPU (the driver not loaded, the wrong host) was accepted and
+    the run went to CPU; a CUDA_VISIBLE_DEVICES left set there is no request and stays ignored."""
+    from dockyard.gpus import select
+
+    cpu_host = Host(error="NVML could not be loaded (no NVIDIA driver)")
+    with pytest.raises(DockyardError, match=r"--gpus=0,2, but NVML could not be loaded \(no NVIDIA driver\): leave "
+                                            r"--gpus out to train on CPU"):
+        select(cpu_host, "0,2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert select(cpu_host) == cpu_host
