@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 from dockyard import engine
@@ -81,7 +82,21 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
     print(f"base image: {name} made with debootstrap from {mirror}")
 
 
+def check_mirror(mirror: str) -> None:
+    """--mirror as debootstrap takes it: an http(s) URL with no user or password, which debootstrap would write into
+    the base image's /etc/apt/sources.list, so that every image built on it carried them."""
+    parts = urllib.parse.urlsplit(mirror)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DockyardError(f"--mirror={engine.shown([mirror])}: give a Debian mirror's URL, e.g. "
+                            "http://deb.debian.org/debian")
+    if parts.username or parts.password:
+        raise DockyardError(f"--mirror={engine.shown([mirror])} holds a user or password: debootstrap writes the mirror "
+                            "into the base image's /etc/apt/sources.list, and every dockyard image would carry it; give "
+                            "a mirror that needs none (a local apt-cacher-ng, a proxy through http_proxy)")
+
+
 def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
+    check_mirror(mirror)
     ensure_engine(settings, dry)
     variant, why = variants.resolve(settings, "auto")
     print(why)
