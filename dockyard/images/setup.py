@@ -83,12 +83,12 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
 
 
 def check_mirror(mirror: str) -> None:
-    """--mirror as debootstrap takes it: an http(s) URL with no user or password, which debootstrap would write into
+    """--mirror as debootstrap takes it: an http(s) or file URL with no user or password, which debootstrap would write into
     the base image's /etc/apt/sources.list, so that every image built on it carried them."""
     parts = urllib.parse.urlsplit(mirror)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not ((parts.scheme in ("http", "https") and parts.hostname) or (parts.scheme == "file" and parts.path)):
         raise DockyardError(f"--mirror={engine.shown([mirror])}: give a Debian mirror's URL, e.g. "
-                            "http://deb.debian.org/debian")
+                            "http://deb.debian.org/debian (or file:///srv/debian for one on this host)")
     if parts.username or parts.password:
         raise DockyardError(f"--mirror={engine.shown([mirror])} holds a user or password: debootstrap writes the mirror "
                             "into the base image's /etc/apt/sources.list, and every dockyard image would carry it; give "
