@@ -13,7 +13,8 @@
 #                              *.manifest.json, that is loaded here; @IMAGE_DEFAULT@ where no manifest is beside it)
 #   --disable-require          run an image newer than the driver's CUDA (CUDA forward compatibility, or an
 #                              nvidia/cuda base's NVIDIA_REQUIRE_CUDA refusing the node's driver), as for invoke run
-#   --dry                      print the docker command and run nothing
+#   --dry                      print the docker command and train nothing (it asks the engine its limits, and
+#                              makes the runs and Hugging Face cache folders it would mount)
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
 die() { printf '%s\n' "run.sh: $*" >&2; exit 1; }
