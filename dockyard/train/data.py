@@ -41,6 +41,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "text": ("text",),
 }
 CHAT_FORMATS = ("messages", "alpaca", "sharegpt")
+TEXT_FIELDS = ("text", "prompt", "completion", "instruction", "input", "output")  # a string each
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "model": "assistant", "tool": "tool", "function_call": "assistant", "observation": "tool"}
 ALPACA_PROMPT = "{instruction}\n\n{input}"
@@ -200,11 +201,18 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
             raise DockyardError(f"{source}: cannot tell the data format from its fields ({', '.join(found)}); "
                                 f"expected one of {_expected()}, or name it with data_format")
         need = FORMATS[fmt]
+    # the fields read as text: a number or a list there (token ids, a column shifted) would train on its digits
+    texts = [k for k in (*need, *(("input",) if fmt == "alpaca" else ())) if k in TEXT_FIELDS]
     for n, row in enumerate(rows, 1):
         missing = [k for k in need if row.get(k) is None]
         if missing:
             raise DockyardError(f"{source}: example {n} lacks {', '.join(missing)} for the {fmt} format "
                                 f"(fields found: {', '.join(_fields(row))}; expected: {', '.join(need)})")
+        odd = next((k for k in texts if row.get(k) is not None and not isinstance(row[k], str)), None)
+        if odd:
+            raise DockyardError(f"{source}: example {n}'s {odd} is {type(row[odd]).__name__} {str(row[odd])[:40]!r}, "
+                                f"not text: the {fmt} format trains on the words of {odd} (token ids are not read; "
+                                "write the text itself)")
     return fmt
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from transformers import AutoTokenizer
@@ -91,3 +92,17 @@ def test_batches_pad_with_masked_positions_the_loss_skips():
     assert pad([{"input_ids": [1], "labels": 1}])["labels"].tolist() == [1]
 
 
+
+
+@pytest.mark.parametrize("rows, said", [
+    ([{"text": 5}, {"text": 7}], "example 1's text is int '5', not text"),
+    ([{"text": [101, 2023, 102]}], "example 1's text is list '[101, 2023, 102]', not text"),
+    ([{"prompt": "Which port?", "completion": "Bergen"}, {"prompt": "Which sea?", "completion": 3}],
+     "example 2's completion is int '3', not text"),
+    ([{"instruction": "Sum", "input": [1, 2], "output": "3"}], "example 1's input is list"),
+])
+def test_a_text_field_holding_numbers_or_token_ids_is_refused_not_trained_on_as_digits(tok, tmp_path, rows, said):
+    """A .jsonl of {"text": 5} or of token ids in "text" trained on the digits "5" or "[101, 2023, 102]" (str() of the
+    value), without a word: now the example and the field are named."""
+    with pytest.raises(DockyardError, match=re.escape(said)):
+        data.causal_lm_examples(data.read_rows(write(tmp_path / "d.jsonl", rows)), tok, 64)
