@@ -8,8 +8,8 @@ minutes later, inside the container, refused now with the same reason and no eng
   dividing it) as the trainer's autos check them, and an eval_strategy with held-out data to evaluate on (eval_data
   or eval_fraction);
 - the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
-- the inputs against what the trainer reads: a data file of a known type (or a folder of them), a model folder with
-  config.json, a hub id that is in the Hugging Face cache (runs are offline);
+- the inputs against what the trainer reads: a data file of a known type that is not empty (or a folder of them), a
+  model folder with config.json, a hub id that is in the Hugging Face cache (runs are offline);
 - `--resume` names the run it continues (`--run-id`), and continues it with the recipe it was started with;
 - the runs folder's disk has room for the checkpoints and the model the run writes (check_runs_disk).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import disk, memory, runfolder
-from dockyard.common.data_files import BUILDERS
+from dockyard.common.data_files import BUILDERS, holds_text
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
 from dockyard.common.run_settings import (
@@ -150,10 +150,16 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> None:
     if path.is_file() and path.suffix not in BUILDERS:
         raise DockyardError(f"{where} {value}: unknown data file type {path.suffix or '(none)'}; use "
                             f"{', '.join(BUILDERS)} (docs/data.md)")
+    files = [path] if path.is_file() else []
     if path.is_dir():
-        kinds = {BUILDERS[f.suffix] for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS}
+        files = [f for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS]
+        kinds = {BUILDERS[f.suffix] for f in files}
         if not kinds:
             raise DockyardError(f"{where} {value}: the folder holds no {', '.join(BUILDERS)} file")
         if len(kinds) > 1:
             raise DockyardError(f"{where} {value}: the folder mixes data files of different kinds "
                                 f"({', '.join(sorted(kinds))}): keep one kind per folder, or point at one file")
+    if files and not any(holds_text(f) for f in files):
+        empty = "the file is empty" if path.is_file() else "its files are empty"
+        raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "
+                            "(formats: docs/data.md)")

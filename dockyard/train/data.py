@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dockyard.common.data_files import BUILDERS, HUB_ID
+from dockyard.common.data_files import BUILDERS, HUB_ID, holds_text
 from dockyard.common.errors import DockyardError
 
 log = logging.getLogger("dockyard.train")
@@ -158,7 +158,7 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
             raise DockyardError(f"dataset {what} is not in the local Hugging Face cache (runs are offline): on a "
                                 f"machine with internet, `hf download --repo-type dataset {what}`, then copy its "
                                 f"~/.cache/huggingface to this host's hf_cache") from None
-        if not any(_holds_text(Path(f)) for f in kwargs["data_files"]):
+        if not any(holds_text(Path(f)) for f in kwargs["data_files"]):
             raise DockyardError(f"{what} holds no examples (the file is empty)") from None
         if isinstance(e.__cause__ or e, UnicodeDecodeError):
             raise DockyardError(f"cannot read {what}: it is not UTF-8 text ({_first_line(e)}); save it as "
@@ -358,15 +358,6 @@ def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
         raise DockyardError(f"labels not seen in the training data: {', '.join(unknown[:5])}")
     return [{"input_ids": tokenizer(str(r["text"]), truncation=True, max_length=max_len)["input_ids"],
              "labels": index[str(r["label"])]} for r in rows]
-
-
-def _holds_text(path: Path) -> bool:
-    """Whether a data file holds anything but whitespace, read only up to its first other byte."""
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 16):
-            if chunk.strip():
-                return True
-    return False
 
 
 def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -73,6 +73,23 @@ def test_inputs_are_checked_against_what_the_trainer_reads(env, tmp_path, model)
     refused(dry(env, "--", "--model", str(model)), "no config.json")  # the same as an override
 
 
+def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
+    """`--data=empty.jsonl` (a file saved before it was written) was accepted by `--dry` and by `invoke run`, which
+    started the container and loaded the model before the trainer said the file held no examples."""
+    empty = tmp_path / "chat.jsonl"
+    empty.write_text("\n  \n")
+    refused(dry(env, f"--data={empty}"), f"--data {empty}: holds no examples (the file is empty)")
+    refused(dry(env, "--", "--eval_data", str(empty), "--eval_steps", "2"), "holds no examples")
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("")
+    refused(dry(env, f"--data={folder}"), "holds no examples (its files are empty)")
+    (folder / "b.jsonl").write_text('{"text": "x"}\n')
+    assert dry(env, f"--data={folder}").returncode == 0
+    empty.write_text('{"text": "x"}\n')
+    assert dry(env, f"--data={empty}").returncode == 0
+
+
 def test_a_relative_path_that_is_not_there_is_refused_not_taken_for_a_hub_id(env):
     refused(dry(env, "--model=models/x"), "--model models/x: no such file or folder on this host")
     refused(dry(env, "--data=mydata"), "--data mydata: no such file or folder")
