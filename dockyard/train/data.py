@@ -198,8 +198,11 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
     else:
         fmt = next((f for f, fields in FORMATS.items() if all(k in found for k in fields)), "")
         if not fmt:
+            # data_format cannot help here: a named format needs the same fields. A CSV's fields are its first line.
+            header = " (a .csv file's first line must name them, e.g. prompt,completion)" if source.endswith(
+                ".csv") else ""
             raise DockyardError(f"{source}: cannot tell the data format from its fields ({', '.join(found)}); "
-                                f"expected one of {_expected()}, or name it with data_format")
+                                f"rename them to one of {_expected()}{header} (docs/data.md)")
         need = FORMATS[fmt]
     # the fields read as text: a number or a list there (token ids, a column shifted) would train on its digits
     texts = [k for k in (*need, *(("input",) if fmt == "alpaca" else ())) if k in TEXT_FIELDS]

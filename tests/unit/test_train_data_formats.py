@@ -120,6 +120,23 @@ def test_a_wrong_schema_stops_before_training_naming_the_fields(tok, tmp_path, r
         data.tokenize(rows, fmt, tok, 64)
 
 
+def test_fields_of_no_format_are_asked_to_be_renamed_and_a_csv_without_header_is_said(tmp_path):
+    """question/answer rows were told "or name it with data_format", which cannot help (a named format needs the same
+    fields: `--data_format prompt_completion` then failed with "lacks prompt, completion" after another start), and a
+    CSV without its header line had its first row taken for the field names, unsaid."""
+    qa = data.read_rows(jsonl(tmp_path / "qa.jsonl", [{"question": "Which port?", "answer": "Bergen"}]))
+    with pytest.raises(DockyardError) as refused:
+        data.detect_format(qa, "causal_lm", "auto", "qa.jsonl")
+    said = str(refused.value)
+    assert "fields (answer, question); rename them to one of" in said and "prompt_completion (prompt+completion)" in said
+    assert "data_format" not in said and "header" not in said and "first line" not in said
+    csv = tmp_path / "qa.csv"
+    csv.write_text("Which port?,Bergen\nWhich city?,Oslo\n")
+    with pytest.raises(DockyardError, match=r"qa.csv: .*fields \(Bergen, Which port\?\).*a .csv file's first line must "
+                                            r"name them, e.g. prompt,completion"):
+        data.detect_format(data.read_rows(csv), "causal_lm", "auto", str(csv))
+
+
 def test_an_eval_fraction_holds_out_rows_by_the_seed(tok, tmp_path):
     path = jsonl(tmp_path / "d.jsonl", [{"text": f"ship number {i} sails"} for i in range(20)])
     settings = RunSettings(data=str(path), eval_fraction=0.25)
