@@ -219,11 +219,24 @@ def reworded(e: ParseError, argv: list[str]) -> str:
         if switch:
             return f"{switch} is a switch and takes no value: give {switch} alone ({where})"
         if token.startswith("-"):
-            return f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ({where})"
+            return f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ({_override_hint(task, token) or where})"
         if twice := _given_twice(argv, token):  # Invoke reads a flag's second value as a task
             return f"{twice} is given twice: give it once, as in {twice}={token}"
         return f"no task named {token!r} (`invoke --list` lists the tasks)"
     return f"{said} ({where})"
+
+
+def _override_hint(task: str | None, token: str) -> str:
+    """Where a flag a task lacks is a trainer setting (`invoke run --max_steps 5`): it belongs after a bare `--`.
+    Read only on this error, so that `invoke --list` does not import the settings model."""
+    if task not in _TAKES_OVERRIDES or not token.startswith("--"):
+        return ""
+    from dockyard.common.run_settings import RunSettings, training_arguments
+
+    key = token[2:].partition("=")[0].replace("-", "_")
+    if key not in set(RunSettings.model_fields) | set(training_arguments()):
+        return ""
+    return f"a trainer setting goes after a bare --, as in `invoke {task} --recipe=R -- --{key} VALUE`"
 
 
 def _given_twice(argv: list[str], token: str) -> str | None:

@@ -164,6 +164,13 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["slurm", "--out={tmp}/job.sbatch", "--runtime=--archive"], "--runtime needs a value, as in --runtime=VALUE"),
     (["slurm", "--runtime"], "--runtime needs a value"),
     (["plan", "--nosuch=3"], "invoke plan has no flag --nosuch (`invoke --help plan`"),
+    # a trainer setting typed as the task's own flag (the `--` forgotten) is told where it goes; a typo of a flag is not
+    (["run", "--recipe=lora", "--max_steps", "5"],
+     "invoke run has no flag --max_steps (a trainer setting goes after a bare --, as in `invoke run --recipe=R -- "
+     "--max_steps VALUE`)"),
+    (["slurm", "--learning-rate=1e-4"], "goes after a bare --, as in `invoke slurm --recipe=R -- --learning_rate VALUE`"),
+    (["run", "--recipes=lora"], "invoke run has no flag --recipes (`invoke --help run`"),
+    (["plan", "--max_steps=3"], "invoke plan has no flag --max_steps (`invoke --help plan`"),
     (["run", "--dry=yes"], "--dry is a switch and takes no value"),
     (["run", "--dry="], "--dry is a switch and takes no value"),
     (["slurm", "--out={tmp}/job.sbatch", "--runtime=pyxis", "pyxis"], "no task named 'pyxis'"),
