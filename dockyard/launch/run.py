@@ -8,6 +8,7 @@ create runs/<run-id>/ → `docker run` (GPUs, --ipc=host, ulimits, mounts, host 
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import os
 import re
 import shutil
@@ -75,6 +76,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     recipe = load_recipe(recipe_arg)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
                         gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes)
+    if r.native:
+        check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
     need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
                                      gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
@@ -135,7 +138,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if proc.returncode and made and not wrote:
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
         shutil.rmtree(run_dir, ignore_errors=True)
-        raise DockyardError(f"the run did not start (exit {proc.returncode}; docker's message is above); "
+        said = "torchrun's" if r.native else "docker's"
+        raise DockyardError(f"the run did not start (exit {proc.returncode}; {said} message is above); "
                             f"nothing was kept, so the same command can be run again")
     return summarise(run_dir, r.node_rank)
 
@@ -369,6 +373,16 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
                            mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [])
     return RunCommand(argv, run_dir)
+
+
+def check_native_python() -> None:
+    """`--native` trains with this host's Python: the host install (`pip install -e .`) has no torch, and torchrun
+    then failed with "No module named 'torch'" and a line blaming docker."""
+    missing = [m for m in ("torch", "transformers", "deepspeed") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DockyardError(f"--native trains with this host's Python ({sys.executable}), which lacks "
+                            f"{', '.join(missing)}: install the training stack (`pip install -e '.[train]'`), or "
+                            "leave out --native to train in the image")
 
 
 def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import fields
 
 import pytest
@@ -88,6 +89,18 @@ def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path)
     assert dry(env, f"--data={folder}").returncode == 0
     empty.write_text('{"text": "x"}\n')
     assert dry(env, f"--data={empty}").returncode == 0
+
+
+def test_native_without_the_training_stack_says_how_to_get_it(env, tmp_path, monkeypatch):
+    """`invoke run --native` from the README's host venv (`pip install -e .`, no torch) started torchrun, which died
+    with "No module named 'torch'", then said "the run did not start (exit 1; docker's message is above)"."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # what importlib finds where torch is not installed
+    r = dry(env, "--native", "--recipe=ddp", "--", "--max_steps", "2")
+    refused(r, "--native trains with this host's Python")
+    assert "lacks torch: install the training stack (`pip install -e '.[train]'`), or leave out --native" in r.stderr
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.delitem(sys.modules, "torch")
+    assert dry(env, "--native", "--recipe=ddp").returncode == 0
 
 
 def test_a_relative_path_that_is_not_there_is_refused_not_taken_for_a_hub_id(env):
