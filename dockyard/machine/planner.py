@@ -41,6 +41,14 @@ def parse_count(text: str) -> int | None:
     return int(round(float(m.group(1)) * scale))
 
 
+def format_count(n: float) -> str:
+    """A parameter count as parse_count reads it: "8.03 B", "230 M", "140 K" (a tiny model is not "0.00 B")."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit in "TB" else f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
+
+
 MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo, not a plan
 
 
@@ -265,7 +273,7 @@ def print_plan(result: dict) -> None:
 
     m = result["model"]
     console = Console()
-    console.print(f"model: {m['params'] / 1e9:.2f} B parameters, largest layer {m['largest_layer'] / 1e6:.0f} M "
+    console.print(f"model: {format_count(m['params'])} parameters, largest layer {format_count(m['largest_layer'])} "
                   f"({m['source']})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
                         f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']} (GiB)")

@@ -212,6 +212,20 @@ def test_every_strategy_has_a_recipe_folder():
     assert {r.strategy for r in list_recipes()} == set(STRATEGIES)
 
 
+def test_the_plan_says_a_small_models_size_in_its_own_unit():
+    """`invoke plan --model=` a tiny model saved with transformers (140 K parameters) printed "model: 0.00 B parameters,
+    largest layer 0 M": a newcomer's own test model looked empty."""
+    tiny = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"
+    proc = subprocess.run([*INVOKE, "plan", f"--model={tiny}", "--gpus=1", "--gpu-mem=16"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    params = planner.plan_model(str(tiny), gpus=1, gpu_mem_gib=16, cpu_mem_gib=16, seq_len=128)["model"]["params"]
+    assert 10**5 < params < 10**6 and f"model: {params / 1e3:.3g} K parameters" in proc.stdout, proc.stdout
+    assert "0.00 B" not in proc.stdout and " 0 M" not in proc.stdout
+    assert [planner.format_count(n) for n in (8_030_261_248, 230_000_000, 999, 1_500)] == ["8.03 B", "230 M", "999",
+                                                                                           "1.5 K"]
+
+
 def test_invoke_plan_as_a_user_runs_it():
     base = [*INVOKE, "plan", "--gpus=8", "--gpu-mem=80", "--cpu-mem=512"]
     proc = subprocess.run(base + [f"--model={LLAMA_8B}", "--batch=auto", "--json"], cwd=ROOT, capture_output=True,
