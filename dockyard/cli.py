@@ -306,6 +306,11 @@ def checked(fn):
             print(f"error: {shown(str(e))}", file=sys.stderr)
             forget_caught_interrupt()
             raise Exit(code=e.exit_code) from None
+        except BrokenPipeError:
+            # the reader left (`invoke plan --json | head`): stop quietly with 1, as rich does for its tables;
+            # stdout to /dev/null, or the flush at exit raises again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise Exit(code=1) from None
 
     return wrapper
 

@@ -223,3 +223,23 @@ def test_the_invoke_executable_rewords_a_parser_refusal_too():
     r = invoke("slurm", "--runtime")
     short_error(r, "--runtime needs a value")
     assert r.returncode == 1
+
+
+@pytest.mark.parametrize("args", [["plan", "--model=8B", "--gpus=1", "--gpu-mem=80", "--json"], ["recipes"]])
+def test_a_reader_that_leaves_early_is_no_traceback(args):
+    """`invoke plan --json | head -5` printed a BrokenPipeError traceback when head had read its lines and gone."""
+    import os
+    import subprocess
+    import sys
+
+    from dockyard import ROOT
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the task prints
+    try:
+        r = subprocess.run([sys.executable, "-m", "invoke", *args], stdout=write, stderr=subprocess.PIPE, text=True,
+                           cwd=ROOT, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert r.returncode == 1  # not success: nothing was read of it (rich stops its tables so too)
