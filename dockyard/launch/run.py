@@ -103,7 +103,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))
         plan = run_command(settings, recipe=recipe_arg, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
-                        image_id=image.get("Id", ""), memlock=memlock_flag(engine.daemon_memlock_hard_limit(info)),
+                        image_id=image.get("Id", ""),
+                        memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=chosen.is_cuda and not r.cpu),
                         cpu=r.cpu, data=r.data, model=r.model)
     if r.dry:
         engine.echo(plan.argv, plan.env)
@@ -177,7 +178,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell",
                            name=f"dockyard-shell-{os.getpid()}", env=env, network_host=False,
                            interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts, engine_info=info,
-                           memlock=memlock_flag(engine.daemon_memlock_hard_limit(info)))
+                           memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=gpus))
     if dry:
         engine.echo(argv)
         return
@@ -289,7 +290,8 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
 
 def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
     """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant. An engine reached
-    through DOCKER_HOST has limits this host cannot read: DOCKYARD_MEMLOCK=BYTES says them (as for compose)."""
+    through DOCKER_HOST has limits this host cannot read: DOCKYARD_MEMLOCK=BYTES says them (as for compose). `say`:
+    note a limit, for GPU runs (a CPU run needs no locked memory: doctor passes it)."""
     daemon_hard_limit = memlock_given(daemon_hard_limit)
     if daemon_hard_limit is None:
         return "memlock=-1"

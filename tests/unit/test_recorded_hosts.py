@@ -37,6 +37,19 @@ CASES = {"t4x2_535": ("cu128", 2), "h100x8_580": ("cu132", 8), "a100_mig_570": (
          "l40sx2_550": ("cu128", 2)}
 
 
+def test_the_memlock_note_is_for_gpu_runs_only(settings, capsys, replay, monkeypatch):
+    """A CPU run on an engine with a hard memlock limit (Debian's dockerd: 8 MiB) said "note: dockerd's hard memlock
+    limit is 8388608 bytes ... for NCCL/RDMA set LimitMEMLOCK=infinity" on every run, where doctor passes the same
+    limit ("only GPU runs need memlock unlimited"); GPU runs still say it, and every run still asks for the limit."""
+    monkeypatch.setenv("DOCKYARD_MEMLOCK", "8388608")
+    cpu = dry_run(settings, capsys, variant="cpu")
+    assert "--ulimit memlock=8388608" in cpu and "LimitMEMLOCK" not in cpu
+    replay("h100x1_580")
+    cuda = dry_run(settings, capsys)
+    assert "--ulimit memlock=8388608" in cuda and "LimitMEMLOCK=infinity" in cuda
+    assert "LimitMEMLOCK" not in dry_run(settings, capsys, cpu=True)
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_run_dry_on_recorded_host(settings, capsys, replay, name):
     replay(name)
