@@ -64,7 +64,7 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
             for argv, env in plan.steps:
                 engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
         except DockyardError as e:
-            raise DockyardError(f"build failed at step {tracker.last or '(before the first step)'}\n{e}") from None
+            raise DockyardError(f"{tracker.failure()}\n{e}") from None
         finally:
             shutil.rmtree(context, ignore_errors=True)
     ref = variants.tag(settings, variant)
@@ -283,17 +283,28 @@ def base_image(settings: Settings, variant: Variant) -> str:
 
 
 class _StepTracker:
-    """Remembers the last BuildKit step line (`#12 [stage 2/4] RUN ...`) to name it when the build fails."""
+    """Remembers the last BuildKit step line (`#12 [stage 2/4] RUN ...`) to name it when the build fails, and the
+    reason BuildKit gives for a failed step: it ends an ERROR line that first repeats the whole command
+    (`#10 ERROR: executor failed running [/bin/sh -c ...]: <reason>`), out of sight in a terminal."""
 
     STEP = re.compile(r"^#\d+ \[(?P<step>[^\]]+)\] (?P<what>.+)$")
+    ERROR = re.compile(r"^#\d+ ERROR: (?P<error>.+)$")
+    COMMAND = re.compile(r'^(?:executor failed running \[.*\]|process ".*" did not complete successfully): ', re.S)
 
     def __init__(self):
         self.last = ""
+        self.reason = ""
 
     def __call__(self, line: str) -> None:
-        m = self.STEP.match(line)
-        if m:
+        if m := self.STEP.match(line):
             self.last = f"[{m.group('step')}] {m.group('what')[:120]}"
+        elif m := self.ERROR.match(line):
+            self.reason = self.COMMAND.sub("", m.group("error").strip())[:300]
+
+    def failure(self) -> str:
+        """`build failed at step ...: reason`, for the error's first line."""
+        return f"build failed at step {self.last or '(before the first step)'}" + (
+            f": {self.reason}" if self.reason else "")
 
 
 def staged_context_dir(wheels: Path, variant: str) -> Path:

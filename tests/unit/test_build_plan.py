@@ -155,6 +155,29 @@ def test_build_step_tracker_names_the_failing_step():
     assert t.last.startswith("[deepspeed-build 1/1] RUN pip wheel")
 
 
+def test_a_failed_build_says_buildkits_reason_first():
+    """The cpu build failed after 41 minutes with "error: build failed at step [runtime 1/5] RUN --mount=..." and the
+    reason (here: the engine had lost its docker0 bridge) only at the end of a quoted line of 900 characters that
+    repeats the whole RUN command; a newer BuildKit's 'did not complete successfully: exit code: 1' likewise."""
+    command = "pip install --no-index --no-deps /dist/*.whl " + "--x " * 200
+    t = build._StepTracker()
+    for line in [f"#10 [runtime 1/5] RUN {command}", "#10 sha256:e850d24d",
+                 f"#10 ERROR: executor failed running [/bin/sh -c {command}]: failed to create endpoint w on network "
+                 "bridge: adding interface veth0 to bridge docker0 failed: could not find bridge docker0: route ip+net: "
+                 "no such network interface"]:
+        t(line)
+    said = t.failure()
+    assert said.startswith("build failed at step [runtime 1/5] RUN pip install") and len(said) < 500
+    assert said.endswith(": failed to create endpoint w on network bridge: adding interface veth0 to bridge docker0 "
+                         "failed: could not find bridge docker0: route ip+net: no such network interface")
+    newer = build._StepTracker()
+    for line in ["#9 [base 2/3] RUN apt-get update", '#9 ERROR: process "/bin/sh -c apt-get update" did not complete '
+                 "successfully: exit code: 100"]:
+        newer(line)
+    assert newer.failure() == "build failed at step [base 2/3] RUN apt-get update: exit code: 100"
+    assert build._StepTracker().failure() == "build failed at step (before the first step)"
+
+
 def test_lock_resolution_for_a_cuda_variant_pins_the_triton_torch_wants(settings, cu132, tmp_path):
     """Real resolution against the package index (no GPU needed): the lock holds torch's own triton."""
     in_file = tmp_path / "cu132.in"
