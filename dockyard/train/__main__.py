@@ -233,8 +233,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
              settings.model_dump())
 
-    run.record.inputs = manifest.inputs_record({"model": settings.model, "data": str(settings.data_path),
-                                                "eval_data": settings.eval_data})
+    run.record.inputs = manifest.inputs_record(run_inputs(settings))
     tokenizer = models.load_tokenizer(model_dir)
     loaded = data.load(settings, tokenizer, args.seed)
     run.record.data = loaded.info
@@ -260,6 +259,11 @@ class Opened:
     last_checkpoint: str | None
 
 
+def run_inputs(settings: RunSettings) -> dict[str, str]:
+    """What the run reads, as the manifest's `inputs` records it (and a resume must read again)."""
+    return {"model": settings.model, "data": str(settings.data_path), "eval_data": settings.eval_data}
+
+
 def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     """The recipe and its settings; the run folder made (or, for --resume, found with a checkpoint to continue)."""
     recipe = run.recipe = load_recipe(run.opts.recipe)
@@ -281,6 +285,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
         manifest.check_same_recipe(run_dir, recipe.name)
+    if last:
+        manifest.check_same_inputs(run_dir, run_inputs(settings))
     # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
     check_training_numbers(training)
     check_evaluation(settings, training)

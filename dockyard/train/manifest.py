@@ -147,6 +147,24 @@ def check_same_recipe(run_dir: Path, recipe: str) -> None:
                             f"--recipe {was} (a checkpoint holds one strategy's state)")
 
 
+def check_same_inputs(run_dir: Path, given: dict[str, str]) -> None:
+    """--resume with the model and data the run was started with, as its manifest's `inputs` recorded them: `invoke
+    run --resume --run-id=X` without the first run's --model/--data continued from the tiny default model and the
+    sample (a checkpoint of another shape failed in the Trainer and rewrote the run's manifest as failed; one of the
+    same shape would have trained on, on other data). `given`: key → the value this resume reads ("" for none)."""
+    was = _recorded(run_dir).get("inputs")
+    if not isinstance(was, dict):
+        return  # no record: a run killed before its manifest
+    now = inputs_record(given)
+    for key, flag in (("model", "--model"), ("data", "--data"), ("eval_data", "-- --eval_data")):
+        before = was.get(key) if isinstance(was.get(key), dict) else {}
+        after = now.get(key, {})
+        if (before.get("sha256") or before.get("path")) != (after.get("sha256") or after.get("path")):
+            raise DockyardError(f"--resume: {run_dir.name} was trained with {key} {before.get('path') or 'the default'}"
+                                f", not {after.get('path') or 'the default'}: resume it with the {flag} it was started "
+                                "with (a checkpoint continues its own model on its own data)")
+
+
 def mark_complete(path: Path, step: int) -> None:
     """Publish a checkpoint: the marker appears whole (written aside, then renamed) or not at all."""
     runfolder.write(path, runfolder.COMPLETE, json.dumps({"step": step, "ranks_saved": "all"}) + "\n")

@@ -170,6 +170,29 @@ def test_a_resume_with_another_recipe_is_refused_naming_both(tmp_path, capsys):
     assert (run_dir / "manifest.json").read_text() == record
 
 
+def test_a_resume_without_the_runs_own_model_and_data_is_refused_and_the_record_stays(tmp_path, capsys):
+    """`invoke run --resume --run-id=X` of a run started with --model/--data continued from the tiny default model and
+    the sample data: the checkpoint did not fit that model (a size-mismatch traceback from both ranks) and the
+    completed run's manifest was rewritten as failed; a model of the same shape would have trained on other data."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"text": "my own data"}\n' * 8)
+    run_dir = tmp_path / "run"
+    _run_with_checkpoints(run_dir, 12)
+    record = json.loads((run_dir / "manifest.json").read_text())
+    record["inputs"] = manifest.inputs_record({"data": str(data)})
+    (run_dir / "manifest.json").write_text(json.dumps(record))
+    err = _resume(run_dir, capsys)
+    assert f"error: --resume: run was trained with data {data}, not " in err and "sample.jsonl" in err, err
+    assert "resume it with the --data it was started with" in err
+    assert json.loads((run_dir / "manifest.json").read_text()) == record
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"text": "other data"}\n' * 8)
+    assert "was trained with data" in _resume(run_dir, capsys, "--data", str(other))
+    with pytest.raises(DockyardError, match="trained with model the default, not "):
+        manifest.check_same_inputs(run_dir, {"model": str(tmp_path), "data": str(data)})
+    manifest.check_same_inputs(run_dir, {"model": "", "data": str(data), "eval_data": ""})  # its own: taken
+
+
 def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
     """`--resume -- --max_steps 12` from checkpoint-12 trained step 13 and recorded 13 steps."""
     run_dir = tmp_path / "run"
