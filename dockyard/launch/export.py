@@ -65,6 +65,8 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         if target.is_dir() and not any(target.iterdir()):
             target.rmdir()
         raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above)")
+    if m.variant not in NATIVE:  # the image said where it wrote inside the container (/workspace/export)
+        print(f"the folder on this host: {target}")
     return target
 
 

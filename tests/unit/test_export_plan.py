@@ -104,3 +104,16 @@ def test_a_run_id_that_leaves_the_runs_folder_or_a_linked_run_is_refused(setting
     (tmp_path / "runs" / "r1" / "model").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(DockyardError, match=r"r1/model is a symbolic link \(to .*elsewhere\)"):
         export.export(s, run="r1", dry=True)
+
+
+def test_a_finished_export_says_where_the_folder_is_on_this_host(settings, tmp_path, monkeypatch, capsys):
+    """`invoke export --run=ID` ended "exported model of run ID to /workspace/export": the container's path, where
+    nothing is on the host; the folder is runs/ID/export (or --out)."""
+    import subprocess
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    monkeypatch.setattr(export, "check_image", lambda *a: None)
+    monkeypatch.setattr(export.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0))
+    assert export.export(s, run="r1") == run / "export"
+    assert f"the folder on this host: {run / 'export'}" in capsys.readouterr().out
