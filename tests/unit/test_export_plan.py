@@ -115,5 +115,6 @@ def test_a_finished_export_says_where_the_folder_is_on_this_host(settings, tmp_p
     _, run = _run(tmp_path)
     monkeypatch.setattr(export, "check_image", lambda *a: None)
     monkeypatch.setattr(export.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0))
+    monkeypatch.setattr(export.engine, "engine_info", lambda settings: {})  # an engine that maps no users
     assert export.export(s, run="r1") == run / "export"
     assert f"the folder on this host: {run / 'export'}" in capsys.readouterr().out
