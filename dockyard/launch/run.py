@@ -395,7 +395,7 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
     if cpu:
         env["DS_ACCELERATOR"] = "cpu"
     env |= node_env(topo)
-    launcher = [sys.executable, "-m", "torch.distributed.run"]
+    launcher = [sys.executable, "-m", "dockyard.train.torchrun"]  # torchrun, without its traceback on a failure
     overrides = [*overrides, *(["--data", data] if data else []), *(["--model", model] if model else [])]
     return RunCommand(torchrun_argv(topo, launcher) + node.entry_argv(recipe, str(run_dir), overrides, resume), run_dir,
                       env)

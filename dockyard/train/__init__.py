@@ -18,5 +18,6 @@ module of dockyard (tests/unit/test_layers.py holds that).
   nodes      several nodes: shared storage, a lost node named
   manifest   manifest.json and the checkpoint a resume continues from
   precision  bf16/fp16/fp32 from the GPU's compute capability
+  torchrun   torchrun, saying a failed worker in one line instead of its own traceback (the images' torchrun)
   export     a run's model as a plain Hugging Face folder
 """

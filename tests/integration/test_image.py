@@ -33,6 +33,11 @@ def test_image_holds_what_its_labels_say(settings, cpu_image):
         assert out["ops"][op], f"DeepSpeed op {op} was asked for but is not built"
     report = docker(settings, "run", "--rm", cpu_image, "sh", "-c", "cat /opt/dockyard/ds_report.txt; ldconfig -p").stdout
     assert "DeepSpeed general environment info" in report and "libaio.so" in report
+    # the image's torchrun says a failed worker in one line, no traceback of its own (dockyard.train.torchrun)
+    failed = docker(settings, "run", "--rm", cpu_image, "sh", "-c", "cd /tmp && echo 'raise SystemExit(3)' > w.py && "
+                    "torchrun --nproc-per-node=1 --standalone w.py", check=False)
+    assert failed.returncode == 1 and "torchrun: w.py failed: rank 0 (local rank 0) first, exit 3" in failed.stderr
+    assert "Traceback" not in failed.stderr, failed.stderr
 
 
 def test_zero2_trains_in_the_image_through_invoke_run(settings, cpu_image, tmp_path):

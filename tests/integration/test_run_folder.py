@@ -82,6 +82,9 @@ def test_a_run_that_fails_before_its_log_exists_is_told_from_its_manifest_and_ke
     assert r.returncode != 0 and last.startswith("error: run early failed: invalid training setting: nonsense"), last
     assert not (tmp_path / "runs" / "early" / "train.log").exists()
     assert "did not start" not in r.stderr and "AttributeError" not in r.stderr
+    # torchrun says its part in one line too (it printed forty lines of traceback and a table under the reason)
+    said = r.stdout + r.stderr
+    assert "Traceback" not in said and "torchrun: dockyard.train failed: rank " in said
     m = json.loads((tmp_path / "runs" / "early" / "manifest.json").read_text())
     assert m["status"] == "failed" and m["strategy"]["in_effect"] is None
     assert "run early: failed · recipe ddp" in r.stdout
