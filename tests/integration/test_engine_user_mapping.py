@@ -85,6 +85,8 @@ def _stop(settings, proc: subprocess.Popen, sock: str, root: Path) -> None:
 def mapped(request, settings, engine_ready, monkeypatch_module):
     """(kind, the user whose run folder it is) with DOCKER_HOST set to an engine of that kind; its data root is
     outside pytest's folders (0700), which a mapped root could not pass through."""
+    for ids in (Path("/etc/subuid"), Path("/etc/subgid")):  # both engines map through them; usermod and useradd
+        ids.touch(mode=0o644, exist_ok=True)                 # add ranges only to files that exist
     root = Path(tempfile.mkdtemp(prefix=f"dockyard-{request.param}-"))
     root.chmod(0o755)
     sock = f"unix://{root}/run/docker.sock"
@@ -96,7 +98,9 @@ def mapped(request, settings, engine_ready, monkeypatch_module):
         owner = os.getuid()
     else:
         if subprocess.run(["id", ROOTLESS_USER], capture_output=True).returncode:
-            subprocess.run(["useradd", "--create-home", ROOTLESS_USER], check=True)  # with subordinate ids
+            subprocess.run(["useradd", "--create-home", ROOTLESS_USER], check=True)
+        for ids in (Path("/etc/subuid"), Path("/etc/subgid")):
+            _subordinate_ids(ids, ROOTLESS_USER)
         owner = pwd.getpwnam(ROOTLESS_USER).pw_uid
         subprocess.run(["chown", "-R", f"{owner}:{owner}", root], check=True)
         argv = [ROOTLESS_SCRIPT, "--data-root", root / "data", "--exec-root", root / "exec", "--pidfile",
@@ -111,6 +115,18 @@ def mapped(request, settings, engine_ready, monkeypatch_module):
         monkeypatch_module.delenv("DOCKER_HOST")
         _stop(settings, proc, sock, root)
         assert _bridge() == bridge, "the system engine's docker0 bridge is as it was"
+
+
+def _subordinate_ids(ids: Path, user: str, count: int = 65536) -> None:
+    """A range of subordinate ids for `user` in /etc/subuid (or subgid), after the ranges there: useradd gives one
+    only where the file already exists, which a fresh host may not have."""
+    lines = ids.read_text().splitlines() if ids.exists() else []
+    if any(line.split(":")[0] == user for line in lines):
+        return
+    ends = [int(f[1]) + int(f[2]) for f in (line.split(":") for line in lines) if len(f) == 3 and f[1].isdigit()
+            and f[2].isdigit()]
+    with open(ids, "a") as f:
+        f.write(f"{user}:{max([300000, *ends])}:{count}\n")
 
 
 def _bridge() -> bool:
