@@ -214,7 +214,10 @@ def test_offload_refuses_a_model_the_host_cannot_hold(tmp_path):
     (model / "config.json").write_text(json.dumps({
         "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672,
         "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8}))
-    proc = trainer_alone("--recipe", "zero3-offload", "--run-dir", str(tmp_path / "r"), "--", "--model", str(model))
+    # torchrun's variables for one process: a DeepSpeed recipe started without them is refused first (guards)
+    one = "import os; os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT='29533')"
+    proc = trainer_alone("--recipe", "zero3-offload", "--run-dir", str(tmp_path / "r"), "--", "--model", str(model),
+                         code=one)
     assert proc.returncode == 1 and "zero3-offload needs about" in proc.stderr and "70.55 B parameters" in proc.stderr
 
 
