@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -31,3 +32,37 @@ def test_a_run_that_succeeds_exits_0(tmp_path):
                          "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert ok.returncode == 0 and "trained" in ok.stdout
+
+
+
+RESTARTED_WORKER = """
+import os, signal, time
+import torch
+import torch.distributed as dist
+
+attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
+if attempt and rank == 1:
+    time.sleep(1)  # the new rank 0 looks up rank 1 first
+dist.init_process_group("gloo")
+t = torch.ones(1)
+for step in range(100):
+    dist.all_reduce(t)
+    if attempt < 3 and rank == 1 and step == 50:
+        os.kill(os.getpid(), signal.SIGKILL)  # lost mid-run: torchrun restarts both
+print(f"attempt {attempt} rank {rank} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_restarted_workers_meet_in_a_store_of_their_own_not_their_dead_predecessors(tmp_path):
+    """torchrun --max-restarts: by default every attempt shares the agent's store, and a restarted rank 0 could
+    connect to the address a dead rank had left there (pytorch/pytorch#135712): gloo's "connection refused", or both
+    ranks waiting for ever. The wrapper gives each attempt a store of its own. A real torchrun with 2 gloo workers;
+    rank 1 dies mid-run three times (plain torchrun failed or hung in 3 of 4 such runs here), the fourth attempt
+    finishes."""
+    (tmp_path / "worker.py").write_text(RESTARTED_WORKER)
+    r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone",
+                        "--max-restarts=3", "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(re.findall(r"attempt \d rank \d done", r.stdout)) == ["attempt 3 rank 0 done", "attempt 3 rank 1 done"]
