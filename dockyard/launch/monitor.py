@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO
 
 from dockyard import gpus
 from dockyard.common import runfolder
@@ -299,7 +299,8 @@ class Monitor:
         self.samples: list[dict] = []
         self.warned = False
         self.discarded = False
-        self._file: Any = None
+        self._file: IO[str] | None = None  # the samples file, appended to; None when it could not be opened
+        self._open_error: Exception | None = None  # why: said by the sampler, the verdict still written
         self._kept = 0  # the samples file's size before this run's: what discard() leaves
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dockyard-monitor", daemon=True)
@@ -308,16 +309,16 @@ class Monitor:
         try:
             self._file = runfolder.append(self.run_dir, self.name(runfolder.MONITOR_SAMPLES))
             self._kept = os.fstat(self._file.fileno()).st_size
-        except Exception as e:  # noqa: BLE001 - a link planted there: said by the sampler, the verdict still written
-            self._file = e
+        except Exception as e:  # noqa: BLE001 - e.g. a link planted there
+            self._open_error = e
         self._thread.start()
 
     def _loop(self) -> None:
         t0 = time.monotonic()
         f = self._file
         try:
-            if isinstance(f, Exception):
-                raise f
+            if f is None:
+                raise self._open_error or RuntimeError("the samples file is not open")
             while True:
                 readings = self.source.sample()
                 if readings:
@@ -352,7 +353,7 @@ class Monitor:
     def finish(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=max(10.0, 3 * self.interval))
-        if not isinstance(self._file, Exception):
+        if self._file is not None:
             with self._file:
                 if self.discarded:
                     self._file.truncate(self._kept)
