@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,8 +63,9 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
         shutil.rmtree(context, ignore_errors=True)
         copy_context(context, variant, wheels=wheels)
         try:
-            for argv, env in plan.steps:
-                engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
+            with tracker.heartbeat():
+                for argv, env in plan.steps:
+                    engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
         except DockyardError as e:
             raise DockyardError(f"{tracker.failure()}\n{e}") from None
         finally:
@@ -294,17 +297,48 @@ class _StepTracker:
     def __init__(self):
         self.last = ""
         self.reason = ""
+        self._heard = self._step_began = time.monotonic()
 
     def __call__(self, line: str) -> None:
+        self._heard = time.monotonic()
         if m := self.STEP.match(line):
-            self.last = f"[{m.group('step')}] {m.group('what')[:120]}"
+            step = f"[{m.group('step')}] {m.group('what')[:120]}"
+            if step != self.last:
+                self.last, self._step_began = step, self._heard
         elif m := self.ERROR.match(line):
             self.reason = self.COMMAND.sub("", m.group("error").strip())[:300]
+
+    @contextlib.contextmanager
+    def heartbeat(self, every: float = 60.0):
+        """A step can print nothing for many minutes (pip compiling DeepSpeed's ops: 10-15 min per CUDA variant on 2
+        cores): say every `every` seconds of silence that the build is alive, and where."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every / 4):
+                now = time.monotonic()
+                if now - self._heard >= every:
+                    self._heard = now
+                    hint = " (DeepSpeed's ops compile: 10-20 minutes cold)" if "deepspeed-build" in self.last else ""
+                    print(f"build: still at {self.last or 'the start'}, {_minutes(now - self._step_began)} in this "
+                          f"step{hint}", flush=True)
+
+        thread = threading.Thread(target=beat, name="dockyard-build-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def failure(self) -> str:
         """`build failed at step ...: reason`, for the error's first line."""
         return f"build failed at step {self.last or '(before the first step)'}" + (
             f": {self.reason}" if self.reason else "")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def staged_context_dir(wheels: Path, variant: str) -> Path:

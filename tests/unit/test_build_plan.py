@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.images import build, variants
 from dockyard.settings import ROOT
@@ -153,6 +154,22 @@ def test_build_step_tracker_names_the_failing_step():
                  "#10 4.3 error: metadata-generation-failed"]:
         t(line)
     assert t.last.startswith("[deepspeed-build 1/1] RUN pip wheel")
+
+
+def test_a_silent_build_step_is_said_to_be_alive_with_where_it_is(capsys):
+    """pip compiling DeepSpeed's ops prints nothing for 10-20 minutes of a cold CUDA build: the user saw the step's
+    line and then nothing. A real command streamed as `invoke build` streams docker build's output, silent for a while
+    in one step: the heartbeat names that step (with the hint for DeepSpeed's) while it is silent, and only then."""
+    script = ("echo '#5 [base 2/2] RUN apt-get update'; echo '#5 DONE 0.1s'; "
+              "echo '#10 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 1.4; echo '#10 DONE 1.4s'")
+    t = build._StepTracker()
+    with t.heartbeat(every=0.4):
+        engine.run(["sh", "-c", script], on_line=t, quiet=True)
+    beats = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("build: still at")]
+    silent = [b for b in beats if b.startswith("build: still at [deepspeed-build 1/1] RUN pip wheel deepspeed, ")]
+    assert silent, f"no word during the silent step: {beats}"
+    assert "DeepSpeed's ops compile: 10-20 minutes cold" in silent[0] and len(silent) <= 4
+    assert not [b for b in beats if "[base 2/2]" in b], "a step that printed as it went was said to be silent"
 
 
 def test_a_failed_build_says_buildkits_reason_first():
