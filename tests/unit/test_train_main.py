@@ -302,3 +302,34 @@ def test_a_deepspeed_recipe_started_without_torchrun_is_one_error_line_before_an
     assert "error: recipe zero2 runs DeepSpeed, which needs torchrun's process group: start it with `torchrun" in err
     assert json.loads((tmp_path / "r1" / "manifest.json").read_text())["status"] == "failed"
     assert not (tmp_path / "r1" / "base").exists(), "refused before anything was loaded"
+
+
+def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_librarys_info(tmp_path, capsys):
+    """A 6-step run printed about 130 console lines, most of them transformers' INFO (the model's config twice, each
+    file saved, "share your model on huggingface.co"). Real loggers, as the trainer sets them up on rank 0."""
+    import logging
+
+    import transformers
+
+    from dockyard.train.__main__ import setup_logging
+
+    root, level = logging.root.handlers[:], logging.root.level
+    verbosity = transformers.utils.logging.get_verbosity()
+    try:
+        setup_logging(tmp_path, is_main=True)
+        logging.getLogger("transformers.configuration_utils").info("Model config LlamaConfig {...}")
+        logging.getLogger("transformers.trainer").warning("a library's warning")
+        logging.getLogger("dockyard.train").info('{"step": 1, "loss": 6.2}')
+        for h in logging.root.handlers:
+            h.flush()
+    finally:
+        for h in logging.root.handlers:
+            if h not in root:
+                h.close()
+        logging.root.handlers[:] = root
+        logging.root.setLevel(level)
+        transformers.utils.logging.set_verbosity(verbosity)
+    console = capsys.readouterr().err
+    log = (tmp_path / "train.log").read_text()
+    assert "Model config" not in console and "a library's warning" in console and '{"step": 1' in console
+    assert all(line in log for line in ("Model config", "a library's warning", '{"step": 1'))
