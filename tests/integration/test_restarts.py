@@ -20,7 +20,7 @@ from dockyard.common import runfolder
 from dockyard.train import manifest as train_manifest
 from tests.support.training import command, env, manifest
 
-STEPS = 150
+STEPS = 60
 
 
 def test_a_rank_killed_mid_run_is_restarted_by_torchrun_and_the_run_continues_from_its_checkpoint(tmp_path):
