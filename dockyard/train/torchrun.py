@@ -6,12 +6,14 @@ which rank failed first, how, where its reason is. The exit status is torchrun's
 (images/Dockerfile), so every launcher that starts torchrun in an image (invoke run, run.sh, Slurm, Kubernetes,
 compose) gets it; native runs start it by name (dockyard.launch.run.native_command).
 
-It also makes restarts (--max-restarts) work. By default torchrun's agent keeps one TCPStore for every attempt and
-the workers' process group uses it without a per-attempt prefix, so a restarted worker can read the address its
-dead predecessor published (pytorch/pytorch#135712, #167288): gloo then fails with "connection refused" and NCCL
-connects to a stale port, or both ranks wait in init_process_group for ever. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
-gives each attempt a store of its own, hosted by its rank 0 (torchrun's behaviour before torch 2.5); a user who
-sets the variable keeps their value.
+It also makes restarts (--max-restarts) work. torchrun's agent holds the store the workers' process group meets
+in, and its handler is meant to start a new one for each attempt (pytorch/pytorch#135957); torch 2.10-2.15 start
+one for the first attempt only and keep it. A restarted worker could then read the address its dead predecessor had
+left there (pytorch/pytorch#135712): gloo failed with "connection refused", NCCL would connect to a stale port, or
+every rank waited in init_process_group for ever. Here each rendezvous round starts the handler's store afresh, so
+each attempt meets in an empty one, still held by the agent (it outlives the workers: the nodes' heartbeat watches
+it, dockyard.train.nodes). A torch without those fields gets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 instead (the
+store is then held by the first worker).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # a store per attempt: see above
+    fresh_store_per_attempt()
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -34,6 +36,27 @@ def main(argv: list[str] | None = None) -> int:
               "above (and in the run's train.log)", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+
+def fresh_store_per_attempt() -> None:
+    """Each rendezvous round of torchrun's c10d handler starts a new store for the workers (see above)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    first = DynamicRendezvousHandler.next_rendezvous
+    if getattr(first, "fresh_store_per_attempt", False):
+        return
+
+    def next_rendezvous(self):
+        if hasattr(self, "_bootstrap_store_info") and hasattr(self, "_shared_tcp_store_server"):
+            self._bootstrap_store_info = None  # rank 0 starts a new server, the others read where from the round
+            self._shared_tcp_store_server = None
+        else:
+            os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        return first(self)
+
+    next_rendezvous.fresh_store_per_attempt = True
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous
 
 
 if __name__ == "__main__":
