@@ -1,6 +1,8 @@
 """The CUDA images, built for real on this GPU-less host (the `cuda_image` fixture: cu132, the newest; `cuda12_image`:
 cu128, for CUDA 12 drivers, built without nvcc): their Python stacks train on CPU; the newest moves to the second
-node as a full archive and then as a thin one (cu128's move: test_cuda12_image_moves.py, with a node of its own).
+node as a full archive and then as a thin one. cu128 moves by the same code (nothing in save, ship or load.sh
+depends on the variant), so its own move to a second node (5-6 minutes of CI for an 8.4 GB image) is not repeated
+here; its prebuilt DeepSpeed ops are loaded without a GPU by its build's own check (images/check_image.py).
 
 The GPU path itself (NCCL, fused_adam on a device, bitsandbytes' CUDA kernels) runs only in tests/gpu, on a
 host with GPUs: here `invoke run --cpu` trains in the CUDA image with gloo and DS_ACCELERATOR=cpu, which
