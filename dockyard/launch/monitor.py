@@ -317,8 +317,8 @@ class Monitor:
         t0 = time.monotonic()
         f = self._file
         try:
-            if f is None:
-                raise self._open_error or RuntimeError("the samples file is not open")
+            if f is None:  # start() could not open it
+                raise self._open_error
             while True:
                 readings = self.source.sample()
                 if readings:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -34,13 +36,13 @@ def test_a_run_that_succeeds_exits_0(tmp_path):
     assert ok.returncode == 0 and "trained" in ok.stdout
 
 
-
 RESTARTED_WORKER = """
 import os, signal, time
 import torch
 import torch.distributed as dist
 
 attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
+print(f"attempt {attempt} rank {rank} meets at {os.environ['MASTER_PORT']}", flush=True)
 if attempt and rank == 1:
     time.sleep(1)  # the new rank 0 looks up rank 1 first
 dist.init_process_group("gloo")
@@ -63,10 +65,19 @@ def test_restarted_workers_meet_in_a_store_of_their_own_not_their_dead_predecess
     rank 1 dies mid-run three times (plain torchrun failed or hung in 3 of 4 such runs here), the fourth attempt
     finishes."""
     (tmp_path / "worker.py").write_text(RESTARTED_WORKER)
-    r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone",
-                        "--max-restarts=3", "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
-                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    done = sorted(re.findall(r"attempt (\d) rank (\d) done at (\d+) (True|False)", r.stdout))
-    assert [(a, rank) for a, rank, _, _ in done] == [("3", "0"), ("3", "1")], r.stdout
+    p = subprocess.Popen([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone",
+                          "--max-restarts=3", "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    try:
+        stdout, stderr = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:  # hung (the old behaviour): its workers too, or they would outlive the test
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, stderr[-3000:]
+    met = set(re.findall(r"attempt (\d) rank \d meets at (\d+)", stdout))
+    ports = {attempt: port for attempt, port in met}
+    assert len(met) == len(ports) == 4 and len(set(ports.values())) == 4, f"one new store per attempt: {sorted(met)}"
+    done = sorted(re.findall(r"attempt (\d) rank (\d) done at (\d+) (True|False)", stdout))
+    assert [(a, rank) for a, rank, _, _ in done] == [("3", "0"), ("3", "1")], stdout
     assert {agents for _, _, _, agents in done} == {"True"}, "the store is still the agent's"
