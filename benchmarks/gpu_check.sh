@@ -13,6 +13,11 @@
 #        autos-944m   test_autos_gpu.py on the 944M model (4 runs: ~5 min)
 #        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min; -k to split it,
 #                     e.g. tests tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora")
+#        all          every test of tests/gpu, in five pytest processes side by side (the slices above, resume in
+#                     two), each with its own folder and log ($OUT/tests-gpu-SLICE.log); the tiny-model runs are
+#                     bound by process start-up, not the GPU, so this takes about as long as the longest slice.
+#                     Each slice is stopped after ${DEADLINE:-480} s, so a call of 10 minutes still brings back
+#                     every log. For a GPU of 80 GB or more: the 944M runs share it with the others.
 #        or pytest's own arguments naming tests under tests/gpu/ (-k alone: within the default slice)
 #      each test's name and outcome is printed as it ends; a test is stopped after 300 s (with pytest-timeout)
 #   sh benchmarks/gpu_check.sh bench [RECIPES] [ARGS]   benchmarks.recipes with no tuning flags, each recipe also
@@ -45,6 +50,31 @@ shift
 status="$OUT/.status"
 case "$part" in
 tests)
+	if [ "${1:-}" = all ]; then
+		shift
+		cap=
+		! "$PY" -c 'import pytest_timeout' 2>/dev/null || cap=--timeout=300
+		run_slice() {  # NAME PYTEST-ARGS...: one pytest process, its own temporary folder and log
+			name=$1
+			shift
+			rc=0
+			timeout "${DEADLINE:-480}" "$PY" -m pytest -v --tb=short -p no:cacheprovider -rs --durations=10 \
+				--basetemp="/tmp/dockyard-gpu-tests-$name" $cap "$@" >"$OUT/tests-gpu-$name.log" 2>&1 || rc=$?
+			echo "$rc" >"$OUT/.status-$name"
+			echo "== $name: exit $rc ($(tail -1 "$OUT/tests-gpu-$name.log"))"
+		}
+		run_slice recipes tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@" &
+		run_slice autos tests/gpu/test_autos_gpu.py -k "not 944m" "$@" &
+		run_slice autos-944m tests/gpu/test_autos_gpu.py -k 944m "$@" &
+		run_slice resume-a tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora" "$@" &
+		run_slice resume-b tests/gpu/test_resume_gpu.py -k "not (ddp or fsdp or lora)" "$@" &
+		wait
+		# every test's outcome, slice by slice, then the worst exit status of the five
+		grep -h "::" "$OUT"/tests-gpu-*.log | grep -E "(PASSED|FAILED|ERROR|SKIPPED|XFAIL)( |$)" | sed 's/ *\[ *[0-9]*%\]//' || :
+		worst=0
+		for f in "$OUT"/.status-*; do [ "$(cat "$f")" = 0 ] || worst=$(cat "$f"); done
+		exit "$worst"
+	fi
 	case "${1:-}" in
 	autos) shift; set -- tests/gpu/test_autos_gpu.py -k "not 944m" "$@" ;;
 	autos-944m) shift; set -- tests/gpu/test_autos_gpu.py -k 944m "$@" ;;
