@@ -143,7 +143,9 @@ def head_activation_bytes(shape: Shape, seq_len: int, batch: int) -> int:
 # Activations, as a multiple of the bf16 bytes autograd saves (activation_bytes, measured on CPU):
 FP32_RESIDUAL = 0.41   # fp32 weights under bf16 autocast (ddp and fsdp full fine-tuning): the residual stream,
                        # the norms and their outputs stay fp32, and each linear layer keeps a bf16 copy of its input
-ADAPTER_INPUTS = 0.26  # LoRA under autocast: the fp32 adapters keep their own 16-bit copy of their inputs
+ADAPTER_INPUTS = 0.08  # LoRA under mixed precision: what the adapters save beside their base layers (their rank-r
+                       # intermediates). Measured on one H200 (2026-11-27, micro-batch 16: 64.8 GiB); 0.26 on the
+                       # H100 before the adapters stopped copying their inputs to fp32 and back (~6 GiB at mb 8)
 COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer intermediates (1.41 → 0.83); the
                        # trainer compiles block by block, so the loss head after the last block keeps its eager size
 # lora_dropout > 0 adds each adapter's dropout mask, one byte per input feature per token (computed, not fitted).
