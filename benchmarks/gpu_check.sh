@@ -13,11 +13,12 @@
 #        autos-944m   test_autos_gpu.py on the 944M model (4 runs: ~5 min)
 #        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min; -k to split it,
 #                     e.g. tests tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora")
-#        all          every test of tests/gpu, in five pytest processes side by side (the slices above, resume in
-#                     two), each with its own folder and log ($OUT/tests-gpu-SLICE.log); the tiny-model runs are
-#                     bound by process start-up, not the GPU, so this takes about as long as the longest slice.
-#                     Each slice is stopped after ${DEADLINE:-480} s, so a call of 10 minutes still brings back
-#                     every log. For a GPU of 80 GB or more: the 944M runs share it with the others.
+#        all          every test of tests/gpu, in six pytest processes side by side (the slices above, autos and
+#                     resume in two each), each with its own folder and log ($OUT/tests-gpu-SLICE.log); the
+#                     tiny-model runs are bound by process start-up, not the GPU, so this takes about as long as the
+#                     longest slice (one H200, 2026-11-27: the recipes slice, 5.3 min). Each slice is stopped after
+#                     ${DEADLINE:-480} s, so a call of 10 minutes still brings back every log. For a GPU of 80 GB or
+#                     more: the 944M runs share it with the others.
 #        or pytest's own arguments naming tests under tests/gpu/ (-k alone: within the default slice)
 #      each test's name and outcome is printed as it ends; a test is stopped after 300 s (with pytest-timeout)
 #   sh benchmarks/gpu_check.sh bench [RECIPES] [ARGS]   benchmarks.recipes with no tuning flags, each recipe also
@@ -64,12 +65,13 @@ tests)
 			echo "== $name: exit $rc ($(tail -1 "$OUT/tests-gpu-$name.log"))"
 		}
 		run_slice recipes tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@" &
-		run_slice autos tests/gpu/test_autos_gpu.py -k "not 944m" "$@" &
+		run_slice autos tests/gpu/test_autos_gpu.py -k "not (944m or liger or padding)" "$@" &
+		run_slice autos-kernels tests/gpu/test_autos_gpu.py -k "liger or padding" "$@" &
 		run_slice autos-944m tests/gpu/test_autos_gpu.py -k 944m "$@" &
 		run_slice resume-a tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora" "$@" &
 		run_slice resume-b tests/gpu/test_resume_gpu.py -k "not (ddp or fsdp or lora)" "$@" &
 		wait
-		# every test's outcome, slice by slice, then the worst exit status of the five
+		# every test's outcome, slice by slice, then the worst exit status of the six
 		grep -h "::" "$OUT"/tests-gpu-*.log | grep -E "(PASSED|FAILED|ERROR|SKIPPED|XFAIL)( |$)" | sed 's/ *\[ *[0-9]*%\]//' || :
 		worst=0
 		for f in "$OUT"/.status-*; do [ "$(cat "$f")" = 0 ] || worst=$(cat "$f"); done
