@@ -23,7 +23,7 @@
 #      each test's name and outcome is printed as it ends; a test is stopped after 300 s (with pytest-timeout)
 #   sh benchmarks/gpu_check.sh bench [RECIPES] [ARGS]   benchmarks.recipes with no tuning flags, each recipe also
 #        compiled (--try torch_compile=true) and with Liger's kernels (--try use_liger_kernel=true); default
-#        ddp,lora (6 runs of the 944M model, ~6 min); ARGS go to benchmarks.recipes (--steps 40, --bare, ...)
+#        ddp,lora (6 runs of the 1.1B benchmark model, ~6 min); ARGS go to benchmarks.recipes (--steps 40, --bare, ...)
 #   sh benchmarks/gpu_check.sh compile [ARGS]           benchmarks.compile: whole model vs block by block
 set -eu
 case "${1:-}" in tests | bench | compile) ;; *)
@@ -42,7 +42,7 @@ fi
 printf '%s\n' "$smi" | tee "$OUT/gpus.txt"
 "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' \
 	|| { echo "error: torch sees no GPU (torch.cuda.is_available() is false): nothing would be checked" >&2; exit 1; }
-# What an earlier call left, once this is known to be the GPU host: a killed 944M run's folder holds 15-18 GB.
+# What an earlier call left, once this is known to be the GPU host: a killed 1B run's folder holds 15-18 GB.
 # (The tests' own folders go with pytest's --basetemp below, which it empties as it starts.)
 rm -rf /tmp/dockyard-bench-* 2>/dev/null || :
 part=$1

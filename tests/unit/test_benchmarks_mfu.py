@@ -18,25 +18,31 @@ def test_flops_per_token_leaves_out_the_input_embedding_and_adds_attention():
 
 
 def test_attention_counts_at_the_width_attention_runs_at():
-    """A model whose heads × head_dim (512) is narrower than its hidden size (2048), as benchmarks/recipes.py's ONE_B:
-    attention does 12 · layers · 512 · S, not 12 · layers · 2048 · S (which overstated its MFU by ~15 %)."""
+    """A model whose heads × head_dim (512) is narrower than its hidden size (2048), as the 944M model issue 24
+    measured: attention does 12 · layers · 512 · S, not 12 · layers · 2048 · S (which overstated its MFU by ~15 %)."""
     narrow = flops_per_token(parameters=1_000_000, vocab=100, hidden=2048, layers=2, seq_len=128, tied=True,
                              adapters=False, attention_width=512)
     assert narrow == 6 * 1_000_000 + 12 * 2 * 512 * 128
 
 
-def test_the_benchmark_models_attention_width_is_read_from_its_config(tmp_path):
-    """The benchmark model is the tiny test model's config with ONE_B's sizes: its head_dim stays the tiny one's, so
-    its attention runs narrower than its hidden size, and MFU must read that from the saved config."""
+def test_the_benchmark_model_has_the_shape_of_a_real_1b_llama(tmp_path):
+    """The GPU benchmark's model is the tiny model's config with ONE_B's sizes: TinyLlama-1.1B's shape, heads of 64
+    (the tiny model's head_dim 16 once came along and made a 944M model whose attention ran at a quarter of its
+    width), and the attention width MFU reads from the saved config is the one the model runs at."""
     from transformers import AutoConfig
 
     from benchmarks.recipes import ONE_B, TINY_MODEL
     from dockyard.common import memory
+    from tests.support.measured import MEASURED_MODEL
 
     config = AutoConfig.from_pretrained(TINY_MODEL, **ONE_B)
-    config.save_pretrained(tmp_path)
-    shape = memory.shape_from_folder(tmp_path)
-    assert shape.q_width == config.num_attention_heads * config.head_dim != config.hidden_size
+    config.save_pretrained(tmp_path / "one-b")
+    shape = memory.shape_from_folder(tmp_path / "one-b")
+    assert shape.params == 1_100_048_384 and config.head_dim == 64
+    assert shape.q_width == config.num_attention_heads * config.head_dim == config.hidden_size
+    narrow = AutoConfig.from_pretrained(TINY_MODEL, **{k: v for k, v in MEASURED_MODEL.items() if k != "model_type"})
+    narrow.save_pretrained(tmp_path / "measured")
+    assert memory.shape_from_folder(tmp_path / "measured").q_width == 512
 
 
 def test_peak_is_looked_up_by_the_exact_part():
