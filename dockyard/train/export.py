@@ -115,7 +115,11 @@ def load_run_model(m: dict[str, Any], run_dir: Path, dtype: torch.dtype, quantiz
     base = m["model"]["base"]
     if not Path(base).is_dir():
         raise DockyardError(f"the run's base model {base} is not here: give the same --model as the run")
-    return PeftModel.from_pretrained(_auto(m).from_pretrained(base, dtype=dtype, **kwargs), adapter_dir or run_dir / "model")
+    from dockyard.train.model import peft_quietly
+
+    with peft_quietly():
+        return PeftModel.from_pretrained(_auto(m).from_pretrained(base, dtype=dtype, **kwargs),
+                                         adapter_dir or run_dir / "model")
 
 
 def tokenizer(folder: Path) -> Any:

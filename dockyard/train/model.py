@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,14 +151,20 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
     config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                         target_modules=settings.lora_target_modules,
                         task_type="SEQ_CLS" if settings.task == "seq_cls" else "CAUSAL_LM")
-    with warnings.catch_warnings():
-        # peft 0.21 reads the model's `is_gradient_checkpointing`, which transformers 5 renamed: a FutureWarning in
-        # every lora run's log that the user can do nothing about
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    with peft_quietly():
         model = get_peft_model(model, config)
     if weights_dtype(settings, recipe) == torch.float16:
         precision.upcast_trainable(model)
     return model
+
+
+@contextlib.contextmanager
+def peft_quietly() -> Iterator[None]:
+    """Around peft's adapter set-up and loading: peft 0.21 reads the model's `is_gradient_checkpointing`, which
+    transformers 5 renamed, a FutureWarning in every lora run's log and export that the user can do nothing about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def adapter_inputs_as_given(model: Any, recipe: Recipe, args: Any) -> contextlib.AbstractContextManager:

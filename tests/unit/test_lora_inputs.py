@@ -91,3 +91,19 @@ def test_adding_the_adapters_logs_no_deprecation_warning(tmp_path):
         warnings.simplefilter("always")
         lora_model(tmp_path)
     assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
+
+
+def test_loading_a_runs_adapter_logs_no_deprecation_warning(tmp_path):
+    """`invoke export` of a lora run printed the same FutureWarning when peft loaded the saved adapter."""
+    import warnings
+
+    from dockyard.train import export
+
+    _, model = lora_model(tmp_path)
+    model.save_pretrained(tmp_path / "adapter")
+    m = {"model": {"format": "adapter", "base": str(tmp_path / "base")}, "strategy": {"peft": "lora"}}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loaded = export.load_run_model(m, tmp_path, torch.bfloat16, quantized=False, adapter_dir=tmp_path / "adapter")
+    assert any("lora_A" in n for n, _ in loaded.named_parameters())
+    assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
