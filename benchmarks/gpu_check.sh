@@ -61,9 +61,10 @@ tests)
 			rc=0
 			timeout "${DEADLINE:-480}" "$PY" -m pytest -v --tb=short -p no:cacheprovider -rs --durations=10 \
 				--basetemp="/tmp/dockyard-gpu-tests-$name" $cap "$@" >"$OUT/tests-gpu-$name.log" 2>&1 || rc=$?
-			echo "$rc" >"$OUT/.status-$name"
+			echo "$name $rc" >>"$OUT/slices.txt"  # one file for the six: a device call brings back 8 files at most
 			echo "== $name: exit $rc ($(tail -1 "$OUT/tests-gpu-$name.log"))"
 		}
+		rm -f "$OUT/slices.txt"
 		run_slice recipes tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@" &
 		run_slice autos tests/gpu/test_autos_gpu.py -k "not (944m or liger or padding)" "$@" &
 		run_slice autos-kernels tests/gpu/test_autos_gpu.py -k "liger or padding" "$@" &
@@ -74,7 +75,7 @@ tests)
 		# every test's outcome, slice by slice, then the worst exit status of the six
 		grep -h "::" "$OUT"/tests-gpu-*.log | grep -E "(PASSED|FAILED|ERROR|SKIPPED|XFAIL)( |$)" | sed 's/ *\[ *[0-9]*%\]//' || :
 		worst=0
-		for f in "$OUT"/.status-*; do [ "$(cat "$f")" = 0 ] || worst=$(cat "$f"); done
+		while read -r _ rc; do [ "$rc" = 0 ] || worst=$rc; done <"$OUT/slices.txt"
 		exit "$worst"
 	fi
 	case "${1:-}" in
