@@ -11,8 +11,8 @@ On CPU: the tiny model, 2 processes (gloo): a smoke check that every part runs. 
 
 `--batch auto` (the default) passes no micro-batch and no gradient checkpointing: each run takes what a user's run
 with no tuning flags gets (recipes/defaults.yaml's autos: micro-batch, accumulation, checkpointing, torch_compile,
-Liger, padding-free, each resolved for the GPU at hand), and the table says what they became. `--batch N` fixes the
-micro-batch at N with checkpointing off (the autos that are left still resolve). `--try torch_compile=true` runs
+Liger, padding-free, packing, each resolved for the GPU at hand), and the table says what they became. `--batch N`
+fixes the micro-batch at N with checkpointing off (the autos that are left still resolve). `--try torch_compile=true` runs
 each recipe a second time with those settings (any recipe setting or TrainingArguments field, as after `invoke run
 -- `), right after its first run, and prints the ratio: how a setting is judged on a GPU before it becomes an auto.
 
@@ -234,7 +234,7 @@ def steady_state(metrics_file: Path) -> dict:
 # The autos the table shows, short: settings_resolved key -> column word
 SHOWN = {"per_device_train_batch_size": "mb", "gradient_accumulation_steps": "accum",
          "gradient_checkpointing": "GC", "torch_compile": "compile", "use_liger_kernel": "Liger",
-         "padding_free": "padding-free"}
+         "padding_free": "padding-free", "packing": "packing"}
 
 
 def resolved(manifest: dict) -> str:

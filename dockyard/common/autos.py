@@ -7,11 +7,13 @@
     torch_compile: on for ddp, zero2 and lora (where its gain was measured on a GPU) when the run is long enough
         to repay the compilation and checkpointing stays off (decided once checkpointing is);
     use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
-    padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data.
+    padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data;
+    packing: text documents joined end to end and cut into blocks of max_seq_length tokens.
 
 On CPU every auto is what the project did before: micro-batch 8, no accumulation, checkpointing for the adapter
-recipes only, no compilation, no Liger, padded batches. What each became is written into the manifest
-(`settings_resolved`, with the reason); any of them can be set instead (recipe file or `-- --key value`).
+recipes only, no compilation, no Liger, padded batches, one example per text document. What each became is written
+into the manifest (`settings_resolved`, with the reason); any of them can be set instead (recipe file or
+`-- --key value`).
 Plain, torch-free functions over plain data, so that what the trainer runs and what `invoke plan` says are one
 rule: the trainer passes the GPU it sees (dockyard.train.environment), the plan the GPU it plans for, tests recorded
 hosts.
@@ -374,3 +376,32 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
                       f"attention over it costs less than the padding it saves")
     return False, (f"sdpa would compute attention over the whole packed row of up to {row} tokens (more than "
                    f"{PACKED_SDPA_MAX_TOKENS}); padding costs less. flash_attention_2 packs without that cost")
+
+
+# --- packed text (before the data is tokenized) ------------------------------------------------------------
+
+def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padding_free: Any) -> tuple[bool, str]:
+    """(on, why) for joining text documents end to end (EOS between them) and cutting the stream into blocks of
+    max_seq_length tokens, as pretraining does: no padding, and a long document is split across blocks instead of
+    cut short. A block's tokens attend to the documents before them in the block (the EOS says where one ends):
+    the SDPA kernels stay the fast causal ones."""
+    if value is True:
+        if task != "causal_lm" or fmt != "text":
+            raise DockyardError(f"packing joins text documents (the text format), and this data is {fmt}: instruction "
+                                "and chat examples keep their boundaries; padding_free packs those. Set packing to "
+                                "auto or false")
+        if padding_free is True:
+            raise DockyardError("packing and padding_free are both true: packing fills every row already; set one")
+        return True, SET
+    if value is False:
+        return False, SET
+    if value != AUTO:
+        raise DockyardError(f"packing must be true, false or auto (got {value!r})")
+    if device is None:
+        return False, "CPU: one example per document, cut at max_seq_length, as before"
+    if task != "causal_lm" or fmt != "text":
+        return False, f"the {fmt} format: only text documents are joined (instruction and chat data: padding_free)"
+    if padding_free is True:
+        return False, "padding_free is set: its rows are packed already"
+    return True, ("text documents joined end to end and cut into max_seq_length blocks: no padding, and no "
+                  "document cut short")

@@ -65,6 +65,7 @@ class RunSettings(BaseModel):
     # examples per optimizer step over all processes
     global_batch: Annotated[StrictInt, Field(ge=1, le=MAX_EXAMPLES)] | Literal["auto"] = "auto"
     padding_free: StrictBool | Literal["auto"] = "auto"  # instruction/chat examples packed into one row per batch
+    packing: StrictBool | Literal["auto"] = "auto"  # text documents joined and cut into max_seq_length blocks
 
     @property
     def data_path(self) -> Path:

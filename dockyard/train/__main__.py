@@ -235,7 +235,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))
     tokenizer = models.load_tokenizer(model_dir)
-    loaded = data.load(settings, tokenizer, args.seed)
+    loaded = data.load(settings, tokenizer, args.seed, lambda fmt: autos.resolve_packing(
+        settings.packing, fmt, settings.task, device, settings.padding_free))
     run.record.data = loaded.info
     if shape:
         run.record.estimates = estimates(shape, recipe, settings, args, local, resolved.regime)
@@ -246,6 +247,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                                              getattr(model.config, "_attn_implementation", "") or "",
                                              args.per_device_train_batch_size, settings.max_seq_length)
     run.record.settings_resolved["padding_free"] = {"value": packed, "why": why}
+    run.record.settings_resolved["packing"] = dict(zip(("value", "why"), loaded.packing, strict=True))
     return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed, shape)
 
 

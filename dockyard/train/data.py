@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,14 @@ FALLBACK_CHAT_TEMPLATE = (
 )
 
 
-def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
-    """The run's data (`data`, `data_format`, `eval_data` or `eval_fraction`, `task`, `max_seq_length`)."""
+def load(settings: Any, tokenizer: Any, seed: int,
+         packing: Callable[[str], tuple[bool, str]] = lambda fmt: (False, "")) -> Loaded:
+    """The run's data (`data`, `data_format`, `eval_data` or `eval_fraction`, `task`, `max_seq_length`); `packing`
+    decides from the format whether text documents are joined into blocks (autos.resolve_packing), and why."""
     source = str(settings.data_path)
     rows = read_rows(source)
     fmt = detect_format(rows, settings.task, settings.data_format, source)
+    packed, why = packing(fmt)
     eval_rows: list[dict[str, Any]] = []
     if settings.eval_data:
         eval_rows = read_rows(settings.eval_data)
@@ -74,6 +78,13 @@ def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
         labels = label_names(rows)
         train = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
         evals = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else []
+    elif packed:
+        labels = []
+        train = pack_text(rows, tokenizer, settings.max_seq_length)
+        evals = pack_text(eval_rows, tokenizer, settings.max_seq_length) if eval_rows else []
+        info.update(truncated=0, dropped=0)
+        log.info("packing: %d documents joined into %d blocks of up to %d tokens", len(rows), len(train),
+                 settings.max_seq_length)
     else:
         labels = []
         done = tokenize(rows, fmt, tokenizer, settings.max_seq_length)
@@ -81,12 +92,13 @@ def load(settings: Any, tokenizer: Any, seed: int) -> Loaded:
                                        if eval_rows else [])
         info.update(truncated=done.truncated, dropped=done.dropped)
         if done.truncated:
+            join = " or join the documents into full blocks: -- --packing true" if fmt == "text" else ""
             log.warning("%d of %d examples are longer than max_seq_length=%d and were cut (%d left nothing to "
-                        "learn and were dropped): raise it with -- --max_seq_length N", done.truncated, len(rows),
-                        settings.max_seq_length, done.dropped)
-    info.update(examples=len(train), eval_examples=len(evals))
+                        "learn and were dropped): raise it with -- --max_seq_length N%s", done.truncated, len(rows),
+                        settings.max_seq_length, done.dropped, join)
+    info.update(examples=len(train), eval_examples=len(evals), packed=packed)
     log.info("data %s: format %s, %d training examples, %d for evaluation", source, fmt, len(train), len(evals))
-    return Loaded(train, evals, labels, info)
+    return Loaded(train, evals, labels, info, (packed, why))
 
 
 @dataclass
@@ -97,6 +109,7 @@ class Loaded:
     eval: list[dict[str, Any]]
     labels: list[str]                  # class names (seq_cls), else []
     info: dict[str, Any]
+    packing: tuple[bool, str] = (False, "")  # text documents joined into blocks, and why (settings_resolved)
 
 
 def read_rows(source: str | Path) -> list[dict[str, Any]]:
@@ -292,6 +305,22 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int)
     if not out.examples:
         raise DockyardError(f"no example has a token to learn from within max_seq_length={max_len}: "
                             f"raise it (-- --max_seq_length 2048)")
+    return out
+
+
+def pack_text(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[dict[str, list[int]]]:
+    """Text documents as pretraining reads them: each tokenized as the text format does (its special tokens, EOS
+    at its end), all joined into one stream, cut into blocks of `max_len` tokens; the last block holds what is left
+    (shorter: the collator pads it). No token is padding and none is cut away. A block's tokens attend to the
+    documents before them in the block, the EOS marking where each ends."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stream: list[int] = []
+    for row in rows:
+        stream += tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
+    blocks = [stream[i:i + max_len] for i in range(0, len(stream), max_len)]
+    out = [{"input_ids": b, "labels": list(b)} for b in blocks if len(b) > 1]  # one token predicts nothing
+    if not out:
+        raise DockyardError("the text data holds no token to learn from")
     return out
 
 

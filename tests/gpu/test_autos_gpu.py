@@ -15,7 +15,7 @@ from tests.support.training import FAST, LORA_LR, chat_data, manifest, reload_lo
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")]
 GPUS = torch.cuda.device_count()
 AUTOS = ("global_batch", "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
-         "torch_compile", "use_liger_kernel", "padding_free")
+         "torch_compile", "use_liger_kernel", "padding_free", "packing")
 
 
 def gpu_memory() -> int:
@@ -40,7 +40,8 @@ def test_every_auto_resolves_on_the_gpu_and_says_why(tmp_path, name):
     # 12 steps never repay compiling where its gain was measured; elsewhere it is not measured yet
     assert ("pays from about" if name in ("ddp", "zero2", "lora") else "not measured yet") in resolved["torch_compile"]["why"]
     assert resolved["use_liger_kernel"]["value"] is False  # memory does not bind for the tiny model
-    assert resolved["padding_free"]["value"] is False  # text data
+    assert resolved["padding_free"]["value"] is False  # text data:
+    assert resolved["packing"]["value"] is True and m["data"]["packed"] is True  # its documents joined into blocks
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
 
 

@@ -226,6 +226,7 @@ def test_training_argument_numbers_that_are_numbers_are_taken(env):
     (["--eval_fraction", "inf"], "eval_fraction inf: a number from 0 up to (not including) 1"),
     (["--lora_dropout", "true"], "lora_dropout True: a number from 0"),
     (["--padding_free", "maybe"], "padding_free 'maybe': true, false or auto"),  # once pydantic's union of errors
+    (["--packing", "2"], "packing 2: true, false or auto"),
 ])
 def test_a_run_setting_out_of_its_range_is_refused_saying_what_it_takes(env, override, says):
     refused(dry(env, "--native", "--", *override), f"invalid setting: {says}")

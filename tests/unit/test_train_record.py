@@ -32,7 +32,7 @@ def test_a_completed_run_records_every_part_in_order(tmp_path):
     assert list(m) == FIXED + ["recipe_files", "model", "task", "settings_resolved", "inputs", "data", "plan", "disk",
                                "probe"]
     assert list(m["model"]) == ["base", "parameters", "saved", "format", "footprint_bytes"]
-    assert list(m["settings_resolved"]) == RESOLVED + ["padding_free"]
+    assert list(m["settings_resolved"]) == RESOLVED + ["padding_free", "packing"]
     assert list(m["probe"]) == ["input_ids", "logits", "dtype"] and m["model"]["format"] == "adapter"
 
 
