@@ -314,10 +314,14 @@ def pack_text(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[
     (shorter: the collator pads it). No token is padding and none is cut away. A block's tokens attend to the
     documents before them in the block, the EOS marking where each ends."""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    stream: list[int] = []
+    blocks: list[list[int]] = []
+    rest: list[int] = []  # the stream not yet cut (less than a block between documents): never held whole
     for row in rows:
-        stream += tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
-    blocks = [stream[i:i + max_len] for i in range(0, len(stream), max_len)]
+        rest += tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
+        cut = len(rest) - len(rest) % max_len
+        blocks += [rest[i:i + max_len] for i in range(0, cut, max_len)]
+        del rest[:cut]
+    blocks.append(rest)
     out = [{"input_ids": b, "labels": list(b)} for b in blocks if len(b) > 1]  # one token predicts nothing
     if not out:
         raise DockyardError("the text data holds no token to learn from")
