@@ -88,3 +88,26 @@ def test_bench_and_compile_pass_their_arguments_on(tmp_path):
     (tmp_path / "compile").mkdir()
     r, calls = gpu_check(tmp_path / "compile", "compile", "--layers", "8")
     assert r.returncode == 0 and calls[0].split()[-2:] == ["--layers", "8"], r.stderr
+
+
+def test_tests_all_runs_every_gpu_test_file_in_slices_of_their_own(tmp_path):
+    """`tests all`: six pytest processes side by side, each with its own folder (pytest empties its --basetemp as it
+    starts: a shared one would pull the others' runs from under them) and its own log, every tests/gpu file in one."""
+    r, calls = gpu_check(tmp_path, "tests", "all")
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 6 and all(c.split()[:2] == ["-m", "pytest"] for c in calls)
+    temps = {w for c in calls for w in c.split() if w.startswith("--basetemp=")}
+    assert len(temps) == 6
+    files = {w for c in calls for w in c.split() if w.startswith("tests/gpu/")}
+    assert files == {f"tests/gpu/{p.name}" for p in (ROOT / "tests" / "gpu").glob("test_*.py")}
+    assert len(list((tmp_path / "out").glob("tests-gpu-*.log"))) == 6
+    assert len(list((tmp_path / "out").iterdir())) <= 8  # what one device call brings back
+
+
+def test_tests_all_fails_when_one_slice_fails(tmp_path):
+    env, calls = fake_host(tmp_path)
+    fake = Path(env["PATH"].split(":")[0]) / "python3"
+    fake.write_text(fake.read_text().replace('echo "ran $2"', 'echo "ran $2"; case "$*" in *resume*) exit 1 ;; esac'))
+    r = subprocess.run(["sh", str(SCRIPT), "tests", "all"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "== resume-a: exit 1" in r.stdout and "== recipes: exit 0" in r.stdout, r.stdout
