@@ -380,18 +380,26 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
 
 # --- packed text (before the data is tokenized) ------------------------------------------------------------
 
+def check_packing(value: Any, task: str, padding_free: Any) -> None:
+    """What packing refuses without reading the data (the host checks it before a run: dockyard.launch.preflight)."""
+    if value is True and task != "causal_lm":
+        raise DockyardError(f"packing joins text documents for causal language modelling, not {task}: set it to auto "
+                            "or false")
+    if value is True and padding_free is True:
+        raise DockyardError("packing and padding_free are both true: packing fills every row already; set one")
+
+
 def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padding_free: Any) -> tuple[bool, str]:
     """(on, why) for joining text documents end to end (EOS between them) and cutting the stream into blocks of
     max_seq_length tokens, as pretraining does: no padding, and a long document is split across blocks instead of
     cut short. A block's tokens attend to the documents before them in the block (the EOS says where one ends):
     the SDPA kernels stay the fast causal ones."""
+    check_packing(value, task, padding_free)
     if value is True:
-        if task != "causal_lm" or fmt != "text":
+        if fmt != "text":
             raise DockyardError(f"packing joins text documents (the text format), and this data is {fmt}: instruction "
                                 "and chat examples keep their boundaries; padding_free packs those. Set packing to "
                                 "auto or false")
-        if padding_free is True:
-            raise DockyardError("packing and padding_free are both true: packing fills every row already; set one")
         return True, SET
     if value is False:
         return False, SET

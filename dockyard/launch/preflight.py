@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import disk, memory, runfolder
+from dockyard.common.autos import check_packing
 from dockyard.common.data_files import BUILDERS, holds_text
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
@@ -132,6 +133,7 @@ def check_overrides(spec, overrides: list[str], processes: int = 0) -> None:
                             "or a transformers.TrainingArguments field")
     check_training_numbers(training)
     micro, accumulation = check_autos(training)
+    check_packing(run_settings.packing, run_settings.task, run_settings.padding_free)
     if processes:
         batch_split(run_settings.global_batch, micro, accumulation, processes)
     check_evaluation(run_settings, training)

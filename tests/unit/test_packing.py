@@ -84,7 +84,7 @@ def test_the_auto_joins_text_documents_on_gpus_only(value, fmt, task, device, pa
 
 @pytest.mark.parametrize("fmt,task,padding_free,says", [
     ("messages", "causal_lm", "auto", "this data is messages: instruction and chat examples keep their boundaries"),
-    ("text_label", "seq_cls", "auto", "this data is text_label"),
+    ("text_label", "seq_cls", "auto", "for causal language modelling, not seq_cls"),
     ("text", "causal_lm", True, "packing and padding_free are both true"),
 ])
 def test_packing_set_where_it_cannot_apply_is_refused(fmt, task, padding_free, says):

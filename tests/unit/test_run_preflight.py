@@ -47,6 +47,12 @@ def test_a_misspelt_override_is_refused_naming_the_closest(env):
     assert dry(env, "--", "--max_steps", "5", "--learning_rate", "1e-4").returncode == 0
 
 
+def test_packing_that_cannot_apply_is_refused_before_the_run(env):
+    refused(dry(env, "--", "--packing", "true", "--padding_free", "true"), "packing and padding_free are both true")
+    refused(dry(env, "--", "--packing", "true", "--task", "seq_cls"), "not seq_cls")
+    assert dry(env, "--", "--packing", "true").returncode == 0
+
+
 def test_an_evaluation_without_held_out_data_is_refused_as_the_trainer_refuses_it(env):
     """`invoke run --dry -- --eval_strategy steps` was accepted; the run then failed after loading the model."""
     says = "eval_strategy steps needs held-out data: add --eval_fraction 0.05 or --eval_data FILE (or --eval_strategy no)"
