@@ -363,7 +363,8 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
     if device is None:
         return False, "CPU: padded batches as before"
     if task != "causal_lm" or fmt not in PADDING_FREE_FORMATS:
-        return False, f"the {fmt} format: only instruction and chat data ({', '.join(PADDING_FREE_FORMATS)}) is packed"
+        return False, (f"the {fmt} format: padding-free rows are for instruction and chat data "
+                       f"({', '.join(PADDING_FREE_FORMATS)}); text documents have packing")
     if attention in VARLEN_ATTENTION:
         return True, f"{attention} attends to each packed example on its own: no padding, no extra work"
     row = micro * seq_len

@@ -90,3 +90,8 @@ def test_the_auto_joins_text_documents_on_gpus_only(value, fmt, task, device, pa
 def test_packing_set_where_it_cannot_apply_is_refused(fmt, task, padding_free, says):
     with pytest.raises(DockyardError, match=says):
         autos.resolve_packing(True, fmt, task, GPU, padding_free)
+
+
+def test_padding_free_left_off_for_text_points_to_packing():
+    off, why = autos.resolve_padding_free("auto", "text", "causal_lm", GPU, "sdpa", 8, 128)
+    assert off is False and "text documents have packing" in why
