@@ -51,10 +51,10 @@ shift
 status="$OUT/.status"
 case "$part" in
 tests)
+	cap=  # pytest-timeout: on the GPU hosts' image (KINDS.md), not a project dependency
+	! "$PY" -c 'import pytest_timeout' 2>/dev/null || cap=--timeout=300
 	if [ "${1:-}" = all ]; then
 		shift
-		cap=
-		! "$PY" -c 'import pytest_timeout' 2>/dev/null || cap=--timeout=300
 		run_slice() {  # NAME PYTEST-ARGS...: one pytest process, its own temporary folder and log
 			name=$1
 			shift
@@ -96,8 +96,6 @@ tests)
 		esac
 	done
 	[ -n "$paths" ] || set -- tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@"
-	cap=  # pytest-timeout: on the GPU hosts' image (KINDS.md), not a project dependency
-	! "$PY" -c 'import pytest_timeout' 2>/dev/null || cap=--timeout=300
 	{ rc=0; "$PY" -m pytest -v --tb=short -p no:cacheprovider -rs --durations=15 --basetemp=/tmp/dockyard-gpu-tests \
 		$cap "$@" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/tests-gpu.log" ;;
 bench)

@@ -247,7 +247,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                                              getattr(model.config, "_attn_implementation", "") or "",
                                              args.per_device_train_batch_size, settings.max_seq_length)
     run.record.settings_resolved["padding_free"] = {"value": packed, "why": why}
-    run.record.settings_resolved["packing"] = dict(zip(("value", "why"), loaded.packing, strict=True))
+    joined, joined_why = loaded.packing
+    run.record.settings_resolved["packing"] = {"value": joined, "why": joined_why}
     return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed, shape)
 
 

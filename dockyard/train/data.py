@@ -109,7 +109,7 @@ class Loaded:
     eval: list[dict[str, Any]]
     labels: list[str]                  # class names (seq_cls), else []
     info: dict[str, Any]
-    packing: tuple[bool, str] = (False, "")  # text documents joined into blocks, and why (settings_resolved)
+    packing: tuple[bool, str]          # text documents joined into blocks, and why (settings_resolved)
 
 
 def read_rows(source: str | Path) -> list[dict[str, Any]]:
@@ -287,7 +287,7 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int)
     out = Tokenized([])
     for n, row in enumerate(rows, 1):
         if fmt == "text":
-            ids = tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
+            ids = text_tokens(row, tokenizer, eos)
             labels = list(ids)
         elif fmt == "prompt_completion":
             prompt = tokenizer(str(row["prompt"]), add_special_tokens=True)["input_ids"]
@@ -308,6 +308,11 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int)
     return out
 
 
+def text_tokens(row: dict[str, Any], tokenizer: Any, eos: list[int]) -> list[int]:
+    """A text document's tokens: the tokenizer's special tokens (BOS), then its EOS (`eos`, [] without one)."""
+    return tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
+
+
 def pack_text(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[dict[str, list[int]]]:
     """Text documents as pretraining reads them: each tokenized as the text format does (its special tokens, EOS
     at its end), all joined into one stream, cut into blocks of `max_len` tokens; the last block holds what is left
@@ -317,7 +322,7 @@ def pack_text(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[
     blocks: list[list[int]] = []
     rest: list[int] = []  # the stream not yet cut (less than a block between documents): never held whole
     for row in rows:
-        rest += tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
+        rest += text_tokens(row, tokenizer, eos)
         cut = len(rest) - len(rest) % max_len
         blocks += [rest[i:i + max_len] for i in range(0, cut, max_len)]
         del rest[:cut]
