@@ -55,6 +55,10 @@ tests)
 	! "$PY" -c 'import pytest_timeout' 2>/dev/null || cap=--timeout=300
 	if [ "${1:-}" = all ]; then
 		shift
+		case "${DEADLINE:-480}" in *[!0-9]* | 0)
+			echo "error: DEADLINE=$DEADLINE: give the seconds each slice may run, e.g. DEADLINE=450" >&2
+			exit 2 ;;
+		esac
 		run_slice() {  # NAME PYTEST-ARGS...: one pytest process, its own temporary folder and log
 			name=$1
 			shift

@@ -111,3 +111,10 @@ def test_tests_all_fails_when_one_slice_fails(tmp_path):
     r = subprocess.run(["sh", str(SCRIPT), "tests", "all"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1 and "== resume-a: exit 1" in r.stdout and "== recipes: exit 0" in r.stdout, r.stdout
+
+
+def test_tests_all_refuses_a_deadline_that_is_not_seconds(tmp_path):
+    env, calls = fake_host(tmp_path)
+    r = subprocess.run(["sh", str(SCRIPT), "tests", "all"], cwd=tmp_path, env={**env, "DEADLINE": "8m"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "DEADLINE=8m: give the seconds" in r.stderr and not calls.exists()
