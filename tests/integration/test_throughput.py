@@ -7,7 +7,7 @@ tokens/s as the windows between them. The two kinds of window alternate every ~3
 this shared 2-core machine a step's time doubles or halves within a minute) falls on both alike: 0.98 to 1.04 in
 4 runs here, where counting the pauses would read those windows at about half the speed. Two runs side by side (one
 saving at every step, one never), as this test was before, met that noise without cancelling it, and more: the
-run that never paused trained faster while the other saved, 0.82 to 1.09 a pair (a CI failed at a median of 0.895
+run that never paused trained faster while the other saved, 0.81 to 1.09 a pair (a CI failed at a median of 0.895
 of five), 0.98 to 1.03 for two runs that both never saved."""
 
 from __future__ import annotations
