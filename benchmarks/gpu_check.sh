@@ -30,6 +30,12 @@ case "${1:-}" in tests | bench | compile) ;; *)
 	echo "usage: sh benchmarks/gpu_check.sh tests|bench|compile [...]" >&2
 	exit 2 ;;
 esac
+if [ "$1" = tests ] && [ "${2:-}" = all ]; then  # checked before anything is installed or run
+	case "${DEADLINE:-480}" in *[!0-9]* | 0)
+		echo "error: DEADLINE=$DEADLINE: give the seconds each slice may run, e.g. DEADLINE=450" >&2
+		exit 2 ;;
+	esac
+fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -55,10 +61,6 @@ tests)
 	! "$PY" -c 'import pytest_timeout' 2>/dev/null || cap=--timeout=300
 	if [ "${1:-}" = all ]; then
 		shift
-		case "${DEADLINE:-480}" in *[!0-9]* | 0)
-			echo "error: DEADLINE=$DEADLINE: give the seconds each slice may run, e.g. DEADLINE=450" >&2
-			exit 2 ;;
-		esac
 		run_slice() {  # NAME PYTEST-ARGS...: one pytest process, its own temporary folder and log
 			name=$1
 			shift

@@ -118,3 +118,4 @@ def test_tests_all_refuses_a_deadline_that_is_not_seconds(tmp_path):
     r = subprocess.run(["sh", str(SCRIPT), "tests", "all"], cwd=tmp_path, env={**env, "DEADLINE": "8m"},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "DEADLINE=8m: give the seconds" in r.stderr and not calls.exists()
+    assert not (tmp_path / "out").exists()  # refused before anything was installed, probed or written
