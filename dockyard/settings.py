@@ -47,6 +47,7 @@ class Settings(BaseModel):
     allowed_signers: str = ""
     layer_cache: Path = Path("~/.cache/dockyard/layers")
     layer_cache_gb: float = Field(20, ge=0, le=2**20, allow_inf_nan=False)  # GB; int(inf) would be a traceback
+    compile_cache: str = "~/.cache/dockyard/compile"  # "" = none (dockyard/launch/caches.py)
 
     @field_validator("image_name")
     @classmethod

@@ -35,6 +35,12 @@ def private_layer_cache(tmp_path_factory):
     os.environ["INVOKE_DOCKYARD_LAYER_CACHE_GB"] = "4"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_compile_cache(tmp_path_factory):
+    """Runs in the images keep torch.compile's kernels in a cache of the suite's own (made 0700), not the user's."""
+    os.environ["INVOKE_DOCKYARD_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compile-cache"))
+
+
 @pytest.fixture(scope="session")
 def engine_ready(settings):
     """The real engine must answer: CI starts one. A missing engine is a failure, not a skip."""

@@ -20,7 +20,7 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
-from dockyard.launch import node, scriptwords
+from dockyard.launch import caches, node, scriptwords
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS
 from dockyard.settings import ROOT, Settings
@@ -52,6 +52,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         return target
     if not native:
         check_image(settings, run_image(settings, m), m.variant)
+        caches.prepare(settings, compile_cache=False)
     try:
         if out:
             target.mkdir(parents=True)

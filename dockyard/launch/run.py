@@ -23,7 +23,7 @@ from dockyard.common.recipes import load_recipe
 from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
-from dockyard.launch import inputs, monitor, multinode, node, preflight, scriptwords
+from dockyard.launch import caches, inputs, monitor, multinode, node, preflight, scriptwords
 from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
 
@@ -109,6 +109,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if r.dry:
         engine.echo(plan.argv, plan.env)
         return None
+    if not r.native:
+        caches.prepare(settings, compile_cache=True)  # before the run folder: a refusal leaves nothing behind
     made = not r.resume and r.node_rank == 0
     if made:
         # One os.mkdir (or, on a folder the other r.nodes share, one O_EXCL file): of two runs given the same
@@ -178,11 +180,12 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell",
                            name=f"dockyard-shell-{os.getpid()}", env=env, network_host=False,
                            interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts, engine_info=info,
-                           memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=gpus))
+                           memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=gpus), compile_cache=True)
     if dry:
         engine.echo(argv)
         return
     runs.mkdir(parents=True, exist_ok=True)
+    caches.prepare(settings, compile_cache=True)
     engine.echo(argv)
     os.execvp(argv[0], argv)
 
@@ -319,9 +322,10 @@ def memlock_given(daemon_hard_limit: int | None) -> int | None:
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
                     mounts: list[tuple[Path, str, bool]], engine_info: dict, memlock: str | None = None,
-                    devices: list[str] | None = None) -> list[str]:
+                    devices: list[str] | None = None, compile_cache: bool = False) -> list[str]:
     """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes.
-    `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry."""
+    `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry.
+    `compile_cache`: mount it (what trains); caches.prepare() makes the folders first."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
     argv = engine.docker(settings, "run", "--rm", "--init", *engine.host_sharing_flags(engine_info),
                          "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
@@ -332,12 +336,11 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     if network_host:
         argv += ["--network", "host"]
     argv += devices or []  # multinode.infiniband_flags()
-    hf = settings.path(settings.hf_cache)
-    for k, v in {**node.container_env(), **env}.items():
+    cache_env = caches.compile_env(settings) if compile_cache else {}
+    for k, v in {**node.container_env(), **cache_env, **env}.items():
         argv += ["-e", f"{k}={v}"]
     # docker's -v splits on ':' (the user's files and recipes are checked where they are named: inputs.py)
-    scriptwords.mount_path(str(hf), "the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE)", ":")
-    vols = [(hf, node.HF_INSIDE, False)]
+    vols = caches.volumes(settings, compile_cache)
     if run_dir is not None:
         scriptwords.mount_path(str(run_dir.parent), "the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR)", ":")
         vols.append((run_dir.parent, node.RUNS_INSIDE, False))
@@ -373,7 +376,8 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
                            name=f"dockyard-{run_dir.name}",
                            env=env, network_host=topo.nodes > 1, interactive=False, command=command,
                            mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
-                           devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [])
+                           devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],
+                           compile_cache=True)
     return RunCommand(argv, run_dir)
 
 

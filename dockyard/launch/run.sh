@@ -14,7 +14,7 @@
 #   --disable-require          run an image newer than the driver's CUDA (CUDA forward compatibility, or an
 #                              nvidia/cuda base's NVIDIA_REQUIRE_CUDA refusing the node's driver), as for invoke run
 #   --dry                      print the docker command and train nothing (it asks the engine its limits, and
-#                              makes the runs and Hugging Face cache folders it would mount)
+#                              makes the runs, Hugging Face cache and compile cache folders it would mount)
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
 die() { printf '%s\n' "run.sh: $*" >&2; exit 1; }
@@ -246,6 +246,21 @@ RUN_DIR=$RUNS/$RUN_ID
 [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id"
 # Never a folder in /tmp: another user could have made /tmp/.cache/huggingface first, and it is mounted read-write
 [ -n "${HF_HOME:-}${HOME:-}" ] || die "neither HF_HOME nor HOME is set: set HF_HOME to your Hugging Face cache (a folder of yours)"
+# torch.compile's and Triton's caches: the kernels one run compiled, loaded by the next instead of compiled again. The
+# runs execute what is in it, so it is a folder of this user's that nobody else can write (as invoke run's
+# compile_cache setting; DOCKYARD_COMPILE_CACHE names another)
+[ -n "${DOCKYARD_COMPILE_CACHE:-}${HOME:-}" ] || die "neither DOCKYARD_COMPILE_CACHE nor HOME is set: set DOCKYARD_COMPILE_CACHE to a folder of yours for the compile cache"
+COMPILE=${DOCKYARD_COMPILE_CACHE:-$HOME/.cache/dockyard/compile}
+mountable DOCKYARD_COMPILE_CACHE "$COMPILE"
+here "$COMPILE"
+[ -e "$HERE" ] || (umask 077 && mkdir -p "$HERE") || die "cannot make the compile cache $COMPILE: set DOCKYARD_COMPILE_CACHE to a folder you can write"
+[ -d "$HERE" ] || die "the compile cache $COMPILE is not a folder: set DOCKYARD_COMPILE_CACHE to a folder of yours"
+COMPILE=$(cd "$HERE" && pwd -P)
+mountable DOCKYARD_COMPILE_CACHE "$COMPILE"
+[ -O "$COMPILE" ] || die "the compile cache $COMPILE is not yours, and runs execute the code compiled into it: set DOCKYARD_COMPILE_CACHE to a folder of yours"
+case $(ls -ld "$COMPILE") in ?????w* | ????????w*)
+	die "the compile cache $COMPILE can be written by others, and runs execute the code compiled into it: chmod go-w $COMPILE, or set DOCKYARD_COMPILE_CACHE to a folder of yours" ;;
+esac
 HF=${HF_HOME:-$HOME/.cache/huggingface}
 mountable HF_HOME "$HF"
 here "$HF"

@@ -1,7 +1,7 @@
 """run.sh: `invoke run` for a node with only sh and Docker, written beside load.sh in every archive set.
 
 The docker command in it is `launch_run.run_command`'s own, rendered with marks where a node's values go (its user, run
-folder, Hugging Face cache, process count, recipe, overrides) and each mark turned into a shell variable: the
+folder, Hugging Face and compile caches, process count, recipe, overrides) and each mark turned into a shell variable: the
 flags, mounts, environment and torchrun line cannot drift from `invoke run`'s. What only a node can know (GPUs and
 the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the template).
 """
@@ -28,7 +28,7 @@ TEMPLATE = Path(__file__).parent / "run.sh"
 # launch to write run.sh)
 LOADER = Path(__file__).parents[1] / "transport" / "load.sh"
 NPROC = 987654321                       # a process count no plan has: marks where run.sh's $NPROC goes
-MARKS = {"/__RUNS__": "RUNS", "__RUN_ID__": "RUN_ID", "/__HF__": "HF", "__IMAGE_ID__": "IMAGE_ID",
+MARKS = {"/__RUNS__": "RUNS", "__RUN_ID__": "RUN_ID", "/__HF__": "HF", "/__COMPILE__": "COMPILE", "__IMAGE_ID__": "IMAGE_ID",
          "__RECIPE__": "RECIPE_IN", "__IMAGE__": "IMAGE", "__VARIANT__": "VARIANT", "__MEMLOCK__": "MEMLOCK",
          str(NPROC): "NPROC"}
 OVERRIDES = "__OVERRIDES__"             # where the user's overrides and the rewritten input paths go
@@ -41,7 +41,8 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     variant = variants.resolve(settings, variant_name)[0]
     # A CUDA image plans for GPUs (run.sh drops --gpus and adds DS_ACCELERATOR=cpu on a node without them).
     host = Host(cuda=variant.cuda, gpus=[Gpu(0, "", 0)]) if variant.is_cuda else Host()
-    s = settings.model_copy(update={"docker": "docker", "hf_cache": Path("/__HF__"), "data": "", "model": ""})
+    s = settings.model_copy(update={"docker": "docker", "hf_cache": Path("/__HF__"), "compile_cache": "/__COMPILE__",
+                                    "data": "", "model": ""})
     plan = launch_run.run_command(s, recipe="ddp", variant=variant, host=host, engine_info={},
                            topo=launch_run.Topology(nproc=NPROC), run_dir=Path("/__RUNS__/__RUN_ID__"),
                            overrides=[OVERRIDES], image_id="__IMAGE_ID__", checkout_recipes=False,

@@ -100,9 +100,41 @@ def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, 
                            overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
                            checkout_recipes=False)
     want = plan.argv[1:]  # the docker binary aside (a setting)
-    hf = ":/workspace/.cache/huggingface"
+    hf, compiled = ":/workspace/.cache/huggingface", ":/workspace/.cache/compile"
     assert f"{tmp_path}/.cache/huggingface{hf}" in argv, "the node's own cache ($HF_HOME or ~/.cache/huggingface)"
-    assert [a for a in argv if not a.endswith(hf)] == [a for a in want if not a.endswith(hf)]
+    assert f"{tmp_path}/.cache/dockyard/compile{compiled}" in argv, "the node's own compile cache"
+    assert f"{settings.path(settings.compile_cache)}{compiled}" in want
+    assert [a for a in argv if not a.endswith((hf, compiled))] == [a for a in want if not a.endswith((hf, compiled))]
+
+
+def test_run_sh_keeps_compiled_kernels_in_a_folder_of_the_users_that_nobody_else_can_write(node, tmp_path):
+    proc, argv = node("--recipe=ddp", "--run-id=c1")
+    folder = tmp_path / ".cache" / "dockyard" / "compile"
+    assert argv, proc.stderr  # docker ran (the fake writes no manifest: run.sh then says so)
+    assert f"{folder}:/workspace/.cache/compile" in argv
+    assert "TORCHINDUCTOR_CACHE_DIR=/workspace/.cache/compile/inductor" in argv
+    assert "TRITON_CACHE_DIR=/workspace/.cache/compile/triton" in argv
+    assert folder.stat().st_mode & 0o777 == 0o700, "made for this user alone"
+
+    mine = tmp_path / "kernels"
+    mine.mkdir(mode=0o755)
+    linked = tmp_path / "kernels-link"
+    linked.symlink_to(mine)  # a cache moved to a bigger disk: the folder it leads to is mounted
+    proc, argv = node("--recipe=ddp", "--run-id=c2", DOCKYARD_COMPILE_CACHE=str(linked))
+    assert argv, proc.stderr
+    assert f"{mine}:/workspace/.cache/compile" in argv
+
+    mine.chmod(0o775)  # a group could plant code the runs would execute
+    proc, argv = node("--recipe=ddp", "--run-id=c3", DOCKYARD_COMPILE_CACHE=str(mine))
+    assert proc.returncode == 1 and not argv
+    assert f"the compile cache {mine} can be written by others" in proc.stderr
+    assert f"chmod go-w {mine}" in proc.stderr
+    assert not (tmp_path / "runs" / "c3").exists(), "refused before the run folder was made"
+
+    a_file = tmp_path / "kernels.txt"
+    a_file.write_text("")
+    proc, argv = node("--recipe=ddp", "--run-id=c4", DOCKYARD_COMPILE_CACHE=str(a_file))
+    assert proc.returncode == 1 and not argv and "is not a folder" in proc.stderr
 
 
 def test_hostile_names_and_overrides_reach_docker_as_single_words_and_never_run(node, tmp_path):
@@ -333,4 +365,7 @@ def test_without_home_the_hugging_face_cache_is_never_a_folder_in_tmp(node, tmp_
     assert proc.returncode == 1 and not argv
     assert proc.stderr == "run.sh: neither HF_HOME nor HOME is set: set HF_HOME to your Hugging Face cache (a folder of yours)\n"
     proc, argv = node("--run-id=h2", HOME="", HF_HOME=str(tmp_path / "hf"))
+    assert proc.returncode == 1 and not argv
+    assert "neither DOCKYARD_COMPILE_CACHE nor HOME is set" in proc.stderr  # the same holds for the compile cache
+    proc, argv = node("--run-id=h2", HOME="", HF_HOME=str(tmp_path / "hf"), DOCKYARD_COMPILE_CACHE=str(tmp_path / "cc"))
     assert f"{tmp_path}/hf:/workspace/.cache/huggingface" in argv, proc.stderr

@@ -1,0 +1,84 @@
+"""The host folders a run's container writes besides its run folder, mounted read-write:
+
+  hf_cache       Hugging Face's cache (HF_HOME inside)
+  compile_cache  torch.compile's and Triton's caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR inside): the
+                 kernels one run compiled are loaded by the next instead of compiled again. Without it every run
+                 starts from the container's empty /tmp and compiles for a minute or more.
+
+`volumes` and `compile_env` are pure (what `--dry` prints); `prepare` makes the folders as the user before `docker
+run` would make a missing one as root, and checks the compile cache: the runs execute what is in it (compiled
+modules, pickled graphs), so it must be the user's own folder, writable by nobody else.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from dockyard.common import runfolder
+from dockyard.common.errors import DockyardError
+from dockyard.launch import node, scriptwords
+from dockyard.settings import Settings
+
+COMPILE_INSIDE = f"{node.WORKSPACE}/.cache/compile"  # the compile cache, as the container sees it
+HF_FIX = "set the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE) to a folder you can write"
+COMPILE_FIX = ('set the compile_cache setting (INVOKE_DOCKYARD_COMPILE_CACHE) to a folder of yours, or to "" for '
+               "none (every run then compiles from scratch)")
+
+
+def compile_folder(settings: Settings) -> Path | None:
+    """The compile cache on the host; None where the setting is "" (no cache)."""
+    return settings.path(settings.compile_cache) if settings.compile_cache.strip() else None
+
+
+def compile_env(settings: Settings) -> dict[str, str]:
+    """The trainer's environment for the compile cache: torch's inductor and Triton each in a folder of it."""
+    if compile_folder(settings) is None:
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_INSIDE}/inductor", "TRITON_CACHE_DIR": f"{COMPILE_INSIDE}/triton"}
+
+
+def volumes(settings: Settings, compile_cache: bool) -> list[tuple[Path, str, bool]]:
+    """(host, inside, read-only) of the caches; the compile cache only for what trains (`compile_cache`)."""
+    # docker's -v splits on ':'
+    hf = settings.path(settings.hf_cache)
+    scriptwords.mount_path(str(hf), "the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE)", ":")
+    out = [(hf, node.HF_INSIDE, False)]
+    folder = compile_folder(settings) if compile_cache else None
+    if folder is not None:
+        scriptwords.mount_path(str(folder), "the compile_cache setting (INVOKE_DOCKYARD_COMPILE_CACHE)", ":")
+        out.append((folder, COMPILE_INSIDE, False))
+    return out
+
+
+def prepare(settings: Settings, compile_cache: bool) -> None:
+    """Make the folders `volumes` mounts where missing (as this user: docker would make them as root, and the user
+    could then write neither), and refuse a compile cache another user could write."""
+    runfolder.make_folders(settings.path(settings.hf_cache), HF_FIX)
+    folder = compile_folder(settings) if compile_cache else None
+    if folder is None:
+        return
+    if not os.path.lexists(folder):
+        old = os.umask(0o077)  # the folders made here are this user's alone
+        try:
+            runfolder.make_folders(folder, COMPILE_FIX)
+        finally:
+            os.umask(old)
+    check_private(folder)
+
+
+def check_private(folder: Path) -> None:
+    """`folder` (a link: where it leads) is a folder of this user's that no one else can write."""
+    try:
+        st = os.stat(folder)
+    except OSError as e:
+        raise DockyardError(f"the compile cache {folder}: {e.strerror or e}; {COMPILE_FIX}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise DockyardError(f"the compile cache {folder} is not a folder; {COMPILE_FIX}")
+    if st.st_uid != os.getuid():
+        raise DockyardError(f"the compile cache {folder} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): "
+                            f"runs execute the code compiled into it; {COMPILE_FIX}")
+    if st.st_mode & 0o022:
+        raise DockyardError(f"the compile cache {folder} can be written by others (mode {stat.filemode(st.st_mode)}): "
+                            f"runs execute the code compiled into it; `chmod go-w {folder}`, or {COMPILE_FIX}")
