@@ -220,6 +220,7 @@ class MetricsRecord(_Loose):
     tokens_per_second: float | None = None
     mfu: float | None = None
     peak_memory_bytes: int | None = None
+    compile_cache: dict[str, int] | None = None  # graphs loaded from the compile cache (hits) or compiled (misses)
 
 
 class ImageRecord(_Loose):

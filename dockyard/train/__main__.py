@@ -44,7 +44,7 @@ from dockyard.common.run_settings import (
     resolve_settings,
 )
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
-from dockyard.train import checkpoints, data, environment, guards, manifest, mfu, nodes, precision
+from dockyard.train import checkpoints, data, environment, guards, manifest, mfu, nodes, precision, strategy
 from dockyard.train import model as models
 
 # Imported inside functions, on purpose: transformers' Trainer, TrainingArguments and our callbacks (subclasses of its
@@ -557,6 +557,7 @@ def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
 def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     """The reference logits, the saved model, and the run's figures (peak memory, throughput) over all ranks."""
     args = p.args
+    compiled = strategy.compile_cache_use()  # training's graphs (the reference logits below may compile more)
     run.doing("saving the model")
     run.record.reference_logits = reference_logits(trainer.model, p.examples[0]["input_ids"][:32], args.device,
                                                    models.weights_dtype(p.settings, p.recipe))
@@ -579,6 +580,7 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                    "seconds_to_first_step": metrics.seconds_to_first_step,
                    "seconds_saving": round(metrics.seconds_saving + final_save, 3),
                    "seconds_evaluating": round(metrics.seconds_evaluating, 3),
+                   "compile_cache": compiled,
                    "steady_state": steady,
                    "peak_memory_bytes": int(peak.item()),
                    "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss"}

@@ -65,6 +65,17 @@ def compiled(wrapped: Any) -> str | None:
     return f"block by block ({n} modules)" if n else None
 
 
+def compile_cache_use() -> dict[str, int] | None:
+    """The graphs torch.compile's inductor has built in this process so far: loaded from its cache (`hits`, the
+    compile cache `invoke run` mounts), compiled (`misses`), or compiled where the cache cannot serve (`bypassed`);
+    None where nothing was compiled."""
+    from torch._dynamo.utils import counters
+
+    c = counters["inductor"]
+    use = {"hits": c["fxgraph_cache_hit"], "misses": c["fxgraph_cache_miss"], "bypassed": c["fxgraph_cache_bypass"]}
+    return use if any(use.values()) else None
+
+
 def _deepspeed(engine: Any) -> dict[str, Any]:
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer

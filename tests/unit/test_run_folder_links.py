@@ -182,7 +182,9 @@ def test_a_failed_run_is_reported_from_its_manifest_whatever_it_holds(tmp_path, 
     assert "run r1: failed · recipe ddp" in capsys.readouterr().out
     for text, says in (("{", "is not valid JSON"), ("[]", "not a manifest the trainer writes"),
                        ('{"run_id": "r1", "status": "failed", "strategy": {"in_effect": 3}}', "strategy.in_effect"),
-                       ('{"run_id": "r1", "status": "failed", "metrics": {"loss_first": "x"}}', "metrics.loss_first")):
+                       ('{"run_id": "r1", "status": "failed", "metrics": {"loss_first": "x"}}', "metrics.loss_first"),
+                       ('{"run_id": "r1", "status": "failed", "metrics": {"compile_cache": {"hits": []}}}',
+                        "metrics.compile_cache.hits")):
         (run / "manifest.json").write_text(text)
         with pytest.raises(DockyardError, match=says):
             launch_run.summarise(run)
