@@ -221,6 +221,11 @@ class MetricsRecord(_Loose):
     mfu: float | None = None
     peak_memory_bytes: int | None = None
     compile_cache: dict[str, int] | None = None  # graphs loaded from the compile cache (hits) or compiled (misses)
+    steady_state: SteadyState | None = None
+
+
+class SteadyState(_Loose):
+    warm_up_left_out: bool | None = None  # false: too few logging windows to leave the warm-up out
 
 
 class ImageRecord(_Loose):

@@ -428,7 +428,7 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
             return f"{x:.4f}" if x is not None else "not finite"
 
         print(f"  steps {met.steps} · loss {loss(met.loss_first)} → {loss(met.loss_last)}"
-              + (f" · {met.tokens_per_second:.0f} tokens/s (steady state)" if met.tokens_per_second is not None
+              + (f" · {met.tokens_per_second:.0f} tokens/s {_rate_kind(met)}" if met.tokens_per_second is not None
                  else " · no throughput measured")
               + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · "
               f"peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
@@ -439,6 +439,13 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     if m.status != "completed":
         raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
     return m.model_dump()
+
+
+def _rate_kind(met: runfolder.MetricsRecord) -> str:
+    """What the run's tokens/s is: its steady state, or (a run of a few steps) one that holds the warm-up."""
+    if met.steady_state and met.steady_state.warm_up_left_out is False:
+        return "(warm-up included: too few steps to leave it out)"
+    return "(steady state)"
 
 
 def _from_cache(use: dict[str, int] | None) -> str:

@@ -59,3 +59,17 @@ def test_the_summary_of_a_run_that_failed_mid_way_gives_no_rate_it_did_not_measu
         launch_run.summarise(tmp_path)
     said = capsys.readouterr().out
     assert "steps 10 · loss 6.5000 → 5.0000 · no throughput measured ·" in said and "tokens/s" not in said, said
+
+
+def test_the_summary_says_when_a_run_was_too_short_for_a_steady_state(tmp_path, capsys):
+    """A compiled run of 3 steps printed "25 tokens/s (steady state)": its only windows held the compiling. The
+    manifest's steady_state says whether the warm-up was left out; the summary now says which rate it gives."""
+    from dockyard.launch import run as launch_run
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 3, "loss": 6.0}\n')
+    for left_out, says in ((False, "25 tokens/s (warm-up included: too few steps to leave it out)"),
+                           (True, "25 tokens/s (steady state)")):
+        manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {
+            "steps": 3, "tokens_per_second": 25.0, "steady_state": {"warm_up_left_out": left_out}}, {}))
+        launch_run.summarise(tmp_path)
+        assert says in capsys.readouterr().out
