@@ -10,7 +10,7 @@ import os
 from tests.support.cli import invoke
 from tests.support.training import manifest
 
-COMPILED = ["--torch_compile", "true", "--max_steps", "2", "--save_strategy", "no", "--logging_steps", "1"]
+COMPILED = ["--torch_compile", "true", "--max_steps", "1", "--save_strategy", "no", "--logging_steps", "1"]
 
 
 def test_a_second_compiled_run_loads_the_kernels_the_first_compiled(cpu_image, tmp_path):
