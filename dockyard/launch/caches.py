@@ -3,7 +3,7 @@
   hf_cache       Hugging Face's cache (HF_HOME inside)
   compile_cache  torch.compile's and Triton's caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR inside): the
                  kernels one run compiled are loaded by the next instead of compiled again. Without it every run
-                 starts from the container's empty /tmp and compiles for a minute or more.
+                 starts from the container's empty /tmp and compiles everything anew.
 
 `volumes` and `compile_env` are pure (what `--dry` prints); `prepare` makes the folders as the user before `docker
 run` would make a missing one as root, and checks the compile cache: the runs execute what is in it (compiled
