@@ -419,7 +419,7 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
           + (f" · {eff.engine}" if eff.engine else "")
           + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
           + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else "")
-          + _from_cache(m.metrics.compile_cache if m.metrics else None))
+          + _from_cache(met.compile_cache if met else None))
     diverged = met.loss_non_finite_at_step if met else None
     if met and (diverged is not None or (met.loss_first is not None and met.loss_last is not None)):
         # a run that failed early logged no loss; a failed run measured no throughput (null): no rate, not 0 tokens/s;
@@ -450,9 +450,7 @@ def _rate_kind(met: runfolder.MetricsRecord) -> str:
 
 def _from_cache(use: dict[str, int] | None) -> str:
     """How many of the graphs the run compiled came from the compile cache (caches.py), where it compiled any."""
-    if not use:
-        return ""
-    built = sum(use.get(k, 0) for k in ("hits", "misses", "bypassed"))
+    built = sum((use or {}).get(k, 0) for k in ("hits", "misses", "bypassed"))
     return f" ({use.get('hits', 0)} of {built} graphs from the compile cache)" if built else ""
 
 
