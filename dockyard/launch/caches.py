@@ -76,8 +76,8 @@ def check_private(folder: Path) -> None:
         raise DockyardError(f"the compile cache {folder}: {e.strerror or e}; {COMPILE_FIX}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise DockyardError(f"the compile cache {folder} is not a folder; {COMPILE_FIX}")
-    if st.st_uid != os.getuid():
-        raise DockyardError(f"the compile cache {folder} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): "
+    if st.st_uid != os.geteuid():  # files are made as the effective uid (run.sh's `[ -O ]` too)
+        raise DockyardError(f"the compile cache {folder} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): "
                             f"runs execute the code compiled into it; {COMPILE_FIX}")
     if st.st_mode & 0o022:
         raise DockyardError(f"the compile cache {folder} can be written by others (mode {stat.filemode(st.st_mode)}): "

@@ -49,7 +49,7 @@ def test_prepare_makes_both_caches_as_the_user_and_the_compile_cache_for_them_al
     caches.prepare(s, compile_cache=True)
     assert (tmp_path / "hf").is_dir()
     cc = tmp_path / "deep" / "cc"
-    assert cc.stat().st_mode & 0o777 == 0o700 and cc.stat().st_uid == os.getuid()
+    assert cc.stat().st_mode & 0o777 == 0o700 and cc.stat().st_uid == os.geteuid()
     caches.prepare(s, compile_cache=True)  # again: nothing to do
 
     bigger_disk = tmp_path / "big"
@@ -78,11 +78,11 @@ def test_a_compile_cache_others_could_write_is_refused(settings, tmp_path, make,
 def test_a_compile_cache_of_another_user_is_refused(settings, tmp_path, monkeypatch):
     folder = tmp_path / "cc"
     folder.mkdir(mode=0o700)
-    me = os.getuid()
+    me = os.geteuid()
     if me == 0:
         os.chown(folder, 65534, 65534)  # nobody's
     else:  # an unprivileged user cannot give a folder away: the folder stays theirs and they become someone else
-        monkeypatch.setattr(os, "getuid", lambda: me + 1)
+        monkeypatch.setattr(os, "geteuid", lambda: me + 1)
     with pytest.raises(DockyardError, match=r"belongs to uid \d+, not to you .*runs execute the code compiled into it"):
         caches.prepare(settings.model_copy(update={"hf_cache": tmp_path / "hf", "compile_cache": str(folder)}),
                        compile_cache=True)
