@@ -79,6 +79,9 @@ def check_private(folder: Path) -> None:
     if st.st_uid != os.geteuid():  # files are made as the effective uid (run.sh's `[ -O ]` too)
         raise DockyardError(f"the compile cache {folder} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): "
                             f"runs execute the code compiled into it; {COMPILE_FIX}")
+    if st.st_mode & 0o022 and st.st_mode & stat.S_ISVTX:  # /tmp and its like: never to be chmod'ed
+        raise DockyardError(f"the compile cache {folder} is a folder every user shares (mode "
+                            f"{stat.filemode(st.st_mode)}): runs execute the code compiled into it; {COMPILE_FIX}")
     if st.st_mode & 0o022:
         raise DockyardError(f"the compile cache {folder} can be written by others (mode {stat.filemode(st.st_mode)}): "
                             f"runs execute the code compiled into it; `chmod go-w {folder}`, or {COMPILE_FIX}")

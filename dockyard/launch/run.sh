@@ -258,7 +258,9 @@ here "$COMPILE"
 COMPILE=$(cd "$HERE" && pwd -P)
 mountable DOCKYARD_COMPILE_CACHE "$COMPILE"
 [ -O "$COMPILE" ] || die "the compile cache $COMPILE is not yours, and runs execute the code compiled into it: set DOCKYARD_COMPILE_CACHE to a folder of yours"
-case $(ls -ld "$COMPILE") in ?????w* | ????????w*)
+case $(ls -ld "$COMPILE") in ?????w???[tT]* | ????????w[tT]*)
+	die "the compile cache $COMPILE is a folder every user shares, and runs execute the code compiled into it: set DOCKYARD_COMPILE_CACHE to a folder of yours" ;;
+?????w* | ????????w*)
 	die "the compile cache $COMPILE can be written by others, and runs execute the code compiled into it: chmod go-w $COMPILE, or set DOCKYARD_COMPILE_CACHE to a folder of yours" ;;
 esac
 HF=${HF_HOME:-$HOME/.cache/huggingface}

@@ -62,6 +62,8 @@ def test_prepare_makes_both_caches_as_the_user_and_the_compile_cache_for_them_al
     (lambda p: (p.mkdir(), p.chmod(0o775)), "can be written by others (mode drwxrwxr-x): runs execute the code "
                                             "compiled into it; `chmod go-w"),
     (lambda p: (p.mkdir(), p.chmod(0o757)), "can be written by others (mode drwxr-xrwx)"),
+    (lambda p: (p.mkdir(), p.chmod(0o1777)), "is a folder every user shares (mode drwxrwxrwt): runs execute the "
+                                             "code compiled into it; set the compile_cache"),  # /tmp: no chmod advice
     (lambda p: p.write_text(""), "is not a folder"),
     (lambda p: p.symlink_to(p.parent / "nowhere"), "No such file or directory"),
 ])

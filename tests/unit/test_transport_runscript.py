@@ -131,6 +131,11 @@ def test_run_sh_keeps_compiled_kernels_in_a_folder_of_the_users_that_nobody_else
     assert f"chmod go-w {mine}" in proc.stderr
     assert not (tmp_path / "runs" / "c3").exists(), "refused before the run folder was made"
 
+    mine.chmod(0o1777)  # a folder like /tmp: chmod'ing it is no fix
+    proc, argv = node("--recipe=ddp", "--run-id=c3", DOCKYARD_COMPILE_CACHE=str(mine))
+    assert proc.returncode == 1 and not argv and "chmod" not in proc.stderr
+    assert f"the compile cache {mine} is a folder every user shares" in proc.stderr
+
     a_file = tmp_path / "kernels.txt"
     a_file.write_text("")
     proc, argv = node("--recipe=ddp", "--run-id=c4", DOCKYARD_COMPILE_CACHE=str(a_file))
