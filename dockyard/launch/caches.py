@@ -39,15 +39,15 @@ def compile_env(settings: Settings) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_INSIDE}/inductor", "TRITON_CACHE_DIR": f"{COMPILE_INSIDE}/triton"}
 
 
-def volumes(settings: Settings, compile_cache: bool) -> list[tuple[Path, str, bool]]:
-    """(host, inside, read-only) of the caches; the compile cache only for what trains (`compile_cache`)."""
-    # docker's -v splits on ':'
+def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> list[tuple[Path, str, bool]]:
+    """(host, inside, read-only) of the caches; the compile cache only for what trains (`compile_cache`).
+    `separators`: what the runtime's mount list splits on (docker's -v: ':'; pyxis and Apptainer: ',' too)."""
     hf = settings.path(settings.hf_cache)
-    scriptwords.mount_path(str(hf), "the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE)", ":")
+    scriptwords.mount_path(str(hf), "the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE)", separators)
     out = [(hf, node.HF_INSIDE, False)]
     folder = compile_folder(settings) if compile_cache else None
     if folder is not None:
-        scriptwords.mount_path(str(folder), "the compile_cache setting (INVOKE_DOCKYARD_COMPILE_CACHE)", ":")
+        scriptwords.mount_path(str(folder), "the compile_cache setting (INVOKE_DOCKYARD_COMPILE_CACHE)", separators)
         out.append((folder, COMPILE_INSIDE, False))
     return out
 

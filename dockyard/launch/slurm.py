@@ -25,7 +25,7 @@ from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
-from dockyard.launch import inputs, node, preflight, scriptwords
+from dockyard.launch import caches, inputs, node, preflight, scriptwords
 from dockyard.settings import ROOT, Settings
 
 RUNTIMES = {"docker": "", "pyxis": ".sqsh", "apptainer": ".sif"}  # and the image file each one runs
@@ -180,9 +180,9 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     """srun of torchrun inside the container, one per node: the same rendezvous, and the same mounts, `invoke run`
     gives a node (this checkout's recipes, a recipe folder of one's own, the user's data and model, read-only)."""
     runs = scriptwords.mount_path(str(settings.path(settings.runs_dir)), "the runs_dir setting")
-    hf = scriptwords.mount_path(str(settings.path(settings.hf_cache)), "the hf_cache setting")
     seen = inputs.read_only_mounts(settings, recipe, overrides, separators=",:")
-    mounts = [(runs, node.RUNS_INSIDE, False), (hf, node.HF_INSIDE, False), *seen.volumes]
+    # the Hugging Face cache, and the compile cache (write() makes it first): a later job loads the kernels compiled
+    mounts = [(runs, node.RUNS_INSIDE, False), *caches.volumes(settings, True, separators=",:"), *seen.volumes]
     spec = ",".join(f"{src}:{dst}" + (":ro" if ro else "") for src, dst, ro in mounts)
     image_file = str(Path(image_file).resolve())
     if runtime == "pyxis":
@@ -201,7 +201,8 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above).",
            # the trainer's environment, HOME left as the runtime sets it for the user
            "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in
-                                {envvars.IMAGE_REF: image, **node.container_env(), **seen.env}.items() if k != "HOME")]
+                                {envvars.IMAGE_REF: image, **node.container_env(), **caches.compile_env(settings),
+                                 **seen.env}.items() if k != "HOME")]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
@@ -212,6 +213,8 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     """Write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch; --out=FOLDER: that name in FOLDER), print
     it, and say how to submit it."""
     text = script(settings, **kw)
+    if kw.get("runtime", "docker") != "docker":  # (a docker node's `invoke run` makes them itself)
+        caches.prepare(settings, compile_cache=True)  # the folders the containers mount, made as the user, checked
     runs = settings.path(settings.runs_dir)
     name = f"{_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
     path = Path(os.path.expanduser(out)) if out else runs / "slurm" / name

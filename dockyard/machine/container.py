@@ -10,6 +10,7 @@ from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.common.units import GIB
 from dockyard.images import variants
+from dockyard.launch import caches
 from dockyard.launch.run import docker_run_argv
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
@@ -117,6 +118,7 @@ def without_ulimits(argv: list[str]) -> list[str]:
 def probe_container(settings: Settings, image: str) -> tuple[dict, Check | None]:
     """Read what a run container sees. When the engine refuses the run's ulimits, say so (a check) and
     probe again without them, so the other checks still get their facts."""
+    caches.prepare(settings, compile_cache=False)  # the probe mounts the HF cache: made as the user, not by docker as root
     argv = probe_argv(settings, image, f"dockyard-doctor-{os.getpid()}")
     proc = engine.run(argv, capture=True, check=False, quiet=True)
     refused = None

@@ -100,7 +100,7 @@ done
 image=$(cat "$1"); shift
 envs=()
 while IFS= read -r -d '' kv; do envs+=(-e "$kv"); done \
-  < <(env -0 | grep -zE '^(SLURM_|DOCKYARD_|MASTER_|RUN_ID=|NODE_ADDRS=|HF_)')
+  < <(env -0 | grep -zE '^(SLURM_|DOCKYARD_|MASTER_|RUN_ID=|NODE_ADDRS=|HF_|TORCHINDUCTOR_|TRITON_)')
 exec /usr/bin/docker run --rm --network host --ipc=host --user "$(id -u):$(id -g)" "${binds[@]}" -w "$pwd" \
   "${envs[@]}" "$image" "$@"
 """
@@ -134,6 +134,7 @@ def test_the_apptainer_script_trains_across_both_nodes(cluster, node, cpu_image,
     assert sub.returncode == 0, f"sbatch: {sub.stderr}\n--- job output\n{out[-5000:]}\n{cluster.logs()}"
     calls = (tmp_path / "app.log").read_text().splitlines()
     assert len(calls) == 2 and all(c.startswith("exec --nv --bind ") and str(sif) in c for c in calls)
+    assert f"{os.environ['INVOKE_DOCKYARD_COMPILE_CACHE']}:/workspace/.cache/compile" in calls[0]  # the suite's own
     m0 = json.loads((runs / "app1" / "manifest.json").read_text())
     m1 = json.loads((runs / "app1" / "manifest-node1.json").read_text())
     for m, rank in ((m0, 0), (m1, 1)):

@@ -4,15 +4,18 @@ ds_report, the probe container's output. The real engine is exercised in tests/i
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
 import pytest
 
+from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host, Recorded
 from dockyard.images import variants
 from dockyard.machine import container, doctor
 from dockyard.settings import Settings
+from tests.support.fake_engine import FakeEngine
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -135,6 +138,18 @@ def test_probe_runs_with_the_launchers_flags():
     argv = container.probe_argv(Settings(), "img", "dockyard-doctor-1")
     assert "--ipc=host" in argv and argv[argv.index("img") + 1:][:2] == ["sh", "-c"]
     assert "--ulimit" not in container.without_ulimits(argv) and "--ipc=host" in container.without_ulimits(argv)
+
+
+def test_the_probe_container_finds_the_hf_cache_made_by_the_user_not_by_docker_as_root(settings, tmp_path, monkeypatch):
+    """A missing folder given to `docker run -v` is made by the engine, as root: the user's own runs could then not
+    write their Hugging Face cache. The probe mounts it as a run does, so doctor makes it first, as `invoke run` does."""
+    hf = tmp_path / "hf"
+    seen = []
+    fake = FakeEngine(container=lambda argv: seen.append(hf.is_dir() and hf.stat().st_uid == os.geteuid()) or 1)
+    s = fake.install(monkeypatch, settings).model_copy(update={"hf_cache": str(hf)})
+    with pytest.raises(DockyardError, match="probe container failed"):
+        container.probe_container(s, "img")
+    assert seen == [True]
 
 
 def test_gpus_in_a_container():

@@ -41,7 +41,8 @@ exec "$@"
 TORCHRUN = """#!/bin/bash
 python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank": os.environ.get("DOCKYARD_NODE_RANK"),
   "rdzv": json.loads(os.environ["DOCKYARD_RENDEZVOUS"]), "image": os.environ.get("DOCKYARD_IMAGE_REF"),
-  "hf_offline": os.environ.get("HF_HUB_OFFLINE"), "host_paths": os.environ.get("DOCKYARD_HOST_PATHS")}))' "$@" \
+  "hf_offline": os.environ.get("HF_HUB_OFFLINE"), "host_paths": os.environ.get("DOCKYARD_HOST_PATHS"),
+  "compile": [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]}))' "$@" \
   >> "$LOG/torchrun"
 """
 
@@ -265,3 +266,44 @@ def test_the_join_bound_reaches_every_node_in_the_container_and_through_invoke_r
         assert any(a.endswith(",join_timeout=900") for a in n["argv"]) and n["rdzv"]["join_timeout"] == 900
     assert "--join-timeout=900" in slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, overrides=[],
                                                 join_timeout=900)
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_the_containers_keep_compiled_kernels_in_the_users_compile_cache_as_invoke_run_does(settings, tmp_path,
+                                                                                          runtime):
+    """A job that compiles leaves its kernels in the compile cache for the next job (a requeued or resumed one),
+    mounted where `invoke run` mounts it and named to inductor and Triton; `compile_cache: ""` mounts nothing."""
+    image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
+    image.write_text("")
+    for cache in (tmp_path / "cc", ""):
+        s = settings.model_copy(update={"compile_cache": str(cache)})
+        job = tmp_path / ("with" if cache else "without")
+        job.mkdir()
+        got = _run(s, job, runtime, str(image))
+        spec = next(a for a in got["srun"].split() if a.startswith("--container-mounts=")) if runtime == "pyxis" \
+            else got["apptainer"].split()[3]
+        mounts = spec.removeprefix("--container-mounts=").split(",")
+        inside = "/workspace/.cache/compile"
+        assert [m for m in mounts if inside in m] == ([f"{cache}:{inside}"] if cache else [])
+        assert f"{s.path(s.hf_cache)}:/workspace/.cache/huggingface" in mounts
+        for n in got["torchrun"]:
+            assert n["compile"] == ([f"{inside}/inductor", f"{inside}/triton"] if cache else [None, None])
+
+
+def test_the_script_for_containers_is_written_only_once_their_caches_are_the_users_own(settings, tmp_path):
+    """The nodes mount the caches as they are on the storage they share with the login node: `invoke slurm` makes
+    them as the user (a missing folder would otherwise be made by the runtime, or refused), the compile cache 0700,
+    and refuses one others can write before it writes the script (the jobs would execute what is compiled in it)."""
+    image = tmp_path / "dy.sqsh"
+    image.write_text("")
+    cc, hf = tmp_path / "cc", tmp_path / "hf"
+    s = settings.model_copy(update={"compile_cache": str(cc), "hf_cache": str(hf), "runs_dir": str(tmp_path / "runs")})
+    kw = {"recipe": "zero2", "nodes": 2, "gpus_per_node": 2, "overrides": [], "runtime": "pyxis",
+          "image_file": str(image), "out": str(tmp_path / "job.sbatch")}
+    assert slurm.write(s, **kw).is_file()
+    assert hf.is_dir() and cc.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "job.sbatch").unlink()
+    cc.chmod(0o775)
+    with pytest.raises(DockyardError, match=f"the compile cache {cc} can be written by others.*chmod go-w"):
+        slurm.write(s, **kw)
+    assert not (tmp_path / "job.sbatch").exists()
