@@ -61,7 +61,10 @@ def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, r
     for name, body in bodies.items():
         (bin_ / name).write_text(body)
         (bin_ / name).chmod(0o755)
-    env = {**{k: v for k, v in os.environ.items() if k != "DOCKYARD_RUN_ID"}, "PATH": f"{bin_}:{os.environ['PATH']}",
+    # (inductor, imported by an earlier test of this process, sets TORCHINDUCTOR_CACHE_DIR in it)
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("DOCKYARD_RUN_ID", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env = {**inherited, "PATH": f"{bin_}:{os.environ['PATH']}",
            "LOG": str(log), "SLURM_JOB_ID": "77",
            "SLURM_JOB_NODELIST": "gpu-[a-b]", **(env or {})}
     p = subprocess.run(["bash", str(script), *after], env=env, capture_output=True, text=True, timeout=60)
