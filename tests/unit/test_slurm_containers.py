@@ -76,6 +76,13 @@ def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, r
     return read
 
 
+def _mounts(got: dict, runtime: str) -> list[str]:
+    """The container's mount list, as srun (pyxis) or apptainer (its --bind) was given it."""
+    spec = next(a for a in got["srun"].split() if a.startswith("--container-mounts=")) if runtime == "pyxis" \
+        else got["apptainer"].split()[3]
+    return spec.removeprefix("--container-mounts=").split(",")
+
+
 # A cluster whose slurm.conf sets no NodeAddr (Slurm then uses the node name) on Debian nodes, whose /etc/hosts
 # maps a node's own name to 127.0.1.1: on node 0, where the batch script runs, gpu-a resolves to loopback.
 NAMES_ONLY = """#!/bin/sh
@@ -204,9 +211,7 @@ def test_a_recipe_folder_and_host_data_are_mounted_into_the_container_as_invoke_
             "--", "--data", "/workspace/inputs/data/data.jsonl"]
         assert json.loads(n["host_paths"]) == {"/workspace/recipes/myrec": str(mine),
                                                "/workspace/inputs/data/data.jsonl": str(data)}
-    spec = next(a for a in got["srun"].split() if a.startswith("--container-mounts=")) if runtime == "pyxis" \
-        else got["apptainer"].split()[3]
-    mounts = spec.removeprefix("--container-mounts=").split(",")
+    mounts = _mounts(got, runtime)
     assert f"{mine}:/workspace/recipes/myrec:ro" in mounts and f"{data}:/workspace/inputs/data/data.jsonl:ro" in mounts
 
 
@@ -283,9 +288,7 @@ def test_the_containers_keep_compiled_kernels_in_the_users_compile_cache_as_invo
         job = tmp_path / ("with" if cache else "without")
         job.mkdir()
         got = _run(s, job, runtime, str(image))
-        spec = next(a for a in got["srun"].split() if a.startswith("--container-mounts=")) if runtime == "pyxis" \
-            else got["apptainer"].split()[3]
-        mounts = spec.removeprefix("--container-mounts=").split(",")
+        mounts = _mounts(got, runtime)
         inside = "/workspace/.cache/compile"
         assert [m for m in mounts if inside in m] == ([f"{cache}:{inside}"] if cache else [])
         assert f"{s.path(s.hf_cache)}:/workspace/.cache/huggingface" in mounts
