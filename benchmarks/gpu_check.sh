@@ -8,7 +8,7 @@
 # Each part is sized for one call of under 10 minutes on one H100, after ~1 min of install on a fresh machine
 # (a lease of 15 minutes holds one such call, perhaps two short ones: plan which one it is for):
 #   sh benchmarks/gpu_check.sh tests [SLICE | PYTEST ARGS]   one slice of tests/gpu, never the CPU tests:
-#        (nothing)    test_nvml + test_recipes_gpu (10 runs, ~7 min)
+#        (nothing)    test_nvml + test_recipes_gpu (11 runs, ~7 min)
 #        autos        test_autos_gpu.py on the tiny model (11 runs, 4 of them compiled: ~7 min)
 #        autos-944m   test_autos_gpu.py on the 944M model (4 runs: ~5 min)
 #        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min; -k to split it,
@@ -23,7 +23,8 @@
 #      each test's name and outcome is printed as it ends; a test is stopped after 300 s (with pytest-timeout)
 #   sh benchmarks/gpu_check.sh bench [RECIPES] [ARGS]   benchmarks.recipes with no tuning flags, each recipe also
 #        compiled (--try torch_compile=true) and with Liger's kernels (--try use_liger_kernel=true); default
-#        ddp,lora (6 runs of the 1.1B benchmark model, ~6 min); ARGS go to benchmarks.recipes (--steps 40, --bare, ...)
+#        ddp,lora (6 runs of the 1.1B benchmark model, ~6 min); ARGS go to benchmarks.recipes (--steps 40, --bare, ...;
+#        --profile 20-21 profiles those steps of every run: where the GPU's time went, in $OUT/recipes-profiles.txt)
 #   sh benchmarks/gpu_check.sh compile [ARGS]           benchmarks.compile: whole model vs block by block
 set -eu
 case "${1:-}" in tests | bench | compile) ;; *)

@@ -2,7 +2,7 @@
 first step per recipe, and the bare torchrun + DDP loop (benchmarks/bare_ddp.py) measured the same way.
 
     python -m benchmarks.recipes [--recipes ddp,zero2] [--batch auto|8] [--seq 2048] [--steps 40]
-                                 [--try KEY=VALUE[,KEY=VALUE]]... [--bare] [--repeats 3]
+                                 [--try KEY=VALUE[,KEY=VALUE]]... [--bare] [--repeats 3] [--profile 20-21]
                                  [--out benchmarks/results/recipes.md]
 
 On CPU: the tiny model, 2 processes (gloo): a smoke check that every part runs. On GPUs: a 1.1B Llama-shaped model
@@ -20,7 +20,10 @@ Throughput is the steady state read from each run's metrics.jsonl (a window ever
 user's run has): the logging windows after the first WARMUP_STEPS steps, each its own tokens (every rank's real
 tokens) over its own wall time, saves and evaluation left out (dockyard/train/callbacks.py); MFU by
 dockyard/train/mfu.py, the trainer's own formula. Runs save no checkpoints, and each run folder is removed once
-read (a 1B full fine-tune's final model alone is 4 GB).
+read (a 1B full fine-tune's final model alone is 4 GB). `--profile A-B` profiles those steps of every run
+(profile_steps, dockyard/train/profiler.py: where the GPU's time went, by kind of kernel, and the operators that
+took most of it): each run's profile summary is appended to OUT's `-profiles.txt` beside it, and the profiled
+windows are left out of tokens/s as the trainer leaves them out.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from benchmarks import report
 from dockyard import ROOT, engine
 from dockyard.common import memory
 from dockyard.common.recipes import recipe_names
-from dockyard.common.run_settings import DATA, TINY_MODEL
+from dockyard.common.run_settings import DATA, TINY_MODEL, profile_range
 from dockyard.common.units import GIB
 from dockyard.train import mfu
 from dockyard.train.callbacks import WARMUP_STEPS
@@ -69,6 +72,8 @@ def main() -> None:
     ap.add_argument("--bare", action="store_true", help="also measure the bare DDP loop, and the entry point's "
                                                         "overhead against it (needs ddp among --recipes)")
     ap.add_argument("--repeats", type=int, default=3, help="with --bare: runs of ddp and of the bare loop, alternated")
+    ap.add_argument("--profile", type=profile_arg, metavar="A-B",
+                    help="profile these steps of every run (profile_steps); the summaries go to OUT's -profiles.txt")
     ap.add_argument("--out", type=Path, default=report.RESULTS / "recipes.md", help="where the table is written")
     opts = ap.parse_args()
     names = [n.strip() for n in opts.recipes.split(",") if n.strip()]
@@ -82,6 +87,12 @@ def main() -> None:
     steps = opts.steps or (40 if gpu else 100)
     if steps <= WARMUP_STEPS + 2:
         sys.exit(f"--steps must be over {WARMUP_STEPS + 2}: the first {WARMUP_STEPS} are warm-up")
+    profiles = opts.out.with_name(f"{opts.out.stem}-profiles.txt") if opts.profile else None
+    if opts.profile and int(opts.profile.split("-")[1]) > steps:
+        sys.exit(f"--profile {opts.profile}: past the runs' last step (--steps {steps})")
+    if profiles:
+        profiles.parent.mkdir(parents=True, exist_ok=True)
+        profiles.write_text("")
 
     lines = report.header("Recipes side by side", where(gpu, nproc), setup_line(gpu, seq, batch, steps))
     print("\n".join(lines), flush=True)
@@ -93,9 +104,12 @@ def main() -> None:
         for name in names:
             for i, tried in enumerate([(), *opts.tries]):
                 flags = [w for key, value in tried for w in (f"--{key}", value)]
-                rows.append(run_recipe(name, work, nproc, model, data, steps, batch, seq, f"bench{i}", *flags))
+                flags += ["--profile_steps", opts.profile] if opts.profile else []
+                label = f"{name} + {','.join(f'{k}={v}' for k, v in tried)}" if tried else name
+                rows.append(run_recipe(name, work, nproc, model, data, steps, batch, seq, f"bench{i}", *flags,
+                                       profiles=profiles and (profiles, label)))
                 if tried:
-                    rows[-1]["label"] = f"{name} + {','.join(f'{k}={v}' for k, v in tried)}"
+                    rows[-1]["label"] = label
                 print(table_row(rows[-1], rows), flush=True)  # each result as it lands: a cut-off call keeps it
                 # and the table so far, with its errors whole, in case the call is cut off before the end
                 opts.out.write_text("\n".join(lines + table(rows) + errors(rows)) + "\n")
@@ -149,6 +163,16 @@ def batch_arg(text: str) -> int | str:
         return positive(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of examples, 1 or more, or auto") from None
+
+
+def profile_arg(text: str) -> str:
+    try:
+        steps = profile_range(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if steps is None:
+        raise argparse.ArgumentTypeError("give the steps to profile, e.g. 20-21")
+    return f"{steps[0]}-{steps[1]}"
 
 
 def try_arg(text: str) -> tuple[tuple[str, str], ...]:
@@ -220,14 +244,20 @@ def torchrun(nproc: int, caches: Path, *argv: str) -> subprocess.CompletedProces
 
 
 def steady_state(metrics_file: Path) -> dict:
-    """tokens/s (and MFU where logged) of the logging windows after warm-up, from metrics.jsonl alone."""
+    """tokens/s (and MFU where logged) of the logging windows after warm-up, from metrics.jsonl alone; windows the
+    profiler slowed (profile_steps) left out, as the trainer leaves them out."""
     rows = [json.loads(x) for x in metrics_file.read_text().splitlines() if x.strip()] if metrics_file.is_file() else []
-    windows = [r for r in rows if "tokens" in r and r["step"] > WARMUP_STEPS]
+    windows, steps, before = [], 0, 0
+    for r in (r for r in rows if "tokens" in r):
+        if r["step"] > WARMUP_STEPS and not r.get("profiled"):
+            windows.append(r)
+            steps += r["step"] - max(before, WARMUP_STEPS)
+        before = r["step"]
     if not windows:
         return {}
     tokens, seconds = sum(w["tokens"] for w in windows), sum(w["seconds"] for w in windows)
     mfus = [w["mfu"] * w["seconds"] for w in windows if w.get("mfu") is not None]
-    return {"tokens_per_second": tokens / seconds, "step_seconds": seconds / (windows[-1]["step"] - WARMUP_STEPS),
+    return {"tokens_per_second": tokens / seconds, "step_seconds": seconds / steps,
             "mfu": sum(mfus) / seconds if len(mfus) == len(windows) else None}
 
 
@@ -249,8 +279,9 @@ def resolved(manifest: dict) -> str:
 
 
 def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps: int, batch: int | str, seq: int,
-               tag: str, *extra: str) -> dict:
-    """One run of the trainer; its figures, then its folder removed. batch "auto": no tuning flags."""
+               tag: str, *extra: str, profiles: tuple[Path, str] | None = None) -> dict:
+    """One run of the trainer; its figures, then its folder removed. batch "auto": no tuning flags. `profiles`:
+    (the file, the run's label) its profile summary is appended to, when it made one."""
     run = work / f"{name}-{tag}"
     fixed = [] if batch == "auto" else ["--per_device_train_batch_size", str(batch), "--gradient_checkpointing",
                                         "false"]
@@ -261,6 +292,10 @@ def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps
                         "--max_seq_length", str(seq), "--logging_steps", "5", "--save_strategy", "no", *fixed,
                         *extra)
         m = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").exists() else {}
+        summary = run / "profile" / "summary.txt"
+        if profiles and summary.is_file():
+            with open(profiles[0], "a") as f:
+                f.write(f"## {profiles[1]}\n\n{summary.read_text()}\n")
         if proc.returncode != 0 or m.get("status") != "completed":
             tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
             return {"recipe": name, "error": m.get("error") or tail or f"exit {proc.returncode}"}

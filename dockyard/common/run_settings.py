@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
 from dockyard import ROOT
 from dockyard.common.errors import DockyardError, yaml_problem
@@ -38,6 +38,10 @@ MAX_TOKENS = 2**24        # per example
 MAX_LORA = 2**16          # a rank (or alpha) wider than any layer
 MAX_EXAMPLES = 10**12     # per optimizer step (the micro-batch is found among its divisors, in √n steps)
 WIDEST_INT = 2**63 - 1    # torch's and numpy's widest integer: a count past it overflows in the Trainer
+# logging windows ending within a run's first 5 steps are warm-up (set-up, compilation, allocator): the throughput
+# leaves them out (dockyard.train.callbacks)
+WARMUP_STEPS = 5
+MAX_PROFILED = 10         # steps profile_steps may hold: each profiled step of a 1B model adds megabytes of trace
 
 # from 0 up to, not including, 1 (an int 0 too; never true/false, nan or inf)
 Fraction = Annotated[StrictFloat, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
@@ -66,12 +70,45 @@ class RunSettings(BaseModel):
     global_batch: Annotated[StrictInt, Field(ge=1, le=MAX_EXAMPLES)] | Literal["auto"] = "auto"
     padding_free: StrictBool | Literal["auto"] = "auto"  # instruction/chat examples packed into one row per batch
     packing: StrictBool | Literal["auto"] = "auto"  # text documents joined and cut into max_seq_length blocks
+    profile_steps: str = ""  # "A-B" (or "N"): torch.profiler over those steps (dockyard.train.profiler)
+
+    @field_validator("profile_steps", mode="before")
+    @classmethod
+    def _steps_to_profile(cls, value: Any) -> str:
+        if value is True:  # `-- --profile_steps` with no value reads as a switch (parse_overrides)
+            raise ValueError("--profile_steps was given no value: put a step or a range of steps after it, e.g. 20-22")
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"{reprlib.repr(value)} is not a step or a range of steps: give N or A-B, e.g. 20-22")
+        return "-".join(map(str, profile_range(value) or ()))
 
     @property
     def data_path(self) -> Path:
         if self.data:
             return Path(self.data)
         return DATA / ("sample-classify.jsonl" if self.task == "seq_cls" else "sample.jsonl")
+
+    @property
+    def profiled(self) -> tuple[int, int] | None:
+        """The first and last step profile_steps names, or None."""
+        return profile_range(self.profile_steps)
+
+
+def profile_range(value: int | str) -> tuple[int, int] | None:
+    """profile_steps as (first, last) optimizer steps, counted from 1; "" is None. Raises ValueError (pydantic says
+    it as the setting's error) for anything else than N or A-B with 1 <= A <= B < A + MAX_PROFILED."""
+    text = str(value).strip()
+    if not text:
+        return None
+    first, dash, last = text.partition("-")
+    if not (first.strip().isdecimal() and (not dash or last.strip().isdecimal())):
+        raise ValueError(f"{text!r} is not a step or a range of steps: give N or A-B, e.g. 20-22")
+    a, b = int(first), int(last) if dash else int(first)
+    if a < 1 or b < a:
+        raise ValueError(f"{text!r}: steps count from 1 and a range runs upwards (A-B with A <= B), e.g. 20-22")
+    if b - a >= MAX_PROFILED:
+        raise ValueError(f"{text!r} holds {b - a + 1} steps: profile at most {MAX_PROFILED} (each adds megabytes of "
+                         "trace), e.g. 20-22")
+    return a, b
 
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
@@ -158,6 +195,15 @@ def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
     if str(strategy) in ("steps", "epoch") and not (settings.eval_data or settings.eval_fraction):
         raise DockyardError(f"eval_strategy {strategy} needs held-out data: add --eval_fraction 0.05 or --eval_data "
                             "FILE (or --eval_strategy no)")
+
+
+def check_profile(settings: RunSettings, training: dict[str, Any]) -> None:
+    """profile_steps within the run's max_steps (a run that counts epochs is checked as it starts: it then knows its
+    steps). The host checks it before a run starts, the trainer again (run.sh, native)."""
+    steps = training.get("max_steps")
+    if settings.profiled and isinstance(steps, int) and not isinstance(steps, bool) and 0 < steps < settings.profiled[1]:
+        raise DockyardError(f"profile_steps {settings.profile_steps} runs past the run's last step (max_steps {steps}): "
+                            f"profile steps within it, after the first {WARMUP_STEPS} (warm-up), or raise --max_steps")
 
 
 def training_arguments() -> dict[str, str]:
@@ -299,7 +345,8 @@ def _problems(error: ValidationError, given: dict[str, Any]) -> str:
         if takes := number_range(key) or switch_choices(key):
             said[key] = f"{key} {reprlib.repr(given[key])}: {takes}"
         else:
-            said[key] = "; ".join(filter(None, [said.get(key), f"{'.'.join(map(str, err['loc']))}: {err['msg']}"]))
+            msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]  # a validator's own words
+            said[key] = "; ".join(filter(None, [said.get(key), f"{'.'.join(map(str, err['loc']))}: {msg}"]))
     return "; ".join(said.values())
 
 

@@ -43,6 +43,7 @@ LOSS_PLOT = "loss.png"           # H: the monitor's plot of METRICS
 MONITOR_SAMPLES = "monitor.jsonl"  # H: the monitor's samples, one line a second
 MONITOR_VERDICT = "monitor.json"   # H: the monitor's verdict (balance, idle devices, its plots)
 CHECKPOINTS = "checkpoints"      # T: the Trainer's output_dir: checkpoint-<step>/ folders
+PROFILE = "profile"              # T: profile_steps' traces (one per rank) and summary (dockyard.train.profiler)
 COMPLETE = "complete.json"       # T: in a checkpoint-<step>/, written last by rank 0 once every rank saved its part
 SHARED_TOKEN = ".shared-check"   # T: node 0 writes it, the others read it: is the run folder one shared folder?
 LOST_NODE = ".lost-node"         # T: the first rank that sees which node was lost says it here, for the others

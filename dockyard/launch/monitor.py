@@ -34,6 +34,7 @@ CPU_BUSY = 25.0          # a CPU rank works from a quarter of a core: CPU hosts 
 LIVE_WINDOW = 30         # samples (seconds at the default interval) a live warning looks back on
 MIN_ACTIVE = 5           # samples with some device busy before any verdict on balance
 MOSTLY = 0.5             # "most of the run": this share of the busy samples
+WAITING = 80.0           # percent: GPUs busy less than this while training (on average) wait for something
 
 
 class Processes:
@@ -186,6 +187,11 @@ def verdict(samples: list[dict], kind: str) -> dict:
         causes = []
     else:
         message, causes = f"balanced: {means}", []
+        training = [d["util"] for s in active for d in s["devices"] if d["util"] is not None]
+        if kind == "gpu" and len(active) >= MIN_ACTIVE and sum(training) / len(training) < WAITING:
+            causes = [f"While training, a GPU ran a kernel {sum(training) / len(training):.0f}% of the time on average: "
+                      "the rest it waited (on data, the host, communication). `-- --profile_steps 20-22` profiles "
+                      "those steps and says on what (docs/training.md, Profiling a few steps)."]
     return {"kind": kind, "devices": len(devices), "samples": len(samples), "seconds": round(seconds, 1),
             "unbalanced": unbalanced, "idle_devices": idle, "idle_whole_run": all_idle,
             "mean_util": {str(d): None if u is None else round(u, 1) for d, u in mean_util.items()},

@@ -32,6 +32,7 @@ from dockyard.common.run_settings import (
     batch_split,
     check_autos,
     check_evaluation,
+    check_profile,
     check_training_numbers,
     parse_overrides,
     resolve_settings,
@@ -137,6 +138,7 @@ def check_overrides(spec, overrides: list[str], processes: int = 0) -> None:
     if processes:
         batch_split(run_settings.global_batch, micro, accumulation, processes)
     check_evaluation(run_settings, training)
+    check_profile(run_settings, training)
 
 
 def check_input(key: str, value: str, where: str, settings: Settings) -> None:

@@ -38,6 +38,7 @@ from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
     RunSettings,
     check_evaluation,
+    check_profile,
     check_training_numbers,
     either_name,
     parse_overrides,
@@ -139,6 +140,7 @@ class Record:
     data: dict[str, Any] | None = None           # data.load's account: format, examples, tokens, cut, ...
     estimates: Estimates | None = None
     reference_logits: dict[str, Any] | None = None  # the manifest's `probe`: see reference_logits()
+    profile: dict[str, Any] | None = None        # profile_steps: what the profiler found (rank 0's)
 
     def to_json(self) -> dict[str, Any]:
         parts = [("recipe_files", self.recipe_files),
@@ -151,7 +153,8 @@ class Record:
                  ("data", self.data),
                  ("plan", self.estimates.plan if self.estimates else None),
                  ("disk", self.estimates.disk if self.estimates else None),
-                 ("probe", self.reference_logits)]
+                 ("probe", self.reference_logits),
+                 ("profile", self.profile)]
         return {key: value for key, value in parts if value is not None}
 
 
@@ -293,6 +296,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
     check_training_numbers(training)
     check_evaluation(settings, training)
+    check_profile(settings, training)
     guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
     guards.check_report_to(training.get("report_to"))
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
@@ -494,6 +498,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from dockyard.train.callbacks import MetricsLog, PublishCheckpoint, StrategyCheck, TokenCount
+    from dockyard.train.profiler import StepProfiler
 
     class CountingTrainer(Trainer):
         """The HF Trainer, counting the tokens of each step's batches as it takes them (not as the loader makes them:
@@ -507,13 +512,18 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     run.doing("setting up the Trainer and its engine")
     check = StrategyCheck(p.recipe.strategy, run.world_size)
     tokens = TokenCount()
-    metrics = MetricsLog(run.opts.run_dir / METRICS, run.is_main, run.started, tokens, *flops_and_peak(p))
+    metrics = MetricsLog(run.opts.run_dir / METRICS, run.is_main, run.started, tokens, *flops_and_peak(p),
+                         profiled=p.settings.profiled)
+    # the profiler before the metrics: its writing, once the last profiled step ends, falls in a window left out
+    profile = ([StepProfiler(run.opts.run_dir, p.settings.profiled, p.args.process_index, run.world_size)]
+               if p.settings.profiled else [])
     try:
         trainer = CountingTrainer(model=p.model, args=p.args, train_dataset=p.examples,
                                   eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
                                   data_collator=(data.collate_packed() if p.padding_free
                                                  else data.collate(p.tokenizer.pad_token_id)),
-                                  callbacks=[check, PublishCheckpoint(), metrics])  # publish first: saves timed to the end
+                                  callbacks=[check, PublishCheckpoint(), *profile, metrics])  # publish first: saves
+        # timed to the end
     except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)
         raise DockyardError(f"invalid training settings: {' '.join(str(e).split())}") from None
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
@@ -530,6 +540,9 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
             trainer.train(resume_from_checkpoint=p.resume_from)
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
         raise checkpoints.explain(e) from None
+    finally:
+        if profile and profile[0].record:
+            run.record.profile = profile[0].record
     return trainer, metrics
 
 

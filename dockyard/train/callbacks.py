@@ -12,10 +12,10 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from dockyard.common import runfolder
+from dockyard.common.run_settings import WARMUP_STEPS
 from dockyard.train import manifest, strategy
 
 log = logging.getLogger("dockyard.train")
-WARMUP_STEPS = 5  # logging windows ending within a run's first 5 steps are warm-up (set-up, compilation, allocator)
 
 
 class StrategyCheck(TrainerCallback):
@@ -76,9 +76,9 @@ class MetricsLog(TrainerCallback):
     (dockyard.train.mfu)."""
 
     def __init__(self, path: Path, is_main: bool, started: float, tokens: Any, flops: float | None = None,
-                 peak: float | None = None):
+                 peak: float | None = None, profiled: tuple[int, int] | None = None):
         self.path, self.is_main, self.started, self.tokens = path, is_main, started, tokens
-        self.flops, self.peak = flops, peak
+        self.flops, self.peak, self.profiled = flops, peak, profiled
         self.seconds_to_first_step: float | None = None
         self.diverged_at: int | None = None  # the first step whose loss was not finite (said once, in train.log)
         self.seconds_saving = self.seconds_evaluating = 0.0
@@ -148,12 +148,19 @@ class MetricsLog(TrainerCallback):
                "tokens_per_second": round(rate, 2)}
         if self.flops and self.peak:
             out["mfu"] = float(f"{rate * self.flops / (self.peak * self.world):.4g}")
+        if self._under_profiler(self.windows[-1]):
+            out["profiled"] = True  # slowed by the profiler: left out of the steady state
         return out
+
+    def _under_profiler(self, window: dict[str, Any]) -> bool:
+        return bool(self.profiled) and window["from_step"] <= self.profiled[1] and window["step"] >= self.profiled[0]
 
     def steady_state(self) -> dict[str, Any]:
         """The windows after warm-up (the first window and any ending within the first WARMUP_STEPS steps of this
-        process), summed; fewer windows than that: what there is. Empty when nothing was logged."""
-        after = [w for w in self.windows[1:] if w["step"] > self.first_step + WARMUP_STEPS]
+        process), summed, less those holding a profiled step (profile_steps); fewer windows than that: what there
+        is. Empty when nothing was logged."""
+        warm = [w for w in self.windows[1:] if w["step"] > self.first_step + WARMUP_STEPS]
+        after = [w for w in warm if not self._under_profiler(w)]
         chosen = after or self.windows[1:] or self.windows
         if not chosen:
             return {}
@@ -161,6 +168,8 @@ class MetricsLog(TrainerCallback):
         out = {"from_step": chosen[0]["from_step"], "to_step": chosen[-1]["step"], "tokens": tokens,
                "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 2), "mfu": None,
                "warm_up_left_out": bool(after)}
+        if after and len(after) < len(warm):
+            out["profiled_steps_left_out"] = list(self.profiled)
         if self.flops and self.peak:
             out["mfu"] = float(f"{tokens / seconds * self.flops / (self.peak * self.world):.4g}")
         return out

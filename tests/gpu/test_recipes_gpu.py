@@ -44,3 +44,19 @@ def test_qlora_base_is_held_in_4_bits(tmp_path):
     # NF4 packs a weight in half a byte instead of bf16's two: the linear layers (58 % of the tiny model's
     # parameters, the embeddings stay bf16) shrink to a quarter.
     assert q["footprint_bytes"] < 0.65 * b["footprint_bytes"], (q, b)
+
+
+def test_a_profiled_run_says_how_busy_the_gpu_was_and_with_what(tmp_path):
+    """profile_steps on a GPU: the trace holds the CUDA kernels, the summary and the manifest say how much of the
+    profiled time a kernel ran (tiny model: mostly launches, so far from 100 %) and which kinds took it."""
+    import gzip
+
+    run = tmp_path / "run"
+    train("ddp", run, *FAST, "--profile_steps", "8-9", nproc=GPUS, gpu=True)
+    profile = manifest(run)["profile"]
+    assert profile["steps"] == [8, 9] and 0 < profile["gpu_busy"] <= 1, profile
+    assert profile["gpu_kinds"]["matmul"] > 0, profile  # the linear layers' GEMMs, told from their kernels' names
+    trace = json.loads(gzip.decompress((run / "profile" / "trace-rank0.json.gz").read_bytes()))
+    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
+    summary = (run / "profile" / "summary.txt").read_text()
+    assert "GPU busy:" in summary and "matmul" in summary, summary[:2000]

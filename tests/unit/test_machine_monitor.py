@@ -41,6 +41,17 @@ def test_verdict_balanced_run():
     assert float(v["mean_util"]["0"]) > 70 and float(v["mean_util"]["1"]) > 70
 
 
+def test_a_balanced_run_whose_gpus_wait_while_training_is_told_how_to_find_on_what():
+    """NVML's utilisation is the share of time a kernel ran: 87 % in the recording above, say nothing; 60 % while
+    training (a host-bound run) points at profile_steps."""
+    assert monitor.verdict(_samples("balanced.json"), "gpu")["causes"] == []
+    waiting = [{"t": float(t), "devices": [{"device": d, "util": 0.0 if t < 5 else 60.0, "mem": 2**34} for d in (0, 1)]}
+               for t in range(40)]
+    v = monitor.verdict(waiting, "gpu")
+    assert v["message"].startswith("balanced") and not v["unbalanced"]
+    assert "60% of the time" in v["causes"][0] and "--profile_steps" in v["causes"][0]  # loading (0 %) left out
+
+
 def test_verdict_gpus_idle_for_the_whole_run():
     idle = [{"t": float(t), "devices": [{"device": 0, "util": 0.0, "mem": 0}, {"device": 1, "util": 0.0, "mem": 0}]}
             for t in range(40)]

@@ -69,6 +69,31 @@ def test_saves_and_evaluation_are_left_out_of_the_windows(tmp_path, monkeypatch)
     assert log.tokens_trained == 1200
 
 
+def test_the_steps_under_the_profiler_are_left_out_of_the_steady_state(tmp_path, monkeypatch):
+    """profile_steps 7-8: the profiler slows those steps (and writes its traces after the last): the windows holding
+    them are marked in metrics.jsonl and the steady state is the other windows' rate."""
+    clock = Clock()
+    monkeypatch.setattr(callbacks, "time", clock)
+    tokens = TokenCount()
+    log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens, profiled=(7, 8))
+    args, state = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(global_step=0, max_steps=14)
+    log.on_train_begin(args, state, None)
+    for step in range(1, 15):
+        tokens.add([{"input_ids": torch.ones(1, 100)}])
+        clock.sleep(0.5 if step in (7, 8) else 0.01)  # profiled: 50x slower
+        state.global_step = step
+        control = SimpleNamespace(should_save=False, should_evaluate=False, should_log=step % 2 == 0)
+        log.on_step_end(args, state, control)
+        if control.should_log:
+            log.on_log(args, state, control, logs={"loss": 1.0})
+    lines = {x["step"]: x for x in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
+    assert [s for s, x in lines.items() if x.get("profiled")] == [8]  # the window of steps 7-8
+    steady = log.steady_state()
+    assert steady["tokens_per_second"] == pytest.approx(10000.0)  # 100 tokens in 0.01 s, as every other step
+    assert (steady["from_step"], steady["to_step"], steady["tokens"]) == (5, 14, 800)  # steps 5-6 and 9-14
+    assert steady["profiled_steps_left_out"] == [7, 8]
+
+
 def test_the_last_step_always_closes_a_window(tmp_path, monkeypatch):
     """With --max_steps 12 --logging_steps 5, steps 11-12 were in no window (missing from metrics.jsonl); with
     --max_steps 4 --logging_steps 10 loss_last was step 1's."""

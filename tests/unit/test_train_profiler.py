@@ -1,0 +1,79 @@
+"""profile_steps (dockyard.train.profiler): the setting's values, the host's check against max_steps, and how busy
+the GPU was read from a trace. The trace here is written by this test in the format torch.profiler exports (Kineto's
+Chrome trace: CPU operators, and `kernel` / `gpu_memcpy` events on CUDA streams), since this machine has no GPU;
+tests/gpu/test_recipes_gpu.py reads a real one."""
+
+from __future__ import annotations
+
+import pytest
+
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
+from dockyard.common.run_settings import resolve_settings
+from dockyard.launch.preflight import check_overrides
+from dockyard.train.profiler import gpu_time, kernel_kind
+
+
+@pytest.mark.parametrize("given, steps", [(5, (5, 5)), ("5", (5, 5)), ("20-22", (20, 22)), (" 3 - 12 ", (3, 12))])
+def test_profile_steps_names_one_step_or_a_range(given, steps):
+    settings, _ = resolve_settings(load_recipe("ddp"), {"profile_steps": given})
+    assert settings.profiled == steps
+
+
+@pytest.mark.parametrize("given, says", [
+    ("0", "steps count from 1"), ("9-3", "a range runs upwards"), ("1-11", "profile at most 10"),
+    ("a-b", "not a step or a range"), ("5-", "not a step or a range"), ("-5", "not a step or a range"),
+    (True, "was given no value"), (False, "not a step or a range"), (2.5, "not a step or a range"),
+    ("²", "not a step or a range"),
+])
+def test_a_profile_steps_that_names_no_steps_is_refused_saying_what_to_give(given, says):
+    with pytest.raises(DockyardError, match="profile_steps") as e:
+        resolve_settings(load_recipe("ddp"), {"profile_steps": given})
+    assert says in str(e.value) and "e.g. 20-22" in str(e.value)
+
+
+def test_the_host_refuses_steps_past_the_runs_last_before_it_starts():
+    check_overrides(load_recipe("ddp"), ["--max_steps", "50", "--profile_steps", "48-50"])
+    with pytest.raises(DockyardError, match=r"profile_steps 48-52 runs past the run's last step \(max_steps 50\)"):
+        check_overrides(load_recipe("ddp"), ["--max_steps", "50", "--profile_steps", "48-52"])
+    check_overrides(load_recipe("ddp"), ["--max_steps", "-1", "--num_train_epochs", "2", "--profile_steps", "48-52"])
+
+
+def op(name, ts, dur):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+def kernel(name, ts, dur, stream=7, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream}
+
+
+def test_gpu_busy_is_the_time_any_kernel_ran_each_overlap_counted_once():
+    trace = {"traceEvents": [
+        op("aten::mm", 1000.0, 400.0),  # the profiled span: 1000 to 1400 µs
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 1010.0, 100.0),
+        kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 1050.0, 150.0, stream=20),  # beside the gemm
+        kernel("flash_fwd_kernel", 1250.0, 50.0),
+        kernel("Memcpy HtoD (Pageable -> Device)", 1320.0, 30.0, cat="gpu_memcpy"),
+        {"ph": "i", "name": "a marker, no duration", "ts": 5000.0},
+    ]}
+    got = gpu_time(trace)
+    assert got["span_us"] == 400.0
+    assert got["busy_us"] == 190.0 + 50.0 + 30.0  # 1010-1200 (gemm and all-reduce overlapping), flash, the copy
+    assert got["kinds"] == {"communication": 150.0, "matmul": 100.0, "attention": 50.0, "memory copies": 30.0}
+
+
+def test_a_trace_without_gpu_work_has_no_gpu_figures():
+    assert gpu_time({"traceEvents": [op("aten::mm", 0.0, 10.0)]}) is None
+    assert gpu_time({}) is None
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "matmul"), ("void cutlass::Kernel2<cutlass_80_tensorop>", "matmul"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "other kernels"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "other kernels"),
+])
+def test_kernels_are_told_apart_by_the_names_their_libraries_give_them(name, kind):
+    assert kernel_kind(name) == kind
