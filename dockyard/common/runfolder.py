@@ -227,6 +227,12 @@ class MetricsRecord(_Loose):
 
 class SteadyState(_Loose):
     warm_up_left_out: bool | None = None  # false: too few logging windows to leave the warm-up out
+    profiled_steps_left_out: list[int] | None = None  # profile_steps: the windows the profiler slowed
+
+
+class ProfileRecord(_Loose):
+    steps: list[int]
+    gpu_busy: float | None = None  # None: no GPU kernel recorded (CPU)
 
 
 class ImageRecord(_Loose):
@@ -254,6 +260,7 @@ class RunManifest(_Loose):
     strategy: StrategyRecord | None = None
     metrics: MetricsRecord | None = None
     inputs: dict[str, InputRecord] = {}
+    profile: ProfileRecord | None = None
     error: str | None = None
 
 

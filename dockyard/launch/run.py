@@ -432,6 +432,11 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
                  else " · no throughput measured")
               + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · "
               f"peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
+    if m.profile and len(m.profile.steps) == 2:
+        busy = (f"GPU busy {m.profile.gpu_busy:.0%} of it, by kind of kernel" if m.profile.gpu_busy is not None
+                else "CPU operators only")
+        print(f"  profile of steps {m.profile.steps[0]}-{m.profile.steps[1]}: {busy} in "
+              f"{run_dir / runfolder.PROFILE / 'summary.txt'}")
     if diverged is not None:
         print(f"  warning: the loss became non-finite at step {diverged}: the run diverged (the model it saved is not "
               "usable); lower --learning_rate (and keep --max_grad_norm above 0)")
@@ -445,6 +450,9 @@ def _rate_kind(met: runfolder.MetricsRecord) -> str:
     """What the run's tokens/s is: its steady state, or (a run of a few steps) one that holds the warm-up."""
     if met.steady_state and met.steady_state.warm_up_left_out is False:
         return "(warm-up included: too few steps to leave it out)"
+    left_out = met.steady_state.profiled_steps_left_out if met.steady_state else None
+    if left_out and len(left_out) == 2:
+        return f"(steady state, the profiled steps {left_out[0]}-{left_out[1]} left out)"
     return "(steady state)"
 
 

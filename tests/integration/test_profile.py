@@ -8,13 +8,14 @@ from __future__ import annotations
 import gzip
 import json
 
+from dockyard.launch import run as launch_run
 from tests.support.training import manifest, train
 
 STEPS = ["--max_steps", "12", "--per_device_train_batch_size", "4", "--max_seq_length", "64", "--logging_steps", "2",
          "--save_strategy", "no"]
 
 
-def test_the_profiled_steps_leave_a_trace_per_rank_and_a_summary_and_stay_out_of_tokens_per_second(tmp_path):
+def test_the_profiled_steps_leave_a_trace_per_rank_and_a_summary_and_stay_out_of_tokens_per_second(tmp_path, capsys):
     run = tmp_path / "run"
     train("ddp", run, *STEPS, "--profile_steps", "7-8")
     m = manifest(run)
@@ -31,3 +32,8 @@ def test_the_profiled_steps_leave_a_trace_per_rank_and_a_summary_and_stay_out_of
     steady = m["metrics"]["steady_state"]
     assert steady["profiled_steps_left_out"] == [7, 8]
     assert steady["tokens"] == sum(x["tokens"] for s, x in logged.items() if s in (6, 10, 12))  # 5-6, 9-12
+    # what `invoke run` prints of it, from the manifest
+    launch_run.summarise(run)
+    said = capsys.readouterr().out
+    assert "tokens/s (steady state, the profiled steps 7-8 left out)" in said, said
+    assert f"profile of steps 7-8: CPU operators only in {run / 'profile' / 'summary.txt'}" in said, said
