@@ -23,8 +23,9 @@
 #      each test's name and outcome is printed as it ends; a test is stopped after 300 s (with pytest-timeout)
 #   sh benchmarks/gpu_check.sh bench [RECIPES] [ARGS]   benchmarks.recipes with no tuning flags, each recipe also
 #        compiled (--try torch_compile=true) and with Liger's kernels (--try use_liger_kernel=true); default
-#        ddp,lora (6 runs of the 1.1B benchmark model, ~6 min); ARGS go to benchmarks.recipes (--steps 40, --bare, ...;
-#        --profile 20-21 profiles those steps of every run: where the GPU's time went, in $OUT/recipes-profiles.txt)
+#        ddp,lora (6 runs of the 1.1B benchmark model, ~6 min); steps 27-28 of every run profiled (profile_steps, left
+#        out of tokens/s): where the GPU's time went, by kind of kernel, in $OUT/recipes-profiles.txt; ARGS go to
+#        benchmarks.recipes (--steps 40, --bare, --profile 30-31, ...; with --steps under 28, a --profile within them)
 #   sh benchmarks/gpu_check.sh compile [ARGS]           benchmarks.compile: whole model vs block by block
 set -eu
 case "${1:-}" in tests | bench | compile) ;; *)
@@ -109,7 +110,7 @@ bench)
 	recipes=ddp,lora
 	case "${1:-}" in '' | -*) ;; *) recipes=$1; shift ;; esac
 	{ rc=0; "$PY" -m benchmarks.recipes --recipes "$recipes" --steps 30 --try torch_compile=true \
-		--try use_liger_kernel=true --out "$OUT/recipes.md" "$@" || rc=$?; echo $rc >"$status"; } 2>&1 \
+		--try use_liger_kernel=true --profile 27-28 --out "$OUT/recipes.md" "$@" || rc=$?; echo $rc >"$status"; } 2>&1 \
 		| tee "$OUT/recipes.log" ;;
 compile)
 	{ rc=0; "$PY" -m benchmarks.compile "$@" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/compile.log"
