@@ -50,7 +50,6 @@ class StepProfiler(TrainerCallback):
         self.record: dict[str, Any] | None = None
         self._profiler: Any = None
         self._started = 0.0
-        self._steps = (0, 0)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step >= self.first and self.rank == 0:
@@ -108,10 +107,11 @@ def write(profiler: Any, folder: Path, steps: tuple[int, int], seconds: float, r
     busy = gpu_time(json.loads(trace))
     device = "self_device_time_total" if busy else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=device, row_limit=OPERATORS, max_name_column_width=70)
-    record = {"steps": list(steps), "rank": 0, "seconds": round(seconds, 3),
-              "gpu_busy": busy and round(busy["busy_us"] / busy["span_us"], 4),
-              "gpu_kinds": busy and {k: round(us / busy["span_us"], 4) for k, us in busy["kinds"].items()},
+    record = {"steps": list(steps), "rank": 0, "seconds": round(seconds, 3), "gpu_busy": None, "gpu_kinds": None,
               "summary": f"{runfolder.PROFILE}/{SUMMARY}", "traces": f"{runfolder.PROFILE}/trace-rank*.json.gz"}
+    if busy:  # shares of the profiled span
+        record["gpu_busy"] = round(busy["busy_us"] / busy["span_us"], 4)
+        record["gpu_kinds"] = {kind: round(us / busy["span_us"], 4) for kind, us in busy["kinds"].items()}
     runfolder.write(folder, SUMMARY, summary(record, world_size, table))
     log.info("profile of steps %d-%d: %s; %s", *steps, headline(record), record["summary"])
     return record

@@ -5,13 +5,16 @@ tests/gpu/test_recipes_gpu.py reads a real one."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import resolve_settings
 from dockyard.launch.preflight import check_overrides
-from dockyard.train.profiler import gpu_time, kernel_kind
+from dockyard.train.profiler import gpu_time, kernel_kind, write
 
 
 @pytest.mark.parametrize("given, steps", [(5, (5, 5)), ("5", (5, 5)), ("20-22", (20, 22)), (" 3 - 12 ", (3, 12))])
@@ -60,6 +63,38 @@ def test_gpu_busy_is_the_time_any_kernel_ran_each_overlap_counted_once():
     assert got["span_us"] == 400.0
     assert got["busy_us"] == 190.0 + 50.0 + 30.0  # 1010-1200 (gemm and all-reduce overlapping), flash, the copy
     assert got["kinds"] == {"communication": 150.0, "matmul": 100.0, "attention": 50.0, "memory copies": 30.0}
+
+
+class RecordedProfiler:
+    """Stands in for a torch.profiler.profile that ran on a GPU (this machine has none): it exports the trace given,
+    and its operator table says how it was asked to sort."""
+
+    def __init__(self, trace):
+        self.trace = trace
+
+    def export_chrome_trace(self, path):
+        with open(path, "w") as f:
+            json.dump(self.trace, f)
+
+    def key_averages(self):
+        return self
+
+    def table(self, sort_by, row_limit, max_name_column_width):
+        return f"(operators by {sort_by}, {row_limit} rows)"
+
+
+def test_a_gpu_profile_is_summarised_by_rank_0_and_every_rank_keeps_its_trace(tmp_path):
+    trace = {"traceEvents": [op("aten::mm", 0.0, 1000.0), kernel("nvjet_tst_gemm", 100.0, 600.0),
+                             kernel("void at::native::vectorized_elementwise_kernel", 700.0, 100.0)]}
+    assert write(RecordedProfiler(trace), tmp_path / "profile", (20, 21), 1.5, 1, 2) is None
+    assert json.loads(gzip.decompress((tmp_path / "profile" / "trace-rank1.json.gz").read_bytes())) == trace
+    assert not (tmp_path / "profile" / "summary.txt").exists()  # rank 0's to write
+    record = write(RecordedProfiler(trace), tmp_path / "profile", (20, 21), 1.5, 0, 2)
+    assert record["gpu_busy"] == 0.7 and record["gpu_kinds"] == {"matmul": 0.6, "other kernels": 0.1}
+    summary = (tmp_path / "profile" / "summary.txt").read_text()
+    assert summary.startswith("Steps 20-21 under torch.profiler on rank 0 of 2: 1.50 s")
+    assert "GPU busy: 70.0% of the profiled time" in summary and "  matmul           60.0%" in summary
+    assert "(operators by self_device_time_total, 25 rows)" in summary  # on a GPU: by kernel time
 
 
 def test_a_trace_without_gpu_work_has_no_gpu_figures():
