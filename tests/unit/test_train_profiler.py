@@ -112,3 +112,24 @@ def test_a_trace_without_gpu_work_has_no_gpu_figures():
 ])
 def test_kernels_are_told_apart_by_the_names_their_libraries_give_them(name, kind):
     assert kernel_kind(name) == kind
+
+
+def test_the_profile_is_written_through_no_link_planted_in_the_run_folder(tmp_path):
+    """The run folder is every container's to write: a link planted at profile/ or at a file in it is never
+    written through (runfolder.write); the folder planted as a link stops the profile, not the run (StepProfiler
+    says so in train.log)."""
+    trace = {"traceEvents": [op("aten::mm", 0.0, 10.0)]}
+    elsewhere, target = tmp_path / "elsewhere", tmp_path / "bashrc"
+    elsewhere.mkdir()
+    target.write_text("the user's own\n")
+    run = tmp_path / "run"
+    (run / "profile").mkdir(parents=True)
+    (run / "profile" / "summary.txt").symlink_to(target)
+    write(RecordedProfiler(trace), run / "profile", (3, 4), 0.1, 0, 1)
+    assert target.read_text() == "the user's own\n" and not (run / "profile" / "summary.txt").is_symlink()
+    other = tmp_path / "run2"
+    other.mkdir()
+    (other / "profile").symlink_to(elsewhere)
+    with pytest.raises(DockyardError, match="link"):
+        write(RecordedProfiler(trace), other / "profile", (3, 4), 0.1, 0, 1)
+    assert list(elsewhere.iterdir()) == []
