@@ -29,7 +29,7 @@ OPERATORS = 25  # rows of the summary's operator table
 # kernels so), first match wins; the rest are elementwise work, norms, activations, losses, reductions.
 KINDS = (("communication", ("nccl",)),
          ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),  # before matmul: fmha_cutlass..., cuDNN's
-         ("matmul", ("gemm", "nvjet", "cutlass", "cublas", "xmma", "matmul", "splitk")),
+         ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "cublas", "xmma", "matmul", "splitk")),
          ("optimizer", ("multi_tensor_apply", "adam")),
          ("memory copies", ("memcpy", "memset")))
 OTHER = "other kernels"

@@ -103,7 +103,8 @@ def test_a_trace_without_gpu_work_has_no_gpu_figures():
 
 
 @pytest.mark.parametrize("name, kind", [
-    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "matmul"), ("void cutlass::Kernel2<cutlass_80_tensorop>", "matmul"),
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "matmul"), ("void gemv2T_kernel_val<int, int, float>", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop>", "matmul"),
     ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
     ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
