@@ -6,7 +6,8 @@ while a run lasts, warns when the work is unbalanced, and leaves plots and a ver
 
 It runs on the host, beside the container, and never fails the run: its own errors become a warning.
 Files it writes in the run folder: monitor.jsonl (one line per sample), monitor.json (the verdict),
-gpu.png or cpu.png (utilisation and memory per device over time), loss.png (from the trainer's metrics.jsonl).
+gpu.png or cpu.png (utilisation and memory per device over time), loss.png (from the trainer's metrics.jsonl),
+profile/timeline.png (rank 0's GPU kernels over the profiled steps, from its trace: profile_steps on a GPU).
 Every file goes through dockyard.common.runfolder: a link planted in the run folder is replaced or refused, never followed.
 """
 
@@ -20,12 +21,13 @@ import math
 import os
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
 from dockyard import gpus
-from dockyard.common import runfolder
+from dockyard.common import kernels, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Reading, Source, reading_to_dict
 
@@ -35,6 +37,8 @@ LIVE_WINDOW = 30         # samples (seconds at the default interval) a live warn
 MIN_ACTIVE = 5           # samples with some device busy before any verdict on balance
 MOSTLY = 0.5             # "most of the run": this share of the busy samples
 WAITING = 80.0           # percent: GPUs busy less than this while training (on average) wait for something
+TRACE_LIMIT = 512 << 20  # bytes: the profile trace the timeline reads, gzip'd (10 steps of a large model: tens of MB)
+TRACE_TEXT_LIMIT = 4 << 30  # bytes: and inflated
 
 
 class Processes:
@@ -281,6 +285,47 @@ def plot_loss(series: dict[str, list[tuple[float, float]]], title: str = "") -> 
     return _png(fig)
 
 
+def read_trace(run_dir: Path) -> object:
+    """Rank 0's profile trace (profile_steps), parsed; None when the run has none. Untrusted: read through no link,
+    and refused past TRACE_LIMIT bytes, or TRACE_TEXT_LIMIT inflated."""
+    folder = run_dir / runfolder.PROFILE
+    if not os.path.lexists(folder):
+        return None
+    raw = runfolder.read(folder, runfolder.PROFILE_TRACE.format(0), TRACE_LIMIT)
+    if raw is None:
+        return None
+    inflate = zlib.decompressobj(wbits=31)  # gzip
+    try:
+        text = inflate.decompress(raw, TRACE_TEXT_LIMIT)
+        if inflate.unconsumed_tail:
+            raise DockyardError(f"{folder} holds a trace of over {TRACE_TEXT_LIMIT >> 30} GiB")
+        return json.loads(text)
+    except (zlib.error, ValueError, RecursionError) as e:  # not gzip, not JSON (UnicodeDecodeError is a ValueError)
+        raise DockyardError(f"{folder / runfolder.PROFILE_TRACE.format(0)} is not a trace the trainer wrote ({e})") \
+            from None
+
+
+def plot_timeline(rows: dict[str, list[tuple[float, float]]], title: str = "") -> bytes:
+    """Each stream's kernels, a row per kind, over the profiled time (ms): the gaps are the GPU waiting."""
+    from matplotlib.figure import Figure
+
+    names = list(rows)  # each stream: all its kernels, then each kind's
+    kinds = [kind for kind, _ in kernels.KINDS] + [kernels.OTHER]
+    fig = Figure(figsize=(11, 1.2 + 0.35 * len(names)), layout="constrained")
+    fig.suptitle(title, fontsize=10)
+    ax = fig.subplots()
+    for i, name in enumerate(names):
+        kind = name.rsplit(" / ", 1)[-1]
+        color = "0.25" if kind == kernels.ALL else f"C{kinds.index(kind) if kind in kinds else len(kinds)}"
+        ax.broken_barh(rows[name], (i - 0.4, 0.8), facecolors=color, linewidth=0)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(-0.6, len(names) - 0.4)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the first kernel of the profiled steps")
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
 def _png(fig) -> bytes:
     out = io.BytesIO()
     fig.savefig(out, format="png", dpi=100)
@@ -378,10 +423,28 @@ class Monitor:
             losses = {}
         if losses:
             runfolder.write(self.run_dir, runfolder.LOSS_PLOT, plot_loss(losses, self.run_dir.name))
-        v["plots"] = ([usage] if self.samples else []) + ([runfolder.LOSS_PLOT] if losses else [])
+        timeline = self._profile_timeline() if self.node_rank == 0 else None
+        v["plots"] = (([usage] if self.samples else []) + ([runfolder.LOSS_PLOT] if losses else [])
+                      + ([timeline] if timeline else []))
         runfolder.write(self.run_dir, self.name(runfolder.MONITOR_VERDICT), json.dumps(v, indent=2) + "\n")
         _say(" ".join([v["message"] + ".", *v["causes"]]), "yellow" if v["unbalanced"] or v["idle_whole_run"] else "green")
         return v
+
+
+    def _profile_timeline(self) -> str | None:
+        """profile/timeline.png from rank 0's trace when the run profiled GPU steps; its path in the run folder."""
+        try:
+            rows = kernels.timeline(trace := read_trace(self.run_dir))
+            if not rows:
+                return None  # no profile, or a CPU run's: its summary lists the operators
+            busy = kernels.gpu_time(trace)
+            title = (f"{self.run_dir.name}: GPU kernels of the profiled steps by stream and kind (busy "
+                     f"{busy['busy_us'] / busy['span_us']:.0%} of the profiled time)")
+            runfolder.write(self.run_dir / runfolder.PROFILE, runfolder.PROFILE_TIMELINE, plot_timeline(rows, title))
+        except Exception as e:  # noqa: BLE001 - a plot that fails leaves the verdict and the other plots
+            _say(f"no profile timeline: {e if isinstance(e, DockyardError) else f'{type(e).__name__}: {e}'}")
+            return None
+        return f"{runfolder.PROFILE}/{runfolder.PROFILE_TIMELINE}"
 
 
 @contextlib.contextmanager

@@ -21,22 +21,15 @@ import torch
 from transformers import TrainerCallback
 
 from dockyard.common import runfolder
+from dockyard.common.kernels import gpu_time
 
 log = logging.getLogger("dockyard.train")
-SUMMARY = "summary.txt"
 OPERATORS = 25  # rows of the summary's operator table
-# Kinds of GPU kernel, told from their names (a heuristic: cuBLAS, CUTLASS, FlashAttention and NCCL name their
-# kernels so), first match wins; the rest are elementwise work, norms, activations, losses, reductions.
-KINDS = (("communication", ("nccl",)),
-         ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),  # before matmul: fmha_cutlass..., cuDNN's
-         ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "cublas", "xmma", "matmul", "splitk")),
-         ("optimizer", ("multi_tensor_apply", "adam")),
-         ("memory copies", ("memcpy", "memset")))
-OTHER = "other kernels"
+
 
 
 def trace_name(rank: int) -> str:
-    return f"trace-rank{rank}.json.gz"
+    return runfolder.PROFILE_TRACE.format(rank)
 
 
 class StepProfiler(TrainerCallback):
@@ -108,43 +101,13 @@ def write(profiler: Any, folder: Path, steps: tuple[int, int], seconds: float, r
     device = "self_device_time_total" if busy else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=device, row_limit=OPERATORS, max_name_column_width=70)
     record = {"steps": list(steps), "rank": 0, "seconds": round(seconds, 3), "gpu_busy": None, "gpu_kinds": None,
-              "summary": f"{runfolder.PROFILE}/{SUMMARY}", "traces": f"{runfolder.PROFILE}/trace-rank*.json.gz"}
+              "summary": f"{runfolder.PROFILE}/{runfolder.PROFILE_SUMMARY}", "traces": f"{runfolder.PROFILE}/trace-rank*.json.gz"}
     if busy:  # shares of the profiled span
         record["gpu_busy"] = round(busy["busy_us"] / busy["span_us"], 4)
         record["gpu_kinds"] = {kind: round(us / busy["span_us"], 4) for kind, us in busy["kinds"].items()}
-    runfolder.write(folder, SUMMARY, summary(record, world_size, table))
+    runfolder.write(folder, runfolder.PROFILE_SUMMARY, summary(record, world_size, table))
     log.info("profile of steps %d-%d: %s; %s", *steps, headline(record), record["summary"])
     return record
-
-
-def gpu_time(trace: dict[str, Any]) -> dict[str, Any] | None:
-    """From a Chrome trace as torch.profiler writes it: the span of everything recorded, the time at least one GPU
-    kernel (or copy) ran within it, each kernel counted once where streams overlap, and each kind's kernel time,
-    all in µs. None when no GPU work was recorded (CPU)."""
-    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"
-              and isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur"), (int, float))]
-    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    if not gpu:
-        return None
-    span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
-    busy, end = 0.0, float("-inf")
-    for e in sorted(gpu, key=lambda e: e["ts"]):  # the union of the kernels' intervals
-        start, stop = e["ts"], e["ts"] + e["dur"]
-        busy += max(0.0, stop - max(start, end))
-        end = max(end, stop)
-    kinds: dict[str, float] = {}
-    for e in gpu:
-        kind = kernel_kind(str(e.get("name", "")), e.get("cat") != "kernel")
-        kinds[kind] = kinds.get(kind, 0.0) + e["dur"]
-    return {"span_us": max(span, 1e-9), "busy_us": busy, "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]))}
-
-
-def kernel_kind(name: str, copy: bool = False) -> str:
-    """What a GPU kernel does, told from its name (KINDS)."""
-    if copy:
-        return "memory copies"
-    low = name.lower()
-    return next((kind for kind, words in KINDS if any(w in low for w in words)), OTHER)
 
 
 def headline(record: dict[str, Any]) -> str:

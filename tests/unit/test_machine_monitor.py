@@ -124,6 +124,44 @@ def test_watch_records_warns_live_and_plots(tmp_path, capfd):
     assert monitor.read_losses(tmp_path)["eval_loss"] == [(20, 2.1)]
 
 
+def _profiled_run(run, trace: bytes) -> dict:
+    """A run whose rank 0 left `trace` (gzip'd bytes) in profile/, watched on the recorded balanced GPUs."""
+    (run / runfolder.PROFILE).mkdir(parents=True)
+    (run / runfolder.PROFILE / "trace-rank0.json.gz").write_bytes(trace)
+    with monitor.watch(run, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")) as mon:
+        while len(mon.samples) < 90:
+            time.sleep(0.01)
+    return json.loads((run / runfolder.MONITOR_VERDICT).read_text())
+
+
+def test_a_gpu_profile_gets_a_timeline_of_its_kernels_and_a_broken_one_costs_only_that_plot(tmp_path, capfd):
+    """The trace is the format torch.profiler writes on a GPU (Kineto's `kernel` and `gpu_memcpy` events), made here
+    since this machine has none."""
+    import gzip
+
+    kernels = [{"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": 90.0, "tid": stream}
+               for ts, name, stream in ((0.0, "nvjet_tst_gemm", 7), (100.0, "flash_fwd_kernel", 7),
+                                        (50.0, "ncclDevKernel_AllReduce", 20), (300.0, "elementwise", 7))]
+    trace = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 400.0}, *kernels,
+                             {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 200.0, "dur": 10.0, "tid": 7}]}
+    v = _profiled_run(tmp_path / "gpu", gzip.compress(json.dumps(trace).encode()))
+    assert v["plots"] == ["gpu.png", "profile/timeline.png"] and _is_png(tmp_path / "gpu" / "profile" / "timeline.png")
+    rows = monitor.kernels.timeline(trace)
+    assert list(rows) == ["stream 20 / all kernels", "stream 20 / communication", "stream 7 / all kernels",
+                          "stream 7 / attention", "stream 7 / matmul", "stream 7 / memory copies",
+                          "stream 7 / other kernels"]
+    assert rows["stream 7 / attention"] == [(0.1, 0.09)]  # ms from the first kernel
+    assert len(rows["stream 7 / all kernels"]) == 4  # the stream's every kernel and copy: its gaps are its waits
+    # a CPU run's trace has no kernels: no timeline, nothing said
+    cpu = {"traceEvents": trace["traceEvents"][:1]}
+    assert _profiled_run(tmp_path / "cpu", gzip.compress(json.dumps(cpu).encode()))["plots"] == ["gpu.png"]
+    assert "timeline" not in capfd.readouterr().err
+    # what is not a gzip'd JSON trace: said, and the verdict and the other plots are there all the same
+    for name, garbage in (("text", b"not a trace"), ("deep", gzip.compress(b"[" * 100000))):
+        assert _profiled_run(tmp_path / name, garbage)["plots"] == ["gpu.png"]
+        assert "no profile timeline" in capfd.readouterr().err and not (tmp_path / name / "profile" / "timeline.png").exists()
+
+
 def test_watch_never_fails_the_run(tmp_path, capfd):
     class Broken:
         kind = "gpu"

@@ -11,10 +11,11 @@ import json
 import pytest
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.kernels import gpu_time, kernel_kind
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import resolve_settings
 from dockyard.launch.preflight import check_overrides
-from dockyard.train.profiler import gpu_time, kernel_kind, write
+from dockyard.train.profiler import write
 
 
 @pytest.mark.parametrize("given, steps", [(5, (5, 5)), ("5", (5, 5)), ("20-22", (20, 22)), (" 3 - 12 ", (3, 12))])

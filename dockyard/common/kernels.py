@@ -1,0 +1,81 @@
+"""GPU kernels in a torch.profiler trace (Chrome trace format, as Kineto writes it: `kernel`, `gpu_memcpy` and
+`gpu_memset` events with `ts` and `dur` in µs, `tid` the CUDA stream): how long the GPU was busy, with what kind
+of work, and when. Read by the trainer (profile_steps' summary, dockyard.train.profiler) and by the host (the
+profile's timeline plot, dockyard.launch.monitor). Torch-free."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+# Kinds of GPU kernel, told from their names (a heuristic: cuBLAS, CUTLASS, FlashAttention and NCCL name their
+# kernels so), first match wins; the rest are elementwise work, norms, activations, losses, reductions.
+KINDS = (("communication", ("nccl",)),
+         ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),  # before matmul: fmha_cutlass..., cuDNN's
+         ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "cublas", "xmma", "matmul", "splitk")),
+         ("optimizer", ("multi_tensor_apply", "adam")),
+         ("memory copies", ("memcpy", "memset")))
+OTHER = "other kernels"
+
+
+def gpu_events(trace: Any) -> list[dict[str, Any]]:
+    """The trace's GPU kernels and copies that have a start and a duration (anything else in it is skipped: a
+    trace may come from anywhere)."""
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    return [e for e in events or [] if isinstance(e, dict) and e.get("cat") in GPU_EVENTS and _timed(e)]
+
+
+def _timed(e: dict[str, Any]) -> bool:
+    return all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool) for k in ("ts", "dur"))
+
+
+def gpu_time(trace: Any) -> dict[str, Any] | None:
+    """The span of everything the trace recorded, the time at least one GPU kernel (or copy) ran within it, each
+    counted once where streams overlap, and each kind's kernel time, all in µs. None when no GPU work was recorded
+    (a CPU run)."""
+    gpu = gpu_events(trace)
+    if not gpu:
+        return None
+    timed = [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and _timed(e)]
+    span = max(e["ts"] + e["dur"] for e in timed + gpu) - min(e["ts"] for e in timed + gpu)
+    busy, end = 0.0, float("-inf")
+    for e in sorted(gpu, key=lambda e: e["ts"]):  # the union of the kernels' intervals
+        start, stop = e["ts"], e["ts"] + e["dur"]
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    kinds: dict[str, float] = {}
+    for e in gpu:
+        kinds[event_kind(e)] = kinds.get(event_kind(e), 0.0) + e["dur"]
+    return {"span_us": max(span, 1e-9), "busy_us": busy, "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]))}
+
+
+ALL = "all kernels"
+
+
+def timeline(trace: Any) -> dict[str, list[tuple[float, float]]]:
+    """Each CUDA stream's kernels as (start, duration) in ms from the first GPU event: all of them (the gaps are
+    the stream waiting), then each kind's, in KINDS' order: {"stream 7 / all kernels": [...], "stream 7 /
+    matmul": [...], ...}; empty without GPU work."""
+    gpu = gpu_events(trace)
+    if not gpu:
+        return {}
+    t0 = min(e["ts"] for e in gpu)
+    order = [ALL] + [kind for kind, _ in KINDS] + [OTHER]
+    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        stream, at = str(e.get("tid"))[:12], ((e["ts"] - t0) / 1000, e["dur"] / 1000)
+        for kind in (ALL, event_kind(e)):
+            rows.setdefault((stream, order.index(kind)), []).append(at)
+    return {f"stream {stream} / {order[i]}": rows[stream, i] for stream, i in sorted(rows)}
+
+
+def event_kind(e: dict[str, Any]) -> str:
+    return kernel_kind(str(e.get("name", "")), e.get("cat") != "kernel")
+
+
+def kernel_kind(name: str, copy: bool = False) -> str:
+    """What a GPU kernel does, told from its name (KINDS)."""
+    if copy:
+        return "memory copies"
+    low = name.lower()
+    return next((kind for kind, words in KINDS if any(w in low for w in words)), OTHER)
