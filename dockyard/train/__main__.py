@@ -514,16 +514,16 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     tokens = TokenCount()
     metrics = MetricsLog(run.opts.run_dir / METRICS, run.is_main, run.started, tokens, *flops_and_peak(p),
                          profiled=p.settings.profiled)
-    # the profiler before the metrics: its writing, once the last profiled step ends, falls in a window left out
     profile = ([StepProfiler(run.opts.run_dir, p.settings.profiled, p.args.process_index, run.world_size)]
                if p.settings.profiled else [])
     try:
+        # publish first: saves are timed to the end; the profiler before the metrics: what it writes once the last
+        # profiled step ends falls in a window the steady state leaves out
         trainer = CountingTrainer(model=p.model, args=p.args, train_dataset=p.examples,
                                   eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
                                   data_collator=(data.collate_packed() if p.padding_free
                                                  else data.collate(p.tokenizer.pad_token_id)),
-                                  callbacks=[check, PublishCheckpoint(), *profile, metrics])  # publish first: saves
-        # timed to the end
+                                  callbacks=[check, PublishCheckpoint(), *profile, metrics])
     except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)
         raise DockyardError(f"invalid training settings: {' '.join(str(e).split())}") from None
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
