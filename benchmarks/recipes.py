@@ -44,12 +44,11 @@ import torch
 
 from benchmarks import report
 from dockyard import ROOT, engine
-from dockyard.common import memory
+from dockyard.common import memory, runfolder
 from dockyard.common.recipes import recipe_names
-from dockyard.common.run_settings import DATA, TINY_MODEL, profile_range
+from dockyard.common.run_settings import DATA, TINY_MODEL, WARMUP_STEPS, profile_range
 from dockyard.common.units import GIB
 from dockyard.train import mfu
-from dockyard.train.callbacks import WARMUP_STEPS
 
 RECIPES = recipe_names()  # every recipe folder, in the registry's order
 TEMP_PREFIX = "dockyard-bench-"  # the work folder's: what a killed call left, benchmarks/gpu_check.sh removes
@@ -292,7 +291,7 @@ def run_recipe(name: str, work: Path, nproc: int, model: Path, data: Path, steps
                         "--max_seq_length", str(seq), "--logging_steps", "5", "--save_strategy", "no", *fixed,
                         *extra)
         m = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").exists() else {}
-        summary = run / "profile" / "summary.txt"
+        summary = run / runfolder.PROFILE / runfolder.PROFILE_SUMMARY
         if profiles and summary.is_file():
             with open(profiles[0], "a") as f:
                 f.write(f"## {profiles[1]}\n\n{summary.read_text()}\n")

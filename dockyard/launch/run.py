@@ -436,7 +436,7 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
         busy = (f"GPU busy {m.profile.gpu_busy:.0%} of it, by kind of kernel" if m.profile.gpu_busy is not None
                 else "CPU operators only")
         print(f"  profile of steps {m.profile.steps[0]}-{m.profile.steps[1]}: {busy} in "
-              f"{run_dir / runfolder.PROFILE / 'summary.txt'}")
+              f"{run_dir / runfolder.PROFILE / runfolder.PROFILE_SUMMARY}")
     if diverged is not None:
         print(f"  warning: the loss became non-finite at step {diverged}: the run diverged (the model it saved is not "
               "usable); lower --learning_rate (and keep --max_grad_norm above 0)")
