@@ -126,7 +126,8 @@ def summary(record: dict[str, Any], world_size: int, table: str) -> str:
     else:
         lines += [f"GPU busy: {record['gpu_busy']:.1%} of the profiled time (at least one kernel or copy running; "
                   "kernels that overlap on other streams counted once). Idle time is the GPU waiting on the host: "
-                  "data loading, Python and kernel launches, synchronisations, or communication it cannot overlap.",
+                  "data loading, Python and kernel launches, synchronisations. A rank waiting for the others in a "
+                  "collective is busy in NCCL's kernels (communication below).",
                   "Kernel time by kind, as a share of the profiled time (kinds overlap where streams run side by "
                   "side; told from the kernels' names):"]
         lines += [f"  {kind:<15} {share:6.1%}" for kind, share in record["gpu_kinds"].items()]
