@@ -87,7 +87,7 @@ def main() -> None:
     if steps <= WARMUP_STEPS + 2:
         sys.exit(f"--steps must be over {WARMUP_STEPS + 2}: the first {WARMUP_STEPS} are warm-up")
     profiles = opts.out.with_name(f"{opts.out.stem}-profiles.txt") if opts.profile else None
-    if opts.profile and int(opts.profile.split("-")[1]) > steps:
+    if opts.profile and profile_range(opts.profile)[1] > steps:
         sys.exit(f"--profile {opts.profile}: past the runs' last step (--steps {steps}): profile steps within them")
     if profiles:
         profiles.parent.mkdir(parents=True, exist_ok=True)

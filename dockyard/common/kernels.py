@@ -45,7 +45,8 @@ def gpu_time(trace: Any) -> dict[str, Any] | None:
         end = max(end, stop)
     kinds: dict[str, float] = {}
     for e in gpu:
-        kinds[event_kind(e)] = kinds.get(event_kind(e), 0.0) + e["dur"]
+        kind = event_kind(e)
+        kinds[kind] = kinds.get(kind, 0.0) + e["dur"]
     return {"span_us": max(span, 1e-9), "busy_us": busy, "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]))}
 
 

@@ -192,8 +192,9 @@ def verdict(samples: list[dict], kind: str) -> dict:
     else:
         message, causes = f"balanced: {means}", []
         training = [d["util"] for s in active for d in s["devices"] if d["util"] is not None]
-        if kind == "gpu" and len(active) >= MIN_ACTIVE and sum(training) / len(training) < WAITING:
-            causes = [f"While training, a GPU ran a kernel {sum(training) / len(training):.0f}% of the time on average: "
+        while_training = sum(training) / len(training) if training else 100.0
+        if kind == "gpu" and len(active) >= MIN_ACTIVE and while_training < WAITING:
+            causes = [f"While training, a GPU ran a kernel {while_training:.0f}% of the time on average: "
                       "the rest it waited (on data, the host, communication). `-- --profile_steps 20-22` profiles "
                       "those steps and says on what (docs/training.md, Profiling a few steps)."]
     return {"kind": kind, "devices": len(devices), "samples": len(samples), "seconds": round(seconds, 1),
@@ -429,7 +430,6 @@ class Monitor:
         runfolder.write(self.run_dir, self.name(runfolder.MONITOR_VERDICT), json.dumps(v, indent=2) + "\n")
         _say(" ".join([v["message"] + ".", *v["causes"]]), "yellow" if v["unbalanced"] or v["idle_whole_run"] else "green")
         return v
-
 
     def _profile_timeline(self) -> str | None:
         """profile/timeline.png from rank 0's trace when the run profiled GPU steps; its path in the run folder."""

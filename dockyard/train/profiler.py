@@ -27,8 +27,7 @@ log = logging.getLogger("dockyard.train")
 OPERATORS = 25  # rows of the summary's operator table
 
 
-
-def trace_name(rank: int) -> str:
+def trace_name(rank: int | str) -> str:
     return runfolder.PROFILE_TRACE.format(rank)
 
 
@@ -101,7 +100,7 @@ def write(profiler: Any, folder: Path, steps: tuple[int, int], seconds: float, r
     device = "self_device_time_total" if busy else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=device, row_limit=OPERATORS, max_name_column_width=70)
     record = {"steps": list(steps), "rank": 0, "seconds": round(seconds, 3), "gpu_busy": None, "gpu_kinds": None,
-              "summary": f"{runfolder.PROFILE}/{runfolder.PROFILE_SUMMARY}", "traces": f"{runfolder.PROFILE}/trace-rank*.json.gz"}
+              "summary": f"{runfolder.PROFILE}/{runfolder.PROFILE_SUMMARY}", "traces": f"{runfolder.PROFILE}/{trace_name('*')}"}
     if busy:  # shares of the profiled span
         record["gpu_busy"] = round(busy["busy_us"] / busy["span_us"], 4)
         record["gpu_kinds"] = {kind: round(us / busy["span_us"], 4) for kind, us in busy["kinds"].items()}
