@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import select
 import shlex
 import socket
+import subprocess
+from collections.abc import Callable
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
@@ -30,7 +33,7 @@ def diagnose(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
     image = _image(settings)
     address = ssh_hostname(settings, r.host)
     checks = [check_route(address)]
-    checks.append(check_port(address, port))
+    checks.append(check_port(address, port, lambda: listen_there(settings, r, image, address, port)))
     try:
         facts = peer_facts(settings, r, image)
     except DockyardError as e:  # ssh itself failed: the report goes on, with ssh's reason
@@ -93,18 +96,101 @@ def check_route(address: str) -> Check:
                                      f"(invoke run uses it for NCCL/gloo; --iface to choose another)")
 
 
-def check_port(address: str, port: int) -> Check:
-    """A refused connection is an answer (nothing listens until node 0 starts); silence is a firewall."""
+def check_port(address: str, port: int, probe: Callable[[], str] | None = None) -> Check:
+    """Whether this node reaches node 0's rendezvous port. Silence is a firewall that drops. A refusal is normal
+    before node 0 starts `invoke run`, but a firewall that rejects refuses too: `probe` then opens a listener on
+    the peer for a moment and connects again (listen_there), which tells the two apart."""
+    refused = connect(address, port)
+    if refused is None:
+        return Check("rendezvous port", PASS, f"{address}:{port} accepts connections (a run is listening)")
+    if refused != "refused":
+        return Check("rendezvous port", FAIL, f"{address}:{port}: {refused} within {CONNECT_TIMEOUT} s",
+                     f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo")
+    said = probe() if probe else ""
+    if said == "reached":
+        return Check("rendezvous port", PASS, f"{address}:{port} answers; nothing listens yet (normal until node 0 "
+                                              "starts `invoke run`), and a listener doctor opened there for a "
+                                              "moment was reached from here")
+    if said == "refused":
+        return Check("rendezvous port", FAIL, f"{address}:{port} refused the connection even while a listener was "
+                                              "open there: a firewall rejects it",
+                     f"open TCP {port} on node 0 (a REJECT rule refuses it as if nothing listened), and TCP between "
+                     "the nodes for NCCL/gloo")
+    if said.startswith("dropped"):
+        return Check("rendezvous port", FAIL, f"{address}:{port}: no answer while a listener was open there",
+                     f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo")
+    return Check("rendezvous port", PASS, f"{address}:{port} answers; nothing listens yet (normal until node 0 "
+                                          "starts `invoke run`)" + (f"; whether a firewall rejects it is not known: "
+                                                                    f"{said}" if said else ""))
+
+
+def connect(address: str, port: int) -> str | None:
+    """None when a connection is made; "refused", or why not."""
     try:
         with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT):
-            return Check("rendezvous port", PASS, f"{address}:{port} accepts connections (a run is listening)")
+            return None
     except ConnectionRefusedError:
-        return Check("rendezvous port", PASS, f"{address}:{port} answers; nothing listens yet (normal until node 0 "
-                                              "starts `invoke run`)")
+        return "refused"
     except OSError as e:
-        why = "no answer" if isinstance(e, TimeoutError) or e.errno == errno.ETIMEDOUT else str(e)
-        return Check("rendezvous port", FAIL, f"{address}:{port}: {why} within {CONNECT_TIMEOUT} s",
-                     f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo")
+        return "no answer" if isinstance(e, TimeoutError) or e.errno == errno.ETIMEDOUT else str(e)
+
+
+# Listens on every address of the peer at the port given and says so; then waits for one connection, at most a few
+# seconds, and less once its stdin closes (doctor is done): node 0's rendezvous port is not held longer than needed.
+LISTENER = """
+import os, select, socket, sys
+port = int(sys.argv[1])
+try:
+    if socket.has_dualstack_ipv6():
+        s = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    else:
+        s = socket.create_server(("", port))
+except OSError as e:
+    print("taken", os.strerror(e.errno or 0), flush=True)
+    sys.exit()
+print("listening", flush=True)
+select.select([s, sys.stdin], [], [], %d)
+"""
+LISTEN_WAIT = 30  # seconds for ssh to log in and the listener to start (in a container: a few more)
+
+
+def listen_there(settings: Settings, r: remote.Remote, image: str, address: str, port: int) -> str:
+    """Open a listener on the peer at `port` for a moment (its python3, else the image's, on the host's network)
+    and connect to it from here: "reached", "refused" (a firewall rejects), "dropped ..." (a firewall drops), or
+    why it could not be told."""
+    code = shlex.quote(LISTENER % (CONNECT_TIMEOUT * 3))
+    script = (f"if command -v python3 >/dev/null 2>&1; then exec python3 -c {code} {port}; fi\n"
+              f"if docker image inspect {shlex.quote(image)} >/dev/null 2>&1; then exec docker run --rm -i --network "
+              f"host --entrypoint python3 {shlex.quote(image)} -c {code} {port}; fi\n"
+              "echo none\n")
+    try:
+        p = subprocess.Popen(remote.ssh_argv(settings, r, script), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    except OSError as e:
+        return f"ssh could not start ({e.strerror or e})"
+    try:
+        said, _, why = _line(p, LISTEN_WAIT).partition(" ")
+        if said == "listening":
+            refused = connect(address, port)
+            return "reached" if refused is None else refused if refused == "refused" else f"dropped ({refused})"
+        if said == "taken":
+            return f"port {port} is taken there ({why})"
+        if said == "none":
+            return "the peer has neither python3 nor the image to listen with"
+        return "no listener could be opened there"
+    finally:
+        p.stdin.close()  # the listener stops at once
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _line(p: subprocess.Popen, timeout: float) -> str:
+    """The first line the process prints within `timeout` seconds, stripped; "" when none."""
+    ready, _, _ = select.select([p.stdout], [], [], timeout)
+    return p.stdout.readline().strip() if ready else ""
 
 
 def peer_facts(settings: Settings, r: remote.Remote, image: str) -> dict[str, str] | None:

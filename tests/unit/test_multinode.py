@@ -4,6 +4,7 @@ which checkpoint a resume after a node failure may trust. Nothing is run; no net
 import json
 import os
 import re
+import time
 
 import pytest
 
@@ -458,3 +459,53 @@ def test_doctor_peer_reaches_the_ssh_port_and_the_ipv6_address_it_was_given(sett
         assert peer.parse_peer(given).host == given.replace("[", "").replace("]", "")
     by_name = {c.name: c for c in peer.diagnose(batch, "::1", port)}
     assert "::1 is a loopback address" in by_name["peer route"].detail  # the address given, not "cannot resolve ''"
+
+
+def _ssh_here(tmp_path):
+    """A stand-in for ssh that runs the remote command on this machine (the peer is this host): the `ssh` setting
+    names it. tests/integration/test_multinode.py does the same through real ssh to a second node."""
+    fake = tmp_path / "ssh-here"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh -c "$1"\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_a_moment(settings, tmp_path):
+    """A refused rendezvous port passed whatever refused it: before node 0 starts nothing listens, but a firewall
+    that rejects refuses the same way. doctor now opens a listener on the peer at that port and connects again;
+    here nothing is in the way, and the port is free again at once."""
+    import socket
+
+    from dockyard.machine import peer
+    from dockyard.transport import remote
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    here = settings.model_copy(update={"ssh": _ssh_here(tmp_path)})
+    r = remote.Remote("peer")
+    started = time.monotonic()
+    check = peer.check_port("127.0.0.1", port, lambda: peer.listen_there(here, r, "no-such-image", "127.0.0.1", port))
+    took = time.monotonic() - started
+    assert check.status == "pass" and "nothing listens yet" in check.detail and "was reached from here" in check.detail
+    assert took < peer.CONNECT_TIMEOUT, f"the listener was waited for after it was reached: {took:.1f} s"
+    with socket.socket() as s:  # the listener is gone: the port is free for node 0's run
+        s.bind(("", port))
+
+
+def test_doctor_peer_says_when_the_port_is_taken_there_and_a_refusal_cannot_be_told(settings, tmp_path):
+    import socket
+
+    from dockyard.machine import peer
+    from dockyard.transport import remote
+
+    with socket.socket() as holder:  # bound, not listening: connections are refused, and the port is in use
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        here = settings.model_copy(update={"ssh": _ssh_here(tmp_path)})
+        check = peer.check_port("127.0.0.1", port,
+                                lambda: peer.listen_there(here, remote.Remote("peer"), "x", "127.0.0.1", port))
+    assert check.status == "pass" and "nothing listens yet" in check.detail
+    assert f"whether a firewall rejects it is not known: port {port} is taken there (Address already in use)" \
+        in check.detail
+
