@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn
@@ -66,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     signal.signal(signal.SIGTERM, _stopped)
     checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
+    # DeepSpeed's ZeRO gathers with the collective torch >= 2.13 calls deprecated: every rank warned of it at its first
+    # step and at every save, about a call the user cannot change
+    warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
+                            category=FutureWarning)
 
     nodes.pin_interface()  # before torch.distributed starts
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
