@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     # step and at every save, about a call the user cannot change
     warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
                             category=FutureWarning)
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # loading and saving weights: one progress bar per node, not per GPU
+        transformers.utils.logging.disable_progress_bar()
 
     nodes.pin_interface()  # before torch.distributed starts
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
