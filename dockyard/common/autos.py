@@ -156,8 +156,9 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         raise DockyardError("use_liger_kernel true needs liger-kernel, which this environment lacks (the CUDA images "
                             "pin it); set it to auto or false")
     if use_liger is True and pays:
-        raise DockyardError("use_liger_kernel and torch_compile do not work together (Liger's kernels fail under "
-                            "torch.compile): turn one of them off")
+        raise DockyardError("use_liger_kernel and torch_compile do not work together (under torch.compile Liger's "
+                            "kernels fail, or its fused loss comes out wrong where labels are masked): turn one of "
+                            "them off")
 
     def compiled(ckpt: bool) -> bool:  # the auto compiles only without checkpointing (COMPILE_CHECKPOINTED)
         return pays and (compile_ is True or not ckpt)
@@ -221,7 +222,7 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     if device is None:
         why = "CPU: off as before"
     elif liger_set:
-        why = "use_liger_kernel is set true, and Liger's kernels fail under torch.compile"
+        why = "use_liger_kernel is set true, and Liger's kernels fail under torch.compile (or give a wrong loss)"
     elif isinstance(gain, str):
         why = gain
     elif device.capability < COMPILE_MIN_CAPABILITY:
@@ -256,7 +257,7 @@ def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind
     if kind not in liger:
         return f"Liger has no kernels for model type {kind or '(none)'!r}"
     if compiled:
-        return "torch_compile is on, and Liger's kernels fail under torch.compile"
+        return "torch_compile is on, and Liger's kernels fail under torch.compile (or give a wrong loss)"
     if recipe.strategy_spec.zero_stage == 3 or recipe.strategy_spec.engine == "fsdp":
         return ("its fused loss reads the output layer's weight directly, which ZeRO-3 and FSDP keep sharded "
                 "outside that layer's own forward")
