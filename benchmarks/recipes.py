@@ -235,7 +235,8 @@ def env(caches: Path) -> dict[str, str]:
 
 
 def torchrun(nproc: int, caches: Path, *argv: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *argv]
+    # the launcher every run of the images starts (it shares the node's cores between the processes, as users get)
+    cmd = [sys.executable, "-m", "dockyard.train.torchrun", "--standalone", "--nproc-per-node", str(nproc), *argv]
     try:
         return engine.run(cmd, cwd=ROOT, env=env(caches), capture=True, check=False, quiet=True)
     finally:

@@ -240,8 +240,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              liger=environment.liger_kinds())
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
-    log.info("recipe %s (%s) with %d process(es); settings %s", recipe.name, recipe.strategy, args.world_size,
-             settings.model_dump())
+    log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each; settings %s", recipe.name, recipe.strategy,
+             args.world_size, torch.get_num_threads(), settings.model_dump())
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))
     tokenizer = models.load_tokenizer(model_dir)

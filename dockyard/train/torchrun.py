@@ -14,12 +14,17 @@ every rank waited in init_process_group for ever. Here each rendezvous round sta
 each attempt meets in an empty one, still held by the agent (it outlives the workers: the nodes' heartbeat watches
 it, dockyard.train.nodes). A torch without those fields gets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 instead (the
 store is then held by the first worker).
+
+And it gives each worker its share of the node's CPU cores (OMP_NUM_THREADS, where not set): torchrun sets 1 for
+every worker (and prints four lines asking to tune it), which left DeepSpeed's CPU Adam, the optimizer step of the
+offload recipes, on one core per GPU however many the node has.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import main as torchrun
 
     fresh_store_per_attempt()
+    share_cpu_cores(sys.argv[1:] if argv is None else argv)
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -56,6 +62,50 @@ def fresh_store_per_attempt() -> None:
 
     next_rendezvous.fresh_store_per_attempt = True
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous
+
+
+def share_cpu_cores(argv: list[str]) -> None:
+    """OMP_NUM_THREADS for the workers, unless set: this node's usable cores shared out between its processes."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    from torch.distributed.run import determine_local_world_size, get_args_parser
+
+    try:
+        nproc = determine_local_world_size(get_args_parser().parse_known_args(argv)[0].nproc_per_node)
+    except (ValueError, SystemExit):  # torchrun itself says what is wrong with its arguments
+        return
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // max(1, nproc)))
+
+
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The physical cores this process may use: its CPU affinity, less hyperthreads' siblings (AVX work such as CPU
+    Adam gains nothing from them), within the container's CPU quota (cgroup v2 cpu.max, v1 cfs_quota_us) when
+    there is one, as Kubernetes' CPU limits and `docker run --cpus` set."""
+    logical = len(os.sched_getaffinity(0))
+    try:
+        import psutil
+
+        per_core = max(1, (psutil.cpu_count(logical=True) or 1) // (psutil.cpu_count(logical=False) or 1))
+    except Exception:  # noqa: BLE001 - psutil missing or unable to read the topology: count every CPU
+        per_core = 1
+    cores = max(1, logical // per_core)
+    quota = cpu_quota(cgroup)
+    return max(1, min(cores, int(quota))) if quota else cores
+
+
+def cpu_quota(cgroup: Path) -> float | None:
+    """CPUs' worth of time the cgroup may use (2.5 for "250000 100000"), or None without a limit."""
+    for quota_file, period_file in ((cgroup / "cpu.max", None),
+                                    (cgroup / "cpu" / "cpu.cfs_quota_us", cgroup / "cpu" / "cpu.cfs_period_us")):
+        try:
+            words = quota_file.read_text().split()
+            if period_file is not None:
+                words += period_file.read_text().split()
+            quota, period = float(words[0]), float(words[1])
+        except (OSError, ValueError, IndexError):  # absent, "max", unreadable
+            continue
+        return quota / period if quota > 0 and period > 0 else None
+    return None
 
 
 if __name__ == "__main__":

@@ -81,3 +81,57 @@ def test_restarted_workers_meet_in_a_store_of_their_own_not_their_dead_predecess
     done = sorted(re.findall(r"attempt (\d) rank (\d) done at (\d+) (True|False)", stdout))
     assert [(a, rank) for a, rank, _, _ in done] == [("3", "0"), ("3", "1")], stdout
     assert {agents for _, _, _, agents in done} == {"True"}, "the store is still the agent's"
+
+
+THREADS_WORKER = """
+import os, torch
+print(f"rank {os.environ['RANK']} threads {os.environ['OMP_NUM_THREADS']} torch {torch.get_num_threads()}", flush=True)
+"""
+
+
+def _threads(tmp_path, nproc: int, **env: str) -> tuple[set[str], str]:
+    (tmp_path / "worker.py").write_text(THREADS_WORKER)
+    p = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", f"--nproc-per-node={nproc}", "--standalone",
+                        "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **env})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return set(re.findall(r"threads (\d+) torch (\d+)", p.stdout)), p.stderr
+
+
+def test_each_worker_gets_its_share_of_the_nodes_cores_not_torchruns_one(tmp_path):
+    """torchrun gave every worker OMP_NUM_THREADS=1 (and four lines asking to tune it): DeepSpeed's CPU Adam, the
+    offload recipes' optimizer step, then ran on one core per GPU on nodes of dozens. The wrapper shares the cores
+    this process may use (affinity, hyperthreads and the cgroup's quota counted) between the node's workers; a value
+    the user set is kept. Real torchrun workers report what they got."""
+    from dockyard.train.torchrun import usable_cores
+
+    cores = usable_cores()
+    one, _ = _threads(tmp_path, 1)
+    assert one == {(str(cores), str(cores))}, one
+    two, said = _threads(tmp_path, 2)
+    share = str(max(1, cores // 2))
+    assert two == {(share, share)}, two
+    assert "Setting OMP_NUM_THREADS" not in said, said[-2000:]  # torchrun's banner, printed when it chose 1
+    kept, _ = _threads(tmp_path, 2, OMP_NUM_THREADS="3")
+    assert {env for env, _ in kept} == {"3"}, kept  # (torch itself uses no more threads than there are cores)
+
+
+def test_the_cores_usable_are_capped_by_the_containers_cpu_quota(tmp_path):
+    from dockyard.train.torchrun import cpu_quota, usable_cores
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    assert cpu_quota(v2) is None and usable_cores(v2) >= 1  # no cgroup files: no limit
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(v2) is None
+    (v2 / "cpu.max").write_text("150000 100000\n")  # docker run --cpus=1.5, a Kubernetes limit of 1500m
+    assert cpu_quota(v2) == 1.5 and usable_cores(v2) == 1
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(v1) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    assert cpu_quota(v1) == 1.0 and usable_cores(v1) == 1
+    (v2 / "cpu.max").write_text("garbage\n")
+    assert cpu_quota(v2) is None
