@@ -119,6 +119,8 @@ class MetricsLog(TrainerCallback):
             with runfolder.append(self.path.parent, self.path.name) as f:  # never through a planted link
                 f.write(line + "\n")
             log.info("%s", line)
+            if "loss" in logs:  # writing the window's line is training's time: a save or evaluation next starts here
+                self._mark = time.perf_counter()
 
     def on_evaluate(self, args, state, control, **kwargs):
         now = time.perf_counter()

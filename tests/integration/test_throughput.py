@@ -4,8 +4,11 @@
 Saving and evaluating are left out of a run's tokens/s. That is checked inside one run that saves a checkpoint
 after every second step and evaluates every tenth: its windows that held a save (or an evaluation) report the same
 tokens/s as the windows between them. The two kinds of window alternate every ~30 ms, so the host's noise (on
-this shared 2-core machine a step's time doubles or halves within a minute) falls on both alike: 0.98 to 1.04 in
-4 runs here, where counting the pauses would read those windows at about half the speed. Two runs side by side (one
+this shared 2-core machine a step's time doubles or halves within a minute) falls on both alike, where counting the
+pauses would read those windows at about half the speed. One bias was the trainer's: rank 0 writes each window's
+line after closing it, and a save or evaluation that followed counted the writing as its pause, so the windows after
+one read 1.05 to 1.07 here and 1.104 in a CI (failed at 10 %); now the writing is training's time in every window:
+0.94 to 0.99 in 6 runs (the step after a save may find the CPU's caches cold). Two runs side by side (one
 saving at every step, one never), as this test was before, met that noise without cancelling it, and more: the
 run that never paused trained faster while the other saved, 0.81 to 1.09 a pair (a CI failed at a median of 0.895
 of five), 0.98 to 1.03 for two runs that both never saved."""
@@ -45,7 +48,10 @@ def test_saving_and_evaluating_leave_the_reported_tokens_per_second_alone(tmp_pa
     # A save (and every fifth time an evaluation) follows each even step: the next window holds it.
     after = [windows[s] for s in windows if s > WARMUP_STEPS + 1 and s % 2 == 1]
     between = [windows[s] for s in windows if s > WARMUP_STEPS + 1 and s % 2 == 0]
-    assert abs(rate(after) / rate(between) - 1) < 0.10, (rate(after), rate(between))
+    ratio = rate(after) / rate(between)
+    print(f"windows after a save or an evaluation at {ratio:.3f}x the tokens/s of those between")
+    # Counted in, the pauses would read those windows at about half the speed; a step left out with them, at twice.
+    assert 0.85 < ratio < 1.15, (rate(after), rate(between))
     # What was left out is what the run spent saving and evaluating, and it was much: counted in, those windows
     # would read far below the others (the wall time between their lines, less their `seconds`)
     def wall(w: dict) -> float:
