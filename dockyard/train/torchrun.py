@@ -22,6 +22,8 @@ offload recipes, on one core per GPU however many the node has.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -71,8 +73,9 @@ def share_cpu_cores(argv: list[str]) -> None:
     from torch.distributed.run import determine_local_world_size, get_args_parser
 
     try:
-        nproc = determine_local_world_size(get_args_parser().parse_known_args(argv)[0].nproc_per_node)
-    except (ValueError, SystemExit):  # torchrun itself says what is wrong with its arguments
+        with contextlib.redirect_stderr(io.StringIO()):  # torchrun itself says what is wrong with its arguments, once
+            nproc = determine_local_world_size(get_args_parser().parse_known_args(argv)[0].nproc_per_node)
+    except (ValueError, SystemExit):
         return
     os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // max(1, nproc)))
 
