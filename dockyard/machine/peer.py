@@ -137,6 +137,7 @@ def connect(address: str, port: int) -> str | None:
 
 # Listens on every address of the peer at the port given and says so; then waits for one connection, at most a few
 # seconds, and less once its stdin closes (doctor is done): node 0's rendezvous port is not held longer than needed.
+# The connection is accepted and held until doctor closes it: one left in the queue as the listener exits is reset.
 LISTENER = """
 import os, select, socket, sys
 port = int(sys.argv[1])
@@ -149,7 +150,13 @@ except OSError as e:
     print("taken", os.strerror(e.errno or 0), flush=True)
     sys.exit()
 print("listening", flush=True)
-select.select([s, sys.stdin], [], [], %d)
+if s in select.select([s, sys.stdin], [], [], %d)[0]:
+    c = s.accept()[0]  # closed unaccepted, the connection would be reset before doctor's connect() returned
+    c.settimeout(5)
+    try:
+        c.recv(1)  # until doctor closes its end
+    except OSError:
+        pass
 """
 LISTEN_WAIT = 30  # seconds for ssh to log in and the listener to start (in a container: a few more)
 

@@ -487,7 +487,8 @@ def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_
     started = time.monotonic()
     check = peer.check_port("127.0.0.1", port, lambda: peer.listen_there(here, r, "no-such-image", "127.0.0.1", port))
     took = time.monotonic() - started
-    assert check.status == "pass" and "nothing listens yet" in check.detail and "was reached from here" in check.detail
+    assert check.status == "pass" and "nothing listens yet" in check.detail and "was reached from here" in check.detail, \
+        check
     assert took < peer.CONNECT_TIMEOUT, f"the listener was waited for after it was reached: {took:.1f} s"
     with socket.socket() as s:  # the listener is gone: the port is free for node 0's run
         s.bind(("", port))
