@@ -60,15 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=positive, default=5, help="timed steps per process (default 5)")
     ap.add_argument("--rounds", type=positive, default=3, help="fresh processes per setting (default 3)")
     opts = ap.parse_args(argv)
-    share = max(1, usable_cores() // opts.nproc)
+    cores = usable_cores()
+    share = max(1, cores // opts.nproc)
     settings = {"torchrun's default (1 thread)": 1, f"the launcher's share ({share} threads)": share}
     times: dict[str, list[float]] = {name: [] for name in settings}
     for _ in range(opts.rounds):
         for name, threads in settings.items():
             times[name] += step_times(threads, opts.params * 10**6, opts.steps)
-    base = statistics.median(times["torchrun's default (1 thread)"])
+    base = statistics.median(next(iter(times.values())))  # torchrun's default
     lines = report.header("CPU Adam: one thread per process against the launcher's share of the cores",
-                          f"{usable_cores()} usable physical cores, shared by {opts.nproc} process(es)",
+                          f"{cores} usable physical cores, shared by {opts.nproc} process(es)",
                           f"DeepSpeedCPUAdam.step on {opts.params}M fp32 parameters, median of {opts.steps} steps × "
                           f"{opts.rounds} fresh processes per setting, alternating")
     lines += ["| threads per process | step (s) | speed vs torchrun's default |", "|---|---|---|"]

@@ -103,25 +103,22 @@ def check_port(address: str, port: int, probe: Callable[[], str] | None = None) 
     refused = connect(address, port)
     if refused is None:
         return Check("rendezvous port", PASS, f"{address}:{port} accepts connections (a run is listening)")
+    dropped = f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo"
     if refused != "refused":
-        return Check("rendezvous port", FAIL, f"{address}:{port}: {refused} within {CONNECT_TIMEOUT} s",
-                     f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo")
+        return Check("rendezvous port", FAIL, f"{address}:{port}: {refused} within {CONNECT_TIMEOUT} s", dropped)
     said = probe() if probe else ""
+    idle = f"{address}:{port} answers; nothing listens yet (normal until node 0 starts `invoke run`)"
     if said == "reached":
-        return Check("rendezvous port", PASS, f"{address}:{port} answers; nothing listens yet (normal until node 0 "
-                                              "starts `invoke run`), and a listener doctor opened there for a "
-                                              "moment was reached from here")
+        return Check("rendezvous port", PASS, f"{idle}, and a listener doctor opened there for a moment was reached "
+                                              "from here")
     if said == "refused":
         return Check("rendezvous port", FAIL, f"{address}:{port} refused the connection even while a listener was "
                                               "open there: a firewall rejects it",
                      f"open TCP {port} on node 0 (a REJECT rule refuses it as if nothing listened), and TCP between "
                      "the nodes for NCCL/gloo")
     if said.startswith("dropped"):
-        return Check("rendezvous port", FAIL, f"{address}:{port}: no answer while a listener was open there",
-                     f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo")
-    return Check("rendezvous port", PASS, f"{address}:{port} answers; nothing listens yet (normal until node 0 "
-                                          "starts `invoke run`)" + (f"; whether a firewall rejects it is not known: "
-                                                                    f"{said}" if said else ""))
+        return Check("rendezvous port", FAIL, f"{address}:{port}: no answer while a listener was open there", dropped)
+    return Check("rendezvous port", PASS, idle + (f"; whether a firewall rejects it is not known: {said}" if said else ""))
 
 
 def connect(address: str, port: int) -> str | None:

@@ -1,5 +1,6 @@
 """Several nodes: the rendezvous each node gets, the refusals before anything starts, naming a lost node, and
-which checkpoint a resume after a node failure may trust. Nothing is run; no network is touched."""
+which checkpoint a resume after a node failure may trust. Nothing trains; the only network touched is loopback
+(doctor's peer checks: ssh refused there, and a listener opened and reached there)."""
 
 import json
 import os
