@@ -8,10 +8,11 @@
         to repay the compilation and checkpointing stays off (decided once checkpointing is);
     use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
     padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data;
-    packing: text documents joined end to end and cut into blocks of max_seq_length tokens.
+    packing: text documents joined end to end and cut into blocks of max_seq_length tokens;
+    numa_binding: each process on the cores of its GPU's NUMA node, where the GPUs hang off more than one.
 
 On CPU every auto is what the project did before: micro-batch 8, no accumulation, checkpointing for the adapter
-recipes only, no compilation, no Liger, padded batches, one example per text document. What each became is written
+recipes only, no compilation, no Liger, padded batches, one example per text document, no CPU binding. What each became is written
 into the manifest (`settings_resolved`, with the reason); any of them can be set instead (recipe file or
 `-- --key value`).
 Plain, torch-free functions over plain data, so that what the trainer runs and what `invoke plan` says are one
@@ -415,3 +416,61 @@ def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padd
         return False, "padding_free is set: its rows are packed already"
     return True, ("text documents joined end to end and cut into max_seq_length blocks: no padding, and no "
                   "document cut short")
+
+
+# --- NUMA binding (once the process knows its GPU) ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one process's GPU sits and the CPUs it may use there (read by dockyard.train.cpus)."""
+
+    gpu: int                      # the process's GPU (its local rank)
+    node: int                     # that GPU's NUMA node; -1 where the firmware does not say
+    nodes: int                    # NUMA nodes holding CPUs this process may use
+    cpus: frozenset[int]          # the CPUs of the GPU's node this process may use (its affinity within the node)
+    cores: int                    # physical cores among them (hyperthreads' siblings count once)
+    sharing: int                  # this node's processes whose GPU is on the same NUMA node (this one included)
+
+    @property
+    def threads(self) -> int:
+        """Each of the processes sharing the node's cores gets an equal part of them."""
+        return max(1, self.cores // max(1, self.sharing))
+
+
+def resolve_numa_binding(value: Any, device: Device | None, place: Placement | None) -> tuple[bool, str]:
+    """(on, why) for binding this process to the CPUs of its GPU's NUMA node (dockyard.train.cpus); `place` is
+    where its GPU sits, None where the host's NUMA topology is not readable."""
+    if value is False:
+        return False, SET
+    if value not in (True, AUTO):
+        raise DockyardError(f"numa_binding must be true, false or auto (got {value!r})")
+    why_not = ""
+    if device is None:
+        why_not = "CPU: no GPU to bind near"
+    elif place is None:
+        why_not = "this host's NUMA topology is not readable (/sys/devices/system/node)"
+    elif place.node < 0:
+        why_not = f"GPU {place.gpu}'s NUMA node is not known: its firmware does not say (sysfs reads -1)"
+    elif not place.cpus:
+        why_not = (f"this process may use none of NUMA node {place.node}'s CPUs, where its GPU {place.gpu} is: its "
+                   "CPU affinity (Slurm's, or the container's cpuset) holds it elsewhere")
+    elif value == AUTO and place.nodes < 2:
+        return False, "one NUMA node: every core is as near the GPUs as any other"
+    if why_not:
+        if value is True:
+            raise DockyardError(f"numa_binding true cannot bind: {why_not}; set it to auto or false")
+        return False, why_not
+    assert place is not None
+    return True, (f"GPU {place.gpu} is on NUMA node {place.node}: bound to its {place.cores} core(s) (CPUs "
+                  f"{cpu_ranges(place.cpus)}), shared by {place.sharing} process(es)")
+
+
+def cpu_ranges(cpus: frozenset[int]) -> str:
+    """{0, 1, 2, 5} as sysfs writes it: 0-2,5."""
+    out: list[str] = []
+    for cpu in sorted(cpus):
+        if out and cpu == int(out[-1].rpartition("-")[2]) + 1:
+            out[-1] = f"{out[-1].partition('-')[0]}-{cpu}"
+        else:
+            out.append(str(cpu))
+    return ",".join(out)

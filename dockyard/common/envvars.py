@@ -8,6 +8,8 @@ VARIANT = "DOCKYARD_VARIANT"            # its variant (manifest: variant; "nativ
 HOST_PATHS = "DOCKYARD_HOST_PATHS"      # JSON {path inside: host path} of the mounted inputs (manifest: inputs)
 NODE_RANK = "DOCKYARD_NODE_RANK"        # the node's rank as the user numbered it (--node-rank, SLURM_NODEID, ...)
 RENDEZVOUS = "DOCKYARD_RENDEZVOUS"      # JSON: how the nodes found each other (endpoint, id, join timeout, ...)
+CPU_SHARE = "DOCKYARD_CPU_SHARE"        # the OMP_NUM_THREADS the image's torchrun gave each process (the trainer
+                                        # shares its NUMA node's cores out instead where it binds to them)
 JOIN_TIMEOUT = 120  # its join_timeout where none is given: seconds node 0 waits for the others (torchrun's: 600)
 
 # user → trainer or host

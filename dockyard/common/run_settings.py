@@ -70,6 +70,7 @@ class RunSettings(BaseModel):
     global_batch: Annotated[StrictInt, Field(ge=1, le=MAX_EXAMPLES)] | Literal["auto"] = "auto"
     padding_free: StrictBool | Literal["auto"] = "auto"  # instruction/chat examples packed into one row per batch
     packing: StrictBool | Literal["auto"] = "auto"  # text documents joined and cut into max_seq_length blocks
+    numa_binding: StrictBool | Literal["auto"] = "auto"  # each process on its GPU's NUMA node's cores
     profile_steps: str = ""  # "A-B" (or "N"): torch.profiler over those steps (dockyard.train.profiler)
 
     @field_validator("profile_steps", mode="before")

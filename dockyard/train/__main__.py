@@ -46,7 +46,7 @@ from dockyard.common.run_settings import (
     resolve_settings,
 )
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
-from dockyard.train import checkpoints, data, environment, guards, manifest, mfu, nodes, precision, strategy
+from dockyard.train import checkpoints, cpus, data, environment, guards, manifest, mfu, nodes, precision, strategy
 from dockyard.train import model as models
 
 # Imported inside functions, on purpose: transformers' Trainer, TrainingArguments and our callbacks (subclasses of its
@@ -240,8 +240,11 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              liger=environment.liger_kinds())
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
-    log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each; settings %s", recipe.name, recipe.strategy,
-             args.world_size, torch.get_num_threads(), settings.model_dump())
+    bound, why = cpus.bind_near_gpu(settings.numa_binding, device)  # before the model and the data loader's workers
+    run.record.settings_resolved["numa_binding"] = {"value": bound, "why": why}
+    log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each%s; settings %s", recipe.name,
+             recipe.strategy, args.world_size, torch.get_num_threads(), f" (NUMA: {why})" if bound else "",
+             settings.model_dump())
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))
     tokenizer = models.load_tokenizer(model_dir)

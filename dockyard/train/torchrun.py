@@ -28,6 +28,8 @@ import os
 import sys
 from pathlib import Path
 
+from dockyard.common import envvars
+
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -77,7 +79,8 @@ def share_cpu_cores(argv: list[str]) -> None:
             nproc = determine_local_world_size(get_args_parser().parse_known_args(argv)[0].nproc_per_node)
     except (ValueError, SystemExit):
         return
-    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // max(1, nproc)))
+    share = str(max(1, usable_cores() // max(1, nproc)))
+    os.environ["OMP_NUM_THREADS"] = os.environ[envvars.CPU_SHARE] = share  # the trainer may re-share (train.cpus)
 
 
 def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

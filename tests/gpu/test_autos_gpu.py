@@ -4,6 +4,8 @@ micro-batch of the 944M benchmark model fits the GPU it was planned for (no out-
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,7 +17,16 @@ from tests.support.training import FAST, LORA_LR, chat_data, manifest, reload_lo
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")]
 GPUS = torch.cuda.device_count()
 AUTOS = ("global_batch", "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
-         "torch_compile", "use_liger_kernel", "padding_free", "packing")
+         "torch_compile", "use_liger_kernel", "padding_free", "packing", "numa_binding")
+
+
+def gpu0_numa_node() -> int | None:
+    """GPU 0's NUMA node where this host has several (sysfs, read here on its own), else None."""
+    nodes = [p for p in Path("/sys/devices/system/node").glob("node[0-9]*/cpulist") if p.read_text().strip()]
+    p = torch.cuda.get_device_properties(0)
+    numa = Path(f"/sys/bus/pci/devices/{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0/numa_node")
+    node = int(numa.read_text()) if numa.exists() else -1
+    return node if len(nodes) > 1 and node >= 0 else None
 
 
 def gpu_memory() -> int:
@@ -42,6 +53,10 @@ def test_every_auto_resolves_on_the_gpu_and_says_why(tmp_path, name):
     assert resolved["use_liger_kernel"]["value"] is False  # memory does not bind for the tiny model
     assert resolved["padding_free"]["value"] is False  # text data:
     assert resolved["packing"]["value"] is True and m["data"]["packed"] is True  # its documents joined into blocks
+    node = gpu0_numa_node()  # rank 0 (the manifest's) bound near its GPU where the host has NUMA nodes to choose from
+    assert resolved["numa_binding"]["value"] is (node is not None), resolved["numa_binding"]
+    if node is not None:
+        assert resolved["numa_binding"]["why"].startswith(f"GPU 0 is on NUMA node {node}: bound to its ")
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
 
 

@@ -85,7 +85,8 @@ def test_restarted_workers_meet_in_a_store_of_their_own_not_their_dead_predecess
 
 THREADS_WORKER = """
 import os, torch
-print(f"rank {os.environ['RANK']} threads {os.environ['OMP_NUM_THREADS']} torch {torch.get_num_threads()}", flush=True)
+print(f"rank {os.environ['RANK']} threads {os.environ['OMP_NUM_THREADS']} torch {torch.get_num_threads()} "
+      f"share {os.environ.get('DOCKYARD_CPU_SHARE', '-')}", flush=True)
 """
 
 
@@ -95,7 +96,7 @@ def _threads(tmp_path, nproc: int, **env: str) -> tuple[set[str], str]:
                         "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **env})
     assert p.returncode == 0, p.stderr[-3000:]
-    return set(re.findall(r"threads (\d+) torch (\d+)", p.stdout)), p.stderr
+    return set(re.findall(r"threads (\d+) torch (\d+) share ([-\d]+)", p.stdout)), p.stderr
 
 
 def test_each_worker_gets_its_share_of_the_nodes_cores_not_torchruns_one(tmp_path):
@@ -107,13 +108,13 @@ def test_each_worker_gets_its_share_of_the_nodes_cores_not_torchruns_one(tmp_pat
 
     cores = usable_cores()
     one, _ = _threads(tmp_path, 1)
-    assert one == {(str(cores), str(cores))}, one
+    assert one == {(str(cores), str(cores), str(cores))}, one  # and says it is its share (train.cpus re-shares it)
     two, said = _threads(tmp_path, 2)
     share = str(max(1, cores // 2))
-    assert two == {(share, share)}, two
+    assert two == {(share, share, share)}, two
     assert "Setting OMP_NUM_THREADS" not in said, said[-2000:]  # torchrun's banner, printed when it chose 1
     kept, _ = _threads(tmp_path, 2, OMP_NUM_THREADS="3")
-    assert {env for env, _ in kept} == {"3"}, kept  # (torch itself uses no more threads than there are cores)
+    assert {(env, ours) for env, _, ours in kept} == {("3", "-")}, kept  # (torch uses no more threads than cores)
 
 
 def test_the_cores_usable_are_capped_by_the_containers_cpu_quota(tmp_path):

@@ -32,7 +32,7 @@ def test_a_completed_run_records_every_part_in_order(tmp_path):
     assert list(m) == FIXED + ["recipe_files", "model", "task", "settings_resolved", "inputs", "data", "plan", "disk",
                                "probe"]
     assert list(m["model"]) == ["base", "parameters", "saved", "format", "footprint_bytes"]
-    assert list(m["settings_resolved"]) == RESOLVED + ["padding_free", "packing"]
+    assert list(m["settings_resolved"]) == RESOLVED + ["numa_binding", "padding_free", "packing"]
     assert list(m["probe"]) == ["input_ids", "logits", "dtype"] and m["model"]["format"] == "adapter"
 
 
@@ -41,4 +41,4 @@ def test_a_run_that_fails_at_its_data_records_what_came_before(tmp_path):
     assert m["status"] == "failed" and m["error"].startswith("no data at")
     assert list(m) == FIXED + ["recipe_files", "model", "task", "settings_resolved", "inputs", "error"]
     assert list(m["model"]) == ["base", "parameters", "saved", "format"]
-    assert list(m["settings_resolved"]) == RESOLVED
+    assert list(m["settings_resolved"]) == RESOLVED + ["numa_binding"]

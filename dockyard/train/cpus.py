@@ -1,0 +1,130 @@
+"""The CPUs each process runs on: on a server whose GPUs hang off different NUMA nodes (two sockets, or one socket
+split in several nodes), each process is bound to the cores of its own GPU's node, as torchrun's --numa-binding=node
+does, and shares them out as threads.
+
+Unbound, a rank's threads (the data loader's, the CPU Adam of the offload recipes, the copies to and from its GPU)
+wander over both sockets, and the memory they touch first (the model loaded from disk, an offloaded optimizer's
+states) lands on whichever node they ran on: every later read from the other socket crosses the interconnect. The
+trainer binds itself here, before it loads the model or starts the data loader's workers (which inherit it), so
+that memory is the GPU's node's. Every thread the process already has is moved too (torch's own binding does the
+same). `numa_binding` in recipes/defaults.yaml decides (dockyard.common.autos.resolve_numa_binding).
+
+The topology is read from sysfs (its root a parameter: the tests lay out a two-node server's there, which this
+machine lacks), the GPU's PCI address from torch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from dockyard.common import envvars
+from dockyard.common.autos import Device, Placement, resolve_numa_binding
+
+SYS = Path("/sys")
+
+
+def bind_near_gpu(value: bool | str, device: Device | None, sys_root: Path = SYS) -> tuple[bool, str]:
+    """Binds this process (local rank LOCAL_RANK of LOCAL_WORLD_SIZE) where `numa_binding` says, and says what it
+    did and why. The threads are shared out again within the NUMA node, unless OMP_NUM_THREADS was set by someone
+    else than the image's torchrun (dockyard.train.torchrun): never more than torchrun's share of the whole node,
+    which counts the container's CPU quota, so GPUs crowded on one NUMA node get fewer each."""
+    place = None
+    if device is not None and value is not False:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        gpus = gpu_addresses()[:int(os.environ.get("LOCAL_WORLD_SIZE", 1))]
+        place = placement(local, gpus, sys_root) if local < len(gpus) else None
+    on, why = resolve_numa_binding(value, device, place)
+    if on and place:
+        given, share = os.environ.get("OMP_NUM_THREADS"), os.environ.get(envvars.CPU_SHARE, "")
+        if given is None or (given == share and share.isdecimal()):
+            bind(place.cpus, place.threads if given is None else min(place.threads, int(share)))
+            why += f", {torch.get_num_threads()} thread(s) each"
+        else:
+            bind(place.cpus, None)
+            why += f"; OMP_NUM_THREADS={given} kept as set"
+    return on, why
+
+
+def placement(gpu: int, local_gpus: list[str], sys_root: Path = SYS,
+              allowed: set[int] | None = None) -> Placement | None:
+    """The placement of the process on GPU `gpu` among this node's processes' GPUs (`local_gpus`: their PCI
+    addresses, one per local rank) when it may use the CPUs `allowed` (its affinity), or None where sysfs does not
+    describe NUMA nodes (not Linux, or hidden)."""
+    cpu_lists = node_cpus(sys_root)
+    if not cpu_lists:
+        return None
+    allowed = os.sched_getaffinity(0) if allowed is None else allowed
+    usable = {n: cpus & allowed for n, cpus in cpu_lists.items() if cpus & allowed}
+    nodes_of = [gpu_node(address, sys_root) for address in local_gpus]
+    node = nodes_of[gpu]
+    cpus = frozenset(usable.get(node, set()))
+    return Placement(gpu, node, len(usable), cpus, physical_cores(cpus, sys_root), nodes_of.count(node))
+
+
+def bind(cpus: frozenset[int], threads: int | None) -> None:
+    """Every thread of this process onto `cpus` (threads started later inherit it), and `threads` threads for torch's
+    and OpenMP's parallel loops where given."""
+    os.sched_setaffinity(0, cpus)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # the thread has ended meanwhile
+            pass
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # read by OpenMP runtimes loaded later (DeepSpeed's CPU Adam)
+        torch.set_num_threads(threads)
+
+
+def gpu_addresses() -> list[str]:
+    """The PCI address (sysfs' spelling: 0000:1b:00.0) of every GPU torch sees, in torch's order."""
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+    return out
+
+
+# --- sysfs ------------------------------------------------------------------------------------------------
+
+def node_cpus(sys_root: Path) -> dict[int, set[int]]:
+    """{NUMA node: its CPUs}, from /sys/devices/system/node/nodeN/cpulist; {} where unreadable."""
+    out = {}
+    for path in sorted((sys_root / "devices/system/node").glob("node[0-9]*/cpulist")):
+        try:
+            out[int(path.parent.name[4:])] = cpu_list(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def gpu_node(address: str, sys_root: Path) -> int:
+    """The NUMA node a PCI device hangs off; -1 where the firmware does not say (sysfs' own -1) or it is unreadable."""
+    try:
+        return int((sys_root / "bus/pci/devices" / address / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def physical_cores(cpus: frozenset[int], sys_root: Path) -> int:
+    """How many physical cores `cpus` spans: CPUs listed as one core's thread siblings count once."""
+    cores = set()
+    for cpu in cpus:
+        try:
+            siblings = cpu_list((sys_root / f"devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text())
+        except (OSError, ValueError):
+            siblings = {cpu}
+        cores.add(min(siblings | {cpu}))
+    return len(cores)
+
+
+def cpu_list(text: str) -> set[int]:
+    """sysfs' list format ("0-3,8,10-11") as a set of CPU numbers."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out

@@ -1,0 +1,167 @@
+"""Each process on the cores of its GPU's NUMA node (numa_binding, dockyard.train.cpus).
+
+This machine has one NUMA node and no GPU, so the servers here are sysfs trees the tests lay out (a two-socket
+server with hyperthreads, 8 GPUs four per socket) and the GPUs are their PCI addresses: stand-ins for what this
+machine lacks. The binding itself is real: a child process is bound to one of this machine's two CPUs, every one
+of its threads with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dockyard.common.autos import Device, Placement, resolve_numa_binding
+from dockyard.common.errors import DockyardError
+from dockyard.train import cpus
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = Device("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0))
+GPUS = [f"0000:{bus:02x}:00.0" for bus in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb)]
+
+
+def lay_out(root: Path, nodes: dict[int, str], siblings: dict[int, str], gpu_nodes: dict[str, str]) -> Path:
+    """A sysfs tree: each NUMA node's cpulist, each CPU's hyperthread siblings, each GPU's numa_node."""
+    for node, cpulist in nodes.items():
+        (root / f"devices/system/node/node{node}").mkdir(parents=True)
+        (root / f"devices/system/node/node{node}/cpulist").write_text(cpulist + "\n")
+    for cpu, sibs in siblings.items():
+        (root / f"devices/system/cpu/cpu{cpu}/topology").mkdir(parents=True)
+        (root / f"devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").write_text(sibs + "\n")
+    for address, node in gpu_nodes.items():
+        (root / "bus/pci/devices" / address).mkdir(parents=True)
+        (root / "bus/pci/devices" / address / "numa_node").write_text(node + "\n")
+    return root
+
+
+@pytest.fixture
+def two_sockets(tmp_path: Path) -> Path:
+    """2 sockets x 16 cores x 2 hyperthreads: node 0 has CPUs 0-15 and 32-47 (CPU n and n+32 are one core), node 1
+    16-31 and 48-63; GPUs 0-3 on node 0, 4-7 on node 1."""
+    siblings = {c: f"{c % 32},{c % 32 + 32}" for c in range(64)}
+    return lay_out(tmp_path, {0: "0-15,32-47", 1: "16-31,48-63"}, siblings,
+                   {a: str(i // 4) for i, a in enumerate(GPUS)})
+
+
+def test_a_two_socket_server_binds_each_process_to_its_gpus_node_and_shares_its_cores(two_sockets):
+    first, last = (cpus.placement(g, GPUS, two_sockets, allowed=set(range(64))) for g in (0, 7))
+    assert first == Placement(gpu=0, node=0, nodes=2, cpus=frozenset({*range(16), *range(32, 48)}), cores=16,
+                              sharing=4)
+    assert last.node == 1 and last.cpus == frozenset({*range(16, 32), *range(48, 64)}) and last.threads == 4
+    on, why = resolve_numa_binding("auto", H100, last)
+    assert on
+    assert why == "GPU 7 is on NUMA node 1: bound to its 16 core(s) (CPUs 16-31,48-63), shared by 4 process(es)"
+
+
+def test_gpus_crowded_on_one_node_share_its_cores_between_them(two_sockets):
+    """All 8 GPUs on node 0 (some servers wire them so): each process gets 2 of its 16 cores, not 64 / 8 = 8."""
+    for address in GPUS:
+        (two_sockets / "bus/pci/devices" / address / "numa_node").write_text("0\n")
+    place = cpus.placement(5, GPUS, two_sockets, allowed=set(range(64)))
+    assert (place.node, place.sharing, place.cores, place.threads) == (0, 8, 16, 2)
+
+
+def test_a_smaller_run_counts_only_its_own_processes(two_sockets):
+    """2 processes on GPUs 0 and 1 (LOCAL_WORLD_SIZE 2): they share node 0's 16 cores, 8 each."""
+    assert cpus.placement(1, GPUS[:2], two_sockets, allowed=set(range(64))).threads == 8
+
+
+def test_the_affinity_given_by_slurm_or_a_cpuset_bounds_the_binding(two_sockets):
+    """A job given CPUs 8-23 (half of each node's first cores, no hyperthreads) binds within them; one given node 1's
+    CPUs only cannot bind near a GPU on node 0, and says why instead of binding elsewhere."""
+    place = cpus.placement(0, GPUS, two_sockets, allowed=set(range(8, 24)))
+    assert place.cpus == frozenset(range(8, 16)) and place.cores == 8
+    elsewhere = cpus.placement(0, GPUS, two_sockets, allowed=set(range(16, 32)))
+    assert elsewhere.cpus == frozenset() and elsewhere.nodes == 1
+    assert resolve_numa_binding("auto", H100, elsewhere) == (False, (
+        "this process may use none of NUMA node 0's CPUs, where its GPU 0 is: its CPU affinity (Slurm's, or the "
+        "container's cpuset) holds it elsewhere"))
+    with pytest.raises(DockyardError, match="numa_binding true cannot bind: this process may use none of NUMA node 0"):
+        resolve_numa_binding(True, H100, elsewhere)
+
+
+def test_where_binding_gains_nothing_or_cannot_be_done_the_auto_stays_off_and_says_why(tmp_path):
+    one = lay_out(tmp_path / "one", {0: "0-7"}, {}, {GPUS[0]: "0"})
+    assert resolve_numa_binding("auto", H100, cpus.placement(0, GPUS[:1], one, allowed=set(range(8)))) == (
+        False, "one NUMA node: every core is as near the GPUs as any other")
+    unknown = lay_out(tmp_path / "unknown", {0: "0-7", 1: "8-15"}, {}, {GPUS[0]: "-1"})
+    place = cpus.placement(0, GPUS[:1], unknown, allowed=set(range(16)))
+    assert resolve_numa_binding("auto", H100, place) == (
+        False, "GPU 0's NUMA node is not known: its firmware does not say (sysfs reads -1)")
+    assert cpus.placement(0, GPUS[:1], tmp_path / "no-sysfs") is None
+    assert resolve_numa_binding("auto", H100, None) == (
+        False, "this host's NUMA topology is not readable (/sys/devices/system/node)")
+    assert resolve_numa_binding("auto", None, None) == (False, "CPU: no GPU to bind near")
+    assert resolve_numa_binding(False, H100, place) == (False, "set")
+    with pytest.raises(DockyardError, match="numa_binding true cannot bind: CPU: no GPU to bind near; set it to auto"):
+        resolve_numa_binding(True, None, None)
+
+
+def test_a_set_true_binds_even_on_one_node():
+    place = Placement(gpu=0, node=0, nodes=1, cpus=frozenset({0, 1}), cores=2, sharing=1)
+    assert resolve_numa_binding(True, H100, place)[0]
+
+
+CHILD = textwrap.dedent("""
+    import json, os, sys, threading, time
+    from pathlib import Path
+    import torch
+    from dockyard.common.autos import Device
+    from dockyard.train import cpus
+
+    before = threading.Thread(target=time.sleep, args=(5,), daemon=True)
+    before.start()  # a thread the process had before it bound itself (as the process group's are)
+    threads_before = torch.get_num_threads()
+    cpus.gpu_addresses = lambda: json.loads(sys.argv[2])  # the GPUs this machine lacks
+    value = {"auto": "auto", "true": True}[sys.argv[3]]
+    on, why = cpus.bind_near_gpu(value, Device("H100", 80 << 30, (9, 0)), Path(sys.argv[1]))
+    after = threading.Thread(target=time.sleep, args=(5,), daemon=True)
+    after.start()
+    allowed = {t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+    print(json.dumps({"on": on, "why": why, "allowed": allowed, "threads": torch.get_num_threads(),
+                      "threads_before": threads_before, "omp": os.environ.get("OMP_NUM_THREADS")}))
+""")
+
+
+def run_child(sysfs: Path, local_rank: int, env: dict[str, str], value: str = "auto") -> dict:
+    full = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "DOCKYARD_CPU_SHARE")}
+    full.update({"PYTHONPATH": str(ROOT), "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": "2", **env})
+    done = subprocess.run([sys.executable, "-c", CHILD, str(sysfs), json.dumps(GPUS[:2]), value], env=full,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_bound_process_runs_every_thread_on_its_gpus_node_with_that_nodes_share_of_threads(tmp_path):
+    """This machine's two CPUs laid out as two NUMA nodes, one GPU on each: rank 1 ends up on the second CPU, the
+    thread it had before binding and the one it starts after included."""
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    sysfs = lay_out(tmp_path, {0: str(first), 1: str(second)}, {}, {GPUS[0]: "0", GPUS[1]: "1"})
+    # the image's torchrun gave each process 2 threads (its share of a larger node); within the node there is 1 core
+    got = run_child(sysfs, 1, {"OMP_NUM_THREADS": "2", "DOCKYARD_CPU_SHARE": "2"})
+    assert got["on"] and got["why"].startswith(f"GPU 1 is on NUMA node 1: bound to its 1 core(s) (CPUs {second})")
+    assert len(got["allowed"]) >= 3 and all(cpu == [second] for cpu in got["allowed"].values()), got["allowed"]
+    assert (got["threads"], got["omp"]) == (1, "1") and got["why"].endswith("shared by 1 process(es), 1 thread(s) each")
+    # OMP_NUM_THREADS a user set is theirs: bound, but the count is kept and the reason says so
+    mine = run_child(sysfs, 0, {"OMP_NUM_THREADS": "3"})
+    assert all(cpu == [first] for cpu in mine["allowed"].values())
+    assert mine["threads"] == mine["threads_before"] and mine["omp"] == "3"
+    assert mine["why"].endswith("; OMP_NUM_THREADS=3 kept as set")
+
+
+def test_the_threads_never_exceed_the_launchers_share_which_counts_the_cpu_quota(tmp_path):
+    """Both CPUs in GPU 0's node: 2 threads for its one process by the node, but the image's torchrun gave 1 (a
+    container's CPU quota, say): 1 it stays. Launched without OMP_NUM_THREADS at all, the node's share is taken."""
+    cpu_set = sorted(os.sched_getaffinity(0))
+    sysfs = lay_out(tmp_path, {0: ",".join(map(str, cpu_set))}, {}, {GPUS[0]: "0", GPUS[1]: "0"})
+    capped = run_child(sysfs, 0, {"OMP_NUM_THREADS": "1", "DOCKYARD_CPU_SHARE": "1",
+                                  "LOCAL_WORLD_SIZE": "1"}, value="true")
+    assert capped["on"] and (capped["threads"], capped["omp"]) == (1, "1"), capped
+    free = run_child(sysfs, 0, {"LOCAL_WORLD_SIZE": "1"}, value="true")
+    assert (free["threads"], free["omp"]) == (len(cpu_set), str(len(cpu_set))), free
+    assert free["why"].endswith(f"shared by 1 process(es), {len(cpu_set)} thread(s) each")
