@@ -154,8 +154,8 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     pays = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
                     overrides.get("max_steps"), gc, liger_set=use_liger is True)
     if use_liger is True and not liger:
-        raise DockyardError("use_liger_kernel true needs liger-kernel, which this environment lacks (the CUDA images "
-                            "pin it); set it to auto or false")
+        raise DockyardError("use_liger_kernel true needs liger-kernel, which this environment lacks or cannot import "
+                            "(the CUDA images pin it); set it to auto or false")
     if use_liger is True and pays:
         raise DockyardError("use_liger_kernel and torch_compile do not work together (under torch.compile Liger's "
                             "kernels fail, or its fused loss comes out wrong where labels are masked): turn one of "

@@ -19,5 +19,6 @@ module of dockyard (tests/unit/test_layers.py holds that).
   manifest   manifest.json and the checkpoint a resume continues from
   precision  bf16/fp16/fp32 from the GPU's compute capability
   torchrun   torchrun, saying a failed worker in one line instead of its own traceback (the images' torchrun)
+  cpus       the CPUs each process runs on: bound to its GPU's NUMA node, its share of the cores as threads
   export     a run's model as a plain Hugging Face folder
 """

@@ -4,8 +4,11 @@ torch sees, and which model types the installed liger-kernel has kernels for."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 from dockyard.common.autos import LIGER_TYPES, Device
+
+log = logging.getLogger("dockyard.train")
 
 
 def device_from_torch() -> Device | None:
@@ -24,8 +27,13 @@ def liger_kinds() -> tuple[str, ...]:
     none), or () without liger-kernel."""
     if importlib.util.find_spec("liger_kernel") is None:
         return ()
-    try:
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-    except Exception:  # noqa: BLE001 - a version without the table, or one failing to import: our own list
-        return LIGER_TYPES
-    return tuple(MODEL_TYPE_TO_APPLY_LIGER_FN)
+    try:  # what the Trainer imports once training starts: an install that fails here would fail there, too late
+        from liger_kernel.transformers import (
+            _apply_liger_kernel_to_instance,  # noqa: F401
+            monkey_patch,
+        )
+    except Exception as e:  # noqa: BLE001 - any failure (a triton it was not built for, a missing library)
+        log.warning("liger-kernel is installed but does not import (%s: %s): the run goes without it",
+                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return ()
+    return tuple(getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", LIGER_TYPES))  # a version without the table

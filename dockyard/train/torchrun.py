@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from dockyard.common import envvars
+from dockyard.train import cpus
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,18 +84,12 @@ def share_cpu_cores(argv: list[str]) -> None:
     os.environ["OMP_NUM_THREADS"] = os.environ[envvars.CPU_SHARE] = share  # the trainer may re-share (train.cpus)
 
 
-def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup"), sys_root: Path = cpus.SYS) -> int:
     """The physical cores this process may use: its CPU affinity, less hyperthreads' siblings (AVX work such as CPU
-    Adam gains nothing from them), within the container's CPU quota (cgroup v2 cpu.max, v1 cfs_quota_us) when
-    there is one, as Kubernetes' CPU limits and `docker run --cpus` set."""
-    logical = len(os.sched_getaffinity(0))
-    try:
-        import psutil
-
-        per_core = max(1, (psutil.cpu_count(logical=True) or 1) // (psutil.cpu_count(logical=False) or 1))
-    except Exception:  # noqa: BLE001 - psutil missing or unable to read the topology: count every CPU
-        per_core = 1
-    cores = max(1, logical // per_core)
+    Adam gains nothing from them; where sysfs does not say which CPUs are siblings, each counts), within the
+    container's CPU quota (cgroup v2 cpu.max, v1 cfs_quota_us) when there is one, as Kubernetes' CPU limits and
+    `docker run --cpus` set."""
+    cores = max(1, cpus.physical_cores(frozenset(os.sched_getaffinity(0)), sys_root))
     quota = cpu_quota(cgroup)
     return max(1, min(cores, int(quota))) if quota else cores
 

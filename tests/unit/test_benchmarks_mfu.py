@@ -49,6 +49,8 @@ def test_peak_is_looked_up_by_the_exact_part():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
     assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
     assert peak_flops("NVIDIA H100 NVL", "bf16") == 835e12
+    assert peak_flops("NVIDIA H200", "bf16") == 989e12
+    assert peak_flops("NVIDIA H200 NVL", "bf16") == 835e12  # not the SXM part's figure
     assert peak_flops("NVIDIA A10", "bf16") == 125e12
     assert peak_flops("NVIDIA A10G", "bf16") is None  # not the A10's figure
     assert peak_flops("Tesla T4", "fp16") == 65e12 and peak_flops("Tesla T4", "bf16") is None

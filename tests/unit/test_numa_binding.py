@@ -165,3 +165,21 @@ def test_the_threads_never_exceed_the_launchers_share_which_counts_the_cpu_quota
     free = run_child(sysfs, 0, {"LOCAL_WORLD_SIZE": "1"}, value="true")
     assert (free["threads"], free["omp"]) == (len(cpu_set), str(len(cpu_set))), free
     assert free["why"].endswith(f"shared by 1 process(es), {len(cpu_set)} thread(s) each")
+
+
+def test_cores_count_once_per_physical_core_and_each_cpu_where_sysfs_does_not_say(tmp_path):
+    """The launcher's share (dockyard.train.torchrun.usable_cores) counts hyperthreads' siblings once. Where the
+    topology is not readable (some VMs and sandboxes) every CPU counts: psutil's count of physical cores was None
+    there, which made every process's share 1."""
+    from dockyard.train.torchrun import usable_cores
+
+    siblings = lay_out(tmp_path / "ht", {0: "0-3"}, {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}, {})
+    assert cpus.physical_cores(frozenset(range(4)), siblings) == 2
+    assert cpus.physical_cores(frozenset({0, 1}), siblings) == 2  # one thread of each core: still two cores
+    assert cpus.physical_cores(frozenset(range(4)), tmp_path / "unreadable") == 4
+    mine = sorted(os.sched_getaffinity(0))
+    paired = lay_out(tmp_path / "paired", {0: ",".join(map(str, mine))}, {c: ",".join(map(str, mine)) for c in mine},
+                     {})
+    no_cgroup = tmp_path / "cgroup"
+    assert usable_cores(no_cgroup, paired) == 1  # this process's CPUs as one core's two threads
+    assert usable_cores(no_cgroup, tmp_path / "unreadable") == len(mine)
