@@ -26,6 +26,7 @@ from dockyard.transport import remote
 
 SHM_MIN = GIB  # NCCL and DeepSpeed's shared-memory ops need more than Docker's 64 MB
 CONNECT_TIMEOUT = 5
+UNRESOLVED = "give node 0's IP address, or make its name resolve on this node (DNS or /etc/hosts)"
 
 
 def diagnose(settings: Settings, peer: str, port: int = 29500) -> list[Check]:
@@ -104,6 +105,8 @@ def check_port(address: str, port: int, probe: Callable[[], str] | None = None) 
     if refused is None:
         return Check("rendezvous port", PASS, f"{address}:{port} accepts connections (a run is listening)")
     dropped = f"a firewall drops it: open TCP {port} on node 0, and TCP between the nodes for NCCL/gloo"
+    if refused.startswith("cannot resolve"):
+        return Check("rendezvous port", FAIL, f"{address}:{port}: {refused}", UNRESOLVED)
     if refused != "refused":
         return Check("rendezvous port", FAIL, f"{address}:{port}: {refused} within {CONNECT_TIMEOUT} s", dropped)
     said = probe() if probe else ""
@@ -128,6 +131,8 @@ def connect(address: str, port: int) -> str | None:
             return None
     except ConnectionRefusedError:
         return "refused"
+    except socket.gaierror as e:
+        return f"cannot resolve {address!r} here ({e.strerror or e})"
     except OSError as e:
         return "no answer" if isinstance(e, TimeoutError) or e.errno == errno.ETIMEDOUT else str(e)
 

@@ -21,6 +21,7 @@ import re
 import resource
 import socket
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 
@@ -179,6 +180,37 @@ def test_doctor_peer_checks_the_route_port_and_image_of_the_other_node(node, nod
         port = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["rendezvous port"]
         assert r.returncode != 0 and port["status"] == "fail" and "open TCP 29500" in port["fix"], port
         assert said in port["detail"], port
+
+
+def test_doctor_listens_with_the_image_on_a_peer_without_python3(node, node_image, tmp_path):
+    """A node may hold only sh, coreutils and Docker: doctor's listener then runs in the image, on the host's
+    network. The test node shares this machine's python3, so an ssh setting stands in for such a node: it puts a
+    PATH holding only sh and docker in front of the command doctor sends (said plainly here: a stand-in)."""
+    from tests.support.cli import invoke
+
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "docker"):
+        (bare / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True,
+                                                check=True).stdout.strip())
+    wrapper = tmp_path / "ssh-without-python3"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        # the last word is the command for the node: run it with a PATH that has no python3 (`-G`: as it is)
+        [ "$1" = -G ] && exec {node.ssh_command} "$@"
+        n=$#; i=0
+        for a in "$@"; do i=$((i + 1)); [ "$i" -lt "$n" ] && set -- "$@" "$a"; done
+        shift "$n"
+        exec {node.ssh_command} "$@" "PATH={bare}; export PATH; $a"
+        """))
+    wrapper.chmod(0o755)
+    hidden = subprocess.run([str(wrapper), node.alias, "sh -c 'command -v python3 || echo no python3'"],
+                            capture_output=True, text=True, timeout=60)
+    assert hidden.stdout.strip() == "no python3", hidden
+    r = invoke("doctor", f"--peer={node.alias}", "--json", env={"INVOKE_DOCKYARD_SSH": str(wrapper)})
+    port = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["rendezvous port"]
+    assert port["status"] == "pass", port
+    assert "a listener doctor opened there for a moment was reached from here" in port["detail"], port
 
 
 def test_run_folders_not_shared_between_the_nodes_are_refused_before_training(node, node_image, tmp_path):

@@ -511,3 +511,20 @@ def test_doctor_peer_says_when_the_port_is_taken_there_and_a_refusal_cannot_be_t
     assert f"whether a firewall rejects it is not known: port {port} is taken there (Address already in use)" \
         in check.detail
 
+
+
+def test_doctor_says_a_peer_name_that_does_not_resolve_is_that_not_a_firewall(monkeypatch):
+    """A name this node cannot resolve failed the port check as a firewall that drops the port. The resolver is a
+    stand-in here (a real lookup of an unknown name would ask the machine's DNS servers)."""
+    import socket
+
+    from dockyard.machine import peer
+
+    def no_such_name(host, port, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    check = peer.check_port("gpu-b", 29500, lambda: pytest.fail("no listener is opened for a name that does not resolve"))
+    assert check.status == "fail"
+    assert check.detail == "gpu-b:29500: cannot resolve 'gpu-b' here (Name or service not known)"
+    assert check.fix.startswith("give node 0's IP address, or make its name resolve") and "firewall" not in check.fix
