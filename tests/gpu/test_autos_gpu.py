@@ -60,11 +60,13 @@ def test_every_auto_resolves_on_the_gpu_and_says_why(tmp_path, name):
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
 
 
-@pytest.mark.parametrize("name", ["ddp", "zero2", "fsdp", "lora"])
+@pytest.mark.parametrize("name", ["ddp", "zero2", "fsdp", "lora", "qlora"])
 def test_torch_compile_trains(tmp_path, name):
-    """Set by hand under each engine, compiled block by block: it trains and passes the strategy check."""
+    """Set by hand under each engine, compiled block by block: it trains and passes the strategy check (qlora:
+    bitsandbytes' 4-bit layers inside the compiled blocks; it trained so on CPU, 2026-11-28)."""
     run = tmp_path / "run"
-    train(name, run, *FAST, "--torch_compile", "true", *(LORA_LR if name == "lora" else []), nproc=GPUS, gpu=True)
+    train(name, run, *FAST, "--torch_compile", "true", *(LORA_LR if name in ("lora", "qlora") else []), nproc=GPUS,
+          gpu=True)
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
     assert m["settings_resolved"]["torch_compile"] == {"value": True, "why": "set"}
