@@ -6,8 +6,8 @@ Unbound, a rank's threads (the data loader's, the CPU Adam of the offload recipe
 wander over both sockets, and the memory they touch first (the model loaded from disk, an offloaded optimizer's
 states) lands on whichever node they ran on: every later read from the other socket crosses the interconnect. The
 trainer binds itself here, before it loads the model or starts the data loader's workers (which inherit it), so
-that memory is the GPU's node's. Every thread the process already has is moved too (torch's own binding does the
-same). `numa_binding` in recipes/defaults.yaml decides (dockyard.common.autos.resolve_numa_binding).
+that memory is the GPU's node's. Every thread the process already has is moved too, but those that chose their
+own CPUs (torch's own binding does the same). `numa_binding` in recipes/defaults.yaml decides (dockyard.common.autos.resolve_numa_binding).
 
 The topology is read from sysfs (its root a parameter: the tests lay out a two-node server's there, which this
 machine lacks), the GPU's PCI address from torch."""
@@ -64,14 +64,17 @@ def placement(gpu: int, local_gpus: list[str], sys_root: Path = SYS,
 
 
 def bind(cpus: frozenset[int], threads: int | None) -> None:
-    """Every thread of this process onto `cpus` (threads started later inherit it), and `threads` threads for torch's
-    and OpenMP's parallel loops where given."""
-    os.sched_setaffinity(0, cpus)
+    """Every thread of this process onto `cpus` (threads started later inherit it), but those that chose their own
+    CPUs (NCCL pins its proxy threads near the GPU); and `threads` threads for torch's and OpenMP's parallel loops
+    where given."""
+    before = os.sched_getaffinity(0)
     for tid in os.listdir("/proc/self/task"):
         try:
-            os.sched_setaffinity(int(tid), cpus)
+            if os.sched_getaffinity(int(tid)) == before:
+                os.sched_setaffinity(int(tid), cpus)
         except OSError:  # the thread has ended meanwhile
             pass
+    os.sched_setaffinity(0, cpus)
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # read by OpenMP runtimes loaded later (DeepSpeed's CPU Adam)
         torch.set_num_threads(threads)

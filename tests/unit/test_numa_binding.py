@@ -116,6 +116,15 @@ CHILD = textwrap.dedent("""
 
     before = threading.Thread(target=time.sleep, args=(5,), daemon=True)
     before.start()  # a thread the process had before it bound itself (as the process group's are)
+    pinned = threading.Event()
+
+    def pin_myself():  # a thread that chose its CPU itself (as NCCL's proxy threads do): left where it is
+        os.sched_setaffinity(0, {int(sys.argv[4])})
+        pinned.set()
+        time.sleep(5)
+
+    threading.Thread(target=pin_myself, daemon=True).start()
+    pinned.wait()
     threads_before = torch.get_num_threads()
     cpus.gpu_addresses = lambda: json.loads(sys.argv[2])  # the GPUs this machine lacks
     value = {"auto": "auto", "true": True}[sys.argv[3]]
@@ -131,7 +140,8 @@ CHILD = textwrap.dedent("""
 def run_child(sysfs: Path, local_rank: int, env: dict[str, str], value: str = "auto") -> dict:
     full = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "DOCKYARD_CPU_SHARE")}
     full.update({"PYTHONPATH": str(ROOT), "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": "2", **env})
-    done = subprocess.run([sys.executable, "-c", CHILD, str(sysfs), json.dumps(GPUS[:2]), value], env=full,
+    pin = str(sorted(os.sched_getaffinity(0))[0])  # where a thread of the child pins itself
+    done = subprocess.run([sys.executable, "-c", CHILD, str(sysfs), json.dumps(GPUS[:2]), value, pin], env=full,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
@@ -145,11 +155,12 @@ def test_a_bound_process_runs_every_thread_on_its_gpus_node_with_that_nodes_shar
     # the image's torchrun gave each process 2 threads (its share of a larger node); within the node there is 1 core
     got = run_child(sysfs, 1, {"OMP_NUM_THREADS": "2", "DOCKYARD_CPU_SHARE": "2"})
     assert got["on"] and got["why"].startswith(f"GPU 1 is on NUMA node 1: bound to its 1 core(s) (CPUs {second})")
-    assert len(got["allowed"]) >= 3 and all(cpu == [second] for cpu in got["allowed"].values()), got["allowed"]
+    assert sorted(map(tuple, got["allowed"].values())).count((second,)) >= 3, got["allowed"]  # main, before, after
+    assert sorted(map(tuple, got["allowed"].values())).count((first,)) == 1, got["allowed"]  # the one pinned by itself
     assert (got["threads"], got["omp"]) == (1, "1") and got["why"].endswith("shared by 1 process(es), 1 thread(s) each")
     # OMP_NUM_THREADS a user set is theirs: bound, but the count is kept and the reason says so
     mine = run_child(sysfs, 0, {"OMP_NUM_THREADS": "3"})
-    assert all(cpu == [first] for cpu in mine["allowed"].values())
+    assert all(cpu == [first] for cpu in mine["allowed"].values()), mine["allowed"]
     assert mine["threads"] == mine["threads_before"] and mine["omp"] == "3"
     assert mine["why"].endswith("; OMP_NUM_THREADS=3 kept as set")
 
