@@ -9,7 +9,7 @@
     use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
     padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data;
     packing: text documents joined end to end and cut into blocks of max_seq_length tokens;
-    numa_binding: each process on the cores of its GPU's NUMA node, where the GPUs hang off more than one.
+    numa_binding: each process on the cores of its GPU's NUMA node, where the run's GPUs hang off every one.
 
 On CPU every auto is what the project did before: micro-batch 8, no accumulation, checkpointing for the adapter
 recipes only, no compilation, no Liger, padded batches, one example per text document, no CPU binding. What each became is written
@@ -52,6 +52,7 @@ COMPILE_CHECKPOINTED = "gradient checkpointing is on: compiling recomputed layer
 # package's own; `invoke plan`, on a host without it, this list).
 LIGER_TYPES = ("llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "qwen2", "qwen3", "phi3", "granite",
                "olmo2", "glm4")
+LIGER_ABSENT = "liger-kernel is not installed in this environment"
 PADDING_FREE_FORMATS = ("prompt_completion", "messages", "alpaca", "sharegpt")
 # With SDPA, transformers masks a packed row block-diagonally (exact) but still computes attention over the whole
 # row: worth it only while the row is short next to the linear layers' work.
@@ -135,7 +136,8 @@ class Resolved:
 # --- the training settings (before TrainingArguments) --------------------------------------------------
 
 def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_size: int, gpus_per_node: int,
-            device: Device | None, shape: memory.Shape | None, kind: str, liger: tuple[str, ...]) -> Resolved:
+            device: Device | None, shape: memory.Shape | None, kind: str, liger: tuple[str, ...],
+            liger_broken: str = "") -> Resolved:
     """Every training auto: batch sizes, checkpointing, compilation, Liger. `kind` is the model_type,
     `liger` the model types liger-kernel has kernels for where the run trains (empty: not installed; the trainer
     asks the installed package, `invoke plan` takes LIGER_TYPES: the CUDA images pin it)."""
@@ -153,9 +155,10 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                  + f" × {world_size} process(es)")
     pays = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
                     overrides.get("max_steps"), gc, liger_set=use_liger is True)
+    absent = liger_broken or LIGER_ABSENT
     if use_liger is True and not liger:
-        raise DockyardError("use_liger_kernel true needs liger-kernel, which this environment lacks or cannot import "
-                            "(the CUDA images pin it); set it to auto or false")
+        raise DockyardError(f"use_liger_kernel true needs liger-kernel: {absent} (the CUDA images pin it); set it to "
+                            "auto or false")
     if use_liger is True and pays:
         raise DockyardError("use_liger_kernel and torch_compile do not work together (under torch.compile Liger's "
                             "kernels fail, or its fused loss comes out wrong where labels are masked): turn one of "
@@ -184,7 +187,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                      "fine-tuning)" if cpu else "the model could not be sized: as on CPU")
         on = compiled(gc_on)
         if use_liger == AUTO:
-            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on)
+            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on, absent)
                      or "the model could not be sized, so whether memory binds is not known")
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
@@ -194,7 +197,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         if on != pays:
             out.note("torch_compile", False, COMPILE_CHECKPOINTED)
         if use_liger == AUTO and not liger_ok(on):
-            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on))
+            out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on, absent))
     a = per_rank // m
     if micro == AUTO and accum != AUTO:
         out.note("per_device_train_batch_size", m, f"global_batch {batch.global_batch} / (gradient_accumulation_steps "
@@ -248,11 +251,12 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
 
 
 def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind: str, liger: tuple[str, ...],
-                      compiled: bool) -> str:
+                      compiled: bool, absent: str = "") -> str:
+    """Why Liger stays off ("" where it may go on); `absent`: why `liger` is empty."""
     if device is None:
         return "CPU: off as before (Liger's kernels are triton, GPU only)"
     if not liger:
-        return "liger-kernel is not installed in this environment"
+        return absent or LIGER_ABSENT
     if settings.task != "causal_lm":
         return "its fused loss is for causal language models"
     if kind not in liger:
@@ -424,12 +428,14 @@ def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padd
 class Placement:
     """Where one process's GPU sits and the CPUs it may use there (read by dockyard.train.cpus)."""
 
-    gpu: int                      # the process's GPU (its local rank)
-    node: int                     # that GPU's NUMA node; -1 where the firmware does not say
+    gpu: int                      # the process's GPU (its local rank: torch's index among the visible GPUs)
+    address: str                  # its PCI address, as nvidia-smi and sysfs write it
+    node: int                     # that GPU's NUMA node; -1 where the firmware does not say on a host of several
     nodes: int                    # NUMA nodes holding CPUs this process may use
     cpus: frozenset[int]          # the CPUs of the GPU's node this process may use (its affinity within the node)
     cores: int                    # physical cores among them (hyperthreads' siblings count once)
     sharing: int                  # this node's processes whose GPU is on the same NUMA node (this one included)
+    idle: tuple[int, ...] = ()    # NUMA nodes with usable CPUs but none of this node's processes' GPUs
 
     @property
     def threads(self) -> int:
@@ -439,7 +445,9 @@ class Placement:
 
 def resolve_numa_binding(value: Any, device: Device | None, place: Placement | None) -> tuple[bool, str]:
     """(on, why) for binding this process to the CPUs of its GPU's NUMA node (dockyard.train.cpus); `place` is
-    where its GPU sits, None where the host's NUMA topology is not readable."""
+    where its GPU sits, None where the host's NUMA topology is not readable. The auto binds only where the run's
+    GPUs sit on every NUMA node it may use: bound, a process runs on its GPU's node alone, so a node without GPUs
+    would keep its cores (and its memory's bandwidth, which CPU Adam lives on) out of the run."""
     if value is False:
         return False, SET
     if value not in (True, AUTO):
@@ -449,20 +457,23 @@ def resolve_numa_binding(value: Any, device: Device | None, place: Placement | N
         why_not = "CPU: no GPU to bind near"
     elif place is None:
         why_not = "this host's NUMA topology is not readable (/sys/devices/system/node)"
-    elif place.node < 0:
-        why_not = f"GPU {place.gpu}'s NUMA node is not known: its firmware does not say (sysfs reads -1)"
-    elif not place.cpus:
-        why_not = (f"this process may use none of NUMA node {place.node}'s CPUs, where its GPU {place.gpu} is: its "
-                   "CPU affinity (Slurm's, or the container's cpuset) holds it elsewhere")
+    elif place.node >= 0 and not place.cpus:
+        why_not = (f"this process may use none of NUMA node {place.node}'s CPUs, where its GPU {place.gpu} "
+                   f"({place.address}) is: its CPU affinity (Slurm's, or the container's cpuset) holds it elsewhere")
     elif value == AUTO and place.nodes < 2:
         return False, "one NUMA node: every core is as near the GPUs as any other"
+    elif place.node < 0:
+        why_not = f"GPU {place.gpu} ({place.address})'s NUMA node is not known: its firmware does not say (sysfs reads -1)"
+    elif value == AUTO and place.idle:
+        return False, (f"NUMA node(s) {', '.join(map(str, place.idle))} hold(s) none of this run's GPUs: bound near "
+                       "their GPUs, the processes would leave those cores idle (set it true to bind even so)")
     if why_not:
         if value is True:
             raise DockyardError(f"numa_binding true cannot bind: {why_not}; set it to auto or false")
         return False, why_not
     assert place is not None
-    return True, (f"GPU {place.gpu} is on NUMA node {place.node}: bound to its {place.cores} core(s) (CPUs "
-                  f"{cpu_ranges(place.cpus)}), shared by {place.sharing} process(es)")
+    return True, (f"GPU {place.gpu} ({place.address}) is on NUMA node {place.node}: bound to its {place.cores} "
+                  f"core(s) (CPUs {cpu_ranges(place.cpus)}), shared by {place.sharing} process(es)")
 
 
 def cpu_ranges(cpus: frozenset[int]) -> str:

@@ -235,11 +235,14 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         guards.check_offload_memory(recipe.strategy, need, shape.params, guards.host_memory_available())
 
     device = environment.device_from_torch()
+    liger, liger_broken = environment.liger_kinds()
     resolved = autos.resolve(recipe, settings, opened.training, world_size=world_size, gpus_per_node=local,
-                             device=device, shape=shape, kind=shape.model_type if shape else "",
-                             liger=environment.liger_kinds())
+                             device=device, shape=shape, kind=shape.model_type if shape else "", liger=liger,
+                             liger_broken=liger_broken)
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
+    if liger_broken and device is not None:
+        log.warning("%s: the run goes without Liger's kernels", liger_broken)
     bound, why = cpus.bind_near_gpu(settings.numa_binding, device)  # before the model and the data loader's workers
     run.record.settings_resolved["numa_binding"] = {"value": bound, "why": why}
     log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each%s; settings %s", recipe.name,

@@ -7,20 +7,25 @@ wander over both sockets, and the memory they touch first (the model loaded from
 states) lands on whichever node they ran on: every later read from the other socket crosses the interconnect. The
 trainer binds itself here, before it loads the model or starts the data loader's workers (which inherit it), so
 that memory is the GPU's node's. Every thread the process already has is moved too, but those that chose their
-own CPUs (torch's own binding does the same). `numa_binding` in recipes/defaults.yaml decides (dockyard.common.autos.resolve_numa_binding).
+own CPUs (torch's own binding does the same). `numa_binding` in recipes/defaults.yaml decides
+(dockyard.common.autos.resolve_numa_binding).
 
 The topology is read from sysfs (its root a parameter: the tests lay out a two-node server's there, which this
 machine lacks), the GPU's PCI address from torch."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import torch
 
 from dockyard.common import envvars
-from dockyard.common.autos import Device, Placement, resolve_numa_binding
+from dockyard.common.autos import Device, Placement, cpu_ranges, resolve_numa_binding
+from dockyard.common.errors import DockyardError
+
+log = logging.getLogger("dockyard.train")
 
 SYS = Path("/sys")
 
@@ -29,38 +34,53 @@ def bind_near_gpu(value: bool | str, device: Device | None, sys_root: Path = SYS
     """Binds this process (local rank LOCAL_RANK of LOCAL_WORLD_SIZE) where `numa_binding` says, and says what it
     did and why. The threads are shared out again within the NUMA node, unless OMP_NUM_THREADS was set by someone
     else than the image's torchrun (dockyard.train.torchrun): never more than torchrun's share of the whole node,
-    which counts the container's CPU quota, so GPUs crowded on one NUMA node get fewer each."""
+    which counts the container's CPU quota, so GPUs crowded on one NUMA node get fewer each. Only local rank 0's
+    answer reaches the manifest: a rank that could not bind where the others may have says so in a warning."""
     place = None
     if device is not None and value is not False:
         local = int(os.environ.get("LOCAL_RANK", 0))
-        gpus = gpu_addresses()[:int(os.environ.get("LOCAL_WORLD_SIZE", 1))]
-        place = placement(local, gpus, sys_root) if local < len(gpus) else None
+        gpus = gpu_addresses()[:max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))]
+        if local >= len(gpus):  # one_process_per_gpu refuses this before; said here all the same
+            return _not_bound(value, f"local rank {local} has no GPU of its own ({len(gpus)} visible)")
+        place = placement(local, gpus, sys_root)
     on, why = resolve_numa_binding(value, device, place)
-    if on and place:
-        given, share = os.environ.get("OMP_NUM_THREADS"), os.environ.get(envvars.CPU_SHARE, "")
-        if given is None or (given == share and share.isdecimal()):
-            bind(place.cpus, place.threads if given is None else min(place.threads, int(share)))
-            why += f", {torch.get_num_threads()} thread(s) each"
-        else:
-            bind(place.cpus, None)
-            why += f"; OMP_NUM_THREADS={given} kept as set"
-    return on, why
+    if not (on and place):
+        if place and not place.cpus:
+            log.warning("numa_binding: %s", why)
+        return on, why
+    given, share = os.environ.get("OMP_NUM_THREADS"), os.environ.get(envvars.CPU_SHARE, "")
+    ours = given is None or (given == share and share.isdecimal())
+    try:
+        bind(place.cpus, (place.threads if given is None else min(place.threads, int(share))) if ours else None)
+    except OSError as e:  # the cpuset changed under it, or a sandbox refuses: the run goes on where it was
+        return _not_bound(value, f"binding to CPUs {cpu_ranges(place.cpus)} failed ({e.strerror or e})")
+    return on, why + (f", {torch.get_num_threads()} thread(s) each" if ours else
+                      f"; OMP_NUM_THREADS={given} kept as set")
+
+
+def _not_bound(value: bool | str, why: str) -> tuple[bool, str]:
+    if value is True:
+        raise DockyardError(f"numa_binding true cannot bind: {why}; set it to auto or false")
+    log.warning("numa_binding: %s: this process is not bound", why)
+    return False, why
 
 
 def placement(gpu: int, local_gpus: list[str], sys_root: Path = SYS,
               allowed: set[int] | None = None) -> Placement | None:
     """The placement of the process on GPU `gpu` among this node's processes' GPUs (`local_gpus`: their PCI
     addresses, one per local rank) when it may use the CPUs `allowed` (its affinity), or None where sysfs does not
-    describe NUMA nodes (not Linux, or hidden)."""
+    describe NUMA nodes (not Linux, or hidden). A GPU whose node reads -1 is on the only node where there is one."""
     cpu_lists = node_cpus(sys_root)
     if not cpu_lists:
         return None
     allowed = os.sched_getaffinity(0) if allowed is None else allowed
     usable = {n: cpus & allowed for n, cpus in cpu_lists.items() if cpus & allowed}
-    nodes_of = [gpu_node(address, sys_root) for address in local_gpus]
+    only = list(usable) if len(usable) == 1 else [-1]
+    nodes_of = [n if n >= 0 else only[0] for n in (gpu_node(address, sys_root) for address in local_gpus)]
     node = nodes_of[gpu]
     cpus = frozenset(usable.get(node, set()))
-    return Placement(gpu, node, len(usable), cpus, physical_cores(cpus, sys_root), nodes_of.count(node))
+    return Placement(gpu, local_gpus[gpu], node, len(usable), cpus, physical_cores(cpus, sys_root),
+                     nodes_of.count(node), tuple(sorted(set(usable) - set(nodes_of))))
 
 
 def bind(cpus: frozenset[int], threads: int | None) -> None:

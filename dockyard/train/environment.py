@@ -4,11 +4,8 @@ torch sees, and which model types the installed liger-kernel has kernels for."""
 from __future__ import annotations
 
 import importlib.util
-import logging
 
 from dockyard.common.autos import LIGER_TYPES, Device
-
-log = logging.getLogger("dockyard.train")
 
 
 def device_from_torch() -> Device | None:
@@ -22,18 +19,17 @@ def device_from_torch() -> Device | None:
     return Device(p.name, int(p.total_memory), (p.major, p.minor))
 
 
-def liger_kinds() -> tuple[str, ...]:
-    """The model types liger-kernel patches here: the installed package's own table (our list where a version has
-    none), or () without liger-kernel."""
+def liger_kinds() -> tuple[tuple[str, ...], str]:
+    """The model types liger-kernel patches here (the installed package's own table, our list where a version has
+    none; () without liger-kernel), and why there are none where it is installed but does not import."""
     if importlib.util.find_spec("liger_kernel") is None:
-        return ()
+        return (), ""
     try:  # what the Trainer imports once training starts: an install that fails here would fail there, too late
         from liger_kernel.transformers import (
             _apply_liger_kernel_to_instance,  # noqa: F401
             monkey_patch,
         )
     except Exception as e:  # noqa: BLE001 - any failure (a triton it was not built for, a missing library)
-        log.warning("liger-kernel is installed but does not import (%s: %s): the run goes without it",
-                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return ()
-    return tuple(getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", LIGER_TYPES))  # a version without the table
+        first = str(e).splitlines()[0] if str(e) else ""
+        return (), f"liger-kernel is installed but does not import ({type(e).__name__}: {first})"
+    return tuple(getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", LIGER_TYPES)), ""  # a version without the table

@@ -4,6 +4,7 @@ micro-batch of the 944M benchmark model fits the GPU it was planned for (no out-
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from dockyard.common import memory
 from dockyard.common.units import GIB
+from dockyard.train import cpus
 from tests.support.measured import long_documents, make_measured_model
 from tests.support.training import FAST, LORA_LR, chat_data, manifest, reload_logits, train
 
@@ -20,13 +22,21 @@ AUTOS = ("global_batch", "per_device_train_batch_size", "gradient_accumulation_s
          "torch_compile", "use_liger_kernel", "padding_free", "packing", "numa_binding")
 
 
-def gpu0_numa_node() -> int | None:
-    """GPU 0's NUMA node where this host has several (sysfs, read here on its own), else None."""
-    nodes = [p for p in Path("/sys/devices/system/node").glob("node[0-9]*/cpulist") if p.read_text().strip()]
-    p = torch.cuda.get_device_properties(0)
-    numa = Path(f"/sys/bus/pci/devices/{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0/numa_node")
-    node = int(numa.read_text()) if numa.exists() else -1
-    return node if len(nodes) > 1 and node >= 0 else None
+def numa_expected() -> int | None:
+    """GPU 0's NUMA node where numa_binding's auto binds here, else None: several NUMA nodes hold CPUs this process
+    may use, and the run's GPUs (all visible ones) sit on every one of them. Read from sysfs on its own here."""
+    mine = os.sched_getaffinity(0)
+    usable = set()
+    for cpulist in Path("/sys/devices/system/node").glob("node[0-9]*/cpulist"):
+        if any(cpu in mine for cpu in cpus.cpu_list(cpulist.read_text())):
+            usable.add(int(cpulist.parent.name[4:]))
+    nodes = []
+    for i in range(GPUS):
+        p = torch.cuda.get_device_properties(i)
+        numa = Path(f"/sys/bus/pci/devices/{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0/numa_node")
+        assert numa.exists(), f"GPU {i}'s PCI device is not where its address says: {numa}"
+        nodes.append(int(numa.read_text()))
+    return nodes[0] if len(usable) > 1 and min(nodes) >= 0 and usable <= set(nodes) else None
 
 
 def gpu_memory() -> int:
@@ -53,10 +63,10 @@ def test_every_auto_resolves_on_the_gpu_and_says_why(tmp_path, name):
     assert resolved["use_liger_kernel"]["value"] is False  # memory does not bind for the tiny model
     assert resolved["padding_free"]["value"] is False  # text data:
     assert resolved["packing"]["value"] is True and m["data"]["packed"] is True  # its documents joined into blocks
-    node = gpu0_numa_node()  # rank 0 (the manifest's) bound near its GPU where the host has NUMA nodes to choose from
+    node = numa_expected()  # rank 0 (the manifest's) bound near its GPU where the host's NUMA nodes all hold GPUs
     assert resolved["numa_binding"]["value"] is (node is not None), resolved["numa_binding"]
     if node is not None:
-        assert resolved["numa_binding"]["why"].startswith(f"GPU 0 is on NUMA node {node}: bound to its ")
+        assert f"is on NUMA node {node}: bound to its " in resolved["numa_binding"]["why"], resolved["numa_binding"]
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"] - 0.3
 
 

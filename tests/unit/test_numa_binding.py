@@ -50,37 +50,47 @@ def two_sockets(tmp_path: Path) -> Path:
 
 def test_a_two_socket_server_binds_each_process_to_its_gpus_node_and_shares_its_cores(two_sockets):
     first, last = (cpus.placement(g, GPUS, two_sockets, allowed=set(range(64))) for g in (0, 7))
-    assert first == Placement(gpu=0, node=0, nodes=2, cpus=frozenset({*range(16), *range(32, 48)}), cores=16,
-                              sharing=4)
+    assert first == Placement(gpu=0, address=GPUS[0], node=0, nodes=2, cpus=frozenset({*range(16), *range(32, 48)}),
+                              cores=16, sharing=4)
     assert last.node == 1 and last.cpus == frozenset({*range(16, 32), *range(48, 64)}) and last.threads == 4
     on, why = resolve_numa_binding("auto", H100, last)
     assert on
-    assert why == "GPU 7 is on NUMA node 1: bound to its 16 core(s) (CPUs 16-31,48-63), shared by 4 process(es)"
+    assert why == ("GPU 7 (0000:db:00.0) is on NUMA node 1: bound to its 16 core(s) (CPUs 16-31,48-63), shared by 4 "
+                   "process(es)")
 
 
-def test_gpus_crowded_on_one_node_share_its_cores_between_them(two_sockets):
-    """All 8 GPUs on node 0 (some servers wire them so): each process gets 2 of its 16 cores, not 64 / 8 = 8."""
+def test_gpus_crowded_on_one_node_are_left_unbound_unless_asked_and_then_share_its_cores(two_sockets):
+    """All 8 GPUs on node 0 (some servers wire them so): bound, node 1's 16 cores would idle, so the auto leaves
+    the processes where they were. Set true, each gets 2 of node 0's 16 cores, not 64 / 8 = 8."""
     for address in GPUS:
         (two_sockets / "bus/pci/devices" / address / "numa_node").write_text("0\n")
     place = cpus.placement(5, GPUS, two_sockets, allowed=set(range(64)))
-    assert (place.node, place.sharing, place.cores, place.threads) == (0, 8, 16, 2)
+    assert (place.node, place.sharing, place.cores, place.threads, place.idle) == (0, 8, 16, 2, (1,))
+    assert resolve_numa_binding("auto", H100, place) == (False, (
+        "NUMA node(s) 1 hold(s) none of this run's GPUs: bound near their GPUs, the processes would leave those cores "
+        "idle (set it true to bind even so)"))
+    assert resolve_numa_binding(True, H100, place)[0]
 
 
-def test_a_smaller_run_counts_only_its_own_processes(two_sockets):
-    """2 processes on GPUs 0 and 1 (LOCAL_WORLD_SIZE 2): they share node 0's 16 cores, 8 each."""
-    assert cpus.placement(1, GPUS[:2], two_sockets, allowed=set(range(64))).threads == 8
+def test_a_run_on_some_of_the_gpus_binds_only_where_its_gpus_cover_every_node(two_sockets):
+    """2 processes on GPUs 0 and 1, both on node 0: left unbound (node 1 would idle). On GPUs 0 and 4, one per
+    node: each bound to its node's 16 cores, alone there."""
+    assert cpus.placement(1, GPUS[:2], two_sockets, allowed=set(range(64))).idle == (1,)
+    spread = cpus.placement(1, [GPUS[0], GPUS[4]], two_sockets, allowed=set(range(64)))
+    assert (spread.node, spread.sharing, spread.threads, spread.idle) == (1, 1, 16, ())
+    assert resolve_numa_binding("auto", H100, spread)[0]
 
 
 def test_the_affinity_given_by_slurm_or_a_cpuset_bounds_the_binding(two_sockets):
     """A job given CPUs 8-23 (half of each node's first cores, no hyperthreads) binds within them; one given node 1's
     CPUs only cannot bind near a GPU on node 0, and says why instead of binding elsewhere."""
     place = cpus.placement(0, GPUS, two_sockets, allowed=set(range(8, 24)))
-    assert place.cpus == frozenset(range(8, 16)) and place.cores == 8
+    assert place.cpus == frozenset(range(8, 16)) and place.cores == 8 and resolve_numa_binding("auto", H100, place)[0]
     elsewhere = cpus.placement(0, GPUS, two_sockets, allowed=set(range(16, 32)))
     assert elsewhere.cpus == frozenset() and elsewhere.nodes == 1
     assert resolve_numa_binding("auto", H100, elsewhere) == (False, (
-        "this process may use none of NUMA node 0's CPUs, where its GPU 0 is: its CPU affinity (Slurm's, or the "
-        "container's cpuset) holds it elsewhere"))
+        "this process may use none of NUMA node 0's CPUs, where its GPU 0 (0000:18:00.0) is: its CPU affinity "
+        "(Slurm's, or the container's cpuset) holds it elsewhere"))
     with pytest.raises(DockyardError, match="numa_binding true cannot bind: this process may use none of NUMA node 0"):
         resolve_numa_binding(True, H100, elsewhere)
 
@@ -89,10 +99,16 @@ def test_where_binding_gains_nothing_or_cannot_be_done_the_auto_stays_off_and_sa
     one = lay_out(tmp_path / "one", {0: "0-7"}, {}, {GPUS[0]: "0"})
     assert resolve_numa_binding("auto", H100, cpus.placement(0, GPUS[:1], one, allowed=set(range(8)))) == (
         False, "one NUMA node: every core is as near the GPUs as any other")
+    # many one-socket hosts say -1: that is the only node, as the auto and `true` both read it
+    unsaid = cpus.placement(0, GPUS[:1], lay_out(tmp_path / "unsaid", {0: "0-7"}, {}, {GPUS[0]: "-1"}),
+                            allowed=set(range(8)))
+    assert unsaid.node == 0 and resolve_numa_binding("auto", H100, unsaid) == (
+        False, "one NUMA node: every core is as near the GPUs as any other")
+    assert resolve_numa_binding(True, H100, unsaid)[0]
     unknown = lay_out(tmp_path / "unknown", {0: "0-7", 1: "8-15"}, {}, {GPUS[0]: "-1"})
     place = cpus.placement(0, GPUS[:1], unknown, allowed=set(range(16)))
     assert resolve_numa_binding("auto", H100, place) == (
-        False, "GPU 0's NUMA node is not known: its firmware does not say (sysfs reads -1)")
+        False, "GPU 0 (0000:18:00.0)'s NUMA node is not known: its firmware does not say (sysfs reads -1)")
     assert cpus.placement(0, GPUS[:1], tmp_path / "no-sysfs") is None
     assert resolve_numa_binding("auto", H100, None) == (
         False, "this host's NUMA topology is not readable (/sys/devices/system/node)")
@@ -100,11 +116,6 @@ def test_where_binding_gains_nothing_or_cannot_be_done_the_auto_stays_off_and_sa
     assert resolve_numa_binding(False, H100, place) == (False, "set")
     with pytest.raises(DockyardError, match="numa_binding true cannot bind: CPU: no GPU to bind near; set it to auto"):
         resolve_numa_binding(True, None, None)
-
-
-def test_a_set_true_binds_even_on_one_node():
-    place = Placement(gpu=0, node=0, nodes=1, cpus=frozenset({0, 1}), cores=2, sharing=1)
-    assert resolve_numa_binding(True, H100, place)[0]
 
 
 CHILD = textwrap.dedent("""
@@ -154,7 +165,7 @@ def test_a_bound_process_runs_every_thread_on_its_gpus_node_with_that_nodes_shar
     sysfs = lay_out(tmp_path, {0: str(first), 1: str(second)}, {}, {GPUS[0]: "0", GPUS[1]: "1"})
     # the image's torchrun gave each process 2 threads (its share of a larger node); within the node there is 1 core
     got = run_child(sysfs, 1, {"OMP_NUM_THREADS": "2", "DOCKYARD_CPU_SHARE": "2"})
-    assert got["on"] and got["why"].startswith(f"GPU 1 is on NUMA node 1: bound to its 1 core(s) (CPUs {second})")
+    assert got["on"] and got["why"].startswith(f"GPU 1 ({GPUS[1]}) is on NUMA node 1: bound to its 1 core(s) (CPUs {second})")
     assert sorted(map(tuple, got["allowed"].values())).count((second,)) >= 3, got["allowed"]  # main, before, after
     assert sorted(map(tuple, got["allowed"].values())).count((first,)) == 1, got["allowed"]  # the one pinned by itself
     assert (got["threads"], got["omp"]) == (1, "1") and got["why"].endswith("shared by 1 process(es), 1 thread(s) each")
@@ -194,3 +205,27 @@ def test_cores_count_once_per_physical_core_and_each_cpu_where_sysfs_does_not_sa
     no_cgroup = tmp_path / "cgroup"
     assert usable_cores(no_cgroup, paired) == 1  # this process's CPUs as one core's two threads
     assert usable_cores(no_cgroup, tmp_path / "unreadable") == len(mine)
+
+
+def test_a_binding_refused_or_a_rank_without_a_gpu_leaves_the_process_unbound_and_says_why(tmp_path, monkeypatch,
+                                                                                          caplog):
+    """The kernel refusing the binding (a sandbox, a cpuset that shrank meanwhile: os.sched_setaffinity is a stand-in
+    that refuses here) and a local rank past the visible GPUs: the run goes on unbound under auto, with a warning
+    from that rank (only local rank 0's answer reaches the manifest); `true` stops with the reason."""
+    mine = sorted(os.sched_getaffinity(0))
+    sysfs = lay_out(tmp_path, {0: str(mine[0]), 1: ",".join(map(str, mine[1:]))}, {},
+                    {GPUS[0]: "0", GPUS[1]: "1"})
+    monkeypatch.setattr(cpus, "gpu_addresses", lambda: GPUS[:2])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+
+    def refuse(pid, cpu_set):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    assert cpus.bind_near_gpu("auto", H100, sysfs) == (False, f"binding to CPUs {mine[1]} failed (Invalid argument)")
+    assert "numa_binding: binding to CPUs" in caplog.text and "this process is not bound" in caplog.text
+    with pytest.raises(DockyardError, match=r"numa_binding true cannot bind: binding to CPUs .* failed \(Invalid"):
+        cpus.bind_near_gpu(True, H100, sysfs)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert cpus.bind_near_gpu("auto", H100, sysfs) == (False, "local rank 2 has no GPU of its own (2 visible)")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 ASK = "from dockyard.train import environment; print(environment.liger_kinds())"
 
@@ -24,18 +26,36 @@ def kinds_with(tmp_path: Path, init: str, monkey_patch: str) -> subprocess.Compl
 
 def test_an_installed_liger_kernel_that_does_not_import_counts_as_absent_and_says_why(tmp_path):
     """Before, its model types were taken from our own list: the auto could turn Liger on, and the Trainer's own
-    import of it then failed with a traceback after the model had loaded."""
+    import of it then failed with a traceback after the model had loaded. Now the manifest's reason, the refusal of
+    `use_liger_kernel true` and train.log's warning (dockyard.train.__main__) say why it is off."""
+    from dockyard.common import autos
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    h100 = autos.Device("NVIDIA H100 80GB HBM3", 80 * 2**30, (9, 0))
+    ddp = load_recipe("ddp")
+    settings, overrides = resolve_settings(ddp, {})
+
     done = kinds_with(tmp_path, "raise ImportError(\"cannot import name 'make_tensor_descriptor' from 'triton'\")\n", "")
-    assert done.returncode == 0 and done.stdout.strip() == "()", done.stderr
-    assert "liger-kernel is installed but does not import (ImportError: cannot import name 'make_tensor_descriptor' " \
-           "from 'triton'): the run goes without it" in done.stderr
+    assert done.returncode == 0, done.stderr
+    kinds, why = eval(done.stdout)  # noqa: S307 - the tuple printed by the child above
+    assert kinds == () and why == ("liger-kernel is installed but does not import (ImportError: cannot import name "
+                                   "'make_tensor_descriptor' from 'triton')")
+    resolved = autos.resolve(ddp, settings, overrides, world_size=1, gpus_per_node=1, device=h100,
+                             shape=None, kind="llama", liger=kinds, liger_broken=why)
+    assert resolved.record["use_liger_kernel"] == {"value": False, "why": why}
+    with pytest.raises(DockyardError, match="use_liger_kernel true needs liger-kernel: liger-kernel is installed but "
+                                            "does not import"):
+        autos.resolve(ddp, settings, {**overrides, "use_liger_kernel": True}, world_size=1, gpus_per_node=1,
+                      device=h100, shape=None, kind="llama", liger=kinds, liger_broken=why)
 
 
 def test_a_liger_kernel_without_its_table_of_model_types_gets_ours(tmp_path):
     from dockyard.common.autos import LIGER_TYPES
 
     done = kinds_with(tmp_path, "def _apply_liger_kernel_to_instance(model, **kw): pass\n", "")
-    assert done.returncode == 0 and done.stdout.strip() == str(LIGER_TYPES), done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == str((LIGER_TYPES, "")), done.stderr
     table = kinds_with(tmp_path / "t", "def _apply_liger_kernel_to_instance(model, **kw): pass\n",
                        "MODEL_TYPE_TO_APPLY_LIGER_FN = {'llama': None, 'qwen3': None}\n")
-    assert table.stdout.strip() == "('llama', 'qwen3')", table.stderr
+    assert table.stdout.strip() == "(('llama', 'qwen3'), '')", table.stderr
