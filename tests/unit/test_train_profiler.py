@@ -110,7 +110,12 @@ def test_a_trace_without_gpu_work_has_no_gpu_figures():
     ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "other kernels"),
-    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "other kernels"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps>>", "other kernels"),
+    # torch.compile's inductor: its fused Triton kernels, though their names list the operators fused
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "fused by torch.compile"),
+    ("triton_poi_fused__scaled_dot_product_efficient_attention_view_3", "fused by torch.compile"),
+    ("triton_per_fused__log_softmax_nll_loss_12", "fused by torch.compile"),
+    ("triton_tem_fused_addmm_7", "matmul"), ("triton_tem_fused_flex_attention_0", "attention"),
 ])
 def test_kernels_are_told_apart_by_the_names_their_libraries_give_them(name, kind):
     assert kernel_kind(name) == kind
