@@ -264,7 +264,7 @@ def steady_state(metrics_file: Path) -> dict:
 # The autos the table shows, short: settings_resolved key -> column word
 SHOWN = {"per_device_train_batch_size": "mb", "gradient_accumulation_steps": "accum",
          "gradient_checkpointing": "GC", "torch_compile": "compile", "use_liger_kernel": "Liger",
-         "padding_free": "padding-free", "packing": "packing"}
+         "padding_free": "padding-free", "packing": "packing", "numa_binding": "NUMA-bound"}
 
 
 def resolved(manifest: dict) -> str:
