@@ -88,13 +88,13 @@ def bind(cpus: frozenset[int], threads: int | None) -> None:
     CPUs (NCCL pins its proxy threads near the GPU); and `threads` threads for torch's and OpenMP's parallel loops
     where given."""
     before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)  # first: where the kernel refuses, nothing has moved
     for tid in os.listdir("/proc/self/task"):
         try:
             if os.sched_getaffinity(int(tid)) == before:
                 os.sched_setaffinity(int(tid), cpus)
         except OSError:  # the thread has ended meanwhile
             pass
-    os.sched_setaffinity(0, cpus)
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # read by OpenMP runtimes loaded later (DeepSpeed's CPU Adam)
         torch.set_num_threads(threads)
