@@ -429,7 +429,7 @@ class Placement:
     """Where one process's GPU sits and the CPUs it may use there (read by dockyard.train.cpus)."""
 
     gpu: int                      # the process's GPU (its local rank: torch's index among the visible GPUs)
-    address: str                  # its PCI address, as nvidia-smi and sysfs write it
+    address: str                  # its PCI address, as sysfs and `lspci -D` write it (0000:18:00.0)
     node: int                     # that GPU's NUMA node; -1 where the firmware does not say on a host of several
     nodes: int                    # NUMA nodes holding CPUs this process may use
     cpus: frozenset[int]          # the CPUs of the GPU's node this process may use (its affinity within the node)
