@@ -12,9 +12,9 @@
     numa_binding: each process on the cores of its GPU's NUMA node, where the run's GPUs hang off every one.
 
 On CPU every auto is what the project did before: micro-batch 8, no accumulation, checkpointing for the adapter
-recipes only, no compilation, no Liger, padded batches, one example per text document, no CPU binding. What each became is written
-into the manifest (`settings_resolved`, with the reason); any of them can be set instead (recipe file or
-`-- --key value`).
+recipes only, no compilation, no Liger, padded batches, one example per text document, no CPU binding. What each
+became is written into the manifest (`settings_resolved`, with the reason); any of them can be set instead (recipe
+file or `-- --key value`).
 Plain, torch-free functions over plain data, so that what the trainer runs and what `invoke plan` says are one
 rule: the trainer passes the GPU it sees (dockyard.train.environment), the plan the GPU it plans for, tests recorded
 hosts.
@@ -478,10 +478,10 @@ def resolve_numa_binding(value: Any, device: Device | None, place: Placement | N
 
 def cpu_ranges(cpus: frozenset[int]) -> str:
     """{0, 1, 2, 5} as sysfs writes it: 0-2,5."""
-    out: list[str] = []
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive CPUs
     for cpu in sorted(cpus):
-        if out and cpu == int(out[-1].rpartition("-")[2]) + 1:
-            out[-1] = f"{out[-1].partition('-')[0]}-{cpu}"
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
         else:
-            out.append(str(cpu))
-    return ",".join(out)
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
