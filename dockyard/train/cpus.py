@@ -44,17 +44,21 @@ def bind_near_gpu(value: bool | str, device: Device | None, sys_root: Path = SYS
             return _not_bound(value, f"local rank {local} has no GPU of its own ({len(gpus)} visible)")
         place = placement(local, gpus, sys_root)
     on, why = resolve_numa_binding(value, device, place)
-    if not (on and place):
-        if place and not place.cpus:
+    if not on or place is None:
+        if place and place.node >= 0 and not place.cpus:  # this rank's affinity, not the host: the others may bind
             log.warning("numa_binding: %s", why)
         return on, why
     given, share = os.environ.get("OMP_NUM_THREADS"), os.environ.get(envvars.CPU_SHARE, "")
-    ours = given is None or (given == share and share.isdecimal())
+    threads = None  # OMP_NUM_THREADS set by someone else than the image's torchrun: theirs
+    if given is None:
+        threads = place.threads
+    elif given == share and share.isdecimal():
+        threads = min(place.threads, int(share))
     try:
-        bind(place.cpus, (place.threads if given is None else min(place.threads, int(share))) if ours else None)
+        bind(place.cpus, threads)
     except OSError as e:  # the cpuset changed under it, or a sandbox refuses: the run goes on where it was
         return _not_bound(value, f"binding to CPUs {cpu_ranges(place.cpus)} failed ({e.strerror or e})")
-    return on, why + (f", {torch.get_num_threads()} thread(s) each" if ours else
+    return on, why + (f", {torch.get_num_threads()} thread(s) each" if threads else
                       f"; OMP_NUM_THREADS={given} kept as set")
 
 

@@ -229,3 +229,9 @@ def test_a_binding_refused_or_a_rank_without_a_gpu_leaves_the_process_unbound_an
         cpus.bind_near_gpu(True, H100, sysfs)
     monkeypatch.setenv("LOCAL_RANK", "2")
     assert cpus.bind_near_gpu("auto", H100, sysfs) == (False, "local rank 2 has no GPU of its own (2 visible)")
+    # a host whose GPUs' node is not known (many VMs) is every rank's lot, not one rank's trouble: no warning
+    caplog.clear()
+    unknown = lay_out(tmp_path / "unknown", {0: str(mine[0]), 1: ",".join(map(str, mine[1:]))}, {},
+                      {GPUS[0]: "-1", GPUS[1]: "-1"})
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert cpus.bind_near_gpu("auto", H100, unknown)[0] is False and "numa_binding" not in caplog.text
