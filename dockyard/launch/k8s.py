@@ -70,6 +70,7 @@ class Spec:
     max_restarts: int = 0
     resume: bool = False
     join_timeout: int = node.JOIN_TIMEOUT
+    compile_cache: bool = True  # on the claim (node.COMPILE_IN_RUNS); the compile_cache setting "" turns it off
 
     @property
     def name(self) -> str:
@@ -117,7 +118,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
         image = variants.tag(settings, node.cluster_variant(settings, variant, gpus_per_node))
     return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or node.CPU_NPROC, image=image,
                 run_id=run_id, claim=runs_claim, shm=shm, overrides=list(overrides or []), max_restarts=max_restarts,
-                resume=resume, join_timeout=join_timeout)
+                resume=resume, join_timeout=join_timeout, compile_cache=bool(settings.compile_cache.strip()))
 
 
 # Where the pods find a model or data of the user's: on the claim, or in the image. `invoke run` mounts a host path
@@ -158,6 +159,8 @@ POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podI
 
 def _env(s: Spec) -> list[dict]:
     env = {**node.container_env(), envvars.IMAGE_REF: s.image}
+    if s.compile_cache:  # on the claim, for the next Job: a new pod's /tmp starts empty
+        env |= node.compile_in_runs_env()
     if not s.gpus:
         env["DS_ACCELERATOR"] = "cpu"  # CPU pods, whatever the image: a CUDA image's trainer would look for a GPU
     return [*({"name": k, "value": v} for k, v in env.items()), POD_IP]

@@ -131,6 +131,17 @@ def expanding(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
 
 
+# torch.compile's kernels kept for the next run where no launcher of ours mounts the compile cache (compose, the
+# Kubernetes pods): in the runs folder, which they mount already. The trainer makes the folders for the run's user
+# alone, and uses them only while they stay so (dockyard.train.environment); whoever can write the runs folder can
+# already write the checkpoints a resume loads.
+COMPILE_IN_RUNS = f"{RUNS_INSIDE}/.cache/compile"
+
+
+def compile_in_runs_env() -> dict[str, str]:
+    return {"TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_IN_RUNS}/inductor", "TRITON_CACHE_DIR": f"{COMPILE_IN_RUNS}/triton"}
+
+
 def container_env() -> dict[str, str]:
     """The trainer's container environment on every launcher: a HOME any user id can write, and Hugging Face's
     cache at its mounted folder, never asked over the network."""

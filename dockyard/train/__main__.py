@@ -75,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         transformers.utils.logging.disable_progress_bar()
 
     nodes.pin_interface()  # before torch.distributed starts
+    # before torch._dynamo is imported (by transformers, for one): its import makes the inductor cache's folder
+    unusable_caches = environment.compile_cache()
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
     run = None
     try:
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
         opts.resume = opts.resume or restarted()
         run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
-                  world_size=int(os.environ.get("WORLD_SIZE", 1)))
+                  world_size=int(os.environ.get("WORLD_SIZE", 1)), unusable_caches=unusable_caches)
         if nodes.several():
             run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
@@ -184,6 +186,7 @@ class Run:
     record: Record = field(default_factory=Record)
     heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
     finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
+    unusable_caches: list[str] = field(default_factory=list)  # compile cache folders not used, and why
 
     def doing(self, phase: str) -> None:
         """What this node is doing, for the message that names a node lost meanwhile."""
@@ -243,6 +246,10 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
     if liger_broken and device is not None:
         log.warning("%s: the run goes without Liger's kernels", liger_broken)
+    if args.torch_compile and os.environ.get("LOCAL_RANK", "0") == "0":  # every process dropped it; one per node says so
+        for why in run.unusable_caches:
+            log.warning("compile cache not used: %s; this run compiles into its /tmp. The runs execute what is in "
+                        "the cache: it must be a folder of the run's user that no one else can write", why)
     bound, why = cpus.bind_near_gpu(settings.numa_binding, device)  # before the model and the data loader's workers
     run.record.settings_resolved["numa_binding"] = {"value": bound, "why": why}
     log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each%s; settings %s", recipe.name,

@@ -1,9 +1,13 @@
-"""What the trainer finds where it runs, for the `auto` settings (dockyard.common.autos decides them): the GPUs
-torch sees, and which model types the installed liger-kernel has kernels for."""
+"""What the trainer finds where it runs: for the `auto` settings (dockyard.common.autos decides them), the GPUs
+torch sees and which model types the installed liger-kernel has kernels for; and whether the compile cache its
+launcher named is one it may use."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import stat
+from collections.abc import MutableMapping
 
 from dockyard.common.autos import LIGER_TYPES, Device
 
@@ -33,3 +37,43 @@ def liger_kinds() -> tuple[tuple[str, ...], str]:
         first = str(e).splitlines()[0] if str(e) else ""
         return (), f"liger-kernel is installed but does not import ({type(e).__name__}: {first})"
     return tuple(getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", LIGER_TYPES)), ""  # a version without the table
+
+
+COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")  # torch's inductor cache, Triton's
+
+
+def compile_cache(environ: MutableMapping[str, str] = os.environ) -> list[str]:
+    """Check the compile cache folders the launcher named (invoke run, run.sh, compose, the Kubernetes pods): each
+    must be a folder this process can make and write, its own, that no one else can write, since the run executes
+    what is in it (compiled modules, pickled graphs). A folder that is not is dropped from `environ`, so torch
+    compiles into the container's /tmp instead; returns what was dropped and why."""
+    dropped = []
+    for var in COMPILE_CACHES:
+        folder = environ.get(var, "")
+        why = _unusable(folder) if folder else ""
+        if why:
+            del environ[var]
+            dropped.append(f"{var}={folder} {why}")
+    return dropped
+
+
+def _unusable(folder: str) -> str:
+    """Why `folder` cannot serve as this process's compile cache ("" where it can); made 0700 where missing. The
+    folder may be writable by this process's own group: Kubernetes' fsGroup makes a volume's files so."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        return "is not a folder"
+    old = os.umask(0o077)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        st = os.stat(folder)
+    except OSError as e:
+        return f"cannot be made ({e.strerror or e})"
+    finally:
+        os.umask(old)
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}"
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid()):
+        return f"can be written by other users (mode {stat.filemode(st.st_mode)})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot be written (mode {stat.filemode(st.st_mode)})"
+    return ""

@@ -273,3 +273,19 @@ def test_the_join_bound_can_be_raised_for_pods_that_start_minutes_apart(settings
     assert "--rdzv-conf=is_host=0,join_timeout=900" in got["argv"] and got["rdzv"]["join_timeout"] == 900
     r = invoke("k8s", "--run-id=jt", "--join-timeout=900", f"--out={tmp_path / 'out'}")
     assert r.returncode == 0 and "join_timeout=900" in (tmp_path / "out" / "job.yaml").read_text(), r.stderr
+
+
+def test_the_pods_keep_compiled_kernels_on_the_claim_for_the_next_job(settings):
+    """A new pod's /tmp starts empty: without a cache every Job compiled anew. Both forms name folders on the runs
+    claim (the trainer makes them, for the pods' user alone: test_train_environment.py); compile_cache "" names none."""
+    def env_of(s):
+        job, trainjob = k8s.job_manifests(s)[1], k8s.trainjob_manifest(s)
+        envs = [job["spec"]["template"]["spec"]["containers"][0]["env"], trainjob["spec"]["trainer"]["env"]]
+        assert envs[0] == envs[1]
+        return {e["name"]: e.get("value") for e in envs[0]}
+
+    env = env_of(_spec(settings))
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/workspace/runs/.cache/compile/inductor"
+    assert env["TRITON_CACHE_DIR"] == "/workspace/runs/.cache/compile/triton"
+    off = env_of(_spec(settings.model_copy(update={"compile_cache": ""})))
+    assert not {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} & set(off)

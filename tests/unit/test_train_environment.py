@@ -1,14 +1,22 @@
-"""What the trainer finds where it runs: which model types liger-kernel can patch here. liger-kernel is not in this
-CPU environment (the CUDA images pin it), so the tests lay out small stand-in packages of that name: one whose
-import fails as a real install does against a triton it was not built for, one without the table of model types."""
+"""What the trainer finds where it runs: which model types liger-kernel can patch here, and whether the compile cache
+its launcher named may be used.
+
+liger-kernel is not in this CPU environment (the CUDA images pin it), so the tests lay out small stand-in packages
+of that name: one whose import fails as a real install does against a triton it was not built for, one without the
+table of model types. The compile caches are real folders; compose runs the check for real in
+tests/integration/test_deploy.py."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from dockyard.train import environment
 
 ROOT = Path(__file__).resolve().parents[2]
 ASK = "from dockyard.train import environment; print(environment.liger_kinds())"
@@ -59,3 +67,56 @@ def test_a_liger_kernel_without_its_table_of_model_types_gets_ours(tmp_path):
     table = kinds_with(tmp_path / "t", "def _apply_liger_kernel_to_instance(model, **kw): pass\n",
                        "MODEL_TYPE_TO_APPLY_LIGER_FN = {'llama': None, 'qwen3': None}\n")
     assert table.stdout.strip() == "(('llama', 'qwen3'), '')", table.stderr
+
+
+def _named(tmp_path: Path, folder: Path) -> dict[str, str]:
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton"),
+            "HOME": str(tmp_path)}
+
+
+def test_a_missing_compile_cache_is_made_for_this_process_alone_and_kept(tmp_path):
+    env = _named(tmp_path, tmp_path / "compile")
+    assert environment.compile_cache(env) == []
+    assert env == _named(tmp_path, tmp_path / "compile"), "both kept"
+    for name in ("inductor", "triton"):
+        st = os.stat(tmp_path / "compile" / name)
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    assert environment.compile_cache(env) == [] and len(env) == 3, "made once, used again"
+
+
+@pytest.mark.parametrize("mode, group, kept", [
+    (0o707, None, False),        # anyone can write it
+    (0o770, "another", False),   # a group other than the process's own
+    (0o770, "own", True),        # the process's own group: Kubernetes' fsGroup makes a volume's files so
+])
+def test_a_compile_cache_others_can_write_is_dropped_so_the_run_compiles_in_its_tmp(tmp_path, mode, group, kept):
+    env = _named(tmp_path, tmp_path / "compile")
+    inductor = tmp_path / "compile" / "inductor"
+    inductor.mkdir(parents=True)
+    inductor.chmod(mode)
+    if group == "another":
+        os.chown(inductor, -1, os.getegid() + 1) if os.geteuid() == 0 else pytest.fail("CI runs these as root")
+    dropped = environment.compile_cache(env)
+    assert ("TORCHINDUCTOR_CACHE_DIR" in env) == kept
+    assert "TRITON_CACHE_DIR" in env, "each folder on its own"
+    if not kept:
+        assert dropped == [f"TORCHINDUCTOR_CACHE_DIR={inductor} can be written by other users "
+                           f"(mode {stat.filemode(inductor.stat().st_mode)})"]
+
+
+def test_a_compile_cache_of_another_user_or_that_cannot_be_made_is_dropped(tmp_path, monkeypatch):
+    """Docker makes a missing bind-mount source as root: the run's user can then make nothing in it."""
+    (tmp_path / "compile").mkdir()
+    (tmp_path / "compile" / "triton").write_text("a file")
+    (tmp_path / "blocked").write_text("a file")
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "compile"), "TRITON_CACHE_DIR": str(tmp_path / "compile/triton")}
+    me = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: me + 1)  # the folder stays this user's; the process becomes another
+    assert environment.compile_cache(env) == [
+        f"TORCHINDUCTOR_CACHE_DIR={tmp_path / 'compile'} belongs to uid {me}, not to this process's uid {me + 1}",
+        f"TRITON_CACHE_DIR={tmp_path / 'compile/triton'} is not a folder"]
+    assert env == {}
+    env = {"TRITON_CACHE_DIR": str(tmp_path / "blocked" / "triton")}
+    assert environment.compile_cache(env) == [f"TRITON_CACHE_DIR={tmp_path / 'blocked/triton'} cannot be made "
+                                              "(Not a directory)"]
+    assert env == {}
