@@ -448,6 +448,10 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
 
 def _rate_kind(met: runfolder.MetricsRecord) -> str:
     """What the run's tokens/s is: its steady state, or (a run of a few steps) one that holds the warm-up."""
+    included = met.steady_state.profiled_steps_included if met.steady_state else None
+    if included and len(included) == 2:
+        return (f"(the profiled steps {included[0]}-{included[1]} included, slowed by the profiler: too few other "
+                "steps to leave them out)")
     if met.steady_state and met.steady_state.warm_up_left_out is False:
         return "(warm-up included: too few steps to leave it out)"
     left_out = met.steady_state.profiled_steps_left_out if met.steady_state else None

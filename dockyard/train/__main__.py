@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
     # DeepSpeed's ZeRO gathers with the collective torch >= 2.13 calls deprecated: every rank warned of it at its first
     # step and at every save, about a call the user cannot change
-    warnings.filterwarnings("ignore", message="`torch.distributed.all_gather_into_tensor` is deprecated",
-                            category=FutureWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, message=r"`torch\.distributed\."
+                            r"(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")  # ZeRO-3: both
     if os.environ.get("LOCAL_RANK", "0") != "0":  # loading and saving weights: one progress bar per node, not per GPU
         transformers.utils.logging.disable_progress_bar()
 
@@ -244,7 +244,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              liger_broken=liger_broken)
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
-    if liger_broken and device is not None:
+    if liger_broken and device is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # one line per node
         log.warning("%s: the run goes without Liger's kernels", liger_broken)
     if args.torch_compile and os.environ.get("LOCAL_RANK", "0") == "0":  # every process dropped it; one per node says so
         for why in run.unusable_caches:

@@ -163,14 +163,19 @@ class MetricsLog(TrainerCallback):
         is. Empty when nothing was logged."""
         warm = [w for w in self.windows[1:] if w["step"] > self.first_step + WARMUP_STEPS]
         after = [w for w in warm if not self._under_profiler(w)]
-        chosen = after or self.windows[1:] or self.windows
+        # too few windows: the warm-up counts before a profiled window does (the profiler writing its trace is
+        # slower than any warm-up step)
+        chosen = after or [w for w in self.windows[1:] if not self._under_profiler(w)] or self.windows[1:] or self.windows
         if not chosen:
             return {}
         tokens, seconds = sum(w["tokens"] for w in chosen), sum(w["seconds"] for w in chosen)
         out = {"from_step": chosen[0]["from_step"], "to_step": chosen[-1]["step"], "tokens": tokens,
                "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 2), "mfu": None,
                "warm_up_left_out": bool(after)}
-        if after and len(after) < len(warm):
+        profiled = [w for w in self.windows if self._under_profiler(w)]
+        if any(w in chosen for w in profiled):
+            out["profiled_steps_included"] = list(self.profiled)
+        elif any(w in self.windows[1:] for w in profiled):
             out["profiled_steps_left_out"] = list(self.profiled)
         if self.flops and self.peak:
             out["mfu"] = float(f"{tokens / seconds * self.flops / (self.peak * self.world):.4g}")

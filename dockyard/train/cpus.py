@@ -28,6 +28,7 @@ from dockyard.common.errors import DockyardError
 log = logging.getLogger("dockyard.train")
 
 SYS = Path("/sys")
+MAX_CPUS = 1 << 16  # past any kernel's CPU numbers (NR_CPUS is at most 8192 today)
 
 
 def bind_near_gpu(value: bool | str, device: Device | None, sys_root: Path = SYS) -> tuple[bool, str]:
@@ -147,11 +148,15 @@ def physical_cores(cpus: frozenset[int], sys_root: Path) -> int:
 
 
 def cpu_list(text: str) -> set[int]:
-    """sysfs' list format ("0-3,8,10-11") as a set of CPU numbers."""
+    """sysfs' list format ("0-3,8,10-11") as a set of CPU numbers; ValueError where it is not one (a CPU number
+    past any kernel's, MAX_CPUS, included: "0-999999999" would be a billion-element set)."""
     out: set[int] = set()
     for part in text.strip().split(","):
         if not part:
             continue
         first, _, last = part.partition("-")
-        out.update(range(int(first), int(last or first) + 1))
+        low, high = int(first), int(last or first)
+        if not 0 <= low <= high < MAX_CPUS:
+            raise ValueError(f"not a list of CPUs: {part!r}")
+        out.update(range(low, high + 1))
     return out

@@ -24,15 +24,23 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import sys
 from pathlib import Path
 
 from dockyard.common import envvars
-from dockyard.train import cpus
+
+# torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
+# and says it is invalid in three lines of its own, as it loads
 
 
 def main(argv: list[str] | None = None) -> int:
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads is not None and not (threads.strip().isdigit() and int(threads) > 0):
+        print(f"torchrun: OMP_NUM_THREADS={threads!r}: give a whole number of CPU threads per process, 1 or more, or "
+              "unset it (each process then gets its share of the node's cores)", file=sys.stderr)
+        return 2
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -84,11 +92,13 @@ def share_cpu_cores(argv: list[str]) -> None:
     os.environ["OMP_NUM_THREADS"] = os.environ[envvars.CPU_SHARE] = share  # the trainer may re-share (train.cpus)
 
 
-def usable_cores(cgroup: Path = Path("/sys/fs/cgroup"), sys_root: Path = cpus.SYS) -> int:
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup"), sys_root: Path = Path("/sys")) -> int:
     """The physical cores this process may use: its CPU affinity, less hyperthreads' siblings (AVX work such as CPU
     Adam gains nothing from them; where sysfs does not say which CPUs are siblings, each counts), within the
     container's CPU quota (cgroup v2 cpu.max, v1 cfs_quota_us) when there is one, as Kubernetes' CPU limits and
     `docker run --cpus` set."""
+    from dockyard.train import cpus
+
     cores = max(1, cpus.physical_cores(frozenset(os.sched_getaffinity(0)), sys_root))
     quota = cpu_quota(cgroup)
     return max(1, min(cores, int(quota))) if quota else cores
@@ -105,7 +115,8 @@ def cpu_quota(cgroup: Path) -> float | None:
             quota, period = float(words[0]), float(words[1])
         except (OSError, ValueError, IndexError):  # absent, "max", unreadable
             continue
-        return quota / period if quota > 0 and period > 0 else None
+        share = quota / period if quota > 0 and period > 0 else None
+        return share if share is not None and math.isfinite(share) else None
     return None
 
 

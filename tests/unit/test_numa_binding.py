@@ -205,6 +205,13 @@ def test_cores_count_once_per_physical_core_and_each_cpu_where_sysfs_does_not_sa
     no_cgroup = tmp_path / "cgroup"
     assert usable_cores(no_cgroup, paired) == 1  # this process's CPUs as one core's two threads
     assert usable_cores(no_cgroup, tmp_path / "unreadable") == len(mine)
+    # what no kernel writes counts as unreadable: a billion-CPU range was a billion-element set
+    huge = lay_out(tmp_path / "huge", {0: "0-999999999"}, {c: "0-999999999" for c in mine}, {})
+    assert cpus.node_cpus(huge) == {} and usable_cores(no_cgroup, huge) == len(mine)
+    assert cpus.cpu_list("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+    for bad in ("3-1", "-1", "70000", "x"):
+        with pytest.raises(ValueError):
+            cpus.cpu_list(bad)
 
 
 def test_a_binding_refused_or_a_rank_without_a_gpu_leaves_the_process_unbound_and_says_why(tmp_path, monkeypatch,

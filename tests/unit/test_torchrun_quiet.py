@@ -136,3 +136,19 @@ def test_the_cores_usable_are_capped_by_the_containers_cpu_quota(tmp_path):
     assert cpu_quota(v1) == 1.0 and usable_cores(v1) == 1
     (v2 / "cpu.max").write_text("garbage\n")
     assert cpu_quota(v2) is None
+    (v2 / "cpu.max").write_text("1e400 100000\n")  # not a quota a kernel writes: an OverflowError traceback, before
+    assert cpu_quota(v2) is None and usable_cores(v2) >= 1
+
+
+def test_an_omp_num_threads_that_is_not_a_thread_count_is_refused_naming_it(tmp_path):
+    """"abc" gave three lines of libgomp's "Invalid value" and then the trainer's "invalid literal for int()",
+    naming no variable; "0" ran on one thread, under accelerate's warning that it was unset."""
+    (tmp_path / "worker.py").write_text("print('trained')\n")
+    for value in ("abc", "", "0", "-2", "1.5"):
+        r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
+                            "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": value})
+        assert r.returncode == 2 and "trained" not in r.stdout, (value, r.stdout, r.stderr)
+        assert r.stderr.strip() == (f"torchrun: OMP_NUM_THREADS={value!r}: give a whole number of CPU threads per "
+                                    "process, 1 or more, or unset it (each process then gets its share of the node's "
+                                    "cores)"), (value, r.stderr)

@@ -67,9 +67,12 @@ def test_the_summary_says_when_a_run_was_too_short_for_a_steady_state(tmp_path, 
     from dockyard.launch import run as launch_run
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 3, "loss": 6.0}\n')
-    for left_out, says in ((False, "25 tokens/s (warm-up included: too few steps to leave it out)"),
-                           (True, "25 tokens/s (steady state)")):
+    for steady, says in (({"warm_up_left_out": False}, "25 tokens/s (warm-up included: too few steps to leave it out)"),
+                         ({"warm_up_left_out": True}, "25 tokens/s (steady state)"),
+                         ({"warm_up_left_out": False, "profiled_steps_included": [2, 3]},
+                          "25 tokens/s (the profiled steps 2-3 included, slowed by the profiler: too few other steps "
+                          "to leave them out)")):
         manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {
-            "steps": 3, "tokens_per_second": 25.0, "steady_state": {"warm_up_left_out": left_out}}, {}))
+            "steps": 3, "tokens_per_second": 25.0, "steady_state": steady}, {}))
         launch_run.summarise(tmp_path)
         assert says in capsys.readouterr().out

@@ -94,6 +94,39 @@ def test_the_steps_under_the_profiler_are_left_out_of_the_steady_state(tmp_path,
     assert steady["profiled_steps_left_out"] == [7, 8]
 
 
+def _profiled_run(tmp_path, monkeypatch, steps: int, profiled: tuple[int, int]) -> dict:
+    """A run of `steps` steps logged every step, the profiled ones 50x slower (the profiler writing its trace)."""
+    clock = Clock()
+    monkeypatch.setattr(callbacks, "time", clock)
+    tokens = TokenCount()
+    log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens, profiled=profiled)
+    args, state = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(global_step=0, max_steps=steps)
+    log.on_train_begin(args, state, None)
+    for step in range(1, steps + 1):
+        tokens.add([{"input_ids": torch.ones(1, 100)}])
+        clock.sleep(0.5 if profiled[0] <= step <= profiled[1] else 0.01)
+        state.global_step = step
+        control = SimpleNamespace(should_save=False, should_evaluate=False, should_log=True)
+        log.on_step_end(args, state, control)
+        log.on_log(args, state, control, logs={"loss": 1.0})
+    return log.steady_state()
+
+
+def test_profiled_last_steps_stay_out_of_the_rate_even_where_the_warm_up_must_count(tmp_path, monkeypatch):
+    """--max_steps 8 --logging_steps 1 --profile_steps 6-8: every window after the warm-up was profiled, and the
+    rate fell back to all windows but the first, profiled ones included: 8531 tokens/s on a CPU run whose steps ran
+    at 25-29k, with nothing saying the profiled steps were counted."""
+    steady = _profiled_run(tmp_path, monkeypatch, 8, (6, 8))
+    assert steady["tokens_per_second"] == pytest.approx(10000.0)  # steps 2-5, at the unprofiled rate
+    assert (steady["from_step"], steady["to_step"], steady["warm_up_left_out"]) == (2, 5, False)
+    assert steady["profiled_steps_left_out"] == [6, 8] and "profiled_steps_included" not in steady
+    # nothing else to measure: counted, and said
+    (tmp_path / "all").mkdir()
+    steady = _profiled_run(tmp_path / "all", monkeypatch, 3, (2, 3))
+    assert steady["tokens_per_second"] == pytest.approx(200.0) and steady["profiled_steps_included"] == [2, 3]
+    assert "profiled_steps_left_out" not in steady
+
+
 def test_the_last_step_always_closes_a_window(tmp_path, monkeypatch):
     """With --max_steps 12 --logging_steps 5, steps 11-12 were in no window (missing from metrics.jsonl); with
     --max_steps 4 --logging_steps 10 loss_last was step 1's."""
