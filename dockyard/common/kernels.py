@@ -74,6 +74,35 @@ def timeline(trace: Any) -> dict[str, list[tuple[float, float]]]:
     return {f"stream {stream} / {order[i]}": rows[stream, i] for stream, i in sorted(rows)}
 
 
+TIMELINE_POINTS = 2000  # per row: intervals closer than the profiled span / this are drawn as one (sub-pixel gaps)
+TIMELINE_ROWS = 64      # streams x kinds a timeline may hold (a GPU run uses a handful of streams)
+
+
+def timeline_record(trace: Any) -> dict[str, Any] | None:
+    """What the timeline plot needs, small whatever the trace's size: each row of `timeline` with its intervals
+    closer than the span / TIMELINE_POINTS merged (at most TIMELINE_POINTS + 1 a row: their gaps fill the span), and
+    the share of the span the GPU was busy. The trainer writes it beside the trace (profile/timeline.json), so that
+    the host draws from it and never parses a trace of hundreds of MB. None without GPU work."""
+    busy = gpu_time(trace)
+    if busy is None:
+        return None
+    rows = timeline(trace)
+    gap = busy["span_us"] / 1000 / TIMELINE_POINTS
+    return {"busy": busy["busy_us"] / busy["span_us"],
+            "rows": {name: _merged(at, gap) for name, at in list(rows.items())[:TIMELINE_ROWS]}}
+
+
+def _merged(intervals: list[tuple[float, float]], gap: float) -> list[list[float]]:
+    """(start, duration) intervals sorted by start, those less than `gap` apart drawn as one."""
+    out: list[list[float]] = []
+    for start, dur in intervals:
+        if out and start - (out[-1][0] + out[-1][1]) < gap:
+            out[-1][1] = max(out[-1][1], start + dur - out[-1][0])
+        else:
+            out.append([start, dur])
+    return [[round(start, 4), round(dur, 4)] for start, dur in out]
+
+
 def event_kind(e: dict[str, Any]) -> str:
     return kernel_kind(str(e.get("name", "")), e.get("cat") != "kernel")
 

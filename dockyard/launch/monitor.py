@@ -7,7 +7,8 @@ while a run lasts, warns when the work is unbalanced, and leaves plots and a ver
 It runs on the host, beside the container, and never fails the run: its own errors become a warning.
 Files it writes in the run folder: monitor.jsonl (one line per sample), monitor.json (the verdict),
 gpu.png or cpu.png (utilisation and memory per device over time), loss.png (from the trainer's metrics.jsonl),
-profile/timeline.png (rank 0's GPU kernels over the profiled steps, from its trace: profile_steps on a GPU).
+profile/timeline.png (rank 0's GPU kernels over the profiled steps, from the trainer's profile/timeline.json:
+profile_steps on a GPU).
 Every file goes through dockyard.common.runfolder: a link planted in the run folder is replaced or refused, never followed.
 """
 
@@ -21,7 +22,6 @@ import math
 import os
 import threading
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
@@ -37,8 +37,7 @@ LIVE_WINDOW = 30         # samples (seconds at the default interval) a live warn
 MIN_ACTIVE = 5           # samples with some device busy before any verdict on balance
 MOSTLY = 0.5             # "most of the run": this share of the busy samples
 WAITING = 80.0           # percent: GPUs busy less than this while training (on average) wait for something
-TRACE_LIMIT = 512 << 20  # bytes: the profile trace the timeline reads, gzip'd (10 steps of a large model: tens of MB)
-TRACE_TEXT_LIMIT = 4 << 30  # bytes: and inflated
+TIMELINE_LIMIT = 8 << 20  # bytes: the profile's timeline.json (kernels.timeline_record's are under 3 MB)
 
 
 class Processes:
@@ -286,24 +285,32 @@ def plot_loss(series: dict[str, list[tuple[float, float]]], title: str = "") -> 
     return _png(fig)
 
 
-def read_trace(run_dir: Path) -> object:
-    """Rank 0's profile trace (profile_steps), parsed; None when the run has none. Untrusted: read through no link,
-    and refused past TRACE_LIMIT bytes, or TRACE_TEXT_LIMIT inflated."""
+def read_timeline(run_dir: Path) -> dict | None:
+    """Rank 0's kernels over the profiled steps as the trainer wrote them (kernels.timeline_record), checked; None
+    when the run has none (no profile, or a CPU run's). Untrusted: read through no link, refused past
+    TIMELINE_LIMIT bytes (the trainer's stay under 3 MB) or where its shape is not the trainer's."""
     folder = run_dir / runfolder.PROFILE
     if not os.path.lexists(folder):
         return None
-    raw = runfolder.read(folder, runfolder.PROFILE_TRACE.format(0), TRACE_LIMIT)
+    raw = runfolder.read(folder, runfolder.PROFILE_TIMELINE_DATA, TIMELINE_LIMIT)
     if raw is None:
         return None
-    inflate = zlib.decompressobj(wbits=31)  # gzip
     try:
-        text = inflate.decompress(raw, TRACE_TEXT_LIMIT)
-        if inflate.unconsumed_tail:
-            raise DockyardError(f"{folder} holds a trace of over {TRACE_TEXT_LIMIT >> 30} GiB")
-        return json.loads(text)
-    except (zlib.error, ValueError, RecursionError) as e:  # not gzip, not JSON (UnicodeDecodeError is a ValueError)
-        raise DockyardError(f"{folder / runfolder.PROFILE_TRACE.format(0)} is not a trace the trainer wrote ({e})") \
-            from None
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError)
+        raise DockyardError(f"{folder / runfolder.PROFILE_TIMELINE_DATA} is not JSON ({e})") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    busy = data.get("busy") if isinstance(data, dict) else None
+    if not (_number(busy) and 0 <= busy <= 1 and isinstance(rows, dict) and 0 < len(rows) <= kernels.TIMELINE_ROWS
+            and all(isinstance(name, str) and isinstance(at, list) and len(at) <= kernels.TIMELINE_POINTS + 1
+                    and all(isinstance(x, list) and len(x) == 2 and all(map(_number, x)) for x in at)
+                    for name, at in rows.items())):
+        raise DockyardError(f"{folder / runfolder.PROFILE_TIMELINE_DATA} is not a timeline the trainer wrote")
+    return {"busy": busy, "rows": {name[:80]: [tuple(x) for x in at] for name, at in rows.items()}}
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def plot_timeline(rows: dict[str, list[tuple[float, float]]], title: str = "") -> bytes:
@@ -432,15 +439,15 @@ class Monitor:
         return v
 
     def _profile_timeline(self) -> str | None:
-        """profile/timeline.png from rank 0's trace when the run profiled GPU steps; its path in the run folder."""
+        """profile/timeline.png from rank 0's timeline when the run profiled GPU steps; its path in the run folder."""
         try:
-            rows = kernels.timeline(trace := read_trace(self.run_dir))
-            if not rows:
+            timeline = read_timeline(self.run_dir)
+            if timeline is None:
                 return None  # no profile, or a CPU run's: its summary lists the operators
-            busy = kernels.gpu_time(trace)
             title = (f"{self.run_dir.name}: GPU kernels of the profiled steps by stream and kind (busy "
-                     f"{busy['busy_us'] / busy['span_us']:.0%} of the profiled time)")
-            runfolder.write(self.run_dir / runfolder.PROFILE, runfolder.PROFILE_TIMELINE, plot_timeline(rows, title))
+                     f"{timeline['busy']:.0%} of the profiled time)")
+            runfolder.write(self.run_dir / runfolder.PROFILE, runfolder.PROFILE_TIMELINE,
+                            plot_timeline(timeline["rows"], title))
         except Exception as e:  # noqa: BLE001 - a plot that fails leaves the verdict and the other plots
             _say(f"no profile timeline: {e if isinstance(e, DockyardError) else f'{type(e).__name__}: {e}'}")
             return None

@@ -21,7 +21,7 @@ import torch
 from transformers import TrainerCallback
 
 from dockyard.common import runfolder
-from dockyard.common.kernels import gpu_time
+from dockyard.common.kernels import gpu_time, timeline_record
 
 log = logging.getLogger("dockyard.train")
 OPERATORS = 25  # rows of the summary's operator table
@@ -96,7 +96,11 @@ def write(profiler: Any, folder: Path, steps: tuple[int, int], seconds: float, r
     runfolder.write(folder, trace_name(rank), gzip.compress(trace, compresslevel=6))
     if rank != 0:
         return None
-    busy = gpu_time(json.loads(trace))
+    parsed = json.loads(trace)
+    busy = gpu_time(parsed)
+    if busy:  # what the host's monitor draws profile/timeline.png from: it never reads the trace itself
+        timeline = json.dumps(timeline_record(parsed), separators=(",", ":"))
+        runfolder.write(folder, runfolder.PROFILE_TIMELINE_DATA, timeline.encode())
     device = "self_device_time_total" if busy else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=device, row_limit=OPERATORS, max_name_column_width=70)
     record = {"steps": list(steps), "rank": 0, "seconds": round(seconds, 3), "gpu_busy": None, "gpu_kinds": None,

@@ -60,3 +60,8 @@ def test_a_profiled_run_says_how_busy_the_gpu_was_and_with_what(tmp_path):
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
     summary = (run / "profile" / "summary.txt").read_text()
     assert "GPU busy:" in summary and "matmul" in summary, summary[:2000]
+    from dockyard.launch import monitor  # what `invoke run`'s monitor draws profile/timeline.png from
+
+    timeline = monitor.read_timeline(run)
+    assert timeline["busy"] == pytest.approx(profile["gpu_busy"], abs=1e-3)
+    assert any(name.endswith(" / matmul") for name in timeline["rows"]), list(timeline["rows"])

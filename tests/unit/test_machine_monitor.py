@@ -124,10 +124,10 @@ def test_watch_records_warns_live_and_plots(tmp_path, capfd):
     assert monitor.read_losses(tmp_path)["eval_loss"] == [(20, 2.1)]
 
 
-def _profiled_run(run, trace: bytes) -> dict:
-    """A run whose rank 0 left `trace` (gzip'd bytes) in profile/, watched on the recorded balanced GPUs."""
+def _profiled_run(run, timeline: bytes) -> dict:
+    """A run whose rank 0 left `timeline` in profile/timeline.json, watched on the recorded balanced GPUs."""
     (run / runfolder.PROFILE).mkdir(parents=True)
-    (run / runfolder.PROFILE / "trace-rank0.json.gz").write_bytes(trace)
+    (run / runfolder.PROFILE / runfolder.PROFILE_TIMELINE_DATA).write_bytes(timeline)
     with monitor.watch(run, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")) as mon:
         while len(mon.samples) < 90:
             time.sleep(0.01)
@@ -136,30 +136,49 @@ def _profiled_run(run, trace: bytes) -> dict:
 
 def test_a_gpu_profile_gets_a_timeline_of_its_kernels_and_a_broken_one_costs_only_that_plot(tmp_path, capfd):
     """The trace is the format torch.profiler writes on a GPU (Kineto's `kernel` and `gpu_memcpy` events), made here
-    since this machine has none."""
-    import gzip
-
+    since this machine has none; the trainer turns it into profile/timeline.json (dockyard.train.profiler), which
+    the monitor draws."""
     kernels = [{"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": 90.0, "tid": stream}
                for ts, name, stream in ((0.0, "nvjet_tst_gemm", 7), (100.0, "flash_fwd_kernel", 7),
                                         (50.0, "ncclDevKernel_AllReduce", 20), (300.0, "elementwise", 7))]
     trace = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 400.0}, *kernels,
                              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 200.0, "dur": 10.0, "tid": 7}]}
-    v = _profiled_run(tmp_path / "gpu", gzip.compress(json.dumps(trace).encode()))
+    record = monitor.kernels.timeline_record(trace)
+    v = _profiled_run(tmp_path / "gpu", json.dumps(record).encode())
     assert v["plots"] == ["gpu.png", "profile/timeline.png"] and _is_png(tmp_path / "gpu" / "profile" / "timeline.png")
-    rows = monitor.kernels.timeline(trace)
+    rows = record["rows"]
     assert list(rows) == ["stream 20 / all kernels", "stream 20 / communication", "stream 7 / all kernels",
                           "stream 7 / attention", "stream 7 / matmul", "stream 7 / memory copies",
                           "stream 7 / other kernels"]
-    assert rows["stream 7 / attention"] == [(0.1, 0.09)]  # ms from the first kernel
+    assert rows["stream 7 / attention"] == [[0.1, 0.09]]  # ms from the first kernel
     assert len(rows["stream 7 / all kernels"]) == 4  # the stream's every kernel and copy: its gaps are its waits
-    # a CPU run's trace has no kernels: no timeline, nothing said
-    cpu = {"traceEvents": trace["traceEvents"][:1]}
-    assert _profiled_run(tmp_path / "cpu", gzip.compress(json.dumps(cpu).encode()))["plots"] == ["gpu.png"]
-    assert "timeline" not in capfd.readouterr().err
-    # what is not a gzip'd JSON trace: said, and the verdict and the other plots are there all the same
-    for name, garbage in (("text", b"not a trace"), ("deep", gzip.compress(b"[" * 100000))):
-        assert _profiled_run(tmp_path / name, garbage)["plots"] == ["gpu.png"]
+    assert record["busy"] == pytest.approx(290 / 400)  # 0-190 (both streams), the copy, 300-390: of the 400 µs span
+    assert monitor.kernels.timeline_record({"traceEvents": trace["traceEvents"][:1]}) is None  # CPU: none written
+    # what is not the trainer's timeline: said, and the verdict and the other plots are there all the same
+    for name, garbage in (("text", b"not a timeline"), ("deep", b"[" * 100000), ("trace", json.dumps(trace).encode()),
+                          ("nan", json.dumps({**record, "busy": float("nan")}).encode()),
+                          ("long", json.dumps({"busy": 0.5, "rows": {"x": [[0, 1]] * 5000}}).encode()),
+                          ("big", b" " * (monitor.TIMELINE_LIMIT + 1))):
+        assert _profiled_run(tmp_path / name, garbage)["plots"] == ["gpu.png"], name
         assert "no profile timeline" in capfd.readouterr().err and not (tmp_path / name / "profile" / "timeline.png").exists()
+
+
+def test_a_timeline_stays_small_whatever_the_number_of_kernels():
+    """The host parsed rank 0's whole trace to draw it: 229 MB of trace took 1.3 GB and 29 s there, and a planted
+    one of 4 GiB (12 MB gzip'd) would have taken tens of GB. The trainer now writes the timeline, its intervals
+    closer than a pixel merged: 200,000 kernels of one stream make at most TIMELINE_POINTS + 1 intervals a row, and
+    the GPU's busy share is the trace's own."""
+    # a kernel every 10 µs, and a 50 ms wait (the data loader, say) after the 100,000th
+    events = [{"ph": "X", "cat": "kernel", "name": "nvjet_tst_gemm" if i % 2 else "flash_fwd_kernel",
+               "ts": i * 10.0 + (50_000.0 if i >= 100_000 else 0.0), "dur": 6.0, "tid": 7} for i in range(200_000)]
+    trace = {"traceEvents": events}
+    record = monitor.kernels.timeline_record(trace)
+    busy = monitor.kernels.gpu_time(trace)
+    assert record["busy"] == pytest.approx(busy["busy_us"] / busy["span_us"]) == pytest.approx(1.2e6 / 2_049_996)
+    assert all(len(at) == 2 for at in record["rows"].values()), {name: len(at) for name, at in record["rows"].items()}
+    (first, took), (then, _) = record["rows"]["stream 7 / all kernels"]
+    assert (first, then) == (0.0, 1050.0) and took == pytest.approx(999.996), "the wait stays, as wide as it was"
+    assert len(json.dumps(record)) < 1000
 
 
 def test_watch_never_fails_the_run(tmp_path, capfd):

@@ -90,8 +90,11 @@ def test_a_gpu_profile_is_summarised_by_rank_0_and_every_rank_keeps_its_trace(tm
     assert write(RecordedProfiler(trace), tmp_path / "profile", (20, 21), 1.5, 1, 2) is None
     assert json.loads(gzip.decompress((tmp_path / "profile" / "trace-rank1.json.gz").read_bytes())) == trace
     assert not (tmp_path / "profile" / "summary.txt").exists()  # rank 0's to write
+    assert not (tmp_path / "profile" / "timeline.json").exists()
     record = write(RecordedProfiler(trace), tmp_path / "profile", (20, 21), 1.5, 0, 2)
     assert record["gpu_busy"] == 0.7 and record["gpu_kinds"] == {"matmul": 0.6, "other kernels": 0.1}
+    timeline = json.loads((tmp_path / "profile" / "timeline.json").read_text())  # what the host's monitor draws
+    assert timeline["busy"] == 0.7 and timeline["rows"]["stream 7 / matmul"] == [[0.0, 0.6]]
     summary = (tmp_path / "profile" / "summary.txt").read_text()
     assert summary.startswith("Steps 20-21 under torch.profiler on rank 0 of 2: 1.50 s")
     assert "GPU busy: 70.0% of the profiled time" in summary and "  matmul           60.0%" in summary
