@@ -143,6 +143,7 @@ class Record:
     sizing_error: str | None = None              # the model could not be sized: the manifest's `plan` says why
     model: ModelRecord | None = None
     task: str | None = None
+    overrides: dict[str, Any] | None = None      # the settings given after `--` (--resume: the run's, updated)
     settings_resolved: dict[str, dict[str, Any]] | None = None  # what each `auto` setting became, and why
     nodes_seen: list[dict[str, Any]] | None = None  # several nodes: who checked the run folder is shared
     inputs: dict[str, Any] | None = None         # model and data paths, host and inside, fingerprinted
@@ -156,6 +157,7 @@ class Record:
                  ("plan", {"error": self.sizing_error} if self.sizing_error else None),
                  ("model", self.model.to_json() if self.model else None),
                  ("task", self.task),
+                 ("overrides", self.overrides),
                  ("settings_resolved", self.settings_resolved),
                  ("nodes_seen", self.nodes_seen),
                  ("inputs", self.inputs),
@@ -187,6 +189,8 @@ class Run:
     heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
     finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
     unusable_caches: list[str] = field(default_factory=list)  # compile cache folders not used, and why
+    overrides: dict[str, Any] = field(default_factory=dict)   # the settings given after `--`, a resume's merged in
+    kept_overrides: dict[str, Any] = field(default_factory=dict)  # --resume: those of the run's that it keeps
 
     def doing(self, phase: str) -> None:
         """What this node is doing, for the message that names a node lost meanwhile."""
@@ -293,7 +297,6 @@ def run_inputs(settings: RunSettings) -> dict[str, str]:
 def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     """The recipe and its settings; the run folder made (or, for --resume, found with a checkpoint to continue)."""
     recipe = run.recipe = load_recipe(run.opts.recipe)
-    settings, training = resolve_settings(recipe, overrides)
     run.record.recipe_files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
     run_dir = run.opts.run_dir
     if run_dir.exists() and not run_dir.is_dir():
@@ -307,6 +310,12 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
                             f"by the user the trainer runs as (uid {os.getuid()})") from None
     runfolder.check(run_dir)  # any run's container can write here: a planted link is refused, never followed
     last = manifest.check_run_dir(run_dir, run.opts.resume)
+    if run.opts.resume:  # a run continues with its own settings: those given now change them
+        saved = manifest.saved_overrides(run_dir)
+        run.kept_overrides = {k: v for k, v in saved.items() if k not in overrides}
+        overrides = {**saved, **overrides}
+    run.overrides = run.record.overrides = overrides
+    settings, training = resolve_settings(recipe, overrides)
     run.run_dir_ok = True
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
@@ -379,6 +388,9 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
                        "before its first complete checkpoint)"))
     elif run.opts.resume and not resumed_from:
         log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
+    if run.kept_overrides and not restarted():
+        log.info("--resume: with the run's own settings %s (give any after `--` to change it)",
+                 ", ".join(f"{k} {v}" for k, v in run.kept_overrides.items()))
     guards.one_process_per_gpu(args.n_gpu)
     if nodes.several():
         _ = args.device  # NCCL's collectives need this rank's GPU chosen
@@ -555,6 +567,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     if run.is_main:  # the lines of steps that run again go: all of them from the start (a run killed before its
         # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
         manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
+        manifest.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
     try:
         with models.adapter_inputs_as_given(p.model, p.recipe, p.args):
             trainer.train(resume_from_checkpoint=p.resume_from)

@@ -132,13 +132,27 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     refused = train("zero2", run, *args, ok=False)
     assert refused.returncode != 0 and "already holds a run" in refused.stderr
 
-    train("zero2", run, *args, resume=True)
+    # given nothing after `--`: the run's own settings (it trained to the default 50 steps, at its defaults' batch
+    # and sequence length, before)
+    resumed = train("zero2", run, resume=True)
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["steps"] == 60
+    assert m["overrides"] == {"max_steps": 60, "save_steps": 8, "per_device_train_batch_size": 4,
+                              "max_seq_length": 64, "logging_steps": 1}
+    assert ("--resume: with the run's own settings max_steps 60, save_steps 8, per_device_train_batch_size 4, "
+            "max_seq_length 64, logging_steps 1") in resumed.stderr
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 61)), "each step logged once: the resumed run continued after its checkpoint"
     assert "Resuming training from checkpoint" in (run / "train.log").read_text()
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+    # finished: refused at its own max_steps (not the default's 50), and a setting given now changes the run's
+    done = train("zero2", run, resume=True, ok=False)
+    assert done.returncode == 1 and "already at max_steps 60 (checkpoint-60)" in done.stderr, done.stderr[-2000:]
+    train("zero2", run, "--max_steps", "62", "--save_steps", "2", resume=True)
+    m = manifest(run)
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 62
+    assert m["overrides"] == {"max_steps": 62, "save_steps": 2, "per_device_train_batch_size": 4,
+                              "max_seq_length": 64, "logging_steps": 1}
 
 
 # --- refusals: each stops before training and says what to do -------------------------------------

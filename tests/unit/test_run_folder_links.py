@@ -243,3 +243,23 @@ def test_the_slurm_script_and_the_kubernetes_files_in_the_runs_folder_replace_pl
     assert bashrc.read_text() == "# .bashrc: the user's own\n" and bashrc.stat().st_mode & 0o777 == 0o600
     assert not script.is_symlink() and script.stat().st_mode & 0o777 == 0o755 and "srun" in script.read_text()
     assert "kind: Job" in (tmp_path / "runs" / "k8s" / "r1" / "job.yaml").read_text()
+
+
+def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
+    """overrides.json (what the run was given after `--`, which --resume trains with again) sits in a folder every
+    run's container can write: a link is not followed, and anything but the trainer's shape is refused by name."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert manifest.saved_overrides(run) == {}  # a run from before it was kept: the settings given now alone
+    manifest.save_overrides(run, {"max_steps": 60, "gradient_checkpointing_kwargs": {"use_reentrant": False}})
+    assert manifest.saved_overrides(run) == {"max_steps": 60, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    secret = _outside(tmp_path, "settings.json")
+    secret.write_text('{"max_steps": 1}')
+    for planted in ("[1, 2]", '{"max steps": 1}', "not json", "[" * 100000):
+        (run / runfolder.OVERRIDES).write_text(planted)
+        with pytest.raises(DockyardError, match=r"overrides.json is not the list of settings the trainer wrote; remove"):
+            manifest.saved_overrides(run)
+    (run / runfolder.OVERRIDES).unlink()
+    (run / runfolder.OVERRIDES).symlink_to(secret)
+    with pytest.raises(DockyardError, match="overrides.json is not the list of settings"):
+        manifest.saved_overrides(run)

@@ -29,8 +29,8 @@ def _train(run_dir, recipe: str, *overrides: str) -> dict:
 def test_a_completed_run_records_every_part_in_order(tmp_path):
     m = _train(tmp_path / "ok", "lora", "--max_steps", "1", "--save_strategy", "no")
     assert m["status"] == "completed", m.get("error")
-    assert list(m) == FIXED + ["recipe_files", "model", "task", "settings_resolved", "inputs", "data", "plan", "disk",
-                               "probe"]
+    assert list(m) == FIXED + ["recipe_files", "model", "task", "overrides", "settings_resolved", "inputs", "data",
+                               "plan", "disk", "probe"]
     assert list(m["model"]) == ["base", "parameters", "saved", "format", "footprint_bytes"]
     assert list(m["settings_resolved"]) == RESOLVED + ["numa_binding", "padding_free", "packing"]
     assert list(m["probe"]) == ["input_ids", "logits", "dtype"] and m["model"]["format"] == "adapter"
@@ -39,6 +39,6 @@ def test_a_completed_run_records_every_part_in_order(tmp_path):
 def test_a_run_that_fails_at_its_data_records_what_came_before(tmp_path):
     m = _train(tmp_path / "bad", "ddp", "--data", str(tmp_path / "none.jsonl"))
     assert m["status"] == "failed" and m["error"].startswith("no data at")
-    assert list(m) == FIXED + ["recipe_files", "model", "task", "settings_resolved", "inputs", "error"]
+    assert list(m) == FIXED + ["recipe_files", "model", "task", "overrides", "settings_resolved", "inputs", "error"]
     assert list(m["model"]) == ["base", "parameters", "saved", "format"]
     assert list(m["settings_resolved"]) == RESOLVED + ["numa_binding"]
