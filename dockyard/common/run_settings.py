@@ -214,17 +214,44 @@ def training_arguments() -> dict[str, str]:
     return dict((line.split() + [""])[:2] for line in lines if line.strip() and not line.startswith("#"))
 
 
+# The TrainingArguments numbers whose range the Trainer or torch checks only once the model is loaded (a traceback:
+# "Invalid learning rate: -1"), or not at all (max_steps 0 trained by epochs): (lowest, highest, the words for it)
+RANGES: dict[str, tuple[float, float, str]] = {
+    **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "max_grad_norm", "warmup_steps"),
+                    (0, math.inf, "0 or more")),
+    **dict.fromkeys(("adam_beta1", "adam_beta2"), (0, 1, "from 0 to 1")),
+    **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "save_total_limit", "eval_accumulation_steps"), (1, math.inf, "1 or more")),
+    **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), (1e-9, math.inf, "above 0")),
+    "dataloader_num_workers": (0, math.inf, "0 or more"),
+    **dict.fromkeys(("seed", "data_seed"), (0, 2**32 - 1, "from 0 to 2**32-1")),
+}
+
+
 def check_number(key: str, value: Any, kind: str) -> None:
-    """A TrainingArguments number given a finite number (a whole one for an int field), or `auto` where the trainer
-    resolves it, or null where the field takes None; anything else would fail minutes into the run, or train
-    nonsense (a learning rate of nan)."""
+    """A TrainingArguments number given a finite number (a whole one for an int field) in its range (RANGES), a
+    switch given true or false, or `auto` where the trainer resolves it, or null where the field takes None;
+    anything else would fail minutes into the run, or train nonsense (a learning rate of nan, bf16 "maybe")."""
     auto = key in AUTO_TRAINING_ARGUMENTS
     optional = kind.endswith("|None")
     if not kind or (auto and value == "auto") or (optional and value is None):
         return
+    if kind.startswith("bool"):
+        if not isinstance(value, bool):
+            raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} is a switch: give true or false"
+                                + (", or auto" if auto else ""))
+        return
     whole = kind.startswith("int")
     number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
     if number and (abs(value) <= WIDEST_INT if whole else _finite(value)):
+        low, high, words = RANGES.get(key, (-math.inf, math.inf, ""))
+        if key == "max_steps" and (value == -1 or value >= 1):
+            return
+        if key == "max_steps":
+            raise DockyardError(f"max_steps {value}: give the number of optimizer steps, 1 or more (or -1 to train "
+                                "for num_train_epochs)")
+        if not low <= value <= high:
+            raise DockyardError(f"{key} {value}: TrainingArguments.{key} takes a number {words}")
         return
     if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)
         raise DockyardError(f"--{key} was given no value: put {'a whole number' if whole else 'a number'} after it "

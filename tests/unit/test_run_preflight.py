@@ -209,6 +209,17 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     # a flag with no value read as a switch was "max_steps True: ... takes a whole number"
     (["--max_steps"], "--max_steps was given no value: put a whole number after it (--max_steps N)"),
     (["--learning_rate", "--max_steps", "5"], "--learning_rate was given no value: put a number after it"),
+    # in range: torch's "Invalid learning rate: -1" was two tracebacks from inside the container; max_steps 0 trained
+    # by epochs, -3 too; bf16 "maybe" was taken as it was, and nothing said what it became
+    (["--learning_rate", "-1"], "learning_rate -1: TrainingArguments.learning_rate takes a number 0 or more"),
+    (["--max_steps", "0"], "max_steps 0: give the number of optimizer steps, 1 or more (or -1 to train for "),
+    (["--max_steps", "-3"], "max_steps -3: give the number of optimizer steps"),
+    (["--adam_beta2", "1.5"], "adam_beta2 1.5: TrainingArguments.adam_beta2 takes a number from 0 to 1"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size 0: TrainingArguments."
+                                             "per_device_train_batch_size takes a number 1 or more"),
+    (["--seed", "-1"], "seed -1: TrainingArguments.seed takes a number from 0 to 2**32-1"),
+    (["--bf16", "maybe"], "bf16 'maybe': TrainingArguments.bf16 is a switch: give true or false"),
+    (["--torch_compile", "2"], "torch_compile 2: TrainingArguments.torch_compile is a switch: give true or false, or auto"),
 ])
 def test_a_training_argument_number_that_is_not_one_is_refused_on_the_host(env, native, override, says):
     """Once a traceback from the disk estimate (int(nan)), and for the others a failure inside the container."""
@@ -217,7 +228,8 @@ def test_a_training_argument_number_that_is_not_one_is_refused_on_the_host(env, 
 
 def test_training_argument_numbers_that_are_numbers_are_taken(env):
     r = dry(env, "--native", "--", "--max_steps", "7", "--learning_rate", "1", "--save_total_limit", "null",
-            "--per_device_train_batch_size", "auto", "--save_steps", "0.5", "--warmup_steps", "1e-1")
+            "--per_device_train_batch_size", "auto", "--save_steps", "0.5", "--warmup_steps", "1e-1", "--bf16", "false",
+            "--learning_rate", "0", "--adam_beta1", "0", "--torch_compile", "auto", "--tf32", "null")
     assert r.returncode == 0, r.stderr
 
 
@@ -267,12 +279,13 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
     def kind(t) -> str:
         choices = set(typing.get_args(t)) if typing.get_origin(t) in (typing.Union, types.UnionType) else {t}
         number = choices - {type(None)}
-        if len(number) != 1 or not number <= {int, float}:
+        if len(number) != 1 or not number <= {int, float, bool}:
             return ""
         return number.pop().__name__ + ("|None" if type(None) in choices else "")
 
     assert preflight.training_arguments() == {f.name: kind(f.type) for f in fields(TrainingArguments)}
     assert preflight.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
+    assert preflight.training_arguments()["bf16"] == "bool"  # and the switches
 
 
 @pytest.mark.parametrize("task", ["slurm", "k8s"])
