@@ -208,7 +208,9 @@ def recipes(c):
 @task(help={"variant": "image variant; default auto", "dry": "print the command and run nothing",
             "cpu": "no GPU even in a CUDA image: work in its stack on a host without GPUs (then `invoke commit`)"})
 def shell(c, variant="auto", dry=False, cpu=False):
-    """An interactive shell in the image, with the same mounts, user and flags as `invoke run`."""
+    """An interactive shell in the image, with the same mounts, user and flags as `invoke run`.
+
+    Commands piped into it run there (`echo ds_report | invoke shell`), and exit with their status."""
     from dockyard.launch import run as launch_run
 
     launch_run.shell(_settings(c), variant=variant, dry=dry, cpu=cpu)

@@ -98,7 +98,7 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
                "--out", OUT, *tail]
     env = {"DS_ACCELERATOR": "cpu", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",
-                                  env=env, network_host=False, interactive=False, command=command, mounts=mounts,
+                                  env=env, network_host=False, interactive="", command=command, mounts=mounts,
                                   engine_info=engine_info or {})
     return argv, {}
 

@@ -179,7 +179,8 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     runs = settings.path(settings.runs_dir)
     argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell",
                            name=f"dockyard-shell-{os.getpid()}", env=env, network_host=False,
-                           interactive=sys.stdin.isatty(), command=["bash"], mounts=mounts, engine_info=info,
+                           interactive="tty" if sys.stdin.isatty() else "stdin", command=["bash"], mounts=mounts,
+                           engine_info=info,
                            memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=gpus), compile_cache=True)
     if dry:
         engine.echo(argv)
@@ -320,17 +321,18 @@ def memlock_given(daemon_hard_limit: int | None) -> int | None:
 
 
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
-                    env: dict[str, str], network_host: bool, interactive: bool, command: list[str],
+                    env: dict[str, str], network_host: bool, interactive: str, command: list[str],
                     mounts: list[tuple[Path, str, bool]], engine_info: dict, memlock: str | None = None,
                     devices: list[str] | None = None, compile_cache: bool = False) -> list[str]:
     """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes.
     `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry.
-    `compile_cache`: mount it (what trains); caches.prepare() makes the folders first."""
+    `compile_cache`: mount it (what trains); caches.prepare() makes the folders first. `interactive`: "tty" (a
+    terminal, -it), "stdin" (the commands piped in, -i), or "" (none)."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
     argv = engine.docker(settings, "run", "--rm", "--init", *engine.host_sharing_flags(engine_info),
                          "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
     if interactive:
-        argv += ["-it"]
+        argv += ["-it"] if interactive == "tty" else ["-i"]
     if gpus:
         argv += ["--gpus", gpus if isinstance(gpus, str) else "all"]  # a str: gpus.docker_gpus()
     if network_host:
@@ -374,7 +376,7 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
                                                     resume)
     argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
                            name=f"dockyard-{run_dir.name}",
-                           env=env, network_host=topo.nodes > 1, interactive=False, command=command,
+                           env=env, network_host=topo.nodes > 1, interactive="", command=command,
                            mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],
                            compile_cache=True)

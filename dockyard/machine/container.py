@@ -99,7 +99,7 @@ def probe_argv(settings: Settings, image: str, name: str, command: list[str] | N
                gpus: bool = False) -> list[str]:
     """A container started the way `invoke run` starts one (the launcher's own flags), running PROBE_SCRIPT."""
     return docker_run_argv(settings, image, gpus=gpus, run_dir=None, name=name, env={}, network_host=False,
-                           interactive=False, command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[],
+                           interactive="", command=command or ["sh", "-c", PROBE_SCRIPT], mounts=[],
                            engine_info=engine.engine_info(settings))
 
 

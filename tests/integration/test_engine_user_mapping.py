@@ -153,7 +153,7 @@ def test_a_container_started_as_the_project_starts_one_writes_the_users_run_fold
         inside = f"{node.RUNS_INSIDE}/{run_dir.name}/train.log"
         info = engine.engine_info(settings)
         argv = launch_run.docker_run_argv(mine, settings.base_image_cpu, gpus=False, run_dir=run_dir,
-                                          name=f"dy-{kind}", env={}, network_host=False, interactive=False, mounts=[],
+                                          name=f"dy-{kind}", env={}, network_host=False, interactive="", mounts=[],
                                           command=["sh", "-c", f"echo trained > {inside}; df -k /dev/shm"],
                                           engine_info=info, memlock=memlock_of(proc) if kind != "rootless" else None)
         done = subprocess.run(argv, capture_output=True, text=True)

@@ -83,3 +83,18 @@ def test_run_sh_trains_on_the_air_gapped_node(node, cpu_image, tmp_path):
     assert m["image"]["id"] == node.image_id(cpu_image) and m["variant"] == "cpu"
     assert m["inputs"]["data"]["path"] == str(data) and m["data"]["format"] == "prompt_completion"
     assert (runs / "air" / "model" / "config.json").is_file()
+
+
+def test_invoke_shell_runs_the_commands_piped_into_it_and_exits_with_theirs(cpu_image, tmp_path):
+    """Without a terminal, `invoke shell` gave docker no -i: bash in the container read nothing, ran nothing and
+    exited 0, whatever was piped in. Now the commands reach it, as the image's user, and their exit status is the
+    shell's."""
+    import os
+    import subprocess
+
+    from tests.support.cli import INVOKE
+
+    r = subprocess.run([*INVOKE, "shell", "--variant=cpu"], input="id -u\nexit 3\n", cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == str(os.getuid()), "ran as you, in the image"
