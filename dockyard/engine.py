@@ -8,6 +8,7 @@ exit code and the end of its output (`failure`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import functools
 import json
@@ -94,6 +95,7 @@ def run(
     if not quiet:
         echo(argv, env)
     full_env = {**os.environ, **(env or {})}
+    p = None
     try:
         if capture:
             proc = subprocess.run(argv, env=full_env, cwd=cwd, input=input, stdout=subprocess.PIPE,
@@ -125,13 +127,19 @@ def run(
     except subprocess.TimeoutExpired:
         raise DockyardError(f"no answer in {timeout:g} s: {shown(argv)}") from None
     except KeyboardInterrupt:
-        raise DockyardError(f"interrupted: {shown(argv)}", exit_code=130) from None
+        if p is not None:  # Ctrl-C reached the command too (one process group): it stops, then this does
+            with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
+                p.wait(timeout=STOP_WAIT)
+        raise DockyardError(f"interrupted: {shown(argv)}", exit_code=INTERRUPTED) from None
     if check and proc.returncode != 0:
         raise failure(argv, proc.returncode, tail, what)
     return subprocess.CompletedProcess(argv, proc.returncode, out, "\n".join(tail))
 
 
 PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
+INTERRUPTED = 130  # the exit status of a command stopped with Ctrl-C (128 + SIGINT)
+STOP_WAIT = 60     # seconds a command stopped with Ctrl-C gets to stop (a run's container, its workers) before this
+                   # returns; another Ctrl-C returns at once
 TAIL = "tail"      # Pipeline(stdout=TAIL): the last command's output is kept with its stderr, for errors
 CHUNK = 1 << 20    # the width of every pipe, and the size of the pieces copied through them
 

@@ -11,6 +11,7 @@ import datetime as dt
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -122,7 +123,14 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     # the GPUs this run was given (--gpus, CUDA_VISIBLE_DEVICES), none on CPU: the others are no part of its verdict
     with monitor.watch(run_dir, node_rank=r.node_rank,
                        devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []) as watching:
-        proc = engine.run(plan.argv, env=plan.env, check=False)
+        try:
+            proc = engine.run(plan.argv, env=plan.env, check=False)
+        except DockyardError as e:
+            if e.exit_code != engine.INTERRUPTED or r.nodes > 1:
+                raise
+            raise DockyardError(f"interrupted: run {run_dir.name} stopped. Continue it from its last complete "
+                                f"checkpoint, with its own settings: {resume_command(r, run_dir.name)}",
+                                exit_code=engine.INTERRUPTED) from None
         after = _traces(run_dir, r.node_rank)
         refused = bool(proc.returncode and r.resume and before[0] and after == before)
         if refused and watching:  # the run's plots and verdict stay those of the run it was
@@ -446,6 +454,16 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     if m.status != "completed":
         raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
     return m.model_dump()
+
+
+def resume_command(r: RunRequest, run_id: str) -> str:
+    """The `invoke run` that continues run `run_id` as `r` started it: the flags the trainer needs the same again
+    (its model and data, where its processes ran); the overrides stay in the run (overrides.json)."""
+    flags = [f"--run-id={run_id}", *(f"--{k}={v}" for k, v in (("variant", r.variant if r.variant != "auto" else ""),
+                                                                 ("nproc", r.nproc or ""), ("gpus", r.gpus),
+                                                                 ("data", r.data), ("model", r.model)) if v),
+             *(f"--{k}" for k, on in (("cpu", r.cpu), ("native", r.native)) if on)]
+    return shlex.join(["invoke", "run", "--resume", *flags])
 
 
 def _rate_kind(met: runfolder.MetricsRecord) -> str:

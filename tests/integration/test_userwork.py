@@ -98,3 +98,44 @@ def test_invoke_shell_runs_the_commands_piped_into_it_and_exits_with_theirs(cpu_
                        text=True, timeout=300, env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == str(os.getuid()), "ran as you, in the image"
+
+
+def test_ctrl_c_stops_the_run_and_says_the_command_that_continues_it(cpu_image, tmp_path):
+    """Ctrl-C printed `error: interrupted: ` and the whole ~1000-character docker command, nothing on how to go on.
+    The signal reaches the whole process group, as a terminal sends it; the command the message gives then
+    continues the run from its checkpoint with its own settings, to its own max_steps."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import time
+
+    from tests.support.cli import INVOKE
+
+    env = {**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    run = tmp_path / "runs" / "ctrlc"
+    p = subprocess.Popen([*INVOKE, "run", "--variant=cpu", "--recipe=ddp", "--run-id=ctrlc", "--", "--max_steps", "24",
+                          "--save_steps", "2", "--logging_steps", "1"], cwd=ROOT, env=env, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (run / "checkpoints" / "checkpoint-2" / "complete.json").exists():
+            assert p.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, err[-3000:]
+    said = err.strip().splitlines()[-1]
+    assert said.startswith("error: interrupted: run ctrlc stopped. Continue it from its last complete checkpoint, "
+                           "with its own settings: invoke run --resume --run-id=ctrlc --variant=cpu"), said
+    assert len(said) < 300 and "docker" not in said
+    command = shlex.split(said.split("with its own settings: ", 1)[1])
+    assert command[:2] == ["invoke", "run"]
+    resumed = subprocess.run([*INVOKE, *command[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    m = manifest(run)
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 24 and m["overrides"]["max_steps"] == 24
