@@ -77,12 +77,17 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
               data: str = "", model: str = "") -> None:
     """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's."""
     check_overrides(recipe, overrides, processes)
-    if strategy(recipe.strategy).engine == "fsdp" and not gpus_in_effect:
-        raise DockyardError(f"recipe {recipe.name} is FSDP, which the HF Trainer runs only on GPUs (on CPU it would "
-                            "fall back to DDP, so the trainer stops): run it on GPUs, or pick zero3 for sharding "
-                            "on CPU (invoke recipes)")
+    check_on_gpus(recipe, gpus_in_effect)
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
         check_input(key, value, where, settings)
+
+
+def check_on_gpus(recipe: Recipe, gpus: bool, fix: str = "run it on GPUs") -> None:
+    """A recipe the trainer would stop without GPUs (FSDP) is refused where the run has none."""
+    if strategy(recipe.strategy).engine == "fsdp" and not gpus:
+        raise DockyardError(f"recipe {recipe.name} is FSDP, which the HF Trainer runs only on GPUs (on CPU it would "
+                            f"fall back to DDP, so the trainer stops): {fix}, or pick zero3 for sharding on CPU "
+                            "(invoke recipes)")
 
 
 def check_cuda_ops(recipe: Recipe, image: str, loadable: set[str] | None) -> None:

@@ -297,6 +297,17 @@ def test_the_multinode_writers_refuse_what_the_trainer_would_before_writing(task
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("task", ["slurm", "k8s"])
+def test_the_multinode_writers_refuse_fsdp_on_cpu_nodes_as_invoke_run_does(task, tmp_path):
+    """`--recipe=fsdp` without --gpus-per-node (0: CPU nodes) was written, and every node's trainer would have
+    stopped once scheduled."""
+    refused(invoke_here(task, "--recipe=fsdp", f"--out={tmp_path / 'out'}"),
+            "recipe fsdp is FSDP, which the HF Trainer runs only on GPUs (on CPU it would fall back to DDP, so the "
+            "trainer stops): give --gpus-per-node (the nodes' GPUs), or pick zero3")
+    assert not (tmp_path / "out").exists()
+    assert invoke_here(task, "--recipe=fsdp", "--gpus-per-node=8", f"--out={tmp_path / 'gpus'}").returncode == 0
+
+
 def test_slurm_refuses_a_missing_archive_before_writing(tmp_path):
     out = tmp_path / "job.sbatch"
     refused(invoke_here("slurm", "--archive=/missing.tar.zst", f"--out={out}"), "--archive /missing.tar.zst: no such file")
