@@ -111,10 +111,12 @@ def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = N
     raw = dict(config or {})
     env = {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items() if k.startswith(ENV_PREFIX)}
     known = sorted(Settings.model_fields)
-    for where, keys in ((f"{ENV_PREFIX}*", env), ("invoke.yaml (dockyard:)", raw)):
+    for variables, keys in ((True, env), (False, raw)):
         unknown = sorted(set(keys) - set(known))
-        if unknown:
-            names = [f"{ENV_PREFIX}{k.upper()}" if where.startswith(ENV_PREFIX) else k for k in unknown]
+        if unknown:  # named where it came from: a key of ~/.invoke.yaml blamed on invoke.yaml sent users to the wrong file
+            names = [f"{ENV_PREFIX}{k.upper()}" if variables else k for k in unknown]
+            where = (f"{ENV_PREFIX}*" if variables else
+                     f"{', '.join(sorted({(files or {}).get(k, 'invoke.yaml') for k in unknown}))} (dockyard:)")
             raise DockyardError(f"unknown setting(s) in {where}: {', '.join(names)}; known: {', '.join(known)}")
     try:
         return Settings(**(raw | env))

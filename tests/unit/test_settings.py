@@ -149,3 +149,7 @@ def test_a_setting_of_another_shape_in_the_users_invoke_yaml_is_blamed_on_that_f
     r = invoke_here("recipes", env={"HOME": str(home)})
     short_error(r, f"{home / '.invoke.yaml'}: dockyard must hold `key: value` lines, as in {ROOT / 'invoke.yaml'}, not 5")
     assert r.returncode == 1
+    # a key no setting has, there: named in that file (it was "unknown setting(s) in invoke.yaml", the project's)
+    (home / ".invoke.yaml").write_text("dockyard:\n  runsdir: /scratch/runs\n")
+    short_error(invoke_here("recipes", env={"HOME": str(home)}),
+                f"unknown setting(s) in {home / '.invoke.yaml'} (dockyard:): runsdir; known: ")
