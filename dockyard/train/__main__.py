@@ -14,6 +14,8 @@ LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
@@ -55,6 +57,7 @@ from dockyard.train import model as models
 
 log = logging.getLogger("dockyard.train")
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
+SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
 MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the manifest's model.saved says
 
 
@@ -88,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
     except DockyardError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0" or (run is not None and not run.same_everywhere):
+            print(f"error: {e}", file=sys.stderr)
+        else:  # every process of the node refused the same: its first says so, once, before torchrun stops the rest
+            time.sleep(SAY_ONCE_S)
         if run:
             finish(run, str(e))
         return e.exit_code
@@ -191,6 +197,8 @@ class Run:
     unusable_caches: list[str] = field(default_factory=list)  # compile cache folders not used, and why
     overrides: dict[str, Any] = field(default_factory=dict)   # the settings given after `--`, a resume's merged in
     kept_overrides: dict[str, Any] = field(default_factory=dict)  # --resume: those of the run's that it keeps
+    same_everywhere: bool = True  # its errors so far come of what every process reads alike: the command line, the
+                                  # recipe and settings, the run folder (said by one process per node)
 
     def doing(self, phase: str) -> None:
         """What this node is doing, for the message that names a node lost meanwhile."""
@@ -380,6 +388,7 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     """TrainingArguments, which form the process group; then the logs, and the checks that need every process."""
     run.doing("setting up the process group")
     args = training_arguments(recipe, settings, overrides, run.opts.run_dir)
+    run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run.opts.run_dir, run.is_main)
     if restarted():
@@ -450,7 +459,11 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.
         import deepspeed  # lazy: only CPU runs of DeepSpeed recipes need it here
 
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):  # "DeepSpeed deepspeed_shm_comm_op built successfully" from every
+            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # process, of a prebuilt op
+        sys.stdout.write("".join(line for line in said.getvalue().splitlines(keepends=True)
+                                 if "built successfully" not in line))
     return targs
 
 

@@ -173,6 +173,16 @@ def test_a_folder_holding_a_run_is_never_overwritten(tmp_path):
     assert proc.returncode == 1 and "there is no run folder" in proc.stderr and not (tmp_path / "new").exists()
 
 
+def test_a_setting_every_process_refuses_is_said_once_per_node(tmp_path):
+    """Each of a node's processes printed the same refusal (8 lines on 8 GPUs; two came out glued on one line),
+    under torchrun's own line; a value out of range here was torch's traceback from each, once the model had loaded."""
+    proc = train("ddp", tmp_path / "run", "--max_steps", "4", "--learning_rate", "-1", ok=False)
+    assert proc.returncode != 0 and "Invalid learning rate" not in proc.stderr, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # (plain torchrun adds its table)
+    assert said == ["error: learning_rate -1: TrainingArguments.learning_rate takes a number 0 or more"], said
+    assert manifest(tmp_path / "run")["status"] == "failed"
+
+
 def test_unknown_settings_are_named(tmp_path):
     proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--max_step", "5")
     assert proc.returncode == 1 and "unknown setting(s): max_step" in proc.stderr
