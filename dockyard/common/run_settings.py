@@ -216,13 +216,14 @@ def training_arguments() -> dict[str, str]:
 
 # The TrainingArguments numbers whose range the Trainer or torch checks only once the model is loaded (a traceback:
 # "Invalid learning rate: -1"), or not at all (max_steps 0 trained by epochs): (lowest, highest, the words for it)
+ABOVE_0 = "above 0"  # the one range without its lowest value
 RANGES: dict[str, tuple[float, float, str]] = {
     **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "max_grad_norm", "warmup_steps"),
                     (0, math.inf, "0 or more")),
     **dict.fromkeys(("adam_beta1", "adam_beta2"), (0, 1, "from 0 to 1")),
-    **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                     "save_total_limit", "eval_accumulation_steps"), (1, math.inf, "1 or more")),
-    **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), (1e-9, math.inf, "above 0")),
+    **dict.fromkeys(("per_device_eval_batch_size", "save_total_limit", "eval_accumulation_steps"),
+                    (1, math.inf, "1 or more")),
+    **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), (0, math.inf, ABOVE_0)),
     "dataloader_num_workers": (0, math.inf, "0 or more"),
     **dict.fromkeys(("seed", "data_seed"), (0, 2**32 - 1, "from 0 to 2**32-1")),
 }
@@ -237,20 +238,18 @@ def check_number(key: str, value: Any, kind: str) -> None:
     if not kind or (auto and value == "auto") or (optional and value is None):
         return
     if kind.startswith("bool"):
-        if not isinstance(value, bool):
-            raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} is a switch: give true or false"
-                                + (", or auto" if auto else ""))
+        if not isinstance(value, bool) and not auto:  # an auto's: check_autos says it with the choices it has
+            raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} is a switch: give true or "
+                                "false")
         return
     whole = kind.startswith("int")
     number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
     if number and (abs(value) <= WIDEST_INT if whole else _finite(value)):
         low, high, words = RANGES.get(key, (-math.inf, math.inf, ""))
-        if key == "max_steps" and (value == -1 or value >= 1):
-            return
-        if key == "max_steps":
+        if key == "max_steps" and not (value == -1 or value >= 1):
             raise DockyardError(f"max_steps {value}: give the number of optimizer steps, 1 or more (or -1 to train "
                                 "for num_train_epochs)")
-        if not low <= value <= high:
+        if not (low < value if words == ABOVE_0 else low <= value) or value > high:
             raise DockyardError(f"{key} {value}: TrainingArguments.{key} takes a number {words}")
         return
     if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)

@@ -40,7 +40,7 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
         variant = variant.on_devel_base()
         why += f", FROM its devel base {variant.base}"
     print(f"{why}")
-    created = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    created = build_time()
     wheels = wheelhouse_dir(settings, variant)
     context = staged_context_dir(wheels, variant.name)
     plan = build_steps(settings, variant, no_cache=no_cache, revision=git_revision(), created=created, context=context,
@@ -240,6 +240,19 @@ def _git(*args: str, root: Path = ROOT) -> str | None:
     except DockyardError:
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def build_time() -> str:
+    """The image's `created` label: SOURCE_DATE_EPOCH where set (reproducible builds' convention), else the time
+    of the checkout's last commit, else now. A clock reading made every rebuild a new image, even one whose every
+    layer came from the cache: a new id each time, and the old image left behind untagged."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip() or _git("log", "-1", "--format=%ct")
+    try:
+        when = dt.datetime.fromtimestamp(int(epoch), dt.timezone.utc) if epoch else None
+    except (ValueError, OverflowError, OSError):
+        raise DockyardError(f"SOURCE_DATE_EPOCH={epoch!r}: give the build's time as seconds since 1970 "
+                            "(e.g. `git log -1 --format=%ct`), or unset it") from None
+    return (when or dt.datetime.now(dt.timezone.utc)).replace(microsecond=0).isoformat()
 
 
 def git_revision() -> str:

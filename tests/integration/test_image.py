@@ -11,9 +11,22 @@ import pytest
 
 from dockyard import ROOT, engine
 from dockyard.images import build, variants
+from tests.support.buildcache import drop_context_copies
 from tests.support.cli import docker, invoke
 
 pytestmark = pytest.mark.engine
+
+
+def test_a_rebuild_with_nothing_changed_is_the_same_image(settings, cpu_image):
+    """The `created` label was the clock's: every rebuild, its layers all from the cache, made a new image and left
+    the last one untagged. It is the commit's time now (SOURCE_DATE_EPOCH where set)."""
+    before = engine.image_inspect(settings, cpu_image)
+    r = invoke("build", "--variant=cpu")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    drop_context_copies(settings)
+    after = engine.image_inspect(settings, cpu_image)
+    assert after["Id"] == before["Id"], "a rebuild from the cache is the image it was"
+    assert after["Config"]["Labels"]["org.opencontainers.image.created"] == build.build_time()  # the commit's
 
 
 def test_image_holds_what_its_labels_say(settings, cpu_image):

@@ -232,3 +232,19 @@ def test_a_second_build_of_the_same_variant_is_refused_at_once_and_the_first_kee
                 pass
     with build._only_build_of(ctx):  # free again once the first ends
         pass
+
+
+def test_the_created_label_is_the_commits_time_or_source_date_epoch(monkeypatch):
+    """A clock reading made every cached rebuild a new image (test_image checks it on the engine)."""
+    import datetime as dt
+
+    from dockyard.common.errors import DockyardError
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert build.build_time() == "2023-11-14T22:13:20+00:00"
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    commit = int(build._git("log", "-1", "--format=%ct"))
+    assert build.build_time() == dt.datetime.fromtimestamp(commit, dt.timezone.utc).isoformat()
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(DockyardError, match="SOURCE_DATE_EPOCH='yesterday': give the build's time as seconds since"):
+        build.build_time()

@@ -215,11 +215,11 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     (["--max_steps", "0"], "max_steps 0: give the number of optimizer steps, 1 or more (or -1 to train for "),
     (["--max_steps", "-3"], "max_steps -3: give the number of optimizer steps"),
     (["--adam_beta2", "1.5"], "adam_beta2 1.5: TrainingArguments.adam_beta2 takes a number from 0 to 1"),
-    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size 0: TrainingArguments."
-                                             "per_device_train_batch_size takes a number 1 or more"),
+    (["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size 0: TrainingArguments."
+                                            "per_device_eval_batch_size takes a number 1 or more"),
     (["--seed", "-1"], "seed -1: TrainingArguments.seed takes a number from 0 to 2**32-1"),
     (["--bf16", "maybe"], "bf16 'maybe': TrainingArguments.bf16 is a switch: give true or false"),
-    (["--torch_compile", "2"], "torch_compile 2: TrainingArguments.torch_compile is a switch: give true or false, or auto"),
+    (["--use_cpu", "2"], "use_cpu 2: TrainingArguments.use_cpu is a switch: give true or false"),
 ])
 def test_a_training_argument_number_that_is_not_one_is_refused_on_the_host(env, native, override, says):
     """Once a traceback from the disk estimate (int(nan)), and for the others a failure inside the container."""

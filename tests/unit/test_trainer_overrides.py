@@ -57,7 +57,7 @@ def _must(key: str, value) -> str:
         return "refuse"  # not split evenly over a CPU run's processes (--nproc's default)
     if key in WHOLE:
         return "take" if isinstance(value, int) and 1 <= value <= 1000 else "refuse" if isinstance(value, float) else ""
-    return "take" if isinstance(value, float) and 0 <= value < 1 else ""
+    return "take" if isinstance(value, float) and 0 < value < 1 else ""  # (0: save_steps' range starts above it)
 
 
 @pytest.mark.parametrize("key", RUN_NUMBERS + TRAINING_NUMBERS)
