@@ -35,9 +35,55 @@ def check_free(folder: Path, need: int, what: str, hint: str) -> None:
                             f"{human(need)}. {hint}")
 
 
+class Lines:
+    """Progress where stderr is not a terminal (a log, CI, nohup): a plain line every LINE_EVERY seconds, and one
+    at the end, "save dockyard:0.1.0-cu132: 1.2 GB of 6.9 GB (17%), 41 s". A bar drawn there would print nothing
+    until the work was done, and a save of a CUDA image takes minutes."""
+
+    LINE_EVERY = 30.0
+
+    def __init__(self, things: bool, clock=None):
+        import time
+
+        self.things, self.clock = things, clock or time.monotonic
+        self.tasks: list[dict] = []
+
+    def __enter__(self) -> Lines:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for task in self.tasks:
+            if exc[0] is None and task.get("said_done") != task["completed"]:
+                self._say(task)
+
+    def add_task(self, description: str, total: float | None = None, completed: float = 0) -> int:
+        now = self.clock()
+        self.tasks.append({"description": description, "total": total, "completed": completed, "start": now,
+                           "said": now})
+        return len(self.tasks) - 1
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        t = self.tasks[task]
+        t["completed"] += advance
+        if self.clock() - t["said"] >= self.LINE_EVERY:
+            self._say(t)
+
+    def _say(self, t: dict) -> None:
+        import sys
+
+        now = t["said"] = self.clock()
+        t["said_done"] = t["completed"]
+        shown = min(t["completed"], t["total"]) if t["total"] else t["completed"]  # (a tar's headers: past its total)
+        done = f"{shown:.0f}" if self.things else human(shown)
+        if t["total"]:
+            done += f" of {t['total']:.0f}" if self.things else f" of {human(t['total'])}"
+            done += f" ({min(1.0, t['completed'] / t['total']):.0%})"
+        print(f"{t['description']}: {done}, {now - t['start']:.0f} s", file=sys.stderr, flush=True)
+
+
 def progress(things: bool = False):
     """A bar on stderr: a transfer (bytes, speed, time), or with `things` a count of things done ("37/600",
-    time); nothing when stderr is not a terminal."""
+    time); where stderr is not a terminal, a line now and then (Lines)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -50,9 +96,11 @@ def progress(things: bool = False):
     )
 
     console = Console(stderr=True)
+    if not console.is_terminal:
+        return Lines(things)
     counts = [MofNCompleteColumn()] if things else [DownloadColumn(), TransferSpeedColumn()]
     return Progress(TextColumn("{task.description}"), BarColumn(), *counts, TimeElapsedColumn(), console=console,
-                    transient=True, disable=not console.is_terminal)
+                    transient=True)
 
 
 def tail(lines: Iterable[str]) -> str:

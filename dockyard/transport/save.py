@@ -82,7 +82,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         print(f"layer cache: {cache.hits} of {cache.hits + cache.misses} large layers copied from earlier saves "
               f"({human(cache.bytes_copied)}, {cache.dir})")
     print(f"wrote {paths.archive}: {human(got.out_bytes)} from {human(manifest['tar_bytes'])} of tar in "
-          f"{got.seconds:.1f} s ({human(got.pump.bytes_read / max(got.seconds, 1e-9))}/s)")
+          f"{got.seconds:.1f} s (the tar read at {human(got.pump.bytes_read / max(got.seconds, 1e-9))}/s)")
     if thin is not None:
         left = sum(layer["bytes"] for layer in manifest["layers"] if not layer["included"])
         print(f"thin for {thin_for}: left out {len(thin['omitted'])} layers ({human(left)}) the target "

@@ -11,6 +11,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -371,9 +372,12 @@ def test_cpu_image_end_to_end(node, cpu_image, ssh_env, tmp_path):
     try:
         r = invoke("save", f"--image={cpu_image}", f"--out={tmp_path}")
         assert r.returncode == 0, r.stderr
+        # not a terminal here (a log, CI): progress in lines, the last at 100 % (a bar printed nothing until the end)
+        assert re.search(r"^save .*: [0-9.]+ [kMG]B of [0-9.]+ [kMG]B \(100%\), \d+ s$", r.stderr, re.M), r.stderr
         path = next(tmp_path.glob("*.tar.zst"))
         r = invoke("ship", f"--file={path}", f"--to={node.alias}:{node.base}/cpu", "--load", env=ssh_env)
         assert r.returncode == 0, r.stderr
+        assert re.search(r"^copy .*\(100%\), \d+ s$", r.stderr, re.M), r.stderr
         run = node.ssh(f"docker run --rm --network none {cpu_image} python -c "
                        "'import torch, transformers, deepspeed; print(torch.__version__)'")
         assert run.stdout.startswith("2.13.0")
