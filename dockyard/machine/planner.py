@@ -74,8 +74,9 @@ def shape_for(model: str, hub_home: Path | None = None, where: str = "--model") 
         raise DockyardError(f"{named}: more than {MAX_PARAMS / 1e12:.0f}T parameters; give a count like 8B or "
                             "405B")
     if count < MIN_PARAMS:
-        raise DockyardError(f"{named}: {count:,} parameters is no language model; give the unit, as in 8B or "
-                            "350M")
+        unit = ("give the unit, as in 8B or 350M" if model.strip().replace(".", "", 1).isdigit()
+                else f"give at least {MIN_PARAMS // 10**6}M")  # a bare "8" is 8B with the unit left out
+        raise DockyardError(f"{named}: {count:,} parameters is no language model; {unit}")
     return shape_from_count(count)
 
 
@@ -285,6 +286,8 @@ def print_plan(result: dict) -> None:
         fits = ("yes" if r["fits"] else "ckpt" if r["fits_checkpointed"] else "no") + \
             f" {r['micro_batch']}×{r['gradient_accumulation_steps']}" + \
             (" C" if r["torch_compile"] else "") + (" L" if r["use_liger_kernel"] else "")
+        if r["offloads"] and r["host_bytes"] > result["cpu_mem_bytes"]:
+            fits = "no RAM"  # whatever the GPUs hold: the offloaded states do not fit in the host's memory
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
                       *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
@@ -309,7 +312,8 @@ def print_plan(result: dict) -> None:
     console.print("[dim]per GPU: the peak of a step, calibrated on measured runs (the strategy's buffers, gradients "
                   "freed as they are reduced, 1 GiB for the CUDA context and NCCL), so not the sum of the two columns "
                   "before it; w/ ckpt: per GPU with gradient checkpointing; host (per node) is what offloading keeps in "
-                  "RAM, else the worst case while loading the checkpoint.[/]")
+                  "RAM all run long (no RAM: more than this host has), else the worst case while every process loads "
+                  "the checkpoint at once (shown, not counted: loading low on memory avoids it).[/]")
 
 
 def _gib_cell(b: float) -> str:

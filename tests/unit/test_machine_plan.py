@@ -244,7 +244,8 @@ def test_invoke_plan_as_a_user_runs_it():
 
 
 @pytest.mark.parametrize("size", [["--model=1B", "--gpus=1", "--gpu-mem=80"],
-                                  ["--model=70B", "--gpus=1", "--gpu-mem=24", "--cpu-mem=4000"]])
+                                  ["--model=70B", "--gpus=1", "--gpu-mem=24", "--cpu-mem=4000"],
+                                  ["--model=1.1B", "--gpus=8", "--gpu-mem=80", "--cpu-mem=16"]])
 def test_invoke_plan_at_80_columns_shows_every_column_whole(size):
     """Once the disk column squeezed `fits` to nothing at 80 columns (blank header, blank cells)."""
     base = [*INVOKE, "plan", *size]
@@ -262,7 +263,10 @@ def test_invoke_plan_at_80_columns_shows_every_column_whole(size):
     assert [r[0] for r in rows] == [r["recipe"] for r in result["recipes"]], "every recipe name whole"
     for row, r in zip(rows, result["recipes"], strict=True):
         verdict = "yes" if r["fits"] else "ckpt" if r["fits_checkpointed"] else "no"
-        assert row[6] == f"{verdict} {r['micro_batch']}×{r['gradient_accumulation_steps']}", row
+        if r["offloads"] and r["host_bytes"] > result["cpu_mem_bytes"]:  # said why: the GPUs may hold the rest
+            assert row[6] == "no RAM" and not r["fits"] and not r["fits_checkpointed"], row
+        else:
+            assert row[6] == f"{verdict} {r['micro_batch']}×{r['gradient_accumulation_steps']}", row
         for cell, key in zip(row[1:6] + row[7:], ("model_states_bytes", "activation_bytes", "gpu_bytes",
                                                   "gpu_bytes_checkpointed", "host_bytes", "disk_bytes"), strict=True):
             assert float(cell) == pytest.approx(r[key] / GIB, abs=0.5), (key, row)
@@ -399,3 +403,8 @@ def test_plan_takes_a_hub_model_from_the_cache_as_run_does(tmp_path):
 def test_a_count_without_its_unit_is_refused():
     with pytest.raises(DockyardError, match="8 parameters is no language model; give the unit, as in 8B"):
         planner.shape_for("8")
+    # a count with its unit, too small: told the smallest, not to give the unit it gave ("--model=0B")
+    for given, count in (("0B", "0"), ("0.5M", "500,000")):
+        with pytest.raises(DockyardError, match=rf"^--model={given}: {count} parameters is no language model; give at "
+                                                 r"least 1M$"):
+            planner.shape_for(given)
