@@ -168,6 +168,19 @@ def make_folders(folder: Path, fix: str) -> Path:
     return folder
 
 
+def check_makeable(folder: Path, fix: str) -> None:
+    """What make_folders would refuse, found without making anything (a dry run): the nearest existing folder on
+    the way must be a folder this user can write into."""
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing != folder and not existing.is_dir():
+        raise DockyardError(f"cannot make the folder {folder}: {existing} is a file, not a folder; {fix}")
+    if existing != folder and not os.access(existing, os.W_OK | os.X_OK):
+        raise DockyardError(f"cannot make the folder {folder}: {existing} is not writable by you (uid "
+                            f"{os.geteuid()}); {fix}")
+
+
 def make_dir(folder: Path, name: str) -> Path:
     """A new folder inside a run folder (an export's output); an existing name, a link included, is refused."""
     dfd = _open_folder(folder)

@@ -80,6 +80,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if r.native:
         check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
+    runfolder.check_makeable(run_dir.parent, runfolder.RUNS_FIX)  # what claiming the run folder would find, --dry too
     need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
                                      gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
     if need:

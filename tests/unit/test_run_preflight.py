@@ -344,3 +344,14 @@ def test_an_unknown_key_in_a_recipes_settings_is_refused_on_the_host_as_the_trai
     with (folder / "recipe.yaml").open("a") as f:
         f.write("settings:\n  max_step: 5\n")
     refused(dry(env, f"--recipe={folder}"), f"unknown setting(s) max_step in settings: in {folder}/recipe.yaml")
+
+
+def test_a_runs_folder_that_cannot_be_made_is_refused_by_the_dry_run_too(env, tmp_path):
+    """`--dry` printed "59.4 GiB free in /etc/passwd/runs" and exited 0; the run itself then failed making it."""
+    (tmp_path / "a-file").write_text("")
+    runs = tmp_path / "a-file" / "runs"
+    for native in ([], ["--native"]):
+        refused(dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(runs)}, *native),
+                f"cannot make the folder {runs}: {tmp_path / 'a-file'} is a file, not a folder; set the runs_dir")
+    assert dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "new" / "runs")}).returncode == 0
+    assert not (tmp_path / "new").exists(), "a dry run makes nothing"
