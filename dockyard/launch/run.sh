@@ -156,6 +156,7 @@ while [ $# -gt 0 ]; do
 	--cpu) CPU=1 ;;
 	--disable-require) DISABLE_REQUIRE=1 ;;
 	--dry) DRY=1 ;;
+	-h | --help) sed -n '2,/^set -u/s/^# \{0,1\}//p' "$0"; exit 0 ;;
 	--) shift; break ;;
 	*) die "unknown option $1 (options take the form --name=value; trainer overrides go after --)" ;;
 	esac
@@ -277,7 +278,11 @@ if [ -n "$DRY" ]; then printf '%s\n' "$cmd"; rmdir "$RUN_DIR" 2>/dev/null; exit 
 printf '%s\n' "run.sh: training $RECIPE_IN in $IMAGE ($VARIANT${GPUS:+, GPUs}${CPU:+, CPU}), $NPROC process(es) → $RUN_DIR" >&2
 eval "$cmd"
 rc=$?
-[ -f "$RUN_DIR/manifest.json" ] || die "the run wrote no manifest (exit $rc): see $RUN_DIR/train.log"
+if [ ! -f "$RUN_DIR/manifest.json" ]; then
+	# stopped before its run folder was its own (an unknown recipe, say): the empty folder goes, its reason is above
+	rmdir "$RUN_DIR" 2>/dev/null && die "the run stopped before it began (exit $rc): its reason is above"
+	die "the run wrote no manifest (exit $rc): see $RUN_DIR/train.log"
+fi
 status=$(sed -n 's/^  "status": "\(.*\)",$/\1/p' "$RUN_DIR/manifest.json")
 printf '%s\n' "run $RUN_ID: ${status:-unknown} · $RUN_DIR"
 [ "$rc" -eq 0 ] && [ "$status" = completed ] || exit 1

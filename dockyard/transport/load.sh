@@ -63,6 +63,11 @@ inventory() {
 }
 
 [ "${1:-}" = --inventory ] && { inventory; exit 0; }
+case "${1:-}" in
+-h | --help) sed -n '2,/^set -u/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+-*) die "unknown option $1: sh load.sh [ARCHIVE] or sh load.sh --inventory (sh load.sh --help says more)" ;;
+esac
+[ $# -le 1 ] || die "one archive at a time: sh load.sh ARCHIVE"
 
 field() {  # a value of the manifest's flat "load_sh" block (read only after the sha256 check)
 	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$work/manifest.json"

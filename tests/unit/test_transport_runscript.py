@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dockyard import ROOT
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import run as launch_run
@@ -374,3 +375,22 @@ def test_without_home_the_hugging_face_cache_is_never_a_folder_in_tmp(node, tmp_
     assert "neither DOCKYARD_COMPILE_CACHE nor HOME is set" in proc.stderr  # the same holds for the compile cache
     proc, argv = node("--run-id=h2", HOME="", HF_HOME=str(tmp_path / "hf"), DOCKYARD_COMPILE_CACHE=str(tmp_path / "cc"))
     assert f"{tmp_path}/hf:/workspace/.cache/huggingface" in argv, proc.stderr
+
+
+def test_run_sh_and_load_sh_say_how_they_are_used_and_a_run_that_never_began_leaves_no_folder(node, tmp_path):
+    """`sh run.sh --help` was "unknown option", `sh load.sh --help` looked for an archive named --help; a run the
+    trainer refused before its folder was its own (an unknown recipe: `--recipe=zero-2`) left an empty runs/<id>/."""
+    proc, argv = node("--help")
+    assert proc.returncode == 0 and not argv, proc.stderr
+    assert proc.stdout.startswith("Trains a dockyard recipe in a loaded image") and "--recipe=NAME|FOLDER" in proc.stdout
+    loader = subprocess.run(["sh", str(ROOT / "dockyard" / "transport" / "load.sh"), "--help"], capture_output=True,
+                            text=True)
+    assert loader.returncode == 0 and "sh load.sh --inventory" in loader.stdout, loader.stderr
+    wrong = subprocess.run(["sh", str(ROOT / "dockyard" / "transport" / "load.sh"), "--force"], capture_output=True,
+                           text=True)
+    assert wrong.returncode == 1 and wrong.stderr.startswith("load.sh: unknown option --force: sh load.sh [ARCHIVE]")
+
+    proc, argv = node("--recipe=zero-2", "--run-id=typo")  # the stand-in docker writes nothing, as such a trainer
+    assert argv and proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == "run.sh: the run stopped before it began (exit 0): its reason is above"
+    assert not (tmp_path / "runs" / "typo").exists()
