@@ -164,6 +164,7 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
     import datasets
 
     datasets.disable_progress_bars()
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)  # its ERROR lines on a bad file: the refusal below says it
     try:
         return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
@@ -177,22 +178,26 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
             raise DockyardError(f"cannot read {what}: it is not UTF-8 text ({_first_line(e)}); save it as "
                                 "UTF-8") from None
         where = _bad_json_line(kwargs["data_files"]) if builder == "json" else ""
-        raise DockyardError(f"cannot read {where or what}: {_first_line(e)}") from None
+        # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
+        # string. in row 10", for an unterminated string on line 11)
+        raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: {_first_line(e)}") from None
 
 
 def _bad_json_line(files: list[str]) -> str:
-    """FILE:LINE of the first line of a JSON Lines file that is not a JSON object, or ""."""
+    """FILE:LINE and what is wrong with the first line of a JSON Lines file that is not a JSON object, or ""."""
     for f in files:
         if not f.endswith(".jsonl"):
             continue
         with open(f, encoding="utf-8", errors="replace") as lines:
             for n, line in enumerate(lines, 1):
                 try:
-                    ok = not line.strip() or isinstance(json.loads(line), dict)
-                except ValueError:
-                    ok = False
-                if not ok:
-                    return f"{f}:{n} (each line must be one JSON object)"
+                    value = json.loads(line.rstrip("\r\n")) if line.strip() else {}
+                except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
+                    return f"{f}:{n}: not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
+                if not isinstance(value, dict):
+                    kind = {list: "an array", str: "a string", bool: "true or false"}.get(type(value), "a number")
+                    return f"{f}:{n}: {'null' if value is None else kind}, not an object; each line must be one " \
+                           "JSON object"
     return ""
 
 

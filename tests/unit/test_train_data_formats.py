@@ -173,6 +173,20 @@ def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
         data.read_rows(tmp_path / "empty.jsonl")
 
 
+def test_a_line_that_is_not_a_json_object_is_named_with_what_is_wrong_in_its_own_numbering(tmp_path, caplog):
+    """An unterminated string on line 11 was "bad.jsonl:11 (each line ...): Invalid encoding in string. in row 10"
+    (pyarrow's words and its own count), under datasets' ERROR line from every process."""
+    good = "".join(json.dumps({"text": f"example {i}"}) + "\n" for i in range(10))
+    for tail, says in (('{"text": "cut short\n', "not JSON (Unterminated string starting at: column 10)"),
+                       ('["text", "a list"]\n', "an array, not an object")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(good + tail)
+        with caplog.at_level("ERROR"), pytest.raises(DockyardError) as e:
+            data.read_rows(bad)
+        assert str(e.value) == f"cannot read {bad}:11: {says}; each line must be one JSON object"
+        assert not [r for r in caplog.records if r.name.startswith("datasets")], "said once, by the refusal"
+
+
 def test_a_chat_template_that_refuses_a_conversation_names_the_example(tok, tmp_path):
     """A template that raises ("roles must alternate") was a jinja2 traceback with no example number."""
     tok.chat_template = ("{% for m in messages %}{% if loop.index0 > 0 and m['role'] == 'system' %}"
