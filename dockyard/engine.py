@@ -11,6 +11,7 @@ import collections
 import contextlib
 import fcntl
 import functools
+import itertools
 import json
 import os
 import re
@@ -84,12 +85,14 @@ def run(
     binary: bool = False,
     merge_stderr: bool = False,
     timeout: float | None = None,
+    host_paths: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run one command. `env` is added to the current environment.
 
     capture=True returns stdout (text, or bytes with binary=True) without printing it, with stderr in it too
     where merge_stderr; otherwise output streams to the terminal and only its last lines are kept for the error
     message; `on_line` sees each streamed line. `timeout` (capture only): seconds before it is stopped, an error.
+    `host_paths`: a `docker run`'s streamed lines say the paths it mounts as this host's (container_paths_shown).
     """
     argv = [str(a) for a in argv]
     if not quiet:
@@ -112,8 +115,9 @@ def run(
             if input is not None:
                 p.stdin.write(input)
                 p.stdin.close()
+            as_host = container_paths_shown(argv) if host_paths else (lambda text: text)
             for raw in p.stdout:
-                line = raw.decode(errors="replace")
+                line = as_host(raw.decode(errors="replace"))
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 tail_lines.append(line.rstrip())
@@ -134,6 +138,24 @@ def run(
     if check and proc.returncode != 0:
         raise failure(argv, proc.returncode, tail, what)
     return subprocess.CompletedProcess(argv, proc.returncode, out, "\n".join(tail))
+
+
+def container_paths_shown(argv: list[str]):
+    """A function turning the paths a `docker run` mounts (its `-v HOST:INSIDE[:ro]` flags) into this host's in a
+    line of its output: the trainer's "see /workspace/runs/exp1/train.log" is the user's runs folder, not a path
+    they have. The longest mount first; a path is replaced only whole (followed by /, a blank, punctuation or the
+    end)."""
+    mounts = {}
+    for flag, value in itertools.pairwise(argv):
+        if flag == "-v" and ":" in value:
+            host, inside = value.split(":")[:2]
+            if inside.startswith("/") and inside != "/":
+                mounts[inside] = host
+    if not mounts:
+        return lambda text: text
+    pattern = re.compile("|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
+                         + r"""(?=[/\s:;,.)'"\]]|$)""")
+    return lambda text: pattern.sub(lambda m: mounts[m.group(0)], text)
 
 
 PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL

@@ -61,13 +61,11 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     except OSError as e:  # a file in the way (--out=FILE/x), a folder this user cannot write
         raise DockyardError(f"cannot make the export folder {target}: {e.strerror or e}; give --out=FOLDER where you "
                             "can write") from None
-    proc = engine.run(argv, env=env, check=False)
+    proc = engine.run(argv, env=env, check=False, host_paths=m.variant not in NATIVE)
     if proc.returncode:
         if target.is_dir() and not any(target.iterdir()):
             target.rmdir()
         raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above)")
-    if m.variant not in NATIVE:  # the image said where it wrote inside the container (/workspace/export)
-        print(f"the folder on this host: {target}")
     return target
 
 

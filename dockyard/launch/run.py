@@ -125,7 +125,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     with monitor.watch(run_dir, node_rank=r.node_rank,
                        devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []) as watching:
         try:
-            proc = engine.run(plan.argv, env=plan.env, check=False)
+            proc = engine.run(plan.argv, env=plan.env, check=False, host_paths=not r.native)
         except DockyardError as e:
             if e.exit_code != engine.INTERRUPTED or r.nodes > 1:
                 raise

@@ -139,3 +139,9 @@ def test_ctrl_c_stops_the_run_and_says_the_command_that_continues_it(cpu_image, 
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["steps"] == 24 and m["overrides"]["max_steps"] == 24
+    # done: the trainer's refusal names the checkpoint where it is on this host, not inside the container
+    again = subprocess.run([*INVOKE, *command[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 1 and f"the weights of that step are in {run}/checkpoints/checkpoint-24" in again.stdout \
+        + again.stderr, again.stdout[-2000:] + again.stderr[-2000:]
+    refusal = [line for line in (again.stdout + again.stderr).splitlines() if "already at max_steps" in line]
+    assert refusal and not any("/workspace/" in line for line in refusal), refusal

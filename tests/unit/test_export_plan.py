@@ -114,7 +114,14 @@ def test_a_finished_export_says_where_the_folder_is_on_this_host(settings, tmp_p
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
     _, run = _run(tmp_path)
     monkeypatch.setattr(export, "check_image", lambda *a: None)
-    monkeypatch.setattr(export.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0))
+    said = []
+
+    def container(argv, **kw):  # what the image's exporter prints, through the engine's output as the user sees it
+        shown = export.engine.container_paths_shown(argv) if kw.get("host_paths") else str
+        said.append(shown("exported model of run r1 to /workspace/export"))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(export.engine, "run", container)
     monkeypatch.setattr(export.engine, "engine_info", lambda settings: {})  # an engine that maps no users
     assert export.export(s, run="r1") == run / "export"
-    assert f"the folder on this host: {run / 'export'}" in capsys.readouterr().out
+    assert said == [f"exported model of run r1 to {run / 'export'}"]
