@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import math
 import os
 import sys
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    # its "failed (exitcode: 1) local_rank: 0 (pid: 27600) of binary: ..." and "Sending process 19312 closing signal
+    # SIGTERM", under every failed run's reason: the line below says which process failed first, and how
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     fresh_store_per_attempt()
     share_cpu_cores(sys.argv[1:] if argv is None else argv)
     try:

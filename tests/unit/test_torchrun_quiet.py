@@ -24,6 +24,7 @@ def test_a_failed_worker_is_one_line_with_torchruns_exit_status_not_a_traceback(
     assert plain.returncode == quiet.returncode == 1
     assert "Traceback" in plain.stderr and "ChildFailedError" in plain.stderr  # what users saw
     assert "Traceback" not in quiet.stderr and "error: the reason, in one line" in quiet.stderr
+    assert "failed (exitcode: 3)" in plain.stderr and "failed (exitcode" not in quiet.stderr, "torchrun's log line too"
     assert quiet.stderr.rstrip().splitlines()[-1] == ("torchrun: worker.py failed: rank 0 (local rank 0) first, exit 3; "
                                                       "its reason is above (and in the run's train.log)")
 
