@@ -8,13 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
-# Kinds of GPU kernel, told from their names (a heuristic: cuBLAS, CUTLASS, FlashAttention, NCCL and torch.compile's
-# inductor name their kernels so), first match wins; the rest are elementwise work, norms, activations, losses,
+# Kinds of GPU kernel, told from their names (a heuristic: cuBLAS, CUTLASS, FlashAttention, NCCL, torch.compile's
+# inductor and Liger name their kernels so), first match wins; the rest are elementwise work, norms, activations, losses,
 # reductions. Inductor's own Triton kernels: triton_poi_ (pointwise), triton_red_ and triton_per_ (reductions), each
 # fusing many operators (their names list them, attention's softmax or scaling among them: hence before attention);
 # triton_tem_ its templates (matmuls, and flex attention, which says so).
 KINDS = (("communication", ("nccl",)),
          ("fused by torch.compile", ("triton_poi_", "triton_red_", "triton_per_")),
+         # Liger's Triton kernels, named after their Python functions: its norms, SwiGLU/GeGLU, RoPE and the loss
+         # (cross-entropy and the gradient scaling of its fused linear cross-entropy)
+         ("Liger's kernels", ("liger_", "_rms_norm_forward", "_rms_norm_backward", "_swiglu_", "_geglu_",
+                              "element_mul_kernel", "_triton_rope", "_layer_norm_forward", "_layer_norm_backward")),
          ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),  # before matmul: fmha_cutlass..., cuDNN's
          ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "cublas", "xmma", "matmul", "splitk", "triton_tem_")),
          ("optimizer", ("multi_tensor_apply", "adam")),

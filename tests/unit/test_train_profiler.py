@@ -114,6 +114,10 @@ def test_a_trace_without_gpu_work_has_no_gpu_figures():
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", "other kernels"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps>>", "other kernels"),
+    # Liger's Triton kernels (use_liger_kernel), by their functions' names; torch's own norm stays other work
+    ("_rms_norm_forward_kernel", "Liger's kernels"), ("_swiglu_backward_kernel", "Liger's kernels"),
+    ("liger_cross_entropy_kernel", "Liger's kernels"), ("element_mul_kernel", "Liger's kernels"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "other kernels"),
     # torch.compile's inductor: its fused Triton kernels, though their names list the operators fused
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "fused by torch.compile"),
     ("triton_poi_fused__scaled_dot_product_efficient_attention_view_3", "fused by torch.compile"),
