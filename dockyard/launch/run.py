@@ -297,8 +297,23 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
             raise DockyardError(f"--resume: no run folder {d} to resume")
         runfolder.check(d)  # a link planted in it (monitor.json -> ~/.bashrc) is refused before anything runs
     elif node_rank == 0 and d.exists() and any(not runfolder.OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
-        raise DockyardError(f"run folder {d} already holds a run: pick another --run-id, or add --resume to continue it")
+        raise DockyardError(f"run folder {d} already holds a run{_never_trained(d)}: pick another --run-id, or add "
+                            "--resume to continue it")
     return d
+
+
+def _never_trained(run_dir: Path) -> str:
+    """", which failed before it trained (...); `rm -r` it to use the id again" where the manifest says so (a bad
+    data file found in the container, say), else ""."""
+    try:
+        m = runfolder.read_manifest(run_dir)
+    except (DockyardError, OSError):
+        return ""
+    if m is None or m.status != "failed" or (m.metrics and m.metrics.steps) or runfolder.checkpoints_started(run_dir):
+        return ""
+    error = " ".join((m.error or "").split())[:160]
+    return (f", which failed before it trained{f' ({error})' if error else ''}; to use the id again, remove it: "
+            f"rm -r {shlex.quote(str(run_dir))}. Otherwise")
 
 
 def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:

@@ -355,3 +355,21 @@ def test_a_runs_folder_that_cannot_be_made_is_refused_by_the_dry_run_too(env, tm
                 f"cannot make the folder {runs}: {tmp_path / 'a-file'} is a file, not a folder; set the runs_dir")
     assert dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "new" / "runs")}).returncode == 0
     assert not (tmp_path / "new").exists(), "a dry run makes nothing"
+
+
+def test_a_run_id_whose_run_failed_before_training_says_how_to_use_it_again(env, tmp_path):
+    """A run refused in its container (bad data) left its folder, and the same --run-id, once the data was fixed,
+    was told "already holds a run: ... add --resume to continue it": a run with nothing to continue."""
+    import json
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r1", "status": "failed", "metrics": {"steps": 0},
+                                                   "error": "cannot read /data/x.jsonl:3: not JSON"}))
+    refused(dry(env, "--run-id=r1"), f"run folder {run} already holds a run, which failed before it trained (cannot "
+                                     f"read /data/x.jsonl:3: not JSON); to use the id again, remove it: rm -r {run}. "
+                                     "Otherwise: pick another --run-id")
+    (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)  # it trained: resuming it is the way on
+    r = dry(env, "--run-id=r1")
+    refused(r, f"run folder {run} already holds a run: pick another --run-id, or add --resume")
+    assert "rm -r" not in r.stderr
