@@ -1,12 +1,67 @@
 """What the trainer reads as data, known to the host too (`invoke run --dry` checks inputs as the trainer will)."""
 
+import json
 import re
 from pathlib import Path
+
+from dockyard.common.errors import DockyardError
 
 # file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
 # org/name: a dataset or model id as the hub spells it (looked up in the local cache only: no network)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# The fields that name each format, most specific first (a row with `messages` and `text` is a chat).
+FORMATS: dict[str, tuple[str, ...]] = {
+    "messages": ("messages",),
+    "sharegpt": ("conversations",),
+    "alpaca": ("instruction", "output"),
+    "prompt_completion": ("prompt", "completion"),
+    "text": ("text",),
+}
+FIRST_LINE_LIMIT = 1 << 24  # bytes of a JSON Lines file's first example the host reads (an example is far less)
+
+
+def format_of(fields: list[str]) -> str:
+    """The format a row's fields name (FORMATS, most specific first), "" where none."""
+    return next((f for f, need in FORMATS.items() if all(k in fields for k in need)), "")
+
+
+def unknown_format(source: str, fields: list[str]) -> DockyardError:
+    """The refusal of data whose fields name no format: the trainer's, and the host's from a file's first line."""
+    header = " (a .csv file's first line must name them, e.g. prompt,completion)" if source.endswith(".csv") else ""
+    expected = "; ".join(f"{fmt} ({'+'.join(need)})" for fmt, need in FORMATS.items())
+    # data_format cannot help here: a named format needs the same fields
+    return DockyardError(f"{source}: cannot tell the data format from its fields ({', '.join(fields)}); rename them "
+                         f"to one of {expected}{header} (docs/data.md)")
+
+
+def not_an_object(line: str) -> str:
+    """Why one line of a JSON Lines file is not one JSON object ("" where it is, or is blank)."""
+    try:
+        value = json.loads(line.rstrip("\r\n")) if line.strip() else {}
+    except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
+        return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
+    if isinstance(value, dict):
+        return ""
+    kind = {list: "an array", str: "a string", bool: "true or false"}.get(type(value), "a number")
+    return f"{'null' if value is None else kind}, not an object; each line must be one JSON object"
+
+
+def first_fields(path: Path) -> list[str] | None:
+    """The fields (with a value) of a JSON Lines file's first example, as the trainer finds the format from them;
+    a first line that is not a JSON object is refused as the trainer would refuse it. None for a file with no
+    example in its first FIRST_LINE_LIMIT bytes (the trainer says what it finds there)."""
+    with open(path, "rb") as f:
+        n = 0
+        while (raw := f.readline(FIRST_LINE_LIMIT - f.tell() + 1)) and f.tell() <= FIRST_LINE_LIMIT:
+            n += 1
+            line = raw.decode("utf-8", errors="replace")
+            if not line.strip():
+                continue
+            if why := not_an_object(line):
+                raise DockyardError(f"cannot read {path}:{n}: {why}")
+            return sorted(k for k, v in json.loads(line).items() if v is not None)
+    return None
 
 
 def holds_text(path: Path) -> bool:

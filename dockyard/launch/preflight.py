@@ -23,7 +23,7 @@ from typing import Any
 
 from dockyard.common import disk, memory, runfolder
 from dockyard.common.autos import check_packing
-from dockyard.common.data_files import BUILDERS, holds_text
+from dockyard.common.data_files import BUILDERS, first_fields, format_of, holds_text, unknown_format
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
 from dockyard.common.run_settings import (
@@ -76,10 +76,22 @@ def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
 def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, processes: int,
               data: str = "", model: str = "") -> None:
     """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's."""
-    check_overrides(recipe, overrides, processes)
+    run_settings = check_overrides(recipe, overrides, processes)
     check_on_gpus(recipe, gpus_in_effect)
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
         check_input(key, value, where, settings)
+        if key in ("data", "eval_data") and run_settings.task == "causal_lm" and run_settings.data_format == "auto":
+            check_data_fields(host_path(value, where, settings, key))
+
+
+def check_data_fields(path: Path | None) -> None:
+    """A JSON Lines file whose first example is not a JSON object, or whose fields name no format, refused as the
+    trainer refuses it, but before the image starts (and leaves a failed run folder behind)."""
+    files = sorted(f for f in ([path] if path and path.is_file() else path.iterdir() if path else [])
+                   if f.is_file() and f.suffix == ".jsonl")
+    fields = first_fields(files[0]) if files else None
+    if fields is not None and not format_of(fields):
+        raise unknown_format(str(files[0]), fields)
 
 
 def check_on_gpus(recipe: Recipe, gpus: bool, fix: str = "run it on GPUs") -> None:
@@ -117,7 +129,7 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
     return need
 
 
-def check_overrides(spec, overrides: list[str], processes: int = 0) -> None:
+def check_overrides(spec, overrides: list[str], processes: int = 0) -> RunSettings:
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings), and
     the batch settings split over the run's `processes` (0: not known here; the trainer checks the split)."""
     given = parse_overrides(overrides)
@@ -144,6 +156,7 @@ def check_overrides(spec, overrides: list[str], processes: int = 0) -> None:
         batch_split(run_settings.global_batch, micro, accumulation, processes)
     check_evaluation(run_settings, training)
     check_profile(run_settings, training)
+    return run_settings
 
 
 def check_input(key: str, value: str, where: str, settings: Settings) -> None:

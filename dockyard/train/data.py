@@ -16,7 +16,6 @@ rows (or named with the `data_format` setting):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -26,21 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dockyard.common.data_files import BUILDERS, HUB_ID, holds_text
+from dockyard.common.data_files import BUILDERS, FORMATS, HUB_ID, format_of, holds_text, not_an_object, unknown_format
 from dockyard.common.errors import DockyardError
 
 log = logging.getLogger("dockyard.train")
 
 IGNORE = -100  # label value the loss skips
 
-# The fields that name each format, most specific first (a row with `messages` and `text` is a chat).
-FORMATS: dict[str, tuple[str, ...]] = {
-    "messages": ("messages",),
-    "sharegpt": ("conversations",),
-    "alpaca": ("instruction", "output"),
-    "prompt_completion": ("prompt", "completion"),
-    "text": ("text",),
-}
 CHAT_FORMATS = ("messages", "alpaca", "sharegpt")
 TEXT_FIELDS = ("text", "prompt", "completion", "instruction", "input", "output")  # a string each
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -190,14 +181,8 @@ def _bad_json_line(files: list[str]) -> str:
             continue
         with open(f, encoding="utf-8", errors="replace") as lines:
             for n, line in enumerate(lines, 1):
-                try:
-                    value = json.loads(line.rstrip("\r\n")) if line.strip() else {}
-                except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
-                    return f"{f}:{n}: not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
-                if not isinstance(value, dict):
-                    kind = {list: "an array", str: "a string", bool: "true or false"}.get(type(value), "a number")
-                    return f"{f}:{n}: {'null' if value is None else kind}, not an object; each line must be one " \
-                           "JSON object"
+                if why := not_an_object(line):
+                    return f"{f}:{n}: {why}"
     return ""
 
 
@@ -214,13 +199,9 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
     elif named != "auto":
         fmt, need = named, FORMATS[named]
     else:
-        fmt = next((f for f, fields in FORMATS.items() if all(k in found for k in fields)), "")
+        fmt = format_of(found)
         if not fmt:
-            # data_format cannot help here: a named format needs the same fields. A CSV's fields are its first line.
-            header = " (a .csv file's first line must name them, e.g. prompt,completion)" if source.endswith(
-                ".csv") else ""
-            raise DockyardError(f"{source}: cannot tell the data format from its fields ({', '.join(found)}); "
-                                f"rename them to one of {_expected()}{header} (docs/data.md)")
+            raise unknown_format(source, found)
         need = FORMATS[fmt]
     # the fields read as text: a number or a list there (token ids, a column shifted) would train on its digits
     texts = [k for k in (*need, *(("input",) if fmt == "alpaca" else ())) if k in TEXT_FIELDS]
@@ -241,8 +222,6 @@ def _fields(row: dict[str, Any]) -> list[str]:
     return sorted(k for k, v in row.items() if v is not None)
 
 
-def _expected() -> str:
-    return "; ".join(f"{fmt} ({'+'.join(fields)})" for fmt, fields in FORMATS.items())
 
 
 def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:

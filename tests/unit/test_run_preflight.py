@@ -373,3 +373,26 @@ def test_a_run_id_whose_run_failed_before_training_says_how_to_use_it_again(env,
     r = dry(env, "--run-id=r1")
     refused(r, f"run folder {run} already holds a run: pick another --run-id, or add --resume")
     assert "rm -r" not in r.stderr
+
+
+def test_data_whose_first_example_names_no_format_is_refused_before_the_image_starts(env, tmp_path):
+    """`qa.jsonl` with question/answer fields was refused inside the container, ~15 s later, leaving a failed run
+    folder; its first line, read on the host, says the same now (the trainer's own words, from the same rules)."""
+    import json
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("\n" + json.dumps({"question": "2+2?", "answer": "4", "id": None}) + "\n")
+    refused(dry(env, f"--data={qa}"), f"{qa}: cannot tell the data format from its fields (answer, question); rename "
+                                      "them to one of messages (messages); sharegpt (conversations); alpaca ")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "fine"}\n')
+    (folder / "b.jsonl").write_text('["not", "an object"]\n')
+    assert dry(env, f"--data={folder}").returncode == 0, "its first file names the format; the trainer reads the rest"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "cut short\n')
+    refused(dry(env, f"--data={broken}"), f"cannot read {broken}:1: not JSON (Unterminated string starting at: "
+                                          "column 10); each line must be one JSON object")
+    # held-out data is read the same way; a format named is the trainer's to check against every example
+    refused(dry(env, f"--data={folder}", "--", "--eval_data", str(qa)), "cannot tell the data format")
+    assert dry(env, f"--data={qa}", "--", "--data_format", "text").returncode == 0
