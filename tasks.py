@@ -85,7 +85,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
 
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2, or with --resume the run's own",
             "variant": "image variant; default auto",
-            "nproc": "processes on this node: default one per GPU, or 2 on a CPU-only host",
+            "nproc": "processes on this node: default (or 0) one per GPU, or 2 on a CPU-only host",
             "nodes": "number of nodes (torchrun's c10d rendezvous); default 1",
             "node_rank": "this node's rank, 0..nodes-1: node 0 hosts the rendezvous",
             "master_addr": "address of node 0 on the network the nodes share (required with --nodes > 1)",

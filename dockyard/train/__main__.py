@@ -91,10 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
     except DockyardError as e:
-        if os.environ.get("LOCAL_RANK", "0") == "0" or (run is not None and not run.same_everywhere):
+        if os.environ.get("LOCAL_RANK", "0") == "0" or (run is not None and not run.same_everywhere) \
+                or not _said_by_the_first():
             print(f"error: {e}", file=sys.stderr)
-        else:  # every process of the node refused the same: its first says so, once, before torchrun stops the rest
-            time.sleep(SAY_ONCE_S)
         if run:
             finish(run, str(e))
         return e.exit_code
@@ -755,6 +754,17 @@ def leave(code: int) -> NoReturn:
 
 
 STOPPED = "stopped by SIGTERM"
+
+
+def _said_by_the_first() -> bool:
+    """A refusal every process of the node makes alike is said by its first (local rank 0), which then exits, and
+    torchrun stops the others: this one waits SAY_ONCE_S for that. Not stopped by then, the first did not refuse
+    (the error was this process's own after all): False, and this one says it."""
+    try:
+        time.sleep(SAY_ONCE_S)
+    except DockyardError:  # _stopped: torchrun's SIGTERM
+        return True
+    return False
 
 
 def _stopped(signum: int, frame: Any) -> None:

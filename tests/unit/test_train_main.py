@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dockyard.common import autos
@@ -333,3 +335,23 @@ def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_l
     log = (tmp_path / "train.log").read_text()
     assert "Model config" not in console and "a library's warning" in console and '{"step": 1' in console
     assert all(line in log for line in ("Model config", "a library's warning", '{"step": 1'))
+
+
+def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_another_only_if_the_first_went_on(
+        monkeypatch):
+    """The node's other processes wait for torchrun to stop them once its first has said the refusal and exited;
+    a process whose error was its own (the first went on) says it itself after the wait, never silently."""
+    import signal
+    import threading
+
+    from dockyard.train import __main__ as entry
+
+    monkeypatch.setattr(entry, "SAY_ONCE_S", 0.2)
+    assert entry._said_by_the_first() is False, "nobody stopped it: it says its error itself"
+    old = signal.signal(signal.SIGTERM, entry._stopped)
+    try:
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()  # torchrun, the first having failed
+        monkeypatch.setattr(entry, "SAY_ONCE_S", 5)
+        assert entry._said_by_the_first() is True
+    finally:
+        signal.signal(signal.SIGTERM, old)
