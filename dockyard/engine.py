@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -99,6 +100,7 @@ def run(
         echo(argv, env)
     full_env = {**os.environ, **(env or {})}
     p = None
+    as_host = container_paths_shown(argv) if host_paths else (lambda text: text)
     try:
         if capture:
             proc = subprocess.run(argv, env=full_env, cwd=cwd, input=input, stdout=subprocess.PIPE,
@@ -115,7 +117,6 @@ def run(
             if input is not None:
                 p.stdin.write(input)
                 p.stdin.close()
-            as_host = container_paths_shown(argv) if host_paths else (lambda text: text)
             for raw in p.stdout:
                 line = as_host(raw.decode(errors="replace"))
                 sys.stdout.write(line)
@@ -131,13 +132,30 @@ def run(
     except subprocess.TimeoutExpired:
         raise DockyardError(f"no answer in {timeout:g} s: {shown(argv)}") from None
     except KeyboardInterrupt:
-        if p is not None:  # Ctrl-C reached the command too (one process group): it stops, then this does
-            with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
+        if p is not None and p.stdout is not None:
+            # Ctrl-C reached the command too (one process group): its last words are shown while it stops
+            threading.Thread(target=_show_rest, args=(p.stdout, as_host), daemon=True).start()
+            with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):  # another Ctrl-C: at once
                 p.wait(timeout=STOP_WAIT)
-        raise DockyardError(f"interrupted: {shown(argv)}", exit_code=INTERRUPTED) from None
+        raise Interrupted(f"interrupted: {shown(argv)}", stopped=p is None or p.poll() is not None) from None
     if check and proc.returncode != 0:
         raise failure(argv, proc.returncode, tail, what)
     return subprocess.CompletedProcess(argv, proc.returncode, out, "\n".join(tail))
+
+
+class Interrupted(DockyardError):
+    """Ctrl-C: `stopped` says whether the command had ended by the time this returned (within STOP_WAIT)."""
+
+    def __init__(self, message: str, stopped: bool):
+        super().__init__(message, exit_code=INTERRUPTED)
+        self.stopped = stopped
+
+
+def _show_rest(stream, as_host) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        for raw in stream:
+            sys.stdout.write(as_host(raw.decode(errors="replace")))
+            sys.stdout.flush()
 
 
 def container_paths_shown(argv: list[str]):
@@ -153,8 +171,8 @@ def container_paths_shown(argv: list[str]):
                 mounts[inside] = host
     if not mounts:
         return lambda text: text
-    pattern = re.compile("|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
-                         + r"""(?=[/\s:;,.)'"\]]|$)""")
+    pattern = re.compile(r"(?<![\w/.-])(?:" + "|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
+                         + r""")(?=[/\s:;,.)'"\]]|$)""")
     return lambda text: pattern.sub(lambda m: mounts[m.group(0)], text)
 
 

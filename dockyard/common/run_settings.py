@@ -9,6 +9,7 @@ Needs only pydantic and PyYAML (no torch), like the registry it reads.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import reprlib
 from dataclasses import dataclass
@@ -141,6 +142,8 @@ def _scalar(text: str) -> Any:
             return float(text)
         except ValueError:
             return text
+    if isinstance(value, (dt.date, dt.datetime)):  # `--run_name 2024-01-01` is a name, not a date (no setting
+        return text                               # takes one, and JSON, the manifest's, has none)
     return value
 
 
@@ -216,16 +219,31 @@ def training_arguments() -> dict[str, str]:
 
 # The TrainingArguments numbers whose range the Trainer or torch checks only once the model is loaded (a traceback:
 # "Invalid learning rate: -1"), or not at all (max_steps 0 trained by epochs): (lowest, highest, the words for it)
-ABOVE_0 = "above 0"  # the one range without its lowest value
-RANGES: dict[str, tuple[float, float, str]] = {
-    **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "max_grad_norm", "warmup_steps"),
-                    (0, math.inf, "0 or more")),
-    **dict.fromkeys(("adam_beta1", "adam_beta2"), (0, 1, "from 0 to 1")),
-    **dict.fromkeys(("per_device_eval_batch_size", "save_total_limit", "eval_accumulation_steps"),
-                    (1, math.inf, "1 or more")),
-    **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), (0, math.inf, ABOVE_0)),
-    "dataloader_num_workers": (0, math.inf, "0 or more"),
-    **dict.fromkeys(("seed", "data_seed"), (0, 2**32 - 1, "from 0 to 2**32-1")),
+@dataclass(frozen=True)
+class Range:
+    """Where a number may lie: from `low` to `high`, either end left out where `open_low`/`open_high` say so."""
+
+    low: float
+    high: float = math.inf
+    open_low: bool = False
+    open_high: bool = False
+
+    def holds(self, x: float) -> bool:
+        return (self.low < x if self.open_low else self.low <= x) and (x < self.high if self.open_high else x <= self.high)
+
+    def words(self) -> str:
+        if self.high == math.inf:
+            return f"above {self.low:g}" if self.open_low else f"{self.low:g} or more"
+        return f"from {self.low:g} {'up to (not including)' if self.open_high else 'to'} {self.high:g}"
+
+
+RANGES: dict[str, Range] = {
+    **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "max_grad_norm", "warmup_steps",
+                     "dataloader_num_workers", "save_total_limit"), Range(0)),  # save_total_limit 0: keep all
+    **dict.fromkeys(("adam_beta1", "adam_beta2"), Range(0, 1, open_high=True)),  # torch: "Invalid beta parameter"
+    **dict.fromkeys(("per_device_eval_batch_size", "eval_accumulation_steps"), Range(1)),
+    **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), Range(0, open_low=True)),
+    **dict.fromkeys(("seed", "data_seed"), Range(0, 2**32 - 1)),
 }
 
 
@@ -245,12 +263,11 @@ def check_number(key: str, value: Any, kind: str) -> None:
     whole = kind.startswith("int")
     number = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
     if number and (abs(value) <= WIDEST_INT if whole else _finite(value)):
-        low, high, words = RANGES.get(key, (-math.inf, math.inf, ""))
         if key == "max_steps" and not (value == -1 or value >= 1):
             raise DockyardError(f"max_steps {value}: give the number of optimizer steps, 1 or more (or -1 to train "
                                 "for num_train_epochs)")
-        if not (low < value if words == ABOVE_0 else low <= value) or value > high:
-            raise DockyardError(f"{key} {value}: TrainingArguments.{key} takes a number {words}")
+        if key in RANGES and not RANGES[key].holds(value):
+            raise DockyardError(f"{key} {value}: TrainingArguments.{key} takes a number {RANGES[key].words()}")
         return
     if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)
         raise DockyardError(f"--{key} was given no value: put {'a whole number' if whole else 'a number'} after it "

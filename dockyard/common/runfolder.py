@@ -174,11 +174,11 @@ def check_makeable(folder: Path, fix: str) -> None:
     existing = folder
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
-    if existing != folder and not existing.is_dir():
-        raise DockyardError(f"cannot make the folder {folder}: {existing} is a file, not a folder; {fix}")
-    if existing != folder and not os.access(existing, os.W_OK | os.X_OK):
-        raise DockyardError(f"cannot make the folder {folder}: {existing} is not writable by you (uid "
-                            f"{os.geteuid()}); {fix}")
+    where = "" if existing == folder else f"cannot make the folder {folder}: "
+    if not existing.is_dir():
+        raise DockyardError(f"{where}{existing} is a file, not a folder; {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DockyardError(f"{where}{existing} is not writable by you (uid {os.geteuid()}); {fix}")
 
 
 def make_dir(folder: Path, name: str) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 from dockyard import engine
 from dockyard.common import disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
-from dockyard.common.recipes import load_recipe
+from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
@@ -126,10 +126,12 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                        devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []) as watching:
         try:
             proc = engine.run(plan.argv, env=plan.env, check=False, host_paths=not r.native)
-        except DockyardError as e:
-            if e.exit_code != engine.INTERRUPTED or r.nodes > 1:
+        except engine.Interrupted as e:
+            if r.nodes > 1:
                 raise
-            raise DockyardError(f"interrupted: run {run_dir.name} stopped. Continue it from its last complete "
+            how = ("stopped" if e.stopped else "is still stopping" if r.native
+                   else f"is still stopping (docker stop dockyard-{run_dir.name} stops it at once)")
+            raise DockyardError(f"interrupted: run {run_dir.name} {how}. Continue it from its last complete "
                                 f"checkpoint, with its own settings: {resume_command(r, run_dir.name)}",
                                 exit_code=engine.INTERRUPTED) from None
         after = _traces(run_dir, r.node_rank)
@@ -473,13 +475,21 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
 
 
 def resume_command(r: RunRequest, run_id: str) -> str:
-    """The `invoke run` that continues run `run_id` as `r` started it: the flags the trainer needs the same again
-    (its model and data, where its processes ran); the overrides stay in the run (overrides.json)."""
-    flags = [f"--run-id={run_id}", *(f"--{k}={v}" for k, v in (("variant", r.variant if r.variant != "auto" else ""),
+    """The `invoke run` that continues run `run_id` as `r` started it: what the host needs again (a recipe folder of
+    one's own, the model and data it mounts, where the processes ran); the other overrides stay in the run
+    (overrides.json)."""
+    folder = Path(os.path.expanduser(r.recipe)) if r.recipe else None
+    # a recipe folder of one's own (from any folder); a recipe of the checkout's the run's manifest names
+    own = folder and (folder / "recipe.yaml").is_file() and folder.resolve() != (RECIPES / r.recipe).resolve()
+    recipe = str(folder.resolve()) if own else ""
+    flags = [f"--run-id={run_id}", *(f"--{k}={v}" for k, v in (("recipe", recipe),
+                                                                 ("variant", r.variant if r.variant != "auto" else ""),
                                                                  ("nproc", r.nproc or ""), ("gpus", r.gpus),
                                                                  ("data", r.data), ("model", r.model)) if v),
              *(f"--{k}" for k, on in (("cpu", r.cpu), ("native", r.native)) if on)]
-    return shlex.join(["invoke", "run", "--resume", *flags])
+    mounted = inputs.override_values(list(r.overrides))  # inputs given after --: mounted only where given again
+    tail = ["--", *(w for k, v in mounted.items() for w in (f"--{k}", v))] if mounted else []
+    return shlex.join(["invoke", "run", "--resume", *flags, *tail])
 
 
 def _rate_kind(met: runfolder.MetricsRecord) -> str:

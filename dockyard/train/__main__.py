@@ -347,6 +347,10 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
         raise DockyardError(f"already at max_steps {steps} ({Path(last).name}): raise --max_steps to train on; the "
                             f"weights of that step are in {last} (from_pretrained reads them)")
+    if not run.opts.resume and os.environ.get("RANK", "0") == "0":
+        # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
+        # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
+        manifest.save_overrides(run_dir, run.overrides)
     return Opened(recipe, settings, training, last)
 
 
@@ -453,6 +457,8 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     except (ValueError, TypeError) as e:
         raise DockyardError(f"invalid training setting: {' '.join(str(e).split())}") from None  # some say it in lines
     guards.deepspeed_agrees(getattr(targs, "hf_deepspeed_config", None), recipe.file(recipe.deepspeed or ""))
+    if recipe.deepspeed and not cuda:
+        guards.cpu_collectives_as_built()  # before DeepSpeed's communication starts (here, or in the Trainer)
     if recipe.deepspeed and not cuda and targs.world_size > 1:
         # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
         # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.

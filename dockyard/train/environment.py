@@ -8,6 +8,7 @@ import importlib.util
 import os
 import stat
 from collections.abc import MutableMapping
+from pathlib import Path
 
 from dockyard.common.autos import LIGER_TYPES, Device
 
@@ -72,8 +73,20 @@ def _unusable(folder: str) -> str:
         os.umask(old)
     if st.st_uid != os.geteuid():
         return f"belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}"
-    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid()):
+    if _others_write(st):
         return f"can be written by other users (mode {stat.filemode(st.st_mode)})"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"cannot be written (mode {stat.filemode(st.st_mode)})"
+    # and no folder above it another user could swap it out of (rename it, put their own in its place) once checked
+    for above in Path(folder).resolve().parents:
+        st = os.stat(above)
+        whose = f"belongs to uid {st.st_uid}" if st.st_uid not in (os.geteuid(), 0) else ""
+        if whose or (_others_write(st) and not st.st_mode & stat.S_ISVTX):  # sticky (/tmp): none can rename it
+            return (f"sits in {above}, which {whose or 'other users can write'} (mode {stat.filemode(st.st_mode)}): "
+                    "they could put code of theirs in its place")
     return ""
+
+
+def _others_write(st: os.stat_result) -> bool:
+    """Writable by other users: everyone, or a group other than this process's own."""
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid()))

@@ -223,3 +223,17 @@ def check_offload_memory(strategy: str, need: int, params: int, available: int) 
             f"{strategy} needs about {need / GIB:.1f} GiB of host RAM for {params / 1e9:.2f} B parameters on this "
             f"node, and only {available / GIB:.1f} GiB is free (container limit included). Use more nodes, "
             f"a recipe that offloads less (invoke plan), or raise the container's memory limit")
+
+
+def cpu_collectives_as_built() -> bool:
+    """On CPU, DeepSpeed's shared-memory allreduce (its deepspeed_shm_comm op) where the image holds it built for
+    the CPU: the cpu variant. Elsewhere (a CUDA image trained with --cpu, a native run) DeepSpeed compiled it at every
+    start, in a container whose compile cache starts empty: 1-2 minutes of g++ on every process before the first
+    step, for a run that checks a stack. Such a run uses gloo's collectives, as torch does: False."""
+    import deepspeed.ops
+    from deepspeed.git_version_info import accelerator_name, installed_ops
+
+    if installed_ops.get("deepspeed_shm_comm") and accelerator_name == "cpu":
+        return True
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read by deepspeed.comm when it starts
+    return False

@@ -42,7 +42,9 @@ def logged(run_dir: Path, name: str = runfolder.METRICS) -> list[dict[str, Any]]
 
 def json_text(value: Any, **kw: Any) -> str:
     """JSON that strict parsers read: a non-finite number (a diverged run's NaN loss, its logits) is null, never NaN."""
-    return json.dumps(finite(value), allow_nan=False, **kw)
+    # default=str: a value no JSON type holds (a YAML date inside a mapping given as a setting) as its text, never a
+    # TypeError that would leave the run without its manifest
+    return json.dumps(finite(value), allow_nan=False, default=str, **kw)
 
 
 def finite(value: Any) -> Any:

@@ -173,6 +173,22 @@ def test_a_folder_holding_a_run_is_never_overwritten(tmp_path):
     assert proc.returncode == 1 and "there is no run folder" in proc.stderr and not (tmp_path / "new").exists()
 
 
+def test_a_run_that_failed_before_training_resumes_with_its_own_settings(tmp_path):
+    """Its settings were kept only once it trained: a run refused for its data, resumed with the data fixed, trained
+    50 steps at the defaults' learning rate, saying nothing of the settings it had been given."""
+    bad = tmp_path / "qa.jsonl"
+    bad.write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n")
+    run = tmp_path / "run"
+    first = train("ddp", run, "--max_steps", "3", "--learning_rate", "5e-4", "--run_name", "2024-01-01",
+                  "--data", str(bad), ok=False)
+    assert first.returncode != 0 and "cannot tell the data format" in first.stderr
+    train("ddp", run, "--data", "data/sample.jsonl", resume=True)
+    m = manifest(run)
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 3
+    assert m["overrides"] == {"max_steps": 3, "learning_rate": 5e-4, "run_name": "2024-01-01",
+                              "data": "data/sample.jsonl"}, "a date-like name stays its text, in JSON"
+
+
 def test_a_setting_every_process_refuses_is_said_once_per_node(tmp_path):
     """Each of a node's processes printed the same refusal (8 lines on 8 GPUs; two came out glued on one line),
     under torchrun's own line; a value out of range here was torch's traceback from each, once the model had loaded."""

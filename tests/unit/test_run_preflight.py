@@ -353,6 +353,8 @@ def test_a_runs_folder_that_cannot_be_made_is_refused_by_the_dry_run_too(env, tm
     for native in ([], ["--native"]):
         refused(dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(runs)}, *native),
                 f"cannot make the folder {runs}: {tmp_path / 'a-file'} is a file, not a folder; set the runs_dir")
+    refused(dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "a-file")}),  # the runs folder a file itself
+            f"{tmp_path / 'a-file'} is a file, not a folder; set the runs_dir")
     assert dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "new" / "runs")}).returncode == 0
     assert not (tmp_path / "new").exists(), "a dry run makes nothing"
 
@@ -396,3 +398,20 @@ def test_data_whose_first_example_names_no_format_is_refused_before_the_image_st
     # held-out data is read the same way; a format named is the trainer's to check against every example
     refused(dry(env, f"--data={folder}", "--", "--eval_data", str(qa)), "cannot tell the data format")
     assert dry(env, f"--data={qa}", "--", "--data_format", "text").returncode == 0
+
+
+def test_the_command_that_continues_an_interrupted_run_gives_what_the_host_needs_again(tmp_path, monkeypatch):
+    """A recipe folder of one's own, and inputs given after `--`, are the host's to mount: a resume without them was
+    refused ("give that folder again"), or the trainer found its held-out data missing. The other overrides are the
+    run's own (overrides.json)."""
+    from dockyard.launch.run import RunRequest, resume_command
+
+    mine = tmp_path / "my-recipe"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text("strategy: ddp\n")
+    monkeypatch.chdir(tmp_path)
+    r = RunRequest(recipe="./my-recipe", data="/d/x.jsonl", cpu=True,
+                   overrides=("--eval_data", "/d/held.jsonl", "--max_steps", "5", "--model=/m"))
+    assert resume_command(r, "exp1") == ("invoke run --resume --run-id=exp1 " f"--recipe={mine} --data=/d/x.jsonl --cpu "
+                                         "-- --eval_data /d/held.jsonl --model /m")
+    assert resume_command(RunRequest(), "exp2") == "invoke run --resume --run-id=exp2"

@@ -120,3 +120,19 @@ def test_a_compile_cache_of_another_user_or_that_cannot_be_made_is_dropped(tmp_p
     assert environment.compile_cache(env) == [f"TRITON_CACHE_DIR={tmp_path / 'blocked/triton'} cannot be made "
                                               "(Not a directory)"]
     assert env == {}
+
+
+def test_a_compile_cache_in_a_folder_others_can_write_is_dropped_but_not_in_a_sticky_one(tmp_path):
+    """The cache folder itself was checked, not the folders above it: a user who can write its parent could rename it
+    once checked and put their own in its place, minutes before torch reads it. /tmp's sticky bit stops that."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    env = _named(tmp_path, shared / "compile")
+    dropped = environment.compile_cache(env)
+    assert dropped[0] == (f"TORCHINDUCTOR_CACHE_DIR={shared / 'compile' / 'inductor'} sits in {shared}, which other "
+                          "users can write (mode drwxrwxrwx): they could put code of theirs in its place")
+    assert "TORCHINDUCTOR_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in env
+    shared.chmod(0o1777)  # sticky: only an entry's owner renames it
+    env = _named(tmp_path, shared / "compile")
+    assert environment.compile_cache(env) == [] and "TORCHINDUCTOR_CACHE_DIR" in env
