@@ -354,3 +354,32 @@ def test_the_trainer_in_a_cuda_image_without_a_usable_gpu_fails_instead_of_train
     record = json.loads((run_dir / "manifest.json").read_text())
     assert record["status"] == "failed" and "too old" in record["error"]
     assert not (run_dir / "checkpoints").exists()
+
+
+SHM = """
+import json
+from dockyard.train import guards
+import deepspeed.ops
+from deepspeed.comm.torch import build_shm_op
+kept = guards.cpu_collectives_as_built()
+print(json.dumps({"kept": kept, "op": build_shm_op() is not None}))
+"""
+
+
+def test_a_cpu_run_without_deepspeeds_shm_op_built_uses_gloo_instead_of_compiling_it():
+    """A CUDA image trained with --cpu (and a native run) compiled DeepSpeed's shared-memory allreduce at every
+    start, in a container whose compile cache starts empty: 98 s on this machine before the first step. This
+    environment's DeepSpeed, like a CUDA image's, has no op built for the CPU: nothing is compiled now. The cpu
+    image's own op is kept (tests/integration/test_image.py checks it is built there)."""
+    import os
+    import subprocess
+    import sys
+
+    from dockyard import ROOT
+
+    r = subprocess.run([sys.executable, "-c", SHM], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(ROOT),
+                            "TORCH_EXTENSIONS_DIR": "/nonexistent/never-compiled"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"kept": False, "op": False}
+    assert "built successfully" not in r.stdout + r.stderr and "ninja" not in r.stdout + r.stderr
