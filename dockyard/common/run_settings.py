@@ -232,9 +232,10 @@ class Range:
         return (self.low < x if self.open_low else self.low <= x) and (x < self.high if self.open_high else x <= self.high)
 
     def words(self) -> str:
+        low, high = (str(int(x)) if float(x).is_integer() else f"{x:g}" for x in (self.low, self.high))
         if self.high == math.inf:
-            return f"above {self.low:g}" if self.open_low else f"{self.low:g} or more"
-        return f"from {self.low:g} {'up to (not including)' if self.open_high else 'to'} {self.high:g}"
+            return f"above {low}" if self.open_low else f"{low} or more"
+        return f"from {low} {'up to (not including)' if self.open_high else 'to'} {high}"
 
 
 RANGES: dict[str, Range] = {

@@ -214,10 +214,10 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     (["--learning_rate", "-1"], "learning_rate -1: TrainingArguments.learning_rate takes a number 0 or more"),
     (["--max_steps", "0"], "max_steps 0: give the number of optimizer steps, 1 or more (or -1 to train for "),
     (["--max_steps", "-3"], "max_steps -3: give the number of optimizer steps"),
-    (["--adam_beta2", "1.5"], "adam_beta2 1.5: TrainingArguments.adam_beta2 takes a number from 0 to 1"),
+    (["--adam_beta2", "1"], "adam_beta2 1: TrainingArguments.adam_beta2 takes a number from 0 up to (not including) 1"),
     (["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size 0: TrainingArguments."
                                             "per_device_eval_batch_size takes a number 1 or more"),
-    (["--seed", "-1"], "seed -1: TrainingArguments.seed takes a number from 0 to 2**32-1"),
+    (["--seed", "-1"], "seed -1: TrainingArguments.seed takes a number from 0 to 4294967295"),
     (["--bf16", "maybe"], "bf16 'maybe': TrainingArguments.bf16 is a switch: give true or false"),
     (["--use_cpu", "2"], "use_cpu 2: TrainingArguments.use_cpu is a switch: give true or false"),
 ])
