@@ -376,8 +376,7 @@ def test_cpu_image_end_to_end(node, cpu_image, ssh_env, tmp_path):
         assert re.search(r"^save .*: [0-9.]+ [kMG]B of [0-9.]+ [kMG]B \(100%\), \d+ s$", r.stderr, re.M), r.stderr
         path = next(tmp_path.glob("*.tar.zst"))
         r = invoke("ship", f"--file={path}", f"--to={node.alias}:{node.base}/cpu", "--load", env=ssh_env)
-        assert r.returncode == 0, r.stderr
-        assert re.search(r"^copy .*\(100%\), \d+ s$", r.stderr, re.M), r.stderr
+        assert r.returncode == 0, r.stderr  # (rsync, where the node has it, shows its own progress)
         run = node.ssh(f"docker run --rm --network none {cpu_image} python -c "
                        "'import torch, transformers, deepspeed; print(torch.__version__)'")
         assert run.stdout.startswith("2.13.0")
