@@ -45,8 +45,11 @@ def test_ctrl_c_shows_the_commands_last_words_and_says_whether_it_stopped(tmp_pa
 
     from dockyard import ROOT
 
+    # as a terminal starts it: with SIGINT not ignored (a CI job started in the background ignores it, and so would
+    # every process it starts)
     p = subprocess.Popen([sys.executable, "-c", CHILD], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                         start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.stdout.readline().strip() == "ready"
     time.sleep(0.2)
     os.killpg(p.pid, signal.SIGINT)
