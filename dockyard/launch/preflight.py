@@ -79,19 +79,18 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     run_settings = check_overrides(recipe, overrides, processes)
     check_on_gpus(recipe, gpus_in_effect)
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
-        check_input(key, value, where, settings)
-        if key in ("data", "eval_data") and run_settings.task == "causal_lm" and run_settings.data_format == "auto":
-            check_data_fields(host_path(value, where, settings, key))
+        files = check_input(key, value, where, settings)
+        if run_settings.task == "causal_lm" and run_settings.data_format == "auto":
+            check_data_fields(files)
 
 
-def check_data_fields(path: Path | None) -> None:
+def check_data_fields(files: list[Path]) -> None:
     """A JSON Lines file whose first example is not a JSON object, or whose fields name no format, refused as the
     trainer refuses it, but before the image starts (and leaves a failed run folder behind)."""
-    files = sorted(f for f in ([path] if path and path.is_file() else path.iterdir() if path else [])
-                   if f.is_file() and f.suffix == ".jsonl")
-    fields = first_fields(files[0]) if files else None
+    jsonl = sorted(f for f in files if f.suffix == ".jsonl")
+    fields = first_fields(jsonl[0]) if jsonl else None
     if fields is not None and not format_of(fields):
-        raise unknown_format(str(files[0]), fields)
+        raise unknown_format(str(jsonl[0]), fields)
 
 
 def check_on_gpus(recipe: Recipe, gpus: bool, fix: str = "run it on GPUs") -> None:
@@ -159,16 +158,17 @@ def check_overrides(spec, overrides: list[str], processes: int = 0) -> RunSettin
     return run_settings
 
 
-def check_input(key: str, value: str, where: str, settings: Settings) -> None:
-    """A host path of the right kind, or a hub id in the cache."""
+def check_input(key: str, value: str, where: str, settings: Settings) -> list[Path]:
+    """A host path of the right kind, or a hub id in the cache; the data files it names ([] for a model or a hub
+    id)."""
     path = host_path(value, where, settings, key)
     if path is None:
-        return  # a hub id found in the cache
+        return []  # a hub id found in the cache
     if key == "model":
         if not (path / "config.json").is_file():
             raise DockyardError(f"{where} {value}: not a model folder (no config.json in it): give the folder "
                                 "`from_pretrained` reads (config.json, weights, tokenizer)")
-        return
+        return []
     if path.is_file() and path.suffix not in BUILDERS:
         raise DockyardError(f"{where} {value}: unknown data file type {path.suffix or '(none)'}; use "
                             f"{', '.join(BUILDERS)} (docs/data.md)")
@@ -185,3 +185,4 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> None:
         empty = "the file is empty" if path.is_file() else "its files are empty"
         raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "
                             "(formats: docs/data.md)")
+    return files

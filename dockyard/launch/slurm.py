@@ -44,8 +44,9 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     node.check_nodes(nodes, gpus_per_node)
     node.check_restarts(0, join_timeout)
     # what the trainer would refuse on every node; the batch split too where the process count is known here
-    preflight.check_overrides(load_recipe(recipe), overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
-    preflight.check_on_gpus(load_recipe(recipe), gpus_per_node > 0, "give --gpus-per-node (the nodes' GPUs)")
+    loaded = load_recipe(recipe)
+    preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
+    preflight.check_on_gpus(loaded, gpus_per_node > 0, "give --gpus-per-node (the nodes' GPUs)")
     _check_runtime(runtime, image_file, archive, gpus_per_node)
     chosen = node.cluster_variant(settings, variant, gpus_per_node)
     image = variants.tag(settings, chosen)

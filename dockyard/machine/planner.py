@@ -211,8 +211,13 @@ def recommend(rows: list[dict], *, gpus: int, gpu_mem: int, cpu_mem: int) -> dic
                    f"or a shorter --seq-len"}
 
 
+def _short_of_host(r: dict, cpu_mem: int) -> bool:
+    """An offload recipe whose states, kept in host memory all run long, need more than the host has."""
+    return r["offloads"] and r["host_bytes"] > cpu_mem
+
+
 def _too_big(r: dict, gpu_mem: int, cpu_mem: int) -> str:
-    if r["offloads"] and r["host_bytes"] > cpu_mem:
+    if _short_of_host(r, cpu_mem):
         return f"{_gib(r['host_bytes'])} of host memory (have {_gib(cpu_mem)})"
     return f"{_gib(r['gpu_bytes_checkpointed'])} per GPU even with gradient checkpointing at {_micro_batch(r)}"
 
@@ -286,8 +291,8 @@ def print_plan(result: dict) -> None:
         fits = ("yes" if r["fits"] else "ckpt" if r["fits_checkpointed"] else "no") + \
             f" {r['micro_batch']}×{r['gradient_accumulation_steps']}" + \
             (" C" if r["torch_compile"] else "") + (" L" if r["use_liger_kernel"] else "")
-        if r["offloads"] and r["host_bytes"] > result["cpu_mem_bytes"]:
-            fits = "no RAM"  # whatever the GPUs hold: the offloaded states do not fit in the host's memory
+        if _short_of_host(r, result["cpu_mem_bytes"]):
+            fits = "no RAM"  # whatever the GPUs hold
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
                       *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     # step and at every save, about a call the user cannot change
     warnings.filterwarnings("ignore", category=FutureWarning, message=r"`torch\.distributed\."
                             r"(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")  # ZeRO-3: both
-    if os.environ.get("LOCAL_RANK", "0") != "0":  # loading and saving weights: one progress bar per node, not per GPU
+    if not nodes.first_of_node():  # loading and saving weights: one progress bar per node, not per GPU
         transformers.utils.logging.disable_progress_bar()
 
     nodes.pin_interface()  # before torch.distributed starts
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
     except DockyardError as e:
-        if os.environ.get("LOCAL_RANK", "0") == "0" or (run is not None and not run.same_everywhere) \
-                or not _said_by_the_first():
+        if nodes.first_of_node() or (run is not None and not run.same_everywhere) or not _said_by_the_first():
             print(f"error: {e}", file=sys.stderr)
         if run:
             finish(run, str(e))
@@ -255,9 +254,9 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              liger_broken=liger_broken)
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
-    if liger_broken and device is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # one line per node
+    if liger_broken and device is not None and nodes.first_of_node():  # one line per node
         log.warning("%s: the run goes without Liger's kernels", liger_broken)
-    if args.torch_compile and os.environ.get("LOCAL_RANK", "0") == "0":  # every process dropped it; one per node says so
+    if args.torch_compile and nodes.first_of_node():  # every process dropped it; one per node says so
         for why in run.unusable_caches:
             log.warning("compile cache not used: %s; this run compiles into its /tmp. The runs execute what is in "
                         "the cache: it must be a folder of the run's user that no one else can write", why)
@@ -338,7 +337,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:
         checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
-    if last and os.environ.get("LOCAL_RANK", "0") == "0":
+    if last and nodes.first_of_node():
         # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
         # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
         complete = [p for p in runfolder.checkpoints_started(run_dir) if manifest.complete_checkpoint(p)]
@@ -684,7 +683,7 @@ def _finish(run: Run, error: str | None) -> None:
         error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
     elif error and run.record.nodes_seen:
         error = nodes.explain(error, run.opts.run_dir, run.record.nodes_seen)
-    if os.environ.get("LOCAL_RANK", "0") != "0":
+    if not nodes.first_of_node():
         if error and not stopped:
             _tell_the_writer(run, error)
         return
@@ -738,7 +737,7 @@ def _first_failure(run: Run) -> str | None:
 def lost(run: Run, message: str) -> NoReturn:
     """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
     the node's first process says so and writes the manifest, and every process of this node exits."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if nodes.first_of_node():
         print(f"error: {message}", file=sys.stderr, flush=True)
         finish(run, message)
     else:

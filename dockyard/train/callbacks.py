@@ -161,21 +161,20 @@ class MetricsLog(TrainerCallback):
         """The windows after warm-up (the first window and any ending within the first WARMUP_STEPS steps of this
         process), summed, less those holding a profiled step (profile_steps); fewer windows than that: what there
         is. Empty when nothing was logged."""
-        warm = [w for w in self.windows[1:] if w["step"] > self.first_step + WARMUP_STEPS]
-        after = [w for w in warm if not self._under_profiler(w)]
+        unprofiled = [w for w in self.windows[1:] if not self._under_profiler(w)]
+        after = [w for w in unprofiled if w["step"] > self.first_step + WARMUP_STEPS]
         # too few windows: the warm-up counts before a profiled window does (the profiler writing its trace is
         # slower than any warm-up step)
-        chosen = after or [w for w in self.windows[1:] if not self._under_profiler(w)] or self.windows[1:] or self.windows
+        chosen = after or unprofiled or self.windows[1:] or self.windows
         if not chosen:
             return {}
         tokens, seconds = sum(w["tokens"] for w in chosen), sum(w["seconds"] for w in chosen)
         out = {"from_step": chosen[0]["from_step"], "to_step": chosen[-1]["step"], "tokens": tokens,
                "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 2), "mfu": None,
                "warm_up_left_out": bool(after)}
-        profiled = [w for w in self.windows if self._under_profiler(w)]
-        if any(w in chosen for w in profiled):
+        if any(self._under_profiler(w) for w in chosen):
             out["profiled_steps_included"] = list(self.profiled)
-        elif any(w in self.windows[1:] for w in profiled):
+        elif len(unprofiled) < len(self.windows[1:]):
             out["profiled_steps_left_out"] = list(self.profiled)
         if self.flops and self.peak:
             out["mfu"] = float(f"{tokens / seconds * self.flops / (self.peak * self.world):.4g}")

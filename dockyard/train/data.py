@@ -222,8 +222,6 @@ def _fields(row: dict[str, Any]) -> list[str]:
     return sorted(k for k, v in row.items() if v is not None)
 
 
-
-
 def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
     """An Alpaca or ShareGPT row as chat messages; a `messages` row checked."""
     if fmt == "alpaca":

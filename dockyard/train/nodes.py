@@ -27,6 +27,12 @@ from dockyard.common.errors import DockyardError
 SHARED_TIMEOUT = float(os.environ.get(envvars.SHARED_TIMEOUT, 30))  # network filesystems show new files late
 
 
+def first_of_node() -> bool:
+    """This process is its node's first (local rank 0; one started without torchrun is): the one that says what every
+    process of the node would say alike, once."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
 def node_rank() -> int:
     """The node's rank as the user numbered it (`invoke run --node-rank`); torchrun's own order otherwise."""
     return int(os.environ.get(envvars.NODE_RANK, os.environ.get("GROUP_RANK", 0)))

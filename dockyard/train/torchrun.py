@@ -119,8 +119,7 @@ def cpu_quota(cgroup: Path) -> float | None:
             quota, period = float(words[0]), float(words[1])
         except (OSError, ValueError, IndexError):  # absent, "max", unreadable
             continue
-        share = quota / period if quota > 0 and period > 0 else None
-        return share if share is not None and math.isfinite(share) else None
+        return quota / period if quota > 0 and period > 0 and math.isfinite(quota / period) else None
     return None
 
 
