@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dockyard.common import disk, memory, runfolder
 from dockyard.common.autos import check_packing
@@ -41,6 +42,8 @@ from dockyard.common.run_settings import (
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
 from dockyard.settings import Settings
+
+T = TypeVar("T")
 
 
 def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
@@ -88,9 +91,18 @@ def check_data_fields(files: list[Path]) -> None:
     """A JSON Lines file whose first example is not a JSON object, or whose fields name no format, refused as the
     trainer refuses it, but before the image starts (and leaves a failed run folder behind)."""
     jsonl = sorted(f for f in files if f.suffix == ".jsonl")
-    fields = first_fields(jsonl[0]) if jsonl else None
+    fields = readable(jsonl[0], first_fields) if jsonl else None
     if fields is not None and not format_of(fields):
         raise unknown_format(str(jsonl[0]), fields)
+
+
+def readable(path: Path, read: Callable[[Path], T]) -> T:
+    """`read(path)`, a data file the host cannot read (the run reads it as this user) refused in one line."""
+    try:
+        return read(path)
+    except OSError as e:
+        fix = " (make it readable to you: chmod a+r)" if isinstance(e, PermissionError) else ""
+        raise DockyardError(f"cannot read the data file {path}: {e.strerror or e}{fix}") from None
 
 
 def check_on_gpus(recipe: Recipe, gpus: bool, fix: str = "run it on GPUs") -> None:
@@ -169,6 +181,9 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
             raise DockyardError(f"{where} {value}: not a model folder (no config.json in it): give the folder "
                                 "`from_pretrained` reads (config.json, weights, tokenizer)")
         return []
+    if not path.is_file() and not path.is_dir():
+        raise DockyardError(f"{where} {value}: neither a file nor a folder (a device, pipe or socket): give a data "
+                            "file, or a folder of them (docs/data.md)")
     if path.is_file() and path.suffix not in BUILDERS:
         raise DockyardError(f"{where} {value}: unknown data file type {path.suffix or '(none)'}; use "
                             f"{', '.join(BUILDERS)} (docs/data.md)")
@@ -181,7 +196,7 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
         if len(kinds) > 1:
             raise DockyardError(f"{where} {value}: the folder mixes data files of different kinds "
                                 f"({', '.join(sorted(kinds))}): keep one kind per folder, or point at one file")
-    if files and not any(holds_text(f) for f in files):
+    if files and not any(readable(f, holds_text) for f in files):
         empty = "the file is empty" if path.is_file() else "its files are empty"
         raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "
                             "(formats: docs/data.md)")

@@ -5,6 +5,7 @@ Through the real CLI (in this process); the trainer's own refusals are in tests/
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from dataclasses import fields
@@ -95,6 +96,18 @@ def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path)
     assert dry(env, f"--data={folder}").returncode == 0
     empty.write_text('{"text": "x"}\n')
     assert dry(env, f"--data={empty}").returncode == 0
+
+
+def test_a_data_file_that_cannot_be_read_or_is_no_file_is_refused_in_one_line(env, tmp_path):
+    """A data file the host could not read was an OSError traceback from the first-example check; a pipe named as
+    --data was taken, and the run would have waited on it. (CI runs as root, whom chmod 000 does not stop: a file
+    whose read fails for anyone, /proc/self/mem, stands in for one this user may not read.)"""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").symlink_to("/proc/self/mem")
+    refused(dry(env, f"--data={folder}"), f"cannot read the data file {folder / 'a.jsonl'}: Input/output error")
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    refused(dry(env, f"--data={tmp_path / 'pipe.jsonl'}"), "neither a file nor a folder (a device, pipe or socket)")
 
 
 def test_native_without_the_training_stack_says_how_to_get_it(env, tmp_path, monkeypatch):
