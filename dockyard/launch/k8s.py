@@ -242,6 +242,11 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
+    if not s.resume and any(p.exists() or p.is_symlink() for p in paths.values()):
+        raise DockyardError(f"{folder} already holds the files of an earlier `invoke k8s` (job.yaml, trainjob.yaml), "
+                            f"and its pods may have trained: to continue that run, add --resume; for a new run, give "
+                            f"another --run-id{' or --out' if out else ''}; if they were never applied, remove them "
+                            f"first (rm -r {shlex.quote(str(folder))})")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for kind, path in paths.items():

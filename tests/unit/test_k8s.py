@@ -140,6 +140,19 @@ def test_resume_needs_the_run_id_it_continues(settings, tmp_path):
     assert not (tmp_path / "out").exists(), "nothing written"
 
 
+def test_the_files_of_a_run_are_written_again_only_to_continue_it(settings, tmp_path):
+    """The same --run-id again rewrote the files of a Job that may have trained, without a word; its pods then
+    stopped on the run folder they found (the trainer continues a run only with --resume)."""
+    out = str(tmp_path / "out")
+    k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=out)
+    first = (tmp_path / "out" / "job.yaml").read_text()
+    with pytest.raises(DockyardError, match="already holds the files of an earlier `invoke k8s`.*add --resume"):
+        k8s.write(settings, recipe="ddp", nodes=4, gpus_per_node=0, run_id="exp1", out=out)
+    assert (tmp_path / "out" / "job.yaml").read_text() == first, "nothing rewritten"
+    k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=out, resume=True)
+    assert "--resume" in (tmp_path / "out" / "job.yaml").read_text()
+
+
 def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_gives(settings, tmp_path):
     """Trainer v2's torch runtime numbers the nodes and names node 0 in PET_* variables (here set by hand, as
     the runtime would: no cluster): the flags given on top of them bound the join and host the store on node 0."""
