@@ -163,7 +163,7 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
             raise DockyardError(f"dataset {what} is not in the local Hugging Face cache (runs are offline): on a "
                                 f"machine with internet, `hf download --repo-type dataset {what}`, then copy its "
                                 f"~/.cache/huggingface to this host's hf_cache") from None
-        if not any(holds_text(Path(f)) for f in kwargs["data_files"]):
+        if not any(_holds_text(f) for f in kwargs["data_files"]):
             raise DockyardError(f"{what} holds no examples (the file is empty)") from None
         if isinstance(e.__cause__ or e, UnicodeDecodeError):
             raise DockyardError(f"cannot read {what}: it is not UTF-8 text ({_first_line(e)}); save it as "
@@ -172,6 +172,14 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
         # string. in row 10", for an unterminated string on line 11)
         raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: {_first_line(e)}") from None
+
+
+def _holds_text(file: str) -> bool:
+    """holds_text, a file this process may not read (the run's uid) or a failing disk said in one line."""
+    try:
+        return holds_text(Path(file))
+    except OSError as e:
+        raise DockyardError(f"cannot read {file}: {e.strerror or e}") from None
 
 
 def _bad_json_line(files: list[str]) -> str:

@@ -171,6 +171,13 @@ def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DockyardError, match=r"empty.jsonl holds no examples \(the file is empty\)"):
         data.read_rows(tmp_path / "empty.jsonl")
+    # a file the run may not read was an OSError traceback from every process (as root, whom chmod 000 does not
+    # stop, a file whose read fails for anyone stands in)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.jsonl").symlink_to("/proc/self/mem")
+    with pytest.raises(DockyardError, match=f"cannot read {folder / 'a.jsonl'}: Input/output error$"):
+        data.read_rows(folder)
 
 
 def test_a_line_that_is_not_a_json_object_is_named_with_what_is_wrong_in_its_own_numbering(tmp_path, caplog):
