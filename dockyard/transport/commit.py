@@ -49,11 +49,23 @@ TOKENS = [
     (re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"), "private key"),
     (re.compile(rb"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "Slack token"),
     (re.compile(rb"\bglpat-[A-Za-z0-9_-]{20,}"), "GitLab token"),
+    (re.compile(rb"\bsk-ant-[A-Za-z0-9_-]{20,}"), "Anthropic API key"),
+    (re.compile(rb"\bsk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{32,}"), "OpenAI API key"),
+    (re.compile(rb"PuTTY-User-Key-File-\d"), "PuTTY private key"),
+    # scheme://user:password@host (a database URL, an index URL with its credentials); not ${VAR} placeholders
+    (re.compile(rb"\b[a-z][a-z0-9+.-]{1,20}://[^\s:/@'\"$]+:[^\s/@'\"${}]{3,}@[A-Za-z0-9.-]"), "password in a URL"),
+    # NAME=value where the name says a secret (HF_TOKEN=..., api_key: ...), a value of 16 characters or more that
+    # is no placeholder ($VAR, <...>, {...}); MAX_TOKENS = 2048 and TOKENIZER_PATH=... are not
+    (re.compile(rb"(?i)\b[a-z0-9_]*(?:token|secret|password|passwd|api_?key|access_?key)['\"]?\s*[=:]\s*['\"]?"
+                rb"[A-Za-z0-9_+/.=-]{16,}"), "secret assigned by its name"),
 ]
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL", re.I)
-# What one commit reads back: small text files are where tokens are left. Each file is one `docker cp` (some 20 a
-# second); past SCAN_FILES the commit is refused, not made with files unread.
-SCAN_BYTES, SCAN_FILES = 1 << 20, 2000
+# a variable whose name says it holds a secret (GPG_KEY: a public key's fingerprint, in the python images)
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|AUTH|(?<!GPG)_KEY$|^KEY$",
+                         re.I)
+# What one commit reads back: text files are where tokens are left, read whole up to SCAN_BYTES (a log's last
+# line too); a file with a NUL byte in its first block is binary (weights, libraries, archives) and not read. Each
+# file is one `docker cp` (some 20 a second); past SCAN_FILES the commit is refused, not made with files unread.
+SCAN_BYTES, SCAN_FILES, BLOCK = 64 << 20, 2000, 1 << 16
 # Not read for tokens: what pip installed from wheels, and the caches tools fill from downloads (wheels, model and
 # dataset blobs, compiled kernels, package lists). Nothing a user writes lands there, and one `pip install` or
 # model download puts thousands of files in them. The token files that do live under ~/.cache (huggingface/token)
@@ -111,7 +123,7 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
 
 
 def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str]) -> str:
-    """Why a commit is refused: the secrets found, and the changed files past SCAN_FILES that were not read."""
+    """Why a commit is refused: the secrets found, and the changed files that were not read."""
     said = []
     if secrets:
         listed = "\n".join(f"  {path}  ({what})" for path, what in secrets)
@@ -119,8 +131,9 @@ def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str]) -
                     f"image:\n{listed}\nRemove them (docker exec {container} rm ...; a variable: start the container "
                     "without it) or, if they must be there, pass --allow-secrets.")
     if unread:
-        said.append(f"container {container} changed more files than are read for tokens: {len(unread)} past the "
-                    f"first {SCAN_FILES} were not read, most under {most_under(unread)}. Remove what need not be in "
+        said.append(f"container {container} changed files that were not read for tokens: {len(unread)} (text files "
+                    f"over {SCAN_BYTES >> 20} MiB, or past the first {SCAN_FILES} changed files), most under "
+                    f"{most_under(unread)}. Remove what need not be in "
                     f"the image (docker exec {container} rm -r ...), or, having checked them yourself, pass "
                     "--allow-secrets.")
     return "\n".join(said)
@@ -162,25 +175,33 @@ def token_in(data: bytes) -> str | None:
 def content_secrets(settings: Settings, container: str, diff: list[tuple[str, str]],
                     known: set[str]) -> tuple[list[tuple[str, str]], list[str]]:
     """(path, what) for added or changed small files whose content holds a token, read with `docker cp`
-    (works on a stopped container and runs nothing inside it), and the files past SCAN_FILES left unread.
-    Folders are left out (their files are in the diff too), and so is every file past SCAN_BYTES: only its tar
-    header is read before the copy is stopped."""
+    (works on a stopped container and runs nothing inside it), and the files left unread: text past SCAN_BYTES, and
+    every file past SCAN_FILES.
+    Folders are left out (their files are in the diff too). A text file past SCAN_BYTES counts as unread."""
     parents = {p.rsplit("/", 1)[0] for _, p in diff}
     files = [p for kind, p in diff if kind != "D" and p not in known and p not in parents
              and not any(x in p + "/" for x in NOT_SCANNED) and not (p + "/").startswith(NOT_SCANNED_ROOTS)]
     found = []
     with console.progress(things=True) as bar:
         task = bar.add_task(f"reading {container}'s changed files for tokens", total=min(len(files), SCAN_FILES))
+        too_long = []
         for path in files[:SCAN_FILES]:
             what = file_token(settings, container, path)
-            if what:
+            if what == TOO_LONG:
+                too_long.append(path)
+            elif what:
                 found.append((path, f"content: {what}"))
             bar.advance(task)
-    return found, files[SCAN_FILES:]
+    return found, too_long + files[SCAN_FILES:]
+
+
+TOO_LONG = "text past SCAN_BYTES"
+OVERLAP = 512  # bytes of one block kept before the next: a token cut by the block boundary is still found
 
 
 def file_token(settings: Settings, container: str, path: str) -> str | None:
-    """Which token pattern a file of the container holds, if it is a file of at most SCAN_BYTES."""
+    """Which token pattern a text file of the container holds (None also for a binary file or no file), or
+    TOO_LONG for a text file longer than SCAN_BYTES."""
     import tarfile
 
     with engine.Pipeline(engine.docker(settings, "cp", f"{container}:{path}", "-"), stdout=engine.PIPE,
@@ -188,13 +209,29 @@ def file_token(settings: Settings, container: str, path: str) -> str | None:
         try:
             with tarfile.open(fileobj=copy.stdout, mode="r|") as tar:
                 member = tar.next()
-                if member is None or not member.isfile() or member.size > SCAN_BYTES:
+                if member is None or not member.isfile():
                     return None
-                return token_in(tar.extractfile(member).read())
+                return text_token(tar.extractfile(member), member.size)
         except tarfile.TarError:
             return None
         finally:
             copy.kill()
+
+
+def text_token(stream, size: int) -> str | None:
+    """token_in over a file read block by block: None for a binary one (a NUL in its first block), TOO_LONG for a
+    text file past SCAN_BYTES."""
+    tail, read = b"", 0
+    while block := stream.read(BLOCK):
+        if read == 0 and b"\0" in block:
+            return None
+        read += len(block)
+        if what := token_in(tail + block):
+            return what
+        if read >= SCAN_BYTES and size > read:
+            return TOO_LONG
+        tail = block[-OVERLAP:]
+    return None
 
 
 def diff_summary(diff: list[tuple[str, str]], top: int = 5) -> str:

@@ -115,22 +115,35 @@ GH = "ghp_" + "x" * 36
     (f"git push https://{GH}@github.com/x/y", "GitHub token"),
     ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...", "private key"),
     ("-----BEGIN RSA PRIVATE KEY-----", "private key"),
+    ("export OPENAI_API_KEY=sk-proj-" + "Ab3_" * 12, "OpenAI API key"),
+    ("ANTHROPIC_API_KEY=sk-ant-api03-" + "Zy9-" * 10, "Anthropic API key"),
+    ("PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none", "PuTTY private key"),
+    ("DATABASE_URL=postgres://admin:Sup3rS3cret@db/prod", "password in a URL"),
+    ("index-url = https://me:s3cr3t-pw@pypi.corp.example/simple", "password in a URL"),
+    ('wandb_api_key: "0123456789abcdef0123456789abcdef01234567"', "secret assigned by its name"),
+    ("MY_SERVICE_TOKEN = 'Zm9vYmFyYmF6cXV4cXV1eA'", "secret assigned by its name"),
 ])
 def test_token_patterns_find_tokens_wherever_they_were_left(content, what):
     assert commit.token_in(content.encode()) == what
 
 
-@pytest.mark.parametrize("content", ["hf_short", "AKIA lowercase", "-----BEGIN PUBLIC KEY-----", "ghp_tooshort"])
+@pytest.mark.parametrize("content", [
+    "hf_short", "AKIA lowercase", "-----BEGIN PUBLIC KEY-----", "ghp_tooshort", "sk-learn", "task-ask-something",
+    "MAX_TOKENS = 2048", "TOKENIZER_PATH=/workspace/models/tokenizer", "PASSWORD=$DB_PASSWORD_FROM_VAULT",
+    "url = postgres://${USER}:${PASSWORD}@db/x", "see https://example.org/a:b@c", "api_key: <your key here, 40 chars>",
+])
 def test_token_patterns_leave_look_alikes_alone(content):
     assert commit.token_in(content.encode()) is None
 
 
 def test_the_environment_is_scanned_by_value_and_by_name_and_the_secret_is_never_named():
-    env = [f"HF_TOKEN={HF}", f"OTHER={GH}", "DB_PASSWORD=hunter2", "EMPTY_TOKEN=", "HF_HUB_OFFLINE=1", "PATH=/bin"]
+    env = [f"HF_TOKEN={HF}", f"OTHER={GH}", "DB_PASSWORD=hunter2", "EMPTY_TOKEN=", "HF_HUB_OFFLINE=1", "PATH=/bin",
+           "WANDB_KEY=0123456789abcdef", "DB_URL=postgres://admin:pw1@db/x", "BASIC_AUTH=me:pw", "GPG_KEY=A035C8C1"]
     found = commit.env_secrets(env)
     assert found == [("env HF_TOKEN", "Hugging Face token"), ("env OTHER", "GitHub token"),
-                     ("env DB_PASSWORD", "secret by its name")]
-    assert not any(secret in str(found) for secret in (HF, GH, "hunter2"))
+                     ("env DB_PASSWORD", "secret by its name"), ("env WANDB_KEY", "secret by its name"),
+                     ("env DB_URL", "password in a URL"), ("env BASIC_AUTH", "secret by its name")]
+    assert not any(secret in str(found) for secret in (HF, GH, "hunter2", "pw1"))
 
 
 # --- what is read for tokens: a container played by a folder, behind a stand-in docker client -------------------
@@ -187,6 +200,28 @@ def test_a_token_in_a_user_folder_named_like_a_system_one_is_found(tmp_path, mon
     assert not committed.exists()
 
 
+def test_a_token_at_the_end_of_a_long_log_is_found_and_binary_files_are_not_read(tmp_path, monkeypatch):
+    """A token after 1.1 MB of log lines was not read (files over 1 MiB were skipped without a word); one cut by
+    the boundary of the blocks the file is read in is found too. Weights and libraries (a NUL in their first
+    block) are not read for tokens."""
+    cut = commit.BLOCK * 17 - len(HF) // 2  # past 1.1 MB, the token starts in block 17 and ends in block 18
+    log = "step loss 1.234\n" * (cut // 16) + " " * (cut % 16)
+    files = {"/workspace/train.log": log + HF + "\n", "/workspace/model.bin": "\0weights " + GH}
+    settings, committed = container(tmp_path, monkeypatch, files)
+    with pytest.raises(DockyardError) as e:
+        commit.commit(settings, "box", tag="t:9")
+    assert "/workspace/train.log  (content: Hugging Face token)" in str(e.value)
+    assert "model.bin" not in str(e.value) and not committed.exists()
+
+
+def test_a_text_file_too_long_to_read_refuses_the_commit_unless_allowed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(commit, "SCAN_BYTES", commit.BLOCK)
+    settings, committed = container(tmp_path, monkeypatch, {"/workspace/big.log": "line\n" * commit.BLOCK})
+    with pytest.raises(DockyardError, match=r"not read for tokens: 1 \(text files over 0 MiB"):
+        commit.commit(settings, "box", tag="t:9")
+    assert not committed.exists()
+
+
 def test_more_changed_files_than_are_read_refuse_the_commit_unless_allowed(tmp_path, monkeypatch, capsys):
     """Past SCAN_FILES the files are not read: that is a refusal saying how many and where, never a commit made
     as if they had been read; --allow-secrets commits and says so."""
@@ -194,7 +229,8 @@ def test_more_changed_files_than_are_read_refuse_the_commit_unless_allowed(tmp_p
     settings, committed = container(tmp_path, monkeypatch, {f"/workspace/data/{i}.txt": "rows" for i in range(5)})
     with pytest.raises(DockyardError) as e:
         commit.commit(settings, "box", tag="t:9")
-    assert "2 past the first 3 were not read, most under /workspace/data (2)" in str(e.value)
+    assert "not read for tokens: 2 (text files over 64 MiB, or past the first 3 changed files), most under " \
+           "/workspace/data (2)" in str(e.value)
     assert "--allow-secrets" in str(e.value) and not committed.exists()
     commit.commit(settings, "box", tag="t:9", allow_secrets=True)
     assert committed.exists()
