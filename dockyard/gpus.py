@@ -18,6 +18,7 @@ from typing import Annotated, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, with_config
 
+from dockyard.common import locks
 from dockyard.common.errors import DockyardError, json_object, problems
 
 
@@ -293,7 +294,7 @@ def record(path: Path | str) -> dict:
     except NvmlUnavailable as e:
         data = {"kind": "gpu", "host": asdict(Host(error=str(e))), "links": [], "samples": []}
     try:
-        Path(path).write_text(json.dumps(data, indent=1) + "\n")
+        locks.replace_file(Path(path), json.dumps(data, indent=1) + "\n")  # never through a link under its name
     except OSError as e:
         raise DockyardError(f"--record={path}: cannot write it ({e.strerror}); name a file in a folder you can "
                             "write to") from None

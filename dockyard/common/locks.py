@@ -55,3 +55,17 @@ def partial(path: Path) -> Path:
     link planted under a predictable name (`<name>.<pid>.partial`) was written through and chmod'ed. Open it with
     mode "x" (O_EXCL: made new, never through a link)."""
     return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.partial")
+
+
+def replace_file(path: Path, text: str, mode: int | None = None) -> None:
+    """Write `path` whole under a partial() name, then put it in place: a link planted under its name is replaced,
+    not written through, and a write cut short (a full disk, Ctrl-C) leaves the old file as it was."""
+    written = partial(path)
+    try:
+        with open(written, "x") as f:
+            f.write(text)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.replace(written, path)
+    finally:
+        written.unlink(missing_ok=True)

@@ -8,14 +8,13 @@ the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import envvars
-from dockyard.common.locks import partial
+from dockyard.common.locks import replace_file
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import node
@@ -117,12 +116,5 @@ def write(settings: Settings, folder: Path, images: list[dict]) -> Path | None:
     if chosen is None:
         return None
     script = folder / "run.sh"
-    written = partial(script)
-    try:
-        with open(written, "x") as f:
-            f.write(render(settings, *chosen))
-            os.fchmod(f.fileno(), 0o755)
-        os.replace(written, script)
-    finally:
-        written.unlink(missing_ok=True)
+    replace_file(script, render(settings, *chosen), 0o755)
     return script

@@ -22,6 +22,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 from dockyard import engine
+from dockyard.common import locks
 from dockyard.common.errors import DockyardError, problems
 from dockyard.settings import Settings
 
@@ -83,7 +84,7 @@ def write_inventory(settings: Settings, out: str = "") -> Path:
         path = path / f"inventory-{inv['host']}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(inv, indent=2) + "\n")
+        locks.replace_file(path, json.dumps(inv, indent=2) + "\n")  # never through a link planted under its name
     except OSError as e:
         raise DockyardError(f"cannot write the inventory to {path}: {e.strerror or e}. Pass --out=FILE (or a "
                             "folder) where you can write.") from None

@@ -110,6 +110,27 @@ def test_invoke_inventory_writes_into_a_folder_it_is_given_and_says_what_it_cann
             inventory.write_inventory(settings, where)
 
 
+def test_the_inventory_and_a_gpu_record_replace_a_link_planted_under_their_name(tmp_path, monkeypatch):
+    """`inventory --out` (a predictable inventory-<host>.json in a dist folder others may share) and `doctor
+    --record` wrote through a link planted under that name, into the file it pointed at."""
+    from dockyard import gpus
+
+    settings = FakeEngine().install(monkeypatch, Settings())
+    victim = tmp_path / "bashrc"
+    victim.write_text("the user's own\n")
+    planted = [tmp_path / f"inventory-{socket.gethostname()}.json", tmp_path / "host.json"]
+    for link in planted:
+        link.symlink_to(victim)
+    inventory.write_inventory(settings, str(tmp_path))
+    gpus.record(planted[1])
+    assert victim.read_text() == "the user's own\n"
+    assert not any(p.is_symlink() for p in planted)
+    assert json.loads(planted[0].read_text())["format"] == inventory.INVENTORY_FORMAT
+    assert json.loads(planted[1].read_text())["kind"] == "gpu"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["bashrc", *(p.name for p in planted)]), \
+        "no partial file left"
+
+
 def test_images_are_named_by_their_tags_or_their_id():
     tagged, untagged = img("a", [BASE], tags=["a:1", "a:latest"]), img("b", [BASE], image_id="sha256:" + "b" * 64)
     assert [n for n, _ in inventory.names([tagged, untagged])] == ["a:1", "a:latest", "sha256:" + "b" * 64]
