@@ -384,6 +384,23 @@ def reference(ref: str, what: str = "image") -> str:
     return ref
 
 
+# An image name as registries and kubelets parse it (the grammar of distribution/reference): [host[:port]/]path
+# [:tag][@digest], path components lowercase. A name the engine here would not care about is written into files
+# a cluster reads later (k8s), where a bad one fails only once the pods start.
+_HOST = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_NAME = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*(?::[\w][\w.-]{{0,127}})?"
+                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def image_name(ref: str, what: str = "--image") -> str:
+    """`ref` if it is an image name a registry takes (IMAGE_NAME), refused with the form otherwise."""
+    if not IMAGE_NAME.fullmatch(reference(ref, what)) or len(ref) > 255:
+        raise DockyardError(f"{what} {ref!r} is not an image name: [registry[:port]/]name[:tag] with the name in "
+                            "lowercase letters, digits and . _ - /, e.g. registry.local:5000/dockyard:0.1.0-cu132")
+    return ref
+
+
 def image_inspect(settings: Settings, ref: str) -> dict | None:
     """`docker image inspect` of one image, or None when the engine does not hold it."""
     proc = run(docker(settings, "image", "inspect", reference(ref)), capture=True, check=False, quiet=True)

@@ -19,7 +19,7 @@ from typing import Annotated, Protocol
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, with_config
 
 from dockyard.common import locks
-from dockyard.common.errors import DockyardError, json_object, problems
+from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded
 
 
 def read_host() -> Host:
@@ -248,7 +248,7 @@ class Recorded:
 
     @classmethod
     def from_file(cls, path: Path | str) -> Recorded:
-        return cls(Recording.model_validate_json(Path(path).read_bytes()))
+        return cls(Recording.model_validate_json(read_bounded(Path(path), 256 * MiB, "NVML recording")))
 
     def host(self) -> Host:
         return self.recording.host

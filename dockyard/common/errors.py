@@ -5,8 +5,13 @@ Standard library only: the trainer imports this inside the image as cheaply as t
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from pathlib import Path
+
+MiB = 1 << 20
 
 
 class DockyardError(Exception):
@@ -34,12 +39,32 @@ def yaml_problem(error: Exception) -> str:
     return said + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else "")
 
 
-def json_object(path: Path, what: str) -> dict:
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """A small file read as untrusted input: one that is not a plain file (a pipe waits for ever, /dev/zero never
+    ends) or holds more than `limit` bytes is refused, naming `what` it should be. A folder is IsADirectoryError
+    and a missing file FileNotFoundError, as from open(), for the caller to word."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a pipe opens at once
+    with os.fdopen(fd, "rb") as f:
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISDIR(kind):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(kind):
+            raise DockyardError(f"{path}: not a plain file (a pipe, device or socket); give the {what} itself")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        size = f"{limit // MiB} MiB" if limit >= MiB else f"{limit // 1024} KiB"
+        raise DockyardError(f"{path}: more than {size}, more than any {what} holds; give the {what} itself")
+    return data
+
+
+def json_object(path: Path, what: str, limit: int = 64 * MiB) -> dict:
     """A JSON file that must hold one object (`what` names its contents in the refusal), read as untrusted input."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_bounded(path, limit, f"JSON file of {what}"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise DockyardError(f"{path} is not {what}: its JSON is nested too deeply to read") from None
     if not isinstance(data, dict):
         raise DockyardError(f"{path}: expected a JSON object of {what}")
     return data

@@ -25,6 +25,7 @@ FAMILIES = {
     "phi3": {"qkv_bias": None, "norms": 2, "fused": True, "tied": False},
 }
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo or a crafted file
 
 
 def count(folder: Path, lora_rank: int) -> dict:
@@ -49,6 +50,9 @@ def count(folder: Path, lora_rank: int) -> dict:
     inter = size("intermediate_size", 4 * h)
     kv_heads = size("num_key_value_heads", heads)
     head_dim = size("head_dim", h // heads or 1)
+    if heads % kv_heads:  # grouped-query attention: each key/value head serves a whole group of query heads
+        raise DockyardError(f"{path}: `num_key_value_heads` {kv_heads} does not divide `num_attention_heads` "
+                            f"{heads}: not a model transformers can build")
     q, kv = heads * head_dim, kv_heads * head_dim
     bias_flag = bool(cfg.get("attention_bias", False))
     mlp_bias = bool(cfg.get("mlp_bias", False)) and (kind == "llama" or kind not in FAMILIES)  # Llama's own
@@ -66,6 +70,9 @@ def count(folder: Path, lora_rank: int) -> dict:
     tied = cfg.get("tie_word_embeddings", family["tied"])
     embeddings = vocab * h * (1 if tied else 2)
     params = layers * (sum(own) + norms) + h + embeddings  # h: the final norm
+    if params > MAX_PARAMS:
+        raise DockyardError(f"{path}: its sizes make {params:.3g} parameters, more than {MAX_PARAMS / 1e12:.0f}T: "
+                            "not a model's config.json (check hidden_size, num_hidden_layers, vocab_size)")
     source = f"{path}" if kind in FAMILIES else \
         f"{path}; model_type {kind or '(none)'!r} counted as a Llama-style decoder (approximate)"
     return {"params": params, "largest_layer": max(vocab * h, *own), "hidden": h, "layers": layers, "vocab": vocab,

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError, json_object, problems, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded, yaml_problem
 
 RECIPES = ROOT / "recipes"
 # What yaml.safe_load raises besides YAMLError: its constructors convert tagged and date-like scalars with int(),
@@ -229,7 +229,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
                             f"or give a folder that holds a recipe.yaml")
     files_inside(folder)
     try:
-        text = path.read_text()
+        text = read_bounded(path, MiB, "recipe.yaml").decode()
     except UnicodeDecodeError as e:
         raise DockyardError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
     first = text.splitlines()[0] if text else ""

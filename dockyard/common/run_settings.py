@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, read_bounded, yaml_problem
 from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
 
 DATA = ROOT / "data"
@@ -163,6 +163,10 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                                 "of every checkpoint and of model/, and stands in the docker command line every user "
                                 "of the host sees (ps); the runs are offline (HF_HUB_OFFLINE=1) and push nothing: "
                                 "leave it out")
+        if layer.get("push_to_hub") is True:
+            raise DockyardError(f"push_to_hub in {where}: runs are offline (HF_HUB_OFFLINE=1), so the push would fail "
+                                "after training; leave it out, and upload the run's model/ from a host with internet "
+                                "(`hf upload`)")
     merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
@@ -176,7 +180,7 @@ def read_defaults(path: Path) -> dict[str, Any]:
     """recipes/defaults.yaml as `key: value` settings, or one error line saying what is wrong with it (it is read by
     every run, on the host and in the trainer: a slip in it was a traceback there)."""
     try:
-        defaults = yaml.safe_load(path.read_text()) or {}
+        defaults = yaml.safe_load(read_bounded(path, MiB, "defaults.yaml").decode()) or {}
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dockyard import __version__
-from dockyard.common.errors import DockyardError, problems, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
 from dockyard.common.recipes import YAML_ERRORS
 from dockyard.gpus import Host
 from dockyard.settings import ROOT, Settings
@@ -85,7 +85,7 @@ class Variant(BaseModel):
 @lru_cache(maxsize=8)
 def _load(path: Path) -> dict[str, Variant]:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(read_bounded(path, 4 * MiB, "variants file").decode())
     except FileNotFoundError:
         raise DockyardError(f"variants file {path} not found: set `variants_file` in invoke.yaml") from None
     except OSError as e:  # a folder, a file this user may not read

@@ -33,7 +33,7 @@ from dockyard.settings import Settings
 RUNTIME = "torch-distributed"  # Kubeflow Trainer's ClusterTrainingRuntime for torchrun
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: it names the Job, Service and pods
 NAME_MAX = 40  # pods are named <name>-<index>-<suffix>, hostnames <name>-<index>: both must stay within 63
-QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+QUANTITY = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|k|M|G|T)?")  # up to 999999Ti: the API takes it
 HEADER = {
     "job": """\
 # Written by `invoke k8s` (operator-free form): a headless Service and an Indexed Job, one pod per node.
@@ -91,7 +91,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     scriptwords.one_line(recipe, "--recipe")
     scriptwords.argv_words(list(overrides or []), "trainer overrides")
     if image:
-        engine.reference(image, "--image")  # also written into the files' header comments: one line, no blanks
+        engine.image_name(image, "--image")  # the kubelet pulls it; also in the header comments: one line
     loaded = load_recipe(recipe)
     # the pods look --recipe up in the image's recipes/: a path, or a name that is a folder here (./myrec), is not there
     if "/" in recipe or recipe.startswith(".") or loaded.folder != (RECIPES / recipe).resolve():

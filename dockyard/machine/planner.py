@@ -26,6 +26,7 @@ from dockyard.common.memory import (
     shape_from_count,
     shape_from_folder,
 )
+from dockyard.common.model_config import MAX_PARAMS
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import AUTO, batch_split, check_autos, resolve_settings
 from dockyard.common.units import GIB
@@ -49,7 +50,6 @@ def format_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo, not a plan
 
 
 MIN_PARAMS = 10**6  # a bare "8" is 8B with the unit left out, not a model of 8 parameters

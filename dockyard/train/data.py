@@ -129,6 +129,9 @@ def _files(path: Path) -> list[Path]:
             raise DockyardError(f"{path}: unknown data file type {path.suffix or '(none)'}; "
                                 f"use {', '.join(BUILDERS)}")
         return [path]
+    if not path.is_dir():
+        raise DockyardError(f"{path}: neither a file nor a folder (a device, pipe or socket): give a data file, or a "
+                            "folder of them")
     files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS)
     if not files:
         raise DockyardError(f"no data at {path}: the folder holds no {', '.join(BUILDERS)} file")
@@ -277,7 +280,7 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int)
     out = Tokenized([])
     for n, row in enumerate(rows, 1):
         if fmt == "text":
-            ids = text_tokens(row, tokenizer, eos)
+            ids = text_tokens(row, tokenizer, eos, max_len)
             labels = list(ids)
         elif fmt == "prompt_completion":
             prompt = tokenizer(str(row["prompt"]), add_special_tokens=True)["input_ids"]
@@ -298,9 +301,20 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int)
     return out
 
 
-def text_tokens(row: dict[str, Any], tokenizer: Any, eos: list[int]) -> list[int]:
-    """A text document's tokens: the tokenizer's special tokens (BOS), then its EOS (`eos`, [] without one)."""
-    return tokenizer(str(row["text"]), add_special_tokens=True)["input_ids"] + eos
+# characters of a document tokenized when only its first max_len tokens are kept: a token is rarely 8 characters,
+# never 64; a whole book on one line (tens of MB) took GBs of memory per process to be cut to 128 tokens
+CHARS_PER_TOKEN_BOUND = 64
+
+
+def text_tokens(row: dict[str, Any], tokenizer: Any, eos: list[int], keep: int = 0) -> list[int]:
+    """A text document's tokens: the tokenizer's special tokens (BOS), then its EOS (`eos`, [] without one).
+    `keep`: only the first `keep` tokens are used (the rest are cut), so a long document's head alone is read."""
+    text = str(row["text"])
+    if keep and len(text) > keep * CHARS_PER_TOKEN_BOUND:
+        head = tokenizer(text[:keep * CHARS_PER_TOKEN_BOUND], add_special_tokens=True)["input_ids"]
+        if len(head) > keep:  # more tokens than are kept: the head says all the run uses (cut, as a whole would be)
+            return head
+    return tokenizer(text, add_special_tokens=True)["input_ids"] + eos
 
 
 def pack_text(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[dict[str, list[int]]]:

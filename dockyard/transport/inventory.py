@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, Vali
 
 from dockyard import engine
 from dockyard.common import locks
-from dockyard.common.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, problems, read_bounded
 from dockyard.settings import Settings
 
 INVENTORY_FORMAT = "dockyard-inventory/1"
@@ -96,7 +96,7 @@ def write_inventory(settings: Settings, out: str = "") -> Path:
 def read_inventory(path: Path) -> dict:
     """An inventory file, as untrusted input: the shape `invoke inventory` and `load.sh --inventory` write."""
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path, INVENTORY_CAP, "inventory (`invoke inventory`)")
     except FileNotFoundError:
         raise DockyardError(f"no inventory {path}: make one on the target with `invoke inventory "
                             "--out=FILE` (or `sh load.sh --inventory > FILE`) and copy it here") from None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, MiB, read_bounded
 from dockyard.common.locks import partial
 
 FORMAT = "dockyard-archive/1"
@@ -23,6 +23,10 @@ SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
 DEFAULT_LEVEL = {"zstd": 2, "gzip": 6, "none": 0}
 LEVELS = {"zstd": range(1, 23), "gzip": range(1, 10), "none": range(0, 1)}
 LOADER_TEMPLATE = Path(__file__).parent / "load.sh"
+
+# what the small files of an archive set may hold (they are read whole, as untrusted input): a manifest lists a few
+# images and their layers, a .sha256 three lines
+MANIFEST_LIMIT, SUMS_LIMIT = 16 * MiB, 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ def archive_name(refs: list[str], method: str, thin: bool) -> str:
 def read_sums(path: Path) -> dict[str, str]:
     """A .sha256 file (sha256sum format) as file name → digest."""
     sums = {}
-    for line in path.read_bytes().decode(errors="replace").splitlines():  # a damaged file is refused, not a crash
+    raw = read_bounded(path, SUMS_LIMIT, "checksum file (.sha256)")
+    for line in raw.decode(errors="replace").splitlines():  # a damaged file is refused, not a crash
         digest, _, name = line.partition("  ")
         if name:
             sums[name.lstrip("*")] = digest

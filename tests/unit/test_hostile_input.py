@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -385,3 +386,48 @@ def test_an_export_under_a_file_is_one_error_naming_it(tmp_path, a_file):
     r = invoke_here("export", "--run=n1", f"--out={a_file}/x", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     short_error(r, f"{a_file}/x")
     assert "Not a directory" in r.stderr and a_file.read_text() == "not a folder\n"
+
+
+# --- small files read whole: a pipe, a device, a file of gigabytes, JSON nested past Python's stack ----------------
+
+def archive_set(tmp_path, **files: str):
+    """An archive set whose small files (a.sha256, a.manifest.json) are links to the paths given, or pipes."""
+    (tmp_path / "a.tar.zst").write_bytes(b"")
+    for name, target in {"a_sha256": "", "a_manifest_json": "", **files}.items():
+        path = tmp_path / name.replace("_", ".")
+        if target == "fifo":
+            os.mkfifo(path)
+        elif target:
+            path.symlink_to(target)
+        else:
+            path.write_text("{}")
+    return str(tmp_path / "a.tar.zst")
+
+
+@pytest.mark.parametrize("args,env,says", [
+    # /dev/zero never ends: read whole, each was a MemoryError traceback after all of the host's memory; a pipe
+    # no one writes waited for ever
+    (lambda t: ["load", f"--file={archive_set(t, a_sha256='/dev/zero')}"], {},
+     "a.sha256: not a plain file (a pipe, device or socket); give the checksum file (.sha256) itself"),
+    (lambda t: ["load", f"--file={archive_set(t, a_manifest_json='fifo')}"], {},
+     "a.manifest.json: not a plain file (a pipe, device or socket); give the archive manifest"),
+    (lambda t: ["doctor"], {"DOCKYARD_NVML_REPLAY": "/dev/zero"}, "/dev/zero: not a plain file"),
+    (lambda t: ["run", "--dry"], {"INVOKE_DOCKYARD_VARIANTS_FILE": "/dev/zero"}, "give the variants file itself"),
+    (lambda t: ["doctor"], {"DOCKYARD_NVML_REPLAY": "DEEP"}, "its JSON is nested too deeply to read"),
+    (lambda t: ["run", "--dry", f"--recipe={broken_recipe(t, '[' * 200_000)}"], {}, "nested too deeply to read"),
+    (lambda t: ["load", f"--file={archive_set(t, a_manifest_json=str(t / 'big.json'))}"], {},
+     "a.manifest.json: more than 16 MiB, more than any archive manifest (.manifest.json) holds"),
+])
+def test_a_small_file_that_is_a_pipe_a_device_too_big_or_too_deep_is_one_error(tmp_path, args, env, says):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000)
+    with open(tmp_path / "big.json", "wb") as f:
+        f.truncate(17 << 20)  # sparse: 17 MiB of NUL that take no disk
+    env = {k: str(deep) if v == "DEEP" else v for k, v in env.items()}
+    short_error(invoke(*args(tmp_path), env=env, timeout=60), says)
+
+
+def test_an_inventory_that_is_a_device_is_one_error():
+    """`invoke save --thin-for=/dev/zero` (read after the engine is asked for the image)."""
+    with pytest.raises(DockyardError, match=r"/dev/zero: not a plain file .*; give the inventory"):
+        inventory.read_inventory(Path("/dev/zero"))

@@ -179,6 +179,9 @@ def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_giv
     ({"run_id": "Exp_1"}, "--run-id 'Exp_1'.*lowercase"),
     ({"run_id": "x" * 41}, "at most 40"),
     ({"shm": "lots"}, "--shm 'lots'.*16Gi"),
+    ({"shm": "99999999999999999999999Ei"}, "a Kubernetes quantity"),  # past what the API server takes
+    ({"image": "x;$(id)"}, r"--image 'x;\$\(id\)' is not an image name"),  # written, then failed in the kubelet
+    ({"image": "Registry.Local/Dockyard:1"}, "is not an image name"),  # the path is lowercase
     ({"runs_claim": "My Claim"}, "--runs-claim"),
     ({"recipe": "zero9"}, "zero9"),
     ({"max_restarts": -1}, "--max-restarts"),
@@ -186,6 +189,12 @@ def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_giv
 def test_bad_values_are_refused_with_what_to_give(settings, kw, message):
     with pytest.raises(DockyardError, match=message):
         _spec(settings, **kw)
+
+
+@pytest.mark.parametrize("image", ["dockyard:0.1.0-cu132", "registry.local:5000/team/dockyard:0.1.0-cu132",
+                                   "ghcr.io/org/dockyard@sha256:" + "a" * 64, "localhost/x_y.z--w:T.1-a"])
+def test_image_names_registries_take_are_taken(settings, image):
+    assert _spec(settings, image=image).image == image
 
 
 def test_a_recipe_folder_of_this_host_is_refused_as_the_pods_would_not_find_it(settings, tmp_path, monkeypatch):

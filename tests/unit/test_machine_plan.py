@@ -302,6 +302,9 @@ def test_config_counts_match_the_model_transformers_builds(tmp_path, model_type,
     ("vocab_size", "128256", "`vocab_size` is '128256'"),
     ("num_key_value_heads", 0, "`num_key_value_heads` is 0"),
     ("num_attention_heads", None, "`num_attention_heads` is missing"),
+    # a crafted or broken file: the plan printed 4e47 T parameters and a table of them
+    ("hidden_size", 10**24, "its sizes make 8e+49 parameters, more than 100T: not a model's config.json"),
+    ("num_key_value_heads", 64, "`num_key_value_heads` 64 does not divide `num_attention_heads` 32"),
 ])
 def test_bad_config_values_are_named(tmp_path, key, value, problem):
     cfg = json.loads((LLAMA_8B / "config.json").read_text())

@@ -95,3 +95,19 @@ def test_a_hub_token_given_as_a_setting_is_refused_before_it_is_printed_or_saved
     with pytest.raises(DockyardError, match="hub_token in settings: in .*recipe.yaml"):
         resolve_settings(recipe.model_copy(update={"settings": {**recipe.settings, "hub_token": token}}), {})
     assert resolve_settings(recipe, {"hub_model_id": "me/model"})[1]["hub_model_id"] == "me/model"
+
+
+def test_push_to_hub_is_refused_before_the_run_as_offline_runs_cannot_push(tmp_path):
+    """`push_to_hub: true` in a recipe passed the checks, trained, then ended in huggingface_hub's 60-line
+    OfflineModeIsEnabled traceback."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    short_error(invoke_here("run", "--dry", "--variant=cpu", "--", "--push_to_hub", "true",
+                            env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}), "push_to_hub")
+    assert not (tmp_path / "runs").exists()
+    recipe = load_recipe("ddp")
+    with pytest.raises(DockyardError, match="push_to_hub in settings: in .*recipe.yaml: runs are offline"):
+        resolve_settings(recipe.model_copy(update={"settings": {**recipe.settings, "push_to_hub": True}}), {})
+    assert resolve_settings(recipe, {"push_to_hub": False})[1]["push_to_hub"] is False
