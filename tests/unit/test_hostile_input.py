@@ -347,6 +347,15 @@ def test_a_runs_folder_under_a_file_is_one_error_naming_it(a_file, task):
     assert a_file.read_text() == "not a folder\n"
 
 
+@pytest.mark.parametrize("dry", [["--dry"], []])
+def test_a_hugging_face_cache_that_is_a_file_is_refused_by_a_dry_run_as_by_the_run(a_file, tmp_path, dry):
+    """`--dry` passed an hf_cache setting naming a file, which the run itself refused."""
+    r = invoke_here("run", *dry, "--native", "--variant=cpu",
+                    env={"INVOKE_DOCKYARD_HF_CACHE": str(a_file), "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, str(a_file))
+    assert "INVOKE_DOCKYARD_HF_CACHE" in r.stderr and not (tmp_path / "runs").exists()
+
+
 def test_a_slurm_script_under_a_file_is_one_error_and_into_a_folder_is_written_there(tmp_path, a_file):
     runs = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
     r = invoke_here("slurm", f"--out={a_file}/x.sbatch", env=runs)
