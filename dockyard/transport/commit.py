@@ -94,7 +94,7 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     found, unread = content_secrets(settings, container, diff, {path for path, _ in secrets})
     secrets += found
     if (secrets or unread) and not allow_secrets:
-        raise DockyardError(refusal(container, secrets, unread))
+        raise DockyardError(refusal(container, secrets, unread, running=bool((meta.get("State") or {}).get("Running"))))
     source = meta["Config"].get("Image") or meta["Image"]
     src_meta = engine.image_inspect(settings, meta["Image"]) or {}
     pins, note = source_lock((src_meta.get("Config") or {}).get("Labels") or {})
@@ -122,19 +122,21 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     return tag
 
 
-def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str]) -> str:
-    """Why a commit is refused: the secrets found, and the changed files that were not read."""
+def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str], running: bool = True) -> str:
+    """Why a commit is refused: the secrets found, and the changed files that were not read; how to remove them
+    from the container as it is (`docker exec` needs it running: a stopped one is started first)."""
+    start = "" if running else f"docker start {container}, then "
     said = []
     if secrets:
         listed = "\n".join(f"  {path}  ({what})" for path, what in secrets)
         said.append(f"container {container} holds what looks like secrets; `docker commit` would put them in the "
-                    f"image:\n{listed}\nRemove them (docker exec {container} rm ...; a variable: start the container "
-                    "without it) or, if they must be there, pass --allow-secrets.")
+                    f"image:\n{listed}\nRemove them ({start}docker exec {container} rm ...; a variable: start the "
+                    "container without it) or, if they must be there, pass --allow-secrets.")
     if unread:
         said.append(f"container {container} changed files that were not read for tokens: {len(unread)} (text files "
                     f"over {SCAN_BYTES >> 20} MiB, or past the first {SCAN_FILES} changed files), most under "
                     f"{most_under(unread)}. Remove what need not be in "
-                    f"the image (docker exec {container} rm -r ...), or, having checked them yourself, pass "
+                    f"the image ({start}docker exec {container} rm -r ...), or, having checked them yourself, pass "
                     "--allow-secrets.")
     return "\n".join(said)
 
@@ -181,7 +183,9 @@ def content_secrets(settings: Settings, container: str, diff: list[tuple[str, st
     parents = {p.rsplit("/", 1)[0] for _, p in diff}
     files = [p for kind, p in diff if kind != "D" and p not in known and p not in parents
              and not any(x in p + "/" for x in NOT_SCANNED) and not (p + "/").startswith(NOT_SCANNED_ROOTS)]
-    found = []
+    found: list[tuple[str, str]] = []
+    if not files:  # nothing left to read (a token file found by its path alone): no "0 of 0" line
+        return found, []
     with console.progress(things=True) as bar:
         task = bar.add_task(f"reading {container}'s changed files for tokens", total=min(len(files), SCAN_FILES))
         too_long = []

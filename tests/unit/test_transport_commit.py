@@ -189,6 +189,9 @@ def test_a_token_behind_hundreds_of_cached_downloads_is_found(tmp_path, monkeypa
         commit.commit(settings, "box", tag="t:9")
     assert "/workspace/run.sh  (content: Hugging Face token)" in str(e.value) and HF not in str(e.value)
     assert not committed.exists()
+    # a stopped container (as most committed ones are) takes no `docker exec`: the fix starts it first
+    assert "Remove them (docker start box, then docker exec box rm ...;" in str(e.value)
+    assert "Remove them (docker exec box rm ...;" in commit.refusal("box", [("/x", "y")], [], running=True)
 
 
 @pytest.mark.parametrize("path", ["/root/dev/run.sh", "/workspace/sys/run.sh", "/home/u/var/cache/x/run.sh"])
