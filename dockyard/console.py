@@ -105,7 +105,8 @@ def progress(things: bool = False):
 
 def tail(lines: Iterable[str]) -> str:
     """The last lines of a command's output, indented under the message that quotes the command."""
-    return "\n".join(f"  | {line}" for line in list(lines)[-TAIL_LINES:])
+    # a progress line rewritten in place (rsync's, "\r 32,768 0% ...\r 102,137,856 2%"): what a terminal showed last
+    return "\n".join(f"  | {line.rstrip().rsplit(chr(13), 1)[-1]}" for line in list(lines)[-TAIL_LINES:])
 
 
 def last_lines(f: IO[bytes]) -> list[str]:

@@ -182,10 +182,14 @@ def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str
     if offset:
         print(f"resuming the copy at {console.human(offset)} of {console.human(size)}", file=sys.stderr)
     use = transport or ("rsync" if have.get("rsync") and engine.which("rsync") else "ssh")
-    if use == "rsync":
-        engine.run(rsync_argv(settings, r, paths.archive, name + ".partial"), what=_copying(r))
-    else:
-        _append_copy(settings, r, paths.archive, name + ".partial", offset)
+    try:
+        if use == "rsync":
+            engine.run(rsync_argv(settings, r, paths.archive, name + ".partial"), what=_copying(r))
+        else:
+            _append_copy(settings, r, paths.archive, name + ".partial", offset)
+    except (engine.Interrupted, KeyboardInterrupt):  # Ctrl-C: what was copied stays there, for the next ship
+        raise DockyardError(f"interrupted: the copy of {name} to {r.host} stopped; what arrived is kept: run the same "
+                            "`invoke ship` again to continue where it stopped", exit_code=engine.INTERRUPTED) from None
 
 
 def _copying(r: Remote) -> str:

@@ -25,5 +25,8 @@ def test_a_full_disk_is_refused_before_writing(tmp_path):
 def test_output_tails_keep_the_last_lines_indented():
     lines = [f"line {i}" for i in range(30)]
     assert console.tail(lines).splitlines() == [f"  | line {i}" for i in range(10, 30)]
+    # rsync's progress, rewritten in place: the last state alone, as the terminal showed it
+    assert console.tail(["\r 32,768 0% 1.2MB/s\r 102,137,856 2% 98MB/s\r", "rsync error: code 255"]) == \
+        "  |  102,137,856 2% 98MB/s\n  | rsync error: code 255"
     f = io.BytesIO("\n".join(lines).encode() + b"\n\n")
     assert console.last_lines(f) == lines[10:]

@@ -51,6 +51,40 @@ def archive_set(folder: Path, content: bytes, listed: bytes) -> Path:
     return archive
 
 
+CTRL_C_SHIP = """
+import signal, sys
+from dockyard.common.errors import DockyardError
+from dockyard.settings import Settings
+from dockyard.transport import ship
+try:
+    ship.ship_file(Settings(ssh=sys.argv[1]), sys.argv[2], sys.argv[3], transport="ssh")
+except DockyardError as e:
+    print(f"exit={e.exit_code} {e}")
+"""
+
+
+def test_ctrl_c_during_the_copy_says_what_is_kept_and_how_to_go_on(tmp_path):
+    """Ctrl-C in a ship was rsync's "unexplained error (code 255)", then the progress stream as one line of
+    literal \\r. The node's ssh here stands in for the terminal: when the copy starts, it sends SIGINT to the
+    process that ships (in its own process, so a Ctrl-C this test failed to catch stops nothing else)."""
+    import signal
+    import subprocess
+    import sys
+
+    from dockyard import ROOT
+
+    ssh = tmp_path / "ssh"
+    ssh.write_text('#!/bin/sh\nfor last; do :; done\ncase "$last" in *"cat >>"*) kill -INT $PPID; sleep 5;; esac\n'
+                   'exec sh -c "$last"\n')
+    ssh.chmod(0o755)
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    p = subprocess.run([sys.executable, "-c", CTRL_C_SHIP, str(ssh), str(archive), f"node7:{tmp_path / 'there'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal starts it
+    assert p.stdout.strip() == ("exit=130 interrupted: the copy of x.tar.zst to node7 stopped; what arrived is kept: "
+                                "run the same `invoke ship` again to continue where it stopped"), p.stdout + p.stderr
+
+
 def test_an_archive_damaged_here_is_blamed_here_not_on_the_copy(tmp_path):
     s = local_node(tmp_path)
     good = archive_set(tmp_path / "good", b"archive bytes", b"archive bytes")
