@@ -279,7 +279,7 @@ def inventory(c, out=""):
     inventory_mod.write_inventory(_settings(c), out)
 
 
-@task(help={"file": "archive to copy (file mode); its .sha256, .manifest.json and load.sh go with it",
+@task(help={"file": "archive to copy (file mode); its .sha256, .manifest.json, load.sh and run.sh go with it",
             "image": "image(s) to stream instead, comma-separated (stream mode: no file on either side)",
             "to": "[user@]host:/dir (file mode) or [user@]host (stream mode); ~/.ssh/config applies",
             "port": "ssh port (default: the ssh config's)",

@@ -39,6 +39,11 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     manifest = check_set(settings, paths)
     info = engine.engine_info(settings)
     store = inventory.engine_store(info)
+    if already := already_loaded(settings, manifest, store):  # loaded before: nothing to hash, unpack or load
+        print(f"{paths.archive.name}: every image it holds is already loaded here, as saved: nothing to do")
+        for ref, image_id in already:
+            print(f"loaded {ref} {image_id}")
+        return already
     requires = (manifest.get("thin") or {}).get("requires") or []
     if requires:
         if store == "containerd":
@@ -71,6 +76,17 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     for ref, image_id in loaded:
         print(f"loaded {ref} {image_id}")
     return loaded
+
+
+def already_loaded(settings: Settings, manifest: dict, store: str) -> list[tuple[str, str]]:
+    """(ref, id) of every image of the manifest where each is in the engine as saved; [] where any is not."""
+    found = []
+    for ref, img in inventory.names(manifest["images"]):
+        meta = engine.image_inspect(settings, ref)
+        if inventory.loaded_as_saved(meta, img, store):
+            return []
+        found.append((ref, meta["Id"]))
+    return found
 
 
 def said_loaded(output: list[str]) -> set[str]:

@@ -73,6 +73,32 @@ field() {  # a value of the manifest's flat "load_sh" block (read only after the
 	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$work/manifest.json"
 }
 
+# Whether every image of the manifest is in the engine as saved ("loaded REF ID" for each); `quiet`: without
+# saying which is not. The classic store names an image by its config digest, which the manifest holds; the
+# containerd store by a manifest it writes while importing: there, compare the layers instead.
+as_saved() {
+	if [ "$(store)" = containerd ]; then
+		checks=$(field check_layers)
+		format='{{range $i, $l := .RootFS.Layers}}{{if $i}},{{end}}{{$l}}{{end}}'
+	else
+		checks=$IMAGES
+		format='{{.Id}}'
+	fi
+	bad=0
+	for pair in $checks; do
+		ref=${pair%%=*}
+		want=${pair#*=}
+		got=$(docker image inspect --format "$format" "$ref" 2>/dev/null)
+		if [ "$got" = "$want" ]; then
+			echo "loaded $ref $(docker image inspect --format '{{.Id}}' "$ref")"
+		else
+			[ "${1:-}" = quiet ] || echo "load.sh: $ref is ${got:-missing}, expected $want" >&2
+			bad=1
+		fi
+	done
+	return "$bad"
+}
+
 # ALLOWED_SIGNERS is a file named from the caller's folder, as ARCHIVE is: made absolute before the cd below.
 if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	[ -f "$ALLOWED_SIGNERS" ] || die "ALLOWED_SIGNERS=$ALLOWED_SIGNERS: no such file (an ssh allowed_signers file)"
@@ -168,6 +194,15 @@ done
 
 # Before the copy, which takes minutes for a large archive: an engine that cannot be reached is said at once.
 engine
+size=$(wc -c <"$name" | tr -d ' ')
+[ "$size" = "$ARCHIVE_BYTES" ] \
+	|| die "$name is $size bytes, the manifest says $ARCHIVE_BYTES: the copy is truncated or was changed. Copy it again (invoke ship continues a cut copy). Nothing was loaded."
+# Every image already in this engine as saved (the same archive loaded before): nothing to copy, hash or load.
+if as_saved quiet >"$work/said"; then
+	echo "$name: every image it holds is already loaded here, as saved: nothing to do"
+	cat "$work/said"
+	exit 0
+fi
 # The archive is copied once into the private folder, hashed on the way: what is loaded is that copy.
 free=$(df -Pk "$work" | awk 'NR == 2 { print $4 }')
 [ "$free" -ge $((ARCHIVE_BYTES / 1024 + 1024)) ] \
@@ -266,28 +301,5 @@ for id in $(sed -n 's/^Loaded image ID: //p' "$work/load.out"); do
 	case "$IMAGES " in *"=$id "*) ;; *) refuse "the tar of $name holds an image $id its manifest does not name: refused" ;; esac
 done
 
-# The classic store names an image by its config digest, which the manifest holds; the containerd
-# store by a manifest it writes while importing: there, compare the layers instead.
-bad=0
-if [ "$(store)" = containerd ]; then
-	checks=$(field check_layers)
-	format='{{range $i, $l := .RootFS.Layers}}{{if $i}},{{end}}{{$l}}{{end}}'
-else
-	checks=$IMAGES
-	format='{{.Id}}'
-fi
-said=
-for pair in $checks; do
-	ref=${pair%%=*}
-	want=${pair#*=}
-	got=$(docker image inspect --format "$format" "$ref" 2>/dev/null)
-	if [ "$got" = "$want" ]; then
-		said="${said}loaded $ref $(docker image inspect --format '{{.Id}}' "$ref")
-"
-	else
-		echo "load.sh: $ref is ${got:-missing}, expected $want" >&2
-		bad=1
-	fi
-done
-[ "$bad" -eq 0 ] || refuse "docker load did not load every image of $name: refused"
-printf '%s' "$said"
+as_saved >"$work/said" || refuse "docker load did not load every image of $name: refused"
+cat "$work/said"

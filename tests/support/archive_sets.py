@@ -25,10 +25,12 @@ def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, na
 
 def engine_answering_info(folder) -> dict[str, str]:
     """The environment that runs load.sh with a stand-in docker in folder/bin whose engine answers `docker info`
-    (asked before the archive is copied) and nothing else: any other docker command leaves folder/docker-used."""
+    and holds no image (both asked before the archive is copied: an archive already loaded is not copied again),
+    and nothing else: any other docker command leaves folder/docker-used."""
     bin_dir = folder / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = info ] && exit 0\necho "$*" >>"{folder}/docker-used"\nexit 1\n')
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = info ] && exit 0\n[ "$1 $2" = "image inspect" ] && exit 1\n'
+                                    f'echo "$*" >>"{folder}/docker-used"\nexit 1\n')
     (bin_dir / "docker").chmod(0o755)
     return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
 

@@ -593,3 +593,50 @@ def test_load_sh_takes_no_path_from_the_manifest_it_finds_beside_it(tmp_path):
                           env={**engine_answering_info(tmp_path), "TMPDIR": str(tmp_path)})
     assert victim.read_bytes() == b"three weeks of results\n"
     assert proc.returncode == 1 and "which is not a file name beside it: refused, nothing was loaded" in proc.stderr
+
+
+ALREADY = """#!/bin/sh
+# A stand-in docker client whose engine holds t:1 as saved; a `docker load` would leave $LOADED.
+case "$1 $2" in
+"image inspect") echo "sha256:$(printf 'a%.0s' $(seq 64))" ;;
+load*) : >"$LOADED"; cat >/dev/null ;;
+esac
+exit 0
+"""
+
+
+def test_an_archive_loaded_before_is_not_copied_hashed_or_loaded_again(tmp_path, monkeypatch):
+    """Loading the same archive twice re-hashed and re-loaded 4 GB (72 s) to change nothing."""
+    paths = make_set(tmp_path)
+    bin_dir, private = tmp_path / "bin", tmp_path / "private"
+    bin_dir.mkdir()
+    private.mkdir()
+    (bin_dir / "docker").write_text(ALREADY)
+    (bin_dir / "docker").chmod(0o755)
+    r = subprocess.run(["sh", write_loader(tmp_path), paths.archive.name], capture_output=True, text=True,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(private),
+                            "LOADED": str(tmp_path / "loaded")}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2:] == [
+        "t_1.tar.zst: every image it holds is already loaded here, as saved: nothing to do",
+        "loaded t:1 sha256:" + "a" * 64]
+    assert "verifying" not in r.stdout and not (tmp_path / "loaded").exists() and list(private.iterdir()) == []
+
+    monkeypatch.setattr(load_mod.engine, "engine_info", lambda s: {})
+    monkeypatch.setattr(load_mod.engine, "image_inspect", lambda s, ref: {"Id": "sha256:" + "a" * 64})
+    monkeypatch.setattr(load_mod, "load_verified", lambda *a: pytest.fail("loaded again"))
+    assert load_mod.load(Settings(), str(paths.archive)) == [("t:1", "sha256:" + "a" * 64)]
+
+
+def test_load_sh_says_a_truncated_copy_by_its_size_before_hashing_it(tmp_path):
+    """load.sh hashed the whole of a 1 GB copy of a 4 GB archive, then said "sha256 mismatch"; the size was in the
+    manifest all along (`invoke load` said it at once)."""
+    paths = make_set(tmp_path)
+    whole = paths.archive.stat().st_size
+    with open(paths.archive, "r+b") as f:
+        f.truncate(1000)
+    r = subprocess.run(["sh", write_loader(tmp_path), paths.archive.name], capture_output=True, text=True,
+                       env=engine_answering_info(tmp_path), timeout=60)
+    assert r.returncode == 1 and f"t_1.tar.zst is 1000 bytes, the manifest says {whole}: the copy is truncated" \
+        in r.stderr, r.stderr
+    assert "verifying" not in r.stdout and not (tmp_path / "docker-used").exists()

@@ -77,11 +77,11 @@ def test_a_load_that_brings_an_image_its_manifest_does_not_name_is_refused_and_u
 DOCKER = """#!/bin/sh
 # A stand-in docker client. `docker info` for the engine's root folder, the first thing load.sh asks the engine once
 # the archive's copy is verified, is when another writer replaces the archive in the shared folder; `docker load`
-# keeps what it reads.
+# keeps what it reads; the image is in the engine once loaded.
 case "$1" in
 info) case "$*" in *DockerRootDir*) cp "$CHANGED" "$SHARED" ;; esac ;;
 load) cat >"$RECEIVED"; echo "Loaded image: t:1" ;;
-image) [ "$2" = inspect ] && echo "$IMAGE_ID" ;;
+image) [ "$2" = inspect ] && [ -e "$RECEIVED" ] && echo "$IMAGE_ID" ;;
 esac
 exit 0
 """
