@@ -207,7 +207,7 @@ fi
 free=$(df -Pk "$work" | awk 'NR == 2 { print $4 }')
 [ "$free" -ge $((ARCHIVE_BYTES / 1024 + 1024)) ] \
 	|| die "not enough space in $work for a private copy of $name (${free} KiB free, $((ARCHIVE_BYTES / 1024)) KiB needed): set TMPDIR to a folder with room"
-echo "verifying $name ..."
+echo "verifying $name ($((ARCHIVE_BYTES / 1048576)) MiB: its sha256, on the way to a private copy that is what gets loaded) ..."
 mkfifo "$work/copy" || die "cannot make a fifo in $work"
 sha256 <"$work/copy" >"$work/copy.sha256" & hasher=$!
 tee "$work/$name" >"$work/copy" <"$name" & copier=$!

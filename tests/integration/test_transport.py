@@ -334,6 +334,11 @@ def test_stream_mode_loads_on_node2_and_thin_sends_only_the_new_layer(node, imag
     assert r.returncode == 0, r.stderr
     assert "leaving out 2 layers" in r.stderr and " kB (zstd)" in r.stdout
     assert node.ssh(f"docker run --rm --network none {images['v2']} cat /recipe.txt").stdout == "v2\n"
+    # again: the node holds it as saved, so nothing is streamed (a save of every layer to send none took minutes)
+    r = invoke("ship", f"--image={images['v2']}", f"--to={node.alias}", "--thin", env=ssh_env)
+    assert r.returncode == 0, r.stderr
+    assert f"{images['v2']} is already on {node.alias}, as saved ({images['v2_id']}): nothing to send" in r.stdout
+    assert "streamed" not in r.stdout
 
 
 def test_stream_thin_with_an_identity_uses_that_key_for_every_connection(node, images, ssh_env, tmp_path):
