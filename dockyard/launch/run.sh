@@ -70,7 +70,11 @@ check_driver() {
 	instead=
 	for pair in @CUDA_VARIANTS@; do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
 	least=$(least_driver "$IMAGE_CUDA")
-	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
+	# an image of that variant loaded here already (tagged): named, not "load it"
+	loaded=$([ -z "$instead" ] || docker image ls --filter "label=dockyard.variant=$instead" --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -v '<none>' | head -n 1)
+	fix=${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }
+	[ -z "$loaded" ] || fix="$loaded is loaded here and runs on this driver: --image=$loaded; or "
+	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${fix}upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
 }
 # CUDA_VISIBLE_DEVICES as invoke run reads it (dockyard/gpus.py select): GPU indices or UUIDs (or a UUID's unique start,
 # GPU-5d5b), comma-separated, each a GPU of nvidia-smi -L's list ($SMI); docker gets their indices (--gpus

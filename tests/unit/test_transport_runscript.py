@@ -19,7 +19,10 @@ case "$1" in
 info) [ -z "${FAKE_INFO_ERROR-}" ] || { echo "$FAKE_INFO_ERROR" >&2; exit 1; }
       case "$*" in *Runtimes*) [ -z "$FAKE_GPUS" ] || echo '{"nvidia":{},"runc":{}}' ;;
                    *SecurityOptions*) echo "${FAKE_SECURITY-[\"name=seccomp,profile=default\"]}" ;; esac ;;
-image) for ref do :; done  # the image asked about: loaded when FAKE_LOADED names it (unset: every image)
+image) if [ "$2" = ls ]; then  # the images FAKE_LOADED names, of the variant a label filter asks for
+           for r in ${FAKE_LOADED-}; do case "$* " in *"dockyard.variant=${r##*-} "*) echo "$r" ;; esac; done; exit 0
+       fi
+       for ref do :; done  # the image asked about: loaded when FAKE_LOADED names it (unset: every image)
        case " ${FAKE_LOADED-$ref} " in *" $ref "*) ;; *) echo "Error: No such image: $ref" >&2; exit 1 ;; esac
        case "$*" in
        *".Id}} {{index"*) echo "$FAKE_SET_ID ${ref##*-}" ;;
@@ -288,6 +291,12 @@ def test_an_image_newer_than_the_driver_s_cuda_is_refused_naming_the_image_to_lo
     assert proc.returncode == 1 and not argv and len(proc.stderr.splitlines()) == 1
     assert "image cu132 needs CUDA 13.2 but driver 535.183.01 supports CUDA 12.2: load the cu128 image " \
            "(invoke save --variant=cu128, then sh load.sh NAME here) or upgrade the driver to 580 or newer" in proc.stderr
+    # the image to use instead loaded already: named, not "load it" (a CUDA 12 node given --image of cu132)
+    proc, argv = node("--run-id=c1b", variant="cu132", gpus=2, **old,
+                      FAKE_LOADED="dockyard:0.1.0-cu132 dockyard:0.1.0-cu128")
+    assert proc.returncode == 1 and not argv and len(proc.stderr.splitlines()) == 1
+    assert "supports CUDA 12.2: dockyard:0.1.0-cu128 is loaded here and runs on this driver: " \
+           "--image=dockyard:0.1.0-cu128; or upgrade the driver to 580 or newer" in proc.stderr, proc.stderr
     proc, argv = node("--run-id=c2", variant="cu128", gpus=2, **old)
     assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=2" in argv, proc.stderr
     proc, argv = node("--run-id=c3", "--cpu", variant="cu132", gpus=2, **old)
