@@ -53,10 +53,16 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
         auto, _ = variants.pick_auto(all_variants, host)
     except DockyardError:
         auto = all_variants["cpu"]
-    image = variants.tag(settings, auto)
-    probe_image = image if images.get(auto.name) else settings.base_image_cpu
+    # the image auto picks; else any variant's that is here (an air-gapped node holds the one it was shipped); else
+    # the base image
+    probe = auto if images.get(auto.name) else next((v for n, v in all_variants.items() if images.get(n)), None)
+    image = variants.tag(settings, probe or auto)
+    probe_image = image if probe else settings.base_image_cpu
     if not engine.image_inspect(settings, probe_image):
-        checks.append(Check("run container", WARN, f"neither {image} nor {settings.base_image_cpu} exists to test with",
+        tags = ", ".join(variants.tag(settings, v) for v in all_variants.values())
+        checks.append(Check("run container", WARN, f"no dockyard image ({tags}) nor {settings.base_image_cpu} is here "
+                            "to test with",
+                            "load one (sh load.sh, or invoke load --file=ARCHIVE), or where there is a network: "
                             "invoke setup, then invoke build"))
         return checks
     try:
@@ -71,11 +77,12 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
     checks += [container.check_shm(facts["shm_bytes"]),
                refused or container.check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
                container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
-    if images.get(auto.name):
-        checks.append(container.check_ds_report(facts["ds_report"], auto, image))
+    if probe:
+        checks.append(container.check_ds_report(facts["ds_report"], probe, image))
     else:
-        checks.append(Check("deepspeed ops", WARN, f"image not built: {image}",
-                            f"invoke build (builds {auto.name}), then run doctor again"))
+        checks.append(Check("deepspeed ops", WARN, f"no dockyard image here: {image}",
+                            f"invoke build (builds {auto.name}), or load its archive (sh load.sh), then run doctor "
+                            "again"))
     return checks
 
 

@@ -80,3 +80,33 @@ def test_doctor_reads_the_images_saved_ds_report(tmp_path):
         assert "--no-cache" in ds["fix"]
     finally:
         engine.run(engine.docker(settings, "rmi", "-f", tag), capture=True, check=False, quiet=True)
+
+
+@pytest.mark.engine
+def test_doctor_on_a_node_holding_only_a_shipped_cuda_image_probes_with_it(tmp_path):
+    """An air-gapped node without GPUs that was shipped the cu128 image alone: doctor looked for the cpu image and
+    the base image, found neither, skipped shared memory, ulimits, disk and the DeepSpeed ops, passed, and said to
+    build (which such a node cannot). It now probes with the image that is there. (Stand-in image: the base image
+    with a ds_report and the cu128 labels, no CUDA; NVML replayed from a recording of a host without GPUs, so
+    that auto picks the cpu variant, whose image is not there, on any host.)"""
+    from dockyard import engine
+    from dockyard.settings import Settings
+
+    no_gpu = tmp_path / "no_gpu.json"
+    no_gpu.write_text(json.dumps({"kind": "gpu", "host": {"error": "NVML not found"}, "links": [], "samples": []}))
+    settings = Settings()
+    name = f"dockyard-doctornode-{os.getpid()}"
+    tag = f"{name}:0.1.0-cu128"
+    (tmp_path / "ds_report.txt").write_bytes((ROOT / "tests" / "fixtures" / "ds_report_cpu_jit.txt").read_bytes())
+    (tmp_path / "Dockerfile").write_text(f"FROM {settings.base_image_cpu}\nCOPY ds_report.txt /opt/dockyard/ds_report.txt\n"
+                                         'LABEL dockyard.variant=cu128 dockyard.cuda="12.8"\n')
+    engine.run(engine.docker(settings, "build", "-q", "-t", tag, str(tmp_path)), capture=True, quiet=True)
+    try:
+        proc = _doctor({"INVOKE_DOCKYARD_IMAGE_NAME": name, "DOCKYARD_NVML_REPLAY": str(no_gpu)})
+        checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+        assert checks["auto variant"]["detail"].startswith("auto → cpu"), checks["auto variant"]
+        assert {"shared memory", "ulimits", "disk"} <= set(checks), checks
+        assert checks["deepspeed ops"]["detail"].startswith(f"{tag}: "), checks["deepspeed ops"]
+        assert "run container" not in checks
+    finally:
+        engine.run(engine.docker(settings, "rmi", "-f", tag), capture=True, check=False, quiet=True)
