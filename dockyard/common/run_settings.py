@@ -10,6 +10,7 @@ Needs only pydantic and PyYAML (no torch), like the registry it reads.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import math
 import reprlib
 from dataclasses import dataclass
@@ -186,6 +187,33 @@ def read_defaults(path: Path) -> dict[str, Any]:
     if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):
         raise DockyardError(f"{path}: expected `key: value` lines, one setting each (max_steps: 50, ...)")
     return defaults
+
+
+def known_keys() -> set[str]:
+    """The keys a run takes: the project's settings and TrainingArguments' fields."""
+    return set(RunSettings.model_fields) | set(training_arguments())
+
+
+def check_known_overrides(given: dict[str, Any]) -> None:
+    """Every override after `--` a known key; a typo is named with the key it is closest to."""
+    known = known_keys()
+    if unknown := sorted(set(given) - known):
+        said = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            said.append(f"--{key}" + (f" (did you mean --{close[0]}?)" if close else ""))
+        raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
+                            "recipes/defaults.yaml and any transformers.TrainingArguments field")
+
+
+def check_known_settings(recipe: Recipe, training: dict[str, Any]) -> None:
+    """Every TrainingArguments key of the recipe's `settings:` and defaults.yaml a known one (the overrides are
+    checked before: check_known_overrides)."""
+    if unknown := sorted(set(training) - known_keys()):
+        where = (f"settings: in {recipe.folder / 'recipe.yaml'}" if set(unknown) & set(recipe.settings)
+                 else "recipes/defaults.yaml")
+        raise DockyardError(f"unknown setting(s) {', '.join(unknown)} in {where}: give a key of recipes/defaults.yaml "
+                            "or a transformers.TrainingArguments field")
 
 
 def check_training_numbers(training: dict[str, Any]) -> None:

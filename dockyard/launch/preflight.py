@@ -16,7 +16,6 @@ minutes later, inside the container, refused now with the same reason and no eng
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +32,12 @@ from dockyard.common.run_settings import (
     batch_split,
     check_autos,
     check_evaluation,
+    check_known_overrides,
+    check_known_settings,
     check_profile,
     check_training_numbers,
     parse_overrides,
     resolve_settings,
-    training_arguments,
 )
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
@@ -144,22 +144,9 @@ def check_overrides(spec, overrides: list[str], processes: int = 0) -> RunSettin
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings), and
     the batch settings split over the run's `processes` (0: not known here; the trainer checks the split)."""
     given = parse_overrides(overrides)
-    arguments = training_arguments()
-    known = set(RunSettings.model_fields) | set(arguments)
-    unknown = sorted(set(given) - known)
-    if unknown:
-        said = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            said.append(f"--{key}" + (f" (did you mean --{close[0]}?)" if close else ""))
-        raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
-                            "recipes/defaults.yaml and any transformers.TrainingArguments field")
+    check_known_overrides(given)
     run_settings, training = resolve_settings(spec, given)
-    if unknown := sorted(set(training) - known):  # in the recipe's `settings:` or defaults.yaml: the trainer refuses it
-        where = (f"settings: in {spec.folder / 'recipe.yaml'}" if set(unknown) & set(spec.settings)
-                 else "recipes/defaults.yaml")
-        raise DockyardError(f"unknown setting(s) {', '.join(unknown)} in {where}: give a key of recipes/defaults.yaml "
-                            "or a transformers.TrainingArguments field")
+    check_known_settings(spec, training)
     check_training_numbers(training)
     micro, accumulation = check_autos(training)
     check_packing(run_settings.packing, run_settings.task, run_settings.padding_free)

@@ -220,6 +220,16 @@ input() {  # key host-path
 	mountable "--$1" "$2"
 	here "$2"; path=$HERE
 	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node"
+	# what the trainer would refuse once the run folder is made (as invoke run checks it on its host)
+	if [ "$1" = model ]; then
+		[ -f "$path/config.json" ] || die "--model=$2: not a model folder (no config.json in it): give the folder from_pretrained reads (config.json, weights, tokenizer)"
+	elif [ -f "$path" ]; then
+		suffix=.${path##*.}
+		case "${path##*/}" in *.*) ;; *) suffix='(none)' ;; esac
+		case " @DATA_SUFFIXES@ " in *" $suffix "*) ;; *) die "--data=$2: unknown data file type $suffix; use @DATA_SUFFIXES@ (docs/data.md)" ;; esac
+	elif [ ! -d "$path" ]; then
+		die "--data=$2: neither a file nor a folder (a device, pipe or socket): give a data file, or a folder of them"
+	fi
 	host=$(cd "$(dirname "$path")" && pwd)/$(basename "$path")
 	mountable "--$1" "$host"
 	if [ -d "$path" ]; then inside=@INPUTS@/$1; else inside=@INPUTS@/$1/$(basename "$path"); fi

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import envvars
+from dockyard.common.data_files import BUILDERS
 from dockyard.common.locks import replace_file
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
@@ -80,6 +81,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
                         "@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
                         "@CPU_NPROC@": str(node.CPU_NPROC), "@ROOTLESS_SHM@": engine.ROOTLESS_SHM,
                         "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
+                        "@DATA_SUFFIXES@": " ".join(BUILDERS),
                         "@COMMAND@": "\n".join(lines)}.items():
         text = text.replace(mark, value)
     return text

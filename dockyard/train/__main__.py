@@ -41,6 +41,8 @@ from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
     RunSettings,
     check_evaluation,
+    check_known_overrides,
+    check_known_settings,
     check_profile,
     check_training_numbers,
     either_name,
@@ -309,6 +311,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
     if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made
         raise DockyardError(f"--resume: there is no run folder {run_dir}; check the path (or run without --resume)")
+    if not run.opts.resume:  # a typo in the settings leaves nothing behind (run.sh hands them on unchecked)
+        checked_settings(recipe, overrides)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -321,19 +325,14 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         run.kept_overrides = {k: v for k, v in saved.items() if k not in overrides}
         overrides = {**saved, **overrides}
     run.overrides = run.record.overrides = overrides
-    settings, training = resolve_settings(recipe, overrides)
+    settings, training = checked_settings(recipe, overrides)
     run.run_dir_ok = True
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
         manifest.check_same_recipe(run_dir, recipe.name)
     if last:
         manifest.check_same_inputs(run_dir, run_inputs(settings))
-    # as `invoke run` checks them on the host: run.sh and native runs hand their overrides straight to the trainer
-    check_training_numbers(training)
-    check_evaluation(settings, training)
-    check_profile(settings, training)
     guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
-    guards.check_report_to(training.get("report_to"))
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:
         checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
@@ -351,6 +350,19 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
         manifest.save_overrides(run_dir, run.overrides)
     return Opened(recipe, settings, training, last)
+
+
+def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
+    """The run's settings and TrainingArguments, checked as `invoke run` checks them on the host: run.sh and native
+    runs hand their overrides straight to the trainer."""
+    check_known_overrides(overrides)
+    settings, training = resolve_settings(recipe, overrides)
+    check_known_settings(recipe, training)
+    check_training_numbers(training)
+    check_evaluation(settings, training)
+    check_profile(settings, training)
+    guards.check_report_to(training.get("report_to"))
+    return settings, training
 
 
 def checkpoint_step(checkpoint: str) -> int:

@@ -49,16 +49,24 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM", under every failed run's reason: the line below says which process failed first, and how
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     fresh_store_per_attempt()
-    share_cpu_cores(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    share_cpu_cores(args)
     try:
         torchrun(argv)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit {failure.exitcode}"
+        log = " (and in the run's train.log)" if _train_log(args) else ""  # a run refused before it had a folder: none
         print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; its reason is "
-              "above (and in the run's train.log)", file=sys.stderr, flush=True)
+              f"above{log}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _train_log(args: list[str]) -> bool:
+    """Whether the trainer's --run-dir (after the module's name) holds a train.log."""
+    rest = args[args.index("--run-dir") + 1:] if "--run-dir" in args else []
+    return bool(rest) and (Path(rest[0]) / "train.log").is_file()
 
 
 def fresh_store_per_attempt() -> None:

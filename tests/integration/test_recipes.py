@@ -196,21 +196,26 @@ def test_a_setting_every_process_refuses_is_said_once_per_node(tmp_path):
     assert proc.returncode != 0 and "Invalid learning rate" not in proc.stderr, proc.stderr[-3000:]
     said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # (plain torchrun adds its table)
     assert said == ["error: learning_rate -1: TrainingArguments.learning_rate takes a number 0 or more"], said
-    assert manifest(tmp_path / "run")["status"] == "failed"
+    assert not (tmp_path / "run").exists(), "refused before the run folder was made"
 
 
-def test_unknown_settings_are_named(tmp_path):
-    proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--max_step", "5")
-    assert proc.returncode == 1 and "unknown setting(s): max_step" in proc.stderr
-    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
+def test_unknown_settings_are_named_with_the_key_meant_and_leave_nothing(tmp_path):
+    """run.sh hands the overrides to the trainer unchecked: `--max_stepz 3` was refused only after the tiny model
+    was written into a new run folder (base/, manifest.json, overrides.json left behind), without the key meant."""
+    proc = trainer_alone("--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--max_stepz", "5")
+    assert proc.returncode == 1 and "unknown trainer override(s): --max_stepz (did you mean --max_steps?)" \
+        in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
 
 
 def test_the_entry_point_exits_with_the_runs_code_and_its_last_words(tmp_path):
     """`python -m dockyard.train` leaves without interpreter finalisation: the exit code, the error on stderr
     and the manifest must all still be there."""
     proc = subprocess.run([sys.executable, "-m", "dockyard.train", "--recipe", "ddp", "--run-dir", str(tmp_path / "r"),
-                           "--", "--max_step", "5"], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and proc.stderr.rstrip().endswith("any transformers.TrainingArguments field")
+                           "--", "--data", str(tmp_path / "none.jsonl")], cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.rstrip().endswith("that is in the local Hugging Face cache"), \
+        proc.stderr[-2000:]
     assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
 
 

@@ -18,15 +18,23 @@ def test_a_failed_worker_is_one_line_with_torchruns_exit_status_not_a_traceback(
                                         "raise SystemExit(3)\n")
     plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--standalone",
                             "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train.log").write_text("error: the reason, in one line\n")
     quiet = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
-                            "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            "worker.py", "--run-dir", "run"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert plain.returncode == quiet.returncode == 1
     assert "Traceback" in plain.stderr and "ChildFailedError" in plain.stderr  # what users saw
     assert "Traceback" not in quiet.stderr and "error: the reason, in one line" in quiet.stderr
     assert "failed (exitcode: 3)" in plain.stderr and "failed (exitcode" not in quiet.stderr, "torchrun's log line too"
     assert quiet.stderr.rstrip().splitlines()[-1] == ("torchrun: worker.py failed: rank 0 (local rank 0) first, exit 3; "
                                                       "its reason is above (and in the run's train.log)")
+    # a run refused before it had a folder has no train.log to point at
+    (tmp_path / "run" / "train.log").unlink()
+    again = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
+                            "worker.py", "--run-dir", "run"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert again.stderr.rstrip().endswith("exit 3; its reason is above"), again.stderr
 
 
 def test_a_run_that_succeeds_exits_0(tmp_path):

@@ -2,6 +2,7 @@
 file names and overrides reaching docker as single words, never run. A stand-in `docker` on PATH records the argv
 (the real script on a real node: tests/integration/test_userwork.py)."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -172,6 +173,27 @@ def test_a_cuda_image_without_gpus_trains_on_cpu_and_bad_input_is_refused(node):
     assert proc.returncode == 1 and "no such file or folder on this node" in proc.stderr and not argv
     proc, argv = node("--run-id=../x")
     assert proc.returncode == 1 and "--run-id" in proc.stderr and not argv
+
+
+def test_data_and_model_the_trainer_would_refuse_are_refused_before_docker_naming_this_nodes_path(node, tmp_path):
+    """`sh run.sh --data=load.sh` started the container, which refused /workspace/inputs/data/load.sh (a path the
+    user does not have) and left a failed run folder; a folder without config.json as --model likewise."""
+    (tmp_path / "load.sh.bak").write_text("")
+    (tmp_path / "notes").write_text("")
+    (tmp_path / "m").mkdir()
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    for args, says in ((["--data=load.sh.bak"], "--data=load.sh.bak: unknown data file type .bak; use .jsonl .json "
+                                                ".parquet .csv .txt"),
+                       (["--data=notes"], "--data=notes: unknown data file type (none)"),
+                       (["--data=pipe.jsonl"], "--data=pipe.jsonl: neither a file nor a folder"),
+                       (["--model=m"], "--model=m: not a model folder (no config.json in it)")):
+        proc, argv = node("--run-id=in1", *args)
+        assert proc.returncode == 1 and says in proc.stderr and not argv, proc.stderr
+        assert not (tmp_path / "runs" / "in1").exists()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "d").mkdir()
+    proc, argv = node("--run-id=in2", "--model=m", "--data=d")
+    assert argv, proc.stderr
 
 
 @pytest.mark.parametrize("nproc", ["0", "00", "4097", "99999999999999999999999", "two", "1.5", "-1"])
