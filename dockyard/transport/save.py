@@ -220,6 +220,10 @@ def stream_save(settings: Settings, images: list[dict], sink: Callable[[bytes], 
     save_argv = engine.docker(settings, "save", *[i["ref"] for i in images])
     comp_argv = compressor_argv(method, level)
     engine.echo_pipeline(save_argv, *([comp_argv] if comp_argv else []))
+    total = sum(i["bytes"] for i in images)
+    if total > 1 << 30:  # the engine writes nothing until it has gathered the layers: a wait at 0 % is expected
+        print(f"docker save reads every layer of {console.human(total)}, also those a thin archive leaves out; the engine "
+              "gathers them first, so the count may stay near 0 for a minute or two", file=sys.stderr, flush=True)
     out_hash, out_bytes = hashlib.sha256(), 0
 
     def emit(chunk: bytes) -> None:
