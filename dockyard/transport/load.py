@@ -40,7 +40,8 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     info = engine.engine_info(settings)
     store = inventory.engine_store(info)
     if already := already_loaded(settings, manifest, store):  # loaded before: nothing to hash, unpack or load
-        print(f"{paths.archive.name}: every image it holds is already loaded here, as saved: nothing to do")
+        print(f"{paths.archive.name}: every image it holds is already loaded here, as saved (same id; the archive "
+              "itself was not read): nothing to do")
         for ref, image_id in already:
             print(f"loaded {ref} {image_id}")
         return already
@@ -79,7 +80,11 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
 
 
 def already_loaded(settings: Settings, manifest: dict, store: str) -> list[tuple[str, str]]:
-    """(ref, id) of every image of the manifest where each is in the engine as saved; [] where any is not."""
+    """(ref, id) of every image of the manifest where each is in the engine as saved, by its id (the digest of its
+    config, layers included); [] where any is not. Only the classic store names an image so: containerd's id is a
+    manifest it writes on import, and the same layers under another config (a changed ENV or label) are not it."""
+    if store != "classic":
+        return []
     found = []
     for ref, img in inventory.names(manifest["images"]):
         meta = engine.image_inspect(settings, ref)

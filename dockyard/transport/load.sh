@@ -85,6 +85,7 @@ as_saved() {
 		format='{{.Id}}'
 	fi
 	bad=0
+	[ -n "$checks" ] || return 1  # a manifest naming nothing to check has checked nothing
 	for pair in $checks; do
 		ref=${pair%%=*}
 		want=${pair#*=}
@@ -197,9 +198,11 @@ engine
 size=$(wc -c <"$name" | tr -d ' ')
 [ "$size" = "$ARCHIVE_BYTES" ] \
 	|| die "$name is $size bytes, the manifest says $ARCHIVE_BYTES: the copy is truncated or was changed. Copy it again (invoke ship continues a cut copy). Nothing was loaded."
-# Every image already in this engine as saved (the same archive loaded before): nothing to copy, hash or load.
-if as_saved quiet >"$work/said"; then
-	echo "$name: every image it holds is already loaded here, as saved: nothing to do"
+# Every image already in this engine as saved (the same archive loaded before): nothing to copy, hash or load. By id
+# alone (the digest of the image's config and layers), so on the classic store only: containerd names an image by a
+# manifest it writes on import, and the same layers under another config are another image.
+if [ "$(store)" = classic ] && as_saved quiet >"$work/said"; then
+	echo "$name: every image it holds is already loaded here, as saved (same id; the archive itself was not read): nothing to do"
 	cat "$work/said"
 	exit 0
 fi

@@ -89,8 +89,9 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     print(f"shipped {name} to {r.where()}: sha256 verified there")
     if not load:
         return []
-    print(f"loading {name} on {r.host}: load.sh there checks it again, then docker load unpacks "
-          f"{console.human(manifest['tar_bytes'])} (about a minute for each few GB) ...", flush=True)
+    print(f"loading {name} on {r.host}: load.sh there checks it again and docker load unpacks "
+          f"{console.human(manifest['tar_bytes'])}, unless its images are loaded there already (a minute for each "
+          "few GB) ...", flush=True)
     out = run_there(settings, r, f"cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}", f"loading {name} on {r.host}")
     loaded = [tuple(line.split()[1:3]) for line in out.stdout.splitlines() if line.startswith("loaded ")]
     for ref, image_id in loaded:
@@ -108,8 +109,8 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
     if not have.get("docker"):
         raise DockyardError(f"{r.host} has no docker to load into")
     wanted = inventory.names(images)
-    found, bad = images_there(settings, r, wanted)
-    if not bad:  # every image already there as saved: a stream would send nothing new (and take minutes)
+    found, bad, store = images_there(settings, r, wanted)
+    if not bad and store == "classic":  # there as saved, by id (load.already_loaded): a stream would send nothing new
         for ref, meta in found:
             print(f"{ref} is already on {r.host}, as saved ({meta['Id']}): nothing to send")
         return [(ref, meta["Id"]) for ref, meta in found]
@@ -135,7 +136,7 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
                                 f"Check the connection and the node's disk and docker, then ship again.\n"
                                 + console.tail(remote_load.output())) from None
         remote_load.wait()
-    found, bad = images_there(settings, r, wanted)
+    found, bad, _ = images_there(settings, r, wanted)
     if bad:
         raise DockyardError(f"docker load on {r.host} did not load what was sent: {'; '.join(bad)}")
     print(f"streamed {console.human(got.out_bytes)} ({method}) to {r.host} in {got.seconds:.1f} s")
@@ -144,10 +145,10 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
     return [(ref, meta["Id"]) for ref, meta in found]
 
 
-def images_there(settings: Settings, r: Remote, wanted: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict]],
-                                                                                       list[str]]:
-    """(ref, `docker image inspect`) of each wanted image on the node, and why each that is not there as saved is
-    not (all of them where the node does not answer for each)."""
+def images_there(settings: Settings, r: Remote,
+                 wanted: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict]], list[str], str]:
+    """(ref, `docker image inspect`) of each wanted image on the node, why each that is not there as saved is not
+    (all of them where the node does not answer for each), and the node's image store."""
     script = "; ".join(["docker info --format '{{json .}}'"] + [
         f"docker image inspect --format '{{{{json .}}}}' {shlex.quote(ref)} 2>/dev/null || echo null"
         for ref, _ in wanted])
@@ -156,7 +157,7 @@ def images_there(settings: Settings, r: Remote, wanted: list[tuple[str, dict]]) 
     found = [(ref, _json_object(line)) for (ref, _), line in zip(wanted, lines[1:], strict=False)]
     bad = [f"{ref} {wrong}" for (ref, img), (_, meta) in zip(wanted, found, strict=False)
            if (wrong := inventory.loaded_as_saved(meta, img, store))]
-    return found, bad if len(found) == len(wanted) else bad + ["no answer"]
+    return found, (bad if len(found) == len(wanted) else bad + ["no answer"]), store
 
 
 def _json_object(line: str) -> dict | None:

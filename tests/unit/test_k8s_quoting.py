@@ -12,6 +12,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, example, given
 from hypothesis import settings as hsettings
 
+from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.launch import k8s
 from tests.support.hostile import environment, hostile_text, hostile_value, path_name, recorder, records, unsafe
@@ -22,7 +23,12 @@ EXAMPLES = hsettings(max_examples=50, deadline=None, suppress_health_check=[Heal
 
 
 def _not_a_reference(image: str) -> bool:
-    return image.startswith("-") or not all(c.isprintable() and not c.isspace() for c in image)
+    """Not an image name a registry takes (engine.image_name): refused before any file is written."""
+    try:
+        engine.image_name(image)
+    except DockyardError:
+        return True
+    return False
 
 
 @EXAMPLES

@@ -13,7 +13,7 @@ from dataclasses import fields
 import pytest
 
 from dockyard import ROOT
-from dockyard.launch import preflight
+from dockyard.common import run_settings
 from tests.support.cli import invoke_here
 
 
@@ -296,9 +296,9 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
             return ""
         return number.pop().__name__ + ("|None" if type(None) in choices else "")
 
-    assert preflight.training_arguments() == {f.name: kind(f.type) for f in fields(TrainingArguments)}
-    assert preflight.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
-    assert preflight.training_arguments()["bf16"] == "bool"  # and the switches
+    assert run_settings.training_arguments() == {f.name: kind(f.type) for f in fields(TrainingArguments)}
+    assert run_settings.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
+    assert run_settings.training_arguments()["bf16"] == "bool"  # and the switches
 
 
 @pytest.mark.parametrize("task", ["slurm", "k8s"])

@@ -85,6 +85,7 @@ def _refused_by_sh(path: str) -> bool:
 @given(data=path_name, recipe=path_name, runs=path_name, hf=path_name, override=hostile_value.filter(lambda s: "\0" not in s))
 def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_factory, data, recipe, runs, hf, override):
     base = tmp_path_factory.mktemp("node")
+    data += ".jsonl"  # a data file run.sh takes (a file of no known type is refused before docker)
     (base / data).write_text("{}\n")
     folder = base / "recipes" / recipe
     shutil.copytree(RECIPES / "ddp", folder)
@@ -107,9 +108,10 @@ def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_fac
 
 
 def test_a_file_named_like_an_option_is_mounted_not_the_folder_it_is_in(settings, tmp_path):
-    (tmp_path / "-v").write_text("{}\n")
-    p, argv = _node(settings, tmp_path, "--data=-v", "--run-id=r1")
-    assert f"{tmp_path}/-v:/workspace/inputs/data/-v:ro" in argv and argv[-2:] == ["--data", "/workspace/inputs/data/-v"]
+    (tmp_path / "-v.jsonl").write_text("{}\n")
+    p, argv = _node(settings, tmp_path, "--data=-v.jsonl", "--run-id=r1")
+    assert f"{tmp_path}/-v.jsonl:/workspace/inputs/data/-v.jsonl:ro" in argv
+    assert argv[-2:] == ["--data", "/workspace/inputs/data/-v.jsonl"]
 
 
 def test_a_path_with_a_newline_is_refused_before_docker_runs(settings, tmp_path):

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import tasks  # noqa: F401 - the tasks the CLI runs
 from dockyard.cli import release_setting_overrides
+from dockyard.common import run_settings
 from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, RunSettings, number_range, parse_overrides
-from dockyard.launch import preflight
 from dockyard.launch.node import CPU_NPROC
 from tests.support.cli import invoke_here, short_error
 
@@ -23,7 +23,7 @@ release_setting_overrides()  # importing tasks.py held INVOKE_DOCKYARD_* back, a
 RUN_NUMBERS = sorted(k for k in RunSettings.model_fields if number_range(k))
 TRAINING_NUMBERS = ["learning_rate", "max_steps", "per_device_train_batch_size", "save_steps", "save_total_limit",
                     "warmup_steps"]
-KINDS = preflight.training_arguments()
+KINDS = run_settings.training_arguments()
 WHOLE = {k for k in RUN_NUMBERS if number_range(k).startswith("a whole")} | {
     k for k in TRAINING_NUMBERS if KINDS[k].startswith("int")}
 

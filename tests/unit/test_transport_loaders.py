@@ -596,9 +596,11 @@ def test_load_sh_takes_no_path_from_the_manifest_it_finds_beside_it(tmp_path):
 
 
 ALREADY = """#!/bin/sh
-# A stand-in docker client whose engine holds t:1 as saved; a `docker load` would leave $LOADED.
+# A stand-in docker client whose engine holds t:1 as saved (its id; on containerd, its layers: none); `docker load`
+# would leave $LOADED. STORE=containerd: the containerd image store.
 case "$1 $2" in
-"image inspect") echo "sha256:$(printf 'a%.0s' $(seq 64))" ;;
+"info --format") case "$*" in *DriverStatus*) [ "${STORE-}" != containerd ] || echo "io.containerd.snapshotter.v1" ;; esac ;;
+"image inspect") case "$*" in *RootFS*) echo "" ;; *) echo "sha256:$(printf 'a%.0s' $(seq 64))" ;; esac ;;
 load*) : >"$LOADED"; cat >/dev/null ;;
 esac
 exit 0
@@ -618,7 +620,8 @@ def test_an_archive_loaded_before_is_not_copied_hashed_or_loaded_again(tmp_path,
                             "LOADED": str(tmp_path / "loaded")}, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-2:] == [
-        "t_1.tar.zst: every image it holds is already loaded here, as saved: nothing to do",
+        "t_1.tar.zst: every image it holds is already loaded here, as saved (same id; the archive itself was not "
+        "read): nothing to do",
         "loaded t:1 sha256:" + "a" * 64]
     assert "verifying" not in r.stdout and not (tmp_path / "loaded").exists() and list(private.iterdir()) == []
 
@@ -626,6 +629,18 @@ def test_an_archive_loaded_before_is_not_copied_hashed_or_loaded_again(tmp_path,
     monkeypatch.setattr(load_mod.engine, "image_inspect", lambda s, ref: {"Id": "sha256:" + "a" * 64})
     monkeypatch.setattr(load_mod, "load_verified", lambda *a: pytest.fail("loaded again"))
     assert load_mod.load(Settings(), str(paths.archive)) == [("t:1", "sha256:" + "a" * 64)]
+
+    # the containerd store names an image by a manifest of its own: the same layers under another config (a changed
+    # ENV or label) would pass for it, so an archive is loaded there whatever the engine holds
+    r = subprocess.run(["sh", write_loader(tmp_path), paths.archive.name], capture_output=True, text=True,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(private), "STORE": "containerd",
+                            "LOADED": str(tmp_path / "loaded")}, timeout=60)
+    assert "nothing to do" not in r.stdout and "verifying" in r.stdout, r.stdout + r.stderr
+    monkeypatch.setattr(load_mod.engine, "engine_info", lambda s: {"DriverStatus": [
+        ["driver-type", "io.containerd.snapshotter.v1"]]})
+    monkeypatch.setattr(load_mod, "load_verified", lambda *a: (_ for _ in ()).throw(DockyardError("loading")))
+    with pytest.raises(DockyardError, match="loading"):
+        load_mod.load(Settings(), str(paths.archive))
 
 
 def test_load_sh_says_a_truncated_copy_by_its_size_before_hashing_it(tmp_path):
