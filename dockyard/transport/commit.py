@@ -50,21 +50,25 @@ TOKENS = [
     (re.compile(rb"\bxox[abprs]-[A-Za-z0-9-]{10,}"), "Slack token"),
     (re.compile(rb"\bglpat-[A-Za-z0-9_-]{20,}"), "GitLab token"),
     (re.compile(rb"\bsk-ant-[A-Za-z0-9_-]{20,}"), "Anthropic API key"),
-    (re.compile(rb"\bsk-(?:proj-|svcacct-)?[A-Za-z0-9_-]{32,}"), "OpenAI API key"),
+    (re.compile(rb"\bsk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}|[A-Za-z0-9]{40,})"), "OpenAI API key"),
     (re.compile(rb"PuTTY-User-Key-File-\d"), "PuTTY private key"),
     # scheme://user:password@host (a database URL, an index URL with its credentials); not ${VAR} placeholders
     (re.compile(rb"\b[a-z][a-z0-9+.-]{1,20}://[^\s:/@'\"$]+:[^\s/@'\"${}]{3,}@[A-Za-z0-9.-]"), "password in a URL"),
-    # NAME=value where the name says a secret (HF_TOKEN=..., api_key: ...), a value of 16 characters or more that
-    # is no placeholder ($VAR, <...>, {...}); MAX_TOKENS = 2048 and TOKENIZER_PATH=... are not
-    (re.compile(rb"(?i)\b[a-z0-9_]*(?:token|secret|password|passwd|api_?key|access_?key)['\"]?\s*[=:]\s*['\"]?"
-                rb"[A-Za-z0-9_+/.=-]{16,}"), "secret assigned by its name"),
+    # NAME=value on one line where the name says a secret (HF_TOKEN=..., api_key: ...), the value 16 characters or
+    # more with a digit in them, no placeholder ($VAR, <...>, {...}): MAX_TOKENS = 2048, TOKENIZER_PATH=...,
+    # tokenizer.pad_token = tokenizer.eos_token and api_key: ENV_VAR_OPENAI_APIKEY are not
+    (re.compile(rb"(?i)\b[a-z0-9_]*(?:token|secret|password|passwd|api_?key|access_?key)['\"]?[ \t]*[=:][ \t]*['\"]?"
+                rb"(?=[A-Za-z_+/.=-]*[0-9])[A-Za-z0-9_+/.=-]{16,}"), "secret assigned by its name"),
 ]
-# a variable whose name says it holds a secret (GPG_KEY: a public key's fingerprint, in the python images)
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|AUTH|(?<!GPG)_KEY$|^KEY$",
+# a variable whose name says it holds a secret: *TOKEN*, *_KEY, *_AUTH ...; NOT_SECRET_NAMES: what images and shells
+# set that only sounds like one (GPG_KEY: a public key's fingerprint, in the python images; the ssh agent's socket)
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|(?:^|_)AUTH$|(?:^|_)KEY$",
                          re.I)
+NOT_SECRET_NAMES = {"GPG_KEY", "SORT_KEY", "PUBLIC_KEY", "CACHE_KEY", "PRIMARY_KEY", "PARTITION_KEY"}
 # What one commit reads back: text files are where tokens are left, read whole up to SCAN_BYTES (a log's last
-# line too); a file with a NUL byte in its first block is binary (weights, libraries, archives) and not read. Each
-# file is one `docker cp` (some 20 a second); past SCAN_FILES the commit is refused, not made with files unread.
+# line too; a longer one, a dataset, in its first SCAN_BYTES, said after the commit); a file with a NUL byte in its
+# first block is binary (weights, libraries, archives) and not read. Each file is one `docker cp` (some 20 a
+# second); past SCAN_FILES the commit is refused, not made with files unread.
 SCAN_BYTES, SCAN_FILES, BLOCK = 64 << 20, 2000, 1 << 16
 # Not read for tokens: what pip installed from wheels, and the caches tools fill from downloads (wheels, model and
 # dataset blobs, compiled kernels, package lists). Nothing a user writes lands there, and one `pip install` or
@@ -72,6 +76,7 @@ SCAN_BYTES, SCAN_FILES, BLOCK = 64 << 20, 2000, 1 << 16
 # are found by their path (SECRETS), which is checked for every file.
 NOT_SCANNED = ("/site-packages/", "/dist-packages/", "/__pycache__/",
                "/.cache/pip/", "/.cache/uv/", "/.cache/huggingface/hub/", "/.cache/huggingface/xet/",
+               "/.cache/huggingface/datasets/",
                "/.cache/torch/", "/.triton/cache/")  # anywhere in a path
 NOT_SCANNED_ROOTS = ("/var/cache/", "/var/lib/apt/lists/", "/proc/", "/sys/", "/dev/")  # from / only: ~/dev/ is read
 DIST_INFO = re.compile(r"/site-packages/([^/]+?)-([^/-]+)\.(?:dist|egg)-info$")
@@ -91,7 +96,7 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     meta = json.loads(got.stdout)[0]
     diff = parse_diff(engine.run(engine.docker(settings, "diff", container), capture=True, quiet=True).stdout)
     secrets = find_secrets(diff) + env_secrets(meta["Config"].get("Env") or [])
-    found, unread = content_secrets(settings, container, diff, {path for path, _ in secrets})
+    found, unread, partly = content_secrets(settings, container, diff, {path for path, _ in secrets})
     secrets += found
     if (secrets or unread) and not allow_secrets:
         raise DockyardError(refusal(container, secrets, unread, running=bool((meta.get("State") or {}).get("Running"))))
@@ -119,6 +124,9 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     if unread:
         print(f"  WARNING: {len(unread)} changed files were not read for tokens (--allow-secrets), most under "
               f"{most_under(unread)}")
+    if partly:
+        print(f"  note: {len(partly)} text file(s) longer than {console.human(SCAN_BYTES)} were read for tokens in "
+              f"that much of their start only, most under {most_under(partly)}")
     return tag
 
 
@@ -133,9 +141,8 @@ def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str], r
                     f"image:\n{listed}\nRemove them ({start}docker exec {container} rm ...; a variable: start the "
                     "container without it) or, if they must be there, pass --allow-secrets.")
     if unread:
-        said.append(f"container {container} changed files that were not read for tokens: {len(unread)} (text files "
-                    f"over {SCAN_BYTES >> 20} MiB, or past the first {SCAN_FILES} changed files), most under "
-                    f"{most_under(unread)}. Remove what need not be in "
+        said.append(f"container {container} changed more files than are read for tokens: {len(unread)} past the "
+                    f"first {SCAN_FILES} were not read, most under {most_under(unread)}. Remove what need not be in "
                     f"the image ({start}docker exec {container} rm -r ...), or, having checked them yourself, pass "
                     "--allow-secrets.")
     return "\n".join(said)
@@ -163,7 +170,8 @@ def env_secrets(env: list[str]) -> list[tuple[str, str]]:
     found = []
     for item in env:
         name, _, value = item.partition("=")
-        what = token_in(value.encode()) or ("secret by its name" if value and SECRET_NAME.search(name) else None)
+        named = value and SECRET_NAME.search(name) and name.upper() not in NOT_SECRET_NAMES
+        what = token_in(value.encode()) or ("secret by its name" if named else None)
         if what:
             found.append((f"env {name}", what))
     return found
@@ -175,17 +183,17 @@ def token_in(data: bytes) -> str | None:
 
 
 def content_secrets(settings: Settings, container: str, diff: list[tuple[str, str]],
-                    known: set[str]) -> tuple[list[tuple[str, str]], list[str]]:
+                    known: set[str]) -> tuple[list[tuple[str, str]], list[str], list[str]]:
     """(path, what) for added or changed small files whose content holds a token, read with `docker cp`
-    (works on a stopped container and runs nothing inside it), and the files left unread: text past SCAN_BYTES, and
-    every file past SCAN_FILES.
-    Folders are left out (their files are in the diff too). A text file past SCAN_BYTES counts as unread."""
+    (works on a stopped container and runs nothing inside it), the files past SCAN_FILES left unread, and the text
+    files past SCAN_BYTES read in their first SCAN_BYTES only.
+    Folders are left out (their files are in the diff too)."""
     parents = {p.rsplit("/", 1)[0] for _, p in diff}
     files = [p for kind, p in diff if kind != "D" and p not in known and p not in parents
              and not any(x in p + "/" for x in NOT_SCANNED) and not (p + "/").startswith(NOT_SCANNED_ROOTS)]
     found: list[tuple[str, str]] = []
     if not files:  # nothing left to read (a token file found by its path alone): no "0 of 0" line
-        return found, []
+        return found, [], []
     with console.progress(things=True) as bar:
         task = bar.add_task(f"reading {container}'s changed files for tokens", total=min(len(files), SCAN_FILES))
         too_long = []
@@ -196,7 +204,7 @@ def content_secrets(settings: Settings, container: str, diff: list[tuple[str, st
             elif what:
                 found.append((path, f"content: {what}"))
             bar.advance(task)
-    return found, too_long + files[SCAN_FILES:]
+    return found, files[SCAN_FILES:], too_long
 
 
 TOO_LONG = "text past SCAN_BYTES"
