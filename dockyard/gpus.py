@@ -248,7 +248,7 @@ class Recorded:
 
     @classmethod
     def from_file(cls, path: Path | str) -> Recorded:
-        return cls(Recording.model_validate_json(read_bounded(Path(path), 256 * MiB, "NVML recording")))
+        return cls(Recording.model_validate_json(read_bounded(Path(path), 64 * MiB, "NVML recording")))
 
     def host(self) -> Host:
         return self.recording.host

@@ -362,3 +362,13 @@ def checkpoints_started(run_dir: Path) -> list[Path]:
 def manifest_file(node_rank: int) -> str:
     """Node 0's manifest is the run's; every other node of a multi-node run writes its own beside it."""
     return MANIFEST if node_rank == 0 else f"manifest-node{node_rank}.json"
+
+
+def run_dir_of(cmd: list[str]) -> str:
+    """The trainer's --run-dir in a command line; "" where it names none."""
+    for word, after in zip(cmd, [*cmd[1:], ""], strict=True):
+        if word == "--run-dir":
+            return after
+        if word.startswith("--run-dir="):
+            return word.partition("=")[2]
+    return ""

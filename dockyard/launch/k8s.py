@@ -33,7 +33,8 @@ from dockyard.settings import Settings
 RUNTIME = "torch-distributed"  # Kubeflow Trainer's ClusterTrainingRuntime for torchrun
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: it names the Job, Service and pods
 NAME_MAX = 40  # pods are named <name>-<index>-<suffix>, hostnames <name>-<index>: both must stay within 63
-QUANTITY = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|k|M|G|T)?")  # up to 999999Ti: the API takes it
+# a Kubernetes quantity the API server takes: bytes (at most 19 digits), or up to 999999 of a unit
+QUANTITY = re.compile(r"[0-9]{1,19}|[0-9]{1,6}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|k|M|G|T)")
 HEADER = {
     "job": """\
 # Written by `invoke k8s` (operator-free form): a headless Service and an Indexed Job, one pod per node.
@@ -243,10 +244,11 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
     if not s.resume and any(p.exists() or p.is_symlink() for p in paths.values()):
+        written = " ".join(shlex.quote(str(p)) for p in paths.values())
         raise DockyardError(f"{folder} already holds the files of an earlier `invoke k8s` (job.yaml, trainjob.yaml), "
                             f"and its pods may have trained: to continue that run, add --resume; for a new run, give "
-                            f"another --run-id{' or --out' if out else ''}; if they were never applied, remove them "
-                            f"first (rm -r {shlex.quote(str(folder))})")
+                            f"{'another --out' if out else 'another --run-id'}; if they were never applied, remove "
+                            f"them first (rm {written})")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for kind, path in paths.items():

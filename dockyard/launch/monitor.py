@@ -66,7 +66,7 @@ class Processes:
         matches = {}
         for p in self.psutil.process_iter(["cmdline", "ppid"]):
             cmd = p.info["cmdline"] or []
-            if "dockyard.train" in " ".join(cmd) and Path(run_dir_of(cmd)).name == self.run_name \
+            if "dockyard.train" in " ".join(cmd) and Path(runfolder.run_dir_of(cmd)).name == self.run_name \
                     and not Path(cmd[0]).name.startswith("docker"):
                 matches[p.pid] = p
         local = {pid: self._local_rank(p) for pid, p in matches.items()}
@@ -98,16 +98,6 @@ class Processes:
             except self.psutil.Error:
                 continue  # the rank just ended
         return out
-
-
-def run_dir_of(cmd: list[str]) -> str:
-    """The trainer's --run-dir in a command line; "" where it names none."""
-    for word, after in zip(cmd, [*cmd[1:], ""], strict=True):
-        if word == "--run-dir":
-            return after
-        if word.startswith("--run-dir="):
-            return word.partition("=")[2]
-    return ""
 
 
 class Selected:

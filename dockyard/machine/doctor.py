@@ -79,6 +79,11 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
                container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
     if probe:
         checks.append(container.check_ds_report(facts["ds_report"], probe, image))
+        if probe is not auto:  # probed with another variant's image: the one runs pick is still missing
+            checks.append(Check("auto image", WARN, f"{variants.tag(settings, auto)} (what auto picks here) is not "
+                                f"here; the checks above ran in {image}",
+                                f"invoke build (builds {auto.name}), or load its archive (sh load.sh), or run with "
+                                f"--variant={probe.name}"))
     else:
         checks.append(Check("deepspeed ops", WARN, f"no dockyard image here: {image}",
                             f"invoke build (builds {auto.name}), or load its archive (sh load.sh), then run doctor "

@@ -50,8 +50,6 @@ def format_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-
-
 MIN_PARAMS = 10**6  # a bare "8" is 8B with the unit left out, not a model of 8 parameters
 
 

@@ -30,7 +30,7 @@ import os
 import sys
 from pathlib import Path
 
-from dockyard.common import envvars
+from dockyard.common import envvars, runfolder
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
 # and says it is invalid in three lines of its own, as it loads
@@ -56,17 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit {failure.exitcode}"
-        log = " (and in the run's train.log)" if _train_log(args) else ""  # a run refused before it had a folder: none
+        run_dir = runfolder.run_dir_of(args)  # a run refused before it had a folder has no train.log
+        log = " (and in the run's train.log)" if run_dir and (Path(run_dir) / "train.log").is_file() else ""
         print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; its reason is "
               f"above{log}", file=sys.stderr, flush=True)
         return 1
     return 0
 
-
-def _train_log(args: list[str]) -> bool:
-    """Whether the trainer's --run-dir (after the module's name) holds a train.log."""
-    rest = args[args.index("--run-dir") + 1:] if "--run-dir" in args else []
-    return bool(rest) and (Path(rest[0]) / "train.log").is_file()
 
 
 def fresh_store_per_attempt() -> None:

@@ -103,9 +103,6 @@ def read_inventory(path: Path) -> dict:
     except OSError as e:  # a folder, no permission
         raise DockyardError(f"cannot read the inventory {path}: {e.strerror or e}. Name the inventory file "
                             "itself (--thin-for=FILE).") from None
-    if len(raw) > INVENTORY_CAP:
-        raise DockyardError(f"{path} is not a dockyard inventory: {len(raw)} bytes, more than any engine's "
-                            f"inventory ({INVENTORY_CAP >> 20} MiB)")
     return check_inventory(lambda: _Inventory.model_validate_json(raw).model_dump(),
                            f"{path} is not a dockyard inventory ({INVENTORY_FORMAT})")
 

@@ -85,13 +85,20 @@ def already_loaded(settings: Settings, manifest: dict, store: str) -> list[tuple
     manifest it writes on import, and the same layers under another config (a changed ENV or label) are not it."""
     if store != "classic":
         return []
-    found = []
+    loaded, wrong = in_engine(settings, manifest, store)
+    return [] if wrong else loaded
+
+
+def in_engine(settings: Settings, manifest: dict, store: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(ref, id) of each image of the manifest that is in the engine as saved, and what is wrong with each other."""
+    loaded, wrong = [], []
     for ref, img in inventory.names(manifest["images"]):
         meta = engine.image_inspect(settings, ref)
-        if inventory.loaded_as_saved(meta, img, store):
-            return []
-        found.append((ref, meta["Id"]))
-    return found
+        if why := inventory.loaded_as_saved(meta, img, store):
+            wrong.append(f"{ref} {why}")
+        else:
+            loaded.append((ref, meta["Id"]))
+    return loaded, wrong
 
 
 def said_loaded(output: list[str]) -> set[str]:
@@ -109,14 +116,7 @@ def check_loaded(settings: Settings, paths: ArchivePaths, manifest: dict, store:
         if _familiar(ref) not in ours:
             raise DockyardError(f"the tar of {paths.archive.name} holds an image {ref}, which its manifest does not "
                                 "name: refused")
-    loaded, wrong = [], []
-    for ref, img in inventory.names(manifest["images"]):
-        meta = engine.image_inspect(settings, ref)
-        why = inventory.loaded_as_saved(meta, img, store)
-        if why:
-            wrong.append(f"{ref} {why}")
-        else:
-            loaded.append((ref, meta["Id"]))
+    loaded, wrong = in_engine(settings, manifest, store)
     if wrong:
         raise DockyardError(f"loading {paths.archive.name} failed: `{engine.quote(load_argv)}` exited 0, but "
                             + "; ".join(wrong) + "\n" + console.tail(output))

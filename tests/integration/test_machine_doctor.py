@@ -108,5 +108,7 @@ def test_doctor_on_a_node_holding_only_a_shipped_cuda_image_probes_with_it(tmp_p
         assert {"shared memory", "ulimits", "disk"} <= set(checks), checks
         assert checks["deepspeed ops"]["detail"].startswith(f"{tag}: "), checks["deepspeed ops"]
         assert "run container" not in checks
+        assert checks["auto image"]["status"] == "warn" and f"{name}:0.1.0-cpu (what auto picks here) is not here" \
+            in checks["auto image"]["detail"] and "--variant=cu128" in checks["auto image"]["fix"]
     finally:
         engine.run(engine.docker(settings, "rmi", "-f", tag), capture=True, check=False, quiet=True)

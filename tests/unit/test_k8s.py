@@ -146,7 +146,9 @@ def test_the_files_of_a_run_are_written_again_only_to_continue_it(settings, tmp_
     out = str(tmp_path / "out")
     k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=out)
     first = (tmp_path / "out" / "job.yaml").read_text()
-    with pytest.raises(DockyardError, match="already holds the files of an earlier `invoke k8s`.*add --resume"):
+    with pytest.raises(DockyardError, match="already holds the files of an earlier `invoke k8s`.*add --resume; for a "
+                                            "new run, give another --out; .*remove them first \\(rm .*/out/job.yaml "
+                                            ".*/out/trainjob.yaml\\)"):
         k8s.write(settings, recipe="ddp", nodes=4, gpus_per_node=0, run_id="exp1", out=out)
     assert (tmp_path / "out" / "job.yaml").read_text() == first, "nothing rewritten"
     k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=out, resume=True)
@@ -189,6 +191,10 @@ def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_giv
 def test_bad_values_are_refused_with_what_to_give(settings, kw, message):
     with pytest.raises(DockyardError, match=message):
         _spec(settings, **kw)
+
+
+def test_shm_takes_a_quantity_of_bytes_or_of_a_unit(settings):
+    assert _spec(settings, shm="17179869184").shm == "17179869184" and _spec(settings, shm="1.5Gi").shm == "1.5Gi"
 
 
 @pytest.mark.parametrize("image", ["dockyard:0.1.0-cu132", "registry.local:5000/team/dockyard:0.1.0-cu132",
