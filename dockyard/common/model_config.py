@@ -28,6 +28,27 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_si
 MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo or a crafted file
 
 
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # a sharded model's weight_map
+
+
+def check_shards_inside(folder: Path) -> None:
+    """Every weights file a sharded model's index names is a file of the folder: transformers joins each name onto
+    the folder unchecked, so an index naming ../../other-run/model.safetensors loaded weights from outside it (in a
+    container, another run's), and one naming a system file opened that."""
+    for name in INDEXES:
+        if not (folder / name).is_file():
+            continue
+        index = json_object(folder / name, "a sharded model's index")
+        shards = index.get("weight_map")
+        if not isinstance(shards, dict):
+            raise DockyardError(f"{folder / name}: no `weight_map` of tensor names to weights files: copy the model "
+                                "folder again")
+        for shard in set(map(str, shards.values())):
+            if shard in ("", ".", "..") or "/" in shard or "\\" in shard:
+                raise DockyardError(f"{folder / name} names the weights file {shard!r}, which is not a file of the "
+                                    "folder: an index names the files beside it (copy the model folder again)")
+
+
 def count(folder: Path, lora_rank: int) -> dict:
     """Parameter counts and widths of the model in `folder` (the fields of machine.plan.Shape)."""
     path = folder / "config.json"

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.model_config import check_shards_inside
 
 TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
 
@@ -104,7 +105,8 @@ def load_run_model(m: dict[str, Any], run_dir: Path, dtype: torch.dtype, quantiz
                    adapter_dir: Path | None = None) -> Any:
     """The run's model: its saved weights, or its base (4-bit for QLoRA when `quantized`) plus the adapter."""
     if m["model"]["format"] != "adapter":
-        return _auto(m).from_pretrained(adapter_dir or run_dir / "model", dtype=dtype)
+        check_shards_inside(adapter_dir or run_dir / "model")
+        return _auto(m).from_pretrained(adapter_dir or run_dir / "model", dtype=dtype, trust_remote_code=False)
     from peft import PeftModel
 
     kwargs: dict[str, Any] = {}
@@ -117,15 +119,16 @@ def load_run_model(m: dict[str, Any], run_dir: Path, dtype: torch.dtype, quantiz
         raise DockyardError(f"the run's base model {base} is not here: give the same --model as the run")
     from dockyard.train.model import peft_quietly
 
+    check_shards_inside(Path(base))
     with peft_quietly():
-        return PeftModel.from_pretrained(_auto(m).from_pretrained(base, dtype=dtype, **kwargs),
+        return PeftModel.from_pretrained(_auto(m).from_pretrained(base, dtype=dtype, trust_remote_code=False, **kwargs),
                                          adapter_dir or run_dir / "model")
 
 
 def tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
 
 
 def logits(model: Any, batches: list[list[int]]) -> torch.Tensor:
@@ -149,7 +152,7 @@ def compare(m: dict[str, Any], run_dir: Path, out: Path, dtype: torch.dtype, rel
     if reload_adapter:
         got = logits(load_run_model(m, run_dir, dtype, quantized=True, adapter_dir=out), batches)
     else:
-        got = logits(_auto(m).from_pretrained(out, dtype=dtype), batches)
+        got = logits(_auto(m).from_pretrained(out, dtype=dtype, trust_remote_code=False), batches)
     scale = max(1.0, float(own.abs().max()))
     tol, why = (1e-4 * scale, "") if dtype == torch.float32 else (2e-2 * scale, f"{m['probe']['dtype']} weights")
     check = {"inputs": len(batches), "max_abs_diff": float((got - own).abs().max()), "tolerance": tol, "why": why}

@@ -15,6 +15,7 @@ import torch
 
 from dockyard.common import memory
 from dockyard.common.errors import DockyardError, json_object
+from dockyard.common.model_config import check_shards_inside
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -84,8 +85,10 @@ def load_tokenizer(model_dir: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(model_dir)
+        tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     except (OSError, ValueError) as e:
+        if asks_for_code(e):
+            raise runs_code(model_dir) from None
         if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
             why = f"it holds no tokenizer: none of {', '.join(TOKENIZER_FILES)}"
         else:
@@ -95,6 +98,19 @@ def load_tokenizer(model_dir: str) -> Any:
     if tok.pad_token_id is None:  # Llama-family tokenizers ship without one; padding is masked out anyway
         tok.pad_token = tok.eos_token
     return tok
+
+
+def asks_for_code(e: BaseException) -> bool:
+    """transformers' refusal of a folder whose config or tokenizer needs its own Python code (auto_map)."""
+    return "trust_remote_code" in str(e)
+
+
+def runs_code(model_dir: str | Path) -> DockyardError:
+    """A model folder that would run code of its own: never done (with trust_remote_code unset, transformers asked
+    on the terminal, and one "y" ran the folder's .py files)."""
+    return DockyardError(f"{model_dir}: its config.json or tokenizer_config.json needs Python code from the folder "
+                         "(auto_map, for a model_type transformers does not know), and dockyard never runs a model "
+                         "folder's code: use a model of an architecture transformers supports")
 
 
 def _auto_class(task: str):
@@ -116,8 +132,9 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
                local_rank: int) -> Any:
     """The base model as the recipe needs it (dtype, placement, 4-bit for QLoRA); adapters come after."""
     guards.reject_prequantized(model_dir, recipe.strategy)
+    check_shards_inside(Path(model_dir))
     dtype = weights_dtype(settings, recipe)
-    kwargs: dict[str, Any] = {"dtype": dtype,
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False,
                               "device_map": guards.device_map(recipe.strategy, local_rank, torch.cuda.is_available())}
     if recipe.peft == "qlora":
         kwargs["quantization_config"] = quantization_config(dtype)
@@ -129,6 +146,8 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     try:
         model = _auto_class(settings.task).from_pretrained(model_dir, **kwargs)
     except (OSError, ValueError) as e:
+        if asks_for_code(e):
+            raise runs_code(model_dir) from None
         raise DockyardError(f"cannot load the model from {model_dir}: {e}") from None
     except SafetensorError as e:  # an empty or cut-short weights file: a copy or download that did not finish
         raise DockyardError(f"{model_dir}: a weights file is damaged ({e}): copy or download the model folder "
@@ -200,7 +219,12 @@ def model_shape(folder: Path) -> Any:
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # building heads without weights makes it chatty
     try:
-        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        try:
+            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        except ValueError as e:
+            if asks_for_code(e):
+                raise runs_code(folder) from None
+            raise
         with torch.device("meta"):
             try:
                 model = transformers.AutoModelForCausalLM.from_config(config)

@@ -76,6 +76,8 @@ def test_inputs_are_checked_against_what_the_trainer_reads(env, tmp_path, model)
     (tmp_path / "empty" / "a.jsonl").write_text('{"text": "x"}\n')
     (tmp_path / "empty" / "b.csv").write_text("text\nx\n")
     refused(dry(env, f"--data={tmp_path / 'empty'}"), "mixes data files of different kinds (csv, json)")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "/etc/passwd"}}))
+    refused(dry(env, f"--model={model}"), "names the weights file '/etc/passwd', which is not a file of the folder")
     (model / "config.json").unlink()
     refused(dry(env, f"--model={model}"), "no config.json")
     refused(dry(env, "--", "--model", str(model)), "no config.json")  # the same as an override

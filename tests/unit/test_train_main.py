@@ -140,15 +140,49 @@ def _weights_cut_short(folder):
     weights.write_bytes(weights.read_bytes()[:1000])
 
 
+def _code_in_the_tokenizer(folder):
+    """A tokenizer whose class is a .py file of the folder; importing it leaves the file PWNED beside it."""
+    import json
+
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="EvilTok", auto_map={"AutoTokenizer": ["evil.EvilTok", None]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"open({str(folder / 'PWNED')!r}, 'w')\nclass EvilTok:\n    pass\n")
+
+
+def _code_in_the_config(folder):
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="evilmodel", auto_map={"AutoConfig": "evil.C", "AutoModelForCausalLM": "evil.M"})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"open({str(folder / 'PWNED')!r}, 'w')\n")
+
+
+def _shards_outside(folder):
+    """An index naming weights outside the folder: transformers joined the name onto the folder and loaded it."""
+    import json
+
+    (folder / "model.safetensors").rename(folder.parent / "other-run.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.embed_tokens.weight": "../other-run.safetensors"}}))
+
+
 @pytest.mark.parametrize("damage,says", [
     (_without_tokenizer, "cannot load its tokenizer (it holds no tokenizer: none of tokenizer.json"),
+    (_code_in_the_tokenizer, "needs Python code from the folder (auto_map"),
+    (_code_in_the_config, "needs Python code from the folder (auto_map"),
+    (_shards_outside, "names the weights file '../other-run.safetensors', which is not a file of the folder"),
     (_config_cut_short, "config.json is not valid JSON"),
     (_weights_empty, "a weights file is damaged (Error while deserializing header"),
     (_weights_cut_short, "a weights file is damaged ("),
 ])
-def test_a_model_folder_without_a_tokenizer_or_with_a_broken_config_is_one_error_line(tmp_path, capsys, damage, says):
+def test_a_model_folder_without_a_tokenizer_or_with_a_broken_config_is_one_error_line(tmp_path, capsys, monkeypatch,
+                                                                                        damage, says):
     """A weights-only export was a ValueError traceback from AutoTokenizer, a config.json cut short an OSError one,
-    an empty or cut-short model.safetensors (a copy that did not finish) safetensors' SafetensorError one."""
+    an empty or cut-short model.safetensors (a copy that did not finish) safetensors' SafetensorError one. A folder
+    whose tokenizer or config needs its own code made transformers ask on the terminal, and a "y" ran it."""
+    import io
     import logging
 
     from dockyard.train import model as models
@@ -158,10 +192,12 @@ def test_a_model_folder_without_a_tokenizer_or_with_a_broken_config_is_one_error
     folder = tmp_path / "m"
     models.materialize_tiny_model(folder)
     damage(folder)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))  # a user who answers transformers' "run the code? [y/N]"
     code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--model", str(folder)])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
     assert f"error: {folder}" in err and says in err, err
+    assert not (folder / "PWNED").exists(), "the folder's code ran"
 
 
 def test_a_run_folder_that_is_a_file_or_a_resume_of_no_folder_is_refused_and_nothing_made(tmp_path, capsys):
