@@ -185,8 +185,10 @@ def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="
             "merge": "LoRA/QLoRA: merge the adapters into the base (QLoRA: onto the 16-bit base) instead of the "
                      "adapter alone",
             "out": "folder to write, which must not exist (default: runs/<ID>/export, or runs/<ID>/merged)",
+            "native": "the run was trained with --native: export it on this host, with its Python (else in the "
+                      "run's image)",
             "dry": "print the command and run nothing"})
-def export(c, run="", merge=False, out="", dry=False):
+def export(c, run="", merge=False, out="", native=False, dry=False):
     """Write a run's trained model as a plain Hugging Face folder (for serving, or the hub).
 
     A full fine-tune: the model and tokenizer. LoRA/QLoRA: the adapter, or with --merge the base with the adapters
@@ -194,7 +196,7 @@ def export(c, run="", merge=False, out="", dry=False):
     logits compared with the run's own model on a few inputs (the difference and tolerance are printed)."""
     from dockyard.launch import export as export_mod
 
-    export_mod.export(_settings(c), run=run, merge=merge, out=out, dry=dry)
+    export_mod.export(_settings(c), run=run, merge=merge, out=out, dry=dry, native=native)
 
 
 @task

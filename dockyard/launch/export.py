@@ -28,8 +28,11 @@ from dockyard.settings import ROOT, Settings
 OUT = "/workspace/export"
 
 
-def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", dry: bool = False) -> Path:
-    """Write the folder (default runs/<ID>/export, or runs/<ID>/merged with --merge); returns it."""
+def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", dry: bool = False,
+           native: bool = False) -> Path:
+    """Write the folder (default runs/<ID>/export, or runs/<ID>/merged with --merge); returns it. `native`: the
+    user's word that the run was trained on this host, whose Python then exports it (never the manifest's alone:
+    any container can write it, and would then move the export out of the image onto this host)."""
     if not run:
         raise DockyardError("--run is required: a run id (a folder under the runs folder)")
     runs = settings.path(settings.runs_dir)
@@ -44,7 +47,10 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
-    native = m.variant in NATIVE
+    if (m.variant in NATIVE) != native:
+        raise DockyardError(f"run {run} was trained on this host (--native): its export runs here too, in this host's "
+                            f"Python; say so: invoke export --run={run} --native" if not native else
+                            f"run {run} was trained in the {m.variant} image, and is exported there: leave out --native")
     argv, env = export_command(settings, m, run_dir, target, merge,
                                None if dry or native else engine.engine_info(settings))
     if dry:
@@ -83,6 +89,7 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
                             "refused (a manifest is only read in its own run's folder)")
     tail = ["--merge"] if merge else []
     if m.variant in NATIVE:
+        check_native_base(m, run_dir)
         # the weights are read as weights only, here as in the image: a planted pickle cannot run on this host
         return ([sys.executable, "-m", "dockyard.train.export", "--run-dir", str(run_dir), "--out", str(target), *tail],
                 {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"})
@@ -99,6 +106,26 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
                                   env=env, network_host=False, interactive="", command=command, mounts=mounts,
                                   engine_info=engine_info or {})
     return argv, {}
+
+
+def check_native_base(m: RunManifest, run_dir: Path) -> None:
+    """The base an adapter run's native export reads (the manifest's model.base): the tiny model in the run's folder,
+    or the model folder the run recorded as its input, still as it was (its files and sizes). Any other host folder
+    the manifest names is refused: its merge would land in the runs folder, for every container to read."""
+    model = getattr(m, "model", None)
+    model = model if isinstance(model, dict) else {}
+    if model.get("format") != "adapter":
+        return  # a full fine-tune's export reads the run's own model/ alone
+    base = str(model.get("base") or "")
+    if base and Path(base).resolve() == (run_dir / "base").resolve():
+        return
+    given = m.inputs.get("model")
+    if given is None or given.path != base:
+        raise DockyardError(f"the run's manifest names base model {base!r}, neither its own base/ nor the model it "
+                            "recorded as its input: refused")
+    if not given.sha256 or runfolder.fingerprint(Path(base))["sha256"] != given.sha256:
+        raise DockyardError(f"{base} is not the model folder the run trained on (its files and sizes differ from what "
+                            "the run's manifest recorded): refused; give back the folder the run used")
 
 
 def run_image(settings: Settings, m: RunManifest) -> str:

@@ -29,7 +29,9 @@ def test_export_writes_a_folder_that_reloads_into_the_trained_model(tmp_path, re
     m = manifest(runs / "r")
     env = {"INVOKE_DOCKYARD_RUNS_DIR": str(runs)}
 
-    r = invoke("export", "--run=r", env=env)
+    r = invoke("export", "--run=r", env=env)  # trained on this host: said by the user, not read from the manifest
+    assert r.returncode == 1 and "say so: invoke export --run=r --native" in r.stderr, r.stderr
+    r = invoke("export", "--run=r", "--native", env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "largest logit difference" in r.stdout and "tolerance" in r.stdout
     folder = runs / "r" / "export"
@@ -39,7 +41,7 @@ def test_export_writes_a_folder_that_reloads_into_the_trained_model(tmp_path, re
         assert torch.allclose(got, torch.tensor(m["probe"]["logits"]), atol=1e-4), "not the model that was trained"
     else:
         assert json.loads((folder / "adapter_config.json").read_text())["peft_type"] == "LORA"
-        r = invoke("export", "--run=r", "--merge", f"--out={tmp_path / 'merged'}", env=env)
+        r = invoke("export", "--run=r", "--merge", "--native", f"--out={tmp_path / 'merged'}", env=env)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         merged = tmp_path / "merged"
         assert not (merged / "adapter_config.json").exists(), "a plain model: no adapter left"
@@ -50,7 +52,7 @@ def test_export_writes_a_folder_that_reloads_into_the_trained_model(tmp_path, re
         if recipe == "qlora":
             assert "4-bit model as trained differs from it by up to" in r.stdout
 
-    r = invoke("export", "--run=r", env=env)
+    r = invoke("export", "--run=r", "--native", env=env)
     assert r.returncode == 1 and "already exists" in r.stderr, "an export never overwrites"
 
 

@@ -125,3 +125,31 @@ def test_a_finished_export_says_where_the_folder_is_on_this_host(settings, tmp_p
     monkeypatch.setattr(export.engine, "engine_info", lambda settings: {})  # an engine that maps no users
     assert export.export(s, run="r1") == run / "export"
     assert said == [f"exported model of run r1 to {run / 'export'}"]
+
+
+def test_a_manifest_saying_native_does_not_move_the_export_onto_this_host_nor_choose_its_base(settings, tmp_path):
+    """Any container can write a run's manifest: `variant: native` with `model.base` at a folder of this host only
+    exported there, in this host's Python, merging that folder into the runs folder for every container to read.
+    The host export is now the user's word (--native), and its base the run's own or its recorded input."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "config.json").write_text("{}")
+    _, run = _run(tmp_path, variant="native", model={"base": str(secret), "format": "adapter"})
+    with pytest.raises(DockyardError, match="trained on this host .*say so: invoke export --run=r1 --native"):
+        export.export(s, run="r1", dry=True)
+    with pytest.raises(DockyardError, match=f"names base model '{secret}', neither its own base/ nor the model it "
+                                            "recorded as its input: refused"):
+        export.export(s, run="r1", dry=True, native=True)
+    given = tmp_path / "given"
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r1", "status": "completed", "variant": "native",
+                                                   "model": {"base": str(given), "format": "adapter"},
+                                                   "inputs": {"model": {**_model(given), "inside": str(given)}}}))
+    assert export.export(s, run="r1", dry=True, native=True) == run / "export"  # the base the run recorded
+    (given / "extra.bin").write_text("swapped")
+    with pytest.raises(DockyardError, match="is not the model folder the run trained on"):
+        export.export(s, run="r1", dry=True, native=True)
+    _, image_run = _run(tmp_path / "b")
+    with pytest.raises(DockyardError, match="trained in the cpu image, and is exported there: leave out --native"):
+        export.export(settings.model_copy(update={"runs_dir": tmp_path / "b" / "runs"}), run="r1", dry=True,
+                      native=True)

@@ -392,7 +392,8 @@ def test_an_export_under_a_file_is_one_error_naming_it(tmp_path, a_file):
     run = tmp_path / "runs" / "n1"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"run_id": "n1", "status": "completed", "variant": "native"}))
-    r = invoke_here("export", "--run=n1", f"--out={a_file}/x", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    r = invoke_here("export", "--run=n1", "--native", f"--out={a_file}/x",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     short_error(r, f"{a_file}/x")
     assert "Not a directory" in r.stderr and a_file.read_text() == "not a folder\n"
 
