@@ -315,7 +315,7 @@ def select(host: Host, spec: str = "") -> Host:
         if token.startswith("MIG-"):
             raise DockyardError(f"{token} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is a MIG device: runs take whole "
                                 "GPUs; name the GPU, or turn MIG off (`invoke doctor` says how)")
-        found = [g for g in host.gpus if (token.isdigit() and g.index == int(token)) or g.uuid == token]
+        found = [g for g in host.gpus if (token.isascii() and token.isdigit() and g.index == int(token)) or g.uuid == token]
         # or the start of one GPU's UUID, as CUDA takes it (GPU-5d5b)
         found = found or [g for g in host.gpus if len(token) > 4 and token.startswith("GPU-") and g.uuid.startswith(token)]
         if len(found) > 1:

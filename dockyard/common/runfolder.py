@@ -355,7 +355,7 @@ def _unlink(name: str, dfd: int) -> None:
 
 def checkpoints_started(run_dir: Path) -> list[Path]:
     """The run's checkpoint folders (checkpoints/checkpoint-<step>), complete or not, by step."""
-    return sorted((p for p in (run_dir / CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isdigit()),
+    return sorted((p for p in (run_dir / CHECKPOINTS).glob("checkpoint-*") if p.name[11:].isascii() and p.name[11:].isdigit()),
                   key=lambda p: int(p.name[11:]))
 
 

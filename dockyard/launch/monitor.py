@@ -93,7 +93,7 @@ class Processes:
         for i, (p, rank) in enumerate(sorted(self._ranks(), key=lambda pr: pr[0].pid)):
             try:
                 with p.oneshot():
-                    out.append(Reading(int(rank) if rank.isdigit() else i, p.cpu_percent(None),
+                    out.append(Reading(int(rank) if rank.isascii() and rank.isdigit() else i, p.cpu_percent(None),
                                        p.memory_info().rss, self.total, (p.pid,)))
             except self.psutil.Error:
                 continue  # the rank just ended

@@ -47,7 +47,7 @@ def check_shm(shm_bytes: int) -> Check:
 
 def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
     detail = f"memlock {memlock or '?'}, stack {stack or '?'} KiB"
-    small_stack = stack != "unlimited" and (not stack.isdigit() or int(stack) < STACK_MIN_KIB)
+    small_stack = stack != "unlimited" and (not (stack.isascii() and stack.isdigit()) or int(stack) < STACK_MIN_KIB)
     if not gpu:
         return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
     if memlock != "unlimited" or small_stack:

@@ -213,7 +213,7 @@ def peer_facts(settings: Settings, r: remote.Remote, image: str) -> dict[str, st
 
 
 def check_peer_shm(kib: str) -> Check:
-    size = int(kib) * 1024 if kib.isdigit() else 0
+    size = int(kib) * 1024 if kib.isascii() and kib.isdigit() else 0
     if size >= SHM_MIN:
         return Check("peer shm", PASS, f"/dev/shm {size / GIB:.1f} GiB (runs share the host's: --ipc=host)")
     return Check("peer shm", WARN, f"/dev/shm {size / 2**20:.0f} MiB on the peer",

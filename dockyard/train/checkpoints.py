@@ -23,7 +23,7 @@ import pickle
 import struct
 from pathlib import Path
 
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, read_bounded
 
 # What the checkpoints of the shipped strategies hold besides tensors and plain containers (found with
 # torch.serialization.get_unsafe_globals_in_checkpoint on each strategy's checkpoints): the Trainer's RNG state
@@ -80,13 +80,16 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
 
     state = checkpoint / STATE
     try:
-        if not isinstance(json.loads(state.read_text()).get("global_step"), int):
+        if not isinstance(json.loads(read_bounded(state, STATE_LIMIT, "trainer_state.json")).get("global_step"), int):
             raise damaged(checkpoint, earlier, state, "no global_step in it")
     except FileNotFoundError:
         raise damaged(checkpoint, earlier, state, "missing") from None
     except OSError as e:
         raise damaged(checkpoint, earlier, state, e.strerror or str(e)) from None
-    except (ValueError, AttributeError) as e:  # not JSON (or not UTF-8), or not an object
+    except DockyardError:  # read_bounded's: a pipe, a device, or past STATE_LIMIT
+        raise damaged(checkpoint, earlier, state, f"not a plain file of at most {STATE_LIMIT >> 20} MiB, as the "
+                      "Trainer writes it") from None
+    except (ValueError, AttributeError, RecursionError) as e:  # not JSON (or not UTF-8), or not an object
         raise damaged(checkpoint, earlier, state, f"not the Trainer's JSON ({e})") from None
     if not any(any(checkpoint.glob(pattern)) for pattern in WEIGHTS):
         raise damaged(checkpoint, earlier, checkpoint / "model.safetensors", "missing: the checkpoint holds no "
@@ -119,6 +122,10 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
             raise damaged(checkpoint, earlier, path, "empty: DeepSpeed reads the name of its step folder there")
 
 
+STATE_LIMIT = 256 << 20  # trainer_state.json: its log_history grows by a line a logged step (MBs for long runs)
+HEADER_LIMIT = 100_000_000  # safetensors' own limit on a header's JSON
+
+
 def safetensors_damage(path: Path) -> str:
     """What is wrong with a .safetensors file ("" when nothing): its header (an 8-byte length, then JSON) must be
     whole and its tensors' data all there."""
@@ -130,6 +137,8 @@ def safetensors_damage(path: Path) -> str:
         length = struct.unpack("<Q", raw)[0]
         if length > size - 8:
             return f"cut short: its header says {length} bytes, the file has {size}"
+        if length > HEADER_LIMIT:  # safetensors' own reader refuses past 100 MB: read whole, it would cost its size
+            return f"not a safetensors file (its header says {length} bytes; safetensors allows {HEADER_LIMIT})"
         try:
             header = json.loads(f.read(length))
             end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)

@@ -209,7 +209,7 @@ def host_memory_available(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
             usage = int((cgroup / usage_file).read_text().strip())
         except (OSError, ValueError):
             continue
-        if limit.isdigit() and int(limit) < 2**60:
+        if limit.isascii() and limit.isdigit() and int(limit) < 2**60:
             free = min(free, int(limit) - usage)
         break
     return free

@@ -38,7 +38,7 @@ from dockyard.common import envvars, runfolder
 
 def main(argv: list[str] | None = None) -> int:
     threads = os.environ.get("OMP_NUM_THREADS")
-    if threads is not None and not (threads.strip().isdigit() and int(threads) > 0):
+    if threads is not None and not (threads.strip().isascii() and threads.strip().isdigit() and int(threads) > 0):
         print(f"torchrun: OMP_NUM_THREADS={threads!r}: give a whole number of CPU threads per process, 1 or more, or "
               "unset it (each process then gets its share of the node's cores)", file=sys.stderr)
         return 2

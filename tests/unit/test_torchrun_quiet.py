@@ -153,7 +153,7 @@ def test_an_omp_num_threads_that_is_not_a_thread_count_is_refused_naming_it(tmp_
     """"abc" gave three lines of libgomp's "Invalid value" and then the trainer's "invalid literal for int()",
     naming no variable; "0" ran on one thread, under accelerate's warning that it was unset."""
     (tmp_path / "worker.py").write_text("print('trained')\n")
-    for value in ("abc", "", "0", "-2", "1.5"):
+    for value in ("abc", "", "0", "-2", "1.5", "²"):  # ²: a digit to str.isdigit, not to int()
         r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
                             "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": value})

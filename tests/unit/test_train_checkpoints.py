@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import shlex
+import struct
 
 import numpy as np
 import pytest
@@ -131,6 +132,19 @@ def _resume(run_dir, capsys, *overrides, recipe="ddp"):
     return err
 
 
+def _sparse(path, size):
+    path.unlink(missing_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def _sparse_header(path, size):
+    """A safetensors file whose header length is the whole file: reading the header read all of it."""
+    _sparse(path, size)
+    with open(path, "r+b") as f:
+        f.write(struct.pack("<Q", size - 8))
+
+
 def _cut(path):
     path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
 
@@ -142,6 +156,11 @@ def _cut(path):
     (lambda ck: (ck / "model.safetensors").unlink(), "model.safetensors: missing"),
     (lambda ck: (ck / "trainer_state.json").unlink(), "trainer_state.json: missing"),
     (lambda ck: (ck / "optimizer.pt").write_bytes(b""), "optimizer.pt: cut short: 0 bytes, not a torch.save file"),
+    # sparse files of a GiB (no disk, any container can plant them): each was read whole, a GiB of memory or more
+    (lambda ck: _sparse(ck / "trainer_state.json", 1 << 30),
+     "trainer_state.json: not a plain file of at most 256 MiB"),
+    (lambda ck: _sparse_header(ck / "extra.safetensors", 1 << 30),
+     "extra.safetensors: not a safetensors file (its header says 1073741816 bytes; safetensors allows 100000000)"),
 ])
 def test_a_damaged_checkpoint_is_named_with_the_one_to_resume_from_and_the_runs_record_stays(tmp_path, capsys,
                                                                                                damage, says):
@@ -201,3 +220,13 @@ def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
     assert "error: already at max_steps 12 (checkpoint-12): raise --max_steps to train on" in err
     assert (run_dir / "manifest.json").read_text() == record
     assert not (run_dir / "checkpoints" / "checkpoint-13").exists()
+
+
+def test_a_checkpoint_folder_named_with_a_digit_int_cannot_read_is_no_checkpoint(tmp_path):
+    """checkpoint-² (a digit to str.isdigit, not to int) made every resume, and the host's look at the run, a
+    ValueError traceback."""
+    from dockyard.common import runfolder
+
+    _run_with_checkpoints(tmp_path / "run", 4)
+    (tmp_path / "run" / "checkpoints" / "checkpoint-²").mkdir()
+    assert [p.name for p in runfolder.checkpoints_started(tmp_path / "run")] == ["checkpoint-4"]
