@@ -352,6 +352,19 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     return Opened(recipe, settings, training, last)
 
 
+def began(run: Run, p: Prepared) -> None:
+    """This attempt's first step starts (callbacks.FirstStep): from here the run folder's manifest is its own."""
+    run.training = True
+    if run.is_main:  # the lines of steps that run again go: all of them from the start (a run killed before its
+        # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
+        manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
+        manifest.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
+
+
 def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
     """The run's settings and TrainingArguments, checked as `invoke run` checks them on the host: run.sh and native
     runs hand their overrides straight to the trainer."""
@@ -558,7 +571,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from transformers import Trainer  # lazy, as TrainingArguments: see the note on the imports
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dockyard.train.callbacks import MetricsLog, PublishCheckpoint, StrategyCheck, TokenCount
+    from dockyard.train.callbacks import FirstStep, MetricsLog, PublishCheckpoint, StrategyCheck, TokenCount
     from dockyard.train.profiler import StepProfiler
 
     class CountingTrainer(Trainer):
@@ -584,7 +597,8 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
                                   eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
                                   data_collator=(data.collate_packed() if p.padding_free
                                                  else data.collate(p.tokenizer.pad_token_id)),
-                                  callbacks=[check, PublishCheckpoint(), *profile, metrics])
+                                  callbacks=[FirstStep(lambda: began(run, p)), check, PublishCheckpoint(), *profile,
+                                             metrics])
     except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)
         raise DockyardError(f"invalid training settings: {' '.join(str(e).split())}") from None
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses
@@ -592,16 +606,20 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     check.trainer = trainer
     run.check = check
     run.doing("training (or saving a checkpoint)")
-    run.training = True  # from here the run folder's manifest is this attempt's
-    if run.is_main:  # the lines of steps that run again go: all of them from the start (a run killed before its
-        # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
-        manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
-        manifest.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
     try:
         with models.adapter_inputs_as_given(p.model, p.recipe, p.args):
             trainer.train(resume_from_checkpoint=p.resume_from)
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
         raise checkpoints.explain(e) from None
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+        if not p.resume_from or run.training:
+            raise
+        # the Trainer's own traceback from a checkpoint file that loads as weights but is not what it wrote (a
+        # trainer_state.json of other keys, an optimizer.pt of no param_groups, an rng state of other shapes)
+        earlier = [c for c in runfolder.checkpoints_started(run.opts.run_dir) if c.name != Path(p.resume_from).name]
+        fix = f"remove it to resume from {earlier[-1].name}" if earlier else "start a new run (another --run-id)"
+        raise DockyardError(f"cannot resume from {Path(p.resume_from).name}: it is not a checkpoint the Trainer wrote "
+                            f"for this run ({type(e).__name__}: {_first_line(e)}): {fix}") from None
     finally:
         if profile and profile[0].record:
             run.record.profile = profile[0].record

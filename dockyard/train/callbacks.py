@@ -33,6 +33,20 @@ class StrategyCheck(TrainerCallback):
         self.in_effect["compiled"] = strategy.compiled(self.trainer.model_wrapped)
 
 
+class FirstStep(TrainerCallback):
+    """Calls `begin` once, as this attempt's first step starts: after the Trainer loaded what a resume continues
+    from (optimizer, scheduler, trainer_state.json, random state). A resume whose checkpoint failed to load never
+    got here, and leaves the run's record, metrics and settings as they were."""
+
+    def __init__(self, begin: Any):
+        self.begin, self.done = begin, False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.done:
+            self.done = True
+            self.begin()
+
+
 class PublishCheckpoint(TrainerCallback):
     """A checkpoint counts once every rank has written its part: the Trainer writes trainer_state.json from rank 0
     while other ranks may still be writing their RNG state (and on other nodes, their shards). on_save runs on every

@@ -199,6 +199,25 @@ def test_a_setting_every_process_refuses_is_said_once_per_node(tmp_path):
     assert not (tmp_path / "run").exists(), "refused before the run folder was made"
 
 
+def test_a_checkpoint_the_trainer_cannot_load_is_one_line_and_the_finished_run_stays_as_it_was(tmp_path):
+    """A checkpoint file that loads as weights but is not what the Trainer wrote (here a trainer_state.json with a
+    key of no TrainerState) was a TypeError traceback from each process, and marked the finished run failed (its
+    model then no longer exported), with its metrics trimmed and its settings replaced by the resume's."""
+    run = tmp_path / "run"
+    train("ddp", run, "--max_steps", "4", "--save_steps", "2", "--per_device_train_batch_size", "2", nproc=1)
+    done = manifest(run)
+    state = run / "checkpoints" / "checkpoint-4" / "trainer_state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "evil_key": 1}))
+    kept = {f: (run / f).read_text() for f in ("metrics.jsonl", "overrides.json")}
+    proc = train("ddp", run, "--max_steps", "6", nproc=1, resume=True, ok=False)
+    assert proc.returncode != 0 and "[rank0]" not in proc.stderr, proc.stderr[-3000:]  # no trainer traceback
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # (plain torchrun adds its own)
+    assert said == ["error: cannot resume from checkpoint-4: it is not a checkpoint the Trainer wrote for this run "
+                    "(TypeError: TrainerState.__init__() got an unexpected keyword argument 'evil_key'): remove it "
+                    "to resume from checkpoint-2"], said
+    assert manifest(run) == done and {f: (run / f).read_text() for f in kept} == kept
+
+
 def test_unknown_settings_are_named_with_the_key_meant_and_leave_nothing(tmp_path):
     """run.sh hands the overrides to the trainer unchecked: `--max_stepz 3` was refused only after the tiny model
     was written into a new run folder (base/, manifest.json, overrides.json left behind), without the key meant."""
