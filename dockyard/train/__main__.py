@@ -195,6 +195,7 @@ class Run:
     heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
     finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
     unusable_caches: list[str] = field(default_factory=list)  # compile cache folders not used, and why
+    resume_lock: int | None = None     # --resume: the lock file this process holds (hold_resume)
     overrides: dict[str, Any] = field(default_factory=dict)   # the settings given after `--`, a resume's merged in
     kept_overrides: dict[str, Any] = field(default_factory=dict)  # --resume: those of the run's that it keeps
     same_everywhere: bool = True  # its errors so far come of what every process reads alike: the command line, the
@@ -319,6 +320,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         raise DockyardError(f"cannot make the run folder {run_dir} ({e.strerror}): the runs folder must be writable "
                             f"by the user the trainer runs as (uid {os.getuid()})") from None
     runfolder.check(run_dir)  # any run's container can write here: a planted link is refused, never followed
+    if run.opts.resume and nodes.node_rank() == 0 and nodes.first_of_node():
+        run.resume_lock = hold_resume(run_dir)  # held to the end of the process: a second resume is refused
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     if run.opts.resume:  # a run continues with its own settings: those given now change them
         saved = manifest.saved_overrides(run_dir)
@@ -350,6 +353,27 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
         manifest.save_overrides(run_dir, run.overrides)
     return Opened(recipe, settings, training, last)
+
+
+RESUME_LOCK = ".resume.lock"
+
+
+def hold_resume(run_dir: Path) -> int:
+    """An exclusive lock on the run folder's RESUME_LOCK, kept open (and held) until the process ends: two resumes of
+    one run at once (a command run twice) both trained, into the same checkpoints, metrics and model."""
+    import fcntl
+
+    try:
+        fd = os.open(run_dir / RESUME_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise DockyardError(f"cannot open {run_dir / RESUME_LOCK} ({e.strerror}): remove it if it is a link") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DockyardError(f"run {run_dir.name} is being resumed by another process now: wait for it to end (or "
+                            "stop it), then resume") from None
+    return fd
 
 
 def began(run: Run, p: Prepared) -> None:
@@ -700,6 +724,9 @@ def finish(run: Run, error: str | None) -> None:
         if not run.finished:
             run.finished = True
             _finish(run, error)
+            if run.resume_lock is not None:  # the run is over: another resume may take it
+                os.close(run.resume_lock)
+                run.resume_lock = None
 
 
 def _finish(run: Run, error: str | None) -> None:

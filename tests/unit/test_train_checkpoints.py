@@ -230,3 +230,17 @@ def test_a_checkpoint_folder_named_with_a_digit_int_cannot_read_is_no_checkpoint
     _run_with_checkpoints(tmp_path / "run", 4)
     (tmp_path / "run" / "checkpoints" / "checkpoint-²").mkdir()
     assert [p.name for p in runfolder.checkpoints_started(tmp_path / "run")] == ["checkpoint-4"]
+
+
+def test_a_second_resume_of_a_run_at_once_is_refused_and_its_record_stays(tmp_path, capsys):
+    """The same resume started twice (two terminals, a script run again): both trained, into the same checkpoints,
+    metrics (steps 1, 4, 5, 5, 10, 10) and model. The first holds the run's lock (here: the test holds it)."""
+    import fcntl
+
+    run_dir = tmp_path / "run"
+    record = _run_with_checkpoints(run_dir, 4)
+    with open(run_dir / ".resume.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        err = _resume(run_dir, capsys)
+    assert "error: run run is being resumed by another process now: wait for it to end" in err, err
+    assert (run_dir / "manifest.json").read_text() == record
