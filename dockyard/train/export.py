@@ -37,6 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     except DockyardError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as e:
+        # a run folder a container changed (an adapter_config.json of no module, a broken tokenizer.json): what was
+        # written so far goes (the folder was empty: export() checked), so the next try does not find it "not empty"
+        if opts.out.is_dir():
+            for f in opts.out.iterdir():
+                if f.is_dir() and not f.is_symlink():
+                    shutil.rmtree(f)
+                else:
+                    f.unlink()
+        said = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"error: cannot export run {opts.run_dir.name}: its model folder does not load ({type(e).__name__}: "
+              f"{said}); nothing was kept", file=sys.stderr)
+        return 1
     return 0
 
 

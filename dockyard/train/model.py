@@ -15,7 +15,7 @@ import torch
 
 from dockyard.common import memory
 from dockyard.common.errors import DockyardError, json_object
-from dockyard.common.model_config import check_shards_inside
+from dockyard.common.model_config import MAX_PARAMS, check_shards_inside
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -221,15 +221,17 @@ def model_shape(folder: Path) -> Any:
     try:
         try:
             config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        except ValueError as e:
+            with torch.device("meta"):
+                try:
+                    model = transformers.AutoModelForCausalLM.from_config(config)
+                except ValueError:  # an encoder (BERT...): no causal-LM head, count the bare model
+                    model = transformers.AutoModel.from_config(config)
+        except (ValueError, TypeError, AttributeError, KeyError, RuntimeError) as e:
             if asks_for_code(e):
                 raise runs_code(folder) from None
-            raise
-        with torch.device("meta"):
-            try:
-                model = transformers.AutoModelForCausalLM.from_config(config)
-            except ValueError:  # an encoder (BERT...): no causal-LM head, count the bare model
-                model = transformers.AutoModel.from_config(config)
+            said = (str(e).strip().splitlines() or [""])[0][:300]  # (a dtype torch has no such name for, ...)
+            raise DockyardError(f"{folder / 'config.json'}: transformers cannot build a model from it "
+                                f"({type(e).__name__}: {said}): copy the model folder again") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
 
@@ -237,6 +239,10 @@ def model_shape(folder: Path) -> Any:
         return getattr(p, "ds_numel", None) or p.numel()
 
     params = sum(numel(p) for p in model.parameters())  # parameters() yields tied weights once
+    if params > MAX_PARAMS:  # counted on the meta device; loading it would try to allocate that much
+        raise DockyardError(f"{folder / 'config.json'}: its sizes make {params:.3g} parameters, more than "
+                            f"{MAX_PARAMS / 1e12:.0f}T: not a model's config.json (check hidden_size, "
+                            "num_hidden_layers, vocab_size)")
     largest = max((sum(numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     linear = lora = 0
     for name, m in model.named_modules():

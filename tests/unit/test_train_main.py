@@ -159,6 +159,13 @@ def _code_in_the_config(folder):
     (folder / "evil.py").write_text(f"open({str(folder / 'PWNED')!r}, 'w')\n")
 
 
+def _dtype_of_no_name(folder):
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "evil", "torch_dtype": "evil"}))
+
+
 def _shards_outside(folder):
     """An index naming weights outside the folder: transformers joined the name onto the folder and loaded it."""
     import json
@@ -173,6 +180,7 @@ def _shards_outside(folder):
     (_code_in_the_tokenizer, "needs Python code from the folder (auto_map"),
     (_code_in_the_config, "needs Python code from the folder (auto_map"),
     (_shards_outside, "names the weights file '../other-run.safetensors', which is not a file of the folder"),
+    (_dtype_of_no_name, "config.json: transformers cannot build a model from it (AttributeError"),
     (_config_cut_short, "config.json is not valid JSON"),
     (_weights_empty, "a weights file is damaged (Error while deserializing header"),
     (_weights_cut_short, "a weights file is damaged ("),

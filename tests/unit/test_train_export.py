@@ -1,0 +1,29 @@
+"""The exporter inside the image (dockyard.train.export) on a run folder a container changed: one line, and the
+output folder left empty for the next try. Real files, the tiny model; the export end to end:
+tests/integration/test_export.py."""
+
+from __future__ import annotations
+
+import json
+
+from dockyard.train import export
+from dockyard.train import model as models
+
+
+def test_a_model_folder_that_does_not_load_is_one_line_and_leaves_the_export_folder_empty(tmp_path, capsys):
+    """A tokenizer.json broken in the run's model/: a traceback, and the folder left holding the weights without a
+    tokenizer, which the next try called "not empty"."""
+    run = tmp_path / "r1"
+    models.materialize_tiny_model(run / "model")
+    (run / "model" / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    (run / "manifest.json").write_text(json.dumps({
+        "run_id": "r1", "status": "completed", "variant": "native",
+        "model": {"base": str(run / "base"), "format": "full"}, "strategy": {"peft": None},
+        "probe": {"dtype": "float32", "input_ids": [1, 2, 3], "logits": [0.0] * 16}}))
+    out = tmp_path / "out"
+    capsys.readouterr()  # the tiny model's progress bar
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot export run r1: its model folder does not load (") and \
+        err.rstrip().endswith("nothing was kept") and "Traceback" not in err, err
+    assert list(out.iterdir()) == []
