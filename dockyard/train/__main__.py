@@ -52,6 +52,7 @@ from dockyard.common.run_settings import (
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
 from dockyard.train import checkpoints, cpus, data, environment, guards, manifest, mfu, nodes, precision, strategy
 from dockyard.train import model as models
+from dockyard.train.export import PROBE_TOKENS
 
 # Imported inside functions, on purpose: transformers' Trainer, TrainingArguments and our callbacks (subclasses of its
 # TrainerCallback) load accelerate and may load DeepSpeed, which reads DS_ACCELERATOR once, at import: main() sets it
@@ -676,7 +677,7 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     args = p.args
     compiled = strategy.compile_cache_use()  # training's graphs (the reference logits below may compile more)
     run.doing("saving the model")
-    run.record.reference_logits = reference_logits(trainer.model, p.examples[0]["input_ids"][:32], args.device,
+    run.record.reference_logits = reference_logits(trainer.model, p.examples[0]["input_ids"][:PROBE_TOKENS], args.device,
                                                    models.weights_dtype(p.settings, p.recipe))
     saving = time.perf_counter()
     trainer.save_model(str(run.opts.run_dir / MODEL_DIR))

@@ -89,6 +89,9 @@ def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
 DTYPES = ("float32", "bfloat16", "float16")  # what the trainer records as the probe's (and the weights') dtype
 
 
+PROBE_TOKENS = 32  # the probe the trainer records: an example's first 32 tokens (millions took the export hours)
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The run's manifest, read as untrusted (any run's container can write it), in a folder holding no link."""
     from dockyard.common import runfolder
@@ -103,7 +106,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     model, probe = m.get("model"), m.get("probe")
     if not (isinstance(model, dict) and model.get("format") in ("full", "adapter") and isinstance(model.get("base"), str)
             and isinstance(probe, dict) and probe.get("dtype") in DTYPES and isinstance(probe.get("input_ids"), list)
-            and m["strategy"] is not None):
+            and len(probe["input_ids"]) <= PROBE_TOKENS and m["strategy"] is not None):
         raise DockyardError(f"{run_dir}/manifest.json is not a manifest the trainer writes (model, probe): refused")
     return m
 

@@ -27,3 +27,23 @@ def test_a_model_folder_that_does_not_load_is_one_line_and_leaves_the_export_fol
     assert err.startswith("error: cannot export run r1: its model folder does not load (") and \
         err.rstrip().endswith("nothing was kept") and "Traceback" not in err, err
     assert list(out.iterdir()) == []
+
+
+def test_a_probe_longer_than_the_trainer_records_is_refused(tmp_path):
+    """The manifest's probe is an example's first 32 tokens: one of 60k tokens (any container can write the
+    manifest) took the export 69 s, millions would take hours."""
+    import pytest
+
+    from dockyard.common.errors import DockyardError
+
+    run = tmp_path / "r1"
+    (run / "model").mkdir(parents=True)
+    probe = {"dtype": "float32", "input_ids": [1] * (export.PROBE_TOKENS + 1), "logits": [0.0] * 16}
+    (run / "manifest.json").write_text(json.dumps({
+        "run_id": "r1", "status": "completed", "variant": "native", "strategy": {"peft": None},
+        "model": {"base": str(run / "base"), "format": "full"}, "probe": probe}))
+    with pytest.raises(DockyardError, match="is not a manifest the trainer writes"):
+        export.read_manifest(run)
+    probe["input_ids"] = probe["input_ids"][1:]
+    (run / "manifest.json").write_text(json.dumps({**json.loads((run / "manifest.json").read_text()), "probe": probe}))
+    assert export.read_manifest(run)["probe"]["input_ids"] == [1] * export.PROBE_TOKENS
