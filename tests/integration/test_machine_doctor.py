@@ -57,6 +57,17 @@ def test_doctor_fails_clearly_without_an_engine(tmp_path):
     assert "no Docker engine answers" in engine["fix"] and "no-daemon.sock" in engine["detail"]
 
 
+def _stand_in(settings, folder: Path, tag: str, labels: str) -> str:
+    """A stand-in dockyard image, built here: the base image, a real ds_report where the build keeps it, `labels`."""
+    from dockyard import engine
+
+    (folder / "ds_report.txt").write_bytes((ROOT / "tests" / "fixtures" / "ds_report_cpu_jit.txt").read_bytes())
+    (folder / "Dockerfile").write_text(f"FROM {settings.base_image_cpu}\nCOPY ds_report.txt /opt/dockyard/ds_report.txt\n"
+                                       f"LABEL {labels}\n")
+    engine.run(engine.docker(settings, "build", "-q", "-t", tag, str(folder)), capture=True, quiet=True)
+    return tag
+
+
 @pytest.mark.engine
 def test_doctor_reads_the_images_saved_ds_report(tmp_path):
     """A stand-in image under its own name, holding a real ds_report where the build keeps it: doctor reads it
@@ -66,11 +77,7 @@ def test_doctor_reads_the_images_saved_ds_report(tmp_path):
 
     settings = Settings()
     name = f"dockyard-doctortest-{os.getpid()}"
-    tag = f"{name}:0.1.0-cpu"
-    (tmp_path / "ds_report.txt").write_bytes((ROOT / "tests" / "fixtures" / "ds_report_cpu_jit.txt").read_bytes())
-    (tmp_path / "Dockerfile").write_text(f"FROM {settings.base_image_cpu}\nCOPY ds_report.txt /opt/dockyard/ds_report.txt\n"
-                                         'LABEL dockyard.variant=cpu dockyard.cuda=""\n')
-    engine.run(engine.docker(settings, "build", "-q", "-t", tag, str(tmp_path)), capture=True, quiet=True)
+    tag = _stand_in(settings, tmp_path, f"{name}:0.1.0-cpu", 'dockyard.variant=cpu dockyard.cuda=""')
     try:
         proc = _doctor({"INVOKE_DOCKYARD_IMAGE_NAME": name})
         ds = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}["deepspeed ops"]
@@ -96,11 +103,7 @@ def test_doctor_on_a_node_holding_only_a_shipped_cuda_image_probes_with_it(tmp_p
     no_gpu.write_text(json.dumps({"kind": "gpu", "host": {"error": "NVML not found"}, "links": [], "samples": []}))
     settings = Settings()
     name = f"dockyard-doctornode-{os.getpid()}"
-    tag = f"{name}:0.1.0-cu128"
-    (tmp_path / "ds_report.txt").write_bytes((ROOT / "tests" / "fixtures" / "ds_report_cpu_jit.txt").read_bytes())
-    (tmp_path / "Dockerfile").write_text(f"FROM {settings.base_image_cpu}\nCOPY ds_report.txt /opt/dockyard/ds_report.txt\n"
-                                         'LABEL dockyard.variant=cu128 dockyard.cuda="12.8"\n')
-    engine.run(engine.docker(settings, "build", "-q", "-t", tag, str(tmp_path)), capture=True, quiet=True)
+    tag = _stand_in(settings, tmp_path, f"{name}:0.1.0-cu128", 'dockyard.variant=cu128 dockyard.cuda="12.8"')
     try:
         proc = _doctor({"INVOKE_DOCKYARD_IMAGE_NAME": name, "DOCKYARD_NVML_REPLAY": str(no_gpu)})
         checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
