@@ -142,6 +142,11 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if proc.returncode and r.resume and before[0] and after[0] == before[0]:
         # The manifest is what the run was before this command ("completed" perhaps), not its outcome: the trainer
         # refused to continue and left the record alone, or it trained on and was killed before rewriting it.
+        if refused and not r.native and "is already in use by container" in (proc.stderr or ""):
+            name = f"dockyard-{run_dir.name}"  # docker's, not the trainer's: the run's container is there already
+            raise DockyardError(f"--resume of run {run_dir.name}: its container {name} is there already (the run is "
+                                f"being trained now, or its container was left): wait for it to end, or stop it "
+                                f"(docker stop {name}), then resume; the run is as it was")
         if refused:
             raise DockyardError(f"--resume of run {run_dir.name} was refused (exit {proc.returncode}; the trainer's "
                                 "reason is above): the run is as it was")

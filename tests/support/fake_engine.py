@@ -73,6 +73,7 @@ class FakeEngine:
                     return 1, f"Error response from daemon: conflict: unable to delete {image_id[7:19]}"
                 self.images.remove(image_id)
                 return 0, f"Deleted: {image_id}"
-            case ["run", *_] if self.container is not None:
-                return self.container(args), ""
+            case ["run", *_] if self.container is not None:  # the container's exit code, or (code, what docker said)
+                got = self.container(args)
+                return got if isinstance(got, tuple) else (got, "")
         return 1, f"FakeEngine: no answer for docker {' '.join(args)}"

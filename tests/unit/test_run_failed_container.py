@@ -114,6 +114,25 @@ def test_a_resume_the_trainer_refused_is_an_error_not_the_old_run_s_completed(ru
     assert "completed" not in capsys.readouterr().out
 
 
+def test_a_resume_of_a_run_whose_container_is_there_says_so_not_the_trainers_reason(run_cpu):
+    """The same resume twice: docker refused the second for its container name, and the message blamed "the
+    trainer's reason above", which was docker's name conflict."""
+    from dockyard.train import manifest
+
+    def name_taken(argv: list[str]) -> tuple[int, str]:
+        return 125, ('docker: Error response from daemon: Conflict. The container name "/dockyard-early" is already in '
+                     'use by container "0123abcd". You have to remove (or rename) that container to be able to reuse '
+                     'that name.')
+
+    fake, run_dir, go = run_cpu(name_taken, resume=True)
+    run_dir.mkdir(parents=True)
+    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    with pytest.raises(DockyardError, match=r"--resume of run early: its container dockyard-early is there already "
+                                            r"\(the run is being trained now, or its container was left\): wait for "
+                                            r"it to end, or stop it \(docker stop dockyard-early\), then resume"):
+        go()
+
+
 def test_a_resume_that_trained_then_died_says_so_not_refused(run_cpu):
     """A resume killed hours into training (the OOM killer) leaves the manifest as it was, like a refusal: the
     message said "refused ... the run is as it was" over new checkpoints."""
