@@ -98,14 +98,21 @@ def trainer_that_refuses_to_continue(argv: list[str]) -> int:
     return 1
 
 
+def completed_run(run_cpu, container):
+    """A completed run of ddp (its manifest alone) to resume, with `container` playing the resume."""
+    from dockyard.train import manifest
+
+    fake, run_dir, go = run_cpu(container, resume=True)
+    run_dir.mkdir(parents=True)
+    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    return fake, run_dir, go
+
+
 def test_a_resume_the_trainer_refused_is_an_error_not_the_old_run_s_completed(run_cpu, capsys):
     """The run's manifest still said completed, so `invoke run --resume` printed `completed` and exited 0 after the
     trainer's `error: already at max_steps 7`."""
-    from dockyard.train import manifest
 
-    fake, run_dir, go = run_cpu(trainer_that_refuses_to_continue, resume=True)
-    run_dir.mkdir(parents=True)
-    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    fake, run_dir, go = completed_run(run_cpu, trainer_that_refuses_to_continue)
     before = (run_dir / "manifest.json").read_bytes()
     with pytest.raises(DockyardError, match=r"--resume of run early was refused \(exit 1; the trainer's reason is "
                                             r"above\): the run is as it was"):
@@ -117,16 +124,13 @@ def test_a_resume_the_trainer_refused_is_an_error_not_the_old_run_s_completed(ru
 def test_a_resume_of_a_run_whose_container_is_there_says_so_not_the_trainers_reason(run_cpu):
     """The same resume twice: docker refused the second for its container name, and the message blamed "the
     trainer's reason above", which was docker's name conflict."""
-    from dockyard.train import manifest
 
     def name_taken(argv: list[str]) -> tuple[int, str]:
         return 125, ('docker: Error response from daemon: Conflict. The container name "/dockyard-early" is already in '
                      'use by container "0123abcd". You have to remove (or rename) that container to be able to reuse '
                      'that name.')
 
-    fake, run_dir, go = run_cpu(name_taken, resume=True)
-    run_dir.mkdir(parents=True)
-    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    fake, run_dir, go = completed_run(run_cpu, name_taken)
     with pytest.raises(DockyardError, match=r"--resume of run early: its container dockyard-early is there already "
                                             r"\(the run is being trained now, or its container was left\): wait for "
                                             r"it to end, or stop it \(docker stop dockyard-early\), then resume"):
@@ -136,7 +140,6 @@ def test_a_resume_of_a_run_whose_container_is_there_says_so_not_the_trainers_rea
 def test_a_resume_that_trained_then_died_says_so_not_refused(run_cpu):
     """A resume killed hours into training (the OOM killer) leaves the manifest as it was, like a refusal: the
     message said "refused ... the run is as it was" over new checkpoints."""
-    from dockyard.train import manifest
 
     def trains_then_dies(argv: list[str]) -> int:
         run_dir = host_folder(argv, argv[argv.index("--run-dir") + 1])
@@ -144,9 +147,7 @@ def test_a_resume_that_trained_then_died_says_so_not_refused(run_cpu):
         (run_dir / "metrics.jsonl").write_text('{"step": 1000}\n')
         return 137
 
-    fake, run_dir, go = run_cpu(trains_then_dies, resume=True)
-    run_dir.mkdir(parents=True)
-    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    fake, run_dir, go = completed_run(run_cpu, trains_then_dies)
     with pytest.raises(DockyardError, match=r"--resume of run early trained on and then failed \(exit 137; see .*"
                                             r"train.log\); its newest checkpoint is checkpoint-1000: its manifest "
                                             r"was not rewritten"):
@@ -158,7 +159,6 @@ def test_a_refused_resume_leaves_the_run_s_samples_plots_and_verdict_as_they_wer
     replaced the run's gpu.png and verdict with a picture of a GPU idle for two seconds. The resource monitor here
     replays an NVML recording (no GPU on this host) through the real watch."""
     from dockyard.gpus import Recorded
-    from dockyard.train import manifest
 
     recording = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "balanced.json"
     def replayed(run_dir, **kw):
@@ -168,10 +168,8 @@ def test_a_refused_resume_leaves_the_run_s_samples_plots_and_verdict_as_they_wer
         time.sleep(0.2)  # long enough for the monitor to sample
         return 1
 
-    fake, run_dir, go = run_cpu(refuses_after_a_moment, resume=True)
+    fake, run_dir, go = completed_run(run_cpu, refuses_after_a_moment)
     monkeypatch.setattr(monitor, "watch", replayed)
-    run_dir.mkdir(parents=True)
-    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
     kept = {runfolder.MONITOR_SAMPLES: b'{"t": 0.0, "kind": "gpu", "devices": []}\n', "gpu.png": b"the run's plot",
             runfolder.MONITOR_VERDICT: b'{"message": "the run\'s verdict"}\n'}
     for name, data in kept.items():
