@@ -80,8 +80,7 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
 
     state = checkpoint / STATE
     try:
-        if not isinstance(json.loads(read_bounded(state, STATE_LIMIT, "trainer_state.json")).get("global_step"), int):
-            raise damaged(checkpoint, earlier, state, "no global_step in it")
+        step = json.loads(read_bounded(state, STATE_LIMIT, "trainer_state.json")).get("global_step")
     except FileNotFoundError:
         raise damaged(checkpoint, earlier, state, "missing") from None
     except OSError as e:
@@ -91,6 +90,8 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
                       "Trainer writes it") from None
     except (ValueError, AttributeError, RecursionError) as e:  # not JSON (or not UTF-8), or not an object
         raise damaged(checkpoint, earlier, state, f"not the Trainer's JSON ({e})") from None
+    if not isinstance(step, int):
+        raise damaged(checkpoint, earlier, state, "no global_step in it")
     if not any(any(checkpoint.glob(pattern)) for pattern in WEIGHTS):
         raise damaged(checkpoint, earlier, checkpoint / "model.safetensors", "missing: the checkpoint holds no "
                       "weights")

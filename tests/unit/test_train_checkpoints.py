@@ -152,6 +152,7 @@ def _cut(path):
 @pytest.mark.parametrize("damage,says", [
     (lambda ck: _cut(ck / "model.safetensors"), "model.safetensors: cut short"),
     (lambda ck: (ck / "trainer_state.json").write_text("{bad"), "trainer_state.json: not the Trainer's JSON"),
+    (lambda ck: (ck / "trainer_state.json").write_text("{}"), "trainer_state.json: no global_step in it"),
     (lambda ck: _cut(ck / "optimizer.pt"), "optimizer.pt: not a whole torch.save file"),
     (lambda ck: (ck / "model.safetensors").unlink(), "model.safetensors: missing"),
     (lambda ck: (ck / "trainer_state.json").unlink(), "trainer_state.json: missing"),
