@@ -31,6 +31,11 @@ def problems(error: Exception, where: str = "") -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or where}: {e['msg']}" for e in errors())
 
 
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """An exception's message cut to its first line (at most `limit` characters), for one line of our own."""
+    return (str(error).strip().splitlines() or [""])[0][:limit]
+
+
 def yaml_problem(error: Exception) -> str:
     """A YAML error as one line: what is wrong and where (`expected ',' or ']', but got '<stream end>' at line 1,
     column 13`) instead of the several lines PyYAML writes. Anything else is its own message."""

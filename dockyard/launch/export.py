@@ -47,10 +47,11 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
-    if (m.variant in NATIVE) != native:
+    if m.variant in NATIVE and not native:
         raise DockyardError(f"run {run} was trained on this host (--native): its export runs here too, in this host's "
-                            f"Python; say so: invoke export --run={run} --native" if not native else
-                            f"run {run} was trained in the {m.variant} image, and is exported there: leave out --native")
+                            f"Python; say so: invoke export --run={run} --native")
+    if native and m.variant not in NATIVE:
+        raise DockyardError(f"run {run} was trained in the {m.variant} image, and is exported there: leave out --native")
     argv, env = export_command(settings, m, run_dir, target, merge,
                                None if dry or native else engine.engine_info(settings))
     if dry:
@@ -123,9 +124,7 @@ def check_native_base(m: RunManifest, run_dir: Path) -> None:
     if given is None or given.path != base:
         raise DockyardError(f"the run's manifest names base model {base!r}, neither its own base/ nor the model it "
                             "recorded as its input: refused")
-    if not given.sha256 or runfolder.fingerprint(Path(base))["sha256"] != given.sha256:
-        raise DockyardError(f"{base} is not the model folder the run trained on (its files and sizes differ from what "
-                            "the run's manifest recorded): refused; give back the folder the run used")
+    check_as_recorded(Path(base), given)
 
 
 def run_image(settings: Settings, m: RunManifest) -> str:
@@ -164,7 +163,12 @@ def run_model(model: runfolder.InputRecord) -> Path:
                             "can be mounted: refused")
     if not host.exists():
         raise DockyardError(f"the run's model {host} is gone: the export needs the base it trained on")
+    check_as_recorded(host, model)
+    return host
+
+
+def check_as_recorded(host: Path, model: runfolder.InputRecord) -> None:
+    """The folder is the model the run trained on: its fingerprint (files and sizes) is the one the run recorded."""
     if not model.sha256 or runfolder.fingerprint(host)["sha256"] != model.sha256:
         raise DockyardError(f"{host} is not the model folder the run trained on (its files and sizes differ from what "
                             "the run's manifest recorded): refused; give back the folder the run used")
-    return host

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, memory, runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, first_line
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
@@ -313,8 +313,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
     if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made
         raise DockyardError(f"--resume: there is no run folder {run_dir}; check the path (or run without --resume)")
-    if not run.opts.resume:  # a typo in the settings leaves nothing behind (run.sh hands them on unchecked)
-        checked_settings(recipe, overrides)
+    # a new run's settings, checked before anything is made: a typo leaves nothing behind (run.sh hands them on
+    # unchecked); a resume's once the run's own are merged in, below
+    checked = None if run.opts.resume else checked_settings(recipe, overrides)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -329,7 +330,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         run.kept_overrides = {k: v for k, v in saved.items() if k not in overrides}
         overrides = {**saved, **overrides}
     run.overrides = run.record.overrides = overrides
-    settings, training = checked_settings(recipe, overrides)
+    settings, training = checked or checked_settings(recipe, overrides)
     run.run_dir_ok = True
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
@@ -384,10 +385,6 @@ def began(run: Run, p: Prepared) -> None:
         # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
         manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
         manifest.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
@@ -644,7 +641,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         earlier = [c for c in runfolder.checkpoints_started(run.opts.run_dir) if c.name != Path(p.resume_from).name]
         fix = f"remove it to resume from {earlier[-1].name}" if earlier else "start a new run (another --run-id)"
         raise DockyardError(f"cannot resume from {Path(p.resume_from).name}: it is not a checkpoint the Trainer wrote "
-                            f"for this run ({type(e).__name__}: {_first_line(e)}): {fix}") from None
+                            f"for this run ({type(e).__name__}: {first_line(e, 200)}): {fix}") from None
     finally:
         if profile and profile[0].record:
             run.record.profile = profile[0].record

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, first_line
 from dockyard.common.model_config import check_shards_inside
 
 TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
@@ -46,9 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(f)
                 else:
                     f.unlink()
-        said = (str(e).strip().splitlines() or [""])[0][:300]
         print(f"error: cannot export run {opts.run_dir.name}: its model folder does not load ({type(e).__name__}: "
-              f"{said}); nothing was kept", file=sys.stderr)
+              f"{first_line(e)}); nothing was kept", file=sys.stderr)
         return 1
     return 0
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from dockyard.common import memory
-from dockyard.common.errors import DockyardError, json_object
+from dockyard.common.errors import DockyardError, first_line, json_object
 from dockyard.common.model_config import MAX_PARAMS, check_shards_inside
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
@@ -229,9 +229,9 @@ def model_shape(folder: Path) -> Any:
         except (ValueError, TypeError, AttributeError, KeyError, RuntimeError) as e:
             if asks_for_code(e):
                 raise runs_code(folder) from None
-            said = (str(e).strip().splitlines() or [""])[0][:300]  # (a dtype torch has no such name for, ...)
+            # (a dtype torch has no such name for, ...)
             raise DockyardError(f"{folder / 'config.json'}: transformers cannot build a model from it "
-                                f"({type(e).__name__}: {said}): copy the model folder again") from None
+                                f"({type(e).__name__}: {first_line(e)}): copy the model folder again") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
 

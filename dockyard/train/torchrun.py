@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-
 def fresh_store_per_attempt() -> None:
     """Each rendezvous round of torchrun's c10d handler starts a new store for the workers (see above)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler

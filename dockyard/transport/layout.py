@@ -51,6 +51,10 @@ class ArchivePaths:
     def _beside(self, suffix: str) -> Path:
         return self.archive.with_name(self.base + suffix)
 
+    def manifest_bytes(self) -> bytes:
+        """The .manifest.json as it is on disk, read as untrusted (bounded: not a pipe, at most MANIFEST_LIMIT)."""
+        return read_bounded(self.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)")
+
     @property
     def sha256(self) -> Path:
         return self._beside(".sha256")

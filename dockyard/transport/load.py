@@ -20,10 +20,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, problems, read_bounded
+from dockyard.common.errors import DockyardError, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
-from dockyard.transport.layout import MANIFEST_LIMIT, ArchivePaths, decompressor_argv, read_sums
+from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
 from dockyard.transport.tarstream import TarGate, TooLong, Truncated
 
 SIGN_NAMESPACE = "dockyard-archive"
@@ -357,7 +357,7 @@ def check_set(settings: Settings, paths: ArchivePaths) -> dict:
         if not p.exists():
             raise DockyardError(f"{p} is missing: an archive travels with its .sha256 and .manifest.json "
                                 "(copy all three, or use `invoke ship`)")
-    raw = read_bounded(paths.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)")
+    raw = paths.manifest_bytes()
     if settings.allowed_signers:
         principal = verify_signature(settings.path(settings.allowed_signers), paths, raw)
         print(f"signature good: signed by {principal}", file=sys.stderr)

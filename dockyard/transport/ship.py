@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, read_bounded
+from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport import save as save_mod
-from dockyard.transport.layout import MANIFEST_LIMIT, ArchivePaths, check_method, decompressor_argv, read_sums
+from dockyard.transport.layout import ArchivePaths, check_method, decompressor_argv, read_sums
 from dockyard.transport.load import read_manifest, sha256_file
 from dockyard.transport.remote import (
     Remote,
@@ -51,8 +51,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
                                 ".sha256, .manifest.json and load.sh beside it)")
     r = parse_to(to, port, identity)
     name, size = paths.archive.name, paths.archive.stat().st_size
-    manifest = read_manifest(read_bounded(paths.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)"),
-                             paths.manifest.name)
+    manifest = read_manifest(paths.manifest_bytes(), paths.manifest.name)
     expected = read_sums(paths.sha256).get(name, "")
     have = node_state(settings, r, name)
     needs = {"sha256sum": "to check the copy"}
