@@ -31,6 +31,26 @@ MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger i
 INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # a sharded model's weight_map
 
 
+ADAPTER = "adapter_config.json"  # what peft saves beside a LoRA/QLoRA adapter's weights
+
+
+def check_model_folder(folder: Path, named: str) -> None:
+    """`folder` (given as `named`) is a model folder from_pretrained can take as a base to train: its config.json, no
+    LoRA adapter instead of or beside it, every weights file its index names inside it."""
+    has_adapter = (folder / ADAPTER).is_file()
+    if not (folder / "config.json").is_file():
+        if has_adapter:
+            raise DockyardError(f"{named}: a LoRA adapter ({ADAPTER}), not a model: pass the base it was trained "
+                                "on, or merge the two into one model folder first (invoke export --run=ID --merge)")
+        raise DockyardError(f"{named}: not a model folder (no config.json in it): give the folder `from_pretrained` "
+                            "reads (config.json, weights, tokenizer)")
+    if has_adapter:  # transformers loads it onto the model and freezes the rest: a full fine-tune would train nothing
+        raise DockyardError(f"{named}: holds a LoRA adapter ({ADAPTER}) beside the model, which transformers would "
+                            "load on top of it: merge them into one model folder first (invoke export --run=ID "
+                            f"--merge), or move {ADAPTER} out to train the base alone")
+    check_shards_inside(folder)
+
+
 def check_shards_inside(folder: Path) -> None:
     """Every weights file a sharded model's index names is a file of the folder: transformers joins each name onto
     the folder unchecked, so an index naming ../../other-run/model.safetensors loaded weights from outside it (in a
@@ -53,6 +73,8 @@ def count(folder: Path, lora_rank: int) -> dict:
     """Parameter counts and widths of the model in `folder` (the fields of machine.plan.Shape)."""
     path = folder / "config.json"
     if not path.is_file():
+        if (folder / ADAPTER).is_file():
+            check_model_folder(folder, str(folder))  # says what an adapter is and what to pass instead
         raise DockyardError(f"{folder} has no config.json: pass a model folder or a count like --model=8B")
     cfg = json_object(path, "model settings")
     kind = str(cfg.get("model_type", ""))

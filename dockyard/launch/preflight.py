@@ -25,7 +25,7 @@ from dockyard.common import disk, memory, runfolder
 from dockyard.common.autos import check_packing
 from dockyard.common.data_files import BUILDERS, first_fields, format_of, holds_text, unknown_format
 from dockyard.common.errors import DockyardError
-from dockyard.common.model_config import check_shards_inside
+from dockyard.common.model_config import check_model_folder
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
 from dockyard.common.run_settings import (
     TINY_MODEL,
@@ -165,10 +165,7 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
     if path is None:
         return []  # a hub id found in the cache
     if key == "model":
-        if not (path / "config.json").is_file():
-            raise DockyardError(f"{where} {value}: not a model folder (no config.json in it): give the folder "
-                                "`from_pretrained` reads (config.json, weights, tokenizer)")
-        check_shards_inside(path)
+        check_model_folder(path, f"{where} {value}")
         return []
     if not path.is_file() and not path.is_dir():
         raise DockyardError(f"{where} {value}: neither a file nor a folder (a device, pipe or socket): give a data "

@@ -222,7 +222,11 @@ input() {  # key host-path
 	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node"
 	# what the trainer would refuse once the run folder is made (as invoke run checks it on its host)
 	if [ "$1" = model ]; then
-		[ -f "$path/config.json" ] || die "--model=$2: not a model folder (no config.json in it): give the folder from_pretrained reads (config.json, weights, tokenizer)"
+		if [ ! -f "$path/config.json" ]; then
+			[ -f "$path/adapter_config.json" ] && die "--model=$2: a LoRA adapter (adapter_config.json), not a model: pass the base it was trained on, or merge the two into one model folder first (invoke export --run=ID --merge)"
+			die "--model=$2: not a model folder (no config.json in it): give the folder from_pretrained reads (config.json, weights, tokenizer)"
+		fi
+		[ -f "$path/adapter_config.json" ] && die "--model=$2: holds a LoRA adapter (adapter_config.json) beside the model, which transformers would load on top of it: merge them into one model folder first (invoke export --run=ID --merge), or move adapter_config.json out to train the base alone"
 	elif [ -f "$path" ]; then
 		suffix=.${path##*.}
 		case "${path##*/}" in *.*) ;; *) suffix='(none)' ;; esac

@@ -15,7 +15,7 @@ import torch
 
 from dockyard.common import memory
 from dockyard.common.errors import DockyardError, first_line, json_object
-from dockyard.common.model_config import MAX_PARAMS, check_shards_inside
+from dockyard.common.model_config import MAX_PARAMS, check_model_folder, check_shards_inside
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -213,8 +213,7 @@ def model_shape(folder: Path) -> Any:
     `invoke plan` on the host reads config.json alone (dockyard.common.model_config); here torch is at hand."""
     import transformers
 
-    if not (folder / "config.json").is_file():
-        raise DockyardError(f"{folder} has no config.json: pass a model folder")
+    check_model_folder(folder, str(folder))
     json_object(folder / "config.json", "model settings")  # cut short or not JSON: said here, not as a traceback
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # building heads without weights makes it chatty

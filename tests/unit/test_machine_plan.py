@@ -330,6 +330,14 @@ def test_invoke_plan_reads_a_model_folder_with_host_dependencies_only():
     assert result["recommendation"]["recipe"] == "zero2"
 
 
+def test_an_unmerged_lora_export_is_said_to_be_an_adapter_not_a_folder_without_config(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "invoke", "plan", f"--model={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{tmp_path}: a LoRA adapter (adapter_config.json), not a model: pass the base" in proc.stderr
+
+
 def test_a_recipe_folder_of_ones_own_is_planned_beside_its_strategy(tmp_path, monkeypatch):
     """A recipe is a folder: one naming an existing strategy is planned with that strategy's figures."""
     import shutil

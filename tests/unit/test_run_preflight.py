@@ -78,7 +78,12 @@ def test_inputs_are_checked_against_what_the_trainer_reads(env, tmp_path, model)
     refused(dry(env, f"--data={tmp_path / 'empty'}"), "mixes data files of different kinds (csv, json)")
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "/etc/passwd"}}))
     refused(dry(env, f"--model={model}"), "names the weights file '/etc/passwd', which is not a file of the folder")
+    (model / "model.safetensors.index.json").unlink()
+    (model / "adapter_config.json").write_text("{}")
+    refused(dry(env, f"--model={model}"), "holds a LoRA adapter (adapter_config.json) beside the model")
     (model / "config.json").unlink()
+    refused(dry(env, f"--model={model}"), "a LoRA adapter (adapter_config.json), not a model")
+    (model / "adapter_config.json").unlink()
     refused(dry(env, f"--model={model}"), "no config.json")
     refused(dry(env, "--", "--model", str(model)), "no config.json")  # the same as an override
 

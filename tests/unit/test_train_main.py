@@ -175,11 +175,32 @@ def _shards_outside(folder):
         {"weight_map": {"model.embed_tokens.weight": "../other-run.safetensors"}}))
 
 
+def _adapter(folder):
+    import json
+
+    (folder / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "base_model_name_or_path": str(folder), "r": 8, "target_modules": ["q_proj"]}))
+
+
+def _adapter_beside(folder):
+    """A base with an adapter's files copied in: transformers loaded the adapter onto it, froze the rest, and a full
+    fine-tune then trained nothing (DDP's "does not need a module without parameters requiring grad" traceback)."""
+    _adapter(folder)
+
+
+def _adapter_alone(folder):
+    """An unmerged LoRA export given as the model: "has no config.json", not saying what the folder is."""
+    _adapter(folder)
+    (folder / "config.json").unlink()
+
+
 @pytest.mark.parametrize("damage,says", [
     (_without_tokenizer, "cannot load its tokenizer (it holds no tokenizer: none of tokenizer.json"),
     (_code_in_the_tokenizer, "needs Python code from the folder (auto_map"),
     (_code_in_the_config, "needs Python code from the folder (auto_map"),
     (_shards_outside, "names the weights file '../other-run.safetensors', which is not a file of the folder"),
+    (_adapter_beside, "holds a LoRA adapter (adapter_config.json) beside the model, which transformers would load"),
+    (_adapter_alone, "a LoRA adapter (adapter_config.json), not a model: pass the base it was trained on"),
     (_dtype_of_no_name, "config.json: transformers cannot build a model from it (AttributeError"),
     (_config_cut_short, "config.json is not valid JSON"),
     (_weights_empty, "a weights file is damaged (Error while deserializing header"),

@@ -181,12 +181,18 @@ def test_data_and_model_the_trainer_would_refuse_are_refused_before_docker_namin
     (tmp_path / "load.sh.bak").write_text("")
     (tmp_path / "notes").write_text("")
     (tmp_path / "m").mkdir()
+    for folder, files in (("lora", ["adapter_config.json"]), ("both", ["adapter_config.json", "config.json"])):
+        (tmp_path / folder).mkdir()
+        for name in files:
+            (tmp_path / folder / name).write_text("{}")
     os.mkfifo(tmp_path / "pipe.jsonl")
     for args, says in ((["--data=load.sh.bak"], "--data=load.sh.bak: unknown data file type .bak; use .jsonl .json "
                                                 ".parquet .csv .txt"),
                        (["--data=notes"], "--data=notes: unknown data file type (none)"),
                        (["--data=pipe.jsonl"], "--data=pipe.jsonl: neither a file nor a folder"),
-                       (["--model=m"], "--model=m: not a model folder (no config.json in it)")):
+                       (["--model=m"], "--model=m: not a model folder (no config.json in it)"),
+                       (["--model=lora"], "--model=lora: a LoRA adapter (adapter_config.json), not a model"),
+                       (["--model=both"], "--model=both: holds a LoRA adapter (adapter_config.json) beside the model")):
         proc, argv = node("--run-id=in1", *args)
         assert proc.returncode == 1 and says in proc.stderr and not argv, proc.stderr
         assert not (tmp_path / "runs" / "in1").exists()
