@@ -37,7 +37,7 @@ req=
 trap 'rc=$?; rm -f "$req"; [ $rc -eq 0 ] || { rm -rf "$NEW"; echo "error: gpu_kit: could not gather the kit (pip above says why; it needs PyPI or a mirror pip is set up for): $KIT/ is as it was" >&2; }' EXIT
 wheels=""
 for name in bitsandbytes datasets pydantic pydantic-core annotated-types typing-inspection invoke hjson dill \
-	multiprocess transformers peft liger-kernel nvidia-ml-py xxhash; do
+	multiprocess transformers peft liger-kernel nvidia-ml-py xxhash einops msgpack ninja py-cpuinfo; do
 	wheels="$wheels $(pin "$name")"
 done
 # shellcheck disable=SC2086 # one word per pin
