@@ -350,6 +350,11 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
         raise DockyardError(f"already at max_steps {steps} ({Path(last).name}): raise --max_steps to train on; the "
                             f"weights of that step are in {last} (from_pretrained reads them)")
+    if last and not any(Path(last).glob("rng_state*.pth")):  # what the Trainer leaves out with save_only_model
+        raise DockyardError(f"cannot resume from {Path(last).name}: it holds the weights alone (saved with "
+                            "save_only_model), and the optimizer and the learning-rate schedule would start over "
+                            "without a word. Start a new run instead (a full fine-tune from those weights: --model "
+                            f"{last}); a run meant to be resumed saves with --save_only_model false")
     if not run.opts.resume and os.environ.get("RANK", "0") == "0":
         # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were

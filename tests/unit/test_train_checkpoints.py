@@ -117,6 +117,7 @@ def _run_with_checkpoints(run_dir, *steps, recipe="ddp"):
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         save_file({"w": torch.zeros(64)}, folder / "model.safetensors")
         torch.save({"state": {0: {"exp_avg": torch.zeros(64)}}}, folder / "optimizer.pt")
+        torch.save({"cpu": torch.get_rng_state()}, folder / "rng_state.pth")
         manifest.mark_complete(folder, step)
     record = json.dumps({"run_id": run_dir.name, "recipe": recipe, "status": "completed", "metrics": {"steps": 12}})
     (run_dir / "manifest.json").write_text(record)
@@ -221,6 +222,18 @@ def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
     assert "error: already at max_steps 12 (checkpoint-12): raise --max_steps to train on" in err
     assert (run_dir / "manifest.json").read_text() == record
     assert not (run_dir / "checkpoints" / "checkpoint-13").exists()
+
+
+def test_a_checkpoint_of_the_weights_alone_is_not_resumed_as_if_it_held_the_optimizer(tmp_path, capsys):
+    """A run saved with save_only_model resumed with a fresh optimizer and its cosine schedule started over (learning
+    rate 8.5e-4 at step 4 of 4), and said "completed"."""
+    run_dir = tmp_path / "run"
+    record = _run_with_checkpoints(run_dir, 4)
+    for name in ("optimizer.pt", "rng_state.pth"):  # what the Trainer writes with save_only_model: the weights alone
+        (run_dir / "checkpoints" / "checkpoint-4" / name).unlink()
+    err = _resume(run_dir, capsys)
+    assert "error: cannot resume from checkpoint-4: it holds the weights alone (saved with save_only_model)" in err
+    assert (run_dir / "manifest.json").read_text() == record
 
 
 def test_a_checkpoint_folder_named_with_a_digit_int_cannot_read_is_no_checkpoint(tmp_path):
