@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from dockyard import ROOT
 from dockyard.common.errors import DockyardError, MiB, read_bounded, yaml_problem
-from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe
+from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe, read_deepspeed_config
 
 DATA = ROOT / "data"
 TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
@@ -148,6 +148,21 @@ def _scalar(text: str) -> Any:
     return value
 
 
+# TrainingArguments fields the run sets itself, after the settings: given anyway, each was silently dropped (a fresh
+# run for --resume_from_checkpoint /x, checkpoints in the run folder for --output_dir /x). What to do instead:
+SET_BY_THE_RUN = {
+    "output_dir": "a run writes into its own folder, runs/<run id>/: name it with --run-id, and move the runs folder "
+                  "with the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs)",
+    "resume_from_checkpoint": "continue a run with --resume and its --run-id (invoke run or sh run.sh): it picks the "
+                              "run's last complete checkpoint",
+    "use_cpu": "the run trains on the GPUs it is given, else on CPU: invoke run --cpu trains on CPU on a GPU host",
+    "local_rank": "torchrun gives each process its rank",
+    "do_train": "the run always trains, and evaluates where --eval_strategy says (with --eval_data or "
+                "--eval_fraction)",
+}
+SET_BY_THE_RUN |= {"do_eval": SET_BY_THE_RUN["do_train"], "do_predict": SET_BY_THE_RUN["do_train"]}
+
+
 def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
     """defaults.yaml ← recipe settings ← overrides, split into the project's settings and TrainingArguments."""
     defaults = read_defaults(RECIPES / "defaults.yaml")
@@ -159,6 +174,9 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     layers = ((defaults, "recipes/defaults.yaml"), (recipe.settings, f"settings: in {recipe.folder / 'recipe.yaml'}"),
               (overrides, "the overrides after --"))
     for layer, where in layers:
+        for key in set(layer) & set(SET_BY_THE_RUN):
+            raise DockyardError(f"{key} in {where}: the run sets it itself and would ignore this "
+                                f"value; {SET_BY_THE_RUN[key]}")
         if layer.get("hub_token") not in (None, ""):
             raise DockyardError(f"hub_token in {where}: a token given as a setting is saved whole in training_args.bin "
                                 "of every checkpoint and of model/, and stands in the docker command line every user "
@@ -168,6 +186,7 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
             raise DockyardError(f"push_to_hub in {where}: runs are offline (HF_HUB_OFFLINE=1), so the push would fail "
                                 "after training; leave it out, and upload the run's model/ from a host with internet "
                                 "(`hf upload`)")
+    check_deepspeed_chooses(recipe, layers[1:])
     merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
@@ -175,6 +194,29 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     except ValidationError as e:
         raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
     return settings, merged
+
+
+# The TrainingArguments a DeepSpeed config's own section overrides, that section's name, and what it is
+DEEPSPEED_CHOOSES = {"optimizer": (("optim", "optim_args", "optim_target_modules"), "the optimizer"),
+                     "scheduler": (("lr_scheduler_type", "lr_scheduler_kwargs"), "the learning-rate schedule")}
+
+
+def check_deepspeed_chooses(recipe: Recipe, layers) -> None:
+    """A setting the recipe's DeepSpeed config decides itself (`optimizer`: the offload recipes' DeepSpeed Adam) given
+    in the recipe's settings or the overrides: DeepSpeed's section wins, and `--optim sgd` trained with AdamW while
+    the manifest said sgd."""
+    if not recipe.deepspeed:
+        return
+    cfg = read_deepspeed_config(recipe.file(recipe.deepspeed))
+    for section, (keys, what) in DEEPSPEED_CHOOSES.items():
+        if section not in cfg:
+            continue
+        for layer, where in layers:
+            if given := [k for k in keys if k in layer]:
+                raise DockyardError(f"{given[0]} in {where}: recipe {recipe.name}'s {recipe.deepspeed} chooses "
+                                    f"{what} itself (its `{section}` section), and DeepSpeed would take that one; leave "
+                                    f"{given[0]} out, or make a recipe of your own whose {recipe.deepspeed} has no "
+                                    f"`{section}` (docs/training.md: Adding a recipe)")
 
 
 def read_defaults(path: Path) -> dict[str, Any]:
@@ -222,6 +264,9 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     kinds = training_arguments()
     for key, value in training.items():
         check_number(key, value, kinds.get(key, ""))
+    if training.get("bf16") is True and training.get("fp16") is True:
+        raise DockyardError("bf16 and fp16 are both true: give one (bf16 on Ampere and newer GPUs, fp16 on older ones), "
+                            "or neither for the GPU's own")
 
 
 def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:

@@ -31,14 +31,14 @@ def half_dtype(cap: tuple[int, int] | None) -> str:
 
 
 def mixed_precision(cap: tuple[int, int] | None, overrides: dict[str, Any]) -> dict[str, bool]:
-    """TrainingArguments' bf16/fp16 by capability; `--fp16 true` or `--bf16 true` wins and switches the other off
-    (the Trainer refuses both)."""
-    if overrides.get("fp16") in _TRUE:
-        return {"fp16": True, "bf16": False}
-    if overrides.get("bf16") in _TRUE:
-        return {"bf16": True, "fp16": False}
+    """TrainingArguments' bf16/fp16: each as given (`--bf16 false` on an H100 trains in fp32), else by capability;
+    one given true switches the other off (the Trainer refuses both; both given true is refused with the settings:
+    run_settings.check_training_numbers)."""
     kind = half_dtype(cap)
-    return {"bf16": kind == "bf16", "fp16": kind == "fp16"}
+    given = {k: overrides[k] in _TRUE for k in ("bf16", "fp16") if overrides.get(k) is not None}
+    bf16 = given.get("bf16", kind == "bf16" and not given.get("fp16"))
+    fp16 = given.get("fp16", kind == "fp16" and not given.get("bf16"))
+    return {"bf16": bf16, "fp16": fp16 and not bf16}
 
 
 def upcast_trainable(model: Any) -> int:

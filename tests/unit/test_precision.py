@@ -23,6 +23,23 @@ def test_fp16_override_on_a_bf16_gpu_switches_bf16_off(value):
     assert precision.mixed_precision((7, 5), {"bf16": value}) == {"bf16": True, "fp16": False}
 
 
+@pytest.mark.parametrize("cap", [(9, 0), (7, 5)])
+def test_mixed_precision_switched_off_trains_in_fp32_on_any_gpu(cap):
+    """`--bf16 false` on an H100 trained in bf16 all the same: only a true was read."""
+    assert precision.mixed_precision(cap, {"bf16": False, "fp16": False}) == {"bf16": False, "fp16": False}
+    off = "bf16" if precision.half_dtype(cap) == "bf16" else "fp16"
+    assert precision.mixed_precision(cap, {off: False}) == {"bf16": False, "fp16": False}
+
+
+def test_both_16_bit_kinds_asked_for_is_refused_not_one_picked(tmp_path):
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.run_settings import check_training_numbers
+
+    with pytest.raises(DockyardError, match="bf16 and fp16 are both true: give one"):
+        check_training_numbers({"bf16": True, "fp16": True})
+    check_training_numbers({"bf16": True, "fp16": False})
+
+
 def test_capability_asks_this_ranks_gpu_not_cuda0_and_ignores_emulated_bf16(monkeypatch):
     asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -239,7 +239,7 @@ def test_dry_prints_the_command_the_run_starts(env, model):
                                             "per_device_eval_batch_size takes a number 1 or more"),
     (["--seed", "-1"], "seed -1: TrainingArguments.seed takes a number from 0 to 4294967295"),
     (["--bf16", "maybe"], "bf16 'maybe': TrainingArguments.bf16 is a switch: give true or false"),
-    (["--use_cpu", "2"], "use_cpu 2: TrainingArguments.use_cpu is a switch: give true or false"),
+    (["--tf32", "2"], "tf32 2: TrainingArguments.tf32 is a switch: give true or false"),
 ])
 def test_a_training_argument_number_that_is_not_one_is_refused_on_the_host(env, native, override, says):
     """Once a traceback from the disk estimate (int(nan)), and for the others a failure inside the container."""

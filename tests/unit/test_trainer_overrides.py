@@ -111,3 +111,41 @@ def test_push_to_hub_is_refused_before_the_run_as_offline_runs_cannot_push(tmp_p
     with pytest.raises(DockyardError, match="push_to_hub in settings: in .*recipe.yaml: runs are offline"):
         resolve_settings(recipe.model_copy(update={"settings": {**recipe.settings, "push_to_hub": True}}), {})
     assert resolve_settings(recipe, {"push_to_hub": False})[1]["push_to_hub"] is False
+
+
+@pytest.mark.parametrize("key, value, instead", [
+    ("output_dir", "/tmp/elsewhere", "name it with --run-id"),
+    ("resume_from_checkpoint", "/nonexistent", "continue a run with --resume"),
+    ("use_cpu", "false", "invoke run --cpu"),
+    ("local_rank", "3", "torchrun gives each process its rank"),
+    ("do_train", "false", "the run always trains"),
+])
+def test_a_training_argument_the_run_sets_itself_is_refused_not_dropped(tmp_path, key, value, instead):
+    """Each was taken and then overwritten by the run: `--output_dir /x` wrote nothing there, and
+    `--resume_from_checkpoint /nonexistent` trained a fresh run that said "completed"."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", f"--{key}", value,
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, f"{key} in the overrides after --: the run sets it itself and would ignore this value; ")
+    assert instead in r.stderr
+    recipe = load_recipe("ddp")
+    with pytest.raises(DockyardError, match=f"{key} in settings: in .*recipe.yaml: the run sets it itself"):
+        resolve_settings(recipe.model_copy(update={"settings": {**recipe.settings, key: value}}), {})
+
+
+@pytest.mark.parametrize("recipe", ["zero2-offload", "zero3-offload"])
+def test_an_optimizer_the_recipes_deepspeed_config_chooses_is_not_overridden_in_name_only(tmp_path, recipe):
+    """`--optim sgd` on an offload recipe trained with DeepSpeed's AdamW (its ds_config's `optimizer` wins) while the
+    manifest's overrides said sgd."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    for typed in (["--optim", "sgd"], ["--optim_args", "momentum=0.9"]):
+        r = invoke_here("run", "--dry", "--variant=cpu", f"--recipe={recipe}", "--", *typed,
+                        env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+        short_error(r, f"{typed[0][2:]} in the overrides after --: recipe {recipe}'s ds_config.json chooses the "
+                       "optimizer itself (its `optimizer` section)")
+    assert resolve_settings(load_recipe("zero2"), {"optim": "sgd"})[1]["optim"] == "sgd"  # no `optimizer` there
