@@ -79,9 +79,11 @@ def several() -> bool:
     return int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1))
 
 
-def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[str, Any]]:
+def check_shared(run_dir: Path, started_with: dict[str, Any] | None = None,
+                 timeout: float = SHARED_TIMEOUT) -> list[dict[str, Any]]:
     """All ranks call this once torch.distributed is up. Returns every node (rank, host, address); raises the
-    same DockyardError on every rank when a node cannot see what node 0 wrote in the run folder."""
+    same DockyardError on every rank when a node cannot see what node 0 wrote in the run folder, or was started with
+    another recipe or other settings (`started_with`: what this node was given) than node 0."""
     import torch.distributed as dist
 
     first = int(os.environ.get("LOCAL_RANK", 0)) == 0
@@ -97,9 +99,10 @@ def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[st
     if first:
         sees = _wait_for(run_dir, token[0], timeout)
     me = {"node_rank": node_rank(), "host": socket.gethostname(), "sees_run_dir": sees,
-          "addr": (rendezvous() or {}).get("local_addr", "")}
+          "addr": (rendezvous() or {}).get("local_addr", ""), "started_with": started_with or {}}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, me)
+    check_started_alike(everyone)
     found = sorted((n for n in everyone if n["sees_run_dir"] is not None), key=lambda n: n["node_rank"])
     blind = [n for n in found if not n["sees_run_dir"]]
     if blind:
@@ -109,7 +112,31 @@ def check_shared(run_dir: Path, timeout: float = SHARED_TIMEOUT) -> list[dict[st
             f"{timeout:.0f} s. DeepSpeed writes each node's checkpoint shards there and a resume needs them all: "
             "give every node the same runs folder on shared storage (NFS, Lustre, ...) mounted at the same "
             "path, e.g. INVOKE_DOCKYARD_RUNS_DIR=/shared/runs on each node")
-    return [{k: v for k, v in n.items() if k != "sees_run_dir"} for n in found]
+    return [{k: v for k, v in n.items() if k not in ("sees_run_dir", "started_with")} for n in found]
+
+
+def check_started_alike(everyone: list[dict[str, Any]]) -> None:
+    """Every node started with node 0's recipe and settings. Nodes given another recipe waited on each other's
+    collectives for the process group's timeout (30 minutes), other max_steps likewise at the end, and another
+    learning rate trained each node's replica its own way and said "completed"."""
+    node0 = next((n["started_with"] for n in everyone if n["node_rank"] == 0), None)
+    if node0 is None:
+        return
+    said = {}
+    for n in everyone:
+        mine = n["started_with"]
+        if n["node_rank"] in said or mine == node0:
+            continue
+        keys = sorted(k for k in set(mine) | set(node0) if mine.get(k) != node0.get(k))
+        said[n["node_rank"]] = "; ".join(f"{k} {_shown(mine.get(k))} (node 0: {_shown(node0.get(k))})" for k in keys)
+    if said:
+        raise DockyardError("the nodes were not started alike: " + ", ".join(
+            f"node {rank} with {what}" for rank, what in sorted(said.items())) + ". Start every node with the same "
+            "recipe and settings (the same command but for --node-rank)")
+
+
+def _shown(value: Any) -> str:
+    return "(not given)" if value is None else json.dumps(value, default=str)[:60]
 
 
 def _wait_for(run_dir: Path, token: str, timeout: float) -> bool:

@@ -356,7 +356,8 @@ from dockyard.common.errors import DockyardError
 from dockyard.train import nodes
 dist.init_process_group("gloo")
 try:
-    print(json.dumps({"nodes": nodes.check_shared(Path(sys.argv[1]))}))
+    started_with = json.loads(sys.argv[2]) if len(sys.argv) > 2 else None
+    print(json.dumps({"nodes": nodes.check_shared(Path(sys.argv[1]), started_with)}))
 except DockyardError as e:
     print(json.dumps({"error": str(e)}))
 dist.destroy_process_group()
@@ -397,6 +398,46 @@ def test_the_run_folder_check_is_led_by_node_0_wherever_torchrun_ranked_it(tmp_p
         # node 0 wrote the token (into its own folder), not torchrun's rank 0 on node 1
         assert (tmp_path / "runs-node0" / runfolder.SHARED_TOKEN).is_file()
         assert not (tmp_path / "runs-node1" / runfolder.SHARED_TOKEN).exists()
+
+
+def _two_nodes_check(tmp_path, started_with: list[dict]) -> list[dict]:
+    """check_shared on two real gloo processes, node 0 and node 1, sharing one run folder, each started with its own
+    recipe and settings."""
+    import subprocess
+    import sys
+
+    from dockyard import ROOT
+
+    port = _free_port()
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "DOCKYARD_NODE_RANK": str(rank), "DOCKYARD_SHARED_TIMEOUT": "5"}
+        procs.append(subprocess.Popen([sys.executable, "-c", SHARED_CHECK, str(tmp_path / "runs"),
+                                       json.dumps(started_with[rank])], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    said = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        said.append(json.loads(out.strip().splitlines()[-1]))
+    return said
+
+
+def test_nodes_started_with_another_recipe_or_settings_are_refused_on_every_node(tmp_path):
+    """Node 1 given zero2 against node 0's ddp hung in the Trainer's set-up for the process group's 30 minutes; given
+    --learning_rate 0.5 against 1e-3, each node trained its replica its own way and both said "completed"."""
+    node0 = {"recipe": "ddp", "resume": False, "--max_steps": 2, "--learning_rate": 0.001}
+    node1 = {"recipe": "zero2", "resume": False, "--max_steps": 2, "--learning_rate": 0.5}
+    said = _two_nodes_check(tmp_path, [node0, node1])
+    for s in said:
+        assert s["error"] == ('the nodes were not started alike: node 1 with --learning_rate 0.5 (node 0: 0.001); '
+                              'recipe "zero2" (node 0: "ddp"). Start every node with the same recipe and settings '
+                              '(the same command but for --node-rank)'), s
+    said = _two_nodes_check(tmp_path, [node0, node0])
+    assert [n["node_rank"] for n in said[0]["nodes"]] == [0, 1] and said[0] == said[1]
 
 
 def test_a_store_that_cannot_be_reached_names_the_other_of_two_nodes(monkeypatch):
