@@ -75,6 +75,21 @@ class RunSettings(BaseModel):
     numa_binding: StrictBool | Literal["auto"] = "auto"  # each process on its GPU's NUMA node's cores
     profile_steps: str = ""  # "A-B" (or "N"): torch.profiler over those steps (dockyard.train.profiler)
 
+    @field_validator("lora_target_modules", mode="before")
+    @classmethod
+    def _module_names(cls, value: Any) -> Any:
+        """`q_proj,v_proj` (the way most write it) as the list of names it means: peft read it as one name, matched
+        nothing and stopped with its traceback."""
+        if isinstance(value, str) and "," in value:
+            value = [name.strip() for name in value.split(",")]
+        if isinstance(value, str):
+            value = value.strip()
+        if not value or not (isinstance(value, str) or isinstance(value, list)
+                             and all(isinstance(v, str) and v for v in value)):
+            raise ValueError(f"{reprlib.repr(value)}: give the names of the model's linear layers, as in "
+                             "q_proj,v_proj, or all-linear")
+        return value
+
     @field_validator("profile_steps", mode="before")
     @classmethod
     def _steps_to_profile(cls, value: Any) -> str:
@@ -264,15 +279,23 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     kinds = training_arguments()
     for key, value in training.items():
         check_number(key, value, kinds.get(key, ""))
+    for key in ("log_level", "log_level_replica"):  # the Trainer looks it up in a table of these: a KeyError
+        if key in training and str(training[key]) not in LOG_LEVELS:
+            raise DockyardError(f"{key} {training[key]!r}: give one of {', '.join(LOG_LEVELS)}")
     if training.get("bf16") is True and training.get("fp16") is True:
         raise DockyardError("bf16 and fp16 are both true: give one (bf16 on Ampere and newer GPUs, fp16 on older ones), "
                             "or neither for the GPU's own")
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 
 
 def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
     """An evaluation strategy with held-out data to evaluate on: the HF Trainer refuses one without, but only once
     the model and the data have loaded. The host checks it before a run starts, the trainer again (run.sh, native)."""
     strategy = training.get("eval_strategy")
+    if training.get("eval_on_start") is True and not (settings.eval_data or settings.eval_fraction):
+        raise DockyardError("eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE")
     if str(strategy) in ("steps", "epoch") and not (settings.eval_data or settings.eval_fraction):
         raise DockyardError(f"eval_strategy {strategy} needs held-out data: add --eval_fraction 0.05 or --eval_data "
                             "FILE (or --eval_strategy no)")
@@ -322,6 +345,7 @@ RANGES: dict[str, Range] = {
     **dict.fromkeys(("per_device_eval_batch_size", "eval_accumulation_steps"), Range(1)),
     **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), Range(0, open_low=True)),
     **dict.fromkeys(("seed", "data_seed"), Range(0, 2**32 - 1)),
+    "neftune_noise_alpha": Range(0, open_low=True),  # torch's uniform_ refused a negative one at the first step
 }
 
 

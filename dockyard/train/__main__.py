@@ -458,9 +458,16 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     if nodes.several():
         _ = args.device  # NCCL's collectives need this rank's GPU chosen
         run.doing("checking that the run folder is shared")
-        run.record.nodes_seen = nodes.check_shared(run.opts.run_dir)
+        started_with = {"recipe": recipe.name, "resume": run.opts.resume,
+                        **{f"--{k}": v for k, v in overrides.items()}}
+        run.record.nodes_seen = nodes.check_shared(run.opts.run_dir, started_with)
     run.doing("loading the data and the model")
     return args
+
+
+# what torch.utils.checkpoint.checkpoint takes besides the function and its inputs (context_fn, a function, cannot be
+# written in a setting)
+CHECKPOINT_KWARGS = {"use_reentrant", "preserve_rng_state", "determinism_check", "debug", "early_stop"}
 
 
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
@@ -475,6 +482,10 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     if kwargs is not None and not isinstance(kwargs, dict):  # read here and by the Trainer as a mapping
         raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')} {kwargs!r}: takes a "
                             f"mapping, as in -- --gradient_checkpointing_kwargs '{{use_reentrant: false}}'")
+    if unknown := sorted(set(kwargs or {}) - CHECKPOINT_KWARGS, key=str):  # torch's at the first step
+        raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')}: unknown key(s) "
+                            f"{', '.join(map(str, unknown))}; torch.utils.checkpoint takes "
+                            f"{', '.join(sorted(CHECKPOINT_KWARGS))} (as in '{{use_reentrant: false}}')")
     cuda = torch.cuda.is_available()
     # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
     overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}
@@ -507,6 +518,9 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         targs = TrainingArguments(**args)
     except (ValueError, TypeError) as e:
         raise DockyardError(f"invalid training setting: {' '.join(str(e).split())}") from None  # some say it in lines
+    except OSError as e:  # accelerator_config: a mapping, or the path of a JSON file of one
+        raise DockyardError(f"invalid training setting: {e.filename}: {e.strerror} (accelerator_config takes a "
+                            "mapping, as in '{split_batches: true}')") from None
     guards.deepspeed_agrees(getattr(targs, "hf_deepspeed_config", None), recipe.file(recipe.deepspeed or ""))
     if recipe.deepspeed and not cuda:
         guards.cpu_collectives_as_built()  # before DeepSpeed's communication starts (here, or in the Trainer)
@@ -638,19 +652,48 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
             trainer.train(resume_from_checkpoint=p.resume_from)
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
         raise checkpoints.explain(e) from None
-    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
-        if not p.resume_from or run.training:
+    except torch.OutOfMemoryError as e:
+        raise out_of_memory(e, p) from None
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, RuntimeError) as e:
+        if run.training:
             raise
-        # the Trainer's own traceback from a checkpoint file that loads as weights but is not what it wrote (a
-        # trainer_state.json of other keys, an optimizer.pt of no param_groups, an rng state of other shapes)
-        earlier = [c for c in runfolder.checkpoints_started(run.opts.run_dir) if c.name != Path(p.resume_from).name]
-        fix = f"remove it to resume from {earlier[-1].name}" if earlier else "start a new run (another --run-id)"
-        raise DockyardError(f"cannot resume from {Path(p.resume_from).name}: it is not a checkpoint the Trainer wrote "
-                            f"for this run ({type(e).__name__}: {first_line(e, 200)}): {fix}") from None
+        if p.resume_from:
+            # the Trainer's own traceback from a checkpoint file that loads as weights but is not what it wrote (a
+            # trainer_state.json of other keys, an optimizer.pt of no param_groups, an rng state of other shapes)
+            earlier = [c for c in runfolder.checkpoints_started(run.opts.run_dir)
+                       if c.name != Path(p.resume_from).name]
+            fix = f"remove it to resume from {earlier[-1].name}" if earlier else "start a new run (another --run-id)"
+            raise DockyardError(f"cannot resume from {Path(p.resume_from).name}: it is not a checkpoint the Trainer "
+                                f"wrote for this run ({type(e).__name__}: {first_line(e, 200)}): {fix}") from None
+        raise before_the_first_step(e, run.overrides) from e
     finally:
         if profile and profile[0].record:
             run.record.profile = profile[0].record
     return trainer, metrics
+
+
+def out_of_memory(e: BaseException, p: Prepared) -> DockyardError:
+    """A GPU out of memory, in one line with the ways out, instead of torch's traceback from every rank."""
+    args = p.args
+    checkpointing = " with gradient checkpointing" if args.gradient_checkpointing else ""
+    return DockyardError(f"out of GPU memory at micro-batch {args.per_device_train_batch_size} x "
+                         f"{p.settings.max_seq_length} tokens{checkpointing} ({first_line(e, 160)}): lower "
+                         "--per_device_train_batch_size (gradient accumulation keeps the global batch), add "
+                         "--gradient_checkpointing true, or train with a recipe that shards more (invoke plan "
+                         "--model=... says what fits)")
+
+
+def before_the_first_step(e: BaseException, given: dict[str, Any]) -> BaseException:
+    """An error the Trainer raised setting up its first step, where settings were given: most often one of them
+    (`--lr_scheduler_kwargs '{min_lr: 1e-5}'` for a schedule without it, `--optim_args foo`, `--label_names x`), which
+    TrainingArguments takes as it is and the Trainer reads only now. One line naming them; the traceback in train.log
+    (rank 0) for the rarer case of a fault elsewhere. Without settings given: the error itself."""
+    if not given:
+        return e
+    logging.getLogger("traceback").info("the Trainer stopped before its first step", exc_info=e)  # train.log alone
+    names = ", ".join(f"--{k}" for k in sorted(given))
+    return DockyardError(f"the Trainer stopped before its first step: {type(e).__name__}: {first_line(e, 200)}. Check "
+                         f"the settings given ({names}); the traceback is in the run's train.log")
 
 
 def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:

@@ -171,7 +171,14 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
                         target_modules=settings.lora_target_modules,
                         task_type="SEQ_CLS" if settings.task == "seq_cls" else "CAUSAL_LM")
     with peft_quietly():
-        model = get_peft_model(model, config)
+        try:
+            model = get_peft_model(model, config)
+        except ValueError as e:  # peft's NoMatchingPeftModuleError is one: names that match no layer of the model
+            if "not found in the base model" not in str(e):
+                raise
+            raise DockyardError(f"lora_target_modules {settings.lora_target_modules}: {first_line(e, 200)} Give the "
+                                "names of its linear layers (q_proj,v_proj ...; config.json's model_type says "
+                                "which), or all-linear") from None
     if weights_dtype(settings, recipe) == torch.float16:
         precision.upcast_trainable(model)
     return model

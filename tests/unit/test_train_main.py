@@ -107,6 +107,14 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--seed", "nan"], "seed nan: TrainingArguments.seed takes a whole number"),
     (["--num_train_epochs", "inf", "--max_steps", "-1"], "num_train_epochs inf: TrainingArguments.num_train_epochs"),
     (["--report_to", "wandb"], "report_to wandb: not installed in this image (installed: "),
+    # KeyError in the Trainer's table of levels; torch's uniform_ at the first step; the Trainer's "evaluation requires
+    # an eval_dataset"; peft's error for a name of no layer
+    (["--log_level", "foo"], "log_level 'foo': give one of debug, info, warning, error, critical, passive"),
+    (["--neftune_noise_alpha", "-1"], "neftune_noise_alpha -1: TrainingArguments.neftune_noise_alpha takes a number "
+                                      "above 0"),
+    (["--eval_on_start", "true"], "eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE"),
+    (["--lora_target_modules", "5"], "invalid setting: lora_target_modules: 5: give the names of the model's linear layers"),
+    (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),
 ])
 def test_a_bad_training_number_given_to_the_trainer_itself_is_the_hosts_one_error_line(tmp_path, capsys, override,
                                                                                        says):
@@ -416,3 +424,66 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
         assert entry._said_by_the_first() is True
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("recipe, override, says", [
+    ("ddp", ["--lr_scheduler_kwargs", "{min_lr: 1.0e-5}"], "the Trainer stopped before its first step: TypeError: "
+     "get_cosine_schedule_with_warmup() got an unexpected keyword argument 'min_lr'. Check the settings given "
+     "(--lr_scheduler_kwargs, --max_steps); the traceback is in the run's train.log"),
+    ("ddp", ["--optim_args", "foo"], "the Trainer stopped before its first step: ValueError: "),
+    ("ddp", ["--accelerator_config", "notajson"], "invalid training setting: notajson: No such file or directory "
+     "(accelerator_config takes a mapping"),
+    ("ddp", ["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs", "{foo: 1}"],
+     "gradient_checkpointing_kwargs (or activation_checkpointing_kwargs): unknown key(s) foo; torch.utils.checkpoint "
+     "takes debug, determinism_check, early_stop, preserve_rng_state, use_reentrant"),
+    ("lora", ["--lora_target_modules", "[foo]"], "lora_target_modules ['foo']: Target modules {'foo'} not found in "
+     "the base model"),
+])
+def test_a_setting_the_trainer_reads_only_as_it_starts_is_one_error_line(tmp_path, capsys, recipe, override, says):
+    """Each was a traceback from the Trainer, peft or torch, on every rank, after the model had loaded."""
+    import logging
+
+    from dockyard.train.__main__ import main
+
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)  # not an earlier test's captured stderr
+    run = tmp_path / "r1"
+    code = main(["--recipe", recipe, "--run-dir", str(run), "--", "--max_steps", "1", *override])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: {says}" in err and "Traceback" not in err, err
+    if "train.log" in says:
+        assert "Traceback (most recent call last)" in (run / "train.log").read_text()
+
+
+def test_lora_target_modules_written_with_commas_are_the_names_they_list(tmp_path):
+    """`--lora_target_modules q_proj,v_proj` (the way most write it) was one name to peft, which matched nothing."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    settings, _ = resolve_settings(load_recipe("lora"), {"lora_target_modules": "q_proj, v_proj"})
+    assert settings.lora_target_modules == ["q_proj", "v_proj"]
+    assert resolve_settings(load_recipe("lora"), {})[0].lora_target_modules == "all-linear"
+
+
+def test_a_gpu_out_of_memory_is_one_line_with_the_ways_out(tmp_path, capsys, monkeypatch):
+    """torch's "CUDA out of memory" traceback, once per rank. No GPU here: Trainer.train is FAKED to raise what torch
+    raises on one (torch.OutOfMemoryError), at the first step."""
+    import logging
+
+    import torch
+    import transformers
+
+    from dockyard.train.__main__ import main
+
+    def out_of_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                                     "79.19 GiB of which 1.06 GiB is free.\nOf the allocated memory ...")
+
+    monkeypatch.setattr(transformers.Trainer, "train", out_of_memory)
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1",
+                 "--per_device_train_batch_size", "4"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert ("error: out of GPU memory at micro-batch 4 x 128 tokens (CUDA out of memory. Tried to allocate 2.00 GiB. "
+            "GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free.): lower --per_device_train_batch_size"
+            in err), err
