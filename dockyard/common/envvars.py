@@ -16,3 +16,22 @@ JOIN_TIMEOUT = 120  # its join_timeout where none is given: seconds node 0 waits
 SHARED_TIMEOUT = "DOCKYARD_SHARED_TIMEOUT"  # seconds the nodes wait to see each other's files on shared storage
 MEMLOCK = "DOCKYARD_MEMLOCK"            # bytes of locked memory the engine grants, where the host cannot read it
 RUN_ID = "DOCKYARD_RUN_ID"              # the run id of an sbatch script's (and compose's) run
+
+
+def shared_timeout() -> float:
+    """DOCKYARD_SHARED_TIMEOUT's seconds (30 where unset), or one error line for a value that is not a number of
+    seconds (it was a ValueError traceback as the trainer was imported)."""
+    import math
+    import os
+
+    from dockyard.common.errors import DockyardError
+
+    raw = os.environ.get(SHARED_TIMEOUT, "30")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 86400:
+        raise DockyardError(f"{SHARED_TIMEOUT}={raw!r}: give the seconds the nodes wait to see each other's files in "
+                            "the run folder, e.g. 120 (at most 86400)")
+    return value

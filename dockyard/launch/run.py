@@ -234,7 +234,11 @@ def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str
 
 def node_env(topo: Topology) -> dict[str, str]:
     """What the trainer of a node of several reads: the rendezvous, and which node it is."""
-    return topo.rendezvous.env() | {envvars.NODE_RANK: str(topo.node_rank)} if topo.rendezvous else {}
+    if not topo.rendezvous:
+        return {}
+    # and how long the nodes wait to see each other's files in the run folder, where the user said
+    shared = {envvars.SHARED_TIMEOUT: f"{envvars.shared_timeout():g}"} if os.environ.get(envvars.SHARED_TIMEOUT) else {}
+    return topo.rendezvous.env() | {envvars.NODE_RANK: str(topo.node_rank)} | shared
 
 
 def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,

@@ -80,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     if not nodes.first_of_node():  # loading and saving weights: one progress bar per node, not per GPU
         transformers.utils.logging.disable_progress_bar()
 
-    nodes.pin_interface()  # before torch.distributed starts
     # before torch._dynamo is imported (by transformers, for one): its import makes the inductor cache's folder
     unusable_caches = environment.compile_cache()
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
     run = None
     try:
+        nodes.node_rank()  # a node rank of no number is said here, before anything would record it
+        nodes.pin_interface()  # before torch.distributed starts
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
         opts.resume = opts.resume or restarted()
         run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import resource
@@ -16,6 +17,8 @@ from typing import Any
 from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.train import nodes
+
+log = logging.getLogger("dockyard.train")
 
 
 def peak_memory_bytes() -> int:
@@ -96,7 +99,13 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
 def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
     """key → the host path (as `invoke run` / run.sh mounted it, from DOCKYARD_HOST_PATHS), the path inside, and
     its fingerprint; keys naming no local path (a hub id) record the name alone."""
-    host = json.loads(os.environ.get(envvars.HOST_PATHS) or "{}")
+    try:
+        host = json.loads(os.environ.get(envvars.HOST_PATHS) or "{}")
+    except ValueError:
+        host = None
+    if not isinstance(host, dict):  # set by invoke run and run.sh: a record of where the inputs came from, no more
+        log.warning(f"{envvars.HOST_PATHS} is not a JSON object: the manifest records the inputs' paths inside")
+        host = {}
     out: dict[str, Any] = {}
     for key, value in paths.items():
         if not value:

@@ -2,7 +2,8 @@
 
 DeepSpeed writes each rank's shard of a checkpoint into the run folder, and a resume reads them all back:
 node-local run folders make a resume silently impossible. So before training, node 0 writes a fresh token
-there and every node must read it back within SHARED_TIMEOUT seconds, or every rank stops with the reason.
+there and every node must read it back within DOCKYARD_SHARED_TIMEOUT seconds (30: network filesystems show new
+files late), or every rank stops with the reason.
 
 "Node 0" is always the node the user numbered 0 (`invoke run --node-rank`, DOCKYARD_NODE_RANK): torchrun numbers
 the ranks by sorting the nodes' addresses as text, so global rank 0 may well live elsewhere (10.0.0.10 sorts
@@ -22,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError
-
-SHARED_TIMEOUT = float(os.environ.get(envvars.SHARED_TIMEOUT, 30))  # network filesystems show new files late
+from dockyard.common.errors import DockyardError, first_line
 
 
 def first_of_node() -> bool:
@@ -35,12 +34,27 @@ def first_of_node() -> bool:
 
 def node_rank() -> int:
     """The node's rank as the user numbered it (`invoke run --node-rank`); torchrun's own order otherwise."""
-    return int(os.environ.get(envvars.NODE_RANK, os.environ.get("GROUP_RANK", 0)))
+    raw = os.environ.get(envvars.NODE_RANK, os.environ.get("GROUP_RANK", "0"))
+    if not (raw.isascii() and raw.isdecimal()):
+        raise DockyardError(f"{envvars.NODE_RANK}={raw!r}: give the node's number, 0 for the node that hosts the "
+                            "rendezvous (compose: NODE_RANK)")
+    return int(raw)
 
 
 def rendezvous() -> dict[str, Any] | None:
     raw = os.environ.get(envvars.RENDEZVOUS)
-    return json.loads(raw) if raw else None
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw)
+        problem = "" if isinstance(record, dict) else type(record).__name__
+    except ValueError as e:
+        record, problem = None, first_line(e)
+    if problem:
+        raise DockyardError(f"{envvars.RENDEZVOUS} is not a JSON object ({problem}): invoke run, slurm, k8s and "
+                            "compose/multinode.yml write it; a value set into it there (LOCAL_ADDR, IFACE) must hold "
+                            "no quote or backslash")
+    return record
 
 
 def interface_of(addr: str) -> str | None:
@@ -80,12 +94,13 @@ def several() -> bool:
 
 
 def check_shared(run_dir: Path, started_with: dict[str, Any] | None = None,
-                 timeout: float = SHARED_TIMEOUT) -> list[dict[str, Any]]:
+                 timeout: float | None = None) -> list[dict[str, Any]]:
     """All ranks call this once torch.distributed is up. Returns every node (rank, host, address); raises the
     same DockyardError on every rank when a node cannot see what node 0 wrote in the run folder, or was started with
     another recipe or other settings (`started_with`: what this node was given) than node 0."""
     import torch.distributed as dist
 
+    timeout = envvars.shared_timeout() if timeout is None else timeout
     first = int(os.environ.get("LOCAL_RANK", 0)) == 0
     who: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(who, (node_rank(), first))

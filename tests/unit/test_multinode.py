@@ -569,3 +569,55 @@ def test_doctor_says_a_peer_name_that_does_not_resolve_is_that_not_a_firewall(mo
     assert check.status == "fail"
     assert check.detail == "gpu-b:29500: cannot resolve 'gpu-b' here (Name or service not known)"
     assert check.fix.startswith("give node 0's IP address, or make its name resolve") and "firewall" not in check.fix
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("DOCKYARD_NODE_RANK", "1a", "DOCKYARD_NODE_RANK='1a': give the node's number, 0 for the node that hosts"),
+    ("DOCKYARD_NODE_RANK", "²", "DOCKYARD_NODE_RANK='²': give the node's number"),
+    ("DOCKYARD_RENDEZVOUS", '{"local_addr": "10.0.0.1"x}', "DOCKYARD_RENDEZVOUS is not a JSON object (Expecting"),
+    ("DOCKYARD_RENDEZVOUS", "[1]", "DOCKYARD_RENDEZVOUS is not a JSON object (list)"),
+])
+def test_a_node_variable_of_no_meaning_is_one_error_line_before_anything_is_made(tmp_path, capsys, monkeypatch, name,
+                                                                                 value, says):
+    """compose pastes NODE_RANK, LOCAL_ADDR and IFACE into these: `NODE_RANK=1a` was a ValueError traceback, raised
+    again while the failure was being recorded; a quote in LOCAL_ADDR a JSONDecodeError one."""
+    from dockyard.train.__main__ import main
+
+    monkeypatch.setenv(name, value)
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: {says}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "r1").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "1e9"])
+def test_a_shared_folder_timeout_that_is_no_number_of_seconds_is_refused(monkeypatch, value):
+    """DOCKYARD_SHARED_TIMEOUT=abc was a ValueError traceback as the trainer was imported, on every node."""
+    from dockyard.common import envvars
+
+    monkeypatch.setenv("DOCKYARD_SHARED_TIMEOUT", value)
+    with pytest.raises(DockyardError, match=f"DOCKYARD_SHARED_TIMEOUT='{value}': give the seconds the nodes wait"):
+        envvars.shared_timeout()
+    monkeypatch.setenv("DOCKYARD_SHARED_TIMEOUT", "120")
+    assert envvars.shared_timeout() == 120
+
+
+def test_the_shared_folder_timeout_a_user_sets_reaches_every_nodes_trainer(tmp_path):
+    """docs/multinode.md tells users to raise DOCKYARD_SHARED_TIMEOUT for slow network filesystems; `invoke run` did not
+    hand it to the container, so the trainer waited its 30 s all the same."""
+    from tests.support.cli import invoke_here
+
+    args = ("run", "--dry", "--variant=cpu", "--nodes=2", "--node-rank=1", "--master-addr=198.18.0.1", "--run-id=t1")
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    r = invoke_here(*args, env={**env, "DOCKYARD_SHARED_TIMEOUT": "120"})
+    assert r.returncode == 0 and "-e DOCKYARD_SHARED_TIMEOUT=120 " in r.stdout + r.stderr, r.stderr
+    r = invoke_here(*args, env=env)
+    assert r.returncode == 0 and "DOCKYARD_SHARED_TIMEOUT" not in r.stdout + r.stderr
+
+
+def test_inputs_host_paths_of_no_meaning_are_warned_of_and_the_inside_paths_recorded(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("DOCKYARD_HOST_PATHS", "{bad")
+    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
+    record = manifest.inputs_record({"data": str(tmp_path / "d.jsonl")})
+    assert record["data"]["path"] == str(tmp_path / "d.jsonl")
+    assert "DOCKYARD_HOST_PATHS is not a JSON object" in caplog.text
