@@ -158,9 +158,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if proc.returncode and made and not wrote:
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
         shutil.rmtree(run_dir, ignore_errors=True)
-        said = "torchrun's" if r.native else "docker's"
-        raise DockyardError(f"the run did not start (exit {proc.returncode}; {said} message is above); "
-                            f"nothing was kept, so the same command can be run again")
+        raise DockyardError(f"the run did not start (exit {proc.returncode}; the reason is above: "
+                            f"{'torchrun' if r.native else 'docker or torchrun'} said it); nothing was kept, so the "
+                            "same command can be run again")
     return summarise(run_dir, r.node_rank)
 
 
@@ -449,8 +449,9 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     container could have written it): checked with pydantic, never through a link."""
     m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank))
     if m is None:
-        raise DockyardError(f"the run wrote no manifest ({run_dir / runfolder.manifest_file(node_rank)}): "
-                            f"see {run_dir}/train.log")
+        log = (f"see {run_dir}/train.log" if (run_dir / runfolder.TRAIN_LOG).is_file() else
+               "the trainer did not start on this node (the reason is above)")
+        raise DockyardError(f"the run wrote no manifest ({run_dir / runfolder.manifest_file(node_rank)}): {log}")
     eff = (m.strategy.in_effect if m.strategy else None) or runfolder.InEffect()  # null: failed before the wrap
     met = m.metrics
     print(f"run {m.run_id}: {m.status} · recipe {m.recipe} · world size {m.world_size} on {m.nodes} node(s)"

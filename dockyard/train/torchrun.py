@@ -42,8 +42,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchrun: OMP_NUM_THREADS={threads!r}: give a whole number of CPU threads per process, 1 or more, or "
               "unset it (each process then gets its share of the node's cores)", file=sys.stderr)
         return 2
+    # The agent's own C++ logs (c10d's socket and store): a node that cannot reach node 0 printed each retry with a
+    # stack of 40 frames, and a node whose store went away as node 0 finished a successful run did too. What the
+    # agent says is said below in one line; the workers keep the level the user set (read as torch loads).
+    cpp_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
     from torch.distributed.run import main as torchrun
+
+    if cpp_level is None:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+    else:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_level
 
     # its "failed (exitcode: 1) local_rank: 0 (pid: 27600) of binary: ..." and "Sending process 19312 closing signal
     # SIGTERM", under every failed run's reason: the line below says which process failed first, and how
@@ -61,7 +72,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; its reason is "
               f"above{log}", file=sys.stderr, flush=True)
         return 1
+    except (RendezvousTimeoutError, RendezvousConnectionError) as e:
+        print(f"torchrun: {not_met(args, e)}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def not_met(argv: list[str], error: BaseException) -> str:
+    """The nodes did not meet: which rendezvous, where, for how long, and what to check, in one line (torchrun's
+    was a bare RendezvousTimeoutError under 45 lines of traceback, or two chained ones from a node that could not
+    reach node 0)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.run import get_args_parser
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        a = get_args_parser().parse_known_args(argv)[0]
+    conf = dict(kv.split("=", 1) for kv in (a.rdzv_conf or "").split(",") if "=" in kv)
+    waited = f" within {conf['join_timeout']} s" if "join_timeout" in conf else ""
+    fix = (f"start every node with the same --run-id, --master-addr and --master-port (--nodes={a.nnodes}); "
+           "invoke doctor --peer=HOST checks the port from another node")
+    if isinstance(error, RendezvousTimeoutError):
+        return f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}"
+    cause = error.__cause__ or error.__context__ or error
+    said = (str(cause).strip().splitlines() or ["no answer"])[0][:160]
+    return (f"cannot reach the rendezvous {a.rdzv_id} at {a.rdzv_endpoint} (node 0 hosts it; "
+            f"{type(cause).__name__}: {said}): {fix}")
 
 
 def fresh_store_per_attempt() -> None:

@@ -347,7 +347,9 @@ def test_a_node_that_never_arrives_stops_node_0_at_the_join_bound(node, node_ima
     print(f"node 1 never came: node 0 stopped after {took:.1f} s (join bound {JOIN_S} s)")
     out = alone.output(0)
     assert code != 0 and JOIN_S <= took < JOIN_S + STOP_MARGIN_S + 15, out[-3000:]  # + the image's start
-    assert "RendezvousTimeoutError" in out, out[-3000:]
+    # one line saying which rendezvous and what to check, not torchrun's 45 lines ending in a bare exception name
+    assert f"torchrun: not every node joined the rendezvous alone1 at {node.host_addr}:" in out, out[-3000:]
+    assert "Traceback" not in out and "nothing was kept, so the same command can be run again" in out, out[-3000:]
 
 
 def test_a_node_that_arrives_late_but_within_the_bound_trains_with_the_other(node, node_image, tmp_path):

@@ -161,3 +161,24 @@ def test_an_omp_num_threads_that_is_not_a_thread_count_is_refused_naming_it(tmp_
         assert r.stderr.strip() == (f"torchrun: OMP_NUM_THREADS={value!r}: give a whole number of CPU threads per "
                                     "process, 1 or more, or unset it (each process then gets its share of the node's "
                                     "cores)"), (value, r.stderr)
+
+
+def test_nodes_that_never_meet_are_one_line_naming_the_rendezvous_and_what_to_check(tmp_path):
+    """Node 0 alone: torchrun's 45-line traceback ending in a bare RendezvousTimeoutError. Real torchrun, two nodes
+    asked for on loopback, the second never started."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    alone = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+                            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone1",
+                            "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr
+    assert alone.stderr.strip().splitlines()[-1] == (
+        f"torchrun: not every node joined the rendezvous alone1 at 127.0.0.1:{port} within 3 s: start every node with "
+        "the same --run-id, --master-addr and --master-port (--nodes=2); invoke doctor --peer=HOST checks the port from "
+        "another node")
