@@ -61,15 +61,16 @@ class Rendezvous:
 
 
 def torchrun_argv(nproc: int | str, nnodes: int | str = 1, rendezvous: list[str] | None = None,
-                  launcher: list[str] | None = None) -> list[str]:
+                  launcher: list[str] | None = None, max_restarts: int = 0) -> list[str]:
     """One process per GPU (or per CPU slot) on this node; with `rendezvous` (rendezvous_flags) the c10d
-    rendezvous across `nnodes` nodes: node 0 hosts the store, and torchrun then numbers the nodes itself."""
+    rendezvous across `nnodes` nodes: node 0 hosts the store, and torchrun then numbers the nodes itself.
+    `max_restarts`: one node's (several nodes': in `rendezvous`)."""
     argv = list(launcher or ["torchrun"]) + [f"--nproc-per-node={nproc}"]
     if rendezvous is not None:
         return argv + [f"--nnodes={nnodes}", *rendezvous]
     # The workers' store address: without it torchrun looks up the container's hostname, which an engine
     # without a bridge network (air-gapped nodes, `--bridge=none`) cannot resolve: every rank then waits forever.
-    return argv + ["--standalone", "--local-addr=127.0.0.1"]
+    return argv + ["--standalone", "--local-addr=127.0.0.1", *([f"--max-restarts={max_restarts}"] if max_restarts else [])]
 
 
 def rendezvous_flags(*, endpoint: str, run_id: str, is_host: bool | str, join_timeout: int | str,

@@ -65,7 +65,10 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     chosen, why = variants.resolve(settings, r.variant, host)
     print(why)
     topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
-    if r.nodes > 1:
+    if r.nodes == 1:
+        check_one_node(r)
+        topo.max_restarts = r.max_restarts
+    else:
         topo.rendezvous = multinode.rendezvous(master_addr=r.master_addr, master_port=r.master_port, node_rank=r.node_rank,
                                                run_id=r.run_id, join_timeout=r.join_timeout,
                                                max_restarts=r.max_restarts, iface=r.iface)
@@ -216,6 +219,7 @@ class Topology:
     master_addr: str = ""
     master_port: int = node.PORT
     rendezvous: Rendezvous | None = None  # several nodes: torchrun's c10d rendezvous
+    max_restarts: int = 0  # one node: torchrun's restarts (several: in the rendezvous' flags)
 
 
 @dataclass
@@ -229,7 +233,7 @@ class RunCommand:
 def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str]:
     """torchrun for this node: alone, or through the rendezvous of several (multinode.rendezvous())."""
     return node.torchrun_argv(topo.nproc, topo.nodes, topo.rendezvous.torchrun_flags() if topo.nodes > 1 else None,
-                              launcher)
+                              launcher, max_restarts=topo.max_restarts)
 
 
 def node_env(topo: Topology) -> dict[str, str]:
@@ -239,6 +243,16 @@ def node_env(topo: Topology) -> dict[str, str]:
     # and how long the nodes wait to see each other's files in the run folder, where the user said
     shared = {envvars.SHARED_TIMEOUT: f"{envvars.shared_timeout():g}"} if os.environ.get(envvars.SHARED_TIMEOUT) else {}
     return topo.rendezvous.env() | {envvars.NODE_RANK: str(topo.node_rank)} | shared
+
+
+def check_one_node(r: RunRequest) -> None:
+    """The flags of several nodes, given for one: each did nothing (torchrun runs standalone)."""
+    node.check_restarts(r.max_restarts)
+    given = [f for f, value, default in (("--master-addr", r.master_addr, ""), ("--iface", r.iface, ""),
+                                         ("--join-timeout", r.join_timeout, node.JOIN_TIMEOUT)) if value != default]
+    if given:
+        raise DockyardError(f"{', '.join(given)}: for several nodes (--nodes=N), and this run has one; leave "
+                            f"{'it' if len(given) == 1 else 'them'} out, or give --nodes")
 
 
 def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,

@@ -76,7 +76,8 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
         "status": status,
         "image": {"ref": os.environ.get(envvars.IMAGE_REF, ""), "id": os.environ.get(envvars.IMAGE_ID, "")},
         "world_size": world_size,
-        "nodes": max(1, world_size // max(1, local)),
+        # torchrun's count where it gives one: nodes may run another --nproc each
+        "nodes": int(os.environ.get("GROUP_WORLD_SIZE") or 0) or max(1, world_size // max(1, local)),
         "node_rank": nodes.node_rank(),
         "rendezvous": nodes.rendezvous(),
         "strategy": {"requested": recipe.strategy if recipe else "", "in_effect": in_effect,

@@ -435,3 +435,15 @@ def test_the_command_that_continues_an_interrupted_run_gives_what_the_host_needs
     assert resume_command(r, "exp1") == ("invoke run --resume --run-id=exp1 " f"--recipe={mine} --data=/d/x.jsonl --cpu "
                                          "-- --eval_data /d/held.jsonl --model /m")
     assert resume_command(RunRequest(), "exp2") == "invoke run --resume --run-id=exp2"
+
+
+def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_refused(env):
+    """`--max-restarts=3` with one node was left out of torchrun's command without a word, and --master-addr,
+    --iface and --join-timeout did nothing."""
+    r = dry(env, "--max-restarts=3")
+    assert r.returncode == 0 and "--standalone --local-addr=127.0.0.1 --max-restarts=3 " in r.stderr, r.stderr
+    assert "--max-restarts" not in dry(env).stderr
+    refused(dry(env, "--master-addr=198.18.0.1"), "--master-addr: for several nodes (--nodes=N), and this run has "
+                                                   "one; leave it out, or give --nodes")
+    refused(dry(env, "--iface=eth0", "--join-timeout=30"), "--iface, --join-timeout: for several nodes")
+    refused(dry(env, "--max-restarts=-1"), "--max-restarts='-1': Input should be greater than or equal to 0")

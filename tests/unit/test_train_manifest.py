@@ -22,6 +22,9 @@ def test_manifest_has_the_contract_keys_and_reads_losses_from_the_metrics(tmp_pa
     assert {"run_id", "recipe", "variant", "status", "image", "world_size", "nodes", "strategy", "metrics"} <= set(m)
     assert (m["variant"], m["image"]) == ("cpu", {"ref": "dockyard:0.1.0-cpu", "id": "sha256:abc"})
     assert (m["world_size"], m["nodes"], m["recipe"], m["run_id"]) == (4, 2, "zero3-offload", tmp_path.name)
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # torchrun's count of nodes: 1 process on one, 2 on the other
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert manifest.build(tmp_path, load_recipe("ddp"), "completed", 3, None, {}, {})["nodes"] == 2
     assert m["strategy"]["requested"] == "zero3-offload" and m["strategy"]["peft"] is None
     assert set(m["strategy"]["in_effect"]) == {"engine", "zero_stage", "offload_optimizer", "offload_param",
                                                "fsdp_version"}
