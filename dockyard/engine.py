@@ -18,6 +18,7 @@ import re
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -117,37 +118,61 @@ def run(
             if input is not None:
                 p.stdin.write(input)
                 p.stdin.close()
-            for raw in p.stdout:
-                line = as_host(raw.decode(errors="replace"))
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                tail_lines.append(line.rstrip())
-                if on_line:
-                    on_line(line.rstrip())
-            p.wait()
+            with terminated_as_interrupted(p):
+                for raw in p.stdout:
+                    line = as_host(raw.decode(errors="replace"))
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    tail_lines.append(line.rstrip())
+                    if on_line:
+                        on_line(line.rstrip())
+                p.wait()
             proc = subprocess.CompletedProcess(argv, p.returncode, "", "")
             out, tail = "", list(tail_lines)
     except FileNotFoundError:
         raise _not_found(argv) from None
     except subprocess.TimeoutExpired:
         raise DockyardError(f"no answer in {timeout:g} s: {shown(argv)}") from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        code = 128 + (signal.SIGTERM if str(e) == "SIGTERM" else signal.SIGINT)
         if p is not None and p.stdout is not None:
             # Ctrl-C reached the command too (one process group): its last words are shown while it stops
             threading.Thread(target=_show_rest, args=(p.stdout, as_host), daemon=True).start()
             with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):  # another Ctrl-C: at once
                 p.wait(timeout=STOP_WAIT)
-        raise Interrupted(f"interrupted: {shown(argv)}", stopped=p is None or p.poll() is not None) from None
+        raise Interrupted(f"interrupted: {shown(argv)}", stopped=p is None or p.poll() is not None,
+                          exit_code=code) from None
     if check and proc.returncode != 0:
         raise failure(argv, proc.returncode, tail, what)
     return subprocess.CompletedProcess(argv, proc.returncode, out, "\n".join(tail))
 
 
+@contextlib.contextmanager
+def terminated_as_interrupted(p: subprocess.Popen):
+    """SIGTERM (systemd, a CI job's end, `kill`) while `p` runs: passed on to `p`, then taken as Ctrl-C is. Ctrl-C
+    reaches the whole process group; SIGTERM reached this process alone, which died and left the command running
+    (a training container went on, holding the name its resume needs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signal.SIGTERM)  # `docker run` passes it to the container's init; torchrun to its workers
+        raise KeyboardInterrupt("SIGTERM")
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 class Interrupted(DockyardError):
     """Ctrl-C: `stopped` says whether the command had ended by the time this returned (within STOP_WAIT)."""
 
-    def __init__(self, message: str, stopped: bool):
-        super().__init__(message, exit_code=INTERRUPTED)
+    def __init__(self, message: str, stopped: bool, exit_code: int = 130):
+        super().__init__(message, exit_code=exit_code)  # 130 for Ctrl-C, 143 for SIGTERM
         self.stopped = stopped
 
 

@@ -126,22 +126,20 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
     before = _traces(run_dir, r.node_rank)
     # the GPUs this run was given (--gpus, CUDA_VISIBLE_DEVICES), none on CPU: the others are no part of its verdict
+    interrupted = None
     with monitor.watch(run_dir, node_rank=r.node_rank,
                        devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []) as watching:
         try:
             proc = engine.run(plan.argv, env=plan.env, check=False, host_paths=not r.native)
         except engine.Interrupted as e:
-            if r.nodes > 1:
-                raise
-            how = ("stopped" if e.stopped else "is still stopping" if r.native
-                   else f"is still stopping (docker stop dockyard-{run_dir.name} stops it at once)")
-            raise DockyardError(f"interrupted: run {run_dir.name} {how}. Continue it from its last complete "
-                                f"checkpoint, with its own settings: {resume_command(r, run_dir.name)}",
-                                exit_code=engine.INTERRUPTED) from None
-        after = _traces(run_dir, r.node_rank)
-        refused = bool(proc.returncode and r.resume and before[0] and after == before)
-        if refused and watching:  # the run's plots and verdict stay those of the run it was
-            watching.discard()
+            interrupted = e
+        else:
+            after = _traces(run_dir, r.node_rank)
+            refused = bool(proc.returncode and r.resume and before[0] and after == before)
+            if refused and watching:  # the run's plots and verdict stay those of the run it was
+                watching.discard()
+    if interrupted:
+        raise _interrupted(r, run_dir, interrupted, made) from None
     if proc.returncode and r.resume and before[0] and after[0] == before[0]:
         # The manifest is what the run was before this command ("completed" perhaps), not its outcome: the trainer
         # refused to continue and left the record alone, or it trained on and was killed before rewriting it.
@@ -157,14 +155,32 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         raise DockyardError(f"--resume of run {run_dir.name} trained on and then failed (exit {proc.returncode}; see "
                             f"{run_dir}/train.log){newest}: its manifest was not rewritten and still describes the run "
                             "before this resume")
-    wrote = [n for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(r.node_rank)) if os.path.lexists(run_dir / n)]
-    if proc.returncode and made and not wrote:
+    if proc.returncode and made and not _trainer_wrote(run_dir, r.node_rank):
         # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
         shutil.rmtree(run_dir, ignore_errors=True)
         raise DockyardError(f"the run did not start (exit {proc.returncode}; the reason is above: "
                             f"{'torchrun' if r.native else 'docker or torchrun'} said it); nothing was kept, so the "
                             "same command can be run again")
     return summarise(run_dir, r.node_rank)
+
+
+def _interrupted(r: RunRequest, run_dir: Path, e: engine.Interrupted, made: bool) -> DockyardError:
+    """Ctrl-C (or SIGTERM) during a run: how to continue it; a folder this command made, where the trainer never
+    started (waiting for the other nodes, or for the image), is removed, so the same command can run again."""
+    every = " on every node" if r.nodes > 1 else ""
+    if made and e.stopped and not _trainer_wrote(run_dir, r.node_rank):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return DockyardError(f"interrupted before run {run_dir.name} started training: nothing was kept, so the same "
+                             f"command can be run again{every}", exit_code=e.exit_code)
+    how = ("stopped" if e.stopped else "is still stopping" if r.native
+           else f"is still stopping (docker stop dockyard-{run_dir.name} stops it at once)")
+    return DockyardError(f"interrupted: run {run_dir.name} {how}. Continue it from its last complete checkpoint, with "
+                         f"its own settings{every}: {resume_command(r, run_dir.name)}", exit_code=e.exit_code)
+
+
+def _trainer_wrote(run_dir: Path, node_rank: int) -> bool:
+    """The trainer started in the run folder: its log or this node's manifest is there."""
+    return any(os.path.lexists(run_dir / n) for n in (runfolder.TRAIN_LOG, runfolder.manifest_file(node_rank)))
 
 
 def _traces(run_dir: Path, node_rank: int) -> tuple:
@@ -511,7 +527,9 @@ def resume_command(r: RunRequest, run_id: str) -> str:
                                                                  ("variant", r.variant if r.variant != "auto" else ""),
                                                                  ("nproc", r.nproc or ""), ("gpus", r.gpus),
                                                                  ("data", r.data), ("model", r.model)) if v),
-             *(f"--{k}" for k, on in (("cpu", r.cpu), ("native", r.native)) if on)]
+             *(f"--{k}" for k, on in (("cpu", r.cpu), ("native", r.native)) if on),
+             *([f"--nodes={r.nodes}", f"--node-rank={r.node_rank}", f"--master-addr={r.master_addr}",
+                f"--master-port={r.master_port}"] if r.nodes > 1 else [])]
     mounted = inputs.override_values(list(r.overrides))  # inputs given after --: mounted only where given again
     tail = ["--", *(w for k, v in mounted.items() for w in (f"--{k}", v))] if mounted else []
     return shlex.join(["invoke", "run", "--resume", *flags, *tail])

@@ -71,3 +71,36 @@ def test_no_engine_advice_gives_a_setup_command_root_can_run_from_a_venv(tmp_pat
     said = str(e.value)
     assert f"`sudo {shlex.quote(sys.executable)} -m invoke setup`" in said and "`sudo invoke setup`" not in said
     assert "(Cannot connect to the Docker daemon)" in said
+
+
+RUNS_A_COMMAND = """
+import sys
+from dockyard import engine
+try:
+    engine.run(["sh", "-c", "trap 'echo the command got TERM; exit 0' TERM; echo started; sleep 60 & wait"], check=False)
+except engine.Interrupted as e:
+    print(f"interrupted, stopped={e.stopped}", flush=True)
+    sys.exit(e.exit_code)
+"""
+
+
+def test_sigterm_reaches_the_command_and_ends_as_an_interrupt_does():
+    """SIGTERM to `invoke run` (systemd, a CI job's end, kill) ended invoke alone: its docker client died and the
+    training container ran on, holding the name its resume needs. Now the command gets it too, and the task ends
+    through Ctrl-C's path (the command that continues the run), with 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dockyard import ROOT
+
+    p = subprocess.Popen([sys.executable, "-c", RUNS_A_COMMAND], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout.readline().strip() == "started"
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)  # to this process alone, not its group
+    out, _ = p.communicate(timeout=60)
+    assert "the command got TERM" in out and "interrupted, stopped=True" in out, out
+    assert p.returncode == 143
