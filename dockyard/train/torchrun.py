@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     fresh_store_per_attempt()
     args = sys.argv[1:] if argv is None else argv
+    if no_gpu_for_one_per_gpu(args):
+        print("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: give a number of "
+              "processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add the GPUs (compose/gpu.yml)",
+              file=sys.stderr)
+        return 2
     share_cpu_cores(args)
     try:
         torchrun(argv)
@@ -97,6 +102,22 @@ def not_met(argv: list[str], error: BaseException) -> str:
     said = (str(cause).strip().splitlines() or ["no answer"])[0][:160]
     return (f"cannot reach the rendezvous {a.rdzv_id} at {a.rdzv_endpoint} (node 0 hosts it; "
             f"{type(cause).__name__}: {said}): {fix}")
+
+
+def no_gpu_for_one_per_gpu(argv: list[str]) -> bool:
+    """--nproc-per-node=gpu where torch sees no GPU (torchrun's ValueError traceback: "Cuda is not available")."""
+    from torch.distributed.run import get_args_parser
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            nproc = get_args_parser().parse_known_args(argv)[0].nproc_per_node
+        except SystemExit:
+            return False
+    if nproc != "gpu":
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def fresh_store_per_attempt() -> None:

@@ -182,3 +182,16 @@ def test_nodes_that_never_meet_are_one_line_naming_the_rendezvous_and_what_to_ch
         f"torchrun: not every node joined the rendezvous alone1 at 127.0.0.1:{port} within 3 s: start every node with "
         "the same --run-id, --master-addr and --master-port (--nodes=2); invoke doctor --peer=HOST checks the port from "
         "another node")
+
+
+def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
+    """compose/multinode.yml's default (DOCKYARD_NPROC=gpu) on a node without GPUs: torchrun's ValueError traceback
+    ("Cuda is not available"). CUDA_VISIBLE_DEVICES="" hides any GPU this runs on."""
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=gpu", "--standalone",
+                        "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "never started" not in r.stdout, r.stderr
+    assert r.stderr.strip() == ("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: "
+                                "give a number of processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add "
+                                "the GPUs (compose/gpu.yml)")
