@@ -369,7 +369,7 @@ def engine_info(settings: Settings) -> dict:
     if proc.returncode != 0:
         last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no answer"
         raise DockyardError(NO_ENGINE_HELP + f"\n  ({last})")
-    info = json.loads(proc.stdout)
+    info = docker_json(settings, proc.stdout, "info", dict)
     if info.get("ServerErrors"):
         raise DockyardError(NO_ENGINE_HELP + "\n  (" + "; ".join(info["ServerErrors"]) + ")")
     return info
@@ -431,7 +431,21 @@ def image_inspect(settings: Settings, ref: str) -> dict | None:
     proc = run(docker(settings, "image", "inspect", reference(ref)), capture=True, check=False, quiet=True)
     if proc.returncode != 0:
         return None
-    return json.loads(proc.stdout)[0]
+    found = docker_json(settings, proc.stdout, "image inspect", list)
+    return found[0] if found and isinstance(found[0], dict) else None
+
+
+def docker_json(settings: Settings, text: str, what: str, kind: type):
+    """What `docker WHAT` printed, as JSON of `kind`; one error line where the docker setting names a program that
+    is no Docker client (INVOKE_DOCKYARD_DOCKER=/bin/echo was a JSONDecodeError traceback)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, kind):
+        raise DockyardError(f"`{settings.docker} {what}` did not answer as a Docker client does (JSON): the docker "
+                            "setting (INVOKE_DOCKYARD_DOCKER) must name the docker program")
+    return data
 
 
 LOCAL_ENGINE = "unix:///var/run/docker.sock"

@@ -93,6 +93,8 @@ class Settings(BaseModel):
     def path(self, p: Path | str) -> Path:
         """A setting's path made absolute against the project root (with ~ expanded)."""
         p = Path(os.path.expanduser(p))
+        if str(p).startswith("~"):  # ~name of no user here: it was taken as a folder named so in the checkout
+            raise DockyardError(f"{p}: no user {str(p)[1:].split('/')[0]!r} on this host: give the folder's path")
         return p if p.is_absolute() else ROOT / p
 
     @property

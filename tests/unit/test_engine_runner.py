@@ -104,3 +104,14 @@ def test_sigterm_reaches_the_command_and_ends_as_an_interrupt_does():
     out, _ = p.communicate(timeout=60)
     assert "the command got TERM" in out and "interrupted, stopped=True" in out, out
     assert p.returncode == 143
+
+
+def test_a_docker_setting_that_names_no_docker_client_is_one_error_line(tmp_path):
+    """INVOKE_DOCKYARD_DOCKER=/bin/echo: `invoke doctor` and `invoke run` were a JSONDecodeError traceback."""
+    from dockyard.settings import load
+
+    settings = load({"docker": "/bin/echo"})
+    with pytest.raises(DockyardError, match=r"`/bin/echo image inspect` did not answer as a Docker client does"):
+        engine.image_inspect(settings, "dockyard:0.1.0-cpu")
+    with pytest.raises(DockyardError, match=r"`/bin/echo info` did not answer as a Docker client does"):
+        engine.engine_info(settings)

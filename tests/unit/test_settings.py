@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,13 @@ def test_a_setting_of_another_shape_in_the_users_invoke_yaml_is_blamed_on_that_f
     (home / ".invoke.yaml").write_text("dockyard:\n  runsdir: /scratch/runs\n")
     short_error(invoke_here("recipes", env={"HOME": str(home)}),
                 f"unknown setting(s) in {home / '.invoke.yaml'} (dockyard:): runsdir; known: ")
+
+
+def test_a_folder_under_the_home_of_no_user_is_refused_not_made_in_the_checkout():
+    """runs_dir ~nosuchuser/x was mounted as <checkout>/~nosuchuser/x."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.settings import load
+
+    with pytest.raises(DockyardError, match="~nosuchuser/x: no user 'nosuchuser' on this host"):
+        load({"runs_dir": "~nosuchuser/x"}).path("~nosuchuser/x")
+    assert load({}).path("~/x") == Path.home() / "x"
