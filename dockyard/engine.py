@@ -137,9 +137,11 @@ def run(
         code = 128 + (signal.SIGTERM if str(e) == "SIGTERM" else signal.SIGINT)
         if p is not None and p.stdout is not None:
             # Ctrl-C reached the command too (one process group): its last words are shown while it stops
-            threading.Thread(target=_show_rest, args=(p.stdout, as_host), daemon=True).start()
+            rest = threading.Thread(target=_show_rest, args=(p.stdout, as_host), daemon=True)
+            rest.start()
             with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):  # another Ctrl-C: at once
                 p.wait(timeout=STOP_WAIT)
+                rest.join(timeout=2)  # its last lines, printed before what this says
         raise Interrupted(f"interrupted: {shown(argv)}", stopped=p is None or p.poll() is not None,
                           exit_code=code) from None
     if check and proc.returncode != 0:

@@ -202,6 +202,10 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                                 "after training; leave it out, and upload the run's model/ from a host with internet "
                                 "(`hf upload`)")
     check_deepspeed_chooses(recipe, layers[1:])
+    for layer, where in layers[1:] if not recipe.peft else ():
+        if given := sorted(k for k in layer if k in LORA_KEYS):
+            raise DockyardError(f"{given[0]} in {where}: recipe {recipe.name} trains the whole model, with no LoRA "
+                                "adapters to set; pick lora or qlora (invoke recipes), or leave it out")
     merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
@@ -210,6 +214,8 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
         raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
     return settings, merged
 
+
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")  # read by the lora and qlora recipes only
 
 # The TrainingArguments a DeepSpeed config's own section overrides, that section's name, and what it is
 DEEPSPEED_CHOOSES = {"optimizer": (("optim", "optim_args", "optim_target_modules"), "the optimizer"),

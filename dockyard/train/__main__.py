@@ -310,6 +310,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     recipe = run.recipe = load_recipe(run.opts.recipe)
     run.record.recipe_files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
     run_dir = run.opts.run_dir
+    if not str(run.opts.run_dir_given).strip() or run_dir.resolve() == Path.cwd().resolve():
+        raise DockyardError(f"--run-dir {str(run.opts.run_dir_given)!r}: that is the folder the trainer was started "
+                            "in; give the run a folder of its own (runs/<name>)")
     if run_dir.exists() and not run_dir.is_dir():
         raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
     if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made
@@ -898,9 +901,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     parser = argparse.ArgumentParser(prog="python -m dockyard.train", description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, help="a recipe name (recipes/<name>/) or a recipe folder")
-    parser.add_argument("--run-dir", required=True, type=Path, help="where the run writes everything")
+    parser.add_argument("--run-dir", required=True, help="where the run writes everything")
     parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
     opts, extra = parser.parse_known_args(head)
+    opts.run_dir_given, opts.run_dir = opts.run_dir, Path(opts.run_dir)  # "" is a Path of "." (the folder it ran in)
     return opts, parse_overrides(extra + rest)
 
 

@@ -77,14 +77,14 @@ RUNS_A_COMMAND = """
 import sys
 from dockyard import engine
 try:
-    engine.run(["sh", "-c", "trap 'echo the command got TERM; exit 0' TERM; echo started; sleep 60 & wait"], check=False)
+    engine.run(["sh", "-c", "trap 'echo TERM > got; exit 0' TERM; echo started; sleep 60 & wait"], check=False)
 except engine.Interrupted as e:
     print(f"interrupted, stopped={e.stopped}", flush=True)
     sys.exit(e.exit_code)
 """
 
 
-def test_sigterm_reaches_the_command_and_ends_as_an_interrupt_does():
+def test_sigterm_reaches_the_command_and_ends_as_an_interrupt_does(tmp_path):
     """SIGTERM to `invoke run` (systemd, a CI job's end, kill) ended invoke alone: its docker client died and the
     training container ran on, holding the name its resume needs. Now the command gets it too, and the task ends
     through Ctrl-C's path (the command that continues the run), with 143."""
@@ -96,14 +96,14 @@ def test_sigterm_reaches_the_command_and_ends_as_an_interrupt_does():
 
     from dockyard import ROOT
 
-    p = subprocess.Popen([sys.executable, "-c", RUNS_A_COMMAND], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    p = subprocess.Popen([sys.executable, "-c", RUNS_A_COMMAND], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.stdout.readline().strip() == "started"
     time.sleep(0.3)
     p.send_signal(signal.SIGTERM)  # to this process alone, not its group
     out, _ = p.communicate(timeout=60)
-    assert "the command got TERM" in out and "interrupted, stopped=True" in out, out
-    assert p.returncode == 143
+    assert (tmp_path / "got").read_text().strip() == "TERM", "the command was not told"
+    assert "interrupted, stopped=True" in out and p.returncode == 143, out
 
 
 def test_a_docker_setting_that_names_no_docker_client_is_one_error_line(tmp_path):

@@ -113,7 +113,7 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--neftune_noise_alpha", "-1"], "neftune_noise_alpha -1: TrainingArguments.neftune_noise_alpha takes a number "
                                       "above 0"),
     (["--eval_on_start", "true"], "eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE"),
-    (["--lora_target_modules", "5"], "invalid setting: lora_target_modules: 5: give the names of the model's linear layers"),
+    (["--lora_r", "8"], "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters"),
     (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),
 ])
 def test_a_bad_training_number_given_to_the_trainer_itself_is_the_hosts_one_error_line(tmp_path, capsys, override,
@@ -456,11 +456,15 @@ def test_a_setting_the_trainer_reads_only_as_it_starts_is_one_error_line(tmp_pat
 
 def test_lora_target_modules_written_with_commas_are_the_names_they_list(tmp_path):
     """`--lora_target_modules q_proj,v_proj` (the way most write it) was one name to peft, which matched nothing."""
+    from dockyard.common.errors import DockyardError
     from dockyard.common.recipes import load_recipe
     from dockyard.common.run_settings import resolve_settings
 
     settings, _ = resolve_settings(load_recipe("lora"), {"lora_target_modules": "q_proj, v_proj"})
     assert settings.lora_target_modules == ["q_proj", "v_proj"]
+    for odd in (5, ",", ""):
+        with pytest.raises(DockyardError, match="lora_target_modules: .*give the names of the model's linear layers"):
+            resolve_settings(load_recipe("lora"), {"lora_target_modules": odd})
     assert resolve_settings(load_recipe("lora"), {})[0].lora_target_modules == "all-linear"
 
 
@@ -487,3 +491,16 @@ def test_a_gpu_out_of_memory_is_one_line_with_the_ways_out(tmp_path, capsys, mon
     assert ("error: out of GPU memory at micro-batch 4 x 128 tokens (CUDA out of memory. Tried to allocate 2.00 GiB. "
             "GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free.): lower --per_device_train_batch_size"
             in err), err
+
+
+@pytest.mark.parametrize("given", ["", "."])
+def test_the_folder_the_trainer_was_started_in_is_not_taken_as_the_run_folder(tmp_path, capsys, monkeypatch, given):
+    """`--run-dir ""` trained into the current folder, writing base/, checkpoints/ and a manifest among its files."""
+    from dockyard.train.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    code = main(["--recipe", "ddp", "--run-dir", given, "--", "--max_steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: --run-dir {given!r}: that is the folder the trainer was started in" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

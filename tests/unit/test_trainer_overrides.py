@@ -65,7 +65,8 @@ def _must(key: str, value) -> str:
 @given(value=VALUES)
 def test_a_trainer_override_is_taken_or_one_short_error_naming_it(key, value, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    r = invoke_here("run", "--dry", "--variant=cpu", "--native", "--", f"--{key}", value,
+    recipe = "lora" if key.startswith("lora_") else "zero2"  # the recipes with adapters read the LoRA settings
+    r = invoke_here("run", "--dry", "--variant=cpu", "--native", f"--recipe={recipe}", "--", f"--{key}", value,
                     env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs)})
     assert "Traceback" not in r.stderr + r.stdout
     must = _must(key, parse_overrides([f"--{key}", value])[key])
@@ -149,3 +150,15 @@ def test_an_optimizer_the_recipes_deepspeed_config_chooses_is_not_overridden_in_
         short_error(r, f"{typed[0][2:]} in the overrides after --: recipe {recipe}'s ds_config.json chooses the "
                        "optimizer itself (its `optimizer` section)")
     assert resolve_settings(load_recipe("zero2"), {"optim": "sgd"})[1]["optim"] == "sgd"  # no `optimizer` there
+
+
+def test_lora_settings_given_to_a_recipe_without_adapters_are_refused_not_ignored(tmp_path):
+    """`--recipe ddp -- --lora_r 8` did a full fine-tune and said nothing of the setting."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    r = invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp", "--", "--lora_r", "8",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters")
+    assert resolve_settings(load_recipe("lora"), {"lora_r": 8})[0].lora_r == 8
+    assert resolve_settings(load_recipe("ddp"), {})[0].lora_r == 16  # defaults.yaml's, for every recipe
