@@ -167,6 +167,14 @@ while [ $# -gt 0 ]; do
 	shift
 done
 
+# Paths after --: not mounted (the trainer would look for them inside the container), and --data before -- came
+# after them in the trainer's command and won
+for a do
+	case "$a" in
+	--data | --data=* | --model | --model=*) die "${a%%=*} after --: a path there is not mounted; give it before -- (${a%%=*}=PATH): run.sh mounts it read-only" ;;
+	--eval_data | --eval_data=*) die "--eval_data after --: run.sh mounts --data and --model only; hold out a share of --data instead (-- --eval_fraction 0.05), or use invoke run --data=... -- --eval_data PATH" ;;
+	esac
+done
 [ -z "$IMAGE_GIVEN" ] || case $IMAGE in '' | -* | *[[:cntrl:][:space:]]*) die "--image=$IMAGE is not an image reference" ;; esac
 [ -n "$RECIPE" ] || die "--recipe= needs a recipe name or folder"
 

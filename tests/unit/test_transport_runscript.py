@@ -431,3 +431,17 @@ def test_run_sh_and_load_sh_say_how_they_are_used_and_a_run_that_never_began_lea
     assert argv and proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == "run.sh: the run stopped before it began (exit 0): its reason is above"
     assert not (tmp_path / "runs" / "typo").exists()
+
+
+@pytest.mark.parametrize("after, says", [
+    (["--data", "/tmp/b.jsonl"], "--data after --: a path there is not mounted; give it before -- (--data=PATH)"),
+    (["--model=/models/x"], "--model after --: a path there is not mounted; give it before -- (--model=PATH)"),
+    (["--eval_data", "held.jsonl"], "--eval_data after --: run.sh mounts --data and --model only"),
+])
+def test_a_path_given_after_the_double_dash_is_refused_before_docker(node, after, says):
+    """`sh run.sh --data=a.jsonl -- --data /tmp/b.jsonl`: b was not mounted, and a (last in the trainer's command) won;
+    `-- --data /host/x.jsonl` alone failed inside the container ("no data at /host/x.jsonl") with a run folder."""
+    proc, argv = node("--run-id=p1", "--", *after)
+    assert proc.returncode == 1 and says in proc.stderr and not argv, proc.stderr
+    proc, argv = node("--run-id=p2", "--", "--max_steps", "3")
+    assert "--max_steps" in argv, proc.stderr  # docker was started (a stand-in here)
