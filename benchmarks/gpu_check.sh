@@ -82,7 +82,7 @@ tests)
 		run_slice resume-b tests/gpu/test_resume_gpu.py -k "not (ddp or fsdp or lora)" "$@" &
 		wait
 		# a slice stopped at its deadline: torchrun ends its workers on timeout's TERM; any it left would hold the GPU
-		pkill -f -- "-m dockyard.train" 2>/dev/null || :
+		pkill -f -- "--run-dir /tmp/dockyard-gpu-tests-" 2>/dev/null || :  # the tests' trainers alone
 		# every test's outcome, slice by slice, then the worst exit status of the six
 		grep -h "::" "$OUT"/tests-gpu-*.log | grep -E "(PASSED|FAILED|ERROR|SKIPPED|XFAIL)( |$)" | sed 's/ *\[ *[0-9]*%\]//' || :
 		worst=0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import math
+import re
 import reprlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +81,9 @@ class RunSettings(BaseModel):
     def _module_names(cls, value: Any) -> Any:
         """`q_proj,v_proj` (the way most write it) as the list of names it means: peft read it as one name, matched
         nothing and stopped with its traceback."""
-        if isinstance(value, str) and "," in value:
-            value = [name.strip() for name in value.split(",")]
+        parts = [n.strip() for n in value.split(",")] if isinstance(value, str) and "," in value else None
+        if parts and all(not n or NAME.fullmatch(n) for n in parts):  # not a regex of peft's (`\\d{1,2}` has a comma)
+            value = [n for n in parts if n]
         if isinstance(value, str):
             value = value.strip()
         if not value or not (isinstance(value, str) or isinstance(value, list)
@@ -215,11 +217,21 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     return settings, merged
 
 
+NAME = re.compile(r"[A-Za-z_][\w.]*")  # a module's name (q_proj, mlp.down_proj), where a list of them is written a,b
 LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")  # read by the lora and qlora recipes only
 
 # The TrainingArguments a DeepSpeed config's own section overrides, that section's name, and what it is
 DEEPSPEED_CHOOSES = {"optimizer": (("optim", "optim_args", "optim_target_modules"), "the optimizer"),
                      "scheduler": (("lr_scheduler_type", "lr_scheduler_kwargs"), "the learning-rate schedule")}
+
+
+def ineffective(recipe: Recipe, overrides: dict[str, Any]) -> list[str]:
+    """The keys of `overrides` that have no effect on a run of `recipe`, which resolve_settings refuses: a run saved
+    before it refused them holds them in its overrides.json, and its --resume leaves them out."""
+    chosen = read_deepspeed_config(recipe.file(recipe.deepspeed)) if recipe.deepspeed else {}
+    dead = {*SET_BY_THE_RUN, *(() if recipe.peft else LORA_KEYS),
+            *(k for section, (keys, _) in DEEPSPEED_CHOOSES.items() if section in chosen for k in keys)}
+    return sorted(k for k in overrides if k in dead)
 
 
 def check_deepspeed_chooses(recipe: Recipe, layers) -> None:
@@ -293,7 +305,7 @@ def check_training_numbers(training: dict[str, Any]) -> None:
                             "or neither for the GPU's own")
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
+LOG_LEVELS = ("detail", "debug", "info", "warning", "error", "critical", "passive")  # transformers' trainer_log_levels
 
 
 def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
@@ -351,7 +363,7 @@ RANGES: dict[str, Range] = {
     **dict.fromkeys(("per_device_eval_batch_size", "eval_accumulation_steps"), Range(1)),
     **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), Range(0, open_low=True)),
     **dict.fromkeys(("seed", "data_seed"), Range(0, 2**32 - 1)),
-    "neftune_noise_alpha": Range(0, open_low=True),  # torch's uniform_ refused a negative one at the first step
+    "neftune_noise_alpha": Range(0),  # torch's uniform_ refused a negative one at the first step
 }
 
 

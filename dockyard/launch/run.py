@@ -168,10 +168,12 @@ def _interrupted(r: RunRequest, run_dir: Path, e: engine.Interrupted, made: bool
     """Ctrl-C (or SIGTERM) during a run: how to continue it; a folder this command made, where the trainer never
     started (waiting for the other nodes, or for the image), is removed, so the same command can run again."""
     every = " on every node" if r.nodes > 1 else ""
-    if made and e.stopped and not _trainer_wrote(run_dir, r.node_rank):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return DockyardError(f"interrupted before run {run_dir.name} started training: nothing was kept, so the same "
-                             f"command can be run again{every}", exit_code=e.exit_code)
+    if e.stopped and not r.resume and not _trainer_wrote(run_dir, r.node_rank):
+        if made:  # node 0's: the other nodes' folder is node 0's (shared), theirs to keep or remove
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return DockyardError(f"interrupted before run {run_dir.name} started training{' here' if not made else ''}: "
+                             f"{'nothing was kept, so ' if made else ''}the same command can be run again{every}",
+                             exit_code=e.exit_code)
     how = ("stopped" if e.stopped else "is still stopping" if r.native
            else f"is still stopping (docker stop dockyard-{run_dir.name} stops it at once)")
     return DockyardError(f"interrupted: run {run_dir.name} {how}. Continue it from its last complete checkpoint, with "
@@ -262,13 +264,14 @@ def node_env(topo: Topology) -> dict[str, str]:
 
 
 def check_one_node(r: RunRequest) -> None:
-    """The flags of several nodes, given for one: each did nothing (torchrun runs standalone)."""
+    """The flags of several nodes, given for one, do nothing (torchrun runs standalone): said, not refused (a job
+    script that always passes them may run one node)."""
     node.check_restarts(r.max_restarts)
     given = [f for f, value, default in (("--master-addr", r.master_addr, ""), ("--iface", r.iface, ""),
                                          ("--join-timeout", r.join_timeout, node.JOIN_TIMEOUT)) if value != default]
     if given:
-        raise DockyardError(f"{', '.join(given)}: for several nodes (--nodes=N), and this run has one; leave "
-                            f"{'it' if len(given) == 1 else 'them'} out, or give --nodes")
+        print(f"warning: {', '.join(given)}: for several nodes (--nodes=N); this run has one node, so "
+              f"{'it does' if len(given) == 1 else 'they do'} nothing", file=sys.stderr)
 
 
 def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,

@@ -46,6 +46,7 @@ from dockyard.common.run_settings import (
     check_profile,
     check_training_numbers,
     either_name,
+    ineffective,
     parse_overrides,
     resolve_settings,
 )
@@ -331,6 +332,10 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     if run.opts.resume:  # a run continues with its own settings: those given now change them
         saved = manifest.saved_overrides(run_dir)
+        if dropped := ineffective(recipe, saved):  # a run of before they were refused: they never took effect
+            saved = {k: v for k, v in saved.items() if k not in dropped}
+            log.warning("--resume: the run's settings %s had no effect on it and are left out now",
+                        ", ".join(f"--{k}" for k in dropped))
         run.kept_overrides = {k: v for k, v in saved.items() if k not in overrides}
         overrides = {**saved, **overrides}
     run.overrides = run.record.overrides = overrides
@@ -355,10 +360,12 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         raise DockyardError(f"already at max_steps {steps} ({Path(last).name}): raise --max_steps to train on; the "
                             f"weights of that step are in {last} (from_pretrained reads them)")
     if last and not any(Path(last).glob("rng_state*.pth")):  # what the Trainer leaves out with save_only_model
+        weights = ("" if recipe.peft else f" (a full fine-tune from those weights: --model with the folder "
+                   f"{run_dir.name}/checkpoints/{Path(last).name} of the runs folder)")
         raise DockyardError(f"cannot resume from {Path(last).name}: it holds the weights alone (saved with "
                             "save_only_model), and the optimizer and the learning-rate schedule would start over "
-                            "without a word. Start a new run instead (a full fine-tune from those weights: --model "
-                            f"{last}); a run meant to be resumed saves with --save_only_model false")
+                            f"without a word. Start a new run instead{weights}; a run meant to be resumed saves with "
+                            "--save_only_model false")
     if not run.opts.resume and os.environ.get("RANK", "0") == "0":
         # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
@@ -658,7 +665,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         raise checkpoints.explain(e) from None
     except torch.OutOfMemoryError as e:
         raise out_of_memory(e, p) from None
-    except (TypeError, AttributeError, KeyError, IndexError, ValueError, RuntimeError) as e:
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:  # not RuntimeError: NCCL, CUDA, ...
         if run.training:
             raise
         if p.resume_from:

@@ -45,16 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     # The agent's own C++ logs (c10d's socket and store): a node that cannot reach node 0 printed each retry with a
     # stack of 40 frames, and a node whose store went away as node 0 finished a successful run did too. What the
     # agent says is said below in one line; the workers keep the level the user set (read as torch loads).
-    cpp_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ  # a level the user set (to debug a rendezvous) is kept
+    if quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
     from torch.distributed.run import main as torchrun
 
-    if cpp_level is None:
+    if quiet:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
-    else:
-        os.environ["TORCH_CPP_LOG_LEVEL"] = cpp_level
 
     # its "failed (exitcode: 1) local_rank: 0 (pid: 27600) of binary: ..." and "Sending process 19312 closing signal
     # SIGTERM", under every failed run's reason: the line below says which process failed first, and how
@@ -100,6 +99,10 @@ def not_met(argv: list[str], error: BaseException) -> str:
         return f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}"
     cause = error.__cause__ or error.__context__ or error
     said = (str(cause).strip().splitlines() or ["no answer"])[0][:160]
+    if conf.get("is_host") == "1" and "EADDRINUSE" in str(cause) + said or "address already in use" in said.lower():
+        port = a.rdzv_endpoint.rsplit(":", 1)[-1]
+        return (f"port {port} is taken on this node, which hosts the rendezvous {a.rdzv_id} (node 0): give every node "
+                "another --master-port (or stop what holds it)")
     return (f"cannot reach the rendezvous {a.rdzv_id} at {a.rdzv_endpoint} (node 0 hosts it; "
             f"{type(cause).__name__}: {said}): {fix}")
 

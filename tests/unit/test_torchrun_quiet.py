@@ -195,3 +195,25 @@ def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
     assert r.stderr.strip() == ("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: "
                                 "give a number of processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add "
                                 "the GPUs (compose/gpu.yml)")
+
+
+def test_node_0_whose_rendezvous_port_is_taken_is_told_so_not_to_start_the_other_nodes(tmp_path):
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    try:
+        r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+                            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=taken1",
+                            "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    finally:
+        held.close()
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"torchrun: port {port} is taken on this node, which hosts the rendezvous taken1 (node 0): give every node "
+        "another --master-port (or stop what holds it)")

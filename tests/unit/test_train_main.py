@@ -109,9 +109,9 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--report_to", "wandb"], "report_to wandb: not installed in this image (installed: "),
     # KeyError in the Trainer's table of levels; torch's uniform_ at the first step; the Trainer's "evaluation requires
     # an eval_dataset"; peft's error for a name of no layer
-    (["--log_level", "foo"], "log_level 'foo': give one of debug, info, warning, error, critical, passive"),
+    (["--log_level", "foo"], "log_level 'foo': give one of detail, debug, info, warning, error, critical, passive"),
     (["--neftune_noise_alpha", "-1"], "neftune_noise_alpha -1: TrainingArguments.neftune_noise_alpha takes a number "
-                                      "above 0"),
+                                      "0 or more"),
     (["--eval_on_start", "true"], "eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE"),
     (["--lora_r", "8"], "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters"),
     (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),

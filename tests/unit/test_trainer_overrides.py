@@ -162,3 +162,26 @@ def test_lora_settings_given_to_a_recipe_without_adapters_are_refused_not_ignore
     short_error(r, "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters")
     assert resolve_settings(load_recipe("lora"), {"lora_r": 8})[0].lora_r == 8
     assert resolve_settings(load_recipe("ddp"), {})[0].lora_r == 16  # defaults.yaml's, for every recipe
+
+
+def test_a_resume_leaves_out_what_an_older_run_saved_to_no_effect():
+    """A run started before these keys were refused holds them in overrides.json: its --resume was refused for a key
+    the user had not given ("in the overrides after --"), with no way to take it out."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import ineffective
+
+    saved = {"lora_r": 8, "output_dir": "/x", "max_steps": 30, "optim": "sgd", "learning_rate": 0.1}
+    assert ineffective(load_recipe("ddp"), saved) == ["lora_r", "output_dir"]
+    assert ineffective(load_recipe("zero2-offload"), saved) == ["lora_r", "optim", "output_dir"]
+    assert ineffective(load_recipe("lora"), saved) == ["output_dir"]
+
+
+def test_choices_and_names_a_user_may_well_give_are_taken():
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import check_training_numbers, resolve_settings
+
+    check_training_numbers({"log_level": "detail", "neftune_noise_alpha": 0})  # transformers takes both
+    regex = r"model\.layers\.\d{1,2}\.self_attn\.(q_proj|v_proj)"  # peft's own form: a comma inside, no list
+    assert resolve_settings(load_recipe("lora"), {"lora_target_modules": regex})[0].lora_target_modules == regex
+    assert resolve_settings(load_recipe("lora"), {"lora_target_modules": "q_proj,"})[0].lora_target_modules == \
+        ["q_proj"]
