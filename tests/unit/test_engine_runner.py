@@ -110,7 +110,7 @@ def test_a_docker_setting_that_names_no_docker_client_is_one_error_line(tmp_path
     """INVOKE_DOCKYARD_DOCKER=/bin/echo: `invoke doctor` and `invoke run` were a JSONDecodeError traceback."""
     from dockyard.settings import load
 
-    settings = load({"docker": "/bin/echo"})
+    settings = load({"docker": "/bin/echo"}, environ={})  # not the INVOKE_DOCKYARD_DOCKER this runs with
     with pytest.raises(DockyardError, match=r"`/bin/echo image inspect` did not answer as a Docker client does"):
         engine.image_inspect(settings, "dockyard:0.1.0-cpu")
     with pytest.raises(DockyardError, match=r"`/bin/echo info` did not answer as a Docker client does"):
