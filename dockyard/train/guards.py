@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,13 @@ def peft_training_args(args: dict[str, Any], peft: str | None) -> dict[str, Any]
     ready twice ("Expected to mark a variable ready only once"), and unused-parameter search fails the same way."""
     if not peft or not args.get("gradient_checkpointing"):
         return args
+    given = [f"{k} true" for k, v in (("ddp_find_unused_parameters", args.get("ddp_find_unused_parameters")),
+                                      ("use_reentrant", (args.get("gradient_checkpointing_kwargs") or {}).get(
+                                          "use_reentrant"))) if v is True]
+    if given:  # said, not refused: the recipe's own fix, which a run of one process would not need
+        logging.getLogger("dockyard.train").warning(
+            "%s: set to false for %s with gradient checkpointing (under DDP the adapters' gradients would be marked "
+            "ready twice)", ", ".join(given), peft)
     return {**args, "ddp_find_unused_parameters": False,
             "gradient_checkpointing_kwargs": {**(args.get("gradient_checkpointing_kwargs") or {}),
                                               "use_reentrant": False}}

@@ -57,6 +57,19 @@ def test_lora_with_gradient_checkpointing_gets_non_reentrant_checkpointing_and_n
     assert guards.peft_training_args({"gradient_checkpointing": True}, None) == {"gradient_checkpointing": True}
 
 
+def test_values_the_adapters_need_changed_are_said_not_changed_silently(caplog):
+    """`--gradient_checkpointing_kwargs '{use_reentrant: true}' --ddp_find_unused_parameters true` on lora were
+    replaced without a line."""
+    given = {"gradient_checkpointing": True, "ddp_find_unused_parameters": True,
+             "gradient_checkpointing_kwargs": {"use_reentrant": True}}
+    args = guards.peft_training_args(given, "lora")
+    assert args["ddp_find_unused_parameters"] is False and args["gradient_checkpointing_kwargs"]["use_reentrant"] is False
+    assert "ddp_find_unused_parameters true, use_reentrant true: set to false for lora" in caplog.text
+    caplog.clear()
+    guards.peft_training_args({"gradient_checkpointing": True}, "lora")
+    assert "set to false" not in caplog.text
+
+
 def test_lora_with_gradient_checkpointing_enables_input_grads():
     from transformers import LlamaConfig, LlamaForCausalLM
 
