@@ -40,6 +40,8 @@ from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
     RunSettings,
+    batch_split,
+    check_autos,
     check_evaluation,
     check_known_overrides,
     check_known_settings,
@@ -410,6 +412,8 @@ def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     settings, training = resolve_settings(recipe, overrides)
     check_known_settings(recipe, training)
     check_training_numbers(training)
+    # the batch split over this run's processes, as the host checks it (the autos resolve it again, on the GPU)
+    batch_split(settings.global_batch, *check_autos(training), int(os.environ.get("WORLD_SIZE", 1)))
     check_evaluation(settings, training)
     check_profile(settings, training)
     guards.check_report_to(training.get("report_to"))

@@ -115,6 +115,9 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--eval_on_start", "true"], "eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE"),
     (["--lora_r", "8"], "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters"),
     (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),
+    # the split of the batch, refused once the run folder was made (run.sh, native)
+    (["--global_batch", "3", "--per_device_train_batch_size", "2"], "per_device_train_batch_size 2 does not divide "
+                                                                     "the 3 examples each of the 1 process(es)"),
 ])
 def test_a_bad_training_number_given_to_the_trainer_itself_is_the_hosts_one_error_line(tmp_path, capsys, override,
                                                                                        says):
