@@ -113,6 +113,10 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
                 f"exec {invoke} load {shlex.quote('--file=' + str(Path(archive).resolve()))}")
         lines += ["# The image on every node, from the archive where a node lacks it (`invoke save` wrote it).",
                   f"srun --ntasks-per-node=1 bash -c {shlex.quote(load)}"]
+    # Each node's `invoke run` reads the runs folder this script was written for (its log's, --output above), not
+    # whatever the sbatch environment says: the job log and the run folder went to two places.
+    lines += ["# The runs folder `invoke slurm` was given (the job log's): every node's run goes there.",
+              f"export INVOKE_DOCKYARD_RUNS_DIR={shlex.quote(str(runs))}"]
     # Quoted twice: each word for the node's bash, the whole line for this one (SLURM_NODEID is each node's own).
     lines += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
               + shlex.quote(f"exec {invoke} {' '.join(run)}") + ' bash "$@"']

@@ -100,9 +100,10 @@ def _submit(base: Path, text: str, *after: str, **env: str) -> tuple[subprocess.
     (bin_ / "docker").chmod(0o755)
     p = subprocess.run(["bash", str(script), *after], capture_output=True, text=True, timeout=60,
                        env=environment(bin_, log, base / "pwned", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="gpu-[a-b]",
-                                       RECORD_ENV="DOCKYARD_RENDEZVOUS,DOCKYARD_NODE_RANK", **env))
+                                       RECORD_ENV="DOCKYARD_RENDEZVOUS,DOCKYARD_NODE_RANK,INVOKE_DOCKYARD_RUNS_DIR",
+                                       **env))
     assert not (base / "pwned").exists(), "a value ran as a command"
-    return p, records(log, ("DOCKYARD_RENDEZVOUS", "DOCKYARD_NODE_RANK"))
+    return p, records(log, ("DOCKYARD_RENDEZVOUS", "DOCKYARD_NODE_RANK", "INVOKE_DOCKYARD_RUNS_DIR"))
 
 
 def _refused(e: DockyardError, values: dict[str, str], refuses: dict[str, str] | None = None) -> None:
@@ -154,6 +155,10 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
            "--master-addr=10.9.0.1", "--master-port=29500", f"--run-id={_default_run_id(folder.resolve().name)}",
            "--resume", after, "--", "--run_name", override, "--max_steps", "5"]
     assert by_tool["invoke"] == [load, load, run, [*run[:4], "--node-rank=1", *run[5:]]]
+    # every node's run goes to the runs folder the script was written for (the job log's), whatever sbatch's
+    # environment said
+    assert {r["env"]["INVOKE_DOCKYARD_RUNS_DIR"] for r in got if r["tool"] == "invoke" and r["argv"][0] == "run"} == \
+        {str(runs_dir)}
 
 
 @EXAMPLES
