@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+import sys
 from pathlib import Path
 
 from dockyard import engine
@@ -39,6 +40,12 @@ def rendezvous(*, master_addr: str, master_port: int, node_rank: int, run_id: st
     if found.get("addr") and ipaddress.ip_address(found["addr"]).is_loopback:
         raise DockyardError(f"--iface {found.get('iface')} is a loopback interface ({found['addr']}): the other nodes "
                             "cannot reach it; give this node's interface on the network the nodes share (`ip addr`)")
+    if node_rank == 0 and found.get("addr") and resolve_address(master_addr) != found["addr"]:
+        # node 0 hosts the store on this machine; the others look for it at --master-addr (said, not refused: a
+        # forwarded or virtual address may reach it)
+        print(f"warning: --master-addr {master_addr} is not an address of this node, yet --node-rank=0 hosts the "
+              f"rendezvous here: the other nodes will look for it there; give node 0 its own address "
+              f"({found['addr']} on {found.get('iface') or 'its interface'})", file=sys.stderr)
     return Rendezvous(endpoint=f"{master_addr}:{master_port}", run_id=run_id, is_host=node_rank == 0,
                       join_timeout=join_timeout, max_restarts=max_restarts, iface=found.get("iface", ""),
                       local_addr=found.get("addr", ""))

@@ -621,3 +621,17 @@ def test_inputs_host_paths_of_no_meaning_are_warned_of_and_the_inside_paths_reco
     record = manifest.inputs_record({"data": str(tmp_path / "d.jsonl")})
     assert record["data"]["path"] == str(tmp_path / "d.jsonl")
     assert "DOCKYARD_HOST_PATHS is not a JSON object" in caplog.text
+
+
+def test_node_0_given_an_address_not_its_own_is_warned_that_the_others_will_look_there(capsys):
+    """`--node-rank=0 --master-addr=<node 1's address>`: node 0 hosted the store at home while the others looked for
+    it at node 1, and both waited past the join bound."""
+    args = dict(master_port=29500, run_id="exp1", join_timeout=120, max_restarts=0,
+                routes={"iface": "eth0", "addr": "10.0.0.1"})
+    multinode.rendezvous(master_addr="10.0.0.5", node_rank=0, **args)
+    assert ("warning: --master-addr 10.0.0.5 is not an address of this node, yet --node-rank=0 hosts the rendezvous "
+            "here: the other nodes will look for it there; give node 0 its own address (10.0.0.1 on eth0)"
+            in capsys.readouterr().err)
+    multinode.rendezvous(master_addr="10.0.0.1", node_rank=0, **args)  # its own
+    multinode.rendezvous(master_addr="10.0.0.5", node_rank=1, **args)  # another node's, as it should be
+    assert "warning" not in capsys.readouterr().err
