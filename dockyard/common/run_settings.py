@@ -508,6 +508,9 @@ def _problems(error: ValidationError, given: dict[str, Any]) -> str:
         key = str(err["loc"][0])
         if takes := number_range(key) or switch_choices(key):
             said[key] = f"{key} {reprlib.repr(given[key])}: {takes}"
+        elif key in given and given[key] is None:  # `--data=` or a bare `~`: YAML's null
+            said[key] = (f"{key}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as none): "
+                         f"give one, e.g. --{key} {'PATH' if key in ('model', 'data', 'eval_data') else 'VALUE'}")
         else:
             msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]  # a validator's own words
             said[key] = "; ".join(filter(None, [said.get(key), f"{'.'.join(map(str, err['loc']))}: {msg}"]))

@@ -185,3 +185,12 @@ def test_choices_and_names_a_user_may_well_give_are_taken():
     assert resolve_settings(load_recipe("lora"), {"lora_target_modules": regex})[0].lora_target_modules == regex
     assert resolve_settings(load_recipe("lora"), {"lora_target_modules": "q_proj,"})[0].lora_target_modules == \
         ["q_proj"]
+
+
+@pytest.mark.parametrize("typed", [["--data="], ["--data", "~"], ["--model", "null"]])
+def test_a_path_setting_given_no_value_says_so(tmp_path, typed):
+    """`-- --data=` said "data: Input should be a valid string", not what was wrong with what was typed."""
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", *typed, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
+    key = typed[0].strip("-=")
+    short_error(r, f"invalid setting: {key}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as "
+                   f"none): give one, e.g. --{key} PATH")
