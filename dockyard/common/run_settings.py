@@ -375,6 +375,15 @@ def check_number(key: str, value: Any, kind: str) -> None:
     optional = kind.endswith("|None")
     if not kind or (auto and value == "auto") or (optional and value is None):
         return
+    if kind.startswith("choice:"):  # an enum of transformers' (optim, lr_scheduler_type, the strategies)
+        names = kind.removeprefix("choice:").split(",")
+        if value is False and "no" in names:  # YAML reads `--save_strategy no` as false (the trainer maps it back)
+            return
+        if not (isinstance(value, str) and value in names):
+            close = difflib.get_close_matches(str(value), names, n=1)
+            raise DockyardError(f"{key} {reprlib.repr(value)}: " + (f"did you mean {close[0]}? " if close else "")
+                                + f"TrainingArguments.{key} takes one of {', '.join(names)}")
+        return
     if kind.startswith("bool"):
         if not isinstance(value, bool) and not auto:  # an auto's: check_autos says it with the choices it has
             raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} is a switch: give true or "

@@ -292,6 +292,7 @@ def test_auto_settings_the_trainer_would_refuse_are_refused_on_the_host(env, nat
 
 def test_the_training_arguments_snapshot_is_the_pinned_transformers():
     """Each field's name, and for a number its type: what the host checks overrides against."""
+    import enum
     import types
     import typing
 
@@ -299,6 +300,9 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
 
     def kind(t) -> str:
         choices = set(typing.get_args(t)) if typing.get_origin(t) in (typing.Union, types.UnionType) else {t}
+        named = [c for c in choices if isinstance(c, type) and issubclass(c, enum.Enum)]
+        if named:  # one of transformers' names (optim, lr_scheduler_type, the strategies)
+            return "choice:" + ",".join(m.value for m in named[0])
         number = choices - {type(None)}
         if len(number) != 1 or not number <= {int, float, bool}:
             return ""
@@ -307,6 +311,7 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
     assert run_settings.training_arguments() == {f.name: kind(f.type) for f in fields(TrainingArguments)}
     assert run_settings.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
     assert run_settings.training_arguments()["bf16"] == "bool"  # and the switches
+    assert "adamw_torch_fused" in run_settings.training_arguments()["optim"].split(",")  # and the names
 
 
 @pytest.mark.parametrize("task", ["slurm", "k8s"])

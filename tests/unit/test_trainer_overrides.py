@@ -194,3 +194,20 @@ def test_a_path_setting_given_no_value_says_so(tmp_path, typed):
     key = typed[0].strip("-=")
     short_error(r, f"invalid setting: {key}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as "
                    f"none): give one, e.g. --{key} PATH")
+
+
+@pytest.mark.parametrize("typed, says", [
+    (["--optim", "adamw_torch_fusd"], "optim 'adamw_torch_fusd': did you mean adamw_torch_fused? "
+                                      "TrainingArguments.optim takes one of adamw_torch, "),
+    (["--lr_scheduler_type", "cosin"], "lr_scheduler_type 'cosin': did you mean cosine?"),
+    (["--save_strategy", "bogus"], "save_strategy 'bogus': TrainingArguments.save_strategy takes one of no, steps, "
+                                   "epoch, best"),
+])
+def test_a_name_transformers_does_not_know_is_refused_on_the_host(tmp_path, typed, says):
+    """`--optim foo` passed `invoke run --dry`; the real run started its container, loaded the model and was refused by
+    TrainingArguments, the run id spent on a failed run folder."""
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", *typed, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
+    short_error(r, says)
+    ok = invoke_here("run", "--dry", "--variant=cpu", "--", "--optim", "adamw_torch_fused", "--save_strategy", "no",
+                     "--lr_scheduler_type", "linear", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
+    assert ok.returncode == 0, ok.stderr
