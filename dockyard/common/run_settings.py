@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dockyard import ROOT
 from dockyard.common.errors import DockyardError, MiB, read_bounded, yaml_problem
@@ -100,6 +110,16 @@ class RunSettings(BaseModel):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ValueError(f"{reprlib.repr(value)} is not a step or a range of steps: give N or A-B, e.g. 20-22")
         return "-".join(map(str, profile_range(value) or ()))
+
+    @model_validator(mode="after")
+    def _format_of_the_task(self) -> RunSettings:
+        """A data format the task reads: seq_cls took text and label whatever data_format said (text was ignored)."""
+        if self.task == "seq_cls" and self.data_format not in ("auto", "text_label"):
+            raise ValueError(f"data_format {self.data_format}: task seq_cls reads a text and a label per example "
+                             "(data_format text_label, or auto)")
+        if self.task == "causal_lm" and self.data_format == "text_label":
+            raise ValueError("data_format text_label is for sequence classification: add --task seq_cls")
+        return self
 
     @property
     def data_path(self) -> Path:
@@ -514,6 +534,9 @@ def _problems(error: ValidationError, given: dict[str, Any]) -> str:
     value given."""
     said = {}
     for err in error.errors():
+        if not err["loc"]:  # the settings together (a model validator's): its own words
+            said[""] = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+            continue
         key = str(err["loc"][0])
         if takes := number_range(key) or switch_choices(key):
             said[key] = f"{key} {reprlib.repr(given[key])}: {takes}"

@@ -211,3 +211,13 @@ def test_a_name_transformers_does_not_know_is_refused_on_the_host(tmp_path, type
     ok = invoke_here("run", "--dry", "--variant=cpu", "--", "--optim", "adamw_torch_fused", "--save_strategy", "no",
                      "--lr_scheduler_type", "linear", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
     assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("typed, says", [
+    (["--task", "seq_cls", "--data_format", "text"], "data_format text: task seq_cls reads a text and a label"),
+    (["--data_format", "text_label"], "data_format text_label is for sequence classification: add --task seq_cls"),
+])
+def test_a_data_format_the_task_does_not_read_is_refused(tmp_path, typed, says):
+    """seq_cls read text and label whatever data_format said: `--data_format text` was dropped without a word."""
+    short_error(invoke_here("run", "--dry", "--variant=cpu", "--", *typed,
+                            env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)}), f"invalid setting: {says}")
