@@ -165,9 +165,14 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
                 value, i = argv[i + 1], i + 1
             else:
                 value = "true"
-        out[key.replace("-", "_")] = _scalar(value)
+        key, read = key.replace("-", "_"), _scalar(value)
+        # a name or a path is the text typed: `--run_name yes` was recorded as true, `--data 2024` refused as a number
+        out[key] = value if key in TEXT_KEYS and isinstance(read, (bool, int, float)) else read
         i += 1
     return out
+
+
+TEXT_KEYS = {"run_name", "model", "data", "eval_data", "hub_model_id", "hub_revision"}
 
 
 def _scalar(text: str) -> Any:

@@ -221,3 +221,11 @@ def test_a_data_format_the_task_does_not_read_is_refused(tmp_path, typed, says):
     """seq_cls read text and label whatever data_format said: `--data_format text` was dropped without a word."""
     short_error(invoke_here("run", "--dry", "--variant=cpu", "--", *typed,
                             env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)}), f"invalid setting: {says}")
+
+
+def test_a_name_or_a_path_is_the_text_typed_not_what_yaml_makes_of_it():
+    """`--run_name yes` was recorded as true and `--run_name 1e5` as a float; `--data 2024` was refused as a number."""
+    assert parse_overrides(["--run_name", "yes", "--data", "2024", "--max_steps", "5"]) == \
+        {"run_name": "yes", "data": "2024", "max_steps": 5}
+    assert parse_overrides(["--run_name", "1e5", "--model=007"]) == {"run_name": "1e5", "model": "007"}
+    assert parse_overrides(["--data="]) == {"data": None}  # given nothing: said so, not the sample data
