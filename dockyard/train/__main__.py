@@ -341,7 +341,14 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         run.kept_overrides = {k: v for k, v in saved.items() if k not in overrides}
         overrides = {**saved, **overrides}
     run.overrides = run.record.overrides = overrides
-    settings, training = checked or checked_settings(recipe, overrides)
+    try:
+        settings, training = checked or checked_settings(recipe, overrides)
+    except DockyardError as e:
+        if not run.kept_overrides:
+            raise
+        kept = ", ".join(f"--{k} {v}" for k, v in run.kept_overrides.items())
+        raise DockyardError(f"{e} (the run's own settings, from its overrides.json: {kept}; give one again after -- "
+                            "to change it)") from None
     run.run_dir_ok = True
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:

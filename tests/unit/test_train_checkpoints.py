@@ -258,3 +258,16 @@ def test_a_second_resume_of_a_run_at_once_is_refused_and_its_record_stays(tmp_pa
         err = _resume(run_dir, capsys)
     assert "error: run run is being resumed by another process now: wait for it to end" in err, err
     assert (run_dir / "manifest.json").read_text() == record
+
+
+def test_a_resume_refused_for_a_setting_the_run_saved_says_where_it_comes_from(tmp_path, capsys):
+    """A run started with a setting since refused: its --resume named the setting, not that it came from the run's
+    own overrides.json, nor how to change it."""
+    run_dir = tmp_path / "run"
+    record = _run_with_checkpoints(run_dir, 4)
+    (run_dir / "overrides.json").write_text(json.dumps({"optim": "sgdx"}))
+    err = _resume(run_dir, capsys)
+    assert "error: optim 'sgdx': did you mean sgd? " in err, err
+    assert "(the run's own settings, from its overrides.json: --optim sgdx; give one again after -- to change it)" \
+        in err
+    assert (run_dir / "manifest.json").read_text() == record
