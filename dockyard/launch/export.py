@@ -44,6 +44,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if m is None:
         raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run")
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
+    if m.status != "completed":  # said here, before an image starts to say it (the trainer's export checks it too)
+        raise DockyardError(f"run {run} did not complete (status {m.status}): it saved no model to export; "
+                            f"continue it (invoke run --resume --run-id={run}) or export a completed run")
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")

@@ -50,6 +50,16 @@ def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
         export.export_command(settings, m, run, tmp_path / "o", merge=False)
 
 
+@pytest.mark.parametrize("status", ["failed", "running"])
+def test_a_run_that_did_not_complete_is_refused_before_an_image_starts(settings, tmp_path, status):
+    """A failed run's export started the image, loaded torch and was then refused by the trainer's export."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _run(tmp_path, status=status)
+    with pytest.raises(DockyardError, match=f"run r1 did not complete \\(status {status}\\): it saved no model"):
+        export.export(s, run="r1", dry=True)
+    assert not (tmp_path / "runs" / "r1" / "export").exists()
+
+
 def test_an_export_folder_holding_a_colon_is_refused_before_docker(settings, tmp_path):
     m, run = _run(tmp_path)
     with pytest.raises(DockyardError, match=r"export folder \(--out\) '.*/a:b': a path with ':'"):
