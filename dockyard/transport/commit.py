@@ -232,9 +232,13 @@ def file_token(settings: Settings, container: str, path: str) -> str | None:
 
 def text_token(stream, size: int) -> str | None:
     """token_in over a file read block by block: None for a binary one (a NUL in its first block), TOO_LONG for a
-    text file past SCAN_BYTES."""
+    text file past SCAN_BYTES. A gzip file (a rotated log, a .tar.gz of a home folder) is read decompressed, up to
+    SCAN_BYTES of it, NULs and all (a tar's headers hold them; its files' text is what is read)."""
+    first = stream.read(BLOCK)
+    if first[:2] == GZIP_MAGIC:
+        return gzip_token(first, stream)
     tail, read = b"", 0
-    while block := stream.read(BLOCK):
+    for block in _blocks(first, stream):
         if read == 0 and b"\0" in block:
             return None
         read += len(block)
@@ -243,6 +247,45 @@ def text_token(stream, size: int) -> str | None:
         if read >= SCAN_BYTES and size > read:
             return TOO_LONG
         tail = block[-OVERLAP:]
+    return None
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _blocks(first: bytes, stream):
+    """`first`, then the rest of `stream` block by block."""
+    block = first
+    while block:
+        yield block
+        block = stream.read(BLOCK)
+
+
+def gzip_token(first: bytes, stream) -> str | None:
+    """token_in over a gzip stream decompressed block by block, at most SCAN_BYTES of it (a bomb costs no more);
+    None for one that is not gzip after all, or cut short after its tokens-free part."""
+    import zlib
+
+    inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip's header; concatenated members are read one by one
+    tail, read = b"", 0
+    for block in _blocks(first, stream):
+        data = block
+        while data and read < SCAN_BYTES:
+            try:
+                out = inflate.decompress(data, BLOCK)
+            except zlib.error:
+                return None
+            data = inflate.unconsumed_tail or (inflate.unused_data if inflate.eof else b"")
+            if inflate.eof and data:  # another gzip member follows
+                inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)
+            read += len(out)
+            if what := token_in(tail + out):
+                return what
+            tail = (tail + out)[-OVERLAP:]
+            if not out and not inflate.unconsumed_tail:
+                break
+        if read >= SCAN_BYTES:
+            return TOO_LONG
     return None
 
 

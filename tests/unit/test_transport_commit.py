@@ -253,3 +253,32 @@ def test_more_changed_files_than_are_read_refuse_the_commit_unless_allowed(tmp_p
     commit.commit(settings, "box", tag="t:9", allow_secrets=True)
     assert committed.exists()
     assert "WARNING: 2 changed files were not read for tokens (--allow-secrets)" in capsys.readouterr().out
+
+
+def test_a_token_in_a_gzip_file_is_found_as_in_its_text(tmp_path, monkeypatch):
+    """A rotated log (train.log.1.gz) or a .tar.gz of a home folder with its .netrc: gzip's bytes hold a NUL early, so
+    they were taken for binary and never read. They are read decompressed, at most SCAN_BYTES of them."""
+    import gzip
+    import io
+    import tarfile
+
+    netrc = f"machine hf.co login u password {HF}\n".encode()
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        member = tarfile.TarInfo("root/.netrc")
+        member.size = len(netrc)
+        tar.addfile(member, io.BytesIO(netrc))
+    contents = {"/workspace/train.log.1.gz": gzip.compress(("step\n" * 50_000 + f"HF_TOKEN={HF}\n").encode()),
+                "/workspace/home.tar.gz": packed.getvalue(),
+                "/workspace/clean.log.gz": gzip.compress(b"step loss 1.0\n" * 1000)}
+    settings, committed = container(tmp_path, monkeypatch, dict.fromkeys(contents, ""))
+    for path, data in contents.items():
+        (tmp_path / "fs" / path.lstrip("/")).write_bytes(data)
+    with pytest.raises(DockyardError) as e:
+        commit.commit(settings, "box", tag="t:9")
+    assert "/workspace/train.log.1.gz  (content: Hugging Face token)" in str(e.value)
+    assert "/workspace/home.tar.gz  (content: Hugging Face token)" in str(e.value)
+    assert "clean.log.gz" not in str(e.value) and HF not in str(e.value) and not committed.exists()
+    bomb = gzip.compress(b"\0" * (3 * commit.BLOCK))  # past what is read: said as read in part, never all of it
+    monkeypatch.setattr(commit, "SCAN_BYTES", commit.BLOCK)
+    assert commit.text_token(io.BytesIO(bomb), len(bomb)) == commit.TOO_LONG
