@@ -223,19 +223,19 @@ def file_token(settings: Settings, container: str, path: str) -> str | None:
                 member = tar.next()
                 if member is None or not member.isfile():
                     return None
-                return text_token(tar.extractfile(member), member.size)
+                return text_token(tar.extractfile(member), member.size, gz=not path.startswith(PACKAGED_DOCS))
         except tarfile.TarError:
             return None
         finally:
             copy.kill()
 
 
-def text_token(stream, size: int) -> str | None:
+def text_token(stream, size: int, gz: bool = True) -> str | None:
     """token_in over a file read block by block: None for a binary one (a NUL in its first block), TOO_LONG for a
     text file past SCAN_BYTES. A gzip file (a rotated log, a .tar.gz of a home folder) is read decompressed, up to
     SCAN_BYTES of it, NULs and all (a tar's headers hold them; its files' text is what is read)."""
     first = stream.read(BLOCK)
-    if first[:2] == GZIP_MAGIC:
+    if first[:2] == GZIP_MAGIC and gz:
         return gzip_token(first, stream)
     tail, read = b"", 0
     for block in _blocks(first, stream):
@@ -251,6 +251,9 @@ def text_token(stream, size: int) -> str | None:
 
 
 GZIP_MAGIC = b"\x1f\x8b"
+# gzip files not read decompressed: the man pages and changelogs `apt-get install` leaves, hundreds per package set,
+# whose examples (`password: ...`) a user never wrote
+PACKAGED_DOCS = "/usr/share/"
 
 
 def _blocks(first: bytes, stream):
