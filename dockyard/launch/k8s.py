@@ -249,6 +249,9 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
                             f"and its pods may have trained: to continue that run, add --resume; for a new run, give "
                             f"{'another --out' if out else 'another --run-id'}; if they were never applied, remove "
                             f"them first (rm {written})")
+    if folder.exists() and not folder.is_dir():  # --out=job.yaml: mkdir's "File exists" said nothing of that
+        raise DockyardError(f"--out {folder} is a file: give a folder, into which job.yaml and trainjob.yaml are "
+                            "written")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for kind, path in paths.items():

@@ -240,6 +240,10 @@ def test_invoke_k8s_writes_both_files_and_refuses_bad_values_cleanly(tmp_path):
     bad = invoke("k8s", "--run-id=Bad_Id", f"--out={tmp_path / 'bad'}")
     assert bad.returncode != 0 and bad.stderr.startswith("error: --run-id") and "Traceback" not in bad.stderr
     assert not (tmp_path / "bad").exists(), "nothing written"
+    # --out naming the file of an earlier run (mkdir's "File exists" said nothing of it being a file)
+    file = invoke("k8s", "--run-id=f1", f"--out={tmp_path / 'job.yaml'}")
+    assert file.returncode != 0 and "Traceback" not in file.stderr
+    assert f"error: --out {tmp_path / 'job.yaml'} is a file: give a folder" in file.stderr, file.stderr
 
 
 def test_a_global_batch_that_does_not_split_over_the_pods_processes_is_refused_before_any_file(settings):
