@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -540,6 +541,13 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
         targs = TrainingArguments(**args)
     except (ValueError, TypeError) as e:
         raise DockyardError(f"invalid training setting: {' '.join(str(e).split())}") from None  # some say it in lines
+    except RuntimeError as e:  # the process group forms here: gloo told the other nodes to connect to loopback
+        if "connectFullMesh" not in str(e) or not re.search(r"remote=\[?127\.", str(e)):
+            raise
+        raise DockyardError("the nodes could not connect: gloo advertised a loopback address (this host's name "
+                            "resolves to 127.x), which the other nodes cannot reach; set GLOO_SOCKET_IFNAME and "
+                            "NCCL_SOCKET_IFNAME to the interface that reaches them, or start the nodes with invoke run "
+                            "--nodes=N (it picks the interface)") from None
     except OSError as e:  # accelerator_config: a mapping, or the path of a JSON file of one
         raise DockyardError(f"invalid training setting: {e.filename}: {e.strerror} (accelerator_config takes a "
                             "mapping, as in '{split_batches: true}')") from None

@@ -507,3 +507,27 @@ def test_the_folder_the_trainer_was_started_in_is_not_taken_as_the_run_folder(tm
     err = capsys.readouterr().err
     assert code == 1 and f"error: --run-dir {given!r}: that is the folder the trainer was started in" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_nodes_that_advertise_loopback_to_each_other_are_told_which_variables_fix_it(tmp_path, monkeypatch):
+    """torchrun started by hand on hosts whose name resolves to 127.0.1.1: gloo gave the other nodes a loopback
+    address and every rank printed a 40-line RuntimeError. No second node here: TrainingArguments is FAKED to raise
+    what gloo raises forming the process group."""
+    import transformers
+
+    from dockyard.common.errors import DockyardError
+
+    def gloo_refused(*args, **kwargs):
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:144] Gloo connectFullMesh failed with "
+                           "[...] connect: Connection refused, remote=[127.0.1.1]:51234")
+
+    def cuda_fault(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(transformers.TrainingArguments, "__init__", gloo_refused)
+    with pytest.raises(DockyardError, match="gloo advertised a loopback address .* set GLOO_SOCKET_IFNAME and "
+                                            "NCCL_SOCKET_IFNAME to the interface that reaches them"):
+        cpu_arguments("ddp", {}, tmp_path)
+    monkeypatch.setattr(transformers.TrainingArguments, "__init__", cuda_fault)
+    with pytest.raises(RuntimeError, match="illegal memory access"):  # any other error is as it was
+        cpu_arguments("ddp", {}, tmp_path)
