@@ -294,6 +294,17 @@ def known_keys() -> set[str]:
     return set(RunSettings.model_fields) | set(training_arguments())
 
 
+# TrainingArguments fields of transformers 4 that 5 (every image's) no longer has, and what takes their place
+GONE = {
+    "logging_dir": "transformers 5 has none: the run's logs are in its folder, train.log and metrics.jsonl",
+    "overwrite_output_dir": "transformers 5 has none, and a run never overwrites another: give a new --run-id",
+    "no_cuda": "transformers 5 has none: invoke run --cpu trains on CPU",
+    "evaluation_strategy": "transformers 5 calls it --eval_strategy",
+    "per_gpu_train_batch_size": "transformers 5 calls it --per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "transformers 5 calls it --per_device_eval_batch_size",
+}
+
+
 def check_known_overrides(given: dict[str, Any]) -> None:
     """Every override after `--` a known key; a typo is named with the key it is closest to."""
     known = known_keys()
@@ -301,7 +312,8 @@ def check_known_overrides(given: dict[str, Any]) -> None:
         said = []
         for key in unknown:
             close = difflib.get_close_matches(key, sorted(known), n=1)
-            said.append(f"--{key}" + (f" (did you mean --{close[0]}?)" if close else ""))
+            said.append(f"--{key}" + (f" ({GONE[key]})" if key in GONE else
+                                      f" (did you mean --{close[0]}?)" if close else ""))
         raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
                             "recipes/defaults.yaml and any transformers.TrainingArguments field")
 

@@ -229,3 +229,12 @@ def test_a_name_or_a_path_is_the_text_typed_not_what_yaml_makes_of_it():
         {"run_name": "yes", "data": "2024", "max_steps": 5}
     assert parse_overrides(["--run_name", "1e5", "--model=007"]) == {"run_name": "1e5", "model": "007"}
     assert parse_overrides(["--data="]) == {"data": None}  # given nothing: said so, not the sample data
+
+
+def test_a_field_transformers_5_removed_says_what_took_its_place(tmp_path):
+    """`--logging_dir x` was answered "did you mean --logging_first_step?"."""
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", "--logging_dir", "x", "--overwrite_output_dir",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
+    short_error(r, "unknown trainer override(s): --logging_dir (transformers 5 has none: the run's logs are in its "
+                   "folder, train.log and metrics.jsonl), --overwrite_output_dir (transformers 5 has none, and a run "
+                   "never overwrites another: give a new --run-id)")
