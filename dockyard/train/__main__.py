@@ -345,9 +345,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     try:
         settings, training = checked or checked_settings(recipe, overrides)
     except DockyardError as e:
-        if not run.kept_overrides:
+        if not any(k in str(e) for k in run.kept_overrides):  # a setting given now, or none of the run's
             raise
-        kept = ", ".join(f"--{k} {v}" for k, v in run.kept_overrides.items())
+        kept = ", ".join(f"--{k} {v}" for k, v in run.kept_overrides.items() if k in str(e))
         raise DockyardError(f"{e} (the run's own settings, from its overrides.json: {kept}; give one again after -- "
                             "to change it)") from None
     run.run_dir_ok = True
