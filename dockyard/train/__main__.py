@@ -64,7 +64,8 @@ from dockyard.train.export import PROBE_TOKENS
 
 log = logging.getLogger("dockyard.train")
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
-SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
+SAY_ONCE_S = 15  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
+# (the first may start seconds after them on a loaded host: at 5 s a CI run saw both say it)
 MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the manifest's model.saved says
 
 
