@@ -64,8 +64,7 @@ from dockyard.train.export import PROBE_TOKENS
 
 log = logging.getLogger("dockyard.train")
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
-SAY_ONCE_S = 15  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
-# (the first may start seconds after them on a loaded host: at 5 s a CI run saw both say it)
+SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
 MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the manifest's model.saved says
 
 
@@ -100,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
             run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
     except DockyardError as e:
-        if nodes.first_of_node() or (run is not None and not run.same_everywhere) or not _said_by_the_first():
+        # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
+        stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
+        if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
+                                       or not _said_by_the_first()):
             print(f"error: {e}", file=sys.stderr)
         if run:
             finish(run, str(e))

@@ -92,3 +92,22 @@ def test_torchruns_sigterm_while_the_manifest_is_written_does_not_stop_the_writi
     finally:
         signal.signal(signal.SIGTERM, before)
     assert written_error(tmp_path) == "torch.distributed.DistNetworkError: Broken pipe"
+
+
+@pytest.mark.parametrize("local_rank, says", [("1", False), ("0", True)])
+def test_a_process_stopped_by_torchrun_says_so_only_as_its_nodes_first(monkeypatch, tmp_path, capsys, local_rank,
+                                                                        says):
+    """Rank 0 refused `--learning_rate -1` and torchrun stopped rank 1 before rank 1 had refused it too: rank 1 then
+    printed "error: stopped by SIGTERM" under the refusal (a CI run on a loaded host). The node's first process says
+    it (another node's failure stopped this one); the others leave it to it."""
+    from dockyard.common.errors import DockyardError
+
+    def stopped(overrides, run):
+        raise DockyardError(STOPPED, exit_code=143)
+
+    monkeypatch.setattr(trainer, "train", stopped)
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setenv("RANK", local_rank)
+    code = trainer.main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 143 and ("error: stopped by SIGTERM" in err) is says, err
