@@ -364,10 +364,9 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_the_run_folder_check_is_led_by_node_0_wherever_torchrun_ranked_it(tmp_path, shared):
-    """Global rank 0 on node 1 (as torchrun ranks 10.0.0.10 before 10.0.0.9): node 0 still writes the token, and
-    an unshared folder is blamed on the node that cannot see it, node 1, on both nodes."""
+def _two_nodes_check(tmp_path, nodes: list[dict]) -> list[dict]:
+    """check_shared on two real gloo processes, one per entry of `nodes` (global rank 0, then 1): each entry's
+    node_rank, run folder (`runs`), timeout, advertised address (`addr`) and what it was started with."""
     import subprocess
     import sys
 
@@ -375,20 +374,30 @@ def test_the_run_folder_check_is_led_by_node_0_wherever_torchrun_ranked_it(tmp_p
 
     port = _free_port()
     procs = []
-    for rank, node_rank in ((0, 1), (1, 0)):
-        run_dir = tmp_path / ("runs" if shared else f"runs-node{node_rank}")
-        run_dir.mkdir(exist_ok=True)
+    for rank, n in enumerate(nodes):
+        n["runs"].mkdir(exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "DOCKYARD_NODE_RANK": str(node_rank), "DOCKYARD_SHARED_TIMEOUT": "2",
-               "DOCKYARD_RENDEZVOUS": json.dumps({"local_addr": f"10.0.0.{9 + node_rank}"})}
-        procs.append(subprocess.Popen([sys.executable, "-c", SHARED_CHECK, str(run_dir)], env=env, cwd=tmp_path,
+               "DOCKYARD_NODE_RANK": str(n["node_rank"]), "DOCKYARD_SHARED_TIMEOUT": str(n.get("timeout", 5)),
+               **({"DOCKYARD_RENDEZVOUS": json.dumps({"local_addr": n["addr"]})} if "addr" in n else {})}
+        procs.append(subprocess.Popen([sys.executable, "-c", SHARED_CHECK, str(n["runs"]),
+                                       json.dumps(n.get("started_with", {}))], env=env, cwd=tmp_path,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     said = []
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
         said.append(json.loads(out.strip().splitlines()[-1]))
+    return said
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_run_folder_check_is_led_by_node_0_wherever_torchrun_ranked_it(tmp_path, shared):
+    """Global rank 0 on node 1 (as torchrun ranks 10.0.0.10 before 10.0.0.9): node 0 still writes the token, and
+    an unshared folder is blamed on the node that cannot see it, node 1, on both nodes."""
+    said = _two_nodes_check(tmp_path, [{"node_rank": node_rank, "timeout": 2, "addr": f"10.0.0.{9 + node_rank}",
+                                        "runs": tmp_path / ("runs" if shared else f"runs-node{node_rank}")}
+                                       for node_rank in (1, 0)])
     if shared:
         assert said[0] == said[1] and [n["node_rank"] for n in said[0]["nodes"]] == [0, 1]
         assert (tmp_path / "runs" / runfolder.SHARED_TOKEN).is_file()
@@ -400,43 +409,19 @@ def test_the_run_folder_check_is_led_by_node_0_wherever_torchrun_ranked_it(tmp_p
         assert not (tmp_path / "runs-node1" / runfolder.SHARED_TOKEN).exists()
 
 
-def _two_nodes_check(tmp_path, started_with: list[dict]) -> list[dict]:
-    """check_shared on two real gloo processes, node 0 and node 1, sharing one run folder, each started with its own
-    recipe and settings."""
-    import subprocess
-    import sys
-
-    from dockyard import ROOT
-
-    port = _free_port()
-    (tmp_path / "runs").mkdir(exist_ok=True)
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "DOCKYARD_NODE_RANK": str(rank), "DOCKYARD_SHARED_TIMEOUT": "5"}
-        procs.append(subprocess.Popen([sys.executable, "-c", SHARED_CHECK, str(tmp_path / "runs"),
-                                       json.dumps(started_with[rank])], env=env, cwd=tmp_path,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    said = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-2000:]
-        said.append(json.loads(out.strip().splitlines()[-1]))
-    return said
-
-
 def test_nodes_started_with_another_recipe_or_settings_are_refused_on_every_node(tmp_path):
     """Node 1 given zero2 against node 0's ddp hung in the Trainer's set-up for the process group's 30 minutes; given
     --learning_rate 0.5 against 1e-3, each node trained its replica its own way and both said "completed"."""
     node0 = {"recipe": "ddp", "resume": False, "--max_steps": 2, "--learning_rate": 0.001}
     node1 = {"recipe": "zero2", "resume": False, "--max_steps": 2, "--learning_rate": 0.5}
-    said = _two_nodes_check(tmp_path, [node0, node1])
+    said = _two_nodes_check(tmp_path, [{"node_rank": 0, "runs": tmp_path / "runs", "started_with": node0},
+                                       {"node_rank": 1, "runs": tmp_path / "runs", "started_with": node1}])
     for s in said:
         assert s["error"] == ('the nodes were not started alike: node 1 with --learning_rate 0.5 (node 0: 0.001); '
                               'recipe "zero2" (node 0: "ddp"). Start every node with the same recipe and settings '
                               '(the same command but for --node-rank)'), s
-    said = _two_nodes_check(tmp_path, [node0, node0])
+    said = _two_nodes_check(tmp_path, [{"node_rank": rank, "runs": tmp_path / "runs", "started_with": node0}
+                                       for rank in (0, 1)])
     assert [n["node_rank"] for n in said[0]["nodes"]] == [0, 1] and said[0] == said[1]
 
 
