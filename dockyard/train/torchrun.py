@@ -22,6 +22,7 @@ offload recipes, on one core per GPU however many the node has.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import logging
@@ -60,12 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     fresh_store_per_attempt()
     args = sys.argv[1:] if argv is None else argv
-    if no_gpu_for_one_per_gpu(args):
+    given = torchrun_args(args)
+    if given and no_gpu_for_one_per_gpu(given):
         print("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: give a number of "
               "processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add the GPUs (compose/gpu.yml)",
               file=sys.stderr)
         return 2
-    share_cpu_cores(args)
+    if given:
+        share_cpu_cores(given)
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -77,20 +80,29 @@ def main(argv: list[str] | None = None) -> int:
               f"above{log}", file=sys.stderr, flush=True)
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
-        print(f"torchrun: {not_met(args, e)}", file=sys.stderr, flush=True)
+        print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-def not_met(argv: list[str], error: BaseException) -> str:
+def torchrun_args(argv: list[str]) -> argparse.Namespace | None:
+    """torchrun's own reading of its arguments, read once here, quietly (torchrun says what is wrong with them
+    itself, once); None where it cannot read them."""
+    from torch.distributed.run import get_args_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return get_args_parser().parse_known_args(argv)[0]
+    except SystemExit:
+        return None
+
+
+def not_met(a: argparse.Namespace, error: BaseException) -> str:
     """The nodes did not meet: which rendezvous, where, for how long, and what to check, in one line (torchrun's
     was a bare RendezvousTimeoutError under 45 lines of traceback, or two chained ones from a node that could not
     reach node 0)."""
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
-    from torch.distributed.run import get_args_parser
 
-    with contextlib.redirect_stderr(io.StringIO()):
-        a = get_args_parser().parse_known_args(argv)[0]
     conf = dict(kv.split("=", 1) for kv in (a.rdzv_conf or "").split(",") if "=" in kv)
     waited = f" within {conf['join_timeout']} s" if "join_timeout" in conf else ""
     fix = (f"start every node with the same --run-id, --master-addr and --master-port (--nodes={a.nnodes}); "
@@ -107,16 +119,9 @@ def not_met(argv: list[str], error: BaseException) -> str:
             f"{type(cause).__name__}: {said}): {fix}")
 
 
-def no_gpu_for_one_per_gpu(argv: list[str]) -> bool:
+def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:
     """--nproc-per-node=gpu where torch sees no GPU (torchrun's ValueError traceback: "Cuda is not available")."""
-    from torch.distributed.run import get_args_parser
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            nproc = get_args_parser().parse_known_args(argv)[0].nproc_per_node
-        except SystemExit:
-            return False
-    if nproc != "gpu":
+    if given.nproc_per_node != "gpu":
         return False
     import torch
 
@@ -143,16 +148,15 @@ def fresh_store_per_attempt() -> None:
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous
 
 
-def share_cpu_cores(argv: list[str]) -> None:
+def share_cpu_cores(given: argparse.Namespace) -> None:
     """OMP_NUM_THREADS for the workers, unless set: this node's usable cores shared out between its processes."""
     if "OMP_NUM_THREADS" in os.environ:
         return
-    from torch.distributed.run import determine_local_world_size, get_args_parser
+    from torch.distributed.run import determine_local_world_size
 
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # torchrun itself says what is wrong with its arguments, once
-            nproc = determine_local_world_size(get_args_parser().parse_known_args(argv)[0].nproc_per_node)
-    except (ValueError, SystemExit):
+        nproc = determine_local_world_size(given.nproc_per_node)
+    except ValueError:  # torchrun says what is wrong with it itself
         return
     share = str(max(1, usable_cores() // max(1, nproc)))
     os.environ["OMP_NUM_THREADS"] = os.environ[envvars.CPU_SHARE] = share  # the trainer may re-share (train.cpus)
