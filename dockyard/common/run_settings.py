@@ -215,10 +215,11 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                                 f"another recipe (invoke recipes) or make a recipe folder of your own")
     layers = ((defaults, "recipes/defaults.yaml"), (recipe.settings, f"settings: in {recipe.folder / 'recipe.yaml'}"),
               (overrides, "the overrides after --"))
+    dead = without_effect(recipe)
     for layer, where in layers:
-        for key in set(layer) & set(SET_BY_THE_RUN):
-            raise DockyardError(f"{key} in {where}: the run sets it itself and would ignore this "
-                                f"value; {SET_BY_THE_RUN[key]}")
+        # defaults.yaml holds the LoRA settings and the schedule every recipe shares: there, only the run's own keys
+        for key in sorted(set(layer) & (SET_BY_THE_RUN.keys() if layer is defaults else dead.keys())):
+            raise DockyardError(f"{key} in {where}: {dead[key]}")
         if layer.get("hub_token") not in (None, ""):
             raise DockyardError(f"hub_token in {where}: a token given as a setting is saved whole in training_args.bin "
                                 "of every checkpoint and of model/, and stands in the docker command line every user "
@@ -228,11 +229,6 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
             raise DockyardError(f"push_to_hub in {where}: runs are offline (HF_HUB_OFFLINE=1), so the push would fail "
                                 "after training; leave it out, and upload the run's model/ from a host with internet "
                                 "(`hf upload`)")
-    check_deepspeed_chooses(recipe, layers[1:])
-    for layer, where in layers[1:] if not recipe.peft else ():
-        if given := sorted(k for k in layer if k in LORA_KEYS):
-            raise DockyardError(f"{given[0]} in {where}: recipe {recipe.name} trains the whole model, with no LoRA "
-                                "adapters to set; pick lora or qlora (invoke recipes), or leave it out")
     merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
@@ -250,31 +246,26 @@ DEEPSPEED_CHOOSES = {"optimizer": (("optim", "optim_args", "optim_target_modules
                      "scheduler": (("lr_scheduler_type", "lr_scheduler_kwargs"), "the learning-rate schedule")}
 
 
-def ineffective(recipe: Recipe, overrides: dict[str, Any]) -> list[str]:
-    """The keys of `overrides` that have no effect on a run of `recipe`, which resolve_settings refuses: a run saved
-    before it refused them holds them in its overrides.json, and its --resume leaves them out."""
+def without_effect(recipe: Recipe) -> dict[str, str]:
+    """Each setting that would do nothing in a run of `recipe`, with why and what to give instead: resolve_settings
+    refuses it where it is given, and a resume leaves it out of the settings a run saved before it was refused.
+    `--optim sgd` on an offload recipe trained with its ds_config's AdamW while the manifest said sgd."""
+    why = {k: f"the run sets it itself and would ignore this value; {v}" for k, v in SET_BY_THE_RUN.items()}
+    if not recipe.peft:
+        why |= dict.fromkeys(LORA_KEYS, f"recipe {recipe.name} trains the whole model, with no LoRA adapters to set; "
+                                        "pick lora or qlora (invoke recipes), or leave it out")
     chosen = read_deepspeed_config(recipe.file(recipe.deepspeed)) if recipe.deepspeed else {}
-    dead = {*SET_BY_THE_RUN, *(() if recipe.peft else LORA_KEYS),
-            *(k for section, (keys, _) in DEEPSPEED_CHOOSES.items() if section in chosen for k in keys)}
-    return sorted(k for k in overrides if k in dead)
-
-
-def check_deepspeed_chooses(recipe: Recipe, layers) -> None:
-    """A setting the recipe's DeepSpeed config decides itself (`optimizer`: the offload recipes' DeepSpeed Adam) given
-    in the recipe's settings or the overrides: DeepSpeed's section wins, and `--optim sgd` trained with AdamW while
-    the manifest said sgd."""
-    if not recipe.deepspeed:
-        return
-    cfg = read_deepspeed_config(recipe.file(recipe.deepspeed))
     for section, (keys, what) in DEEPSPEED_CHOOSES.items():
-        if section not in cfg:
-            continue
-        for layer, where in layers:
-            if given := [k for k in keys if k in layer]:
-                raise DockyardError(f"{given[0]} in {where}: recipe {recipe.name}'s {recipe.deepspeed} chooses "
-                                    f"{what} itself (its `{section}` section), and DeepSpeed would take that one; leave "
-                                    f"{given[0]} out, or make a recipe of your own whose {recipe.deepspeed} has no "
-                                    f"`{section}` (docs/training.md: Adding a recipe)")
+        if section in chosen:
+            why |= {k: f"recipe {recipe.name}'s {recipe.deepspeed} chooses {what} itself (its `{section}` section), "
+                       f"and DeepSpeed would take that one; leave {k} out, or make a recipe of your own whose "
+                       f"{recipe.deepspeed} has no `{section}` (docs/training.md: Adding a recipe)" for k in keys}
+    return why
+
+
+def ineffective(recipe: Recipe, overrides: dict[str, Any]) -> list[str]:
+    """The keys of `overrides` that have no effect on a run of `recipe` (without_effect)."""
+    return sorted(set(overrides) & without_effect(recipe).keys())
 
 
 def read_defaults(path: Path) -> dict[str, Any]:
