@@ -134,7 +134,7 @@ def run(
     except subprocess.TimeoutExpired:
         raise DockyardError(f"no answer in {timeout:g} s: {shown(argv)}") from None
     except KeyboardInterrupt as e:
-        code = 128 + (signal.SIGTERM if str(e) == "SIGTERM" else signal.SIGINT)
+        code = interrupt_status(e)
         if p is not None and p.stdout is not None:
             # Ctrl-C reached the command too (one process group): its last words are shown while it stops
             rest = threading.Thread(target=_show_rest, args=(p.stdout, as_host), daemon=True)
@@ -173,9 +173,15 @@ def terminated_as_interrupted(p: subprocess.Popen):
 class Interrupted(DockyardError):
     """Ctrl-C: `stopped` says whether the command had ended by the time this returned (within STOP_WAIT)."""
 
-    def __init__(self, message: str, stopped: bool, exit_code: int = 130):
-        super().__init__(message, exit_code=exit_code)  # 130 for Ctrl-C, 143 for SIGTERM
+    def __init__(self, message: str, stopped: bool, exit_code: int | None = None):
+        super().__init__(message, exit_code=exit_code or INTERRUPTED)  # 130 for Ctrl-C, 143 for SIGTERM
         self.stopped = stopped
+
+
+def interrupt_status(e: KeyboardInterrupt) -> int:
+    """The exit status of a task a signal interrupted: Ctrl-C's KeyboardInterrupt, or one a SIGTERM handler raised
+    with the signal's name (terminated_as_interrupted, save's interrupts_as_errors): 128 + its number."""
+    return 128 + getattr(signal, str(e) or "SIGINT", signal.SIGINT)
 
 
 def _show_rest(stream, as_host) -> None:

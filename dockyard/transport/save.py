@@ -124,7 +124,7 @@ def interrupts_as_errors(what: str):
     except KeyboardInterrupt as e:
         name = str(e) or "SIGINT"
         raise DockyardError(f"{what}: interrupted ({name}); the partial files were removed, nothing was "
-                            "published", exit_code=128 + getattr(signal, name, signal.SIGINT)) from None
+                            "published", exit_code=engine.interrupt_status(e)) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
