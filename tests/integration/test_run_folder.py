@@ -76,8 +76,9 @@ def test_two_runs_given_one_id_at_once_one_trains_and_the_other_deletes_nothing(
 def test_a_run_that_fails_before_its_log_exists_is_told_from_its_manifest_and_kept(tmp_path):
     # a value only the trainer can judge (TrainingArguments' own check): the host's --dry checks pass it, the
     # trainer refuses it before its log exists
-    r = invoke("run", "--native", "--variant=cpu", "--recipe=ddp", "--run-id=early", "--", "--lr_scheduler_type",
-               "nonsense", env=_env(tmp_path), timeout=600)
+    # (an enum's unknown name is the host's to refuse now; `debug` takes words TrainingArguments alone knows)
+    r = invoke("run", "--native", "--variant=cpu", "--recipe=ddp", "--run-id=early", "--", "--debug", "nonsense",
+               env=_env(tmp_path), timeout=600)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode != 0 and last.startswith("error: run early failed: invalid training setting: nonsense"), last
     assert not (tmp_path / "runs" / "early" / "train.log").exists()
