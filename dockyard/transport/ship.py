@@ -2,25 +2,29 @@
 
 `ship_file`: copies an archive resumably (rsync --partial --append-verify where the node has rsync;
 otherwise ssh appending to a `.partial` file from where it stopped), checks the sha256 there, and
-only then renames it; with `load`, runs the archive's load.sh there. `ship_image`: no file on
-either side, `docker save | zstd | ssh node 'zstd -dc | docker load'`, checked after loading.
+only then renames it; with `load`, runs load.sh there (this checkout's, never the one found beside the archive).
+`ship_image`: no file on either side, `docker save | zstd | ssh node 'zstd -dc | docker load'`, checked after
+loading.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError
+from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport import save as save_mod
-from dockyard.transport.layout import ArchivePaths, check_method, decompressor_argv, read_sums
-from dockyard.transport.load import read_manifest, sha256_file
+from dockyard.transport.layout import LOADER_TEMPLATE, ArchivePaths, check_method, decompressor_argv
+from dockyard.transport.load import check_set, sha256_file
 from dockyard.transport.remote import (
     Remote,
     node_state,
@@ -42,17 +46,19 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     Returns the (ref, id) pairs load.sh reported when loading, else [].
     """
     paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
-    for p in (paths.archive, paths.sha256, paths.manifest, paths.loader):
+    for p in (paths.archive, paths.sha256, paths.manifest):
         if p.is_dir():
             raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
                                 "(NAME.tar.zst), its .sha256 and .manifest.json beside it")
         if not p.exists():
             raise DockyardError(f"{p} is missing: ship an archive written by `invoke save` (it writes the "
-                                ".sha256, .manifest.json and load.sh beside it)")
+                                ".sha256 and .manifest.json beside it)")
     r = parse_to(to, port, identity)
-    name, size = paths.archive.name, paths.archive.stat().st_size
-    manifest = read_manifest(paths.manifest_bytes(), paths.manifest.name)
-    expected = read_sums(paths.sha256).get(name, "")
+    # what `invoke load` checks before reading the archive: the signature where allowed_signers is set, the .sha256
+    # against the manifest, the size; the archive's bytes are checked on the node, against this manifest's sha256
+    manifest = check_set(settings, paths)
+    name, expected = paths.archive.name, manifest["archive_sha256"]
+    companions = companion_files(settings, paths, manifest)
     have = node_state(settings, r, name)
     needs = {"sha256sum": "to check the copy"}
     if load:
@@ -65,10 +71,10 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
                                 + (", or save with --compress=gzip" if tool == "zstd" else ""))
     check_thin_fits(settings, r, manifest)
 
-    if int(have.get("final", -1)) == size and sha256_there(settings, r, name, have) == expected:
+    if int(have.get("final", -1)) == manifest["archive_bytes"] and sha256_there(settings, r, name, have) == expected:
         print(f"{r.where(name)} is already there and verified")
     else:
-        copy(settings, r, paths, have, transport)
+        copy(settings, r, paths, have, transport, sum(map(len, companions.values())))
         got = sha256_there(settings, r, name + ".partial", have)
         if got != expected:
             run_there(settings, r, f"rm -f {rpath(r.dir, name + '.partial')}", "removing a bad copy")
@@ -79,9 +85,8 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
             raise DockyardError(f"the copy on {r.host} does not match the archive's sha256 ({got[:12]} != "
                                 f"{expected[:12]}): removed it; run `invoke ship` again")
         run_there(settings, r, f"mv -f {rpath(r.dir, name + '.partial')} {rpath(r.dir, name)}", "renaming the copy")
-    for p in (paths.manifest, paths.signature, paths.sha256, paths.loader, paths.runner):
-        if p.exists():
-            _put_small(settings, r, p)
+    for companion, content in companions.items():
+        _put_small(settings, r, companion, content)
     # The archive's sha256 was checked above; this checks that the manifest arrived intact.
     run_there(settings, r, f"cd {rpath(r.dir)} && grep -F {shlex.quote('  ' + paths.manifest.name)} "
                            f"{shlex.quote(paths.sha256.name)} | sha256sum -c -", f"verifying the manifest on {r.host}")
@@ -186,13 +191,13 @@ def check_thin_fits(settings: Settings, r: Remote, manifest: dict) -> None:
 
 # --- copying -------------------------------------------------------------------------------------
 
-def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str], transport: str) -> None:
+def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str], transport: str,
+         companions: int) -> None:
     """The archive to <name>.partial on the node, continuing a cut copy; refuses when space is short."""
     name, size = paths.archive.name, paths.archive.stat().st_size
     offset = int(have.get("partial", 0))
     if offset > size:
         offset = 0
-    companions = sum(p.stat().st_size for p in (paths.sha256, paths.manifest, paths.loader))
     need = size - offset + companions
     free = int(have.get("free_kb") or 0) * 1024
     if free < need:
@@ -222,8 +227,18 @@ def _copying(r: Remote) -> str:
 
 def rsync_argv(settings: Settings, r: Remote, local: Path, remote_name: str) -> list[str]:
     """rsync keeps a cut copy (--partial) and continues it, checking the whole file (--append-verify)."""
-    return ["rsync", "--partial", "--append-verify", "--info=progress2", "-e", engine.quote(ssh_base(settings, r)),
-            str(local), f"{r.host}:{r.dir}/{remote_name}"]
+    return ["rsync", *whole_words(), "--partial", "--append-verify", "--info=progress2", "-e",
+            engine.quote(ssh_base(settings, r)), str(local), f"{r.host}:{r.dir}/{remote_name}"]
+
+
+@functools.cache
+def whole_words() -> list[str]:
+    """The flag that makes this rsync hand the node's folder to the node's shell as one word: rsync >= 3.2.4
+    escapes it unless RSYNC_OLD_ARGS is set (--no-old-args overrides that); an older one (Ubuntu 20.04, RHEL 8)
+    split it on blanks and let the shell read `$(...)`, unless told to send it inside its protocol (-s)."""
+    out = engine.run(["rsync", "--version"], capture=True, check=False, quiet=True).stdout
+    m = re.search(r"version\s+(\d+)\.(\d+)\.(\d+)", out)
+    return ["--no-old-args"] if m is None or tuple(map(int, m.groups())) >= (3, 2, 4) else ["--protect-args"]
 
 
 def append_argv(settings: Settings, r: Remote, remote_name: str) -> list[str]:
@@ -245,8 +260,30 @@ def _append_copy(settings: Settings, r: Remote, local: Path, remote_name: str, o
         append.wait()
 
 
-def _put_small(settings: Settings, r: Remote, local: Path) -> None:
+def companion_files(settings: Settings, paths: ArchivePaths, manifest: dict) -> dict[str, bytes]:
+    """What travels beside the archive, by name. The manifest, its signature and the .sha256 as they are (the node
+    checks them); load.sh and run.sh as this checkout writes them, never the files found beside the archive: no
+    sha256 or signature covers those, and `--load` runs load.sh on the node (anyone who could write the archive's
+    folder could have put their own there)."""
+    files = {p.name: p.read_bytes() for p in (paths.manifest, paths.signature, paths.sha256) if p.exists()}
+    files["load.sh"] = LOADER_TEMPLATE.read_bytes()
+    chosen = runscript.dockyard_variant(manifest["images"])
+    if chosen:
+        try:
+            files["run.sh"] = runscript.render(settings, *chosen).encode()
+        except DockyardError as e:  # a variant this checkout does not define: the node can still load the image
+            print(f"warning: run.sh not shipped: {e}", file=sys.stderr)
+    for companion in ("load.sh", "run.sh"):
+        beside = paths.archive.with_name(companion)
+        if companion in files and beside.is_file() and beside.read_bytes() != files[companion]:
+            print(f"warning: {beside} is not the {companion} this checkout writes (changed, or written by another "
+                  f"version): {companion} is not covered by the archive's sha256 or signature, so the node gets "
+                  "this checkout's", file=sys.stderr)
+    return files
+
+
+def _put_small(settings: Settings, r: Remote, name: str, content: bytes) -> None:
     """A companion file: written whole to a new .partial (set -C: not through a link planted there), then renamed."""
-    final, tmp = rpath(r.dir, local.name), rpath(r.dir, local.name + ".partial")
+    final, tmp = rpath(r.dir, name), rpath(r.dir, name + ".partial")
     engine.run(ssh_argv(settings, r, f"rm -f {tmp} && (set -C; cat > {tmp}) && mv -f {tmp} {final}"),
-               input=local.read_bytes(), quiet=True, what=f"copying {local.name} to {r.host}")
+               input=content, quiet=True, what=f"copying {name} to {r.host}")

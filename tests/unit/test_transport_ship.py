@@ -51,6 +51,13 @@ def archive_set(folder: Path, content: bytes, listed: bytes) -> Path:
     return archive
 
 
+def reseal(folder: Path) -> None:
+    """A manifest changed after saving, with a .sha256 rewritten to match (what someone who changed it would do)."""
+    sums = (folder / "x.sha256").read_text().splitlines()[0]
+    (folder / "x.sha256").write_text(f"{sums}\n{hashlib.sha256((folder / 'x.manifest.json').read_bytes()).hexdigest()}"
+                                     "  x.manifest.json\n")
+
+
 CTRL_C_SHIP = """
 import signal, sys
 from dockyard.common.errors import DockyardError
@@ -100,6 +107,7 @@ def test_an_archive_damaged_here_is_blamed_here_not_on_the_copy(tmp_path):
 def test_a_manifest_that_is_not_ours_is_refused_before_anything_is_copied(tmp_path):
     archive = archive_set(tmp_path / "set", b"a", b"a")
     (tmp_path / "set" / "x.manifest.json").write_text("[not, a, manifest")
+    reseal(tmp_path / "set")
     with pytest.raises(DockyardError, match="x.manifest.json is not a manifest `invoke save` writes"):
         ship.ship_file(local_node(tmp_path), str(archive), f"node7:{tmp_path / 'there'}")
     assert not (tmp_path / "there").exists()
@@ -110,6 +118,7 @@ def test_a_thin_record_of_the_wrong_shape_is_refused_before_anything_is_copied(t
     archive = archive_set(tmp_path / "set", b"a", b"a")
     manifest = json.loads((tmp_path / "set" / "x.manifest.json").read_text())
     (tmp_path / "set" / "x.manifest.json").write_text(json.dumps({**manifest, "thin": {"requires": requires}}))
+    reseal(tmp_path / "set")
     with pytest.raises(DockyardError, match=r"x.manifest.json is not a manifest `invoke save` writes \(thin.requires"):
         ship.ship_file(local_node(tmp_path), str(archive), f"node7:{tmp_path / 'there'}")
     assert not (tmp_path / "there").exists()
@@ -133,3 +142,44 @@ def test_a_ship_into_a_shared_folder_writes_through_no_link_planted_there(tmp_pa
     assert victim.read_text() == "PRIVATE KEY\n"
     assert (there / "x.tar.zst").read_bytes() == b"archive bytes" and not (there / "x.tar.zst").is_symlink()
     assert not list(there.glob("*.partial"))
+
+
+def test_the_node_gets_this_checkout_s_load_sh_never_the_one_beside_the_archive(tmp_path, capsys):
+    """No sha256 or signature covers load.sh, and `invoke ship --load` runs it on the node: a load.sh someone put
+    beside the archive ran there (it wrote a file and printed a "loaded" line the ship repeated). Now the node gets
+    the project's own, and the ship says the one beside differs."""
+    from dockyard.transport.layout import LOADER_TEMPLATE
+
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    ran = tmp_path / "ran"
+    (tmp_path / "set" / "load.sh").write_text(f"touch {ran}\necho 'loaded evil:1 sha256:{'e' * 64}'\n")
+    with pytest.raises(DockyardError, match="loading x.tar.zst on node7"):  # the real load.sh refuses this archive
+        ship.ship_file(local_node(tmp_path), str(archive), f"node7:{tmp_path / 'there'}", load=True, transport="ssh")
+    assert not ran.exists()
+    assert (tmp_path / "there" / "load.sh").read_bytes() == LOADER_TEMPLATE.read_bytes()
+    assert "load.sh is not the load.sh this checkout writes" in capsys.readouterr().err
+
+
+def test_allowed_signers_refuses_an_unsigned_set_before_anything_is_copied(tmp_path):
+    """`invoke load` refused an unsigned set where allowed_signers is set; `invoke ship --load` loaded it."""
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    (tmp_path / "allowed").write_text("someone@example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB\n")
+    s = local_node(tmp_path).model_copy(update={"allowed_signers": str(tmp_path / "allowed")})
+    with pytest.raises(DockyardError, match="x.tar.zst is not signed .* allowed_signers is set"):
+        ship.ship_file(s, str(archive), f"node7:{tmp_path / 'there'}", load=True, transport="ssh")
+    assert not (tmp_path / "there").exists()
+
+
+def test_rsync_puts_the_copy_in_a_folder_with_a_blank_even_told_to_split_arguments(tmp_path, monkeypatch):
+    """With RSYNC_OLD_ARGS set (or an rsync older than 3.2.4), `--to=node:'/x/s p'` wrote the archive as the file
+    /x/s, and a `$(...)` in the name ran in the node's shell. Here rsync is real and the node's ssh is this host's sh."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text('#!/bin/sh\nwhile [ "$1" != node7 ]; do shift; done; shift\nexec sh -c "$*"\n')
+    ssh.chmod(0o755)
+    monkeypatch.setenv("RSYNC_OLD_ARGS", "1")
+    monkeypatch.chdir(tmp_path)  # where the node's shell would make `ran`
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    there = tmp_path / "s p $(touch ran)"
+    ship.ship_file(Settings(ssh=str(ssh)), str(archive), f"node7:{there}", transport="rsync")
+    assert (there / "x.tar.zst").read_bytes() == b"archive bytes"
+    assert not (tmp_path / "s").exists() and not (tmp_path / "ran").exists()
