@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -71,12 +72,22 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     except OSError as e:  # a file in the way (--out=FILE/x), a folder this user cannot write
         raise DockyardError(f"cannot make the export folder {target}: {e.strerror or e}; give --out=FOLDER where you "
                             "can write") from None
-    proc = engine.run(argv, env=env, check=False, host_paths=m.variant not in NATIVE)
+    try:
+        proc = engine.run(argv, env=env, check=False, host_paths=m.variant not in NATIVE)
+    except BaseException:  # Ctrl-C, SIGTERM: the files written so far were never reloaded and compared
+        remove_unfinished(target)
+        raise
     if proc.returncode:
-        if target.is_dir() and not any(target.iterdir()):
-            target.rmdir()
-        raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above)")
+        remove_unfinished(target)
+        raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above); nothing was "
+                            "kept")
     return target
+
+
+def remove_unfinished(target: Path) -> None:
+    """The folder this export made, with what it wrote before it stopped: it looked like a whole Hugging Face folder
+    (config.json, weights, tokenizer) that no check had passed, and it blocked the same export ("already exists")."""
+    shutil.rmtree(target, ignore_errors=True)  # made new by this export (one that existed was refused)
 
 
 NATIVE = ("", "native")  # what a run made with --native records as its variant

@@ -163,3 +163,31 @@ def test_a_manifest_saying_native_does_not_move_the_export_onto_this_host_nor_ch
     with pytest.raises(DockyardError, match="trained in the cpu image, and is exported there: leave out --native"):
         export.export(settings.model_copy(update={"runs_dir": tmp_path / "b" / "runs"}), run="r1", dry=True,
                       native=True)
+
+
+@pytest.mark.parametrize("stop", ["interrupted", "failed"])
+def test_an_export_that_stops_partway_keeps_no_folder_and_the_same_export_can_run_again(settings, tmp_path,
+                                                                                         monkeypatch, stop):
+    """Ctrl-C 7 s into `invoke export` left config.json, model.safetensors and the tokenizer in the folder, never
+    reloaded nor compared, and the next `invoke export` said "already exists". Here the image's exporter is a stand-in
+    that writes its first files, then is stopped (or fails)."""
+    import subprocess
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    monkeypatch.setattr(export, "check_image", lambda *a: None)
+    monkeypatch.setattr(export.engine, "engine_info", lambda settings: {})
+
+    def container(argv, **kw):
+        (run / "export" / "config.json").write_text("{}")
+        (run / "export" / "model.safetensors").write_bytes(b"half")
+        if stop == "interrupted":
+            raise export.engine.Interrupted("interrupted: the export stopped", stopped=True)
+        return subprocess.CompletedProcess(argv, 1)
+
+    monkeypatch.setattr(export.engine, "run", container)
+    with pytest.raises(DockyardError, match="interrupted" if stop == "interrupted" else "failed .* nothing was kept"):
+        export.export(s, run="r1")
+    assert not (run / "export").exists()
+    monkeypatch.setattr(export.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0))
+    assert export.export(s, run="r1") == run / "export"
