@@ -170,6 +170,24 @@ def terminated_as_interrupted(p: subprocess.Popen):
         signal.signal(signal.SIGTERM, before)
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM while the block runs is raised as KeyboardInterrupt("SIGTERM"), so that the task's own clean-up for
+    Ctrl-C runs for both (interrupt_status gives each its exit status); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 class Interrupted(DockyardError):
     """Ctrl-C: `stopped` says whether the command had ended by the time this returned (within STOP_WAIT)."""
 
@@ -180,7 +198,7 @@ class Interrupted(DockyardError):
 
 def interrupt_status(e: KeyboardInterrupt) -> int:
     """The exit status of a task a signal interrupted: Ctrl-C's KeyboardInterrupt, or one a SIGTERM handler raised
-    with the signal's name (terminated_as_interrupted, save's interrupts_as_errors): 128 + its number."""
+    with the signal's name (terminated_as_interrupted, sigterm_as_interrupt): 128 + its number."""
     return 128 + getattr(signal, str(e) or "SIGINT", signal.SIGINT)
 
 

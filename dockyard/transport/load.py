@@ -68,12 +68,17 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     before = tag_snapshot(settings)
     touched = {ref for ref, _ in inventory.names(manifest["images"])}
     try:
-        output = load_verified(paths, manifest, dec, load_argv, touched)
-        touched |= said_loaded(output)
-        loaded = check_loaded(settings, paths, manifest, store, load_argv, output)
+        with engine.sigterm_as_interrupt():
+            output = load_verified(paths, manifest, dec, load_argv, touched)
+            touched |= said_loaded(output)
+            loaded = check_loaded(settings, paths, manifest, store, load_argv, output)
     except DockyardError as e:
         undone = roll_back(settings, before, touched)
         raise DockyardError(f"{e}{undone}") from None
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: ended Invoke with status 1 and not a word, the tags not undone
+        undone = roll_back(settings, before, touched)
+        raise DockyardError(f"loading {paths.archive.name}: interrupted ({str(e) or 'SIGINT'}); nothing was "
+                            f"loaded{undone}", exit_code=engine.interrupt_status(e)) from None
     for ref, image_id in loaded:
         print(f"loaded {ref} {image_id}")
     return loaded

@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -115,18 +114,13 @@ def exclusive(paths: ArchivePaths):
 def interrupts_as_errors(what: str):
     """SIGTERM and Ctrl-C end the save through the normal clean-up (partial files in the output folder and the
     layer cache removed), then say what was interrupted."""
-    def stop(signum, _frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        yield
+        with engine.sigterm_as_interrupt():
+            yield
     except KeyboardInterrupt as e:
         name = str(e) or "SIGINT"
         raise DockyardError(f"{what}: interrupted ({name}); the partial files were removed, nothing was "
                             "published", exit_code=engine.interrupt_status(e)) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def write_failed(e: OSError, paths: ArchivePaths, cache: LayerCache | None) -> DockyardError:

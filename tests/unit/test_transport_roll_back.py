@@ -72,6 +72,28 @@ def test_a_load_that_brings_an_image_its_manifest_does_not_name_is_refused_and_u
     assert fake.tags == {"victim:1": K} and fake.images == {K}
 
 
+@pytest.mark.parametrize("signal_name, status", [("", 130), ("SIGTERM", 143)])
+def test_a_load_interrupted_after_docker_load_says_so_and_is_undone(tmp_path, settings, monkeypatch, signal_name,
+                                                                     status):
+    """Ctrl-C (or SIGTERM) in `invoke load` after docker load had moved a tag: Invoke ended with status 1 and not a
+    word, and the tag stayed moved. Now it is one line with 128 + the signal, and the engine is as it was."""
+    fake = FakeEngine(tags={"t:1": K})
+    s = fake.install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    paths = make_set(tmp_path)  # its manifest: t:1 = A
+
+    def docker_load(*_):
+        fake.images |= {A}
+        fake.tags |= {"t:1": A}
+        raise KeyboardInterrupt(signal_name)  # as the SIGTERM handler raises it
+
+    monkeypatch.setattr(load_mod, "load_verified", docker_load)
+    with pytest.raises(DockyardError, match=rf"loading {paths.archive.name}: interrupted \({signal_name or 'SIGINT'}\); "
+                                            "nothing was loaded") as e:
+        load_mod.load(s, str(paths.archive))
+    assert e.value.exit_code == status
+    assert fake.tags == {"t:1": K} and fake.images == {K}
+
+
 # --- load.sh loads its private copy -----------------------------------------------------------------
 
 DOCKER = """#!/bin/sh
