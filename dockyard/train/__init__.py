@@ -22,3 +22,9 @@ module of dockyard (tests/unit/test_layers.py holds that).
   cpus       the CPUs each process runs on: bound to its GPU's NUMA node, its share of the cores as threads
   export     a run's model as a plain Hugging Face folder
 """
+
+import os
+
+# The process that started this one, read before the trainer imports torch (seconds in which it could die): a
+# worker of torchrun's agent dies with it (environment.die_with_launcher)
+LAUNCHER = os.getppid()

@@ -54,7 +54,7 @@ from dockyard.common.run_settings import (
     resolve_settings,
 )
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
-from dockyard.train import checkpoints, cpus, data, environment, guards, manifest, mfu, nodes, precision, strategy
+from dockyard.train import LAUNCHER, checkpoints, cpus, data, environment, guards, manifest, mfu, nodes, precision, strategy
 from dockyard.train import model as models
 from dockyard.train.export import PROBE_TOKENS
 
@@ -107,7 +107,19 @@ def main(argv: list[str] | None = None) -> int:
         if run:
             finish(run, str(e))
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C, passed on by torchrun: its traceback (one per process) said nothing more
+        said = ("interrupted (SIGINT): the run stopped; continue it from its last complete checkpoint with "
+                "--resume")
+        if nodes.first_of_node():
+            print(f"error: {said}", file=sys.stderr)
+        if run:
+            finish(run, said)
+        return INTERRUPTED
     except BaseException as e:
+        if isinstance(e, OSError) and launcher_gone():  # a write to the closed pipe came before the SIGTERM
+            if run:
+                finish(run, f"{STOPPED}: {LAUNCHER_GONE}")
+            return 128 + signal.SIGTERM
         if run:
             finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
@@ -200,6 +212,7 @@ class Run:
     world_size: int = 1
     check: Any = None                  # the strategy check, once the Trainer exists
     metrics: dict[str, Any] = field(default_factory=dict)
+    log: Any = None                    # callbacks.MetricsLog, once the Trainer exists: what a stopped run measured
     record: Record = field(default_factory=Record)
     heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
     finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
@@ -679,6 +692,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         trainer.remove_callback(cb)
     check.trainer = trainer
     run.check = check
+    run.log = metrics
     run.doing("training (or saving a checkpoint)")
     try:
         with models.adapter_inputs_as_given(p.model, p.recipe, p.args):
@@ -829,12 +843,21 @@ def _finish(run: Run, error: str | None) -> None:
         error = _first_failure(run) or error
     extra = {**run.record.to_json(), **({"error": error} if error else {})}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
-                            run.check.in_effect if run.check else None, run.metrics, extra)
+                            run.check.in_effect if run.check else None, run.metrics or measured_so_far(run.log), extra)
     try:
         manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
     except OSError as e:  # a full disk: the error above is what the user needs
         print(f"error: cannot write {run.opts.run_dir / runfolder.manifest_file(nodes.node_rank())}: {e.strerror}",
               file=sys.stderr)
+
+
+def measured_so_far(log: Any) -> dict[str, Any]:
+    """A run that stopped (failed, interrupted): the time it took to its first step and spent saving and evaluating
+    up to then, as a completed run reports them (its manifest had them null)."""
+    if log is None:
+        return {}
+    return {"seconds_to_first_step": log.seconds_to_first_step, "seconds_saving": round(log.seconds_saving, 3),
+            "seconds_evaluating": round(log.seconds_evaluating, 3)}
 
 
 def _attempt() -> str:
@@ -895,6 +918,9 @@ def leave(code: int) -> NoReturn:
 
 
 STOPPED = "stopped by SIGTERM"
+LAUNCHER_GONE = ("torchrun, which started this process, was killed (with `invoke run`'s process group, or out of "
+                 "memory), and the run with it")
+INTERRUPTED = 128 + signal.SIGINT
 
 
 def _said_by_the_first() -> bool:
@@ -914,8 +940,30 @@ def _stopped(signum: int, frame: Any) -> None:
     leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer)."""
     if _finishing.locked():
         return
+    if launcher_gone():
+        raise DockyardError(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)
     raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
                         exit_code=128 + signum)
+
+
+def launcher_gone() -> bool:
+    """Whether torchrun's agent, which started this worker, has died (environment.die_with_launcher then sends
+    SIGTERM); if so, nothing reads this process's output any more, and it goes to /dev/null: a print would raise
+    BrokenPipeError, and the manifest would never be written. The agent's threads die one by one: its workers are
+    handed to another of them first, with the signal, so the parent is watched for a moment before it counts as
+    alive (a SIGTERM it sent because another rank failed waits that moment, well inside torchrun's 30 s grace)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    deadline = time.monotonic() + 1.0
+    while os.getppid() == LAUNCHER:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    silence = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(silence, stream.fileno())
+    return True
 
 
 def restarted() -> bool:
@@ -938,4 +986,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun's agent, which started this module
+        environment.die_with_launcher(LAUNCHER)
     leave(main())

@@ -4,13 +4,31 @@ launcher named is one it may use."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
+import signal
 import stat
 from collections.abc import MutableMapping
 from pathlib import Path
 
 from dockyard.common.autos import LIGER_TYPES, Device
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher(launcher: int) -> None:
+    """SIGTERM to this process when its launcher (torchrun's agent, pid `launcher`) dies. torchrun starts its workers
+    in sessions of their own, so a launcher killed with its process group (SIGKILL, an OOM kill) left them training
+    on to the end, writing into the run folder, and recording a BrokenPipeError when their output had nowhere to
+    go. SIGTERM is what torchrun stops them with: the run is recorded as stopped."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: torchrun's own shutdown is all there is
+        return
+    if os.getppid() != launcher:  # it died before the request: nothing would send the signal
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def device_from_torch() -> Device | None:

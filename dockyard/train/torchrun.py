@@ -28,6 +28,7 @@ import io
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ  # a level the user set (to debug a rendezvous) is kept
     if quiet:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
     from torch.distributed.run import main as torchrun
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     # its "failed (exitcode: 1) local_rank: 0 (pid: 27600) of binary: ..." and "Sending process 19312 closing signal
     # SIGTERM", under every failed run's reason: the line below says which process failed first, and how
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # and its "Received Signals.SIGINT death signal, shutting down workers", said below in one line
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     fresh_store_per_attempt()
     args = sys.argv[1:] if argv is None else argv
     given = torchrun_args(args)
@@ -82,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
         return 1
+    except SignalException as e:  # Ctrl-C or SIGTERM to the agent: it has stopped the workers with the same signal
+        print(f"torchrun: stopped by {signal.Signals(e.sigval).name}; the workers were stopped with it",
+              file=sys.stderr, flush=True)
+        return 128 + e.sigval
     return 0
 
 

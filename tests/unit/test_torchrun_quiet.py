@@ -217,3 +217,26 @@ def test_node_0_whose_rendezvous_port_is_taken_is_told_so_not_to_start_the_other
     assert r.stderr.strip().splitlines()[-1] == (
         f"torchrun: port {port} is taken on this node, which hosts the rendezvous taken1 (node 0): give every node "
         "another --master-port (or stop what holds it)")
+
+
+def test_a_signal_to_torchrun_is_one_line_with_128_and_the_signal(tmp_path):
+    """Ctrl-C (or SIGTERM) to torchrun: it stops its workers, then raised SignalException out of its main, and Python
+    printed its traceback under every interrupted run (20 lines, after each worker's own)."""
+    import time
+
+    (tmp_path / "worker.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
+                          "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    try:
+        assert p.stdout.readline().strip() == "started"
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    # (the worker's own KeyboardInterrupt is its to say: the trainer says it in one line)
+    assert "SignalException" not in err and "torch/distributed" not in err, err
+    assert err.strip().splitlines()[-1] == "torchrun: stopped by SIGINT; the workers were stopped with it", err

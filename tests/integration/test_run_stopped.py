@@ -1,0 +1,89 @@
+"""A training run stopped from outside, as users stop one: Ctrl-C in the terminal, or the launcher killed with its
+process group (a CI job's end, `kill -9` of a session, the OOM killer). `invoke run --native`: real torchrun, two CPU
+processes of the real trainer; the container path runs the same torchrun and trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from tests.support.cli import INVOKE
+from tests.support.training import ROOT, env
+
+LONG = ["--max_steps", "2000", "--per_device_train_batch_size", "2", "--max_seq_length", "32", "--logging_steps", "1",
+        "--save_steps", "2"]
+
+
+def _start(tmp_path, run_id: str, **popen) -> subprocess.Popen:
+    """The run in a session of its own, as a terminal starts it (SIGINT at its default)."""
+    return subprocess.Popen([*INVOKE, "run", "--native", "--variant=cpu", "--recipe=ddp", f"--run-id={run_id}", "--",
+                             *LONG], cwd=ROOT, env={**env(), "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")},
+                            start_new_session=True, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
+
+
+def _until_a_checkpoint(p: subprocess.Popen, run) -> None:
+    deadline = time.monotonic() + 300
+    while not list((run / "checkpoints").glob("checkpoint-*/complete.json")):
+        assert p.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.1)
+
+
+def _workers(run) -> list[str]:
+    ps = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run}( |$)"], capture_output=True, text=True)
+    assert ps.returncode in (0, 1), ps.stderr  # 1: none
+    return ps.stdout.split()
+
+
+def test_ctrl_c_is_a_line_from_each_part_and_the_manifest_says_it_was_interrupted(tmp_path):
+    """Ctrl-C printed 110 lines: a KeyboardInterrupt traceback from each rank and torchrun's SignalException, and the
+    manifest's error was "KeyboardInterrupt", its times to the first step and saving null."""
+    run = tmp_path / "runs" / "c1"
+    p = _start(tmp_path, "c1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _until_a_checkpoint(p, run)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    said = out + err
+    assert p.returncode == 130, said[-3000:]
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
+    assert "torchrun: stopped by SIGINT; the workers were stopped with it" in said
+    assert err.strip().splitlines()[-1].startswith("error: interrupted: run c1 stopped. Continue it from its last "
+                                                   "complete checkpoint"), err[-2000:]
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["error"].startswith("interrupted (SIGINT): the run stopped"), m.get("error")
+    assert m["metrics"]["steps"] >= 2 and m["metrics"]["seconds_to_first_step"] > 0
+    assert m["metrics"]["seconds_saving"] > 0, "a checkpoint was saved before the interrupt"
+
+
+def test_a_launcher_killed_with_its_process_group_takes_its_workers_with_it(tmp_path):
+    """torchrun starts its workers in sessions of their own: `kill -9` of invoke run's process group left both
+    training to the end in the background, writing into the run folder, and recording "BrokenPipeError" once their
+    output had nowhere to go. Now they stop with their launcher and say why in the manifest."""
+    run = tmp_path / "runs" / "k1"
+    p = _start(tmp_path, "k1", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _until_a_checkpoint(p, run)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 15  # SIGTERM, then the manifest: seconds
+        while _workers(run) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _workers(run)
+    finally:
+        for pid in _workers(run):
+            os.kill(int(pid), signal.SIGKILL)
+    assert not left, "the trainer's processes outlived their launcher"
+    steps = (run / "metrics.jsonl").read_text().count("\n")
+    time.sleep(2)
+    assert (run / "metrics.jsonl").read_text().count("\n") == steps, "something still trains into the folder"
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "failed" and "torchrun, which started this process, was killed" in m["error"], m.get("error")
+    assert m["metrics"]["steps"] < 2000
