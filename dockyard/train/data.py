@@ -16,9 +16,12 @@ rows (or named with the `data_format` setting):
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 import os
 import random
+import re
 import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,33 +66,62 @@ def load(settings: Any, tokenizer: Any, seed: int,
         detect_format(eval_rows, settings.task, fmt, settings.eval_data)
     elif settings.eval_fraction:
         rows, eval_rows = split(rows, settings.eval_fraction, seed)
-    info: dict[str, Any] = {"source": source, "format": fmt, "eval_source": settings.eval_data or
-                            (f"{settings.eval_fraction:g} of the data" if eval_rows else "")}
+    eval_source = settings.eval_data or (f"{settings.eval_fraction:g} of the data" if eval_rows else "")
+    info: dict[str, Any] = {"source": source, "format": fmt, "eval_source": eval_source}
+    if eval_rows:
+        info["eval_in_training"] = seen = in_training(rows, eval_rows)
+        if seen:
+            log.warning("%d of the %d evaluation examples (%s) are also training examples: eval_loss measures how "
+                        "well they were learnt, not how the model does on examples it has not seen; give held-out "
+                        "data (-- --eval_data FILE) that is not in --data", seen, len(eval_rows), eval_source)
     if fmt == "text_label":
         labels = label_names(rows)
-        train = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
-        evals = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else []
+        done = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
+        held = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else Tokenized([])
     elif packed:
         labels = []
-        train = pack_text(rows, tokenizer, settings.max_seq_length)
-        evals = pack_text(eval_rows, tokenizer, settings.max_seq_length) if eval_rows else []
-        info.update(truncated=0, dropped=0)
-        log.info("packing: %d documents joined into %d blocks of up to %d tokens", len(rows), len(train),
+        done = Tokenized(pack_text(rows, tokenizer, settings.max_seq_length))
+        held = Tokenized(pack_text(eval_rows, tokenizer, settings.max_seq_length) if eval_rows else [])
+        log.info("packing: %d documents joined into %d blocks of up to %d tokens", len(rows), len(done.examples),
                  settings.max_seq_length)
     else:
         labels = []
         done = tokenize(rows, fmt, tokenizer, settings.max_seq_length)
-        train, evals = done.examples, (tokenize(eval_rows, fmt, tokenizer, settings.max_seq_length).examples
-                                       if eval_rows else [])
-        info.update(truncated=done.truncated, dropped=done.dropped)
-        if done.truncated:
-            join = " or join the documents into full blocks: -- --packing true" if fmt == "text" else ""
-            log.warning("%d of %d examples are longer than max_seq_length=%d and were cut (%d left nothing to "
-                        "learn and were dropped): raise it with -- --max_seq_length N%s", done.truncated, len(rows),
-                        settings.max_seq_length, done.dropped, join)
+        held = (tokenize(eval_rows, fmt, tokenizer, settings.max_seq_length, what=f"the evaluation data "
+                         f"({eval_source})") if eval_rows else Tokenized([]))
+    for what, got, total in (("", done, len(rows)), ("eval_", held, len(eval_rows))):
+        info.update({f"{what}truncated": got.truncated, f"{what}dropped": got.dropped})
+        say_cut(got, total, settings.max_seq_length, fmt, "evaluation " if what else "")
+    train, evals = done.examples, held.examples
     info.update(examples=len(train), eval_examples=len(evals), packed=packed)
     log.info("data %s: format %s, %d training examples, %d for evaluation", source, fmt, len(train), len(evals))
     return Loaded(train, evals, labels, info, (packed, why))
+
+
+def say_cut(done: Tokenized, total: int, max_len: int, fmt: str, which: str) -> None:
+    """A warning for examples cut at max_seq_length, and for those dropped: nothing left to learn from (an empty
+    text, a prompt as long as max_seq_length), so that no example leaves the run without a word."""
+    if done.truncated:
+        if fmt == "text_label":
+            fix = "raise it with -- --max_seq_length N; a classifier sees only the first max_seq_length tokens"
+        else:
+            join = " or join the documents into full blocks: -- --packing true" if fmt == "text" else ""
+            fix = f"raise it with -- --max_seq_length N{join}"
+        log.warning("%d of %d %sexamples are longer than max_seq_length=%d and were cut: %s", done.truncated, total,
+                    which, max_len, fix)
+    if done.dropped:
+        log.warning("%d of %d %sexamples were left out: they hold no token to learn from (empty, or nothing of "
+                    "theirs to learn within max_seq_length=%d)", done.dropped, total, which, max_len)
+
+
+def in_training(rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]]) -> int:
+    """How many evaluation examples are also training examples (the same fields and values)."""
+    train = {row_key(r) for r in rows}
+    return sum(row_key(r) in train for r in eval_rows)
+
+
+def row_key(row: dict[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True, default=str)
 
 
 @dataclass
@@ -110,7 +142,7 @@ def read_rows(source: str | Path) -> list[dict[str, Any]]:
     if path.exists():
         files = _files(path)
         builder = BUILDERS[files[0].suffix]
-        rows = _load(text, builder, data_files=[str(f) for f in files])
+        rows = (read_csv(files) if builder == "csv" else _load(text, builder, data_files=[str(f) for f in files]))
         if builder == "text":
             rows = [r for r in rows if (r.get("text") or "").strip()]
     elif HUB_ID.fullmatch(text):
@@ -140,6 +172,52 @@ def _files(path: Path) -> list[Path]:
         raise DockyardError(f"{path} mixes data files of different kinds ({', '.join(sorted(kinds))}): "
                             f"keep one kind per folder, or point --data at one file")
     return files
+
+
+CSV_FIELD_LIMIT = 1 << 30  # characters in one cell (csv's own limit, 131072, is a long document)
+
+
+def read_csv(files: list[Path]) -> list[dict[str, Any]]:
+    """Rows of .csv files with a header line, every cell the text written (not pandas' guesses: `4` as a number,
+    `NA`, `null` or `true` as no value or a bool), an empty cell as no value; a row of more or fewer cells than its
+    header names is refused by its line (pandas took a row with one cell too many, an unquoted comma, as an index
+    and dropped its first cell without a word). A `label` column of whole numbers only is class numbers."""
+    csv.field_size_limit(CSV_FIELD_LIMIT)
+    rows: list[dict[str, Any]] = []
+    header: list[str] = []
+    for f in files:
+        try:
+            with open(f, encoding="utf-8-sig", newline="") as lines:
+                reader = csv.reader(lines)
+                names = next(reader, None)
+                if not names:
+                    continue
+                if header and sorted(names) != sorted(header):
+                    raise DockyardError(f"{f} has the fields {','.join(names)} but {files[0].name} has "
+                                        f"{','.join(header)}: keep one kind of row per folder")
+                header = header or names
+                for cells in reader:
+                    if not any(c.strip() for c in cells):
+                        continue  # a blank line
+                    if len(cells) != len(names):
+                        raise DockyardError(
+                            f"{f}:{reader.line_num}: {len(cells)} cells, but the header names {len(names)} "
+                            f"({','.join(names)}): put a cell that holds a comma (or a line break) in double quotes, "
+                            'as in "Where is it, exactly?",Bergen')
+                    rows.append({k: (v if v != "" else None) for k, v in zip(names, cells, strict=True)})
+        except UnicodeDecodeError as e:
+            raise DockyardError(f"cannot read {f}: it is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
+                                "UTF-8") from None
+        except csv.Error as e:
+            raise DockyardError(f"cannot read {f}: line {reader.line_num}: {e}") from None
+    labels = [r.get("label") for r in rows]
+    if header and "label" in header and all(x is not None and WHOLE.fullmatch(x) for x in labels):
+        for r in rows:
+            r["label"] = int(r["label"])
+    return rows
+
+
+WHOLE = re.compile(r"-?[0-9]+")
 
 
 def _hub_snapshot(repo_id: str) -> str:
@@ -271,7 +349,7 @@ def causal_lm_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
     return tokenize(rows, fmt if fmt != "auto" else detect_format(rows, "causal_lm"), tokenizer, max_len).examples
 
 
-def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int) -> Tokenized:
+def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int, what: str = "") -> Tokenized:
     """input_ids and labels (IGNORE where the loss must not count) for every row of a causal-LM format."""
     if fmt in CHAT_FORMATS and not tokenizer.chat_template:
         log.info("the tokenizer has no chat template: using dockyard's plain one (saved with the model)")
@@ -296,8 +374,8 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int)
         else:
             out.dropped += 1
     if not out.examples:
-        raise DockyardError(f"no example has a token to learn from within max_seq_length={max_len}: "
-                            f"raise it (-- --max_seq_length 2048)")
+        raise DockyardError(f"no example{' of ' + what if what else ''} has a token to learn from within "
+                            f"max_seq_length={max_len}: raise it (-- --max_seq_length 2048)")
     return out
 
 
@@ -395,14 +473,19 @@ def label_names(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(str(x) for x in labels)
 
 
-def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
-                     names: list[str]) -> list[dict[str, Any]]:
+def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int, names: list[str]) -> Tokenized:
     index = {name: i for i, name in enumerate(names)}
     unknown = sorted({str(r["label"]) for r in rows} - set(index))
     if unknown:
         raise DockyardError(f"labels not seen in the training data: {', '.join(unknown[:5])}")
-    return [{"input_ids": tokenizer(str(r["text"]), truncation=True, max_length=max_len)["input_ids"],
-             "labels": index[str(r["label"])]} for r in rows]
+    out = Tokenized([])
+    for r in rows:
+        ids = tokenizer(str(r["text"]))["input_ids"]
+        if len(ids) > max_len:  # cut as the tokenizer cuts: its special tokens (an encoder's [SEP]) kept
+            out.truncated += 1
+            ids = tokenizer(str(r["text"]), truncation=True, max_length=max_len)["input_ids"]
+        out.examples.append({"input_ids": ids, "labels": index[str(r["label"])]})
+    return out
 
 
 def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -411,10 +494,19 @@ def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[
         raise DockyardError(f"eval_fraction must be between 0 and 1 (got {fraction})")
     if len(rows) < 2:
         raise DockyardError("eval_fraction needs at least 2 examples")
-    order = list(range(len(rows)))
+    groups: dict[str, list[int]] = {}  # identical rows go to one side together: a copy in training is no held-out one
+    for i, r in enumerate(rows):
+        groups.setdefault(row_key(r), []).append(i)
+    if len(groups) < 2:
+        raise DockyardError("eval_fraction needs at least 2 different examples (every example is the same)")
+    order = list(groups.values())
     random.Random(seed).shuffle(order)
     k = min(len(rows) - 1, max(1, round(len(rows) * fraction)))
-    held = set(order[:k])
+    held: set[int] = set()
+    for group in order[:-1]:  # never all of them
+        if len(held) >= k:
+            break
+        held.update(group)
     return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)]
 
 

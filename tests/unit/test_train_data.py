@@ -77,7 +77,7 @@ def test_a_folder_must_hold_one_kind_of_file(tmp_path):
 def test_labels_may_be_names_or_integers(tok):
     assert data.label_names([{"text": "a", "label": 2}, {"text": "b", "label": 0}]) == ["0", "1", "2"]
     names = data.label_names([{"text": "a", "label": "spam"}, {"text": "b", "label": "ham"}])
-    examples = data.seq_cls_examples([{"text": "a", "label": "spam"}], tok, 8, names)
+    examples = data.seq_cls_examples([{"text": "a", "label": "spam"}], tok, 8, names).examples
     assert names == ["ham", "spam"] and examples[0]["labels"] == 1
     with pytest.raises(DockyardError, match="`text` and `label`"):
         data.label_names([{"text": "a"}])

@@ -243,3 +243,74 @@ def test_a_subset_of_many_classes_keeps_its_class_numbers():
     as "most classes without an example", with advice (renumber) that breaks agreement with the full set."""
     rows = [{"text": str(i), "label": label} for i, label in enumerate([0, 3, 17, 40, 74] * 8)]
     assert data.label_names(rows) == [str(i) for i in range(75)]
+
+
+def test_a_csv_row_with_an_unquoted_comma_is_refused_by_its_line_not_cut(tmp_path):
+    """pandas took a row with one cell more than its header (an unquoted comma) as an index and dropped its first
+    cell without a word: the run trained on " exactly? Bergen"."""
+    f = tmp_path / "c.csv"
+    f.write_text("prompt,completion\nWhere is it, exactly?, Bergen\nWhich port?, Oslo\n")
+    with pytest.raises(DockyardError, match=r"c.csv:2: 3 cells, but the header names 2 \(prompt,completion\): put a "
+                                            "cell that holds a comma .* in double quotes"):
+        data.read_rows(f)
+    f.write_text('prompt,completion\n"Where is it, exactly?", Bergen\n')
+    assert data.read_rows(f) == [{"prompt": "Where is it, exactly?", "completion": " Bergen"}]
+
+
+def test_csv_cells_are_the_text_written_and_whole_number_labels_are_class_numbers(tmp_path):
+    """`What is 2+2?,4` was refused ("completion is int 4, not text"), `NA` or `null` read as no value and `true` as
+    a bool: a cell is its text now; an empty cell is no value, and a label column of whole numbers counts classes."""
+    f = tmp_path / "qa.csv"
+    f.write_text("\ufeffprompt,completion\nWhat is 2+2?,4\nSay nothing,NA\nIs it?,true\n")
+    assert [r["completion"] for r in data.read_rows(f)] == ["4", "NA", "true"]
+    f.write_text("text,label\nstorm,2\ncalm,0\n\nempty,\n")
+    assert data.read_rows(f)[2] == {"text": "empty", "label": None}
+    f.write_text("text,label\nstorm,2\ncalm,0\n")
+    assert data.label_names(data.read_rows(f)) == ["0", "1", "2"]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.csv").write_text("text,label\nx,1\n")
+    (tmp_path / "d" / "b.csv").write_text("prompt,completion\nx,y\n")
+    with pytest.raises(DockyardError, match="b.csv has the fields prompt,completion but a.csv has text,label"):
+        data.read_rows(tmp_path / "d")
+
+
+def _settings(path, **kw):
+    return RunSettings(data=str(path), **kw)
+
+
+def test_every_example_cut_or_left_out_is_said_for_training_and_evaluation(tok, tmp_path, caplog):
+    """A classifier's texts were cut to max_seq_length without a word (its class may be decided at the end), empty
+    documents left out without one (the warning came only with a cut), and the evaluation data's cuts and drops were
+    never counted; all of it held out left the error blaming the training data."""
+    caplog.set_level("WARNING", logger="dockyard.train")
+    long = jsonl(tmp_path / "cls.jsonl", [{"text": "word " * 80 + "storm", "label": "storm"},
+                                          {"text": "calm", "label": "calm"}])
+    got = data.load(_settings(long, task="seq_cls", max_seq_length=16), tok, seed=0)
+    assert got.info["truncated"] == 1 and len(got.train[0]["input_ids"]) == 16
+    assert "1 of 2 examples are longer than max_seq_length=16 and were cut" in caplog.text
+    caplog.clear()
+    empties = jsonl(tmp_path / "e.jsonl", [{"text": "ships sail"}, {"text": ""}, {"text": "boats row"}])
+    got = data.load(_settings(empties, eval_data=str(empties)), tok, seed=0)
+    assert got.info["dropped"] == 1 and got.info["eval_dropped"] == 1 and got.info["truncated"] == 0
+    assert "1 of 3 examples were left out: they hold no token to learn from" in caplog.text
+    assert "1 of 3 evaluation examples were left out" in caplog.text
+    held = jsonl(tmp_path / "held.jsonl", [{"prompt": "word " * 40, "completion": " Bergen"}])
+    train = jsonl(tmp_path / "pc.jsonl", [{"prompt": "Which port?", "completion": " Bergen"}])
+    with pytest.raises(DockyardError, match=r"no example of the evaluation data \(.*held.jsonl\) has a token to learn "
+                                            "from within max_seq_length=16"):
+        data.load(_settings(train, eval_data=str(held), max_seq_length=16), tok, seed=0)
+
+
+def test_evaluation_examples_that_are_training_examples_are_counted_and_a_fraction_holds_out_none(tok, tmp_path,
+                                                                                                   caplog):
+    """--eval_data given the training file, or --eval_fraction of data with repeated rows (the shipped
+    sample-classify.jsonl: 493 different of 1000), evaluated on examples it trained on, without a word."""
+    caplog.set_level("WARNING", logger="dockyard.train")
+    rows = [{"text": f"ship number {i % 5} sails"} for i in range(20)]  # each of 5 rows four times
+    path = jsonl(tmp_path / "d.jsonl", rows)
+    got = data.load(_settings(path, eval_data=str(path)), tok, seed=0)
+    assert got.info["eval_in_training"] == 20
+    assert "20 of the 20 evaluation examples" in caplog.text and "are also training examples" in caplog.text
+    got = data.load(_settings(path, eval_fraction=0.25), tok, seed=0)
+    assert got.info["eval_in_training"] == 0 and len(got.eval) == 8  # two whole groups of four
+    assert not {tuple(e["input_ids"]) for e in got.eval} & {tuple(e["input_ids"]) for e in got.train}
