@@ -301,6 +301,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
 
     transformers.set_seed(args.seed)
     model = load_model(model_dir, recipe, settings, tokenizer, loaded.labels, args, run.record.model)
+    models.check_examples_fit(model, loaded.train + loaded.eval, model_dir)
     packed, why = autos.resolve_padding_free(settings.padding_free, loaded.info["format"], settings.task, device,
                                              getattr(model.config, "_attn_implementation", "") or "",
                                              args.per_device_train_batch_size, settings.max_seq_length)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -19,6 +20,8 @@ from dockyard.common.model_config import MAX_PARAMS, check_model_folder, check_s
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
+
+log = logging.getLogger("dockyard.train")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -86,16 +89,21 @@ def load_tokenizer(model_dir: str) -> Any:
 
     try:
         tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - a folder's files raise anything: KeyError for a tokenizer.json of other
+        # keys, huggingface_hub's validation error for a config of heads that do not divide its width, ...
         if asks_for_code(e):
             raise runs_code(model_dir) from None
         if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
             why = f"it holds no tokenizer: none of {', '.join(TOKENIZER_FILES)}"
         else:
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            why = f"{type(e).__name__}: {first_line(e, 200)}"
         raise DockyardError(f"{model_dir}: cannot load its tokenizer ({why}); copy the tokenizer's files (and "
                             "tokenizer_config.json) of the model it came from into the folder") from None
     if tok.pad_token_id is None:  # Llama-family tokenizers ship without one; padding is masked out anyway
+        if tok.eos_token is None:
+            raise DockyardError(f"{model_dir}: its tokenizer has neither a padding nor an end-of-sequence token, and "
+                                "batches need one to pad with: add \"eos_token\" (or \"pad_token\") to its "
+                                "tokenizer_config.json")
         tok.pad_token = tok.eos_token
     return tok
 
@@ -144,7 +152,7 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     from safetensors import SafetensorError
 
     try:
-        model = _auto_class(settings.task).from_pretrained(model_dir, **kwargs)
+        model, loading = _auto_class(settings.task).from_pretrained(model_dir, output_loading_info=True, **kwargs)
     except (OSError, ValueError) as e:
         if asks_for_code(e):
             raise runs_code(model_dir) from None
@@ -152,7 +160,67 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     except SafetensorError as e:  # an empty or cut-short weights file: a copy or download that did not finish
         raise DockyardError(f"{model_dir}: a weights file is damaged ({e}): copy or download the model folder "
                             "again") from None
+    except RuntimeError as e:  # transformers' "size mismatch ... ignore_mismatched_sizes": another model's config
+        if "mismatch" not in str(e):
+            raise
+        raise DockyardError(f"{model_dir}: its weights do not have the shapes its config.json gives "
+                            f"({first_line(e, 200)}): config.json belongs to another model; copy or download the "
+                            "model folder again, whole") from None
+    check_weights_loaded(model_dir, loading, settings.task, len(model.state_dict()))
     return model
+
+
+def check_examples_fit(model: Any, examples: list[dict[str, Any]], model_dir: str) -> None:
+    """Every token id has a row in the model's embedding, and no example is longer than a model of learned positions
+    (GPT-2's 1024, OPT's 2048) has positions: either ended in torch's "IndexError: index out of range in self" on
+    every rank at the first step (on a GPU, a device-side assert)."""
+    rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    top = max((max(ex["input_ids"]) for ex in examples if ex["input_ids"]), default=-1)
+    if rows and top >= rows:
+        raise DockyardError(f"{model_dir}: the tokenizer gives token id {top}, past the model's {rows} embeddings: "
+                            "its tokenizer files belong to another model (or add tokens the model was not resized "
+                            "for); put the model's own tokenizer files in the folder")
+    positions = learned_positions(model)
+    longest = max((len(ex["input_ids"]) for ex in examples), default=0)
+    if positions and longest > positions:
+        raise DockyardError(f"the model has {positions} learned positions and examples of {longest} tokens would "
+                            f"index past them: set -- --max_seq_length {positions} (or less)")
+
+
+def learned_positions(model: Any) -> int | None:
+    """How many positions a model of a learned position table has (None for rotary and other computed ones)."""
+    config = getattr(model, "config", None)
+    count = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if not isinstance(count, int):
+        return None
+    inputs = model.get_input_embeddings()
+    tables = (m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m is not inputs)
+    return count if any(count <= m.num_embeddings <= count + 2 for m in tables) else None  # OPT's table: 2 more
+
+
+HEADS = ("score.", "classifier.", "lm_head.")  # a classifier's new head; the causal-LM head its base had
+
+
+def check_weights_loaded(model_dir: str, loading: dict[str, Any], task: str, tensors: int) -> None:
+    """Every tensor of the model came from the folder's weights (only a classifier's new head may start from random
+    values), and the weights are not mostly of another model. A config.json saying 4 layers of weights holding 2
+    trained layers 3 and 4 from random values, and a run said "completed" (transformers' LOAD REPORT, in a table,
+    was all that said so)."""
+    missing = [k for k in loading.get("missing_keys") or [] if not (task == "seq_cls" and k.startswith(HEADS))]
+    unused = [k for k in loading.get("unexpected_keys") or [] if not (task == "seq_cls" and k.startswith(HEADS))]
+    if missing:
+        raise DockyardError(f"{model_dir}: its weights lack {len(missing)} of the model's {tensors} tensors "
+                            f"({', '.join(sorted(missing)[:3])}{', ...' if len(missing) > 3 else ''}), which would "
+                            "train from random values: config.json describes another model than the weights "
+                            "(num_hidden_layers, tie_word_embeddings, ...) or a weights file is missing; copy or "
+                            "download the model folder again, whole")
+    if unused and len(unused) > 0.1 * tensors:
+        raise DockyardError(f"{model_dir}: {len(unused)} tensors of its weights have no place in the model "
+                            f"config.json describes ({', '.join(sorted(unused)[:3])}, ...): config.json belongs to "
+                            "a smaller model (num_hidden_layers, ...); copy or download the model folder again, whole")
+    if unused:
+        log.warning("%s: %d tensors of its weights are not used by the model config.json describes (%s)", model_dir,
+                    len(unused), ", ".join(sorted(unused)[:3]))
 
 
 def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpointing: bool) -> Any:

@@ -41,7 +41,8 @@ def test_load_model_passes_the_device_map_of_the_local_rank(monkeypatch, tmp_pat
 
     seen = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda path, **kw: seen.update(kw))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        lambda path, **kw: (seen.update(kw), (torch.nn.Linear(1, 1), {}))[1])
     models.load_model(str(tmp_path), load_recipe("ddp"), RunSettings(), None, [], 1)
     assert seen["device_map"] == {"": 1}
     models.load_model(str(tmp_path), load_recipe("zero3"), RunSettings(), None, [], 1)

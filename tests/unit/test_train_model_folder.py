@@ -1,0 +1,100 @@
+"""A model folder whose files do not agree with each other: it trained from random values and said "completed", or
+ended in a traceback on every rank. Each folder here is the tiny sample model with one file changed, loaded as the
+trainer loads it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import load_recipe
+from dockyard.common.run_settings import RunSettings
+from dockyard.train import model as models
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny") / "base"
+    models.materialize_tiny_model(folder)
+    return folder
+
+
+def _copy(tiny, tmp_path, **config):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny, folder)
+    c = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**c, **config}))
+    return folder
+
+
+def _load(folder, task="causal_lm", labels=()):
+    settings = RunSettings(task=task)
+    tok = models.load_tokenizer(str(folder))
+    return models.load_model(str(folder), load_recipe("ddp"), settings, tok, list(labels), 0)
+
+
+def test_a_config_of_more_layers_than_the_weights_hold_is_refused_not_trained_from_random(tiny, tmp_path):
+    folder = _copy(tiny, tmp_path, num_hidden_layers=4)  # the weights hold 2
+    with pytest.raises(DockyardError, match=r"its weights lack 18 of the model's \d+ tensors \(model\.layers\.2\..*"
+                                            "which would train from random values"):
+        _load(folder)
+
+
+def test_a_config_of_fewer_layers_than_the_weights_hold_is_refused(tiny, tmp_path):
+    folder = _copy(tiny, tmp_path, num_hidden_layers=1)
+    with pytest.raises(DockyardError, match=r"tensors of its weights have no place in the model config.json describes"):
+        _load(folder)
+
+
+def test_a_classifier_on_a_causal_model_starts_its_head_alone_from_random(tiny):
+    model = _load(tiny, task="seq_cls", labels=("calm", "storm"))
+    assert model.config.num_labels == 2
+
+
+def test_a_config_of_another_vocabulary_than_the_weights_is_one_line(tiny, tmp_path):
+    c = json.loads((tiny / "config.json").read_text())
+    folder = _copy(tiny, tmp_path, vocab_size=c["vocab_size"] * 2)
+    with pytest.raises(DockyardError, match="its weights do not have the shapes its config.json gives"):
+        _load(folder)
+
+
+def test_token_ids_past_the_embedding_are_refused_before_the_first_step(tiny):
+    model = _load(tiny)
+    rows = model.get_input_embeddings().num_embeddings
+    models.check_examples_fit(model, [{"input_ids": [1, rows - 1]}], "m")
+    with pytest.raises(DockyardError, match=f"m: the tokenizer gives token id {rows}, past the model's {rows} "
+                                            "embeddings"):
+        models.check_examples_fit(model, [{"input_ids": [1, rows]}], "m")
+
+
+def test_examples_longer_than_a_learned_position_table_are_refused_a_rotary_model_is_not(tiny):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=1, n_head=2, vocab_size=100))
+    models.check_examples_fit(gpt2, [{"input_ids": [1] * 64}], "m")
+    with pytest.raises(DockyardError, match=r"the model has 64 learned positions and examples of 65 tokens would "
+                                            r"index past them: set -- --max_seq_length 64"):
+        models.check_examples_fit(gpt2, [{"input_ids": [1] * 65}], "m")
+    llama = _load(tiny)  # rotary: positions are computed, the table has no end
+    models.check_examples_fit(llama, [{"input_ids": [1] * (llama.config.max_position_embeddings + 1)}], "m")
+
+
+def test_tokenizer_files_that_do_not_load_are_one_line(tiny, tmp_path):
+    folder = _copy(tiny, tmp_path)
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(DockyardError, match=r"cannot load its tokenizer \(KeyError"):
+        models.load_tokenizer(str(folder))
+
+
+def test_a_tokenizer_with_no_token_to_pad_with_is_refused(tiny, tmp_path):
+    """It fell back to padding with the end-of-sequence token, which it did not have either: a RuntimeError ("Could
+    not infer dtype of NoneType") in the collator, at the first step."""
+    folder = _copy(tiny, tmp_path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": None, "pad_token": None}))
+    with pytest.raises(DockyardError, match=r"its tokenizer has neither a padding nor an end-of-sequence token.*add "
+                                            '"eos_token"'):
+        models.load_tokenizer(str(folder))
