@@ -21,6 +21,13 @@ FORMATS: dict[str, tuple[str, ...]] = {
 FIRST_LINE_LIMIT = 1 << 24  # bytes of a JSON Lines file's first example the host reads (an example is far less)
 
 
+def left_out(folder: Path) -> list[str]:
+    """What a data folder holds besides the data files read from it (BUILDERS' suffixes, as written): `B.JSONL`,
+    `c.jsonl.gz`, a subfolder. Said by the host and the trainer: a run read the one .jsonl of four without a word."""
+    return sorted(f.name + ("/" if f.is_dir() else "") for f in folder.iterdir()
+                  if not (f.is_file() and f.suffix in BUILDERS) and not f.name.startswith("."))
+
+
 def format_of(fields: list[str]) -> str:
     """The format a row's fields name (FORMATS, most specific first), "" where none."""
     return next((f for f, need in FORMATS.items() if all(k in fields for k in need)), "")

@@ -340,6 +340,9 @@ def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
     """An evaluation strategy with held-out data to evaluate on: the HF Trainer refuses one without, but only once
     the model and the data have loaded. The host checks it before a run starts, the trainer again (run.sh, native)."""
     strategy = training.get("eval_strategy")
+    if settings.eval_data and settings.eval_fraction:  # the trainer took eval_data and held nothing out, unsaid
+        raise DockyardError(f"eval_data and eval_fraction are both set ({settings.eval_fraction:g}): evaluate on the "
+                            "file (--eval_fraction 0) or on a share of --data (leave out --eval_data), not both")
     if training.get("eval_on_start") is True and not (settings.eval_data or settings.eval_fraction):
         raise DockyardError("eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE")
     if str(strategy) in ("steps", "epoch") and not (settings.eval_data or settings.eval_fraction):

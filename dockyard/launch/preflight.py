@@ -17,13 +17,14 @@ minutes later, inside the container, refused now with the same reason and no eng
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dockyard.common import disk, memory, runfolder
 from dockyard.common.autos import check_packing
-from dockyard.common.data_files import BUILDERS, first_fields, format_of, holds_text, unknown_format
+from dockyard.common.data_files import BUILDERS, first_fields, format_of, holds_text, left_out, unknown_format
 from dockyard.common.errors import DockyardError
 from dockyard.common.model_config import check_model_folder
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
@@ -182,6 +183,10 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
         if len(kinds) > 1:
             raise DockyardError(f"{where} {value}: the folder mixes data files of different kinds "
                                 f"({', '.join(sorted(kinds))}): keep one kind per folder, or point at one file")
+        if skipped := left_out(path):
+            print(f"warning: {where} {value}: not read (only {', '.join(BUILDERS)} files are data): "
+                  f"{', '.join(skipped[:10])}" + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""),
+                  file=sys.stderr)
     if files and not any(readable(f, holds_text) for f in files):
         empty = "the file is empty" if path.is_file() else "its files are empty"
         raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "

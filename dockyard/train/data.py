@@ -28,7 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dockyard.common.data_files import BUILDERS, FORMATS, HUB_ID, format_of, holds_text, not_an_object, unknown_format
+from dockyard.common.data_files import (
+    BUILDERS,
+    FORMATS,
+    HUB_ID,
+    format_of,
+    holds_text,
+    left_out,
+    not_an_object,
+    unknown_format,
+)
 from dockyard.common.errors import DockyardError
 
 log = logging.getLogger("dockyard.train")
@@ -167,6 +176,9 @@ def _files(path: Path) -> list[Path]:
     files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS)
     if not files:
         raise DockyardError(f"no data at {path}: the folder holds no {', '.join(BUILDERS)} file")
+    if skipped := left_out(path):
+        log.warning("%s: not read (only %s files are data): %s", path, ", ".join(BUILDERS), ", ".join(skipped[:10])
+                    + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
     kinds = {BUILDERS[f.suffix] for f in files}
     if len(kinds) > 1:
         raise DockyardError(f"{path} mixes data files of different kinds ({', '.join(sorted(kinds))}): "

@@ -60,6 +60,9 @@ def test_an_evaluation_without_held_out_data_is_refused_as_the_trainer_refuses_i
     refused(dry(env, "--recipe=ddp", "--", "--eval_strategy", "steps", "--eval_steps", "2"), says)
     assert dry(env, "--", "--eval_strategy", "steps", "--eval_fraction", "0.05").returncode == 0
     assert dry(env, "--", "--eval_strategy", "no").returncode == 0
+    # both: the trainer took the file and held nothing out, without a word
+    refused(dry(env, "--", "--eval_data", "data/sample.jsonl", "--eval_fraction", "0.1"),
+            "eval_data and eval_fraction are both set (0.1): evaluate on the file (--eval_fraction 0) or on a share")
 
 
 def test_fsdp_without_gpus_is_refused_as_the_trainer_refuses_it(env):
@@ -455,3 +458,15 @@ def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_
     r = dry(env, "--iface=eth0", "--join-timeout=30")
     assert r.returncode == 0 and "warning: --iface, --join-timeout: for several nodes" in r.stderr, r.stderr
     refused(dry(env, "--max-restarts=-1"), "--max-restarts='-1': Input should be greater than or equal to 0")
+
+
+def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
+    """A folder of a.jsonl, B.JSONL, c.jsonl.gz and sub/d.jsonl trained on a.jsonl alone, without a word."""
+    folder = tmp_path / "fold"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("a.jsonl", "B.JSONL", "sub/d.jsonl"):
+        (folder / name).write_text('{"text": "ships sail"}\n')
+    (folder / "c.jsonl.gz").write_bytes(b"\x1f\x8b")
+    r = dry(env, f"--data={folder}")
+    assert r.returncode == 0, r.stderr
+    assert "not read (only .jsonl, .json, .parquet, .csv, .txt files are data): B.JSONL, c.jsonl.gz, sub/" in r.stderr

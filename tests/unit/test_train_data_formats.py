@@ -314,3 +314,12 @@ def test_evaluation_examples_that_are_training_examples_are_counted_and_a_fracti
     got = data.load(_settings(path, eval_fraction=0.25), tok, seed=0)
     assert got.info["eval_in_training"] == 0 and len(got.eval) == 8  # two whole groups of four
     assert not {tuple(e["input_ids"]) for e in got.eval} & {tuple(e["input_ids"]) for e in got.train}
+
+
+def test_files_of_a_data_folder_that_are_not_read_are_named(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="dockyard.train")
+    (tmp_path / "sub").mkdir()
+    for name in ("a.jsonl", "B.JSONL", "sub/d.jsonl"):
+        jsonl(tmp_path / name, [{"text": "ships sail"}])
+    assert data.read_rows(tmp_path) == [{"text": "ships sail"}]
+    assert "not read (only .jsonl, .json, .parquet, .csv, .txt files are data): B.JSONL, sub/" in caplog.text

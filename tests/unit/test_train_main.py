@@ -113,6 +113,7 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--neftune_noise_alpha", "-1"], "neftune_noise_alpha -1: TrainingArguments.neftune_noise_alpha takes a number "
                                       "0 or more"),
     (["--eval_on_start", "true"], "eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE"),
+    (["--eval_data", "data/sample.jsonl", "--eval_fraction", "0.1"], "eval_data and eval_fraction are both set (0.1)"),
     (["--lora_r", "8"], "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters"),
     (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),
     # the split of the batch, refused once the run folder was made (run.sh, native)
