@@ -16,6 +16,7 @@ rows (or named with the `data_format` setting):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -23,7 +24,9 @@ import os
 import random
 import re
 import reprlib
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -433,7 +436,12 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int) -> tuple
     continuation), tokenized on its own."""
     def render(msgs: list[dict[str, str]], generation_prompt: bool) -> str:
         try:
-            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+            with time_limit(RENDER_SECONDS):
+                return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+        except TooSlow:
+            raise DockyardError(f"example {n}: the model's chat template took more than {RENDER_SECONDS} s to render "
+                                "one conversation (a loop without end?): check chat_template in the model folder's "
+                                "tokenizer_config.json (or chat_template.jinja)") from None
         except Exception as e:  # noqa: BLE001 - a template raises what it likes (jinja2's TemplateError, mostly)
             raise DockyardError(f"example {n}: the model's chat template refuses this conversation: "
                                 f"{_first_line(e)}") from None
@@ -460,6 +468,33 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int) -> tuple
         add(before, learn=False)
         add(through, learn=True)
     return ids, labels
+
+
+RENDER_SECONDS = 10  # one conversation through a chat template: milliseconds; a template is the model folder's code
+
+
+class TooSlow(BaseException):
+    """A chat template past its time (BaseException: not taken for the template's own error)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise TooSlow in the main thread after `seconds` (a model's chat template is Jinja that may loop ~forever: the
+    run hung after its settings line, silent). Elsewhere (a thread) no limit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(_signum: int, _frame: Any) -> None:
+        raise TooSlow
+
+    before = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def label_names(rows: list[dict[str, Any]]) -> list[str]:

@@ -323,3 +323,14 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(tmp_path, caplog):
         jsonl(tmp_path / name, [{"text": "ships sail"}])
     assert data.read_rows(tmp_path) == [{"text": "ships sail"}]
     assert "not read (only .jsonl, .json, .parquet, .csv, .txt files are data): B.JSONL, sub/" in caplog.text
+
+
+def test_a_chat_template_that_never_ends_is_stopped_and_named(tok, monkeypatch):
+    """A model folder's chat template of two nested loops of 10^5 hung the run after its settings line (killed at 110
+    s, nothing said)."""
+    monkeypatch.setattr(data, "RENDER_SECONDS", 0.5)
+    tok.chat_template = ("{% for i in range(100000) %}{% for k in range(100000) %}{% endfor %}{% endfor %}"
+                         "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(DockyardError, match=r"example 1: the model's chat template took more than 0.5 s to render one "
+                                            "conversation"):
+        data.tokenize([{"messages": CHAT}], "messages", tok, 64)
