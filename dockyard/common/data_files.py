@@ -62,7 +62,7 @@ def first_fields(path: Path) -> list[str] | None:
         n = 0
         while (raw := f.readline(FIRST_LINE_LIMIT - f.tell() + 1)) and f.tell() <= FIRST_LINE_LIMIT:
             n += 1
-            line = raw.decode("utf-8", errors="replace")
+            line = raw.decode("utf-8-sig" if n == 1 else "utf-8", errors="replace")  # a BOM: the trainer reads past it
             if not line.strip():
                 continue
             if why := not_an_object(line):

@@ -283,7 +283,7 @@ def _bad_json_line(files: list[str]) -> str:
     for f in files:
         if not f.endswith(".jsonl"):
             continue
-        with open(f, encoding="utf-8", errors="replace") as lines:
+        with open(f, encoding="utf-8-sig", errors="replace") as lines:  # a BOM is no fault of the first line
             for n, line in enumerate(lines, 1):
                 if why := not_an_object(line):
                     return f"{f}:{n}: {why}"

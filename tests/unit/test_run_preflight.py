@@ -470,3 +470,10 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
     r = dry(env, f"--data={folder}")
     assert r.returncode == 0, r.stderr
     assert "not read (only .jsonl, .json, .parquet, .csv, .txt files are data): B.JSONL, c.jsonl.gz, sub/" in r.stderr
+
+
+def test_a_json_lines_file_that_starts_with_a_byte_order_mark_passes_as_the_trainer_reads_it(env, tmp_path):
+    """Windows editors save UTF-8 with a BOM: `--dry` refused the file ("Unexpected UTF-8 BOM"), the trainer read it."""
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ships sail"}\n')
+    assert dry(env, f"--data={f}").returncode == 0

@@ -334,3 +334,10 @@ def test_a_chat_template_that_never_ends_is_stopped_and_named(tok, monkeypatch):
     with pytest.raises(DockyardError, match=r"example 1: the model's chat template took more than 0.5 s to render one "
                                             "conversation"):
         data.tokenize([{"messages": CHAT}], "messages", tok, 64)
+
+
+def test_a_bad_line_after_a_byte_order_mark_is_named_not_the_mark(tmp_path):
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ships sail"}\n{"text": "a"}\n{"text": \n')
+    with pytest.raises(DockyardError, match=r"bom.jsonl:3: not JSON"):
+        data.read_rows(f)
