@@ -124,7 +124,8 @@ def check_loaded(settings: Settings, paths: ArchivePaths, manifest: dict, store:
     loaded, wrong = in_engine(settings, manifest, store)
     if wrong:
         raise DockyardError(f"loading {paths.archive.name} failed: `{engine.quote(load_argv)}` exited 0, but "
-                            + "; ".join(wrong) + "\n" + console.tail(output))
+                            + "; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+                            + "\n" + console.tail(output))
     return loaded
 
 
@@ -417,6 +418,9 @@ class _Thin(BaseModel):
     requires: list[inventory.Digest] = []
 
 
+MAX_IMAGES = 64  # a save names a few images; a manifest naming thousands asked the engine about each, for hours
+
+
 class _Manifest(BaseModel):
     """The fields the loaders rely on; the rest of what `invoke save` writes is carried along unchecked."""
     model_config = ConfigDict(extra="allow")
@@ -424,7 +428,7 @@ class _Manifest(BaseModel):
     archive_sha256: str
     archive_bytes: int = Field(ge=0)
     tar_bytes: int = Field(ge=0)
-    images: list[_Image] = Field(min_length=1)
+    images: list[_Image] = Field(min_length=1, max_length=MAX_IMAGES)
     thin: _Thin | None = None
 
 

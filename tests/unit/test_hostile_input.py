@@ -185,6 +185,8 @@ GOOD = {"archive_sha256": "a" * 64, "archive_bytes": 10, "tar_bytes": 20,
     (b"{not json", "Invalid JSON"),
     (b"[]", "manifest"),
     (json.dumps({**GOOD, "images": []}).encode(), "images"),
+    # 301 images: 37 s of asking the engine about each, then a refusal of 10 kB in one line
+    (json.dumps({**GOOD, "images": GOOD["images"] * 301}).encode(), "images: List should have at most 64 items"),
     (json.dumps({k: v for k, v in GOOD.items() if k != "tar_bytes"}).encode(), "tar_bytes"),
     (json.dumps({**GOOD, "archive_bytes": "10 MB"}).encode(), "archive_bytes"),
     (json.dumps({**GOOD, "images": [{**GOOD["images"][0], "tags": ["-q"]}]}).encode(), "not a docker reference"),
