@@ -138,7 +138,10 @@ def write_failed(e: OSError, paths: ArchivePaths, cache: LayerCache | None) -> D
             where = min(folders, key=lambda d: shutil.disk_usage(d).free)
         return DockyardError(f"{head}: no space left in {where} ({e.strerror}); nothing was published. Free "
                              "space there or save to a larger disk (--out=DIR), then save again.")
-    return DockyardError(f"{head} in {out_dir}: {e.strerror or e}; nothing was published.")
+    named = Path(e.filename) if e.filename else out_dir
+    which = (" (the layer cache: the layer_cache setting)" if cache is not None and named.is_relative_to(cache.dir)
+             else "")
+    return DockyardError(f"{head}: {named}{which}: {e.strerror or e}; nothing was published.")
 
 
 def default_image(settings: Settings, variant_name: str = "auto") -> str:

@@ -140,3 +140,21 @@ def test_a_save_into_a_shared_folder_writes_through_no_link_planted_there(tmp_pa
     assert paths.archive.read_bytes() == b"archive bytes" and (shared / "run.sh").read_text().startswith("#!/bin/sh")
     assert os.access(shared / "load.sh", os.X_OK) and not (shared / "load.sh").is_symlink()
     assert not [p for p in shared.iterdir() if p.name.endswith(".partial") and not p.is_symlink()]
+
+
+def test_a_layer_cache_that_is_a_file_is_named_as_the_layer_cache_not_the_output_folder(tmp_path):
+    """`INVOKE_DOCKYARD_LAYER_CACHE=/etc/passwd invoke save` said "failed in images/dist: Not a directory"."""
+    import errno
+
+    from dockyard.transport.frames import LayerCache
+    from dockyard.transport.layout import ArchivePaths
+
+    blocker = tmp_path / "passwd"
+    blocker.write_text("a file\n")
+    cache = LayerCache(blocker, "zstd", 2, 1 << 30)
+    with pytest.raises(OSError) as failed:
+        cache.dir.mkdir(parents=True)
+    assert failed.value.errno == errno.ENOTDIR
+    said = str(save_mod.write_failed(failed.value, ArchivePaths(tmp_path / "dist" / "x.tar.zst"), cache))
+    assert said == (f"saving x.tar.zst failed: {cache.dir} (the layer cache: the layer_cache setting): Not a "
+                    "directory; nothing was published.")
