@@ -160,6 +160,10 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     except SafetensorError as e:  # an empty or cut-short weights file: a copy or download that did not finish
         raise DockyardError(f"{model_dir}: a weights file is damaged ({e}): copy or download the model folder "
                             "again") from None
+    except ImportError as e:  # a checkpoint quantized by a method whose package the image has not (GPTQ: optimum)
+        raise DockyardError(f"cannot load the model from {model_dir}: {first_line(e, 200)}: this image trains "
+                            "unquantized checkpoints (qlora quantizes one in 4 bits itself); use the model's "
+                            "unquantized weights") from None
     except RuntimeError as e:  # transformers' "size mismatch ... ignore_mismatched_sizes": another model's config
         if "mismatch" not in str(e):
             raise

@@ -98,3 +98,10 @@ def test_a_tokenizer_with_no_token_to_pad_with_is_refused(tiny, tmp_path):
     with pytest.raises(DockyardError, match=r"its tokenizer has neither a padding nor an end-of-sequence token.*add "
                                             '"eos_token"'):
         models.load_tokenizer(str(folder))
+
+
+def test_a_checkpoint_quantized_by_a_method_the_image_lacks_is_one_line(tiny, tmp_path):
+    folder = _copy(tiny, tmp_path, quantization_config={"quant_method": "gptq", "bits": 4})
+    with pytest.raises(DockyardError, match=r"cannot load the model from .*: .*this image trains unquantized "
+                                            "checkpoints"):
+        _load(folder)
