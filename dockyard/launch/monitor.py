@@ -371,7 +371,9 @@ class Monitor:
             while True:
                 readings = self.source.sample()
                 if readings:
-                    row = {"t": round(time.monotonic() - t0, 3), "kind": self.source.kind,
+                    # t from this watch's start (a resume starts again at 0, in the same file); time: the clock,
+                    # one time base across a run's attempts, as metrics.jsonl's
+                    row = {"t": round(time.monotonic() - t0, 3), "time": round(time.time(), 3), "kind": self.source.kind,
                            "devices": [reading_to_dict(r) for r in readings]}
                     f.write(json.dumps(row) + "\n")
                     f.flush()

@@ -256,3 +256,18 @@ def test_a_run_given_some_gpus_is_watched_on_those_alone(settings, monkeypatch, 
     assert rows and all([d["device"] for d in r["devices"]] == [0, 2] for r in rows)
     verdict = json.loads((run_dir / runfolder.MONITOR_VERDICT).read_text())
     assert verdict["devices"] == 2 and set(verdict["mean_util"]) == {"0", "2"} and "GPU 1" not in verdict["message"]
+
+
+def test_a_resumed_run_appends_samples_that_keep_one_clock_across_attempts(tmp_path):
+    """A resume appended its samples with `t` starting again at 0, nothing telling the attempts apart: each sample
+    carries the clock too, as metrics.jsonl's lines do."""
+    counts = []
+    for _ in range(2):
+        with monitor.watch(tmp_path, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")) as mon:
+            while len(mon.samples) < 5:
+                time.sleep(0.01)
+        counts.append(len(mon.samples))
+    rows = [json.loads(line) for line in (tmp_path / runfolder.MONITOR_SAMPLES).read_text().splitlines()]
+    first, second = rows[:counts[0]], rows[counts[0]:]
+    assert len(second) == counts[1] and second[0]["t"] < first[-1]["t"]  # t restarts with the attempt
+    assert [r["time"] for r in rows] == sorted(r["time"] for r in rows) and second[0]["time"] >= first[-1]["time"]
