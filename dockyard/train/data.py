@@ -296,8 +296,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", source: str = "data") -> str:
-    """The format named in the recipe, or the one the fields of the first row say; checked on every row."""
-    found = _fields(rows[0])  # datasets gives every row every column of the file: a missing field is None
+    """The format named in the recipe, or the one the fields of the first rows say; checked on every row."""
+    # datasets gives every row every column of the file: a missing field is None. The fields some of the first rows
+    # fill: a first row with an empty cell is then "example 1 lacks completion", not a format of no name
+    found = sorted({k for row in rows[:FORMAT_ROWS] for k in _fields(row)})
     if task == "seq_cls" or named == "text_label":
         fmt, need = "text_label", ("text", "label")
     elif named != "auto":
@@ -307,6 +309,9 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
         if not fmt:
             raise unknown_format(source, found)
         need = FORMATS[fmt]
+        if fmt == "text" and "label" in found:
+            log.warning("%s has a label field, which causal language modelling does not read (it trains on the text "
+                        "alone): to train a classifier, add --task seq_cls", source)
     # the fields read as text: a number or a list there (token ids, a column shifted) would train on its digits
     texts = [k for k in (*need, *(("input",) if fmt == "alpaca" else ())) if k in TEXT_FIELDS]
     for n, row in enumerate(rows, 1):
@@ -320,6 +325,9 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
                                 f"not text: the {fmt} format trains on the words of {odd} (token ids are not read; "
                                 "write the text itself)")
     return fmt
+
+
+FORMAT_ROWS = 1000  # the rows whose fields name the format
 
 
 def _fields(row: dict[str, Any]) -> list[str]:
@@ -516,6 +524,11 @@ def label_names(rows: list[dict[str, Any]]) -> list[str]:
             raise DockyardError(f"integer labels are class numbers 0..N-1: {max(labels)} is past the "
                                 f"{MAX_CLASSES:,} classes a head is made for here (an id in place of a class?); "
                                 "number the classes from 0, or use names")
+        unseen = sorted(set(range(max(labels) + 1)) - labels)
+        if unseen:
+            log.warning("integer labels are class numbers 0..%d, and classes %s have no example: the classifier gets "
+                        "outputs for them all; number the classes 0..N-1 (or write their names)", max(labels),
+                        ", ".join(map(str, unseen[:10])) + (" ..." if len(unseen) > 10 else ""))
         return [str(i) for i in range(max(labels) + 1)]
     return sorted(str(x) for x in labels)
 

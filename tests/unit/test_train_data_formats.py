@@ -341,3 +341,24 @@ def test_a_bad_line_after_a_byte_order_mark_is_named_not_the_mark(tmp_path):
     f.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ships sail"}\n{"text": "a"}\n{"text": \n')
     with pytest.raises(DockyardError, match=r"bom.jsonl:3: not JSON"):
         data.read_rows(f)
+
+
+def test_a_first_row_with_an_empty_cell_is_named_not_taken_for_another_format(tmp_path, caplog):
+    """`prompt,completion` then `Which port?,` (no answer yet): "cannot tell the data format from its fields
+    (prompt)", though the header named both. And text+label data trained as text, the label unread, unsaid."""
+    f = tmp_path / "pc.csv"
+    f.write_text("prompt,completion\nWhich port?,\nWhich city?,Oslo\n")
+    with pytest.raises(DockyardError, match=r"example 1 lacks completion for the prompt_completion format"):
+        data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f))
+    caplog.set_level("WARNING", logger="dockyard.train")
+    f = jsonl(tmp_path / "cls.jsonl", [{"text": "storm coming", "label": "storm"}])
+    assert data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f)) == "text"
+    assert "has a label field, which causal language modelling does not read" in caplog.text
+    assert "add --task seq_cls" in caplog.text
+
+
+def test_class_numbers_with_no_example_are_said(caplog):
+    """Labels 1 and 5 made a head of six classes, four never seen, without a word."""
+    caplog.set_level("WARNING", logger="dockyard.train")
+    assert data.label_names([{"text": "a", "label": 1}, {"text": "b", "label": 5}]) == ["0", "1", "2", "3", "4", "5"]
+    assert "classes 0, 2, 3, 4 have no example" in caplog.text
