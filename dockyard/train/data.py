@@ -474,7 +474,12 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int) -> tuple
                                 f"a prefix of its continuation, so the assistant turns cannot be found; convert "
                                 f"the data to prompt/completion")
         add(before, learn=False)
+        learnt = len(ids)
         add(through, learn=True)
+        if len(ids) == learnt:  # "raise max_seq_length" was the advice, which could not help
+            raise DockyardError(f"example {n}: the model's chat template renders nothing for an assistant turn, so "
+                                "there is nothing to learn: use a template that renders the assistant's messages, or "
+                                "convert the data to prompt/completion")
     return ids, labels
 
 

@@ -362,3 +362,9 @@ def test_class_numbers_with_no_example_are_said(caplog):
     caplog.set_level("WARNING", logger="dockyard.train")
     assert data.label_names([{"text": "a", "label": 1}, {"text": "b", "label": 5}]) == ["0", "1", "2", "3", "4", "5"]
     assert "classes 0, 2, 3, 4 have no example" in caplog.text
+
+
+def test_a_chat_template_that_renders_no_assistant_text_is_said(tok):
+    tok.chat_template = "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    with pytest.raises(DockyardError, match="example 1: the model's chat template renders nothing for an assistant turn"):
+        data.tokenize([{"messages": CHAT}], "messages", tok, 64)
