@@ -181,6 +181,25 @@ def check_makeable(folder: Path, fix: str) -> None:
         raise DockyardError(f"{where}{existing} is not writable by you (uid {os.geteuid()}); {fix}")
 
 
+def share_weights(folder: Path) -> None:
+    """The .safetensors files in `folder` (and below) readable as this process's umask makes its other files: the
+    safetensors library writes them 0600, so the users of a shared runs folder (a serving container of another uid)
+    could read the config and tokenizer of a model, not its weights. Never through a link."""
+    try:
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = 0o022
+    for root, _dirs, files in os.walk(folder):  # os.walk follows no link to a folder
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(".safetensors") and not os.path.islink(path):
+                try:
+                    os.chmod(path, 0o666 & ~umask)
+                except OSError:
+                    pass  # another user's file (a shared folder): theirs to share
+
+
 def make_dir(folder: Path, name: str) -> Path:
     """A new folder inside a run folder (an export's output); an existing name, a link included, is refused."""
     dfd = _open_folder(folder)

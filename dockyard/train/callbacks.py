@@ -55,7 +55,9 @@ class PublishCheckpoint(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         _barrier()
         if args.process_index == 0:
-            manifest.mark_complete(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}", state.global_step)
+            checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            runfolder.share_weights(checkpoint)
+            manifest.mark_complete(checkpoint, state.global_step)
         _barrier()  # nobody trains on (and may be killed) before the marker is there
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, first_line
 from dockyard.common.model_config import check_shards_inside
 
@@ -71,6 +72,7 @@ def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
             if f.is_file() and f.name != "training_args.bin":
                 shutil.copy2(f, out / f.name)
     tokenizer(run_dir / "model").save_pretrained(out)
+    runfolder.share_weights(out)
     check = compare(m, run_dir, out, dtype, reload_adapter=adapter and not merge)
     print(f"exported {what} of run {m['run_id']} to {out}")
     print(f"  reloaded and compared with the run's own model on {check['inputs']} inputs: largest logit difference "
@@ -93,8 +95,6 @@ PROBE_TOKENS = 32  # the probe the trainer records: an example's first 32 tokens
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The run's manifest, read as untrusted (any run's container can write it), in a folder holding no link."""
-    from dockyard.common import runfolder
-
     runfolder.check(run_dir)
     record = runfolder.read_manifest(run_dir)
     if record is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dockyard.common import memory
+from dockyard.common import memory, runfolder
 from dockyard.common.errors import DockyardError, first_line, json_object
 from dockyard.common.model_config import MAX_PARAMS, check_model_folder, check_shards_inside
 from dockyard.common.recipes import Recipe
@@ -59,6 +59,7 @@ def materialize_tiny_model(folder: Path) -> None:
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of the run folder
     model.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(tmp)
+    runfolder.share_weights(tmp)
     try:
         tmp.rename(folder)
     except OSError:  # another rank was first

@@ -105,3 +105,29 @@ def test_a_checkpoint_quantized_by_a_method_the_image_lacks_is_one_line(tiny, tm
     with pytest.raises(DockyardError, match=r"cannot load the model from .*: .*this image trains unquantized "
                                             "checkpoints"):
         _load(folder)
+
+
+def test_saved_weights_are_as_readable_as_the_other_files_of_the_model(tiny, tmp_path):
+    """The safetensors library writes 0600: other users of a shared runs folder (a serving container of another
+    uid) could read a saved model's config and tokenizer, not its weights."""
+    import os
+    import stat
+
+    from dockyard.common import runfolder
+
+    umask = os.umask(0o022)
+    try:
+        assert stat.S_IMODE((tiny / "model.safetensors").stat().st_mode) == 0o644
+        folder = tmp_path / "ckpt"
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "adapter_model.safetensors").write_bytes(b"w")
+        (folder / "sub" / "adapter_model.safetensors").chmod(0o600)
+        secret = tmp_path / "secret.safetensors"
+        secret.write_bytes(b"s")
+        secret.chmod(0o600)
+        (folder / "link.safetensors").symlink_to(secret)
+        runfolder.share_weights(folder)
+        assert stat.S_IMODE((folder / "sub" / "adapter_model.safetensors").stat().st_mode) == 0o644
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600, "never through a link"
+    finally:
+        os.umask(umask)
