@@ -219,7 +219,7 @@ def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     record = _run_with_checkpoints(run_dir, 12)
     err = _resume(run_dir, capsys, "--max_steps", "12")
-    assert "error: already at max_steps 12 (checkpoint-12): raise --max_steps to train on" in err
+    assert "error: already at max_steps 12 (checkpoint-12): raise it to train on (-- --max_steps N" in err
     assert (run_dir / "manifest.json").read_text() == record
     assert not (run_dir / "checkpoints" / "checkpoint-13").exists()
 
