@@ -95,7 +95,8 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "max_restarts": "times torchrun restarts the workers after a failure (default 0)",
             "run_id": "name of the run folder (default: <recipe>-<timestamp>); an existing one is refused; "
                       "with --nodes > 1 required, the same on every node",
-            "resume": "continue the run named by --run-id from its last checkpoint, with its recipe",
+            "resume": "continue the run named by --run-id from its last checkpoint, with its recipe and settings (give "
+                      "--data and --model again: a resume mounts only what its command names)",
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",

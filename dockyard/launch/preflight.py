@@ -55,6 +55,19 @@ def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
                             f"{settings.path(settings.runs_dir)}`)")
 
 
+def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -> dict[str, str]:
+    """`--resume` of a run trained in a container: the host paths of the inputs it mounted (its manifest's `inputs`)
+    that this command does not give again. The run's settings hold the paths inside the container, and a resume mounts
+    only what its command names (a manifest any container can write never chooses a host folder to mount): without
+    them the trainer refused after the container had started, naming a /workspace path the user never typed."""
+    m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank)) or runfolder.read_manifest(run_dir)
+    if m is None:
+        return {}
+    return {key: rec.path for key in ("data", "model", "eval_data")
+            if (rec := m.inputs.get(key)) and rec.path and rec.inside.startswith(inputs.INPUTS + "/")
+            and not given.get(key)}
+
+
 def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
     """`--resume`: the recipe the run was started with, as its manifest names it; a --recipe naming another is
     refused (DeepSpeed cannot continue another strategy's checkpoint, and the failed try would overwrite the record

@@ -14,7 +14,7 @@ import re
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dockyard import engine
@@ -77,6 +77,15 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     # a resumed run keeps its own (its manifest names it); then what the trainer would refuse
     resumed = new_run_dir(settings, "", r.run_id, True, r.node_rank) if r.resume else None
     recipe_arg = preflight.resumed_recipe(resumed, r.recipe, r.node_rank) if resumed else r.recipe or DEFAULT_RECIPE
+    if resumed and not r.native:
+        given = {"data": r.data, "model": r.model, **inputs.override_values(overrides)}
+        if again := preflight.inputs_to_give_again(resumed, r.node_rank, given):
+            fixed = replace(r, data=again.get("data", r.data), model=again.get("model", r.model),
+                            overrides=(*r.overrides, *(["--eval_data", again["eval_data"]] if "eval_data" in again
+                                                       else [])))
+            raise DockyardError(f"--resume: run {r.run_id} read {', '.join(f'{k} {v}' for k, v in again.items())}, and "
+                                "a resume mounts what its command names: give "
+                                f"{'it' if len(again) == 1 else 'them'} again: {resume_command(fixed, r.run_id)}")
     recipe = load_recipe(recipe_arg)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
                         gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes)

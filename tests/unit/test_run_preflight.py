@@ -477,3 +477,23 @@ def test_a_json_lines_file_that_starts_with_a_byte_order_mark_passes_as_the_trai
     f = tmp_path / "bom.jsonl"
     f.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ships sail"}\n')
     assert dry(env, f"--data={f}").returncode == 0
+
+
+def test_a_resume_in_a_container_asks_for_the_inputs_it_mounted_with_the_whole_command(env, tmp_path):
+    """`invoke run --resume --run-id=X` of a run trained on --data=/data/chat.jsonl started the container, which
+    refused: "X was trained with data /data/chat.jsonl, not /workspace/inputs/data/chat.jsonl", a path never typed.
+    The host now says what to give again, before anything starts; given, the resume goes on."""
+    data = tmp_path / "my data" / "chat.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"text": "ships sail"}\n')
+    folder = _finished_run(tmp_path / "runs", "c1", "ddp")
+    m = json.loads((folder / "manifest.json").read_text())
+    m["variant"] = "cpu"
+    m["inputs"] = {"data": {"path": str(data), "inside": "/workspace/inputs/data/chat.jsonl"},
+                   "model": {"path": str(folder / "base"), "inside": "/workspace/runs/c1/base"}}  # the run's own
+    (folder / "manifest.json").write_text(json.dumps(m))
+    r = dry(env, "--resume", "--run-id=c1")
+    refused(r, f"--resume: run c1 read data {data}, and a resume mounts what its command names: give it again: "
+               f"invoke run --resume --run-id=c1 --variant=cpu '--data={data}'")
+    r = dry(env, "--resume", "--run-id=c1", f"--data={data}")
+    assert r.returncode == 0, r.stderr
