@@ -10,6 +10,7 @@ sizes as the manifest recorded when the run started) is mounted.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, read_bounded
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
 from dockyard.launch import caches, node, scriptwords
@@ -81,7 +82,31 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         remove_unfinished(target)
         raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above); nothing was "
                             "kept")
+    if m.variant not in NATIVE:
+        base_on_this_host(target, engine.container_paths_shown(argv))
     return target
+
+
+def base_on_this_host(target: Path, as_host) -> None:
+    """An adapter's base named where it is on this host: the export in the image wrote the path it saw the base at
+    (/workspace/inputs/model, /workspace/runs/ID/base) into adapter_config.json and the model card, where peft's
+    AutoPeftModel on this host (or anyone the folder is given to) looks for it."""
+    config = target / "adapter_config.json"
+    if not config.is_file() or config.is_symlink():
+        return
+    try:
+        c = json.loads(read_bounded(config, 1 << 20, "adapter_config.json"))
+    except (ValueError, DockyardError):
+        return
+    base = c.get("base_model_name_or_path") if isinstance(c, dict) else None
+    if not isinstance(base, str) or as_host(base) == base:
+        return
+    c["base_model_name_or_path"] = as_host(base)
+    config.write_text(json.dumps(c, indent=2) + "\n")
+    card = target / "README.md"
+    if card.is_file() and not card.is_symlink():
+        card.write_text(card.read_text(errors="replace").replace(base, as_host(base)))
+    print(f"  its base: {as_host(base)} (peft loads the adapter onto it)")
 
 
 def remove_unfinished(target: Path) -> None:

@@ -191,3 +191,27 @@ def test_an_export_that_stops_partway_keeps_no_folder_and_the_same_export_can_ru
     assert not (run / "export").exists()
     monkeypatch.setattr(export.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0))
     assert export.export(s, run="r1") == run / "export"
+
+
+def test_an_exported_adapter_names_its_base_where_it_is_on_this_host(settings, tmp_path, monkeypatch, capsys):
+    """adapter_config.json said "base_model_name_or_path": "/workspace/runs/r1/base", where the image saw the base:
+    AutoPeftModel on this host found nothing there. The image's exporter is a stand-in writing what it writes."""
+    import subprocess
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    monkeypatch.setattr(export, "check_image", lambda *a: None)
+    monkeypatch.setattr(export.engine, "engine_info", lambda settings: {})
+
+    def container(argv, **kw):
+        (run / "export" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path":
+                                                                         "/workspace/runs/r1/base", "r": 8}))
+        (run / "export" / "README.md").write_text("base_model: /workspace/runs/r1/base\n")
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(export.engine, "run", container)
+    export.export(s, run="r1")
+    config = json.loads((run / "export" / "adapter_config.json").read_text())
+    assert config == {"base_model_name_or_path": str(run / "base"), "r": 8}
+    assert (run / "export" / "README.md").read_text() == f"base_model: {run / 'base'}\n"
+    assert f"its base: {run / 'base'}" in capsys.readouterr().out
