@@ -24,7 +24,13 @@ module of dockyard (tests/unit/test_layers.py holds that).
 """
 
 import os
+import signal
 
 # The process that started this one, read before the trainer imports torch (seconds in which it could die): a
 # worker of torchrun's agent dies with it (environment.die_with_launcher)
 LAUNCHER = os.getppid()
+
+if "TORCHELASTIC_RUN_ID" in os.environ:
+    # Ctrl-C while a worker still imports torch and transformers (seconds): KeyboardInterrupt's traceback from deep in
+    # an import, from every worker. Until main() takes over (and says it in one line), it ends the worker quietly.
+    signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(128 + signal.SIGINT))

@@ -63,6 +63,7 @@ from dockyard.train.export import PROBE_TOKENS
 # first on a host without GPUs.
 
 log = logging.getLogger("dockyard.train")
+_signalled = threading.Event()  # the SIGTERM that stops this process came (_stopped)
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
 SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
 MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the manifest's model.saved says
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("DS_ACCELERATOR") and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     signal.signal(signal.SIGTERM, _stopped)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here on: the run's own clean-up (below)
     checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
     # DeepSpeed's ZeRO gathers with the collective torch >= 2.13 calls deprecated: every rank warned of it at its first
     # step and at every save, about a call the user cannot change
@@ -941,9 +943,12 @@ def _said_by_the_first() -> bool:
 def _stopped(signum: int, frame: Any) -> None:
     """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out. Not while
     the manifest is being written (finish): the process is on its way out already, and an error raised there would
-    leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer)."""
-    if _finishing.locked():
+    leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer). Once: a second
+    SIGTERM (a dying launcher's signal comes once per thread it hands this process to) would raise out of the
+    handling of the first, before the manifest is written."""
+    if _finishing.locked() or _signalled.is_set():
         return
+    _signalled.set()
     if launcher_gone():
         raise DockyardError(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)
     raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",

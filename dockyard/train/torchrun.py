@@ -198,4 +198,8 @@ def cpu_quota(cgroup: Path) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C while torch still imports: its traceback from deep in the import
+        print("torchrun: stopped by SIGINT before it started the workers", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)

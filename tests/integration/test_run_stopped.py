@@ -87,3 +87,29 @@ def test_a_launcher_killed_with_its_process_group_takes_its_workers_with_it(tmp_
     m = json.loads((run / "manifest.json").read_text())
     assert m["status"] == "failed" and "torchrun, which started this process, was killed" in m["error"], m.get("error")
     assert m["metrics"]["steps"] < 2000
+
+
+def test_ctrl_c_while_the_processes_start_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C in the first seconds, while torchrun and its workers import torch: each printed KeyboardInterrupt's
+    traceback from deep in an import (60 lines), and the host called it a failure of docker or torchrun."""
+    run = tmp_path / "runs" / "s1"
+    p = _start(tmp_path, "s1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        said = []
+        for line in p.stderr:  # the torchrun command is printed as it starts
+            said.append(line)
+            if line.startswith("+ ") and "dockyard.train.torchrun" in line:
+                break
+        time.sleep(1.5)  # inside torch's import, here
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    everything = "".join(said) + out + err
+    assert p.returncode == 130, everything[-3000:]
+    assert "Traceback" not in everything and "KeyboardInterrupt" not in everything, everything[-3000:]
+    assert err.strip().splitlines()[-1] == ("error: interrupted before run s1 started training: nothing was kept, so "
+                                            "the same command can be run again"), err[-2000:]
+    assert not run.exists()
