@@ -9,6 +9,7 @@ CUDA, triton has its ptxas, and no CUDA library is there twice. Saves `ds_report
 
 import argparse
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -37,10 +38,12 @@ def main() -> int:
     p.add_argument("--allow-duplicate-cuda-libs", action="store_true", help="a registry base: warn only")
     p.add_argument("--nvcc", action="store_true", help="the image has a CUDA compiler: check its release")
     p.add_argument("--cuda-archs", default="", help="the GPU archs torch holds code for, as the label says")
+    p.add_argument("--pins", default="{}", help="every pin of the variant, as JSON (the image's labels say them)")
     a = p.parse_args()
     problems = []
 
-    for dist, want in (("torch", a.torch), ("triton", a.triton), ("deepspeed", a.deepspeed)):
+    pins = {"torch": a.torch, "triton": a.triton, "deepspeed": a.deepspeed, **json.loads(a.pins or "{}")}
+    for dist, want in pins.items():
         if not want:
             continue
         try:
@@ -49,6 +52,16 @@ def main() -> int:
             have = "not installed"
         if have != want:
             problems.append(f"{dist} is {have}, the variant pins {want}")
+    # a requirement of an installed package that is not there (the stack installs with --no-deps, from the lock)
+    deps = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    if deps.returncode:
+        problems += [f"pip check: {line}" for line in deps.stdout.splitlines() if line.strip()]
+    if not a.cuda:
+        import torch
+
+        if torch.version.cuda:  # a cpu variant whose torch pin is a CUDA build (PyPI's plain `torch==X`)
+            problems.append(f"torch {version('torch')} is built for CUDA {torch.version.cuda}: a cpu variant pins "
+                            "torch's cpu build (X+cpu)")
 
     for mod in ("transformers", "peft", "accelerate", "bitsandbytes", "pynvml", "datasets"):
         try:

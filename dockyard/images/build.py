@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
         variant = variant.on_devel_base()
         why += f", FROM its devel base {variant.base}"
     print(f"{why}")
+    check_lock(variant)  # the image's labels are the variant's pins: the lock it installs must hold them
     created = build_time()
     wheels = wheelhouse_dir(settings, variant)
     context = staged_context_dir(wheels, variant.name)
@@ -137,6 +139,7 @@ def build_steps(settings: Settings, variant: Variant, *, no_cache: bool = False,
         "EXPECT_TRITON": variant.pins["triton"],
         "EXPECT_DEEPSPEED": variant.pins["deepspeed"],
         "EXPECT_CUDA": variant.cuda,
+        "EXPECT_PINS": json.dumps({k: v for k, v in sorted(variant.pins.items()) if v}, separators=(",", ":")),
         # nvcc from the lock's wheels (cu132); a registry base brings its own, along with a second copy of the
         # CUDA libraries torch's wheels hold (the check then only warns); cu128 on the Debian base has none.
         "CUDA_TOOLKIT": "wheels" if variant.toolkit == "wheels" else "none",

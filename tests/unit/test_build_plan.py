@@ -248,3 +248,20 @@ def test_the_created_label_is_the_commits_time_or_source_date_epoch(monkeypatch)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     with pytest.raises(DockyardError, match="SOURCE_DATE_EPOCH='yesterday': give the build's time as seconds since"):
         build.build_time()
+
+
+def test_a_pin_the_lock_does_not_hold_is_refused_before_building_and_every_pin_is_checked_in_the_image(settings,
+                                                                                                       monkeypatch):
+    """transformers pinned 9.9.9 in a variants file, the lock unchanged: the build made an image labelled 9.9.9 that
+    held 5.23.0 (the image check compared torch, triton and deepspeed alone)."""
+    cpu = variants.resolve(settings, "cpu")[0]
+    lying = cpu.model_copy(update={"pins": {**cpu.pins, "transformers": "9.9.9"}})
+    monkeypatch.setattr(variants, "resolve", lambda *a, **k: (lying, "variant cpu"))
+    with pytest.raises(DockyardError, match=r"lock for cpu disagrees with images/variants.yaml: transformers 5\.\d+\.\d+ "
+                                            r"\(pinned 9.9.9\)"):
+        build.build(settings, "cpu", dry=True)
+    (argv, _), = build.build_steps(settings, cpu).steps
+    import json
+
+    pins = json.loads(_args(argv, "--build-arg")["EXPECT_PINS"])
+    assert pins == {k: v for k, v in cpu.pins.items() if v} and "transformers" in pins
