@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dockyard import __version__
 from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
@@ -36,11 +36,12 @@ class DevelBase(BaseModel):
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = ""
+    # a name is a file name (images/locks/NAME.txt) and a tag's part (dockyard:0.1.0-NAME): a word
+    name: str = Field("", pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     description: str
     base: str
-    cuda: str
-    python: str
+    cuda: str = Field(pattern=r"^(\d{1,3}\.\d{1,3})?$")  # "13.2"; "" for cpu
+    python: str = Field(pattern=r"^3\.\d{1,2}$")
     os_packages: list[str]
     torch_cuda_arch_list: str
     # the archs torch's libraries hold code for, as TORCH_CUDA_ARCH_LIST writes them: "7.5;8.0;9.0+PTX"
@@ -48,6 +49,26 @@ class Variant(BaseModel):
     ds_ops: list[str]
     devel: DevelBase | None = None
     pins: dict[str, str]
+
+    @field_validator("pins")
+    @classmethod
+    def _versions(cls, pins: dict[str, str]) -> dict[str, str]:
+        """Each pin a package name and one version (uv reads them as requirement lines: `0.21.2\n--index-url X`
+        was an option of its own, `>=0.1` a comparison of none)."""
+        for name, version in pins.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or not re.fullmatch(r"([0-9][0-9A-Za-z.+!-]*)?",
+                                                                                          version):
+                raise ValueError(f"pin {name}: {version!r}: give a package name and one exact version (2.1.0, "
+                                 "2.13.0+cpu), or \"\" for none")
+        return pins
+
+    @field_validator("ds_ops")
+    @classmethod
+    def _ops(cls, ops: list[str]) -> list[str]:
+        unknown = [op for op in ops if op not in OP_NAMES]
+        if unknown:  # found only by the image check, after the whole DeepSpeed compile
+            raise ValueError(f"unknown DeepSpeed op(s) {', '.join(unknown)}: use {', '.join(OP_NAMES)}")
+        return ops
 
     @property
     def is_cuda(self) -> bool:
@@ -97,10 +118,16 @@ def _load(path: Path) -> dict[str, Variant]:
         raise DockyardError(f"the variants file {path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("variants"), dict):
         raise DockyardError(f"invalid variants file {path}: expected a `variants:` mapping of names to variants")
+    odd = next((name for name, spec in raw["variants"].items() if not isinstance(spec, dict)), None)
+    if odd is not None:
+        raise DockyardError(f"invalid variants file {path}: variant {odd!r} must be a mapping of its fields (it is "
+                            f"{type(raw['variants'][odd]).__name__})")
     try:
         out = {name: Variant(name=name, **spec) for name, spec in raw["variants"].items()}
     except (ValidationError, TypeError) as e:
         raise DockyardError(f"invalid variants file {path}: {problems(e)}") from None
+    if "cpu" not in out:  # the variant of every host without GPUs, and auto's fallback
+        raise DockyardError(f"invalid variants file {path}: it defines no `cpu` variant (hosts without GPUs use it)")
     for v in out.values():
         missing = [p for p in PINNED if p not in v.pins]
         if missing:

@@ -208,3 +208,30 @@ def test_every_task_refuses_a_variants_file_that_is_a_folder_in_one_line(tmp_pat
     from tests.support.cli import invoke_here, short_error
 
     short_error(invoke_here("doctor", env={"INVOKE_DOCKYARD_VARIANTS_FILE": str(tmp_path)}), str(tmp_path))
+
+
+
+@pytest.mark.parametrize("edit,says", [
+    # a name is a lock file's and a tag's part: `invoke lock --variant=../../x` wrote outside images/locks
+    (lambda raw: raw["variants"].update({"../../../tmp/pwn": raw["variants"]["cpu"]}), r"name: String should match"),
+    (lambda raw: raw["variants"]["cu132"].update(cuda="13.x"), r"cuda: String should match"),  # doctor's ValueError
+    (lambda raw: raw["variants"]["cpu"].update(python="3.11; id"), r"python: String should match"),
+    (lambda raw: raw["variants"]["cpu"]["pins"].update(peft="0.21.2\n--index-url http://127.0.0.1:9/simple"),
+     r"pin peft: .*give a package name and one exact version"),
+    (lambda raw: raw["variants"]["cpu"]["pins"].update(peft=">=0.1"), r"pin peft: '>=0.1'"),
+    (lambda raw: raw["variants"]["cpu"].update(ds_ops=["BOGUS_OP"]), r"unknown DeepSpeed op\(s\) BOGUS_OP"),
+    (lambda raw: raw["variants"].pop("cpu"), r"defines no `cpu` variant"),  # a KeyError traceback in auto's choice
+    (lambda raw: raw["variants"].update(x=None), r"variant 'x' must be a mapping of its fields \(it is NoneType\)"),
+])
+def test_a_variants_file_of_hostile_or_odd_values_is_refused_in_one_line(tmp_path, edit, says):
+    import yaml
+
+    from dockyard.settings import ROOT
+
+    raw = yaml.safe_load((ROOT / "images" / "variants.yaml").read_text())
+    edit(raw)
+    bad = tmp_path / "variants.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(DockyardError, match=r"invalid variants file .*" + says) as e:
+        variants._load(bad)
+    assert "\n" not in str(e.value)
