@@ -33,6 +33,9 @@ class DevelBase(BaseModel):
     ds_ops: list[str]
 
 
+ARCHS_FORM = r"\d{1,3}\.\d{1,3}(\+PTX)?([;\s]+\d{1,3}\.\d{1,3}(\+PTX)?)*"  # "7.5;8.0;9.0+PTX"
+
+
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,7 +48,7 @@ class Variant(BaseModel):
     os_packages: list[str]
     torch_cuda_arch_list: str
     # the archs torch's libraries hold code for, as TORCH_CUDA_ARCH_LIST writes them: "7.5;8.0;9.0+PTX"
-    torch_archs: str = Field("", pattern=r"^(\d+\.\d+(\+PTX)?([;\s]+\d+\.\d+(\+PTX)?)*)?$")
+    torch_archs: str = Field("", pattern=f"^({ARCHS_FORM})?$")
     ds_ops: list[str]
     devel: DevelBase | None = None
     pins: dict[str, str]

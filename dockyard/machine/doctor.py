@@ -45,8 +45,8 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
     images = {name: engine.image_inspect(settings, variants.tag(settings, v)) if info is not None else None
               for name, v in all_variants.items()}
     labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
-    checks += check_variants(all_variants, host, {n: ln.get("dockyard.cuda") for n, ln in labels.items()},
-                             {n: ln.get(variants.ARCHS_LABEL) for n, ln in labels.items()})
+    checks += check_variants(all_variants, host, {n: read_label(ln, "dockyard.cuda") for n, ln in labels.items()},
+                             {n: read_label(ln, variants.ARCHS_LABEL) for n, ln in labels.items()})
     if info is None:
         return checks
     try:
@@ -208,6 +208,16 @@ def check_topology(host: Host, links: list[Link]) -> Check | None:
                      f"no peer-to-peer between {' '.join(no_p2p)}: NCCL goes through host memory (slower "
                      "all-reduce); on bare metal check IOMMU/ACS settings, in a VM ask for P2P passthrough")
     return Check("gpu topology", PASS, detail)
+
+
+LABEL_FORMS = {"dockyard.cuda": r"\d{1,3}\.\d{1,3}", variants.ARCHS_LABEL: variants.ARCHS_FORM}
+
+
+def read_label(labels: dict, key: str) -> str | None:
+    """An image's label as the build writes it, else None (the variant's own value is then used): an image loaded
+    from an archive carries whatever labels it was given, and `dockyard.cuda=13.x` was a ValueError traceback."""
+    value = labels.get(key)
+    return value if isinstance(value, str) and re.fullmatch(LABEL_FORMS[key], value) else None
 
 
 def _min_driver(cuda: str) -> str:
