@@ -232,6 +232,10 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     if dry:
         engine.echo(argv)
         return
+    built = engine.image_inspect(settings, image)
+    if not built:  # docker run would look for it in a registry (docker.io/library/...), in a project of none
+        raise DockyardError(f"image {image} not built: `invoke build --variant={chosen.name}`")
+    build.warn_if_stale(built, image)
     runs.mkdir(parents=True, exist_ok=True)
     caches.prepare(settings, compile_cache=True)
     engine.echo(argv)

@@ -234,3 +234,16 @@ def test_gpus_asked_for_on_a_host_without_gpus_are_refused_not_trained_on_cpu(se
         select(cpu_host, "0,2")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert select(cpu_host) == cpu_host
+
+
+def test_shell_of_an_image_not_built_is_refused_not_pulled_from_a_registry(tmp_path, monkeypatch):
+    """`invoke shell` ran `docker run` at once: with no such image, docker looked for it on docker.io. The engine here
+    is a stand-in that has no image (and would fail the test if the shell started)."""
+    from dockyard import engine
+
+    monkeypatch.setattr(launch_run, "read_host", lambda: Host(error="NVML unavailable (no driver)"))
+    monkeypatch.setattr(engine, "engine_info", lambda settings: {})
+    monkeypatch.setattr(engine, "image_inspect", lambda settings, ref: None)
+    monkeypatch.setattr(launch_run.os, "execvp", lambda *a: pytest.fail(f"started {a}"))
+    r = invoke_here("shell", "--variant=cpu", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "image dockyard:0.1.0-cpu not built: `invoke build --variant=cpu`")
