@@ -26,10 +26,17 @@ def ensure_engine(settings: Settings, dry: bool = False) -> None:
         info = engine.engine_info(settings)
         print(f"engine: Docker {info.get('ServerVersion')} answers ({info.get('Driver')})")
         return
-    except DockyardError:
+    except DockyardError as e:
         if os.geteuid() != 0 or not _is_debian():
             raise
+        host = os.environ.get("DOCKER_HOST", "")
+        if host not in ("", "unix:///var/run/docker.sock", "unix:///run/docker.sock"):
+            # another engine is asked for: a second one installed and started here would not be the one asked
+            raise DockyardError(f"{e} (DOCKER_HOST={host}: setup installs and starts an engine only on this host; "
+                                "start that engine, or unset DOCKER_HOST to use this host's)") from None
     steps = [["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *APT_PACKAGES]]
+    if engine.which("dockerd"):  # installed, not running: started, not installed again
+        steps = []
     if dry:
         for s in steps:
             engine.echo(s)
