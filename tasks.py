@@ -327,7 +327,7 @@ def doctor(c, json=False, record="", peer="", port: Port = 29500):
     if record:
         from dockyard import gpus
         gpus.record(record)
-        print(f"recorded this host's NVML readings in {record}")
+        print(f"recorded this host's NVML readings in {record}", file=sys.stderr)  # stdout: --json's JSON alone
     checks = doctor_mod.diagnose(_settings(c))
     if peer:
         from dockyard.machine import peer as peer_mod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -96,6 +97,8 @@ def check_mirror(mirror: str) -> None:
     if not ((parts.scheme in ("http", "https") and parts.hostname) or (parts.scheme == "file" and parts.path)):
         raise DockyardError(f"--mirror={engine.shown([mirror])}: give a Debian mirror's URL, e.g. "
                             "http://deb.debian.org/debian (or file:///srv/debian for one on this host)")
+    if re.search(r"[\s\x00-\x1f\x7f]", mirror):  # debootstrap writes it into sources.list: a line of its own
+        raise DockyardError(f"--mirror={engine.shown([mirror])}: a URL holds no blank or control character")
     if parts.username or parts.password:
         raise DockyardError(f"--mirror={engine.shown([mirror])} holds a user or password: debootstrap writes the mirror "
                             "into the base image's /etc/apt/sources.list, and every dockyard image would carry it; give "

@@ -191,3 +191,17 @@ def test_an_image_label_not_as_the_build_writes_it_is_not_read():
         assert read_label({"dockyard.cuda": odd}, "dockyard.cuda") is None
     assert read_label({variants.ARCHS_LABEL: "7.5;8.0;12.0+PTX"}, variants.ARCHS_LABEL) == "7.5;8.0;12.0+PTX"
     assert read_label({variants.ARCHS_LABEL: "sm_90;zz"}, variants.ARCHS_LABEL) is None
+
+
+def test_doctor_json_with_a_recording_prints_json_alone(tmp_path):
+    """`invoke doctor --json --record=F` printed "recorded this host's NVML readings in F" before the JSON on stdout:
+    json.load of the output failed. The readings are the H100 host's, replayed (no GPU here)."""
+    import json
+
+    from tests.support.cli import invoke_here
+
+    replay = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts" / "h100x1_580.json"
+    r = invoke_here("doctor", "--json", f"--record={tmp_path / 'rec.json'}",
+                    env={"DOCKYARD_NVML_REPLAY": str(replay)})
+    json.loads(r.stdout)
+    assert "recorded this host's NVML readings in" in r.stderr and (tmp_path / "rec.json").is_file()

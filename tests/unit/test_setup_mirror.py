@@ -15,3 +15,5 @@ def test_a_mirror_with_a_password_is_refused_before_it_lands_in_every_image(tmp_
     for mirror in ("http://deb.debian.org/debian", "file:///srv/debian"):
         ok = invoke_here("setup", "--dry", f"--mirror={mirror}")
         assert ok.returncode == 0 and mirror in ok.stderr, ok.stderr  # debootstrap's command, as --dry echoes it
+    # debootstrap writes it into sources.list as it is: a line break would be a line of its own
+    short_error(invoke_here("setup", "--dry", "--mirror=http://x/debian\nevil"), "a URL holds no blank or control")
