@@ -296,6 +296,12 @@ GONE = {
 }
 
 
+# `invoke run`'s own flags, which a user may write after `--` (the trainer's overrides) by mistake
+RUN_FLAGS = frozenset({"dry", "native", "cpu", "resume", "run_id", "recipe", "variant", "nproc", "nodes", "node_rank",
+                       "master_addr", "master_port", "gpus", "iface", "join_timeout", "max_restarts",
+                       "disable_require"})
+
+
 def check_known_overrides(given: dict[str, Any]) -> None:
     """Every override after `--` a known key; a typo is named with the key it is closest to."""
     known = known_keys()
@@ -304,6 +310,7 @@ def check_known_overrides(given: dict[str, Any]) -> None:
         for key in unknown:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             said.append(f"--{key}" + (f" ({GONE[key]})" if key in GONE else
+                                      " (a flag of invoke run: put it before --)" if key in RUN_FLAGS else
                                       f" (did you mean --{close[0]}?)" if close else ""))
         raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
                             "recipes/defaults.yaml and any transformers.TrainingArguments field")

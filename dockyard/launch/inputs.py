@@ -139,8 +139,10 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
         return p.resolve()
     if not looks_like_path(value) and HUB_ID.fullmatch(value) and in_hub_cache(settings, value, key):
         return None
+    kind = " --repo-type dataset" if key in ("data", "eval_data") else ""
     hub = (f"; nor is it a hub id in the Hugging Face cache {settings.path(settings.hf_cache)} (runs are offline: "
-           f"download it there first)") if HUB_ID.fullmatch(value) and not looks_like_path(value) else ""
+           f"on a machine with internet, `hf download{kind} {value}`, then copy its ~/.cache/huggingface into "
+           "that folder)") if HUB_ID.fullmatch(value) and not looks_like_path(value) else ""
     raise DockyardError(f"{where} {value}: no such file or folder on this host{hub} (give an existing file or "
                         "folder; it is mounted read-only into the run)")
 

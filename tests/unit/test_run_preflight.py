@@ -45,6 +45,8 @@ def test_a_misspelt_override_is_refused_naming_the_closest(env):
     refused(dry(env, "--", "--max_stepz", "5"), "--max_stepz (did you mean --max_steps?)")
     refused(dry(env, "--", "--eval_fractoin", "0.1"), "did you mean --eval_fraction?")
     refused(dry(env, "--", "--eval_fraction", "2"), "eval_fraction")  # a project setting out of its range
+    # a flag of invoke run written after -- : said where it goes
+    refused(dry(env, "--", "--max_steps", "5", "--dry"), "--dry (a flag of invoke run: put it before --)")
     assert dry(env, "--", "--max_steps", "5", "--learning_rate", "1e-4").returncode == 0
 
 
@@ -89,6 +91,9 @@ def test_inputs_are_checked_against_what_the_trainer_reads(env, tmp_path, model)
     (model / "adapter_config.json").unlink()
     refused(dry(env, f"--model={model}"), "no config.json")
     refused(dry(env, "--", "--model", str(model)), "no config.json")  # the same as an override
+    # a hub id not in the cache: the command that downloads it
+    refused(dry(env, "--model=acme/never-downloaded"), "`hf download acme/never-downloaded`, then copy its")
+    refused(dry(env, "--data=acme/chats"), "`hf download --repo-type dataset acme/chats`")
 
 
 def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
