@@ -649,12 +649,21 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
                record: ModelRecord) -> Any:
     """The model as the recipe trains it (precision, quantisation, adapters); what was loaded goes in its record."""
     model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
-    record.footprint_bytes = model.get_memory_footprint()  # the base's weights as loaded
+    record.footprint_bytes = footprint(model)  # the base's weights as loaded
     if recipe.peft == "qlora":
         record.quantized_layers = models.count_4bit_layers(model)
     if recipe.peft:
         model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
     return model
+
+
+def footprint(model: Any) -> int:
+    """The bytes of the model's weights and buffers as loaded, whole: under ZeRO-3 each parameter is a placeholder of
+    its shard (get_memory_footprint said 64 bytes for 164,160 parameters), its full size in ds_numel."""
+    if not any(hasattr(p, "ds_numel") for p in model.parameters()):
+        return int(model.get_memory_footprint())
+    weights = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters())
+    return int(weights + sum(b.numel() * b.element_size() for b in model.buffers()))
 
 
 def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
