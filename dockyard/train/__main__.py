@@ -786,8 +786,7 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                                                    models.weights_dtype(p.settings, p.recipe))
     saving = time.perf_counter()
     trainer.save_model(str(run.opts.run_dir / MODEL_DIR))
-    if run.is_main:
-        runfolder.share_weights(run.opts.run_dir / MODEL_DIR)
+    runfolder.share_weights(run.opts.run_dir / MODEL_DIR)  # every rank, as each may have written: a chmod is idempotent
     final_save = time.perf_counter() - saving  # after training: never taken out of its time (metrics.seconds)
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
     trained = torch.tensor(metrics.tokens_trained, device=args.device)
