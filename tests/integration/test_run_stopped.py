@@ -32,6 +32,18 @@ def _until_a_checkpoint(p: subprocess.Popen, run) -> None:
         time.sleep(0.1)
 
 
+def _interrupt(p: subprocess.Popen, until) -> tuple[str, str]:
+    """Ctrl-C to the run's process group once `until()` returns; what the run printed after."""
+    try:
+        until()
+        os.killpg(p.pid, signal.SIGINT)
+        return p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def _workers(run) -> list[str]:
     ps = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run}( |$)"], capture_output=True, text=True)
     assert ps.returncode in (0, 1), ps.stderr  # 1: none
@@ -43,14 +55,7 @@ def test_ctrl_c_is_a_line_from_each_part_and_the_manifest_says_it_was_interrupte
     manifest's error was "KeyboardInterrupt", its times to the first step and saving null."""
     run = tmp_path / "runs" / "c1"
     p = _start(tmp_path, "c1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        _until_a_checkpoint(p, run)
-        os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    out, err = _interrupt(p, lambda: _until_a_checkpoint(p, run))
     said = out + err
     assert p.returncode == 130, said[-3000:]
     assert "Traceback" not in said and "KeyboardInterrupt" not in said, said[-3000:]
@@ -94,19 +99,16 @@ def test_ctrl_c_while_the_processes_start_is_one_line_and_leaves_nothing(tmp_pat
     traceback from deep in an import (60 lines), and the host called it a failure of docker or torchrun."""
     run = tmp_path / "runs" / "s1"
     p = _start(tmp_path, "s1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        said = []
+    said = []
+
+    def starting() -> None:
         for line in p.stderr:  # the torchrun command is printed as it starts
             said.append(line)
             if line.startswith("+ ") and "dockyard.train.torchrun" in line:
                 break
         time.sleep(1.5)  # inside torch's import, here
-        os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+
+    out, err = _interrupt(p, starting)
     everything = "".join(said) + out + err
     assert p.returncode == 130, everything[-3000:]
     assert "Traceback" not in everything and "KeyboardInterrupt" not in everything, everything[-3000:]
