@@ -101,9 +101,14 @@ def wheelhouse(settings: Settings, name: str = "auto", dry: bool = False) -> Non
             print(plan.show())
             continue
         variants.lock_hash(variant)  # a clear error when the lock is missing
+        d = wheelhouse_dir(settings, variant)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # pip's own traceback ("NotADirectoryError: '/dev/null/cpu'") said it otherwise
+            raise DockyardError(f"cannot make the wheelhouse folder {d} ({e.strerror}): set wheelhouse_dir "
+                                "(INVOKE_DOCKYARD_WHEELHOUSE_DIR) to a folder you can write") from None
         for argv, env in plan.steps:
             engine.run(argv, env=env, what=f"downloading the wheelhouse of {variant.name}")
-        d = wheelhouse_dir(settings, variant)
         (d / ".lock-sha256").write_text(variants.lock_hash(variant) + "\n")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"wheelhouse {d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}: "

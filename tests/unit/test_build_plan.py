@@ -265,3 +265,14 @@ def test_a_pin_the_lock_does_not_hold_is_refused_before_building_and_every_pin_i
 
     pins = json.loads(_args(argv, "--build-arg")["EXPECT_PINS"])
     assert pins == {k: v for k, v in cpu.pins.items() if v} and "transformers" in pins
+
+
+def test_a_wheelhouse_folder_that_cannot_be_made_is_one_line(settings, monkeypatch):
+    """INVOKE_DOCKYARD_WHEELHOUSE_DIR=/dev/null: pip's traceback (NotADirectoryError: '/dev/null/cpu')."""
+    from pathlib import Path
+
+    monkeypatch.setattr(engine, "run", lambda *a, **k: pytest.fail("downloaded"))
+    s = settings.model_copy(update={"wheelhouse_dir": Path("/dev/null")})
+    with pytest.raises(DockyardError, match=r"cannot make the wheelhouse folder /dev/null/cpu \(Not a directory\): "
+                                            "set wheelhouse_dir"):
+        build.wheelhouse(s, "cpu")
