@@ -77,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("DS_ACCELERATOR") and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     signal.signal(signal.SIGTERM, _stopped)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here on: the run's own clean-up (below)
     checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
     # DeepSpeed's ZeRO gathers with the collective torch >= 2.13 calls deprecated: every rank warned of it at its first
     # step and at every save, about a call the user cannot change
@@ -91,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
     run = None
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here on: the run's own clean-up (below)
         nodes.node_rank()  # a node rank of no number is said here, before anything would record it
         nodes.pin_interface()  # before torch.distributed starts
         opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
