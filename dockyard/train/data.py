@@ -312,6 +312,7 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
         if fmt == "text" and "label" in found:
             log.warning("%s has a label field, which causal language modelling does not read (it trains on the text "
                         "alone): to train a classifier, add --task seq_cls", source)
+    say_unread(source, fmt, need, [k for k in found if not (fmt == "text" and k == "label")])
     # the fields read as text: a number or a list there (token ids, a column shifted) would train on its digits
     texts = [k for k in (*need, *(("input",) if fmt == "alpaca" else ())) if k in TEXT_FIELDS]
     for n, row in enumerate(rows, 1):
@@ -328,6 +329,20 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
 
 
 FORMAT_ROWS = 1000  # the rows whose fields name the format
+OPTIONAL = {"alpaca": ("input", "system")}  # fields a format reads where a row has them
+
+
+def say_unread(source: str, fmt: str, need: tuple[str, ...], found: list[str]) -> None:
+    """A warning naming the fields the format leaves out of training: a prompt_completion row's `system` prompt was
+    dropped without a word."""
+    read = (*need, *OPTIONAL.get(fmt, ()))
+    unread = [k for k in found if k not in read]
+    if not unread:
+        return
+    hint = (": to train with a system prompt, write it into each prompt or write the rows as messages"
+            if fmt == "prompt_completion" and "system" in unread else "")
+    log.warning("%s: the %s format reads %s; the field%s %s %s not trained on%s (docs/data.md)", source, fmt,
+                ", ".join(read), "s" * (len(unread) > 1), ", ".join(unread), "are" if len(unread) > 1 else "is", hint)
 
 
 def _fields(row: dict[str, Any]) -> list[str]:

@@ -106,6 +106,9 @@ def load_tokenizer(model_dir: str) -> Any:
                                 "batches need one to pad with: add \"eos_token\" (or \"pad_token\") to its "
                                 "tokenizer_config.json")
         tok.pad_token = tok.eos_token
+    # "Token indices sequence length is longer than the specified maximum ... will result in indexing errors": said
+    # of a long document before dockyard cuts it at max_seq_length (and the model's positions are checked apart)
+    tok.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tok
 
 

@@ -368,3 +368,17 @@ def test_a_chat_template_that_renders_no_assistant_text_is_said(tok):
     tok.chat_template = "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
     with pytest.raises(DockyardError, match="example 1: the model's chat template renders nothing for an assistant turn"):
         data.tokenize([{"messages": CHAT}], "messages", tok, 64)
+
+
+def test_fields_the_format_does_not_read_are_named(tmp_path, caplog):
+    """A prompt_completion row's `system` prompt was dropped without a word; an alpaca row's is read."""
+    caplog.set_level("WARNING", logger="dockyard.train")
+    f = jsonl(tmp_path / "pc.jsonl", [{"prompt": "Which port?", "completion": " Bergen", "system": "Be brief."},
+                                      {"prompt": "Which city?", "completion": " Oslo", "id": 7}])
+    assert data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f)) == "prompt_completion"
+    assert "the fields id, system are not trained on" in caplog.text
+    assert "write it into each prompt or write the rows as messages" in caplog.text
+    caplog.clear()
+    f = jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Name a port.", "output": "Bergen", "system": "Be brief."}])
+    assert data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f)) == "alpaca"
+    assert "not trained on" not in caplog.text

@@ -12,6 +12,7 @@ import pytest
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import RunSettings
+from dockyard.train import data
 from dockyard.train import model as models
 
 
@@ -148,3 +149,20 @@ def test_the_footprint_of_a_zero3_model_is_its_whole_weights_not_its_shard_place
         p.data = torch.empty(0, dtype=p.dtype)
     assert model.get_memory_footprint() < whole / 100  # what the manifest said
     assert footprint(model) == whole
+
+
+def test_a_long_example_is_cut_without_transformers_warning_of_indexing_errors(caplog):
+    """The sample tokenizer's model_max_length is 512: a longer example was "Token indices sequence length is longer
+    ... will result in indexing errors", though dockyard cuts every example at max_seq_length."""
+    import transformers
+
+    caplog.set_level("WARNING")
+    transformers.utils.logging.enable_propagation()  # as the trainer does: its warnings reach the run's log
+    try:
+        tok = models.load_tokenizer(str(models.TINY_MODEL))
+        done = data.tokenize([{"prompt": "Which port? " * 60, "completion": " Bergen " * 40}], "prompt_completion",
+                             tok, 1024)
+    finally:
+        transformers.utils.logging.disable_propagation()
+    assert len(done.examples[0]["input_ids"]) > tok.model_max_length
+    assert "indexing errors" not in caplog.text
