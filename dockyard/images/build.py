@@ -311,23 +311,39 @@ class _StepTracker:
     reason BuildKit gives for a failed step: it ends an ERROR line that first repeats the whole command
     (`#10 ERROR: executor failed running [/bin/sh -c ...]: <reason>`), out of sight in a terminal."""
 
-    STEP = re.compile(r"^#\d+ \[(?P<step>[^\]]+)\] (?P<what>.+)$")
-    ERROR = re.compile(r"^#\d+ ERROR: (?P<error>.+)$")
+    STEP = re.compile(r"^(?P<n>#\d+) \[(?P<step>[^\]]+)\] (?P<what>.+)$")
+    ERROR = re.compile(r"^(?P<n>#\d+) ERROR: (?P<error>.+)$")
     COMMAND = re.compile(r'^(?:executor failed running \[.*\]|process ".*" did not complete successfully): ', re.S)
+    # a step's own output (`#12 4.31 ERROR: Could not find a version ...`): the first error line its tools printed,
+    # pip's (ERROR:), apt's (E:) or a compiler's (file.cpp:3:10: fatal error: ...), is why it failed; BuildKit's
+    # ERROR line says only "exit code: 1"
+    OUTPUT = re.compile(r"^(?P<n>#\d+) \d+\.\d+ (?P<text>.+)$")
+    TOOL_ERROR = re.compile(r"^(?:ERROR: |E: )|(?:^|: )(?:fatal )?error: ")
 
     def __init__(self):
         self.last = ""
         self.reason = ""
+        self._tool_errors: dict[str, str] = {}  # BuildKit's step number (#12) -> its first error line
+        self._steps: dict[str, str] = {}  # and its name: stages build side by side, their lines interleaved
+        self.failed = ""
         self._heard = self._step_began = time.monotonic()
 
     def __call__(self, line: str) -> None:
         self._heard = time.monotonic()
         if m := self.STEP.match(line):
             step = f"[{m.group('step')}] {m.group('what')[:120]}"
+            self._steps[m.group("n")] = step
             if step != self.last:
                 self.last, self._step_began = step, self._heard
         elif m := self.ERROR.match(line):
             self.reason = self.COMMAND.sub("", m.group("error").strip())[:300]
+            self.failed = self._steps.get(m.group("n"), "")
+            if said := self._tool_errors.get(m.group("n")):
+                self.reason += f"; it printed: {said}"
+        elif (m := self.OUTPUT.match(line)) and m.group("n") not in self._tool_errors:
+            text = m.group("text").strip()
+            if self.TOOL_ERROR.search(text):
+                self._tool_errors[m.group("n")] = text[:240]
 
     @contextlib.contextmanager
     def heartbeat(self, every: float = 60.0):
@@ -354,7 +370,7 @@ class _StepTracker:
 
     def failure(self) -> str:
         """`build failed at step ...: reason`, for the error's first line."""
-        return f"build failed at step {self.last or '(before the first step)'}" + (
+        return f"build failed at step {self.failed or self.last or '(before the first step)'}" + (
             f": {self.reason}" if self.reason else "")
 
 

@@ -276,3 +276,26 @@ def test_a_wheelhouse_folder_that_cannot_be_made_is_one_line(settings, monkeypat
     with pytest.raises(DockyardError, match=r"cannot make the wheelhouse folder /dev/null/cpu \(Not a directory\): "
                                             "set wheelhouse_dir"):
         build.wheelhouse(s, "cpu")
+
+
+def test_a_failed_build_quotes_the_first_error_its_step_printed():
+    """BuildKit's own reason for a failed pip step is "exit code: 1": pip's reason (a pin no wheel has) was a screen
+    above, among the lines of another step running beside it, and the step named was that other one, the last begun."""
+    t = build._StepTracker()
+    for line in ["#9 [runtime 2/5] RUN pip install --no-index /wheels/*.whl", "#8 [base 2/3] RUN apt-get update",
+                 "#9 1.02 Looking in links: /wheels", "#8 1.10 Get:1 http://deb.debian.org bookworm InRelease",
+                 "#9 1.80 ERROR: Could not find a version that satisfies the requirement torch==9.9 (from versions: "
+                 "2.11.0)", "#9 1.81 ERROR: No matching distribution found for torch==9.9",
+                 '#9 ERROR: process "/bin/sh -c pip install --no-index /wheels/*.whl" did not complete successfully: '
+                 "exit code: 1"]:
+        t(line)
+    assert t.failure() == ("build failed at step [runtime 2/5] RUN pip install --no-index /wheels/*.whl: exit code: 1; "
+                           "it printed: ERROR: Could not find a version that satisfies the requirement torch==9.9 (from "
+                           "versions: 2.11.0)")
+    compiler = build._StepTracker()
+    for line in ["#10 [deepspeed-build 1/1] RUN pip wheel deepspeed", "#10 61.2 csrc/adam/cpu_adam.cpp:9:10: fatal "
+                 "error: cuda_fp16.h: No such file or directory", "#10 70.0 error: subprocess-exited-with-error",
+                 '#10 ERROR: process "/bin/sh -c pip wheel deepspeed" did not complete successfully: exit code: 1']:
+        compiler(line)
+    assert compiler.failure().endswith("exit code: 1; it printed: csrc/adam/cpu_adam.cpp:9:10: fatal error: "
+                                       "cuda_fp16.h: No such file or directory")
