@@ -109,7 +109,7 @@ def wheelhouse(settings: Settings, name: str = "auto", dry: bool = False) -> Non
                                 "(INVOKE_DOCKYARD_WHEELHOUSE_DIR) to a folder you can write") from None
         for argv, env in plan.steps:
             engine.run(argv, env=env, what=f"downloading the wheelhouse of {variant.name}")
-        (d / ".lock-sha256").write_text(variants.lock_hash(variant) + "\n")
+        stamp_wheelhouse(d, variant)
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"wheelhouse {d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}: "
               f"{len(list(d.iterdir())) - 1} files, {size / 2**20:.0f} MiB")
@@ -235,10 +235,38 @@ def wheelhouse_dir(settings: Settings, variant: Variant) -> Path:
     return settings.path(settings.wheelhouse_dir) / variant.name
 
 
+WHEELHOUSE_STAMP = ".lock-sha256"  # the lock it was downloaded for, then `size name` of every file downloaded
+
+
+def stamp_wheelhouse(d: Path, variant: Variant) -> None:
+    files = sorted(f for f in d.iterdir() if f.is_file() and f.name != WHEELHOUSE_STAMP)
+    (d / WHEELHOUSE_STAMP).write_text(variants.lock_hash(variant) + "\n"
+                                      + "".join(f"{f.stat().st_size} {f.name}\n" for f in files))
+
+
 def wheelhouse_complete(settings: Settings, variant: Variant) -> bool:
+    """Downloaded for this lock, and every file still there at its size: a wheelhouse copied half to a node, or with a
+    wheel deleted, failed the build minutes later inside pip."""
     d = wheelhouse_dir(settings, variant)
-    stamp = d / ".lock-sha256"
-    return stamp.exists() and stamp.read_text().strip() == variants.lock_hash(variant)
+    try:
+        lock, *files = (d / WHEELHOUSE_STAMP).read_text().splitlines()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if lock.strip() != variants.lock_hash(variant):
+        return False
+    changed = []
+    for line in files:
+        size, _, name = line.partition(" ")
+        try:
+            same = (d / name).stat().st_size == int(size) and "/" not in name
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            changed.append(name)
+    if changed:
+        print(f"wheelhouse {d}: {len(changed)} of {len(files)} files missing or changed since they were downloaded "
+              f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): fetching them again")
+    return not changed
 
 
 def _git(*args: str, root: Path = ROOT) -> str | None:

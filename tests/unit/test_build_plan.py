@@ -299,3 +299,34 @@ def test_a_failed_build_quotes_the_first_error_its_step_printed():
         compiler(line)
     assert compiler.failure().endswith("exit code: 1; it printed: csrc/adam/cpu_adam.cpp:9:10: fatal error: "
                                        "cuda_fp16.h: No such file or directory")
+
+
+def test_a_wheelhouse_missing_a_wheel_since_its_download_is_fetched_again(settings, monkeypatch, tmp_path, capsys):
+    """The stamp alone said "matches the lock": a wheelhouse copied half to a node, or with a wheel deleted, failed the
+    build minutes later inside pip. pip itself is not run here (engine.run writes what its download would)."""
+    downloads = []
+
+    def download(argv, **_):
+        downloads.append(argv)
+        (tmp_path / "cpu").mkdir(exist_ok=True)
+        for name, size in (("torch-2.11.0-cp311-none-linux_x86_64.whl", 5000), ("peft-0.21.2-py3-none-any.whl", 300)):
+            if not (tmp_path / "cpu" / name).exists():
+                (tmp_path / "cpu" / name).write_bytes(b"w" * size)
+
+    monkeypatch.setattr(engine, "run", download)
+    s = settings.model_copy(update={"wheelhouse_dir": tmp_path})
+    variant = variants.resolve(s, "cpu")[0]
+    build.wheelhouse(s, "cpu")
+    assert build.wheelhouse_complete(s, variant)
+    torch = tmp_path / "cpu" / "torch-2.11.0-cp311-none-linux_x86_64.whl"
+    torch.write_bytes(b"w" * 10)  # a copy cut short
+    capsys.readouterr()
+    assert not build.wheelhouse_complete(s, variant)
+    assert ("1 of 2 files missing or changed since they were downloaded (torch-2.11.0-cp311-none-linux_x86_64.whl): "
+            "fetching them again") in capsys.readouterr().out
+    torch.unlink()
+    assert not build.wheelhouse_complete(s, variant)
+    build.wheelhouse(s, "cpu")
+    assert len(downloads) == 2 and build.wheelhouse_complete(s, variant)
+    (tmp_path / "cpu" / build.WHEELHOUSE_STAMP).write_text("another lock\n")
+    assert not build.wheelhouse_complete(s, variant)
