@@ -29,7 +29,7 @@ from typing import IO
 
 from dockyard import console
 from dockyard.common.errors import DockyardError
-from dockyard.settings import Settings
+from dockyard.settings import IMAGE_NAME, Settings
 
 # `invoke setup` as root, by this Python's path: a venv's invoke is not on root's PATH, so `sudo invoke setup` fails
 SUDO_SETUP = f"sudo {shlex.quote(sys.executable)} -m invoke setup"
@@ -433,15 +433,6 @@ def reference(ref: str, what: str = "image") -> str:
     if not ref or ref.startswith("-") or len(ref) > 512 or not all(c.isprintable() and not c.isspace() for c in ref):
         raise DockyardError(f"{what} {ref!r} is not a docker reference (a name[:tag], an id or a digest)")
     return ref
-
-
-# An image name as registries and kubelets parse it (the grammar of distribution/reference): [host[:port]/]path
-# [:tag][@digest], path components lowercase. A name the engine here would not care about is written into files
-# a cluster reads later (k8s), where a bad one fails only once the pods start.
-_HOST = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*"
-_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-IMAGE_NAME = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*(?::[\w][\w.-]{{0,127}})?"
-                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 
 
 def image_name(ref: str, what: str = "--image") -> str:

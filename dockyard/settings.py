@@ -25,6 +25,15 @@ from dockyard.common.errors import DockyardError
 COMMAND_EXAMPLES = {"ssh": "ssh -F ~/.ssh/cluster.conf -o 'ProxyJump gateway'", "compose": "docker compose"}
 
 
+# An image name as registries and kubelets parse it (the grammar of distribution/reference): [host[:port]/]path
+# [:tag][@digest], path components lowercase. A name the engine here would not care about is written into files
+# a cluster reads later (k8s), where a bad one fails only once the pods start.
+_HOST = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_NAME = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*(?::[\w][\w.-]{{0,127}})?"
+                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -55,6 +64,14 @@ class Settings(BaseModel):
         if not re.fullmatch(r"[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*", v) or len(v) > 200:
             raise ValueError("a docker repository name: lowercase letters, digits, '.', '_', '-' and '/' (e.g. "
                              "dockyard, or registry.example.com/team/dockyard without the port)")
+        return v
+
+    @field_validator("base_image_cpu")
+    @classmethod
+    def _an_image(cls, v: str) -> str:
+        if not IMAGE_NAME.fullmatch(v) or len(v) > 255:  # else the name docker import refused after debootstrap
+            raise ValueError("an image name: [registry[:port]/]name[:tag] with the name in lowercase letters, digits "
+                             "and . _ - /, e.g. dockyard-base:bookworm")
         return v
 
     @field_validator("docker")

@@ -17,10 +17,18 @@ from dockyard import __version__
 from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
 from dockyard.common.recipes import YAML_ERRORS
 from dockyard.gpus import Host
-from dockyard.settings import ROOT, Settings
+from dockyard.settings import IMAGE_NAME, ROOT, Settings
 
 PINNED = ("torch", "triton", "deepspeed", "bitsandbytes", "transformers", "peft", "accelerate", "nvidia-ml-py",
           "datasets")
+
+
+def a_base_image(v: str, empty: bool) -> str:
+    """A base image's name as a registry takes it ("" for the base_image_cpu setting where `empty`)."""
+    if (v or not empty) and (not IMAGE_NAME.fullmatch(v) or len(v) > 255):
+        raise ValueError("an image name" + (' or "" (the base_image_cpu setting)' if empty else "")
+                         + ": [registry[:port]/]name[:tag], e.g. nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04")
+    return v
 
 
 class DevelBase(BaseModel):
@@ -31,6 +39,11 @@ class DevelBase(BaseModel):
     base: str
     os_packages: list[str]
     ds_ops: list[str]
+
+    @field_validator("base")
+    @classmethod
+    def _an_image(cls, v: str) -> str:
+        return a_base_image(v, empty=False)
 
 
 ARCHS_FORM = r"\d{1,3}\.\d{1,3}(\+PTX)?([;\s]+\d{1,3}\.\d{1,3}(\+PTX)?)*"  # "7.5;8.0;9.0+PTX"
@@ -52,6 +65,11 @@ class Variant(BaseModel):
     ds_ops: list[str]
     devel: DevelBase | None = None
     pins: dict[str, str]
+
+    @field_validator("base")
+    @classmethod
+    def _an_image(cls, v: str) -> str:
+        return a_base_image(v, empty=True)
 
     @field_validator("pins")
     @classmethod

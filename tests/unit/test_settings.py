@@ -52,6 +52,12 @@ def test_a_command_setting_that_cannot_be_run_is_refused_naming_it(key, value, s
     assert says in r.stderr
 
 
+def test_a_base_image_that_is_no_image_name_is_refused_before_setup_makes_it():
+    """base_image_cpu `Dockyard Base`: `invoke setup` ran debootstrap for minutes before docker import refused it."""
+    r = invoke_here("setup", "--dry", env={"INVOKE_DOCKYARD_BASE_IMAGE_CPU": "Dockyard Base"})
+    short_error(r, "INVOKE_DOCKYARD_BASE_IMAGE_CPU='Dockyard Base': an image name: [registry[:port]/]name[:tag]")
+
+
 def test_the_ssh_setting_reads_a_config_file_under_home_as_a_shell_would(tmp_path, monkeypatch):
     """invoke.yaml's example `ssh -F ~/.ssh/cluster.conf`: ssh does not expand a `~` given to -F, a shell does."""
     (tmp_path / ".ssh").mkdir()

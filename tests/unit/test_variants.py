@@ -220,6 +220,8 @@ def test_every_task_refuses_a_variants_file_that_is_a_folder_in_one_line(tmp_pat
      r"pin peft: .*give a package name and one exact version"),
     (lambda raw: raw["variants"]["cpu"]["pins"].update(peft=">=0.1"), r"pin peft: '>=0.1'"),
     (lambda raw: raw["variants"]["cpu"].update(ds_ops=["BOGUS_OP"]), r"unknown DeepSpeed op\(s\) BOGUS_OP"),
+    (lambda raw: raw["variants"]["cu132"].update(base="nvidia/cuda:13.2 devel"), r"base: Value error, an image name"),
+    (lambda raw: raw["variants"]["cu128"]["devel"].update(base=""), r"devel.base: Value error, an image name: "),
     (lambda raw: raw["variants"].pop("cpu"), r"defines no `cpu` variant"),  # a KeyError traceback in auto's choice
     (lambda raw: raw["variants"].update(x=None), r"variant 'x' must be a mapping of its fields \(it is NoneType\)"),
 ])
