@@ -46,7 +46,10 @@ def check_shm(shm_bytes: int) -> Check:
 
 
 def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
-    detail = f"memlock {memlock or '?'}, stack {stack or '?'} KiB"
+    def kib(limit: str) -> str:  # `ulimit -l` and `-s` count KiB: "memlock 8192, stack 65536 KiB" read as 8192 bytes
+        return f"{int(limit) / 1024:g} MiB" if limit.isascii() and limit.isdigit() else (limit or "?")
+
+    detail = f"memlock {kib(memlock)}, stack {kib(stack)}"
     small_stack = stack != "unlimited" and (not (stack.isascii() and stack.isdigit()) or int(stack) < STACK_MIN_KIB)
     if not gpu:
         return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
