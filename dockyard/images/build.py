@@ -323,10 +323,17 @@ def code_hash(package: Path = ROOT / "dockyard") -> str:
 def warn_if_stale(image: dict, ref: str) -> None:
     """One line when the image was built from other code than this checkout's (recipes need no build: they
     are mounted from the checkout)."""
-    built = ((image.get("Config") or {}).get("Labels") or {}).get(variants.CODE_LABEL, "")
+    labels = (image.get("Config") or {}).get("Labels") or {}
+    built = labels.get(variants.CODE_LABEL, "")
     if built != code_hash():
-        print(f"warning: {ref} holds older (or other) code than this checkout's dockyard/: `invoke build` to "
-              "run your changes" if built else f"warning: {ref} predates code labels: it may run older code "
+        # which commit each is, where both are known: "older" or "other" is then the user's to tell
+        rev, here = str(labels.get("org.opencontainers.image.revision", ""))[:46], git_revision()
+        when = str(labels.get("org.opencontainers.image.created", ""))[:25]
+        revisions = (f" (image built from {rev[:12]}{'-dirty' if rev.endswith('-dirty') else ''}"
+                     f"{f' of {when}' if when else ''}; this checkout is {here[:12]}"
+                     f"{'-dirty' if here.endswith('-dirty') else ''})") if rev and here != "unknown" else ""
+        print(f"warning: {ref} holds older (or other) code than this checkout's dockyard/{revisions}: `invoke build` "
+              "to run your changes" if built else f"warning: {ref} predates code labels: it may run older code "
               "than this checkout's; `invoke build` to be sure", file=sys.stderr)
 
 

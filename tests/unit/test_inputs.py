@@ -93,6 +93,14 @@ def test_run_says_when_the_image_holds_other_code(capsys):
     assert capsys.readouterr().err == ""
     build.warn_if_stale({"Config": {"Labels": {variants.CODE_LABEL: "0" * 64}}}, "img")
     assert "older (or other) code" in capsys.readouterr().err
+    # the commits each was made from: which is older is then the user's to see
+    build.warn_if_stale({"Config": {"Labels": {variants.CODE_LABEL: "0" * 64, "org.opencontainers.image.revision":
+                                               "1f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c-dirty",
+                                               "org.opencontainers.image.created": "2026-11-20T10:00:00+00:00"}}},
+                        "img")
+    here = build.git_revision()
+    assert (f"(image built from 1f2e3d4c5b6a-dirty of 2026-11-20T10:00:00+00:00; this checkout is {here[:12]}"
+            in capsys.readouterr().err)
 
 
 def test_the_manifest_records_what_was_used(tmp_path, files, monkeypatch):
