@@ -327,8 +327,10 @@ def warn_if_stale(image: dict, ref: str) -> None:
     built = labels.get(variants.CODE_LABEL, "")
     if built != code_hash():
         # which commit each is, where both are known: "older" or "other" is then the user's to tell
-        rev, here = str(labels.get("org.opencontainers.image.revision", ""))[:46], git_revision()
-        when = str(labels.get("org.opencontainers.image.created", ""))[:25]
+        rev, here = str(labels.get("org.opencontainers.image.revision", "")), git_revision()
+        when = str(labels.get("org.opencontainers.image.created", ""))
+        rev = rev if re.fullmatch(r"[0-9a-f]{7,64}(-dirty)?", rev) else ""  # a label is anyone's text: no escapes
+        when = when if re.fullmatch(r"[0-9T:+.Z-]{10,32}", when) else ""
         revisions = (f" (image built from {rev[:12]}{'-dirty' if rev.endswith('-dirty') else ''}"
                      f"{f' of {when}' if when else ''}; this checkout is {here[:12]}"
                      f"{'-dirty' if here.endswith('-dirty') else ''})") if rev and here != "unknown" else ""
