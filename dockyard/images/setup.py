@@ -66,7 +66,13 @@ def debootstrap_steps(target: Path, mirror: str, suite: str = "bookworm") -> lis
 
 def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
     name = settings.base_image_cpu
-    if not dry and engine.image_inspect(settings, name):
+    try:
+        present = engine.image_inspect(settings, name)
+    except DockyardError:  # no engine to ask yet (a dry run before it is installed)
+        if not dry:
+            raise
+        present = None
+    if present:  # --dry too: it printed the debootstrap of a base image that was there
         print(f"base image: {name} present")
         return
     if not name.startswith("dockyard-base:"):
@@ -112,7 +118,7 @@ def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     print(why)
     if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
         ensure_cpu_base(settings, mirror, dry)
-    if dry or not build.wheelhouse_complete(settings, variant):
+    if not build.wheelhouse_complete(settings, variant):
         build.wheelhouse(settings, variant.name, dry=dry)
     else:
         print(f"wheelhouse: {build.wheelhouse_dir(settings, variant)} matches the lock")

@@ -41,3 +41,21 @@ def test_an_installed_engine_that_is_stopped_is_started_not_installed_again(no_e
     monkeypatch.setattr(engine, "which", lambda name: None)
     setup.ensure_engine(no_engine, dry=True)
     assert "+ apt-get install -y -qq docker.io" in capsys.readouterr().err
+
+
+def test_a_dry_setup_plans_no_debootstrap_of_a_base_image_that_is_there(settings, monkeypatch, capsys):
+    """`invoke setup --dry` printed the debootstrap of dockyard-base:bookworm on a host that had it, which the real
+    setup then skipped. The engine's answer is a stand-in here: first it holds the image, then it cannot be asked."""
+    monkeypatch.setattr(engine, "image_inspect", lambda _s, ref: {"Id": "sha256:" + "1" * 64, "RepoTags": [ref]})
+    setup.ensure_cpu_base(settings, "http://deb.debian.org/debian", dry=True)
+    said = capsys.readouterr().out
+    assert f"base image: {settings.base_image_cpu} present" in said and "debootstrap" not in said
+
+    def unreachable(_s, _ref):
+        raise DockyardError("cannot reach the Docker engine")
+
+    monkeypatch.setattr(engine, "image_inspect", unreachable)
+    setup.ensure_cpu_base(settings, "http://deb.debian.org/debian", dry=True)
+    assert "debootstrap --variant=minbase bookworm" in capsys.readouterr().err
+    with pytest.raises(DockyardError, match="cannot reach the Docker engine"):
+        setup.ensure_cpu_base(settings, "http://deb.debian.org/debian", dry=False)
