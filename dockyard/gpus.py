@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, with_config
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, with_config
 
 from dockyard.common import locks
 from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded
@@ -51,14 +51,19 @@ def facts() -> tuple[Host, list[Link]]:
 
 # "12.8", or "" where NVML could not read it
 Version = Annotated[str, StringConstraints(pattern=r"^(\d+\.\d+)?$")]
+# what a recording (a file users send each other) may say, as a real host could: a GPU of -5 bytes planned "fits: no"
+# and a run --dry for it; an index past NVML's device count, a utilisation past 100 %
+MAX_GPUS = 256
+Index = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
+Bytes = Annotated[int, Field(ge=0, le=2**50)]
 
 
 @with_config(ConfigDict(strict=True, extra="forbid"))  # as strict as Recording, which it is read in
 @dataclass(frozen=True)
 class Gpu:
-    index: int
-    name: str
-    memory_bytes: int
+    index: Index
+    name: Annotated[str, StringConstraints(max_length=200)]
+    memory_bytes: Annotated[int, Field(gt=0, le=2**50)]
     uuid: str = ""
     capability: Version = ""  # CUDA compute capability, "7.5" on a T4: decides bf16 or fp16
     mig: bool = False     # MIG mode on: NVML counts the physical GPU, utilisation reads are not supported
@@ -85,9 +90,9 @@ class Host:
 class Link:
     """How two GPUs reach each other: `path` in words, whether P2P reads work, whether that is over NVLink."""
 
-    a: int
-    b: int
-    path: str
+    a: Index
+    b: Index
+    path: Annotated[str, StringConstraints(max_length=200)]
     p2p: bool
     nvlink: bool = False
 
@@ -101,10 +106,10 @@ class Reading:
     both.
     """
 
-    device: int
-    util: float | None
-    mem: int
-    mem_total: int = 0
+    device: Index
+    util: Annotated[float, Field(ge=0)] | None  # a CPU rank's may pass 100: a process of several threads
+    mem: Bytes
+    mem_total: Bytes = 0
     pids: tuple[int, ...] = ()
 
 
@@ -119,10 +124,18 @@ class Recording(BaseModel):
 
     model_config = ConfigDict(strict=True)
 
-    kind: str = "gpu"
+    kind: Literal["gpu", "cpu"] = "gpu"
     host: Host = Field(default_factory=Host)
     links: list[Link] = []
     samples: list[Sample] = []
+
+    @field_validator("host")
+    @classmethod
+    def _one_gpu_per_index(cls, host: Host) -> Host:
+        indexes = [g.index for g in host.gpus]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError(f"each GPU's index once in gpus (found {sorted(indexes)[:16]})")
+        return host
 
 
 class Source(Protocol):

@@ -28,7 +28,13 @@ def problems(error: Exception, where: str = "") -> str:
     errors = getattr(error, "errors", None)
     if not callable(errors):
         return str(error)
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or where}: {e['msg']}" for e in errors())
+    found = errors()
+    said = "; ".join(f"{'.'.join(map(str, e['loc'])) or where}: {e['msg']}" for e in found[:PROBLEMS_SAID])
+    # a file of 5,000 bad entries was a quarter-megabyte line
+    return said + (f"; and {len(found) - PROBLEMS_SAID} more" if len(found) > PROBLEMS_SAID else "")
+
+
+PROBLEMS_SAID = 5  # a validation error's problems said, at most
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
