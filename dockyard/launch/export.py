@@ -105,7 +105,12 @@ def base_on_this_host(target: Path, as_host) -> None:
     config.write_text(json.dumps(c, indent=2) + "\n")
     card = target / "README.md"
     if card.is_file() and not card.is_symlink():
-        card.write_text(card.read_text(errors="replace").replace(base, as_host(base)))
+        try:  # peft's model card names the base too; a card past 1 MiB is none of peft's, and left as it is
+            text = read_bounded(card, 1 << 20, "model card").decode(errors="replace")
+        except DockyardError:
+            text = ""
+        if text:
+            card.write_text(text.replace(base, as_host(base)))
     print(f"  its base: {as_host(base)} (peft loads the adapter onto it)")
 
 
