@@ -80,8 +80,8 @@ def load(settings: Any, tokenizer: Any, seed: int,
         rows, eval_rows = split(rows, settings.eval_fraction, seed)
     eval_source = settings.eval_data or (f"{settings.eval_fraction:g} of the data" if eval_rows else "")
     info: dict[str, Any] = {"source": source, "format": fmt, "eval_source": eval_source}
-    if eval_rows:
-        info["eval_in_training"] = seen = in_training(rows, eval_rows)
+    if eval_rows:  # a split keeps copies of a row on one side: only a file of its own can repeat training examples
+        info["eval_in_training"] = seen = in_training(rows, eval_rows) if settings.eval_data else 0
         if seen:
             log.warning("%d of the %d evaluation examples (%s) are also training examples: eval_loss measures how "
                         "well they were learnt, not how the model does on examples it has not seen; give held-out "
