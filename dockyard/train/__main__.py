@@ -71,6 +71,7 @@ MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the m
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
+    _signalled.clear()  # once per process, but main() may be called again in one (the tests)
     # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
     # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -100,24 +101,24 @@ def main(argv: list[str] | None = None) -> int:
         if nodes.several():
             run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
         train(overrides, run)
-    except DockyardError as e:
-        # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
-        stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
-        if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
-                                       or not _said_by_the_first()):
-            print(f"error: {e}", file=sys.stderr)
-        if run:
-            finish(run, str(e))
-        return e.exit_code
-    except KeyboardInterrupt:  # Ctrl-C, passed on by torchrun: its traceback (one per process) said nothing more
-        said = ("interrupted (SIGINT): the run stopped; continue it from its last complete checkpoint with "
-                "--resume")
-        if nodes.first_of_node():
-            print(f"error: {said}", file=sys.stderr)
-        if run:
-            finish(run, said)
-        return INTERRUPTED
-    except BaseException as e:
+    except BaseException as raised:
+        e = ours_within(raised)
+        if isinstance(e, DockyardError):
+            # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
+            stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
+            if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
+                                           or not _said_by_the_first()):
+                print(f"error: {e}", file=sys.stderr)
+            if run:
+                finish(run, str(e))
+            return e.exit_code
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C, passed on by torchrun: its traceback (one per process)
+            said = f"interrupted (SIGINT): the run stopped; {_how_to_continue(run)}"
+            if nodes.first_of_node():
+                print(f"error: {said}", file=sys.stderr)
+            if run:
+                finish(run, said)
+            return INTERRUPTED
         if isinstance(e, OSError) and launcher_gone():  # a write to the closed pipe came before the SIGTERM
             if run:
                 finish(run, f"{STOPPED}: {LAUNCHER_GONE}")
@@ -946,6 +947,31 @@ def _said_by_the_first() -> bool:
     except DockyardError:  # _stopped: torchrun's SIGTERM
         return True
     return False
+
+
+def ours_within(raised: BaseException) -> BaseException:
+    """The run's own error or interrupt where a library re-raised it as one of its own: DeepSpeed turns whatever
+    stops its compile of cpu_adam (our SIGTERM's DockyardError) into "RuntimeError: DeepSpeedCPUAdam requires the
+    cpu_adam op, which failed to build/load", 150 lines per rank for a cancelled run, recorded as its error. A
+    library that dropped the chain still raised while this process was being stopped: stopped, then."""
+    seen, e = 0, raised
+    while e is not None and seen < 16:
+        if isinstance(e, (DockyardError, KeyboardInterrupt)):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    if _signalled.is_set():
+        return DockyardError(f"{STOPPED}: the run was cancelled, or another rank failed (its error is above)",
+                             exit_code=128 + signal.SIGTERM)
+    return raised
+
+
+def _how_to_continue(run: Run | None) -> str:
+    """What a stopped run can be continued from: its last complete checkpoint, or nothing yet."""
+    started = runfolder.checkpoints_started(Path(run.opts.run_dir)) if run is not None and run.run_dir_ok else []
+    done = [p for p in started if manifest.complete_checkpoint(p)]
+    if done:
+        return f"continue it from {done[-1].name} with --resume"
+    return "no checkpoint was saved yet, so --resume would start it again from the first step"
 
 
 def _stopped(signum: int, frame: Any) -> None:

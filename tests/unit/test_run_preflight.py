@@ -451,6 +451,22 @@ def test_the_command_that_continues_an_interrupted_run_gives_what_the_host_needs
     assert resume_command(RunRequest(), "exp2") == "invoke run --resume --run-id=exp2"
 
 
+def test_ctrl_c_before_the_first_checkpoint_does_not_say_to_continue_from_one(tmp_path):
+    """"Continue it from its last complete checkpoint" of a run that had saved none: the resume started again."""
+    from dockyard import engine
+    from dockyard.launch.run import RunRequest, _interrupted
+
+    run_dir = tmp_path / "r1"
+    (run_dir / "checkpoints" / "checkpoint-4").mkdir(parents=True)  # begun, never completed
+    (run_dir / "train.log").write_text("started\n")
+    said = str(_interrupted(RunRequest(native=True), run_dir, engine.Interrupted("x", stopped=True), made=True))
+    assert said == ("interrupted: run r1 stopped before its first checkpoint. Continuing it starts again from the first "
+                    "step, with its own settings: invoke run --resume --run-id=r1 --native")
+    (run_dir / "checkpoints" / "checkpoint-4" / "complete.json").write_text("{}")
+    said = str(_interrupted(RunRequest(native=True), run_dir, engine.Interrupted("x", stopped=True), made=True))
+    assert said.startswith("interrupted: run r1 stopped. Continue it from its last complete checkpoint")
+
+
 def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_said_to_do_nothing(env):
     """`--max-restarts=3` with one node was left out of torchrun's command without a word, and --master-addr,
     --iface and --join-timeout did nothing."""

@@ -428,6 +428,7 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
         assert entry._said_by_the_first() is True
     finally:
         signal.signal(signal.SIGTERM, old)
+        entry._signalled.clear()
 
 
 @pytest.mark.parametrize("recipe, override, says", [
@@ -532,3 +533,59 @@ def test_nodes_that_advertise_loopback_to_each_other_are_told_which_variables_fi
     monkeypatch.setattr(transformers.TrainingArguments, "__init__", cuda_fault)
     with pytest.raises(RuntimeError, match="illegal memory access"):  # any other error is as it was
         cpu_arguments("ddp", {}, tmp_path)
+
+
+def test_a_run_stopped_while_a_library_wraps_the_stop_in_its_own_error_is_one_line_and_recorded_as_stopped(
+        tmp_path, capsys, monkeypatch):
+    """Cancelled while DeepSpeed compiled cpu_adam: DeepSpeed re-raised the SIGTERM's error as "RuntimeError:
+    DeepSpeedCPUAdam requires the cpu_adam op, which failed to build/load", 150 lines of traceback per rank, and the
+    manifest recorded that as the run's error. Trainer.train is a stand-in that wraps it as DeepSpeed does; the
+    SIGTERM is real, sent to this process."""
+    import json
+    import logging
+    import signal
+    import time
+
+    import transformers
+
+    from dockyard.train.__main__ import main
+
+    def compile_cancelled(self, *args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the compile, which the signal stops
+        except Exception as e:
+            raise RuntimeError("DeepSpeedCPUAdam requires the cpu_adam op, which failed to build/load.") from e
+
+    monkeypatch.setattr(transformers.Trainer, "train", compile_cancelled)
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1"])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    err = capsys.readouterr().err
+    assert code == 128 + signal.SIGTERM and "Traceback" not in err and "cpu_adam" not in err, err
+    assert "error: stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled" in err
+    m = json.loads((tmp_path / "r1" / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["error"].startswith("stopped by SIGTERM"), m["error"]
+
+
+def test_ctrl_c_before_the_first_checkpoint_does_not_point_to_one(tmp_path, capsys, monkeypatch):
+    """"continue it from its last complete checkpoint with --resume" when no checkpoint had been saved: --resume then
+    started from step 0. Trainer.train is a stand-in raising what Ctrl-C raises."""
+    import logging
+
+    import transformers
+
+    from dockyard.train.__main__ import main
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.Trainer, "train", interrupted)
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 130 and ("error: interrupted (SIGINT): the run stopped; no checkpoint was saved yet, so --resume "
+                            "would start it again from the first step") in err, err
