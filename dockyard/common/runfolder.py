@@ -242,6 +242,8 @@ class _Loose(BaseModel):
 class InEffect(_Loose):
     engine: str | None = None
     zero_stage: int | None = None
+    offload_optimizer: str | None = None  # "cpu" (or "nvme") where ZeRO moved the optimizer's state off the GPU
+    offload_param: str | None = None
     compiled: str | None = None  # "the whole model", "block by block (N modules)" or null
 
 
@@ -286,6 +288,11 @@ class InputRecord(_Loose):
     hash_of: str | None = None
 
 
+class ModelSummary(_Loose):
+    format: str | None = None             # "adapter" (LoRA/QLoRA) or "full"
+    quantized_layers: int | None = None   # QLoRA: the linear layers held in 4 bits
+
+
 class RunManifest(_Loose):
     """The keys the host uses (summaries, `invoke export`), typed; everything else is kept as it is."""
 
@@ -297,6 +304,7 @@ class RunManifest(_Loose):
     nodes: int | None = None
     image: ImageRecord = ImageRecord()
     strategy: StrategyRecord | None = None
+    model: ModelSummary | None = None
     metrics: MetricsRecord | None = None
     inputs: dict[str, InputRecord] = {}
     profile: ProfileRecord | None = None

@@ -507,6 +507,10 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     print(f"run {m.run_id}: {m.status} · recipe {m.recipe} · world size {m.world_size} on {m.nodes} node(s)"
           + (f" · {eff.engine}" if eff.engine else "")
           + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
+          + "".join(f", {what} offloaded to {to}" for what, to in (("optimizer", eff.offload_optimizer),
+                                                                   ("parameters", eff.offload_param))
+                    if to in ("cpu", "nvme"))
+          + _adapters(m)
           + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else "")
           + _from_cache(met.compile_cache if met else None))
     diverged = met.loss_non_finite_at_step if met else None
@@ -533,6 +537,16 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     if m.status != "completed":
         raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
     return m.model_dump()
+
+
+def _adapters(m: runfolder.RunManifest) -> str:
+    """What a LoRA or QLoRA run trained: adapters, on a base held in 4 bits (as the model record measured it)."""
+    peft = m.strategy.peft if m.strategy else None
+    if peft not in ("lora", "qlora"):
+        return ""
+    layers = m.model.quantized_layers if m.model else None
+    return " + LoRA adapters" + (f" on a 4-bit base ({layers} layers)" if peft == "qlora" and layers else
+                                 " on a 4-bit base" if peft == "qlora" else "")
 
 
 def resume_command(r: RunRequest, run_id: str) -> str:

@@ -79,3 +79,21 @@ def test_the_summary_says_when_a_run_was_too_short_for_a_steady_state(tmp_path, 
             "steps": 3, "tokens_per_second": 25.0, "steady_state": steady}, {}))
         launch_run.summarise(tmp_path)
         assert says in capsys.readouterr().out
+
+
+def test_the_summary_names_adapters_a_4_bit_base_and_offloading(tmp_path, capsys):
+    """"recipe qlora · ddp" or "zero3-offload · deepspeed ZeRO-3" said nothing of LoRA, of the 4-bit base or of the
+    state moved to host memory: what a user reads to know what trained."""
+    from dockyard.launch import run as launch_run
+
+    for recipe, in_effect, extra, says in (
+            ("zero3-offload", strategy.describe("deepspeed", 3, "cpu", "cpu"), {},
+             "deepspeed ZeRO-3, optimizer offloaded to cpu, parameters offloaded to cpu"),
+            ("qlora", strategy.describe("ddp"), {"model": {"format": "adapter", "quantized_layers": 154}},
+             "ddp + LoRA adapters on a 4-bit base (154 layers)"),
+            ("lora", strategy.describe("ddp"), {"model": {"format": "adapter"}}, "ddp + LoRA adapters\n"),
+            ("ddp", strategy.describe("ddp"), {"model": {"format": "full"}}, "· ddp\n")):
+        manifest.write(tmp_path, manifest.build(tmp_path, load_recipe(recipe), "completed", 1, in_effect,
+                                                {"steps": 3, "tokens_per_second": 25.0}, extra))
+        launch_run.summarise(tmp_path)
+        assert says in capsys.readouterr().out
