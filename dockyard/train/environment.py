@@ -108,3 +108,24 @@ def _unusable(folder: str) -> str:
 def _others_write(st: os.stat_result) -> bool:
     """Writable by other users: everyone, or a group other than this process's own."""
     return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid()))
+
+
+def cpu_adam_to_compile() -> str | None:
+    """The folder DeepSpeed will compile its cpu_adam op into as the optimizer is made (an offload recipe), or None
+    where it is built in or compiled already. The compile takes minutes of silence that looked like a hang: it is
+    built into the CUDA images for their GPUs, but a run on the CPU (the cpu image's, or --cpu) compiles it once per
+    machine into the torch extensions cache."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import installed_ops
+        from torch.utils.cpp_extension import _get_build_directory
+    except ImportError:
+        return None
+    accelerator = get_accelerator()
+    if installed_ops.get("cpu_adam") and accelerator.device_name() != "cpu":
+        return None
+    try:
+        folder = Path(_get_build_directory(accelerator.create_op_builder("CPUAdamBuilder").name, verbose=False))
+    except Exception:  # noqa: BLE001 - only a notice: never a reason to fail the run
+        return None
+    return None if any(folder.glob("*.so")) else str(folder)

@@ -138,3 +138,15 @@ def test_a_compile_cache_in_a_folder_others_can_write_is_dropped_but_not_in_a_st
     shared.chmod(0o1777)  # sticky: only an entry's owner renames it
     env = _named(tmp_path, shared / "compile")
     assert environment.compile_cache(env) == [] and "TORCHINDUCTOR_CACHE_DIR" in env
+
+
+def test_a_cpu_adam_op_still_to_compile_is_found_and_one_compiled_is_not(tmp_path, monkeypatch):
+    """An offload run on the CPU sat minutes without a line while DeepSpeed compiled cpu_adam: the trainer now says so
+    first. Real DeepSpeed, its CPU accelerator; the extensions cache is a folder of the test's."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = environment.cpu_adam_to_compile()
+    assert folder is not None and folder.startswith(str(tmp_path)) and folder.endswith("cpu_adam")
+    (tmp_path / "cpu_adam").mkdir(exist_ok=True)
+    (tmp_path / "cpu_adam" / "cpu_adam.so").write_bytes(b"\x7fELF")
+    assert environment.cpu_adam_to_compile() is None
