@@ -10,6 +10,8 @@ NODE_RANK = "DOCKYARD_NODE_RANK"        # the node's rank as the user numbered i
 RENDEZVOUS = "DOCKYARD_RENDEZVOUS"      # JSON: how the nodes found each other (endpoint, id, join timeout, ...)
 CPU_SHARE = "DOCKYARD_CPU_SHARE"        # the OMP_NUM_THREADS the image's torchrun gave each process (the trainer
                                         # shares its NUMA node's cores out instead where it binds to them)
+SUMMARISED = "DOCKYARD_SUMMARISED"      # "1": the command that started the run prints its summary from the manifest
+                                        # (`invoke run`); elsewhere (run.sh, sbatch, pods) rank 0 logs one itself
 JOIN_TIMEOUT = 120  # its join_timeout where none is given: seconds node 0 waits for the others (torchrun's: 600)
 
 # user → trainer or host

@@ -441,17 +441,19 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
              topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
              disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
              cpu: bool = False, data: str = "", model: str = "", checkout_recipes: bool = True,
-             ib_root: Path = multinode.INFINIBAND) -> RunCommand:
+             ib_root: Path = multinode.INFINIBAND, summarised: bool = True) -> RunCommand:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
     host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout).
-    `recipe` is --recipe as given (a name or a folder), which run() has already loaded."""
+    `recipe` is --recipe as given (a name or a folder), which run() has already loaded. `summarised`: the command
+    prints the run's summary (`invoke run`; run.sh does not), so the trainer need not."""
     if not cpu:
         check_gpu_host(variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
     seen = inputs.read_only_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
-    env = {envvars.IMAGE_REF: image, envvars.IMAGE_ID: image_id, envvars.VARIANT: variant.name, **seen.env}
+    env = {envvars.IMAGE_REF: image, envvars.IMAGE_ID: image_id, envvars.VARIANT: variant.name, **seen.env,
+           **({envvars.SUMMARISED: "1"} if summarised else {})}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     if cpu and variant.is_cuda:
@@ -483,7 +485,7 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
                 resume: bool = False, cpu: bool = True, data: str = "", model: str = "") -> RunCommand:
     """The same entry point on this host, without a container (development, or GPU hosts without Docker); `recipe`
     as in run_command."""
-    env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), envvars.SUMMARISED: "1"}
     if cpu:
         env["DS_ACCELERATOR"] = "cpu"
     env |= node_env(topo)

@@ -46,7 +46,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     plan = launch_run.run_command(s, recipe="ddp", variant=variant, host=host, engine_info={},
                            topo=launch_run.Topology(nproc=NPROC), run_dir=Path("/__RUNS__/__RUN_ID__"),
                            overrides=[OVERRIDES], image_id="__IMAGE_ID__", checkout_recipes=False,
-                           memlock="memlock=__MEMLOCK__")
+                           memlock="memlock=__MEMLOCK__", summarised=False)
     argv = plan.argv
     argv[argv.index("--recipe") + 1] = "__RECIPE__"
     tag = variants.tag(s, variant)

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
-from dockyard.common import autos, disk, memory, runfolder
+from dockyard.common import autos, disk, envvars, memory, runfolder
 from dockyard.common.errors import DockyardError, first_line
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
     finish(run, None)
+    say_done(run)
     if run.heartbeat:
         run.doing("finishing")
         run.heartbeat.done()
@@ -950,6 +951,24 @@ def _said_by_the_first() -> bool:
     except DockyardError:  # _stopped: torchrun's SIGTERM
         return True
     return False
+
+
+def say_done(run: Run) -> None:
+    """One line on rank 0 where no command prints the run's summary after it (run.sh, an sbatch script, a pod): the
+    run's console ended on a progress bar of the last save, without a word of how it went or where the model is."""
+    if not run.is_main or os.environ.get(envvars.SUMMARISED) == "1":
+        return
+    m = runfolder.read_manifest(run.opts.run_dir)
+    if m is None or m.status != "completed" or m.metrics is None:
+        return
+    met = m.metrics
+    said = [f"run {m.run_id} completed: {met.steps} steps"]
+    if met.loss_first is not None and met.loss_last is not None:
+        said.append(f"loss {met.loss_first:.4f} → {met.loss_last:.4f}")
+    if met.tokens_per_second:
+        said.append(f"{met.tokens_per_second:.0f} tokens/s" + (f", MFU {met.mfu:.1%}" if met.mfu else ""))
+    log.info("%s; the model is in %s, the record in %s", " · ".join(said), run.opts.run_dir / MODEL_DIR,
+             run.opts.run_dir / runfolder.MANIFEST)
 
 
 def ours_within(raised: BaseException) -> BaseException:

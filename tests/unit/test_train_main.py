@@ -589,3 +589,28 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_point_to_one(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 130 and ("error: interrupted (SIGINT): the run stopped; no checkpoint was saved yet, so --resume "
                             "would start it again from the first step") in err, err
+
+
+def test_a_run_no_command_summarises_ends_on_a_line_of_how_it_went_and_where_the_model_is(tmp_path, caplog,
+                                                                                          monkeypatch):
+    """Started by run.sh, an sbatch script or a pod, the console ended on the last save's progress bar; `invoke run`
+    prints its own summary from the manifest (DOCKYARD_SUMMARISED), so the trainer says nothing more there."""
+    import argparse
+
+    from dockyard.common import envvars
+    from dockyard.train import manifest
+    from dockyard.train.__main__ import Run, say_done
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 4, "loss": 5.25}\n')
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 2, None,
+                                            {"steps": 4, "tokens_per_second": 5849.2}, {}))
+    run = Run(opts=argparse.Namespace(run_dir=tmp_path), started=0.0, is_main=True)
+    caplog.set_level("INFO", logger="dockyard.train")
+    monkeypatch.delenv(envvars.SUMMARISED, raising=False)
+    say_done(run)
+    assert (f"run {tmp_path.name} completed: 4 steps · loss 6.5000 → 5.2500 · 5849 tokens/s; the model is in "
+            f"{tmp_path / 'model'}, the record in {tmp_path / 'manifest.json'}") in caplog.text
+    caplog.clear()
+    monkeypatch.setenv(envvars.SUMMARISED, "1")
+    say_done(run)
+    assert "completed" not in caplog.text

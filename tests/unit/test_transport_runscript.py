@@ -103,7 +103,7 @@ def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, 
     plan = launch_run.run_command(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
                            topo=launch_run.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1",
                            overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
-                           checkout_recipes=False)
+                           checkout_recipes=False, summarised=False)  # run.sh prints no summary: the trainer does
     want = plan.argv[1:]  # the docker binary aside (a setting)
     hf, compiled = ":/workspace/.cache/huggingface", ":/workspace/.cache/compile"
     assert f"{tmp_path}/.cache/huggingface{hf}" in argv, "the node's own cache ($HF_HOME or ~/.cache/huggingface)"
