@@ -80,6 +80,29 @@ class TokenCount:
         return int(self._count)
 
 
+def window_line(step: int, max_steps: int, logs: dict[str, Any]) -> str:
+    """A logging window as the console and train.log say it; metrics.jsonl keeps every key, unrounded. The JSON line
+    itself was the console's (`"learning_rate": 0.0002500000000000001`, a Unix time beside the log's own)."""
+    def num(key: str, form: str) -> str:
+        value = logs.get(key)
+        if value is None:  # json_text's null: NaN or infinity
+            return "not finite"
+        return format(value, form) if isinstance(value, (int, float)) else str(value)
+
+    said = [f"step {step}/{max_steps}"]
+    if "loss" in logs:
+        said += [f"loss {num('loss', '.4f')}", *([f"grad_norm {num('grad_norm', '.3g')}"] if "grad_norm" in logs else []),
+                 f"lr {num('learning_rate', '.3g')}"]
+        if "tokens_per_second" in logs:
+            said.append(f"{num('tokens_per_second', '.0f')} tokens/s ({num('step_seconds', '.3g')} s/step)"
+                        + (f", MFU {num('mfu', '.1%')}" if logs.get("mfu") is not None else "")
+                        + (" (profiled)" if logs.get("profiled") else ""))
+    if "eval_loss" in logs:
+        said.append(f"eval_loss {num('eval_loss', '.4f')}"
+                    + (f" ({num('eval_runtime', '.3g')} s)" if "eval_runtime" in logs else ""))
+    return " · ".join(said)
+
+
 class MetricsLog(TrainerCallback):
     """DIR/metrics.jsonl: one line per logging window with `step`, `loss` (a resumed run appends to it) and that
     window's throughput: `tokens` (real, non-padding tokens of every rank), `seconds` (its wall time, less any
@@ -134,7 +157,7 @@ class MetricsLog(TrainerCallback):
             line = manifest.json_text({"step": state.global_step, **logs, "time": round(time.time(), 3)})
             with runfolder.append(self.path.parent, self.path.name) as f:  # never through a planted link
                 f.write(line + "\n")
-            log.info("%s", line)
+            log.info("%s", window_line(state.global_step, state.max_steps, logs))
             if "loss" in logs:  # writing the window's line is training's time: a save or evaluation next starts here
                 self._mark = time.perf_counter()
 

@@ -239,3 +239,18 @@ def test_writing_a_windows_line_counts_in_every_window_not_as_the_next_saves_pau
     seconds = {w["step"]: w["seconds"] for w in log.windows}
     assert all(seconds[s] == pytest.approx(0.014) for s in range(2, 13)), seconds  # the step and the line before
     assert log.seconds_saving == pytest.approx(6 * 0.5)
+
+
+def test_a_window_is_said_on_the_console_as_a_line_to_read_and_kept_whole_in_metrics_jsonl():
+    """The console printed metrics.jsonl's JSON line: `"learning_rate": 0.0002500000000000001`, `"epoch":
+    0.01680672268907563`, a Unix time beside the log's own."""
+    from dockyard.train.callbacks import window_line
+
+    logs = {"loss": 6.006850242614746, "grad_norm": 1.4774765968322754, "learning_rate": 0.0002500000000000001,
+            "epoch": 0.024, "tokens": 1546, "seconds": 0.2716, "step_seconds": 0.1358, "tokens_per_second": 5692.86}
+    assert window_line(3, 60, logs) == ("step 3/60 · loss 6.0069 · grad_norm 1.48 · lr 0.00025 · 5693 tokens/s "
+                                        "(0.136 s/step)")
+    assert window_line(3, 60, {**logs, "mfu": 0.4123}).endswith("5693 tokens/s (0.136 s/step), MFU 41.2%")
+    assert window_line(2, 4, {"eval_loss": 5.9479756355285645, "eval_runtime": 0.5336, "epoch": 0.0168}) == (
+        "step 2/4 · eval_loss 5.9480 (0.534 s)")
+    assert window_line(5, 9, {"loss": None, "learning_rate": 1e-3}) == "step 5/9 · loss not finite · lr 0.001"
