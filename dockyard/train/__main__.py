@@ -251,6 +251,34 @@ class Prepared:
 
 # --- the steps ------------------------------------------------------------------------------------------
 
+def in_words(recipe: Recipe, settings: RunSettings) -> str:
+    """What trains, as the start-up line says it: the strategy, with LoRA and the 4-bit base where the recipe has them."""
+    strategy = recipe.strategy_spec
+    said = strategy.name + "".join(f", {what} offloaded" for what, on in (("optimizer", strategy.offload_optimizer),
+                                                                           ("parameters", strategy.offload_param)) if on)
+    if recipe.peft in ("lora", "qlora"):
+        said += f" + LoRA r={settings.lora_r}" + (" on a 4-bit base" if recipe.peft == "qlora" else "")
+    return said
+
+
+def run_in_words(args: Any, settings: RunSettings, resolved: dict[str, dict[str, Any]]) -> str:
+    """The start-up line of what the run does, the `auto` settings as they resolved (the manifest's settings_resolved
+    says why); it printed the settings as given, `auto` and the LoRA rank of a run with no adapters in them."""
+    length = f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs:g} epoch(s)"
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    said = [f"{length} of {per_step} examples ({args.per_device_train_batch_size} per process x "
+            f"{args.gradient_accumulation_steps} accumulated x {args.world_size} process(es)), "
+            f"up to {settings.max_seq_length} tokens each",
+            f"lr {args.learning_rate:g}", precision,
+            f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}",
+            f"torch_compile {'on' if args.torch_compile else 'off'}"]
+    for name in ("use_liger_kernel", "padding_free", "packing", "numa_binding"):
+        if (resolved.get(name) or {}).get("value") is True:
+            said.append(f"{name} on")
+    return " · ".join(said)
+
+
 def train(overrides: dict[str, Any], run: Run) -> None:
     """Everything from a parsed command line to the saved model; `run` collects what the manifest needs."""
     prepared = prepare(overrides, run)
@@ -291,9 +319,9 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                         "the cache: it must be a folder of the run's user that no one else can write", why)
     bound, why = cpus.bind_near_gpu(settings.numa_binding, device)  # before the model and the data loader's workers
     run.record.settings_resolved["numa_binding"] = {"value": bound, "why": why}
-    log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each%s; settings %s", recipe.name,
-             recipe.strategy, args.world_size, torch.get_num_threads(), f" (NUMA: {why})" if bound else "",
-             settings.model_dump())
+    log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each%s", recipe.name, in_words(recipe, settings),
+             args.world_size, torch.get_num_threads(), f" (NUMA: {why})" if bound else "")
+    log.info("%s", run_in_words(args, settings, resolved.record))
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))
     tokenizer = models.load_tokenizer(model_dir)

@@ -614,3 +614,22 @@ def test_a_run_no_command_summarises_ends_on_a_line_of_how_it_went_and_where_the
     monkeypatch.setenv(envvars.SUMMARISED, "1")
     say_done(run)
     assert "completed" not in caplog.text
+
+
+def test_the_start_up_lines_say_what_trains_as_resolved_not_the_settings_as_given(tmp_path):
+    """"recipe lora (ddp) ...; settings {'model': '', ..., 'global_batch': 'auto', 'lora_r': 16, ...}": `auto` where
+    the run had a number, LoRA's rank on runs without adapters, nothing of the batch, steps or precision."""
+    from dockyard.train.__main__ import in_words, run_in_words
+
+    recipe = load_recipe("qlora")
+    settings, overrides = resolve_settings(recipe, {"max_steps": 3, "lora_r": 8})
+    assert in_words(recipe, settings) == "ddp + LoRA r=8 on a 4-bit base"
+    assert in_words(load_recipe("zero3-offload"), settings) == ("zero3-offload, optimizer offloaded, parameters "
+                                                                "offloaded")
+    assert in_words(load_recipe("fsdp"), settings) == "fsdp"
+    args = cpu_arguments("ddp", {"max_steps": 3, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+                         tmp_path)
+    said = run_in_words(args, settings, {"padding_free": {"value": True, "why": "chat data"},
+                                         "packing": {"value": False, "why": "-"}})
+    assert said == ("3 steps of 8 examples (4 per process x 2 accumulated x 1 process(es)), up to 128 tokens each · "
+                    f"lr {args.learning_rate:g} · fp32 · gradient checkpointing off · torch_compile off · padding_free on")
