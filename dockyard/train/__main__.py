@@ -416,9 +416,11 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
     steps = training.get("max_steps")
     if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
-        raise DockyardError(f"already at max_steps {steps} ({Path(last).name}): raise it to train on (-- --max_steps N, "
-                            f"after the task's flags); the "
-                            f"weights of that step are in {last} (from_pretrained reads them)")
+        done = (f", and completed: its model is in {run_dir / MODEL_DIR}" if manifest.completed(run_dir)
+                and (run_dir / MODEL_DIR).is_dir() else "")
+        raise DockyardError(f"already at max_steps {steps} ({Path(last).name}){done}: raise it to train on (-- "
+                            f"--max_steps N, after the task's flags); the weights of that step are in {last} "
+                            "(from_pretrained reads them)")
     if last and not any(Path(last).glob("rng_state*.pth")):  # what the Trainer leaves out with save_only_model
         weights = ("" if recipe.peft else f" (a full fine-tune from those weights: --model with the folder "
                    f"{run_dir.name}/checkpoints/{Path(last).name} of the runs folder)")

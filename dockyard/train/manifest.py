@@ -208,6 +208,11 @@ def _failed(run_dir: Path) -> bool:
     return _recorded(run_dir).get("status") == "failed"
 
 
+def completed(run_dir: Path) -> bool:
+    """The run's manifest says it completed."""
+    return _recorded(run_dir).get("status") == "completed"
+
+
 def _recorded(run_dir: Path) -> dict[str, Any]:
     """The run's manifest as it is ({} when there is none, or it is not a JSON object), read as untrusted: never
     through a link."""

@@ -222,6 +222,10 @@ def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
     assert "error: already at max_steps 12 (checkpoint-12): raise it to train on (-- --max_steps N" in err
     assert (run_dir / "manifest.json").read_text() == record
     assert not (run_dir / "checkpoints" / "checkpoint-13").exists()
+    (run_dir / "model").mkdir()  # its final model: where a completed run's weights are to be used from
+    err = _resume(run_dir, capsys, "--max_steps", "12")
+    assert (f"error: already at max_steps 12 (checkpoint-12), and completed: its model is in {run_dir / 'model'}: "
+            "raise it to train on") in err
 
 
 def test_a_checkpoint_of_the_weights_alone_is_not_resumed_as_if_it_held_the_optimizer(tmp_path, capsys):
