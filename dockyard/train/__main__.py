@@ -264,7 +264,8 @@ def in_words(recipe: Recipe, settings: RunSettings) -> str:
 def run_in_words(args: Any, settings: RunSettings, resolved: dict[str, dict[str, Any]]) -> str:
     """The start-up line of what the run does, the `auto` settings as they resolved (the manifest's settings_resolved
     says why); it printed the settings as given, `auto` and the LoRA rank of a run with no adapters in them."""
-    length = f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs:g} epoch(s)"
+    length = (f"{args.max_steps} step{'s' * (args.max_steps != 1)}" if args.max_steps > 0
+              else f"{args.num_train_epochs:g} epoch(s)")
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
     said = [f"{length} of {per_step} examples ({args.per_device_train_batch_size} per process x "
@@ -319,8 +320,10 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                         "the cache: it must be a folder of the run's user that no one else can write", why)
     bound, why = cpus.bind_near_gpu(settings.numa_binding, device)  # before the model and the data loader's workers
     run.record.settings_resolved["numa_binding"] = {"value": bound, "why": why}
-    log.info("recipe %s (%s) with %d process(es), %d CPU thread(s) each%s", recipe.name, in_words(recipe, settings),
-             args.world_size, torch.get_num_threads(), f" (NUMA: {why})" if bound else "")
+    what = in_words(recipe, settings)
+    log.info("recipe %s%s with %d process(es), %d CPU thread(s) each%s", recipe.name,
+             f" ({what})" if what != recipe.name else "", args.world_size, torch.get_num_threads(),
+             f" (NUMA: {why})" if bound else "")
     log.info("%s", run_in_words(args, settings, resolved.record))
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))

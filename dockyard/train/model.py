@@ -57,7 +57,16 @@ def materialize_tiny_model(folder: Path) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of the run folder
-    model.save_pretrained(tmp)
+    import transformers
+
+    # a kilobyte model: its "Writing model shards" bar was the console's first line, before the run had said anything
+    shown = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model.save_pretrained(tmp)
+    finally:
+        if shown:
+            transformers.utils.logging.enable_progress_bar()
     AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(tmp)
     runfolder.share_weights(tmp)
     try:
