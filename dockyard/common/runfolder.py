@@ -289,6 +289,7 @@ class InputRecord(_Loose):
 
 
 class ModelSummary(_Loose):
+    base: str | None = None               # the model the run started from, as the trainer saw it
     format: str | None = None             # "adapter" (LoRA/QLoRA) or "full"
     quantized_layers: int | None = None   # QLoRA: the linear layers held in 4 bits
 

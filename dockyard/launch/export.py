@@ -157,11 +157,9 @@ def check_native_base(m: RunManifest, run_dir: Path) -> None:
     """The base an adapter run's native export reads (the manifest's model.base): the tiny model in the run's folder,
     or the model folder the run recorded as its input, still as it was (its files and sizes). Any other host folder
     the manifest names is refused: its merge would land in the runs folder, for every container to read."""
-    model = getattr(m, "model", None)
-    model = model if isinstance(model, dict) else {}
-    if model.get("format") != "adapter":
+    if m.model is None or m.model.format != "adapter":
         return  # a full fine-tune's export reads the run's own model/ alone
-    base = str(model.get("base") or "")
+    base = str(m.model.base or "")
     if base and Path(base).resolve() == (run_dir / "base").resolve():
         return
     given = m.inputs.get("model")

@@ -91,41 +91,27 @@ def main(argv: list[str] | None = None) -> int:
     # Rank 0 alone writes the manifest, also when a run fails before torch.distributed is set up.
     run = None
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here on: the run's own clean-up (below)
-        nodes.node_rank()  # a node rank of no number is said here, before anything would record it
-        nodes.pin_interface()  # before torch.distributed starts
-        opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-        opts.resume = opts.resume or restarted()
-        run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
-                  world_size=int(os.environ.get("WORLD_SIZE", 1)), unusable_caches=unusable_caches)
-        if nodes.several():
-            run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
-        train(overrides, run)
-    except BaseException as raised:
-        e = ours_within(raised)
-        if isinstance(e, DockyardError):
-            # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
-            stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
-            if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
-                                           or not _said_by_the_first()):
-                print(f"error: {e}", file=sys.stderr)
-            if run:
-                finish(run, str(e))
-            return e.exit_code
-        if isinstance(e, KeyboardInterrupt):  # Ctrl-C, passed on by torchrun: its traceback (one per process)
-            said = f"interrupted (SIGINT): the run stopped; {_how_to_continue(run)}"
-            if nodes.first_of_node():
-                print(f"error: {said}", file=sys.stderr)
-            if run:
-                finish(run, said)
-            return INTERRUPTED
-        if isinstance(e, OSError) and launcher_gone():  # a write to the closed pipe came before the SIGTERM
-            if run:
-                finish(run, f"{STOPPED}: {LAUNCHER_GONE}")
-            return 128 + signal.SIGTERM
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here on: the clean-up below
+            nodes.node_rank()  # a node rank of no number is said here, before anything would record it
+            nodes.pin_interface()  # before torch.distributed starts
+            opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+            opts.resume = opts.resume or restarted()
+            run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
+                      world_size=int(os.environ.get("WORLD_SIZE", 1)), unusable_caches=unusable_caches)
+            if nodes.several():
+                run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
+            train(overrides, run)
+        except BaseException as raised:
+            return failed(raised, run)
+    except DockyardError as e:
+        # _stopped's SIGTERM (it raises once) while `failed` handled another error, before finish() took over: a
+        # BrokenPipeError from a progress bar writing to the pipe of a launcher killed with its process group, whose
+        # SIGTERM came during launcher_gone's wait (one such run in three to five had no manifest); torchrun's SIGTERM
+        # while a collective's error from a rank that failed first was handled. The run is still recorded.
         if run:
-            finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
-        raise
+            finish(run, str(e))
+        return e.exit_code
     finish(run, None)
     say_done(run)
     if run.heartbeat:
@@ -984,6 +970,37 @@ def _said_by_the_first() -> bool:
     except DockyardError:  # _stopped: torchrun's SIGTERM
         return True
     return False
+
+
+def failed(raised: BaseException, run: Run | None) -> int:
+    """The exit status of a run that raised, its manifest written and its one line said; an error of no known kind
+    is recorded, then raised again (its traceback is the one to read)."""
+    e = ours_within(raised)
+    if isinstance(e, DockyardError):
+        # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
+        stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
+        if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
+                                       or not _said_by_the_first()):
+            with contextlib.suppress(OSError):  # a pipe whose reader died with the launcher: the manifest says it
+                print(f"error: {e}", file=sys.stderr)
+        if run:
+            finish(run, str(e))
+        return e.exit_code
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, passed on by torchrun: its traceback (one per process)
+        said = f"interrupted (SIGINT): the run stopped; {_how_to_continue(run)}"
+        if nodes.first_of_node():
+            with contextlib.suppress(OSError):
+                print(f"error: {said}", file=sys.stderr)
+        if run:
+            finish(run, said)
+        return INTERRUPTED
+    if isinstance(e, OSError) and launcher_gone():  # a write to the closed pipe came before the SIGTERM
+        if run:
+            finish(run, f"{STOPPED}: {LAUNCHER_GONE}")
+        return 128 + signal.SIGTERM
+    if run:
+        finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
+    raise raised
 
 
 def say_done(run: Run) -> None:

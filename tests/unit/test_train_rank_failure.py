@@ -111,3 +111,45 @@ def test_a_process_stopped_by_torchrun_says_so_only_as_its_nodes_first(monkeypat
     code = trainer.main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 143 and ("error: stopped by SIGTERM" in err) is says, err
+
+
+def test_a_launchers_sigterm_while_a_broken_pipe_is_handled_still_leaves_the_manifest(monkeypatch, tmp_path, capsys):
+    """A launcher killed with its process group took the reader of its pipe with it: a progress bar of the checkpoint
+    save wrote to that pipe (BrokenPipeError), and while main's handler waited to see whether the launcher was gone,
+    the dying launcher's SIGTERM came; _stopped raised out of that wait, and no manifest was written (one run in three
+    to five). Played here in order, without a timer: the SIGTERM is sent from inside the wait."""
+    import os
+    import signal
+    import threading
+
+    run_dir = tmp_path / "r"
+
+    def save_into_a_dead_pipe(overrides, run):
+        run_dir.mkdir()
+        run.run_dir_ok = True
+        raise BrokenPipeError(32, "Broken pipe")
+
+    waits = []
+
+    def launcher_gone() -> bool:
+        waits.append("main's, after the BrokenPipeError" if not waits else "_stopped's")
+        if len(waits) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the dying launcher's PDEATHSIG: _stopped runs here
+        return True
+
+    monkeypatch.setattr(trainer, "train", save_into_a_dead_pipe)
+    monkeypatch.setattr(trainer, "launcher_gone", launcher_gone)
+    monkeypatch.setattr(trainer, "_signalled", threading.Event())
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        code = trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    assert waits == ["main's, after the BrokenPipeError", "_stopped's"], "the SIGTERM came during main's wait"
+    assert code == 143
+    written = json.loads((run_dir / runfolder.MANIFEST).read_text())
+    assert written["status"] == "failed" and written["error"] == f"stopped by SIGTERM: {trainer.LAUNCHER_GONE}"
