@@ -63,7 +63,7 @@ Bytes = Annotated[int, Field(ge=0, le=2**50)]
 class Gpu:
     index: Index
     name: Annotated[str, StringConstraints(max_length=200)]
-    memory_bytes: Annotated[int, Field(gt=0, le=2**50)]
+    memory_bytes: Bytes  # 0: NVML could not read it (the recorder writes that)
     uuid: str = ""
     capability: Version = ""  # CUDA compute capability, "7.5" on a T4: decides bf16 or fp16
     mig: bool = False     # MIG mode on: NVML counts the physical GPU, utilisation reads are not supported

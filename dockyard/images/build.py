@@ -235,30 +235,31 @@ def wheelhouse_dir(settings: Settings, variant: Variant) -> Path:
     return settings.path(settings.wheelhouse_dir) / variant.name
 
 
-WHEELHOUSE_STAMP = ".lock-sha256"  # the lock it was downloaded for, then `size name` of every file downloaded
+WHEELHOUSE_STAMP = ".lock-sha256"  # the lock it was downloaded for (one line: what earlier versions read too)
+WHEELHOUSE_FILES = ".files"  # `size name` of every file downloaded
 
 
 def stamp_wheelhouse(d: Path, variant: Variant) -> None:
-    files = sorted(f for f in d.iterdir() if f.is_file() and f.name != WHEELHOUSE_STAMP)
-    (d / WHEELHOUSE_STAMP).write_text(variants.lock_hash(variant) + "\n"
-                                      + "".join(f"{f.stat().st_size} {f.name}\n" for f in files))
+    files = sorted(f for f in d.iterdir() if f.is_file() and not f.name.startswith("."))
+    (d / WHEELHOUSE_FILES).write_text("".join(f"{f.stat().st_size} {f.name}\n" for f in files), errors="replace")
+    (d / WHEELHOUSE_STAMP).write_text(variants.lock_hash(variant) + "\n")
 
 
 def wheelhouse_complete(settings: Settings, variant: Variant) -> bool:
     """Downloaded for this lock, and every file still there at its size: a wheelhouse copied half to a node, or with a
-    wheel deleted, failed the build minutes later inside pip."""
+    wheel deleted, failed the build minutes later inside pip. (One stamped by an earlier version lists no files.)"""
     d = wheelhouse_dir(settings, variant)
     try:
-        lock, *files = (d / WHEELHOUSE_STAMP).read_text().splitlines()
+        if (d / WHEELHOUSE_STAMP).read_text().strip() != variants.lock_hash(variant):
+            return False
+        files = (d / WHEELHOUSE_FILES).read_text().splitlines() if (d / WHEELHOUSE_FILES).is_file() else []
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    if lock.strip() != variants.lock_hash(variant):
         return False
     changed = []
     for line in files:
         size, _, name = line.partition(" ")
         try:
-            same = (d / name).stat().st_size == int(size) and "/" not in name
+            same = "/" not in name and (d / name).stat().st_size == int(size)
         except (OSError, ValueError):
             same = False
         if not same:
@@ -355,7 +356,7 @@ class _StepTracker:
     # pip's (ERROR:), apt's (E:) or a compiler's (file.cpp:3:10: fatal error: ...), is why it failed; BuildKit's
     # ERROR line says only "exit code: 1"
     OUTPUT = re.compile(r"^(?P<n>#\d+) \d+\.\d+ (?P<text>.+)$")
-    TOOL_ERROR = re.compile(r"^(?:ERROR: |E: )|(?:^|: )(?:fatal )?error: ")
+    TOOL_ERROR = re.compile(r"^(?:ERROR: (?!pip's dependency resolver)|E: )|(?:^|: )(?:fatal )?error: ")
 
     def __init__(self):
         self.last = ""

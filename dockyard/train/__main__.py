@@ -64,6 +64,7 @@ from dockyard.train.export import PROBE_TOKENS
 
 log = logging.getLogger("dockyard.train")
 _signalled = threading.Event()  # the SIGTERM that stops this process came (_stopped)
+_recorded = threading.Event()  # the manifest is written: a SIGTERM now only ends the process (_stopped)
 _finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
 SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
 MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the manifest's model.saved says
@@ -72,6 +73,7 @@ MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the m
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     _signalled.clear()  # once per process, but main() may be called again in one (the tests)
+    _recorded.clear()
     # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
     # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -853,8 +855,9 @@ def finish(run: Run, error: str | None) -> None:
     Once: the main thread and the heartbeat's (a lost node) may both get here."""
     with _finishing:
         if not run.finished:
-            run.finished = True
             _finish(run, error)
+            run.finished = True  # after: a Ctrl-C inside _finish left no manifest, and no later call wrote one
+            _recorded.set()
             if run.resume_lock is not None:  # the run is over: another resume may take it
                 os.close(run.resume_lock)
                 run.resume_lock = None
@@ -975,6 +978,8 @@ def _said_by_the_first() -> bool:
 def failed(raised: BaseException, run: Run | None) -> int:
     """The exit status of a run that raised, its manifest written and its one line said; an error of no known kind
     is recorded, then raised again (its traceback is the one to read)."""
+    if threading.current_thread() is threading.main_thread():  # a second Ctrl-C would cut the record short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     e = ours_within(raised)
     if isinstance(e, DockyardError):
         # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
@@ -1052,6 +1057,8 @@ def _stopped(signum: int, frame: Any) -> None:
     leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer). Once: a second
     SIGTERM (a dying launcher's signal comes once per thread it hands this process to) would raise out of the
     handling of the first, before the manifest is written."""
+    if _recorded.is_set():  # in the barrier after a completed run's record, say: nothing is left to record
+        raise SystemExit(128 + signum)
     if _finishing.locked() or _signalled.is_set():
         return
     _signalled.set()

@@ -341,8 +341,11 @@ def say_unread(source: str, fmt: str, need: tuple[str, ...], found: list[str]) -
         return
     hint = (": to train with a system prompt, write it into each prompt or write the rows as messages"
             if fmt == "prompt_completion" and "system" in unread else "")
-    log.warning("%s: the %s format reads %s; the field%s %s %s not trained on%s (docs/data.md)", source, fmt,
-                ", ".join(read), "s" * (len(unread) > 1), ", ".join(unread), "are" if len(unread) > 1 else "is", hint)
+    # the data's own names: no terminal escapes, and a file of thousands of keys is not a line of thousands
+    named = ", ".join(k if k.isprintable() and len(k) <= 64 else ascii(k[:64]) for k in unread[:8])
+    more = f" and {len(unread) - 8} more" if len(unread) > 8 else ""
+    log.warning("%s: the %s format reads %s; the field%s %s%s %s not trained on%s (docs/data.md)", source, fmt,
+                ", ".join(read), "s" * (len(unread) > 1), named, more, "are" if len(unread) > 1 else "is", hint)
 
 
 def _fields(row: dict[str, Any]) -> list[str]:

@@ -121,11 +121,13 @@ def cpu_adam_to_compile() -> str | None:
         from torch.utils.cpp_extension import _get_build_directory
     except ImportError:
         return None
-    accelerator = get_accelerator()
-    if installed_ops.get("cpu_adam") and accelerator.device_name() != "cpu":
-        return None
     try:
-        folder = Path(_get_build_directory(accelerator.create_op_builder("CPUAdamBuilder").name, verbose=False))
+        accelerator = get_accelerator()
+        if installed_ops.get("cpu_adam") and accelerator.device_name() != "cpu":
+            return None
+        name = accelerator.create_op_builder("CPUAdamBuilder").name
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or _get_build_directory("", verbose=False)
     except Exception:  # noqa: BLE001 - only a notice: never a reason to fail the run
         return None
+    folder = Path(root) / name  # as torch builds it, without making it (its _get_build_directory makes it)
     return None if any(folder.glob("*.so")) else str(folder)

@@ -284,6 +284,8 @@ def test_a_failed_build_quotes_the_first_error_its_step_printed():
     t = build._StepTracker()
     for line in ["#9 [runtime 2/5] RUN pip install --no-index /wheels/*.whl", "#8 [base 2/3] RUN apt-get update",
                  "#9 1.02 Looking in links: /wheels", "#8 1.10 Get:1 http://deb.debian.org bookworm InRelease",
+                 "#9 1.50 ERROR: pip's dependency resolver does not currently take into account all the packages "
+                 "that are installed.",  # pip's notice, printed before what failed: not the reason
                  "#9 1.80 ERROR: Could not find a version that satisfies the requirement torch==9.9 (from versions: "
                  "2.11.0)", "#9 1.81 ERROR: No matching distribution found for torch==9.9",
                  '#9 ERROR: process "/bin/sh -c pip install --no-index /wheels/*.whl" did not complete successfully: '
@@ -324,6 +326,8 @@ def test_a_wheelhouse_missing_a_wheel_since_its_download_is_fetched_again(settin
     assert not build.wheelhouse_complete(s, variant)
     assert ("1 of 2 files missing or changed since they were downloaded (torch-2.11.0-cp311-none-linux_x86_64.whl): "
             "fetching them again") in capsys.readouterr().out
+    assert (tmp_path / "cpu" / build.WHEELHOUSE_STAMP).read_text().strip() == variants.lock_hash(variant), \
+        "one line, as earlier versions read it from a wheelhouse they share"
     torch.unlink()
     assert not build.wheelhouse_complete(s, variant)
     build.wheelhouse(s, "cpu")

@@ -131,7 +131,7 @@ def test_a_gpu_not_on_the_host_is_a_short_error(settings, capsys, replay):
                                          r"samples\.0\.devices\.0\.util"),
                                         # values no host has: planned "fits: no" and a run --dry for them
                                         ('{"host": {"gpus": [{"index": 0, "name": "T4", "memory_bytes": -5}]}}',
-                                         r"host\.gpus\.0\.memory_bytes: Input should be greater than 0"),
+                                         r"host\.gpus\.0\.memory_bytes: Input should be greater than or equal to 0"),
                                         ('{"host": {"gpus": [{"index": -3, "name": "T4", "memory_bytes": 1}]}}',
                                          r"host\.gpus\.0\.index: Input should be greater than or equal to 0"),
                                         ('{"host": {"gpus": [{"index": 0, "name": "T4", "memory_bytes": 1}, {"index": '
@@ -139,8 +139,8 @@ def test_a_gpu_not_on_the_host_is_a_short_error(settings, capsys, replay):
                                         ('{"samples": [{"devices": [{"device": 0, "util": -1.0, "mem": 0}]}]}',
                                          r"samples\.0\.devices\.0\.util: Input should be greater than"),
                                         ('{"host": {"gpus": [' + ", ".join(
-                                            f'{{"index": {i}, "name": "T4", "memory_bytes": 0}}' for i in range(900))
-                                         + "]}}", r"memory_bytes: Input should be greater than 0; and \d+ more\)$")])
+                                            f'{{"index": {i}, "name": "T4", "memory_bytes": -1}}' for i in range(900))
+                                         + "]}}", r"memory_bytes: Input should be greater than or equal to 0; and \d+ more\)$")])
 def test_a_replay_file_of_another_shape_is_a_short_error(tmp_path, monkeypatch, text, says):
     bad = tmp_path / "host.json"
     bad.write_text(text)
@@ -280,3 +280,13 @@ def test_the_plan_recommends_what_the_trainer_runs_where_only_one_micro_batch_fi
     assert "at micro-batch 8 with gradient checkpointing" in rec["why"]
     asked = plan_mod.plan_model("1B", gpus=2, gpu_mem_gib=24, seq_len=512, cpu_mem_gib=256, batch=2)
     assert {(r["micro_batch"], r["gradient_accumulation_steps"]) for r in asked["recipes"]} == {(2, 1)}
+
+
+def test_a_recording_of_a_gpu_whose_memory_nvml_could_not_read_replays(tmp_path, monkeypatch):
+    """`doctor --record` writes memory_bytes 0 where NVML cannot read a GPU's memory: its own file must replay."""
+    f = tmp_path / "host.json"
+    f.write_text('{"host": {"driver": "580.159.04", "cuda": "13.0", "gpus": [{"index": 0, "name": "H100", '
+                 '"memory_bytes": 0}]}}')
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(f))
+    host, _ = gpus.facts()
+    assert host.count == 1 and host.gpus[0].memory_bytes == 0

@@ -382,3 +382,10 @@ def test_fields_the_format_does_not_read_are_named(tmp_path, caplog):
     f = jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Name a port.", "output": "Bergen", "system": "Be brief."}])
     assert data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f)) == "alpaca"
     assert "not trained on" not in caplog.text
+    # the names are the data's: a terminal escape is shown, not played; thousands of keys are not a line of thousands
+    keys = {"text": "ships", "\x1b]0;owned\x07": 1, **{f"k{i}": i for i in range(500)}}
+    f = jsonl(tmp_path / "wide.jsonl", [keys])
+    data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f))
+    said = caplog.text.splitlines()[-1]
+    assert "\x1b" not in said and "'\\x1b]0;owned\\x07'" in said and "and 493 more are not trained on" in said
+    assert len(said) < 600

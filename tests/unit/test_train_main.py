@@ -12,6 +12,18 @@ from dockyard.common.run_settings import resolve_settings
 from dockyard.train.__main__ import training_arguments
 
 
+@pytest.fixture(autouse=True)
+def fresh_signal_state(monkeypatch):
+    """The trainer's once-per-process events (a SIGTERM came; the manifest is written) as a new process has them:
+    a test that ran main() or _stopped before must not change what another sees."""
+    import threading
+
+    from dockyard.train import __main__ as entry
+
+    monkeypatch.setattr(entry, "_signalled", threading.Event())
+    monkeypatch.setattr(entry, "_recorded", threading.Event())
+
+
 def cpu_arguments(name: str, given: dict, run_dir):
     """TrainingArguments as the trainer builds them on CPU: settings, then the autos resolved, then the arguments."""
     recipe = load_recipe(name)

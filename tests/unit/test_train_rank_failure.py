@@ -17,6 +17,18 @@ from dockyard.train import nodes
 STOPPED = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
 
 
+@pytest.fixture(autouse=True)
+def fresh_signal_state(monkeypatch):
+    """The trainer's once-per-process events (a SIGTERM came; the manifest is written) as a new process has them:
+    a test that ran main() or _stopped before must not change what another sees."""
+    import threading
+
+    from dockyard.train import __main__ as entry
+
+    monkeypatch.setattr(entry, "_signalled", threading.Event())
+    monkeypatch.setattr(entry, "_recorded", threading.Event())
+
+
 def play(monkeypatch, tmp_path, rank: int, error: str, attempt: str = "abc", verdict: str | None = None) -> None:
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("LOCAL_RANK", str(rank))
@@ -153,3 +165,35 @@ def test_a_launchers_sigterm_while_a_broken_pipe_is_handled_still_leaves_the_man
     assert code == 143
     written = json.loads((run_dir / runfolder.MANIFEST).read_text())
     assert written["status"] == "failed" and written["error"] == f"stopped by SIGTERM: {trainer.LAUNCHER_GONE}"
+
+
+def test_a_sigterm_after_a_completed_runs_record_is_written_ends_the_process_without_a_traceback(monkeypatch,
+                                                                                                 tmp_path):
+    """Rank 0 had written "completed" and waited in the last barrier when another node died and torchrun sent SIGTERM:
+    _stopped's error escaped main, a traceback and exit 1. Played in order: the SIGTERM comes from inside the step
+    after the record (say_done), sent to this process."""
+    import os
+    import signal
+
+    run_dir = tmp_path / "r"
+
+    def trained(overrides, run):
+        run_dir.mkdir()
+        run.run_dir_ok, run.status = True, "completed"
+
+    def say_done(run):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(trainer, "train", trained)
+    monkeypatch.setattr(trainer, "say_done", say_done)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    assert ended.value.code == 143
+    assert json.loads((run_dir / runfolder.MANIFEST).read_text())["status"] == "completed"
