@@ -287,7 +287,7 @@ def _workers_started(node, run_id: str) -> bool:
 MOMENTS = {  # what node 0's test waits for before killing node 1's container
     "after-the-rendezvous": lambda node, run: _workers_started(node, run.name),
     # node 0 logs this once every node has checked the run folder; then each loads the data and the model
-    "during-model-load": lambda node, run: "recipe zero2 (" in _text(run / "train.log"),
+    "during-model-load": lambda node, run: "dockyard.train: recipe zero2 with " in _text(run / "train.log"),
     "during-the-first-checkpoint-save": lambda node, run: (run / "checkpoints" / "checkpoint-5").exists(),
 }
 
