@@ -387,6 +387,11 @@ def checkpoints_started(run_dir: Path) -> list[Path]:
                   key=lambda p: int(p.name[11:]))
 
 
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints every rank finished writing (the COMPLETE marker in each), by step."""
+    return [p for p in checkpoints_started(run_dir) if (p / COMPLETE).is_file()]
+
+
 def manifest_file(node_rank: int) -> str:
     """Node 0's manifest is the run's; every other node of a multi-node run writes its own beside it."""
     return MANIFEST if node_rank == 0 else f"manifest-node{node_rank}.json"

@@ -185,7 +185,7 @@ def _interrupted(r: RunRequest, run_dir: Path, e: engine.Interrupted, made: bool
                              exit_code=e.exit_code)
     how = ("stopped" if e.stopped else "is still stopping" if r.native
            else f"is still stopping (docker stop dockyard-{run_dir.name} stops it at once)")
-    if not any((p / runfolder.COMPLETE).is_file() for p in runfolder.checkpoints_started(run_dir)):
+    if not runfolder.complete_checkpoints(run_dir):
         return DockyardError(f"interrupted: run {run_dir.name} {how} before its first checkpoint. Continuing it starts "
                              f"again from the first step, with its own settings{every}: "
                              f"{resume_command(r, run_dir.name)}", exit_code=e.exit_code)

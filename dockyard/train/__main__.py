@@ -403,7 +403,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if last and nodes.first_of_node():
         # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
         # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
-        complete = [p for p in runfolder.checkpoints_started(run_dir) if manifest.complete_checkpoint(p)]
+        complete = runfolder.complete_checkpoints(run_dir)
         checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
     steps = training.get("max_steps")
     if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
@@ -1044,8 +1044,7 @@ def ours_within(raised: BaseException) -> BaseException:
 
 def _how_to_continue(run: Run | None) -> str:
     """What a stopped run can be continued from: its last complete checkpoint, or nothing yet."""
-    started = runfolder.checkpoints_started(Path(run.opts.run_dir)) if run is not None and run.run_dir_ok else []
-    done = [p for p in started if manifest.complete_checkpoint(p)]
+    done = runfolder.complete_checkpoints(Path(run.opts.run_dir)) if run is not None and run.run_dir_ok else []
     if done:
         return f"continue it from {done[-1].name} with --resume"
     return "no checkpoint was saved yet, so --resume would start it again from the first step"
