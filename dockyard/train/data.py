@@ -26,6 +26,7 @@ import re
 import reprlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -511,8 +512,10 @@ class TooSlow(BaseException):
 @contextlib.contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
     """Raise TooSlow in the main thread after `seconds` (a model's chat template is Jinja that may loop ~forever: the
-    run hung after its settings line, silent). Elsewhere (a thread) no limit."""
-    if threading.current_thread() is not threading.main_thread():
+    run hung after its settings line, silent). Elsewhere (a thread) no limit. An alarm already set by the caller
+    (a test harness's limit) is left to fire first when it is due first, and set again afterwards otherwise."""
+    outer = signal.getitimer(signal.ITIMER_REAL)[0]
+    if threading.current_thread() is not threading.main_thread() or 0 < outer <= seconds:
         yield
         return
 
@@ -520,12 +523,15 @@ def time_limit(seconds: float) -> Iterator[None]:
         raise TooSlow
 
     before = signal.signal(signal.SIGALRM, expired)
+    began = time.monotonic()
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - began), 0.001))
 
 
 def label_names(rows: list[dict[str, Any]]) -> list[str]:

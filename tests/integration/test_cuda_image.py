@@ -59,6 +59,7 @@ def test_cuda_image_stack_trains_on_cpu_with_two_processes(settings, request, tm
     assert m["metrics"]["steps"] == 4 and m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
 
 
+@pytest.mark.timeout(3000)  # an image of ~8 GB saved, then loaded on node 2: ~10 min on a fresh machine
 def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda_image, node, tmp_path):
     """Full archive → load.sh on node 2; then a recipe-only rebuild ships as a thin archive < 1 % of it."""
     v = variants.newest_cuda(settings)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -11,18 +13,37 @@ import sys
 from dockyard import ROOT
 
 
+def run(args: list[str], cwd, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The command in a session of its own, so that a launcher that hangs fails this test with what it printed, its
+    workers killed with it (subprocess.run's timeout kills the launcher only, then waits without a bound on the pipes
+    its workers still hold)."""
+    p = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=30)
+        raise AssertionError(f"{shlex.join(args[2:])} still running after {timeout:g} s:\n{out[-2000:]}\n"
+                             f"{err[-3000:]}") from None
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
+
+
 def test_a_failed_worker_is_one_line_with_torchruns_exit_status_not_a_traceback(tmp_path):
     """A trainer refusing a setting says why in one line and exits 1; torchrun then printed forty lines of its own
     traceback (ChildFailedError) and a table under that line, in front of every user of invoke run and run.sh."""
     (tmp_path / "worker.py").write_text("import sys\nprint('error: the reason, in one line', file=sys.stderr)\n"
                                         "raise SystemExit(3)\n")
-    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--standalone",
-                            "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    plain = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--standalone",
+                 "worker.py"], cwd=tmp_path)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "train.log").write_text("error: the reason, in one line\n")
-    quiet = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
-                            "worker.py", "--run-dir", "run"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    quiet = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
+                 "worker.py", "--run-dir", "run"], cwd=tmp_path,
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert plain.returncode == quiet.returncode == 1
     assert "Traceback" in plain.stderr and "ChildFailedError" in plain.stderr  # what users saw
     assert "Traceback" not in quiet.stderr and "error: the reason, in one line" in quiet.stderr
@@ -31,17 +52,17 @@ def test_a_failed_worker_is_one_line_with_torchruns_exit_status_not_a_traceback(
                                                       "its reason is above (and in the run's train.log)")
     # a run refused before it had a folder has no train.log to point at
     (tmp_path / "run" / "train.log").unlink()
-    again = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
-                            "worker.py", "--run-dir", "run"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    again = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
+                 "worker.py", "--run-dir", "run"], cwd=tmp_path,
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert again.stderr.rstrip().endswith("exit 3; its reason is above"), again.stderr
 
 
 def test_a_run_that_succeeds_exits_0(tmp_path):
     (tmp_path / "worker.py").write_text("print('trained')\n")
-    ok = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
-                         "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    ok = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
+              "worker.py"], cwd=tmp_path,
+             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert ok.returncode == 0 and "trained" in ok.stdout
 
 
@@ -101,9 +122,9 @@ print(f"rank {os.environ['RANK']} threads {os.environ['OMP_NUM_THREADS']} torch 
 
 def _threads(tmp_path, nproc: int, **env: str) -> tuple[set[str], str]:
     (tmp_path / "worker.py").write_text(THREADS_WORKER)
-    p = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", f"--nproc-per-node={nproc}", "--standalone",
-                        "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **env})
+    p = run([sys.executable, "-m", "dockyard.train.torchrun", f"--nproc-per-node={nproc}", "--standalone",
+             "worker.py"], cwd=tmp_path,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **env})
     assert p.returncode == 0, p.stderr[-3000:]
     return set(re.findall(r"threads (\d+) torch (\d+) share ([-\d]+)", p.stdout)), p.stderr
 
@@ -154,9 +175,9 @@ def test_an_omp_num_threads_that_is_not_a_thread_count_is_refused_naming_it(tmp_
     naming no variable; "0" ran on one thread, under accelerate's warning that it was unset."""
     (tmp_path / "worker.py").write_text("print('trained')\n")
     for value in ("abc", "", "0", "-2", "1.5", "²"):  # ²: a digit to str.isdigit, not to int()
-        r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
-                            "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": value})
+        r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
+                 "worker.py"], cwd=tmp_path,
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": value})
         assert r.returncode == 2 and "trained" not in r.stdout, (value, r.stdout, r.stderr)
         assert r.stderr.strip() == (f"torchrun: OMP_NUM_THREADS={value!r}: give a whole number of CPU threads per "
                                     "process, 1 or more, or unset it (each process then gets its share of the node's "
@@ -172,11 +193,11 @@ def test_nodes_that_never_meet_are_one_line_naming_the_rendezvous_and_what_to_ch
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     (tmp_path / "worker.py").write_text("print('never started')\n")
-    alone = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
-                            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone1",
-                            "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    alone = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone1",
+                 "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
+                cwd=tmp_path,
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr
     assert alone.stderr.strip().splitlines()[-1] == (
         f"torchrun: not every node joined the rendezvous alone1 at 127.0.0.1:{port} within 3 s: start every node with "
@@ -188,9 +209,9 @@ def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
     """compose/multinode.yml's default (DOCKYARD_NPROC=gpu) on a node without GPUs: torchrun's ValueError traceback
     ("Cuda is not available"). CUDA_VISIBLE_DEVICES="" hides any GPU this runs on."""
     (tmp_path / "worker.py").write_text("print('never started')\n")
-    r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=gpu", "--standalone",
-                        "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+    r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=gpu", "--standalone",
+             "worker.py"], cwd=tmp_path,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 2 and "Traceback" not in r.stderr and "never started" not in r.stdout, r.stderr
     assert r.stderr.strip() == ("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: "
                                 "give a number of processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add "
@@ -206,11 +227,11 @@ def test_node_0_whose_rendezvous_port_is_taken_is_told_so_not_to_start_the_other
     port = held.getsockname()[1]
     (tmp_path / "worker.py").write_text("print('never started')\n")
     try:
-        r = subprocess.run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
-                            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=taken1",
-                            "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=taken1",
+                 "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
+                cwd=tmp_path,
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     finally:
         held.close()
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
@@ -227,15 +248,16 @@ def test_a_signal_to_torchrun_is_one_line_with_128_and_the_signal(tmp_path):
     (tmp_path / "worker.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
                           "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, start_new_session=True)
     try:
+        assert select.select([p.stdout], [], [], 120)[0], "the worker did not start within 120 s"
         assert p.stdout.readline().strip() == "started"
         time.sleep(0.5)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130, err
     # (the worker's own KeyboardInterrupt is its to say: the trainer says it in one line)
     assert "SignalException" not in err and "torch/distributed" not in err, err

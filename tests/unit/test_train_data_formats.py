@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -334,6 +335,27 @@ def test_a_chat_template_that_never_ends_is_stopped_and_named(tok, monkeypatch):
     with pytest.raises(DockyardError, match=r"example 1: the model's chat template took more than 0.5 s to render one "
                                             "conversation"):
         data.tokenize([{"messages": CHAT}], "messages", tok, 64)
+
+
+def test_the_chat_templates_time_limit_leaves_an_alarm_set_by_its_caller_in_place():
+    """The limit took over SIGALRM's timer and cancelled it afterwards: a limit its caller had set (pytest-timeout's
+    on a hung test, a user's own watchdog) never fired."""
+    import signal
+
+    fired = []
+    before = signal.signal(signal.SIGALRM, lambda *_: fired.append("outer"))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 5)
+        with data.time_limit(1):
+            pass
+        assert 4 < signal.getitimer(signal.ITIMER_REAL)[0] <= 5, "the caller's alarm is set again, as it was"
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with data.time_limit(10):  # the caller's is due first: it fires, with its own handler
+            time.sleep(0.5)
+        assert fired == ["outer"]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def test_a_bad_line_after_a_byte_order_mark_is_named_not_the_mark(tmp_path):
