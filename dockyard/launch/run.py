@@ -145,8 +145,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         else:
             after = _traces(run_dir, r.node_rank)
             refused = bool(proc.returncode and r.resume and before[0] and after == before)
-            if refused and watching:  # the run's plots and verdict stay those of the run it was
-                watching.discard()
+            never_started = bool(proc.returncode and made and not _trainer_wrote(run_dir, r.node_rank))
+            if (refused or never_started) and watching:  # the run's plots and verdict stay those of the run it
+                watching.discard()  # was; a run that never started has none ("balanced" said of a refusal)
     if interrupted:
         raise _interrupted(r, run_dir, interrupted, made) from None
     if proc.returncode and r.resume and before[0] and after[0] == before[0]:
@@ -164,12 +165,12 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         raise DockyardError(f"--resume of run {run_dir.name} trained on and then failed (exit {proc.returncode}; see "
                             f"{run_dir}/train.log){newest}: its manifest was not rewritten and still describes the run "
                             "before this resume")
-    if proc.returncode and made and not _trainer_wrote(run_dir, r.node_rank):
-        # The trainer never started (docker refused the run): keep nothing that would block the same --run-id.
+    if never_started:
+        # The trainer refused before its log, or never started (docker refused the run): keep nothing that would
+        # block the same --run-id. The reason is the line above, whoever said it (the trainer, torchrun, docker).
         shutil.rmtree(run_dir, ignore_errors=True)
-        raise DockyardError(f"the run did not start (exit {proc.returncode}; the reason is above: "
-                            f"{'torchrun' if r.native else 'docker or torchrun'} said it); nothing was kept, so the "
-                            "same command can be run again")
+        raise DockyardError(f"the run did not start (exit {proc.returncode}, for the reason above); nothing was kept, "
+                            "so the same command can be run again")
     return summarise(run_dir, r.node_rank)
 
 

@@ -177,3 +177,24 @@ def test_a_refused_resume_leaves_the_run_s_samples_plots_and_verdict_as_they_wer
     with pytest.raises(DockyardError, match=r"--resume of run early was refused"):
         go()
     assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+
+
+def test_a_run_refused_before_its_log_gets_no_monitor_verdict(run_cpu, monkeypatch, capsys):
+    """A setting the trainer refused at start (--report_to wandb in an image without it): under its one-line reason
+    the monitor said "balanced: rank 0 62%, rank 1 58%" of the 20 s spent starting. The resource monitor replays an
+    NVML recording (no GPU on this host) through the real watch."""
+    from dockyard.gpus import Recorded
+
+    recording = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "balanced.json"
+    monkeypatch.setattr(monitor, "watch", lambda run_dir, **kw: WATCH(run_dir, interval=0.001,
+                                                                      source=Recorded.from_file(recording)))
+
+    def refuses_after_a_moment(argv: list[str]) -> int:
+        time.sleep(0.2)  # long enough for the monitor to sample
+        return 1
+
+    fake, run_dir, go = run_cpu(refuses_after_a_moment)
+    with pytest.raises(DockyardError, match=r"^the run did not start \(exit 1, for the reason above\); nothing was "
+                                            r"kept"):
+        go()
+    assert "monitor:" not in capsys.readouterr().err and not run_dir.exists()
