@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         # BrokenPipeError from a progress bar writing to the pipe of a launcher killed with its process group, whose
         # SIGTERM came during launcher_gone's wait (one such run in three to five had no manifest); torchrun's SIGTERM
         # while a collective's error from a rank that failed first was handled. The run is still recorded.
+        if isinstance(ours_within(e), KeyboardInterrupt):  # Ctrl-C's, in the moment before `failed` guarded it
+            return failed(ours_within(e), run)
         if run:
             finish(run, str(e))
         return e.exit_code
@@ -992,6 +994,7 @@ def failed(raised: BaseException, run: Run | None) -> int:
             finish(run, str(e))
         return e.exit_code
     if isinstance(e, KeyboardInterrupt):  # Ctrl-C, passed on by torchrun: its traceback (one per process)
+        _signalled.set()  # torchrun's SIGTERM, which follows the Ctrl-C it got too, cannot cut this record short
         said = f"interrupted (SIGINT): the run stopped; {_how_to_continue(run)}"
         if nodes.first_of_node():
             with contextlib.suppress(OSError):
@@ -1031,11 +1034,17 @@ def ours_within(raised: BaseException) -> BaseException:
     stops its compile of cpu_adam (our SIGTERM's DockyardError) into "RuntimeError: DeepSpeedCPUAdam requires the
     cpu_adam op, which failed to build/load", 150 lines per rank for a cancelled run, recorded as its error. A
     library that dropped the chain still raised while this process was being stopped: stopped, then."""
-    seen, e = 0, raised
-    while e is not None and seen < 16:
-        if isinstance(e, (DockyardError, KeyboardInterrupt)):
-            return e
-        e, seen = e.__cause__ or e.__context__, seen + 1
+    chain, e = [], raised
+    while e is not None and len(chain) < 16:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    ours = [e for e in chain if isinstance(e, (DockyardError, KeyboardInterrupt))]
+    if ours:
+        # Ctrl-C reaches torchrun too, whose SIGTERM then lands while the workers unwind the KeyboardInterrupt: the
+        # run was interrupted, not "stopped by SIGTERM"
+        if str(ours[0]).startswith(STOPPED) and any(isinstance(e, KeyboardInterrupt) for e in ours):
+            return next(e for e in ours if isinstance(e, KeyboardInterrupt))
+        return ours[0]
     if _signalled.is_set():
         return DockyardError(f"{STOPPED}: the run was cancelled, or another rank failed (its error is above)",
                              exit_code=128 + signal.SIGTERM)

@@ -645,3 +645,45 @@ def test_the_start_up_lines_say_what_trains_as_resolved_not_the_settings_as_give
                                          "packing": {"value": False, "why": "-"}})
     assert said == ("3 steps of 8 examples (4 per process x 2 accumulated x 1 process(es)), up to 128 tokens each · "
                     f"lr {args.learning_rate:g} · fp32 · gradient checkpointing off · torch_compile off · padding_free on")
+
+
+@pytest.mark.parametrize("when", ["as the library unwinds", "as the record is written"])
+def test_ctrl_c_followed_by_torchruns_sigterm_is_recorded_as_interrupted(tmp_path, capsys, monkeypatch, when):
+    """Ctrl-C reaches every process of the terminal's group: the workers' KeyboardInterrupt, and torchrun, which
+    then sends the workers SIGTERM. Landing while a worker unwound or recorded the interrupt, the SIGTERM made the
+    record "stopped by SIGTERM" (exit 143), which reads as a cancel or another rank's failure. Trainer.train is a
+    stand-in raising what Ctrl-C raises; the SIGTERM is real, sent to this process at that moment."""
+    import json
+    import logging
+    import signal
+
+    import transformers
+
+    from dockyard.train import __main__ as entry
+
+    def interrupted(self, *args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            if when == "as the library unwinds":
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    how_to_continue = entry._how_to_continue
+
+    def sigterm_then(run):
+        if when == "as the record is written":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return how_to_continue(run)
+
+    monkeypatch.setattr(transformers.Trainer, "train", interrupted)
+    monkeypatch.setattr(entry, "_how_to_continue", sigterm_then)
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        code = entry.main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1"])
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err and "SIGTERM" not in err, err
+    m = json.loads((tmp_path / "r1" / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["error"].startswith("interrupted (SIGINT): the run stopped"), m["error"]
