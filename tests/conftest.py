@@ -11,12 +11,20 @@ import pytest
 # set before any test module imports transformers or datasets, which read these once.
 os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+
 from dockyard import engine
 from dockyard import settings as settings_mod
 from dockyard.images import variants
 from dockyard.settings import ROOT
 from tests.support.buildcache import drop_context_copies
 from tests.support.cli import invoke
+
+# Property tests are timed by nothing but pytest-timeout: Hypothesis's 200 ms deadline per example failed them on a
+# loaded CI host ("Unreliable test timings"), where a test had not set its own.
+hypothesis_settings.register_profile("dockyard", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("dockyard")
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +47,24 @@ def private_layer_cache(tmp_path_factory):
 def private_compile_cache(tmp_path_factory):
     """Runs in the images keep torch.compile's kernels in a cache of the suite's own (made 0700), not the user's."""
     os.environ["INVOKE_DOCKYARD_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compile-cache"))
+
+
+@pytest.fixture(autouse=True)
+def process_state_as_it_was():
+    """What a test changes in this process's environment and signal handlers goes back as it ends. The trainer's
+    main(), run in-process by several unit tests, sets DS_ACCELERATOR and OMP_NUM_THREADS, binds SIGTERM and leaves
+    SIGINT ignored (its clean-up's guard): every process a later test started inherited SIGINT ignored."""
+    import signal
+
+    environ = dict(os.environ)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.fixture(scope="session")

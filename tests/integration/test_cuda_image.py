@@ -32,6 +32,13 @@ TRAIN = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--max_seq_le
 IMAGES = {"cuda_image": variants.newest_cuda, "cuda12_image": variants.oldest_cuda}
 
 
+@pytest.fixture
+def image(request, settings):
+    """The image (its session fixture's ref) and its variant, resolved in the test's set-up: the build, 15 minutes
+    on a fresh machine, is not the test's own time (pytest-timeout counts the body only)."""
+    return request.getfixturevalue(request.param), IMAGES[request.param](settings)
+
+
 @pytest.mark.parametrize("image, recipe, in_effect", [
     ("cuda_image", "ddp", {"engine": "ddp", "zero_stage": None}),
     ("cuda_image", "zero2", {"engine": "deepspeed", "zero_stage": 2}),
@@ -42,10 +49,9 @@ IMAGES = {"cuda_image": variants.newest_cuda, "cuda12_image": variants.oldest_cu
     # compiler; on GPUs the image's prebuilt cpu_adam runs, loaded by its build's check (images/check_image.py)
     ("cuda12_image", "zero3", {"engine": "deepspeed", "zero_stage": 3, "offload_optimizer": None}),
     ("cuda12_image", "qlora", {"engine": "ddp"}),
-])
-def test_cuda_image_stack_trains_on_cpu_with_two_processes(settings, request, tmp_path, image, recipe, in_effect):
-    ref = request.getfixturevalue(image)
-    v = IMAGES[image](settings)
+], indirect=["image"])
+def test_cuda_image_stack_trains_on_cpu_with_two_processes(tmp_path, image, recipe, in_effect):
+    ref, v = image
     r = invoke("run", f"--recipe={recipe}", f"--variant={v.name}", "--cpu", f"--run-id={recipe}", "--", *TRAIN,
                env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

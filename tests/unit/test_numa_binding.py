@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.common.autos import Device, Placement, resolve_numa_binding
+from dockyard.common.autos import Device, Placement, cpu_ranges, resolve_numa_binding
 from dockyard.common.errors import DockyardError
 from dockyard.train import cpus
 
@@ -230,7 +230,8 @@ def test_a_binding_refused_or_a_rank_without_a_gpu_leaves_the_process_unbound_an
         raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(os, "sched_setaffinity", refuse)
-    assert cpus.bind_near_gpu("auto", H100, sysfs) == (False, f"binding to CPUs {mine[1]} failed (Invalid argument)")
+    assert cpus.bind_near_gpu("auto", H100, sysfs) == (
+        False, f"binding to CPUs {cpu_ranges(frozenset(mine[1:]))} failed (Invalid argument)")  # node 1: all but one
     assert "numa_binding: binding to CPUs" in caplog.text and "this process is not bound" in caplog.text
     with pytest.raises(DockyardError, match=r"numa_binding true cannot bind: binding to CPUs .* failed \(Invalid"):
         cpus.bind_near_gpu(True, H100, sysfs)

@@ -153,17 +153,21 @@ def _claim(folder: str, marker, start, out) -> None:
 def test_of_runs_claiming_one_folder_at_once_exactly_one_gets_it(tmp_path, marker):
     """os.mkdir (or, where the other nodes made the folder first, an O_EXCL file) decides: no exists-then-create."""
     ctx = multiprocessing.get_context("fork")
-    start, out = ctx.Barrier(8), ctx.Queue()
+    start, out = ctx.Barrier(8, timeout=60), ctx.Queue()
     folder = tmp_path / "runs" / "same-id"
     if marker:
         folder.mkdir(parents=True)
         (folder / "manifest-node1.json").write_text("{}")  # node 1 was there first: not a run
-    procs = [ctx.Process(target=_claim, args=(str(folder), marker, start, out)) for _ in range(8)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=30) for _ in procs]
-    for p in procs:
-        p.join()
+    procs = [ctx.Process(target=_claim, args=(str(folder), marker, start, out), daemon=True) for _ in range(8)]
+    try:
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=90) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
     assert results.count("won") == 1
     assert all("already holds a run" in r for r in results if r != "won")
     if marker:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import select
 import shlex
@@ -11,24 +10,23 @@ import subprocess
 import sys
 
 from dockyard import ROOT
+from tests.support.processes import kill_tree
 
 
 def run(args: list[str], cwd, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The command in a session of its own, so that a launcher that hangs fails this test with what it printed, its
-    workers killed with it (subprocess.run's timeout kills the launcher only, then waits without a bound on the pipes
-    its workers still hold)."""
-    p = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    """The command, whose launcher, if it hangs, fails this test with what it printed, its workers killed with it
+    (subprocess.run's timeout kills the launcher only: the workers, each in a session of its own, went on)."""
+    p = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
+        kill_tree(p.pid)
         out, err = p.communicate(timeout=30)
         raise AssertionError(f"{shlex.join(args[2:])} still running after {timeout:g} s:\n{out[-2000:]}\n"
                              f"{err[-3000:]}") from None
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid)
     return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
@@ -97,13 +95,13 @@ def test_restarted_workers_meet_in_a_store_of_their_own_not_their_dead_predecess
     (tmp_path / "worker.py").write_text(RESTARTED_WORKER)
     p = subprocess.Popen([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone",
                           "--max-restarts=3", "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         stderr=subprocess.PIPE, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     try:
         stdout, stderr = p.communicate(timeout=180)
     finally:
         if p.poll() is None:  # hung (the old behaviour): its workers too, or they would outlive the test
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid)
     assert p.returncode == 0, stderr[-3000:]
     met = set(re.findall(r"attempt (\d) rank \d meets at (\d+)", stdout))
     ports = {attempt: port for attempt, port in met}
@@ -248,7 +246,7 @@ def test_a_signal_to_torchrun_is_one_line_with_128_and_the_signal(tmp_path):
     (tmp_path / "worker.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
                           "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, start_new_session=True)
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     try:
         assert select.select([p.stdout], [], [], 120)[0], "the worker did not start within 120 s"
         assert p.stdout.readline().strip() == "started"
@@ -257,7 +255,7 @@ def test_a_signal_to_torchrun_is_one_line_with_128_and_the_signal(tmp_path):
         _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid)
     assert p.returncode == 130, err
     # (the worker's own KeyboardInterrupt is its to say: the trainer says it in one line)
     assert "SignalException" not in err and "torch/distributed" not in err, err

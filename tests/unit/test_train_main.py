@@ -434,11 +434,14 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
     monkeypatch.setattr(entry, "SAY_ONCE_S", 0.2)
     assert entry._said_by_the_first() is False, "nobody stopped it: it says its error itself"
     old = signal.signal(signal.SIGTERM, entry._stopped)
+    torchrun = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGTERM))  # the first having failed
     try:
-        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()  # torchrun, the first having failed
-        monkeypatch.setattr(entry, "SAY_ONCE_S", 5)
+        torchrun.start()
+        monkeypatch.setattr(entry, "SAY_ONCE_S", 30)
         assert entry._said_by_the_first() is True
     finally:
+        torchrun.cancel()  # a timer late past the wait must not send its SIGTERM to pytest, once the handler is gone
+        torchrun.join()
         signal.signal(signal.SIGTERM, old)
         entry._signalled.clear()
 
