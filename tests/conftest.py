@@ -62,9 +62,13 @@ def process_state_as_it_was():
     for sig, handler in handlers.items():
         if handler is not None:
             signal.signal(sig, handler)
-    if os.environ != environ:
-        os.environ.clear()
-        os.environ.update(environ)
+    # only what changed, key by key: threads of earlier tests still read the environment (and pytest's own
+    # PYTEST_CURRENT_TEST changes with every phase)
+    for key in set(os.environ) - set(environ) - {"PYTEST_CURRENT_TEST"}:
+        del os.environ[key]
+    for key, value in environ.items():
+        if key != "PYTEST_CURRENT_TEST" and os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

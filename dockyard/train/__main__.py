@@ -1065,10 +1065,10 @@ def _stopped(signum: int, frame: Any) -> None:
     leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer). Once: a second
     SIGTERM (a dying launcher's signal comes once per thread it hands this process to) would raise out of the
     handling of the first, before the manifest is written."""
+    if _finishing.locked() or _signalled.is_set():  # (a Ctrl-C recorded as such, say: it exits 130 as it is)
+        return
     if _recorded.is_set():  # in the barrier after a completed run's record, say: nothing is left to record
         raise SystemExit(128 + signum)
-    if _finishing.locked() or _signalled.is_set():
-        return
     _signalled.set()
     if launcher_gone():
         raise DockyardError(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)

@@ -514,8 +514,8 @@ def time_limit(seconds: float) -> Iterator[None]:
     """Raise TooSlow in the main thread after `seconds` (a model's chat template is Jinja that may loop ~forever: the
     run hung after its settings line, silent). Elsewhere (a thread) no limit. An alarm already set by the caller
     (a test harness's limit) is left to fire first when it is due first, and set again afterwards otherwise."""
-    outer = signal.getitimer(signal.ITIMER_REAL)[0]
-    if threading.current_thread() is not threading.main_thread() or 0 < outer <= seconds:
+    outer, every = signal.getitimer(signal.ITIMER_REAL)
+    if threading.current_thread() is not threading.main_thread() or (0 < outer <= seconds and not every):
         yield
         return
 
@@ -531,7 +531,7 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
         if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - began), 0.001))
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - began), 0.001), every)
 
 
 def label_names(rows: list[dict[str, Any]]) -> list[str]:

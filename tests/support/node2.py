@@ -136,8 +136,9 @@ def _free_subnet(text_order_flipped: bool = False) -> ipaddress.IPv4Network:
 def _wait(what: str, ok, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if ok():
-            return
+        with contextlib.suppress(subprocess.TimeoutExpired):  # not answering yet: asked again
+            if ok():
+                return
         time.sleep(0.5)
     raise RuntimeError(f"node2: {what} did not come up within {timeout:.0f} s")
 
@@ -193,7 +194,7 @@ def _start(node: Node, net: ipaddress.IPv4Network) -> None:
         [*nsenter, "/usr/sbin/sshd", "-D", "-e", "-f", b / "sshd_config"],
         stdout=open(b / "sshd.log", "wb"), stderr=subprocess.STDOUT)
 
-    _wait("dockerd", lambda: node.docker("info", check=False).returncode == 0)
+    _wait("dockerd", lambda: node.docker("info", check=False, timeout=10).returncode == 0)
     _wait("sshd", lambda: node.ssh("docker info >/dev/null", check=False, timeout=20).returncode == 0)
 
 

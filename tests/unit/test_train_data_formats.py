@@ -349,6 +349,12 @@ def test_the_chat_templates_time_limit_leaves_an_alarm_set_by_its_caller_in_plac
         with data.time_limit(1):
             pass
         assert 4 < signal.getitimer(signal.ITIMER_REAL)[0] <= 5, "the caller's alarm is set again, as it was"
+        signal.setitimer(signal.ITIMER_REAL, 0.1, 7)  # a repeating one, due first: the limit still holds, and then
+        with pytest.raises(data.TooSlow), data.time_limit(0.2):  # the caller's fires, and repeats as it did
+            time.sleep(2)
+        time.sleep(0.1)
+        assert fired == ["outer"] and signal.getitimer(signal.ITIMER_REAL)[1] == 7
+        fired.clear()
         signal.setitimer(signal.ITIMER_REAL, 0.2)
         with data.time_limit(10):  # the caller's is due first: it fires, with its own handler
             time.sleep(0.5)

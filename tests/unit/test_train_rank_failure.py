@@ -98,7 +98,8 @@ def test_torchruns_sigterm_while_the_manifest_is_written_does_not_stop_the_writi
     run = trainer.Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=True, run_dir_ok=True, world_size=2,
                       heartbeat=heartbeat)
     before = signal.signal(signal.SIGTERM, trainer._stopped)
-    torchrun = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    sent = threading.Event()
+    torchrun = threading.Timer(0.5, lambda: (os.kill(os.getpid(), signal.SIGTERM), sent.set()))
     try:
         torchrun.start()
         trainer.finish(run, "torch.distributed.DistNetworkError: Broken pipe")
@@ -106,6 +107,7 @@ def test_torchruns_sigterm_while_the_manifest_is_written_does_not_stop_the_writi
         torchrun.cancel()  # late past the finish: not to pytest, once the handler is gone
         torchrun.join()
         signal.signal(signal.SIGTERM, before)
+    assert sent.is_set(), "the SIGTERM came while the manifest was written"
     assert written_error(tmp_path) == "torch.distributed.DistNetworkError: Broken pipe"
 
 
