@@ -27,6 +27,14 @@ hypothesis_settings.register_profile("dockyard", deadline=None, suppress_health_
 hypothesis_settings.load_profile("dockyard")
 
 
+def pytest_collection_modifyitems(items):
+    """Unit tests take seconds (the slowest about 30 s on CI's 2 cores): one that hangs costs 5 minutes of CI's 90,
+    not the 15 of pyproject's limit for any test."""
+    for item in items:
+        if item.path.parent.name == "unit" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(300))
+
+
 @pytest.fixture(scope="session")
 def settings():
     import yaml
