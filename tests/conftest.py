@@ -28,7 +28,7 @@ hypothesis_settings.load_profile("dockyard")
 
 
 def pytest_collection_modifyitems(items):
-    """Unit tests take seconds (the slowest about 30 s on CI's 2 cores): one that hangs costs 5 minutes of CI's 90,
+    """Unit tests take seconds (the slowest 52 s on 2 cores beside a CI run): one that hangs costs 5 minutes of CI's 90,
     not the 15 of pyproject's limit for any test."""
     for item in items:
         if item.path.parent.name == "unit" and item.get_closest_marker("timeout") is None:

@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         # BrokenPipeError from a progress bar writing to the pipe of a launcher killed with its process group, whose
         # SIGTERM came during launcher_gone's wait (one such run in three to five had no manifest); torchrun's SIGTERM
         # while a collective's error from a rank that failed first was handled. The run is still recorded.
-        if isinstance(ours_within(e), KeyboardInterrupt):  # Ctrl-C's, in the moment before `failed` guarded it
-            return failed(ours_within(e), run)
+        first = ours_within(e)
+        if isinstance(first, KeyboardInterrupt):  # Ctrl-C's, in the moment before `failed` guarded it
+            return failed(first, run)
         if run:
             finish(run, str(e))
         return e.exit_code
@@ -1042,9 +1043,8 @@ def ours_within(raised: BaseException) -> BaseException:
     if ours:
         # Ctrl-C reaches torchrun too, whose SIGTERM then lands while the workers unwind the KeyboardInterrupt: the
         # run was interrupted, not "stopped by SIGTERM"
-        if str(ours[0]).startswith(STOPPED) and any(isinstance(e, KeyboardInterrupt) for e in ours):
-            return next(e for e in ours if isinstance(e, KeyboardInterrupt))
-        return ours[0]
+        interrupt = next((e for e in ours if isinstance(e, KeyboardInterrupt)), None)
+        return interrupt if interrupt and str(ours[0]).startswith(STOPPED) else ours[0]
     if _signalled.is_set():
         return DockyardError(f"{STOPPED}: the run was cancelled, or another rank failed (its error is above)",
                              exit_code=128 + signal.SIGTERM)

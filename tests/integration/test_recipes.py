@@ -5,17 +5,16 @@ effect is the recipe's, and the saved model reloads into the model that was trai
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import torch
 
 from dockyard.common import runfolder
 from tests.support.cli import INVOKE
+from tests.support.processes import kill_tree
 from tests.support.training import FAST, LORA_LR, ROOT, command, env, manifest, reload_logits, train
 
 
@@ -124,8 +123,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
             assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.05)
     finally:  # a crash, mid-way: every process killed at once, no chance to clean up
-        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-            p.send_signal(signal.SIGKILL)
+        kill_tree(proc.pid)
         proc.wait()
     assert not (run / "manifest.json").exists() and not (run / "checkpoints" / "checkpoint-56").exists()
 

@@ -18,6 +18,7 @@ import psutil
 from dockyard import ROOT
 from dockyard.common import runfolder
 from dockyard.train import manifest as train_manifest
+from tests.support.processes import kill_tree
 from tests.support.training import command, env, manifest
 
 STEPS = 60
@@ -39,8 +40,7 @@ def test_a_rank_killed_mid_run_is_restarted_by_torchrun_and_the_run_continues_fr
         out, _ = p.communicate(timeout=300)
     finally:
         if p.poll() is None:  # the workers too: left behind, they would slow every test after this one
-            for proc in [*psutil.Process(p.pid).children(recursive=True), p]:
-                proc.kill()
+            kill_tree(p.pid)
     assert p.returncode == 0, out[-4000:]
     assert "torchrun restarted the workers (restart 1): the run continues from checkpoint-" in out
     m = manifest(run)

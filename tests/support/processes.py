@@ -11,11 +11,12 @@ import psutil
 
 def kill_tree(pid: int) -> None:
     """SIGKILL to the process and every descendant it has now (found before any is killed: an orphan's parent
-    changes)."""
+    changes). The descendants are waited for; the process itself is left to its Popen to reap, whose returncode
+    would read 0 otherwise."""
     with contextlib.suppress(psutil.NoSuchProcess):
         top = psutil.Process(pid)
-        procs = [*top.children(recursive=True), top]
-        for proc in procs:
+        below = top.children(recursive=True)
+        for proc in [*below, top]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
-        psutil.wait_procs(procs, timeout=10)
+        psutil.wait_procs(below, timeout=10)
