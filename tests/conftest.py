@@ -18,8 +18,7 @@ from dockyard import engine
 from dockyard import settings as settings_mod
 from dockyard.images import variants
 from dockyard.settings import ROOT
-from tests.support.buildcache import drop_context_copies
-from tests.support.cli import invoke
+from tests.support.buildcache import build_image
 
 # Property tests are timed by nothing but pytest-timeout: Hypothesis's 200 ms deadline per example failed them on a
 # loaded CI host ("Unreliable test timings"), where a test had not set its own.
@@ -27,12 +26,27 @@ hypothesis_settings.register_profile("dockyard", deadline=None, suppress_health_
 hypothesis_settings.load_profile("dockyard")
 
 
+CUDA_IMAGES = ("cuda_image", "cuda12_image")  # the order .ci/run builds them in
+
+
 def pytest_collection_modifyitems(items):
     """Unit tests take seconds (the slowest 52 s on 2 cores beside a CI run): one that hangs costs 5 minutes of CI's 90,
-    not the 15 of pyproject's limit for any test."""
+    not the 15 of pyproject's limit for any test.
+
+    The tests of the CUDA images run last: on a fresh machine their builds take ~30 minutes of 2 cores (DeepSpeed's
+    ops for 7 GPU architectures), which .ci/run starts in the background, below the tests' priority, so that they
+    take what the other tests leave idle; a fixture waits for a build under way (tests/support/buildcache.py)."""
     for item in items:
         if item.path.parent.name == "unit" and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(300))
+    items.sort(key=_cuda_image_needed)  # stable: every other test keeps its place
+
+
+def _cuda_image_needed(item) -> int:
+    """0: none; then in the order .ci/run builds them: cu132's tests (1), cu128's (2)."""
+    callspec = getattr(item, "callspec", None)
+    names = set(item.fixturenames) | ({v for v in callspec.params.values() if isinstance(v, str)} if callspec else set())
+    return max((i for i, image in enumerate(CUDA_IMAGES, 1) if image in names), default=0)
 
 
 @pytest.fixture(scope="session")
@@ -88,32 +102,18 @@ def engine_ready(settings):
 @pytest.fixture(scope="session")
 def cpu_image(settings, engine_ready) -> str:
     """The project's cpu image, built once per session through `invoke build` (cached layers make it quick)."""
-    r = invoke("build", "--variant=cpu")
-    assert r.returncode == 0, f"invoke build --variant=cpu failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    ref = variants.tag(settings, variants.resolve(settings, "cpu")[0])
-    assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
-    drop_context_copies(settings)
-    return ref
-
-
-def _build(settings, variant) -> str:
-    r = invoke("build", f"--variant={variant.name}", timeout=3600)
-    assert r.returncode == 0, f"invoke build --variant={variant.name} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    ref = variants.tag(settings, variant)
-    assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
-    drop_context_copies(settings)
-    return ref
+    return build_image(settings, variants.resolve(settings, "cpu")[0])
 
 
 @pytest.fixture(scope="session")
 def cuda_image(settings, engine_ready) -> str:
     """The newest CUDA variant's image, built for real once per session through `invoke build` (no GPU needed:
     the toolkit comes from the lock's wheels, the build checks run without one). Cold: see benchmarks/results."""
-    return _build(settings, variants.newest_cuda(settings))
+    return build_image(settings, variants.newest_cuda(settings))
 
 
 @pytest.fixture(scope="session")
 def cuda12_image(settings, engine_ready) -> str:
     """The CUDA 12 variant's image (cu128: older drivers), built the same way from the same Debian base, without
     nvcc (PyPI's CUDA 12 wheels have none): once per session, shared by its tests."""
-    return _build(settings, variants.oldest_cuda(settings))
+    return build_image(settings, variants.oldest_cuda(settings))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
+import time
+from pathlib import Path
 
 from dockyard import engine
+from dockyard.images import build, variants
 
 
 def drop_context_copies(settings) -> None:
@@ -12,3 +16,41 @@ def drop_context_copies(settings) -> None:
     changed next time; the suite has no use for them, and a CI machine may have only ~50 GB free."""
     subprocess.run(engine.docker(settings, "builder", "prune", "-f", "--filter", "type=source.local"),
                    capture_output=True, check=True)
+
+
+def build_image(settings, variant) -> str:
+    """`invoke build --variant=NAME`, as a user runs it, after any build of the same variant already under way has
+    finished (.ci/run starts the images' builds in the background while the suite runs; `invoke build` refuses a
+    second build of a variant beside the first, so this one waits for it, then takes its layers from the cache).
+    The image's reference, once it is there; the build's context copies are dropped."""
+    from tests.support.cli import invoke
+
+    staged = build.staged_context_dir(build.wheelhouse_dir(settings, variant), variant.name)
+    lock = staged.with_name(staged.name + ".lock")
+    for _ in range(3):
+        _wait_while_held(lock, bound=3600)
+        r = invoke("build", f"--variant={variant.name}", timeout=3600)
+        if r.returncode == 0 or "a build of the same variant is under way" not in r.stdout + r.stderr:
+            break  # else one started between the wait and this build: wait for it too
+    assert r.returncode == 0, f"invoke build --variant={variant.name} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    ref = variants.tag(settings, variant)
+    assert engine.image_inspect(settings, ref), f"{ref} missing after a successful build"
+    drop_context_copies(settings)
+    return ref
+
+
+def _wait_while_held(lock: Path, bound: float) -> None:
+    """Until no process holds `lock` (the lock `invoke build` holds while it builds); at most `bound` seconds."""
+    if not lock.exists():
+        return
+    deadline = time.monotonic() + bound
+    with open(lock, "rb") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"a build still held {lock} after {bound:.0f} s"
+                time.sleep(5)
+            else:
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return
