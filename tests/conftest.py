@@ -43,7 +43,10 @@ def pytest_collection_modifyitems(items):
 
 
 def _cuda_image_needed(item) -> int:
-    """0: none; then in the order .ci/run builds them: cu132's tests (1), cu128's (2)."""
+    """0: none; then in the order .ci/run builds them: cu132's tests (1), cu128's (2); last, the tests that must not
+    share the disk with a build under way (3)."""
+    if item.get_closest_marker("after_every_build"):
+        return len(CUDA_IMAGES) + 1
     callspec = getattr(item, "callspec", None)
     names = set(item.fixturenames) | ({v for v in callspec.params.values() if isinstance(v, str)} if callspec else set())
     return max((i for i, image in enumerate(CUDA_IMAGES, 1) if image in names), default=0)

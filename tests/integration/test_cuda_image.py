@@ -66,6 +66,7 @@ def test_cuda_image_stack_trains_on_cpu_with_two_processes(tmp_path, image, reci
 
 
 @pytest.mark.timeout(3000)  # an image of ~8 GB saved, then loaded on node 2: ~10 min on a fresh machine
+@pytest.mark.after_every_build  # node 2 shares this disk: not beside cu128's build (~4 GB of context, ~8 GB of layers)
 def test_cuda_image_loads_on_node2_and_a_recipe_change_ships_thin(settings, cuda_image, node, tmp_path):
     """Full archive → load.sh on node 2; then a recipe-only rebuild ships as a thin archive < 1 % of it."""
     v = variants.newest_cuda(settings)
