@@ -26,30 +26,38 @@ hypothesis_settings.register_profile("dockyard", deadline=None, suppress_health_
 hypothesis_settings.load_profile("dockyard")
 
 
-CUDA_IMAGES = ("cuda_image", "cuda12_image")  # the order .ci/run builds them in
+IMAGES = ("cpu_image", "cuda_image", "cuda12_image")  # the order .ci/run builds them in
 
 
 def pytest_collection_modifyitems(items):
     """Unit tests take seconds (the slowest 52 s on 2 cores beside a CI run): one that hangs costs 5 minutes of CI's 90,
     not the 15 of pyproject's limit for any test.
 
-    The tests of the CUDA images run last: on a fresh machine their builds take ~30 minutes of 2 cores (DeepSpeed's
-    ops for 7 GPU architectures), which .ci/run starts in the background, below the tests' priority, so that they
-    take what the other tests leave idle; a fixture waits for a build under way (tests/support/buildcache.py)."""
+    Tests run in the order the images they need are built: on a fresh machine the three builds take ~40 minutes of 2
+    cores (most of it DeepSpeed's ops, for 7 GPU architectures in cu132), which .ci/run starts in the background,
+    one after the other, below the tests' CPU share, so that they take what the tests leave idle. First the tests
+    that need no image (the unit tests among them), then the modules that need the cpu image (whole, so a module's
+    fixtures are set up once), then the tests of each CUDA image, and last those that must not share the disk with a
+    build under way. A fixture that needs an image waits for its build (tests/support/buildcache.py)."""
     for item in items:
         if item.path.parent.name == "unit" and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(300))
-    items.sort(key=_cuda_image_needed)  # stable: every other test keeps its place
+    needs = {item: _image_needed(item) for item in items}
+    module = {}
+    for item, need in needs.items():
+        if need <= 1:
+            module[item.path] = max(module.get(item.path, 0), need)
+    items.sort(key=lambda item: needs[item] if needs[item] > 1 else module[item.path])  # stable within each
 
 
-def _cuda_image_needed(item) -> int:
-    """0: none; then in the order .ci/run builds them: cu132's tests (1), cu128's (2); last, the tests that must not
-    share the disk with a build under way (3)."""
+def _image_needed(item) -> int:
+    """0: none; 1, 2, 3: the images in the order .ci/run builds them (the last one the test needs); 4: a test that
+    must not share the disk with a build under way."""
     if item.get_closest_marker("after_every_build"):
-        return len(CUDA_IMAGES) + 1
+        return len(IMAGES) + 1
     callspec = getattr(item, "callspec", None)
     names = set(item.fixturenames) | ({v for v in callspec.params.values() if isinstance(v, str)} if callspec else set())
-    return max((i for i, image in enumerate(CUDA_IMAGES, 1) if image in names), default=0)
+    return max((i for i, image in enumerate(IMAGES, 1) if image in names), default=0)
 
 
 @pytest.fixture(scope="session")
