@@ -363,6 +363,7 @@ class _StepTracker:
         self.reason = ""
         self._tool_errors: dict[str, str] = {}  # BuildKit's step number (#12) -> its first error line
         self._steps: dict[str, str] = {}  # and its name: stages build side by side, their lines interleaved
+        self._began: dict[str, float] = {}  # and when it began: BuildKit prints a step's line again as it resumes
         self.failed = ""
         self._heard = self._step_began = time.monotonic()
 
@@ -371,8 +372,7 @@ class _StepTracker:
         if m := self.STEP.match(line):
             step = f"[{m.group('step')}] {m.group('what')[:120]}"
             self._steps[m.group("n")] = step
-            if step != self.last:
-                self.last, self._step_began = step, self._heard
+            self.last, self._step_began = step, self._began.setdefault(m.group("n"), self._heard)
         elif m := self.ERROR.match(line):
             self.reason = self.COMMAND.sub("", m.group("error").strip())[:300]
             self.failed = self._steps.get(m.group("n"), "")

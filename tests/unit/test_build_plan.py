@@ -172,6 +172,20 @@ def test_a_silent_build_step_is_said_to_be_alive_with_where_it_is(capsys):
     assert not [b for b in beats if "[base 2/2]" in b], "a step that printed as it went was said to be silent"
 
 
+def test_a_step_printed_again_as_it_resumes_keeps_its_time(capsys):
+    """BuildKit prints a long step's line again after another step printed (a cached stage beside it): cu132's
+    DeepSpeed step, 25 minutes in, was then said to be "74 s in this step"."""
+    script = ("echo '#9 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 1; echo '#16 [base 1/3] FROM debian'; "
+              "echo '#16 CACHED'; echo '#9 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 2; echo '#9 DONE'")
+    t = build._StepTracker()
+    with t.heartbeat(every=0.8):
+        engine.run(["sh", "-c", script], on_line=t, quiet=True)
+    beats = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("build: still at [deepspeed-build")]
+    assert beats, "no word during the silent step"
+    seconds = [float(re.search(r", ([\d.]+) s in this step", b).group(1)) for b in beats]
+    assert max(seconds) >= 2.5, beats  # counted from the step's first line, not from its line printed again
+
+
 def test_a_failed_build_says_buildkits_reason_first():
     """The cpu build failed after 41 minutes with "error: build failed at step [runtime 1/5] RUN --mount=..." and the
     reason (here: the engine had lost its docker0 bridge) only at the end of a quoted line of 900 characters that
