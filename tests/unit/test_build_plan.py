@@ -162,10 +162,7 @@ def test_a_silent_build_step_is_said_to_be_alive_with_where_it_is(capsys):
     in one step: the heartbeat names that step (with the hint for DeepSpeed's) while it is silent, and only then."""
     script = ("echo '#5 [base 2/2] RUN apt-get update'; echo '#5 DONE 0.1s'; "
               "echo '#10 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 1.4; echo '#10 DONE 1.4s'")
-    t = build._StepTracker()
-    with t.heartbeat(every=0.4):
-        engine.run(["sh", "-c", script], on_line=t, quiet=True)
-    beats = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("build: still at")]
+    beats = _heartbeats(capsys, script, every=0.4)
     silent = [b for b in beats if b.startswith("build: still at [deepspeed-build 1/1] RUN pip wheel deepspeed, ")]
     assert silent, f"no word during the silent step: {beats}"
     assert "DeepSpeed's ops compile: 10-20 minutes cold" in silent[0] and len(silent) <= 4
@@ -177,13 +174,18 @@ def test_a_step_printed_again_as_it_resumes_keeps_its_time(capsys):
     DeepSpeed step, 25 minutes in, was then said to be "74 s in this step"."""
     script = ("echo '#9 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 1; echo '#16 [base 1/3] FROM debian'; "
               "echo '#16 CACHED'; echo '#9 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 2; echo '#9 DONE'")
-    t = build._StepTracker()
-    with t.heartbeat(every=0.8):
-        engine.run(["sh", "-c", script], on_line=t, quiet=True)
-    beats = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("build: still at [deepspeed-build")]
+    beats = [b for b in _heartbeats(capsys, script, every=0.8) if b.startswith("build: still at [deepspeed-build")]
     assert beats, "no word during the silent step"
     seconds = [float(re.search(r", ([\d.]+) s in this step", b).group(1)) for b in beats]
     assert max(seconds) >= 2.5, beats  # counted from the step's first line, not from its line printed again
+
+
+def _heartbeats(capsys, script: str, every: float) -> list[str]:
+    """What `invoke build`'s heartbeat said while a real command streamed as docker build's output streams."""
+    t = build._StepTracker()
+    with t.heartbeat(every=every):
+        engine.run(["sh", "-c", script], on_line=t, quiet=True)
+    return [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("build: still at")]
 
 
 def test_a_failed_build_says_buildkits_reason_first():
