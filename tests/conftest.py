@@ -34,11 +34,11 @@ def pytest_collection_modifyitems(items):
     not the 15 of pyproject's limit for any test.
 
     Tests run in the order the images they need are built: on a fresh machine the three builds take ~40 minutes of 2
-    cores (most of it DeepSpeed's ops, for 7 GPU architectures in cu132), which .ci/run starts in the background,
-    one after the other, below the tests' CPU share, so that they take what the tests leave idle. First the tests
-    that need no image (the unit tests among them), then the modules that need the cpu image (whole, so a module's
-    fixtures are set up once), then the tests of each CUDA image, and last those that must not share the disk with a
-    build under way. A fixture that needs an image waits for its build (tests/support/buildcache.py)."""
+    cores (most of it DeepSpeed's ops, for 7 GPU architectures in cu132), which .ci/run starts in the background (the
+    cpu image first, then both CUDA images), below the tests' CPU share, so that they take what the tests leave idle.
+    First the tests that need no image (the unit tests among them), then the modules that need the cpu image (whole,
+    so a module's fixtures are set up once), then the tests of each CUDA image, and last those that must not share
+    the disk with a build under way. A fixture that needs an image waits for its build (tests/support/buildcache.py)."""
     for item in items:
         if item.path.parent.name == "unit" and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(300))

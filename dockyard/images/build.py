@@ -422,11 +422,16 @@ def staged_context_dir(wheels: Path, variant: str) -> Path:
     return wheels.parent / f".context-{variant}"
 
 
+def build_lock(context: Path) -> Path:
+    """The lock file a build holds while it reads its staged `context`."""
+    return context.parent / f"{context.name}.lock"
+
+
 @contextlib.contextmanager
 def _only_build_of(context: Path):
     """One build at a time per staged context: a second would remove the files the first is sending."""
     context.parent.mkdir(parents=True, exist_ok=True)
-    with held_alone(context.parent / f"{context.name}.lock", f"another build reads {context} (a build of the same "
+    with held_alone(build_lock(context), f"another build reads {context} (a build of the same "
                     "variant is under way): wait for it to finish, then build again"):
         yield
 

@@ -25,8 +25,7 @@ def build_image(settings, variant) -> str:
     The image's reference, once it is there; the build's context copies are dropped."""
     from tests.support.cli import invoke
 
-    staged = build.staged_context_dir(build.wheelhouse_dir(settings, variant), variant.name)
-    lock = staged.with_name(staged.name + ".lock")
+    lock = build.build_lock(build.staged_context_dir(build.wheelhouse_dir(settings, variant), variant.name))
     for _ in range(3):
         _wait_while_held(lock, bound=3600)
         r = invoke("build", f"--variant={variant.name}", timeout=3600)
