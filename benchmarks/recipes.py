@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import report
-from dockyard import ROOT, engine
+from dockyard import ROOT
 from dockyard.common import memory, runfolder
 from dockyard.common.recipes import recipe_names
 from dockyard.common.run_settings import DATA, TINY_MODEL, WARMUP_STEPS, profile_range
@@ -234,11 +234,29 @@ def env(caches: Path) -> dict[str, str]:
     return e
 
 
-def torchrun(nproc: int, caches: Path, *argv: str) -> subprocess.CompletedProcess:
+# One run's bound: a run that hangs (a collective, a compile) becomes an error row, and the runs after it still get
+# measured within a GPU host's 10-minute call. A run of the benchmark model takes 1-3 minutes.
+RUN_LIMIT_S = 360
+STOP_GRACE_S = 60  # torchrun, sent SIGTERM, stops its workers (each in a session of its own) and exits
+
+
+def torchrun(nproc: int, caches: Path, *argv: str, limit: float = RUN_LIMIT_S) -> subprocess.CompletedProcess:
     # the launcher every run of the images starts (it shares the node's cores between the processes, as users get)
     cmd = [sys.executable, "-m", "dockyard.train.torchrun", "--standalone", "--nproc-per-node", str(nproc), *argv]
     try:
-        return engine.run(cmd, cwd=ROOT, env=env(caches), capture=True, check=False, quiet=True)
+        with subprocess.Popen(cmd, cwd=ROOT, env=env(caches), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as p:
+            try:
+                out, err = p.communicate(timeout=limit)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                try:
+                    out, err = p.communicate(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out, err = p.communicate()
+                err += f"\nstopped after {limit:g} s (the benchmark's bound for one run): it had not finished"
+            return subprocess.CompletedProcess(cmd, p.returncode, out, err)
     finally:
         shutil.rmtree(caches, ignore_errors=True)
 
@@ -340,7 +358,8 @@ def measure_overhead(opts, work: Path, nproc: int, model: Path, data: Path, step
     as the bare loop does (`batch`, which is the ddp row's micro-batch under --batch auto; no checkpointing, no
     compilation, no Liger): what is compared is the entry point, not the autos."""
     ours, bare = [], []
-    same = ("--torch_compile", "false", "--use_liger_kernel", "false")
+    # the bare loop joins no documents: it pads each row to its longest (bare_ddp.py), as packing off does
+    same = ("--torch_compile", "false", "--use_liger_kernel", "false", "--packing", "false")
     for i in range(max(1, opts.repeats)):
         ours.append(run_recipe("ddp", work, nproc, model, data, steps, batch, seq, f"o{i}", *same))
         bare.append(run_bare(work, nproc, model, data, steps, batch, seq, i))

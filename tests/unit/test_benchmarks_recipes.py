@@ -1,13 +1,16 @@
 """benchmarks/recipes.py's own choices, without running a trainer: what --try and --batch accept, and how a --try
-row is compared (each against its own recipe's run with the defaults, not against ddp)."""
+row is compared (each against its own recipe's run with the defaults, not against ddp), and how long one run may
+hang before it becomes an error row (a real torchrun, with a worker that never ends)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 import pytest
 
-from benchmarks.recipes import batch_arg, compared, table_row, try_arg
+from benchmarks.recipes import batch_arg, compared, table_row, torchrun, try_arg
 
 
 def test_try_reads_settings_and_refuses_what_is_not_one():
@@ -41,3 +44,20 @@ def test_a_tried_setting_is_compared_with_its_own_recipe_and_the_ddp_column_with
     assert "| lora | 80 | 80 | 0.80 |" in table_row(rows[2], rows)
     assert table_row(rows[1], rows).startswith("| ddp + torch_compile=true | 130 |")
     assert compared(rows[:1]) == []  # no --try, no section
+
+
+def test_a_run_that_hangs_is_stopped_at_its_bound_with_its_workers(tmp_path):
+    """A hung run (a collective that never returns) must not take the GPU host's whole call: torchrun is stopped at
+    the bound, and so are its workers (each in a session of its own), which would otherwise keep the GPU."""
+    pid_file = tmp_path / "worker.pid"
+    script = tmp_path / "hang.py"
+    script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    began = time.monotonic()
+    proc = torchrun(1, tmp_path / "caches", str(script), limit=20)
+    took = time.monotonic() - began
+    assert proc.returncode != 0 and "stopped after 20 s (the benchmark's bound for one run)" in proc.stderr
+    assert took < 20 + 30, took
+    worker = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # gone, not left holding the GPU
+        os.kill(worker, 0)
+    assert not (tmp_path / "caches").exists()

@@ -14,9 +14,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 
 
-def fake_host(tmp_path: Path, cuda: bool = True, smi: bool = True) -> tuple[dict, Path]:
+H100 = "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB"
+H200 = "NVIDIA H200, 580.159.04, 143771 MiB"
+
+
+def fake_host(tmp_path: Path, cuda: bool = True, smi: bool = True, gpu: str = H100,
+              liger: bool = True) -> tuple[dict, Path]:
     """PATH with a python3 that answers gpu_check's import checks and records each -m call (one line of argv), and an
-    nvidia-smi that names one H100 (or fails as a broken driver does)."""
+    nvidia-smi that names one GPU (an H100 unless told) or fails as a broken driver does. `liger`: whether
+    liger-kernel loads with the host's triton."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     (bin_dir / "python3").write_text(f"""#!/bin/sh
@@ -24,12 +30,13 @@ case "$1" in
 -c) case "$2" in
     *cuda.is_available*) exit {0 if cuda else 1} ;;
     *pytest_timeout*) exit 1 ;;
+    *liger_kernel*) {"exit 0" if liger else "echo 'ImportError: cannot import name triton_op' >&2; exit 1"} ;;
     *) exit 0 ;;
     esac ;;
 -m) printf '%s\\n' "$*" >>{shlex.quote(str(calls))}; echo "ran $2" ;;
 esac
 """)
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB'\n" if smi else
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho '{gpu}'\n" if smi else
                                         "#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch'\n"
                                         "exit 18\n")
     for f in bin_dir.iterdir():
@@ -91,9 +98,10 @@ def test_bench_and_compile_pass_their_arguments_on(tmp_path):
 
 
 def test_tests_all_runs_every_gpu_test_file_in_slices_of_their_own(tmp_path):
-    """`tests all`: six pytest processes side by side, each with its own folder (pytest empties its --basetemp as it
-    starts: a shared one would pull the others' runs from under them) and its own log, every tests/gpu file in one."""
-    r, calls = gpu_check(tmp_path, "tests", "all")
+    """`tests all` on an H200: six pytest processes side by side, each with its own folder (pytest empties its
+    --basetemp as it starts: a shared one would pull the others' runs from under them) and its own log, every
+    tests/gpu file in one."""
+    r, calls = gpu_check(tmp_path, "tests", "all", gpu=H200)
     assert r.returncode == 0, r.stderr
     assert len(calls) == 6 and all(c.split()[:2] == ["-m", "pytest"] for c in calls)
     temps = {w for c in calls for w in c.split() if w.startswith("--basetemp=")}
@@ -102,6 +110,29 @@ def test_tests_all_runs_every_gpu_test_file_in_slices_of_their_own(tmp_path):
     assert files == {f"tests/gpu/{p.name}" for p in (ROOT / "tests" / "gpu").glob("test_*.py")}
     assert len(list((tmp_path / "out").glob("tests-gpu-*.log"))) == 6
     assert len(list((tmp_path / "out").iterdir())) <= 8  # what one device call brings back
+
+
+def test_tests_all_on_an_80_gb_gpu_leaves_the_944m_runs_to_a_call_of_their_own(tmp_path):
+    """Their auto micro-batch leaves the plan's 10 % margin of an H100: five other pytest processes beside them
+    (a CUDA context and a tiny run each) would take it. The call says what to run next."""
+    r, calls = gpu_check(tmp_path, "tests", "all", gpu=H100)
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 5 and not any("dockyard-gpu-tests-autos-944m" in c for c in calls), calls
+    assert "run: sh benchmarks/gpu_check.sh tests autos-944m" in r.stdout
+    (tmp_path / "alone").mkdir()
+    r, calls = gpu_check(tmp_path / "alone", "tests", "autos-944m")
+    assert r.returncode == 0 and calls[0].split()[-2:] == ["-k", "944m"], r.stderr
+
+
+def test_bench_leaves_the_liger_row_out_where_liger_kernel_does_not_load(tmp_path):
+    r, calls = gpu_check(tmp_path, "bench", liger=False)
+    assert r.returncode == 0, r.stderr
+    assert "liger-kernel does not load here (ImportError: cannot import name triton_op)" in r.stdout
+    words = calls[0].split()
+    assert "use_liger_kernel=true" not in words and "torch_compile=true" in words
+    (tmp_path / "loads").mkdir()
+    r, calls = gpu_check(tmp_path / "loads", "bench")
+    assert "use_liger_kernel=true" in calls[0].split() and "liger-kernel does not load" not in r.stdout
 
 
 def test_tests_all_fails_when_one_slice_fails(tmp_path):
@@ -115,7 +146,8 @@ def test_tests_all_fails_when_one_slice_fails(tmp_path):
 
 def test_tests_all_refuses_a_deadline_that_is_not_seconds(tmp_path):
     env, calls = fake_host(tmp_path)
-    r = subprocess.run(["sh", str(SCRIPT), "tests", "all"], cwd=tmp_path, env={**env, "DEADLINE": "8m"},
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "DEADLINE=8m: give the seconds" in r.stderr and not calls.exists()
+    for bad in ("8m", "0", "00"):  # 00: timeout(1) would read it as no bound at all
+        r = subprocess.run(["sh", str(SCRIPT), "tests", "all"], cwd=tmp_path, env={**env, "DEADLINE": bad},
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and f"DEADLINE={bad}: give the seconds" in r.stderr and not calls.exists()
     assert not (tmp_path / "out").exists()  # refused before anything was installed, probed or written
