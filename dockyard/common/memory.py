@@ -7,7 +7,10 @@ own estimators for ZeRO, tests check the numbers agree). Activations are what au
 backward pass of a Llama-shaped decoder with SDPA attention (no seq×seq matrix), measured on CPU with
 saved-tensor hooks: per token and layer 16·h + 4·q + 4·kv + 8·i bytes in bf16 (h hidden, q the query width,
 h for most models, kv the K/V width, i the MLP width), plus 4·vocab for the fp32 log-softmax of the loss;
-with gradient checkpointing only each layer's 2·h input is kept, and one layer is recomputed at a time.
+with gradient checkpointing only each layer's 2·h input is kept, and one layer is recomputed at a time. At the
+peak, the first step of the backward pass, the loss holds 12·vocab bytes per token: that log-softmax, the gradient
+coming into it and the one it makes, all fp32 (measured on CPU with torch's allocator; a 128k vocabulary at
+micro-batch 8 × 2048 is 25 GB of it).
 
 The GPU peak (`gpu_reserved_bytes`: what torch reserves, the manifest's `peak_memory_bytes`) puts both together
 the way a training step holds them, calibrated on one H100 80GB against issue 24's measurements (tests pin
@@ -140,14 +143,20 @@ def head_activation_bytes(shape: Shape, seq_len: int, batch: int) -> int:
 # Calibrated on one H100 80GB (issue 24: a 944M Llama-shaped model, seq 2048, micro-batch 1 and 8, torch's peak
 # reserved memory); the test holding that table checks every figure within 10 %.
 #
-# Activations, as a multiple of the bf16 bytes autograd saves (activation_bytes, measured on CPU):
-FP32_RESIDUAL = 0.41   # fp32 weights under bf16 autocast (ddp and fsdp full fine-tuning): the residual stream,
+# The decoder blocks' activations, as a multiple of the bf16 bytes autograd saves (activation_bytes, measured on
+# CPU); the loss head is fp32 whatever the recipe, 12·vocab bytes per token at the peak (the module docstring).
+# Fitted with the head at that size (it was 4·vocab × these factors, which fitted the measured 32k vocabulary and
+# left a Llama-3 vocabulary's run ~10 GiB short at micro-batch 8):
+FP32_RESIDUAL = 0.30   # fp32 weights under bf16 autocast (ddp and fsdp full fine-tuning): the residual stream,
                        # the norms and their outputs stay fp32, and each linear layer keeps a bf16 copy of its input
-ADAPTER_INPUTS = 0.08  # LoRA under mixed precision: what the adapters save beside their base layers (their rank-r
-                       # intermediates). Measured on one H200 (2026-11-27, micro-batch 16: 64.8 GiB); 0.26 on the
-                       # H100 before the adapters stopped copying their inputs to fp32 and back (~6 GiB at mb 8)
-COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer intermediates (1.41 → 0.83); the
-                       # trainer compiles block by block, so the loss head after the last block keeps its eager size
+                       # (0.21 measured on CPU; the rest is the GPU allocator's)
+# LoRA under mixed precision saves nothing measurable beside its base layers (their rank-r intermediates): the H200's
+# 944M run at micro-batch 16 (2026-11-27, 64.8 GiB) is within 5 % with no factor of its own
+COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer intermediates (1.30 → 0.77); the
+                       # trainer compiles block by block, so the loss head after the last block keeps its eager size.
+                       # Measured on one GPU only: full fine-tuning under DDP on several is sized uncompiled, since
+                       # dynamo splits each compiled block at DDP's gradient buckets (25 MB) and every split keeps
+                       # its outputs for backward (compiled_saves)
 # lora_dropout > 0 adds each adapter's dropout mask, one byte per input feature per token (computed, not fitted).
 # Model states: the registry's formulas, with what is not yet allocated when activations peak (the start of the
 # backward pass) left out, and what the engines add:
@@ -174,14 +183,15 @@ def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int,
     """Activations at the peak of a step on a GPU, for this recipe's precision (see the factors above)."""
     head = head_activation_bytes(shape, seq_len, batch)
     blocks = activation_bytes(shape, seq_len, batch, checkpointing) - head
-    if regime.liger:  # the loss head no longer holds the fp32 logits
+    if regime.liger:  # Liger's fused loss never makes the logits: none of the head's fp32 copies
         head -= seq_len * batch * 4 * shape.vocab
-    fp32 = _fp32_residual(recipe, regime)
-    factor = 1 + (FP32_RESIDUAL if fp32 else 0) + (ADAPTER_INPUTS if recipe.peft else 0)
+    else:  # the backward pass starts with the log-softmax's gradient, coming in and going out, beside it
+        head += seq_len * batch * 8 * shape.vocab
+    factor = 1 + (FP32_RESIDUAL if _fp32_residual(recipe, regime) else 0)
     masks = 0
     if recipe.peft and regime.lora_dropout > 0:
         masks = seq_len * batch * (1 if checkpointing else shape.layers) * adapter_inputs(shape)
-    return int(blocks * factor * (COMPILED if regime.compiled else 1) + head * factor) + masks
+    return int(blocks * factor * (COMPILED if regime.compiled else 1) + head) + masks
 
 
 def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_node: int,
@@ -202,10 +212,18 @@ def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_n
     return at_peak, states
 
 
+def compiled_saves(recipe: Recipe, world_size: int) -> bool:
+    """Whether COMPILED applies: not yet to full fine-tuning under DDP on several GPUs (see COMPILED), where the
+    saving is unmeasured and an over-promise is an out-of-memory at the first step."""
+    return world_size == 1 or bool(recipe.peft) or recipe.strategy_spec.engine != "ddp"
+
+
 def estimate(shape: Shape, recipe: Recipe, *, world_size: int, gpus_per_node: int, seq_len: int, batch: int,
              gradient_checkpointing: bool, regime: Regime = Regime()) -> dict:
     """One recipe's prediction: torch's peak reserved memory per GPU (model states held at the peak + activations),
     the GPU bytes per device with the CUDA context and NCCL on top, and host bytes per node."""
+    if regime.compiled and not compiled_saves(recipe, world_size):
+        regime = replace(regime, compiled=False)
     states, host = model_states(recipe.strategy, recipe.peft, shape, world_size, gpus_per_node, regime)
     at_peak, at_end = gpu_states_at_peak(shape, recipe, world_size, gpus_per_node, regime)
     act = gpu_activation_bytes(shape, recipe, seq_len, batch, gradient_checkpointing, regime)

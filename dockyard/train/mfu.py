@@ -29,8 +29,11 @@ PEAK = [
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
-    """The dense peak of one GPU of this name in this dtype; None for a part (or dtype) not in the table."""
+    """The dense peak of one GPU of this name in this dtype; None for a part (or dtype) not in the table, and for a
+    MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb"): it has a share of the part's compute, not all of it."""
     words = set(device_name.replace("-", " ").split())
+    if "MIG" in words:
+        return None
     for key, by_dtype in PEAK:
         if set(key) <= words:
             return by_dtype.get(dtype)

@@ -238,11 +238,11 @@ def test_the_advice_for_held_gradients_is_one_that_works_with_the_global_batch_g
 
 
 def test_checkpointing_says_when_it_is_the_accumulations_gradients_that_do_not_fit():
-    """1B ddp on 2 × 24 GiB at 512 tokens: one example alone fits without checkpointing (21.5 GiB of 21.6), micro-batch 1
-    × 8 accumulated does not (its gradients held: 22.7), nor do 2, 4 or 8 at once; checkpointing goes on and said
+    """1B ddp on 2 × 24 GiB at 256 tokens: one example alone fits without checkpointing (21.5 GiB of 21.6), micro-batch 1
+    × 8 accumulated does not (its gradients held: 22.2), nor do 2, 4 or 8 at once; checkpointing goes on and said
     "not even one example fits without it", which was not so."""
     gpu = autos.Device("24 GiB GPU", 24 * 2**30, (8, 9))
-    r = resolve("ddp", {"max_seq_length": 512}, world=2, device=gpu, shape=planner.shape_for("1B"), kind="")
+    r = resolve("ddp", {"max_seq_length": 256}, world=2, device=gpu, shape=planner.shape_for("1B"), kind="")
     assert values(r)["gradient_checkpointing"] is True and values(r)["per_device_train_batch_size"] == 8
     assert r.record["gradient_checkpointing"]["why"] == ("needed: no micro-batch dividing the 8 examples per process "
                                                          "fits without it (the accumulation holds the gradients)")

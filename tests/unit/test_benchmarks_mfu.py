@@ -56,6 +56,9 @@ def test_peak_is_looked_up_by_the_exact_part():
     assert peak_flops("Tesla T4", "fp16") == 65e12 and peak_flops("Tesla T4", "bf16") is None
     assert peak_flops("NVIDIA B200", "bf16") == 2250e12
     assert peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    # a MIG slice has a share of the part's compute: no MFU rather than one 7x too low
+    assert peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16") is None
+    assert peak_flops("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "bf16") is None
 
 
 def test_mfu_is_achieved_over_peak_flops():

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -127,6 +128,44 @@ def test_activation_estimate_matches_what_autograd_saves(checkpointing, tmp_path
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
+def _peak_allocated(model, ids) -> int:
+    """The most torch's CPU allocator held at once during one forward and backward pass, above what it held as
+    the pass began (the weights), from the profiler's allocator events: what a GPU's peak would hold, on CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model(input_ids=ids, labels=ids).loss.backward()
+    trace = Path(tempfile.mkdtemp()) / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    held = [e["args"]["Total Allocated"] for e in json.loads(trace.read_text())["traceEvents"]
+            if e.get("name") == "[memory]"]
+    shutil.rmtree(trace.parent)
+    return max(held) - held[0]
+
+
+def test_the_loss_head_at_the_peak_is_what_the_allocator_holds_for_it(tmp_path):
+    """The loss holds three fp32 copies of the logits as the backward pass starts (the saved log-softmax, its
+    gradient coming in and the one it makes): a vocabulary of 128k at micro-batch 8 × 2048 is 25 GB of them. The
+    plan once counted one, which fitted the measured 32k vocabulary and left a Llama-3 vocabulary's auto
+    micro-batch ~10 GiB short. Measured here as two models that differ only in their vocabulary."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    peaks, shapes = {}, {}
+    for vocab in (4000, 16000):
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
+                          num_hidden_layers=1, vocab_size=vocab, attn_implementation="sdpa")
+        cfg.save_pretrained(tmp_path / str(vocab))
+        shapes[vocab] = memory.shape_from_folder(tmp_path / str(vocab))
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).train()  # bf16 weights, as DeepSpeed casts them
+        peaks[vocab] = _peak_allocated(model, torch.randint(0, vocab, (2, 256)))
+    zero2 = load_recipe("zero2")
+    predicted = {v: memory.gpu_activation_bytes(shapes[v], zero2, 256, 2, False) for v in shapes}
+    assert peaks[16000] - peaks[4000] == pytest.approx(predicted[16000] - predicted[4000], rel=0.05)
+    assert predicted[16000] - predicted[4000] == 12 * 12000 * 512
+
+
 def test_recommendation_is_the_fastest_recipe_that_fits():
     big = planner.plan(planner.shape_for("8B"), gpus=8, gpu_mem=80 * GIB, cpu_mem=1024 * GIB, seq_len=2048)
     assert big["recommendation"]["recipe"] == "zero2"
@@ -162,8 +201,9 @@ def test_the_trainers_estimate_for_the_manifest():
     got = memory.estimate(shape, load_recipe("zero3"), world_size=8, gpus_per_node=8, seq_len=2048, batch=1,
                         gradient_checkpointing=True)
     assert round(got["gpu_model_states_bytes"] / GIB, 1) == 18.8
-    # checkpointed: each of 32 layers keeps its 2·h input, one layer is recomputed, plus the loss head
-    per_token = 32 * 2 * 4096 + (20 * 4096 + 4 * 1024 + 8 * 14336) + (4 * 128256 + 8 * 4096)
+    # checkpointed: each of 32 layers keeps its 2·h input, one layer is recomputed, plus the loss head as the
+    # backward pass starts (the fp32 log-softmax and its gradient in and out)
+    per_token = 32 * 2 * 4096 + (20 * 4096 + 4 * 1024 + 8 * 14336) + (12 * 128256 + 8 * 4096)
     assert got["gpu_activation_bytes"] == 2048 * per_token
     assert got["gpu_reserved_bytes"] == (got["gpu_model_states_bytes"] + memory.STAGE_EXTRA[3]
                                          + got["gpu_activation_bytes"])
