@@ -10,7 +10,7 @@
 #   sh benchmarks/gpu_check.sh tests [SLICE | PYTEST ARGS]   one slice of tests/gpu, never the CPU tests:
 #        (nothing)    test_nvml + test_recipes_gpu (11 runs, ~7 min)
 #        autos        test_autos_gpu.py on the tiny model (13 runs, 5 of them compiled: ~9 min; `all` splits it in two)
-#        autos-944m   test_autos_gpu.py on the 944M model (6 runs, none saving a checkpoint: ~6 min)
+#        autos-944m   test_autos_gpu.py on the 944M model (6 runs, 2 models made, none saving a checkpoint: ~7 min)
 #        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min; -k to split it,
 #                     e.g. tests tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora")
 #        all          every test of tests/gpu, in six pytest processes side by side (the slices above, autos and

@@ -13,7 +13,7 @@ import torch
 from dockyard.common import memory
 from dockyard.common.units import GIB
 from dockyard.train import cpus, mfu
-from tests.support.measured import long_documents, make_measured_model
+from tests.support.measured import MEASURED_MODEL, long_documents, make_measured_model
 from tests.support.training import FAST, LORA_LR, chat_data, manifest, reload_logits, train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (none visible)")]
@@ -142,30 +142,51 @@ def test_a_packed_row_trains_what_its_examples_train_apart_on_the_gpu():
 
 @pytest.fixture(scope="module")
 def measured_model(tmp_path_factory):
+    """A function of the vocabulary size: the 944M model with it (made once per size), and 2048-token documents."""
     work = tmp_path_factory.mktemp("one-b")
-    return make_measured_model(work / "model"), long_documents(work / "docs.jsonl", 2048)
+    docs, made = long_documents(work / "docs.jsonl", 2048), {}
+
+    def model(vocab: int = MEASURED_MODEL["vocab_size"]) -> Path:
+        if vocab not in made:
+            made[vocab] = make_measured_model(work / f"model-{vocab}", vocab)
+        return made[vocab]
+
+    return model, docs
 
 
-# name, global batch per GPU, micro-batch given (None: auto) -> micro-batch picked on an 80 GB H100, on a 141 GB H200
-# (the plan's memory model with its 10 % margin: tests/unit/test_autos.py resolves the same on the recorded H100)
+def liger_loads() -> bool:
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except Exception:  # a liger-kernel this triton cannot load: the trainer leaves it off too
+        return False
+    return True
+
+
+LLAMA3_VOCABULARY = 128256
+# name -> recipe, vocabulary, global batch per GPU, micro-batch given (None: auto), and the micro-batch picked on an
+# 80 GB H100 and on a 141 GB H200 (the plan's memory model with its 10 % margin; tests/unit/test_autos.py resolves
+# the same on the recorded H100). With Llama 3's vocabulary (1.34B parameters) the loss head's fp32 logits bind:
+# where liger-kernel loads, its fused loss (no logits) fits twice the micro-batch, and the auto turns it on.
 NINE_FORTY_FOUR_M = {
-    "ddp-accumulates": ("ddp", 32, None, 8, 16),    # 8 x 4 steps of accumulation on an H100, 16 x 2 on an H200
-    "zero2": ("zero2", 16, None, 8, 16),
-    "lora": ("lora", 16, None, 16, 16),
-    "ddp-checkpointed": ("ddp", 32, 32, 32, 32),    # 32 fits only with gradient checkpointing, on either GPU
+    "ddp-llama3-vocabulary": ("ddp", LLAMA3_VOCABULARY, 32, None, 4, 8),  # accumulation 8 and 4 (x2 with Liger)
+    "zero2": ("zero2", 32000, 16, None, 8, 16),
+    "lora": ("lora", 32000, 16, None, 16, 16),
+    "ddp-checkpointed": ("ddp", 32000, 32, 32, 32, 32),  # 32 fits only with gradient checkpointing, on either GPU
 }
 
 
 @pytest.mark.parametrize("case", list(NINE_FORTY_FOUR_M))
 def test_the_auto_micro_batch_of_the_944m_model_fits_and_the_plan_holds(tmp_path, measured_model, case):
     """The global batch per GPU at 2048 tokens, as a user sets it: the plan picks the largest micro-batch dividing
-    it that fits with the margin (checkpointing only where the micro-batch given fits no other way), the rest by
-    accumulation. Whatever it picks, the run completes (no out-of-memory) within the GPU, near the plan's figure,
-    and its throughput reads as a GPU's (MFU within reason: a figure off by 3-5x, as once reported, is not)."""
-    name, per_gpu, given, on_h100, on_h200 = NINE_FORTY_FOUR_M[case]
-    model, docs = measured_model
+    it that fits with the margin (checkpointing only where the micro-batch given fits no other way; Liger where it
+    buys a larger one), the rest by accumulation. Whatever it picks, the run completes (no out-of-memory) within the
+    GPU, near the plan's figure, and its throughput reads as a GPU's (MFU within reason: a figure off by 3-5x, as
+    once reported, is not)."""
+    name, vocab, per_gpu, given, on_h100, on_h200 = NINE_FORTY_FOUR_M[case]
+    make, docs = measured_model
+    liger = vocab == LLAMA3_VOCABULARY and liger_loads()
     run = tmp_path / "run"
-    train(name, run, "--model", str(model), "--data", str(docs), "--max_seq_length", "2048", "--max_steps", "3",
+    train(name, run, "--model", str(make(vocab)), "--data", str(docs), "--max_seq_length", "2048", "--max_steps", "3",
           "--global_batch", str(per_gpu * GPUS), *(["--per_device_train_batch_size", str(given)] if given else []),
           "--save_strategy", "no", "--logging_steps", "1", nproc=GPUS, gpu=True)  # a checkpoint: 15 GB, not needed
     m = manifest(run)
@@ -174,7 +195,8 @@ def test_the_auto_micro_batch_of_the_944m_model_fits_and_the_plan_holds(tmp_path
     assert micro * accum == per_gpu
     expected = on_h200 if gpu_memory() > 120 * GIB else on_h100 if gpu_memory() > 75 * GIB else None
     if expected is not None:  # other GPUs: whatever fits, checked below
-        assert micro == expected, resolved["per_device_train_batch_size"]
+        assert micro == expected * (2 if liger else 1), resolved["per_device_train_batch_size"]
+    assert resolved["use_liger_kernel"]["value"] is liger, resolved["use_liger_kernel"]
     checkpointed = resolved["gradient_checkpointing"]
     assert checkpointed["value"] is (given is not None), checkpointed
     if given:
@@ -189,7 +211,8 @@ def test_the_auto_micro_batch_of_the_944m_model_fits_and_the_plan_holds(tmp_path
 
 
 def test_qlora_peaks_below_lora_on_the_944m_model(tmp_path, measured_model):
-    model, docs = measured_model
+    make, docs = measured_model
+    model = make()
     peaks = {}
     for name in ("lora", "qlora"):
         run = tmp_path / name

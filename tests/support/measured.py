@@ -26,14 +26,16 @@ def measured_shape(folder: Path) -> memory.Shape:
     return shape
 
 
-def make_measured_model(folder: Path) -> Path:
-    """The measured model itself (random weights, saved in bf16) with the tiny model's tokenizer: for GPU tests."""
+def make_measured_model(folder: Path, vocab: int = MEASURED_MODEL["vocab_size"]) -> Path:
+    """The measured model itself (random weights, saved in bf16) with the tiny model's tokenizer: for GPU tests.
+    `vocab`: another vocabulary size (the tokenizer then uses its first rows only)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from dockyard.common.run_settings import TINY_MODEL
 
-    config = AutoConfig.from_pretrained(TINY_MODEL, **{k: v for k, v in MEASURED_MODEL.items() if k != "model_type"})
+    config = AutoConfig.from_pretrained(TINY_MODEL, **{k: v for k, v in MEASURED_MODEL.items() if k != "model_type"},
+                                        vocab_size=vocab)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
     AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(folder)
