@@ -29,6 +29,7 @@ windows are left out of tokens/s as the trainer leaves them out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -40,6 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import torch
 
 from benchmarks import report
@@ -245,16 +247,20 @@ def torchrun(nproc: int, caches: Path, *argv: str, limit: float = RUN_LIMIT_S) -
     cmd = [sys.executable, "-m", "dockyard.train.torchrun", "--standalone", "--nproc-per-node", str(nproc), *argv]
     try:
         with subprocess.Popen(cmd, cwd=ROOT, env=env(caches), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) as p:
+                              text=True, errors="replace") as p:
             try:
                 out, err = p.communicate(timeout=limit)
             except subprocess.TimeoutExpired:
+                workers = psutil.Process(p.pid).children(recursive=True)  # each in a session of its own
                 p.terminate()
                 try:
                     out, err = p.communicate(timeout=STOP_GRACE_S)
                 except subprocess.TimeoutExpired:
                     p.kill()
                     out, err = p.communicate()
+                for worker in workers:  # a torchrun that hung on SIGTERM left them holding the GPU
+                    with contextlib.suppress(psutil.Error):
+                        worker.kill()
                 err += f"\nstopped after {limit:g} s (the benchmark's bound for one run): it had not finished"
             return subprocess.CompletedProcess(cmd, p.returncode, out, err)
     finally:

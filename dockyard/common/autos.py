@@ -171,7 +171,8 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         return use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiling)
 
     # what sizes the run besides the autos: the adapters' rank and dropout, the base's dtype
-    regime = memory.Regime(float(settings.lora_dropout), lora_r=settings.lora_r, dtype=settings.dtype)
+    regime = memory.Regime(float(settings.lora_dropout), lora_r=settings.lora_r, dtype=settings.dtype,
+                           logits=settings.task == "causal_lm")
     given = batch.given_micro
     if device is None or shape is None:
         m = given or _cpu_micro(per_rank)

@@ -76,6 +76,7 @@ class Regime:
     accumulation: int = 1        # gradient accumulation steps: above 1, gradients stay allocated between steps
     lora_r: int = LORA_RANK      # the adapters' rank (lora, qlora)
     dtype: str = "auto"          # the weights' dtype setting: an adapter recipe's frozen base is 16-bit unless float32
+    logits: bool = True          # a causal LM's vocabulary-wide logits; a classifier (task seq_cls) has none
 
 
 def _decoder_shape(hidden: int, layers: int, intermediate: int, kv: int) -> tuple[int, int]:
@@ -183,7 +184,7 @@ def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int,
     """Activations at the peak of a step on a GPU, for this recipe's precision (see the factors above)."""
     head = head_activation_bytes(shape, seq_len, batch)
     blocks = activation_bytes(shape, seq_len, batch, checkpointing) - head
-    if regime.liger:  # Liger's fused loss never makes the logits: none of the head's fp32 copies
+    if regime.liger or not regime.logits:  # Liger's fused loss never makes them; a classifier has none
         head -= seq_len * batch * 4 * shape.vocab
     else:  # the backward pass starts with the log-softmax's gradient, coming in and going out, beside it
         head += seq_len * batch * 8 * shape.vocab

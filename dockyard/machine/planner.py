@@ -160,7 +160,8 @@ def size_run(shape: Shape, recipe: Recipe, given: dict, *, gpus: int, device: au
         split = batch_split(settings.global_batch, *check_autos(training), gpus)
     except DockyardError as e:
         raise DockyardError(f"recipe {recipe.name}: {e}") from None
-    regime = Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r, dtype=settings.dtype)
+    regime = Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r, dtype=settings.dtype,
+                    logits=settings.task == "causal_lm")
     try:
         r = autos.resolve(recipe, settings, training, world_size=gpus, gpus_per_node=gpus, device=device, shape=shape,
                           kind=shape.model_type, liger=autos.LIGER_TYPES)
@@ -307,7 +308,8 @@ def print_plan(result: dict) -> None:
                   "without checkpointing if one does, else the smallest (--batch=N: micro-batch N, as `-- "
                   "--per_device_train_batch_size N`). Every column is at that micro-batch, compiled (C) and with Liger's "
                   "fused loss (L) where the trainer turns them on by itself for the recipe's settings (its max_steps: "
-                  "a longer run may compile, which takes less memory).[/]")
+                  "a longer run may compile, which takes less memory where measured: on one GPU, not yet for full "
+                  "fine-tuning under DDP on several).[/]")
     console.print("[dim]disk: the peak of a run long enough to rotate its checkpoints, with the recipe's settings: "
                   "save_total_limit + 1 checkpoints while the next is written, or those kept and the final model, "
                   "whichever is more; `invoke run` counts its own run's steps and checks the runs folder has room "

@@ -19,6 +19,21 @@ MEASURED_MODEL = {"model_type": "llama", "hidden_size": 2048, "intermediate_size
                   "max_position_embeddings": 4096, "tie_word_embeddings": False}
 
 
+LLAMA3_VOCABULARY = 128256
+# tests/gpu/test_autos_gpu.py's runs of the measured model at its auto micro-batch, one GPU, 2048 tokens: name ->
+# recipe, vocabulary, global batch per GPU, micro-batch given (None: auto), and the micro-batch the plan picks on an
+# 80 GB H100 and on a 141 GB H200 with its 10 % margin (tests/unit/test_plan_measured.py resolves them on both).
+# With Llama 3's vocabulary (1.34B parameters) the loss head's fp32 logits bind: where liger-kernel loads, its fused
+# loss (no logits) fits twice the micro-batch, and the auto turns it on.
+NINE_FORTY_FOUR_M = {
+    "ddp-llama3-vocabulary": ("ddp", LLAMA3_VOCABULARY, 32, None, 4, 8),  # accumulation 8 and 4 (x2 with Liger)
+    "zero2": ("zero2", 32000, 16, None, 8, 16),
+    "lora": ("lora", 32000, 16, None, 16, 16),
+    "ddp-checkpointed": ("ddp", 32000, 32, 32, 32, 32),  # 32 fits only with gradient checkpointing, on either GPU
+}
+H200_MIB = 143771  # what NVML and torch see of an H200's memory
+
+
 def measured_shape(folder: Path) -> memory.Shape:
     (folder / "config.json").write_text(json.dumps(MEASURED_MODEL))
     shape = memory.shape_from_folder(folder)
@@ -26,16 +41,25 @@ def measured_shape(folder: Path) -> memory.Shape:
     return shape
 
 
-def make_measured_model(folder: Path, vocab: int = MEASURED_MODEL["vocab_size"]) -> Path:
-    """The measured model itself (random weights, saved in bf16) with the tiny model's tokenizer: for GPU tests.
-    `vocab`: another vocabulary size (the tokenizer then uses its first rows only)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def measured_config(vocab: int = MEASURED_MODEL["vocab_size"]):
+    """The measured model's transformers config (the tiny model's, resized), with another vocabulary size if asked
+    (the tokenizer then uses its first rows only)."""
+    from transformers import AutoConfig
 
     from dockyard.common.run_settings import TINY_MODEL
 
-    config = AutoConfig.from_pretrained(TINY_MODEL, **{k: v for k, v in MEASURED_MODEL.items() if k != "model_type"},
-                                        vocab_size=vocab)
+    sizes = {k: v for k, v in MEASURED_MODEL.items() if k != "model_type"}
+    return AutoConfig.from_pretrained(TINY_MODEL, **{**sizes, "vocab_size": vocab})
+
+
+def make_measured_model(folder: Path, vocab: int = MEASURED_MODEL["vocab_size"]) -> Path:
+    """The measured model itself (random weights, saved in bf16) with the tiny model's tokenizer: for GPU tests."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dockyard.common.run_settings import TINY_MODEL
+
+    config = measured_config(vocab)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
     AutoTokenizer.from_pretrained(TINY_MODEL).save_pretrained(folder)

@@ -164,6 +164,10 @@ def test_the_loss_head_at_the_peak_is_what_the_allocator_holds_for_it(tmp_path):
     predicted = {v: memory.gpu_activation_bytes(shapes[v], zero2, 256, 2, False) for v in shapes}
     assert peaks[16000] - peaks[4000] == pytest.approx(predicted[16000] - predicted[4000], rel=0.05)
     assert predicted[16000] - predicted[4000] == 12 * 12000 * 512
+    # a classifier (task seq_cls) has no vocabulary-wide logits, nor does a run with Liger's fused loss
+    for regime in (memory.Regime(logits=False), memory.Regime(liger=True)):
+        assert memory.gpu_activation_bytes(shapes[16000], zero2, 256, 2, False, regime) == \
+            memory.gpu_activation_bytes(shapes[4000], zero2, 256, 2, False, regime)
 
 
 def test_recommendation_is_the_fastest_recipe_that_fits():

@@ -6,13 +6,25 @@ micro-batch never above what the plan says fits on that GPU with the margin."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
-from dockyard.common import memory
+from dockyard.common import autos, memory
 from dockyard.common.recipes import load_recipe
+from dockyard.common.run_settings import resolve_settings
 from dockyard.common.units import GIB
 from dockyard.gpus import Recorded
-from tests.support.measured import H100, measured_shape
+from tests.support.measured import (
+    H100,
+    H200_MIB,
+    LLAMA3_VOCABULARY,
+    MEASURED_MODEL,
+    NINE_FORTY_FOUR_M,
+    measured_config,
+    measured_shape,
+)
 
 # (recipe, micro-batch, lora_dropout, measured GiB). The issue gives micro-batch 8 in GiB and micro-batch 1 as the
 # ratio of the plan at a5eb2cf to the measured peak (ddp 1.19 with 17.4 GiB in the table, zero2 1.03,
@@ -114,3 +126,27 @@ def test_compiling_is_counted_only_where_its_saving_was_measured(shape):
     assert act("ddp", 1, True) < 0.8 * act("ddp", 1, False)
     for name in ("lora", "zero2", "fsdp"):
         assert act(name, 2, True) < 0.8 * act(name, 2, False), name
+
+
+@pytest.mark.parametrize("case", list(NINE_FORTY_FOUR_M))
+@pytest.mark.parametrize("liger", [False, True], ids=["liger-kernel-absent", "liger-kernel-loads"])
+def test_the_gpu_tests_expect_what_the_plan_picks_on_an_h100_and_an_h200(case, liger, tmp_path):
+    """tests/gpu/test_autos_gpu.py asserts these micro-batches on the lent GPU: resolved here by the trainer's own
+    rules on the recorded H100 and an H200, so that a GPU run fails only where the GPU disagrees with the plan."""
+    name, vocab, per_gpu, given, on_h100, on_h200 = NINE_FORTY_FOUR_M[case]
+    (tmp_path / "config.json").write_text(json.dumps({**MEASURED_MODEL, "vocab_size": vocab}))
+    model = memory.shape_from_folder(tmp_path)
+    h100 = autos.device_from_host(Recorded.from_file(H100).host())
+    h200 = dataclasses.replace(h100, name="NVIDIA H200", memory_bytes=H200_MIB * 2**20)
+    assert measured_config(vocab).vocab_size == vocab  # the config the GPU test's model is made from
+    given_too = {"per_device_train_batch_size": given} if given else {}
+    for device, expected in ((h100, on_h100), (h200, on_h200)):
+        recipe = load_recipe(name)
+        settings, overrides = resolve_settings(recipe, {"global_batch": per_gpu, "max_steps": 3,
+                                                        "max_seq_length": 2048, **given_too})
+        r = autos.resolve(recipe, settings, overrides, world_size=1, gpus_per_node=1, device=device, shape=model,
+                          kind="llama", liger=autos.LIGER_TYPES if liger else ())
+        turned_on = liger and vocab == LLAMA3_VOCABULARY
+        assert r.overrides["per_device_train_batch_size"] == expected * (2 if turned_on else 1), (device.name, r.record)
+        assert r.overrides["use_liger_kernel"] is turned_on
+        assert r.overrides["gradient_checkpointing"] is (given is not None)
