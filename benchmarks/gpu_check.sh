@@ -9,12 +9,13 @@
 # (a lease of 15 minutes holds one such call, perhaps two short ones: plan which one it is for):
 #   sh benchmarks/gpu_check.sh tests [SLICE | PYTEST ARGS]   one slice of tests/gpu, never the CPU tests:
 #        (nothing)    test_nvml + test_recipes_gpu (11 runs, ~7 min)
-#        autos        test_autos_gpu.py on the tiny model (13 runs, 5 of them compiled: ~9 min; `all` splits it in two)
+#        autos        test_autos_gpu.py on the tiny model, less the kernels' tests (9 runs, 4 of them compiled)
+#        autos-kernels  the rest of it: Liger's kernels, padding-free, QLoRA compiled (4 runs, 1 compiled)
 #        autos-944m   test_autos_gpu.py on the 944M model (6 runs, 2 models made, none saving a checkpoint: ~7 min)
 #        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min; -k to split it,
 #                     e.g. tests tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora")
-#        all          every test of tests/gpu, in six pytest processes side by side (the slices above, autos and
-#                     resume in two each), each with its own folder and log ($OUT/tests-gpu-SLICE.log); the
+#        all          every test of tests/gpu, in six pytest processes side by side (the slices above, resume in
+#                     two), each with its own folder and log ($OUT/tests-gpu-SLICE.log); the
 #                     tiny-model runs are bound by process start-up, not the GPU, so this takes about as long as the
 #                     longest slice (one H200, 2026-11-27: the recipes slice, 5.3 min). Each slice is stopped after
 #                     ${DEADLINE:-480} s, so a call of 10 minutes still brings back every log. The 944M runs share
@@ -67,6 +68,10 @@ part=$1
 shift
 # dash has no pipefail: the part's status goes through a file, past the tee that copies what it prints
 status="$OUT/.status"
+# test_autos_gpu.py's tiny-model tests in two slices of under 10 minutes each: Liger's kernels, padding-free and
+# QLoRA compiled (4-bit layers under torch.compile) in one, the rest in the other; the 944M model's in a third
+KERNELS="liger or padding or (compile and qlora)"
+AUTOS="not (944m or $KERNELS)"
 case "$part" in
 tests)
 	cap=  # pytest-timeout: on the GPU hosts' image (KINDS.md), not a project dependency
@@ -85,8 +90,8 @@ tests)
 		rm -f "$OUT/slices.txt"
 		run_slice recipes tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@" &
 		# QLoRA compiled (4-bit layers under torch.compile) with the kernels: the autos slice held 10 runs, 5 compiled
-		run_slice autos tests/gpu/test_autos_gpu.py -k "not (944m or liger or padding or (compile and qlora))" "$@" &
-		run_slice autos-kernels tests/gpu/test_autos_gpu.py -k "liger or padding or (compile and qlora)" "$@" &
+		run_slice autos tests/gpu/test_autos_gpu.py -k "$AUTOS" "$@" &
+		run_slice autos-kernels tests/gpu/test_autos_gpu.py -k "$KERNELS" "$@" &
 		# the GPU's MiB, as nvidia-smi says them ("81559 MiB"): under 100 GB the 944M runs need the GPU to themselves
 		mib=$(printf '%s\n' "$smi" | awk -F', ' '{print $3+0}' | sort -n | head -1)  # the smallest GPU's
 		if [ "${mib:-0}" -gt 100000 ]; then
@@ -107,7 +112,8 @@ tests)
 		exit "$worst"
 	fi
 	case "${1:-}" in
-	autos) shift; set -- tests/gpu/test_autos_gpu.py -k "not 944m" "$@" ;;
+	autos) shift; set -- tests/gpu/test_autos_gpu.py -k "$AUTOS" "$@" ;;
+	autos-kernels) shift; set -- tests/gpu/test_autos_gpu.py -k "$KERNELS" "$@" ;;
 	autos-944m) shift; set -- tests/gpu/test_autos_gpu.py -k 944m "$@" ;;
 	resume) shift; set -- tests/gpu/test_resume_gpu.py "$@" ;;
 	esac

@@ -64,6 +64,7 @@ def test_without_a_usable_gpu_nothing_runs_and_the_call_fails(tmp_path, host, sa
     (["--deselect", "tests/gpu/test_recipes_gpu.py::test_x"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
     (["--ignore=tests/gpu/test_nvml.py"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
     (["autos"], ["tests/gpu/test_autos_gpu.py"]),
+    (["autos-kernels"], ["tests/gpu/test_autos_gpu.py"]),
     (["tests/gpu/test_resume_gpu.py", "-k", "ddp"], ["tests/gpu/test_resume_gpu.py"]),
     (["tests/gpu"], ["tests/gpu"]),
 ])
