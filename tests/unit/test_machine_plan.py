@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -128,18 +127,17 @@ def test_activation_estimate_matches_what_autograd_saves(checkpointing, tmp_path
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
-def _peak_allocated(model, ids) -> int:
+def _peak_allocated(model, ids, trace: Path) -> int:
     """The most torch's CPU allocator held at once during one forward and backward pass, above what it held as
-    the pass began (the weights), from the profiler's allocator events: what a GPU's peak would hold, on CPU."""
+    the pass began (the weights), from the profiler's allocator events (written to `trace`): what a GPU's peak
+    would hold, on CPU."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model(input_ids=ids, labels=ids).loss.backward()
-    trace = Path(tempfile.mkdtemp()) / "trace.json"
     prof.export_chrome_trace(str(trace))
     held = [e["args"]["Total Allocated"] for e in json.loads(trace.read_text())["traceEvents"]
             if e.get("name") == "[memory]"]
-    shutil.rmtree(trace.parent)
     return max(held) - held[0]
 
 
@@ -159,7 +157,7 @@ def test_the_loss_head_at_the_peak_is_what_the_allocator_holds_for_it(tmp_path):
         shapes[vocab] = memory.shape_from_folder(tmp_path / str(vocab))
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).train()  # bf16 weights, as DeepSpeed casts them
-        peaks[vocab] = _peak_allocated(model, torch.randint(0, vocab, (2, 256)))
+        peaks[vocab] = _peak_allocated(model, torch.randint(0, vocab, (2, 256)), tmp_path / f"trace-{vocab}.json")
     zero2 = load_recipe("zero2")
     predicted = {v: memory.gpu_activation_bytes(shapes[v], zero2, 256, 2, False) for v in shapes}
     assert peaks[16000] - peaks[4000] == pytest.approx(predicted[16000] - predicted[4000], rel=0.05)
