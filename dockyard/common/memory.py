@@ -179,13 +179,26 @@ def adapter_inputs(shape: Shape) -> int:
     return 5 * shape.hidden + shape.q_width + shape.intermediate
 
 
+def liger_gradients(shape: Shape, recipe: Recipe, tokens: int) -> int:
+    """What Liger's fused linear cross-entropy keeps from its forward pass for the backward: the gradient of its
+    input (tokens × hidden, at most fp32) and, where the output layer trains, of its weight (vocab × hidden, the
+    weight's dtype: fp32 under the Trainer's autocast, bf16 under DeepSpeed). Computed from liger-kernel's
+    forward (its grad_input and grad_weight buffers), not fitted: ~1 GiB for a 128k vocabulary at hidden 2048."""
+    weight = 0
+    if not recipe.peft:
+        weight = shape.vocab * shape.hidden * (4 if recipe.strategy_spec.engine in ("ddp", "fsdp") else 2)
+    return tokens * shape.hidden * 4 + weight
+
+
 def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int, checkpointing: bool,
                          regime: Regime = Regime()) -> int:
     """Activations at the peak of a step on a GPU, for this recipe's precision (see the factors above)."""
     head = head_activation_bytes(shape, seq_len, batch)
     blocks = activation_bytes(shape, seq_len, batch, checkpointing) - head
-    if regime.liger or not regime.logits:  # Liger's fused loss never makes them; a classifier has none
+    if not regime.logits:  # a classifier has none
         head -= seq_len * batch * 4 * shape.vocab
+    elif regime.liger:  # Liger's fused loss never makes them, but computes its gradients in the forward pass
+        head += liger_gradients(shape, recipe, seq_len * batch) - seq_len * batch * 4 * shape.vocab
     else:  # the backward pass starts with the log-softmax's gradient, coming in and going out, beside it
         head += seq_len * batch * 8 * shape.vocab
     factor = 1 + (FP32_RESIDUAL if _fp32_residual(recipe, regime) else 0)
