@@ -329,6 +329,7 @@ def roll_back(settings: Settings, before: dict[str, str], names: set[str]) -> st
     """Puts every tag in `names` back on the image it named before the load (or removes it where it named none),
     then removes the images the load brought that nothing names any more. Returns what it says about that."""
     known = set(before[""].split())
+    unnamed = known - {image_id for ref, image_id in before.items() if ref}
     moved, new = [], set()
     for ref in sorted(names):
         try:
@@ -336,7 +337,7 @@ def roll_back(settings: Settings, before: dict[str, str], names: set[str]) -> st
         except DockyardError:  # a name docker would not take: it cannot have been loaded either
             continue
         now, was = (meta or {}).get("Id"), before.get(_familiar(ref))
-        if now == was or (not was and now in known):  # untagging an image that was here would remove it
+        if now == was or (not was and now in unnamed):  # untagging an image that had no name would remove it
             continue
         if now and now not in known:
             new.add(now)

@@ -248,7 +248,8 @@ roll_back() {
 		was=$(awk -v r="$ref" '$2 == r { print $1; exit }' "$work/before")
 		[ "$now" = "$was" ] && continue
 		if [ -n "$was" ]; then docker tag "$was" "$ref" >/dev/null 2>&1 && moved="$moved $ref"
-		elif ! grep -q "^$now " "$work/before"; then docker rmi "$ref" >/dev/null 2>&1 && moved="$moved $ref"
+		# a new name on an image that was here: untagged, unless that image had no name (rmi would remove it)
+		elif ! grep -qx "$now <none>:<none>" "$work/before"; then docker rmi "$ref" >/dev/null 2>&1 && moved="$moved $ref"
 		fi
 		grep -q "^$now " "$work/before" || echo "$now" >>"$work/new"
 	done
@@ -260,13 +261,23 @@ roll_back() {
 }
 refuse() { cat "$work/load.out" >&2 2>/dev/null; roll_back; die "$@"; }
 
+limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
+# The private copy is decompressed once before docker load sees any of it: a stream that fails only after its tar
+# is whole (garbage after the last frame) would otherwise be loaded by the engine while this script refuses it.
+if [ -n "$unpack" ]; then
+	echo "checking that $name decompresses ..."
+	got=$({ $unpack "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | head -c $((limit + 1)) | wc -c | tr -d ' ')
+	[ "$got" -le "$limit" ] \
+		|| die "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): refused, nothing was loaded"
+	[ -e "$work/bad" ] && die "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
+fi
+
 echo "loading $name ..."
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
 # that decompresses to more is stopped there, and docker load is killed before its input ends, so it loads
 # nothing (`invoke load` does the same). Its input is a fifo this shell holds open until the count is known.
 # When docker load itself stops reading (a full disk), head cannot write the limit: that is docker load's failure,
 # said with its own exit code and message, not a tar longer than declared.
-limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
 mkfifo "$work/tar" || die "cannot make a fifo in $work"
 docker load <"$work/tar" >"$work/load.out" 2>&1 & loader=$!
 running=$loader

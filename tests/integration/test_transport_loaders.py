@@ -188,3 +188,34 @@ def test_a_refused_load_puts_back_the_tags_it_moved(settings, images, tmp_path, 
     assert f"{APP} is " in r.stderr and "back where they were" in r.stderr
     assert image_id(settings, APP) == images["victim"]
     assert image_id(settings, images["evil"]) is None
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_an_archive_that_fails_to_decompress_after_its_whole_tar_loads_nothing(settings, images, tmp_path, loader):
+    """The archive's own frames, then a cut frame of zeros: its tar, end marker and all, decompresses before the
+    stream fails. The engine must not get that tar while the loader refuses the archive (it did, in the race
+    between killing `docker load` and the daemon finishing its import, when load.sh fed the stream as it came)."""
+    paths = save(APP, tmp_path / "set")
+    tar_bytes = json.loads(paths.manifest.read_text())["tar_bytes"]
+    zeros = 256 << 20
+    reseal(paths, paths.archive.read_bytes() + zstd(bytes(zeros))[:-8], tar_bytes + zeros)
+    forget(settings, APP)
+    r = run_loader(loader, paths)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "nothing was loaded" in r.stderr, r.stderr  # invoke load: the tail after the tar's end; load.sh: the frame
+    assert image_id(settings, APP) is None and image_id(settings, images["app"]) is None
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_refused_load_takes_back_the_name_it_gave_an_image_already_here(settings, images, tmp_path, loader):
+    """As above, docker loads another image under the archive's tag and the check after loading refuses it; that
+    image was already here under its own name. The archive's tag, which named nothing before, names nothing after,
+    and the image keeps its own name."""
+    paths = save(APP, tmp_path / "set")
+    raw = saved_tar(settings, EVIL, rename={EVIL: APP}, config_as={images["evil"]: images["app"]})
+    reseal(paths, zstd(raw), len(raw))
+    forget(settings, APP)
+    r = run_loader(loader, paths)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert image_id(settings, APP) is None, r.stderr
+    assert image_id(settings, EVIL) == images["evil"]
