@@ -18,7 +18,7 @@ explain_parse_errors(takes_overrides={"run", "slurm", "k8s"})
 explain_config_errors()  # and invoke.yaml that Invoke cannot read
 
 if TYPE_CHECKING:  # the flags' types, read when a task runs (dockyard/cli.py): pydantic is not imported for --list
-    from dockyard.flags import Batch, Count, GiB, Level, Nodes, Port, PortOrConfig, Rank, Restarts, Seconds, Tokens
+    from dockyard.flags import Batch, Count, GiB, Level, Nodes, Place, Port, PortOrConfig, Rank, Restarts, Seconds, Tokens
 
 
 def _settings(c):
@@ -107,9 +107,10 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
                      "org/name in the hf_cache folder (default: the `model` setting, else a tiny model made from a "
                      "config)",
             "dry": "print the exact command and run nothing"})
-def run(c, recipe="", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = 0, master_addr="",
+def run(c, recipe: Place = "", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = 0, master_addr="",
         master_port: Port = 29500, run_id="", resume=False, disable_require=False, native=False, cpu=False,
-        dry=False, gpus="", data="", model="", iface="", join_timeout: Seconds = 120, max_restarts: Restarts = 0):
+        dry=False, gpus="", data: Place = "", model: Place = "", iface="", join_timeout: Seconds = 120,
+        max_restarts: Restarts = 0):
     """Train a recipe in the image, one process per GPU (torchrun).
 
     --recipe is a name (`invoke recipes`) or a folder of your own holding a recipe.yaml. The checkout's recipes/
@@ -141,8 +142,8 @@ def _remainder(c) -> list[str]:
             "join_timeout": "seconds the nodes wait for each other, joining and later (default 120): raise it where "
                             "nodes start minutes apart (pyxis unpacking a large squashfs)",
             "out": "the script file to write, or a folder to write it into (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
-def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive="", runtime="docker",
-          image_file="", out="", join_timeout: Seconds = 120):
+def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive: Place = "",
+          runtime="docker", image_file: Place = "", out: Place = "", join_timeout: Seconds = 120):
     """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
 
     One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
@@ -170,7 +171,7 @@ def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant
             "out": "folder to write job.yaml and trainjob.yaml into (default: <runs>/k8s/<run-id>/)"})
 def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", image="", run_id="",
         runs_claim="dockyard-runs",
-        shm="16Gi", max_restarts: Restarts = 0, resume=False, out="", join_timeout: Seconds = 120):
+        shm="16Gi", max_restarts: Restarts = 0, resume=False, out: Place = "", join_timeout: Seconds = 120):
     """Write Kubernetes manifests that train a recipe on several nodes.
 
     An Indexed Job + headless Service (no operator needed) and a Kubeflow Trainer v2 TrainJob. Trainer overrides go
@@ -189,7 +190,7 @@ def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="
             "native": "the run was trained with --native: export it on this host, with its Python (else in the "
                       "run's image)",
             "dry": "print the command and run nothing"})
-def export(c, run="", merge=False, out="", native=False, dry=False):
+def export(c, run="", merge=False, out: Place = "", native=False, dry=False):
     """Write a run's trained model as a plain Hugging Face folder (for serving, or the hub).
 
     A full fine-tune: the model and tokenizer. LoRA/QLoRA: the adapter, or with --merge the base with the adapters
@@ -242,7 +243,7 @@ def commit(c, container="", tag="", allow_secrets=False):
             "thin_for": "INVENTORY.json or ssh://[user@]host[:port]: leave out the layers that node already holds",
             "sign": "ssh private key: sign the manifest (ssh-keygen -Y sign)",
             "variant": "save this variant's image (cpu, cu132, ...) instead of --image; needs no GPU on this host"})
-def save(c, image="", out="", compress="zstd", level: Level = 0, thin_for="", sign="", variant=""):
+def save(c, image="", out: Place = "", compress="zstd", level: Level = 0, thin_for="", sign: Place = "", variant=""):
     """Write an image archive: a compressed `docker save` tar with its sha256, manifest, load.sh (and run.sh).
 
     Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json, load.sh (loads it with only sh, sha256sum,
@@ -256,7 +257,7 @@ def save(c, image="", out="", compress="zstd", level: Level = 0, thin_for="", si
 
 
 @task(help={"file": "the archive (<name>.tar.zst/.tar.gz/.tar), with its .sha256 and .manifest.json beside it"})
-def load(c, file=""):
+def load(c, file: Place = ""):
     """Verify an archive, then load it; a damaged or tampered one is refused.
 
     Checks the sha256 of archive and manifest (and the signature when `allowed_signers` is set), then
@@ -271,7 +272,7 @@ def load(c, file=""):
 
 
 @task(help={"out": "file to write, or a folder to hold inventory-<hostname>.json (default: images/dist/)"})
-def inventory(c, out=""):
+def inventory(c, out: Place = ""):
     """Write this node's image and layer inventory, for thin archives.
 
     Lists images, diff ids and chain ids. Copy it to where you save archives and pass it to
@@ -289,7 +290,8 @@ def inventory(c, out=""):
             "identity": "ssh private key (default: the ssh config's / agent's)",
             "load": "load it there after verifying (file mode; stream mode always loads)",
             "thin": "stream mode: leave out the layers the node already holds"})
-def ship(c, file="", image="", to="", port: PortOrConfig = 0, identity="", load=False, thin=False):
+def ship(c, file: Place = "", image="", to="", port: PortOrConfig = 0, identity: Place = "", load=False,
+         thin=False):
     """Copy an archive to another node over SSH, resumably; verify it there; optionally load it.
 
     Resumes with rsync --append-verify, or ssh append where the node has no rsync. With --image
@@ -314,7 +316,7 @@ def ship(c, file="", image="", to="", port: PortOrConfig = 0, identity="", load=
             "peer": "[user@]host of another node, or ssh://[user@]host:PORT (node 0, from the others): route, "
                     "rendezvous port, InfiniBand, its /dev/shm and image, over the ssh setting",
             "port": "the rendezvous port --peer checks (default 29500)"})
-def doctor(c, json=False, record="", peer="", port: Port = 29500):
+def doctor(c, json=False, record: Place = "", peer="", port: Port = 29500):
     """Check this host for training, with a fix for each failure.
 
     Docker engine and BuildKit, NVIDIA runtime, GPUs and driver, which image variants the driver runs,
@@ -348,7 +350,7 @@ def doctor(c, json=False, record="", peer="", port: Port = 29500):
             "batch": "examples per micro-batch per GPU: auto (or 0, the default) sizes each recipe as a run with no "
                      "tuning flags; N as a run given `-- --per_device_train_batch_size N`",
             "json": "print the plan as JSON"})
-def plan(c, model="", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, seq_len: Tokens = 2048,
+def plan(c, model: Place = "", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, seq_len: Tokens = 2048,
          batch: Batch = 0, json=False):
     """Estimate the memory of every recipe for a model, and recommend the fastest that fits.
 

@@ -311,6 +311,10 @@ def checked(fn):
             # stdout to /dev/null, or the flush at exit raises again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise Exit(code=1) from None
+        except OSError as e:  # what no check foresaw (a path the filesystem refuses): its cause in one line
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"error: {shown(where + (e.strerror or str(e)))}", file=sys.stderr)
+            raise Exit(code=1) from None
 
     return wrapper
 

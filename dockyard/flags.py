@@ -6,10 +6,11 @@ what depends on another flag (--node-rank below --nodes) is checked by the task'
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 
 def _text_as(pattern: str, hint: str):
@@ -52,3 +53,25 @@ def _auto_or_whole(v: object) -> object:
 
 
 Batch = Annotated[int, BeforeValidator(_auto_or_whole), Field(ge=0, le=2**16)]  # per micro-batch; auto, 0: the run's
+
+
+NAME_MAX = 255  # bytes in one part of a path, on every Linux filesystem
+
+
+def _place(v: str) -> str:
+    """A file or folder the user names: `~` and `~user` expanded (the shell leaves `--out=~/x` as it is), refused
+    where the user does not exist (it became a folder named `~nouser` in the current one) or a part is longer than a
+    file name can be."""
+    if not v:
+        return v
+    if "\0" in v:
+        raise ValueError("a path cannot hold a NUL character")
+    path = os.path.expanduser(v)
+    if path.startswith("~"):
+        raise ValueError(f"no user {path[1:].split('/')[0]!r} on this host: give the path without ~NAME")
+    if any(len(os.fsencode(part)) > NAME_MAX for part in path.split("/")):
+        raise ValueError(f"a part of this path is longer than the {NAME_MAX} bytes a file name can have")
+    return path
+
+
+Place = Annotated[str, AfterValidator(_place)]  # a path the user gives: --out, --data, --file, ...

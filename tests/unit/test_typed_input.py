@@ -243,3 +243,45 @@ def test_a_reader_that_leaves_early_is_no_traceback(args):
         os.close(write)
     assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
     assert r.returncode == 1  # not success: nothing was read of it (rich stops its tables so too)
+
+
+def _place_flags() -> list[tuple[str, str]]:
+    import typing
+
+    from dockyard import flags
+
+    out = []
+    for name, t in COLLECTION.tasks.items():
+        hints = typing.get_type_hints(t.body.__wrapped__, globalns={**vars(flags), **vars(tasks)}, include_extras=True)
+        out += [(name, flag.replace("_", "-")) for flag, hint in hints.items() if hint == flags.Place]
+    return sorted(out)
+
+
+PLACE_FLAGS = _place_flags()
+
+
+def test_the_paths_users_give_are_place_flags():
+    assert {("save", "out"), ("export", "out"), ("k8s", "out"), ("slurm", "out"), ("inventory", "out"),
+            ("doctor", "record"), ("run", "data"), ("load", "file")} <= set(PLACE_FLAGS)
+
+
+@pytest.mark.parametrize("task,flag", PLACE_FLAGS)
+@pytest.mark.parametrize("value,says", [("~no-such-user-here/x", "no user 'no-such-user-here'"),
+                                        ("/tmp/" + "x" * 300 + "/y", "longer than the 255 bytes")])
+def test_a_path_no_file_could_have_is_one_error_and_nothing_is_made(task, flag, value, says, tmp_path, monkeypatch):
+    """`--out=~nouser/x` was a folder named `~nouser` in the current one (an export wrote a whole model there); a
+    part longer than a file name was a traceback (File name too long)."""
+    monkeypatch.chdir(tmp_path)
+    r = invoke_here(task, f"--{flag}={value}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, f"--{flag}")
+    assert says in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_path_from_home_is_taken_from_home(tmp_path, monkeypatch):
+    """The shell leaves `--out=~/x` as it is: the task expands it, for the user that runs it."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    r = invoke_here("slurm", "--recipe=ddp", "--nodes=2", "--out=~/job.sbatch",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH" in (tmp_path / "job.sbatch").read_text()
