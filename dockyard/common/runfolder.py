@@ -321,6 +321,8 @@ def read_manifest(folder: Path, name: str = MANIFEST) -> RunManifest | None:
         return parse_manifest(json.loads(text), folder / name)
     except ValueError as e:  # json.JSONDecodeError
         raise DockyardError(f"{folder / name} is not valid JSON ({e}): not a manifest the trainer wrote") from None
+    except RecursionError:
+        raise DockyardError(f"{folder / name} is nested too deeply to read: not a manifest the trainer wrote") from None
 
 
 def parse_manifest(raw: object, where: Path | str) -> RunManifest:

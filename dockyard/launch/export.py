@@ -52,6 +52,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
+    if out and target.is_relative_to(run_dir.resolve()):
+        raise DockyardError(f"--out={out} is inside the run folder {run_dir}, whose files are the run's own: give a "
+                            "folder outside it (or leave out --out: runs/<ID>/export)")
     if m.variant in NATIVE and not native:
         raise DockyardError(f"run {run} was trained on this host (--native): its export runs here too, in this host's "
                             f"Python; say so: invoke export --run={run} --native")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, first_line
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except DockyardError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as e:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError, SafetensorError) as e:
         # a run folder a container changed (an adapter_config.json of no module, a broken tokenizer.json): what was
         # written so far goes (the folder was empty: export() checked), so the next try does not find it "not empty"
         if opts.out.is_dir():
@@ -100,8 +101,11 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     if record is None:
         raise DockyardError(f"{run_dir} holds no run (no manifest.json): give a run id from the runs folder")
     m = record.model_dump()
-    if m["status"] != "completed" or not (run_dir / "model").is_dir():
+    if m["status"] != "completed":
         raise DockyardError(f"run {m['run_id']} did not complete (status {m['status']}): it saved no model to export")
+    if not (run_dir / "model").is_dir():
+        raise DockyardError(f"run {m['run_id']} completed, but its folder holds no model/ folder (removed or replaced "
+                            "since): nothing to export; train it again")
     model, probe = m.get("model"), m.get("probe")
     if not (isinstance(model, dict) and model.get("format") in ("full", "adapter") and isinstance(model.get("base"), str)
             and isinstance(probe, dict) and probe.get("dtype") in DTYPES and isinstance(probe.get("input_ids"), list)

@@ -215,3 +215,22 @@ def test_an_exported_adapter_names_its_base_where_it_is_on_this_host(settings, t
     assert config == {"base_model_name_or_path": str(run / "base"), "r": 8}
     assert (run / "export" / "README.md").read_text() == f"base_model: {run / 'base'}\n"
     assert f"its base: {run / 'base'}" in capsys.readouterr().out
+
+
+def test_an_export_into_the_run_folder_itself_is_refused(settings, tmp_path):
+    """`--out=runs/r1/model/sub` wrote a second model into the run's trained one."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    (run / "model").mkdir()
+    with pytest.raises(DockyardError, match="is inside the run folder"):
+        export.export(s, run="r1", out=str(run / "model" / "sub"), dry=True)
+    assert list((run / "model").iterdir()) == []
+
+
+def test_a_manifest_nested_too_deeply_is_refused_naming_it(settings, tmp_path):
+    """A run folder any container can write: JSON nested 100k deep was a RecursionError traceback."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DockyardError, match="manifest.json is nested too deeply to read"):
+        export.export(s, run="r1", dry=True)

@@ -47,3 +47,35 @@ def test_a_probe_longer_than_the_trainer_records_is_refused(tmp_path):
     probe["input_ids"] = probe["input_ids"][1:]
     (run / "manifest.json").write_text(json.dumps({**json.loads((run / "manifest.json").read_text()), "probe": probe}))
     assert export.read_manifest(run)["probe"]["input_ids"] == [1] * export.PROBE_TOKENS
+
+
+def _completed_run(run):
+    (run / "manifest.json").write_text(json.dumps({
+        "run_id": "r1", "status": "completed", "variant": "native",
+        "model": {"base": str(run / "base"), "format": "full"}, "strategy": {"peft": None},
+        "probe": {"dtype": "float32", "input_ids": [1, 2, 3], "logits": [0.0] * 16}}))
+
+
+def test_weights_cut_short_are_one_line_and_leave_the_export_folder_empty(tmp_path, capsys):
+    """model.safetensors cut at 100 bytes: safetensors' own error escaped as a traceback."""
+    run = tmp_path / "r1"
+    models.materialize_tiny_model(run / "model")
+    weights = run / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    _completed_run(run)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "its model folder does not load (SafetensorError" in err and "Traceback" not in err, err
+    assert list(out.iterdir()) == []
+
+
+def test_a_completed_run_without_its_model_folder_says_so(tmp_path, capsys):
+    """It said the run "did not complete (status completed)"."""
+    run = tmp_path / "r1"
+    run.mkdir()
+    _completed_run(run)
+    assert export.main(["--run-dir", str(run), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "completed, but its folder holds no model/ folder" in err and "did not complete" not in err, err
