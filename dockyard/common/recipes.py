@@ -258,7 +258,14 @@ def files_inside(folder: Path) -> None:
     to somewhere else (`ds_config.json -> ~/x.json`) is refused, so nothing outside it is read on the host either."""
     root = folder.resolve()
     for p in sorted(folder.rglob("*")):
-        if p.is_symlink() and not p.resolve().is_relative_to(root):
+        if not p.is_symlink():
+            continue
+        try:
+            target = p.resolve(strict=False)
+        except (RuntimeError, OSError):  # a loop of links (RuntimeError before Python 3.13)
+            raise DockyardError(f"{p} is a link that leads back to itself ({os.readlink(p)}): remove it, or "
+                                "copy the file it was meant to be into the recipe folder") from None
+        if not target.is_relative_to(root):
             raise DockyardError(f"{p} is a link to {os.readlink(p)}, outside the recipe folder {folder}: a recipe is "
                                 "one folder and travels as one; copy the file into the folder instead of linking it")
 
@@ -288,6 +295,13 @@ def read_deepspeed_config(path: Path) -> dict:
     if unknown:
         raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "
                             "silently and use its defaults); check the spelling against the DeepSpeed config docs")
+    zero = cfg.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise DockyardError(f"{path}: zero_optimization {zero!r}: takes an object of ZeRO settings, as in "
+                            '"zero_optimization": {"stage": 2}')
+    stage = zero.get("stage", 0)
+    if type(stage) is not int or not 0 <= stage <= 3:  # DeepSpeed's refusal came after the run started, in its words
+        raise DockyardError(f"{path}: zero_optimization.stage {stage!r}: takes 0, 1, 2 or 3 (a number, not text)")
     for key, setting in DEEPSPEED_BATCH_KEYS.items():
         if key in cfg and cfg[key] != "auto":
             raise DockyardError(f'{path}: {key} {cfg[key]!r}: the run sets the batch, so write "auto" here (or leave '

@@ -204,4 +204,8 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
         empty = "the file is empty" if path.is_file() else "its files are empty"
         raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "
                             "(formats: docs/data.md)")
+    if link := next((f for f in files if f.is_symlink() and not f.resolve().is_relative_to(path)), None):
+        raise DockyardError(f"{where} {value}: {link.name} is a link to {os.readlink(link)}, outside the folder, "
+                            "which is mounted alone into the run (the link would point at nothing there): copy the "
+                            "file into the folder, or give the file itself")
     return files

@@ -64,6 +64,10 @@ def broken_recipe(tmp_path, ds_config: str):
     ('{"zero_optimization": {"stage": 2},', "is not valid JSON"),
     ('{"zero_optimisation": {"stage": 2}}', "unknown DeepSpeed key(s) zero_optimisation"),
     ('[1, 2]', "expected a JSON object"),
+    ('{"zero_optimization": {"stage": "two"}}', "zero_optimization.stage 'two': takes 0, 1, 2 or 3"),
+    ('{"zero_optimization": {"stage": NaN}}', "zero_optimization.stage nan: takes 0, 1, 2 or 3"),
+    ('{"zero_optimization": {"stage": 4}}', "zero_optimization.stage 4: takes 0, 1, 2 or 3"),
+    ('{"zero_optimization": [2]}', "zero_optimization [2]: takes an object of ZeRO settings"),
 ])
 def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     folder = broken_recipe(tmp_path, ds_config)
@@ -81,6 +85,26 @@ def test_a_recipe_naming_a_file_outside_its_folder_is_refused(tmp_path):
         "deepspeed: ds_config.json", "deepspeed: ../zero3/ds_config.json"))
     with pytest.raises(DockyardError, match="is not the name of a file in the recipe folder"):
         recipes.load_recipe(folder)
+
+
+def test_a_recipe_folder_holding_a_loop_of_links_is_one_error(tmp_path):
+    folder = broken_recipe(tmp_path, (ROOT / "recipes" / "zero2" / "ds_config.json").read_text())
+    (folder / "a").symlink_to("b")
+    (folder / "b").symlink_to("a")
+    r = invoke("run", "--dry", "--variant=cpu", f"--recipe={folder}")
+    assert r.returncode != 0 and "a is a link that leads back to itself" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_data_folder_linking_to_a_file_outside_it_is_refused_before_the_run(tmp_path):
+    """The folder alone is mounted into the run: its link pointed at nothing there, and the run failed after the
+    container started ("the folder holds no .jsonl"), leaving a run folder behind."""
+    (tmp_path / "elsewhere.jsonl").write_text('{"text": "a document"}\n')
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    r = invoke("run", "--dry", "--variant=cpu", "--recipe=ddp", f"--data={tmp_path / 'data'}",
+               env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode != 0 and "train.jsonl is a link to" in r.stderr and "outside the folder" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_every_shipped_recipe_passes_the_host_check():
