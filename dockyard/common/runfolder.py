@@ -267,6 +267,8 @@ class MetricsRecord(_Loose):
 
 class SteadyState(_Loose):
     warm_up_left_out: bool | None = None  # false: too few logging windows to leave the warm-up out
+    from_step: int | None = None  # the steps the rate counts (the first window is always left out, where any follows)
+    to_step: int | None = None
     profiled_steps_left_out: list[int] | None = None  # profile_steps: the windows the profiler slowed
     profiled_steps_included: list[int] | None = None  # ...counted, the run having no other windows to measure
 

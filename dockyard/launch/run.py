@@ -579,6 +579,10 @@ def _rate_kind(met: runfolder.MetricsRecord) -> str:
         return (f"(the profiled steps {included[0]}-{included[1]} included, slowed by the profiler: too few other "
                 "steps to leave them out)")
     if met.steady_state and met.steady_state.warm_up_left_out is False:
+        steady = met.steady_state
+        if steady.from_step and steady.to_step and steady.from_step > 1:  # only the first window was left out
+            return (f"(steps {steady.from_step}-{steady.to_step}, part of the warm-up included: too few steps to "
+                    "leave all of it out)")
         return "(warm-up included: too few steps to leave it out)"
     left_out = met.steady_state.profiled_steps_left_out if met.steady_state else None
     if left_out and len(left_out) == 2:

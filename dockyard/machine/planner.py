@@ -284,7 +284,7 @@ def print_plan(result: dict) -> None:
                         f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']} (GiB)")
     # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
     # recipe name, header and cell whole (a long name of one's own recipe wraps)
-    for col in ("recipe", "states", "+ activ.", "= per\nGPU", "w/\nckpt", "host", "fits", "disk"):
+    for col in ("recipe", "states", "activ.", "per\nGPU", "w/\nckpt", "host", "fits", "disk"):
         table.add_column(col, justify="left" if col in ("recipe", "fits") else "right", no_wrap=col != "recipe")
     for r in result["recipes"]:
         fits = ("yes" if r["fits"] else "ckpt" if r["fits_checkpointed"] else "no") + \

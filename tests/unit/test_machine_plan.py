@@ -309,7 +309,7 @@ def test_invoke_plan_at_80_columns_shows_every_column_whole(size):
     assert max(map(len, lines)) <= 80 and "…" not in shown.stdout
     header = [c.split("┃")[1:-1] for c in lines if c.startswith("┃")]
     assert [" ".join(filter(None, (c.strip() for c in col))) for col in zip(*header, strict=True)] == [
-        "recipe", "states", "+ activ.", "= per GPU", "w/ ckpt", "host", "fits", "disk"]
+        "recipe", "states", "activ.", "per GPU", "w/ ckpt", "host", "fits", "disk"]
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
     assert [r[0] for r in rows] == [r["recipe"] for r in result["recipes"]], "every recipe name whole"
     for row, r in zip(rows, result["recipes"], strict=True):

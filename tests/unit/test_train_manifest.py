@@ -71,6 +71,8 @@ def test_the_summary_says_when_a_run_was_too_short_for_a_steady_state(tmp_path, 
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 3, "loss": 6.0}\n')
     for steady, says in (({"warm_up_left_out": False}, "25 tokens/s (warm-up included: too few steps to leave it out)"),
+                         ({"warm_up_left_out": False, "from_step": 2, "to_step": 3},
+                          "25 tokens/s (steps 2-3, part of the warm-up included: too few steps to leave all of it out)"),
                          ({"warm_up_left_out": True}, "25 tokens/s (steady state)"),
                          ({"warm_up_left_out": False, "profiled_steps_included": [2, 3]},
                           "25 tokens/s (the profiled steps 2-3 included, slowed by the profiler: too few other steps "
