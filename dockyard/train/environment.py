@@ -113,17 +113,19 @@ def _others_write(st: os.stat_result) -> bool:
 def cpu_adam_to_compile() -> str | None:
     """The folder DeepSpeed will compile its cpu_adam op into as the optimizer is made (an offload recipe), or None
     where it is built in or compiled already. The compile takes minutes of silence that looked like a hang: it is
-    built into the CUDA images for their GPUs, but a run on the CPU (the cpu image's, or --cpu) compiles it once per
-    machine into the torch extensions cache."""
+    built into the CUDA images for their GPUs and into the cpu image for the CPU, but a CUDA image run on the CPU
+    (--cpu) compiles it into the torch extensions cache."""
     try:
         from deepspeed.accelerator import get_accelerator
-        from deepspeed.git_version_info import installed_ops
+        from deepspeed.git_version_info import accelerator_name, installed_ops
         from torch.utils.cpp_extension import _get_build_directory
     except ImportError:
         return None
     try:
         accelerator = get_accelerator()
-        if installed_ops.get("cpu_adam") and accelerator.device_name() != "cpu":
+        # built in for the accelerator it was built for (the cpu image's for the CPU; a CUDA image's for its GPUs):
+        # a CUDA image run with --cpu compiles it for the CPU
+        if installed_ops.get("cpu_adam") and accelerator.device_name() in (accelerator_name, "cuda"):
             return None
         name = accelerator.create_op_builder("CPUAdamBuilder").name
         root = os.environ.get("TORCH_EXTENSIONS_DIR") or _get_build_directory("", verbose=False)

@@ -44,6 +44,11 @@ def test_image_holds_what_its_labels_say(settings, cpu_image):
     assert out["torch"] == cpu.pins["torch"] and out["deepspeed"] == cpu.pins["deepspeed"]
     for op in ("cpu_adam", "deepspeed_shm_comm", "async_io"):
         assert out["ops"][op], f"DeepSpeed op {op} was asked for but is not built"
+    # built for the CPU here, so an offload run loads it: no "DeepSpeed compiles its cpu_adam op" warning, which
+    # every offload run in this image printed while starting at once
+    to_compile = docker(settings, "run", "--rm", "-e", "DS_ACCELERATOR=cpu", cpu_image, "python", "-c",
+                        "from dockyard.train.environment import cpu_adam_to_compile; print(cpu_adam_to_compile())")
+    assert to_compile.stdout.strip().splitlines()[-1] == "None", to_compile.stdout + to_compile.stderr
     report = docker(settings, "run", "--rm", cpu_image, "sh", "-c", "cat /opt/dockyard/ds_report.txt; ldconfig -p").stdout
     assert "DeepSpeed general environment info" in report and "libaio.so" in report
     # the image's torchrun says a failed worker in one line, no traceback of its own (dockyard.train.torchrun)
