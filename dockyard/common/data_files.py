@@ -78,3 +78,23 @@ def holds_text(path: Path) -> bool:
             if chunk.strip():
                 return True
     return False
+
+
+def mixed_formats(files: list[Path]) -> DockyardError | None:
+    """The refusal of a folder whose JSON Lines files are in different formats (by each file's first example),
+    or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file."""
+    found: dict[str, list[str]] = {}
+    for f in sorted(files):
+        fields = first_fields(f) if f.suffix == ".jsonl" else None
+        if fields is None:
+            continue
+        fmt = format_of(fields)
+        if not fmt:
+            raise unknown_format(str(f), fields)
+        found.setdefault(fmt, []).append(f.name)
+    if len(found) < 2:
+        return None
+    said = "; ".join(f"{fmt}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}" for fmt, names in found.items())
+    return DockyardError(f"{files[0].parent}: its files are in different data formats ({said}); a folder is read as "
+                         "one table of one format: put each format in a folder of its own and give one, or convert "
+                         "them to one format (docs/data.md)")

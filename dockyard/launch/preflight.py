@@ -24,7 +24,15 @@ from typing import Any, TypeVar
 
 from dockyard.common import disk, memory, runfolder
 from dockyard.common.autos import check_packing
-from dockyard.common.data_files import BUILDERS, first_fields, format_of, holds_text, left_out, unknown_format
+from dockyard.common.data_files import (
+    BUILDERS,
+    first_fields,
+    format_of,
+    holds_text,
+    left_out,
+    mixed_formats,
+    unknown_format,
+)
 from dockyard.common.errors import DockyardError
 from dockyard.common.model_config import check_model_folder
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
@@ -109,6 +117,12 @@ def check_data_fields(files: list[Path]) -> None:
     fields = readable(jsonl[0], first_fields) if jsonl else None
     if fields is not None and not format_of(fields):
         raise unknown_format(str(jsonl[0]), fields)
+    try:
+        mixed = mixed_formats(jsonl) if len(jsonl) > 1 else None
+    except OSError as e:
+        raise DockyardError(f"cannot read the data file {e.filename}: {e.strerror or e}") from None
+    if mixed:
+        raise mixed
 
 
 def readable(path: Path, read: Callable[[Path], T]) -> T:

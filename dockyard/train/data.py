@@ -39,6 +39,7 @@ from dockyard.common.data_files import (
     format_of,
     holds_text,
     left_out,
+    mixed_formats,
     not_an_object,
     unknown_format,
 )
@@ -265,6 +266,8 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         if isinstance(e.__cause__ or e, UnicodeDecodeError):
             raise DockyardError(f"cannot read {what}: it is not UTF-8 text ({_first_line(e)}); save it as "
                                 "UTF-8") from None
+        if builder == "json" and (mixed := mixed_formats([Path(f) for f in kwargs["data_files"]])):
+            raise mixed from None
         where = _bad_json_line(kwargs["data_files"]) if builder == "json" else ""
         # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
         # string. in row 10", for an unterminated string on line 11)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import fields
@@ -424,7 +425,10 @@ def test_data_whose_first_example_names_no_format_is_refused_before_the_image_st
     folder.mkdir()
     (folder / "a.jsonl").write_text('{"text": "fine"}\n')
     (folder / "b.jsonl").write_text('["not", "an object"]\n')
-    assert dry(env, f"--data={folder}").returncode == 0, "its first file names the format; the trainer reads the rest"
+    # every file's first line is read (a folder is one format): the second file's too
+    refused(dry(env, f"--data={folder}"), f"cannot read {folder / 'b.jsonl'}:1: an array, not an object")
+    (folder / "b.jsonl").write_text('{"text": "fine too"}\n["not", "an object"]\n')
+    assert dry(env, f"--data={folder}").returncode == 0, "its first lines name the format; the trainer reads the rest"
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "cut short\n')
     refused(dry(env, f"--data={broken}"), f"cannot read {broken}:1: not JSON (Unterminated string starting at: "
@@ -518,3 +522,23 @@ def test_a_resume_in_a_container_asks_for_the_inputs_it_mounted_with_the_whole_c
                f"invoke run --resume --run-id=c1 --variant=cpu '--data={data}'")
     r = dry(env, "--resume", "--run-id=c1", f"--data={data}")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_data_folder_of_two_formats_is_refused_by_the_host_and_by_the_trainer(env, tmp_path):
+    """A chat file beside an alpaca file: the run started, then `datasets` said "Couldn't cast", naming no file."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.train import data
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, '
+                                       '{"role": "assistant", "content": "hello"}]}\n')
+    (folder / "alpaca.jsonl").write_text('{"instruction": "Say hi", "input": "", "output": "hi"}\n')
+    says = "its files are in different data formats (alpaca: alpaca.jsonl; messages: chat.jsonl)"
+    refused(dry(env, f"--data={folder}"), says)
+    with pytest.raises(DockyardError, match=re.escape(says)):
+        data.read_rows(folder)
+    (folder / "alpaca.jsonl").write_text('{"messages": [{"role": "user", "content": "2+2?"}, '
+                                         '{"role": "assistant", "content": "4"}]}\n')
+    assert dry(env, f"--data={folder}").returncode == 0
+    assert len(data.read_rows(folder)) == 2
