@@ -16,6 +16,7 @@ minutes later, inside the container, refused now with the same reason and no eng
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -158,6 +159,8 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
     try:
         seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False)  # the model's
         given = parse_overrides(seen.overrides)
+        if resume:  # the run continues with its own settings (its overrides.json), those given now on top
+            given = {**resumed_settings(run_dir), **given}
         folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
         if not folder:
             return None
@@ -167,6 +170,19 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
         return None
     disk.check_room(run_dir.parent, need, disk.folder_bytes(run_dir) if resume else 0)
     return need
+
+
+def resumed_settings(run_dir: Path) -> dict[str, Any]:
+    """The settings a run was given after `--` (its overrides.json, as the trainer merges them on --resume), less its
+    inputs (the paths inside its container: a resume mounts what its command names); {} where unreadable (the
+    trainer refuses that file itself)."""
+    try:
+        saved = json.loads(runfolder.read_text(run_dir, runfolder.OVERRIDES, 1 << 20) or "{}")
+    except (OSError, ValueError, RecursionError, DockyardError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    return {k: v for k, v in saved.items() if isinstance(k, str) and k not in ("data", "model", "eval_data")}
 
 
 def check_overrides(spec, overrides: list[str], processes: int = 0) -> RunSettings:

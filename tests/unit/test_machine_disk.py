@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dockyard.common import disk, memory
@@ -86,3 +88,24 @@ def test_a_full_disk_is_told_from_another_failure(tmp_path, monkeypatch):
     assert disk.disk_full(err, tmp_path)
     text = disk.full_message(err, tmp_path, None)
     assert text.endswith("The error: RuntimeError: " + str(err))  # whole, not cut at its first dot
+
+
+def test_a_resume_is_sized_with_the_runs_own_settings(settings, tmp_path):
+    """`--resume` was sized with the recipe's defaults: a run started with `--max_steps 400 --save_steps 50` keeps
+    one more checkpoint while the next is written, which the check left out (on a large model, the one that fills
+    the disk). The trainer continues with the run's overrides.json, and the host sizes what it will write so."""
+    from dockyard.launch import preflight
+
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    ddp = load_recipe("ddp")
+
+    def need(resume: bool) -> dict:
+        return preflight.check_runs_disk(settings, ddp, [], model="", run_dir=run_dir, gpu=False, resume=resume)
+
+    (run_dir / "overrides.json").write_text(json.dumps({"max_steps": 400, "save_steps": 50, "data": "/x/y"}))
+    fresh = preflight.check_runs_disk(settings, ddp, ["--max_steps", "400", "--save_steps", "50"], model="",
+                                      run_dir=tmp_path / "r2", gpu=False, resume=False)
+    assert need(resume=True)["total_bytes"] == fresh["total_bytes"] > need(resume=False)["total_bytes"]
+    (run_dir / "overrides.json").write_text("[1, 2]")  # not the trainer's: its refusal is the trainer's
+    assert need(resume=True)["total_bytes"] == need(resume=False)["total_bytes"]
