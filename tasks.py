@@ -262,7 +262,9 @@ def load(c, file: Place = ""):
 
     Checks the sha256 of archive and manifest (and the signature when `allowed_signers` is set), then
     loads it and checks that every image is there with the right id. A damaged, truncated or tampered
-    archive is refused and nothing is loaded."""
+    archive is refused and nothing is loaded. Where every image it holds is here already, with the ids its
+    manifest names, the archive is not read at all ("nothing to do"): check a copy before carrying it with
+    `sha256sum -c NAME.sha256` beside it."""
     from dockyard.common.errors import DockyardError
     from dockyard.transport import load as load_mod
 
