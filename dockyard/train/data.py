@@ -419,6 +419,10 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int,
         else:
             out.dropped += 1
     if not out.examples:
+        if not out.truncated:  # nothing was cut: a longer max_seq_length cannot help
+            raise DockyardError(f"no example{' of ' + what if what else ''} has a token to learn from: every one is "
+                                "empty, or (prompt_completion, chat) has nothing to learn after its prompt; check "
+                                "the data (docs/data.md)")
         raise DockyardError(f"no example{' of ' + what if what else ''} has a token to learn from within "
                             f"max_seq_length={max_len}: raise it (-- --max_seq_length 2048)")
     return out

@@ -122,6 +122,11 @@ if [ -z "$name" ]; then
 	# read before any check: a name with a path (../../x) would have the copy below opened over that file, emptying it
 	case $name in '' | */* | -*) die "$1 names the archive '$name', which is not a file name beside it: refused, nothing was loaded" ;; esac
 fi
+case "$name" in *.manifest.json | *.manifest.json.sig | *.sha256)
+	stem=${name%.sig}
+	stem=${stem%.manifest.json}
+	die "$name is a companion of the archive, not the archive: give the archive itself (its .tar.zst, .tar.gz or .tar beside it), e.g. sh load.sh ${stem%.sha256}.tar.zst" ;;
+esac
 base=${name%.tar*}
 for f in "$name" "$base.sha256" "$base.manifest.json"; do
 	[ -f "$f" ] || die "$f is missing here: copy the archive with its .sha256 and .manifest.json"

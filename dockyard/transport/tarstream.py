@@ -261,12 +261,12 @@ class TarGate:
     def _member(self, src, header: bytes, name: str, kind: bytes, size: int, link: str) -> None:
         path = posixpath.normpath("/" + name).lstrip("/")
         if any(path.startswith(p + "/") for p in self.links):
-            raise DockyardError(f"the tar writes {name} through a link it made: refused")
+            raise DockyardError(f"the tar writes {name} through a link it made")
         if kind == b"2":
             self.links.add(path)
         naming = path in NAMING
         if naming and kind != b"0":
-            raise DockyardError(f"the tar's {path} is a link or a folder, not a file: refused")
+            raise DockyardError(f"the tar's {path} is a link or a folder, not a file")
         self.write(header)
         n, kept = _padded(size), bytearray()
         while n:

@@ -50,6 +50,15 @@ def test_examples_are_truncated_to_max_seq_length(tok):
     assert len(ex["input_ids"]) == len(ex["labels"]) == 16
 
 
+def test_examples_with_nothing_to_learn_are_not_told_to_raise_max_seq_length(tok):
+    """Empty documents were refused with "raise max_seq_length", which cannot help; a cut example still is."""
+    with pytest.raises(DockyardError, match="every one is empty") as empty:
+        data.causal_lm_examples([{"text": ""}] * 2, tok, 64)
+    assert "max_seq_length" not in str(empty.value)
+    with pytest.raises(DockyardError, match="within max_seq_length=4: raise it"):
+        data.causal_lm_examples([{"prompt": "Which port is number two on the list?", "completion": " Bergen"}], tok, 4)
+
+
 def test_rows_without_a_known_format_are_refused_with_the_fields_found(tok):
     with pytest.raises(DockyardError, match=r"fields \(answer, question\).*messages \(messages\)"):
         data.causal_lm_examples([{"question": "x", "answer": "y"}], tok, 64)

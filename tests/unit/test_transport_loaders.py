@@ -655,3 +655,13 @@ def test_load_sh_says_a_truncated_copy_by_its_size_before_hashing_it(tmp_path):
     assert r.returncode == 1 and f"t_1.tar.zst is 1000 bytes, the manifest says {whole}: the copy is truncated" \
         in r.stderr, r.stderr
     assert "verifying" not in r.stdout and not (tmp_path / "docker-used").exists()
+
+
+@pytest.mark.parametrize("companion", ["t_1.manifest.json", "t_1.sha256", "t_1.manifest.json.sig"])
+def test_load_sh_given_a_companion_of_the_archive_names_the_archive(tmp_path, companion):
+    """`sh load.sh t_1.manifest.json` said that t_1.manifest.json.sha256 was missing."""
+    (tmp_path / companion).write_text("{}")
+    r = subprocess.run(["sh", str(write_loader(tmp_path)), companion], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 1 and f"{companion} is a companion of the archive, not the archive" in r.stderr, r.stderr
+    assert "sh load.sh t_1.tar.zst" in r.stderr
