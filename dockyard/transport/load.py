@@ -427,8 +427,9 @@ class _Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     archive_sha256: str
-    archive_bytes: int = Field(ge=0)
-    tar_bytes: int = Field(ge=0)
+    # whole numbers as JSON numbers, of at most 18 digits: what load.sh reads from the same manifest
+    archive_bytes: int = Field(ge=0, lt=10**18, strict=True)
+    tar_bytes: int = Field(ge=0, lt=10**18, strict=True)
     images: list[_Image] = Field(min_length=1, max_length=MAX_IMAGES)
     thin: _Thin | None = None
 

@@ -51,16 +51,15 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if image and variant:
         raise DockyardError("give --image or --variant, not both")
     level = check_method(compress, level)
+    key = Path(os.path.expanduser(sign)) if sign else None
+    if key:
+        check_key_file(key, sign)
     refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings, variant)]
     images = inventory.inspect_images(settings, refs)
     tool = (compressor_argv(compress, level) or [""])[0]
     if tool and not engine.which(tool):
         raise DockyardError(f"{tool} is not installed: install it (apt-get install {compress}) or pass "
                             "--compress=gzip / none")
-    key = Path(os.path.expanduser(sign)) if sign else None
-    if key and not key.exists():
-        raise DockyardError(f"--sign={sign}: no such key file (an ssh private key, or a public key "
-                            "whose private half is in your ssh-agent)")
     thin = thin_record(settings, images, thin_for) if thin_for else None
     out_dir = Path(os.path.expanduser(out)).resolve() if out else settings.path(settings.dist_dir)
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
@@ -90,6 +89,25 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if runner:
         print("train there without the project: sh run.sh --recipe=ddp --data=FILE --model=DIR -- --max_steps 100")
     return manifest
+
+
+KEY_STARTS = (b"-----BEGIN ", b"ssh-", b"ecdsa-", b"sk-")  # a private key (PEM/OpenSSH), or a public key's line
+
+
+def check_key_file(key: Path, given: str) -> None:
+    """--sign names an ssh key file: refused before the save (minutes, for a large image) rather than after it."""
+    kind = ("a private key, or a public key whose private half is in your ssh-agent; e.g. --sign=~/.ssh/id_ed25519")
+    if not key.exists():
+        raise DockyardError(f"--sign={given}: no such key file ({kind})")
+    if not key.is_file():
+        raise DockyardError(f"--sign={given}: a folder, not a key file ({kind})")
+    try:
+        with open(key, "rb") as f:
+            head = f.read(64).lstrip()
+    except OSError as e:
+        raise DockyardError(f"--sign={given}: cannot read it ({e.strerror or e})") from None
+    if not head.startswith(KEY_STARTS):
+        raise DockyardError(f"--sign={given}: not an ssh key file ({kind})")
 
 
 def load_hint(archive: Path) -> str:

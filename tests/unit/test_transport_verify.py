@@ -160,3 +160,19 @@ def test_a_file_of_the_set_that_is_a_folder_is_one_error_line(tmp_path, which):
                 lambda: ship.ship_file(Settings(), str(paths.archive), "node7:/tmp/nowhere")):
         with pytest.raises(DockyardError, match=f"{folder.name} is a folder, not a file of an archive set"):
             run()
+
+
+def test_a_sign_key_that_is_no_key_is_refused_before_the_save(tmp_path, monkeypatch):
+    """`--sign=FOLDER` (or a file of anything) was refused by ssh-keygen after the whole save had run; real keys,
+    private and public, are taken."""
+    from dockyard.transport import save as save_mod
+
+    monkeypatch.setattr(save_mod.inventory, "inspect_images", lambda *a: pytest.fail("the save started"))
+    (tmp_path / "notes.txt").write_text("not a key\n")
+    for key_file, says in ((tmp_path, "a folder, not a key file"), (tmp_path / "notes.txt", "not an ssh key file"),
+                        (tmp_path / "gone", "no such key file")):
+        with pytest.raises(DockyardError, match=says):
+            save_mod.save(Settings(), image="t:1", sign=str(key_file))
+    key = keypair(tmp_path, "release")
+    for real in (key, key.with_suffix(".pub")):
+        save_mod.check_key_file(real, str(real))
