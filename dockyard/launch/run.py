@@ -106,6 +106,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         info, image = {}, {}
         if r.dry:
             image = _image_if_there(settings, variants.tag(settings, chosen))
+            if image:  # what the run would say: the dry run is where one looks before starting
+                build.warn_if_stale(image, variants.tag(settings, chosen))
         else:
             info = engine.engine_info(settings)
             image = engine.image_inspect(settings, variants.tag(settings, chosen))
@@ -515,7 +517,8 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
                     if to in ("cpu", "nvme"))
           + _adapters(m)
           + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else "")
-          + _from_cache(met.compile_cache if met else None))
+          + _from_cache(met.compile_cache if met else None)
+          + (" · stopped before its strategy took effect" if not eff.engine and m.status != "completed" else ""))
     diverged = met.loss_non_finite_at_step if met else None
     if met and (diverged is not None or (met.loss_first is not None and met.loss_last is not None)):
         # a run that failed early logged no loss; a failed run measured no throughput (null): no rate, not 0 tokens/s;

@@ -137,3 +137,15 @@ def test_a_path_holding_a_colon_is_refused_naming_where_it_came_from_before_anyt
     short_error(r, how)
     assert "':'" in r.stderr and f"{odd}" in r.stderr and "docker run" not in r.stdout + r.stderr
     assert not (tmp_path / "runs").exists() and not (odd / "runs").exists() and not (odd / "hf").exists()
+
+
+def test_a_dry_run_says_when_the_image_holds_other_code_too(tmp_path, monkeypatch):
+    """`invoke run --dry` printed the command and nothing of the image's code; the run then warned."""
+    from tests.support.cli import invoke_here
+
+    stale = {"Id": "sha256:" + "c" * 64, "Config": {"Labels": {variants.CODE_LABEL: "0" * 64}}}
+    monkeypatch.setattr(launch_run.engine, "image_inspect", lambda settings, ref: stale)
+    r = invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode == 0, r.stderr
+    assert "holds older (or other) code than this checkout's dockyard/" in r.stderr, r.stderr

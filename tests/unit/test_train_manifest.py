@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from dockyard.common.recipes import load_recipe
@@ -99,3 +100,15 @@ def test_the_summary_names_adapters_a_4_bit_base_and_offloading(tmp_path, capsys
                                                 {"steps": 3, "tokens_per_second": 25.0}, extra))
         launch_run.summarise(tmp_path)
         assert says in capsys.readouterr().out
+
+
+def test_a_run_that_failed_before_its_strategy_took_effect_says_so(tmp_path, capsys):
+    """The failed run's line read "world size 2 on 1 node(s) + LoRA adapters": no strategy, and no word why."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.launch import run as launch_run
+
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("lora"), "failed", 2, None, {}, {}))
+    with contextlib.suppress(DockyardError):  # a failed run is an error, said after its line
+        launch_run.summarise(tmp_path)
+    said = capsys.readouterr().out
+    assert "world size 2 on 1 node(s) + LoRA adapters · stopped before its strategy took effect" in said, said
