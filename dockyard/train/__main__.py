@@ -635,6 +635,8 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     for h in handlers:
         h.setFormatter(fmt)
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
+    # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process
+    logging.getLogger("dockyard.train.data").setLevel(logging.INFO if is_main else logging.ERROR)
     transformers.utils.logging.disable_default_handler()
     transformers.utils.logging.enable_propagation()
     transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)

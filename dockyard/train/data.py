@@ -45,7 +45,7 @@ from dockyard.common.data_files import (
 )
 from dockyard.common.errors import DockyardError
 
-log = logging.getLogger("dockyard.train")
+log = logging.getLogger("dockyard.train.data")  # the same on every rank: said by rank 0 alone (setup_logging)
 
 IGNORE = -100  # label value the loss skips
 

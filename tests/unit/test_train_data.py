@@ -115,3 +115,4 @@ def test_a_text_field_holding_numbers_or_token_ids_is_refused_not_trained_on_as_
     value), without a word: now the example and the field are named."""
     with pytest.raises(DockyardError, match=re.escape(said)):
         data.causal_lm_examples(data.read_rows(write(tmp_path / "d.jsonl", rows)), tok, 64)
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -391,35 +392,62 @@ def test_a_deepspeed_recipe_started_without_torchrun_is_one_error_line_before_an
     assert not (tmp_path / "r1" / "base").exists(), "refused before anything was loaded"
 
 
-def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_librarys_info(tmp_path, capsys):
-    """A 6-step run printed about 130 console lines, most of them transformers' INFO (the model's config twice, each
-    file saved, "share your model on huggingface.co"). Real loggers, as the trainer sets them up on rank 0."""
+@contextlib.contextmanager
+def real_loggers():
+    """The trainer's logging set up for real inside, and this process's put back after (handlers, levels)."""
     import logging
 
     import transformers
 
-    from dockyard.train.__main__ import setup_logging
-
     root, level = logging.root.handlers[:], logging.root.level
     verbosity = transformers.utils.logging.get_verbosity()
     try:
-        setup_logging(tmp_path, is_main=True)
-        logging.getLogger("transformers.configuration_utils").info("Model config LlamaConfig {...}")
-        logging.getLogger("transformers.trainer").warning("a library's warning")
-        logging.getLogger("dockyard.train").info('{"step": 1, "loss": 6.2}')
-        for h in logging.root.handlers:
-            h.flush()
+        yield
     finally:
         for h in logging.root.handlers:
             if h not in root:
                 h.close()
         logging.root.handlers[:] = root
         logging.root.setLevel(level)
+        logging.getLogger("dockyard.train.data").setLevel(logging.NOTSET)
         transformers.utils.logging.set_verbosity(verbosity)
+
+
+def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_librarys_info(tmp_path, capsys):
+    """A 6-step run printed about 130 console lines, most of them transformers' INFO (the model's config twice, each
+    file saved, "share your model on huggingface.co"). Real loggers, as the trainer sets them up on rank 0."""
+    import logging
+
+    from dockyard.train.__main__ import setup_logging
+
+    with real_loggers():
+        setup_logging(tmp_path, is_main=True)
+        logging.getLogger("transformers.configuration_utils").info("Model config LlamaConfig {...}")
+        logging.getLogger("transformers.trainer").warning("a library's warning")
+        logging.getLogger("dockyard.train").info('{"step": 1, "loss": 6.2}')
+        for h in logging.root.handlers:
+            h.flush()
     console = capsys.readouterr().err
     log = (tmp_path / "train.log").read_text()
     assert "Model config" not in console and "a library's warning" in console and '{"step": 1' in console
     assert all(line in log for line in ("Model config", "a library's warning", '{"step": 1'))
+
+
+def test_a_data_warning_is_said_by_the_first_process_alone(tmp_path, capsys):
+    """Every process reads the same data: each printed the same warnings (fields not trained on, examples cut),
+    twice on two GPUs, eight times on eight. A process's own warnings are still said by each."""
+    import logging
+
+    from dockyard.train import data
+    from dockyard.train.__main__ import setup_logging
+
+    with real_loggers():
+        for is_main in (False, True):
+            setup_logging(tmp_path, is_main)
+            data.log.warning("the field system is not trained on")
+            logging.getLogger("dockyard.train").warning("this process's own GPU is slow")
+            said = capsys.readouterr().err
+            assert ("field system" in said) is is_main and "own GPU is slow" in said, said
 
 
 def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_another_only_if_the_first_went_on(
