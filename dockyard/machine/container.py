@@ -50,6 +50,8 @@ def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
         return f"{int(limit) / 1024:g} MiB" if limit.isascii() and limit.isdigit() else (limit or "?")
 
     detail = f"memlock {kib(memlock)}, stack {kib(stack)}"
+    if memlock.isascii() and memlock.isdigit():  # what `invoke run` passes by itself; compose asks for unlimited
+        detail += f" (compose/train.yml: DOCKYARD_MEMLOCK={int(memlock) * 1024})"
     small_stack = stack != "unlimited" and (not (stack.isascii() and stack.isdigit()) or int(stack) < STACK_MIN_KIB)
     if not gpu:
         return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
