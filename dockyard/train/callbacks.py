@@ -128,6 +128,15 @@ class MetricsLog(TrainerCallback):
         self._mark = 0.0               # the time after the last thing that was timed
         self._window = (0.0, 0, 0)     # (time, token count, step) where the open window began
         self._paused = 0.0             # seconds saving or evaluating within the open window
+        self._step_lr: float | None = None  # the learning rate the current step trains with
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        # The rate this step's update uses. The Trainer logs the scheduler's last rate, read after the optimizer step
+        # and before its own scheduler step; DeepSpeed steps the scheduler inside its optimizer step, so its runs
+        # logged the next step's rate (a 2-step zero2 run: 5e-4, 0; ddp: 1e-3, 5e-4)
+        groups = getattr(optimizer, "param_groups", None)
+        if groups:
+            self._step_lr = float(groups[0]["lr"])
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.world, self.device, self.first_step = args.world_size, args.device, state.global_step
@@ -148,6 +157,8 @@ class MetricsLog(TrainerCallback):
         logs = dict(logs or {})
         if "loss" in logs:  # a training window closes (every rank logs it: the token sum is a collective)
             logs.update(self._close_window(state.global_step))
+            if "learning_rate" in logs and self._step_lr is not None:
+                logs["learning_rate"] = self._step_lr  # the window's last step's own (on_step_begin)
             if self.is_main and self.diverged_at is None and manifest.finite(logs["loss"]) is None:
                 self.diverged_at = state.global_step
                 log.warning("the loss became non-finite (%s) at step %d: the run diverged (the model it saves is not "

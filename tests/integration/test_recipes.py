@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from dockyard.common import runfolder
@@ -31,6 +32,8 @@ def assert_trained(run_dir: Path, recipe: str, engine: str, **in_effect) -> dict
     assert metrics["tokens_per_second"] > 0 and metrics["peak_memory_bytes"] > 50 * 2**20
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, 13)) and all("loss" in x for x in lines)
+    assert [x["learning_rate"] for x in lines] == pytest.approx(scheduled_rates(run_dir, 12)), \
+        "each step's logged learning rate is the one its update used (DeepSpeed's runs logged the next step's)"
     # what `invoke run` checked the disk for: one checkpoint as the plan sized it (dockyard.common.disk)
     written = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "checkpoint-12").rglob("*") if f.is_file())
     planned = m["disk"]["checkpoint_bytes"]
@@ -41,6 +44,23 @@ def assert_trained(run_dir: Path, recipe: str, engine: str, **in_effect) -> dict
     assert torch.allclose(reload_logits(run_dir, m), torch.tensor(m["probe"]["logits"]), atol=tolerance), \
         "the saved model, reloaded, is not the model that was trained"
     return m
+
+
+def scheduled_rates(run_dir: Path, steps: int) -> list[float]:
+    """The learning rate of each of `steps` optimizer steps, from the run's own TrainingArguments (saved beside its
+    model) through transformers' scheduler on a stand-in optimizer: the rate before each scheduler step."""
+    from transformers import get_scheduler
+
+    args = torch.load(run_dir / "model" / "training_args.bin", weights_only=False)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(steps),
+                          num_training_steps=steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
+    rates = []
+    for _ in range(steps):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return rates
 
 
 def test_zero2_trains_and_saves_a_model_that_reloads(tmp_path):
