@@ -252,7 +252,7 @@ def in_words(recipe: Recipe, settings: RunSettings) -> str:
     return said
 
 
-def run_in_words(args: Any, settings: RunSettings, resolved: dict[str, dict[str, Any]]) -> str:
+def run_in_words(args: Any, settings: RunSettings, resolved: dict[str, dict[str, Any]], base: str = "") -> str:
     """The start-up line of what the run does, the `auto` settings as they resolved (the manifest's settings_resolved
     says why); it printed the settings as given, `auto` and the LoRA rank of a run with no adapters in them."""
     length = (f"{args.max_steps} step{'s' * (args.max_steps != 1)}" if args.max_steps > 0
@@ -262,7 +262,7 @@ def run_in_words(args: Any, settings: RunSettings, resolved: dict[str, dict[str,
     said = [f"{length} of {per_step} examples ({args.per_device_train_batch_size} per process x "
             f"{args.gradient_accumulation_steps} accumulated x {args.world_size} process(es)), "
             f"up to {settings.max_seq_length} tokens each",
-            f"lr {args.learning_rate:g}", precision,
+            f"lr {args.learning_rate:g}", precision + (f", {base} base weights" if base else ""),
             f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}",
             f"torch_compile {'on' if args.torch_compile else 'off'}"]
     for name in ("use_liger_kernel", "padding_free", "packing", "numa_binding"):
@@ -315,7 +315,9 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     log.info("recipe %s%s with %d process(es), %d CPU thread(s) each%s", recipe.name,
              f" ({what})" if what != recipe.name else "", args.world_size, torch.get_num_threads(),
              f" (NUMA: {why})" if bound else "")
-    log.info("%s", run_in_words(args, settings, resolved.record))
+    # an adapter recipe's frozen base is loaded in 16 bits (model.weights_dtype), whatever the compute precision
+    base = str(models.weights_dtype(settings, recipe)).removeprefix("torch.") if recipe.peft == "lora" else ""
+    log.info("%s", run_in_words(args, settings, resolved.record, base))
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))
     tokenizer = models.load_tokenizer(model_dir)

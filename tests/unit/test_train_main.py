@@ -676,6 +676,8 @@ def test_the_start_up_lines_say_what_trains_as_resolved_not_the_settings_as_give
                                          "packing": {"value": False, "why": "-"}})
     assert said == ("3 steps of 8 examples (4 per process x 2 accumulated x 1 process(es)), up to 128 tokens each · "
                     f"lr {args.learning_rate:g} · fp32 · gradient checkpointing off · torch_compile off · padding_free on")
+    # a LoRA base on CPU is bf16 under fp32 compute: the line said "fp32" alone, the manifest and export bfloat16
+    assert " · fp32, bfloat16 base weights · " in run_in_words(args, settings, {}, "bfloat16")
 
 
 @pytest.mark.parametrize("when", ["as the library unwinds", "as the record is written"])
