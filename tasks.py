@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from invoke import Exit
+
 from dockyard.cli import explain_config_errors, explain_parse_errors, hold_setting_overrides, task, task_settings
 
 hold_setting_overrides()  # until a task runs: Invoke's own cast of them is a traceback (dockyard/cli.py)
@@ -373,17 +375,30 @@ def plan(c, model: Place = "", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB
 
 # --- project ---------------------------------------------------------------------------------
 
+NO_TESTS_COLLECTED = 5  # pytest's exit code when -k leaves a session nothing to run
+
+
 @task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})
 def test(c, k="", x=False):
     """Run the linter and the test suite (what .ci/run calls).
 
+    The unit tests first, one process per core (pytest-xdist, at most 8); then the integration and GPU tests, one
+    at a time: they share one Docker engine, a second node and the machine's cores, and some time what they run.
     Tests that need a GPU skip, saying why, where there is none."""
     import shlex
 
     c.run(shlex.join([sys.executable, "-m", "ruff", "check", "."]), pty=False)
-    args = [sys.executable, "-m", "pytest", "-ra", "--durations=15", "tests"]
-    if k:
-        args += ["-k", k]
-    if x:
-        args.append("-x")
-    c.run(shlex.join(args), pty=False)
+    picked = (["-k", k] if k else []) + (["-x"] if x else [])
+    sessions = (["-n", "auto", "--maxprocesses=8", "tests/unit"], ["tests/integration", "tests/gpu"])
+    codes = []
+    for where in sessions:
+        r = c.run(shlex.join([sys.executable, "-m", "pytest", "-ra", "--durations=15", *picked, *where]), pty=False,
+                  warn=True)
+        codes.append(r.exited)
+        if x and r.exited not in (0, NO_TESTS_COLLECTED):
+            break
+    failed = [code for code in codes if code not in (0, NO_TESTS_COLLECTED)]
+    if failed:
+        raise Exit(code=failed[0])
+    if 0 not in codes:
+        raise Exit(f"error: no test matches -k {k!r}", code=NO_TESTS_COLLECTED)
