@@ -113,6 +113,27 @@ def read_text(folder: Path, name: str, limit: int | None = None) -> str | None:
     return None if raw is None else raw.decode("utf-8", errors="replace")
 
 
+OVERRIDES_LIMIT = 1 << 20  # bytes: overrides.json (the trainer's hold a few settings)
+
+
+def saved_overrides(run_dir: Path) -> dict[str, Any]:
+    """The settings the run was given after `--`, which --resume trains with again ({} for a run from before they were
+    kept, or one killed before it trained). Untrusted: read through no link, and refused unless the trainer's shape."""
+    try:
+        raw = read_text(run_dir, OVERRIDES, OVERRIDES_LIMIT)
+        saved = json.loads(raw) if raw is not None else {}
+    except (OSError, ValueError, RecursionError, DockyardError) as e:
+        saved = e
+    if not (isinstance(saved, dict) and all(isinstance(k, str) and k.isidentifier() for k in saved)):
+        raise DockyardError(f"--resume: {run_dir / OVERRIDES} is not the list of settings the trainer wrote; remove "
+                            "it and give the run's settings again after `--`")
+    return saved
+
+
+def save_overrides(run_dir: Path, overrides: dict[str, Any]) -> None:
+    write(run_dir, OVERRIDES, json.dumps(overrides, indent=1, default=str) + "\n")
+
+
 def check(folder: Path) -> None:
     """Refuse a run folder that is a link or holds a link, a fifo or a device anywhere below it."""
     os.close(_open_folder(folder))

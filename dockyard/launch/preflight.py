@@ -16,7 +16,6 @@ minutes later, inside the container, refused now with the same reason and no eng
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -173,16 +172,13 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
 
 
 def resumed_settings(run_dir: Path) -> dict[str, Any]:
-    """The settings a run was given after `--` (its overrides.json, as the trainer merges them on --resume), less its
-    inputs (the paths inside its container: a resume mounts what its command names); {} where unreadable (the
-    trainer refuses that file itself)."""
+    """The settings a run was given after `--`, as the trainer merges them on --resume, less its inputs (the paths
+    inside its container: a resume mounts what its command names); {} where unreadable (the trainer refuses them)."""
     try:
-        saved = json.loads(runfolder.read_text(run_dir, runfolder.OVERRIDES, 1 << 20) or "{}")
-    except (OSError, ValueError, RecursionError, DockyardError):
+        saved = runfolder.saved_overrides(run_dir)
+    except DockyardError:
         return {}
-    if not isinstance(saved, dict):
-        return {}
-    return {k: v for k, v in saved.items() if isinstance(k, str) and k not in ("data", "model", "eval_data")}
+    return {k: v for k, v in saved.items() if k not in ("data", "model", "eval_data")}
 
 
 def check_overrides(spec, overrides: list[str], processes: int = 0) -> RunSettings:

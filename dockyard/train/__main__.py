@@ -379,7 +379,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         run.resume_lock = hold_resume(run_dir)  # held to the end of the process: a second resume is refused
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     if run.opts.resume:  # a run continues with its own settings: those given now change them
-        saved = manifest.saved_overrides(run_dir)
+        saved = runfolder.saved_overrides(run_dir)
         if dropped := ineffective(recipe, saved):  # a run of before they were refused: they never took effect
             saved = {k: v for k, v in saved.items() if k not in dropped}
             log.warning("--resume: the run's settings %s had no effect on it and are left out now",
@@ -427,7 +427,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if not run.opts.resume and os.environ.get("RANK", "0") == "0":
         # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
-        manifest.save_overrides(run_dir, run.overrides)
+        runfolder.save_overrides(run_dir, run.overrides)
     return Opened(recipe, settings, training, last)
 
 
@@ -458,7 +458,7 @@ def began(run: Run, p: Prepared) -> None:
     if run.is_main:  # the lines of steps that run again go: all of them from the start (a run killed before its
         # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
         manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
-        manifest.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
+        runfolder.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
 
 
 def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:

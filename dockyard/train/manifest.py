@@ -177,27 +177,6 @@ def check_same_inputs(run_dir: Path, given: dict[str, str]) -> None:
                                 "with (a checkpoint continues its own model on its own data)")
 
 
-OVERRIDES_LIMIT = 1 << 20  # bytes: overrides.json (the trainer's hold a few settings)
-
-
-def saved_overrides(run_dir: Path) -> dict[str, Any]:
-    """The settings the run was given after `--` (runfolder.OVERRIDES; {} for a run from before it was kept, or
-    one killed before it trained). Untrusted: read through no link, and refused unless the trainer's shape."""
-    try:
-        raw = runfolder.read_text(run_dir, runfolder.OVERRIDES, OVERRIDES_LIMIT)
-        saved = json.loads(raw) if raw is not None else {}
-    except (OSError, ValueError, RecursionError, DockyardError) as e:
-        saved = e
-    if not (isinstance(saved, dict) and all(isinstance(k, str) and k.isidentifier() for k in saved)):
-        raise DockyardError(f"--resume: {run_dir / runfolder.OVERRIDES} is not the list of settings the trainer "
-                            "wrote; remove it and give the run's settings again after `--`")
-    return saved
-
-
-def save_overrides(run_dir: Path, overrides: dict[str, Any]) -> None:
-    runfolder.write(run_dir, runfolder.OVERRIDES, json.dumps(overrides, indent=1, default=str) + "\n")
-
-
 def mark_complete(path: Path, step: int) -> None:
     """Publish a checkpoint: the marker appears whole (written aside, then renamed) or not at all."""
     runfolder.write(path, runfolder.COMPLETE, json.dumps({"step": step, "ranks_saved": "all"}) + "\n")

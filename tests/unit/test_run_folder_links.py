@@ -254,16 +254,16 @@ def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
     run's container can write: a link is not followed, and anything but the trainer's shape is refused by name."""
     run = tmp_path / "run"
     run.mkdir()
-    assert manifest.saved_overrides(run) == {}  # a run from before it was kept: the settings given now alone
-    manifest.save_overrides(run, {"max_steps": 60, "gradient_checkpointing_kwargs": {"use_reentrant": False}})
-    assert manifest.saved_overrides(run) == {"max_steps": 60, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    assert runfolder.saved_overrides(run) == {}  # a run from before it was kept: the settings given now alone
+    runfolder.save_overrides(run, {"max_steps": 60, "gradient_checkpointing_kwargs": {"use_reentrant": False}})
+    assert runfolder.saved_overrides(run) == {"max_steps": 60, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
     secret = _outside(tmp_path, "settings.json")
     secret.write_text('{"max_steps": 1}')
     for planted in ("[1, 2]", '{"max steps": 1}', "not json", "[" * 100000):
         (run / runfolder.OVERRIDES).write_text(planted)
         with pytest.raises(DockyardError, match=r"overrides.json is not the list of settings the trainer wrote; remove"):
-            manifest.saved_overrides(run)
+            runfolder.saved_overrides(run)
     (run / runfolder.OVERRIDES).unlink()
     (run / runfolder.OVERRIDES).symlink_to(secret)
     with pytest.raises(DockyardError, match="overrides.json is not the list of settings"):
-        manifest.saved_overrides(run)
+        runfolder.saved_overrides(run)
