@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     # step and at every save, about a call the user cannot change
     warnings.filterwarnings("ignore", category=FutureWarning, message=r"`torch\.distributed\."
                             r"(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")  # ZeRO-3: both
+    # bitsandbytes on a CPU with AVX512-BF16 asks the `kernels` package for a kernel from the Hub when it is imported,
+    # and each rank warned "Failed to load CPU gemm_4bit_forward from kernels-community ... pip install kernels": a
+    # download the image must not make (nodes without internet); its own CPU kernels run instead
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     if not nodes.first_of_node():  # loading and saving weights: one progress bar per node, not per GPU
         transformers.utils.logging.disable_progress_bar()
 

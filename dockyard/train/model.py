@@ -165,7 +165,12 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     from safetensors import SafetensorError
 
     try:
-        model, loading = _auto_class(settings.task).from_pretrained(model_dir, output_loading_info=True, **kwargs)
+        with load_report() as report:
+            model, loading = _auto_class(settings.task).from_pretrained(model_dir, output_loading_info=True, **kwargs)
+            if only_a_new_head(loading, settings.task):
+                report.clear()
+                log.info("task seq_cls: the classification head (%s) is new, %d labels, trained from random values; "
+                         "the base's language-model head is left out", ", ".join(new_head(loading)), len(labels))
     except (OSError, ValueError) as e:
         if asks_for_code(e):
             raise runs_code(model_dir) from None
@@ -216,6 +221,41 @@ def learned_positions(model: Any) -> int | None:
 
 
 HEADS = ("score.", "classifier.", "lm_head.")  # a classifier's new head; the causal-LM head its base had
+
+
+@contextlib.contextmanager
+def load_report() -> Iterator[list[logging.LogRecord]]:
+    """transformers' LOAD REPORT (a table of the tensors that were missing, unused or of another shape), held while
+    the model loads, and said after unless the caller cleared it. Each rank printed it, and for every classifier,
+    whose new head and unused causal-LM head are what a classifier is made of; a real problem it reports is said
+    whole (the size mismatch transformers raises after it points to the table)."""
+    held: list[logging.LogRecord] = []
+    source = logging.getLogger("transformers.modeling_utils")
+
+    def hold(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in str(record.msg):
+            held.append(record)
+            return False
+        return True
+
+    source.addFilter(hold)
+    try:
+        yield held
+    finally:
+        source.removeFilter(hold)
+        for record in held:
+            source.handle(record)
+
+
+def new_head(loading: dict[str, Any]) -> list[str]:
+    return sorted({k.split(".")[0] for k in loading.get("missing_keys") or []})
+
+
+def only_a_new_head(loading: dict[str, Any], task: str) -> bool:
+    """A classifier loaded from a causal LM's weights as it should be: a new head, the LM head unused, nothing else."""
+    keys = [*(loading.get("missing_keys") or []), *(loading.get("unexpected_keys") or [])]
+    return (task == "seq_cls" and all(k.startswith(HEADS) for k in keys) and not loading.get("mismatched_keys")
+            and not loading.get("error_msgs"))
 
 
 def check_weights_loaded(model_dir: str, loading: dict[str, Any], task: str, tensors: int) -> None:

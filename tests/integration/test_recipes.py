@@ -110,8 +110,10 @@ def test_zero3_offload_keeps_parameters_and_optimizer_on_the_cpu(tmp_path):
 
 def test_qlora_trains_adapters_on_a_4bit_base(tmp_path):
     run = tmp_path / "run"
-    train("qlora", run, *FAST, *LORA_LR)
+    proc = train("qlora", run, *FAST, *LORA_LR)
     m = assert_trained(run, "qlora", "ddp")
+    # bitsandbytes, imported on a CPU with AVX512-BF16, asked every rank to `pip install kernels` (a Hub download)
+    assert "kernels-community" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     assert m["strategy"]["peft"] == "qlora"
     assert m["model"]["quantized_layers"] == 14  # q, k, v, o, gate, up, down in both layers: all 4-bit
     bf16_bytes = 2 * m["model"]["parameters"]
@@ -357,9 +359,11 @@ def test_seq_cls_fine_tunes_a_pretrained_encoder_that_generalises(tmp_path):
 def test_lora_classifies_with_the_tiny_llm_and_the_adapter_reloads(tmp_path):
     """The LLM-for-classification case: a decoder with a classification head, LoRA adapters, DDP."""
     run = tmp_path / "run"
-    train("lora", run, "--task", "seq_cls", "--max_steps", "12", "--per_device_train_batch_size", "8",
-          "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--max_seq_length", "32",
-          "--logging_steps", "1")
+    proc = train("lora", run, "--task", "seq_cls", "--max_steps", "12", "--per_device_train_batch_size", "8",
+                 "--learning_rate", "3e-3", "--lr_scheduler_type", "constant", "--max_seq_length", "32",
+                 "--logging_steps", "1")
+    said = proc.stdout + proc.stderr  # the new head said in a line, not transformers' table of it on every rank
+    assert "LOAD REPORT" not in said and said.count("task seq_cls: the classification head (score) is new") == 1, said[-3000:]
     m = manifest(run)
     assert m["status"] == "completed" and m["strategy"]["in_effect"]["engine"] == "ddp"
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]

@@ -5,6 +5,7 @@ trainer loads it."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -37,11 +38,17 @@ def _load(folder, task="causal_lm", labels=()):
     return models.load_model(str(folder), load_recipe("ddp"), settings, tok, list(labels), 0)
 
 
-def test_a_config_of_more_layers_than_the_weights_hold_is_refused_not_trained_from_random(tiny, tmp_path):
+def _reports(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "LOAD REPORT" in r.getMessage()]
+
+
+def test_a_config_of_more_layers_than_the_weights_hold_is_refused_not_trained_from_random(tiny, tmp_path, caplog):
     folder = _copy(tiny, tmp_path, num_hidden_layers=4)  # the weights hold 2
     with pytest.raises(DockyardError, match=r"its weights lack 18 of the model's \d+ tensors \(model\.layers\.2\..*"
                                             "which would train from random values"):
         _load(folder)
+    [report] = _reports(caplog)  # transformers' table of what is missing, as it says it
+    assert "model.layers.{2, 3}.mlp.up_proj.weight" in report and "MISSING" in report, report
 
 
 def test_a_config_of_fewer_layers_than_the_weights_hold_is_refused(tiny, tmp_path):
@@ -50,9 +57,15 @@ def test_a_config_of_fewer_layers_than_the_weights_hold_is_refused(tiny, tmp_pat
         _load(folder)
 
 
-def test_a_classifier_on_a_causal_model_starts_its_head_alone_from_random(tiny):
+def test_a_classifier_on_a_causal_model_starts_its_head_alone_from_random_and_says_so_in_a_line(tiny, caplog):
+    """transformers' LOAD REPORT (a table calling the new head MISSING and the LM head UNEXPECTED) printed on every
+    rank of every classifier run; a classifier is made that way, and the run's own line says it."""
+    caplog.set_level(logging.INFO)
     model = _load(tiny, task="seq_cls", labels=("calm", "storm"))
     assert model.config.num_labels == 2
+    assert not _reports(caplog)
+    assert ("task seq_cls: the classification head (score) is new, 2 labels, trained from random values; the base's "
+            "language-model head is left out") in caplog.messages
 
 
 def test_a_config_of_another_vocabulary_than_the_weights_is_one_line(tiny, tmp_path):
