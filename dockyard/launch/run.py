@@ -339,6 +339,8 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# folders of the runs folder that tasks other than `invoke run` write (dockyard.launch.slurm, dockyard.launch.k8s)
+TOOL_FOLDERS = {"slurm": "the sbatch scripts of `invoke slurm`", "k8s": "the manifests of `invoke k8s`"}
 
 
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
@@ -356,6 +358,9 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
         # It names the container too (dockyard-<run-id>): docker's rule, checked before anything is made.
         raise DockyardError(f"--run-id {run_id!r}: use letters, digits, '_', '.' and '-', starting with a letter "
                             "or digit (it names the run folder and the container)")
+    if run_id in TOOL_FOLDERS:
+        raise DockyardError(f"--run-id {run_id}: the runs folder's {run_id}/ holds {TOOL_FOLDERS[run_id]}, not a run: "
+                            "pick another --run-id")
     d = runs / run_id
     if resume:
         if not d.is_dir() and not d.is_symlink():

@@ -542,3 +542,12 @@ def test_a_data_folder_of_two_formats_is_refused_by_the_host_and_by_the_trainer(
                                          '{"role": "assistant", "content": "4"}]}\n')
     assert dry(env, f"--data={folder}").returncode == 0
     assert len(data.read_rows(folder)) == 2
+
+
+@pytest.mark.parametrize("name", ["slurm", "k8s"])
+def test_a_run_id_naming_the_folder_of_invoke_slurm_or_k8s_is_refused(env, tmp_path, name):
+    """runs/slurm/ and runs/k8s/ hold what `invoke slurm` and `invoke k8s` write: a run there would mix with them
+    (and `already holds a run` would call their scripts a run)."""
+    r = dry(env, f"--run-id={name}")
+    refused(r, f"--run-id {name}: the runs folder's {name}/ holds the ")
+    assert "pick another --run-id" in r.stderr and not (tmp_path / "runs" / name).exists()
