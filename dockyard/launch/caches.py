@@ -1,9 +1,10 @@
 """The host folders a run's container writes besides its run folder, mounted read-write:
 
   hf_cache       Hugging Face's cache (HF_HOME inside)
-  compile_cache  torch.compile's and Triton's caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR inside): the
-                 kernels one run compiled are loaded by the next instead of compiled again. Without it every run
-                 starts from the container's empty /tmp and compiles everything anew.
+  compile_cache  torch.compile's and Triton's caches, and the C++ ops torch builds on first use (TORCHINDUCTOR_CACHE_DIR,
+                 TRITON_CACHE_DIR, TORCH_EXTENSIONS_DIR inside: DeepSpeed's cpu_adam in a CUDA image run with --cpu):
+                 what one run compiled is loaded by the next instead of compiled again. Without it every run starts
+                 from the container's empty /tmp and compiles everything anew.
 
 `volumes` and `compile_env` are pure (what `--dry` prints); `prepare` makes the folders as the user before `docker
 run` would make a missing one as root, and checks the compile cache: the runs execute what is in it (compiled
@@ -36,7 +37,7 @@ def compile_env(settings: Settings) -> dict[str, str]:
     """The trainer's environment for the compile cache: torch's inductor and Triton each in a folder of it."""
     if compile_folder(settings) is None:
         return {}
-    return {"TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_INSIDE}/inductor", "TRITON_CACHE_DIR": f"{COMPILE_INSIDE}/triton"}
+    return node.compile_cache_env(COMPILE_INSIDE)
 
 
 def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> list[tuple[Path, str, bool]]:

@@ -140,7 +140,14 @@ COMPILE_IN_RUNS = f"{RUNS_INSIDE}/.cache/compile"
 
 
 def compile_in_runs_env() -> dict[str, str]:
-    return {"TORCHINDUCTOR_CACHE_DIR": f"{COMPILE_IN_RUNS}/inductor", "TRITON_CACHE_DIR": f"{COMPILE_IN_RUNS}/triton"}
+    return compile_cache_env(COMPILE_IN_RUNS)
+
+
+def compile_cache_env(root: str) -> dict[str, str]:
+    """The variables naming each compile cache, in folders of `root` (as the container sees it): torch.compile's,
+    Triton's, and the C++ ops torch builds on first use (dockyard.train.environment checks each)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor", "TRITON_CACHE_DIR": f"{root}/triton",
+            "TORCH_EXTENSIONS_DIR": f"{root}/extensions"}
 
 
 def container_env() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """What the trainer finds where it runs: for the `auto` settings (dockyard.common.autos decides them), the GPUs
 torch sees and which model types the installed liger-kernel has kernels for; and whether the compile cache its
-launcher named is one it may use."""
+launcher named (torch.compile's kernels, Triton's, and the C++ ops torch builds on first use) is one it may use."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def liger_kinds() -> tuple[tuple[str, ...], str]:
     return tuple(getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", LIGER_TYPES)), ""  # a version without the table
 
 
-COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")  # torch's inductor cache, Triton's
+# torch's inductor cache, Triton's, and the JIT-built C++/CUDA ops (DeepSpeed's cpu_adam in a CUDA image run with --cpu)
+COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
 
 
 def compile_cache(environ: MutableMapping[str, str] = os.environ) -> list[str]:
@@ -73,7 +74,28 @@ def compile_cache(environ: MutableMapping[str, str] = os.environ) -> list[str]:
         if why:
             del environ[var]
             dropped.append(f"{var}={folder} {why}")
+    if environ.get("TORCH_EXTENSIONS_DIR"):
+        environ["TORCH_EXTENSIONS_DIR"] = extensions_folder(environ["TORCH_EXTENSIONS_DIR"])
     return dropped
+
+
+def extensions_folder(root: str) -> str:
+    """The ops of this Python and torch build, in a folder of their own under the cache: torch names its default
+    folder by the Python and CUDA versions (py311_cu128), but takes TORCH_EXTENSIONS_DIR as it is, and would load an
+    op that another image's torch built (its rebuild check hashes the sources and flags, not torch's version)."""
+    import sys
+
+    import torch
+
+    folder = Path(root) / f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}"
+    old = os.umask(0o077)
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        pass  # torch says so when it builds there; nothing else reads it
+    finally:
+        os.umask(old)
+    return str(folder)
 
 
 def _unusable(folder: str) -> str:
