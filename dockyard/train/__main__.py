@@ -742,8 +742,9 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     run.log = metrics
     run.doing("training (or saving a checkpoint)")
     if p.recipe.strategy_spec.offload_optimizer and nodes.first_of_node() and (folder := environment.cpu_adam_to_compile()):
-        log.warning("DeepSpeed compiles its cpu_adam op for the offloaded optimizer now: minutes without output, once "
-                    "per machine (kept in %s)", folder)
+        kept = os.environ.get("TORCH_EXTENSIONS_DIR")  # the compile cache's (environment.compile_cache)
+        log.warning("DeepSpeed compiles its cpu_adam op for the offloaded optimizer now: minutes without output%s",
+                    f", once: the next runs load it from the compile cache ({folder})" if kept else f" (into {folder})")
     try:
         with models.adapter_inputs_as_given(p.model, p.recipe, p.args):
             trainer.train(resume_from_checkpoint=p.resume_from)
