@@ -12,6 +12,8 @@ CPU_SHARE = "DOCKYARD_CPU_SHARE"        # the OMP_NUM_THREADS the image's torchr
                                         # shares its NUMA node's cores out instead where it binds to them)
 SUMMARISED = "DOCKYARD_SUMMARISED"      # "1": the command that started the run prints its summary from the manifest
                                         # (`invoke run`); elsewhere (run.sh, sbatch, pods) rank 0 logs one itself
+OPS_CACHE = "DOCKYARD_OPS_CACHE"        # the compile cache's folder for the C++ ops torch builds on first use: the
+                                        # trainer builds them in a folder of its Python and torch under it
 JOIN_TIMEOUT = 120  # its join_timeout where none is given: seconds node 0 waits for the others (torchrun's: 600)
 
 # user → trainer or host

@@ -2,7 +2,7 @@
 
   hf_cache       Hugging Face's cache (HF_HOME inside)
   compile_cache  torch.compile's and Triton's caches, and the C++ ops torch builds on first use (TORCHINDUCTOR_CACHE_DIR,
-                 TRITON_CACHE_DIR, TORCH_EXTENSIONS_DIR inside: DeepSpeed's cpu_adam in a CUDA image run with --cpu):
+                 TRITON_CACHE_DIR, DOCKYARD_OPS_CACHE inside: DeepSpeed's cpu_adam in a CUDA image run with --cpu):
                  what one run compiled is loaded by the next instead of compiled again. Without it every run starts
                  from the container's empty /tmp and compiles everything anew.
 

@@ -147,7 +147,7 @@ def compile_cache_env(root: str) -> dict[str, str]:
     """The variables naming each compile cache, in folders of `root` (as the container sees it): torch.compile's,
     Triton's, and the C++ ops torch builds on first use (dockyard.train.environment checks each)."""
     return {"TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor", "TRITON_CACHE_DIR": f"{root}/triton",
-            "TORCH_EXTENSIONS_DIR": f"{root}/extensions"}
+            envvars.OPS_CACHE: f"{root}/extensions"}
 
 
 def container_env() -> dict[str, str]:

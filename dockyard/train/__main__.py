@@ -742,7 +742,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     run.log = metrics
     run.doing("training (or saving a checkpoint)")
     if p.recipe.strategy_spec.offload_optimizer and nodes.first_of_node() and (folder := environment.cpu_adam_to_compile()):
-        kept = os.environ.get("TORCH_EXTENSIONS_DIR")  # the compile cache's (environment.compile_cache)
+        kept = os.environ.get(envvars.OPS_CACHE)  # the compile cache's (environment.compile_cache)
         log.warning("DeepSpeed compiles its cpu_adam op for the offloaded optimizer now: minutes without output%s",
                     f", once: the next runs load it from the compile cache ({folder})" if kept else f" (into {folder})")
     try:

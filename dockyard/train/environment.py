@@ -12,6 +12,7 @@ import stat
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from dockyard.common import envvars
 from dockyard.common.autos import LIGER_TYPES, Device
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -58,8 +59,9 @@ def liger_kinds() -> tuple[tuple[str, ...], str]:
     return tuple(getattr(monkey_patch, "MODEL_TYPE_TO_APPLY_LIGER_FN", LIGER_TYPES)), ""  # a version without the table
 
 
-# torch's inductor cache, Triton's, and the JIT-built C++/CUDA ops (DeepSpeed's cpu_adam in a CUDA image run with --cpu)
-COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
+# torch's inductor cache, Triton's, and the C++/CUDA ops torch builds on first use (DeepSpeed's cpu_adam in a CUDA image
+# run with --cpu)
+COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", envvars.OPS_CACHE)
 
 
 def compile_cache(environ: MutableMapping[str, str] = os.environ) -> list[str]:
@@ -74,15 +76,17 @@ def compile_cache(environ: MutableMapping[str, str] = os.environ) -> list[str]:
         if why:
             del environ[var]
             dropped.append(f"{var}={folder} {why}")
-    if environ.get("TORCH_EXTENSIONS_DIR"):
-        environ["TORCH_EXTENSIONS_DIR"] = extensions_folder(environ["TORCH_EXTENSIONS_DIR"])
+    if environ.get(envvars.OPS_CACHE) and not environ.get("TORCH_EXTENSIONS_DIR"):  # (one the user set stays theirs)
+        environ["TORCH_EXTENSIONS_DIR"] = extensions_folder(environ[envvars.OPS_CACHE])
     return dropped
 
 
 def extensions_folder(root: str) -> str:
     """The ops of this Python and torch build, in a folder of their own under the cache: torch names its default
     folder by the Python and CUDA versions (py311_cu128), but takes TORCH_EXTENSIONS_DIR as it is, and would load an
-    op that another image's torch built (its rebuild check hashes the sources and flags, not torch's version)."""
+    op that another image's torch built (its rebuild check hashes the sources and flags, not torch's version). So
+    the launchers name the cache's folder (DOCKYARD_OPS_CACHE), not TORCH_EXTENSIONS_DIR: a shell in the image
+    (`invoke shell`) builds in its own /tmp."""
     import sys
 
     import torch

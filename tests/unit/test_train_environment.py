@@ -158,15 +158,18 @@ def test_ops_torch_builds_are_kept_per_python_and_torch_in_a_folder_checked_like
     is taken as it is, and another image's torch would load the op this one built."""
     import torch
 
-    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "compile" / "extensions")}
+    env = {"DOCKYARD_OPS_CACHE": str(tmp_path / "compile" / "extensions")}
     assert environment.compile_cache(env) == []
     ops = tmp_path / "compile" / "extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}"
-    assert env == {"TORCH_EXTENSIONS_DIR": str(ops)} and ops.is_dir()
+    assert env["TORCH_EXTENSIONS_DIR"] == str(ops) and ops.is_dir()
     assert stat.S_IMODE(ops.parent.stat().st_mode) == 0o700 and stat.S_IMODE(ops.stat().st_mode) == 0o700
+
+    mine = {"DOCKYARD_OPS_CACHE": str(tmp_path / "compile" / "extensions"), "TORCH_EXTENSIONS_DIR": "/mine"}
+    assert environment.compile_cache(mine) == [] and mine["TORCH_EXTENSIONS_DIR"] == "/mine", "the user's own stays"
 
     (tmp_path / "shared").mkdir(mode=0o777)
     (tmp_path / "shared").chmod(0o777)
-    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path / "shared")}
-    assert environment.compile_cache(env) == [f"TORCH_EXTENSIONS_DIR={tmp_path / 'shared'} can be written by other "
+    env = {"DOCKYARD_OPS_CACHE": str(tmp_path / "shared")}
+    assert environment.compile_cache(env) == [f"DOCKYARD_OPS_CACHE={tmp_path / 'shared'} can be written by other "
                                               "users (mode drwxrwxrwx)"]
     assert env == {}, "dropped: torch builds in its default folder instead"

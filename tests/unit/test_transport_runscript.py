@@ -119,7 +119,7 @@ def test_run_sh_keeps_compiled_kernels_in_a_folder_of_the_users_that_nobody_else
     assert f"{folder}:/workspace/.cache/compile" in argv
     assert "TORCHINDUCTOR_CACHE_DIR=/workspace/.cache/compile/inductor" in argv
     assert "TRITON_CACHE_DIR=/workspace/.cache/compile/triton" in argv
-    assert "TORCH_EXTENSIONS_DIR=/workspace/.cache/compile/extensions" in argv  # DeepSpeed's ops built on first use
+    assert "DOCKYARD_OPS_CACHE=/workspace/.cache/compile/extensions" in argv  # DeepSpeed's ops built on first use
     assert folder.stat().st_mode & 0o777 == 0o700, "made for this user alone"
 
     mine = tmp_path / "kernels"
