@@ -169,8 +169,9 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
             model, loading = _auto_class(settings.task).from_pretrained(model_dir, output_loading_info=True, **kwargs)
             if only_a_new_head(loading, settings.task):
                 report.clear()
-                log.info("task seq_cls: the classification head (%s) is new, %d labels, trained from random values; "
-                         "the base's language-model head is left out", ", ".join(new_head(loading)), len(labels))
+                log.info("task seq_cls: the classification head (%s) is new, %d labels, trained from random values%s",
+                         ", ".join(new_head(loading)), len(labels),
+                         "; the base's language-model head is left out" if loading.get("unexpected_keys") else "")
     except (OSError, ValueError) as e:
         if asks_for_code(e):
             raise runs_code(model_dir) from None
@@ -252,10 +253,11 @@ def new_head(loading: dict[str, Any]) -> list[str]:
 
 
 def only_a_new_head(loading: dict[str, Any], task: str) -> bool:
-    """A classifier loaded from a causal LM's weights as it should be: a new head, the LM head unused, nothing else."""
+    """A classifier loaded from a causal LM's weights as it should be: a new head, the LM head unused, nothing else
+    (a classifier's own checkpoint, head included, has nothing to report)."""
     keys = [*(loading.get("missing_keys") or []), *(loading.get("unexpected_keys") or [])]
-    return (task == "seq_cls" and all(k.startswith(HEADS) for k in keys) and not loading.get("mismatched_keys")
-            and not loading.get("error_msgs"))
+    return (task == "seq_cls" and bool(loading.get("missing_keys")) and all(k.startswith(HEADS) for k in keys)
+            and not loading.get("mismatched_keys") and not loading.get("error_msgs"))
 
 
 def check_weights_loaded(model_dir: str, loading: dict[str, Any], task: str, tensors: int) -> None:

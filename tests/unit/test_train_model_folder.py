@@ -179,3 +179,15 @@ def test_a_long_example_is_cut_without_transformers_warning_of_indexing_errors(c
         transformers.utils.logging.disable_propagation()
     assert len(done.examples[0]["input_ids"]) > tok.model_max_length
     assert "indexing errors" not in caplog.text
+
+
+def test_a_classifiers_own_checkpoint_loads_with_no_word_of_a_new_head(tiny, tmp_path, caplog):
+    """A classifier trained before (its head in its weights) is not told its head is new."""
+    caplog.set_level(logging.INFO)
+    first = _load(tiny, task="seq_cls", labels=("calm", "storm"))
+    first.save_pretrained(tmp_path / "classifier")
+    models.load_tokenizer(str(tiny)).save_pretrained(tmp_path / "classifier")
+    caplog.clear()
+    again = _load(tmp_path / "classifier", task="seq_cls", labels=("calm", "storm"))
+    assert again.config.num_labels == 2 and not _reports(caplog)
+    assert not [m for m in caplog.messages if "is new" in m], caplog.messages
