@@ -141,19 +141,30 @@ def size(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n < 100 * GIB else f"{n / GIB:.0f} GiB"
 
 
-def disk_full(error: BaseException, folder: Path) -> bool:
+def disk_full(error: BaseException, folder: Path, by_free_space: bool = True) -> bool:
     """Whether a failure while training or saving was the disk running out: the errno where there is one
-    (safetensors and torch.save wrap it in their own errors, torch.save without the reason), else a folder
-    whose disk has (almost) nothing left."""
-    if isinstance(error, OSError) and error.errno == 28:
+    (safetensors and torch.save wrap it in their own errors, torch.save without the reason), else (`by_free_space`)
+    a folder whose disk has (almost) nothing left."""
+    if any(isinstance(e, OSError) and e.errno == 28 for e in causes(error)):
         return True
-    text = str(error)
+    text = " ".join(str(e) for e in causes(error))
     if "No space left on device" in text or "os error 28" in text or "StorageFull" in text:
         return True
+    if not by_free_space:
+        return False
     try:
         return free_bytes(folder) < 16 * 2**20
     except OSError:
         return False
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    """The error and those it was raised from or while handling, outermost first (`datasets` wraps the OSError of a
+    full disk in its DatasetGenerationError)."""
+    chain = [error]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
+        chain.append(nxt)
+    return chain
 
 
 def full_message(error: BaseException, folder: Path, need: dict[str, Any] | None) -> str:

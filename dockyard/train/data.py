@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dockyard.common import disk
 from dockyard.common.data_files import (
     BUILDERS,
     FORMATS,
@@ -257,6 +258,10 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
     try:
         return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
+        if ours := next((c for c in disk.causes(e) if isinstance(c, DockyardError)), None):
+            raise ours from None  # a stop from within datasets' work (SIGTERM: another rank failed), said as it is
+        if disk.disk_full(e, Path(datasets.config.HF_DATASETS_CACHE), by_free_space=False):  # its errors keep the errno
+            raise _cache_full(what, kwargs.get("data_files", []), e) from None
         if "data_files" not in kwargs:
             raise DockyardError(f"dataset {what} is not in the local Hugging Face cache (runs are offline): on a "
                                 f"machine with internet, `hf download --repo-type dataset {what}`, then copy its "
@@ -272,6 +277,26 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
         # string. in row 10", for an unterminated string on line 11)
         raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: {_first_line(e)}") from None
+
+
+def _cache_full(what: str, files: list[str], error: BaseException) -> DockyardError:
+    """`datasets` writes an Arrow copy of the data into its cache (HF_HOME's datasets/) before the run reads it: a disk
+    that fills there is the cache's, not the data's, and says where and what would fix it."""
+    import datasets
+
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    try:
+        free = disk.free_bytes(cache)
+    except OSError:
+        free = None
+    about = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
+    room = (f" (about {disk.size(about)}, the data's size, and {disk.size(free)} is free there)"
+            if about and free is not None else "")
+    root = disk.causes(error)[-1]  # the OSError itself, not the library's wrapper around it
+    return DockyardError(f"the disk of the Hugging Face cache ({cache}) ran out of space while `datasets` wrote its "
+                         f"Arrow copy of {what} there{room}: free space on that disk, or point the cache at a bigger "
+                         "one (invoke run: the hf_cache setting, INVOKE_DOCKYARD_HF_CACHE; natively: HF_HOME). The "
+                         f"error: {type(root).__name__}: {root}")
 
 
 def _holds_text(file: str) -> bool:

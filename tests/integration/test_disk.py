@@ -4,12 +4,14 @@ A small disk is a real tmpfs mounted for the test (these tests run as root, as C
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 
 import pytest
 
 from tests.support.cli import invoke
-from tests.support.training import train
+from tests.support.training import ROOT, command, env, train
 
 
 @pytest.fixture
@@ -52,3 +54,26 @@ def test_run_refuses_to_start_without_room_in_the_runs_folder(small_disk, tmp_pa
                   env={"INVOKE_DOCKYARD_RUNS_DIR": str(elsewhere)})
     assert proc.returncode == 0, proc.stderr
     assert "disk: the run writes about" in proc.stderr and "dockyard.train" in proc.stdout + proc.stderr
+
+
+def test_a_hugging_face_cache_that_fills_while_datasets_converts_the_data_says_whose_disk_it_is(small_disk, tmp_path):
+    """`datasets` writes an Arrow copy of a jsonl folder into the Hugging Face cache before the run reads it. A cache
+    disk that fills was said as "cannot read DATA: [Errno 28] ...", as if the data were at fault."""
+    data = tmp_path / "data"
+    data.mkdir()
+    with (data / "train.jsonl").open("w") as f:  # ~6 MiB: more than the 2 MiB disk the cache is on
+        for i in range(20000):
+            f.write(json.dumps({"instruction": f"Spell the number {i} out, word by word. " * 3,
+                                "output": f"number {i} " * 10}) + "\n")
+    run = tmp_path / "run"
+    launch = [sys.executable, "-m", "dockyard.train.torchrun", *command("ddp", run, "--max_steps", "2", "--data",
+                                                                         str(data))[3:]]  # as the image runs it
+    proc = subprocess.run(launch, cwd=ROOT,
+                          env={**env(), "HF_HOME": str(small_disk)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    said = next((line for line in proc.stderr.splitlines() if line.startswith("error: ")), "")
+    assert said.startswith(f"error: the disk of the Hugging Face cache ({small_disk}/datasets) ran out of space"), \
+        proc.stderr[-3000:]
+    assert "the data's size" in said and "INVOKE_DOCKYARD_HF_CACHE" in said and "HF_HOME" in said, said
+    assert said.endswith("[Errno 28] No space left on device"), said
+    assert "cannot read" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -90,6 +90,28 @@ def test_a_full_disk_is_told_from_another_failure(tmp_path, monkeypatch):
     assert text.endswith("The error: RuntimeError: " + str(err))  # whole, not cut at its first dot
 
 
+def test_a_full_disk_under_a_librarys_own_error_is_told(tmp_path, monkeypatch):
+    """`datasets` raises its DatasetGenerationError from the OSError of a full disk, with its own words only; on a
+    disk with room again (it removed its partial copy) the free space alone would not tell."""
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: 100 * GB)
+
+    def wrapped(inner: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except Exception as e:
+                raise RuntimeError("An error occurred while generating the dataset") from e
+        except RuntimeError as outer:
+            return outer
+
+    full = wrapped(OSError(28, "No space left on device"))
+    assert disk.disk_full(full, tmp_path)
+    assert disk.causes(full)[-1].errno == 28
+    assert not disk.disk_full(wrapped(OSError(13, "Permission denied")), tmp_path)
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: 4096)  # a bad file on a disk nearly full is the file's
+    assert not disk.disk_full(wrapped(ValueError("JSON parse error")), tmp_path, by_free_space=False)
+
+
 def test_a_resume_is_sized_with_the_runs_own_settings(settings, tmp_path):
     """`--resume` was sized with the recipe's defaults: a run started with `--max_steps 400 --save_steps 50` keeps
     one more checkpoint while the next is written, which the check left out (on a large model, the one that fills
