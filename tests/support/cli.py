@@ -48,8 +48,10 @@ def short_error(r: subprocess.CompletedProcess, *names: str) -> None:
     ("" for any), never a traceback."""
     assert r.returncode != 0, r.stdout
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
-    said = r.stderr[r.stderr.find("error: "):]
-    assert r.stderr.count("error: ") == 1 and said.endswith("\n"), r.stderr
+    # one line that starts with "error: " (the refused value, quoted in it, may hold "error: " too)
+    errors = [line for line in r.stderr.splitlines(keepends=True) if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].endswith("\n"), r.stderr
+    said = r.stderr[r.stderr.index(errors[0]):]
     assert said.isprintable() or set(said) - set(filter(str.isprintable, said)) <= {"\n", "\t"}, repr(said)
     assert any(n in said for n in names), f"{said!r} names none of {names}"
 
