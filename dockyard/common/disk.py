@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, causes
 from dockyard.common.memory import LORA_RANK
 from dockyard.common.run_settings import resolve_settings
 from dockyard.common.units import GIB
@@ -145,9 +145,10 @@ def disk_full(error: BaseException, folder: Path, by_free_space: bool = True) ->
     """Whether a failure while training or saving was the disk running out: the errno where there is one
     (safetensors and torch.save wrap it in their own errors, torch.save without the reason), else (`by_free_space`)
     a folder whose disk has (almost) nothing left."""
-    if any(isinstance(e, OSError) and e.errno == 28 for e in causes(error)):
+    chain = causes(error)
+    if any(isinstance(e, OSError) and e.errno == 28 for e in chain):
         return True
-    text = " ".join(str(e) for e in causes(error))
+    text = " ".join(str(e) for e in chain)
     if "No space left on device" in text or "os error 28" in text or "StorageFull" in text:
         return True
     if not by_free_space:
@@ -156,15 +157,6 @@ def disk_full(error: BaseException, folder: Path, by_free_space: bool = True) ->
         return free_bytes(folder) < 16 * 2**20
     except OSError:
         return False
-
-
-def causes(error: BaseException) -> list[BaseException]:
-    """The error and those it was raised from or while handling, outermost first (`datasets` wraps the OSError of a
-    full disk in its DatasetGenerationError)."""
-    chain = [error]
-    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
-        chain.append(nxt)
-    return chain
 
 
 def full_message(error: BaseException, folder: Path, need: dict[str, Any] | None) -> str:

@@ -22,6 +22,16 @@ class DockyardError(Exception):
         self.exit_code = exit_code
 
 
+def causes(error: BaseException, limit: int = 16) -> list[BaseException]:
+    """The error and those it was raised from or while handling, outermost first, at most `limit` (libraries wrap
+    the error that matters in their own: datasets' DatasetGenerationError around a full disk's OSError)."""
+    chain = [error]
+    while len(chain) < limit and (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None \
+            and nxt not in chain:
+        chain.append(nxt)
+    return chain
+
+
 def problems(error: Exception, where: str = "") -> str:
     """A pydantic ValidationError as one line: `field.sub: message; ...` (`where` names a field-less error).
     Anything else (a TypeError from bad keyword arguments) is its own message."""

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, envvars, memory, runfolder
-from dockyard.common.errors import DockyardError, first_line
+from dockyard.common.errors import DockyardError, causes, first_line
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
@@ -1044,11 +1044,7 @@ def ours_within(raised: BaseException) -> BaseException:
     stops its compile of cpu_adam (our SIGTERM's DockyardError) into "RuntimeError: DeepSpeedCPUAdam requires the
     cpu_adam op, which failed to build/load", 150 lines per rank for a cancelled run, recorded as its error. A
     library that dropped the chain still raised while this process was being stopped: stopped, then."""
-    chain, e = [], raised
-    while e is not None and len(chain) < 16:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    ours = [e for e in chain if isinstance(e, (DockyardError, KeyboardInterrupt))]
+    ours = [e for e in causes(raised) if isinstance(e, (DockyardError, KeyboardInterrupt))]
     if ours:
         # Ctrl-C reaches torchrun too, whose SIGTERM then lands while the workers unwind the KeyboardInterrupt: the
         # run was interrupted, not "stopped by SIGTERM"

@@ -44,7 +44,7 @@ from dockyard.common.data_files import (
     not_an_object,
     unknown_format,
 )
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, causes
 
 log = logging.getLogger("dockyard.train.data")  # the same on every rank: said by rank 0 alone (setup_logging)
 
@@ -258,7 +258,7 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
     try:
         return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
-        if ours := next((c for c in disk.causes(e) if isinstance(c, DockyardError)), None):
+        if ours := next((c for c in causes(e) if isinstance(c, DockyardError)), None):
             raise ours from None  # a stop from within datasets' work (SIGTERM: another rank failed), said as it is
         if disk.disk_full(e, Path(datasets.config.HF_DATASETS_CACHE), by_free_space=False):  # its errors keep the errno
             raise _cache_full(what, kwargs.get("data_files", []), e) from None
@@ -292,7 +292,7 @@ def _cache_full(what: str, files: list[str], error: BaseException) -> DockyardEr
     about = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     room = (f" (about {disk.size(about)}, the data's size, and {disk.size(free)} is free there)"
             if about and free is not None else "")
-    root = disk.causes(error)[-1]  # the OSError itself, not the library's wrapper around it
+    root = causes(error)[-1]  # the OSError itself, not the library's wrapper around it
     return DockyardError(f"the disk of the Hugging Face cache ({cache}) ran out of space while `datasets` wrote its "
                          f"Arrow copy of {what} there{room}: free space on that disk, or point the cache at a bigger "
                          "one (invoke run: the hf_cache setting, INVOKE_DOCKYARD_HF_CACHE; natively: HF_HOME). The "

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dockyard.common import disk, memory
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, causes
 from dockyard.common.recipes import load_recipe
 from dockyard.common.units import GIB
 from dockyard.machine import planner
@@ -106,7 +106,7 @@ def test_a_full_disk_under_a_librarys_own_error_is_told(tmp_path, monkeypatch):
 
     full = wrapped(OSError(28, "No space left on device"))
     assert disk.disk_full(full, tmp_path)
-    assert disk.causes(full)[-1].errno == 28
+    assert causes(full)[-1].errno == 28
     assert not disk.disk_full(wrapped(OSError(13, "Permission denied")), tmp_path)
     monkeypatch.setattr(disk, "free_bytes", lambda folder: 4096)  # a bad file on a disk nearly full is the file's
     assert not disk.disk_full(wrapped(ValueError("JSON parse error")), tmp_path, by_free_space=False)
