@@ -42,6 +42,7 @@ TRAIN_LOG = "train.log"          # H: the trainer's output
 LOSS_PLOT = "loss.png"           # H: the monitor's plot of METRICS
 MONITOR_SAMPLES = "monitor.jsonl"  # H: the monitor's samples, one line a second
 MONITOR_VERDICT = "monitor.json"   # H: the monitor's verdict (balance, idle devices, its plots)
+MODEL = "model"                  # T: the final model (or LoRA adapter), as the manifest's model.saved says
 CHECKPOINTS = "checkpoints"      # T: the Trainer's output_dir: checkpoint-<step>/ folders
 PROFILE = "profile"              # T: profile_steps' traces (one per rank) and summary (dockyard.train.profiler)
 PROFILE_TRACE = "trace-rank{}.json.gz"  # T: in profile/, each rank's (Chrome trace format, gzip)

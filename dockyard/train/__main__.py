@@ -7,36 +7,34 @@ any TrainingArguments field; here they may also follow the options without the `
 The run writes DIR/train.log, DIR/metrics.jsonl, checkpoints under DIR/checkpoints, the final model (or
 LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 """
-# Read top to bottom: main, the Record the manifest is written from, then train's steps in the order they run (open
-# the run folder, the model's source and size, the `auto` settings, TrainingArguments, the data, the estimates, the
-# model, fit, save and measure), each giving its typed part of the Record, then the manifest itself.
+# Read top to bottom: main, then train's steps in the order they run (open the run folder, the model's source and
+# size, the `auto` settings, TrainingArguments, the data, the estimates, the model, fit, save and measure), each
+# giving its typed part of the run's Record (dockyard.train.record). dockyard.train.ending writes the manifest from
+# it, on every way out.
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import io
-import json
 import logging
 import os
 import pickle
 import re
 import signal
 import sys
-import threading
 import time
-import traceback
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, envvars, memory, runfolder
-from dockyard.common.errors import DockyardError, causes, first_line
+from dockyard.common.errors import DockyardError, first_line
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
@@ -54,32 +52,39 @@ from dockyard.common.run_settings import (
     resolve_settings,
 )
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
-from dockyard.train import LAUNCHER, checkpoints, cpus, data, environment, guards, manifest, mfu, nodes, precision, strategy
+from dockyard.train import (
+    LAUNCHER,
+    checkpoints,
+    cpus,
+    data,
+    ending,
+    environment,
+    guards,
+    manifest,
+    mfu,
+    nodes,
+    precision,
+    strategy,
+)
 from dockyard.train import model as models
 from dockyard.train.export import PROBE_TOKENS
+from dockyard.train.record import Estimates, ModelRecord, Run
 
 # Imported inside functions, on purpose: transformers' Trainer, TrainingArguments and our callbacks (subclasses of its
 # TrainerCallback) load accelerate and may load DeepSpeed, which reads DS_ACCELERATOR once, at import: main() sets it
 # first on a host without GPUs.
 
 log = logging.getLogger("dockyard.train")
-_signalled = threading.Event()  # the SIGTERM that stops this process came (_stopped)
-_recorded = threading.Event()  # the manifest is written: a SIGTERM now only ends the process (_stopped)
-_finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
-SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
-MODEL_DIR = "model"  # in the run folder: the final model (or adapter), as the manifest's model.saved says
 
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
-    _signalled.clear()  # once per process, but main() may be called again in one (the tests)
-    _recorded.clear()
+    ending.begin()
     # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
     # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if not os.environ.get("DS_ACCELERATOR") and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
-    signal.signal(signal.SIGTERM, _stopped)
     checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
     # DeepSpeed's ZeRO gathers with the collective torch >= 2.13 calls deprecated: every rank warned of it at its first
     # step and at every save, about a call the user cannot change
@@ -102,27 +107,27 @@ def main(argv: list[str] | None = None) -> int:
             nodes.node_rank()  # a node rank of no number is said here, before anything would record it
             nodes.pin_interface()  # before torch.distributed starts
             opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-            opts.resume = opts.resume or restarted()
+            opts.resume = opts.resume or ending.restarted()
             run = Run(opts, started, is_main=os.environ.get("RANK", "0") == "0",
                       world_size=int(os.environ.get("WORLD_SIZE", 1)), unusable_caches=unusable_caches)
             if nodes.several():
-                run.heartbeat = nodes.Heartbeat(lambda message: lost(run, message)).start()
+                run.heartbeat = nodes.Heartbeat(lambda message: ending.lost(run, message)).start()
             train(overrides, run)
         except BaseException as raised:
-            return failed(raised, run)
+            return ending.failed(raised, run)
     except DockyardError as e:
         # _stopped's SIGTERM (it raises once) while `failed` handled another error, before finish() took over: a
         # BrokenPipeError from a progress bar writing to the pipe of a launcher killed with its process group, whose
         # SIGTERM came during launcher_gone's wait (one such run in three to five had no manifest); torchrun's SIGTERM
         # while a collective's error from a rank that failed first was handled. The run is still recorded.
-        first = ours_within(e)
+        first = ending.ours_within(e)
         if isinstance(first, KeyboardInterrupt):  # Ctrl-C's, in the moment before `failed` guarded it
-            return failed(first, run)
+            return ending.failed(first, run)
         if run:
-            finish(run, str(e))
+            ending.finish(run, str(e))
         return e.exit_code
-    finish(run, None)
-    say_done(run)
+    ending.finish(run, None)
+    ending.say_done(run)
     if run.heartbeat:
         run.doing("finishing")
         run.heartbeat.done()
@@ -130,102 +135,6 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()  # every rank is done talking (and rank 0 has written the manifest)
         dist.destroy_process_group()
     return 0
-
-
-# --- what the manifest records, part by part ----------------------------------------------------------
-
-@dataclass
-class ModelRecord:
-    """The manifest's `model`: the base the run started from, its size, and what the run saves."""
-
-    base: str
-    parameters: int | None               # None: the model could not be sized
-    format: str                          # "adapter" (LoRA/QLoRA: the adapter alone is saved) or "full"
-    footprint_bytes: int | None = None   # the base's weights as loaded: known once the model is loaded
-    quantized_layers: int | None = None  # QLoRA: the linear layers really held in 4 bits
-
-    def to_json(self) -> dict[str, Any]:
-        return {"base": self.base, "parameters": self.parameters, "saved": MODEL_DIR, "format": self.format,
-                **({"footprint_bytes": self.footprint_bytes} if self.footprint_bytes is not None else {}),
-                **({"quantized_layers": self.quantized_layers} if self.quantized_layers is not None else {})}
-
-
-@dataclass(frozen=True)
-class Estimates:
-    """`invoke plan`'s figures for this run, beside what it measures: the GPU peak (dockyard.common.memory) and what
-    it writes to disk (dockyard.common.disk, said again if a save runs out of space). Each an error when it cannot
-    be made: only a record."""
-
-    plan: dict[str, Any]
-    disk: dict[str, Any]
-
-
-@dataclass
-class Record:
-    """What the manifest says beyond manifest.build's own keys, filled in as each step gives its part: a run that
-    fails half-way records the parts it got to. to_json keeps the manifest's order of keys."""
-
-    recipe_files: dict[str, Any] | None = None
-    sizing_error: str | None = None              # the model could not be sized: the manifest's `plan` says why
-    model: ModelRecord | None = None
-    task: str | None = None
-    overrides: dict[str, Any] | None = None      # the settings given after `--` (--resume: the run's, updated)
-    settings_resolved: dict[str, dict[str, Any]] | None = None  # what each `auto` setting became, and why
-    nodes_seen: list[dict[str, Any]] | None = None  # several nodes: who checked the run folder is shared
-    inputs: dict[str, Any] | None = None         # model and data paths, host and inside, fingerprinted
-    data: dict[str, Any] | None = None           # data.load's account: format, examples, tokens, cut, ...
-    estimates: Estimates | None = None
-    reference_logits: dict[str, Any] | None = None  # the manifest's `probe`: see reference_logits()
-    profile: dict[str, Any] | None = None        # profile_steps: what the profiler found (rank 0's)
-
-    def to_json(self) -> dict[str, Any]:
-        parts = [("recipe_files", self.recipe_files),
-                 ("plan", {"error": self.sizing_error} if self.sizing_error else None),
-                 ("model", self.model.to_json() if self.model else None),
-                 ("task", self.task),
-                 ("overrides", self.overrides),
-                 ("settings_resolved", self.settings_resolved),
-                 ("nodes_seen", self.nodes_seen),
-                 ("inputs", self.inputs),
-                 ("data", self.data),
-                 ("plan", self.estimates.plan if self.estimates else None),
-                 ("disk", self.estimates.disk if self.estimates else None),
-                 ("probe", self.reference_logits),
-                 ("profile", self.profile)]
-        return {key: value for key, value in parts if value is not None}
-
-
-@dataclass
-class Run:
-    """What this process knows about its run so far: the manifest is written from it, also when a run fails
-    half-way (it then records how far it got)."""
-
-    opts: argparse.Namespace
-    started: float
-    is_main: bool                      # rank 0 alone writes the manifest
-    status: str = "failed"
-    recipe: Recipe | None = None
-    run_dir_ok: bool = False           # the folder is this run's: only then is a manifest written there
-    manifest_found: bool = False       # the folder held this node's manifest already (a run resumed)...
-    training: bool = False             # ...which is replaced only once this attempt starts training
-    world_size: int = 1
-    check: Any = None                  # the strategy check, once the Trainer exists
-    metrics: dict[str, Any] = field(default_factory=dict)
-    log: Any = None                    # callbacks.MetricsLog, once the Trainer exists: what a stopped run measured
-    record: Record = field(default_factory=Record)
-    heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
-    finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
-    unusable_caches: list[str] = field(default_factory=list)  # compile cache folders not used, and why
-    resume_lock: int | None = None     # --resume: the lock file this process holds (hold_resume)
-    overrides: dict[str, Any] = field(default_factory=dict)   # the settings given after `--`, a resume's merged in
-    kept_overrides: dict[str, Any] = field(default_factory=dict)  # --resume: those of the run's that it keeps
-    same_everywhere: bool = True  # its errors so far come of what every process reads alike: the command line, the
-                                  # recipe and settings, the run folder (said by one process per node)
-
-    def doing(self, phase: str) -> None:
-        """What this node is doing, for the message that names a node lost meanwhile."""
-        if self.heartbeat:
-            self.heartbeat.phase = phase
 
 
 @dataclass
@@ -416,8 +325,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
     steps = training.get("max_steps")
     if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
-        done = (f", and completed: its model is in {run_dir / MODEL_DIR}" if manifest.completed(run_dir)
-                and (run_dir / MODEL_DIR).is_dir() else "")
+        done = (f", and completed: its model is in {run_dir / runfolder.MODEL}" if manifest.completed(run_dir)
+                and (run_dir / runfolder.MODEL).is_dir() else "")
         raise DockyardError(f"already at max_steps {steps} ({Path(last).name}){done}: raise it to train on (-- "
                             f"--max_steps N, after the task's flags); the weights of that step are in {last} "
                             "(from_pretrained reads them)")
@@ -520,13 +429,13 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run.opts.run_dir, run.is_main)
-    if restarted():
+    if ending.restarted():
         log.warning(f"torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}): the run "
                     + (f"continues from {Path(resumed_from).name}" if resumed_from else "starts again (it failed "
                        "before its first complete checkpoint)"))
     elif run.opts.resume and not resumed_from:
         log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
-    if run.kept_overrides and not restarted():
+    if run.kept_overrides and not ending.restarted():
         log.info("--resume: with the run's own settings %s (give any after `--` to change it)",
                  ", ".join(f"{k} {v}" for k, v in run.kept_overrides.items()))
     guards.one_process_per_gpu(args.n_gpu)
@@ -823,8 +732,8 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     run.record.reference_logits = reference_logits(trainer.model, p.examples[0]["input_ids"][:PROBE_TOKENS], args.device,
                                                    models.weights_dtype(p.settings, p.recipe))
     saving = time.perf_counter()
-    trainer.save_model(str(run.opts.run_dir / MODEL_DIR))
-    runfolder.share_weights(run.opts.run_dir / MODEL_DIR)  # every rank, as each may have written: a chmod is idempotent
+    trainer.save_model(str(run.opts.run_dir / runfolder.MODEL))
+    runfolder.share_weights(run.opts.run_dir / runfolder.MODEL)  # every rank, as each may have written: a chmod is idempotent
     final_save = time.perf_counter() - saving  # after training: never taken out of its time (metrics.seconds)
     peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
     trained = torch.tensor(metrics.tokens_trained, device=args.device)
@@ -860,254 +769,6 @@ def reference_logits(model: Any, input_ids: list[int], device: Any, dtype: Any) 
             "dtype": str(dtype).removeprefix("torch.")}  # the dtype to reload the weights in
 
 
-# --- the manifest, and the way out ---------------------------------------------------------------------
-
-def finish(run: Run, error: str | None) -> None:
-    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it.
-    Once: the main thread and the heartbeat's (a lost node) may both get here."""
-    with _finishing:
-        if not run.finished:
-            _finish(run, error)
-            run.finished = True  # after: a Ctrl-C inside _finish left no manifest, and no later call wrote one
-            _recorded.set()
-            if run.resume_lock is not None:  # the run is over: another resume may take it
-                os.close(run.resume_lock)
-                run.resume_lock = None
-
-
-def _finish(run: Run, error: str | None) -> None:
-    if not run.run_dir_ok:
-        return  # never touch a folder that holds another run
-    if run.manifest_found and not run.training:
-        return  # a resume refused before it trained: the run's record stays as it was (the error is on stderr)
-    stopped = error is not None and error.startswith(STOPPED)  # by torchrun: the cause is another process's
-    verdict = run.heartbeat.verdict_for(error, run.record.nodes_seen or []) if run.heartbeat and error else None
-    if error and verdict and not error.startswith("lost "):
-        error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
-    elif error and run.record.nodes_seen:
-        error = nodes.explain(error, run.opts.run_dir, run.record.nodes_seen)
-    if not nodes.first_of_node():
-        if error and not stopped:
-            _tell_the_writer(run, error)
-        return
-    # stopped by torchrun, or cut off from this node's other process, and not already explained by a lost node:
-    # the process that failed first says why in its note
-    if error and (error.startswith(STOPPED) or (not error.startswith("lost ") and nodes.CUT_OFF.search(error))):
-        error = _first_failure(run) or error
-    extra = {**run.record.to_json(), **({"error": error} if error else {})}
-    record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
-                            run.check.in_effect if run.check else None, run.metrics or measured_so_far(run.log), extra)
-    try:
-        manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
-    except OSError as e:  # a full disk: the error above is what the user needs
-        print(f"error: cannot write {run.opts.run_dir / runfolder.manifest_file(nodes.node_rank())}: {e.strerror}",
-              file=sys.stderr)
-
-
-def measured_so_far(log: Any) -> dict[str, Any]:
-    """A run that stopped (failed, interrupted): the time it took to its first step and spent saving and evaluating
-    up to then, as a completed run reports them (its manifest had them null)."""
-    if log is None:
-        return {}
-    return {"seconds_to_first_step": log.seconds_to_first_step, "seconds_saving": round(log.seconds_saving, 3),
-            "seconds_evaluating": round(log.seconds_evaluating, 3)}
-
-
-def _attempt() -> str:
-    """This start of the run: torchrun's run id and restart count (a file of an earlier attempt is not this one's)."""
-    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
-def _tell_the_writer(run: Run, error: str) -> None:
-    """A process that writes no manifest failed: say why in the run folder, before torchrun stops the others."""
-    rank = os.environ.get("RANK", "0")
-    try:
-        runfolder.write(run.opts.run_dir, f"{runfolder.RANK_FAILED}{rank}",
-                        json.dumps({"attempt": _attempt(), "rank": int(rank), "error": error[:4000]}))
-    except (OSError, DockyardError, ValueError):
-        pass  # its error is on its stderr anyway
-
-
-def _first_failure(run: Run) -> str | None:
-    """The error of the lowest rank of this attempt that failed, from its note (untrusted: checked, never followed)."""
-    found = []
-    try:
-        names = [n for n in os.listdir(run.opts.run_dir) if n.startswith(runfolder.RANK_FAILED)]
-        for name in names:
-            note = json.loads(runfolder.read_text(run.opts.run_dir, name, limit=1 << 16) or "null")
-            if (isinstance(note, dict) and note.get("attempt") == _attempt() and isinstance(note.get("rank"), int)
-                    and isinstance(note.get("error"), str)):
-                found.append((note["rank"], note["error"]))
-    except (OSError, ValueError, DockyardError):
-        return None
-    if not found:
-        return None
-    rank, error = min(found)
-    return f"{error} (rank {rank}; torchrun then stopped the others)"
-
-
-def lost(run: Run, message: str) -> NoReturn:
-    """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
-    the node's first process says so and writes the manifest, and every process of this node exits."""
-    if nodes.first_of_node():
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        finish(run, message)
-    else:
-        time.sleep(nodes.GRACE)
-    leave(0 if run.status == "completed" else 1)
-
-
-def leave(code: int) -> NoReturn:
-    """Exit without the interpreter's finalisation. After a ZeRO-3 run DeepSpeed still references the engine
-    from module globals (zero.Init, groups._WORLD_GROUP, every parameter's ds_process_group), so its gloo
-    process groups and their threads outlive destroy_process_group and would be torn down in whatever order
-    finalisation takes: the likely cause of a zero3-offload rank aborting after saving with "terminate called
-    without an active exception" (once in two runs). Everything the run leaves is written by now; only the
-    logs need flushing."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-STOPPED = "stopped by SIGTERM"
-LAUNCHER_GONE = ("torchrun, which started this process, was killed (with `invoke run`'s process group, or out of "
-                 "memory), and the run with it")
-INTERRUPTED = 128 + signal.SIGINT
-
-
-def _said_by_the_first() -> bool:
-    """A refusal every process of the node makes alike is said by its first (local rank 0), which then exits, and
-    torchrun stops the others: this one waits SAY_ONCE_S for that. Not stopped by then, the first did not refuse
-    (the error was this process's own after all): False, and this one says it."""
-    try:
-        time.sleep(SAY_ONCE_S)
-    except DockyardError:  # _stopped: torchrun's SIGTERM
-        return True
-    return False
-
-
-def failed(raised: BaseException, run: Run | None) -> int:
-    """The exit status of a run that raised, its manifest written and its one line said; an error of no known kind
-    is recorded, then raised again (its traceback is the one to read)."""
-    if threading.current_thread() is threading.main_thread():  # a second Ctrl-C would cut the record short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    e = ours_within(raised)
-    if isinstance(e, DockyardError):
-        # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
-        stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
-        if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
-                                       or not _said_by_the_first()):
-            with contextlib.suppress(OSError):  # a pipe whose reader died with the launcher: the manifest says it
-                print(f"error: {e}", file=sys.stderr)
-        if run:
-            finish(run, str(e))
-        return e.exit_code
-    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, passed on by torchrun: its traceback (one per process)
-        _signalled.set()  # torchrun's SIGTERM, which follows the Ctrl-C it got too, cannot cut this record short
-        said = f"interrupted (SIGINT): the run stopped; {_how_to_continue(run)}"
-        if nodes.first_of_node():
-            with contextlib.suppress(OSError):
-                print(f"error: {said}", file=sys.stderr)
-        if run:
-            finish(run, said)
-        return INTERRUPTED
-    if isinstance(e, OSError) and launcher_gone():  # a write to the closed pipe came before the SIGTERM
-        if run:
-            finish(run, f"{STOPPED}: {LAUNCHER_GONE}")
-        return 128 + signal.SIGTERM
-    if run:
-        finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
-    raise raised
-
-
-def say_done(run: Run) -> None:
-    """One line on rank 0 where no command prints the run's summary after it (run.sh, an sbatch script, a pod): the
-    run's console ended on a progress bar of the last save, without a word of how it went or where the model is."""
-    if not run.is_main or os.environ.get(envvars.SUMMARISED) == "1":
-        return
-    m = runfolder.read_manifest(run.opts.run_dir)
-    if m is None or m.status != "completed" or m.metrics is None:
-        return
-    met = m.metrics
-    said = [f"run {m.run_id} completed: {met.steps} steps"]
-    if met.loss_first is not None and met.loss_last is not None:
-        said.append(f"loss {met.loss_first:.4f} → {met.loss_last:.4f}")
-    if met.tokens_per_second:
-        said.append(f"{met.tokens_per_second:.0f} tokens/s" + (f", MFU {met.mfu:.1%}" if met.mfu else ""))
-    log.info("%s; the model is in %s, the record in %s", " · ".join(said), run.opts.run_dir / MODEL_DIR,
-             run.opts.run_dir / runfolder.MANIFEST)
-
-
-def ours_within(raised: BaseException) -> BaseException:
-    """The run's own error or interrupt where a library re-raised it as one of its own: DeepSpeed turns whatever
-    stops its compile of cpu_adam (our SIGTERM's DockyardError) into "RuntimeError: DeepSpeedCPUAdam requires the
-    cpu_adam op, which failed to build/load", 150 lines per rank for a cancelled run, recorded as its error. A
-    library that dropped the chain still raised while this process was being stopped: stopped, then."""
-    ours = [e for e in causes(raised) if isinstance(e, (DockyardError, KeyboardInterrupt))]
-    if ours:
-        # Ctrl-C reaches torchrun too, whose SIGTERM then lands while the workers unwind the KeyboardInterrupt: the
-        # run was interrupted, not "stopped by SIGTERM"
-        interrupt = next((e for e in ours if isinstance(e, KeyboardInterrupt)), None)
-        return interrupt if interrupt and str(ours[0]).startswith(STOPPED) else ours[0]
-    if _signalled.is_set():
-        return DockyardError(f"{STOPPED}: the run was cancelled, or another rank failed (its error is above)",
-                             exit_code=128 + signal.SIGTERM)
-    return raised
-
-
-def _how_to_continue(run: Run | None) -> str:
-    """What a stopped run can be continued from: its last complete checkpoint, or nothing yet."""
-    done = runfolder.complete_checkpoints(Path(run.opts.run_dir)) if run is not None and run.run_dir_ok else []
-    if done:
-        return f"continue it from {done[-1].name} with --resume"
-    return "no checkpoint was saved yet, so --resume would start it again from the first step"
-
-
-def _stopped(signum: int, frame: Any) -> None:
-    """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out. Not while
-    the manifest is being written (finish): the process is on its way out already, and an error raised there would
-    leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer). Once: a second
-    SIGTERM (a dying launcher's signal comes once per thread it hands this process to) would raise out of the
-    handling of the first, before the manifest is written."""
-    if _finishing.locked() or _signalled.is_set():  # (a Ctrl-C recorded as such, say: it exits 130 as it is)
-        return
-    if _recorded.is_set():  # in the barrier after a completed run's record, say: nothing is left to record
-        raise SystemExit(128 + signum)
-    _signalled.set()
-    if launcher_gone():
-        raise DockyardError(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)
-    raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
-                        exit_code=128 + signum)
-
-
-def launcher_gone() -> bool:
-    """Whether torchrun's agent, which started this worker, has died (environment.die_with_launcher then sends
-    SIGTERM); if so, nothing reads this process's output any more, and it goes to /dev/null: a print would raise
-    BrokenPipeError, and the manifest would never be written. The agent's threads die one by one: its workers are
-    handed to another of them first, with the signal, so the parent is watched for a moment before it counts as
-    alive (a SIGTERM it sent because another rank failed waits that moment, well inside torchrun's 30 s grace)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return False
-    deadline = time.monotonic() + 1.0
-    while os.getppid() == LAUNCHER:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    silence = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(silence, stream.fileno())
-    return True
-
-
-def restarted() -> bool:
-    """torchrun --max-restarts (`invoke run/k8s --max-restarts`) starts the same command again after a failure: that
-    is this run continued, from its last complete checkpoint (or from the start when it failed before one), not a new
-    run, which the folder the first attempt wrote would refuse ("already holds a run") on every restart."""
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
-
-
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     head, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(prog="python -m dockyard.train", description=__doc__, allow_abbrev=False,
@@ -1123,4 +784,4 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
 if __name__ == "__main__":
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun's agent, which started this module
         environment.die_with_launcher(LAUNCHER)
-    leave(main())
+    ending.leave(main())

@@ -39,7 +39,7 @@ def host_folder(argv: list[str], inside: str):
 
 def trainer_that_fails_before_its_log(argv: list[str]) -> int:
     """The container: the trainer refuses a setting before train.log exists, writes its failed manifest (as
-    dockyard.train.__main__._finish does) into the run folder it was given, and exits 1."""
+    dockyard.train.ending._finish does) into the run folder it was given, and exits 1."""
     from dockyard.train import manifest
 
     run_dir = host_folder(argv, argv[argv.index("--run-dir") + 1])

@@ -19,10 +19,10 @@ def fresh_signal_state(monkeypatch):
     a test that ran main() or _stopped before must not change what another sees."""
     import threading
 
-    from dockyard.train import __main__ as entry
+    from dockyard.train import ending
 
-    monkeypatch.setattr(entry, "_signalled", threading.Event())
-    monkeypatch.setattr(entry, "_recorded", threading.Event())
+    monkeypatch.setattr(ending, "_signalled", threading.Event())
+    monkeypatch.setattr(ending, "_recorded", threading.Event())
 
 
 def cpu_arguments(name: str, given: dict, run_dir):
@@ -457,7 +457,7 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
     import signal
     import threading
 
-    from dockyard.train import __main__ as entry
+    from dockyard.train import ending as entry
 
     monkeypatch.setattr(entry, "SAY_ONCE_S", 0.2)
     assert entry._said_by_the_first() is False, "nobody stopped it: it says its error itself"
@@ -642,7 +642,8 @@ def test_a_run_no_command_summarises_ends_on_a_line_of_how_it_went_and_where_the
 
     from dockyard.common import envvars
     from dockyard.train import manifest
-    from dockyard.train.__main__ import Run, say_done
+    from dockyard.train.ending import say_done
+    from dockyard.train.record import Run
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 4, "loss": 5.25}\n')
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 2, None,
@@ -693,6 +694,7 @@ def test_ctrl_c_followed_by_torchruns_sigterm_is_recorded_as_interrupted(tmp_pat
     import transformers
 
     from dockyard.train import __main__ as entry
+    from dockyard.train import ending
 
     def interrupted(self, *args, **kwargs):
         try:
@@ -701,7 +703,7 @@ def test_ctrl_c_followed_by_torchruns_sigterm_is_recorded_as_interrupted(tmp_pat
             if when == "as the library unwinds":
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    how_to_continue = entry._how_to_continue
+    how_to_continue = ending._how_to_continue
 
     def sigterm_then(run):
         if when == "as the record is written":
@@ -709,7 +711,7 @@ def test_ctrl_c_followed_by_torchruns_sigterm_is_recorded_as_interrupted(tmp_pat
         return how_to_continue(run)
 
     monkeypatch.setattr(transformers.Trainer, "train", interrupted)
-    monkeypatch.setattr(entry, "_how_to_continue", sigterm_then)
+    monkeypatch.setattr(ending, "_how_to_continue", sigterm_then)
     logging.basicConfig(handlers=[logging.NullHandler()], force=True)
     old = signal.getsignal(signal.SIGTERM)
     try:

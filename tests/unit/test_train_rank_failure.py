@@ -12,7 +12,8 @@ import pytest
 
 from dockyard.common import runfolder
 from dockyard.train import __main__ as trainer
-from dockyard.train import nodes
+from dockyard.train import ending, nodes
+from dockyard.train.record import Run
 
 STOPPED = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
 
@@ -23,10 +24,10 @@ def fresh_signal_state(monkeypatch):
     a test that ran main() or _stopped before must not change what another sees."""
     import threading
 
-    from dockyard.train import __main__ as entry
+    from dockyard.train import ending
 
-    monkeypatch.setattr(entry, "_signalled", threading.Event())
-    monkeypatch.setattr(entry, "_recorded", threading.Event())
+    monkeypatch.setattr(ending, "_signalled", threading.Event())
+    monkeypatch.setattr(ending, "_recorded", threading.Event())
 
 
 def play(monkeypatch, tmp_path, rank: int, error: str, attempt: str = "abc", verdict: str | None = None) -> None:
@@ -38,9 +39,9 @@ def play(monkeypatch, tmp_path, rank: int, error: str, attempt: str = "abc", ver
     if verdict:
         heartbeat = nodes.Heartbeat(lambda message: None)  # not started: its verdict is played
         heartbeat.verdict = verdict
-    run = trainer.Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=rank == 0, run_dir_ok=True, world_size=2,
+    run = Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=rank == 0, run_dir_ok=True, world_size=2,
                       heartbeat=heartbeat)
-    trainer._finish(run, error)
+    ending._finish(run, error)
 
 
 def written_error(tmp_path) -> str:
@@ -95,14 +96,14 @@ def test_torchruns_sigterm_while_the_manifest_is_written_does_not_stop_the_writi
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     heartbeat = nodes.Heartbeat(lambda message: None, bound=10.0)  # waits up to one beat + 2 s for a verdict: 3 s
-    run = trainer.Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=True, run_dir_ok=True, world_size=2,
+    run = Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=True, run_dir_ok=True, world_size=2,
                       heartbeat=heartbeat)
-    before = signal.signal(signal.SIGTERM, trainer._stopped)
+    before = signal.signal(signal.SIGTERM, ending._stopped)
     sent = threading.Event()
     torchrun = threading.Timer(0.5, lambda: (os.kill(os.getpid(), signal.SIGTERM), sent.set()))
     try:
         torchrun.start()
-        trainer.finish(run, "torch.distributed.DistNetworkError: Broken pipe")
+        ending.finish(run, "torch.distributed.DistNetworkError: Broken pipe")
     finally:
         torchrun.cancel()  # late past the finish: not to pytest, once the handler is gone
         torchrun.join()
@@ -155,8 +156,8 @@ def test_a_launchers_sigterm_while_a_broken_pipe_is_handled_still_leaves_the_man
         return True
 
     monkeypatch.setattr(trainer, "train", save_into_a_dead_pipe)
-    monkeypatch.setattr(trainer, "launcher_gone", launcher_gone)
-    monkeypatch.setattr(trainer, "_signalled", threading.Event())
+    monkeypatch.setattr(ending, "launcher_gone", launcher_gone)
+    monkeypatch.setattr(ending, "_signalled", threading.Event())
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
@@ -169,7 +170,7 @@ def test_a_launchers_sigterm_while_a_broken_pipe_is_handled_still_leaves_the_man
     assert waits == ["main's, after the BrokenPipeError", "_stopped's"], "the SIGTERM came during main's wait"
     assert code == 143
     written = json.loads((run_dir / runfolder.MANIFEST).read_text())
-    assert written["status"] == "failed" and written["error"] == f"stopped by SIGTERM: {trainer.LAUNCHER_GONE}"
+    assert written["status"] == "failed" and written["error"] == f"stopped by SIGTERM: {ending.LAUNCHER_GONE}"
 
 
 def test_a_sigterm_after_a_completed_runs_record_is_written_ends_the_process_without_a_traceback(monkeypatch,
@@ -190,7 +191,7 @@ def test_a_sigterm_after_a_completed_runs_record_is_written_ends_the_process_wit
         os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(trainer, "train", trained)
-    monkeypatch.setattr(trainer, "say_done", say_done)
+    monkeypatch.setattr(ending, "say_done", say_done)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)

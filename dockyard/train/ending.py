@@ -1,0 +1,282 @@
+"""How a trainer process ends: its manifest written once, on every way out (completed, failed, stopped by
+torchrun's SIGTERM, Ctrl-C, a lost node, a launcher that died), its one error line said by one process, and its exit
+status. The run's own errors, raised anywhere below, are DockyardErrors; SIGTERM raises one (begin)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dockyard.common import envvars, runfolder
+from dockyard.common.errors import DockyardError, causes
+from dockyard.train import LAUNCHER, manifest, nodes
+from dockyard.train.record import Run
+
+log = logging.getLogger("dockyard.train")
+_signalled = threading.Event()  # the SIGTERM that stops this process came (_stopped)
+_recorded = threading.Event()  # the manifest is written: a SIGTERM now only ends the process (_stopped)
+_finishing = threading.Lock()  # finish() runs once: the main thread and the heartbeat (a lost node) may both call it
+SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its first refuses and says, before exiting
+
+
+def begin() -> None:
+    """From here on torchrun's SIGTERM raises a DockyardError, so that the run is recorded on the way out. Once per
+    process, but main() may be called again in one (the tests)."""
+    _signalled.clear()
+    _recorded.clear()
+    signal.signal(signal.SIGTERM, _stopped)
+
+
+def finish(run: Run, error: str | None) -> None:
+    """The first process of each node writes the manifest: node 0's is the run's, the others' sit beside it.
+    Once: the main thread and the heartbeat's (a lost node) may both get here."""
+    with _finishing:
+        if not run.finished:
+            _finish(run, error)
+            run.finished = True  # after: a Ctrl-C inside _finish left no manifest, and no later call wrote one
+            _recorded.set()
+            if run.resume_lock is not None:  # the run is over: another resume may take it
+                os.close(run.resume_lock)
+                run.resume_lock = None
+
+
+def _finish(run: Run, error: str | None) -> None:
+    if not run.run_dir_ok:
+        return  # never touch a folder that holds another run
+    if run.manifest_found and not run.training:
+        return  # a resume refused before it trained: the run's record stays as it was (the error is on stderr)
+    stopped = error is not None and error.startswith(STOPPED)  # by torchrun: the cause is another process's
+    verdict = run.heartbeat.verdict_for(error, run.record.nodes_seen or []) if run.heartbeat and error else None
+    if error and verdict and not error.startswith("lost "):
+        error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
+    elif error and run.record.nodes_seen:
+        error = nodes.explain(error, run.opts.run_dir, run.record.nodes_seen)
+    if not nodes.first_of_node():
+        if error and not stopped:
+            _tell_the_writer(run, error)
+        return
+    # stopped by torchrun, or cut off from this node's other process, and not already explained by a lost node:
+    # the process that failed first says why in its note
+    if error and (error.startswith(STOPPED) or (not error.startswith("lost ") and nodes.CUT_OFF.search(error))):
+        error = _first_failure(run) or error
+    extra = {**run.record.to_json(), **({"error": error} if error else {})}
+    record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
+                            run.check.in_effect if run.check else None, run.metrics or measured_so_far(run.log), extra)
+    try:
+        manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
+    except OSError as e:  # a full disk: the error above is what the user needs
+        print(f"error: cannot write {run.opts.run_dir / runfolder.manifest_file(nodes.node_rank())}: {e.strerror}",
+              file=sys.stderr)
+
+
+def measured_so_far(log: Any) -> dict[str, Any]:
+    """A run that stopped (failed, interrupted): the time it took to its first step and spent saving and evaluating
+    up to then, as a completed run reports them (its manifest had them null)."""
+    if log is None:
+        return {}
+    return {"seconds_to_first_step": log.seconds_to_first_step, "seconds_saving": round(log.seconds_saving, 3),
+            "seconds_evaluating": round(log.seconds_evaluating, 3)}
+
+
+def _attempt() -> str:
+    """This start of the run: torchrun's run id and restart count (a file of an earlier attempt is not this one's)."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _tell_the_writer(run: Run, error: str) -> None:
+    """A process that writes no manifest failed: say why in the run folder, before torchrun stops the others."""
+    rank = os.environ.get("RANK", "0")
+    try:
+        runfolder.write(run.opts.run_dir, f"{runfolder.RANK_FAILED}{rank}",
+                        json.dumps({"attempt": _attempt(), "rank": int(rank), "error": error[:4000]}))
+    except (OSError, DockyardError, ValueError):
+        pass  # its error is on its stderr anyway
+
+
+def _first_failure(run: Run) -> str | None:
+    """The error of the lowest rank of this attempt that failed, from its note (untrusted: checked, never followed)."""
+    found = []
+    try:
+        names = [n for n in os.listdir(run.opts.run_dir) if n.startswith(runfolder.RANK_FAILED)]
+        for name in names:
+            note = json.loads(runfolder.read_text(run.opts.run_dir, name, limit=1 << 16) or "null")
+            if (isinstance(note, dict) and note.get("attempt") == _attempt() and isinstance(note.get("rank"), int)
+                    and isinstance(note.get("error"), str)):
+                found.append((note["rank"], note["error"]))
+    except (OSError, ValueError, DockyardError):
+        return None
+    if not found:
+        return None
+    rank, error = min(found)
+    return f"{error} (rank {rank}; torchrun then stopped the others)"
+
+
+def lost(run: Run, message: str) -> NoReturn:
+    """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
+    the node's first process says so and writes the manifest, and every process of this node exits."""
+    if nodes.first_of_node():
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        finish(run, message)
+    else:
+        time.sleep(nodes.GRACE)
+    leave(0 if run.status == "completed" else 1)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit without the interpreter's finalisation. After a ZeRO-3 run DeepSpeed still references the engine
+    from module globals (zero.Init, groups._WORLD_GROUP, every parameter's ds_process_group), so its gloo
+    process groups and their threads outlive destroy_process_group and would be torn down in whatever order
+    finalisation takes: the likely cause of a zero3-offload rank aborting after saving with "terminate called
+    without an active exception" (once in two runs). Everything the run leaves is written by now; only the
+    logs need flushing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+STOPPED = "stopped by SIGTERM"
+LAUNCHER_GONE = ("torchrun, which started this process, was killed (with `invoke run`'s process group, or out of "
+                 "memory), and the run with it")
+INTERRUPTED = 128 + signal.SIGINT
+
+
+def _said_by_the_first() -> bool:
+    """A refusal every process of the node makes alike is said by its first (local rank 0), which then exits, and
+    torchrun stops the others: this one waits SAY_ONCE_S for that. Not stopped by then, the first did not refuse
+    (the error was this process's own after all): False, and this one says it."""
+    try:
+        time.sleep(SAY_ONCE_S)
+    except DockyardError:  # _stopped: torchrun's SIGTERM
+        return True
+    return False
+
+
+def failed(raised: BaseException, run: Run | None) -> int:
+    """The exit status of a run that raised, its manifest written and its one line said; an error of no known kind
+    is recorded, then raised again (its traceback is the one to read)."""
+    if threading.current_thread() is threading.main_thread():  # a second Ctrl-C would cut the record short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    e = ours_within(raised)
+    if isinstance(e, DockyardError):
+        # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
+        stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
+        if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
+                                       or not _said_by_the_first()):
+            with contextlib.suppress(OSError):  # a pipe whose reader died with the launcher: the manifest says it
+                print(f"error: {e}", file=sys.stderr)
+        if run:
+            finish(run, str(e))
+        return e.exit_code
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, passed on by torchrun: its traceback (one per process)
+        _signalled.set()  # torchrun's SIGTERM, which follows the Ctrl-C it got too, cannot cut this record short
+        said = f"interrupted (SIGINT): the run stopped; {_how_to_continue(run)}"
+        if nodes.first_of_node():
+            with contextlib.suppress(OSError):
+                print(f"error: {said}", file=sys.stderr)
+        if run:
+            finish(run, said)
+        return INTERRUPTED
+    if isinstance(e, OSError) and launcher_gone():  # a write to the closed pipe came before the SIGTERM
+        if run:
+            finish(run, f"{STOPPED}: {LAUNCHER_GONE}")
+        return 128 + signal.SIGTERM
+    if run:
+        finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
+    raise raised
+
+
+def say_done(run: Run) -> None:
+    """One line on rank 0 where no command prints the run's summary after it (run.sh, an sbatch script, a pod): the
+    run's console ended on a progress bar of the last save, without a word of how it went or where the model is."""
+    if not run.is_main or os.environ.get(envvars.SUMMARISED) == "1":
+        return
+    m = runfolder.read_manifest(run.opts.run_dir)
+    if m is None or m.status != "completed" or m.metrics is None:
+        return
+    met = m.metrics
+    said = [f"run {m.run_id} completed: {met.steps} steps"]
+    if met.loss_first is not None and met.loss_last is not None:
+        said.append(f"loss {met.loss_first:.4f} → {met.loss_last:.4f}")
+    if met.tokens_per_second:
+        said.append(f"{met.tokens_per_second:.0f} tokens/s" + (f", MFU {met.mfu:.1%}" if met.mfu else ""))
+    log.info("%s; the model is in %s, the record in %s", " · ".join(said), run.opts.run_dir / runfolder.MODEL,
+             run.opts.run_dir / runfolder.MANIFEST)
+
+
+def ours_within(raised: BaseException) -> BaseException:
+    """The run's own error or interrupt where a library re-raised it as one of its own: DeepSpeed turns whatever
+    stops its compile of cpu_adam (our SIGTERM's DockyardError) into "RuntimeError: DeepSpeedCPUAdam requires the
+    cpu_adam op, which failed to build/load", 150 lines per rank for a cancelled run, recorded as its error. A
+    library that dropped the chain still raised while this process was being stopped: stopped, then."""
+    ours = [e for e in causes(raised) if isinstance(e, (DockyardError, KeyboardInterrupt))]
+    if ours:
+        # Ctrl-C reaches torchrun too, whose SIGTERM then lands while the workers unwind the KeyboardInterrupt: the
+        # run was interrupted, not "stopped by SIGTERM"
+        interrupt = next((e for e in ours if isinstance(e, KeyboardInterrupt)), None)
+        return interrupt if interrupt and str(ours[0]).startswith(STOPPED) else ours[0]
+    if _signalled.is_set():
+        return DockyardError(f"{STOPPED}: the run was cancelled, or another rank failed (its error is above)",
+                             exit_code=128 + signal.SIGTERM)
+    return raised
+
+
+def _how_to_continue(run: Run | None) -> str:
+    """What a stopped run can be continued from: its last complete checkpoint, or nothing yet."""
+    done = runfolder.complete_checkpoints(Path(run.opts.run_dir)) if run is not None and run.run_dir_ok else []
+    if done:
+        return f"continue it from {done[-1].name} with --resume"
+    return "no checkpoint was saved yet, so --resume would start it again from the first step"
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    """torchrun stops every rank with SIGTERM when one fails: record the run as failed on the way out. Not while
+    the manifest is being written (finish): the process is on its way out already, and an error raised there would
+    leave no manifest (torchrun's SIGKILL follows its grace period of 30 s if finishing takes longer). Once: a second
+    SIGTERM (a dying launcher's signal comes once per thread it hands this process to) would raise out of the
+    handling of the first, before the manifest is written."""
+    if _finishing.locked() or _signalled.is_set():  # (a Ctrl-C recorded as such, say: it exits 130 as it is)
+        return
+    if _recorded.is_set():  # in the barrier after a completed run's record, say: nothing is left to record
+        raise SystemExit(128 + signum)
+    _signalled.set()
+    if launcher_gone():
+        raise DockyardError(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)
+    raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
+                        exit_code=128 + signum)
+
+
+def launcher_gone() -> bool:
+    """Whether torchrun's agent, which started this worker, has died (environment.die_with_launcher then sends
+    SIGTERM); if so, nothing reads this process's output any more, and it goes to /dev/null: a print would raise
+    BrokenPipeError, and the manifest would never be written. The agent's threads die one by one: its workers are
+    handed to another of them first, with the signal, so the parent is watched for a moment before it counts as
+    alive (a SIGTERM it sent because another rank failed waits that moment, well inside torchrun's 30 s grace)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    deadline = time.monotonic() + 1.0
+    while os.getppid() == LAUNCHER:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    silence = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(silence, stream.fileno())
+    return True
+
+
+def restarted() -> bool:
+    """torchrun --max-restarts (`invoke run/k8s --max-restarts`) starts the same command again after a failure: that
+    is this run continued, from its last complete checkpoint (or from the start when it failed before one), not a new
+    run, which the folder the first attempt wrote would refuse ("already holds a run") on every restart."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
