@@ -51,6 +51,10 @@ def facts() -> tuple[Host, list[Link]]:
 
 # "12.8", or "" where NVML could not read it
 Version = Annotated[str, StringConstraints(pattern=r"^(\d+\.\d+)?$")]
+# what a recording says in words is printed as it is (doctor's table, `auto → ...`): no control characters (an escape
+# sequence in a file users send each other cleared the terminal); a driver version is numbers and dots
+Words = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f]*$", max_length=200)]
+DriverVersion = Annotated[str, StringConstraints(pattern=r"^([0-9]{1,6}(\.[0-9]{1,6}){0,3})?$")]
 # what a recording (a file users send each other) may say, as a real host could: a GPU of -5 bytes planned "fits: no"
 # and a run --dry for it; an index past NVML's device count, a utilisation past 100 %
 MAX_GPUS = 256
@@ -62,7 +66,7 @@ Bytes = Annotated[int, Field(ge=0, le=2**50)]
 @dataclass(frozen=True)
 class Gpu:
     index: Index
-    name: Annotated[str, StringConstraints(max_length=200)]
+    name: Words
     memory_bytes: Bytes  # 0: NVML could not read it (the recorder writes that)
     uuid: str = ""
     capability: Version = ""  # CUDA compute capability, "7.5" on a T4: decides bf16 or fp16
@@ -74,7 +78,7 @@ class Host:
     """What NVML says about this host. `cuda` is the highest CUDA the driver supports, e.g. "12.8" ("" where NVML
     could not read it: variants.driver_runs then goes by the driver version)."""
 
-    driver: str = ""
+    driver: DriverVersion = ""
     cuda: Version = ""
     gpus: list[Gpu] = field(default_factory=list)
     error: str = ""  # why NVML could not be read (no driver, no library): not an error on a CPU host
@@ -92,7 +96,7 @@ class Link:
 
     a: Index
     b: Index
-    path: Annotated[str, StringConstraints(max_length=200)]
+    path: Words
     p2p: bool
     nvlink: bool = False
 
@@ -300,6 +304,7 @@ def replay() -> Recorded | None:
 
 def record(path: Path | str) -> dict:
     """Write what NVML reports now (host, links, one sample) in the fixtures' format; returns it."""
+    locks.check_named_output(Path(path), "--record")
     try:
         with nvml() as nv:
             data = {"kind": "gpu", "host": asdict(nv.host()), "links": [asdict(x) for x in nv.links()],
@@ -320,6 +325,9 @@ def select(host: Host, spec: str = "") -> Host:
     if spec.strip() and not host.gpus:  # CUDA_VISIBLE_DEVICES left set on a host without GPUs is no request
         raise DockyardError(f"--gpus={spec}, but {host.error or 'NVML sees no GPU on this host'}: leave --gpus out to "
                             "train on CPU")
+    if spec.strip() and not spec.replace(",", "").strip():  # `--gpus=$A,$B` with both empty: no GPU named
+        raise DockyardError(f"--gpus={spec!r} names no GPU: give indices or UUIDs, as in --gpus=0,2 (leave it out for "
+                            "all of them; --cpu trains on CPU)")
     spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
     if not spec or not host.gpus:
         return host

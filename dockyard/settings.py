@@ -105,6 +105,8 @@ class Settings(BaseModel):
     def _a_path(cls, v: Any) -> Any:
         if isinstance(v, str) and not v.strip():
             raise ValueError("must name a file or folder (an empty value would be the project root itself)")
+        if isinstance(v, str) and "\0" in v:  # YAML's "\x00": os calls raise ValueError, shown as a traceback
+            raise ValueError("a path cannot hold a NUL character")
         return v
 
     def path(self, p: Path | str) -> Path:

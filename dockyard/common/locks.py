@@ -57,6 +57,24 @@ def partial(path: Path) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.partial")
 
 
+def check_named_output(path: Path, flag: str) -> None:
+    """A file the user named for a task to write whole (--out, --record): refused where that name holds, or links to,
+    anything but a plain file (/dev/null, /dev/stdout, a fifo, a socket). The file is written beside it and renamed
+    over it, so a device node or a link to one (as root: /dev/stdout, /dev/null) was replaced by a plain file."""
+    try:
+        st = os.stat(path)  # through links: /dev/stdout -> /proc/self/fd/1 -> the terminal
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there yet (or a dangling link, replaced as before)
+    except OSError:
+        return  # said by the write itself
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        kind = ("a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a pipe" if stat.S_ISFIFO(st.st_mode) else "a socket")
+        raise DockyardError(f"{flag}={path}: {'links to ' if path.is_symlink() else 'is '}{kind}, not a file; the "
+                            "file is written whole and put in place of what the name holds: name a plain file "
+                            "(then `cat` it to see it)")
+
+
 def replace_file(path: Path, text: str, mode: int | None = None) -> None:
     """Write `path` whole under a partial() name, then put it in place: a link planted under its name is replaced,
     not written through, and a write cut short (a full disk, Ctrl-C) leaves the old file as it was."""

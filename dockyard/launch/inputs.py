@@ -55,7 +55,11 @@ def read_only_mounts(settings: Settings, recipe: str, overrides: list[str], *, d
             m.overrides += [f"--{key}", value]
             continue
         scriptwords.mount_path(str(host), where, separators)
-        inside = f"{INPUTS}/{key}" + ("" if host.is_dir() else f"/{host.name}")
+        # a file is mounted under the name it was given: a link's target may have none of a data file's suffixes
+        # (the Hugging Face cache's snapshots/REV/train.jsonl -> blobs/<sha256>; DVC, git-annex), and the trainer
+        # reads a file by its suffix
+        inside = f"{INPUTS}/{key}" + ("" if host.is_dir() else f"/{given_name(value, host)}")
+        scriptwords.mount_path(inside, where, separators)  # the link's own name may hold what its target does not
         m.volumes.append((host, inside, True))
         m.host_paths[inside] = str(host)
         m.overrides += [f"--{key}", inside]
@@ -145,6 +149,11 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
            "that folder)") if HUB_ID.fullmatch(value) and not looks_like_path(value) else ""
     raise DockyardError(f"{where} {value}: no such file or folder on this host{hub} (give an existing file or "
                         "folder; it is mounted read-only into the run)")
+
+
+def given_name(value: str, host: Path) -> str:
+    """The file name `value` gives (a link's own name, not its target's); the host path's where it gives none."""
+    return Path(os.path.expanduser(value)).name or host.name
 
 
 def looks_like_path(value: str) -> bool:

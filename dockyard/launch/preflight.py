@@ -210,8 +210,9 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
     if not path.is_file() and not path.is_dir():
         raise DockyardError(f"{where} {value}: neither a file nor a folder (a device, pipe or socket): give a data "
                             "file, or a folder of them (docs/data.md)")
-    if path.is_file() and path.suffix not in BUILDERS:
-        raise DockyardError(f"{where} {value}: unknown data file type {path.suffix or '(none)'}; use "
+    suffix = Path(inputs.given_name(value, path)).suffix  # a link's own name: what the run sees it as
+    if path.is_file() and suffix not in BUILDERS:
+        raise DockyardError(f"{where} {value}: unknown data file type {suffix or '(none)'}; use "
                             f"{', '.join(BUILDERS)} (docs/data.md)")
     files = [path] if path.is_file() else []
     if path.is_dir():

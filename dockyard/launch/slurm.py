@@ -21,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dockyard.common import envvars, runfolder
+from dockyard.common import envvars, locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.images import variants
@@ -227,6 +227,8 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     if out and (out.endswith("/") or path.is_dir()):  # a folder the user named (never a link planted in the runs folder)
         path = path / name
     fix = "give --out=FILE in a folder you can write"
+    if out:
+        locks.check_named_output(path, "--out")
     runfolder.make_folders(runs, runfolder.RUNS_FIX)  # Slurm writes the job's output there
     runfolder.make_folders(path.parent, fix)
     try:

@@ -85,7 +85,11 @@ def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:
         return None
     repo = hub_home / "hub" / f"models--{repo_id.replace('/', '--')}"
     ref = repo / "refs" / "main"
-    named = repo / "snapshots" / ref.read_text().strip() if ref.is_file() else None
+    try:  # a damaged cache (not UTF-8, unreadable) falls back to the snapshots themselves
+        commit = ref.read_text().strip() if ref.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        commit = ""
+    named = repo / "snapshots" / commit if commit and "/" not in commit and commit not in (".", "..") else None
     if named is not None and (named / "config.json").is_file():
         return named
     found = [d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()]

@@ -78,9 +78,12 @@ def now() -> str:
 
 def write_inventory(settings: Settings, out: str = "") -> Path:
     """This node's inventory, written to `out` (a file, or a folder to hold inventory-<host>.json)."""
-    inv = layer_inventory(settings)
     path = Path(os.path.expanduser(out)) if out else settings.path(settings.dist_dir)
-    if not out or out.endswith("/") or path.is_dir():
+    folder = not out or out.endswith("/") or path.is_dir()
+    if not folder:
+        locks.check_named_output(path, "--out")  # before the engine is asked
+    inv = layer_inventory(settings)
+    if folder:
         path = path / f"inventory-{inv['host']}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

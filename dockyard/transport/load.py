@@ -369,6 +369,11 @@ def check_set(settings: Settings, paths: ArchivePaths) -> dict:
         principal = verify_signature(settings.path(settings.allowed_signers), paths, raw)
         print(f"signature good: signed by {principal}", file=sys.stderr)
     sums = read_sums(paths.sha256)
+    if sums and paths.manifest.name not in sums and paths.archive.name not in sums:  # not a word about this set
+        listed = ", ".join(sorted(sums)[:4])[:300]
+        raise DockyardError(f"{paths.sha256.name} lists {listed}, not {paths.archive.name} and "
+                            f"{paths.manifest.name}: the files were renamed (or the .sha256 is another archive's). "
+                            "Give the three files back the names it lists, or copy the set again; nothing was loaded.")
     if sums.get(paths.manifest.name) != hashlib.sha256(raw).hexdigest():
         raise DockyardError(f"{paths.manifest.name} does not match {paths.sha256.name}: the manifest was "
                             "changed or damaged. Refused, nothing was loaded.")

@@ -34,6 +34,10 @@ class Remote:
         if self.host.startswith("-") or self.host.rpartition("@")[2].startswith("-"):
             raise DockyardError(f"{self.host!r}: a host cannot start with '-' (ssh would read it as an option); "
                                 "give [user@]host, or an alias from your ssh config")
+        user, at, name = self.host.rpartition("@")
+        if not name or (at and not user):  # ssh's usage text, or a lookup of "", was said as the node's failure
+            raise DockyardError(f"{self.host!r}: {'no host' if not name else 'no user'} before or after '@': give "
+                                "[user@]host, or an alias from your ssh config")
 
     def where(self, name: str = "") -> str:
         return f"{self.host}:{self.dir}" + (f"/{name}" if name else "")
@@ -42,6 +46,14 @@ class Remote:
     def url(self) -> str:
         """ssh://[user@]host[:port], how --thin-for names a node."""
         return f"ssh://{self.host}" + (f":{self.port}" if self.port else "")
+
+
+def check_identity(identity: str) -> None:
+    """--identity names a key file: ssh only warns of one it cannot read and tries the others, and its last words,
+    said as the failure, were "Permission denied (publickey)", hiding the misspelt --identity."""
+    if identity and not Path(os.path.expanduser(identity)).is_file():
+        raise DockyardError(f"--identity={identity}: no such key file (give your ssh private key, e.g. "
+                            "--identity=~/.ssh/id_ed25519, or leave it out for the ssh config's and agent's keys)")
 
 
 def parse_to(to: str, port: int = 0, identity: str = "", need_dir: bool = True) -> Remote:

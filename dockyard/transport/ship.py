@@ -27,6 +27,7 @@ from dockyard.transport.layout import LOADER_TEMPLATE, ArchivePaths, check_metho
 from dockyard.transport.load import check_set, sha256_file
 from dockyard.transport.remote import (
     Remote,
+    check_identity,
     node_state,
     parse_to,
     remote_inventory,
@@ -54,6 +55,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
             raise DockyardError(f"{p} is missing: ship an archive written by `invoke save` (it writes the "
                                 ".sha256 and .manifest.json beside it)")
     r = parse_to(to, port, identity)
+    check_identity(identity)
     # what `invoke load` checks before reading the archive: the signature where allowed_signers is set, the .sha256
     # against the manifest, the size; the archive's bytes are checked on the node, against this manifest's sha256
     manifest = check_set(settings, paths)
@@ -107,6 +109,7 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
                thin: bool = False) -> list[tuple[str, str]]:
     """docker save | zstd | ssh node 'zstd -dc | docker load', then check every image id there."""
     r = Remote(parse_to(to.split(":", 1)[0], need_dir=False).host, ".", port, identity)
+    check_identity(identity)
     refs = [x.strip() for x in image.split(",") if x.strip()]
     images = inventory.inspect_images(settings, refs)
     have = node_state(settings, r, "")

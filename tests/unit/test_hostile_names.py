@@ -1,0 +1,136 @@
+"""Names a user gives that are not what they look like (a second red-team pass): an output file that is a pipe or a
+link to a device, a data file that is a link to a content-addressed blob, an empty user or host, a misspelt key, an
+archive set renamed after saving, a NUL in a setting, a damaged Hugging Face cache, an NVML recording that would drive
+the terminal. Each is refused in one line before anything is made, or, where the name is sound, works.
+
+Through the real CLI (Invoke's Program, the real tasks.py); no engine is reached: each refusal comes before it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+
+import pytest
+
+from dockyard import ROOT
+from tests.support.cli import invoke_here, short_error
+
+NVML_HOSTS = ROOT / "tests" / "fixtures" / "nvml" / "hosts"
+
+
+@pytest.mark.parametrize("task", [["inventory", "--out={}"], ["doctor", "--record={}"],
+                                  ["slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=1", "--out={}"]],
+                         ids=["inventory", "doctor", "slurm"])
+@pytest.mark.parametrize("through_a_link", [False, True], ids=["pipe", "link-to-a-pipe"])
+def test_an_output_that_is_a_pipe_or_links_to_one_is_refused_and_left_as_it_was(tmp_path, task, through_a_link):
+    """The file is written beside the name and renamed over it: as root, `--out=/dev/stdout` (a link to the terminal)
+    or `--record=/dev/null` replaced a system file with a plain one, and said "wrote". A fifo stands in for the device
+    here (the check is the same: anything but a plain file or folder), so the test needs no root."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    named = pipe
+    if through_a_link:
+        named = tmp_path / "stdout"
+        named.symlink_to(pipe)
+    r = invoke_here(*[a.format(named) for a in task], env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"),
+                                                            "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    short_error(r, "a pipe, not a file")
+    assert stat.S_ISFIFO(os.stat(named).st_mode), "the pipe is still there"
+    assert named.is_symlink() is through_a_link
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"pipe", named.name}), "nothing else was written"
+
+
+def test_a_data_file_that_is_a_link_to_a_blob_is_read_by_the_name_it_was_given(tmp_path):
+    """The Hugging Face cache (snapshots/REV/train.jsonl -> ../../blobs/<sha256>), DVC and git-annex keep data files
+    as links to blobs of no suffix: the file was refused as "unknown data file type (none)", and its folder as holding
+    a link that leaves it, with "give the file itself" as the fix. It is mounted under its own name, which the
+    trainer reads its kind from."""
+    blob = tmp_path / "blobs" / ("9f86d081" * 8)
+    blob.parent.mkdir()
+    blob.write_text('{"text": "hello"}\n')
+    link = tmp_path / "snapshots" / "rev" / "train.jsonl"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(os.path.relpath(blob, link.parent))
+    r = invoke_here("run", "--dry", "--variant=cpu", f"--data={link}",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode == 0, r.stderr
+    assert f"-v {blob}:/workspace/inputs/data/train.jsonl:ro" in r.stderr
+    assert "--data /workspace/inputs/data/train.jsonl" in r.stderr
+
+
+def test_a_link_whose_own_name_holds_a_colon_is_refused_as_a_mount(tmp_path):
+    blob = tmp_path / "blob"
+    blob.write_text('{"text": "hello"}\n')
+    link = tmp_path / "a:b.jsonl"
+    link.symlink_to(blob)
+    short_error(invoke_here("run", "--dry", "--variant=cpu", f"--data={link}",
+                            env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}), "':'")
+
+
+@pytest.mark.parametrize("to, says", [("@127.0.0.1", "no user"), ("root@", "no host")])
+def test_an_empty_user_or_host_is_said_as_such_not_as_an_unreachable_node(to, says):
+    """`--to=@host` got ssh's usage text as the node's failure, `--to=root@:/dir` "Could not resolve hostname"."""
+    short_error(invoke_here("ship", "--image=dockyard:0.1.0-cpu", f"--to={to}"), says)
+    short_error(invoke_here("save", "--variant=cpu", f"--thin-for=ssh://{to}"), says)
+
+
+def test_a_misspelt_identity_is_named_before_ssh_hides_it(tmp_path):
+    """ssh only warns of a key file it cannot read and tries the others: the error was its last line, "Permission
+    denied (publickey)", as if the node refused the key."""
+    short_error(invoke_here("ship", "--image=dockyard:0.1.0-cpu", "--to=root@127.0.0.1",
+                            f"--identity={tmp_path}/id_ed25591"), "--identity", "no such key file")
+
+
+def test_a_renamed_archive_set_is_said_to_be_renamed_not_tampered(tmp_path):
+    """The .sha256 lists the names `invoke save` gave; renamed files were refused as "the manifest was changed or
+    damaged", which sends the user after an attacker."""
+    archive, manifest = b"not read", json.dumps({"archive_bytes": 8}).encode()
+    (tmp_path / "mine.tar").write_bytes(archive)
+    (tmp_path / "mine.manifest.json").write_bytes(manifest)
+    (tmp_path / "mine.sha256").write_text(f"{hashlib.sha256(manifest).hexdigest()}  dockyard_0.1.0-cpu.manifest.json\n"
+                                          f"{hashlib.sha256(archive).hexdigest()}  dockyard_0.1.0-cpu.tar\n")
+    r = invoke_here("load", f"--file={tmp_path}/mine.tar", env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    short_error(r, "renamed")
+    assert "dockyard_0.1.0-cpu.tar" in r.stderr and "nothing was loaded" in r.stderr
+
+
+def test_a_nul_in_a_path_setting_is_a_settings_error_not_a_traceback(tmp_path):
+    config = tmp_path / "invoke.yaml"
+    config.write_text('dockyard:\n  runs_dir: "/tmp/\\x00runs"\n')
+    short_error(invoke_here("-f", str(config), "run", "--dry", "--variant=cpu"), "runs_dir", "NUL")
+
+
+def test_a_damaged_ref_in_the_hugging_face_cache_falls_back_to_its_snapshots(tmp_path):
+    """refs/main of bytes that are not UTF-8 (a disk error, a cut copy) was a UnicodeDecodeError's traceback."""
+    repo = tmp_path / "hub" / "models--org--m5"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_bytes(b"\xff\xfe\x00")
+    snapshot = repo / "snapshots" / ("ab" * 20)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}))
+    r = invoke_here("plan", "--model=org/m5", "--gpus=1", "--gpu-mem=80", env={"INVOKE_DOCKYARD_HF_CACHE": str(tmp_path)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("field, value", [("driver", "570.1\u001b[2J\u001b[31mHACK"), ("driver", "abc"),
+                                          ("name", "NVIDIA H100\u001b[2J")])
+def test_an_nvml_recording_that_would_drive_the_terminal_is_refused(tmp_path, field, value):
+    """A recording is a file users send each other: its words are printed as they are (`auto → cu128: ... driver X`,
+    doctor's table), and an escape sequence in them cleared the screen; a driver "abc" was said to support CUDA 12."""
+    data = json.loads((NVML_HOSTS / "h100x1_580.json").read_text())
+    (data["host"] if field == "driver" else data["host"]["gpus"][0])[field] = value
+    recording = tmp_path / "host.json"
+    recording.write_text(json.dumps(data))
+    short_error(invoke_here("run", "--dry", env={"DOCKYARD_NVML_REPLAY": str(recording)}), "host.json")
+
+
+def test_gpus_given_as_empty_names_is_refused_not_a_cpu_run(tmp_path):
+    """`--gpus=$A,$B` with both unset is `--gpus=,`: the run went to CPU, saying "NVML sees no GPU" on a GPU host."""
+    r = invoke_here("run", "--dry", "--gpus=,", env={"DOCKYARD_NVML_REPLAY": str(NVML_HOSTS / "h100x1_580.json"),
+                                                      "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "--gpus=','")
+    assert not (tmp_path / "runs").exists()
