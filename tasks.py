@@ -152,10 +152,13 @@ def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant
     rank is SLURM_NODEID. Trainer overrides go after `--`; arguments after the script's name in `sbatch FILE
     ...` go to `invoke run` (e.g. --resume)."""
     from dockyard.launch import slurm as slurm_mod
+    from dockyard.transport import load
 
-    slurm_mod.write(_settings(c), recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
+    settings = _settings(c)
+    slurm_mod.write(settings, recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
                     archive=archive, runtime=runtime, image_file=image_file, out=out, join_timeout=join_timeout,
-                    overrides=_remainder(c))
+                    overrides=_remainder(c),
+                    archive_tags=load.archived_tags(settings, archive) if runtime == "docker" else None)
 
 
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",

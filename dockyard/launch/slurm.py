@@ -34,8 +34,9 @@ INVOKE = [sys.executable, "-m", "invoke"]  # what each node runs with --runtime=
 
 def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, overrides: list[str],
            variant: str = "auto", archive: str = "", master_port: int = node.PORT, runtime: str = "docker",
-           image_file: str = "", join_timeout: int = node.JOIN_TIMEOUT) -> str:
-    """The sbatch script's text (pure). Every value in it is quoted for the shell(s) that read it, or refused."""
+           image_file: str = "", join_timeout: int = node.JOIN_TIMEOUT, archive_tags: list[str] | None = None) -> str:
+    """The sbatch script's text (pure). Every value in it is quoted for the shell(s) that read it, or refused.
+    `archive_tags`: the images the archive holds (transport.load.archived_tags), one of which the script runs."""
     for flag, value in (("--recipe", recipe), ("--archive", archive), ("--image-file", image_file)):
         scriptwords.one_line(value, flag)
     scriptwords.argv_words(overrides, "trainer overrides")
@@ -50,6 +51,11 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     _check_runtime(runtime, image_file, archive, gpus_per_node)
     chosen = node.cluster_variant(settings, variant, gpus_per_node)
     image = variants.tag(settings, chosen)
+    if runtime == "docker" and archive_tags is not None and image not in archive_tags:
+        # a cu128 archive, the script's variant left at auto (cu132): every node failed, once the job had waited
+        raise DockyardError(f"--archive {archive} holds {', '.join(archive_tags)[:300]}, not {image}, the image this "
+                            f"script runs: give the archive of {chosen.name} (invoke save --variant={chosen.name}), or "
+                            "the variant the archive holds (--variant=...)")
     runs = settings.path(settings.runs_dir)
     scriptwords.one_line(str(runs), "the runs_dir setting")
     if "\\" in str(runs):

@@ -439,6 +439,16 @@ class _Manifest(BaseModel):
     thin: _Thin | None = None
 
 
+def archived_tags(settings: Settings, archive: str) -> list[str] | None:
+    """The image tags an archive set holds, from its manifest, checked as `invoke load` checks it first; None where
+    `archive` names no file (the caller says so in its own words)."""
+    path = Path(os.path.expanduser(archive))
+    if not archive or not path.is_file():
+        return None
+    manifest = check_set(settings, ArchivePaths(path))
+    return [tag for image in manifest["images"] for tag in image["tags"]]
+
+
 def read_manifest(raw: bytes, name: str) -> dict:
     """The manifest as `invoke save` writes it, or a refusal that says what is wrong (never a traceback)."""
     try:

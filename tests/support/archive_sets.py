@@ -10,13 +10,13 @@ import subprocess
 from dockyard.transport.layout import FORMAT, ArchivePaths
 
 
-def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, name="t_1.tar.zst"):
+def make_set(folder, payload=b"not really a tar, but hashed like one" * 1000, name="t_1.tar.zst", tag="t:1"):
     paths = ArchivePaths(folder / name)
     paths.archive.write_bytes(payload)
     manifest = {"format": FORMAT, "archive": paths.archive.name, "tar_bytes": 10_000,
                 "archive_sha256": hashlib.sha256(payload).hexdigest(), "archive_bytes": len(payload),
-                "images": [{"ref": "t:1", "tags": ["t:1"], "id": "sha256:" + "a" * 64, "diff_ids": []}], "thin": None,
-                "load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}}
+                "images": [{"ref": tag, "tags": [tag], "id": "sha256:" + "a" * 64, "diff_ids": []}], "thin": None,
+                "load_sh": {"check_images": f"{tag}=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}}
     paths.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     paths.sha256.write_text(f"{manifest['archive_sha256']}  {paths.archive.name}\n"
                             f"{hashlib.sha256(paths.manifest.read_bytes()).hexdigest()}  {paths.manifest.name}\n")

@@ -251,6 +251,21 @@ def test_a_path_given_with_a_tilde_is_the_home_folders_in_the_check_and_in_the_s
     assert {"archive": f"--file={home / name}", "image_file": f"{home / name}"}[flag] in text and "~" not in text
 
 
+def test_an_archive_of_another_image_than_the_script_runs_is_refused_before_the_job_waits_in_the_queue(tmp_path):
+    """A cu128 archive, the script's variant left to pick cu132 (cpu here): every node loaded the archive, found no
+    image the script runs, and failed, once the job had waited its turn in the queue."""
+    from tests.support.archive_sets import make_set
+    from tests.support.cli import invoke_here, short_error
+
+    job = ["slurm", "--recipe=zero2", "--nodes=2", "--variant=cpu", f"--out={tmp_path}/job.sbatch"]
+    other = make_set(tmp_path, name="dockyard_0.1.0-cu128.tar.zst", tag="dockyard:0.1.0-cu128")
+    short_error(invoke_here(*job, f"--archive={other.archive}"), "holds dockyard:0.1.0-cu128, not dockyard:0.1.0-cpu")
+    assert not (tmp_path / "job.sbatch").exists()
+    own = make_set(tmp_path, name="dockyard_0.1.0-cpu.tar.zst", tag="dockyard:0.1.0-cpu")
+    r = invoke_here(*job, f"--archive={own.archive}")
+    assert r.returncode == 0, r.stderr
+    assert f"load --file={own.archive}" in (tmp_path / "job.sbatch").read_text()
+
 def test_a_global_batch_that_does_not_split_over_the_jobs_processes_is_refused_before_the_script(settings):
     """2 nodes × 4 GPUs are 8 processes: a global batch of 12 does not split over them (every node's trainer would
     refuse it after the job waited in the queue)."""
