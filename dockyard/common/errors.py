@@ -22,6 +22,17 @@ class DockyardError(Exception):
         self.exit_code = exit_code
 
 
+class Stopped(BaseException):  # noqa: N818 - a stop, not an error of the run's own
+    """The trainer's SIGTERM (dockyard.train.ending), raised wherever its main thread is: a BaseException, so that no
+    library's `except Exception` takes it for a failure of its own and carries on (an import-time check of an optional
+    package ate it, the run trained to the end, and every later SIGTERM was ignored, the stop being spent). The
+    trainer records it as the run's DockyardError (ending.ours_within)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def causes(error: BaseException, limit: int = 16) -> list[BaseException]:
     """The error and those it was raised from or while handling, outermost first, at most `limit` (libraries wrap
     the error that matters in their own: datasets' DatasetGenerationError around a full disk's OSError)."""

@@ -205,15 +205,28 @@ SET_BY_THE_RUN = {
 SET_BY_THE_RUN |= {"do_eval": SET_BY_THE_RUN["do_train"], "do_predict": SET_BY_THE_RUN["do_train"]}
 
 
+# a number in exponent form without a dot (`1e-3`), which YAML 1.1 (PyYAML) reads as text; the command line's
+# overrides take it as a number (_scalar), and so do the YAML files
+YAML11_TEXT_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
+
+
+def yaml12_numbers(layer: dict[str, Any]) -> dict[str, Any]:
+    """A YAML file's settings with `1e-3` read as the number it is (`learning_rate: 1e-3` in a recipe was refused as
+    "takes a finite number")."""
+    return {k: float(v) if isinstance(v, str) and k not in TEXT_KEYS and YAML11_TEXT_NUMBER.fullmatch(v) else v
+            for k, v in layer.items()}
+
+
 def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
     """defaults.yaml ← recipe settings ← overrides, split into the project's settings and TrainingArguments."""
-    defaults = read_defaults(RECIPES / "defaults.yaml")
+    defaults = yaml12_numbers(read_defaults(RECIPES / "defaults.yaml"))
     for key in STRATEGY_KEYS:
         if key in overrides or key in defaults:
             where = f"--{key}" if key in overrides else f"`{key}` in recipes/defaults.yaml"
             raise DockyardError(f"{where}: the recipe is the strategy (DeepSpeed or FSDP, never both); pick "
                                 f"another recipe (invoke recipes) or make a recipe folder of your own")
-    layers = ((defaults, "recipes/defaults.yaml"), (recipe.settings, f"settings: in {recipe.folder / 'recipe.yaml'}"),
+    layers = ((defaults, "recipes/defaults.yaml"),
+              (yaml12_numbers(recipe.settings), f"settings: in {recipe.folder / 'recipe.yaml'}"),
               (overrides, "the overrides after --"))
     dead = without_effect(recipe)
     for layer, where in layers:

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, envvars, memory, runfolder
-from dockyard.common.errors import DockyardError, first_line
+from dockyard.common.errors import DockyardError, Stopped, first_line
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             train(overrides, run)
         except BaseException as raised:
             return ending.failed(raised, run)
-    except DockyardError as e:
+    except (DockyardError, Stopped) as e:
         # _stopped's SIGTERM (it raises once) while `failed` handled another error, before finish() took over: a
         # BrokenPipeError from a progress bar writing to the pipe of a launcher killed with its process group, whose
         # SIGTERM came during launcher_gone's wait (one such run in three to five had no manifest); torchrun's SIGTERM
@@ -233,6 +233,10 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     log.info("%s", run_in_words(args, settings, resolved.record, base))
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))
+    # the tokenizer, the data and the model's files are read alike by every process: what one refuses, all do, and
+    # the node's first says it (a bad row was said once per process, a line per GPU); a process's own failure among
+    # them (its memory) is said by itself, SAY_ONCE_S later
+    run.same_everywhere = True
     tokenizer = models.load_tokenizer(model_dir)
     loaded = data.load(settings, tokenizer, args.seed, lambda fmt: autos.resolve_packing(
         settings.packing, fmt, settings.task, device, settings.padding_free))
@@ -243,6 +247,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     transformers.set_seed(args.seed)
     model = load_model(model_dir, recipe, settings, tokenizer, loaded.labels, args, run.record.model)
     models.check_examples_fit(model, loaded.train + loaded.eval, model_dir)
+    run.same_everywhere = False
     packed, why = autos.resolve_padding_free(settings.padding_free, loaded.info["format"], settings.task, device,
                                              getattr(model.config, "_attn_implementation", "") or "",
                                              args.per_device_train_batch_size, settings.max_seq_length)
@@ -372,6 +377,17 @@ def began(run: Run, p: Prepared) -> None:
         # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
         manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
         runfolder.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
+    if run.manifest_found and nodes.first_of_node():
+        # the folder's manifest is the attempt's before ("completed", say, beside its model/): from here it would say
+        # so of a run this attempt changes, were this process killed (out of memory, SIGKILL) before it records how it
+        # ended; finish() replaces it
+        step = checkpoint_step(p.resume_from) if p.resume_from else 0
+        said = (f"resumed from step {step}, then stopped without a record of how (killed: out of memory, or SIGKILL?); "
+                "--resume continues it from its last complete checkpoint")
+        record = manifest.build(run.opts.run_dir, run.recipe, "failed", run.world_size, None, {},
+                                {**run.record.to_json(), "error": said})
+        with contextlib.suppress(OSError):  # a full disk: the run's own end says it
+            manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
 
 
 def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:

@@ -44,7 +44,7 @@ from dockyard.common.data_files import (
     not_an_object,
     unknown_format,
 )
-from dockyard.common.errors import DockyardError, causes
+from dockyard.common.errors import DockyardError, Stopped, causes
 
 log = logging.getLogger("dockyard.train.data")  # the same on every rank: said by rank 0 alone (setup_logging)
 
@@ -258,7 +258,7 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
     try:
         return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
-        if ours := next((c for c in causes(e) if isinstance(c, DockyardError)), None):
+        if ours := next((c for c in causes(e) if isinstance(c, (DockyardError, Stopped))), None):
             raise ours from None  # a stop from within datasets' work (SIGTERM: another rank failed), said as it is
         if disk.disk_full(e, Path(datasets.config.HF_DATASETS_CACHE), by_free_space=False):  # its errors keep the errno
             raise _cache_full(what, kwargs.get("data_files", []), e) from None
@@ -269,10 +269,16 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         if not any(_holds_text(f) for f in kwargs["data_files"]):
             raise DockyardError(f"{what} holds no examples (the file is empty)") from None
         if isinstance(e.__cause__ or e, UnicodeDecodeError):
-            raise DockyardError(f"cannot read {what}: it is not UTF-8 text ({_first_line(e)}); save it as "
-                                "UTF-8") from None
+            where = _bad_utf8_line(kwargs["data_files"])
+            raise DockyardError(f"cannot read {where or what}: it is not UTF-8 text"
+                                f"{'' if where else ' (' + _first_line(e) + ')'}; save it as UTF-8") from None
         if builder == "json" and (mixed := mixed_formats([Path(f) for f in kwargs["data_files"]])):
             raise mixed from None
+        if builder == "json" and any(type(c).__name__ == "CastError" for c in causes(e)) and (
+                where := _new_field_line(kwargs["data_files"])):
+            raise DockyardError(f"cannot read {where}: `datasets` reads the data as one table, of the fields of its "
+                                "first rows; give every row the same fields (null where one has no value), or drop "
+                                "the new one") from None
         where = _bad_json_line(kwargs["data_files"]) if builder == "json" else ""
         # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
         # string. in row 10", for an unterminated string on line 11)
@@ -305,6 +311,40 @@ def _holds_text(file: str) -> bool:
         return holds_text(Path(file))
     except OSError as e:
         raise DockyardError(f"cannot read {file}: {e.strerror or e}") from None
+
+
+def _bad_utf8_line(files: list[str]) -> str:
+    """FILE:LINE (column) of the first byte that is not UTF-8, or "": pyarrow's "position 3" was within a block."""
+    for f in files:
+        with open(f, "rb") as lines:
+            for n, line in enumerate(lines, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return f"{f}:{n} (byte 0x{line[e.start]:02x} at column {e.start + 1})"
+    return ""
+
+
+def _new_field_line(files: list[str]) -> str:
+    """FILE:LINE and the fields of the first JSON Lines row with a field the first row has not, or "": pyarrow's
+    "Couldn't cast" (a row's new field past the first block of a file, or in a folder's later file) named neither."""
+    first: set[str] | None = None
+    for f in files:
+        if not f.endswith(".jsonl"):
+            continue
+        with open(f, encoding="utf-8-sig", errors="replace") as lines:
+            for n, line in enumerate(lines, 1):
+                try:
+                    row = json.loads(line) if line.strip() else None
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(row, dict):
+                    continue
+                if first is None:
+                    first, at = set(row), f"{Path(f).name}:{n}"
+                elif new := sorted(set(row) - first):
+                    return f"{f}:{n}: it has the field{'s' * (len(new) > 1)} {', '.join(new[:5])}, which {at} has not"
+    return ""
 
 
 def _bad_json_line(files: list[str]) -> str:
@@ -403,7 +443,12 @@ def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
             raise DockyardError(f"example {n}: a turn without a known {role_key!r} or a text {text_key!r} ({t!r:.120})")
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "assistant" for m in messages):
-        raise DockyardError(f"example {n}: no assistant turn, so nothing to learn")
+        roles = ", ".join(sorted({m["role"] for m in messages}))
+        raise DockyardError(f"example {n}: no assistant turn, so nothing to learn (roles found: {roles}; the "
+                            f"assistant's turns are {'gpt' if fmt == 'sharegpt' else 'assistant'})")
+    if messages[0]["role"] == "assistant":  # its prompt would be the empty conversation, which templates refuse
+        raise DockyardError(f"example {n}: the conversation opens with an assistant turn, which answers nothing; start "
+                            "it with the user's turn (or a system prompt), or drop that first turn")
     return messages
 
 
@@ -435,7 +480,12 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int,
             completion = tokenizer(str(row["completion"]), add_special_tokens=False)["input_ids"] + eos
             ids, labels = prompt + completion, [IGNORE] * len(prompt) + completion
         else:
-            ids, labels = chat_tokens(to_messages(row, fmt, n), tokenizer, n)
+            try:
+                ids, labels = chat_tokens(to_messages(row, fmt, n), tokenizer, n)
+            except DockyardError as e:  # "example 3" of the evaluation data read as the training data's third
+                if not what:
+                    raise
+                raise DockyardError(f"{what}: {e}") from None
         if len(ids) > max_len:
             out.truncated += 1
             ids, labels = ids[:max_len], labels[:max_len]

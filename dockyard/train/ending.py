@@ -1,6 +1,7 @@
 """How a trainer process ends: its manifest written once, on every way out (completed, failed, stopped by
 torchrun's SIGTERM, Ctrl-C, a lost node, a launcher that died), its one error line said by one process, and its exit
-status. The run's own errors, raised anywhere below, are DockyardErrors; SIGTERM raises one (begin)."""
+status. The run's own errors, raised anywhere below, are DockyardErrors; SIGTERM raises Stopped (begin), recorded
+as one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, causes
+from dockyard.common.errors import DockyardError, Stopped, causes
 from dockyard.train import LAUNCHER, manifest, nodes
 from dockyard.train.record import Run
 
@@ -30,7 +31,7 @@ SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its 
 
 
 def begin() -> None:
-    """From here on torchrun's SIGTERM raises a DockyardError, so that the run is recorded on the way out. Once per
+    """From here on torchrun's SIGTERM raises Stopped, so that the run is recorded on the way out. Once per
     process, but main() may be called again in one (the tests)."""
     _signalled.clear()
     _recorded.clear()
@@ -157,7 +158,7 @@ def _said_by_the_first() -> bool:
     (the error was this process's own after all): False, and this one says it."""
     try:
         time.sleep(SAY_ONCE_S)
-    except DockyardError:  # _stopped: torchrun's SIGTERM
+    except Stopped:  # _stopped: torchrun's SIGTERM
         return True
     return False
 
@@ -213,8 +214,8 @@ def _the_stop_that_follows(e: BaseException) -> BaseException:
         deadline = time.monotonic() + PEER_GONE_S
         while not interrupted.is_set() and time.monotonic() < deadline:
             time.sleep(0.05)
-    except DockyardError as stopped:  # _stopped: torchrun's SIGTERM
-        return stopped
+    except Stopped as stopped:  # _stopped: torchrun's SIGTERM
+        return ours_within(stopped)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     return KeyboardInterrupt() if interrupted.is_set() else e
@@ -243,7 +244,8 @@ def ours_within(raised: BaseException) -> BaseException:
     stops its compile of cpu_adam (our SIGTERM's DockyardError) into "RuntimeError: DeepSpeedCPUAdam requires the
     cpu_adam op, which failed to build/load", 150 lines per rank for a cancelled run, recorded as its error. A
     library that dropped the chain still raised while this process was being stopped: stopped, then."""
-    ours = [e for e in causes(raised) if isinstance(e, (DockyardError, KeyboardInterrupt))]
+    ours = [DockyardError(str(e), exit_code=e.exit_code) if isinstance(e, Stopped) else e
+            for e in causes(raised) if isinstance(e, (DockyardError, Stopped, KeyboardInterrupt))]
     if ours:
         # Ctrl-C reaches torchrun too, whose SIGTERM then lands while the workers unwind the KeyboardInterrupt: the
         # run was interrupted, not "stopped by SIGTERM"
@@ -275,9 +277,9 @@ def _stopped(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
     _signalled.set()
     if launcher_gone():
-        raise DockyardError(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)
-    raise DockyardError(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
-                        exit_code=128 + signum)
+        raise Stopped(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)
+    raise Stopped(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
+                  exit_code=128 + signum)
 
 
 def launcher_gone() -> bool:

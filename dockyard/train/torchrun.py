@@ -80,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit {failure.exitcode}"
         run_dir = runfolder.run_dir_of(args)  # a run refused before it had a folder has no train.log
         log = " (and in the run's train.log)" if run_dir and (Path(run_dir) / "train.log").is_file() else ""
-        print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; its reason is "
-              f"above{log}", file=sys.stderr, flush=True)
+        why = f"its reason is above{log}"
+        if failure.exitcode == -signal.SIGKILL:  # no process can say that it was killed so
+            why = ("killed, so it could say nothing: most often by the kernel's out-of-memory killer (`dmesg` says, or "
+                   "`docker inspect`'s OOMKilled), else a `kill -9`")
+        print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; {why}",
+              file=sys.stderr, flush=True)
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)

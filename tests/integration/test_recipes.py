@@ -219,6 +219,16 @@ def test_a_setting_every_process_refuses_is_said_once_per_node(tmp_path):
     assert not (tmp_path / "run").exists(), "refused before the run folder was made"
 
 
+
+def test_data_every_process_refuses_is_said_once_per_node(tmp_path):
+    """Every process reads the tokenizer, the data and the model's files alike: an empty data file was said by each
+    (a line per GPU), or by one with "error: stopped by SIGTERM" from another under it."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = train("ddp", tmp_path / "run", "--max_steps", "2", "--data", str(empty), ok=False)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert said == [f"error: {empty} holds no examples (the file is empty)"], proc.stderr[-3000:]
+
 def test_a_checkpoint_the_trainer_cannot_load_is_one_line_and_the_finished_run_stays_as_it_was(tmp_path):
     """A checkpoint file that loads as weights but is not what the Trainer wrote (here a trainer_state.json with a
     key of no TrainerState) was a TypeError traceback from each process, and marked the finished run failed (its

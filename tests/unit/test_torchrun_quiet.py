@@ -56,6 +56,18 @@ def test_a_failed_worker_is_one_line_with_torchruns_exit_status_not_a_traceback(
     assert again.stderr.rstrip().endswith("exit 3; its reason is above"), again.stderr
 
 
+def test_a_worker_killed_by_sigkill_is_said_to_have_said_nothing(tmp_path):
+    """A worker the kernel's out-of-memory killer ended (SIGKILL) says nothing: "its reason is above" sent the user
+    looking for a line no process could print."""
+    (tmp_path / "worker.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone", "worker.py"],
+            cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.rstrip().splitlines()[-1].startswith(
+        "torchrun: worker.py failed: rank 0 (local rank 0) first, signal SIGKILL; killed, so it could say nothing: "
+        "most often by the kernel's out-of-memory killer"), r.stderr
+
+
 def test_a_run_that_succeeds_exits_0(tmp_path):
     (tmp_path / "worker.py").write_text("print('trained')\n")
     ok = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",

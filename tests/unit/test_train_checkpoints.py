@@ -275,3 +275,25 @@ def test_a_resume_refused_for_a_setting_the_run_saved_says_where_it_comes_from(t
     assert "(the run's own settings, from its overrides.json: --optim sgdx; give one again after -- to change it)" \
         in err
     assert (run_dir / "manifest.json").read_text() == record
+
+
+def test_a_resumed_run_that_trains_no_longer_says_it_completed_until_it_records_its_end(tmp_path, monkeypatch):
+    """A completed run resumed to train on, then killed (out of memory, SIGKILL: nothing can record that), kept its
+    manifest "completed" beside the old model/, which `invoke export` would then hand on as the run's. From its first
+    step the resumed attempt's manifest says it has not recorded its end; finish() replaces it."""
+    import argparse
+    from types import SimpleNamespace
+
+    from dockyard.common.recipes import load_recipe
+    from dockyard.train import __main__ as trainer
+    from dockyard.train.record import Run
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    recipe = load_recipe("ddp")
+    manifest.write(tmp_path, manifest.build(tmp_path, recipe, "completed", 1, None, {"steps": 2}, {}))
+    run = Run(argparse.Namespace(run_dir=tmp_path), 0.0, is_main=True, run_dir_ok=True, manifest_found=True,
+              recipe=recipe)
+    trainer.began(run, SimpleNamespace(resume_from=str(tmp_path / "checkpoints" / "checkpoint-2")))
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["error"].startswith("resumed from step 2, then stopped without a record")

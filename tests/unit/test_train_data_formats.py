@@ -186,7 +186,8 @@ def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
     """A Latin-1 file was a UnicodeDecodeError traceback, an empty one "cannot read ...: StopIteration"."""
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes('{"text": "smørbrød på bordet"}\n'.encode("latin-1"))
-    with pytest.raises(DockyardError, match=f"cannot read {latin}: it is not UTF-8 text .*save it as UTF-8"):
+    with pytest.raises(DockyardError, match=f"cannot read {latin}:1 \\(byte 0xf8 at column 13\\): it is not UTF-8 "
+                                            "text; save it as UTF-8"):
         data.read_rows(latin)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DockyardError, match=r"empty.jsonl holds no examples \(the file is empty\)"):
@@ -417,3 +418,29 @@ def test_fields_the_format_does_not_read_are_named(tmp_path, caplog):
     said = caplog.text.splitlines()[-1]
     assert "\x1b" not in said and "'\\x1b]0;owned\\x07'" in said and "and 493 more are not trained on" in said
     assert len(said) < 600
+
+
+def test_a_chat_error_in_the_evaluation_data_names_that_file_and_an_assistant_first_turn_is_said_as_such(tok,
+                                                                                                     tmp_path):
+    """"example 3: no assistant turn" sent the user to row 3 of the training data when it was the evaluation file's;
+    a conversation opening with the assistant's turn was "Cannot apply chat template to an empty conversation"."""
+    train = jsonl(tmp_path / "train.jsonl", [{"messages": CHAT[1:3]}] * 3)
+    held = jsonl(tmp_path / "held.jsonl", [{"messages": CHAT[1:3]}] * 2 + [{"messages": CHAT[1:2]}])
+    with pytest.raises(DockyardError, match=r"the evaluation data \(.*held.jsonl\): example 3: no assistant turn, so "
+                                            r"nothing to learn \(roles found: user;"):
+        data.load(RunSettings(data=str(train), eval_data=str(held)), tok, seed=0)
+    rows = data.read_rows(jsonl(tmp_path / "first.jsonl", [{"messages": CHAT[1:3]}, {"messages": CHAT[2:3]}]))
+    with pytest.raises(DockyardError, match="example 2: the conversation opens with an assistant turn"):
+        data.tokenize(rows, "messages", tok, 512)
+
+
+def test_a_field_that_only_later_rows_have_is_named_with_its_line(tmp_path):
+    """datasets reads a folder (or a file past its first block) as one table of the first rows' fields: a later row's
+    new field was "cannot read ...: Couldn't cast ...", naming neither the row nor the field."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    jsonl(folder / "a.jsonl", [{"prompt": "p", "completion": " c"}] * 3)
+    jsonl(folder / "b.jsonl", [{"prompt": "p", "completion": " c"}, {"prompt": "p", "completion": " c", "source": "x"}])
+    with pytest.raises(DockyardError, match=r"b.jsonl:2: it has the field source, which a.jsonl:1 has not.*give every "
+                                            r"row the same fields"):
+        data.read_rows(folder)

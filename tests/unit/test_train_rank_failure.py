@@ -244,3 +244,38 @@ def test_a_peer_that_hung_up_just_before_this_process_was_stopped_too_is_a_stop_
         signal.signal(signal.SIGTERM, before[0])
         signal.signal(signal.SIGINT, before[1])
     assert written_error(run_dir).startswith(recorded)
+
+
+def test_torchruns_sigterm_eaten_by_a_librarys_except_exception_still_stops_the_run(monkeypatch, tmp_path, capsys):
+    """The SIGTERM raised an Exception where it landed: in the first seconds of a run, an import-time check of an
+    optional package (`except Exception: return False`) ate it, the run trained on to "completed" (exit 0), and every
+    later SIGTERM was ignored, the stop being spent. The SIGTERM is real, sent to this process inside such a check."""
+    import os
+    import signal
+    import time
+
+    run_dir = tmp_path / "r"
+
+    def an_optional_package_is_checked(overrides, run):
+        run_dir.mkdir()
+        run.run_dir_ok = True
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(2)
+        except Exception:  # noqa: BLE001 - what the library does
+            pass
+        run.status = "completed"
+
+    monkeypatch.setattr(trainer, "train", an_optional_package_is_checked)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        code = trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    assert code == 143
+    assert written_error(run_dir) == STOPPED
+    assert capsys.readouterr().err.startswith(f"error: {STOPPED}")
+

@@ -67,6 +67,16 @@ def test_overrides_are_read_as_yaml_scalars():
         parse_overrides(["max_steps", "5"])
 
 
+
+def test_a_number_in_exponent_form_in_a_recipe_file_is_a_number(tmp_path):
+    """YAML 1.1 (PyYAML) reads `1e-3` as text: `learning_rate: 1e-3` in a recipe was refused as "takes a finite
+    number", the form the README and the command line use. A text setting keeps its text."""
+    (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine, for a test of numbers.\n"
+                                          "strategy: ddp\nsettings: {learning_rate: 1e-3, warmup_ratio: 5E-2, "
+                                          "run_name: 1e-3}\n")
+    settings, training = resolve_settings(load_recipe(tmp_path), {})
+    assert (training["learning_rate"], training["warmup_ratio"], training["run_name"]) == (1e-3, 0.05, "1e-3")
+
 def test_settings_layer_defaults_recipe_and_overrides():
     recipe = load_recipe("zero2")
     settings, training = resolve_settings(recipe, {"task": "seq_cls", "max_steps": 7})
