@@ -48,6 +48,18 @@ def written_error(tmp_path) -> str:
     return json.loads((tmp_path / runfolder.MANIFEST).read_text())["error"]
 
 
+def main_of(run_dir) -> int:
+    """trainer.main as a process runs it (it sets its own SIGTERM and SIGINT handlers); this process's are put back."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        return trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+
+
 def test_the_manifest_carries_the_error_of_the_rank_that_failed_first(monkeypatch, tmp_path):
     play(monkeypatch, tmp_path, 1, "invalid training setting: nonsense")
     assert not (tmp_path / runfolder.MANIFEST).exists()  # rank 1 writes no manifest, only its note
@@ -161,12 +173,7 @@ def test_a_launchers_sigterm_while_a_broken_pipe_is_handled_still_leaves_the_man
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        code = trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
-    finally:
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
+    code = main_of(run_dir)
     assert waits == ["main's, after the BrokenPipeError", "_stopped's"], "the SIGTERM came during main's wait"
     assert code == 143
     written = json.loads((run_dir / runfolder.MANIFEST).read_text())
@@ -194,13 +201,8 @@ def test_a_sigterm_after_a_completed_runs_record_is_written_ends_the_process_wit
     monkeypatch.setattr(ending, "say_done", say_done)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        with pytest.raises(SystemExit) as ended:
-            trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
-    finally:
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
+    with pytest.raises(SystemExit) as ended:
+        main_of(run_dir)
     assert ended.value.code == 143
     assert json.loads((run_dir / runfolder.MANIFEST).read_text())["status"] == "completed"
 
@@ -231,18 +233,13 @@ def test_a_peer_that_hung_up_just_before_this_process_was_stopped_too_is_a_stop_
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     run_dir = tmp_path / "r"
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        if signum:
-            assert trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)]) == code
-            err = capsys.readouterr().err
-            assert err.startswith(f"error: {recorded}") and "Connection reset" not in err, err
-        else:
-            with pytest.raises(RuntimeError, match="Connection reset by peer"):
-                trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
-    finally:
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
+    if signum:
+        assert main_of(run_dir) == code
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {recorded}") and "Connection reset" not in err, err
+    else:
+        with pytest.raises(RuntimeError, match="Connection reset by peer"):
+            main_of(run_dir)
     assert written_error(run_dir).startswith(recorded)
 
 
@@ -269,12 +266,7 @@ def test_torchruns_sigterm_eaten_by_a_librarys_except_exception_still_stops_the_
     monkeypatch.setattr(trainer, "train", an_optional_package_is_checked)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        code = trainer.main(["--recipe", "ddp", "--run-dir", str(run_dir)])
-    finally:
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
+    code = main_of(run_dir)
     assert code == 143
     assert written_error(run_dir) == STOPPED
     assert capsys.readouterr().err.startswith(f"error: {STOPPED}")
