@@ -63,7 +63,10 @@ def check_named_output(path: Path, flag: str) -> None:
     over it, so a device node or a link to one (as root: /dev/stdout, /dev/null) was replaced by a plain file."""
     try:
         st = os.stat(path)  # through links: /dev/stdout -> /proc/self/fd/1 -> the terminal
-    except (FileNotFoundError, NotADirectoryError):
+    except NotADirectoryError:  # mkdir's "File exists" otherwise, naming nothing
+        file = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
+        raise DockyardError(f"{flag}={path}: {file} is a file, not a folder: name a file in a folder") from None
+    except FileNotFoundError:
         return  # nothing there yet (or a dangling link, replaced as before)
     except OSError:
         return  # said by the write itself

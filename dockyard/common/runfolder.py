@@ -383,7 +383,8 @@ def _open(folder: Path, name: str, flags: int, dfd: int) -> int:
             raise _link_error(folder / name) from None
         if e.errno == errno.EISDIR:
             raise DockyardError(f"{folder / name} is a folder, where dockyard keeps a file: remove it") from None
-        raise
+        # opened by its name in the folder (dir_fd): the error said "manifest.json: Permission denied", of no folder
+        raise OSError(e.errno, e.strerror, str(folder / name)) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise DockyardError(f"{folder / name} is not a regular file: remove it (something that ran with the runs "

@@ -259,7 +259,9 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
 
             host = read_host()
         if not host.gpus:
-            raise DockyardError("NVML sees no GPU on this host: say what to plan for, e.g. --gpus=8 --gpu-mem=80")
+            missing = " and ".join(f for f, v in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib)) if not v)
+            raise DockyardError(f"NVML sees no GPU on this host: say what to plan for, with {missing} too (e.g. "
+                                f"--gpus={gpus or 8} --gpu-mem={gpu_mem_gib or 80:g})")
         mig = [str(g.index) for g in host.gpus if g.mig]
         if mig and not gpu_mem_gib:
             raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "

@@ -284,6 +284,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
     if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made
         raise DockyardError(f"--resume: there is no run folder {run_dir}; check the path (or run without --resume)")
+    if run.opts.resume and not ending.restarted():  # (a restart continues an attempt that may have failed at once)
+        manifest.check_holds_a_run(run_dir)
     # a new run's settings, checked before anything is made: a typo leaves nothing behind (run.sh hands them on
     # unchecked); a resume's once the run's own are merged in, below
     checked = None if run.opts.resume else checked_settings(recipe, overrides)
@@ -445,12 +447,13 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run.opts.run_dir, run.is_main)
-    if ending.restarted():
-        log.warning(f"torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}): the run "
-                    + (f"continues from {Path(resumed_from).name}" if resumed_from else "starts again (it failed "
-                       "before its first complete checkpoint)"))
-    elif run.opts.resume and not resumed_from:
-        log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
+    if nodes.first_of_node():  # once per node (every process said them)
+        if ending.restarted():
+            log.warning(f"torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}): the "
+                        "run " + (f"continues from {Path(resumed_from).name}" if resumed_from else "starts again (it "
+                                  "failed before its first complete checkpoint)"))
+        elif run.opts.resume and not resumed_from:
+            log.warning("--resume: the run failed before its first complete checkpoint; training from the start")
     if run.kept_overrides and not ending.restarted():
         log.info("--resume: with the run's own settings %s (give any after `--` to change it)",
                  ", ".join(f"{k} {v}" for k, v in run.kept_overrides.items()))

@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,11 @@ def say_cut(done: Tokenized, total: int, max_len: int, fmt: str, which: str) -> 
             fix = f"raise it with -- --max_seq_length N{join}"
         log.warning("%d of %d %sexamples are longer than max_seq_length=%d and were cut: %s", done.truncated, total,
                     which, max_len, fix)
+    if done.other_roles:
+        said = ", ".join(f"{role!r} in {count} example(s)" for role, count in sorted(done.other_roles.items())[:5])
+        log.warning("chat turns of roles other than system, user, assistant and tool in the %sdata (%s): the model "
+                    "reads them as context and never learns them; where they are the assistant's, name them "
+                    "'assistant'", which, said)
     if done.dropped:
         log.warning("%d of %d %sexamples were left out: they hold no token to learn from (empty, or nothing of "
                     "theirs to learn within max_seq_length=%d)", done.dropped, total, which, max_len)
@@ -421,6 +426,9 @@ def _fields(row: dict[str, Any]) -> list[str]:
     return sorted(k for k, v in row.items() if v is not None)
 
 
+CHAT_ROLES = {"system", "user", "assistant", "tool"}  # those every chat template knows; only the assistant's are learned
+
+
 def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
     """An Alpaca or ShareGPT row as chat messages; a `messages` row checked."""
     if fmt == "alpaca":
@@ -457,6 +465,7 @@ class Tokenized:
     examples: list[dict[str, Any]]
     truncated: int = 0     # examples cut at max_seq_length
     dropped: int = 0       # examples with no token left to learn from after the cut
+    other_roles: dict[str, int] = field(default_factory=dict)  # chat roles the loss never learns: examples of each
 
 
 def causal_lm_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
@@ -481,11 +490,14 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int,
             ids, labels = prompt + completion, [IGNORE] * len(prompt) + completion
         else:
             try:
-                ids, labels = chat_tokens(to_messages(row, fmt, n), tokenizer, n)
+                messages = to_messages(row, fmt, n)
+                ids, labels = chat_tokens(messages, tokenizer, n)
             except DockyardError as e:  # "example 3" of the evaluation data read as the training data's third
                 if not what:
                     raise
                 raise DockyardError(f"{what}: {e}") from None
+            for role in {m["role"] for m in messages} - CHAT_ROLES:
+                out.other_roles[role] = out.other_roles.get(role, 0) + 1
         if len(ids) > max_len:
             out.truncated += 1
             ids, labels = ids[:max_len], labels[:max_len]

@@ -105,7 +105,9 @@ def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
     except ValueError:
         host = None
     if not isinstance(host, dict):  # set by invoke run and run.sh: a record of where the inputs came from, no more
-        log.warning(f"{envvars.HOST_PATHS} is not a JSON object: the manifest records the inputs' paths inside")
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # once per node, not per process
+            log.warning(f"{envvars.HOST_PATHS} is not a JSON object: the manifest records the inputs' paths "
+                        "inside")
         host = {}
     out: dict[str, Any] = {}
     for key, value in paths.items():
@@ -130,6 +132,26 @@ def write(run_dir: Path, manifest: dict[str, Any], name: str = runfolder.MANIFES
     runfolder.write(run_dir, name, json_text(manifest, indent=2) + "\n")  # never half-written, never via a link
 
 
+# what a run writes in its folder, one of which a folder --resume continues holds
+RUN_FILES = {runfolder.MANIFEST, runfolder.METRICS, runfolder.TRAIN_LOG, runfolder.OVERRIDES, runfolder.CHECKPOINTS,
+             runfolder.MODEL, runfolder.CLAIM, runfolder.SHARED_TOKEN, runfolder.LOST_NODE}
+
+
+def check_holds_a_run(run_dir: Path) -> None:
+    """--resume names a run's folder: one holding nothing a run writes (an empty folder, the runs folder itself, a
+    typo of a folder of one's own) was taken for a run that had failed early, and a new run was written there,
+    beside what it held."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return  # said by what reads the folder next
+    if not any(n in RUN_FILES or n.startswith(runfolder.RANK_FAILED) or runfolder.OTHER_NODES_FILE.fullmatch(n)
+               for n in names):
+        raise DockyardError(f"--resume: {run_dir} holds no run (no {runfolder.MANIFEST}, {runfolder.TRAIN_LOG}, "
+                            f"{runfolder.METRICS} or {runfolder.CHECKPOINTS}/): check the run folder you named (invoke "
+                            "run: --run-id), or run without --resume to start one")
+
+
 def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     """Never overwrite a run: a folder holding one is refused unless --resume, which continues it from
     its last complete checkpoint (complete_checkpoint), or starts it again when it failed before completing one
@@ -143,7 +165,9 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
     if resume and not complete and (_failed(run_dir) or not recorded):
         return None  # failed before its first checkpoint, or killed (mid-save perhaps) before its manifest: again
     if resume and not complete:
-        raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from; run without --resume")
+        # "run without --resume" led to "already holds a run; ... add --resume", and round again
+        raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from, and its record stays: start "
+                            "the run again in a new run folder (invoke run: another --run-id)")
     if holds_run and not resume:
         raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
                             f"it from its last checkpoint")

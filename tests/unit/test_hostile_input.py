@@ -389,7 +389,7 @@ def test_a_slurm_script_under_a_file_is_one_error_and_into_a_folder_is_written_t
     runs = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
     r = invoke_here("slurm", f"--out={a_file}/x.sbatch", env=runs)
     short_error(r, str(a_file))
-    assert "a file of that name is in the way" in r.stderr and a_file.read_text() == "not a folder\n"
+    assert f"{a_file} is a file, not a folder" in r.stderr and a_file.read_text() == "not a folder\n"
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     r = invoke_here("slurm", f"--out={jobs}", env=runs)

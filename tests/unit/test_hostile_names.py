@@ -134,3 +134,34 @@ def test_gpus_given_as_empty_names_is_refused_not_a_cpu_run(tmp_path):
                                                       "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     short_error(r, "--gpus=','")
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_output_under_a_file_is_said_to_be_under_a_file(tmp_path):
+    """`--out=afile/x.json` where afile is a file said mkdir's "File exists", naming nothing."""
+    (tmp_path / "afile").write_text("")
+    short_error(invoke_here("inventory", f"--out={tmp_path}/afile/x.json"), f"{tmp_path}/afile is a file, not a folder")
+
+
+def test_a_plan_on_a_host_without_gpus_names_the_flag_it_lacks(tmp_path):
+    """`--gpus=8` given, `--gpu-mem` not: the error asked for "--gpus=8 --gpu-mem=80" as if neither had been."""
+    recording = tmp_path / "no-gpu.json"
+    recording.write_text(json.dumps({"kind": "gpu", "host": {"error": "no NVIDIA driver"}, "links": [], "samples": []}))
+    r = invoke_here("plan", "--model=8B", "--gpus=8", env={"DOCKYARD_NVML_REPLAY": str(recording)})
+    short_error(r, "with --gpu-mem too (e.g. --gpus=8 --gpu-mem=80)")
+
+
+def test_an_unreadable_manifest_is_named_with_its_folder(tmp_path):
+    """A run's files are opened by name within their folder: "error: manifest.json: Permission denied" named no run.
+    Played as a user who cannot read it (root without the capabilities that read past file modes)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    (run / "manifest.json").chmod(0)
+    as_user = [] if os.geteuid() else ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                                       "--bounding-set=-dac_override,-dac_read_search"]
+    r = subprocess.run([*as_user, sys.executable, "-m", "invoke", "export", "--run=r1"], cwd=ROOT, capture_output=True,
+                       text=True, env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, f"{run}/manifest.json: Permission denied")

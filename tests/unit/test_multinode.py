@@ -263,7 +263,9 @@ def test_resume_after_a_run_lost_before_its_first_checkpoint_starts_it_again(tmp
     _checkpoint(tmp_path, 5, shards=3, rng_states=0, state=False)  # lost while saving the first checkpoint
     assert manifest.check_run_dir(tmp_path, resume=True) is None
     (tmp_path / "manifest.json").write_text(json.dumps({"status": "completed"}))
-    with pytest.raises(DockyardError, match="no checkpoint to continue from"):
+    # not "run without --resume", which the folder refuses ("already holds a run; ... add --resume"), round again
+    with pytest.raises(DockyardError, match="no checkpoint to continue from, and its record stays: start the run again "
+                                            r"in a new run folder \(invoke run: another --run-id\)"):
         manifest.check_run_dir(tmp_path, resume=True)
 
 

@@ -444,3 +444,14 @@ def test_a_field_that_only_later_rows_have_is_named_with_its_line(tmp_path):
     with pytest.raises(DockyardError, match=r"b.jsonl:2: it has the field source, which a.jsonl:1 has not.*give every "
                                             r"row the same fields"):
         data.read_rows(folder)
+
+
+def test_chat_turns_of_a_role_no_template_learns_are_said(tok, tmp_path, caplog):
+    """A third party's turns ("bot") were read as context without a word: a dataset naming the assistant otherwise
+    trained on nothing of its answers but those named "assistant"."""
+    chat = [*CHAT[1:3], {"role": "bot", "content": "Oslo"}]
+    path = jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT[1:3]}, {"messages": chat}, {"messages": chat}])
+    caplog.set_level("INFO", logger="dockyard.train.data")
+    data.load(_settings(path), tok, seed=0)
+    assert ("chat turns of roles other than system, user, assistant and tool in the data ('bot' in 2 example(s)): "
+            "the model reads them as context and never learns them") in caplog.text

@@ -75,6 +75,21 @@ def test_a_run_folder_that_cannot_be_made_is_a_short_error_not_a_traceback(tmp_p
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("held", [[], ["runA/"], ["notes.txt"]], ids=["empty", "the-runs-folder", "a-folder-of-ones-own"])
+def test_resume_of_a_folder_that_holds_no_run_is_refused_and_writes_nothing_there(tmp_path, capsys, held):
+    """--resume of the runs folder itself (or an empty folder, a typo of one's own) was taken for a run that failed
+    early: "training from the start", and a new run's files were written beside what the folder held."""
+    from dockyard.train.__main__ import main
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for name in held:
+        (folder / name.rstrip("/")).mkdir() if name.endswith("/") else (folder / name).write_text("mine")
+    code = main(["--recipe", "ddp", "--run-dir", str(folder), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith(f"error: --resume: {folder} holds no run"), err
+    assert sorted(p.name for p in folder.iterdir()) == sorted(n.rstrip("/") for n in held), "nothing was written"
+
 @pytest.mark.parametrize("given", [{"activation_checkpointing": True}, {"gradient_checkpointing": True}])
 def test_checkpointing_under_either_name_reaches_the_trainer_without_a_deprecation_warning(tmp_path, given):
     """transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name warns in every run's
