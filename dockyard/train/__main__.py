@@ -443,10 +443,15 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
                     resumed_from: str | None) -> Any:
     """TrainingArguments, which form the process group; then the logs, and the checks that need every process."""
     run.doing("setting up the process group")
+    # every process, before any forms the group, in which DeepSpeed loads its ops (shm_comm on the CPU; cpu_adam
+    # once the Trainer makes the optimizer): a lock a killed build of one left would hang the run without a word
+    removed, kept = environment.build_locks()
     args = training_arguments(recipe, settings, overrides, run.opts.run_dir)
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run.opts.run_dir, run.is_main)
+    for line in removed + (kept if nodes.first_of_node() else []):  # a removal by the process that removed it
+        log.warning("%s", line)
     if nodes.first_of_node():  # once per node (every process said them)
         if ending.restarted():
             log.warning(f"torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}): the "

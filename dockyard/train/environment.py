@@ -159,3 +159,68 @@ def cpu_adam_to_compile() -> str | None:
         return None
     folder = Path(root) / name  # as torch builds it, without making it (its _get_build_directory makes it)
     return None if any(folder.glob("*.so")) else str(folder)
+
+
+# A build of an op writes its build folder at least every few minutes (ninja's files, the objects, the library): one
+# untouched for longer, with no process here holding its lock, was killed
+STALE_BUILD_S = 600
+
+
+def build_locks(root: str | None = None, now: float | None = None) -> tuple[list[str], list[str]]:
+    """The locks torch's builds of C++ ops left in the extensions folder (`root`, else torch's own), as (removed,
+    kept) lines to say. torch builds an op under a lock file it makes and removes when done, and every other process
+    loading that op waits until the file is gone, saying nothing: a build killed by SIGKILL (the OOM killer, torchrun
+    after its grace period) left its lock, and every later run of an offload recipe sat silent forever before its
+    first step. The lock records no owner, so one counts as left behind when no process this one can see has it
+    open and nothing in its folder changed for STALE_BUILD_S; it is then removed, and the op built again. Any other
+    is said, with the file to remove, since the run waits on it."""
+    import time
+
+    if root is None:
+        try:
+            from torch.utils.cpp_extension import _get_build_directory
+
+            root = os.environ.get("TORCH_EXTENSIONS_DIR") or _get_build_directory("", verbose=False)
+        except Exception:  # noqa: BLE001 - a torch without it: nothing to look at
+            return [], []
+    now = time.time() if now is None else now
+    removed, kept = [], []
+    for lock in sorted(Path(root).glob("*/lock")):
+        try:
+            untouched = now - max(f.lstat().st_mtime for f in (lock.parent, *lock.parent.iterdir()))
+        except OSError:  # gone meanwhile: its build ended
+            continue
+        op, since = lock.parent.name, time.strftime("%H:%M:%S", time.localtime(now - untouched))
+        holder = _holder(lock)
+        if holder:
+            kept.append(f"DeepSpeed's {op} op is being built by process {holder} (nothing changed in its folder "
+                        f"since {since}): this run waits for it")
+        elif untouched > STALE_BUILD_S:
+            try:
+                lock.unlink()
+            except FileNotFoundError:  # another process of this run removed it first: that one says so
+                continue
+            except OSError as e:
+                kept.append(f"{lock} was left by a build of {op} that was killed, and cannot be removed "
+                            f"({e.strerror}): every run loading {op} waits on it; remove it")
+                continue
+            removed.append(f"removed {lock}, left by a build of the op {op} that was killed (nothing changed in "
+                           f"its folder since {since}): every run loading {op} waited on it, silently")
+        else:
+            kept.append(f"the op {op} is locked by a build no process here runs (another container's run?), its "
+                        f"folder last changed at {since}: this run waits for it; if no other run is building {op}, "
+                        f"that build was killed: remove {lock}")
+    return removed, kept
+
+
+def _holder(lock: Path) -> int | None:
+    """The pid of a process this one can see that has `lock` open (torch's builder keeps it open while it builds)."""
+    target = str(lock.resolve())
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            for fd in fd_dir.iterdir():
+                if os.readlink(fd) == target:
+                    return int(fd_dir.parent.name)
+        except OSError:  # ended, or another user's
+            continue
+    return None

@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,54 @@ def test_ops_torch_builds_are_kept_per_python_and_torch_in_a_folder_checked_like
     assert environment.compile_cache(env) == [f"DOCKYARD_OPS_CACHE={tmp_path / 'shared'} can be written by other "
                                               "users (mode drwxrwxrwx)"]
     assert env == {}, "dropped: torch builds in its default folder instead"
+
+
+def _op_folder(root: Path, op: str, age_s: float) -> Path:
+    """An op's build folder as torch leaves it mid-build (its lock, ninja's file, an object), untouched for age_s."""
+    folder = root / op
+    folder.mkdir(parents=True)
+    for name in ("lock", "build.ninja", f"{op}.o"):
+        (folder / name).write_bytes(b"")
+    then = time.time() - age_s
+    for f in (*folder.iterdir(), folder):
+        os.utime(f, (then, then))
+    return folder
+
+
+def test_a_lock_a_killed_op_build_left_is_removed_and_one_a_live_build_holds_is_kept(tmp_path):
+    """A build of DeepSpeed's cpu_adam killed by SIGKILL (the OOM killer; torchrun after its grace period) left torch's
+    lock file, and every later offload run waited on it before its first step, silently, forever (a CI run here sat
+    13 minutes). The trainer now removes a lock no process has open whose folder nothing changed in for longer than a
+    build takes, and says any other. Real files; the live build is a real process holding the lock open, as torch's
+    FileBaton does."""
+    dead = _op_folder(tmp_path, "cpu_adam", environment.STALE_BUILD_S + 60)
+    removed, kept = environment.build_locks(str(tmp_path))
+    assert not (dead / "lock").exists() and (dead / "cpu_adam.o").exists(), "the lock alone goes"
+    assert kept == [] and len(removed) == 1
+    assert removed[0].startswith(f"removed {dead / 'lock'}, left by a build of the op cpu_adam that was killed")
+
+    live = _op_folder(tmp_path, "shm_comm", environment.STALE_BUILD_S + 60)
+    holder = subprocess.Popen([sys.executable, "-c", "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "print(flush=True); time.sleep(60)", str(live / "lock")], stdout=subprocess.PIPE)
+    try:
+        holder.stdout.readline()  # it has the lock open
+        removed, kept = environment.build_locks(str(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (live / "lock").exists() and removed == []
+    assert kept == [f"DeepSpeed's shm_comm op is being built by process {holder.pid} (nothing changed in its folder "
+                    f"since {time.strftime('%H:%M:%S', time.localtime((live / 'lock').stat().st_mtime))}): "
+                    "this run waits for it"]
+
+
+def test_a_recent_lock_no_process_here_holds_is_kept_and_said_with_the_file_to_remove(tmp_path):
+    """Another container's run may be building the op into the same cache (its processes are not seen here): a lock
+    touched within STALE_BUILD_S stays, and the run says what it waits on and what to remove if no build runs."""
+    folder = _op_folder(tmp_path, "cpu_adam", 30)
+    removed, kept = environment.build_locks(str(tmp_path))
+    assert (folder / "lock").exists() and removed == [] and len(kept) == 1
+    assert "locked by a build no process here runs" in kept[0]
+    assert kept[0].endswith(f"if no other run is building cpu_adam, that build was killed: remove {folder / 'lock'}")
+    (folder / "lock").unlink()
+    assert environment.build_locks(str(tmp_path)) == ([], []), "a finished build leaves nothing to say"
