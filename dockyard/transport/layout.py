@@ -92,7 +92,7 @@ def read_sums(path: Path) -> dict[str, str]:
     for line in raw.decode(errors="replace").splitlines():  # a damaged file is refused, not a crash
         digest, _, name = line.partition("  ")
         if name:
-            sums[name.lstrip("*")] = digest
+            sums[name.lstrip("*")] = digest.lower()  # hex digits in either case, as sha256sum -c takes them
     return sums
 
 

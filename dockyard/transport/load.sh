@@ -154,7 +154,8 @@ trap 'kill $running 2>/dev/null; rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
-cp "$base.sha256" "$work/sums" && cp "$base.manifest.json" "$work/manifest.json" \
+# the digests (a line's first 64 characters) in either case, as sha256sum -c takes them
+awk '{ print tolower(substr($0, 1, 64)) substr($0, 65) }' "$base.sha256" >"$work/sums" && cp "$base.manifest.json" "$work/manifest.json" \
 	|| die "cannot copy $base.sha256 and $base.manifest.json into $work"
 
 if [ -n "${ALLOWED_SIGNERS:-}" ]; then

@@ -70,7 +70,10 @@ def parse_ssh_url(url: str) -> Remote:
     m = re.fullmatch(r"ssh://([^/:]+)(?::(\d+))?/?", url)
     if not m:
         raise DockyardError(f"{url!r}: expected ssh://[user@]host[:port]")
-    return Remote(m.group(1), port=int(m.group(2) or 0))
+    port = int(m.group(2) or 0)
+    if m.group(2) and not 1 <= port <= 65535:  # ssh's own words were "Bad port", once it ran
+        raise DockyardError(f"{url!r}: port {m.group(2)} is not a TCP port (1-65535)")
+    return Remote(m.group(1), port=port)
 
 
 # A node that does not answer fails in bounded time instead of when TCP gives up (about two minutes to connect,

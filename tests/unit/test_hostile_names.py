@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
+import subprocess
 
 import pytest
 
@@ -83,6 +85,14 @@ def test_a_misspelt_identity_is_named_before_ssh_hides_it(tmp_path):
                             f"--identity={tmp_path}/id_ed25591"), "--identity", "no such key file")
 
 
+@pytest.mark.parametrize("port", ["99999", "0"])
+def test_a_port_out_of_range_in_an_ssh_url_is_said_before_ssh_runs(port):
+    """--port is range-checked; the port of ssh://host:PORT was handed to ssh, whose "Bad port" came back as the
+    node's failure."""
+    short_error(invoke_here("save", "--variant=cpu", f"--thin-for=ssh://root@127.0.0.1:{port}"), "not a TCP port")
+    short_error(invoke_here("doctor", f"--peer=ssh://root@127.0.0.1:{port}"), "not a TCP port")
+
+
 def test_a_renamed_archive_set_is_said_to_be_renamed_not_tampered(tmp_path):
     """The .sha256 lists the names `invoke save` gave; renamed files were refused as "the manifest was changed or
     damaged", which sends the user after an attacker."""
@@ -94,6 +104,25 @@ def test_a_renamed_archive_set_is_said_to_be_renamed_not_tampered(tmp_path):
     r = invoke_here("load", f"--file={tmp_path}/mine.tar", env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     short_error(r, "renamed")
     assert "dockyard_0.1.0-cpu.tar" in r.stderr and "nothing was loaded" in r.stderr
+
+
+def test_a_checksum_file_in_uppercase_hex_passes_its_check_as_sha256sum_c_would(tmp_path):
+    """A .sha256 rewritten by a tool that prints its digests in capitals (sha256sum -c takes them) was refused by
+    `invoke load` as a changed manifest and by load.sh as a malformed list. Both now go on to the next check: here
+    the manifest's own fields, which this stand-in lacks."""
+    archive = b"not read"
+    manifest = (f'{{\n  "archive_sha256": "{hashlib.sha256(archive).hexdigest()}",\n  "archive_bytes": 8\n}}\n').encode()
+    (tmp_path / "mine.tar").write_bytes(archive)
+    (tmp_path / "mine.manifest.json").write_bytes(manifest)
+    (tmp_path / "mine.sha256").write_text(f"{hashlib.sha256(manifest).hexdigest().upper()}  mine.manifest.json\n"
+                                          f"{hashlib.sha256(archive).hexdigest().upper()}  mine.tar\n")
+    no_engine = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    r = invoke_here("load", f"--file={tmp_path}/mine.tar", env=no_engine)
+    short_error(r, "is not a manifest `invoke save` writes")
+    shutil.copy(ROOT / "dockyard" / "transport" / "load.sh", tmp_path)
+    r = subprocess.run(["sh", "load.sh", "mine.tar"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, **no_engine})
+    assert r.returncode != 0 and "mine.manifest.json is not a dockyard manifest" in r.stderr, r.stderr
 
 
 def test_a_nul_in_a_path_setting_is_a_settings_error_not_a_traceback(tmp_path):
