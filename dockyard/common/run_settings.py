@@ -281,6 +281,25 @@ def ineffective(recipe: Recipe, overrides: dict[str, Any]) -> list[str]:
     return sorted(set(overrides) & without_effect(recipe).keys())
 
 
+def resumed_with(recipe: Recipe, saved: dict[str, Any], given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any],
+                                                                                    list[str]]:
+    """--resume: the run's own settings (`saved`, its overrides.json) with those `given` now on top, as (merged, kept:
+    the run's own that stay, dropped: the run's own that never had an effect on it and are left out)."""
+    dropped = ineffective(recipe, saved)  # a run of before they were refused
+    kept = {k: v for k, v in saved.items() if k not in given and k not in dropped}
+    return {**kept, **given}, kept, dropped
+
+
+def blame_kept(e: DockyardError, kept: dict[str, Any]) -> DockyardError:
+    """A resume's settings error that names one of the run's own settings (`kept`), said to be one: the user gave
+    nothing of that name this time."""
+    named = ", ".join(f"--{k} {v}" for k, v in kept.items() if k in str(e))
+    if not named:  # a setting given now
+        return e
+    return DockyardError(f"{e} (the run's own settings, from its overrides.json: {named}; give one again after -- to "
+                         "change it)")
+
+
 def read_defaults(path: Path) -> dict[str, Any]:
     """recipes/defaults.yaml as `key: value` settings, or one error line saying what is wrong with it (it is read by
     every run, on the host and in the trainer: a slip in it was a traceback there)."""

@@ -40,6 +40,7 @@ from dockyard.common.run_settings import (
     TINY_MODEL,
     RunSettings,
     batch_split,
+    blame_kept,
     check_autos,
     check_evaluation,
     check_known_overrides,
@@ -48,6 +49,7 @@ from dockyard.common.run_settings import (
     check_training_numbers,
     parse_overrides,
     resolve_settings,
+    resumed_with,
 )
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
@@ -100,9 +102,10 @@ def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
 
 
 def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, processes: int,
-              data: str = "", model: str = "") -> None:
-    """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's."""
-    run_settings = check_overrides(recipe, overrides, processes)
+              data: str = "", model: str = "", resumed: Path | None = None) -> None:
+    """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's;
+    `resumed`: the run folder --resume continues, whose own settings the run keeps."""
+    run_settings = check_overrides(recipe, overrides, processes, saved=resumed_settings(resumed) if resumed else None)
     check_on_gpus(recipe, gpus_in_effect)
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
         files = check_input(key, value, where, settings)
@@ -159,7 +162,7 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
         seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False)  # the model's
         given = parse_overrides(seen.overrides)
         if resume:  # the run continues with its own settings (its overrides.json), those given now on top
-            given = {**resumed_settings(run_dir), **given}
+            given, _, _ = resumed_with(recipe, resumed_settings(run_dir), given)
         folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
         if not folder:
             return None
@@ -181,20 +184,25 @@ def resumed_settings(run_dir: Path) -> dict[str, Any]:
     return {k: v for k, v in saved.items() if k not in ("data", "model", "eval_data")}
 
 
-def check_overrides(spec, overrides: list[str], processes: int = 0) -> RunSettings:
+def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[str, Any] | None = None) -> RunSettings:
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings), and
-    the batch settings split over the run's `processes` (0: not known here; the trainer checks the split)."""
+    the batch settings split over the run's `processes` (0: not known here; the trainer checks the split); a resume's
+    on top of the run's own (`saved`), as the trainer merges them."""
     given = parse_overrides(overrides)
     check_known_overrides(given)
-    run_settings, training = resolve_settings(spec, given)
-    check_known_settings(spec, training)
-    check_training_numbers(training)
-    micro, accumulation = check_autos(training)
-    check_packing(run_settings.packing, run_settings.task, run_settings.padding_free)
-    if processes:
-        batch_split(run_settings.global_batch, micro, accumulation, processes)
-    check_evaluation(run_settings, training)
-    check_profile(run_settings, training)
+    given, kept, _ = resumed_with(spec, saved or {}, given)
+    try:
+        run_settings, training = resolve_settings(spec, given)
+        check_known_settings(spec, training)
+        check_training_numbers(training)
+        micro, accumulation = check_autos(training)
+        check_packing(run_settings.packing, run_settings.task, run_settings.padding_free)
+        if processes:
+            batch_split(run_settings.global_batch, micro, accumulation, processes)
+        check_evaluation(run_settings, training)
+        check_profile(run_settings, training)
+    except DockyardError as e:
+        raise blame_kept(e, kept) from None
     return run_settings
 
 

@@ -88,7 +88,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                                 f"{'it' if len(again) == 1 else 'them'} again: {resume_command(fixed, r.run_id)}")
     recipe = load_recipe(recipe_arg)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
-                        gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes)
+                        gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes,
+                        resumed=resumed)
     if r.native:
         check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)

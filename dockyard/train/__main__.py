@@ -40,6 +40,7 @@ from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
     RunSettings,
     batch_split,
+    blame_kept,
     check_autos,
     check_evaluation,
     check_known_overrides,
@@ -47,9 +48,9 @@ from dockyard.common.run_settings import (
     check_profile,
     check_training_numbers,
     either_name,
-    ineffective,
     parse_overrides,
     resolve_settings,
+    resumed_with,
 )
 from dockyard.common.runfolder import CHECKPOINTS, METRICS
 from dockyard.train import (
@@ -299,22 +300,15 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         run.resume_lock = hold_resume(run_dir)  # held to the end of the process: a second resume is refused
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     if run.opts.resume:  # a run continues with its own settings: those given now change them
-        saved = runfolder.saved_overrides(run_dir)
-        if dropped := ineffective(recipe, saved):  # a run of before they were refused: they never took effect
-            saved = {k: v for k, v in saved.items() if k not in dropped}
+        overrides, run.kept_overrides, dropped = resumed_with(recipe, runfolder.saved_overrides(run_dir), overrides)
+        if dropped:
             log.warning("--resume: the run's settings %s had no effect on it and are left out now",
                         ", ".join(f"--{k}" for k in dropped))
-        run.kept_overrides = {k: v for k, v in saved.items() if k not in overrides}
-        overrides = {**saved, **overrides}
     run.overrides = run.record.overrides = overrides
     try:
         settings, training = checked or checked_settings(recipe, overrides)
     except DockyardError as e:
-        if not any(k in str(e) for k in run.kept_overrides):  # a setting given now, or none of the run's
-            raise
-        kept = ", ".join(f"--{k} {v}" for k, v in run.kept_overrides.items() if k in str(e))
-        raise DockyardError(f"{e} (the run's own settings, from its overrides.json: {kept}; give one again after -- "
-                            "to change it)") from None
+        raise blame_kept(e, run.kept_overrides) from None
     run.run_dir_ok = True
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:

@@ -208,6 +208,24 @@ def test_resume_continues_with_the_runs_own_recipe_and_refuses_another(env, tmp_
     assert r.returncode == 0 and _trainer_recipe(r) == "zero2", "a new run's default is unchanged"
 
 
+@pytest.mark.parametrize("native", [[], ["--native"]])
+def test_a_resume_is_checked_with_the_runs_own_settings_under_those_given_now(env, tmp_path, native):
+    """A run continues with its own settings (overrides.json) and those given now on top. `--dry --resume` checked
+    the new ones alone, so a micro-batch that does not divide the run's own global batch passed the dry run, and the
+    trainer refused it once the container had started."""
+    folder = _finished_run(tmp_path / "runs", "n1", "ddp")
+    (folder / "overrides.json").write_text(json.dumps({"global_batch": 64, "max_steps": 3}))
+    refused(dry(env, *native, "--resume", "--run-id=n1", "--", "--per_device_train_batch_size", "3"),
+            "per_device_train_batch_size 3 does not divide")
+    r = dry(env, *native, "--resume", "--run-id=n1", "--", "--per_device_train_batch_size", "3", "--global_batch", "48")
+    assert r.returncode == 0, r.stderr
+    r = dry(env, *native, "--resume", "--run-id=n1", "--", "--per_device_train_batch_size", "4")
+    assert r.returncode == 0, r.stderr
+    (folder / "overrides.json").write_text(json.dumps({"global_batch": 63}))  # the run's own alone is wrong: said so
+    refused(dry(env, *native, "--resume", "--run-id=n1"), "the run's own settings, from its overrides.json: "
+            "--global_batch 63; give one again after -- to change it")
+
+
 def test_dry_prints_the_command_the_run_starts(env, model):
     """The memlock the engine grants and the image id: what `docker run` really gets, not a placeholder."""
     r = dry(env, f"--model={model}", "--run-id=r1", "--", "--max_steps", "3")
