@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dockyard.common.data_files import HUB_ID
 from dockyard.common.errors import DockyardError, json_object
 
 # model_type → how its decoder layer differs from Llama's:
@@ -122,3 +123,21 @@ def count(folder: Path, lora_rank: int) -> dict:
             "intermediate": inter, "kv_hidden": kv, "q_hidden": q, "linear_params": layers * linear,
             "lora_params": layers * lora_rank * sum(a + b for a, b, _ in linears), "source": source,
             "model_type": kind}
+
+
+def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:
+    """The folder of a hub model's cached snapshot (the one refs/main names, else the newest with a config.json),
+    or None when `repo_id` is no org/name in the cache."""
+    if not HUB_ID.fullmatch(repo_id):
+        return None
+    repo = hub_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    try:  # a damaged cache (not UTF-8, unreadable) falls back to the snapshots themselves
+        commit = ref.read_text().strip() if ref.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        commit = ""
+    named = repo / "snapshots" / commit if commit and "/" not in commit and commit not in (".", "..") else None
+    if named is not None and (named / "config.json").is_file():
+        return named
+    found = [d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()]
+    return max(found, key=lambda d: d.stat().st_mtime, default=None)

@@ -18,6 +18,7 @@ from pathlib import Path
 from dockyard.common import envvars
 from dockyard.common.data_files import HUB_ID  # a hub id as the trainer reads one
 from dockyard.common.errors import DockyardError
+from dockyard.common.model_config import cached_snapshot
 from dockyard.launch import scriptwords
 from dockyard.settings import ROOT, Settings
 
@@ -142,6 +143,12 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
     if p.exists():
         return p.resolve()
     if not looks_like_path(value) and HUB_ID.fullmatch(value) and in_hub_cache(settings, value, key):
+        home = settings.path(settings.hf_cache)
+        if key == "model" and cached_snapshot(home, value) is None:  # the trainer's from_pretrained finds nothing
+            raise DockyardError(f"{where} {value}: the Hugging Face cache {home} holds this model's folder but no "
+                                "complete snapshot of it (none with a config.json: a download that stopped?): on a "
+                                f"machine with internet, `hf download {value}` again, then copy its "
+                                "~/.cache/huggingface into that folder")
         return None
     kind = " --repo-type dataset" if key in ("data", "eval_data") else ""
     hub = (f"; nor is it a hub id in the Hugging Face cache {settings.path(settings.hf_cache)} (runs are offline: "

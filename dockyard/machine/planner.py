@@ -14,7 +14,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dockyard.common import autos, disk, recipes
-from dockyard.common.data_files import HUB_ID
 from dockyard.common.errors import DockyardError
 from dockyard.common.memory import (
     MARGIN,
@@ -26,7 +25,7 @@ from dockyard.common.memory import (
     shape_from_count,
     shape_from_folder,
 )
-from dockyard.common.model_config import MAX_PARAMS
+from dockyard.common.model_config import MAX_PARAMS, cached_snapshot
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import AUTO, batch_split, check_autos, resolve_settings
 from dockyard.common.units import GIB
@@ -76,24 +75,6 @@ def shape_for(model: str, hub_home: Path | None = None, where: str = "--model") 
                 else f"give at least {MIN_PARAMS // 10**6}M")  # a bare "8" is 8B with the unit left out
         raise DockyardError(f"{named}: {count:,} parameters is no language model; {unit}")
     return shape_from_count(count)
-
-
-def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:
-    """The folder of a hub model's cached snapshot (the one refs/main names, else the newest with a config.json),
-    or None when `repo_id` is no org/name in the cache."""
-    if not HUB_ID.fullmatch(repo_id):
-        return None
-    repo = hub_home / "hub" / f"models--{repo_id.replace('/', '--')}"
-    ref = repo / "refs" / "main"
-    try:  # a damaged cache (not UTF-8, unreadable) falls back to the snapshots themselves
-        commit = ref.read_text().strip() if ref.is_file() else ""
-    except (OSError, UnicodeDecodeError):
-        commit = ""
-    named = repo / "snapshots" / commit if commit and "/" not in commit and commit not in (".", "..") else None
-    if named is not None and (named / "config.json").is_file():
-        return named
-    found = [d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()]
-    return max(found, key=lambda d: d.stat().st_mtime, default=None)
 
 
 def disk_columns(shape: Shape, recipe: Recipe) -> dict:

@@ -54,9 +54,15 @@ def test_host_paths_given_as_overrides_are_mounted_the_same_way(settings, tmp_pa
     assert f"{model}:/workspace/inputs/model:ro" in _volumes(argv)
     assert str(data) not in argv[argv.index("dockyard.train"):], "no host path reaches the container"
     # a hub id is not a host path: passed as it is, found in the mounted Hugging Face cache
-    (tmp_path / "hf" / "hub" / "models--Qwen--Qwen2.5-0.5B").mkdir(parents=True)
-    argv = _argv(settings.model_copy(update={"hf_cache": tmp_path / "hf"}), tmp_path,
-                 overrides=["--model", "Qwen/Qwen2.5-0.5B"])
+    repo = tmp_path / "hf" / "hub" / "models--Qwen--Qwen2.5-0.5B"
+    (repo / "snapshots").mkdir(parents=True)
+    hub = settings.model_copy(update={"hf_cache": tmp_path / "hf"})
+    # a download that stopped before its config.json: the trainer's from_pretrained would find no model there
+    with pytest.raises(DockyardError, match="holds this model's folder but no complete snapshot of it"):
+        _argv(hub, tmp_path, overrides=["--model", "Qwen/Qwen2.5-0.5B"])
+    (repo / "snapshots" / ("ab" * 20)).mkdir()
+    (repo / "snapshots" / ("ab" * 20) / "config.json").write_text("{}")
+    argv = _argv(hub, tmp_path, overrides=["--model", "Qwen/Qwen2.5-0.5B"])
     assert argv[-2:] == ["--model", "Qwen/Qwen2.5-0.5B"]
 
 
