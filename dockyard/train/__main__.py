@@ -568,8 +568,10 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     for h in handlers:
         h.setFormatter(fmt)
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
-    # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process
-    logging.getLogger("dockyard.train.data").setLevel(logging.INFO if is_main else logging.ERROR)
+    # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process;
+    # and loads the same model and tokenizer: the Trainer's "The tokenizer has new PAD/BOS/EOS tokens" likewise
+    for same_everywhere in ("dockyard.train.data", "transformers.trainer_utils"):
+        logging.getLogger(same_everywhere).setLevel(logging.NOTSET if is_main else logging.ERROR)
     transformers.utils.logging.disable_default_handler()
     transformers.utils.logging.enable_propagation()
     transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)

@@ -425,6 +425,7 @@ def real_loggers():
         logging.root.handlers[:] = root
         logging.root.setLevel(level)
         logging.getLogger("dockyard.train.data").setLevel(logging.NOTSET)
+        logging.getLogger("transformers.trainer_utils").setLevel(logging.NOTSET)
         transformers.utils.logging.set_verbosity(verbosity)
 
 
@@ -450,19 +451,29 @@ def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_l
 
 def test_a_data_warning_is_said_by_the_first_process_alone(tmp_path, capsys):
     """Every process reads the same data: each printed the same warnings (fields not trained on, examples cut),
-    twice on two GPUs, eight times on eight. A process's own warnings are still said by each."""
+    twice on two GPUs, eight times on eight. A process's own warnings are still said by each. The same for the
+    Trainer's alignment of a model config without a pad token to the tokenizer's (real transformers, on the
+    trainer's own tiny model with its config's pad_token_id taken out)."""
     import logging
 
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_utils import align_special_tokens
+
+    from dockyard.common.run_settings import TINY_MODEL
     from dockyard.train import data
     from dockyard.train.__main__ import setup_logging
 
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     with real_loggers():
         for is_main in (False, True):
             setup_logging(tmp_path, is_main)
             data.log.warning("the field system is not trained on")
             logging.getLogger("dockyard.train").warning("this process's own GPU is slow")
+            config = AutoConfig.from_pretrained(TINY_MODEL, pad_token_id=None)
+            align_special_tokens(AutoModelForCausalLM.from_config(config), tokenizer)
             said = capsys.readouterr().err
             assert ("field system" in said) is is_main and "own GPU is slow" in said, said
+            assert ("The tokenizer has new PAD/BOS/EOS tokens" in said) is is_main, said
 
 
 def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_another_only_if_the_first_went_on(
