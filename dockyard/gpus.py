@@ -139,6 +139,11 @@ class Recording(BaseModel):
         indexes = [g.index for g in host.gpus]
         if len(set(indexes)) != len(indexes):
             raise ValueError(f"each GPU's index once in gpus (found {sorted(indexes)[:16]})")
+        # the devices a run is given (docker's --gpus "device=0,2", written into run.sh): indexes of its GPUs alone
+        chosen = host.visible.split(",") if host.visible else []
+        if not all(i.isdigit() and i.isascii() and int(i) in indexes for i in chosen) or len(set(chosen)) < len(chosen):
+            raise ValueError(f"visible is {host.visible[:40]!r}: it lists indexes of the recording's GPUs ({indexes[:16]}) "
+                             "once each, comma-separated, or is \"\" for all of them")
         return host
 
 

@@ -146,12 +146,14 @@ def test_a_damaged_ref_in_the_hugging_face_cache_falls_back_to_its_snapshots(tmp
 
 
 @pytest.mark.parametrize("field, value", [("driver", "570.1\u001b[2J\u001b[31mHACK"), ("driver", "abc"),
-                                          ("name", "NVIDIA H100\u001b[2J")])
+                                          ("name", "NVIDIA H100\u001b[2J"), ("visible", "0;touch /tmp/x"),
+                                          ("visible", "1"), ("visible", "0,0")])
 def test_an_nvml_recording_that_would_drive_the_terminal_is_refused(tmp_path, field, value):
     """A recording is a file users send each other: its words are printed as they are (`auto → cu128: ... driver X`,
-    doctor's table), and an escape sequence in them cleared the screen; a driver "abc" was said to support CUDA 12."""
+    doctor's table), and an escape sequence in them cleared the screen; a driver "abc" was said to support CUDA 12.
+    Its `visible` became docker's --gpus "device=..." (and run.sh's) as it was: a GPU the host has not, or words."""
     data = json.loads((NVML_HOSTS / "h100x1_580.json").read_text())
-    (data["host"] if field == "driver" else data["host"]["gpus"][0])[field] = value
+    (data["host"] if field in ("driver", "visible") else data["host"]["gpus"][0])[field] = value
     recording = tmp_path / "host.json"
     recording.write_text(json.dumps(data))
     short_error(invoke_here("run", "--dry", env={"DOCKYARD_NVML_REPLAY": str(recording)}), "host.json")
