@@ -333,6 +333,7 @@ def select(host: Host, spec: str = "") -> Host:
     if spec.strip() and not spec.replace(",", "").strip():  # `--gpus=$A,$B` with both empty: no GPU named
         raise DockyardError(f"--gpus={spec!r} names no GPU: give indices or UUIDs, as in --gpus=0,2 (leave it out for "
                             "all of them; --cpu trains on CPU)")
+    flag = spec.strip()
     spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
     if not spec or not host.gpus:
         return host
@@ -350,6 +351,10 @@ def select(host: Host, spec: str = "") -> Host:
         if not found:
             raise DockyardError(f"GPU {token!r} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is not on this host: "
                                 f"it has {', '.join(str(g.index) for g in host.gpus)}")
+        if found[0] in chosen and flag:  # typed twice (0,0 for 0,1?): CUDA_VISIBLE_DEVICES's repeat is one GPU, as
+            # CUDA sees it (and run.sh takes it)
+            raise DockyardError(f"--gpus={flag}: GPU {found[0].index} is named twice; one process per GPU, so name "
+                                "each GPU once")
         if found[0] not in chosen:
             chosen.append(found[0])
     return replace(host, gpus=chosen, visible=",".join(str(g.index) for g in chosen))

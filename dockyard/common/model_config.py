@@ -26,6 +26,9 @@ FAMILIES = {
     "phi3": {"qkv_bias": None, "norms": 2, "fused": True, "tied": False},
 }
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# a mixture of experts' count of experts per layer (Mixtral, Qwen-MoE/OLMoE, DeepSeek): counted as one dense MLP,
+# its parameters came out several times too few
+EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo or a crafted file
 
 
@@ -80,6 +83,14 @@ def count(folder: Path, lora_rank: int) -> dict:
     cfg = json_object(path, "model settings")
     kind = str(cfg.get("model_type", ""))
     family = FAMILIES.get(kind, FAMILIES["llama"])
+    by_count = "give the model's parameter count instead, as in --model=47B (counted as a dense Llama-style model)"
+    experts = [cfg[k] for k in EXPERTS if isinstance(cfg.get(k), int) and not isinstance(cfg[k], bool) and cfg[k] > 1]
+    if experts:
+        raise DockyardError(f"{path}: model_type {kind or '(none)'!r} is a mixture of {experts[0]} experts per layer, "
+                            f"which plan does not count from its config.json: {by_count}")
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
+        raise DockyardError(f"{path}: model_type {kind or '(none)'!r} is a model of several parts (its language "
+                            f"model's settings are under text_config), which plan does not count: {by_count}")
 
     def size(key: str, default: int | None = None) -> int:
         value = cfg.get(key)

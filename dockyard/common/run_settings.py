@@ -543,7 +543,8 @@ def auto_count(value: Any, key: str) -> int | str:
     if value == AUTO:
         return AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DockyardError(f"{key} must be a whole number of examples, 1 or more, or auto (got {value!r})")
+        unit = "steps" if key == "gradient_accumulation_steps" else "examples"
+        raise DockyardError(f"{key} must be a whole number of {unit}, 1 or more, or auto (got {value!r})")
     return value
 
 

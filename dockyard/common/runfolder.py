@@ -118,16 +118,28 @@ OVERRIDES_LIMIT = 1 << 20  # bytes: overrides.json (the trainer's hold a few set
 
 
 def saved_overrides(run_dir: Path) -> dict[str, Any]:
-    """The settings the run was given after `--`, which --resume trains with again ({} for a run from before they were
-    kept, or one killed before it trained). Untrusted: read through no link, and refused unless the trainer's shape."""
+    """The settings the run was given after `--`, which --resume trains with again: its overrides.json, else those
+    its manifest records (the file removed or lost: the run's own settings, not the defaults); {} for a run from
+    before they were kept, or one killed before it trained. Untrusted: read through no link, and refused unless the
+    trainer's shape."""
+    where = run_dir / OVERRIDES
     try:
         raw = read_text(run_dir, OVERRIDES, OVERRIDES_LIMIT)
-        saved = json.loads(raw) if raw is not None else {}
+        if raw is not None:
+            saved = json.loads(raw)
+        else:
+            where = run_dir / MANIFEST
+            recorded = read_manifest(run_dir)
+            saved = (recorded.model_extra or {}).get("overrides", {}) if recorded is not None else {}
     except (OSError, ValueError, RecursionError, DockyardError) as e:
         saved = e
     if not (isinstance(saved, dict) and all(isinstance(k, str) and k.isidentifier() for k in saved)):
-        raise DockyardError(f"--resume: {run_dir / OVERRIDES} is not the list of settings the trainer wrote; remove "
-                            "it and give the run's settings again after `--`")
+        if where.name == MANIFEST:
+            raise DockyardError(f"--resume: {run_dir / OVERRIDES} is gone and the settings {where} records are not "
+                                f"the list the trainer wrote: write the run's settings to {OVERRIDES} as JSON (e.g. "
+                                '{"max_steps": 60}, or {} for none) and resume again')
+        raise DockyardError(f"--resume: {where} is not the list of settings the trainer wrote; remove it and give the "
+                            "run's settings again after `--`")
     return saved
 
 

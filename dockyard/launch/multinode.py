@@ -76,6 +76,9 @@ def route_to(host: str) -> dict[str, str]:
     """The interface this node reaches `host` through, and this node's address on it. Node 0 reaches itself
     through `lo`: then the interface that holds the address."""
     addr = resolve_address(host)
+    if ipaddress.ip_address(addr).is_unspecified:  # a listening socket's "every address", which no node dials
+        raise DockyardError(f"--master-addr {host} means any address, none the other nodes can dial: give node 0's "
+                            "address on the network the nodes share (`ip addr` on node 0)")
     if ipaddress.ip_address(addr).is_loopback:
         raise DockyardError(f"--master-addr {host} is a loopback address: the other nodes cannot reach it; "
                             "give node 0's address on the network the nodes share")

@@ -176,11 +176,9 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
 
 def resumed_settings(run_dir: Path) -> dict[str, Any]:
     """The settings a run was given after `--`, as the trainer merges them on --resume, less its inputs (the paths
-    inside its container: a resume mounts what its command names); {} where unreadable (the trainer refuses them)."""
-    try:
-        saved = runfolder.saved_overrides(run_dir)
-    except DockyardError:
-        return {}
+    inside its container: a resume mounts what its command names); refused where unreadable, as the trainer refuses
+    them."""
+    saved = runfolder.saved_overrides(run_dir)
     return {k: v for k, v in saved.items() if k not in ("data", "model", "eval_data")}
 
 

@@ -61,6 +61,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     """`invoke run`: validate the request (topology, what the trainer would refuse, disk), then dispatch it: print
     the command (--dry), or run it and summarise the run from its manifest."""
     overrides = list(r.overrides)
+    if r.cpu and r.gpus.strip():
+        raise DockyardError(f"--gpus={r.gpus} picks GPUs to train on, and --cpu trains on none: give one of them")
     host = select(read_host(), r.gpus)
     chosen, why = variants.resolve(settings, r.variant, host)
     print(why)
@@ -288,8 +290,9 @@ def check_one_node(r: RunRequest) -> None:
     """The flags of several nodes, given for one, do nothing (torchrun runs standalone): said, not refused (a job
     script that always passes them may run one node)."""
     node.check_restarts(r.max_restarts)
-    given = [f for f, value, default in (("--master-addr", r.master_addr, ""), ("--iface", r.iface, ""),
-                                         ("--join-timeout", r.join_timeout, node.JOIN_TIMEOUT)) if value != default]
+    given = [f for f, value, default in (("--master-addr", r.master_addr, ""), ("--master-port", r.master_port, node.PORT),
+                                         ("--iface", r.iface, ""), ("--join-timeout", r.join_timeout, node.JOIN_TIMEOUT))
+             if value != default]
     if given:
         print(f"warning: {', '.join(given)}: for several nodes (--nodes=N); this run has one node, so "
               f"{'it does' if len(given) == 1 else 'they do'} nothing", file=sys.stderr)

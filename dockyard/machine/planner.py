@@ -236,9 +236,9 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
     device = None
     if not gpus or not gpu_mem_gib:
         if host is None:
-            from dockyard.gpus import read_host
+            from dockyard.gpus import read_host, select
 
-            host = read_host()
+            host = select(read_host())  # the GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` takes them
         if not host.gpus:
             missing = " and ".join(f for f, v in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib)) if not v)
             raise DockyardError(f"NVML sees no GPU on this host: say what to plan for, with {missing} too (e.g. "

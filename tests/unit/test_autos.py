@@ -76,6 +76,7 @@ def test_a_micro_batch_given_keeps_the_old_meaning_and_a_global_batch_is_made_up
                                                             "examples each of the 2 process"),
     ({"per_device_train_batch_size": "many"}, "whole number of examples"),
     ({"per_device_train_batch_size": 0}, "whole number of examples"),
+    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be a whole number of steps, 1 or more"),
     ({"gradient_checkpointing": "sometimes"}, "true, false or auto"),
     ({"activation_checkpointing": "maybe"}, r"gradient_checkpointing \(or activation_checkpointing\) must be true"),
     ({"use_liger_kernel": True}, "needs liger-kernel"),

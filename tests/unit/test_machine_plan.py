@@ -347,6 +347,23 @@ def test_config_counts_match_the_model_transformers_builds(tmp_path, model_type,
     assert memory.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
 
 
+@pytest.mark.parametrize("model_type, extra, says", [
+    ("mixtral", {"num_local_experts": 8}, "is a mixture of 8 experts per layer"),
+    ("qwen2_moe", {"num_experts": 4}, "is a mixture of 4 experts per layer"),
+    ("llava", {}, "is a model of several parts (its language model's settings are under text_config)"),
+])
+def test_a_config_plan_cannot_count_is_refused_with_the_count_to_give(tmp_path, model_type, extra, says):
+    """A mixture of experts was counted as one dense MLP per layer (Mixtral 8x7B: 6x too few parameters, and a plan
+    that said fits), and a model of several parts was said to lack hidden_size."""
+    import transformers
+
+    config = SMALL if model_type != "llava" else {}
+    transformers.AutoConfig.for_model(model_type, **config, **extra).save_pretrained(tmp_path)
+    with pytest.raises(DockyardError, match=re.escape(says) + ".*give the model's parameter count instead, as in "
+                                            "--model=47B"):
+        planner.shape_for(str(tmp_path))
+
+
 @pytest.mark.parametrize("key, value, problem", [
     ("hidden_size", -4096, "`hidden_size` is -4096: expected a positive whole number"),
     ("num_hidden_layers", 32.5, "`num_hidden_layers` is 32.5"),

@@ -40,6 +40,13 @@ def test_a_loopback_master_address_is_refused_before_starting():
         multinode.route_to("127.0.0.1")
 
 
+@pytest.mark.parametrize("addr", ["0.0.0.0", "::"])
+def test_an_any_address_as_master_address_is_refused_by_name(addr):
+    """0.0.0.0 was blamed on --iface (no route), and :: went on to a rendezvous no node could dial."""
+    with pytest.raises(DockyardError, match=f"--master-addr {addr} means any address, none the other nodes can dial"):
+        multinode.route_to(addr)
+
+
 @pytest.mark.parametrize("iface", ["lo", ""])
 def test_a_loopback_interface_is_refused_before_starting(iface):
     """Once `--iface lo` was taken: the node advertised 127.0.0.1 (GLOO_SOCKET_IFNAME=lo), which no other node reaches."""

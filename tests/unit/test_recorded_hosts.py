@@ -85,9 +85,15 @@ def test_doctor_gpu_checks_on_recorded_host(replay, name):
         assert topo.status == doctor.PASS
 
 
-def test_plan_counts_the_recorded_gpus(replay):
+def test_plan_counts_the_recorded_gpus(replay, monkeypatch):
+    """The GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` starts a process on each (the plan counted all 8)."""
     replay("h100x8_580")
     assert plan_mod.plan_model("1.5B")["gpus"] == 8
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert plan_mod.plan_model("1.5B")["gpus"] == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "9")
+    with pytest.raises(DockyardError, match=r"GPU '9' \(from --gpus or CUDA_VISIBLE_DEVICES=9\) is not on this host"):
+        plan_mod.plan_model("1.5B")
 
 
 def test_plan_on_a_mig_host_asks_for_the_slices_memory(replay):
@@ -103,6 +109,20 @@ def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
     replay("h100x8_580")
     out = dry_run(settings, capsys, gpus="0,2")
     assert "--nproc-per-node=2" in out and "'\"device=0,2\"'" in out
+
+
+def test_gpus_flag_naming_a_gpu_twice_or_given_with_cpu_is_refused(settings, capsys, replay, monkeypatch):
+    """--gpus=0,0 (a typo for 0,1?) trained on one GPU without a word; --gpus with --cpu trained on CPU. A repeat in
+    CUDA_VISIBLE_DEVICES is one GPU, as CUDA sees it."""
+    replay("h100x8_580")
+    with pytest.raises(DockyardError, match=r"--gpus=0,0: GPU 0 is named twice; one process per GPU"):
+        dry_run(settings, capsys, gpus="0,0")
+    with pytest.raises(DockyardError, match="--gpus=1 picks GPUs to train on, and --cpu trains on none"):
+        dry_run(settings, capsys, gpus="1", cpu=True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,3")
+    assert "--nproc-per-node=1" in dry_run(settings, capsys) and "device=3" in dry_run(settings, capsys)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert "--nproc-per-node=2" in dry_run(settings, capsys, cpu=True)
 
 
 def test_cuda_visible_devices_is_honoured(settings, capsys, replay, monkeypatch):

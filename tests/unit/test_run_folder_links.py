@@ -267,3 +267,6 @@ def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
     (run / runfolder.OVERRIDES).symlink_to(secret)
     with pytest.raises(DockyardError, match="overrides.json is not the list of settings"):
         runfolder.saved_overrides(run)
+    (run / runfolder.OVERRIDES).unlink()  # gone: the run's own, as its manifest records them, not the defaults
+    (run / runfolder.MANIFEST).write_text(json.dumps({"run_id": "r", "status": "completed", "overrides": {"lr": 1}}))
+    assert runfolder.saved_overrides(run) == {"lr": 1}

@@ -224,6 +224,21 @@ def test_a_resume_is_checked_with_the_runs_own_settings_under_those_given_now(en
     (folder / "overrides.json").write_text(json.dumps({"global_batch": 63}))  # the run's own alone is wrong: said so
     refused(dry(env, *native, "--resume", "--run-id=n1"), "the run's own settings, from its overrides.json: "
             "--global_batch 63; give one again after -- to change it")
+    (folder / "overrides.json").write_text("{not json")  # the trainer refuses it: so does the dry run, by name
+    refused(dry(env, *native, "--resume", "--run-id=n1"), "overrides.json is not the list of settings the trainer")
+
+
+def test_a_resume_whose_overrides_file_is_gone_continues_with_the_settings_its_manifest_records(env, tmp_path):
+    """overrides.json removed (or lost with a copy of the folder): --resume trained on with the defaults, and then
+    wrote {} over the manifest's record of the run's own settings. The manifest holds them too: they are taken."""
+    folder = _finished_run(tmp_path / "runs", "n1", "ddp")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "overrides": {"global_batch": 64}}))
+    refused(dry(env, "--resume", "--run-id=n1", "--", "--per_device_train_batch_size", "3"),
+            "per_device_train_batch_size 3 does not divide")
+    assert dry(env, "--resume", "--run-id=n1", "--", "--per_device_train_batch_size", "4").returncode == 0
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "overrides": ["global_batch"]}))
+    refused(dry(env, "--resume", "--run-id=n1"), "overrides.json is gone and the settings")
 
 
 def test_dry_prints_the_command_the_run_starts(env, model):
@@ -498,8 +513,9 @@ def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_
     r = dry(env, "--master-addr=198.18.0.1")  # said, not refused: a job script may pass it for one node too
     assert r.returncode == 0 and ("warning: --master-addr: for several nodes (--nodes=N); this run has one node, so it "
                                   "does nothing") in r.stderr, r.stderr
-    r = dry(env, "--iface=eth0", "--join-timeout=30")
-    assert r.returncode == 0 and "warning: --iface, --join-timeout: for several nodes" in r.stderr, r.stderr
+    r = dry(env, "--iface=eth0", "--join-timeout=30", "--master-port=29600")
+    assert r.returncode == 0 and "warning: --master-port, --iface, --join-timeout: for several nodes" in r.stderr, \
+        r.stderr
     refused(dry(env, "--max-restarts=-1"), "--max-restarts='-1': Input should be greater than or equal to 0")
 
 
