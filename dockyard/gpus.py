@@ -337,7 +337,7 @@ def select(host: Host, spec: str = "") -> Host:
     spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
     if not spec or not host.gpus:
         return host
-    chosen = []
+    chosen, seen = [], set()
     for token in (t.strip() for t in spec.split(",") if t.strip()):
         if token.startswith("MIG-"):
             raise DockyardError(f"{token} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is a MIG device: runs take whole "
@@ -351,10 +351,11 @@ def select(host: Host, spec: str = "") -> Host:
         if not found:
             raise DockyardError(f"GPU {token!r} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is not on this host: "
                                 f"it has {', '.join(str(g.index) for g in host.gpus)}")
-        if found[0] in chosen and flag:  # typed twice (0,0 for 0,1?): CUDA_VISIBLE_DEVICES's repeat is one GPU, as
+        if flag and token in seen:  # typed twice (0,0 for 0,1?): CUDA_VISIBLE_DEVICES's repeat is one GPU, as
             # CUDA sees it (and run.sh takes it)
-            raise DockyardError(f"--gpus={flag}: GPU {found[0].index} is named twice; one process per GPU, so name "
-                                "each GPU once")
+            raise DockyardError(f"--gpus={flag}: GPU {token} is named twice; one process per GPU, so name each GPU "
+                                "once")
+        seen.add(token)
         if found[0] not in chosen:
             chosen.append(found[0])
     return replace(host, gpus=chosen, visible=",".join(str(g.index) for g in chosen))

@@ -54,6 +54,8 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     key = Path(os.path.expanduser(sign)) if sign else None
     if key:
         check_key_file(key, sign)
+    if thin_for.startswith("ssh://"):
+        remote.parse_ssh_url(thin_for)  # a malformed destination is said before the engine is asked anything
     refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings, variant)]
     images = inventory.inspect_images(settings, refs)
     tool = (compressor_argv(compress, level) or [""])[0]

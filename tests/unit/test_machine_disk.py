@@ -129,5 +129,5 @@ def test_a_resume_is_sized_with_the_runs_own_settings(settings, tmp_path):
     fresh = preflight.check_runs_disk(settings, ddp, ["--max_steps", "400", "--save_steps", "50"], model="",
                                       run_dir=tmp_path / "r2", gpu=False, resume=False)
     assert need(resume=True)["total_bytes"] == fresh["total_bytes"] > need(resume=False)["total_bytes"]
-    (run_dir / "overrides.json").write_text("[1, 2]")  # not the trainer's: its refusal is the trainer's
-    assert need(resume=True)["total_bytes"] == need(resume=False)["total_bytes"]
+    (run_dir / "overrides.json").write_text("[1, 2]")  # not the trainer's: refused by the settings' check, not here
+    assert need(resume=True) is None and need(resume=False)["total_bytes"] < fresh["total_bytes"]
