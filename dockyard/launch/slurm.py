@@ -44,6 +44,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     archive, image_file = os.path.expanduser(archive), os.path.expanduser(image_file)
     node.check_nodes(nodes, gpus_per_node)
     node.check_restarts(0, join_timeout)
+    overrides = _inputs_from_here(settings, overrides)
     # what the trainer would refuse on every node; the batch split too where the process count is known here
     loaded = load_recipe(recipe)
     preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
@@ -219,6 +220,18 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
             + ' bash "$@"']
+
+
+def _inputs_from_here(settings: Settings, overrides: list[str]) -> list[str]:
+    """The inputs given after `--` (model, data, eval_data) as the files they name here: the script runs from the
+    checkout, where a relative path named another file (`data/sample.jsonl`: the checkout's sample), and a path that
+    names nothing would fail on every node once the job had waited in the queue. A hub id stays as it is."""
+    given = inputs.override_values(overrides)
+    out = inputs.strip_keys(overrides, given)
+    for key, value in given.items():
+        host = inputs.host_path(value, f"-- --{key}", settings, key)
+        out += [f"--{key}", str(host) if host is not None else value]
+    return out
 
 
 def write(settings: Settings, *, out: str = "", **kw) -> Path:

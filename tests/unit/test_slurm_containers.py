@@ -328,3 +328,18 @@ def test_the_script_for_containers_is_written_only_once_their_caches_are_the_use
     with pytest.raises(DockyardError, match=f"the compile cache {cc} can be written by others.*chmod go-w"):
         slurm.write(s, **kw)
     assert not (tmp_path / "job.sbatch").exists()
+
+
+def test_an_input_given_after_the_dashes_is_the_file_it_names_where_invoke_slurm_ran(settings, tmp_path, monkeypatch):
+    """`invoke slurm -- --data data/x.jsonl` kept the path as typed, and the script runs from the checkout: every
+    node trained on the checkout's data/ (its sample, for data/sample.jsonl), not the user's file; a path that names
+    nothing was written into the script, to fail on every node once the job had waited in the queue."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "sample.jsonl").write_text('{"text": "mine"}\n')
+    monkeypatch.chdir(tmp_path)
+    text = slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu",
+                        overrides=["--data=data/sample.jsonl", "--max_steps", "5"])
+    assert f"-- --max_steps 5 --data {tmp_path / 'data' / 'sample.jsonl'}'" in text, text
+    with pytest.raises(DockyardError, match="-- --eval_data"):
+        slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu",
+                     overrides=["--eval_data", "nowhere/x.jsonl"])
