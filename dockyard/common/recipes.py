@@ -295,6 +295,12 @@ def read_deepspeed_config(path: Path) -> dict:
     if unknown:
         raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "
                             "silently and use its defaults); check the spelling against the DeepSpeed config docs")
+    for key in sorted(OBJECT_SECTIONS & set(cfg)):  # the Trainer reads them with .get(): a traceback, mid-start
+        section, inner = cfg[key], cfg[key].get("params", {}) if isinstance(cfg[key], dict) else {}
+        if not isinstance(section, dict) or not isinstance(inner, dict):
+            where, value = (key, section) if not isinstance(section, dict) else (f"{key}.params", inner)
+            raise DockyardError(f"{path}: {where} {value!r}: takes an object of settings, as in "
+                                f'"{key}": {OBJECT_EXAMPLES.get(key, "{...}")}')
     zero = cfg.get("zero_optimization", {})
     if not isinstance(zero, dict):
         raise DockyardError(f"{path}: zero_optimization {zero!r}: takes an object of ZeRO settings, as in "
@@ -308,6 +314,14 @@ def read_deepspeed_config(path: Path) -> dict:
                                 f"it out) and give {setting} in the recipe's settings: or after -- instead")
     return cfg
 
+
+# The sections of a DeepSpeed config that hold settings of their own (the Trainer and DeepSpeed read them as objects)
+OBJECT_SECTIONS = {"optimizer", "scheduler", "bf16", "fp16", "amp", "torch_autocast", "activation_checkpointing", "aio",
+                   "flops_profiler", "comms_logger", "tensorboard", "wandb", "csv_monitor", "comet", "checkpoint",
+                   "data_types", "elasticity", "compile"}
+OBJECT_EXAMPLES = {"optimizer": '{"type": "AdamW", "params": {"lr": "auto"}}',
+                   "scheduler": '{"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}',
+                   "bf16": '{"enabled": "auto"}', "fp16": '{"enabled": "auto"}'}
 
 # The batch keys of a DeepSpeed config, which the HF Trainer fills from the run's settings: an explicit value would
 # disagree with the micro-batch the trainer picks (auto) and stop the run with the Trainer's traceback.

@@ -68,6 +68,10 @@ def broken_recipe(tmp_path, ds_config: str):
     ('{"zero_optimization": {"stage": NaN}}', "zero_optimization.stage nan: takes 0, 1, 2 or 3"),
     ('{"zero_optimization": {"stage": 4}}', "zero_optimization.stage 4: takes 0, 1, 2 or 3"),
     ('{"zero_optimization": [2]}', "zero_optimization [2]: takes an object of ZeRO settings"),
+    # each passed the host's checks, then the trainer stopped with the Trainer's AttributeError traceback
+    ('{"optimizer": "adam"}', 'optimizer \'adam\': takes an object of settings, as in "optimizer": {"type": "AdamW"'),
+    ('{"bf16": true}', 'bf16 True: takes an object of settings, as in "bf16": {"enabled": "auto"}'),
+    ('{"scheduler": {"type": "WarmupLR", "params": "fast"}}', "scheduler.params 'fast': takes an object of settings"),
 ])
 def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     folder = broken_recipe(tmp_path, ds_config)
