@@ -248,9 +248,64 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     for f in (recipe.deepspeed, recipe.fsdp):
         if f and not recipe.file(f).is_file():
             raise DockyardError(f"{path}: names {f}, which is not in {folder}")
+    if recipe.fsdp:
+        read_fsdp_file(recipe.file(recipe.fsdp))
     if recipe.deepspeed:
-        read_deepspeed_config(recipe.file(recipe.deepspeed))
+        deepspeed_matches(read_deepspeed_config(recipe.file(recipe.deepspeed)), recipe.strategy_spec,
+                          recipe.file(recipe.deepspeed))
     return recipe
+
+
+def deepspeed_matches(cfg: dict, spec: Strategy, path: Path) -> None:
+    """The ZeRO stage and offloads of a recipe's DeepSpeed JSON are the ones its `strategy:` names. The trainer
+    checks what runs against the strategy once the model is wrapped (train/strategy.py): a zero2 recipe whose file
+    says stage 3 stopped there, minutes in, after the model had loaded on every GPU."""
+    if "zero_optimization" not in cfg:
+        raise DockyardError(f"{path}: no zero_optimization section: the {spec.name} strategy needs one, with "
+                            f'"stage": {spec.zero_stage}')
+    zero = cfg["zero_optimization"]
+    stage = zero.get("stage", 0)
+    wrong = [f"zero_optimization.stage is {stage}, {spec.name} is stage {spec.zero_stage}"] \
+        if stage != spec.zero_stage else []
+    # ZeRO-2 has no parameters to offload: DeepSpeed leaves an offload_param there unused, as the trainer's check does
+    offloads = (("offload_optimizer", spec.offload_optimizer), ("offload_param", spec.offload_param))[:1 + (stage == 3)]
+    for key, wanted in offloads:
+        section = zero.get(key)
+        device = section.get("device", "none") if isinstance(section, dict) else "none" if section is None else section
+        if (device == "cpu") != wanted:
+            wrong.append(f"zero_optimization.{key}.device is {device!r}, {spec.name} "
+                         + ("offloads it to the CPU (\"cpu\")" if wanted else "keeps it on the GPU (\"none\")"))
+    if wrong:
+        match = [s.name for s in STRATEGIES.values() if s.engine == "deepspeed" and s.zero_stage == stage]
+        raise DockyardError(f"{path}: {'; '.join(wrong)}: the run would stop once the model had loaded, with a "
+                            f"strategy mismatch. Make the file say what `strategy: {spec.name}` is, or change the "
+                            f"recipe's strategy" + (f" ({' or '.join(match)} for this stage)" if match else ""))
+
+
+def read_fsdp_file(path: Path) -> dict[str, Any]:
+    """A recipe's FSDP file: `fsdp: true` and `fsdp_config:` (TrainingArguments' settings of those names), FSDP2.
+    Read by the host (`run --dry`, `invoke recipes`) and the trainer. Anything else started a run that stopped only
+    once the model had loaded, with a traceback or a strategy mismatch."""
+    try:
+        raw = yaml.safe_load(read_bounded(path, MiB, path.name).decode()) or {}
+    except (*YAML_ERRORS, UnicodeDecodeError) as e:
+        raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
+    if not isinstance(raw, dict):
+        raise DockyardError(f"{path}: expected `fsdp:` and `fsdp_config:` lines")
+    extra = sorted(set(raw) - {"fsdp", "fsdp_config"})
+    if extra:
+        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {', '.join(map(str, extra))}")
+    if raw.get("fsdp") is not True:  # false or left out: no FSDP at all; text or a list: transformers' deprecated form
+        raise DockyardError(f"{path}: fsdp {raw.get('fsdp')!r}: write `fsdp: true` (the sharding, offload and "
+                            "wrapping go under fsdp_config:, as in recipes/fsdp/fsdp.yaml)")
+    settings = raw.get("fsdp_config") or {}
+    if not isinstance(settings, dict):
+        raise DockyardError(f"{path}: fsdp_config {settings!r}: takes `key: value` lines of FSDP settings")
+    version = settings.get("version", settings.get("fsdp_version", 2))
+    if version != STRATEGIES["fsdp"].fsdp_version:
+        raise DockyardError(f"{path}: fsdp_config version {version!r}: the fsdp strategy is FSDP2, `version: 2` "
+                            "(1 is torch's deprecated FSDP, which the run's checks refuse once the model has loaded)")
+    return {**raw, "fsdp_config": settings}
 
 
 def files_inside(folder: Path) -> None:

@@ -1,8 +1,9 @@
 """What of the host a run sees: the user's model and data, and the recipes, mounted read-only into the container.
 
 - `--data=PATH`, `--model=PATH` (or the invoke.yaml settings of the same names, or a trainer override
-  `-- --data PATH` / `--eval_data PATH` / `--model PATH` naming a host path) → the file or folder mounted
-  read-only under /workspace/inputs/, and the trainer told the path it has inside.
+  `-- --data PATH` / `--eval_data PATH` / `--model PATH` naming a host path, or the recipe's own `settings:` of
+  those names) → the file or folder mounted read-only under /workspace/inputs/, and the trainer told the path it
+  has inside.
 - The checkout's recipes/ is mounted over the image's copy, so an edited recipe applies to the next run
   without a build (nodes without the checkout use the image's copy); `--recipe=/any/folder` is mounted too.
 - DOCKYARD_HOST_PATHS tells the trainer which host path each inside path is, for the manifest's record.
@@ -12,13 +13,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dockyard.common import envvars
 from dockyard.common.data_files import HUB_ID  # a hub id as the trainer reads one
 from dockyard.common.errors import DockyardError
 from dockyard.common.model_config import cached_snapshot
+from dockyard.common.recipes import load_recipe
 from dockyard.launch import scriptwords
 from dockyard.settings import ROOT, Settings
 
@@ -44,13 +48,17 @@ class Mounts:
 
 
 def read_only_mounts(settings: Settings, recipe: str, overrides: list[str], *, data: str = "", model: str = "",
-                checkout_recipes: bool = True, separators: str = ":") -> Mounts:
+                checkout_recipes: bool = True, separators: str = ":",
+                recipe_settings: Mapping[str, Any] | None = None) -> Mounts:
     """The mounts of one run (pure: reads only whether the paths exist). Flags win over the invoke.yaml
-    settings; a host path given as an override is mounted the same way (overrides win over both). A path holding
-    one of `separators` (docker's -v splits on ':'; pyxis's and Apptainer's mount lists on ',' too) is refused."""
+    settings, which win over the recipe's own `settings:` (those of `recipe`, or `recipe_settings`); a host path
+    given as an override is mounted the same way (overrides win over all). A path holding one of `separators`
+    (docker's -v splits on ':'; pyxis's and Apptainer's mount lists on ',' too) is refused."""
     m = Mounts()
     m.overrides = strip_keys(overrides, override_values(overrides))
-    for key, value, where in resolved(settings, overrides, data=data, model=model):
+    if recipe_settings is None:
+        recipe_settings = load_recipe(recipe).settings if recipe else {}
+    for key, value, where in resolved(settings, overrides, data=data, model=model, recipe_settings=recipe_settings):
         host = host_path(value, where, settings, key)
         if host is None:  # a hub id (model or dataset in the Hugging Face cache): passed as it is
             m.overrides += [f"--{key}", value]
@@ -113,10 +121,14 @@ def strip_keys(overrides: list[str], keys: dict[str, str]) -> list[str]:
     return out
 
 
-def resolved(settings: Settings, overrides: list[str], *, data: str = "", model: str = ""):
+def resolved(settings: Settings, overrides: list[str], *, data: str = "", model: str = "",
+             recipe_settings: Mapping[str, Any] | None = None):
     """(key, value, where it came from) of each input the run is given: an override wins over the flag, the flag
-    over the invoke.yaml setting (whose relative path is relative to the project root, where it names one)."""
+    over the invoke.yaml setting, that over the recipe's own `settings:` (a relative path in either is relative to
+    the project root, where it names one: as a native run reads it). The recipe's is mounted like the others: the
+    trainer in the container would read its host path inside the image, where nothing is."""
     given = override_values(overrides)
+    recipe_settings = recipe_settings or {}
     for key, flag in (("model", model), ("data", data), ("eval_data", "")):
         if key in given:
             yield key, given[key], f"-- --{key}"
@@ -124,6 +136,11 @@ def resolved(settings: Settings, overrides: list[str], *, data: str = "", model:
             yield key, flag, f"--{key}"
         elif value := getattr(settings, key, "") or "":
             yield key, setting_input(settings, value), f"setting {key}"
+        elif value := recipe_settings.get(key):
+            if not isinstance(value, str):
+                raise DockyardError(f"the recipe's settings: {key}: {value!r}: takes a file or folder's path, or a "
+                                    "hub id, as text")
+            yield key, setting_input(settings, value), f"the recipe's settings: {key}"
 
 
 def setting_input(settings: Settings, value: str) -> str:

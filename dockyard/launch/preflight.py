@@ -107,7 +107,8 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     `resumed`: the run folder --resume continues, whose own settings the run keeps."""
     run_settings = check_overrides(recipe, overrides, processes, saved=resumed_settings(resumed) if resumed else None)
     check_on_gpus(recipe, gpus_in_effect)
-    for key, value, where in inputs.resolved(settings, overrides, data=data, model=model):
+    for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
+                                             recipe_settings=recipe.settings):
         files = check_input(key, value, where, settings)
         if run_settings.task == "causal_lm" and run_settings.data_format == "auto":
             check_data_fields(files)
@@ -159,7 +160,8 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
     folder's disk lacks the room. Settings the trainer would refuse, or a model sized only inside the image (a hub
     id), are left to the trainer: None, no check."""
     try:
-        seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False)  # the model's
+        seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False,  # the model's
+                                       recipe_settings=recipe.settings)
         given = parse_overrides(seen.overrides)
         if resume:  # the run continues with its own settings (its overrides.json), those given now on top
             given, _, _ = resumed_with(recipe, resumed_settings(run_dir), given)

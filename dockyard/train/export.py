@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from dockyard.common import runfolder
@@ -39,17 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     except DockyardError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError, SafetensorError) as e:
-        # a run folder a container changed (an adapter_config.json of no module, a broken tokenizer.json): what was
-        # written so far goes (the folder was empty: export() checked), so the next try does not find it "not empty"
-        if opts.out.is_dir():
-            for f in opts.out.iterdir():
-                if f.is_dir() and not f.is_symlink():
-                    shutil.rmtree(f)
-                else:
-                    f.unlink()
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, SafetensorError,
+            StrictDataclassError) as e:
+        # a run folder a container changed (an adapter_config.json of no module, a broken tokenizer.json)
+        said = " ".join(str(e).split()) if isinstance(e, StrictDataclassError) else first_line(e)
         print(f"error: cannot export run {opts.run_dir.name}: its model folder does not load ({type(e).__name__}: "
-              f"{first_line(e)}); nothing was kept", file=sys.stderr)
+              f"{said[:300]}); nothing was kept", file=sys.stderr)
         return 1
     return 0
 
@@ -60,32 +56,43 @@ def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
     if out.exists() and any(out.iterdir()):
         raise DockyardError(f"{out} is not empty: pick a new --out folder")
     out.mkdir(parents=True, exist_ok=True)
-    adapter = m["model"]["format"] == "adapter"
-    dtype = getattr(torch, m["probe"]["dtype"])
-    if adapter and merge:
-        what = f"{m['strategy']['peft']} adapters merged into the {m['probe']['dtype']} base"
-        load_run_model(m, run_dir, dtype, quantized=False).merge_and_unload().save_pretrained(out)
-    else:
-        what = "adapter (load it onto the base with peft)" if adapter else "model"
-        if merge:
-            print(f"note: run {m['run_id']} trained the whole model: there are no adapters to merge")
-        for f in (run_dir / "model").iterdir():  # what the Trainer saved, as it is: weights (or adapter), config
-            if f.is_file() and f.name != "training_args.bin":
-                shutil.copy2(f, out / f.name)
-    tokenizer(run_dir / "model").save_pretrained(out)
-    runfolder.share_weights(out)
-    check = compare(m, run_dir, out, dtype, reload_adapter=adapter and not merge)
-    print(f"exported {what} of run {m['run_id']} to {out}")
-    print(f"  reloaded and compared with the run's own model on {check['inputs']} inputs: largest logit difference "
-          f"{check['max_abs_diff']:.2e} (tolerance {check['tolerance']:.1e}{', ' + check['why'] if check['why'] else ''})")
-    if "vs_4bit_as_trained" in check:
-        print(f"  the 4-bit model as trained differs from it by up to {check['vs_4bit_as_trained']:.2e} (the base's "
-              "4-bit rounding: merging onto the 16-bit base undoes it)")
-    if check["max_abs_diff"] > check["tolerance"]:
-        shutil.rmtree(out)
-        raise DockyardError(f"the exported model's logits differ from the run's by {check['max_abs_diff']:.3g} "
-                            f"(> {check['tolerance']:.1e}): nothing was kept")
+    try:
+        adapter = m["model"]["format"] == "adapter"
+        dtype = getattr(torch, m["probe"]["dtype"])
+        if adapter and merge:
+            what = f"{m['strategy']['peft']} adapters merged into the {m['probe']['dtype']} base"
+            load_run_model(m, run_dir, dtype, quantized=False).merge_and_unload().save_pretrained(out)
+        else:
+            what = "adapter (load it onto the base with peft)" if adapter else "model"
+            if merge:
+                print(f"note: run {m['run_id']} trained the whole model: there are no adapters to merge")
+            for f in (run_dir / "model").iterdir():  # what the Trainer saved, as it is: weights (or adapter), config
+                if f.is_file() and f.name != "training_args.bin":
+                    shutil.copy2(f, out / f.name)
+        tokenizer(run_dir / "model").save_pretrained(out)
+        runfolder.share_weights(out)
+        check = compare(m, run_dir, out, dtype, reload_adapter=adapter and not merge)
+        print(f"exported {what} of run {m['run_id']} to {out}")
+        print(f"  reloaded and compared with the run's own model on {check['inputs']} inputs: largest logit difference "
+              f"{check['max_abs_diff']:.2e} (tolerance {check['tolerance']:.1e}{', ' + check['why'] if check['why'] else ''})")
+        if "vs_4bit_as_trained" in check:
+            print(f"  the 4-bit model as trained differs from it by up to {check['vs_4bit_as_trained']:.2e} (the base's "
+                  "4-bit rounding: merging onto the 16-bit base undoes it)")
+        if check["max_abs_diff"] > check["tolerance"]:
+            raise DockyardError(f"the exported model's logits differ from the run's by {check['max_abs_diff']:.3g} "
+                                f"(> {check['tolerance']:.1e}): nothing was kept")
+    except BaseException:
+        empty(out)  # what was written so far goes (the folder was empty), so the next try does not find it "not empty"
+        raise
     return check
+
+
+def empty(folder: Path) -> None:
+    for f in folder.iterdir():
+        if f.is_dir() and not f.is_symlink():
+            shutil.rmtree(f)
+        else:
+            f.unlink()
 
 
 DTYPES = ("float32", "bfloat16", "float16")  # what the trainer records as the probe's (and the weights') dtype
@@ -109,7 +116,8 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     model, probe = m.get("model"), m.get("probe")
     if not (isinstance(model, dict) and model.get("format") in ("full", "adapter") and isinstance(model.get("base"), str)
             and isinstance(probe, dict) and probe.get("dtype") in DTYPES and isinstance(probe.get("input_ids"), list)
-            and len(probe["input_ids"]) <= PROBE_TOKENS and m["strategy"] is not None):
+            and 0 < len(probe["input_ids"]) <= PROBE_TOKENS and all(type(i) is int for i in probe["input_ids"])
+            and m["strategy"] is not None):
         raise DockyardError(f"{run_dir}/manifest.json is not a manifest the trainer writes (model, probe): refused")
     return m
 
@@ -151,6 +159,12 @@ def tokenizer(folder: Path) -> Any:
 
 
 def logits(model: Any, batches: list[list[int]]) -> torch.Tensor:
+    vocab = model.get_input_embeddings().num_embeddings
+    if outside := sorted({i for ids in batches for i in ids if not 0 <= i < vocab}):
+        # the manifest's probe (any container can write it), or a tokenizer of another model than the weights
+        raise DockyardError(f"token id(s) {', '.join(map(str, outside[:5]))} are outside the model's vocabulary of "
+                            f"{vocab}: the run's manifest.json (its probe) or its tokenizer is not this model's; "
+                            "nothing was kept")
     model.eval()
     rows = []
     with torch.no_grad():

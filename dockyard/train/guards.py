@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import recipes
-from dockyard.common.errors import DockyardError, problems, yaml_problem
+from dockyard.common.errors import DockyardError, problems
 from dockyard.common.units import GIB
 
 
@@ -175,21 +175,8 @@ def _validate_zero_section(path: Path, zero: dict[str, Any]) -> None:
 def fsdp_settings(path: Path) -> dict[str, Any]:
     """The recipe's FSDP file (TrainingArguments' `fsdp` and `fsdp_config`), with a full state dict on save:
     a sharded one leaves one file per rank that from_pretrained cannot read."""
-    import yaml
-
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (*recipes.YAML_ERRORS, UnicodeDecodeError) as e:
-        raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
-    if not isinstance(raw, dict):
-        raise DockyardError(f"{path}: expected `fsdp:` and `fsdp_config:` lines")
-    extra = sorted(set(raw) - {"fsdp", "fsdp_config"})
-    if extra:
-        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {', '.join(map(str, extra))}")
-    settings = raw.get("fsdp_config") or {}
-    if not isinstance(settings, dict):
-        raise DockyardError(f"{path}: fsdp_config {settings!r}: takes `key: value` lines of FSDP settings")
-    return {**raw, "fsdp_config": {**settings, "state_dict_type": "FULL_STATE_DICT"}}
+    raw = recipes.read_fsdp_file(path)
+    return {**raw, "fsdp_config": {**raw["fsdp_config"], "state_dict_type": "FULL_STATE_DICT"}}
 
 
 def fsdp_environment(fsdp_config: dict[str, Any]) -> dict[str, str]:

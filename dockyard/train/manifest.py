@@ -124,8 +124,15 @@ def recipe_files(recipe: Any, defaults: Path) -> dict[str, str]:
     """sha256 of every file that made the recipe (its folder and recipes/defaults.yaml): the edited recipe of a
     run is told from the image's by these."""
     files = [defaults, *sorted(p for p in recipe.folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
-    return {(f.name if f == defaults else f"{recipe.name}/{f.relative_to(recipe.folder).as_posix()}"):
-            hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    return {(f.name if f == defaults else f"{recipe.name}/{f.relative_to(recipe.folder).as_posix()}"): sha256(f)
+            for f in files}
+
+
+def sha256(path: Path) -> str:
+    """Read in blocks: a large file left in a recipe folder (a dataset, a model) costs each process a block of
+    memory, not its size."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write(run_dir: Path, manifest: dict[str, Any], name: str = runfolder.MANIFEST) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from dockyard.common import memory, runfolder
 from dockyard.common.errors import DockyardError, first_line, json_object
@@ -22,6 +23,10 @@ from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
 
 log = logging.getLogger("dockyard.train")
+
+# What transformers raises for a config.json it cannot make a model of: huggingface_hub's strict dataclasses (a
+# vocab_size given as text, heads that do not divide the width) raise an error that is none of Python's own.
+CONFIG_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RuntimeError, StrictDataclassError)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -93,6 +98,13 @@ def resolve_model(name: str) -> str:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")  # the usual
 
 
+def bad_config(folder: Path, e: BaseException) -> DockyardError:
+    # huggingface_hub's says the field on its first line and what is wrong with it on the next
+    said = " ".join(str(e).split()) if isinstance(e, StrictDataclassError) else first_line(e)
+    return DockyardError(f"{folder / 'config.json'}: transformers cannot build a model from it ({type(e).__name__}: "
+                         f"{said[:300]}): fix that setting, or copy the model folder again")
+
+
 def load_tokenizer(model_dir: str) -> Any:
     """The model folder's tokenizer: a weights-only export has none, which transformers says in a traceback."""
     from transformers import AutoTokenizer
@@ -103,6 +115,8 @@ def load_tokenizer(model_dir: str) -> Any:
         # keys, huggingface_hub's validation error for a config of heads that do not divide its width, ...
         if asks_for_code(e):
             raise runs_code(model_dir) from None
+        if isinstance(e, StrictDataclassError):  # read from config.json, not the tokenizer's files
+            raise bad_config(Path(model_dir), e) from None
         if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
             why = f"it holds no tokenizer: none of {', '.join(TOKENIZER_FILES)}"
         else:
@@ -359,12 +373,10 @@ def model_shape(folder: Path) -> Any:
                     model = transformers.AutoModelForCausalLM.from_config(config)
                 except ValueError:  # an encoder (BERT...): no causal-LM head, count the bare model
                     model = transformers.AutoModel.from_config(config)
-        except (ValueError, TypeError, AttributeError, KeyError, RuntimeError) as e:
+        except CONFIG_ERRORS as e:
             if asks_for_code(e):
                 raise runs_code(folder) from None
-            # (a dtype torch has no such name for, ...)
-            raise DockyardError(f"{folder / 'config.json'}: transformers cannot build a model from it "
-                                f"({type(e).__name__}: {first_line(e)}): copy the model folder again") from None
+            raise bad_config(folder, e) from None  # (a dtype torch has no such name for, ...)
     finally:
         transformers.logging.set_verbosity(verbosity)
 

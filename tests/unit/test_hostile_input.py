@@ -72,6 +72,10 @@ def broken_recipe(tmp_path, ds_config: str):
     ('{"optimizer": "adam"}', 'optimizer \'adam\': takes an object of settings, as in "optimizer": {"type": "AdamW"'),
     ('{"bf16": true}', 'bf16 True: takes an object of settings, as in "bf16": {"enabled": "auto"}'),
     ('{"scheduler": {"type": "WarmupLR", "params": "fast"}}', "scheduler.params 'fast': takes an object of settings"),
+    # a file that says another strategy than the recipe's: the run stopped once the model had loaded on every GPU
+    ('{"zero_optimization": {"stage": 3}}', "zero_optimization.stage is 3, zero2 is stage 2"),
+    ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}',
+     "zero_optimization.offload_optimizer.device is 'cpu', zero2 keeps it on the GPU"),
 ])
 def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     folder = broken_recipe(tmp_path, ds_config)
@@ -80,6 +84,23 @@ def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     r = invoke("run", "--dry", "--variant=cpu", f"--recipe={folder}")
     assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr
     assert "docker run" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("edit,says", [
+    (("fsdp: true", "fsdp: false"), "fsdp False: write `fsdp: true`"),
+    (("fsdp: true", "fsdp: full_shard auto_wrap"), "fsdp 'full_shard auto_wrap': write `fsdp: true`"),
+    (("version: 2", "version: 1"), "fsdp_config version 1: the fsdp strategy is FSDP2"),
+])
+def test_an_fsdp_file_that_is_not_fsdp2_is_refused_by_the_host(edit, says, tmp_path):
+    """`fsdp: false` trained with DDP until the strategy check stopped it, once the model had loaded on every GPU;
+    FSDP1 the same way."""
+    folder = tmp_path / "fsdp-mine"
+    shutil.copytree(ROOT / "recipes" / "fsdp", folder)
+    (folder / "fsdp.yaml").write_text((folder / "fsdp.yaml").read_text().replace(*edit))
+    with pytest.raises(DockyardError, match="fsdp.yaml"):
+        recipes.load_recipe(folder)
+    r = invoke("run", "--dry", "--variant=cpu", f"--recipe={folder}")
+    assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_recipe_naming_a_file_outside_its_folder_is_refused(tmp_path):

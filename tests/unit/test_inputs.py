@@ -94,6 +94,32 @@ def test_checkout_recipes_are_mounted_over_the_images_and_a_recipe_folder_of_one
     assert launch_run.new_run_dir(s, ".", "", False).name.startswith("my-recipe-"), "named by the folder"
 
 
+def test_a_recipes_own_data_and_model_are_mounted_as_a_flags_are_and_a_flag_still_wins(settings, tmp_path, files):
+    """A recipe folder whose `settings:` names the data and model on this host: the container sees them. The trainer
+    in the container read the host path inside the image before, where nothing is."""
+    data, model = files
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text(f"# invoke run --recipe={mine}\nwhen: mine\nstrategy: ddp\n"
+                                      f"settings:\n  data: {json.dumps(str(data))}\n  model: {model}\n")
+    argv = _argv(settings, tmp_path, recipe=str(mine))
+    assert f"{data}:/workspace/inputs/data/my data.jsonl:ro" in _volumes(argv)
+    assert f"{model}:/workspace/inputs/model:ro" in _volumes(argv)
+    assert argv[-4:] == ["--model", "/workspace/inputs/model", "--data", "/workspace/inputs/data/my data.jsonl"]
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"text": "y"}\n')
+    argv = _argv(settings, tmp_path, recipe=str(mine), data=str(other))
+    assert f"{other}:/workspace/inputs/data/other.jsonl:ro" in _volumes(argv)
+    assert not any(v.startswith(str(data)) for v in _volumes(argv)), "the flag wins over the recipe's data"
+    (mine / "recipe.yaml").write_text(f"# invoke run --recipe={mine}\nwhen: mine\nstrategy: ddp\n"
+                                      f"settings:\n  data: {tmp_path / 'gone.jsonl'}\n")
+    with pytest.raises(DockyardError, match="the recipe's settings: data .*gone.jsonl: no such file or folder"):
+        _argv(settings, tmp_path, recipe=str(mine))
+    with pytest.raises(DockyardError, match="the recipe's settings: data .*gone.jsonl: no such file or folder"):
+        launch_run.run(settings.model_copy(update={"runs_dir": tmp_path / "runs"}),
+                       launch_run.RunRequest(recipe=str(mine), dry=True, cpu=True))
+
+
 def test_run_says_when_the_image_holds_other_code(capsys):
     build.warn_if_stale({"Config": {"Labels": {variants.CODE_LABEL: build.code_hash()}}}, "img")
     assert capsys.readouterr().err == ""

@@ -79,3 +79,30 @@ def test_a_completed_run_without_its_model_folder_says_so(tmp_path, capsys):
     assert export.main(["--run-dir", str(run), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "completed, but its folder holds no model/ folder" in err and "did not complete" not in err, err
+
+
+def test_a_probe_outside_the_vocabulary_or_a_config_of_text_sizes_is_one_line_and_keeps_nothing(tmp_path, capsys):
+    """A manifest whose probe holds a token id past the vocabulary was torch's IndexError traceback; a config.json
+    whose vocab_size is text, huggingface_hub's validation error as one."""
+    run = tmp_path / "r1"
+    models.materialize_tiny_model(run / "model")
+    _completed_run(run)
+    m = json.loads((run / "manifest.json").read_text())
+    m["probe"]["input_ids"] = [1, 10**6]
+    (run / "manifest.json").write_text(json.dumps(m))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error: token id(s) 1000000 are outside the model's vocabulary of 512" in err and \
+        "Traceback" not in err, err
+    assert list(out.iterdir()) == [], "the next try finds the folder empty"
+    m["probe"]["input_ids"] = [1, 2]
+    (run / "manifest.json").write_text(json.dumps(m))
+    config = json.loads((run / "model" / "config.json").read_text())
+    (run / "model" / "config.json").write_text(json.dumps({**config, "vocab_size": "many"}))
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "its model folder does not load (StrictDataclassFieldValidationError" in err and "vocab_size" in err \
+        and "expected int" in err and "Traceback" not in err, err
+    assert list(out.iterdir()) == []

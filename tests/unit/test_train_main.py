@@ -206,6 +206,14 @@ def _dtype_of_no_name(folder):
     (folder / "config.json").write_text(json.dumps({**config, "dtype": "evil", "torch_dtype": "evil"}))
 
 
+def _vocab_size_as_text(folder):
+    """huggingface_hub's validation error (none of Python's own) was said as a tokenizer that does not load."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": "many"}))
+
+
 def _shards_outside(folder):
     """An index naming weights outside the folder: transformers joined the name onto the folder and loaded it."""
     import json
@@ -242,6 +250,8 @@ def _adapter_alone(folder):
     (_adapter_beside, "holds a LoRA adapter (adapter_config.json) beside the model, which transformers would load"),
     (_adapter_alone, "a LoRA adapter (adapter_config.json), not a model: pass the base it was trained on"),
     (_dtype_of_no_name, "config.json: transformers cannot build a model from it (AttributeError"),
+    (_vocab_size_as_text, "config.json: transformers cannot build a model from it (StrictDataclassFieldValidationError: "
+                          "Validation error for field 'vocab_size': TypeError: Field 'vocab_size' expected int"),
     (_config_cut_short, "config.json is not valid JSON"),
     (_weights_empty, "a weights file is damaged (Error while deserializing header"),
     (_weights_cut_short, "a weights file is damaged ("),

@@ -36,7 +36,7 @@ def test_unknown_recipe_lists_the_valid_names():
 
 
 def test_a_recipe_folder_outside_the_project_loads(tmp_path):
-    (tmp_path / "ds.json").write_text("{}")
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
     (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: zero3\n"
                                           "deepspeed: ds.json\n")
     r = load_recipe(tmp_path)

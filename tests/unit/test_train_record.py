@@ -4,8 +4,10 @@ logits), for a run that completes and one that fails half-way (it records how fa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -42,3 +44,20 @@ def test_a_run_that_fails_at_its_data_records_what_came_before(tmp_path):
     assert list(m) == FIXED + ["recipe_files", "model", "task", "overrides", "settings_resolved", "inputs", "error"]
     assert list(m["model"]) == ["base", "parameters", "saved", "format"]
     assert list(m["settings_resolved"]) == RESOLVED + ["numa_binding"]
+
+
+def test_a_large_file_in_a_recipe_folder_is_hashed_without_reading_it_whole(tmp_path):
+    """Every process hashes the recipe folder for the manifest: a 1.5 GB file left there cost 1.5 GB of RAM in each.
+    A 768 MiB file (sparse: no disk) is hashed in a fresh process whose peak memory stays far below its size."""
+    folder = tmp_path / "mine"
+    shutil.copytree(ROOT / "recipes" / "ddp", folder)
+    with open(folder / "big.bin", "wb") as f:
+        f.truncate(768 * 2**20)
+    probe = ("import json, resource, sys; from dockyard.common.recipes import load_recipe; "
+             "from dockyard.train.manifest import recipe_files; from pathlib import Path; "
+             f"h = recipe_files(load_recipe({str(folder)!r}), Path({str(ROOT / 'recipes' / 'defaults.yaml')!r})); "
+             "print(json.dumps([h, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    hashes, peak_kib = json.loads(out.stdout)
+    assert hashes["mine/big.bin"] == hashlib.sha256(b"\0" * 768 * 2**20).hexdigest()
+    assert peak_kib < 400 * 1024, f"peak {peak_kib // 1024} MiB while hashing a 768 MiB file"
