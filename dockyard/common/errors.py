@@ -89,10 +89,29 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     return data
 
 
-def json_object(path: Path, what: str, limit: int = 64 * MiB) -> dict:
-    """A JSON file that must hold one object (`what` names its contents in the refusal), read as untrusted input."""
+class _SetTwice(ValueError):
+    pass
+
+
+def _one_of_each(pairs: list[tuple[str, object]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _SetTwice(key)
+        seen[key] = value
+    return seen
+
+
+def json_object(path: Path, what: str, limit: int = 64 * MiB, one_of_each_key: bool = False) -> dict:
+    """A JSON file that must hold one object (`what` names its contents in the refusal), read as untrusted input.
+    `one_of_each_key`: a key set twice in one object is refused (json keeps the last without a word): for files
+    people write by hand."""
     try:
-        data = json.loads(read_bounded(path, limit, f"JSON file of {what}"))
+        data = json.loads(read_bounded(path, limit, f"JSON file of {what}"),
+                          object_pairs_hook=_one_of_each if one_of_each_key else None)
+    except _SetTwice as e:
+        raise DockyardError(f"{path}: {str(e.args[0])!r} is set twice in one object (keep one: the second would "
+                            "silently replace the first)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid JSON: {e}") from None
     except RecursionError:

@@ -32,6 +32,35 @@ RECIPES = ROOT / "recipes"
 # float() and datetime (`0x_`, `!!float x`, `0000-00-00`: ValueError; `!!float`: IndexError; `!!timestamp x`:
 # AttributeError), and it recurses once per nesting level.
 YAML_ERRORS = (yaml.YAMLError, ValueError, IndexError, AttributeError, TypeError, RecursionError)
+
+
+class _OneOfEachKey(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key written twice in one mapping: PyYAML keeps the last without a word, so
+    a second `learning_rate:` further down a recipe silently replaced the first. A merge (`<<: *base`) may still be
+    overridden by the mapping's own keys, as YAML means it to."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    repeated = key in seen
+                except TypeError:  # an unhashable key: the constructor below says so
+                    continue
+                if repeated:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{key!r} is set twice (keep one: the second would silently replace the first)",
+                        key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(text: str) -> Any:
+    """yaml.safe_load of a file of the user's (a recipe, defaults.yaml, an FSDP file), a key set twice refused."""
+    return yaml.load(text, Loader=_OneOfEachKey)  # noqa: S506 - a SafeLoader
 BUFFER = 1.5          # DeepSpeed's additional_buffer_factor for host memory
 FULL_STATES = 18      # bytes per trained parameter: fp32 weights 4 + grads 4 + Adam 8 + bf16 working copy 2
 NF4_BYTES = 0.52      # 4-bit NF4 with double-quantised scales, per quantised weight
@@ -236,7 +265,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     if not first.startswith("# "):
         raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = read_yaml(text) or {}
     except YAML_ERRORS as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
@@ -287,7 +316,7 @@ def read_fsdp_file(path: Path) -> dict[str, Any]:
     Read by the host (`run --dry`, `invoke recipes`) and the trainer. Anything else started a run that stopped only
     once the model had loaded, with a traceback or a strategy mismatch."""
     try:
-        raw = yaml.safe_load(read_bounded(path, MiB, path.name).decode()) or {}
+        raw = read_yaml(read_bounded(path, MiB, path.name).decode()) or {}
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
@@ -345,7 +374,7 @@ DEEPSPEED_KEYS = {
 def read_deepspeed_config(path: Path) -> dict:
     """A recipe's DeepSpeed JSON, refused when it is not an object of keys DeepSpeed reads. Called by the host
     (`run --dry`, `invoke recipes`: before any container starts) and by the trainer."""
-    cfg = json_object(path, "DeepSpeed settings")
+    cfg = json_object(path, "DeepSpeed settings", one_of_each_key=True)
     unknown = sorted(set(cfg) - DEEPSPEED_KEYS)
     if unknown:
         raise DockyardError(f"{path}: unknown DeepSpeed key(s) {', '.join(unknown)} (DeepSpeed would ignore them "

@@ -33,7 +33,7 @@ from pydantic import (
 
 from dockyard import ROOT
 from dockyard.common.errors import DockyardError, MiB, read_bounded, yaml_problem
-from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe, read_deepspeed_config
+from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe, read_deepspeed_config, read_yaml
 
 DATA = ROOT / "data"
 TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
@@ -304,7 +304,7 @@ def read_defaults(path: Path) -> dict[str, Any]:
     """recipes/defaults.yaml as `key: value` settings, or one error line saying what is wrong with it (it is read by
     every run, on the host and in the trainer: a slip in it was a traceback there)."""
     try:
-        defaults = yaml.safe_load(read_bounded(path, MiB, "defaults.yaml").decode()) or {}
+        defaults = read_yaml(read_bounded(path, MiB, "defaults.yaml").decode()) or {}
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):

@@ -190,6 +190,25 @@ def claim(folder: Path, marker: str | None = None) -> None:
 RUNS_FIX = "set the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR) to a folder you can write"
 
 
+NAME_MAX = 64  # of a recipe's name in a run id: room for the date (or -slurm-JOBID) within the id's 128 characters
+
+
+def recipe_name(recipe: str) -> str:
+    """A recipe's name as run ids, Slurm's job and script names carry it: a folder's own name (`.`, `../mine/` given),
+    else the name given, in letters, digits, _ . - and at most NAME_MAX of them (a longer folder name made a default
+    run id past the 128 characters one may hold, refused at job time)."""
+    folder = Path(os.path.expanduser(recipe))
+    name = folder.resolve().name if (folder / "recipe.yaml").is_file() else recipe
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name).lstrip("-._")[:NAME_MAX].rstrip("-._") or "run"
+
+
+def users_folder(folder: Path, runs: Path) -> Path:
+    """A folder the user named for an output (--out): a link on its way there (~/jobs -> /scratch/jobs) is the user's
+    own, followed; inside the runs folder, where something in a container could have planted one, none is."""
+    absolute = Path(os.path.abspath(os.path.expanduser(folder)))
+    return absolute if absolute.is_relative_to(os.path.abspath(runs)) else absolute.resolve()
+
+
 def make_folders(folder: Path, fix: str) -> Path:
     """`folder`, and the folders above it, where missing; one that cannot be made is an error naming it, why, and
     `fix` (what to give instead)."""
@@ -250,11 +269,24 @@ def make_dir(folder: Path, name: str) -> Path:
 SMALL = 64 << 20  # files up to this size are hashed whole; bigger ones and folders by their list of files and sizes
 
 
-def fingerprint(path: Path) -> dict[str, Any]:
+MODEL_FILES_MAX = 10_000  # files in a model folder whose manifest record says no count (the largest hold a few hundred)
+
+
+def fingerprint(path: Path, most_files: int | None = None) -> dict[str, Any] | None:
     """What a run used, recorded so it can be checked later: size, and a sha256 of the file (small files) or of
     its list of (relative name, size) (big files and folders: hashing gigabytes of weights would delay every
-    run)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    run). `most_files`: None where the folder holds more files than that (the walk stops there: a manifest's
+    recorded folder checked against /usr took minutes)."""
+    if path.is_file():
+        files = [path]
+    else:
+        files = []
+        for p in path.rglob("*"):
+            if p.is_file():
+                files.append(p)
+                if most_files is not None and len(files) > most_files:
+                    return None
+        files.sort()
     size = sum(f.stat().st_size for f in files)
     h = hashlib.sha256()
     if path.is_file() and size <= SMALL:

@@ -214,6 +214,8 @@ def run_model(model: runfolder.InputRecord) -> Path:
 
 def check_as_recorded(host: Path, model: runfolder.InputRecord) -> None:
     """The folder is the model the run trained on: its fingerprint (files and sizes) is the one the run recorded."""
-    if not model.sha256 or runfolder.fingerprint(host)["sha256"] != model.sha256:
+    recorded = (model.model_extra or {}).get("files")
+    most = recorded if type(recorded) is int and recorded >= 0 else runfolder.MODEL_FILES_MAX
+    if not model.sha256 or not (found := runfolder.fingerprint(host, most)) or found["sha256"] != model.sha256:
         raise DockyardError(f"{host} is not the model folder the run trained on (its files and sizes differ from what "
                             "the run's manifest recorded): refused; give back the folder the run used")

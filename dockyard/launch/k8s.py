@@ -235,14 +235,31 @@ def trainjob_manifest(s: Spec) -> dict:
     }
 
 
+RUN_LABEL = re.compile(r"^\s*dockyard/run-id: ['\"]?([a-z0-9-]+)['\"]?\s*$", re.M)
+
+
+def _written_for(job: Path) -> str | None:
+    """The run id an earlier `invoke k8s` wrote job.yaml for (its pods' label), or None (no such file, or not ours)."""
+    try:
+        with open(job, "rb") as f:
+            found = RUN_LABEL.search(f.read(1 << 20).decode(errors="replace"))
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
 def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     """Write job.yaml and trainjob.yaml (default folder: <runs>/k8s/<run-id>/) and say how to apply them."""
     s = spec(settings, **kw)
     # expanduser: the shell leaves a ~ after `=` (`--out=~/x`) as it is
-    folder = Path(out).expanduser() if out else settings.path(settings.runs_dir) / "k8s" / s.run_id
+    runs = settings.path(settings.runs_dir)
+    folder = runfolder.users_folder(Path(out), runs) if out else runs / "k8s" / s.run_id
     scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
+    if s.resume and (other := _written_for(paths["job"])) not in (None, s.run_id):
+        raise DockyardError(f"{folder} holds the manifests of run {other}, not of {s.run_id}: --resume would replace "
+                            f"them; give --run-id={other} to continue that run, or another --out for {s.run_id}")
     if not s.resume and any(p.exists() or p.is_symlink() for p in paths.values()):
         written = " ".join(shlex.quote(str(p)) for p in paths.values())
         raise DockyardError(f"{folder} already holds the files of an earlier `invoke k8s` (job.yaml, trainjob.yaml), "

@@ -161,7 +161,12 @@ def cluster_variant(settings: Settings, variant: str, gpus_per_node: int) -> Var
     variant, or cpu without GPUs."""
     if variant == "auto":
         return variants.newest_cuda(settings) if gpus_per_node else variants.resolve(settings, "cpu")[0]
-    return variants.resolve(settings, variant)[0]
+    chosen = variants.resolve(settings, variant)[0]
+    if gpus_per_node and not chosen.is_cuda:  # the job held the GPUs and trained on the CPUs beside them
+        raise DockyardError(f"--variant={chosen.name} has no CUDA, so its nodes would train on their CPUs while the job "
+                            f"holds {gpus_per_node} GPU(s) each: pick a CUDA variant (or leave out --variant), or "
+                            "leave out --gpus-per-node for CPU nodes")
+    return chosen
 
 
 def check_nodes(nodes: int, gpus_per_node: int | None = None) -> None:

@@ -353,11 +353,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     runs = settings.path(settings.runs_dir)
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
-    # a recipe folder given as a path (`.`, `../mine/`) is named by the folder it resolves to
-    folder = Path(os.path.expanduser(recipe))
-    name = folder.resolve().name if (folder / "recipe.yaml").is_file() else recipe
-    run_id = run_id or f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name).lstrip('-._') or 'run'}-" \
-                       f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_id = run_id or f"{runfolder.recipe_name(recipe)}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if not RUN_ID.fullmatch(run_id):
         # It names the container too (dockyard-<run-id>): docker's rule, checked before anything is made.
         raise DockyardError(f"--run-id {run_id!r}: use letters, digits, '_', '.' and '-', starting with a letter "

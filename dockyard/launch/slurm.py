@@ -16,8 +16,8 @@ rank is SLURM_NODEID.
 from __future__ import annotations
 
 import os
-import re
 import shlex
+import stat
 import sys
 from pathlib import Path
 
@@ -64,7 +64,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
                             "\"no %j here\": use a folder without one")
     # A recipe folder is named by its absolute path (the script runs from this checkout) and by its own name.
     recipe_arg = str(Path(recipe).resolve()) if (Path(recipe) / "recipe.yaml").is_file() else recipe
-    name = _name(recipe)
+    name = runfolder.recipe_name(recipe)
     invoke = shlex.join(INVOKE)
     run = [shlex.quote(w) for w in ["run", f"--recipe={recipe_arg}", f"--variant={chosen.name}",
                                     *([f"--nproc={gpus_per_node}"] if gpus_per_node else [])]]
@@ -156,12 +156,6 @@ _NODE_ADDRESSES = [
 ]
 
 
-def _name(recipe: str) -> str:
-    """The recipe's name as the job, the default run id and the script's file know it (letters, digits, _ . -)."""
-    folder = Path(recipe).resolve() if (Path(recipe) / "recipe.yaml").is_file() else Path(recipe)
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", folder.name).lstrip("-._") or "run"
-
-
 def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: int) -> None:
     if runtime not in RUNTIMES:
         raise DockyardError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
@@ -241,19 +235,36 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     if kw.get("runtime", "docker") != "docker":  # (a docker node's `invoke run` makes them itself)
         caches.prepare(settings, compile_cache=True)  # the folders the containers mount, made as the user, checked
     runs = settings.path(settings.runs_dir)
-    name = f"{_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
+    name = f"{runfolder.recipe_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
     path = Path(os.path.expanduser(out)) if out else runs / "slurm" / name
     if out and (out.endswith("/") or path.is_dir()):  # a folder the user named (never a link planted in the runs folder)
         path = path / name
     fix = "give --out=FILE in a folder you can write"
     if out:
+        path = runfolder.users_folder(path.parent, runs) / path.name
         locks.check_named_output(path, "--out")
     runfolder.make_folders(runs, runfolder.RUNS_FIX)  # Slurm writes the job's output there
     runfolder.make_folders(path.parent, fix)
+    replaced = _replaces(path, text)
     try:
         runfolder.write(path.parent, path.name, text, mode=0o755)  # the runs folder is the containers': no link followed
     except OSError as e:  # a folder this user cannot write, a read-only file system: the temporary file is gone
         raise DockyardError(f"cannot write the script {path}: {e.strerror or e}; {fix}") from None
     print(text, end="")
+    if replaced:  # sbatch keeps its own copy of a submitted script: a job already queued runs what it was given
+        print(f"# {path} held another script, now replaced by this one: give --out=FILE to keep both",
+              file=sys.stderr)
     print(f"# written to {path}: submit it with `sbatch {shlex.quote(str(path))}`", file=sys.stderr)
     return path
+
+
+def _replaces(path: Path, text: str) -> bool:
+    """Whether the script about to be written over `path` replaces another (another recipe folder of the same name
+    writes the same default file): a plain file only, read no further than the new script's length."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False  # nothing there (or what runfolder.write refuses)
+        with open(path, "rb") as f:
+            return f.read(len(text.encode()) + 1) != text.encode()
+    except OSError:
+        return False

@@ -2,6 +2,7 @@
 overwritten, a missing run said plainly. Nothing runs (the export itself: tests/integration/test_export.py)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,22 @@ def test_a_model_folder_changed_since_the_run_is_not_mounted(settings, tmp_path)
     (model / "id_rsa").write_text("secret")
     with pytest.raises(DockyardError, match="not the model folder the run trained on"):
         export.export_command(settings, m, run, tmp_path / "out", merge=False)
+
+
+def test_a_manifest_naming_a_big_tree_as_its_model_is_refused_without_walking_it_all(settings, tmp_path, monkeypatch):
+    """A manifest pointing model.path at /usr made `export --dry` list and size every file there before refusing."""
+    tree = tmp_path / "usr"
+    for i in range(30):
+        (tree / f"d{i}").mkdir(parents=True)
+        (tree / f"d{i}" / "f").write_text("x")
+    seen = []
+    real = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda p: seen.append(p) or real(p))
+    m, run = _run(tmp_path, inputs={"model": {"path": str(tree), "inside": "/workspace/inputs/model", "files": 3,
+                                              "sha256": "ab" * 32}})
+    with pytest.raises(DockyardError, match="not the model folder the run trained on"):
+        export.export_command(settings, m, run, tmp_path / "out", merge=False)
+    assert len({p for p in seen if p.name == "f"}) == 4, "the walk stops past the 3 files the run recorded"
 
 
 def test_a_run_id_that_leaves_the_runs_folder_or_a_linked_run_is_refused(settings, tmp_path):

@@ -76,6 +76,8 @@ def broken_recipe(tmp_path, ds_config: str):
     ('{"zero_optimization": {"stage": 3}}', "zero_optimization.stage is 3, zero2 is stage 2"),
     ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}',
      "zero_optimization.offload_optimizer.device is 'cpu', zero2 keeps it on the GPU"),
+    # json keeps the last of a key set twice, without a word
+    ('{"zero_optimization": {"stage": 2, "overlap_comm": true, "stage": 3}}', "'stage' is set twice in one object"),
 ])
 def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     folder = broken_recipe(tmp_path, ds_config)
@@ -101,6 +103,26 @@ def test_an_fsdp_file_that_is_not_fsdp2_is_refused_by_the_host(edit, says, tmp_p
         recipes.load_recipe(folder)
     r = invoke("run", "--dry", "--variant=cpu", f"--recipe={folder}")
     assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("settings,says", [
+    ("  learning_rate: 1.0e-4\n  max_steps: 5\n  learning_rate: 1.0\n",
+     "'learning_rate' is set twice (keep one: the second would silently replace the first) at line 8"),
+    # a merge is overridden by the mapping's own keys, as YAML means it: not a key set twice
+    ("  <<: {max_steps: 5, learning_rate: 1.0}\n  learning_rate: 1.0e-4\n", ""),
+])
+def test_a_key_set_twice_in_a_recipe_is_refused_naming_its_line(settings, says, tmp_path):
+    """PyYAML keeps the last of a key set twice: a second `learning_rate:` further down trained at that rate."""
+    folder = broken_recipe(tmp_path, (ROOT / "recipes" / "zero2" / "ds_config.json").read_text())
+    text = (folder / "recipe.yaml").read_text()
+    (folder / "recipe.yaml").write_text(text.split("settings:")[0] + "settings:\n" + settings)
+    if not says:
+        assert recipes.load_recipe(folder).settings == {"max_steps": 5, "learning_rate": 1e-4}
+        return
+    with pytest.raises(DockyardError, match="recipe.yaml is not valid YAML"):
+        recipes.load_recipe(folder)
+    r = invoke("run", "--dry", "--variant=cpu", f"--recipe={folder}")
+    assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_recipe_naming_a_file_outside_its_folder_is_refused(tmp_path):

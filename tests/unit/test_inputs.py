@@ -92,6 +92,10 @@ def test_checkout_recipes_are_mounted_over_the_images_and_a_recipe_folder_of_one
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
     monkeypatch.chdir(mine)
     assert launch_run.new_run_dir(s, ".", "", False).name.startswith("my-recipe-"), "named by the folder"
+    long = tmp_path / ("r" * 200)  # its name made a run id past 128 letters, refused as a --run-id never given
+    long.mkdir()
+    (long / "recipe.yaml").write_text((mine / "recipe.yaml").read_text())
+    assert launch_run.new_run_dir(s, str(long), "", False).name.startswith("r" * 64 + "-2")
 
 
 def test_a_recipes_own_data_and_model_are_mounted_as_a_flags_are_and_a_flag_still_wins(settings, tmp_path, files):

@@ -153,6 +153,12 @@ def test_the_files_of_a_run_are_written_again_only_to_continue_it(settings, tmp_
     assert (tmp_path / "out" / "job.yaml").read_text() == first, "nothing rewritten"
     k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=out, resume=True)
     assert "--resume" in (tmp_path / "out" / "job.yaml").read_text()
+    # --resume of another run into that folder replaced exp1's manifests
+    resumed = (tmp_path / "out" / "job.yaml").read_text()
+    with pytest.raises(DockyardError, match="holds the manifests of run exp1, not of exp2: --resume would replace them; "
+                                            "give --run-id=exp1 to continue that run, or another --out for exp2"):
+        k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp2", out=out, resume=True)
+    assert (tmp_path / "out" / "job.yaml").read_text() == resumed, "nothing rewritten"
 
 
 def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_gives(settings, tmp_path):
@@ -225,6 +231,14 @@ def test_out_under_the_home_folder_is_written_there(settings, tmp_path, monkeypa
     paths = k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="home", out="~/x")
     assert paths["job"] == tmp_path / "home" / "x" / "job.yaml" and paths["job"].is_file()
     assert not (tmp_path / "~").exists()
+
+
+def test_out_under_a_linked_folder_of_ones_own_is_written_through_it(settings, tmp_path):
+    """`--out=~/jobs/exp` with ~/jobs -> /scratch/jobs was refused as a link planted in the runs folder."""
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "jobs").symlink_to(tmp_path / "scratch")
+    paths = k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="linked", out=str(tmp_path / "jobs/x"))
+    assert paths["job"] == tmp_path / "scratch" / "x" / "job.yaml" and paths["job"].is_file()
 
 
 def test_invoke_k8s_writes_both_files_and_refuses_bad_values_cleanly(tmp_path):

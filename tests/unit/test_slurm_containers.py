@@ -343,3 +343,37 @@ def test_an_input_given_after_the_dashes_is_the_file_it_names_where_invoke_slurm
     with pytest.raises(DockyardError, match="-- --eval_data"):
         slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu",
                      overrides=["--eval_data", "nowhere/x.jsonl"])
+
+
+def test_cpu_nodes_that_would_hold_gpus_a_long_recipe_name_and_a_replaced_script_are_said(settings, tmp_path, capsys):
+    """--variant=cpu --gpus-per-node=4 held four GPUs a node and trained on the CPUs; a recipe folder of a 120-letter
+    name made a default run id past 128 letters, refused by the script once the job had waited in the queue; a second
+    recipe folder of the same name replaced the first's script without a word."""
+    with pytest.raises(DockyardError, match="--variant=cpu has no CUDA.*holds 4 GPU.*leave out --gpus-per-node"):
+        slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=4, overrides=[], variant="cpu")
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    long = tmp_path / "a" / ("x" * 120)
+    long.mkdir(parents=True)
+    (long / "recipe.yaml").write_text("# invoke run --recipe=x\nwhen: mine\nstrategy: ddp\n")
+    path = slurm.write(s, recipe=str(long), nodes=2, gpus_per_node=0, overrides=[])
+    run_id = next(line for line in path.read_text().splitlines() if line.startswith("export RUN_ID="))
+    default = run_id.split(":-", 1)[1].split("}", 1)[0].replace("$SLURM_JOB_ID", "9" * 10)
+    assert default == "x" * 64 + "-slurm-" + "9" * 10 and len(default) <= 128
+    capsys.readouterr()
+    same = tmp_path / "b" / ("x" * 120)
+    same.mkdir(parents=True)
+    (same / "recipe.yaml").write_text("# invoke run --recipe=x\nwhen: another\nstrategy: ddp\n")
+    assert slurm.write(s, recipe=str(same), nodes=2, gpus_per_node=0, overrides=[]) == path
+    assert f"# {path} held another script, now replaced by this one: give --out=FILE to keep both" \
+        in capsys.readouterr().err
+    slurm.write(s, recipe=str(same), nodes=2, gpus_per_node=0, overrides=[])
+    assert "replaced" not in capsys.readouterr().err, "the same script written again replaces nothing"
+
+
+def test_an_out_under_a_linked_folder_of_ones_own_is_written_through_it(settings, tmp_path):
+    """`--out=~/jobs/x.sbatch` with ~/jobs -> /scratch/jobs was refused as a link planted in the runs folder."""
+    (tmp_path / "scratch" / "jobs").mkdir(parents=True)
+    (tmp_path / "jobs").symlink_to(tmp_path / "scratch" / "jobs")
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    path = slurm.write(s, recipe="ddp", nodes=2, gpus_per_node=0, overrides=[], out=str(tmp_path / "jobs" / "x.sbatch"))
+    assert path == tmp_path / "scratch" / "jobs" / "x.sbatch" and path.is_file()
