@@ -199,7 +199,7 @@ def recipe_name(recipe: str) -> str:
     run id past the 128 characters one may hold, refused at job time)."""
     folder = Path(os.path.expanduser(recipe))
     name = folder.resolve().name if (folder / "recipe.yaml").is_file() else recipe
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", name).lstrip("-._")[:NAME_MAX].rstrip("-._") or "run"
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name).lstrip("-._")[:NAME_MAX] or "run"
 
 
 def users_folder(folder: Path, runs: Path) -> Path:

@@ -14,9 +14,11 @@ into the same folder) and a memory-backed /dev/shm (Kubernetes has no --ipc=host
 from __future__ import annotations
 
 import datetime as dt
+import os
 import posixpath
 import re
 import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -240,11 +242,14 @@ RUN_LABEL = re.compile(r"^\s*dockyard/run-id: ['\"]?([a-z0-9-]+)['\"]?\s*$", re.
 
 def _written_for(job: Path) -> str | None:
     """The run id an earlier `invoke k8s` wrote job.yaml for (its pods' label), or None (no such file, or not ours)."""
-    try:
-        with open(job, "rb") as f:
-            found = RUN_LABEL.search(f.read(1 << 20).decode(errors="replace"))
+    try:  # the runs folder is the containers': a link or a fifo planted there is not read through
+        fd = os.open(job, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        found = RUN_LABEL.search(f.read(1 << 20).decode(errors="replace"))
     return found.group(1) if found else None
 
 

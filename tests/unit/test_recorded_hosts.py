@@ -176,20 +176,19 @@ def test_recording_into_a_folder_that_does_not_exist_is_a_short_error(tmp_path):
 
 
 def _recipe_with_optimizer(tmp_path: Path, optimizer: dict | None, offload: bool) -> Path:
-    """A copy of the zero2 recipe whose ds_config names `optimizer` (DeepSpeed picks its op from it)."""
+    """A copy of the zero2 recipe (zero2-offload's, `offload`) whose ds_config names `optimizer` (DeepSpeed picks its
+    op from it)."""
     import json
     import shutil
 
     from dockyard import ROOT
 
     folder = tmp_path / "my-zero2"
-    shutil.copytree(ROOT / "recipes" / "zero2", folder)
+    shutil.copytree(ROOT / "recipes" / ("zero2-offload" if offload else "zero2"), folder)
     cfg = json.loads((folder / "ds_config.json").read_text())
     cfg.pop("optimizer", None)
     if optimizer:
         cfg["optimizer"] = optimizer
-    if offload:
-        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     (folder / "ds_config.json").write_text(json.dumps(cfg))
     return folder
 

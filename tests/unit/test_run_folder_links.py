@@ -242,8 +242,8 @@ def test_the_slurm_script_and_the_kubernetes_files_in_the_runs_folder_replace_pl
                tmp_path / "runs" / "k8s" / "r1" / ".trainjob.yaml.partial"]
     for link in planted:
         link.symlink_to(bashrc)
-    script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=1, overrides=[], variant="cpu")
-    k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=1, variant="cpu", run_id="r1", resume=True)
+    script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
+    k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r1", resume=True)
     assert bashrc.read_text() == "# .bashrc: the user's own\n" and bashrc.stat().st_mode & 0o777 == 0o600
     assert not script.is_symlink() and script.stat().st_mode & 0o777 == 0o755 and "srun" in script.read_text()
     assert "kind: Job" in (tmp_path / "runs" / "k8s" / "r1" / "job.yaml").read_text()
