@@ -174,9 +174,6 @@ def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: i
         raise DockyardError(f"--runtime={runtime} needs --image-file=FILE{ext} on storage every node sees; {how[runtime]}")
     if archive:
         raise DockyardError(f"--archive is for --runtime=docker; {runtime} runs the {ext} file itself")
-    if gpus_per_node < 1:
-        raise DockyardError(f"--runtime={runtime} starts one process per GPU: give --gpus-per-node (the CPU-only "
-                            "stand-in runs with --runtime=docker)")
     if not Path(image_file).is_file():  # the login node sees the storage every node sees, as for --archive
         raise DockyardError(f"--image-file {image_file}: no such file (give the {ext} file on storage every node "
                             f"sees; {how[runtime]})")
@@ -198,20 +195,21 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
         wrap = []
     else:
         container = []
-        wrap = ["apptainer", "exec", "--nv", "--bind", spec, "--pwd", node.WORKDIR, image_file]
+        wrap = ["apptainer", "exec", *(["--nv"] if gpus else []), "--bind", spec, "--pwd", node.WORKDIR, image_file]
     entry = node.entry_shell(seen.recipe, node.run_dir_inside("$RUN_ID"), seen.overrides, expand_run_dir=True,
                              args='"$@"')
     # Each node advertises its own address (NODE_ADDRS: a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
-        index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus, endpoint="$MASTER_ADDR:$MASTER_PORT",
+        index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus or node.CPU_NPROC, endpoint="$MASTER_ADDR:$MASTER_PORT",
         run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry, join_timeout=join_timeout)
     env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above).",
            # the trainer's environment, HOME left as the runtime sets it for the user
            "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in
                                 {envvars.IMAGE_REF: image, **node.container_env(), **caches.compile_env(settings),
-                                 **seen.env}.items() if k != "HOME")]
+                                 **seen.env, **({} if gpus else {"DS_ACCELERATOR": "cpu"})}.items() if k != "HOME")]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
-    return [*env, f"# {what} on every node; torchrun starts there, one process per GPU.",
+    each = "one process per GPU" if gpus else f"{node.CPU_NPROC} processes on the CPUs (no GPU asked)"
+    return [*env, f"# {what} on every node; torchrun starts there, {each}.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
             + ' bash "$@"']
 

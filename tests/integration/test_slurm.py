@@ -122,18 +122,17 @@ def test_the_apptainer_script_trains_across_both_nodes(cluster, node, cpu_image,
     port = random.randrange(20000, 29000)
     env = {"INVOKE_DOCKYARD_RUNS_DIR": str(runs), "MASTER_PORT": str(port), "APPTAINER_LOG": str(tmp_path / "app.log"),
            "PATH": f"{bin_}:{os.environ['PATH']}", "DOCKYARD_RUN_ID": "app1"}
-    r = invoke("slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=2", "--variant=cpu", "--runtime=apptainer",
+    # CPU nodes (the test cluster has no GPUs): two processes each, the script run as written
+    r = invoke("slurm", "--recipe=zero2", "--nodes=2", "--variant=cpu", "--runtime=apptainer",
                f"--image-file={sif}", f"--out={script}", "--", *STEPS, env=env)
     assert r.returncode == 0, r.stderr
-    # The test cluster has no GPUs to allocate: drop the request; everything else is the script as written.
-    script.write_text(script.read_text().replace("#SBATCH --gpus-per-node=2\n", ""))
     sub = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
                          env={**cluster.env, **env}, timeout=900)
     job = sub.stdout.strip().split(";")[0]
     out = (runs / f"slurm-{job}.out").read_text() if job and (runs / f"slurm-{job}.out").exists() else ""
     assert sub.returncode == 0, f"sbatch: {sub.stderr}\n--- job output\n{out[-5000:]}\n{cluster.logs()}"
     calls = (tmp_path / "app.log").read_text().splitlines()
-    assert len(calls) == 2 and all(c.startswith("exec --nv --bind ") and str(sif) in c for c in calls)
+    assert len(calls) == 2 and all(c.startswith("exec --bind ") and str(sif) in c for c in calls)  # no GPU: no --nv
     assert f"{os.environ['INVOKE_DOCKYARD_COMPILE_CACHE']}:/workspace/.cache/compile" in calls[0]  # the suite's own
     m0 = json.loads((runs / "app1" / "manifest.json").read_text())
     m1 = json.loads((runs / "app1" / "manifest-node1.json").read_text())

@@ -42,15 +42,16 @@ TORCHRUN = """#!/bin/bash
 python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank": os.environ.get("DOCKYARD_NODE_RANK"),
   "rdzv": json.loads(os.environ["DOCKYARD_RENDEZVOUS"]), "image": os.environ.get("DOCKYARD_IMAGE_REF"),
   "hf_offline": os.environ.get("HF_HUB_OFFLINE"), "host_paths": os.environ.get("DOCKYARD_HOST_PATHS"),
-  "compile": [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")]}))' "$@" \
+  "compile": [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")],
+  "accelerator": os.environ.get("DS_ACCELERATOR")}))' "$@" \
   >> "$LOG/torchrun"
 """
 
 
 def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, recipe: str = "zero2",
          overrides: tuple[str, ...] = ("--max_steps", "5", "--learning_rate", "1e-4"), stand_ins: dict | None = None,
-         check: bool = True, env: dict | None = None, **script_kw) -> dict:
-    text = slurm.script(settings, recipe=recipe, nodes=2, gpus_per_node=4, runtime=runtime, image_file=image_file,
+         check: bool = True, env: dict | None = None, gpus: int = 4, **script_kw) -> dict:
+    text = slurm.script(settings, recipe=recipe, nodes=2, gpus_per_node=gpus, runtime=runtime, image_file=image_file,
                         overrides=list(overrides), **script_kw)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
@@ -195,6 +196,21 @@ def test_each_node_starts_torchrun_in_the_container_with_the_rendezvous_from_slu
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_cpu_nodes_run_the_container_with_two_processes_each_and_deepspeed_on_the_cpu(settings, tmp_path, runtime):
+    """--runtime=pyxis/apptainer without --gpus-per-node was refused: CPU nodes that run containers (and the cpu
+    image on them) had only --runtime=docker."""
+    image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
+    image.write_text("")
+    got = _run(settings, tmp_path, runtime, str(image), gpus=0, variant="cpu")
+    assert [n["rank"] for n in got["torchrun"]] == ["0", "1"]
+    for n in got["torchrun"]:
+        assert "--nproc-per-node=2" in n["argv"] and n["accelerator"] == "cpu" and n["image"].endswith("-cpu")
+    assert "#SBATCH --gpus" not in (tmp_path / "job.sbatch").read_text(), "no GPU asked of Slurm"
+    if runtime == "apptainer":
+        assert all(c.startswith("exec --bind ") for c in got["apptainer"].splitlines()), "no --nv without GPUs"
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
 def test_a_recipe_folder_and_host_data_are_mounted_into_the_container_as_invoke_run_mounts_them(
         settings, tmp_path, monkeypatch, runtime):
     mine = tmp_path / "work" / "myrec"
@@ -221,7 +237,6 @@ def test_a_recipe_folder_and_host_data_are_mounted_into_the_container_as_invoke_
     ({"runtime": "apptainer", "image_file": "x.sif", "archive": "a.tar.zst"}, "--archive is for --runtime=docker"),
     ({"runtime": "docker", "image_file": "x.sif"}, "--image-file is for"),
     ({"runtime": "podman"}, "use one of docker, pyxis, apptainer"),
-    ({"runtime": "pyxis", "image_file": "x.sqsh", "gpus_per_node": 0}, "one process per GPU"),
     ({"runtime": "pyxis", "image_file": "/missing/x.sqsh"}, "--image-file /missing/x.sqsh: no such file.*enroot import"),
     ({"runtime": "apptainer", "image_file": "~/missing.sif"}, "--image-file /.*/missing.sif: no such file"),
 ])
