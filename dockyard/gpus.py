@@ -81,7 +81,9 @@ class Host:
     driver: DriverVersion = ""
     cuda: Version = ""
     gpus: list[Gpu] = field(default_factory=list)
-    error: str = ""  # why NVML could not be read (no driver, no library): not an error on a CPU host
+    # why NVML could not be read (no driver, no library): not an error on a CPU host; a recording's, read as Words
+    # are (an escape sequence in it reached the terminal)
+    error: Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f]*$", max_length=2000)] = ""
     visible: str = ""  # the devices chosen by --gpus or CUDA_VISIBLE_DEVICES, "0,2"; "" is all of them
 
     @property

@@ -465,6 +465,7 @@ def recipe_names() -> list[str]:
 def print_table() -> None:
     """`invoke recipes`: each recipe with its strategy and the one line that says when to pick it."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="recipes (invoke run --recipe=NAME)", show_lines=False)
@@ -472,5 +473,5 @@ def print_table() -> None:
     table.add_column("strategy")
     table.add_column("when to pick it")
     for r in list_recipes():
-        table.add_row(r.name, r.strategy + (f" + {r.peft}" if r.peft else ""), r.when)
+        table.add_row(escape(r.name), r.strategy + (f" + {r.peft}" if r.peft else ""), escape(r.when))  # text, not [tags]
     Console().print(table)

@@ -334,8 +334,10 @@ def _png(fig) -> bytes:
 
 def _say(text: str, style: str = "yellow") -> None:
     from rich.console import Console
+    from rich.text import Text
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[{style}]monitor: {text}[/]")
+    # a link's target, a kernel's name, an error's words: what a container wrote, shown as text, never read as [tags]
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text(f"monitor: {text}", style=style))
 
 
 class Monitor:

@@ -275,6 +275,7 @@ def to_json(checks: list[Check]) -> str:
 
 def print_table(checks: list[Check]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_lines=False)
@@ -282,5 +283,6 @@ def print_table(checks: list[Check]) -> None:
         table.add_column(col, overflow="fold")
     style = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
     for c in checks:
-        table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.fix)
+        # a GPU's name, a driver's error: what a host (or a recording) says, shown as text, never read as [tags]
+        table.add_row(escape(c.name), f"[{style[c.status]}]{c.status}[/]", escape(c.detail), escape(c.fix))
     Console().print(table)

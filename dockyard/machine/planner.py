@@ -261,12 +261,13 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
 
 def print_plan(result: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape  # a folder's name, a recipe's, a reason: text, never rich's [tags]
     from rich.table import Table
 
     m = result["model"]
     console = Console()
     console.print(f"model: {format_count(m['params'])} parameters, largest layer {format_count(m['largest_layer'])} "
-                  f"({m['source']})")
+                  f"({escape(str(m['source']))})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
                         f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']} (GiB)")
     # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
@@ -280,15 +281,15 @@ def print_plan(result: dict) -> None:
         if _short_of_host(r, result["cpu_mem_bytes"]):
             fits = "no RAM"  # whatever the GPUs hold
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
-        table.add_row(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})",
+        table.add_row(escape(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})"),
                       *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
                                                   "gpu_bytes_checkpointed", "host_bytes")),
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]",
                       _gib_cell(r["disk_bytes"]))  # a long run's peak: the footnote says so, --json itemises
     console.print(table)
     rec = result["recommendation"]
-    console.print(("[bold]recommended: " + rec["recipe"] + "[/]" if rec["recipe"] else "[bold red]no recipe fits[/]")
-                  + f" — {rec['why']}")
+    console.print(("[bold]recommended: " + escape(rec["recipe"]) + "[/]" if rec["recipe"] else
+                   "[bold red]no recipe fits[/]") + f" — {escape(rec['why'])}")
     console.print(f"[dim]fits: yes, with gradient checkpointing (ckpt) or no, within {1 - MARGIN:.0%} of the GPU (the "
                   "trainer's margin), at micro-batch × accumulation steps as the trainer picks them: the largest "
                   "micro-batch dividing the recipe's examples per GPU per step (8 with its global batch auto) that fits, "

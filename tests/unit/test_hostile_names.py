@@ -147,16 +147,36 @@ def test_a_damaged_ref_in_the_hugging_face_cache_falls_back_to_its_snapshots(tmp
 
 @pytest.mark.parametrize("field, value", [("driver", "570.1\u001b[2J\u001b[31mHACK"), ("driver", "abc"),
                                           ("name", "NVIDIA H100\u001b[2J"), ("visible", "0;touch /tmp/x"),
-                                          ("visible", "1"), ("visible", "0,0")])
+                                          ("visible", "1"), ("visible", "0,0"), ("error", "boom \u001b[2J")])
 def test_an_nvml_recording_that_would_drive_the_terminal_is_refused(tmp_path, field, value):
     """A recording is a file users send each other: its words are printed as they are (`auto → cu128: ... driver X`,
     doctor's table), and an escape sequence in them cleared the screen; a driver "abc" was said to support CUDA 12.
     Its `visible` became docker's --gpus "device=..." (and run.sh's) as it was: a GPU the host has not, or words."""
     data = json.loads((NVML_HOSTS / "h100x1_580.json").read_text())
-    (data["host"] if field in ("driver", "visible") else data["host"]["gpus"][0])[field] = value
+    (data["host"] if field in ("driver", "visible", "error") else data["host"]["gpus"][0])[field] = value
     recording = tmp_path / "host.json"
     recording.write_text(json.dumps(data))
     short_error(invoke_here("run", "--dry", env={"DOCKYARD_NVML_REPLAY": str(recording)}), "host.json")
+
+
+def test_words_from_a_recording_a_recipe_or_a_folder_are_shown_as_text_not_as_rich_tags(tmp_path):
+    """rich reads [/] as a closing tag: a GPU named `NVIDIA [/bold] H100` in a recording (doctor), a recipe whose
+    `when:` says `For [/] big models` (recipes, plan), a model folder named `x[/y]` (plan) were MarkupError
+    tracebacks; `[docs]` vanished from the text."""
+    data = json.loads((NVML_HOSTS / "h100x1_580.json").read_text())
+    data["host"]["gpus"][0]["name"] = "NVIDIA [/bold] H100"
+    recording = tmp_path / "host.json"
+    recording.write_text(json.dumps(data))
+    r = invoke_here("doctor", env={"DOCKYARD_NVML_REPLAY": str(recording)})
+    assert "Traceback" not in r.stderr and "[/bold]" in r.stdout, r.stderr[-2000:]
+    model = tmp_path / "x[/y]"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}))
+    r = invoke_here("plan", f"--model={model}", "--gpus=1", "--gpu-mem=80")
+    assert r.returncode == 0 and "Traceback" not in r.stderr and f"{model}/config.json" in r.stdout.replace("\n", ""), \
+        r.stderr[-2000:]
 
 
 def test_gpus_given_as_empty_names_is_refused_not_a_cpu_run(tmp_path):
@@ -196,3 +216,23 @@ def test_an_unreadable_manifest_is_named_with_its_folder(tmp_path):
     r = subprocess.run([*as_user, sys.executable, "-m", "invoke", "export", "--run=r1"], cwd=ROOT, capture_output=True,
                        text=True, env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     short_error(r, f"{run}/manifest.json: Permission denied")
+
+
+def test_a_link_planted_for_the_monitor_is_said_as_text_and_the_monitor_ends_quietly(tmp_path, capsys):
+    """metrics.jsonl planted as a link to `/tmp/[/]x`: the monitor's warning named the target, rich read `[/]` as a
+    tag, and the MarkupError left `watch()` (which never raises) as a traceback after training, monitor.json unwritten.
+    No GPU here: the sampler is a stand-in that sees no process."""
+    from dockyard.launch import monitor
+
+    class NoProcesses:
+        kind = "gpu"
+
+        def sample(self):
+            return []
+
+    (tmp_path / "metrics.jsonl").symlink_to("/tmp/[/]x")
+    with monitor.watch(tmp_path, source=NoProcesses(), interval=0.1):
+        pass
+    err = capsys.readouterr().err
+    assert "is a symbolic link (to /tmp/[/]x)" in err and "Traceback" not in err, err
+    assert (tmp_path / "monitor.json").is_file()
