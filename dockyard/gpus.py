@@ -341,6 +341,12 @@ def select(host: Host, spec: str = "") -> Host:
         return host
     chosen, seen = [], set()
     for token in (t.strip() for t in spec.split(",") if t.strip()):
+        if not flag and (token == "NoDevFiles" or (token.startswith("-") and token[1:].isdigit())):
+            # CUDA's rule for the usual ways to hide GPUs (-1; Slurm's NoDevFiles for a job given none): the list
+            # ends here; with none before it, CUDA sees no GPU, and the run trains on CPU as CUDA would
+            if not chosen:
+                return replace(host, gpus=[], visible="", error=f"CUDA_VISIBLE_DEVICES={spec} hides every GPU")
+            break
         if token.startswith("MIG-"):
             raise DockyardError(f"{token} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is a MIG device: runs take whole "
                                 "GPUs; name the GPU, or turn MIG off (`invoke doctor` says how)")

@@ -241,13 +241,18 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
             host = select(read_host())  # the GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` takes them
         if not host.gpus:
             missing = " and ".join(f for f, v in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib)) if not v)
-            raise DockyardError(f"NVML sees no GPU on this host: say what to plan for, with {missing} too (e.g. "
+            said = host.error if host.error.startswith("CUDA_VISIBLE_DEVICES") else "NVML sees no GPU on this host"
+            raise DockyardError(f"{said}: say what to plan for, with {missing} too (e.g. "
                                 f"--gpus={gpus or 8} --gpu-mem={gpu_mem_gib or 80:g})")
         mig = [str(g.index) for g in host.gpus if g.mig]
         if mig and not gpu_mem_gib:
             raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "
                                 "GPU's that NVML reports; say the slice's: --gpu-mem=GiB (`nvidia-smi -L` lists them)")
         gpus = gpus or host.count
+        unread = [str(g.index) for g in host.gpus if not g.memory_bytes]
+        if unread and not gpu_mem_gib:  # NVML gave no figure: not a GPU of 0 GiB, on which "nothing fits"
+            raise DockyardError(f"NVML could not read the memory of GPU {', '.join(unread)}: say how much each has, "
+                                "--gpu-mem=GiB (nvidia-smi's memory.total)")
         gpu_mem_gib = gpu_mem_gib or min(g.memory_bytes for g in host.gpus) / GIB
         seen = autos.device_from_host(host)  # its compute capability decides compiling
         device = autos.Device(seen.name, int(gpu_mem_gib * GIB), seen.capability)

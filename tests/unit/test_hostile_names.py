@@ -236,3 +236,31 @@ def test_a_link_planted_for_the_monitor_is_said_as_text_and_the_monitor_ends_qui
     err = capsys.readouterr().err
     assert "is a symbolic link (to /tmp/[/]x)" in err and "Traceback" not in err, err
     assert (tmp_path / "monitor.json").is_file()
+
+
+def test_a_gpu_whose_memory_nvml_could_not_read_is_not_planned_as_0_gib(tmp_path):
+    """memory_bytes 0 (NVML could not read it) was planned as a GPU of 0.0 GiB: "no recipe fits", exit 0."""
+    data = json.loads((NVML_HOSTS / "h100x1_580.json").read_text())
+    data["host"]["gpus"][0]["memory_bytes"] = 0
+    recording = tmp_path / "host.json"
+    recording.write_text(json.dumps(data))
+    env = {"DOCKYARD_NVML_REPLAY": str(recording)}
+    short_error(invoke_here("plan", "--model=1B", env=env), "NVML could not read the memory of GPU 0: say how much each "
+                                                            "has, --gpu-mem=GiB")
+    r = invoke_here("plan", "--model=1B", "--gpu-mem=80", env=env)
+    assert r.returncode == 0 and "1 GPU(s) × 80.0 GiB" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("hidden", ["-1", "NoDevFiles"])
+def test_cuda_visible_devices_that_hides_every_gpu_means_cpu_as_cuda_takes_it(tmp_path, hidden):
+    """CUDA_VISIBLE_DEVICES=-1 (the usual way to hide GPUs; Slurm's NoDevFiles for a job given none) was "GPU '-1' is
+    not on this host", for `plan` and even `run --cpu`. CUDA reads the list up to its first such entry."""
+    env = {"DOCKYARD_NVML_REPLAY": str(NVML_HOSTS / "h100x8_580.json"), "CUDA_VISIBLE_DEVICES": hidden,
+           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    r = invoke_here("run", "--dry", env=env)
+    assert r.returncode == 0 and f"auto → cpu: CUDA_VISIBLE_DEVICES={hidden} hides every GPU" in r.stdout, r.stderr
+    assert invoke_here("run", "--dry", "--cpu", env=env).returncode == 0
+    short_error(invoke_here("plan", "--model=1B", env=env), f"CUDA_VISIBLE_DEVICES={hidden} hides every GPU: say what "
+                                                            "to plan for")
+    r = invoke_here("plan", "--model=1B", env={**env, "CUDA_VISIBLE_DEVICES": f"0,1,{hidden},2"})
+    assert r.returncode == 0 and "2 GPU(s) ×" in r.stdout, "the list ends at the first such entry, as CUDA reads it"
