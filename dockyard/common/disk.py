@@ -63,9 +63,11 @@ def run_bytes(shape: Any, *, strategy: str, peft: str | None, dtype: str, half_o
                              lora_r=lora_r)
     kept, peak = checkpoints_written(max_steps=max_steps, save_steps=save_steps, save_strategy=save_strategy,
                                      save_total_limit=save_total_limit)
+    # a run by epochs (no max_steps) that keeps every checkpoint: how many it writes is not known before its data is
+    unbounded = kept > 0 and not (max_steps and max_steps > 0) and not (save_total_limit and save_total_limit > 0)
     return {"checkpoint_bytes": one, "checkpoints": kept, "checkpoints_at_peak": peak, "model_bytes": model,
             "total_bytes": max(peak * one, kept * one + model),  # the final model comes after the last rotation
-            "optimizer_saved": optimizer, "save_total_limit": save_total_limit}
+            "optimizer_saved": optimizer, "save_total_limit": save_total_limit, "unbounded": unbounded}
 
 
 def for_recipe(shape: Any, recipe: Any) -> dict[str, Any]:
@@ -125,6 +127,10 @@ def check_room(runs: Path, need: dict[str, Any], already: int = 0) -> None:
 
 def describe(need: dict[str, Any]) -> str:
     extra = need.get("checkpoints_at_peak", 0) > need["checkpoints"]
+    if need.get("unbounded"):
+        return (f"at least: one checkpoint of {size(need['checkpoint_bytes'])} every save_steps, every one kept "
+                "(save_total_limit 0, and no max_steps to count them by): give --save_total_limit N to bound it"
+                + f"; and the final model, {size(need['model_bytes'])}")
     return (f"{need['checkpoints']} checkpoint(s) of {size(need['checkpoint_bytes'])}"
             + ("" if need["optimizer_saved"] else " (model only)")
             + (", one more while the next is written" if extra else "")

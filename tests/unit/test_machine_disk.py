@@ -64,6 +64,13 @@ def test_invoke_run_counts_its_own_runs_checkpoints():
         run_settings, training = resolve_settings(recipe, given)
         need = disk.for_settings(shape, recipe, run_settings, training, half_on_gpu=True)
         assert (need["checkpoints_at_peak"], need["total_bytes"]) == (peak, total * GB), given
+        assert not need["unbounded"]
+    # by epochs, keeping every checkpoint: said as a lower bound with the way to bound it (it read "1 checkpoint")
+    run_settings, training = resolve_settings(recipe, {"max_steps": -1, "num_train_epochs": 100, "save_total_limit": 0})
+    need = disk.for_settings(shape, recipe, run_settings, training, half_on_gpu=True)
+    assert need["unbounded"] and disk.describe(need).startswith("at least: one checkpoint of 11.2 GiB every save_steps, "
+                                                                "every one kept") and "--save_total_limit N" in \
+        disk.describe(need)
 
 
 def test_no_room_is_refused_with_the_ways_out(tmp_path, monkeypatch):
