@@ -32,6 +32,7 @@ from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import (
     AUTO,
     AUTO_TRAINING_ARGUMENTS,
+    LIGER_AND_COMPILE,
     PER_PROCESS,
     auto_switch,
     batch_split,
@@ -160,9 +161,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         raise DockyardError(f"use_liger_kernel true needs liger-kernel: {absent} (the CUDA images pin it); set it to "
                             "auto or false")
     if use_liger is True and pays:
-        raise DockyardError("use_liger_kernel and torch_compile do not work together (under torch.compile Liger's "
-                            "kernels fail, or its fused loss comes out wrong where labels are masked): turn one of "
-                            "them off")
+        raise DockyardError(LIGER_AND_COMPILE)
 
     def compiled(ckpt: bool) -> bool:  # the auto compiles only without checkpointing (COMPILE_CHECKPOINTED)
         return pays and (compile_ is True or not ckpt)

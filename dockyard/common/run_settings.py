@@ -437,6 +437,11 @@ RANGES: dict[str, Range] = {
 }
 
 
+STEP_COUNTS = {"logging_steps", "save_steps", "eval_steps"}  # a whole number of steps, or below 1 a share of the run
+LIGER_AND_COMPILE = ("use_liger_kernel and torch_compile do not work together (under torch.compile Liger's kernels "
+                     "fail, or its fused loss comes out wrong where labels are masked): turn one of them off")
+
+
 def check_number(key: str, value: Any, kind: str) -> None:
     """A TrainingArguments number given a finite number (a whole one for an int field) in its range (RANGES), a
     switch given true or false, or `auto` where the trainer resolves it, or null where the field takes None;
@@ -467,6 +472,9 @@ def check_number(key: str, value: Any, kind: str) -> None:
                                 "for num_train_epochs)")
         if key in RANGES and not RANGES[key].holds(value):
             raise DockyardError(f"{key} {value}: TrainingArguments.{key} takes a number {RANGES[key].words()}")
+        if key in STEP_COUNTS and value > 1 and value != int(value):  # TrainingArguments' ValueError, in the container
+            raise DockyardError(f"{key} {value}: a number of steps above 1 is a whole one ({int(value)} or "
+                                f"{int(value) + 1}); below 1 it is a share of the run's steps (0.25)")
         return
     if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)
         raise DockyardError(f"--{key} was given no value: put {'a whole number' if whole else 'a number'} after it "
@@ -511,6 +519,9 @@ def check_autos(training: dict[str, Any]) -> tuple[int | str, int | str]:
     too, with batch_split, so a run is refused before its folder is made): (the micro-batch, the accumulation)."""
     for key in ("gradient_checkpointing", "torch_compile", "use_liger_kernel"):
         auto_switch(training.get(key, AUTO), key)
+    if auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True and \
+            auto_switch(training.get("torch_compile", AUTO), "torch_compile") is True:
+        raise DockyardError(LIGER_AND_COMPILE)
     return (auto_count(training.get("per_device_train_batch_size", AUTO), "per_device_train_batch_size"),
             auto_count(training.get("gradient_accumulation_steps", AUTO), "gradient_accumulation_steps"))
 

@@ -282,6 +282,9 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     (["--seed", "-1"], "seed -1: TrainingArguments.seed takes a number from 0 to 4294967295"),
     (["--bf16", "maybe"], "bf16 'maybe': TrainingArguments.bf16 is a switch: give true or false"),
     (["--tf32", "2"], "tf32 2: TrainingArguments.tf32 is a switch: give true or false"),
+    # TrainingArguments' "--save_steps must be an integer if bigger than 1", once the container had started
+    (["--save_steps", "1.5"], "save_steps 1.5: a number of steps above 1 is a whole one (1 or 2)"),
+    (["--logging_steps", "2.5"], "logging_steps 2.5: a number of steps above 1 is a whole one"),
 ])
 def test_a_training_argument_number_that_is_not_one_is_refused_on_the_host(env, native, override, says):
     """Once a traceback from the disk estimate (int(nan)), and for the others a failure inside the container."""
@@ -324,6 +327,8 @@ def test_a_run_setting_out_of_its_range_is_refused_saying_what_it_takes(env, ove
                                                                      "the 8 examples each of the 2 process(es)"),
     (["--global_batch", "4", "--gradient_accumulation_steps", "8"], "gradient_accumulation_steps 8 does not divide"),
     (["--global_batch", "3"], "global_batch 3 cannot be split evenly over 2 processes"),
+    (["--use_liger_kernel", "true", "--torch_compile", "true"], "use_liger_kernel and torch_compile do not work "
+                                                                "together"),
 ])
 def test_auto_settings_the_trainer_would_refuse_are_refused_on_the_host(env, native, override, says):
     """Once these passed `invoke run` and failed inside the container, after the run folder was made. On CPU a run
