@@ -81,7 +81,9 @@ def count(folder: Path, lora_rank: int) -> dict:
             check_model_folder(folder, str(folder))  # says what an adapter is and what to pass instead
         raise DockyardError(f"{folder} has no config.json: pass a model folder or a count like --model=8B")
     cfg = json_object(path, "model settings")
-    kind = str(cfg.get("model_type", ""))
+    kind = cfg.get("model_type") or ""
+    if not isinstance(kind, str):
+        raise DockyardError(f"{path}: model_type {kind!r}: takes the model's type as text (\"llama\", \"qwen2\")")
     family = FAMILIES.get(kind, FAMILIES["llama"])
     by_count = "give the model's parameter count instead, as in --model=47B (counted as a dense Llama-style model)"
     experts = [cfg[k] for k in EXPERTS if isinstance(cfg.get(k), int) and not isinstance(cfg[k], bool) and cfg[k] > 1]
@@ -122,7 +124,11 @@ def count(folder: Path, lora_rank: int) -> dict:
     own = [a * b + (b if bias else 0) for a, b, bias in linears]  # each module's own parameters
     norms = family["norms"] * h + (2 * head_dim if family.get("qk_norm") else 0)
     linear = sum(a * b for a, b, _ in linears)
-    tied = cfg.get("tie_word_embeddings", family["tied"])
+    tied = cfg.get("tie_word_embeddings")
+    if tied is None:  # left out, or null: the family's default (transformers' PretrainedConfig reads null so too)
+        tied = family["tied"]
+    elif not isinstance(tied, bool):  # "false" is text, which counting by truth took for tied
+        raise DockyardError(f"{path}: tie_word_embeddings {tied!r}: takes true or false (no quotes)")
     embeddings = vocab * h * (1 if tied else 2)
     params = layers * (sum(own) + norms) + h + embeddings  # h: the final norm
     if params > MAX_PARAMS:

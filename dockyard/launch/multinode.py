@@ -72,15 +72,15 @@ def resolve_address(host: str) -> str:
                             "(the same name must resolve on every node)") from None
 
 
-def route_to(host: str) -> dict[str, str]:
-    """The interface this node reaches `host` through, and this node's address on it. Node 0 reaches itself
-    through `lo`: then the interface that holds the address."""
+def route_to(host: str, flag: str = "--master-addr") -> dict[str, str]:
+    """The interface this node reaches `host` (given as `flag`) through, and this node's address on it. Node 0
+    reaches itself through `lo`: then the interface that holds the address."""
     addr = resolve_address(host)
     if ipaddress.ip_address(addr).is_unspecified:  # a listening socket's "every address", which no node dials
-        raise DockyardError(f"--master-addr {host} means any address, none the other nodes can dial: give node 0's "
+        raise DockyardError(f"{flag} {host} means any address, none the other nodes can dial: give node 0's "
                             "address on the network the nodes share (`ip addr` on node 0)")
     if ipaddress.ip_address(addr).is_loopback:
-        raise DockyardError(f"--master-addr {host} is a loopback address: the other nodes cannot reach it; "
+        raise DockyardError(f"{flag} {host} is a loopback address: the other nodes cannot reach it; "
                             "give node 0's address on the network the nodes share")
     for link in _ip_json("addr"):
         for a in link.get("addr_info", []):

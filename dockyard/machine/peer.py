@@ -90,7 +90,7 @@ def ssh_hostname(settings: Settings, host: str) -> str:
 
 def check_route(address: str) -> Check:
     try:
-        found = multinode.route_to(address)
+        found = multinode.route_to(address, "--peer")
     except DockyardError as e:
         return Check("peer route", FAIL, str(e), "give a peer address on the network the nodes share")
     return Check("peer route", PASS, f"{address} through {found['iface']}, this node's address {found['addr']} "

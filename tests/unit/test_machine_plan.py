@@ -373,6 +373,9 @@ def test_a_config_plan_cannot_count_is_refused_with_the_count_to_give(tmp_path, 
     # a crafted or broken file: the plan printed 4e47 T parameters and a table of them
     ("hidden_size", 10**24, "its sizes make 8e+49 parameters, more than 100T: not a model's config.json"),
     ("num_key_value_heads", 64, "`num_key_value_heads` 64 does not divide `num_attention_heads` 32"),
+    # "false" as text was counted by its truth: tied, 130M parameters too few
+    ("tie_word_embeddings", "false", "tie_word_embeddings 'false': takes true or false (no quotes)"),
+    ("model_type", ["llama"], "model_type ['llama']: takes the model's type as text"),
 ])
 def test_bad_config_values_are_named(tmp_path, key, value, problem):
     cfg = json.loads((LLAMA_8B / "config.json").read_text())

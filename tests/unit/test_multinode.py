@@ -465,6 +465,8 @@ def test_doctor_peer_that_ssh_cannot_reach_is_a_failed_check_in_the_report(setti
     by_name = {c.name: c for c in checks}
     assert by_name["peer ssh"].status == "fail" and "Connection refused" in by_name["peer ssh"].detail
     assert by_name["rendezvous port"].status == "pass"  # the checks before ssh are still reported
+    # the loopback peer is said as the --peer it was given, not as a --master-addr nobody gave
+    assert by_name["peer route"].detail.startswith("--peer 127.0.0.1 is a loopback address"), by_name["peer route"]
 
 
 def test_resume_of_a_run_killed_while_saving_its_first_checkpoint_starts_it_again(tmp_path):
