@@ -32,6 +32,9 @@ RECIPES = ROOT / "recipes"
 # float() and datetime (`0x_`, `!!float x`, `0000-00-00`: ValueError; `!!float`: IndexError; `!!timestamp x`:
 # AttributeError), and it recurses once per nesting level.
 YAML_ERRORS = (yaml.YAMLError, ValueError, IndexError, AttributeError, TypeError, RecursionError)
+BUFFER = 1.5          # DeepSpeed's additional_buffer_factor for host memory
+FULL_STATES = 18      # bytes per trained parameter: fp32 weights 4 + grads 4 + Adam 8 + bf16 working copy 2
+NF4_BYTES = 0.52      # 4-bit NF4 with double-quantised scales, per quantised weight
 
 
 class _OneOfEachKey(yaml.SafeLoader):
@@ -61,9 +64,7 @@ class _OneOfEachKey(yaml.SafeLoader):
 def read_yaml(text: str) -> Any:
     """yaml.safe_load of a file of the user's (a recipe, defaults.yaml, an FSDP file), a key set twice refused."""
     return yaml.load(text, Loader=_OneOfEachKey)  # noqa: S506 - a SafeLoader
-BUFFER = 1.5          # DeepSpeed's additional_buffer_factor for host memory
-FULL_STATES = 18      # bytes per trained parameter: fp32 weights 4 + grads 4 + Adam 8 + bf16 working copy 2
-NF4_BYTES = 0.52      # 4-bit NF4 with double-quantised scales, per quantised weight
+
 
 
 @dataclass(frozen=True)

@@ -517,10 +517,9 @@ class Batch:
 def check_autos(training: dict[str, Any]) -> tuple[int | str, int | str]:
     """Every auto setting's value valid, as the trainer reads them before it resolves them (the host checks them
     too, with batch_split, so a run is refused before its folder is made): (the micro-batch, the accumulation)."""
-    for key in ("gradient_checkpointing", "torch_compile", "use_liger_kernel"):
-        auto_switch(training.get(key, AUTO), key)
-    if auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True and \
-            auto_switch(training.get("torch_compile", AUTO), "torch_compile") is True:
+    switch = {key: auto_switch(training.get(key, AUTO), key)
+              for key in ("gradient_checkpointing", "torch_compile", "use_liger_kernel")}
+    if switch["use_liger_kernel"] is True and switch["torch_compile"] is True:
         raise DockyardError(LIGER_AND_COMPILE)
     return (auto_count(training.get("per_device_train_batch_size", AUTO), "per_device_train_batch_size"),
             auto_count(training.get("gradient_accumulation_steps", AUTO), "gradient_accumulation_steps"))

@@ -49,7 +49,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     loaded = load_recipe(recipe)
     preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
     preflight.check_on_gpus(loaded, gpus_per_node > 0, "give --gpus-per-node (the nodes' GPUs)")
-    _check_runtime(runtime, image_file, archive, gpus_per_node)
+    _check_runtime(runtime, image_file, archive)
     chosen = node.cluster_variant(settings, variant, gpus_per_node)
     image = variants.tag(settings, chosen)
     if runtime == "docker" and archive_tags is not None and image not in archive_tags:
@@ -156,7 +156,7 @@ _NODE_ADDRESSES = [
 ]
 
 
-def _check_runtime(runtime: str, image_file: str, archive: str, gpus_per_node: int) -> None:
+def _check_runtime(runtime: str, image_file: str, archive: str) -> None:
     if runtime not in RUNTIMES:
         raise DockyardError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     if runtime == "docker":

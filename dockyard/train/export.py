@@ -22,7 +22,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from dockyard.common import runfolder
-from dockyard.common.errors import DockyardError, first_line
+from dockyard.common.errors import DockyardError
 from dockyard.common.model_config import check_shards_inside
 
 TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
@@ -43,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, SafetensorError,
             StrictDataclassError) as e:
         # a run folder a container changed (an adapter_config.json of no module, a broken tokenizer.json)
-        said = " ".join(str(e).split()) if isinstance(e, StrictDataclassError) else first_line(e)
+        from dockyard.train.model import error_words
+
         print(f"error: cannot export run {opts.run_dir.name}: its model folder does not load ({type(e).__name__}: "
-              f"{said[:300]}); nothing was kept", file=sys.stderr)
+              f"{error_words(e)}); nothing was kept", file=sys.stderr)
         return 1
     return 0
 

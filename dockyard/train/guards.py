@@ -118,11 +118,9 @@ def reject_prequantized(model_dir: str, strategy: str) -> None:
 def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
     """The recipe's DeepSpeed JSON, validated, with the settings its strategy cannot do without."""
     cfg = recipes.read_deepspeed_config(path)  # zero_optimization an object, its stage 0-3
-    zero = cfg.get("zero_optimization", {})
-    stage = recipes.strategy(strategy).zero_stage
-    if stage and "zero_optimization" not in cfg:
-        raise DockyardError(f"{path}: no zero_optimization section: the {strategy} strategy needs one, with "
-                            f'"stage": {stage}')
+    spec = recipes.strategy(strategy)
+    recipes.deepspeed_matches(cfg, spec, path)  # a zero_optimization section of the strategy's stage and offloads
+    zero, stage = cfg["zero_optimization"], spec.zero_stage
     _validate_zero_section(path, zero)
     _check_cuda_ops(cfg, path)
     # the Trainer fills only keys that say "auto": one left out (DeepSpeed's smallest example has none) would be

@@ -98,11 +98,15 @@ def resolve_model(name: str) -> str:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")  # the usual
 
 
+def error_words(e: BaseException) -> str:
+    """A library's error as one line: its first, but huggingface_hub's whole (it says the field on its first line and
+    what is wrong with it on the next)."""
+    return (" ".join(str(e).split()) if isinstance(e, StrictDataclassError) else first_line(e))[:300]
+
+
 def bad_config(folder: Path, e: BaseException) -> DockyardError:
-    # huggingface_hub's says the field on its first line and what is wrong with it on the next
-    said = " ".join(str(e).split()) if isinstance(e, StrictDataclassError) else first_line(e)
     return DockyardError(f"{folder / 'config.json'}: transformers cannot build a model from it ({type(e).__name__}: "
-                         f"{said[:300]}): fix that setting, or copy the model folder again")
+                         f"{error_words(e)}): fix that setting, or copy the model folder again")
 
 
 def load_tokenizer(model_dir: str) -> Any:
