@@ -6,7 +6,8 @@
         `global_batch`;
     torch_compile: on for ddp, zero2 and lora (where its gain was measured on a GPU) when the run is long enough
         to repay the compilation and checkpointing stays off (decided once checkpointing is);
-    use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits) and its kernels apply;
+    use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits, and under fp32
+        weights its norms and MLP keep less) and its kernels apply;
     padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data;
     packing: text documents joined end to end and cut into blocks of max_seq_length tokens;
     numa_binding: each process on the cores of its GPU's NUMA node, where the run's GPUs hang off every one.
@@ -310,9 +311,9 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
         if liger_ok(compiled(ckpt)):
             plain = dict(found).get(False)
             out.note("use_liger_kernel", lig,
-                     (f"memory binds: its fused loss (no fp32 logits) fits micro-batch {m} instead of "
+                     (f"memory binds: with its kernels (no fp32 logits) micro-batch {m} fits instead of "
                       f"{plain[0] if plain else 'none'}" if not given else
-                      f"memory binds: micro-batch {m} fits with its fused loss (no fp32 logits), not without") if lig
+                      f"memory binds: micro-batch {m} fits with its kernels (no fp32 logits), not without") if lig
                      else "memory does not bind here, and on ~1B models at small batches Liger's kernels are reported "
                      "slower: kept for when they buy a larger micro-batch")
         return m, ckpt, lig
@@ -322,7 +323,7 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
             out.note("gradient_checkpointing", True, f"micro-batch {given} does not fit {budget} even with it by the "
                      "plan's estimate: on, and the run goes as asked")
         if liger_ok(compiled(ckpt)):
-            out.note("use_liger_kernel", False, "memory binds beyond what Liger's fused loss saves")
+            out.note("use_liger_kernel", False, "memory binds beyond what Liger's kernels save")
         return given, ckpt, use_liger is True
     ckpt = gc is not False
     said = " with gradient checkpointing" if ckpt else ""

@@ -158,6 +158,12 @@ COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer
                        # Measured on one GPU only: full fine-tuning under DDP on several is sized uncompiled, since
                        # dynamo splits each compiled block at DDP's gradient buckets (25 MB) and every split keeps
                        # its outputs for backward (compiled_saves)
+LIGER_KEEPS_LESS = (2, 6)  # Liger's kernels (the Trainer applies them all) under FP32_RESIDUAL: per token and decoder
+                       # layer, a·i + b·h fewer bytes kept. Its SwiGLU recomputes the silu output (2·i, computed); its
+                       # RMSNorm keeps its input and not the fp32 product the eager norm saves (8·h for the two norms,
+                       # computed; one H200 measured 6.5·h: ddp, Llama 3's vocabulary, micro-batch 16, 77.6 GiB), so
+                       # the plan counts 6·h, erring above. Where the model is bf16 (DeepSpeed, the adapters) nothing
+                       # is counted: unmeasured there, and a plan that promised it would run out of memory
 # lora_dropout > 0 adds each adapter's dropout mask, one byte per input feature per token (computed, not fitted).
 # Model states: the registry's formulas, with what is not yet allocated when activations peak (the start of the
 # backward pass) left out, and what the engines add:
@@ -202,10 +208,13 @@ def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int,
     else:  # the backward pass starts with the log-softmax's gradient, coming in and going out, beside it
         head += seq_len * batch * 8 * shape.vocab
     factor = 1 + (FP32_RESIDUAL if _fp32_residual(recipe, regime) else 0)
-    masks = 0
-    if recipe.peft and regime.lora_dropout > 0:
-        masks = seq_len * batch * (1 if checkpointing else shape.layers) * adapter_inputs(shape)
-    return int(blocks * factor * (COMPILED if regime.compiled else 1) + head) + masks
+    held = seq_len * batch * (1 if checkpointing else shape.layers)  # token-layers whose activations are kept
+    masks = held * adapter_inputs(shape) if recipe.peft and regime.lora_dropout > 0 else 0
+    kernels = 0
+    if regime.liger and _fp32_residual(recipe, regime):
+        per_intermediate, per_hidden = LIGER_KEEPS_LESS
+        kernels = held * (per_intermediate * shape.intermediate + per_hidden * shape.hidden)
+    return int(blocks * factor * (COMPILED if regime.compiled else 1) + head) + masks - kernels
 
 
 def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_node: int,

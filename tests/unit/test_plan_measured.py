@@ -69,6 +69,19 @@ def test_plan_knows_what_torch_compile_saves(shape, name, batch, measured_gib):
     assert got["gpu_reserved_bytes"] / GIB == pytest.approx(measured_gib, rel=0.10)
 
 
+def test_plan_knows_what_ligers_kernels_save(tmp_path):
+    """One H200 (141 GB, driver 580, torch 2.11), 2026-12-04: tests/gpu/test_autos_gpu.py's ddp run of the measured
+    model with Llama 3's vocabulary at its auto micro-batch 16 (accumulation 2, Liger on) peaked at 83,330,334,720
+    bytes. The plan said 94.1 GiB while it counted the fused loss alone; Liger's RMSNorm and SwiGLU keep less too."""
+    (tmp_path / "config.json").write_text(json.dumps({**MEASURED_MODEL, "vocab_size": LLAMA3_VOCABULARY}))
+    shape = memory.shape_from_folder(tmp_path)
+    got = memory.estimate(shape, load_recipe("ddp"), world_size=1, gpus_per_node=1, seq_len=2048, batch=16,
+                          gradient_checkpointing=False, regime=memory.Regime(liger=True, accumulation=2))
+    measured = 83_330_334_720
+    assert got["gpu_reserved_bytes"] == pytest.approx(measured, rel=0.10)
+    assert got["gpu_reserved_bytes"] >= measured  # erring above: the auto micro-batch sizes from it
+
+
 @pytest.mark.parametrize("batch,measured_gib", [(1, 5.72 / 0.73), (8, 54.5)])
 def test_qlora_as_measured_with_its_base_upcast_to_fp32(shape, batch, measured_gib):
     """QLoRA was measured through peft's prepare_model_for_kbit_training, which made the norms and embeddings
