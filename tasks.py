@@ -102,7 +102,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
-            "gpus": "which GPUs, e.g. 0,2 (default: CUDA_VISIBLE_DEVICES, else all): one process each",
+            "gpus": "which GPUs, e.g. 0,2, or all (default: CUDA_VISIBLE_DEVICES, else all): one process each",
             "data": "your data: a file or folder on this host, mounted read-only, or a hub dataset org/name in the "
                     "hf_cache folder (default: the `data` setting, else the sample)",
             "model": "your model: a folder on this host (config.json + weights), mounted read-only, or a hub model "

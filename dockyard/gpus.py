@@ -311,7 +311,7 @@ def replay() -> Recorded | None:
 
 def record(path: Path | str) -> dict:
     """Write what NVML reports now (host, links, one sample) in the fixtures' format; returns it."""
-    locks.check_named_output(Path(path), "--record")
+    locks.check_named_output(path, "--record")  # as written: `DIR/` names a folder
     try:
         with nvml() as nv:
             data = {"kind": "gpu", "host": asdict(nv.host()), "links": [asdict(x) for x in nv.links()],
@@ -336,9 +336,12 @@ def select(host: Host, spec: str = "") -> Host:
         raise DockyardError(f"--gpus={spec!r} names no GPU: give indices or UUIDs, as in --gpus=0,2 (leave it out for "
                             "all of them; --cpu trains on CPU)")
     flag = spec.strip()
+    if flag.lower() == "all":  # docker's word for every GPU: as leaving --gpus out
+        return host
     spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
     if not spec or not host.gpus:
         return host
+    source = f"--gpus={flag}" if flag else f"CUDA_VISIBLE_DEVICES={spec}"
     chosen, seen = [], set()
     for token in (t.strip() for t in spec.split(",") if t.strip()):
         if not flag and (token == "NoDevFiles" or (token.startswith("-") and token[1:].isdigit())):
@@ -348,16 +351,16 @@ def select(host: Host, spec: str = "") -> Host:
                 return replace(host, gpus=[], visible="", error=f"CUDA_VISIBLE_DEVICES={spec} hides every GPU")
             break
         if token.startswith("MIG-"):
-            raise DockyardError(f"{token} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is a MIG device: runs take whole "
+            raise DockyardError(f"{token} (from {source}) is a MIG device: runs take whole "
                                 "GPUs; name the GPU, or turn MIG off (`invoke doctor` says how)")
         found = [g for g in host.gpus if (token.isascii() and token.isdigit() and g.index == int(token)) or g.uuid == token]
         # or the start of one GPU's UUID, as CUDA takes it (GPU-5d5b)
         found = found or [g for g in host.gpus if len(token) > 4 and token.startswith("GPU-") and g.uuid.startswith(token)]
         if len(found) > 1:
-            raise DockyardError(f"{token} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) starts the UUID of several GPUs: "
+            raise DockyardError(f"{token} (from {source}) starts the UUID of several GPUs: "
                                 "give more of it")
         if not found:
-            raise DockyardError(f"GPU {token!r} (from --gpus or CUDA_VISIBLE_DEVICES={spec}) is not on this host: "
+            raise DockyardError(f"GPU {token!r} (from {source}) is not on this host: "
                                 f"it has {', '.join(str(g.index) for g in host.gpus)}")
         if flag and token in seen:  # typed twice (0,0 for 0,1?): CUDA_VISIBLE_DEVICES's repeat is one GPU, as
             # CUDA sees it (and run.sh takes it)

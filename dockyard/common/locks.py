@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dockyard.common.errors import DockyardError
+from dockyard.flags import names_a_folder
 
 
 @contextlib.contextmanager
@@ -57,10 +58,15 @@ def partial(path: Path) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.partial")
 
 
-def check_named_output(path: Path, flag: str) -> None:
+def check_named_output(path: Path | str, flag: str) -> None:
     """A file the user named for a task to write whole (--out, --record): refused where that name holds, or links to,
-    anything but a plain file (/dev/null, /dev/stdout, a fifo, a socket). The file is written beside it and renamed
-    over it, so a device node or a link to one (as root: /dev/stdout, /dev/null) was replaced by a plain file."""
+    anything but a plain file (/dev/null, /dev/stdout, a fifo, a socket), or names a folder (as written: `DIR/.` is
+    no file DIR). The file is written beside it and renamed over it, so a device node or a link to one (as root:
+    /dev/stdout, /dev/null) was replaced by a plain file."""
+    if names_a_folder(str(path)):
+        raise DockyardError(f"{flag}={path}: that names a folder; name a file in it, as in "
+                            f"{os.path.join(str(path), 'host.json')}")
+    path = Path(path)
     try:
         st = os.stat(path)  # through links: /dev/stdout -> /proc/self/fd/1 -> the terminal
     except NotADirectoryError:  # mkdir's "File exists" otherwise, naming nothing

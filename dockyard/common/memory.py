@@ -87,15 +87,17 @@ def _decoder_shape(hidden: int, layers: int, intermediate: int, kv: int) -> tupl
 
 
 def shape_from_count(params: int) -> Shape:
-    """A Llama-3-shaped guess for a bare parameter count: P ≈ 13·h²·(h/128) + 2·vocab·h, solved for h."""
+    """A Llama-3-shaped guess for a bare parameter count: P ≈ 13·h²·(h/128) + 2·vocab·h, solved for h. Llama 3's
+    vocabulary while its embeddings take at most half the count; a small model's vocabulary shrinks to that half
+    (a 125M model with 128k entries would be embeddings and little else)."""
     if params <= 0:
         raise DockyardError(f"a model needs parameters, got {params}")
-    v = ASSUMED_VOCAB
     lo, hi = 1.0, 1e6
     for _ in range(200):  # bisection: P is increasing in h
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if 13 * mid**3 / 128 + 2 * v * mid < params else (lo, mid)
+        lo, hi = (mid, hi) if 13 * mid**3 / 128 + min(2 * ASSUMED_VOCAB * mid, params / 2) < params else (lo, mid)
     hidden = max(128, int(round(lo / 128)) * 128)
+    v = min(ASSUMED_VOCAB, max(256, params // (4 * hidden) // 64 * 64))
     layers, inter, kv = max(1, hidden // 128), int(3.5 * hidden), hidden // 4
     linear, lora = _decoder_shape(hidden, layers, inter, kv)
     return Shape(params=params, largest_layer=max(v * hidden, hidden * inter), hidden=hidden, layers=layers,

@@ -454,13 +454,27 @@ def order(recipe: Recipe) -> tuple[int, int, str]:
             recipe.name)
 
 
+def read_recipes() -> tuple[list[Recipe], dict[str, str]]:
+    """Every folder under recipes/ that holds a recipe.yaml, in the registry's order, and what is wrong with each
+    one that does not load: one broken folder (an edit half done) leaves the others listed and planned."""
+    loaded, broken = [], {}
+    for p in sorted(RECIPES.glob("*/recipe.yaml")):
+        try:
+            loaded.append(load_recipe(p.parent))
+        except DockyardError as e:
+            broken[p.parent.name] = str(e)
+    return sorted(loaded, key=order), broken
+
+
 def list_recipes() -> list[Recipe]:
-    """Every folder under recipes/ that holds a recipe.yaml, in the registry's order."""
-    return sorted((load_recipe(p.parent) for p in RECIPES.glob("*/recipe.yaml")), key=order)
+    """The recipes under recipes/ that load, in the registry's order."""
+    return read_recipes()[0]
 
 
 def recipe_names() -> list[str]:
-    return [r.name for r in list_recipes()]
+    """Every recipe folder's name, those that do not load last."""
+    loaded, broken = read_recipes()
+    return [r.name for r in loaded] + list(broken)
 
 
 def print_table() -> None:
@@ -473,6 +487,9 @@ def print_table() -> None:
     table.add_column("recipe", style="bold")
     table.add_column("strategy")
     table.add_column("when to pick it")
-    for r in list_recipes():
+    loaded, broken = read_recipes()
+    for r in loaded:
         table.add_row(escape(r.name), r.strategy + (f" + {r.peft}" if r.peft else ""), escape(r.when))  # text, not [tags]
+    for name, error in broken.items():
+        table.add_row(escape(name), "[red]broken[/red]", escape(error))
     Console().print(table)

@@ -24,6 +24,7 @@ from pathlib import Path
 from dockyard.common import envvars, locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
+from dockyard.flags import names_a_folder
 from dockyard.images import variants
 from dockyard.launch import caches, inputs, node, preflight, scriptwords
 from dockyard.settings import ROOT, Settings
@@ -235,7 +236,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     runs = settings.path(settings.runs_dir)
     name = f"{runfolder.recipe_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
     path = Path(os.path.expanduser(out)) if out else runs / "slurm" / name
-    if out and (out.endswith("/") or path.is_dir()):  # a folder the user named (never a link planted in the runs folder)
+    if out and names_a_folder(os.path.expanduser(out)):  # a folder the user named (never a link planted in the runs folder)
         path = path / name
     fix = "give --out=FILE in a folder you can write"
     if out:

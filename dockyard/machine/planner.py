@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from dockyard.common import autos, disk, recipes
@@ -58,12 +58,13 @@ def shape_for(model: str, hub_home: Path | None = None, where: str = "--model") 
     if not model:
         raise DockyardError("say which model: --model=PATH (a folder with config.json) or --model=8B")
     folder = Path(os.path.expanduser(model))
-    if folder.is_dir():
+    count = parse_count(model)
+    also = folder.is_dir() and count is not None and "/" not in model  # `7B`: a count, though a folder 7B is here
+    if folder.is_dir() and not also:
         return shape_from_folder(folder)
     if hub_home is not None and (snapshot := cached_snapshot(hub_home, model)):
         return shape_from_folder(snapshot)
     named = f"{where}={model}" if where.startswith("--") else f"{where} {model}"
-    count = parse_count(model)
     if count is None:
         hub = f", a model in the Hugging Face cache {hub_home}" if hub_home is not None else ""
         raise DockyardError(f"{named}: neither a folder{hub} nor a parameter count like 8B, 1.5B, 350M")
@@ -74,7 +75,11 @@ def shape_for(model: str, hub_home: Path | None = None, where: str = "--model") 
         unit = ("give the unit, as in 8B or 350M" if model.strip().replace(".", "", 1).isdigit()
                 else f"give at least {MIN_PARAMS // 10**6}M")  # a bare "8" is 8B with the unit left out
         raise DockyardError(f"{named}: {count:,} parameters is no language model; {unit}")
-    return shape_from_count(count)
+    shape = shape_from_count(count)
+    if also:
+        return replace(shape, source=f"{shape.source}; read as a parameter count, though a folder {model} is here: "
+                                     f"write ./{model} to plan that folder")
+    return shape
 
 
 def disk_columns(shape: Shape, recipe: Recipe) -> dict:
@@ -100,9 +105,14 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
         raise DockyardError("--gpus must be at least 1")
     device = device or autos.Device(f"{gpu_mem / GIB:.0f} GiB GPU", gpu_mem, ASSUMED_CAPABILITY)
     rows = []
-    for recipe in recipes.list_recipes() if recipe_list is None else recipe_list:
+    listed, broken = recipes.read_recipes() if recipe_list is None else (recipe_list, {})
+    for recipe in listed:
         given = {"max_seq_length": seq_len, **({"per_device_train_batch_size": batch} if batch else {})}
-        size = size_run(shape, recipe, given, gpus=gpus, device=device)
+        try:
+            size = size_run(shape, recipe, given, gpus=gpus, device=device)
+        except DockyardError as e:  # its settings: the other recipes are still planned
+            broken[recipe.name] = str(e).removeprefix(f"recipe {recipe.name}: ")
+            continue
         plain, ckpt = (micro_batch_estimate(shape, recipe, world_size=gpus, gpus_per_node=gpus, seq_len=seq_len,
                                             batch=size["micro_batch"], per_rank=size["per_rank"], checkpointing=g,
                                             regime=size["regime"]) for g in (False, True))
@@ -132,7 +142,7 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
         })
     return {"model": asdict(shape), "gpus": gpus, "gpu_mem_bytes": gpu_mem, "gpu_budget_bytes": budget(gpu_mem),
             "cpu_mem_bytes": cpu_mem, "seq_len": seq_len, "batch": batch or AUTO, "recipes": rows,
-            "recommendation": recommend(rows, gpus=gpus, gpu_mem=gpu_mem, cpu_mem=cpu_mem)}
+            "recommendation": recommend(rows, gpus=gpus, gpu_mem=gpu_mem, cpu_mem=cpu_mem), "broken_recipes": broken}
 
 
 def size_run(shape: Shape, recipe: Recipe, given: dict, *, gpus: int, device: autos.Device) -> dict:
@@ -292,6 +302,8 @@ def print_plan(result: dict) -> None:
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]",
                       _gib_cell(r["disk_bytes"]))  # a long run's peak: the footnote says so, --json itemises
     console.print(table)
+    for name, error in result["broken_recipes"].items():
+        console.print(f"[yellow]left out: recipe {escape(name)}: {escape(error)}[/]")
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + escape(rec["recipe"]) + "[/]" if rec["recipe"] else
                    "[bold red]no recipe fits[/]") + f" — {escape(rec['why'])}")

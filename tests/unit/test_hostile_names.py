@@ -264,3 +264,17 @@ def test_cuda_visible_devices_that_hides_every_gpu_means_cpu_as_cuda_takes_it(tm
                                                             "to plan for")
     r = invoke_here("plan", "--model=1B", env={**env, "CUDA_VISIBLE_DEVICES": f"0,1,{hidden},2"})
     assert r.returncode == 0 and "2 GPU(s) ×" in r.stdout, "the list ends at the first such entry, as CUDA reads it"
+
+
+def test_an_output_named_as_a_folder_with_a_trailing_dot_is_a_folder_not_a_file(tmp_path):
+    """`--out=DIR/.` read as the file DIR (pathlib drops the dot): slurm wrote its script as a file named DIR, where
+    `DIR/` made DIR/<recipe>-<n>n.sbatch; `doctor --record=DIR/.` wrote the recording as DIR. A folder name, however
+    written, now holds the script, and a recording is refused with what to give instead."""
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    for written in ("jobs/.", "jobs/", "jobs/.."):
+        r = invoke_here("slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=1", f"--out={tmp_path}/{written}",
+                        env=env)
+        assert r.returncode == 0, r.stderr
+    assert (tmp_path / "jobs" / "zero2-2n.sbatch").is_file() and (tmp_path / "zero2-2n.sbatch").is_file()
+    short_error(invoke_here("doctor", f"--record={tmp_path}/recorded/."), "names a folder; name a file in it")
+    assert not (tmp_path / "recorded").exists()

@@ -22,6 +22,7 @@ from dockyard.common.recipes import list_recipes, load_recipe, recipe_names
 from dockyard.common.units import GIB
 from dockyard.machine import planner
 from tests.support.cli import INVOKE, short_error
+from tests.support.measured import MEASURED_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_8B = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
@@ -104,6 +105,27 @@ def test_llama_3_1_8b_anchor_figures_and_deepspeed_printout():
     # a bare count guesses the same shape: the same figures from `--model 8.03B`
     guessed = planner.shape_for("8.03B")
     assert guessed.largest_layer == 525_336_576 and (guessed.hidden, guessed.layers) == (4096, 32)
+
+
+@pytest.mark.parametrize("count", ["1M", "10M", "125M", "350M", "1B", "8B", "70B"])
+def test_a_bare_count_guesses_a_model_of_that_size(count):
+    """`--model=1M` kept Llama 3's 128k vocabulary: embeddings of 33M parameters, an output layer 16 times the
+    model. Whatever the count, the guessed decoder and its embeddings add up to it, and no layer outgrows it."""
+    params = planner.parse_count(count)
+    shape = planner.shape_for(count)
+    assert shape.largest_layer < params / 2
+    assert shape.linear_params + 2 * shape.vocab * shape.hidden == pytest.approx(params, rel=0.35)
+    assert shape.vocab == memory.ASSUMED_VOCAB or 2 * shape.vocab * shape.hidden <= params / 2
+
+
+def test_a_count_is_a_count_even_where_a_folder_of_that_name_is_here(tmp_path, monkeypatch):
+    """`invoke plan --model=7B` run where a folder 7B happens to be planned that folder's model, saying nothing."""
+    (tmp_path / "7B").mkdir()
+    (tmp_path / "7B" / "config.json").write_text(json.dumps({**MEASURED_MODEL}))
+    monkeypatch.chdir(tmp_path)
+    counted = planner.shape_for("7B")
+    assert counted.params == 7 * 10**9 and "write ./7B to plan that folder" in counted.source
+    assert planner.shape_for("./7B").params == 944_334_848
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -447,6 +469,33 @@ def test_a_recipes_own_adapter_rank_and_base_dtype_are_planned(tmp_path, monkeyp
     assert rows["lora-wide"]["model_states_bytes"] - rows["lora"]["model_states_bytes"] == \
         18 * 15 * shape.lora_params + 2 * shape.params
     assert rows["lora-wide"]["gpu_bytes"] > rows["lora"]["gpu_bytes"]
+
+
+def test_a_broken_recipe_folder_is_left_out_and_named_while_the_others_are_planned_and_listed(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """One folder under recipes/ with a bad recipe.yaml, or settings the trainer would refuse, stopped `invoke plan`
+    and `invoke recipes` whole (`invoke run --recipe=other` worked)."""
+    from dockyard.common import recipes
+
+    shutil.copytree(ROOT / "recipes" / "zero2", tmp_path / "zero2")
+    (tmp_path / "typo").mkdir()
+    (tmp_path / "typo" / "recipe.yaml").write_text("# invoke run --recipe=typo\nwhen: Mine.\nstrategy: zero5\n")
+    shutil.copytree(ROOT / "recipes" / "zero2", tmp_path / "liger-compiled")
+    (tmp_path / "liger-compiled" / "recipe.yaml").write_text("# invoke run --recipe=liger-compiled\nwhen: Mine.\n"
+                                                             "strategy: zero2\ndeepspeed: ds_config.json\nsettings:\n"
+                                                             "  use_liger_kernel: true\n  torch_compile: true\n")
+    monkeypatch.setattr(recipes, "RECIPES", tmp_path)
+    result = planner.plan(planner.shape_for("1B"), gpus=1, gpu_mem=80 * GIB, cpu_mem=512 * GIB, seq_len=2048)
+    assert [r["recipe"] for r in result["recipes"]] == ["zero2"]
+    assert set(result["broken_recipes"]) == {"typo", "liger-compiled"}
+    assert "zero5" in result["broken_recipes"]["typo"] and "torch_compile" in result["broken_recipes"]["liger-compiled"]
+    planner.print_plan(result)
+    recipes.print_table()
+    out = capsys.readouterr().out
+    assert "left out: recipe typo:" in out and "left out: recipe liger-compiled:" in out
+    assert "zero2" in out and "broken" in out
+    # liger-compiled loads (its settings are the run's to refuse): by strategy, then name; those that do not load last
+    assert recipes.recipe_names() == ["liger-compiled", "zero2", "typo"]
 
 
 def test_the_memory_models_lora_rank_is_the_recipes_default():

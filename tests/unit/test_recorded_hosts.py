@@ -92,8 +92,18 @@ def test_plan_counts_the_recorded_gpus(replay, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     assert plan_mod.plan_model("1.5B")["gpus"] == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "9")
-    with pytest.raises(DockyardError, match=r"GPU '9' \(from --gpus or CUDA_VISIBLE_DEVICES=9\) is not on this host"):
+    with pytest.raises(DockyardError, match=r"GPU '9' \(from CUDA_VISIBLE_DEVICES=9\) is not on this host"):
         plan_mod.plan_model("1.5B")
+
+
+def test_gpus_all_means_every_gpu_as_docker_reads_it(replay, monkeypatch):
+    """`--gpus=all` (docker's word) was "GPU 'all' (from --gpus or CUDA_VISIBLE_DEVICES=all) is not on this host"."""
+    host, _ = replay("h100x8_580")
+    assert [g.index for g in gpus.select(host, "all").gpus] == list(range(8))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert gpus.select(host, "ALL").gpus == host.gpus  # the flag wins over the environment, as any --gpus does
+    with pytest.raises(DockyardError, match=r"GPU '8' \(from --gpus=1,8\) is not on this host"):
+        gpus.select(host, "1,8")
 
 
 def test_plan_on_a_mig_host_asks_for_the_slices_memory(replay):
