@@ -76,8 +76,3 @@ def _place(v: str) -> str:
 
 Place = Annotated[str, AfterValidator(_place)]  # a path the user gives: --out, --data, --file, ...
 
-
-def names_a_folder(v: str) -> bool:
-    """Whether a path as the user wrote it can only be a folder: it ends in `/`, `.` or `..` (`DIR/.` would
-    otherwise read as the file DIR), or a folder is there."""
-    return v.endswith("/") or os.path.basename(v) in (".", "..") or os.path.isdir(v)

@@ -55,6 +55,8 @@ COMPILE_CHECKPOINTED = "gradient checkpointing is on: compiling recomputed layer
 LIGER_TYPES = ("llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3", "qwen2", "qwen3", "phi3", "granite",
                "olmo2", "glm4")
 LIGER_ABSENT = "liger-kernel is not installed in this environment"
+LIGER_ON_CPU = ("use_liger_kernel true: Liger's kernels are Triton's, for GPUs only, and this run trains on CPU; set "
+                "it to auto or false")
 PADDING_FREE_FORMATS = ("prompt_completion", "messages", "alpaca", "sharegpt")
 # With SDPA, transformers masks a packed row block-diagonally (exact) but still computes attention over the whole
 # row: worth it only while the row is short next to the linear layers' work.
@@ -161,6 +163,8 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     if use_liger is True and not liger:
         raise DockyardError(f"use_liger_kernel true needs liger-kernel: {absent} (the CUDA images pin it); set it to "
                             "auto or false")
+    if use_liger is True and device is None:
+        raise DockyardError(LIGER_ON_CPU)
     if use_liger is True and pays:
         raise DockyardError(LIGER_AND_COMPILE)
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dockyard.common.errors import DockyardError
-from dockyard.flags import names_a_folder
 
 
 @contextlib.contextmanager
@@ -56,6 +55,12 @@ def partial(path: Path) -> Path:
     link planted under a predictable name (`<name>.<pid>.partial`) was written through and chmod'ed. Open it with
     mode "x" (O_EXCL: made new, never through a link)."""
     return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.partial")
+
+
+def names_a_folder(v: str) -> bool:
+    """Whether a path as the user wrote it can only be a folder: it ends in `/`, `.` or `..` (`DIR/.` would
+    otherwise read as the file DIR), or a folder is there."""
+    return v.endswith("/") or os.path.basename(v) in (".", "..") or os.path.isdir(v)
 
 
 def check_named_output(path: Path | str, flag: str) -> None:

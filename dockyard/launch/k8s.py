@@ -103,7 +103,8 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
                             "your recipe folder in recipes/")
     node.check_nodes(nodes, gpus_per_node)
     # what the trainer would refuse on every node, the batch split over all their processes included
-    preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
+    preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC),
+                              liger_absent=preflight.liger_absent(gpus_per_node > 0))
     preflight.check_on_gpus(loaded, gpus_per_node > 0, "give --gpus-per-node (the nodes' GPUs)")
     node.check_restarts(max_restarts, join_timeout)
     _check_inputs(settings, overrides or [], runs_claim)

@@ -16,6 +16,7 @@ minutes later, inside the container, refused now with the same reason and no eng
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -37,8 +38,10 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.model_config import check_model_folder
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
 from dockyard.common.run_settings import (
+    AUTO,
     TINY_MODEL,
     RunSettings,
+    auto_switch,
     batch_split,
     blame_kept,
     check_autos,
@@ -51,6 +54,7 @@ from dockyard.common.run_settings import (
     resolve_settings,
     resumed_with,
 )
+from dockyard.images.variants import Variant
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
 from dockyard.settings import Settings
@@ -102,10 +106,12 @@ def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
 
 
 def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, processes: int,
-              data: str = "", model: str = "", resumed: Path | None = None) -> None:
+              data: str = "", model: str = "", resumed: Path | None = None, liger_absent: str = "") -> None:
     """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's;
-    `resumed`: the run folder --resume continues, whose own settings the run keeps."""
-    run_settings = check_overrides(recipe, overrides, processes, saved=resumed_settings(resumed) if resumed else None)
+    `resumed`: the run folder --resume continues, whose own settings the run keeps; `liger_absent`: why liger-kernel
+    is not where the run trains ("": it is)."""
+    run_settings = check_overrides(recipe, overrides, processes, saved=resumed_settings(resumed) if resumed else None,
+                                   liger_absent=liger_absent)
     check_on_gpus(recipe, gpus_in_effect)
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
@@ -136,6 +142,19 @@ def readable(path: Path, read: Callable[[Path], T]) -> T:
     except OSError as e:
         fix = " (make it readable to you: chmod a+r)" if isinstance(e, PermissionError) else ""
         raise DockyardError(f"cannot read the data file {path}: {e.strerror or e}{fix}") from None
+
+
+def liger_absent(gpus: bool, variant: Variant | None = None, native: bool = False) -> str:
+    """Why Liger's kernels cannot run where the run trains, "" where they can: on GPUs, where the image's lock pins
+    liger-kernel (the CUDA images; None: a cluster's, a CUDA one) or this host's Python has it (--native)."""
+    if not gpus:
+        return "this run trains on CPU, where Liger's kernels (Triton's) do not run"
+    if native:
+        return "" if importlib.util.find_spec("liger_kernel") else "this host's Python has no liger-kernel (--native)"
+    if variant is None:
+        return ""
+    pinned = variant.lock_file.is_file() and "\nliger-kernel==" in variant.lock_file.read_text()
+    return "" if pinned else f"the {variant.name} image has no liger-kernel (the CUDA images pin it)"
 
 
 def check_on_gpus(recipe: Recipe, gpus: bool, fix: str = "run it on GPUs") -> None:
@@ -184,10 +203,12 @@ def resumed_settings(run_dir: Path) -> dict[str, Any]:
     return {k: v for k, v in saved.items() if k not in ("data", "model", "eval_data")}
 
 
-def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[str, Any] | None = None) -> RunSettings:
+def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[str, Any] | None = None,
+                    liger_absent: str = "") -> RunSettings:
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings), and
     the batch settings split over the run's `processes` (0: not known here; the trainer checks the split); a resume's
-    on top of the run's own (`saved`), as the trainer merges them."""
+    on top of the run's own (`saved`), as the trainer merges them. `liger_absent`: why liger-kernel is not where
+    the run trains ("": it is, or not known here)."""
     given = parse_overrides(overrides)
     check_known_overrides(given)
     given, kept, _ = resumed_with(spec, saved or {}, given)
@@ -196,6 +217,8 @@ def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[
         check_known_settings(spec, training)
         check_training_numbers(training)
         micro, accumulation = check_autos(training)
+        if liger_absent and auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True:
+            raise DockyardError(f"use_liger_kernel true cannot run here: {liger_absent}; set it to auto or false")
         check_packing(run_settings.packing, run_settings.task, run_settings.padding_free)
         if processes:
             batch_split(run_settings.global_batch, micro, accumulation, processes)

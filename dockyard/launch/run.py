@@ -91,7 +91,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     recipe = load_recipe(recipe_arg)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
                         gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes,
-                        resumed=resumed)
+                        resumed=resumed, liger_absent=preflight.liger_absent(chosen.is_cuda and not r.cpu, chosen, r.native))
     if r.native:
         check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)

@@ -24,7 +24,6 @@ from pathlib import Path
 from dockyard.common import envvars, locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
-from dockyard.flags import names_a_folder
 from dockyard.images import variants
 from dockyard.launch import caches, inputs, node, preflight, scriptwords
 from dockyard.settings import ROOT, Settings
@@ -48,7 +47,8 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     overrides = _inputs_from_here(settings, overrides)
     # what the trainer would refuse on every node; the batch split too where the process count is known here
     loaded = load_recipe(recipe)
-    preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC))
+    preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC),
+                              liger_absent=preflight.liger_absent(gpus_per_node > 0))
     preflight.check_on_gpus(loaded, gpus_per_node > 0, "give --gpus-per-node (the nodes' GPUs)")
     _check_runtime(runtime, image_file, archive)
     chosen = node.cluster_variant(settings, variant, gpus_per_node)
@@ -236,7 +236,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     runs = settings.path(settings.runs_dir)
     name = f"{runfolder.recipe_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
     path = Path(os.path.expanduser(out)) if out else runs / "slurm" / name
-    if out and names_a_folder(os.path.expanduser(out)):  # a folder the user named (never a link planted in the runs folder)
+    if out and locks.names_a_folder(os.path.expanduser(out)):  # a folder the user named (never a link planted in the runs folder)
         path = path / name
     fix = "give --out=FILE in a folder you can write"
     if out:

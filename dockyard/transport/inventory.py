@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, Vali
 from dockyard import engine
 from dockyard.common import locks
 from dockyard.common.errors import DockyardError, problems, read_bounded
-from dockyard.flags import names_a_folder
 from dockyard.settings import Settings
 
 INVENTORY_FORMAT = "dockyard-inventory/1"
@@ -80,7 +79,7 @@ def now() -> str:
 def write_inventory(settings: Settings, out: str = "") -> Path:
     """This node's inventory, written to `out` (a file, or a folder to hold inventory-<host>.json)."""
     path = Path(os.path.expanduser(out)) if out else settings.path(settings.dist_dir)
-    folder = not out or names_a_folder(os.path.expanduser(out))
+    folder = not out or locks.names_a_folder(os.path.expanduser(out))
     if not folder:
         locks.check_named_output(path, "--out")  # before the engine is asked
     inv = layer_inventory(settings)

@@ -86,6 +86,12 @@ def test_settings_that_contradict_each_other_are_short_errors(given, problem):
         resolve("ddp", given, world=2)
 
 
+def test_liger_set_true_on_cpu_is_refused_even_where_it_is_installed():
+    """A CUDA image run with --cpu has liger-kernel, whose Triton kernels fail on CPU tensors mid-step."""
+    with pytest.raises(DockyardError, match="for GPUs only, and this run trains on CPU"):
+        resolve("ddp", {"use_liger_kernel": True}, liger=True)
+
+
 def test_each_reason_says_how_its_value_came_about(shape):
     """Once the CPU's micro-batch 6 of a global batch of 12 said "CPU: 8 as before", and a micro-batch made up from
     the accumulation given said "set"."""

@@ -4,6 +4,7 @@ Through the real CLI (in this process); the trainer's own refusals are in tests/
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -335,6 +336,19 @@ def test_auto_settings_the_trainer_would_refuse_are_refused_on_the_host(env, nat
     has two processes (--nproc, default 2): the batch splits over them."""
     refused(dry(env, *native, "--", *override), says)
     assert dry(env, *native, "--nproc=1", "--", "--global_batch", "3").returncode == 0  # one process takes all 3
+
+
+def test_liger_set_true_where_it_cannot_run_is_refused_on_the_host(env):
+    """`-- --use_liger_kernel true` passed `run --dry` on the cpu image (which has no liger-kernel), and --cpu or
+    --native runs (where it cannot run, or is not installed) started, to stop in the container."""
+    refused(dry(env, "--", "--use_liger_kernel", "true"), "this run trains on CPU, where Liger's kernels")
+    on_gpu = {**env, "DOCKYARD_NVML_REPLAY": str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "h100x1_580.json")}
+    native = invoke_here("run", "--dry", "--native", "--", "--use_liger_kernel", "true", env=on_gpu)
+    if importlib.util.find_spec("liger_kernel") is None:  # this host's Python, as the run would train in it
+        refused(native, "use_liger_kernel true cannot run here: this host's Python has no liger-kernel (--native)")
+    else:
+        assert native.returncode == 0, native.stderr
+    assert dry(env, "--", "--use_liger_kernel", "false").returncode == 0
 
 
 def test_the_training_arguments_snapshot_is_the_pinned_transformers():
