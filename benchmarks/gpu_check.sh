@@ -28,7 +28,9 @@
 #        compiled (--try torch_compile=true) and with Liger's kernels (--try use_liger_kernel=true); default
 #        ddp,lora (6 runs of the 1.1B benchmark model, ~6 min); steps 27-28 of every run profiled (profile_steps, left
 #        out of tokens/s): where the GPU's time went, by kind of kernel, in $OUT/recipes-profiles.txt; ARGS go to
-#        benchmarks.recipes (--steps 40, --bare, --profile 30-31, ...; with --steps under 28, a --profile within them)
+#        benchmarks.recipes (--steps 40, --bare, --profile 30-31, ...; with --steps under 28, a --profile within them);
+#        PLAIN=1 runs each recipe once, with no tuning flags (issue 24's targets: PLAIN=1 ... bench
+#        ddp,fsdp,zero2,lora,qlora, ~5 min)
 #   sh benchmarks/gpu_check.sh compile [ARGS]           benchmarks.compile: whole model vs block by block
 set -eu
 case "${1:-}" in tests | bench | compile) ;; *)
@@ -135,9 +137,11 @@ tests)
 bench)
 	recipes=ddp,lora
 	case "${1:-}" in '' | -*) ;; *) recipes=$1; shift ;; esac
-	{ rc=0; "$PY" -m benchmarks.recipes --recipes "$recipes" --steps 30 --try torch_compile=true \
-		${liger:+--try use_liger_kernel=true} --profile 27-28 --out "$OUT/recipes.md" "$@" || rc=$?; echo $rc >"$status"; } 2>&1 \
-		| tee "$OUT/recipes.log" ;;
+	tries="--try torch_compile=true${liger:+ --try use_liger_kernel=true}"
+	[ -z "${PLAIN:-}" ] || tries=  # PLAIN=1: one run per recipe, no tuning flags (issue 24's targets)
+	# shellcheck disable=SC2086 # $tries: words, or none
+	{ rc=0; "$PY" -m benchmarks.recipes --recipes "$recipes" --steps 30 $tries --profile 27-28 \
+		--out "$OUT/recipes.md" "$@" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/recipes.log" ;;
 compile)
 	{ rc=0; "$PY" -m benchmarks.compile "$@" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/compile.log"
 	# the committed table is the CPU's until this run rewrites it: copied only from a run that finished

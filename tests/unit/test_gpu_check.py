@@ -138,6 +138,15 @@ def test_bench_leaves_the_liger_row_out_where_liger_kernel_does_not_load(tmp_pat
     assert "use_liger_kernel=true" in calls[0].split() and "liger-kernel does not load" not in r.stdout
 
 
+def test_bench_plain_runs_each_recipe_once_with_no_tuning_flags(tmp_path):
+    env, calls = fake_host(tmp_path)
+    r = subprocess.run(["sh", str(SCRIPT), "bench", "ddp,fsdp,zero2,lora,qlora"], cwd=tmp_path,
+                       env={**env, "PLAIN": "1"}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    words = calls.read_text().split()
+    assert "--try" not in words and words[words.index("--recipes") + 1] == "ddp,fsdp,zero2,lora,qlora"
+
+
 def test_tests_all_fails_when_one_slice_fails(tmp_path):
     env, calls = fake_host(tmp_path)
     fake = Path(env["PATH"].split(":")[0]) / "python3"
