@@ -225,7 +225,7 @@ def _micro_batch(r: dict) -> str:
 def _how(r: dict, checkpointing: bool) -> str:
     """What the trainer turns on for a row that fits, in words: " with gradient checkpointing and ..."."""
     on = [w for w, yes in (("gradient checkpointing", checkpointing), ("torch.compile", r["torch_compile"]),
-                           ("Liger's fused loss", r["use_liger_kernel"])) if yes]
+                           ("Liger's kernels", r["use_liger_kernel"])) if yes]
     return f" with {' and '.join(on)}" if on else ""
 
 
@@ -312,7 +312,7 @@ def print_plan(result: dict) -> None:
                   "micro-batch dividing the recipe's examples per GPU per step (8 with its global batch auto) that fits, "
                   "without checkpointing if one does, else the smallest (--batch=N: micro-batch N, as `-- "
                   "--per_device_train_batch_size N`). Every column is at that micro-batch, compiled (C) and with Liger's "
-                  "fused loss (L) where the trainer turns them on by itself for the recipe's settings (its max_steps: "
+                  "kernels (L) where the trainer turns them on by itself for the recipe's settings (its max_steps: "
                   "a longer run may compile, which takes less memory where measured: on one GPU, not yet for full "
                   "fine-tuning under DDP on several).[/]")
     console.print("[dim]disk: the peak of a run long enough to rotate its checkpoints, with the recipe's settings: "

@@ -386,7 +386,7 @@ def test_the_plan_counts_the_liger_kernels_the_trainer_turns_on(tmp_path):
     result = planner.plan_model(str(tmp_path), seq_len=4096, host=Recorded.from_file(H100).host(), cpu_mem_gib=512)
     rec = result["recommendation"]
     assert (rec["recipe"], rec["micro_batch"], rec["gradient_checkpointing"]) == ("ddp", 8, True), rec
-    assert "with gradient checkpointing and Liger's fused loss" in rec["why"]
+    assert "with gradient checkpointing and Liger's kernels" in rec["why"]
     ddp = next(r for r in result["recipes"] if r["recipe"] == "ddp")
     assert ddp["use_liger_kernel"] and ddp["gpu_bytes_checkpointed"] <= memory.budget(H100_GPU.memory_bytes)
     shape = planner.shape_for(str(tmp_path))
