@@ -1,6 +1,6 @@
 #!/bin/sh
-# Loads a dockyard image archive into this node's Docker engine with nothing but sh, coreutils, docker
-# and zstd or gzip: copies the set once into a private folder (TMPDIR) and checks the sha256s there, checks
+# Loads a dockyard image archive into this node's Docker engine with nothing but sh, coreutils, GNU tar,
+# docker and zstd or gzip: copies the set once into a private folder (TMPDIR) and checks the sha256s there, checks
 # that a thin archive's base layers are here, loads that copy, then checks that every image is present with
 # the right id (docker load can exit 0 on failure) and that it loaded no name the manifest lacks. A refused
 # load puts back every tag it moved.
@@ -134,6 +134,7 @@ done
 
 need sha256sum "install coreutils"
 need docker "install Docker"
+tar --version 2>/dev/null | grep -q 'GNU tar' || die "GNU tar is missing on this node: install tar (apt-get install tar)"
 case "$name" in
 *.zst) need zstd "install zstd (apt-get install zstd), or ship a gzip archive (invoke save --compress=gzip)"
 	unpack="zstd -dc" ;;
@@ -268,15 +269,25 @@ roll_back() {
 refuse() { cat "$work/load.out" >&2 2>/dev/null; roll_back; die "$@"; }
 
 limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what docker save gave
-# The private copy is decompressed once before docker load sees any of it: a stream that fails only after its tar
-# is whole (garbage after the last frame) would otherwise be loaded by the engine while this script refuses it.
-if [ -n "$unpack" ]; then
-	echo "checking that $name decompresses ..."
-	got=$({ $unpack "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | head -c $((limit + 1)) | wc -c | tr -d ' ')
-	[ "$got" -le "$limit" ] \
-		|| die "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): refused, nothing was loaded"
-	[ -e "$work/bad" ] && die "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
-fi
+# The private copy is read once before docker load sees any of it: a stream that fails only after its tar is whole
+# (garbage after the last frame) would otherwise be loaded by the engine while this script refuses it. GNU tar reads
+# the first bytes of every file in the tar on the way: docker load inflates a file that starts as gzip, bzip2, xz or
+# zstd does by itself, past every size the manifest declares (a 600-byte archive filled 256 MB of disk), and docker
+# save never writes one: such a tar is refused (`invoke load` refuses it the same way).
+echo "checking $name ..."
+mkdir "$work/x" && mkfifo "$work/count" || die "cannot make a folder and a fifo in $work"
+wc -c <"$work/count" >"$work/bytes" & running=$!
+{ ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | head -c $((limit + 1)) | tee "$work/count" \
+	| { (cd "$work/x" && exec tar -x -f - --to-command='od -An -tx1 -N6 | tr -d " \n"; echo " $TAR_FILENAME"; cat >/dev/null') \
+		>"$work/starts" 2>"$work/tar.err" || : >"$work/badtar"; cat >/dev/null; }
+wait $running
+running=
+[ "$(tr -d ' ' <"$work/bytes")" -le "$limit" ] \
+	|| die "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): refused, nothing was loaded"
+[ -e "$work/bad" ] && die "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
+[ -e "$work/badtar" ] && die "the tar of $name does not read as one ($(tail -n 1 "$work/tar.err")): refused, nothing was loaded"
+packed=$(grep -E -m 1 '^(1f8b08|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)' "$work/starts")
+[ -z "$packed" ] || die "the tar's ${packed#* } is compressed: docker load would inflate it past every size the manifest declares, and docker save never writes one: refused, nothing was loaded"
 
 echo "loading $name ..."
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive

@@ -269,9 +269,14 @@ class TarGate:
             raise DockyardError(f"the tar's {path} is a link or a folder, not a file")
         self.write(header)
         n, kept = _padded(size), bytearray()
+        first = True
         while n:
             chunk = self._read(src, min(n, CHUNK))
             n -= len(chunk)
+            if first and (packed := compressed(chunk[:size])):
+                raise DockyardError(f"the tar's {path} is {packed}-compressed: docker load would inflate it past "
+                                    "every size the manifest declares, and docker save never writes one")
+            first = False
             if naming and len(kept) < size:
                 kept += chunk
                 if len(kept) > NAMING_CAP:
@@ -282,6 +287,19 @@ class TarGate:
 
 
 NAMING_CAP = 16 << 20
+# What docker load decompresses by itself wherever a layer begins so (moby's archive.DetectCompression): a layer
+# file docker save writes is a plain tar (its sha256 is the layer's diff id), never one of these
+MAGIC = ((b"\x1f\x8b\x08", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
+
+
+def compressed(start: bytes) -> str:
+    """The compression a file's first bytes say, as docker's reader detects it ("" for none)."""
+    for magic, name in MAGIC:
+        if start.startswith(magic):
+            return name
+    if len(start) >= 4 and int.from_bytes(start[:4], "little") & 0xFFFFFFF0 == 0x184D2A50:
+        return "zstd"  # a skippable frame, which docker takes for zstd
+    return ""
 
 
 class Truncated(DockyardError):

@@ -15,10 +15,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import gzip
 import hashlib
+import io
 import json
 import os
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -26,7 +29,9 @@ import pytest
 
 from dockyard import engine
 from dockyard.settings import ROOT
+from dockyard.transport.layout import write_loader
 from tests.support import node2
+from tests.support.archive_sets import make_set, reseal
 from tests.support.cli import INVOKE, invoke
 
 pytestmark = pytest.mark.engine
@@ -149,6 +154,57 @@ def test_an_archive_that_decompresses_to_more_than_declared_loads_nothing(settin
         assert r.returncode == 0 and f"loaded {ref}" in r.stdout, r.stderr
     finally:
         subprocess.run([*docker, "image", "rm", "-f", ref], capture_output=True)
+
+
+def bomb_tar(ref: str, inflated: int) -> tuple[bytes, str]:
+    """A docker-save tar (classic layout) whose one layer file is gzip: `inflated` zeros in a few kB. docker load
+    inflates such a layer by itself (moby's DecompressStream), so its tar is tiny and what it unpacks is not."""
+    layer = tarfile.TarInfo("zeros.bin")
+    layer.size = inflated
+    plain = layer.tobuf(format=tarfile.USTAR_FORMAT) + bytes(inflated + (-inflated) % 512 + 1024)
+    diff_id = "sha256:" + hashlib.sha256(plain).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    image_id = hashlib.sha256(config).hexdigest()
+    files = {"l1/layer.tar": gzip.compress(plain), f"{image_id}.json": config,
+             "manifest.json": json.dumps([{"Config": f"{image_id}.json", "RepoTags": [ref],
+                                           "Layers": ["l1/layer.tar"]}]).encode()}
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return out.getvalue(), "sha256:" + image_id
+
+
+def test_an_archive_whose_layer_is_compressed_inside_its_tar_loads_nothing(settings, engine_ready, tmp_path):
+    """The red-team's bomb: the tar within its declared size, but one layer file gzip-compressed (64 MiB of zeros
+    in 65 kB; the same at 1000:1 fills a node's disk from a few MB). Both loaders refuse it before docker load
+    sees its end, naming the file; nothing is loaded."""
+    ref = f"dockyard-h3-gzip-bomb-{os.getpid()}:v1"
+    raw, image_id = bomb_tar(ref, 64 << 20)
+    assert len(raw) < 100_000
+    archive = zstd_of(raw)
+    paths = make_set(tmp_path, archive, name="bomb_1.tar.zst", tag=ref)
+    reseal(paths, {"tar_bytes": len(raw), "images": [{"ref": ref, "tags": [ref], "id": image_id, "diff_ids": []}],
+                   "load_sh": {"check_images": f"{ref}={image_id}", "require_chains": "", "need_kb": "200000"}})
+    write_loader(tmp_path)
+    try:
+        r = invoke("load", f"--file={paths.archive}")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "the tar's l1/layer.tar is gzip-compressed" in r.stderr and "nothing was loaded" in r.stderr, r.stderr
+        assert engine.image_inspect(settings, ref) is None
+        r = subprocess.run(["sh", tmp_path / "load.sh", paths.archive.name], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+        assert r.returncode == 1 and "the tar's l1/layer.tar is compressed" in r.stderr, r.stderr
+        assert engine.image_inspect(settings, ref) is None
+    finally:
+        subprocess.run([engine.docker_binary(settings.docker), "image", "rm", "-f", ref], capture_output=True)
+
+
+def zstd_of(raw: bytes) -> bytes:
+    return subprocess.run(["zstd", "-q", "-c"], input=raw, capture_output=True, check=True).stdout
 
 
 @pytest.mark.parametrize("task", ["ship", "save"])

@@ -7,9 +7,12 @@ outcome that matters is whether the end of the tar got there (without it, docker
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import io
 import json
+import lzma
 import signal
 import subprocess
 import tarfile
@@ -310,6 +313,20 @@ def test_the_gate_refuses_what_docker_could_read_differently(case, message):
     }[case]()
     with pytest.raises(DockyardError, match=message):
         gate(raw)
+
+
+@pytest.mark.parametrize("start,kind", [(gzip.compress(b"x" * 1000), "gzip"), (bz2.compress(b"x"), "bzip2"),
+                                        (lzma.compress(b"x"), "xz"), (b"\x28\xb5\x2f\xfd" + bytes(60), "zstd"),
+                                        ((0x184D2A5A).to_bytes(4, "little") + bytes(60), "zstd")],
+                         ids=["gzip", "bzip2", "xz", "zstd", "zstd-skippable-frame"])
+def test_the_gate_refuses_a_file_docker_load_would_decompress_by_itself(start, kind):
+    """docker load inflates a layer file that starts as a compressed stream: within the tar's declared size, it
+    unpacked 1000 times as much (tests/integration/test_transport_faults.py loads such a bomb through both loaders).
+    A plain file, whatever else it starts with, passes."""
+    with pytest.raises(DockyardError, match=f"the tar's 1/layer.tar is {kind}-compressed"):
+        gate(tar_of(("1/layer.tar", start, tarfile.REGTYPE, ""), ("manifest.json", b"[]", tarfile.REGTYPE, "")))
+    g, _ = gate(tar_of(("1/layer.tar", b"BZ" + start, tarfile.REGTYPE, ""), ("x", b"\x1f\x8b", tarfile.REGTYPE, "")))
+    assert g.tail
 
 
 def pax_record(key: str, value: str) -> bytes:
