@@ -25,7 +25,15 @@ add() { for a do cmd="$cmd $(q "$a")"; done; }
 json() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
 # HERE=the path, a relative one as ./PATH: a file named -v is then a file for cd, mkdir, dirname and basename,
 # never an option (a variable, not $(...), which would strip trailing newlines).
-here() { case $1 in /*) HERE=$1 ;; *) HERE=./$1 ;; esac; }
+# A leading ~ is the home folder, as invoke run reads it (the shell leaves --runs=~/x as typed).
+here() {
+	case $1 in
+	'~' | '~/'*) [ -n "${HOME:-}" ] || die "$1: HOME is not set: give the full path"; HERE=$HOME${1#'~'} ;;
+	'~'*) die "$1: run.sh reads ~ as your home folder only: give the full path" ;;
+	/*) HERE=$1 ;;
+	*) HERE=./$1 ;;
+	esac
+}
 # A host path for docker's -v and the run's JSON record: a control character (a newline) would end the record,
 # and -v splits on ':'.
 mountable() {  # what path
@@ -261,7 +269,11 @@ if [ -f "$HERE/recipe.yaml" ]; then
 	MOUNTS="$MOUNTS $(q -v) $(q "$folder:$RECIPE_IN:ro")"
 	HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$RECIPE_IN")\": \"$(json "$folder")\""
 fi
-[ -n "$RUN_ID" ] || RUN_ID=${RECIPE_IN##*/}-$(date +%Y%m%d-%H%M%S)
+# the recipe's name in a run id as invoke run writes it: letters, digits, _ . - (others become -), 64 at most
+if [ -z "$RUN_ID" ]; then
+	RUN_ID=$(printf '%s' "${RECIPE_IN##*/}" | tr -c 'A-Za-z0-9_.-' '-' | sed 's/^[-._]*//' | cut -c1-64)
+	RUN_ID=${RUN_ID:-run}-$(date +%Y%m%d-%H%M%S)
+fi
 case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
 case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
 mountable --runs "$RUNS"

@@ -73,8 +73,8 @@ def _node(settings, base, *args: str, hf: str = "") -> tuple[subprocess.Complete
 
 def _refused_by_sh(path: str) -> bool:
     """What run.sh refuses in a path: an ASCII control character (JSON needs them escaped; a newline ends sh's
-    lines) and ':' (docker -v splits on it)."""
-    return ":" in path or any(ord(c) < 32 or ord(c) == 127 for c in path)
+    lines), ':' (docker -v splits on it) and a leading ~NAME (read as a home folder only for ~ and ~/)."""
+    return ":" in path or any(ord(c) < 32 or ord(c) == 127 for c in path) or (path[:1] == "~" and path[:2] != "~/")
 
 
 @EXAMPLES
@@ -105,6 +105,31 @@ def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_fac
     assert argv[-4:] == ["--run_name", override, "--data", inside]
     (record,) = [a for a in argv if a.startswith("DOCKYARD_HOST_PATHS=")]
     assert json.loads(record.split("=", 1)[1]) == {inside: f"{base}/{data}", f"/workspace/recipes/{recipe}": str(folder)}
+
+
+def test_a_leading_tilde_is_the_home_folder_as_invoke_run_reads_it(settings, tmp_path):
+    """`--runs=~/runs` made a folder named ~ in the current one (where `rm -rf ~` waits), and `--data=~/d.jsonl`
+    was "no such file" though it was in the home folder."""
+    home, base = tmp_path / "home", tmp_path / "node"
+    (home / "recipes").mkdir(parents=True)
+    base.mkdir()
+    (home / "d.jsonl").write_text("{}\n")
+    shutil.copytree(RECIPES / "ddp", home / "recipes" / "my recipe")
+    (base / "run.sh").write_text(runscript.render(settings, "dockyard:0.1.0-cpu", "cpu"))
+    recorder(base / "bin", "docker", then=DOCKER)
+    env = {**environment(base / "bin", base / "argv", base / "pwned", LANG="C"), "HOME": str(home)}
+    p = subprocess.run(["sh", "run.sh", "--data=~/d.jsonl", "--runs=~/runs", "--recipe=~/recipes/my recipe"],
+                       cwd=base, env=env, capture_output=True, text=True, timeout=60)
+    argv = next(r["argv"] for r in records(base / "argv") if r["argv"][:1] == ["run"] and "--name" in r["argv"])
+    assert f"{home}/d.jsonl:/workspace/inputs/data/d.jsonl:ro" in argv, p.stderr
+    assert f"{home}/runs:/workspace/runs" in argv and not (base / "~").exists()
+    # a recipe folder's name as invoke run puts it in a run id (run.sh blamed a --run-id it was never given)
+    run_dir = json.loads(next(a for a in argv if a.startswith("DOCKYARD_HOST_PATHS=")).split("=", 1)[1])
+    assert "my recipe" in str(run_dir)
+    assert re.search(r"--run-dir /workspace/runs/my-recipe-\d{8}-\d{6}\b", " ".join(argv)), argv
+    p = subprocess.run(["sh", "run.sh", "--data=~nobody-here/d.jsonl"], cwd=base, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and "run.sh reads ~ as your home folder only: give the full path" in p.stderr
 
 
 def test_a_file_named_like_an_option_is_mounted_not_the_folder_it_is_in(settings, tmp_path):
