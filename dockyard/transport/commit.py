@@ -18,7 +18,8 @@ import re
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError
-from dockyard.images.variants import canonical_name, parse_lock_pins
+from dockyard.images.variants import all_variants, canonical_name, parse_lock_pins
+from dockyard.images.variants import tag as variant_tag
 from dockyard.settings import ROOT, Settings
 
 # (pattern on the path, what it is): files that hold credentials in the usual places.
@@ -89,11 +90,16 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     engine.reference(container, "container")
     if tag:
         engine.reference(tag, "--tag")
+        check_not_a_build(settings, tag)
     got = engine.run(engine.docker(settings, "container", "inspect", container), capture=True, check=False,
                      quiet=True)
     if got.returncode != 0:
         raise DockyardError(f"no container {container}: see `docker ps -a`")
-    meta = json.loads(got.stdout)[0]
+    found = engine.docker_json(settings, got.stdout, "container inspect", list)
+    meta = found[0] if found and isinstance(found[0], dict) else None
+    if meta is None or not isinstance(meta.get("Config"), dict) or "Image" not in meta:
+        raise DockyardError(f"`{settings.docker} container inspect {container}` did not answer as a Docker client "
+                            "does: the docker setting (INVOKE_DOCKYARD_DOCKER) must name the docker program")
     diff = parse_diff(engine.run(engine.docker(settings, "diff", container), capture=True, quiet=True).stdout)
     secrets = find_secrets(diff) + env_secrets(meta["Config"].get("Env") or [])
     found, unread, partly = content_secrets(settings, container, diff, {path for path, _ in secrets})
@@ -128,6 +134,21 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
         print(f"  note: {len(partly)} text file(s) longer than {console.human(SCAN_BYTES)} were read for tokens in "
               f"that much of their start only, most under {most_under(partly)}")
     return tag
+
+
+def check_not_a_build(settings: Settings, tag: str) -> None:
+    """A commit never takes a built image's own tag (<image_name>:<version>-<variant>): it would keep the build's
+    labels (its lock, its code), and run, save and ship would take a container changed by hand for that build."""
+    for variant in all_variants(settings).values():
+        if _familiar(tag) == _familiar(variant_tag(settings, variant)):
+            raise DockyardError(f"--tag={tag} is the tag `invoke build --variant={variant.name}` gives its image: a "
+                                "container committed under it would pass for that reproducible build. Give another "
+                                "tag, or leave --tag out for a dated one")
+
+
+def _familiar(ref: str) -> str:
+    """A reference as docker names it for short: docker.io/library/x:t is x:t."""
+    return ref.removeprefix("docker.io/").removeprefix("library/")
 
 
 def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str], running: bool = True) -> str:

@@ -282,3 +282,17 @@ def test_a_token_in_a_gzip_file_is_found_as_in_its_text(tmp_path, monkeypatch):
     bomb = gzip.compress(b"\0" * (3 * commit.BLOCK))  # past what is read: said as read in part, never all of it
     monkeypatch.setattr(commit, "SCAN_BYTES", commit.BLOCK)
     assert commit.text_token(io.BytesIO(bomb), len(bomb)) == commit.TOO_LONG
+
+
+@pytest.mark.parametrize("tag", ["dockyard:0.1.0-cpu", "docker.io/library/dockyard:0.1.0-cu132"])
+def test_a_commit_never_takes_a_built_images_own_tag(tag):
+    """`--tag=dockyard:0.1.0-cpu` moved the build's tag onto a container changed by hand, which kept the build's
+    labels: run, save and ship took it for the reproducible image. Refused before any docker command."""
+    with pytest.raises(DockyardError, match="is the tag `invoke build --variant="):
+        commit.commit(Settings(docker="/bin/false"), "c1", tag=tag)  # a client that would say "no container c1"
+
+
+@pytest.mark.parametrize("client", ["/bin/true", "/bin/echo"])
+def test_a_docker_setting_that_is_no_docker_client_is_one_line(client):
+    with pytest.raises(DockyardError, match="did not answer as a Docker client does"):
+        commit.commit(Settings(docker=client), "c1", tag="mine:1")
