@@ -46,7 +46,7 @@ def quote(argv: Sequence[str]) -> str:
 
 # The user part of a URL (`https://alice:TOKEN@pypi.corp/simple`, `https://TOKEN@host`): a private index's token in
 # the index_url setting. What is printed (the echo, --dry, an error quoting its command) says `***` instead.
-_URL_USER = re.compile(r"(://)[^/@\s]+@")
+_URL_USER = re.compile(r"(://)[^/\s]*@")  # to the last @ before the host, as pip and uv split it
 
 
 def shown(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:

@@ -119,7 +119,7 @@ def test_a_token_in_an_index_url_is_never_printed_nor_on_a_command_line(settings
     from dockyard import engine
     from dockyard.common.errors import DockyardError
 
-    token = "s3cr3t-tok"
+    token = "s3cr@t-tok"  # an @ in a password: pip and uv split the user part at the last one
     s = settings.model_copy(update={"index_url": f"https://alice:{token}@pypi.corp/simple",
                                     "extra_index_url": f"https://{token}@extra.corp/simple"})
     for plan, tool in ((build.wheelhouse_steps(s, cu132), "PIP_"), (build.lock_steps(s, cu132, cu132.lock_file), "UV_")):
