@@ -108,7 +108,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
 def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity: str = "",
                thin: bool = False) -> list[tuple[str, str]]:
     """docker save | zstd | ssh node 'zstd -dc | docker load', then check every image id there."""
-    r = Remote(parse_to(to.split(":", 1)[0], need_dir=False).host, ".", port, identity)
+    r = Remote(parse_to(to, need_dir=False).host, ".", port, identity)
     check_identity(identity)
     refs = [x.strip() for x in image.split(",") if x.strip()]
     images = inventory.inspect_images(settings, refs)

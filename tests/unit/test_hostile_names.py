@@ -17,6 +17,7 @@ import subprocess
 import pytest
 
 from dockyard import ROOT
+from tests.support.archive_sets import make_set
 from tests.support.cli import invoke_here, short_error
 
 NVML_HOSTS = ROOT / "tests" / "fixtures" / "nvml" / "hosts"
@@ -76,6 +77,16 @@ def test_an_empty_user_or_host_is_said_as_such_not_as_an_unreachable_node(to, sa
     """`--to=@host` got ssh's usage text as the node's failure, `--to=root@:/dir` "Could not resolve hostname"."""
     short_error(invoke_here("ship", "--image=dockyard:0.1.0-cpu", f"--to={to}"), says)
     short_error(invoke_here("save", "--variant=cpu", f"--thin-for=ssh://{to}"), says)
+
+
+@pytest.mark.parametrize("to", ["2001:db8::5", "[::1]:/tmp/x", "fe80::1:/srv/img", "root@[::1]:/x"])
+def test_an_ipv6_destination_is_refused_with_the_way_to_name_it_not_cut_at_its_first_colon(to, tmp_path):
+    """ssh was run with host `2001` (glibc reads it as 0.0.7.209: another machine) or `[`, the rest of the address
+    taken for the folder. An ssh config alias is how a node at an IPv6 address is named here."""
+    archive = make_set(tmp_path).archive
+    for args in (["--image=dockyard:0.1.0-cpu"], [f"--file={archive}"]):
+        short_error(invoke_here("ship", *args, f"--to={to}", env={"INVOKE_DOCKYARD_SSH": "/bin/false"}),
+                    "an IPv6 address", "Host node9")
 
 
 def test_a_misspelt_identity_is_named_before_ssh_hides_it(tmp_path):
