@@ -29,7 +29,7 @@ from dockyard.settings import Settings
 from dockyard.transport import load as load_mod
 from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths, write_loader
-from dockyard.transport.tarstream import TarGate, TarPump, TooLong
+from dockyard.transport.tarstream import TarGate, TarPump, TooLong, compressed
 from tests.support.archive_sets import engine_answering_info, keypair, make_set, reseal
 from tests.support.save_tars import fake_save, member
 
@@ -469,7 +469,10 @@ def test_the_gate_passes_what_tar_writers_write_whole(raw):
     try:
         g, passed = gate(raw)
     except DockyardError as e:
-        assert "through a link it made" in str(e)  # a generated path under a generated link
+        t = tarfile.open(fileobj=io.BytesIO(raw))
+        packed = [m.name for m in t.getmembers() if m.isreg() and compressed(t.extractfile(m).read(8))]
+        # a generated path under a generated link, or a file that starts as a compressed stream
+        assert "through a link it made" in str(e) or (packed and "-compressed" in str(e)), e
         return
     assert passed + g.tail == raw and len(passed) == end_of(raw)
     t = tarfile.open(fileobj=io.BytesIO(raw))
