@@ -69,6 +69,13 @@ def prepare(settings: Settings, compile_cache: bool) -> None:
     check_private(folder)
 
 
+def check_compile_cache(settings: Settings) -> None:
+    """What prepare() would refuse in a compile cache that is there, making nothing (`invoke run --dry`)."""
+    folder = compile_folder(settings)
+    if folder is not None and os.path.lexists(folder):
+        check_private(folder)
+
+
 def check_private(folder: Path) -> None:
     """`folder` (a link: where it leads) is a folder of this user's that no one else can write."""
     try:

@@ -97,6 +97,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
     runfolder.check_makeable(run_dir.parent, runfolder.RUNS_FIX)  # what claiming the run folder would find, --dry too
     runfolder.check_makeable(settings.path(settings.hf_cache), caches.HF_FIX)  # what caches.prepare would find
+    if not r.native:
+        caches.check_compile_cache(settings)  # what caches.prepare would refuse, --dry too
     need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
                                      gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
     if need:

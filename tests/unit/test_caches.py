@@ -7,6 +7,7 @@ test_compile_cache.py trains twice in the real cpu image and reads the second ru
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def test_invoke_run_refuses_a_bad_compile_cache_before_it_makes_the_run_folder(s
     with pytest.raises(DockyardError, match="can be written by others"):
         launch_run.run(s, request)
     assert not ran and not Path(tmp_path / "runs" / "r1").exists()
+    with pytest.raises(DockyardError, match="can be written by others"):  # --dry makes the same checks
+        launch_run.run(s, dataclasses.replace(request, dry=True))
 
     shared.chmod(0o700)  # fixed: the run starts (and the stand-in container refuses it, which is not this question)
     with pytest.raises(DockyardError, match="did not start"):
