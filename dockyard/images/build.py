@@ -213,7 +213,11 @@ def _pip_find_links() -> str:
 
 def lock_pins(variant: Variant) -> dict[str, str]:
     """name → version of every package in the variant's lock file."""
-    return variants.parse_lock_pins(variant.lock_file.read_text())
+    try:
+        return variants.parse_lock_pins(variant.lock_file.read_text())
+    except FileNotFoundError:
+        raise DockyardError(f"no lock file for {variant.name} ({variant.lock_file.relative_to(ROOT)}): run `invoke "
+                            f"lock --variant={variant.name}` first") from None
 
 
 def check_lock(variant: Variant) -> None:

@@ -9,13 +9,13 @@ import hashlib
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dockyard import __version__
 from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
-from dockyard.common.recipes import YAML_ERRORS
+from dockyard.common.recipes import YAML_ERRORS, read_yaml
 from dockyard.gpus import Host
 from dockyard.settings import IMAGE_NAME, ROOT, Settings
 
@@ -37,7 +37,7 @@ class DevelBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base: str
-    os_packages: list[str]
+    os_packages: list[Package]
     ds_ops: list[str]
 
     @field_validator("base")
@@ -47,6 +47,10 @@ class DevelBase(BaseModel):
 
 
 ARCHS_FORM = r"\d{1,3}\.\d{1,3}(\+PTX)?([;\s]+\d{1,3}\.\d{1,3}(\+PTX)?)*"  # "7.5;8.0;9.0+PTX"
+# a Debian package (name, =version, :arch): `apt-get install ${OS_PACKAGES}` reads anything else as an option
+# (-oAPT::Update::Pre-Invoke::=...), splits it at blanks or expands it as a glob
+PACKAGE_FORM = r"^[a-z0-9][a-z0-9+.:=~_-]*$"
+Package = Annotated[str, Field(pattern=PACKAGE_FORM)]
 
 
 class Variant(BaseModel):
@@ -58,8 +62,9 @@ class Variant(BaseModel):
     base: str
     cuda: str = Field(pattern=r"^(\d{1,3}\.\d{1,3})?$")  # "13.2"; "" for cpu
     python: str = Field(pattern=r"^3\.\d{1,2}$")
-    os_packages: list[str]
-    torch_cuda_arch_list: str
+    os_packages: list[Package]
+    # what DeepSpeed's ops are compiled for (TORCH_CUDA_ARCH_LIST): a mistake here surfaced minutes into the build
+    torch_cuda_arch_list: str = Field(pattern=f"^({ARCHS_FORM})?$")
     # the archs torch's libraries hold code for, as TORCH_CUDA_ARCH_LIST writes them: "7.5;8.0;9.0+PTX"
     torch_archs: str = Field("", pattern=f"^({ARCHS_FORM})?$")
     ds_ops: list[str]
@@ -127,7 +132,7 @@ class Variant(BaseModel):
 @lru_cache(maxsize=8)
 def _load(path: Path) -> dict[str, Variant]:
     try:
-        raw = yaml.safe_load(read_bounded(path, 4 * MiB, "variants file").decode())
+        raw = read_yaml(read_bounded(path, 4 * MiB, "variants file").decode())  # a key set twice refused
     except FileNotFoundError:
         raise DockyardError(f"variants file {path} not found: set `variants_file` in invoke.yaml") from None
     except OSError as e:  # a folder, a file this user may not read
@@ -143,16 +148,24 @@ def _load(path: Path) -> dict[str, Variant]:
     if odd is not None:
         raise DockyardError(f"invalid variants file {path}: variant {odd!r} must be a mapping of its fields (it is "
                             f"{type(raw['variants'][odd]).__name__})")
-    try:
-        out = {name: Variant(name=name, **spec) for name, spec in raw["variants"].items()}
-    except (ValidationError, TypeError) as e:
-        raise DockyardError(f"invalid variants file {path}: {problems(e)}") from None
+    out = {}
+    for name, spec in raw["variants"].items():
+        if name == "auto" or "name" in spec:
+            raise DockyardError(f"invalid variants file {path}: variant {name!r}: " + (
+                "`auto` is --variant's word for picking one, never a variant's name" if name == "auto" else
+                "its name is the key above its fields: remove its `name:` field"))
+        try:
+            out[name] = Variant(name=name, **spec)
+        except (ValidationError, TypeError) as e:
+            raise DockyardError(f"invalid variants file {path}: variant {name!r}: {problems(e)}") from None
     if "cpu" not in out:  # the variant of every host without GPUs, and auto's fallback
         raise DockyardError(f"invalid variants file {path}: it defines no `cpu` variant (hosts without GPUs use it)")
     for v in out.values():
         missing = [p for p in PINNED if p not in v.pins]
         if missing:
             raise DockyardError(f"variant {v.name} in {path} lacks pins for: {', '.join(missing)}")
+        if not v.pins["torch"]:  # every image is built around its torch (its label, the build's check)
+            raise DockyardError(f"variant {v.name} in {path} pins no torch version: give one (\"2.13.0+cpu\")")
     return out
 
 

@@ -211,6 +211,23 @@ def test_every_task_refuses_a_variants_file_that_is_a_folder_in_one_line(tmp_pat
 
 
 
+def test_a_variants_file_setting_a_key_twice_or_pinning_no_torch_is_refused(tmp_path):
+    """A second `os_packages:` under a variant silently replaced the first; `torch: ""` built an image labelled with
+    no torch."""
+    from dockyard.settings import ROOT
+
+    text = (ROOT / "images" / "variants.yaml").read_text()
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(text.replace("    os_packages: [python3, python3-venv, python3-dev]\n",
+                                  "    os_packages: [python3, python3-venv, python3-dev]\n    os_packages: [curl]\n", 1))
+    with pytest.raises(DockyardError, match=r"'os_packages' is set twice .* at line \d+"):
+        variants._load(twice)
+    no_torch = tmp_path / "no-torch.yaml"
+    no_torch.write_text(text.replace('torch: "2.13.0+cpu"', 'torch: ""', 1))
+    with pytest.raises(DockyardError, match=r"variant cpu in .* pins no torch version"):
+        variants._load(no_torch)
+
+
 @pytest.mark.parametrize("edit,says", [
     # a name is a lock file's and a tag's part: `invoke lock --variant=../../x` wrote outside images/locks
     (lambda raw: raw["variants"].update({"../../../tmp/pwn": raw["variants"]["cpu"]}), r"name: String should match"),
@@ -224,6 +241,14 @@ def test_every_task_refuses_a_variants_file_that_is_a_folder_in_one_line(tmp_pat
     (lambda raw: raw["variants"]["cu128"]["devel"].update(base=""), r"devel.base: Value error, an image name: "),
     (lambda raw: raw["variants"].pop("cpu"), r"defines no `cpu` variant"),  # a KeyError traceback in auto's choice
     (lambda raw: raw["variants"].update(x=None), r"variant 'x' must be a mapping of its fields \(it is NoneType\)"),
+    # the third red-team pass: apt options through os_packages, a late-failing arch list, odd names, no torch
+    (lambda raw: raw["variants"]["cpu"].update(os_packages=["python3", "-oAPT::Update::Pre-Invoke::=id", "*"]),
+     r"variant 'cpu': os_packages.1: String should match"),
+    (lambda raw: raw["variants"]["cu132"].update(torch_cuda_arch_list="sm_90; banana"),
+     r"variant 'cu132': torch_cuda_arch_list: String should match"),
+    (lambda raw: raw["variants"].update(auto=raw["variants"]["cpu"]), r"variant 'auto': `auto` is --variant's word"),
+    (lambda raw: raw["variants"]["cpu"].update(name="cpu"), r"variant 'cpu': its name is the key above"),
+    (lambda raw: raw["variants"]["cu132"].update(cuda=13.2), r"variant 'cu132': cuda: Input should be a valid string"),
 ])
 def test_a_variants_file_of_hostile_or_odd_values_is_refused_in_one_line(tmp_path, edit, says):
     import yaml
