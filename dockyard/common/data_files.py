@@ -19,6 +19,11 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "text": ("text",),
 }
 FIRST_LINE_LIMIT = 1 << 24  # bytes of a JSON Lines file's first example the host reads (an example is far less)
+# Brackets deep in one example: a chat nests 3 or 4. pyarrow's JSON reader (under `datasets`) crashes the process
+# (SIGSEGV, no word of the file) near 50,000; Python's json raises RecursionError near 1,000.
+NESTING_LIMIT = 100
+NESTED = f"nested more than {NESTING_LIMIT} brackets deep, which no training example is (a crafted or broken line)"
+_JSON_EVENTS = re.compile(rb'["\\\[\]{}]')
 
 
 def left_out(folder: Path) -> list[str]:
@@ -44,10 +49,15 @@ def unknown_format(source: str, fields: list[str]) -> DockyardError:
 
 def not_an_object(line: str) -> str:
     """Why one line of a JSON Lines file is not one JSON object ("" where it is, or is blank)."""
+    raw = line.encode("utf-8", errors="replace")
+    if raw.count(b"[") + raw.count(b"{") > NESTING_LIMIT and _nests_past(raw):
+        return NESTED
     try:
         value = json.loads(line.rstrip("\r\n")) if line.strip() else {}
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
+    except RecursionError:
+        return NESTED
     if isinstance(value, dict):
         return ""
     kind = {list: "an array", str: "a string", bool: "true or false"}.get(type(value), "a number")
@@ -69,6 +79,44 @@ def first_fields(path: Path) -> list[str] | None:
                 raise DockyardError(f"cannot read {path}:{n}: {why}")
             return sorted(k for k, v in json.loads(line).items() if v is not None)
     return None
+
+
+def too_deep(path: Path) -> str:
+    """FILE:LINE (FILE for a .json file) where a JSON or JSON Lines file nests deeper than NESTING_LIMIT, or "":
+    read before `datasets` is, whose reader would crash the process. A line with fewer brackets than the limit
+    cannot nest that deep, so only the rare line with more is read bracket by bracket."""
+    if path.suffix == ".json":
+        data = path.read_bytes()
+        return str(path) if data.count(b"[") + data.count(b"{") > NESTING_LIMIT and _nests_past(data) else ""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if line.count(b"[") + line.count(b"{") > NESTING_LIMIT and _nests_past(line):
+                return f"{path}:{n}"
+    return ""
+
+
+def _nests_past(data: bytes) -> bool:
+    """Whether JSON text opens more than NESTING_LIMIT brackets at once (brackets in strings are text)."""
+    depth, in_string, skip = 0, False, -1
+    for m in _JSON_EVENTS.finditer(data):
+        pos = m.start()
+        if pos == skip:  # the character after a backslash in a string
+            continue
+        c = data[pos]
+        if in_string:
+            if c == 0x5C:
+                skip = pos + 1
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            if depth > NESTING_LIMIT:
+                return True
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return False
 
 
 def holds_text(path: Path) -> bool:

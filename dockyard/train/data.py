@@ -37,11 +37,13 @@ from dockyard.common.data_files import (
     BUILDERS,
     FORMATS,
     HUB_ID,
+    NESTED,
     format_of,
     holds_text,
     left_out,
     mixed_formats,
     not_an_object,
+    too_deep,
     unknown_format,
 )
 from dockyard.common.errors import DockyardError, Stopped, causes
@@ -260,6 +262,9 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
 
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity(logging.CRITICAL)  # its ERROR lines on a bad file: the refusal below says it
+    for f in kwargs.get("data_files", []) if builder == "json" else []:
+        if where := too_deep(Path(f)):  # before pyarrow's reader, which would crash every process on it
+            raise DockyardError(f"cannot read {where}: {NESTED}")
     try:
         return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source

@@ -76,6 +76,29 @@ def test_bad_files_are_refused_with_their_line(tmp_path):
         data.read_rows(tmp_path / "x.md")
 
 
+@pytest.mark.parametrize("depth", [101, 5_000, 50_000])
+def test_json_nested_deeper_than_any_example_is_refused_before_pyarrow_reads_it(tmp_path, depth):
+    """At 50,000 brackets pyarrow's reader crashed every process (SIGSEGV), saying nothing of the file; at 5,000
+    the trainer's own line check raised RecursionError (a traceback); on the host at 1,000. Brackets inside a
+    string are text, and are read."""
+    nested = "[" * depth + "]" * depth
+    jsonl, whole = tmp_path / "deep.jsonl", tmp_path / "deep.json"
+    jsonl.write_text('{"text": "a"}\n{"text": "b", "x": ' + nested + "}\n")
+    whole.write_text('[{"text": "a", "x": ' + nested + "}]")
+    for path, where in ((jsonl, "deep.jsonl:2"), (whole, "deep.json")):
+        with pytest.raises(DockyardError, match=f"cannot read .*{where}: nested more than 100 brackets deep"):
+            data.read_rows(path)
+    from dockyard.common.data_files import first_fields
+
+    first = tmp_path / "first.jsonl"
+    first.write_text('{"text": "b", "x": ' + nested + "}\n")
+    with pytest.raises(DockyardError, match="first.jsonl:1: nested more than 100"):
+        first_fields(first)  # what `invoke run --dry` reads
+    text = tmp_path / "brackets.jsonl"
+    text.write_text(json.dumps({"text": "[" * 500 + '\\" {' * 200}) + "\n")
+    assert data.read_rows(text)[0]["text"].startswith("[[[")
+
+
 def test_a_folder_must_hold_one_kind_of_file(tmp_path):
     write(tmp_path / "a.jsonl", [{"text": "a"}])
     (tmp_path / "b.txt").write_text("b\n")
