@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import json
 import math
 import re
 import reprlib
@@ -367,6 +368,11 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     for key in ("log_level", "log_level_replica"):  # the Trainer looks it up in a table of these: a KeyError
         if key in training and str(training[key]) not in LOG_LEVELS:
             raise DockyardError(f"{key} {training[key]!r}: give one of {', '.join(LOG_LEVELS)}")
+    if "split_batches" in json.dumps(training.get("accelerator_config"), default=str):
+        # each process then takes its share of one micro-batch: the run trained half (of 2 processes) the global
+        # batch it reported
+        raise DockyardError("accelerator_config: leave split_batches out: global_batch says what each step trains over "
+                            "all processes, and the project splits it (split_batches would train less than it says)")
     if training.get("bf16") is True and training.get("fp16") is True:
         raise DockyardError("bf16 and fp16 are both true: give one (bf16 on Ampere and newer GPUs, fp16 on older ones), "
                             "or neither for the GPU's own")
@@ -434,6 +440,8 @@ RANGES: dict[str, Range] = {
     **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), Range(0, open_low=True)),
     **dict.fromkeys(("seed", "data_seed"), Range(0, 2**32 - 1)),
     "neftune_noise_alpha": Range(0),  # torch's uniform_ refused a negative one at the first step
+    # (1 - ε)·nll + ε·smooth: at 1 or more the correct token's loss is pushed the wrong way (10 meant for 10 %)
+    "label_smoothing_factor": Range(0, 1, open_high=True),
 }
 
 

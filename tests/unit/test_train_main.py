@@ -144,6 +144,11 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--eval_data", "data/sample.jsonl", "--eval_fraction", "0.1"], "eval_data and eval_fraction are both set (0.1)"),
     (["--lora_r", "8"], "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters"),
     (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),
+    # the fourth red-team pass: 10 for 10 % pushed the right token's probability down; split_batches trained half
+    # the global batch the run reported, over 2 processes
+    (["--label_smoothing_factor", "10"], "label_smoothing_factor 10: TrainingArguments.label_smoothing_factor takes "
+                                         "a number from 0 up to (not including) 1"),
+    (["--accelerator_config", '{"split_batches": true}'], "accelerator_config: leave split_batches out"),
     # the split of the batch, refused once the run folder was made (run.sh, native)
     (["--global_batch", "3", "--per_device_train_batch_size", "2"], "per_device_train_batch_size 2 does not divide "
                                                                      "the 3 examples each of the 1 process(es)"),

@@ -180,7 +180,8 @@ def test_choices_and_names_a_user_may_well_give_are_taken():
     from dockyard.common.recipes import load_recipe
     from dockyard.common.run_settings import check_training_numbers, resolve_settings
 
-    check_training_numbers({"log_level": "detail", "neftune_noise_alpha": 0})  # transformers takes both
+    check_training_numbers({"log_level": "detail", "neftune_noise_alpha": 0, "label_smoothing_factor": 0.1,
+                            "accelerator_config": {"even_batches": False}})  # transformers takes them all
     regex = r"model\.layers\.\d{1,2}\.self_attn\.(q_proj|v_proj)"  # peft's own form: a comma inside, no list
     assert resolve_settings(load_recipe("lora"), {"lora_target_modules": regex})[0].lora_target_modules == regex
     assert resolve_settings(load_recipe("lora"), {"lora_target_modules": "q_proj,"})[0].lora_target_modules == \
