@@ -313,8 +313,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
         manifest.check_same_recipe(run_dir, recipe.name)
-    if last:
-        manifest.check_same_inputs(run_dir, run_inputs(settings))
+    if last or run.opts.resume:
+        manifest.check_same_inputs(run_dir, run_inputs(settings),
+                                   from_saved=[k for k in manifest.INPUT_KEYS if k in run.kept_overrides])
     guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:

@@ -190,16 +190,26 @@ def check_same_recipe(run_dir: Path, recipe: str) -> None:
                             f"--recipe {was} (a checkpoint holds one strategy's state)")
 
 
-def check_same_inputs(run_dir: Path, given: dict[str, str]) -> None:
+INPUT_KEYS = ("model", "data", "eval_data")
+
+
+def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str] | tuple = ()) -> None:
     """--resume with the model and data the run was started with, as its manifest's `inputs` recorded them: `invoke
     run --resume --run-id=X` without the first run's --model/--data continued from the tiny default model and the
     sample (a checkpoint of another shape failed in the Trainer and rewrote the run's manifest as failed; one of the
-    same shape would have trained on, on other data). `given`: key → the value this resume reads ("" for none)."""
+    same shape would have trained on, on other data). `given`: key → the value this resume reads ("" for none);
+    `from_saved`: those of them taken from the run's overrides.json, not given now: without the manifest's record to
+    hold them against, a path written into that file (by anything that ran in the folder) is not read."""
     was = _recorded(run_dir).get("inputs")
     if not isinstance(was, dict):
-        return  # no record: a run killed before its manifest
+        if from_saved:
+            named = ", ".join(f"{k} {given.get(k) or '(none)'}" for k in from_saved)
+            raise DockyardError(f"--resume: {run_dir.name}'s overrides.json names {named}, and its manifest holds no "
+                                "record of what the run read to check that against: give them again as the run was "
+                                "started (--data=..., --model=...; -- --eval_data ...)")
+        return  # no record, nothing taken from the folder: what the user gave now
     now = inputs_record(given)
-    for key, flag in (("model", "--model"), ("data", "--data"), ("eval_data", "-- --eval_data")):
+    for key, flag in zip(INPUT_KEYS, ("--model", "--data", "-- --eval_data"), strict=True):
         before = was.get(key) if isinstance(was.get(key), dict) else {}
         after = now.get(key, {})
         if (before.get("sha256") or before.get("path")) != (after.get("sha256") or after.get("path")):

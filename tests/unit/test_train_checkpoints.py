@@ -214,6 +214,24 @@ def test_a_resume_without_the_runs_own_model_and_data_is_refused_and_the_record_
     manifest.check_same_inputs(run_dir, {"model": "", "data": str(data), "eval_data": ""})  # its own: taken
 
 
+def test_a_resume_reads_no_data_path_from_the_run_folder_without_the_manifests_record(tmp_path, capsys):
+    """The fourth red-team pass: overrides.json naming another file, the manifest's `inputs` removed (anything that
+    trained in the folder can write both): the resume trained on that file and reported completed."""
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text('{"text": "not for this run"}\n' * 8)
+    run_dir = tmp_path / "run"
+    _run_with_checkpoints(run_dir, 12)
+    record = json.loads((run_dir / "manifest.json").read_text())
+    record.pop("inputs", None)
+    (run_dir / "manifest.json").write_text(json.dumps(record))
+    (run_dir / "overrides.json").write_text(json.dumps({"max_steps": 20, "data": str(secret)}))
+    err = _resume(run_dir, capsys)
+    assert f"overrides.json names data {secret}, and its manifest holds no record" in err, err
+    with pytest.raises(DockyardError, match="give them again as the run was started"):
+        manifest.check_same_inputs(run_dir, {"data": str(secret)}, from_saved=["data"])
+    manifest.check_same_inputs(run_dir, {"data": str(secret)})  # given now, by the user: taken
+
+
 def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
     """`--resume -- --max_steps 12` from checkpoint-12 trained step 13 and recorded 13 steps."""
     run_dir = tmp_path / "run"
