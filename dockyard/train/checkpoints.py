@@ -92,6 +92,9 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
         raise damaged(checkpoint, earlier, state, f"not the Trainer's JSON ({e})") from None
     if not isinstance(step, int):
         raise damaged(checkpoint, earlier, state, "no global_step in it")
+    named = checkpoint.name.removeprefix("checkpoint-")
+    if named.isdigit() and step != int(named):  # the run picks its step by the name, the Trainer by this
+        raise damaged(checkpoint, earlier, state, f"global_step {step}, where the checkpoint's name says {named}")
     if not any(any(checkpoint.glob(pattern)) for pattern in WEIGHTS):
         raise damaged(checkpoint, earlier, checkpoint / "model.safetensors", "missing: the checkpoint holds no "
                       "weights")

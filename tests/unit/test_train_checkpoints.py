@@ -154,6 +154,10 @@ def _cut(path):
     (lambda ck: _cut(ck / "model.safetensors"), "model.safetensors: cut short"),
     (lambda ck: (ck / "trainer_state.json").write_text("{bad"), "trainer_state.json: not the Trainer's JSON"),
     (lambda ck: (ck / "trainer_state.json").write_text("{}"), "trainer_state.json: no global_step in it"),
+    # the run took its step from the name (12 < max_steps 20: trains on), the Trainer from the state (1000: trained
+    # nothing, and the run said "completed")
+    (lambda ck: (ck / "trainer_state.json").write_text('{"global_step": 1000}'),
+     "trainer_state.json: global_step 1000, where the checkpoint's name says 12"),
     (lambda ck: _cut(ck / "optimizer.pt"), "optimizer.pt: not a whole torch.save file"),
     (lambda ck: (ck / "model.safetensors").unlink(), "model.safetensors: missing"),
     (lambda ck: (ck / "trainer_state.json").unlink(), "trainer_state.json: missing"),
