@@ -27,6 +27,7 @@ from dockyard.common import disk, memory, runfolder
 from dockyard.common.autos import check_packing
 from dockyard.common.data_files import (
     BUILDERS,
+    data_files_in,
     first_fields,
     format_of,
     holds_text,
@@ -247,7 +248,7 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
                             f"{', '.join(BUILDERS)} (docs/data.md)")
     files = [path] if path.is_file() else []
     if path.is_dir():
-        files = [f for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS]
+        files = data_files_in(path)
         kinds = {BUILDERS[f.suffix] for f in files}
         if not kinds:
             raise DockyardError(f"{where} {value}: the folder holds no {', '.join(BUILDERS)} file")
@@ -255,7 +256,7 @@ def check_input(key: str, value: str, where: str, settings: Settings) -> list[Pa
             raise DockyardError(f"{where} {value}: the folder mixes data files of different kinds "
                                 f"({', '.join(sorted(kinds))}): keep one kind per folder, or point at one file")
         if skipped := left_out(path):
-            print(f"warning: {where} {value}: not read (only {', '.join(BUILDERS)} files are data): "
+            print(f"warning: {where} {value}: not read (only {', '.join(BUILDERS)} files not hidden are data): "
                   f"{', '.join(skipped[:10])}" + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""),
                   file=sys.stderr)
     if files and not any(readable(f, holds_text) for f in files):

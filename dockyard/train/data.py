@@ -38,6 +38,7 @@ from dockyard.common.data_files import (
     FORMATS,
     HUB_ID,
     NESTED,
+    data_files_in,
     format_of,
     holds_text,
     left_out,
@@ -186,11 +187,11 @@ def _files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise DockyardError(f"{path}: neither a file nor a folder (a device, pipe or socket): give a data file, or a "
                             "folder of them")
-    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in BUILDERS)
+    files = data_files_in(path)
     if not files:
         raise DockyardError(f"no data at {path}: the folder holds no {', '.join(BUILDERS)} file")
     if skipped := left_out(path):
-        log.warning("%s: not read (only %s files are data): %s", path, ", ".join(BUILDERS), ", ".join(skipped[:10])
+        log.warning("%s: not read (only %s files not hidden are data): %s", path, ", ".join(BUILDERS), ", ".join(skipped[:10])
                     + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
     kinds = {BUILDERS[f.suffix] for f in files}
     if len(kinds) > 1:

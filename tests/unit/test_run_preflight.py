@@ -545,9 +545,11 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
     for name in ("a.jsonl", "B.JSONL", "sub/d.jsonl"):
         (folder / name).write_text('{"text": "ships sail"}\n')
     (folder / "c.jsonl.gz").write_bytes(b"\x1f\x8b")
+    (folder / ".old.jsonl").write_text('{"text": "hidden"}\n')
     r = dry(env, f"--data={folder}")
     assert r.returncode == 0, r.stderr
-    assert "not read (only .jsonl, .json, .parquet, .csv, .txt files are data): B.JSONL, c.jsonl.gz, sub/" in r.stderr
+    assert ("not read (only .jsonl, .json, .parquet, .csv, .txt files not hidden are data): .old.jsonl, B.JSONL, "
+            "c.jsonl.gz, sub/" in r.stderr)
 
 
 def test_a_json_lines_file_that_starts_with_a_byte_order_mark_passes_as_the_trainer_reads_it(env, tmp_path):

@@ -323,8 +323,11 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(tmp_path, caplog):
     (tmp_path / "sub").mkdir()
     for name in ("a.jsonl", "B.JSONL", "sub/d.jsonl"):
         jsonl(tmp_path / name, [{"text": "ships sail"}])
+    jsonl(tmp_path / ".old.jsonl", [{"text": "a stale copy ls does not show"}] * 50)  # was 50 of the 51 trained on
+    (tmp_path / ".DS_Store").write_bytes(b"\0")
     assert data.read_rows(tmp_path) == [{"text": "ships sail"}]
-    assert "not read (only .jsonl, .json, .parquet, .csv, .txt files are data): B.JSONL, sub/" in caplog.text
+    assert ("not read (only .jsonl, .json, .parquet, .csv, .txt files not hidden are data): .old.jsonl, B.JSONL, sub/"
+            in caplog.text)
 
 
 def test_a_chat_template_that_never_ends_is_stopped_and_named(tok, monkeypatch):
