@@ -60,6 +60,10 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
                             f"Python; say so: invoke export --run={run} --native")
     if native and m.variant not in NATIVE:
         raise DockyardError(f"run {run} was trained in the {m.variant} image, and is exported there: leave out --native")
+    if native:
+        from dockyard.launch.run import check_native_python
+
+        check_native_python("exports", ("torch", "transformers", "peft"))
     argv, env = export_command(settings, m, run_dir, target, merge,
                                None if dry or native else engine.engine_info(settings))
     if dry:

@@ -481,14 +481,14 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     return RunCommand(argv, run_dir)
 
 
-def check_native_python() -> None:
-    """`--native` trains with this host's Python: the host install (`pip install -e .`) has no torch, and torchrun
-    then failed with "No module named 'torch'" and a line blaming docker."""
-    missing = [m for m in ("torch", "transformers", "deepspeed") if importlib.util.find_spec(m) is None]
+def check_native_python(does: str = "trains", needs: tuple[str, ...] = ("torch", "transformers", "deepspeed")) -> None:
+    """`--native` trains (or exports) with this host's Python: the host install (`pip install -e .`) has no torch,
+    and torchrun then failed with "No module named 'torch'" and a line blaming docker (export: a traceback)."""
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
     if missing:
-        raise DockyardError(f"--native trains with this host's Python ({sys.executable}), which lacks "
+        raise DockyardError(f"--native {does} with this host's Python ({sys.executable}), which lacks "
                             f"{', '.join(missing)}: install the training stack (`pip install -e '.[train]'`), or "
-                            "leave out --native to train in the image")
+                            f"leave out --native to use the image")
 
 
 def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],

@@ -2,6 +2,7 @@
 overwritten, a missing run said plainly. Nothing runs (the export itself: tests/integration/test_export.py)."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,15 @@ def test_a_manifest_saying_native_does_not_move_the_export_onto_this_host_nor_ch
     with pytest.raises(DockyardError, match="trained in the cpu image, and is exported there: leave out --native"):
         export.export(settings.model_copy(update={"runs_dir": tmp_path / "b" / "runs"}), run="r1", dry=True,
                       native=True)
+
+
+def test_a_native_export_from_a_python_without_torch_says_how_to_get_it(settings, tmp_path, monkeypatch):
+    """The README's host install (no torch): `invoke export --native` was a ModuleNotFoundError traceback."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _run(tmp_path, variant="native", model={"format": "full"})
+    monkeypatch.setitem(sys.modules, "torch", None)  # what importlib finds where torch is not installed
+    with pytest.raises(DockyardError, match="--native exports with this host's Python .*, which lacks torch: install"):
+        export.export(s, run="r1", dry=True, native=True)
 
 
 @pytest.mark.parametrize("stop", ["interrupted", "failed"])

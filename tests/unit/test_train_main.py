@@ -142,6 +142,8 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
                                       "0 or more"),
     (["--eval_on_start", "true"], "eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE"),
     (["--eval_data", "data/sample.jsonl", "--eval_fraction", "0.1"], "eval_data and eval_fraction are both set (0.1)"),
+    (["--eval_fraction", "0.5", "--eval_strategy", "no"], "eval_fraction 0.5 holds examples out of training that "
+                                                          "eval_strategy no never evaluates"),
     (["--lora_r", "8"], "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters"),
     (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),
     # the fourth red-team pass: 10 for 10 % pushed the right token's probability down; split_batches trained half
