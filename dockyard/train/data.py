@@ -165,7 +165,9 @@ def read_rows(source: str | Path) -> list[dict[str, Any]]:
     if path.exists():
         files = _files(path)
         builder = BUILDERS[files[0].suffix]
-        rows = (read_csv(files) if builder == "csv" else _load(text, builder, data_files=[str(f) for f in files]))
+        # a .txt file's byte order mark is no text of its first line (JSON Lines and CSV files read past it already)
+        bom = {"encoding": "utf-8-sig"} if builder == "text" else {}
+        rows = (read_csv(files) if builder == "csv" else _load(text, builder, data_files=[str(f) for f in files], **bom))
         if builder == "text":
             rows = [r for r in rows if (r.get("text") or "").strip()]
     elif HUB_ID.fullmatch(text):

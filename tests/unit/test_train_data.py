@@ -139,3 +139,10 @@ def test_a_text_field_holding_numbers_or_token_ids_is_refused_not_trained_on_as_
     with pytest.raises(DockyardError, match=re.escape(said)):
         data.causal_lm_examples(data.read_rows(write(tmp_path / "d.jsonl", rows)), tok, 64)
 
+
+
+def test_a_byte_order_mark_is_no_text_of_a_text_files_first_line(tmp_path):
+    """Editors on Windows start a .txt file with one: it was trained on as the first document's first tokens."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes("\ufeffhello world\nsecond line\n".encode())
+    assert data.read_rows(path) == [{"text": "hello world"}, {"text": "second line"}]
