@@ -373,6 +373,9 @@ def check_training_numbers(training: dict[str, Any]) -> None:
         # batch it reported
         raise DockyardError("accelerator_config: leave split_batches out: global_batch says what each step trains over "
                             "all processes, and the project splits it (split_batches would train less than it says)")
+    if training.get("dataloader_prefetch_factor") is not None and not training.get("dataloader_num_workers"):
+        raise DockyardError("dataloader_prefetch_factor works with dataloader_num_workers above 0 (the batches each "
+                            "worker prepares ahead): set both, or leave out dataloader_prefetch_factor")
     if training.get("bf16") is True and training.get("fp16") is True:
         raise DockyardError("bf16 and fp16 are both true: give one (bf16 on Ampere and newer GPUs, fp16 on older ones), "
                             "or neither for the GPU's own")
@@ -393,6 +396,12 @@ def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
     if strategy in ("no", False) and settings.eval_fraction:  # held out of training and never evaluated (YAML: no)
         raise DockyardError(f"eval_fraction {settings.eval_fraction:g} holds examples out of training that eval_strategy "
                             "no never evaluates: leave out one of them")
+    held_out = settings.eval_data or settings.eval_fraction
+    for key, value, needs in (("load_best_model_at_end", True, "to choose the best checkpoint by"),
+                              ("lr_scheduler_type", "reduce_lr_on_plateau", "whose loss lowers the learning rate")):
+        if training.get(key) == value and (not held_out or strategy in ("no", False)):
+            raise DockyardError(f"{key} {str(value).lower()} needs an evaluation {needs}: add --eval_fraction 0.05 "
+                                "or --eval_data FILE (and leave eval_strategy as it is), or leave it out")
     if str(strategy) in ("steps", "epoch") and not (settings.eval_data or settings.eval_fraction):
         raise DockyardError(f"eval_strategy {strategy} needs held-out data: add --eval_fraction 0.05 or --eval_data "
                             "FILE (or --eval_strategy no)")
@@ -445,6 +454,8 @@ RANGES: dict[str, Range] = {
     "neftune_noise_alpha": Range(0),  # torch's uniform_ refused a negative one at the first step
     # (1 - ε)·nll + ε·smooth: at 1 or more the correct token's loss is pushed the wrong way (10 meant for 10 %)
     "label_smoothing_factor": Range(0, 1, open_high=True),
+    "torch_empty_cache_steps": Range(1),  # TrainingArguments: "must be a positive integer" (null: never)
+    "dataloader_prefetch_factor": Range(1),
 }
 
 

@@ -144,6 +144,12 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--eval_data", "data/sample.jsonl", "--eval_fraction", "0.1"], "eval_data and eval_fraction are both set (0.1)"),
     (["--eval_fraction", "0.5", "--eval_strategy", "no"], "eval_fraction 0.5 holds examples out of training that "
                                                           "eval_strategy no never evaluates"),
+    # what TrainingArguments refused once the run folder was made (native and run.sh runs: the trainer's own check)
+    (["--dataloader_prefetch_factor", "2"], "dataloader_prefetch_factor works with dataloader_num_workers above 0"),
+    (["--torch_empty_cache_steps", "0"], "torch_empty_cache_steps 0: TrainingArguments.torch_empty_cache_steps takes "
+                                         "a number 1 or more"),
+    (["--load_best_model_at_end", "true"], "load_best_model_at_end true needs an evaluation to choose the best"),
+    (["--lr_scheduler_type", "reduce_lr_on_plateau"], "lr_scheduler_type reduce_lr_on_plateau needs an evaluation"),
     (["--lora_r", "8"], "lora_r in the overrides after --: recipe ddp trains the whole model, with no LoRA adapters"),
     (["--bf16", "true", "--fp16", "true"], "bf16 and fp16 are both true: give one"),
     # the fourth red-team pass: 10 for 10 % pushed the right token's probability down; split_batches trained half
