@@ -220,14 +220,23 @@ def read_csv(files: list[Path]) -> list[dict[str, Any]]:
                 names = next(reader, None)
                 if not names:
                     continue
+                names = [n.strip() for n in names]  # `prompt, completion`: the space is no part of the name
+                if twice := sorted({n for n in names if names.count(n) > 1}):  # a dict keeps the last, unsaid
+                    raise DockyardError(f"{f}:1: the header names {', '.join(twice)} twice: name each column once")
                 if header and sorted(names) != sorted(header):
                     raise DockyardError(f"{f} has the fields {','.join(names)} but {files[0].name} has "
                                         f"{','.join(header)}: keep one kind of row per folder")
                 header = header or names
+                ended = reader.line_num  # the line the row before ended on
                 for cells in reader:
+                    started, ended = ended + 1, reader.line_num
                     if not any(c.strip() for c in cells):
                         continue  # a blank line
                     if len(cells) != len(names):
+                        if len(cells) < len(names) and any("\n" in c for c in cells):  # a quote never closed
+                            raise DockyardError(f"{f}:{started}: a double quote opened on this line is never closed "
+                                                "(its cell ran on over the lines after it): close it, or write a "
+                                                'quote inside a cell as two ("")')
                         raise DockyardError(
                             f"{f}:{reader.line_num}: {len(cells)} cells, but the header names {len(names)} "
                             f"({','.join(names)}): put a cell that holds a comma (or a line break) in double quotes, "

@@ -458,3 +458,20 @@ def test_chat_turns_of_a_role_no_template_learns_are_said(tok, tmp_path, caplog)
     data.load(_settings(path), tok, seed=0)
     assert ("chat turns of roles other than system, user, assistant and tool in the data ('bot' in 2 example(s)): "
             "the model reads them as context and never learns them") in caplog.text
+
+
+def test_a_csv_header_with_spaces_a_name_twice_or_a_quote_left_open_is_said_as_it_is(tmp_path):
+    """The fourth red-team pass: `prompt, completion` was refused as fields ( completion, prompt), the leading space
+    unseen; `text,text` kept the second column alone, unsaid; a quote never closed on line 2 was "line 3: 1 cells
+    ... put a cell that holds a comma in double quotes", the opposite of the fix."""
+    spaced = tmp_path / "spaced.csv"
+    spaced.write_text("prompt, completion\nWhich port?,Bergen\n")
+    assert data.read_csv([spaced]) == [{"prompt": "Which port?", "completion": "Bergen"}]
+    twice = tmp_path / "twice.csv"
+    twice.write_text("text,text\na,b\n")
+    with pytest.raises(DockyardError, match="twice.csv:1: the header names text twice"):
+        data.read_csv([twice])
+    open_quote = tmp_path / "open.csv"
+    open_quote.write_text('text,label\n"unterminated,1\nb,2\n')
+    with pytest.raises(DockyardError, match=r"open.csv:2: a double quote opened on this line is never closed"):
+        data.read_csv([open_quote])
