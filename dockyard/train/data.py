@@ -95,7 +95,14 @@ def load(settings: Any, tokenizer: Any, seed: int,
     if fmt == "text_label":
         labels = label_names(rows)
         done = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
-        held = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else Tokenized([])
+        try:
+            held = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else Tokenized([])
+        except DockyardError as e:
+            if not settings.eval_fraction:
+                raise
+            raise DockyardError(f"{e}: the held-out share (eval_fraction {settings.eval_fraction:g}) took every "
+                                "example of it; give it more examples, a smaller --eval_fraction, or held-out data of "
+                                "your own (-- --eval_data FILE)") from None
     elif packed:
         labels = []
         done = Tokenized(pack_text(rows, tokenizer, settings.max_seq_length))

@@ -475,3 +475,19 @@ def test_a_csv_header_with_spaces_a_name_twice_or_a_quote_left_open_is_said_as_i
     open_quote.write_text('text,label\n"unterminated,1\nb,2\n')
     with pytest.raises(DockyardError, match=r"open.csv:2: a double quote opened on this line is never closed"):
         data.read_csv([open_quote])
+
+
+def test_a_class_the_held_out_share_took_whole_is_blamed_on_the_split_not_the_data(tok, tmp_path):
+    """Ten examples of one class and one of another: with eval_fraction 0.1 some seeds hold out the one, and the
+    error said its label was "not seen in the training data", as if --data lacked it."""
+    rows = [{"text": f"calm day {i}", "label": "fair"} for i in range(10)] + [{"text": "gale", "label": "storm"}]
+    path = jsonl(tmp_path / "rare.jsonl", rows)
+    said = set()
+    for seed in range(20):
+        try:
+            data.load(_settings(path, task="seq_cls", eval_fraction=0.1), tok, seed=seed)
+        except DockyardError as e:
+            said.add(str(e))
+    assert said == {"labels not seen in the training data: storm: the held-out share (eval_fraction 0.1) took every "
+                    "example of it; give it more examples, a smaller --eval_fraction, or held-out data of your own "
+                    "(-- --eval_data FILE)"}
