@@ -75,7 +75,17 @@ def not_an_object(line: str) -> str:
 def first_fields(path: Path) -> list[str] | None:
     """The fields (with a value) of a JSON Lines file's first example, as the trainer finds the format from them;
     a first line that is not a JSON object is refused as the trainer would refuse it. None for a file with no
-    example in its first FIRST_LINE_LIMIT bytes (the trainer says what it finds there)."""
+    example in its first FIRST_LINE_LIMIT bytes (the trainer says what it finds there). A .json file holding one
+    JSON array (of up to FIRST_LINE_LIMIT bytes): its first object's; else it is read as JSON Lines, as `datasets`
+    reads it."""
+    if path.suffix == ".json" and path.stat().st_size <= FIRST_LINE_LIMIT:
+        try:
+            value = json.loads(path.read_bytes().decode("utf-8-sig", errors="replace"))
+        except (ValueError, RecursionError):
+            value = None
+        if isinstance(value, list):
+            first = next((v for v in value if isinstance(v, dict)), None)
+            return None if first is None else sorted(k for k, v in first.items() if v is not None)
     with open(path, "rb") as f:
         n = 0
         while (raw := f.readline(FIRST_LINE_LIMIT - f.tell() + 1)) and f.tell() <= FIRST_LINE_LIMIT:
@@ -137,11 +147,11 @@ def holds_text(path: Path) -> bool:
 
 
 def mixed_formats(files: list[Path]) -> DockyardError | None:
-    """The refusal of a folder whose JSON Lines files are in different formats (by each file's first example),
-    or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file."""
+    """The refusal of a folder whose JSON Lines (or JSON) files are in different formats (by each file's first
+    example), or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file."""
     found: dict[str, list[str]] = {}
     for f in sorted(files):
-        fields = first_fields(f) if f.suffix == ".jsonl" else None
+        fields = first_fields(f) if f.suffix in (".jsonl", ".json") else None
         if fields is None:
             continue
         fmt = format_of(fields)

@@ -491,3 +491,14 @@ def test_a_class_the_held_out_share_took_whole_is_blamed_on_the_split_not_the_da
     assert said == {"labels not seen in the training data: storm: the held-out share (eval_fraction 0.1) took every "
                     "example of it; give it more examples, a smaller --eval_fraction, or held-out data of your own "
                     "(-- --eval_data FILE)"}
+
+
+def test_json_files_of_different_formats_in_a_folder_are_named_file_by_file(tmp_path):
+    """A folder of .json files (or .json beside .jsonl) in different formats was "cannot read DIR: Couldn't cast",
+    naming no file: the check that names them read .jsonl files alone."""
+    (tmp_path / "a.json").write_text(json.dumps([{"text": "ships sail"}]))
+    (tmp_path / "b.json").write_text(json.dumps([{"prompt": "Which port?", "completion": "Bergen"}]))
+    (tmp_path / "c.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(DockyardError, match=r"different data formats \(text: a.json; prompt_completion: b.json; "
+                                            r"messages: c.jsonl\)"):
+        data.read_rows(tmp_path)
