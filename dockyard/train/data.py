@@ -282,7 +282,11 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity(logging.CRITICAL)  # its ERROR lines on a bad file: the refusal below says it
     for f in kwargs.get("data_files", []) if builder == "json" else []:
-        if where := too_deep(Path(f)):  # before pyarrow's reader, which would crash every process on it
+        try:
+            where = too_deep(Path(f))  # before pyarrow's reader, which would crash every process on it
+        except OSError as e:
+            raise DockyardError(f"cannot read {f}: {e.strerror or e}") from None
+        if where:
             raise DockyardError(f"cannot read {where}: {NESTED}")
     try:
         return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
