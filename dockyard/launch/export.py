@@ -22,7 +22,7 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, read_bounded
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
-from dockyard.launch import caches, node, scriptwords
+from dockyard.launch import caches, node, preflight, scriptwords
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS
 from dockyard.settings import ROOT, Settings
@@ -61,9 +61,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if native and m.variant not in NATIVE:
         raise DockyardError(f"run {run} was trained in the {m.variant} image, and is exported there: leave out --native")
     if native:
-        from dockyard.launch.run import check_native_python
-
-        check_native_python("exports", ("torch", "transformers", "peft"))
+        preflight.check_native_python("exports", ("torch", "transformers", "peft"))
     argv, env = export_command(settings, m, run_dir, target, merge,
                                None if dry or native else engine.engine_info(settings))
     if dry:

@@ -158,6 +158,16 @@ def liger_absent(gpus: bool, variant: Variant | None = None, native: bool = Fals
     return "" if pinned else f"the {variant.name} image has no liger-kernel (the CUDA images pin it)"
 
 
+def check_native_python(does: str = "trains", needs: tuple[str, ...] = ("torch", "transformers", "deepspeed")) -> None:
+    """`--native` trains (or exports) with this host's Python: the host install (`pip install -e .`) has no torch,
+    and torchrun then failed with "No module named 'torch'" and a line blaming docker (export: a traceback)."""
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DockyardError(f"--native {does} with this host's Python ({sys.executable}), which lacks "
+                            f"{', '.join(missing)}: install the training stack (`pip install -e '.[train]'`), or "
+                            f"leave out --native to use the image")
+
+
 def check_on_gpus(recipe: Recipe, gpus: bool, fix: str = "run it on GPUs") -> None:
     """A recipe the trainer would stop without GPUs (FSDP) is refused where the run has none."""
     if strategy(recipe.strategy).engine == "fsdp" and not gpus:

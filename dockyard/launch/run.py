@@ -8,7 +8,6 @@ create runs/<run-id>/ → `docker run` (GPUs, --ipc=host, ulimits, mounts, host 
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import os
 import re
 import shlex
@@ -93,7 +92,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                         gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes,
                         resumed=resumed, liger_absent=preflight.liger_absent(chosen.is_cuda and not r.cpu, chosen, r.native))
     if r.native:
-        check_native_python()
+        preflight.check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
     runfolder.check_makeable(run_dir.parent, runfolder.RUNS_FIX)  # what claiming the run folder would find, --dry too
     runfolder.check_makeable(settings.path(settings.hf_cache), caches.HF_FIX)  # what caches.prepare would find
@@ -479,16 +478,6 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],
                            compile_cache=True)
     return RunCommand(argv, run_dir)
-
-
-def check_native_python(does: str = "trains", needs: tuple[str, ...] = ("torch", "transformers", "deepspeed")) -> None:
-    """`--native` trains (or exports) with this host's Python: the host install (`pip install -e .`) has no torch,
-    and torchrun then failed with "No module named 'torch'" and a line blaming docker (export: a traceback)."""
-    missing = [m for m in needs if importlib.util.find_spec(m) is None]
-    if missing:
-        raise DockyardError(f"--native {does} with this host's Python ({sys.executable}), which lacks "
-                            f"{', '.join(missing)}: install the training stack (`pip install -e '.[train]'`), or "
-                            f"leave out --native to use the image")
 
 
 def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
