@@ -393,9 +393,6 @@ def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
                             "file (--eval_fraction 0) or on a share of --data (leave out --eval_data), not both")
     if training.get("eval_on_start") is True and not (settings.eval_data or settings.eval_fraction):
         raise DockyardError("eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE")
-    if strategy in ("no", False) and settings.eval_fraction:  # held out of training and never evaluated (YAML: no)
-        raise DockyardError(f"eval_fraction {settings.eval_fraction:g} holds examples out of training that eval_strategy "
-                            "no never evaluates: leave out one of them")
     held_out = settings.eval_data or settings.eval_fraction
     for key, value, needs in (("load_best_model_at_end", True, "to choose the best checkpoint by"),
                               ("lr_scheduler_type", "reduce_lr_on_plateau", "whose loss lowers the learning rate")):

@@ -313,9 +313,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
         manifest.check_same_recipe(run_dir, recipe.name)
-    if last or run.opts.resume:
-        manifest.check_same_inputs(run_dir, run_inputs(settings),
-                                   from_saved=[k for k in manifest.INPUT_KEYS if k in run.kept_overrides])
+    from_saved = [k for k in manifest.INPUT_KEYS if k in run.kept_overrides]
+    if last or from_saved:  # with no checkpoint the inputs given now are a fresh start's (data fixed after a refusal)
+        manifest.check_same_inputs(run_dir, run_inputs(settings), from_saved, every=bool(last))
     guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:
@@ -552,6 +552,9 @@ def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, An
     evaluation asked for without any was refused with the other settings: open_run_folder)."""
     if not (settings.eval_data or settings.eval_fraction):
         return {}
+    if settings.eval_fraction and overrides.get("eval_strategy") in ("no", False):  # YAML reads `no` as false
+        log.warning("eval_fraction %g holds examples out of training that eval_strategy no never evaluates (leave out "
+                    "one of them, unless that is what you mean: a split like another run's)", settings.eval_fraction)
     steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
     return {"eval_strategy": "steps", "eval_steps": steps}
 

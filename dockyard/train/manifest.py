@@ -193,13 +193,16 @@ def check_same_recipe(run_dir: Path, recipe: str) -> None:
 INPUT_KEYS = ("model", "data", "eval_data")
 
 
-def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str] | tuple = ()) -> None:
+def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str] | tuple = (),
+                      every: bool = True) -> None:
     """--resume with the model and data the run was started with, as its manifest's `inputs` recorded them: `invoke
     run --resume --run-id=X` without the first run's --model/--data continued from the tiny default model and the
     sample (a checkpoint of another shape failed in the Trainer and rewrote the run's manifest as failed; one of the
     same shape would have trained on, on other data). `given`: key → the value this resume reads ("" for none);
     `from_saved`: those of them taken from the run's overrides.json, not given now: without the manifest's record to
-    hold them against, a path written into that file (by anything that ran in the folder) is not read."""
+    hold them against, a path written into that file (by anything that ran in the folder) is not read. `every`:
+    all three held against the record (a checkpoint continues), else only `from_saved` (nothing trained yet: what is
+    given now is a fresh start's)."""
     was = _recorded(run_dir).get("inputs")
     if not isinstance(was, dict):
         if from_saved:
@@ -210,6 +213,8 @@ def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str
         return  # no record, nothing taken from the folder: what the user gave now
     now = inputs_record(given)
     for key, flag in zip(INPUT_KEYS, ("--model", "--data", "-- --eval_data"), strict=True):
+        if not every and key not in from_saved:
+            continue
         before = was.get(key) if isinstance(was.get(key), dict) else {}
         after = now.get(key, {})
         if (before.get("sha256") or before.get("path")) != (after.get("sha256") or after.get("path")):
