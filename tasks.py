@@ -144,7 +144,7 @@ def _remainder(c) -> list[str]:
             "join_timeout": "seconds the nodes wait for each other, joining and later (default 120): raise it where "
                             "nodes start minutes apart (pyxis unpacking a large squashfs)",
             "out": "the script file to write, or a folder to write it into (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
-def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive: Place = "",
+def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive: Place = "",
           runtime="docker", image_file: Place = "", out: Place = "", join_timeout: Seconds = 120):
     """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
 
@@ -174,7 +174,7 @@ def slurm(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant
                             "pods start minutes apart (a node pulling the image for the first time)",
             "resume": "continue the run --run-id from its last complete checkpoint",
             "out": "folder to write job.yaml and trainjob.yaml into (default: <runs>/k8s/<run-id>/)"})
-def k8s(c, recipe="zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", image="", run_id="",
+def k8s(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", image="", run_id="",
         runs_claim="dockyard-runs",
         shm="16Gi", max_restarts: Restarts = 0, resume=False, out: Place = "", join_timeout: Seconds = 120):
     """Write Kubernetes manifests that train a recipe on several nodes.

@@ -401,6 +401,14 @@ def engine_info(settings: Settings) -> dict:
     return info
 
 
+def check_not_missing(proc: subprocess.CompletedProcess) -> None:
+    """A failed `docker ... inspect` that is not "No such image/container/object" (the one answer meaning the engine
+    lacks it): the engine did not answer, said with the client's own reason."""
+    said = (proc.stderr or "").strip()
+    if "No such " not in said:
+        raise DockyardError(NO_ENGINE_HELP + f"\n  ({said.splitlines()[-1] if said else 'no answer'})")
+
+
 ROOTLESS_SHM = "16g"  # /dev/shm where the host's cannot be shared (rootless), as `invoke k8s` gives its pods
 
 
@@ -444,9 +452,11 @@ def image_name(ref: str, what: str = "--image") -> str:
 
 
 def image_inspect(settings: Settings, ref: str) -> dict | None:
-    """`docker image inspect` of one image, or None when the engine does not hold it."""
+    """`docker image inspect` of one image, or None when the engine does not hold it; an engine that does not answer
+    is said as such (it was "no image X: build it", for an image the engine holds)."""
     proc = run(docker(settings, "image", "inspect", reference(ref)), capture=True, check=False, quiet=True)
     if proc.returncode != 0:
+        check_not_missing(proc)
         return None
     found = docker_json(settings, proc.stdout, "image inspect", list)
     return found[0] if found and isinstance(found[0], dict) else None

@@ -100,10 +100,12 @@ class Settings(BaseModel):
         return shlex.join(os.path.expanduser(w) if w.startswith("~") else w for w in words)
 
     @field_validator("variants_file", "runs_dir", "wheelhouse_dir", "dist_dir", "hf_cache", "layer_cache",
-                     mode="before")
+                     "compile_cache", "data", "model", mode="before")
     @classmethod
-    def _a_path(cls, v: Any) -> Any:
-        if isinstance(v, str) and not v.strip():
+    def _a_path(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, str) and v != v.strip():  # " /scratch/runs" was a folder " " in the checkout
+            raise ValueError(f"{v!r} begins or ends with a space, which would be part of the path: remove it")
+        if isinstance(v, str) and not v and info.field_name not in ("compile_cache", "data", "model"):  # "": none
             raise ValueError("must name a file or folder (an empty value would be the project root itself)")
         if isinstance(v, str) and "\0" in v:  # YAML's "\x00": os calls raise ValueError, shown as a traceback
             raise ValueError("a path cannot hold a NUL character")

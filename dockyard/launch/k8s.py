@@ -107,7 +107,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
                               liger_absent=preflight.liger_absent(gpus_per_node > 0))
     preflight.check_on_gpus(loaded, gpus_per_node > 0, "give --gpus-per-node (the nodes' GPUs)")
     node.check_restarts(max_restarts, join_timeout)
-    _check_inputs(settings, overrides or [], runs_claim)
+    overrides = [*(overrides or []), *_inputs_from_settings(settings, overrides or [], runs_claim)]
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run to continue (the --run-id its manifests were written "
                             f"with; its folder is on the claim {runs_claim})")
@@ -131,14 +131,21 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
 POD_INPUTS = (node.RUNS_INSIDE + "/", node.WORKDIR + "/")
 
 
-def _check_inputs(settings: Settings, overrides: list[str], claim: str) -> None:
-    """A host path, or a hub id (the pods are offline with an empty Hugging Face cache), would be missing in every
-    pod once it was scheduled; the data/model settings would be silently left out (the pods trained on the sample)."""
+def _inputs_from_settings(settings: Settings, overrides: list[str], claim: str) -> list[str]:
+    """The data/model settings (invoke.yaml, INVOKE_DOCKYARD_*) as the trainer overrides the pods are given: left out,
+    the pods trained on the recipe's sample. Every input must be a path the pods see: a host path, or a hub id (the
+    pods are offline with an empty Hugging Face cache), would be missing in every pod once it was scheduled."""
+    given = inputs.override_values(overrides)
+    added: list[str] = []
     for key, value, where in inputs.resolved(settings, overrides):
         if not posixpath.normpath(value).startswith(POD_INPUTS):
             raise DockyardError(f"{where} {value}: the pods see neither this host's files nor its Hugging Face cache, "
                                 f"only the image and the claim {claim} (mounted at {node.RUNS_INSIDE}): copy it onto "
                                 f"the claim and give -- --{key} {node.RUNS_INSIDE}/PATH_ON_THE_CLAIM")
+        if key not in given:
+            added += [f"--{key}", posixpath.normpath(value)]
+    scriptwords.argv_words(added, "the data/model settings")
+    return added
 
 
 def _volumes(s: Spec) -> tuple[list[dict], list[dict]]:

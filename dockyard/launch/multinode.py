@@ -93,10 +93,18 @@ def route_to(host: str, flag: str = "--master-addr") -> dict[str, str]:
 
 
 def interface_address(iface: str) -> str:
+    """The interface's IPv4 address. `ip addr show dev eth0:anything` answers for eth0, but gloo and NCCL look the
+    name up as given (getifaddrs: an interface, or an address's label such as eth0:1) and failed at run time."""
+    named = False
     for link in _ip_json("addr", "show", "dev", iface):
         for a in link.get("addr_info", []):
-            if a.get("family") == "inet":
-                return a["local"]
+            if iface in (link.get("ifname"), a.get("label")):
+                named = True
+                if a.get("family") == "inet":
+                    return a["local"]
+    if not named:
+        raise DockyardError(f"--iface {iface}: no interface (nor address label) of that name here: give one that "
+                            "`ip -brief addr` lists")
     raise DockyardError(f"--iface {iface}: no IPv4 address on it (see `ip addr`)")
 
 

@@ -107,13 +107,14 @@ def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
 
 
 def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, processes: int,
-              data: str = "", model: str = "", resumed: Path | None = None, liger_absent: str = "") -> None:
+              data: str = "", model: str = "", resumed: Path | None = None, liger_absent: str = "",
+              gpus_fix: str = "run it on GPUs") -> None:
     """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's;
     `resumed`: the run folder --resume continues, whose own settings the run keeps; `liger_absent`: why liger-kernel
-    is not where the run trains ("": it is)."""
+    is not where the run trains ("": it is); `gpus_fix`: how to give a recipe that needs GPUs some."""
     run_settings = check_overrides(recipe, overrides, processes, saved=resumed_settings(resumed) if resumed else None,
                                    liger_absent=liger_absent)
-    check_on_gpus(recipe, gpus_in_effect)
+    check_on_gpus(recipe, gpus_in_effect, gpus_fix)
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
         files = check_input(key, value, where, settings)

@@ -44,14 +44,20 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     archive, image_file = os.path.expanduser(archive), os.path.expanduser(image_file)
     node.check_nodes(nodes, gpus_per_node)
     node.check_restarts(0, join_timeout)
-    overrides = _inputs_from_here(settings, overrides)
-    # what the trainer would refuse on every node; the batch split too where the process count is known here
+    # what `invoke run` and the trainer would refuse on every node, once the job had waited in the queue: the
+    # settings, the batch split over every node's processes, the data and model (a flag's, a setting's, the recipe's)
     loaded = load_recipe(recipe)
-    preflight.check_overrides(loaded, overrides or [], nodes * (gpus_per_node or node.CPU_NPROC),
-                              liger_absent=preflight.liger_absent(gpus_per_node > 0))
-    preflight.check_on_gpus(loaded, gpus_per_node > 0, "give --gpus-per-node (the nodes' GPUs)")
+    preflight.check_run(settings, recipe=loaded, overrides=overrides, gpus_in_effect=gpus_per_node > 0,
+                        processes=nodes * (gpus_per_node or node.CPU_NPROC),
+                        liger_absent=preflight.liger_absent(gpus_per_node > 0),
+                        gpus_fix="give --gpus-per-node (the nodes' GPUs)")
+    overrides = _inputs_from_here(settings, overrides)
     _check_runtime(runtime, image_file, archive)
     chosen = node.cluster_variant(settings, variant, gpus_per_node)
+    if runtime == "docker" and chosen.is_cuda and not gpus_per_node:
+        # the job held no GPU; each node's `invoke run` of a CUDA image then failed, or took the node's GPUs anyway
+        raise DockyardError(f"--variant={chosen.name} runs on GPUs, and the job asks Slurm for none: give "
+                            "--gpus-per-node=G (the GPUs of each node), or leave out --variant for CPU nodes")
     image = variants.tag(settings, chosen)
     if runtime == "docker" and archive_tags is not None and image not in archive_tags:
         # a cu128 archive, the script's variant left at auto (cu132): every node failed, once the job had waited
@@ -216,14 +222,17 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
 
 
 def _inputs_from_here(settings: Settings, overrides: list[str]) -> list[str]:
-    """The inputs given after `--` (model, data, eval_data) as the files they name here: the script runs from the
-    checkout, where a relative path named another file (`data/sample.jsonl`: the checkout's sample), and a path that
-    names nothing would fail on every node once the job had waited in the queue. A hub id stays as it is."""
+    """The inputs (model, data, eval_data), given after `--` or as the invoke.yaml/INVOKE_DOCKYARD_* settings, as
+    overrides naming the files they name here: the script runs from the checkout, where a relative path named another
+    file (`data/sample.jsonl`: the checkout's sample); and a setting taken from this shell's environment reached the
+    nodes only where the job's environment still held it (the docker runtime's nodes trained on the sample). A hub id
+    stays as it is."""
     given = inputs.override_values(overrides)
     out = inputs.strip_keys(overrides, given)
-    for key, value in given.items():
-        host = inputs.host_path(value, f"-- --{key}", settings, key)
+    for key, value, where in inputs.resolved(settings, overrides):
+        host = inputs.host_path(value, where, settings, key)
         out += [f"--{key}", str(host) if host is not None else value]
+    scriptwords.argv_words(out, "trainer overrides")
     return out
 
 
@@ -257,13 +266,21 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     return path
 
 
+WRITTEN_BY = b"#!/bin/bash\n# Written by `invoke slurm"  # how every script this writes starts
+
+
 def _replaces(path: Path, text: str) -> bool:
     """Whether the script about to be written over `path` replaces another (another recipe folder of the same name
-    writes the same default file): a plain file only, read no further than the new script's length."""
+    writes the same default file): a plain file only, read no further than the new script's length. A file that is
+    no script of ours is refused (--out=notes.txt was replaced, and made executable)."""
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return False  # nothing there (or what runfolder.write refuses)
         with open(path, "rb") as f:
-            return f.read(len(text.encode()) + 1) != text.encode()
+            held = f.read(len(text.encode()) + 1)
     except OSError:
         return False
+    if held and not held.startswith(WRITTEN_BY):
+        raise DockyardError(f"--out {path} is a file `invoke slurm` did not write: give another --out (a new file, or "
+                            "a folder), or remove that file first")
+    return held != text.encode()

@@ -94,6 +94,7 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     got = engine.run(engine.docker(settings, "container", "inspect", container), capture=True, check=False,
                      quiet=True)
     if got.returncode != 0:
+        engine.check_not_missing(got)
         raise DockyardError(f"no container {container}: see `docker ps -a`")
     found = engine.docker_json(settings, got.stdout, "container inspect", list)
     meta = found[0] if found and isinstance(found[0], dict) else None

@@ -6,6 +6,7 @@ ProxyJump all apply. Nothing but sh, coreutils and docker is needed on the node.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shlex
@@ -45,7 +46,8 @@ class Remote:
     @property
     def url(self) -> str:
         """ssh://[user@]host[:port], how --thin-for names a node."""
-        return f"ssh://{self.host}" + (f":{self.port}" if self.port else "")
+        user, at, name = self.host.rpartition("@")
+        return f"ssh://{user}{at}" + (f"[{name}]" if ":" in name else name) + (f":{self.port}" if self.port else "")
 
 
 def check_identity(identity: str) -> None:
@@ -71,15 +73,25 @@ def parse_to(to: str, port: int = 0, identity: str = "", need_dir: bool = True) 
     return Remote(host, folder.rstrip("/") or ("/" if folder else ""), port, identity)
 
 
+SSH_URL = re.compile(r"ssh://(?P<user>[^/:@\[\]]*@)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^/:@\[\]]*))"
+                     r"(?::(?P<port>\d+))?/?")
+
+
 def parse_ssh_url(url: str) -> Remote:
-    """ssh://[user@]host[:port] (what --thin-for takes)."""
-    m = re.fullmatch(r"ssh://([^/:]+)(?::(\d+))?/?", url)
+    """ssh://[user@]host[:port] (what --thin-for and doctor --peer take); an IPv6 address in brackets, as in URLs."""
+    m = SSH_URL.fullmatch(url)
+    if m and m["v6"]:
+        try:
+            ipaddress.IPv6Address(m["v6"])
+        except ValueError:
+            m = None
     if not m:
-        raise DockyardError(f"{url!r}: expected ssh://[user@]host[:port]")
-    port = int(m.group(2) or 0)
-    if m.group(2) and not 1 <= port <= 65535:  # ssh's own words were "Bad port", once it ran
-        raise DockyardError(f"{url!r}: port {m.group(2)} is not a TCP port (1-65535)")
-    return Remote(m.group(1), port=port)
+        raise DockyardError(f"{url!r}: expected ssh://[user@]host[:port] (an IPv6 address in brackets: "
+                            "ssh://[2001:db8::5]:2222)")
+    port = int(m["port"] or 0)
+    if m["port"] and not 1 <= port <= 65535:  # ssh's own words were "Bad port", once it ran
+        raise DockyardError(f"{url!r}: port {m['port']} is not a TCP port (1-65535)")
+    return Remote((m["user"] or "") + (m["v6"] or m["host"]), port=port)
 
 
 # A node that does not answer fails in bounded time instead of when TCP gives up (about two minutes to connect,

@@ -115,3 +115,15 @@ def test_a_docker_setting_that_names_no_docker_client_is_one_error_line(tmp_path
         engine.image_inspect(settings, "dockyard:0.1.0-cpu")
     with pytest.raises(DockyardError, match=r"`/bin/echo info` did not answer as a Docker client does"):
         engine.engine_info(settings)
+
+
+@pytest.mark.parametrize("args", [("save", "--variant=cpu"), ("commit", "--container=abc"),
+                                  ("ship", "--image=dockyard:0.1.0-cpu", "--to=127.0.0.1:/srv")])
+def test_an_engine_that_does_not_answer_is_said_as_such_not_as_a_missing_image(args, tmp_path):
+    """The real docker client, pointed at a socket nothing listens on: save and ship said "no image
+    dockyard:0.1.0-cpu in the engine: build it", commit "no container abc", sending the user to build what was built."""
+    from tests.support.cli import invoke_here, short_error
+
+    r = invoke_here(*args, env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock", "INVOKE_DOCKYARD_DOCKER": ""})
+    short_error(r, "no Docker engine answers")
+    assert "Cannot connect to the Docker daemon" in r.stderr and "build it" not in r.stderr

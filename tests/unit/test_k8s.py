@@ -303,6 +303,16 @@ def test_the_users_data_and_model_reach_the_pods_only_from_the_claim_or_the_imag
                {**_stand_in(tmp_path), "JOB_COMPLETION_INDEX": "1", "POD_IP": "10.1.0.6"})
     assert got["argv"][got["argv"].index("--"):] == ["--", "--data", "/workspace/runs/data/mine.jsonl",
                                                      "--eval_data=/opt/dockyard/data/sample.jsonl"]
+    # the settings on the claim reach every pod as its trainer's --data/--model (they were left out, without a word:
+    # the pods fine-tuned the recipe's own model on the sample)
+    on_claim = settings.model_copy(update={"data": "/workspace/runs/data/mine.jsonl",
+                                           "model": "/workspace/runs/models/base/"})
+    _, job = k8s.job_manifests(_spec(on_claim, recipe="lora", overrides=["--max_steps", "5"]))
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    got = _pod([*container["command"], *container["args"]],
+               {**_stand_in(tmp_path), "JOB_COMPLETION_INDEX": "0", "POD_IP": "10.1.0.5"})
+    assert got["argv"][got["argv"].index("--"):] == ["--", "--max_steps", "5", "--model", "/workspace/runs/models/base",
+                                                     "--data", "/workspace/runs/data/mine.jsonl"]
 
 
 def test_the_join_bound_can_be_raised_for_pods_that_start_minutes_apart(settings, tmp_path):

@@ -55,6 +55,16 @@ def test_a_loopback_interface_is_refused_before_starting(iface):
         _rdzv(iface=iface, routes={"iface": "lo", "addr": "127.0.0.1"})
 
 
+@pytest.mark.parametrize("iface", ["lo:x", 'lo:a b"c'])
+def test_an_interface_name_ip_answers_for_by_another_is_refused(iface):
+    """`ip addr show dev lo:x` answers for lo (the real `ip`, this host's loopback): the name went on to gloo and
+    NCCL, which look it up as given and failed at run time."""
+    with pytest.raises(DockyardError, match=f"--iface {re.escape(iface)}: no interface .nor address label. of that "
+                                            "name here"):
+        multinode.interface_address(iface)
+    assert multinode.interface_address("lo") == "127.0.0.1"
+
+
 def test_the_rendezvous_is_recorded_for_the_manifest_and_names_the_interface():
     env = _rdzv().env()
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "ens5"

@@ -52,6 +52,17 @@ def test_a_command_setting_that_cannot_be_run_is_refused_naming_it(key, value, s
     assert says in r.stderr
 
 
+@pytest.mark.parametrize("key,value", [("RUNS_DIR", " /tmp/dockyard-runs"), ("COMPILE_CACHE", "/tmp/cc "),
+                                       ("DATA", "data/sample.jsonl "), ("HF_CACHE", "  ")])
+def test_a_path_setting_with_a_space_at_either_end_is_refused_not_made_a_folder_in_the_checkout(key, value):
+    """INVOKE_DOCKYARD_RUNS_DIR=" /scratch/runs" (a space the shell kept in quotes): the run mounted a folder named
+    " " in the checkout, holding scratch/runs."""
+    r = invoke_here("run", "--dry", "--variant=cpu", env={f"INVOKE_DOCKYARD_{key}": value})
+    short_error(r, f"INVOKE_DOCKYARD_{key}='{value}'")
+    assert "begins or ends with a space, which would be part of the path: remove it" in r.stderr
+    assert not (ROOT / " ").exists()
+
+
 def test_a_base_image_that_is_no_image_name_is_refused_before_setup_makes_it():
     """base_image_cpu `Dockyard Base`: `invoke setup` ran debootstrap for minutes before docker import refused it."""
     r = invoke_here("setup", "--dry", env={"INVOKE_DOCKYARD_BASE_IMAGE_CPU": "Dockyard Base"})

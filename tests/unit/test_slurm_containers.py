@@ -392,3 +392,70 @@ def test_an_out_under_a_linked_folder_of_ones_own_is_written_through_it(settings
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
     path = slurm.write(s, recipe="ddp", nodes=2, gpus_per_node=0, overrides=[], out=str(tmp_path / "jobs" / "x.sbatch"))
     assert path == tmp_path / "scratch" / "jobs" / "x.sbatch" and path.is_file()
+
+
+def test_the_data_and_model_settings_are_checked_and_written_into_the_script_for_every_runtime(settings, tmp_path):
+    """INVOKE_DOCKYARD_DATA in the shell that ran `invoke slurm` reached the pyxis script's mounts, but the docker
+    runtime's script named it nowhere: its nodes read the setting from the job's environment, where it may not be
+    (they trained on the sample), and a setting naming nothing was written into the script, to fail on every node."""
+    data = tmp_path / "mine.jsonl"
+    data.write_text('{"text": "mine"}\n')
+    with_data = settings.model_copy(update={"data": str(data)})
+    text = slurm.script(with_data, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--max_steps", "5"])
+    assert f"-- --max_steps 5 --data {data}'" in text, text
+    # an override still wins over the setting, as in `invoke run`
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"text": "other"}\n')
+    text = slurm.script(with_data, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--data", str(other)])
+    assert f"-- --data {other}'" in text and str(data) not in text
+    with pytest.raises(DockyardError, match=f"setting data {tmp_path}/nowhere.jsonl: no such file or folder"):
+        slurm.script(settings.model_copy(update={"data": str(tmp_path / "nowhere.jsonl")}), recipe="ddp", nodes=2,
+                     gpus_per_node=0, variant="cpu", overrides=[])
+
+
+@pytest.mark.parametrize("make,override,message", [
+    (lambda p: p.write_text("%PDF"), ["--data", "{p}"], "unknown data file type .pdf"),
+    (lambda p: p.write_text(""), ["--data", "{p}"], "holds no examples"),
+    (lambda p: p.mkdir(), ["--model", "{p}"], r"not a model folder \(no config.json in it\)"),
+    (None, ["--data="], "data: given no value"),
+])
+def test_inputs_invoke_run_refuses_are_refused_before_the_script_waits_in_the_queue(settings, tmp_path, make, override,
+                                                                                   message):
+    """`-- --data=` mounted the folder `invoke slurm` ran in as the data (Path("") is "."); a .pdf, an empty file or a
+    folder without config.json passed, to fail on every node after the queue."""
+    p = tmp_path / ("x.pdf" if "pdf" in message else "x.jsonl" if "examples" in message else "m")
+    if make:
+        make(p)
+    with pytest.raises(DockyardError, match=message):
+        slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu",
+                     overrides=[w.replace("{p}", str(p)) for w in override])
+
+
+def test_a_cuda_variant_for_nodes_given_no_gpus_and_a_file_not_ours_as_out_are_refused(settings, tmp_path):
+    """--variant=cu128 without --gpus-per-node: the job held no GPU, and each node's `invoke run` of the CUDA image
+    failed, or took the node's GPUs anyway. --out=notes.txt replaced the user's file with the script, executable."""
+    with pytest.raises(DockyardError, match="--variant=cu128 runs on GPUs, and the job asks Slurm for none: give "
+                                            "--gpus-per-node"):
+        slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, overrides=[], variant="cu128")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    with pytest.raises(DockyardError, match="is a file `invoke slurm` did not write: give another --out"):
+        slurm.write(s, recipe="ddp", nodes=2, gpus_per_node=0, overrides=[], out=str(notes))
+    assert notes.read_text() == "my notes\n" and notes.stat().st_mode & 0o111 == 0
+    empty = tmp_path / "job.sbatch"
+    empty.touch()  # an empty file made for the script is written
+    assert slurm.write(s, recipe="ddp", nodes=2, gpus_per_node=0, overrides=[], out=str(empty)) == empty
+    assert empty.read_text().startswith("#!/bin/bash\n# Written by `invoke slurm")
+
+
+def test_a_recipe_folder_given_with_a_tilde_is_the_home_folders_as_for_invoke_run(tmp_path):
+    """`invoke slurm --recipe='~/myrec'` was "unknown recipe '~/myrec'", where `invoke run` found the folder."""
+    from tests.support.cli import invoke_here
+
+    (tmp_path / "myrec").mkdir()
+    (tmp_path / "myrec" / "recipe.yaml").write_text((slurm.ROOT / "recipes" / "ddp" / "recipe.yaml").read_text())
+    r = invoke_here("slurm", "--recipe=~/myrec", "--nodes=2", f"--out={tmp_path}/x.sbatch",
+                    env={"HOME": str(tmp_path), "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode == 0, r.stderr
+    assert f"run --recipe={tmp_path}/myrec " in (tmp_path / "x.sbatch").read_text()

@@ -29,6 +29,17 @@ def test_parse_destinations():
     assert Remote("me@node7", port=2200).url == "ssh://me@node7:2200" and Remote("node7").url == "ssh://node7"
 
 
+def test_an_ipv6_node_takes_a_port_in_the_url_form_as_urls_write_it():
+    """`doctor --peer='ssh://u@[::1]:22'` was "expected ssh://[user@]host[:port]", the form given; a bare IPv6 --peer
+    had no way to name a port."""
+    assert remote.parse_ssh_url("ssh://u@[::1]:2222") == Remote("u@::1", port=2222)
+    assert remote.parse_ssh_url("ssh://[2001:db8::5]/") == Remote("2001:db8::5")
+    assert Remote("u@::1", port=2222).url == "ssh://u@[::1]:2222"  # read back as it was given
+    for bad in ("ssh://[node7]:22", "ssh://u@::1:22", "ssh://[::1"):
+        with pytest.raises(DockyardError, match=r"expected ssh://\[user@\]host\[:port\] \(an IPv6 address in brackets"):
+            remote.parse_ssh_url(bad)
+
+
 @pytest.mark.parametrize("given", ["-oProxyCommand=touch${IFS}x", "me@-oProxyCommand=x", "-l", "-"])
 def test_a_host_that_ssh_would_read_as_an_option_is_refused(given):
     """--peer, --to and --thin-for: ssh would run `-oProxyCommand=...` here, as an option."""
