@@ -61,9 +61,11 @@ class Settings(BaseModel):
     @field_validator("image_name")
     @classmethod
     def _a_repository(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*", v) or len(v) > 200:
-            raise ValueError("a docker repository name: lowercase letters, digits, '.', '_', '-' and '/' (e.g. "
-                             "dockyard, or registry.example.com/team/dockyard without the port)")
+        # docker's own grammar (a..b and a___b were taken, then refused by docker, or written into k8s manifests)
+        if not re.fullmatch(rf"{_PATH}(?:/{_PATH})*", v) or len(v) > 200:
+            raise ValueError("a docker repository name: lowercase letters and digits, separated by one '.', one or "
+                             "two '_', dashes, or '/' (e.g. dockyard, or registry.example.com/team/dockyard without "
+                             "the port)")
         return v
 
     @field_validator("base_image_cpu")

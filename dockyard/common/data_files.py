@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, loads
 
 # file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -61,7 +61,7 @@ def not_an_object(line: str) -> str:
     if raw.count(b"[") + raw.count(b"{") > NESTING_LIMIT and _nests_past(raw):
         return NESTED
     try:
-        value = json.loads(line.rstrip("\r\n")) if line.strip() else {}
+        value = loads(line.rstrip("\r\n")) if line.strip() else {}
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
     except RecursionError:
@@ -80,7 +80,7 @@ def first_fields(path: Path) -> list[str] | None:
     reads it."""
     if path.suffix == ".json" and path.stat().st_size <= FIRST_LINE_LIMIT:
         try:
-            value = json.loads(path.read_bytes().decode("utf-8-sig", errors="replace"))
+            value = loads(path.read_bytes().decode("utf-8-sig", errors="replace"))
         except (ValueError, RecursionError):
             value = None
         if isinstance(value, list):
@@ -95,7 +95,7 @@ def first_fields(path: Path) -> list[str] | None:
                 continue
             if why := not_an_object(line):
                 raise DockyardError(f"cannot read {path}:{n}: {why}")
-            return sorted(k for k, v in json.loads(line).items() if v is not None)
+            return sorted(k for k, v in loads(line).items() if v is not None)
     return None
 
 

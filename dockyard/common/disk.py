@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dockyard.common import tree
 from dockyard.common.errors import DockyardError, causes
 from dockyard.common.memory import LORA_RANK
 from dockyard.common.run_settings import resolve_settings
@@ -138,7 +139,7 @@ def describe(need: dict[str, Any]) -> str:
 
 
 def folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+    return sum(f.stat().st_size for f in tree.files(folder)) if folder.is_dir() else 0
 
 
 def size(n: float) -> str:

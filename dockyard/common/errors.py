@@ -10,6 +10,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 MiB = 1 << 20
 
@@ -102,20 +103,41 @@ def _one_of_each(pairs: list[tuple[str, object]]) -> dict:
     return seen
 
 
+def loads(text: str | bytes, **kw) -> Any:
+    """json.loads of untrusted text, every failure a json.JSONDecodeError (a ValueError), which readers catch: JSON
+    nested past the interpreter's recursion limit (a RecursionError) and an integer of more digits than Python
+    converts (a plain ValueError, 4,300 digits: a traceback in plan, run --dry and the recipe loader) among them."""
+    try:
+        return json.loads(text, **kw)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise _Unreadable("nested too deeply to read", "", 0) from None
+    except ValueError as e:
+        if "integer string conversion" not in str(e):
+            raise
+        raise _Unreadable("a number of more digits than can be read (4,300)", "", 0) from None
+
+
+class _Unreadable(json.JSONDecodeError):
+    """What the parser gave up on, at no one place: said without json's "line 1 column 1 (char 0)"."""
+
+    def __str__(self) -> str:
+        return self.msg
+
+
 def json_object(path: Path, what: str, limit: int = 64 * MiB, one_of_each_key: bool = False) -> dict:
     """A JSON file that must hold one object (`what` names its contents in the refusal), read as untrusted input.
     `one_of_each_key`: a key set twice in one object is refused (json keeps the last without a word): for files
     people write by hand."""
     try:
-        data = json.loads(read_bounded(path, limit, f"JSON file of {what}"),
+        data = loads(read_bounded(path, limit, f"JSON file of {what}"),
                           object_pairs_hook=_one_of_each if one_of_each_key else None)
     except _SetTwice as e:
         raise DockyardError(f"{path}: {str(e.args[0])!r} is set twice in one object (keep one: the second would "
                             "silently replace the first)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise DockyardError(f"{path} is not {what}: its JSON is nested too deeply to read") from None
     if not isinstance(data, dict):
         raise DockyardError(f"{path}: expected a JSON object of {what}")
     return data

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from dockyard import ROOT
+from dockyard.common import tree
 from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded, yaml_problem
 
 RECIPES = ROOT / "recipes"
@@ -271,6 +272,9 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
         raise DockyardError(f"{path}: expected `key: value` lines (when, strategy, ...)")
+    if given := sorted({"name", "folder", "command"} & set(map(str, raw))):
+        raise DockyardError(f"{path}: {', '.join(given)} cannot be set here: a recipe's name is its folder's name, and "
+                            "its command is the file's first line (a comment); remove the key")
     try:
         recipe = Recipe(name=folder.name, folder=folder.resolve(), command=first[2:].strip(), **raw)
     except (ValidationError, TypeError) as e:
@@ -342,7 +346,7 @@ def files_inside(folder: Path) -> None:
     """A recipe is one folder (mounted alone into the run, hashed into the manifest): a file in it that is a link
     to somewhere else (`ds_config.json -> ~/x.json`) is refused, so nothing outside it is read on the host either."""
     root = folder.resolve()
-    for p in sorted(folder.rglob("*")):
+    for p in tree.paths(folder):
         if not p.is_symlink():
             continue
         try:

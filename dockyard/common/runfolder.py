@@ -28,11 +28,12 @@ import re
 import secrets
 import stat
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from dockyard.common.errors import DockyardError, problems
+from dockyard.common import tree
+from dockyard.common.errors import DockyardError, loads, problems
 
 MANIFEST_LIMIT = 64 << 20  # bytes: a manifest is a few KiB; a bigger "manifest" is not one the trainer wrote
 # The files of runs/<id>/, written by the trainer (T) or by the host (H), and read by the other.
@@ -126,7 +127,7 @@ def saved_overrides(run_dir: Path) -> dict[str, Any]:
     try:
         raw = read_text(run_dir, OVERRIDES, OVERRIDES_LIMIT)
         if raw is not None:
-            saved = json.loads(raw)
+            saved = loads(raw)
         else:
             where = run_dir / MANIFEST
             recorded = read_manifest(run_dir)
@@ -150,7 +151,7 @@ def save_overrides(run_dir: Path, overrides: dict[str, Any]) -> None:
 def check(folder: Path) -> None:
     """Refuse a run folder that is a link or holds a link, a fifo or a device anywhere below it."""
     os.close(_open_folder(folder))
-    for root, dirs, files in os.walk(folder):  # walk never descends into a linked folder: it is listed, and refused
+    for root, dirs, files in tree.walk(folder):  # never descends into a linked folder: it is listed, and refused
         for name in dirs + files:
             path = Path(root, name)
             try:
@@ -243,7 +244,7 @@ def share_weights(folder: Path) -> None:
             umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
     except (OSError, StopIteration, ValueError):
         umask = 0o022
-    for root, _dirs, files in os.walk(folder):  # os.walk follows no link to a folder
+    for root, _dirs, files in tree.walk(folder):  # follows no link to a folder
         for name in files:
             path = os.path.join(root, name)
             if name.endswith(".safetensors") and not os.path.islink(path):
@@ -281,7 +282,7 @@ def fingerprint(path: Path, most_files: int | None = None) -> dict[str, Any] | N
         files = [path]
     else:
         files = []
-        for p in path.rglob("*"):
+        for p in tree.files(path):
             if p.is_file():
                 files.append(p)
                 if most_files is not None and len(files) > most_files:
@@ -305,28 +306,38 @@ class _Loose(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _printable(v: str) -> str:
+    if not v.isprintable():  # "completed\x1b[31m...": the run's summary printed it to the terminal as it was
+        raise ValueError("holds a control character, which no trainer writes")
+    return v
+
+
+Words = Annotated[str, AfterValidator(_printable)]  # what the host prints of the manifest
+Count = Annotated[int, Field(ge=0, le=2**63)]  # 10**400 bytes of peak memory was an OverflowError in the summary
+
+
 class InEffect(_Loose):
-    engine: str | None = None
-    zero_stage: int | None = None
-    offload_optimizer: str | None = None  # "cpu" (or "nvme") where ZeRO moved the optimizer's state off the GPU
-    offload_param: str | None = None
-    compiled: str | None = None  # "the whole model", "block by block (N modules)" or null
+    engine: Words | None = None
+    zero_stage: Count | None = None
+    offload_optimizer: Words | None = None  # "cpu" (or "nvme") where ZeRO moved the optimizer's state off the GPU
+    offload_param: Words | None = None
+    compiled: Words | None = None  # "the whole model", "block by block (N modules)" or null
 
 
 class StrategyRecord(_Loose):
-    requested: str | None = None
+    requested: Words | None = None
     in_effect: InEffect | None = None  # null when the run failed before the model was wrapped
-    peft: str | None = None
+    peft: Words | None = None
 
 
 class MetricsRecord(_Loose):
-    steps: int | None = None
+    steps: Count | None = None
     loss_first: float | None = None
     loss_last: float | None = None
-    loss_non_finite_at_step: int | None = None  # the run diverged there
+    loss_non_finite_at_step: Count | None = None  # the run diverged there
     tokens_per_second: float | None = None
     mfu: float | None = None
-    peak_memory_bytes: int | None = None
+    peak_memory_bytes: Count | None = None
     compile_cache: dict[str, int] | None = None  # graphs loaded from the compile cache (hits) or compiled (misses)
     steady_state: SteadyState | None = None
 
@@ -357,20 +368,20 @@ class InputRecord(_Loose):
 
 
 class ModelSummary(_Loose):
-    base: str | None = None               # the model the run started from, as the trainer saw it
-    format: str | None = None             # "adapter" (LoRA/QLoRA) or "full"
-    quantized_layers: int | None = None   # QLoRA: the linear layers held in 4 bits
+    base: Words | None = None               # the model the run started from, as the trainer saw it
+    format: Words | None = None             # "adapter" (LoRA/QLoRA) or "full"
+    quantized_layers: Count | None = None   # QLoRA: the linear layers held in 4 bits
 
 
 class RunManifest(_Loose):
     """The keys the host uses (summaries, `invoke export`), typed; everything else is kept as it is."""
 
-    run_id: str
-    status: str
-    recipe: str = ""
-    variant: str = "native"
-    world_size: int | None = None
-    nodes: int | None = None
+    run_id: Words
+    status: Words
+    recipe: Words = ""
+    variant: Words = "native"
+    world_size: Count | None = None
+    nodes: Count | None = None
     image: ImageRecord = ImageRecord()
     strategy: StrategyRecord | None = None
     model: ModelSummary | None = None
@@ -386,11 +397,9 @@ def read_manifest(folder: Path, name: str = MANIFEST) -> RunManifest | None:
     if text is None:
         return None
     try:
-        return parse_manifest(json.loads(text), folder / name)
+        return parse_manifest(loads(text), folder / name)
     except ValueError as e:  # json.JSONDecodeError
         raise DockyardError(f"{folder / name} is not valid JSON ({e}): not a manifest the trainer wrote") from None
-    except RecursionError:
-        raise DockyardError(f"{folder / name} is nested too deeply to read: not a manifest the trainer wrote") from None
 
 
 def parse_manifest(raw: object, where: Path | str) -> RunManifest:

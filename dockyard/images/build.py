@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dockyard import engine
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.locks import held_alone
 from dockyard.images import variants
@@ -47,6 +48,8 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
     context = staged_context_dir(wheels, variant.name)
     plan = build_steps(settings, variant, no_cache=no_cache, revision=git_revision(), created=created, context=context,
                        code=code_hash())
+    # what the wheelhouse download would find (a wheelhouse_dir under a file printed commands that could not run)
+    runfolder.check_makeable(wheels, "set wheelhouse_dir (INVOKE_DOCKYARD_WHEELHOUSE_DIR) to a folder you can write")
     need_wheels = not wheelhouse_complete(settings, variant)
     if dry:
         if need_wheels:
@@ -200,9 +203,15 @@ def _index_env(settings: Settings, prefix: str) -> dict[str, str]:
 
 
 def _selected(settings: Settings, name: str) -> list[Variant]:
+    """`invoke lock`'s variants: `all`, or one (its error's list of valid names says `all` too)."""
     if name == "all":
         return list(variants.all_variants(settings).values())
-    return [variants.resolve(settings, name)[0]]
+    try:
+        return [variants.resolve(settings, name)[0]]
+    except DockyardError as e:
+        if not str(e).startswith("unknown variant"):
+            raise
+        raise DockyardError(str(e).replace("; valid: auto, ", "; valid: all, auto, ", 1)) from None
 
 
 def _pip_find_links() -> str:

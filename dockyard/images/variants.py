@@ -150,10 +150,10 @@ def _load(path: Path) -> dict[str, Variant]:
                             f"{type(raw['variants'][odd]).__name__})")
     out = {}
     for name, spec in raw["variants"].items():
-        if name == "auto" or "name" in spec:
+        if name in RESERVED or "name" in spec:
             raise DockyardError(f"invalid variants file {path}: variant {name!r}: " + (
-                "`auto` is --variant's word for picking one, never a variant's name" if name == "auto" else
-                "its name is the key above its fields: remove its `name:` field"))
+                RESERVED[name] if name in RESERVED else "its name is the key above its fields: remove its `name:` "
+                "field"))
         try:
             out[name] = Variant(name=name, **spec)
         except (ValidationError, TypeError) as e:
@@ -221,14 +221,20 @@ def gpus_without_code(archs: str, host: Host) -> list[str]:
 
 def newest_cuda(settings: Settings) -> Variant:
     """The CUDA variant with the newest CUDA: what CI builds and checks for real."""
-    cuda = [v for v in all_variants(settings).values() if v.is_cuda]
-    return max(cuda, key=lambda v: cuda_version(v.cuda))
+    return max(_cuda_variants(settings), key=lambda v: cuda_version(v.cuda))
 
 
 def oldest_cuda(settings: Settings) -> Variant:
     """The CUDA variant with the oldest CUDA (the one for older drivers): CI builds and checks it too."""
+    return min(_cuda_variants(settings), key=lambda v: cuda_version(v.cuda))
+
+
+def _cuda_variants(settings: Settings) -> list[Variant]:
     cuda = [v for v in all_variants(settings).values() if v.is_cuda]
-    return min(cuda, key=lambda v: cuda_version(v.cuda))
+    if not cuda:  # a variants file of cpu alone: max() of nothing was a traceback in slurm and k8s
+        raise DockyardError(f"{settings.path(settings.variants_file)} defines no CUDA variant, and GPU nodes need one: "
+                            "add one (images/variants.yaml has two), or plan CPU nodes (no --gpus-per-node)")
+    return cuda
 
 
 def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
@@ -237,6 +243,8 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
         why = host.error or "NVML sees no GPU"
         return variants["cpu"], f"auto → cpu: {why}"
     cuda = [v for v in variants.values() if v.is_cuda]
+    if not cuda:  # a variants file of cpu alone, on a GPU host: said as a driver "older than every CUDA variant: "
+        return variants["cpu"], "auto → cpu: the variants file defines no CUDA variant"
     fits = [v for v in cuda if driver_runs(v.cuda, host)]
     if not fits and any(driver_runs(v.cuda, host) is None for v in cuda):
         old = min(cuda, key=lambda v: cuda_version(v.cuda))
@@ -249,7 +257,7 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
         have = ", ".join(f"{v.name} (CUDA {v.cuda})" for v in cuda)
         raise DockyardError(
             f"{driver_says(host)}, older than every CUDA variant: {have}. "
-            "Upgrade the driver, or add a variant for an older CUDA to images/variants.yaml."
+            "Upgrade the driver, or add a variant for an older CUDA to the variants file (images/variants.yaml)."
         )
     with_code = [v for v in fits if not gpus_without_code(cuda_archs(v), host)]
     if not with_code:
@@ -261,6 +269,10 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
     best = max(fits, key=lambda v: cuda_version(v.cuda))
     return best, f"auto → {best.name}: {host.count} GPU(s), {driver_says(host)}" + ("" if host.cuda else
                                                                                      " (picked by the driver version)")
+
+
+RESERVED = {"auto": "`auto` is --variant's word for picking one, never a variant's name",
+            "all": "`all` is `invoke lock`'s word for every variant, never a variant's name"}
 
 
 def resolve(settings: Settings, name: str = "auto", host: Host | None = None) -> tuple[Variant, str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import runfolder
-from dockyard.common.errors import DockyardError, read_bounded
+from dockyard.common.errors import DockyardError, loads, read_bounded
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
 from dockyard.launch import caches, node, preflight, scriptwords
@@ -100,7 +100,7 @@ def base_on_this_host(target: Path, as_host) -> None:
     if not config.is_file() or config.is_symlink():
         return
     try:
-        c = json.loads(read_bounded(config, 1 << 20, "adapter_config.json"))
+        c = loads(read_bounded(config, 1 << 20, "adapter_config.json"))
     except (ValueError, DockyardError):
         return
     base = c.get("base_model_name_or_path") if isinstance(c, dict) else None

@@ -28,7 +28,7 @@ from typing import IO
 
 from dockyard import gpus
 from dockyard.common import kernels, runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, loads
 from dockyard.gpus import Reading, Source, reading_to_dict
 
 BUSY, IDLE = 50.0, 10.0  # percent: a device at or above BUSY works, one below IDLE waits
@@ -242,22 +242,34 @@ def plot_usage(samples: list[dict], kind: str, title: str = "") -> bytes:
     return _png(fig)
 
 
+METRICS_LIMIT = 256 << 20  # bytes of metrics.jsonl the host reads for the plot (a line per logging step: ~1M lines)
+LOSS_BOUND = 1e30  # past it a value is no loss a run logs (1e308 and -1e308 left matplotlib no axis to draw)
+
+
 def read_losses(run_dir: Path, name: str = runfolder.METRICS) -> dict[str, list[tuple[float, float]]]:
-    """(step, value) series for `loss` and `eval_loss` from JSON lines; other lines and keys are skipped."""
+    """(step, value) series for `loss` and `eval_loss` from JSON lines; other lines and keys, and values no loss
+    takes (not finite, or past LOSS_BOUND), are skipped."""
     series: dict[str, list[tuple[float, float]]] = {}
-    text = runfolder.read_text(run_dir, name)
+    text = runfolder.read_text(run_dir, name, METRICS_LIMIT)
     for line in (text or "").splitlines():
         try:
-            row = json.loads(line)
+            row = loads(line)
         except ValueError:
             continue
-        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
+        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)) or isinstance(row["step"], bool):
             continue
         for key in ("loss", "eval_loss"):
             v = row.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and _plottable(v) and _plottable(row["step"]):
                 series.setdefault(key, []).append((row["step"], float(v)))
     return series
+
+
+def _plottable(v: int | float) -> bool:
+    try:
+        return math.isfinite(float(v)) and abs(float(v)) <= LOSS_BOUND
+    except OverflowError:  # an int of hundreds of digits
+        return False
 
 
 def plot_loss(series: dict[str, list[tuple[float, float]]], title: str = "") -> bytes:
@@ -286,7 +298,7 @@ def read_timeline(run_dir: Path) -> dict | None:
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
+        data = loads(raw)
     except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError)
         raise DockyardError(f"{folder / runfolder.PROFILE_TIMELINE_DATA} is not JSON ({e})") from None
     rows = data.get("rows") if isinstance(data, dict) else None
@@ -420,11 +432,12 @@ class Monitor:
                             plot_usage(self.samples, kind, f"{self.run_dir.name}: {v['message'].split(' (')[0]}"))
         try:
             losses = read_losses(self.run_dir) if self.node_rank == 0 else {}
-        except DockyardError as e:  # metrics.jsonl planted as a link or a fifo: no plot, the verdict still
-            _say(f"no loss plot: {e}")
+            if losses:
+                runfolder.write(self.run_dir, runfolder.LOSS_PLOT, plot_loss(losses, self.run_dir.name))
+        except Exception as e:  # noqa: BLE001 - metrics.jsonl planted as a link, a fifo, or past its limit, or values
+            # matplotlib cannot place: no loss plot, the verdict still
+            _say(f"no loss plot: {e if isinstance(e, DockyardError) else f'{type(e).__name__}: {e}'}")
             losses = {}
-        if losses:
-            runfolder.write(self.run_dir, runfolder.LOSS_PLOT, plot_loss(losses, self.run_dir.name))
         timeline = self._profile_timeline() if self.node_rank == 0 else None
         v["plots"] = (([usage] if self.samples else []) + ([runfolder.LOSS_PLOT] if losses else [])
                       + ([timeline] if timeline else []))

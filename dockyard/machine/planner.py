@@ -242,6 +242,9 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
     for flag, value in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib), ("--cpu-mem", cpu_mem_gib)):
         if value < 0:
             raise DockyardError(f"{flag}={value}: must be positive (or 0 for what this host has)")
+        if flag != "--gpus" and 0 < value < 1:  # 1e-300 planned a GPU of 0 bytes: "no recipe fits"
+            raise DockyardError(f"{flag}={value:g}: it is in GiB, and no GPU or host has under 1 GiB to train in "
+                                f"(e.g. {flag}=80; 0 for what this host has)")
     shape = shape_for(model, hub_home, where)
     device = None
     if not gpus or not gpu_mem_gib:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import enum
 import importlib
-import json
 import os
 import pickle
 import struct
 from pathlib import Path
 
-from dockyard.common.errors import DockyardError, read_bounded
+from dockyard.common import tree
+from dockyard.common.errors import DockyardError, loads, read_bounded
 
 # What the checkpoints of the shipped strategies hold besides tensors and plain containers (found with
 # torch.serialization.get_unsafe_globals_in_checkpoint on each strategy's checkpoints): the Trainer's RNG state
@@ -80,7 +80,7 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
 
     state = checkpoint / STATE
     try:
-        step = json.loads(read_bounded(state, STATE_LIMIT, "trainer_state.json")).get("global_step")
+        step = loads(read_bounded(state, STATE_LIMIT, "trainer_state.json")).get("global_step")
     except FileNotFoundError:
         raise damaged(checkpoint, earlier, state, "missing") from None
     except OSError as e:
@@ -98,7 +98,7 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
     if not any(any(checkpoint.glob(pattern)) for pattern in WEIGHTS):
         raise damaged(checkpoint, earlier, checkpoint / "model.safetensors", "missing: the checkpoint holds no "
                       "weights")
-    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+    for path in sorted(tree.files(checkpoint)):
         if path.name in NEVER_LOADED:
             continue
         if path.suffix == ".safetensors":
@@ -144,7 +144,7 @@ def safetensors_damage(path: Path) -> str:
         if length > HEADER_LIMIT:  # safetensors' own reader refuses past 100 MB: read whole, it would cost its size
             return f"not a safetensors file (its header says {length} bytes; safetensors allows {HEADER_LIMIT})"
         try:
-            header = json.loads(f.read(length))
+            header = loads(f.read(length))
             end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
             return f"not a safetensors file (its header: {e})"

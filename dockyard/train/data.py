@@ -47,7 +47,7 @@ from dockyard.common.data_files import (
     too_deep,
     unknown_format,
 )
-from dockyard.common.errors import DockyardError, Stopped, causes
+from dockyard.common.errors import DockyardError, Stopped, causes, loads
 
 log = logging.getLogger("dockyard.train.data")  # the same on every rank: said by rank 0 alone (setup_logging)
 
@@ -368,7 +368,7 @@ def _new_field_line(files: list[str]) -> str:
         with open(f, encoding="utf-8-sig", errors="replace") as lines:
             for n, line in enumerate(lines, 1):
                 try:
-                    row = json.loads(line) if line.strip() else None
+                    row = loads(line) if line.strip() else None
                 except json.JSONDecodeError:
                     continue
                 if not isinstance(row, dict):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, Stopped, causes
+from dockyard.common.errors import DockyardError, Stopped, causes, loads
 from dockyard.train import LAUNCHER, manifest, nodes
 from dockyard.train.record import Run
 
@@ -110,7 +110,7 @@ def _first_failure(run: Run) -> str | None:
     try:
         names = [n for n in os.listdir(run.opts.run_dir) if n.startswith(runfolder.RANK_FAILED)]
         for name in names:
-            note = json.loads(runfolder.read_text(run.opts.run_dir, name, limit=1 << 16) or "null")
+            note = loads(runfolder.read_text(run.opts.run_dir, name, limit=1 << 16) or "null")
             if (isinstance(note, dict) and note.get("attempt") == _attempt() and isinstance(note.get("rank"), int)
                     and isinstance(note.get("error"), str)):
                 found.append((note["rank"], note["error"]))

@@ -7,13 +7,12 @@ __main__ calls every one of them on the way to the Trainer.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from dockyard.common import recipes
-from dockyard.common.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, json_object, problems
 from dockyard.common.units import GIB
 
 
@@ -107,7 +106,11 @@ def reject_prequantized(model_dir: str, strategy: str) -> None:
     cfg = Path(model_dir, "config.json") if model_dir else None
     if not cfg or not cfg.is_file() or not recipes.strategy(strategy).shards_parameters:
         return
-    method = (json.loads(cfg.read_text()).get("quantization_config") or {}).get("quant_method", "")
+    quantized = json_object(cfg, "a model's config").get("quantization_config") or {}
+    if not isinstance(quantized, dict):  # "gptq" as text: an AttributeError traceback in every process
+        raise DockyardError(f"{cfg}: quantization_config is {type(quantized).__name__}, where from_pretrained reads "
+                            "an object (quant_method and its settings): fix or remove it")
+    method = quantized.get("quant_method", "")
     if str(method).lower() in ("gptq", "awq"):
         raise DockyardError(f"{model_dir} is a pre-quantized {method.upper()} checkpoint, which {strategy} cannot "
                             f"shard; use the unquantized model (qlora quantizes it itself) or the lora/qlora recipe")

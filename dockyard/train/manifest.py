@@ -14,8 +14,8 @@ import resource
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common import envvars, runfolder, tree
+from dockyard.common.errors import DockyardError, loads
 from dockyard.train import nodes
 
 log = logging.getLogger("dockyard.train")
@@ -35,7 +35,7 @@ def logged(run_dir: Path, name: str = runfolder.METRICS) -> list[dict[str, Any]]
     rows = []
     for line in (runfolder.read_text(run_dir, name) or "").splitlines():
         try:
-            row = json.loads(line)
+            row = loads(line)
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int):
@@ -61,12 +61,19 @@ def finite(value: Any) -> Any:
     return value
 
 
+def _a_loss(value: Any) -> bool:
+    """A loss as the trainer logs it: a number, or null where it was not finite."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
 def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: dict | None,
           metrics: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     lines = logged(run_dir)
-    seen = [row for row in lines if "loss" in row]
-    evals = [row for row in lines if "eval_loss" in row]
+    # a line of another shape (`"loss": [1]`, written there by anything but the trainer) is no loss: copied into the
+    # manifest, it made a completed run's manifest one the host refuses
+    seen = [row for row in lines if "loss" in row and _a_loss(row["loss"])]
+    evals = [row for row in lines if "eval_loss" in row and _a_loss(row["eval_loss"])]
     # a loss logged as null (or NaN, by an older trainer) was not finite: the run diverged there
     diverged = next((row["step"] for row in seen if finite(row["loss"]) is None), None)
     return {
@@ -101,7 +108,7 @@ def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
     """key → the host path (as `invoke run` / run.sh mounted it, from DOCKYARD_HOST_PATHS), the path inside, and
     its fingerprint; keys naming no local path (a hub id) record the name alone."""
     try:
-        host = json.loads(os.environ.get(envvars.HOST_PATHS) or "{}")
+        host = loads(os.environ.get(envvars.HOST_PATHS) or "{}")
     except ValueError:
         host = None
     if not isinstance(host, dict):  # set by invoke run and run.sh: a record of where the inputs came from, no more
@@ -123,7 +130,7 @@ def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
 def recipe_files(recipe: Any, defaults: Path) -> dict[str, str]:
     """sha256 of every file that made the recipe (its folder and recipes/defaults.yaml): the edited recipe of a
     run is told from the image's by these."""
-    files = [defaults, *sorted(p for p in recipe.folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
+    files = [defaults, *sorted(p for p in tree.files(recipe.folder) if "__pycache__" not in p.parts)]
     return {(f.name if f == defaults else f"{recipe.name}/{f.relative_to(recipe.folder).as_posix()}"): sha256(f)
             for f in files}
 
@@ -242,7 +249,7 @@ def _recorded(run_dir: Path) -> dict[str, Any]:
     """The run's manifest as it is ({} when there is none, or it is not a JSON object), read as untrusted: never
     through a link."""
     try:
-        raw = json.loads(runfolder.read_text(run_dir, runfolder.MANIFEST, runfolder.MANIFEST_LIMIT) or "{}")
+        raw = loads(runfolder.read_text(run_dir, runfolder.MANIFEST, runfolder.MANIFEST_LIMIT) or "{}")
     except (OSError, ValueError, DockyardError):
         return {}
     return raw if isinstance(raw, dict) else {}

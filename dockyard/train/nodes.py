@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, first_line
+from dockyard.common.errors import DockyardError, first_line, loads
 
 
 def first_of_node() -> bool:
@@ -46,7 +46,7 @@ def rendezvous() -> dict[str, Any] | None:
     if not raw:
         return None
     try:
-        record = json.loads(raw)
+        record = loads(raw)
         problem = "" if isinstance(record, dict) else type(record).__name__
     except ValueError as e:
         record, problem = None, first_line(e)
@@ -345,7 +345,7 @@ class Heartbeat:
                 counts = {n: self._store.add(BEAT.format(n), 0) for n in self.others}
                 for n in self.others:  # who each node is, as soon as it says: a lost store's host is named by it
                     if n not in self._infos and self._store.check([NODE.format(n)]):
-                        self._infos[n] = json.loads(self._store.get(NODE.format(n)))
+                        self._infos[n] = loads(self._store.get(NODE.format(n)))
                 lost = silence.see(counts, time.monotonic())
                 if lost:
                     n, silent, ever = lost

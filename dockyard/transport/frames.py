@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, loads
 
 MIN_LAYER = 1 << 20          # smaller layers are not worth a frame (or a cache entry) of their own
 LOOSE_FLUSH = 64 << 20       # bytes between layers kept in memory before they are compressed
@@ -87,7 +87,7 @@ class LayerCache:
         way every time, so the name says which frame to use before the layer is read; the layer is still
         hashed on the way and must match."""
         try:
-            return json.loads((self.dir / NAMES).read_text())
+            return loads((self.dir / NAMES).read_text())
         except (OSError, ValueError):
             return {}
 

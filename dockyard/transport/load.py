@@ -10,7 +10,6 @@ refused then puts the tags it moved back.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import threading
@@ -20,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, problems
+from dockyard.common.errors import DockyardError, loads, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
@@ -255,7 +254,7 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
                             "refused, nothing was loaded")
     for path, raw in naming:
         try:
-            data = json.loads(raw)
+            data = loads(raw)
         except (ValueError, RecursionError):
             raise DockyardError(f"{name}: the tar's {path} is not JSON: refused, nothing was loaded") from None
         if path == "manifest.json":

@@ -10,7 +10,6 @@ loading.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shlex
@@ -18,7 +17,7 @@ import sys
 from pathlib import Path
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, loads
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
@@ -170,7 +169,7 @@ def images_there(settings: Settings, r: Remote,
 def _json_object(line: str) -> dict | None:
     """A line the node answered, as the JSON object it should be (None: anything else, "null" included)."""
     try:
-        value = json.loads(line)
+        value = loads(line)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

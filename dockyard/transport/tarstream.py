@@ -10,14 +10,13 @@ layer cache's name map (frames.LayerCache.known) already says which layer a name
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, loads
 from dockyard.engine import CHUNK
 from dockyard.transport.frames import FramedSink, StaleNames
 
@@ -101,7 +100,7 @@ class TarPump:
         if not regular or not (blob or name.endswith("/layer.tar")):
             if name == "manifest.json":
                 data = self._read(src, padded)
-                self.docker_manifest = json.loads(data[:size])
+                self.docker_manifest = loads(data[:size])
                 write(head)
                 write(data)
             else:

@@ -259,5 +259,5 @@ def test_a_manifest_nested_too_deeply_is_refused_naming_it(settings, tmp_path):
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
     _, run = _run(tmp_path)
     (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(DockyardError, match="manifest.json is nested too deeply to read"):
+    with pytest.raises(DockyardError, match=r"manifest.json is not valid JSON \(nested too deeply to read\)"):
         export.export(s, run="r1", dry=True)

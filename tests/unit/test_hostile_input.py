@@ -499,7 +499,7 @@ def archive_set(tmp_path, **files: str):
      "a.manifest.json: not a plain file (a pipe, device or socket); give the archive manifest"),
     (lambda t: ["doctor"], {"DOCKYARD_NVML_REPLAY": "/dev/zero"}, "/dev/zero: not a plain file"),
     (lambda t: ["run", "--dry"], {"INVOKE_DOCKYARD_VARIANTS_FILE": "/dev/zero"}, "give the variants file itself"),
-    (lambda t: ["doctor"], {"DOCKYARD_NVML_REPLAY": "DEEP"}, "its JSON is nested too deeply to read"),
+    (lambda t: ["doctor"], {"DOCKYARD_NVML_REPLAY": "DEEP"}, "is not valid JSON: nested too deeply to read"),
     (lambda t: ["run", "--dry", f"--recipe={broken_recipe(t, '[' * 200_000)}"], {}, "nested too deeply to read"),
     (lambda t: ["load", f"--file={archive_set(t, a_manifest_json=str(t / 'big.json'))}"], {},
      "a.manifest.json: more than 16 MiB, more than any archive manifest (.manifest.json) holds"),
@@ -517,3 +517,17 @@ def test_an_inventory_that_is_a_device_is_one_error():
     """`invoke save --thin-for=/dev/zero` (read after the engine is asked for the image)."""
     with pytest.raises(DockyardError, match=r"/dev/zero: not a plain file .*; give the inventory"):
         inventory.read_inventory(Path("/dev/zero"))
+
+
+@pytest.mark.parametrize("args,env,says", [
+    (["k8s", "--recipe=ddp", "--nodes=2"], {"INVOKE_DOCKYARD_IMAGE_NAME": "a..b"}, "a docker repository name"),
+    (["k8s", "--recipe=ddp", "--nodes=2"], {"INVOKE_DOCKYARD_IMAGE_NAME": "a___b"}, "a docker repository name"),
+    (["build", "--dry", "--variant=cpu"], {"INVOKE_DOCKYARD_WHEELHOUSE_DIR": "/etc/passwd"},
+     "/etc/passwd is a file, not a folder; set wheelhouse_dir"),
+    (["plan", "--model=8B", "--gpus=1", "--gpu-mem=1e-300"], {}, "--gpu-mem=1e-300: it is in GiB"),
+])
+def test_values_a_dry_run_took_and_the_real_command_would_not_are_refused(args, env, says, tmp_path):
+    """a..b was written into k8s manifests as the image docker then refused ("invalid reference format"); build --dry
+    printed commands under /etc/passwd/; plan planned a GPU of 0 bytes ("no recipe fits")."""
+    r = invoke_here(*args, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), **env})
+    short_error(r, says)

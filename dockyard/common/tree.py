@@ -1,0 +1,52 @@
+"""Folders read as untrusted input (run folders, recipe folders, model folders, checkpoints): walked without recursion
+and without following a link to a folder.
+
+Python 3.11's os.walk and Path.rglob recurse once per level: a folder nested 1,200 deep, which anything that ran with
+the runs folder mounted can make, was a RecursionError traceback in `invoke export`, `run --resume` and `run --dry`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def walk(top: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """os.walk's (folder, its folders, its other entries), top-down: a link to a folder is listed among the folders,
+    as os.walk lists it, and never entered. Removing a name from the folders skips it. A folder that cannot be read
+    is left out, as os.walk leaves it."""
+    stack = [Path(top)]
+    while stack:
+        root = stack.pop()
+        dirs: list[str] = []
+        files: list[str] = []
+        try:
+            with os.scandir(root) as entries:
+                for entry in entries:
+                    (dirs if _is_dir(entry) else files).append(entry.name)
+        except OSError:
+            continue
+        yield root, dirs, files
+        stack.extend(root / d for d in reversed(dirs) if not (root / d).is_symlink())
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a loop of links (ELOOP): listed among the files, where a check of links finds it
+        return False
+
+
+def files(top: Path) -> Iterator[Path]:
+    """Every file below `top` (a link to a file included, as Path.rglob gives it), in the walk's order, one at a
+    time (a caller may stop early); no folder reached through a link."""
+    for root, _dirs, names in walk(top):
+        for name in names:
+            if (root / name).is_file():
+                yield root / name
+
+
+def paths(top: Path) -> list[Path]:
+    """Every entry below `top` (files, folders, links), sorted, as sorted(top.rglob("*")) without entering links."""
+    return sorted(root / name for root, dirs, names in walk(top) for name in dirs + names)

@@ -1,0 +1,166 @@
+"""What the sixth red-team pass planted in files and folders the host and the trainer read: a JSON integer of 5,000
+digits, JSON nested 100,000 deep on one line of metrics.jsonl, a folder nested 1,200 deep, values no run logs, and
+control characters in a manifest. Each is one error line, or a line skipped, never a traceback; a run that trained
+still writes its manifest and its monitor's verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from dockyard import ROOT
+from dockyard.common import recipes, runfolder
+from dockyard.common.errors import DockyardError, json_object
+from dockyard.common.recipes import RECIPES
+from dockyard.launch import monitor
+from dockyard.launch.run import summarise
+from dockyard.train import checkpoints, guards, manifest
+from tests.support.cli import invoke_here, short_error
+
+HUGE = "9" * 5000  # past the 4,300 digits Python converts to an int
+
+
+def test_an_integer_of_thousands_of_digits_is_one_error_line_wherever_json_is_read(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(f'{{"model_type": "llama", "hidden_size": {HUGE}}}')
+    r = invoke_here("plan", f"--model={model}", "--gpus=1", "--gpu-mem=80")
+    short_error(r, f"{model}/config.json is not valid JSON: a number of more digits than can be read (4,300)")
+    data = tmp_path / "d.jsonl"
+    data.write_text(f'{{"text": "hi", "id": {HUGE}}}\n')
+    r = invoke_here("run", "--dry", "--variant=cpu", f"--data={data}",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, f"{data}:1: not JSON (a number of more digits than can be read (4,300)")
+    with pytest.raises(DockyardError, match="nested too deeply to read"):
+        (tmp_path / "deep.json").write_text("[" * 100_000)
+        json_object(tmp_path / "deep.json", "a test")
+
+
+def test_a_deep_or_foreign_line_in_metrics_leaves_the_runs_manifest_and_its_plot(tmp_path):
+    """One line nested 100,000 deep: manifest.build (outside the trainer's try) raised RecursionError, so a run that
+    trained and saved its model ended in a traceback with no manifest.json; `"loss": [1]` went into the manifest as
+    loss_last, which the host then refused as no manifest of the trainer's."""
+    (tmp_path / runfolder.METRICS).write_text('{"step": 1, "loss": 2.5}\n' + "[" * 100_000 + "\n"
+                                              '{"step": 2, "loss": [1]}\n{"step": 3, "loss": 2.0}\n')
+    m = manifest.build(tmp_path, None, "completed", 1, None, {"peak_memory_bytes": 1}, {})
+    assert (m["metrics"]["loss_first"], m["metrics"]["loss_last"]) == (2.5, 2.0)
+    runfolder.write(tmp_path, runfolder.MANIFEST, json.dumps(m))
+    assert runfolder.read_manifest(tmp_path).metrics.loss_last == 2.0
+    assert monitor.read_losses(tmp_path) == {"loss": [(1, 2.5), (3, 2.0)]}
+
+
+def test_values_no_run_logs_are_left_out_of_the_loss_plot_which_still_draws(tmp_path):
+    """`"loss": 10**400` was an OverflowError and ±1e308 left matplotlib no axis: either way the monitor wrote no
+    verdict (monitor.json) and no loss.png."""
+    (tmp_path / runfolder.METRICS).write_text(
+        f'{{"step": 1, "loss": {HUGE[:400]}}}\n{{"step": 2, "loss": 1e308}}\n{{"step": 3, "loss": -1e308}}\n'
+        '{"step": true, "loss": 1.0}\n{"step": 4, "loss": 3.0}\n{"step": 5, "loss": 2.0}\n')
+    series = monitor.read_losses(tmp_path)
+    assert series == {"loss": [(4, 3.0), (5, 2.0)]}
+    assert monitor.plot_loss(series).startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"status": "completed\n\x1b[31mred"}, "status: Value error, holds a control character"),
+    ({"metrics": {"peak_memory_bytes": 10**400}}, "metrics.peak_memory_bytes"),
+    ({"model": {"quantized_layers": -5}}, "model.quantized_layers"),
+])
+def test_a_manifest_the_summary_cannot_print_is_refused_in_one_line(tmp_path, change, says):
+    """The end of `invoke run`: an escape sequence in the status reached the terminal as it was, and 10**400 bytes
+    of peak memory was an OverflowError traceback."""
+    m = {"run_id": "x", "status": "completed", "recipe": "ddp", "metrics": {"steps": 1}, **change}
+    (tmp_path / runfolder.MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(DockyardError, match=f"is not a manifest the trainer writes .*{says}"):
+        summarise(tmp_path)
+
+
+def test_a_checkpoint_whose_safetensors_header_nests_deep_is_damaged_not_a_traceback(tmp_path):
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(struct.pack("<Q", 50_000) + b"[" * 50_000)
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 5}')
+    with pytest.raises(DockyardError, match=r"checkpoint-5 is damaged \(model.safetensors: not a safetensors file "
+                                            r"\(its header: nested too deeply to read\)\)"):
+        checkpoints.check(checkpoint)
+
+
+def test_a_quantization_config_given_as_text_is_one_line_in_the_trainer(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "quantization_config": "gptq"}')
+    with pytest.raises(DockyardError, match="quantization_config is str, where from_pretrained reads an object"):
+        guards.reject_prequantized(str(tmp_path), "zero3")
+
+
+def _nest(top: Path, depth: int) -> list[Path]:
+    """`depth` folders, each in the last (os.makedirs recurses too), deepest last."""
+    made, path = [], top
+    for _ in range(depth):
+        path = path / "a"
+        os.mkdir(path)
+        made.append(path)
+    return made
+
+
+def test_folders_nested_past_pythons_recursion_limit_are_walked(tmp_path):
+    """Python 3.11's os.walk and Path.rglob recurse per level: a folder 1,200 deep planted in a run folder or a recipe
+    folder was a RecursionError traceback in `invoke export`, `run --resume` and `run --dry --recipe=FOLDER`. The
+    folders are removed here one by one: shutil.rmtree recurses as well."""
+    run, recipe = tmp_path / "run", tmp_path / "myrec"
+    run.mkdir()
+    recipe.mkdir()
+    (recipe / "recipe.yaml").write_text((RECIPES / "ddp" / "recipe.yaml").read_text())
+    made = _nest(run, 1200) + _nest(recipe, 1200)
+    try:
+        (made[1199] / "weights.bin").write_bytes(b"x" * 10)
+        os.symlink("/etc/passwd", made[-1] / "planted")
+        runfolder.check(run)  # nothing but folders and a file: passes
+        assert runfolder.fingerprint(run)["bytes"] == 10
+        with pytest.raises(DockyardError, match=f"{made[-1]}/planted is a link to /etc/passwd, outside the recipe"):
+            recipes.load_recipe(str(recipe))
+    finally:
+        for path in [made[-1] / "planted", made[1199] / "weights.bin"]:
+            path.unlink()
+        for path in reversed(made):
+            os.rmdir(path)
+
+
+def _variants_file(tmp_path: Path, *, extra_name: str = "") -> Path:
+    """images/variants.yaml with its cpu variant alone (and, with `extra_name`, a copy of it of that name); the lock
+    files it names are the checkout's."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "images" / "variants.yaml").read_text())
+    raw["variants"] = {"cpu": raw["variants"]["cpu"], **({extra_name: raw["variants"]["cpu"]} if extra_name else {})}
+    path = tmp_path / "variants.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_a_variants_file_of_cpu_alone_plans_cpu_and_refuses_gpu_nodes_in_one_line(tmp_path):
+    """max() of no CUDA variant was a ValueError traceback in slurm and k8s with --gpus-per-node; on a GPU host, auto
+    said the driver was "older than every CUDA variant: " (none listed)."""
+    env = {"INVOKE_DOCKYARD_VARIANTS_FILE": str(_variants_file(tmp_path)),
+           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    for task in ("slurm", "k8s"):
+        r = invoke_here(task, "--recipe=ddp", "--nodes=2", "--gpus-per-node=4", f"--out={tmp_path}/{task}", env=env)
+        short_error(r, "defines no CUDA variant, and GPU nodes need one")
+    r = invoke_here("build", "--dry", env={**env, "DOCKYARD_NVML_REPLAY": str(
+        ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "h100x1_580.json")})
+    assert r.returncode == 0 and "auto → cpu: the variants file defines no CUDA variant" in r.stdout + r.stderr, r.stderr
+
+
+def test_names_another_word_holds_are_refused_in_a_variants_file_and_a_recipe(tmp_path):
+    """A variant named `all` could never be locked alone (`invoke lock --variant=all` locks every one); `name:` in a
+    recipe.yaml was "Recipe() got multiple values for keyword argument 'name'"."""
+    r = invoke_here("lock", "--dry", "--variant=cpu",
+                    env={"INVOKE_DOCKYARD_VARIANTS_FILE": str(_variants_file(tmp_path, extra_name="all"))})
+    short_error(r, "variant 'all': `all` is `invoke lock`'s word for every variant, never a variant's name")
+    short_error(invoke_here("lock", "--dry", "--variant=CPU"), "unknown variant 'CPU'; valid: all, auto,")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text((RECIPES / "ddp" / "recipe.yaml").read_text() + "name: other\n")
+    with pytest.raises(DockyardError, match="recipe.yaml: name cannot be set here: a recipe's name is its folder's"):
+        recipes.load_recipe(str(mine))
