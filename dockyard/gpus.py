@@ -312,6 +312,7 @@ def replay() -> Recorded | None:
 def record(path: Path | str) -> dict:
     """Write what NVML reports now (host, links, one sample) in the fixtures' format; returns it."""
     locks.check_named_output(path, "--record")  # as written: `DIR/` names a folder
+    locks.check_ours(path, "--record", b'"kind": "gpu"', "a recording of this command's")
     try:
         with nvml() as nv:
             data = {"kind": "gpu", "host": asdict(nv.host()), "links": [asdict(x) for x in nv.links()],

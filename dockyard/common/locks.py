@@ -63,6 +63,21 @@ def names_a_folder(v: str) -> bool:
     return v.endswith("/") or os.path.basename(v) in (".", "..") or os.path.isdir(v)
 
 
+def check_ours(path: Path | str, flag: str, marker: bytes, what: str) -> None:
+    """A plain file under `path` that the task did not write (its first 4 KiB lack `marker`) is refused, not replaced:
+    `--record=~/.bashrc` or `--out=notes.txt` was written over without a word. Nothing there, an empty file, or one
+    of the task's own is fine; a link under the name is replaced, never read through."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # nothing there, a link, or what check_named_output and the write say
+        return
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    if head and marker not in head:
+        raise DockyardError(f"{flag}={path} holds a file that is not {what}: give another name, or remove that file "
+                            "first (it is replaced whole)")
+
+
 def check_named_output(path: Path | str, flag: str) -> None:
     """A file the user named for a task to write whole (--out, --record): refused where that name holds, or links to,
     anything but a plain file (/dev/null, /dev/stdout, a fifo, a socket), or names a folder (as written: `DIR/.` is

@@ -273,14 +273,11 @@ def _replaces(path: Path, text: str) -> bool:
     """Whether the script about to be written over `path` replaces another (another recipe folder of the same name
     writes the same default file): a plain file only, read no further than the new script's length. A file that is
     no script of ours is refused (--out=notes.txt was replaced, and made executable)."""
+    locks.check_ours(path, "--out", WRITTEN_BY, "a script `invoke slurm` wrote")
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return False  # nothing there (or what runfolder.write refuses)
         with open(path, "rb") as f:
-            held = f.read(len(text.encode()) + 1)
+            return f.read(len(text.encode()) + 1) != text.encode()
     except OSError:
         return False
-    if held and not held.startswith(WRITTEN_BY):
-        raise DockyardError(f"--out {path} is a file `invoke slurm` did not write: give another --out (a new file, or "
-                            "a folder), or remove that file first")
-    return held != text.encode()

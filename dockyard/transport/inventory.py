@@ -82,6 +82,7 @@ def write_inventory(settings: Settings, out: str = "") -> Path:
     folder = not out or locks.names_a_folder(os.path.expanduser(out))
     if not folder:
         locks.check_named_output(path, "--out")  # before the engine is asked
+        locks.check_ours(path, "--out", b'"format"', "an inventory")
     inv = layer_inventory(settings)
     if folder:
         path = path / f"inventory-{inv['host']}.json"

@@ -440,7 +440,7 @@ def test_a_cuda_variant_for_nodes_given_no_gpus_and_a_file_not_ours_as_out_are_r
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
-    with pytest.raises(DockyardError, match="is a file `invoke slurm` did not write: give another --out"):
+    with pytest.raises(DockyardError, match="holds a file that is not a script `invoke slurm` wrote: give another name"):
         slurm.write(s, recipe="ddp", nodes=2, gpus_per_node=0, overrides=[], out=str(notes))
     assert notes.read_text() == "my notes\n" and notes.stat().st_mode & 0o111 == 0
     empty = tmp_path / "job.sbatch"

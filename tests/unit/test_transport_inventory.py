@@ -146,3 +146,23 @@ def test_loaded_images_are_checked_by_id_or_on_containerd_by_layers():
     imported = {"Id": "sha256:" + "e" * 64, "RootFS": {"Layers": [BASE, RUN]}}
     assert inventory.loaded_as_saved(imported, image, "containerd") == ""
     assert inventory.loaded_as_saved({**imported, "RootFS": {"Layers": [BASE]}}, image, "containerd")
+
+
+def test_the_inventory_and_a_gpu_record_named_over_a_file_of_the_users_leave_it(tmp_path, monkeypatch):
+    """`doctor --record=~/.bashrc` (or `inventory --out=notes.txt`) replaced the file whole, without a word. One of
+    theirs is replaced, as a second recording of the same host is."""
+    from dockyard import gpus
+
+    settings = FakeEngine().install(monkeypatch, Settings())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's own\n")
+    with pytest.raises(DockyardError, match=f"--out={notes} holds a file that is not an inventory: give another name"):
+        inventory.write_inventory(settings, str(notes))
+    with pytest.raises(DockyardError, match=f"--record={notes} holds a file that is not a recording"):
+        gpus.record(notes)
+    assert notes.read_text() == "the user's own\n"
+    inventory.write_inventory(settings, str(tmp_path / "inv.json"))
+    inventory.write_inventory(settings, str(tmp_path / "inv.json"))  # its own, written again
+    gpus.record(tmp_path / "host.json")
+    gpus.record(tmp_path / "host.json")
+    assert json.loads((tmp_path / "host.json").read_text())["kind"] == "gpu"
