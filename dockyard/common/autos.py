@@ -82,11 +82,13 @@ class CompileGain:
 # Every recipe compiles block by block (accelerate's regional compilation): one block compiled serves every layer.
 # ZeRO-2, measured: H200 54.4k -> 71.3k tokens/s (saves 24 %), 7 s more before the first step (19 s against 12 s).
 BLOCKS_ZERO2 = CompileGain(0.5, 0.24)
-# ddp and lora compile the same blocks: zero2's compile time, and the smaller of the savings measured for them
-# (the whole model compiled: ddp H100 48.5k -> 60.1k, saves 19 %, H200 56.1k -> 65.6k, 15 %, 50-90 s before
-# the first step; lora H200 51.5k -> 71.9k, 28 %, 68 s) and zero2's blocks (24 %). Their own block-by-block
-# speed is not measured on a GPU yet (`sh benchmarks/gpu_check.sh bench ddp,lora` does).
-BLOCKS_DDP = CompileGain(0.5, 0.14)
+# ddp, block by block, measured (2026-12-04): H200 47.4k -> 69.2k tokens/s on the 1.1B model (saves 31 % of each
+# step), 9 s more before the first step (21 s against 12 s; 0.42 s a layer). Kept at zero2's 24 %, the smaller
+# saving of a block-by-block run: on the 944M model on an H100, compiled from ~150 steps, where the whole model's
+# saving (15-19 %, measured before regional compilation) kept it off until ~260.
+BLOCKS_DDP = CompileGain(0.5, 0.24)
+# lora: zero2's compile time and saving; its whole model compiled saved 28 % (H200 51.5k -> 71.9k, 68 s). Its own
+# block-by-block speed is not measured on a GPU yet (`sh benchmarks/gpu_check.sh bench lora` does).
 BLOCKS_LORA = CompileGain(0.5, 0.24)
 
 

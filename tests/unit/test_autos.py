@@ -168,8 +168,9 @@ def test_torch_compile_goes_on_where_its_gain_was_measured_when_the_run_repays_i
         at = resolve(name, {"max_seq_length": 2048, "max_steps": breaks_even[name]}, device=H100_GPU, shape=shape)
         assert values(at)["torch_compile"] is True  # on from the step it names, not later
         assert "block by block, 22 layers" in long.record["torch_compile"]["why"]
-    # block by block compiles in seconds, so a few hundred steps repay it; lora saves what zero2 saves, ddp less
-    assert 100 < breaks_even["zero2"] == breaks_even["lora"] < breaks_even["ddp"] < 300, breaks_even
+    # block by block compiles in seconds, so a few hundred steps repay it; ddp and lora are counted as saving what
+    # zero2 saves (ddp measured more, block by block: 31 % on an H200)
+    assert 100 < breaks_even["zero2"] == breaks_even["lora"] == breaks_even["ddp"] < 200, breaks_even
     # where the gain is not measured on a GPU, never on by itself, whatever the length; the reason says how to try it
     for name in ("fsdp", "zero3", "zero2-offload", "qlora"):
         r = resolve(name, {"max_seq_length": 2048, "max_steps": 10**6}, device=H100_GPU, shape=shape)
