@@ -64,8 +64,6 @@ def not_an_object(line: str) -> str:
         value = loads(line.rstrip("\r\n")) if line.strip() else {}
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
-    except RecursionError:
-        return NESTED
     if isinstance(value, dict):
         return ""
     kind = {list: "an array", str: "a string", bool: "true or false"}.get(type(value), "a number")
@@ -81,7 +79,7 @@ def first_fields(path: Path) -> list[str] | None:
     if path.suffix == ".json" and path.stat().st_size <= FIRST_LINE_LIMIT:
         try:
             value = loads(path.read_bytes().decode("utf-8-sig", errors="replace"))
-        except (ValueError, RecursionError):
+        except ValueError:
             value = None
         if isinstance(value, list):
             first = next((v for v in value if isinstance(v, dict)), None)

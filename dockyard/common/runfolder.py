@@ -132,7 +132,7 @@ def saved_overrides(run_dir: Path) -> dict[str, Any]:
             where = run_dir / MANIFEST
             recorded = read_manifest(run_dir)
             saved = (recorded.model_extra or {}).get("overrides", {}) if recorded is not None else {}
-    except (OSError, ValueError, RecursionError, DockyardError) as e:
+    except (OSError, ValueError, DockyardError) as e:
         saved = e
     if not (isinstance(saved, dict) and all(isinstance(k, str) and k.isidentifier() for k in saved)):
         if where.name == MANIFEST:
@@ -283,10 +283,9 @@ def fingerprint(path: Path, most_files: int | None = None) -> dict[str, Any] | N
     else:
         files = []
         for p in tree.files(path):
-            if p.is_file():
-                files.append(p)
-                if most_files is not None and len(files) > most_files:
-                    return None
+            files.append(p)
+            if most_files is not None and len(files) > most_files:
+                return None
         files.sort()
     size = sum(f.stat().st_size for f in files)
     h = hashlib.sha256()

@@ -204,14 +204,12 @@ def _index_env(settings: Settings, prefix: str) -> dict[str, str]:
 
 def _selected(settings: Settings, name: str) -> list[Variant]:
     """`invoke lock`'s variants: `all`, or one (its error's list of valid names says `all` too)."""
+    known = variants.all_variants(settings)
     if name == "all":
-        return list(variants.all_variants(settings).values())
-    try:
-        return [variants.resolve(settings, name)[0]]
-    except DockyardError as e:
-        if not str(e).startswith("unknown variant"):
-            raise
-        raise DockyardError(str(e).replace("; valid: auto, ", "; valid: all, auto, ", 1)) from None
+        return list(known.values())
+    if name != "auto" and name not in known:
+        raise DockyardError(f"unknown variant {name!r}; valid: all, auto, {', '.join(known)}")
+    return [variants.resolve(settings, name)[0]]
 
 
 def _pip_find_links() -> str:

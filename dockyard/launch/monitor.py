@@ -299,7 +299,7 @@ def read_timeline(run_dir: Path) -> dict | None:
         return None
     try:
         data = loads(raw)
-    except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError)
+    except ValueError as e:  # not JSON (UnicodeDecodeError is a ValueError; errors.loads says deep nesting as one)
         raise DockyardError(f"{folder / runfolder.PROFILE_TIMELINE_DATA} is not JSON ({e})") from None
     rows = data.get("rows") if isinstance(data, dict) else None
     busy = data.get("busy") if isinstance(data, dict) else None

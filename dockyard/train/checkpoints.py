@@ -88,7 +88,7 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
     except DockyardError:  # read_bounded's: a pipe, a device, or past STATE_LIMIT
         raise damaged(checkpoint, earlier, state, f"not a plain file of at most {STATE_LIMIT >> 20} MiB, as the "
                       "Trainer writes it") from None
-    except (ValueError, AttributeError, RecursionError) as e:  # not JSON (or not UTF-8), or not an object
+    except (ValueError, AttributeError) as e:  # not JSON (or not UTF-8, or nested too deep), or not an object
         raise damaged(checkpoint, earlier, state, f"not the Trainer's JSON ({e})") from None
     if not isinstance(step, int):
         raise damaged(checkpoint, earlier, state, "no global_step in it")

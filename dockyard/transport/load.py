@@ -255,7 +255,7 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
     for path, raw in naming:
         try:
             data = loads(raw)
-        except (ValueError, RecursionError):
+        except ValueError:
             raise DockyardError(f"{name}: the tar's {path} is not JSON: refused, nothing was loaded") from None
         if path == "manifest.json":
             if not isinstance(data, list) or not all(isinstance(e, dict) and set(e) <= DOCKER_KEYS for e in data):
