@@ -5,9 +5,11 @@
         where no micro-batch dividing the examples per process fits without it, accumulation making up
         `global_batch`;
     torch_compile: on for ddp, zero2 and lora (where its gain was measured on a GPU) when the run is long enough
-        to repay the compilation and checkpointing stays off (decided once checkpointing is);
-    use_liger_kernel: on where memory binds (Liger's fused loss never holds the fp32 logits, and under fp32
-        weights its norms and MLP keep less) and its kernels apply;
+        to repay the compilation, over what Liger's kernels save where they would go on instead, and checkpointing
+        stays off (decided once checkpointing is);
+    use_liger_kernel: on wherever its kernels apply and the run is not compiled: measured faster (ddp of a 1.1B
+        Llama, 1.31x on an H200) and lighter (its fused loss never holds the fp32 logits, and under fp32 weights
+        its norms and MLP keep less);
     padding_free: examples packed into one row (position ids restarting per example) for instruction and chat data;
     packing: text documents joined end to end and cut into blocks of max_seq_length tokens;
     numa_binding: each process on the cores of its GPU's NUMA node, where the run's GPUs hang off every one.
@@ -72,8 +74,8 @@ class DoesNotFit(DockyardError):
 class CompileGain:
     """What compiling block by block costs and saves for one kind of recipe on the 944M model (22 layers,
     micro-batch 8, seq 2048; benchmarks/results/recipes_gpu.md): the compile time before the first step, per layer,
-    and the share of each step's time it saves. Measured for zero2; for ddp and lora taken from it and from their
-    whole-model runs (below). Where two figures exist, the smaller saving and the longer compile are kept."""
+    and the share of each step's time it saves. Measured for zero2 and ddp; for lora taken from zero2 and its
+    whole-model run (below). Where two figures exist, the smaller saving and the longer compile are kept."""
 
     seconds_per_layer: float
     saving: float
@@ -83,13 +85,23 @@ class CompileGain:
 # ZeRO-2, measured: H200 54.4k -> 71.3k tokens/s (saves 24 %), 7 s more before the first step (19 s against 12 s).
 BLOCKS_ZERO2 = CompileGain(0.5, 0.24)
 # ddp, block by block, measured (2026-12-04): H200 47.4k -> 69.2k tokens/s on the 1.1B model (saves 31 % of each
-# step), 9 s more before the first step (21 s against 12 s; 0.42 s a layer). Kept at zero2's 24 %, the smaller
-# saving of a block-by-block run: on the 944M model on an H100, compiled from ~150 steps, where the whole model's
-# saving (15-19 %, measured before regional compilation) kept it off until ~260.
-BLOCKS_DDP = CompileGain(0.5, 0.24)
+# step), 9 s more before the first step (21 s against 12 s; 0.42 s a layer). Where Liger's kernels would go on
+# instead (they save 24 %), compiling pays only by what it saves beyond them: 9 % of Liger's step.
+BLOCKS_DDP = CompileGain(0.5, 0.31)
 # lora: zero2's compile time and saving; its whole model compiled saved 28 % (H200 51.5k -> 71.9k, 68 s). Its own
 # block-by-block speed is not measured on a GPU yet (`sh benchmarks/gpu_check.sh bench lora` does).
 BLOCKS_LORA = CompileGain(0.5, 0.24)
+
+
+# Liger's kernels (RMSNorm, SwiGLU, RoPE and the loss without fp32 logits), measured (2026-12-04, H200, the 1.1B
+# model at micro-batch 8, seq 2048): ddp 47.4k -> 62.3k tokens/s, 24 % of each step saved, and 3 s more before the
+# first step (Triton's kernels built once, left out of the rule). Taken for every recipe they go on for.
+LIGER_MEASURED = (47_388, 62_281)  # tokens/s without and with them
+LIGER_SAVING = 1 - LIGER_MEASURED[0] / LIGER_MEASURED[1]
+# Savings measured a run apart, on a shared machine, are not told apart closer than this
+SAVINGS_APART = 0.02
+LIGER_ON = (f"the run is not compiled and its kernels apply: they trained ddp of a 1.1B Llama "
+            f"{LIGER_MEASURED[1] / LIGER_MEASURED[0]:.2f}x as fast on an H200, and keep less (no fp32 logits)")
 
 
 def compile_gain(recipe: Recipe) -> CompileGain | str:
@@ -159,8 +171,11 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         out.note("global_batch", batch.global_batch, f"{per_rank} examples per process per step"
                  + (" (the micro-batch every run had before the autos)" if micro == AUTO and accum == AUTO else "")
                  + f" × {world_size} process(es)")
+    # Liger goes on where the run is not compiled: compiling must pay over what its kernels save
+    instead = use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiled=False)
     pays = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
-                    overrides.get("max_steps"), gc, liger_set=use_liger is True)
+                    overrides.get("max_steps"), gc, liger_set=use_liger is True,
+                    liger_saving=LIGER_SAVING if instead else 0.0)
     absent = liger_broken or LIGER_ABSENT
     if use_liger is True and not liger:
         raise DockyardError(f"use_liger_kernel true needs liger-kernel: {absent} (the CUDA images pin it); set it to "
@@ -195,7 +210,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         on = compiled(gc_on)
         if use_liger == AUTO:
             out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on, absent)
-                     or "the model could not be sized, so whether memory binds is not known")
+                     or "the model could not be sized: off, as on CPU")
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
                              per_rank, given, gc, use_liger, liger_ok, compiled, regime,
@@ -225,7 +240,10 @@ def _cpu_micro(per_rank: int) -> int:
 
 
 def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | None, shape: memory.Shape | None,
-             per_rank: int, seq_len: int, max_steps: Any, gc: bool | str, liger_set: bool = False) -> bool:
+             per_rank: int, seq_len: int, max_steps: Any, gc: bool | str, liger_set: bool = False,
+             liger_saving: float = 0.0) -> bool:
+    """Whether the run compiles; `liger_saving`: the share of each step Liger's kernels save where they go on
+    instead (0 where they would not), which compiling must better."""
     if value != AUTO:
         return bool(value)
     why = ""
@@ -242,16 +260,22 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
         why = COMPILE_CHECKPOINTED
     elif shape is None:
         why = "the model could not be sized"
+    elif liger_saving and gain.saving < liger_saving + SAVINGS_APART:
+        why = (f"Liger's kernels go on instead: they save about as much of each step ({liger_saving:.0%}) as compiling "
+               f"({gain.saving:.0%}), with no compiling first")
     elif not isinstance(max_steps, int) or max_steps <= 0:
         why = "the run's length is in epochs: its steps are not known before the data loads; set it for a long run"
     else:
         cost = gain.seconds_per_layer * shape.layers
-        step = per_rank * seq_len * 6 * shape.params / UNCOMPILED_FLOPS
-        saved = max_steps * step * gain.saving
+        step = per_rank * seq_len * 6 * shape.params / UNCOMPILED_FLOPS * (1 - liger_saving)
+        saving = 1 - (1 - gain.saving) / (1 - liger_saving)  # of the step it would run instead
+        saved = max_steps * step * saving
         on = saved >= cost
-        out.note("torch_compile", on, f"{max_steps} steps of about {step:.2f} s would save {saved:.0f} s "
-                 f"({gain.saving:.0%} each) against about {cost:.0f} s of compiling (block by block, {shape.layers} "
-                 "layers): " + ("it pays" if on else f"it pays from about {int(cost / (step * gain.saving)) + 1} steps"))
+        out.note("torch_compile", on, f"{max_steps} steps of about {step:.2f} s"
+                 + (" (with Liger's kernels, which compiling replaces)" if liger_saving else "")
+                 + f" would save {saved:.0f} s ({saving:.0%} each) against about {cost:.0f} s of compiling (block by "
+                 f"block, {shape.layers} layers): "
+                 + ("it pays" if on else f"it pays from about {int(cost / (step * saving)) + 1} steps"))
         return on
     out.note("torch_compile", False, why)
     return False
@@ -301,11 +325,11 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
 
     budget = f"{memory.budget(device.memory_bytes) / GIB:.1f} GiB ({1 - memory.MARGIN:.0%} of the {device.name})"
     for ckpt in ([False, True] if gc == AUTO else [gc]):
-        ligers = [False, True] if liger_ok(compiled(ckpt)) else [use_liger is True]
-        found = [(lig, r) for lig in ligers if (r := largest(ckpt, lig))]
+        lig = liger_ok(compiled(ckpt)) or use_liger is True
+        found = largest(ckpt, lig)
         if not found:
             continue
-        lig, (m, est) = max(found, key=lambda f: (f[1][0], not f[0]))  # the larger micro-batch; without Liger on a tie
+        m, est = found
         need = f"{est['gpu_bytes'] / GIB:.1f} GiB"
         if not given:
             out.note("per_device_train_batch_size", m, f"all {per_rank} examples per process fit at once: {need} of "
@@ -315,22 +339,20 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
             out.note("gradient_checkpointing", ckpt, _why_checkpointed(given, per_rank, alone, device) if ckpt
                      else f"not needed: micro-batch {m} fits without it ({need} of {budget})")
         if liger_ok(compiled(ckpt)):
-            plain = dict(found).get(False)
-            out.note("use_liger_kernel", lig,
-                     (f"memory binds: with its kernels (no fp32 logits) micro-batch {m} fits instead of "
-                      f"{plain[0] if plain else 'none'}" if not given else
-                      f"memory binds: micro-batch {m} fits with its kernels (no fp32 logits), not without") if lig
-                     else "memory does not bind here, and on ~1B models at small batches Liger's kernels are reported "
-                     "slower: kept for when they buy a larger micro-batch")
+            plain = largest(ckpt, False)
+            out.note("use_liger_kernel", True, LIGER_ON + (
+                f"; memory binds too: micro-batch {m} fits with them, {plain[0]} without" if plain and plain[0] < m
+                else f"; memory binds too: micro-batch {m} fits with them, not without" if not plain else ""))
         return m, ckpt, lig
     if given:  # the user's micro-batch: run it as asked, with checkpointing unless told otherwise
         ckpt = gc if gc != AUTO else True
         if gc == AUTO:
             out.note("gradient_checkpointing", True, f"micro-batch {given} does not fit {budget} even with it by the "
                      "plan's estimate: on, and the run goes as asked")
+        lig = liger_ok(compiled(ckpt)) or use_liger is True
         if liger_ok(compiled(ckpt)):
-            out.note("use_liger_kernel", False, "memory binds beyond what Liger's kernels save")
-        return given, ckpt, use_liger is True
+            out.note("use_liger_kernel", True, LIGER_ON + f"; micro-batch {given} does not fit even with them")
+        return given, ckpt, lig
     ckpt = gc is not False
     said = " with gradient checkpointing" if ckpt else ""
     one = alone(ckpt)

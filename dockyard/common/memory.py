@@ -160,16 +160,20 @@ COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer
                        # Measured on one GPU only: full fine-tuning under DDP on several is sized uncompiled, since
                        # dynamo splits each compiled block at DDP's gradient buckets (25 MB) and every split keeps
                        # its outputs for backward (compiled_saves)
-LIGER_KEEPS_LESS = (2, 6)  # Liger's kernels (the Trainer applies them all) under FP32_RESIDUAL: per token and decoder
-                       # layer, a·i + b·h fewer bytes kept. Its SwiGLU recomputes the silu output (2·i, computed); its
-                       # RMSNorm keeps its input and not the fp32 product the eager norm saves (8·h for the two norms,
-                       # computed; one H200 measured 6.5·h: ddp, Llama 3's vocabulary, micro-batch 16, 77.6 GiB), so
-                       # the plan counts 6·h, erring above. Where the model is bf16 (DeepSpeed, the adapters) nothing
-                       # is counted: unmeasured there, and a plan that promised it would run out of memory
+LIGER_KEEPS_LESS = (2, 6)  # Liger's kernels (the Trainer applies them all): per token and decoder layer, a·i + b·h
+                       # fewer bytes kept. Its SwiGLU recomputes the silu output (2·i, computed); its RMSNorm keeps its
+                       # input and not the fp32 product the eager norm saves (8·h for the two norms, computed). One
+                       # H200 measured 6.5·h under fp32 weights (ddp, Llama 3's vocabulary, micro-batch 16, 77.6 GiB)
+                       # and 5.5-6.8·h where the model is bf16 (zero2, lora, qlora of the 1.1B model at micro-batch
+                       # 8, 2026-12-04: 13.3-14.1 GiB less than without them), so the plan counts 6·h everywhere
 # lora_dropout > 0 adds each adapter's dropout mask, one byte per input feature per token (computed, not fitted).
 # Model states: the registry's formulas, with what is not yet allocated when activations peak (the start of the
 # backward pass) left out, and what the engines add:
 STAGE_EXTRA = {2: int(0.7 * GIB), 3: int(1.2 * GIB)}  # DeepSpeed's buckets (allgather 2e8 elements) and slack
+ZERO2_STEP = 4         # ZeRO-2 makes its fp32 gradient partition in its step, from the bf16 gradients: bytes per
+                       # parameter of the partition absent while activations peak, and held again (with as much of
+                       # the step's own work) at its end. Fitted: the H100's zero2 at micro-batch 1 (21.8 GiB, the
+                       # step's peak) and 8 (46.7), one H200's 1.1B model at 8 (51.1, and 37.0 with Liger's kernels)
 MARGIN = 0.10          # the auto micro-batch (and `invoke plan`) leave this share of the GPU free: the calibration's
                        # error bound
 
@@ -213,7 +217,7 @@ def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int,
     held = seq_len * batch * (1 if checkpointing else shape.layers)  # token-layers whose activations are kept
     masks = held * adapter_inputs(shape) if recipe.peft and regime.lora_dropout > 0 else 0
     kernels = 0
-    if regime.liger and _fp32_residual(recipe, regime):
+    if regime.liger:
         per_intermediate, per_hidden = LIGER_KEEPS_LESS
         kernels = held * (per_intermediate * shape.intermediate + per_hidden * shape.hidden)
     return int(blocks * factor * (COMPILED if regime.compiled else 1) + head) + masks - kernels
@@ -226,6 +230,10 @@ def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_n
     spec = recipe.strategy_spec
     at_peak = states + STAGE_EXTRA.get(spec.zero_stage or 0, 0)
     shard = shape.params / world_size if spec.shards_parameters else shape.params
+    if spec.engine == "deepspeed" and spec.zero_stage == 2 and not spec.offloads and not recipe.peft:
+        partition = int(ZERO2_STEP * shape.params / world_size)
+        at_peak -= partition
+        states += partition
     if not recipe.peft and spec.engine in ("ddp", "fsdp"):
         if regime.accumulation == 1:
             at_peak -= int(4 * shard)  # the Trainer frees the gradients after each step: they come back during backward

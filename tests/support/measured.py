@@ -22,15 +22,19 @@ MEASURED_MODEL = {"model_type": "llama", "hidden_size": 2048, "intermediate_size
 LLAMA3_VOCABULARY = 128256
 # tests/gpu/test_autos_gpu.py's runs of the measured model at its auto micro-batch, one GPU, 2048 tokens: name ->
 # recipe, vocabulary, global batch per GPU, micro-batch given (None: auto), and the micro-batch the plan picks on an
-# 80 GB H100 and on a 141 GB H200 with its 10 % margin (tests/unit/test_plan_measured.py resolves them on both).
-# With Llama 3's vocabulary (1.34B parameters) the loss head's fp32 logits bind: where liger-kernel loads, its fused
-# loss (no logits) fits twice the micro-batch, and the auto turns it on.
+# 80 GB H100 and on a 141 GB H200 with its 10 % margin, each as (without Liger's kernels, with them)
+# (tests/unit/test_plan_measured.py resolves them on both). Where liger-kernel loads, the auto turns its kernels on
+# (runs this short never compile), and they keep less: with Llama 3's vocabulary (1.34B parameters) the loss head's
+# fp32 logits bind, and Liger's fused loss (no logits) fits twice the micro-batch.
 NINE_FORTY_FOUR_M = {
-    "ddp-llama3-vocabulary": ("ddp", LLAMA3_VOCABULARY, 32, None, 4, 8),  # accumulation 8 and 4 (x2 with Liger)
-    "zero2": ("zero2", 32000, 16, None, 8, 16),
-    "lora": ("lora", 32000, 16, None, 16, 16),
-    "ddp-checkpointed": ("ddp", 32000, 40, 40, 40, 40),  # 40 fits only with gradient checkpointing, on either GPU
+    "ddp-llama3-vocabulary": ("ddp", LLAMA3_VOCABULARY, 32, None, (4, 8), (8, 16)),
+    "zero2": ("zero2", 32000, 16, None, (8, 16), (16, 16)),
+    "lora": ("lora", 32000, 16, None, (16, 16), (16, 16)),
+    "ddp-checkpointed": ("ddp", 32000, 40, 40, (40, 40), (40, 40)),  # 40 fits only with gradient checkpointing
 }
+# benchmarks/recipes.py's model since 2026-11-27 (its ONE_B on the tiny model's config): TinyLlama-1.1B's shape,
+# heads of 64, 1,100,048,384 parameters
+ONE_B_MODEL = {**MEASURED_MODEL, "head_dim": 64}
 H200_MIB = 143771  # what NVML and torch see of an H200's memory
 
 

@@ -339,7 +339,8 @@ def test_invoke_plan_at_80_columns_shows_every_column_whole(size):
         if r["offloads"] and r["host_bytes"] > result["cpu_mem_bytes"]:  # said why: the GPUs may hold the rest
             assert row[6] == "no RAM" and not r["fits"] and not r["fits_checkpointed"], row
         else:
-            assert row[6] == f"{verdict} {r['micro_batch']}×{r['gradient_accumulation_steps']}", row
+            marks = " ".join(m for m, on in (("C", r["torch_compile"]), ("L", r["use_liger_kernel"])) if on)
+            assert row[6] == f"{verdict} {r['micro_batch']}×{r['gradient_accumulation_steps']} {marks}".strip(), row
         for cell, key in zip(row[1:6] + row[7:], ("model_states_bytes", "activation_bytes", "gpu_bytes",
                                                   "gpu_bytes_checkpointed", "host_bytes", "disk_bytes"), strict=True):
             assert float(cell) == pytest.approx(r[key] / GIB, abs=0.5), (key, row)
