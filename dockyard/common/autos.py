@@ -93,15 +93,27 @@ BLOCKS_DDP = CompileGain(0.5, 0.31)
 BLOCKS_LORA = CompileGain(0.5, 0.24)
 
 
-# Liger's kernels (RMSNorm, SwiGLU, RoPE and the loss without fp32 logits), measured (2026-12-04, H200, the 1.1B
-# model at micro-batch 8, seq 2048): ddp 47.4k -> 62.3k tokens/s, 24 % of each step saved, and 3 s more before the
-# first step (Triton's kernels built once, left out of the rule). Taken for every recipe they go on for.
-LIGER_MEASURED = (47_388, 62_281)  # tokens/s without and with them
-LIGER_SAVING = 1 - LIGER_MEASURED[0] / LIGER_MEASURED[1]
+# Liger's kernels (RMSNorm, SwiGLU, RoPE and the loss without fp32 logits), measured on one H200 (2026-12-04, the
+# 1.1B model at micro-batch 8, seq 2048; benchmarks/results/recipes_gpu.md): tokens/s without and with them. ddp and
+# qlora side by side; zero2 and lora a lease apart. Triton builds the kernels once per process, ~3 s before the first
+# step, which the compile rule leaves out. Every peak fell 13-16 GiB.
+LIGER_MEASURED = {"ddp": (47_388, 62_281), "zero2": (47_418, 54_263), "lora": (53_578, 68_577),
+                  "qlora": (47_667, 47_178)}
 # Savings measured a run apart, on a shared machine, are not told apart closer than this
 SAVINGS_APART = 0.02
-LIGER_ON = (f"the run is not compiled and its kernels apply: they trained ddp of a 1.1B Llama "
-            f"{LIGER_MEASURED[1] / LIGER_MEASURED[0]:.2f}x as fast on an H200, and keep less (no fp32 logits)")
+
+
+def liger_saving(recipe: Recipe) -> tuple[float, str]:
+    """The share of each step Liger's kernels save for this recipe (0 where not measured, or where they save none),
+    and what was measured, in words."""
+    kind = recipe.peft or recipe.strategy_spec.name
+    if kind not in LIGER_MEASURED:
+        without, with_ = LIGER_MEASURED["ddp"]
+        return 0.0, f"measured for ddp of a 1.1B Llama ({with_ / without:.2f}x as fast on an H200), not yet for {kind}"
+    without, with_ = LIGER_MEASURED[kind]
+    speed = (f"{with_ / without:.2f}x as fast" if with_ > without * (1 + SAVINGS_APART)
+             else "no slower" if with_ > without * (1 - SAVINGS_APART) else f"{with_ / without:.2f}x the speed")
+    return max(0.0, 1 - without / with_), f"{kind} of a 1.1B Llama measured {speed} with them on an H200"
 
 
 def compile_gain(recipe: Recipe) -> CompileGain | str:
@@ -175,7 +187,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     instead = use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiled=False)
     pays = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
                     overrides.get("max_steps"), gc, liger_set=use_liger is True,
-                    liger_saving=LIGER_SAVING if instead else 0.0)
+                    liger_saving=liger_saving(recipe)[0] if instead else 0.0)
     absent = liger_broken or LIGER_ABSENT
     if use_liger is True and not liger:
         raise DockyardError(f"use_liger_kernel true needs liger-kernel: {absent} (the CUDA images pin it); set it to "
@@ -300,6 +312,11 @@ def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind
     return ""
 
 
+def _liger_on(recipe: Recipe) -> str:
+    return (f"the run is not compiled and its kernels apply: {liger_saving(recipe)[1]}, and they keep less (no fp32 "
+            "logits)")
+
+
 def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: str, liger: tuple[str, ...],
                    compiled: bool) -> bool:
     return not _liger_off_reason(recipe, settings, device, kind, liger, compiled)
@@ -340,7 +357,7 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                      else f"not needed: micro-batch {m} fits without it ({need} of {budget})")
         if liger_ok(compiled(ckpt)):
             plain = largest(ckpt, False)
-            out.note("use_liger_kernel", True, LIGER_ON + (
+            out.note("use_liger_kernel", True, _liger_on(recipe) + (
                 f"; memory binds too: micro-batch {m} fits with them, {plain[0]} without" if plain and plain[0] < m
                 else f"; memory binds too: micro-batch {m} fits with them, not without" if not plain else ""))
         return m, ckpt, lig
@@ -351,7 +368,7 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                      "plan's estimate: on, and the run goes as asked")
         lig = liger_ok(compiled(ckpt)) or use_liger is True
         if liger_ok(compiled(ckpt)):
-            out.note("use_liger_kernel", True, LIGER_ON + f"; micro-batch {given} does not fit even with them")
+            out.note("use_liger_kernel", True, _liger_on(recipe) + f"; micro-batch {given} does not fit even with them")
         return given, ckpt, lig
     ckpt = gc is not False
     said = " with gradient checkpointing" if ckpt else ""

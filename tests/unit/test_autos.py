@@ -172,25 +172,33 @@ def test_torch_compile_goes_on_where_its_gain_was_measured_when_the_run_repays_i
     # ddp what it saved itself block by block (31 % on an H200, against zero2's 24 %)
     assert 100 < breaks_even["ddp"] < breaks_even["zero2"] == breaks_even["lora"] < 200, breaks_even
     # where Liger's kernels would go on instead (liger-kernel installed, a Llama), compiling pays only by what it saves
-    # beyond them: ddp's 31 % over Liger's 24 % takes a few hundred steps more; zero2's and lora's 24 % never do
-    short = resolve("ddp", {"max_seq_length": 2048, "max_steps": breaks_even["ddp"]}, device=H100_GPU, shape=shape,
-                    liger=True)
-    why = short.record["torch_compile"]["why"]
-    assert values(short)["torch_compile"] is False and values(short)["use_liger_kernel"] is True
-    assert "with Liger's kernels, which compiling replaces" in why and "(9% each)" in why, why
-    over_liger = int(why.split("pays from about ")[1].split()[0])
-    assert 3 * breaks_even["ddp"] < over_liger < 6 * breaks_even["ddp"], (over_liger, breaks_even)
-    long = resolve("ddp", {"max_seq_length": 2048, "max_steps": over_liger}, device=H100_GPU, shape=shape, liger=True)
-    assert values(long)["torch_compile"] is True and values(long)["use_liger_kernel"] is False
-    assert "torch_compile is on" in long.record["use_liger_kernel"]["why"]
-    for name in ("zero2", "lora"):
-        r = resolve(name, {"max_seq_length": 2048, "max_steps": 10**6}, device=H100_GPU, shape=shape, liger=True)
-        assert values(r)["torch_compile"] is False and values(r)["use_liger_kernel"] is True
-        assert r.record["torch_compile"]["why"].startswith("Liger's kernels go on instead"), r.record["torch_compile"]
+    # beyond what they save for that recipe (measured: ddp 24 %, zero2 13 %, lora 22 %), so later
+    for name, (lo, hi) in {"ddp": (3, 6), "zero2": (1.5, 3), "lora": (8, 15)}.items():
+        short = resolve(name, {"max_seq_length": 2048, "max_steps": breaks_even[name]}, device=H100_GPU, shape=shape,
+                        liger=True)
+        why = short.record["torch_compile"]["why"]
+        assert values(short)["torch_compile"] is False and values(short)["use_liger_kernel"] is True
+        assert "with Liger's kernels, which compiling replaces" in why, why
+        over_liger = int(why.split("pays from about ")[1].split()[0])
+        assert lo * breaks_even[name] < over_liger < hi * breaks_even[name], (name, over_liger, breaks_even)
+        long = resolve(name, {"max_seq_length": 2048, "max_steps": over_liger}, device=H100_GPU, shape=shape,
+                       liger=True)
+        assert values(long)["torch_compile"] is True and values(long)["use_liger_kernel"] is False
+        assert "torch_compile is on" in long.record["use_liger_kernel"]["why"]
     # a model Liger has no kernels for compiles by the plain rule
     gpt2 = resolve("zero2", {"max_seq_length": 2048, "max_steps": breaks_even["zero2"]}, device=H100_GPU, shape=shape,
                    liger=True, kind="gpt2")
     assert values(gpt2)["torch_compile"] is True and values(gpt2)["use_liger_kernel"] is False
+
+
+def test_where_liger_saves_as_much_as_compiling_it_stays_and_compiling_never_goes_on(shape, monkeypatch):
+    """A Liger gain within SAVINGS_APART of compiling's (lora's 24 %): no run is long enough to repay compiling
+    for what it would add, so Liger stays, whatever the length."""
+    monkeypatch.setitem(autos.LIGER_MEASURED, "lora", (50_000, 65_000))  # 23 % saved
+    r = resolve("lora", {"max_seq_length": 2048, "max_steps": 10**6}, device=H100_GPU, shape=shape, liger=True)
+    assert values(r)["torch_compile"] is False and values(r)["use_liger_kernel"] is True
+    assert r.record["torch_compile"]["why"].startswith("Liger's kernels go on instead"), r.record["torch_compile"]
+    assert "lora of a 1.1B Llama measured 1.30x as fast" in r.record["use_liger_kernel"]["why"]
     # where the gain is not measured on a GPU, never on by itself, whatever the length; the reason says how to try it
     for name in ("fsdp", "zero3", "zero2-offload", "qlora"):
         r = resolve(name, {"max_seq_length": 2048, "max_steps": 10**6}, device=H100_GPU, shape=shape)
