@@ -22,7 +22,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from dockyard.common import runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.model_config import check_shards_inside
 
 TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
@@ -120,7 +120,29 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
             and 0 < len(probe["input_ids"]) <= PROBE_TOKENS and all(type(i) is int for i in probe["input_ids"])
             and m["strategy"] is not None):
         raise DockyardError(f"{run_dir}/manifest.json is not a manifest the trainer writes (model, probe): refused")
+    task, saved = m.get("task") or "causal_lm", _saved_task(run_dir / "model", m["model"]["format"])
+    if saved and saved[0] != task:
+        raise DockyardError(f"run {m['run_id']}: its manifest.json says task {task}, but its model/ holds {saved[1]}: "
+                            "the manifest was edited or the model replaced since the run; nothing was exported")
     return m
+
+
+def _saved_task(folder: Path, fmt: str) -> tuple[str, str] | None:
+    """The task the saved model was trained for, read from its own files (a classifier's head, or the adapter's
+    task_type), and the words naming it; None where they do not say."""
+    if fmt == "adapter":
+        if not (folder / "adapter_config.json").is_file():
+            return None
+        kind = json_object(folder / "adapter_config.json", "an adapter's settings").get("task_type")
+        tasks = {"SEQ_CLS": "seq_cls", "CAUSAL_LM": "causal_lm"}
+        return (tasks[kind], f"an adapter of task_type {kind}") if kind in tasks else None
+    if not (folder / "config.json").is_file():
+        return None
+    names = json_object(folder / "config.json", "a model's config").get("architectures")
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        return None
+    classifier = any(n.endswith("ForSequenceClassification") for n in names)
+    return ("seq_cls" if classifier else "causal_lm"), f"a {names[0][:80]!r}"
 
 
 def _auto(m: dict[str, Any]) -> Any:

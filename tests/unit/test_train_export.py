@@ -106,3 +106,24 @@ def test_a_probe_outside_the_vocabulary_or_a_config_of_text_sizes_is_one_line_an
     assert "its model folder does not load (StrictDataclassFieldValidationError" in err and "vocab_size" in err \
         and "expected int" in err and "Traceback" not in err, err
     assert list(out.iterdir()) == []
+
+
+def test_a_manifest_whose_task_is_not_the_saved_models_is_blamed_on_the_manifest(tmp_path, capsys):
+    """A manifest hand-edited to task seq_cls over a causal model: the export loaded a classifier with a fresh head
+    and said the export's logits were off, blaming the export. The model's own config says which it is."""
+    run = tmp_path / "r1"
+    models.materialize_tiny_model(run / "model")
+    _completed_run(run)
+    m = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**m, "task": "seq_cls"}))
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "its manifest.json says task seq_cls, but its model/ holds a 'LlamaForCausalLM'" in err, err
+    assert "Traceback" not in err and not out.exists()
+    # the adapter's own task_type, the same way
+    (run / "model" / "adapter_config.json").write_text(json.dumps({"task_type": "SEQ_CLS"}))
+    assert export._saved_task(run / "model", "adapter") == ("seq_cls", "an adapter of task_type SEQ_CLS")
+    (run / "manifest.json").write_text(json.dumps(m))  # as the trainer wrote it: the export goes on
+    assert export.read_manifest(run)["run_id"] == "r1"
