@@ -457,6 +457,11 @@ RANGES: dict[str, Range] = {
 
 
 STEP_COUNTS = {"logging_steps", "save_steps", "eval_steps"}  # a whole number of steps, or below 1 a share of the run
+# DeepSpeed gathers a ZeRO-3 parameter only inside its own module's forward: Liger's fused loss reads the output
+# layer's weight without calling that layer, and gets an empty shard (trl #3368, #5891: "size mismatch")
+LIGER_UNDER_ZERO3 = ("use_liger_kernel true: under ZeRO-3 Liger's fused loss reads the output layer's weight while "
+                     "DeepSpeed holds it partitioned (an empty shard: the run would fail at its first step); set it to "
+                     "auto or false, or train with zero2 or fsdp")
 LIGER_AND_COMPILE = ("use_liger_kernel and torch_compile do not work together (under torch.compile Liger's kernels "
                      "fail, or its fused loss comes out wrong where labels are masked): turn one of them off")
 
@@ -533,13 +538,16 @@ class Batch:
         return self.per_process // int(self.accumulation) if self.accumulation != AUTO else None
 
 
-def check_autos(training: dict[str, Any]) -> tuple[int | str, int | str]:
-    """Every auto setting's value valid, as the trainer reads them before it resolves them (the host checks them
-    too, with batch_split, so a run is refused before its folder is made): (the micro-batch, the accumulation)."""
+def check_autos(training: dict[str, Any], recipe: Recipe) -> tuple[int | str, int | str]:
+    """Every auto setting's value valid for this recipe, as the trainer reads them before it resolves them (the host
+    checks them too, with batch_split, so a run is refused before its folder is made): (the micro-batch, the
+    accumulation)."""
     switch = {key: auto_switch(training.get(key, AUTO), key)
               for key in ("gradient_checkpointing", "torch_compile", "use_liger_kernel")}
     if switch["use_liger_kernel"] is True and switch["torch_compile"] is True:
         raise DockyardError(LIGER_AND_COMPILE)
+    if switch["use_liger_kernel"] is True and recipe.strategy_spec.zero_stage == 3:
+        raise DockyardError(LIGER_UNDER_ZERO3)
     return (auto_count(training.get("per_device_train_batch_size", AUTO), "per_device_train_batch_size"),
             auto_count(training.get("gradient_accumulation_steps", AUTO), "gradient_accumulation_steps"))
 

@@ -228,7 +228,7 @@ def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[
         run_settings, training = resolve_settings(spec, given)
         check_known_settings(spec, training)
         check_training_numbers(training)
-        micro, accumulation = check_autos(training)
+        micro, accumulation = check_autos(training, spec)
         if liger_absent and auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True:
             raise DockyardError(f"use_liger_kernel true cannot run here: {liger_absent}; set it to auto or false")
         check_packing(run_settings.packing, run_settings.task, run_settings.padding_free)

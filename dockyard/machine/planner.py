@@ -152,7 +152,7 @@ def size_run(shape: Shape, recipe: Recipe, given: dict, *, gpus: int, device: au
     "regime": how it computes (compiled, Liger, accumulation)}."""
     settings, training = resolve_settings(recipe, given)
     try:
-        split = batch_split(settings.global_batch, *check_autos(training), gpus)
+        split = batch_split(settings.global_batch, *check_autos(training, recipe), gpus)
     except DockyardError as e:
         raise DockyardError(f"recipe {recipe.name}: {e}") from None
     regime = Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r, dtype=settings.dtype,

@@ -395,7 +395,7 @@ def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     check_known_settings(recipe, training)
     check_training_numbers(training)
     # the batch split over this run's processes, as the host checks it (the autos resolve it again, on the GPU)
-    batch_split(settings.global_batch, *check_autos(training), int(os.environ.get("WORLD_SIZE", 1)))
+    batch_split(settings.global_batch, *check_autos(training, recipe), int(os.environ.get("WORLD_SIZE", 1)))
     check_evaluation(settings, training)
     check_profile(settings, training)
     guards.check_report_to(training.get("report_to"))

@@ -341,12 +341,19 @@ def test_liger_goes_on_wherever_its_kernels_apply_and_the_run_is_not_compiled(sh
                   device=H100_GPU, shape=shape, liger=True)
     assert values(big)["use_liger_kernel"] is True and values(big)["gradient_checkpointing"] is True
     assert "does not fit even with them" in big.record["use_liger_kernel"]["why"]
-    for kind, name, word in (("gpt2", "ddp", "no kernels for model type"), ("llama", "zero3", "sharded"),
-                             ("llama", "fsdp", "sharded")):
+    for kind, name, word in (("gpt2", "ddp", "no kernels for model type"), ("llama", "zero3", "partitioned"),
+                             ("llama", "fsdp", "not yet trained or measured under fsdp")):
         r = resolve(name, {"max_seq_length": 2048}, device=H100_GPU, shape=shape, liger=True, kind=kind)
         assert values(r)["use_liger_kernel"] is False and word in r.record["use_liger_kernel"]["why"]
     absent = resolve("ddp", {"max_seq_length": 2048}, device=H100_GPU, shape=shape, liger=False)
     assert "not installed" in absent.record["use_liger_kernel"]["why"]
+    # set true under ZeRO-3: refused before anything loads (DeepSpeed hands Liger's loss an empty shard), under
+    # fsdp taken as asked
+    for name in ("zero3", "zero3-offload"):
+        with pytest.raises(DockyardError, match="under ZeRO-3 Liger's fused loss reads the output layer's weight"):
+            resolve(name, {"use_liger_kernel": True}, device=H100_GPU, shape=shape, liger=True)
+    fsdp = resolve("fsdp", {"use_liger_kernel": True, "max_seq_length": 2048}, device=H100_GPU, shape=shape, liger=True)
+    assert values(fsdp)["use_liger_kernel"] is True
     with pytest.raises(DockyardError, match="do not work together"):
         resolve("ddp", {"use_liger_kernel": True, "torch_compile": True}, device=H100_GPU, shape=shape, liger=True)
     # Liger asked for on a run long enough to compile: the compile auto steps aside, it does not refuse the run

@@ -349,6 +349,9 @@ def test_liger_set_true_where_it_cannot_run_is_refused_on_the_host(env):
     else:
         assert native.returncode == 0, native.stderr
     assert dry(env, "--", "--use_liger_kernel", "false").returncode == 0
+    # under ZeRO-3, wherever it runs: DeepSpeed would hand Liger's loss an empty shard at the first step
+    refused(invoke_here("run", "--dry", "--native", "--recipe=zero3", "--", "--use_liger_kernel", "true", env=on_gpu),
+            "under ZeRO-3 Liger's fused loss reads the output layer's weight")
 
 
 def test_the_training_arguments_snapshot_is_the_pinned_transformers():
