@@ -96,9 +96,10 @@ def test_torch_compile_trains(tmp_path, name):
 
 def test_liger_kernels_train_where_installed(tmp_path):
     """Set by hand: Liger's kernels run (seen in the profile of steps 8-9), the loss falls and the saved model
-    reloads into what was trained."""
+    reloads into what was trained. fsdp too, where the auto leaves them off as untried: FSDP2 gathers the output
+    layer's weight with the model's own, which Liger's fused loss reads."""
     pytest.importorskip("liger_kernel.transformers", reason="liger-kernel does not load here (the CUDA images pin it)")
-    for name in ("ddp", "lora"):
+    for name in ("ddp", "lora", "fsdp"):
         run = tmp_path / name
         train(name, run, *FAST, "--use_liger_kernel", "true", "--profile_steps", "8-9",
               *(LORA_LR if name == "lora" else []), nproc=GPUS, gpu=True)
