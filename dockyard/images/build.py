@@ -82,6 +82,11 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
 
 
 def lock(settings: Settings, name: str = "all", dry: bool = False) -> None:
+    if not (settings.index_url or settings.extra_index_url) and (pips := _pip_indexes()):
+        # uv reads no pip configuration: the lock would resolve elsewhere than pip's wheelhouse downloads from
+        print(f"warning: pip's configuration names {' and '.join(pips)}, which `invoke lock` does not use: it resolves "
+              "with uv, which reads no pip configuration, against PyPI. To resolve against your index, set index_url "
+              "(and extra_index_url) in invoke.yaml", file=sys.stderr)
     for variant in _selected(settings, name):
         requirements_in = variant.lock_file.with_suffix(".in")
         plan = lock_steps(settings, variant, requirements_in)
@@ -212,10 +217,20 @@ def _selected(settings: Settings, name: str) -> list[Variant]:
     return [variants.resolve(settings, name)[0]]
 
 
-def _pip_find_links() -> str:
+def _pip_config(key: str) -> str:
+    """pip's own value for `key` (find-links, index-url, ...): its environment over its configuration files."""
     out = engine.run([sys.executable, "-m", "pip", "config", "list"], capture=True, check=False, quiet=True).stdout
-    m = re.search(r"find-links='([^']+)'", out)
-    return m.group(1) if m else ""
+    found = {m.group(1): m.group(2) for m in re.finditer(rf"^([:\w]+)\.{re.escape(key)}='([^']*)'$", out, re.M)}
+    return next((found[scope] for scope in (":env:", "site", "user", "global") if found.get(scope)), "")
+
+
+def _pip_find_links() -> str:
+    return _pip_config("find-links")
+
+
+def _pip_indexes() -> list[str]:
+    """The index settings of pip's configuration, named as pip names them (their URLs may hold a token)."""
+    return [key for key in ("index-url", "extra-index-url") if _pip_config(key)]
 
 
 def lock_pins(variant: Variant) -> dict[str, str]:

@@ -350,3 +350,18 @@ def test_a_wheelhouse_missing_a_wheel_since_its_download_is_fetched_again(settin
     assert len(downloads) == 2 and build.wheelhouse_complete(s, variant)
     (tmp_path / "cpu" / build.WHEELHOUSE_STAMP).write_text("another lock\n")
     assert not build.wheelhouse_complete(s, variant)
+
+
+def test_lock_says_when_pips_own_index_is_not_the_one_it_resolves_against(settings, capsys, monkeypatch):
+    """invoke.yaml said index_url "" meant pip's own configuration, but uv (which resolves the lock) reads none of it:
+    with a private index configured for pip only, the lock resolved against PyPI while the wheelhouse downloaded from
+    the private index. `invoke lock` now says so (pip's configuration here, as the real `pip config list` reads it,
+    from PIP_INDEX_URL), and the URL, which may hold a token, is not printed."""
+    monkeypatch.setenv("PIP_INDEX_URL", "https://alice:tok3n@pypi.corp/simple")
+    build.lock(settings, "cpu", dry=True)
+    err = capsys.readouterr().err
+    assert "warning: pip's configuration names index-url" in err and "set index_url" in err, err
+    assert "tok3n" not in err
+    given = settings.model_copy(update={"index_url": "https://pypi.corp/simple"})
+    build.lock(given, "cpu", dry=True)  # the index is invoke.yaml's: uv gets it, nothing to say
+    assert "warning" not in capsys.readouterr().err
