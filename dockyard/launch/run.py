@@ -553,8 +553,8 @@ def _adapters(m: runfolder.RunManifest) -> str:
 
 def resume_command(r: RunRequest, run_id: str) -> str:
     """The `invoke run` that continues run `run_id` as `r` started it: what the host needs again (a recipe folder of
-    one's own, the model and data it mounts, where the processes ran); the other overrides stay in the run
-    (overrides.json)."""
+    one's own, the model and data it mounts, where the processes ran, every flag given away from its default); the
+    other overrides stay in the run (overrides.json)."""
     folder = Path(os.path.expanduser(r.recipe)) if r.recipe else None
     # a recipe folder of one's own (from any folder); a recipe of the checkout's the run's manifest names
     own = folder and (folder / "recipe.yaml").is_file() and folder.resolve() != (RECIPES / r.recipe).resolve()
@@ -563,9 +563,14 @@ def resume_command(r: RunRequest, run_id: str) -> str:
                                                                  ("variant", r.variant if r.variant != "auto" else ""),
                                                                  ("nproc", r.nproc or ""), ("gpus", r.gpus),
                                                                  ("data", r.data), ("model", r.model)) if v),
-             *(f"--{k}" for k, on in (("cpu", r.cpu), ("native", r.native)) if on),
+             *(f"--{k}" for k, on in (("cpu", r.cpu), ("native", r.native), ("disable-require", r.disable_require))
+               if on),
              *([f"--nodes={r.nodes}", f"--node-rank={r.node_rank}", f"--master-addr={r.master_addr}",
-                f"--master-port={r.master_port}"] if r.nodes > 1 else [])]
+                f"--master-port={r.master_port}"] if r.nodes > 1 else []),
+             # every other flag the run was given away from its default (where the nodes meet, how long they wait)
+             *(f"--{k}={v}" for k, v, default in (("iface", r.iface, ""),
+                                                  ("join-timeout", r.join_timeout, node.JOIN_TIMEOUT),
+                                                  ("max-restarts", r.max_restarts, 0)) if v != default)]
     mounted = inputs.override_values(list(r.overrides))  # inputs given after --: mounted only where given again
     tail = ["--", *(w for k, v in mounted.items() for w in (f"--{k}", v))] if mounted else []
     return shlex.join(["invoke", "run", "--resume", *flags, *tail])

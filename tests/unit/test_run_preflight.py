@@ -508,6 +508,13 @@ def test_the_command_that_continues_an_interrupted_run_gives_what_the_host_needs
     assert resume_command(r, "exp1") == ("invoke run --resume --run-id=exp1 " f"--recipe={mine} --data=/d/x.jsonl --cpu "
                                          "-- --eval_data /d/held.jsonl --model /m")
     assert resume_command(RunRequest(), "exp2") == "invoke run --resume --run-id=exp2"
+    # a node of several: where it meets the others and how long it waits, as it was given (the interface it chose,
+    # lost, made it advertise the default route's address; --disable-require lost, the resume was refused)
+    node = RunRequest(nodes=2, node_rank=1, master_addr="192.0.2.1", iface="ib0", join_timeout=900, max_restarts=3,
+                      disable_require=True)
+    assert resume_command(node, "exp3") == ("invoke run --resume --run-id=exp3 --disable-require --nodes=2 "
+                                            "--node-rank=1 --master-addr=192.0.2.1 --master-port=29500 --iface=ib0 "
+                                            "--join-timeout=900 --max-restarts=3")
 
 
 def test_ctrl_c_before_the_first_checkpoint_does_not_say_to_continue_from_one(tmp_path):
