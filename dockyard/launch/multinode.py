@@ -35,12 +35,13 @@ def rendezvous(*, master_addr: str, master_port: int, node_rank: int, run_id: st
                             "shared run folder (e.g. --run-id=zero2-exp1 on each node)")
     node.check_restarts(max_restarts, join_timeout)
     found = routes if routes is not None else route_to(master_addr)
+    reached = found.get("addr")  # this node's address towards --master-addr: that address, where it is this node's
     if iface and found.get("iface") != iface:
         found = {"iface": iface, "addr": interface_address(iface)}
     if found.get("addr") and ipaddress.ip_address(found["addr"]).is_loopback:
         raise DockyardError(f"--iface {found.get('iface')} is a loopback interface ({found['addr']}): the other nodes "
                             "cannot reach it; give this node's interface on the network the nodes share (`ip addr`)")
-    if node_rank == 0 and found.get("addr") and resolve_address(master_addr) != found["addr"]:
+    if node_rank == 0 and reached and resolve_address(master_addr) != reached:
         # node 0 hosts the store on this machine; the others look for it at --master-addr (said, not refused: a
         # forwarded or virtual address may reach it)
         print(f"warning: --master-addr {master_addr} is not an address of this node, yet --node-rank=0 hosts the "
@@ -67,7 +68,7 @@ def resolve_address(host: str) -> str:
         pass
     try:
         return socket.gethostbyname(host)
-    except OSError as e:
+    except (OSError, UnicodeError) as e:  # UnicodeError: an empty label or one past 63 characters (node0..cluster)
         raise DockyardError(f"cannot resolve {host!r} ({e}): give node 0's IP address, or fix name resolution "
                             "(the same name must resolve on every node)") from None
 
@@ -76,12 +77,17 @@ def route_to(host: str, flag: str = "--master-addr") -> dict[str, str]:
     """The interface this node reaches `host` (given as `flag`) through, and this node's address on it. Node 0
     reaches itself through `lo`: then the interface that holds the address."""
     addr = resolve_address(host)
-    if ipaddress.ip_address(addr).is_unspecified:  # a listening socket's "every address", which no node dials
+    ip = ipaddress.ip_address(addr)
+    ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
+    if ip.is_unspecified:  # a listening socket's "every address", which no node dials
         raise DockyardError(f"{flag} {host} means any address, none the other nodes can dial: give node 0's "
                             "address on the network the nodes share (`ip addr` on node 0)")
-    if ipaddress.ip_address(addr).is_loopback:
+    if ip.is_loopback:
         raise DockyardError(f"{flag} {host} is a loopback address: the other nodes cannot reach it; "
                             "give node 0's address on the network the nodes share")
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise DockyardError(f"{flag} {host} is a multicast or broadcast address, no one node's: give node 0's "
+                            "address on the network the nodes share (`ip addr` on node 0)")
     for link in _ip_json("addr"):
         for a in link.get("addr_info", []):
             if a.get("local") == addr:

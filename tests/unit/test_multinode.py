@@ -47,6 +47,39 @@ def test_an_any_address_as_master_address_is_refused_by_name(addr):
         multinode.route_to(addr)
 
 
+@pytest.mark.parametrize("addr, says", [("::ffff:127.0.0.1", "is a loopback address"),
+                                         ("224.0.0.1", "is a multicast or broadcast address, no one node's"),
+                                         ("255.255.255.255", "is a multicast or broadcast address, no one node's")])
+def test_a_master_address_no_node_holds_is_refused_by_name(addr, says):
+    """::ffff:127.0.0.1 got past the loopback refusal (Python calls a mapped address no loopback), and a multicast or
+    broadcast address went on to a rendezvous no node hosts."""
+    with pytest.raises(DockyardError, match=f"--master-addr {re.escape(addr)} {says}"):
+        multinode.route_to(addr)
+
+
+@pytest.mark.parametrize("name", ["node0..cluster", "a" * 64 + ".cluster"])
+def test_a_name_no_host_can_have_is_one_line_not_a_traceback(name):
+    """An empty label, or one past 63 characters, fails as the name is encoded, before any lookup: it was a
+    UnicodeError traceback in `invoke run` and in doctor's peer checks, which lost the whole report."""
+    from dockyard.machine import peer
+
+    with pytest.raises(DockyardError, match=f"cannot resolve '{name}'"):
+        multinode.route_to(name)
+    assert peer.connect(name, 29500).startswith(f"cannot resolve '{name}' here")
+    assert peer.check_route(name).status == "fail"
+
+
+def test_node_0_on_its_own_address_is_not_warned_when_another_interface_carries_the_collectives(monkeypatch, capsys):
+    """Rendezvous on the management network, NCCL on a fast interface: node 0 at its own 10.0.0.1 with --iface ib0
+    was told its --master-addr was not an address of this node."""
+    monkeypatch.setattr(multinode, "interface_address", lambda iface: "192.168.7.1")
+    r = _rdzv(node_rank=0, iface="ib0", routes={"iface": "ens5", "addr": "10.0.0.1"})
+    assert "is not an address of this node" not in capsys.readouterr().err
+    assert (r.iface, r.local_addr) == ("ib0", "192.168.7.1")
+    _rdzv(node_rank=0, master_addr="10.0.0.9", iface="ib0", routes={"iface": "ens5", "addr": "10.0.0.1"})
+    assert "--master-addr 10.0.0.9 is not an address of this node" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("iface", ["lo", ""])
 def test_a_loopback_interface_is_refused_before_starting(iface):
     """Once `--iface lo` was taken: the node advertised 127.0.0.1 (GLOO_SOCKET_IFNAME=lo), which no other node reaches."""
