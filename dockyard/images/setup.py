@@ -99,8 +99,13 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
 def check_mirror(mirror: str) -> None:
     """--mirror as debootstrap takes it: an http(s) or file URL with no user or password, which debootstrap would write into
     the base image's /etc/apt/sources.list, so that every image built on it carried them."""
-    parts = urllib.parse.urlsplit(mirror)
-    if not ((parts.scheme in ("http", "https") and parts.hostname) or (parts.scheme == "file" and parts.path)):
+    try:
+        parts = urllib.parse.urlsplit(mirror)
+        parts.port  # noqa: B018 - read for its check: a port past 65535 or not a number is a ValueError
+        url = (parts.scheme in ("http", "https") and parts.hostname) or (parts.scheme == "file" and parts.path)
+    except ValueError:  # an IPv6 host without its closing bracket, a port out of range
+        url = False
+    if not url:
         raise DockyardError(f"--mirror={engine.shown([mirror])}: give a Debian mirror's URL, e.g. "
                             "http://deb.debian.org/debian (or file:///srv/debian for one on this host)")
     if re.search(r"[\s\x00-\x1f\x7f]", mirror):  # debootstrap writes it into sources.list: a line of its own

@@ -18,3 +18,7 @@ def test_a_mirror_with_a_password_is_refused_before_it_lands_in_every_image(tmp_
         assert ok.returncode == 0 and mirror in ok.stderr, ok.stderr  # debootstrap's command, as --dry echoes it
     # debootstrap writes it into sources.list as it is: a line break would be a line of its own
     short_error(invoke_here("setup", "--dry", "--mirror=http://x/debian\nevil"), "a URL holds no blank or control")
+    # urllib's own ValueError was a traceback; a port past 65535 passed --dry, to fail inside debootstrap after the
+    # engine was installed
+    for mirror in ("http://[fd00::1/debian", "http://deb.debian.org:99999/debian", "http://deb.debian.org:x/debian"):
+        short_error(invoke_here("setup", "--dry", f"--mirror={mirror}"), "give a Debian mirror's URL")
