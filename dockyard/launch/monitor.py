@@ -30,6 +30,7 @@ from dockyard import gpus
 from dockyard.common import kernels, runfolder
 from dockyard.common.errors import DockyardError, loads
 from dockyard.gpus import Reading, Source, reading_to_dict
+from dockyard.launch import node
 
 BUSY, IDLE = 50.0, 10.0  # percent: a device at or above BUSY works, one below IDLE waits
 CPU_BUSY = 25.0          # a CPU rank works from a quarter of a core: CPU hosts are shared, a waiting rank sits near 0
@@ -58,6 +59,7 @@ class Processes:
 
         self.psutil = psutil
         self.run_name = run_dir.name
+        self.run_dir = Path(os.path.abspath(run_dir))
         self.procs: dict[int, psutil.Process] = {}  # kept so cpu_percent() measures since the last sample
         self.total = psutil.virtual_memory().total
 
@@ -66,7 +68,7 @@ class Processes:
         matches = {}
         for p in self.psutil.process_iter(["cmdline", "ppid"]):
             cmd = p.info["cmdline"] or []
-            if "dockyard.train" in " ".join(cmd) and Path(runfolder.run_dir_of(cmd)).name == self.run_name \
+            if "dockyard.train" in " ".join(cmd) and self._ours(runfolder.run_dir_of(cmd)) \
                     and not Path(cmd[0]).name.startswith("docker"):
                 matches[p.pid] = p
         local = {pid: self._local_rank(p) for pid, p in matches.items()}
@@ -80,6 +82,14 @@ class Processes:
         started = {p.info["ppid"] for p in matches.values() if not worker(p)}  # the launchers, by what they started
         return [(self.procs.setdefault(pid, p), local[pid]) for pid, p in matches.items()
                 if local[pid] is not None and not worker(p) and not (local[pid] == "" and pid in started)]
+
+    def _ours(self, named: str) -> bool:
+        """Whether a trainer's --run-dir is this run's: in a container (the runs folder mounted at RUNS_INSIDE) by
+        its name, on this host by its whole path (another checkout's or user's run of the same name is not this one)."""
+        folder = Path(named)
+        if folder.parent == Path(node.RUNS_INSIDE) or not folder.is_absolute():
+            return folder.name == self.run_name
+        return Path(os.path.abspath(folder)) == self.run_dir
 
     def _local_rank(self, p) -> str | None:
         """LOCAL_RANK from the process environment; "" when it cannot be read (then trust the command line)."""

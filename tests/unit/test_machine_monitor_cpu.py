@@ -125,6 +125,25 @@ def test_a_run_is_not_sampled_for_another_whose_name_starts_with_its_own():
         rank.wait()
 
 
+def test_a_native_run_is_not_sampled_for_another_folder_of_the_same_name(tmp_path):
+    """On the host the whole folder tells runs apart: another checkout's or user's native run named exp1 was counted
+    as a rank of this exp1 (an "unbalanced" verdict, and its CPU in cpu.png)."""
+    other = tmp_path / "other" / "runs" / "exp1"
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "dockyard.train", "--run-dir",
+                             str(other)], env={**os.environ, "LOCAL_RANK": "0"})
+    try:
+        deadline = time.time() + 10
+        seen = []
+        while time.time() < deadline and rank.pid not in seen:
+            seen = [d for r in monitor.Processes(other).sample() for d in r.pids]
+            time.sleep(0.1)
+        assert rank.pid in seen, "the rank is found for its own folder"
+        assert rank.pid not in [d for r in monitor.Processes(tmp_path / "mine" / "exp1").sample() for d in r.pids]
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 class FakeNvml:
     """A stand-in for pynvml (this CI has no GPU): a driver that is missing, or present with no GPU."""
 
