@@ -337,6 +337,9 @@ def doctor(c, json=False, record: Place = "", peer="", port: Port = 29500):
         from dockyard import gpus
         gpus.record(record)
         print(f"recorded this host's NVML readings in {record}", file=sys.stderr)  # stdout: --json's JSON alone
+    if port != 29500 and not peer:  # said, as invoke run says multi-node flags given to one node
+        print(f"warning: --port={port} is node 0's rendezvous port, checked with --peer=NODE0; without --peer "
+              "nothing checks it", file=sys.stderr)
     checks = doctor_mod.diagnose(_settings(c))
     if peer:
         from dockyard.machine import peer as peer_mod

@@ -60,6 +60,11 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
                             f"Python; say so: invoke export --run={run} --native")
     if native and m.variant not in NATIVE:
         raise DockyardError(f"run {run} was trained in the {m.variant} image, and is exported there: leave out --native")
+    if not (run_dir / "model").is_dir():  # said here, before an image starts to say it
+        raise DockyardError(f"run {run} completed, but its folder holds no model/ folder (removed or replaced since): "
+                            "nothing to export; train it again")
+    if out:  # as the export would make it (a dry run too): a file in the way, a folder this user cannot write
+        runfolder.check_makeable(target, "give --out=FOLDER where you can write")
     if native:
         preflight.check_native_python("exports", ("torch", "transformers", "peft"))
     argv, env = export_command(settings, m, run_dir, target, merge,
@@ -70,6 +75,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if not native:
         check_image(settings, run_image(settings, m), m.variant)
         caches.prepare(settings, compile_cache=False)
+    made = [target, *(p for p in target.parents if not os.path.lexists(p))]  # removed again if the export fails
     try:
         if out:
             target.mkdir(parents=True)
@@ -81,10 +87,10 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     try:
         proc = engine.run(argv, env=env, check=False, host_paths=m.variant not in NATIVE)
     except BaseException:  # Ctrl-C, SIGTERM: the files written so far were never reloaded and compared
-        remove_unfinished(target)
+        remove_unfinished(made)
         raise
     if proc.returncode:
-        remove_unfinished(target)
+        remove_unfinished(made)
         raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above); nothing was "
                             "kept")
     if m.variant not in NATIVE:
@@ -119,10 +125,16 @@ def base_on_this_host(target: Path, as_host) -> None:
     print(f"  its base: {as_host(base)} (peft loads the adapter onto it)")
 
 
-def remove_unfinished(target: Path) -> None:
+def remove_unfinished(made: list[Path]) -> None:
     """The folder this export made, with what it wrote before it stopped: it looked like a whole Hugging Face folder
-    (config.json, weights, tokenizer) that no check had passed, and it blocked the same export ("already exists")."""
-    shutil.rmtree(target, ignore_errors=True)  # made new by this export (one that existed was refused)
+    (config.json, weights, tokenizer) that no check had passed, and it blocked the same export ("already exists").
+    Then the folders above it that the export made, where they are still empty ("nothing was kept")."""
+    shutil.rmtree(made[0], ignore_errors=True)  # made new by this export (one that existed was refused)
+    for parent in made[1:]:
+        try:
+            parent.rmdir()  # empty only: another process may have put something there since
+        except OSError:
+            return
 
 
 NATIVE = ("", "native")  # what a run made with --native records as its variant

@@ -16,7 +16,7 @@ REF = "dockyard:0.0.9-cpu"  # the cpu image of an earlier version of the project
 
 def _run(tmp_path, **extra):
     run = tmp_path / "runs" / "r1"
-    run.mkdir(parents=True)
+    (run / "model").mkdir(parents=True)  # what a completed run saved (its files are the exporter's to read)
     m = {"run_id": "r1", "status": "completed", "variant": "cpu", "image": {"ref": REF, "id": "sha256:x"}, **extra}
     (run / "manifest.json").write_text(json.dumps(m))
     return m, run
@@ -129,6 +129,7 @@ def test_a_run_id_that_leaves_the_runs_folder_or_a_linked_run_is_refused(setting
     (tmp_path / "runs" / "linked").symlink_to(elsewhere)
     with pytest.raises(DockyardError, match="symbolic link"):
         export.export(s, run="linked", dry=True)
+    (tmp_path / "runs" / "r1" / "model").rmdir()
     (tmp_path / "runs" / "r1" / "model").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(DockyardError, match=r"r1/model is a symbolic link \(to .*elsewhere\)"):
         export.export(s, run="r1", dry=True)
@@ -218,6 +219,26 @@ def test_an_export_that_stops_partway_keeps_no_folder_and_the_same_export_can_ru
     assert not (run / "export").exists()
     monkeypatch.setattr(export.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0))
     assert export.export(s, run="r1") == run / "export"
+    # an --out whose folders above it the export made: removed with it ("nothing was kept" left them)
+    monkeypatch.setattr(export.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1))
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DockyardError, match="nothing was kept"):
+        export.export(s, run="r1", out=str(tmp_path / "kept" / "new" / "deep" / "out"))
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_an_export_that_cannot_start_says_so_on_the_host_dry_too(settings, tmp_path):
+    """`--out` under a file passed `export --dry` (the real export refused it), and a run without its model/ started
+    an image to say so."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DockyardError, match=r"cannot make the folder .*afile/x: .*afile is a file, not a folder; give "
+                                            "--out=FOLDER where you can write"):
+        export.export(s, run="r1", out=str(tmp_path / "afile" / "x"), dry=True)
+    (run / "model").rmdir()
+    with pytest.raises(DockyardError, match="run r1 completed, but its folder holds no model/ folder"):
+        export.export(s, run="r1", dry=True)
 
 
 def test_an_exported_adapter_names_its_base_where_it_is_on_this_host(settings, tmp_path, monkeypatch, capsys):
@@ -248,7 +269,6 @@ def test_an_export_into_the_run_folder_itself_is_refused(settings, tmp_path):
     """`--out=runs/r1/model/sub` wrote a second model into the run's trained one."""
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
     _, run = _run(tmp_path)
-    (run / "model").mkdir()
     with pytest.raises(DockyardError, match="is inside the run folder"):
         export.export(s, run="r1", out=str(run / "model" / "sub"), dry=True)
     assert list((run / "model").iterdir()) == []

@@ -210,3 +210,15 @@ def test_doctor_json_with_a_recording_prints_json_alone(tmp_path):
                     env={"DOCKYARD_NVML_REPLAY": str(replay)})
     json.loads(r.stdout)
     assert "recorded this host's NVML readings in" in r.stderr and (tmp_path / "rec.json").is_file()
+
+
+def test_doctor_port_without_a_peer_says_nothing_checks_it(tmp_path):
+    """`invoke doctor --port=2222` without --peer checked no port and said nothing: the user could think it had."""
+    import json
+
+    from tests.support.cli import invoke_here
+
+    replay = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts" / "h100x1_580.json"
+    r = invoke_here("doctor", "--json", "--port=2222", env={"DOCKYARD_NVML_REPLAY": str(replay)})
+    assert "warning: --port=2222 is node 0's rendezvous port, checked with --peer=NODE0" in r.stderr, r.stderr
+    assert not [c for c in json.loads(r.stdout)["checks"] if c["name"].startswith("peer")]
