@@ -466,12 +466,12 @@ def test_a_slurm_script_in_a_folder_it_may_not_write_is_one_error_and_nothing_is
 
 def test_an_export_under_a_file_is_one_error_naming_it(tmp_path, a_file):
     run = tmp_path / "runs" / "n1"
-    run.mkdir(parents=True)
+    (run / "model").mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"run_id": "n1", "status": "completed", "variant": "native"}))
     r = invoke_here("export", "--run=n1", "--native", f"--out={a_file}/x",
                     env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     short_error(r, f"{a_file}/x")
-    assert "Not a directory" in r.stderr and a_file.read_text() == "not a folder\n"
+    assert f"{a_file} is a file, not a folder" in r.stderr and a_file.read_text() == "not a folder\n"
 
 
 # --- small files read whole: a pipe, a device, a file of gigabytes, JSON nested past Python's stack ----------------
