@@ -183,11 +183,13 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         out.note("global_batch", batch.global_batch, f"{per_rank} examples per process per step"
                  + (" (the micro-batch every run had before the autos)" if micro == AUTO and accum == AUTO else "")
                  + f" × {world_size} process(es)")
+    def liger_ok(compiling: bool) -> bool:  # Liger may go on by itself
+        return use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiling)
+
     # Liger goes on where the run is not compiled: compiling must pay over what its kernels save
-    instead = use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiled=False)
     pays = _compile(out, compile_, recipe, device, shape, per_rank, settings.max_seq_length,
                     overrides.get("max_steps"), gc, liger_set=use_liger is True,
-                    liger_saving=liger_saving(recipe)[0] if instead else 0.0)
+                    liger_saving=liger_saving(recipe)[0] if liger_ok(False) else 0.0)
     absent = liger_broken or LIGER_ABSENT
     if use_liger is True and not liger:
         raise DockyardError(f"use_liger_kernel true needs liger-kernel: {absent} (the CUDA images pin it); set it to "
@@ -199,9 +201,6 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
 
     def compiled(ckpt: bool) -> bool:  # the auto compiles only without checkpointing (COMPILE_CHECKPOINTED)
         return pays and (compile_ is True or not ckpt)
-
-    def liger_ok(compiling: bool) -> bool:  # Liger may go on by itself
-        return use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiling)
 
     # what sizes the run besides the autos: the adapters' rank and dropout, the base's dtype
     regime = memory.Regime(float(settings.lora_dropout), lora_r=settings.lora_r, dtype=settings.dtype,
@@ -338,14 +337,17 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                                           regime=replace(regime, compiled=compiled(ckpt), liger=lig),
                                           candidates=[given] if given else None)
 
+    def with_liger(ckpt: bool) -> bool:  # Liger on, by itself or as set
+        return liger_ok(compiled(ckpt)) or use_liger is True
+
     def alone(ckpt: bool) -> dict:  # one example per process and no accumulation: no gradients held between steps
-        lig = liger_ok(compiled(ckpt)) or use_liger is True
         return memory.estimate(shape, recipe, world_size=world, gpus_per_node=gpn, seq_len=seq, batch=1,
-                               gradient_checkpointing=ckpt, regime=replace(regime, compiled=compiled(ckpt), liger=lig))
+                               gradient_checkpointing=ckpt,
+                               regime=replace(regime, compiled=compiled(ckpt), liger=with_liger(ckpt)))
 
     budget = f"{memory.budget(device.memory_bytes) / GIB:.1f} GiB ({1 - memory.MARGIN:.0%} of the {device.name})"
     for ckpt in ([False, True] if gc == AUTO else [gc]):
-        lig = liger_ok(compiled(ckpt)) or use_liger is True
+        lig = with_liger(ckpt)
         found = largest(ckpt, lig)
         if not found:
             continue
@@ -369,10 +371,9 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
         if gc == AUTO:
             out.note("gradient_checkpointing", True, f"micro-batch {given} does not fit {budget} even with it by the "
                      "plan's estimate: on, and the run goes as asked")
-        lig = liger_ok(compiled(ckpt)) or use_liger is True
         if liger_ok(compiled(ckpt)):
             out.note("use_liger_kernel", True, _liger_on(recipe) + f"; micro-batch {given} does not fit even with them")
-        return given, ckpt, lig
+        return given, ckpt, with_liger(ckpt)
     ckpt = gc is not False
     said = " with gradient checkpointing" if ckpt else ""
     one = alone(ckpt)

@@ -217,20 +217,24 @@ def _selected(settings: Settings, name: str) -> list[Variant]:
     return [variants.resolve(settings, name)[0]]
 
 
-def _pip_config(key: str) -> str:
-    """pip's own value for `key` (find-links, index-url, ...): its environment over its configuration files."""
+def _pip_config() -> dict[str, str]:
+    """pip's own settings (find-links, index-url, ...), from one `pip config list`: its environment variables (listed
+    as `:env:`) over its files' [download] section (what the wheelhouse's `pip download` reads) over [global]."""
     out = engine.run([sys.executable, "-m", "pip", "config", "list"], capture=True, check=False, quiet=True).stdout
-    found = {m.group(1): m.group(2) for m in re.finditer(rf"^([:\w]+)\.{re.escape(key)}='([^']*)'$", out, re.M)}
-    return next((found[scope] for scope in (":env:", "site", "user", "global") if found.get(scope)), "")
+    by_key: dict[str, dict[str, str]] = {}
+    for m in re.finditer(r"^([:\w]+)\.([\w-]+)='([^']*)'$", out, re.M):
+        by_key.setdefault(m.group(2), {})[m.group(1)] = m.group(3)
+    return {key: next((v[s] for s in (":env:", "download", "global") if v.get(s)), "") for key, v in by_key.items()}
 
 
 def _pip_find_links() -> str:
-    return _pip_config("find-links")
+    return _pip_config().get("find-links", "")
 
 
 def _pip_indexes() -> list[str]:
     """The index settings of pip's configuration, named as pip names them (their URLs may hold a token)."""
-    return [key for key in ("index-url", "extra-index-url") if _pip_config(key)]
+    pip = _pip_config()
+    return [key for key in ("index-url", "extra-index-url") if pip.get(key)]
 
 
 def lock_pins(variant: Variant) -> dict[str, str]:

@@ -134,10 +134,8 @@ def connect(address: str, port: int) -> str | None:
             return None
     except ConnectionRefusedError:
         return "refused"
-    except socket.gaierror as e:
-        return f"cannot resolve {address!r} here ({e.strerror or e})"
-    except UnicodeError as e:  # an empty label or one past 63 characters: the name is no host's
-        return f"cannot resolve {address!r} here ({e})"
+    except (socket.gaierror, UnicodeError) as e:  # UnicodeError: an empty label or one past 63 characters
+        return f"cannot resolve {address!r} here ({getattr(e, 'strerror', None) or e})"
     except OSError as e:
         return "no answer" if isinstance(e, TimeoutError) or e.errno == errno.ETIMEDOUT else str(e)
 
