@@ -153,6 +153,9 @@ def head_activation_bytes(shape: Shape, seq_len: int, batch: int) -> int:
 FP32_RESIDUAL = 0.30   # fp32 weights under bf16 autocast (ddp and fsdp full fine-tuning): the residual stream,
                        # the norms and their outputs stay fp32, and each linear layer keeps a bf16 copy of its input
                        # (0.21 measured on CPU; the rest is the GPU allocator's)
+FSDP_RESIDUAL = 0.20   # the same under FSDP2, whose peak holds less of it: fitted to the H100's 944M run (48.9 GiB at
+                       # micro-batch 8) and one H200's 1.1B runs (53.5, 37.3 with Liger's kernels), which the ddp
+                       # factor put 6 % and 16 % over
 # LoRA under mixed precision saves nothing measurable beside its base layers (their rank-r intermediates): the H200's
 # 944M run at micro-batch 16 (2026-11-27, 64.8 GiB) is within 5 % with no factor of its own
 COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer intermediates (1.30 → 0.77); the
@@ -160,6 +163,10 @@ COMPILED = 0.59        # torch.compile (ddp, measured): fused kernels save fewer
                        # Measured on one GPU only: full fine-tuning under DDP on several is sized uncompiled, since
                        # dynamo splits each compiled block at DDP's gradient buckets (25 MB) and every split keeps
                        # its outputs for backward (compiled_saves)
+COMPILED_QLORA = 0.78  # QLoRA compiled saves less of its (bf16) blocks: one H200, the 1.1B model at micro-batch 8
+                       # (2026-12-04), 29.9 GiB compiled against 34.8 eager, where COMPILED said 24.3. Its 4-bit
+                       # layers' matmul is bitsandbytes' own autograd function, which the compiled graph fuses around,
+                       # not through, so each one keeps its input as in eager mode
 LIGER_KEEPS_LESS = (2, 6)  # Liger's kernels (the Trainer applies them all): per token and decoder layer, a·i + b·h
                        # fewer bytes kept. Its SwiGLU recomputes the silu output (2·i, computed); its RMSNorm keeps its
                        # input and not the fp32 product the eager norm saves (8·h for the two norms, computed). One
@@ -213,14 +220,16 @@ def gpu_activation_bytes(shape: Shape, recipe: Recipe, seq_len: int, batch: int,
         head += liger_gradients(shape, recipe, seq_len * batch) - seq_len * batch * 4 * shape.vocab
     else:  # the backward pass starts with the log-softmax's gradient, coming in and going out, beside it
         head += seq_len * batch * 8 * shape.vocab
-    factor = 1 + (FP32_RESIDUAL if _fp32_residual(recipe, regime) else 0)
+    residual = FSDP_RESIDUAL if recipe.strategy_spec.engine == "fsdp" else FP32_RESIDUAL
+    factor = 1 + (residual if _fp32_residual(recipe, regime) else 0)
     held = seq_len * batch * (1 if checkpointing else shape.layers)  # token-layers whose activations are kept
     masks = held * adapter_inputs(shape) if recipe.peft and regime.lora_dropout > 0 else 0
     kernels = 0
     if regime.liger:
         per_intermediate, per_hidden = LIGER_KEEPS_LESS
         kernels = held * (per_intermediate * shape.intermediate + per_hidden * shape.hidden)
-    return int(blocks * factor * (COMPILED if regime.compiled else 1) + head) + masks - kernels
+    compiled = (COMPILED_QLORA if recipe.peft == "qlora" else COMPILED) if regime.compiled else 1
+    return int(blocks * factor * compiled + head) + masks - kernels
 
 
 def gpu_states_at_peak(shape: Shape, recipe: Recipe, world_size: int, gpus_per_node: int,

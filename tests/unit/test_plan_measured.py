@@ -85,13 +85,14 @@ def test_plan_knows_what_ligers_kernels_save(tmp_path):
 
 # One H200 (141 GB, driver 580, torch 2.11), 2026-12-04: `sh benchmarks/gpu_check.sh bench` of the 1.1B model,
 # micro-batch 8, seq 2048, no checkpointing, lora_dropout 0 (benchmarks/results/recipes_gpu.md): torch's peak
-# reserved GiB, each recipe as it ran without and with Liger's kernels (and ddp compiled)
+# reserved GiB, each recipe as it ran without and with Liger's kernels (and ddp, qlora compiled; fsdp with Liger and
+# qlora compiled in a second lease that day)
 MEASURED_1B = [
     ("ddp", {}, 57.79), ("ddp", {"liger": True}, 41.98), ("ddp", {"compiled": True}, 42.80),
-    ("fsdp", {}, 53.54),
+    ("fsdp", {}, 53.54), ("fsdp", {"liger": True}, 37.33),
     ("zero2", {}, 51.06), ("zero2", {"liger": True}, 36.98),
     ("lora", {}, 36.01), ("lora", {"liger": True}, 22.71),
-    ("qlora", {}, 34.84), ("qlora", {"liger": True}, 21.44),
+    ("qlora", {}, 34.84), ("qlora", {"liger": True}, 21.44), ("qlora", {"compiled": True}, 29.88),
 ]
 
 
