@@ -18,14 +18,14 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from dockyard.common import envvars
+from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.images import variants
 from dockyard.images.variants import Variant
 from dockyard.settings import Settings
 
 WORKSPACE = "/workspace"
-RUNS_INSIDE = f"{WORKSPACE}/runs"                 # the runs folder, as the container sees it
+RUNS_INSIDE = runfolder.RUNS_INSIDE                # the runs folder, as the container sees it
 HF_INSIDE = f"{WORKSPACE}/.cache/huggingface"     # Hugging Face's cache, as the container sees it
 WORKDIR = "/opt/dockyard"                         # the image's copy of the project: dockyard/, recipes/
 CPU_NPROC = 2  # processes per node where there is no GPU: enough to exercise every distributed code path

@@ -281,6 +281,12 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if not str(run.opts.run_dir_given).strip() or run_dir.resolve() == Path.cwd().resolve():
         raise DockyardError(f"--run-dir {str(run.opts.run_dir_given)!r}: that is the folder the trainer was started "
                             "in; give the run a folder of its own (runs/<name>)")
+    given = str(run.opts.run_dir_given)
+    if given.startswith(runfolder.RUNS_INSIDE + "/") and not os.path.normpath(given).startswith(
+            runfolder.RUNS_INSIDE + "/"):  # compose's DOCKYARD_RUN_ID=../x: a folder off the mount, lost with the container
+        raise DockyardError(f"--run-dir {given}: that is not a folder of its own in the runs folder "
+                            f"({runfolder.RUNS_INSIDE}, the mount of yours), and what the run writes there would go "
+                            "with the container; name the run with letters, digits, _ . - (DOCKYARD_RUN_ID, --run-id)")
     if run_dir.exists() and not run_dir.is_dir():
         raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
     if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made

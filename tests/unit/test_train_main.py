@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -300,6 +301,19 @@ def test_a_run_folder_that_is_a_file_or_a_resume_of_no_folder_is_refused_and_not
     assert main(["--recipe", "ddp", "--run-dir", str(tmp_path / "typo" / "x"), "--resume"]) == 1
     assert "error: --resume: there is no run folder" in capsys.readouterr().err
     assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("run_id", ["../escaped", "..", ".", "a/../../escaped"])
+def test_a_run_folder_off_the_containers_runs_mount_is_refused_and_nothing_made(capsys, run_id):
+    """compose/train.yml puts DOCKYARD_RUN_ID in /workspace/runs/ID unchecked: "../x" made the run folder outside the
+    runs mount, inside the container, where everything the run wrote went with it."""
+    from dockyard.train.__main__ import main
+
+    assert main(["--recipe", "ddp", "--run-dir", f"/workspace/runs/{run_id}"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: --run-dir /workspace/runs/{run_id}: that is not a folder of its own in the runs folder" in err, err
+    assert "DOCKYARD_RUN_ID" in err and "Traceback" not in err
+    assert not Path("/workspace/escaped").exists() and not Path("/workspace/runs").exists()
 
 
 def test_a_fresh_start_in_a_folder_a_killed_run_left_starts_metrics_afresh(tmp_path):
