@@ -20,6 +20,7 @@ import invoke
 from invoke import Argument, Exit, ParseError, Task
 
 from dockyard import ENV_PREFIX
+from dockyard.common.errors import shown
 
 _held: dict[str, str] = {}
 
@@ -369,7 +370,3 @@ def parse_flags(fn, values: dict[str, Any]) -> dict[str, Any]:
         raise DockyardError(f"{bad} (`invoke --help {fn.__name__}` says what each flag takes)") from None
 
 
-def shown(message: str) -> str:
-    """A message as the terminal should show it: a control character the user typed (a carriage return, an escape
-    sequence) is written escaped, so it can neither hide the message nor drive the terminal."""
-    return "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in message)

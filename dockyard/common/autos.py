@@ -202,6 +202,8 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
                             "auto or false")
     if use_liger is True and device is None:
         raise DockyardError(LIGER_ON_CPU)
+    if use_liger is True and kind and kind not in liger:  # liger-kernel skips the model, saying so only at info level
+        raise DockyardError(liger_uncovered(kind, liger))
     if use_liger is True and pays:
         raise DockyardError(LIGER_AND_COMPILE)
 
@@ -296,6 +298,12 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
         return on
     out.note("torch_compile", False, why)
     return False
+
+
+def liger_uncovered(kind: str, covered: tuple[str, ...] = LIGER_TYPES) -> str:
+    """Why `use_liger_kernel true` is refused for a model type Liger has no kernels for."""
+    return (f"use_liger_kernel true: Liger has no kernels for model type {kind!r} (it covers {', '.join(covered)}), "
+            "so none would run, and the run would be sized as if they did; set it to auto or false")
 
 
 def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind: str, liger: tuple[str, ...],
@@ -411,9 +419,7 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
                          seq_len: int) -> tuple[bool, str]:
     """(on, why) for packing each batch into one row with position ids restarting per example."""
     if value is True:
-        if task != "causal_lm":
-            raise DockyardError("padding_free applies to causal language modelling, not seq_cls: set it to auto or "
-                                "false")
+        check_packing(False, task, value)
         return True, "set"
     if value is False:
         return False, "set"
@@ -441,12 +447,15 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
 # --- packed text (before the data is tokenized) ------------------------------------------------------------
 
 def check_packing(value: Any, task: str, padding_free: Any) -> None:
-    """What packing refuses without reading the data (the host checks it before a run: dockyard.launch.preflight)."""
+    """What packing and padding_free refuse without reading the data (the host checks it before a run:
+    dockyard.launch.preflight; the trainer before the model loads)."""
     if value is True and task != "causal_lm":
         raise DockyardError(f"packing joins text documents for causal language modelling, not {task}: set it to auto "
                             "or false")
     if value is True and padding_free is True:
         raise DockyardError("packing and padding_free are both true: packing fills every row already; set one")
+    if padding_free is True and task != "causal_lm":
+        raise DockyardError(f"padding_free applies to causal language modelling, not {task}: set it to auto or false")
 
 
 def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padding_free: Any) -> tuple[bool, str]:

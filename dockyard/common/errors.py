@@ -141,3 +141,9 @@ def json_object(path: Path, what: str, limit: int = 64 * MiB, one_of_each_key: b
     if not isinstance(data, dict):
         raise DockyardError(f"{path}: expected a JSON object of {what}")
     return data
+
+
+def shown(message: str) -> str:
+    """A message as the terminal should show it: a control character the user typed (a carriage return, an escape
+    sequence) is written escaped, so it can neither hide the message nor drive the terminal."""
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in message)

@@ -30,6 +30,8 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_si
 # its parameters came out several times too few
 EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo or a crafted file
+MAX_LAYERS = 4096    # decoder layers: 30 times the deepest public model's; the trainer builds every one (on the meta
+                     # device) before it counts them, which for 5e7 layers of nothing took hours and a terabyte
 
 
 INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # a sharded model's weight_map
@@ -73,6 +75,12 @@ def check_shards_inside(folder: Path) -> None:
                                     "folder: an index names the files beside it (copy the model folder again)")
 
 
+def model_type(folder: Path) -> str:
+    """config.json's model_type ("" where it has none, or not as text: count says what is wrong with it)."""
+    kind = json_object(folder / "config.json", "model settings").get("model_type")
+    return kind if isinstance(kind, str) else ""
+
+
 def count(folder: Path, lora_rank: int) -> dict:
     """Parameter counts and widths of the model in `folder` (the fields of machine.plan.Shape)."""
     path = folder / "config.json"
@@ -104,15 +112,26 @@ def count(folder: Path, lora_rank: int) -> dict:
         return value
 
     h, layers, heads, vocab = (size(k) for k in REQUIRED)
+    if layers > MAX_LAYERS:
+        raise DockyardError(f"{path}: `num_hidden_layers` is {layers}, more than {MAX_LAYERS}: not a model's "
+                            "config.json")
+    if "intermediate_size" in cfg and cfg["intermediate_size"] is None:  # transformers takes null as given
+        raise DockyardError(f"{path}: `intermediate_size` is null: expected a positive whole number")
     inter = size("intermediate_size", 4 * h)
     kv_heads = size("num_key_value_heads", heads)
-    head_dim = size("head_dim", h // heads or 1)
+    if cfg.get("head_dim") is None and h % heads:  # transformers' own check, where the head width comes from h
+        raise DockyardError(f"{path}: `hidden_size` {h} is not a multiple of `num_attention_heads` {heads}: not a "
+                            "model transformers can build")
+    head_dim = size("head_dim", h // heads)
     if heads % kv_heads:  # grouped-query attention: each key/value head serves a whole group of query heads
         raise DockyardError(f"{path}: `num_key_value_heads` {kv_heads} does not divide `num_attention_heads` "
                             f"{heads}: not a model transformers can build")
     q, kv = heads * head_dim, kv_heads * head_dim
-    bias_flag = bool(cfg.get("attention_bias", False))
-    mlp_bias = bool(cfg.get("mlp_bias", False)) and (kind == "llama" or kind not in FAMILIES)  # Llama's own
+    for flag in ("attention_bias", "mlp_bias"):  # "false" is text, which counting by truth took for true
+        if not isinstance(cfg.get(flag, False), bool):
+            raise DockyardError(f"{path}: {flag} {cfg[flag]!r}: takes true or false (no quotes)")
+    bias_flag = cfg.get("attention_bias", False)
+    mlp_bias = cfg.get("mlp_bias", False) and (kind == "llama" or kind not in FAMILIES)  # Llama's own
 
     qkv_bias = family["qkv_bias"] == "always" or (family["qkv_bias"] == "flag" and bias_flag)
     o_bias = family["qkv_bias"] == "flag" and bias_flag

@@ -502,7 +502,7 @@ def check_number(key: str, value: Any, kind: str) -> None:
         return
     if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)
         raise DockyardError(f"--{key} was given no value: put {'a whole number' if whole else 'a number'} after it "
-                            f"(--{key} N)")
+                            f"(--{key} N; true and yes are not numbers)")
     raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} takes "
                         f"{'a whole number' if whole else 'a finite number'}"
                         + (", or auto" if auto else ", or null (its default)" if optional else ""))
@@ -557,6 +557,9 @@ def batch_split(global_batch: int | str, micro: int | str, accumulation: int | s
     accumulation set, per process), refused where the micro-batch or the accumulation set cannot divide them."""
     if global_batch == AUTO:
         global_batch = (micro if micro != AUTO else PER_PROCESS) * (accumulation if accumulation != AUTO else 1) * processes
+        if global_batch > MAX_EXAMPLES:  # as global_batch set itself is bounded
+            raise DockyardError(f"per_device_train_batch_size × gradient_accumulation_steps × {processes} process(es) "
+                                f"is {global_batch:.3g} examples per step, more than {MAX_EXAMPLES:.0e}: lower them")
     glob = int(global_batch)
     if glob % processes:
         raise DockyardError(f"global_batch {glob} cannot be split evenly over {processes} processes: make it a "
@@ -574,6 +577,16 @@ def batch_split(global_batch: int | str, micro: int | str, accumulation: int | s
         raise DockyardError(f"global_batch {glob} ≠ per_device_train_batch_size {micro} × gradient_accumulation_steps "
                             f"{accumulation} × {processes} process(es): set two of the three")
     return Batch(per, processes, micro, accumulation)
+
+
+def check_batch_within_data(global_batch: int, examples: int, packed: bool) -> None:
+    """A step takes `global_batch` examples; with fewer in the data, each epoch was one step over whatever there was,
+    while the run said it trained on global_batch."""
+    if global_batch > examples:
+        what = f"{examples} blocks of max_seq_length tokens (its documents packed)" if packed else f"{examples} examples"
+        raise DockyardError(f"global_batch {global_batch}: the training data holds {what}, fewer than one optimizer "
+                            f"step takes; set global_batch (or per_device_train_batch_size × "
+                            f"gradient_accumulation_steps × processes) to at most {examples}, or give more data")
 
 
 def auto_count(value: Any, key: str) -> int | str:

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dockyard.common import disk, memory, runfolder
-from dockyard.common.autos import check_packing
+from dockyard.common import disk, memory, model_config, runfolder
+from dockyard.common.autos import LIGER_TYPES, check_packing, liger_uncovered
 from dockyard.common.data_files import (
     BUILDERS,
     data_files_in,
@@ -35,7 +35,7 @@ from dockyard.common.data_files import (
     mixed_formats,
     unknown_format,
 )
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.model_config import check_model_folder
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
 from dockyard.common.run_settings import (
@@ -112,14 +112,28 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's;
     `resumed`: the run folder --resume continues, whose own settings the run keeps; `liger_absent`: why liger-kernel
     is not where the run trains ("": it is); `gpus_fix`: how to give a recipe that needs GPUs some."""
-    run_settings = check_overrides(recipe, overrides, processes, saved=resumed_settings(resumed) if resumed else None,
-                                   liger_absent=liger_absent)
+    run_settings, training = check_overrides(recipe, overrides, processes,
+                                             saved=resumed_settings(resumed) if resumed else None,
+                                             liger_absent=liger_absent)
     check_on_gpus(recipe, gpus_in_effect, gpus_fix)
+    liger = auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
-        files = check_input(key, value, where, settings)
+        files = check_input(key, value, where, settings, liger)
         if run_settings.task == "causal_lm" and run_settings.data_format == "auto":
             check_data_fields(files)
+
+
+def check_model_config(folder: Path, liger: bool) -> None:
+    """What the trainer would refuse in the model's config.json, before an image starts: for a family plan counts
+    exactly, sizes transformers cannot build a model from (model_config.count's checks; another family's keys are
+    its own, left to the trainer); with `liger` (use_liger_kernel true), a model type Liger has no kernels for."""
+    kind = model_config.model_type(folder)
+    cfg = json_object(folder / "config.json", "model settings")
+    if kind in model_config.FAMILIES and all(k in cfg for k in model_config.REQUIRED):  # else transformers' defaults
+        model_config.count(folder, memory.LORA_RANK)
+    if liger and kind not in LIGER_TYPES:
+        raise DockyardError(liger_uncovered(kind or "(none)"))
 
 
 def check_data_fields(files: list[Path]) -> None:
@@ -216,7 +230,7 @@ def resumed_settings(run_dir: Path) -> dict[str, Any]:
 
 
 def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[str, Any] | None = None,
-                    liger_absent: str = "") -> RunSettings:
+                    liger_absent: str = "") -> tuple[RunSettings, dict[str, Any]]:
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings), and
     the batch settings split over the run's `processes` (0: not known here; the trainer checks the split); a resume's
     on top of the run's own (`saved`), as the trainer merges them. `liger_absent`: why liger-kernel is not where
@@ -238,17 +252,18 @@ def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[
         check_profile(run_settings, training)
     except DockyardError as e:
         raise blame_kept(e, kept) from None
-    return run_settings
+    return run_settings, training
 
 
-def check_input(key: str, value: str, where: str, settings: Settings) -> list[Path]:
+def check_input(key: str, value: str, where: str, settings: Settings, liger: bool = False) -> list[Path]:
     """A host path of the right kind, or a hub id in the cache; the data files it names ([] for a model or a hub
-    id)."""
+    id). `liger`: use_liger_kernel is set true, which the model's type must have kernels for."""
     path = host_path(value, where, settings, key)
     if path is None:
         return []  # a hub id found in the cache
     if key == "model":
         check_model_folder(path, f"{where} {value}")
+        check_model_config(path, liger)
         return []
     if not path.is_file() and not path.is_dir():
         raise DockyardError(f"{where} {value}: neither a file nor a folder (a device, pipe or socket): give a data "

@@ -42,6 +42,7 @@ from dockyard.common.run_settings import (
     batch_split,
     blame_kept,
     check_autos,
+    check_batch_within_data,
     check_evaluation,
     check_known_overrides,
     check_known_settings,
@@ -242,6 +243,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     loaded = data.load(settings, tokenizer, args.seed, lambda fmt: autos.resolve_packing(
         settings.packing, fmt, settings.task, device, settings.padding_free))
     run.record.data = loaded.info
+    check_batch_within_data(args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size,
+                            len(loaded.train), loaded.packing[0])
     if shape:
         run.record.estimates = estimates(shape, recipe, settings, args, local, resolved.regime)
 
@@ -402,6 +405,7 @@ def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     check_training_numbers(training)
     # the batch split over this run's processes, as the host checks it (the autos resolve it again, on the GPU)
     batch_split(settings.global_batch, *check_autos(training, recipe), int(os.environ.get("WORLD_SIZE", 1)))
+    autos.check_packing(settings.packing, settings.task, settings.padding_free)
     check_evaluation(settings, training)
     check_profile(settings, training)
     guards.check_report_to(training.get("report_to"))

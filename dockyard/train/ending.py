@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, Stopped, causes, loads
+from dockyard.common.errors import DockyardError, Stopped, causes, loads, shown
 from dockyard.train import LAUNCHER, manifest, nodes
 from dockyard.train.record import Run
 
@@ -177,7 +177,7 @@ def failed(raised: BaseException, run: Run | None) -> int:
         if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
                                        or not _said_by_the_first()):
             with contextlib.suppress(OSError):  # a pipe whose reader died with the launcher: the manifest says it
-                print(f"error: {e}", file=sys.stderr)
+                print(f"error: {shown(str(e))}", file=sys.stderr)  # a config.json's escape sequence stays text
         if run:
             finish(run, str(e))
         return e.exit_code

@@ -17,7 +17,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from dockyard.common import memory, runfolder
 from dockyard.common.errors import DockyardError, first_line, json_object
-from dockyard.common.model_config import MAX_PARAMS, check_model_folder, check_shards_inside
+from dockyard.common.model_config import MAX_LAYERS, MAX_PARAMS, check_model_folder, check_shards_inside
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -372,6 +372,10 @@ def model_shape(folder: Path) -> Any:
     try:
         try:
             config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+            layers = getattr(config, "num_hidden_layers", None)
+            if isinstance(layers, int) and layers > MAX_LAYERS:  # each one is built below before anything counts them
+                raise DockyardError(f"{folder / 'config.json'}: `num_hidden_layers` is {layers}, more than "
+                                    f"{MAX_LAYERS}: not a model's config.json")
             with torch.device("meta"):
                 try:
                     model = transformers.AutoModelForCausalLM.from_config(config)

@@ -151,7 +151,7 @@ def test_a_packed_row_trains_what_its_examples_train_apart_on_the_gpu():
 def measured_model(tmp_path_factory):
     """A function of the vocabulary size: the 944M model with it (made once per size), and 2048-token documents."""
     work = tmp_path_factory.mktemp("one-b")
-    docs, made = long_documents(work / "docs.jsonl", 2048), {}
+    docs, made = long_documents(work / "docs.jsonl", 2048, count=64 * max(1, GPUS)), {}  # a step takes <= 40 a GPU
 
     def model(vocab: int = MEASURED_MODEL["vocab_size"]) -> Path:
         if vocab not in made:

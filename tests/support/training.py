@@ -52,7 +52,7 @@ def chat_data(path: Path) -> Path:
     """A small chat dataset (the `messages` format: short user/assistant turns), for the padding-free tests."""
     turns = [("What is two and two?", "Four."), ("Name a colour.", "Blue is a colour."), ("Say hi.", "Hi there!")]
     path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                            + "\n" for q, a in turns * 20))
+                            + "\n" for q, a in turns * 64))  # more than a step of 8 GPUs takes (8 each)
     return path
 
 

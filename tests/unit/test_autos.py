@@ -92,6 +92,15 @@ def test_liger_set_true_on_cpu_is_refused_even_where_it_is_installed():
         resolve("ddp", {"use_liger_kernel": True}, liger=True)
 
 
+def test_liger_set_true_on_a_model_type_it_does_not_cover_is_refused(shape):
+    """liger-kernel skips such a model (at info level), so the run was sized for kernels that never ran: out of
+    memory where the plan said it fits. Where the model type is not known (it could not be sized), taken as asked."""
+    with pytest.raises(DockyardError, match="Liger has no kernels for model type 'gpt2'"):
+        resolve("ddp", {"use_liger_kernel": True}, device=H100_GPU, shape=shape, liger=True, kind="gpt2")
+    assert values(resolve("ddp", {"use_liger_kernel": True}, device=H100_GPU, shape=None, liger=True,
+                          kind=""))["use_liger_kernel"] is True
+
+
 def test_each_reason_says_how_its_value_came_about(shape):
     """Once the CPU's micro-batch 6 of a global batch of 12 said "CPU: 8 as before", and a micro-batch made up from
     the accumulation given said "set"."""

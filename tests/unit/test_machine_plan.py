@@ -370,6 +370,22 @@ def test_config_counts_match_the_model_transformers_builds(tmp_path, model_type,
     assert memory.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
 
 
+def test_the_trainer_refuses_a_layer_count_no_model_has_before_building_one(tmp_path):
+    """It built every layer on the meta device before counting: 3,000 took 7.5 s, 5e7 would take hours and a
+    terabyte, in every process."""
+    import time
+
+    import transformers
+
+    from dockyard.train.model import model_shape
+
+    transformers.AutoConfig.for_model("llama", **{**SMALL, "num_hidden_layers": 50_000_000}).save_pretrained(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(DockyardError, match="`num_hidden_layers` is 50000000, more than 4096"):
+        model_shape(tmp_path)
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.parametrize("model_type, extra, says", [
     ("mixtral", {"num_local_experts": 8}, "is a mixture of 8 experts per layer"),
     ("qwen2_moe", {"num_experts": 4}, "is a mixture of 4 experts per layer"),
@@ -399,10 +415,23 @@ def test_a_config_plan_cannot_count_is_refused_with_the_count_to_give(tmp_path, 
     # "false" as text was counted by its truth: tied, 130M parameters too few
     ("tie_word_embeddings", "false", "tie_word_embeddings 'false': takes true or false (no quotes)"),
     ("model_type", ["llama"], "model_type ['llama']: takes the model's type as text"),
+    # eighth red-team pass: the plan said "fits" for each, and the trainer refused it (or built 5e7 layers for hours)
+    ("num_hidden_layers", 50_000_000, "`num_hidden_layers` is 50000000, more than 4096: not a model's config.json"),
+    ("attention_bias", "false", "attention_bias 'false': takes true or false (no quotes)"),
+    ("mlp_bias", "no", "mlp_bias 'no': takes true or false (no quotes)"),
+    ("intermediate_size", "null", "`intermediate_size` is null"),
+    ("head_dim", "absent, hidden 4100", "`hidden_size` 4100 is not a multiple of `num_attention_heads` 32"),
+    ("head_dim", "absent, 8192 heads", "`hidden_size` 4096 is not a multiple of `num_attention_heads` 8192"),
 ])
 def test_bad_config_values_are_named(tmp_path, key, value, problem):
     cfg = json.loads((LLAMA_8B / "config.json").read_text())
-    cfg.pop(key) if value is None else cfg.update({key: value})
+    specials = {"null": {key: None}, "absent, hidden 4100": {"hidden_size": 4100},
+                "absent, 8192 heads": {"num_attention_heads": 8192, "num_key_value_heads": 8}}
+    if isinstance(value, str) and value in specials:
+        cfg.pop(key, None)
+        cfg.update(specials[value])
+    else:
+        cfg.pop(key) if value is None else cfg.update({key: value})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(DockyardError, match=re.escape(problem)):
         planner.shape_for(str(tmp_path))

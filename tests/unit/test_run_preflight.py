@@ -270,7 +270,10 @@ def test_dry_prints_the_command_the_run_starts(env, model):
                                     "or null"),
     (["--per_device_train_batch_size", "nan"], "takes a whole number, or auto"),
     # a flag with no value read as a switch was "max_steps True: ... takes a whole number"
-    (["--max_steps"], "--max_steps was given no value: put a whole number after it (--max_steps N)"),
+    (["--max_steps"], "--max_steps was given no value: put a whole number after it (--max_steps N; true and yes "
+                      "are not numbers)"),
+    (["--max_steps", "yes"], "--max_steps was given no value: put a whole number after it (--max_steps N; true and "
+                             "yes are not numbers)"),
     (["--learning_rate", "--max_steps", "5"], "--learning_rate was given no value: put a number after it"),
     # in range: torch's "Invalid learning rate: -1" was two tracebacks from inside the container; max_steps 0 trained
     # by epochs, -3 too; bf16 "maybe" was taken as it was, and nothing said what it became
@@ -328,6 +331,8 @@ def test_a_run_setting_out_of_its_range_is_refused_saying_what_it_takes(env, ove
                                                                      "the 8 examples each of the 2 process(es)"),
     (["--global_batch", "4", "--gradient_accumulation_steps", "8"], "gradient_accumulation_steps 8 does not divide"),
     (["--global_batch", "3"], "global_batch 3 cannot be split evenly over 2 processes"),
+    (["--per_device_train_batch_size", "1000000000000", "--gradient_accumulation_steps", "1000000000000"],
+     "is 2e+24 examples per step, more than 1e+12: lower them"),  # global_batch set alone is bounded so
     (["--use_liger_kernel", "true", "--torch_compile", "true"], "use_liger_kernel and torch_compile do not work "
                                                                 "together"),
 ])
@@ -352,6 +357,48 @@ def test_liger_set_true_where_it_cannot_run_is_refused_on_the_host(env):
     # under ZeRO-3, wherever it runs: DeepSpeed would hand Liger's loss an empty shard at the first step
     refused(invoke_here("run", "--dry", "--native", "--recipe=zero3", "--", "--use_liger_kernel", "true", env=on_gpu),
             "under ZeRO-3 Liger's fused loss reads the output layer's weight")
+
+
+def test_liger_set_true_on_a_model_it_has_no_kernels_for_is_refused_on_the_host(env, tmp_path):
+    """A GPT-NeoX model with `use_liger_kernel true` was sized as if Liger's kernels ran (micro-batch 4 "fits" an
+    H100 where 83 GiB are needed without them), while liger-kernel skips the model, saying so at info level only:
+    out of memory at the first step."""
+    neox = tmp_path / "neox"
+    neox.mkdir()
+    (neox / "config.json").write_text(json.dumps({
+        "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "vocab_size": 1024, "hidden_size": 256,
+        "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 4}))
+    on_gpu = {**env, "DOCKYARD_NVML_REPLAY": str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "h100x1_580.json")}
+    run = ["run", "--dry", "--recipe=zero2", f"--model={neox}", "--", "--max_seq_length", "2048"]
+    refused(invoke_here(*run, "--use_liger_kernel", "true", env=on_gpu),
+            "use_liger_kernel true: Liger has no kernels for model type 'gpt_neox'")
+    assert invoke_here(*run, env=on_gpu).returncode == 0  # auto: off for it, and sized so
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"hidden_size": 66}, "`hidden_size` 66 is not a multiple of `num_attention_heads` 4"),
+    ({"attention_bias": "false"}, "attention_bias 'false': takes true or false (no quotes)"),
+    ({"num_hidden_layers": 50_000_000}, "`num_hidden_layers` is 50000000, more than 4096"),
+])
+def test_a_model_config_transformers_cannot_build_is_refused_before_an_image_starts(env, tmp_path, change, says):
+    """`run --dry --model=FOLDER` checked only that config.json was there: the trainer refused these in the container
+    (or, for 5e7 layers, built them on the meta device for hours)."""
+    from dockyard.common.run_settings import TINY_MODEL
+
+    cfg = {**json.loads((TINY_MODEL / "config.json").read_text()), **change}
+    cfg.pop("head_dim", None)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    refused(dry(env, f"--model={folder}"), says)
+
+
+@pytest.mark.parametrize("native", [[], ["--native"]])
+def test_padding_free_on_a_classifier_is_refused_before_the_run_starts(env, native):
+    """`--task seq_cls --padding_free true` passed `run --dry`; the trainer refused it once every GPU had loaded the
+    model."""
+    refused(dry(env, *native, "--", "--task", "seq_cls", "--padding_free", "true"),
+            "padding_free applies to causal language modelling, not seq_cls")
 
 
 def test_the_training_arguments_snapshot_is_the_pinned_transformers():

@@ -303,6 +303,35 @@ def test_a_run_folder_that_is_a_file_or_a_resume_of_no_folder_is_refused_and_not
     assert not (tmp_path / "typo").exists()
 
 
+def test_an_escape_sequence_in_a_model_config_reaches_the_terminal_as_text(tmp_path, capsys):
+    """A config.json's model_type holding ESC[31m was printed raw in the trainer's error line: a crafted file
+    drove the terminal of whoever ran it."""
+    import json
+
+    from dockyard.common.run_settings import TINY_MODEL
+    from dockyard.train.__main__ import main
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    cfg = {**json.loads((TINY_MODEL / "config.json").read_text()), "model_type": "x\u001b[31m"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--model", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "error: " in err and "\x1b" not in err and "x\\x1b[31m" in err, repr(err)
+
+
+def test_a_global_batch_larger_than_the_data_is_refused_before_the_model_loads(tmp_path, capsys):
+    """4,096 examples a step over the 2,000-example sample: transformers took one step per epoch over what there
+    was, while the start-up line and the manifest said 4,096."""
+    from dockyard.train.__main__ import main
+
+    assert main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--global_batch", "4096"]) == 1
+    err = capsys.readouterr().err
+    assert "error: global_batch 4096: the training data holds 2000 examples, fewer than one optimizer step takes; " \
+           "set global_batch" in err and "at most 2000" in err, err
+    assert "Traceback" not in err
+
+
 @pytest.mark.parametrize("run_id", ["../escaped", "..", ".", "a/../../escaped"])
 def test_a_run_folder_off_the_containers_runs_mount_is_refused_and_nothing_made(capsys, run_id):
     """compose/train.yml puts DOCKYARD_RUN_ID in /workspace/runs/ID unchecked: "../x" made the run folder outside the
