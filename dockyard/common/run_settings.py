@@ -503,7 +503,8 @@ def check_number(key: str, value: Any, kind: str) -> None:
     if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)
         raise DockyardError(f"--{key} was given no value: put {'a whole number' if whole else 'a number'} after it "
                             f"(--{key} N; true and yes are not numbers)")
-    raise DockyardError(f"{key} {reprlib.repr(value)}: TrainingArguments.{key} takes "
+    shown = "given no value" if value is None else reprlib.repr(value)  # `--key ''`: YAML's null
+    raise DockyardError(f"{key} {shown}: TrainingArguments.{key} takes "
                         f"{'a whole number' if whole else 'a finite number'}"
                         + (", or auto" if auto else ", or null (its default)" if optional else ""))
 
@@ -640,7 +641,8 @@ def _problems(error: ValidationError, given: dict[str, Any]) -> str:
             continue
         key = str(err["loc"][0])
         if takes := number_range(key) or switch_choices(key):
-            said[key] = f"{key} {reprlib.repr(given[key])}: {takes}"
+            value = "given no value" if given[key] is None else reprlib.repr(given[key])  # `--key ''`: YAML's null
+            said[key] = f"{key} {value}: {takes}"
         elif key in given and given[key] is None:  # `--data=` or a bare `~`: YAML's null
             said[key] = (f"{key}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as none): "
                          f"give one, e.g. --{key} {'PATH' if key in ('model', 'data', 'eval_data') else 'VALUE'}")

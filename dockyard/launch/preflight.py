@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dockyard.common import disk, memory, model_config, runfolder
-from dockyard.common.autos import LIGER_TYPES, check_packing, liger_uncovered
+from dockyard.common.autos import LIGER_TYPES, check_packing, liger_uncovered, resolve_numa_binding
 from dockyard.common.data_files import (
     BUILDERS,
     data_files_in,
@@ -116,6 +116,8 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
                                              saved=resumed_settings(resumed) if resumed else None,
                                              liger_absent=liger_absent)
     check_on_gpus(recipe, gpus_in_effect, gpus_fix)
+    if not gpus_in_effect:  # what the trainer would say once the image had started
+        resolve_numa_binding(run_settings.numa_binding, None, None)
     liger = auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):

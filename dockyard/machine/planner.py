@@ -74,7 +74,7 @@ def shape_for(model: str, hub_home: Path | None = None, where: str = "--model") 
     if count < MIN_PARAMS:
         unit = ("give the unit, as in 8B or 350M" if model.strip().replace(".", "", 1).isdigit()
                 else f"give at least {MIN_PARAMS // 10**6}M")  # a bare "8" is 8B with the unit left out
-        raise DockyardError(f"{named}: {count:,} parameters is no language model; {unit}")
+        raise DockyardError(f"{named}: {model.strip()} parameters is no language model; {unit}")
     shape = shape_from_count(count)
     if also:
         return replace(shape, source=f"{shape.source}; read as a parameter count, though a folder {model} is here: "
@@ -262,10 +262,10 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
             raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "
                                 "GPU's that NVML reports; say the slice's: --gpu-mem=GiB (`nvidia-smi -L` lists them)")
         gpus = gpus or host.count
-        unread = [str(g.index) for g in host.gpus if not g.memory_bytes]
-        if unread and not gpu_mem_gib:  # NVML gave no figure: not a GPU of 0 GiB, on which "nothing fits"
-            raise DockyardError(f"NVML could not read the memory of GPU {', '.join(unread)}: say how much each has, "
-                                "--gpu-mem=GiB (nvidia-smi's memory.total)")
+        unread = [str(g.index) for g in host.gpus if g.memory_bytes < GIB]
+        if unread and not gpu_mem_gib:  # NVML gave no figure (or a byte): not a GPU on which "nothing fits"
+            raise DockyardError(f"NVML could not read the memory of GPU {', '.join(unread)} (it said under 1 GiB): say "
+                                "how much each has, --gpu-mem=GiB (nvidia-smi's memory.total)")
         gpu_mem_gib = gpu_mem_gib or min(g.memory_bytes for g in host.gpus) / GIB
         seen = autos.device_from_host(host)  # its compute capability decides compiling
         device = autos.Device(seen.name, int(gpu_mem_gib * GIB), seen.capability)

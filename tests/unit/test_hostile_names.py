@@ -249,15 +249,17 @@ def test_a_link_planted_for_the_monitor_is_said_as_text_and_the_monitor_ends_qui
     assert (tmp_path / "monitor.json").is_file()
 
 
-def test_a_gpu_whose_memory_nvml_could_not_read_is_not_planned_as_0_gib(tmp_path):
-    """memory_bytes 0 (NVML could not read it) was planned as a GPU of 0.0 GiB: "no recipe fits", exit 0."""
+@pytest.mark.parametrize("memory_bytes", [0, 1])
+def test_a_gpu_whose_memory_nvml_could_not_read_is_not_planned_as_0_gib(tmp_path, memory_bytes):
+    """memory_bytes 0 (NVML could not read it) was planned as a GPU of 0.0 GiB: "no recipe fits", exit 0; 1 byte
+    still was."""
     data = json.loads((NVML_HOSTS / "h100x1_580.json").read_text())
-    data["host"]["gpus"][0]["memory_bytes"] = 0
+    data["host"]["gpus"][0]["memory_bytes"] = memory_bytes
     recording = tmp_path / "host.json"
     recording.write_text(json.dumps(data))
     env = {"DOCKYARD_NVML_REPLAY": str(recording)}
-    short_error(invoke_here("plan", "--model=1B", env=env), "NVML could not read the memory of GPU 0: say how much each "
-                                                            "has, --gpu-mem=GiB")
+    short_error(invoke_here("plan", "--model=1B", env=env), "NVML could not read the memory of GPU 0 (it said under "
+                                                            "1 GiB): say how much each has, --gpu-mem=GiB")
     r = invoke_here("plan", "--model=1B", "--gpu-mem=80", env=env)
     assert r.returncode == 0 and "1 GPU(s) × 80.0 GiB" in r.stdout, r.stderr
 

@@ -393,6 +393,14 @@ def test_a_model_config_transformers_cannot_build_is_refused_before_an_image_sta
     refused(dry(env, f"--model={folder}"), says)
 
 
+def test_numa_binding_true_on_cpu_and_an_empty_number_are_said_before_the_run_starts(env):
+    """`--cpu -- --numa_binding true` passed `run --dry` and failed in the container; `--global_batch ''` was said
+    to be "global_batch None"."""
+    refused(dry(env, "--", "--numa_binding", "true"), "numa_binding true cannot bind: CPU: no GPU to bind near")
+    refused(dry(env, "--", "--global_batch", ""), "global_batch given no value: a whole number from 1")
+    refused(dry(env, "--", "--max_steps", ""), "max_steps given no value: TrainingArguments.max_steps takes")
+
+
 @pytest.mark.parametrize("native", [[], ["--native"]])
 def test_padding_free_on_a_classifier_is_refused_before_the_run_starts(env, native):
     """`--task seq_cls --padding_free true` passed `run --dry`; the trainer refused it once every GPU had loaded the
