@@ -419,7 +419,7 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
                          seq_len: int) -> tuple[bool, str]:
     """(on, why) for packing each batch into one row with position ids restarting per example."""
     if value is True:
-        check_packing(False, task, value)
+        check_packing(False, task, padding_free=value)  # the padding_free checks alone
         return True, "set"
     if value is False:
         return False, "set"

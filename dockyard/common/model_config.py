@@ -75,10 +75,15 @@ def check_shards_inside(folder: Path) -> None:
                                     "folder: an index names the files beside it (copy the model folder again)")
 
 
-def model_type(folder: Path) -> str:
-    """config.json's model_type ("" where it has none, or not as text: count says what is wrong with it)."""
-    kind = json_object(folder / "config.json", "model settings").get("model_type")
-    return kind if isinstance(kind, str) else ""
+def check_sizes(path: Path, layers: int, params: int = 0) -> None:
+    """Sizes no model has, from a typo or a crafted file: refused before anything is built or planned from them
+    (config.json's count here, the trainer's model on the meta device: dockyard.train.model)."""
+    if layers > MAX_LAYERS:
+        raise DockyardError(f"{path}: `num_hidden_layers` is {layers}, more than {MAX_LAYERS}: not a model's "
+                            "config.json")
+    if params > MAX_PARAMS:
+        raise DockyardError(f"{path}: its sizes make {params:.3g} parameters, more than {MAX_PARAMS / 1e12:.0f}T: "
+                            "not a model's config.json (check hidden_size, num_hidden_layers, vocab_size)")
 
 
 def count(folder: Path, lora_rank: int) -> dict:
@@ -112,9 +117,7 @@ def count(folder: Path, lora_rank: int) -> dict:
         return value
 
     h, layers, heads, vocab = (size(k) for k in REQUIRED)
-    if layers > MAX_LAYERS:
-        raise DockyardError(f"{path}: `num_hidden_layers` is {layers}, more than {MAX_LAYERS}: not a model's "
-                            "config.json")
+    check_sizes(path, layers)
     if "intermediate_size" in cfg and cfg["intermediate_size"] is None:  # transformers takes null as given
         raise DockyardError(f"{path}: `intermediate_size` is null: expected a positive whole number")
     inter = size("intermediate_size", 4 * h)
@@ -150,9 +153,7 @@ def count(folder: Path, lora_rank: int) -> dict:
         raise DockyardError(f"{path}: tie_word_embeddings {tied!r}: takes true or false (no quotes)")
     embeddings = vocab * h * (1 if tied else 2)
     params = layers * (sum(own) + norms) + h + embeddings  # h: the final norm
-    if params > MAX_PARAMS:
-        raise DockyardError(f"{path}: its sizes make {params:.3g} parameters, more than {MAX_PARAMS / 1e12:.0f}T: "
-                            "not a model's config.json (check hidden_size, num_hidden_layers, vocab_size)")
+    check_sizes(path, layers, params)
     source = f"{path}" if kind in FAMILIES else \
         f"{path}; model_type {kind or '(none)'!r} counted as a Llama-style decoder (approximate)"
     return {"params": params, "largest_layer": max(vocab * h, *own), "hidden": h, "layers": layers, "vocab": vocab,

@@ -36,8 +36,8 @@ from dockyard.common import tree
 from dockyard.common.errors import DockyardError, loads, problems
 
 MANIFEST_LIMIT = 64 << 20  # bytes: a manifest is a few KiB; a bigger "manifest" is not one the trainer wrote
-# The files of runs/<id>/, written by the trainer (T) or by the host (H), and read by the other.
 RUNS_INSIDE = "/workspace/runs"  # the runs folder as a container sees it (dockyard.launch.node mounts it there)
+# The files of runs/<id>/, written by the trainer (T) or by the host (H), and read by the other.
 MANIFEST = "manifest.json"       # T: node 0's record of the run (status, strategy in effect, metrics)
 METRICS = "metrics.jsonl"        # T: one line per logging window
 TRAIN_LOG = "train.log"          # H: the trainer's output

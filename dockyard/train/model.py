@@ -17,7 +17,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from dockyard.common import memory, runfolder
 from dockyard.common.errors import DockyardError, first_line, json_object
-from dockyard.common.model_config import MAX_LAYERS, MAX_PARAMS, check_model_folder, check_shards_inside
+from dockyard.common.model_config import check_model_folder, check_shards_inside, check_sizes
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -373,9 +373,8 @@ def model_shape(folder: Path) -> Any:
         try:
             config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
             layers = getattr(config, "num_hidden_layers", None)
-            if isinstance(layers, int) and layers > MAX_LAYERS:  # each one is built below before anything counts them
-                raise DockyardError(f"{folder / 'config.json'}: `num_hidden_layers` is {layers}, more than "
-                                    f"{MAX_LAYERS}: not a model's config.json")
+            if isinstance(layers, int):  # each one is built below before anything counts them
+                check_sizes(folder / "config.json", layers)
             with torch.device("meta"):
                 try:
                     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -392,10 +391,7 @@ def model_shape(folder: Path) -> Any:
         return getattr(p, "ds_numel", None) or p.numel()
 
     params = sum(numel(p) for p in model.parameters())  # parameters() yields tied weights once
-    if params > MAX_PARAMS:  # counted on the meta device; loading it would try to allocate that much
-        raise DockyardError(f"{folder / 'config.json'}: its sizes make {params:.3g} parameters, more than "
-                            f"{MAX_PARAMS / 1e12:.0f}T: not a model's config.json (check hidden_size, "
-                            "num_hidden_layers, vocab_size)")
+    check_sizes(folder / "config.json", 0, params)  # counted on the meta device; loading would allocate that much
     largest = max((sum(numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     linear = lora = 0
     for name, m in model.named_modules():
