@@ -458,17 +458,23 @@ def check_packing(value: Any, task: str, padding_free: Any) -> None:
         raise DockyardError(f"padding_free applies to causal language modelling, not {task}: set it to auto or false")
 
 
+def check_packing_format(value: Any, fmt: str) -> None:
+    """packing set true for data of another format than text (the trainer once the data is read; the host from the
+    data_format setting or a JSON Lines file's first example)."""
+    if value is True and fmt != "text":
+        raise DockyardError(f"packing joins text documents (the text format), and this data is {fmt}: instruction "
+                            "and chat examples keep their boundaries; padding_free packs those. Set packing to "
+                            "auto or false")
+
+
 def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padding_free: Any) -> tuple[bool, str]:
     """(on, why) for joining text documents end to end (EOS between them) and cutting the stream into blocks of
     max_seq_length tokens, as pretraining does: no padding, and a long document is split across blocks instead of
     cut short. A block's tokens attend to the documents before them in the block (the EOS says where one ends):
     the SDPA kernels stay the fast causal ones."""
     check_packing(value, task, padding_free)
+    check_packing_format(value, fmt)
     if value is True:
-        if fmt != "text":
-            raise DockyardError(f"packing joins text documents (the text format), and this data is {fmt}: instruction "
-                                "and chat examples keep their boundaries; padding_free packs those. Set packing to "
-                                "auto or false")
         return True, SET
     if value is False:
         return False, SET

@@ -379,8 +379,19 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     if training.get("bf16") is True and training.get("fp16") is True:
         raise DockyardError("bf16 and fp16 are both true: give one (bf16 on Ampere and newer GPUs, fp16 on older ones), "
                             "or neither for the GPU's own")
+    kwargs = training.get("gradient_checkpointing_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):  # read by the trainer and the Trainer as a mapping
+        raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')} {kwargs!r}: takes a "
+                            f"mapping, as in -- --gradient_checkpointing_kwargs '{{use_reentrant: false}}'")
+    if unknown := sorted(set(kwargs or {}) - CHECKPOINT_KWARGS, key=str):  # torch's at the first step
+        raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')}: unknown key(s) "
+                            f"{', '.join(map(str, unknown))}; torch.utils.checkpoint takes "
+                            f"{', '.join(sorted(CHECKPOINT_KWARGS))} (as in '{{use_reentrant: false}}')")
 
 
+# what torch.utils.checkpoint.checkpoint takes besides the function and its inputs (context_fn, a function, cannot be
+# written in a setting)
+CHECKPOINT_KWARGS = {"use_reentrant", "preserve_rng_state", "determinism_check", "debug", "early_stop"}
 LOG_LEVELS = ("detail", "debug", "info", "warning", "error", "critical", "passive")  # transformers' trainer_log_levels
 
 

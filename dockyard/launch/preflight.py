@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dockyard.common import disk, memory, model_config, runfolder
-from dockyard.common.autos import LIGER_TYPES, check_packing, liger_uncovered, resolve_numa_binding
+from dockyard.common.autos import (
+    LIGER_TYPES,
+    check_packing,
+    check_packing_format,
+    liger_uncovered,
+    resolve_numa_binding,
+)
 from dockyard.common.data_files import (
     BUILDERS,
     data_files_in,
@@ -122,8 +128,11 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
         files = check_input(key, value, where, settings, liger)
-        if run_settings.task == "causal_lm" and run_settings.data_format == "auto":
-            check_data_fields(files)
+        if run_settings.task != "causal_lm":
+            continue
+        fmt = check_data_fields(files) if run_settings.data_format == "auto" else run_settings.data_format
+        if key == "data" and fmt:
+            check_packing_format(run_settings.packing, fmt)
 
 
 def check_model_config(folder: Path, liger: bool) -> None:
@@ -138,12 +147,14 @@ def check_model_config(folder: Path, liger: bool) -> None:
         raise DockyardError(liger_uncovered(kind or "(none)"))
 
 
-def check_data_fields(files: list[Path]) -> None:
+def check_data_fields(files: list[Path]) -> str:
     """A JSON Lines file whose first example is not a JSON object, or whose fields name no format, refused as the
-    trainer refuses it, but before the image starts (and leaves a failed run folder behind)."""
+    trainer refuses it, but before the image starts (and leaves a failed run folder behind); the format the first
+    file's fields name ("": not read here)."""
     jsonl = sorted(f for f in files if f.suffix == ".jsonl")
     fields = readable(jsonl[0], first_fields) if jsonl else None
-    if fields is not None and not format_of(fields):
+    fmt = format_of(fields) if fields is not None else ""
+    if fields is not None and not fmt:
         raise unknown_format(str(jsonl[0]), fields)
     try:
         mixed = mixed_formats(jsonl) if len(jsonl) > 1 else None
@@ -151,6 +162,7 @@ def check_data_fields(files: list[Path]) -> None:
         raise DockyardError(f"cannot read the data file {e.filename}: {e.strerror or e}") from None
     if mixed:
         raise mixed
+    return fmt
 
 
 def readable(path: Path, read: Callable[[Path], T]) -> T:

@@ -48,7 +48,6 @@ from dockyard.common.run_settings import (
     check_known_settings,
     check_profile,
     check_training_numbers,
-    either_name,
     parse_overrides,
     resolve_settings,
     resumed_with,
@@ -478,11 +477,6 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     return args
 
 
-# what torch.utils.checkpoint.checkpoint takes besides the function and its inputs (context_fn, a function, cannot be
-# written in a setting)
-CHECKPOINT_KWARGS = {"use_reentrant", "preserve_rng_state", "determinism_check", "debug", "early_stop"}
-
-
 def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
     from transformers import TrainingArguments  # lazy: see the note on the imports
 
@@ -491,14 +485,6 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     if unknown:
         raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
                             f"and any transformers.TrainingArguments field")
-    kwargs = overrides.get("gradient_checkpointing_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):  # read here and by the Trainer as a mapping
-        raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')} {kwargs!r}: takes a "
-                            f"mapping, as in -- --gradient_checkpointing_kwargs '{{use_reentrant: false}}'")
-    if unknown := sorted(set(kwargs or {}) - CHECKPOINT_KWARGS, key=str):  # torch's at the first step
-        raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')}: unknown key(s) "
-                            f"{', '.join(map(str, unknown))}; torch.utils.checkpoint takes "
-                            f"{', '.join(sorted(CHECKPOINT_KWARGS))} (as in '{{use_reentrant: false}}')")
     cuda = torch.cuda.is_available()
     # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
     overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}

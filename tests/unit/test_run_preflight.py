@@ -671,3 +671,21 @@ def test_a_run_id_naming_the_folder_of_invoke_slurm_or_k8s_is_refused(env, tmp_p
     r = dry(env, f"--run-id={name}")
     refused(r, f"--run-id {name}: the runs folder's {name}/ holds the ")
     assert "pick another --run-id" in r.stderr and not (tmp_path / "runs" / name).exists()
+
+
+def test_packing_instruction_data_and_a_bad_checkpointing_mapping_are_refused_before_the_image_starts(env, tmp_path):
+    """`--packing true` over instruction data, and `--gradient_checkpointing_kwargs` as a list or with a key torch
+    does not take, passed `run --dry`: the trainer refused them in the container, after the image had started."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"prompt": "2+2?", "completion": "4"}\n')
+    refused(dry(env, f"--data={data}", "--", "--packing", "true"),
+            "packing joins text documents (the text format), and this data is prompt_completion")
+    refused(dry(env, f"--data={data}", "--", "--packing", "true", "--data_format", "alpaca"),
+            "this data is alpaca")
+    text = tmp_path / "docs.jsonl"
+    text.write_text('{"text": "a document"}\n')
+    assert dry(env, f"--data={text}", "--", "--packing", "true").returncode == 0  # text documents: what it joins
+    refused(dry(env, "--", "--gradient_checkpointing_kwargs", "[use_reentrant]"),
+            "gradient_checkpointing_kwargs (or activation_checkpointing_kwargs) ['use_reentrant']: takes a mapping")
+    refused(dry(env, "--", "--activation_checkpointing_kwargs", "{reentrant: false}"),
+            "unknown key(s) reentrant; torch.utils.checkpoint takes debug, determinism_check")
