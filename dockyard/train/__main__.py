@@ -78,8 +78,10 @@ from dockyard.train.record import Estimates, ModelRecord, Run
 log = logging.getLogger("dockyard.train")
 
 
-def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """`started`: when the run began, on time.perf_counter's clock (the process's start, for the module run as a
+    program: its interpreter and imports are time to the first step too); by default, now."""
+    started = time.perf_counter() if started is None else started
     ending.begin()
     # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
     # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
@@ -727,7 +729,9 @@ def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
     """FLOPs per trained token and one GPU's dense peak in the dtype this run computes in (dockyard.train.mfu), for
     MFU; (None, None) on CPU, in fp32, on a GPU not in the table or for a model that could not be sized."""
     args = p.args
-    half = "bf16" if args.bf16 else "fp16" if args.fp16 else ""
+    # the mixed precision's dtype, or else the weights' own (a bf16 LoRA base with --bf16 false computes in bf16)
+    weights = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(p.model, "dtype", None), "")
+    half = "bf16" if args.bf16 else "fp16" if args.fp16 else weights
     if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
         return None, None
     peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
@@ -804,4 +808,5 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
 if __name__ == "__main__":
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun's agent, which started this module
         environment.die_with_launcher(LAUNCHER)
-    ending.leave(main())
+    # the process's start, not main()'s: importing torch, transformers and DeepSpeed takes seconds of the first step's
+    ending.leave(main(started=time.perf_counter() - environment.seconds_since_start()))

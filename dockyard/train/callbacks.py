@@ -140,6 +140,8 @@ class MetricsLog(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.world, self.device, self.first_step = args.world_size, args.device, state.global_step
+        if self.profiled and state.global_step >= self.profiled[0]:
+            self.profiled = None  # a resume past the profiled steps' start: the profiler runs none (StepProfiler)
         self.tokens_start, self.time_start = self.tokens.value, time.perf_counter()
         self._mark = self.time_start
         self._window = (self.time_start, self.tokens_start, state.global_step)
@@ -149,6 +151,10 @@ class MetricsLog(TrainerCallback):
             self.seconds_to_first_step = time.perf_counter() - self.started
         if state.global_step >= state.max_steps:
             control.should_log = True  # the steps since the last multiple of logging_steps are a window too
+        if state.global_step == self.first_step + WARMUP_STEPS:
+            # a window ends with the warm-up, whatever logging_steps is: one running on past it (steps 2-10 at
+            # logging_steps 10) brought its warm-up steps, a compile's included, into the steady state
+            control.should_log = True
         if control.should_save or control.should_evaluate:
             _synchronize()  # the step's queued GPU work belongs to the step, not to the save that follows
         self._mark = time.perf_counter()
@@ -209,8 +215,8 @@ class MetricsLog(TrainerCallback):
 
     def steady_state(self) -> dict[str, Any]:
         """The windows after warm-up (the first window and any ending within the first WARMUP_STEPS steps of this
-        process), summed, less those holding a profiled step (profile_steps); fewer windows than that: what there
-        is. Empty when nothing was logged."""
+        process, where one always ends: on_step_end), summed, less those holding a profiled step (profile_steps);
+        fewer windows than that: what there is. Empty when nothing was logged."""
         unprofiled = [w for w in self.windows[1:] if not self._under_profiler(w)]
         after = [w for w in unprofiled if w["step"] > self.first_step + WARMUP_STEPS]
         # too few windows: the warm-up counts before a profiled window does (the profiler writing its trace is

@@ -32,6 +32,18 @@ def die_with_launcher(launcher: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def seconds_since_start() -> float:
+    """How long ago this process started, from the kernel's clock since boot (/proc: the process's start time and
+    the uptime, both to 10 ms; psutil's create_time adds the boot time, which the kernel gives in whole seconds);
+    0 where /proc cannot say."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def device_from_torch() -> Device | None:
     """The smallest GPU this process can see (every rank then resolves the same values), or None without one."""
     import torch

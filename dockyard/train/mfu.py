@@ -13,17 +13,27 @@ attention runs over: for examples of different lengths, the token-weighted mean 
 from __future__ import annotations
 
 # Dense (no sparsity) tensor-core peak per GPU, by part and by the dtype a recipe trains in (NVIDIA data sheets).
-# A name matches when every word of the key is one of its words: "A10" is not "A10G", "H100 PCIe" is not SXM.
+# A name matches when every word of the key is one of its words, in any case: "A10" is not "A10G", "L4" not "L40S",
+# "H100 PCIe" is not SXM.
 PEAK = [
     (("H100", "NVL"), {"bf16": 835e12, "fp16": 835e12}),
     (("H100", "PCIe"), {"bf16": 756e12, "fp16": 756e12}),
     (("H100",), {"bf16": 989e12, "fp16": 989e12}),  # SXM ("NVIDIA H100 80GB HBM3")
     (("H200", "NVL"), {"bf16": 835e12, "fp16": 835e12}),
     (("H200",), {"bf16": 989e12, "fp16": 989e12}),  # SXM ("NVIDIA H200")
+    (("GH200",), {"bf16": 989e12, "fp16": 989e12}),  # its GPU is an H100 SXM's ("NVIDIA GH200 480GB")
+    (("H800", "PCIe"), {"bf16": 756e12, "fp16": 756e12}),
+    (("H800",), {"bf16": 989e12, "fp16": 989e12}),
+    (("H20",), {"bf16": 148e12, "fp16": 148e12}),
     (("B200",), {"bf16": 2250e12, "fp16": 2250e12}),
     (("A100",), {"bf16": 312e12, "fp16": 312e12}),
     (("L40S",), {"bf16": 362e12, "fp16": 362e12}),
+    (("L40",), {"bf16": 181e12, "fp16": 181e12}),
+    (("L4",), {"bf16": 121e12, "fp16": 121e12}),
+    (("A40",), {"bf16": 150e12, "fp16": 150e12}),
     (("A10",), {"bf16": 125e12, "fp16": 125e12}),
+    (("V100", "PCIe"), {"fp16": 112e12}),  # Volta: no bf16 tensor cores ("Tesla V100-PCIE-32GB")
+    (("V100",), {"fp16": 125e12}),  # SXM2
     (("T4",), {"fp16": 65e12}),  # Turing: no bf16 tensor cores
 ]
 
@@ -31,11 +41,11 @@ PEAK = [
 def peak_flops(device_name: str, dtype: str) -> float | None:
     """The dense peak of one GPU of this name in this dtype; None for a part (or dtype) not in the table, and for a
     MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb"): it has a share of the part's compute, not all of it."""
-    words = set(device_name.replace("-", " ").split())
+    words = set(device_name.replace("-", " ").upper().split())
     if "MIG" in words:
         return None
     for key, by_dtype in PEAK:
-        if set(key) <= words:
+        if {k.upper() for k in key} <= words:
             return by_dtype.get(dtype)
     return None
 

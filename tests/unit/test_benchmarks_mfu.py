@@ -56,6 +56,13 @@ def test_peak_is_looked_up_by_the_exact_part():
     assert peak_flops("Tesla T4", "fp16") == 65e12 and peak_flops("Tesla T4", "bf16") is None
     assert peak_flops("NVIDIA B200", "bf16") == 2250e12
     assert peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    # parts as NVML names them, each its own data sheet's figure and not a neighbour's
+    assert peak_flops("NVIDIA L4", "bf16") == 121e12 and peak_flops("NVIDIA L40", "bf16") == 181e12
+    assert peak_flops("NVIDIA L40S", "bf16") == 362e12 and peak_flops("NVIDIA A40", "bf16") == 150e12
+    assert peak_flops("NVIDIA GH200 480GB", "bf16") == 989e12 and peak_flops("NVIDIA H20", "bf16") == 148e12
+    assert peak_flops("NVIDIA H800", "bf16") == 989e12 and peak_flops("NVIDIA H800 PCIe", "bf16") == 756e12
+    assert peak_flops("Tesla V100-PCIE-32GB", "fp16") == 112e12 and peak_flops("Tesla V100-SXM2-16GB", "fp16") == 125e12
+    assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None
     # a MIG slice has a share of the part's compute: no MFU rather than one 7x too low
     assert peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16") is None
     assert peak_flops("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "bf16") is None

@@ -72,44 +72,42 @@ def test_saves_and_evaluation_are_left_out_of_the_windows(tmp_path, monkeypatch)
 def test_the_steps_under_the_profiler_are_left_out_of_the_steady_state(tmp_path, monkeypatch):
     """profile_steps 7-8: the profiler slows those steps (and writes its traces after the last): the windows holding
     them are marked in metrics.jsonl and the steady state is the other windows' rate."""
-    clock = Clock()
-    monkeypatch.setattr(callbacks, "time", clock)
-    tokens = TokenCount()
-    log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens, profiled=(7, 8))
-    args, state = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(global_step=0, max_steps=14)
-    log.on_train_begin(args, state, None)
-    for step in range(1, 15):
-        tokens.add([{"input_ids": torch.ones(1, 100)}])
-        clock.sleep(0.5 if step in (7, 8) else 0.01)  # profiled: 50x slower
-        state.global_step = step
-        control = SimpleNamespace(should_save=False, should_evaluate=False, should_log=step % 2 == 0)
-        log.on_step_end(args, state, control)
-        if control.should_log:
-            log.on_log(args, state, control, logs={"loss": 1.0})
+    log = _logged_run(tmp_path, monkeypatch, 14, profiled=(7, 8), logs=lambda step: step % 2 == 0,
+                      seconds=lambda step: 0.5 if step in (7, 8) else 0.01)  # profiled: 50x slower
     lines = {x["step"]: x for x in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())}
     assert [s for s, x in lines.items() if x.get("profiled")] == [8]  # the window of steps 7-8
     steady = log.steady_state()
     assert steady["tokens_per_second"] == pytest.approx(10000.0)  # 100 tokens in 0.01 s, as every other step
-    assert (steady["from_step"], steady["to_step"], steady["tokens"]) == (5, 14, 800)  # steps 5-6 and 9-14
+    assert (steady["from_step"], steady["to_step"], steady["tokens"]) == (6, 14, 700)  # steps 6 and 9-14 (a window
+    # ends with the warm-up at step 5)
     assert steady["profiled_steps_left_out"] == [7, 8]
 
 
-def _profiled_run(tmp_path, monkeypatch, steps: int, profiled: tuple[int, int]) -> dict:
-    """A run of `steps` steps logged every step, the profiled ones 50x slower (the profiler writing its trace)."""
+def _logged_run(tmp_path, monkeypatch, steps: int, *, seconds, logs, first_step: int = 0,
+                profiled: tuple[int, int] | None = None) -> MetricsLog:
+    """MetricsLog through steps first_step + 1 to `steps` in the Trainer's callback order: step s takes
+    `seconds(s)` and holds 100 tokens; the Trainer asks for a window where `logs(s)`, the callback where it must."""
     clock = Clock()
     monkeypatch.setattr(callbacks, "time", clock)
     tokens = TokenCount()
     log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens, profiled=profiled)
-    args, state = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(global_step=0, max_steps=steps)
+    args, state = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(global_step=first_step, max_steps=steps)
     log.on_train_begin(args, state, None)
-    for step in range(1, steps + 1):
+    for step in range(first_step + 1, steps + 1):
         tokens.add([{"input_ids": torch.ones(1, 100)}])
-        clock.sleep(0.5 if profiled[0] <= step <= profiled[1] else 0.01)
+        clock.sleep(seconds(step))
         state.global_step = step
-        control = SimpleNamespace(should_save=False, should_evaluate=False, should_log=True)
+        control = SimpleNamespace(should_save=False, should_evaluate=False, should_log=logs(step))
         log.on_step_end(args, state, control)
-        log.on_log(args, state, control, logs={"loss": 1.0})
-    return log.steady_state()
+        if control.should_log:
+            log.on_log(args, state, control, logs={"loss": 1.0})
+    return log
+
+
+def _profiled_run(tmp_path, monkeypatch, steps: int, profiled: tuple[int, int]) -> dict:
+    """A run of `steps` steps logged every step, the profiled ones 50x slower (the profiler writing its trace)."""
+    return _logged_run(tmp_path, monkeypatch, steps, profiled=profiled, logs=lambda step: True,
+                       seconds=lambda step: 0.5 if profiled[0] <= step <= profiled[1] else 0.01).steady_state()
 
 
 def test_profiled_last_steps_stay_out_of_the_rate_even_where_the_warm_up_must_count(tmp_path, monkeypatch):
@@ -127,6 +125,17 @@ def test_profiled_last_steps_stay_out_of_the_rate_even_where_the_warm_up_must_co
     assert "profiled_steps_left_out" not in steady
 
 
+def test_a_resume_past_the_profiled_steps_start_flags_no_window_as_profiled(tmp_path, monkeypatch):
+    """profile_steps 8-14 kept in overrides.json, the run resumed at step 9: the profiler ran no step (it says so),
+    yet the windows of steps 9-14 were flagged profiled and left out of the rate, said "(profiled)"."""
+    log = _logged_run(tmp_path, monkeypatch, 30, first_step=9, profiled=(8, 14), logs=lambda step: step % 5 == 0,
+                      seconds=lambda step: 0.01)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert not any(x.get("profiled") for x in lines)
+    steady = log.steady_state()
+    assert (steady["from_step"], steady["to_step"]) == (15, 30) and "profiled_steps_left_out" not in steady
+
+
 def test_the_last_step_always_closes_a_window(tmp_path, monkeypatch):
     """With --max_steps 12 --logging_steps 5, steps 11-12 were in no window (missing from metrics.jsonl); with
     --max_steps 4 --logging_steps 10 loss_last was step 1's."""
@@ -142,6 +151,21 @@ def test_the_last_step_always_closes_a_window(tmp_path, monkeypatch):
         log.on_step_end(args, state, control)
         asked.append(control.should_log)
     assert [step for step, logged in enumerate(asked, 1) if logged] == [5, 10, 12]
+
+
+@pytest.mark.parametrize("first_step, windows", [(0, [1, 5, 10, 20]), (8, [9, 10, 13, 20])])
+def test_a_window_ends_with_the_warm_up_whatever_the_logging_steps(tmp_path, monkeypatch, first_step, windows):
+    """At --logging_steps 10 (logging_first_step on) the window of steps 2-10 counted in the steady state, step 2's
+    recompile under torch_compile included: a CPU run reported 414 tokens/s where its steps 6-30 ran at 19,380. A
+    resumed run (from step 8) warms up again."""
+    log = _logged_run(tmp_path, monkeypatch, 50, first_step=first_step,
+                      logs=lambda step: step == first_step + 1 or step % 10 == 0,
+                      seconds=lambda step: 5.0 if step == first_step + 2 else 0.1)  # step 2: a recompile
+    steady = log.steady_state()
+    warm = first_step + callbacks.WARMUP_STEPS
+    assert (steady["from_step"], steady["to_step"], steady["warm_up_left_out"]) == (warm + 1, 50, True)
+    assert steady["tokens_per_second"] == pytest.approx(100 / 0.1)  # every step after warm-up: 100 tokens in 0.1 s
+    assert [w["step"] for w in log.windows][:4] == windows
 
 
 def test_the_tokens_of_a_window_are_its_steps_not_the_batches_made_ahead():
@@ -254,3 +278,22 @@ def test_a_window_is_said_on_the_console_as_a_line_to_read_and_kept_whole_in_met
     assert window_line(2, 4, {"eval_loss": 5.9479756355285645, "eval_runtime": 0.5336, "epoch": 0.0168}) == (
         "step 2/4 · eval_loss 5.9480 (0.534 s)")
     assert window_line(5, 9, {"loss": None, "learning_rate": 1e-3}) == "step 5/9 · loss not finite · lr 0.001"
+
+
+def test_the_time_to_the_first_step_counts_from_the_process_start(tmp_path):
+    """It counted from main(), after torch, transformers and DeepSpeed had been imported (4-5 s here, more in an
+    image): 6.9 s said where the step-1 line came 9.6 s after the command started."""
+    import os
+    import subprocess
+    import sys
+
+    from dockyard import ROOT
+
+    run = tmp_path / "run"
+    began = time.time()
+    subprocess.run([sys.executable, "-m", "dockyard.train", "--recipe", "ddp", "--run-dir", str(run), "--",
+                    "--max_steps", "1", "--save_strategy", "no", "--max_seq_length", "32", "--logging_steps", "1"],
+                   cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True, timeout=300)
+    said = json.loads((run / "manifest.json").read_text())["metrics"]["seconds_to_first_step"]
+    step_1_line = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["time"]  # written as step 1 ends
+    assert step_1_line - began - 1.5 < said <= step_1_line - began + 0.1, (said, step_1_line - began)
