@@ -187,7 +187,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     per_rank = batch.per_process
     if settings.global_batch == AUTO:
         out.note("global_batch", batch.global_batch, f"{per_rank} examples per process per step"
-                 + (" (the micro-batch every run had before the autos)" if micro == AUTO and accum == AUTO else "")
+                 + (" (the default micro-batch)" if micro == AUTO and accum == AUTO else "")
                  + f" × {world_size} process(es)")
     def liger_ok(compiling: bool) -> bool:  # Liger may go on by itself
         return use_liger == AUTO and _liger_applies(recipe, settings, device, kind, liger, compiling)
@@ -221,11 +221,11 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
         cpu = device is None
         if micro == AUTO and accum == AUTO:
             out.note("per_device_train_batch_size", m, ("CPU: " if cpu else "the model could not be sized, so as on "
-                     "CPU: ") + (f"{m} as before" if m == PER_PROCESS else f"{m}, the largest divisor of the "
-                     f"{per_rank} examples per process up to {PER_PROCESS} (the micro-batch every run had before)"))
+                     "CPU: ") + (f"{m}, the default" if m == PER_PROCESS else f"{m}, the largest divisor of the "
+                     f"{per_rank} examples per process up to {PER_PROCESS}, the default"))
         if gc == AUTO:
-            out.note("gradient_checkpointing", gc_on, "CPU: as before (on for the adapter recipes, off for full "
-                     "fine-tuning)" if cpu else "the model could not be sized: as on CPU")
+            out.note("gradient_checkpointing", gc_on, "CPU: on for the adapter recipes, off for full fine-"
+                     "tuning" if cpu else "the model could not be sized: as on CPU")
         on = compiled(gc_on)
         if use_liger == AUTO:
             out.note("use_liger_kernel", False, _liger_off_reason(recipe, settings, device, kind, liger, on, absent)
@@ -268,7 +268,7 @@ def _compile(out: Resolved, value: bool | str, recipe: Recipe, device: Device | 
     why = ""
     gain = compile_gain(recipe)
     if device is None:
-        why = "CPU: off as before"
+        why = "CPU: off (compiling pays on GPUs)"
     elif liger_set:
         why = "use_liger_kernel is set true, and Liger's kernels fail under torch.compile (or give a wrong loss)"
     elif isinstance(gain, str):
@@ -310,7 +310,7 @@ def _liger_off_reason(recipe: Recipe, settings: Any, device: Device | None, kind
                       compiled: bool, absent: str = "") -> str:
     """Why Liger stays off ("" where it may go on); `absent`: why `liger` is empty."""
     if device is None:
-        return "CPU: off as before (Liger's kernels are triton, GPU only)"
+        return "CPU: off (Liger's kernels are triton, GPU only)"
     if not liger:
         return absent or LIGER_ABSENT
     if settings.task != "causal_lm":
@@ -426,7 +426,7 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
     if value != AUTO:
         raise DockyardError(f"padding_free must be true, false or auto (got {value!r})")
     if device is None:
-        return False, "CPU: padded batches as before"
+        return False, "CPU: padded batches"
     if task != "causal_lm" or fmt not in PADDING_FREE_FORMATS:
         return False, (f"the {fmt} format: padding-free rows are for instruction and chat data "
                        f"({', '.join(PADDING_FREE_FORMATS)}); text documents have packing")
@@ -481,7 +481,7 @@ def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padd
     if value != AUTO:
         raise DockyardError(f"packing must be true, false or auto (got {value!r})")
     if device is None:
-        return False, "CPU: one example per document, cut at max_seq_length, as before"
+        return False, "CPU: one example per document, cut at max_seq_length"
     if task != "causal_lm" or fmt != "text":
         return False, f"the {fmt} format: only text documents are joined (instruction and chat data: padding_free)"
     if padding_free is True:

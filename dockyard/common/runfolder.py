@@ -338,6 +338,7 @@ class MetricsRecord(_Loose):
     tokens_per_second: float | None = None
     mfu: float | None = None
     peak_memory_bytes: Count | None = None
+    peak_memory_kind: Words | None = None  # "gpu_reserved" (torch's pool, the largest rank) or "rss" (CPU)
     compile_cache: dict[str, int] | None = None  # graphs loaded from the compile cache (hits) or compiled (misses)
     steady_state: SteadyState | None = None
 
@@ -470,6 +471,18 @@ def checkpoints_started(run_dir: Path) -> list[Path]:
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """The run's checkpoints every rank finished writing (the COMPLETE marker in each), by step."""
     return [p for p in checkpoints_started(run_dir) if (p / COMPLETE).is_file()]
+
+
+def check_steps_left(run_dir: Path, max_steps: Any, last: Path | None, completed: bool) -> None:
+    """A resume whose last checkpoint is at `max_steps` already (the trainer's, and the host's before an image
+    starts): nothing to train. `completed`: the run's manifest says so."""
+    if last is None or not isinstance(max_steps, int) or not 0 < max_steps <= int(last.name.rsplit("-", 1)[1]):
+        return
+    done = (f", and completed: its model is in {run_dir / MODEL}" if completed and (run_dir / MODEL).is_dir()
+            else "")
+    raise DockyardError(f"already at max_steps {max_steps} ({last.name}){done}: raise it to train on (-- "
+                        f"--max_steps N, after the task's flags); the weights of that step are in {last} "
+                        "(from_pretrained reads them)")
 
 
 def manifest_file(node_rank: int) -> str:

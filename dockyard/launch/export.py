@@ -49,6 +49,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if m.status != "completed":  # said here, before an image starts to say it (the trainer's export checks it too)
         raise DockyardError(f"run {run} did not complete (status {m.status}): it saved no model to export; "
                             f"continue it (invoke run --resume --run-id={run}) or export a completed run")
+    if merge and m.model and m.model.format == "full":  # it wrote a second copy of the model to merged/
+        raise DockyardError(f"run {run} trained the whole model: it has no adapters for --merge to merge; export it "
+                            f"as it is: invoke export --run={run}")
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")

@@ -121,6 +121,10 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     run_settings, training = check_overrides(recipe, overrides, processes,
                                              saved=resumed_settings(resumed) if resumed else None,
                                              liger_absent=liger_absent)
+    if resumed:  # a run at its max_steps already: refused here, not once the image has started
+        complete, m = runfolder.complete_checkpoints(resumed), runfolder.read_manifest(resumed)
+        runfolder.check_steps_left(resumed, training.get("max_steps"), complete[-1] if complete else None,
+                                   bool(m and m.status == "completed"))
     check_on_gpus(recipe, gpus_in_effect, gpus_fix)
     if not gpus_in_effect:  # what the trainer would say once the image had started
         resolve_numa_binding(run_settings.numa_binding, None, None)

@@ -525,8 +525,7 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
         print(f"  steps {met.steps} · loss {loss(met.loss_first)} → {loss(met.loss_last)}"
               + (f" · {met.tokens_per_second:.0f} tokens/s {_rate_kind(met)}" if met.tokens_per_second is not None
                  else " · no throughput measured")
-              + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · "
-              f"peak memory {(met.peak_memory_bytes or 0) / 2**20:.0f} MiB")
+              + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · " + _peak(met))
     if m.profile and len(m.profile.steps) == 2:
         busy = (f"GPU busy {m.profile.gpu_busy:.0%} of it, by kind of kernel" if m.profile.gpu_busy is not None
                 else "CPU operators only")
@@ -538,7 +537,18 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     print(f"  {run_dir}")
     if m.status != "completed":
         raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
+    merge = " (--merge: one model with the adapters in it)" if _adapters(m) else ""
+    print(f"  next: invoke export --run={m.run_id}{merge} writes its model as a plain Hugging Face folder")
     return m.model_dump()
+
+
+def _peak(met: runfolder.MetricsRecord) -> str:
+    """The peak memory as measured: torch's GPU pool of the largest rank, or the largest process's RSS on CPU."""
+    size = met.peak_memory_bytes or 0
+    shown = f"{size / 2**30:.1f} GiB" if size >= 10 * 2**30 else f"{size / 2**20:.0f} MiB"
+    kind = {"rss": "peak RSS {} (the largest process)", "gpu_reserved": "peak GPU memory {} (reserved, the largest "
+            "rank)"}.get(met.peak_memory_kind or "", "peak memory {}")
+    return kind.format(shown)
 
 
 def _adapters(m: runfolder.RunManifest) -> str:

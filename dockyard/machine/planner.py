@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from dockyard.common import autos, disk, recipes
+from dockyard.common import autos, disk, model_config, recipes
 from dockyard.common.errors import DockyardError
 from dockyard.common.memory import (
     MARGIN,
@@ -67,7 +67,10 @@ def shape_for(model: str, hub_home: Path | None = None, where: str = "--model") 
     named = f"{where}={model}" if where.startswith("--") else f"{where} {model}"
     if count is None:
         hub = f", a model in the Hugging Face cache {hub_home}" if hub_home is not None else ""
-        raise DockyardError(f"{named}: neither a folder{hub} nor a parameter count like 8B, 1.5B, 350M")
+        fetch = (f"; the plan needs only its config.json: on a machine with internet, `HF_HOME={hub_home} hf download "
+                 f"{model} config.json` (the cache folder then goes where the runs are)"
+                 if hub_home is not None and model_config.HUB_ID.fullmatch(model) else "")
+        raise DockyardError(f"{named}: neither a folder{hub} nor a parameter count like 8B, 1.5B, 350M{fetch}")
     if count > MAX_PARAMS:
         raise DockyardError(f"{named}: more than {MAX_PARAMS / 1e12:.0f}T parameters; give a count like 8B or "
                             "405B")
@@ -287,7 +290,7 @@ def print_plan(result: dict) -> None:
     console.print(f"model: {format_count(m['params'])} parameters, largest layer {format_count(m['largest_layer'])} "
                   f"({escape(str(m['source']))})")
     table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
-                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']} (GiB)")
+                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']}; sizes in GiB")
     # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
     # recipe name, header and cell whole (a long name of one's own recipe wraps)
     for col in ("recipe", "states", "activ.", "per\nGPU", "w/\nckpt", "host", "fits", "disk"):
@@ -301,7 +304,8 @@ def print_plan(result: dict) -> None:
         how = r["strategy"] + (f" + {r['peft']}" if r["peft"] else "")  # a recipe of one's own: its strategy
         table.add_row(escape(r["recipe"] if r["recipe"] in (r["strategy"], r["peft"]) else f"{r['recipe']} ({how})"),
                       *(_gib_cell(r[k]) for k in ("model_states_bytes", "activation_bytes", "gpu_bytes",
-                                                  "gpu_bytes_checkpointed", "host_bytes")),
+                                                  "gpu_bytes_checkpointed")),
+                      _gib_cell(r["host_bytes"]) + ("" if r["offloads"] else "*"),  # the loading worst case
                       f"[green]{fits}[/]" if r["fits"] else f"[yellow]{fits}[/]" if r["fits_checkpointed"] else f"[red]{fits}[/]",
                       _gib_cell(r["disk_bytes"]))  # a long run's peak: the footnote says so, --json itemises
     console.print(table)
@@ -310,23 +314,14 @@ def print_plan(result: dict) -> None:
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + escape(rec["recipe"]) + "[/]" if rec["recipe"] else
                    "[bold red]no recipe fits[/]") + f" — {escape(rec['why'])}")
-    console.print(f"[dim]fits: yes, with gradient checkpointing (ckpt) or no, within {1 - MARGIN:.0%} of the GPU (the "
-                  "trainer's margin), at micro-batch × accumulation steps as the trainer picks them: the largest "
-                  "micro-batch dividing the recipe's examples per GPU per step (8 with its global batch auto) that fits, "
-                  "without checkpointing if one does, else the smallest (--batch=N: micro-batch N, as `-- "
-                  "--per_device_train_batch_size N`). Every column is at that micro-batch, compiled (C) and with Liger's "
-                  "kernels (L) where the trainer turns them on by itself for the recipe's settings (its max_steps: "
-                  "a longer run may compile, which takes less memory where measured: on one GPU, not yet for full "
-                  "fine-tuning under DDP on several).[/]")
-    console.print("[dim]disk: the peak of a run long enough to rotate its checkpoints, with the recipe's settings: "
-                  "save_total_limit + 1 checkpoints while the next is written, or those kept and the final model, "
-                  "whichever is more; `invoke run` counts its own run's steps and checks the runs folder has room "
-                  "before starting.[/]")
-    console.print("[dim]per GPU: the peak of a step, calibrated on measured runs (the strategy's buffers, gradients "
-                  "freed as they are reduced, 1 GiB for the CUDA context and NCCL), so not the sum of the two columns "
-                  "before it; w/ ckpt: per GPU with gradient checkpointing; host (per node) is what offloading keeps in "
-                  "RAM all run long (no RAM: more than this host has), else the worst case while every process loads "
-                  "the checkpoint at once (shown, not counted: loading low on memory avoids it).[/]")
+    # the key to the cells; what each figure is made of: docs/machine.md
+    console.print(f"[dim]fits: yes, ckpt (only with gradient checkpointing) or no, within {1 - MARGIN:.0%} of each GPU "
+                  "(the trainer's margin), at micro-batch × accumulation steps as the trainer picks them; C compiled, L "
+                  "Liger's kernels, where the trainer turns them on by itself. per GPU: a step's peak, calibrated on "
+                  "measured runs (not states + activ.); w/ ckpt: the same with gradient checkpointing. host: what "
+                  "offloading holds in RAM all run (no RAM: more than this host has); host*: RAM only while every "
+                  "process loads the checkpoint, not counted. disk: a long run's peak (its checkpoints and the final "
+                  "model). How each is worked out: docs/machine.md.[/]")
 
 
 def _gib_cell(b: float) -> str:

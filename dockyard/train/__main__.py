@@ -320,6 +320,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     except DockyardError as e:
         raise blame_kept(e, run.kept_overrides) from None
     run.run_dir_ok = True
+    if last:
+        rescheduled(recipe, runfolder.saved_overrides(run_dir), training, checkpoint_step(last))
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
         manifest.check_same_recipe(run_dir, recipe.name)
@@ -335,13 +337,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
         complete = runfolder.complete_checkpoints(run_dir)
         checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
-    steps = training.get("max_steps")
-    if last and isinstance(steps, int) and 0 < steps <= checkpoint_step(last):
-        done = (f", and completed: its model is in {run_dir / runfolder.MODEL}" if manifest.completed(run_dir)
-                and (run_dir / runfolder.MODEL).is_dir() else "")
-        raise DockyardError(f"already at max_steps {steps} ({Path(last).name}){done}: raise it to train on (-- "
-                            f"--max_steps N, after the task's flags); the weights of that step are in {last} "
-                            "(from_pretrained reads them)")
+    if last:
+        runfolder.check_steps_left(run_dir, training.get("max_steps"), Path(last), manifest.completed(run_dir))
     if last and not any(Path(last).glob("rng_state*.pth")):  # what the Trainer leaves out with save_only_model
         weights = ("" if recipe.peft else f" (a full fine-tune from those weights: --model with the folder "
                    f"{run_dir.name}/checkpoints/{Path(last).name} of the runs folder)")
@@ -411,6 +408,21 @@ def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     check_profile(settings, training)
     guards.check_report_to(training.get("report_to"))
     return settings, training
+
+
+def rescheduled(recipe: Recipe, saved: dict[str, Any], training: dict[str, Any], step: int) -> None:
+    """Said on a resume given another max_steps than the run's: the Trainer works the learning-rate schedule out
+    again over the new total, so the rate changes at once where the run continues (a resume at step 215 of 3000 with
+    --max_steps 220 went from 9.9e-4 to 1.3e-5 in one step, unsaid)."""
+    try:
+        before = resolve_settings(recipe, saved)[1].get("max_steps")
+    except DockyardError:  # the run's own settings alone: checked merged with those given now, before this
+        return
+    now, schedule = training.get("max_steps"), training.get("lr_scheduler_type", "linear")
+    if before != now and str(schedule) not in ("constant", "constant_with_warmup"):
+        log.warning("--resume: max_steps %s, where the run was started with %s: its %s learning-rate schedule is worked "
+                    "out again over %s steps, so the rate changes at once at step %d (resume with max_steps %s to keep "
+                    "the schedule it had)", now, before, schedule, now, step, before)
 
 
 def checkpoint_step(checkpoint: str) -> int:

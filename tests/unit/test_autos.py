@@ -54,7 +54,7 @@ def test_on_cpu_every_auto_is_what_runs_did_before(name):
     for key in ("global_batch", *TRAINING_KEYS):
         assert set(r.record[key]) == {"value", "why"} and r.record[key]["why"]
     assert autos.resolve_padding_free("auto", "messages", "causal_lm", None, "sdpa", 8, 128) == \
-        (False, "CPU: padded batches as before")
+        (False, "CPU: padded batches")
 
 
 def test_a_micro_batch_given_keeps_the_old_meaning_and_a_global_batch_is_made_up_by_accumulation():
@@ -107,8 +107,8 @@ def test_each_reason_says_how_its_value_came_about(shape):
     cpu = resolve("ddp", {"global_batch": 12})
     assert values(cpu)["per_device_train_batch_size"] == 6
     assert cpu.record["per_device_train_batch_size"]["why"] == ("CPU: 6, the largest divisor of the 12 examples per "
-                                                                "process up to 8 (the micro-batch every run had before)")
-    assert resolve("ddp").record["per_device_train_batch_size"]["why"] == "CPU: 8 as before"
+                                                                "process up to 8, the default")
+    assert resolve("ddp").record["per_device_train_batch_size"]["why"] == "CPU: 8, the default"
     for device in (None, T4_GPU):
         r = resolve("lora", {"max_seq_length": 2048, "global_batch": 8, "gradient_accumulation_steps": 2}, device=device,
                     shape=shape)

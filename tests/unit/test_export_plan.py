@@ -62,6 +62,19 @@ def test_a_run_that_did_not_complete_is_refused_before_an_image_starts(settings,
     assert not (tmp_path / "runs" / "r1" / "export").exists()
 
 
+def test_merging_a_full_fine_tune_is_refused_before_an_image_starts(settings, tmp_path):
+    """`export --merge` of a ddp run said there were no adapters to merge, then wrote the model again to merged/
+    (16 GB more for an 8B model)."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    m, run = _run(tmp_path, model={"format": "full"})
+    with pytest.raises(DockyardError, match=r"run r1 trained the whole model: it has no adapters for --merge to "
+                                            r"merge; export it as it is: invoke export --run=r1"):
+        export.export(s, run="r1", merge=True, dry=True)
+    assert not (tmp_path / "runs" / "r1" / "merged").exists()
+    (run / "manifest.json").write_text(json.dumps({**m, "model": {"format": "adapter"}}))
+    assert export.export(s, run="r1", merge=True, dry=True) == tmp_path / "runs" / "r1" / "merged"
+
+
 def test_an_export_folder_holding_a_colon_is_refused_before_docker(settings, tmp_path):
     m, run = _run(tmp_path)
     with pytest.raises(DockyardError, match=r"export folder \(--out\) '.*/a:b': a path with ':'"):

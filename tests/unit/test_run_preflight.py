@@ -689,3 +689,19 @@ def test_packing_instruction_data_and_a_bad_checkpointing_mapping_are_refused_be
             "gradient_checkpointing_kwargs (or activation_checkpointing_kwargs) ['use_reentrant']: takes a mapping")
     refused(dry(env, "--", "--activation_checkpointing_kwargs", "{reentrant: false}"),
             "unknown key(s) reentrant; torch.utils.checkpoint takes debug, determinism_check")
+
+
+@pytest.mark.parametrize("native", [[], ["--native"]])
+def test_resuming_a_run_at_its_max_steps_is_refused_before_the_image_starts(env, tmp_path, native):
+    """A finished run resumed as it was: the image started (12 s), then the trainer, torchrun and the host each
+    said an error line. The host knows the last complete checkpoint and the run's max_steps."""
+    folder = _finished_run(tmp_path / "runs", "n1", "ddp")
+    done = folder / "checkpoints" / "checkpoint-50"
+    done.mkdir()
+    (done / "complete.json").write_text("{}")
+    (folder / "model").mkdir()
+    r = dry(env, *native, "--resume", "--run-id=n1")
+    refused(r, f"already at max_steps 50 (checkpoint-50), and completed: its model is in {folder / 'model'}: raise it "
+               "to train on (-- --max_steps N")
+    assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1
+    assert dry(env, *native, "--resume", "--run-id=n1", "--", "--max_steps", "60").returncode == 0

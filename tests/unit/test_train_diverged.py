@@ -76,8 +76,11 @@ def test_a_run_that_diverged_before_its_first_logged_loss_still_shows_its_figure
     the steps, the throughput and the memory (it printed nothing of them)."""
     (tmp_path / "metrics.jsonl").write_text('{"step": 5, "loss": null}\n{"step": 10, "loss": null}\n')
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None,
-                                            {"steps": 10, "tokens_per_second": 22014.0, "peak_memory_bytes": 2**30},
-                                            {}))
+                                            {"steps": 10, "tokens_per_second": 22014.0, "peak_memory_bytes": 2**30,
+                                             "peak_memory_kind": "rss"}, {}))
     launch_run.summarise(tmp_path)
     out = capsys.readouterr().out
-    assert "steps 10 · loss not finite → not finite · 22014 tokens/s (steady state)" in out and "1024 MiB" in out
+    assert "steps 10 · loss not finite → not finite · 22014 tokens/s (steady state)" in out
+    # what the figure is (it read "peak memory 1024 MiB" on CPU too), and what a finished run is for next
+    assert "peak RSS 1024 MiB (the largest process)" in out
+    assert f"next: invoke export --run={tmp_path.name} writes its model as a plain Hugging Face folder" in out
