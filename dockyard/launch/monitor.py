@@ -168,7 +168,8 @@ def verdict(samples: list[dict], kind: str) -> dict:
     unbalanced = len(devices) > 1 and len(active) >= MIN_ACTIVE and lopsided >= MOSTLY * len(active) and bool(idle)
     all_idle = kind == "gpu" and len(samples) >= LIVE_WINDOW and not active and not unknown
     seconds = samples[-1]["t"] - samples[0]["t"] if samples else 0.0
-    means = ", ".join(f"{_label(kind, d)} " + (f"{mean_util[d]:.0f}%" if d not in unknown else "unknown")
+    of = "" if kind == "gpu" else " of a core"  # a process's CPU time: 100 % is one core busy
+    means = ", ".join(f"{_label(kind, d)} " + (f"{mean_util[d]:.0f}%{of}" if d not in unknown else "unknown")
                       for d in devices)
     if unbalanced:
         busy = [d for d in devices if d not in idle]

@@ -86,8 +86,10 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running
     # out of memory with free memory left. Read when the allocator starts, so before any CUDA tensor.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    if not os.environ.get("DS_ACCELERATOR") and not torch.cuda.is_available():
-        os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
+    if not torch.cuda.is_available():
+        environment.quiet_toolkit_without_gpu()
+        if not os.environ.get("DS_ACCELERATOR"):
+            os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's own detection would look for a GPU
     checkpoints.weights_only()  # every torch.load of this run, DeepSpeed's included: weights, never code
     # DeepSpeed's ZeRO gathers with the collective torch >= 2.13 calls deprecated: every rank warned of it at its first
     # step and at every save, about a call the user cannot change

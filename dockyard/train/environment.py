@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import logging
 import os
 import signal
 import stat
@@ -42,6 +43,12 @@ def seconds_since_start() -> float:
         return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def quiet_toolkit_without_gpu() -> None:
+    """A CUDA image trained with --cpu holds a CUDA toolkit and no GPU: torch warned of it ("No CUDA runtime is found,
+    using CUDA_HOME=...") on every rank as DeepSpeed loaded, which is what --cpu asks for, not a fault."""
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
 def device_from_torch() -> Device | None:

@@ -42,7 +42,7 @@ class LayerCache:
         self.dir = folder / f"{method}-{level}"
         self.max_bytes = max_bytes
         self.hits = self.misses = 0
-        self.bytes_copied = 0
+        self.bytes_copied = self.bytes_kept = 0
 
     def _paths(self, digest: str) -> tuple[Path, Path]:
         hexid = digest.split(":", 1)[1]
@@ -76,6 +76,7 @@ class LayerCache:
 
     def keep(self, partial: Path, digest: str, sha: str, size: int) -> None:
         frame, total = self._paths(digest)
+        self.bytes_kept += partial.stat().st_size
         os.replace(partial, frame)
         tmp = total.with_name(total.name + f".{os.getpid()}.partial")
         tmp.write_text(f"{sha} {size}\n")

@@ -81,6 +81,9 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if cache is not None and cache.hits:
         print(f"layer cache: {cache.hits} of {cache.hits + cache.misses} large layers copied from earlier saves "
               f"({human(cache.bytes_copied)}, {cache.dir})")
+    if cache is not None and cache.bytes_kept:  # disk taken that the user did not name: said, with its setting
+        print(f"layer cache: kept {human(cache.bytes_kept)} of compressed layers in {cache.dir} for the next save "
+              "(up to the layer_cache_gb setting, 0 keeps none)")
     print(f"wrote {paths.archive}: {human(got.out_bytes)} from {human(manifest['tar_bytes'])} of tar in "
           f"{got.seconds:.1f} s (the tar read at {human(got.pump.bytes_read / max(got.seconds, 1e-9))}/s)")
     if thin is not None:

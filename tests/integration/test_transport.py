@@ -168,6 +168,7 @@ def test_the_next_version_copies_the_compressed_layers_of_the_last_save(node, im
     r = invoke("save", f"--image={images['v2']}", f"--out={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert "layer cache: 2 of 2 large layers copied" in r.stdout
+    assert "layer cache: kept" not in r.stdout, "no new large layer: nothing more kept"
     path = tmp_path / f"{IMAGE}_v2.tar.zst"
     node.wipe()
     node.ssh(f"zstd -dc {path} | docker load")

@@ -38,6 +38,8 @@ def test_verdict_balanced_run():
     v = monitor.verdict(_samples("balanced.json"), "gpu")
     assert not v["unbalanced"] and not v["idle_whole_run"]
     assert v["message"].startswith("balanced") and v["idle_devices"] == []
+    cpu = [{**s, "devices": [{**d, "util": 55.0} for d in s["devices"]]} for s in _samples("balanced.json")]
+    assert monitor.verdict(cpu, "cpu")["message"].startswith("balanced: rank 0 55% of a core, rank 1 55% of a core")
     assert float(v["mean_util"]["0"]) > 70 and float(v["mean_util"]["1"]) > 70
 
 

@@ -43,6 +43,8 @@ def test_frames_decompress_to_the_tar_and_the_second_save_copies_the_layer(tmp_p
     pump.check([image])
     assert unpack(first, method) == raw
     assert (cache.hits, cache.misses) == (0, 1)
+    # what `invoke save` says it kept on disk (it grew ~/.cache/dockyard/layers unsaid): the frame's own size
+    assert cache.bytes_kept == sum(f.stat().st_size for f in cache.dir.glob("*.frame")) > 0
 
     again = frames.LayerCache(tmp_path, method, check_method(method, 0), 1 << 30)
     second, pump = framed(raw, again, method)
