@@ -473,6 +473,17 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [p for p in checkpoints_started(run_dir) if (p / COMPLETE).is_file()]
 
 
+def latest_runs(runs: Path, count: int = 3) -> list[str]:
+    """The ids of the runs folder's newest runs (those holding a manifest), newest first: what an error missing one
+    offers."""
+    try:
+        found = [(p.stat().st_mtime, p.name) for p in runs.iterdir()
+                 if p.is_dir() and not p.is_symlink() and (p / MANIFEST).is_file()]
+    except OSError:
+        return []
+    return [name for _, name in sorted(found, reverse=True)[:count]]
+
+
 def check_steps_left(run_dir: Path, max_steps: Any, last: Path | None, completed: bool) -> None:
     """A resume whose last checkpoint is at `max_steps` already (the trainer's, and the host's before an image
     starts): nothing to train. `completed`: the run's manifest says so."""

@@ -44,7 +44,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     run_dir = runs / run
     m = runfolder.read_manifest(run_dir) if run_dir.is_dir() or run_dir.is_symlink() else None
     if m is None:
-        raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run")
+        latest = runfolder.latest_runs(runs)
+        raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run"
+                            + (f" (the newest: {', '.join(latest)})" if latest else ""))
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
     if m.status != "completed":  # said here, before an image starts to say it (the trainer's export checks it too)
         raise DockyardError(f"run {run} did not complete (status {m.status}): it saved no model to export; "

@@ -72,8 +72,10 @@ T = TypeVar("T")
 def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
     """`--resume` names the run folder it continues."""
     if resume and not run_id:
-        raise DockyardError("--resume needs --run-id: the run folder to continue (`ls "
-                            f"{settings.path(settings.runs_dir)}`)")
+        runs = settings.path(settings.runs_dir)
+        latest = runfolder.latest_runs(runs)
+        offer = f"the newest in {runs}: {', '.join(latest)}" if latest else f"`ls {runs}`"
+        raise DockyardError(f"--resume needs --run-id: the run folder to continue ({offer})")
 
 
 def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -> dict[str, str]:

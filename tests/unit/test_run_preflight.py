@@ -11,6 +11,7 @@ import re
 import shlex
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -155,6 +156,12 @@ def test_a_hub_id_in_the_cache_is_taken_as_a_flag_and_as_the_setting(env, tmp_pa
 
 def test_resume_needs_the_run_id(env):
     refused(dry(env, "--resume"), "--resume needs --run-id")
+    runs = Path(env["INVOKE_DOCKYARD_RUNS_DIR"])
+    for i, name in enumerate(("old", "newer", "newest")):  # and offers the runs there are, newest first
+        _finished_run(runs, name, "ddp")
+        os.utime(runs / name, (1e9 + i, 1e9 + i))
+    refused(dry(env, "--resume"), f"--resume needs --run-id: the run folder to continue (the newest in {runs}: "
+                                  "newest, newer, old)")
 
 
 def _finished_run(runs, run_id, recipe):
