@@ -289,8 +289,8 @@ def print_plan(result: dict) -> None:
     console = Console()
     console.print(f"model: {format_count(m['params'])} parameters, largest layer {format_count(m['largest_layer'])} "
                   f"({escape(str(m['source']))})")
-    table = Table(title=f"{result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
-                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']}; sizes in GiB")
+    table = Table(title=f"sizes in GiB · {result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
+                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']}")
     # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
     # recipe name, header and cell whole (a long name of one's own recipe wraps)
     for col in ("recipe", "states", "activ.", "per\nGPU", "w/\nckpt", "host", "fits", "disk"):

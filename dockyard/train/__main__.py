@@ -34,7 +34,7 @@ import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, envvars, memory, runfolder
-from dockyard.common.errors import DockyardError, Stopped, first_line
+from dockyard.common.errors import DockyardError, Stopped, first_line, loads
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
@@ -322,8 +322,6 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     except DockyardError as e:
         raise blame_kept(e, run.kept_overrides) from None
     run.run_dir_ok = True
-    if last:
-        rescheduled(recipe, runfolder.saved_overrides(run_dir), training, checkpoint_step(last))
     run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
     if run.opts.resume:
         manifest.check_same_recipe(run_dir, recipe.name)
@@ -341,6 +339,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
     if last:
         runfolder.check_steps_left(run_dir, training.get("max_steps"), Path(last), manifest.completed(run_dir))
+        rescheduled(Path(last), training)
     if last and not any(Path(last).glob("rng_state*.pth")):  # what the Trainer leaves out with save_only_model
         weights = ("" if recipe.peft else f" (a full fine-tune from those weights: --model with the folder "
                    f"{run_dir.name}/checkpoints/{Path(last).name} of the runs folder)")
@@ -412,19 +411,23 @@ def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     return settings, training
 
 
-def rescheduled(recipe: Recipe, saved: dict[str, Any], training: dict[str, Any], step: int) -> None:
-    """Said on a resume given another max_steps than the run's: the Trainer works the learning-rate schedule out
-    again over the new total, so the rate changes at once where the run continues (a resume at step 215 of 3000 with
-    --max_steps 220 went from 9.9e-4 to 1.3e-5 in one step, unsaid)."""
+# the schedules whose rate does not follow the run's total steps
+SCHEDULES_OF_NO_TOTAL = ("constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau")
+
+
+def rescheduled(last: Path, training: dict[str, Any]) -> None:
+    """Said on a resume given another max_steps than the checkpoint's (its trainer_state.json): the Trainer works
+    the learning-rate schedule out again over the new total, so the rate changes at once where the run continues (a
+    resume at step 215 of 3000 with --max_steps 220 went from 9.9e-4 to 1.3e-5 in one step, unsaid)."""
     try:
-        before = resolve_settings(recipe, saved)[1].get("max_steps")
-    except DockyardError:  # the run's own settings alone: checked merged with those given now, before this
+        before = loads(runfolder.read_text(last, "trainer_state.json", runfolder.MANIFEST_LIMIT) or "{}").get("max_steps")
+    except (OSError, ValueError, AttributeError, DockyardError):  # checkpoints.check has said what is wrong with it
         return
-    now, schedule = training.get("max_steps"), training.get("lr_scheduler_type", "linear")
-    if before != now and str(schedule) not in ("constant", "constant_with_warmup"):
+    now, schedule = training.get("max_steps"), str(training.get("lr_scheduler_type", "linear"))
+    if isinstance(before, int) and before > 0 and before != now and schedule not in SCHEDULES_OF_NO_TOTAL:
         log.warning("--resume: max_steps %s, where the run was started with %s: its %s learning-rate schedule is worked "
                     "out again over %s steps, so the rate changes at once at step %d (resume with max_steps %s to keep "
-                    "the schedule it had)", now, before, schedule, now, step, before)
+                    "the schedule it had)", now, before, schedule, now, checkpoint_step(str(last)), before)
 
 
 def checkpoint_step(checkpoint: str) -> int:

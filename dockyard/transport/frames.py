@@ -42,7 +42,8 @@ class LayerCache:
         self.dir = folder / f"{method}-{level}"
         self.max_bytes = max_bytes
         self.hits = self.misses = 0
-        self.bytes_copied = self.bytes_kept = 0
+        self.bytes_copied = 0
+        self.kept: list[Path] = []  # the frames this save added
 
     def _paths(self, digest: str) -> tuple[Path, Path]:
         hexid = digest.split(":", 1)[1]
@@ -76,8 +77,8 @@ class LayerCache:
 
     def keep(self, partial: Path, digest: str, sha: str, size: int) -> None:
         frame, total = self._paths(digest)
-        self.bytes_kept += partial.stat().st_size
         os.replace(partial, frame)
+        self.kept.append(frame)
         tmp = total.with_name(total.name + f".{os.getpid()}.partial")
         tmp.write_text(f"{sha} {size}\n")
         os.replace(tmp, total)
@@ -101,6 +102,11 @@ class LayerCache:
         tmp = self.dir / f".{NAMES}.{os.getpid()}.partial"
         tmp.write_text(json.dumps(merged, indent=0, sort_keys=True))
         os.replace(tmp, self.dir / NAMES)
+
+    @property
+    def bytes_kept(self) -> int:
+        """What this save's frames take in the cache now (prune may have removed some, past max_bytes)."""
+        return sum(f.stat().st_size for f in self.kept if f.is_file())
 
     def prune(self) -> None:
         frames = sorted(self.dir.glob("*.frame"), key=lambda p: p.stat().st_mtime, reverse=True)

@@ -45,6 +45,10 @@ def test_frames_decompress_to_the_tar_and_the_second_save_copies_the_layer(tmp_p
     assert (cache.hits, cache.misses) == (0, 1)
     # what `invoke save` says it kept on disk (it grew ~/.cache/dockyard/layers unsaid): the frame's own size
     assert cache.bytes_kept == sum(f.stat().st_size for f in cache.dir.glob("*.frame")) > 0
+    small = frames.LayerCache(tmp_path / "small", method, check_method(method, 0), 1)  # a cache of 1 byte
+    framed(raw, small, method)
+    small.prune()
+    assert small.bytes_kept == 0, "what the cache's limit removed is not said to be kept"
 
     again = frames.LayerCache(tmp_path, method, check_method(method, 0), 1 << 30)
     second, pump = framed(raw, again, method)
