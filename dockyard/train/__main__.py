@@ -424,10 +424,13 @@ def rescheduled(last: Path, training: dict[str, Any]) -> None:
     except (OSError, ValueError, AttributeError, DockyardError):  # checkpoints.check has said what is wrong with it
         return
     now, schedule = training.get("max_steps"), str(training.get("lr_scheduler_type", "linear"))
+    step = checkpoint_step(str(last))
     if isinstance(before, int) and before > 0 and before != now and schedule not in SCHEDULES_OF_NO_TOTAL:
+        keep = (f"resume with max_steps {before} to keep the schedule it had" if step < before else
+                f"its schedule ended at step {before}: training on takes the new one from step {step}")
         log.warning("--resume: max_steps %s, where the run was started with %s: its %s learning-rate schedule is worked "
-                    "out again over %s steps, so the rate changes at once at step %d (resume with max_steps %s to keep "
-                    "the schedule it had)", now, before, schedule, now, checkpoint_step(str(last)), before)
+                    "out again over %s steps, so the rate changes at once at step %d (%s)", now, before, schedule, now,
+                    step, keep)
 
 
 def checkpoint_step(checkpoint: str) -> int:

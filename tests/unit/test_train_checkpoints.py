@@ -339,6 +339,12 @@ def test_a_resume_given_another_max_steps_says_the_schedule_is_worked_out_again(
             "worked out again over 220 steps, so the rate changes at once at step 215 (resume with max_steps 3000 to "
             "keep the schedule it had)") in caplog.text
     caplog.clear()
+    ended = tmp_path / "checkpoint-3000"  # a finished run trained on: its schedule had ended, nothing to keep
+    ended.mkdir()
+    (ended / "trainer_state.json").write_text(json.dumps({"global_step": 3000, "max_steps": 3000}))
+    rescheduled(ended, resolve_settings(recipe, {"max_steps": 5000})[1])
+    assert "at step 3000 (its schedule ended at step 3000: training on takes the new one from step 3000)" in caplog.text
+    caplog.clear()
     rescheduled(last, resolve_settings(recipe, {"max_steps": 3000})[1])  # the same total
     for schedule in ("constant", "inverse_sqrt"):  # a rate that does not follow the total
         rescheduled(last, resolve_settings(recipe, {"max_steps": 220, "lr_scheduler_type": schedule})[1])
