@@ -484,10 +484,15 @@ def latest_runs(runs: Path, count: int = 3) -> list[str]:
     return [name for _, name in sorted(found, reverse=True)[:count]]
 
 
+def checkpoint_step(checkpoint: Path | str) -> int:
+    """The step a checkpoint folder's name says (checkpoint-<step>)."""
+    return int(Path(checkpoint).name.rsplit("-", 1)[1])
+
+
 def check_steps_left(run_dir: Path, max_steps: Any, last: Path | None, completed: bool) -> None:
     """A resume whose last checkpoint is at `max_steps` already (the trainer's, and the host's before an image
     starts): nothing to train. `completed`: the run's manifest says so."""
-    if last is None or not isinstance(max_steps, int) or not 0 < max_steps <= int(last.name.rsplit("-", 1)[1]):
+    if last is None or not isinstance(max_steps, int) or not 0 < max_steps <= checkpoint_step(last):
         return
     done = (f", and completed: its model is in {run_dir / MODEL}" if completed and (run_dir / MODEL).is_dir()
             else "")

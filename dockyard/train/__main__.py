@@ -34,7 +34,7 @@ import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, envvars, memory, runfolder
-from dockyard.common.errors import DockyardError, Stopped, first_line, loads
+from dockyard.common.errors import DockyardError, Stopped, first_line
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     CHECKPOINTING_NAMES,
@@ -332,14 +332,16 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
     if last:
         checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
+    state = None
     if last and nodes.first_of_node():
         # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
         # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
         complete = runfolder.complete_checkpoints(run_dir)
-        checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
+        state = checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
     if last:
         runfolder.check_steps_left(run_dir, training.get("max_steps"), Path(last), manifest.completed(run_dir))
-        rescheduled(Path(last), training)
+    if state is not None:  # said once per node, by the process that read the checkpoint
+        rescheduled(state.get("max_steps"), training, runfolder.checkpoint_step(last))
     if last and not any(Path(last).glob("rng_state*.pth")):  # what the Trainer leaves out with save_only_model
         weights = ("" if recipe.peft else f" (a full fine-tune from those weights: --model with the folder "
                    f"{run_dir.name}/checkpoints/{Path(last).name} of the runs folder)")
@@ -380,13 +382,13 @@ def began(run: Run, p: Prepared) -> None:
     run.training = True
     if run.is_main:  # the lines of steps that run again go: all of them from the start (a run killed before its
         # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
-        manifest.trim_metrics(run.opts.run_dir, checkpoint_step(p.resume_from) if p.resume_from else 0)
+        manifest.trim_metrics(run.opts.run_dir, runfolder.checkpoint_step(p.resume_from) if p.resume_from else 0)
         runfolder.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
     if run.manifest_found and nodes.first_of_node():
         # the folder's manifest is the attempt's before ("completed", say, beside its model/): from here it would say
         # so of a run this attempt changes, were this process killed (out of memory, SIGKILL) before it records how it
         # ended; finish() replaces it
-        step = checkpoint_step(p.resume_from) if p.resume_from else 0
+        step = runfolder.checkpoint_step(p.resume_from) if p.resume_from else 0
         said = (f"resumed from step {step}, then stopped without a record of how (killed: out of memory, or SIGKILL?); "
                 "--resume continues it from its last complete checkpoint")
         record = manifest.build(run.opts.run_dir, run.recipe, "failed", run.world_size, None, {},
@@ -415,26 +417,18 @@ def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
 SCHEDULES_OF_NO_TOTAL = ("constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau")
 
 
-def rescheduled(last: Path, training: dict[str, Any]) -> None:
-    """Said on a resume given another max_steps than the checkpoint's (its trainer_state.json): the Trainer works
-    the learning-rate schedule out again over the new total, so the rate changes at once where the run continues (a
-    resume at step 215 of 3000 with --max_steps 220 went from 9.9e-4 to 1.3e-5 in one step, unsaid)."""
-    try:
-        before = loads(runfolder.read_text(last, "trainer_state.json", runfolder.MANIFEST_LIMIT) or "{}").get("max_steps")
-    except (OSError, ValueError, AttributeError, DockyardError):  # checkpoints.check has said what is wrong with it
-        return
+def rescheduled(before: Any, training: dict[str, Any], step: int) -> None:
+    """Said on a resume at `step` given another max_steps than the run's (`before`: its checkpoint's
+    trainer_state.json): the Trainer works the learning-rate schedule out again over the new total, so the rate changes
+    at once where the run continues (a resume at step 215 of 3000 with --max_steps 220 went from 9.9e-4 to 1.3e-5 in
+    one step, unsaid)."""
     now, schedule = training.get("max_steps"), str(training.get("lr_scheduler_type", "linear"))
-    step = checkpoint_step(str(last))
     if isinstance(before, int) and before > 0 and before != now and schedule not in SCHEDULES_OF_NO_TOTAL:
         keep = (f"resume with max_steps {before} to keep the schedule it had" if step < before else
                 f"its schedule ended at step {before}: training on takes the new one from step {step}")
         log.warning("--resume: max_steps %s, where the run was started with %s: its %s learning-rate schedule is worked "
                     "out again over %s steps, so the rate changes at once at step %d (%s)", now, before, schedule, now,
                     step, keep)
-
-
-def checkpoint_step(checkpoint: str) -> int:
-    return int(Path(checkpoint).name.rsplit("-", 1)[1])
 
 
 def model_source(settings: RunSettings, recipe: Recipe, run: Run) -> tuple[str, Any]:

@@ -21,6 +21,7 @@ import os
 import pickle
 import struct
 from pathlib import Path
+from typing import Any
 
 from dockyard.common import tree
 from dockyard.common.errors import DockyardError, loads, read_bounded
@@ -73,14 +74,16 @@ def allow() -> list[str]:
     return names
 
 
-def check(checkpoint: Path, earlier: Path | None = None) -> None:
+def check(checkpoint: Path, earlier: Path | None = None) -> dict[str, Any]:
     """Refuse a checkpoint that holds a file torch would unpickle with anything but weights and allowed classes
-    (call allow() first), or that is damaged (`earlier`: the complete checkpoint a user may resume from instead)."""
+    (call allow() first), or that is damaged (`earlier`: the complete checkpoint a user may resume from instead);
+    its trainer_state.json, read."""
     import torch
 
     state = checkpoint / STATE
     try:
-        step = loads(read_bounded(state, STATE_LIMIT, "trainer_state.json")).get("global_step")
+        recorded = loads(read_bounded(state, STATE_LIMIT, "trainer_state.json"))
+        step = recorded.get("global_step")
     except FileNotFoundError:
         raise damaged(checkpoint, earlier, state, "missing") from None
     except OSError as e:
@@ -124,6 +127,7 @@ def check(checkpoint: Path, earlier: Path | None = None) -> None:
             raise damaged(checkpoint, earlier, path, f"cut short: {path.stat().st_size} bytes, not a torch.save file")
         elif path.name == "latest" and not path.read_text(errors="replace").strip():
             raise damaged(checkpoint, earlier, path, "empty: DeepSpeed reads the name of its step folder there")
+    return recorded
 
 
 STATE_LIMIT = 256 << 20  # trainer_state.json: its log_history grows by a line a logged step (MBs for long runs)

@@ -324,30 +324,28 @@ def test_a_resumed_run_that_trains_no_longer_says_it_completed_until_it_records_
 def test_a_resume_given_another_max_steps_says_the_schedule_is_worked_out_again(tmp_path, caplog):
     """A run of 3000 steps stopped at 215 and resumed with --max_steps 220: its cosine rate went from 9.9e-4 to
     1.3e-5 in one step, and the resume said nothing of it. The run's total is its checkpoint's own (defaults.yaml
-    may have changed since)."""
+    may have changed since): what checkpoints.check read of its trainer_state.json."""
     from dockyard.common.recipes import load_recipe
     from dockyard.common.run_settings import resolve_settings
     from dockyard.train.__main__ import rescheduled
 
-    last = tmp_path / "checkpoint-215"
-    last.mkdir()
-    (last / "trainer_state.json").write_text(json.dumps({"global_step": 215, "max_steps": 3000}))
+    _genuine(tmp_path / "checkpoint-215")
+    (tmp_path / "checkpoint-215" / "trainer_state.json").write_text(json.dumps({"global_step": 215, "max_steps": 3000}))
+    checkpoints.allow()
+    before = checkpoints.check(tmp_path / "checkpoint-215")["max_steps"]
     recipe = load_recipe("ddp")
     caplog.set_level("WARNING", logger="dockyard.train")
-    rescheduled(last, resolve_settings(recipe, {"max_steps": 220})[1])
+    rescheduled(before, resolve_settings(recipe, {"max_steps": 220})[1], 215)
     assert ("--resume: max_steps 220, where the run was started with 3000: its cosine learning-rate schedule is "
             "worked out again over 220 steps, so the rate changes at once at step 215 (resume with max_steps 3000 to "
             "keep the schedule it had)") in caplog.text
     caplog.clear()
-    ended = tmp_path / "checkpoint-3000"  # a finished run trained on: its schedule had ended, nothing to keep
-    ended.mkdir()
-    (ended / "trainer_state.json").write_text(json.dumps({"global_step": 3000, "max_steps": 3000}))
-    rescheduled(ended, resolve_settings(recipe, {"max_steps": 5000})[1])
+    # a finished run trained on: its schedule had ended, nothing to keep
+    rescheduled(3000, resolve_settings(recipe, {"max_steps": 5000})[1], 3000)
     assert "at step 3000 (its schedule ended at step 3000: training on takes the new one from step 3000)" in caplog.text
     caplog.clear()
-    rescheduled(last, resolve_settings(recipe, {"max_steps": 3000})[1])  # the same total
+    rescheduled(before, resolve_settings(recipe, {"max_steps": 3000})[1], 215)  # the same total
     for schedule in ("constant", "inverse_sqrt"):  # a rate that does not follow the total
-        rescheduled(last, resolve_settings(recipe, {"max_steps": 220, "lr_scheduler_type": schedule})[1])
-    (last / "trainer_state.json").write_text("{not json")  # checkpoints.check says what is wrong with it
-    rescheduled(last, resolve_settings(recipe, {"max_steps": 220})[1])
+        rescheduled(before, resolve_settings(recipe, {"max_steps": 220, "lr_scheduler_type": schedule})[1], 215)
+    rescheduled(None, resolve_settings(recipe, {"max_steps": 220})[1], 215)  # a state of no max_steps
     assert caplog.text == ""
