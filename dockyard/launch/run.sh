@@ -26,12 +26,12 @@ json() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
 # HERE=the path, a relative one as ./PATH: a file named -v is then a file for cd, mkdir, dirname and basename,
 # never an option (a variable, not $(...), which would strip trailing newlines).
 # A leading ~ is the home folder, as invoke run reads it (the shell leaves --runs=~/x as typed).
-here() {
-	case $1 in
-	'~' | '~/'*) [ -n "${HOME:-}" ] || die "$1: HOME is not set: give the full path"; HERE=$HOME${1#'~'} ;;
-	'~'*) die "$1: run.sh reads ~ as your home folder only: give the full path" ;;
-	/*) HERE=$1 ;;
-	*) HERE=./$1 ;;
+here() {  # what path
+	case $2 in
+	'~' | '~/'*) [ -n "${HOME:-}" ] || die "$1=$2: HOME is not set: give the full path"; HERE=$HOME${2#'~'} ;;
+	'~'*) die "$1=$2: run.sh reads ~ as your home folder only: give the full path" ;;
+	/*) HERE=$2 ;;
+	*) HERE=./$2 ;;
 	esac
 }
 # A host path for docker's -v and the run's JSON record: a control character (a newline) would end the record,
@@ -111,7 +111,7 @@ visible() {
 # image the script was written for; that image where no dockyard set is beside it.
 DEFAULT=@IMAGE_DEFAULT_Q@
 image_of_the_set() {
-	case $0 in */*) here "${0%/*}/" ;; *) HERE=./ ;; esac
+	case $0 in */*) here run.sh "${0%/*}/" ;; *) HERE=./ ;; esac
 	found= archives= other=
 	for m in "$HERE"*.manifest.json; do
 		grep -q '"dockyard.variant"' "$m" 2>/dev/null || continue  # a set of other images (invoke save takes any)
@@ -234,7 +234,7 @@ case "$NPROC" in '' | *[!0-9]* | 0*) die "--nproc=$NPROC: give a whole number of
 MOUNTS= EXTRA= HOST_PATHS=
 input() {  # key host-path
 	mountable "--$1" "$2"
-	here "$2"; path=$HERE
+	here "--$1" "$2"; path=$HERE
 	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node"
 	# what the trainer would refuse once the run folder is made (as invoke run checks it on its host)
 	if [ "$1" = model ]; then
@@ -260,7 +260,7 @@ input() {  # key host-path
 [ -z "$MODEL" ] || input model "$MODEL"
 [ -z "$DATA" ] || input data "$DATA"
 RECIPE_IN=$RECIPE
-here "$RECIPE"
+here --recipe "$RECIPE"
 if [ -f "$HERE/recipe.yaml" ]; then
 	mountable --recipe "$RECIPE"
 	folder=$(cd "$HERE" && pwd)
@@ -277,7 +277,7 @@ fi
 case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
 case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
 mountable --runs "$RUNS"
-here "$RUNS"
+here --runs "$RUNS"
 mkdir -p "$HERE" || die "cannot make the runs folder $RUNS"
 RUNS=$(cd "$HERE" && pwd)
 mountable --runs "$RUNS"
@@ -291,7 +291,7 @@ RUN_DIR=$RUNS/$RUN_ID
 [ -n "${DOCKYARD_COMPILE_CACHE:-}${HOME:-}" ] || die "neither DOCKYARD_COMPILE_CACHE nor HOME is set: set DOCKYARD_COMPILE_CACHE to a folder of yours for the compile cache"
 COMPILE=${DOCKYARD_COMPILE_CACHE:-$HOME/.cache/dockyard/compile}
 mountable DOCKYARD_COMPILE_CACHE "$COMPILE"
-here "$COMPILE"
+here DOCKYARD_COMPILE_CACHE "$COMPILE"
 [ -e "$HERE" ] || (umask 077 && mkdir -p "$HERE") || die "cannot make the compile cache $COMPILE: set DOCKYARD_COMPILE_CACHE to a folder you can write"
 [ -d "$HERE" ] || die "the compile cache $COMPILE is not a folder: set DOCKYARD_COMPILE_CACHE to a folder of yours"
 COMPILE=$(cd "$HERE" && pwd -P)
@@ -304,7 +304,7 @@ case $(ls -ld "$COMPILE") in ?????w???[tT]* | ????????w[tT]*)
 esac
 HF=${HF_HOME:-$HOME/.cache/huggingface}
 mountable HF_HOME "$HF"
-here "$HF"
+here HF_HOME "$HF"
 mkdir -p "$HERE" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
 HF=$(cd "$HERE" && pwd)  # docker -v takes a relative path for a volume's name
 mountable HF_HOME "$HF"

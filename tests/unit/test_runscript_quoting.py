@@ -82,6 +82,7 @@ def _refused_by_sh(path: str) -> bool:
 @example(data="d", recipe="r\n", runs="u", hf="h", override="ends in newlines\n\n")  # what $(...) strips
 @example(data="d", recipe="r", runs="u\n", hf="h", override="x")
 @example(data="d", recipe="r", runs="u", hf="h\n", override="x")
+@example(data="~", recipe="r", runs="u", hf="h", override="x")  # ~.jsonl: refused without naming --data (found once)
 @given(data=path_name, recipe=path_name, runs=path_name, hf=path_name, override=hostile_value.filter(lambda s: "\0" not in s))
 def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_factory, data, recipe, runs, hf, override):
     base = tmp_path_factory.mktemp("node")
@@ -130,7 +131,8 @@ def test_a_leading_tilde_is_the_home_folder_as_invoke_run_reads_it(settings, tmp
     assert re.search(r"--run-dir /workspace/runs/my-recipe-\d{8}-\d{6}\b", " ".join(argv)), argv
     p = subprocess.run(["sh", "run.sh", "--data=~nobody-here/d.jsonl"], cwd=base, env=env, capture_output=True,
                        text=True, timeout=60)
-    assert p.returncode == 1 and "run.sh reads ~ as your home folder only: give the full path" in p.stderr
+    assert p.returncode == 1 and ("--data=~nobody-here/d.jsonl: run.sh reads ~ as your home folder only: give the "
+                                  "full path") in p.stderr
 
 
 def test_a_file_named_like_an_option_is_mounted_not_the_folder_it_is_in(settings, tmp_path):
