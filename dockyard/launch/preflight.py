@@ -134,11 +134,10 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
         files = check_input(key, value, where, settings, liger)
-        if run_settings.task != "causal_lm":
-            continue
-        fmt = check_data_fields(files) if run_settings.data_format == "auto" else run_settings.data_format
-        if key == "data" and fmt:
-            check_packing_format(run_settings.packing, fmt)
+        if run_settings.task == "causal_lm" and run_settings.data_format == "auto":
+            fmt = check_data_fields(files)  # the format the data's fields name (a named one: check_overrides)
+            if key == "data" and fmt:
+                check_packing_format(run_settings.packing, fmt)
 
 
 def check_model_config(folder: Path, liger: bool) -> None:
@@ -266,6 +265,8 @@ def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[
         if liger_absent and auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True:
             raise DockyardError(f"use_liger_kernel true cannot run here: {liger_absent}; set it to auto or false")
         check_packing(run_settings.packing, run_settings.task, run_settings.padding_free)
+        if run_settings.task == "causal_lm" and run_settings.data_format != "auto":  # the format named, any data
+            check_packing_format(run_settings.packing, run_settings.data_format)
         if processes:
             batch_split(run_settings.global_batch, micro, accumulation, processes)
         check_evaluation(run_settings, training)

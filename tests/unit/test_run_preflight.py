@@ -689,6 +689,7 @@ def test_packing_instruction_data_and_a_bad_checkpointing_mapping_are_refused_be
             "packing joins text documents (the text format), and this data is prompt_completion")
     refused(dry(env, f"--data={data}", "--", "--packing", "true", "--data_format", "alpaca"),
             "this data is alpaca")
+    refused(dry(env, "--", "--packing", "true", "--data_format", "sharegpt"), "this data is sharegpt")  # no --data
     text = tmp_path / "docs.jsonl"
     text.write_text('{"text": "a document"}\n')
     assert dry(env, f"--data={text}", "--", "--packing", "true").returncode == 0  # text documents: what it joins
