@@ -397,6 +397,11 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                             "accumulating keeps the gradients allocated between micro-batches. One example per "
                             f"process without accumulation fits ({one['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
                             f"{world}{micro_too}, or run `invoke plan` for a recipe that fits")
+    states = one["gpu_model_states_bytes"] + one["gpu_overhead_bytes"]
+    if not memory.fits({"gpu_bytes": states}, device.memory_bytes):  # the model, before any example
+        raise DoesNotFit(f"{recipe.name}: the model alone does not fit: its weights, gradients and optimizer states "
+                         f"take {states / GIB:.1f} GiB per GPU of {budget} by the plan's estimate; run `invoke plan` "
+                         f"for a recipe that fits {world} GPU(s) (sharded, offloaded or adapters), or use more GPUs")
     raise DoesNotFit(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
                         "estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
 

@@ -11,7 +11,9 @@ minutes later, inside the container, refused now with the same reason and no eng
 - the inputs against what the trainer reads: a data file of a known type that is not empty (or a folder of them), a
   model folder with config.json, a hub id that is in the Hugging Face cache (runs are offline);
 - `--resume` names the run it continues (`--run-id`), and continues it with the recipe it was started with;
-- the runs folder's disk has room for the checkpoints and the model the run writes (check_runs_disk).
+- the runs folder's disk has room for the checkpoints and the model the run writes (check_runs_disk);
+- on GPUs, at least one example fits the smallest of them by the plan's estimate, as the trainer's autos size the
+  run (check_fits).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dockyard.common import disk, memory, model_config, runfolder
+from dockyard.common import autos, disk, memory, model_config, runfolder
 from dockyard.common.autos import (
     LIGER_TYPES,
+    Device,
     check_packing,
     check_packing_format,
     liger_uncovered,
@@ -221,23 +224,61 @@ def check_cuda_ops(recipe: Recipe, image: str, loadable: set[str] | None) -> Non
 def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path,
                     gpu: bool, resume: bool) -> dict[str, Any] | None:
     """`invoke run`: what the run will write (dockyard.common.disk), refused before anything starts when the runs
-    folder's disk lacks the room. Settings the trainer would refuse, or a model sized only inside the image (a hub
-    id), are left to the trainer: None, no check."""
+    folder's disk lacks the room. Settings the trainer would refuse, or a model that cannot be sized here (sized_run),
+    are left to the trainer: None, no check."""
+    sized = sized_run(settings, recipe, overrides, model=model, run_dir=run_dir, resume=resume)
+    if sized is None:
+        return None
+    shape, run_settings, training = sized
+    try:
+        need = disk.for_settings(shape, recipe, run_settings, training, half_on_gpu=gpu)
+    except DockyardError:
+        return None
+    disk.check_room(run_dir.parent, need, disk.folder_bytes(run_dir) if resume else 0)
+    return need
+
+
+def check_fits(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path, resume: bool,
+               device: Device | None, processes: int, per_node: int, liger: bool) -> None:
+    """`invoke run` on GPUs: a run of which not even one example fits the smallest GPU by the plan's estimate (or
+    none that accumulation divides), refused as the trainer's autos refuse it once the image has started
+    (autos.DoesNotFit), with the same reason. NVML's total is at least torch's, and Liger is taken as covering the
+    model where the run has it: what fits in the trainer fits here too. Settings the trainer would refuse otherwise
+    are left to it."""
+    sized = sized_run(settings, recipe, overrides, model=model, run_dir=run_dir, resume=resume) if device else None
+    if sized is None:
+        return
+    shape, run_settings, training = sized
+    try:
+        autos.resolve(recipe, run_settings, training, world_size=processes, gpus_per_node=per_node, device=device,
+                      shape=shape, kind=shape.model_type, liger=(shape.model_type,) if liger else ())
+    except autos.DoesNotFit:
+        raise
+    except DockyardError:
+        return
+
+
+def sized_run(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path,
+              resume: bool) -> tuple[memory.Shape, RunSettings, dict[str, Any]] | None:
+    """The model's shape (read from its config.json on the host) and the run's settings, a resume's own (its
+    overrides.json) with those given now on top; None where the model cannot be sized here (a hub id not in the
+    cache, which the trainer refuses) or the settings are refused (the checks before say so)."""
     try:
         seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False,  # the model's
                                        recipe_settings=recipe.settings)
         given = parse_overrides(seen.overrides)
         if resume:  # the run continues with its own settings (its overrides.json), those given now on top
             given, _, _ = resumed_with(recipe, resumed_settings(run_dir), given)
-        folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or ("" if given.get("model") else str(TINY_MODEL))
+        hub = given.get("model")  # a hub id, read in the image from the cache (runs are offline)
+        folder = (seen.host_paths.get(f"{inputs.INPUTS}/model")
+                  or (model_config.cached_snapshot(settings.path(settings.hf_cache), hub) if hub
+                      else TINY_MODEL))
         if not folder:
             return None
         run_settings, training = resolve_settings(recipe, given)
-        need = disk.for_settings(memory.shape_from_folder(Path(folder)), recipe, run_settings, training, half_on_gpu=gpu)
+        return memory.shape_from_folder(Path(folder)), run_settings, training
     except DockyardError:
         return None
-    disk.check_room(run_dir.parent, need, disk.folder_bytes(run_dir) if resume else 0)
-    return need
 
 
 def resumed_settings(run_dir: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.common import disk, envvars, runfolder
+from dockyard.common import autos, disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.gpus import Host, docker_gpus, read_host, select
@@ -88,9 +88,11 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                                 "a resume mounts what its command names: give "
                                 f"{'it' if len(again) == 1 else 'them'} again: {resume_command(fixed, r.run_id)}")
     recipe = load_recipe(recipe_arg)
+    on_gpus = chosen.is_cuda and not r.cpu
+    no_liger = preflight.liger_absent(on_gpus, chosen, r.native)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
-                        gpus_in_effect=chosen.is_cuda and not r.cpu, processes=topo.nproc * topo.nodes,
-                        resumed=resumed, liger_absent=preflight.liger_absent(chosen.is_cuda and not r.cpu, chosen, r.native))
+                        gpus_in_effect=on_gpus, processes=topo.nproc * topo.nodes, resumed=resumed,
+                        liger_absent=no_liger)
     if r.native:
         preflight.check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
@@ -98,8 +100,11 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     runfolder.check_makeable(settings.path(settings.hf_cache), caches.HF_FIX)  # what caches.prepare would find
     if not r.native:
         caches.check_compile_cache(settings)  # what caches.prepare would refuse, --dry too
-    need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir,
-                                     gpu=chosen.is_cuda and not r.cpu, resume=r.resume)
+    preflight.check_fits(settings, recipe, overrides, model=r.model, run_dir=run_dir, resume=r.resume,
+                         device=autos.device_from_host(host) if on_gpus else None, processes=topo.nproc * topo.nodes,
+                         per_node=topo.nproc, liger=not no_liger)
+    need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir, gpu=on_gpus,
+                                     resume=r.resume)
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
@@ -119,13 +124,13 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={recipe_arg}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
-        if chosen.is_cuda and not r.cpu:
+        if on_gpus:
             preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))
         plan = run_command(settings, recipe=recipe_arg, variant=chosen, host=host, engine_info=info, topo=topo,
                         run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
                         image_id=image.get("Id", ""),
-                        memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=chosen.is_cuda and not r.cpu),
+                        memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=on_gpus),
                         cpu=r.cpu, data=r.data, model=r.model)
     if r.dry:
         engine.echo(plan.argv, plan.env)
@@ -143,7 +148,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     # the GPUs this run was given (--gpus, CUDA_VISIBLE_DEVICES), none on CPU: the others are no part of its verdict
     interrupted = None
     with monitor.watch(run_dir, node_rank=r.node_rank,
-                       devices=[g.index for g in host.gpus] if chosen.is_cuda and not r.cpu else []) as watching:
+                       devices=[g.index for g in host.gpus] if on_gpus else []) as watching:
         try:
             proc = engine.run(plan.argv, env=plan.env, check=False, host_paths=not r.native)
         except engine.Interrupted as e:

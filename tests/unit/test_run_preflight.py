@@ -713,3 +713,30 @@ def test_resuming_a_run_at_its_max_steps_is_refused_before_the_image_starts(env,
                "to train on (-- --max_steps N")
     assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1
     assert dry(env, *native, "--resume", "--run-id=n1", "--", "--max_steps", "60").returncode == 0
+
+
+def test_a_run_that_does_not_fit_the_gpu_is_refused_before_the_image_starts(env, tmp_path):
+    """The trainer's autos refuse a run of which not even one example fits the GPU by the plan's estimate; that
+    refusal came once the image had started and the processes had imported torch. `run --dry` on a replayed host
+    (NVML's readings, recorded: these machines have no GPU) now says it on the host, as the trainer words it, and
+    says when it is the model's states, not the examples, that overflow."""
+    llama8b = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
+    t4 = {**env, "DOCKYARD_NVML_REPLAY": str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "t4x2_535.json")}
+    run = ["run", "--dry", f"--model={llama8b}"]
+    refused(invoke_here(*run, "--recipe=ddp", env=t4),
+            "ddp: the model alone does not fit: its weights, gradients and optimizer states take")
+    refused(invoke_here(*run, "--recipe=zero3", env=t4), "for a recipe that fits 2 GPU(s)")  # both T4s, sharded
+    refused(invoke_here(*run, "--recipe=qlora", "--", "--max_seq_length", "65536", env=t4),
+            "qlora: not even one example of 65536 tokens fits in 13.3 GiB (90% of the Tesla T4)")
+    fits = invoke_here(*run, "--recipe=qlora", "--", "--max_seq_length", "2048", env=t4)
+    assert fits.returncode == 0 and "docker run" in fits.stderr, fits.stderr
+    # with --cpu on a GPU host, the GPU's memory binds nothing
+    refused(invoke_here(*run, "--recipe=lora", env=t4), "lora: the model alone does not fit")  # its 16-bit base
+    on_cpu = invoke_here(*run, "--cpu", "--recipe=lora", env=t4)
+    assert on_cpu.returncode == 0 and "docker run" in on_cpu.stderr, on_cpu.stderr
+    # a hub id is sized from its snapshot in the Hugging Face cache, which the run reads offline
+    snapshot = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-3.1-8B" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((llama8b / "config.json").read_text())
+    refused(invoke_here("run", "--dry", "--model=meta-llama/Llama-3.1-8B", "--recipe=ddp", env=t4),
+            "ddp: the model alone does not fit")
