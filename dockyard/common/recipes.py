@@ -112,6 +112,19 @@ class Strategy:
         """Every rank holds only a shard of the weights (ZeRO-3, FSDP)."""
         return self.zero_stage == 3 or self.engine == "fsdp"
 
+    def in_words(self, adapters: str = "") -> str:
+        """How it spreads the model's states, for `invoke recipes`: "ZeRO-2: gradients and optimizer sharded";
+        `adapters`: what trains where the recipe trains adapters alone."""
+        engine = {"ddp": "DDP", "deepspeed": f"ZeRO-{self.zero_stage}", "fsdp": f"FSDP{self.fsdp_version or ''}"}
+        sharded = [what for what, yes in (("weights", self.shards_parameters), ("gradients", self.engine != "ddp"),
+                                          ("optimizer", self.engine != "ddp")) if yes]
+        in_host = [what for what, yes in (("weights", self.offload_param), ("gradients", self.offload_optimizer),
+                                          ("optimizer", self.offload_optimizer)) if yes]
+        said = [f"{_and(sharded)} sharded" + (", in host RAM" if in_host == sharded else "")] if sharded else []
+        said += [f"{_and(in_host)} in host RAM"] if in_host and in_host != sharded else []
+        said += [adapters] if adapters else []
+        return f"{engine[self.engine]}: " + ("; ".join(said) or "every GPU holds the whole model")
+
     def in_effect(self, world_size: int) -> dict[str, Any]:
         """What the wrapped model must look like once the Trainer has set this strategy up."""
         # One DDP process has nothing to synchronise: the Trainer (rightly) does not wrap the model.
@@ -119,6 +132,10 @@ class Strategy:
         return {"engine": engine, "zero_stage": self.zero_stage,
                 "offload_optimizer": "cpu" if self.offload_optimizer else None,
                 "offload_param": "cpu" if self.offload_param else None, "fsdp_version": self.fsdp_version}
+
+
+def _and(words: list[str]) -> str:
+    return ", ".join(words[:-1]) + f" and {words[-1]}" if len(words) > 1 else words[0]
 
 
 def _replicated(s: Sizes) -> tuple[int, int]:
@@ -482,18 +499,21 @@ def recipe_names() -> list[str]:
 
 
 def print_table() -> None:
-    """`invoke recipes`: each recipe with its strategy and the one line that says when to pick it."""
+    """`invoke recipes`: each recipe with how it spreads the model (its strategy, the adapters it trains) and the
+    one line that says when to pick it."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="recipes (invoke run --recipe=NAME)", show_lines=False)
     table.add_column("recipe", style="bold")
-    table.add_column("strategy")
+    table.add_column("how it trains")
     table.add_column("when to pick it")
     loaded, broken = read_recipes()
+    adapters = {"lora": "LoRA adapters on a frozen 16-bit base", "qlora": "LoRA adapters on a frozen 4-bit base"}
     for r in loaded:
-        table.add_row(escape(r.name), r.strategy + (f" + {r.peft}" if r.peft else ""), escape(r.when))  # text, not [tags]
+        table.add_row(escape(r.name), escape(r.strategy_spec.in_words(adapters.get(r.peft or "", ""))),
+                      escape(r.when))  # text, not [tags]
     for name, error in broken.items():
         table.add_row(escape(name), "[red]broken[/red]", escape(error))
     Console().print(table)

@@ -30,6 +30,26 @@ def test_every_recipe_says_how_to_run_it_and_when_to_pick_it():
         assert r.when.endswith(".") and len(r.when.split()) > 6
 
 
+def test_invoke_recipes_says_how_each_recipe_spreads_the_model():
+    """`invoke recipes`' second column repeated the recipe's own name for six of the eight ("zero2 | zero2"): it now
+    says what each GPU holds, from the strategy's own fields, so a recipe folder of a user's is described too."""
+    from tests.support.cli import invoke_here
+
+    listed = invoke_here("recipes", env={"COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr
+    rows = {cells[0]: cells[1] for line in listed.stdout.splitlines()
+            if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 3}
+    assert rows["ddp"] == "DDP: every GPU holds the whole model"
+    assert rows["zero2"] == "ZeRO-2: gradients and optimizer sharded"
+    assert rows["zero2-offload"] == "ZeRO-2: gradients and optimizer sharded, in host RAM"
+    assert rows["zero3"] == rows["zero3-offload"].removesuffix(", in host RAM") == (
+        "ZeRO-3: weights, gradients and optimizer sharded")
+    assert rows["fsdp"] == "FSDP2: weights, gradients and optimizer sharded"
+    assert rows["lora"] == "DDP: LoRA adapters on a frozen 16-bit base"
+    assert rows["qlora"] == "DDP: LoRA adapters on a frozen 4-bit base"
+    assert set(rows) >= {r.name for r in list_recipes()}
+
+
 def test_unknown_recipe_lists_the_valid_names():
     with pytest.raises(DockyardError, match="unknown recipe 'zero9'.*zero2"):
         load_recipe("zero9")
