@@ -507,22 +507,35 @@ def real_loggers():
 
 def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_librarys_info(tmp_path, capsys):
     """A 6-step run printed about 130 console lines, most of them transformers' INFO (the model's config twice, each
-    file saved, "share your model on huggingface.co"). Real loggers, as the trainer sets them up on rank 0."""
+    file saved, "share your model on huggingface.co"). Real loggers and real transformers reading the trainer's tiny
+    model, as the trainer sets them up on rank 0. train.log keeps the libraries' INFO but the configs printed whole
+    as JSON (90 of a 12-step run's 128 lines), the repeated "Offline mode" line and "share your model"."""
     import logging
 
+    from transformers import AutoConfig, GenerationConfig
+
+    from dockyard.common.run_settings import TINY_MODEL
     from dockyard.train.__main__ import setup_logging
 
     with real_loggers():
         setup_logging(tmp_path, is_main=True)
-        logging.getLogger("transformers.configuration_utils").info("Model config LlamaConfig {...}")
+        AutoConfig.from_pretrained(TINY_MODEL)
+        GenerationConfig(bos_token_id=1).save_pretrained(tmp_path / "gen")  # as a model folder holds it
+        GenerationConfig.from_pretrained(tmp_path / "gen")
+        logging.getLogger("transformers.trainer").info("***** Running training *****")
+        logging.getLogger("transformers.trainer").info("\n\nTraining completed. Do not forget to share your model "
+                                                       "on huggingface.co/models =)\n\n")  # the Trainer's words
         logging.getLogger("transformers.trainer").warning("a library's warning")
         logging.getLogger("dockyard.train").info('{"step": 1, "loss": 6.2}')
         for h in logging.root.handlers:
             h.flush()
     console = capsys.readouterr().err
     log = (tmp_path / "train.log").read_text()
-    assert "Model config" not in console and "a library's warning" in console and '{"step": 1' in console
-    assert all(line in log for line in ("Model config", "a library's warning", '{"step": 1'))
+    assert "loading configuration file" not in console and "a library's warning" in console
+    assert '{"step": 1' in console
+    assert all(line in log for line in ("loading configuration file", "Running training", "a library's warning",
+                                        '{"step": 1'))
+    assert not any(noise in log for noise in ("Model config", "Generate config", '"vocab_size"', "huggingface.co"))
 
 
 def test_a_data_warning_is_said_by_the_first_process_alone(tmp_path, capsys):
