@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dockyard import gpus
+from dockyard import ROOT, gpus
 from dockyard.common import runfolder
 from dockyard.launch import monitor
 from dockyard.machine import doctor
@@ -34,3 +34,20 @@ def test_monitor_samples_the_gpus(tmp_path):
     rows = [json.loads(ln) for ln in (tmp_path / runfolder.MONITOR_SAMPLES).read_text().splitlines()]
     assert rows[0]["kind"] == "gpu" and len(rows[0]["devices"]) == HOST.count
     assert (tmp_path / "gpu.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_that_does_not_fit_this_gpu_is_refused_on_the_host(tmp_path):
+    """`invoke run --dry` reads the GPUs the run takes through the real NVML and refuses, before anything starts, a
+    full fine-tune whose model states alone outgrow them (Llama 3.1 8B's config with 320 layers: about 70B
+    parameters, 16 bytes each per GPU under DDP), naming this GPU."""
+    from tests.support.cli import invoke_here
+
+    cfg = json.loads((ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b" / "config.json").read_text())
+    folder = tmp_path / "llama-70b-ish"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 320}))
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_HF_CACHE": str(tmp_path / "hf")}
+    r = invoke_here("run", "--dry", "--native", "--recipe=ddp", f"--model={folder}", env=env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    smallest = min(HOST.gpus, key=lambda g: g.memory_bytes)
+    assert "ddp: the model alone does not fit" in r.stderr and smallest.name in r.stderr, r.stderr
