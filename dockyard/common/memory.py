@@ -86,12 +86,45 @@ def _decoder_shape(hidden: int, layers: int, intermediate: int, kv: int) -> tupl
     return linear, lora
 
 
+@dataclass(frozen=True)
+class Published:
+    """A published decoder's shape (its config.json), which a bare count near its size is planned as."""
+
+    name: str
+    params: int
+    hidden: int
+    layers: int
+    intermediate: int
+    kv_hidden: int
+    vocab: int
+
+
+# the models people mean by "1B", "7B", "70B": a count within NEAR of one of these takes its shape (the guess of
+# shape_from_count made 7B a model of hidden 3840 and 30 layers, no model anyone trains: its activations 12 % short)
+PUBLISHED = (
+    Published("TinyLlama 1.1B", 1_100_048_384, 2048, 22, 5632, 256, 32000),
+    Published("Llama 3.2 3B", 3_212_749_824, 3072, 28, 8192, 1024, 128256),
+    Published("Llama 2 7B", 6_738_415_616, 4096, 32, 11008, 4096, 32000),
+    Published("Llama 3.1 8B", 8_030_261_248, 4096, 32, 14336, 1024, 128256),
+    Published("Llama 2 13B", 13_015_864_320, 5120, 40, 13824, 5120, 32000),
+    Published("Llama 3.1 70B", 70_553_706_496, 8192, 80, 28672, 1024, 128256),
+    Published("Llama 3.1 405B", 405_853_388_800, 16384, 126, 53248, 1024, 128256),
+)
+NEAR = 1.15  # a count within 15 % of a published model's
+
+
 def shape_from_count(params: int) -> Shape:
-    """A Llama-3-shaped guess for a bare parameter count: P ≈ 13·h²·(h/128) + 2·vocab·h, solved for h. Llama 3's
-    vocabulary while its embeddings take at most half the count; a small model's vocabulary shrinks to that half
-    (a 125M model with 128k entries would be embeddings and little else)."""
+    """The shape of the published model nearest a bare parameter count (within NEAR), else a Llama-3-shaped guess:
+    P ≈ 13·h²·(h/128) + 2·vocab·h, solved for h. Llama 3's vocabulary while its embeddings take at most half the
+    count; a small model's vocabulary shrinks to that half (a 125M model with 128k entries would be embeddings and
+    little else)."""
     if params <= 0:
         raise DockyardError(f"a model needs parameters, got {params}")
+    near = min(PUBLISHED, key=lambda m: max(params / m.params, m.params / params))
+    if max(params / near.params, near.params / params) <= NEAR:
+        return _shape_of(params, near.hidden, near.layers, near.intermediate, near.kv_hidden, near.vocab,
+                         f"assumed {near.name}'s shape (hidden {near.hidden}, {near.layers} layers, vocab "
+                         f"{near.vocab}), the published model nearest {params / 1e9:.3g}B")
     lo, hi = 1.0, 1e6
     for _ in range(200):  # bisection: P is increasing in h
         mid = (lo + hi) / 2
@@ -99,12 +132,15 @@ def shape_from_count(params: int) -> Shape:
     hidden = max(128, int(round(lo / 128)) * 128)
     v = min(ASSUMED_VOCAB, max(256, params // (4 * hidden) // 64 * 64))
     layers, inter, kv = max(1, hidden // 128), int(3.5 * hidden), hidden // 4
+    return _shape_of(params, hidden, layers, inter, kv, v,
+                     f"assumed Llama-3-like shape (hidden {hidden}, {layers} layers, vocab {v})")
+
+
+def _shape_of(params: int, hidden: int, layers: int, inter: int, kv: int, vocab: int, assumed: str) -> Shape:
     linear, lora = _decoder_shape(hidden, layers, inter, kv)
-    return Shape(params=params, largest_layer=max(v * hidden, hidden * inter), hidden=hidden, layers=layers,
-                 vocab=v, intermediate=inter, kv_hidden=kv, linear_params=min(linear, params), lora_params=lora,
-                 model_type="llama",
-                 source=f"assumed Llama-3-like shape (hidden {hidden}, {layers} layers, vocab {v}); "
-                        "pass a model folder for exact numbers")
+    return Shape(params=params, largest_layer=max(vocab * hidden, hidden * inter), hidden=hidden, layers=layers,
+                 vocab=vocab, intermediate=inter, kv_hidden=kv, linear_params=min(linear, params), lora_params=lora,
+                 model_type="llama", source=f"{assumed}; pass a model folder for exact numbers")
 
 
 def shape_from_folder(folder: Path) -> Shape:
