@@ -56,6 +56,45 @@ def explain_parse_errors(takes_overrides: set[str] = frozenset()) -> None:
         parse = getattr(invoke.Program, name)
         if not getattr(parse, "explained", False):
             setattr(invoke.Program, name, _explaining(parse, name))
+    for name in ("print_help", "print_task_help", "list_tasks", "print_version"):
+        say = getattr(invoke.Program, name)
+        if not getattr(say, "explained", False):
+            setattr(invoke.Program, name, _quiet_when_the_reader_leaves(say))
+    help_for = invoke.parser.ParserContext.help_for
+    if not getattr(help_for, "explained", False):
+        invoke.parser.ParserContext.help_for = _with_value_forms(help_for)
+
+
+def stop_quietly_for_a_reader_that_left() -> None:
+    """The reader of stdout left (`invoke plan --json | head`, `invoke --help run | head -1`): stop with 1 and no
+    traceback, as rich does for its tables; stdout to /dev/null, or the flush at exit raises again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise Exit(code=1)
+
+
+def _quiet_when_the_reader_leaves(say):
+    @functools.wraps(say)
+    def wrapper(*args, **kwargs):
+        try:
+            return say(*args, **kwargs)
+        except BrokenPipeError:
+            stop_quietly_for_a_reader_that_left()
+
+    wrapper.explained = True
+    return wrapper
+
+
+def _with_value_forms(help_for):
+    """`--batch=auto|INT` and `--gpu-mem=GIB` in a task's help, where Invoke, which names only the kinds INT and
+    STRING, showed `--batch=INT` (it takes auto too) and `--gpu-mem=STRING` (it takes a number only)."""
+    @functools.wraps(help_for)
+    def wrapper(self, flag):
+        names, text = help_for(self, flag)
+        form = getattr(self.flags[flag], "form", "")
+        return (re.sub(r"=(INT|STRING)\b", f"={form}", names) if form else names), text
+
+    wrapper.explained = True
+    return wrapper
 
 
 def explain_config_errors() -> None:
@@ -251,8 +290,15 @@ def _given_twice(argv: list[str], token: str) -> str | None:
     return None
 
 
+# the form a flag's help shows for the annotations (dockyard/flags.py) whose values Invoke's INT or STRING misnames
+FORMS = {"Batch": "auto|INT", "GiB": "GIB"}
+
+
 class TypedFlag(Argument):
-    """A number flag kept as the text the user typed; the task's annotation parses it (see `checked`)."""
+    """A number flag kept as the text the user typed; the task's annotation parses it (see `checked`). `form`: what
+    its help shows for the value, where not Invoke's INT or STRING."""
+
+    form = ""
 
     def set_value(self, value: Any, cast: bool = True) -> None:
         super().set_value(value, cast=False)
@@ -267,13 +313,16 @@ class DockyardTask(Task):
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         out = []
+        annotated = getattr(self.body, "__annotations__", {})  # their names: tasks.py's annotations are text
         for arg in super().get_arguments(ignore_unknown_help):
             if arg.kind in (int, float):
                 # int keeps Invoke's `--flag=INT` in the help; a float is shown as `--flag=STRING` (Invoke names
-                # no other kind, and shows a flag of any other kind as a switch, which takes no value)
+                # no other kind, and shows a flag of any other kind as a switch, which takes no value), unless
+                # its FORMS says better
                 arg = TypedFlag(names=arg.names, kind=int if arg.kind is int else str, default=arg.default,
                                 help=arg.help, positional=arg.positional, optional=arg.optional,
                                 attr_name=arg.attr_name)
+                arg.form = FORMS.get(str(annotated.get(arg.name, "")), "")
             out.append(arg)
         return out
 
@@ -308,10 +357,7 @@ def checked(fn):
             forget_caught_interrupt()
             raise Exit(code=e.exit_code) from None
         except BrokenPipeError:
-            # the reader left (`invoke plan --json | head`): stop quietly with 1, as rich does for its tables;
-            # stdout to /dev/null, or the flush at exit raises again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise Exit(code=1) from None
+            stop_quietly_for_a_reader_that_left()
         except OSError as e:  # what no check foresaw (a path the filesystem refuses): its cause in one line
             where = f"{e.filename}: " if e.filename else ""
             print(f"error: {shown(where + (e.strerror or str(e)))}", file=sys.stderr)
