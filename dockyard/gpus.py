@@ -361,8 +361,10 @@ def select(host: Host, spec: str = "") -> Host:
             raise DockyardError(f"{token} (from {source}) starts the UUID of several GPUs: "
                                 "give more of it")
         if not found:
+            count = (f"; --gpus takes GPUs by index, not a count: --gpus={','.join(map(str, range(int(flag))))} for "
+                     f"{flag} of them" if flag.isdigit() and int(flag) == len(host.gpus) else "")
             raise DockyardError(f"GPU {token!r} (from {source}) is not on this host: "
-                                f"it has {', '.join(str(g.index) for g in host.gpus)}")
+                                f"it has {', '.join(str(g.index) for g in host.gpus)}{count}")
         if flag and token in seen:  # typed twice (0,0 for 0,1?): CUDA_VISIBLE_DEVICES's repeat is one GPU, as
             # CUDA sees it (and run.sh takes it)
             raise DockyardError(f"--gpus={flag}: GPU {token} is named twice; one process per GPU, so name each GPU "

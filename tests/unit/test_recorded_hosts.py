@@ -121,6 +121,20 @@ def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
     assert "--nproc-per-node=2" in out and "'\"device=0,2\"'" in out
 
 
+def test_a_gpus_flag_that_reads_as_a_count_says_it_is_an_index(settings, capsys, replay):
+    """`invoke plan --gpus=2` is a count, and `invoke run --gpus=2` GPU 2 alone, as docker and CUDA_VISIBLE_DEVICES
+    read it: on eight GPUs the run trained on one without a word, and on two it said only that GPU 2 is not there."""
+    replay("h100x8_580")
+    out = dry_run(settings, capsys, gpus="2")
+    assert "--gpus=2 is GPU 2 alone" in out and "2 GPUs: --gpus=0,1" in out
+    assert "--nproc-per-node=1" in out and "'\"device=2\"'" in out  # still as docker reads it
+    assert "GPU 2 alone" not in dry_run(settings, capsys, gpus="0,2")
+    replay("t4x2_535")
+    with pytest.raises(DockyardError, match=r"not on this host: it has 0, 1; --gpus takes GPUs by index, not a "
+                                            r"count: --gpus=0,1 for 2 of them"):
+        dry_run(settings, capsys, gpus="2")
+
+
 def test_gpus_flag_naming_a_gpu_twice_or_given_with_cpu_is_refused(settings, capsys, replay, monkeypatch):
     """--gpus=0,0 (a typo for 0,1?) trained on one GPU without a word; --gpus with --cpu trained on CPU. A repeat in
     CUDA_VISIBLE_DEVICES is one GPU, as CUDA sees it."""
