@@ -290,7 +290,8 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
             runfolder.write(folder, path.name, text)  # the runs folder is the containers': no link followed
     except OSError as e:
         raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
-    print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}")
+    cpu = "" if s.gpus else " (CPU nodes: --gpus-per-node=G for nodes of G GPUs each)"
+    print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}{cpu}")
     print(f"  without an operator:   kubectl apply -f {shlex.quote(str(paths['job']))}")
     print(f"  with Kubeflow Trainer: kubectl apply -f {shlex.quote(str(paths['trainjob']))}")
     return paths

@@ -263,6 +263,8 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
         print(f"# {path} held another script, now replaced by this one: give --out=FILE to keep both",
               file=sys.stderr)
     print(f"# written to {path}: submit it with `sbatch {shlex.quote(str(path))}`", file=sys.stderr)
+    if not kw.get("gpus_per_node"):
+        print("# for CPU nodes, the cpu image: --gpus-per-node=G for nodes of G GPUs each", file=sys.stderr)
     return path
 
 

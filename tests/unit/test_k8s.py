@@ -345,3 +345,18 @@ def test_the_pods_keep_compiled_kernels_on_the_claim_for_the_next_job(settings):
     assert env["TRITON_CACHE_DIR"] == "/workspace/runs/.cache/compile/triton"
     off = env_of(_spec(settings.model_copy(update={"compile_cache": ""})))
     assert not {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} & set(off)
+
+
+def test_a_job_for_cpu_nodes_says_so_and_how_to_ask_for_gpus(tmp_path):
+    """`invoke slurm` and `invoke k8s` without --gpus-per-node (default 0) wrote a job for CPU nodes with the cpu
+    image, without a word, even where the user meant GPU nodes; with it, nothing more is said."""
+    from tests.support.cli import invoke_here
+
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    for task in ("slurm", "k8s"):
+        cpu = invoke_here(task, "--recipe=ddp", "--nodes=2", f"--out={tmp_path / task}", env=env)
+        assert cpu.returncode == 0, cpu.stderr
+        assert "--gpus-per-node=G for nodes of G GPUs each" in cpu.stdout + cpu.stderr
+        gpu = invoke_here(task, "--recipe=ddp", "--nodes=2", "--gpus-per-node=8", f"--out={tmp_path / task}-gpu",
+                          env=env)
+        assert gpu.returncode == 0 and "--gpus-per-node=G" not in gpu.stdout + gpu.stderr, gpu.stderr
