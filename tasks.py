@@ -71,7 +71,7 @@ def build(c, variant="auto", no_cache=False, devel=False, dry=False):
     build_mod.build(_settings(c), variant, no_cache=no_cache, devel=devel, dry=dry)
 
 
-@task(help={"mirror": "Debian mirror for the cpu base image (default: deb.debian.org)",
+@task(help={"mirror": "Debian mirror for the cpu base image, a URL (default: http://deb.debian.org/debian)",
             "dry": "print what would be done"})
 def setup(c, mirror="http://deb.debian.org/debian", dry=False):
     """Prepare a fresh host for building and training.
@@ -102,7 +102,8 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
-            "gpus": "which GPUs, e.g. 0,2, or all (default: CUDA_VISIBLE_DEVICES, else all): one process each",
+            "gpus": "which GPUs by index or UUID, e.g. 0,2 (not a count: --gpus=2 is GPU 2 alone), or all (default: "
+                    "CUDA_VISIBLE_DEVICES, else all): one process each",
             "data": "your data: a file or folder on this host, mounted read-only, or a hub dataset org/name in the "
                     "hf_cache folder (default: the `data` setting, else the sample)",
             "model": "your model: a folder on this host (config.json + weights), mounted read-only, or a hub model "
@@ -136,7 +137,7 @@ def _remainder(c) -> list[str]:
 
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
             "nodes": "number of nodes to allocate (one `invoke run` each)",
-            "gpus_per_node": "GPUs per node (0: CPU nodes, the cpu image)",
+            "gpus_per_node": "GPUs per node (default 0: CPU nodes, the cpu image)",
             "variant": "image variant; default auto: the newest CUDA variant with GPUs, else cpu",
             "archive": "an archive from `invoke save`: each node loads it first where it lacks the image",
             "runtime": "docker (default: `invoke run` on each node), pyxis (enroot .sqsh) or apptainer (.sif)",
@@ -163,7 +164,7 @@ def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0
 
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
             "nodes": "number of nodes (pods), one torchrun each",
-            "gpus_per_node": "GPUs per node (0: CPU nodes, the cpu image)",
+            "gpus_per_node": "GPUs per node (default 0: CPU nodes, the cpu image)",
             "variant": "image variant; default auto: the newest CUDA variant with GPUs, else cpu",
             "image": "the image reference the cluster pulls (default: this project's tag of the variant)",
             "run_id": "names the Job, its pods, the rendezvous and the run folder (lowercase, digits, '-')",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -276,8 +277,14 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
         import psutil
 
         cpu_mem_gib = psutil.virtual_memory().total / GIB
-    return plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
-                seq_len=seq_len, batch=batch, device=device)
+    result = plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
+                  seq_len=seq_len, batch=batch, device=device)
+    if rec := result["recommendation"]["recipe"]:  # the run the plan sized: its sequence length is the run's too
+        given = not shape.source.startswith("assumed")  # a folder or a hub id, not a count
+        result["recommendation"]["command"] = shlex.join(
+            ["invoke", "run", f"--recipe={rec}", *([f"--model={model}"] if given else []), "--", "--max_seq_length",
+             str(seq_len), *(["--per_device_train_batch_size", str(batch)] if batch else [])])
+    return result
 
 
 def print_plan(result: dict) -> None:
@@ -314,6 +321,8 @@ def print_plan(result: dict) -> None:
     rec = result["recommendation"]
     console.print(("[bold]recommended: " + escape(rec["recipe"]) + "[/]" if rec["recipe"] else
                    "[bold red]no recipe fits[/]") + f" — {escape(rec['why'])}")
+    if rec.get("command"):
+        console.print(f"run it: {escape(rec['command'])}", soft_wrap=True)  # whole, to copy
     # the key to the cells; what each figure is made of: docs/machine.md
     console.print(f"[dim]fits: yes, ckpt (only with gradient checkpointing) or no, within {1 - MARGIN:.0%} of each GPU "
                   "(the trainer's margin), at micro-batch × accumulation steps as the trainer picks them; C compiled, L "

@@ -237,6 +237,30 @@ def test_recommendation_is_the_fastest_recipe_that_fits():
     assert huge["recommendation"]["recipe"] is None and "nothing fits" in huge["recommendation"]["why"]
 
 
+def test_the_plan_gives_the_command_of_the_run_it_sized_and_that_run_fits(tmp_path, monkeypatch):
+    """The plan sizes runs of 2048 tokens by default, `invoke run` trains 128 (recipes/defaults.yaml): the
+    recommendation named a recipe and no sequence length, and docs/machine.md told to give `invoke run` a --seq-len
+    it does not have. `run it:` is the command, and on the GPUs planned (a replayed T4 host) the host's own fit check
+    (the trainer's autos) takes it, where the plan's runner-up does not fit."""
+    from tests.support.cli import invoke_here
+
+    monkeypatch.setenv("DOCKYARD_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "t4x2_535.json"))
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_HF_CACHE": str(tmp_path / "hf")}
+    planned = invoke_here("plan", f"--model={LLAMA_8B}", "--seq-len=1024", "--cpu-mem=64", "--json", env=env)
+    assert planned.returncode == 0, planned.stderr
+    rec = json.loads(planned.stdout)["recommendation"]
+    assert rec["command"] == (f"invoke run --recipe={rec['recipe']} --model={LLAMA_8B} -- --max_seq_length 1024")
+    said = invoke_here("plan", f"--model={LLAMA_8B}", "--seq-len=1024", "--cpu-mem=64", env=env)
+    assert f"run it: {rec['command']}" in said.stdout.replace("\n", "")
+    ran = invoke_here(*rec["command"].split()[1:3], "--dry", *rec["command"].split()[3:], env=env)
+    assert ran.returncode == 0 and "docker run" in ran.stderr, ran.stderr
+    ddp = invoke_here("run", "--recipe=ddp", "--dry", *rec["command"].split()[3:], env=env)  # does not fit a T4
+    assert ddp.returncode != 0 and "the model alone does not fit" in ddp.stderr, ddp.stderr
+    counted = planner.plan_model("8B", gpus=8, gpu_mem_gib=80, cpu_mem_gib=1024, seq_len=4096, batch=2)
+    assert counted["recommendation"]["command"] == ("invoke run --recipe=zero2 -- --max_seq_length 4096 "
+                                                    "--per_device_train_batch_size 2")  # a count is no --model
+
+
 def test_qlora_says_it_buys_memory_not_speed():
     r = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=12 * GIB, cpu_mem=64 * GIB, seq_len=1024)
     assert r["recommendation"]["recipe"] == "qlora"
