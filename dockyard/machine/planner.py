@@ -273,12 +273,14 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
         gpu_mem_gib = gpu_mem_gib or min(g.memory_bytes for g in host.gpus) / GIB
         seen = autos.device_from_host(host)  # its compute capability decides compiling
         device = autos.Device(seen.name, int(gpu_mem_gib * GIB), seen.capability)
-    if not cpu_mem_gib:
+    this_host = not cpu_mem_gib
+    if this_host:
         import psutil
 
         cpu_mem_gib = psutil.virtual_memory().total / GIB
     result = plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
                   seq_len=seq_len, batch=batch, device=device)
+    result["cpu_mem_from"] = "this host" if this_host else "--cpu-mem"  # GPUs given for another server: not its RAM
     if rec := result["recommendation"]["recipe"]:  # the run the plan sized: its sequence length is the run's too
         given = not shape.source.startswith("assumed")  # a folder or a hub id, not a count
         result["recommendation"]["command"] = shlex.join(
@@ -296,8 +298,10 @@ def print_plan(result: dict) -> None:
     console = Console()
     console.print(f"model: {format_count(m['params'])} parameters, largest layer {format_count(m['largest_layer'])} "
                   f"({escape(str(m['source']))})")
+    mine = " (this host's; --cpu-mem)" if result.get("cpu_mem_from") == "this host" else ""
     table = Table(title=f"sizes in GiB · {result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
-                        f"{_gib(result['cpu_mem_bytes'])}, seq {result['seq_len']}, micro-batch {result['batch']}")
+                        f"{_gib(result['cpu_mem_bytes'])}{mine}, seq {result['seq_len']}, micro-batch "
+                        f"{result['batch']}")
     # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
     # recipe name, header and cell whole (a long name of one's own recipe wraps)
     for col in ("recipe", "states", "activ.", "per\nGPU", "w/\nckpt", "host", "fits", "disk"):

@@ -261,6 +261,17 @@ def test_the_plan_gives_the_command_of_the_run_it_sized_and_that_run_fits(tmp_pa
                                                     "--per_device_train_batch_size 2")  # a count is no --model
 
 
+def test_the_host_memory_the_plan_takes_from_this_machine_is_said_to_be_this_machines():
+    """`plan --gpus=8 --gpu-mem=80` plans another server's GPUs with this machine's RAM (23.5 GiB on a laptop): the
+    offload recipes read "no RAM" for a server of 2 TiB, and the title said only "host 23.5 GiB"."""
+    from tests.support.cli import invoke_here
+
+    mine = invoke_here("plan", "--model=8B", "--gpus=8", "--gpu-mem=80", env={"COLUMNS": "200"})
+    assert mine.returncode == 0 and "(this host's; --cpu-mem)" in mine.stdout, mine.stderr
+    given = invoke_here("plan", "--model=8B", "--gpus=8", "--gpu-mem=80", "--cpu-mem=2048", env={"COLUMNS": "200"})
+    assert "host 2048.0 GiB, seq" in given.stdout and "this host's" not in given.stdout
+
+
 def test_qlora_says_it_buys_memory_not_speed():
     r = planner.plan(planner.shape_for("8B"), gpus=1, gpu_mem=12 * GIB, cpu_mem=64 * GIB, seq_len=1024)
     assert r["recommendation"]["recipe"] == "qlora"
