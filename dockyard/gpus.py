@@ -143,7 +143,7 @@ class Recording(BaseModel):
             raise ValueError(f"each GPU's index once in gpus (found {sorted(indexes)[:16]})")
         # the devices a run is given (docker's --gpus "device=0,2", written into run.sh): indexes of its GPUs alone
         chosen = host.visible.split(",") if host.visible else []
-        if not all(i.isdigit() and i.isascii() and int(i) in indexes for i in chosen) or len(set(chosen)) < len(chosen):
+        if not all(gpu_index(i) in indexes for i in chosen) or len(set(chosen)) < len(chosen):
             raise ValueError(f"visible is {host.visible[:40]!r}: it lists indexes of the recording's GPUs ({indexes[:16]}) "
                              "once each, comma-separated, or is \"\" for all of them")
         return host
@@ -327,6 +327,12 @@ def record(path: Path | str) -> dict:
     return data
 
 
+def gpu_index(token: str) -> int | None:
+    """A GPU index as CUDA_VISIBLE_DEVICES and --gpus write it (ASCII digits: `²` is a digit to Python, not to
+    int(); a 5,000-digit one is beyond int()'s limit), else None."""
+    return int(token) if token.isascii() and token.isdigit() and len(token) <= 6 else None
+
+
 def select(host: Host, spec: str = "") -> Host:
     """`host` limited to the GPUs of `spec` (`--gpus=0,2`) or else of CUDA_VISIBLE_DEVICES: indices or UUIDs.
     The process count follows what is left; docker gets the same list (`--gpus '"device=0,2"'`)."""
@@ -354,15 +360,15 @@ def select(host: Host, spec: str = "") -> Host:
         if token.startswith("MIG-"):
             raise DockyardError(f"{token} (from {source}) is a MIG device: runs take whole "
                                 "GPUs; name the GPU, or turn MIG off (`invoke doctor` says how)")
-        found = [g for g in host.gpus if (token.isascii() and token.isdigit() and g.index == int(token)) or g.uuid == token]
+        found = [g for g in host.gpus if (gpu_index(token) == g.index) or g.uuid == token]
         # or the start of one GPU's UUID, as CUDA takes it (GPU-5d5b)
         found = found or [g for g in host.gpus if len(token) > 4 and token.startswith("GPU-") and g.uuid.startswith(token)]
         if len(found) > 1:
             raise DockyardError(f"{token} (from {source}) starts the UUID of several GPUs: "
                                 "give more of it")
         if not found:
-            count = (f"; --gpus takes GPUs by index, not a count: --gpus={','.join(map(str, range(int(flag))))} for "
-                     f"{flag} of them" if flag.isdigit() and int(flag) == len(host.gpus) else "")
+            count = (f"; --gpus takes GPUs by index, not a count: --gpus={','.join(map(str, range(len(host.gpus))))} "
+                     f"for {flag} of them" if gpu_index(flag) == len(host.gpus) else "")
             raise DockyardError(f"GPU {token!r} (from {source}) is not on this host: "
                                 f"it has {', '.join(str(g.index) for g in host.gpus)}{count}")
         if flag and token in seen:  # typed twice (0,0 for 0,1?): CUDA_VISIBLE_DEVICES's repeat is one GPU, as

@@ -227,6 +227,10 @@ def run_model(model: runfolder.InputRecord) -> Path:
                             "can be mounted: refused")
     if not host.exists():
         raise DockyardError(f"the run's model {host} is gone: the export needs the base it trained on")
+    if not host.is_dir() or not (host / "config.json").is_file():  # a socket, a device, an empty folder: their
+        # listing is empty, and the hash of an empty listing is anyone's to write into a manifest
+        raise DockyardError(f"the run's manifest names model {host}, which is no model folder (a folder with "
+                            "config.json, as every run reads): refused")
     check_as_recorded(host, model)
     return host
 
@@ -234,7 +238,8 @@ def run_model(model: runfolder.InputRecord) -> Path:
 def check_as_recorded(host: Path, model: runfolder.InputRecord) -> None:
     """The folder is the model the run trained on: its fingerprint (files and sizes) is the one the run recorded."""
     recorded = (model.model_extra or {}).get("files")
-    most = recorded if type(recorded) is int and recorded >= 0 else runfolder.MODEL_FILES_MAX
+    most = min(recorded, runfolder.MODEL_FILES_MAX) if type(recorded) is int and recorded >= 0 \
+        else runfolder.MODEL_FILES_MAX  # a manifest's figure, not a licence to walk /usr
     if not model.sha256 or not (found := runfolder.fingerprint(host, most)) or found["sha256"] != model.sha256:
         raise DockyardError(f"{host} is not the model folder the run trained on (its files and sizes differ from what "
                             "the run's manifest recorded): refused; give back the folder the run used")

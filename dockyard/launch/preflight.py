@@ -64,6 +64,7 @@ from dockyard.common.run_settings import (
     resolve_settings,
     resumed_with,
 )
+from dockyard.common.units import GIB
 from dockyard.images.variants import Variant
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
@@ -245,7 +246,9 @@ def check_fits(settings: Settings, recipe: Recipe, overrides: list[str], *, mode
     (autos.DoesNotFit), with the same reason. NVML's total is at least torch's, and Liger is taken as covering the
     model where the run has it: what fits in the trainer fits here too. Settings the trainer would refuse otherwise
     are left to it."""
-    sized = sized_run(settings, recipe, overrides, model=model, run_dir=run_dir, resume=resume) if device else None
+    if device is None or device.memory_bytes < GIB:  # NVML gave no figure (the recorder writes 0): torch will
+        return
+    sized = sized_run(settings, recipe, overrides, model=model, run_dir=run_dir, resume=resume)
     if sized is None:
         return
     shape, run_settings, training = sized

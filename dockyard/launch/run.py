@@ -63,9 +63,10 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if r.cpu and r.gpus.strip():
         raise DockyardError(f"--gpus={r.gpus} picks GPUs to train on, and --cpu trains on none: give one of them")
     host = select(read_host(), r.gpus)
-    if r.gpus.strip().isdigit() and int(r.gpus) > 1:  # GPU 2 alone, where two GPUs may have been meant
-        print(f"--gpus={r.gpus.strip()} is GPU {int(r.gpus)} alone (--gpus takes indices, as CUDA_VISIBLE_DEVICES); "
-              f"{r.gpus.strip()} GPUs: --gpus={','.join(map(str, range(int(r.gpus))))}", file=sys.stderr)
+    if len(host.gpus) == 1 and r.gpus.strip() == str(host.gpus[0].index) and host.gpus[0].index > 1:  # two meant?
+        n = host.gpus[0].index
+        print(f"--gpus={n} is GPU {n} alone (--gpus takes indices, as CUDA_VISIBLE_DEVICES); {n} GPUs: "
+              f"--gpus={','.join(map(str, range(n)))}", file=sys.stderr)
     chosen, why = variants.resolve(settings, r.variant, host)
     print(why)
     topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)

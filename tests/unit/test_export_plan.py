@@ -2,6 +2,7 @@
 overwritten, a missing run said plainly. Nothing runs (the export itself: tests/integration/test_export.py)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def test_an_export_folder_holding_a_colon_is_refused_before_docker(settings, tmp
     ({"run_id": "r2"}, "manifest of run 'r2', not of 'r1'"),
     ({"status": None}, "status: Input should be a valid string"),
     ({"inputs": {"model": {"path": "/home", "inside": "/workspace/inputs/model", "sha256": "0" * 64}}},
-     "not the model folder the run trained on"),
+     "names model /home, which is no model folder"),
     ({"inputs": {"model": {"path": "/etc", "inside": "/workspace/inputs/elsewhere"}}}, "not /workspace/inputs/model"),
     ({"inputs": {"model": {"path": "/a:/workspace/runs", "inside": "/workspace/inputs/model"}}}, "path that can be mounted"),
     ({"inputs": {"model": {"path": "etc", "inside": "/workspace/inputs/model"}}}, "path that can be mounted"),
@@ -120,6 +121,7 @@ def test_a_manifest_naming_a_big_tree_as_its_model_is_refused_without_walking_it
     for i in range(30):
         (tree / f"d{i}").mkdir(parents=True)
         (tree / f"d{i}" / "f").write_text("x")
+    (tree / "config.json").write_text("{}")  # as a model folder has
     seen = []
     real = Path.is_file
     monkeypatch.setattr(Path, "is_file", lambda p: seen.append(p) or real(p))
@@ -127,7 +129,39 @@ def test_a_manifest_naming_a_big_tree_as_its_model_is_refused_without_walking_it
                                               "sha256": "ab" * 32}})
     with pytest.raises(DockyardError, match="not the model folder the run trained on"):
         export.export_command(settings, m, run, tmp_path / "out", merge=False)
-    assert len({p for p in seen if p.name == "f"}) == 4, "the walk stops past the 3 files the run recorded"
+    assert len({p for p in seen if p.name in ("f", "config.json")}) == 4, "the walk stops past the 3 the run recorded"
+    # a count the manifest makes up is no licence: the walk stops at MODEL_FILES_MAX whatever it says
+    monkeypatch.setattr(export.runfolder, "MODEL_FILES_MAX", 5)  # the module export reads it from
+    seen.clear()
+    m["inputs"]["model"]["files"] = 10**12
+    with pytest.raises(DockyardError, match="not the model folder the run trained on"):
+        export.export_command(settings, m, run, tmp_path / "out", merge=False)
+    assert len({p for p in seen if p.name in ("f", "config.json")}) == 6, "the walk stops past MODEL_FILES_MAX"
+
+
+@pytest.mark.parametrize("kind", ["socket", "fifo", "empty folder", "folder without config.json"])
+def test_a_manifest_naming_no_model_folder_is_refused_before_it_is_mounted(settings, tmp_path, kind):
+    """Every run container can write the runs folder: a manifest naming /var/run/docker.sock as its model, with the
+    sha256 of an empty file list (anyone's to compute: a socket lists no files), had `invoke export` mount the
+    engine's socket into the export's container. Only a folder with config.json, as every run read, is a model."""
+    import hashlib
+    import socket
+
+    where = tmp_path / "thing"
+    if kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(where))
+    elif kind == "fifo":
+        os.mkfifo(where)
+    else:
+        where.mkdir()
+        if kind != "empty folder":
+            (where / "weights.bin").write_text("x")
+    listed = fingerprint(where)["sha256"] if where.is_dir() else hashlib.sha256(b"").hexdigest()
+    m, run = _run(tmp_path, inputs={"model": {"path": str(where), "inside": "/workspace/inputs/model",
+                                              "sha256": listed}})
+    with pytest.raises(DockyardError, match=f"names model {where}, which is no model folder .*: refused"):
+        export.export_command(settings, m, run, tmp_path / "out", merge=False)
 
 
 def test_a_run_id_that_leaves_the_runs_folder_or_a_linked_run_is_refused(settings, tmp_path):

@@ -135,6 +135,18 @@ def test_a_gpus_flag_that_reads_as_a_count_says_it_is_an_index(settings, capsys,
         dry_run(settings, capsys, gpus="2")
 
 
+@pytest.mark.parametrize("spec", ["²", "0" * 5000 + "1"])
+def test_a_gpu_index_python_reads_as_digits_but_int_does_not_is_refused_in_one_line(spec, replay, monkeypatch):
+    """`--gpus=²` (a digit to str.isdigit, not to int) and CUDA_VISIBLE_DEVICES of 5,000 digits (past int()'s limit)
+    were ValueError tracebacks."""
+    host, _ = replay("t4x2_535")
+    with pytest.raises(DockyardError, match="is not on this host: it has 0, 1"):
+        gpus.select(host, spec)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
+    with pytest.raises(DockyardError, match="is not on this host: it has 0, 1"):
+        gpus.select(host)
+
+
 def test_gpus_flag_naming_a_gpu_twice_or_given_with_cpu_is_refused(settings, capsys, replay, monkeypatch):
     """--gpus=0,0 (a typo for 0,1?) trained on one GPU without a word; --gpus with --cpu trained on CPU. A repeat in
     CUDA_VISIBLE_DEVICES is one GPU, as CUDA sees it."""
@@ -325,11 +337,14 @@ def test_the_plan_recommends_what_the_trainer_runs_where_only_one_micro_batch_fi
     assert {(r["micro_batch"], r["gradient_accumulation_steps"]) for r in asked["recipes"]} == {(2, 1)}
 
 
-def test_a_recording_of_a_gpu_whose_memory_nvml_could_not_read_replays(tmp_path, monkeypatch):
-    """`doctor --record` writes memory_bytes 0 where NVML cannot read a GPU's memory: its own file must replay."""
+def test_a_recording_of_a_gpu_whose_memory_nvml_could_not_read_replays(tmp_path, monkeypatch, settings, capsys):
+    """`doctor --record` writes memory_bytes 0 where NVML cannot read a GPU's memory: its own file must replay, and
+    `invoke run` does not size the run against those 0 bytes (it refused every run: "the model alone does not fit
+    ... of 0.0 GiB"): the trainer reads the memory from torch."""
     f = tmp_path / "host.json"
     f.write_text('{"host": {"driver": "580.159.04", "cuda": "13.0", "gpus": [{"index": 0, "name": "H100", '
                  '"memory_bytes": 0}]}}')
     monkeypatch.setenv(gpus.REPLAY_ENV, str(f))
     host, _ = gpus.facts()
     assert host.count == 1 and host.gpus[0].memory_bytes == 0
+    assert "docker run" in dry_run(settings, capsys)
