@@ -53,7 +53,8 @@ def facts() -> tuple[Host, list[Link]]:
 Version = Annotated[str, StringConstraints(pattern=r"^(\d+\.\d+)?$")]
 # what a recording says in words is printed as it is (doctor's table, `auto → ...`): no control characters (an escape
 # sequence in a file users send each other cleared the terminal); a driver version is numbers and dots
-Words = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f]*$", max_length=200)]
+Words = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]*$",
+                                         max_length=200)]  # nor a line or paragraph break, nor bidi/format marks
 DriverVersion = Annotated[str, StringConstraints(pattern=r"^([0-9]{1,6}(\.[0-9]{1,6}){0,3})?$")]
 # what a recording (a file users send each other) may say, as a real host could: a GPU of -5 bytes planned "fits: no"
 # and a run --dry for it; an index past NVML's device count, a utilisation past 100 %

@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from dockyard.common.errors import DockyardError, loads
+from dockyard.common.errors import DockyardError, loads, shown
 
 # file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -35,9 +35,10 @@ def data_files_in(folder: Path) -> list[Path]:
 def left_out(folder: Path) -> list[str]:
     """What a data folder holds besides the data files read from it (data_files_in): `B.JSONL`, `c.jsonl.gz`, a
     subfolder, a hidden data file. Said by the host and the trainer: a run read the one .jsonl of four without a
-    word. Other hidden files (.DS_Store, .git/) go unsaid."""
+    word. Other hidden files (.DS_Store, .git/) go unsaid. Each name as a terminal may show it (errors.shown: a name
+    holding an escape sequence cleared the screen)."""
     read = set(data_files_in(folder))
-    return sorted(f.name + ("/" if f.is_dir() else "") for f in folder.iterdir() if f not in read
+    return sorted(shown(f.name) + ("/" if f.is_dir() else "") for f in folder.iterdir() if f not in read
                   and (not f.name.startswith(".") or (f.is_file() and f.suffix in BUILDERS)))
 
 

@@ -7,6 +7,7 @@ model_type is counted as a Llama-style decoder, said so in the result. Standard 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from dockyard.common.data_files import HUB_ID
@@ -173,7 +174,10 @@ def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:
         commit = ref.read_text().strip() if ref.is_file() else ""
     except (OSError, UnicodeDecodeError):
         commit = ""
-    named = repo / "snapshots" / commit if commit and "/" not in commit and commit not in (".", "..") else None
+    # a revision names one folder (a commit's 40 hex characters): a longer one ("File name too long"), a path, or
+    # . and .. is a damaged ref
+    named = (repo / "snapshots" / commit if re.fullmatch(r"[\w.-]{1,128}", commit, re.ASCII) and commit not in (".", "..")
+             else None)
     if named is not None and (named / "config.json").is_file():
         return named
     found = [d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()]

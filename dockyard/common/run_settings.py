@@ -383,15 +383,21 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     if kwargs is not None and not isinstance(kwargs, dict):  # read by the trainer and the Trainer as a mapping
         raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')} {kwargs!r}: takes a "
                             f"mapping, as in -- --gradient_checkpointing_kwargs '{{use_reentrant: false}}'")
-    if unknown := sorted(set(kwargs or {}) - CHECKPOINT_KWARGS, key=str):  # torch's at the first step
+    if unknown := sorted(set(kwargs or {}) - set(CHECKPOINT_KWARGS), key=str):  # torch's at the first step
         raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')}: unknown key(s) "
                             f"{', '.join(map(str, unknown))}; torch.utils.checkpoint takes "
                             f"{', '.join(sorted(CHECKPOINT_KWARGS))} (as in '{{use_reentrant: false}}')")
+    for key, value in (kwargs or {}).items():  # "false" in quotes is a string, which torch reads as true
+        takes = CHECKPOINT_KWARGS[key]
+        if value not in takes or type(value) is not type(takes[0]):  # 1 == True, yet not a bool
+            raise DockyardError(f"{either_name('gradient_checkpointing_kwargs')}: {key} {value!r}: takes "
+                                f"{' or '.join(json.dumps(t) for t in takes)}")
 
 
 # what torch.utils.checkpoint.checkpoint takes besides the function and its inputs (context_fn, a function, cannot be
 # written in a setting)
-CHECKPOINT_KWARGS = {"use_reentrant", "preserve_rng_state", "determinism_check", "debug", "early_stop"}
+CHECKPOINT_KWARGS = {"use_reentrant": (True, False), "preserve_rng_state": (True, False),
+                     "determinism_check": ("default", "none"), "debug": (True, False), "early_stop": (True, False)}
 LOG_LEVELS = ("detail", "debug", "info", "warning", "error", "critical", "passive")  # transformers' trainer_log_levels
 
 

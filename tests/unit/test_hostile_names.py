@@ -142,11 +142,13 @@ def test_a_nul_in_a_path_setting_is_a_settings_error_not_a_traceback(tmp_path):
     short_error(invoke_here("-f", str(config), "run", "--dry", "--variant=cpu"), "runs_dir", "NUL")
 
 
-def test_a_damaged_ref_in_the_hugging_face_cache_falls_back_to_its_snapshots(tmp_path):
-    """refs/main of bytes that are not UTF-8 (a disk error, a cut copy) was a UnicodeDecodeError's traceback."""
+@pytest.mark.parametrize("ref", [b"\xff\xfe\x00", b"a" * 5000])
+def test_a_damaged_ref_in_the_hugging_face_cache_falls_back_to_its_snapshots(tmp_path, ref):
+    """refs/main of bytes that are not UTF-8 (a disk error, a cut copy) was a UnicodeDecodeError's traceback; one of
+    5,000 characters an error "File name too long", for plan and run alike."""
     repo = tmp_path / "hub" / "models--org--m5"
     (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_bytes(b"\xff\xfe\x00")
+    (repo / "refs" / "main").write_bytes(ref)
     snapshot = repo / "snapshots" / ("ab" * 20)
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text(json.dumps({
@@ -157,12 +159,14 @@ def test_a_damaged_ref_in_the_hugging_face_cache_falls_back_to_its_snapshots(tmp
 
 
 @pytest.mark.parametrize("field, value", [("driver", "570.1\u001b[2J\u001b[31mHACK"), ("driver", "abc"),
-                                          ("name", "NVIDIA H100\u001b[2J"), ("visible", "0;touch /tmp/x"),
+                                          ("name", "NVIDIA H100\u001b[2J"), ("name", "NVIDIA\u2028FAKE LINE"),
+                                          ("name", "NVIDIA A100\u202eevil"), ("visible", "0;touch /tmp/x"),
                                           ("visible", "1"), ("visible", "0,0"), ("error", "boom \u001b[2J")])
 def test_an_nvml_recording_that_would_drive_the_terminal_is_refused(tmp_path, field, value):
     """A recording is a file users send each other: its words are printed as they are (`auto → cu128: ... driver X`,
-    doctor's table), and an escape sequence in them cleared the screen; a driver "abc" was said to support CUDA 12.
-    Its `visible` became docker's --gpus "device=..." (and run.sh's) as it was: a GPU the host has not, or words."""
+    doctor's table), and an escape sequence in them cleared the screen (a line separator split doctor's line, a
+    right-to-left mark reversed it); a driver "abc" was said to support CUDA 12. Its `visible` became docker's
+    --gpus "device=..." (and run.sh's) as it was: a GPU the host has not, or words."""
     data = json.loads((NVML_HOSTS / "h100x1_580.json").read_text())
     (data["host"] if field in ("driver", "visible", "error") else data["host"]["gpus"][0])[field] = value
     recording = tmp_path / "host.json"

@@ -622,6 +622,10 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
     assert r.returncode == 0, r.stderr
     assert ("not read (only .jsonl, .json, .parquet, .csv, .txt files not hidden are data): .old.jsonl, B.JSONL, "
             "c.jsonl.gz, sub/" in r.stderr)
+    # a name holding an escape sequence is written escaped: said raw, it set the terminal's title and cleared it
+    (folder / "x\x1b]0;pwned\x07\x1b[2J.gz").write_bytes(b"")
+    r = dry(env, f"--data={folder}")
+    assert r.returncode == 0 and "\x1b" not in r.stderr and "x\\x1b]0;pwned\\x07\\x1b[2J.gz" in r.stderr, r.stderr
 
 
 def test_a_json_lines_file_that_starts_with_a_byte_order_mark_passes_as_the_trainer_reads_it(env, tmp_path):
@@ -697,6 +701,14 @@ def test_packing_instruction_data_and_a_bad_checkpointing_mapping_are_refused_be
             "gradient_checkpointing_kwargs (or activation_checkpointing_kwargs) ['use_reentrant']: takes a mapping")
     refused(dry(env, "--", "--activation_checkpointing_kwargs", "{reentrant: false}"),
             "unknown key(s) reentrant; torch.utils.checkpoint takes debug, determinism_check")
+    # a value torch would misread ("false" in quotes is a string, which it takes as true) or refuse at the first
+    # step, after the model has loaded (determinism_check 5)
+    refused(dry(env, "--", "--gradient_checkpointing_kwargs", '{use_reentrant: "false"}'),
+            "use_reentrant 'false': takes true or false")
+    refused(dry(env, "--", "--gradient_checkpointing_kwargs", "{determinism_check: 5}"),
+            'determinism_check 5: takes "default" or "none"')
+    assert dry(env, "--", "--gradient_checkpointing_kwargs", "{use_reentrant: false, determinism_check: none}"
+               ).returncode == 0
 
 
 @pytest.mark.parametrize("native", [[], ["--native"]])
