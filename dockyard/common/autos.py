@@ -397,8 +397,10 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                             "accumulating keeps the gradients allocated between micro-batches. One example per "
                             f"process without accumulation fits ({one['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
                             f"{world}{micro_too}, or run `invoke plan` for a recipe that fits")
-    states = one["gpu_model_states_bytes"] + one["gpu_overhead_bytes"]
-    if not memory.fits({"gpu_bytes": states}, device.memory_bytes):  # the model, before any example
+    # the model's states at their largest in a step (DDP's gradient buckets, ZeRO-2's step partition), before any
+    # example: where they alone overflow, no sequence length helps
+    states = max(memory.gpu_states_at_peak(shape, recipe, world, gpn, replace(regime, accumulation=1))) + memory.OVERHEAD
+    if not memory.fits({"gpu_bytes": states}, device.memory_bytes):
         raise DoesNotFit(f"{recipe.name}: the model alone does not fit: its weights, gradients and optimizer states "
                          f"take {states / GIB:.1f} GiB per GPU of {budget} by the plan's estimate; run `invoke plan` "
                          f"for a recipe that fits {world} GPU(s) (sharded, offloaded or adapters), or use more GPUs")

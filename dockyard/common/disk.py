@@ -91,7 +91,8 @@ def for_settings(shape: Any, recipe: Any, settings: Any, training: dict[str, Any
     return run_bytes(shape, strategy=recipe.strategy, peft=recipe.peft, dtype=settings.dtype, half_on_gpu=half_on_gpu,
                      optimizer=training.get("save_only_model") not in (True, "true", "True", 1),
                      max_steps=int(number("max_steps", -1)), save_steps=number("save_steps", 500),
-                     save_strategy=str(training.get("save_strategy", "steps")),
+                     save_strategy="no" if training.get("save_strategy") is False  # YAML's reading of `no`
+                     else str(training.get("save_strategy", "steps")),
                      save_total_limit=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
                      lora_r=settings.lora_r)
 

@@ -103,6 +103,7 @@ class Published:
 # shape_from_count made 7B a model of hidden 3840 and 30 layers, no model anyone trains: its activations 12 % short)
 PUBLISHED = (
     Published("TinyLlama 1.1B", 1_100_048_384, 2048, 22, 5632, 256, 32000),
+    Published("Llama 3.2 1B", 1_235_814_400, 2048, 16, 8192, 512, 128256),
     Published("Llama 3.2 3B", 3_212_749_824, 3072, 28, 8192, 1024, 128256),
     Published("Llama 2 7B", 6_738_415_616, 4096, 32, 11008, 4096, 32000),
     Published("Llama 3.1 8B", 8_030_261_248, 4096, 32, 14336, 1024, 128256),

@@ -222,12 +222,40 @@ def check_cuda_ops(recipe: Recipe, image: str, loadable: set[str] | None) -> Non
     check_deepspeed_ops(read_deepspeed_config(path), str(path), loadable, image)
 
 
-def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path,
-                    gpu: bool, resume: bool) -> dict[str, Any] | None:
+Sized = tuple[memory.Shape, RunSettings, dict[str, Any]]  # the model's shape and the run's settings (sized_run)
+
+
+def sized_run(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path,
+              resume: bool) -> Sized | None:
+    """The model's shape (read from its config.json on the host) and the run's settings, a resume's own (its
+    overrides.json) with those given now on top; None where the model cannot be sized here (a hub id not in the
+    cache, which the trainer refuses; a resumed container run's own path) or the settings are refused (the checks
+    before say so)."""
+    try:
+        seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False,  # the model's
+                                       recipe_settings=recipe.settings)
+        given = parse_overrides(seen.overrides)
+        named = given.get("model")  # a hub id, passed on as it is
+        if resume:  # the run continues with its own settings (its overrides.json), those given now on top
+            named = named or runfolder.saved_overrides(run_dir).get("model")  # its hub id, or a native run's folder
+            given, _, _ = resumed_with(recipe, resumed_settings(run_dir), given)
+        folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or TINY_MODEL
+        if named and f"{inputs.INPUTS}/model" not in seen.host_paths:
+            folder = (Path(named) if isinstance(named, str) and Path(named).is_absolute() and Path(named).is_dir()
+                      else model_config.cached_snapshot(settings.path(settings.hf_cache), str(named)))
+        if not folder:
+            return None
+        run_settings, training = resolve_settings(recipe, given)
+        return memory.shape_from_folder(Path(folder)), run_settings, training
+    except DockyardError:
+        return None
+
+
+def check_runs_disk(recipe: Recipe, sized: Sized | None, *, run_dir: Path, gpu: bool,
+                    resume: bool) -> dict[str, Any] | None:
     """`invoke run`: what the run will write (dockyard.common.disk), refused before anything starts when the runs
-    folder's disk lacks the room. Settings the trainer would refuse, or a model that cannot be sized here (sized_run),
-    are left to the trainer: None, no check."""
-    sized = sized_run(settings, recipe, overrides, model=model, run_dir=run_dir, resume=resume)
+    folder's disk lacks the room. Settings the trainer would refuse, or a model that cannot be sized here (`sized`
+    None), are left to the trainer: None, no check."""
     if sized is None:
         return None
     shape, run_settings, training = sized
@@ -239,49 +267,33 @@ def check_runs_disk(settings: Settings, recipe: Recipe, overrides: list[str], *,
     return need
 
 
-def check_fits(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path, resume: bool,
-               device: Device | None, processes: int, per_node: int, liger: bool) -> None:
+def check_fits(recipe: Recipe, sized: Sized | None, *, device: Device | None, processes: int, per_node: int,
+               liger: bool) -> None:
     """`invoke run` on GPUs: a run of which not even one example fits the smallest GPU by the plan's estimate (or
     none that accumulation divides), refused as the trainer's autos refuse it once the image has started
-    (autos.DoesNotFit), with the same reason. NVML's total is at least torch's, and Liger is taken as covering the
-    model where the run has it: what fits in the trainer fits here too. Settings the trainer would refuse otherwise
-    are left to it."""
-    if device is None or device.memory_bytes < GIB:  # NVML gave no figure (the recorder writes 0): torch will
-        return
-    sized = sized_run(settings, recipe, overrides, model=model, run_dir=run_dir, resume=resume)
-    if sized is None:
+    (autos.DoesNotFit), with the same reason. Never what the trainer would take: NVML's total is at least torch's;
+    only a model of a family counted exactly (model_config.FAMILIES: another is counted as a Llama, up to 30 % over);
+    and, where the run may have Liger's kernels, only what does not fit with them or without them (which the image
+    has for which model types, and so what the autos choose, is known there)."""
+    if device is None or device.memory_bytes < GIB or sized is None:  # 0 bytes: NVML gave no figure (torch will)
         return
     shape, run_settings, training = sized
-    try:
-        autos.resolve(recipe, run_settings, training, world_size=processes, gpus_per_node=per_node, device=device,
-                      shape=shape, kind=shape.model_type, liger=(shape.model_type,) if liger else ())
-    except autos.DoesNotFit:
-        raise
-    except DockyardError:
+    if shape.model_type not in model_config.FAMILIES:
         return
 
-
-def sized_run(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path,
-              resume: bool) -> tuple[memory.Shape, RunSettings, dict[str, Any]] | None:
-    """The model's shape (read from its config.json on the host) and the run's settings, a resume's own (its
-    overrides.json) with those given now on top; None where the model cannot be sized here (a hub id not in the
-    cache, which the trainer refuses) or the settings are refused (the checks before say so)."""
-    try:
-        seen = inputs.read_only_mounts(settings, "", overrides, model=model, checkout_recipes=False,  # the model's
-                                       recipe_settings=recipe.settings)
-        given = parse_overrides(seen.overrides)
-        if resume:  # the run continues with its own settings (its overrides.json), those given now on top
-            given, _, _ = resumed_with(recipe, resumed_settings(run_dir), given)
-        hub = given.get("model")  # a hub id, read in the image from the cache (runs are offline)
-        folder = (seen.host_paths.get(f"{inputs.INPUTS}/model")
-                  or (model_config.cached_snapshot(settings.path(settings.hf_cache), hub) if hub
-                      else TINY_MODEL))
-        if not folder:
+    def refusal(covered: tuple[str, ...]) -> autos.DoesNotFit | None:
+        try:
+            autos.resolve(recipe, run_settings, training, world_size=processes, gpus_per_node=per_node, device=device,
+                          shape=shape, kind=shape.model_type, liger=covered)
+        except autos.DoesNotFit as e:
+            return e
+        except DockyardError:  # the trainer's to say
             return None
-        run_settings, training = resolve_settings(recipe, given)
-        return memory.shape_from_folder(Path(folder)), run_settings, training
-    except DockyardError:
         return None
+
+    first = refusal((shape.model_type,) if liger else ())
+    if first and (not liger or refusal(())):
+        raise first
 
 
 def resumed_settings(run_dir: Path) -> dict[str, Any]:

@@ -104,11 +104,10 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     runfolder.check_makeable(settings.path(settings.hf_cache), caches.HF_FIX)  # what caches.prepare would find
     if not r.native:
         caches.check_compile_cache(settings)  # what caches.prepare would refuse, --dry too
-    preflight.check_fits(settings, recipe, overrides, model=r.model, run_dir=run_dir, resume=r.resume,
-                         device=autos.device_from_host(host) if on_gpus else None, processes=topo.nproc * topo.nodes,
-                         per_node=topo.nproc, liger=not no_liger)
-    need = preflight.check_runs_disk(settings, recipe, overrides, model=r.model, run_dir=run_dir, gpu=on_gpus,
-                                     resume=r.resume)
+    sized = preflight.sized_run(settings, recipe, overrides, model=r.model, run_dir=run_dir, resume=r.resume)
+    preflight.check_fits(recipe, sized, device=autos.device_from_host(host) if on_gpus else None,
+                         processes=topo.nproc * topo.nodes, per_node=topo.nproc, liger=not no_liger)
+    need = preflight.check_runs_disk(recipe, sized, run_dir=run_dir, gpu=on_gpus, resume=r.resume)
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
@@ -498,7 +497,11 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
         env["DS_ACCELERATOR"] = "cpu"
     env |= node_env(topo)
     launcher = [sys.executable, "-m", "dockyard.train.torchrun"]  # torchrun, without its traceback on a failure
-    overrides = [*overrides, *(["--data", data] if data else []), *(["--model", model] if model else [])]
+    # the inputs given by flag or by invoke.yaml (a run in the image mounts both; the trainer reads neither setting,
+    # and a native run with `model:` set trained the sample model); those after -- are in the overrides already, and
+    # the recipe's own the trainer reads from the recipe
+    overrides = [*overrides, *(a for key, value, where in inputs.resolved(settings, overrides, data=data, model=model)
+                               if not where.startswith("-- ") for a in (f"--{key}", value))]
     return RunCommand(torchrun_argv(topo, launcher) + node.entry_argv(recipe, str(run_dir), overrides, resume), run_dir,
                       env)
 

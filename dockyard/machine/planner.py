@@ -251,6 +251,8 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
                                 f"(e.g. {flag}=80; 0 for what this host has)")
     shape = shape_for(model, hub_home, where)
     device = None
+    elsewhere = bool(gpus or gpu_mem_gib)  # GPUs said, maybe another server's
+    gpus_given = gpus
     if not gpus or not gpu_mem_gib:
         if host is None:
             from dockyard.gpus import read_host, select
@@ -280,13 +282,22 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
         cpu_mem_gib = psutil.virtual_memory().total / GIB
     result = plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
                   seq_len=seq_len, batch=batch, device=device)
-    result["cpu_mem_from"] = "this host" if this_host else "--cpu-mem"  # GPUs given for another server: not its RAM
-    if rec := result["recommendation"]["recipe"]:  # the run the plan sized: its sequence length is the run's too
-        given = not shape.source.startswith("assumed")  # a folder or a hub id, not a count
-        result["recommendation"]["command"] = shlex.join(
-            ["invoke", "run", f"--recipe={rec}", *([f"--model={model}"] if given else []), "--", "--max_seq_length",
-             str(seq_len), *(["--per_device_train_batch_size", str(batch)] if batch else [])])
+    result["cpu_mem_from"] = "this host" if this_host else "--cpu-mem"
+    result["cpu_mem_elsewhere"] = this_host and elsewhere  # GPUs said for another server, with this one's RAM
+    if rec := result["recommendation"]["recipe"]:
+        result["recommendation"]["command"] = run_command(rec, model, shape, gpus_given, seq_len, batch)
     return result
+
+
+def run_command(recipe: str, model: str, shape: Shape, gpus: int, seq_len: int, batch: int) -> str:
+    """The `invoke run` of the run the plan sized: its model (a count names none: MODEL_FOLDER to fill in), as many
+    GPUs as it planned where it was told how many (a run takes every GPU it sees), its sequence length (a run's
+    default is 128 tokens, a plan's 2048) and micro-batch."""
+    counted = shape.source.startswith("assumed")
+    words = ["invoke", "run", f"--recipe={recipe}", "--model=MODEL_FOLDER" if counted else f"--model={model}",
+             *([f"--gpus={','.join(map(str, range(gpus)))}"] if gpus else []), "--", "--max_seq_length",
+             str(seq_len), *(["--per_device_train_batch_size", str(batch)] if batch else [])]
+    return shlex.join(words)
 
 
 def print_plan(result: dict) -> None:
@@ -298,7 +309,7 @@ def print_plan(result: dict) -> None:
     console = Console()
     console.print(f"model: {format_count(m['params'])} parameters, largest layer {format_count(m['largest_layer'])} "
                   f"({escape(str(m['source']))})")
-    mine = " (this host's; --cpu-mem)" if result.get("cpu_mem_from") == "this host" else ""
+    mine = " (this host's; --cpu-mem)" if result.get("cpu_mem_elsewhere") else ""
     table = Table(title=f"sizes in GiB · {result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
                         f"{_gib(result['cpu_mem_bytes'])}{mine}, seq {result['seq_len']}, micro-batch "
                         f"{result['batch']}")
@@ -326,7 +337,8 @@ def print_plan(result: dict) -> None:
     console.print(("[bold]recommended: " + escape(rec["recipe"]) + "[/]" if rec["recipe"] else
                    "[bold red]no recipe fits[/]") + f" — {escape(rec['why'])}")
     if rec.get("command"):
-        console.print(f"run it: {escape(rec['command'])}", soft_wrap=True)  # whole, to copy
+        fill = " (MODEL_FOLDER: the folder of a model of that size)" if "MODEL_FOLDER" in rec["command"] else ""
+        console.print(f"run it: {escape(rec['command'])}{fill}", soft_wrap=True)  # whole, to copy
     # the key to the cells; what each figure is made of: docs/machine.md
     console.print(f"[dim]fits: yes, ckpt (only with gradient checkpointing) or no, within {1 - MARGIN:.0%} of each GPU "
                   "(the trainer's margin), at micro-batch × accumulation steps as the trainer picks them; C compiled, L "

@@ -157,6 +157,12 @@ def test_checkpointing_only_where_nothing_fits_without_it(shape):
     with pytest.raises(DockyardError, match=rf"ddp: the model alone does not fit: .* take {states:.1f} GiB per GPU of "
                                             r"13\.3 GiB \(90% of the Tesla T4\)"):
         resolve("ddp", {"max_seq_length": 2048}, device=T4_GPU, shape=shape)
+    # states that fit only before DDP's gradient buckets (two GPUs) or ZeRO-2's step partition are the model's to
+    # blame as well: "lower max_seq_length" cannot help them
+    for name, world in (("ddp", 2), ("zero2", 1)):
+        model = memory.shape_from_count(650_000_000)
+        with pytest.raises(DockyardError, match=f"{name}: the model alone does not fit"):
+            resolve(name, {"max_seq_length": 128}, world=world, device=T4_GPU, shape=model)
     # a micro-batch given is run as asked: checkpointing on where the plan says it does not fit without it
     given = resolve("lora", {"max_seq_length": 2048, "per_device_train_batch_size": 8}, device=T4_GPU, shape=shape)
     assert values(given)["gradient_checkpointing"] is True and values(given)["per_device_train_batch_size"] == 8

@@ -129,12 +129,45 @@ def test_a_resume_is_sized_with_the_runs_own_settings(settings, tmp_path):
     run_dir.mkdir()
     ddp = load_recipe("ddp")
 
-    def need(resume: bool) -> dict:
-        return preflight.check_runs_disk(settings, ddp, [], model="", run_dir=run_dir, gpu=False, resume=resume)
+    def need(resume: bool, overrides: tuple[str, ...] = (), run=run_dir) -> dict:
+        sized = preflight.sized_run(settings, ddp, list(overrides), model="", run_dir=run, resume=resume)
+        return preflight.check_runs_disk(ddp, sized, run_dir=run, gpu=False, resume=resume)
 
     (run_dir / "overrides.json").write_text(json.dumps({"max_steps": 400, "save_steps": 50, "data": "/x/y"}))
-    fresh = preflight.check_runs_disk(settings, ddp, ["--max_steps", "400", "--save_steps", "50"], model="",
-                                      run_dir=tmp_path / "r2", gpu=False, resume=False)
+    fresh = need(False, ("--max_steps", "400", "--save_steps", "50"), tmp_path / "r2")
     assert need(resume=True)["total_bytes"] == fresh["total_bytes"] > need(resume=False)["total_bytes"]
     (run_dir / "overrides.json").write_text("[1, 2]")  # not the trainer's: refused by the settings' check, not here
     assert need(resume=True) is None and need(resume=False)["total_bytes"] < fresh["total_bytes"]
+
+
+def test_save_strategy_no_as_typed_writes_no_checkpoint(settings, tmp_path):
+    """`-- --save_strategy no` is YAML's false: the host sized the run's checkpoints all the same (two of 54 GiB for
+    a 2.8B model under zero2) and refused it for the disk, where the trainer, which reads false as "no", saves none."""
+    from dockyard.launch import preflight
+
+    zero2 = load_recipe("zero2")
+
+    def need(*overrides: str) -> dict:
+        sized = preflight.sized_run(settings, zero2, list(overrides), model="", run_dir=tmp_path / "r", resume=False)
+        return disk.for_settings(*sized[:1], zero2, *sized[1:], half_on_gpu=True)
+
+    assert need("--save_strategy", "no")["checkpoints"] == 0 < need()["checkpoints"]
+
+
+def test_a_resume_of_a_hub_id_run_is_sized_by_that_model(settings, tmp_path):
+    """A resume drops the run's own input paths (the container's), and was then sized as the sample model: a run of
+    a hub model, which a resume reads again from the cache, passed the disk and fit checks whatever it was."""
+    from dockyard import ROOT
+    from dockyard.launch import preflight
+
+    snapshot = tmp_path / "hf" / "hub" / "models--org--llama8" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b" /
+                                           "config.json").read_text())
+    s = settings.model_copy(update={"hf_cache": tmp_path / "hf"})
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    (run_dir / "overrides.json").write_text(json.dumps({"model": "org/llama8", "max_steps": 10}))
+    shape, _, training = preflight.sized_run(s, load_recipe("lora"), [], model="", run_dir=run_dir, resume=True)
+    assert shape.params == memory.shape_from_folder(snapshot).params > 8e9
+    assert training["max_steps"] == 10

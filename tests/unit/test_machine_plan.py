@@ -257,8 +257,9 @@ def test_the_plan_gives_the_command_of_the_run_it_sized_and_that_run_fits(tmp_pa
     ddp = invoke_here("run", "--recipe=ddp", "--dry", *rec["command"].split()[3:], env=env)  # does not fit a T4
     assert ddp.returncode != 0 and "the model alone does not fit" in ddp.stderr, ddp.stderr
     counted = planner.plan_model("8B", gpus=8, gpu_mem_gib=80, cpu_mem_gib=1024, seq_len=4096, batch=2)
-    assert counted["recommendation"]["command"] == ("invoke run --recipe=zero2 -- --max_seq_length 4096 "
-                                                    "--per_device_train_batch_size 2")  # a count is no --model
+    assert counted["recommendation"]["command"] == (  # a count names no model; the GPUs planned, where said
+        "invoke run --recipe=zero2 --model=MODEL_FOLDER --gpus=0,1,2,3,4,5,6,7 -- --max_seq_length 4096 "
+        "--per_device_train_batch_size 2")
 
 
 def test_the_host_memory_the_plan_takes_from_this_machine_is_said_to_be_this_machines():
@@ -380,7 +381,10 @@ def test_invoke_plan_at_80_columns_shows_every_column_whole(size):
     shown = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    assert max(map(len, lines)) <= 80 and "…" not in shown.stdout
+    command = [line for line in lines if line.startswith("run it: ")]  # one line, whatever its length: to copy
+    assert [c.removeprefix("run it: ").split(" (MODEL_FOLDER")[0] for c in command] == [
+        result["recommendation"]["command"]]
+    assert max(len(line) for line in lines if line not in command) <= 80 and "…" not in shown.stdout
     header = [c.split("┃")[1:-1] for c in lines if c.startswith("┃")]
     assert [" ".join(filter(None, (c.strip() for c in col))) for col in zip(*header, strict=True)] == [
         "recipe", "states", "activ.", "per GPU", "w/ ckpt", "host", "fits", "disk"]

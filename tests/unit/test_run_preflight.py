@@ -752,3 +752,34 @@ def test_a_run_that_does_not_fit_the_gpu_is_refused_before_the_image_starts(env,
     (snapshot / "config.json").write_text((llama8b / "config.json").read_text())
     refused(invoke_here("run", "--dry", "--model=meta-llama/Llama-3.1-8B", "--recipe=ddp", env=t4),
             "ddp: the model alone does not fit")
+    # a family the host counts only as a Llama (up to 30 % over: Pythia 2.8B as 3.6B) is left to the trainer, which
+    # counts it exactly: zero2 of Pythia 2.8B at 2048 tokens fits an H100 at micro-batch 2, and was refused here
+    pythia = tmp_path / "pythia-2.8b"
+    pythia.mkdir()
+    (pythia / "config.json").write_text(json.dumps({
+        "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 2560,
+        "intermediate_size": 10240, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 50304,
+        "max_position_embeddings": 2048, "tie_word_embeddings": False}))
+    h100 = {**env, "DOCKYARD_NVML_REPLAY": str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "h100x1_580.json")}
+    taken = invoke_here("run", "--dry", "--recipe=zero2", f"--model={pythia}", "--", "--max_seq_length", "2048",
+                        "--save_strategy", "no", env=h100)  # (no checkpoints: the disk check is not this test's)
+    assert taken.returncode == 0, taken.stderr
+
+
+def test_a_native_run_gets_the_model_and_data_settings_as_a_run_in_the_image_does(env, tmp_path):
+    """`invoke run --native` passed the trainer --model and --data given as flags only: with `model:` (or
+    INVOKE_DOCKYARD_MODEL) set, the image's run trained that model, the native run the sample one, without a word,
+    while the host's checks sized the setting's."""
+    model = tmp_path / "base"
+    model.mkdir()
+    (model / "config.json").write_text((run_settings.TINY_MODEL / "config.json").read_text())
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "ships sail"}\n')
+    r = invoke_here("run", "--dry", "--native", env={**env, "INVOKE_DOCKYARD_MODEL": str(model),
+                                                     "INVOKE_DOCKYARD_DATA": str(data)})
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stderr.strip().splitlines()[-1])
+    assert argv[argv.index("--model") + 1] == str(model) and argv[argv.index("--data") + 1] == str(data)
+    flagged = invoke_here("run", "--dry", "--native", f"--model={model}", env=env)
+    argv = shlex.split(flagged.stderr.strip().splitlines()[-1])
+    assert argv.count("--model") == 1 and argv[argv.index("--model") + 1] == str(model)
