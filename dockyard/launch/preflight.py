@@ -160,7 +160,7 @@ def check_data_fields(files: list[Path]) -> str:
     """A JSON Lines file whose first example is not a JSON object, or whose fields name no format, refused as the
     trainer refuses it, but before the image starts (and leaves a failed run folder behind); the format the first
     file's fields name ("": not read here)."""
-    jsonl = sorted(f for f in files if f.suffix == ".jsonl")
+    jsonl = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # (a .json of one array: its first object)
     fields = readable(jsonl[0], first_fields) if jsonl else None
     fmt = format_of(fields) if fields is not None else ""
     if fields is not None and not fmt:

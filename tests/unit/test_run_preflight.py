@@ -697,6 +697,13 @@ def test_packing_instruction_data_and_a_bad_checkpointing_mapping_are_refused_be
     text = tmp_path / "docs.jsonl"
     text.write_text('{"text": "a document"}\n')
     assert dry(env, f"--data={text}", "--", "--packing", "true").returncode == 0  # text documents: what it joins
+    # the same in a .json file of one array, which the host did not read (the trainer refused it in the container)
+    alpaca = tmp_path / "alpaca.json"
+    alpaca.write_text('[{"instruction": "2+2?", "output": "4"}]')
+    refused(dry(env, f"--data={alpaca}", "--", "--packing", "true"), "this data is alpaca")
+    unknown = tmp_path / "foo.json"
+    unknown.write_text('[{"foo": 1}]')
+    refused(dry(env, f"--data={unknown}"), "cannot tell the data format from its fields (foo)")
     refused(dry(env, "--", "--gradient_checkpointing_kwargs", "[use_reentrant]"),
             "gradient_checkpointing_kwargs (or activation_checkpointing_kwargs) ['use_reentrant']: takes a mapping")
     refused(dry(env, "--", "--activation_checkpointing_kwargs", "{reentrant: false}"),
