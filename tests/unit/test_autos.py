@@ -154,8 +154,8 @@ def test_checkpointing_only_where_nothing_fits_without_it(shape):
         resolve("lora", {"max_seq_length": 16384, "gradient_checkpointing": False}, device=T4_GPU, shape=shape)
     # the model's states alone overflow the T4, before any example: said as such, not as the examples' fault
     states = (memory.model_states("ddp", None, shape, 1, 1)[0] + memory.OVERHEAD) / 2**30  # 16 bytes a weight
-    with pytest.raises(DockyardError, match=rf"ddp: the model alone does not fit: .* take {states:.1f} GiB per GPU of "
-                                            r"13\.3 GiB \(90% of the Tesla T4\)"):
+    with pytest.raises(DockyardError, match=rf"ddp: the model alone does not fit: .* take {states:.1f} GiB per GPU "
+                                            r"at their peak in a step, of 13\.3 GiB \(90% of the Tesla T4\)"):
         resolve("ddp", {"max_seq_length": 2048}, device=T4_GPU, shape=shape)
     # states that fit only before DDP's gradient buckets (two GPUs) or ZeRO-2's step partition are the model's to
     # blame as well: "lower max_seq_length" cannot help them
