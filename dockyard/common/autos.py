@@ -403,8 +403,8 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
     if not memory.fits({"gpu_bytes": states}, device.memory_bytes):
         raise DoesNotFit(f"{recipe.name}: the model alone does not fit: its weights, gradients and optimizer states "
                          f"take {states / GIB:.1f} GiB per GPU at their peak in a step, of {budget}, by the plan's "
-                         f"estimate; run `invoke plan` "
-                         f"for a recipe that fits {world} GPU(s) (sharded, offloaded or adapters), or use more GPUs")
+                         f"estimate; run `invoke plan` for a recipe that fits {world} GPU(s) (sharded, offloaded or "
+                         "adapters), or use more GPUs")
     raise DoesNotFit(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
                         "estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
 

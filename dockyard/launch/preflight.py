@@ -157,16 +157,16 @@ def check_model_config(folder: Path, liger: bool) -> None:
 
 
 def check_data_fields(files: list[Path]) -> str:
-    """A JSON Lines file whose first example is not a JSON object, or whose fields name no format, refused as the
+    """A JSON Lines (or JSON) file whose first example is not a JSON object, or whose fields name no format, refused as the
     trainer refuses it, but before the image starts (and leaves a failed run folder behind); the format the first
     file's fields name ("": not read here)."""
-    jsonl = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # (a .json of one array: its first object)
-    fields = readable(jsonl[0], first_fields) if jsonl else None
+    json_files = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # a .json of one array: its first object
+    fields = readable(json_files[0], first_fields) if json_files else None
     fmt = format_of(fields) if fields is not None else ""
     if fields is not None and not fmt:
-        raise unknown_format(str(jsonl[0]), fields)
+        raise unknown_format(str(json_files[0]), fields)
     try:
-        mixed = mixed_formats(jsonl) if len(jsonl) > 1 else None
+        mixed = mixed_formats(json_files) if len(json_files) > 1 else None
     except OSError as e:
         raise DockyardError(f"cannot read the data file {e.filename}: {e.strerror or e}") from None
     if mixed:
@@ -239,8 +239,10 @@ def sized_run(settings: Settings, recipe: Recipe, overrides: list[str], *, model
         if resume:  # the run continues with its own settings (its overrides.json), those given now on top
             named = named or runfolder.saved_overrides(run_dir).get("model")  # its hub id, or a native run's folder
             given, _, _ = resumed_with(recipe, resumed_settings(run_dir), given)
-        folder = seen.host_paths.get(f"{inputs.INPUTS}/model") or TINY_MODEL
-        if named and f"{inputs.INPUTS}/model" not in seen.host_paths:
+        folder = seen.host_paths.get(f"{inputs.INPUTS}/model")  # a folder mounted: the model given on this host
+        if folder is None and not named:
+            folder = TINY_MODEL
+        elif folder is None:
             folder = (Path(named) if isinstance(named, str) and Path(named).is_absolute() and Path(named).is_dir()
                       else model_config.cached_snapshot(settings.path(settings.hf_cache), str(named)))
         if not folder:
