@@ -1,5 +1,7 @@
 """What the trainer reads as data, known to the host too (`invoke run --dry` checks inputs as the trainer will)."""
 
+import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -143,6 +145,21 @@ def holds_text(path: Path) -> bool:
             if chunk.strip():
                 return True
     return False
+
+
+def csv_header(path: Path) -> list[str] | None:
+    """The column names a .csv file's first line gives (stripped, as the trainer reads them: data.read_csv), None
+    where the host cannot tell (an empty first line, a quoted name holding a line break, csv's cell limit): the
+    trainer says what it finds there."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        head = f.readline(FIRST_LINE_LIMIT)
+    if head.count('"') % 2:
+        return None
+    try:
+        names = next(csv.reader(io.StringIO(head)), None)
+    except csv.Error:
+        return None
+    return sorted(n.strip() for n in names if n.strip()) if names else None
 
 
 def mixed_formats(files: list[Path]) -> DockyardError | None:

@@ -83,6 +83,9 @@ def check_named_output(path: Path | str, flag: str) -> None:
     anything but a plain file (/dev/null, /dev/stdout, a fifo, a socket), or names a folder (as written: `DIR/.` is
     no file DIR). The file is written beside it and renamed over it, so a device node or a link to one (as root:
     /dev/stdout, /dev/null) was replaced by a plain file."""
+    if Path(path).name == "-":  # read as "standard output" by the user, a file named "-" by the write
+        raise DockyardError(f"{flag}=-: the file is written whole, never to standard output; name a file (then `cat` "
+                            "it to see it)")
     if names_a_folder(str(path)):
         raise DockyardError(f"{flag}={path}: that names a folder; name a file in it, as in "
                             f"{os.path.join(str(path), 'host.json')}")

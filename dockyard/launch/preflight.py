@@ -36,6 +36,7 @@ from dockyard.common.autos import (
 )
 from dockyard.common.data_files import (
     BUILDERS,
+    csv_header,
     data_files_in,
     first_fields,
     format_of,
@@ -157,9 +158,13 @@ def check_model_config(folder: Path, liger: bool) -> None:
 
 
 def check_data_fields(files: list[Path]) -> str:
-    """A JSON Lines (or JSON) file whose first example is not a JSON object, or whose fields name no format, refused as the
-    trainer refuses it, but before the image starts (and leaves a failed run folder behind); the format the first
-    file's fields name ("": not read here)."""
+    """A JSON Lines (or JSON) file whose first example is not a JSON object, or a JSON or .csv file whose fields name
+    no format, refused as the trainer refuses it, but before the image starts (and leaves a failed run folder
+    behind); the format the first JSON file's fields name ("": not read here). A .csv header names every column,
+    where the trainer counts those the first rows fill: it can only refuse here, not tell the format."""
+    for f in sorted(f for f in files if f.suffix == ".csv"):
+        if (header := readable(f, csv_header)) is not None and not format_of(header):
+            raise unknown_format(str(f), header)
     json_files = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # a .json of one array: its first object
     fields = readable(json_files[0], first_fields) if json_files else None
     fmt = format_of(fields) if fields is not None else ""

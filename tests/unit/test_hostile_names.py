@@ -295,3 +295,14 @@ def test_an_output_named_as_a_folder_with_a_trailing_dot_is_a_folder_not_a_file(
     assert (tmp_path / "jobs" / "zero2-2n.sbatch").is_file() and (tmp_path / "zero2-2n.sbatch").is_file()
     short_error(invoke_here("doctor", f"--record={tmp_path}/recorded/."), "names a folder; name a file in it")
     assert not (tmp_path / "recorded").exists()
+
+
+def test_an_output_named_dash_is_refused_not_written_as_a_file_named_dash(tmp_path, monkeypatch):
+    """`invoke inventory --out=-` (as `sh load.sh --inventory` writes to standard output) wrote a file named "-" in
+    the working folder and said so in a line easy to miss; so did slurm's --out and doctor's --record."""
+    monkeypatch.chdir(tmp_path)
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    for args in (("inventory", "--out=-"), ("doctor", "--record=-"),
+                 ("slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=1", "--out=-")):
+        short_error(invoke_here(*args, env=env), "never to standard output; name a file")
+    assert not (tmp_path / "-").exists()

@@ -555,6 +555,27 @@ def test_data_whose_first_example_names_no_format_is_refused_before_the_image_st
     assert dry(env, f"--data={qa}", "--", "--data_format", "text").returncode == 0
 
 
+def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_starts(env, tmp_path):
+    """The host read only JSON files' first examples: a .csv of question,answer columns was refused in the container,
+    after the image had started, leaving a failed run folder. Its header line now says it on the host, in the
+    trainer's words; a header that names a format (after a BOM, quoted, a space after a comma) is taken."""
+    qa = tmp_path / "qa.csv"
+    qa.write_text("question,answer\n2+2?,4\n")
+    refused(dry(env, f"--data={qa}"), f"{qa}: cannot tell the data format from its fields (answer, question); rename "
+                                      "them to one of messages (messages)")
+    assert "first line must name them, e.g. prompt,completion" in dry(env, f"--data={qa}").stderr
+    for header, row in (("\ufeffprompt,completion", "2+2?,4"), ('"prompt", completion', "2+2?,4"),
+                        ("id,prompt,completion", "7,2+2?,4")):
+        fine = tmp_path / "fine.csv"
+        fine.write_text(f"{header}\n{row}\n", encoding="utf-8")
+        assert dry(env, f"--data={fine}").returncode == 0, header
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.csv").write_text("prompt,completion\nQ,A\n")
+    (folder / "b.csv").write_text("question,answer\nQ,A\n")
+    refused(dry(env, f"--data={folder}"), f"{folder / 'b.csv'}: cannot tell the data format from its fields")
+
+
 def test_the_command_that_continues_an_interrupted_run_gives_what_the_host_needs_again(tmp_path, monkeypatch):
     """A recipe folder of one's own, and inputs given after `--`, are the host's to mount: a resume without them was
     refused ("give that folder again"), or the trainer found its held-out data missing. The other overrides are the
