@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from dockyard.common.data_files import HUB_ID
 from dockyard.common.errors import DockyardError, json_object
@@ -31,6 +32,7 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_si
 # its parameters came out several times too few
 EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo or a crafted file
+LAYER_KEY = re.compile(r"(^|_)layers?$")  # num_hidden_layers, decoder_layers, n_layer, num_layers, ...
 MAX_LAYERS = 4096    # decoder layers: 30 times the deepest public model's; the trainer builds every one (on the meta
                      # device) before it counts them, which for 5e7 layers of nothing took hours and a terabyte
 
@@ -76,12 +78,23 @@ def check_shards_inside(folder: Path) -> None:
                                     "folder: an index names the files beside it (copy the model folder again)")
 
 
-def check_sizes(path: Path, layers: int, params: int = 0) -> None:
+def layer_counts(cfg: Any, depth: int = 0) -> list[tuple[str, int]]:
+    """Every count of layers config.json gives, by key (num_hidden_layers, decoder_layers, n_layer, ...; under
+    text_config and the like too): transformers builds each layer any of them asks for, one by one."""
+    if not isinstance(cfg, dict) or depth > 3:
+        return []
+    found = [(k, v) for k, v in cfg.items() if isinstance(k, str) and LAYER_KEY.search(k) and isinstance(v, int)
+             and not isinstance(v, bool)]
+    return found + [x for v in cfg.values() for x in layer_counts(v, depth + 1)]
+
+
+def check_sizes(path: Path, layers: int | dict, params: int = 0) -> None:
     """Sizes no model has, from a typo or a crafted file: refused before anything is built or planned from them
-    (config.json's count here, the trainer's model on the meta device: dockyard.train.model)."""
-    if layers > MAX_LAYERS:
-        raise DockyardError(f"{path}: `num_hidden_layers` is {layers}, more than {MAX_LAYERS}: not a model's "
-                            "config.json")
+    (config.json's count here, the trainer's model on the meta device: dockyard.train.model). `layers`: the count of
+    num_hidden_layers, or config.json's settings whole (each of its layer counts)."""
+    counts = layer_counts(layers) if isinstance(layers, dict) else [("num_hidden_layers", layers)]
+    if over := next(((k, n) for k, n in counts if n > MAX_LAYERS), None):
+        raise DockyardError(f"{path}: `{over[0]}` is {over[1]}, more than {MAX_LAYERS}: not a model's config.json")
     if params > MAX_PARAMS:
         raise DockyardError(f"{path}: its sizes make {params:.3g} parameters, more than {MAX_PARAMS / 1e12:.0f}T: "
                             "not a model's config.json (check hidden_size, num_hidden_layers, vocab_size)")

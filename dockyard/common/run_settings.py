@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError, MiB, read_bounded, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, read_bounded, shown, yaml_problem
 from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe, read_deepspeed_config, read_yaml
 
 DATA = ROOT / "data"
@@ -368,6 +368,11 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     for key in ("log_level", "log_level_replica"):  # the Trainer looks it up in a table of these: a KeyError
         if key in training and str(training[key]) not in LOG_LEVELS:
             raise DockyardError(f"{key} {training[key]!r}: give one of {', '.join(LOG_LEVELS)}")
+    if training.get("accelerator_config") is not None and not isinstance(training["accelerator_config"], dict):
+        # a file's path: the Trainer reads it in each process, unchecked (split_batches in it; a fifo hung the run)
+        raise DockyardError(f"accelerator_config {shown(str(training['accelerator_config']))[:80]!r}: give its "
+                            "settings as a mapping after --, as in --accelerator_config '{even_batches: false}', not "
+                            "a file's name")
     if "split_batches" in json.dumps(training.get("accelerator_config"), default=str):
         # each process then takes its share of one micro-batch: the run trained half (of 2 processes) the global
         # batch it reported

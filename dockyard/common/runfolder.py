@@ -51,6 +51,7 @@ PROFILE_TRACE = "trace-rank{}.json.gz"  # T: in profile/, each rank's (Chrome tr
 PROFILE_SUMMARY = "summary.txt"  # T: in profile/, rank 0's account of its GPU's time
 PROFILE_TIMELINE = "timeline.png"  # H: in profile/, the monitor's plot of rank 0's GPU kernels...
 PROFILE_TIMELINE_DATA = "timeline.json"  # T: ...drawn from this, rank 0's kernels over time (kernels.timeline_record)
+NATIVE_VARIANTS = ("", "native")  # what a run made with --native records as its variant (the manifest's)
 OVERRIDES = "overrides.json"     # T: the settings given after `--` (the run's own, and those a resume gave): --resume
                                  # trains with them again
 COMPLETE = "complete.json"       # T: in a checkpoint-<step>/, written last by rank 0 once every rank saved its part

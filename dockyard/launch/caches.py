@@ -17,6 +17,7 @@ import os
 import stat
 from pathlib import Path
 
+from dockyard import ROOT
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.launch import node, scriptwords
@@ -40,15 +41,38 @@ def compile_env(settings: Settings) -> dict[str, str]:
     return node.compile_cache_env(COMPILE_INSIDE)
 
 
+# Folders a container must never be given read-write, whole: the system's, and (own_folder) the home folder, the
+# checkout and every folder above them
+SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
+                  "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")
+
+
+def own_folder(path: Path, setting: str, example: str) -> Path:
+    """A folder mounted read-write into the run's containers, which run untrusted code (a model's, a data file's):
+    refused where it is / or a system folder, or holds the home folder or the checkout (`INVOKE_DOCKYARD_HF_CACHE=~`
+    gave every container ~/.ssh to write)."""
+    real = Path(os.path.realpath(path))
+    home = Path(os.path.realpath(os.path.expanduser("~")))
+    holds = next((what for what, inner in (("your home folder", home), ("the project's checkout", ROOT.resolve()))
+                  if real == inner or real in inner.parents), "")
+    if str(real) in SYSTEM_FOLDERS or holds:
+        why = f"holds {holds}" if holds and str(real) != "/" else "is a system folder"
+        raise DockyardError(f"the {setting} setting {str(path)!r} {why}, which every run's container would be given "
+                            f"to write: give it a folder of its own, e.g. {example}")
+    return path
+
+
 def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> list[tuple[Path, str, bool]]:
     """(host, inside, read-only) of the caches; the compile cache only for what trains (`compile_cache`).
     `separators`: what the runtime's mount list splits on (docker's -v: ':'; pyxis and Apptainer: ',' too)."""
     hf = settings.path(settings.hf_cache)
     scriptwords.mount_path(str(hf), "the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE)", separators)
+    own_folder(hf, "hf_cache", "INVOKE_DOCKYARD_HF_CACHE=~/.cache/huggingface")
     out = [(hf, node.HF_INSIDE, False)]
     folder = compile_folder(settings) if compile_cache else None
     if folder is not None:
         scriptwords.mount_path(str(folder), "the compile_cache setting (INVOKE_DOCKYARD_COMPILE_CACHE)", separators)
+        own_folder(folder, "compile_cache", "INVOKE_DOCKYARD_COMPILE_CACHE=~/.cache/dockyard/compile")
         out.append((folder, COMPILE_INSIDE, False))
     return out
 

@@ -60,10 +60,10 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if out and target.is_relative_to(run_dir.resolve()):
         raise DockyardError(f"--out={out} is inside the run folder {run_dir}, whose files are the run's own: give a "
                             "folder outside it (or leave out --out: runs/<ID>/export)")
-    if m.variant in NATIVE and not native:
+    if m.variant in runfolder.NATIVE_VARIANTS and not native:
         raise DockyardError(f"run {run} was trained on this host (--native): its export runs here too, in this host's "
                             f"Python; say so: invoke export --run={run} --native")
-    if native and m.variant not in NATIVE:
+    if native and m.variant not in runfolder.NATIVE_VARIANTS:
         raise DockyardError(f"run {run} was trained in the {m.variant} image, and is exported there: leave out --native")
     if not (run_dir / "model").is_dir():  # said here, before an image starts to say it
         raise DockyardError(f"run {run} completed, but its folder holds no model/ folder (removed or replaced since): "
@@ -90,7 +90,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         raise DockyardError(f"cannot make the export folder {target}: {e.strerror or e}; give --out=FOLDER where you "
                             "can write") from None
     try:
-        proc = engine.run(argv, env=env, check=False, host_paths=m.variant not in NATIVE)
+        proc = engine.run(argv, env=env, check=False, host_paths=m.variant not in runfolder.NATIVE_VARIANTS)
     except BaseException:  # Ctrl-C, SIGTERM: the files written so far were never reloaded and compared
         remove_unfinished(made)
         raise
@@ -98,7 +98,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         remove_unfinished(made)
         raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above); nothing was "
                             "kept")
-    if m.variant not in NATIVE:
+    if m.variant not in runfolder.NATIVE_VARIANTS:
         base_on_this_host(target, engine.container_paths_shown(argv))
     return target
 
@@ -142,7 +142,6 @@ def remove_unfinished(made: list[Path]) -> None:
             return
 
 
-NATIVE = ("", "native")  # what a run made with --native records as its variant
 
 
 def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, target: Path,
@@ -155,7 +154,7 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
         raise DockyardError(f"{run_dir}/manifest.json is the manifest of run {m.run_id!r}, not of {run_dir.name!r}: "
                             "refused (a manifest is only read in its own run's folder)")
     tail = ["--merge"] if merge else []
-    if m.variant in NATIVE:
+    if m.variant in runfolder.NATIVE_VARIANTS:
         check_native_base(m, run_dir)
         # the weights are read as weights only, here as in the image: a planted pickle cannot run on this host
         return ([sys.executable, "-m", "dockyard.train.export", "--run-dir", str(run_dir), "--out", str(target), *tail],

@@ -150,6 +150,7 @@ def check_model_config(folder: Path, liger: bool) -> None:
     exactly, sizes transformers cannot build a model from (model_config.count's checks; another family's keys are
     its own, left to the trainer); with `liger` (use_liger_kernel true), a model type Liger has no kernels for."""
     cfg = json_object(folder / "config.json", "model settings")
+    model_config.check_sizes(folder / "config.json", cfg)  # any family's: the trainer builds each layer it asks for
     kind = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else ""  # not as text: count says so
     if kind in model_config.FAMILIES and all(k in cfg for k in model_config.REQUIRED):  # else transformers' defaults
         model_config.count(folder, memory.LORA_RANK)

@@ -448,6 +448,7 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     vols = caches.volumes(settings, compile_cache)
     if run_dir is not None:
         scriptwords.mount_path(str(run_dir.parent), "the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR)", ":")
+        caches.own_folder(run_dir.parent, "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs")
         vols.append((run_dir.parent, node.RUNS_INSIDE, False))
     for host_path, target, ro in vols + mounts:
         argv += ["-v", f"{host_path}:{target}{':ro' if ro else ''}"]
@@ -550,7 +551,8 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
     if m.status != "completed":
         raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
     merge = " (--merge: one model with the adapters in it)" if _adapters(m) else ""
-    print(f"  next: invoke export --run={m.run_id}{merge} writes its model as a plain Hugging Face folder")
+    native = " --native" if m.variant in runfolder.NATIVE_VARIANTS else ""  # export refuses a native run's export without it
+    print(f"  next: invoke export --run={m.run_id}{native}{merge} writes its model as a plain Hugging Face folder")
     return m.model_dump()
 
 

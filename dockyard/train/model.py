@@ -26,7 +26,8 @@ log = logging.getLogger("dockyard.train")
 
 # What transformers raises for a config.json it cannot make a model of: huggingface_hub's strict dataclasses (a
 # vocab_size given as text, heads that do not divide the width) raise an error that is none of Python's own.
-CONFIG_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RuntimeError, StrictDataclassError)
+CONFIG_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RuntimeError, ArithmeticError,
+                 StrictDataclassError)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -119,7 +120,7 @@ def load_tokenizer(model_dir: str) -> Any:
         # keys, huggingface_hub's validation error for a config of heads that do not divide its width, ...
         if asks_for_code(e):
             raise runs_code(model_dir) from None
-        if isinstance(e, StrictDataclassError):  # read from config.json, not the tokenizer's files
+        if isinstance(e, (StrictDataclassError, ArithmeticError)):  # from config.json (heads 0), not the tokenizer
             raise bad_config(Path(model_dir), e) from None
         if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
             why = f"it holds no tokenizer: none of {', '.join(TOKENIZER_FILES)}"
@@ -366,14 +367,15 @@ def model_shape(folder: Path) -> Any:
     import transformers
 
     check_model_folder(folder, str(folder))
-    json_object(folder / "config.json", "model settings")  # cut short or not JSON: said here, not as a traceback
+    raw = json_object(folder / "config.json", "model settings")  # cut short or not JSON: said here, not a traceback
+    check_sizes(folder / "config.json", raw)  # every layer any count asks for is built below before it is counted
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # building heads without weights makes it chatty
     try:
         try:
             config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
             layers = getattr(config, "num_hidden_layers", None)
-            if isinstance(layers, int):  # each one is built below before anything counts them
+            if isinstance(layers, int) and not isinstance(layers, bool):  # (the model type's own default, too)
                 check_sizes(folder / "config.json", layers)
             with torch.device("meta"):
                 try:

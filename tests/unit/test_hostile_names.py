@@ -306,3 +306,24 @@ def test_an_output_named_dash_is_refused_not_written_as_a_file_named_dash(tmp_pa
                  ("slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=1", "--out=-")):
         short_error(invoke_here(*args, env=env), "never to standard output; name a file")
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("setting, value, says", [
+    ("INVOKE_DOCKYARD_HF_CACHE", "/", "the hf_cache setting '/' is a system folder"),
+    ("INVOKE_DOCKYARD_HF_CACHE", "~", "holds your home folder"),
+    ("INVOKE_DOCKYARD_RUNS_DIR", "/", "the runs_dir setting '/' is a system folder"),
+    ("INVOKE_DOCKYARD_RUNS_DIR", "/etc", "is a system folder"),
+    ("INVOKE_DOCKYARD_RUNS_DIR", str(ROOT), "holds the project's checkout"),
+    ("INVOKE_DOCKYARD_COMPILE_CACHE", str(ROOT.parent), "holds the project's checkout"),
+])
+def test_a_cache_or_runs_folder_that_holds_the_system_or_the_home_folder_is_refused(tmp_path, setting, value, says):
+    """The tenth red-team pass: INVOKE_DOCKYARD_HF_CACHE=/ (or ~, a slip) mounted the whole filesystem (or the
+    home folder, ~/.ssh in it) read-write into every run's container, which runs a model's and a data file's code."""
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_HF_CACHE": str(tmp_path / "hf"),
+           "INVOKE_DOCKYARD_COMPILE_CACHE": str(tmp_path / "compile"), setting: value}
+    short_error(invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp", env=env), says)
+    sqsh = tmp_path / "image.sqsh"
+    sqsh.write_bytes(b"hsqs")
+    short_error(invoke_here("slurm", "--recipe=zero2", "--nodes=2", "--gpus-per-node=1", "--runtime=pyxis",
+                            f"--image-file={sqsh}", f"--out={tmp_path}/job.sbatch", env=env), says)
+    assert not (tmp_path / "job.sbatch").exists()

@@ -445,6 +445,29 @@ def test_the_trainer_refuses_a_layer_count_no_model_has_before_building_one(tmp_
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.parametrize("model_type, counts, says", [
+    ("bart", {"encoder_layers": 1, "decoder_layers": 50_000_000}, "`decoder_layers` is 50000000, more than 4096"),
+    ("t5", {"num_layers": 1, "num_decoder_layers": 50_000_000}, "`num_decoder_layers` is 50000000, more than 4096"),
+    ("gpt2", {"n_layer": 50_000_000}, "`n_layer` is 50000000, more than 4096"),
+])
+def test_any_layer_count_no_model_has_is_refused_before_building_one(tmp_path, model_type, counts, says):
+    """The tenth red-team pass: the cap read num_hidden_layers alone, which a BART config gives as 1 (its
+    encoder's) while transformers built its 5e7 decoder layers one by one: silent for minutes, gigabytes growing.
+    Every count config.json gives is read, by the trainer and by `run --dry` for any family."""
+    import time
+
+    from dockyard.launch.preflight import check_model_config
+    from dockyard.train.model import model_shape
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": 64, **counts}))
+    started = time.monotonic()
+    with pytest.raises(DockyardError, match=says):
+        model_shape(tmp_path)
+    with pytest.raises(DockyardError, match=says):
+        check_model_config(tmp_path, liger=False)
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.parametrize("model_type, extra, says", [
     ("mixtral", {"num_local_experts": 8}, "is a mixture of 8 experts per layer"),
     ("qwen2_moe", {"num_experts": 4}, "is a mixture of 4 experts per layer"),

@@ -83,4 +83,16 @@ def test_a_run_that_diverged_before_its_first_logged_loss_still_shows_its_figure
     assert "steps 10 · loss not finite → not finite · 22014 tokens/s (steady state)" in out
     # what the figure is (it read "peak memory 1024 MiB" on CPU too), and what a finished run is for next
     assert "peak RSS 1024 MiB (the largest process)" in out
-    assert f"next: invoke export --run={tmp_path.name} writes its model as a plain Hugging Face folder" in out
+    # a run trained on this host (no image: the manifest's variant "native") is exported here: `invoke export`
+    # refuses it without --native, which the line left out
+    assert f"next: invoke export --run={tmp_path.name} --native writes its model as a plain Hugging Face folder" in out
+
+
+def test_a_container_runs_summary_names_the_export_without_native(tmp_path, capsys, monkeypatch):
+    from dockyard.common import envvars
+
+    monkeypatch.setenv(envvars.VARIANT, "cpu")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 2, "loss": 6.0}\n')
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {"steps": 2}, {}))
+    launch_run.summarise(tmp_path)
+    assert f"next: invoke export --run={tmp_path.name} writes its model" in capsys.readouterr().out

@@ -103,6 +103,21 @@ def test_tokenizer_files_that_do_not_load_are_one_line(tiny, tmp_path):
         models.load_tokenizer(str(folder))
 
 
+def test_a_config_that_divides_by_zero_is_blamed_on_config_json_not_the_tokenizer(tiny, tmp_path):
+    """The tenth red-team pass: a GPT-NeoX config.json with num_attention_heads 0 was "cannot load its tokenizer
+    (ZeroDivisionError ...); copy the tokenizer's files", which are fine; the sizing step took it as unsizable."""
+    from pathlib import Path
+
+    folder = _copy(tiny, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], num_attention_heads=0)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for read in (lambda: models.load_tokenizer(str(folder)), lambda: models.model_shape(Path(folder))):
+        with pytest.raises(DockyardError, match=r"config.json: transformers cannot build a model from it "
+                                                r"\(ZeroDivisionError"):
+            read()
+
+
 def test_a_tokenizer_with_no_token_to_pad_with_is_refused(tiny, tmp_path):
     """It fell back to padding with the end-of-sequence token, which it did not have either: a RuntimeError ("Could
     not infer dtype of NoneType") in the collator, at the first step."""
