@@ -136,7 +136,7 @@ def _remainder(c) -> list[str]:
 
 
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
-            "nodes": "number of nodes to allocate (one `invoke run` each)",
+            "nodes": "number of nodes to allocate (one `invoke run` each); default 2",
             "gpus_per_node": "GPUs per node (default 0: CPU nodes, the cpu image)",
             "variant": "image variant; default auto: the newest CUDA variant with GPUs, else cpu",
             "archive": "an archive from `invoke save`: each node loads it first where it lacks the image",
@@ -163,7 +163,7 @@ def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0
 
 
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2",
-            "nodes": "number of nodes (pods), one torchrun each",
+            "nodes": "number of nodes (pods), one torchrun each; default 2",
             "gpus_per_node": "GPUs per node (default 0: CPU nodes, the cpu image)",
             "variant": "image variant; default auto: the newest CUDA variant with GPUs, else cpu",
             "image": "the image reference the cluster pulls (default: this project's tag of the variant)",

@@ -129,10 +129,11 @@ class Recording(BaseModel):
     field is read strictly as its type ("capability": 7.5 or "memory_bytes": "lots" is refused, naming the field).
     `samples` has the shape of the monitor's own monitor.jsonl lines, so a real run can be replayed."""
 
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(strict=True, extra="forbid")  # `hots` for host: "no GPU on this host" was all it got
 
+    note: str = ""  # what the recording is of, in words (the fixtures')
     kind: Literal["gpu", "cpu"] = "gpu"
-    host: Host = Field(default_factory=Host)
+    host: Host
     links: list[Link] = []
     samples: list[Sample] = []
 

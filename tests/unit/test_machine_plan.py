@@ -271,6 +271,10 @@ def test_the_host_memory_the_plan_takes_from_this_machine_is_said_to_be_this_mac
     assert mine.returncode == 0 and "(this host's; --cpu-mem)" in mine.stdout, mine.stderr
     given = invoke_here("plan", "--model=8B", "--gpus=8", "--gpu-mem=80", "--cpu-mem=2048", env={"COLUMNS": "200"})
     assert "host 2048.0 GiB, seq" in given.stdout and "this host's" not in given.stdout
+    # a recorded server's GPUs (DOCKYARD_NVML_REPLAY) beside this machine's RAM: said too (a newcomer's first hour)
+    replayed = invoke_here("plan", "--model=8B", env={"COLUMNS": "200", "DOCKYARD_NVML_REPLAY": str(
+        ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "h100x8_580.json")})
+    assert "8 GPU(s) ×" in replayed.stdout and "(this host's; --cpu-mem)" in replayed.stdout, replayed.stderr
 
 
 def test_qlora_says_it_buys_memory_not_speed():

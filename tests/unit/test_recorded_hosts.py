@@ -177,6 +177,9 @@ def test_a_gpu_not_on_the_host_is_a_short_error(settings, capsys, replay):
 @pytest.mark.parametrize("text, says", [("[1, 2]", "expected a JSON object"), ('{"host": []}', "not a recorded host"),
                                         ('{"host": {"gpus": [{"x": 1}]}}', "not a recorded host"),
                                         ("not json", "is not valid JSON"),
+                                        # a key misspelt, or none: it was read as a host with no GPU ("NVML sees no GPU")
+                                        ('{"hots": {"gpus": []}}', r"hots: Extra inputs are not permitted"),
+                                        ("{}", r"host: Field required"),
                                         ('{"host": {"cuda": 12.2}}', r"\(host\.cuda: Input should be a valid string\)"),
                                         ('{"host": {"gpus": [{"index": 0, "name": "T4", "memory_bytes": "lots"}]}}',
                                          r"\(host\.gpus\.0\.memory_bytes: Input should be a valid integer\)"),
