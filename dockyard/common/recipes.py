@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from dockyard import ROOT
 from dockyard.common import tree
-from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded, shown, yaml_problem
 
 RECIPES = ROOT / "recipes"
 # What yaml.safe_load raises besides YAMLError: its constructors convert tagged and date-like scalars with int(),
@@ -273,6 +274,11 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     path = folder / "recipe.yaml"
     if not path.is_file():
         names = sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
+        given = Path(name_or_dir)
+        if given.is_dir() and given.name not in names:  # a folder of one's own, without its recipe.yaml
+            raise DockyardError(f"the folder {str(name_or_dir)!r} holds no recipe.yaml: copy a recipe's folder to "
+                                f"start from (cp -r recipes/zero2 {shown(shlex.quote(str(name_or_dir)))}), or pick one of "
+                                f"{', '.join(names)}")
         raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: pick one of {', '.join(names)} "
                             f"or give a folder that holds a recipe.yaml")
     files_inside(folder)

@@ -55,6 +55,14 @@ def test_unknown_recipe_lists_the_valid_names():
         load_recipe("zero9")
 
 
+def test_a_folder_without_its_recipe_yaml_is_said_to_be_one(tmp_path):
+    """`--recipe=/tmp/mine` (a folder made for a recipe, its recipe.yaml not there yet) was "unknown recipe
+    '/tmp/mine': ... or give a folder that holds a recipe.yaml", as if it were no folder."""
+    with pytest.raises(DockyardError, match=f"the folder '{tmp_path}' holds no recipe.yaml: copy a recipe's folder to "
+                                            f"start from \\(cp -r recipes/zero2 {tmp_path}\\)"):
+        load_recipe(str(tmp_path))
+
+
 def test_a_recipe_folder_outside_the_project_loads(tmp_path):
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
     (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: zero3\n"
