@@ -276,6 +276,16 @@ def _hub_snapshot(repo_id: str) -> str:
         return ""
 
 
+def _parquet_rows(path: str) -> int | None:
+    """The rows a parquet file's footer counts; None where it cannot be read."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - pyarrow raises its own kinds for a file that is not parquet
+        return None
+
+
 def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
     """Rows through `datasets`, never over the network: runs are offline, and so are the tests."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -303,6 +313,9 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
                                 f"~/.cache/huggingface to this host's hf_cache") from None
         if not any(_holds_text(f) for f in kwargs["data_files"]):
             raise DockyardError(f"{what} holds no examples (the file is empty)") from None
+        if builder == "parquet" and all(_parquet_rows(f) == 0 for f in kwargs["data_files"]):
+            # pyarrow's own words were "BatchSize must be greater than 0, got 0"
+            raise DockyardError(f"{what} holds no examples (its table has no rows)") from None
         if isinstance(e.__cause__ or e, UnicodeDecodeError):
             where = _bad_utf8_line(kwargs["data_files"])
             raise DockyardError(f"cannot read {where or what}: it is not UTF-8 text"

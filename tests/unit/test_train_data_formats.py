@@ -237,6 +237,13 @@ def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DockyardError, match=r"empty.jsonl holds no examples \(the file is empty\)"):
         data.read_rows(tmp_path / "empty.jsonl")
+    # a parquet table of no rows (the tenth red-team pass): pyarrow's "BatchSize must be greater than 0, got 0"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "none.parquet")
+    with pytest.raises(DockyardError, match=r"none.parquet holds no examples \(its table has no rows\)"):
+        data.read_rows(tmp_path / "none.parquet")
     # a file the run may not read was an OSError traceback from every process (as root, whom chmod 000 does not
     # stop, a file whose read fails for anyone stands in)
     folder = tmp_path / "shards"
