@@ -274,8 +274,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     path = folder / "recipe.yaml"
     if not path.is_file():
         names = sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
-        given = Path(name_or_dir)
-        if given.is_dir() and given.name not in names:  # a folder of one's own, without its recipe.yaml
+        if Path(name_or_dir).is_dir():  # a folder of one's own, without its recipe.yaml (a name is looked up first)
             raise DockyardError(f"the folder {str(name_or_dir)!r} holds no recipe.yaml: copy a recipe's folder to "
                                 f"start from (cp -r recipes/zero2 {shown(shlex.quote(str(name_or_dir)))}), or pick one of "
                                 f"{', '.join(names)}")

@@ -251,8 +251,10 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
                                 f"(e.g. {flag}=80; 0 for what this host has)")
     shape = shape_for(model, hub_home, where)
     device = None
+    from dockyard.gpus import REPLAY_ENV
+
     # GPUs said, maybe another server's; or a recorded server's (DOCKYARD_NVML_REPLAY), beside this one's RAM
-    elsewhere = bool(gpus or gpu_mem_gib or os.environ.get("DOCKYARD_NVML_REPLAY"))
+    elsewhere = bool(gpus or gpu_mem_gib or os.environ.get(REPLAY_ENV))
     gpus_given = gpus
     if not gpus or not gpu_mem_gib:
         if host is None:
