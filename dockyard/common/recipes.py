@@ -36,7 +36,7 @@ RECIPES = ROOT / "recipes"
 YAML_ERRORS = (yaml.YAMLError, ValueError, IndexError, AttributeError, TypeError, RecursionError)
 BUFFER = 1.5          # DeepSpeed's additional_buffer_factor for host memory
 FULL_STATES = 18      # bytes per trained parameter: fp32 weights 4 + grads 4 + Adam 8 + bf16 working copy 2
-NF4_BYTES = 0.52      # 4-bit NF4 with double-quantised scales, per quantised weight
+NF4_BYTES = 0.5625    # 4-bit NF4 per quantised weight: half a byte, and an fp32 scale per 64 (train/fourbit.py)
 
 
 class _OneOfEachKey(yaml.SafeLoader):

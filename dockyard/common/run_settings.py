@@ -86,6 +86,7 @@ class RunSettings(BaseModel):
     packing: StrictBool | Literal["auto"] = "auto"  # text documents joined and cut into max_seq_length blocks
     numa_binding: StrictBool | Literal["auto"] = "auto"  # each process on its GPU's NUMA node's cores
     profile_steps: str = ""  # "A-B" (or "N"): torch.profiler over those steps (dockyard.train.profiler)
+    qlora_lean: StrictBool = True  # qlora's 4-bit layers without their repeated work (dockyard.train.fourbit)
 
     @field_validator("lora_target_modules", mode="before")
     @classmethod

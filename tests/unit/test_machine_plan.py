@@ -60,17 +60,18 @@ def test_model_states_agree_with_deepspeed_estimators(p, big, gpn, nodes):
 def test_ddp_and_adapter_model_states_are_pinned(world):
     """Hand-computed, not by the function under test: DDP keeps fp32 weights 4 + grads 4 + Adam 8 + the bf16
     working copy 2 = 18 bytes per parameter on every GPU, whatever the GPU count; LoRA keeps the bf16 base (2)
-    plus 18 per adapter parameter; QLoRA 0.52 per quantised weight, 2 for the rest, 18 per adapter parameter."""
+    plus 18 per adapter parameter; QLoRA 0.5625 per quantised weight (half a byte, an fp32 scale per
+    64), 2 for the rest, 18 per adapter parameter."""
     shape = _shape(1_000_000_000, 100_000_000)  # linear_params 500 M, lora_params 5 M
     assert memory.model_states("ddp", None, shape, world, world)[0] == 18_000_000_000
     assert memory.model_states("ddp", "lora", shape, world, world)[0] == 2_000_000_000 + 90_000_000
-    assert memory.model_states("ddp", "qlora", shape, world, world)[0] == 260_000_000 + 1_000_000_000 + 90_000_000
+    assert memory.model_states("ddp", "qlora", shape, world, world)[0] == 281_250_000 + 1_000_000_000 + 90_000_000
     # the run's adapter rank (lora_params is rank 16's) and, for an adapter recipe, a float32 base: once every rank
     # and dtype gave rank 16's figure on a 16-bit base
     r64, fp32 = memory.Regime(lora_r=64), memory.Regime(dtype="float32")
     assert memory.model_states("ddp", "lora", shape, world, world, r64)[0] == 2_000_000_000 + 4 * 90_000_000
     assert memory.model_states("ddp", "lora", shape, world, world, fp32)[0] == 4_000_000_000 + 90_000_000
-    assert memory.model_states("ddp", "qlora", shape, world, world, fp32)[0] == 260_000_000 + 2_000_000_000 + 90_000_000
+    assert memory.model_states("ddp", "qlora", shape, world, world, fp32)[0] == 281_250_000 + 2_000_000_000 + 90_000_000
     assert memory.model_states("ddp", None, shape, world, world, fp32)[0] == 18_000_000_000  # full: fp32 already
 
 
