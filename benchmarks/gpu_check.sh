@@ -8,7 +8,7 @@
 # Each part is sized for one call of under 10 minutes on one H100, after ~1 min of install on a fresh machine
 # (a lease of 15 minutes holds one such call, perhaps two short ones: plan which one it is for):
 #   sh benchmarks/gpu_check.sh tests [SLICE | PYTEST ARGS]   one slice of tests/gpu, never the CPU tests:
-#        (nothing)    test_nvml + test_recipes_gpu (11 runs, ~7 min)
+#        (nothing)    test_nvml + test_recipes_gpu (11 runs, ~7 min) + test_qlora_lean_gpu (seconds)
 #        autos        test_autos_gpu.py on the tiny model, less the kernels' tests (9 runs, 4 of them compiled)
 #        autos-kernels  the rest of it: Liger's kernels, padding-free, QLoRA compiled (4 runs, 1 compiled)
 #        autos-944m   test_autos_gpu.py on the 944M model (6 runs, 2 models made, none saving a checkpoint: ~7 min)
@@ -90,7 +90,7 @@ tests)
 			echo "== $name: exit $rc ($(tail -1 "$OUT/tests-gpu-$name.log"))"
 		}
 		rm -f "$OUT/slices.txt"
-		run_slice recipes tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@" &
+		run_slice recipes tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py tests/gpu/test_qlora_lean_gpu.py "$@" &
 		# QLoRA compiled (4-bit layers under torch.compile) with the kernels: the autos slice held 10 runs, 5 compiled
 		run_slice autos tests/gpu/test_autos_gpu.py -k "$AUTOS" "$@" &
 		run_slice autos-kernels tests/gpu/test_autos_gpu.py -k "$KERNELS" "$@" &
@@ -131,7 +131,7 @@ tests)
 		*/* | *.py | *.py::*) echo "error: $a is not under tests/gpu/: this runs the GPU tests only" >&2; exit 2 ;;
 		esac
 	done
-	[ -n "$paths" ] || set -- tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py "$@"
+	[ -n "$paths" ] || set -- tests/gpu/test_nvml.py tests/gpu/test_recipes_gpu.py tests/gpu/test_qlora_lean_gpu.py "$@"
 	{ rc=0; "$PY" -m pytest -v --tb=short -p no:cacheprovider -rs --durations=15 --basetemp=/tmp/dockyard-gpu-tests \
 		$cap "$@" || rc=$?; echo $rc >"$status"; } 2>&1 | tee "$OUT/tests-gpu.log" ;;
 bench)

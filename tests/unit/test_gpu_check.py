@@ -57,12 +57,15 @@ def test_without_a_usable_gpu_nothing_runs_and_the_call_fails(tmp_path, host, sa
     assert r.returncode == 1 and said in r.stderr and calls == []
 
 
+DEFAULT_SLICE = ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py", "tests/gpu/test_qlora_lean_gpu.py"]
+
+
 @pytest.mark.parametrize("args,files", [
-    ([], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
-    (["-k", "qlora"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
+    ([], DEFAULT_SLICE),
+    (["-k", "qlora"], DEFAULT_SLICE),
     # an option's value is no test path: pytest must not fall back to its testpaths (the CPU and Docker suite)
-    (["--deselect", "tests/gpu/test_recipes_gpu.py::test_x"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
-    (["--ignore=tests/gpu/test_nvml.py"], ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py"]),
+    (["--deselect", "tests/gpu/test_recipes_gpu.py::test_x"], DEFAULT_SLICE),
+    (["--ignore=tests/gpu/test_nvml.py"], DEFAULT_SLICE),
     (["autos"], ["tests/gpu/test_autos_gpu.py"]),
     (["autos-kernels"], ["tests/gpu/test_autos_gpu.py"]),
     (["tests/gpu/test_resume_gpu.py", "-k", "ddp"], ["tests/gpu/test_resume_gpu.py"]),
