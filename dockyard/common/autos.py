@@ -396,17 +396,17 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                             f"step (global_batch {per_rank * world}) fits in {budget}{said} by the plan's estimate: "
                             "accumulating keeps the gradients allocated between micro-batches. One example per "
                             f"process without accumulation fits ({one['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
-                            f"{world}{micro_too}, or run `invoke plan` for a recipe that fits")
+                            f"{world}{micro_too}, or run `invoke plan --seq-len={seq}` for a recipe that fits")
     # the model's states at their largest in a step (DDP's gradient buckets, ZeRO-2's step partition), before any
     # example: where they alone overflow, no sequence length helps
     states = max(memory.gpu_states_at_peak(shape, recipe, world, gpn, replace(regime, accumulation=1))) + memory.OVERHEAD
     if not memory.fits({"gpu_bytes": states}, device.memory_bytes):
         raise DoesNotFit(f"{recipe.name}: the model alone does not fit: its weights, gradients and optimizer states "
                          f"take {states / GIB:.1f} GiB per GPU at their peak in a step, of {budget}, by the plan's "
-                         f"estimate; run `invoke plan` for a recipe that fits {world} GPU(s) (sharded, offloaded or "
-                         "adapters), or use more GPUs")
+                         f"estimate; run `invoke plan --seq-len={seq}` for a recipe that fits {world} GPU(s) "
+                         "(sharded, offloaded or adapters), or use more GPUs")
     raise DoesNotFit(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
-                        "estimate; run `invoke plan` for a recipe that fits, or lower max_seq_length")
+                        f"estimate; run `invoke plan --seq-len={seq}` for a recipe that fits, or lower max_seq_length")
 
 
 def _why_checkpointed(given: int | None, per_rank: int, alone: Callable[[bool], dict], device: Device) -> str:
