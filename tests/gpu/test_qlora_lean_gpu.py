@@ -1,8 +1,9 @@
 """QLoRA's lean 4-bit layers (dockyard/train/fourbit.py, `qlora_lean`) with bitsandbytes' CUDA kernels, under bf16
 autocast as the Trainer trains: the work it leaves out is gone, and a batch of training size (more than the 1,536
 tokens up to which bitsandbytes uses its fused 4-bit matmul, so through its dequantize-then-matmul path, as every
-batch of the benchmark model at micro-batch 8 x 2048) gives the same loss and adapter gradients to the bit. Below
-that, the fused kernel takes the scales in their other form, and the results are held to bf16's precision."""
+batch of the benchmark model at micro-batch 8 x 2048, where the lean path calls the dequantization and the matmul
+itself) gives the same loss and adapter gradients to the bit. Below that, bitsandbytes' fused kernel still runs,
+with the scales in their other form, and the results are held to bf16's precision."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def test_lean_qlora_layers_on_the_gpu(tmp_path, tokens):
     assert layers == 14 and fourbit.lean_adapters(model) == layers
     loss, grads, after = step(model, ids, autocast=True)
     assert after.scale_dequants == 0 and before.clones - after.clones == layers, (vars(before), vars(after))
+    # past the fused kernel's batches the matmul is the lean path's own; below, bitsandbytes' (its fused kernel)
+    assert after.bnb_matmuls == (0 if ids.numel() > 1536 else layers), after.bnb_matmuls
     assert grads.keys() == grads_before.keys()
     if ids.numel() > 1536:
         assert torch.equal(loss, loss_before)

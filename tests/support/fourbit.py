@@ -16,11 +16,12 @@ from dockyard.train import model as models
 
 class Work(TorchDispatchMode):
     """Counts what the lean path leaves out: copies of tensors at least `size` elements large (a layer's output, not
-    an adapter's weights) and dequantizations of the 8-bit scales."""
+    an adapter's weights), dequantizations of the 8-bit scales, and calls of bitsandbytes' own 4-bit matmul operator
+    (the lean path calls the dequantization and F.linear it ends in itself)."""
 
     def __init__(self, size: int):
         super().__init__()
-        self.size, self.clones, self.scale_dequants = size, 0, 0
+        self.size, self.clones, self.scale_dequants, self.bnb_matmuls = size, 0, 0, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -29,6 +30,7 @@ class Work(TorchDispatchMode):
         if func.name().startswith("bitsandbytes::dequantize_blockwise"):  # backward: before the 4-bit dequant
             self.scale_dequants += 1
         if func.name().startswith("bitsandbytes::gemm_4bit"):  # forward: the 8-bit scales go in with the weights
+            self.bnb_matmuls += 1
             nested = args[7] if len(args) > 7 else kwargs.get("absmax_8bit")
             self.scale_dequants += nested is not None
         return func(*args, **kwargs)

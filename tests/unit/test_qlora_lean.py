@@ -1,7 +1,7 @@
 """QLoRA's 4-bit layers as the trainer prepares them (train/fourbit.py): the scales made plain once, peft's copy of
-every 4-bit layer's output gone, and the loss and every adapter gradient the same to the bit as bitsandbytes' and
-peft's own path. On CPU with bitsandbytes' CPU kernels, under CPU autocast in bf16 as the Trainer trains on GPUs,
-and without it as it trains on CPU."""
+every 4-bit layer's output gone, the 4-bit matmul called without bitsandbytes' layers around it, and the loss and
+every adapter gradient the same to the bit as bitsandbytes' and peft's own path. On CPU with bitsandbytes' CPU
+kernels, under CPU autocast in bf16 as the Trainer trains on GPUs, and without it as it trains on CPU."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def test_lean_qlora_layers_train_to_the_same_bits_without_the_repeated_work(tmp_
     assert fourbit.plain_scales(model) == layers
     assert fourbit.lean_adapters(model) == layers
     loss, grads, after = step(model, ids, autocast)
+    assert before.bnb_matmuls == layers and after.bnb_matmuls == 0, (before.bnb_matmuls, after.bnb_matmuls)
     assert (before.clones - after.clones, after.scale_dequants) == (layers, 0), (before.clones, after.clones,
                                                                                   after.scale_dequants)
     assert torch.equal(loss, loss_before)
