@@ -32,7 +32,8 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_si
 # its parameters came out several times too few
 EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 MAX_PARAMS = 10**14  # 100T: far past any model trained on one cluster; larger is a typo or a crafted file
-LAYER_KEY = re.compile(r"(^|_)layers?$")  # num_hidden_layers, decoder_layers, n_layer, num_layers, ...
+# num_hidden_layers, decoder_layers, n_layer, num_layers, ...; ALBERT's num_hidden_groups and inner_group_num
+LAYER_KEY = re.compile(r"(^|_)(layers?|groups?|group_num)$")
 MAX_LAYERS = 4096    # decoder layers: 30 times the deepest public model's; the trainer builds every one (on the meta
                      # device) before it counts them, which for 5e7 layers of nothing took hours and a terabyte
 

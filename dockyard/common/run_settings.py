@@ -266,6 +266,9 @@ def without_effect(recipe: Recipe) -> dict[str, str]:
     refuses it where it is given, and a resume leaves it out of the settings a run saved before it was refused.
     `--optim sgd` on an offload recipe trained with its ds_config's AdamW while the manifest said sgd."""
     why = {k: f"the run sets it itself and would ignore this value; {v}" for k, v in SET_BY_THE_RUN.items()}
+    if recipe.peft != "qlora":
+        why["qlora_lean"] = (f"recipe {recipe.name} has no 4-bit layers (only qlora's base is quantised); leave it out, "
+                             "or pick qlora")
     if not recipe.peft:
         why |= dict.fromkeys(LORA_KEYS, f"recipe {recipe.name} trains the whole model, with no LoRA adapters to set; "
                                         "pick lora or qlora (invoke recipes), or leave it out")
@@ -466,16 +469,21 @@ class Range:
 
 RANGES: dict[str, Range] = {
     **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "max_grad_norm", "warmup_steps",
-                     "dataloader_num_workers", "save_total_limit"), Range(0)),  # save_total_limit 0: keep all
+                     "save_total_limit"), Range(0)),  # save_total_limit 0: keep all
+    # each process forks that many workers, each preparing that many batches ahead: 10**5 workers forked a
+    # 500 MB process 10**5 times, and a prefetch factor of 10**18 spun every rank at 100 % before its first batch
+    "dataloader_num_workers": Range(0, 64),
+    "dataloader_prefetch_factor": Range(1, 64),
+    # accelerate pads the last evaluation batch to this size by doubling a list: 10**12 took the host's memory
+    "per_device_eval_batch_size": Range(1, 65536),
     **dict.fromkeys(("adam_beta1", "adam_beta2"), Range(0, 1, open_high=True)),  # torch: "Invalid beta parameter"
-    **dict.fromkeys(("per_device_eval_batch_size", "eval_accumulation_steps"), Range(1)),
+    "eval_accumulation_steps": Range(1),
     **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), Range(0, open_low=True)),
     **dict.fromkeys(("seed", "data_seed"), Range(0, 2**32 - 1)),
     "neftune_noise_alpha": Range(0),  # torch's uniform_ refused a negative one at the first step
     # (1 - ε)·nll + ε·smooth: at 1 or more the correct token's loss is pushed the wrong way (10 meant for 10 %)
     "label_smoothing_factor": Range(0, 1, open_high=True),
     "torch_empty_cache_steps": Range(1),  # TrainingArguments: "must be a positive integer" (null: never)
-    "dataloader_prefetch_factor": Range(1),
 }
 
 

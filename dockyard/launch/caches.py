@@ -45,6 +45,10 @@ def compile_env(settings: Settings) -> dict[str, str]:
 # checkout and every folder above them
 SYSTEM_FOLDERS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
                   "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var")
+# and nothing inside these either (/etc/cron.d, /usr/local/bin: a root container writes the host's system there);
+# /home, /opt, /srv, /tmp and /mnt hold users' own folders
+SYSTEM_TREES = tuple(Path(p) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run",
+                                       "/sbin", "/sys", "/usr", "/var/lib", "/var/run"))
 
 
 def own_folder(path: Path, setting: str, example: str) -> Path:
@@ -55,8 +59,10 @@ def own_folder(path: Path, setting: str, example: str) -> Path:
     home = Path(os.path.realpath(os.path.expanduser("~")))
     holds = next((what for what, inner in (("your home folder", home), ("the project's checkout", ROOT.resolve()))
                   if real == inner or real in inner.parents), "")
-    if str(real) in SYSTEM_FOLDERS or holds:
-        why = f"holds {holds}" if holds and str(real) != "/" else "is a system folder"
+    inside = any(tree == real or tree in real.parents for tree in SYSTEM_TREES)
+    if str(real) in SYSTEM_FOLDERS or inside or holds:
+        why = (f"holds {holds}" if holds and str(real) != "/" else "is a system folder"
+               if str(real) in SYSTEM_FOLDERS or holds else "is inside a system folder")
         raise DockyardError(f"the {setting} setting {str(path)!r} {why}, which every run's container would be given "
                             f"to write: give it a folder of its own, e.g. {example}")
     return path

@@ -313,6 +313,10 @@ def test_an_output_named_dash_is_refused_not_written_as_a_file_named_dash(tmp_pa
     ("INVOKE_DOCKYARD_HF_CACHE", "~", "holds your home folder"),
     ("INVOKE_DOCKYARD_RUNS_DIR", "/", "the runs_dir setting '/' is a system folder"),
     ("INVOKE_DOCKYARD_RUNS_DIR", "/etc", "is a system folder"),
+    # the eleventh: a folder inside one (a root container wrote the host's cron jobs)
+    ("INVOKE_DOCKYARD_RUNS_DIR", "/etc/cron.d", "the runs_dir setting '/etc/cron.d' is inside a system folder"),
+    ("INVOKE_DOCKYARD_HF_CACHE", "/usr/local/bin", "is inside a system folder"),
+    ("INVOKE_DOCKYARD_COMPILE_CACHE", "/var/lib/dockyard-test", "is inside a system folder"),
     ("INVOKE_DOCKYARD_RUNS_DIR", str(ROOT), "holds the project's checkout"),
     ("INVOKE_DOCKYARD_COMPILE_CACHE", str(ROOT.parent), "holds the project's checkout"),
 ])

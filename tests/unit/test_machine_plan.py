@@ -454,6 +454,11 @@ def test_the_trainer_refuses_a_layer_count_no_model_has_before_building_one(tmp_
     ("bart", {"encoder_layers": 1, "decoder_layers": 50_000_000}, "`decoder_layers` is 50000000, more than 4096"),
     ("t5", {"num_layers": 1, "num_decoder_layers": 50_000_000}, "`num_decoder_layers` is 50000000, more than 4096"),
     ("gpt2", {"n_layer": 50_000_000}, "`n_layer` is 50000000, more than 4096"),
+    # the eleventh: ALBERT builds num_hidden_groups groups of inner_group_num layers each
+    ("albert", {"num_hidden_layers": 2, "num_hidden_groups": 50_000_000, "embedding_size": 8, "hidden_size": 8,
+                "num_attention_heads": 2, "intermediate_size": 16}, "`num_hidden_groups` is 50000000, more than 4096"),
+    ("albert", {"num_hidden_layers": 2, "inner_group_num": 50_000_000, "embedding_size": 8, "hidden_size": 8,
+                "num_attention_heads": 2, "intermediate_size": 16}, "`inner_group_num` is 50000000, more than 4096"),
 ])
 def test_any_layer_count_no_model_has_is_refused_before_building_one(tmp_path, model_type, counts, says):
     """The tenth red-team pass: the cap read num_hidden_layers alone, which a BART config gives as 1 (its

@@ -289,7 +289,7 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     (["--max_steps", "-3"], "max_steps -3: give the number of optimizer steps"),
     (["--adam_beta2", "1"], "adam_beta2 1: TrainingArguments.adam_beta2 takes a number from 0 up to (not including) 1"),
     (["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size 0: TrainingArguments."
-                                            "per_device_eval_batch_size takes a number 1 or more"),
+                                            "per_device_eval_batch_size takes a number from 1 to 65536"),
     (["--seed", "-1"], "seed -1: TrainingArguments.seed takes a number from 0 to 4294967295"),
     (["--bf16", "maybe"], "bf16 'maybe': TrainingArguments.bf16 is a switch: give true or false"),
     (["--tf32", "2"], "tf32 2: TrainingArguments.tf32 is a switch: give true or false"),

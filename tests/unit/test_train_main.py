@@ -161,6 +161,16 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--accelerator_config", '{"split_batches": true}'], "accelerator_config: leave split_batches out"),
     # the tenth: a file's name went around that check (the Trainer reads the file: split_batches in it; a fifo hung)
     (["--accelerator_config", "/tmp/acc.json"], "accelerator_config '/tmp/acc.json': give its settings as a mapping"),
+    # the eleventh: 10**5 workers forked per process; a prefetch factor of 10**18 spun every rank before its first
+    # batch; accelerate padded an evaluation batch of 10**12 by doubling a list until the kernel killed the run
+    (["--dataloader_num_workers", "100000"], "dataloader_num_workers 100000: TrainingArguments.dataloader_num_workers "
+                                             "takes a number from 0 to 64"),
+    (["--dataloader_num_workers", "1", "--dataloader_prefetch_factor", "1000000000000000000"],
+     "dataloader_prefetch_factor 1000000000000000000: TrainingArguments.dataloader_prefetch_factor takes a number "
+     "from 1 to 64"),
+    (["--per_device_eval_batch_size", "1000000000000"], "per_device_eval_batch_size 1000000000000: TrainingArguments."
+                                                        "per_device_eval_batch_size takes a number from 1 to 65536"),
+    (["--qlora_lean", "false"], "qlora_lean in the overrides after --: recipe ddp has no 4-bit layers"),
     # the split of the batch, refused once the run folder was made (run.sh, native)
     (["--global_batch", "3", "--per_device_train_batch_size", "2"], "per_device_train_batch_size 2 does not divide "
                                                                      "the 3 examples each of the 1 process(es)"),
