@@ -382,6 +382,18 @@ def check_training_numbers(training: dict[str, Any]) -> None:
         # batch it reported
         raise DockyardError("accelerator_config: leave split_batches out: global_batch says what each step trains over "
                             "all processes, and the project splits it (split_batches would train less than it says)")
+    if training.get("parallelism_config") is not None:  # an object of accelerate's: a string was a traceback per rank
+        raise DockyardError("parallelism_config cannot be given as a setting: the recipe's strategy decides how the "
+                            "model is split (invoke recipes); leave it out")
+    metric = training.get("metric_for_best_model")
+    if metric is not None and metric not in ("loss", "eval_loss"):  # the Trainer's KeyError after the first eval
+        raise DockyardError(f"metric_for_best_model {reprlib.repr(metric)}: a run computes no metric but the "
+                            "evaluation loss: give eval_loss, or leave it out")
+    shown_metrics = training.get("include_for_metrics")
+    if shown_metrics is not None and not (isinstance(shown_metrics, list)
+                                          and all(m in ("inputs", "loss") for m in shown_metrics)):
+        raise DockyardError(f"include_for_metrics {reprlib.repr(shown_metrics)}: takes a list of inputs and loss, as "
+                            "in --include_for_metrics '[loss]', or leave it out")
     if training.get("dataloader_prefetch_factor") is not None and not training.get("dataloader_num_workers"):
         raise DockyardError("dataloader_prefetch_factor works with dataloader_num_workers above 0 (the batches each "
                             "worker prepares ahead): set both, or leave out dataloader_prefetch_factor")

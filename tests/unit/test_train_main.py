@@ -171,6 +171,11 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--per_device_eval_batch_size", "1000000000000"], "per_device_eval_batch_size 1000000000000: TrainingArguments."
                                                         "per_device_eval_batch_size takes a number from 1 to 65536"),
     (["--qlora_lean", "false"], "qlora_lean in the overrides after --: recipe ddp has no 4-bit layers"),
+    # a traceback on every rank, or after the first evaluation, each
+    (["--parallelism_config", "foo"], "parallelism_config cannot be given as a setting"),
+    (["--metric_for_best_model", "foo"], "metric_for_best_model 'foo': a run computes no metric but the evaluation "
+                                         "loss"),
+    (["--include_for_metrics", "5"], "include_for_metrics 5: takes a list of inputs and loss"),
     # the split of the batch, refused once the run folder was made (run.sh, native)
     (["--global_batch", "3", "--per_device_train_batch_size", "2"], "per_device_train_batch_size 2 does not divide "
                                                                      "the 3 examples each of the 1 process(es)"),
