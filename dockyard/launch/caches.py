@@ -59,13 +59,16 @@ def own_folder(path: Path, setting: str, example: str) -> Path:
     home = Path(os.path.realpath(os.path.expanduser("~")))
     holds = next((what for what, inner in (("your home folder", home), ("the project's checkout", ROOT.resolve()))
                   if real == inner or real in inner.parents), "")
-    inside = any(tree == real or tree in real.parents for tree in SYSTEM_TREES)
-    if str(real) in SYSTEM_FOLDERS or inside or holds:
-        why = (f"holds {holds}" if holds and str(real) != "/" else "is a system folder"
-               if str(real) in SYSTEM_FOLDERS or holds else "is inside a system folder")
-        raise DockyardError(f"the {setting} setting {str(path)!r} {why}, which every run's container would be given "
-                            f"to write: give it a folder of its own, e.g. {example}")
-    return path
+    if holds and str(real) != "/":
+        why = f"holds {holds}"
+    elif str(real) in SYSTEM_FOLDERS:
+        why = "is a system folder"
+    elif any(tree == real or tree in real.parents for tree in SYSTEM_TREES):
+        why = "is inside a system folder"
+    else:
+        return path
+    raise DockyardError(f"the {setting} setting {str(path)!r} {why}, which every run's container would be given to "
+                        f"write: give it a folder of its own, e.g. {example}")
 
 
 def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> list[tuple[Path, str, bool]]:

@@ -650,11 +650,10 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     record.footprint_bytes = footprint(model)  # the base's weights as loaded
     if recipe.peft == "qlora":
         record.quantized_layers = models.count_4bit_layers(model)
-        if settings.qlora_lean:
-            fourbit.plain_scales(model)
     if recipe.peft:
         model = models.add_lora(model, recipe, settings, args.gradient_checkpointing)
-    if recipe.peft == "qlora" and settings.qlora_lean:
+    if recipe.peft == "qlora" and settings.qlora_lean:  # the base's 4-bit layers are still there, inside peft's
+        fourbit.plain_scales(model)
         fourbit.lean_adapters(model)
     return model
 

@@ -1,6 +1,6 @@
 """QLoRA's 4-bit layers with less work per step than bitsandbytes and peft do by default, to the same bits.
 
-Two kinds of work were repeated in every 4-bit layer, in every forward and every backward:
+Three kinds of work were repeated in every 4-bit layer, in every forward and every backward:
 - `plain_scales`: double quantization keeps each 64-weight block's scale in 8 bits, scaled again per 256 blocks.
   bitsandbytes turned those back into fp32 scales at each use (two kernels more per pass), the same result each
   time. Done once after loading, the layers dequantize with the very scales they computed before. It costs 3 bytes
@@ -36,7 +36,7 @@ def plain_scales(model: Any) -> int:
 
     changed = 0
     for m in model.modules():
-        state = getattr(getattr(m, "weight", None), "quant_state", None) if isinstance(m, bnb.nn.Linear4bit) else None
+        state = getattr(m.weight, "quant_state", None) if isinstance(m, bnb.nn.Linear4bit) else None
         if state is None or not state.nested:
             continue
         with torch.no_grad():
