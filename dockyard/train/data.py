@@ -38,6 +38,7 @@ from dockyard.common.data_files import (
     BUILDERS,
     FORMATS,
     HUB_ID,
+    MAX_FIELDS,
     NESTED,
     data_files_in,
     format_of,
@@ -46,6 +47,7 @@ from dockyard.common.data_files import (
     mixed_formats,
     not_an_object,
     too_deep,
+    too_wide,
     unknown_format,
 )
 from dockyard.common.errors import DockyardError, Stopped, causes, loads
@@ -152,7 +154,8 @@ def in_training(rows: list[dict[str, Any]], eval_rows: list[dict[str, Any]]) -> 
 
 
 def row_key(row: dict[str, Any]) -> str:
-    return json.dumps(row, sort_keys=True, default=str)
+    """The row's filled fields: a field of no value and a field left out are one (a .csv's empty cell, JSON's null)."""
+    return json.dumps({k: v for k, v in row.items() if v is not None}, sort_keys=True, default=str)
 
 
 @dataclass
@@ -215,7 +218,8 @@ CSV_FIELD_LIMIT = 1 << 30  # characters in one cell (csv's own limit, 131072, is
 
 def read_csv(files: list[Path]) -> list[dict[str, Any]]:
     """Rows of .csv files with a header line, every cell the text written (not pandas' guesses: `4` as a number,
-    `NA`, `null` or `true` as no value or a bool), an empty cell as no value; a row of more or fewer cells than its
+    `NA`, `null` or `true` as no value or a bool), an empty cell left out as no value (a row held every column of the
+    header: 2,000 empty columns made a 20 MB file 540 MB in every process); a row of more or fewer cells than its
     header names is refused by its line (pandas took a row with one cell too many, an unquoted comma, as an index
     and dropped its first cell without a word). A `label` column of whole numbers only is class numbers."""
     csv.field_size_limit(CSV_FIELD_LIMIT)
@@ -250,7 +254,7 @@ def read_csv(files: list[Path]) -> list[dict[str, Any]]:
                             f"{f}:{reader.line_num}: {len(cells)} cells, but the header names {len(names)} "
                             f"({','.join(names)}): put a cell that holds a comma (or a line break) in double quotes, "
                             'as in "Where is it, exactly?",Bergen')
-                    rows.append({k: (v if v != "" else None) for k, v in zip(names, cells, strict=True)})
+                    rows.append({k: v for k, v in zip(names, cells, strict=True) if v != ""})
         except UnicodeDecodeError as e:
             raise DockyardError(f"cannot read {f}: it is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
                                 "UTF-8") from None
@@ -293,15 +297,21 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
 
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity(logging.CRITICAL)  # its ERROR lines on a bad file: the refusal below says it
-    for f in kwargs.get("data_files", []) if builder == "json" else []:
+    for f in kwargs.get("data_files", []) if builder in ("json", "parquet") else []:
         try:
-            where = too_deep(Path(f))  # before pyarrow's reader, which would crash every process on it
+            where = too_deep(Path(f)) if builder == "json" else ""  # before pyarrow's reader, which would crash
+            wide = [] if where else too_wide(Path(f))                # every process on it, or take its memory
         except OSError as e:
             raise DockyardError(f"cannot read {f}: {e.strerror or e}") from None
         if where:
             raise DockyardError(f"cannot read {where}: {NESTED}")
+        if wide:
+            raise too_many_fields(f, wide)
     try:
-        return datasets.load_dataset(builder, split="train", **kwargs).to_list()  # to_list: the rows decoded
+        table = datasets.load_dataset(builder, split="train", **kwargs)
+        if table.num_columns > MAX_FIELDS:  # a cached hub dataset, read before it is made rows
+            raise too_many_fields(what, table.column_names)
+        return table.to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
         if ours := next((c for c in causes(e) if isinstance(c, (DockyardError, Stopped))), None):
             raise ours from None  # a stop from within datasets' work (SIGTERM: another rank failed), said as it is
@@ -331,6 +341,13 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
         # string. in row 10", for an unterminated string on line 11)
         raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: {_first_line(e)}") from None
+
+
+def too_many_fields(what: str, names: list[str]) -> DockyardError:
+    named = ", ".join(n if n.isprintable() and len(n) <= 64 else ascii(n[:64]) for n in names[:5])
+    return DockyardError(f"cannot read {what}: its rows name more than {MAX_FIELDS:,} different fields ({named}, ...); "
+                         "`datasets` makes a table of a column for each, every row holding them all (gigabytes of "
+                         "memory from a file of kilobytes): keep the fields your data format reads (docs/data.md)")
 
 
 def _cache_full(what: str, files: list[str], error: BaseException) -> DockyardError:

@@ -318,7 +318,7 @@ def test_csv_cells_are_the_text_written_and_whole_number_labels_are_class_number
     f.write_text("\ufeffprompt,completion\nWhat is 2+2?,4\nSay nothing,NA\nIs it?,true\n")
     assert [r["completion"] for r in data.read_rows(f)] == ["4", "NA", "true"]
     f.write_text("text,label\nstorm,2\ncalm,0\n\nempty,\n")
-    assert data.read_rows(f)[2] == {"text": "empty", "label": None}
+    assert data.read_rows(f)[2] == {"text": "empty"}
     f.write_text("text,label\nstorm,2\ncalm,0\n")
     assert data.label_names(data.read_rows(f)) == ["0", "1", "2"]
     (tmp_path / "d").mkdir()
@@ -543,6 +543,27 @@ def test_a_csv_header_of_many_columns_is_read_not_hung_on(tmp_path):
     wide.write_text(",".join([*names, "c5"]) + "\n")
     with pytest.raises(DockyardError, match="the header names c5 twice"):
         data.read_csv([wide])
+
+
+def test_a_csv_of_many_empty_columns_takes_the_memory_of_its_filled_cells(tmp_path):
+    """The eleventh red-team pass: each row kept every column of the header, an empty cell as None; a 20 MB file of
+    2,000 empty columns took 540 MB in every process. Measured with tracemalloc: the rows are about the size of the
+    cells written, and a run on it trains on what is there."""
+    import tracemalloc
+
+    wide = tmp_path / "wide.csv"
+    names = ["prompt", "completion", *(f"c{i}" for i in range(2_000))]
+    row = ",".join(["Which port?", "Bergen", *[""] * 2_000])
+    wide.write_text(",".join(names) + "\n" + "\n".join([row] * 1_000) + "\n")
+    tracemalloc.start()
+    try:
+        rows = data.read_csv([wide])
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < wide.stat().st_size  # was 50x the file: 1,000 dicts of 2,002 keys
+    assert rows[999] == {"prompt": "Which port?", "completion": "Bergen"}
+    assert data.detect_format(rows, "causal_lm", "auto", str(wide)) == "prompt_completion"
 
 
 def test_a_class_the_held_out_share_took_whole_is_blamed_on_the_split_not_the_data(tok, tmp_path):
