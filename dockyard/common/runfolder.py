@@ -99,6 +99,15 @@ def append(folder: Path, name: str) -> IO[str]:
 
 def read(folder: Path, name: str, limit: int | None = None) -> bytes | None:
     """The bytes of folder/name, None when there is no such file; a link, a fifo, a file over `limit` refused."""
+    f = open_file(folder, name, limit)
+    if f is None:
+        return None
+    with f:
+        return f.read()
+
+
+def open_file(folder: Path, name: str, limit: int | None = None) -> IO[bytes] | None:
+    """folder/name open for reading, None when there is no such file; a link, a fifo, a file over `limit` refused."""
     dfd = _open_folder(folder)
     try:
         fd = _open(folder, name, os.O_RDONLY | os.O_NONBLOCK, dfd)
@@ -106,10 +115,11 @@ def read(folder: Path, name: str, limit: int | None = None) -> bytes | None:
         return None
     finally:
         os.close(dfd)
-    with os.fdopen(fd, "rb") as f:
-        if limit is not None and os.fstat(fd).st_size > limit:
-            raise DockyardError(f"{folder / name} is over {limit >> 20} MiB: not a file dockyard wrote there")
-        return f.read()
+    f = os.fdopen(fd, "rb")
+    if limit is not None and os.fstat(fd).st_size > limit:
+        f.close()
+        raise DockyardError(f"{folder / name} is over {limit >> 20} MiB: not a file dockyard wrote there")
+    return f
 
 
 def read_text(folder: Path, name: str, limit: int | None = None) -> str | None:

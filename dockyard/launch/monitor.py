@@ -253,27 +253,53 @@ def plot_usage(samples: list[dict], kind: str, title: str = "") -> bytes:
     return _png(fig)
 
 
-METRICS_LIMIT = 256 << 20  # bytes of metrics.jsonl the host reads for the plot (a line per logging step: ~1M lines)
+METRICS_LIMIT = 4 << 30  # bytes of metrics.jsonl the host reads for the plot (a line per logging step: ~16M lines)
 LOSS_BOUND = 1e30  # past it a value is no loss a run logs (1e308 and -1e308 left matplotlib no axis to draw)
+LOSS_POINTS = 20_000  # points a series keeps: a line per step of a million-step run is more than a plot shows
+CHUNK = 1 << 20
 
 
 def read_losses(run_dir: Path, name: str = runfolder.METRICS) -> dict[str, list[tuple[float, float]]]:
     """(step, value) series for `loss` and `eval_loss` from JSON lines; other lines and keys, and values no loss
-    takes (not finite, or past LOSS_BOUND), are skipped."""
+    takes (not finite, or past LOSS_BOUND), are skipped. Read in chunks, every line split but only about LOSS_POINTS
+    of each kind parsed, evenly spaced: a 256 MiB file of short lines took 67 s and 2.4 GB for a plot of 12 million
+    points."""
     series: dict[str, list[tuple[float, float]]] = {}
-    text = runfolder.read_text(run_dir, name, METRICS_LIMIT)
-    for line in (text or "").splitlines():
-        try:
-            row = loads(line)
-        except ValueError:
-            continue
-        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)) or isinstance(row["step"], bool):
-            continue
-        for key in ("loss", "eval_loss"):
-            v = row.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and _plottable(v) and _plottable(row["step"]):
-                series.setdefault(key, []).append((row["step"], float(v)))
+    f = runfolder.open_file(run_dir, name, METRICS_LIMIT)
+    if f is None:
+        return series
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        stride, n, evals, rest, unread = 0, 0, 0, b"", b""
+        while chunk := f.read(CHUNK):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            if not stride:  # from the first chunk's lines, the share of the file's that makes LOSS_POINTS
+                stride = max(1, size * len(lines) // CHUNK // LOSS_POINTS)
+            for line in lines:
+                evaluated = b'"eval_loss"' in line and evals < LOSS_POINTS
+                evals += evaluated
+                unread = b"" if evaluated or n % stride == 0 else line
+                if not unread:
+                    _add(series, line)
+                n += 1
+        _add(series, rest or unread)  # the last step, where the curve ends
     return series
+
+
+def _add(series: dict[str, list[tuple[float, float]]], line: bytes) -> None:
+    if not line.strip():
+        return
+    try:
+        row = loads(line)
+    except ValueError:
+        return
+    if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)) or isinstance(row["step"], bool):
+        return
+    for key in ("loss", "eval_loss"):
+        v = row.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and _plottable(v) and _plottable(row["step"]):
+            series.setdefault(key, []).append((row["step"], float(v)))
 
 
 def _plottable(v: int | float) -> bool:
