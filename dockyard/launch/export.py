@@ -38,9 +38,8 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if not run:
         raise DockyardError("--run is required: a run id (a folder under the runs folder)")
     runs = settings.path(settings.runs_dir)
-    if not launch_run.RUN_ID.fullmatch(run):
-        raise DockyardError(f"--run {run!r} is not a run id (letters, digits, '_', '.' and '-'): give the name of a "
-                            f"folder in {runs}")
+    if why := launch_run.not_a_run_id(run):
+        raise DockyardError(f"--run {why}: give the name of a folder in {runs}")
     run_dir = runs / run
     m = runfolder.read_manifest(run_dir) if run_dir.is_dir() or run_dir.is_symlink() else None
     if m is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import reprlib
 import shlex
 import shutil
 import sys
@@ -352,6 +353,17 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+RUN_ID_CHARS = 128
+
+
+def not_a_run_id(run_id: str) -> str:
+    """Why `run_id` names no run folder, said of the value (its first characters), or ""."""
+    if RUN_ID.fullmatch(run_id):
+        return ""
+    shown = reprlib.repr(run_id)
+    if len(run_id) > RUN_ID_CHARS and RUN_ID.fullmatch(run_id[:RUN_ID_CHARS]):
+        return f"{shown} is {len(run_id):,} characters: use at most {RUN_ID_CHARS}"
+    return f"{shown}: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most {RUN_ID_CHARS}"
 # folders of the runs folder that tasks other than `invoke run` write (dockyard.launch.slurm, dockyard.launch.k8s)
 TOOL_FOLDERS = {"slurm": "the sbatch scripts of `invoke slurm`", "k8s": "the manifests of `invoke k8s`"}
 
@@ -363,10 +375,9 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
     run_id = run_id or f"{runfolder.recipe_name(recipe)}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    if not RUN_ID.fullmatch(run_id):
+    if why := not_a_run_id(run_id):
         # It names the container too (dockyard-<run-id>): docker's rule, checked before anything is made.
-        raise DockyardError(f"--run-id {run_id!r}: use letters, digits, '_', '.' and '-', starting with a letter "
-                            "or digit (it names the run folder and the container)")
+        raise DockyardError(f"--run-id {why} (it names the run folder and the container)")
     if run_id in TOOL_FOLDERS:
         raise DockyardError(f"--run-id {run_id}: the runs folder's {run_id}/ holds {TOOL_FOLDERS[run_id]}, not a run: "
                             "pick another --run-id")

@@ -171,8 +171,10 @@ def test_a_run_id_that_leaves_the_runs_folder_or_a_linked_run_is_refused(setting
     elsewhere.mkdir()
     (elsewhere / "manifest.json").write_text(json.dumps({"run_id": "r1", "status": "completed"}))
     for bad in ("../elsewhere", "/etc", "r1/../../elsewhere"):
-        with pytest.raises(DockyardError, match="is not a run id"):
+        with pytest.raises(DockyardError, match="use letters, digits, '_', '.' and '-'.*give the name of a folder"):
             export.export(s, run=bad, dry=True)
+    with pytest.raises(DockyardError, match="is 200 characters: use at most 128: give the name of a folder"):
+        export.export(s, run="r" * 200, dry=True)
     (tmp_path / "runs" / "linked").symlink_to(elsewhere)
     with pytest.raises(DockyardError, match="symbolic link"):
         export.export(s, run="linked", dry=True)

@@ -44,6 +44,8 @@ def test_trainer_overrides_reach_the_trainer_as_the_user_quoted_them():
 @pytest.mark.parametrize("args,says", [
     (["--run-id=a b:c"], "--run-id 'a b:c'"),
     (["--run-id=-q"], "--run-id '-q'"),  # a dash first: not read as a flag
+    (["--run-id=" + "a" * 129], "--run-id 'aaaaaaaaaaaa...aaaaaaaaaaaaa' is 129 characters: use at most 128"),
+    (["--run-id=" + "é" * 300], "use letters, digits, '_', '.' and '-', starting with a letter or digit, at most 128"),
     (["--recipe=../x"], "unknown recipe '../x'"),
 ])
 def test_bad_run_values_are_refused_before_anything_is_made(args, says, tmp_path):
