@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dockyard import engine
+from dockyard import engine, gpus
 from dockyard.common import autos, disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
@@ -345,6 +345,9 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
             f"image {variant.name} needs CUDA {variant.cuda} but {variants.driver_says(host)}; "
             "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
             "forward compatibility applies (datacenter GPUs with the compat package)")
+    mig, advice = gpus.mig_advice(host)
+    if mig:
+        print(f"warning: {mig}: {advice}", file=sys.stderr)
     lacking = variants.gpus_without_code(variants.cuda_archs(variant), host)
     if lacking:
         raise DockyardError(

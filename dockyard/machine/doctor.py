@@ -145,12 +145,9 @@ def check_gpus(host: Host) -> Check:
         by_driver = ", ".join(f"CUDA {major} from driver {least} on" for major, least in variants.MIN_DRIVER.items())
         return Check("gpus", WARN, detail, (f"auto picks by the driver version ({by_driver}); " if host.driver else "")
                      + "check the driver with nvidia-smi, or name the variant (--variant=NAME)")
-    mig = [str(g.index) for g in host.gpus if g.mig]
+    mig, advice = gpus.mig_advice(host)
     if mig:
-        return Check("gpus", WARN, f"{detail}; MIG mode on GPU {', '.join(mig)}",
-                     "dockyard trains on whole GPUs: NVML gives the GPU's memory, not a MIG slice's, so plan and "
-                     "the autos would size the batch for memory a slice lacks; turn MIG off for training "
-                     f"(`sudo nvidia-smi -i {','.join(mig)} -mig 0`)")
+        return Check("gpus", WARN, f"{detail}; {mig}", advice)
     return Check("gpus", PASS, detail)
 
 

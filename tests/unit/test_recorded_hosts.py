@@ -57,6 +57,8 @@ def test_run_dry_on_recorded_host(settings, capsys, replay, name):
     variant, nproc = CASES[name]
     assert f"auto → {variant}" in out or f"→ {variant}" in out
     assert f"--nproc-per-node={nproc}" in out and "--gpus all" in out
+    # doctor's MIG warning, said again where a run starts (it trained on and sized its batch for the whole GPU)
+    assert ("warning: MIG mode on GPU 0: " in out and "(`sudo nvidia-smi -i 0 -mig 0`)" in out) == (name == "a100_mig_570")
 
 
 def test_run_dry_splits_the_global_batch_over_the_hosts_gpus(settings, capsys, replay):
