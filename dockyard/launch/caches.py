@@ -51,6 +51,13 @@ SYSTEM_TREES = tuple(Path(p) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", 
                                        "/sbin", "/sys", "/usr", "/var/lib", "/var/run"))
 
 
+def writable_mount(path: Path, setting: str, example: str, separators: str = ":") -> Path:
+    """A host folder given read-write to the run's containers: a path the runtime's mount list can hold (separators:
+    what it splits on), and a folder of its own (own_folder). `example` is the environment setting that moves it."""
+    scriptwords.mount_path(str(path), f"the {setting} setting ({example.partition('=')[0]})", separators)
+    return own_folder(path, setting, example)
+
+
 def own_folder(path: Path, setting: str, example: str) -> Path:
     """A folder mounted read-write into the run's containers, which run untrusted code (a model's, a data file's):
     refused where it is / or a system folder, or holds the home folder or the checkout (`INVOKE_DOCKYARD_HF_CACHE=~`
@@ -75,13 +82,11 @@ def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> l
     """(host, inside, read-only) of the caches; the compile cache only for what trains (`compile_cache`).
     `separators`: what the runtime's mount list splits on (docker's -v: ':'; pyxis and Apptainer: ',' too)."""
     hf = settings.path(settings.hf_cache)
-    scriptwords.mount_path(str(hf), "the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE)", separators)
-    own_folder(hf, "hf_cache", "INVOKE_DOCKYARD_HF_CACHE=~/.cache/huggingface")
+    writable_mount(hf, "hf_cache", "INVOKE_DOCKYARD_HF_CACHE=~/.cache/huggingface", separators)
     out = [(hf, node.HF_INSIDE, False)]
     folder = compile_folder(settings) if compile_cache else None
     if folder is not None:
-        scriptwords.mount_path(str(folder), "the compile_cache setting (INVOKE_DOCKYARD_COMPILE_CACHE)", separators)
-        own_folder(folder, "compile_cache", "INVOKE_DOCKYARD_COMPILE_CACHE=~/.cache/dockyard/compile")
+        writable_mount(folder, "compile_cache", "INVOKE_DOCKYARD_COMPILE_CACHE=~/.cache/dockyard/compile", separators)
         out.append((folder, COMPILE_INSIDE, False))
     return out
 

@@ -24,7 +24,7 @@ from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
-from dockyard.launch import caches, inputs, monitor, multinode, node, preflight, scriptwords
+from dockyard.launch import caches, inputs, monitor, multinode, node, preflight
 from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
 
@@ -461,8 +461,7 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     # docker's -v splits on ':' (the user's files and recipes are checked where they are named: inputs.py)
     vols = caches.volumes(settings, compile_cache)
     if run_dir is not None:
-        scriptwords.mount_path(str(run_dir.parent), "the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR)", ":")
-        caches.own_folder(run_dir.parent, "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs")
+        caches.writable_mount(run_dir.parent, "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs")
         vols.append((run_dir.parent, node.RUNS_INSIDE, False))
     for host_path, target, ro in vols + mounts:
         argv += ["-v", f"{host_path}:{target}{':ro' if ro else ''}"]
