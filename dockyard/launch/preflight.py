@@ -83,6 +83,12 @@ def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
         raise DockyardError(f"--resume needs --run-id: the run folder to continue ({offer})")
 
 
+def trained_where(run_dir: Path, node_rank: int) -> bool | None:
+    """Whether the run in run_dir trained on this host (--native), as its manifest says; None without one."""
+    m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank)) or runfolder.read_manifest(run_dir)
+    return None if m is None else m.variant in runfolder.NATIVE_VARIANTS
+
+
 def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -> dict[str, str]:
     """`--resume` of a run trained in a container: the host paths of the inputs it mounted (its manifest's `inputs`)
     that this command does not give again. The run's settings hold the paths inside the container, and a resume mounts

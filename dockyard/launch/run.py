@@ -83,6 +83,11 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     # a resumed run keeps its own (its manifest names it); then what the trainer would refuse
     resumed = new_run_dir(settings, "", r.run_id, True, r.node_rank) if r.resume else None
     recipe_arg = preflight.resumed_recipe(resumed, r.recipe, r.node_rank) if resumed else r.recipe or DEFAULT_RECIPE
+    if resumed and (native := preflight.trained_where(resumed, r.node_rank)) is not None and native != r.native:
+        # its paths are the host's, or the container's: the other way the trainer met them as another data file
+        raise DockyardError(f"--resume: run {r.run_id} was trained "
+                            f"{'on this host (--native)' if native else 'in an image'}, and resumes the same way: "
+                            f"{resume_command(replace(r, native=native), r.run_id)}")
     if resumed and not r.native:
         given = {"data": r.data, "model": r.model, **inputs.override_values(overrides)}
         if again := preflight.inputs_to_give_again(resumed, r.node_rank, given):

@@ -225,6 +225,11 @@ def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str
         before = was.get(key) if isinstance(was.get(key), dict) else {}
         after = now.get(key, {})
         if (before.get("sha256") or before.get("path")) != (after.get("sha256") or after.get("path")):
+            if before.get("path") and before.get("path") == after.get("path"):
+                raise DockyardError(f"--resume: {run_dir.name} was trained with {key} {before['path']}, which now "
+                                    f"{'holds other content' if after.get('sha256') else 'cannot be read here'}: "
+                                    "put back what it trained on (a checkpoint continues its own model on its own "
+                                    "data)")
             raise DockyardError(f"--resume: {run_dir.name} was trained with {key} {before.get('path') or 'the default'}"
                                 f", not {after.get('path') or 'the default'}: resume it with the {flag} it was started "
                                 "with (a checkpoint continues its own model on its own data)")

@@ -164,12 +164,13 @@ def test_resume_needs_the_run_id(env):
                                   "newest, newer, old)")
 
 
-def _finished_run(runs, run_id, recipe):
-    """A run folder as a completed run leaves it: its manifest.json (the keys the trainer writes) and a checkpoint."""
+def _finished_run(runs, run_id, recipe, native=False):
+    """A run folder as a completed run leaves it: its manifest.json (the keys the trainer writes) and a checkpoint;
+    trained in the cpu image, or on this host (`native`)."""
     folder = runs / run_id
     (folder / "checkpoints" / "checkpoint-2").mkdir(parents=True)
-    manifest = {"run_id": run_id, "recipe": recipe, "variant": "native", "status": "completed", "world_size": 1,
-                "nodes": 1, "node_rank": 0, "rendezvous": None,
+    manifest = {"run_id": run_id, "recipe": recipe, "variant": "native" if native else "cpu", "status": "completed",
+                "world_size": 1, "nodes": 1, "node_rank": 0, "rendezvous": None,
                 "strategy": {"requested": "ddp", "in_effect": {"engine": "ddp", "zero_stage": None}, "peft": None},
                 "metrics": {"steps": 2, "loss_first": 6.2, "loss_last": 6.2},
                 "recipe_files": {f"{recipe}/recipe.yaml": "c3" * 32}}
@@ -187,7 +188,7 @@ def test_resume_continues_with_the_runs_own_recipe_and_refuses_another(env, tmp_
     """Once `--resume` without --recipe took zero2 for a ddp run: DeepSpeed failed on the ddp checkpoint and the
     failure overwrote the finished run's manifest."""
     runs = tmp_path / "runs"
-    folder = _finished_run(runs, "n1", "ddp")
+    folder = _finished_run(runs, "n1", "ddp", bool(native))
     before = (folder / "manifest.json").read_text()
     r = dry(env, *native, "--resume", "--run-id=n1", "--", "--max_steps", "3")
     assert r.returncode == 0, r.stderr
@@ -202,7 +203,7 @@ def test_resume_continues_with_the_runs_own_recipe_and_refuses_another(env, tmp_
     mine = tmp_path / "mine"  # a recipe folder of the user's: the manifest has its name alone
     mine.mkdir()
     (mine / "recipe.yaml").write_text((ROOT / "recipes" / "ddp" / "recipe.yaml").read_text())
-    _finished_run(runs, "n2", "mine")
+    _finished_run(runs, "n2", "mine", bool(native))
     refused(dry(env, *native, "--resume", "--run-id=n2"), "a folder of your own: give that folder again, --recipe=FOLDER")
     r = dry(env, *native, "--resume", "--run-id=n2", f"--recipe={mine}")
     assert r.returncode == 0, r.stderr
@@ -221,7 +222,7 @@ def test_a_resume_is_checked_with_the_runs_own_settings_under_those_given_now(en
     """A run continues with its own settings (overrides.json) and those given now on top. `--dry --resume` checked
     the new ones alone, so a micro-batch that does not divide the run's own global batch passed the dry run, and the
     trainer refused it once the container had started."""
-    folder = _finished_run(tmp_path / "runs", "n1", "ddp")
+    folder = _finished_run(tmp_path / "runs", "n1", "ddp", bool(native))
     (folder / "overrides.json").write_text(json.dumps({"global_batch": 64, "max_steps": 3}))
     refused(dry(env, *native, "--resume", "--run-id=n1", "--", "--per_device_train_batch_size", "3"),
             "per_device_train_batch_size 3 does not divide")
@@ -676,6 +677,20 @@ def test_a_resume_in_a_container_asks_for_the_inputs_it_mounted_with_the_whole_c
     assert r.returncode == 0, r.stderr
 
 
+def test_a_run_resumes_where_it_trained_on_this_host_or_in_an_image(env, tmp_path):
+    """A --native run resumed without --native passed the host's checks, started the image and was refused there:
+    "lora1 was trained with data /d/chat.jsonl, not /d/chat.jsonl" (the host's path, not mounted). Said on the host
+    now, with the command that resumes it; an image's run resumed with --native likewise."""
+    native = _finished_run(tmp_path / "runs", "h1", "ddp", native=True)
+    before = (native / "manifest.json").read_text()
+    refused(dry(env, "--resume", "--run-id=h1"), "--resume: run h1 was trained on this host (--native), and resumes "
+            "the same way: invoke run --resume --run-id=h1 --variant=cpu --native")
+    assert (native / "manifest.json").read_text() == before
+    _finished_run(tmp_path / "runs", "i1", "ddp")
+    refused(dry(env, "--native", "--resume", "--run-id=i1"), "--resume: run i1 was trained in an "
+            "image, and resumes the same way: invoke run --resume --run-id=i1 --variant=cpu")
+
+
 def test_a_data_folder_of_two_formats_is_refused_by_the_host_and_by_the_trainer(env, tmp_path):
     """A chat file beside an alpaca file: the run started, then `datasets` said "Couldn't cast", naming no file."""
     from dockyard.common.errors import DockyardError
@@ -743,7 +758,7 @@ def test_packing_instruction_data_and_a_bad_checkpointing_mapping_are_refused_be
 def test_resuming_a_run_at_its_max_steps_is_refused_before_the_image_starts(env, tmp_path, native):
     """A finished run resumed as it was: the image started (12 s), then the trainer, torchrun and the host each
     said an error line. The host knows the last complete checkpoint and the run's max_steps."""
-    folder = _finished_run(tmp_path / "runs", "n1", "ddp")
+    folder = _finished_run(tmp_path / "runs", "n1", "ddp", bool(native))
     done = folder / "checkpoints" / "checkpoint-50"
     done.mkdir()
     (done / "complete.json").write_text("{}")

@@ -216,6 +216,13 @@ def test_a_resume_without_the_runs_own_model_and_data_is_refused_and_the_record_
     with pytest.raises(DockyardError, match="trained with model the default, not "):
         manifest.check_same_inputs(run_dir, {"model": str(tmp_path), "data": str(data)})
     manifest.check_same_inputs(run_dir, {"model": "", "data": str(data), "eval_data": ""})  # its own: taken
+    # the same path, other bytes or none there: said so ("trained with data X, not X" named one path twice)
+    data.write_text('{"text": "edited since"}\n' * 8)
+    with pytest.raises(DockyardError, match=f"trained with data {data}, which now holds other content: put back"):
+        manifest.check_same_inputs(run_dir, {"model": "", "data": str(data)})
+    data.unlink()
+    with pytest.raises(DockyardError, match=f"trained with data {data}, which now cannot be read here: put back"):
+        manifest.check_same_inputs(run_dir, {"model": "", "data": str(data)})
 
 
 def test_a_resume_reads_no_data_path_from_the_run_folder_without_the_manifests_record(tmp_path, capsys):
