@@ -25,6 +25,7 @@ hosts.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -173,10 +174,11 @@ class Resolved:
 
 def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_size: int, gpus_per_node: int,
             device: Device | None, shape: memory.Shape | None, kind: str, liger: tuple[str, ...],
-            liger_broken: str = "") -> Resolved:
+            liger_broken: str = "", model: str = "") -> Resolved:
     """Every training auto: batch sizes, checkpointing, compilation, Liger. `kind` is the model_type,
     `liger` the model types liger-kernel has kernels for where the run trains (empty: not installed; the trainer
-    asks the installed package, `invoke plan` takes LIGER_TYPES: the CUDA images pin it)."""
+    asks the installed package, `invoke plan` takes LIGER_TYPES: the CUDA images pin it). `model`: the model as the
+    host names it, for the `invoke plan` a refusal offers."""
     out = Resolved({**overrides})
     micro, accum = check_autos(overrides, recipe)  # as the host checked them (dockyard.launch.preflight)
     batch = batch_split(settings.global_batch, micro, accum, world_size)
@@ -233,7 +235,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
     else:
         m, gc_on, lig = _fit(out, recipe, shape, device, world_size, gpus_per_node, settings.max_seq_length,
                              per_rank, given, gc, use_liger, liger_ok, compiled, regime,
-                             global_auto=settings.global_batch == AUTO)
+                             global_auto=settings.global_batch == AUTO, plan=plan_command(model, settings.max_seq_length))
         on = compiled(gc_on)
         if on != pays:
             out.note("torch_compile", False, COMPILE_CHECKPOINTED)
@@ -337,7 +339,8 @@ def _liger_applies(recipe: Recipe, settings: Any, device: Device | None, kind: s
 
 def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, world: int, gpn: int, seq: int,
          per_rank: int, given: int | None, gc: bool | str, use_liger: bool | str, liger_ok: Callable[[bool], bool],
-         compiled: Callable[[bool], bool], regime: memory.Regime, global_auto: bool) -> tuple[int, bool, bool]:
+         compiled: Callable[[bool], bool], regime: memory.Regime, global_auto: bool,
+         plan: str) -> tuple[int, bool, bool]:
     """The micro-batch (the largest that fits, or the one given), checkpointing and Liger from the plan's memory
     model on this GPU; each micro-batch sized compiled or not as it would run (`compiled(checkpointing)`), and with
     Liger where it may go on (`liger_ok(compiled)`). `global_auto`: global_batch is auto, so a micro-batch set
@@ -396,17 +399,22 @@ def _fit(out: Resolved, recipe: Recipe, shape: memory.Shape, device: Device, wor
                             f"step (global_batch {per_rank * world}) fits in {budget}{said} by the plan's estimate: "
                             "accumulating keeps the gradients allocated between micro-batches. One example per "
                             f"process without accumulation fits ({one['gpu_bytes'] / GIB:.1f} GiB): set global_batch "
-                            f"{world}{micro_too}, or run `invoke plan --seq-len={seq}` for a recipe that fits")
+                            f"{world}{micro_too}, or run `{plan}` for a recipe that fits")
     # the model's states at their largest in a step (DDP's gradient buckets, ZeRO-2's step partition), before any
     # example: where they alone overflow, no sequence length helps
     states = max(memory.gpu_states_at_peak(shape, recipe, world, gpn, replace(regime, accumulation=1))) + memory.OVERHEAD
     if not memory.fits({"gpu_bytes": states}, device.memory_bytes):
         raise DoesNotFit(f"{recipe.name}: the model alone does not fit: its weights, gradients and optimizer states "
                          f"take {states / GIB:.1f} GiB per GPU at their peak in a step, of {budget}, by the plan's "
-                         f"estimate; run `invoke plan --seq-len={seq}` for a recipe that fits {world} GPU(s) "
+                         f"estimate; run `{plan}` for a recipe that fits {world} GPU(s) "
                          "(sharded, offloaded or adapters), or use more GPUs")
     raise DoesNotFit(f"{recipe.name}: not even one example of {seq} tokens fits in {budget}{said} by the plan's "
-                        f"estimate; run `invoke plan --seq-len={seq}` for a recipe that fits, or lower max_seq_length")
+                        f"estimate; run `{plan}` for a recipe that fits, or lower max_seq_length")
+
+
+def plan_command(model: str, seq: int) -> str:
+    """The `invoke plan` that compares the recipes for this run's model (MODEL_FOLDER where it is not known here)."""
+    return f"invoke plan --model={shlex.quote(model) if model else 'MODEL_FOLDER'} --seq-len={seq}"
 
 
 def _why_checkpointed(given: int | None, per_rank: int, alone: Callable[[bool], dict], device: Device) -> str:

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from dockyard.common import autos, disk, memory, model_config, runfolder
 from dockyard.common.autos import (
@@ -234,7 +234,13 @@ def check_cuda_ops(recipe: Recipe, image: str, loadable: set[str] | None) -> Non
     check_deepspeed_ops(read_deepspeed_config(path), str(path), loadable, image)
 
 
-Sized = tuple[memory.Shape, RunSettings, dict[str, Any]]  # the model's shape and the run's settings (sized_run)
+class Sized(NamedTuple):
+    """What sized_run finds: the model's shape, the run's settings, and the model as the host names it."""
+
+    shape: memory.Shape
+    settings: RunSettings
+    training: dict[str, Any]
+    model: str
 
 
 def sized_run(settings: Settings, recipe: Recipe, overrides: list[str], *, model: str, run_dir: Path,
@@ -252,15 +258,17 @@ def sized_run(settings: Settings, recipe: Recipe, overrides: list[str], *, model
             named = named or runfolder.saved_overrides(run_dir).get("model")  # its hub id, or a native run's folder
             given, _, _ = resumed_with(recipe, resumed_settings(run_dir), given)
         folder = seen.host_paths.get(f"{inputs.INPUTS}/model")  # a folder mounted: the model given on this host
+        name = folder
         if folder is None and not named:
-            folder = TINY_MODEL
-        elif folder is None:
-            folder = (Path(named) if isinstance(named, str) and Path(named).is_absolute() and Path(named).is_dir()
-                      else model_config.cached_snapshot(settings.path(settings.hf_cache), str(named)))
+            folder = name = TINY_MODEL
+        elif folder is None and isinstance(named, str) and Path(named).is_absolute() and Path(named).is_dir():
+            folder = name = named
+        elif folder is None:  # a hub id, named so to `invoke plan --model` too
+            folder, name = model_config.cached_snapshot(settings.path(settings.hf_cache), str(named)), named
         if not folder:
             return None
         run_settings, training = resolve_settings(recipe, given)
-        return memory.shape_from_folder(Path(folder)), run_settings, training
+        return Sized(memory.shape_from_folder(Path(folder)), run_settings, training, str(name))
     except DockyardError:
         return None
 
@@ -272,7 +280,7 @@ def check_runs_disk(recipe: Recipe, sized: Sized | None, *, run_dir: Path, gpu: 
     None), are left to the trainer: None, no check."""
     if sized is None:
         return None
-    shape, run_settings, training = sized
+    shape, run_settings, training, _ = sized
     try:
         need = disk.for_settings(shape, recipe, run_settings, training, half_on_gpu=gpu)
     except DockyardError:
@@ -291,14 +299,14 @@ def check_fits(recipe: Recipe, sized: Sized | None, *, device: Device | None, pr
     has for which model types, and so what the autos choose, is known there)."""
     if device is None or device.memory_bytes < GIB or sized is None:  # 0 bytes: NVML gave no figure (torch will)
         return
-    shape, run_settings, training = sized
+    shape, run_settings, training, model = sized
     if shape.model_type not in model_config.FAMILIES:
         return
 
     def refusal(covered: tuple[str, ...]) -> autos.DoesNotFit | None:
         try:
             autos.resolve(recipe, run_settings, training, world_size=processes, gpus_per_node=per_node, device=device,
-                          shape=shape, kind=shape.model_type, liger=covered)
+                          shape=shape, kind=shape.model_type, liger=covered, model=model)
         except autos.DoesNotFit as e:
             return e
         except DockyardError:  # the trainer's to say

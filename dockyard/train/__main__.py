@@ -219,7 +219,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     liger, liger_broken = environment.liger_kinds()
     resolved = autos.resolve(recipe, settings, opened.training, world_size=world_size, gpus_per_node=local,
                              device=device, shape=shape, kind=shape.model_type if shape else "", liger=liger,
-                             liger_broken=liger_broken)
+                             liger_broken=liger_broken, model=manifest.host_path(settings.model))
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
     if liger_broken and device is not None and nodes.first_of_node():  # one line per node

@@ -104,6 +104,16 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
     }
 
 
+def host_path(inside: str) -> str:
+    """The host path of a path inside the container (DOCKYARD_HOST_PATHS), or `inside` where none is known (a native
+    run's own path, a hub id)."""
+    try:
+        host = loads(os.environ.get(envvars.HOST_PATHS) or "{}")
+    except ValueError:
+        return inside
+    return host.get(inside, inside) if isinstance(host, dict) and isinstance(host.get(inside, inside), str) else inside
+
+
 def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
     """key → the host path (as `invoke run` / run.sh mounted it, from DOCKYARD_HOST_PATHS), the path inside, and
     its fingerprint; keys naming no local path (a hub id) record the name alone."""

@@ -289,7 +289,8 @@ def test_the_advice_for_held_gradients_is_one_that_works_with_the_global_batch_g
     and did not fit (it ran as asked, 73.7 GiB of 71.7); now it offers only global_batch 1, which the trainer takes.
     With the global batch auto, a micro-batch of 1 alone means one example per process, so it is still offered."""
     big = planner.shape_for("4.2B")
-    with pytest.raises(DockyardError, match=r"fits \(71.4 GiB\): set global_batch 1, or run `invoke plan --seq-len=2048`") as e:
+    with pytest.raises(DockyardError, match=r"fits \(71.4 GiB\): set global_batch 1, or run `invoke plan "
+                                                r"--model=MODEL_FOLDER --seq-len=2048`") as e:
         resolve("ddp", {"max_seq_length": 2048, "global_batch": 16}, device=H100_GPU, shape=big)
     assert "per_device_train_batch_size" not in str(e.value)
     with pytest.raises(DockyardError, match=r"set global_batch 1 \(or per_device_train_batch_size 1\)"):

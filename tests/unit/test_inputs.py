@@ -149,6 +149,8 @@ def test_the_manifest_records_what_was_used(tmp_path, files, monkeypatch):
     assert "eval_data" not in rec
     rec = manifest.inputs_record({"model": "/workspace/inputs/model"})
     assert rec["model"]["path"] == "/host/model"
+    # as the trainer's refusal names the model to `invoke plan --model=...`: the host's path, a hub id as it is
+    assert manifest.host_path("/workspace/inputs/model") == "/host/model" and manifest.host_path("org/x") == "org/x"
 
 
 @pytest.mark.parametrize("how", ["--data", "-- --data", "setting data", "runs_dir", "hf_cache"])

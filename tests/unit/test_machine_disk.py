@@ -149,7 +149,7 @@ def test_save_strategy_no_as_typed_writes_no_checkpoint(settings, tmp_path):
 
     def need(*overrides: str) -> dict:
         sized = preflight.sized_run(settings, zero2, list(overrides), model="", run_dir=tmp_path / "r", resume=False)
-        return disk.for_settings(*sized[:1], zero2, *sized[1:], half_on_gpu=True)
+        return disk.for_settings(sized.shape, zero2, sized.settings, sized.training, half_on_gpu=True)
 
     assert need("--save_strategy", "no")["checkpoints"] == 0 < need()["checkpoints"]
 
@@ -168,6 +168,7 @@ def test_a_resume_of_a_hub_id_run_is_sized_by_that_model(settings, tmp_path):
     run_dir = tmp_path / "r1"
     run_dir.mkdir()
     (run_dir / "overrides.json").write_text(json.dumps({"model": "org/llama8", "max_steps": 10}))
-    shape, _, training = preflight.sized_run(s, load_recipe("lora"), [], model="", run_dir=run_dir, resume=True)
+    shape, _, training, model = preflight.sized_run(s, load_recipe("lora"), [], model="", run_dir=run_dir, resume=True)
+    assert model == "org/llama8"  # as a refusal's `invoke plan --model=...` names it
     assert shape.params == memory.shape_from_folder(snapshot).params > 8e9
     assert training["max_steps"] == 10

@@ -781,7 +781,7 @@ def test_a_run_that_does_not_fit_the_gpu_is_refused_before_the_image_starts(env,
     refused(invoke_here(*run, "--recipe=ddp", env=t4),
             "ddp: the model alone does not fit: its weights, gradients and optimizer states take")
     refused(invoke_here(*run, "--recipe=zero3", env=t4),  # both T4s, sharded; the plan at the run's sequence length
-            "run `invoke plan --seq-len=128` for a recipe that fits 2 GPU(s)")
+            f"run `invoke plan --model={llama8b} --seq-len=128` for a recipe that fits 2 GPU(s)")  # as it runs
     refused(invoke_here(*run, "--recipe=qlora", "--", "--max_seq_length", "65536", env=t4),
             "qlora: not even one example of 65536 tokens fits in 13.3 GiB (90% of the Tesla T4)")
     fits = invoke_here(*run, "--recipe=qlora", "--", "--max_seq_length", "2048", env=t4)
