@@ -69,7 +69,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         print(f"--gpus={n} is GPU {n} alone (--gpus takes indices, as CUDA_VISIBLE_DEVICES); {n} GPUs: "
               f"--gpus={','.join(map(str, range(n)))}", file=sys.stderr)
     chosen, why = variants.resolve(settings, r.variant, host)
-    print(why)
+    # a native run trains with this host's Python: no image is chosen, only whether the GPUs are used
+    print(why if not r.native else f"--native: this host's Python trains, on "
+          f"{f'{host.count} GPU(s)' if chosen.is_cuda and not r.cpu else 'CPU'}")
     topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
     if r.nodes == 1:
         check_one_node(r)
@@ -512,8 +514,9 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
     """The same entry point on this host, without a container (development, or GPU hosts without Docker); `recipe`
     as in run_command."""
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), envvars.SUMMARISED: "1"}
-    if cpu:
-        env["DS_ACCELERATOR"] = "cpu"
+    # on GPUs the trainer refuses a torch that finds none (a CPU build, a driver older than its CUDA): it trained on
+    # CPU and said completed
+    env["DS_ACCELERATOR"] = "cpu" if cpu else "cuda"
     env |= node_env(topo)
     launcher = [sys.executable, "-m", "dockyard.train.torchrun"]  # torchrun, without its traceback on a failure
     # the inputs given by flag or by invoke.yaml (a run in the image mounts both; the trainer reads neither setting,

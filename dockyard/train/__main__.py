@@ -330,7 +330,7 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     if last or from_saved:  # with no checkpoint the inputs given now are a fresh start's (data fixed after a refusal)
         manifest.check_same_inputs(run_dir, run_inputs(settings), from_saved, every=bool(last))
     guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
-    guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""))
+    guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""), native=not os.environ.get(envvars.VARIANT))
     if last:
         checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
     state = None

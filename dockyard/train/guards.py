@@ -25,10 +25,11 @@ def one_process_per_gpu(n_gpu: int) -> None:
             f"Start one process per GPU: `invoke run` does, or `torchrun --nproc-per-node {n_gpu} -m dockyard.train ...`")
 
 
-def gpus_as_the_image_says(accelerator: str) -> None:
-    """A CUDA image sets DS_ACCELERATOR=cuda (`--cpu` sets cpu): a process of it that finds no usable GPU (a driver
-    older than the image's CUDA, a driver that fails, a container started without --gpus) would train on CPU and call
-    the run completed, or die in DeepSpeed's traceback. Native runs (DS_ACCELERATOR unset) are left as they are."""
+def gpus_as_the_image_says(accelerator: str, native: bool = False) -> None:
+    """A CUDA image sets DS_ACCELERATOR=cuda (`--cpu` sets cpu), as `invoke run --native` does on a host with GPUs: a
+    process that finds no usable GPU (a driver older than the image's CUDA, a driver that fails, a container started
+    without --gpus; natively, a CPU build of torch) would train on CPU and call the run completed, or die in
+    DeepSpeed's traceback. A process started without DS_ACCELERATOR (python -m dockyard.train) is left as it is."""
     if accelerator != "cuda":
         return
     import torch
@@ -41,6 +42,10 @@ def gpus_as_the_image_says(accelerator: str) -> None:
     except Exception as e:  # torch's reason, first sentence: "The NVIDIA driver on your system is too old (...)"
         said = str(e).strip().splitlines()
         reason = said[0].split(". ")[0].rstrip(".") if said else type(e).__name__
+    if native:
+        raise DockyardError(f"--native on a host with GPUs: this host's torch {torch.__version__} finds no usable GPU: "
+                            f"{reason}. Install a torch built for a CUDA this driver supports (`nvidia-smi` says which), "
+                            "or add --cpu to train on CPU")
     raise DockyardError(f"this CUDA image (DS_ACCELERATOR=cuda) finds no usable GPU: {reason}. Check with nvidia-smi "
                         "that the driver works and supports the image's CUDA, and that the container was given the GPUs "
                         "(docker run --gpus); --cpu (invoke run, run.sh) trains on CPU instead (elsewhere: DS_ACCELERATOR=cpu)")

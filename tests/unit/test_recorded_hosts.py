@@ -61,6 +61,18 @@ def test_run_dry_on_recorded_host(settings, capsys, replay, name):
     assert ("warning: MIG mode on GPU 0: " in out and "(`sudo nvidia-smi -i 0 -mig 0`)" in out) == (name == "a100_mig_570")
 
 
+def test_a_native_run_on_a_gpu_host_asks_the_trainer_for_the_gpus(settings, capsys, replay):
+    """`invoke run --native` on a GPU host whose Python has a CPU build of torch trained on CPU and said completed,
+    under "auto → cu132" (no image is used). It now tells the trainer to use the GPUs (DS_ACCELERATOR=cuda, which it
+    refuses where torch finds none: test_train_guards), and says what it does."""
+    replay("h100x1_580")
+    out = dry_run(settings, capsys, native=True)
+    assert "--native: this host's Python trains, on 1 GPU(s)" in out and "DS_ACCELERATOR=cuda " in out
+    assert "auto →" not in out
+    out = dry_run(settings, capsys, native=True, cpu=True)
+    assert "--native: this host's Python trains, on CPU" in out and "DS_ACCELERATOR=cpu " in out
+
+
 def test_run_dry_splits_the_global_batch_over_the_hosts_gpus(settings, capsys, replay):
     """Eight H100s, eight processes: a global batch of 12 cannot be split, refused before a command is printed (it
     passed, and the trainer refused it in the container)."""

@@ -350,7 +350,11 @@ def test_a_cuda_image_that_finds_no_usable_gpu_is_refused_with_torch_s_reason(mo
         guards.gpus_as_the_image_says("cuda")
     assert "\n" not in str(e.value) and "--cpu" in str(e.value)
     guards.gpus_as_the_image_says("cpu")  # --cpu in a CUDA image, and the cpu image: CPU is what was asked for
-    guards.gpus_as_the_image_says("")     # a native run: as before, CPU where there is no GPU
+    guards.gpus_as_the_image_says("")     # `python -m dockyard.train` by hand: as before, CPU where there is no GPU
+    # `invoke run --native` on a host with GPUs sets cuda too: a CPU build of torch trained on CPU and said completed
+    with pytest.raises(DockyardError, match=r"--native on a host with GPUs: this host's torch .* finds no usable GPU: "
+                                            r"The NVIDIA driver .*, or add --cpu to train on CPU"):
+        guards.gpus_as_the_image_says("cuda", native=True)
 
 
 def test_the_trainer_in_a_cuda_image_without_a_usable_gpu_fails_instead_of_training_on_cpu(monkeypatch, tmp_path,
@@ -360,6 +364,7 @@ def test_the_trainer_in_a_cuda_image_without_a_usable_gpu_fails_instead_of_train
 
     cuda_that_fails(monkeypatch)
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    monkeypatch.setenv("DOCKYARD_VARIANT", "cu132")  # the image's
     run_dir = tmp_path / "runs" / "r1"
     code = main(["--recipe", "ddp", "--run-dir", str(run_dir)])
     err = capsys.readouterr().err
