@@ -69,10 +69,16 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         print(f"--gpus={n} is GPU {n} alone (--gpus takes indices, as CUDA_VISIBLE_DEVICES); {n} GPUs: "
               f"--gpus={','.join(map(str, range(n)))}", file=sys.stderr)
     chosen, why = variants.resolve(settings, r.variant, host)
-    # a native run trains with this host's Python: no image is chosen, only whether the GPUs are used
-    print(why if not r.native else f"--native: this host's Python trains, on "
-          f"{f'{host.count} GPU(s)' if chosen.is_cuda and not r.cpu else 'CPU'}")
+    if not r.native:
+        print(why)
     topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
+    if chosen.is_cuda and not r.cpu and topo.nproc < host.count:  # the processes' GPUs alone, given and watched
+        kept = host.gpus[:topo.nproc]
+        print(f"--nproc={topo.nproc}: trains on GPU {', '.join(str(g.index) for g in kept)} of the {host.count} "
+              "(--gpus=LIST picks which)", file=sys.stderr)
+        host = replace(host, gpus=kept, visible=",".join(str(g.index) for g in kept))
+    if r.native:  # this host's Python trains: no image is chosen, only whether the GPUs are used
+        print(f"--native: this host's Python trains, on {f'{host.count} GPU(s)' if chosen.is_cuda and not r.cpu else 'CPU'}")
     if r.nodes == 1:
         check_one_node(r)
         topo.max_restarts = r.max_restarts
@@ -121,7 +127,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
     if r.native:
         plan = native_command(settings, recipe=recipe_arg, topo=topo, run_dir=run_dir, overrides=overrides,
-                           resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model)
+                           resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model,
+                           visible=host.visible)
     else:
         info, image = {}, {}
         if r.dry:
@@ -510,13 +517,16 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
 
 
 def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
-                resume: bool = False, cpu: bool = True, data: str = "", model: str = "") -> RunCommand:
+                resume: bool = False, cpu: bool = True, data: str = "", model: str = "",
+                visible: str = "") -> RunCommand:
     """The same entry point on this host, without a container (development, or GPU hosts without Docker); `recipe`
-    as in run_command."""
+    as in run_command; `visible`: the GPUs picked (--gpus, --nproc), by nvidia-smi's indices."""
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), envvars.SUMMARISED: "1"}
     # on GPUs the trainer refuses a torch that finds none (a CPU build, a driver older than its CUDA): it trained on
     # CPU and said completed
     env["DS_ACCELERATOR"] = "cpu" if cpu else "cuda"
+    if visible and not cpu:  # `--native --gpus=2,3` trained on GPUs 0 and 1; CUDA counts in nvidia-smi's order so
+        env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
     env |= node_env(topo)
     launcher = [sys.executable, "-m", "dockyard.train.torchrun"]  # torchrun, without its traceback on a failure
     # the inputs given by flag or by invoke.yaml (a run in the image mounts both; the trainer reads neither setting,

@@ -133,6 +133,21 @@ def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
     replay("h100x8_580")
     out = dry_run(settings, capsys, gpus="0,2")
     assert "--nproc-per-node=2" in out and "'\"device=0,2\"'" in out
+    # natively too: `--native --gpus=2,3` trained on GPUs 0 and 1 (nothing told CUDA), in nvidia-smi's order
+    out = dry_run(settings, capsys, gpus="2,3", native=True)
+    assert "--nproc-per-node=2" in out and "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=2,3 " in out
+
+
+def test_fewer_processes_than_gpus_are_given_their_gpus_alone(settings, capsys, replay):
+    """`--nproc=4` on eight GPUs gave the container all eight, four idle all run, said only by the monitor's verdict
+    at the end: the processes' GPUs alone are given (and watched), and the run says which."""
+    replay("h100x8_580")
+    out = dry_run(settings, capsys, nproc=4)
+    assert "--nproc=4: trains on GPU 0, 1, 2, 3 of the 8 (--gpus=LIST picks which)" in out
+    assert "--nproc-per-node=4" in out and "'\"device=0,1,2,3\"'" in out
+    out = dry_run(settings, capsys, nproc=2, native=True)
+    assert "on 2 GPU(s)" in out and "CUDA_VISIBLE_DEVICES=0,1 " in out
+    assert "trains on GPU" not in dry_run(settings, capsys, nproc=8)
 
 
 def test_a_gpus_flag_that_reads_as_a_count_says_it_is_an_index(settings, capsys, replay):
