@@ -71,6 +71,11 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     chosen, why = variants.resolve(settings, r.variant, host)
     if not r.native:
         print(why)
+        if not r.cpu:  # an image that cannot run here is said first, not after the run's other lines
+            check_gpu_host(chosen, host, {}, r.disable_require)
+    mig, advice = gpus.mig_advice(host)
+    if mig and chosen.is_cuda and not r.cpu:
+        print(f"warning: {mig}: {advice}", file=sys.stderr)
     topo = validate_topology(r.nproc, r.nodes, r.node_rank, r.master_addr, r.master_port, host, chosen, r.cpu)
     if chosen.is_cuda and not r.cpu and topo.nproc < host.count:  # the processes' GPUs alone, given and watched
         kept = host.gpus[:topo.nproc]
@@ -359,9 +364,6 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
             f"image {variant.name} needs CUDA {variant.cuda} but {variants.driver_says(host)}; "
             "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
             "forward compatibility applies (datacenter GPUs with the compat package)")
-    mig, advice = gpus.mig_advice(host)
-    if mig:
-        print(f"warning: {mig}: {advice}", file=sys.stderr)
     lacking = variants.gpus_without_code(variants.cuda_archs(variant), host)
     if lacking:
         raise DockyardError(

@@ -138,6 +138,14 @@ def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
     assert "--nproc-per-node=2" in out and "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=2,3 " in out
 
 
+def test_an_image_the_driver_cannot_run_is_refused_before_the_runs_other_lines(settings, capsys, replay):
+    """cu132 on a driver of CUDA 12.2: the disk and memlock lines came first, then the refusal."""
+    replay("t4x2_535")
+    with pytest.raises(DockyardError, match="image cu132 needs CUDA 13.2 but driver 535"):
+        dry_run(settings, capsys, variant="cu132")
+    assert "disk:" not in capsys.readouterr().err
+
+
 def test_fewer_processes_than_gpus_are_given_their_gpus_alone(settings, capsys, replay):
     """`--nproc=4` on eight GPUs gave the container all eight, four idle all run, said only by the monitor's verdict
     at the end: the processes' GPUs alone are given (and watched), and the run says which."""
