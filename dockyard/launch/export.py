@@ -157,7 +157,8 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
         check_native_base(m, run_dir)
         # the weights are read as weights only, here as in the image: a planted pickle cannot run on this host
         return ([sys.executable, "-m", "dockyard.train.export", "--run-dir", str(run_dir), "--out", str(target), *tail],
-                {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"})
+                {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1",
+                 "DS_ACCELERATOR": "cpu"})  # the export runs on CPU, as in the image (DeepSpeed warned it looked)
     image = run_image(settings, m)
     scriptwords.mount_path(str(target), "the export folder (--out)", ":")  # docker's -v splits on ':'
     mounts = [(target, OUT, False)]

@@ -171,13 +171,19 @@ def cdi_specs(info: dict) -> list[str]:
     return [str(p) for d in dirs for p in sorted(Path(d).glob("nvidia*.y*ml")) if p.is_file()]
 
 
+DOCKER_LOG_LINE = re.compile(r'time="[^"]*" level=\w+ msg=')
+
+
 def check_gpu_container(host: Host, returncode: int, output: str) -> Check:
     """`nvidia-smi -L` in a container started exactly as a GPU run (--gpus all and the run's ulimits): the
     toolkit injects nvidia-smi, and every GPU must show."""
     seen = sum(1 for line in output.splitlines() if line.startswith("GPU "))
     if returncode == 0 and seen == host.count:
         return Check("gpus in a container", PASS, f"a GPU run's container sees {seen} GPU(s)")
-    last = output.strip().splitlines()[-1][-200:] if output.strip() else f"exit {returncode}"
+    # the docker CLI's own log lines (`time="..." level=error msg="error waiting for container: context canceled"`)
+    # can come after the engine's error: the error is the last line that is not one of them
+    said = [line for line in output.strip().splitlines() if not DOCKER_LOG_LINE.match(line)] or output.strip().splitlines()
+    last = said[-1][-200:] if said else f"exit {returncode}"
     if "requirement error" in output or "unsatisfied condition" in output:
         fix = ("the image's NVIDIA_REQUIRE_CUDA (set by an nvidia/cuda base) refused this driver, though the toolkit "
                "is fine: `invoke run --disable-require` (dockyard checks the driver against the image's CUDA itself), "

@@ -224,6 +224,8 @@ def test_a_manifest_saying_native_does_not_move_the_export_onto_this_host_nor_ch
                                                    "model": {"base": str(given), "format": "adapter"},
                                                    "inputs": {"model": {**_model(given), "inside": str(given)}}}))
     assert export.export(s, run="r1", dry=True, native=True) == run / "export"  # the base the run recorded
+    _, env = export.export_command(s, json.loads((run / "manifest.json").read_text()), run, run / "export", False)
+    assert env["DS_ACCELERATOR"] == "cpu"  # on CPU, as in the image: DeepSpeed warned it found no GPU
     (given / "extra.bin").write_text("swapped")
     with pytest.raises(DockyardError, match="is not the model folder the run trained on"):
         export.export(s, run="r1", dry=True, native=True)
