@@ -169,6 +169,16 @@ class Resolved:
     def note(self, key: str, value: Any, why: str) -> None:
         self.record[key] = {"value": value, "why": why}
 
+    def said(self) -> str:
+        """The autos in a few words (`micro-batch 8 × accumulation 1, gradient checkpointing off, ...`), "" where
+        none was resolved."""
+        words = {"per_device_train_batch_size": "micro-batch", "gradient_accumulation_steps": "accumulation",
+                 "gradient_checkpointing": "gradient checkpointing", "use_liger_kernel": "Liger's kernels",
+                 "torch_compile": "torch_compile"}
+        return ", ".join(f"{word} {({True: 'on', False: 'off'}.get(v, v) if isinstance(v, bool) else v)}"
+                         for key, word in words.items() if key in self.record
+                         for v in [self.record[key]["value"]])
+
 
 # --- the training settings (before TrainingArguments) --------------------------------------------------
 

@@ -290,32 +290,36 @@ def check_runs_disk(recipe: Recipe, sized: Sized | None, *, run_dir: Path, gpu: 
 
 
 def check_fits(recipe: Recipe, sized: Sized | None, *, device: Device | None, processes: int, per_node: int,
-               liger: bool) -> None:
+               liger: bool) -> autos.Resolved | None:
     """`invoke run` on GPUs: a run of which not even one example fits the smallest GPU by the plan's estimate (or
     none that accumulation divides), refused as the trainer's autos refuse it once the image has started
     (autos.DoesNotFit), with the same reason. Never what the trainer would take: NVML's total is at least torch's;
     only a model of a family counted exactly (model_config.FAMILIES: another is counted as a Llama, up to 30 % over);
     and, where the run may have Liger's kernels, only what does not fit with them or without them (which the image
-    has for which model types, and so what the autos choose, is known there)."""
+    has for which model types, and so what the autos choose, is known there). Returns the autos as they resolve here
+    (with Liger's kernels where the run may have them), None where that is not known."""
     if device is None or device.memory_bytes < GIB or sized is None:  # 0 bytes: NVML gave no figure (torch will)
-        return
+        return None
     shape, run_settings, training, model = sized
     if shape.model_type not in model_config.FAMILIES:
-        return
+        return None
 
-    def refusal(covered: tuple[str, ...]) -> autos.DoesNotFit | None:
+    def resolved(covered: tuple[str, ...]) -> autos.Resolved | autos.DoesNotFit | None:
         try:
-            autos.resolve(recipe, run_settings, training, world_size=processes, gpus_per_node=per_node, device=device,
-                          shape=shape, kind=shape.model_type, liger=covered, model=model)
+            return autos.resolve(recipe, run_settings, training, world_size=processes, gpus_per_node=per_node,
+                                 device=device, shape=shape, kind=shape.model_type, liger=covered, model=model)
         except autos.DoesNotFit as e:
             return e
         except DockyardError:  # the trainer's to say
             return None
-        return None
 
-    first = refusal((shape.model_type,) if liger else ())
-    if first and (not liger or refusal(())):
+    first = resolved((shape.model_type,) if liger else ())
+    if not isinstance(first, autos.DoesNotFit):
+        return first
+    second = resolved(()) if liger else first
+    if isinstance(second, autos.DoesNotFit):
         raise first
+    return second
 
 
 def resumed_settings(run_dir: Path) -> dict[str, Any]:

@@ -124,8 +124,11 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if not r.native:
         caches.check_compile_cache(settings)  # what caches.prepare would refuse, --dry too
     sized = preflight.sized_run(settings, recipe, overrides, model=r.model, run_dir=run_dir, resume=r.resume)
-    preflight.check_fits(recipe, sized, device=autos.device_from_host(host) if on_gpus else None,
-                         processes=topo.nproc * topo.nodes, per_node=topo.nproc, liger=not no_liger)
+    fits = preflight.check_fits(recipe, sized, device=autos.device_from_host(host) if on_gpus else None,
+                                processes=topo.nproc * topo.nodes, per_node=topo.nproc, liger=not no_liger)
+    if fits and fits.said():  # what a newcomer asks first of a run on GPUs: what the `auto` settings become
+        print(f"autos, by the plan's estimate for this GPU: {fits.said()} (the trainer settles them as it starts; the "
+              "manifest's settings_resolved says why each)", file=sys.stderr)
     need = preflight.check_runs_disk(recipe, sized, run_dir=run_dir, gpu=on_gpus, resume=r.resume)
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "

@@ -264,8 +264,8 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
         if not host.gpus:
             missing = " and ".join(f for f, v in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib)) if not v)
             said = host.error if host.error.startswith("CUDA_VISIBLE_DEVICES") else "NVML sees no GPU on this host"
-            raise DockyardError(f"{said}: say what to plan for, with {missing} too (e.g. "
-                                f"--gpus={gpus or 8} --gpu-mem={gpu_mem_gib or 80:g})")
+            raise DockyardError(f"{said}: say what to plan for, with {missing} too (0, the default, is this "
+                                f"host's; e.g. --gpus={gpus or 8} --gpu-mem={gpu_mem_gib or 80:g})")
         mig = [str(g.index) for g in host.gpus if g.mig]
         if mig and not gpu_mem_gib:
             raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "

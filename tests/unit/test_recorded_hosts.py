@@ -27,7 +27,7 @@ def replay(monkeypatch):
 
 
 def dry_run(settings, capsys, **kw):
-    launch_run.run(settings, launch_run.RunRequest(recipe="ddp", dry=True, **kw))
+    launch_run.run(settings, launch_run.RunRequest(**{"recipe": "ddp", "dry": True, **kw}))
     out = capsys.readouterr()
     return out.out + out.err  # the command is echoed on stderr
 
@@ -136,6 +136,28 @@ def test_gpus_flag_picks_devices_for_nproc_and_docker(settings, capsys, replay):
     # natively too: `--native --gpus=2,3` trained on GPUs 0 and 1 (nothing told CUDA), in nvidia-smi's order
     out = dry_run(settings, capsys, gpus="2,3", native=True)
     assert "--nproc-per-node=2" in out and "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=2,3 " in out
+
+
+def test_a_dry_run_on_gpus_says_what_the_auto_settings_become(settings, capsys, replay):
+    """On a GPU host `run --dry` said the variant and the disk, not the micro-batch, checkpointing, Liger or compile
+    the run would take, which the host works out anyway (the fit check) and `invoke plan` shows for the same model.
+    Checked against the plan's own resolution, not figures typed here."""
+    from dockyard import ROOT
+    from dockyard.common import autos, memory
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    replay("h100x1_580")
+    llama8b = ROOT / "tests" / "fixtures" / "models" / "llama-3.1-8b"
+    shape = memory.shape_from_folder(llama8b)
+    out = dry_run(settings, capsys, model=str(llama8b), overrides=("--max_seq_length", "2048"), recipe="lora")
+    lora = load_recipe("lora")
+    run_settings, training = resolve_settings(lora, {"max_seq_length": 2048})
+    expected = autos.resolve(lora, run_settings, training, world_size=1, gpus_per_node=1,
+                             device=autos.device_from_host(gpus.read_host()), shape=shape, kind="llama",
+                             liger=("llama",)).said()
+    assert "micro-batch" in expected and f"autos, by the plan's estimate for this GPU: {expected} (" in out
+    assert "autos," not in dry_run(settings, capsys, cpu=True)
 
 
 def test_an_image_the_driver_cannot_run_is_refused_before_the_runs_other_lines(settings, capsys, replay):

@@ -629,7 +629,8 @@ def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_
     r = dry(env, "--iface=eth0", "--join-timeout=30", "--master-port=29600")
     assert r.returncode == 0 and "warning: --master-port, --iface, --join-timeout: for several nodes" in r.stderr, \
         r.stderr
-    refused(dry(env, "--max-restarts=-1"), "--max-restarts='-1': Input should be greater than or equal to 0")
+    refused(dry(env, "--max-restarts=-1"), "--max-restarts='-1': takes 0 or more (`invoke --help run`")
+    refused(dry(env, "--nproc=5000"), "--nproc='5000': takes at most 4096")
 
 
 def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
