@@ -342,6 +342,9 @@ def print_plan(result: dict) -> None:
     if rec.get("command"):
         fill = " (MODEL_FOLDER: the folder of a model of that size)" if "MODEL_FOLDER" in rec["command"] else ""
         console.print(f"run it: {escape(rec['command'])}{fill}", soft_wrap=True)  # whole, to copy
+        # the recipes' max_steps and learning rate are sized for the sample model, and the default data is a sample
+        console.print("  with your data (--data=PATH) and your run's length and learning rate after -- "
+                      "(--max_steps N --learning_rate LR): the recipes' own suit the tiny sample model")
     # the key to the cells; what each figure is made of: docs/machine.md
     console.print(f"[dim]fits: yes, ckpt (only with gradient checkpointing) or no, within {1 - MARGIN:.0%} of each GPU "
                   "(the trainer's margin), at micro-batch × accumulation steps as the trainer picks them; C compiled, L "

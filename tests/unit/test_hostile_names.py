@@ -213,7 +213,7 @@ def test_a_plan_on_a_host_without_gpus_names_the_flag_it_lacks(tmp_path):
     recording = tmp_path / "no-gpu.json"
     recording.write_text(json.dumps({"kind": "gpu", "host": {"error": "no NVIDIA driver"}, "links": [], "samples": []}))
     r = invoke_here("plan", "--model=8B", "--gpus=8", env={"DOCKYARD_NVML_REPLAY": str(recording)})
-    short_error(r, "with --gpu-mem too (e.g. --gpus=8 --gpu-mem=80)")
+    short_error(r, "with --gpu-mem too (0, the default, is this host's; e.g. --gpus=8 --gpu-mem=80)")
 
 
 def test_an_unreadable_manifest_is_named_with_its_folder(tmp_path):
