@@ -200,11 +200,31 @@ def _explaining(parse, name: str):
             parse(self)
         except ParseError as e:
             raise ParseError(f"error: {shown(reworded(e, self.core.unparsed))}", e.context) from None
-        if name == "parse_tasks" and (refused := invokes_own_flags(self)):
+        if name == "parse_tasks" and (refused := invokes_own_flags(self) or empty_value(self)):
             raise ParseError(f"error: {shown(refused)}")
 
     wrapper.explained = True
     return wrapper
+
+
+def empty_value(program: invoke.Program) -> str | None:
+    """A flag given an empty value (`--data=`, `--data ""`): a variable left unset in a script (`--data=$DATA`) ran
+    on the flag's default, the sample data, without a word. The refusal, or None."""
+    task, tokens = "", program.core.unparsed
+    for i, token in enumerate(tokens):
+        if token == "--":
+            break
+        if token in program.collection.task_names:
+            task = token
+            continue
+        flag, eq, value = token.partition("=")
+        empty = (eq and not value) or (not eq and i + 1 < len(tokens) and tokens[i + 1] == "")
+        ctx = next((c for c in program.tasks if task in (c.name, *c.aliases)), None)
+        arg = ctx.flags.get(flag) if ctx is not None and flag.startswith("-") else None
+        if empty and arg is not None and arg.kind is not bool:
+            return (f"{flag} is given an empty value (a variable left unset?): give it one, or leave {flag} out for "
+                    f"its default (`invoke --help {task}` says each)")
+    return None
 
 
 def invokes_own_flags(program: invoke.Program) -> str | None:
