@@ -222,8 +222,8 @@ def empty_value(program: invoke.Program) -> str | None:
         ctx = next((c for c in program.tasks if task in (c.name, *c.aliases)), None)
         arg = ctx.flags.get(flag) if ctx is not None and flag.startswith("-") else None
         if empty and arg is not None and arg.kind is not bool:
-            return (f"{flag} is given an empty value (a variable left unset?): give it one, or leave {flag} out for "
-                    f"its default (`invoke --help {task}` says each)")
+            return (f"{flag}= is given no value (a variable left unset?): give it one, or leave {flag} out for its "
+                    f"default (`invoke --help {task}` says each)")
     return None
 
 

@@ -159,6 +159,7 @@ def build_steps(settings: Settings, variant: Variant, *, no_cache: bool = False,
         "CHECK_NVCC": "--nvcc" if variant.toolkit else "",
         "ALLOW_DUPLICATE_CUDA_LIBS": "--allow-duplicate-cuda-libs" if variant.toolkit == "base" else "",
         "EXPECT_CUDA_ARCHS": variants.cuda_archs(variant),
+        "DOCKYARD_VARIANT": variant.name,
     }
     labels = variants.labels(variant, revision=revision, created=created, source=repository_url(),
                              code=code or code_hash(context / "dockyard"), base=base_image(settings, variant))

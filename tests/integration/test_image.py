@@ -37,6 +37,8 @@ def test_image_holds_what_its_labels_say(settings, cpu_image):
     assert labels["dockyard.torch"] == cpu.pins["torch"] and labels["org.opencontainers.image.version"] == "0.1.0"
     assert len(labels["org.opencontainers.image.revision"]) >= 40
     assert info["Config"]["User"] == "dockyard", "the image must not run as root by default"
+    # however a container of it starts (Slurm, Kubernetes, compose set nothing), the manifest records its variant
+    assert "DOCKYARD_VARIANT=cpu" in info["Config"]["Env"]
     probe = ("import json, torch, deepspeed, transformers, peft, bitsandbytes;"
              "from deepspeed.git_version_info import installed_ops as o;"
              "print(json.dumps({'torch': torch.__version__, 'deepspeed': deepspeed.__version__, 'ops': o}))")
@@ -135,6 +137,7 @@ def test_cuda_image_holds_one_toolkit_that_matches_torch(settings, cuda_image):
     info = engine.image_inspect(settings, cuda_image)
     labels = info["Config"]["Labels"]
     assert labels["dockyard.variant"] == v.name and labels["dockyard.cuda"] == v.cuda
+    assert f"DOCKYARD_VARIANT={v.name}" in info["Config"]["Env"]
     assert labels["dockyard.lock"] == variants.lock_hash(v) and labels["dockyard.torch"] == v.pins["torch"]
     probe = ("import json, torch; from deepspeed.git_version_info import installed_ops as o;"
              "print(json.dumps({'cuda': torch.version.cuda, 'ops': o}))")

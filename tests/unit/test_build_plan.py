@@ -34,6 +34,7 @@ def test_cuda_build_steps(settings, cu132):
     assert args["EXPECT_TORCH"] == cu132.pins["torch"] and args["EXPECT_TRITON"] == cu132.pins["triton"]
     labels = _args(argv, "--label")
     assert labels["org.opencontainers.image.revision"] == "deadbeef" and labels["dockyard.variant"] == "cu132"
+    assert args["DOCKYARD_VARIANT"] == "cu132"  # the image's environment: every container says its variant
     assert "--no-cache" not in argv and argv[-1] == str(ROOT)
 
 

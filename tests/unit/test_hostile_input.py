@@ -48,8 +48,8 @@ def test_trainer_overrides_reach_the_trainer_as_the_user_quoted_them():
     (["--run-id=" + "é" * 300], "use letters, digits, '_', '.' and '-', starting with a letter or digit, at most 128"),
     (["--recipe=../x"], "unknown recipe '../x'"),
     # `--data=$DATA` with DATA unset trained on the sample data; `--recipe=$R`, the default recipe
-    (["--data="], "--data is given an empty value (a variable left unset?): give it one, or leave --data out"),
-    (["--recipe", ""], "--recipe is given an empty value"),
+    (["--data="], "--data= is given no value (a variable left unset?): give it one, or leave --data out"),
+    (["--recipe", ""], "--recipe= is given no value"),
 ])
 def test_bad_run_values_are_refused_before_anything_is_made(args, says, tmp_path):
     r = invoke("run", "--dry", "--variant=cpu", *args, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})

@@ -104,7 +104,8 @@ def completed_run(run_cpu, container):
 
     fake, run_dir, go = run_cpu(container, resume=True)
     run_dir.mkdir(parents=True)
-    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}))
+    record = manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {})
+    manifest.write(run_dir, {**record, "variant": "cpu"})  # trained in the image, as it resumes
     return fake, run_dir, go
 
 
