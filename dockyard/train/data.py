@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import disk
+from dockyard.common import disk, tree
 from dockyard.common.data_files import (
     BUILDERS,
     FORMATS,
@@ -297,10 +297,14 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
 
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity(logging.CRITICAL)  # its ERROR lines on a bad file: the refusal below says it
-    for f in kwargs.get("data_files", []) if builder in ("json", "parquet") else []:
+    # each JSON and Parquet file, before pyarrow's reader, which would crash every process on one nested too deep or
+    # take its memory on one of too many fields: those given, or every one of a cached hub dataset's snapshot
+    given = kwargs["data_files"] if "data_files" in kwargs else (
+        list(tree.files(Path(builder))) if os.path.isabs(builder) and Path(builder).is_dir() else [])
+    for f in (f for f in given if Path(f).suffix in (".json", ".jsonl", ".parquet")):
         try:
-            where = too_deep(Path(f)) if builder == "json" else ""  # before pyarrow's reader, which would crash
-            wide = [] if where else too_wide(Path(f))                # every process on it, or take its memory
+            where = too_deep(Path(f)) if Path(f).suffix != ".parquet" else ""
+            wide = [] if where else too_wide(Path(f))
         except OSError as e:
             raise DockyardError(f"cannot read {f}: {e.strerror or e}") from None
         if where:
@@ -640,6 +644,10 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int, keep: in
             raise DockyardError(f"example {n}: the model's chat template refuses this conversation: "
                                 f"{_first_line(e)}") from None
 
+    if len(messages) > MAX_TURNS:  # each assistant turn renders the conversation so far: work grows as its square
+        raise DockyardError(f"example {n}: {len(messages):,} turns in one conversation, past the {MAX_TURNS:,} a "
+                            "chat example is read with (rendering it takes minutes, on every rank): split it into "
+                            "several conversations")
     ids: list[int] = []
     labels: list[int] = []
     done = ""
@@ -667,7 +675,12 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int, keep: in
             raise DockyardError(f"example {n}: the model's chat template renders nothing for an assistant turn, so "
                                 "there is nothing to learn: use a template that renders the assistant's messages, or "
                                 "convert the data to prompt/completion")
+        if keep and len(ids) > keep:  # cut (one token past `keep` says so): the turns after it are not read
+            break
     return ids, labels
+
+
+MAX_TURNS = 1000  # messages in one chat example: 1,000 render in ~6 s, 3,000 took minutes
 
 
 RENDER_SECONDS = 10  # one conversation through a chat template: milliseconds; a template is the model folder's code

@@ -106,6 +106,12 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tok, tmp_path, monkeypa
     assert data.read_rows("acme/chats") == [{"messages": CHAT[1:3]}]
     with pytest.raises(DockyardError, match="acme/missing is not in the local Hugging Face cache.*hf download"):
         data.read_rows("acme/missing")
+    # its files get a local file's checks before pyarrow reads them: one line nested 60,000 deep in a cached dataset
+    # crashed every process (SIGSEGV, no manifest), where the same file given by path was refused by its line
+    deep = repo / "snapshots" / revision / "data" / "train.jsonl"
+    deep.write_text('{"messages": []}\n' + '{"text": "x", "y": ' + "[" * 200 + "]" * 200 + "}\n")
+    with pytest.raises(DockyardError, match=r"cannot read .*train.jsonl:2: nested more than 100 brackets deep"):
+        data.read_rows("acme/chats")
 
 
 @pytest.mark.parametrize("rows, named, message", [
@@ -591,3 +597,22 @@ def test_json_files_of_different_formats_in_a_folder_are_named_file_by_file(tmp_
     with pytest.raises(DockyardError, match=r"different data formats \(text: a.json; prompt_completion: b.json; "
                                             r"messages: c.jsonl\)"):
         data.read_rows(tmp_path)
+
+
+def test_a_chat_of_many_turns_is_read_up_to_what_is_kept_and_a_conversation_past_a_thousand_is_refused(tok):
+    """The twelfth red-team pass: each assistant turn renders the whole conversation before it, and every turn was
+    rendered even past max_seq_length: 3,000 pairs in one example (900 KB of data) hung every rank for minutes,
+    silently. The turns after the cut are not read now; a conversation of more than 1,000 messages is refused."""
+    import time
+
+    pairs = [m for i in range(450) for m in ({"role": "user", "content": f"Which port {i}?"},
+                                            {"role": "assistant", "content": "Bergen"})]
+    started = time.monotonic()
+    done = data.tokenize([{"messages": pairs}], "messages", tok, 128)
+    assert time.monotonic() - started < 10  # the guard against the minutes it took, not a speed goal
+    assert done.truncated == 1 and len(done.examples[0]["input_ids"]) == 128
+    whole = data.tokenize([{"messages": pairs[:40]}], "messages", tok, 4096).examples[0]
+    assert len(whole["input_ids"]) > 128 and done.examples[0]["input_ids"] == whole["input_ids"][:128]
+    with pytest.raises(DockyardError, match="example 1: 1,002 turns in one conversation, past the 1,000 a chat "
+                                            "example is read with .*: split it into several conversations"):
+        data.tokenize([{"messages": pairs + pairs[:102]}], "messages", tok, 128)
