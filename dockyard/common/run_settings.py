@@ -102,6 +102,12 @@ class RunSettings(BaseModel):
                              and all(isinstance(v, str) and v for v in value)):
             raise ValueError(f"{reprlib.repr(value)}: give the names of the model's linear layers, as in "
                              "q_proj,v_proj, or all-linear")
+        if isinstance(value, str) and value != "all-linear":  # one name is a regular expression to peft
+            try:
+                re.compile(value)
+            except (re.error, RecursionError, OverflowError) as e:  # a traceback from peft, after the model loaded
+                raise ValueError(f"{reprlib.repr(value)} is not a regular expression ({e}); give the names of the "
+                                 "model's linear layers, as in q_proj,v_proj, or all-linear") from None
         return value
 
     @field_validator("profile_steps", mode="before")
@@ -167,7 +173,7 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
                 value, i = argv[i + 1], i + 1
             else:
                 value = "true"
-        key, read = key.replace("-", "_"), _scalar(value)
+        key, read = key.replace("-", "_"), _scalar(value, tok.partition("=")[0])
         # a name or a path is the text typed: `--run_name yes` was recorded as true, `--data 2024` refused as a number
         out[key] = value if key in TEXT_KEYS and isinstance(read, (bool, int, float)) else read
         i += 1
@@ -177,9 +183,26 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
 TEXT_KEYS = {"run_name", "model", "data", "eval_data", "hub_model_id", "hub_revision"}
 
 
-def _scalar(text: str) -> Any:
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases: nine levels of `&a [*b, *b, ...]`, 300 bytes of one override, stand for 10**9 values,
+    which the run's record (overrides.json, the manifest) wrote out until the host's memory was gone."""
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 - PyYAML's own signature
+        if self.check_event(yaml.AliasEvent):
+            raise Aliased(self.peek_event().anchor)
+        return super().compose_node(parent, index)
+
+
+class Aliased(Exception):  # noqa: N818 - an alias met, not an error of YAML's
+    pass
+
+
+def _scalar(text: str, flag: str = "") -> Any:
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader
+    except Aliased as e:
+        raise DockyardError(f"{flag} {text[:40]!r}...: a YAML alias (*{e}) repeats a value by reference; write the "
+                            "value out (an override holds no aliases)") from None
     except YAML_ERRORS:  # `0x_`, `2001-02-30`, ...: not a YAML value, so the text itself
         return text
     if isinstance(value, str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -21,6 +22,7 @@ from dockyard.common.model_config import check_model_folder, check_shards_inside
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
+from dockyard.train.data import TooSlow, time_limit
 
 log = logging.getLogger("dockyard.train")
 
@@ -301,6 +303,9 @@ def check_weights_loaded(model_dir: str, loading: dict[str, Any], task: str, ten
                     len(unused), ", ".join(sorted(unused)[:3]))
 
 
+MATCH_SECONDS = 10  # lora_target_modules as an expression against every module name: microseconds when sane
+
+
 def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpointing: bool) -> Any:
     """LoRA adapters on the frozen base, the same way for a 16-bit (lora) and a 4-bit (qlora) base. Not through
     peft's prepare_model_for_kbit_training: it casts every non-quantized weight (norms, embeddings, the output
@@ -313,6 +318,16 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
         # With the base frozen, checkpointed blocks see inputs that need no grad, and the adapters would
         # receive none: the model would silently not learn.
         model.enable_input_require_grads()
+    target = settings.lora_target_modules
+    if isinstance(target, str) and target != "all-linear":  # peft matches the expression against every module name
+        try:
+            with time_limit(MATCH_SECONDS):
+                for name, _ in model.named_modules():
+                    re.fullmatch(target, name)
+        except TooSlow:  # `(.*.*)*z` backtracks for hours on a name of 30 characters, silently, on every rank
+            raise DockyardError(f"lora_target_modules {target!r}: matching it against the model's module names took "
+                                f"more than {MATCH_SECONDS} s (nested repeats backtrack without end); give the names "
+                                "of its linear layers (q_proj,v_proj ...), or all-linear") from None
     config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                         target_modules=settings.lora_target_modules,
                         task_type="SEQ_CLS" if settings.task == "seq_cls" else "CAUSAL_LM")

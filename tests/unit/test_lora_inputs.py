@@ -107,3 +107,29 @@ def test_loading_a_runs_adapter_logs_no_deprecation_warning(tmp_path):
         loaded = export.load_run_model(m, tmp_path, torch.bfloat16, quantized=False, adapter_dir=tmp_path / "adapter")
     assert any("lora_A" in n for n, _ in loaded.named_parameters())
     assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
+
+
+def test_a_target_modules_expression_that_backtracks_or_does_not_compile_is_one_line(tmp_path, monkeypatch):
+    """The twelfth red-team pass: `(.*.*)*z` took peft hours against module names of 30 characters, silently on every
+    rank; `([` was re's traceback from inside peft, after the model had loaded. Now: a bounded match, then one
+    line; an expression that does not compile is refused with the other settings. A sane one still adapts."""
+    import pytest
+
+    from dockyard.common.errors import DockyardError
+
+    recipe = load_recipe("lora")
+    with pytest.raises(DockyardError, match=r"lora_target_modules.*'\(\[' is not a regular expression"):
+        resolve_settings(recipe, {"lora_target_modules": "(["})
+    models.materialize_tiny_model(tmp_path / "base")
+    tokenizer = models.load_tokenizer(str(tmp_path / "base"))
+    monkeypatch.setattr(models, "MATCH_SECONDS", 1)
+    for target, adapted in (("(.*.*)*z", None), (r".*\.(q|v)_proj", 2)):
+        settings, _ = resolve_settings(recipe, {"lora_target_modules": target})
+        model = models.load_model(str(tmp_path / "base"), recipe, settings, tokenizer, [], 0)
+        if adapted is None:
+            with pytest.raises(DockyardError, match=r"matching it against the model's module names took more than 1 s"):
+                models.add_lora(model, recipe, settings, gradient_checkpointing=False)
+        else:
+            model = models.add_lora(model, recipe, settings, gradient_checkpointing=False)
+            layers = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n}
+            assert layers == {"q_proj", "v_proj"}

@@ -239,3 +239,17 @@ def test_a_field_transformers_5_removed_says_what_took_its_place(tmp_path):
     short_error(r, "unknown trainer override(s): --logging_dir (transformers 5 has none: the run's logs are in its "
                    "folder, train.log and metrics.jsonl), --overwrite_output_dir (transformers 5 has none, and a run "
                    "never overwrites another: give a new --run-id)")
+
+
+def test_an_override_holding_yaml_aliases_is_refused_before_anything_expands_it():
+    """The twelfth red-team pass: 300 bytes of `&a [*b, ...]` nine levels deep stand for 10**9 values; the run's
+    record (overrides.json, the manifest) wrote them out until the host's memory was gone, on every rank."""
+    from dockyard.common.errors import DockyardError
+
+    levels = "abcdefghi"
+    bomb = "{a: &a [x,x,x,x,x,x,x,x,x,x]" + "".join(
+        f", {q}: &{q} [{','.join(['*' + p] * 10)}]" for p, q in zip(levels, levels[1:], strict=False)) + "}"
+    with pytest.raises(DockyardError, match=r"--lr_scheduler_kwargs '\{a: &a .*: a YAML alias \(\*a\) repeats a value "
+                                            "by reference; write the value out"):
+        parse_overrides(["--lr_scheduler_kwargs", bomb])
+    assert parse_overrides(["--lr_scheduler_kwargs", "{min_lr: 0.1}"]) == {"lr_scheduler_kwargs": {"min_lr": 0.1}}
