@@ -515,7 +515,9 @@ RANGES: dict[str, Range] = {
     "eval_accumulation_steps": Range(1),
     **dict.fromkeys(("logging_steps", "save_steps", "eval_steps", "num_train_epochs"), Range(0, open_low=True)),
     **dict.fromkeys(("seed", "data_seed"), Range(0, 2**32 - 1)),
-    "neftune_noise_alpha": Range(0),  # torch's uniform_ refused a negative one at the first step
+    # torch's uniform_ refused a negative one at the first step, and one past float32 (1e300) in a traceback; the
+    # NEFTune paper's are 5 to 15
+    "neftune_noise_alpha": Range(0, 1000),
     # (1 - ε)·nll + ε·smooth: at 1 or more the correct token's loss is pushed the wrong way (10 meant for 10 %)
     "label_smoothing_factor": Range(0, 1, open_high=True),
     "torch_empty_cache_steps": Range(1),  # TrainingArguments: "must be a positive integer" (null: never)

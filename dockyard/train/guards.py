@@ -106,6 +106,28 @@ def check_report_to(value: Any) -> None:
                             "of your own")
 
 
+def check_optim(args: Any) -> None:
+    """`optim` names an optimizer this image can make: 22 of the Trainer's choices need a package no image has
+    (galore_torch, schedulefree, torchao, lomo_optim, ...), which the Trainer said in an ImportError traceback on every
+    rank, after the model had loaded. Asked here of the Trainer's own lookup, before the model loads."""
+    from transformers import Trainer
+
+    if args.deepspeed:  # DeepSpeed makes its own optimizer from its config (the Trainer's optim is not used)
+        return
+    name = getattr(args.optim, "value", args.optim)
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(args)
+    except (ImportError, ValueError) as e:
+        said = " ".join(str(e).split())
+        if isinstance(e, ImportError) or "install" in said.lower():
+            raise DockyardError(f"optim {name}: its package is not in this image ({said[:160]}); use the "
+                                "default (adamw_torch_fused), adamw_8bit or adafactor, or install it in an image of "
+                                "your own") from None
+        if "model" not in said.lower():  # one that needs the model to be made is the Trainer's to check, later
+            raise DockyardError(f"optim {name}, optim_args {args.optim_args!r}: {said[:200]}; optim_args takes "
+                                "key=value pairs, comma-separated (as in weight_decay=0.1)") from None
+
+
 def reject_prequantized(model_dir: str, strategy: str) -> None:
     """GPTQ/AWQ checkpoints cannot be sharded by ZeRO-3 or FSDP: every rank would hold the whole model."""
     cfg = Path(model_dir, "config.json") if model_dir else None
