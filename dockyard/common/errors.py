@@ -77,10 +77,11 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     ends) or holds more than `limit` bytes is refused, naming `what` it should be. A folder is IsADirectoryError
     and a missing file FileNotFoundError, as from open(), for the caller to word."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a pipe opens at once
+    kind = os.fstat(fd).st_mode
+    if stat.S_ISDIR(kind):  # before fdopen, which refuses a folder naming the descriptor: "Is a directory: 3"
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     with os.fdopen(fd, "rb") as f:
-        kind = os.fstat(fd).st_mode
-        if stat.S_ISDIR(kind):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if not stat.S_ISREG(kind):
             raise DockyardError(f"{path}: not a plain file (a pipe, device or socket); give the {what} itself")
         data = f.read(limit + 1)

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     try:
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here on: the clean-up below
+            nodes.check_launcher_numbers()  # before anything reads them as numbers
             nodes.node_rank()  # a node rank of no number is said here, before anything would record it
             nodes.pin_interface()  # before torch.distributed starts
             opts, overrides = parse_args(sys.argv[1:] if argv is None else argv)

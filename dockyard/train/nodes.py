@@ -41,6 +41,19 @@ def node_rank() -> int:
     return int(raw)
 
 
+LAUNCHER_NUMBERS = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "GROUP_WORLD_SIZE", "MASTER_PORT")
+
+
+def check_launcher_numbers() -> None:
+    """torchrun's counts, where set, are whole numbers: set by hand as words (`WORLD_SIZE=abc`), each was int()'s
+    traceback wherever it was first read."""
+    for name in LAUNCHER_NUMBERS:
+        raw = os.environ.get(name)
+        if raw is not None and not (raw.strip().isascii() and raw.strip().isdecimal()):
+            raise DockyardError(f"{name}={raw[:40]!r} is not a whole number: torchrun sets it (start the trainer "
+                                "with torchrun, as invoke run and run.sh do), or unset it for one process")
+
+
 def rendezvous() -> dict[str, Any] | None:
     raw = os.environ.get(envvars.RENDEZVOUS)
     if not raw:

@@ -268,6 +268,13 @@ def test_a_replay_file_of_another_shape_is_a_short_error(tmp_path, monkeypatch, 
     assert str(bad) in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 1000
 
 
+def test_a_folder_given_as_the_replay_file_is_named_as_the_folder(tmp_path, monkeypatch):
+    """It was "Is a directory: 3", the descriptor's number (fdopen refused before the folder check ran)."""
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(tmp_path))
+    with pytest.raises(DockyardError, match=rf"Is a directory: '{tmp_path}'"):
+        gpus.facts()
+
+
 def test_recording_into_a_folder_that_does_not_exist_is_a_short_error(tmp_path):
     with pytest.raises(DockyardError, match="cannot write it"):
         gpus.record(tmp_path / "no-such-folder" / "host.json")

@@ -876,3 +876,15 @@ def test_ctrl_c_followed_by_torchruns_sigterm_is_recorded_as_interrupted(tmp_pat
     assert code == 130 and "Traceback" not in err and "SIGTERM" not in err, err
     m = json.loads((tmp_path / "r1" / "manifest.json").read_text())
     assert m["status"] == "failed" and m["error"].startswith("interrupted (SIGINT): the run stopped"), m["error"]
+
+
+@pytest.mark.parametrize("name", ["WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"])
+def test_a_launcher_count_set_as_a_word_is_one_line_before_anything_is_made(tmp_path, capsys, monkeypatch, name):
+    """The twelfth red-team pass: `WORLD_SIZE=abc` (torchrun's variables set by hand) was int()'s traceback."""
+    from dockyard.train.__main__ import main
+
+    monkeypatch.setenv(name, "abc")
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1")])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: {name}='abc' is not a whole number: torchrun sets it" in err, err
+    assert "Traceback" not in err and not (tmp_path / "r1").exists()
