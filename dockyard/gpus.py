@@ -335,7 +335,6 @@ def gpu_index(token: str) -> int | None:
     return int(token) if token.isascii() and token.isdigit() and len(token) <= 6 else None
 
 
-
 def mig_advice(host: Host) -> tuple[str, str]:
     """(which GPUs have MIG mode on, what to do), or ("", "") where none has: said by doctor and by `invoke run`."""
     mig = [str(g.index) for g in host.gpus if g.mig]
@@ -345,6 +344,7 @@ def mig_advice(host: Host) -> tuple[str, str]:
             "dockyard trains on whole GPUs: NVML gives the GPU's memory, not a MIG slice's, so plan and the autos "
             f"would size the batch for memory a slice lacks; turn MIG off for training (`sudo nvidia-smi -i "
             f"{','.join(mig)} -mig 0`)")
+
 
 def select(host: Host, spec: str = "") -> Host:
     """`host` limited to the GPUs of `spec` (`--gpus=0,2`) or else of CUDA_VISIBLE_DEVICES: indices or UUIDs.
