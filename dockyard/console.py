@@ -9,19 +9,9 @@ from pathlib import Path
 from typing import IO
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.units import human
 
 TAIL_LINES = 20  # how much of a failed command's output an error message quotes
-
-
-def human(n: float) -> str:
-    """Bytes in decimal units, as `df -H` and transfer tools show them."""
-    if abs(n) < 1000:
-        return f"{n:.0f} B"
-    for unit in ("kB", "MB", "GB"):
-        n /= 1000
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1000:.1f} TB"
 
 
 def check_free(folder: Path, need: int, what: str, hint: str) -> None:

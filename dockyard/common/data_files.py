@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from dockyard.common.errors import DockyardError, loads, shown
 
@@ -150,6 +151,44 @@ def too_wide(path: Path) -> list[str]:
             if len(fields) > MAX_FIELDS:
                 return list(fields)
     return []
+
+
+def parquet_decoded(path: Path, past: int) -> int:
+    """The bytes a Parquet file's rows take decoded (as `datasets` holds them), counted a batch at a time with its
+    strings read as dictionaries: a value the file stores once for many rows is counted for each, not copied out.
+    Counting stops once past `past`. 0 for a file pyarrow cannot read (`datasets` says why in its words). A file
+    compresses such values to nothing: 36 KB held 5 million rows of 400 characters, 2 GB in every process."""
+    import pyarrow.parquet as pq
+
+    try:
+        strings = [c.path for c in pq.ParquetFile(path).schema if c.physical_type == "BYTE_ARRAY"]
+        total = 0
+        for batch in pq.ParquetFile(path, read_dictionary=strings).iter_batches(batch_size=PARQUET_BATCH):
+            total += sum(_decoded(column) for column in batch.columns)
+            if total > past:
+                break
+        return total
+    except Exception:  # noqa: BLE001 - pyarrow raises its own kinds for a file that is not parquet
+        return 0
+
+
+PARQUET_BATCH = 1024  # rows decoded at once: their numbers and nested lists, never a string read as a dictionary
+
+
+def _decoded(array: Any) -> int:
+    """The bytes of an Arrow array with its dictionaries' strings written out, one per row that names them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = array.type
+    if pa.types.is_dictionary(kind) and (pa.types.is_string(kind.value_type) or pa.types.is_binary(kind.value_type)):
+        lengths = pc.take(pc.binary_length(array.dictionary), array.indices)
+        return (pc.sum(lengths).as_py() or 0) + 4 * len(array)  # and an offset each
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _decoded(array.flatten()) + 8 * len(array)
+    if pa.types.is_struct(kind):
+        return sum(_decoded(part) for part in array.flatten())
+    return array.nbytes
 
 
 def _json_lines(data: bytes) -> Iterator[object]:

@@ -1,3 +1,15 @@
-"""Units shared by the planner, doctor and the trainer's guards: memory is counted in GiB (2^30 bytes)."""
+"""Units shared by the planner, doctor and the trainer's guards: memory is counted in GiB (2^30 bytes); sizes said to
+users in decimal units (`human`)."""
 
 GIB = 2**30
+
+
+def human(n: float) -> str:
+    """Bytes in decimal units, as `df -H` and transfer tools show them."""
+    if abs(n) < 1000:
+        return f"{n:.0f} B"
+    for unit in ("kB", "MB", "GB"):
+        n /= 1000
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} TB"

@@ -46,11 +46,14 @@ from dockyard.common.data_files import (
     left_out,
     mixed_formats,
     not_an_object,
+    parquet_decoded,
     too_deep,
     too_wide,
     unknown_format,
 )
 from dockyard.common.errors import DockyardError, Stopped, causes, loads
+from dockyard.common.units import human
+from dockyard.train.guards import host_memory_available
 
 log = logging.getLogger("dockyard.train.data")  # the same on every rank: said by rank 0 alone (setup_logging)
 
@@ -311,6 +314,8 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
             raise DockyardError(f"cannot read {where}: {NESTED}")
         if wide:
             raise too_many_fields(f, wide)
+    if parquet := [Path(f) for f in given if Path(f).suffix == ".parquet"]:
+        check_decoded_size(parquet)
     try:
         table = datasets.load_dataset(builder, split="train", **kwargs)
         if table.num_columns > MAX_FIELDS:  # a cached hub dataset, read before it is made rows
@@ -345,6 +350,23 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
         # string. in row 10", for an unterminated string on line 11)
         raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: {_first_line(e)}") from None
+
+
+def check_decoded_size(files: list[Path]) -> None:
+    """Parquet files whose rows, decoded, would not fit in this node's free memory once in each of its processes
+    (every rank reads the data): refused before `datasets` decodes them, where the OOM killer would end the run."""
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    free = host_memory_available()
+    decoded = 0
+    for f in files:
+        decoded += parquet_decoded(f, free // processes - decoded)
+        if decoded * processes > free:
+            on_disk = sum(f.stat().st_size for f in files)
+            raise DockyardError(
+                f"cannot read {files[0] if len(files) == 1 else f'the {len(files)} Parquet files'} "
+                f"({human(on_disk)} of Parquet): its rows decode to more than {human(decoded)}, held by each of "
+                f"this node's {processes} process(es), and the node has {human(free)} free "
+                "(container limit included); train on a part of it, on fewer processes, or give the node more memory")
 
 
 def too_many_fields(what: str, names: list[str]) -> DockyardError:
@@ -586,9 +608,47 @@ CHARS_PER_TOKEN_BOUND = 64
 
 def text_tokens(row: dict[str, Any], tokenizer: Any, eos: list[int], keep: int = 0) -> list[int]:
     """A text document's tokens: the tokenizer's special tokens (BOS), then its EOS (`eos`, [] without one).
-    `keep`: only the first `keep` tokens are used (the rest are cut), so a long document's head alone is read."""
-    ids = head_tokens(tokenizer, str(row["text"]), keep, add_special_tokens=True)
+    `keep`: only the first `keep` tokens are used (the rest are cut), so a long document's head alone is read; 0:
+    all of it (packing), a long one read in pieces."""
+    text = str(row["text"])
+    ids = head_tokens(tokenizer, text, keep, add_special_tokens=True) if keep else piecewise_tokens(tokenizer, text)
     return ids if keep and len(ids) > keep else ids + eos
+
+
+# characters tokenized in one call where a document is read whole (packing): the tokenizer holds ~200 bytes per
+# character while it works, so one 14 MB document (a book on one line) took 3 GB in every process
+PIECE_CHARS = 1 << 20
+
+
+def piecewise_tokens(tokenizer: Any, text: str) -> list[int]:
+    """`text`'s tokens with the tokenizer's special tokens, a long text tokenized a piece at a time (PIECE_CHARS
+    at most), each cut where a run of whitespace begins, so no word and no run of newlines is split (the tokens of
+    a word keep the space before it): the same tokens as a whole read, for tokenizers that split text at
+    whitespace before they merge (byte-level BPE, SentencePiece's Llama 3 and later)."""
+    if len(text) <= PIECE_CHARS:
+        return tokenizer(text, add_special_tokens=True)["input_ids"]
+    ids: list[int] = []
+    start = 0
+    while start < len(text):
+        end = len(text) if len(text) - start <= PIECE_CHARS else _piece_end(text, start)
+        ids += tokenizer(text[start:end], add_special_tokens=False)["input_ids"]
+        start = end
+    first = text[:min(len(text), 64)]  # the special tokens around a text: where its plain tokens sit in its full ones
+    plain, full = (tokenizer(first, add_special_tokens=s)["input_ids"] for s in (False, True))
+    at = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), 0)
+    return full[:at] + ids + full[at + len(plain):]
+
+
+def _piece_end(text: str, start: int) -> int:
+    """Where the piece of `text` from `start` ends: before the last run of whitespace that begins in its
+    PIECE_CHARS (a newline's first, else a space's), or at PIECE_CHARS where it holds none."""
+    stop = start + PIECE_CHARS
+    cut = max(text.rfind("\n", start + 1, stop), 0) or max(text.rfind(" ", start + 1, stop), 0)
+    if not cut:
+        return stop
+    while cut > start + 1 and text[cut - 1].isspace():
+        cut -= 1
+    return cut
 
 
 def head_tokens(tokenizer: Any, text: str, keep: int, **kwargs: Any) -> list[int]:

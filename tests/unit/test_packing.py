@@ -95,3 +95,26 @@ def test_packing_set_where_it_cannot_apply_is_refused(fmt, task, padding_free, s
 def test_padding_free_left_off_for_text_points_to_packing():
     off, why = autos.resolve_padding_free("auto", "text", "causal_lm", GPU, "sdpa", 8, 128)
     assert off is False and "text documents have packing" in why
+
+
+PROSE = ("It was the best of times,  it was the worst of times.\n\nChapter 2\n\t  indented line, numbers 12345 67890;"
+         " punctuation!? (brackets) [and] {braces}\n") * 400  # 48 kB of words, runs of spaces and newlines
+
+
+@pytest.mark.parametrize("text", [PROSE, "x" * 20_000, PROSE.replace("\n", " ")])
+def test_a_long_document_is_packed_a_piece_at_a_time_to_the_tokens_of_a_whole_read(tok, monkeypatch, text):
+    """The twelfth red-team pass: one 14 MB document took 3 GB in every process, tokenized in one call when packing
+    read it whole. It is read in pieces now (here of 4 kB, 1 MiB in a run), cut where whitespace begins: the same
+    tokens, BOS first and EOS last, whether it has newlines, only spaces, or no whitespace at all."""
+    seen = []
+
+    def counting(text, **kw):
+        seen.append(len(text))
+        return tok(text, **kw)
+
+    counting.eos_token_id = tok.eos_token_id
+    monkeypatch.setattr(data, "PIECE_CHARS", 4096)
+    blocks = data.pack_text([{"text": text}, {"text": "short one"}], counting, 512)
+    stream = [t for d in documents(tok, [{"text": text}, {"text": "short one"}]) for t in d]
+    assert [t for b in blocks for t in b["input_ids"]] == stream
+    assert max(seen) <= 4096 and len([n for n in seen if n > 64]) >= len(text) // 4096, "read in pieces"

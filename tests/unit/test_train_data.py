@@ -124,6 +124,56 @@ def test_rows_naming_thousands_of_fields_are_refused_before_datasets_makes_a_tab
     assert [r["text"] for r in data.read_rows(fine)] == ["a"] * 50
 
 
+def test_parquet_rows_that_decode_past_what_each_process_can_hold_are_refused_before_datasets_reads_them(
+        tmp_path, monkeypatch):
+    """The twelfth red-team pass: a Parquet file of 220 KB stores one 400-character value once for 5 million rows
+    (a dictionary), which `datasets` decoded to 2 GB in every process. Its decoded size is counted first, without
+    decoding it, against this node's free memory shared among its processes; the processes here are as many as
+    leave each less than 1 GB of the memory this machine has free."""
+    import math
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bomb = tmp_path / "bomb.parquet"
+    indices = pa.array([0] * 1_000_000, pa.int32())
+    with pq.ParquetWriter(bomb, pa.schema({"text": pa.dictionary(pa.int32(), pa.string())}),
+                          compression="zstd") as w:
+        for _ in range(5):
+            w.write_table(pa.table({"text": pa.DictionaryArray.from_arrays(indices, pa.array(["x" * 400]))}))
+    assert bomb.stat().st_size < 1_000_000
+    processes = math.ceil(data.host_memory_available() / 1e9) + 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    started = time.monotonic()
+    with pytest.raises(DockyardError, match=rf"cannot read .*bomb.parquet \(.* kB of Parquet\): its rows decode to "
+                                            rf"more than .* [MG]B, held by each of this node's {processes} process\(es\), "
+                                            r"and the node has .* free .*train on a part of it"):
+        data.read_rows(bomb)
+    assert time.monotonic() - started < 20  # counted, not decoded: a guard, not a speed goal
+
+
+def test_the_decoded_size_counted_is_what_the_decoded_rows_take(tmp_path):
+    """Strings, repeated strings, numbers and chat messages (lists of records): the count a Parquet file's rows are
+    refused by is the size of the same rows decoded into Arrow, within 5 %."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dockyard.common.data_files import parquet_decoded
+
+    rows = [{"messages": [{"role": "user", "content": f"question {i} " * (i % 50)},
+                          {"role": "assistant", "content": "the same answer every time " * 20}],
+             "score": i / 7, "system": "a long system prompt repeated in every row " * 30} for i in range(20_000)]
+    table = pa.Table.from_pylist(rows)
+    path = tmp_path / "chat.parquet"
+    pq.write_table(table, path)
+    counted = parquet_decoded(path, past=10**15)
+    assert abs(counted - table.nbytes) < 0.05 * table.nbytes
+    assert path.stat().st_size < table.nbytes / 20  # the file is far smaller than its rows: what is counted is not it
+    assert parquet_decoded(path, past=1_000_000) < 0.2 * table.nbytes  # stops soon past what it is asked about
+    assert data.read_rows(path)[0]["system"] == rows[0]["system"]
+
+
 def test_a_folder_must_hold_one_kind_of_file(tmp_path):
     write(tmp_path / "a.jsonl", [{"text": "a"}])
     (tmp_path / "b.txt").write_text("b\n")
