@@ -694,12 +694,14 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int, keep: in
     continuation), tokenized on its own; `keep`: only the first `keep` tokens are used (0: all)."""
     def render(msgs: list[dict[str, str]], generation_prompt: bool) -> str:
         try:
-            with time_limit(RENDER_SECONDS):
+            with time_limit(RENDER_SECONDS), memory_limit(RENDER_BYTES):
                 return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
         except TooSlow:
             raise DockyardError(f"example {n}: the model's chat template took more than {RENDER_SECONDS} s to render "
-                                "one conversation (a loop without end?): check chat_template in the model folder's "
-                                "tokenizer_config.json (or chat_template.jinja)") from None
+                                f"one conversation (a loop without end?): {CHECK_TEMPLATE}") from None
+        except MemoryError:
+            raise DockyardError(f"example {n}: the model's chat template took more than {human(RENDER_BYTES)} of "
+                                f"memory to render one conversation (a string without end?): {CHECK_TEMPLATE}") from None
         except Exception as e:  # noqa: BLE001 - a template raises what it likes (jinja2's TemplateError, mostly)
             raise DockyardError(f"example {n}: the model's chat template refuses this conversation: "
                                 f"{_first_line(e)}") from None
@@ -744,6 +746,31 @@ MAX_TURNS = 1000  # messages in one chat example: 1,000 render in ~6 s, 3,000 to
 
 
 RENDER_SECONDS = 10  # one conversation through a chat template: milliseconds; a template is the model folder's code
+
+
+RENDER_BYTES = 4 << 30  # memory one render may take: kilobytes; a template that doubles a string 40 times asks a terabyte
+CHECK_TEMPLATE = "check chat_template in the model folder's tokenizer_config.json (or chat_template.jinja)"
+
+
+@contextlib.contextmanager
+def memory_limit(grow: int) -> Iterator[None]:
+    """MemoryError, rather than the OOM killer, where this process's address space grows by more than `grow` bytes
+    within: the soft RLIMIT_AS is set that far above what the process maps now, and set back afterwards. A limit
+    of the user's own (`ulimit -v`) that is lower already stays as it is."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * resource.getpagesize()
+    bound = mapped + grow if hard == resource.RLIM_INFINITY else min(mapped + grow, hard)
+    if soft != resource.RLIM_INFINITY and soft <= bound:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (bound, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 class TooSlow(BaseException):

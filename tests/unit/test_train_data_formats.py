@@ -399,6 +399,28 @@ def test_a_chat_template_that_never_ends_is_stopped_and_named(tok, monkeypatch):
         data.tokenize([{"messages": CHAT}], "messages", tok, 64)
 
 
+@pytest.mark.parametrize("builds", [
+    "{% set s = 'x' * 10**10 %}",  # ten gigabytes at once
+    "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",  # doubled
+])
+def test_a_chat_template_that_builds_a_string_of_gigabytes_is_stopped_and_named(tok, monkeypatch, builds):
+    """The twelfth red-team pass: a template can build a string of gigabytes within its 10 s (Jinja's sandbox caps
+    `range`, not a string's size), on every rank at once. Its render may take RENDER_BYTES (here 256 MiB) more
+    than the process held; past that it is refused in a line, and the process's own limit is as it was."""
+    import resource
+
+    monkeypatch.setattr(data, "RENDER_BYTES", 256 << 20)
+    tok.chat_template = builds + "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(DockyardError, match=r"example 1: the model's chat template took more than 268.4 MB of memory "
+                                            r"to render one conversation \(a string without end\?\): check "
+                                            "chat_template"):
+        data.tokenize([{"messages": CHAT}], "messages", tok, 64)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    tok.chat_template = "{% set s = 'x' * 10**6 %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert data.tokenize([{"messages": CHAT}], "messages", tok, 64).examples  # a megabyte is no bomb
+
+
 def test_the_chat_templates_time_limit_leaves_an_alarm_set_by_its_caller_in_place():
     """The limit took over SIGALRM's timer and cancelled it afterwards: a limit its caller had set (pytest-timeout's
     on a hung test, a user's own watchdog) never fired."""
