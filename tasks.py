@@ -89,11 +89,12 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
             "variant": "image variant; default auto",
             "nproc": "processes on this node: default (or 0) one per GPU, or 2 on a CPU-only host",
             "nodes": "number of nodes (torchrun's c10d rendezvous); default 1",
-            "node_rank": "this node's rank, 0..nodes-1: node 0 hosts the rendezvous",
+            "node_rank": "this node's rank, 0..nodes-1, required with --nodes > 1: node 0 hosts the rendezvous",
             "master_addr": "address of node 0 on the network the nodes share (required with --nodes > 1)",
             "master_port": "rendezvous port on node 0 (default 29500)",
             "iface": "network interface for NCCL/gloo (default: the one that routes to --master-addr)",
-            "join_timeout": "seconds to wait for every node to join (default 120)",
+            "join_timeout": "seconds the nodes wait for each other, joining and later (default 120): raise it where "
+                            "nodes start minutes apart",
             "max_restarts": "times torchrun restarts the workers after a failure (default 0)",
             "run_id": "name of the run folder (default: <recipe>-<timestamp>); an existing one is refused; "
                       "with --nodes > 1 required, the same on every node",
@@ -110,7 +111,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
                      "org/name in the hf_cache folder (default: the `model` setting, else a tiny model made from a "
                      "config)",
             "dry": "print the exact command and run nothing"})
-def run(c, recipe: Place = "", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = 0, master_addr="",
+def run(c, recipe: Place = "", variant="auto", nproc: Count = 0, nodes: Nodes = 1, node_rank: Rank = -1, master_addr="",
         master_port: Port = 29500, run_id="", resume=False, disable_require=False, native=False, cpu=False,
         dry=False, gpus="", data: Place = "", model: Place = "", iface="", join_timeout: Seconds = 120,
         max_restarts: Restarts = 0):
@@ -216,14 +217,16 @@ def recipes(c):
 
 
 @task(help={"variant": "image variant; default auto", "dry": "print the command and run nothing",
-            "cpu": "no GPU even in a CUDA image: work in its stack on a host without GPUs (then `invoke commit`)"})
-def shell(c, variant="auto", dry=False, cpu=False):
+            "cpu": "no GPU even in a CUDA image: work in its stack on a host without GPUs",
+            "keep": "keep the container when you leave it, to `invoke commit` what you changed (it says the name)"})
+def shell(c, variant="auto", dry=False, cpu=False, keep=False):
     """An interactive shell in the image, with the same mounts, user and flags as `invoke run`.
 
-    Commands piped into it run there (`echo ds_report | invoke shell`), and exit with their status."""
+    Commands piped into it run there (`echo ds_report | invoke shell`), and exit with their status. The container
+    is removed when you leave it, with what you changed in it, unless --keep."""
     from dockyard.launch import run as launch_run
 
-    launch_run.shell(_settings(c), variant=variant, dry=dry, cpu=cpu)
+    launch_run.shell(_settings(c), variant=variant, dry=dry, cpu=cpu, keep=keep)
 
 
 # --- moving images ---------------------------------------------------------------------------

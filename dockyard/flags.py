@@ -33,9 +33,19 @@ _decimal = _text_as(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", "expec
 
 
 Whole = BeforeValidator(_whole)
+
+
+def _not_below(unset: int, low: int):
+    """A bound that lets a flag's default (`unset`, below it) through: the task tells given from not given."""
+    def check(v: int) -> int:
+        if v < low and v != unset:
+            raise ValueError(f"takes {low} or more")
+        return v
+
+    return check
 Count = Annotated[int, Whole, Field(ge=0, le=4096)]                 # processes, GPUs: 0 = what the host has
 Nodes = Annotated[int, Whole, Field(ge=1, le=4096)]
-Rank = Annotated[int, Whole, Field(ge=0, le=4095)]
+Rank = Annotated[int, Whole, Field(le=4095), AfterValidator(_not_below(-1, 0))]  # -1: not given (required of several)
 Port = Annotated[int, Whole, Field(ge=1, le=65535)]
 PortOrConfig = Annotated[int, Whole, Field(ge=0, le=65535)]         # 0 = the ssh config's
 Seconds = Annotated[int, Whole, Field(ge=1, le=7 * 24 * 3600)]

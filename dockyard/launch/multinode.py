@@ -46,7 +46,8 @@ def rendezvous(*, master_addr: str, master_port: int, node_rank: int, run_id: st
         # forwarded or virtual address may reach it)
         print(f"warning: --master-addr {master_addr} is not an address of this node, yet --node-rank=0 hosts the "
               f"rendezvous here: the other nodes will look for it there; give node 0 its own address "
-              f"({found['addr']} on {found.get('iface') or 'its interface'})", file=sys.stderr)
+              f"({found['addr']} on {found.get('iface') or 'its interface'}), or, where this is another node, its own "
+              "--node-rank", file=sys.stderr)
     return Rendezvous(endpoint=f"{master_addr}:{master_port}", run_id=run_id, is_host=node_rank == 0,
                       join_timeout=join_timeout, max_restarts=max_restarts, iface=found.get("iface", ""),
                       local_addr=found.get("addr", ""))
@@ -102,7 +103,7 @@ def interface_address(iface: str) -> str:
     """The interface's IPv4 address. `ip addr show dev eth0:anything` answers for eth0, but gloo and NCCL look the
     name up as given (getifaddrs: an interface, or an address's label such as eth0:1) and failed at run time."""
     named = False
-    for link in _ip_json("addr", "show", "dev", iface):
+    for link in _ip_json("addr", "show"):  # every interface: `dev NAME` of none there is ip's error, not ours
         for a in link.get("addr_info", []):
             if iface in (link.get("ifname"), a.get("label")):
                 named = True

@@ -176,6 +176,20 @@ def check_nodes(nodes: int, gpus_per_node: int | None = None) -> None:
         raise DockyardError(f"--gpus-per-node must be 0 (CPU nodes) or more (got {gpus_per_node})")
 
 
+def given_rank(node_rank: int, nodes: int) -> int:
+    """`invoke run`'s --node-rank (-1: not given), checked against --nodes before anything else reads it: with several
+    nodes each must say its own (a node 1 taken for node 0 hosted a rendezvous of its own, and both waited for the
+    other until the join timeout); with one, a rank past 0 means --nodes was forgotten."""
+    if node_rank < 0 and nodes > 1:
+        others = "1 on the other" if nodes == 2 else f"1 to {nodes - 1} on the others, each its own"
+        raise DockyardError(f"--nodes={nodes} needs this node's --node-rank: 0 on the node at --master-addr (it hosts "
+                            f"the rendezvous), {others}")
+    if node_rank > 0 and nodes == 1:
+        raise DockyardError(f"--node-rank={node_rank} is for several nodes: give their number too, --nodes=N (the "
+                            "same on every node)")
+    return max(node_rank, 0)
+
+
 def check_rank_and_port(node_rank: int, nodes: int, master_port: int) -> None:
     if not 0 <= node_rank < nodes:
         raise DockyardError(f"--node-rank must be in 0..{nodes - 1} (got {node_rank})")

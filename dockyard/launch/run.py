@@ -39,7 +39,7 @@ class RunRequest:
     variant: str = "auto"
     nproc: int = 0
     nodes: int = 1
-    node_rank: int = 0
+    node_rank: int = 0  # -1: not given (required with several nodes)
     master_addr: str = ""
     master_port: int = node.PORT
     run_id: str = ""
@@ -61,6 +61,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     """`invoke run`: validate the request (topology, what the trainer would refuse, disk), then dispatch it: print
     the command (--dry), or run it and summarise the run from its manifest."""
     overrides = list(r.overrides)
+    r = replace(r, node_rank=node.given_rank(r.node_rank, r.nodes))
     if r.cpu and r.gpus.strip():
         raise DockyardError(f"--gpus={r.gpus} picks GPUs to train on, and --cpu trains on none: give one of them")
     host = select(read_host(), r.gpus)
@@ -250,9 +251,10 @@ def _traces(run_dir: Path, node_rank: int) -> tuple:
             [p.name for p in runfolder.checkpoints_started(run_dir)])
 
 
-def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: bool = False) -> None:
+def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: bool = False,
+          keep: bool = False) -> None:
     """`cpu`: no GPU even in a CUDA image, as `invoke run --cpu` (a build host without GPUs works in a CUDA image's
-    stack, then commits it)."""
+    stack). `keep`: the container stays after the shell ends, for `invoke commit` (removed otherwise)."""
     host = select(read_host())  # CUDA_VISIBLE_DEVICES, as for `invoke run`
     chosen, why = variants.resolve(settings, variant, host)
     print(why, file=sys.stderr)
@@ -266,11 +268,15 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     mounts = inputs.read_only_mounts(settings, "", []).volumes
     runs = settings.path(settings.runs_dir)
-    argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell",
-                           name=f"dockyard-shell-{os.getpid()}", env=env, network_host=False,
-                           interactive="tty" if sys.stdin.isatty() else "stdin", command=["bash"], mounts=mounts,
-                           engine_info=info,
-                           memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=gpus), compile_cache=True)
+    name = f"dockyard-shell-{os.getpid()}"
+    argv = docker_run_argv(settings, image, gpus=gpus and docker_gpus(host), run_dir=runs / "shell", name=name,
+                           env=env, network_host=False, interactive="tty" if sys.stdin.isatty() else "stdin",
+                           command=["bash"], mounts=mounts, engine_info=info,
+                           memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=gpus), compile_cache=True,
+                           keep=keep)
+    if keep:
+        print(f"the container stays when you leave it: `invoke commit --container={name}` makes an image of what you "
+              f"changed (`{settings.docker} rm {name}` drops it)", file=sys.stderr)
     if dry:
         engine.echo(argv)
         return
@@ -459,13 +465,14 @@ def memlock_given(daemon_hard_limit: int | None) -> int | None:
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: str, command: list[str],
                     mounts: list[tuple[Path, str, bool]], engine_info: dict, memlock: str | None = None,
-                    devices: list[str] | None = None, compile_cache: bool = False) -> list[str]:
+                    devices: list[str] | None = None, compile_cache: bool = False, keep: bool = False) -> list[str]:
     """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes.
     `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry.
     `compile_cache`: mount it (what trains); caches.prepare() makes the folders first. `interactive`: "tty" (a
-    terminal, -it), "stdin" (the commands piped in, -i), or "" (none)."""
+    terminal, -it), "stdin" (the commands piped in, -i), or "" (none). `keep`: the container is not removed when it
+    ends (`invoke shell --keep`, to commit it)."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
-    argv = engine.docker(settings, "run", "--rm", "--init", *engine.host_sharing_flags(engine_info),
+    argv = engine.docker(settings, "run", *([] if keep else ["--rm"]), "--init", *engine.host_sharing_flags(engine_info),
                          "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
     if interactive:
         argv += ["-it"] if interactive == "tty" else ["-i"]

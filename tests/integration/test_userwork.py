@@ -100,6 +100,33 @@ def test_invoke_shell_runs_the_commands_piped_into_it_and_exits_with_theirs(cpu_
     assert r.stdout.strip().splitlines()[-1] == str(os.getuid()), "ran as you, in the image"
 
 
+def test_a_shell_kept_with_keep_is_committed_with_what_was_changed_in_it(cpu_image, tmp_path):
+    """The newcomer audit: what a user installed in `invoke shell` was gone when they left it (`docker run --rm`),
+    so the `invoke commit` its help pointed to had no container. With --keep the container stays under the name
+    the shell says, and commit makes an image that holds the change."""
+    import os
+    import re
+    import subprocess
+
+    from tests.support.cli import INVOKE
+
+    r = subprocess.run([*INVOKE, "shell", "--variant=cpu", "--keep"], input="echo kept > /tmp/mine.txt\nexit 0\n",
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    name = re.search(r"invoke commit --container=(dockyard-shell-\d+)", r.stderr)
+    assert r.returncode == 0 and name, r.stdout[-2000:] + r.stderr[-2000:]
+    container, tag = name.group(1), f"dockyard-kept-test:{os.getpid()}"
+    try:
+        got = invoke("commit", f"--container={container}", f"--tag={tag}")
+        assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+        shown = subprocess.run(["docker", "run", "--rm", "--entrypoint", "cat", tag, "/tmp/mine.txt"],
+                               capture_output=True, text=True, timeout=120)
+        assert shown.stdout.strip() == "kept", shown.stderr
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
 def test_ctrl_c_stops_the_run_and_says_the_command_that_continues_it(cpu_image, tmp_path):
     """Ctrl-C printed `error: interrupted: ` and the whole ~1000-character docker command, nothing on how to go on.
     The signal reaches the whole process group, as a terminal sends it; the command the message gives then

@@ -3,6 +3,7 @@
 GPUs are recorded NVML readings (dockyard.gpus.Host), since this host has none; nothing is run."""
 
 import os
+import re
 
 import pytest
 
@@ -106,6 +107,26 @@ def test_bad_topology_is_refused(settings, tmp_path, kw, message):
         _plan(settings, tmp_path, **kw)
 
 
+def test_several_nodes_need_each_nodes_rank_and_a_rank_needs_the_node_count(tmp_path):
+    """The newcomer audit: `--nodes=2 --master-addr=...` with --node-rank forgotten on node 1 ran as node 0, hosting a
+    rendezvous of its own (both nodes then wait for the other until the join timeout), and the warning it printed
+    told node 1 to use its own address; `--node-rank=1` without --nodes said "must be in 0..0". Each is one line
+    naming what to add, before a run folder is made; one node needs no rank (0 is the only one)."""
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    r = invoke_here("run", "--dry", "--cpu", "--nodes=2", "--master-addr=192.0.2.1", "--run-id=mn", env=env)
+    short_error(r, "--nodes=2 needs this node's --node-rank: 0 on the node at --master-addr (it hosts the "
+                   "rendezvous), 1 on the other")
+    r = invoke_here("run", "--dry", "--cpu", "--node-rank=1", "--run-id=mn", env=env)
+    short_error(r, "--node-rank=1 is for several nodes: give their number too, --nodes=N")
+    assert not (tmp_path / "runs").exists()
+    given = invoke_here("run", "--dry", "--cpu", "--nodes=2", "--node-rank=1", "--master-addr=192.0.2.1",
+                        "--run-id=mn", env=env)
+    assert given.returncode == 0 and "--rdzv-conf=is_host=0" in given.stdout + given.stderr, given.stderr
+    for one in ([], ["--node-rank=0"]):
+        alone = invoke_here("run", "--dry", "--cpu", *one, env=env)
+        assert alone.returncode == 0 and "--standalone" in alone.stdout + alone.stderr, alone.stderr
+
+
 def test_gpus_without_nvidia_runtime_says_how_to_configure_it(settings, tmp_path, monkeypatch):
     monkeypatch.setattr(launch_run.engine, "which", lambda name: None)
     with pytest.raises(DockyardError, match="nvidia-ctk runtime configure"):
@@ -207,6 +228,21 @@ def test_shell_cpu_opens_a_cuda_image_on_a_host_without_gpus(tmp_path, monkeypat
     short_error(r, "needs NVIDIA GPUs")
     assert "--cpu" in r.stderr
     assert invoke_here("shell", "--dry", "--variant=cu128", "--cpu", env=env).returncode == 0
+
+
+def test_a_shell_kept_for_commit_is_not_removed_and_says_the_name_to_commit(tmp_path, monkeypatch):
+    """The newcomer audit: `invoke shell --help` said "(then `invoke commit`)", yet the shell's container was
+    `docker run --rm`: what was installed in it was gone when it ended, and commit found no container. It still goes
+    by default; `--keep` keeps it and names it for the commit."""
+    monkeypatch.setattr(launch_run, "read_host", lambda: Host(error="NVML unavailable (no driver)"))
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    kept = invoke_here("shell", "--dry", "--variant=cpu", "--keep", env=env)
+    assert kept.returncode == 0, kept.stderr
+    name = re.search(r"--name (dockyard-shell-\d+)", kept.stdout + kept.stderr).group(1)
+    assert f"`invoke commit --container={name}` makes an image of what you changed" in kept.stderr
+    assert " --rm " not in kept.stdout + kept.stderr
+    gone = invoke_here("shell", "--dry", "--variant=cpu", env=env)
+    assert " --rm " in gone.stdout + gone.stderr and "invoke commit" not in gone.stderr
 
 
 def test_gpus_are_chosen_by_index_uuid_or_a_uuids_unique_start_and_never_a_mig_device(monkeypatch):

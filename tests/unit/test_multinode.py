@@ -88,10 +88,11 @@ def test_a_loopback_interface_is_refused_before_starting(iface):
         _rdzv(iface=iface, routes={"iface": "lo", "addr": "127.0.0.1"})
 
 
-@pytest.mark.parametrize("iface", ["lo:x", 'lo:a b"c'])
+@pytest.mark.parametrize("iface", ["lo:x", 'lo:a b"c', "nope0"])
 def test_an_interface_name_ip_answers_for_by_another_is_refused(iface):
     """`ip addr show dev lo:x` answers for lo (the real `ip`, this host's loopback): the name went on to gloo and
-    NCCL, which look it up as given and failed at run time."""
+    NCCL, which look it up as given and failed at run time. A name of no interface at all was ip's own error
+    (`Device "nope0" does not exist`): the same line now."""
     with pytest.raises(DockyardError, match=f"--iface {re.escape(iface)}: no interface .nor address label. of that "
                                             "name here"):
         multinode.interface_address(iface)
@@ -669,7 +670,8 @@ def test_node_0_given_an_address_not_its_own_is_warned_that_the_others_will_look
                 routes={"iface": "eth0", "addr": "10.0.0.1"})
     multinode.rendezvous(master_addr="10.0.0.5", node_rank=0, **args)
     assert ("warning: --master-addr 10.0.0.5 is not an address of this node, yet --node-rank=0 hosts the rendezvous "
-            "here: the other nodes will look for it there; give node 0 its own address (10.0.0.1 on eth0)"
+            "here: the other nodes will look for it there; give node 0 its own address (10.0.0.1 on eth0), or, where this "
+            "is another node, its own --node-rank"
             in capsys.readouterr().err)
     multinode.rendezvous(master_addr="10.0.0.1", node_rank=0, **args)  # its own
     multinode.rendezvous(master_addr="10.0.0.5", node_rank=1, **args)  # another node's, as it should be
