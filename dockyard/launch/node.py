@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import dataclass
 
 from dockyard.common import envvars, runfolder
@@ -160,7 +161,17 @@ def cluster_variant(settings: Settings, variant: str, gpus_per_node: int) -> Var
     """The variant a cluster's nodes run. `auto`: their GPUs decide, not this (login) host's: the newest CUDA
     variant, or cpu without GPUs."""
     if variant == "auto":
-        return variants.newest_cuda(settings) if gpus_per_node else variants.resolve(settings, "cpu")[0]
+        if not gpus_per_node:
+            return variants.resolve(settings, "cpu")[0]
+        chosen, older = variants.newest_cuda(settings), variants.oldest_cuda(settings)
+        def needs(v: Variant) -> str:
+            since = variants.MIN_DRIVER.get(variants.cuda_version(v.cuda)[0])
+            return f"an NVIDIA driver from {since} on" if since else f"a driver for CUDA {v.cuda}"
+
+        print(f"auto → {chosen.name} (CUDA {chosen.cuda}) for the nodes' GPUs: every node needs {needs(chosen)}"
+              f"{f'; --variant={older.name} (CUDA {older.cuda}) needs {needs(older)}' if older != chosen else ''}",
+              file=sys.stderr)
+        return chosen
     chosen = variants.resolve(settings, variant)[0]
     if gpus_per_node and not chosen.is_cuda:  # the job held the GPUs and trained on the CPUs beside them
         raise DockyardError(f"--variant={chosen.name} has no CUDA, so its nodes would train on their CPUs while the job "

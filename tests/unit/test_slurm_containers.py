@@ -459,3 +459,22 @@ def test_a_recipe_folder_given_with_a_tilde_is_the_home_folders_as_for_invoke_ru
                     env={"HOME": str(tmp_path), "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     assert r.returncode == 0, r.stderr
     assert f"run --recipe={tmp_path}/myrec " in (tmp_path / "x.sbatch").read_text()
+
+
+def test_auto_says_the_cuda_variant_it_picks_for_the_nodes_and_the_driver_it_needs(settings, capsys):
+    """The newcomer audit: `invoke slurm --gpus-per-node=8` wrote `--variant=cu132` into the script without a word,
+    whatever the cluster's drivers: on nodes with CUDA 12 drivers every node refused only after the job had waited
+    in the queue. auto says its pick, the driver each CUDA variant needs (variants.MIN_DRIVER), and the other one."""
+    from dockyard.images import variants
+
+    newest, oldest = variants.newest_cuda(settings), variants.oldest_cuda(settings)
+    since = {v.name: variants.MIN_DRIVER[variants.cuda_version(v.cuda)[0]] for v in (newest, oldest)}
+    text = slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=8, overrides=[])
+    assert f"--variant={newest.name}" in text
+    said = capsys.readouterr().err
+    assert (f"auto → {newest.name} (CUDA {newest.cuda}) for the nodes' GPUs: every node needs an NVIDIA driver from "
+            f"{since[newest.name]} on; --variant={oldest.name} (CUDA {oldest.cuda}) needs an NVIDIA driver from "
+            f"{since[oldest.name]} on") in said
+    slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=8, overrides=[], variant=oldest.name)
+    slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, overrides=[])
+    assert "auto →" not in capsys.readouterr().err, "a variant named, or CPU nodes: nothing to say"
