@@ -7,6 +7,8 @@
 #   --recipe=NAME|FOLDER   a recipe in the image (default zero2), or a folder holding a recipe.yaml
 #   --data=PATH --model=PATH   your data file/folder and model folder, mounted read-only
 #   --run-id=ID --runs=DIR     the run folder DIR/ID (default ./runs/<recipe>-<time>)
+#   --resume                   continue run --run-id from its last complete checkpoint, with its own recipe and
+#                              settings (give its --data and --model again: they are mounted as named)
 #   --nproc=N --cpu            processes (default: one per GPU, else 2); --cpu: no GPU even in a CUDA image
 #                              (CUDA_VISIBLE_DEVICES=0,2, indices or UUIDs: those GPUs only, as for invoke run)
 #   --image=REF                the image (default: the one image of the archives beside run.sh, their
@@ -155,10 +157,10 @@ runnable() {
 	echo "${kept:-$*}"
 }
 
-RECIPE=zero2 DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN= DISABLE_REQUIRE=
+RECIPE=zero2 RECIPE_GIVEN= DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN= DISABLE_REQUIRE= RESUME=
 while [ $# -gt 0 ]; do
 	case "$1" in
-	--recipe=*) RECIPE=${1#*=} ;;
+	--recipe=*) RECIPE=${1#*=} RECIPE_GIVEN=1 ;;
 	--data=*) DATA=${1#*=} ;;
 	--model=*) MODEL=${1#*=} ;;
 	--run-id=*) RUN_ID=${1#*=} ;;
@@ -168,6 +170,7 @@ while [ $# -gt 0 ]; do
 	--cpu) CPU=1 ;;
 	--disable-require) DISABLE_REQUIRE=1 ;;
 	--dry) DRY=1 ;;
+	--resume) RESUME=1 ;;
 	-h | --help) sed -n '2,/^set -u/s/^# \{0,1\}//p' "$0"; exit 0 ;;
 	--) shift; break ;;
 	*) die "unknown option $1 (options take the form --name=value; trainer overrides go after --)" ;;
@@ -259,6 +262,19 @@ input() {  # key host-path
 }
 [ -z "$MODEL" ] || input model "$MODEL"
 [ -z "$DATA" ] || input data "$DATA"
+run_id_ok() {
+	case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
+	case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
+}
+# A resumed run continues with its own recipe (its manifest's), unless --recipe names it again (a folder of yours)
+if [ -n "$RESUME" ]; then
+	[ -n "$RUN_ID" ] || die "--resume needs --run-id=ID: the run to continue, a folder in --runs ($RUNS)"
+	run_id_ok
+	here --runs "$RUNS"
+	[ -f "$HERE/$RUN_ID/manifest.json" ] || die "--resume: $RUNS/$RUN_ID holds no run (no manifest.json): check --run-id and --runs"
+	was=$(sed -n 's/^  "recipe": "\(.*\)",$/\1/p' "$HERE/$RUN_ID/manifest.json")
+	[ -n "$RECIPE_GIVEN" ] || RECIPE=${was:-$RECIPE}
+fi
 RECIPE_IN=$RECIPE
 here --recipe "$RECIPE"
 if [ -f "$HERE/recipe.yaml" ]; then
@@ -274,15 +290,14 @@ if [ -z "$RUN_ID" ]; then
 	RUN_ID=$(printf '%s' "${RECIPE_IN##*/}" | tr -c 'A-Za-z0-9_.-' '-' | sed 's/^[-._]*//' | cut -c1-64)
 	RUN_ID=${RUN_ID:-run}-$(date +%Y%m%d-%H%M%S)
 fi
-case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
-case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
+run_id_ok
 mountable --runs "$RUNS"
 here --runs "$RUNS"
 mkdir -p "$HERE" || die "cannot make the runs folder $RUNS"
 RUNS=$(cd "$HERE" && pwd)
 mountable --runs "$RUNS"
 RUN_DIR=$RUNS/$RUN_ID
-[ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id"
+[ -n "$RESUME" ] || [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id, or continue it (--resume)"
 # Never a folder in /tmp: another user could have made /tmp/.cache/huggingface first, and it is mounted read-write
 [ -n "${HF_HOME:-}${HOME:-}" ] || die "neither HF_HOME nor HOME is set: set HF_HOME to your Hugging Face cache (a folder of yours)"
 # torch.compile's and Triton's caches: the kernels one run compiled, loaded by the next instead of compiled again. The
@@ -313,7 +328,7 @@ mountable HF_HOME "$HF"
 @COMMAND@
 
 if [ -n "$DRY" ]; then printf '%s\n' "$cmd"; rmdir "$RUN_DIR" 2>/dev/null; exit 0; fi
-printf '%s\n' "run.sh: training $RECIPE_IN in $IMAGE ($VARIANT${GPUS:+, GPUs}${CPU:+, CPU}), $NPROC process(es) → $RUN_DIR" >&2
+printf '%s\n' "run.sh: ${RESUME:+resuming }training $RECIPE_IN in $IMAGE ($VARIANT${GPUS:+, GPUs}${CPU:+, CPU}), $NPROC process(es) → $RUN_DIR" >&2
 eval "$cmd"
 rc=$?
 if [ ! -f "$RUN_DIR/manifest.json" ]; then

@@ -68,7 +68,9 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
              '[ -z "$DISABLE_REQUIRE" ] || add -e NVIDIA_DISABLE_REQUIRE=1  # as invoke run --disable-require',
              f'[ -z "$HOST_PATHS" ] || add -e "{envvars.HOST_PATHS}={{$HOST_PATHS}}"',
              'cmd="$cmd$MOUNTS"',
-             "add \"$IMAGE\" " + " ".join(word(w) for w in command[:command.index(OVERRIDES)]),
+             "add \"$IMAGE\" " + " ".join(word(w) for w in command[:command.index("--")]),
+             '[ -z "$RESUME" ] || add --resume',
+             "add " + " ".join(word(w) for w in command[command.index("--"):command.index(OVERRIDES)]),
              'add "$@"',
              'cmd="$cmd$EXTRA"']
     newest_first = sorted((v for v in variants.all_variants(settings).values() if v.is_cuda),

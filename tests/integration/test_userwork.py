@@ -83,6 +83,12 @@ def test_run_sh_trains_on_the_air_gapped_node(node, cpu_image, tmp_path):
     assert m["image"]["id"] == node.image_id(cpu_image) and m["variant"] == "cpu"
     assert m["inputs"]["data"]["path"] == str(data) and m["data"]["format"] == "prompt_completion"
     assert (runs / "air" / "model" / "config.json").is_file()
+    # a run there continues from its checkpoint with its own recipe, the data given again (run.sh --resume)
+    got = node.ssh(f"cd {dist} && sh run.sh --run-id=air --runs={runs} --resume '--data={data}' -- --max_steps 3 "
+                   "--logging_steps 1", check=False, timeout=600)
+    assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-3000:]
+    m = manifest(runs / "air")
+    assert m["status"] == "completed" and m["metrics"]["steps"] == 3 and m["recipe"] == "ddp"
 
 
 def test_invoke_shell_runs_the_commands_piped_into_it_and_exits_with_theirs(cpu_image, tmp_path):

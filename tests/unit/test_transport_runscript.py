@@ -2,6 +2,7 @@
 file names and overrides reaching docker as single words, never run. A stand-in `docker` on PATH records the argv
 (the real script on a real node: tests/integration/test_userwork.py)."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -446,3 +447,31 @@ def test_a_path_given_after_the_double_dash_is_refused_before_docker(node, after
     assert proc.returncode == 1 and says in proc.stderr and not argv, proc.stderr
     proc, argv = node("--run-id=p2", "--", "--max_steps", "3")
     assert "--max_steps" in argv, proc.stderr  # docker was started (a stand-in here)
+
+
+def test_a_run_on_the_air_gapped_node_is_resumed_with_its_own_recipe(node, tmp_path):
+    """The newcomer audit: `sh run.sh --run-id=r1 --resume` was "unknown option", and run.sh again "already holds a
+    run": a run that died on an air-gapped node could only start over from step 0. --resume hands the trainer its
+    --resume (which continues from the last complete checkpoint and checks the data and model given again), with the
+    run's own recipe from its manifest unless --recipe names one; a resume of no run is refused before docker."""
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": "r1", "recipe": "ddp", "status": "failed"},
+                                                      indent=2) + "\n")
+    proc, argv = node("--run-id=r1", "--resume", "--", "--max_steps", "9")
+    assert argv, proc.stderr
+    entry = argv[argv.index("dockyard.train"):]
+    assert entry == ["dockyard.train", "--recipe", "ddp", "--run-dir", "/workspace/runs/r1", "--resume", "--",
+                     "--max_steps", "9"]
+    assert "run.sh: resuming training ddp" in proc.stderr
+    _, argv = node("--run-id=r1", "--resume", "--recipe=zero2")  # named: the trainer says whether it is the run's
+    assert argv[argv.index("--recipe") + 1] == "zero2"
+    proc, argv = node("--run-id=r1")
+    assert proc.returncode == 1 and not argv and "already holds a run: pick another --run-id, or continue it " \
+                                                  "(--resume)" in proc.stderr
+    for args, says in ((["--resume"], "--resume needs --run-id=ID: the run to continue"),
+                       (["--resume", "--run-id=none"], "--resume: ./runs/none holds no run (no manifest.json)"),
+                       (["--resume", "--run-id=../r1"], "--run-id=../r1: start with a letter or digit")):
+        proc, argv = node(*args)
+        assert proc.returncode == 1 and not argv and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs" / "none").exists()
