@@ -51,6 +51,12 @@ class ArchivePaths:
     def _beside(self, suffix: str) -> Path:
         return self.archive.with_name(self.base + suffix)
 
+    def other_compressions(self) -> list[Path]:
+        """Archives of the same name in another compression (x.tar.gz beside x.tar.zst): they share the .sha256 and
+        .manifest.json, which describe only the one saved last."""
+        return [p for suffix in SUFFIXES.values()
+                if (p := self._beside(suffix)) != self.archive and (p.exists() or p.is_symlink())]
+
     def manifest_bytes(self) -> bytes:
         """The .manifest.json as it is on disk, read as untrusted (bounded: not a pipe, at most MANIFEST_LIMIT)."""
         return read_bounded(self.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)")

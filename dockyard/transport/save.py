@@ -74,6 +74,9 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         out_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(paths), interrupts_as_errors(f"saving {paths.archive.name}"):
             manifest, got = write_set(settings, paths, images, compress, level, thin, key, cache)
+            stale = paths.other_compressions()
+            for old in stale:  # its .sha256 and manifest were just replaced: it could only be refused as tampered
+                old.unlink()
     except OSError as e:  # read-only folder, disk full: the partial files are already gone
         raise write_failed(e, paths, cache) from None
     runner = runscript.dockyard_variant(images)
@@ -86,6 +89,9 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
               "(up to the layer_cache_gb setting, 0 keeps none)")
     print(f"wrote {paths.archive}: {human(got.out_bytes)} from {human(manifest['tar_bytes'])} of tar in "
           f"{got.seconds:.1f} s (the tar read at {human(got.pump.bytes_read / max(got.seconds, 1e-9))}/s)")
+    for old in stale:
+        print(f"removed {old.name} (an earlier save): {paths.sha256.name} and {paths.manifest.name} now describe "
+              f"{paths.archive.name}, so no loader would take it")
     if thin is not None:
         left = sum(layer["bytes"] for layer in manifest["layers"] if not layer["included"])
         print(f"thin for {thin_for}: left out {len(thin['omitted'])} layers ({human(left)}) the target "
@@ -123,10 +129,11 @@ def load_hint(archive: Path) -> str:
 
 @contextlib.contextmanager
 def exclusive(paths: ArchivePaths):
-    """One save of an archive at a time: a second one (another shell, the same folder) is refused at once
-    rather than publishing over the first's files. The lock lives outside the folder, which holds the set alone, in
-    this user's private folder (a name in /tmp itself could be a link another user planted)."""
-    key = hashlib.sha256(str(paths.archive).encode()).hexdigest()[:16]
+    """One save of an archive at a time, in any compression (they share the .sha256 and manifest): a second one
+    (another shell, the same folder) is refused at once rather than publishing over the first's files. The lock
+    lives outside the folder, which holds the set alone, in this user's private folder (a name in /tmp itself could
+    be a link another user planted)."""
+    key = hashlib.sha256(str(paths.archive.parent / paths.base).encode()).hexdigest()[:16]  # any compression
     with held_alone(private_folder() / f"save-{key}.lock",
                     f"another save of {paths.archive.name} into {paths.archive.parent} is under way: wait for it, "
                     "or save into another --out=DIR"):

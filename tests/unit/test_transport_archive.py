@@ -11,7 +11,10 @@ import pytest
 from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import inventory
+from dockyard.transport import load as load_mod
 from dockyard.transport import save as save_mod
+from dockyard.transport.layout import ArchivePaths
+from tests.support.save_tars import fake_save
 
 BASE, RUN = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 IMAGE = {"ref": "x:1", "id": "sha256:" + "0" * 64, "tags": [], "diff_ids": [BASE, RUN],
@@ -158,3 +161,29 @@ def test_a_layer_cache_that_is_a_file_is_named_as_the_layer_cache_not_the_output
     said = str(save_mod.write_failed(failed.value, ArchivePaths(tmp_path / "dist" / "x.tar.zst"), cache))
     assert said == (f"saving x.tar.zst failed: {cache.dir} (the layer cache: the layer_cache setting): Not a "
                     "directory; nothing was published.")
+
+
+def test_a_save_in_another_compression_removes_the_archive_its_companions_no_longer_describe(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """README step 3 suggests saving again with --compress=gzip for a node without zstd: the second save rewrote
+    x.sha256 and x.manifest.json, and the .tar.zst beside them stayed, refused by `invoke load` and load.sh as if
+    tampered. Now the save removes it and says so; the set left loads with either loader's checks."""
+    raw, image, _, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "docker"  # `docker save` prints the tar; nothing else is asked of it
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": len(raw), "chain_ids": []}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    s = Settings(docker=str(docker), layer_cache_gb=0)
+    out = tmp_path / "dist"
+
+    save_mod.save(s, image="t:2", out=str(out))
+    capsys.readouterr()
+    save_mod.save(s, image="t:2", out=str(out), compress="gzip")
+
+    said = capsys.readouterr().out
+    assert ("removed t_2.tar.zst (an earlier save): t_2.sha256 and t_2.manifest.json now describe t_2.tar.gz, so "
+            "no loader would take it") in said
+    assert sorted(p.name for p in out.iterdir()) == ["load.sh", "t_2.manifest.json", "t_2.sha256", "t_2.tar.gz"]
+    assert load_mod.verify(s, ArchivePaths(out / "t_2.tar.gz"))["compression"]["method"] == "gzip"
