@@ -209,7 +209,7 @@ def peer_facts(settings: Settings, r: remote.Remote, image: str) -> dict[str, st
     script = ("echo shm_kib=$(df -Pk /dev/shm | tail -n 1 | awk '{print $2}'); "
               "echo ib=$(ls /dev/infiniband 2>/dev/null); "
               f"echo image=$(docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)} 2>/dev/null)")
-    p = remote.run_there(settings, r, script, f"asking {r.host}", check=False)
+    p = remote.run_there(settings, r, script, "asking its shm, InfiniBand and image", check=False)
     if p.returncode != 0:
         return None
     return dict(line.partition("=")[::2] for line in p.stdout.splitlines() if "=" in line)

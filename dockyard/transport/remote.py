@@ -133,21 +133,25 @@ def rpath(folder: str, name: str = "") -> str:
     return shlex.quote(path)
 
 
-def run_there(settings: Settings, r: Remote, script: str, what: str,
-              check: bool = True) -> subprocess.CompletedProcess:
-    """A script on the node, its output captured (the runner quotes the ssh command when it fails)."""
-    p = engine.run(ssh_argv(settings, r, script), capture=True, check=False, quiet=True, what=what)
+def run_there(settings: Settings, r: Remote, script: str, what: str, check: bool = True,
+              input: bytes | None = None) -> subprocess.CompletedProcess:
+    """A script on the node, its output captured. A failure says `{what} on {host} failed: ` and the node's last
+    line on stderr, which holds the cause: the ssh command, quoted twice over, would bury it."""
+    p = engine.run(ssh_argv(settings, r, script), capture=True, check=False, quiet=True, input=input,
+                   what=f"{what} on {r.host}")
     if p.returncode == SSH_FAILED:
         raise unreachable(r, p.stderr)
     if check and p.returncode != 0:
-        raise engine.failure(p.args, p.returncode, p.stderr.splitlines(), what)
+        said = [line.strip() for line in p.stderr.splitlines() if line.strip()]
+        raise DockyardError(f"{what} on {r.host} failed: "
+                            + (said[-1] if said else f"exit {p.returncode}, with nothing on stderr"))
     return p
 
 
 def sha256_there(settings: Settings, r: Remote, name: str, have: dict[str, str]) -> str:
     """sha256 of a file in the node's folder; OpenSSL where it is there (about 4x faster than coreutils)."""
     tool = "openssl dgst -sha256 -r" if have.get("openssl") else "sha256sum"
-    out = run_there(settings, r, f"{tool} < {rpath(r.dir, name)}", f"checking the sha256 on {r.host}").stdout
+    out = run_there(settings, r, f"{tool} < {rpath(r.dir, name)}", f"checking the sha256 of {name}").stdout
     return out.split()[0] if out.split() else ""
 
 
@@ -156,7 +160,8 @@ def sha256_there(settings: Settings, r: Remote, name: str, have: dict[str, str])
 def node_state(settings: Settings, r: Remote, name: str) -> dict[str, str]:
     """The node's tools (name → path, empty when missing), free_kb in its folder, and the sizes of
     `name` there (final) and of a cut copy (partial), where they exist."""
-    return parse_node_state(run_there(settings, r, node_state_script(r.dir, name), f"asking {r.host} what it has")
+    return parse_node_state(run_there(settings, r, node_state_script(r.dir, name),
+                                      "asking which tools and how much space it has")
                             .stdout)
 
 

@@ -90,14 +90,14 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
         _put_small(settings, r, companion, content)
     # The archive's sha256 was checked above; this checks that the manifest arrived intact.
     run_there(settings, r, f"cd {rpath(r.dir)} && grep -F {shlex.quote('  ' + paths.manifest.name)} "
-                           f"{shlex.quote(paths.sha256.name)} | sha256sum -c -", f"verifying the manifest on {r.host}")
+                           f"{shlex.quote(paths.sha256.name)} | sha256sum -c -", "verifying the manifest")
     print(f"shipped {name} to {r.where()}: sha256 verified there")
     if not load:
         return []
     print(f"loading {name} on {r.host}: load.sh there checks it again and docker load unpacks "
           f"{console.human(manifest['tar_bytes'])}, unless its images are loaded there already (a minute for each "
           "few GB) ...", flush=True)
-    out = run_there(settings, r, f"cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}", f"loading {name} on {r.host}")
+    out = run_there(settings, r, f"cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}", f"loading {name}")
     loaded = [tuple(line.split()[1:3]) for line in out.stdout.splitlines() if line.startswith("loaded ")]
     for ref, image_id in loaded:
         print(f"loaded on {r.host}: {ref} {image_id}")
@@ -158,7 +158,7 @@ def images_there(settings: Settings, r: Remote,
     script = "; ".join(["docker info --format '{{json .}}'"] + [
         f"docker image inspect --format '{{{{json .}}}}' {shlex.quote(ref)} 2>/dev/null || echo null"
         for ref, _ in wanted])
-    lines = run_there(settings, r, script, f"checking the images on {r.host}").stdout.splitlines() or [""]
+    lines = run_there(settings, r, script, "checking the images").stdout.splitlines() or [""]
     store = inventory.engine_store(_json_object(lines[0]) or {})
     found = [(ref, _json_object(line)) for (ref, _), line in zip(wanted, lines[1:], strict=False)]
     bad = [f"{ref} {wrong}" for (ref, img), (_, meta) in zip(wanted, found, strict=False)
@@ -209,7 +209,7 @@ def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str
     # a new copy's file is made new (set -C: never through a link someone planted under its name since)
     partial = rpath(r.dir, name + ".partial")
     mkdir = f"mkdir -p {rpath(r.dir)}" + ("" if offset else f" && rm -f {partial} && (set -C; : > {partial})")
-    run_there(settings, r, mkdir, f"preparing {r.where()}")
+    run_there(settings, r, mkdir, f"preparing the folder {r.dir}")
     if offset:
         print(f"resuming the copy at {console.human(offset)} of {console.human(size)}", file=sys.stderr)
     use = transport or ("rsync" if have.get("rsync") and engine.which("rsync") else "ssh")
@@ -287,5 +287,5 @@ def companion_files(settings: Settings, paths: ArchivePaths, manifest: dict) -> 
 def _put_small(settings: Settings, r: Remote, name: str, content: bytes) -> None:
     """A companion file: written whole to a new .partial (set -C: not through a link planted there), then renamed."""
     final, tmp = rpath(r.dir, name), rpath(r.dir, name + ".partial")
-    engine.run(ssh_argv(settings, r, f"rm -f {tmp} && (set -C; cat > {tmp}) && mv -f {tmp} {final}"),
-               input=content, quiet=True, what=f"copying {name} to {r.host}")
+    run_there(settings, r, f"rm -f {tmp} && (set -C; cat > {tmp}) && mv -f {tmp} {final}", f"copying {name}",
+              input=content)

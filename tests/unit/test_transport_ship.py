@@ -183,3 +183,16 @@ def test_rsync_puts_the_copy_in_a_folder_with_a_blank_even_told_to_split_argumen
     ship.ship_file(Settings(ssh=str(ssh)), str(archive), f"node7:{there}", transport="rsync")
     assert (there / "x.tar.zst").read_bytes() == b"archive bytes"
     assert not (tmp_path / "s").exists() and not (tmp_path / "ran").exists()
+
+
+def test_a_failure_on_the_node_says_the_nodes_reason_not_the_ssh_command(tmp_path):
+    """`invoke ship --to=node:/etc/passwd/x` said `preparing ... failed (exit 1): ssh ... 'sh -c '"'"'mkdir -p ...`
+    (400 characters of quoting) and the cause on the line after it. Now: one line, what failed, where, and why."""
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    with pytest.raises(DockyardError) as e:
+        ship.ship_file(local_node(tmp_path), str(archive), f"node7:{blocker}/x", transport="ssh")
+    said = str(e.value)
+    assert said.startswith(f"preparing the folder {blocker}/x on node7 failed: mkdir: "), said
+    assert said.endswith(": Not a directory") and "\n" not in said and "sh -c" not in said
