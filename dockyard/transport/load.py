@@ -80,7 +80,24 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
                             f"loaded{undone}", exit_code=engine.interrupt_status(e)) from None
     for ref, image_id in loaded:
         print(f"loaded {ref} {image_id}")
+    for line in replaced_tags(before, loaded):
+        print(line)
     return loaded
+
+
+def replaced_tags(before: dict[str, str], loaded: list[tuple[str, str]]) -> list[str]:
+    """What the load took from other images: a tag that named another image before (docker load moves it without
+    a word once quiet), and whether that image is left with no name (`<none>` in `docker image ls`)."""
+    moved = {_familiar(ref) for ref, _ in loaded}
+    said = []
+    for ref, image_id in loaded:
+        was = before.get(_familiar(ref))
+        if not was or was == image_id:
+            continue
+        kept = sorted(r for r, i in before.items() if r and i == was and r not in moved)
+        now = f"still tagged {', '.join(kept)}" if kept else "is now untagged"
+        said.append(f"replaced tag {ref} (the image it named before, {was.removeprefix('sha256:')[:12]}, {now})")
+    return said
 
 
 def already_loaded(settings: Settings, manifest: dict, store: str) -> list[tuple[str, str]]:

@@ -136,3 +136,24 @@ def test_load_sh_loads_the_copy_it_verified_not_the_shared_file(tmp_path, method
     assert received.read_bytes() == raw, "docker load read the shared archive, not the verified copy"
     assert f"loaded t:1 {image_id}" in r.stdout
     assert list(private.iterdir()) == []  # the private copy is removed
+
+
+def test_a_load_that_moves_a_tag_off_another_image_says_so(tmp_path, settings, monkeypatch, capsys):
+    """t:1 named image K here; the archive's t:1 is A. docker load moved the tag and K became <none>, and `invoke
+    load` said only `loaded t:1 A` (docker's "renaming the old one" line is not shown)."""
+    fake = FakeEngine(tags={"t:1": K, "keep:1": C})
+    s = fake.install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    paths = make_set(tmp_path)  # its manifest: t:1 = A
+
+    def docker_load(*_):
+        fake.images |= {A}
+        fake.tags |= {"t:1": A}
+        return ["Loaded image: t:1"]
+
+    monkeypatch.setattr(load_mod, "load_verified", docker_load)
+    load_mod.load(s, str(paths.archive))
+    said = capsys.readouterr().out
+    assert f"loaded t:1 {A}\nreplaced tag t:1 (the image it named before, {K[7:19]}, is now untagged)\n" in said
+    assert "keep:1" not in said and fake.tags == {"t:1": A, "keep:1": C}
+    assert load_mod.replaced_tags({"t:1": K, "old:1": K}, [("t:1", A)]) == [
+        f"replaced tag t:1 (the image it named before, {K[7:19]}, still tagged old:1)"]
