@@ -313,6 +313,9 @@ def ship(c, file: Place = "", image="", to="", port: PortOrConfig = 0, identity:
 
     if bool(file) == bool(image) or not to:
         raise DockyardError("give --to and one of --file (copy an archive) or --image (stream an image)")
+    if file and thin:  # an archive's layers were chosen when it was saved
+        raise DockyardError("--thin is for --image (a stream): an archive is made thin when it is saved, for the node "
+                            "(invoke save --thin-for=ssh://[user@]host); ship that archive without --thin")
     if file:
         ship_mod.ship_file(_settings(c), file, to, port=port, identity=identity, load=load)
     else:

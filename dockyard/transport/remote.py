@@ -60,13 +60,17 @@ def check_identity(identity: str) -> None:
 
 def parse_to(to: str, port: int = 0, identity: str = "", need_dir: bool = True) -> Remote:
     """--to=[user@]host:/dir (the folder may be relative to the remote home, or start with ~/); with need_dir false,
-    [user@]host (anything after a ':' left out)."""
+    [user@]host alone."""
     address = to.rpartition("@")[2]
     if address.startswith("[") or re.match(r"[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:", address):
         # `2001:db8::5` read as host 2001 (glibc's 0.0.7.209) and folder db8::5; `[::1]:/x` as host `[`
         raise DockyardError(f"--to={to}: an IPv6 address, which host:/dir cannot tell from its folder: name the node "
                             "in ~/.ssh/config (Host node9, HostName the address) and give --to=node9:/dir")
     host, colon, folder = to.partition(":")
+    if colon and not need_dir and host:  # the folder was left out without a word: the user looked there for a file
+        raise DockyardError(f"--to={to}: a stream (--image) writes no file on the node, so it takes no folder: give "
+                            f"--to={host} (a port: --port=P), or save an archive and ship it there (invoke ship "
+                            f"--file=ARCHIVE --to={to})")
     if not host or (need_dir and not (colon and folder)):
         raise DockyardError(f"--to={to!r}: expected [user@]host:/dir" if need_dir else
                             f"--to={to!r}: expected [user@]host")

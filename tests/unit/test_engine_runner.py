@@ -118,7 +118,7 @@ def test_a_docker_setting_that_names_no_docker_client_is_one_error_line(tmp_path
 
 
 @pytest.mark.parametrize("args", [("save", "--variant=cpu"), ("commit", "--container=abc"),
-                                  ("ship", "--image=dockyard:0.1.0-cpu", "--to=127.0.0.1:/srv")])
+                                  ("ship", "--image=dockyard:0.1.0-cpu", "--to=127.0.0.1")])
 def test_an_engine_that_does_not_answer_is_said_as_such_not_as_a_missing_image(args, tmp_path):
     """The real docker client, pointed at a socket nothing listens on: save and ship said "no image
     dockyard:0.1.0-cpu in the engine: build it", commit "no container abc", sending the user to build what was built."""

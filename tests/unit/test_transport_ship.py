@@ -14,6 +14,7 @@ from dockyard.settings import Settings
 from dockyard.transport import ship
 from dockyard.transport.layout import write_loader
 from dockyard.transport.remote import Remote
+from tests.support.cli import invoke_here, short_error
 
 
 def test_rsync_resumes_and_checks_the_whole_file():
@@ -196,3 +197,14 @@ def test_a_failure_on_the_node_says_the_nodes_reason_not_the_ssh_command(tmp_pat
     said = str(e.value)
     assert said.startswith(f"preparing the folder {blocker}/x on node7 failed: mkdir: "), said
     assert said.endswith(": Not a directory") and "\n" not in said and "sh -c" not in said
+
+
+def test_a_flag_ship_would_leave_unused_is_refused_with_what_to_do_instead(tmp_path):
+    """`invoke ship --file=... --thin` copied the full archive, and `--image=... --to=node:/tmp/x` loaded the image
+    and wrote nothing in /tmp/x, each without a word about the flag it left unused."""
+    thin = invoke_here("ship", f"--file={tmp_path}/x.tar.zst", "--to=node7:/srv", "--thin")
+    short_error(thin, "--thin is for --image")
+    assert "invoke save --thin-for=ssh://[user@]host" in thin.stderr
+    folder = invoke_here("ship", "--image=t:1", "--to=node7:/tmp/x")
+    short_error(folder, "--to=node7:/tmp/x: a stream (--image) writes no file on the node, so it takes no folder")
+    assert "give --to=node7 (a port: --port=P)" in folder.stderr
