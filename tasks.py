@@ -255,10 +255,10 @@ def commit(c, container="", tag="", allow_secrets=False):
 def save(c, image="", out: Place = "", compress="zstd", level: Level = 0, thin_for="", sign: Place = "", variant=""):
     """Write an image archive: a compressed `docker save` tar with its sha256, manifest, load.sh (and run.sh).
 
-    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json, load.sh (loads it with only sh, sha256sum,
-    docker and zstd/gzip) and, for a dockyard image, run.sh (`invoke run` as shell, for a node with only sh and
-    Docker). Checks free space first, writes .partial files and renames them when complete, and checks every layer
-    against the image's diff ids."""
+    Files: <name>.tar.zst, <name>.sha256, <name>.manifest.json, load.sh (loads it with only sh, GNU tar,
+    sha256sum, docker and zstd/gzip) and, for a dockyard image, run.sh (`invoke run` as shell, for a node with only
+    sh and Docker). Checks free space first, writes .partial files and renames them when complete, and checks every
+    layer against the image's diff ids. Saving again with another --compress replaces the earlier archive."""
     from dockyard.transport import save as save_mod
 
     save_mod.save(_settings(c), image=image, out=out, compress=compress, level=level, thin_for=thin_for,

@@ -117,7 +117,12 @@ fi
 name=$(basename "${1:-}")
 if [ -z "$name" ]; then
 	set -- *.manifest.json
-	[ $# -eq 1 ] && [ -f "$1" ] || die "name the archive to load: sh load.sh NAME.tar.zst"
+	if [ $# -ne 1 ] || [ ! -f "$1" ]; then
+		found=
+		for f in *.tar.zst *.tar.gz *.tar; do [ -f "$f" ] && found="${found:+$found, }$f"; done
+		[ -n "$found" ] || die "no archive beside load.sh in $(pwd): copy it here with its .sha256 and .manifest.json, or name it: sh load.sh PATH/NAME.tar.zst"
+		die "name the archive to load (sh load.sh NAME), one of: $found"
+	fi
 	name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1")
 	# read before any check: a name with a path (../../x) would have the copy below opened over that file, emptying it
 	case $name in '' | */* | -*) die "$1 names the archive '$name', which is not a file name beside it: refused, nothing was loaded" ;; esac

@@ -685,3 +685,28 @@ def test_load_sh_given_a_companion_of_the_archive_names_the_archive(tmp_path, co
                        cwd=tmp_path)
     assert r.returncode == 1 and f"{companion} is a companion of the archive, not the archive" in r.stderr, r.stderr
     assert "sh load.sh t_1.tar.zst" in r.stderr
+
+
+def test_load_sh_without_a_name_lists_the_archives_it_found(tmp_path):
+    """`sh load.sh` beside several sets said only "name the archive to load: sh load.sh NAME.tar.zst"."""
+    make_set(tmp_path)
+    make_set(tmp_path, name="u_2.tar.gz", tag="u:2")
+    r = subprocess.run(["sh", str(write_loader(tmp_path))], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (1, "load.sh: name the archive to load (sh load.sh NAME), one of: t_1.tar.zst, "
+                                           "u_2.tar.gz\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run(["sh", str(write_loader(empty))], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith(f"load.sh: no archive beside load.sh in {empty}: copy it here")
+
+
+def test_the_tools_load_sh_needs_are_said_where_the_user_reads_them():
+    """load.sh stops without GNU tar (it reads the tar before docker load does); README's step 3 and `invoke save
+    --help` listed sh, sha256sum, docker and zstd/gzip only."""
+    from dockyard import ROOT
+    from tests.support.cli import invoke_here
+
+    step3 = (ROOT / "README.md").read_text().split("3. **Carry**")[1].split("4. **On the node**")[0]
+    assert "GNU `tar`" in " ".join(step3.split())
+    assert "GNU tar" in " ".join(invoke_here("--help", "save").stdout.split())
+    assert "GNU tar is missing on this node" in (ROOT / "dockyard/transport/load.sh").read_text()
