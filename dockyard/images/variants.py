@@ -294,6 +294,11 @@ def tag(settings: Settings, variant: Variant) -> str:
     return f"{settings.image_name}:{__version__}-{variant.name}"
 
 
+def of_tag(settings: Settings, ref: str) -> Variant | None:
+    """The variant whose build tags its image `ref` (tag() read backwards), or None."""
+    return next((v for v in all_variants(settings).values() if tag(settings, v) == ref), None)
+
+
 def lock_hash(variant: Variant) -> str:
     if not variant.lock_file.exists():
         raise DockyardError(f"no lock file for {variant.name}: run `invoke lock --variant={variant.name}`")

@@ -18,8 +18,7 @@ import re
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError
-from dockyard.images.variants import all_variants, canonical_name, parse_lock_pins
-from dockyard.images.variants import tag as variant_tag
+from dockyard.images.variants import canonical_name, of_tag, parse_lock_pins
 from dockyard.settings import ROOT, Settings
 
 # (pattern on the path, what it is): files that hold credentials in the usual places.
@@ -140,9 +139,8 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
 def check_not_a_build(settings: Settings, tag: str) -> None:
     """A commit never takes a built image's own tag (<image_name>:<version>-<variant>): it would keep the build's
     labels (its lock, its code), and run, save and ship would take a container changed by hand for that build."""
-    for variant in all_variants(settings).values():
-        if _familiar(tag) == _familiar(variant_tag(settings, variant)):
-            raise DockyardError(f"--tag={tag} is the tag `invoke build --variant={variant.name}` gives its image: a "
+    if variant := of_tag(settings, _familiar(tag)):
+        raise DockyardError(f"--tag={tag} is the tag `invoke build --variant={variant.name}` gives its image: a "
                                 "container committed under it would pass for that reproducible build. Give another "
                                 "tag, or leave --tag out for a dated one")
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, Vali
 from dockyard import engine
 from dockyard.common import locks
 from dockyard.common.errors import DockyardError, problems, read_bounded
+from dockyard.images import variants
 from dockyard.settings import Settings
 
 INVENTORY_FORMAT = "dockyard-inventory/1"
@@ -97,12 +98,13 @@ def write_inventory(settings: Settings, out: str = "") -> Path:
     return path
 
 
-def read_inventory(path: Path) -> dict:
-    """An inventory file, as untrusted input: the shape `invoke inventory` and `load.sh --inventory` write."""
+def read_inventory(path: Path, or_else: str = "") -> dict:
+    """An inventory file, as untrusted input: the shape `invoke inventory` and `load.sh --inventory` write.
+    `or_else`: what else the user may have meant, said where there is no such file."""
     try:
         raw = read_bounded(path, INVENTORY_CAP, "inventory (`invoke inventory`)")
     except FileNotFoundError:
-        raise DockyardError(f"no inventory {path}: make one on the target with `invoke inventory "
+        raise DockyardError(f"no inventory {path}{or_else}: make one on the target with `invoke inventory "
                             "--out=FILE` (or `sh load.sh --inventory > FILE`) and copy it here") from None
     except OSError as e:  # a folder, no permission
         raise DockyardError(f"cannot read the inventory {path}: {e.strerror or e}. Name the inventory file "
@@ -187,7 +189,9 @@ def inspect_images(settings: Settings, refs: list[str]) -> list[dict]:
     for ref in refs:
         meta = engine.image_inspect(settings, ref)
         if meta is None:
-            raise DockyardError(f"no image {ref} in the engine: build it (`invoke build`) or name "
+            variant = variants.of_tag(settings, ref)
+            build = f"invoke build --variant={variant.name}" if variant else "invoke build"
+            raise DockyardError(f"no image {ref} in the engine: build it (`{build}`) or name "
                                 "another with --image (see `docker image ls`)")
         diff_ids = meta["RootFS"].get("Layers") or []
         out.append({"ref": ref, "id": meta["Id"], "tags": meta.get("RepoTags") or [],

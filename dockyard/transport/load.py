@@ -370,9 +370,10 @@ def roll_back(settings: Settings, before: dict[str, str], names: set[str]) -> st
             + "; the images it brought are removed")
 
 
-def check_set(settings: Settings, paths: ArchivePaths) -> dict:
+def check_set(settings: Settings, paths: ArchivePaths, nothing: str = "nothing was loaded") -> dict:
     """The signature (when configured), the .sha256 and the manifest, each read once, checked against each
-    other; returns the manifest. The archive itself is not read: its bytes are checked as they are used."""
+    other; returns the manifest. The archive itself is not read: its bytes are checked as they are used. A refusal
+    ends with `nothing` (what was not done: `invoke ship` checks the set before copying anything)."""
     for p in (paths.archive, paths.sha256, paths.manifest):
         if p.is_dir():
             raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
@@ -382,27 +383,27 @@ def check_set(settings: Settings, paths: ArchivePaths) -> dict:
                                 "(copy all three, or use `invoke ship`)")
     raw = paths.manifest_bytes()
     if settings.allowed_signers:
-        principal = verify_signature(settings.path(settings.allowed_signers), paths, raw)
+        principal = verify_signature(settings.path(settings.allowed_signers), paths, raw, nothing)
         print(f"signature good: signed by {principal}", file=sys.stderr)
     sums = read_sums(paths.sha256)
     if sums and paths.manifest.name not in sums and paths.archive.name not in sums:  # not a word about this set
         listed = ", ".join(sorted(sums)[:4])[:300]
         raise DockyardError(f"{paths.sha256.name} lists {listed}, not {paths.archive.name} and "
                             f"{paths.manifest.name}: the files were renamed (or the .sha256 is another archive's). "
-                            "Give the three files back the names it lists, or copy the set again; nothing was loaded.")
+                            f"Give the three files back the names it lists, or copy the set again; {nothing}.")
     if sums.get(paths.manifest.name) != hashlib.sha256(raw).hexdigest():
         raise DockyardError(f"{paths.manifest.name} does not match {paths.sha256.name}: the manifest was "
-                            "changed or damaged. Refused, nothing was loaded.")
-    manifest = read_manifest(raw, paths.manifest.name)
+                            f"changed or damaged. Refused, {nothing}.")
+    manifest = read_manifest(raw, paths.manifest.name, nothing)
     expected = sums.get(paths.archive.name)
     if expected is None or manifest.get("archive_sha256") != expected:
         raise DockyardError(f"{paths.sha256.name} and {paths.manifest.name} disagree about "
-                            f"{paths.archive.name}: refused, nothing was loaded")
+                            f"{paths.archive.name}: refused, {nothing}")
     size, want = paths.archive.stat().st_size, manifest["archive_bytes"]
     if size != want:
         raise DockyardError(f"{paths.archive.name} is {size} bytes, the manifest says {want}: the copy is "
                             f"{'truncated' if size < want else 'damaged'}. Copy it again (`invoke ship` "
-                            "resumes); nothing was loaded.")
+                            f"resumes); {nothing}.")
     return manifest
 
 
@@ -465,13 +466,13 @@ def archived_tags(settings: Settings, archive: str) -> list[str] | None:
     return [tag for image in manifest["images"] for tag in image["tags"]]
 
 
-def read_manifest(raw: bytes, name: str) -> dict:
+def read_manifest(raw: bytes, name: str, nothing: str = "nothing was loaded") -> dict:
     """The manifest as `invoke save` writes it, or a refusal that says what is wrong (never a traceback)."""
     try:
         return _Manifest.model_validate_json(raw).model_dump()
     except (ValidationError, DockyardError) as e:
         raise DockyardError(f"{name} is not a manifest `invoke save` writes ({problems(e, 'manifest')}): "
-                            "refused, nothing was loaded") from None
+                            f"refused, {nothing}") from None
 
 
 def sha256_file(path: Path, label: str) -> str:
@@ -492,24 +493,25 @@ def sign_file(path: Path, key: Path) -> None:
                what="signing the manifest")
 
 
-def verify_signature(allowed: Path, paths: ArchivePaths, manifest: bytes) -> str:
+def verify_signature(allowed: Path, paths: ArchivePaths, manifest: bytes,
+                     nothing: str = "nothing was loaded") -> str:
     """The principal that signed `manifest` (the bytes read from paths.manifest: the ones then used); refuses
     unsigned or wrongly signed archives."""
     if not allowed.exists():
         raise DockyardError(f"allowed_signers is set to {allowed}, which does not exist: fix the setting")
     if not paths.signature.exists():
         raise DockyardError(f"{paths.archive.name} is not signed ({paths.signature.name} is missing) and "
-                            f"allowed_signers is set ({allowed}): refused, nothing was loaded")
+                            f"allowed_signers is set ({allowed}): refused, {nothing}")
     found = engine.run(["ssh-keygen", "-Y", "find-principals", "-s", str(paths.signature), "-f", str(allowed)],
                        capture=True, check=False, quiet=True)
     principal = found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else ""
     if not principal:
         raise DockyardError(f"{paths.archive.name} was signed by a key that is not in {allowed}: "
-                            "refused, nothing was loaded")
+                            f"refused, {nothing}")
     ok = engine.run(["ssh-keygen", "-Y", "verify", "-f", str(allowed), "-I", principal, "-n", SIGN_NAMESPACE,
                      "-s", str(paths.signature)], input=manifest, capture=True,
                     check=False, quiet=True)
     if ok.returncode != 0:
         raise DockyardError(f"the signature of {paths.manifest.name} does not verify (the manifest was "
-                            "changed after signing): refused, nothing was loaded")
+                            f"changed after signing): refused, {nothing}")
     return principal

@@ -217,4 +217,7 @@ def target_inventory(settings: Settings, thin_for: str) -> dict:
     """The inventory --thin-for names: a node over ssh (ssh://[user@]host[:port]) or an inventory file."""
     if thin_for.startswith("ssh://"):
         return remote_inventory(settings, parse_ssh_url(thin_for))
-    return inventory.read_inventory(Path(thin_for))
+    # a bare host name (or address) given for the node itself, without the ssh:// that says so
+    looks_like_a_host = "/" not in thin_for and not thin_for.endswith(".json")
+    return inventory.read_inventory(Path(thin_for), f" (for a node over ssh: --thin-for=ssh://{thin_for})"
+                                    if looks_like_a_host else "")

@@ -56,6 +56,10 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         check_key_file(key, sign)
     if thin_for.startswith("ssh://"):
         remote.parse_ssh_url(thin_for)  # a malformed destination is said before the engine is asked anything
+    out_dir = Path(os.path.expanduser(out)).resolve() if out else settings.path(settings.dist_dir)
+    if out_dir.exists() and not out_dir.is_dir():  # mkdir's own words were "File exists"
+        named = f"--out={out}" if out else f"{out_dir} (the dist_dir setting)"
+        raise DockyardError(f"{named} names a file; give a folder (the archive set is several files)")
     refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings, variant)]
     images = inventory.inspect_images(settings, refs)
     tool = (compressor_argv(compress, level) or [""])[0]
@@ -63,7 +67,6 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         raise DockyardError(f"{tool} is not installed: install it (apt-get install {compress}) or pass "
                             "--compress=gzip / none")
     thin = thin_record(settings, images, thin_for) if thin_for else None
-    out_dir = Path(os.path.expanduser(out)).resolve() if out else settings.path(settings.dist_dir)
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
     # Thin archives need about as much: they spool each layer while hashing it.
     tar_estimate = sum(i["bytes"] for i in images)

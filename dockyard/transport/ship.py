@@ -57,7 +57,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     check_identity(identity)
     # what `invoke load` checks before reading the archive: the signature where allowed_signers is set, the .sha256
     # against the manifest, the size; the archive's bytes are checked on the node, against this manifest's sha256
-    manifest = check_set(settings, paths)
+    manifest = check_set(settings, paths, nothing="nothing was copied")
     name, expected = paths.archive.name, manifest["archive_sha256"]
     companions = companion_files(settings, paths, manifest)
     have = node_state(settings, r, name)

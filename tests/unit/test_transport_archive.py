@@ -187,3 +187,22 @@ def test_a_save_in_another_compression_removes_the_archive_its_companions_no_lon
             "no loader would take it") in said
     assert sorted(p.name for p in out.iterdir()) == ["load.sh", "t_2.manifest.json", "t_2.sha256", "t_2.tar.gz"]
     assert load_mod.verify(s, ArchivePaths(out / "t_2.tar.gz"))["compression"]["method"] == "gzip"
+
+
+def test_a_save_refused_says_what_to_type_instead(tmp_path, monkeypatch, settings):
+    """`save --variant=cu132` unbuilt said `build it (invoke build)`, which builds auto's variant; `--out=` a file
+    said "File exists"; `--thin-for=` a host name said "no inventory 127.0.0.1"."""
+    monkeypatch.setattr(inventory.engine, "image_inspect", lambda settings, ref: None)
+    with pytest.raises(DockyardError, match=r"no image .*-cu132 in the engine: build it \(`invoke build "
+                                            r"--variant=cu132`\)"):
+        save_mod.save(settings, variant="cu132")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(DockyardError) as e:
+        save_mod.save(settings, image="x:1", out=str(tmp_path / "a-file"))
+    assert str(e.value) == f"--out={tmp_path / 'a-file'} names a file; give a folder (the archive set is several files)"
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [IMAGE])
+    with pytest.raises(DockyardError, match=r"^no inventory 127\.0\.0\.1 \(for a node over ssh: "
+                                            r"--thin-for=ssh://127\.0\.0\.1\): make one"):
+        save_mod.save(settings, image="x:1", out=str(tmp_path / "dist"), thin_for="127.0.0.1")
+    with pytest.raises(DockyardError, match=r"^no inventory node7\.json: make one"):
+        save_mod.save(settings, image="x:1", out=str(tmp_path / "dist"), thin_for="node7.json")

@@ -166,9 +166,10 @@ def test_allowed_signers_refuses_an_unsigned_set_before_anything_is_copied(tmp_p
     archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
     (tmp_path / "allowed").write_text("someone@example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB\n")
     s = local_node(tmp_path).model_copy(update={"allowed_signers": str(tmp_path / "allowed")})
-    with pytest.raises(DockyardError, match="x.tar.zst is not signed .* allowed_signers is set"):
+    with pytest.raises(DockyardError, match="x.tar.zst is not signed .* allowed_signers is set") as e:
         ship.ship_file(s, str(archive), f"node7:{tmp_path / 'there'}", load=True, transport="ssh")
     assert not (tmp_path / "there").exists()
+    assert str(e.value).endswith(": refused, nothing was copied")  # it said "nothing was loaded"
 
 
 def test_rsync_puts_the_copy_in_a_folder_with_a_blank_even_told_to_split_arguments(tmp_path, monkeypatch):
