@@ -101,6 +101,14 @@ def check_sizes(path: Path, layers: int | dict, params: int = 0) -> None:
                             "not a model's config.json (check hidden_size, num_hidden_layers, vocab_size)")
 
 
+def check_pad_token(path: Path, pad: Any, vocab: int) -> None:
+    """The embedding's padding row (`pad_token_id`) is one of its rows: torch asserts it when building the model,
+    which was a traceback on every rank (negative counts from the end, as torch reads it)."""
+    if isinstance(pad, int) and not isinstance(pad, bool) and not -vocab <= pad < vocab:
+        raise DockyardError(f"{path}: `pad_token_id` {pad} is no row of the {vocab} embeddings (`vocab_size`): give "
+                            f"the model's own config.json, or a pad_token_id from 0 to {vocab - 1}")
+
+
 def count(folder: Path, lora_rank: int) -> dict:
     """Parameter counts and widths of the model in `folder` (the fields of machine.plan.Shape)."""
     path = folder / "config.json"
@@ -133,6 +141,7 @@ def count(folder: Path, lora_rank: int) -> dict:
 
     h, layers, heads, vocab = (size(k) for k in REQUIRED)
     check_sizes(path, layers)
+    check_pad_token(path, cfg.get("pad_token_id"), vocab)
     if "intermediate_size" in cfg and cfg["intermediate_size"] is None:  # transformers takes null as given
         raise DockyardError(f"{path}: `intermediate_size` is null: expected a positive whole number")
     inter = size("intermediate_size", 4 * h)

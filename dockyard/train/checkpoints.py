@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import json
 import os
 import pickle
 import struct
@@ -74,6 +75,35 @@ def allow() -> list[str]:
     return names
 
 
+KINDS = {list: "a list", dict: "a mapping", str: "text"}
+
+
+def state_of_another_shape(recorded: dict[str, Any]) -> str:
+    """What in a trainer_state.json is not of the kind the Trainer's own TrainerState holds (a number, a list, a
+    mapping, a switch, as its defaults are), or "": the Trainer loads it as it is, and `log_history: 5` was an
+    AttributeError on every rank at the first log after the resume, the run's manifest then saying failed."""
+    import dataclasses
+
+    from transformers import TrainerState
+
+    defaults = TrainerState()
+    for f in dataclasses.fields(TrainerState):
+        value, default = recorded.get(f.name), getattr(defaults, f.name)
+        if value is None or default is None:
+            continue
+        if isinstance(default, bool):
+            fits, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, (int, float)):
+            fits, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        else:
+            fits, kind = isinstance(value, type(default)), KINDS.get(type(default), type(default).__name__)
+        if not fits:
+            return f"{f.name} is {json.dumps(value)[:40]}, where the Trainer writes {kind}"
+    if not all(isinstance(entry, dict) for entry in recorded.get("log_history") or []):
+        return "log_history holds entries that are not records of a step"
+    return ""
+
+
 def check(checkpoint: Path, earlier: Path | None = None) -> dict[str, Any]:
     """Refuse a checkpoint that holds a file torch would unpickle with anything but weights and allowed classes
     (call allow() first), or that is damaged (`earlier`: the complete checkpoint a user may resume from instead);
@@ -95,6 +125,8 @@ def check(checkpoint: Path, earlier: Path | None = None) -> dict[str, Any]:
         raise damaged(checkpoint, earlier, state, f"not the Trainer's JSON ({e})") from None
     if not isinstance(step, int):
         raise damaged(checkpoint, earlier, state, "no global_step in it")
+    if wrong := state_of_another_shape(recorded):
+        raise damaged(checkpoint, earlier, state, wrong)
     named = checkpoint.name.removeprefix("checkpoint-")
     if named.isdigit() and step != int(named):  # the run picks its step by the name, the Trainer by this
         raise damaged(checkpoint, earlier, state, f"global_step {step}, where the checkpoint's name says {named}")

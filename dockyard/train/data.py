@@ -567,23 +567,25 @@ def tokenize(rows: list[dict[str, Any]], fmt: str, tokenizer: Any, max_len: int,
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     out = Tokenized([])
     for n, row in enumerate(rows, 1):
-        if fmt == "text":
-            ids = text_tokens(row, tokenizer, eos, max_len)
-            labels = list(ids)
-        elif fmt == "prompt_completion":
-            prompt = head_tokens(tokenizer, str(row["prompt"]), max_len, add_special_tokens=True)
-            completion = head_tokens(tokenizer, str(row["completion"]), max_len, add_special_tokens=False) + eos
-            ids, labels = prompt + completion, [IGNORE] * len(prompt) + completion
-        else:
-            try:
+        try:
+            if fmt == "text":
+                ids = text_tokens(row, tokenizer, eos, max_len)
+                labels = list(ids)
+            elif fmt == "prompt_completion":
+                prompt = head_tokens(tokenizer, str(row["prompt"]), max_len, add_special_tokens=True)
+                completion = head_tokens(tokenizer, str(row["completion"]), max_len, add_special_tokens=False) + eos
+                ids, labels = prompt + completion, [IGNORE] * len(prompt) + completion
+            else:
                 messages = to_messages(row, fmt, n)
                 ids, labels = chat_tokens(messages, tokenizer, n, max_len)
-            except DockyardError as e:  # "example 3" of the evaluation data read as the training data's third
-                if not what:
-                    raise
-                raise DockyardError(f"{what}: {e}") from None
-            for role in {m["role"] for m in messages} - CHAT_ROLES:
-                out.other_roles[role] = out.other_roles.get(role, 0) + 1
+                for role in {m["role"] for m in messages} - CHAT_ROLES:
+                    out.other_roles[role] = out.other_roles.get(role, 0) + 1
+        except CannotEncode as e:
+            raise DockyardError(f"{what + ': ' if what else ''}example {n}: {e}") from None
+        except DockyardError as e:  # "example 3" of the evaluation data read as the training data's third
+            if not what or fmt not in CHAT_FORMATS:
+                raise
+            raise DockyardError(f"{what}: {e}") from None
         if len(ids) > max_len:
             out.truncated += 1
             ids, labels = ids[:max_len], labels[:max_len]
@@ -626,15 +628,15 @@ def piecewise_tokens(tokenizer: Any, text: str) -> list[int]:
     a word keep the space before it): the same tokens as a whole read, for tokenizers that split text at
     whitespace before they merge (byte-level BPE, SentencePiece's Llama 3 and later)."""
     if len(text) <= PIECE_CHARS:
-        return tokenizer(text, add_special_tokens=True)["input_ids"]
+        return encode(tokenizer, text, add_special_tokens=True)
     ids: list[int] = []
     start = 0
     while start < len(text):
         end = len(text) if len(text) - start <= PIECE_CHARS else _piece_end(text, start)
-        ids += tokenizer(text[start:end], add_special_tokens=False)["input_ids"]
+        ids += encode(tokenizer, text[start:end], add_special_tokens=False)
         start = end
     first = text[:min(len(text), 64)]  # the special tokens around a text: where its plain tokens sit in its full ones
-    plain, full = (tokenizer(first, add_special_tokens=s)["input_ids"] for s in (False, True))
+    plain, full = (encode(tokenizer, first, add_special_tokens=s) for s in (False, True))
     at = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), 0)
     return full[:at] + ids + full[at + len(plain):]
 
@@ -662,10 +664,28 @@ def read_head(tokenizer: Any, text: str, keep: int, **kwargs: Any) -> tuple[str,
     """(the text head_tokens read, its tokens)."""
     if keep and len(text) > keep * CHARS_PER_TOKEN_BOUND:
         head = text[:keep * CHARS_PER_TOKEN_BOUND]
-        ids = tokenizer(head, **kwargs)["input_ids"]
+        ids = encode(tokenizer, head, **kwargs)
         if len(ids) > keep:
             return head, ids
-    return text, tokenizer(text, **kwargs)["input_ids"]
+    return text, encode(tokenizer, text, **kwargs)
+
+
+class CannotEncode(DockyardError):
+    """The model folder's tokenizer failed on a text (said with the example's number by the caller)."""
+
+
+def encode(tokenizer: Any, text: str, **kwargs: Any) -> list[int]:
+    """`text`'s token ids. A tokenizer that fails on it is the model folder's: its tokenizer.json's regex past the
+    backtracking limit (a Rust panic, which is a BaseException), a WordPiece vocabulary without its [UNK], ... were a
+    traceback of hundreds of lines on every rank."""
+    try:
+        return tokenizer(text, **kwargs)["input_ids"]
+    except (KeyboardInterrupt, SystemExit, TooSlow, Stopped, DockyardError):
+        raise
+    except BaseException as e:  # noqa: BLE001 - pyo3's PanicException derives from BaseException alone
+        raise CannotEncode(f"the model's tokenizer cannot encode it ({type(e).__name__}: {_first_line(e)}): check "
+                           "tokenizer.json and tokenizer_config.json in the model folder, or use the model's own "
+                           "tokenizer files") from None
 
 
 def pack_text(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[dict[str, list[int]]]:
@@ -676,8 +696,11 @@ def pack_text(rows: list[dict[str, Any]], tokenizer: Any, max_len: int) -> list[
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     blocks: list[list[int]] = []
     rest: list[int] = []  # the stream not yet cut (less than a block between documents): never held whole
-    for row in rows:
-        rest += text_tokens(row, tokenizer, eos)
+    for n, row in enumerate(rows, 1):
+        try:
+            rest += text_tokens(row, tokenizer, eos)
+        except CannotEncode as e:
+            raise DockyardError(f"example {n}: {e}") from None
         cut = len(rest) - len(rest) % max_len
         blocks += [rest[i:i + max_len] for i in range(0, cut, max_len)]
         del rest[:cut]
@@ -836,11 +859,14 @@ def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int, n
     if unknown:
         raise DockyardError(f"labels not seen in the training data: {', '.join(unknown[:5])}")
     out = Tokenized([])
-    for r in rows:
-        text, ids = read_head(tokenizer, str(r["text"]), max_len)
-        if len(ids) > max_len:  # cut as the tokenizer cuts: its special tokens (an encoder's [SEP]) kept
-            out.truncated += 1
-            ids = tokenizer(text, truncation=True, max_length=max_len)["input_ids"]
+    for n, r in enumerate(rows, 1):
+        try:
+            text, ids = read_head(tokenizer, str(r["text"]), max_len)
+            if len(ids) > max_len:  # cut as the tokenizer cuts: its special tokens (an encoder's [SEP]) kept
+                out.truncated += 1
+                ids = encode(tokenizer, text, truncation=True, max_length=max_len)
+        except CannotEncode as e:
+            raise DockyardError(f"example {n}: {e}") from None
         out.examples.append({"input_ids": ids, "labels": index[str(r["label"])]})
     return out
 

@@ -18,7 +18,7 @@ from huggingface_hub.errors import StrictDataclassError
 
 from dockyard.common import memory, runfolder
 from dockyard.common.errors import DockyardError, first_line, json_object
-from dockyard.common.model_config import check_model_folder, check_shards_inside, check_sizes
+from dockyard.common.model_config import check_model_folder, check_pad_token, check_shards_inside, check_sizes
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -29,7 +29,7 @@ log = logging.getLogger("dockyard.train")
 # What transformers raises for a config.json it cannot make a model of: huggingface_hub's strict dataclasses (a
 # vocab_size given as text, heads that do not divide the width) raise an error that is none of Python's own.
 CONFIG_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RuntimeError, ArithmeticError,
-                 StrictDataclassError)
+                 StrictDataclassError, AssertionError)  # torch's asserts: a pad_token_id past the embedding's rows
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -384,6 +384,8 @@ def model_shape(folder: Path) -> Any:
     check_model_folder(folder, str(folder))
     raw = json_object(folder / "config.json", "model settings")  # cut short or not JSON: said here, not a traceback
     check_sizes(folder / "config.json", raw)  # every layer any count asks for is built below before it is counted
+    if isinstance(vocab := raw.get("vocab_size"), int) and vocab > 0:
+        check_pad_token(folder / "config.json", raw.get("pad_token_id"), vocab)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # building heads without weights makes it chatty
     try:

@@ -434,6 +434,24 @@ def test_config_counts_match_the_model_transformers_builds(tmp_path, model_type,
     assert memory.shape_from_folder(tmp_path) == dataclasses.replace(built, source=str(tmp_path / "config.json"))
 
 
+@pytest.mark.parametrize("pad", [512, -1000])
+def test_the_trainer_refuses_a_pad_token_past_the_embeddings_in_a_line(tmp_path, pad):
+    """The thirteenth red-team pass: config.json's pad_token_id 512 of a 512-row vocabulary was torch's
+    `AssertionError: Padding_idx must be within num_embeddings`, a traceback on every rank; -1 (the last row, as torch
+    reads it) and the model's own stay fine."""
+    import transformers
+
+    from dockyard.train.model import model_shape
+
+    transformers.AutoConfig.for_model("llama", **{**SMALL, "vocab_size": 512, "pad_token_id": pad}).save_pretrained(
+        tmp_path)
+    with pytest.raises(DockyardError, match=f"`pad_token_id` {pad} is no row of the 512 embeddings"):
+        model_shape(tmp_path)
+    transformers.AutoConfig.for_model("llama", **{**SMALL, "vocab_size": 512, "pad_token_id": -1}).save_pretrained(
+        tmp_path)
+    assert model_shape(tmp_path).params > 0
+
+
 def test_the_trainer_refuses_a_layer_count_no_model_has_before_building_one(tmp_path):
     """It built every layer on the meta device before counting: 3,000 took 7.5 s, 5e7 would take hours and a
     terabyte, in every process."""
@@ -514,6 +532,9 @@ def test_a_config_plan_cannot_count_is_refused_with_the_count_to_give(tmp_path, 
     ("intermediate_size", "null", "`intermediate_size` is null"),
     ("head_dim", "absent, hidden 4100", "`hidden_size` 4100 is not a multiple of `num_attention_heads` 32"),
     ("head_dim", "absent, 8192 heads", "`hidden_size` 4096 is not a multiple of `num_attention_heads` 8192"),
+    # thirteenth red-team pass: `run --dry` passed, and torch's assert was a traceback on every rank
+    ("pad_token_id", 128256, "`pad_token_id` 128256 is no row of the 128256 embeddings (`vocab_size`)"),
+    ("pad_token_id", -200000, "`pad_token_id` -200000 is no row of the 128256 embeddings"),
 ])
 def test_bad_config_values_are_named(tmp_path, key, value, problem):
     cfg = json.loads((LLAMA_8B / "config.json").read_text())

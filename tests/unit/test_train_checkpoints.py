@@ -158,6 +158,13 @@ def _cut(path):
     # nothing, and the run said "completed")
     (lambda ck: (ck / "trainer_state.json").write_text('{"global_step": 1000}'),
      "trainer_state.json: global_step 1000, where the checkpoint's name says 12"),
+    # the thirteenth red-team pass: the Trainer loaded these as they were, and failed at its first log on every rank
+    (lambda ck: (ck / "trainer_state.json").write_text('{"global_step": 12, "log_history": 5}'),
+     "trainer_state.json: log_history is 5, where the Trainer writes a list"),
+    (lambda ck: (ck / "trainer_state.json").write_text('{"global_step": 12, "log_history": [5]}'),
+     "trainer_state.json: log_history holds entries that are not records of a step"),
+    (lambda ck: (ck / "trainer_state.json").write_text('{"global_step": 12, "epoch": "1.5"}'),
+     "trainer_state.json: epoch is \"1.5\", where the Trainer writes a number"),
     (lambda ck: _cut(ck / "optimizer.pt"), "optimizer.pt: not a whole torch.save file"),
     (lambda ck: (ck / "model.safetensors").unlink(), "model.safetensors: missing"),
     (lambda ck: (ck / "trainer_state.json").unlink(), "trainer_state.json: missing"),

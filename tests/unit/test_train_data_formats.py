@@ -421,6 +421,33 @@ def test_a_chat_template_that_builds_a_string_of_gigabytes_is_stopped_and_named(
     assert data.tokenize([{"messages": CHAT}], "messages", tok, 64).examples  # a megabyte is no bomb
 
 
+@pytest.mark.parametrize("fmt, row", [("text", {"text": "hello " + "x" * 30}),
+                                      ("prompt_completion", {"prompt": "hello", "completion": " " + "x" * 30}),
+                                      ("packed", {"text": "hello " + "x" * 30})])
+def test_a_tokenizer_that_fails_on_an_example_is_one_line_naming_it(tmp_path, fmt, row):
+    """The thirteenth red-team pass: a model folder's tokenizer.json whose pre-tokenizer regex backtracks past
+    Oniguruma's limit on a text panics in Rust, a BaseException (pyo3's PanicException): every rank printed hundreds
+    of lines of backtrace and traceback. It is the example's number and the tokenizer's own words, in a line."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY_MODEL, model)
+    spec = json.loads((model / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(x+x+)+y"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+    (model / "tokenizer.json").write_text(json.dumps(spec))
+    bad = AutoTokenizer.from_pretrained(model)
+    rows = [{"text": "fine", "prompt": "fine", "completion": " too"}, row]
+    with pytest.raises(DockyardError, match=r"^example 2: the model's tokenizer cannot encode it \(PanicException: "
+                                            r"Onig: Regex search error: retry-limit-in-match over\): check "
+                                            "tokenizer.json"):
+        if fmt == "packed":
+            data.pack_text(rows, bad, 64)
+        else:
+            data.tokenize(rows, fmt, bad, 64)
+
+
 def test_the_chat_templates_time_limit_leaves_an_alarm_set_by_its_caller_in_place():
     """The limit took over SIGALRM's timer and cancelled it afterwards: a limit its caller had set (pytest-timeout's
     on a hung test, a user's own watchdog) never fired."""
