@@ -386,6 +386,10 @@ def check_known_settings(recipe: Recipe, training: dict[str, Any]) -> None:
                             "or a transformers.TrainingArguments field")
 
 
+DDP_BACKENDS = ("nccl", "gloo")  # what torch.distributed holds in the images (no MPI, no oneCCL)
+COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch's own: others need packages no image has
+
+
 def check_training_numbers(training: dict[str, Any]) -> None:
     """Every TrainingArguments number of resolve_settings' second half valid (check_number): the host checks them
     before a run starts (`invoke run`, slurm, k8s), the trainer again for what reaches it directly (run.sh, native)."""
@@ -420,6 +424,14 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     if training.get("dataloader_prefetch_factor") is not None and not training.get("dataloader_num_workers"):
         raise DockyardError("dataloader_prefetch_factor works with dataloader_num_workers above 0 (the batches each "
                             "worker prepares ahead): set both, or leave out dataloader_prefetch_factor")
+    if training.get("ddp_backend") not in (None, *DDP_BACKENDS):  # accelerate's "not available" at the model's load
+        raise DockyardError(f"ddp_backend {reprlib.repr(training['ddp_backend'])}: the images hold "
+                            f"{' and '.join(DDP_BACKENDS)}: give one of them, or leave it out (nccl on GPUs, gloo on "
+                            "CPUs)")
+    backend = training.get("torch_compile_backend")
+    if backend is not None and str(backend).lower() not in COMPILE_BACKENDS:  # accelerate's enum, in the run
+        raise DockyardError(f"torch_compile_backend {reprlib.repr(backend)}: give one of "
+                            f"{', '.join(COMPILE_BACKENDS)} (inductor is torch's own), or leave it out")
     if training.get("bf16") is True and training.get("fp16") is True:
         raise DockyardError("bf16 and fp16 are both true: give one (bf16 on Ampere and newer GPUs, fp16 on older ones), "
                             "or neither for the GPU's own")

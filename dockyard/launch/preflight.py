@@ -141,6 +141,7 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     check_on_gpus(recipe, gpus_in_effect, gpus_fix)
     if not gpus_in_effect:  # what the trainer would say once the image had started
         resolve_numa_binding(run_settings.numa_binding, None, None)
+        check_cpu_training(training)
     liger = auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
@@ -328,6 +329,15 @@ def resumed_settings(run_dir: Path) -> dict[str, Any]:
     them."""
     saved = runfolder.saved_overrides(run_dir)
     return {k: v for k, v in saved.items() if k not in ("data", "model", "eval_data")}
+
+
+def check_cpu_training(training: dict[str, Any]) -> None:
+    """Switches of GPUs alone, given to a run on CPUs: Transformers' or torch's refusal once the image had started."""
+    if training.get("tf32") is True:
+        raise DockyardError("tf32 true is a mode of NVIDIA GPUs (Ampere and newer), and this run trains on CPU: leave "
+                            "it out")
+    if training.get("ddp_backend") == "nccl":
+        raise DockyardError("ddp_backend nccl needs GPUs, and this run trains on CPU: leave it out (gloo)")
 
 
 def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[str, Any] | None = None,

@@ -825,12 +825,20 @@ def time_limit(seconds: float) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - began), 0.001), every)
 
 
+def whole_labels(rows: list[dict[str, Any]]) -> None:
+    """A label column `datasets` read as floats (for one 0.5, or a null, among whole numbers): 1.0 is class 1."""
+    for r in rows:
+        if isinstance(r.get("label"), float) and r["label"].is_integer():
+            r["label"] = int(r["label"])
+
+
 def label_names(rows: list[dict[str, Any]]) -> list[str]:
     """Class names in a stable order: integers by value, names sorted."""
     missing = [n for n, r in enumerate(rows, 1) if r.get("text") is None or r.get("label") is None]
     if missing:
         raise DockyardError(f"seq_cls needs `text` and `label` in every example; example {missing[0]} lacks one "
                             f"(fields found: {', '.join(_fields(rows[missing[0] - 1]))})")
+    whole_labels(rows)
     odd = next((n for n, r in enumerate(rows, 1) if isinstance(r["label"], bool)
                 or not isinstance(r["label"], (int, str))), 0)
     if odd:
@@ -855,6 +863,7 @@ def label_names(rows: list[dict[str, Any]]) -> list[str]:
 
 def seq_cls_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int, names: list[str]) -> Tokenized:
     index = {name: i for i, name in enumerate(names)}
+    whole_labels(rows)
     unknown = sorted({str(r["label"]) for r in rows} - set(index))
     if unknown:
         raise DockyardError(f"labels not seen in the training data: {', '.join(unknown[:5])}")

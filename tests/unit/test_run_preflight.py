@@ -409,6 +409,22 @@ def test_numa_binding_true_on_cpu_and_an_empty_number_are_said_before_the_run_st
     refused(dry(env, "--", "--max_steps", ""), "max_steps given no value: TrainingArguments.max_steps takes")
 
 
+@pytest.mark.parametrize("given, says", [
+    (["--torch_compile_backend", "evil"], "torch_compile_backend 'evil': give one of inductor, eager, aot_eager"),
+    (["--ddp_backend", "mpi"], "ddp_backend 'mpi': the images hold nccl and gloo"),
+    (["--tf32", "true"], "tf32 true is a mode of NVIDIA GPUs (Ampere and newer), and this run trains on CPU"),
+    (["--ddp_backend", "nccl"], "ddp_backend nccl needs GPUs, and this run trains on CPU"),
+])
+def test_a_backend_no_image_has_and_gpu_switches_on_cpu_are_refused_before_the_run_starts(env, given, says):
+    """The thirteenth red-team pass: each passed `run --dry`, then the run refused it (accelerate's enum, its
+    "backend mpi is not available", Transformers' "--tf32 requires Ampere") once its folder, and in a container its
+    image, had started. Torch's own backends, in any case, still pass."""
+    refused(dry(env, "--", *given), says)
+    for fine in (["--torch_compile_backend", "Inductor"], ["--ddp_backend", "gloo"], ["--tf32", "false"]):
+        ok = dry(env, "--", *fine)
+        assert ok.returncode == 0, ok.stderr
+
+
 @pytest.mark.parametrize("native", [[], ["--native"]])
 def test_padding_free_on_a_classifier_is_refused_before_the_run_starts(env, native):
     """`--task seq_cls --padding_free true` passed `run --dry`; the trainer refused it once every GPU had loaded the

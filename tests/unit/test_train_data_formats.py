@@ -298,6 +298,19 @@ def test_a_label_that_is_not_a_class_is_refused(label, message):
         data.label_names([{"text": "a", "label": 0}, {"text": "b", "label": label}])
 
 
+def test_a_fractional_label_in_a_file_is_named_by_its_own_example(tmp_path):
+    """The thirteenth red-team pass: one `"label": 0.5` on line 41 made `datasets` read the whole column as floats,
+    and the refusal named example 1's "label 0.0". Whole numbers read as floats are their classes; the fraction is
+    named where it is."""
+    rows = [{"text": f"t{i}", "label": i % 2} for i in range(40)] + [{"text": "x", "label": 0.5}]
+    read = data.read_rows(jsonl(tmp_path / "labels.jsonl", rows))
+    assert isinstance(read[0]["label"], float), "datasets casts the column (what this guards against)"
+    with pytest.raises(DockyardError, match=r"example 41: label 0.5 is neither a class name nor a class number"):
+        data.label_names(read)
+    assert data.label_names(data.read_rows(jsonl(tmp_path / "whole.jsonl", rows[:40] + [{"text": "y", "label": 1.0}]))) \
+        == ["0", "1"]
+
+
 def test_a_subset_of_many_classes_keeps_its_class_numbers():
     """40 examples of a 77-class set (a smoke test on a sample) hold 33 of its labels: trained before, then refused
     as "most classes without an example", with advice (renumber) that breaks agreement with the full set."""
