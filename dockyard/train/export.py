@@ -12,6 +12,7 @@ and the tolerance are printed, and a folder outside it is an error.
 from __future__ import annotations
 
 import argparse
+import reprlib
 import shutil
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ from safetensors import SafetensorError
 
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, json_object
-from dockyard.common.model_config import check_shards_inside
+from dockyard.common.model_config import ADAPTER, check_shards_inside
+from dockyard.common.run_settings import MAX_LORA
 
 TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
 
@@ -40,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     except DockyardError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, SafetensorError,
-            StrictDataclassError) as e:
-        # a run folder a container changed (an adapter_config.json of no module, a broken tokenizer.json)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, AssertionError,
+            SafetensorError, StrictDataclassError) as e:
+        # a run folder a container changed (an adapter_config.json of no module, a broken tokenizer.json, a
+        # pad_token_id past the vocabulary: torch's AssertionError)
         from dockyard.train.model import error_words
 
         print(f"error: cannot export run {opts.run_dir.name}: its model folder does not load ({type(e).__name__}: "
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
     """Write the folder, reload it, compare; returns what was checked."""
     m = read_manifest(run_dir)
+    check_saved_files(m, run_dir)
     if out.exists() and any(out.iterdir()):
         raise DockyardError(f"{out} is not empty: pick a new --out folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -127,6 +131,61 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     return m
 
 
+def check_saved_files(m: dict[str, Any], run_dir: Path) -> None:
+    """The config.json the model is built from and the adapter's settings, held to what the trainer takes before it
+    loads them: any run's container can write them, and the trainer writes none of the values refused (50,000,000
+    layers were built for minutes, an adapter of rank 100,000,000 took 25 GB)."""
+    from dockyard.train import model as models
+
+    adapter = m["model"]["format"] == "adapter"
+    folder = Path(m["model"]["base"]) if adapter else run_dir / "model"
+    if (folder / "config.json").is_file():  # (a base that is not here is said when it is loaded)
+        try:
+            models.model_shape(folder)  # the trainer's sizes, counted on the meta device before it loads the model
+        except DockyardError as e:
+            raise DockyardError(f"{e}; {changed(folder, run_dir)}") from None
+        except AssertionError as e:  # torch's, building a layer of sizes that do not fit (a pad_token_id past vocab)
+            raise DockyardError(f"{models.bad_config(folder, e)}; {changed(folder, run_dir)}") from None
+    if not (adapter and (run_dir / "model" / ADAPTER).is_file()):
+        return
+    path = run_dir / "model" / ADAPTER
+    settings = json_object(path, "an adapter's settings")
+    ranks = [("r", settings.get("r"))]
+    for key in ("rank_pattern", "alpha_pattern"):
+        pattern = settings.get(key) or {}
+        if not isinstance(pattern, dict):
+            raise DockyardError(f"{path}: `{key}` is {reprlib.repr(pattern)}, not a mapping of module names to "
+                                f"numbers; {changed(path, run_dir)}")
+        ranks += [(f"{key}[{name!r}]", value) for name, value in pattern.items()]
+    for key, value in ranks:  # peft allocates each layer's adapter at its rank before reading the weights
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LORA:
+            raise DockyardError(f"{path}: `{key}` is {reprlib.repr(value)}, outside the 1..{MAX_LORA} the trainer "
+                                f"takes for lora_r; {changed(path, run_dir)}")
+
+
+def check_adapter_patterns(adapter_dir: Path, base: Any, run_dir: Path) -> None:
+    """The expressions of adapter_config.json that peft matches against every module name of the base (target_modules
+    as one string, exclude_modules, the rank and alpha patterns' keys): each compiles and matches within the
+    trainer's time limit. A list of names is matched as names."""
+    from dockyard.train.model import check_module_pattern
+
+    path = adapter_dir / ADAPTER
+    settings = json_object(path, "an adapter's settings")
+    patterns = [(key, settings.get(key)) for key in ("target_modules", "exclude_modules")]
+    for key in ("rank_pattern", "alpha_pattern"):
+        patterns += [(f"{key} key", name) for name in settings.get(key) or {}]
+    for key, pattern in patterns:
+        if isinstance(pattern, str):
+            check_module_pattern(pattern, base, f"{path}: `{key}`", changed(path, run_dir))
+
+
+def changed(path: Path, run_dir: Path) -> str:
+    """What a refusal of a value the trainer would not have taken says about where it came from."""
+    where = "the run folder" if path.absolute().is_relative_to(run_dir.absolute()) else "the model folder"
+    return (f"the trainer refuses this and writes no such value: {where} was changed after the run; nothing was "
+            "exported")
+
+
 def _saved_task(folder: Path, fmt: str) -> tuple[str, str] | None:
     """The task the saved model was trained for, read from its own files (a classifier's head, or the adapter's
     task_type), and the words naming it; None where they do not say."""
@@ -171,8 +230,9 @@ def load_run_model(m: dict[str, Any], run_dir: Path, dtype: torch.dtype, quantiz
 
     check_shards_inside(Path(base))
     with peft_quietly():
-        return PeftModel.from_pretrained(_auto(m).from_pretrained(base, dtype=dtype, trust_remote_code=False, **kwargs),
-                                         adapter_dir or run_dir / "model")
+        model = _auto(m).from_pretrained(base, dtype=dtype, trust_remote_code=False, **kwargs)
+        check_adapter_patterns(adapter_dir or run_dir / "model", model, run_dir)
+        return PeftModel.from_pretrained(model, adapter_dir or run_dir / "model")
 
 
 def tokenizer(folder: Path) -> Any:

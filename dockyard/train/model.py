@@ -320,14 +320,8 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
         model.enable_input_require_grads()
     target = settings.lora_target_modules
     if isinstance(target, str) and target != "all-linear":  # peft matches the expression against every module name
-        try:
-            with time_limit(MATCH_SECONDS):
-                for name, _ in model.named_modules():
-                    re.fullmatch(target, name)
-        except TooSlow:  # `(.*.*)*z` backtracks for hours on a name of 30 characters, silently, on every rank
-            raise DockyardError(f"lora_target_modules {target!r}: matching it against the model's module names took "
-                                f"more than {MATCH_SECONDS} s (nested repeats backtrack without end); give the names "
-                                "of its linear layers (q_proj,v_proj ...), or all-linear") from None
+        check_module_pattern(target, model, "lora_target_modules",
+                             "give the names of its linear layers (q_proj,v_proj ...), or all-linear")
     config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                         target_modules=settings.lora_target_modules,
                         task_type="SEQ_CLS" if settings.task == "seq_cls" else "CAUSAL_LM")
@@ -343,6 +337,22 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
     if weights_dtype(settings, recipe) == torch.float16:
         precision.upcast_trainable(model)
     return model
+
+
+def check_module_pattern(pattern: str, model: Any, named: str, then: str) -> None:
+    """`pattern`, an expression peft matches against every module name of `model`, compiles and is matched against
+    them all within MATCH_SECONDS: `(.*.*)*z` backtracks for hours on a name of 30 characters, silently, on every
+    rank (and in an export, which reads it from the run folder's adapter_config.json). `named` says where it came
+    from, `then` what to do instead."""
+    try:
+        with time_limit(MATCH_SECONDS):
+            for name, _ in model.named_modules():
+                re.fullmatch(pattern, name)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise DockyardError(f"{named} {pattern!r} is not a regular expression ({e}); {then}") from None
+    except TooSlow:
+        raise DockyardError(f"{named} {pattern!r}: matching it against the model's module names took more than "
+                            f"{MATCH_SECONDS} s (nested repeats backtrack without end); {then}") from None
 
 
 @contextlib.contextmanager
