@@ -174,7 +174,7 @@ def test_adapter_settings_and_config_sizes_the_trainer_refuses_are_refused_befor
             (adapter, {"rank_pattern": {"q_proj": 10_000_000}}, "`rank_pattern['q_proj']` is 10000000, outside"),
             (adapter, {"alpha_pattern": {"v_proj": 0}}, "`alpha_pattern['v_proj']` is 0, outside the 1..65536"),
             (config, {"num_hidden_layers": 50_000_000}, "`num_hidden_layers` is 50000000, more than 4096"),
-            (config, {"pad_token_id": 10**6}, "transformers cannot build a model from it (AssertionError: ")):
+            (config, {"pad_token_id": 10**6}, "`pad_token_id` 1000000 is no row of the 512 embeddings")):
         _edit(path, **values)
         for merge in ((), ("--merge",)):
             err = _refused(run, out, capsys, *merge)
