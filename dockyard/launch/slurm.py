@@ -176,7 +176,8 @@ def _check_runtime(runtime: str, image_file: str, archive: str) -> None:
         return
     ext = RUNTIMES[runtime]
     how = {"pyxis": "make it on a host that loaded the image: enroot import -o dockyard.sqsh dockerd://IMAGE",
-           "apptainer": "make it from an archive: zstd -d X.tar.zst && apptainer build dockyard.sif docker-archive://X.tar"}
+           "apptainer": "make it from an archive: zstd -d X.tar.zst && APPTAINER_TMPDIR=<a roomy disk> apptainer build "
+                        "dockyard.sif docker-archive://X.tar (X.tar:IMAGE for an archive of several images)"}
     if not image_file.endswith(ext):
         raise DockyardError(f"--runtime={runtime} needs --image-file=FILE{ext} on storage every node sees; {how[runtime]}")
     if archive:

@@ -141,6 +141,11 @@ def test_dockerfile_stays_offline_and_layers_code_last():
     text = (ROOT / "images" / "Dockerfile").read_text()
     assert not re.search(r"^#\s*syntax=", text, re.M), "a syntax line makes BuildKit pull a frontend (fails offline)"
     assert "libaio-dev" in text and "--no-index" in text and "DS_BUILD_EVOFORMER_ATTN=0" in text
+    # DeepSpeed's ops build against the image's torch, never one pip fetches into an isolated build (no GPU, offline)
+    assert re.search(r"pip wheel [^\n]*--no-build-isolation", text)
+    # an NGC base's PIP_CONSTRAINT (its own torch) made pip refuse the lock: the base stage empties it for every step
+    base_env = re.search(r"^FROM \$\{BASE_IMAGE\} AS base\n(?:.*\n)*?ENV ((?:.*\\\n)*.*)", text, re.M).group(1)
+    assert re.search(r"(^|\s)PIP_CONSTRAINT=(\s|$)", base_env)
     copies = [ln.split()[1] for ln in text.splitlines()
               if ln.startswith("COPY ") and "--from" not in ln and "wheel" not in ln and "locks" not in ln]
     assert copies[-1] == "recipes/", "recipes must be the top layer so a recipe change rebuilds only that"

@@ -150,3 +150,17 @@ def test_a_recipe_file_that_is_not_yaml_is_one_error_line(tmp_path):
     with pytest.raises(DockyardError, match=r"recipe.yaml is not valid YAML: expected ',' or '\]', but got "
                                             r"'<stream end>' at line 3, column 1$"):
         load_recipe(tmp_path)
+
+
+def test_the_shipped_zero_recipes_keep_their_memory_to_ddps():
+    """pitfalls.md: ZeRO-2 took more memory than DDP with DeepSpeed's own defaults (overlap_comm on, 5e8-element
+    all-gather buckets, each a full-precision copy). The shipped ZeRO recipes keep overlap_comm off and, where they set
+    it, the all-gather bucket at 2e8, as the plan's memory model counts them (dockyard/common/memory.py)."""
+    import json
+
+    zero = [r for r in list_recipes() if load_recipe(r.name).deepspeed]
+    assert {r.name for r in zero} >= {"zero2", "zero2-offload", "zero3", "zero3-offload"}
+    for recipe in zero:
+        section = json.loads((RECIPES / recipe.name / "ds_config.json").read_text())["zero_optimization"]
+        assert section["overlap_comm"] is False, recipe.name
+        assert section.get("allgather_bucket_size", 2e8) <= 2e8, recipe.name
