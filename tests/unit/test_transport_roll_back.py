@@ -72,6 +72,27 @@ def test_a_load_that_brings_an_image_its_manifest_does_not_name_is_refused_and_u
     assert fake.tags == {"victim:1": K} and fake.images == {K}
 
 
+def test_a_docker_load_that_exits_0_without_the_image_is_a_failed_load(tmp_path, settings, monkeypatch):
+    """pitfalls.md: with the containerd image store, docker load can print "Error unpacking image" and exit 0
+    without the image in the engine. The load is checked against the manifest: refused, with docker's own words; a
+    tag the archive names that another image holds is said as such."""
+    fake = FakeEngine(tags={"other:1": K})
+    s = fake.install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    paths = make_set(tmp_path)  # its manifest: t:1 = A
+
+    def docker_load(*_):
+        return ["Error unpacking image: failed to extract layer: no space left on device"]  # and nothing loaded
+
+    monkeypatch.setattr(load_mod, "load_verified", docker_load)
+    with pytest.raises(DockyardError, match=r"exited 0, but t:1 is missing(.|\n)*Error unpacking image") as e:
+        load_mod.load(s, str(paths.archive))
+    assert f"loading {paths.archive.name} failed" in str(e.value)
+    assert fake.tags == {"other:1": K} and fake.images == {K}
+    fake.tags["t:1"] = K  # an image of that name, not the archive's
+    with pytest.raises(DockyardError, match=rf"exited 0, but t:1 is {K}, the archive holds {A}"):
+        load_mod.load(s, str(paths.archive))
+
+
 @pytest.mark.parametrize("signal_name, status", [("", 130), ("SIGTERM", 143)])
 def test_a_load_interrupted_after_docker_load_says_so_and_is_undone(tmp_path, settings, monkeypatch, signal_name,
                                                                      status):

@@ -56,3 +56,20 @@ def test_tar_pump_reads_the_oci_layout_of_newer_engines():
     assert f"blobs/sha256/{big_id[7:]}" not in names and f"blobs/sha256/{small_id[7:]}" in names
     assert pump.bytes_out + (len(raw) - pump.bytes_read) == len(out.getvalue())
     assert image["tags"] == ["t:3"]
+
+
+def test_a_save_that_left_a_layer_blob_out_is_refused_naming_it():
+    """pitfalls.md (moby#49473): with the containerd image store, `docker save` can write an archive whose manifest
+    names a layer blob it does not hold, and exit 0; the archive loaded nowhere. The pump refuses it before anything
+    is written, naming the blob."""
+    raw, image, big_id, _ = fake_oci_save()
+    blob = f"blobs/sha256/{big_id[7:]}"
+    kept = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as whole, tarfile.open(fileobj=kept, mode="w") as out:
+        for member in whole.getmembers():
+            if member.name != blob:
+                out.addfile(member, whole.extractfile(member) if member.isfile() else None)
+    pump = TarPump()
+    pump.run(io.BufferedReader(io.BytesIO(kept.getvalue())), lambda b: None)
+    with pytest.raises(DockyardError, match=f"names {blob} but does not hold it .the engine left it out: moby#49473"):
+        pump.check([image])
