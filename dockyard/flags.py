@@ -43,6 +43,8 @@ def _not_below(unset: int, low: int):
         return v
 
     return check
+
+
 Count = Annotated[int, Whole, Field(ge=0, le=4096)]                 # processes, GPUs: 0 = what the host has
 Nodes = Annotated[int, Whole, Field(ge=1, le=4096)]
 Rank = Annotated[int, Whole, Field(le=4095), AfterValidator(_not_below(-1, 0))]  # -1: not given (required of several)

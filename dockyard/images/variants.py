@@ -295,8 +295,11 @@ def tag(settings: Settings, variant: Variant) -> str:
 
 
 def of_tag(settings: Settings, ref: str) -> Variant | None:
-    """The variant whose build tags its image `ref` (tag() read backwards), or None."""
-    return next((v for v in all_variants(settings).values() if tag(settings, v) == ref), None)
+    """The variant whose build tags its image `ref` (tag() read backwards, docker.io/library/ or not), or None."""
+    def short(r: str) -> str:
+        return r.removeprefix("docker.io/").removeprefix("library/")
+
+    return next((v for v in all_variants(settings).values() if short(tag(settings, v)) == short(ref)), None)
 
 
 def lock_hash(variant: Variant) -> str:

@@ -164,6 +164,7 @@ def cluster_variant(settings: Settings, variant: str, gpus_per_node: int) -> Var
         if not gpus_per_node:
             return variants.resolve(settings, "cpu")[0]
         chosen, older = variants.newest_cuda(settings), variants.oldest_cuda(settings)
+
         def needs(v: Variant) -> str:
             since = variants.MIN_DRIVER.get(variants.cuda_version(v.cuda)[0])
             return f"an NVIDIA driver from {since} on" if since else f"a driver for CUDA {v.cuda}"

@@ -142,10 +142,8 @@ def check_saved_files(m: dict[str, Any], run_dir: Path) -> None:
     if (folder / "config.json").is_file():  # (a base that is not here is said when it is loaded)
         try:
             models.model_shape(folder)  # the trainer's sizes, counted on the meta device before it loads the model
-        except DockyardError as e:
+        except DockyardError as e:  # (torch's asserts building a layer are among model_shape's CONFIG_ERRORS)
             raise DockyardError(f"{e}; {changed(folder, run_dir)}") from None
-        except AssertionError as e:  # torch's, building a layer of sizes that do not fit (a pad_token_id past vocab)
-            raise DockyardError(f"{models.bad_config(folder, e)}; {changed(folder, run_dir)}") from None
     if not (adapter and (run_dir / "model" / ADAPTER).is_file()):
         return
     path = run_dir / "model" / ADAPTER

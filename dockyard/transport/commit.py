@@ -139,15 +139,10 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
 def check_not_a_build(settings: Settings, tag: str) -> None:
     """A commit never takes a built image's own tag (<image_name>:<version>-<variant>): it would keep the build's
     labels (its lock, its code), and run, save and ship would take a container changed by hand for that build."""
-    if variant := of_tag(settings, _familiar(tag)):
+    if variant := of_tag(settings, tag):
         raise DockyardError(f"--tag={tag} is the tag `invoke build --variant={variant.name}` gives its image: a "
-                                "container committed under it would pass for that reproducible build. Give another "
-                                "tag, or leave --tag out for a dated one")
-
-
-def _familiar(ref: str) -> str:
-    """A reference as docker names it for short: docker.io/library/x:t is x:t."""
-    return ref.removeprefix("docker.io/").removeprefix("library/")
+                            "container committed under it would pass for that reproducible build. Give another "
+                            "tag, or leave --tag out for a dated one")
 
 
 def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str], running: bool = True) -> str:
