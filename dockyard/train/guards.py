@@ -150,8 +150,9 @@ def deepspeed_config(path: Path, strategy: str) -> dict[str, Any]:
     cfg = recipes.read_deepspeed_config(path)  # zero_optimization an object, its stage 0-3
     spec = recipes.strategy(strategy)
     recipes.deepspeed_matches(cfg, spec, path)  # a zero_optimization section of the strategy's stage and offloads
-    zero, stage = cfg["zero_optimization"], spec.zero_stage
-    _validate_zero_section(path, zero)
+    stage = spec.zero_stage
+    _validate_sections(path, cfg)
+    _check_constructor_params(path, cfg)
     _check_cuda_ops(cfg, path)
     # the Trainer fills only keys that say "auto": one left out (DeepSpeed's smallest example has none) would be
     # DeepSpeed's "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided" traceback
@@ -185,17 +186,117 @@ def _check_cuda_ops(cfg: dict[str, Any], path: Path) -> None:
     recipes.check_deepspeed_ops(cfg, str(path), {k for k, v in installed_ops.items() if v}, "this image")
 
 
-def _validate_zero_section(path: Path, zero: dict[str, Any]) -> None:
-    """DeepSpeed's own pydantic model for `zero_optimization` forbids unknown keys; check before launching,
-    leaving out the "auto" values the HF Trainer fills in later."""
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+# The sections DeepSpeed reads through pydantic models that forbid unknown keys: a misspelt key ("enable" for
+# "enabled") stops the run with a ValidationError traceback, but only in deepspeed.initialize, once the model
+# has loaded. The section → the module and class DeepSpeed reads it with.
+SECTION_MODELS = {
+    "zero_optimization": ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
+    "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
+    "bfloat16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
+    "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
+    "compile": ("deepspeed.compile.config", "CompileConfig"),
+    "comms_logger": ("deepspeed.comm.config", "CommsLoggerConfig"),
+    "tensorboard": ("deepspeed.monitor.config", "TensorBoardConfig"),
+    "wandb": ("deepspeed.monitor.config", "WandbConfig"),
+    "csv_monitor": ("deepspeed.monitor.config", "CSVConfig"),
+    "comet": ("deepspeed.monitor.config", "CometConfig"),
+    "hybrid_engine": ("deepspeed.runtime.config", "HybridEngineConfig"),
+}
+
+
+def _validate_sections(path: Path, cfg: dict[str, Any]) -> None:
+    """Each section DeepSpeed validates with its own model, validated by that model now, leaving out the "auto"
+    values the HF Trainer fills in later."""
+    import importlib
+
     from pydantic import ValidationError
 
-    concrete = {k: v for k, v in zero.items() if v != "auto"}
-    try:
-        DeepSpeedZeroConfig(**concrete)
-    except ValidationError as e:
-        raise DockyardError(f"{path}: zero_optimization: {problems(e)}") from None
+    for key in [k for k in SECTION_MODELS if isinstance(cfg.get(k), dict)]:
+        module, name = SECTION_MODELS[key]
+        model = getattr(importlib.import_module(module), name)
+        try:
+            model(**{k: v for k, v in cfg[key].items() if v != "auto"})
+        except ValidationError as e:
+            raise DockyardError(f"{path}: {key}: {problems(e)}") from None
+
+
+# Adam's settings DeepSpeed takes out of optimizer.params itself before it builds the optimizer (engine.py's
+# _configure_basic_optimizer and get_optimizer_configuration); and the optimizers it imports from mup, not here
+ADAM_OWN_PARAMS = {"adam_w_mode", "torch_adam", "fp32_optimizer_states"}
+MUP_OPTIMIZERS = {"muadam", "muadamw", "musgd", "muon"}
+
+
+def _optimizer_class(kind: str, params: dict[str, Any], offloaded: bool) -> tuple[Any, set[str]] | None:
+    """The class DeepSpeed builds for an `optimizer` section of this type, and the params it takes out before;
+    None for a type it does not know (neither its own nor a torch.optim class of that exact name)."""
+    import torch
+
+    lower = kind.lower()
+    if lower in ("adam", "adamw"):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+        if params.get("torch_adam"):
+            return torch.optim.AdamW, ADAM_OWN_PARAMS | {"foreach"}
+        return (DeepSpeedCPUAdam if offloaded else FusedAdam), ADAM_OWN_PARAMS
+    if lower == "adagrad":
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+        return (DeepSpeedCPUAdagrad if offloaded else torch.optim.Adagrad), set()
+    if lower == "lamb":
+        from deepspeed.ops.lamb import FusedLamb
+
+        return FusedLamb, set()
+    if lower == "lion":
+        from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+        return (DeepSpeedCPULion if offloaded else FusedLion), set()
+    found = getattr(torch.optim, kind, None)
+    return (found, set()) if isinstance(found, type) and issubclass(found, torch.optim.Optimizer) else None
+
+
+def _unknown_params(cls: Any, given: dict[str, Any], taken: set[str]) -> tuple[list[str], list[str]]:
+    """The keys of `given` the constructor of `cls` would refuse (a TypeError), and the ones it takes."""
+    import inspect
+
+    sig = inspect.signature(cls)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return [], []
+    accepted = set(list(sig.parameters)[1:]) | taken  # the first is the parameters (or the optimizer) it is given
+    return sorted(set(given) - accepted), sorted(accepted)
+
+
+def _check_constructor_params(path: Path, cfg: dict[str, Any]) -> None:
+    """optimizer.params and scheduler.params become keyword arguments of the class DeepSpeed builds: a misspelt
+    one is a TypeError traceback in deepspeed.initialize, after the model loaded. Checked against that class."""
+    import torch
+    from deepspeed.runtime import lr_schedules
+
+    opt, sched = cfg.get("optimizer"), cfg.get("scheduler")
+    zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+    offload = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), dict) else {}
+    offloaded = offload.get("device") in ("cpu", "nvme")
+    found = []
+    if isinstance(opt, dict) and isinstance(opt.get("type"), str) and opt["type"].lower() not in MUP_OPTIMIZERS:
+        params = opt.get("params") or {}
+        built = _optimizer_class(opt["type"], params, offloaded)
+        if built is None:
+            raise DockyardError(f'{path}: optimizer.type "{opt["type"]}": DeepSpeed knows Adam, AdamW, Adagrad, Lamb, '
+                                "Lion, or a torch.optim class by its exact name (SGD): check the spelling")
+        found.append(("optimizer", opt["type"], *built, params))
+    if isinstance(sched, dict) and isinstance(sched.get("type"), str):
+        kind = sched["type"]
+        cls = getattr(lr_schedules, kind, None) if kind in lr_schedules.VALID_LR_SCHEDULES else None
+        cls = cls or getattr(torch.optim.lr_scheduler, kind, None)
+        if not isinstance(cls, type):
+            raise DockyardError(f'{path}: scheduler.type "{kind}": DeepSpeed knows '
+                                f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)}, or a torch.optim.lr_scheduler class by "
+                                "its exact name (CosineAnnealingLR): check the spelling")
+        found.append(("scheduler", kind, cls, set(), sched.get("params") or {}))
+    for section, kind, cls, taken, params in found:
+        unknown, accepted = _unknown_params(cls, params, taken)
+        if unknown:
+            raise DockyardError(f"{path}: {section}.params: {', '.join(unknown)} not known to {kind} (it takes "
+                                f"{', '.join(accepted)}): check the spelling")
 
 
 # --- FSDP --------------------------------------------------------------------------------------

@@ -402,3 +402,54 @@ def test_a_cpu_run_without_deepspeeds_shm_op_built_uses_gloo_instead_of_compilin
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"kept": False, "op": False}
     assert "built successfully" not in r.stdout + r.stderr and "ninja" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("body,says", [
+    ({"bf16": {"enable": True}}, r"bf16: enable: Extra inputs are not permitted"),
+    ({"fp16": {"enabled": "auto", "loss_scale_windw": 500}}, r"fp16: loss_scale_windw: Extra inputs"),
+    ({"bf16": {"enabled": "yes please"}}, r"bf16: enabled: Input should be a valid boolean"),
+    ({"comms_logger": {"enabled": True, "verbos": True}}, r"comms_logger: verbos: Extra inputs"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decya": 0.1}}},
+     r"optimizer.params: weight_decya not known to AdamW \(it takes .*weight_decay"),
+    ({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, r"optimizer.params: max_grad_norm not known"),
+    ({"optimizer": {"type": "AdamWW"}}, r'optimizer.type "AdamWW": DeepSpeed knows Adam, AdamW'),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}},
+     r"scheduler.params: warmup_num_step not known to WarmupLR \(it takes .*warmup_num_steps"),
+    ({"scheduler": {"type": "Cosine"}}, r'scheduler.type "Cosine": DeepSpeed knows LRRangeTest'),
+])
+def test_a_misspelt_key_inside_a_deepspeed_section_is_refused_before_the_model_loads(tmp_path, body, says):
+    """DeepSpeed refuses these itself, but in deepspeed.initialize, after the model has loaded, as a traceback
+    (bf16/fp16: pydantic's ValidationError; optimizer/scheduler params: a TypeError from the class it builds)."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, **body}))
+    with pytest.raises(DockyardError, match=says):
+        guards.deepspeed_config(path, "zero2")
+
+
+@pytest.mark.parametrize("body", [
+    {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto", "loss_scale_window": 500}},
+    {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto",
+                                               "adam_w_mode": True, "torch_adam": False}}},
+    {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True, "foreach": True}}},
+    {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}},
+    {"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99]}}},
+    {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto",
+                                                       "warmup_max_lr": "auto"}}},
+    {"scheduler": {"type": "CosineAnnealingLR", "params": {"T_max": 100}}},
+])
+def test_the_sections_deepspeed_documents_pass_the_same_check(tmp_path, body):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, **body}))
+    assert guards.deepspeed_config(path, "zero2")["zero_optimization"]["stage"] == 2
+
+
+def test_an_offloaded_adam_is_checked_against_deepspeeds_cpu_adam(tmp_path):
+    """FusedAdam takes set_grad_none, DeepSpeedCPUAdam (the offloaded optimizer) does not: the class DeepSpeed
+    would build is the one asked."""
+    path = tmp_path / "ds.json"
+    adam = {"type": "Adam", "params": {"set_grad_none": True}}
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "optimizer": adam}))
+    with pytest.raises(DockyardError, match="set_grad_none not known to Adam"):
+        guards.deepspeed_config(path, "zero2-offload")
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": adam}))
+    assert guards.deepspeed_config(path, "zero2")
