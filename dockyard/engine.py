@@ -44,6 +44,12 @@ def quote(argv: Sequence[str]) -> str:
     return shlex.join(str(a) for a in argv)
 
 
+def familiar(ref: str) -> str:
+    """An image reference as `docker image ls` shows it: `t:1` for docker.io/library/t:1 (and library/t:1)."""
+    short = ref.removeprefix("docker.io/")
+    return short.removeprefix("library/") if short.count("/") == 1 else short
+
+
 # The user part of a URL (`https://alice:TOKEN@pypi.corp/simple`, `https://TOKEN@host`): a private index's token in
 # the index_url setting. What is printed (the echo, --dry, an error quoting its command) says `***` instead.
 _URL_USER = re.compile(r"(://)[^/\s]*@")  # to the last @ before the host, as pip and uv split it

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dockyard import __version__
 from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
 from dockyard.common.recipes import YAML_ERRORS, read_yaml
+from dockyard.engine import familiar
 from dockyard.gpus import Host
 from dockyard.settings import IMAGE_NAME, ROOT, Settings
 
@@ -200,6 +201,19 @@ def driver_says(host: Host) -> str:
     return f"{driver} supports CUDA {host.cuda}" if host.cuda else f"{driver}, whose CUDA version NVML could not read"
 
 
+def require_refused(said: str) -> bool:
+    """Whether docker's words are the NVIDIA toolkit refusing the driver for the image's NVIDIA_REQUIRE_CUDA (an
+    nvidia/cuda base's, as a --devel build has): "requirement error: unsatisfied condition: cuda>=12.8"."""
+    return "requirement error" in said or "unsatisfied condition" in said
+
+
+# What to do about it: its check is by minor version (cuda>=12.8), dockyard's by major (CUDA's minor-version
+# compatibility: a 12.4 driver runs a 12.8 build)
+REQUIRE_FIX = ("the image's NVIDIA_REQUIRE_CUDA (set by an nvidia/cuda base: a --devel build) refused this driver, "
+               "though the toolkit is fine: `invoke run --disable-require` starts it (dockyard checks the driver "
+               "against the image's CUDA itself), or use a variant this driver runs")
+
+
 def arch_runs(archs: str, capability: str) -> bool:
     """Whether a GPU of compute capability `capability` ("8.9") has code in a build for `archs` ("7.5;8.6;12.0+PTX"):
     machine code of its major at or below its minor (sm_86 runs on 8.9), or PTX at or below it (JIT-compiled).
@@ -296,10 +310,7 @@ def tag(settings: Settings, variant: Variant) -> str:
 
 def of_tag(settings: Settings, ref: str) -> Variant | None:
     """The variant whose build tags its image `ref` (tag() read backwards, docker.io/library/ or not), or None."""
-    def short(r: str) -> str:
-        return r.removeprefix("docker.io/").removeprefix("library/")
-
-    return next((v for v in all_variants(settings).values() if short(tag(settings, v)) == short(ref)), None)
+    return next((v for v in all_variants(settings).values() if familiar(tag(settings, v)) == familiar(ref)), None)
 
 
 def lock_hash(variant: Variant) -> str:

@@ -207,8 +207,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         # The trainer refused before its log, or never started (docker refused the run): keep nothing that would
         # block the same --run-id. The reason is the line above, whoever said it (the trainer, torchrun, docker).
         shutil.rmtree(run_dir, ignore_errors=True)
-        raise DockyardError(f"the run did not start (exit {proc.returncode}, for the reason above); nothing was kept, "
-                            "so the same command can be run again")
+        why = variants.REQUIRE_FIX if variants.require_refused(proc.stderr or "") else "for the reason above"
+        raise DockyardError(f"the run did not start (exit {proc.returncode}, {why}); nothing was kept, so the same "
+                            "command can be run again")
     return summarise(run_dir, r.node_rank)
 
 

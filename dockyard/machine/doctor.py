@@ -184,10 +184,8 @@ def check_gpu_container(host: Host, returncode: int, output: str) -> Check:
     # can come after the engine's error: the error is the last line that is not one of them
     said = [line for line in output.strip().splitlines() if not DOCKER_LOG_LINE.match(line)] or output.strip().splitlines()
     last = said[-1][-200:] if said else f"exit {returncode}"
-    if "requirement error" in output or "unsatisfied condition" in output:
-        fix = ("the image's NVIDIA_REQUIRE_CUDA (set by an nvidia/cuda base) refused this driver, though the toolkit "
-               "is fine: `invoke run --disable-require` (dockyard checks the driver against the image's CUDA itself), "
-               "or a variant this driver runs")
+    if variants.require_refused(output):
+        fix = variants.REQUIRE_FIX
     elif "device driver" in output or "nvidia-container-cli" in output:
         fix = ("install and configure the NVIDIA Container Toolkit: `sudo nvidia-ctk runtime configure "
                "--runtime=docker`, restart the engine")

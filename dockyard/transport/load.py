@@ -88,10 +88,10 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
 def replaced_tags(before: dict[str, str], loaded: list[tuple[str, str]]) -> list[str]:
     """What the load took from other images: a tag that named another image before (docker load moves it without
     a word once quiet), and whether that image is left with no name (`<none>` in `docker image ls`)."""
-    moved = {_familiar(ref) for ref, _ in loaded}
+    moved = {engine.familiar(ref) for ref, _ in loaded}
     said = []
     for ref, image_id in loaded:
-        was = before.get(_familiar(ref))
+        was = before.get(engine.familiar(ref))
         if not was or was == image_id:
             continue
         kept = sorted(r for r, i in before.items() if r and i == was and r not in moved)
@@ -132,9 +132,9 @@ def check_loaded(settings: Settings, paths: ArchivePaths, manifest: dict, store:
     """Every image of the manifest in the engine, as saved (docker load can exit 0 without loading everything),
     and nothing else: a name or id docker load reports that the manifest lacks (a tar docker read differently
     from the gate) is refused, as load.sh refuses it, and the load is rolled back."""
-    ours = {_familiar(ref) for ref, _ in inventory.names(manifest["images"])} | {i["id"] for i in manifest["images"]}
+    ours = {engine.familiar(ref) for ref, _ in inventory.names(manifest["images"])} | {i["id"] for i in manifest["images"]}
     for ref in sorted(said_loaded(output)):
-        if _familiar(ref) not in ours:
+        if engine.familiar(ref) not in ours:
             raise DockyardError(f"the tar of {paths.archive.name} holds an image {ref}, which its manifest does not "
                                 "name: refused")
     loaded, wrong = in_engine(settings, manifest, store)
@@ -251,7 +251,7 @@ class Hashed:
 def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set[str]:
     """The names the tar gives its images (docker's manifest.json, repositories, an OCI index.json), refused
     unless every one is a name the manifest gives that image and the tar holds no image the manifest lacks."""
-    ours = {_familiar(ref): img for ref, img in inventory.names(manifest["images"])}
+    ours = {engine.familiar(ref): img for ref, img in inventory.names(manifest["images"])}
     ids = {img["id"] for img in manifest["images"]}
     found: set[str] = set()
 
@@ -260,9 +260,9 @@ def tar_names(naming: list[tuple[str, bytes]], manifest: dict, name: str) -> set
                              "loaded")
 
     def check(ref: object, where: str, image_id: str = "") -> None:
-        if not isinstance(ref, str) or _familiar(ref) not in ours:
+        if not isinstance(ref, str) or engine.familiar(ref) not in ours:
             raise refuse(f"names an image {ref!r} in {where}")
-        if image_id and image_id in ids and ours[_familiar(ref)]["id"] != image_id:
+        if image_id and image_id in ids and ours[engine.familiar(ref)]["id"] != image_id:
             raise refuse(f"gives {ref} to another of its images in {where}")
         found.add(ref)
 
@@ -321,11 +321,6 @@ def _bare_tag(ref: object) -> bool:
     return isinstance(ref, str) and not any(c in ref for c in "/:@")
 
 
-def _familiar(ref: str) -> str:
-    """A reference as `docker image ls` shows it: `t:1` for docker.io/library/t:1."""
-    return ref.removeprefix("docker.io/").removeprefix("library/") if ref.startswith("docker.io/") else ref
-
-
 # --- undoing a refused load ------------------------------------------------------------------------
 
 def tag_snapshot(settings: Settings) -> dict[str, str]:
@@ -352,7 +347,7 @@ def roll_back(settings: Settings, before: dict[str, str], names: set[str]) -> st
             meta = engine.image_inspect(settings, ref)
         except DockyardError:  # a name docker would not take: it cannot have been loaded either
             continue
-        now, was = (meta or {}).get("Id"), before.get(_familiar(ref))
+        now, was = (meta or {}).get("Id"), before.get(engine.familiar(ref))
         if now == was or (not was and now in unnamed):  # untagging an image that had no name would remove it
             continue
         if now and now not in known:

@@ -92,6 +92,23 @@ def test_a_run_docker_refused_keeps_nothing_so_the_same_id_can_run_again(run_cpu
         go()
 
 
+def refused_for_the_images_require(argv: list[str]) -> tuple[int, str]:
+    """docker's words when the NVIDIA toolkit refuses the driver for an nvidia/cuda base's NVIDIA_REQUIRE_CUDA."""
+    return 125, ("docker: Error response from daemon: failed to create task for container: OCI runtime create failed: "
+                 "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8, please update your "
+                 "driver to a newer version, or use an earlier cuda container: unknown.")
+
+
+def test_a_run_the_toolkit_refused_for_the_images_require_says_the_way_out(run_cpu):
+    """A --devel image (FROM nvidia/cuda) on a driver of an older CUDA 12 minor: dockyard's own check passes it (minor
+    compatibility), the toolkit's NVIDIA_REQUIRE_CUDA refuses it; the run said only "for the reason above"."""
+    fake, run_dir, go = run_cpu(refused_for_the_images_require)
+    with pytest.raises(DockyardError, match=r"did not start \(exit 125, the image's NVIDIA_REQUIRE_CUDA \(set by an "
+                                            r"nvidia/cuda base.*--disable-require` starts it.*nothing was kept"):
+        go()
+    assert not run_dir.exists()
+
+
 def trainer_that_refuses_to_continue(argv: list[str]) -> int:
     """The container: the trainer refuses the resume before training (max_steps reached, a damaged checkpoint) and
     leaves the run's manifest as it was."""
