@@ -10,10 +10,10 @@
 #   sh benchmarks/gpu_check.sh tests [SLICE | PYTEST ARGS]   one slice of tests/gpu, never the CPU tests:
 #        (nothing)    test_nvml + test_recipes_gpu (11 runs, ~7 min) + test_qlora_lean_gpu (seconds)
 #        autos        test_autos_gpu.py on the tiny model, less the kernels' tests (9 runs, 4 of them compiled)
-#        autos-kernels  the rest of it: Liger's kernels, padding-free, QLoRA compiled (4 runs, 1 compiled)
+#        autos-kernels  the rest of it: Liger's kernels, padding-free, QLoRA compiled (5 runs, 1 compiled)
 #        autos-944m   test_autos_gpu.py on the 944M model (6 runs, 2 models made, none saving a checkpoint: ~7 min)
-#        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min; -k to split it,
-#                     e.g. tests tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora")
+#        resume       test_resume_gpu.py (a run and its resume per recipe, 16 runs: ~10 min, more than one call
+#                     holds after the install), or in two calls: resume-a (ddp, fsdp, lora), resume-b (the rest)
 #        all          every test of tests/gpu, in six pytest processes side by side (the slices above, resume in
 #                     two), each with its own folder and log ($OUT/tests-gpu-SLICE.log); the
 #                     tiny-model runs are bound by process start-up, not the GPU, so this takes about as long as the
@@ -22,10 +22,12 @@
 #                     the GPU with the others on one of over 100 GB (an H200); on a smaller one they need it alone
 #                     (their micro-batch leaves the plan's 10 % margin), so `all` leaves them out and says so: run
 #                     `tests autos-944m` in a call of its own.
-#        or pytest's own arguments naming tests under tests/gpu/ (-k alone: within the default slice)
+#        or pytest's own arguments naming tests under tests/gpu/ (-k alone: within the default slice; a named slice and
+#        `all` refuse -k, which would replace their own: name the file, tests tests/gpu/test_autos_gpu.py -k X)
 #      each test's name and outcome is printed as it ends; a test is stopped after 300 s (with pytest-timeout)
 #   sh benchmarks/gpu_check.sh bench [RECIPES] [ARGS]   benchmarks.recipes with no tuning flags, each recipe also
-#        compiled (--try torch_compile=true) and with Liger's kernels (--try use_liger_kernel=true); default
+#        compiled (--try torch_compile=true) and without Liger's kernels (--try use_liger_kernel=false: the autos turn
+#        them on wherever they load, so that row is what they gain); default
 #        ddp,lora (6 runs of the 1.1B benchmark model, ~6 min); steps 27-28 of every run profiled (profile_steps, left
 #        out of tokens/s): where the GPU's time went, by kind of kernel, in $OUT/recipes-profiles.txt; ARGS go to
 #        benchmarks.recipes (--steps 40, --bare, --profile 30-31, ...; with --steps under 28, a --profile within them);
@@ -43,6 +45,18 @@ if [ "$1" = tests ] && [ "${2:-}" = all ]; then  # checked before anything is in
 		exit 2 ;;
 	esac
 fi
+if [ "$1" = tests ]; then
+	case "${2:-}" in all | autos | autos-kernels | autos-944m | resume-a | resume-b)
+		# pytest keeps the last -k it is given: one here would replace the slice's own and run tests of others
+		for a in "$@"; do
+			case "$a" in -k*)
+				echo "error: -k after 'tests $2' would replace the slice's own choice of tests: name the file instead," \
+					"e.g. sh benchmarks/gpu_check.sh tests tests/gpu/test_autos_gpu.py -k '...'" >&2
+				exit 2 ;;
+			esac
+		done ;;
+	esac
+fi
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -55,9 +69,13 @@ fi
 printf '%s\n' "$smi" | tee "$OUT/gpus.txt"
 # Liger's kernels are Triton: a liger-kernel that cannot load with this host's triton would turn the Liger rows and
 # test into errors of the host, not of the product; said here once (the Liger test then skips, saying so, and the
-# bench leaves its Liger row out)
+# bench leaves its Liger row out). Asked as the trainer asks (its monkey_patch module too, which the package loads
+# only when first used).
 liger=1
-if ! said=$("$PY" -c 'import liger_kernel.transformers' 2>&1); then
+if ! said=$("$PY" -c 'import sys
+from dockyard.train.environment import liger_kinds
+kinds, why = liger_kinds()
+sys.exit(why or (None if "llama" in kinds else "liger-kernel is not installed"))' 2>&1); then
 	liger=
 	echo "note: liger-kernel does not load here ($(printf '%s\n' "$said" | tail -1)): nothing of Liger's is checked"
 fi
@@ -74,6 +92,7 @@ status="$OUT/.status"
 # QLoRA compiled (4-bit layers under torch.compile) in one, the rest in the other; the 944M model's in a third
 KERNELS="liger or padding or (compile and qlora)"
 AUTOS="not (944m or $KERNELS)"
+RESUME_A="ddp or fsdp or lora"  # test_resume_gpu.py in two halves of 8 runs
 case "$part" in
 tests)
 	cap=  # pytest-timeout: on the GPU hosts' image (KINDS.md), not a project dependency
@@ -102,8 +121,8 @@ tests)
 			echo "note: the 944M tests are left out: on a GPU of ${mib:-?} MiB they need it alone (their auto micro-batch" \
 				"leaves the plan's 10 % margin); run: sh benchmarks/gpu_check.sh tests autos-944m"
 		fi
-		run_slice resume-a tests/gpu/test_resume_gpu.py -k "ddp or fsdp or lora" "$@" &
-		run_slice resume-b tests/gpu/test_resume_gpu.py -k "not (ddp or fsdp or lora)" "$@" &
+		run_slice resume-a tests/gpu/test_resume_gpu.py -k "$RESUME_A" "$@" &
+		run_slice resume-b tests/gpu/test_resume_gpu.py -k "not ($RESUME_A)" "$@" &
 		wait
 		# a slice stopped at its deadline: torchrun ends its workers on timeout's TERM; any it left would hold the GPU
 		pkill -f -- "--run-dir /tmp/dockyard-gpu-tests-" 2>/dev/null || :  # the tests' trainers alone
@@ -118,6 +137,8 @@ tests)
 	autos-kernels) shift; set -- tests/gpu/test_autos_gpu.py -k "$KERNELS" "$@" ;;
 	autos-944m) shift; set -- tests/gpu/test_autos_gpu.py -k 944m "$@" ;;
 	resume) shift; set -- tests/gpu/test_resume_gpu.py "$@" ;;
+	resume-a) shift; set -- tests/gpu/test_resume_gpu.py -k "$RESUME_A" "$@" ;;
+	resume-b) shift; set -- tests/gpu/test_resume_gpu.py -k "not ($RESUME_A)" "$@" ;;
 	esac
 	# the tests named: words under tests/gpu/ that are not an option's value (--deselect X, --ignore=X, -k X ...);
 	# any other test path is refused, so that pytest never falls back to its testpaths, the CPU and Docker suite
@@ -137,7 +158,7 @@ tests)
 bench)
 	recipes=ddp,lora
 	case "${1:-}" in '' | -*) ;; *) recipes=$1; shift ;; esac
-	tries="--try torch_compile=true${liger:+ --try use_liger_kernel=true}"
+	tries="--try torch_compile=true${liger:+ --try use_liger_kernel=false}"
 	[ -z "${PLAIN:-}" ] || tries=  # PLAIN=1: one run per recipe, no tuning flags (issue 24's targets)
 	# shellcheck disable=SC2086 # $tries: words, or none
 	{ rc=0; "$PY" -m benchmarks.recipes --recipes "$recipes" --steps 30 $tries --profile 27-28 \

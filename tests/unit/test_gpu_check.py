@@ -30,7 +30,7 @@ case "$1" in
 -c) case "$2" in
     *cuda.is_available*) exit {0 if cuda else 1} ;;
     *pytest_timeout*) exit 1 ;;
-    *liger_kernel*) {"exit 0" if liger else "echo 'ImportError: cannot import name triton_op' >&2; exit 1"} ;;
+    *liger_kinds*) {"exit 0" if liger else "echo 'ImportError: cannot import name triton_op' >&2; exit 1"} ;;
     *) exit 0 ;;
     esac ;;
 -m) printf '%s\\n' "$*" >>{shlex.quote(str(calls))}; echo "ran $2" ;;
@@ -68,6 +68,8 @@ DEFAULT_SLICE = ["tests/gpu/test_nvml.py", "tests/gpu/test_recipes_gpu.py", "tes
     (["--ignore=tests/gpu/test_nvml.py"], DEFAULT_SLICE),
     (["autos"], ["tests/gpu/test_autos_gpu.py"]),
     (["autos-kernels"], ["tests/gpu/test_autos_gpu.py"]),
+    (["resume-a"], ["tests/gpu/test_resume_gpu.py"]),
+    (["resume-b"], ["tests/gpu/test_resume_gpu.py"]),
     (["tests/gpu/test_resume_gpu.py", "-k", "ddp"], ["tests/gpu/test_resume_gpu.py"]),
     (["tests/gpu"], ["tests/gpu"]),
 ])
@@ -135,10 +137,11 @@ def test_bench_leaves_the_liger_row_out_where_liger_kernel_does_not_load(tmp_pat
     assert r.returncode == 0, r.stderr
     assert "liger-kernel does not load here (ImportError: cannot import name triton_op)" in r.stdout
     words = calls[0].split()
-    assert "use_liger_kernel=true" not in words and "torch_compile=true" in words
+    assert not any(w.startswith("use_liger_kernel") for w in words) and "torch_compile=true" in words
     (tmp_path / "loads").mkdir()
     r, calls = gpu_check(tmp_path / "loads", "bench")
-    assert "use_liger_kernel=true" in calls[0].split() and "liger-kernel does not load" not in r.stdout
+    # where they load the autos turn them on: the row that differs from the default goes without them
+    assert "use_liger_kernel=false" in calls[0].split() and "liger-kernel does not load" not in r.stdout
 
 
 def test_bench_plain_runs_each_recipe_once_with_no_tuning_flags(tmp_path):
@@ -166,3 +169,23 @@ def test_tests_all_refuses_a_deadline_that_is_not_seconds(tmp_path):
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and f"DEADLINE={bad}: give the seconds" in r.stderr and not calls.exists()
     assert not (tmp_path / "out").exists()  # refused before anything was installed, probed or written
+
+
+@pytest.mark.parametrize("args", [["all", "-k", "ddp"], ["autos", "-k", "lora"], ["autos-944m", "-kqlora"],
+                                  ["resume-b", "-k", "zero3"]])
+def test_a_named_slice_refuses_a_k_that_would_replace_its_own(tmp_path, args):
+    """pytest keeps the last -k: `tests autos -k X` ran X from every slice, `all -k X` the same tests six times over."""
+    r, calls = gpu_check(tmp_path, "tests", *args)
+    assert r.returncode == 2 and "would replace the slice's own choice of tests" in r.stderr and calls == []
+    assert not (tmp_path / "out").exists()  # refused before anything was installed, probed or written
+
+
+def test_the_resume_halves_hold_every_resume_test_once(tmp_path):
+    """resume-a and resume-b, each a call of its own: their two -k filters are one expression and its negation."""
+    ks = []
+    for half in ("resume-a", "resume-b"):
+        (tmp_path / half).mkdir()
+        r, [call] = gpu_check(tmp_path / half, "tests", half)
+        assert r.returncode == 0 and " tests/gpu/test_resume_gpu.py -k " in call, r.stderr
+        ks.append(call.split(" -k ", 1)[1])  # the last words: the fake records its argv joined by spaces
+    assert ks[0] and ks[1] == f"not ({ks[0]})", ks
