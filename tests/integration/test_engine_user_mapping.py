@@ -53,24 +53,24 @@ def _start(settings, root: Path, argv: list[str], sock: str, user: str | None = 
     proc = subprocess.Popen(argv, stdout=open(root / "dockerd.log", "wb"), stderr=subprocess.STDOUT, env=env,
                             cwd=root, start_new_session=True)
     for _ in range(60):
-        if proc.poll() is not None or subprocess.run([settings.docker, "info"], env=env,
+        if proc.poll() is not None or subprocess.run(engine.docker(settings, "info"), env=env,
                                                      capture_output=True).returncode == 0:
             break
         time.sleep(1)
-    if proc.poll() is not None or subprocess.run([settings.docker, "info"], env=env, capture_output=True).returncode:
+    if proc.poll() is not None or subprocess.run(engine.docker(settings, "info"), env=env, capture_output=True).returncode:
         pytest.fail(f"{argv[0]} did not start: {(root / 'dockerd.log').read_text()[-2000:]}")
-    saved = subprocess.Popen([settings.docker, "save", settings.base_image_cpu], stdout=subprocess.PIPE,
+    saved = subprocess.Popen(engine.docker(settings, "save", settings.base_image_cpu), stdout=subprocess.PIPE,
                              env={**os.environ})
-    subprocess.run([settings.docker, "load", "-q"], env=env, stdin=saved.stdout, check=True, capture_output=True)
+    subprocess.run(engine.docker(settings, "load", "-q"), env=env, stdin=saved.stdout, check=True, capture_output=True)
     assert saved.wait() == 0
     return proc
 
 
 def _stop(settings, proc: subprocess.Popen, sock: str, root: Path) -> None:
     env = {**os.environ, "DOCKER_HOST": sock}
-    ids = subprocess.run([settings.docker, "ps", "-aq"], env=env, capture_output=True, text=True).stdout.split()
+    ids = subprocess.run(engine.docker(settings, "ps", "-aq"), env=env, capture_output=True, text=True).stdout.split()
     if ids:
-        subprocess.run([settings.docker, "rm", "-f", *ids], env=env, capture_output=True)
+        subprocess.run(engine.docker(settings, "rm", "-f", *ids), env=env, capture_output=True)
     os.killpg(proc.pid, 15)  # rootlesskit, its dockerd and containerd are its session
     try:
         proc.wait(60)

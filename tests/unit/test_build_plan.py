@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -10,6 +11,7 @@ from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.images import build, variants
 from dockyard.settings import ROOT
+from tests.support.stub_index import loopback_only_env, serve_index, sha256, stub_wheel
 
 
 def _args(argv, flag):
@@ -218,20 +220,65 @@ def test_a_failed_build_says_buildkits_reason_first():
 
 
 def test_lock_resolution_for_a_cuda_variant_pins_the_triton_torch_wants(settings, cu132, tmp_path):
-    """Real resolution against the package index (no GPU needed): the lock holds torch's own triton."""
+    """Real resolution (the lock step's own `uv pip compile`, no GPU needed) against an index this test serves on
+    127.0.0.1, given as a user gives theirs (index_url): the lock holds torch's own triton and the CUDA torch's nccl.
+
+    The index holds a stub wheel of every package the variant's requirements name, at its pin, and the packages the
+    CUDA torch pulls; the stub torch requires what PyPI's CUDA build of torch does (its triton on Linux, NCCL and the
+    CUDA libraries on Linux x86_64, in a cp311 manylinux_2_28 wheel). Nothing may leave loopback: proxies name a
+    closed loopback port, so a lock step that lost the index fails here instead of asking pypi.org."""
+    real = build.lock_pins(cu132)  # the committed lock: the versions PyPI's CUDA torch pulled
+    nccl = next(k for k in real if k.startswith("nvidia-nccl"))
+    linux, x86 = 'platform_system == "Linux"', 'platform_system == "Linux" and platform_machine == "x86_64"'
+    files = tmp_path / "files"
+    wheels = {}
+    wheels["torch"] = stub_wheel(files, "torch", cu132.pins["torch"], tag="cp311-cp311-manylinux_2_28_x86_64",
+                                 requires=[f"triton=={cu132.pins['triton']}; {linux}", f"{nccl}=={real[nccl]}; {x86}"])
+    wheels["triton"] = stub_wheel(files, "triton", cu132.pins["triton"],
+                                  tag="cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64")
+    wheels[nccl] = stub_wheel(files, nccl, real[nccl], tag="py3-none-manylinux_2_18_x86_64")
+    runtime = real["nvidia-cuda-runtime"]  # nvcc's, as on PyPI: the CUDA runtime the lock's check reads
+    wheels["nvidia-cuda-nvcc"] = stub_wheel(files, "nvidia-cuda-nvcc", cu132.pins["nvidia-cuda-nvcc"],
+                                            requires=[f"nvidia-cuda-runtime=={runtime}; {x86}"])
+    wheels["nvidia-cuda-runtime"] = stub_wheel(files, "nvidia-cuda-runtime", runtime)
+    for line in cu132.requirements_in.splitlines():  # the rest, each at its pin (build tools: the committed lock's)
+        name, _, version = line.partition("==")
+        if name not in wheels:
+            wheels[name] = stub_wheel(files, name, version or real.get(name, "1.0"))
     in_file = tmp_path / "cu132.in"
     in_file.write_text(cu132.requirements_in)
-    (argv, env), = build.lock_steps(settings, cu132, in_file, tmp_path / "lock.txt").steps
-    r = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    with serve_index(tmp_path, list(wheels.values())) as index, loopback_only_env() as offline:
+        mine = settings.model_copy(update={"index_url": index.url, "extra_index_url": "", "find_links": ""})
+        (argv, env), = build.lock_steps(mine, cu132, in_file, tmp_path / "lock.txt").steps
+        # uv's own: no Python downloads, this interpreter, a cache and configuration of nobody's
+        hermetic = {"UV_PYTHON_DOWNLOADS": "never", "UV_PYTHON": sys.executable, "UV_NO_CONFIG": "1",
+                    "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+        outside = {k: v for k, v in os.environ.items() if not k.startswith("UV_") and "proxy" not in k.lower()}
+        r = subprocess.run(argv, env={**outside, **offline, **hermetic, **env}, cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+    assert "/simple/torch/" in index.requested, "the lock was not resolved from the index it was given"
     lock = (tmp_path / "lock.txt").read_text()
-    assert f"torch=={cu132.pins['torch']}" in lock and f"triton=={cu132.pins['triton']}" in lock
-    assert "nvidia-nccl" in lock  # the CUDA build of torch, not a CPU one
+    pins = variants.parse_lock_pins(lock)
+    assert {k: pins.get(k) for k, v in cu132.pins.items() if v} == {k: v for k, v in cu132.pins.items() if v}
+    assert pins["triton"] == cu132.pins["triton"] and _via(lock, "triton") >= {"torch"}
+    assert pins.get(nccl) == real[nccl] and _via(lock, nccl) == {"torch"}  # the CUDA build of torch, not a CPU one
+    assert pins.get("nvidia-cuda-runtime") == runtime
+    assert f"--hash=sha256:{sha256(wheels['torch'])}" in lock  # hashed from the files this index served
+
+
+def _via(lock: str, name: str) -> set[str]:
+    """What uv's annotations say pulled `name` into the lock (`# via torch`, or `# via` and `#   torch` lines)."""
+    block = re.search(rf"^{re.escape(name)}==[^\n]*\n((?:[ \t]+[^\n]*\n)*)", lock, re.M).group(1)
+    said = re.findall(r"^\s+#\s+(?:via\s+)?(\S[^\n]*)$", block, re.M)
+    return {s.strip() for s in said if s.strip() != "via"}
 
 
 def test_lock_with_a_triton_torch_does_not_want_is_refused(settings, cu132):
     bad = cu132.model_copy(update={"pins": {**cu132.pins, "triton": "2.1.0"}})
-    with pytest.raises(Exception, match="triton"):
+    wanted = re.escape(build.lock_pins(cu132)["triton"])  # the lock's: the version torch requires
+    with pytest.raises(DockyardError, match=rf"^lock for cu132 disagrees with images/variants\.yaml: triton {wanted} "
+                       r"\(pinned 2\.1\.0\)\. "):
         build.check_lock(bad)
 
 
