@@ -32,6 +32,11 @@ WORKDIR = "/opt/dockyard"                         # the image's copy of the proj
 CPU_NPROC = 2  # processes per node where there is no GPU: enough to exercise every distributed code path
 PORT = 29500   # node 0's rendezvous port unless told another
 JOIN_TIMEOUT = envvars.JOIN_TIMEOUT  # seconds node 0 waits for the others to join, the trainer's bound on silence
+# torch's TCP store listens on IPv6 and meets its own processes at ::ffff:127.0.0.1, whose name it looks up for its
+# logs: no hosts file names that address, so each connection asked the DNS server. Where that server does not answer
+# (an air-gapped node's resolv.conf) each lookup waited ~10 s: a 2-process start took 23.9 s, not 4.8 s
+# (docs/multinode.md). Every container the project starts names it in its /etc/hosts.
+LOOPBACK_V4MAPPED = ("loopback-v4mapped", "::ffff:127.0.0.1")
 TRAINER = ["-m", "dockyard.train"]
 
 

@@ -474,7 +474,8 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     ends (`invoke shell --keep`, to commit it)."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
     argv = engine.docker(settings, "run", *([] if keep else ["--rm"]), "--init", *engine.host_sharing_flags(engine_info),
-                         "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
+                         "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name,
+                         "--add-host", ":".join(node.LOOPBACK_V4MAPPED))
     if interactive:
         argv += ["-it"] if interactive == "tty" else ["-i"]
     if gpus:

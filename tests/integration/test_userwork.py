@@ -106,6 +106,23 @@ def test_invoke_shell_runs_the_commands_piped_into_it_and_exits_with_theirs(cpu_
     assert r.stdout.strip().splitlines()[-1] == str(os.getuid()), "ran as you, in the image"
 
 
+def test_a_container_names_torchs_own_loopback_address_itself(cpu_image, tmp_path):
+    """torch's TCP store meets its processes at ::ffff:127.0.0.1 and looks that address up. With no hosts entry for
+    it each lookup asked the DNS server: where that server does not answer (an air-gapped node's resolv.conf), a
+    2-process start took 23.9 s, not 4.8 s (docs/multinode.md). Asked of the hosts file alone (`-s files`), so a
+    container without the entry fails here rather than asking a DNS server."""
+    import os
+    import subprocess
+
+    from tests.support.cli import INVOKE
+
+    r = subprocess.run([*INVOKE, "shell", "--variant=cpu"], input="getent -s files hosts ::ffff:127.0.0.1\n",
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.split()[-2:] == ["::ffff:127.0.0.1", "loopback-v4mapped"], r.stdout[-2000:]
+
+
 def test_a_shell_kept_with_keep_is_committed_with_what_was_changed_in_it(cpu_image, tmp_path):
     """The newcomer audit: what a user installed in `invoke shell` was gone when they left it (`docker run --rm`),
     so the `invoke commit` its help pointed to had no container. With --keep the container stays under the name
