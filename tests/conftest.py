@@ -14,11 +14,25 @@ os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
-from dockyard import engine
+from dockyard import ENV_PREFIX, engine
 from dockyard import settings as settings_mod
 from dockyard.images import variants
 from dockyard.settings import ROOT
 from tests.support.buildcache import build_image
+
+
+def _import_tasks_keeping_the_setting_overrides() -> None:
+    """tasks.py, when imported, takes every INVOKE_DOCKYARD_* out of os.environ (dockyard.cli.hold_setting_overrides:
+    what Invoke's own process needs) and only a task puts them back. Imported here, once, before any test module
+    imports it, and the overrides the suite was started with put back: a module that imports tasks
+    (test_docs_commands) took INVOKE_DOCKYARD_COMPOSE and the rest from every test collected after it."""
+    started_with = {key: value for key, value in os.environ.items() if key.startswith(ENV_PREFIX)}
+    import tasks  # noqa: F401 - its first import is the one that holds the overrides back
+
+    os.environ.update(started_with)
+
+
+_import_tasks_keeping_the_setting_overrides()
 
 # Property tests are timed by nothing but pytest-timeout: Hypothesis's 200 ms deadline per example failed them on a
 # loaded CI host ("Unreliable test timings"), where a test had not set its own.

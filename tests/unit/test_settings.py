@@ -10,13 +10,10 @@ from pathlib import Path
 import pytest
 
 from dockyard import ROOT, engine
-from dockyard.cli import release_setting_overrides
 from dockyard.settings import Settings
 from dockyard.transport import remote
 from dockyard.transport.remote import Remote
 from tests.support.cli import invoke, invoke_here, short_error
-
-release_setting_overrides()  # importing tasks.py (through invoke_here) holds INVOKE_DOCKYARD_* back
 
 
 def a_client(home) -> str:

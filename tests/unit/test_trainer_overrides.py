@@ -12,13 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tasks  # noqa: F401 - the tasks the CLI runs
-from dockyard.cli import release_setting_overrides
 from dockyard.common import run_settings
 from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, RunSettings, number_range, parse_overrides
 from dockyard.launch.node import CPU_NPROC
 from tests.support.cli import invoke_here, short_error
-
-release_setting_overrides()  # importing tasks.py held INVOKE_DOCKYARD_* back, as Invoke's own process needs
 
 RUN_NUMBERS = sorted(k for k in RunSettings.model_fields if number_range(k))
 TRAINING_NUMBERS = ["learning_rate", "max_steps", "per_device_train_batch_size", "save_steps", "save_total_limit",

@@ -15,13 +15,9 @@ from hypothesis import strategies as st
 from invoke import Collection
 
 import tasks
-from dockyard.cli import TypedFlag, release_setting_overrides
+from dockyard.cli import TypedFlag
 from dockyard.settings import Settings
 from tests.support.cli import invoke, invoke_here, short_error
-
-# Importing tasks.py held INVOKE_DOCKYARD_* back, as Invoke's own process needs; this pytest process (and the
-# session's `settings` fixture) keeps them.
-release_setting_overrides()
 
 # What stops each task right after its flags are read, without an engine, a GPU or a network: a dry run, a file in
 # a temporary folder, or a refusal of another flag. A task that gains a number flag must get a line here.
