@@ -5,8 +5,12 @@ never a traceback (an exception escaping Program.run fails the test)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
+import shlex
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,6 +19,7 @@ from hypothesis import strategies as st
 from invoke import Collection
 
 import tasks
+from dockyard import cli
 from dockyard.cli import TypedFlag
 from dockyard.settings import Settings
 from tests.support.cli import invoke, invoke_here, short_error
@@ -98,24 +103,74 @@ def test_dash_h_is_help_on_every_task_and_no_flag_has_a_one_letter_form(task):
     assert not re.search(r"^\s+-[a-zA-Z]( [A-Z]+)?, --", options, re.M), options  # `-x, --long`: none
 
 
+@contextlib.contextmanager
+def settings_the_task_runs_with():
+    """The Settings every task is given (dockyard.cli.task_settings, which `checked` calls before any task runs and
+    tasks.py's own `_settings` calls again), recorded as Invoke's Program runs the task in this process."""
+    taken, real = [], cli.task_settings
+
+    def recording(c):
+        taken.append(real(c))
+        return taken[-1]
+
+    cli.task_settings = recording
+    try:
+        yield taken
+    finally:
+        cli.task_settings = real
+
+
+def taken_as_given(key: str, loaded, value) -> None:
+    """A setting that was not refused is the value the user gave, in its field's type: text as typed, a path as the
+    path it names, a number as that number, a command as the words a shell would split it into (a `~` word expanded,
+    as a shell would), the docker client as its path with `~` expanded."""
+    if key in ("ssh", "compose"):
+        words = [os.path.expanduser(w) if w.startswith("~") else w for w in shlex.split(value)]
+        assert shlex.split(loaded) == words, (loaded, value)
+    elif key == "docker":
+        assert loaded == os.path.expanduser(value), (loaded, value)
+    elif Settings.model_fields[key].annotation is Path:
+        assert loaded == Path(value), (loaded, value)
+    elif Settings.model_fields[key].annotation is float:
+        assert loaded == float(value), (loaded, value)
+    else:
+        assert loaded == value and type(loaded) is str, (loaded, value)
+
+
 @pytest.mark.parametrize("key", sorted(Settings.model_fields))
 @FEWER
 @given(value=TEXT)
+@example(value="2.5")  # taken by every setting but the docker client (a number, a name, a path, a command)
+@example(value="~/bin/tool --flag 'a b'")  # a command of words, a path as written
 def test_a_setting_from_the_environment_is_taken_or_a_short_error_naming_it(key, value):
-    r = invoke_here("recipes", env={f"INVOKE_DOCKYARD_{key.upper()}": value})
+    with settings_the_task_runs_with() as taken:
+        r = invoke_here("recipes", env={f"INVOKE_DOCKYARD_{key.upper()}": value})
     if r.returncode:
         short_error(r, f"INVOKE_DOCKYARD_{key.upper()}")
+    else:
+        assert taken, r.stderr
+        taken_as_given(key, getattr(taken[-1], key), value)
 
 
 @pytest.mark.parametrize("key", sorted(Settings.model_fields))
 @FEWER
 @given(value=st.one_of(TEXT, st.integers(), st.floats(), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)))
+@example(value="2.5")
+@example(value=3)
+@example(value="~/bin/tool --flag 'a b'")
 def test_a_setting_in_a_config_file_is_taken_or_a_short_error_naming_it(key, value, tmp_path):
+    # the environment wins over any file: the suite's own INVOKE_DOCKYARD_* (its compose, docker, caches) would hide
+    # the file's value, which then went unchecked (the autouse process_state_as_it_was puts it back)
+    os.environ.pop(f"INVOKE_DOCKYARD_{key.upper()}", None)
     config = tmp_path / "mine.yaml"
     config.write_text(yaml.safe_dump({"dockyard": {key: value}}))
-    r = invoke_here("-f", str(config), "recipes")
+    with settings_the_task_runs_with() as taken:
+        r = invoke_here("-f", str(config), "recipes")
     if r.returncode:
         short_error(r, f"dockyard.{key}")
+    else:
+        assert taken, r.stderr
+        taken_as_given(key, getattr(taken[-1], key), value)
 
 
 @FEW
