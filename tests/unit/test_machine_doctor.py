@@ -64,12 +64,14 @@ def test_host_without_gpus_passes_with_the_cpu_notice(all_variants):
     assert "auto → cpu" in checks[-1].detail
 
 
-def test_gpus_without_nvidia_runtime_fail_with_the_fix():
+def test_gpus_without_nvidia_runtime_fail_with_the_fix(monkeypatch):
     host, _ = _host("two_gpus_one_idle.json")
+    monkeypatch.setattr(doctor.engine, "which", lambda name: None)  # no toolkit hook, whatever this host has
     c = doctor.check_runtime(host, {"Runtimes": {"runc": {"path": "runc"}}}, [])
-    if doctor.engine.which("nvidia-container-runtime-hook"):
-        pytest.skip("this host has the NVIDIA toolkit hook installed")
     assert c.status == doctor.FAIL and "nvidia-ctk runtime configure" in c.fix
+    hook = "/usr/bin/nvidia-container-runtime-hook"
+    monkeypatch.setattr(doctor.engine, "which", lambda name: hook if name == "nvidia-container-runtime-hook" else None)
+    assert doctor.check_runtime(host, {"Runtimes": {"runc": {"path": "runc"}}}, []).status == doctor.PASS
     assert doctor.check_runtime(host, {"Runtimes": {"nvidia": {}}}, []).status == doctor.PASS
     assert doctor.check_runtime(host, {}, ["/etc/cdi/nvidia.yaml"]).status == doctor.PASS
     assert "2 × NVIDIA A100-SXM4-80GB (80.0 GiB each), driver 570.124.06" in doctor.check_gpus(host).detail
