@@ -107,11 +107,14 @@ def test_bad_topology_is_refused(settings, tmp_path, kw, message):
         _plan(settings, tmp_path, **kw)
 
 
-def test_several_nodes_need_each_nodes_rank_and_a_rank_needs_the_node_count(tmp_path):
+def test_several_nodes_need_each_nodes_rank_and_a_rank_needs_the_node_count(tmp_path, monkeypatch):
     """The newcomer audit: `--nodes=2 --master-addr=...` with --node-rank forgotten on node 1 ran as node 0, hosting a
     rendezvous of its own (both nodes then wait for the other until the join timeout), and the warning it printed
     told node 1 to use its own address; `--node-rank=1` without --nodes said "must be in 0..0". Each is one line
     naming what to add, before a run folder is made; one node needs no rank (0 is the only one)."""
+    # this node's route to --master-addr as `ip route get` would give it on a node of that network: not this host's
+    # routing table (a host with no default route, an air-gapped node, answers "Network is unreachable")
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "192.0.2.7"})
     env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
     r = invoke_here("run", "--dry", "--cpu", "--nodes=2", "--master-addr=192.0.2.1", "--run-id=mn", env=env)
     short_error(r, "--nodes=2 needs this node's --node-rank: 0 on the node at --master-addr (it hosts the "
@@ -122,6 +125,7 @@ def test_several_nodes_need_each_nodes_rank_and_a_rank_needs_the_node_count(tmp_
     given = invoke_here("run", "--dry", "--cpu", "--nodes=2", "--node-rank=1", "--master-addr=192.0.2.1",
                         "--run-id=mn", env=env)
     assert given.returncode == 0 and "--rdzv-conf=is_host=0" in given.stdout + given.stderr, given.stderr
+    assert "--local-addr=192.0.2.7 " in given.stdout + given.stderr  # the address this node reaches node 0 from
     for one in ([], ["--node-rank=0"]):
         alone = invoke_here("run", "--dry", "--cpu", *one, env=env)
         assert alone.returncode == 0 and "--standalone" in alone.stdout + alone.stderr, alone.stderr
