@@ -93,20 +93,22 @@ def _two(util0: float, util1: list[float]) -> list[dict]:
             for t, u in enumerate(util1)]
 
 
-@pytest.mark.parametrize("samples, unbalanced", [
-    (_two(monitor.BUSY, [0.0] * 10), True),              # exactly BUSY is working
-    (_two(monitor.BUSY - 0.1, [0.0] * 10), False),       # just under: nobody works, nothing to compare
-    (_two(95.0, [monitor.IDLE - 0.1] * 10), True),       # just under IDLE is idle
-    (_two(95.0, [monitor.IDLE] * 10), False),            # exactly IDLE is not idle
-    (_two(95.0, [0.0] * 5 + [60.0] * 5), True),          # idle in exactly MOSTLY (half) of the busy samples
-    (_two(95.0, [0.0] * 4 + [60.0] * 6), False),
-    (_two(95.0, [0.0] * monitor.MIN_ACTIVE), True),      # exactly MIN_ACTIVE busy samples give a verdict
-    (_two(95.0, [0.0] * (monitor.MIN_ACTIVE - 1)), False),
+# idle: the devices idle in at least MOSTLY of the busy samples (monitor.json's idle_devices), whether or not there
+# were enough of them (MIN_ACTIVE) for a verdict on balance
+@pytest.mark.parametrize("samples, unbalanced, idle", [
+    (_two(monitor.BUSY, [0.0] * 10), True, [1]),              # exactly BUSY is working
+    (_two(monitor.BUSY - 0.1, [0.0] * 10), False, []),        # just under: nobody works, nothing to compare
+    (_two(95.0, [monitor.IDLE - 0.1] * 10), True, [1]),       # just under IDLE is idle
+    (_two(95.0, [monitor.IDLE] * 10), False, []),             # exactly IDLE is not idle
+    (_two(95.0, [0.0] * 5 + [60.0] * 5), True, [1]),          # idle in exactly MOSTLY (half) of the busy samples
+    (_two(95.0, [0.0] * 4 + [60.0] * 6), False, []),          # idle in 4 of 10: not most of them
+    (_two(95.0, [0.0] * monitor.MIN_ACTIVE), True, [1]),      # exactly MIN_ACTIVE busy samples give a verdict
+    (_two(95.0, [0.0] * (monitor.MIN_ACTIVE - 1)), False, [1]),  # too few for one; GPU 1 was idle in each of them
 ])
-def test_verdict_on_each_threshold(samples, unbalanced):
+def test_verdict_on_each_threshold(samples, unbalanced, idle):
     v = monitor.verdict(samples, "gpu")
     assert v["unbalanced"] is unbalanced
-    assert v["idle_devices"] == ([1] if unbalanced else v["idle_devices"])
+    assert v["idle_devices"] == idle
 
 
 def _until_replayed(mon, samples: int = 90) -> None:
