@@ -133,6 +133,33 @@ def _free_subnet(text_order_flipped: bool = False) -> ipaddress.IPv4Network:
             return net
 
 
+HOSTS = Path("/etc/hosts")
+HOSTS_MARK = "# dockyard test node"
+
+
+def _name_in_hosts(node: Node, named: bool = True) -> None:
+    """Name the pair's two addresses in /etc/hosts while the node is up (`named`), or no longer. torch's store and
+    gloo look up by name every peer address they meet: unnamed, those lookups went to this machine's DNS server, and
+    the tests send nothing beyond loopback and their own namespaces. Rewritten in place, under a lock: /etc/hosts may
+    be a mount, and nodes of other test processes come and go beside this one. Lines a killed run left, for a node
+    whose namespace is gone, go too."""
+    import fcntl
+
+    with open("/tmp/dockyard-test-hosts.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        alive = set(_sh("ip", "netns", "list", check=False).stdout.split())
+        kept = [line for line in HOSTS.read_text().splitlines()
+                if HOSTS_MARK not in line or (line.split()[-1] in alive and line.split()[-1] != node.netns)]
+        if named:  # torch's store listens on IPv6: it meets its peers at their IPv4-mapped addresses
+            kept += [f"{prefix}{addr} dyn2-{who}-{node.tag}{suffix} {HOSTS_MARK} {node.netns}"
+                     for who, addr in (("host", node.host_addr), ("node", node.addr))
+                     for prefix, suffix in (("", ""), ("::ffff:", "-v4mapped"))]
+        text = "".join(line + "\n" for line in kept)
+        with HOSTS.open("r+") as f:
+            f.write(text)
+            f.truncate()
+
+
 def _wait(what: str, ok, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -169,6 +196,7 @@ def _start(node: Node, net: ipaddress.IPv4Network) -> None:
     _sh(*nsenter, "ip", "addr", "add", f"{node.addr}/{net.prefixlen}", "dev", peer)
     _sh(*nsenter, "ip", "link", "set", peer, "up")
     _sh(*nsenter, "ip", "link", "set", "lo", "up")
+    _name_in_hosts(node)
 
     b = node.base
     # `ip netns exec` would give dockerd a mount namespace that hides the cgroup mounts: nsenter --net.
@@ -245,4 +273,5 @@ def stop(node: Node) -> None:
             _sh("umount", "-l", m, check=False)
     _sh("ip", "netns", "del", node.netns, check=False)
     _sh("ip", "link", "del", node.veth, check=False)
+    _name_in_hosts(node, named=False)
     shutil.rmtree(node.base, ignore_errors=True)
