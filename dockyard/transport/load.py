@@ -381,6 +381,9 @@ def check_set(settings: Settings, paths: ArchivePaths, nothing: str = "nothing w
         principal = verify_signature(settings.path(settings.allowed_signers), paths, raw, nothing)
         print(f"signature good: signed by {principal}", file=sys.stderr)
     sums = read_sums(paths.sha256)
+    if any(len(d) != 64 or set(d) - set("0123456789abcdef") for d in sums.values()):
+        raise DockyardError(f"{paths.sha256.name} is damaged: not sha256sum's lines (64 hex digits, two spaces, a "
+                            f"file name). Refused, {nothing}: copy the set again, or `invoke ship` it")
     if sums and paths.manifest.name not in sums and paths.archive.name not in sums:  # not a word about this set
         listed = ", ".join(sorted(sums)[:4])[:300]
         raise DockyardError(f"{paths.sha256.name} lists {listed}, not {paths.archive.name} and "

@@ -190,6 +190,7 @@ def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_giv
     ({"shm": "99999999999999999999999Ei"}, "a Kubernetes quantity"),  # past what the API server takes
     ({"image": "x;$(id)"}, r"--image 'x;\$\(id\)' is not an image name"),  # written, then failed in the kubelet
     ({"image": "Registry.Local/Dockyard:1"}, "is not an image name"),  # the path is lowercase
+    ({"image": "dockyard:0.1.0-été"}, "is not an image name"),  # a tag is ASCII (docker's rule): \w took it
     ({"runs_claim": "My Claim"}, "--runs-claim"),
     ({"recipe": "zero9"}, "zero9"),
     ({"max_restarts": -1}, "--max-restarts"),
