@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from dockyard import engine
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.engine
 def test_a_run_docker_refused_to_start_can_be_run_again(cpu_image, settings, tmp_path):
     run_id = f"retry-{os.getpid()}"
     blocker = f"dockyard-{run_id}"  # the run's container name, already taken: docker refuses to start it
-    docker = settings.docker or "docker"
-    subprocess.run([docker, "create", "--name", blocker, cpu_image, "true"], check=True, capture_output=True)
+    subprocess.run(engine.docker(settings, "create", "--name", blocker, cpu_image, "true"), check=True,
+                   capture_output=True)
     try:
         env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)}
         r = invoke("run", "--variant=cpu", f"--run-id={run_id}", "--", "--max_steps", "1", env=env, timeout=600)
@@ -25,4 +26,4 @@ def test_a_run_docker_refused_to_start_can_be_run_again(cpu_image, settings, tmp
         again = invoke("run", "--dry", "--variant=cpu", f"--run-id={run_id}", env=env)
         assert again.returncode == 0 and "already holds a run" not in again.stderr
     finally:
-        subprocess.run([docker, "rm", "-f", blocker], capture_output=True)
+        subprocess.run(engine.docker(settings, "rm", "-f", blocker), capture_output=True)
