@@ -4,7 +4,7 @@ without a hosts entry for ::ffff:127.0.0.1, side by side in one run.
     sudo python -m benchmarks.loopback_dns [--nproc 2] [--rounds 3]
 
 torch's TCP store meets its own processes at ::ffff:127.0.0.1 and looks that address up by name; with no hosts entry
-the lookup goes to the DNS server. Every container the project starts carries the entry (dockyard/launch/node.py,
+the lookup goes to the DNS server. A one-node run's container carries the entry (dockyard/launch/node.py,
 LOOPBACK_V4MAPPED); this measures what it spares. The node is a network namespace of this machine
 (tests/support/node2.py's silent_host: its only other address, in 198.18.0.0/15, is routed and never answers),
 with its own resolv.conf naming that address and its own /etc/hosts (a mount namespace), so nothing is asked of
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     plain = "".join(line + "\n" for line in own.splitlines() if "::ffff:127.0.0.1" not in line)
     name, address = LOOPBACK_V4MAPPED
     settings = {"no entry for ::ffff:127.0.0.1 (a host's /etc/hosts)": plain,
-                f"`{address} {name}` (every dockyard container)": plain + f"{address} {name}\n"}
+                f"`{address} {name}` (a one-node run's container)": plain + f"{address} {name}\n"}
     times: dict[str, list[float | None]] = {s: [] for s in settings}
     with node2.silent_host() as (prefix, silent), tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -35,7 +35,8 @@ JOIN_TIMEOUT = envvars.JOIN_TIMEOUT  # seconds node 0 waits for the others to jo
 # torch's TCP store listens on IPv6 and meets its own processes at ::ffff:127.0.0.1, whose name it looks up for its
 # logs: no hosts file names that address, so each connection asked the DNS server. Where that server does not answer
 # (an air-gapped node's resolv.conf) each lookup waited ~10 s: a 2-process start took 23.9 s, not 4.8 s
-# (docs/multinode.md). Every container the project starts names it in its /etc/hosts.
+# (docs/multinode.md). A one-node run's container names it in its /etc/hosts; a multi-node run's shares the host's
+# network and so its /etc/hosts, which an --add-host would replace (docker's rule for the host network).
 LOOPBACK_V4MAPPED = ("loopback-v4mapped", "::ffff:127.0.0.1")
 TRAINER = ["-m", "dockyard.train"]
 

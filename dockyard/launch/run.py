@@ -474,14 +474,15 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     ends (`invoke shell --keep`, to commit it)."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
     argv = engine.docker(settings, "run", *([] if keep else ["--rm"]), "--init", *engine.host_sharing_flags(engine_info),
-                         "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name,
-                         "--add-host", ":".join(node.LOOPBACK_V4MAPPED))
+                         "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
     if interactive:
         argv += ["-it"] if interactive == "tty" else ["-i"]
     if gpus:
         argv += ["--gpus", gpus if isinstance(gpus, str) else "all"]  # a str: gpus.docker_gpus()
-    if network_host:
+    if network_host:  # the host's /etc/hosts is the container's: an --add-host would replace it with docker's own
         argv += ["--network", "host"]
+    else:
+        argv += ["--add-host", ":".join(node.LOOPBACK_V4MAPPED)]
     argv += devices or []  # multinode.infiniband_flags()
     cache_env = caches.compile_env(settings) if compile_cache else {}
     for k, v in {**node.container_env(), **cache_env, **env}.items():

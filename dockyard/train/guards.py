@@ -235,8 +235,9 @@ def _optimizer_class(kind: str, params: dict[str, Any], offloaded: bool) -> tupl
     if lower in ("adam", "adamw"):
         from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
 
-        if params.get("torch_adam"):
-            return torch.optim.AdamW, ADAM_OWN_PARAMS | {"foreach"}
+        if params.get("torch_adam"):  # AdamW's decoupled decay unless "Adam" with adam_w_mode false, as DeepSpeed
+            decoupled = lower == "adamw" or params.get("adam_w_mode", True)
+            return (torch.optim.AdamW if decoupled else torch.optim.Adam), ADAM_OWN_PARAMS | {"foreach"}
         return (DeepSpeedCPUAdam if offloaded else FusedAdam), ADAM_OWN_PARAMS
     if lower == "adagrad":
         from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
@@ -254,14 +255,23 @@ def _optimizer_class(kind: str, params: dict[str, Any], offloaded: bool) -> tupl
     return (found, set()) if isinstance(found, type) and issubclass(found, torch.optim.Optimizer) else None
 
 
+# What DeepSpeed passes DeepSpeedCPUAdam itself, beside the params (adamw_mode from adam_w_mode): the same key in the
+# params was "got multiple values for keyword argument"
+CPU_ADAM_PASSED = {"adamw_mode"}
+
+
 def _unknown_params(cls: Any, given: dict[str, Any], taken: set[str]) -> tuple[list[str], list[str]]:
     """The keys of `given` the constructor of `cls` would refuse (a TypeError), and the ones it takes."""
     import inspect
 
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
     sig = inspect.signature(cls)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
         return [], []
-    accepted = set(list(sig.parameters)[1:]) | taken  # the first is the parameters (or the optimizer) it is given
+    passed = CPU_ADAM_PASSED if cls is DeepSpeedCPUAdam else set()
+    # the first is the parameters (or the optimizer) it is given
+    accepted = (set(list(sig.parameters)[1:]) - passed) | taken
     return sorted(set(given) - accepted), sorted(accepted)
 
 
@@ -275,6 +285,10 @@ def _check_constructor_params(path: Path, cfg: dict[str, Any]) -> None:
     zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
     offload = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), dict) else {}
     offloaded = offload.get("device") in ("cpu", "nvme")
+    for section, value, example in (("optimizer", opt, "AdamW"), ("scheduler", sched, "WarmupLR")):
+        if isinstance(value, dict) and "type" in value and not isinstance(value["type"], str):
+            raise DockyardError(f"{path}: {section}.type {value['type']!r}: the name of one, in quotes "
+                                f'("type": "{example}")')
     found = []
     if isinstance(opt, dict) and isinstance(opt.get("type"), str) and opt["type"].lower() not in MUP_OPTIMIZERS:
         params = opt.get("params") or {}

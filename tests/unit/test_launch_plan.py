@@ -82,6 +82,9 @@ def test_multinode_uses_c10d_rendezvous_hosted_by_node_0_and_host_network(settin
     assert "--local-addr=10.1.2.3" in cmd0 and "--local-addr=10.1.2.4" in cmd1, "each node advertises its own address"
     assert "NCCL_SOCKET_IFNAME=ens5" in node1 and "GLOO_SOCKET_IFNAME=ens5" in node1 and "DOCKYARD_NODE_RANK=1" in node1
     assert "--network" in node0 and "host" in node0
+    # under the host network docker copies the host's /etc/hosts, unless given an --add-host: then its own file,
+    # without the host's names (the nodes', the host's own), which the run would look up on a DNS server instead
+    assert "--add-host" not in node0 and "--add-host" not in node1
     assert "--device" not in node0 and "IPC_LOCK" not in node0, "no InfiniBand on this host: nothing passed"
 
 

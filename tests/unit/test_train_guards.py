@@ -404,6 +404,11 @@ def test_a_cpu_run_without_deepspeeds_shm_op_built_uses_gloo_instead_of_compilin
     assert "built successfully" not in r.stdout + r.stderr and "ninja" not in r.stdout + r.stderr
 
 
+def _strategy_of(body: dict) -> str:
+    """zero2, or zero2-offload where the body offloads the optimizer (each strategy refuses the other's config)."""
+    return "zero2-offload" if "offload_optimizer" in body.get("zero_optimization", {}) else "zero2"
+
+
 @pytest.mark.parametrize("body,says", [
     ({"bf16": {"enable": True}}, r"bf16: enable: Extra inputs are not permitted"),
     ({"fp16": {"enabled": "auto", "loss_scale_windw": 500}}, r"fp16: loss_scale_windw: Extra inputs"),
@@ -416,6 +421,11 @@ def test_a_cpu_run_without_deepspeeds_shm_op_built_uses_gloo_instead_of_compilin
     ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}},
      r"scheduler.params: warmup_num_step not known to WarmupLR \(it takes .*warmup_num_steps"),
     ({"scheduler": {"type": "Cosine"}}, r'scheduler.type "Cosine": DeepSpeed knows LRRangeTest'),
+    ({"optimizer": {"type": 5}}, r'optimizer.type 5: the name of one, in quotes \("type": "AdamW"\)'),
+    ({"scheduler": {"type": ["WarmupLR"]}}, r"scheduler.type \['WarmupLR'\]: the name of one"),
+    # DeepSpeed passes DeepSpeedCPUAdam its adamw_mode itself: "got multiple values for keyword argument"
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+      "optimizer": {"type": "AdamW", "params": {"adamw_mode": True}}}, r"adamw_mode not known to AdamW"),
 ])
 def test_a_misspelt_key_inside_a_deepspeed_section_is_refused_before_the_model_loads(tmp_path, body, says):
     """DeepSpeed refuses these itself, but in deepspeed.initialize, after the model has loaded, as a traceback
@@ -423,7 +433,7 @@ def test_a_misspelt_key_inside_a_deepspeed_section_is_refused_before_the_model_l
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, **body}))
     with pytest.raises(DockyardError, match=says):
-        guards.deepspeed_config(path, "zero2")
+        guards.deepspeed_config(path, _strategy_of(body))
 
 
 @pytest.mark.parametrize("body", [
@@ -431,6 +441,11 @@ def test_a_misspelt_key_inside_a_deepspeed_section_is_refused_before_the_model_l
     {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto",
                                                "adam_w_mode": True, "torch_adam": False}}},
     {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True, "foreach": True}}},
+    # "Adam" with adam_w_mode false and torch_adam is torch's Adam, whose own settings DeepSpeed passes on
+    {"optimizer": {"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False,
+                                              "decoupled_weight_decay": True}}},
+    {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+     "optimizer": {"type": "Lion", "params": {"fp32_optimizer_states": False}}},
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}},
     {"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99]}}},
     {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto",
@@ -440,7 +455,7 @@ def test_a_misspelt_key_inside_a_deepspeed_section_is_refused_before_the_model_l
 def test_the_sections_deepspeed_documents_pass_the_same_check(tmp_path, body):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, **body}))
-    assert guards.deepspeed_config(path, "zero2")["zero_optimization"]["stage"] == 2
+    assert guards.deepspeed_config(path, _strategy_of(body))["zero_optimization"]["stage"] == 2
 
 
 def test_an_offloaded_adam_is_checked_against_deepspeeds_cpu_adam(tmp_path):
