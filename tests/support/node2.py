@@ -148,14 +148,15 @@ def _name_in_hosts(node: Node, named: bool = True) -> None:
     with open("/tmp/dockyard-test-hosts.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         alive = set(_sh("ip", "netns", "list", check=False).stdout.split())
-        kept = [line for line in HOSTS.read_text().splitlines()
+        lines = HOSTS.read_text(errors="surrogateescape").removesuffix("\n").split("\n")  # its bytes, as they were
+        kept = [line for line in lines
                 if HOSTS_MARK not in line or (line.split()[-1] in alive and line.split()[-1] != node.netns)]
         if named:  # torch's store listens on IPv6: it meets its peers at their IPv4-mapped addresses
             kept += [f"{prefix}{addr} dyn2-{who}-{node.tag}{suffix} {HOSTS_MARK} {node.netns}"
                      for who, addr in (("host", node.host_addr), ("node", node.addr))
                      for prefix, suffix in (("", ""), ("::ffff:", "-v4mapped"))]
         text = "".join(line + "\n" for line in kept)
-        with HOSTS.open("r+") as f:
+        with contextlib.suppress(OSError), HOSTS.open("r+", errors="surrogateescape") as f:  # read-only: DNS, as before
             f.write(text)
             f.truncate()
 
