@@ -454,12 +454,16 @@ def deepspeed_cuda_ops(cfg: dict) -> dict[str, str]:
         return {}
     kind = str(opt.get("type", "")).lower()
     params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
-    zero = cfg.get("zero_optimization")
-    offload = (zero.get("offload_optimizer") if isinstance(zero, dict) else None) or {}
-    offloaded = isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme")
-    if kind not in GPU_OPTIMIZER_OPS or offloaded or params.get("torch_adam") is True:
+    if kind not in GPU_OPTIMIZER_OPS or optimizer_offloaded(cfg) or params.get("torch_adam") is True:
         return {}
     return {GPU_OPTIMIZER_OPS[kind]: f'"optimizer": {{"type": "{opt.get("type")}"}} without an offloaded optimizer'}
+
+
+def optimizer_offloaded(cfg: dict) -> bool:
+    """Whether a DeepSpeed config offloads the optimizer (to the CPU or NVMe): DeepSpeed then builds its CPU twin."""
+    zero = cfg.get("zero_optimization")
+    offload = (zero.get("offload_optimizer") if isinstance(zero, dict) else None) or {}
+    return isinstance(offload, dict) and offload.get("device") in ("cpu", "nvme")
 
 
 def check_deepspeed_ops(cfg: dict, where: str, prebuilt: set[str], image: str) -> None:

@@ -226,9 +226,15 @@ ADAM_OWN_PARAMS = {"adam_w_mode", "torch_adam", "fp32_optimizer_states"}
 MUP_OPTIMIZERS = {"muadam", "muadamw", "musgd", "muon"}
 
 
-def _optimizer_class(kind: str, params: dict[str, Any], offloaded: bool) -> tuple[Any, set[str]] | None:
-    """The class DeepSpeed builds for an `optimizer` section of this type, and the params it takes out before;
-    None for a type it does not know (neither its own nor a torch.optim class of that exact name)."""
+# What DeepSpeed passes DeepSpeedCPUAdam itself, beside the params (adamw_mode from adam_w_mode): the same key in the
+# params was "got multiple values for keyword argument"
+CPU_ADAM_PASSED = {"adamw_mode"}
+
+
+def _optimizer_class(kind: str, params: dict[str, Any], offloaded: bool) -> tuple[Any, set[str], set[str]] | None:
+    """The class DeepSpeed builds for an `optimizer` section of this type, the params it takes out before, and the
+    arguments it passes the class itself; None for a type it does not know (neither its own nor a torch.optim class
+    of that exact name)."""
     import torch
 
     lower = kind.lower()
@@ -237,39 +243,35 @@ def _optimizer_class(kind: str, params: dict[str, Any], offloaded: bool) -> tupl
 
         if params.get("torch_adam"):  # AdamW's decoupled decay unless "Adam" with adam_w_mode false, as DeepSpeed
             decoupled = lower == "adamw" or params.get("adam_w_mode", True)
-            return (torch.optim.AdamW if decoupled else torch.optim.Adam), ADAM_OWN_PARAMS | {"foreach"}
-        return (DeepSpeedCPUAdam if offloaded else FusedAdam), ADAM_OWN_PARAMS
+            return (torch.optim.AdamW if decoupled else torch.optim.Adam), ADAM_OWN_PARAMS | {"foreach"}, set()
+        if offloaded:
+            return DeepSpeedCPUAdam, ADAM_OWN_PARAMS, CPU_ADAM_PASSED
+        return FusedAdam, ADAM_OWN_PARAMS, set()
     if lower == "adagrad":
         from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
 
-        return (DeepSpeedCPUAdagrad if offloaded else torch.optim.Adagrad), set()
+        return (DeepSpeedCPUAdagrad if offloaded else torch.optim.Adagrad), set(), set()
     if lower == "lamb":
         from deepspeed.ops.lamb import FusedLamb
 
-        return FusedLamb, set()
+        return FusedLamb, set(), set()
     if lower == "lion":
         from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
 
-        return (DeepSpeedCPULion if offloaded else FusedLion), set()
+        return (DeepSpeedCPULion if offloaded else FusedLion), set(), set()
     found = getattr(torch.optim, kind, None)
-    return (found, set()) if isinstance(found, type) and issubclass(found, torch.optim.Optimizer) else None
+    return (found, set(), set()) if isinstance(found, type) and issubclass(found, torch.optim.Optimizer) else None
 
 
-# What DeepSpeed passes DeepSpeedCPUAdam itself, beside the params (adamw_mode from adam_w_mode): the same key in the
-# params was "got multiple values for keyword argument"
-CPU_ADAM_PASSED = {"adamw_mode"}
-
-
-def _unknown_params(cls: Any, given: dict[str, Any], taken: set[str]) -> tuple[list[str], list[str]]:
-    """The keys of `given` the constructor of `cls` would refuse (a TypeError), and the ones it takes."""
+def _unknown_params(cls: Any, given: dict[str, Any], taken: set[str],
+                    passed: set[str]) -> tuple[list[str], list[str]]:
+    """The keys of `given` the constructor of `cls` would refuse (a TypeError, or "got multiple values" for one of
+    those DeepSpeed `passed` itself), and the ones it takes; `taken`: those DeepSpeed takes out of them first."""
     import inspect
-
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     sig = inspect.signature(cls)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
         return [], []
-    passed = CPU_ADAM_PASSED if cls is DeepSpeedCPUAdam else set()
     # the first is the parameters (or the optimizer) it is given
     accepted = (set(list(sig.parameters)[1:]) - passed) | taken
     return sorted(set(given) - accepted), sorted(accepted)
@@ -282,9 +284,6 @@ def _check_constructor_params(path: Path, cfg: dict[str, Any]) -> None:
     from deepspeed.runtime import lr_schedules
 
     opt, sched = cfg.get("optimizer"), cfg.get("scheduler")
-    zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
-    offload = zero.get("offload_optimizer") if isinstance(zero.get("offload_optimizer"), dict) else {}
-    offloaded = offload.get("device") in ("cpu", "nvme")
     for section, value, example in (("optimizer", opt, "AdamW"), ("scheduler", sched, "WarmupLR")):
         if isinstance(value, dict) and "type" in value and not isinstance(value["type"], str):
             raise DockyardError(f"{path}: {section}.type {value['type']!r}: the name of one, in quotes "
@@ -292,7 +291,7 @@ def _check_constructor_params(path: Path, cfg: dict[str, Any]) -> None:
     found = []
     if isinstance(opt, dict) and isinstance(opt.get("type"), str) and opt["type"].lower() not in MUP_OPTIMIZERS:
         params = opt.get("params") or {}
-        built = _optimizer_class(opt["type"], params, offloaded)
+        built = _optimizer_class(opt["type"], params, recipes.optimizer_offloaded(cfg))
         if built is None:
             raise DockyardError(f'{path}: optimizer.type "{opt["type"]}": DeepSpeed knows Adam, AdamW, Adagrad, Lamb, '
                                 "Lion, or a torch.optim class by its exact name (SGD): check the spelling")
@@ -305,9 +304,9 @@ def _check_constructor_params(path: Path, cfg: dict[str, Any]) -> None:
             raise DockyardError(f'{path}: scheduler.type "{kind}": DeepSpeed knows '
                                 f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)}, or a torch.optim.lr_scheduler class by "
                                 "its exact name (CosineAnnealingLR): check the spelling")
-        found.append(("scheduler", kind, cls, set(), sched.get("params") or {}))
-    for section, kind, cls, taken, params in found:
-        unknown, accepted = _unknown_params(cls, params, taken)
+        found.append(("scheduler", kind, cls, set(), set(), sched.get("params") or {}))
+    for section, kind, cls, taken, passed, params in found:
+        unknown, accepted = _unknown_params(cls, params, taken, passed)
         if unknown:
             raise DockyardError(f"{path}: {section}.params: {', '.join(unknown)} not known to {kind} (it takes "
                                 f"{', '.join(accepted)}): check the spelling")
