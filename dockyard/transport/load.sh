@@ -279,11 +279,32 @@ limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what 
 # the first bytes of every file in the tar on the way: docker load inflates a file that starts as gzip, bzip2, xz or
 # zstd does by itself, past every size the manifest declares (a 600-byte archive filled 256 MB of disk), and docker
 # save never writes one: such a tar is refused (`invoke load` refuses it the same way).
+# A tar's files hold no more bytes than the tar itself, except sparse files: their holes take no room in the tar,
+# and docker load writes them out in full (a 649-byte archive wrote 1 GiB). GNU tar gives each file's size as
+# written out: the files of the tar, and of each layer's own tar, may not add up to more than that tar's bytes.
+mkdir "$work/p" && : >"$work/p/sizes" || die "cannot make a folder in $work"
+cat >"$work/p/peek.sh" <<'PEEK'
+# one file of the tar on stdin (GNU tar --to-command): its first bytes and name, and, for a layer, its own tar's size
+case $TAR_FILENAME in
+*/layer.tar | blobs/sha256/*)
+	f=$PEEK_DIR/fifo
+	mkfifo "$f" || exit 1
+	{ od -An -tx1 -N6 | tr -d ' \n'; cat >/dev/null; } <"$f" >"$f.start" &
+	tee "$f" | { LC_ALL=C tar -tv --numeric-owner -f - 2>/dev/null | awk '{ n += $3 } END { printf "%.0f\n", n }' >"$f.n"
+		cat >/dev/null; }
+	wait
+	echo "$(cat "$f.start") $TAR_FILENAME"
+	[ "$(cat "$f.n")" -le "$TAR_SIZE" ] || echo "$TAR_FILENAME" >>"$PEEK_DIR/sparse"
+	rm -f "$f" "$f.start" "$f.n" ;;
+*) od -An -tx1 -N6 | tr -d ' \n'; echo " $TAR_FILENAME"; cat >/dev/null ;;
+esac
+echo "$TAR_SIZE" >>"$PEEK_DIR/sizes"
+PEEK
 echo "checking $name ..."
 mkdir "$work/x" && mkfifo "$work/count" || die "cannot make a folder and a fifo in $work"
 wc -c <"$work/count" >"$work/bytes" & running=$!
 { ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | head -c $((limit + 1)) | tee "$work/count" \
-	| { (cd "$work/x" && exec tar -x -f - --to-command='od -An -tx1 -N6 | tr -d " \n"; echo " $TAR_FILENAME"; cat >/dev/null') \
+	| { (cd "$work/x" && export PEEK_DIR="$work/p" && exec tar -x -f - --to-command='sh "$PEEK_DIR/peek.sh"') \
 		>"$work/starts" 2>"$work/tar.err" || : >"$work/badtar"; cat >/dev/null; }
 wait $running
 running=
@@ -293,6 +314,9 @@ running=
 [ -e "$work/badtar" ] && die "the tar of $name does not read as one ($(tail -n 1 "$work/tar.err")): refused, nothing was loaded"
 packed=$(grep -E -m 1 '^(1f8b08|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)' "$work/starts")
 [ -z "$packed" ] || die "the tar's ${packed#* } is compressed: docker load would inflate it past every size the manifest declares, and docker save never writes one: refused, nothing was loaded"
+[ ! -e "$work/p/sparse" ] || die "the tar's $(head -n 1 "$work/p/sparse") holds a sparse file: docker load would write its holes out in full, past every size the manifest declares: refused, nothing was loaded"
+[ "$(awk '{ n += $1 } END { printf "%.0f", n }' "$work/p/sizes")" -le "$limit" ] \
+	|| die "the tar of $name holds a sparse file: docker load would write its holes out in full, past every size the manifest declares: refused, nothing was loaded"
 
 echo "loading $name ..."
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive

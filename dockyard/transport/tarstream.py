@@ -267,7 +267,8 @@ class TarGate:
         if naming and kind != b"0":
             raise DockyardError(f"the tar's {path} is a link or a folder, not a file")
         self.write(header)
-        n, kept = _padded(size), bytearray()
+        n, kept, left = _padded(size), bytearray(), size
+        layer = LayerHeaders(path) if kind == b"0" and (path.endswith("/layer.tar") or path.startswith(BLOBS)) else None
         first = True
         while n:
             chunk = self._read(src, min(n, CHUNK))
@@ -276,6 +277,9 @@ class TarGate:
                 raise DockyardError(f"the tar's {path} is {packed}-compressed: docker load would inflate it past "
                                     "every size the manifest declares, and docker save never writes one")
             first = False
+            if layer and left > 0:
+                layer.feed(chunk if left >= len(chunk) else chunk[:left])
+                left -= len(chunk)
             if naming and len(kept) < size:
                 kept += chunk
                 if len(kept) > NAMING_CAP:
@@ -286,6 +290,86 @@ class TarGate:
 
 
 NAMING_CAP = 16 << 20
+BLOBS = "blobs/sha256/"
+EXTENDED_CAP = 1 << 20  # the most Go's reader takes in a PAX or GNU long-name header (it refuses more)
+INNER_HEADER_ONLY = (b"1", b"2", b"3", b"4", b"5", b"6")  # Go's isHeaderOnlyType: no content, whatever the size says
+
+
+class LayerHeaders:
+    """A layer file's own tar, its headers read as its bytes pass (docker load extracts it with Go's reader).
+
+    A tar's files hold no more bytes than the tar itself, so the space a load takes is bounded by the archive's
+    declared size, except for a sparse file: its holes take no bytes in the tar and Go's reader writes them out
+    as zeros, in full (a 649-byte archive wrote 1 GiB). Any sparse file (old GNU `S` headers, or GNU.sparse PAX
+    records) is refused. Where the bytes stop reading as a tar (a blob that is a config, not a layer; a damaged
+    header that docker's reader refuses too), there is nothing more docker would extract, and the watch stops.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.skip = 0              # content (and padding) to pass over
+        self.want = BLOCK          # the bytes of the next unit: a header, or an extended header's records
+        self.buf = bytearray()
+        self.extended = b""        # the kind of extended header whose records are being read, if any
+        self.pad = 0
+        self.size_next: int | None = None  # a PAX header's size for the member that follows it
+        self.sparse: str | None = None     # a PAX header said the member that follows it is sparse (its name)
+        self.off = False
+
+    def feed(self, data: bytes) -> None:
+        view, i = memoryview(data), 0
+        while i < len(data) and not self.off:
+            if self.skip:
+                step = min(self.skip, len(data) - i)
+                i, self.skip = i + step, self.skip - step
+                continue
+            take = min(self.want - len(self.buf), len(data) - i)
+            self.buf += view[i:i + take]
+            i += take
+            if len(self.buf) == self.want:
+                unit, self.buf = bytes(self.buf), bytearray()
+                self._records(unit) if self.extended else self._header(unit)
+
+    def _header(self, header: bytes) -> None:
+        try:
+            if not any(header):
+                raise DockyardError("the end of the layer's tar")
+            _checksum(header)
+            kind, size = header[156:157], _number(header[124:136])
+        except DockyardError:
+            self.off = True
+            return
+        if kind == b"S" or self.sparse is not None:
+            self._sparse(self.sparse or _cstr(header[0:100]))
+        if kind in (b"x", b"g", b"L", b"K"):
+            if size > EXTENDED_CAP:
+                self.off = True
+            elif kind in (b"x", b"g"):
+                self.extended, self.want, self.pad = kind, size, _padded(size) - size
+                if not size:
+                    self._records(b"")
+            else:
+                self.skip = _padded(size)
+            return
+        if kind not in INNER_HEADER_ONLY:
+            self.skip = _padded(size if self.size_next is None else self.size_next)
+        self.size_next = None
+
+    def _records(self, data: bytes) -> None:
+        try:
+            records = _pax(data)
+        except DockyardError:
+            self.off = True
+            return
+        if any(k.startswith("GNU.sparse") for k in records):  # refused at the header it is for, which names it
+            self.sparse = records.get("GNU.sparse.name") or records.get("path") or ""
+        if self.extended == b"x" and "size" in records:
+            self.size_next = int(records["size"])
+        self.extended, self.want, self.skip = b"", BLOCK, self.pad
+
+    def _sparse(self, name: str) -> None:
+        raise DockyardError(f"the tar's {self.path} holds a sparse file ({name[:200]!r}): docker load would write "
+                            "its holes out in full, past every size the manifest declares")
 # What docker load decompresses by itself wherever a layer begins so (moby's archive.DetectCompression): a layer
 # file docker save writes is a plain tar (its sha256 is the layer's diff id), never one of these
 MAGIC = ((b"\x1f\x8b\x08", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
@@ -327,8 +411,12 @@ def _checksum(header: bytes) -> None:
     field = header[148:156]
     want = _number(field)
     blank = header[:148] + b" " * 8 + header[156:]
-    if want not in (sum(blank), sum(b - 256 if b > 127 else b for b in blank)):
+    unsigned = sum(blank)
+    if want != unsigned and want != unsigned - 256 * (len(blank) - len(blank.translate(None, HIGH))):
         raise DockyardError("a tar header's checksum is wrong: the stream is damaged")
+
+
+HIGH = bytes(range(128, 256))
 
 
 def _padded(n: int) -> int:

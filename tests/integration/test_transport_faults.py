@@ -203,6 +203,60 @@ def test_an_archive_whose_layer_is_compressed_inside_its_tar_loads_nothing(setti
         subprocess.run([engine.docker_binary(settings.docker), "image", "rm", "-f", ref], capture_output=True)
 
 
+def sparse_bomb_tar(folder: Path, ref: str, inflated: int, where: str) -> tuple[bytes, str]:
+    """A docker-save tar (classic layout) of a few kB holding a sparse file of `inflated` bytes, one byte of data
+    at its end: inside the layer's own tar (`where` "layer"), or beside the layer in the tar itself ("tar")."""
+    files = folder / "files"
+    files.mkdir()
+    with open(files / "zeros.bin", "wb") as f:
+        f.truncate(inflated - 1)
+        f.seek(inflated - 1)
+        f.write(b"x")
+    sparse = ["--sparse", "--format=posix", "--sparse-version=1.0"]
+    (files / "l1").mkdir()
+    (files / "hello.txt").write_text("hello\n")
+    inside = ["zeros.bin"] if where == "layer" else ["hello.txt"]
+    subprocess.run(["tar", *sparse, "-C", str(files), "-cf", str(files / "l1" / "layer.tar"), *inside], check=True)
+    plain = (files / "l1" / "layer.tar").read_bytes()
+    diff_id = "sha256:" + hashlib.sha256(plain).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    image_id = hashlib.sha256(config).hexdigest()
+    (files / f"{image_id}.json").write_bytes(config)
+    (files / "manifest.json").write_text(json.dumps([{"Config": f"{image_id}.json", "RepoTags": [ref],
+                                                      "Layers": ["l1/layer.tar"]}]))
+    outer = ["l1/layer.tar", f"{image_id}.json", "manifest.json"] + (["zeros.bin"] if where == "tar" else [])
+    subprocess.run(["tar", *sparse, "-C", str(files), "-cf", str(folder / "saved.tar"), *outer], check=True)
+    return (folder / "saved.tar").read_bytes(), "sha256:" + image_id
+
+
+@pytest.mark.parametrize("where", ["layer", "tar"])
+def test_an_archive_holding_a_sparse_file_loads_nothing(settings, engine_ready, tmp_path, where):
+    """The red team's second bomb: 64 MiB of holes in a few kB, within every size the manifest declares. docker
+    load writes a sparse file's holes out in full (a 649-byte archive wrote 1 GiB of the engine's disk), in a
+    layer or, while it unpacks the tar, in its own scratch folder. Both loaders refuse it; nothing is loaded."""
+    ref = f"dockyard-sparse-bomb-{where}-{os.getpid()}:v1"
+    raw, image_id = sparse_bomb_tar(tmp_path, ref, 64 << 20, where)
+    assert len(raw) < 100_000
+    paths = make_set(tmp_path, zstd_of(raw), name="bomb_1.tar.zst", tag=ref)
+    reseal(paths, {"tar_bytes": len(raw), "images": [{"ref": ref, "tags": [ref], "id": image_id, "diff_ids": []}],
+                   "load_sh": {"check_images": f"{ref}={image_id}", "require_chains": "", "need_kb": "200000"}})
+    write_loader(tmp_path)
+    try:
+        r = invoke("load", f"--file={paths.archive}")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        said = "the tar's l1/layer.tar holds a sparse file ('zeros.bin')" if where == "layer" else "holds a sparse file"
+        assert said in r.stderr and "nothing was loaded" in r.stderr, r.stderr
+        assert engine.image_inspect(settings, ref) is None
+        r = subprocess.run(["sh", tmp_path / "load.sh", paths.archive.name], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+        said = "the tar's l1/layer.tar holds a sparse file" if where == "layer" else "bomb_1.tar.zst holds a sparse file"
+        assert r.returncode == 1 and said in r.stderr and "nothing was loaded" in r.stderr, r.stderr
+        assert engine.image_inspect(settings, ref) is None
+    finally:
+        subprocess.run([engine.docker_binary(settings.docker), "image", "rm", "-f", ref], capture_output=True)
+
+
 def zstd_of(raw: bytes) -> bytes:
     return subprocess.run(["zstd", "-q", "-c"], input=raw, capture_output=True, check=True).stdout
 

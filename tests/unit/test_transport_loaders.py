@@ -379,6 +379,74 @@ def test_the_gate_reads_no_prefix_in_a_gnu_header():
     assert g.naming == [("manifest.json", b"[5]")]
 
 
+def gnu_tar(folder: Path, *args: str) -> bytes:
+    """A layer's tar as GNU tar writes it (the format flags in args), of every file in folder."""
+    out = folder.parent / "layer.tar"
+    subprocess.run(["tar", *args, "-C", str(folder), "-cf", str(out), "."], check=True)
+    return out.read_bytes()
+
+
+def layer_files(folder: Path, sparse_bytes: int = 0) -> Path:
+    """Files a layer holds: a long name, a link, a hard link, a folder; and a sparse file, if asked for, of
+    sparse_bytes with one byte of data at its end."""
+    (folder / ("d" * 120)).mkdir(parents=True)
+    (folder / ("d" * 120) / ("n" * 150)).write_bytes(b"a" * 700)
+    (folder / "link").symlink_to("d" * 120)
+    (folder / "hard").hardlink_to(folder / ("d" * 120) / ("n" * 150))
+    if sparse_bytes:
+        with open(folder / "sparse.bin", "wb") as f:
+            f.truncate(sparse_bytes - 1)
+            f.seek(sparse_bytes - 1)
+            f.write(b"x")
+    return folder
+
+
+SPARSE_FORMATS = {"pax 1.0": ["--format=posix", "--sparse-version=1.0"], "pax 0.1": ["--format=posix",
+                  "--sparse-version=0.1"], "pax 0.0": ["--format=posix", "--sparse-version=0.0"], "old gnu": ["--format=gnu"]}
+
+
+@pytest.mark.parametrize("layer_name", ["1/layer.tar", "blobs/sha256/" + "c" * 64])
+@pytest.mark.parametrize("fmt", SPARSE_FORMATS)
+def test_the_gate_refuses_a_layer_holding_a_sparse_file(tmp_path, fmt, layer_name):
+    """docker load writes a sparse file's holes out in full: a 649-byte archive filled 1 GiB of the engine's disk
+    (the red team's second bomb, within every size the manifest declares). GNU tar writes it four ways; each is
+    refused by name, before the tar's end reaches docker load."""
+    layer = gnu_tar(layer_files(tmp_path / "files", sparse_bytes=64 << 20), "--sparse", *SPARSE_FORMATS[fmt])
+    assert len(layer) < 1 << 20
+    raw = tar_of((layer_name, layer, tarfile.REGTYPE, ""), ("manifest.json", b"[]", tarfile.REGTYPE, ""))
+    with pytest.raises(DockyardError, match=rf"the tar's {layer_name} holds a sparse file \('.*sparse.bin'\)"):
+        gate(raw)
+    g, passed = gate(tar_of((layer_name, gnu_tar(layer_files(tmp_path / "plain"), *SPARSE_FORMATS[fmt]),
+                             tarfile.REGTYPE, "")))
+    assert g.tail, "the same files, with no sparse one, pass"
+
+
+@pytest.mark.parametrize("fmt", ["--format=posix", "--format=gnu"])
+def test_a_layers_headers_are_read_wherever_the_stream_cuts_them(tmp_path, fmt):
+    """The layer's bytes come in chunks that cut its headers and PAX records anywhere: the sparse file after a
+    long name, a link and a hard link is found however the bytes are cut, and the same files without it pass."""
+    from dockyard.transport.tarstream import LayerHeaders
+
+    plain = gnu_tar(layer_files(tmp_path / "plain"), fmt)
+    sparse = gnu_tar(layer_files(tmp_path / "sparse", sparse_bytes=1 << 20), "--sparse", fmt)
+    for cut in (1, 7, 511, 513, 4096):
+        watch = LayerHeaders("1/layer.tar")
+        for i in range(0, len(plain), cut):
+            watch.feed(plain[i:i + cut])
+        assert watch.off, "the watch reached the tar's end"
+        watch = LayerHeaders("1/layer.tar")
+        with pytest.raises(DockyardError, match="holds a sparse file"):
+            for i in range(0, len(sparse), cut):
+                watch.feed(sparse[i:i + cut])
+
+
+def test_a_blob_that_is_not_a_tar_passes():
+    """An OCI layout's blobs are configs and manifests too: JSON, which never reads as a tar."""
+    config = json.dumps({"rootfs": {"diff_ids": []}, "pad": "x" * 2000}).encode()
+    g, passed = gate(tar_of(("blobs/sha256/" + "d" * 64, config, tarfile.REGTYPE, "")))
+    assert g.tail
+
+
 def test_the_gate_stops_past_its_limit():
     raw, _ = saved()
     with pytest.raises(TooLong):
