@@ -350,9 +350,8 @@ def bare_mfu(row: dict, model: Path, nproc: int) -> float | None:
     if not torch.cuda.is_available() or "tokens_per_second" not in row:
         return None
     shape = memory.shape_from_folder(model)
-    tied = bool(json.loads((model / "config.json").read_text()).get("tie_word_embeddings"))
     flops = mfu.flops_per_token(parameters=shape.params, vocab=shape.vocab, hidden=shape.hidden, layers=shape.layers,
-                                attention_width=shape.q_width, tied=tied, adapters=False,
+                                attention_width=shape.q_width, tied=shape.tied, adapters=False,
                                 seq_len=mfu.attention_length(row.get("lengths") or []))
     half = "bf16" if torch.cuda.get_device_capability() >= (8, 0) else "fp16"
     return mfu.mfu(row["tokens_per_second"], flops, mfu.peak_flops(torch.cuda.get_device_name(), half), nproc)

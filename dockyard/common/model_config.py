@@ -183,7 +183,7 @@ def count(folder: Path, lora_rank: int) -> dict:
     return {"params": params, "largest_layer": max(vocab * h, *own), "hidden": h, "layers": layers, "vocab": vocab,
             "intermediate": inter, "kv_hidden": kv, "q_hidden": q, "linear_params": layers * linear,
             "lora_params": layers * lora_rank * sum(a + b for a, b, _ in linears), "source": source,
-            "model_type": kind}
+            "model_type": kind, "tied": tied}
 
 
 def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:

@@ -436,4 +436,5 @@ def model_shape(folder: Path) -> Any:
                       vocab=getattr(config, "vocab_size", 0),
                       intermediate=getattr(config, "intermediate_size", 0) or 4 * hidden,
                       kv_hidden=kv_heads * head_dim, q_hidden=heads * head_dim, linear_params=linear, lora_params=lora,
-                      source=f"{folder}/config.json", model_type=str(getattr(config, "model_type", "") or ""))
+                      source=f"{folder}/config.json", model_type=str(getattr(config, "model_type", "") or ""),
+                      tied=getattr(config, "tie_word_embeddings", False) is True)
