@@ -427,10 +427,10 @@ def rescheduled(before: Any, training: dict[str, Any], step: int) -> None:
     now, schedule = training.get("max_steps"), str(training.get("lr_scheduler_type", "linear"))
     if isinstance(before, int) and before > 0 and before != now and schedule not in SCHEDULES_OF_NO_TOTAL:
         keep = (f"resume with max_steps {before} to keep the schedule it had" if step < before else
-                f"its schedule ended at step {before}: training on takes the new one from step {step}")
+                f"its schedule ended at step {before}: training on takes the new one from step {step + 1}")
         log.warning("--resume: max_steps %s, where the run was started with %s: its %s learning-rate schedule is worked "
-                    "out again over %s steps, so the rate changes at once at step %d (%s)", now, before, schedule, now,
-                    step, keep)
+                    "out again over %s steps, so the rate changes at once from step %d (%s)", now, before, schedule,
+                    now, step + 1, keep)
 
 
 def model_source(settings: RunSettings, recipe: Recipe, run: Run) -> tuple[str, Any]:
@@ -674,7 +674,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from transformers import Trainer  # lazy, as TrainingArguments: see the note on the imports
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dockyard.train.callbacks import FirstStep, MetricsLog, PublishCheckpoint, StrategyCheck, TokenCount
+    from dockyard.train.callbacks import FirstStep, MetricsLog, PublishCheckpoint, ResumedRate, StrategyCheck, TokenCount
     from dockyard.train.profiler import StepProfiler
 
     class CountingTrainer(Trainer):
@@ -700,8 +700,8 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
                                   eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
                                   data_collator=(data.collate_packed() if p.padding_free
                                                  else data.collate(p.tokenizer.pad_token_id)),
-                                  callbacks=[FirstStep(lambda: began(run, p)), check, PublishCheckpoint(), *profile,
-                                             metrics])
+                                  callbacks=[FirstStep(lambda: began(run, p)), check, ResumedRate(),
+                                             PublishCheckpoint(), *profile, metrics])
     except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)
         raise DockyardError(f"invalid training settings: {' '.join(str(e).split())}") from None
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses

@@ -47,6 +47,24 @@ class FirstStep(TrainerCallback):
             self.begin()
 
 
+class ResumedRate(TrainerCallback):
+    """A resume's first step trains at the rate of the schedule the run now has. The Trainer loads the checkpoint's
+    optimizer, whose rate the schedule it was saved under set for the next step, and the scheduler sets a new one
+    only after that step: a resume with another max_steps trained its first step at the old schedule's rate (0,
+    where that schedule had ended). The HF schedules are LambdaLR: the rate at step n is base × lambda(n)."""
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        from torch.optim.lr_scheduler import LambdaLR
+
+        schedule = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate's wrapper under DeepSpeed
+        if state.global_step > 0 and isinstance(schedule, LambdaLR):
+            step = schedule.last_epoch
+            rates = [base * rate(step) for base, rate in zip(schedule.base_lrs, schedule.lr_lambdas, strict=True)]
+            for group, lr in zip(schedule.optimizer.param_groups, rates, strict=True):
+                group["lr"] = lr
+            schedule._last_lr = rates
+
+
 class PublishCheckpoint(TrainerCallback):
     """A checkpoint counts once every rank has written its part: the Trainer writes trainer_state.json from rank 0
     while other ranks may still be writing their RNG state (and on other nodes, their shards). on_save runs on every

@@ -5,6 +5,7 @@ unpickle (DeepSpeed's `weights_only=False`). Real torch.save files; the training
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import random
@@ -351,15 +352,53 @@ def test_a_resume_given_another_max_steps_says_the_schedule_is_worked_out_again(
     caplog.set_level("WARNING", logger="dockyard.train")
     rescheduled(before, resolve_settings(recipe, {"max_steps": 220})[1], 215)
     assert ("--resume: max_steps 220, where the run was started with 3000: its cosine learning-rate schedule is "
-            "worked out again over 220 steps, so the rate changes at once at step 215 (resume with max_steps 3000 to "
+            "worked out again over 220 steps, so the rate changes at once from step 216 (resume with max_steps 3000 to "
             "keep the schedule it had)") in caplog.text
     caplog.clear()
     # a finished run trained on: its schedule had ended, nothing to keep
     rescheduled(3000, resolve_settings(recipe, {"max_steps": 5000})[1], 3000)
-    assert "at step 3000 (its schedule ended at step 3000: training on takes the new one from step 3000)" in caplog.text
+    assert "from step 3001 (its schedule ended at step 3000: training on takes the new one from step 3001)" in caplog.text
     caplog.clear()
     rescheduled(before, resolve_settings(recipe, {"max_steps": 3000})[1], 215)  # the same total
     for schedule in ("constant", "inverse_sqrt"):  # a rate that does not follow the total
         rescheduled(before, resolve_settings(recipe, {"max_steps": 220, "lr_scheduler_type": schedule})[1], 215)
     rescheduled(None, resolve_settings(recipe, {"max_steps": 220})[1], 215)  # a state of no max_steps
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["torch", "accelerate-wrapped (DeepSpeed)"])
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_a_resumes_first_step_trains_at_the_rate_of_the_schedule_it_now_has(wrapped, schedule):
+    """A run of 4 steps resumed with --max_steps 6 trained step 5 at the old schedule's rate: 0, where it had
+    ended (the Trainer loads the checkpoint's optimizer, whose rate the old schedule set, and the new scheduler
+    sets one only after step 5). The Trainer's own load, done by hand: both states saved at step 4, loaded into an
+    optimizer and scheduler made for 6 steps. A rate that does not follow the total stays as it was."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import get_scheduler
+
+    from dockyard.train.callbacks import ResumedRate
+
+    def made(total):
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+        return opt, get_scheduler(schedule, opt, num_warmup_steps=0, num_training_steps=total)
+
+    opt, sched = made(4)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    saved = opt.state_dict(), sched.state_dict()
+    opt, sched = made(6)
+    opt.load_state_dict(saved[0])
+    sched.load_state_dict(saved[1])
+    ResumedRate().on_train_begin(None, SimpleNamespace(global_step=4), None,
+                                 lr_scheduler=SimpleNamespace(scheduler=sched) if wrapped else sched)
+    fresh_opt, fresh = made(6)
+    for _ in range(4):
+        fresh_opt.step()
+        fresh.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(fresh_opt.param_groups[0]["lr"])
+    assert sched.get_last_lr() == pytest.approx(fresh.get_last_lr())
+    if schedule == "cosine":
+        assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 4 / 6)))
