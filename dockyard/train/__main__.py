@@ -351,6 +351,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
                             "save_only_model), and the optimizer and the learning-rate schedule would start over "
                             f"without a word. Start a new run instead{weights}; a run meant to be resumed saves with "
                             "--save_only_model false")
+    if last:
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        checkpoints.check_partitions(Path(last), world, int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world, recipe)
     if not run.opts.resume and os.environ.get("RANK", "0") == "0":
         # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
@@ -379,13 +382,24 @@ def hold_resume(run_dir: Path) -> int:
     return fd
 
 
+def kept_for_resume(run: Run) -> dict[str, Any]:
+    """The run's settings as a later --resume takes them again: those given after `--`, and the global batch it
+    trains over (`auto`: 8 examples per process). A resume on another number of processes (a node short of a GPU,
+    `--nproc`) trained over another batch, said nowhere, and skipped batches of that size to find its place."""
+    kept = dict(run.overrides)
+    resolved = (run.record.settings_resolved or {}).get("global_batch", {}).get("value")
+    if "global_batch" not in kept and isinstance(resolved, int) and not isinstance(resolved, bool):
+        kept["global_batch"] = resolved
+    return kept
+
+
 def began(run: Run, p: Prepared) -> None:
     """This attempt's first step starts (callbacks.FirstStep): from here the run folder's manifest is its own."""
     run.training = True
     if run.is_main:  # the lines of steps that run again go: all of them from the start (a run killed before its
         # first checkpoint leaves metrics.jsonl and no manifest, and the folder may be used again)
         manifest.trim_metrics(run.opts.run_dir, runfolder.checkpoint_step(p.resume_from) if p.resume_from else 0)
-        runfolder.save_overrides(run.opts.run_dir, run.overrides)  # what a later --resume trains with again
+        runfolder.save_overrides(run.opts.run_dir, kept_for_resume(run))  # what a later --resume trains with again
     if run.manifest_found and nodes.first_of_node():
         # the folder's manifest is the attempt's before ("completed", say, beside its model/): from here it would say
         # so of a run this attempt changes, were this process killed (out of memory, SIGKILL) before it records how it

@@ -157,10 +157,11 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     resumed = train("zero2", run, resume=True)
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["steps"] == 60
+    # and the global batch it trained over (4 per process × 2 processes), whatever the processes of a resume
     assert m["overrides"] == {"max_steps": 60, "save_steps": 8, "per_device_train_batch_size": 4,
-                              "max_seq_length": 64, "logging_steps": 1}
+                              "max_seq_length": 64, "logging_steps": 1, "global_batch": 8}
     assert ("--resume: with the run's own settings max_steps 60, save_steps 8, per_device_train_batch_size 4, "
-            "max_seq_length 64, logging_steps 1") in resumed.stderr
+            "max_seq_length 64, logging_steps 1, global_batch 8") in resumed.stderr
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 61)), "each step logged once: the resumed run continued after its checkpoint"
     assert "Resuming training from checkpoint" in (run / "train.log").read_text()
@@ -172,7 +173,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["steps"] == 62
     assert m["overrides"] == {"max_steps": 62, "save_steps": 2, "per_device_train_batch_size": 4,
-                              "max_seq_length": 64, "logging_steps": 1}
+                              "max_seq_length": 64, "logging_steps": 1, "global_batch": 8}
 
 
 # --- refusals: each stops before training and says what to do -------------------------------------

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.train import checkpoints, manifest
 
@@ -402,3 +403,56 @@ def test_a_resumes_first_step_trains_at_the_rate_of_the_schedule_it_now_has(wrap
     assert sched.get_last_lr() == pytest.approx(fresh.get_last_lr())
     if schedule == "cosine":
         assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 4 / 6)))
+
+
+def test_a_resume_on_another_number_of_processes_trains_over_the_runs_own_global_batch(tmp_path):
+    """A ddp run of 2 processes (global batch auto: 8 each, 16) resumed with --nproc=1 trained over 8 examples a
+    step, said nowhere, and skipped batches of 8 to find its place. The batch the run resolved is kept with its
+    settings, so the resume on 1 process accumulates 2 micro-batches of 8: 16 again. A global batch given is kept
+    as given, and one given with the resume takes its place."""
+    from types import SimpleNamespace
+
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import batch_split, resolve_settings, resumed_with
+    from dockyard.train.__main__ import kept_for_resume
+
+    recipe = load_recipe("ddp")
+    first = SimpleNamespace(overrides={"max_steps": 2},
+                            record=SimpleNamespace(settings_resolved={"global_batch": {"value": 16, "why": "auto"}}))
+    runfolder.save_overrides(tmp_path, kept_for_resume(first))
+    merged, kept, _ = resumed_with(recipe, runfolder.saved_overrides(tmp_path), {"max_steps": 4})
+    settings, training = resolve_settings(recipe, merged)
+    batch = batch_split(settings.global_batch, "auto", "auto", 1)
+    assert (batch.global_batch, batch.per_process, kept) == (16, 16, {"global_batch": 16})
+    assert resumed_with(recipe, runfolder.saved_overrides(tmp_path), {"global_batch": 8})[0]["global_batch"] == 8
+    given = SimpleNamespace(overrides={"global_batch": 32}, record=first.record)
+    assert kept_for_resume(given)["global_batch"] == 32
+
+
+@pytest.mark.parametrize("ranks, world, one_node, refused", [
+    ([0, 1], 1, True, True),     # saved by 2, resumed on 1 process
+    ([0], 2, True, True),        # saved by 1, resumed on 2
+    ([0, 1], 2, True, False),
+    ([0, 1], 4, False, False),   # node 0 of 2, each node keeping its own ranks' files
+    ([2, 3], 4, False, False),   # node 1 of 2
+    ([0, 1, 2, 3], 2, False, True),
+])
+def test_a_zero_checkpoint_resumed_on_another_number_of_processes_is_refused_before_the_model_loads(
+        tmp_path, ranks, world, one_node, refused):
+    """DeepSpeed raised its ZeRORuntimeException on every rank (a traceback) after the model loaded: ZeRO's
+    optimizer state is split over the processes that saved it, one file each."""
+    from types import SimpleNamespace
+
+    step = tmp_path / "checkpoints" / "checkpoint-2" / "global_step2"
+    step.mkdir(parents=True)
+    (step / "mp_rank_00_model_states.pt").write_bytes(b"")
+    for r in ranks:
+        (step / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    zero2 = SimpleNamespace(deepspeed="ds_config.json")
+    if refused:
+        with pytest.raises(DockyardError, match=rf"cannot resume from checkpoint-2 with {world} process\(es\): it was "
+                                                rf"saved by {max(ranks) + 1}, and ZeRO split"):
+            checkpoints.check_partitions(step.parent, world, one_node, zero2)
+    else:
+        checkpoints.check_partitions(step.parent, world, one_node, zero2)
+    checkpoints.check_partitions(step.parent, 3, True, SimpleNamespace(deepspeed=None))  # ddp: no partitions
