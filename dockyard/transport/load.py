@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +20,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, loads, problems
+from dockyard.common.errors import DockyardError, loads, problems, read_bounded
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
 from dockyard.transport.tarstream import TarGate, TooLong, Truncated
 
 SIGN_NAMESPACE = "dockyard-archive"
+SIGNATURE_LIMIT = 64 * 1024  # an ssh signature is about 300 bytes; load.sh copies at most as much
 TAR_SLACK = 1 << 20  # past the manifest's tar_bytes (load.sh allows as much): the end of a tar is padded
 
 
@@ -497,19 +499,37 @@ def verify_signature(allowed: Path, paths: ArchivePaths, manifest: bytes,
     unsigned or wrongly signed archives."""
     if not allowed.exists():
         raise DockyardError(f"allowed_signers is set to {allowed}, which does not exist: fix the setting")
-    if not paths.signature.exists():
-        raise DockyardError(f"{paths.archive.name} is not signed ({paths.signature.name} is missing) and "
-                            f"allowed_signers is set ({allowed}): refused, {nothing}")
-    found = engine.run(["ssh-keygen", "-Y", "find-principals", "-s", str(paths.signature), "-f", str(allowed)],
-                       capture=True, check=False, quiet=True)
-    principal = found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else ""
-    if not principal:
-        raise DockyardError(f"{paths.archive.name} was signed by a key that is not in {allowed}: "
-                            f"refused, {nothing}")
-    ok = engine.run(["ssh-keygen", "-Y", "verify", "-f", str(allowed), "-I", principal, "-n", SIGN_NAMESPACE,
-                     "-s", str(paths.signature)], input=manifest, capture=True,
-                    check=False, quiet=True)
+    signature = read_signature(paths, allowed, nothing)
+    with tempfile.TemporaryDirectory(prefix="dockyard-sig-") as private:
+        # ssh-keygen reads a private copy of the bytes read here: never the shared file, which could since have
+        # become a pipe (a wait for ever) or a link to /dev/zero
+        sig = Path(private) / paths.signature.name
+        sig.write_bytes(signature)
+        found = engine.run(["ssh-keygen", "-Y", "find-principals", "-s", str(sig), "-f", str(allowed)],
+                           capture=True, check=False, quiet=True)
+        principal = found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else ""
+        if not principal:
+            raise DockyardError(f"{paths.archive.name} was signed by a key that is not in {allowed}: "
+                                f"refused, {nothing}")
+        ok = engine.run(["ssh-keygen", "-Y", "verify", "-f", str(allowed), "-I", principal, "-n", SIGN_NAMESPACE,
+                         "-s", str(sig)], input=manifest, capture=True, check=False, quiet=True)
     if ok.returncode != 0:
         raise DockyardError(f"the signature of {paths.manifest.name} does not verify (the manifest was "
                             f"changed after signing): refused, {nothing}")
     return principal
+
+
+def read_signature(paths: ArchivePaths, allowed: Path, nothing: str) -> bytes:
+    """The .manifest.json.sig, read as untrusted input: a plain file of at most SIGNATURE_LIMIT bytes."""
+    unsigned = (f"{paths.archive.name} is not signed ({paths.signature.name} is missing) and allowed_signers is "
+                f"set ({allowed}): refused, {nothing}")
+    try:
+        return read_bounded(paths.signature, SIGNATURE_LIMIT, "signature (.manifest.json.sig, as invoke save --sign "
+                            "writes it)")
+    except FileNotFoundError:  # none, or a link to nothing
+        raise DockyardError(unsigned) from None
+    except DockyardError as e:  # a pipe, a device, more than any signature holds
+        raise DockyardError(f"{e}: refused, {nothing}") from None
+    except OSError as e:  # a folder, no permission
+        raise DockyardError(f"cannot read the signature {paths.signature}: {e.strerror or e}: refused, "
+                            f"{nothing}") from None

@@ -166,8 +166,16 @@ awk '{ print tolower(substr($0, 1, 64)) substr($0, 65) }' "$base.sha256" >"$work
 
 if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	need ssh-keygen "install openssh-client (needed to check signatures)"
-	cp "$base.manifest.json.sig" "$work/manifest.json.sig" 2>/dev/null \
-		|| die "$name is not signed and ALLOWED_SIGNERS is set: refused, nothing was loaded"
+	# a plain file of at most 64 KiB (an ssh signature is about 300 bytes): a link to /dev/zero filled TMPDIR, a pipe
+	# waited for ever
+	[ -e "$base.manifest.json.sig" ] || [ -L "$base.manifest.json.sig" ] \
+		|| die "$name is not signed ($base.manifest.json.sig is missing) and ALLOWED_SIGNERS is set: refused, nothing was loaded"
+	[ -f "$base.manifest.json.sig" ] \
+		|| die "$base.manifest.json.sig is not a plain file (a pipe, a device, a link to nothing): give the signature \`invoke save --sign\` writes. Refused, nothing was loaded"
+	head -c 65537 "$base.manifest.json.sig" >"$work/manifest.json.sig" \
+		|| die "cannot copy $base.manifest.json.sig into $work: refused, nothing was loaded"
+	[ "$(wc -c <"$work/manifest.json.sig" | tr -d ' ')" -le 65536 ] \
+		|| die "$base.manifest.json.sig is more than 64 KiB, more than any ssh signature holds: give the signature \`invoke save --sign\` writes. Refused, nothing was loaded"
 	who=$(ssh-keygen -Y find-principals -s "$work/manifest.json.sig" -f "$ALLOWED_SIGNERS" 2>/dev/null | head -n 1)
 	[ -n "$who" ] || die "$name was signed by a key not in $ALLOWED_SIGNERS: refused, nothing was loaded"
 	ssh-keygen -Y verify -f "$ALLOWED_SIGNERS" -I "$who" -n "$NAMESPACE" -s "$work/manifest.json.sig" \

@@ -17,13 +17,20 @@ import sys
 from pathlib import Path
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, loads
+from dockyard.common.errors import DockyardError, MiB, loads, read_bounded
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport import save as save_mod
-from dockyard.transport.layout import LOADER_TEMPLATE, ArchivePaths, check_method, decompressor_argv
-from dockyard.transport.load import check_set, sha256_file
+from dockyard.transport.layout import (
+    LOADER_TEMPLATE,
+    MANIFEST_LIMIT,
+    SUMS_LIMIT,
+    ArchivePaths,
+    check_method,
+    decompressor_argv,
+)
+from dockyard.transport.load import SIGNATURE_LIMIT, check_set, sha256_file
 from dockyard.transport.remote import (
     Remote,
     check_identity,
@@ -267,7 +274,19 @@ def companion_files(settings: Settings, paths: ArchivePaths, manifest: dict) -> 
     checks them); load.sh and run.sh as this checkout writes them, never the files found beside the archive: no
     sha256 or signature covers those, and `--load` runs load.sh on the node (anyone who could write the archive's
     folder could have put their own there)."""
-    files = {p.name: p.read_bytes() for p in (paths.manifest, paths.signature, paths.sha256) if p.exists()}
+    files = {}
+    for p, limit, what in ((paths.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)"),
+                           (paths.signature, SIGNATURE_LIMIT, "signature (.manifest.json.sig, as invoke save --sign "
+                                                              "writes it)"),
+                           (paths.sha256, SUMS_LIMIT, "checksum file (.sha256)")):
+        try:  # as untrusted input, as check_set read them: a link to /dev/zero was a MemoryError, a pipe a hang
+            files[p.name] = read_bounded(p, limit, what)
+        except FileNotFoundError:  # no signature (where allowed_signers is set, check_set refused that)
+            continue
+        except DockyardError as e:
+            raise DockyardError(f"{e}: refused, nothing was copied") from None
+        except OSError as e:  # a folder, no permission
+            raise DockyardError(f"cannot read {p}: {e.strerror or e}: refused, nothing was copied") from None
     files["load.sh"] = LOADER_TEMPLATE.read_bytes()
     chosen = runscript.dockyard_variant(manifest["images"])
     if chosen:
@@ -277,11 +296,20 @@ def companion_files(settings: Settings, paths: ArchivePaths, manifest: dict) -> 
             print(f"warning: run.sh not shipped: {e}", file=sys.stderr)
     for companion in ("load.sh", "run.sh"):
         beside = paths.archive.with_name(companion)
-        if companion in files and beside.is_file() and beside.read_bytes() != files[companion]:
+        if companion in files and beside.is_file() and _bytes_or_none(beside) != files[companion]:
             print(f"warning: {beside} is not the {companion} this checkout writes (changed, or written by another "
                   f"version): {companion} is not covered by the archive's sha256 or signature, so the node gets "
                   "this checkout's", file=sys.stderr)
     return files
+
+
+def _bytes_or_none(path: Path) -> bytes | None:
+    """A file beside the archive that only a warning compares (load.sh, run.sh), read bounded: None where it is
+    no plain file of at most 1 MiB (none of ours is)."""
+    try:
+        return read_bounded(path, MiB, path.name)
+    except (DockyardError, OSError):
+        return None
 
 
 def _put_small(settings: Settings, r: Remote, name: str, content: bytes) -> None:

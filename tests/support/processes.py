@@ -5,6 +5,10 @@ and the machine's cores."""
 from __future__ import annotations
 
 import contextlib
+import os
+import resource
+import signal
+import subprocess
 
 import psutil
 
@@ -20,3 +24,25 @@ def kill_tree(pid: int) -> None:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         psutil.wait_procs(below, timeout=10)
+
+
+def bounded_run(argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, text=True) for a command fed hostile input that may, where the
+    code under test regresses, read a device for ever or wait on a pipe: it runs in a session of its own, may write
+    no file past 64 MiB nor hold more than 4 GiB of memory, and on `timeout` everything it started is killed (an
+    orphaned `cp /dev/zero` filled the disk) before TimeoutExpired is raised."""
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          preexec_fn=limits, **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p.pid)
+            p.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)

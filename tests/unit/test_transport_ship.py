@@ -209,3 +209,35 @@ def test_a_flag_ship_would_leave_unused_is_refused_with_what_to_do_instead(tmp_p
     folder = invoke_here("ship", "--image=t:1", "--to=node7:/tmp/x")
     short_error(folder, "--to=node7:/tmp/x: a stream (--image) writes no file on the node, so it takes no folder")
     assert "give --to=node7 (a port: --port=P)" in folder.stderr
+
+
+@pytest.mark.parametrize("signers", [False, True])
+@pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "1 MiB"])
+def test_a_signature_that_is_a_device_a_pipe_or_huge_is_refused_before_anything_is_copied(tmp_path, kind, signers):
+    """`invoke ship --file` read the .manifest.json.sig beside the archive whole to send it: a link to /dev/zero was
+    a MemoryError traceback once the host's memory was spent, a pipe waited for ever; with allowed_signers it went
+    to ssh-keygen as it was, which waited for ever. Now every companion is read bounded, as `invoke load` reads it."""
+    import os
+
+    from dockyard import ROOT
+    from tests.support.cli import INVOKE
+    from tests.support.processes import bounded_run
+
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    sig = tmp_path / "set" / "x.manifest.json.sig"
+    if kind == "/dev/zero":
+        sig.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(sig)
+    else:
+        with open(sig, "wb") as f:
+            f.truncate(1 << 20)
+    env = {**os.environ, "INVOKE_DOCKYARD_SSH": local_node(tmp_path).ssh}
+    if signers:
+        (tmp_path / "allowed").write_text("someone@example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB\n")
+        env["INVOKE_DOCKYARD_ALLOWED_SIGNERS"] = str(tmp_path / "allowed")
+    r = bounded_run([*INVOKE, "ship", f"--file={archive}", f"--to=node7:{tmp_path / 'there'}"], timeout=30,
+                    cwd=ROOT, env=env)
+    short_error(r, "not a plain file" if kind != "1 MiB" else "more than 64 KiB")
+    assert "x.manifest.json.sig" in r.stderr and "refused, nothing was copied" in r.stderr
+    assert not (tmp_path / "there").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 
 import pytest
@@ -15,6 +16,7 @@ from dockyard.settings import Settings
 from dockyard.transport import load as load_mod
 from dockyard.transport.layout import write_loader
 from tests.support.archive_sets import engine_answering_info, keypair, make_set, reseal
+from tests.support.processes import bounded_run
 
 
 def test_verify_accepts_a_good_set_and_sha256sum_agrees(tmp_path):
@@ -176,3 +178,62 @@ def test_a_sign_key_that_is_no_key_is_refused_before_the_save(tmp_path, monkeypa
     key = keypair(tmp_path, "release")
     for real in (key, key.with_suffix(".pub")):
         save_mod.check_key_file(real, str(real))
+
+
+def planted_signature(paths, kind: str) -> None:
+    """A .manifest.json.sig that is no signature: a link to /dev/zero (never ends), a pipe no one writes (waits for
+    ever), or a plain file of more than any ssh signature holds."""
+    if kind == "/dev/zero":
+        paths.signature.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(paths.signature)
+    else:
+        with open(paths.signature, "wb") as f:
+            f.truncate(1 << 20)
+
+
+SIGNATURE_REFUSED = {"/dev/zero": "not a plain file", "fifo": "not a plain file", "1 MiB": "more than 64 KiB"}
+
+
+def allowed_signers(folder):
+    key = keypair(folder, "release")
+    allowed = folder / "allowed_signers"
+    allowed.write_text(f'release@site namespaces="{load_mod.SIGN_NAMESPACE}" '
+                       + " ".join(key.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    return allowed
+
+
+@pytest.mark.parametrize("kind", list(SIGNATURE_REFUSED))
+def test_a_signature_that_is_a_device_a_pipe_or_huge_is_one_error_line_in_invoke_load(tmp_path, kind):
+    """`invoke load` with allowed_signers handed the .sig beside the archive to ssh-keygen as it was: a link to
+    /dev/zero or a pipe waited for ever. Now it is read bounded (a plain file of at most 64 KiB), and ssh-keygen
+    reads a private copy."""
+    from dockyard import ROOT
+    from tests.support.cli import INVOKE, short_error
+
+    (tmp_path / "set").mkdir()
+    paths = make_set(tmp_path / "set")
+    planted_signature(paths, kind)
+    env = {**os.environ, "INVOKE_DOCKYARD_ALLOWED_SIGNERS": str(allowed_signers(tmp_path)),
+           "INVOKE_DOCKYARD_DOCKER": "/bin/false"}
+    r = bounded_run([*INVOKE, "load", f"--file={paths.archive}"], timeout=30, cwd=ROOT, env=env)
+    short_error(r, SIGNATURE_REFUSED[kind])
+    assert "t_1.manifest.json.sig" in r.stderr and "refused, nothing was loaded" in r.stderr
+
+
+@pytest.mark.parametrize("kind", list(SIGNATURE_REFUSED))
+def test_load_sh_refuses_a_signature_that_is_a_device_a_pipe_or_huge_and_copies_none_of_it(tmp_path, kind):
+    """load.sh with ALLOWED_SIGNERS copied the .sig into TMPDIR with `cp`: a link to /dev/zero filled the disk, a
+    pipe waited for ever. Now it must be a plain file, of at most 64 KiB."""
+    write_loader(tmp_path)
+    paths = make_set(tmp_path)
+    planted_signature(paths, kind)
+    private = tmp_path / "tmp"
+    private.mkdir()
+    env = {**engine_answering_info(tmp_path), "ALLOWED_SIGNERS": str(allowed_signers(tmp_path)), "TMPDIR": str(private)}
+    r = bounded_run(["sh", "load.sh", paths.archive.name], timeout=30, cwd=tmp_path, env=env)
+    said = {"/dev/zero": "t_1.manifest.json.sig is not a plain file", "fifo": "t_1.manifest.json.sig is not a plain file",
+            "1 MiB": "t_1.manifest.json.sig is more than 64 KiB"}[kind]
+    assert r.returncode == 1 and said in r.stderr and "nothing was loaded" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "loading" not in r.stdout
+    assert not list(private.iterdir()) and not (tmp_path / "docker-used").exists()
