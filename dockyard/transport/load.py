@@ -422,9 +422,16 @@ def verify(settings: Settings, paths: ArchivePaths) -> dict:
 class _Image(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+    ref: str  # the name the image was saved by (run.sh trains in it)
     id: str
     tags: list[str]
     diff_ids: list[str]
+    labels: dict[str, str] = {}  # the image's labels, as `docker image inspect` gives them ({} for none)
+
+    @field_validator("ref")
+    @classmethod
+    def _reference(cls, ref: str) -> str:
+        return engine.reference(ref, "ref")
 
     @field_validator("tags")
     @classmethod

@@ -43,7 +43,7 @@ def archive_set(folder: Path, content: bytes, listed: bytes) -> Path:
     archive = folder / "x.tar.zst"
     archive.write_bytes(content)
     manifest = {"archive_sha256": hashlib.sha256(listed).hexdigest(), "archive_bytes": len(listed), "tar_bytes": 1,
-                "images": [{"id": "sha256:" + "b" * 64, "tags": ["t:1"], "diff_ids": []}]}
+                "images": [{"ref": "t:1", "id": "sha256:" + "b" * 64, "tags": ["t:1"], "diff_ids": []}]}
     (folder / "x.manifest.json").write_text(json.dumps(manifest))
     (folder / "x.sha256").write_text(f"{manifest['archive_sha256']}  x.tar.zst\n"
                                      f"{hashlib.sha256((folder / 'x.manifest.json').read_bytes()).hexdigest()}"
@@ -241,3 +241,43 @@ def test_a_signature_that_is_a_device_a_pipe_or_huge_is_refused_before_anything_
     short_error(r, "not a plain file" if kind != "1 MiB" else "more than 64 KiB")
     assert "x.manifest.json.sig" in r.stderr and "refused, nothing was copied" in r.stderr
     assert not (tmp_path / "there").exists()
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"labels": "dockyard.variant=cpu"}, "images.0.labels: Input should be an object"),
+    ({"labels": ["dockyard.variant"]}, "images.0.labels: Input should be an object"),
+    ({"labels": {"dockyard.variant": 5}}, "images.0.labels.dockyard.variant: Input should be a valid string"),
+    ({"ref": None}, "images.0.ref: Field required"),
+    ({"ref": "-q"}, "ref '-q' is not a docker reference"),
+    ({"ref": ""}, "is not a docker reference"),
+])
+def test_an_image_record_run_sh_cannot_read_is_refused_in_one_line_before_anything_is_copied(tmp_path, change, says):
+    """`invoke ship --file` wrote run.sh from the manifest's labels and ref, which the set check did not look at: labels
+    that were no mapping, or a dockyard image without its ref, were an AttributeError or KeyError traceback."""
+    from tests.support.cli import invoke_here
+
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    manifest = json.loads((tmp_path / "set" / "x.manifest.json").read_text())
+    image = {**manifest["images"][0], "labels": {"dockyard.variant": "cpu"}, **change}
+    (tmp_path / "set" / "x.manifest.json").write_text(json.dumps({**manifest, "images": [
+        {k: v for k, v in image.items() if v is not None}]}))
+    reseal(tmp_path / "set")
+    for task in (["ship", f"--file={archive}", f"--to=node7:{tmp_path / 'there'}"], ["load", f"--file={archive}"]):
+        r = invoke_here(*task, env={"INVOKE_DOCKYARD_SSH": local_node(tmp_path).ssh})
+        short_error(r, says)
+        assert "x.manifest.json is not a manifest `invoke save` writes" in r.stderr
+    assert not (tmp_path / "there").exists()
+
+
+def test_the_image_records_invoke_save_writes_pass_the_set_check():
+    """What save._manifest writes of each image (labels as `docker image inspect` gives them: {} for none)."""
+    from dockyard.transport import load as load_mod
+
+    base = {"archive_sha256": "a" * 64, "archive_bytes": 1, "tar_bytes": 1}
+    for labels in ({}, {"dockyard.variant": "cpu", "org.opencontainers.image.source": "https://x"}):
+        image = {"ref": "dockyard:0.1.0-cpu", "tags": ["dockyard:0.1.0-cpu"], "id": "sha256:" + "b" * 64,
+                 "labels": labels, "diff_ids": ["sha256:" + "c" * 64], "chain_ids": ["sha256:" + "c" * 64]}
+        m = load_mod.read_manifest(json.dumps({**base, "images": [image]}).encode(), "x.manifest.json")
+        assert m["images"] == [image]
+    untagged = {"ref": "sha256:" + "b" * 64, "tags": [], "id": "sha256:" + "b" * 64, "labels": {}, "diff_ids": []}
+    assert load_mod.read_manifest(json.dumps({**base, "images": [untagged]}).encode(), "x")["images"][0]["ref"]
