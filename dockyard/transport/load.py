@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError, loads, problems, read_bounded
@@ -419,12 +419,19 @@ def verify(settings: Settings, paths: ArchivePaths) -> dict:
     return manifest
 
 
+# A save names a few images, each by a few tags; every name is looked up in the engine (docker image inspect, twice
+# for a load), so a manifest naming thousands asked the engine about each, for hours (300 tags: 40 s). load.sh has
+# the same limits (MAX_NAMES, MAX_CHAINS).
+MAX_IMAGES, MAX_TAGS, MAX_NAMES = 64, 64, 128
+MAX_CHAINS = MAX_IMAGES * 128  # a thin archive's base layers: docker stacks at most 127 layers in an image
+
+
 class _Image(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     ref: str  # the name the image was saved by (run.sh trains in it)
     id: str
-    tags: list[str]
+    tags: list[str] = Field(max_length=MAX_TAGS)
     diff_ids: list[str]
     labels: dict[str, str] = {}  # the image's labels, as `docker image inspect` gives them ({} for none)
 
@@ -445,10 +452,7 @@ class _Thin(BaseModel):
     """A thin archive's record: the layer chain ids the loading engine must hold (the rest is carried along)."""
     model_config = ConfigDict(extra="allow")
 
-    requires: list[inventory.Digest] = []
-
-
-MAX_IMAGES = 64  # a save names a few images; a manifest naming thousands asked the engine about each, for hours
+    requires: list[inventory.Digest] = Field([], max_length=MAX_CHAINS)
 
 
 class _Manifest(BaseModel):
@@ -461,6 +465,14 @@ class _Manifest(BaseModel):
     tar_bytes: int = Field(ge=0, lt=10**18, strict=True)
     images: list[_Image] = Field(min_length=1, max_length=MAX_IMAGES)
     thin: _Thin | None = None
+
+    @model_validator(mode="after")
+    def _few_names(self) -> _Manifest:
+        named = sum(len(i.tags) or 1 for i in self.images)  # inventory.names: its tags, or the id of an untagged one
+        if named > MAX_NAMES:
+            raise ValueError(f"its images have {named} names (tags, or the id of an untagged image), more than any "
+                             f"save gives them ({MAX_NAMES} at most), each to be looked up in the engine")
+        return self
 
 
 def archived_tags(settings: Settings, archive: str) -> list[str] | None:

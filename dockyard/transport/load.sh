@@ -78,7 +78,7 @@ field() {  # a value of the manifest's flat "load_sh" block (read only after the
 # containerd store by a manifest it writes while importing: there, compare the layers instead.
 as_saved() {
 	if [ "$(store)" = containerd ]; then
-		checks=$(field check_layers)
+		checks=$LAYERS
 		format='{{range $i, $l := .RootFS.Layers}}{{if $i}},{{end}}{{$l}}{{end}}'
 	else
 		checks=$IMAGES
@@ -160,9 +160,16 @@ trap 'kill $running 2>/dev/null; rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
-# the digests (a line's first 64 characters) in either case, as sha256sum -c takes them
-awk '{ print tolower(substr($0, 1, 64)) substr($0, 65) }' "$base.sha256" >"$work/sums" && cp "$base.manifest.json" "$work/manifest.json" \
+# Each read bounded, as `invoke load` reads them: a .sha256 is two lines, a manifest lists a few images (a file of
+# gigabytes was copied whole into TMPDIR, then read by sed for every field). The digests (a line's first 64
+# characters) in either case, as sha256sum -c takes them.
+head -c 65537 "$base.sha256" >"$work/sums.read" && head -c 16777217 "$base.manifest.json" >"$work/manifest.json" \
+	&& awk '{ print tolower(substr($0, 1, 64)) substr($0, 65) }' "$work/sums.read" >"$work/sums" \
 	|| die "cannot copy $base.sha256 and $base.manifest.json into $work"
+[ "$(wc -c <"$work/sums.read" | tr -d ' ')" -le 65536 ] \
+	|| die "$base.sha256 is more than 64 KiB, more than any checksum file of a set holds (two lines): refused, nothing was loaded. Copy the set again"
+[ "$(wc -c <"$work/manifest.json" | tr -d ' ')" -le 16777216 ] \
+	|| die "$base.manifest.json is more than 16 MiB, more than any archive manifest holds: refused, nothing was loaded. Copy the set again"
 
 if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	need ssh-keygen "install openssh-client (needed to check signatures)"
@@ -203,12 +210,21 @@ got=$(sha256 <"$work/manifest.json")
 	|| die "$base.sha256 and $base.manifest.json disagree about $name: refused, nothing was loaded"
 
 IMAGES=$(field check_images)
+LAYERS=$(field check_layers)
 REQUIRES=$(field require_chains)
 NEED_KB=$(field need_kb)
 TAR_BYTES=$(sed -n 's/^  "tar_bytes": \([0-9]\{1,18\}\),$/\1/p' "$work/manifest.json")
 ARCHIVE_BYTES=$(sed -n 's/^  "archive_bytes": \([0-9]\{1,18\}\),$/\1/p' "$work/manifest.json")
 [ -n "$IMAGES" ] && [ -n "$TAR_BYTES" ] && [ -n "$ARCHIVE_BYTES" ] && printf '%s' "$NEED_KB" | grep -qx '[0-9]\{1,18\}' \
 	|| die "$base.manifest.json is not a dockyard manifest (check_images, need_kb, tar_bytes, archive_bytes): refused, nothing was loaded"
+# Each name is looked up in the engine, each base layer in its list: a save gives a few images a few names, an image
+# has at most 127 layers (the limits of `invoke load`: MAX_NAMES, MAX_CHAINS in load.py).
+MAX_NAMES=128
+MAX_CHAINS=8192
+[ "$(printf '%s' "$IMAGES" | wc -w)" -le "$MAX_NAMES" ] && [ "$(printf '%s' "$LAYERS" | wc -w)" -le "$MAX_NAMES" ] \
+	|| die "$base.manifest.json names more than $MAX_NAMES images (tags, or ids of untagged images), more than any save gives them, each to be looked up in the engine: refused, nothing was loaded"
+[ "$(printf '%s' "$REQUIRES" | wc -w)" -le "$MAX_CHAINS" ] \
+	|| die "$base.manifest.json requires more than $MAX_CHAINS base layers, more than any thin archive does: refused, nothing was loaded"
 for pair in $IMAGES; do
 	case "$pair" in -*) die "$base.manifest.json names an image ${pair%%=*}, which is not a reference: refused" ;; esac
 done

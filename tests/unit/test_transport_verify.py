@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 
@@ -237,3 +238,76 @@ def test_load_sh_refuses_a_signature_that_is_a_device_a_pipe_or_huge_and_copies_
     assert r.returncode == 1 and said in r.stderr and "nothing was loaded" in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and "loading" not in r.stdout
     assert not list(private.iterdir()) and not (tmp_path / "docker-used").exists()
+
+
+def many_names(paths, images: int, tags: int) -> None:
+    """The set's manifest rewritten (and resealed) to give `images` images `tags` tags each, in the Python
+    loaders' fields and in load.sh's."""
+    ids = ["sha256:" + f"{i:064x}" for i in range(images)]
+    named = [(f"t:{i}-{j}", image_id) for i, image_id in enumerate(ids) for j in range(tags)]
+    reseal(paths, {"images": [{"ref": f"t:{i}-0", "tags": [f"t:{i}-{j}" for j in range(tags)], "id": image_id,
+                               "diff_ids": []} for i, image_id in enumerate(ids)],
+                   "load_sh": {"check_images": " ".join(f"{ref}={image_id}" for ref, image_id in named),
+                               "check_layers": " ".join(f"{ref}=" for ref, _ in named),
+                               "require_chains": "", "need_kb": "20"}})
+
+
+@pytest.mark.parametrize("images,tags,says", [
+    (1, 300, "images.0.tags: List should have at most 64 items"),
+    (3, 60, "its images have 180 names (tags, or the id of an untagged image), more than any save gives them"),
+])
+def test_a_manifest_naming_hundreds_of_images_is_refused_before_the_engine_is_asked(tmp_path, images, tags, says):
+    """300 tags of one image were 300 `docker image inspect` calls (40 s) before `invoke load` said anything; the
+    16 MiB a manifest may hold could name enough for hours. load.sh asked the engine about each as well."""
+    from tests.support.cli import invoke_here, short_error
+
+    paths = make_set(tmp_path)
+    many_names(paths, images, tags)
+    asked = tmp_path / "docker-used"
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$*" >>"{asked}"\nexit 1\n')
+    docker.chmod(0o755)
+    short_error(invoke_here("load", f"--file={paths.archive}", env={"INVOKE_DOCKYARD_DOCKER": str(docker)}), says)
+    assert not asked.exists()
+
+    write_loader(tmp_path)
+    r = subprocess.run(["sh", "load.sh", paths.archive.name], cwd=tmp_path, capture_output=True, text=True,
+                       env=engine_answering_info(tmp_path), timeout=60)
+    assert r.returncode == 1 and r.stderr == (
+        "load.sh: t_1.manifest.json names more than 128 images (tags, or ids of untagged images), more than any save "
+        "gives them, each to be looked up in the engine: refused, nothing was loaded\n")
+    assert not asked.exists() and "loading" not in r.stdout
+
+
+@pytest.mark.parametrize("which,says", [
+    ("manifest", "t_1.manifest.json is more than 16 MiB, more than any archive manifest holds"),
+    ("sha256", "t_1.sha256 is more than 64 KiB, more than any checksum file of a set holds"),
+    ("requires", "t_1.manifest.json requires more than 8192 base layers"),
+])
+def test_load_sh_reads_a_manifest_and_sha256_bounded_and_caps_the_base_layers(tmp_path, which, says):
+    """load.sh copied the manifest and the .sha256 whole into TMPDIR and looped over every base layer its manifest
+    listed (a grep each): a file of gigabytes was copied and read by sed for every field."""
+    write_loader(tmp_path)
+    paths = make_set(tmp_path)
+    if which == "requires":
+        reseal(paths, {"load_sh": {**json.loads(paths.manifest.read_text())["load_sh"],
+                                   "require_chains": " ".join(["sha256:" + "c" * 64] * 8193)}})
+    else:
+        with open(getattr(paths, which), "ab") as f:  # sparse: no disk
+            f.truncate(17 << 20)
+    private = tmp_path / "tmp"
+    private.mkdir()
+    r = bounded_run(["sh", "load.sh", paths.archive.name], timeout=60, cwd=tmp_path,
+                    env={**engine_answering_info(tmp_path), "TMPDIR": str(private)})
+    assert r.returncode == 1 and r.stderr.startswith(f"load.sh: {says}") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "refused, nothing was loaded" in r.stderr and not list(private.iterdir())
+    assert not (tmp_path / "docker-used").exists()
+
+
+def test_load_sh_has_the_limits_of_invoke_load():
+    from dockyard.transport.layout import LOADER_TEMPLATE, MANIFEST_LIMIT, SUMS_LIMIT
+
+    script = LOADER_TEMPLATE.read_text()
+    assert f"\nMAX_NAMES={load_mod.MAX_NAMES}\n" in script and f"\nMAX_CHAINS={load_mod.MAX_CHAINS}\n" in script
+    assert f"-le {MANIFEST_LIMIT} ]" in script and f"-le {SUMS_LIMIT} ]" in script
+    assert f"-le {load_mod.SIGNATURE_LIMIT} ]" in script
