@@ -162,6 +162,25 @@ class _Inspected(BaseModel):
 _INSPECTED = TypeAdapter(list[_Inspected])
 
 
+class _Answer(_Inspected):
+    """One image of `docker image inspect`, as a ship checks a load by it: an Id that is an image id (it is said
+    back to the user)."""
+
+    Id: Annotated[str, StringConstraints(pattern=r"^(sha256:)?[0-9a-f]{64}$")]
+
+
+def info_answer(info: dict) -> dict:
+    """What another machine's `docker info --format '{{json .}}'` printed, checked (a ValidationError where it is
+    not what docker prints)."""
+    return _Info.model_validate(info).model_dump()
+
+
+def inspect_answer(line: str | bytes) -> dict:
+    """One image of another machine's `docker image inspect --format '{{json .}}'`, checked as loaded_as_saved
+    reads it (a ValidationError where it is not what docker prints: no Id, layers that are not digests)."""
+    return _Answer.model_validate_json(line).model_dump()
+
+
 def check_inventory(parse: Callable[[], dict], refusal: str) -> dict:
     """What parse() returns, checked: an inventory, or `refusal` (which names the file or node) and what is wrong."""
     try:

@@ -16,8 +16,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, MiB, loads, read_bounded
+from dockyard.common.errors import DockyardError, MiB, loads, problems, read_bounded
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
@@ -149,7 +151,7 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
                                 f"Check the connection and the node's disk and docker, then ship again.\n"
                                 + console.tail(remote_load.output())) from None
         remote_load.wait()
-    found, bad, _ = images_there(settings, r, wanted)
+    found, bad, _ = images_there(settings, r, wanted, nothing="what was loaded there cannot be checked")
     if bad:
         raise DockyardError(f"docker load on {r.host} did not load what was sent: {'; '.join(bad)}")
     print(f"streamed {console.human(got.out_bytes)} ({method}) to {r.host} in {got.seconds:.1f} s")
@@ -158,16 +160,26 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
     return [(ref, meta["Id"]) for ref, meta in found]
 
 
-def images_there(settings: Settings, r: Remote,
-                 wanted: list[tuple[str, dict]]) -> tuple[list[tuple[str, dict]], list[str], str]:
+def images_there(settings: Settings, r: Remote, wanted: list[tuple[str, dict]],
+                 nothing: str = "nothing was sent") -> tuple[list[tuple[str, dict]], list[str], str]:
     """(ref, `docker image inspect`) of each wanted image on the node, why each that is not there as saved is not
-    (all of them where the node does not answer for each), and the node's image store."""
+    (all of them where the node does not answer for each), and the node's image store.
+
+    The node is another machine, its answers untrusted: an answer that is not what docker prints (an object without
+    an Id, layers that are not digests) is refused, naming the node. It is not taken for "not there": these answers
+    are all a ship has to check the load by, so a stream to such a node could never be verified, and its images
+    would be sent again and again for nothing."""
     script = "; ".join(["docker info --format '{{json .}}'"] + [
         f"docker image inspect --format '{{{{json .}}}}' {shlex.quote(ref)} 2>/dev/null || echo null"
         for ref, _ in wanted])
     lines = run_there(settings, r, script, "checking the images").stdout.splitlines() or [""]
-    store = inventory.engine_store(_json_object(lines[0]) or {})
-    found = [(ref, _json_object(line)) for (ref, _), line in zip(wanted, lines[1:], strict=False)]
+    info = _json_object(lines[0]) or {}
+    try:
+        store = inventory.engine_store(inventory.info_answer(info))
+    except ValidationError as e:
+        raise DockyardError(f"{r.host} answered `docker info` with what docker does not print ({problems(e)}): "
+                            f"refused, {nothing}. Check the docker client on the node.") from None
+    found = [(ref, _inspected(r, ref, line, nothing)) for (ref, _), line in zip(wanted, lines[1:], strict=False)]
     bad = [f"{ref} {wrong}" for (ref, img), (_, meta) in zip(wanted, found, strict=False)
            if (wrong := inventory.loaded_as_saved(meta, img, store))]
     return found, (bad if len(found) == len(wanted) else bad + ["no answer"]), store
@@ -180,6 +192,19 @@ def _json_object(line: str) -> dict | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _inspected(r: Remote, ref: str, line: str, nothing: str) -> dict | None:
+    """The node's `docker image inspect` of `ref`: None where it holds no such image ("null"), a refusal where the
+    answer is not what docker prints."""
+    if line.strip() == "null":
+        return None
+    try:
+        return inventory.inspect_answer(line)
+    except ValidationError as e:
+        raise DockyardError(f"{r.host} answered `docker image inspect {ref}` with what docker does not print "
+                            f"({problems(e, 'answer')}): refused, {nothing}. Check the docker client on the "
+                            "node.") from None
 
 
 def check_thin_fits(settings: Settings, r: Remote, manifest: dict) -> None:

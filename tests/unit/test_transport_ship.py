@@ -281,3 +281,44 @@ def test_the_image_records_invoke_save_writes_pass_the_set_check():
         assert m["images"] == [image]
     untagged = {"ref": "sha256:" + "b" * 64, "tags": [], "id": "sha256:" + "b" * 64, "labels": {}, "diff_ids": []}
     assert load_mod.read_manifest(json.dumps({**base, "images": [untagged]}).encode(), "x")["images"][0]["ref"]
+
+
+IMAGE_ID = "sha256:" + "b" * 64
+
+
+@pytest.mark.parametrize("info,answer,says", [
+    ({}, {"Image": "t:1"}, "answered `docker image inspect t:1` with what docker does not print (Id: Field required"),
+    ({}, {"Id": IMAGE_ID, "RootFS": 5}, "answered `docker image inspect t:1` with what docker does not print (RootFS"),
+    ({}, {"Id": IMAGE_ID, "RootFS": {"Layers": ["x"]}}, "with what docker does not print (RootFS.Layers.0: String"),
+    ({}, {"Id": "\x1b[2Jsha256:" + "c" * 64}, "with what docker does not print (Id: String should match pattern"),
+    ({}, [IMAGE_ID], "with what docker does not print (answer: Input should be an object"),
+    ({"DriverStatus": 5}, None, "answered `docker info` with what docker does not print (DriverStatus"),
+])
+def test_a_node_answering_docker_image_inspect_with_another_shape_is_refused_in_one_line(tmp_path, info, answer,
+                                                                                          says):
+    """`invoke ship --image`: the node's `docker image inspect` (and `docker info`) were read as docker prints them,
+    an object of any other shape a KeyError traceback (meta["Id"], meta["RootFS"]). The node is another machine:
+    such an answer is refused, naming the node, before anything is sent."""
+    from tests.support.cli import invoke_here
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "info.json").write_text(json.dumps(info) + "\n")
+    (bin_dir / "answer.json").write_text(json.dumps(answer) + "\n")
+    # this host's docker (`image inspect t:1`) and the node's (`--format '{{json .}}'`: the answer under test)
+    docker = bin_dir / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\ncase "$*" in\n'
+                      f'"info --format"*) cat "{bin_dir}/info.json" ;;\n'
+                      f'"image inspect --format"*) cat "{bin_dir}/answer.json" ;;\n'
+                      f'"image inspect t:1") echo \'[{{"Id": "{IMAGE_ID}", "RepoTags": ["t:1"], '
+                      '"RootFS": {"Layers": []}}]\' ;;\n*) exit 1 ;;\nesac\n')
+    docker.chmod(0o755)
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f'#!/bin/sh\nfor last; do :; done\nPATH={bin_dir}:$PATH exec sh -c "$last"\n')
+    ssh.chmod(0o755)
+    r = invoke_here("ship", "--image=t:1", "--to=node7",
+                    env={"INVOKE_DOCKYARD_SSH": str(ssh), "INVOKE_DOCKYARD_DOCKER": str(docker)})
+    short_error(r, says)
+    assert r.stderr.startswith("error: node7 answered `docker ")
+    assert "refused, nothing was sent. Check the docker client on the node." in r.stderr
+    assert " load" not in (tmp_path / "docker-used").read_text()  # nothing was streamed to docker load
