@@ -169,8 +169,10 @@ def images_there(settings: Settings, r: Remote, wanted: list[tuple[str, dict]],
     an Id, layers that are not digests) is refused, naming the node. It is not taken for "not there": these answers
     are all a ship has to check the load by, so a stream to such a node could never be verified, and its images
     would be sent again and again for nothing."""
+    # one line per image: docker prints an empty line (and exits 1) for an image it does not hold
     script = "; ".join(["docker info --format '{{json .}}'"] + [
-        f"docker image inspect --format '{{{{json .}}}}' {shlex.quote(ref)} 2>/dev/null || echo null"
+        f"j=$(docker image inspect --format '{{{{json .}}}}' {shlex.quote(ref)} 2>/dev/null); "
+        '[ -n "$j" ] && printf \'%s\\n\' "$j" || echo null'
         for ref, _ in wanted])
     lines = run_there(settings, r, script, "checking the images").stdout.splitlines() or [""]
     info = _json_object(lines[0]) or {}
@@ -197,7 +199,7 @@ def _json_object(line: str) -> dict | None:
 def _inspected(r: Remote, ref: str, line: str, nothing: str) -> dict | None:
     """The node's `docker image inspect` of `ref`: None where it holds no such image ("null"), a refusal where the
     answer is not what docker prints."""
-    if line.strip() == "null":
+    if line.strip() in ("null", ""):
         return None
     try:
         return inventory.inspect_answer(line)

@@ -322,3 +322,31 @@ def test_a_node_answering_docker_image_inspect_with_another_shape_is_refused_in_
     assert r.stderr.startswith("error: node7 answered `docker ")
     assert "refused, nothing was sent. Check the docker client on the node." in r.stderr
     assert " load" not in (tmp_path / "docker-used").read_text()  # nothing was streamed to docker load
+
+
+def test_an_image_the_node_does_not_hold_is_one_answer_and_the_next_images_stay_in_line(tmp_path, monkeypatch):
+    """docker prints an empty line (and exits 1) for an image it does not hold: with `|| echo null` after it, that
+    image took two lines of the answer, and each image after it was read from the one before's line (a refusal of
+    `""` as what docker does not print, since answers are checked). The node's script, run by sh with the node's
+    docker: one line per image, the missing one "not there", the held one as saved."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    held = {"Id": IMAGE_ID, "RootFS": {"Layers": ["sha256:" + "d" * 64]}}
+    (bin_dir / "docker").write_text(
+        '#!/bin/sh\ncase "$*" in\n"info --format"*) echo \'{"Driver": "overlay2"}\' ;;\n'
+        f'*" held:1") echo \'{json.dumps(held)}\' ;;\n*) echo; echo "Error: No such image" >&2; exit 1 ;;\nesac\n')
+    (bin_dir / "docker").chmod(0o755)
+
+    def on_the_node(settings, r, script, what, **kw):
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+
+    monkeypatch.setattr(ship, "run_there", on_the_node)
+    wanted = [("gone:1", {"id": "sha256:" + "e" * 64, "diff_ids": []}),
+              ("held:1", {"id": IMAGE_ID, "diff_ids": held["RootFS"]["Layers"]}),
+              ("gone:2", {"id": "sha256:" + "f" * 64, "diff_ids": []})]
+    found, bad, _ = ship.images_there(Settings(), Remote("node7"), wanted)
+    assert [ref for ref, meta in found if meta] == ["held:1"] and len(found) == 3
+    assert bad == ["gone:1 is missing", "gone:2 is missing"]
