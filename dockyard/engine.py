@@ -476,8 +476,8 @@ def docker_json(settings: Settings, text: str, what: str, kind: type):
     except ValueError:
         data = None
     if not isinstance(data, kind):
-        raise DockyardError(f"`{settings.docker} {what}` did not answer as a Docker client does (JSON): the docker "
-                            "setting (INVOKE_DOCKYARD_DOCKER) must name the docker program")
+        raise DockyardError(f"`{shown(docker(settings, *what.split()))}` did not answer as a Docker client does (JSON): "
+                            "the docker setting (INVOKE_DOCKYARD_DOCKER) must name the docker program")
     return data
 
 

@@ -277,7 +277,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
                            keep=keep)
     if keep:
         print(f"the container stays when you leave it: `invoke commit --container={name}` makes an image of what you "
-              f"changed (`{settings.docker} rm {name}` drops it)", file=sys.stderr)
+              f"changed (`{engine.shown(engine.docker(settings, 'rm', name))}` drops it)", file=sys.stderr)
     if dry:
         engine.echo(argv)
         return

@@ -98,8 +98,9 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     found = engine.docker_json(settings, got.stdout, "container inspect", list)
     meta = found[0] if found and isinstance(found[0], dict) else None
     if meta is None or not isinstance(meta.get("Config"), dict) or "Image" not in meta:
-        raise DockyardError(f"`{settings.docker} container inspect {container}` did not answer as a Docker client "
-                            "does: the docker setting (INVOKE_DOCKYARD_DOCKER) must name the docker program")
+        raise DockyardError(f"`{engine.shown(engine.docker(settings, 'container', 'inspect', container))}` did not "
+                            "answer as a Docker client does: the docker setting (INVOKE_DOCKYARD_DOCKER) must name the "
+                            "docker program")
     diff = parse_diff(engine.run(engine.docker(settings, "diff", container), capture=True, quiet=True).stdout)
     secrets = find_secrets(diff) + env_secrets(meta["Config"].get("Env") or [])
     found, unread, partly = content_secrets(settings, container, diff, {path for path, _ in secrets})

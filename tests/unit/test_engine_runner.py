@@ -117,6 +117,16 @@ def test_a_docker_setting_that_names_no_docker_client_is_one_error_line(tmp_path
         engine.engine_info(settings)
 
 
+def test_a_client_that_is_no_docker_client_is_named_as_found_when_the_setting_is_left_empty(monkeypatch):
+    """The docker setting is "" by default (the first client on PATH): the error said "`` info` did not answer"."""
+    from dockyard.settings import load
+
+    monkeypatch.setattr(engine, "docker_binary", lambda setting="": setting or "/bin/echo")
+    settings = load({"docker": ""}, environ={})
+    with pytest.raises(DockyardError, match=r"^`/bin/echo info` did not answer as a Docker client does"):
+        engine.engine_info(settings)
+
+
 @pytest.mark.parametrize("args", [("save", "--variant=cpu"), ("commit", "--container=abc"),
                                   ("ship", "--image=dockyard:0.1.0-cpu", "--to=127.0.0.1")])
 def test_an_engine_that_does_not_answer_is_said_as_such_not_as_a_missing_image(args, tmp_path):

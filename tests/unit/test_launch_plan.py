@@ -241,12 +241,18 @@ def test_a_shell_kept_for_commit_is_not_removed_and_says_the_name_to_commit(tmp_
     """The newcomer audit: `invoke shell --help` said "(then `invoke commit`)", yet the shell's container was
     `docker run --rm`: what was installed in it was gone when it ended, and commit found no container. It still goes
     by default; `--keep` keeps it and names it for the commit."""
+    from dockyard import engine
+
     monkeypatch.setattr(launch_run, "read_host", lambda: Host(error="NVML unavailable (no driver)"))
-    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    # the docker setting left empty, as by default: the client is the one found on PATH (here a stand-in)
+    monkeypatch.setattr(engine, "docker_binary", lambda setting="": setting or "/opt/found/docker")
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DOCKER": ""}
     kept = invoke_here("shell", "--dry", "--variant=cpu", "--keep", env=env)
     assert kept.returncode == 0, kept.stderr
     name = re.search(r"--name (dockyard-shell-\d+)", kept.stdout + kept.stderr).group(1)
     assert f"`invoke commit --container={name}` makes an image of what you changed" in kept.stderr
+    # it said "(` rm dockyard-shell-N` drops it)": the empty setting, not the client found
+    assert f"(`/opt/found/docker rm {name}` drops it)" in kept.stderr
     assert " --rm " not in kept.stdout + kept.stderr
     gone = invoke_here("shell", "--dry", "--variant=cpu", env=env)
     assert " --rm " in gone.stdout + gone.stderr and "invoke commit" not in gone.stderr

@@ -296,3 +296,14 @@ def test_a_commit_never_takes_a_built_images_own_tag(tag):
 def test_a_docker_setting_that_is_no_docker_client_is_one_line(client):
     with pytest.raises(DockyardError, match="did not answer as a Docker client does"):
         commit.commit(Settings(docker=client), "c1", tag="mine:1")
+
+
+def test_a_client_found_on_path_that_is_no_docker_client_is_named_as_found(monkeypatch, tmp_path):
+    """With the docker setting left empty (the default) the error named "`` container inspect c1`"."""
+    client = tmp_path / "docker"
+    client.write_text("#!/bin/sh\necho '[]'\n")  # JSON, but no container's
+    client.chmod(0o755)
+    monkeypatch.setattr(commit.engine, "docker_binary", lambda setting="": setting or str(client))
+    with pytest.raises(DockyardError) as e:
+        commit.commit(Settings(docker=""), "c1", tag="mine:1")
+    assert str(e.value).startswith(f"`{client} container inspect c1` did not answer as a Docker client does")
