@@ -45,6 +45,22 @@ def test_the_one_node_service_starts_the_trainer_as_node_renders_it():
     assert [v.rsplit(":", 1)[-1] for v in svc["volumes"]] == [node.RUNS_INSIDE, node.HF_INSIDE]
 
 
+@pytest.mark.parametrize("path", ["compose/train.yml", "compose/gpu.yml", "compose/multinode.yml",
+                                  "docs/multinode.md"])
+def test_every_compose_example_runs_as_the_user_as_invoke_run_does(path):
+    """The service runs as ${DOCKYARD_UID:-1000}:${DOCKYARD_GID:-1000}: the examples left them out, and for a user
+    whose uid is not 1000 the run could not write its runs folder. Each example says them, as `invoke run` passes
+    --user $(id -u):$(id -g)."""
+    assert _service("train.yml")["user"] == "${DOCKYARD_UID:-1000}:${DOCKYARD_GID:-1000}"
+    text = re.sub(r"\\\n[#\s]*", " ", (ROOT / path).read_text())  # a command continued on the next line
+    examples = [line for line in text.splitlines() if "docker compose -f" in line]
+    assert examples
+    for line in examples:
+        assert "DOCKYARD_UID=$(id -u) DOCKYARD_GID=$(id -g)" in line, line
+    if path == "compose/train.yml":  # where memlock cannot be unlimited, the number `invoke doctor` prints
+        assert "DOCKYARD_MEMLOCK=<bytes> that `invoke doctor` prints" in text
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_the_multinode_service_starts_the_rendezvous_node_renders(tmp_path, rank):
     svc = _service("multinode.yml")
