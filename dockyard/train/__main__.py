@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     # step and at every save, about a call the user cannot change
     warnings.filterwarnings("ignore", category=FutureWarning, message=r"`torch\.distributed\."
                             r"(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")  # ZeRO-3: both
-    # bitsandbytes on a CPU with AVX512-BF16 asks the `kernels` package for a kernel from the Hub when it is imported,
-    # and each rank warned "Failed to load CPU gemm_4bit_forward from kernels-community ... pip install kernels": a
-    # download the image must not make (nodes without internet); its own CPU kernels run instead
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    environment.quiet_libraries()  # bitsandbytes' "pip install kernels", the checkpoint rotation's mtime
     if not nodes.first_of_node():  # loading and saving weights: one progress bar per node, not per GPU
         transformers.utils.logging.disable_progress_bar()
 
@@ -223,6 +220,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              liger_broken=liger_broken, model=manifest.host_path(settings.model))
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
+    if args.disable_tqdm:  # the recipe's "no progress bars" (defaults.yaml) holds for loading and saving weights too
+        transformers.utils.logging.disable_progress_bar()
     if liger_broken and device is not None and nodes.first_of_node():  # one line per node
         log.warning("%s: the run goes without Liger's kernels", liger_broken)
     if args.torch_compile and nodes.first_of_node():  # every process dropped it; one per node says so

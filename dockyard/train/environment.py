@@ -51,6 +51,28 @@ def quiet_toolkit_without_gpu() -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 
+# transformers' checkpoint rotation orders the checkpoints by mtime, and where the first and last were written
+# within a second of each other (a few quick steps between saves) it warned "mtime may not be reliable on this
+# filesystem, falling back to numerical ordering" at the first rotation: nothing is wrong with the filesystem, and
+# the numerical order (checkpoint-STEP, the only names the Trainer and --resume write) is the right one
+MTIME_FALLBACK = "mtime may not be reliable on this filesystem"
+
+
+def _not_mtime_fallback(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(MTIME_FALLBACK)
+
+
+def quiet_libraries() -> None:
+    """What the libraries say that is no fault of the run and that the user can do nothing about, left off the
+    console by the trainer and the exporter alike."""
+    # bitsandbytes on a CPU with AVX512-BF16 asks the `kernels` package for a kernel from the Hub when it is imported,
+    # and each rank (and every `invoke export` of an adapter) warned "Failed to load CPU gemm_4bit_forward from
+    # kernels-community ... pip install kernels": a download the image must not make (nodes without internet); its
+    # own CPU kernels run instead
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    logging.getLogger("transformers.trainer_utils").addFilter(_not_mtime_fallback)  # once, however often called
+
+
 def device_from_torch() -> Device | None:
     """The smallest GPU this process can see (every rank then resolves the same values), or None without one."""
     import torch

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path, help="an empty folder to write into")
     p.add_argument("--merge", action="store_true", help="merge LoRA/QLoRA adapters into the base")
     opts = p.parse_args(argv)
+    quiet()
     try:
         export(opts.run_dir, opts.out, opts.merge)
     except DockyardError as e:
@@ -52,6 +53,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{error_words(e)}); nothing was kept", file=sys.stderr)
         return 1
     return 0
+
+
+def quiet() -> None:
+    """The console says what was exported and how it compared: no progress bar of each load and save (a few lines of
+    bars for a second's work on a small model), nor the libraries' noise the trainer leaves out too."""
+    import transformers
+
+    from dockyard.train import environment
+
+    environment.quiet_libraries()
+    transformers.utils.logging.disable_progress_bar()
 
 
 def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:

@@ -70,8 +70,8 @@ def test_zero2_trains_and_saves_a_model_that_reloads(tmp_path):
     assert (run / "base" / "config.json").is_file()
     # DeepSpeed's collective that torch calls deprecated was warned of by every rank, at its first step and each save
     assert "FutureWarning" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
-    # one progress bar for loading the weights on this node, not one per process interleaved with the other's
-    assert (proc.stdout + proc.stderr).count("Loading weights: 100%") == 1, (proc.stdout + proc.stderr)[-3000:]
+    # no progress bar of loading or saving weights (the recipes' disable_tqdm), let alone one per process interleaved
+    assert "Loading weights" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
 
 
 def test_ddp_trains_two_processes_and_saves_a_model_that_reloads(tmp_path):

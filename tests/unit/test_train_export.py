@@ -5,6 +5,7 @@ tests/integration/test_export.py."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -206,3 +207,24 @@ def test_a_target_modules_expression_that_backtracks_without_end_is_refused_with
     assert "`target_modules` '((' is not a regular expression (" in _refused(run, out, capsys)
     _edit(adapter, target_modules=r".*\.(q|v)_proj")  # an expression peft takes, as the trainer does
     assert export.main(["--run-dir", str(run), "--out", str(out)]) == 0
+
+
+def test_an_export_says_what_it_did_without_progress_bars_or_the_libraries_noise(tmp_path):
+    """Every `invoke export` of a LoRA run printed bitsandbytes' "Failed to load CPU gemm_4bit_forward from
+    kernels-community ... `pip install kernels`" (on a CPU with AVX512-BF16; the trainer left it out already) and a
+    "Loading weights" bar for each load, a "Writing model shards" bar for the merged model's save. A process of its
+    own, as `invoke export` runs it: bitsandbytes warns once, when first imported."""
+    import subprocess
+    import sys
+
+    from dockyard.settings import ROOT
+
+    run, out = tmp_path / "r1", tmp_path / "out"
+    _adapter_run(run)
+    done = subprocess.run([sys.executable, "-m", "dockyard.train.export", "--run-dir", str(run), "--out", str(out),
+                           "--merge"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("exported lora adapters merged into the float32 base of run r1"), done.stdout
+    for noise in ("kernels-community", "pip install kernels", "Loading weights", "Writing model shards", "it/s]"):
+        assert noise not in done.stderr + done.stdout, done.stderr

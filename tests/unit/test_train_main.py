@@ -888,3 +888,35 @@ def test_a_launcher_count_set_as_a_word_is_one_line_before_anything_is_made(tmp_
     err = capsys.readouterr().err
     assert code == 1 and f"error: {name}='abc' is not a whole number: torchrun sets it" in err, err
     assert "Traceback" not in err and not (tmp_path / "r1").exists()
+
+
+@pytest.mark.parametrize("bars", [None, "false"], ids=["recipe-default", "disable_tqdm-false"])
+def test_a_run_says_its_steps_without_the_libraries_progress_bars_or_their_mtime_warning(tmp_path, capsys, bars):
+    """recipes/defaults.yaml sets disable_tqdm (progress bars garble log files), yet every run's console had
+    transformers' "Loading weights: 0%|..." bar and one "Writing model shards" bar per save, and at the first
+    checkpoint rotation "WARNING transformers.trainer_utils: mtime may not be reliable on this filesystem, falling
+    back to numerical ordering" (checkpoints written within a second: the numerical order, checkpoint-STEP, is the
+    right one, and the one kept). `--disable_tqdm false` brings the bars back. A real run, in this process."""
+    import logging
+
+    import transformers
+
+    from dockyard.train.__main__ import main
+
+    shown = transformers.utils.logging.is_progress_bar_enabled()
+    logging.Logger.warning_once.cache_clear()  # transformers says it once per process: as a new one
+    transformers.utils.logging.enable_progress_bar()  # as a new process has them
+    try:
+        with real_loggers():
+            code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "3",
+                         "--save_steps", "1", "--save_total_limit", "1", *(["--disable_tqdm", bars] if bars else [])])
+            for h in logging.root.handlers:
+                h.flush()
+    finally:
+        (transformers.utils.logging.enable_progress_bar if shown else transformers.utils.logging.disable_progress_bar)()
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "step 3/3" in err and "mtime" not in err, err
+    assert sorted(p.name for p in (tmp_path / "r1" / "checkpoints").iterdir()) == ["checkpoint-3"]
+    for bar in ("Loading weights", "Writing model shards"):
+        assert (bar in err) is (bars == "false"), err
