@@ -44,7 +44,7 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
         print(f"{paths.archive.name}: every image it holds is already loaded here, as saved (same id; the archive "
               "itself was not read): nothing to do")
         for ref, image_id in already:
-            print(f"loaded {ref} {image_id}")
+            print(f"already here: {ref} {image_id}")  # not "loaded": nothing was
         return already
     requires = (manifest.get("thin") or {}).get("requires") or []
     if requires:

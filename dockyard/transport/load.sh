@@ -239,7 +239,7 @@ size=$(wc -c <"$name" | tr -d ' ')
 # manifest it writes on import, and the same layers under another config are another image.
 if [ "$(store)" = classic ] && as_saved quiet >"$work/said"; then
 	echo "$name: every image it holds is already loaded here, as saved (same id; the archive itself was not read): nothing to do"
-	cat "$work/said"
+	sed 's/^loaded /already here: /' "$work/said"  # not "loaded": nothing was
 	exit 0
 fi
 # The archive is copied once into the private folder, hashed on the way: what is loaded is that copy.

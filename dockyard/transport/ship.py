@@ -107,10 +107,11 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
           f"{console.human(manifest['tar_bytes'])}, unless its images are loaded there already (a minute for each "
           "few GB) ...", flush=True)
     out = run_there(settings, r, f"cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}", f"loading {name}")
-    loaded = [tuple(line.split()[1:3]) for line in out.stdout.splitlines() if line.startswith("loaded ")]
-    for ref, image_id in loaded:
-        print(f"loaded on {r.host}: {ref} {image_id}")
-    return loaded
+    # "loaded REF ID", or "already here: REF ID" for an image load.sh found there as saved and did not load
+    said = [line.split() for line in out.stdout.splitlines() if line.startswith(("loaded ", "already here: "))]
+    for words in said:
+        print(f"{'loaded' if words[0] == 'loaded' else 'already'} on {r.host}: {words[-2]} {words[-1]}")
+    return [(words[-2], words[-1]) for words in said]
 
 
 def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity: str = "",

@@ -695,7 +695,7 @@ exit 0
 """
 
 
-def test_an_archive_loaded_before_is_not_copied_hashed_or_loaded_again(tmp_path, monkeypatch):
+def test_an_archive_loaded_before_is_not_copied_hashed_or_loaded_again(tmp_path, monkeypatch, capsys):
     """Loading the same archive twice re-hashed and re-loaded 4 GB (72 s) to change nothing."""
     paths = make_set(tmp_path)
     bin_dir, private = tmp_path / "bin", tmp_path / "private"
@@ -710,13 +710,16 @@ def test_an_archive_loaded_before_is_not_copied_hashed_or_loaded_again(tmp_path,
     assert r.stdout.splitlines()[-2:] == [
         "t_1.tar.zst: every image it holds is already loaded here, as saved (same id; the archive itself was not "
         "read): nothing to do",
-        "loaded t:1 sha256:" + "a" * 64]
+        "already here: t:1 sha256:" + "a" * 64]  # it said "loaded t:1 ...", of an image it had not loaded
     assert "verifying" not in r.stdout and not (tmp_path / "loaded").exists() and list(private.iterdir()) == []
 
     monkeypatch.setattr(load_mod.engine, "engine_info", lambda s: {})
     monkeypatch.setattr(load_mod.engine, "image_inspect", lambda s, ref: {"Id": "sha256:" + "a" * 64})
     monkeypatch.setattr(load_mod, "load_verified", lambda *a: pytest.fail("loaded again"))
+    capsys.readouterr()
     assert load_mod.load(Settings(), str(paths.archive)) == [("t:1", "sha256:" + "a" * 64)]
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == "already here: t:1 sha256:" + "a" * 64 and not any(w.startswith("loaded") for w in said), said
 
     # the containerd store names an image by a manifest of its own: the same layers under another config (a changed
     # ENV or label) would pass for it, so an archive is loaded there whatever the engine holds

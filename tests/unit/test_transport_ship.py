@@ -350,3 +350,33 @@ def test_an_image_the_node_does_not_hold_is_one_answer_and_the_next_images_stay_
     found, bad, _ = ship.images_there(Settings(), Remote("node7"), wanted)
     assert [ref for ref, meta in found if meta] == ["held:1"] and len(found) == 3
     assert bad == ["gone:1 is missing", "gone:2 is missing"]
+
+
+ALREADY_THERE = """#!/bin/sh
+# the node's docker: its engine (the classic store) holds t:1 as saved; `docker load` would leave $LOADED
+case "$1 $2" in
+"info --format") ;;
+"image inspect") echo "sha256:$(printf 'a%.0s' $(seq 64))" ;;
+load*) : >"$LOADED"; cat >/dev/null ;;
+esac
+exit 0
+"""
+
+
+def test_ship_load_of_images_the_node_holds_already_says_so_not_loaded(tmp_path, monkeypatch, capsys):
+    """load.sh on a node that held the images as saved said "nothing to do", then "loaded t:1 sha256:...", which the
+    ship repeated as "loaded on node7: ..." of images nothing had loaded."""
+    from tests.support.archive_sets import make_set
+
+    (tmp_path / "set").mkdir()
+    paths = make_set(tmp_path / "set")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "docker").write_text(ALREADY_THERE)
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")  # the node's PATH: this sh's
+    monkeypatch.setenv("LOADED", str(tmp_path / "loaded"))
+    got = ship.ship_file(local_node(tmp_path), str(paths.archive), f"node7:{tmp_path / 'there'}", load=True,
+                         transport="ssh")
+    assert got == [("t:1", "sha256:" + "a" * 64)] and not (tmp_path / "loaded").exists()
+    out = capsys.readouterr().out
+    assert "already on node7: t:1 sha256:" + "a" * 64 in out and "loaded on node7" not in out, out
