@@ -167,12 +167,14 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
                                 f"machine with internet, `hf download {value}` again, then copy its "
                                 "~/.cache/huggingface into that folder")
         return None
-    kind = " --repo-type dataset" if key in ("data", "eval_data") else ""
-    hub = (f"; nor is it a hub id in the Hugging Face cache {settings.path(settings.hf_cache)} (runs are offline: "
-           f"on a machine with internet, `hf download{kind} {value}`, then copy its ~/.cache/huggingface into "
-           "that folder)") if HUB_ID.fullmatch(value) and not looks_like_path(value) else ""
-    raise DockyardError(f"{where} {value}: no such file or folder on this host{hub} (give an existing file or "
-                        "folder; it is mounted read-only into the run)")
+    if HUB_ID.fullmatch(value) and not looks_like_path(value):  # models/x: a hub id's form, and a folder's
+        kind, what = (" --repo-type dataset", "file or folder") if key in ("data", "eval_data") else ("", "folder")
+        raise DockyardError(f"{where} {value}: neither a {what} on this host (if you meant one: no such {what} "
+                            f"./{value} in {Path.cwd()}) nor a hub id in the Hugging Face cache "
+                            f"{settings.path(settings.hf_cache)} (runs are offline: on a machine with internet, "
+                            f"`hf download{kind} {value}`, then copy its ~/.cache/huggingface into that folder)")
+    raise DockyardError(f"{where} {value}: no such file or folder on this host (give an existing file or folder; it "
+                        "is mounted read-only into the run)")
 
 
 def given_name(value: str, host: Path) -> str:

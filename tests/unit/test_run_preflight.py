@@ -141,13 +141,20 @@ def test_native_without_the_training_stack_says_how_to_get_it(env, tmp_path, mon
 
 
 def test_a_relative_path_that_is_not_there_is_refused_not_taken_for_a_hub_id(env):
-    refused(dry(env, "--model=models/x"), "--model models/x: no such file or folder on this host")
+    # models/x has a hub id's form: the error says both what it is not as a folder and as a hub id (it said only
+    # "no such file or folder", then how to download models/x from the hub)
+    r = dry(env, "--model=models/x")
+    refused(r, f"--model models/x: neither a folder on this host (if you meant one: no such folder ./models/x in "
+               f"{Path.cwd()}) nor a hub id in the Hugging Face cache ")
+    assert "`hf download models/x`" in r.stderr
+    refused(dry(env, "--data=mydata/x"), "--data mydata/x: neither a file or folder on this host (if you meant one: "
+                                         "no such file or folder ./mydata/x in ")
     refused(dry(env, "--data=mydata"), "--data mydata: no such file or folder")
     refused(dry(env, "--data=notes.pdf"), "no such file or folder")
 
 
 def test_a_hub_id_in_the_cache_is_taken_as_a_flag_and_as_the_setting(env, tmp_path):
-    refused(dry(env, "--data=org/name"), "nor is it a hub id in the Hugging Face cache")
+    refused(dry(env, "--data=org/name"), "nor a hub id in the Hugging Face cache")
     (tmp_path / "hf" / "hub" / "datasets--org--name").mkdir(parents=True)
     for r in (dry(env, "--data=org/name"), dry({**env, "INVOKE_DOCKYARD_DATA": "org/name"})):
         assert r.returncode == 0, r.stderr
