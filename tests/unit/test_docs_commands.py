@@ -61,6 +61,17 @@ def test_the_docs_name_only_tasks_and_flags_that_exist():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_readme_tasks_table_names_every_flag_of_each_task_it_shows():
+    """The newcomer audit: the table left out flags `invoke --help TASK` has (build --devel, export --dry, shell --dry,
+    setup --dry and --mirror, lock and wheelhouse --dry, slurm and k8s --variant and --out)."""
+    table = (ROOT / "README.md").read_text().split("\n## Tasks\n", 1)[1].split("\n## ", 1)[0]
+    rows = {m[1]: line for line in table.splitlines() if (m := re.match(r"\| `invoke ([a-z0-9-]+)[^`]*` \|", line))}
+    assert {"setup", "build", "run", "shell", "slurm", "k8s", "export"} <= set(rows)
+    left_out = [f"invoke {task} {flag}" for task, row in rows.items() for flag in _flags(task)
+                if flag.startswith("--") and flag != "--help" and not re.search(re.escape(flag) + r"(?![\w-])", row)]
+    assert not left_out, left_out
+
+
 def docs_errors(docs) -> tuple[list[str], int]:
     """What Invoke would refuse in the commands these pages show, and how many flags were checked."""
     tasks = set(COLLECTION.tasks)
