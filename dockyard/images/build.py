@@ -62,7 +62,7 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
         raise DockyardError(f"base image {base_image(settings, variant)} is missing: run `invoke setup` "
                             "(makes it with debootstrap) or set base_image_cpu in invoke.yaml")
     if need_wheels:
-        wheelhouse(settings, variant.name)
+        download_wheelhouse(settings, variant)
     tracker = _StepTracker()
     with _only_build_of(context):
         shutil.rmtree(context, ignore_errors=True)
@@ -103,24 +103,37 @@ def lock(settings: Settings, name: str = "all", dry: bool = False) -> None:
 
 
 def wheelhouse(settings: Settings, name: str = "auto", dry: bool = False) -> None:
+    """`invoke wheelhouse` (and `invoke setup`'s): each variant's wheelhouse downloaded, unless it already matches its
+    lock with every file at its size; `pip download` asked the index again for every file of a complete one."""
     for variant in _selected(settings, name):
-        plan = wheelhouse_steps(settings, variant)
-        if dry:
-            print(plan.show())
+        if wheelhouse_complete(settings, variant):
+            print(f"wheelhouse {_shown(wheelhouse_dir(settings, variant))} matches {variant.lock_file.name}, every file "
+                  "at its size: nothing to download")
             continue
-        variants.lock_hash(variant)  # a clear error when the lock is missing
-        d = wheelhouse_dir(settings, variant)
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # pip's own traceback ("NotADirectoryError: '/dev/null/cpu'") said it otherwise
-            raise DockyardError(f"cannot make the wheelhouse folder {d} ({e.strerror}): set wheelhouse_dir "
-                                "(INVOKE_DOCKYARD_WHEELHOUSE_DIR) to a folder you can write") from None
-        for argv, env in plan.steps:
-            engine.run(argv, env=env, what=f"downloading the wheelhouse of {variant.name}")
-        stamp_wheelhouse(d, variant)
-        size = sum(f.stat().st_size for f in d.iterdir())
-        print(f"wheelhouse {d.relative_to(ROOT) if d.is_relative_to(ROOT) else d}: "
-              f"{len(list(d.iterdir())) - 1} files, {size / 2**20:.0f} MiB")
+        download_wheelhouse(settings, variant, dry)
+
+
+def download_wheelhouse(settings: Settings, variant: Variant, dry: bool = False) -> None:
+    plan = wheelhouse_steps(settings, variant)
+    if dry:
+        print(plan.show())
+        return
+    variants.lock_hash(variant)  # a clear error when the lock is missing
+    d = wheelhouse_dir(settings, variant)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # pip's own traceback ("NotADirectoryError: '/dev/null/cpu'") said it otherwise
+        raise DockyardError(f"cannot make the wheelhouse folder {d} ({e.strerror}): set wheelhouse_dir "
+                            "(INVOKE_DOCKYARD_WHEELHOUSE_DIR) to a folder you can write") from None
+    for argv, env in plan.steps:
+        engine.run(argv, env=env, what=f"downloading the wheelhouse of {variant.name}")
+    stamp_wheelhouse(d, variant)
+    size = sum(f.stat().st_size for f in d.iterdir())
+    print(f"wheelhouse {_shown(d)}: {len(list(d.iterdir())) - 1} files, {size / 2**20:.0f} MiB")
+
+
+def _shown(d: Path) -> Path:
+    return d.relative_to(ROOT) if d.is_relative_to(ROOT) else d
 
 
 @dataclass

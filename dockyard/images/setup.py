@@ -123,10 +123,7 @@ def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     print(why)
     if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
         ensure_cpu_base(settings, mirror, dry)
-    if not build.wheelhouse_complete(settings, variant):
-        build.wheelhouse(settings, variant.name, dry=dry)
-    else:
-        print(f"wheelhouse: {build.wheelhouse_dir(settings, variant)} matches the lock")
+    build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock
     if dry:
         print("dry run: nothing was installed, made or downloaded")
     else:

@@ -405,6 +405,34 @@ def test_a_wheelhouse_missing_a_wheel_since_its_download_is_fetched_again(settin
     assert not build.wheelhouse_complete(s, variant)
 
 
+def test_a_wheelhouse_that_matches_its_lock_is_not_downloaded_again(settings, monkeypatch, tmp_path, capsys):
+    """`invoke wheelhouse` ran `pip download` (the index asked again for every file) on a complete wheelhouse, where
+    setup and build found it complete and went on. It says so and downloads nothing, --dry included; a wheelhouse of
+    another lock is downloaded."""
+    downloads = []
+
+    def download(argv, **_):
+        downloads.append(argv)
+        (tmp_path / "cpu").mkdir(exist_ok=True)
+        (tmp_path / "cpu" / "peft-0.21.2-py3-none-any.whl").write_bytes(b"w" * 300)
+
+    monkeypatch.setattr(engine, "run", download)
+    s = settings.model_copy(update={"wheelhouse_dir": tmp_path})
+    build.wheelhouse(s, "cpu")
+    assert len(downloads) == 1
+    capsys.readouterr()
+    for dry in (False, True):
+        build.wheelhouse(s, "cpu", dry=dry)
+        assert capsys.readouterr().out == (f"wheelhouse {tmp_path / 'cpu'} matches cpu.txt, every file at its size: "
+                                           "nothing to download\n")
+    assert len(downloads) == 1, "downloaded again"
+    (tmp_path / "cpu" / build.WHEELHOUSE_STAMP).write_text("another lock\n")
+    build.wheelhouse(s, "cpu", dry=True)
+    assert "pip download" in capsys.readouterr().out
+    build.wheelhouse(s, "cpu")
+    assert len(downloads) == 2
+
+
 def test_lock_says_when_pips_own_index_is_not_the_one_it_resolves_against(settings, capsys, monkeypatch):
     """invoke.yaml said index_url "" meant pip's own configuration, but uv (which resolves the lock) reads none of it:
     with a private index configured for pip only, the lock resolved against PyPI while the wheelhouse downloaded from
