@@ -388,11 +388,19 @@ def check_known_settings(recipe: Recipe, training: dict[str, Any]) -> None:
 
 DDP_BACKENDS = ("nccl", "gloo")  # what torch.distributed holds in the images (no MPI, no oneCCL)
 COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch's own: others need packages no image has
+# torch.compile's modes, as torch._inductor.list_mode_options() names them in the pinned torch (the host has no torch;
+# the trainer asks its own: guards.compile_modes)
+COMPILE_MODES = ("default", "lite", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+# TrainingArguments.train_sampling_strategy's choices, and include_num_input_tokens_seen's names besides true/false:
+# anything else the Trainer took without a word (a random sampler; no count)
+SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
+TOKENS_SEEN = ("all", "non_padding", "no")
 
 
-def check_training_numbers(training: dict[str, Any]) -> None:
+def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, ...] = COMPILE_MODES) -> None:
     """Every TrainingArguments number of resolve_settings' second half valid (check_number): the host checks them
-    before a run starts (`invoke run`, slurm, k8s), the trainer again for what reaches it directly (run.sh, native)."""
+    before a run starts (`invoke run`, slurm, k8s), the trainer again for what reaches it directly (run.sh, native),
+    with its torch's `compile_modes`."""
     kinds = training_arguments()
     for key, value in training.items():
         check_number(key, value, kinds.get(key, ""))
@@ -432,6 +440,18 @@ def check_training_numbers(training: dict[str, Any]) -> None:
     if backend is not None and str(backend).lower() not in COMPILE_BACKENDS:  # accelerate's enum, in the run
         raise DockyardError(f"torch_compile_backend {reprlib.repr(backend)}: give one of "
                             f"{', '.join(COMPILE_BACKENDS)} (inductor is torch's own), or leave it out")
+    mode = training.get("torch_compile_mode")
+    if mode is not None and mode not in compile_modes:  # torch's RuntimeError (accelerate's KeyError) once loaded
+        raise DockyardError(f"torch_compile_mode {reprlib.repr(mode)}: give one of {', '.join(compile_modes)} "
+                            "(torch.compile's modes), or leave it out")
+    sampler = training.get("train_sampling_strategy")
+    if sampler is not None and sampler not in SAMPLING_STRATEGIES:  # the Trainer fell back to random, unsaid
+        raise DockyardError(f"train_sampling_strategy {reprlib.repr(sampler)}: give one of "
+                            f"{', '.join(SAMPLING_STRATEGIES)}, or leave it out (random)")
+    seen = training.get("include_num_input_tokens_seen")
+    if seen is not None and not isinstance(seen, bool) and seen not in TOKENS_SEEN:  # no count, unsaid
+        raise DockyardError(f"include_num_input_tokens_seen {reprlib.repr(seen)}: give one of "
+                            f"{', '.join(TOKENS_SEEN)}, or true (all) or false (no)")
     if training.get("bf16") is True and training.get("fp16") is True:
         raise DockyardError("bf16 and fp16 are both true: give one (bf16 on Ampere and newer GPUs, fp16 on older ones), "
                             "or neither for the GPU's own")

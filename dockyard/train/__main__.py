@@ -418,7 +418,7 @@ def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     check_known_overrides(overrides)
     settings, training = resolve_settings(recipe, overrides)
     check_known_settings(recipe, training)
-    check_training_numbers(training)
+    check_training_numbers(training, guards.compile_modes(training.get("torch_compile_mode")))
     # the batch split over this run's processes, as the host checks it (the autos resolve it again, on the GPU)
     batch_split(settings.global_batch, *check_autos(training, recipe), int(os.environ.get("WORLD_SIZE", 1)))
     autos.check_packing(settings.packing, settings.task, settings.padding_free)

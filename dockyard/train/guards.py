@@ -13,6 +13,7 @@ from typing import Any
 
 from dockyard.common import recipes
 from dockyard.common.errors import DockyardError, json_object, problems
+from dockyard.common.run_settings import COMPILE_MODES
 from dockyard.common.units import GIB
 
 
@@ -104,6 +105,18 @@ def check_report_to(value: Any) -> None:
         raise DockyardError(f"report_to {', '.join(missing)}: not installed in this image (installed: "
                             f"{', '.join(have) or 'none'}); use --report_to none, or install it in an image "
                             "of your own")
+
+
+def compile_modes(given: Any) -> tuple[str, ...]:
+    """torch.compile's modes as this torch names them, for a run given a torch_compile_mode (the host checks the
+    pinned torch's, run_settings.COMPILE_MODES; importing inductor takes a second, so only where one is given)."""
+    if given is None:
+        return COMPILE_MODES
+    try:
+        from torch._inductor import list_mode_options
+    except ImportError:  # a torch without inductor's table: the pinned torch's
+        return COMPILE_MODES
+    return tuple(list_mode_options())
 
 
 def check_optim(args: Any) -> None:

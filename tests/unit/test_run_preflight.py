@@ -421,13 +421,22 @@ def test_numa_binding_true_on_cpu_and_an_empty_number_are_said_before_the_run_st
     (["--ddp_backend", "mpi"], "ddp_backend 'mpi': the images hold nccl and gloo"),
     (["--tf32", "true"], "tf32 true is a mode of NVIDIA GPUs (Ampere and newer), and this run trains on CPU"),
     (["--ddp_backend", "nccl"], "ddp_backend nccl needs GPUs, and this run trains on CPU"),
+    # torch's RuntimeError once the model had loaded; the Trainer fell back to its random sampler, and to no count
+    (["--torch_compile", "true", "--torch_compile_mode", "fastest"], "torch_compile_mode 'fastest': give one of "
+                                                                      "default, lite, reduce-overhead, "),
+    (["--train_sampling_strategy", "bogus"], "train_sampling_strategy 'bogus': give one of random, sequential, "
+                                             "group_by_length, batch_rebalance"),
+    (["--include_num_input_tokens_seen", "bogus"], "include_num_input_tokens_seen 'bogus': give one of all, "
+                                                   "non_padding, no, or true (all) or false (no)"),
 ])
 def test_a_backend_no_image_has_and_gpu_switches_on_cpu_are_refused_before_the_run_starts(env, given, says):
     """The thirteenth red-team pass: each passed `run --dry`, then the run refused it (accelerate's enum, its
     "backend mpi is not available", Transformers' "--tf32 requires Ampere") once its folder, and in a container its
     image, had started. Torch's own backends, in any case, still pass."""
     refused(dry(env, "--", *given), says)
-    for fine in (["--torch_compile_backend", "Inductor"], ["--ddp_backend", "gloo"], ["--tf32", "false"]):
+    for fine in (["--torch_compile_backend", "Inductor"], ["--ddp_backend", "gloo"], ["--tf32", "false"],
+                 ["--torch_compile_mode", "max-autotune-no-cudagraphs"], ["--train_sampling_strategy", "sequential"],
+                 ["--include_num_input_tokens_seen", "non_padding"], ["--include_num_input_tokens_seen", "true"]):
         ok = dry(env, "--", *fine)
         assert ok.returncode == 0, ok.stderr
 
@@ -462,6 +471,22 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
     assert run_settings.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
     assert run_settings.training_arguments()["bf16"] == "bool"  # and the switches
     assert "adamw_torch_fused" in run_settings.training_arguments()["optim"].split(",")  # and the names
+
+
+def test_the_hosts_names_of_modes_and_samplers_are_torchs_and_transformers():
+    """The host has neither torch nor transformers: its lists of torch.compile's modes and of the Trainer's samplers
+    are the pinned ones' (the trainer asks its own torch for the modes)."""
+    from torch._inductor import list_mode_options
+    from transformers import TrainingArguments
+
+    from dockyard.train import guards
+
+    assert run_settings.COMPILE_MODES == tuple(list_mode_options())
+    assert guards.compile_modes("fastest") == tuple(list_mode_options())
+    sampler = next(f for f in fields(TrainingArguments) if f.name == "train_sampling_strategy")
+    assert run_settings.SAMPLING_STRATEGIES == tuple(sampler.metadata["choices"])
+    for value in (*run_settings.TOKENS_SEEN, True, False):  # what TrainingArguments and the Trainer read
+        TrainingArguments(output_dir="/nonexistent", include_num_input_tokens_seen=value, use_cpu=True)
 
 
 @pytest.mark.parametrize("task", ["slurm", "k8s"])

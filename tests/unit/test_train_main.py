@@ -179,6 +179,12 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--metric_for_best_model", "foo"], "metric_for_best_model 'foo': a run computes no metric but the evaluation "
                                          "loss"),
     (["--include_for_metrics", "5"], "include_for_metrics 5: takes a list of inputs and loss"),
+    # torch's RuntimeError after the model loaded; the Trainer's random sampler and no count, without a word
+    (["--torch_compile", "true", "--torch_compile_mode", "fastest"], "torch_compile_mode 'fastest': give one of "
+                                                                      "default, lite, reduce-overhead"),
+    (["--train_sampling_strategy", "bogus"], "train_sampling_strategy 'bogus': give one of random, sequential"),
+    (["--include_num_input_tokens_seen", "bogus"], "include_num_input_tokens_seen 'bogus': give one of all, "
+                                                   "non_padding, no"),
     # the split of the batch, refused once the run folder was made (run.sh, native)
     (["--global_batch", "3", "--per_device_train_batch_size", "2"], "per_device_train_batch_size 2 does not divide "
                                                                      "the 3 examples each of the 1 process(es)"),
