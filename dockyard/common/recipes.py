@@ -282,7 +282,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
                             f"or give a folder that holds a recipe.yaml")
     files_inside(folder)
     try:
-        text = read_bounded(path, MiB, "recipe.yaml").decode()
+        text = read_bounded(path, MiB, "recipe.yaml").decode("utf-8-sig")  # a BOM (Windows editors) left out
     except UnicodeDecodeError as e:
         raise DockyardError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
     first = text.splitlines()[0] if text else ""
@@ -343,7 +343,7 @@ def read_fsdp_file(path: Path) -> dict[str, Any]:
     Read by the host (`run --dry`, `invoke recipes`) and the trainer. Anything else started a run that stopped only
     once the model had loaded, with a traceback or a strategy mismatch."""
     try:
-        raw = read_yaml(read_bounded(path, MiB, path.name).decode()) or {}
+        raw = read_yaml(read_bounded(path, MiB, path.name).decode("utf-8-sig")) or {}
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):

@@ -332,7 +332,7 @@ def read_defaults(path: Path) -> dict[str, Any]:
     """recipes/defaults.yaml as `key: value` settings, or one error line saying what is wrong with it (it is read by
     every run, on the host and in the trainer: a slip in it was a traceback there)."""
     try:
-        defaults = read_yaml(read_bounded(path, MiB, "defaults.yaml").decode()) or {}
+        defaults = read_yaml(read_bounded(path, MiB, "defaults.yaml").decode("utf-8-sig")) or {}
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):

@@ -473,6 +473,17 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
     assert "adamw_torch_fused" in run_settings.training_arguments()["optim"].split(",")  # and the names
 
 
+def test_a_recipe_saved_with_a_byte_order_mark_passes_the_dry_run(env, tmp_path):
+    """A recipe.yaml saved with a UTF-8 BOM was refused by `run --dry`: "the first line must be a comment"."""
+    import shutil
+
+    folder = tmp_path / "mine"
+    shutil.copytree(ROOT / "recipes" / "zero2", folder)
+    (folder / "recipe.yaml").write_bytes(b"\xef\xbb\xbf" + (folder / "recipe.yaml").read_bytes())
+    r = dry(env, f"--recipe={folder}")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
 def test_the_hosts_names_of_modes_and_samplers_are_torchs_and_transformers():
     """The host has neither torch nor transformers: its lists of torch.compile's modes and of the Trainer's samplers
     are the pinned ones' (the trainer asks its own torch for the modes)."""

@@ -330,6 +330,20 @@ def test_a_recipe_file_that_is_not_utf8_is_one_error_line(tmp_path):
         load_recipe(tmp_path)
 
 
+def test_recipe_files_saved_with_a_byte_order_mark_are_read_as_written(tmp_path):
+    """A recipe.yaml saved with a UTF-8 BOM (Windows editors) was refused: "the first line must be a comment", though
+    it was `# invoke run ...`; its fsdp.yaml and ds_config.json are read the same way."""
+    for name in ("zero2", "fsdp"):
+        folder = tmp_path / name
+        folder.mkdir()
+        for f in load_recipe(name).folder.iterdir():
+            (folder / f.name).write_bytes(b"\xef\xbb\xbf" + f.read_bytes())
+        recipe = load_recipe(folder)
+        assert recipe.command == f"invoke run --recipe={name}" and recipe.strategy == name
+    assert guards.fsdp_settings(tmp_path / "fsdp" / "fsdp.yaml")["fsdp"] is True
+    assert guards.deepspeed_config(tmp_path / "zero2" / "ds_config.json", "zero2")["zero_optimization"]["stage"] == 2
+
+
 TOO_OLD = ("The NVIDIA driver on your system is too old (found version 12020). Please update your GPU driver by "
            "downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx")
 
