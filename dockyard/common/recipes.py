@@ -328,7 +328,11 @@ def deepspeed_matches(cfg: dict, spec: Strategy, path: Path) -> None:
     for key, wanted in offloads:
         section = zero.get(key)
         device = section.get("device", "none") if isinstance(section, dict) else "none" if section is None else section
-        if (device == "cpu") != wanted:
+        if device == "nvme":  # DeepSpeed's third device: the strategy check then found 'nvme', once the model loaded
+            raise DockyardError(f'{path}: zero_optimization.{key}.device "nvme": no strategy here offloads to NVMe '
+                                '(the offload recipes use host RAM): write "cpu" with an -offload strategy '
+                                '(zero2-offload, zero3-offload), or "none"')
+        if (device not in ("none", None)) != wanted:  # any device but none is an offload
             wrong.append(f"zero_optimization.{key}.device is {device!r}, {spec.name} "
                          + ("offloads it to the CPU (\"cpu\")" if wanted else "keeps it on the GPU (\"none\")"))
     if wrong:

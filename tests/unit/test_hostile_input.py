@@ -83,6 +83,11 @@ def broken_recipe(tmp_path, ds_config: str):
      "zero_optimization.offload_optimizer.device is 'cpu', zero2 keeps it on the GPU"),
     # json keeps the last of a key set twice, without a word
     ('{"zero_optimization": {"stage": 2, "overlap_comm": true, "stage": 3}}', "'stage' is set twice in one object"),
+    # NVMe offload passed as "no offload" (only "cpu" was one): the strategy check stopped the run once loaded
+    ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}',
+     'zero_optimization.offload_optimizer.device "nvme": no strategy here offloads to NVMe'),
+    ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}}',
+     "zero_optimization.offload_optimizer.device is 'disk', zero2 keeps it on the GPU"),
 ])
 def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     folder = broken_recipe(tmp_path, ds_config)

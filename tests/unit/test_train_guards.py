@@ -482,3 +482,20 @@ def test_an_offloaded_adam_is_checked_against_deepspeeds_cpu_adam(tmp_path):
         guards.deepspeed_config(path, "zero2-offload")
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": adam}))
     assert guards.deepspeed_config(path, "zero2")
+
+
+@pytest.mark.parametrize("body,strategy_name,says", [
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}, "zero2",
+     'zero_optimization.offload_optimizer.device "nvme": no strategy here offloads to NVMe (the offload recipes use '
+     'host RAM): write "cpu" with an -offload strategy (zero2-offload, zero3-offload), or "none"'),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme"}}},
+     "zero3-offload", 'zero_optimization.offload_param.device "nvme": no strategy here offloads to NVMe'),
+])
+def test_what_deepspeed_stops_on_after_the_model_loads_is_refused_by_the_trainer(tmp_path, body, strategy_name, says):
+    """NVMe offload was the strategy check's mismatch, once the model had loaded."""
+    path = tmp_path / "ds.json"
+    stage = 3 if strategy_name.startswith("zero3") else 2
+    path.write_text(json.dumps({"zero_optimization": {"stage": stage}, **body}))
+    with pytest.raises(DockyardError) as e:
+        guards.deepspeed_config(path, strategy_name)
+    assert says in str(e.value) and "\n" not in str(e.value)
