@@ -423,11 +423,28 @@ def read_deepspeed_config(path: Path) -> dict:
     stage = zero.get("stage", 0)
     if type(stage) is not int or not 0 <= stage <= 3:  # DeepSpeed's refusal came after the run started, in its words
         raise DockyardError(f"{path}: zero_optimization.stage {stage!r}: takes 0, 1, 2 or 3 (a number, not text)")
+    kind = cfg.get("optimizer", {}).get("type")
+    if stage and isinstance(kind, str) and kind.lower() not in ZERO_OPTIMIZERS and not cfg.get(ZERO_UNTESTED):
+        raise untested_zero_optimizer(path, kind)
     for key, setting in DEEPSPEED_BATCH_KEYS.items():
         if key in cfg and cfg[key] != "auto":
             raise DockyardError(f'{path}: {key} {cfg[key]!r}: the run sets the batch, so write "auto" here (or leave '
                                 f"it out) and give {setting} in the recipe's settings: or after -- instead")
     return cfg
+
+
+# The `optimizer` types (lower case, as DeepSpeed matches them) ZeRO trains with: the classes DeepSpeed builds for them
+# are its ZERO_SUPPORTED_OPTIMIZERS (deepspeed/runtime/zero/utils.py; a test compares them). Any other type (Lamb, a
+# torch.optim class: SGD) stopped every rank in deepspeed.initialize with DeepSpeed's AssertionError, "untested ZeRO
+# Optimizer", unless the config sets ZERO_UNTESTED.
+ZERO_OPTIMIZERS = ("adam", "adamw", "adagrad", "lion", "muon")
+ZERO_UNTESTED = "zero_allow_untested_optimizer"
+
+
+def untested_zero_optimizer(path: Path | str, kind: str) -> DockyardError:
+    return DockyardError(f'{path}: optimizer.type "{kind}": ZeRO trains with Adam, AdamW, Adagrad, Lion or Muon '
+                         '(DeepSpeed stops at its start on any other: "untested ZeRO Optimizer"): use one of them '
+                         f'(check the spelling), or add "{ZERO_UNTESTED}": true to the file to train with it anyway')
 
 
 # The sections of a DeepSpeed config that hold settings of their own (the Trainer and DeepSpeed read them as objects)

@@ -276,6 +276,17 @@ def _optimizer_class(kind: str, params: dict[str, Any], offloaded: bool) -> tupl
     return (found, set(), set()) if isinstance(found, type) and issubclass(found, torch.optim.Optimizer) else None
 
 
+def _check_zero_optimizer(cfg: dict[str, Any], path: Path, kind: str, cls: Any) -> None:
+    """The class DeepSpeed builds for the `optimizer` section one of those its ZeRO trains with (as the host checks
+    the type by name, recipes.ZERO_OPTIMIZERS): any other stopped every rank with DeepSpeed's AssertionError
+    ("untested ZeRO Optimizer") in deepspeed.initialize, after the model loaded."""
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    if cfg["zero_optimization"].get("stage", 0) and not cfg.get(recipes.ZERO_UNTESTED) \
+            and cls not in ZERO_SUPPORTED_OPTIMIZERS:
+        raise recipes.untested_zero_optimizer(path, kind)
+
+
 def _unknown_params(cls: Any, given: dict[str, Any], taken: set[str],
                     passed: set[str]) -> tuple[list[str], list[str]]:
     """The keys of `given` the constructor of `cls` would refuse (a TypeError, or "got multiple values" for one of
@@ -307,7 +318,9 @@ def _check_constructor_params(path: Path, cfg: dict[str, Any]) -> None:
         built = _optimizer_class(opt["type"], params, recipes.optimizer_offloaded(cfg))
         if built is None:
             raise DockyardError(f'{path}: optimizer.type "{opt["type"]}": DeepSpeed knows Adam, AdamW, Adagrad, Lamb, '
-                                "Lion, or a torch.optim class by its exact name (SGD): check the spelling")
+                                "Lion, or a torch.optim class by its exact name (ZeRO trains with one only where "
+                                f'"{recipes.ZERO_UNTESTED}" is true): check the spelling')
+        _check_zero_optimizer(cfg, path, opt["type"], built[0])
         found.append(("optimizer", opt["type"], *built, params))
     if isinstance(sched, dict) and isinstance(sched.get("type"), str):
         kind = sched["type"]

@@ -88,6 +88,12 @@ def broken_recipe(tmp_path, ds_config: str):
      'zero_optimization.offload_optimizer.device "nvme": no strategy here offloads to NVMe'),
     ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}}',
      "zero_optimization.offload_optimizer.device is 'disk', zero2 keeps it on the GPU"),
+    # DeepSpeed's AssertionError on every rank, once the model had loaded: "untested ZeRO Optimizer"
+    ('{"zero_optimization": {"stage": 2}, "optimizer": {"type": "SGD", "params": {"lr": "auto", "momentum": 0.9}}}',
+     'optimizer.type "SGD": ZeRO trains with Adam, AdamW, Adagrad, Lion or Muon'),
+    ('{"zero_optimization": {"stage": 2}, "optimizer": {"type": "LBFGS"}}', 'optimizer.type "LBFGS": ZeRO trains with'),
+    ('{"zero_optimization": {"stage": 2}, "optimizer": {"type": "Lamb"}}',
+     '"zero_allow_untested_optimizer": true to the file to train with it anyway'),
 ])
 def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     folder = broken_recipe(tmp_path, ds_config)

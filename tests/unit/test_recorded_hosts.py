@@ -294,6 +294,8 @@ def _recipe_with_optimizer(tmp_path: Path, optimizer: dict | None, offload: bool
     cfg.pop("optimizer", None)
     if optimizer:
         cfg["optimizer"] = optimizer
+    if optimizer and optimizer["type"] not in ("Adam", "AdamW"):  # Lamb: ZeRO trains it only where allowed
+        cfg["zero_allow_untested_optimizer"] = True
     (folder / "ds_config.json").write_text(json.dumps(cfg))
     return folder
 

@@ -431,7 +431,9 @@ def _strategy_of(body: dict) -> str:
     ({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decya": 0.1}}},
      r"optimizer.params: weight_decya not known to AdamW \(it takes .*weight_decay"),
     ({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, r"optimizer.params: max_grad_norm not known"),
-    ({"optimizer": {"type": "AdamWW"}}, r'optimizer.type "AdamWW": DeepSpeed knows Adam, AdamW'),
+    ({"optimizer": {"type": "AdamWW"}}, r'optimizer.type "AdamWW": ZeRO trains with Adam, AdamW.*check the spelling'),
+    ({"optimizer": {"type": "AdamWW"}, "zero_allow_untested_optimizer": True},
+     r'optimizer.type "AdamWW": DeepSpeed knows Adam, AdamW'),
     ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}},
      r"scheduler.params: warmup_num_step not known to WarmupLR \(it takes .*warmup_num_steps"),
     ({"scheduler": {"type": "Cosine"}}, r'scheduler.type "Cosine": DeepSpeed knows LRRangeTest'),
@@ -460,8 +462,9 @@ def test_a_misspelt_key_inside_a_deepspeed_section_is_refused_before_the_model_l
                                               "decoupled_weight_decay": True}}},
     {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
      "optimizer": {"type": "Lion", "params": {"fp32_optimizer_states": False}}},
-    {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}},
+    {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}, "zero_allow_untested_optimizer": True},
     {"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99]}}},
+    {"optimizer": {"type": "adagrad"}},
     {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto",
                                                        "warmup_max_lr": "auto"}}},
     {"scheduler": {"type": "CosineAnnealingLR", "params": {"T_max": 100}}},
@@ -485,6 +488,11 @@ def test_an_offloaded_adam_is_checked_against_deepspeeds_cpu_adam(tmp_path):
 
 
 @pytest.mark.parametrize("body,strategy_name,says", [
+    ({"optimizer": {"type": "SGD", "params": {"lr": "auto", "momentum": 0.9}}}, "zero2",
+     'optimizer.type "SGD": ZeRO trains with Adam, AdamW, Adagrad, Lion or Muon (DeepSpeed stops at its start on any '
+     'other: "untested ZeRO Optimizer"): use one of them (check the spelling), or add '
+     '"zero_allow_untested_optimizer": true to the file to train with it anyway'),
+    ({"optimizer": {"type": "LBFGS"}}, "zero3", 'optimizer.type "LBFGS": ZeRO trains with'),
     ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}, "zero2",
      'zero_optimization.offload_optimizer.device "nvme": no strategy here offloads to NVMe (the offload recipes use '
      'host RAM): write "cpu" with an -offload strategy (zero2-offload, zero3-offload), or "none"'),
@@ -492,10 +500,44 @@ def test_an_offloaded_adam_is_checked_against_deepspeeds_cpu_adam(tmp_path):
      "zero3-offload", 'zero_optimization.offload_param.device "nvme": no strategy here offloads to NVMe'),
 ])
 def test_what_deepspeed_stops_on_after_the_model_loads_is_refused_by_the_trainer(tmp_path, body, strategy_name, says):
-    """NVMe offload was the strategy check's mismatch, once the model had loaded."""
+    """An untested ZeRO optimizer was DeepSpeed's AssertionError on every rank, NVMe offload the strategy check's
+    mismatch: both once the model had loaded."""
     path = tmp_path / "ds.json"
     stage = 3 if strategy_name.startswith("zero3") else 2
     path.write_text(json.dumps({"zero_optimization": {"stage": stage}, **body}))
     with pytest.raises(DockyardError) as e:
         guards.deepspeed_config(path, strategy_name)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_trainer_asks_deepspeeds_own_list_of_zero_optimizers(tmp_path, monkeypatch):
+    """Where the host's names (recipes.ZERO_OPTIMIZERS) let a type through, the class DeepSpeed builds is checked
+    against DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS; zero_allow_untested_optimizer lets it train."""
+    from dockyard.common import recipes
+
+    monkeypatch.setattr(recipes, "ZERO_OPTIMIZERS", (*recipes.ZERO_OPTIMIZERS, "lamb"))
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Lamb"}}))
+    with pytest.raises(DockyardError, match='optimizer.type "Lamb": ZeRO trains with'):
+        guards.deepspeed_config(path, "zero2")
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Lamb"},
+                                "zero_allow_untested_optimizer": True}))
+    assert guards.deepspeed_config(path, "zero2")["optimizer"]["type"] == "Lamb"
+
+
+def test_the_hosts_zero_optimizers_are_deepspeeds():
+    """The host has no DeepSpeed: its names are the types whose classes DeepSpeed lists as ZeRO's, offloaded or not."""
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    from dockyard.common import recipes
+
+    supported = set()
+    names = set(DEEPSPEED_OPTIMIZERS) | {n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)}
+    for name in names - (guards.MUP_OPTIMIZERS - {"muon"}):  # mup's own: not DeepSpeed's, and not ZeRO's
+        built = [MuonWithAuxAdam] if name == "muon" else \
+            [(guards._optimizer_class(name, {}, offloaded) or (None,))[0] for offloaded in (False, True)]
+        if all(c in [*ZERO_SUPPORTED_OPTIMIZERS, MuonWithAuxAdam] for c in built):
+            supported.add(name.lower())
+    assert set(recipes.ZERO_OPTIMIZERS) == supported
