@@ -734,6 +734,10 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         raise checkpoints.explain(e) from None
     except torch.OutOfMemoryError as e:
         raise out_of_memory(e, p) from None
+    except ImportError as e:  # a package a setting needs that this image lacks (guards.check_optim asks most before)
+        if run.training:
+            raise
+        raise before_the_first_step(e, run.overrides) from e
     except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:  # not RuntimeError: NCCL, CUDA, ...
         if run.training:
             raise

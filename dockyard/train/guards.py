@@ -125,8 +125,10 @@ def check_optim(args: Any) -> None:
     rank, after the model had loaded. Asked here of the Trainer's own lookup, before the model loads."""
     from transformers import Trainer
 
-    if args.deepspeed:  # DeepSpeed makes its own optimizer from its config (the Trainer's optim is not used)
-        return
+    ds = args.deepspeed if isinstance(args.deepspeed, dict) else getattr(args.hf_deepspeed_config, "config", {}) \
+        if args.deepspeed else {}
+    if "optimizer" in ds:  # DeepSpeed makes its own from the section (the Trainer's optim is not used); without
+        return             # one (zero2, zero3), the Trainer builds optim and ZeRO wraps it
     name = getattr(args.optim, "value", args.optim)
     try:
         Trainer.get_optimizer_cls_and_kwargs(args)

@@ -220,6 +220,17 @@ def test_an_optimizer_this_image_cannot_make_is_one_line_before_the_model_loads(
     assert record["status"] == "failed" and says.split(":")[0] in record["error"]
 
 
+@pytest.mark.parametrize("name", ["zero2", "zero3"])
+def test_an_optimizer_this_image_cannot_make_is_refused_under_zero_without_an_optimizer_section(tmp_path, name):
+    """zero2's and zero3's ds_config.json have no `optimizer` section: the Trainer builds `optim` and ZeRO wraps it, so
+    `--optim galore_adamw` was an ImportError traceback in deepspeed_init once the model had loaded."""
+    from dockyard.common.errors import DockyardError
+
+    with pytest.raises(DockyardError, match="optim galore_adamw: its package is not in this image"):
+        cpu_arguments(name, {"optim": "galore_adamw"}, tmp_path / "r1")
+    assert cpu_arguments(name, {"optim": "adamw_torch"}, tmp_path / "r2").optim == "adamw_torch"
+
+
 def _without_tokenizer(folder):
     for f in folder.glob("tokenizer*"):
         f.unlink()
@@ -660,6 +671,25 @@ def test_a_setting_the_trainer_reads_only_as_it_starts_is_one_error_line(tmp_pat
     assert code == 1 and f"error: {says}" in err and "Traceback" not in err, err
     if "train.log" in says:
         assert "Traceback (most recent call last)" in (run / "train.log").read_text()
+
+
+def test_a_package_a_setting_needs_that_the_trainer_meets_only_as_it_starts_is_one_error_line(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """An ImportError the Trainer raises building what a setting names (an optimizer whose package is missing, where
+    guards.check_optim could not ask first) was a traceback on every rank."""
+    import logging
+
+    from dockyard.train import guards
+    from dockyard.train.__main__ import main
+
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    monkeypatch.setattr(guards, "check_optim", lambda args: None)  # as under a check that could not ask
+    code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1", "--optim",
+                 "galore_adamw"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert "error: the Trainer stopped before its first step: ImportError: You need to install `galore_torch`" in err
+    assert "Check the settings given (--max_steps, --optim)" in err
 
 
 def test_lora_target_modules_written_with_commas_are_the_names_they_list(tmp_path):
