@@ -646,8 +646,9 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
 
 @pytest.mark.parametrize("recipe, override, says", [
     ("ddp", ["--lr_scheduler_kwargs", "{min_lr: 1.0e-5}"], "the Trainer stopped before its first step: TypeError: "
-     "get_cosine_schedule_with_warmup() got an unexpected keyword argument 'min_lr'. Check the settings given "
-     "(--lr_scheduler_kwargs, --max_steps); the traceback is in the run's train.log"),
+     "get_cosine_schedule_with_warmup() got an unexpected keyword argument 'min_lr'. The learning-rate schedule read "
+     "--lr_scheduler_kwargs {'min_lr': 1e-05}, with lr_scheduler_type cosine, warmup_steps 0 of recipes/defaults.yaml: "
+     "check them; the traceback is in the run's train.log"),
     ("ddp", ["--optim_args", "foo"], "optim adamw_torch_fused, optim_args 'foo': not enough values to unpack "
      "(expected 2, got 1); optim_args takes key=value pairs"),
     ("ddp", ["--accelerator_config", "notajson"], "accelerator_config 'notajson': give its settings as a mapping "
@@ -689,7 +690,56 @@ def test_a_package_a_setting_needs_that_the_trainer_meets_only_as_it_starts_is_o
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
     assert "error: the Trainer stopped before its first step: ImportError: You need to install `galore_torch`" in err
-    assert "Check the settings given (--max_steps, --optim)" in err
+    assert "The optimizer read --optim galore_adamw" in err
+
+
+def test_a_setting_of_the_recipe_the_trainer_refuses_as_it_starts_is_one_line_naming_the_recipe(tmp_path, capsys):
+    """A schedule the Trainer cannot make from a recipe's `settings:` was its raw traceback (only `--` overrides were
+    caught); now it is one line naming the setting and the recipe.yaml it came from."""
+    import logging
+
+    from dockyard.train.__main__ import main
+
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    recipe = tmp_path / "wsd"
+    recipe.mkdir()
+    (recipe / "recipe.yaml").write_text("# invoke run --recipe=wsd\nwhen: a schedule without its kwargs\nstrategy: ddp\n"
+                                        "settings: {lr_scheduler_type: warmup_stable_decay, max_steps: 1}\n")
+    code = main(["--recipe", str(recipe), "--run-dir", str(tmp_path / "r1")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert ("error: the Trainer stopped before its first step: TypeError: get_wsd_schedule() missing 1 required "
+            "positional argument: 'num_decay_steps'. The learning-rate schedule read lr_scheduler_type "
+            f"warmup_stable_decay in the recipe's settings: ({recipe / 'recipe.yaml'}), with warmup_steps 0 of "
+            "recipes/defaults.yaml: check them; the traceback is in the run's train.log") in err, err
+
+
+def test_a_deepspeed_config_value_the_trainer_disagrees_with_is_said_not_the_overrides(tmp_path):
+    """transformers lists each value of the DeepSpeed config that disagrees with TrainingArguments on lines of their
+    own: the line kept the heading alone ("... mismatch TrainingArguments values:.") and blamed `--max_steps`. The
+    error is transformers' own, from the check the Trainer makes before its first step (DeepSpeed needs torchrun's
+    process group, which this process has none of)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from dockyard.common.recipes import RECIPES
+    from dockyard.train.__main__ import before_the_first_step
+
+    folder = tmp_path / "z2"
+    shutil.copytree(RECIPES / "zero2", folder)
+    config = json.loads((folder / "ds_config.json").read_text())
+    config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": -5}}
+    (folder / "ds_config.json").write_text(json.dumps(config))
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=64))
+    with pytest.raises(ValueError) as raised:
+        HfTrainerDeepSpeedConfig(config).trainer_config_finalize(SimpleNamespace(get_warmup_steps=lambda n: 0), model, 1)
+    said = str(before_the_first_step(raised.value, load_recipe(folder), {"max_steps": 1}))
+    assert said == (f"the Trainer stopped before its first step: the DeepSpeed config {folder / 'ds_config.json'} "
+                    "disagrees with the training settings: scheduler.params.warmup_num_steps -5 where the Trainer has "
+                    "warmup_steps 1. Set each of these to \"auto\" in ds_config.json (the Trainer fills in its value) "
+                    "or to the Trainer's value; the traceback is in the run's train.log"), said
 
 
 def test_lora_target_modules_written_with_commas_are_the_names_they_list(tmp_path):
