@@ -100,6 +100,12 @@ def load(settings: Any, tokenizer: Any, seed: int,
                         "data (-- --eval_data FILE) that is not in --data", seen, len(eval_rows), eval_source)
     if fmt == "text_label":
         labels = label_names(rows)
+        # transformers makes a head of one output a regression (MSE), which trained unsaid; a class the held-out share
+        # took whole is said below, as such
+        if len(labels) < 2 and len(label_names(rows + (eval_rows if settings.eval_fraction else []))) < 2:
+            raise DockyardError(f"{source}: every example has label {reprlib.repr(rows[0]['label'])}, and a classifier "
+                                "needs examples of 2 classes or more (with one, transformers would train a regression "
+                                "instead); add examples of the other classes")
         done = seq_cls_examples(rows, tokenizer, settings.max_seq_length, labels)
         try:
             held = seq_cls_examples(eval_rows, tokenizer, settings.max_seq_length, labels) if eval_rows else Tokenized([])

@@ -650,6 +650,19 @@ def test_a_class_the_held_out_share_took_whole_is_blamed_on_the_split_not_the_da
                     "(-- --eval_data FILE)"}
 
 
+@pytest.mark.parametrize("label, said", [("a", "'a'"), (0, "0")])
+def test_a_classifier_of_one_class_is_refused_not_trained_as_a_regression(tok, tmp_path, label, said):
+    """40 examples of one label made a head of one output, which transformers trains as a regression (MSE,
+    problem_type regression in the saved config.json), and the run reported a classifier trained."""
+    path = jsonl(tmp_path / "one.jsonl", [{"text": f"t {i}", "label": label} for i in range(40)])
+    for kw in ({}, {"eval_fraction": 0.1}):
+        with pytest.raises(DockyardError) as raised:
+            data.load(_settings(path, task="seq_cls", **kw), tok, seed=0)
+        assert str(raised.value) == (f"{path}: every example has label {said}, and a classifier needs examples of 2 "
+                                     "classes or more (with one, transformers would train a regression instead); add "
+                                     "examples of the other classes")
+
+
 def test_json_files_of_different_formats_in_a_folder_are_named_file_by_file(tmp_path):
     """A folder of .json files (or .json beside .jsonl) in different formats was "cannot read DIR: Couldn't cast",
     naming no file: the check that names them read .jsonl files alone."""
