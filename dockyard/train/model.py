@@ -200,18 +200,63 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     except SafetensorError as e:  # an empty or cut-short weights file: a copy or download that did not finish
         raise DockyardError(f"{model_dir}: a weights file is damaged ({e}): copy or download the model folder "
                             "again") from None
-    except ImportError as e:  # a checkpoint quantized by a method whose package the image has not (GPTQ: optimum)
-        raise DockyardError(f"cannot load the model from {model_dir}: {first_line(e, 200)}: this image trains "
-                            "unquantized checkpoints (qlora quantizes one in 4 bits itself); use the model's "
-                            "unquantized weights") from None
+    except ImportError as e:  # a package the folder's config.json asks for and the image has not
+        raise missing_package(Path(model_dir), e) from None
     except RuntimeError as e:  # transformers' "size mismatch ... ignore_mismatched_sizes": another model's config
         if "mismatch" not in str(e):
             raise
+        heads = mismatched(report)
+        if settings.task == "seq_cls" and heads and all(k.startswith(CLASSIFIER_HEADS) for k in heads):
+            raise other_classes(Path(model_dir), labels) from None
         raise DockyardError(f"{model_dir}: its weights do not have the shapes its config.json gives "
                             f"({first_line(e, 200)}): config.json belongs to another model; copy or download the "
                             "model folder again, whole") from None
-    check_weights_loaded(model_dir, loading, settings.task, len(model.state_dict()))
+    check_weights_loaded(model_dir, loading, settings.task, len(model.state_dict()),
+                         getattr(model.config, "architectures", None))
     return model
+
+
+def missing_package(folder: Path, e: ImportError) -> DockyardError:
+    """What the folder's config.json asks for that the image cannot give: a quantization method's package (GPTQ's
+    optimum), an attention implementation's (flash-attn). The quantization advice went to both."""
+    config = _config(folder)
+    said = f"cannot load the model from {folder}: {first_line(e, 200).rstrip('.')}"
+    if config.get("quantization_config"):
+        return DockyardError(f"{said}: this image trains unquantized checkpoints (qlora quantizes one in 4 bits "
+                             "itself); use the model's unquantized weights")
+    key = next((k for k in ("_attn_implementation", "attn_implementation") if config.get(k)), "")
+    if key:
+        return DockyardError(f"{said}: {folder / 'config.json'} asks for the attention implementation "
+                             f"{config[key]!r} (\"{key}\"), which is not available here; set it to \"sdpa\" (PyTorch's "
+                             "own) or remove the key")
+    return DockyardError(f"{said}: the model needs a package this environment lacks")
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    """The folder's config.json as a mapping, or {} where it cannot be read (the error at hand is said anyway)."""
+    try:
+        return json_object(folder / "config.json", "model settings")
+    except (DockyardError, OSError):
+        return {}
+
+
+def mismatched(report: list[logging.LogRecord]) -> list[str]:
+    """The tensors transformers' held LOAD REPORT calls MISMATCH (its error names none: it points to the table)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r.getMessage() for r in report))
+    return re.findall(r"^\s*(\S+)\s*\|\s*MISMATCH\b", text, re.MULTILINE)
+
+
+def other_classes(folder: Path, labels: list[str]) -> DockyardError:
+    """A classifier's own folder given as the base for data of another number of classes: its head has a row per
+    class of its own. Not loaded with transformers' ignore_mismatched_sizes, which would start the head over from
+    random values without a word, the classes it learnt gone."""
+    config = _config(folder)
+    names = config.get("id2label")
+    count = len(names) if isinstance(names, dict) and names else config.get("num_labels", "another number of")
+    return DockyardError(f"{folder} is a classifier of {count} classes, and the data has {len(labels)} classes "
+                         f"({', '.join(labels[:5])}{', ...' if len(labels) > 5 else ''}): its classification head "
+                         f"cannot take them. Train from a base model without a classification head (the one it was "
+                         f"trained from), or give data of its {count} classes")
 
 
 def check_examples_fit(model: Any, examples: list[dict[str, Any]], model_dir: str) -> None:
@@ -243,6 +288,7 @@ def learned_positions(model: Any) -> int | None:
 
 
 HEADS = ("score.", "classifier.", "lm_head.")  # a classifier's new head; the causal-LM head its base had
+CLASSIFIER_HEADS = HEADS[:2]
 
 
 @contextlib.contextmanager
@@ -281,13 +327,21 @@ def only_a_new_head(loading: dict[str, Any], task: str) -> bool:
             and not loading.get("mismatched_keys") and not loading.get("error_msgs"))
 
 
-def check_weights_loaded(model_dir: str, loading: dict[str, Any], task: str, tensors: int) -> None:
+def check_weights_loaded(model_dir: str, loading: dict[str, Any], task: str, tensors: int,
+                         architectures: Any = None) -> None:
     """Every tensor of the model came from the folder's weights (only a classifier's new head may start from random
     values), and the weights are not mostly of another model. A config.json saying 4 layers of weights holding 2
     trained layers 3 and 4 from random values, and a run said "completed" (transformers' LOAD REPORT, in a table,
-    was all that said so)."""
+    was all that said so). `architectures`: config.json's, which say a classifier given for a language model."""
     missing = [k for k in loading.get("missing_keys") or [] if not (task == "seq_cls" and k.startswith(HEADS))]
     unused = [k for k in loading.get("unexpected_keys") or [] if not (task == "seq_cls" and k.startswith(HEADS))]
+    kinds = [a for a in architectures or [] if isinstance(a, str)]
+    if (task != "seq_cls" and missing and all(k.startswith(HEADS) for k in missing) and kinds
+            and all(a.endswith("ForSequenceClassification") for a in kinds)):
+        raise DockyardError(f"{model_dir} is a sequence classifier ({', '.join(kinds)} in its config.json), and task "
+                            f"{task} trains a language model, whose head ({', '.join(sorted(missing))}) a classifier "
+                            "has not: give the language model it was trained from, or train it as a classifier "
+                            "(--task seq_cls)")
     if missing:
         raise DockyardError(f"{model_dir}: its weights lack {len(missing)} of the model's {tensors} tensors "
                             f"({', '.join(sorted(missing)[:3])}{', ...' if len(missing) > 3 else ''}), which would "

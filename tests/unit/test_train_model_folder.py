@@ -206,3 +206,49 @@ def test_a_classifiers_own_checkpoint_loads_with_no_word_of_a_new_head(tiny, tmp
     again = _load(tmp_path / "classifier", task="seq_cls", labels=("calm", "storm"))
     assert again.config.num_labels == 2 and not _reports(caplog)
     assert not [m for m in caplog.messages if "is new" in m], caplog.messages
+
+
+def _classifier(tiny, tmp_path, labels=("calm", "storm")):
+    """A run's own classifier model/ (head included), as the trainer saves it."""
+    _load(tiny, task="seq_cls", labels=labels).save_pretrained(tmp_path / "classifier")
+    models.load_tokenizer(str(tiny)).save_pretrained(tmp_path / "classifier")
+    return tmp_path / "classifier"
+
+
+def test_a_classifier_given_data_of_another_number_of_classes_is_told_so_not_to_download_again(tiny, tmp_path):
+    """Its head's size mismatch (score.weight [2, 64] against [3, 64]) was said as a config.json of another model:
+    "copy or download the model folder again, whole"."""
+    folder = _classifier(tiny, tmp_path)
+    with pytest.raises(DockyardError) as raised:
+        _load(folder, task="seq_cls", labels=("calm", "gale", "storm"))
+    assert str(raised.value) == (f"{folder} is a classifier of 2 classes, and the data has 3 classes (calm, gale, "
+                                 "storm): its classification head cannot take them. Train from a base model without a "
+                                 "classification head (the one it was trained from), or give data of its 2 classes")
+
+
+def test_a_classifier_given_as_a_language_model_is_told_so_not_to_download_again(tiny, tmp_path):
+    """It lacks lm_head.weight, which was said as weights missing: "copy or download the model folder again"."""
+    folder = _classifier(tiny, tmp_path)
+    with pytest.raises(DockyardError) as raised:
+        _load(folder)
+    assert str(raised.value) == (f"{folder} is a sequence classifier (LlamaForSequenceClassification in its "
+                                 "config.json), and task causal_lm trains a language model, whose head (lm_head.weight) "
+                                 "a classifier has not: give the language model it was trained from, or train it as a "
+                                 "classifier (--task seq_cls)")
+
+
+def test_an_attention_implementation_this_machine_lacks_is_said_as_that_not_as_a_quantized_checkpoint(tiny, tmp_path):
+    """flash_attention_2 in config.json without flash-attn installed was told to use unquantized weights."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn"):
+        pytest.skip("flash-attn is installed here")
+    folder = _copy(tiny, tmp_path, _attn_implementation="flash_attention_2")
+    with pytest.raises(DockyardError) as raised:
+        _load(folder)
+    said = str(raised.value)
+    assert said.startswith(f"cannot load the model from {folder}: "), said
+    assert said.endswith(f": {folder / 'config.json'} asks for the attention implementation 'flash_attention_2' "
+                         "(\"_attn_implementation\"), which is not available here; set it to \"sdpa\" (PyTorch's own) "
+                         "or remove the key"), said
+    assert "quantiz" not in said, said
