@@ -212,7 +212,7 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
                             f"({first_line(e, 200)}): config.json belongs to another model; copy or download the "
                             "model folder again, whole") from None
     check_weights_loaded(model_dir, loading, settings.task, len(model.state_dict()),
-                         getattr(model.config, "architectures", None))
+                         getattr(getattr(model, "config", None), "architectures", None))
     return model
 
 
