@@ -324,8 +324,11 @@ def blame_kept(e: DockyardError, kept: dict[str, Any]) -> DockyardError:
     named = ", ".join(f"--{k} {v}" for k, v in kept.items() if k in str(e))
     if not named:  # a setting given now
         return e
+    batch = ("; the global batch is the one the run trained over, kept so a resume on another number of processes "
+             "trains over the same: -- --global_batch auto works it out again for this one"
+             if "global_batch" in kept and "global_batch" in str(e) else "")
     return DockyardError(f"{e} (the run's own settings, from its overrides.json: {named}; give one again after -- to "
-                         "change it)")
+                         f"change it{batch})")
 
 
 def read_defaults(path: Path) -> dict[str, Any]:

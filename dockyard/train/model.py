@@ -216,6 +216,9 @@ def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer:
     return model
 
 
+TORCH_ATTENTION = ("sdpa", "eager", "flex_attention")
+
+
 def missing_package(folder: Path, e: ImportError) -> DockyardError:
     """What the folder's config.json asks for that the image cannot give: a quantization method's package (GPTQ's
     optimum), an attention implementation's (flash-attn). The quantization advice went to both."""
@@ -224,7 +227,8 @@ def missing_package(folder: Path, e: ImportError) -> DockyardError:
     if config.get("quantization_config"):
         return DockyardError(f"{said}: this image trains unquantized checkpoints (qlora quantizes one in 4 bits "
                              "itself); use the model's unquantized weights")
-    key = next((k for k in ("_attn_implementation", "attn_implementation") if config.get(k)), "")
+    key = next((k for k in ("_attn_implementation", "attn_implementation")
+                if config.get(k) and config[k] not in TORCH_ATTENTION), "")  # torch's own need no package
     if key:
         return DockyardError(f"{said}: {folder / 'config.json'} asks for the attention implementation "
                              f"{config[key]!r} (\"{key}\"), which is not available here; set it to \"sdpa\" (PyTorch's "

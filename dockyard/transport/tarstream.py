@@ -301,8 +301,10 @@ class LayerHeaders:
     A tar's files hold no more bytes than the tar itself, so the space a load takes is bounded by the archive's
     declared size, except for a sparse file: its holes take no bytes in the tar and Go's reader writes them out
     as zeros, in full (a 649-byte archive wrote 1 GiB). Any sparse file (old GNU `S` headers, or GNU.sparse PAX
-    records) is refused. Where the bytes stop reading as a tar (a blob that is a config, not a layer; a damaged
-    header that docker's reader refuses too), there is nothing more docker would extract, and the watch stops.
+    records) is refused. A file whose first block is no tar header (a blob that is a config, not a layer) is no
+    layer docker extracts: the watch stops there, and at the tar's end. Past a first good header it fails closed:
+    a header or PAX record this reader cannot read, where Go's reader might (`size=`, `size=+3`: a record it skips,
+    after which a sparse file went unseen), is refused, as is anything docker save never writes there.
     """
 
     def __init__(self, path: str):
@@ -314,6 +316,8 @@ class LayerHeaders:
         self.pad = 0
         self.size_next: int | None = None  # a PAX header's size for the member that follows it
         self.sparse: str | None = None     # a PAX header said the member that follows it is sparse (its name)
+        self.pax = False                   # a PAX header was read for the member that follows it
+        self.started = False               # a header has read as a tar's: from here, what cannot be read is refused
         self.off = False
 
     def feed(self, data: bytes) -> None:
@@ -331,20 +335,26 @@ class LayerHeaders:
                 self._records(unit) if self.extended else self._header(unit)
 
     def _header(self, header: bytes) -> None:
-        try:
-            if not any(header):
-                raise DockyardError("the end of the layer's tar")
-            _checksum(header)
-            kind, size = header[156:157], _number(header[124:136])
-        except DockyardError:
+        if not any(header):  # the tar's end: Go's reader extracts nothing after it
             self.off = True
             return
+        try:
+            _checksum(header)
+            kind, size = header[156:157], _number(header[124:136])
+        except DockyardError as e:
+            if self.started:
+                raise self._refused(f"a header docker's reader could read otherwise ({e})") from None
+            self.off = True  # no tar: nothing docker would extract
+            return
+        self.started = True
         if kind == b"S" or self.sparse is not None:
             self._sparse(self.sparse or _cstr(header[0:100]))
         if kind in (b"x", b"g", b"L", b"K"):
             if size > EXTENDED_CAP:
-                self.off = True
-            elif kind in (b"x", b"g"):
+                raise self._refused(f"an extended header of {size} bytes, more than docker's reader takes")
+            if kind == b"x" and self.pax:
+                raise self._refused("two PAX headers for one file")
+            if kind in (b"x", b"g"):
                 self.extended, self.want, self.pad = kind, size, _padded(size) - size
                 if not size:
                     self._records(b"")
@@ -353,19 +363,23 @@ class LayerHeaders:
             return
         if kind not in INNER_HEADER_ONLY:
             self.skip = _padded(size if self.size_next is None else self.size_next)
-        self.size_next = None
+        self.size_next, self.pax = None, False
 
     def _records(self, data: bytes) -> None:
         try:
             records = _pax(data)
-        except DockyardError:
-            self.off = True
-            return
+        except DockyardError as e:
+            raise self._refused(f"a PAX header docker's reader could read otherwise ({e})") from None
         if any(k.startswith("GNU.sparse") for k in records):  # refused at the header it is for, which names it
             self.sparse = records.get("GNU.sparse.name") or records.get("path") or ""
-        if self.extended == b"x" and "size" in records:
-            self.size_next = int(records["size"])
+        if self.extended == b"x":
+            self.pax = True
+            if "size" in records:
+                self.size_next = int(records["size"])
         self.extended, self.want, self.skip = b"", BLOCK, self.pad
+
+    def _refused(self, what: str) -> DockyardError:
+        return DockyardError(f"the tar's {self.path} holds {what}, which docker save never writes")
 
     def _sparse(self, name: str) -> None:
         raise DockyardError(f"the tar's {self.path} holds a sparse file ({name[:200]!r}): docker load would write "

@@ -413,7 +413,7 @@ def test_a_resume_on_another_number_of_processes_trains_over_the_runs_own_global
     from types import SimpleNamespace
 
     from dockyard.common.recipes import load_recipe
-    from dockyard.common.run_settings import batch_split, resolve_settings, resumed_with
+    from dockyard.common.run_settings import batch_split, blame_kept, resolve_settings, resumed_with
     from dockyard.train.__main__ import kept_for_resume
 
     recipe = load_recipe("ddp")
@@ -427,6 +427,22 @@ def test_a_resume_on_another_number_of_processes_trains_over_the_runs_own_global
     assert resumed_with(recipe, runfolder.saved_overrides(tmp_path), {"global_batch": 8})[0]["global_batch"] == 8
     given = SimpleNamespace(overrides={"global_batch": 32}, record=first.record)
     assert kept_for_resume(given)["global_batch"] == 32
+    # a micro-batch and accumulation of the run's own that cannot make its batch on 1 process: said as kept, and how
+    # to work the batch out again
+    fixed = SimpleNamespace(overrides={"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+                            record=first.record)
+    runfolder.save_overrides(tmp_path, kept_for_resume(fixed))
+    merged, kept, _ = resumed_with(recipe, runfolder.saved_overrides(tmp_path), {})
+    with pytest.raises(DockyardError) as refused:
+        try:
+            batch_split(resolve_settings(recipe, merged)[0].global_batch, 4, 2, 1)
+        except DockyardError as e:
+            raise blame_kept(e, kept) from None
+    assert "--global_batch 16" in str(refused.value) and "-- --global_batch auto works it out again" in str(
+        refused.value)
+    merged, _, _ = resumed_with(recipe, runfolder.saved_overrides(tmp_path), {"global_batch": "auto"})
+    settings, _ = resolve_settings(recipe, merged)
+    assert batch_split(settings.global_batch, 4, 2, 1).global_batch == 8
 
 
 @pytest.mark.parametrize("ranks, world, one_node, refused", [

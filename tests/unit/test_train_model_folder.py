@@ -238,17 +238,18 @@ def test_a_classifier_given_as_a_language_model_is_told_so_not_to_download_again
 
 
 def test_an_attention_implementation_this_machine_lacks_is_said_as_that_not_as_a_quantized_checkpoint(tiny, tmp_path):
-    """flash_attention_2 in config.json without flash-attn installed was told to use unquantized weights."""
-    import importlib.util
-
-    if importlib.util.find_spec("flash_attn"):
-        pytest.skip("flash-attn is installed here")
+    """flash_attention_2 in config.json without flash-attn installed was told to use unquantized weights; and, the
+    review found, any missing package of a folder naming torch's own attention (sdpa) was blamed on that key.
+    transformers' ImportError for the flash case, as it raises it where flash-attn is missing."""
+    flash = ImportError("FlashAttention2 has been toggled on, but it cannot be used due to the following error: the "
+                        "package flash_attn seems to be not installed.")
     folder = _copy(tiny, tmp_path, _attn_implementation="flash_attention_2")
-    with pytest.raises(DockyardError) as raised:
-        _load(folder)
-    said = str(raised.value)
+    said = str(models.missing_package(folder, flash))
     assert said.startswith(f"cannot load the model from {folder}: "), said
     assert said.endswith(f": {folder / 'config.json'} asks for the attention implementation 'flash_attention_2' "
                          "(\"_attn_implementation\"), which is not available here; set it to \"sdpa\" (PyTorch's own) "
                          "or remove the key"), said
     assert "quantiz" not in said, said
+    sdpa = _copy(tiny, tmp_path / "sdpa", attn_implementation="sdpa")
+    said = str(models.missing_package(sdpa, ImportError("No module named 'sentencepiece'")))
+    assert said.endswith("No module named 'sentencepiece': the model needs a package this environment lacks"), said

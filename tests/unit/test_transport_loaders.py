@@ -440,6 +440,32 @@ def test_a_layers_headers_are_read_wherever_the_stream_cuts_them(tmp_path, fmt):
                 watch.feed(sparse[i:i + cut])
 
 
+@pytest.mark.parametrize("record, says", [
+    (("size", ""), "size that is not a number"),
+    (("size", "+3"), "size that is not a number"),
+    (None, "PAX header is malformed"),
+    ("twice", "two PAX headers for one file"),
+])
+def test_a_layer_header_go_could_read_otherwise_is_refused_not_skipped(tmp_path, record, says):
+    """The review found the watch stopped at the first PAX record it could not read, where Go's reader reads on
+    (`size=` it skips, `+3` it takes as 3): a sparse file after such a record was loaded, 200 MiB on disk from 20
+    KiB. Past a first good header the watch fails closed."""
+    first = tar_of(("a", b"xyz", tarfile.REGTYPE, ""))
+    if record is None:  # a record's length with a sign, which Go's ParseInt takes
+        body = b"+14 comment=x\n"
+        info = tarfile.TarInfo("././@PaxHeader")
+        info.type, info.size = tarfile.XHDTYPE, len(body)
+        head = info.tobuf(tarfile.USTAR_FORMAT) + body + bytes(-len(body) % 512)
+    elif record == "twice":
+        head = pax_record("comment", "x") + pax_record("comment", "y")
+    else:
+        head = pax_record(*record)
+    sparse = gnu_tar(layer_files(tmp_path / "files", sparse_bytes=64 << 20), "--sparse", "--format=gnu")
+    layer = head + first[:end_of(first)] + sparse
+    with pytest.raises(DockyardError, match=f"the tar's 1/layer.tar holds .*{says}"):
+        gate(tar_of(("1/layer.tar", layer, tarfile.REGTYPE, "")))
+
+
 def test_a_blob_that_is_not_a_tar_passes():
     """An OCI layout's blobs are configs and manifests too: JSON, which never reads as a tar."""
     config = json.dumps({"rootfs": {"diff_ids": []}, "pad": "x" * 2000}).encode()
