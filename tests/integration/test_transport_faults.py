@@ -104,6 +104,7 @@ def test_a_ship_whose_remote_end_stops_reading_says_which_node(settings, engine_
         "#!/bin/sh\n# [options] host command: answers like a node with docker and zstd, drops the load's stream\n"
         'for last; do :; done\ncase "$last" in\n'
         "  *'docker load'*) head -c 65536 >/dev/null; echo 'Connection to node9 closed by remote host.' >&2; exit 255 ;;\n"
+        "  *'docker info'*) printf '{\"Driver\": \"overlay2\"}\\nnull\\n' ;;  # holds no image yet\n"
         "  *) printf 'docker=/usr/bin/docker\\nzstd=/usr/bin/zstd\\nfree_kb=1000000\\n' ;;\nesac\n")
     fake_ssh.chmod(0o755)
     cache = tmp_path / "cache"
