@@ -25,8 +25,8 @@ LEVELS = {"zstd": range(1, 23), "gzip": range(1, 10), "none": range(0, 1)}
 LOADER_TEMPLATE = Path(__file__).parent / "load.sh"
 
 # what the small files of an archive set may hold (they are read whole, as untrusted input): a manifest lists a few
-# images and their layers, a .sha256 three lines
-MANIFEST_LIMIT, SUMS_LIMIT = 16 * MiB, 64 * 1024
+# images and their layers, a .sha256 three lines, an ssh signature about 300 bytes (load.sh copies as much)
+MANIFEST_LIMIT, SUMS_LIMIT, SIGNATURE_LIMIT = 16 * MiB, 64 * 1024, 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,14 @@ class ArchivePaths:
         """The .manifest.json as it is on disk, read as untrusted (bounded: not a pipe, at most MANIFEST_LIMIT)."""
         return read_bounded(self.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)")
 
+    def signature_bytes(self) -> bytes:
+        """The .manifest.json.sig, read as untrusted (a link to /dev/zero never ended, a pipe waited for ever)."""
+        return read_bounded(self.signature, SIGNATURE_LIMIT, "signature (.manifest.json.sig, as invoke save --sign "
+                            "writes it)")
+
+    def sums_bytes(self) -> bytes:
+        return sums_bytes(self.sha256)
+
     @property
     def sha256(self) -> Path:
         return self._beside(".sha256")
@@ -91,10 +99,15 @@ def archive_name(refs: list[str], method: str, thin: bool) -> str:
     return stem + ("-thin" if thin else "") + SUFFIXES[method]
 
 
+def sums_bytes(path: Path) -> bytes:
+    """A .sha256 file as it is on disk, read as untrusted (bounded: not a pipe, at most SUMS_LIMIT)."""
+    return read_bounded(path, SUMS_LIMIT, "checksum file (.sha256)")
+
+
 def read_sums(path: Path) -> dict[str, str]:
     """A .sha256 file (sha256sum format) as file name → digest."""
     sums = {}
-    raw = read_bounded(path, SUMS_LIMIT, "checksum file (.sha256)")
+    raw = sums_bytes(path)
     for line in raw.decode(errors="replace").splitlines():  # a damaged file is refused, not a crash
         digest, _, name = line.partition("  ")
         if name:

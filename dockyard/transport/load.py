@@ -20,14 +20,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, loads, problems, read_bounded
+from dockyard.common.errors import DockyardError, loads, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
 from dockyard.transport.tarstream import TarGate, TooLong, Truncated
 
 SIGN_NAMESPACE = "dockyard-archive"
-SIGNATURE_LIMIT = 64 * 1024  # an ssh signature is about 300 bytes; load.sh copies at most as much
 TAR_SLACK = 1 << 20  # past the manifest's tar_bytes (load.sh allows as much): the end of a tar is padded
 
 
@@ -539,12 +538,11 @@ def verify_signature(allowed: Path, paths: ArchivePaths, manifest: bytes,
 
 
 def read_signature(paths: ArchivePaths, allowed: Path, nothing: str) -> bytes:
-    """The .manifest.json.sig, read as untrusted input: a plain file of at most SIGNATURE_LIMIT bytes."""
+    """The .manifest.json.sig, read as untrusted input: a plain file of at most layout.SIGNATURE_LIMIT bytes."""
     unsigned = (f"{paths.archive.name} is not signed ({paths.signature.name} is missing) and allowed_signers is "
                 f"set ({allowed}): refused, {nothing}")
     try:
-        return read_bounded(paths.signature, SIGNATURE_LIMIT, "signature (.manifest.json.sig, as invoke save --sign "
-                            "writes it)")
+        return paths.signature_bytes()
     except FileNotFoundError:  # none, or a link to nothing
         raise DockyardError(unsigned) from None
     except DockyardError as e:  # a pipe, a device, more than any signature holds

@@ -24,15 +24,8 @@ from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport import save as save_mod
-from dockyard.transport.layout import (
-    LOADER_TEMPLATE,
-    MANIFEST_LIMIT,
-    SUMS_LIMIT,
-    ArchivePaths,
-    check_method,
-    decompressor_argv,
-)
-from dockyard.transport.load import SIGNATURE_LIMIT, check_set, sha256_file
+from dockyard.transport.layout import LOADER_TEMPLATE, ArchivePaths, check_method, decompressor_argv
+from dockyard.transport.load import check_set, sha256_file
 from dockyard.transport.remote import (
     Remote,
     check_identity,
@@ -303,12 +296,10 @@ def companion_files(settings: Settings, paths: ArchivePaths, manifest: dict) -> 
     sha256 or signature covers those, and `--load` runs load.sh on the node (anyone who could write the archive's
     folder could have put their own there)."""
     files = {}
-    for p, limit, what in ((paths.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)"),
-                           (paths.signature, SIGNATURE_LIMIT, "signature (.manifest.json.sig, as invoke save --sign "
-                                                              "writes it)"),
-                           (paths.sha256, SUMS_LIMIT, "checksum file (.sha256)")):
+    for p, read in ((paths.manifest, paths.manifest_bytes), (paths.signature, paths.signature_bytes),
+                    (paths.sha256, paths.sums_bytes)):
         try:  # as untrusted input, as check_set read them: a link to /dev/zero was a MemoryError, a pipe a hang
-            files[p.name] = read_bounded(p, limit, what)
+            files[p.name] = read()
         except FileNotFoundError:  # no signature (where allowed_signers is set, check_set refused that)
             continue
         except DockyardError as e:

@@ -305,9 +305,9 @@ def test_load_sh_reads_a_manifest_and_sha256_bounded_and_caps_the_base_layers(tm
 
 
 def test_load_sh_has_the_limits_of_invoke_load():
-    from dockyard.transport.layout import LOADER_TEMPLATE, MANIFEST_LIMIT, SUMS_LIMIT
+    from dockyard.transport.layout import LOADER_TEMPLATE, MANIFEST_LIMIT, SIGNATURE_LIMIT, SUMS_LIMIT
 
     script = LOADER_TEMPLATE.read_text()
     assert f"\nMAX_NAMES={load_mod.MAX_NAMES}\n" in script and f"\nMAX_CHAINS={load_mod.MAX_CHAINS}\n" in script
     assert f"-le {MANIFEST_LIMIT} ]" in script and f"-le {SUMS_LIMIT} ]" in script
-    assert f"-le {load_mod.SIGNATURE_LIMIT} ]" in script
+    assert f"-le {SIGNATURE_LIMIT} ]" in script
