@@ -805,10 +805,11 @@ def before_the_first_step(e: BaseException, recipe: Recipe, given: dict[str, Any
     what, read = next((READ_BY[name] for name in READ_BY if name in frames), ("", ()))
     if read:
         mine = [k for k in read if k in given or k in recipe.settings]
-        by_default = [k for k in read if k not in mine and k in _defaults()]
+        defaults = _defaults()
+        by_default = [k for k in read if k not in mine and k in defaults]
         if mine or by_default:
             said = ", ".join(_where(k, recipe, given) for k in mine)
-            shared = ", ".join(f"{k} {_value(_defaults()[k])}" for k in by_default)
+            shared = ", ".join(f"{k} {_value(defaults[k])}" for k in by_default)
             said = (f"{said}, with {shared} of recipes/defaults.yaml" if said and shared else
                     said or f"{shared} of recipes/defaults.yaml")
             return DockyardError(f"{error}. {what[0].upper()}{what[1:]} read {said}: check them; {logged}")
