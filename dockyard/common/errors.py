@@ -10,7 +10,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 MiB = 1 << 20
 
@@ -72,18 +72,27 @@ def yaml_problem(error: Exception) -> str:
     return said + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else "")
 
 
-def read_bounded(path: Path, limit: int, what: str) -> bytes:
-    """A small file read as untrusted input: one that is not a plain file (a pipe waits for ever, /dev/zero never
-    ends) or holds more than `limit` bytes is refused, naming `what` it should be. A folder is IsADirectoryError
-    and a missing file FileNotFoundError, as from open(), for the caller to word."""
+def open_plain(path: Path, what: str) -> BinaryIO:
+    """A file opened for reading as untrusted input, refused unless what was opened is a plain file: checked on
+    the open file itself, so a file swapped for a pipe after an earlier check (a pipe waits for ever, /dev/zero
+    never ends) is refused, naming `what` it should be. A folder is IsADirectoryError and a missing file
+    FileNotFoundError, as from open(), for the caller to word."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a pipe opens at once
     kind = os.fstat(fd).st_mode
     if stat.S_ISDIR(kind):  # before fdopen, which refuses a folder naming the descriptor: "Is a directory: 3"
         os.close(fd)
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(kind):
-            raise DockyardError(f"{path}: not a plain file (a pipe, device or socket); give the {what} itself")
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        raise DockyardError(f"{path}: not a plain file (a pipe, device or socket); give the {what} itself")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """A small file read as untrusted input (open_plain): one that holds more than `limit` bytes is refused,
+    naming `what` it should be."""
+    with open_plain(path, what) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         size = f"{limit // MiB} MiB" if limit >= MiB else f"{limit // 1024} KiB"

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, loads, problems
+from dockyard.common.errors import DockyardError, loads, open_plain, problems
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
@@ -155,7 +155,7 @@ def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, lo
     gives images are added to `names`. Returns docker load's last output lines."""
     name = paths.archive.name
     engine.echo_pipeline([*(dec or ["cat"]), str(paths.archive)], load_argv)
-    with (console.progress() as bar, open(paths.archive, "rb") as f,
+    with (console.progress() as bar, open_plain(paths.archive, "archive") as f,
           engine.Pipeline(load_argv, stdin=engine.PIPE, stdout=engine.TAIL, quiet=True,
                           what=f"loading {name}") as docker_load):
         task = bar.add_task(f"load {name}", total=manifest["archive_bytes"])
@@ -495,7 +495,7 @@ def read_manifest(raw: bytes, name: str, nothing: str = "nothing was loaded") ->
 
 def sha256_file(path: Path, label: str) -> str:
     h = hashlib.sha256()
-    with console.progress() as bar, open(path, "rb") as f:
+    with console.progress() as bar, open_plain(path, "archive") as f:
         task = bar.add_task(label, total=path.stat().st_size)
         while chunk := f.read(engine.CHUNK):
             h.update(chunk)

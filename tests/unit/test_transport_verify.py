@@ -311,3 +311,21 @@ def test_load_sh_has_the_limits_of_invoke_load():
     assert f"\nMAX_NAMES={load_mod.MAX_NAMES}\n" in script and f"\nMAX_CHAINS={load_mod.MAX_CHAINS}\n" in script
     assert f"-le {MANIFEST_LIMIT} ]" in script and f"-le {SUMS_LIMIT} ]" in script
     assert f"-le {SIGNATURE_LIMIT} ]" in script
+
+
+@pytest.mark.timeout(30)
+def test_an_archive_swapped_for_a_pipe_after_its_checks_is_refused_as_it_is_opened(tmp_path):
+    """The set's checks look at the archive by its path (its size against the manifest's); it is read later, by
+    `invoke load --verify` and as it is loaded. A pipe put in its place in between (someone who can write the
+    set's folder) made that read wait for ever on the pipe. The file is now checked as it is opened."""
+    paths = make_set(tmp_path)
+    manifest = load_mod.check_set(Settings(), paths)
+    paths.archive.unlink()
+    os.mkfifo(paths.archive)  # no writer: an open() without O_NONBLOCK, then a read, would never return
+    not_plain = f"{paths.archive}: not a plain file (a pipe, device or socket); give the archive itself"
+    with pytest.raises(DockyardError, match="not a plain file") as said:
+        load_mod.sha256_file(paths.archive, "verify")
+    assert str(said.value) == not_plain
+    with pytest.raises(DockyardError, match="not a plain file") as said:
+        load_mod.load_verified(paths, manifest, None, ["/bin/false"], set())
+    assert str(said.value) == not_plain
