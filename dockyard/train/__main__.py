@@ -221,10 +221,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              liger_broken=liger_broken, model=manifest.host_path(settings.model))
     run.record.settings_resolved = resolved.record
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
-    # the recipe's "no progress bars" (defaults.yaml: they garble log files) holds for loading and saving weights too,
-    # except on a terminal, where they are the progress of minutes of loading a large model
-    if args.disable_tqdm and not sys.stderr.isatty():
-        transformers.utils.logging.disable_progress_bar()
+    environment.weight_bars(args.disable_tqdm)  # the recipe's "no progress bars", for loading and saving weights too
     if liger_broken and device is not None and nodes.first_of_node():  # one line per node
         log.warning("%s: the run goes without Liger's kernels", liger_broken)
     if args.torch_compile and nodes.first_of_node():  # every process dropped it; one per node says so

@@ -73,6 +73,19 @@ def quiet_libraries() -> None:
     logging.getLogger("transformers.trainer_utils").addFilter(_not_mtime_fallback)  # once, however often called
 
 
+def weight_bars(disable_tqdm: bool) -> None:
+    """The progress bars of loading and saving weights ("Loading weights", "Writing model shards"), for the trainer
+    and the exporter alike: kept on a terminal, where they are the progress of minutes of loading a large model; taken
+    out where `disable_tqdm` (recipes/defaults.yaml: on) asks and stderr is redirected (a pipe, a log file), where
+    tqdm's redrawn lines garble the output."""
+    import sys
+
+    import transformers
+
+    if disable_tqdm and not sys.stderr.isatty():
+        transformers.utils.logging.disable_progress_bar()
+
+
 def device_from_torch() -> Device | None:
     """The smallest GPU this process can see (every rank then resolves the same values), or None without one."""
     import torch

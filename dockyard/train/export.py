@@ -56,14 +56,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def quiet() -> None:
-    """The console says what was exported and how it compared: no progress bar of each load and save (a few lines of
-    bars for a second's work on a small model), nor the libraries' noise the trainer leaves out too."""
-    import transformers
-
+    """The console says what was exported and how it compared, without the libraries' noise the trainer leaves out
+    too; the bars of each load and save as a run has them by default (disable_tqdm): on a terminal (minutes for a
+    large model), not in a pipe or a log file."""
     from dockyard.train import environment
 
     environment.quiet_libraries()
-    transformers.utils.logging.disable_progress_bar()
+    environment.weight_bars(disable_tqdm=True)
 
 
 def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:

@@ -228,3 +228,44 @@ def test_an_export_says_what_it_did_without_progress_bars_or_the_libraries_noise
     assert done.stdout.startswith("exported lora adapters merged into the float32 base of run r1"), done.stdout
     for noise in ("kernels-community", "pip install kernels", "Loading weights", "Writing model shards", "it/s]"):
         assert noise not in done.stderr + done.stdout, done.stderr
+
+
+def test_an_export_on_a_terminal_shows_the_progress_of_loading_and_saving_weights(tmp_path):
+    """The exporter took the bars out everywhere, where the trainer keeps them on a terminal (minutes of loading a
+    large model with no sign of progress) and leaves them out of pipes and log files alone: the same rule now, through
+    the same helper. A process of its own on a pseudo-terminal, as `invoke export --native` from a shell runs it."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from dockyard.settings import ROOT
+
+    run, out = tmp_path / "r1", tmp_path / "out"
+    _adapter_run(run)
+    main, tty = pty.openpty()
+    fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # tqdm draws to the width: 0 in a new pty
+    try:
+        done = subprocess.Popen([sys.executable, "-m", "dockyard.train.export", "--run-dir", str(run), "--out",
+                                 str(out), "--merge"], stdin=subprocess.DEVNULL, stdout=tty, stderr=tty, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                                     "DS_ACCELERATOR": "cpu"})
+        os.close(tty)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # EIO: the process closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert done.wait(timeout=300) == 0, shown.decode(errors="replace")
+    finally:
+        os.close(main)
+    text = shown.decode(errors="replace")
+    assert "exported lora adapters merged into the float32 base of run r1" in text, text
+    assert "Loading weights" in text and "Writing model shards" in text, text
+    assert "kernels-community" not in text, text
