@@ -255,6 +255,17 @@ class Recipe(BaseModel):
         for key in STRATEGY_KEYS:
             if key in self.settings:
                 raise ValueError(f"`{key}` is set by the strategy file, not under `settings:`")
+        if self.peft == "qlora" and STRATEGIES[self.strategy].engine == "fsdp":
+            # what HF documents for FSDP-QLoRA (the 4-bit weights stored in the compute dtype, which
+            # model.quantization_config already does, and cpu_ram_efficient_loading) is FSDP1's. Under FSDP2, the only
+            # FSDP here, fully_shard turns each Params4bit into a plain DTensor without its quant_state, and the 4-bit
+            # layers compute with the packed bytes (bitsandbytes#1945, open; axolotl patches it in its own code); and
+            # accelerate 1.15's fsdp2_prepare_model skips cpu_ram_efficient_loading (rank 0's weights sent to the
+            # others) for a model holding Params4bit. Refused where the recipe is read: invoke run --dry, the trainer
+            raise ValueError("peft: qlora does not train under strategy fsdp: FSDP2, the only FSDP here, loses the "
+                             "4-bit weights' quantization state when it shards them (bitsandbytes#1945), and "
+                             "accelerate does no cpu_ram_efficient_loading of a 4-bit model; use the qlora recipe "
+                             "(DDP: each GPU holds the whole 4-bit base)")
         return self
 
     @property

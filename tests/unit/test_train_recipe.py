@@ -87,6 +87,28 @@ def test_invalid_recipes_are_refused(tmp_path, body, problem):
         load_recipe(tmp_path)
 
 
+def test_qlora_under_fsdp_is_refused_in_one_line_by_the_dry_run_and_the_trainer(tmp_path):
+    """A copy of recipes/fsdp with `peft: qlora` passed as a recipe: the only FSDP here is FSDP2, which loses the
+    4-bit weights' quantization state when it shards them (bitsandbytes#1945), and accelerate does no
+    cpu_ram_efficient_loading of a 4-bit model. The host's dry run and the trainer read the recipe alike."""
+    import shutil
+
+    from tests.support.cli import invoke_here, short_error
+
+    mine = tmp_path / "fsdp-qlora"
+    shutil.copytree(RECIPES / "fsdp", mine)
+    text = (mine / "recipe.yaml").read_text().replace("strategy: fsdp\n", "strategy: fsdp\npeft: qlora\n")
+    (mine / "recipe.yaml").write_text(text)
+    said = "peft: qlora does not train under strategy fsdp: FSDP2, the only FSDP here, loses the 4-bit weights'"
+    with pytest.raises(DockyardError, match=re.escape(said)):
+        load_recipe(mine)  # what the trainer reads the recipe with
+    dry = invoke_here("run", "--dry", f"--recipe={mine}")
+    short_error(dry, said)
+    assert "use the qlora recipe (DDP: each GPU holds the whole 4-bit base)" in dry.stderr, dry.stderr
+    (mine / "recipe.yaml").write_text(text.replace("peft: qlora", "peft: lora"))
+    assert load_recipe(mine).peft == "lora"
+
+
 def test_overrides_are_read_as_yaml_scalars():
     assert parse_overrides(["--max_steps", "50", "--learning_rate", "1e-4", "--bf16", "--model=/m",
                             "--lora-r", "4", "--report_to", "none"]) == {
