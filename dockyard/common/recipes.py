@@ -434,6 +434,7 @@ def read_deepspeed_config(path: Path) -> dict:
     stage = zero.get("stage", 0)
     if type(stage) is not int or not 0 <= stage <= 3:  # DeepSpeed's refusal came after the run started, in its words
         raise DockyardError(f"{path}: zero_optimization.stage {stage!r}: takes 0, 1, 2 or 3 (a number, not text)")
+    check_deepspeed_sections(cfg, path)
     kind = cfg.get("optimizer", {}).get("type")
     if stage and isinstance(kind, str) and kind.lower() not in ZERO_OPTIMIZERS and not cfg.get(ZERO_UNTESTED):
         raise untested_zero_optimizer(path, kind)
@@ -442,6 +443,45 @@ def read_deepspeed_config(path: Path) -> dict:
             raise DockyardError(f'{path}: {key} {cfg[key]!r}: the run sets the batch, so write "auto" here (or leave '
                                 f"it out) and give {setting} in the recipe's settings: or after -- instead")
     return cfg
+
+
+# The keys of the sections DeepSpeed reads through pydantic models that refuse unknown keys (zero_optimization and
+# its offload_optimizer and offload_param, bf16, fp16, the monitors...), each key's nested keys and, where DeepSpeed
+# takes one of a set (an offload's device), those values: a snapshot of the pinned DeepSpeed's models, which the host
+# reads without DeepSpeed (dockyard.train.make_assets writes it; a test compares it with DeepSpeed's own)
+DEEPSPEED_SECTIONS = ROOT / "dockyard" / "train" / "assets" / "deepspeed_sections.json"
+
+
+def check_deepspeed_sections(cfg: dict[str, Any], path: Path | str) -> None:
+    """A misspelt key inside a section (zero_optimization.overlap_com, offload_optimizer.pin_memroy, bf16.enable) or a
+    value outside DeepSpeed's set (offload_optimizer.device "gpu0"): DeepSpeed refuses them itself, but in
+    deepspeed.initialize, once the model has loaded on every GPU, as a ValidationError traceback. The host's dry run
+    and the trainer refuse them here, in the same line."""
+    import json
+
+    sections = json.loads(DEEPSPEED_SECTIONS.read_text())["sections"]
+    for key in sorted(set(sections) & set(cfg)):
+        _check_section(cfg[key], sections[key], key, path)
+
+
+def _check_section(value: Any, spec: dict[str, Any], where: str, path: Path | str) -> None:
+    import difflib
+    import json
+
+    if "enum" in spec and value != "auto" and (isinstance(value, bool) or value not in spec["enum"]):
+        *most, last = [json.dumps(v) for v in spec["enum"]]
+        raise DockyardError(f"{path}: {where} {json.dumps(value)}: DeepSpeed takes {', '.join(most)} or {last}")
+    keys = spec.get("keys")
+    if keys is None or not isinstance(value, dict):  # (a section that is not an object: DeepSpeed's models say so)
+        return
+    for key in value:
+        if key not in keys:
+            near = difflib.get_close_matches(str(key), keys, n=1)
+            raise DockyardError(f"{path}: unknown DeepSpeed key {where}.{key}"
+                                + (f" (did you mean {where}.{near[0]}?)" if near else "")
+                                + ": DeepSpeed refuses it once the model has loaded; check the spelling against the "
+                                "DeepSpeed config docs")
+        _check_section(value[key], keys[key], f"{where}.{key}", path)
 
 
 # The `optimizer` types (lower case, as DeepSpeed matches them) ZeRO trains with: the classes DeepSpeed builds for them

@@ -221,7 +221,9 @@ SECTION_MODELS = {
 
 def _validate_sections(path: Path, cfg: dict[str, Any]) -> None:
     """Each section DeepSpeed validates with its own model, validated by that model now, leaving out the "auto"
-    values the HF Trainer fills in later."""
+    values the HF Trainer fills in later. Their keys and sets of values were checked already, as the host checks them
+    (recipes.check_deepspeed_sections, from a snapshot of these models): what is left here is a value of the wrong
+    type ("enabled": "yes please")."""
     import importlib
 
     from pydantic import ValidationError

@@ -87,7 +87,7 @@ def broken_recipe(tmp_path, ds_config: str):
     ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}',
      'zero_optimization.offload_optimizer.device "nvme": no strategy here offloads to NVMe'),
     ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}}',
-     "zero_optimization.offload_optimizer.device is 'disk', zero2 keeps it on the GPU"),
+     'zero_optimization.offload_optimizer.device "disk": DeepSpeed takes "none", "cpu" or "nvme"'),
     # DeepSpeed's AssertionError on every rank, once the model had loaded: "untested ZeRO Optimizer"
     ('{"zero_optimization": {"stage": 2}, "optimizer": {"type": "SGD", "params": {"lr": "auto", "momentum": 0.9}}}',
      'optimizer.type "SGD": ZeRO trains with Adam, AdamW, Adagrad, Lion or Muon'),

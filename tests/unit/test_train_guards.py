@@ -424,10 +424,10 @@ def _strategy_of(body: dict) -> str:
 
 
 @pytest.mark.parametrize("body,says", [
-    ({"bf16": {"enable": True}}, r"bf16: enable: Extra inputs are not permitted"),
-    ({"fp16": {"enabled": "auto", "loss_scale_windw": 500}}, r"fp16: loss_scale_windw: Extra inputs"),
+    ({"bf16": {"enable": True}}, r"unknown DeepSpeed key bf16.enable \(did you mean bf16.enabled\?\)"),
+    ({"fp16": {"enabled": "auto", "loss_scale_windw": 500}}, r"unknown DeepSpeed key fp16.loss_scale_windw"),
     ({"bf16": {"enabled": "yes please"}}, r"bf16: enabled: Input should be a valid boolean"),
-    ({"comms_logger": {"enabled": True, "verbos": True}}, r"comms_logger: verbos: Extra inputs"),
+    ({"comms_logger": {"enabled": True, "verbos": True}}, r"unknown DeepSpeed key comms_logger.verbos"),
     ({"optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decya": 0.1}}},
      r"optimizer.params: weight_decya not known to AdamW \(it takes .*weight_decay"),
     ({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, r"optimizer.params: max_grad_norm not known"),
@@ -523,6 +523,55 @@ def test_the_trainer_asks_deepspeeds_own_list_of_zero_optimizers(tmp_path, monke
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Lamb"},
                                 "zero_allow_untested_optimizer": True}))
     assert guards.deepspeed_config(path, "zero2")["optimizer"]["type"] == "Lamb"
+
+
+@pytest.mark.parametrize("recipe,edit,says", [
+    ("zero2", lambda z: z.update(overlap_com=True),
+     "unknown DeepSpeed key zero_optimization.overlap_com (did you mean zero_optimization.overlap_comm?)"),
+    ("zero2-offload", lambda z: z["offload_optimizer"].update(pin_memroy=True),
+     "unknown DeepSpeed key zero_optimization.offload_optimizer.pin_memroy (did you mean "
+     "zero_optimization.offload_optimizer.pin_memory?)"),
+    ("zero2-offload", lambda z: z["offload_optimizer"].update(device="gpu0"),
+     'zero_optimization.offload_optimizer.device "gpu0": DeepSpeed takes "none", "cpu" or "nvme"'),
+    ("zero3", lambda z: z.update(offload_param={"device": "cpu", "buffer_cnt": 5}),
+     "unknown DeepSpeed key zero_optimization.offload_param.buffer_cnt (did you mean "
+     "zero_optimization.offload_param.buffer_count?)"),
+    ("zero2", lambda z: z.update(stage=7), "zero_optimization.stage 7: takes 0, 1, 2 or 3"),
+])
+def test_a_bad_nested_deepspeed_key_is_the_same_line_from_the_dry_run_and_the_trainer(tmp_path, recipe, edit, says):
+    """invoke run --dry checked the ds_config's top-level keys only: a key misspelt inside zero_optimization or its
+    offloads, or an offload device DeepSpeed does not know, passed the host and stopped the run once the model had
+    loaded (the trainer's check, DeepSpeed's ValidationError). The host now reads the same check, from a snapshot of
+    DeepSpeed's models (no DeepSpeed on the host), and says it in the trainer's words."""
+    import shutil
+
+    from tests.support.cli import invoke_here, short_error
+
+    folder = tmp_path / f"{recipe}-mine"
+    shutil.copytree(RECIPES / recipe, folder)
+    cfg = json.loads((folder / "ds_config.json").read_text())
+    edit(cfg["zero_optimization"])
+    (folder / "ds_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DockyardError) as trainer:
+        guards.deepspeed_config(folder / "ds_config.json", recipe)
+    assert says in str(trainer.value), str(trainer.value)
+    dry = invoke_here("run", "--dry", "--variant=cpu", f"--recipe={folder}")
+    short_error(dry, says)
+    assert f"error: {trainer.value}\n" in dry.stderr, dry.stderr
+
+
+def test_the_hosts_snapshot_of_deepspeeds_sections_is_the_pinned_deepspeed():
+    """What the host checks nested keys against is what DeepSpeed's own models take (python -m
+    dockyard.train.make_assets rewrites it)."""
+    from dockyard.common.recipes import DEEPSPEED_SECTIONS
+    from dockyard.train.make_assets import deepspeed_sections
+
+    snapshot = json.loads(DEEPSPEED_SECTIONS.read_text())
+    assert snapshot == deepspeed_sections()
+    offload = snapshot["sections"]["zero_optimization"]["keys"]["offload_optimizer"]["keys"]
+    assert offload["device"] == {"enum": ["none", "cpu", "nvme"]} and "pin_memory" in offload
+    zero = snapshot["sections"]["zero_optimization"]["keys"]  # a field's alias and its name: DeepSpeed takes both
+    assert {"stage3_prefetch_bucket_size", "prefetch_bucket_size"} <= set(zero)
 
 
 def test_the_hosts_zero_optimizers_are_deepspeeds():
