@@ -33,6 +33,24 @@ def test_labels_carry_what_is_inside(settings):
         assert "org.opencontainers.image.source" not in no_remote, "no repository: no source label at all"
 
 
+def test_docs_name_every_label_and_when_the_image_has_no_source(settings):
+    """interface.md lists org.opencontainers.image.source among the labels, and an image built from a checkout
+    without a URL remote has none (a local path would mean nothing on another host): docs/images.md says which
+    labels there are, where each comes from, and when .source is left out."""
+    import re
+
+    from dockyard import ROOT
+
+    text = (ROOT / "docs" / "images.md").read_text()
+    section = text[text.index("## Labels"):]
+    names = re.findall(r"`(dockyard\.[a-z_]+|org\.opencontainers\.image\.[a-z]+|\.[a-z]+)`", section)
+    named = {"org.opencontainers.image" + n if n.startswith(".") else n for n in names}  # `.version`: the OCI one
+    every = variants.labels(variants.resolve(settings, "cpu")[0], revision="abc123", created="2026-01-01T00:00:00+00:00",
+                            source="https://example.org/dockyard.git", code="0" * 64, base="dockyard-base:bookworm")
+    assert set(every) <= named, sorted(set(every) - named)
+    assert "carries no `org.opencontainers.image.source` label at all" in section
+
+
 def test_at_least_two_cuda_variants_and_cpu(settings):
     vs = variants.all_variants(settings)
     cuda = sorted((v for v in vs.values() if v.is_cuda), key=lambda v: variants.cuda_version(v.cuda))
