@@ -68,6 +68,7 @@ from dockyard.train import (
     nodes,
     precision,
     strategy,
+    universal,
 )
 from dockyard.train import model as models
 from dockyard.train.export import PROBE_TOKENS
@@ -220,7 +221,8 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              device=device, shape=shape, kind=shape.model_type if shape else "", liger=liger,
                              liger_broken=liger_broken, model=manifest.host_path(settings.model))
     run.record.settings_resolved = resolved.record
-    args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last)
+    args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last,
+                           load_universal=opened.reshard is not None)
     environment.weight_bars(args.disable_tqdm)  # the recipe's "no progress bars", for loading and saving weights too
     if liger_broken and device is not None and nodes.first_of_node():  # one line per node
         log.warning("%s: the run goes without Liger's kernels", liger_broken)
@@ -237,6 +239,11 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     # an adapter recipe's frozen base is loaded in 16 bits (model.weights_dtype), whatever the compute precision
     base = str(models.weights_dtype(settings, recipe)).removeprefix("torch.") if recipe.peft == "lora" else ""
     log.info("%s", run_in_words(args, settings, resolved.record, base))
+    if opened.reshard:
+        run.doing("converting the checkpoint to DeepSpeed's universal form")
+        if said := universal.ready(opened.reshard, args.process_index == 0, recipe):
+            log.info("%s", said)
+        run.doing("loading the data and the model")
 
     run.record.inputs = manifest.inputs_record(run_inputs(settings))
     # the tokenizer, the data and the model's files are read alike by every process: what one refuses, all do, and
@@ -273,6 +280,7 @@ class Opened:
     settings: RunSettings
     training: dict[str, Any]           # TrainingArguments values, `auto` ones still unresolved
     last_checkpoint: str | None
+    reshard: universal.Reshard | None  # the checkpoint's ZeRO state, to be loaded on another number of processes
 
 
 def run_inputs(settings: RunSettings) -> dict[str, str]:
@@ -350,14 +358,13 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
                             "save_only_model), and the optimizer and the learning-rate schedule would start over "
                             f"without a word. Start a new run instead{weights}; a run meant to be resumed saves with "
                             "--save_only_model false")
-    if last:
-        world = int(os.environ.get("WORLD_SIZE", 1))
-        checkpoints.check_partitions(Path(last), world, int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world, recipe)
+    # a ZeRO checkpoint saved by another number of processes is loaded in DeepSpeed's universal form (or refused)
+    reshard = universal.needed(Path(last), int(os.environ.get("WORLD_SIZE", 1)), recipe) if last else None
     if not run.opts.resume and os.environ.get("RANK", "0") == "0":
         # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
         runfolder.save_overrides(run_dir, run.overrides)
-    return Opened(recipe, settings, training, last)
+    return Opened(recipe, settings, training, last, reshard)
 
 
 RESUME_LOCK = ".resume.lock"
@@ -475,13 +482,14 @@ def model_shape(model_dir: Path, run: Run) -> Any:
 
 
 def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run: Run,
-                    resumed_from: str | None) -> Any:
-    """TrainingArguments, which form the process group; then the logs, and the checks that need every process."""
+                    resumed_from: str | None, load_universal: bool) -> Any:
+    """TrainingArguments, which form the process group; then the logs, and the checks that need every process.
+    `load_universal`: DeepSpeed loads the checkpoint in its universal form (dockyard.train.universal)."""
     run.doing("setting up the process group")
     # every process, before any forms the group, in which DeepSpeed loads its ops (shm_comm on the CPU; cpu_adam
     # once the Trainer makes the optimizer): a lock a killed build of one left would hang the run without a word
     removed, kept = environment.build_locks()
-    args = training_arguments(recipe, settings, overrides, run.opts.run_dir)
+    args = training_arguments(recipe, settings, overrides, run.opts.run_dir, load_universal)
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
     setup_logging(run.opts.run_dir, run.is_main)
@@ -508,7 +516,8 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     return args
 
 
-def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path) -> Any:
+def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path,
+                       load_universal: bool = False) -> Any:
     from transformers import TrainingArguments  # lazy: see the note on the imports
 
     known = {f.name for f in fields(TrainingArguments)} | set(CHECKPOINTING_NAMES.values())
@@ -531,6 +540,9 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     }
     if recipe.deepspeed:
         args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
+        if load_universal:
+            ds = args["deepspeed"]
+            ds["checkpoint"] = {**(ds.get("checkpoint") or {}), "load_universal": True}
     if recipe.fsdp:
         args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
         os.environ.update(guards.fsdp_environment(args["fsdp_config"]))

@@ -20,7 +20,6 @@ import importlib
 import json
 import os
 import pickle
-import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -165,25 +164,6 @@ def check(checkpoint: Path, earlier: Path | None = None) -> dict[str, Any]:
 
 STATE_LIMIT = 256 << 20  # trainer_state.json: its log_history grows by a line a logged step (MBs for long runs)
 HEADER_LIMIT = 100_000_000  # safetensors' own limit on a header's JSON
-
-
-def check_partitions(checkpoint: Path, world_size: int, one_node: bool, recipe: Any) -> None:
-    """ZeRO splits the optimizer's state over the processes that saved it, one file each (`..._pp_rank_R_...`), and
-    DeepSpeed loads it on as many only: a resume on another number raised its ZeRORuntimeException on every rank,
-    after the model loaded. Where each node keeps its own folder, a node holds its own ranks' files alone: there,
-    only a rank past the run's own says it was saved by more."""
-    ranks = [int(m.group(1)) for step in checkpoint.glob("global_step*") for f in step.iterdir()
-             if (m := ZERO_PART.fullmatch(f.name))] if recipe.deepspeed else []
-    parts = max(ranks, default=-1) + 1
-    if parts and (parts > world_size or one_node and parts != world_size):
-        raise DockyardError(
-            f"cannot resume from {checkpoint.name} with {world_size} process(es): it was saved by {parts}, and ZeRO "
-            f"split the optimizer's state over them. Resume on {parts} (--nproc={parts}, or as many GPUs), or start a "
-            f"new run from its weights (--model with the folder {checkpoint.parent.parent.name}/checkpoints/"
-            f"{checkpoint.name} of the runs folder)")
-
-
-ZERO_PART = re.compile(r".*zero_pp_rank_([0-9]{1,6})_mp_rank_[0-9]+_optim_states\.pt")
 
 
 def safetensors_damage(path: Path) -> str:

@@ -62,6 +62,10 @@ def _not_mtime_fallback(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(MTIME_FALLBACK)
 
 
+def _not_missing_mpu(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("MPU is not provided")
+
+
 def quiet_libraries() -> None:
     """What the libraries say that is no fault of the run and that the user can do nothing about, left off the
     console by the trainer and the exporter alike."""
@@ -71,6 +75,9 @@ def quiet_libraries() -> None:
     # own CPU kernels run instead
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     logging.getLogger("transformers.trainer_utils").addFilter(_not_mtime_fallback)  # once, however often called
+    # DeepSpeed loading a universal checkpoint (dockyard.train.universal) warned on every rank that it was given no
+    # model-parallel unit, of a run that has no tensor parallelism to give
+    logging.getLogger("DeepSpeed").addFilter(_not_missing_mpu)
 
 
 def weight_bars(disable_tqdm: bool) -> None:

@@ -443,32 +443,3 @@ def test_a_resume_on_another_number_of_processes_trains_over_the_runs_own_global
     merged, _, _ = resumed_with(recipe, runfolder.saved_overrides(tmp_path), {"global_batch": "auto"})
     settings, _ = resolve_settings(recipe, merged)
     assert batch_split(settings.global_batch, 4, 2, 1).global_batch == 8
-
-
-@pytest.mark.parametrize("ranks, world, one_node, refused", [
-    ([0, 1], 1, True, True),     # saved by 2, resumed on 1 process
-    ([0], 2, True, True),        # saved by 1, resumed on 2
-    ([0, 1], 2, True, False),
-    ([0, 1], 4, False, False),   # node 0 of 2, each node keeping its own ranks' files
-    ([2, 3], 4, False, False),   # node 1 of 2
-    ([0, 1, 2, 3], 2, False, True),
-])
-def test_a_zero_checkpoint_resumed_on_another_number_of_processes_is_refused_before_the_model_loads(
-        tmp_path, ranks, world, one_node, refused):
-    """DeepSpeed raised its ZeRORuntimeException on every rank (a traceback) after the model loaded: ZeRO's
-    optimizer state is split over the processes that saved it, one file each."""
-    from types import SimpleNamespace
-
-    step = tmp_path / "checkpoints" / "checkpoint-2" / "global_step2"
-    step.mkdir(parents=True)
-    (step / "mp_rank_00_model_states.pt").write_bytes(b"")
-    for r in ranks:
-        (step / f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"")
-    zero2 = SimpleNamespace(deepspeed="ds_config.json")
-    if refused:
-        with pytest.raises(DockyardError, match=rf"cannot resume from checkpoint-2 with {world} process\(es\): it was "
-                                                rf"saved by {max(ranks) + 1}, and ZeRO split"):
-            checkpoints.check_partitions(step.parent, world, one_node, zero2)
-    else:
-        checkpoints.check_partitions(step.parent, world, one_node, zero2)
-    checkpoints.check_partitions(step.parent, 3, True, SimpleNamespace(deepspeed=None))  # ddp: no partitions
