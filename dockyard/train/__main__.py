@@ -360,6 +360,9 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
                             "--save_only_model false")
     # a ZeRO checkpoint saved by another number of processes is loaded in DeepSpeed's universal form (or refused)
     reshard = universal.needed(Path(last), int(os.environ.get("WORLD_SIZE", 1)), recipe) if last else None
+    if last:  # the world size the manifest gives is this attempt's: a reader learns here what it continued
+        run.record.resumed = {"from": Path(last).name, "step": runfolder.checkpoint_step(last),
+                              **({"saved_by": reshard.saved_by, "universal": True} if reshard else {})}
     if not run.opts.resume and os.environ.get("RANK", "0") == "0":
         # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
         # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were

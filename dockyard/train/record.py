@@ -47,6 +47,7 @@ class Record:
     model: ModelRecord | None = None
     task: str | None = None
     overrides: dict[str, Any] | None = None      # the settings given after `--` (--resume: the run's, updated)
+    resumed: dict[str, Any] | None = None        # --resume: the checkpoint this attempt continued from, and how
     settings_resolved: dict[str, dict[str, Any]] | None = None  # what each `auto` setting became, and why
     nodes_seen: list[dict[str, Any]] | None = None  # several nodes: who checked the run folder is shared
     inputs: dict[str, Any] | None = None         # model and data paths, host and inside, fingerprinted
@@ -61,6 +62,7 @@ class Record:
                  ("model", self.model.to_json() if self.model else None),
                  ("task", self.task),
                  ("overrides", self.overrides),
+                 ("resumed", self.resumed),
                  ("settings_resolved", self.settings_resolved),
                  ("nodes_seen", self.nodes_seen),
                  ("inputs", self.inputs),

@@ -172,6 +172,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     train("zero2", run, "--max_steps", "62", "--save_steps", "2", resume=True)
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["steps"] == 62
+    assert m["resumed"] == {"from": "checkpoint-60", "step": 60}  # this attempt's (saved by as many: loaded as it is)
     assert m["overrides"] == {"max_steps": 62, "save_steps": 2, "per_device_train_batch_size": 4,
                               "max_seq_length": 64, "logging_steps": 1, "global_batch": 8}
 

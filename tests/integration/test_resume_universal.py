@@ -41,6 +41,7 @@ def test_a_zero2_run_preempted_on_2_processes_resumes_on_1_where_it_stopped(tmp_
         "checkpoint-2/global_step2_universal in "), resumed.stderr[-3000:]
     m = manifest(run)
     assert m["status"] == "completed" and m["metrics"]["steps"] == 4 and m["world_size"] == 1, m.get("error")
+    assert m["resumed"] == {"from": "checkpoint-2", "step": 2, "saved_by": 2, "universal": True}
     before, after = _steps(whole), _steps(run)
     assert sorted(after) == [1, 2, 3, 4]  # 1 and 2 kept from before the preemption, 3 and 4 trained again
     for step in (3, 4):
