@@ -12,6 +12,7 @@ before 10.0.0.9).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -143,24 +144,70 @@ def check_shared(run_dir: Path, started_with: dict[str, Any] | None = None,
     return [{k: v for k, v in n.items() if k not in ("sees_run_dir", "started_with")} for n in found]
 
 
+# What a node trains with beyond its command line (what_this_node_runs): each node's `invoke run` mounts its own
+# checkout's recipes/ over the image's, and runs its own engine's image, so two nodes given the same command could
+# train with another recipe.yaml, ds_config.json or defaults.yaml, or another trainer, torch or DeepSpeed.
+RECIPE_FILE = "recipe file "
+PACKAGES = ("torch", "deepspeed", "transformers", "peft", "accelerate")
+
+
+def started_with(recipe: str, resume: bool, overrides: dict[str, Any],
+                 recipe_files: dict[str, str] | None) -> dict[str, Any]:
+    """What this node was started with, as every node compares it with node 0's (check_shared): its command line (the
+    recipe, --resume, the overrides) and what it trains with beyond it."""
+    return {"recipe": recipe, "resume": resume, **{f"--{k}": v for k, v in overrides.items()},
+            **what_this_node_runs(recipe_files)}
+
+
+def what_this_node_runs(recipe_files: dict[str, str] | None) -> dict[str, str]:
+    """The recipe's files (their sha256, from the manifest's recipe_files), the trainer's own code and the libraries
+    it trains with, as check_started_alike compares them between the nodes."""
+    from importlib import metadata
+
+    import dockyard
+
+    code = hashlib.sha256()
+    package = Path(dockyard.__file__).parent
+    for f in sorted(package.rglob("*.py")):
+        if "__pycache__" not in f.parts:
+            code.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    found = {f"{RECIPE_FILE}{name}": digest[:12] for name, digest in (recipe_files or {}).items()}
+    found["dockyard code"] = f"{dockyard.__version__} {code.hexdigest()[:12]}"
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "(not installed)"
+    return found
+
+
 def check_started_alike(everyone: list[dict[str, Any]]) -> None:
     """Every node started with node 0's recipe and settings. Nodes given another recipe waited on each other's
     collectives for the process group's timeout (30 minutes), other max_steps likewise at the end, and another
-    learning rate trained each node's replica its own way and said "completed"."""
+    learning rate trained each node's replica its own way and said "completed". The same holds of another recipe
+    file of the same name (a node's own checkout, edited or at another commit) and of another image."""
     node0 = next((n["started_with"] for n in everyone if n["node_rank"] == 0), None)
     if node0 is None:
         return
-    said = {}
+    said, keys_said = {}, set()
     for n in everyone:
         mine = n["started_with"]
         if n["node_rank"] in said or mine == node0:
             continue
         keys = sorted(k for k in set(mine) | set(node0) if mine.get(k) != node0.get(k))
+        keys_said.update(keys)
         said[n["node_rank"]] = "; ".join(f"{k} {_shown(mine.get(k))} (node 0: {_shown(node0.get(k))})" for k in keys)
     if said:
+        why = ". Start every node with the same recipe and settings (the same command but for --node-rank)"
+        if any(k.startswith(RECIPE_FILE) for k in keys_said):
+            why += ("; a recipe file of another content: each node reads its own checkout's recipes/ (and "
+                    "recipes/defaults.yaml), so give every node the same checkout (git status, git log -1 on each), "
+                    "or one shared checkout")
+        if keys_said & {"dockyard code", *PACKAGES}:
+            why += ("; another trainer or library: the nodes run other images, so give every node the same image "
+                    "(invoke ship --image=IMAGE --to=NODE; invoke doctor --peer=NODE compares the image ids)")
         raise DockyardError("the nodes were not started alike: " + ", ".join(
-            f"node {rank} with {what}" for rank, what in sorted(said.items())) + ". Start every node with the same "
-            "recipe and settings (the same command but for --node-rank)")
+            f"node {rank} with {what}" for rank, what in sorted(said.items())) + why)
 
 
 def _shown(value: Any) -> str:

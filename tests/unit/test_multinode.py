@@ -6,11 +6,13 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
+from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.launch import multinode, node
 from dockyard.train import manifest, nodes
 
@@ -476,6 +478,39 @@ def test_nodes_started_with_another_recipe_or_settings_are_refused_on_every_node
     said = _two_nodes_check(tmp_path, [{"node_rank": rank, "runs": tmp_path / "runs", "started_with": node0}
                                        for rank in (0, 1)])
     assert [n["node_rank"] for n in said[0]["nodes"]] == [0, 1] and said[0] == said[1]
+
+
+def test_nodes_whose_checkouts_or_images_differ_under_one_command_are_refused_naming_the_file(tmp_path,
+                                                                                              monkeypatch):
+    """Each node's `invoke run` mounts its own checkout's recipes/: node 1's recipe.yaml of the same name setting
+    learning_rate 0.5 against node 0's 1e-3 passed the check (recipe name and overrides alike) and each node trained
+    its replica its own way, "completed"; so did a node whose image held another trainer or torch."""
+    recipes = {}
+    for rank, rate in ((0, "1.0e-3"), (1, "0.5")):
+        folder = tmp_path / f"checkout{rank}" / "mine"
+        folder.mkdir(parents=True)
+        (folder / "recipe.yaml").write_text(f"# mine\nwhen: a test\nstrategy: ddp\nsettings:\n  learning_rate: {rate}\n")
+        recipes[rank] = manifest.recipe_files(load_recipe(str(folder)), RECIPES / "defaults.yaml")
+    started = {rank: nodes.started_with("mine", False, {"max_steps": 2}, files) for rank, files in recipes.items()}
+    assert started[0]["--max_steps"] == 2 and started[0]["torch"] == started[1]["torch"]
+    said = _two_nodes_check(tmp_path, [{"node_rank": rank, "runs": tmp_path / "runs", "started_with": started[rank]}
+                                       for rank in (0, 1)])
+    digest = {rank: recipes[rank]["mine/recipe.yaml"][:12] for rank in (0, 1)}
+    for s in said:
+        assert s["error"].startswith(f'the nodes were not started alike: node 1 with recipe file mine/recipe.yaml '
+                                     f'"{digest[1]}" (node 0: "{digest[0]}"). Start every node with the same recipe '
+                                     "and settings (the same command but for --node-rank); a recipe file of another "
+                                     "content: each node reads its own checkout's recipes/"), s
+    # another image: another torch (or trainer code) under the same command
+    other = dict(started[0], torch="2.0.0")
+    said = _two_nodes_check(tmp_path, [{"node_rank": 0, "runs": tmp_path / "runs", "started_with": started[0]},
+                                       {"node_rank": 1, "runs": tmp_path / "runs", "started_with": other}])
+    assert said[0]["error"].startswith(f'the nodes were not started alike: node 1 with torch "2.0.0" (node 0: '
+                                       f'"{started[0]["torch"]}")'), said[0]
+    assert "the nodes run other images, so give every node the same image" in said[0]["error"]
+    # the trainer's own code is told apart by its content, not its version
+    monkeypatch.setattr(Path, "read_bytes", lambda self: b"edited")
+    assert nodes.what_this_node_runs(None)["dockyard code"] != started[0]["dockyard code"]
 
 
 def test_a_store_that_cannot_be_reached_names_the_other_of_two_nodes(monkeypatch):
