@@ -80,9 +80,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
                 '--master-port="$MASTER_PORT"']
         if join_timeout != node.JOIN_TIMEOUT:
             run.append(f"--join-timeout={int(join_timeout)}")
-    run += ['--run-id="$RUN_ID"', '"$@"']
-    if overrides:
-        run += ["--", *(shlex.quote(o) for o in overrides)]
+    run += ['--run-id="$RUN_ID"', '"$@"']  # the script's own overrides are in "$@" by now (_overrides_first)
     lines = [
         "#!/bin/bash",
         f"# Written by `invoke slurm --recipe={recipe} --nodes={nodes} --gpus-per-node={gpus_per_node}"
@@ -131,6 +129,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     # whatever the sbatch environment says: the job log and the run folder went to two places.
     lines += ["# The runs folder `invoke slurm` was given (the job log's): every node's run goes there.",
               f"export INVOKE_DOCKYARD_RUNS_DIR={shlex.quote(str(runs))}"]
+    lines += _overrides_first(overrides)
     # Quoted twice: each word for the node's bash, the whole line for this one (SLURM_NODEID is each node's own).
     lines += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
               + shlex.quote(f"exec {invoke} {' '.join(run)}") + ' bash "$@"']
@@ -205,8 +204,7 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     else:
         container = []
         wrap = ["apptainer", "exec", *(["--nv"] if gpus else []), "--bind", spec, "--pwd", node.WORKDIR, image_file]
-    entry = node.entry_shell(seen.recipe, node.run_dir_inside("$RUN_ID"), seen.overrides, expand_run_dir=True,
-                             args='"$@"')
+    entry = node.entry_shell(seen.recipe, node.run_dir_inside("$RUN_ID"), expand_run_dir=True, args='"$@"')
     # Each node advertises its own address (NODE_ADDRS: a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus or node.CPU_NPROC, endpoint="$MASTER_ADDR:$MASTER_PORT",
@@ -218,9 +216,22 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
                                  **seen.env, **({} if gpus else {"DS_ACCELERATOR": "cpu"})}.items() if k != "HOME")]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     each = "one process per GPU" if gpus else f"{node.CPU_NPROC} processes on the CPUs (no GPU asked)"
-    return [*env, f"# {what} on every node; torchrun starts there, {each}.",
+    return [*env, *_overrides_first(seen.overrides), f"# {what} on every node; torchrun starts there, {each}.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
             + ' bash "$@"']
+
+
+def _overrides_first(overrides: list[str]) -> list[str]:
+    """The lines that put the script's own trainer overrides into "$@" (the arguments sbatch passes after the file)
+    just after its first `--`, or behind a `--` at its end: overrides given at sbatch time (`sbatch FILE -- --max_steps
+    50`) then follow them, and win, as the last value given of a setting is the one taken. Written after the line
+    that gives a second `--` to every node, which `invoke run` and the trainer refuse once the job has waited in the
+    queue."""
+    if not overrides:
+        return []
+    return ["# The script's own trainer overrides, before any given after `--` at sbatch time (the last value wins).",
+            'n=0; for a in "$@"; do [[ $a == -- ]] && break; n=$((n + 1)); done',
+            f'set -- "${{@:1:n}}" -- {shlex.join(overrides)} "${{@:n+2}}"']
 
 
 def _inputs_from_here(settings: Settings, overrides: list[str]) -> list[str]:

@@ -354,7 +354,7 @@ def test_an_input_given_after_the_dashes_is_the_file_it_names_where_invoke_slurm
     monkeypatch.chdir(tmp_path)
     text = slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu",
                         overrides=["--data=data/sample.jsonl", "--max_steps", "5"])
-    assert f"-- --max_steps 5 --data {tmp_path / 'data' / 'sample.jsonl'}'" in text, text
+    assert f"-- --max_steps 5 --data {tmp_path / 'data' / 'sample.jsonl'} \"${{@:n+2}}\"" in text, text
     with pytest.raises(DockyardError, match="-- --eval_data"):
         slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu",
                      overrides=["--eval_data", "nowhere/x.jsonl"])
@@ -402,12 +402,12 @@ def test_the_data_and_model_settings_are_checked_and_written_into_the_script_for
     data.write_text('{"text": "mine"}\n')
     with_data = settings.model_copy(update={"data": str(data)})
     text = slurm.script(with_data, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--max_steps", "5"])
-    assert f"-- --max_steps 5 --data {data}'" in text, text
+    assert f"-- --max_steps 5 --data {data} \"${{@:n+2}}\"" in text, text
     # an override still wins over the setting, as in `invoke run`
     other = tmp_path / "other.jsonl"
     other.write_text('{"text": "other"}\n')
     text = slurm.script(with_data, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--data", str(other)])
-    assert f"-- --data {other}'" in text and str(data) not in text
+    assert f"-- --data {other} \"${{@:n+2}}\"" in text and str(data) not in text
     with pytest.raises(DockyardError, match=f"setting data {tmp_path}/nowhere.jsonl: no such file or folder"):
         slurm.script(settings.model_copy(update={"data": str(tmp_path / "nowhere.jsonl")}), recipe="ddp", nodes=2,
                      gpus_per_node=0, variant="cpu", overrides=[])

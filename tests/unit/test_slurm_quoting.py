@@ -121,6 +121,7 @@ def _default_run_id(folder_name: str) -> str:
 
 @EXAMPLES
 @example(recipe="-r $(touch \"$MARK\")", archive="a b", runs="r u'n # %j", override=ATTACK, after=ATTACK)
+@example(recipe="r", archive="a", runs="r", override=ATTACK, after="--")  # the script's overrides follow it
 @given(recipe=path_name, archive=path_name, runs=path_name, override=hostile_value,
        after=hostile_text.filter(lambda s: "\0" not in s))
 def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, recipe, archive, runs,
@@ -153,7 +154,7 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
     load = ["load", f"--file={(base / archive).resolve()}"]
     run = ["run", f"--recipe={folder.resolve()}", "--variant=cpu", "--nodes=2", "--node-rank=0",
            "--master-addr=10.9.0.1", "--master-port=29500", f"--run-id={_default_run_id(folder.resolve().name)}",
-           "--resume", after, "--", "--run_name", override, "--max_steps", "5"]
+           "--resume", *([] if after == "--" else [after]), "--", "--run_name", override, "--max_steps", "5"]
     assert by_tool["invoke"] == [load, load, run, [*run[:4], "--node-rank=1", *run[5:]]]
     # every node's run goes to the runs folder the script was written for (the job log's), whatever sbatch's
     # environment said
@@ -164,6 +165,7 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
 @EXAMPLES
 @example(runtime="apptainer", image="i m'g", recipe="-r $(touch \"$MARK\")", runs="r u'n # %j", override=ATTACK,
          after=ATTACK)
+@example(runtime="pyxis", image="i", recipe="r", runs="r", override=ATTACK, after="--")
 @given(runtime=st.sampled_from(["pyxis", "apptainer"]), image=path_name, recipe=path_name, runs=path_name,
        override=hostile_value, after=hostile_text.filter(lambda s: "\0" not in s and s != "--resume"))  # that needs a run id
 def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, runtime, image,
@@ -198,7 +200,8 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
         # the recipe folder as the container sees it: mounted there, as `invoke run` mounts it
         inside = f"/workspace/recipes/{folder.resolve().name}"
         assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", inside, "--run-dir",
-                                           f"/workspace/runs/{run_id}", after, "--", "--run_name", override]
+                                           f"/workspace/runs/{run_id}", *([] if after == "--" else [after]), "--",
+                                           "--run_name", override]
     srun = next(r["argv"] for r in got if r["tool"] == "srun")
     runs_dir = (base / runs).resolve()
     if runtime == "pyxis":
@@ -249,3 +252,32 @@ def test_a_recipe_path_with_a_space_and_a_quote_reaches_invoke_run_whole(setting
     assert p.returncode == 0, p.stderr
     run = next(r["argv"] for r in got if r["tool"] == "invoke")
     assert run[:2] == ["run", f"--recipe={folder}"] and run[-1] == "--run-id=my-recipe-s---touch---MARK---slurm-77"
+
+
+@pytest.mark.parametrize("runtime", ["docker", "pyxis"])
+def test_overrides_given_at_sbatch_time_follow_the_scripts_own_and_win(settings, tmp_path, runtime):
+    """`sbatch FILE -- --max_steps 50` on a script written with `-- --max_steps 5`: every node got two `--`
+    (`invoke run ... -- --max_steps 50 -- --max_steps 5`, and the trainer likewise), refused on every node once the
+    job had waited in the queue ("override '--' is not of the form --key value")."""
+    recorder(tmp_path / "bin", "invoke")
+    recorder(tmp_path / "bin", "torchrun")
+    recorder(tmp_path / "bin", "srun", then=SRUN)
+    (tmp_path / "x.sqsh").write_bytes(b"")
+    kw = {"runtime": "pyxis", "image_file": str(tmp_path / "x.sqsh"), "gpus_per_node": 4} if runtime == "pyxis" else \
+        {"gpus_per_node": 0, "variant": "cpu"}
+    with mock.patch.object(slurm, "INVOKE", [str(tmp_path / "bin" / "invoke")]):
+        text = slurm.script(settings, recipe="zero2", nodes=2, overrides=["--run_name", ATTACK, "--max_steps", "5"],
+                            **kw)
+    own = ["--run_name", ATTACK, "--max_steps", "5"]
+    for after, tail in (((), ["--", *own]), (("--resume",), ["--resume", "--", *own]),
+                        (("--resume", "--", "--max_steps", "50"), ["--resume", "--", *own, "--max_steps", "50"]),
+                        (("--", "--max_steps", "50", "--", "x"), ["--", *own, "--max_steps", "50", "--", "x"])):
+        base = tmp_path / f"job{len(after)}"
+        shutil.copytree(tmp_path / "bin", base / "bin")
+        p, got = _submit(base, text, *after, DOCKYARD_RUN_ID="r1")
+        assert p.returncode == 0, p.stderr
+        if runtime == "pyxis":
+            argvs = [r["argv"][r["argv"].index("--run-dir") + 2:] for r in got if r["tool"] == "torchrun"]
+        else:
+            argvs = [r["argv"][r["argv"].index("--run-id=r1") + 1:] for r in got if r["tool"] == "invoke"]
+        assert argvs == [tail, tail], (after, argvs)
