@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     fresh_store_per_attempt()
     args = sys.argv[1:] if argv is None else argv
     given = torchrun_args(args)
+    if given and (bad := bad_value(given)):
+        print(f"torchrun: {bad}", file=sys.stderr)
+        return 2
     if given and no_gpu_for_one_per_gpu(given):
         print("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: give a number of "
               "processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add the GPUs (compose/gpu.yml)",
@@ -107,6 +110,35 @@ def torchrun_args(argv: list[str]) -> argparse.Namespace | None:
             return get_args_parser().parse_known_args(argv)[0]
     except SystemExit:
         return None
+
+
+def bad_value(a: argparse.Namespace) -> str | None:
+    """What torchrun refuses only in a traceback of its own, from deep in its launcher (an AssertionError, a
+    ValueError, 30 lines each), among the values a launcher hands on from its user unchecked: compose's NNODES,
+    DOCKYARD_NPROC, MASTER_ADDR and MASTER_PORT, JOIN_TIMEOUT and MAX_RESTARTS (NNODES=abc, JOIN_TIMEOUT=0,
+    DOCKYARD_NPROC=0, MAX_RESTARTS=-1, MASTER_PORT=99999). The line names the flag, its value and compose's variable."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    parts = str(a.nnodes).split(":")  # N, or MIN:MAX (elastic)
+    if not (len(parts) <= 2 and all(p.isascii() and p.isdecimal() for p in parts) and 0 < int(parts[0]) <= int(parts[-1])):
+        return f"--nnodes={a.nnodes!r}: give the number of nodes, 1 or more (compose: NNODES)"
+    nproc = str(a.nproc_per_node)
+    if not (nproc in ("gpu", "cpu", "auto", "xpu") or (nproc.isascii() and nproc.isdecimal() and int(nproc) > 0)):
+        return (f"--nproc-per-node={nproc!r}: give the processes of this node, 1 or more, or gpu for one per GPU "
+                "(compose: DOCKYARD_NPROC)")
+    if a.max_restarts < 0:
+        return f"--max-restarts={a.max_restarts}: give 0 or more (compose: MAX_RESTARTS)"
+    if a.rdzv_endpoint:
+        try:
+            parse_rendezvous_endpoint(a.rdzv_endpoint, default_port=29400)
+        except ValueError as e:
+            return f"--rdzv-endpoint={a.rdzv_endpoint!r}: {e} (compose: MASTER_ADDR and MASTER_PORT)"
+    conf = dict(kv.split("=", 1) for kv in (a.rdzv_conf or "").split(",") if "=" in kv)
+    timeout = conf.get("join_timeout", "1").strip()
+    if not (timeout.isascii() and timeout.isdecimal() and int(timeout) > 0):
+        return (f"join_timeout={conf['join_timeout']!r} in --rdzv-conf: give whole seconds, 1 or more (compose: "
+                "JOIN_TIMEOUT; invoke run, slurm and k8s: --join-timeout)")
+    return None
 
 
 def not_met(a: argparse.Namespace, error: BaseException) -> str:

@@ -272,3 +272,32 @@ def test_a_signal_to_torchrun_is_one_line_with_128_and_the_signal(tmp_path):
     # (the worker's own KeyboardInterrupt is its to say: the trainer says it in one line)
     assert "SignalException" not in err and "torch/distributed" not in err, err
     assert err.strip().splitlines()[-1] == "torchrun: stopped by SIGINT; the workers were stopped with it", err
+
+
+def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose_s_variable(tmp_path):
+    """compose/multinode.yml hands its user's NNODES, DOCKYARD_NPROC, MASTER_ADDR:MASTER_PORT, JOIN_TIMEOUT and
+    MAX_RESTARTS to torchrun unchecked: NNODES=abc, DOCKYARD_NPROC=0, MAX_RESTARTS=-1, MASTER_PORT=99999 or
+    JOIN_TIMEOUT=0 were torchrun's ValueError or AssertionError, 30 lines of traceback from deep in its launcher."""
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    rdzv = ["--rdzv-backend=c10d", "--rdzv-id=x", "--local-addr=127.0.0.1"]
+    cases = {
+        "--nnodes=abc": "--nnodes='abc': give the number of nodes, 1 or more (compose: NNODES)",
+        "--nnodes=2:1": "--nnodes='2:1': give the number of nodes, 1 or more (compose: NNODES)",
+        "--nproc-per-node=0": "--nproc-per-node='0': give the processes of this node, 1 or more, or gpu for one per "
+                              "GPU (compose: DOCKYARD_NPROC)",
+        "--max-restarts=-1": "--max-restarts=-1: give 0 or more (compose: MAX_RESTARTS)",
+        "--rdzv-endpoint=10.0.0.1:99999": "--rdzv-endpoint='10.0.0.1:99999': The port number of the rendezvous "
+                                          "endpoint '10.0.0.1:99999' must be an integer between 0 and 65536. (compose: "
+                                          "MASTER_ADDR and MASTER_PORT)",
+        "--rdzv-endpoint=a b:29500": "--rdzv-endpoint='a b:29500': The hostname of the rendezvous endpoint 'a b:29500' "
+                                     "must be a dot-separated list of labels, an IPv4 address, or an IPv6 address. "
+                                     "(compose: MASTER_ADDR and MASTER_PORT)",
+        "--rdzv-conf=is_host=1,join_timeout=0": "join_timeout='0' in --rdzv-conf: give whole seconds, 1 or more "
+                                                "(compose: JOIN_TIMEOUT; invoke run, slurm and k8s: --join-timeout)",
+    }
+    for flag, said in cases.items():
+        r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=1",
+                 "--rdzv-endpoint=127.0.0.1:1", "--rdzv-conf=is_host=1,join_timeout=3", *rdzv, flag, "worker.py"],
+                cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+        assert r.returncode == 2 and "never started" not in r.stdout, (flag, r.stderr[-1500:])
+        assert r.stderr.strip() == f"torchrun: {said}", (flag, r.stderr[-1500:])
