@@ -62,22 +62,44 @@ def _ip_json(*args: str) -> list[dict]:
     return json.loads(p.stdout or "[]")
 
 
-def resolve_address(host: str) -> str:
+def resolve_address(host: str, flag: str = "--master-addr") -> str:
+    """`host`'s address: an IP address as it is, a name's IPv4 address, or its IPv6 one where it has none (an IPv6-only
+    cluster's names, which torchrun and gloo resolve alike). An address in a URL's brackets, or followed by a port,
+    is said as such (torchrun's habit of HOST:PORT): they were "cannot resolve '10.0.0.1:29500'"."""
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
         pass
+    if host.startswith("[") and host.endswith("]") and _an_ip(host[1:-1]):
+        raise DockyardError(f"{flag} {host}: give the IPv6 address without brackets ({flag}={host[1:-1]})")
+    name, colon, port = host.rpartition(":")
+    if colon and port.isascii() and port.isdecimal() and (_an_ip(name.strip("[]")) or ":" not in name) and name:
+        alone = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+        more = f", and the port as --master-port={int(port)}" if flag == "--master-addr" else ""
+        whose = "node 0's address" if flag == "--master-addr" else "the address"
+        raise DockyardError(f"{flag} {host}: give {whose} alone ({flag}={alone}){more}")
     try:
-        return socket.gethostbyname(host)
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as e:  # UnicodeError: an empty label or one past 63 characters (node0..cluster)
-        raise DockyardError(f"cannot resolve {host!r} ({e}): give node 0's IP address, or fix name resolution "
-                            "(the same name must resolve on every node)") from None
+        raise DockyardError(f"cannot resolve {host!r} ({getattr(e, 'strerror', None) or e}): give node 0's IP "
+                            "address, or fix name resolution (the same name must resolve on every node)") from None
+    # IPv4 where the name has it (as gethostbyname, which knew no other); a scope (%eth0) is no part of the address
+    sockaddr = min(found, key=lambda f: f[0] != socket.AF_INET)[4]
+    return str(sockaddr[0]).partition("%")[0]
+
+
+def _an_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def route_to(host: str, flag: str = "--master-addr") -> dict[str, str]:
     """The interface this node reaches `host` (given as `flag`) through, and this node's address on it. Node 0
     reaches itself through `lo`: then the interface that holds the address."""
-    addr = resolve_address(host)
+    addr = resolve_address(host, flag)
     ip = ipaddress.ip_address(addr)
     ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is 127.0.0.1
     if ip.is_unspecified:  # a listening socket's "every address", which no node dials

@@ -714,3 +714,34 @@ def test_node_0_given_an_address_not_its_own_is_warned_that_the_others_will_look
     multinode.rendezvous(master_addr="10.0.0.1", node_rank=0, **args)  # its own
     multinode.rendezvous(master_addr="10.0.0.5", node_rank=1, **args)  # another node's, as it should be
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given,says", [
+    ("10.0.0.1:29500", "--master-addr 10.0.0.1:29500: give node 0's address alone (--master-addr=10.0.0.1), and the "
+                       "port as --master-port=29500"),
+    ("gpu-a:29501", "--master-addr gpu-a:29501: give node 0's address alone (--master-addr=gpu-a), and the port as "
+                    "--master-port=29501"),
+    ("[fd00::1]", "--master-addr [fd00::1]: give the IPv6 address without brackets (--master-addr=fd00::1)"),
+    ("[fd00::1]:29500", "--master-addr [fd00::1]:29500: give node 0's address alone (--master-addr=fd00::1), and the "
+                        "port as --master-port=29500"),
+])
+def test_a_master_address_given_with_its_port_or_in_brackets_says_how_to_give_it(given, says):
+    """torchrun's HOST:PORT habit, and an IPv6 address as a URL writes it, were "cannot resolve '10.0.0.1:29500' ...:
+    give node 0's IP address", which it was."""
+    with pytest.raises(DockyardError) as e:
+        multinode.rendezvous(master_addr=given, master_port=29500, node_rank=1, run_id="r", join_timeout=120,
+                             max_restarts=0)
+    assert str(e.value) == says
+
+
+def test_a_name_that_resolves_to_an_ipv6_address_alone_is_that_address(monkeypatch):
+    """An IPv6-only cluster: gethostbyname knows IPv4 alone, so node 0's name was "cannot resolve 'gpu-a'", where
+    torchrun and gloo reach it. IPv4 stays first where a name has both."""
+    import socket
+
+    answers = {"gpu-a": [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::1%eth0", 0, 0, 2))],
+               "gpu-b": [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::2", 0, 0, 0)),
+                         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.2", 0))]}
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **kw: answers[host])
+    assert multinode.resolve_address("gpu-a") == "fd00::1"
+    assert multinode.resolve_address("gpu-b") == "10.0.0.2"
