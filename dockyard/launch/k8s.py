@@ -37,6 +37,17 @@ NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: it name
 NAME_MAX = 40  # pods are named <name>-<index>-<suffix>, hostnames <name>-<index>: both must stay within 63
 # a Kubernetes quantity the API server takes: bytes (at most 19 digits), or up to 999999 of a unit
 QUANTITY = re.compile(r"[0-9]{1,19}|[0-9]{1,6}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|k|M|G|T)")
+SHM_LEAST = 256 << 20  # bytes: Docker's 64 MB default /dev/shm is what fails NCCL (nccl#342; docs/multinode.md)
+UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30,
+         "Ti": 1 << 40}
+
+
+def _bytes(quantity: str) -> float:
+    """A QUANTITY's bytes."""
+    number = quantity.rstrip("".join(UNITS))
+    return float(number) * UNITS[quantity[len(number):]]
+
+
 HEADER = {
     "job": """\
 # Written by `invoke k8s` (operator-free form): a headless Service and an Indexed Job, one pod per node.
@@ -119,6 +130,11 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
         raise DockyardError(f"--runs-claim {runs_claim!r}: a PersistentVolumeClaim name (lowercase letters, digits, '-')")
     if not QUANTITY.fullmatch(shm):
         raise DockyardError(f"--shm {shm!r}: a Kubernetes quantity such as 16Gi or 512Mi")
+    if gpus_per_node and _bytes(shm) < SHM_LEAST:  # `--shm=16`, meant as 16Gi, is 16 bytes
+        raise DockyardError(f"--shm {shm!r} is {_bytes(shm):,.0f} bytes: the GPU pods' /dev/shm, where NCCL keeps the "
+                            f"buffers of the GPUs of a node, needs {SHM_LEAST >> 20}Mi at the least (Docker's default "
+                            "of 64 MB already fails it: a bus error, or posix_fallocate failed); a number without a unit "
+                            "is bytes: give 16Gi or so")
     if not image:
         image = variants.tag(settings, node.cluster_variant(settings, variant, gpus_per_node))
     return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or node.CPU_NPROC, image=image,

@@ -188,6 +188,10 @@ def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_giv
     ({"run_id": "x" * 41}, "at most 40"),
     ({"shm": "lots"}, "--shm 'lots'.*16Gi"),
     ({"shm": "99999999999999999999999Ei"}, "a Kubernetes quantity"),  # past what the API server takes
+    # a number without a unit is bytes: a 16-byte /dev/shm for NCCL, on every GPU pod
+    ({"shm": "16"}, "--shm '16' is 16 bytes: .* needs 256Mi at the least .* a number without a unit is bytes"),
+    ({"shm": "64M"}, "--shm '64M' is 64,000,000 bytes"),
+    ({"shm": "0.1Gi"}, "--shm '0.1Gi' is 107,374,182 bytes"),
     ({"image": "x;$(id)"}, r"--image 'x;\$\(id\)' is not an image name"),  # written, then failed in the kubelet
     ({"image": "Registry.Local/Dockyard:1"}, "is not an image name"),  # the path is lowercase
     ({"image": "dockyard:0.1.0-été"}, "is not an image name"),  # a tag is ASCII (docker's rule): \w took it
@@ -202,6 +206,9 @@ def test_bad_values_are_refused_with_what_to_give(settings, kw, message):
 
 def test_shm_takes_a_quantity_of_bytes_or_of_a_unit(settings):
     assert _spec(settings, shm="17179869184").shm == "17179869184" and _spec(settings, shm="1.5Gi").shm == "1.5Gi"
+    assert _spec(settings, shm="256Mi").shm == "256Mi" and _spec(settings, shm="1G").shm == "1G"
+    # CPU pods: gloo and DeepSpeed's CPU collectives trained here on a /dev/shm of 4 KiB
+    assert _spec(settings, shm="16", gpus_per_node=0).shm == "16"
 
 
 @pytest.mark.parametrize("image", ["dockyard:0.1.0-cu132", "registry.local:5000/team/dockyard:0.1.0-cu132",
