@@ -155,6 +155,12 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
         return f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}"
     cause = error.__cause__ or error.__context__ or error
     said = (str(cause).strip().splitlines() or ["no answer"])[0][:160]
+    if MET and conf.get("is_host") != "1":
+        # the nodes had met and trained (or were starting to): node 0's agent, which holds the rendezvous, is gone.
+        # "start every node with the same --run-id" was this node's last line after node 0 was lost mid-run.
+        return (f"the rendezvous {a.rdzv_id} at {a.rdzv_endpoint} went away after the nodes had met "
+                f"({type(cause).__name__}: {said}): node 0, which hosts it, stopped or was lost (its own output, or "
+                "the run's manifest, says why); this node stopped with it")
     if conf.get("is_host") == "1" and "EADDRINUSE" in str(cause) + said or "address already in use" in said.lower():
         port = a.rdzv_endpoint.rsplit(":", 1)[-1]
         return (f"port {port} is taken on this node, which hosts the rendezvous {a.rdzv_id} (node 0): give every node "
@@ -172,6 +178,9 @@ def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:
     return not torch.cuda.is_available()
 
 
+MET: list[bool] = []  # one entry a rendezvous round this agent completed (next_rendezvous)
+
+
 def fresh_store_per_attempt() -> None:
     """Each rendezvous round of torchrun's c10d handler starts a new store for the workers (see above)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
@@ -186,7 +195,9 @@ def fresh_store_per_attempt() -> None:
             self._shared_tcp_store_server = None
         else:
             os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        return first(self)
+        met = first(self)
+        MET.append(True)  # the nodes met: a rendezvous lost from here on is a node lost, not a wrong command
+        return met
 
     next_rendezvous.fresh_store_per_attempt = True
     DynamicRendezvousHandler.next_rendezvous = next_rendezvous

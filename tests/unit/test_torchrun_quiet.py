@@ -301,3 +301,45 @@ def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose
                 cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
         assert r.returncode == 2 and "never started" not in r.stdout, (flag, r.stderr[-1500:])
         assert r.stderr.strip() == f"torchrun: {said}", (flag, r.stderr[-1500:])
+
+
+def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_never_met(tmp_path):
+    """Node 0's machine gone mid-run: node 1's torchrun, whose next look at the rendezvous failed, said "cannot reach
+    the rendezvous ...: start every node with the same --run-id, --master-addr and --master-port", advice for nodes
+    that never met. Real torchrun, two agents on loopback; node 0's agent and worker killed once both workers run."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "worker.py").write_text("import os, sys, time\nopen(sys.argv[1] + os.environ['GROUP_RANK'], 'w')\n"
+                                        "time.sleep(60)\n")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    procs = []
+    for host in (1, 0):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=met1",
+             f"--rdzv-conf=is_host={host},join_timeout=30", "--monitor-interval=0.5", "--local-addr=127.0.0.1",
+             "worker.py", str(tmp_path / "started")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True))
+    node0, node1 = procs
+    try:
+        deadline = time.monotonic() + 120
+        while not ((tmp_path / "started0").exists() and (tmp_path / "started1").exists()):
+            assert time.monotonic() < deadline and node1.poll() is None, node1.communicate(timeout=30)
+            time.sleep(0.2)
+        kill_tree(node0.pid)  # node 0's machine gone: its agent (and the store) and its worker
+        out, err = node1.communicate(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p.pid)
+        node0.communicate(timeout=30)
+    said = [line for line in err.splitlines() if line.startswith("torchrun: ")]
+    assert node1.returncode == 1 and said, err[-3000:]
+    assert said[-1].startswith(f"torchrun: the rendezvous met1 at 127.0.0.1:{port} went away after the nodes had met ("), \
+        err[-3000:]
+    assert said[-1].endswith("): node 0, which hosts it, stopped or was lost (its own output, or the run's manifest, "
+                             "says why); this node stopped with it"), said[-1]
