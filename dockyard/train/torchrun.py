@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
+        if MET and isinstance(e, RendezvousConnectionError):
+            blame_node_0(args, given, e)
         return 1
     except SignalException as e:  # Ctrl-C or SIGTERM to the agent: it has stopped the workers with the same signal
         print(f"torchrun: stopped by {signal.Signals(e.sigval).name}; the workers were stopped with it",
@@ -167,6 +169,39 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
                 "another --master-port (or stop what holds it)")
     return (f"cannot reach the rendezvous {a.rdzv_id} at {a.rdzv_endpoint} (node 0 hosts it; "
             f"{type(cause).__name__}: {said}): {fix}")
+
+
+def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException) -> None:
+    """This node's workers were stopped because node 0's agent, which holds the rendezvous, went away after the nodes
+    had met: they recorded the SIGTERM they got ("stopped by SIGTERM: another rank failed (its error is above)", and
+    none was), so the manifest of a node that lost node 0 named no lost node wherever torchrun's store was elsewhere
+    (node 0 at 10.0.0.9, node 1 at 10.0.0.10: seen here 3.8 s after node 0's container was killed at step 12).
+    Rewritten as the loss of node 0 it was; a run stopped by a signal to this agent (scancel) never comes here."""
+    from dockyard.common.errors import loads
+    from dockyard.train import manifest
+    from dockyard.train.ending import STOPPED
+
+    rank, run_dir = os.environ.get(envvars.NODE_RANK, ""), runfolder.run_dir_of(args)
+    if not (run_dir and rank.isascii() and rank.isdecimal() and int(rank) > 0 and a is not None):
+        return
+    name = runfolder.manifest_file(int(rank))
+    try:
+        record = loads(runfolder.read_text(Path(run_dir), name, runfolder.MANIFEST_LIMIT) or "null")
+    except (OSError, ValueError):
+        return
+    if not (isinstance(record, dict) and record.get("status") == "failed"
+            and str(record.get("error", "")).startswith(STOPPED)):
+        return  # another reason, this node's own, is the run's
+    seen = record.get("nodes_seen") if isinstance(record.get("nodes_seen"), list) else []
+    node0 = next((n for n in seen if isinstance(n, dict) and n.get("node_rank") == 0), None)
+    who = f"{node0.get('addr') or '?'}, host {node0.get('host')}" if node0 else a.rdzv_endpoint.rsplit(":", 1)[0]
+    cause = error.__cause__ or error.__context__ or error
+    said = (str(cause).strip().splitlines() or ["no answer"])[0][:160]
+    record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "
+                       f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {said}); this "
+                       "node was stopped with it")
+    with contextlib.suppress(OSError):
+        manifest.write(Path(run_dir), record, name)
 
 
 def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from dockyard import ROOT
 from tests.support.processes import kill_tree
 
@@ -343,3 +345,63 @@ def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_nev
         err[-3000:]
     assert said[-1].endswith("): node 0, which hosts it, stopped or was lost (its own output, or the run's manifest, "
                              "says why); this node stopped with it"), said[-1]
+
+
+WORKER_RECORDING_A_STOP = """
+import json, os, signal, sys, time
+run_dir, rank = sys.argv[2], os.environ["DOCKYARD_NODE_RANK"]
+def stopped(*_):
+    name = "manifest.json" if rank == "0" else f"manifest-node{rank}.json"
+    nodes = [{"node_rank": 0, "host": "gpu-a", "addr": "10.0.0.9"}, {"node_rank": 1, "host": "gpu-b", "addr": "10.0.0.10"}]
+    error = ("stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled" if rank != "1" or
+             not os.environ.get("OWN_ERROR") else "data.jsonl: line 3 is not JSON")
+    with open(os.path.join(run_dir, name), "w") as f:
+        json.dump({"run_id": "met2", "status": "failed", "error": error, "nodes_seen": nodes}, f)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stopped)
+open(os.path.join(run_dir, "started" + rank), "w")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("own_error", [False, True])
+def test_a_node_stopped_because_node_0_went_away_records_node_0_as_lost(tmp_path, own_error):
+    """Node 0's container killed at step 12, torchrun's store on node 1 (node 0 at x.9, node 1 at x.10): node 1's agent
+    stopped its workers at once, and its manifest said "stopped by SIGTERM: another rank failed (its error is above)",
+    with no error above and no lost node named. A reason of the node's own is kept."""
+    import json
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "worker.py").write_text(WORKER_RECORDING_A_STOP)
+    procs = {}
+    for rank in (0, 1):
+        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank),
+               **({"OWN_ERROR": "1"} if own_error else {})}
+        procs[rank] = subprocess.Popen(
+            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=met2", f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=30",
+             "--monitor-interval=0.5", "--local-addr=127.0.0.1", "worker.py", "--run-dir", str(tmp_path)],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((tmp_path / "started0").exists() and (tmp_path / "started1").exists()):
+            assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate(timeout=30)
+            time.sleep(0.2)
+        kill_tree(procs[0].pid)  # node 0's machine gone
+        _, err = procs[1].communicate(timeout=120)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p.pid)
+        procs[0].communicate(timeout=30)
+    error = json.loads((tmp_path / "manifest-node1.json").read_text())["error"]
+    if own_error:
+        assert error == "data.jsonl: line 3 is not JSON"
+        return
+    assert error.startswith(f"lost node 0 (10.0.0.9, host gpu-a): its torchrun, which holds the rendezvous met2 at "
+                            f"127.0.0.1:{port}, went away after the nodes had met ("), (error, err[-2000:])
+    assert error.endswith("); this node was stopped with it")
