@@ -338,6 +338,34 @@ def test_a_node_lost_at_any_moment_stops_the_other_within_the_bound_and_the_run_
     assert logged == list(range(1, 11)), "every step logged once after the resume"
 
 
+def test_node_0_lost_mid_run_is_named_by_the_node_that_survives_it(node, node_image, tmp_path):
+    """Node 0's container killed at step 12, torchrun's store on node 1 (this module's order): node 1's agent stopped
+    its workers as soon as node 0's rendezvous went away, before any heartbeat was missed, and node 1's manifest said
+    "stopped by SIGTERM: another rank failed (its error is above)", with no error above; its torchrun said to start
+    every node with the same --run-id, advice for nodes that never met."""
+    runs = tmp_path / "runs"
+    two = TwoNodes(node, "n0lost", runs, runs, ["--max_steps", "60", "--save_steps", "5", *STEPS], join_timeout=JOIN_S)
+    metrics = runs / "n0lost" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 12):
+            assert time.monotonic() < deadline and two.procs[1].poll() is None, two.output(1)[-3000:]
+            time.sleep(0.2)
+        subprocess.run([node2.DOCKER, "kill", "dockyard-n0lost"], check=True, capture_output=True)
+        killed = time.monotonic()
+        code1 = two.procs[1].wait(timeout=JOIN_S * 10)
+        stopped_after = time.monotonic() - killed
+    finally:
+        two.wait(timeout=60)
+    out = two.output(1)
+    print(f"node 0's container killed: node 1 stopped {stopped_after:.1f} s later")
+    assert code1 != 0 and stopped_after < JOIN_S + STOP_MARGIN_S, out[-3000:]
+    assert "went away after the nodes had met" in out and "start every node with the same" not in out, out[-3000:]
+    m = manifest(runs / "n0lost", node_rank=1)
+    assert m["status"] == "failed" and m["error"].startswith(f"lost node 0 ({node.host_addr}, host "), m["error"]
+    assert f"error: run n0lost failed: lost node 0 ({node.host_addr}" in out, out[-3000:]
+
+
 def test_a_node_that_never_arrives_stops_node_0_at_the_join_bound(node, node_image, tmp_path):
     runs = tmp_path / "runs"
     alone = TwoNodes(node, "alone1", runs, runs, ["--max_steps", "4", *STEPS], join_timeout=JOIN_S, late=None)
