@@ -226,22 +226,28 @@ def test_run_folders_not_shared_between_the_nodes_are_refused_before_training(no
     print(f"unshared run folders refused on both nodes in {took:.1f} s")
 
 
+def _kill_at_step_12(two: TwoNodes, run_dir: Path, kill, survivor: int, timeout: float) -> tuple[int, float]:
+    """Once step 12 is logged, `kill` one node; the other's exit code, and how long after the kill it came."""
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 12):
+            assert time.monotonic() < deadline and two.procs[survivor].poll() is None, two.output(survivor)[-3000:]
+            time.sleep(0.2)
+        kill()
+        killed = time.monotonic()
+        code = two.procs[survivor].wait(timeout=timeout)
+        return code, time.monotonic() - killed
+    finally:
+        two.wait(timeout=60)
+
+
 def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_path):
     runs = tmp_path / "runs"
     overrides = ["--max_steps", "60", "--save_steps", "5", *STEPS]
     two = TwoNodes(node, "lost1", runs, runs, overrides)
-    metrics = runs / "lost1" / "metrics.jsonl"
-    try:
-        deadline = time.monotonic() + 300
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 12):
-            assert time.monotonic() < deadline and two.procs[0].poll() is None, two.output(0)[-3000:]
-            time.sleep(0.2)
-        node.docker("kill", "dockyard-lost1")
-        killed = time.monotonic()
-        code0 = two.procs[0].wait(timeout=LOST_NODE_BOUND_S * 3)
-        stopped_after = time.monotonic() - killed
-    finally:
-        two.wait(timeout=60)
+    code0, stopped_after = _kill_at_step_12(two, runs / "lost1", lambda: node.docker("kill", "dockyard-lost1"),
+                                            survivor=0, timeout=LOST_NODE_BOUND_S * 3)
     print(f"node 1's container killed: node 0 stopped {stopped_after:.1f} s later")
     assert code0 != 0 and stopped_after < LOST_NODE_BOUND_S
     out = two.output(0)
@@ -255,7 +261,7 @@ def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_
     assert codes == {0: 0, 1: 0}, again.output(0)[-3000:] + again.output(1)[-3000:]
     m0, m1 = manifest(runs / "lost1"), manifest(runs / "lost1", node_rank=1)
     assert m0["status"] == m1["status"] == "completed" and m0["metrics"]["steps"] == 60
-    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    logged = [json.loads(line)["step"] for line in (runs / "lost1" / "metrics.jsonl").read_text().splitlines()]
     assert logged == sorted(set(logged)) and logged[-1] == 60, "no step logged twice after the resume"
     resumed = re.findall(r"Attempting to resume from \S+/checkpoint-(\d+)", (runs / "lost1" / "train.log").read_text())
     assert resumed and 5 <= int(resumed[-1]) <= steps_before, "resumed from the last complete checkpoint"
@@ -345,18 +351,9 @@ def test_node_0_lost_mid_run_is_named_by_the_node_that_survives_it(node, node_im
     every node with the same --run-id, advice for nodes that never met."""
     runs = tmp_path / "runs"
     two = TwoNodes(node, "n0lost", runs, runs, ["--max_steps", "60", "--save_steps", "5", *STEPS], join_timeout=JOIN_S)
-    metrics = runs / "n0lost" / "metrics.jsonl"
-    try:
-        deadline = time.monotonic() + 300
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 12):
-            assert time.monotonic() < deadline and two.procs[1].poll() is None, two.output(1)[-3000:]
-            time.sleep(0.2)
-        subprocess.run([node2.DOCKER, "kill", "dockyard-n0lost"], check=True, capture_output=True)
-        killed = time.monotonic()
-        code1 = two.procs[1].wait(timeout=JOIN_S * 10)
-        stopped_after = time.monotonic() - killed
-    finally:
-        two.wait(timeout=60)
+    code1, stopped_after = _kill_at_step_12(
+        two, runs / "n0lost", lambda: subprocess.run([node2.DOCKER, "kill", "dockyard-n0lost"], check=True,
+                                                     capture_output=True), survivor=1, timeout=JOIN_S * 10)
     out = two.output(1)
     print(f"node 0's container killed: node 1 stopped {stopped_after:.1f} s later")
     assert code1 != 0 and stopped_after < JOIN_S + STOP_MARGIN_S, out[-3000:]
