@@ -192,7 +192,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         # The manifest is what the run was before this command ("completed" perhaps), not its outcome: the trainer
         # refused to continue and left the record alone, or it trained on and was killed before rewriting it.
         if refused and not r.native and "is already in use by container" in (proc.stderr or ""):
-            name = f"dockyard-{run_dir.name}"  # docker's, not the trainer's: the run's container is there already
+            name = container_name(run_dir.name, r.nodes, r.node_rank)  # docker's: the run's container is there already
             raise DockyardError(f"--resume of run {run_dir.name}: its container {name} is there already (the run is "
                                 f"being trained now, or its container was left): wait for it to end, or stop it "
                                 f"(docker stop {name}), then resume; the run is as it was")
@@ -300,6 +300,12 @@ class Topology:
     master_port: int = node.PORT
     rendezvous: Rendezvous | None = None  # several nodes: torchrun's c10d rendezvous
     max_restarts: int = 0  # one node: torchrun's restarts (several: in the rendezvous' flags)
+
+
+def container_name(run_id: str, nodes: int, node_rank: int) -> str:
+    """The run's container: dockyard-<run-id>, and its node's rank where the run has several nodes, so that two of
+    them on one host (a test of several nodes on one machine) are not refused by docker as one name used twice."""
+    return f"dockyard-{run_id}" + (f"-node{node_rank}" if nodes > 1 else "")
 
 
 @dataclass
@@ -523,7 +529,7 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     command = torchrun_argv(topo) + node.entry_argv(seen.recipe, node.run_dir_inside(run_dir.name), seen.overrides,
                                                     resume)
     argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
-                           name=f"dockyard-{run_dir.name}",
+                           name=container_name(run_dir.name, topo.nodes, topo.node_rank),
                            env=env, network_host=topo.nodes > 1, interactive="", command=command,
                            mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],

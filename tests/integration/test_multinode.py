@@ -97,8 +97,8 @@ class TwoNodes:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        subprocess.run([node2.DOCKER, "rm", "-f", f"dockyard-{self.run_id}"], capture_output=True)
-        self.node.docker("rm", "-f", f"dockyard-{self.run_id}", check=False)
+        subprocess.run([node2.DOCKER, "rm", "-f", f"dockyard-{self.run_id}-node0"], capture_output=True)
+        self.node.docker("rm", "-f", f"dockyard-{self.run_id}-node1", check=False)
 
 
 def test_two_nodes_train_zero2_together(node, node_image, tmp_path):
@@ -246,7 +246,7 @@ def test_a_lost_node_stops_the_other_soon_and_both_resume(node, node_image, tmp_
     runs = tmp_path / "runs"
     overrides = ["--max_steps", "60", "--save_steps", "5", *STEPS]
     two = TwoNodes(node, "lost1", runs, runs, overrides)
-    code0, stopped_after = _kill_at_step_12(two, runs / "lost1", lambda: node.docker("kill", "dockyard-lost1"),
+    code0, stopped_after = _kill_at_step_12(two, runs / "lost1", lambda: node.docker("kill", "dockyard-lost1-node1"),
                                             survivor=0, timeout=LOST_NODE_BOUND_S * 3)
     print(f"node 1's container killed: node 0 stopped {stopped_after:.1f} s later")
     assert code0 != 0 and stopped_after < LOST_NODE_BOUND_S
@@ -317,7 +317,7 @@ def test_a_node_lost_at_any_moment_stops_the_other_within_the_bound_and_the_run_
             assert time.monotonic() < deadline and all(p.poll() is None for p in two.procs.values()), \
                 f"{moment} never came\n" + two.output(0)[-3000:] + two.output(1)[-3000:]
             time.sleep(0.1)
-        node.docker("kill", "dockyard-gone1")
+        node.docker("kill", "dockyard-gone1-node1")
         killed = time.monotonic()
         code0 = two.procs[0].wait(timeout=JOIN_S * 10)  # before this change: no end in 887 s
         stopped_after = time.monotonic() - killed
@@ -352,7 +352,7 @@ def test_node_0_lost_mid_run_is_named_by_the_node_that_survives_it(node, node_im
     runs = tmp_path / "runs"
     two = TwoNodes(node, "n0lost", runs, runs, ["--max_steps", "60", "--save_steps", "5", *STEPS], join_timeout=JOIN_S)
     code1, stopped_after = _kill_at_step_12(
-        two, runs / "n0lost", lambda: subprocess.run([node2.DOCKER, "kill", "dockyard-n0lost"], check=True,
+        two, runs / "n0lost", lambda: subprocess.run([node2.DOCKER, "kill", "dockyard-n0lost-node0"], check=True,
                                                      capture_output=True), survivor=1, timeout=JOIN_S * 10)
     out = two.output(1)
     print(f"node 0's container killed: node 1 stopped {stopped_after:.1f} s later")

@@ -745,3 +745,21 @@ def test_a_name_that_resolves_to_an_ipv6_address_alone_is_that_address(monkeypat
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **kw: answers[host])
     assert multinode.resolve_address("gpu-a") == "fd00::1"
     assert multinode.resolve_address("gpu-b") == "10.0.0.2"
+
+
+def test_two_nodes_on_one_host_get_containers_of_their_own(tmp_path, monkeypatch):
+    """Both nodes' containers were dockyard-<run-id>: two nodes started on one host (trying several nodes on one
+    machine) had the second refused by docker, a name in use, and said "the trainer did not start on this node"."""
+    from tests.support.cli import invoke_here
+
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.2"})
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    names = []
+    for rank in (0, 1):
+        r = invoke_here("run", "--dry", "--variant=cpu", "--nodes=2", f"--node-rank={rank}",
+                        "--master-addr=198.18.0.2", "--run-id=t1", env=env)
+        assert r.returncode == 0, r.stderr
+        names += re.findall(r"--name (\S+)", r.stdout + r.stderr)
+    assert names == ["dockyard-t1-node0", "dockyard-t1-node1"]
+    r = invoke_here("run", "--dry", "--variant=cpu", "--run-id=t1", env=env)  # one node: the run's own name
+    assert re.findall(r"--name (\S+)", r.stdout + r.stderr) == ["dockyard-t1"]
