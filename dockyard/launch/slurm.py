@@ -216,9 +216,26 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
                                  **seen.env, **({} if gpus else {"DS_ACCELERATOR": "cpu"})}.items() if k != "HOME")]
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     each = "one process per GPU" if gpus else f"{node.CPU_NPROC} processes on the CPUs (no GPU asked)"
-    return [*env, *_overrides_first(seen.overrides), f"# {what} on every node; torchrun starts there, {each}.",
+    return [*env, *_resume_alone_before_overrides(), *_overrides_first(seen.overrides),
+            f"# {what} on every node; torchrun starts there, {each}.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
             + ' bash "$@"']
+
+
+def _resume_alone_before_overrides() -> list[str]:
+    """The lines that refuse, in a script whose nodes start the trainer itself (pyxis, Apptainer), an argument given
+    at sbatch time before `--` other than --resume: the trainer took `sbatch FILE --max_steps 5` as settings that the
+    script's own overrides, after its `--`, then outweighed without a word (the docker form hands them to invoke run,
+    which refuses a flag it does not know)."""
+    return ["# Before `--`, --resume alone: trainer settings go after it (and win over the script's own).",
+            'for a in "$@"; do',
+            "  [[ $a == -- ]] && break",
+            "  if [[ $a != --resume ]]; then",
+            "    printf 'dockyard: %s: give trainer settings after `--` (sbatch FILE -- --max_steps 50); before it this "
+            "script takes --resume alone\\n' \"$a\" >&2",
+            "    exit 2",
+            "  fi",
+            "done"]
 
 
 def _overrides_first(overrides: list[str]) -> list[str]:

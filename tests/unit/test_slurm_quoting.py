@@ -189,7 +189,10 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
         _refused(e, {"--recipe": recipe, "--image-file": image, "runs_dir": runs, "trainer overrides": override},
                  {"runs_dir": "\\,:", "--recipe": ",:"})
         return
-    p, got = _submit(base, text, after)
+    if after != "--":  # before `--`, --resume alone: refused, the value said as given, and no node started
+        p, got = _submit(base, text, after)
+        assert p.returncode == 2 and p.stderr.startswith(f"dockyard: {after}: give trainer settings after") and not got
+    p, got = _submit(base, text, "--", after)
     assert p.returncode == 0, p.stderr
     run_id = _default_run_id(folder.resolve().name)
     torchrun = [r for r in got if r["tool"] == "torchrun"]
@@ -200,8 +203,7 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
         # the recipe folder as the container sees it: mounted there, as `invoke run` mounts it
         inside = f"/workspace/recipes/{folder.resolve().name}"
         assert argv[argv.index("-m"):] == ["-m", "dockyard.train", "--recipe", inside, "--run-dir",
-                                           f"/workspace/runs/{run_id}", *([] if after == "--" else [after]), "--",
-                                           "--run_name", override]
+                                           f"/workspace/runs/{run_id}", "--", "--run_name", override, after]
     srun = next(r["argv"] for r in got if r["tool"] == "srun")
     runs_dir = (base / runs).resolve()
     if runtime == "pyxis":
@@ -281,3 +283,21 @@ def test_overrides_given_at_sbatch_time_follow_the_scripts_own_and_win(settings,
         else:
             argvs = [r["argv"][r["argv"].index("--run-id=r1") + 1:] for r in got if r["tool"] == "invoke"]
         assert argvs == [tail, tail], (after, argvs)
+
+
+def test_trainer_settings_given_before_the_double_dash_are_refused_where_the_nodes_start_the_trainer(settings, tmp_path):
+    """pyxis (and Apptainer) start the trainer itself on every node: `sbatch FILE --max_steps 5` reached it before the
+    script's own `-- --max_steps 50`, which outweighed it without a word (found by the fifteenth red-team pass)."""
+    recorder(tmp_path / "bin", "torchrun")
+    recorder(tmp_path / "bin", "srun", then=SRUN)
+    (tmp_path / "x.sqsh").write_bytes(b"")
+    text = slurm.script(settings, recipe="zero2", nodes=2, overrides=["--max_steps", "50"], runtime="pyxis",
+                        image_file=str(tmp_path / "x.sqsh"), gpus_per_node=4)
+    p, got = _submit(tmp_path, text, "--max_steps", "5", DOCKYARD_RUN_ID="r1")
+    assert p.returncode == 2 and not [r for r in got if r["tool"] in ("srun", "torchrun")], p.stderr
+    assert p.stderr == ("dockyard: --max_steps: give trainer settings after `--` (sbatch FILE -- --max_steps 50); "
+                        "before it this script takes --resume alone\n")
+    p, got = _submit(tmp_path, text, "--resume", "--", "--max_steps", "5", DOCKYARD_RUN_ID="r1")
+    assert p.returncode == 0, p.stderr
+    argvs = [r["argv"][r["argv"].index("--run-dir") + 2:] for r in got if r["tool"] == "torchrun"]
+    assert argvs == [["--resume", "--", "--max_steps", "50", "--max_steps", "5"]] * 2
