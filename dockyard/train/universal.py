@@ -43,6 +43,7 @@ MADE = "converted.json"          # in the form's folder: the files it was made f
 SCRATCH = ".universal-partial"   # in checkpoints/, a conversion under way (not a checkpoint-N the Trainer rotates)
 ZERO_PART = re.compile(r".*zero_pp_rank_([0-9]{1,6})_mp_rank_[0-9]+_optim_states\.pt")
 WAIT_S = 0.5                     # how often the other ranks look for rank 0's conversion
+NAMED = 10                       # the missing parts a refusal names; the rest it counts
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,10 @@ def needed(checkpoint: Path, world: int, recipe: Any) -> Reshard | None:
     if not saved_by or saved_by == world:
         return None
     if missing := sorted(set(range(saved_by)) - set(ranks)):
+        # a part named for process 999999 (planted, or left by a run on far more) makes a million missing: a few named
+        more = f" and {len(missing) - NAMED:,} more" if len(missing) > NAMED else ""
         raise refused(checkpoint, world, saved_by, recipe, f"{source.name} lacks the part of process(es) "
-                      f"{', '.join(map(str, missing))} (it holds {len(set(ranks))} of {saved_by})")
+                      f"{', '.join(map(str, missing[:NAMED]))}{more} (it holds {len(set(ranks))} of {saved_by})")
     config = recipes.read_deepspeed_config(recipe.file(recipe.deepspeed))
     if (config.get("checkpoint") or {}).get("use_node_local_storage"):
         raise refused(checkpoint, world, saved_by, recipe, f"{recipe.file(recipe.deepspeed)} keeps each node's part on "

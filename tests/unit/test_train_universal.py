@@ -182,3 +182,17 @@ def test_a_conversion_that_cannot_finish_leaves_nothing_a_resume_would_load(tmp_
     assert "Resume on 2 (--nproc=2, or as many GPUs)" in said
     assert _files(checkpoint) == original and not (checkpoint.parent / universal.SCRATCH).exists()
     assert convert.calls == (how == "DeepSpeed fails")
+
+
+def test_a_part_named_for_a_process_far_past_the_others_is_refused_in_a_line_of_its_own_size(tmp_path):
+    """A file named zero_pp_rank_999999 (planted, or left by a run on far more processes) makes the checkpoint one of
+    a million processes, 999,997 of them missing: the refusal names a few and counts the rest (it listed them all,
+    7.9 MB in one line, on the console and in the run's manifest)."""
+    checkpoint = _checkpoint(tmp_path, [0, 1, 999999])
+    with pytest.raises(DockyardError) as refused:
+        universal.needed(checkpoint, 1, load_recipe("zero2"))
+    said = str(refused.value)
+    assert len(said) < 1000, said[:1000]
+    assert ("global_step2 lacks the part of process(es) 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 999,987 more (it holds 3 "
+            "of 1000000)") in said
+
