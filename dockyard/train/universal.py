@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import disk, recipes, runfolder
-from dockyard.common.errors import DockyardError, first_line
+from dockyard.common.errors import DockyardError, first_line, loads
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ MADE = "converted.json"          # in the form's folder: the files it was made f
 SCRATCH = ".universal-partial"   # in checkpoints/, a conversion under way (not a checkpoint-N the Trainer rotates)
 ZERO_PART = re.compile(r".*zero_pp_rank_([0-9]{1,6})_mp_rank_[0-9]+_optim_states\.pt")
 WAIT_S = 0.5                     # how often the other ranks look for rank 0's conversion
+RECORD_LIMIT = 16 << 20          # converted.json and latest_universal: a few KB (a line per file of global_stepN)
 NAMED = 10                       # the missing parts a refusal names; the rest it counts
 
 
@@ -123,10 +124,15 @@ def made_from(reshard: Reshard) -> dict[str, Any]:
 
 
 def is_made(reshard: Reshard, made: dict[str, Any]) -> bool:
+    """Whether the form rank 0 made of these files is in place. Its record and latest_universal are files of the runs
+    folder, which any run's container can write: read through no link, a fifo or a file past RECORD_LIMIT refused,
+    JSON nested too deep unreadable; any of these is no record, and rank 0 makes the form again."""
     try:
-        return (json.loads((reshard.folder / MADE).read_text()) == made
-                and (reshard.checkpoint / LATEST).read_text().strip() == reshard.folder.name)
-    except (OSError, ValueError):
+        record = runfolder.read(reshard.folder, MADE, RECORD_LIMIT)
+        latest = runfolder.read_text(reshard.checkpoint, LATEST, RECORD_LIMIT)
+        return (record is not None and loads(record) == made
+                and latest is not None and latest.strip() == reshard.folder.name)
+    except (OSError, ValueError, DockyardError):
         return False
 
 

@@ -5,6 +5,7 @@ the resume it makes possible: tests/integration/test_resume_universal.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -195,4 +196,43 @@ def test_a_part_named_for_a_process_far_past_the_others_is_refused_in_a_line_of_
     assert len(said) < 1000, said[:1000]
     assert ("global_step2 lacks the part of process(es) 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 999,987 more (it holds 3 "
             "of 1000000)") in said
+
+
+@pytest.mark.timeout(60)  # unfixed, a fifo held rank 0 and every other rank for ever
+@pytest.mark.parametrize("planted", ["nested", "huge", "fifo", "a link"])
+def test_a_record_of_the_form_that_is_not_one_rank_0_wrote_is_converted_again_not_a_traceback(tmp_path, monkeypatch,
+                                                                                             planted):
+    """converted.json and latest_universal are read as what they are, untrusted files of the runs folder: JSON nested
+    past the recursion limit (a RecursionError traceback on every rank), a file of gigabytes (read whole, by every
+    waiting rank, twice a second), a fifo (a waiting rank blocked on it) or a link are no record of a conversion: rank 0
+    makes the form again and the other ranks wait for that."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    convert = StandIn()
+    monkeypatch.setattr(ds_to_universal, "main", convert)
+    monkeypatch.setattr(universal, "WAIT_S", 0.01)
+    reshard = universal.needed(_checkpoint(tmp_path, [0, 1]), 1, load_recipe("zero2"))
+    reshard.folder.mkdir()
+    (reshard.checkpoint / "latest_universal").write_text(reshard.folder.name)
+    record = reshard.folder / "converted.json"
+    outside = tmp_path / "made-elsewhere.json"
+    outside.write_text(json.dumps(universal.made_from(reshard)))
+    if planted == "nested":
+        record.write_text("[" * 100_000)
+    elif planted == "huge":
+        with open(record, "wb") as f:
+            f.truncate(universal.RECORD_LIMIT + 1)  # sparse: nothing is written to the disk
+    elif planted == "fifo":
+        os.mkfifo(record)
+    else:
+        record.symlink_to(outside)
+    other = threading.Thread(target=universal.ready, args=(reshard, False, load_recipe("zero2")), daemon=True)
+    other.start()
+    other.join(0.3)
+    assert other.is_alive()  # no form made yet: it waits, reading no more than a record's size
+    assert "converted to DeepSpeed's universal form" in universal.ready(reshard, writer=True,
+                                                                        recipe=load_recipe("zero2"))
+    other.join(5)
+    assert not other.is_alive() and convert.calls == 1
+    assert not record.is_symlink() and json.loads(outside.read_text()) == universal.made_from(reshard)
 
