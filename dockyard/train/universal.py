@@ -142,8 +142,8 @@ def convert(reshard: Reshard, made: dict[str, Any], recipe: Any) -> None:
     from deepspeed.checkpoint import ds_to_universal
 
     scratch = reshard.checkpoint.parent / SCRATCH
-    shutil.rmtree(scratch, ignore_errors=True)  # a conversion cut short
-    shutil.rmtree(reshard.folder, ignore_errors=True)  # one made of other files (the checkpoint was saved again)
+    remove(scratch)  # a conversion cut short
+    remove(reshard.folder)  # one made of other files (the checkpoint was saved again)
     # ds_to_universal writes the fragments of every parameter, then merges them: about twice the optimizer's state
     parts = [f.stat().st_size for f in reshard.source.iterdir() if f.is_file()]
     need, free = 2 * sum(parts), disk.free_bytes(reshard.checkpoint)
@@ -157,6 +157,7 @@ def convert(reshard: Reshard, made: dict[str, Any], recipe: Any) -> None:
                               inject_missing_state=True)
     said = io.StringIO()
     try:
+        scratch.mkdir()  # a folder of its own: not one a link planted since stands for (FileExistsError: refused)
         # its progress bars and steps go to train.log; one worker each: no processes forked from this one
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             ds_to_universal.main(args)
@@ -165,11 +166,21 @@ def convert(reshard: Reshard, made: dict[str, Any], recipe: Any) -> None:
         runfolder.write(reshard.checkpoint, LATEST, reshard.folder.name)
     except Exception as e:
         log.info("ds_to_universal said:\n%s", said.getvalue())
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(reshard.folder, ignore_errors=True)
+        remove(scratch)
+        remove(reshard.folder)
         if isinstance(e, DockyardError):
             raise
         why = ("the disk ran out" if disk.disk_full(e, reshard.checkpoint, by_free_space=False) else
                f"DeepSpeed's conversion failed ({type(e).__name__}: {first_line(e, 200)})")
         raise refused(reshard.checkpoint, reshard.world, reshard.saved_by, recipe, why) from None
-    shutil.rmtree(scratch, ignore_errors=True)
+    remove(scratch)
+
+
+def remove(path: Path) -> None:
+    """Whatever lies at `path`: a folder with all it holds; a link or a file itself. rmtree refuses a link and a file,
+    and leaving them was writing the conversion through a link planted there (out of the runs folder), or failing
+    every later conversion on a file, blamed on DeepSpeed."""
+    if path.is_symlink() or path.exists() and not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

@@ -236,3 +236,27 @@ def test_a_record_of_the_form_that_is_not_one_rank_0_wrote_is_converted_again_no
     assert not other.is_alive() and convert.calls == 1
     assert not record.is_symlink() and json.loads(outside.read_text()) == universal.made_from(reshard)
 
+
+@pytest.mark.parametrize("planted", ["scratch link", "scratch file", "form file", "form link"])
+def test_what_lies_where_the_conversion_writes_is_replaced_never_written_through(tmp_path, monkeypatch, planted):
+    """The scratch folder (checkpoints/.universal-partial) and the form's folder, found as a link (planted once the
+    run folder was checked) or a file: ds_to_universal wrote its whole output through the link, out of the runs
+    folder, and left latest_universal there; a file made DeepSpeed's conversion "fail" on every resume after."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    monkeypatch.setattr(ds_to_universal, "main", StandIn())
+    checkpoint = _checkpoint(tmp_path, [0, 1])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    where = checkpoint.parent / universal.SCRATCH if planted.startswith("scratch") else checkpoint / "global_step2_universal"
+    if planted.endswith("link"):
+        where.symlink_to(outside, target_is_directory=True)
+    else:
+        where.write_text("not a folder")
+    reshard = universal.needed(checkpoint, 1, load_recipe("zero2"))
+    assert "converted to DeepSpeed's universal form" in universal.ready(reshard, writer=True,
+                                                                        recipe=load_recipe("zero2"))
+    assert list(outside.iterdir()) == []
+    assert (checkpoint / "global_step2_universal" / "zero" / "lm_head.weight" / "fp32.pt").is_file()
+    assert not (checkpoint / "global_step2_universal").is_symlink()
+    assert not os.path.lexists(checkpoint.parent / universal.SCRATCH)
