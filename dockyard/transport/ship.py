@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, MiB, loads, problems, read_bounded
+from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
@@ -277,7 +277,7 @@ def append_argv(settings: Settings, r: Remote, remote_name: str) -> list[str]:
 
 
 def _append_copy(settings: Settings, r: Remote, local: Path, remote_name: str, offset: int) -> None:
-    with (console.progress() as bar, open(local, "rb") as f,
+    with (console.progress() as bar, open_plain(local, "archive") as f,  # a pipe swapped in since: refused
           engine.Pipeline(append_argv(settings, r, remote_name), stdin=engine.PIPE, what=_copying(r)) as append):
         task = bar.add_task(f"copy {local.name}", total=local.stat().st_size, completed=offset)
         f.seek(offset)

@@ -380,3 +380,26 @@ def test_ship_load_of_images_the_node_holds_already_says_so_not_loaded(tmp_path,
     assert got == [("t:1", "sha256:" + "a" * 64)] and not (tmp_path / "loaded").exists()
     out = capsys.readouterr().out
     assert "already on node7: t:1 sha256:" + "a" * 64 in out and "loaded on node7" not in out, out
+
+
+@pytest.mark.timeout(30)  # unfixed, it waits on the pipe for ever
+def test_an_archive_swapped_for_a_pipe_after_its_checks_is_refused_by_the_ssh_copy_too(tmp_path, monkeypatch):
+    """The set's checks look at the archive by its path; the copy reads it later. Without rsync on both ends the copy
+    is this process's own read (ship's append over ssh), which opened a pipe put in the archive's place in between and
+    waited on it for ever, as `invoke load` did: it is opened as load opens it now, refused unless a plain file."""
+    import os
+
+    s = local_node(tmp_path)
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    checked = ship.check_set
+
+    def check_then_swap(*args, **kwargs):
+        manifest = checked(*args, **kwargs)
+        archive.unlink()
+        os.mkfifo(archive)  # no writer: an open() without O_NONBLOCK never returns
+        return manifest
+
+    monkeypatch.setattr(ship, "check_set", check_then_swap)
+    with pytest.raises(DockyardError) as said:
+        ship.ship_file(s, str(archive), f"node7:{tmp_path / 'there'}", transport="ssh")
+    assert str(said.value) == f"{archive}: not a plain file (a pipe, device or socket); give the archive itself"
