@@ -475,13 +475,14 @@ def _check_section(value: Any, spec: dict[str, Any], where: str, path: Path | st
     if keys is None or not isinstance(value, dict):  # (a section that is not an object: DeepSpeed's models say so)
         return
     for key in value:
-        if key not in keys:
+        if key not in keys and value[key] != "auto":  # DeepSpeed drops a key set to "auto" before it reads a section
             near = difflib.get_close_matches(str(key), keys, n=1)
             raise DockyardError(f"{path}: unknown DeepSpeed key {where}.{key}"
                                 + (f" (did you mean {where}.{near[0]}?)" if near else "")
                                 + ": DeepSpeed refuses it once the model has loaded; check the spelling against the "
                                 "DeepSpeed config docs")
-        _check_section(value[key], keys[key], f"{where}.{key}", path)
+        if key in keys:
+            _check_section(value[key], keys[key], f"{where}.{key}", path)
 
 
 # The `optimizer` types (lower case, as DeepSpeed matches them) ZeRO trains with: the classes DeepSpeed builds for them

@@ -560,6 +560,23 @@ def test_a_bad_nested_deepspeed_key_is_the_same_line_from_the_dry_run_and_the_tr
     assert f"error: {trainer.value}\n" in dry.stderr, dry.stderr
 
 
+def test_a_nested_key_set_to_auto_passes_as_deepspeed_takes_it(tmp_path):
+    """DeepSpeed drops a key whose value is "auto" before it reads a section (the HF integration fills in the ones it
+    knows): the check refused an unknown one as DeepSpeed would, which it does not, in a config DeepSpeed trains with."""
+    import shutil
+
+    from tests.support.cli import invoke_here
+
+    folder = tmp_path / "zero3-mine"
+    shutil.copytree(RECIPES / "zero3", folder)
+    cfg = json.loads((folder / "ds_config.json").read_text())
+    cfg["zero_optimization"]["stage3_prefetch_bucket_sise"] = "auto"
+    (folder / "ds_config.json").write_text(json.dumps(cfg))
+    guards.deepspeed_config(folder / "ds_config.json", "zero3")  # our check, then DeepSpeed's own models
+    dry = invoke_here("run", "--dry", "--variant=cpu", f"--recipe={folder}")
+    assert dry.returncode == 0, dry.stderr
+
+
 def test_the_hosts_snapshot_of_deepspeeds_sections_is_the_pinned_deepspeed():
     """What the host checks nested keys against is what DeepSpeed's own models take (python -m
     dockyard.train.make_assets rewrites it)."""
