@@ -224,7 +224,7 @@ def _interrupted(r: RunRequest, run_dir: Path, e: engine.Interrupted, made: bool
                              f"{'nothing was kept, so ' if made else ''}the same command can be run again{every}",
                              exit_code=e.exit_code)
     how = ("stopped" if e.stopped else "is still stopping" if r.native
-           else f"is still stopping (docker stop dockyard-{run_dir.name} stops it at once)")
+           else f"is still stopping (docker stop {container_name(run_dir.name, r.nodes, r.node_rank)} stops it at once)")
     if not runfolder.complete_checkpoints(run_dir):
         return DockyardError(f"interrupted: run {run_dir.name} {how} before its first checkpoint. Continuing it starts "
                              f"again from the first step, with its own settings{every}: "

@@ -676,6 +676,21 @@ def test_ctrl_c_before_the_first_checkpoint_does_not_say_to_continue_from_one(tm
     assert said.startswith("interrupted: run r1 stopped. Continue it from its last complete checkpoint")
 
 
+def test_ctrl_c_on_a_node_of_several_names_the_container_that_node_runs(tmp_path):
+    """A node of a run of several nodes runs dockyard-<run-id>-node<rank>: Ctrl-C there said "docker stop
+    dockyard-<run-id> stops it at once", a container no node has (docker: No such container)."""
+    from dockyard import engine
+    from dockyard.launch.run import RunRequest, _interrupted
+
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    (run_dir / "train.log").write_text("started\n")
+    still = engine.Interrupted("x", stopped=False)
+    said = str(_interrupted(RunRequest(nodes=2, node_rank=1), run_dir, still, made=False))
+    assert "(docker stop dockyard-r1-node1 stops it at once)" in said, said
+    said = str(_interrupted(RunRequest(), run_dir, still, made=True))
+    assert "(docker stop dockyard-r1 stops it at once)" in said, said
+
 def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_said_to_do_nothing(env):
     """`--max-restarts=3` with one node was left out of torchrun's command without a word, and --master-addr,
     --iface and --join-timeout did nothing."""
