@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if given:
         share_cpu_cores(given)
+    found = _stamp(_own_manifest(args))  # an earlier attempt's record, which no worker of this one may rewrite
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
         if MET and isinstance(e, RendezvousConnectionError):
-            blame_node_0(args, given, e)
+            blame_node_0(args, given, e, found)
         return 1
     except SignalException as e:  # Ctrl-C or SIGTERM to the agent: it has stopped the workers with the same signal
         print(f"torchrun: stopped by {signal.Signals(e.sigval).name}; the workers were stopped with it",
@@ -171,22 +172,25 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
             f"{type(cause).__name__}: {said}): {fix}")
 
 
-def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException) -> None:
+def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException,
+                 found: tuple[int, int, int] | None) -> None:
     """This node's workers were stopped because node 0's agent, which holds the rendezvous, went away after the nodes
     had met: they recorded the SIGTERM they got ("stopped by SIGTERM: another rank failed (its error is above)", and
     none was), so the manifest of a node that lost node 0 named no lost node wherever torchrun's store was elsewhere
     (node 0 at 10.0.0.9, node 1 at 10.0.0.10: seen here 3.8 s after node 0's container was killed at step 12).
-    Rewritten as the loss of node 0 it was; a run stopped by a signal to this agent (scancel) never comes here."""
+    Rewritten as the loss of node 0 it was; a run stopped by a signal to this agent (scancel) never comes here. Only
+    a manifest this attempt wrote (`found`: the file as it was when this agent started): a resume stopped before it
+    trained leaves the run's record as it was, and an earlier attempt's "stopped by SIGTERM" (a preempted job) was
+    rewritten as this attempt's lost node 0."""
     from dockyard.common.errors import loads
     from dockyard.train import manifest
     from dockyard.train.ending import STOPPED
 
-    rank, run_dir = os.environ.get(envvars.NODE_RANK, ""), runfolder.run_dir_of(args)
-    if not (run_dir and rank.isascii() and rank.isdecimal() and int(rank) > 0 and a is not None):
+    path = _own_manifest(args)
+    if path is None or a is None or _stamp(path) == found:
         return
-    name = runfolder.manifest_file(int(rank))
     try:
-        record = loads(runfolder.read_text(Path(run_dir), name, runfolder.MANIFEST_LIMIT) or "null")
+        record = loads(runfolder.read_text(path.parent, path.name, runfolder.MANIFEST_LIMIT) or "null")
     except (OSError, ValueError):
         return
     if not (isinstance(record, dict) and record.get("status") == "failed"
@@ -201,7 +205,24 @@ def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExcep
                        f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {said}); this "
                        "node was stopped with it")
     with contextlib.suppress(OSError):
-        manifest.write(Path(run_dir), record, name)
+        manifest.write(path.parent, record, path.name)
+
+
+def _own_manifest(args: list[str]) -> Path | None:
+    """The manifest this node's workers write where it is not node 0 (manifest-nodeI.json); None on node 0."""
+    rank, run_dir = os.environ.get(envvars.NODE_RANK, ""), runfolder.run_dir_of(args)
+    if not (run_dir and rank.isascii() and rank.isdecimal() and int(rank) > 0):
+        return None
+    return Path(run_dir) / runfolder.manifest_file(int(rank))
+
+
+def _stamp(path: Path | None) -> tuple[int, int, int] | None:
+    """Which file `path` is (inode, size, mtime): runfolder.write replaces a manifest by a new file."""
+    try:
+        st = os.stat(path, follow_symlinks=False) if path else None
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if st else None
 
 
 def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:

@@ -351,6 +351,8 @@ WORKER_RECORDING_A_STOP = """
 import json, os, signal, sys, time
 run_dir, rank = sys.argv[2], os.environ["DOCKYARD_NODE_RANK"]
 def stopped(*_):
+    if os.environ.get("LEAVE_MANIFEST"):  # a resume stopped before it trained: the run's record stays as it was
+        sys.exit(143)
     name = "manifest.json" if rank == "0" else f"manifest-node{rank}.json"
     nodes = [{"node_rank": 0, "host": "gpu-a", "addr": "10.0.0.9"}, {"node_rank": 1, "host": "gpu-b", "addr": "10.0.0.10"}]
     error = ("stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled" if rank != "1" or
@@ -364,11 +366,12 @@ time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("own_error", [False, True])
+@pytest.mark.parametrize("own_error", [False, True, "earlier attempt"])
 def test_a_node_stopped_because_node_0_went_away_records_node_0_as_lost(tmp_path, own_error):
     """Node 0's container killed at step 12, torchrun's store on node 1 (node 0 at x.9, node 1 at x.10): node 1's agent
     stopped its workers at once, and its manifest said "stopped by SIGTERM: another rank failed (its error is above)",
-    with no error above and no lost node named. A reason of the node's own is kept."""
+    with no error above and no lost node named. A reason of the node's own is kept, and so is the record of an earlier
+    attempt that this one never rewrote (a preempted job's, resumed, with node 0 lost before the resume trained)."""
     import json
     import socket
     import time
@@ -377,10 +380,15 @@ def test_a_node_stopped_because_node_0_went_away_records_node_0_as_lost(tmp_path
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     (tmp_path / "worker.py").write_text(WORKER_RECORDING_A_STOP)
+    earlier = json.dumps({"run_id": "met2", "status": "failed", "metrics": {"steps": 40},
+                          "error": "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"})
+    if own_error == "earlier attempt":
+        (tmp_path / "manifest-node1.json").write_text(earlier)
     procs = {}
     for rank in (0, 1):
         env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank),
-               **({"OWN_ERROR": "1"} if own_error else {})}
+               **({"OWN_ERROR": "1"} if own_error is True else {}),
+               **({"LEAVE_MANIFEST": "1"} if own_error == "earlier attempt" else {})}
         procs[rank] = subprocess.Popen(
             [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=met2", f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=30",
@@ -398,6 +406,9 @@ def test_a_node_stopped_because_node_0_went_away_records_node_0_as_lost(tmp_path
             if p.poll() is None:
                 kill_tree(p.pid)
         procs[0].communicate(timeout=30)
+    if own_error == "earlier attempt":
+        assert (tmp_path / "manifest-node1.json").read_text() == earlier, err[-2000:]
+        return
     error = json.loads((tmp_path / "manifest-node1.json").read_text())["error"]
     if own_error:
         assert error == "data.jsonl: line 3 is not JSON"
