@@ -512,7 +512,7 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     if nodes.several():
         _ = args.device  # NCCL's collectives need this rank's GPU chosen
         run.doing("checking that the run folder is shared")
-        started_with = nodes.started_with(recipe.name, run.opts.resume, overrides, run.record.recipe_files)
+        started_with = nodes.started_with(recipe, run.opts.resume, overrides, run.record.recipe_files)
         run.record.nodes_seen = nodes.check_shared(run.opts.run_dir, started_with)
     run.doing("loading the data and the model")
     return args

@@ -25,6 +25,7 @@ from typing import Any
 
 from dockyard.common import envvars, runfolder
 from dockyard.common.errors import DockyardError, first_line, loads
+from dockyard.common.recipes import Recipe
 
 
 def first_of_node() -> bool:
@@ -151,12 +152,20 @@ RECIPE_FILE = "recipe file "
 PACKAGES = ("torch", "deepspeed", "transformers", "peft", "accelerate")
 
 
-def started_with(recipe: str, resume: bool, overrides: dict[str, Any],
+def started_with(recipe: Recipe, resume: bool, overrides: dict[str, Any],
                  recipe_files: dict[str, str] | None) -> dict[str, Any]:
     """What this node was started with, as every node compares it with node 0's (check_shared): its command line (the
     recipe, --resume, the overrides) and what it trains with beyond it."""
-    return {"recipe": recipe, "resume": resume, **{f"--{k}": v for k, v in overrides.items()},
-            **what_this_node_runs(recipe_files)}
+    return {"recipe": recipe.name, "resume": resume, **{f"--{k}": v for k, v in overrides.items()},
+            **what_this_node_runs(read_by_the_trainer(recipe, recipe_files))}
+
+
+def read_by_the_trainer(recipe: Recipe, recipe_files: dict[str, str] | None) -> dict[str, str]:
+    """Of the recipe's files (the manifest's recipe_files: every file of its folder), those the trainer reads:
+    recipes/defaults.yaml, recipe.yaml and its DeepSpeed or FSDP file. Another file there (a README of a node's own
+    checkout, an editor's backup or swap file, a log written into the folder) trains nothing, and refused the run."""
+    read = {"defaults.yaml", *(f"{recipe.name}/{name}" for name in ("recipe.yaml", recipe.deepspeed, recipe.fsdp) if name)}
+    return {name: digest for name, digest in (recipe_files or {}).items() if name in read}
 
 
 def what_this_node_runs(recipe_files: dict[str, str] | None) -> dict[str, str]:

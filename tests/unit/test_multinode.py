@@ -491,7 +491,8 @@ def test_nodes_whose_checkouts_or_images_differ_under_one_command_are_refused_na
         folder.mkdir(parents=True)
         (folder / "recipe.yaml").write_text(f"# mine\nwhen: a test\nstrategy: ddp\nsettings:\n  learning_rate: {rate}\n")
         recipes[rank] = manifest.recipe_files(load_recipe(str(folder)), RECIPES / "defaults.yaml")
-    started = {rank: nodes.started_with("mine", False, {"max_steps": 2}, files) for rank, files in recipes.items()}
+    started = {rank: nodes.started_with(load_recipe(str(tmp_path / f"checkout{rank}" / "mine")), False,
+                                    {"max_steps": 2}, files) for rank, files in recipes.items()}
     assert started[0]["--max_steps"] == 2 and started[0]["torch"] == started[1]["torch"]
     said = _two_nodes_check(tmp_path, [{"node_rank": rank, "runs": tmp_path / "runs", "started_with": started[rank]}
                                        for rank in (0, 1)])
@@ -512,6 +513,30 @@ def test_nodes_whose_checkouts_or_images_differ_under_one_command_are_refused_na
     monkeypatch.setattr(Path, "read_bytes", lambda self: b"edited")
     assert nodes.what_this_node_runs(None)["dockyard code"] != started[0]["dockyard code"]
 
+
+def test_files_of_a_recipe_folder_the_trainer_does_not_read_may_differ_between_the_nodes(tmp_path):
+    """Every file of the recipe folder was compared: node 1's checkout holding a README of its own, an editor's
+    backup (recipe.yaml~) or swap file (.recipe.yaml.swp), or a log written into the folder, refused the run ("node 1
+    with recipe file mine/README.md ... (node 0: (not given))") though both nodes trained alike. What the trainer reads
+    is still compared: recipe.yaml, its DeepSpeed (or FSDP) file and recipes/defaults.yaml."""
+    started = {}
+    for rank in (0, 1):
+        folder = tmp_path / f"checkout{rank}" / "mine"
+        folder.mkdir(parents=True)
+        (folder / "recipe.yaml").write_text("# mine\nwhen: a test\nstrategy: zero2\ndeepspeed: ds_config.json\n")
+        (folder / "ds_config.json").write_text((RECIPES / "zero2" / "ds_config.json").read_text())
+        if rank == 1:
+            for name in ("README.md", "recipe.yaml~", ".recipe.yaml.swp", "node1.log"):
+                (folder / name).write_text("node 1's own\n")
+        recipe = load_recipe(str(folder))
+        started[rank] = nodes.started_with(recipe, False, {}, manifest.recipe_files(recipe, RECIPES / "defaults.yaml"))
+    assert started[0] == started[1]
+    assert {k for k in started[0] if k.startswith(nodes.RECIPE_FILE)} == {
+        "recipe file defaults.yaml", "recipe file mine/recipe.yaml", "recipe file mine/ds_config.json"}
+    (tmp_path / "checkout1" / "mine" / "ds_config.json").write_text('{"zero_optimization": {"stage": 2}}')
+    recipe = load_recipe(str(tmp_path / "checkout1" / "mine"))
+    edited = nodes.started_with(recipe, False, {}, manifest.recipe_files(recipe, RECIPES / "defaults.yaml"))
+    assert [k for k in edited if edited[k] != started[0][k]] == ["recipe file mine/ds_config.json"]
 
 def test_a_store_that_cannot_be_reached_names_the_other_of_two_nodes(monkeypatch):
     """Setting up the process group, a rank whose store (on the node torchrun ranked first: node 1 here) is gone
