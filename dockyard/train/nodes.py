@@ -204,6 +204,8 @@ def check_started_alike(everyone: list[dict[str, Any]]) -> None:
         if n["node_rank"] in said or mine == node0:
             continue
         keys = sorted(k for k in set(mine) | set(node0) if mine.get(k) != node0.get(k))
+        if mine.get("recipe") != node0.get("recipe"):  # another recipe's files are its own, not node 0's edited
+            keys = [k for k in keys if not (k.startswith(RECIPE_FILE) and "/" in k)]
         keys_said.update(keys)
         said[n["node_rank"]] = "; ".join(f"{k} {_shown(mine.get(k))} (node 0: {_shown(node0.get(k))})" for k in keys)
     if said:

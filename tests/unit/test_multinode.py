@@ -538,6 +538,19 @@ def test_files_of_a_recipe_folder_the_trainer_does_not_read_may_differ_between_t
     edited = nodes.started_with(recipe, False, {}, manifest.recipe_files(recipe, RECIPES / "defaults.yaml"))
     assert [k for k in edited if edited[k] != started[0][k]] == ["recipe file mine/ds_config.json"]
 
+def test_a_node_given_another_recipe_is_told_that_alone_not_the_files_of_both(tmp_path):
+    """Node 1 given --recipe=zero3 against node 0's zero2, from the same checkout, was told each file of both recipes
+    as "(not given)" on the other node, and to give every node the same checkout: what differed was the command."""
+    everyone = []
+    for rank, name in ((0, "zero2"), (1, "zero3")):
+        recipe = load_recipe(name)
+        files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
+        everyone.append({"node_rank": rank, "started_with": nodes.started_with(recipe, False, {}, files)})
+    with pytest.raises(DockyardError) as e:
+        nodes.check_started_alike(everyone)
+    assert str(e.value) == ('the nodes were not started alike: node 1 with recipe "zero3" (node 0: "zero2"). Start '
+                            "every node with the same recipe and settings (the same command but for --node-rank)")
+
 def test_a_store_that_cannot_be_reached_names_the_other_of_two_nodes(monkeypatch):
     """Setting up the process group, a rank whose store (on the node torchrun ranked first: node 1 here) is gone
     fails with "(ADDR, PORT)" before any node said who it is: of two nodes, that is the other one."""
