@@ -72,11 +72,22 @@ def rendezvous() -> dict[str, Any] | None:
     return record
 
 
+IF_INET6 = Path("/proc/net/if_inet6")  # the kernel's IPv6 addresses: hex address, index, prefix, scope, flags, name
+
+
 def interface_of(addr: str) -> str | None:
-    """The network interface that holds `addr` on this machine (no `ip` needed: images need not have it)."""
+    """The network interface that holds `addr`, IPv4 or IPv6, on this machine (no `ip` needed: images need not have
+    it)."""
     import fcntl
     import struct
 
+    if ":" in addr:  # IPv6: the kernel lists each address with its interface, in hex (a name resolving to one alone)
+        try:
+            want = socket.inet_pton(socket.AF_INET6, addr.split("%")[0]).hex()
+            lines = IF_INET6.read_text().splitlines()
+        except (OSError, ValueError):
+            return None
+        return next((f[5] for f in map(str.split, lines) if len(f) == 6 and f[0] == want), None)
     SIOCGIFADDR = 0x8915
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():

@@ -166,7 +166,7 @@ def test_a_rank_that_saw_only_its_neighbour_stop_still_reports_the_lost_node(tmp
     assert nodes.explain("CUDA out of memory", tmp_path / "other", SEEN) == "CUDA out of memory"
 
 
-def test_the_trainer_binds_gloo_and_nccl_to_the_interface_of_the_advertised_address(monkeypatch):
+def test_the_trainer_binds_gloo_and_nccl_to_the_interface_of_the_advertised_address(monkeypatch, tmp_path):
     """A hostname that resolves to loopback would make every rank advertise 127.0.0.1: the interface holding the
     address the launcher advertises is used instead, unless the user chose one."""
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
@@ -181,6 +181,15 @@ def test_the_trainer_binds_gloo_and_nccl_to_the_interface_of_the_advertised_addr
     monkeypatch.delenv("NCCL_SOCKET_IFNAME")
     monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"endpoint": "x:1", "local_addr": "198.18.255.254"}))
     assert nodes.pin_interface() is None and "GLOO_SOCKET_IFNAME" not in os.environ, "no such address here"
+    # an IPv6 address (a name resolving to one alone, as the launcher now takes): its interface all the same, from
+    # the kernel's table of them (written here as the kernel writes it: the machine may have IPv6 off)
+    table = tmp_path / "if_inet6"
+    table.write_text("00000000000000000000000000000001 01 80 10 80       lo\n"
+                     "fd000000000000000000000000000002 04 40 00 82     eth7\n")
+    monkeypatch.setattr(nodes, "IF_INET6", table)
+    monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"endpoint": "x:1", "local_addr": "fd00::2"}))
+    assert nodes.pin_interface() == "eth7" and os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+    assert nodes.interface_of("fd00::3") is None and nodes.interface_of("::1") == "lo"
 
 
 # --- a node lost at any moment: the heartbeat's bound and verdicts ----------------------------------------------
