@@ -66,6 +66,13 @@ def _not_missing_mpu(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("MPU is not provided")
 
 
+ACCUMULATION_MISMATCH = "Gradient accumulation steps mismatch: GradientAccumulationPlugin has"
+
+
+def _not_accumulation_mismatch(record: logging.LogRecord) -> bool:
+    return ACCUMULATION_MISMATCH not in str(record.msg)
+
+
 def quiet_libraries() -> None:
     """What the libraries say that is no fault of the run and that the user can do nothing about, left off the
     console by the trainer and the exporter alike."""
@@ -78,6 +85,10 @@ def quiet_libraries() -> None:
     # DeepSpeed loading a universal checkpoint (dockyard.train.universal) warned on every rank that it was given no
     # model-parallel unit, of a run that has no tensor parallelism to give
     logging.getLogger("DeepSpeed").addFilter(_not_missing_mpu)
+    # accelerate, preparing DeepSpeed for a run that accumulates, warned on every rank of a "mismatch" between its
+    # own plugin's 1 and the ds_config's steps it then uses: the Trainer's accumulation, as the run asked (its line
+    # says "8 per process x 2 accumulated")
+    logging.getLogger("accelerate.accelerator").addFilter(_not_accumulation_mismatch)
 
 
 def weight_bars(disable_tqdm: bool) -> None:

@@ -225,3 +225,23 @@ def test_a_recent_lock_no_process_here_holds_is_kept_and_said_with_the_file_to_r
     assert kept[0].endswith(f"if no other run is building cpu_adam, that build was killed: remove {folder / 'lock'}")
     (folder / "lock").unlink()
     assert environment.build_locks(str(tmp_path)) == ([], []), "a finished build leaves nothing to say"
+
+
+def test_accelerates_accumulation_mismatch_warning_is_left_off_and_its_other_warnings_are_not(caplog):
+    """Every ZeRO run that accumulates (a resume on fewer processes, keeping its global batch, does) warned on each
+    rank "Gradient accumulation steps mismatch: GradientAccumulationPlugin has 1, DeepSpeed config has 2. Using
+    DeepSpeed's value.": the accumulation the run asked for, said as a fault. The text is accelerate's own (read from
+    its source here), as its logger hands it over, with the rank in front."""
+    import inspect
+    import logging
+
+    from accelerate import Accelerator
+
+    assert environment.ACCUMULATION_MISMATCH in inspect.getsource(Accelerator)
+    environment.quiet_libraries()
+    accelerate_log = logging.getLogger("accelerate.accelerator")
+    with caplog.at_level(logging.WARNING):
+        accelerate_log.warning(f"[RANK 0] {environment.ACCUMULATION_MISMATCH} 1, DeepSpeed config has 2. Using "
+                               "DeepSpeed's value.")
+        accelerate_log.warning("[RANK 0] something else accelerate says")
+    assert [r.getMessage() for r in caplog.records] == ["[RANK 0] something else accelerate says"]
