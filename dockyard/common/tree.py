@@ -7,6 +7,7 @@ the runs folder mounted can make, was a RecursionError traceback in `invoke expo
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,3 +51,16 @@ def files(top: Path) -> Iterator[Path]:
 def paths(top: Path) -> list[Path]:
     """Every entry below `top` (files, folders, links), sorted, as sorted(top.rglob("*")) without entering links."""
     return sorted(root / name for root, dirs, names in walk(top) for name in dirs + names)
+
+
+PACKAGE = Path(__file__).resolve().parents[1]  # dockyard/, in a checkout as in an image
+
+
+def code_hash(package: Path = PACKAGE) -> str:
+    """sha256 over a package's files (names and contents; dockyard's own by default), as the build copies them: the
+    image's label and the checkout's are equal exactly when the image runs this checkout's code, and two nodes' are
+    equal exactly when they train with the same code."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()

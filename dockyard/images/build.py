@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from dockyard import engine
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.locks import held_alone
+from dockyard.common.tree import code_hash
 from dockyard.images import variants
 from dockyard.images.variants import Variant
 from dockyard.settings import ROOT, Settings
@@ -354,15 +354,6 @@ def repository_url(root: Path = ROOT) -> str:
     scheme, rest = url.split("://", 1)
     host_path = rest.split("@", 1)[-1] if "@" in rest.split("/", 1)[0] else rest  # drop user:token@
     return "" if scheme == "file" else f"{scheme}://{host_path}"
-
-
-def code_hash(package: Path = ROOT / "dockyard") -> str:
-    """sha256 over the package's files (names and contents) as the build copies them: the image's label
-    and the checkout's are equal exactly when the image runs this checkout's code."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 def warn_if_stale(image: dict, ref: str) -> None:

@@ -12,7 +12,6 @@ before 10.0.0.9).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import envvars, runfolder
+from dockyard.common import envvars, runfolder, tree
 from dockyard.common.errors import DockyardError, first_line, loads
 from dockyard.common.recipes import Recipe
 
@@ -186,13 +185,8 @@ def what_this_node_runs(recipe_files: dict[str, str] | None) -> dict[str, str]:
 
     import dockyard
 
-    code = hashlib.sha256()
-    package = Path(dockyard.__file__).parent
-    for f in sorted(package.rglob("*.py")):
-        if "__pycache__" not in f.parts:
-            code.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     found = {f"{RECIPE_FILE}{name}": digest[:12] for name, digest in (recipe_files or {}).items()}
-    found["dockyard code"] = f"{dockyard.__version__} {code.hexdigest()[:12]}"
+    found["dockyard code"] = f"{dockyard.__version__} {tree.code_hash()[:12]}"  # the image's dockyard.code label's
     for name in PACKAGES:
         try:
             found[name] = metadata.version(name)
