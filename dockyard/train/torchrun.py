@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from dockyard.common import envvars, runfolder
+from dockyard.common.errors import first_line, loads
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
 # and says it is invalid in three lines of its own, as it loads
@@ -156,8 +157,7 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
            "invoke doctor --peer=HOST checks the port from another node")
     if isinstance(error, RendezvousTimeoutError):
         return f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}"
-    cause = error.__cause__ or error.__context__ or error
-    said = (str(cause).strip().splitlines() or ["no answer"])[0][:160]
+    cause, said = underlying(error)
     if MET and conf.get("is_host") != "1":
         # the nodes had met and trained (or were starting to): node 0's agent, which holds the rendezvous, is gone.
         # "start every node with the same --run-id" was this node's last line after node 0 was lost mid-run.
@@ -172,6 +172,12 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
             f"{type(cause).__name__}: {said}): {fix}")
 
 
+def underlying(error: BaseException) -> tuple[BaseException, str]:
+    """The error under torchrun's rendezvous error, and the first line of what it said."""
+    cause = error.__cause__ or error.__context__ or error
+    return cause, first_line(cause, 160) or "no answer"
+
+
 def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException,
                  found: tuple[int, int, int] | None) -> None:
     """This node's workers were stopped because node 0's agent, which holds the rendezvous, went away after the nodes
@@ -182,7 +188,6 @@ def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExcep
     a manifest this attempt wrote (`found`: the file as it was when this agent started): a resume stopped before it
     trained leaves the run's record as it was, and an earlier attempt's "stopped by SIGTERM" (a preempted job) was
     rewritten as this attempt's lost node 0."""
-    from dockyard.common.errors import loads
     from dockyard.train import manifest
     from dockyard.train.ending import STOPPED
 
@@ -199,8 +204,7 @@ def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExcep
     seen = record.get("nodes_seen") if isinstance(record.get("nodes_seen"), list) else []
     node0 = next((n for n in seen if isinstance(n, dict) and n.get("node_rank") == 0), None)
     who = f"{node0.get('addr') or '?'}, host {node0.get('host')}" if node0 else a.rdzv_endpoint.rsplit(":", 1)[0]
-    cause = error.__cause__ or error.__context__ or error
-    said = (str(cause).strip().splitlines() or ["no answer"])[0][:160]
+    cause, said = underlying(error)
     record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "
                        f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {said}); this "
                        "node was stopped with it")
