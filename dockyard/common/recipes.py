@@ -468,8 +468,12 @@ def _check_section(value: Any, spec: dict[str, Any], where: str, path: Path | st
     import difflib
     import json
 
-    if "enum" in spec and value != "auto" and (isinstance(value, bool) or value not in spec["enum"]):
+    if "enum" in spec and (isinstance(value, bool) or value not in spec["enum"]):
         *most, last = [json.dumps(v) for v in spec["enum"]]
+        if value == "auto":  # nothing fills it in: DeepSpeed drops it and takes its default, silently
+            raise DockyardError(f'{path}: {where} "auto": neither the HF Trainer nor DeepSpeed chooses this one, and '
+                                f"DeepSpeed would quietly take its default, {json.dumps(spec.get('default'))}: write "
+                                f"{', '.join(most)} or {last}")
         raise DockyardError(f"{path}: {where} {json.dumps(value)}: DeepSpeed takes {', '.join(most)} or {last}")
     keys = spec.get("keys")
     if keys is None or not isinstance(value, dict):  # (a section that is not an object: DeepSpeed's models say so)

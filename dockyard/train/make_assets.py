@@ -83,13 +83,21 @@ def deepspeed_sections() -> dict[str, Any]:
 
 def _model_keys(model: Any) -> dict[str, Any]:
     """A pydantic model's keys (each field's name and its alias: DeepSpeed's models take both), each with its own:
-    a nested model's keys, an enum's values, or {} for any other value; {} for a model that takes any key."""
+    a nested model's keys, an enum's values and its default, or {} for any other value; {} for a model that takes any
+    key."""
+    import enum
+
+    from pydantic_core import PydanticUndefined
+
     if model.model_config.get("extra") != "forbid":
         return {}
     keys = {}
     for name, field in model.model_fields.items():
+        spec = _value_spec(field.annotation)
+        if "enum" in spec and field.default is not PydanticUndefined:
+            spec["default"] = field.default.value if isinstance(field.default, enum.Enum) else field.default
         for key in {name, field.alias or name}:
-            keys[key] = _value_spec(field.annotation)
+            keys[key] = spec
     return {"keys": dict(sorted(keys.items()))}
 
 

@@ -537,6 +537,10 @@ def test_the_trainer_asks_deepspeeds_own_list_of_zero_optimizers(tmp_path, monke
      "unknown DeepSpeed key zero_optimization.offload_param.buffer_cnt (did you mean "
      "zero_optimization.offload_param.buffer_count?)"),
     ("zero2", lambda z: z.update(stage=7), "zero_optimization.stage 7: takes 0, 1, 2 or 3"),
+    # "auto" where nothing fills it in: DeepSpeed dropped it and trained with nothing offloaded, saying nothing
+    ("zero3-offload", lambda z: z["offload_param"].update(device="auto"),
+     'zero_optimization.offload_param.device "auto": neither the HF Trainer nor DeepSpeed chooses this one, and '
+     'DeepSpeed would quietly take its default, "none": write "none", "cpu" or "nvme"'),
 ])
 def test_a_bad_nested_deepspeed_key_is_the_same_line_from_the_dry_run_and_the_trainer(tmp_path, recipe, edit, says):
     """invoke run --dry checked the ds_config's top-level keys only: a key misspelt inside zero_optimization or its
@@ -586,7 +590,7 @@ def test_the_hosts_snapshot_of_deepspeeds_sections_is_the_pinned_deepspeed():
     snapshot = json.loads(DEEPSPEED_SECTIONS.read_text())
     assert snapshot == deepspeed_sections()
     offload = snapshot["sections"]["zero_optimization"]["keys"]["offload_optimizer"]["keys"]
-    assert offload["device"] == {"enum": ["none", "cpu", "nvme"]} and "pin_memory" in offload
+    assert offload["device"] == {"enum": ["none", "cpu", "nvme"], "default": "none"} and "pin_memory" in offload
     zero = snapshot["sections"]["zero_optimization"]["keys"]  # a field's alias and its name: DeepSpeed takes both
     assert {"stage3_prefetch_bucket_size", "prefetch_bucket_size"} <= set(zero)
 
