@@ -41,8 +41,9 @@ def lock(c, variant="all", dry=False):
 @task(help={"variant": "auto (default), cpu, cu128, cu132 ...",
             "dry": "print the pip command and download nothing"})
 def wheelhouse(c, variant="auto", dry=False):
-    """Download every wheel (and DeepSpeed's source) of a variant's lock into images/wheelhouse/<variant>/, unless
-    the wheelhouse there already matches the lock (every file at its size): then it downloads nothing.
+    """Download every wheel (and DeepSpeed's source) of a variant's lock into images/wheelhouse/<variant>/.
+
+    Nothing is downloaded where the wheelhouse there already matches the lock (every file at its size).
 
     The wheelhouse_dir setting moves that folder: with INVOKE_DOCKYARD_WHEELHOUSE_DIR=/big/disk/wheels (or
     wheelhouse_dir in invoke.yaml) the wheels go to /big/disk/wheels/<variant>/, and `invoke build` reads them from

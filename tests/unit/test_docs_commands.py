@@ -72,6 +72,15 @@ def test_the_readme_tasks_table_names_every_flag_of_each_task_it_shows():
     assert not left_out, left_out
 
 
+def test_invoke_list_shows_each_task_in_a_whole_sentence():
+    """`invoke --list` shows the first line of each task's docstring: wheelhouse's read "Download every wheel (and
+    DeepSpeed's source) of a variant's lock into images/wheelhouse/<variant>/, unless", its sentence cut there."""
+    from invoke.util import helpline
+
+    cut = [name for name, task in COLLECTION.tasks.items() if not helpline(task.body).rstrip().endswith(".")]
+    assert not cut, cut
+
+
 def docs_errors(docs) -> tuple[list[str], int]:
     """What Invoke would refuse in the commands these pages show, and how many flags were checked."""
     tasks = set(COLLECTION.tasks)
