@@ -38,6 +38,17 @@ NO_ENGINE_HELP = (
     "`apt-get install docker.io && systemctl start docker`; where no init system runs, "
     "`setsid dockerd >dockerd.log 2>&1 &`. Set DOCKER_HOST if your engine listens elsewhere."
 )
+# The engine runs, but its socket lets in only root and the docker group (load.sh and run.sh say the same)
+NO_ACCESS_HELP = (
+    "the Docker engine's socket lets in only root and the docker group: add your user to it, "
+    "`sudo usermod -aG docker $(id -un)`, then log in again; or run the task as root, "
+    f"`sudo {shlex.quote(sys.executable)} -m invoke TASK`."
+)
+
+
+def no_engine(said: str) -> DockyardError:
+    """No engine answered docker, whose last words were `said`: a socket that refuses this user is no missing engine."""
+    return DockyardError(f"{NO_ACCESS_HELP if 'permission denied' in said.lower() else NO_ENGINE_HELP}\n  ({said})")
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -400,10 +411,10 @@ def engine_info(settings: Settings) -> dict:
     proc = run(docker(settings, "info", "--format", "{{json .}}"), capture=True, check=False, quiet=True)
     if proc.returncode != 0:
         last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no answer"
-        raise DockyardError(NO_ENGINE_HELP + f"\n  ({last})")
+        raise no_engine(last)
     info = docker_json(settings, proc.stdout, "info", dict)
     if info.get("ServerErrors"):
-        raise DockyardError(NO_ENGINE_HELP + "\n  (" + "; ".join(info["ServerErrors"]) + ")")
+        raise no_engine("; ".join(info["ServerErrors"]))
     return info
 
 
@@ -412,7 +423,7 @@ def check_not_missing(proc: subprocess.CompletedProcess) -> None:
     lacks it): the engine did not answer, said with the client's own reason."""
     said = (proc.stderr or "").strip()
     if "No such " not in said:
-        raise DockyardError(NO_ENGINE_HELP + f"\n  ({said.splitlines()[-1] if said else 'no answer'})")
+        raise no_engine(said.splitlines()[-1] if said else "no answer")
 
 
 ROOTLESS_SHM = "16g"  # /dev/shm where the host's cannot be shared (rootless), as `invoke k8s` gives its pods

@@ -137,3 +137,27 @@ def test_an_engine_that_does_not_answer_is_said_as_such_not_as_a_missing_image(a
     r = invoke_here(*args, env={"DOCKER_HOST": f"unix://{tmp_path}/nothing.sock", "INVOKE_DOCKYARD_DOCKER": ""})
     short_error(r, "no Docker engine answers")
     assert "Cannot connect to the Docker daemon" in r.stderr and "build it" not in r.stderr
+
+
+DENIED = ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+          "Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.24/info\": dial unix /var/run/docker.sock: connect: permission denied")
+
+
+def test_a_user_outside_the_docker_group_is_told_to_join_it_not_to_install_an_engine(tmp_path):
+    """The newcomer's first `invoke build` after `sudo .venv/bin/invoke setup`: the engine runs, the socket refuses
+    a user outside the docker group, and every task (doctor's fix column too) said "no Docker engine answers.
+    Install and start one: `sudo ... invoke setup`", which was done and changes nothing. load.sh and run.sh said the
+    fix; the tasks now say the same."""
+    from dockyard.machine import doctor
+    from dockyard.settings import load
+
+    client = tmp_path / "docker"
+    client.write_text(f"#!/bin/sh\necho '{DENIED}' >&2\nexit 1\n")
+    client.chmod(0o755)
+    settings = load({"docker": str(client)}, environ={})
+    with pytest.raises(DockyardError) as e:
+        engine.engine_info(settings)
+    said = str(e.value)
+    assert "sudo usermod -aG docker" in said and "log in again" in said and "Install and start" not in said
+    assert said.splitlines()[-1] == f"  ({DENIED})"
+    assert "usermod -aG docker" in doctor.check_engine_down(e.value).fix
