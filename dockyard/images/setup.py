@@ -13,7 +13,7 @@ from pathlib import Path
 from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.images import build, variants
-from dockyard.settings import Settings
+from dockyard.settings import ROOT, Settings
 
 APT_PACKAGES = ["docker.io", "debootstrap", "zstd", "pigz", "openssh-client", "rsync"]
 
@@ -116,6 +116,23 @@ def check_mirror(mirror: str) -> None:
                             "a mirror that needs none (a local apt-cacher-ng, a proxy through http_proxy)")
 
 
+def give_to_sudo_user(wheels: Path, checkout: Path = ROOT, environ=os.environ) -> None:
+    """`sudo invoke setup` downloads the wheelhouse as root, and `invoke build` as the user (the README's next step)
+    stages its context and takes its lock beside it: what root owns of the wheelhouse in the checkout goes back to the
+    user sudo ran for. A wheelhouse_dir outside the checkout is the site's own, left as it is."""
+    uid, gid = environ.get("SUDO_UID", ""), environ.get("SUDO_GID", "")
+    if os.geteuid() != 0 or not (uid.isdigit() and gid.isdigit()) or uid == "0":
+        return
+    if not wheels.resolve().is_relative_to(checkout.resolve()):
+        return
+    paths = [wheels.parent]
+    for top, dirs, files in os.walk(wheels):  # follows no link
+        paths += [Path(top) / name for name in ["", *dirs, *files]]
+    for path in paths:
+        if path.lstat().st_uid == 0:
+            os.lchown(path, int(uid), int(gid))
+
+
 def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     check_mirror(mirror)
     ensure_engine(settings, dry)
@@ -124,6 +141,8 @@ def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
         ensure_cpu_base(settings, mirror, dry)
     build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock
+    if not dry:
+        give_to_sudo_user(build.wheelhouse_dir(settings, variant))
     if dry:
         print("dry run: nothing was installed, made or downloaded")
     else:
