@@ -86,8 +86,16 @@ def failure(argv: Sequence[str], returncode: int, output: Sequence[str], what: s
     return DockyardError(f"{label} (exit {returncode}): {shown(argv)}\n{console.tail(output)}".rstrip())
 
 
+# The commands a setting names (settings.Settings): docker's client, compose and ssh; any other is found on PATH
+COMMAND_SETTINGS = {"docker": "docker", "docker-compose": "compose", "ssh": "ssh"}
+
+
 def _not_found(argv: Sequence[str]) -> DockyardError:
-    return DockyardError(f"`{argv[0]}` not found: install it or set its path in invoke.yaml")
+    """A command that is not there: where a setting names it, said with the setting (it said so for zstd too)."""
+    setting = COMMAND_SETTINGS.get(os.path.basename(argv[0]))
+    where = (f", or give its path as `{setting}:` under `dockyard:` in invoke.yaml (INVOKE_DOCKYARD_{setting.upper()})"
+             if setting else " (it is looked for on PATH)")
+    return DockyardError(f"`{argv[0]}` not found: install it{where}")
 
 
 def run(

@@ -17,6 +17,17 @@ def test_a_failed_command_is_quoted_with_its_exit_code_and_output():
         engine.run(["no-such-tool-here"], quiet=True)
 
 
+def test_a_missing_command_points_to_its_setting_only_where_one_names_it(tmp_path):
+    """Every missing tool was told to "set its path in invoke.yaml", zstd and pigz too, which no setting names."""
+    with pytest.raises(DockyardError) as e:
+        engine.run([str(tmp_path / "ssh"), "-V"], quiet=True)
+    assert str(e.value) == (f"`{tmp_path / 'ssh'}` not found: install it, or give its path as `ssh:` under "
+                            "`dockyard:` in invoke.yaml (INVOKE_DOCKYARD_SSH)")
+    with pytest.raises(DockyardError) as e:
+        engine.run(["zstd-not-here", "-V"], quiet=True)
+    assert str(e.value) == "`zstd-not-here` not found: install it (it is looked for on PATH)"
+
+
 def test_binary_output_stays_bytes():
     assert engine.run(["printf", "\\377\\000"], capture=True, binary=True, quiet=True).stdout == b"\xff\x00"
 
