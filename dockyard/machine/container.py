@@ -51,7 +51,7 @@ def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
 
     detail = f"memlock {kib(memlock)}, stack {kib(stack)}"
     if memlock.isascii() and memlock.isdigit():  # what `invoke run` passes by itself; compose asks for unlimited
-        detail += f" (compose/train.yml: DOCKYARD_MEMLOCK={int(memlock) * 1024})"
+        detail += f" (to run with compose: DOCKYARD_MEMLOCK={int(memlock) * 1024} docker compose ...)"
     small_stack = stack != "unlimited" and (not (stack.isascii() and stack.isdigit()) or int(stack) < STACK_MIN_KIB)
     if not gpu:
         return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")

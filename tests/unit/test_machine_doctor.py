@@ -134,7 +134,7 @@ def test_probe_output_and_its_checks():
     # both limits in one unit, said: "memlock 8192, stack 65536 KiB" read as 8192 bytes of memlock
     # and the number compose/train.yml needs where the engine grants no unlimited memlock (its -1 failed to start)
     assert container.check_ulimits("8192", "65536", gpu=True).detail == \
-        "memlock 8 MiB, stack 64 MiB (compose/train.yml: DOCKYARD_MEMLOCK=8388608)"
+        "memlock 8 MiB, stack 64 MiB (to run with compose: DOCKYARD_MEMLOCK=8388608 docker compose ...)"
     assert container.check_ulimits("unlimited", "", gpu=True).detail == "memlock unlimited, stack ?"
     assert container.check_disk(5 * 2**30, "/var/lib/docker").status == doctor.FAIL
     assert container.check_disk(30 * 2**30, "/var/lib/docker").status == doctor.WARN
