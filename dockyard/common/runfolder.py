@@ -6,6 +6,7 @@ do there:
 
 - `write` a file: a new temporary file in the folder, then os.replace over the name, so a symbolic link
   planted at the name is replaced by a regular file, never followed (monitor.json, plots, manifest.json);
+- `create` a file only where nothing has its name yet (the run's manifest.json written by a node that lost node 0);
 - `append` to and `read` a file: opened with O_NOFOLLOW, regular files only (a link, a fifo is refused with
   a short error: metrics.jsonl, train.log, monitor.jsonl, manifest.json read back by the host);
 - `check` a folder: refused when it is a link or holds one anywhere below (before the host resumes a run,
@@ -83,6 +84,28 @@ def write(folder: Path, name: str, data: bytes | str, mode: int | None = None) -
             raise
     except IsADirectoryError:
         raise DockyardError(f"{folder / name} is a folder, where a file is written: remove it") from None
+    finally:
+        os.close(dfd)
+
+
+def create(folder: Path, name: str, data: bytes | str) -> bool:
+    """Make folder/name with `data` where nothing has that name yet: whole or not at all (written aside, then linked to
+    the name, which link(2) never follows nor replaces). False where something has it: another writer's file, even one
+    made a moment ago, or a link planted there."""
+    raw = data.encode() if isinstance(data, str) else data
+    dfd = _open_folder(folder)
+    tmp = f".{_plain(name)}.{secrets.token_hex(6)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        finally:
+            _unlink(tmp, dfd)
+        return True
     finally:
         os.close(dfd)
 

@@ -28,12 +28,13 @@ import io
 import logging
 import math
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import first_line, loads
+from dockyard.common.errors import DockyardError, first_line, loads
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
 # and says it is invalid in three lines of its own, as it loads
@@ -91,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
                    "`docker inspect`'s OOMKilled), else a `kill -9`")
         print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; {why}",
               file=sys.stderr, flush=True)
+        settle_node_0(args, given, None, found)
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
         if MET and isinstance(e, RendezvousConnectionError):
-            blame_node_0(args, given, e, found)
+            settle_node_0(args, given, e, found)
         return 1
     except SignalException as e:  # Ctrl-C or SIGTERM to the agent: it has stopped the workers with the same signal
         print(f"torchrun: stopped by {signal.Signals(e.sigval).name}; the workers were stopped with it",
@@ -178,38 +180,58 @@ def underlying(error: BaseException) -> tuple[BaseException, str]:
     return cause, first_line(cause, 160) or "no answer"
 
 
-def blame_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException,
-                 found: tuple[int, int, int] | None) -> None:
-    """This node's workers were stopped because node 0's agent, which holds the rendezvous, went away after the nodes
-    had met: they recorded the SIGTERM they got ("stopped by SIGTERM: another rank failed (its error is above)", and
-    none was), so the manifest of a node that lost node 0 named no lost node wherever torchrun's store was elsewhere
-    (node 0 at 10.0.0.9, node 1 at 10.0.0.10: seen here 3.8 s after node 0's container was killed at step 12).
-    Rewritten as the loss of node 0 it was; a run stopped by a signal to this agent (scancel) never comes here. Only
-    a manifest this attempt wrote (`found`: the file as it was when this agent started): a resume stopped before it
-    trained leaves the run's record as it was, and an earlier attempt's "stopped by SIGTERM" (a preempted job) was
-    rewritten as this attempt's lost node 0."""
+def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException | None,
+                  found: tuple[int, int, int] | None) -> None:
+    """What this node's manifest says of node 0, and the run's manifest.json, once this node's run ended while node 0's
+    was gone; on a node other than 0, for a manifest this attempt wrote (`found`: the file as it was when this agent
+    started: a resume stopped before it trained leaves the run's record as it was).
+
+    - Stopped by torchrun's SIGTERM because node 0's rendezvous went away (`error`): the workers recorded
+      "stopped by SIGTERM: another rank failed (its error is above)", and none was, wherever torchrun's store was
+      elsewhere (node 0 at 10.0.0.9, node 1 at 10.0.0.10: 3.8 s after node 0's container was killed at step 12).
+      Said as the loss of node 0 it was. A run stopped by a signal to this agent (scancel) never comes here.
+    - Node 0 lost and no manifest.json: this record is made the run's manifest.json too (its node_rank says whose),
+      never replacing one. Without it node 0's `invoke run --resume` was refused ("no manifest naming its recipe"),
+      and `invoke export` said there was no such run."""
     from dockyard.train import manifest
     from dockyard.train.ending import STOPPED
 
     path = _own_manifest(args)
     if path is None or a is None or _stamp(path) == found:
         return
-    try:
-        record = loads(runfolder.read_text(path.parent, path.name, runfolder.MANIFEST_LIMIT) or "null")
-    except (OSError, ValueError):
+    record = _read_record(path)
+    if not (isinstance(record, dict) and record.get("status") == "failed" and isinstance(record.get("error"), str)):
         return
-    if not (isinstance(record, dict) and record.get("status") == "failed"
-            and str(record.get("error", "")).startswith(STOPPED)):
-        return  # another reason, this node's own, is the run's
-    seen = record.get("nodes_seen") if isinstance(record.get("nodes_seen"), list) else []
-    node0 = next((n for n in seen if isinstance(n, dict) and n.get("node_rank") == 0), None)
+    said, node0 = record["error"], _node_0_seen(record)
     who = f"{node0.get('addr') or '?'}, host {node0.get('host')}" if node0 else a.rdzv_endpoint.rsplit(":", 1)[0]
-    cause, said = underlying(error)
-    record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "
-                       f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {said}); this "
-                       "node was stopped with it")
-    with contextlib.suppress(OSError):
-        manifest.write(path.parent, record, path.name)
+    if error is not None and said.startswith(STOPPED):  # (a reason of this node's own is kept)
+        cause, detail = underlying(error)
+        record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "
+                           f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {detail}); "
+                           "this node was stopped with it")
+    if record["error"] != said:
+        with contextlib.suppress(OSError):
+            manifest.write(path.parent, record, path.name)
+    if LOST_NODE_0.match(record["error"]):
+        with contextlib.suppress(OSError, DockyardError):
+            runfolder.create(path.parent, runfolder.MANIFEST, manifest.json_text(record, indent=2) + "\n")
+
+
+LOST_NODE_0 = re.compile(r"lost node 0\b")  # how every way of finding node 0 gone words it (dockyard.train.nodes)
+
+
+def _read_record(path: Path) -> object:
+    """A manifest as JSON, untrusted (any container could have written it), never through a link; None if unreadable."""
+    try:
+        return loads(runfolder.read_text(path.parent, path.name, runfolder.MANIFEST_LIMIT) or "null")
+    except (OSError, ValueError, DockyardError):
+        return None
+
+
+def _node_0_seen(record: dict) -> dict | None:
+    """Node 0 as the nodes said who they are (the manifest's nodes_seen)."""
+    seen = record.get("nodes_seen") if isinstance(record.get("nodes_seen"), list) else []
+    return next((n for n in seen if isinstance(n, dict) and n.get("node_rank") == 0), None)
 
 
 def _own_manifest(args: list[str]) -> Path | None:

@@ -30,7 +30,7 @@ import yaml
 
 from dockyard.settings import ROOT
 from tests.support import node2
-from tests.support.cli import INVOKE
+from tests.support.cli import INVOKE, invoke
 from tests.support.training import manifest
 
 pytestmark = pytest.mark.engine
@@ -348,7 +348,9 @@ def test_node_0_lost_mid_run_is_named_by_the_node_that_survives_it(node, node_im
     """Node 0's container killed at step 12, torchrun's store on node 1 (this module's order): node 1's agent stopped
     its workers as soon as node 0's rendezvous went away, before any heartbeat was missed, and node 1's manifest said
     "stopped by SIGTERM: another rank failed (its error is above)", with no error above; its torchrun said to start
-    every node with the same --run-id, advice for nodes that never met."""
+    every node with the same --run-id, advice for nodes that never met. And the run was left with no manifest.json
+    (node 0's to write): node 0's `invoke run --resume` was refused ("no manifest naming its recipe"), `invoke export`
+    said there was no such run; node 1 writes it now."""
     runs = tmp_path / "runs"
     two = TwoNodes(node, "n0lost", runs, runs, ["--max_steps", "60", "--save_steps", "5", *STEPS], join_timeout=JOIN_S)
     code1, stopped_after = _kill_at_step_12(
@@ -361,6 +363,12 @@ def test_node_0_lost_mid_run_is_named_by_the_node_that_survives_it(node, node_im
     m = manifest(runs / "n0lost", node_rank=1)
     assert m["status"] == "failed" and m["error"].startswith(f"lost node 0 ({node.host_addr}, host "), m["error"]
     assert f"error: run n0lost failed: lost node 0 ({node.host_addr}" in out, out[-3000:]
+    assert manifest(runs / "n0lost") == m, "the run's manifest.json: node 1's record, which names node 0 as lost"
+
+    resume = invoke("run", "--variant=cpu", "--nodes=2", "--node-rank=0", f"--master-addr={node.host_addr}",
+                    "--run-id=n0lost", "--resume", "--dry", env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs)})
+    assert resume.returncode == 0 and "--recipe zero2 --run-dir /workspace/runs/n0lost --resume" in resume.stderr, \
+        resume.stdout[-2000:] + resume.stderr[-2000:]
 
 
 def test_a_node_that_never_arrives_stops_node_0_at_the_join_bound(node, node_image, tmp_path):

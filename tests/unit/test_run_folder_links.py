@@ -100,6 +100,45 @@ def test_a_planted_temporary_name_is_not_written_through_either(tmp_path):
     assert target.read_text() == "# bashrc: the user's own\n"
 
 
+def test_a_file_made_only_where_none_is_never_replaces_one_nor_follows_a_link(tmp_path):
+    """runfolder.create, as a node that lost node 0 makes the run's manifest.json: node 0's own record, another
+    node's made a moment before, or a planted link (to a file outside, or to none) is left as it is."""
+    run = tmp_path / "r1"
+    run.mkdir()
+    assert runfolder.create(run, "manifest.json", '{"status": "failed"}') is True
+    assert runfolder.create(run, "manifest.json", '{"status": "other"}') is False
+    assert (run / "manifest.json").read_text() == '{"status": "failed"}'
+    target = _outside(tmp_path, "bashrc")
+    (run / "a.json").symlink_to(target)
+    (run / "b.json").symlink_to(tmp_path / "home" / "made-through-a-link")
+    assert runfolder.create(run, "a.json", "x") is False and runfolder.create(run, "b.json", "x") is False
+    assert target.read_text() == "# bashrc: the user's own\n" and not (tmp_path / "home" / "made-through-a-link").exists()
+    assert (run / "a.json").is_symlink() and sorted(p.name for p in run.iterdir()) == ["a.json", "b.json", "manifest.json"]
+    (tmp_path / "linked").symlink_to(run)
+    with pytest.raises(DockyardError, match="is a symbolic link"):
+        runfolder.create(tmp_path / "linked", "c.json", "x")
+
+
+def _create_at_once(run: str, start: multiprocessing.Event, wins: multiprocessing.Queue) -> None:
+    start.wait()
+    wins.put(runfolder.create(Path(run), "manifest.json", json.dumps({"by": os.getpid()}) + " " * 100_000))
+
+
+def test_of_several_nodes_making_the_same_file_at_once_one_does_and_its_file_is_whole(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    start, wins = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_create_at_once, args=(str(tmp_path), start, wins)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(30)
+    made = sorted(wins.get(timeout=5) for _ in procs)
+    assert made == [False, False, False, True]
+    assert json.loads((tmp_path / "manifest.json").read_text())["by"] in [p.pid for p in procs]
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"], "no temporary file left"
+
+
 def test_trimming_metrics_on_resume_keeps_the_steps_before_the_checkpoint_and_skips_damage(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2}\nnot json\n[1]\n{"step": 3, "loss": 1}\n')
     manifest.trim_metrics(tmp_path, 2)

@@ -349,29 +349,34 @@ def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_nev
 
 WORKER_RECORDING_A_STOP = """
 import json, os, signal, sys, time
-run_dir, rank = sys.argv[2], os.environ["DOCKYARD_NODE_RANK"]
-def stopped(*_):
-    if os.environ.get("LEAVE_MANIFEST"):  # a resume stopped before it trained: the run's record stays as it was
-        sys.exit(143)
+run_dir, rank, case = sys.argv[2], os.environ["DOCKYARD_NODE_RANK"], os.environ.get("CASE", "")
+nodes = [{"node_rank": 0, "host": "gpu-a", "addr": "10.0.0.9"}, {"node_rank": 1, "host": "gpu-b", "addr": "10.0.0.10"}]
+def record(error):
     name = "manifest.json" if rank == "0" else f"manifest-node{rank}.json"
-    nodes = [{"node_rank": 0, "host": "gpu-a", "addr": "10.0.0.9"}, {"node_rank": 1, "host": "gpu-b", "addr": "10.0.0.10"}]
-    error = ("stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled" if rank != "1" or
-             not os.environ.get("OWN_ERROR") else "data.jsonl: line 3 is not JSON")
     with open(os.path.join(run_dir, name), "w") as f:
-        json.dump({"run_id": "met2", "status": "failed", "error": error, "nodes_seen": nodes}, f)
+        json.dump({"run_id": "met2", "node_rank": int(rank), "status": "failed", "error": error, "nodes_seen": nodes}, f)
+def stopped(*_):
+    if case == "earlier attempt":  # a resume stopped before it trained: the run's record stays as it was
+        sys.exit(143)
+    record("data.jsonl: line 3 is not JSON" if rank == "1" and case == "own error" else
+           "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled")
     sys.exit(143)
 signal.signal(signal.SIGTERM, stopped)
 open(os.path.join(run_dir, "started" + rank), "w")
 time.sleep(60)
 """
+STOPPED_BEFORE = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
 
 
-@pytest.mark.parametrize("own_error", [False, True, "earlier attempt"])
-def test_a_node_stopped_because_node_0_went_away_records_node_0_as_lost(tmp_path, own_error):
+@pytest.mark.parametrize("case", ["node 0 lost", "own error", "earlier attempt", "node 0's record there"])
+def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     """Node 0's container killed at step 12, torchrun's store on node 1 (node 0 at x.9, node 1 at x.10): node 1's agent
     stopped its workers at once, and its manifest said "stopped by SIGTERM: another rank failed (its error is above)",
-    with no error above and no lost node named. A reason of the node's own is kept, and so is the record of an earlier
-    attempt that this one never rewrote (a preempted job's, resumed, with node 0 lost before the resume trained)."""
+    with no error above and no lost node named. The run then had no manifest.json at all (node 0 writes it): node 0's
+    `invoke run --resume` was refused for want of the run's recipe, and `invoke export` said there was no such run; the
+    node that lost node 0 now writes it, where there is none. A reason of the node's own is kept, and so is the record
+    of an earlier attempt that this one never rewrote (a preempted job's, resumed, with node 0 lost before the resume
+    trained), and node 0's own manifest.json."""
     import json
     import socket
     import time
@@ -380,15 +385,15 @@ def test_a_node_stopped_because_node_0_went_away_records_node_0_as_lost(tmp_path
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     (tmp_path / "worker.py").write_text(WORKER_RECORDING_A_STOP)
-    earlier = json.dumps({"run_id": "met2", "status": "failed", "metrics": {"steps": 40},
-                          "error": "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"})
-    if own_error == "earlier attempt":
+    earlier = json.dumps({"run_id": "met2", "status": "failed", "metrics": {"steps": 40}, "error": STOPPED_BEFORE})
+    if case == "earlier attempt":
         (tmp_path / "manifest-node1.json").write_text(earlier)
+    node_0s = json.dumps({"run_id": "met2", "node_rank": 0, "status": "failed", "error": "lost node 1 (...)"})
+    if case == "node 0's record there":
+        (tmp_path / "manifest.json").write_text(node_0s)
     procs = {}
     for rank in (0, 1):
-        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank),
-               **({"OWN_ERROR": "1"} if own_error is True else {}),
-               **({"LEAVE_MANIFEST": "1"} if own_error == "earlier attempt" else {})}
+        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank), "CASE": case}
         procs[rank] = subprocess.Popen(
             [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=met2", f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=30",
@@ -406,13 +411,22 @@ def test_a_node_stopped_because_node_0_went_away_records_node_0_as_lost(tmp_path
             if p.poll() is None:
                 kill_tree(p.pid)
         procs[0].communicate(timeout=30)
-    if own_error == "earlier attempt":
+    run_manifest = (tmp_path / "manifest.json").read_text() if (tmp_path / "manifest.json").exists() else None
+    if case == "earlier attempt":
         assert (tmp_path / "manifest-node1.json").read_text() == earlier, err[-2000:]
+        assert run_manifest is None
         return
-    error = json.loads((tmp_path / "manifest-node1.json").read_text())["error"]
-    if own_error:
+    record = json.loads((tmp_path / "manifest-node1.json").read_text())
+    error = record["error"]
+    if case == "own error":
         assert error == "data.jsonl: line 3 is not JSON"
+        assert run_manifest is None, "node 1's own error is no loss of node 0: node 0 writes the run's record"
         return
     assert error.startswith(f"lost node 0 (10.0.0.9, host gpu-a): its torchrun, which holds the rendezvous met2 at "
                             f"127.0.0.1:{port}, went away after the nodes had met ("), (error, err[-2000:])
     assert error.endswith("); this node was stopped with it")
+    if case == "node 0's record there":
+        assert run_manifest == node_0s, "node 0's own record is never replaced"
+        return
+    assert json.loads(run_manifest) == record, "the run's manifest.json: node 1's record, which says whose"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
