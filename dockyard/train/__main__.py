@@ -414,7 +414,7 @@ def began(run: Run, p: Prepared) -> None:
         # so of a run this attempt changes, were this process killed (out of memory, SIGKILL) before it records how it
         # ended; finish() replaces it
         step = runfolder.checkpoint_step(p.resume_from) if p.resume_from else 0
-        said = (f"resumed from step {step}, then stopped without a record of how (killed: out of memory, or SIGKILL?); "
+        said = (f"resumed from step {step}, {ending.UNRECORDED} (killed: out of memory, or SIGKILL?); "
                 "--resume continues it from its last complete checkpoint")
         record = manifest.build(run.opts.run_dir, run.recipe, "failed", run.world_size, None, {},
                                 {**run.record.to_json(), "error": said})

@@ -150,6 +150,9 @@ STOPPED = "stopped by SIGTERM"
 LAUNCHER_GONE = ("torchrun, which started this process, was killed (with `invoke run`'s process group, or out of "
                  "memory), and the run with it")
 INTERRUPTED = 128 + signal.SIGINT
+# what a resumed run's manifest says from its first step until the run records how it ended (__main__.began): the
+# node that wrote it may have been killed since
+UNRECORDED = "then stopped without a record of how"
 
 
 def _said_by_the_first() -> bool:

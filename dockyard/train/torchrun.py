@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if given:
         share_cpu_cores(given)
-    found = _stamp(_own_manifest(args))  # an earlier attempt's record, which no worker of this one may rewrite
+    # the records as they were before this attempt: this node's, which no worker of this one may rewrite, and node 0's
+    found = _stamp(_own_manifest(args)), _stamp(_node_0_manifest(args))
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -92,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
                    "`docker inspect`'s OOMKilled), else a `kill -9`")
         print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; {why}",
               file=sys.stderr, flush=True)
-        settle_node_0(args, given, None, found)
+        settle_node_0(args, given, None, *found)
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
         if MET and isinstance(e, RendezvousConnectionError):
-            settle_node_0(args, given, e, found)
+            settle_node_0(args, given, e, *found)
         return 1
     except SignalException as e:  # Ctrl-C or SIGTERM to the agent: it has stopped the workers with the same signal
         print(f"torchrun: stopped by {signal.Signals(e.sigval).name}; the workers were stopped with it",
@@ -181,11 +182,14 @@ def underlying(error: BaseException) -> tuple[BaseException, str]:
 
 
 def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException | None,
-                  found: tuple[int, int, int] | None) -> None:
+                  found: tuple[int, int, int] | None, node_0_found: tuple[int, int, int] | None) -> None:
     """What this node's manifest says of node 0, and the run's manifest.json, once this node's run ended while node 0's
     was gone; on a node other than 0, for a manifest this attempt wrote (`found`: the file as it was when this agent
     started: a resume stopped before it trained leaves the run's record as it was).
 
+    - Node 0 failed on its own error: its manifest.json, written since this agent started (`node_0_found`), says so.
+      The others then saw its sockets close, its heartbeat stop or its rendezvous end, and recorded "lost node 0";
+      said instead as node 0's failure, with its error.
     - Stopped by torchrun's SIGTERM because node 0's rendezvous went away (`error`): the workers recorded
       "stopped by SIGTERM: another rank failed (its error is above)", and none was, wherever torchrun's store was
       elsewhere (node 0 at 10.0.0.9, node 1 at 10.0.0.10: 3.8 s after node 0's container was killed at step 12).
@@ -204,7 +208,12 @@ def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExce
         return
     said, node0 = record["error"], _node_0_seen(record)
     who = f"{node0.get('addr') or '?'}, host {node0.get('host')}" if node0 else a.rdzv_endpoint.rsplit(":", 1)[0]
-    if error is not None and said.startswith(STOPPED):  # (a reason of this node's own is kept)
+    failed = _node_0_failed(path.parent, node_0_found)
+    if failed and (LOST_NODE_0.match(said) or error is not None and said.startswith(STOPPED)):
+        record["error"] = (f"node 0 ({who}) failed first: {failed} (its record: {runfolder.MANIFEST}); this node was "
+                           "stopped with it")
+        print(f"torchrun: {record['error']}", file=sys.stderr, flush=True)
+    elif error is not None and said.startswith(STOPPED):  # (a reason of this node's own is kept)
         cause, detail = underlying(error)
         record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "
                            f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {detail}); "
@@ -218,6 +227,20 @@ def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExce
 
 
 LOST_NODE_0 = re.compile(r"lost node 0\b")  # how every way of finding node 0 gone words it (dockyard.train.nodes)
+
+
+def _node_0_failed(run_dir: Path, before: tuple[int, int, int] | None) -> str | None:
+    """Node 0's error, where its manifest.json says it failed and was written since this agent started; None where
+    node 0 left no new record, or the one it left says it ended without one (a resumed run's, from its first step)."""
+    from dockyard.train.ending import UNRECORDED
+
+    if _stamp(run_dir / runfolder.MANIFEST) == before:
+        return None
+    record = _read_record(run_dir / runfolder.MANIFEST)
+    if not (isinstance(record, dict) and record.get("node_rank") == 0 and record.get("status") == "failed"):
+        return None  # another node's (one that lost node 0 too), or not one the trainer wrote
+    error = str(record.get("error") or "")
+    return None if UNRECORDED in error else (first_line(error, 200) or "no error recorded")
 
 
 def _read_record(path: Path) -> object:
@@ -240,6 +263,12 @@ def _own_manifest(args: list[str]) -> Path | None:
     if not (run_dir and rank.isascii() and rank.isdecimal() and int(rank) > 0):
         return None
     return Path(run_dir) / runfolder.manifest_file(int(rank))
+
+
+def _node_0_manifest(args: list[str]) -> Path | None:
+    """The run's manifest.json, node 0's, as a node other than 0 finds it; None on node 0."""
+    own = _own_manifest(args)
+    return own.parent / runfolder.MANIFEST if own else None
 
 
 def _stamp(path: Path | None) -> tuple[int, int, int] | None:

@@ -355,20 +355,35 @@ def record(error):
     name = "manifest.json" if rank == "0" else f"manifest-node{rank}.json"
     with open(os.path.join(run_dir, name), "w") as f:
         json.dump({"run_id": "met2", "node_rank": int(rank), "status": "failed", "error": error, "nodes_seen": nodes}, f)
+# gloo's closed socket, as the trainer says it (dockyard.train.nodes.lost_node)
+SOCKET = "lost node 0 (10.0.0.9, host gpu-a): it stopped answering: Connection closed by peer [10.0.0.9]:4242"
 def stopped(*_):
     if case == "earlier attempt":  # a resume stopped before it trained: the run's record stays as it was
         sys.exit(143)
     record("data.jsonl: line 3 is not JSON" if rank == "1" and case == "own error" else
+           SOCKET if case == "node 0 failed, its socket closed" else
            "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled")
     sys.exit(143)
 signal.signal(signal.SIGTERM, stopped)
 open(os.path.join(run_dir, "started" + rank), "w")
+if case.startswith("node 0 failed") and rank == "0":  # its own error, recorded, before it exits
+    while not os.path.exists(os.path.join(run_dir, "started1")):
+        time.sleep(0.1)
+    record("CUDA out of memory. Tried to allocate 2.00 GiB")
+    sys.exit(1)
+if case == "node 0 failed, its socket closed" and rank == "1":
+    node_0s = os.path.join(run_dir, "manifest.json")
+    while not (os.path.exists(node_0s) and "CUDA" in open(node_0s).read()):
+        time.sleep(0.1)
+    record(SOCKET)
+    sys.exit(1)
 time.sleep(60)
 """
 STOPPED_BEFORE = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
 
 
-@pytest.mark.parametrize("case", ["node 0 lost", "own error", "earlier attempt", "node 0's record there"])
+@pytest.mark.parametrize("case", ["node 0 lost", "own error", "earlier attempt", "node 0's record there",
+                                  "node 0 failed", "node 0 failed, its socket closed"])
 def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     """Node 0's container killed at step 12, torchrun's store on node 1 (node 0 at x.9, node 1 at x.10): node 1's agent
     stopped its workers at once, and its manifest said "stopped by SIGTERM: another rank failed (its error is above)",
@@ -376,7 +391,8 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     `invoke run --resume` was refused for want of the run's recipe, and `invoke export` said there was no such run; the
     node that lost node 0 now writes it, where there is none. A reason of the node's own is kept, and so is the record
     of an earlier attempt that this one never rewrote (a preempted job's, resumed, with node 0 lost before the resume
-    trained), and node 0's own manifest.json."""
+    trained), and node 0's own manifest.json. Node 0 that failed on its own error (its record says so) is not "lost":
+    node 1 said "lost node 0" whether its agent saw the rendezvous end or its workers saw node 0's sockets close."""
     import json
     import socket
     import time
@@ -404,7 +420,8 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
         while not ((tmp_path / "started0").exists() and (tmp_path / "started1").exists()):
             assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate(timeout=30)
             time.sleep(0.2)
-        kill_tree(procs[0].pid)  # node 0's machine gone
+        if not case.startswith("node 0 failed"):
+            kill_tree(procs[0].pid)  # node 0's machine gone
         _, err = procs[1].communicate(timeout=120)
     finally:
         for p in procs.values():
@@ -421,6 +438,12 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     if case == "own error":
         assert error == "data.jsonl: line 3 is not JSON"
         assert run_manifest is None, "node 1's own error is no loss of node 0: node 0 writes the run's record"
+        return
+    if case.startswith("node 0 failed"):
+        assert error == ("node 0 (10.0.0.9, host gpu-a) failed first: CUDA out of memory. Tried to allocate 2.00 GiB "
+                         "(its record: manifest.json); this node was stopped with it"), (error, err[-2000:])
+        assert json.loads(run_manifest)["error"].startswith("CUDA out of memory"), "node 0's own record, kept"
+        assert f"torchrun: {error}" in err, err[-2000:]
         return
     assert error.startswith(f"lost node 0 (10.0.0.9, host gpu-a): its torchrun, which holds the rendezvous met2 at "
                             f"127.0.0.1:{port}, went away after the nodes had met ("), (error, err[-2000:])
