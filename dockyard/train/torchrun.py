@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     # and its "Received Signals.SIGINT death signal, shutting down workers", said below in one line
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
+    # and, on the nodes that outlive node 0, its rendezvous' "The node '10.0.0.10_7_0' has failed to send a keep-alive
+    # heartbeat to the rendezvous" and "has failed to shutdown the rendezvous ... RendezvousConnectionError" (its only
+    # warnings), in torch's log format between the lines that say what happened: node 0's rendezvous went away, said
+    # below in one line, and the manifest names node 0
+    logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").setLevel(logging.ERROR)
     fresh_store_per_attempt()
     args = sys.argv[1:] if argv is None else argv
     given = torchrun_args(args)

@@ -363,6 +363,7 @@ def test_node_0_lost_mid_run_is_named_by_the_node_that_survives_it(node, node_im
     m = manifest(runs / "n0lost", node_rank=1)
     assert m["status"] == "failed" and m["error"].startswith(f"lost node 0 ({node.host_addr}, host "), m["error"]
     assert f"error: run n0lost failed: lost node 0 ({node.host_addr}" in out, out[-3000:]
+    assert "has failed to" not in out, out[-3000:]  # torch's warnings that its rendezvous' keep-alive, shutdown failed
     assert manifest(runs / "n0lost") == m, "the run's manifest.json: node 1's record, which names node 0 as lost"
 
     resume = invoke("run", "--variant=cpu", "--nodes=2", "--node-rank=0", f"--master-addr={node.host_addr}",

@@ -308,7 +308,8 @@ def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose
 def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_never_met(tmp_path):
     """Node 0's machine gone mid-run: node 1's torchrun, whose next look at the rendezvous failed, said "cannot reach
     the rendezvous ...: start every node with the same --run-id, --master-addr and --master-port", advice for nodes
-    that never met. Real torchrun, two agents on loopback; node 0's agent and worker killed once both workers run."""
+    that never met, after torch's warnings that its keep-alive and shutdown of the rendezvous had failed: one line
+    now. Real torchrun, two agents on loopback; node 0's agent and worker killed once both workers run."""
     import socket
     import time
 
@@ -341,6 +342,9 @@ def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_nev
         node0.communicate(timeout=30)
     said = [line for line in err.splitlines() if line.startswith("torchrun: ")]
     assert node1.returncode == 1 and said, err[-3000:]
+    # torch's "W1206 06:08:14.441000 11715 .../dynamic_rendezvous.py:1298] The node '127.0.0.1_11715_0' has failed to
+    # shutdown the rendezvous 'met1' due to an error of type RendezvousConnectionError." (and its keep-alive's) before it
+    assert err.splitlines() == said[-1:], err[-3000:]
     assert said[-1].startswith(f"torchrun: the rendezvous met1 at 127.0.0.1:{port} went away after the nodes had met ("), \
         err[-3000:]
     assert said[-1].endswith("): node 0, which hosts it, stopped or was lost (its own output, or the run's manifest, "
