@@ -7,6 +7,10 @@ next to the measured peak), the `auto` settings' rules (autos) and the disk esti
 module of dockyard (tests/unit/test_layers.py holds that).
 
   __main__   main: open the run folder, training arguments, data, model, fit, measure, write the manifest
+  opening    the run folder opened: the recipe and settings checked, a resume's lock, settings and checkpoint
+  arguments  transformers.TrainingArguments from the recipe and settings (forms the process group)
+  logs       train.log and the console: which lines go where
+  trainer_errors  the Trainer's errors in fit, in one line (out of memory, stopped before its first step)
   environment  what the `auto` settings (dockyard.common.autos) are resolved against: the GPUs torch sees, Liger
   data       the user's data: formats detected, tokenised, eval split
   model      the model: made or loaded, precision, adapters, quantisation

@@ -10,23 +10,22 @@ LoRA adapter) in DIR/model, and DIR/manifest.json, also when it fails.
 # Read top to bottom: main, then train's steps in the order they run (open the run folder, the model's source and
 # size, the `auto` settings, TrainingArguments, the data, the estimates, the model, fit, save and measure), each
 # giving its typed part of the run's Record (dockyard.train.record). dockyard.train.ending writes the manifest from
-# it, on every way out.
+# it, on every way out. Steps of their own concern live in modules named for them: opening (the run folder opened,
+# the settings checked, a resume's checkpoint), arguments (TrainingArguments), logs (train.log and the console),
+# trainer_errors (the Trainer's errors in fit, in one line).
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import logging
 import os
 import pickle
-import re
 import signal
 import sys
 import time
-import traceback
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,26 +35,12 @@ import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, envvars, memory, runfolder
 from dockyard.common.errors import DockyardError, Stopped, first_line
-from dockyard.common.recipes import RECIPES, Recipe, load_recipe
-from dockyard.common.run_settings import (
-    CHECKPOINTING_NAMES,
-    RunSettings,
-    batch_split,
-    blame_kept,
-    check_autos,
-    check_batch_within_data,
-    check_evaluation,
-    check_known_overrides,
-    check_known_settings,
-    check_profile,
-    check_training_numbers,
-    parse_overrides,
-    resolve_settings,
-    resumed_with,
-)
-from dockyard.common.runfolder import CHECKPOINTS, METRICS
+from dockyard.common.recipes import Recipe
+from dockyard.common.run_settings import RunSettings, check_batch_within_data, parse_overrides
+from dockyard.common.runfolder import METRICS
 from dockyard.train import (
     LAUNCHER,
+    arguments,
     checkpoints,
     cpus,
     data,
@@ -63,20 +48,22 @@ from dockyard.train import (
     environment,
     fourbit,
     guards,
+    logs,
     manifest,
     mfu,
     nodes,
-    precision,
+    opening,
     strategy,
+    trainer_errors,
     universal,
 )
 from dockyard.train import model as models
 from dockyard.train.export import PROBE_TOKENS
 from dockyard.train.record import Estimates, ModelRecord, Run
 
-# Imported inside functions, on purpose: transformers' Trainer, TrainingArguments and our callbacks (subclasses of its
-# TrainerCallback) load accelerate and may load DeepSpeed, which reads DS_ACCELERATOR once, at import: main() sets it
-# first on a host without GPUs.
+# Imported inside functions, on purpose: transformers' Trainer, TrainingArguments (dockyard.train.arguments) and our
+# callbacks (subclasses of its TrainerCallback) load accelerate and may load DeepSpeed, which reads DS_ACCELERATOR
+# once, at import: main() sets it first on a host without GPUs.
 
 log = logging.getLogger("dockyard.train")
 
@@ -206,7 +193,7 @@ def train(overrides: dict[str, Any], run: Run) -> None:
 
 def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     """The recipe and settings, the run folder, the guards, TrainingArguments, the data and the model."""
-    opened = open_run_folder(overrides, run)
+    opened = opening.open_run_folder(overrides, run)
     recipe, settings, last = opened.recipe, opened.settings, opened.last_checkpoint
     model_dir, shape = model_source(settings, recipe, run)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -245,7 +232,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
             log.info("%s", said)
         run.doing("loading the data and the model")
 
-    run.record.inputs = manifest.inputs_record(run_inputs(settings))
+    run.record.inputs = manifest.inputs_record(opening.run_inputs(settings))
     # the tokenizer, the data and the model's files are read alike by every process: what one refuses, all do, and
     # the node's first says it (a bad row was said once per process, a line per GPU); a process's own failure among
     # them (its memory) is said by itself, SAY_ONCE_S later
@@ -270,125 +257,6 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
     joined, joined_why = loaded.packing
     run.record.settings_resolved["packing"] = {"value": joined, "why": joined_why}
     return Prepared(recipe, settings, args, model, tokenizer, loaded.train, loaded.eval, last, packed, shape)
-
-
-@dataclass(frozen=True)
-class Opened:
-    """The run folder, this run's: the recipe and settings it trains with, and the checkpoint a resume starts from."""
-
-    recipe: Recipe
-    settings: RunSettings
-    training: dict[str, Any]           # TrainingArguments values, `auto` ones still unresolved
-    last_checkpoint: str | None
-    reshard: universal.Reshard | None  # the checkpoint's ZeRO state, to be loaded on another number of processes
-
-
-def run_inputs(settings: RunSettings) -> dict[str, str]:
-    """What the run reads, as the manifest's `inputs` records it (and a resume must read again)."""
-    return {"model": settings.model, "data": str(settings.data_path), "eval_data": settings.eval_data}
-
-
-def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
-    """The recipe and its settings; the run folder made (or, for --resume, found with a checkpoint to continue)."""
-    recipe = run.recipe = load_recipe(run.opts.recipe)
-    run.record.recipe_files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
-    run_dir = run.opts.run_dir
-    if not str(run.opts.run_dir_given).strip() or run_dir.resolve() == Path.cwd().resolve():
-        raise DockyardError(f"--run-dir {str(run.opts.run_dir_given)!r}: that is the folder the trainer was started "
-                            "in; give the run a folder of its own (runs/<name>)")
-    given = str(run.opts.run_dir_given)
-    if given.startswith(runfolder.RUNS_INSIDE + "/") and not os.path.normpath(given).startswith(
-            runfolder.RUNS_INSIDE + "/"):  # compose's DOCKYARD_RUN_ID=../x: a folder off the mount, lost with the container
-        raise DockyardError(f"--run-dir {given}: that is not a folder of its own in the runs folder "
-                            f"({runfolder.RUNS_INSIDE}, the mount of yours), and what the run writes there would go "
-                            "with the container; name the run with letters, digits, _ . - (DOCKYARD_RUN_ID, --run-id)")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
-    if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made
-        raise DockyardError(f"--resume: there is no run folder {run_dir}; check the path (or run without --resume)")
-    if run.opts.resume and not ending.restarted():  # (a restart continues an attempt that may have failed at once)
-        manifest.check_holds_a_run(run_dir)
-    # a new run's settings, checked before anything is made: a typo leaves nothing behind (run.sh hands them on
-    # unchecked); a resume's once the run's own are merged in, below
-    checked = None if run.opts.resume else checked_settings(recipe, overrides)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DockyardError(f"cannot make the run folder {run_dir} ({e.strerror}): the runs folder must be writable "
-                            f"by the user the trainer runs as (uid {os.getuid()})") from None
-    runfolder.check(run_dir)  # any run's container can write here: a planted link is refused, never followed
-    if run.opts.resume and nodes.node_rank() == 0 and nodes.first_of_node():
-        run.resume_lock = hold_resume(run_dir)  # held to the end of the process: a second resume is refused
-    last = manifest.check_run_dir(run_dir, run.opts.resume)
-    if run.opts.resume:  # a run continues with its own settings: those given now change them
-        overrides, run.kept_overrides, dropped = resumed_with(recipe, runfolder.saved_overrides(run_dir), overrides)
-        if dropped:
-            log.warning("--resume: the run's settings %s had no effect on it and are left out now",
-                        ", ".join(f"--{k}" for k in dropped))
-    run.overrides = run.record.overrides = overrides
-    try:
-        settings, training = checked or checked_settings(recipe, overrides)
-    except DockyardError as e:
-        raise blame_kept(e, run.kept_overrides) from None
-    run.run_dir_ok = True
-    run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
-    if run.opts.resume:
-        manifest.check_same_recipe(run_dir, recipe.name)
-    from_saved = [k for k in manifest.INPUT_KEYS if k in run.kept_overrides]
-    if last or from_saved:  # with no checkpoint the inputs given now are a fresh start's (data fixed after a refusal)
-        manifest.check_same_inputs(run_dir, run_inputs(settings), from_saved, every=bool(last))
-    guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
-    guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""), native=not os.environ.get(envvars.VARIANT))
-    if last:
-        checkpoints.allow()  # the classes DeepSpeed's and the Trainer's checkpoints hold, for every rank's torch.load
-    state = None
-    if last and nodes.first_of_node():
-        # Before DeepSpeed or the Trainer unpickle anything of it. One process per node reads it and says why in its
-        # manifest; the others wait for it in the rendezvous (and load weights only anyway: checkpoints.weights_only).
-        complete = runfolder.complete_checkpoints(run_dir)
-        state = checkpoints.check(Path(last), complete[-2] if len(complete) > 1 else None)  # last is complete[-1]
-    if last:
-        runfolder.check_steps_left(run_dir, training.get("max_steps"), Path(last), manifest.completed(run_dir))
-    if state is not None:  # said once per node, by the process that read the checkpoint
-        rescheduled(state.get("max_steps"), training, runfolder.checkpoint_step(last))
-    if last and not any(Path(last).glob("rng_state*.pth")):  # what the Trainer leaves out with save_only_model
-        weights = ("" if recipe.peft else f" (a full fine-tune from those weights: --model with the folder "
-                   f"{run_dir.name}/checkpoints/{Path(last).name} of the runs folder)")
-        raise DockyardError(f"cannot resume from {Path(last).name}: it holds the weights alone (saved with "
-                            "save_only_model), and the optimizer and the learning-rate schedule would start over "
-                            f"without a word. Start a new run instead{weights}; a run meant to be resumed saves with "
-                            "--save_only_model false")
-    # a ZeRO checkpoint saved by another number of processes is loaded in DeepSpeed's universal form (or refused)
-    reshard = universal.needed(Path(last), int(os.environ.get("WORLD_SIZE", 1)), recipe) if last else None
-    if last:  # the world size the manifest gives is this attempt's: a reader learns here what it continued
-        run.record.resumed = {"from": Path(last).name, "step": runfolder.checkpoint_step(last),
-                              **({"saved_by": reshard.saved_by, "universal": True} if reshard else {})}
-    if not run.opts.resume and os.environ.get("RANK", "0") == "0":
-        # kept as soon as they are checked: a run that fails later (its data, Ctrl-C before the first step) is
-        # resumed with them too; a resume rewrites them once it trains (fit), a refused one leaves them as they were
-        runfolder.save_overrides(run_dir, run.overrides)
-    return Opened(recipe, settings, training, last, reshard)
-
-
-RESUME_LOCK = ".resume.lock"
-
-
-def hold_resume(run_dir: Path) -> int:
-    """An exclusive lock on the run folder's RESUME_LOCK, kept open (and held) until the process ends: two resumes of
-    one run at once (a command run twice) both trained, into the same checkpoints, metrics and model."""
-    import fcntl
-
-    try:
-        fd = os.open(run_dir / RESUME_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise DockyardError(f"cannot open {run_dir / RESUME_LOCK} ({e.strerror}): remove it if it is a link") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise DockyardError(f"run {run_dir.name} is being resumed by another process now: wait for it to end (or "
-                            "stop it), then resume") from None
-    return fd
 
 
 def kept_for_resume(run: Run) -> dict[str, Any]:
@@ -420,40 +288,6 @@ def began(run: Run, p: Prepared) -> None:
                                 {**run.record.to_json(), "error": said})
         with contextlib.suppress(OSError):  # a full disk: the run's own end says it
             manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
-
-
-def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:
-    """The run's settings and TrainingArguments, checked as `invoke run` checks them on the host: run.sh and native
-    runs hand their overrides straight to the trainer."""
-    check_known_overrides(overrides)
-    settings, training = resolve_settings(recipe, overrides)
-    check_known_settings(recipe, training)
-    check_training_numbers(training, guards.compile_modes(training.get("torch_compile_mode")))
-    # the batch split over this run's processes, as the host checks it (the autos resolve it again, on the GPU)
-    batch_split(settings.global_batch, *check_autos(training, recipe), int(os.environ.get("WORLD_SIZE", 1)))
-    autos.check_packing(settings.packing, settings.task, settings.padding_free)
-    check_evaluation(settings, training)
-    check_profile(settings, training)
-    guards.check_report_to(training.get("report_to"))
-    return settings, training
-
-
-# the schedules whose rate does not follow the run's total steps
-SCHEDULES_OF_NO_TOTAL = ("constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau")
-
-
-def rescheduled(before: Any, training: dict[str, Any], step: int) -> None:
-    """Said on a resume at `step` given another max_steps than the run's (`before`: its checkpoint's
-    trainer_state.json): the Trainer works the learning-rate schedule out again over the new total, so the rate changes
-    at once where the run continues (a resume at step 215 of 3000 with --max_steps 220 went from 9.9e-4 to 1.3e-5 in
-    one step, unsaid)."""
-    now, schedule = training.get("max_steps"), str(training.get("lr_scheduler_type", "linear"))
-    if isinstance(before, int) and before > 0 and before != now and schedule not in SCHEDULES_OF_NO_TOTAL:
-        keep = (f"resume with max_steps {before} to keep the schedule it had" if step < before else
-                f"its schedule ended at step {before}: training on takes the new one from step {step + 1}")
-        log.warning("--resume: max_steps %s, where the run was started with %s: its %s learning-rate schedule is worked "
-                    "out again over %s steps, so the rate changes at once from step %d (%s)", now, before, schedule,
-                    now, step + 1, keep)
 
 
 def model_source(settings: RunSettings, recipe: Recipe, run: Run) -> tuple[str, Any]:
@@ -492,10 +326,10 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     # every process, before any forms the group, in which DeepSpeed loads its ops (shm_comm on the CPU; cpu_adam
     # once the Trainer makes the optimizer): a lock a killed build of one left would hang the run without a word
     removed, kept = environment.build_locks()
-    args = training_arguments(recipe, settings, overrides, run.opts.run_dir, load_universal)
+    args = arguments.training_arguments(recipe, settings, overrides, run.opts.run_dir, load_universal)
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
-    setup_logging(run.opts.run_dir, run.is_main)
+    logs.setup_logging(run.opts.run_dir, run.is_main)
     for line in removed + (kept if nodes.first_of_node() else []):  # a removal by the process that removed it
         log.warning("%s", line)
     if nodes.first_of_node():  # once per node (every process said them)
@@ -516,129 +350,6 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
         run.record.nodes_seen = nodes.check_shared(run.opts.run_dir, started_with)
     run.doing("loading the data and the model")
     return args
-
-
-def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[str, Any], run_dir: Path,
-                       load_universal: bool = False) -> Any:
-    from transformers import TrainingArguments  # lazy: see the note on the imports
-
-    known = {f.name for f in fields(TrainingArguments)} | set(CHECKPOINTING_NAMES.values())
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise DockyardError(f"unknown setting(s): {', '.join(unknown)}. Valid: the keys of recipes/defaults.yaml "
-                            f"and any transformers.TrainingArguments field")
-    cuda = torch.cuda.is_available()
-    # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
-    overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}
-    args: dict[str, Any] = {
-        **precision.mixed_precision(precision.capability(), overrides),
-        # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
-        # DDP walk the graph after every backward for nothing
-        "ddp_find_unused_parameters": False,
-        **evaluation(settings, overrides),
-        **{k: v for k, v in overrides.items() if k not in ("bf16", "fp16")},
-        "output_dir": str(run_dir / CHECKPOINTS),
-        "use_cpu": not cuda,
-    }
-    if recipe.deepspeed:
-        args["deepspeed"] = guards.deepspeed_config(recipe.file(recipe.deepspeed), recipe.strategy)
-        if load_universal:
-            ds = args["deepspeed"]
-            ds["checkpoint"] = {**(ds.get("checkpoint") or {}), "load_universal": True}
-    if recipe.fsdp:
-        args.update(guards.fsdp_settings(recipe.file(recipe.fsdp)))
-        os.environ.update(guards.fsdp_environment(args["fsdp_config"]))
-    args = guards.peft_training_args(args, recipe.peft)
-    if args.get("torch_compile") is True:
-        # Compiled block by block (accelerate's regional compilation, torchtitan's recipe): one block compiles once
-        # for every layer (seconds, where the whole model takes minutes: benchmarks/compile.py), and FSDP2 shards
-        # and DeepSpeed hooks each layer, which one whole-model graph would cut across. Under DDP the blocks sit
-        # inside a copy of the DDP wrapper; the Trainer still saves the model it was given, uncompiled.
-        os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"
-    if "activation_checkpointing" in known:  # transformers >= 5: its name for gradient checkpointing (no warning)
-        trainers = {old: new for new, old in CHECKPOINTING_NAMES.items()}
-        args = {trainers.get(k, k): v for k, v in args.items()}
-    try:
-        targs = TrainingArguments(**args)
-    except (ValueError, TypeError) as e:
-        raise DockyardError(f"invalid training setting: {' '.join(str(e).split())}") from None  # some say it in lines
-    except RuntimeError as e:  # the process group forms here: gloo told the other nodes to connect to loopback
-        if "connectFullMesh" not in str(e) or not re.search(r"remote=\[?127\.", str(e)):
-            raise
-        raise DockyardError("the nodes could not connect: gloo advertised a loopback address (this host's name "
-                            "resolves to 127.x), which the other nodes cannot reach; set GLOO_SOCKET_IFNAME and "
-                            "NCCL_SOCKET_IFNAME to the interface that reaches them, or start the nodes with invoke run "
-                            "--nodes=N (it picks the interface)") from None
-    except OSError as e:  # accelerator_config: a mapping, or the path of a JSON file of one
-        raise DockyardError(f"invalid training setting: {e.filename}: {e.strerror} (accelerator_config takes a "
-                            "mapping, as in '{split_batches: true}')") from None
-    guards.deepspeed_agrees(getattr(targs, "hf_deepspeed_config", None), recipe.file(recipe.deepspeed or ""))
-    guards.check_optim(targs)
-    if recipe.deepspeed and not cuda:
-        guards.cpu_collectives_as_built()  # before DeepSpeed's communication starts (here, or in the Trainer)
-    if recipe.deepspeed and not cuda and targs.world_size > 1:
-        # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
-        # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.
-        import deepspeed  # lazy: only CPU runs of DeepSpeed recipes need it here
-
-        said = io.StringIO()
-        with contextlib.redirect_stdout(said):  # "DeepSpeed deepspeed_shm_comm_op built successfully" from every
-            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # process, of a prebuilt op
-        sys.stdout.write("".join(line for line in said.getvalue().splitlines(keepends=True)
-                                 if "built successfully" not in line))
-    return targs
-
-
-def evaluation(settings: RunSettings, overrides: dict[str, Any]) -> dict[str, Any]:
-    """With held-out data, an evaluation at every logging step (eval_loss beside loss), unless set otherwise (an
-    evaluation asked for without any was refused with the other settings: open_run_folder)."""
-    if not (settings.eval_data or settings.eval_fraction):
-        return {}
-    if settings.eval_fraction and overrides.get("eval_strategy") in ("no", False):  # YAML reads `no` as false
-        log.warning("eval_fraction %g holds examples out of training that eval_strategy no never evaluates (leave out "
-                    "one of them, unless that is what you mean: a split like another run's)", settings.eval_fraction)
-    steps = overrides.get("eval_steps") or overrides.get("logging_steps") or 5
-    return {"eval_strategy": "steps", "eval_steps": steps}
-
-
-# INFO lines of the libraries that train.log leaves out: each config printed whole as JSON (the model's twice, its
-# generation config twice: 90 of a 12-step run's 128 lines; the files are in the model folder), the same
-# "Offline mode" line before every file read, and the Trainer's "share your model on huggingface.co"
-LOG_NOISE = (("transformers.configuration_utils", "Model config "),
-             ("transformers.generation.configuration_utils", "Generate config "),
-             ("transformers.utils.hub", "Offline mode: forcing"),
-             ("transformers.tokenization_utils_base", "Offline mode: forcing"),
-             ("transformers.trainer", "\n\nTraining completed. Do not forget to share"))
-
-
-def not_noise(record: logging.LogRecord) -> bool:
-    """False for a library's INFO line of LOG_NOISE."""
-    return record.levelno >= logging.WARNING or not any(
-        record.name == name and str(record.msg).startswith(start) for name, start in LOG_NOISE)
-
-
-def setup_logging(run_dir: Path, is_main: bool) -> None:
-    """train.log (rank 0) gets every library's INFO less LOG_NOISE; the console gets the run's own lines and every
-    warning. The libraries' INFO (the model's config printed twice, each file saved, "share your model on
-    huggingface.co") made a 6-step run about 130 lines on the console."""
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    console = logging.StreamHandler(sys.stderr)
-    console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name.split(".")[0] == "dockyard")
-    handlers: list[logging.Handler] = [console]
-    if is_main:
-        log = logging.StreamHandler(runfolder.append(run_dir, runfolder.TRAIN_LOG))  # never through a link
-        log.addFilter(not_noise)
-        handlers.append(log)
-    for h in handlers:
-        h.setFormatter(fmt)
-    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
-    # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process;
-    # and loads the same model and tokenizer: the Trainer's "The tokenizer has new PAD/BOS/EOS tokens" likewise
-    for same_everywhere in ("dockyard.train.data", "transformers.trainer_utils"):
-        logging.getLogger(same_everywhere).setLevel(logging.NOTSET if is_main else logging.ERROR)
-    transformers.utils.logging.disable_default_handler()
-    transformers.utils.logging.enable_propagation()
-    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
 
 
 def estimates(shape: Any, recipe: Recipe, settings: RunSettings, args: Any, gpus_per_node: int,
@@ -747,11 +458,11 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     except pickle.UnpicklingError as e:  # torch.load refused a file that is not weights (checkpoints.weights_only)
         raise checkpoints.explain(e) from None
     except torch.OutOfMemoryError as e:
-        raise out_of_memory(e, p) from None
+        raise trainer_errors.out_of_memory(e, p.args, p.settings) from None
     except ImportError as e:  # a package a setting needs that this image lacks (guards.check_optim asks most before)
         if run.training:
             raise
-        raise before_the_first_step(e, p.recipe, run.overrides) from e
+        raise trainer_errors.before_the_first_step(e, p.recipe, run.overrides) from e
     except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:  # not RuntimeError: NCCL, CUDA, ...
         if run.training:
             raise
@@ -763,100 +474,11 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
             fix = f"remove it to resume from {earlier[-1].name}" if earlier else "start a new run (another --run-id)"
             raise DockyardError(f"cannot resume from {Path(p.resume_from).name}: it is not a checkpoint the Trainer "
                                 f"wrote for this run ({type(e).__name__}: {first_line(e, 200)}): {fix}") from None
-        raise before_the_first_step(e, p.recipe, run.overrides) from e
+        raise trainer_errors.before_the_first_step(e, p.recipe, run.overrides) from e
     finally:
         if profile and profile[0].record:
             run.record.profile = profile[0].record
     return trainer, metrics
-
-
-def out_of_memory(e: BaseException, p: Prepared) -> DockyardError:
-    """A GPU out of memory, in one line with the ways out, instead of torch's traceback from every rank."""
-    args = p.args
-    checkpointing = " with gradient checkpointing" if args.gradient_checkpointing else ""
-    return DockyardError(f"out of GPU memory at micro-batch {args.per_device_train_batch_size} x "
-                         f"{p.settings.max_seq_length} tokens{checkpointing} ({first_line(e, 160)}): lower "
-                         "--per_device_train_batch_size (gradient accumulation keeps the global batch), add "
-                         "--gradient_checkpointing true, or train with a recipe that shards more (invoke plan "
-                         "--model=... says what fits)")
-
-
-# The settings the Trainer reads in the function of its own that raised (its traceback's): an error there names them
-SCHEDULE = ("lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio")
-OPTIMIZER = ("optim", "optim_args", "optim_target_modules", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2",
-             "adam_epsilon")
-READ_BY = {"get_scheduler": ("the learning-rate schedule", SCHEDULE),
-           "create_scheduler": ("the learning-rate schedule", SCHEDULE),
-           "get_optimizer_cls_and_kwargs": ("the optimizer", OPTIMIZER),
-           "create_optimizer": ("the optimizer", OPTIMIZER)}
-# transformers' line for each DeepSpeed config value that disagrees with a TrainingArguments one
-DEEPSPEED_MISMATCH = re.compile(r"^- ds (\S+)=(.*) vs hf (.+?)=(.*)$", re.MULTILINE)
-
-
-def before_the_first_step(e: BaseException, recipe: Recipe, given: dict[str, Any]) -> DockyardError:
-    """An error the Trainer raised setting up its first step, most often from a setting it takes as it is and reads only
-    now (`lr_scheduler_type warmup_stable_decay` without its kwargs, `--lr_scheduler_kwargs '{min_lr: 1e-5}'` for a
-    schedule without it), or a DeepSpeed config value that disagrees with the training settings. One line naming the
-    settings involved and where each was set (`given`: those after `--`; the recipe's settings:; defaults.yaml; its
-    DeepSpeed config), never those that played no part; the traceback in train.log (rank 0) for a fault elsewhere."""
-    logging.getLogger("traceback").info("the Trainer stopped before its first step", exc_info=e)  # train.log alone
-    stopped = "the Trainer stopped before its first step"
-    logged = "the traceback is in the run's train.log"
-    mismatches = DEEPSPEED_MISMATCH.findall(str(e))
-    if mismatches and recipe.deepspeed:
-        ds = recipe.file(recipe.deepspeed)
-        said = "; ".join(f"{key} {ds_value} where the Trainer has {hf_key.removesuffix(' (calculated)')} {hf_value}"
-                         + _set_in(re.split(r"[|+]", hf_key.removesuffix(" (calculated)")), recipe, given)
-                         for key, ds_value, hf_key, hf_value in mismatches)
-        return DockyardError(f"{stopped}: the DeepSpeed config {ds} disagrees with the training settings: {said}. Set "
-                             f"each of these to \"auto\" in {ds.name} (the Trainer fills in its value) or to the "
-                             f"Trainer's value; {logged}")
-    error = f"{stopped}: {type(e).__name__}: {first_line(e, 200)}"
-    frames = {frame.name for frame in traceback.extract_tb(e.__traceback__)}
-    what, read = next((READ_BY[name] for name in READ_BY if name in frames), ("", ()))
-    if read:
-        mine = [k for k in read if k in given or k in recipe.settings]
-        defaults = _defaults()
-        by_default = [k for k in read if k not in mine and k in defaults]
-        if mine or by_default:
-            said = ", ".join(_where(k, recipe, given) for k in mine)
-            shared = ", ".join(f"{k} {_value(defaults[k])}" for k in by_default)
-            said = (f"{said}, with {shared} of recipes/defaults.yaml" if said and shared else
-                    said or f"{shared} of recipes/defaults.yaml")
-            return DockyardError(f"{error}. {what[0].upper()}{what[1:]} read {said}: check them; {logged}")
-    named = [_where(k, recipe, given) for k in sorted(given)] + [_where(k, recipe, {}) for k in sorted(recipe.settings)
-                                                                 if k not in given]
-    if recipe.deepspeed:
-        named.append(f"the DeepSpeed config {recipe.file(recipe.deepspeed)}")
-    return DockyardError(f"{error}. " + (f"Check the settings given: {', '.join(named)}; {logged}" if named
-                                         else logged[0].upper() + logged[1:]))
-
-
-def _defaults() -> dict[str, Any]:
-    from dockyard.common.run_settings import read_defaults
-
-    try:
-        return read_defaults(RECIPES / "defaults.yaml")
-    except DockyardError:  # read at the start of the run; changed since
-        return {}
-
-
-def _value(value: Any) -> str:
-    said = str(value)
-    return said if len(said) <= 60 else said[:57] + "..."
-
-
-def _where(key: str, recipe: Recipe, given: dict[str, Any]) -> str:
-    """`--key value` for a setting given after `--`, `key value in the recipe's settings: (PATH)` for the recipe's."""
-    if key in given:
-        return f"--{key} {_value(given[key])}"
-    return f"{key} {_value(recipe.settings[key])} in the recipe's settings: ({recipe.folder / 'recipe.yaml'})"
-
-
-def _set_in(keys: list[str], recipe: Recipe, given: dict[str, Any]) -> str:
-    """Where the TrainingArguments `keys` were set by the run's own settings (after `--`, the recipe's settings:)."""
-    mine = [_where(k, recipe, given) for k in keys if k in given or k in recipe.settings]
-    return f" ({', '.join(mine)})" if mine else ""
 
 
 def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:

@@ -55,7 +55,7 @@ from dockyard.common.errors import DockyardError, Stopped, causes, loads
 from dockyard.common.units import human
 from dockyard.train.guards import host_memory_available
 
-log = logging.getLogger("dockyard.train.data")  # the same on every rank: said by rank 0 alone (setup_logging)
+log = logging.getLogger("dockyard.train.data")  # the same on every rank: said by rank 0 alone (logs.setup_logging)
 
 IGNORE = -100  # label value the loss skips
 

@@ -1,7 +1,7 @@
 """Checks and fixes the trainer applies by itself, each against a failure people meet in practice.
 
 Plain functions over plain data (no torch import at module level), so each is tested on its own;
-__main__ calls every one of them on the way to the Trainer.
+__main__ and the steps it calls (opening, arguments) call every one of them on the way to the Trainer.
 """
 
 from __future__ import annotations

@@ -343,7 +343,7 @@ def test_a_resume_given_another_max_steps_says_the_schedule_is_worked_out_again(
     may have changed since): what checkpoints.check read of its trainer_state.json."""
     from dockyard.common.recipes import load_recipe
     from dockyard.common.run_settings import resolve_settings
-    from dockyard.train.__main__ import rescheduled
+    from dockyard.train.opening import rescheduled
 
     _genuine(tmp_path / "checkpoint-215")
     (tmp_path / "checkpoint-215" / "trainer_state.json").write_text(json.dumps({"global_step": 215, "max_steps": 3000}))

@@ -12,7 +12,7 @@ import pytest
 from dockyard.common import autos
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import resolve_settings
-from dockyard.train.__main__ import training_arguments
+from dockyard.train.arguments import training_arguments
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def fresh_signal_state(monkeypatch):
 def cpu_arguments(name: str, given: dict, run_dir, checked: bool = True):
     """TrainingArguments as the trainer builds them on CPU: settings checked (`checked`: as the trainer checks them
     first), then the autos resolved, then the arguments."""
-    from dockyard.train.__main__ import checked_settings
+    from dockyard.train.opening import checked_settings
 
     recipe = load_recipe(name)
     settings, overrides = (checked_settings if checked else resolve_settings)(recipe, given)
@@ -570,7 +570,7 @@ def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_l
     from transformers import AutoConfig, GenerationConfig
 
     from dockyard.common.run_settings import TINY_MODEL
-    from dockyard.train.__main__ import setup_logging
+    from dockyard.train.logs import setup_logging
 
     with real_loggers():
         setup_logging(tmp_path, is_main=True)
@@ -605,7 +605,7 @@ def test_a_data_warning_is_said_by_the_first_process_alone(tmp_path, capsys):
 
     from dockyard.common.run_settings import TINY_MODEL
     from dockyard.train import data
-    from dockyard.train.__main__ import setup_logging
+    from dockyard.train.logs import setup_logging
 
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
     with real_loggers():
@@ -725,7 +725,7 @@ def test_a_deepspeed_config_value_the_trainer_disagrees_with_is_said_not_the_ove
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
     from dockyard.common.recipes import RECIPES
-    from dockyard.train.__main__ import before_the_first_step
+    from dockyard.train.trainer_errors import before_the_first_step
 
     folder = tmp_path / "z2"
     shutil.copytree(RECIPES / "zero2", folder)

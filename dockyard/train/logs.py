@@ -1,0 +1,52 @@
+"""Where the trainer's log lines go: train.log (rank 0) gets every library's INFO less their noise, the console the
+run's own lines and every warning. __main__.start_processes calls setup_logging once the process group has formed."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import transformers  # a lazy module: its submodules load when first used
+
+from dockyard.common import runfolder
+
+
+def setup_logging(run_dir: Path, is_main: bool) -> None:
+    """train.log (rank 0) gets every library's INFO less LOG_NOISE; the console gets the run's own lines and every
+    warning. The libraries' INFO (the model's config printed twice, each file saved, "share your model on
+    huggingface.co") made a 6-step run about 130 lines on the console."""
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = logging.StreamHandler(sys.stderr)
+    console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name.split(".")[0] == "dockyard")
+    handlers: list[logging.Handler] = [console]
+    if is_main:
+        log = logging.StreamHandler(runfolder.append(run_dir, runfolder.TRAIN_LOG))  # never through a link
+        log.addFilter(not_noise)
+        handlers.append(log)
+    for h in handlers:
+        h.setFormatter(fmt)
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
+    # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process;
+    # and loads the same model and tokenizer: the Trainer's "The tokenizer has new PAD/BOS/EOS tokens" likewise
+    for same_everywhere in ("dockyard.train.data", "transformers.trainer_utils"):
+        logging.getLogger(same_everywhere).setLevel(logging.NOTSET if is_main else logging.ERROR)
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
+    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+
+
+# INFO lines of the libraries that train.log leaves out: each config printed whole as JSON (the model's twice, its
+# generation config twice: 90 of a 12-step run's 128 lines; the files are in the model folder), the same
+# "Offline mode" line before every file read, and the Trainer's "share your model on huggingface.co"
+LOG_NOISE = (("transformers.configuration_utils", "Model config "),
+             ("transformers.generation.configuration_utils", "Generate config "),
+             ("transformers.utils.hub", "Offline mode: forcing"),
+             ("transformers.tokenization_utils_base", "Offline mode: forcing"),
+             ("transformers.trainer", "\n\nTraining completed. Do not forget to share"))
+
+
+def not_noise(record: logging.LogRecord) -> bool:
+    """False for a library's INFO line of LOG_NOISE."""
+    return record.levelno >= logging.WARNING or not any(
+        record.name == name and str(record.msg).startswith(start) for name, start in LOG_NOISE)
