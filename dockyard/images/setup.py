@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -123,14 +124,23 @@ def give_to_sudo_user(wheels: Path, checkout: Path = ROOT, environ=os.environ) -
     uid, gid = environ.get("SUDO_UID", ""), environ.get("SUDO_GID", "")
     if os.geteuid() != 0 or not (uid.isdigit() and gid.isdigit()) or uid == "0":
         return
-    if not wheels.resolve().is_relative_to(checkout.resolve()):
+    # the folders as they are: a wheelhouse_dir outside the checkout that links into it is still the site's own folder
+    home, wheels = wheels.parent.resolve(), wheels.resolve()
+    if not (home.is_relative_to(checkout.resolve()) and wheels.is_relative_to(checkout.resolve())):
         return
-    paths = [wheels.parent]
-    for top, dirs, files in os.walk(wheels):  # follows no link
-        paths += [Path(top) / name for name in ["", *dirs, *files]]
-    for path in paths:
-        if path.lstat().st_uid == 0:
-            os.lchown(path, int(uid), int(gid))
+    owner = int(uid), int(gid)
+    _give(str(home), None, owner)
+    with contextlib.suppress(FileNotFoundError):  # the wheelhouse removed meanwhile: nothing of it to give
+        for _, dirs, files, dfd in os.fwalk(wheels):  # by folder descriptor: no link followed, not even one swapped in
+            for name in [".", *dirs, *files]:
+                _give(name, dfd, owner)
+
+
+def _give(name: str, dir_fd: int | None, owner: tuple[int, int]) -> None:
+    """`name` (never a link's target) made the user's where root owns it; a file removed meanwhile is left alone."""
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid == 0:
+            os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def setup(settings: Settings, mirror: str, dry: bool = False) -> None:

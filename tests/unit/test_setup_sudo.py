@@ -34,3 +34,49 @@ def test_a_wheelhouse_downloaded_through_sudo_goes_back_to_the_user(tmp_path):
 
     setup.give_to_sudo_user(outside, checkout, environ=sudo)
     assert outside.stat().st_uid == 0 and outside.parent.stat().st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setup hands files back only as root (sudo)")
+def test_a_wheelhouse_dir_outside_the_checkout_that_links_into_it_is_left_as_it_is(tmp_path):
+    """wheelhouse_dir: /srv/wh, whose cpu/ links to the checkout's wheelhouse: the wheelhouse resolved into the
+    checkout, and /srv/wh itself, root's and outside it, was given to the user."""
+    checkout = tmp_path / "dockyard"
+    wheels = checkout / "images" / "wheelhouse" / "cpu"
+    wheels.mkdir(parents=True)
+    site = tmp_path / "srv" / "wh"
+    site.mkdir(parents=True)
+    (site / "cpu").symlink_to(wheels)
+    setup.give_to_sudo_user(site / "cpu", checkout, environ={"SUDO_UID": "65534", "SUDO_GID": "65533"})
+    assert site.stat().st_uid == 0 and os.lstat(site / "cpu").st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setup hands files back only as root (sudo)")
+def test_giving_the_wheelhouse_back_follows_no_folder_swapped_for_a_link_and_minds_no_file_gone(tmp_path, monkeypatch):
+    """Once its folder is the user's, a folder in it can be swapped for a link while setup goes on: a root file outside,
+    of the name setup listed, was given to the user; a wheel removed meanwhile made a finished setup fail
+    ("error: .../b.whl: No such file or directory")."""
+    checkout = tmp_path / "dockyard"
+    wheels = checkout / "images" / "wheelhouse" / "cpu"
+    (wheels / "sub").mkdir(parents=True)
+    (wheels / "sub" / "x.whl").write_bytes(b"x")
+    (wheels / "b.whl").write_bytes(b"x")
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "x.whl").write_text("root's own\n")
+    calls = []
+
+    def meanwhile(chown):
+        def chown_then_swap(*args, **kwargs):
+            chown(*args, **kwargs)
+            calls.append(args)
+            if len(calls) == 2:  # the wheelhouse folder itself, given after its parent
+                (wheels / "sub").rename(tmp_path / "sub.old")
+                (wheels / "sub").symlink_to(outside)
+                (wheels / "b.whl").unlink()
+        return chown_then_swap
+
+    monkeypatch.setattr(os, "chown", meanwhile(os.chown))
+    monkeypatch.setattr(os, "lchown", meanwhile(os.lchown))
+    setup.give_to_sudo_user(wheels, checkout, environ={"SUDO_UID": "65534", "SUDO_GID": "65533"})
+    assert (outside / "x.whl").stat().st_uid == 0 and outside.stat().st_uid == 0
+    assert wheels.stat().st_uid == 65534
