@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, first_line, loads
+from dockyard.common.errors import DockyardError, first_line, loads, shown
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
 # and says it is invalid in three lines of its own, as it loads
@@ -217,7 +217,7 @@ def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExce
     if failed and (LOST_NODE_0.match(said) or error is not None and said.startswith(STOPPED)):
         record["error"] = (f"node 0 ({who}) failed first: {failed} (its record: {runfolder.MANIFEST}); this node was "
                            "stopped with it")
-        print(f"torchrun: {record['error']}", file=sys.stderr, flush=True)
+        print(f"torchrun: {shown(record['error'])}", file=sys.stderr, flush=True)  # node 0's words: anyone's to write
     elif error is not None and said.startswith(STOPPED):  # (a reason of this node's own is kept)
         cause, detail = underlying(error)
         record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "

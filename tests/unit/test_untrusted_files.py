@@ -164,3 +164,30 @@ def test_names_another_word_holds_are_refused_in_a_variants_file_and_a_recipe(tm
     (mine / "recipe.yaml").write_text((RECIPES / "ddp" / "recipe.yaml").read_text() + "name: other\n")
     with pytest.raises(DockyardError, match="recipe.yaml: name cannot be set here: a recipe's name is its folder's"):
         recipes.load_recipe(str(mine))
+
+
+def _settle_lost_node_0(tmp_path: Path, monkeypatch, own: dict, node_0s: dict | None = None) -> None:
+    """The image's torchrun on node 1 once its workers stopped with node 0 gone (dockyard.train.torchrun.settle_node_0),
+    with the run folder's manifests as `own` (node 1's, this attempt's) and `node_0s` (the run's manifest.json)."""
+    from dockyard.train import torchrun
+
+    monkeypatch.setenv("DOCKYARD_NODE_RANK", "1")
+    args = ["--nnodes=2", "--rdzv-endpoint=10.0.0.9:29500", "--rdzv-id=r1", "-m", "dockyard.train", "--run-dir",
+            str(tmp_path)]
+    (tmp_path / "manifest-node1.json").write_text(json.dumps(own))
+    if node_0s is not None:
+        (tmp_path / "manifest.json").write_text(json.dumps(node_0s))
+    torchrun.settle_node_0(args, torchrun.torchrun_args(args), None, None, None)
+
+
+LOST_0 = {"run_id": "r1", "node_rank": 1, "status": "failed", "error": "lost node 0 (10.0.0.9, host gpu-a): it stopped "
+          "answering", "nodes_seen": [{"node_rank": 0, "host": "gpu-a", "addr": "10.0.0.9"}]}
+
+
+def test_node_0s_error_said_by_the_node_that_outlived_it_reaches_the_terminal_as_text(tmp_path, monkeypatch, capfd):
+    """Node 1 says node 0's error from the run's manifest.json, which anything that ran with the runs folder mounted
+    can write: an escape sequence in it drove the terminal of node 1's `invoke run` (retitled it, cleared it)."""
+    _settle_lost_node_0(tmp_path, monkeypatch, LOST_0,
+                        {"run_id": "r1", "node_rank": 0, "status": "failed", "error": "\x1b]0;owned\x07\x1b[2JCUDA oom"})
+    said = capfd.readouterr().err
+    assert "failed first: \\x1b]0;owned\\x07\\x1b[2JCUDA oom" in said and "\x1b" not in said and "\x07" not in said
