@@ -223,12 +223,16 @@ def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExce
         record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "
                            f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {detail}); "
                            "this node was stopped with it")
+    try:
+        text = manifest.json_text(record, indent=2) + "\n"
+    except RecursionError:  # nested deeper than any record the trainer writes (json reads it): planted, left as it is
+        return
     if record["error"] != said:
-        with contextlib.suppress(OSError):
-            manifest.write(path.parent, record, path.name)
+        with contextlib.suppress(OSError, DockyardError):
+            runfolder.write(path.parent, path.name, text)
     if LOST_NODE_0.match(record["error"]):
         with contextlib.suppress(OSError, DockyardError):
-            runfolder.create(path.parent, runfolder.MANIFEST, manifest.json_text(record, indent=2) + "\n")
+            runfolder.create(path.parent, runfolder.MANIFEST, text)
 
 
 LOST_NODE_0 = re.compile(r"lost node 0\b")  # how every way of finding node 0 gone words it (dockyard.train.nodes)

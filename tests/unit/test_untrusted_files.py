@@ -191,3 +191,11 @@ def test_node_0s_error_said_by_the_node_that_outlived_it_reaches_the_terminal_as
                         {"run_id": "r1", "node_rank": 0, "status": "failed", "error": "\x1b]0;owned\x07\x1b[2JCUDA oom"})
     said = capfd.readouterr().err
     assert "failed first: \\x1b]0;owned\\x07\\x1b[2JCUDA oom" in said and "\x1b" not in said and "\x07" not in said
+
+
+def test_a_record_nested_deep_left_for_the_node_that_outlived_node_0_is_no_traceback(tmp_path, monkeypatch, capfd):
+    """Node 1's manifest-node1.json rewritten, nested 600 deep (json reads it): its torchrun, making it the run's
+    manifest.json, ended in a RecursionError traceback from manifest.finite instead of its one line."""
+    _settle_lost_node_0(tmp_path, monkeypatch, {**LOST_0, "metrics": json.loads("[" * 600 + "]" * 600)})
+    assert "Traceback" not in capfd.readouterr().err
+    assert not (tmp_path / "manifest.json").exists(), "a record no trainer writes is not made the run's"
