@@ -47,8 +47,11 @@ NO_ACCESS_HELP = (
 
 
 def no_engine(said: str) -> DockyardError:
-    """No engine answered docker, whose last words were `said`: a socket that refuses this user is no missing engine."""
-    return DockyardError(f"{NO_ACCESS_HELP if 'permission denied' in said.lower() else NO_ENGINE_HELP}\n  ({said})")
+    """No engine answered docker, whose last words were `said`: a socket that refuses this user is no missing engine.
+    Said in docker's words for its socket ("... the Docker daemon socket at", 28's "... the docker API at"): ssh's
+    "Permission denied (publickey)" for a DOCKER_HOST=ssh:// is no matter of this host's docker group."""
+    denied = "permission denied while trying to connect to the docker" in said.lower()
+    return DockyardError(f"{NO_ACCESS_HELP if denied else NO_ENGINE_HELP}\n  ({said})")
 
 
 def quote(argv: Sequence[str]) -> str:

@@ -172,3 +172,20 @@ def test_a_user_outside_the_docker_group_is_told_to_join_it_not_to_install_an_en
     assert "sudo usermod -aG docker" in said and "log in again" in said and "Install and start" not in said
     assert said.splitlines()[-1] == f"  ({DENIED})"
     assert "usermod -aG docker" in doctor.check_engine_down(e.value).fix
+
+
+def test_an_engine_reached_over_ssh_that_refuses_the_key_is_not_a_matter_of_the_docker_group(tmp_path):
+    """DOCKER_HOST=ssh://... with a key the remote host refuses: docker's last words end in ssh's "Permission denied
+    (publickey)", and the user was told to join this host's docker group, which changes nothing."""
+    from dockyard.settings import load
+
+    said = ('error during connect: Get "http://docker.example.com/v1.47/info": command [ssh -o ConnectTimeout=30 -T '
+            "-l alice -- gpu-a docker system dial-stdio] has exited with exit status 255, make sure the URL is valid, "
+            "and Docker 18.09 or later is installed on the remote host: stderr=alice@gpu-a: Permission denied (publickey).")
+    client = tmp_path / "docker"
+    client.write_text(f"#!/bin/sh\necho '{said}' >&2\nexit 1\n")
+    client.chmod(0o755)
+    with pytest.raises(DockyardError) as e:
+        engine.engine_info(load({"docker": str(client)}, environ={}))
+    assert "usermod" not in str(e.value) and "Set DOCKER_HOST" in str(e.value)
+    assert str(e.value).splitlines()[-1] == f"  ({said})"
