@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if given:
         share_cpu_cores(given)
-    # the records as they were before this attempt: this node's, which no worker of this one may rewrite, and node 0's
-    found = _stamp(_own_manifest(args)), _stamp(_node_0_manifest(args))
+    # the nodes' records as they were before this attempt: none of them is this attempt's to rewrite or to read
+    found = _stamps(args, given)
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -98,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
                    "`docker inspect`'s OOMKilled), else a `kill -9`")
         print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; {why}",
               file=sys.stderr, flush=True)
-        settle_node_0(args, given, None, *found)
+        settle(args, given, None, found)
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
         if MET and isinstance(e, RendezvousConnectionError):
-            settle_node_0(args, given, e, *found)
+            settle(args, given, e, found)
         return 1
     except SignalException as e:  # Ctrl-C or SIGTERM to the agent: it has stopped the workers with the same signal
         print(f"torchrun: stopped by {signal.Signals(e.sigval).name}; the workers were stopped with it",
@@ -186,43 +186,51 @@ def underlying(error: BaseException) -> tuple[BaseException, str]:
     return cause, first_line(cause, 160) or "no answer"
 
 
-def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseException | None,
-                  found: tuple[int, int, int] | None, node_0_found: tuple[int, int, int] | None) -> None:
-    """What this node's manifest says of node 0, and the run's manifest.json, once this node's run ended while node 0's
-    was gone; on a node other than 0, for a manifest this attempt wrote (`found`: the file as it was when this agent
-    started: a resume stopped before it trained leaves the run's record as it was).
+def settle(args: list[str], a: argparse.Namespace | None, error: BaseException | None,
+           found: dict[int, tuple[int, int, int] | None]) -> None:
+    """What this node's manifest says of the node that ended the run, once this node's run ended for another node's
+    sake; only for a manifest this attempt wrote (`found`: each node's record as it was when this agent started: a
+    resume stopped before it trained leaves the run's records as they were).
 
-    - Node 0 failed on its own error: its manifest.json, written since this agent started (`node_0_found`), says so.
-      The others then saw its sockets close, its heartbeat stop or its rendezvous end, and recorded "lost node 0";
-      said instead as node 0's failure, with its error.
-    - Stopped by torchrun's SIGTERM because node 0's rendezvous went away (`error`): the workers recorded
-      "stopped by SIGTERM: another rank failed (its error is above)", and none was, wherever torchrun's store was
-      elsewhere (node 0 at 10.0.0.9, node 1 at 10.0.0.10: 3.8 s after node 0's container was killed at step 12).
+    - Another node failed on its own error (its record, written since this agent started, says so). This node saw its
+      sockets close, its heartbeat stop or, for node 0, its rendezvous end, and recorded "lost node K": said instead as
+      node K's failure, with its error and the record that holds it. A node that recorded another's loss in turn ("lost
+      node 2" in node 0's) is followed to the one that failed. Node 0's manifest.json, the run's record, said "lost
+      node 1 (...): it stopped answering" where node 1 had run out of memory.
+    - Stopped by torchrun's SIGTERM because node 0's rendezvous went away (`error`), on a node other than 0: the workers
+      recorded "stopped by SIGTERM: another rank failed (its error is above)", and none was, wherever torchrun's store
+      was elsewhere (node 0 at 10.0.0.9, node 1 at 10.0.0.10: 3.8 s after node 0's container was killed at step 12).
       Said as the loss of node 0 it was. A run stopped by a signal to this agent (scancel) never comes here.
     - Node 0 lost and no manifest.json: this record is made the run's manifest.json too (its node_rank says whose),
       never replacing one. Without it node 0's `invoke run --resume` was refused ("no manifest naming its recipe"),
       and `invoke export` said there was no such run."""
-    from dockyard.train import manifest
     from dockyard.train.ending import STOPPED
 
-    path = _own_manifest(args)
-    if path is None or a is None or _stamp(path) == found:
+    me, run_dir = _node_rank(), runfolder.run_dir_of(args)
+    if me is None or not run_dir or a is None:
+        return
+    path = Path(run_dir) / runfolder.manifest_file(me)
+    if _stamp(path) == found.get(me):
         return
     record = _read_record(path)
     if not (isinstance(record, dict) and record.get("status") == "failed" and isinstance(record.get("error"), str)):
         return
-    said, node0 = record["error"], _node_0_seen(record)
-    who = f"{node0.get('addr') or '?'}, host {node0.get('host')}" if node0 else a.rdzv_endpoint.rsplit(":", 1)[0]
-    failed = _node_0_failed(path.parent, node_0_found)
-    if failed and (LOST_NODE_0.match(said) or error is not None and said.startswith(STOPPED)):
-        record["error"] = (f"node 0 ({who}) failed first: {failed} (its record: {runfolder.MANIFEST}); this node was "
-                           "stopped with it")
-        print(f"torchrun: {shown(record['error'])}", file=sys.stderr, flush=True)  # node 0's words: anyone's to write
-    elif error is not None and said.startswith(STOPPED):  # (a reason of this node's own is kept)
+    said = record["error"]
+    lost = LOST_NODE.match(said)
+    node_0_gone = me != 0 and error is not None and said.startswith(STOPPED)
+    first = _failed_first(path.parent, int(lost[1]) if lost else 0, me, found) if lost or node_0_gone else None
+    if first:
+        node, failed = first
+        record["error"] = (f"node {node} ({_who(record, node, a)}) failed first: {failed} (its record: "
+                           f"{runfolder.manifest_file(node)}); this node was stopped with it")
+        print(f"torchrun: {shown(record['error'])}", file=sys.stderr, flush=True)  # its words: anyone's to write
+    elif node_0_gone:  # (a reason of this node's own is kept)
         cause, detail = underlying(error)
-        record["error"] = (f"lost node 0 ({who}): its torchrun, which holds the rendezvous {a.rdzv_id} at "
-                           f"{a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: {detail}); "
-                           "this node was stopped with it")
+        record["error"] = (f"lost node 0 ({_who(record, 0, a)}): its torchrun, which holds the rendezvous {a.rdzv_id} "
+                           f"at {a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: "
+                           f"{detail}); this node was stopped with it")
+    from dockyard.train import manifest
+
     try:
         text = manifest.json_text(record, indent=2) + "\n"
     except RecursionError:  # nested deeper than any record the trainer writes (json reads it): planted, left as it is
@@ -230,26 +238,41 @@ def settle_node_0(args: list[str], a: argparse.Namespace | None, error: BaseExce
     if record["error"] != said:
         with contextlib.suppress(OSError, DockyardError):
             runfolder.write(path.parent, path.name, text)
-    if LOST_NODE_0.match(record["error"]):
+    if me != 0 and (lost := LOST_NODE.match(record["error"])) and lost[1] == "0":
         with contextlib.suppress(OSError, DockyardError):
             runfolder.create(path.parent, runfolder.MANIFEST, text)
 
 
-LOST_NODE_0 = re.compile(r"lost node 0\b")  # how every way of finding node 0 gone words it (dockyard.train.nodes)
+# how every way of finding a node gone words it (dockyard.train.nodes), and how settle() words a node's failure
+LOST_NODE = re.compile(r"lost node (\d{1,6})\b")
+FAILED_FIRST = re.compile(r"node (\d{1,6}) \(.*?\) failed first: ")
 
 
-def _node_0_failed(run_dir: Path, before: tuple[int, int, int] | None) -> str | None:
-    """Node 0's error, where its manifest.json says it failed and was written since this agent started; None where
-    node 0 left no new record, or the one it left says it ended without one (a resumed run's, from its first step)."""
-    from dockyard.train.ending import UNRECORDED
+def _failed_first(run_dir: Path, node: int, me: int, found: dict[int, tuple[int, int, int] | None]
+                  ) -> tuple[int, str] | None:
+    """The node that failed on its own error, and the error, following the records from `node` (the one this node
+    lost): each a record of the node it names, written since this agent started (`found`), saying it failed, and why,
+    or naming in turn the node it lost. None where a record is missing, older, or says no reason of its own (stopped by
+    torchrun, or a resumed run's interim record)."""
+    from dockyard.train.ending import STOPPED, UNRECORDED
 
-    if _stamp(run_dir / runfolder.MANIFEST) == before:
-        return None
-    record = _read_record(run_dir / runfolder.MANIFEST)
-    if not (isinstance(record, dict) and record.get("node_rank") == 0 and record.get("status") == "failed"):
-        return None  # another node's (one that lost node 0 too), or not one the trainer wrote
-    error = str(record.get("error") or "")
-    return None if UNRECORDED in error else (first_line(error, 200) or "no error recorded")
+    seen = {me}
+    while node not in seen:
+        seen.add(node)
+        path = run_dir / runfolder.manifest_file(node)
+        if _stamp(path) == found.get(node):
+            return None  # no record of this attempt's (a missing one is stamped None as well)
+        record = _read_record(path)
+        if not (isinstance(record, dict) and record.get("node_rank") == node and record.get("status") == "failed"):
+            return None  # another node's (a survivor's manifest.json), or not one the trainer wrote
+        error = str(record.get("error") or "")
+        if UNRECORDED in error or error.startswith(STOPPED):
+            return None
+        if named := LOST_NODE.match(error) or FAILED_FIRST.match(error):
+            node = int(named[1])
+            continue
+        return node, first_line(error, 200) or "no error recorded"
+    return None
 
 
 def _read_record(path: Path) -> object:
@@ -260,24 +283,33 @@ def _read_record(path: Path) -> object:
         return None
 
 
-def _node_0_seen(record: dict) -> dict | None:
-    """Node 0 as the nodes said who they are (the manifest's nodes_seen)."""
+def _who(record: dict, node: int, a: argparse.Namespace) -> str:
+    """Node `node` as the nodes said who they are (the manifest's nodes_seen): its address and host; node 0 before
+    they said it, by the rendezvous' address; else '?'."""
     seen = record.get("nodes_seen") if isinstance(record.get("nodes_seen"), list) else []
-    return next((n for n in seen if isinstance(n, dict) and n.get("node_rank") == 0), None)
+    known = next((n for n in seen if isinstance(n, dict) and n.get("node_rank") == node), None)
+    if known:
+        return f"{known.get('addr') or '?'}, host {known.get('host')}"
+    return a.rdzv_endpoint.rsplit(":", 1)[0] if node == 0 else "?"
 
 
-def _own_manifest(args: list[str]) -> Path | None:
-    """The manifest this node's workers write where it is not node 0 (manifest-nodeI.json); None on node 0."""
-    rank, run_dir = os.environ.get(envvars.NODE_RANK, ""), runfolder.run_dir_of(args)
-    if not (run_dir and rank.isascii() and rank.isdecimal() and int(rank) > 0):
-        return None
-    return Path(run_dir) / runfolder.manifest_file(int(rank))
+def _node_rank() -> int | None:
+    """This node's rank (DOCKYARD_NODE_RANK, as the launchers set it); None where it is not a number."""
+    rank = os.environ.get(envvars.NODE_RANK, "0")
+    return int(rank) if rank.isascii() and rank.isdecimal() and len(rank) <= 6 else None
 
 
-def _node_0_manifest(args: list[str]) -> Path | None:
-    """The run's manifest.json, node 0's, as a node other than 0 finds it; None on node 0."""
-    own = _own_manifest(args)
-    return own.parent / runfolder.MANIFEST if own else None
+def _stamps(args: list[str], a: argparse.Namespace | None) -> dict[int, tuple[int, int, int] | None]:
+    """Each node's record as it is before this attempt (settle reads only those written since), for as many nodes as
+    torchrun is given (--nnodes N or MIN:MAX)."""
+    run_dir = runfolder.run_dir_of(args)
+    try:
+        count = int(str(a.nnodes).split(":")[-1]) if a else 1
+    except ValueError:
+        count = 1
+    if not run_dir:
+        return {}
+    return {node: _stamp(Path(run_dir) / runfolder.manifest_file(node)) for node in range(min(max(count, 1), 1024))}
 
 
 def _stamp(path: Path | None) -> tuple[int, int, int] | None:

@@ -375,6 +375,17 @@ if case.startswith("node 0 failed") and rank == "0":  # its own error, recorded,
         time.sleep(0.1)
     record("CUDA out of memory. Tried to allocate 2.00 GiB")
     sys.exit(1)
+if case == "node 1 failed" and rank == "1":  # its own error, recorded, before it exits
+    while not os.path.exists(os.path.join(run_dir, "started0")):
+        time.sleep(0.1)
+    record("CUDA out of memory. Tried to allocate 4.00 GiB")
+    sys.exit(1)
+if case == "node 1 failed" and rank == "0":  # node 0's collective: node 1's socket closed
+    node_1s = os.path.join(run_dir, "manifest-node1.json")
+    while not (os.path.exists(node_1s) and "CUDA" in open(node_1s).read()):
+        time.sleep(0.1)
+    record("lost node 1 (10.0.0.10, host gpu-b): it stopped answering: Connection closed by peer [10.0.0.10]:4242")
+    sys.exit(1)
 if case == "node 0 failed, its socket closed" and rank == "1":
     node_0s = os.path.join(run_dir, "manifest.json")
     while not (os.path.exists(node_0s) and "CUDA" in open(node_0s).read()):
@@ -387,7 +398,7 @@ STOPPED_BEFORE = "stopped by SIGTERM: another rank failed (its error is above) o
 
 
 @pytest.mark.parametrize("case", ["node 0 lost", "own error", "earlier attempt", "node 0's record there",
-                                  "node 0 failed", "node 0 failed, its socket closed"])
+                                  "node 0 failed", "node 0 failed, its socket closed", "node 1 failed"])
 def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     """Node 0's container killed at step 12, torchrun's store on node 1 (node 0 at x.9, node 1 at x.10): node 1's agent
     stopped its workers at once, and its manifest said "stopped by SIGTERM: another rank failed (its error is above)",
@@ -396,7 +407,8 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     node that lost node 0 now writes it, where there is none. A reason of the node's own is kept, and so is the record
     of an earlier attempt that this one never rewrote (a preempted job's, resumed, with node 0 lost before the resume
     trained), and node 0's own manifest.json. Node 0 that failed on its own error (its record says so) is not "lost":
-    node 1 said "lost node 0" whether its agent saw the rendezvous end or its workers saw node 0's sockets close."""
+    node 1 said "lost node 0" whether its agent saw the rendezvous end or its workers saw node 0's sockets close; nor
+    is node 1 in node 0's record, the run's, where node 1 ran out of memory."""
     import json
     import socket
     import time
@@ -424,9 +436,11 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
         while not ((tmp_path / "started0").exists() and (tmp_path / "started1").exists()):
             assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate(timeout=30)
             time.sleep(0.2)
-        if not case.startswith("node 0 failed"):
+        if not case.startswith(("node 0 failed", "node 1 failed")):
             kill_tree(procs[0].pid)  # node 0's machine gone
         _, err = procs[1].communicate(timeout=120)
+        if case == "node 1 failed":
+            _, err = procs[0].communicate(timeout=120)  # node 0's, which writes the run's record
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -439,6 +453,13 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
         return
     record = json.loads((tmp_path / "manifest-node1.json").read_text())
     error = record["error"]
+    if case == "node 1 failed":  # node 0's manifest.json, the run's record, said "lost node 1 (...): it stopped answering"
+        assert error == "CUDA out of memory. Tried to allocate 4.00 GiB", "node 1's own record, kept"
+        said = json.loads(run_manifest)["error"]
+        assert said == ("node 1 (10.0.0.10, host gpu-b) failed first: CUDA out of memory. Tried to allocate 4.00 GiB "
+                        "(its record: manifest-node1.json); this node was stopped with it"), (said, err[-2000:])
+        assert f"torchrun: {said}" in err, err[-2000:]
+        return
     if case == "own error":
         assert error == "data.jsonl: line 3 is not JSON"
         assert run_manifest is None, "node 1's own error is no loss of node 0: node 0 writes the run's record"
@@ -457,3 +478,35 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
         return
     assert json.loads(run_manifest) == record, "the run's manifest.json: node 1's record, which says whose"
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_node_lost_in_turn_is_followed_to_the_one_that_failed(tmp_path, monkeypatch, capfd):
+    """Three nodes: node 2's GPU failed, node 0 lost node 2, node 1 lost node 0. Node 1 said "node 0 failed first:
+    lost node 2 ..." at best; it follows the records to node 2. Nodes that lost each other (a network cut) name no
+    failure of their own, and keep their records."""
+    import json
+
+    from dockyard.train import torchrun
+
+    nodes = [{"node_rank": r, "host": f"gpu-{r}", "addr": f"10.0.0.{r + 9}"} for r in range(3)]
+
+    def settle(records: dict[str, str]) -> str:
+        for node, error in records.items():
+            name = "manifest.json" if node == 0 else f"manifest-node{node}.json"
+            (tmp_path / name).write_text(json.dumps({"run_id": "r3", "node_rank": node, "status": "failed",
+                                                     "error": error, "nodes_seen": nodes}))
+        monkeypatch.setenv("DOCKYARD_NODE_RANK", "1")
+        args = ["--nnodes=3", "--rdzv-endpoint=10.0.0.9:29500", "--rdzv-id=r3", "-m", "dockyard.train", "--run-dir",
+                str(tmp_path)]
+        torchrun.settle(args, torchrun.torchrun_args(args), None, {})
+        return json.loads((tmp_path / "manifest-node1.json").read_text())["error"]
+
+    said = settle({1: "lost node 0 (10.0.0.9, host gpu-0): it stopped answering: Connection reset by peer",
+                   0: "lost node 2 (10.0.0.11, host gpu-2): it stopped answering: Connection closed by peer",
+                   2: "NCCL error: unhandled cuda error"})
+    assert said == ("node 2 (10.0.0.11, host gpu-2) failed first: NCCL error: unhandled cuda error (its record: "
+                    "manifest-node2.json); this node was stopped with it")
+    assert f"torchrun: {said}" in capfd.readouterr().err
+    cut = {1: "lost node 0 (10.0.0.9, host gpu-0): it stopped answering: Connection reset by peer",
+           0: "lost node 1 (10.0.0.10, host gpu-1): it stopped answering: Connection reset by peer"}
+    assert settle(cut) == cut[1]

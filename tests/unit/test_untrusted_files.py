@@ -167,7 +167,7 @@ def test_names_another_word_holds_are_refused_in_a_variants_file_and_a_recipe(tm
 
 
 def _settle_lost_node_0(tmp_path: Path, monkeypatch, own: dict, node_0s: dict | None = None) -> None:
-    """The image's torchrun on node 1 once its workers stopped with node 0 gone (dockyard.train.torchrun.settle_node_0),
+    """The image's torchrun on node 1 once its workers stopped with node 0 gone (dockyard.train.torchrun.settle),
     with the run folder's manifests as `own` (node 1's, this attempt's) and `node_0s` (the run's manifest.json)."""
     from dockyard.train import torchrun
 
@@ -177,7 +177,7 @@ def _settle_lost_node_0(tmp_path: Path, monkeypatch, own: dict, node_0s: dict | 
     (tmp_path / "manifest-node1.json").write_text(json.dumps(own))
     if node_0s is not None:
         (tmp_path / "manifest.json").write_text(json.dumps(node_0s))
-    torchrun.settle_node_0(args, torchrun.torchrun_args(args), None, None, None)
+    torchrun.settle(args, torchrun.torchrun_args(args), None, {})
 
 
 LOST_0 = {"run_id": "r1", "node_rank": 1, "status": "failed", "error": "lost node 0 (10.0.0.9, host gpu-a): it stopped "
