@@ -97,7 +97,7 @@ def _not_found(argv: Sequence[str]) -> DockyardError:
     """A command that is not there: where a setting names it, said with the setting (it said so for zstd too)."""
     setting = COMMAND_SETTINGS.get(os.path.basename(argv[0]))
     where = (f", or give its path as `{setting}:` under `dockyard:` in invoke.yaml (INVOKE_DOCKYARD_{setting.upper()})"
-             if setting else " (it is looked for on PATH)")
+             if setting else " (it is looked for on PATH)" if "/" not in argv[0] else "")
     return DockyardError(f"`{argv[0]}` not found: install it{where}")
 
 

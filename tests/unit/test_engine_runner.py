@@ -26,6 +26,9 @@ def test_a_missing_command_points_to_its_setting_only_where_one_names_it(tmp_pat
     with pytest.raises(DockyardError) as e:
         engine.run(["zstd-not-here", "-V"], quiet=True)
     assert str(e.value) == "`zstd-not-here` not found: install it (it is looked for on PATH)"
+    with pytest.raises(DockyardError) as e:  # a path is not looked for on PATH
+        engine.run([str(tmp_path / "zstd"), "-V"], quiet=True)
+    assert str(e.value) == f"`{tmp_path / 'zstd'}` not found: install it"
 
 
 def test_binary_output_stays_bytes():
