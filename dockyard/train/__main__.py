@@ -248,7 +248,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
 
     transformers.set_seed(args.seed)
     model = load_model(model_dir, recipe, settings, tokenizer, loaded.labels, args, run.record.model)
-    models.check_examples_fit(model, loaded.train + loaded.eval, model_dir)
+    models.check_examples_fit(model, loaded.train + loaded.eval, model_dir, tokenizer.pad_token_id)
     run.same_everywhere = False
     packed, why = autos.resolve_padding_free(settings.padding_free, loaded.info["format"], settings.task, device,
                                              getattr(model.config, "_attn_implementation", "") or "",

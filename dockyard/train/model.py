@@ -263,16 +263,20 @@ def other_classes(folder: Path, labels: list[str]) -> DockyardError:
                          f"trained from), or give data of its {count} classes")
 
 
-def check_examples_fit(model: Any, examples: list[dict[str, Any]], model_dir: str) -> None:
-    """Every token id has a row in the model's embedding, and no example is longer than a model of learned positions
-    (GPT-2's 1024, OPT's 2048) has positions: either ended in torch's "IndexError: index out of range in self" on
-    every rank at the first step (on a GPU, a device-side assert)."""
+def check_examples_fit(model: Any, examples: list[dict[str, Any]], model_dir: str, pad_id: int | None = None) -> None:
+    """Every token id, the padding's (`pad_id`) too, has a row in the model's embedding, and no example is longer
+    than a model of learned positions (GPT-2's 1024, OPT's 2048) has positions: either ended in torch's "IndexError:
+    index out of range in self" on every rank at the first step (on a GPU, a device-side assert)."""
     rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
     top = max((max(ex["input_ids"]) for ex in examples if ex["input_ids"]), default=-1)
     if rows and top >= rows:
         raise DockyardError(f"{model_dir}: the tokenizer gives token id {top}, past the model's {rows} embeddings: "
                             "its tokenizer files belong to another model (or add tokens the model was not resized "
                             "for); put the model's own tokenizer files in the folder")
+    if rows and pad_id is not None and pad_id >= rows:  # a pad token added to the tokenizer alone, or its class's
+        raise DockyardError(f"{model_dir}: the tokenizer pads with token id {pad_id}, past the model's {rows} "
+                            "embeddings (a pad_token the model was not resized for): set \"pad_token\" in its "
+                            "tokenizer_config.json to a token the model has, e.g. its eos_token")
     positions = learned_positions(model)
     longest = max((len(ex["input_ids"]) for ex in examples), default=0)
     if positions and longest > positions:

@@ -84,6 +84,18 @@ def test_token_ids_past_the_embedding_are_refused_before_the_first_step(tiny):
         models.check_examples_fit(model, [{"input_ids": [1, rows]}], "m")
 
 
+def test_a_padding_token_past_the_embedding_is_refused_before_the_first_step(tiny):
+    """A tokenizer whose pad token the model has no row for (one added without resizing the model, or a tokenizer
+    class's default pad token the vocabulary lacks) padded every batch with it: "IndexError: index out of range in
+    self" at the first step, after the model had loaded."""
+    model = _load(tiny)
+    rows = model.get_input_embeddings().num_embeddings
+    models.check_examples_fit(model, [{"input_ids": [1, 2]}], "m", pad_id=rows - 1)
+    with pytest.raises(DockyardError, match=f"m: the tokenizer pads with token id {rows}, past the model's {rows} "
+                                            "embeddings"):
+        models.check_examples_fit(model, [{"input_ids": [1, 2]}], "m", pad_id=rows)
+
+
 def test_examples_longer_than_a_learned_position_table_are_refused_a_rotary_model_is_not(tiny):
     from transformers import GPT2Config, GPT2LMHeadModel
 
