@@ -147,6 +147,7 @@ class MetricsLog(TrainerCallback):
         self._window = (0.0, 0, 0)     # (time, token count, step) where the open window began
         self._paused = 0.0             # seconds saving or evaluating within the open window
         self._step_lr: float | None = None  # the learning rate the current step trains with
+        self.steps_done = 0            # the Trainer's global step after the last step that ended (a resume's, at first)
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         # The rate this step's update uses. The Trainer logs the scheduler's last rate, read after the optimizer step
@@ -158,6 +159,7 @@ class MetricsLog(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.world, self.device, self.first_step = args.world_size, args.device, state.global_step
+        self.steps_done = state.global_step
         if self.profiled and state.global_step >= self.profiled[0]:
             self.profiled = None  # a resume past the profiled steps' start: the profiler runs none (StepProfiler)
         self.tokens_start, self.time_start = self.tokens.value, time.perf_counter()
@@ -167,6 +169,7 @@ class MetricsLog(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds_to_first_step is None:
             self.seconds_to_first_step = time.perf_counter() - self.started
+        self.steps_done = state.global_step
         if state.global_step >= state.max_steps:
             control.should_log = True  # the steps since the last multiple of logging_steps are a window too
         if state.global_step == self.first_step + WARMUP_STEPS:

@@ -81,11 +81,13 @@ def _finish(run: Run, error: str | None) -> None:
 
 
 def measured_so_far(log: Any) -> dict[str, Any]:
-    """A run that stopped (failed, interrupted): the time it took to its first step and spent saving and evaluating
-    up to then, as a completed run reports them (its manifest had them null)."""
+    """A run that stopped (failed, interrupted): the steps it trained, the time it took to its first step and spent
+    saving and evaluating up to then, as a completed run reports them (its manifest had them null, and its steps were
+    the last logged one: "steps 1" where checkpoint-2 was complete and the run said to continue from it)."""
     if log is None:
         return {}
-    return {"seconds_to_first_step": log.seconds_to_first_step, "seconds_saving": round(log.seconds_saving, 3),
+    return {**({"steps": log.steps_done} if log.steps_done else {}),
+            "seconds_to_first_step": log.seconds_to_first_step, "seconds_saving": round(log.seconds_saving, 3),
             "seconds_evaluating": round(log.seconds_evaluating, 3)}
 
 

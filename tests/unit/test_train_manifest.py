@@ -112,3 +112,25 @@ def test_a_run_that_failed_before_its_strategy_took_effect_says_so(tmp_path, cap
         launch_run.summarise(tmp_path)
     said = capsys.readouterr().out
     assert "world size 2 on 1 node(s) + LoRA adapters · stopped before its strategy took effect" in said, said
+
+
+def test_a_stopped_run_reports_the_steps_it_trained_not_its_last_logged_one(tmp_path):
+    """Interrupted after checkpoint-2 with logging every 5 steps: the manifest said "steps 1" (its last logged step)
+    while the run said to continue from checkpoint-2. The Trainer's own count of the steps that ended is reported."""
+    from types import SimpleNamespace
+
+    from dockyard.train import ending
+    from dockyard.train.callbacks import MetricsLog
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.268}\n')
+    log = MetricsLog(tmp_path / "metrics.jsonl", True, 0.0, SimpleNamespace(value=0))
+    args, control = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(should_save=False,
+                                                                                 should_evaluate=False)
+    log.on_train_begin(args, SimpleNamespace(global_step=0), control)
+    assert "steps" not in ending.measured_so_far(log), "no step ended: the last logged step stays the figure"
+    for step in (1, 2):
+        log.on_step_end(args, SimpleNamespace(global_step=step, max_steps=8), control)
+    m = manifest.build(tmp_path, load_recipe("lora"), "failed", 1, None, ending.measured_so_far(log), {})
+    assert (m["metrics"]["steps"], m["metrics"]["loss_last"]) == (2, 6.268)
+    log.on_train_begin(args, SimpleNamespace(global_step=6), control)  # a resume from checkpoint-6, stopped at once
+    assert ending.measured_so_far(log)["steps"] == 6
