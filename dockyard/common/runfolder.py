@@ -530,9 +530,10 @@ def check_steps_left(run_dir: Path, max_steps: Any, last: Path | None, completed
         return
     done = (f", and completed: its model is in {run_dir / MODEL}" if completed and (run_dir / MODEL).is_dir()
             else "")
+    reads = ("an adapter: peft's PeftModel.from_pretrained reads it onto the base model" if
+             (last / "adapter_config.json").is_file() else "from_pretrained reads them")
     raise DockyardError(f"already at max_steps {max_steps} ({last.name}){done}: raise it to train on (-- "
-                        f"--max_steps N, after the task's flags); the weights of that step are in {last} "
-                        "(from_pretrained reads them)")
+                        f"--max_steps N, after the task's flags); the weights of that step are in {last} ({reads})")
 
 
 def manifest_file(node_rank: int) -> str:

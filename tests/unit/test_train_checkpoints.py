@@ -264,6 +264,12 @@ def test_a_resume_already_at_max_steps_trains_nothing(tmp_path, capsys):
     err = _resume(run_dir, capsys, "--max_steps", "12")
     assert (f"error: already at max_steps 12 (checkpoint-12), and completed: its model is in {run_dir / 'model'}: "
             "raise it to train on") in err
+    assert "(from_pretrained reads them)" in err
+    # a LoRA run's checkpoint holds its adapter, which from_pretrained alone does not load as a model
+    (run_dir / "checkpoints" / "checkpoint-12" / "adapter_config.json").write_text("{}")
+    with pytest.raises(DockyardError, match=r"\(an adapter: peft's PeftModel\.from_pretrained reads it onto the "
+                                            r"base model\)$"):
+        runfolder.check_steps_left(run_dir, 12, run_dir / "checkpoints" / "checkpoint-12", False)
 
 
 def test_a_checkpoint_of_the_weights_alone_is_not_resumed_as_if_it_held_the_optimizer(tmp_path, capsys):
