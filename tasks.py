@@ -365,11 +365,11 @@ def doctor(c, json=False, record: Place = "", peer="", port: Port = 29500):
             "gpus": "GPUs per node (default: what NVML sees)",
             "gpu_mem": "GiB per GPU (default: what NVML sees)",
             "cpu_mem": "GiB of host memory per node (default: this host's)",
-            "seq_len": "tokens per sequence (default 2048)",
+            "seq_len": "tokens per sequence: auto (or 0, the default) is 2048, or the model's context where shorter",
             "batch": "examples per micro-batch per GPU: auto (or 0, the default) sizes each recipe as a run with no "
                      "tuning flags; N as a run given `-- --per_device_train_batch_size N`",
             "json": "print the plan as JSON"})
-def plan(c, model: Place = "", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, seq_len: Tokens = 2048,
+def plan(c, model: Place = "", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB = 0.0, seq_len: Tokens = 0,
          batch: Batch = 0, json=False):
     """Estimate the memory of every recipe for a model, and recommend the fastest that fits.
 

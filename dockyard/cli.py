@@ -311,7 +311,7 @@ def _given_twice(argv: list[str], token: str) -> str | None:
 
 
 # the form a flag's help shows for the annotations (dockyard/flags.py) whose values Invoke's INT or STRING misnames
-FORMS = {"Batch": "auto|INT", "GiB": "GIB"}
+FORMS = {"Batch": "auto|INT", "Tokens": "auto|INT", "GiB": "GIB"}
 
 
 class TypedFlag(Argument):

@@ -54,7 +54,6 @@ Seconds = Annotated[int, Whole, Field(ge=1, le=7 * 24 * 3600)]
 Restarts = Annotated[int, Whole, Field(ge=0, le=1000)]
 Level = Annotated[int, Whole, Field(ge=0, le=22)]                   # 0 = the compressor's default
 GiB = Annotated[float, BeforeValidator(_decimal), Field(ge=0, le=2**20, allow_inf_nan=False)]  # 0 = what the host has
-Tokens = Annotated[int, Whole, Field(ge=1, le=2**24)]
 
 
 def _auto_or_whole(v: object) -> object:
@@ -65,6 +64,7 @@ def _auto_or_whole(v: object) -> object:
 
 
 Batch = Annotated[int, BeforeValidator(_auto_or_whole), Field(ge=0, le=2**16)]  # per micro-batch; auto, 0: the run's
+Tokens = Annotated[int, BeforeValidator(_auto_or_whole), Field(ge=0, le=2**24)]  # per sequence; auto, 0: the plan's
 
 
 NAME_MAX = 255  # bytes in one part of a path, on every Linux filesystem

@@ -55,6 +55,7 @@ class Shape:
     q_hidden: int = 0    # width of the Q projection (heads × head_dim): 0 = hidden, as in most models
     model_type: str = "" # config.json's model_type (which kernels apply: Liger's)
     tied: bool = False   # input and output embeddings shared (tie_word_embeddings, or the family's default)
+    context: int = 0     # the positions config.json gives the model (max_position_embeddings); 0 = not said
 
     @property
     def q_width(self) -> int:

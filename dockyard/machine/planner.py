@@ -235,12 +235,16 @@ def _how(r: dict, checkpointing: bool) -> str:
 
 # --- the task's front end -----------------------------------------------------------------------------
 
-def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 2048,
+SEQ_LEN = 2048  # what `invoke plan` sizes a sequence at where it is not told (the model's context where shorter)
+
+
+def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 0,
                batch: int = 0, host: Host | None = None, hub_home: Path | None = None, where: str = "--model") -> dict:
     """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given; `batch` 0
-    is auto."""
-    if seq_len < 1:
-        raise DockyardError("--seq-len must be at least 1")
+    is auto, `seq_len` 0 is SEQ_LEN or the model's context where that is shorter (a plan for 2048 tokens of a model
+    of 1024 positions printed a command the trainer refuses)."""
+    if seq_len < 0:
+        raise DockyardError("--seq-len must be auto or at least 1")
     if batch < 0:
         raise DockyardError("--batch must be auto or at least 1")
     for flag, value in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib), ("--cpu-mem", cpu_mem_gib)):
@@ -250,6 +254,8 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
             raise DockyardError(f"{flag}={value:g}: it is in GiB, and no GPU or host has under 1 GiB to train in "
                                 f"(e.g. {flag}=80; 0 for what this host has)")
     shape = shape_for(model, hub_home, where)
+    seq_from = "--seq-len" if seq_len else "the model's context" if 0 < shape.context < SEQ_LEN else "default"
+    seq_len = seq_len or (shape.context if seq_from == "the model's context" else SEQ_LEN)
     device = None
     from dockyard.gpus import REPLAY_ENV
 
@@ -286,6 +292,7 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
     result = plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
                   seq_len=seq_len, batch=batch, device=device)
     result["cpu_mem_from"] = "this host" if this_host else "--cpu-mem"
+    result["seq_len_from"] = seq_from
     result["cpu_mem_elsewhere"] = this_host and elsewhere  # GPUs said for another server, with this one's RAM
     if rec := result["recommendation"]["recipe"]:
         result["recommendation"]["command"] = run_command(rec, model, shape, gpus_given, seq_len, batch)
@@ -313,8 +320,9 @@ def print_plan(result: dict) -> None:
     console.print(f"model: {format_count(m['params'])} parameters, largest layer {format_count(m['largest_layer'])} "
                   f"({escape(str(m['source']))})")
     mine = " (this host's; --cpu-mem)" if result.get("cpu_mem_elsewhere") else ""
+    context = " (the model's context)" if result.get("seq_len_from") == "the model's context" else ""
     table = Table(title=f"sizes in GiB · {result['gpus']} GPU(s) × {_gib(result['gpu_mem_bytes'])}, host "
-                        f"{_gib(result['cpu_mem_bytes'])}{mine}, seq {result['seq_len']}, micro-batch "
+                        f"{_gib(result['cpu_mem_bytes'])}{mine}, seq {result['seq_len']}{context}, micro-batch "
                         f"{result['batch']}")
     # GiB without the unit in each cell, two-line headers, whole GiB from 100: the table fits 80 columns with every
     # recipe name, header and cell whole (a long name of one's own recipe wraps)

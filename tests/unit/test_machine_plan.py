@@ -263,6 +263,29 @@ def test_the_plan_gives_the_command_of_the_run_it_sized_and_that_run_fits(tmp_pa
         "--per_device_train_batch_size 2")
 
 
+def test_a_plan_not_told_the_sequence_length_sizes_no_longer_one_than_the_model_has_positions(tmp_path):
+    """`invoke plan --model=FOLDER` of a model of 512 positions sized runs of 2048 tokens and printed `run it: ...
+    --max_seq_length 2048`: past its context (a model of learned positions, GPT-2's, refuses such examples). Not told,
+    it plans the model's context where that is shorter; told, what it is told."""
+    from tests.support.cli import invoke_here
+
+    cfg = json.loads((LLAMA_8B / "config.json").read_text())
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 512}))
+    planned = planner.plan_model(str(short), gpus=1, gpu_mem_gib=80, cpu_mem_gib=512)
+    assert (planned["seq_len"], planned["seq_len_from"]) == (512, "the model's context")
+    assert planned["recommendation"]["command"].endswith("--max_seq_length 512")
+    told = planner.plan_model(str(short), gpus=1, gpu_mem_gib=80, cpu_mem_gib=512, seq_len=1024)
+    assert (told["seq_len"], told["seq_len_from"]) == (1024, "--seq-len")
+    assert cfg["max_position_embeddings"] > 2048
+    assert planner.plan_model(str(LLAMA_8B), gpus=1, gpu_mem_gib=80, cpu_mem_gib=512)["seq_len"] == 2048
+    said = invoke_here("plan", f"--model={short}", "--gpus=1", "--gpu-mem=80", "--cpu-mem=512", env={"COLUMNS": "200"})
+    assert said.returncode == 0 and "seq 512 (the model's context)" in " ".join(said.stdout.split()), said.stdout
+    auto = invoke_here("plan", f"--model={short}", "--gpus=1", "--gpu-mem=80", "--seq-len=auto", "--json")
+    assert json.loads(auto.stdout)["seq_len"] == 512, auto.stderr
+
+
 def test_the_host_memory_the_plan_takes_from_this_machine_is_said_to_be_this_machines():
     """`plan --gpus=8 --gpu-mem=80` plans another server's GPUs with this machine's RAM (23.5 GiB on a laptop): the
     offload recipes read "no RAM" for a server of 2 TiB, and the title said only "host 23.5 GiB"."""

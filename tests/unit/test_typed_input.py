@@ -48,7 +48,7 @@ NUMBERISH = st.one_of(
     st.sampled_from(["nan", "inf", "-inf", "NaN", "1e400", "two", "", " ", "0x10", "1_0", "2.5", "-0", "+3", "٣"]),
     TEXT,
 )
-TAKES_AUTO = {"batch"}  # flags.Batch: auto, or a whole number
+TAKES_AUTO = {"batch", "seq-len"}  # flags.Batch, flags.Tokens: auto, or a whole number
 FEW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FEWER = settings(FEW, max_examples=15)  # a setting: 19 keys, each through two ways in
 
