@@ -68,16 +68,10 @@ OTHER_NODES_FILE = re.compile(r"[^.]+-node[1-9][0-9]*(\.[a-z]+)+")
 
 def write(folder: Path, name: str, data: bytes | str, mode: int | None = None) -> None:
     """Replace folder/name with `data` in one step (never half-written, never through a link); `mode`: chmod it."""
-    raw = data.encode() if isinstance(data, str) else data
     dfd = _open_folder(folder)
-    tmp = f".{_plain(name)}.{secrets.token_hex(6)}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+        tmp = _aside(dfd, name, data, mode)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(raw)
-                if mode is not None:
-                    os.fchmod(f.fileno(), mode)
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             _unlink(tmp, dfd)
@@ -92,14 +86,10 @@ def create(folder: Path, name: str, data: bytes | str) -> bool:
     """Make folder/name with `data` where nothing has that name yet: whole or not at all (written aside, then linked to
     the name, which link(2) never follows nor replaces). False where something has it: another writer's file, even one
     made a moment ago, or a link planted there."""
-    raw = data.encode() if isinstance(data, str) else data
     dfd = _open_folder(folder)
-    tmp = f".{_plain(name)}.{secrets.token_hex(6)}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+        tmp = _aside(dfd, name, data)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(raw)
             os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
         except FileExistsError:
             return False
@@ -108,6 +98,22 @@ def create(folder: Path, name: str, data: bytes | str) -> bool:
         return True
     finally:
         os.close(dfd)
+
+
+def _aside(dfd: int, name: str, data: bytes | str, mode: int | None = None) -> str:
+    """A new file of a name of its own in the folder `dfd`, holding `data` (`mode`: chmod it), for the caller to put
+    in place of `name`; its name. Removed again where it cannot be written whole (a full disk)."""
+    tmp = f".{_plain(name)}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+    except BaseException:
+        _unlink(tmp, dfd)
+        raise
+    return tmp
 
 
 def append(folder: Path, name: str) -> IO[str]:
