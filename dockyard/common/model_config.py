@@ -8,6 +8,7 @@ model_type is counted as a Llama-style decoder, said so in the result. Standard 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,15 +181,20 @@ def count(folder: Path, lora_rank: int) -> dict:
     check_sizes(path, layers, params)
     source = f"{path}" if kind in FAMILIES else \
         f"{path}; model_type {kind or '(none)'!r} counted as a Llama-style decoder (approximate)"
-    context = next((cfg[k] for k in CONTEXT_KEYS if type(cfg.get(k)) is int and cfg[k] > 0), 0)
     return {"params": params, "largest_layer": max(vocab * h, *own), "hidden": h, "layers": layers, "vocab": vocab,
             "intermediate": inter, "kv_hidden": kv, "q_hidden": q, "linear_params": layers * linear,
             "lora_params": layers * lora_rank * sum(a + b for a, b, _ in linears), "source": source,
-            "model_type": kind, "tied": tied, "context": context}
+            "model_type": kind, "tied": tied, "context": context(cfg.get)}
 
 
 # where config.json says how many positions the model was made for (Llama and most: the first; GPT-2: the others)
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def context(setting: Callable[[str], Any]) -> int:
+    """The positions a model was made for, `setting` reading its config (config.json's dict on the host, the
+    transformers config in the trainer); 0 where none says."""
+    return next((v for k in CONTEXT_KEYS if type(v := setting(k)) is int and v > 0), 0)
 
 
 def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:

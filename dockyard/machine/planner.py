@@ -254,8 +254,9 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
             raise DockyardError(f"{flag}={value:g}: it is in GiB, and no GPU or host has under 1 GiB to train in "
                                 f"(e.g. {flag}=80; 0 for what this host has)")
     shape = shape_for(model, hub_home, where)
-    seq_from = "--seq-len" if seq_len else "the model's context" if 0 < shape.context < SEQ_LEN else "default"
-    seq_len = seq_len or (shape.context if seq_from == "the model's context" else SEQ_LEN)
+    shorter = shape.context if 0 < shape.context < SEQ_LEN else 0
+    seq_from = "--seq-len" if seq_len else "the model's context" if shorter else "default"
+    seq_len = seq_len or shorter or SEQ_LEN
     device = None
     from dockyard.gpus import REPLAY_ENV
 

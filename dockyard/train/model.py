@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
-from dockyard.common import memory, runfolder
+from dockyard.common import memory, model_config, runfolder
 from dockyard.common.errors import DockyardError, first_line, json_object
-from dockyard.common.model_config import CONTEXT_KEYS, check_model_folder, check_pad_token, check_shards_inside, check_sizes
+from dockyard.common.model_config import check_model_folder, check_pad_token, check_shards_inside, check_sizes
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
@@ -500,5 +500,4 @@ def model_shape(folder: Path) -> Any:
                       kv_hidden=kv_heads * head_dim, q_hidden=heads * head_dim, linear_params=linear, lora_params=lora,
                       source=f"{folder}/config.json", model_type=str(getattr(config, "model_type", "") or ""),
                       tied=getattr(config, "tie_word_embeddings", False) is True,
-                      context=next((v for k in CONTEXT_KEYS
-                                    if type(v := getattr(config, k, None)) is int and v > 0), 0))
+                      context=model_config.context(lambda key: getattr(config, key, None)))
