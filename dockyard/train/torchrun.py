@@ -294,8 +294,11 @@ def _who(record: dict, node: int, a: argparse.Namespace) -> str:
 
 
 def _node_rank() -> int | None:
-    """This node's rank (DOCKYARD_NODE_RANK, as the launchers set it); None where it is not a number."""
-    rank = os.environ.get(envvars.NODE_RANK, "0")
+    """This node's rank (DOCKYARD_NODE_RANK, which every launcher of the project sets, a run of one node too); None
+    where it is not set or not a number. A torchrun of several nodes started by hand without it numbers the nodes
+    itself, which its agent does not know here: taken for node 0, every node read and rewrote the run's manifest.json
+    as its own (the workers' own reading, nodes.node_rank, takes torchrun's GROUP_RANK, which they alone are given)."""
+    rank = os.environ.get(envvars.NODE_RANK, "")
     return int(rank) if rank.isascii() and rank.isdecimal() and len(rank) <= 6 else None
 
 

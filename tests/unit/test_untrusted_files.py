@@ -166,12 +166,16 @@ def test_names_another_word_holds_are_refused_in_a_variants_file_and_a_recipe(tm
         recipes.load_recipe(str(mine))
 
 
-def _settle_lost_node_0(tmp_path: Path, monkeypatch, own: dict, node_0s: dict | None = None) -> None:
+def _settle_lost_node_0(tmp_path: Path, monkeypatch, own: dict, node_0s: dict | None = None,
+                        rank: str | None = "1") -> None:
     """The image's torchrun on node 1 once its workers stopped with node 0 gone (dockyard.train.torchrun.settle),
     with the run folder's manifests as `own` (node 1's, this attempt's) and `node_0s` (the run's manifest.json)."""
     from dockyard.train import torchrun
 
-    monkeypatch.setenv("DOCKYARD_NODE_RANK", "1")
+    if rank is None:
+        monkeypatch.delenv("DOCKYARD_NODE_RANK", raising=False)
+    else:
+        monkeypatch.setenv("DOCKYARD_NODE_RANK", rank)
     args = ["--nnodes=2", "--rdzv-endpoint=10.0.0.9:29500", "--rdzv-id=r1", "-m", "dockyard.train", "--run-dir",
             str(tmp_path)]
     (tmp_path / "manifest-node1.json").write_text(json.dumps(own))
@@ -191,6 +195,18 @@ def test_node_0s_error_said_by_the_node_that_outlived_it_reaches_the_terminal_as
                         {"run_id": "r1", "node_rank": 0, "status": "failed", "error": "\x1b]0;owned\x07\x1b[2JCUDA oom"})
     said = capfd.readouterr().err
     assert "failed first: \\x1b]0;owned\\x07\\x1b[2JCUDA oom" in said and "\x1b" not in said and "\x07" not in said
+
+
+def test_a_node_not_told_its_rank_rewrites_no_record(tmp_path, monkeypatch):
+    """A torchrun of several nodes started by hand, without DOCKYARD_NODE_RANK: torchrun numbers the nodes itself, and
+    the agent of node 1 took itself for node 0, reading the run's manifest.json (node 0's) as its own record."""
+    node_0s = {"run_id": "r1", "node_rank": 0, "status": "failed", "nodes_seen": LOST_0["nodes_seen"],
+               "error": "lost node 1 (10.0.0.10, host gpu-b): it stopped answering"}
+    node_1s = {**LOST_0, "error": "CUDA out of memory"}
+    _settle_lost_node_0(tmp_path, monkeypatch, node_1s, node_0s, rank=None)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == node_0s
+    _settle_lost_node_0(tmp_path, monkeypatch, node_1s, node_0s, rank="0")  # told: node 0 says who failed first
+    assert json.loads((tmp_path / "manifest.json").read_text())["error"].startswith("node 1 (?) failed first: CUDA")
 
 
 def test_a_record_nested_deep_left_for_the_node_that_outlived_node_0_is_no_traceback(tmp_path, monkeypatch, capfd):
