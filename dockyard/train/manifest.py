@@ -205,7 +205,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
 def check_same_recipe(run_dir: Path, recipe: str) -> None:
     """--resume with the recipe the run was started with: a checkpoint holds one strategy's state (DeepSpeed's
     engine files, DDP's optimizer), which another strategy cannot load, or loads wrongly."""
-    was = _recorded(run_dir).get("recipe")
+    was = recorded(run_dir).get("recipe")
     if isinstance(was, str) and was and was != recipe:
         raise DockyardError(f"--resume: {run_dir} was trained with recipe {was}, not {recipe}: resume it with "
                             f"--recipe {was} (a checkpoint holds one strategy's state)")
@@ -224,7 +224,7 @@ def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str
     hold them against, a path written into that file (by anything that ran in the folder) is not read. `every`:
     all three held against the record (a checkpoint continues), else only `from_saved` (nothing trained yet: what is
     given now is a fresh start's)."""
-    was = _recorded(run_dir).get("inputs")
+    was = recorded(run_dir).get("inputs")
     if not isinstance(was, dict):
         if from_saved:
             named = ", ".join(f"{k} {given.get(k) or '(none)'}" for k in from_saved)
@@ -256,19 +256,19 @@ def mark_complete(path: Path, step: int) -> None:
 
 def _failed(run_dir: Path) -> bool:
     """The run's manifest says it failed."""
-    return _recorded(run_dir).get("status") == "failed"
+    return recorded(run_dir).get("status") == "failed"
 
 
 def completed(run_dir: Path) -> bool:
     """The run's manifest says it completed."""
-    return _recorded(run_dir).get("status") == "completed"
+    return recorded(run_dir).get("status") == "completed"
 
 
-def _recorded(run_dir: Path) -> dict[str, Any]:
-    """The run's manifest as it is ({} when there is none, or it is not a JSON object), read as untrusted: never
-    through a link."""
+def recorded(run_dir: Path, name: str = runfolder.MANIFEST) -> dict[str, Any]:
+    """The run's manifest (or a node's, `name`) as it is ({} when there is none, or it is not a JSON object), read as
+    untrusted: never through a link."""
     try:
-        raw = loads(runfolder.read_text(run_dir, runfolder.MANIFEST, runfolder.MANIFEST_LIMIT) or "{}")
+        raw = loads(runfolder.read_text(run_dir, name, runfolder.MANIFEST_LIMIT) or "{}")
     except (OSError, ValueError, DockyardError):
         return {}
     return raw if isinstance(raw, dict) else {}

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, first_line, loads, shown
+from dockyard.common.errors import DockyardError, first_line, shown
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
 # and says it is invalid in three lines of its own, as it loads
@@ -204,6 +204,7 @@ def settle(args: list[str], a: argparse.Namespace | None, error: BaseException |
     - Node 0 lost and no manifest.json: this record is made the run's manifest.json too (its node_rank says whose),
       never replacing one. Without it node 0's `invoke run --resume` was refused ("no manifest naming its recipe"),
       and `invoke export` said there was no such run."""
+    from dockyard.train import manifest
     from dockyard.train.ending import STOPPED
 
     me, run_dir = _node_rank(), runfolder.run_dir_of(args)
@@ -212,8 +213,8 @@ def settle(args: list[str], a: argparse.Namespace | None, error: BaseException |
     path = Path(run_dir) / runfolder.manifest_file(me)
     if _stamp(path) == found.get(me):
         return
-    record = _read_record(path)
-    if not (isinstance(record, dict) and record.get("status") == "failed" and isinstance(record.get("error"), str)):
+    record = manifest.recorded(path.parent, path.name)
+    if not (record.get("status") == "failed" and isinstance(record.get("error"), str)):
         return
     said = record["error"]
     lost = LOST_NODE.match(said)
@@ -229,8 +230,6 @@ def settle(args: list[str], a: argparse.Namespace | None, error: BaseException |
         record["error"] = (f"lost node 0 ({_who(record, 0, a)}): its torchrun, which holds the rendezvous {a.rdzv_id} "
                            f"at {a.rdzv_endpoint}, went away after the nodes had met ({type(cause).__name__}: "
                            f"{detail}); this node was stopped with it")
-    from dockyard.train import manifest
-
     try:
         text = manifest.json_text(record, indent=2) + "\n"
     except RecursionError:  # nested deeper than any record the trainer writes (json reads it): planted, left as it is
@@ -254,6 +253,7 @@ def _failed_first(run_dir: Path, node: int, me: int, found: dict[int, tuple[int,
     lost): each a record of the node it names, written since this agent started (`found`), saying it failed, and why,
     or naming in turn the node it lost. None where a record is missing, older, or says no reason of its own (stopped by
     torchrun, or a resumed run's interim record)."""
+    from dockyard.train import manifest
     from dockyard.train.ending import STOPPED, UNRECORDED
 
     seen = {me}
@@ -262,8 +262,8 @@ def _failed_first(run_dir: Path, node: int, me: int, found: dict[int, tuple[int,
         path = run_dir / runfolder.manifest_file(node)
         if _stamp(path) == found.get(node):
             return None  # no record of this attempt's (a missing one is stamped None as well)
-        record = _read_record(path)
-        if not (isinstance(record, dict) and record.get("node_rank") == node and record.get("status") == "failed"):
+        record = manifest.recorded(path.parent, path.name)
+        if not (record.get("node_rank") == node and record.get("status") == "failed"):
             return None  # another node's (a survivor's manifest.json), or not one the trainer wrote
         error = str(record.get("error") or "")
         if UNRECORDED in error or error.startswith(STOPPED):
@@ -273,14 +273,6 @@ def _failed_first(run_dir: Path, node: int, me: int, found: dict[int, tuple[int,
             continue
         return node, first_line(error, 200) or "no error recorded"
     return None
-
-
-def _read_record(path: Path) -> object:
-    """A manifest as JSON, untrusted (any container could have written it), never through a link; None if unreadable."""
-    try:
-        return loads(runfolder.read_text(path.parent, path.name, runfolder.MANIFEST_LIMIT) or "null")
-    except (OSError, ValueError, DockyardError):
-        return None
 
 
 def _who(record: dict, node: int, a: argparse.Namespace) -> str:
