@@ -103,8 +103,11 @@ def process_state_as_it_was():
     SIGINT ignored (its clean-up's guard): every process a later test started inherited SIGINT ignored."""
     import signal
 
+    from dockyard.images import variants
+
     environ = dict(os.environ)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    variants._SAID.clear()  # each test is a command line of its own: it is told how its variant was chosen
     yield
     for sig, handler in handlers.items():
         if handler is not None:

@@ -41,7 +41,7 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
     if devel:
         variant = variant.on_devel_base()
         why += f", FROM its devel base {variant.base}"
-    print(f"{why}")
+    variants.say(why)
     check_lock(variant)  # the image's labels are the variant's pins: the lock it installs must hold them
     created = build_time()
     wheels = wheelhouse_dir(settings, variant)

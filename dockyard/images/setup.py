@@ -147,7 +147,7 @@ def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     check_mirror(mirror)
     ensure_engine(settings, dry)
     variant, why = variants.resolve(settings, "auto")
-    print(why)
+    variants.say(why)
     if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
         ensure_cpu_base(settings, mirror, dry)
     build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -283,6 +284,17 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
     best = max(fits, key=lambda v: cuda_version(v.cuda))
     return best, f"auto → {best.name}: {host.count} GPU(s), {driver_says(host)}" + ("" if host.cuda else
                                                                                      " (picked by the driver version)")
+
+
+_SAID: set[str] = set()
+
+
+def say(why: str, *, err: bool = False) -> None:
+    """Print how the variant was chosen, once per command line: `invoke build run` chooses it in each task, and the
+    same line twice reads as two choices."""
+    if why not in _SAID:
+        _SAID.add(why)
+        print(why, file=sys.stderr if err else sys.stdout)
 
 
 RESERVED = {"auto": "`auto` is --variant's word for picking one, never a variant's name",

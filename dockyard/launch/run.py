@@ -71,7 +71,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
               f"--gpus={','.join(map(str, range(n)))}", file=sys.stderr)
     chosen, why = variants.resolve(settings, r.variant, host)
     if not r.native:
-        print(why)
+        variants.say(why)
         if not r.cpu:  # an image that cannot run here is said first, not after the run's other lines
             check_gpu_host(chosen, host, {}, r.disable_require)
     mig, advice = gpus.mig_advice(host)
@@ -258,7 +258,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     stack). `keep`: the container stays after the shell ends, for `invoke commit` (removed otherwise)."""
     host = select(read_host())  # CUDA_VISIBLE_DEVICES, as for `invoke run`
     chosen, why = variants.resolve(settings, variant, host)
-    print(why, file=sys.stderr)
+    variants.say(why, err=True)
     image = variants.tag(settings, chosen)
     gpus = chosen.is_cuda and not cpu
     info = {} if dry else engine.engine_info(settings)  # --dry asks no engine, as `run --dry`: what the host tells

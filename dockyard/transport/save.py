@@ -183,7 +183,7 @@ def default_image(settings: Settings, variant_name: str = "auto") -> str:
     from dockyard.images import variants
 
     variant, why = variants.resolve(settings, variant_name or "auto")
-    print(why, file=sys.stderr)
+    variants.say(why, err=True)
     return variants.tag(settings, variant)
 
 

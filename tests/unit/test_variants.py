@@ -280,3 +280,13 @@ def test_a_variants_file_of_hostile_or_odd_values_is_refused_in_one_line(tmp_pat
     with pytest.raises(DockyardError, match=r"invalid variants file .*" + says) as e:
         variants._load(bad)
     assert "\n" not in str(e.value)
+
+
+def test_build_then_run_on_one_command_line_says_how_the_variant_was_chosen_once():
+    """`invoke build run` chooses the variant in each task: the same `auto → ...` line twice read as two choices."""
+    from tests.support.cli import invoke
+
+    r = invoke("build", "--dry", "run", "--recipe=ddp", "--dry")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("auto → ")]
+    assert len(said) == 1 and said[0].startswith("auto → cpu"), said
