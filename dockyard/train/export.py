@@ -12,6 +12,7 @@ and the tolerance are printed, and a folder outside it is an error.
 from __future__ import annotations
 
 import argparse
+import math
 import reprlib
 import shutil
 import sys
@@ -94,6 +95,14 @@ def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
         if "vs_4bit_as_trained" in check:
             print(f"  the 4-bit model as trained differs from it by up to {check['vs_4bit_as_trained']:.2e} (the base's "
                   "4-bit rounding: merging onto the 16-bit base undoes it)")
+        if "vs_probe" in check:
+            said = (f"the run's model/ differs from the model as training ended (the logits its manifest recorded, "
+                    f"its probe) by up to {check['vs_probe']:.3g}")
+            if check["vs_probe"] > check["probe_tolerance"]:
+                print(f"warning: {said} (> {check['probe_tolerance']:.1e}): its weights were changed or replaced since "
+                      "the run, or saved wrong; the export holds model/ as it is now", file=sys.stderr)
+            else:
+                print(f"  {said}, within {check['probe_tolerance']:.1e}")
         if check["max_abs_diff"] > check["tolerance"]:
             raise DockyardError(f"the exported model's logits differ from the run's by {check['max_abs_diff']:.3g} "
                                 f"(> {check['tolerance']:.1e}): nothing was kept")
@@ -281,11 +290,27 @@ def compare(m: dict[str, Any], run_dir: Path, out: Path, dtype: torch.dtype, rel
     scale = max(1.0, float(own.abs().max()))
     tol, why = (1e-4 * scale, "") if dtype == torch.float32 else (2e-2 * scale, f"{m['probe']['dtype']} weights")
     check = {"inputs": len(batches), "max_abs_diff": float((got - own).abs().max()), "tolerance": tol, "why": why}
+    as_trained = own
     if merged_qlora:
         as_trained = logits(load_run_model(m, run_dir, dtype, quantized=True), batches)
         check["why"] += "; against the 16-bit base + adapter"
         check["vs_4bit_as_trained"] = float((got - as_trained).abs().max())
+    if recorded := probe_logits(m["probe"]):  # the model/ that was saved against the model that ended training
+        first = as_trained[0, :len(recorded)]
+        check["vs_probe"] = float((first - torch.tensor(recorded)).abs().max())
+        # the trainer's device and kernels, not this one's (bf16 on a GPU against bf16 here): loose, as tests/gpu
+        check["probe_tolerance"] = 5e-2 * max(1.0, float(first.abs().max()))
     return check
+
+
+def probe_logits(probe: dict[str, Any]) -> list[float] | None:
+    """The first logits the trainer recorded for the probe, or None where there are none to compare: a run that
+    diverged records NaN as null (and the manifest is untrusted: anything but a short list of numbers is none)."""
+    values = probe.get("logits")
+    if not (isinstance(values, list) and 0 < len(values) <= 16
+            and all(type(v) in (int, float) and math.isfinite(v) for v in values)):
+        return None
+    return [float(v) for v in values]
 
 
 if __name__ == "__main__":

@@ -269,3 +269,36 @@ def test_an_export_on_a_terminal_shows_the_progress_of_loading_and_saving_weight
     assert "exported lora adapters merged into the float32 base of run r1" in text, text
     assert "Loading weights" in text and "Writing model shards" in text, text
     assert "kernels-community" not in text, text
+
+
+def test_a_model_folder_changed_since_the_run_is_said_against_the_logits_recorded_as_training_ended(tmp_path, capsys):
+    """The export was held to model/ reloaded, never to the model that trained: weights replaced after the run (or
+    saved wrong, as ZeRO-3 once saved empty ones) exported without a word. The manifest's probe (the logits as
+    training ended) now tells: within its tolerance a line says so, beyond it a warning."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "r1"
+    models.materialize_tiny_model(run / "model")
+    ids = [1, 2, 3]
+    trained = export.logits(AutoModelForCausalLM.from_pretrained(run / "model"), [ids])[0, :16].tolist()
+    (run / "manifest.json").write_text(json.dumps({
+        "run_id": "r1", "status": "completed", "variant": "native",
+        "model": {"base": str(run / "base"), "format": "full"}, "strategy": {"peft": None},
+        "probe": {"dtype": "float32", "input_ids": ids, "logits": [round(x, 5) for x in trained]}}))
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(run), "--out", str(tmp_path / "same")]) == 0
+    out, err = capsys.readouterr()
+    assert "differs from the model as training ended" in out and "within" in out and "warning" not in err, (out, err)
+
+    weights = run / "model" / "model.safetensors"  # replaced by other weights of the same shapes
+    torch.manual_seed(1)
+    tensors = {k: torch.randn_like(v) for k, v in load_file(weights).items()}
+    save_file(tensors, weights, metadata={"format": "pt"})
+    assert export.main(["--run-dir", str(run), "--out", str(tmp_path / "changed")]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("warning: the run's model/ differs from the model as training ended") and \
+        "were changed or replaced since the run" in err, (out, err)
+    exported = load_file(tmp_path / "changed" / "model.safetensors")  # what model/ holds now, as the user asked
+    assert all(torch.equal(exported[k], v) for k, v in tensors.items())
