@@ -329,7 +329,7 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         return table.to_list()  # to_list: the rows decoded
     except Exception as e:  # noqa: BLE001 - datasets/pyarrow raise many types for a malformed or missing source
         if ours := next((c for c in causes(e) if isinstance(c, (DockyardError, Stopped))), None):
-            raise ours from None  # a stop from within datasets' work (SIGTERM: another rank failed), said as it is
+            raise ours from None  # a stop from within datasets' work (torchrun's SIGTERM), said as it is
         if disk.disk_full(e, Path(datasets.config.HF_DATASETS_CACHE), by_free_space=False):  # its errors keep the errno
             raise _cache_full(what, kwargs.get("data_files", []), e) from None
         if "data_files" not in kwargs:

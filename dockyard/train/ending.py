@@ -149,6 +149,8 @@ def leave(code: int) -> NoReturn:
 
 
 STOPPED = "stopped by SIGTERM"
+# what a process stopped so records: it cannot tell which, nor where a failed process said why (on another node, maybe)
+SIGNALLED = f"{STOPPED}: a process failed, on this node or another, or the run was cancelled"
 LAUNCHER_GONE = ("torchrun, which started this process, was killed (with `invoke run`'s process group, or out of "
                  "memory), and the run with it")
 INTERRUPTED = 128 + signal.SIGINT
@@ -177,9 +179,11 @@ def failed(raised: BaseException, run: Run | None) -> int:
     if not isinstance(e, (DockyardError, KeyboardInterrupt)):
         e = _the_stop_that_follows(e)
     if isinstance(e, DockyardError):
-        # torchrun's SIGTERM after another process failed: its reason is said by that one (or this node's first)
-        stopped_by_another = str(e).startswith(STOPPED) and not nodes.first_of_node()
-        if not stopped_by_another and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
+        # torchrun's SIGTERM: torchrun, which sent it, says why (which rank failed first, on this node or another, or
+        # that it was stopped itself); this process cannot know, and "its error is above" was untrue on a node that
+        # outlived another node's failure. Without torchrun, a SIGTERM is the run cancelled: said here.
+        stopped_by_torchrun = str(e).startswith(STOPPED) and (under_torchrun() or not nodes.first_of_node())
+        if not stopped_by_torchrun and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
                                        or not _said_by_the_first()):
             with contextlib.suppress(OSError):  # a pipe whose reader died with the launcher: the manifest says it
                 print(f"error: {shown(str(e))}", file=sys.stderr)  # a config.json's escape sequence stays text
@@ -257,8 +261,7 @@ def ours_within(raised: BaseException) -> BaseException:
         interrupt = next((e for e in ours if isinstance(e, KeyboardInterrupt)), None)
         return interrupt if interrupt and str(ours[0]).startswith(STOPPED) else ours[0]
     if _signalled.is_set():
-        return DockyardError(f"{STOPPED}: the run was cancelled, or another rank failed (its error is above)",
-                             exit_code=128 + signal.SIGTERM)
+        return DockyardError(SIGNALLED, exit_code=128 + signal.SIGTERM)
     return raised
 
 
@@ -283,8 +286,12 @@ def _stopped(signum: int, frame: Any) -> None:
     _signalled.set()
     if launcher_gone():
         raise Stopped(f"{STOPPED}: {LAUNCHER_GONE}", exit_code=128 + signum)
-    raise Stopped(f"{STOPPED}: another rank failed (its error is above) or the run was cancelled",
-                  exit_code=128 + signum)
+    raise Stopped(SIGNALLED, exit_code=128 + signum)
+
+
+def under_torchrun() -> bool:
+    """This process was started by torchrun's agent (which stops every worker with SIGTERM when one fails)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def launcher_gone() -> bool:
@@ -293,7 +300,7 @@ def launcher_gone() -> bool:
     BrokenPipeError, and the manifest would never be written. The agent's threads die one by one: its workers are
     handed to another of them first, with the signal, so the parent is watched for a moment before it counts as
     alive (a SIGTERM it sent because another rank failed waits that moment, well inside torchrun's 30 s grace)."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    if not under_torchrun():
         return False
     deadline = time.monotonic() + 1.0
     while os.getppid() == LAUNCHER:

@@ -198,7 +198,7 @@ def settle(args: list[str], a: argparse.Namespace | None, error: BaseException |
       node 2" in node 0's) is followed to the one that failed. Node 0's manifest.json, the run's record, said "lost
       node 1 (...): it stopped answering" where node 1 had run out of memory.
     - Stopped by torchrun's SIGTERM because node 0's rendezvous went away (`error`), on a node other than 0: the workers
-      recorded "stopped by SIGTERM: another rank failed (its error is above)", and none was, wherever torchrun's store
+      recorded only that they were stopped by SIGTERM (they cannot tell why), naming no node, wherever torchrun's store
       was elsewhere (node 0 at 10.0.0.9, node 1 at 10.0.0.10: 3.8 s after node 0's container was killed at step 12).
       Said as the loss of node 0 it was. A run stopped by a signal to this agent (scancel) never comes here.
     - Node 0 lost and no manifest.json: this record is made the run's manifest.json too (its node_rank says whose),

@@ -305,18 +305,41 @@ def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose
         assert r.stderr.strip() == f"torchrun: {said}", (flag, r.stderr[-1500:])
 
 
-def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_never_met(tmp_path):
+# a worker that ends as the trainer does (dockyard.train.ending: SIGTERM recorded, its one line said); the rank named
+# by FAIL_RANK refuses a setting
+TRAINER_WORKER = """
+import os, sys, time
+from dockyard.common.errors import DockyardError
+from dockyard.train import ending
+ending.begin()
+open(sys.argv[1] + os.environ["RANK"], "w")
+try:
+    if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
+        while not os.path.exists(sys.argv[1] + "0"):
+            time.sleep(0.1)
+        raise DockyardError("invalid training setting: nonsense")
+    time.sleep(60)
+except BaseException as e:
+    sys.exit(ending.failed(e, None))
+"""
+
+
+@pytest.mark.parametrize("worker", ["bare", "the trainer's ending"])
+def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_never_met(tmp_path, worker):
     """Node 0's machine gone mid-run: node 1's torchrun, whose next look at the rendezvous failed, said "cannot reach
     the rendezvous ...: start every node with the same --run-id, --master-addr and --master-port", advice for nodes
     that never met, after torch's warnings that its keep-alive and shutdown of the rendezvous had failed: one line
-    now. Real torchrun, two agents on loopback; node 0's agent and worker killed once both workers run."""
+    now. And node 1's trainer, stopped by its torchrun, said first "error: stopped by SIGTERM: another rank failed (its
+    error is above) ...", with nothing above (the failure was node 0's): torchrun's line alone says it now. Real
+    torchrun, two agents on loopback; node 0's agent and worker killed once both workers run."""
     import socket
     import time
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    (tmp_path / "worker.py").write_text("import os, sys, time\nopen(sys.argv[1] + os.environ['GROUP_RANK'], 'w')\n"
+    (tmp_path / "worker.py").write_text(TRAINER_WORKER if worker != "bare" else
+                                        "import os, sys, time\nopen(sys.argv[1] + os.environ['RANK'], 'w')\n"
                                         "time.sleep(60)\n")
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     procs = []
@@ -366,7 +389,7 @@ def stopped(*_):
         sys.exit(143)
     record("data.jsonl: line 3 is not JSON" if rank == "1" and case == "own error" else
            SOCKET if case == "node 0 failed, its socket closed" else
-           "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled")
+           "stopped by SIGTERM: a process failed, on this node or another, or the run was cancelled")
     sys.exit(143)
 signal.signal(signal.SIGTERM, stopped)
 open(os.path.join(run_dir, "started" + rank), "w")
@@ -394,7 +417,22 @@ if case == "node 0 failed, its socket closed" and rank == "1":
     sys.exit(1)
 time.sleep(60)
 """
-STOPPED_BEFORE = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
+STOPPED_BEFORE = "stopped by SIGTERM: a process failed, on this node or another, or the run was cancelled"
+
+
+def test_a_rank_stopped_after_another_failed_on_its_node_leaves_the_reason_to_that_one_and_torchrun(tmp_path):
+    """One node: rank 1 refuses a setting and says why; torchrun stops rank 0, which says nothing of its own (it
+    cannot know why it was stopped): under rank 1's line comes torchrun's, naming rank 1 and pointing above, where the
+    reason is."""
+    (tmp_path / "worker.py").write_text(TRAINER_WORKER)
+    r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone",
+             "--local-addr=127.0.0.1", "worker.py", str(tmp_path / "started")], cwd=tmp_path,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "FAIL_RANK": "1"})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and [line for line in lines if line.startswith("error: ")] == [
+        "error: invalid training setting: nonsense"], r.stderr[-3000:]
+    assert lines[-1] == "torchrun: worker.py failed: rank 1 (local rank 1) first, exit 1; its reason is above", \
+        r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("case", ["node 0 lost", "own error", "earlier attempt", "node 0's record there",

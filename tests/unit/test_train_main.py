@@ -849,7 +849,7 @@ def test_a_run_stopped_while_a_library_wraps_the_stop_in_its_own_error_is_one_li
         signal.signal(signal.SIGTERM, old)
     err = capsys.readouterr().err
     assert code == 128 + signal.SIGTERM and "Traceback" not in err and "cpu_adam" not in err, err
-    assert "error: stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled" in err
+    assert "error: stopped by SIGTERM: a process failed, on this node or another, or the run was cancelled" in err
     m = json.loads((tmp_path / "r1" / "manifest.json").read_text())
     assert m["status"] == "failed" and m["error"].startswith("stopped by SIGTERM"), m["error"]
 

@@ -15,7 +15,7 @@ from dockyard.train import __main__ as trainer
 from dockyard.train import ending, nodes
 from dockyard.train.record import Run
 
-STOPPED = "stopped by SIGTERM: another rank failed (its error is above) or the run was cancelled"
+STOPPED = "stopped by SIGTERM: a process failed, on this node or another, or the run was cancelled"
 
 
 @pytest.fixture(autouse=True)
@@ -124,12 +124,14 @@ def test_torchruns_sigterm_while_the_manifest_is_written_does_not_stop_the_writi
     assert written_error(tmp_path) == "torch.distributed.DistNetworkError: Broken pipe"
 
 
-@pytest.mark.parametrize("local_rank, says", [("1", False), ("0", True)])
-def test_a_process_stopped_by_torchrun_says_so_only_as_its_nodes_first(monkeypatch, tmp_path, capsys, local_rank,
-                                                                        says):
+@pytest.mark.parametrize("local_rank, torchrun, says", [("1", True, False), ("0", True, False), ("0", False, True)])
+def test_a_process_stopped_by_torchrun_leaves_saying_why_to_torchrun(monkeypatch, tmp_path, capsys, local_rank,
+                                                                     torchrun, says):
     """Rank 0 refused `--learning_rate -1` and torchrun stopped rank 1 before rank 1 had refused it too: rank 1 then
-    printed "error: stopped by SIGTERM" under the refusal (a CI run on a loaded host). The node's first process says
-    it (another node's failure stopped this one); the others leave it to it."""
+    printed "error: stopped by SIGTERM" under the refusal (a CI run on a loaded host). And a node's first process said
+    "error: stopped by SIGTERM: another rank failed (its error is above)" on a node that outlived another node's
+    failure, with nothing above: none of torchrun's workers can tell why it was stopped, and torchrun, which stopped
+    them, says it (dockyard.train.torchrun). A process started without torchrun was cancelled: it says so."""
     from dockyard.common.errors import DockyardError
 
     def stopped(overrides, run):
@@ -138,9 +140,14 @@ def test_a_process_stopped_by_torchrun_says_so_only_as_its_nodes_first(monkeypat
     monkeypatch.setattr(trainer, "train", stopped)
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setenv("RANK", local_rank)
+    if torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     code = trainer.main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 143 and ("error: stopped by SIGTERM" in err) is says, err
+    assert "is above" not in err
 
 
 def test_a_launchers_sigterm_while_a_broken_pipe_is_handled_still_leaves_the_manifest(monkeypatch, tmp_path, capsys):
