@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if given:
         share_cpu_cores(given)
-    # the nodes' records as they were before this attempt: none of them is this attempt's to rewrite or to read
-    found = _stamps(args, given)
+    # the nodes' records, stamped as each attempt begins (next_rendezvous): none of those is the attempt's to rewrite
+    # or to read
+    RECORDS.update(_records(args, given))
     try:
         torchrun(argv)
     except ChildFailedError as e:
@@ -98,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                    "`docker inspect`'s OOMKilled), else a `kill -9`")
         print(f"torchrun: {e.name} failed: rank {rank} (local rank {failure.local_rank}) first, {how}; {why}",
               file=sys.stderr, flush=True)
-        settle(args, given, None, found)
+        settle(args, given, None, this_attempts())
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
         print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
         if MET and isinstance(e, RendezvousConnectionError):
-            settle(args, given, e, found)
+            settle(args, given, e, this_attempts())
         return 1
     except SignalException as e:  # Ctrl-C or SIGTERM to the agent: it has stopped the workers with the same signal
         print(f"torchrun: stopped by {signal.Signals(e.sigval).name}; the workers were stopped with it",
@@ -189,10 +190,10 @@ def underlying(error: BaseException) -> tuple[BaseException, str]:
 def settle(args: list[str], a: argparse.Namespace | None, error: BaseException | None,
            found: dict[int, tuple[int, int, int] | None]) -> None:
     """What this node's manifest says of the node that ended the run, once this node's run ended for another node's
-    sake; only for a manifest this attempt wrote (`found`: each node's record as it was when this agent started: a
-    resume stopped before it trained leaves the run's records as they were).
+    sake; only for a manifest this attempt wrote (`found`: each node's record as it was when this attempt began: a
+    resume stopped before it trained leaves the run's records as they were, and so does a restart's).
 
-    - Another node failed on its own error (its record, written since this agent started, says so). This node saw its
+    - Another node failed on its own error (its record, written since this attempt began, says so). This node saw its
       sockets close, its heartbeat stop or, for node 0, its rendezvous end, and recorded "lost node K": said instead as
       node K's failure, with its error and the record that holds it. A node that recorded another's loss in turn ("lost
       node 2" in node 0's) is followed to the one that failed. Node 0's manifest.json, the run's record, said "lost
@@ -250,7 +251,7 @@ FAILED_FIRST = re.compile(r"node (\d{1,6}) \(.*?\) failed first: ")
 def _failed_first(run_dir: Path, node: int, me: int, found: dict[int, tuple[int, int, int] | None]
                   ) -> tuple[int, str] | None:
     """The node that failed on its own error, and the error, following the records from `node` (the one this node
-    lost): each a record of the node it names, written since this agent started (`found`), saying it failed, and why,
+    lost): each a record of the node it names, written since this attempt began (`found`), saying it failed, and why,
     or naming in turn the node it lost. None where a record is missing, older, or says no reason of its own (stopped by
     torchrun, or a resumed run's interim record)."""
     from dockyard.train import manifest
@@ -294,9 +295,8 @@ def _node_rank() -> int | None:
     return int(rank) if rank.isascii() and rank.isdecimal() and len(rank) <= 6 else None
 
 
-def _stamps(args: list[str], a: argparse.Namespace | None) -> dict[int, tuple[int, int, int] | None]:
-    """Each node's record as it is before this attempt (settle reads only those written since), for as many nodes as
-    torchrun is given (--nnodes N or MIN:MAX)."""
+def _records(args: list[str], a: argparse.Namespace | None) -> dict[int, Path]:
+    """Each node's record, for as many nodes as torchrun is given (--nnodes N or MIN:MAX)."""
     run_dir = runfolder.run_dir_of(args)
     try:
         count = int(str(a.nnodes).split(":")[-1]) if a else 1
@@ -304,7 +304,17 @@ def _stamps(args: list[str], a: argparse.Namespace | None) -> dict[int, tuple[in
         count = 1
     if not run_dir:
         return {}
-    return {node: _stamp(Path(run_dir) / runfolder.manifest_file(node)) for node in range(min(max(count, 1), 1024))}
+    return {node: Path(run_dir) / runfolder.manifest_file(node) for node in range(min(max(count, 1), 1024))}
+
+
+def this_attempts() -> dict[int, tuple[int, int, int] | None]:
+    """Each node's record as it was when this attempt began, the nodes met (settle reads only those written since);
+    before any attempt, as it is now."""
+    return MET[-1] if MET else _stamps()
+
+
+def _stamps() -> dict[int, tuple[int, int, int] | None]:
+    return {node: _stamp(path) for node, path in RECORDS.items()}
 
 
 def _stamp(path: Path | None) -> tuple[int, int, int] | None:
@@ -325,7 +335,13 @@ def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:
     return not torch.cuda.is_available()
 
 
-MET: list[bool] = []  # one entry a rendezvous round this agent completed (next_rendezvous)
+# One entry a rendezvous round this agent completed (next_rendezvous), which begins an attempt of the run: each node's
+# record as it was then. With --max-restarts, a record an earlier attempt wrote is no record of this one's: stamped at
+# the agent's start alone, node 0's restarted attempt took node 1's out-of-memory record of the attempt before for its
+# own failure. Stamped once the nodes have met, not as this node joins: another node's workers of the attempt before
+# may still be writing theirs until it joins too, and this attempt's start only once all have.
+MET: list[dict[int, tuple[int, int, int] | None]] = []
+RECORDS: dict[int, Path] = {}  # each node's record (main)
 
 
 def fresh_store_per_attempt() -> None:
@@ -343,7 +359,7 @@ def fresh_store_per_attempt() -> None:
         else:
             os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         met = first(self)
-        MET.append(True)  # the nodes met: a rendezvous lost from here on is a node lost, not a wrong command
+        MET.append(_stamps())  # the nodes met: a rendezvous lost from here on is a node lost, not a wrong command
         return met
 
     next_rendezvous.fresh_store_per_attempt = True

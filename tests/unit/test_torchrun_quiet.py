@@ -548,3 +548,73 @@ def test_a_node_lost_in_turn_is_followed_to_the_one_that_failed(tmp_path, monkey
     cut = {1: "lost node 0 (10.0.0.9, host gpu-0): it stopped answering: Connection reset by peer",
            0: "lost node 1 (10.0.0.10, host gpu-1): it stopped answering: Connection reset by peer"}
     assert settle(cut) == cut[1]
+
+
+WORKER_FAILING_IN_TWO_ATTEMPTS = """
+import glob, json, os, sys, time
+run_dir, node = sys.argv[2], os.environ["DOCKYARD_NODE_RANK"]
+attempt = len(glob.glob(os.path.join(run_dir, f"started{node}-*")))  # this node's workers started before
+nodes = [{"node_rank": 0, "host": "gpu-a", "addr": "10.0.0.9"}, {"node_rank": 1, "host": "gpu-b", "addr": "10.0.0.10"}]
+def record(error):  # replaced whole, as the trainer writes it
+    name = "manifest.json" if node == "0" else f"manifest-node{node}.json"
+    with open(os.path.join(run_dir, name + ".tmp"), "w") as f:
+        json.dump({"run_id": "att1", "node_rank": int(node), "status": "failed", "error": error, "nodes_seen": nodes}, f)
+    os.replace(os.path.join(run_dir, name + ".tmp"), os.path.join(run_dir, name))
+def wait_for(name, holding=""):
+    while not (os.path.exists(os.path.join(run_dir, name)) and holding in open(os.path.join(run_dir, name)).read()):
+        time.sleep(0.1)
+open(os.path.join(run_dir, f"started{node}-{attempt}"), "w")
+LOST = "lost node 1 (10.0.0.10, host gpu-b): it stopped answering: Connection closed by peer [10.0.0.10]:424"
+if attempt == 0 and node == "1":  # its own error, recorded; it exits once node 0's worker has (both restart)
+    wait_for("started0-0")
+    record("CUDA out of memory. Tried to allocate 4.00 GiB")
+    wait_for("manifest.json", LOST)
+    sys.exit(1)
+if node == "0":  # node 1's socket closed under node 0's collective: after its failure, then as its machine went
+    wait_for("manifest-node1.json", "CUDA") if attempt == 0 else wait_for("node1-gone")
+    record(LOST + str(attempt))
+    sys.exit(1)
+time.sleep(60)
+"""
+
+
+def test_a_record_of_an_earlier_attempt_is_not_taken_for_this_ones(tmp_path):
+    """--max-restarts=1 on two nodes: in the first attempt node 1 ran out of memory (its record says so) and both
+    nodes restarted; in the second, node 1's machine went down, and node 0 recorded it lost. Node 0's torchrun read
+    every record written since it started as this attempt's, and its manifest, the run's, said "node 1 ... failed
+    first: CUDA out of memory ...", the first attempt's failure. Records are this attempt's from its rendezvous on."""
+    import json
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "worker.py").write_text(WORKER_FAILING_IN_TWO_ATTEMPTS)
+    procs = {}
+    for rank in (0, 1):
+        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}
+        procs[rank] = subprocess.Popen(
+            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=att1", f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=60",
+             "--max-restarts=1", "--monitor-interval=0.5", "--local-addr=127.0.0.1", "worker.py", "--run-dir",
+             str(tmp_path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((tmp_path / "started0-1").exists() and (tmp_path / "started1-1").exists()):
+            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate(timeout=30)
+            time.sleep(0.2)
+        kill_tree(procs[1].pid)  # node 1's machine gone, in the second attempt
+        (tmp_path / "node1-gone").touch()
+        _, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p.pid)
+        procs[1].communicate(timeout=30)
+    assert procs[0].returncode == 1, err[-3000:]
+    assert json.loads((tmp_path / "manifest-node1.json").read_text())["error"].startswith("CUDA out of memory")
+    said = json.loads((tmp_path / "manifest.json").read_text())["error"]
+    assert said == ("lost node 1 (10.0.0.10, host gpu-b): it stopped answering: Connection closed by peer "
+                    "[10.0.0.10]:4241"), (said, err[-3000:])
+    assert "failed first" not in err, err[-3000:]
