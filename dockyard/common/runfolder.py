@@ -423,6 +423,7 @@ class RunManifest(_Loose):
     variant: Words = "native"
     world_size: Count | None = None
     nodes: Count | None = None
+    node_rank: Count | None = None          # whose record: node 0's manifest.json may be another node's (it lost node 0)
     image: ImageRecord = ImageRecord()
     strategy: StrategyRecord | None = None
     model: ModelSummary | None = None

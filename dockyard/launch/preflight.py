@@ -89,17 +89,22 @@ def trained_where(run_dir: Path, node_rank: int) -> bool | None:
     return None if m is None else m.variant in runfolder.NATIVE_VARIANTS
 
 
-def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -> dict[str, str]:
+def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -> tuple[dict[str, str], int]:
     """`--resume` of a run trained in a container: the host paths of the inputs it mounted (its manifest's `inputs`)
-    that this command does not give again. The run's settings hold the paths inside the container, and a resume mounts
-    only what its command names (a manifest any container can write never chooses a host folder to mount): without
-    them the trainer refused after the container had started, naming a /workspace path the user never typed."""
-    m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank)) or runfolder.read_manifest(run_dir)
+    that this command does not give again, and the node whose record names them. The run's settings hold the paths
+    inside the container, and a resume mounts only what its command names (a manifest any container can write never
+    chooses a host folder to mount): without them the trainer refused after the container had started, naming a
+    /workspace path the user never typed. A node that wrote no record of its own (lost before it could) finds the
+    run's manifest.json, another node's where its `node_rank` says so (the node that lost node 0 writes it): those
+    are that node's host paths, not this one's."""
+    own = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank))
+    m = own or runfolder.read_manifest(run_dir)
     if m is None:
-        return {}
+        return {}, node_rank
+    whose = m.node_rank if m.node_rank is not None else node_rank if own else 0  # one of before node_rank: node 0's
     return {key: rec.path for key in ("data", "model", "eval_data")
             if (rec := m.inputs.get(key)) and rec.path and rec.inside.startswith(inputs.INPUTS + "/")
-            and not given.get(key)}
+            and not given.get(key)}, whose
 
 
 def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:

@@ -752,6 +752,36 @@ def test_a_resume_in_a_container_asks_for_the_inputs_it_mounted_with_the_whole_c
     assert r.returncode == 0, r.stderr
 
 
+def test_a_node_resumed_after_it_was_lost_is_not_given_another_nodes_inputs_as_its_own(env, tmp_path, monkeypatch):
+    """Node 0 lost before it wrote its record: node 1 wrote the run's manifest.json (its node_rank says whose), and node
+    0's `invoke run --resume` without --data said "run m1 read data <node 1's path> ...: give it again", another node's
+    host path as this node's own. Said now as node 1's, offered where node 0's is at that path too (the trainer holds it
+    against the record's fingerprint); given, the resume goes on. Node 1 still gets its own record's paths."""
+    from dockyard.launch import multinode
+
+    data = tmp_path / "node1" / "chat.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"text": "ships sail"}\n')
+    folder = _finished_run(tmp_path / "runs", "m1", "ddp")
+    m = json.loads((folder / "manifest.json").read_text())
+    m |= {"variant": "cpu", "status": "failed", "nodes": 2, "node_rank": 1, "world_size": 4,
+          "error": "lost node 0 (198.18.0.1, host gpu-a): it stopped answering",
+          "inputs": {"data": {"path": str(data), "inside": "/workspace/inputs/data/chat.jsonl"}}}
+    (folder / "manifest.json").write_text(json.dumps(m))
+    (folder / "manifest-node1.json").write_text(json.dumps(m))
+    nodes = ("--nodes=2", "--master-addr=198.18.0.1")
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.1"})
+    r = dry(env, "--resume", "--run-id=m1", *nodes, "--node-rank=0")
+    refused(r, "--resume: run m1 holds no record of what node 0 read (it wrote none, lost before it could; "
+               "manifest.json is node 1's), and a resume mounts what its command names: give node 0's as it was "
+               f"started. Node 1 read data {data}; where node 0's is there too: invoke run --resume --run-id=m1 "
+               f"--variant=cpu --data={data} --nodes=2 --node-rank=0 --master-addr=198.18.0.1 --master-port=29500")
+    assert dry(env, "--resume", "--run-id=m1", *nodes, "--node-rank=0", f"--data={data}").returncode == 0
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.2"})
+    r = dry(env, "--resume", "--run-id=m1", *nodes, "--node-rank=1")
+    refused(r, f"--resume: run m1 read data {data}, and a resume mounts what its command names: give it again: ")
+
+
 def test_a_run_resumes_where_it_trained_on_this_host_or_in_an_image(env, tmp_path):
     """A --native run resumed without --native passed the host's checks, started the image and was refused there:
     "lora1 was trained with data /d/chat.jsonl, not /d/chat.jsonl" (the host's path, not mounted). Said on the host
