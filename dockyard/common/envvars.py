@@ -19,6 +19,9 @@ JOIN_TIMEOUT = 120  # its join_timeout where none is given: seconds node 0 waits
 # user → trainer or host
 SHARED_TIMEOUT = "DOCKYARD_SHARED_TIMEOUT"  # seconds the nodes wait to see each other's files on shared storage
 MEMLOCK = "DOCKYARD_MEMLOCK"            # bytes of locked memory the engine grants, where the host cannot read it
+ATTEMPT = "DOCKYARD_ATTEMPT"            # the workers' attempt (1, then 2 after a restart), as the image's torchrun
+#   counts the nodes' meetings: torchrun's own TORCHELASTIC_RESTART_COUNT stays 0 on a node whose workers it restarted
+#   because another node's failed and came back (only a node's own failure counts there)
 RUN_ID = "DOCKYARD_RUN_ID"              # the run id of an sbatch script's (and compose's) run
 
 

@@ -334,7 +334,7 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
         log.warning("%s", line)
     if nodes.first_of_node():  # once per node (every process said them)
         if ending.restarted():
-            log.warning(f"torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}): the "
+            log.warning(f"torchrun restarted the workers (restart {ending.restarts()}): the "
                         "run " + (f"continues from {Path(resumed_from).name}" if resumed_from else "starts again (it "
                                   "failed before its first complete checkpoint)"))
         elif run.opts.resume and not resumed_from:

@@ -93,7 +93,7 @@ def measured_so_far(log: Any) -> dict[str, Any]:
 
 def _attempt() -> str:
     """This start of the run: torchrun's run id and restart count (a file of an earlier attempt is not this one's)."""
-    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{restarts()}"
 
 
 def _tell_the_writer(run: Run, error: str) -> None:
@@ -318,4 +318,14 @@ def restarted() -> bool:
     """torchrun --max-restarts (`invoke run/k8s --max-restarts`) starts the same command again after a failure: that
     is this run continued, from its last complete checkpoint (or from the start when it failed before one), not a new
     run, which the folder the first attempt wrote would refuse ("already holds a run") on every restart."""
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
+    return restarts() > 0
+
+
+def restarts() -> int:
+    """How many times torchrun started this node's workers again: its own count, which is only this node's failures,
+    or the image's torchrun's count of the nodes' meetings, which is every restart (a node whose workers were well was
+    restarted with a count of 0 when another node's failed and rejoined, and its workers began the run anew in the
+    folder the first attempt wrote, while the other node's resumed)."""
+    counts = (os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), os.environ.get(envvars.ATTEMPT, ""))
+    own, met = (int(c) if c.isascii() and c.isdecimal() and len(c) <= 6 else 0 for c in counts)
+    return max(own, met - 1)

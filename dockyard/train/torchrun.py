@@ -360,6 +360,7 @@ def fresh_store_per_attempt() -> None:
             os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         met = first(self)
         MET.append(_stamps())  # the nodes met: a rendezvous lost from here on is a node lost, not a wrong command
+        os.environ[envvars.ATTEMPT] = str(len(MET))  # the workers this round starts inherit it (ending.restarts)
         return met
 
     next_rendezvous.fresh_store_per_attempt = True

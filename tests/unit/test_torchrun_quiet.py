@@ -584,21 +584,9 @@ def test_a_record_of_an_earlier_attempt_is_not_taken_for_this_ones(tmp_path):
     every record written since it started as this attempt's, and its manifest, the run's, said "node 1 ... failed
     first: CUDA out of memory ...", the first attempt's failure. Records are this attempt's from its rendezvous on."""
     import json
-    import socket
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (tmp_path / "worker.py").write_text(WORKER_FAILING_IN_TWO_ATTEMPTS)
-    procs = {}
-    for rank in (0, 1):
-        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}
-        procs[rank] = subprocess.Popen(
-            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=att1", f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=60",
-             "--max-restarts=1", "--monitor-interval=0.5", "--local-addr=127.0.0.1", "worker.py", "--run-dir",
-             str(tmp_path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = _two_agents_restarting_once(tmp_path, WORKER_FAILING_IN_TWO_ATTEMPTS, "att1")
     try:
         deadline = time.monotonic() + 180
         while not ((tmp_path / "started0-1").exists() and (tmp_path / "started1-1").exists()):
@@ -618,3 +606,64 @@ def test_a_record_of_an_earlier_attempt_is_not_taken_for_this_ones(tmp_path):
     assert said == ("lost node 1 (10.0.0.10, host gpu-b): it stopped answering: Connection closed by peer "
                     "[10.0.0.10]:4241"), (said, err[-3000:])
     assert "failed first" not in err, err[-3000:]
+
+
+WORKER_RESTARTED_FOR_ANOTHER_NODE = """
+import json, os, sys, time
+from dockyard.train import ending
+run_dir, node = sys.argv[2], os.environ["DOCKYARD_NODE_RANK"]
+mark = os.path.join(run_dir, f"started{node}")
+if not os.path.exists(mark):  # the first attempt
+    open(mark, "w").close()
+    if node == "1":  # fails on its own, once node 0's worker runs
+        while not os.path.exists(os.path.join(run_dir, "started0")):
+            time.sleep(0.1)
+        sys.exit(1)
+    time.sleep(120)  # node 0's is well: torchrun stops it as node 1 comes back
+    sys.exit(3)
+print(json.dumps({"node": node, "count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+                  "restarted": ending.restarted()}), flush=True)
+"""
+
+
+def test_a_node_restarted_for_another_nodes_failure_continues_the_run_as_that_node_does(tmp_path):
+    """--max-restarts on two nodes, node 1's worker failed and node 0's was well: torchrun restarts node 0's workers as
+    node 1 rejoins, with TORCHELASTIC_RESTART_COUNT 0 (only a node's own failures count), so the trainer took node 0's
+    second attempt for a new run (in the folder the first wrote) while node 1's resumed. The image's torchrun counts
+    the nodes' meetings for its workers. Two real agents on loopback."""
+    import json
+
+    procs = _two_agents_restarting_once(tmp_path, WORKER_RESTARTED_FOR_ANOTHER_NODE, "rs1")
+    said = {}
+    try:
+        for rank, p in procs.items():
+            said[rank] = p.communicate(timeout=150)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                kill_tree(p.pid)
+    assert [p.returncode for p in procs.values()] == [0, 0], (said[0][1][-2000:], said[1][1][-2000:])
+    second = {rank: json.loads(out.strip().splitlines()[-1]) for rank, (out, _) in said.items()}
+    assert second[1] == {"node": "1", "count": "1", "restarted": True}, second
+    assert second[0] == {"node": "0", "count": "0", "restarted": True}, second  # torch's count says no restart
+
+
+def _two_agents_restarting_once(tmp_path, worker: str, rdzv_id: str) -> dict[int, subprocess.Popen]:
+    """Two nodes' agents of the image's torchrun on loopback, one worker each, --max-restarts=1; `worker` is given
+    `--run-dir tmp_path` and its node's DOCKYARD_NODE_RANK."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "worker.py").write_text(worker)
+    procs = {}
+    for rank in (0, 1):
+        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}
+        procs[rank] = subprocess.Popen(
+            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}",
+             f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=60", "--max-restarts=1", "--monitor-interval=0.5",
+             "--local-addr=127.0.0.1", "worker.py", "--run-dir", str(tmp_path)],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return procs
