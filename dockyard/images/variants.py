@@ -297,6 +297,16 @@ def say(why: str, *, err: bool = False) -> None:
         print(why, file=sys.stderr if err else sys.stdout)
 
 
+def runs_instead(settings: Settings, host: Host) -> Variant | None:
+    """The CUDA variant `auto` picks on this host (its driver runs it, its torch has code for every GPU), or None
+    where none does: what to name when another variant was asked for and this driver cannot run it."""
+    try:
+        best, _ = pick_auto(all_variants(settings), host)
+    except DockyardError:
+        return None
+    return best if best.is_cuda else None
+
+
 RESERVED = {"auto": "`auto` is --variant's word for picking one, never a variant's name",
             "all": "`all` is `invoke lock`'s word for every variant, never a variant's name"}
 

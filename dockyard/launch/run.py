@@ -73,7 +73,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if not r.native:
         variants.say(why)
         if not r.cpu:  # an image that cannot run here is said first, not after the run's other lines
-            check_gpu_host(chosen, host, {}, r.disable_require)
+            check_gpu_host(settings, chosen, host, {}, r.disable_require)
     mig, advice = gpus.mig_advice(host)
     if mig and chosen.is_cuda and not r.cpu:
         print(f"warning: {mig}: {advice}", file=sys.stderr)
@@ -272,7 +272,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     gpus = chosen.is_cuda and not cpu
     info = {} if dry else engine.engine_info(settings)  # --dry asks no engine, as `run --dry`: what the host tells
     if gpus:
-        check_gpu_host(chosen, host, info, False)
+        check_gpu_host(settings, chosen, host, info, False)
     env = {envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}
     if chosen.is_cuda and cpu:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
@@ -360,7 +360,7 @@ def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, 
     node.check_rank_and_port(node_rank, nodes, master_port)
     if variant.is_cuda and not cpu:
         if not host.gpus:
-            check_gpu_host(variant, host, {}, False)  # says why, and what to run instead
+            raise no_gpus(variant, host)
         if nproc > host.count:
             raise DockyardError(f"--nproc={nproc} but this host has {host.count} GPU(s): one process per GPU")
         nproc = nproc or host.count
@@ -371,13 +371,13 @@ def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, 
     return Topology(nproc, nodes, node_rank, master_addr, master_port)
 
 
-def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_require: bool) -> None:
+def check_gpu_host(settings: Settings, variant: Variant, host: Host, engine_info: dict,
+                   disable_require: bool) -> None:
     """Refuse before starting what would fail inside the container with a cryptic message."""
     if not variant.is_cuda:
         return
     if not host.gpus:
-        raise DockyardError(f"variant {variant.name} needs NVIDIA GPUs but {host.error or 'NVML sees none'}; "
-                            "use --variant=cpu (or --cpu to try this image's stack on CPU)")
+        raise no_gpus(variant, host)
     # engine_info is {} on `run --dry`, which asks no engine: nothing known about its runtimes then
     if engine_info and "nvidia" not in (engine_info.get("Runtimes") or {}) \
             and not engine.which("nvidia-container-runtime-hook"):
@@ -385,15 +385,33 @@ def check_gpu_host(variant: Variant, host: Host, engine_info: dict, disable_requ
             "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
             "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
     if variants.driver_runs(variant.cuda, host) is False and not disable_require:  # None: cannot tell, the user chose
-        raise DockyardError(
-            f"image {variant.name} needs CUDA {variant.cuda} but {variants.driver_says(host)}; "
-            "use --variant=auto (picks the newest that fits), upgrade the driver, or --disable-require where CUDA "
-            "forward compatibility applies (datacenter GPUs with the compat package)")
+        raise DockyardError(driver_too_old(settings, variant, host))
     lacking = variants.gpus_without_code(variants.cuda_archs(variant), host)
     if lacking:
         raise DockyardError(
             f"image {variant.name}'s torch has no code for {', '.join(lacking)} (it holds "
             f"{variants.cuda_archs(variant)}): use --variant=auto (picks one that has), or --gpus to leave it out")
+
+
+def no_gpus(variant: Variant, host: Host) -> DockyardError:
+    """A CUDA variant asked for on a host where NVML sees no GPU: why, and what to run instead."""
+    return DockyardError(f"variant {variant.name} needs NVIDIA GPUs but {host.error or 'NVML sees none'}; "
+                         "use --variant=cpu (or --cpu to try this image's stack on CPU)")
+
+
+def driver_too_old(settings: Settings, variant: Variant, host: Host) -> str:
+    """Why `variant` cannot run on this driver, naming the variant that does (as run.sh names the image to load) and
+    the driver it needs. NVIDIA_DISABLE_REQUIRE only lifts the toolkit's check: a CUDA build newer than the driver
+    then runs only on CUDA's forward-compatibility libraries inside the image, which a registry-free build lacks, so
+    torch would find no usable GPU."""
+    instead = variants.runs_instead(settings, host)
+    least = variants.MIN_DRIVER.get(variants.cuda_version(variant.cuda)[0])
+    use = (f"use --variant={instead.name} (CUDA {instead.cuda}, which this driver runs; --variant=auto picks it) or "
+           if instead else "")
+    return (f"image {variant.name} needs CUDA {variant.cuda} but {variants.driver_says(host)}: {use}upgrade the "
+            f"driver{f' to {least} or newer' if least else ''}. --disable-require starts it anyway, which helps only "
+            "an image holding CUDA's forward-compatibility libraries (an nvidia/cuda base's /usr/local/cuda/compat; "
+            "the Debian-based builds hold none)")
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -524,7 +542,7 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     `recipe` is --recipe as given (a name or a folder), which run() has already loaded. `summarised`: the command
     prints the run's summary (`invoke run`; run.sh does not), so the trainer need not."""
     if not cpu:
-        check_gpu_host(variant, host, engine_info, disable_require)
+        check_gpu_host(settings, variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
     seen = inputs.read_only_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
     env = {envvars.IMAGE_REF: image, envvars.IMAGE_ID: image_id, envvars.VARIANT: variant.name, **seen.env,

@@ -168,6 +168,23 @@ def test_an_image_the_driver_cannot_run_is_refused_before_the_runs_other_lines(s
     assert "disk:" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("host", "driver"), [("l40sx2_550", "550.54.15 supports CUDA 12.4"),
+                                              ("a100_mig_570", "570.133.20 supports CUDA 12.8")])
+def test_cu132_on_a_cuda_12_driver_names_the_variant_that_runs_there(settings, capsys, replay, host, driver):
+    """A CUDA 12 server (driver 550, 570) told --variant=cu132: the refusal named no variant ("--variant=auto") and
+    offered --disable-require, which cannot help an image without CUDA's forward-compatibility libraries (none of
+    the Debian-based builds has them: torch inside finds no usable GPU). It names cu128 and the driver cu132 needs,
+    as run.sh does on a node, and says what --disable-require needs."""
+    replay(host)
+    with pytest.raises(DockyardError) as refused:
+        dry_run(settings, capsys, variant="cu132")
+    said = str(refused.value)
+    assert f"image cu132 needs CUDA 13.2 but driver {driver}: use --variant=cu128 (CUDA 12.8, which this driver " \
+           "runs; --variant=auto picks it) or upgrade the driver to 580 or newer." in said
+    assert "--disable-require starts it anyway, which helps only an image holding CUDA's forward-compatibility " \
+           "libraries" in said and "the Debian-based builds hold none" in said
+
+
 def test_fewer_processes_than_gpus_are_given_their_gpus_alone(settings, capsys, replay):
     """`--nproc=4` on eight GPUs gave the container all eight, four idle all run, said only by the monitor's verdict
     at the end: the processes' GPUs alone are given (and watched), and the run says which."""

@@ -174,8 +174,9 @@ def test_run_refuses_an_image_without_code_for_a_gpu(settings):
 
     cu132 = variants.resolve(settings, "cu132")[0]
     with pytest.raises(DockyardError, match=r"cu132's torch has no code for GPU 1 \(Tesla V100-SXM2-32GB, 7\.0\)"):
-        check_gpu_host(cu132, Host(driver="580.65.06", cuda="13.0", gpus=[V100]), {}, False)
-    check_gpu_host(variants.resolve(settings, "cu128")[0], Host(driver="580.65.06", cuda="13.0", gpus=[V100]), {}, False)
+        check_gpu_host(settings, cu132, Host(driver="580.65.06", cuda="13.0", gpus=[V100]), {}, False)
+    check_gpu_host(settings, variants.resolve(settings, "cu128")[0], Host(driver="580.65.06", cuda="13.0", gpus=[V100]),
+                   {}, False)
 
 
 def test_the_devel_option_builds_the_same_lock_from_a_registry_base_with_nvcc(settings):
