@@ -16,13 +16,17 @@ TAIL_LINES = 20  # how much of a failed command's output an error message quotes
 
 def check_free(folder: Path, need: int, what: str, hint: str) -> None:
     """Refuse before writing when `folder` (or its nearest existing parent) lacks `need` bytes."""
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
+    free = shutil.disk_usage(existing(folder)).free
     if free < need:
         raise DockyardError(f"not enough space in {folder}: {human(free)} free, {what} needs about "
                             f"{human(need)}. {hint}")
+
+
+def existing(folder: Path) -> Path:
+    """`folder`, or its nearest parent that exists: where a folder not made yet will take its space."""
+    while not folder.exists():
+        folder = folder.parent
+    return folder
 
 
 class Lines:

@@ -44,6 +44,7 @@ class LayerCache:
         self.hits = self.misses = 0
         self.bytes_copied = 0
         self.kept: list[Path] = []  # the frames this save added
+        self.keeping = True  # False: frames found are used, no new ones are kept (no room for them: save.py)
 
     def _paths(self, digest: str) -> tuple[Path, Path]:
         hexid = digest.split(":", 1)[1]
@@ -177,7 +178,8 @@ class FramedSink:
         self.mode = "compress"
         self.proc = engine.Pipeline(self.compressor, stdin=engine.PIPE, stdout=engine.PIPE, quiet=True,
                                     what="compressing a layer")
-        self.partial = self.cache.partial(digest.split(":")[-1] or "layer") if self.cache else None
+        self.partial = self.cache.partial(digest.split(":")[-1] or "layer") if self.cache and self.cache.keeping \
+            else None
         self.frame_sha, self.frame_bytes = hashlib.sha256(), 0
         self.reader = threading.Thread(target=self._read_frame, args=(self.proc, self.partial), daemon=True)
         self.reader.start()
@@ -224,6 +226,7 @@ class FramedSink:
                 proc.close()
             if self.cache is not None:
                 self.cache.misses += 1
+            if self.partial is not None:
                 self.cache.keep(self.partial, digest, self.frame_sha.hexdigest(), self.frame_bytes)
                 self.partial = None
 

@@ -70,9 +70,11 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
     # Thin archives need about as much: they spool each layer while hashing it.
     tar_estimate = sum(i["bytes"] for i in images)
-    console.check_free(out_dir, int(tar_estimate * COMPRESSED_SHARE[compress]) + MARGIN, "the archive",
-                       "Free some space or pass --out=DIR on a larger disk.")
+    archive_need = int(tar_estimate * COMPRESSED_SHARE[compress]) + MARGIN
+    console.check_free(out_dir, archive_need, "the archive", "Free some space or pass --out=DIR on a larger disk.")
     cache = layer_cache(settings, compress, level)
+    if cache is not None:
+        cache.keeping = room_to_keep(cache, out_dir, archive_need, int(tar_estimate * COMPRESSED_SHARE[compress]))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(paths), interrupts_as_errors(f"saving {paths.archive.name}"):
@@ -283,6 +285,23 @@ def layer_cache(settings: Settings, method: str, level: int) -> LayerCache | Non
     if method == "none" or settings.layer_cache_gb <= 0:
         return None
     return LayerCache(settings.path(settings.layer_cache), method, level, int(settings.layer_cache_gb * (1 << 30)))
+
+
+def room_to_keep(cache: LayerCache, out_dir: Path, archive_need: int, frames_need: int) -> bool:
+    """Whether the disk holding the layer cache has room for this save's frames (a second copy of its large layers,
+    about the archive's size) beside the archive where both are on one disk. The cache only saves time: without room
+    it keeps nothing this time (its frames are still used), rather than filling the disk under the archive and
+    failing the save minutes in, as the free-space check had passed."""
+    where = console.existing(cache.dir)
+    need = frames_need + (archive_need if where.stat().st_dev == console.existing(out_dir).stat().st_dev else 0)
+    free = shutil.disk_usage(where).free
+    if free >= need:
+        return True
+    print(f"layer cache: keeping no new layers this save, as {console.human(free)} is free for it in {where} and "
+          f"it would take about {console.human(frames_need)}"
+          + (f" beside the archive's {console.human(archive_need)}" if need > frames_need else "")
+          + " (free space there, or point the layer_cache setting at a larger disk)")
+    return False
 
 
 def pump_framed(pump: TarPump, src, compressor: list[str], emit: Callable[[bytes], None],

@@ -206,3 +206,36 @@ def test_a_save_refused_says_what_to_type_instead(tmp_path, monkeypatch, setting
         save_mod.save(settings, image="x:1", out=str(tmp_path / "dist"), thin_for="127.0.0.1")
     with pytest.raises(DockyardError, match=r"^no inventory node7\.json: make one"):
         save_mod.save(settings, image="x:1", out=str(tmp_path / "dist"), thin_for="node7.json")
+
+
+def test_a_layer_cache_without_room_beside_the_archive_keeps_nothing_instead_of_failing_the_save(tmp_path, monkeypatch,
+                                                                                                capsys):
+    """The free-space check counted the archive alone, and the layer cache (on the same disk, ~/.cache) keeps a second
+    copy of every large layer: `invoke save --variant=cu128` (a 4.1 GB archive and 4.1 GB of frames) on a disk of
+    6 GB passed the check and failed minutes in, "no space left in images/dist". Where the disk has room for the
+    archive but not for both, the save keeps no frames this time, says so, and writes the archive."""
+    import shutil
+    from collections import namedtuple
+
+    raw, image, _, _ = fake_save(big_bytes=2 << 20)  # a layer large enough for a frame (and a cache entry) of its own
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": len(raw), "chain_ids": []}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    s = Settings(docker=str(docker), layer_cache=str(tmp_path / "cache"))
+    archive_need = int(len(raw) * save_mod.COMPRESSED_SHARE["zstd"]) + save_mod.MARGIN
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, archive_need + (1 << 20)))
+
+    save_mod.save(s, image="t:2", out=str(tmp_path / "dist"))
+
+    said = capsys.readouterr().out
+    assert "layer cache: keeping no new layers this save, as " in said and "beside the archive's" in said
+    assert not list((tmp_path / "cache").rglob("*.frame")) and "kept" not in said
+    assert load_mod.verify(s, ArchivePaths(tmp_path / "dist" / "t_2.tar.zst"))["archive"] == "t_2.tar.zst"
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, 1 << 40))  # room: kept, as ever
+    save_mod.save(s, image="t:2", out=str(tmp_path / "dist"))
+    assert len(list((tmp_path / "cache").rglob("*.frame"))) == 1 and "layer cache: kept" in capsys.readouterr().out
