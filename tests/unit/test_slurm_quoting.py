@@ -98,10 +98,12 @@ def _submit(base: Path, text: str, *after: str, **env: str) -> tuple[subprocess.
     (bin_ / "scontrol").chmod(0o755)
     (bin_ / "docker").write_text("#!/bin/sh\nexit 1\n")  # no node has the image yet
     (bin_ / "docker").chmod(0o755)
-    p = subprocess.run(["bash", str(script), *after], capture_output=True, text=True, timeout=60,
+    # bytes, decoded here: text=True reads "\r" as a line end, and the script says the value it refused as given
+    p = subprocess.run(["bash", str(script), *after], capture_output=True, timeout=60,
                        env=environment(bin_, log, base / "pwned", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="gpu-[a-b]",
                                        RECORD_ENV="DOCKYARD_RENDEZVOUS,DOCKYARD_NODE_RANK,INVOKE_DOCKYARD_RUNS_DIR",
                                        **env))
+    p.stdout, p.stderr = p.stdout.decode(), p.stderr.decode()
     assert not (base / "pwned").exists(), "a value ran as a command"
     return p, records(log, ("DOCKYARD_RENDEZVOUS", "DOCKYARD_NODE_RANK", "INVOKE_DOCKYARD_RUNS_DIR"))
 
@@ -166,6 +168,7 @@ def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp
 @example(runtime="apptainer", image="i m'g", recipe="-r $(touch \"$MARK\")", runs="r u'n # %j", override=ATTACK,
          after=ATTACK)
 @example(runtime="pyxis", image="i", recipe="r", runs="r", override=ATTACK, after="--")
+@example(runtime="pyxis", image="'", recipe="'", runs="'", override="'", after="\r")  # said as given, not as a line end
 @given(runtime=st.sampled_from(["pyxis", "apptainer"]), image=path_name, recipe=path_name, runs=path_name,
        override=hostile_value, after=hostile_text.filter(lambda s: "\0" not in s and s != "--resume"))  # that needs a run id
 def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, runtime, image,
