@@ -267,13 +267,26 @@ def stream_save(settings: Settings, images: list[dict], sink: Callable[[bytes], 
     started = time.monotonic()
     with (console.progress() as bar,
           engine.Pipeline(save_argv, stdout=engine.PIPE, quiet=True, what="docker save") as docker_save):
-        task = bar.add_task(label, total=sum(i["bytes"] for i in images) or None)
-        pump = TarPump(omit, spool_dir, on_read=lambda n: bar.advance(task, n))
+        task = bar.add_task(label, total=total or None)
+        shown = total
+
+        def read(n: int) -> None:
+            # The tar is larger than the layers it holds (its headers, each layer's headers for its files, config
+            # and manifest files): past the images' size the total grows, by 1 % at a time, as rich starts its
+            # speed estimate again on each new total.
+            nonlocal shown
+            if pump.bytes_read > shown:
+                shown = pump.bytes_read + max(total // 100, 1)
+                bar.update(task, total=shown)
+            bar.advance(task, n)
+
+        pump = TarPump(omit, spool_dir, on_read=read)
         if comp_argv is None:
             pump.run(docker_save.stdout, emit)
         else:
             pump_framed(pump, docker_save.stdout, comp_argv, emit, cache)
         docker_save.wait()
+        bar.update(task, total=pump.bytes_read)  # ends at 100 %: the tar docker save streamed
     pump.check(images)
     if cache is not None:
         cache.prune()

@@ -239,3 +239,34 @@ def test_a_layer_cache_without_room_beside_the_archive_keeps_nothing_instead_of_
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, 1 << 40))  # room: kept, as ever
     save_mod.save(s, image="t:2", out=str(tmp_path / "dist"))
     assert len(list((tmp_path / "cache").rglob("*.frame"))) == 1 and "layer cache: kept" in capsys.readouterr().out
+
+
+def test_the_save_bar_ends_at_the_tar_docker_save_streamed_never_past_its_total(tmp_path, monkeypatch, capsys):
+    """The bar's total was the images' size (their layers), and docker save streams more (the tar's headers, each
+    layer's headers for its files, config and manifest files): saving cu128 the bar ended at `8.5/8.4 GB`. The
+    total now follows the tar past the images' size, and the bar ends at 100 % of what was read."""
+    from rich.progress import Progress
+
+    from dockyard import console
+
+    raw, image, _, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    layers = 300_000 + len("recipe v2\n")  # what the engine reports as the image's size: the files in its layers
+    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": layers, "chain_ids": []}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    bars = []
+    monkeypatch.setattr(console, "progress", lambda things=False: bars.append(Progress(disable=True)) or bars[-1])
+    s = Settings(docker=str(docker), layer_cache_gb=0)
+
+    save_mod.save(s, image="t:2", out=str(tmp_path / "dist"), compress="none")
+
+    (task,) = bars[0].tasks  # the tar read, up to its end-of-archive marker
+    assert task.completed == task.total > layers and task.finished
+    read = console.human(task.completed)
+
+    monkeypatch.setattr(console, "progress", lambda things=False: console.Lines(things))  # a log: the same count
+    save_mod.save(s, image="t:2", out=str(tmp_path / "dist"), compress="none")
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"save t_2.tar: {read} of {read} (100%), ")
