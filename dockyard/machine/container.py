@@ -8,7 +8,7 @@ import re
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
-from dockyard.common.units import GIB
+from dockyard.common.units import GIB, human
 from dockyard.images import variants
 from dockyard.launch import caches
 from dockyard.launch.run import docker_run_argv
@@ -17,7 +17,7 @@ from dockyard.settings import Settings
 
 SHM_MIN = 1 * GIB                   # NCCL and DataLoader workers need far more than Docker's default 64 MB
 STACK_MIN_KIB = 64 * 1024           # --ulimit stack=67108864, NVIDIA's recommended run flags
-DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is ~7 GB (cu132), and `docker load` unpacks a copy first
+DISK_FAIL, DISK_WARN = 10 * GIB, 50 * GIB  # a CUDA image is 7-8.5 GB, and `docker load` unpacks a copy first
 REPORT = "/opt/dockyard/ds_report.txt"
 # What the probe container prints: /dev/shm and the data root's disk (the overlay root reports its backing
 # filesystem, so this works for a remote engine too), the ulimits, then the image's saved ds_report.
@@ -62,14 +62,16 @@ def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
     return Check("ulimits", PASS, detail)
 
 
-def check_disk(free: int, data_root: str) -> Check:
+def check_disk(free: int, data_root: str, image: str, image_bytes: int | None) -> Check:
+    """The engine's free disk; `image` is what auto picks on this host, `image_bytes` its size (None: not here)."""
     detail = f"{free / GIB:.0f} GiB free under the engine's data root {data_root}"
     if free < DISK_FAIL:
         return Check("disk", FAIL, detail, "free space there: `docker image prune`, or move the data root "
                                            "(dockerd --data-root) to a larger disk")
     if free < DISK_WARN:
-        return Check("disk", WARN, detail, "a CUDA image takes ~7 GB (cu132, measured) and `docker load` unpacks a "
-                                           "copy first: keep 50 GiB free")
+        size = f"takes {human(image_bytes)}" if image_bytes else "is not here yet"
+        return Check("disk", WARN, detail, f"{image} (what auto picks here) {size}, and `docker load` unpacks a copy "
+                                           f"of an image first: keep {DISK_WARN // GIB} GiB free")
     return Check("disk", PASS, detail)
 
 

@@ -76,7 +76,8 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
         checks.append(check_gpu_container(host, proc.returncode, proc.stdout + proc.stderr))
     checks += [container.check_shm(facts["shm_bytes"]),
                refused or container.check_ulimits(facts["memlock"], facts["stack"], bool(host.gpus)),
-               container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"))]
+               container.check_disk(facts["disk_free_bytes"], info.get("DockerRootDir", "?"), variants.tag(settings, auto),
+                                    (images.get(auto.name) or {}).get("Size"))]
     if probe:
         checks.append(container.check_ds_report(facts["ds_report"], probe, image))
         if probe is not auto:  # probed with another variant's image: the one runs pick is still missing

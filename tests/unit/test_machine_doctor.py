@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -136,9 +137,35 @@ def test_probe_output_and_its_checks():
     assert container.check_ulimits("8192", "65536", gpu=True).detail == \
         "memlock 8 MiB, stack 64 MiB (to run with compose: DOCKYARD_MEMLOCK=8388608 docker compose ...)"
     assert container.check_ulimits("unlimited", "", gpu=True).detail == "memlock unlimited, stack ?"
-    assert container.check_disk(5 * 2**30, "/var/lib/docker").status == doctor.FAIL
-    assert container.check_disk(30 * 2**30, "/var/lib/docker").status == doctor.WARN
-    assert container.check_disk(300 * 2**30, "/var/lib/docker").status == doctor.PASS
+    assert container.check_disk(5 * 2**30, "/var/lib/docker", "dockyard:0.1.0-cpu", None).status == doctor.FAIL
+    assert container.check_disk(30 * 2**30, "/var/lib/docker", "dockyard:0.1.0-cpu", None).status == doctor.WARN
+    assert container.check_disk(300 * 2**30, "/var/lib/docker", "dockyard:0.1.0-cpu", None).status == doctor.PASS
+
+
+def test_the_disk_hint_names_the_image_auto_picks_here_and_its_size(monkeypatch):
+    """On a CUDA 12 driver (L40S, 550) with 30 GiB free, the hint said "a CUDA image takes ~7 GB (cu132, measured)",
+    and auto picks cu128 there, 8.4 GB. It now names the image auto picks on the host and its size, as the engine
+    holds it."""
+    settings = Settings()
+    sizes = {variants.tag(settings, variants.all_variants(settings)[n]): b
+             for n, b in (("cpu", 2_069_880_886), ("cu128", 8_430_000_000), ("cu132", 6_920_000_000))}
+    monkeypatch.setattr(doctor.engine, "engine_info", lambda s: {"ServerVersion": "27.5.1",
+                                                                "DockerRootDir": "/var/lib/docker"})
+    monkeypatch.setattr(doctor.engine, "image_inspect", lambda s, ref: {"Size": sizes[ref]} if ref in sizes else None)
+    monkeypatch.setattr(doctor.engine, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", ""))
+    facts = {"shm_bytes": 16 * 2**30, "memlock": "unlimited", "stack": "65536", "disk_free_bytes": 30 * 2**30,
+             "ds_report": ""}
+    monkeypatch.setattr(container, "probe_container", lambda s, image: (facts, None))
+
+    checks = _by_name(doctor.diagnose(settings, Recorded.from_file(FIXTURES / "nvml" / "hosts" / "l40sx2_550.json")))
+
+    assert checks["disk"].status == doctor.WARN
+    assert checks["disk"].fix == (f"{variants.tag(settings, variants.all_variants(settings)['cu128'])} (what auto "
+                                  "picks here) takes 8.4 GB, and `docker load` unpacks a copy of an image first: "
+                                  "keep 50 GiB free")
+    del sizes[variants.tag(settings, variants.all_variants(settings)["cu128"])]  # probed in cu132's, cu128 not here
+    checks = _by_name(doctor.diagnose(settings, Recorded.from_file(FIXTURES / "nvml" / "hosts" / "l40sx2_550.json")))
+    assert "-cu128 (what auto picks here) is not here yet, " in checks["disk"].fix
 
 
 def test_probe_runs_with_the_launchers_flags():
