@@ -224,7 +224,15 @@ def read_label(labels: dict, key: str) -> str | None:
 
 def _min_driver(cuda: str) -> str:
     major = variants.cuda_version(cuda)[0]
-    return f" (driver ≥ {variants.MIN_DRIVER[major]})" if major in variants.MIN_DRIVER else ""
+    return f" to {variants.MIN_DRIVER[major]} or newer" if major in variants.MIN_DRIVER else ""
+
+
+def _short_of(cuda: str, host: Host) -> str:
+    """Why the driver does not run CUDA `cuda`, as a sentence: by the CUDA version NVML read, else by its version."""
+    if host.cuda:
+        return variants.driver_says(host)
+    least = variants.MIN_DRIVER[variants.cuda_version(cuda)[0]]
+    return f"driver {host.driver} is older than {least} (NVML could not read its CUDA version)"
 
 
 def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None],
@@ -237,20 +245,22 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             if not v.is_cuda:
                 continue
             label = image_cuda.get(name)
-            cuda, where = (label, "image label") if label else (v.cuda, "variants.yaml; image not built")
+            cuda, where = (label, "its image's label") if label else (v.cuda, "variants.yaml, as its image is not here")
             archs = (image_archs or {}).get(name) or variants.cuda_archs(v)
             lacking = variants.gpus_without_code(archs, host)
             if lacking:
                 out.append(Check(f"variant {name}", WARN, f"its torch has no code for {', '.join(lacking)} "
                                  f"(it holds {archs})", f"auto skips {name} on this host; use another variant"))
             elif (runs := variants.driver_runs(cuda, host)) is None:
-                out.append(Check(f"variant {name}", WARN, f"cannot tell whether CUDA {cuda} ({where}) runs: "
-                                 f"{variants.driver_says(host)}", f"--variant={name} runs it anyway"))
+                out.append(Check(f"variant {name}", WARN, f"cannot tell whether {name} (CUDA {cuda}, {where}) runs "
+                                 f"on {variants.driver_says(host)}", f"--variant={name} runs it anyway"))
             elif runs:
-                out.append(Check(f"variant {name}", PASS, f"CUDA {cuda} ({where}) runs on driver {host.driver}"))
+                driver = f"driver {host.driver}" if host.driver else "the driver"
+                older = host.cuda and variants.cuda_version(host.cuda) < variants.cuda_version(cuda)
+                compat = f", as a CUDA {host.cuda} driver runs any CUDA {host.cuda.split('.')[0]} build" if older else ""
+                out.append(Check(f"variant {name}", PASS, f"{name} needs CUDA {cuda} ({where}): {driver} runs it{compat}"))
             else:
-                out.append(Check(f"variant {name}", WARN,
-                                 f"CUDA {cuda} ({where}) is newer than {variants.driver_says(host)}",
+                out.append(Check(f"variant {name}", WARN, f"{name} needs CUDA {cuda} ({where}) but {_short_of(cuda, host)}",
                                  f"upgrade the driver{_min_driver(cuda)} to use {name}; auto picks another variant "
                                  "where one runs here (see `auto variant`)"))
     try:

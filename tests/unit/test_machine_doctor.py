@@ -44,9 +44,31 @@ def test_old_driver_with_a_new_cuda_image(all_variants):
     host, _ = _host("old_driver.json")  # driver 550, CUDA 12.4
     checks = _by_name(doctor.check_variants(all_variants, host, {"cu132": "13.2", "cu128": None}))
     assert checks["variant cu132"].status == doctor.WARN
-    assert "image label" in checks["variant cu132"].detail and "driver ≥ 580" in checks["variant cu132"].fix
+    assert "image's label" in checks["variant cu132"].detail and "driver to 580 or newer" in checks["variant cu132"].fix
     assert checks["variant cu128"].status == doctor.PASS, "CUDA 12.8 runs on a 12.4 driver (minor-version compat)"
     assert checks["auto variant"].status == doctor.PASS and "auto → cu128" in checks["auto variant"].detail
+
+
+def test_each_variant_line_is_a_sentence_naming_the_variant_and_what_it_needs(all_variants):
+    """On a 550 driver the line for cu132 read "CUDA 13.2 (image label) is newer than driver 550.54.15 supports CUDA
+    12.4", and its fix "upgrade the driver (driver ≥ 580)". Each line now says what the variant needs and what the
+    driver does, however the driver was read."""
+    host, _ = _host("hosts/l40sx2_550.json")
+    checks = _by_name(doctor.check_variants(all_variants, host, {"cu132": "13.2", "cu128": None}))
+    assert checks["variant cu132"].detail == ("cu132 needs CUDA 13.2 (its image's label) but driver 550.54.15 supports "
+                                              "CUDA 12.4")
+    assert checks["variant cu132"].fix.startswith("upgrade the driver to 580 or newer to use cu132; auto picks ")
+    assert checks["variant cu128"].detail == ("cu128 needs CUDA 12.8 (variants.yaml, as its image is not here): "
+                                              "driver 550.54.15 runs it, as a CUDA 12.4 driver runs any CUDA 12 build")
+    no_cuda = dataclasses.replace(host, cuda="")  # NVML read the driver's version alone
+    checks = _by_name(doctor.check_variants(all_variants, no_cuda, {"cu132": "13.2"}))
+    assert checks["variant cu132"].detail == ("cu132 needs CUDA 13.2 (its image's label) but driver 550.54.15 is older "
+                                              "than 580 (NVML could not read its CUDA version)")
+    unread = dataclasses.replace(host, cuda="", driver="")
+    checks = _by_name(doctor.check_variants(all_variants, unread, {"cu132": "13.2"}))
+    assert checks["variant cu132"].detail == ("cannot tell whether cu132 (CUDA 13.2, its image's label) runs on the "
+                                              "driver (NVML could not read its version), whose CUDA version NVML could "
+                                              "not read")
 
 
 def test_driver_older_than_every_variant_fails(all_variants):
