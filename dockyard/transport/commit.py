@@ -101,7 +101,8 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
         raise DockyardError(f"`{engine.shown(engine.docker(settings, 'container', 'inspect', container))}` did not "
                             "answer as a Docker client does: the docker setting (INVOKE_DOCKYARD_DOCKER) must name the "
                             "docker program")
-    diff = parse_diff(engine.run(engine.docker(settings, "diff", container), capture=True, quiet=True).stdout)
+    diff = own_changes(parse_diff(engine.run(engine.docker(settings, "diff", container), capture=True,
+                                             quiet=True).stdout), mount_points(meta))
     secrets = find_secrets(diff) + env_secrets(meta["Config"].get("Env") or [])
     found, unread, partly = content_secrets(settings, container, diff, {path for path, _ in secrets})
     secrets += found
@@ -167,6 +168,25 @@ def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str], r
 def parse_diff(text: str) -> list[tuple[str, str]]:
     """`docker diff` lines ("A /path", "C /path", "D /path") as (kind, path)."""
     return [(line[0], line[2:]) for line in text.splitlines() if len(line) > 2 and line[1] == " "]
+
+
+def mount_points(meta: dict) -> list[str]:
+    """Where the engine mounted something into the container (`docker container inspect`'s Mounts; with --init its
+    docker-init, at /sbin, /usr/sbin on a merged /usr)."""
+    points = [m["Destination"] for m in meta.get("Mounts") or [] if isinstance(m, dict) and m.get("Destination")]
+    if (meta.get("HostConfig") or {}).get("Init"):
+        points += ["/sbin/docker-init", "/usr/sbin/docker-init"]
+    return points
+
+
+def own_changes(diff: list[tuple[str, str]], mounts: list[str]) -> list[tuple[str, str]]:
+    """The diff without the mounts: `docker diff` lists each mount point and the folders made to hold it as changes,
+    while what is mounted stays out of the image (the commit keeps an empty mount point). Neither is the container's
+    own change, nor a file to read for secrets (a mounted ~/.netrc is the host's)."""
+    def mounted(path: str) -> bool:
+        return any(path == m or path.startswith(m.rstrip("/") + "/") or m.startswith(path.rstrip("/") + "/")
+                   for m in mounts)
+    return [(kind, path) for kind, path in diff if not mounted(path)]
 
 
 def find_secrets(diff: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -307,3 +307,25 @@ def test_a_client_found_on_path_that_is_no_docker_client_is_named_as_found(monke
     with pytest.raises(DockyardError) as e:
         commit.commit(Settings(docker=""), "c1", tag="mine:1")
     assert str(e.value).startswith(f"`{client} container inspect c1` did not answer as a Docker client does")
+
+
+def test_the_shells_mounts_are_not_the_containers_changes(tmp_path, monkeypatch, capsys):
+    """After `echo 'echo hi > /tmp/mark' | invoke shell --keep`, `invoke commit` said "most under /workspace/.cache
+    (3), /workspace (1), /workspace/runs (1), /tmp/mark (1), /usr/sbin (1)": `docker diff` lists each mount point,
+    the folders made to hold it and --init's docker-init. What was mounted is not committed, and a mounted ~/.netrc is
+    the host's: the summary counts, and the secret scan reads, what the container changed itself."""
+    settings, committed = container(tmp_path, monkeypatch, {"/tmp/mark": "hi\n", "/root/.netrc": f"password {HF}\n"})
+    (tmp_path / "fs.diff").write_text("C /tmp\nA /tmp/mark\nC /usr\nC /usr/sbin\nA /usr/sbin/docker-init\n"
+                                      "A /workspace\nA /workspace/.cache\nA /workspace/.cache/compile\n"
+                                      "A /workspace/.cache/huggingface\nA /workspace/runs\nC /root\nA /root/.netrc\n")
+    mounts = ["/workspace/.cache/huggingface", "/workspace/.cache/compile", "/workspace/runs", "/opt/dockyard/recipes",
+              "/root/.netrc"]
+    (tmp_path / "fs.inspect").write_text(json.dumps([{
+        "Id": "c" * 64, "Name": "/dockyard-shell-1", "Image": "sha256:" + "a" * 64,
+        "Config": {"Image": "dockyard:0.1.0-cpu", "Env": []}, "HostConfig": {"Init": True},
+        "Mounts": [{"Type": "bind", "Source": f"/host{m}", "Destination": m} for m in mounts]}]))
+
+    commit.commit(settings, "dockyard-shell-1", tag="t:9")
+
+    said = capsys.readouterr().out
+    assert "  1 added, 1 changed, 0 deleted; most under /tmp/mark (1)\n" in said and committed.exists()
