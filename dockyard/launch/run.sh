@@ -4,7 +4,7 @@
 #
 #   sh load.sh && sh run.sh --recipe=ddp --data=/data/x.jsonl --model=/models/m -- --max_steps 100
 #
-#   --recipe=NAME|FOLDER   a recipe in the image (default zero2), or a folder holding a recipe.yaml
+#   --recipe=NAME|FOLDER   a recipe in the image (default @DEFAULT_RECIPE@), or a folder holding a recipe.yaml
 #   --data=PATH --model=PATH   your data file/folder and model folder, mounted read-only
 #   --run-id=ID --runs=DIR     the run folder DIR/ID (default ./runs/<recipe>-<time>)
 #   --resume                   continue run --run-id from its last complete checkpoint, with its own recipe and
@@ -157,7 +157,7 @@ runnable() {
 	echo "${kept:-$*}"
 }
 
-RECIPE=zero2 RECIPE_GIVEN= DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN= DISABLE_REQUIRE= RESUME=
+RECIPE=@DEFAULT_RECIPE@ RECIPE_GIVEN= DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN= DISABLE_REQUIRE= RESUME=
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--recipe=*) RECIPE=${1#*=} RECIPE_GIVEN=1 ;;

@@ -83,10 +83,16 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
                         "@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
                         "@CPU_NPROC@": str(node.CPU_NPROC), "@ROOTLESS_SHM@": engine.ROOTLESS_SHM,
                         "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
+                        "@DEFAULT_RECIPE@": launch_run.DEFAULT_RECIPE,
                         "@DATA_SUFFIXES@": " ".join(BUILDERS),
                         "@COMMAND@": "\n".join(lines)}.items():
         text = text.replace(mark, value)
     return text
+
+
+def train_hint() -> str:
+    """The run.sh command `invoke save` suggests: with the recipe run.sh takes when none is given."""
+    return f"sh run.sh --recipe={launch_run.DEFAULT_RECIPE} --data=FILE --model=DIR -- --max_steps 100"
 
 
 def engine_check() -> str:

@@ -103,7 +103,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
     print(load_hint(paths.archive))
     if runner:
-        print("train there without the project: sh run.sh --recipe=ddp --data=FILE --model=DIR -- --max_steps 100")
+        print(f"train there without the project: {runscript.train_hint()}")
     return manifest
 
 

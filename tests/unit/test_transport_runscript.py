@@ -475,3 +475,30 @@ def test_a_run_on_the_air_gapped_node_is_resumed_with_its_own_recipe(node, tmp_p
         proc, argv = node(*args)
         assert proc.returncode == 1 and not argv and says in proc.stderr, proc.stderr
     assert not (tmp_path / "runs" / "none").exists()
+
+
+def test_the_command_save_suggests_trains_the_recipe_run_sh_trains_without_one(node, tmp_path, monkeypatch, capsys):
+    """`invoke save` ended "train there without the project: sh run.sh --recipe=ddp ...", while run.sh (and README)
+    train zero2 where no --recipe is given. Both now take invoke run's default recipe."""
+    import re
+
+    from dockyard.settings import Settings
+    from dockyard.transport import inventory
+    from dockyard.transport import save as save_mod
+    from tests.support.save_tars import fake_save
+
+    raw, image, _, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "save-docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    found = {**image, "tags": ["t:2"], "labels": {"dockyard.variant": "cpu"}, "bytes": len(raw), "chain_ids": []}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    save_mod.save(Settings(docker=str(docker), layer_cache_gb=0), image="t:2", out=str(tmp_path / "dist"),
+                  compress="none")
+    hint = next(line for line in capsys.readouterr().out.splitlines() if "sh run.sh" in line)
+
+    _, argv = node("--run-id=r1")  # no --recipe
+
+    assert f"--recipe={argv[argv.index('--recipe') + 1]} " in hint
+    assert re.search(r"--recipe=(\S+)", hint)[1] == launch_run.DEFAULT_RECIPE
