@@ -331,6 +331,32 @@ def blame_kept(e: DockyardError, kept: dict[str, Any]) -> DockyardError:
                          f"change it{batch})")
 
 
+# The settings that give a checkpoint's tensors their shape: LoRA's rank and the layers that carry adapters, and the
+# task (a classification head, or none). A resume that changed one failed once the model had loaded: another lora_r
+# as a size-mismatch traceback from every rank, other lora_target_modules as a checkpoint "not written for this run",
+# with the advice to remove it (the one before it fails the same way).
+SHAPING_KEYS = ("lora_r", "lora_target_modules", "task")
+
+
+def check_same_shape(recipe: Recipe, saved: dict[str, Any], settings: RunSettings) -> None:
+    """--resume from a checkpoint: `settings` (the run's own, `saved`, with those given now on top) shape the model as
+    the run that wrote the checkpoint had it. The host checks it before the run starts, the trainer again."""
+    try:
+        was, _ = resolve_settings(recipe, saved)
+    except DockyardError:  # the run's own settings alone are refused where they are merged (blame_kept)
+        return
+    for key in SHAPING_KEYS:
+        if key in LORA_KEYS and not recipe.peft:
+            continue
+        before, now = (",".join(v) if isinstance(v, list) else str(v) for v in (getattr(was, key),
+                                                                                 getattr(settings, key)))
+        if before != now:
+            raise DockyardError(f"--{key} {shown(now)[:80]}: the run trained with {key} {shown(before)[:80]}, and its "
+                                "checkpoints hold tensors of that shape, which a resume cannot change: leave "
+                                f"--{key} out to continue the run, or train with {key} {shown(now)[:80]} as a new run "
+                                "(another --run-id)")
+
+
 def read_defaults(path: Path) -> dict[str, Any]:
     """recipes/defaults.yaml as `key: value` settings, or one error line saying what is wrong with it (it is read by
     every run, on the host and in the trainer: a slip in it was a traceback there)."""

@@ -60,6 +60,7 @@ from dockyard.common.run_settings import (
     check_known_overrides,
     check_known_settings,
     check_profile,
+    check_same_shape,
     check_training_numbers,
     parse_overrides,
     resolve_settings,
@@ -136,11 +137,12 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
     """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's;
     `resumed`: the run folder --resume continues, whose own settings the run keeps; `liger_absent`: why liger-kernel
     is not where the run trains ("": it is); `gpus_fix`: how to give a recipe that needs GPUs some."""
-    run_settings, training = check_overrides(recipe, overrides, processes,
-                                             saved=resumed_settings(resumed) if resumed else None,
-                                             liger_absent=liger_absent)
+    saved = resumed_settings(resumed) if resumed else None
+    run_settings, training = check_overrides(recipe, overrides, processes, saved=saved, liger_absent=liger_absent)
     if resumed:  # a run at its max_steps already: refused here, not once the image has started
         complete, m = runfolder.complete_checkpoints(resumed), runfolder.read_manifest(resumed)
+        if complete:
+            check_same_shape(recipe, saved, run_settings)
         runfolder.check_steps_left(resumed, training.get("max_steps"), complete[-1] if complete else None,
                                    bool(m and m.status == "completed"))
     check_on_gpus(recipe, gpus_in_effect, gpus_fix)

@@ -22,6 +22,7 @@ from dockyard.common.run_settings import (
     check_known_overrides,
     check_known_settings,
     check_profile,
+    check_same_shape,
     check_training_numbers,
     resolve_settings,
     resumed_with,
@@ -76,7 +77,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         run.resume_lock = hold_resume(run_dir)  # held to the end of the process: a second resume is refused
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     if run.opts.resume:  # a run continues with its own settings: those given now change them
-        overrides, run.kept_overrides, dropped = resumed_with(recipe, runfolder.saved_overrides(run_dir), overrides)
+        saved = runfolder.saved_overrides(run_dir)
+        overrides, run.kept_overrides, dropped = resumed_with(recipe, saved, overrides)
         if dropped:
             log.warning("--resume: the run's settings %s had no effect on it and are left out now",
                         ", ".join(f"--{k}" for k in dropped))
@@ -92,6 +94,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     from_saved = [k for k in manifest.INPUT_KEYS if k in run.kept_overrides]
     if last or from_saved:  # with no checkpoint the inputs given now are a fresh start's (data fixed after a refusal)
         manifest.check_same_inputs(run_dir, run_inputs(settings), from_saved, every=bool(last))
+    if last:
+        check_same_shape(recipe, saved, settings)
     guards.deepspeed_launched(recipe.name, bool(recipe.deepspeed), dict(os.environ))
     guards.gpus_as_the_image_says(os.environ.get("DS_ACCELERATOR", ""), native=not os.environ.get(envvars.VARIANT))
     if last:

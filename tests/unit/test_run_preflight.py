@@ -875,6 +875,28 @@ def test_resuming_a_run_at_its_max_steps_is_refused_before_the_image_starts(env,
     assert dry(env, *native, "--resume", "--run-id=n1", "--", "--max_steps", "60").returncode == 0
 
 
+@pytest.mark.parametrize("native", [[], ["--native"]])
+def test_a_resume_that_would_change_the_shape_of_the_checkpoints_tensors_is_refused_before_the_image_starts(
+        env, tmp_path, native):
+    """Red-team pass: `--resume -- --lora_r 8` of a run trained at r=16 passed the dry run, then every rank failed in
+    load_state_dict with a size-mismatch traceback; other lora_target_modules were refused as a checkpoint "not
+    written for this run", with the advice to remove it (the one before it fails the same way)."""
+    folder = _finished_run(tmp_path / "runs", "n1", "lora", bool(native))
+    (folder / "checkpoints" / "checkpoint-2" / "complete.json").write_text("{}")
+    (folder / "overrides.json").write_text(json.dumps({"max_steps": 2, "lora_r": 16}))
+    resume = (*native, "--resume", "--run-id=n1", "--", "--max_steps", "4")
+    refused(dry(env, *resume, "--lora_r", "8"), "--lora_r 8: the run trained with lora_r 16, and its checkpoints hold "
+            "tensors of that shape, which a resume cannot change: leave --lora_r out")
+    refused(dry(env, *resume, "--lora_target_modules", "q_proj,v_proj"),  # the default, all-linear, taken from
+            "--lora_target_modules q_proj,v_proj: the run trained with lora_target_modules all-linear")  # defaults.yaml
+    refused(dry(env, *resume, "--task", "seq_cls"), "--task seq_cls: the run trained with task causal_lm")
+    # the same values, or settings that leave the tensors' shapes as they are, resume
+    assert dry(env, *resume, "--lora_r", "16", "--lora_target_modules", "all-linear", "--lora_alpha", "8",
+               "--lora_dropout", "0.1").returncode == 0
+    (folder / "checkpoints" / "checkpoint-2" / "complete.json").unlink()  # no checkpoint: a fresh start, any shape
+    assert dry(env, *resume, "--lora_r", "8").returncode == 0
+
+
 def test_a_run_that_does_not_fit_the_gpu_is_refused_before_the_image_starts(env, tmp_path):
     """The trainer's autos refuse a run of which not even one example fits the GPU by the plan's estimate; that
     refusal came once the image had started and the processes had imported torch. `run --dry` on a replayed host

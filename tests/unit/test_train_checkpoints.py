@@ -204,6 +204,19 @@ def test_a_resume_with_another_recipe_is_refused_naming_both(tmp_path, capsys):
     assert (run_dir / "manifest.json").read_text() == record
 
 
+def test_a_resume_that_would_change_the_shape_of_the_adapters_is_refused_and_the_record_stays(tmp_path, capsys):
+    """Red-team pass: run.sh or a native run resumed with another lora_r failed in every rank's load_state_dict (a
+    size-mismatch traceback); other lora_target_modules as a checkpoint "not written for this run, remove it"."""
+    run_dir = tmp_path / "run"
+    record = _run_with_checkpoints(run_dir, 12, recipe="lora")
+    runfolder.save_overrides(run_dir, {"lora_target_modules": ["q_proj", "v_proj"]})
+    err = _resume(run_dir, capsys, "--lora_r", "8", recipe="lora")
+    assert "error: --lora_r 8: the run trained with lora_r 16, and its checkpoints hold tensors of that shape" in err
+    err = _resume(run_dir, capsys, "--lora_target_modules", "all-linear", recipe="lora")
+    assert "--lora_target_modules all-linear: the run trained with lora_target_modules q_proj,v_proj" in err, err
+    assert (run_dir / "manifest.json").read_text() == record
+
+
 def test_a_resume_without_the_runs_own_model_and_data_is_refused_and_the_record_stays(tmp_path, capsys):
     """`invoke run --resume --run-id=X` of a run started with --model/--data continued from the tiny default model and
     the sample data: the checkpoint did not fit that model (a size-mismatch traceback from both ranks) and the
