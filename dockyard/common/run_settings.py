@@ -273,6 +273,15 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
         settings = RunSettings(**ours)
     except ValidationError as e:
         raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
+    if settings.dtype == "float16" and not recipe.peft and recipe.strategy_spec.engine == "ddp":
+        # DDP's optimizer steps the model's own weights (DeepSpeed keeps an fp32 copy, FSDP upcasts them): Adam's state
+        # in float16, where its eps (1e-8) and small squared gradients are 0, made the loss nan by step 4 on CPU, and
+        # fp16 mixed precision refuses float16 weights ("Attempting to unscale FP16 gradients")
+        raise DockyardError(f"dtype float16: recipe {recipe.name} trains the whole model with DDP, whose optimizer would "
+                            "update float16 weights and keep its state in float16, where it underflows (the loss goes "
+                            "nan within a few steps): leave dtype auto (float32 weights, mixed precision on GPUs), "
+                            "give bfloat16, or pick a recipe that keeps float32 weights for the optimizer (zero2, "
+                            "fsdp) or trains adapters (lora)")
     return settings, merged
 
 

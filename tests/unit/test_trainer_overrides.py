@@ -161,6 +161,24 @@ def test_lora_settings_given_to_a_recipe_without_adapters_are_refused_not_ignore
     assert resolve_settings(load_recipe("ddp"), {})[0].lora_r == 16  # defaults.yaml's, for every recipe
 
 
+def test_float16_weights_for_a_full_fine_tune_under_ddp_are_refused_before_the_run(tmp_path):
+    """Red-team pass: `--recipe ddp -- --dtype float16` passed the dry run and trained Adam over float16 weights with
+    its state in float16 (eps 1e-8 is 0 there): loss 6.2, 6.1, 18.1, then nan from step 4, and the run said to lower
+    the learning rate. DeepSpeed keeps float32 weights for its optimizer and FSDP upcasts them; adapters train in
+    float32 over a float16 base."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    r = invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp", "--", "--dtype", "float16",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "dtype float16: recipe ddp trains the whole model with DDP, whose optimizer would update float16 "
+                   "weights")
+    assert not (tmp_path / "runs").exists()
+    for name in ("zero2", "zero3", "fsdp", "lora", "qlora"):
+        assert resolve_settings(load_recipe(name), {"dtype": "float16"})[0].dtype == "float16"
+    assert resolve_settings(load_recipe("ddp"), {"dtype": "bfloat16"})[0].dtype == "bfloat16"
+
+
 def test_a_resume_leaves_out_what_an_older_run_saved_to_no_effect():
     """A run started before these keys were refused holds them in overrides.json: its --resume was refused for a key
     the user had not given ("in the overrides after --"), with no way to take it out."""
