@@ -131,7 +131,7 @@ def check_optim(args: Any) -> None:
         return             # one (zero2, zero3), the Trainer builds optim and ZeRO wraps it
     name = getattr(args.optim, "value", args.optim)
     try:
-        Trainer.get_optimizer_cls_and_kwargs(args)
+        _, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     except (ImportError, ValueError) as e:
         said = " ".join(str(e).split())
         if isinstance(e, ImportError) or "install" in said.lower():
@@ -140,7 +140,34 @@ def check_optim(args: Any) -> None:
                                 "your own") from None
         if "model" not in said.lower():  # one that needs the model to be made is the Trainer's to check, later
             raise DockyardError(f"optim {name}, optim_args {args.optim_args!r}: {said[:200]}; optim_args takes "
-                                "key=value pairs, comma-separated (as in weight_decay=0.1)") from None
+                                "key=value pairs, comma-separated (as in momentum=0.9 for sgd)") from None
+        return
+    check_optim_args_read(args, kwargs, name)
+
+
+# set by the Trainer on each parameter group, over what the optimizer was made with: in optim_args it does nothing
+PER_GROUP = {"weight_decay": "--weight_decay"}
+
+
+def check_optim_args_read(args: Any, kwargs: dict[str, Any], name: str) -> None:
+    """Each key of optim_args one the optimizer reads: the Trainer hands an optimizer only the keys its maker looks
+    up and drops the rest without a word (`--optim_args momentum=0.9` trained adamw_torch_fused as if not given;
+    `--optim sgd --optim_args weight_decay=0.1` trained with --weight_decay's 0, which every parameter group sets).
+    Asked of the Trainer's own lookup: a key is read where leaving it out changes what the optimizer is made with."""
+    from transformers import Trainer
+
+    pairs = [p.partition("=") for p in str(args.optim_args or "").replace(" ", "").split(",") if p]
+    for key, _, value in pairs:
+        if key in PER_GROUP:
+            raise DockyardError(f"optim_args {key}={value}: the Trainer sets {key} on every parameter group, over "
+                                f"what optim_args gives the optimizer; give {PER_GROUP[key]} {value} instead")
+        without = copy.copy(args)
+        without.optim_args = ",".join(f"{k}={v}" for k, _, v in pairs if k != key) or None
+        if Trainer.get_optimizer_cls_and_kwargs(without)[1] == kwargs:
+            raise DockyardError(f"optim_args {key}={value}: optim {name} reads no {key} (the Trainer would leave it "
+                                "out without a word); leave it out, or pick an optimizer that takes it (sgd: "
+                                "momentum, dampening, nesterov; rmsprop: momentum, alpha, eps, centered; adagrad: "
+                                "lr_decay, eps)")
 
 
 def reject_prequantized(model_dir: str, strategy: str) -> None:

@@ -231,6 +231,25 @@ def test_an_optimizer_this_image_cannot_make_is_refused_under_zero_without_an_op
     assert cpu_arguments(name, {"optim": "adamw_torch"}, tmp_path / "r2").optim == "adamw_torch"
 
 
+@pytest.mark.parametrize("name", ["ddp", "zero2", "lora"])
+def test_optim_args_the_optimizer_never_reads_are_refused_not_dropped(tmp_path, name):
+    """Red-team pass: the Trainer hands an optimizer only the optim_args keys its maker looks up, and drops the rest
+    without a word: `--optim_args momentum=0.9` trained the default AdamW as if not given (the run completed), and
+    `--optim sgd --optim_args weight_decay=0.1` trained with --weight_decay's 0, which every parameter group sets (the
+    guard's own example of optim_args was that one)."""
+    from dockyard.common.errors import DockyardError
+
+    with pytest.raises(DockyardError, match="optim_args momentum=0.9: optim adamw_torch_fused reads no momentum"):
+        cpu_arguments(name, {"optim": "adamw_torch_fused", "optim_args": "momentum=0.9"}, tmp_path / "r1")
+    with pytest.raises(DockyardError, match="optim_args foo=1: optim sgd reads no foo"):
+        cpu_arguments(name, {"optim": "sgd", "optim_args": "momentum=0.9,foo=1"}, tmp_path / "r2")
+    with pytest.raises(DockyardError, match="the Trainer sets weight_decay on every parameter group, over what "
+                                            "optim_args gives the optimizer; give --weight_decay 0.1 instead"):
+        cpu_arguments(name, {"optim": "sgd", "optim_args": "weight_decay=0.1"}, tmp_path / "r3")
+    taken = cpu_arguments(name, {"optim": "sgd", "optim_args": "momentum=0.9, nesterov=true"}, tmp_path / "r4")
+    assert taken.optim == "sgd" and taken.optim_args == "momentum=0.9, nesterov=true"
+
+
 def _without_tokenizer(folder):
     for f in folder.glob("tokenizer*"):
         f.unlink()
