@@ -412,7 +412,15 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     from transformers import Trainer  # lazy, as TrainingArguments: see the note on the imports
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from dockyard.train.callbacks import FirstStep, MetricsLog, PublishCheckpoint, ResumedRate, StrategyCheck, TokenCount
+    from dockyard.train.callbacks import (
+        FirstStep,
+        MetricsLog,
+        PublishCheckpoint,
+        ResumedRate,
+        ScheduleCheck,
+        StrategyCheck,
+        TokenCount,
+    )
     from dockyard.train.profiler import StepProfiler
 
     class CountingTrainer(Trainer):
@@ -438,7 +446,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
                                   eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
                                   data_collator=(data.collate_packed() if p.padding_free
                                                  else data.collate(p.tokenizer.pad_token_id)),
-                                  callbacks=[FirstStep(lambda: began(run, p)), check, ResumedRate(),
+                                  callbacks=[FirstStep(lambda: began(run, p)), check, ScheduleCheck(), ResumedRate(),
                                              PublishCheckpoint(), *profile, metrics])
     except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)
         raise DockyardError(f"invalid training settings: {' '.join(str(e).split())}") from None
@@ -463,7 +471,9 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         if run.training:
             raise
         raise trainer_errors.before_the_first_step(e, p.recipe, run.overrides) from e
-    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:  # not RuntimeError: NCCL, CUDA, ...
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError) as e:  # not RuntimeError:
+        # NCCL, CUDA, ...; ArithmeticError: a schedule that divides by a setting of 0 as it is made (inverse_sqrt's
+        # timescale)
         if run.training:
             raise
         if p.resume_from:

@@ -13,7 +13,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from dockyard.common import runfolder
 from dockyard.common.run_settings import WARMUP_STEPS
-from dockyard.train import manifest, strategy
+from dockyard.train import guards, manifest, strategy
 
 log = logging.getLogger("dockyard.train")
 
@@ -45,6 +45,14 @@ class FirstStep(TrainerCallback):
         if not self.done:
             self.done = True
             self.begin()
+
+
+class ScheduleCheck(TrainerCallback):
+    """on_train_begin runs once the Trainer has made its learning-rate schedule over the run's steps, and before the
+    first step: the schedule is read at every step then (guards.check_schedule), not found broken at the last."""
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        guards.check_schedule(lr_scheduler, state.max_steps, args)
 
 
 class ResumedRate(TrainerCallback):

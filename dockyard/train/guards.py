@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,48 @@ def check_optim_args_read(args: Any, kwargs: dict[str, Any], name: str) -> None:
                                 "out without a word); leave it out, or pick an optimizer that takes it (sgd: "
                                 "momentum, dampening, nesterov; rmsprop: momentum, alpha, eps, centered; adagrad: "
                                 "lr_decay, eps)")
+
+
+# lr_scheduler_kwargs that are a learning rate or a share of one: below 0, the schedules clamp the rate to 0
+RATES = ("min_lr", "min_lr_rate", "min_lr_ratio", "lr_end")
+ALL_STEPS = 200_000  # schedules of up to this many steps are read at every step; longer ones at both ends and between
+
+
+def check_schedule(schedule: Any, max_steps: int, args: Any) -> None:
+    """The learning-rate schedule the Trainer made (a LambdaLR: the rate at step n is base × lambda(n)) a finite rate of
+    at least 0 at every step of the run. The Trainer takes lr_scheduler_kwargs as given and the schedule reads them
+    step by step: `polynomial` with `{power: -1}` trained the whole run and then stopped at its last step with
+    ZeroDivisionError (no model saved), `inverse_sqrt` with `{timescale: 0}` at its first; `cosine` with
+    `{num_cycles: .nan}` and `cosine_with_min_lr` with a negative `min_lr` trained at a rate of 0, unsaid. Read here,
+    as training begins, before the first step."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    schedule = getattr(schedule, "scheduler", schedule)  # accelerate's wrapper under DeepSpeed
+    if not isinstance(schedule, LambdaLR) or max_steps < 1:
+        return
+    given = getattr(args, "lr_scheduler_kwargs", None) or {}
+    named = f"lr_scheduler_type {getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)}" + (
+        f" with lr_scheduler_kwargs {given}" if given else "")
+    for key, value in (given.items() if isinstance(given, dict) else ()):
+        if isinstance(value, float) and not math.isfinite(value):  # cosine clamps a nan rate to 0
+            raise DockyardError(f"{named}: {key} {value}: give a finite number")
+        if key in RATES and isinstance(value, (int, float)) and not value >= 0:
+            raise DockyardError(f"{named}: {key} {value} is below 0, and the schedule would clamp the learning rate to "
+                                f"0 there: give {key} of 0 or more")
+    steps = range(max_steps + 1) if max_steps <= ALL_STEPS else sorted(
+        {*range(10_000), *range(max_steps - 10_000, max_steps + 1), *range(0, max_steps, max_steps // 10_000)})
+    for rate in schedule.lr_lambdas:
+        for step in steps:
+            try:
+                factor = float(rate(step))
+            except (ArithmeticError, ValueError, TypeError) as e:
+                raise DockyardError(f"{named}: the schedule cannot give the learning rate at step {step} of "
+                                    f"{max_steps} ({type(e).__name__}: {e}): check the schedule's settings (the "
+                                    "Trainer's schedules: transformers.get_scheduler)") from None
+            if not factor >= 0 or math.isinf(factor):
+                raise DockyardError(f"{named}: the schedule makes the learning rate {factor:g} × learning_rate at step "
+                                    f"{step} of {max_steps}, not a finite rate of 0 or more: check the schedule's "
+                                    "settings (the Trainer's schedules: transformers.get_scheduler)")
 
 
 def reject_prequantized(model_dir: str, strategy: str) -> None:

@@ -677,6 +677,21 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
      "takes debug, determinism_check, early_stop, preserve_rng_state, use_reentrant"),
     ("lora", ["--lora_target_modules", "[foo]"], "lora_target_modules ['foo']: Target modules {'foo'} not found in "
      "the base model"),
+    # red-team pass: the schedule reads its kwargs step by step. polynomial's negative power trained the whole run, then
+    # stopped at its last step with a ZeroDivisionError traceback (no model saved); inverse_sqrt's timescale 0 divided
+    # by zero as the schedule was made (a traceback: not one of the errors said in one line); a nan num_cycles and a
+    # negative min_lr trained at a rate of 0, unsaid
+    ("ddp", ["--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", "{power: -1}"],
+     "lr_scheduler_type polynomial with lr_scheduler_kwargs {'power': -1}: the schedule cannot give the learning rate "
+     "at step 1 of 1 (ZeroDivisionError: 0.0 cannot be raised to a negative power)"),
+    ("ddp", ["--lr_scheduler_type", "inverse_sqrt", "--lr_scheduler_kwargs", "{timescale: 0}"],
+     "the Trainer stopped before its first step: ZeroDivisionError: division by zero. The learning-rate schedule read "
+     "--lr_scheduler_type inverse_sqrt, --lr_scheduler_kwargs {'timescale': 0}"),
+    ("ddp", ["--lr_scheduler_kwargs", "{num_cycles: .nan}"],
+     "lr_scheduler_type cosine with lr_scheduler_kwargs {'num_cycles': nan}: num_cycles nan: give a finite number"),
+    ("ddp", ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", "{min_lr: -0.01}"],
+     "lr_scheduler_type cosine_with_min_lr with lr_scheduler_kwargs {'min_lr': -0.01}: min_lr -0.01 is below 0, and "
+     "the schedule would clamp the learning rate to 0 there: give min_lr of 0 or more"),
 ])
 def test_a_setting_the_trainer_reads_only_as_it_starts_is_one_error_line(tmp_path, capsys, recipe, override, says):
     """Each was a traceback from the Trainer, peft or torch, on every rank, after the model had loaded."""
