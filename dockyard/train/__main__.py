@@ -476,7 +476,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         # timescale)
         if run.training:
             raise
-        if p.resume_from:
+        if p.resume_from and not trainer_errors.made_from_the_settings(e):
             # the Trainer's own traceback from a checkpoint file that loads as weights but is not what it wrote (a
             # trainer_state.json of other keys, an optimizer.pt of no param_groups, an rng state of other shapes)
             earlier = [c for c in runfolder.checkpoints_started(run.opts.run_dir)

@@ -37,6 +37,13 @@ READ_BY = {"get_scheduler": ("the learning-rate schedule", SCHEDULE),
 DEEPSPEED_MISMATCH = re.compile(r"^- ds (\S+)=(.*) vs hf (.+?)=(.*)$", re.MULTILINE)
 
 
+def made_from_the_settings(e: BaseException) -> bool:
+    """The error came from the Trainer making the optimizer or the schedule of the settings (READ_BY's functions), not
+    from reading a checkpoint: a resume given `--lr_scheduler_kwargs '{foo: 1}'` was told its checkpoint was "not a
+    checkpoint the Trainer wrote for this run" and to remove it."""
+    return bool({frame.name for frame in traceback.extract_tb(e.__traceback__)} & READ_BY.keys())
+
+
 def before_the_first_step(e: BaseException, recipe: Recipe, given: dict[str, Any]) -> DockyardError:
     """An error the Trainer raised setting up its first step, most often from a setting it takes as it is and reads only
     now (`lr_scheduler_type warmup_stable_decay` without its kwargs, `--lr_scheduler_kwargs '{min_lr: 1e-5}'` for a

@@ -708,6 +708,29 @@ def test_a_setting_the_trainer_reads_only_as_it_starts_is_one_error_line(tmp_pat
         assert "Traceback (most recent call last)" in (run / "train.log").read_text()
 
 
+def test_a_resume_given_a_schedule_the_trainer_cannot_make_blames_the_setting_not_the_checkpoint(tmp_path, capsys):
+    """Red-team pass: a resume given `--lr_scheduler_kwargs '{foo: 1}'` was told "cannot resume from checkpoint-1: it
+    is not a checkpoint the Trainer wrote for this run ...: start a new run", and with an earlier checkpoint "remove it
+    to resume from" that one: a sound checkpoint blamed (and its removal advised) for a setting given now."""
+    import logging
+
+    from dockyard.train.__main__ import main
+
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    run = tmp_path / "r1"
+    assert main(["--recipe", "ddp", "--run-dir", str(run), "--", "--max_steps", "1", "--save_steps", "1"]) == 0
+    record = (run / "manifest.json").read_text()
+    capsys.readouterr()
+    code = main(["--recipe", "ddp", "--run-dir", str(run), "--resume", "--", "--max_steps", "2",
+                 "--lr_scheduler_kwargs", "{foo: 1}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert ("error: the Trainer stopped before its first step: TypeError: get_cosine_schedule_with_warmup() got an "
+            "unexpected keyword argument 'foo'. The learning-rate schedule read --lr_scheduler_kwargs {'foo': 1}") in err
+    assert "not a checkpoint the Trainer wrote" not in err, err
+    assert (run / "manifest.json").read_text() == record and (run / "checkpoints" / "checkpoint-1").is_dir()
+
+
 def test_a_package_a_setting_needs_that_the_trainer_meets_only_as_it_starts_is_one_error_line(tmp_path, capsys,
                                                                                                monkeypatch):
     """An ImportError the Trainer raises building what a setting names (an optimizer whose package is missing, where
