@@ -212,7 +212,7 @@ def _scalar(text: str, flag: str = "") -> Any:
             return text
     if isinstance(value, (dt.date, dt.datetime)):  # `--run_name 2024-01-01` is a name, not a date (no setting
         return text                               # takes one, and JSON, the manifest's, has none)
-    return value
+    return yaml12_within(value) if isinstance(value, (dict, list)) else value
 
 
 # TrainingArguments fields the run sets itself, after the settings: given anyway, each was silently dropped (a fresh
@@ -237,9 +237,21 @@ YAML11_TEXT_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+
 
 def yaml12_numbers(layer: dict[str, Any]) -> dict[str, Any]:
     """A YAML file's settings with `1e-3` read as the number it is (`learning_rate: 1e-3` in a recipe was refused as
-    "takes a finite number")."""
-    return {k: float(v) if isinstance(v, str) and k not in TEXT_KEYS and YAML11_TEXT_NUMBER.fullmatch(v) else v
-            for k, v in layer.items()}
+    "takes a finite number"), within a setting's mapping or list too."""
+    return {k: v if k in TEXT_KEYS else yaml12_within(v) for k, v in layer.items()}
+
+
+def yaml12_within(value: Any) -> Any:
+    """`value` with every `1e-5` in it, however deep in mappings and lists, the number it is: `--lr_scheduler_kwargs
+    '{min_lr: 1e-5}'` handed the schedule the text '1e-5' (a TypeError from the Trainer, blaming the setting), where
+    `{min_lr: 1.0e-5}` was taken."""
+    if isinstance(value, str):
+        return float(value) if YAML11_TEXT_NUMBER.fullmatch(value) else value
+    if isinstance(value, dict):
+        return {k: yaml12_within(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [yaml12_within(v) for v in value]
+    return value
 
 
 def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:

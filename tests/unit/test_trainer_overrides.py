@@ -247,6 +247,22 @@ def test_a_name_or_a_path_is_the_text_typed_not_what_yaml_makes_of_it():
     assert parse_overrides(["--data="]) == {"data": None}  # given nothing: said so, not the sample data
 
 
+def test_a_number_in_exponent_form_is_a_number_within_a_mapping_too(tmp_path):
+    """Red-team pass: YAML 1.1 reads `1e-5` as text. A top-level override or recipe setting was read as the number, but
+    one inside a mapping was not: `--lr_scheduler_kwargs '{min_lr: 1e-5}'` handed the schedule the text '1e-5' and the
+    run stopped with "TypeError: unsupported operand type(s) for /: 'str' and 'float'" (`1.0e-5` was taken)."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import resolve_settings
+
+    given = parse_overrides(["--lr_scheduler_kwargs", "{min_lr: 1e-5, xs: [2E3, q_proj]}", "--run_name", "1e5"])
+    assert given == {"lr_scheduler_kwargs": {"min_lr": 1e-5, "xs": [2000.0, "q_proj"]}, "run_name": "1e5"}
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: x\nstrategy: ddp\nsettings:\n"
+                                      "  lr_scheduler_type: cosine_with_min_lr\n  lr_scheduler_kwargs: {min_lr: 1e-5}\n")
+    assert resolve_settings(load_recipe(str(mine)), {})[1]["lr_scheduler_kwargs"] == {"min_lr": 1e-5}
+
+
 def test_a_field_transformers_5_removed_says_what_took_its_place(tmp_path):
     """`--logging_dir x` was answered "did you mean --logging_first_step?"."""
     r = invoke_here("run", "--dry", "--variant=cpu", "--", "--logging_dir", "x", "--overwrite_output_dir",
