@@ -242,7 +242,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
         settings.packing, fmt, settings.task, device, settings.padding_free))
     run.record.data = loaded.info
     check_batch_within_data(args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size,
-                            len(loaded.train), loaded.packing[0])
+                            len(loaded.train), loaded.packing[0], world_size)
     if shape:
         run.record.estimates = estimates(shape, recipe, settings, args, local, resolved.regime)
 

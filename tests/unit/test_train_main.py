@@ -409,6 +409,20 @@ def test_a_global_batch_larger_than_the_data_is_refused_before_the_model_loads(t
     assert "Traceback" not in err
 
 
+def test_the_global_batch_a_too_small_data_set_is_offered_splits_over_the_runs_processes():
+    """Red-team pass: 15 examples on 2 processes were offered `at most 15`, and 1 example `at most 1`: both a global
+    batch the run refuses ("cannot be split evenly over 2 processes")."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.run_settings import check_batch_within_data
+
+    with pytest.raises(DockyardError, match=r"holds 15 examples, .* to at most 14, or give more data"):
+        check_batch_within_data(16, 15, False, processes=2)
+    with pytest.raises(DockyardError, match=r"holds 1 examples, .*each of the run's 2 processes takes one example a "
+                                            r"step at least: give fewer processes \(--nproc\), or give more data"):
+        check_batch_within_data(2, 1, False, processes=2)
+    check_batch_within_data(16, 16, False, processes=2)
+
+
 @pytest.mark.parametrize("run_id", ["../escaped", "..", ".", "a/../../escaped"])
 def test_a_run_folder_off_the_containers_runs_mount_is_refused_and_nothing_made(capsys, run_id):
     """compose/train.yml puts DOCKYARD_RUN_ID in /workspace/runs/ID unchecked: "../x" made the run folder outside the
