@@ -55,6 +55,10 @@ def unknown_format(source: str, fields: list[str]) -> DockyardError:
     """The refusal of data whose fields name no format: the trainer's, and the host's from a file's first line."""
     header = " (a .csv file's first line must name them, e.g. prompt,completion)" if source.endswith(".csv") else ""
     expected = "; ".join(f"{fmt} ({'+'.join(need)})" for fmt, need in FORMATS.items())
+    if not fields:  # `{"text": null}` or `{}` first: "from its fields (); rename them" named nothing to rename
+        return DockyardError(f"{source}: its first example has no field with a value (each is null, or there is "
+                             f"none): fill in its fields or remove it; an example has those of one of "
+                             f"{expected}{header} (docs/data.md)")
     # data_format cannot help here: a named format needs the same fields
     return DockyardError(f"{source}: cannot tell the data format from its fields ({', '.join(fields)}); rename them "
                          f"to one of {expected}{header} (docs/data.md)")

@@ -613,6 +613,13 @@ def test_data_whose_first_example_names_no_format_is_refused_before_the_image_st
     # held-out data is read the same way; a format named is the trainer's to check against every example
     refused(dry(env, f"--data={folder}", "--", "--eval_data", str(qa)), "cannot tell the data format")
     assert dry(env, f"--data={qa}", "--", "--data_format", "text").returncode == 0
+    # red-team pass: a first example whose every field is null (or `{}`) was "cannot tell the data format from its
+    # fields (); rename them to one of ...": nothing named, and nothing to rename
+    for first in ('{"text": null}', "{}"):
+        empty = tmp_path / "empty-first.jsonl"
+        empty.write_text(first + '\n{"text": "fine"}\n')
+        refused(dry(env, f"--data={empty}"), f"{empty}: its first example has no field with a value (each is null, "
+                                             "or there is none): fill in its fields or remove it")
 
 
 def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_starts(env, tmp_path):
