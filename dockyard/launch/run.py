@@ -85,6 +85,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         host = replace(host, gpus=kept, visible=",".join(str(g.index) for g in kept))
     if r.native:  # this host's Python trains: no image is chosen, only whether the GPUs are used
         print(f"--native: this host's Python trains, on {f'{host.count} GPU(s)' if chosen.is_cuda and not r.cpu else 'CPU'}")
+        check_native(r, chosen)
     if r.nodes == 1:
         check_one_node(r)
         topo.max_restarts = r.max_restarts
@@ -350,6 +351,16 @@ def check_one_node(r: RunRequest) -> None:
     if given:
         print(f"warning: {', '.join(given)}: for several nodes (--nodes=N); this run has one node, so "
               f"{'it does' if len(given) == 1 else 'they do'} nothing", file=sys.stderr)
+
+
+def check_native(r: RunRequest, chosen: Variant) -> None:
+    """The flags of an image, given with --native, do nothing (no image, no container): said, not refused, as the flags
+    of several nodes given for one. --variant=cpu is left alone: it trains on CPU, as --cpu."""
+    given = [*([f"--variant={r.variant}"] if r.variant != "auto" and chosen.is_cuda else []),
+             *(["--disable-require"] if r.disable_require else [])]
+    if given:
+        print(f"warning: {', '.join(given)}: for the image a run trains in; --native trains with this host's Python and "
+              f"its own torch, in no container, so {'it does' if len(given) == 1 else 'they do'} nothing", file=sys.stderr)
 
 
 def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,

@@ -714,6 +714,18 @@ def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_
     refused(dry(env, "--nproc=5000"), "--nproc='5000': takes at most 4096")
 
 
+def test_the_flags_of_an_image_given_with_native_are_said_to_do_nothing(env):
+    """`--native --cpu --variant=cu132` (or --disable-require) exited 0 without a word: no image is used natively."""
+    r = invoke_here("run", "--dry", "--native", "--cpu", "--variant=cu132", "--disable-require", env=env)
+    assert r.returncode == 0 and ("warning: --variant=cu132, --disable-require: for the image a run trains in; --native "
+                                  "trains with this host's Python and its own torch, in no container, so they do "
+                                  "nothing") in r.stderr, r.stderr
+    r = invoke_here("run", "--dry", "--native", "--disable-require", "--variant=cpu", env=env)
+    assert r.returncode == 0 and "warning: --disable-require: for the image a run trains in;" in r.stderr, r.stderr
+    assert "--variant" not in r.stderr  # cpu trains on CPU, as --cpu: it does something
+    assert "does nothing" not in dry(env, "--disable-require").stderr  # in the image it sets NVIDIA_DISABLE_REQUIRE
+
+
 def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
     """A folder of a.jsonl, B.JSONL, c.jsonl.gz and sub/d.jsonl trained on a.jsonl alone, without a word."""
     folder = tmp_path / "fold"
