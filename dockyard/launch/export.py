@@ -54,6 +54,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         raise DockyardError(f"run {run} trained the whole model: it has no adapters for --merge to merge; export it "
                             f"as it is: invoke export --run={run}")
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
+    if out:  # before anything is made: the folder's name is printed (the command, where it was written) as it is
+        scriptwords.one_line(str(target), "--out", "which would reach the terminal as it is where the export prints "
+                                                   "the folder's name: give --out a name without control characters")
     if target.exists() or target.is_symlink():
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
     if out and target.is_relative_to(run_dir.resolve()):

@@ -19,16 +19,15 @@ from dockyard.common.errors import DockyardError
 SBATCH_PLAIN = re.compile(r"[A-Za-z0-9/_.,+=@:%-]*")
 
 
-def one_line(value: str, flag: str) -> str:
+def one_line(value: str, flag: str, why: str = "which a generated script cannot carry safely; rename it") -> str:
     """`value` if it holds no control character (NUL, newline, tab, ...) nor line separator and is valid UTF-8;
-    else refused."""
+    else refused, saying `why` (what would carry it, and the fix)."""
     for c in value:
         category = unicodedata.category(c)
         if category == "Cs":
             raise DockyardError(f"{flag} {value!r}: not valid UTF-8; rename it")
         if category in ("Cc", "Zl", "Zp"):  # Zl, Zp: U+2028, U+2029, which YAML reads as line breaks
-            raise DockyardError(f"{flag} {value!r}: holds the control character {c!r}, which a generated script "
-                                "cannot carry safely; rename it")
+            raise DockyardError(f"{flag} {value!r}: holds the control character {c!r}, {why}")
     return value
 
 

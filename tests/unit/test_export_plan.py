@@ -82,6 +82,20 @@ def test_an_export_folder_holding_a_colon_is_refused_before_docker(settings, tmp
         export.export_command(settings, m, run, tmp_path / "a:b", merge=False)
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_an_export_folder_holding_a_control_character_is_refused_before_anything_is_made(settings, tmp_path, native):
+    """`--native --out=$'/tmp/x\\e[31mred'` made the folder and printed the escape sequence to the terminal as it was
+    (':' was refused, in the image alone)."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _run(tmp_path, **({"variant": "native", "model": {"format": "full"}} if native else {}))
+    for name in ("x\x1b[31mred", "new\nline", "tab\there"):
+        with pytest.raises(DockyardError, match=r"^--out '.*': holds the control character '\\[a-z0-9]+', which would "
+                                                "reach the terminal as it is where the export prints the folder's "
+                                                "name: give --out a name without control characters$"):
+            export.export(s, run="r1", out=str(tmp_path / "out" / name), native=native)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("edit, says", [
     ({"image": {"ref": "alpine:3"}}, "not an image of this project"),
     ({"image": {"ref": "dockyard:0.1.0-cu128"}}, "not an image of this project for variant cpu"),
