@@ -84,6 +84,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
                             "mapping, as in '{split_batches: true}')") from None
     guards.deepspeed_agrees(getattr(targs, "hf_deepspeed_config", None), recipe.file(recipe.deepspeed or ""))
     guards.check_optim(targs)
+    guards.check_schedule_kwargs(targs)
     if recipe.deepspeed and not cuda:
         guards.cpu_collectives_as_built()  # before DeepSpeed's communication starts (here, or in the Trainer)
     if recipe.deepspeed and not cuda and targs.world_size > 1:

@@ -7,6 +7,7 @@ __main__ and the steps it calls (opening, arguments) call every one of them on t
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 from pathlib import Path
@@ -169,6 +170,63 @@ def check_optim_args_read(args: Any, kwargs: dict[str, Any], name: str) -> None:
                                 "out without a word); leave it out, or pick an optimizer that takes it (sgd: "
                                 "momentum, dampening, nesterov; rmsprop: momentum, alpha, eps, centered; adagrad: "
                                 "lr_decay, eps)")
+
+
+def check_schedule_kwargs(args: Any) -> None:
+    """Each key of lr_scheduler_kwargs one the schedule reads: transformers' get_scheduler hands constant and
+    constant_with_warmup none of them (`--lr_scheduler_type constant --lr_scheduler_kwargs '{num_cycles: 5}'` trained
+    as if not given), and the others' makers take only their own (a TypeError once the model had loaded). What each
+    reads is asked of transformers: its schedule function's parameters, less those get_scheduler sets itself, where
+    get_scheduler hands the kwargs on at all. Before the model loads."""
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, SchedulerType
+
+    given = args.lr_scheduler_kwargs
+    ds = args.deepspeed if isinstance(args.deepspeed, dict) else getattr(args.hf_deepspeed_config, "config", {}) \
+        if args.deepspeed else {}
+    if not given or not isinstance(given, dict) or "scheduler" in ds:  # DeepSpeed's section makes its own schedule
+        return
+    kind = SchedulerType(args.lr_scheduler_type)
+    reads = {t.value: schedule_kwargs(t) for t in TYPE_TO_SCHEDULER_FUNCTION}
+    if reads[kind.value] is None:  # handed on to a class (ReduceLROnPlateau), which names a key it lacks itself
+        return
+    unread = [k for k in given if k not in reads[kind.value]]
+    if not unread:
+        return
+    said, it = ", ".join(unread), "it" if len(unread) == 1 else "them"
+    why = (f"reads no {said} (it takes {', '.join(reads[kind.value])})" if reads[kind.value] else "takes no kwargs"
+           if hands_on_kwargs(kind) else f"reads no kwargs (the Trainer would drop {it} without a word)")
+    elsewhere = [n for n, keys in reads.items() if keys and unread[0] in keys]
+    raise DockyardError(f"lr_scheduler_kwargs {said}: lr_scheduler_type {kind.value} {why}; leave {it} out"
+                        + (f", or pick a schedule that reads {unread[0]} ({', '.join(elsewhere)})" if elsewhere else ""))
+
+
+def schedule_kwargs(kind: Any) -> tuple[str, ...] | None:
+    """The lr_scheduler_kwargs schedule `kind` reads, as transformers' get_scheduler makes it; None where its function
+    hands them on as **kwargs (to a class of torch's or its own)."""
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, get_scheduler
+
+    params = inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[kind]).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    if not hands_on_kwargs(kind):
+        return ()
+    # last_epoch: torch's step to start from, which the Trainer sets from the checkpoint it resumes
+    return tuple(n for n in params if n not in inspect.signature(get_scheduler).parameters and n != "last_epoch")
+
+
+def hands_on_kwargs(kind: Any) -> bool:
+    """Whether get_scheduler gives schedule `kind` the lr_scheduler_kwargs at all (constant and constant_with_warmup get
+    none), asked of it with a key no schedule has: handed on, it is a TypeError."""
+    import torch
+    from transformers.optimization import get_scheduler
+
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    try:
+        get_scheduler(kind, probe, num_warmup_steps=1, num_training_steps=2,
+                      scheduler_specific_kwargs={"dockyard_probe": 0})
+    except TypeError:
+        return True
+    return False
 
 
 # lr_scheduler_kwargs that are a learning rate or a share of one: below 0, the schedules clamp the rate to 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,32 @@ def test_optim_args_the_optimizer_never_reads_are_refused_not_dropped(tmp_path, 
         cpu_arguments(name, {"optim": "sgd", "optim_args": "weight_decay=0.1"}, tmp_path / "r3")
     taken = cpu_arguments(name, {"optim": "sgd", "optim_args": "momentum=0.9, nesterov=true"}, tmp_path / "r4")
     assert taken.optim == "sgd" and taken.optim_args == "momentum=0.9, nesterov=true"
+
+
+@pytest.mark.parametrize("kind, kwargs, says", [
+    ("constant", {"num_cycles": 5}, "lr_scheduler_kwargs num_cycles: lr_scheduler_type constant reads no kwargs (the "
+     "Trainer would drop it without a word); leave it out, or pick a schedule that reads num_cycles (cosine, "
+     "cosine_with_restarts, cosine_with_min_lr, cosine_warmup_with_min_lr, warmup_stable_decay)"),
+    ("constant_with_warmup", {"a": 1, "b": 2}, "lr_scheduler_kwargs a, b: lr_scheduler_type constant_with_warmup reads "
+     "no kwargs (the Trainer would drop them without a word); leave them out"),
+    ("cosine", {"min_lr": 1e-5}, "lr_scheduler_kwargs min_lr: lr_scheduler_type cosine reads no min_lr (it takes "
+     "num_cycles); leave it out, or pick a schedule that reads min_lr (cosine_with_min_lr, cosine_warmup_with_min_lr)"),
+    ("polynomial", {"power": 2.0, "foo": 1}, "lr_scheduler_kwargs foo: lr_scheduler_type polynomial reads no foo (it "
+     "takes lr_end, power); leave it out"),
+])
+def test_schedule_kwargs_the_schedule_never_reads_are_refused_before_the_model_loads(tmp_path, kind, kwargs, says):
+    """Red-team pass: transformers' get_scheduler hands constant and constant_with_warmup no lr_scheduler_kwargs, so
+    `--lr_scheduler_type constant --lr_scheduler_kwargs '{num_cycles: 5}'` completed as if they were not given; the
+    other schedules' makers take only their own (a TypeError once the model had loaded). What each takes is
+    transformers' own schedule function's."""
+    from dockyard.common.errors import DockyardError
+
+    with pytest.raises(DockyardError, match=f"^{re.escape(says)}$"):
+        cpu_arguments("ddp", {"lr_scheduler_type": kind, "lr_scheduler_kwargs": kwargs}, tmp_path / "r1")
+    taken = {"cosine": {"num_cycles": 1.0}, "polynomial": {"power": 2.0, "lr_end": 0.0}}.get(kind)
+    if taken:
+        args = cpu_arguments("ddp", {"lr_scheduler_type": kind, "lr_scheduler_kwargs": taken}, tmp_path / "r2")
+        assert args.lr_scheduler_kwargs == taken
 
 
 def _without_tokenizer(folder):
@@ -678,10 +705,10 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
 
 
 @pytest.mark.parametrize("recipe, override, says", [
-    ("ddp", ["--lr_scheduler_kwargs", "{min_lr: 1.0e-5}"], "the Trainer stopped before its first step: TypeError: "
-     "get_cosine_schedule_with_warmup() got an unexpected keyword argument 'min_lr'. The learning-rate schedule read "
-     "--lr_scheduler_kwargs {'min_lr': 1e-05}, with lr_scheduler_type cosine, warmup_steps 0 of recipes/defaults.yaml: "
-     "check them; the traceback is in the run's train.log"),
+    ("ddp", ["--lr_scheduler_type", "warmup_stable_decay"], "the Trainer stopped before its first step: TypeError: "
+     "get_wsd_schedule() missing 1 required positional argument: 'num_decay_steps'. The learning-rate schedule read "
+     "--lr_scheduler_type warmup_stable_decay, with warmup_steps 0 of recipes/defaults.yaml: check them; the traceback "
+     "is in the run's train.log"),
     ("ddp", ["--optim_args", "foo"], "optim adamw_torch_fused, optim_args 'foo': not enough values to unpack "
      "(expected 2, got 1); optim_args takes key=value pairs"),
     ("ddp", ["--accelerator_config", "notajson"], "accelerator_config 'notajson': give its settings as a mapping "
@@ -736,11 +763,12 @@ def test_a_resume_given_a_schedule_the_trainer_cannot_make_blames_the_setting_no
     record = (run / "manifest.json").read_text()
     capsys.readouterr()
     code = main(["--recipe", "ddp", "--run-dir", str(run), "--resume", "--", "--max_steps", "2",
-                 "--lr_scheduler_kwargs", "{foo: 1}"])
+                 "--lr_scheduler_type", "warmup_stable_decay"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
-    assert ("error: the Trainer stopped before its first step: TypeError: get_cosine_schedule_with_warmup() got an "
-            "unexpected keyword argument 'foo'. The learning-rate schedule read --lr_scheduler_kwargs {'foo': 1}") in err
+    assert ("error: the Trainer stopped before its first step: TypeError: get_wsd_schedule() missing 1 required "
+            "positional argument: 'num_decay_steps'. The learning-rate schedule read --lr_scheduler_type "
+            "warmup_stable_decay") in err
     assert "not a checkpoint the Trainer wrote" not in err, err
     assert (run / "manifest.json").read_text() == record and (run / "checkpoints" / "checkpoint-1").is_dir()
 
