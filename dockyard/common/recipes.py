@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,53 @@ FULL_STATES = 18      # bytes per trained parameter: fp32 weights 4 + grads 4 + 
 NF4_BYTES = 0.5625    # 4-bit NF4 per quantised weight: half a byte, and an fp32 scale per 64 (train/fourbit.py)
 
 
-class _OneOfEachKey(yaml.SafeLoader):
+INT, FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+class Yaml11Number(yaml.constructor.ConstructorError):
+    """A plain scalar YAML 1.1 reads as another number than the one written (see yaml11_surprise)."""
+
+
+def yaml11_surprise(node: yaml.Node) -> str:
+    """Why `node` (a plain scalar) would be read as a number other than the one its text says, and what to write;
+    "" where it is read as written. PyYAML reads YAML 1.1, where `1:00` is 60 (a number in base 60) and `010` is 8
+    (octal); YAML 1.2 and the other readers of these files (an editor, yq, a person) see the text `1:00` and ten.
+    `0x1f` (hex), `0b101` and `1_000` say what they are and stay the numbers they are."""
+    if not isinstance(node, yaml.ScalarNode) or node.style or node.tag not in (INT, FLOAT):
+        return ""
+    text, value = node.value, yaml.safe_load(node.value)
+    if ":" in text:
+        how, meant = "a:b as a number in base 60", ""
+    elif re.fullmatch(r"[-+]?0[0-7_]+", text) and node.tag == INT and value != (digits := int(text.replace("_", ""))):
+        how, meant = "a leading 0 as octal", f" (or {digits}, as the digits say)"
+    else:
+        return ""
+    return (f"{text} would be read as {value} (YAML 1.1 reads {how}): write {value}{meant}, or quote '{text}' where "
+            "text is meant")
+
+
+class Yaml11Numbers(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a plain scalar that YAML 1.1 reads as another number than the one written
+    (yaml11_surprise): `max_steps: 1:00` trained 60 steps and `seed: 010` seeded 8, without a word. A mapping's value is
+    named by its key."""
+
+    def construct_document(self, node):  # noqa: ANN001, ANN201 - PyYAML's own signature
+        stack, seen = [(node, "")], set()
+        while stack:  # not recursive: the composer has already met the nesting, which may be deep
+            n, key = stack.pop()
+            if id(n) in seen:  # an alias: the same node again
+                continue
+            seen.add(id(n))
+            if why := yaml11_surprise(n):
+                raise Yaml11Number(None, None, f"{key}: {why}" if key else why, n.start_mark)
+            if isinstance(n, yaml.MappingNode):
+                stack += [(v, k.value if isinstance(k, yaml.ScalarNode) else "") for k, v in reversed(n.value)]
+            elif isinstance(n, yaml.SequenceNode):
+                stack += [(v, "") for v in reversed(n.value)]  # the first in the file is said first
+        return super().construct_document(node)
+
+
+class _OneOfEachKey(Yaml11Numbers):
     """yaml.safe_load's loader, refusing a key written twice in one mapping: PyYAML keeps the last without a word, so
     a second `learning_rate:` further down a recipe silently replaced the first. A merge (`<<: *base`) may still be
     overridden by the mapping's own keys, as YAML means it to."""
@@ -63,9 +110,13 @@ class _OneOfEachKey(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_yaml(text: str) -> Any:
-    """yaml.safe_load of a file of the user's (a recipe, defaults.yaml, an FSDP file), a key set twice refused."""
-    return yaml.load(text, Loader=_OneOfEachKey)  # noqa: S506 - a SafeLoader
+def read_yaml(text: str, path: Path | str) -> Any:
+    """yaml.safe_load of a file of the user's (a recipe, defaults.yaml, an FSDP file), a key set twice refused, and a
+    number YAML 1.1 would read as another (Yaml11Numbers), said of the file `path` and its line."""
+    try:
+        return yaml.load(text, Loader=_OneOfEachKey)  # noqa: S506 - a SafeLoader
+    except Yaml11Number as e:  # valid YAML, read as the user did not mean it
+        raise DockyardError(f"{path}, line {e.problem_mark.line + 1}: {e.problem}") from None
 
 
 
@@ -300,7 +351,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     if not first.startswith("# "):
         raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")
     try:
-        raw = read_yaml(text) or {}
+        raw = read_yaml(text, path) or {}
     except YAML_ERRORS as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
@@ -358,7 +409,7 @@ def read_fsdp_file(path: Path) -> dict[str, Any]:
     Read by the host (`run --dry`, `invoke recipes`) and the trainer. Anything else started a run that stopped only
     once the model had loaded, with a traceback or a strategy mismatch."""
     try:
-        raw = read_yaml(read_bounded(path, MiB, path.name).decode("utf-8-sig")) or {}
+        raw = read_yaml(read_bounded(path, MiB, path.name).decode("utf-8-sig"), path) or {}
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):

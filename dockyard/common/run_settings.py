@@ -34,7 +34,16 @@ from pydantic import (
 
 from dockyard import ROOT
 from dockyard.common.errors import DockyardError, MiB, read_bounded, shown, yaml_problem
-from dockyard.common.recipes import RECIPES, STRATEGY_KEYS, YAML_ERRORS, Recipe, read_deepspeed_config, read_yaml
+from dockyard.common.recipes import (
+    RECIPES,
+    STRATEGY_KEYS,
+    YAML_ERRORS,
+    Recipe,
+    Yaml11Number,
+    Yaml11Numbers,
+    read_deepspeed_config,
+    read_yaml,
+)
 
 DATA = ROOT / "data"
 TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
@@ -173,7 +182,13 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
                 value, i = argv[i + 1], i + 1
             else:
                 value = "true"
-        key, read = key.replace("-", "_"), _scalar(value, tok.partition("=")[0])
+        key, flag = key.replace("-", "_"), tok.partition("=")[0]
+        try:
+            read = _scalar(value, flag)
+        except Yaml11Number as e:  # `--max_steps 1:00` was 60 steps, `--seed 010` seed 8
+            if key not in TEXT_KEYS:
+                raise DockyardError(f"{flag} {e.problem}") from None
+            read = value
         # a name or a path is the text typed: `--run_name yes` was recorded as true, `--data 2024` refused as a number
         out[key] = value if key in TEXT_KEYS and isinstance(read, (bool, int, float)) else read
         i += 1
@@ -183,7 +198,7 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
 TEXT_KEYS = {"run_name", "model", "data", "eval_data", "hub_model_id", "hub_revision"}
 
 
-class _NoAliases(yaml.SafeLoader):
+class _NoAliases(Yaml11Numbers):
     """YAML without aliases: nine levels of `&a [*b, *b, ...]`, 300 bytes of one override, stand for 10**9 values,
     which the run's record (overrides.json, the manifest) wrote out until the host's memory was gone."""
 
@@ -203,6 +218,8 @@ def _scalar(text: str, flag: str = "") -> Any:
     except Aliased as e:
         raise DockyardError(f"{flag} {text[:40]!r}...: a YAML alias (*{e}) repeats a value by reference; write the "
                             "value out (an override holds no aliases)") from None
+    except Yaml11Number:
+        raise
     except YAML_ERRORS:  # `0x_`, `2001-02-30`, ...: not a YAML value, so the text itself
         return text
     if isinstance(value, str):
@@ -382,7 +399,7 @@ def read_defaults(path: Path) -> dict[str, Any]:
     """recipes/defaults.yaml as `key: value` settings, or one error line saying what is wrong with it (it is read by
     every run, on the host and in the trainer: a slip in it was a traceback there)."""
     try:
-        defaults = read_yaml(read_bounded(path, MiB, "defaults.yaml").decode("utf-8-sig")) or {}
+        defaults = read_yaml(read_bounded(path, MiB, "defaults.yaml").decode("utf-8-sig"), path) or {}
     except (*YAML_ERRORS, UnicodeDecodeError) as e:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):

@@ -134,7 +134,7 @@ class Variant(BaseModel):
 @lru_cache(maxsize=8)
 def _load(path: Path) -> dict[str, Variant]:
     try:
-        raw = read_yaml(read_bounded(path, 4 * MiB, "variants file").decode())  # a key set twice refused
+        raw = read_yaml(read_bounded(path, 4 * MiB, "variants file").decode(), path)  # a key set twice refused
     except FileNotFoundError:
         raise DockyardError(f"variants file {path} not found: set `variants_file` in invoke.yaml") from None
     except OSError as e:  # a folder, a file this user may not read

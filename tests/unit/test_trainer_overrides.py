@@ -263,6 +263,34 @@ def test_a_number_in_exponent_form_is_a_number_within_a_mapping_too(tmp_path):
     assert resolve_settings(load_recipe(str(mine)), {})[1]["lr_scheduler_kwargs"] == {"min_lr": 1e-5}
 
 
+def test_a_number_yaml_1_1_reads_as_another_is_refused_naming_the_key_and_what_to_write(tmp_path):
+    """Red-team pass: PyYAML reads YAML 1.1, where `max_steps: 1:00` is 60 (base 60) and `seed: 010` is 8 (octal): a
+    run of 60 steps, seeded 8, without a word, from an override, a recipe's settings: or defaults.yaml. `1e-5` stays
+    the number, `0x10` and `1_000` the numbers they say; a name keeps its text (`--run_name 1:00`)."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+
+    with pytest.raises(DockyardError, match=r"^--max_steps 1:00 would be read as 60 \(YAML 1.1 reads a:b as a number "
+                                            r"in base 60\): write 60, or quote '1:00' where text is meant$"):
+        parse_overrides(["--max_steps", "1:00"])
+    with pytest.raises(DockyardError, match=r"^--seed 010 would be read as 8 \(YAML 1.1 reads a leading 0 as octal\): "
+                                            r"write 8 \(or 10, as the digits say\), or quote '010' where text is meant$"):
+        parse_overrides(["--seed=010"])
+    with pytest.raises(DockyardError, match=r"^--lr_scheduler_kwargs num_cycles: 1:30.5 would be read as 90.5 "):
+        parse_overrides(["--lr_scheduler_kwargs", "{num_cycles: 1:30.5}"])
+    assert parse_overrides(["--seed", "0x10", "--max_steps", "1_000", "--warmup_steps", "07", "--learning_rate", "1e-5",
+                            "--run_name", "1:00"]) == {"seed": 16, "max_steps": 1000, "warmup_steps": 7,
+                                                       "learning_rate": 1e-5, "run_name": "1:00"}
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: x\nstrategy: ddp\nsettings:\n"
+                                      "  max_steps: 1:00\n  seed: 010\n")
+    with pytest.raises(DockyardError, match=f"^{mine / 'recipe.yaml'}, line 5: max_steps: 1:00 would be read as 60 "):
+        load_recipe(str(mine))
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", "--seed", "010", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
+    short_error(r, "--seed 010 would be read as 8")
+
+
 def test_a_field_transformers_5_removed_says_what_took_its_place(tmp_path):
     """`--logging_dir x` was answered "did you mean --logging_first_step?"."""
     r = invoke_here("run", "--dry", "--variant=cpu", "--", "--logging_dir", "x", "--overwrite_output_dir",
