@@ -272,6 +272,11 @@ class Recipe(BaseModel):
     fsdp: str | None = None           # file in the recipe folder: TrainingArguments' fsdp and fsdp_config
     settings: dict[str, Any] = {}     # this recipe's changes to recipes/defaults.yaml
 
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _empty_settings(cls, v: Any) -> Any:
+        return {} if v is None else v  # `settings:` with nothing under it (YAML's null): none, not a refusal
+
     @field_validator("strategy")
     @classmethod
     def _known_strategy(cls, v: str) -> str:

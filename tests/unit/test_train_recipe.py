@@ -87,6 +87,22 @@ def test_invalid_recipes_are_refused(tmp_path, body, problem):
         load_recipe(tmp_path)
 
 
+def test_an_empty_settings_key_is_no_settings(tmp_path):
+    """`settings:` with nothing under it (YAML's null, as an editor leaves it once the last line under it is removed)
+    was refused: "settings: Input should be a valid dictionary". An empty `peft:` or `deepspeed:` stays what it means:
+    none (the strategy's own rules still apply)."""
+    (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: ddp\npeft:\nsettings:\n")
+    r = load_recipe(tmp_path)
+    assert (r.settings, r.peft, r.deepspeed) == ({}, None, None)
+    assert resolve_settings(r, {})[0] == resolve_settings(load_recipe("ddp"), {})[0]
+    (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: zero2\ndeepspeed:\n")
+    with pytest.raises(DockyardError, match="strategy zero2 needs `deepspeed:` naming its file"):
+        load_recipe(tmp_path)
+    (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: ddp\nsettings: [1]\n")
+    with pytest.raises(DockyardError, match="settings: Input should be a valid dictionary"):
+        load_recipe(tmp_path)
+
+
 def test_qlora_under_fsdp_is_refused_in_one_line_by_the_dry_run_and_the_trainer(tmp_path):
     """A copy of recipes/fsdp with `peft: qlora` passed as a recipe: the only FSDP here is FSDP2, which loses the
     4-bit weights' quantization state when it shards them (bitsandbytes#1945), and accelerate does no
