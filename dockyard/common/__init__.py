@@ -13,5 +13,6 @@ dockyard but each other (tests/unit/test_layers.py holds that).
   data_files    what the trainer reads as data (file kinds, hub ids), so `invoke run --dry` checks it the same way
   runfolder     the run folder's contract: its file names, and reading and writing them without following a link
   envvars       the DOCKYARD_* variables host and image exchange
+  cores         the cores a process may use (affinity, physical cores, the cgroup's quota)
   units         GIB
 """

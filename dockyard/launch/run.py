@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dockyard import engine, gpus
-from dockyard.common import autos, disk, envvars, runfolder
+from dockyard.common import autos, cores, disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.gpus import Host, docker_gpus, read_host, select
@@ -86,6 +86,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     if r.native:  # this host's Python trains: no image is chosen, only whether the GPUs are used
         print(f"--native: this host's Python trains, on {f'{host.count} GPU(s)' if chosen.is_cuda and not r.cpu else 'CPU'}")
         check_native(r, chosen)
+    if not (chosen.is_cuda and not r.cpu) and r.nproc > (usable := cores.usable_cores()):  # said, not refused
+        print(f"warning: --nproc={r.nproc} CPU processes on {usable} usable core(s) of this host: each gets less than a "
+              f"core, and every step waits for the slowest; --nproc={usable} gives each one", file=sys.stderr)
     if r.nodes == 1:
         check_one_node(r)
         topo.max_restarts = r.max_restarts

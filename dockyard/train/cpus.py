@@ -23,12 +23,12 @@ import torch
 
 from dockyard.common import envvars
 from dockyard.common.autos import Device, Placement, cpu_ranges, resolve_numa_binding
+from dockyard.common.cores import cpu_list, physical_cores
 from dockyard.common.errors import DockyardError
 
 log = logging.getLogger("dockyard.train")
 
 SYS = Path("/sys")
-MAX_CPUS = 1 << 16  # past any kernel's CPU numbers (NR_CPUS is at most 8192 today)
 
 
 def bind_near_gpu(value: bool | str, device: Device | None, sys_root: Path = SYS) -> tuple[bool, str]:
@@ -133,30 +133,3 @@ def gpu_node(address: str, sys_root: Path) -> int:
         return int((sys_root / "bus/pci/devices" / address / "numa_node").read_text().strip())
     except (OSError, ValueError):
         return -1
-
-
-def physical_cores(cpus: frozenset[int], sys_root: Path) -> int:
-    """How many physical cores `cpus` spans: CPUs listed as one core's thread siblings count once."""
-    cores = set()
-    for cpu in cpus:
-        try:
-            siblings = cpu_list((sys_root / f"devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text())
-        except (OSError, ValueError):
-            siblings = {cpu}
-        cores.add(min(siblings | {cpu}))
-    return len(cores)
-
-
-def cpu_list(text: str) -> set[int]:
-    """sysfs' list format ("0-3,8,10-11") as a set of CPU numbers; ValueError where it is not one (a CPU number
-    past any kernel's, MAX_CPUS, included: "0-999999999" would be a billion-element set)."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        low, high = int(first), int(last or first)
-        if not 0 <= low <= high < MAX_CPUS:
-            raise ValueError(f"not a list of CPUs: {part!r}")
-        out.update(range(low, high + 1))
-    return out

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import io
 import logging
-import math
 import os
 import re
 import signal
@@ -34,6 +33,7 @@ import sys
 from pathlib import Path
 
 from dockyard.common import envvars, runfolder
+from dockyard.common.cores import usable_cores
 from dockyard.common.errors import DockyardError, first_line, shown
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
@@ -379,33 +379,6 @@ def share_cpu_cores(given: argparse.Namespace) -> None:
         return
     share = str(max(1, usable_cores() // max(1, nproc)))
     os.environ["OMP_NUM_THREADS"] = os.environ[envvars.CPU_SHARE] = share  # the trainer may re-share (train.cpus)
-
-
-def usable_cores(cgroup: Path = Path("/sys/fs/cgroup"), sys_root: Path = Path("/sys")) -> int:
-    """The physical cores this process may use: its CPU affinity, less hyperthreads' siblings (AVX work such as CPU
-    Adam gains nothing from them; where sysfs does not say which CPUs are siblings, each counts), within the
-    container's CPU quota (cgroup v2 cpu.max, v1 cfs_quota_us) when there is one, as Kubernetes' CPU limits and
-    `docker run --cpus` set."""
-    from dockyard.train import cpus
-
-    cores = max(1, cpus.physical_cores(frozenset(os.sched_getaffinity(0)), sys_root))
-    quota = cpu_quota(cgroup)
-    return max(1, min(cores, int(quota))) if quota else cores
-
-
-def cpu_quota(cgroup: Path) -> float | None:
-    """CPUs' worth of time the cgroup may use (2.5 for "250000 100000"), or None without a limit."""
-    for quota_file, period_file in ((cgroup / "cpu.max", None),
-                                    (cgroup / "cpu" / "cpu.cfs_quota_us", cgroup / "cpu" / "cpu.cfs_period_us")):
-        try:
-            words = quota_file.read_text().split()
-            if period_file is not None:
-                words += period_file.read_text().split()
-            quota, period = float(words[0]), float(words[1])
-        except (OSError, ValueError, IndexError):  # absent, "max", unreadable
-            continue
-        return quota / period if quota > 0 and period > 0 and math.isfinite(quota / period) else None
-    return None
 
 
 if __name__ == "__main__":

@@ -190,10 +190,10 @@ def test_the_threads_never_exceed_the_launchers_share_which_counts_the_cpu_quota
 
 
 def test_cores_count_once_per_physical_core_and_each_cpu_where_sysfs_does_not_say(tmp_path):
-    """The launcher's share (dockyard.train.torchrun.usable_cores) counts hyperthreads' siblings once. Where the
+    """The launcher's share (dockyard.common.cores.usable_cores) counts hyperthreads' siblings once. Where the
     topology is not readable (some VMs and sandboxes) every CPU counts: psutil's count of physical cores was None
     there, which made every process's share 1."""
-    from dockyard.train.torchrun import usable_cores
+    from dockyard.common.cores import usable_cores
 
     siblings = lay_out(tmp_path / "ht", {0: "0-3"}, {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}, {})
     assert cpus.physical_cores(frozenset(range(4)), siblings) == 2

@@ -726,6 +726,21 @@ def test_the_flags_of_an_image_given_with_native_are_said_to_do_nothing(env):
     assert "does nothing" not in dry(env, "--disable-require").stderr  # in the image it sets NVIDIA_DISABLE_REQUIRE
 
 
+def test_more_cpu_processes_than_cores_are_said_not_refused(env, monkeypatch):
+    """`--nproc=64 --cpu --native` on a 2-core host was taken without a word: each process got a thirty-second of a
+    core (the launcher shares them out: dockyard.common.cores.usable_cores)."""
+    from dockyard.common import cores
+
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    for flags in (["--native", "--cpu"], []):  # natively, or in the cpu image
+        r = dry(env, "--nproc=64", *flags)
+        assert r.returncode == 0 and ("warning: --nproc=64 CPU processes on 2 usable core(s) of this host: each gets "
+                                      "less than a core, and every step waits for the slowest; --nproc=2 gives each "
+                                      "one") in r.stderr, r.stderr
+        assert "--nproc-per-node=64" in r.stderr
+    assert "usable core" not in dry(env, "--nproc=2", "--native").stderr
+
+
 def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
     """A folder of a.jsonl, B.JSONL, c.jsonl.gz and sub/d.jsonl trained on a.jsonl alone, without a word."""
     folder = tmp_path / "fold"

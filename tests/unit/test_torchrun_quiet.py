@@ -146,7 +146,7 @@ def test_each_worker_gets_its_share_of_the_nodes_cores_not_torchruns_one(tmp_pat
     offload recipes' optimizer step, then ran on one core per GPU on nodes of dozens. The wrapper shares the cores
     this process may use (affinity, hyperthreads and the cgroup's quota counted) between the node's workers; a value
     the user set is kept. Real torchrun workers report what they got."""
-    from dockyard.train.torchrun import usable_cores
+    from dockyard.common.cores import usable_cores
 
     cores = usable_cores()
     one, _ = _threads(tmp_path, 1)
@@ -160,7 +160,7 @@ def test_each_worker_gets_its_share_of_the_nodes_cores_not_torchruns_one(tmp_pat
 
 
 def test_the_cores_usable_are_capped_by_the_containers_cpu_quota(tmp_path):
-    from dockyard.train.torchrun import cpu_quota, usable_cores
+    from dockyard.common.cores import cpu_quota, usable_cores
 
     v2 = tmp_path / "v2"
     v2.mkdir()
