@@ -155,21 +155,36 @@ def check_optim_args_read(args: Any, kwargs: dict[str, Any], name: str) -> None:
     """Each key of optim_args one the optimizer reads: the Trainer hands an optimizer only the keys its maker looks
     up and drops the rest without a word (`--optim_args momentum=0.9` trained adamw_torch_fused as if not given;
     `--optim sgd --optim_args weight_decay=0.1` trained with --weight_decay's 0, which every parameter group sets).
-    Asked of the Trainer's own lookup: a key is read where leaving it out changes what the optimizer is made with."""
-    from transformers import Trainer
-
+    Asked of the Trainer's own lookup: a key is read where leaving it out, or giving it another value, changes what
+    the optimizer is made with (a value that is the maker's default, `--optim ademamix --optim_args alpha=5.0`, changes
+    nothing left out, yet is read)."""
     pairs = [p.partition("=") for p in str(args.optim_args or "").replace(" ", "").split(",") if p]
     for key, _, value in pairs:
         if key in PER_GROUP:
             raise DockyardError(f"optim_args {key}={value}: the Trainer sets {key} on every parameter group, over "
                                 f"what optim_args gives the optimizer; give {PER_GROUP[key]} {value} instead")
-        without = copy.copy(args)
-        without.optim_args = ",".join(f"{k}={v}" for k, _, v in pairs if k != key) or None
-        if Trainer.get_optimizer_cls_and_kwargs(without)[1] == kwargs:
+        without = [f"{k}={v}" for k, _, v in pairs if k != key]
+        if made_with(args, without) == kwargs and made_with(args, [*without, f"{key}={OTHER_VALUE}"]) == kwargs:
             raise DockyardError(f"optim_args {key}={value}: optim {name} reads no {key} (the Trainer would leave it "
                                 "out without a word); leave it out, or pick an optimizer that takes it (sgd: "
                                 "momentum, dampening, nesterov; rmsprop: momentum, alpha, eps, centered; adagrad: "
                                 "lr_decay, eps)")
+
+
+def made_with(args: Any, optim_args: list[str]) -> Any:
+    """What the Trainer makes the optimizer of `args` with, given `optim_args` (key=value texts) instead of its own; the
+    error where the maker could not read one (a value it parses, as `OTHER_VALUE`, that is no number or name)."""
+    from transformers import Trainer
+
+    other = copy.copy(args)
+    other.optim_args = ",".join(optim_args) or None
+    try:
+        return Trainer.get_optimizer_cls_and_kwargs(other)[1]
+    except Exception as e:  # noqa: BLE001 - any error says the value was read
+        return e
+
+
+OTHER_VALUE = "dockyard-other-value"  # a value no maker takes as it is given: one that reads the key differs or fails
 
 
 def check_schedule_kwargs(args: Any) -> None:

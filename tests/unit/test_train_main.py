@@ -251,6 +251,19 @@ def test_optim_args_the_optimizer_never_reads_are_refused_not_dropped(tmp_path, 
     assert taken.optim == "sgd" and taken.optim_args == "momentum=0.9, nesterov=true"
 
 
+def test_optim_args_given_at_the_optimizers_own_default_are_taken(tmp_path):
+    """Review: the check above asked only whether leaving a key out changed what the optimizer is made with, so a key
+    the maker reads, given at its default (`--optim ademamix --optim_args alpha=5.0`, bitsandbytes' AdEMAMix reads
+    alpha, beta3, ...), was refused as "optim ademamix reads no alpha"."""
+    pytest.importorskip("bitsandbytes")
+    from dockyard.common.errors import DockyardError
+
+    taken = cpu_arguments("ddp", {"optim": "ademamix", "optim_args": "alpha=5.0,beta3=0.9999"}, tmp_path / "r1")
+    assert taken.optim == "ademamix" and taken.optim_args == "alpha=5.0,beta3=0.9999"
+    with pytest.raises(DockyardError, match="optim_args foo=5.0: optim ademamix reads no foo"):
+        cpu_arguments("ddp", {"optim": "ademamix", "optim_args": "alpha=5.0,foo=5.0"}, tmp_path / "r2")
+
+
 @pytest.mark.parametrize("kind, kwargs, says", [
     ("constant", {"num_cycles": 5}, "lr_scheduler_kwargs num_cycles: lr_scheduler_type constant reads no kwargs (the "
      "Trainer would drop it without a word); leave it out, or pick a schedule that reads num_cycles (cosine, "
