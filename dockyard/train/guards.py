@@ -127,10 +127,10 @@ def check_optim(args: Any) -> None:
     rank, after the model had loaded. Asked here of the Trainer's own lookup, before the model loads."""
     from transformers import Trainer
 
-    ds = args.deepspeed if isinstance(args.deepspeed, dict) else getattr(args.hf_deepspeed_config, "config", {}) \
-        if args.deepspeed else {}
-    if "optimizer" in ds:  # DeepSpeed makes its own from the section (the Trainer's optim is not used); without
-        return             # one (zero2, zero3), the Trainer builds optim and ZeRO wraps it
+    # DeepSpeed makes its own from the section (the Trainer's optim is not used); without one (zero2, zero3), the
+    # Trainer builds optim and ZeRO wraps it
+    if "optimizer" in deepspeed_sections(args):
+        return
     name = getattr(args.optim, "value", args.optim)
     try:
         _, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
@@ -145,6 +145,14 @@ def check_optim(args: Any) -> None:
                                 "key=value pairs, comma-separated (as in momentum=0.9 for sgd)") from None
         return
     check_optim_args_read(args, kwargs, name)
+
+
+def deepspeed_sections(args: Any) -> dict[str, Any]:
+    """The DeepSpeed config the Trainer was given (a dict, or the file its TrainingArguments read), {} without one: its
+    optimizer and scheduler sections replace the Trainer's optim and lr_scheduler_type."""
+    if not args.deepspeed:
+        return {}
+    return args.deepspeed if isinstance(args.deepspeed, dict) else getattr(args.hf_deepspeed_config, "config", {})
 
 
 # set by the Trainer on each parameter group, over what the optimizer was made with: in optim_args it does nothing
@@ -196,9 +204,8 @@ def check_schedule_kwargs(args: Any) -> None:
     from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, SchedulerType
 
     given = args.lr_scheduler_kwargs
-    ds = args.deepspeed if isinstance(args.deepspeed, dict) else getattr(args.hf_deepspeed_config, "config", {}) \
-        if args.deepspeed else {}
-    if not given or not isinstance(given, dict) or "scheduler" in ds:  # DeepSpeed's section makes its own schedule
+    # DeepSpeed's section makes its own schedule
+    if not given or not isinstance(given, dict) or "scheduler" in deepspeed_sections(args):
         return
     kind = SchedulerType(args.lr_scheduler_type)
     reads = {t.value: schedule_kwargs(t) for t in TYPE_TO_SCHEDULER_FUNCTION}

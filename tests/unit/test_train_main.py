@@ -1118,3 +1118,22 @@ def test_a_run_says_its_steps_without_the_libraries_progress_bars_or_their_mtime
     assert sorted(p.name for p in (tmp_path / "r1" / "checkpoints").iterdir()) == ["checkpoint-3"]
     for bar in ("Loading weights", "Writing model shards"):
         assert (bar in err) is (bars == "false"), err
+
+
+def test_a_deepspeed_section_replaces_the_trainers_optimizer_and_schedule_for_both_guards():
+    """Review: check_optim and check_schedule_kwargs each read the DeepSpeed config of the Trainer's arguments in a copy
+    of the same expression; one helper (guards.deepspeed_sections) now answers both: where DeepSpeed's own section
+    makes the optimizer or the schedule, neither guard asks the Trainer about its own."""
+    from types import SimpleNamespace
+
+    from dockyard.train import guards
+
+    sections = {"optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR"}}
+    given = SimpleNamespace(deepspeed=sections, hf_deepspeed_config=None, optim="no_such_optimizer",
+                            optim_args="foo=1", lr_scheduler_type="constant", lr_scheduler_kwargs={"foo": 1})
+    assert guards.deepspeed_sections(given) == sections
+    assert guards.deepspeed_sections(SimpleNamespace(deepspeed="ds.json", hf_deepspeed_config=SimpleNamespace(
+        config=sections))) == sections
+    assert guards.deepspeed_sections(SimpleNamespace(deepspeed=None)) == {}
+    guards.check_optim(given)  # neither refuses: DeepSpeed's sections are used, not the Trainer's settings
+    guards.check_schedule_kwargs(given)
