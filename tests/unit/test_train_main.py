@@ -255,7 +255,6 @@ def test_optim_args_given_at_the_optimizers_own_default_are_taken(tmp_path):
     """Review: the check above asked only whether leaving a key out changed what the optimizer is made with, so a key
     the maker reads, given at its default (`--optim ademamix --optim_args alpha=5.0`, bitsandbytes' AdEMAMix reads
     alpha, beta3, ...), was refused as "optim ademamix reads no alpha"."""
-    pytest.importorskip("bitsandbytes")
     from dockyard.common.errors import DockyardError
 
     taken = cpu_arguments("ddp", {"optim": "ademamix", "optim_args": "alpha=5.0,beta3=0.9999"}, tmp_path / "r1")
