@@ -386,8 +386,10 @@ def check_same_shape(recipe: Recipe, saved: dict[str, Any], settings: RunSetting
     for key in SHAPING_KEYS:
         if key in LORA_KEYS and not recipe.peft:
             continue
-        before, now = (",".join(v) if isinstance(v, list) else str(v) for v in (getattr(was, key),
-                                                                                 getattr(settings, key)))
+        values = getattr(was, key), getattr(settings, key)
+        if len({repr(sorted(set(v)) if isinstance(v, list) else v) for v in values}) == 1:
+            continue  # the same (target modules in another order are the same modules, the same tensors)
+        before, now = (",".join(v) if isinstance(v, list) else str(v) for v in values)
         if before != now:
             raise DockyardError(f"--{key} {shown(now)[:80]}: the run trained with {key} {shown(before)[:80]}, and its "
                                 "checkpoints hold tensors of that shape, which a resume cannot change: leave "

@@ -927,6 +927,10 @@ def test_a_resume_that_would_change_the_shape_of_the_checkpoints_tensors_is_refu
     # the same values, or settings that leave the tensors' shapes as they are, resume
     assert dry(env, *resume, "--lora_r", "16", "--lora_target_modules", "all-linear", "--lora_alpha", "8",
                "--lora_dropout", "0.1").returncode == 0
+    # the same target modules in another order are the same modules (review: refused as another shape)
+    (folder / "overrides.json").write_text(json.dumps({"max_steps": 2, "lora_r": 16,
+                                                       "lora_target_modules": "q_proj,v_proj"}))
+    assert dry(env, *resume, "--lora_target_modules", "v_proj,q_proj").returncode == 0
     (folder / "checkpoints" / "checkpoint-2" / "complete.json").unlink()  # no checkpoint: a fresh start, any shape
     assert dry(env, *resume, "--lora_r", "8").returncode == 0
 
