@@ -208,16 +208,17 @@ def check_schedule_kwargs(args: Any) -> None:
     if not given or not isinstance(given, dict) or "scheduler" in deepspeed_sections(args):
         return
     kind = SchedulerType(args.lr_scheduler_type)
-    reads = {t.value: schedule_kwargs(t) for t in TYPE_TO_SCHEDULER_FUNCTION}
-    if reads[kind.value] is None:  # handed on to a class (ReduceLROnPlateau), which names a key it lacks itself
+    takes = schedule_kwargs(kind)
+    if takes is None:  # handed on to a class (ReduceLROnPlateau), which names a key it lacks itself
         return
-    unread = [k for k in given if k not in reads[kind.value]]
+    unread = [k for k in given if k not in takes]
     if not unread:
         return
     said, it = ", ".join(unread), "it" if len(unread) == 1 else "them"
-    why = (f"reads no {said} (it takes {', '.join(reads[kind.value])})" if reads[kind.value] else "takes no kwargs"
+    why = (f"reads no {said} (it takes {', '.join(takes)})" if takes else "takes no kwargs"
            if hands_on_kwargs(kind) else f"reads no kwargs (the Trainer would drop {it} without a word)")
-    elsewhere = [n for n, keys in reads.items() if keys and unread[0] in keys]
+    # the other schedules asked only now, for the refusal: each question makes a schedule (hands_on_kwargs)
+    elsewhere = [t.value for t in TYPE_TO_SCHEDULER_FUNCTION if unread[0] in (schedule_kwargs(t) or ())]
     raise DockyardError(f"lr_scheduler_kwargs {said}: lr_scheduler_type {kind.value} {why}; leave {it} out"
                         + (f", or pick a schedule that reads {unread[0]} ({', '.join(elsewhere)})" if elsewhere else ""))
 

@@ -70,11 +70,12 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     paths = ArchivePaths(out_dir / archive_name(refs, compress, thin is not None))
     # Thin archives need about as much: they spool each layer while hashing it.
     tar_estimate = sum(i["bytes"] for i in images)
-    archive_need = int(tar_estimate * COMPRESSED_SHARE[compress]) + MARGIN
+    compressed = int(tar_estimate * COMPRESSED_SHARE[compress])  # the archive's size, and the cache's copies'
+    archive_need = compressed + MARGIN
     console.check_free(out_dir, archive_need, "the archive", "Free some space or pass --out=DIR on a larger disk.")
     cache = layer_cache(settings, compress, level)
     if cache is not None:
-        cache.keeping = room_to_keep(cache, out_dir, archive_need, int(tar_estimate * COMPRESSED_SHARE[compress]))
+        cache.keeping = room_to_keep(cache, out_dir, archive_need, compressed)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(paths), interrupts_as_errors(f"saving {paths.archive.name}"):
