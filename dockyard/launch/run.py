@@ -24,7 +24,7 @@ from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
-from dockyard.launch import caches, inputs, monitor, multinode, node, preflight
+from dockyard.launch import caches, inputs, monitor, multinode, node, preflight, scriptwords
 from dockyard.launch.node import CPU_NPROC, Rendezvous
 from dockyard.settings import ROOT, Settings
 
@@ -594,8 +594,10 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
     # the inputs given by flag or by invoke.yaml (a run in the image mounts both; the trainer reads neither setting,
     # and a native run with `model:` set trained the sample model); those after -- are in the overrides already, and
     # the recipe's own the trainer reads from the recipe
-    overrides = [*overrides, *(a for key, value, where in inputs.resolved(settings, overrides, data=data, model=model)
-                               if not where.startswith("-- ") for a in (f"--{key}", value))]
+    given = list(inputs.resolved(settings, overrides, data=data, model=model))
+    for _, value, where in given:  # no script carries them, but the terminal and the manifest would, as they are
+        scriptwords.one_line(value, where, "which would reach the terminal as it is where the run prints it; rename it")
+    overrides = [*overrides, *(a for key, value, where in given if not where.startswith("-- ") for a in (f"--{key}", value))]
     return RunCommand(torchrun_argv(topo, launcher) + node.entry_argv(recipe, str(run_dir), overrides, resume), run_dir,
                       env)
 

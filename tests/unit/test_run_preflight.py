@@ -992,3 +992,16 @@ def test_a_native_run_gets_the_model_and_data_settings_as_a_run_in_the_image_doe
     flagged = invoke_here("run", "--dry", "--native", f"--model={model}", env=env)
     argv = shlex.split(flagged.stderr.strip().splitlines()[-1])
     assert argv.count("--model") == 1 and argv[argv.index("--model") + 1] == str(model)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_an_input_path_holding_a_control_character_is_refused_natively_too(env, tmp_path, native):
+    """`invoke run --native --data=<a name with ESC[31m>` was taken and printed raw (the terminal turned red); a run
+    in the image refused it. Each way it is given (flag, override) is refused, naming it."""
+    data = tmp_path / "a\x1b[31mred.jsonl"
+    data.write_text('{"text": "ships sail"}\n')
+    flags = ["--native", "--cpu"] if native else []
+    refused(dry(env, *flags, f"--data={data}"), "--data '" + str(tmp_path) + "/a\\x1b[31mred.jsonl': holds the control "
+            "character '\\x1b'")
+    refused(dry(env, *flags, "--", "--eval_data", str(data)), "-- --eval_data '")
+    assert "\x1b" not in dry(env, *flags, f"--data={data}").stderr
