@@ -103,14 +103,22 @@ def pin_interface() -> str | None:
     """gloo and NCCL pick their interface from the hostname, which can resolve to loopback (a container's, or a
     node whose /etc/hosts maps its name to 127.0.1.1): then every rank tells the others to connect to 127.0.0.1.
     When the launcher said which address this node advertises (DOCKYARD_RENDEZVOUS local_addr: `invoke run`,
-    `invoke slurm`, `invoke k8s`) and the user chose no interface, use the one that holds that address."""
-    addr = (rendezvous() or {}).get("local_addr")
-    if not addr or os.environ.get("GLOO_SOCKET_IFNAME"):
+    `invoke slurm`, `invoke k8s`) and the user chose no interface, use the one that holds that address. One node
+    whose ranks meet on loopback (torchrun --standalone --local-addr=127.0.0.1): gloo's on loopback too, where a
+    hostname that resolves to nothing (a node's own name missing from /etc/hosts) had each rank warn "Unable to
+    resolve hostname ... Using the loopback address as fallback"; NCCL, which meets on no socket there, is left as
+    it is."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
         return None
-    iface = interface_of(addr)
+    addr = (rendezvous() or {}).get("local_addr")
+    one_node = not addr and not several() and os.environ.get("MASTER_ADDR") in ("127.0.0.1", "::1")
+    if one_node:
+        addr = os.environ["MASTER_ADDR"]
+    iface = interface_of(addr) if addr else None
     if iface:
         os.environ["GLOO_SOCKET_IFNAME"] = iface
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+        if not one_node:
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
     return iface
 
 

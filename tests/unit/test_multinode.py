@@ -192,6 +192,26 @@ def test_the_trainer_binds_gloo_and_nccl_to_the_interface_of_the_advertised_addr
     assert nodes.interface_of("fd00::3") is None and nodes.interface_of("::1") == "lo"
 
 
+
+def test_one_node_meeting_on_loopback_binds_gloo_there_and_leaves_nccl(monkeypatch):
+    """A node whose own hostname resolves to nothing (missing from /etc/hosts: a fresh air-gapped node, a container
+    with the host's network) had every rank of a one-node run warn "Unable to resolve hostname to a (local)
+    address. Using the loopback address as fallback": its ranks meet on 127.0.0.1 (torchrun --standalone
+    --local-addr=127.0.0.1), so gloo is bound there. Several nodes, or a user's choice, are left alone."""
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DOCKYARD_RENDEZVOUS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert nodes.pin_interface() == "lo" and os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    assert "NCCL_SOCKET_IFNAME" not in os.environ, "NCCL meets on no socket within a node"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one rank of two nodes: its master is node 0, elsewhere
+    assert nodes.pin_interface() is None and "GLOO_SOCKET_IFNAME" not in os.environ
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "198.18.0.1")
+    assert nodes.pin_interface() is None and "GLOO_SOCKET_IFNAME" not in os.environ
+
 # --- a node lost at any moment: the heartbeat's bound and verdicts ----------------------------------------------
 
 @pytest.mark.parametrize("rdzv, bound", [({"join_timeout": 45}, 45.0), ({}, float(node.JOIN_TIMEOUT)),
