@@ -22,6 +22,7 @@ file is opened relative to it, so a folder swapped for a link after the check is
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -59,6 +60,7 @@ COMPLETE = "complete.json"       # T: in a checkpoint-<step>/, written last by r
 SHARED_TOKEN = ".shared-check"   # T: node 0 writes it, the others read it: is the run folder one shared folder?
 LOST_NODE = ".lost-node"         # T: the first rank that sees which node was lost says it here, for the others
 CLAIM = ".claimed-by-node0"      # H: node 0's claim on a run folder the other nodes may have made first
+TRAINING_LOCK = ".resume.lock"   # T: held by node 0's first process while it trains (a run or a resume): `hold`
 RANK_FAILED = ".failed-rank"     # T: + the global rank: why a process that writes no manifest failed, for the one that
                                  # does (torchrun stops it with SIGTERM, which alone says nothing)
 # What the other nodes of a multi-node run write beside node 0's files (manifest-node1.json, monitor-node1.jsonl):
@@ -204,6 +206,41 @@ def check(folder: Path) -> None:
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 raise DockyardError(f"{path} is not a regular file or folder: a run folder holds nothing else; "
                                     "remove it (something that ran with the runs folder mounted made it)")
+
+
+def hold(run_dir: Path) -> int:
+    """An exclusive lock on the run folder's TRAINING_LOCK, kept open (and held) until the process ends or closes it:
+    a resume started while the run (or another resume of it) still trained read the checkpoints being written and
+    rotated, and trained into the same checkpoints, metrics and model."""
+    try:
+        fd = os.open(run_dir / TRAINING_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise DockyardError(f"cannot open {run_dir / TRAINING_LOCK} ({e.strerror}): remove it if it is a link") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DockyardError(_training_now(run_dir)) from None
+    return fd
+
+
+def check_idle(run_dir: Path) -> None:
+    """Refuse a run folder whose TRAINING_LOCK a process holds (`hold`), before anything starts; makes nothing."""
+    try:
+        fd = os.open(run_dir / TRAINING_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # none: no run took it; a link or a fifo: refused by the trainer's own `hold`
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise DockyardError(f"--resume: {_training_now(run_dir)}") from None
+    finally:
+        os.close(fd)
+
+
+def _training_now(run_dir: Path) -> str:
+    return (f"run {run_dir.name} is being trained by another process now (it holds {run_dir / TRAINING_LOCK}): wait "
+            "for it to end, or stop it, then resume")
 
 
 def claim(folder: Path, marker: str | None = None) -> None:

@@ -46,9 +46,9 @@ def finish(run: Run, error: str | None) -> None:
             _finish(run, error)
             run.finished = True  # after: a Ctrl-C inside _finish left no manifest, and no later call wrote one
             _recorded.set()
-            if run.resume_lock is not None:  # the run is over: another resume may take it
-                os.close(run.resume_lock)
-                run.resume_lock = None
+            if run.training_lock is not None:  # the run is over: a resume may take it
+                os.close(run.training_lock)
+                run.training_lock = None
 
 
 def _finish(run: Run, error: str | None) -> None:

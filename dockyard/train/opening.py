@@ -73,8 +73,8 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         raise DockyardError(f"cannot make the run folder {run_dir} ({e.strerror}): the runs folder must be writable "
                             f"by the user the trainer runs as (uid {os.getuid()})") from None
     runfolder.check(run_dir)  # any run's container can write here: a planted link is refused, never followed
-    if run.opts.resume and nodes.node_rank() == 0 and nodes.first_of_node():
-        run.resume_lock = hold_resume(run_dir)  # held to the end of the process: a second resume is refused
+    if nodes.node_rank() == 0 and nodes.first_of_node():
+        run.training_lock = runfolder.hold(run_dir)  # held until the manifest is written: a resume meanwhile is refused
     last = manifest.check_run_dir(run_dir, run.opts.resume)
     if run.opts.resume:  # a run continues with its own settings: those given now change them
         saved = runfolder.saved_overrides(run_dir)
@@ -132,27 +132,6 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
 def run_inputs(settings: RunSettings) -> dict[str, str]:
     """What the run reads, as the manifest's `inputs` records it (and a resume must read again)."""
     return {"model": settings.model, "data": str(settings.data_path), "eval_data": settings.eval_data}
-
-
-RESUME_LOCK = ".resume.lock"
-
-
-def hold_resume(run_dir: Path) -> int:
-    """An exclusive lock on the run folder's RESUME_LOCK, kept open (and held) until the process ends: two resumes of
-    one run at once (a command run twice) both trained, into the same checkpoints, metrics and model."""
-    import fcntl
-
-    try:
-        fd = os.open(run_dir / RESUME_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise DockyardError(f"cannot open {run_dir / RESUME_LOCK} ({e.strerror}): remove it if it is a link") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise DockyardError(f"run {run_dir.name} is being resumed by another process now: wait for it to end (or "
-                            "stop it), then resume") from None
-    return fd
 
 
 def checked_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSettings, dict[str, Any]]:

@@ -95,7 +95,7 @@ class Run:
     heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
     finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
     unusable_caches: list[str] = field(default_factory=list)  # compile cache folders not used, and why
-    resume_lock: int | None = None     # --resume: the lock file this process holds (opening.hold_resume)
+    training_lock: int | None = None     # the run folder's lock this process holds (runfolder.hold)
     overrides: dict[str, Any] = field(default_factory=dict)   # the settings given after `--`, a resume's merged in
     kept_overrides: dict[str, Any] = field(default_factory=dict)  # --resume: those of the run's that it keeps
     same_everywhere: bool = True  # its errors so far come of what every process reads alike: the command line, the

@@ -6,6 +6,8 @@ processes): the host side is the same code as with a container."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,9 +19,9 @@ SHORT = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_seq_le
          "--save_steps", "2"]
 
 
-def _run(tmp_path, run_id, *extra, resume=False):
+def _run(tmp_path, run_id, *extra, resume=False, steps=2):
     return [*INVOKE, "run", "--native", "--variant=cpu", "--recipe=ddp", f"--run-id={run_id}",
-            *(["--resume"] if resume else []), "--", *SHORT, *extra]
+            *(["--resume"] if resume else []), "--", "--max_steps", str(steps), *SHORT[2:], *extra]
 
 
 def _env(tmp_path):
@@ -71,6 +73,35 @@ def test_two_runs_given_one_id_at_once_one_trains_and_the_other_deletes_nothing(
     m = json.loads((tmp_path / "runs" / "same" / "manifest.json").read_text())
     assert m["status"] == "completed" and m["metrics"]["steps"] == 2
     assert (tmp_path / "runs" / "same" / "model").is_dir() and (tmp_path / "runs" / "same" / "monitor.json").is_file()
+
+
+def test_a_resume_of_a_run_still_training_is_refused_before_it_starts(tmp_path):
+    """`invoke run --resume` of a run that still trains (another terminal, --native: no container name to clash):
+    it read the checkpoints being written and rotated, told the user to remove a good one as damaged, left its
+    ranks' .failed-rank files in the folder and ended with the other run's summary. Now it is refused on the host."""
+    run = tmp_path / "runs" / "busy"
+    proc = subprocess.Popen(_run(tmp_path, "busy", steps=20000), cwd=ROOT, env=_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((run / "checkpoints").glob("checkpoint-*/complete.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.05)
+        r = invoke(*_run(tmp_path, "busy", resume=True, steps=20000)[len(INVOKE):], env=_env(tmp_path), timeout=600)
+        assert proc.poll() is None, "the first run ended before the resume was tried"
+        left = list(run.glob(".failed-rank*"))  # before the Ctrl-C below, after which the run's own rank 1 writes one
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: torchrun's workers stop with it
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (f"error: --resume: run busy is being trained by another process now (it holds {run}/.resume.lock): "
+                    "wait for it to end, or stop it, then resume"), last
+    assert not left and "torchrun" not in r.stdout + r.stderr
 
 
 def test_a_run_that_fails_before_its_log_exists_is_told_from_its_manifest_and_kept(tmp_path):

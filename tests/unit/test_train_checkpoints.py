@@ -317,7 +317,7 @@ def test_a_second_resume_of_a_run_at_once_is_refused_and_its_record_stays(tmp_pa
     with open(run_dir / ".resume.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         err = _resume(run_dir, capsys)
-    assert "error: run run is being resumed by another process now: wait for it to end" in err, err
+    assert "error: run run is being trained by another process now (it holds " in err, err
     assert (run_dir / "manifest.json").read_text() == record
 
 
