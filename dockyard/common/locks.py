@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -55,6 +56,36 @@ def partial(path: Path) -> Path:
     link planted under a predictable name (`<name>.<pid>.partial`) was written through and chmod'ed. Open it with
     mode "x" (O_EXCL: made new, never through a link)."""
     return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.partial")
+
+
+LEFT_PARTIAL = re.compile(r".*\.(\d+)\.[0-9a-f]+\.partial(\.sig)?")  # partial()'s names: the pid is the writer's
+
+
+def gone(pid: int) -> bool:
+    """Whether no process of that id runs on this host (one that does may be another than the writer: kept)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's
+        return False
+    return False
+
+
+def left_behind(folder: Path, names: set[str] | None = None) -> list[Path]:
+    """This user's partial() files (of `names`, or any) in `folder` whose writer is gone (killed with SIGKILL, a
+    power cut): nothing else ever removes them."""
+    found = []
+    with contextlib.suppress(OSError):
+        for p in folder.iterdir():
+            m = LEFT_PARTIAL.fullmatch(p.name)
+            if not m or (names is not None and p.name[:m.start(1) - 1] not in names) or not gone(int(m[1])):
+                continue
+            with contextlib.suppress(OSError):
+                st = p.lstat()
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                    found.append(p)
+    return found
 
 
 def names_a_folder(v: str) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import console, engine
+from dockyard.common import locks
 from dockyard.common.errors import DockyardError
 from dockyard.common.locks import held_alone, partial, private_folder
 from dockyard.launch import runscript
@@ -30,6 +31,7 @@ from dockyard.transport import inventory, remote
 from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
 from dockyard.transport.layout import (
     FORMAT,
+    SUFFIXES,
     ArchivePaths,
     archive_name,
     check_method,
@@ -72,8 +74,9 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     tar_estimate = sum(i["bytes"] for i in images)
     compressed = int(tar_estimate * COMPRESSED_SHARE[compress])  # the archive's size, and the cache's copies'
     archive_need = compressed + MARGIN
-    console.check_free(out_dir, archive_need, "the archive", "Free some space or pass --out=DIR on a larger disk.")
     cache = layer_cache(settings, compress, level)
+    remove_left_behind(paths, cache)  # before the free-space check, which they took from
+    console.check_free(out_dir, archive_need, "the archive", "Free some space or pass --out=DIR on a larger disk.")
     if cache is not None:
         cache.keeping = room_to_keep(cache, out_dir, archive_need, compressed)
     try:
@@ -144,6 +147,26 @@ def exclusive(paths: ArchivePaths):
                     f"another save of {paths.archive.name} into {paths.archive.parent} is under way: wait for it, "
                     "or save into another --out=DIR"):
         yield
+
+
+def remove_left_behind(paths: ArchivePaths, cache: LayerCache | None) -> None:
+    """The partial files a save killed outright (SIGKILL, the OOM killer, a power cut) left in the folder and the layer
+    cache, the size of a compressed image and never removed: removed now, and said. In the folder, those of this set
+    alone, under its lock (another save of it is refused there); in the cache, those of any save whose process is
+    gone."""
+    names = {paths.base + suffix for suffix in (*SUFFIXES.values(), ".manifest.json", ".sha256")}
+    with exclusive(paths):
+        found = locks.left_behind(paths.archive.parent, names) + (locks.left_behind(cache.dir) if cache else [])
+    freed = 0
+    for p in found:
+        with contextlib.suppress(OSError):
+            size = p.stat().st_size
+            p.unlink()
+            freed += size
+    if found:
+        where = " and ".join(dict.fromkeys(str(p.parent) for p in found))
+        print(f"removed {len(found)} partial file(s) of {console.human(freed)} in {where}, left by a save killed "
+              "before it could remove them")
 
 
 @contextlib.contextmanager

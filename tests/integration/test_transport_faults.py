@@ -307,3 +307,28 @@ def test_a_compressor_killed_mid_save_is_named_and_nothing_is_published(settings
     assert "compressing a layer failed (exit -9)" in err and "Broken pipe" not in err
     assert os.listdir(out) == []
     assert partial_files(out, cache) == []
+
+
+def test_the_partial_files_of_a_save_killed_outright_are_removed_by_the_next_save(settings, engine_ready, tmp_path):
+    """`kill -9` (the OOM killer, a closed CI job) of a save mid-layer: its partial archive in --out and its partial
+    frame in the layer cache, the size of the compressed image, stayed there for good, and the next save said
+    nothing of them. The next save removes them and says so; a partial file whose process still runs is kept."""
+    out, cache = tmp_path / "dist", tmp_path / "cache"
+    env = {**os.environ, "INVOKE_DOCKYARD_LAYER_CACHE": str(cache)}
+    argv = [*INVOKE, "save", f"--image={settings.base_image_cpu}", f"--out={out}"]
+    save = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (partial_files(cache) and any(os.path.getsize(p) for p in partial_files(out))):  # mid-layer
+        assert save.poll() is None and time.monotonic() < deadline, "the save ended before a layer was half written"
+        time.sleep(0.02)
+    os.killpg(save.pid, 9)
+    save.wait()
+    left = partial_files(out, cache)
+    assert len(left) == 2, left
+    live = out / f"{Path(left[0]).name.split('.partial')[0].rsplit('.', 2)[0]}.{os.getpid()}.0123456789ab.partial"
+    live.write_bytes(b"x")  # as another save of this user's, still running, might hold it (ours runs: it is kept)
+    r = invoke("save", f"--image={settings.base_image_cpu}", f"--out={out}", env=env)
+    assert r.returncode == 0, r.stderr
+    assert partial_files(out, cache) == [str(live)]
+    assert "removed 2 partial file(s) of " in r.stdout and "left by a save killed before it could remove them" in r.stdout
