@@ -149,7 +149,17 @@ esac
 
 # Every file is read once, into a private folder, and checked and used there: a file changed in the shared
 # folder after its check (another writer, an NFS scratch) is never what gets loaded.
-work=$(mktemp -d) || die "cannot make a private folder in ${TMPDIR:-/tmp}"
+# A load.sh killed outright (kill -9, the OOM killer, a power cut) runs no trap: its copy stayed in TMPDIR for good.
+# This user's whose load.sh is gone (the pid in the name) are removed first, and said.
+for old in "${TMPDIR:-/tmp}"/dockyard-load.*; do
+	[ -d "$old" ] && [ -O "$old" ] && [ ! -h "$old" ] || continue
+	pid=${old##*/dockyard-load.}
+	pid=${pid%%.*}
+	case $pid in '' | *[!0-9]*) continue ;; esac
+	kill -0 "$pid" 2>/dev/null && continue
+	rm -rf "$old" && echo "load.sh: removed $old, the private copy of a load.sh killed before it could remove it" >&2
+done
+work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.XXXXXX") || die "cannot make a private folder in ${TMPDIR:-/tmp}"
 # The folder (a full-size copy of the archive) goes however the script ends. A signal ends it through `exit`,
 # which runs the EXIT trap (dash runs none for a signal alone). The long steps run in the background and are
 # waited for: a trapped signal stops `wait` at once, where it would wait for a command in the foreground to end.

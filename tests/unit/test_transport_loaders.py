@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import lzma
+import os
 import signal
 import subprocess
 import tarfile
@@ -807,3 +808,19 @@ def test_the_tools_load_sh_needs_are_said_where_the_user_reads_them():
     assert "GNU `tar`" in " ".join(step3.split())
     assert "GNU tar" in " ".join(invoke_here("--help", "save").stdout.split())
     assert "GNU tar is missing on this node" in (ROOT / "dockyard/transport/load.sh").read_text()
+
+
+def test_load_sh_removes_the_private_copy_a_load_sh_killed_outright_left(tmp_path):
+    """kill -9 of load.sh (the OOM killer, a power cut) runs no trap: its private copy, the archive's size, stayed in
+    TMPDIR for good, under mktemp's anonymous name. The next load.sh removes this user's of no running load.sh."""
+    argv, env, private = load_sh_set(tmp_path, 'exec cat >/dev/null')
+    with subprocess.Popen(["true"]) as ended:
+        pass  # a process id that ran, and is gone
+    dead, live = private / f"dockyard-load.{ended.pid}.abc123", private / f"dockyard-load.{os.getpid()}.def456"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "t_1.tar").write_bytes(b"copy")
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert f"load.sh: removed {dead}, the private copy of a load.sh killed before it could remove it" in r.stderr, \
+        r.stderr
+    assert list(private.iterdir()) == [live], "a copy of a load.sh that runs is kept"
