@@ -208,10 +208,11 @@ def check(folder: Path) -> None:
                                     "remove it (something that ran with the runs folder mounted made it)")
 
 
-def hold(run_dir: Path) -> int:
+def hold(run_dir: Path) -> int | None:
     """An exclusive lock on the run folder's TRAINING_LOCK, kept open (and held) until the process ends or closes it:
     a resume started while the run (or another resume of it) still trained read the checkpoints being written and
-    rotated, and trained into the same checkpoints, metrics and model."""
+    rotated, and trained into the same checkpoints, metrics and model. None where the runs folder takes no locks
+    (NFS without its lock service: ENOLCK): the run trains unguarded, as it did before there was a lock."""
     try:
         fd = os.open(run_dir / TRAINING_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
@@ -221,6 +222,9 @@ def hold(run_dir: Path) -> int:
     except BlockingIOError:
         os.close(fd)
         raise DockyardError(_training_now(run_dir)) from None
+    except OSError:  # ENOLCK, EOPNOTSUPP: a file system without locks
+        os.close(fd)
+        return None
     return fd
 
 
@@ -234,6 +238,8 @@ def check_idle(run_dir: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         raise DockyardError(f"--resume: {_training_now(run_dir)}") from None
+    except OSError:  # a file system without locks (hold): nothing to tell
+        pass
     finally:
         os.close(fd)
 

@@ -321,6 +321,23 @@ def test_a_second_resume_of_a_run_at_once_is_refused_and_its_record_stays(tmp_pa
     assert (run_dir / "manifest.json").read_text() == record
 
 
+def test_a_runs_folder_that_takes_no_locks_trains_unguarded_not_refused(tmp_path, monkeypatch):
+    """Every run now holds its folder's lock while it trains; on a file system without locks (NFS without its lock
+    service: flock fails with ENOLCK) that was an OSError traceback before the first step. Such a folder trains as it
+    did before there was a lock, and `invoke run --resume` does not refuse it."""
+    import errno
+    import fcntl
+
+    from dockyard.common import runfolder
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert runfolder.hold(tmp_path) is None
+    runfolder.check_idle(tmp_path)  # refuses nothing
+
+
 def test_a_resume_refused_for_a_setting_the_run_saved_says_where_it_comes_from(tmp_path, capsys):
     """A run started with a setting since refused: its --resume named the setting, not that it came from the run's
     own overrides.json, nor how to change it."""
