@@ -51,18 +51,10 @@ def format_of(fields: list[str]) -> str:
     return next((f for f, need in FORMATS.items() if all(k in fields for k in need)), "")
 
 
-def unknown_format(source: str, fields: list[str], nulls: list[str] = (), examples: int = 1) -> DockyardError:
-    """The refusal of data whose fields name no format: the trainer's, and the host's from a file's first line.
-    `fields`: those with a value in the first `examples`; `nulls`: those there but null in each of them."""
+def unknown_format(source: str, fields: list[str]) -> DockyardError:
+    """The refusal of data whose fields name no format: the trainer's, and the host's from a file's first line."""
     header = " (a .csv file's first line must name them, e.g. prompt,completion)" if source.endswith(".csv") else ""
     expected = "; ".join(f"{fmt} ({'+'.join(need)})" for fmt, need in FORMATS.items())
-    if fmt := format_of([*fields, *nulls]):  # `{"prompt": "a", "completion": null}`: the fields are there, not filled
-        empty = [k for k in FORMATS[fmt] if k not in fields]
-        where, those = (("its first example", "that example") if examples == 1 else
-                        (f"each of its first {examples} examples", "those examples"))
-        return DockyardError(f"{source}: {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} null in {where}, "
-                             f"and the {fmt} format needs {'+'.join(FORMATS[fmt])} filled in: fill "
-                             f"{'it' if len(empty) == 1 else 'them'} in or remove {those} (docs/data.md)")
     if not fields:  # `{"text": null}` or `{}` first: "from its fields (); rename them" named nothing to rename
         return DockyardError(f"{source}: its first example has no field with a value (each is null, or there is "
                              f"none): fill in its fields or remove it; an example has those of one of "
@@ -87,19 +79,9 @@ def not_an_object(line: str) -> str:
     return f"{'null' if value is None else kind}, not an object; each line must be one JSON object"
 
 
-def valued(example: dict[str, Any]) -> list[str]:
-    """An example's fields that hold a value (not null), sorted."""
-    return sorted(k for k, v in example.items() if v is not None)
-
-
-def nulls(example: dict[str, Any] | None) -> list[str]:
-    """An example's fields that are there but null, sorted."""
-    return sorted(k for k, v in (example or {}).items() if v is None)
-
-
-def first_example(path: Path) -> dict[str, Any] | None:
-    """A JSON Lines file's first example, whose fields with a value (valued) name the format as the trainer finds it; a
-    first line that is not a JSON object is refused as the trainer would refuse it. None for a file with no
+def first_fields(path: Path) -> list[str] | None:
+    """The fields (with a value) of a JSON Lines file's first example, as the trainer finds the format from them;
+    a first line that is not a JSON object is refused as the trainer would refuse it. None for a file with no
     example in its first FIRST_LINE_LIMIT bytes (the trainer says what it finds there). A .json file holding one
     JSON array (of up to FIRST_LINE_LIMIT bytes): its first object's; else it is read as JSON Lines, as `datasets`
     reads it."""
@@ -109,7 +91,8 @@ def first_example(path: Path) -> dict[str, Any] | None:
         except ValueError:
             value = None
         if isinstance(value, list):
-            return next((v for v in value if isinstance(v, dict)), None)
+            first = next((v for v in value if isinstance(v, dict)), None)
+            return None if first is None else sorted(k for k, v in first.items() if v is not None)
     with open(path, "rb") as f:
         n = 0
         while (raw := f.readline(FIRST_LINE_LIMIT - f.tell() + 1)) and f.tell() <= FIRST_LINE_LIMIT:
@@ -119,7 +102,7 @@ def first_example(path: Path) -> dict[str, Any] | None:
                 continue
             if why := not_an_object(line):
                 raise DockyardError(f"cannot read {path}:{n}: {why}")
-            return loads(line)
+            return sorted(k for k, v in loads(line).items() if v is not None)
     return None
 
 
@@ -273,12 +256,12 @@ def mixed_formats(files: list[Path]) -> DockyardError | None:
     example), or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file."""
     found: dict[str, list[str]] = {}
     for f in sorted(files):
-        first = first_example(f) if f.suffix in (".jsonl", ".json") else None
-        if first is None:
+        fields = first_fields(f) if f.suffix in (".jsonl", ".json") else None
+        if fields is None:
             continue
-        fmt = format_of(valued(first))
+        fmt = format_of(fields)
         if not fmt:
-            raise unknown_format(str(f), valued(first), nulls(first))
+            raise unknown_format(str(f), fields)
         found.setdefault(fmt, []).append(f.name)
     if len(found) < 2:
         return None

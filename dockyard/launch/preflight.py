@@ -38,14 +38,12 @@ from dockyard.common.data_files import (
     BUILDERS,
     csv_header,
     data_files_in,
-    first_example,
+    first_fields,
     format_of,
     holds_text,
     left_out,
     mixed_formats,
-    nulls,
     unknown_format,
-    valued,
 )
 from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.model_config import check_model_folder
@@ -183,10 +181,10 @@ def check_data_fields(files: list[Path]) -> str:
         if (header := readable(f, csv_header)) is not None and not format_of(header):
             raise unknown_format(str(f), header)
     json_files = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # a .json of one array: its first object
-    first = readable(json_files[0], first_example) if json_files else None
-    fmt = format_of(valued(first)) if first is not None else ""
-    if first is not None and not fmt:
-        raise unknown_format(str(json_files[0]), valued(first), nulls(first))
+    fields = readable(json_files[0], first_fields) if json_files else None
+    fmt = format_of(fields) if fields is not None else ""
+    if fields is not None and not fmt:
+        raise unknown_format(str(json_files[0]), fields)
     try:
         mixed = mixed_formats(json_files) if len(json_files) > 1 else None
     except OSError as e:

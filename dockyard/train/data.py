@@ -473,8 +473,7 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
     else:
         fmt = format_of(found)
         if not fmt:
-            first = rows[:FORMAT_ROWS]
-            raise unknown_format(source, found, sorted({k for row in first for k in row} - set(found)), len(first))
+            raise unknown_format(source, found)
         need = FORMATS[fmt]
         if fmt == "text" and "label" in found:
             log.warning("%s has a label field, which causal language modelling does not read (it trains on the text "
@@ -535,10 +534,6 @@ def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
         raise DockyardError(f"example {n}: `{'conversations' if fmt == 'sharegpt' else 'messages'}` must be a list "
                             f"of {{{role_key!r}: ..., {text_key!r}: ...}} objects")
-    if not turns:  # said as "no assistant turn (roles found: )"
-        raise DockyardError(f"example {n}: `{'conversations' if fmt == 'sharegpt' else 'messages'}` is an empty list: "
-                            "a conversation to learn from holds a user's turn and the assistant's answer; fill it in or "
-                            "remove that example")
     messages = []
     for t in turns:
         role, content = t.get(role_key), t.get(text_key)

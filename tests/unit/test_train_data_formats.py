@@ -117,8 +117,6 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tok, tmp_path, monkeypa
 @pytest.mark.parametrize("rows, named, message", [
     ([{"messages": [{"role": "user", "content": "hi"}]}], "auto", "no assistant turn"),
     ([{"messages": "hello"}], "auto", "must be a list"),
-    ([{"messages": []}], "auto", "example 1: `messages` is an empty list: a conversation to learn from holds"),
-    ([{"conversations": []}], "auto", "example 1: `conversations` is an empty list"),
     ([{"conversations": [{"from": "robot", "value": "x"}]}], "auto", "without a known 'from'"),
     ([{"text": "a"}, {"txt": "b"}], "auto", r"example 2 lacks text.*fields found: txt"),
     ([{"text": "a"}], "messages", r"lacks messages for the messages format \(fields found: text"),
@@ -128,23 +126,6 @@ def test_a_wrong_schema_stops_before_training_naming_the_fields(tok, tmp_path, r
     with pytest.raises(DockyardError, match=message):
         fmt = data.detect_format(rows, "causal_lm", named, "bad.jsonl")
         data.tokenize(rows, fmt, tok, 64)
-
-
-def test_a_format_whose_fields_are_null_in_the_first_examples_is_said_so(tmp_path):
-    """A file of one example `{"prompt": "a", "completion": null}` was refused as "cannot tell the data format from
-    its fields (prompt); rename them": the field was there, only null. Once a later example fills it, the format is
-    found and the example that lacks it is named."""
-    one = data.read_rows(jsonl(tmp_path / "one.jsonl", [{"prompt": "a", "completion": None}]))
-    with pytest.raises(DockyardError, match=r"^one.jsonl: completion is null in its first example, and the "
-                                            r"prompt_completion format needs prompt\+completion filled in"):
-        data.detect_format(one, "causal_lm", "auto", "one.jsonl")
-    two = data.read_rows(jsonl(tmp_path / "two.jsonl", [{"prompt": "a", "completion": None}] * 2))
-    with pytest.raises(DockyardError, match="completion is null in each of its first 2 examples.*remove those examples"):
-        data.detect_format(two, "causal_lm", "auto", "two.jsonl")
-    later = data.read_rows(jsonl(tmp_path / "later.jsonl", [{"prompt": "a", "completion": None},
-                                                            {"prompt": "b", "completion": "c"}]))
-    with pytest.raises(DockyardError, match="example 1 lacks completion for the prompt_completion format"):
-        data.detect_format(later, "causal_lm", "auto", "later.jsonl")
 
 
 def test_fields_of_no_format_are_asked_to_be_renamed_and_a_csv_without_header_is_said(tmp_path):
