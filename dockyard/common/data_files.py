@@ -51,17 +51,30 @@ def format_of(fields: list[str]) -> str:
     return next((f for f, need in FORMATS.items() if all(k in fields for k in need)), "")
 
 
-def unknown_format(source: str, fields: list[str]) -> DockyardError:
-    """The refusal of data whose fields name no format: the trainer's, and the host's from a file's first line."""
+def unknown_format(source: str, fields: list[str], named: list[str] | None = None, example: str = "") -> DockyardError:
+    """The refusal of data whose fields name no format: the trainer's, and the host's from a file's first line.
+    `named`: every field of the example (`example`: "line 3", "example 1"), null ones too: `{"prompt": "a",
+    "completion": null}` was "cannot tell the data format from its fields (prompt)", where completion is there."""
     header = " (a .csv file's first line must name them, e.g. prompt,completion)" if source.endswith(".csv") else ""
     expected = "; ".join(f"{fmt} ({'+'.join(need)})" for fmt, need in FORMATS.items())
-    if not fields:  # `{"text": null}` or `{}` first: "from its fields (); rename them" named nothing to rename
+    if fmt := format_of(named or []):
+        null = [k for k in FORMATS[fmt] if k not in fields]
+        one = len(null) == 1
+        return DockyardError(f"{source}: {example or 'its first example'}: {' and '.join(null)} "
+                             f"{'is' if one else 'are'} null, where the {fmt} format needs {HOLDS.get(null[0], 'text')}: "
+                             f"fill {'it' if one else 'them'} in, or leave the example out (docs/data.md)")
+    if not fields:  # `{}` first: "from its fields (); rename them" named nothing to rename
         return DockyardError(f"{source}: its first example has no field with a value (each is null, or there is "
                              f"none): fill in its fields or remove it; an example has those of one of "
                              f"{expected}{header} (docs/data.md)")
     # data_format cannot help here: a named format needs the same fields
     return DockyardError(f"{source}: cannot tell the data format from its fields ({', '.join(fields)}); rename them "
                          f"to one of {expected}{header} (docs/data.md)")
+
+
+# What a format's field holds, said where one is null.
+HOLDS = {"messages": 'a list of turns ([{"role": "user", "content": ...}, {"role": "assistant", "content": ...}])',
+         "conversations": 'a list of turns ([{"from": "human", "value": ...}, {"from": "gpt", "value": ...}])'}
 
 
 def not_an_object(line: str) -> str:
@@ -79,11 +92,11 @@ def not_an_object(line: str) -> str:
     return f"{'null' if value is None else kind}, not an object; each line must be one JSON object"
 
 
-def first_fields(path: Path) -> list[str] | None:
-    """The fields (with a value) of a JSON Lines file's first example, as the trainer finds the format from them;
-    a first line that is not a JSON object is refused as the trainer would refuse it. None for a file with no
+def first_example(path: Path) -> tuple[int, dict[str, Any]] | None:
+    """(its line, 0 in a .json file's array, and) a JSON Lines file's first example, as the trainer finds the format from
+    it; a first line that is not a JSON object is refused as the trainer would refuse it. None for a file with no
     example in its first FIRST_LINE_LIMIT bytes (the trainer says what it finds there). A .json file holding one
-    JSON array (of up to FIRST_LINE_LIMIT bytes): its first object's; else it is read as JSON Lines, as `datasets`
+    JSON array (of up to FIRST_LINE_LIMIT bytes): its first object; else it is read as JSON Lines, as `datasets`
     reads it."""
     if path.suffix == ".json" and path.stat().st_size <= FIRST_LINE_LIMIT:
         try:
@@ -92,7 +105,7 @@ def first_fields(path: Path) -> list[str] | None:
             value = None
         if isinstance(value, list):
             first = next((v for v in value if isinstance(v, dict)), None)
-            return None if first is None else sorted(k for k, v in first.items() if v is not None)
+            return None if first is None else (0, first)
     with open(path, "rb") as f:
         n = 0
         while (raw := f.readline(FIRST_LINE_LIMIT - f.tell() + 1)) and f.tell() <= FIRST_LINE_LIMIT:
@@ -102,8 +115,27 @@ def first_fields(path: Path) -> list[str] | None:
                 continue
             if why := not_an_object(line):
                 raise DockyardError(f"cannot read {path}:{n}: {why}")
-            return sorted(k for k, v in loads(line).items() if v is not None)
+            return n, loads(line)
     return None
+
+
+def first_fields(path: Path) -> list[str] | None:
+    """The fields (with a value) of a JSON Lines file's first example (first_example), None where it has none."""
+    first = first_example(path)
+    return None if first is None else sorted(k for k, v in first[1].items() if v is not None)
+
+
+def first_format(path: Path) -> str | None:
+    """The format a JSON Lines (or JSON) file's first example names, None where there is none to read; one whose
+    fields name none is refused as the trainer refuses it (unknown_format)."""
+    first = first_example(path)
+    if first is None:
+        return None
+    line, row = first
+    fields = sorted(k for k, v in row.items() if v is not None)
+    if not (fmt := format_of(fields)):
+        raise unknown_format(str(path), fields, sorted(row), f"line {line}" if line else "")
+    return fmt
 
 
 def too_deep(path: Path) -> str:
@@ -256,12 +288,9 @@ def mixed_formats(files: list[Path]) -> DockyardError | None:
     example), or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file."""
     found: dict[str, list[str]] = {}
     for f in sorted(files):
-        fields = first_fields(f) if f.suffix in (".jsonl", ".json") else None
-        if fields is None:
+        fmt = first_format(f) if f.suffix in (".jsonl", ".json") else None
+        if fmt is None:
             continue
-        fmt = format_of(fields)
-        if not fmt:
-            raise unknown_format(str(f), fields)
         found.setdefault(fmt, []).append(f.name)
     if len(found) < 2:
         return None

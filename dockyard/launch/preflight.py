@@ -38,7 +38,7 @@ from dockyard.common.data_files import (
     BUILDERS,
     csv_header,
     data_files_in,
-    first_fields,
+    first_format,
     format_of,
     holds_text,
     left_out,
@@ -181,10 +181,7 @@ def check_data_fields(files: list[Path]) -> str:
         if (header := readable(f, csv_header)) is not None and not format_of(header):
             raise unknown_format(str(f), header)
     json_files = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # a .json of one array: its first object
-    fields = readable(json_files[0], first_fields) if json_files else None
-    fmt = format_of(fields) if fields is not None else ""
-    if fields is not None and not fmt:
-        raise unknown_format(str(json_files[0]), fields)
+    fmt = (readable(json_files[0], first_format) if json_files else None) or ""
     try:
         mixed = mixed_formats(json_files) if len(json_files) > 1 else None
     except OSError as e:

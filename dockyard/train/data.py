@@ -37,6 +37,7 @@ from dockyard.common import disk, tree
 from dockyard.common.data_files import (
     BUILDERS,
     FORMATS,
+    HOLDS,
     HUB_ID,
     MAX_FIELDS,
     NESTED,
@@ -472,8 +473,8 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
         fmt, need = named, FORMATS[named]
     else:
         fmt = format_of(found)
-        if not fmt:
-            raise unknown_format(source, found)
+        if not fmt:  # a format's field null in every first row (so in the first): said as null, not unknown
+            raise unknown_format(source, found, sorted({k for row in rows[:FORMAT_ROWS] for k in row}), "example 1")
         need = FORMATS[fmt]
         if fmt == "text" and "label" in found:
             log.warning("%s has a label field, which causal language modelling does not read (it trains on the text "
@@ -531,9 +532,12 @@ def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
         return messages
     turns = row["conversations"] if fmt == "sharegpt" else row["messages"]
     role_key, text_key = ("from", "value") if fmt == "sharegpt" else ("role", "content")
+    key = "conversations" if fmt == "sharegpt" else "messages"
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-        raise DockyardError(f"example {n}: `{'conversations' if fmt == 'sharegpt' else 'messages'}` must be a list "
-                            f"of {{{role_key!r}: ..., {text_key!r}: ...}} objects")
+        raise DockyardError(f"example {n}: `{key}` must be a list of {{{role_key!r}: ..., {text_key!r}: ...}} objects")
+    if not turns:  # was "no assistant turn, so nothing to learn (roles found: ; ...)"
+        raise DockyardError(f"example {n}: `{key}` is an empty list, where the {fmt} format needs {HOLDS[key]}: fill "
+                            "it in, or leave the example out")
     messages = []
     for t in turns:
         role, content = t.get(role_key), t.get(text_key)

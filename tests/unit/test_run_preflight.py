@@ -615,11 +615,32 @@ def test_data_whose_first_example_names_no_format_is_refused_before_the_image_st
     assert dry(env, f"--data={qa}", "--", "--data_format", "text").returncode == 0
     # red-team pass: a first example whose every field is null (or `{}`) was "cannot tell the data format from its
     # fields (); rename them to one of ...": nothing named, and nothing to rename
-    for first in ('{"text": null}', "{}"):
-        empty = tmp_path / "empty-first.jsonl"
-        empty.write_text(first + '\n{"text": "fine"}\n')
-        refused(dry(env, f"--data={empty}"), f"{empty}: its first example has no field with a value (each is null, "
-                                             "or there is none): fill in its fields or remove it")
+    empty = tmp_path / "empty-first.jsonl"
+    empty.write_text('{}\n{"text": "fine"}\n')
+    refused(dry(env, f"--data={empty}"), f"{empty}: its first example has no field with a value (each is null, "
+                                         "or there is none): fill in its fields or remove it")
+
+
+@pytest.mark.parametrize("first, said", [
+    ('{"prompt": "a", "completion": null}', "completion is null, where the prompt_completion format needs text"),
+    ('{"instruction": "a", "input": "b", "output": null}', "output is null, where the alpaca format needs text"),
+    ('{"text": null}', "text is null, where the text format needs text"),
+    ('{"messages": null}', 'messages is null, where the messages format needs a list of turns ([{"role": "user"'),
+    ('{"conversations": null, "id": 3}', 'conversations is null, where the sharegpt format needs a list of turns'),
+])
+def test_a_first_example_with_a_field_of_its_format_null_is_said_as_that(env, tmp_path, first, said):
+    """Red-team pass: `{"prompt": "a", "completion": null}` first was refused as "cannot tell the data format from
+    its fields (prompt); rename them": the field is there, and renaming cannot help. The line and the null field are
+    named now, with what the format needs there; in a folder's later file too."""
+    data = tmp_path / "nulls.jsonl"
+    data.write_text("\n" + first + "\n")
+    refused(dry(env, f"--data={data}"), f"{data}: line 2: {said}")
+    assert "cannot tell the data format" not in dry(env, f"--data={data}").stderr
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "fine"}\n')
+    (folder / "b.jsonl").write_text(first + "\n")
+    refused(dry(env, f"--data={folder}"), f"{folder / 'b.jsonl'}: line 1: {said}")
 
 
 def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_starts(env, tmp_path):

@@ -128,6 +128,24 @@ def test_a_wrong_schema_stops_before_training_naming_the_fields(tok, tmp_path, r
         data.tokenize(rows, fmt, tok, 64)
 
 
+@pytest.mark.parametrize("rows, said", [
+    ([{"prompt": "a", "completion": None}], "nulls.jsonl: example 1: completion is null, where the prompt_completion "
+                                            "format needs text: fill it in, or leave the example out"),
+    ([{"instruction": "a", "output": None}] * 2, "example 1: output is null, where the alpaca format needs text"),
+    ([{"messages": None}], 'example 1: messages is null, where the messages format needs a list of turns ([{"role"'),
+    ([{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, {"messages": []}],
+     'example 2: `messages` is an empty list, where the messages format needs a list of turns'),
+    ([{"conversations": []}], "example 1: `conversations` is an empty list, where the sharegpt format needs a list"),
+])
+def test_a_field_of_the_format_that_is_null_or_an_empty_chat_is_named_with_its_example(tok, tmp_path, rows, said):
+    """Red-team pass: `{"prompt": "a", "completion": null}` was "cannot tell the data format from its fields
+    (prompt); rename them"; `{"messages": []}` was "no assistant turn, so nothing to learn (roles found: ; ...)"."""
+    rows = data.read_rows(jsonl(tmp_path / "nulls.jsonl", rows))
+    with pytest.raises(DockyardError) as refused:
+        data.tokenize(rows, data.detect_format(rows, "causal_lm", "auto", "nulls.jsonl"), tok, 64)
+    assert said in str(refused.value) and "cannot tell" not in str(refused.value)
+
+
 def test_fields_of_no_format_are_asked_to_be_renamed_and_a_csv_without_header_is_said(tmp_path):
     """question/answer rows were told "or name it with data_format", which cannot help (a named format needs the same
     fields: `--data_format prompt_completion` then failed with "lacks prompt, completion" after another start), and a
