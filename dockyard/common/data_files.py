@@ -72,6 +72,17 @@ def unknown_format(source: str, fields: list[str], named: list[str] | None = Non
                          f"to one of {expected}{header} (docs/data.md)")
 
 
+def other_format(source: str, fields: list[str], fmt: str, train: str) -> DockyardError | None:
+    """The refusal of held-out data whose first example (`fields`, those with a value) is in another format than the
+    training data's (`fmt`, of `train`), or None: the trainer read it as the training format, and said "example 1
+    lacks prompt, completion" after a warning that its `text` was not trained on."""
+    if fmt not in FORMATS or all(k in fields for k in FORMATS[fmt]) or not (other := format_of(fields)):
+        return None
+    return DockyardError(f"{source}: its first example is in the {other} format ({'+'.join(FORMATS[other])}), and "
+                         f"held-out examples must be in the training data's, {fmt} ({'+'.join(FORMATS[fmt])}) as in "
+                         f"{train}: convert them to {fmt} (docs/data.md)")
+
+
 # What a format's field holds, said where one is null.
 HOLDS = {"messages": 'a list of turns ([{"role": "user", "content": ...}, {"role": "assistant", "content": ...}])',
          "conversations": 'a list of turns ([{"from": "human", "value": ...}, {"from": "gpt", "value": ...}])'}

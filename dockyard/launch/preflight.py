@@ -38,11 +38,13 @@ from dockyard.common.data_files import (
     BUILDERS,
     csv_header,
     data_files_in,
+    first_fields,
     first_format,
     format_of,
     holds_text,
     left_out,
     mixed_formats,
+    other_format,
     unknown_format,
 )
 from dockyard.common.errors import DockyardError, json_object
@@ -150,13 +152,18 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
         resolve_numa_binding(run_settings.numa_binding, None, None)
         check_cpu_training(training)
     liger = auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True
+    trained = ("", "")  # the training data's format and where it is given
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
         files = check_input(key, value, where, settings, liger)
         if run_settings.task == "causal_lm" and run_settings.data_format == "auto":
-            fmt = check_data_fields(files)  # the format the data's fields name (a named one: check_overrides)
+            # the format the data's fields name (a named one: check_overrides), and those fields
+            fmt, fields = check_data_fields(files)
             if key == "data" and fmt:
                 check_packing_format(run_settings.packing, fmt)
+                trained = (fmt, f"{where} {value}")
+            if key == "eval_data" and fields and (other := other_format(f"{where} {value}", fields, *trained)):
+                raise other
 
 
 def check_model_config(folder: Path, liger: bool) -> None:
@@ -172,23 +179,28 @@ def check_model_config(folder: Path, liger: bool) -> None:
         raise DockyardError(liger_uncovered(kind or "(none)"))
 
 
-def check_data_fields(files: list[Path]) -> str:
+def check_data_fields(files: list[Path]) -> tuple[str, list[str]]:
     """A JSON Lines (or JSON) file whose first example is not a JSON object, or a JSON or .csv file whose fields name
     no format, refused as the trainer refuses it, but before the image starts (and leaves a failed run folder
-    behind); the format the first JSON file's fields name ("": not read here). A .csv header names every column,
-    where the trainer counts those the first rows fill: it can only refuse here, not tell the format."""
+    behind); the format the first JSON file's fields name ("": not read here), and the fields of its first example
+    (or the first .csv file's header; [] where none was read). A .csv header names every column, where the trainer
+    counts those the first rows fill: it can only refuse here, not tell the format."""
+    fields: list[str] = []
     for f in sorted(f for f in files if f.suffix == ".csv"):
         if (header := readable(f, csv_header)) is not None and not format_of(header):
             raise unknown_format(str(f), header)
+        fields = fields or header or []
     json_files = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # a .json of one array: its first object
     fmt = (readable(json_files[0], first_format) if json_files else None) or ""
+    if fmt:
+        fields = readable(json_files[0], first_fields) or []
     try:
         mixed = mixed_formats(json_files) if len(json_files) > 1 else None
     except OSError as e:
         raise DockyardError(f"cannot read the data file {e.filename}: {e.strerror or e}") from None
     if mixed:
         raise mixed
-    return fmt
+    return fmt, fields
 
 
 def readable(path: Path, read: Callable[[Path], T]) -> T:

@@ -47,6 +47,7 @@ from dockyard.common.data_files import (
     left_out,
     mixed_formats,
     not_an_object,
+    other_format,
     parquet_decoded,
     too_deep,
     too_wide,
@@ -88,6 +89,8 @@ def load(settings: Any, tokenizer: Any, seed: int,
     eval_rows: list[dict[str, Any]] = []
     if settings.eval_data:
         eval_rows = read_rows(settings.eval_data)
+        if other := other_format(settings.eval_data, _fields(eval_rows[0]), fmt, source):
+            raise other
         detect_format(eval_rows, settings.task, fmt, settings.eval_data)
     elif settings.eval_fraction:
         rows, eval_rows = split(rows, settings.eval_fraction, seed)

@@ -643,6 +643,24 @@ def test_a_first_example_with_a_field_of_its_format_null_is_said_as_that(env, tm
     refused(dry(env, f"--data={folder}"), f"{folder / 'b.jsonl'}: line 1: {said}")
 
 
+def test_eval_data_in_another_format_than_the_training_data_is_refused_before_the_image_starts(env, tmp_path):
+    """Red-team pass: `-- --eval_data` of text rows beside prompt/completion training data passed --dry, and the
+    trainer refused it in the container: "example 1 lacks prompt, completion". Its first example says it now, on
+    the host; held-out rows that have the training format's fields (and others) are that format's."""
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.csv"
+    train.write_text('{"prompt": "Which port?", "completion": " Bergen"}\n')
+    held.write_text("text\nShips leave Bergen at dawn.\n")
+    refused(dry(env, f"--data={train}", "--", "--eval_data", str(held)),
+            f"-- --eval_data {held}: its first example is in the text format (text), and held-out examples must be in "
+            f"the training data's, prompt_completion (prompt+completion) as in --data {train}: convert them to "
+            "prompt_completion (docs/data.md)")
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"messages": [{"role": "user", "content": "Which port?"}]}\n')
+    refused(dry(env, f"--data={train}", "--", "--eval_data", str(held)), "is in the messages format (messages)")
+    held.write_text('{"prompt": "Which city?", "completion": " Oslo", "text": "x"}\n')
+    assert dry(env, f"--data={train}", "--", "--eval_data", str(held)).returncode == 0
+
+
 def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_starts(env, tmp_path):
     """The host read only JSON files' first examples: a .csv of question,answer columns was refused in the container,
     after the image had started, leaving a failed run folder. Its header line now says it on the host, in the

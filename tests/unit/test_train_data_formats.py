@@ -174,11 +174,20 @@ def test_an_eval_fraction_holds_out_rows_by_the_seed(tok, tmp_path):
     assert other.eval != a.eval
 
 
-def test_eval_data_from_a_file_must_have_the_training_format(tok, tmp_path):
+def test_eval_data_from_a_file_must_have_the_training_format(tok, tmp_path, caplog):
+    """Red-team pass: held-out text beside prompt/completion training data was "eval.jsonl: example 1 lacks prompt,
+    completion", after a warning that its field text was not trained on: the file's format is said now, and the
+    one it must be in. Rows of the training format with other fields too are read as that format."""
     train = jsonl(tmp_path / "train.jsonl", [{"prompt": "p", "completion": " c"}])
     held = jsonl(tmp_path / "eval.jsonl", [{"text": "t"}])
-    with pytest.raises(DockyardError, match="eval.jsonl: example 1 lacks prompt, completion"):
+    with pytest.raises(DockyardError) as refused:
         data.load(RunSettings(data=str(train), eval_data=str(held)), tok, seed=0)
+    assert str(refused.value) == (f"{held}: its first example is in the text format (text), and held-out examples "
+                                  "must be in the training data's, prompt_completion (prompt+completion) as in "
+                                  f"{train}: convert them to prompt_completion (docs/data.md)")
+    assert "not trained on" not in caplog.text
+    jsonl(held, [{"prompt": "p2", "completion": " c2", "text": "t"}])
+    assert data.load(RunSettings(data=str(train), eval_data=str(held)), tok, seed=0).info["eval_examples"] == 1
 
 
 def test_a_huge_document_is_cut_from_its_head_alone_as_from_the_whole(tok):
