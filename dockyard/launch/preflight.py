@@ -401,7 +401,9 @@ def check_input(key: str, value: str, where: str, settings: Settings, liger: boo
     if path.is_file() and suffix not in BUILDERS:
         raise DockyardError(f"{where} {value}: unknown data file type {suffix or '(none)'}; use "
                             f"{', '.join(BUILDERS)} (docs/data.md)")
-    files = [path] if path.is_file() else []
+    # a file by the name given (a link's, as the run sees it): the Hugging Face cache's snapshots/REV/train.jsonl ->
+    # blobs/<sha256> has no suffix, and its fields went unread here
+    files = [Path(os.path.expanduser(value))] if path.is_file() else []
     if path.is_dir():
         files = data_files_in(path)
         kinds = {BUILDERS[f.suffix] for f in files}

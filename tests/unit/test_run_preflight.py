@@ -661,6 +661,20 @@ def test_eval_data_in_another_format_than_the_training_data_is_refused_before_th
     assert dry(env, f"--data={train}", "--", "--eval_data", str(held)).returncode == 0
 
 
+def test_data_given_by_a_link_to_a_file_without_a_suffix_is_read_on_the_host(env, tmp_path):
+    """Red-team pass: a link named train.jsonl to a file of no suffix (the Hugging Face cache's blobs/<sha256>, DVC,
+    git-annex) is read by the run as .jsonl, but the host went by the target's name and read none of it: a first
+    example of no format passed --dry and was refused in the container."""
+    blob = tmp_path / "blobs" / "9f86d081884c7d65"
+    blob.parent.mkdir()
+    blob.write_text('{"question": "Which port?", "answer": "Bergen"}\n')
+    link = tmp_path / "train.jsonl"
+    link.symlink_to(blob)
+    refused(dry(env, f"--data={link}"), f"{link}: cannot tell the data format from its fields (answer, question)")
+    blob.write_text('{"prompt": "Which port?", "completion": " Bergen"}\n')
+    assert dry(env, f"--data={link}").returncode == 0
+
+
 def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_starts(env, tmp_path):
     """The host read only JSON files' first examples: a .csv of question,answer columns was refused in the container,
     after the image had started, leaving a failed run folder. Its header line now says it on the host, in the
