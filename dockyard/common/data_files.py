@@ -121,13 +121,48 @@ def first_example(path: Path) -> tuple[int, dict[str, Any]] | None:
         n = 0
         while (raw := f.readline(FIRST_LINE_LIMIT - f.tell() + 1)) and f.tell() <= FIRST_LINE_LIMIT:
             n += 1
-            line = raw.decode("utf-8-sig" if n == 1 else "utf-8", errors="replace")  # a BOM: the trainer reads past it
+            if n == 1 and (kind := other_kind(raw)):  # was "not JSON (Expecting value: column 1)"
+                raise DockyardError(f"cannot read {path}: it is {kind}")
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a BOM: the trainer reads past it
+            except UnicodeDecodeError as e:  # the trainer's words, before the image starts
+                raise DockyardError(f"cannot read {path}:{n} {not_utf8(raw, e)}") from None
             if not line.strip():
                 continue
             if why := not_an_object(line):
+                if line.lstrip().startswith("[") and why.startswith("not JSON"):  # `[` alone: an array over lines
+                    why += ", or the file (named .json) one JSON array"
                 raise DockyardError(f"cannot read {path}:{n}: {why}")
             return n, loads(line)
     return None
+
+
+# A file of another kind by its first bytes, and the fix: a compressed one (`datasets` unpacks some by their bytes;
+# the host read it as text: "not JSON (Expecting value: column 1)", a .csv header of binary), or Parquet.
+OTHER_KINDS = {b"\x1f\x8b": "gzip-compressed: decompress it first (gunzip)",
+               b"\x28\xb5\x2f\xfd": "zstd-compressed: decompress it first (zstd -d)",
+               b"BZh": "bzip2-compressed: decompress it first (bunzip2)",
+               b"\xfd7zXZ\x00": "xz-compressed: decompress it first (unxz)",
+               b"PK\x03\x04": "a zip archive: unpack it first (unzip)",
+               b"PAR1": "a Parquet file: name it .parquet"}
+COMPRESSED_SUFFIXES = {".gz": "gunzip", ".zst": "zstd -d", ".bz2": "bunzip2", ".xz": "unxz", ".zip": "unzip"}
+
+
+def other_kind(head: bytes) -> str:
+    """What a data file whose first bytes are `head` is where it is none of the text it is named for, and the fix;
+    "" where it is text."""
+    return next((what for magic, what in OTHER_KINDS.items() if head.startswith(magic)), "")
+
+
+def unknown_type(suffix: str) -> str:
+    """What follows "unknown data file type SUFFIX" where more than the list of types helps."""
+    return f" (a compressed file: decompress it first, {COMPRESSED_SUFFIXES[suffix]})" if suffix in COMPRESSED_SUFFIXES \
+        else ""
+
+
+def not_utf8(line: bytes, e: UnicodeDecodeError) -> str:
+    """Where a line's first byte that is not UTF-8 is, and the fix (a line of a file saved as Latin-1, cp1252)."""
+    return f"(byte 0x{line[e.start]:02x} at column {e.start + 1}): it is not UTF-8 text; save it as UTF-8"
 
 
 def first_fields(path: Path) -> list[str] | None:
@@ -283,6 +318,9 @@ def csv_header(path: Path) -> list[str] | None:
     """The column names a .csv file's first line gives (stripped, as the trainer reads them: data.read_csv), None
     where the host cannot tell (an empty first line, a quoted name holding a line break, csv's cell limit): the
     trainer says what it finds there."""
+    with open(path, "rb") as f:
+        if kind := other_kind(f.read(8)):  # its bytes were read as the header's field names
+            raise DockyardError(f"cannot read {path}: it is {kind}")
     with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
         head = f.readline(FIRST_LINE_LIMIT)
     if head.count('"') % 2:

@@ -46,6 +46,7 @@ from dockyard.common.data_files import (
     mixed_formats,
     other_format,
     unknown_format,
+    unknown_type,
 )
 from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.model_config import check_model_folder
@@ -399,7 +400,7 @@ def check_input(key: str, value: str, where: str, settings: Settings, liger: boo
                             "file, or a folder of them (docs/data.md)")
     suffix = Path(inputs.given_name(value, path)).suffix  # a link's own name: what the run sees it as
     if path.is_file() and suffix not in BUILDERS:
-        raise DockyardError(f"{where} {value}: unknown data file type {suffix or '(none)'}; use "
+        raise DockyardError(f"{where} {value}: unknown data file type {suffix or '(none)'}{unknown_type(suffix)}; use "
                             f"{', '.join(BUILDERS)} (docs/data.md)")
     # a file by the name given (a link's, as the run sees it): the Hugging Face cache's snapshots/REV/train.jsonl ->
     # blobs/<sha256> has no suffix, and its fields went unread here

@@ -47,11 +47,14 @@ from dockyard.common.data_files import (
     left_out,
     mixed_formats,
     not_an_object,
+    not_utf8,
     other_format,
+    other_kind,
     parquet_decoded,
     too_deep,
     too_wide,
     unknown_format,
+    unknown_type,
 )
 from dockyard.common.errors import DockyardError, Stopped, causes, loads
 from dockyard.common.units import human
@@ -207,7 +210,7 @@ def read_rows(source: str | Path) -> list[dict[str, Any]]:
 def _files(path: Path) -> list[Path]:
     if path.is_file():
         if path.suffix not in BUILDERS:
-            raise DockyardError(f"{path}: unknown data file type {path.suffix or '(none)'}; "
+            raise DockyardError(f"{path}: unknown data file type {path.suffix or '(none)'}{unknown_type(path.suffix)}; "
                                 f"use {', '.join(BUILDERS)}")
         return [path]
     if not path.is_dir():
@@ -269,6 +272,9 @@ def read_csv(files: list[Path]) -> list[dict[str, Any]]:
                             'as in "Where is it, exactly?",Bergen')
                     rows.append({k: v for k, v in zip(names, cells, strict=True) if v != ""})
         except UnicodeDecodeError as e:
+            with open(f, "rb") as head:
+                if kind := other_kind(head.read(8)):
+                    raise DockyardError(f"cannot read {f}: it is {kind}") from None
             raise DockyardError(f"cannot read {f}: it is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
                                 "UTF-8") from None
         except csv.Error as e:
@@ -347,8 +353,8 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
             raise DockyardError(f"{what} holds no examples (its table has no rows)") from None
         if isinstance(e.__cause__ or e, UnicodeDecodeError):
             where = _bad_utf8_line(kwargs["data_files"])
-            raise DockyardError(f"cannot read {where or what}: it is not UTF-8 text"
-                                f"{'' if where else ' (' + _first_line(e) + ')'}; save it as UTF-8") from None
+            raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: it is not UTF-8 text "
+                                f"({_first_line(e)}); save it as UTF-8") from None
         if builder == "json" and (mixed := mixed_formats([Path(f) for f in kwargs["data_files"]])):
             raise mixed from None
         if builder == "json" and any(type(c).__name__ == "CastError" for c in causes(e)) and (
@@ -422,7 +428,7 @@ def _bad_utf8_line(files: list[str]) -> str:
                 try:
                     line.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    return f"{f}:{n} (byte 0x{line[e.start]:02x} at column {e.start + 1})"
+                    return f"{f}:{n} {not_utf8(line, e)}"
     return ""
 
 

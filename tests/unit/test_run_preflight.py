@@ -675,6 +675,32 @@ def test_data_given_by_a_link_to_a_file_without_a_suffix_is_read_on_the_host(env
     assert dry(env, f"--data={link}").returncode == 0
 
 
+def test_a_data_file_of_another_kind_than_its_name_or_not_utf8_is_said_as_that_before_the_image_starts(env, tmp_path):
+    """Red-team pass: a gzip file named train.jsonl was "not JSON (Expecting value: column 1)"; named .csv, its bytes
+    were read as the header's field names ("cannot tell the data format from its fields (\\x08\\x01Z...)"); a
+    Parquet file named .jsonl was "not JSON"; train.jsonl.gz was an unknown type, no more; a first line saved as
+    Latin-1 passed the host, to be refused in the container; a JSON array written over many lines in a .jsonl file
+    was "not JSON (Expecting value: column 2)" on its line `[`, where a .json file holds one."""
+    import gzip
+
+    rows = '{"prompt": "Which port?", "completion": " Bergen"}\n'
+    for name, content, said in (
+            ("train.jsonl", gzip.compress(rows.encode()), "it is gzip-compressed: decompress it first (gunzip)"),
+            ("train.csv", gzip.compress(b"prompt,completion\nq,a\n"), "it is gzip-compressed: decompress it first"),
+            ("train.jsonl", b"PAR1\x15\x04", "it is a Parquet file: name it .parquet"),
+            ("train.jsonl", '{"prompt": "café", "completion": " x"}\n'.encode("latin-1"),
+             ":1 (byte 0xe9 at column 16): it is not UTF-8 text; save it as UTF-8"),
+            ("train.jsonl", b'[\n' + rows.encode() + b']\n', ":1: not JSON (Expecting value: column 2); each line "
+             "must be one JSON object, or the file (named .json) one JSON array")):
+        f = tmp_path / name
+        f.write_bytes(content)
+        refused(dry(env, f"--data={f}"), f"cannot read {f}{'' if said.startswith(':') else ': '}{said}")
+        f.unlink()
+    packed = tmp_path / "train.jsonl.gz"
+    packed.write_bytes(gzip.compress(rows.encode()))
+    refused(dry(env, f"--data={packed}"), "unknown data file type .gz (a compressed file: decompress it first, gunzip)")
+
+
 def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_starts(env, tmp_path):
     """The host read only JSON files' first examples: a .csv of question,answer columns was refused in the container,
     after the image had started, leaving a failed run folder. Its header line now says it on the host, in the

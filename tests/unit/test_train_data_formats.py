@@ -289,6 +289,22 @@ def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
         data.read_rows(tmp_path / "pipe.jsonl")
 
 
+def test_a_compressed_data_file_is_said_as_that(tmp_path):
+    """Red-team pass: a gzip file named .csv was "it is not UTF-8 text (invalid start byte at byte 1)", and one
+    named .csv.gz an unknown type, no more: both are said as compressed now, with what unpacks them."""
+    import gzip
+
+    packed = tmp_path / "train.csv"
+    packed.write_bytes(gzip.compress(b"prompt,completion\nq,a\n"))
+    with pytest.raises(DockyardError, match=f"cannot read {packed}: it is gzip-compressed: decompress it first "
+                                            r"\(gunzip\)"):
+        data.read_rows(packed)
+    packed.rename(tmp_path / "train.csv.gz")
+    with pytest.raises(DockyardError, match=r"unknown data file type .gz \(a compressed file: decompress it first, "
+                                            r"gunzip\); use .jsonl"):
+        data.read_rows(tmp_path / "train.csv.gz")
+
+
 def test_a_line_that_is_not_a_json_object_is_named_with_what_is_wrong_in_its_own_numbering(tmp_path, caplog):
     """An unterminated string on line 11 was "bad.jsonl:11 (each line ...): Invalid encoding in string. in row 10"
     (pyarrow's words and its own count), under datasets' ERROR line from every process."""
