@@ -323,11 +323,14 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
     for f in (f for f in given if Path(f).suffix in (".json", ".jsonl", ".parquet")):
         try:
             where = too_deep(Path(f)) if Path(f).suffix != ".parquet" else ""
-            wide = [] if where else too_wide(Path(f))
+            null = "" if where or Path(f).suffix == ".parquet" else _null_first(Path(f))
+            wide = [] if where or null else too_wide(Path(f))
         except OSError as e:
             raise DockyardError(f"cannot read {f}: {e.strerror or e}") from None
         if where:
             raise DockyardError(f"cannot read {where}: {NESTED}")
+        if null:
+            raise DockyardError(f"cannot read {null}: null, not an object; each line must be one JSON object")
         if wide:
             raise too_many_fields(f, wide)
     if parquet := [Path(f) for f in given if Path(f).suffix == ".parquet"]:
@@ -366,6 +369,17 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         # a line found bad is said in Python's words, with its line number (pyarrow's: "Invalid encoding in
         # string. in row 10", for an unterminated string on line 11)
         raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: {_first_line(e)}") from None
+
+
+def _null_first(path: Path) -> str:
+    """FILE:LINE of a JSON (Lines) file whose first value is a bare `null`, or "": `datasets` crashed the process on it
+    (SIGSEGV, not a word of the file), where `invoke run` refuses the line on the host (a cached hub dataset is not
+    read there)."""
+    with open(path, "rb") as lines:
+        for n, line in enumerate(lines, 1):
+            if text := line.removeprefix(b"\xef\xbb\xbf" if n == 1 else b"").strip():
+                return f"{path}:{n}" if text == b"null" else ""
+    return ""
 
 
 def check_decoded_size(files: list[Path]) -> None:

@@ -289,6 +289,18 @@ def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
         data.read_rows(tmp_path / "pipe.jsonl")
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_file_whose_first_value_is_null_is_refused_not_a_crash(tmp_path, suffix):
+    """Red-team pass: a JSON Lines (or JSON) file whose first line is `null` crashed the trainer (SIGSEGV inside
+    `datasets`: no message, no manifest). `invoke run` refuses it on the host, but a cached hub dataset is not read
+    there."""
+    f = tmp_path / f"rows{suffix}"
+    f.write_bytes(b"\xef\xbb\xbf\n null \r\n" + b'{"text": "a"}\n')
+    with pytest.raises(DockyardError, match=f"cannot read {f}:2: null, not an object; each line must be one JSON "
+                                            "object"):
+        data.read_rows(f)
+
+
 def test_a_compressed_data_file_is_said_as_that(tmp_path):
     """Red-team pass: a gzip file named .csv was "it is not UTF-8 text (invalid start byte at byte 1)", and one
     named .csv.gz an unknown type, no more: both are said as compressed now, with what unpacks them."""
