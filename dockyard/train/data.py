@@ -507,6 +507,9 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
     texts = [k for k in (*need, *(("input",) if fmt == "alpaca" else ())) if k in TEXT_FIELDS]
     for n, row in enumerate(rows, 1):
         missing = [k for k in need if row.get(k) is None]
+        if missing and not _fields(row):  # was "lacks text (fields found: ; ...)"
+            raise DockyardError(f"{source}: example {n} has no field with a value (a line `null` or `{{}}`, or every "
+                                f"field null): remove it, or give it {', '.join(need)} as the {fmt} format needs")
         if missing:
             raise DockyardError(f"{source}: example {n} lacks {', '.join(missing)} for the {fmt} format "
                                 f"(fields found: {', '.join(_fields(row))}; expected: {', '.join(need)})")

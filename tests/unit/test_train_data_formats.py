@@ -119,6 +119,10 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tok, tmp_path, monkeypa
     ([{"messages": "hello"}], "auto", "must be a list"),
     ([{"conversations": [{"from": "robot", "value": "x"}]}], "auto", "without a known 'from'"),
     ([{"text": "a"}, {"txt": "b"}], "auto", r"example 2 lacks text.*fields found: txt"),
+    # a later line `null` (or `{}`) was "example 2 lacks text (fields found: ; expected: text)"
+    ([{"text": "a"}, None], "auto", r"example 2 has no field with a value \(a line `null` or `\{\}`, or every field "
+                                     r"null\): remove it, or give it text as the text format needs"),
+    ([{"text": "a"}, {}], "auto", r"example 2 has no field with a value"),
     ([{"text": "a"}], "messages", r"lacks messages for the messages format \(fields found: text"),
 ])
 def test_a_wrong_schema_stops_before_training_naming_the_fields(tok, tmp_path, rows, named, message):
