@@ -425,6 +425,25 @@ GONE = {
 }
 
 
+# What other trainers and scripts call a setting, and dockyard's name for it: the closest spelling misled here
+# (`--batch_size` was "did you mean --auto_find_batch_size?", `--lora_rank` --local_rank, `--dataset` --data_seed)
+# or found nothing (`--lr`, `--epochs`)
+OTHER_NAMES = {
+    "lr": "--learning_rate",
+    **dict.fromkeys(("batch_size", "bs", "micro_batch_size"),
+                    "--per_device_train_batch_size, examples per process, or --global_batch, per step over all processes"),
+    "train_batch_size": "--global_batch, examples per step over all processes",
+    **dict.fromkeys(("epochs", "num_epochs", "n_epochs"), "--num_train_epochs"),
+    **dict.fromkeys(("seq_len", "seq_length", "sequence_len", "sequence_length", "max_length", "max_len",
+                     "block_size", "cutoff_len"), "--max_seq_length"),
+    **dict.fromkeys(("dataset", "dataset_name", "dataset_path", "data_path", "train_file"), "--data"),
+    **dict.fromkeys(("model_name_or_path", "model_name", "model_path", "base_model"), "--model"),
+    **dict.fromkeys(("lora_rank", "rank"), "--lora_r"),
+    **dict.fromkeys(("grad_accum", "gradient_accumulation", "grad_accumulation_steps"),
+                    "--gradient_accumulation_steps"),
+}
+
+
 # `invoke run`'s own flags, which a user may write after `--` (the trainer's overrides) by mistake
 RUN_FLAGS = frozenset({"dry", "native", "cpu", "resume", "run_id", "recipe", "variant", "nproc", "nodes", "node_rank",
                        "master_addr", "master_port", "gpus", "iface", "join_timeout", "max_restarts",
@@ -440,6 +459,7 @@ def check_known_overrides(given: dict[str, Any]) -> None:
             close = difflib.get_close_matches(key, sorted(known), n=1)
             said.append(f"--{key}" + (f" ({GONE[key]})" if key in GONE else
                                       " (a flag of invoke run: put it before --)" if key in RUN_FLAGS else
+                                      f" (did you mean {OTHER_NAMES[key]}?)" if key in OTHER_NAMES else
                                       f" (did you mean --{close[0]}?)" if close else ""))
         raise DockyardError(f"unknown trainer override(s): {', '.join(said)}. Valid: the keys of "
                             "recipes/defaults.yaml and any transformers.TrainingArguments field")

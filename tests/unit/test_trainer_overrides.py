@@ -6,6 +6,7 @@ traceback; nan, inf and words are refused on the host (before minutes of image s
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import example, given, settings
@@ -318,3 +319,28 @@ def test_an_override_holding_yaml_aliases_is_refused_before_anything_expands_it(
                                             "by reference; write the value out"):
         parse_overrides(["--lr_scheduler_kwargs", bomb])
     assert parse_overrides(["--lr_scheduler_kwargs", "{min_lr: 0.1}"]) == {"lr_scheduler_kwargs": {"min_lr": 0.1}}
+
+
+@pytest.mark.parametrize("key,says", [
+    ("batch_size", "--batch_size (did you mean --per_device_train_batch_size, examples per process, or "
+                   "--global_batch, per step over all processes?)"),
+    ("lr", "--lr (did you mean --learning_rate?)"),
+    ("lora_rank", "--lora_rank (did you mean --lora_r?)"),
+    ("dataset", "--dataset (did you mean --data?)"),
+    ("epochs", "--epochs (did you mean --num_train_epochs?)"),
+    ("model_name_or_path", "--model_name_or_path (did you mean --model?)"),
+])
+def test_another_trainers_name_for_a_setting_is_answered_with_dockyards(key, says):
+    """The newcomer audit: `-- --batch_size 8` was "did you mean --auto_find_batch_size?" (a switch that retries
+    on out-of-memory), `--lora_rank` "did you mean --local_rank?", `--dataset` "--data_seed", `--lr` no hint."""
+    with pytest.raises(DockyardError) as e:
+        run_settings.check_known_overrides({key: 8})
+    assert says in str(e.value), str(e.value)
+
+
+def test_the_other_names_are_not_keys_and_point_at_keys():
+    known = run_settings.known_keys()
+    assert not set(run_settings.OTHER_NAMES) & known
+    for hint in run_settings.OTHER_NAMES.values():
+        named = re.findall(r"--(\w+)", hint)
+        assert named and set(named) <= known | {"data", "model"}, hint
