@@ -9,6 +9,7 @@ one-letter forms: `-h` is help on every task. Only Invoke is imported here: `inv
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import os
 import re
@@ -359,6 +360,17 @@ def task(*args: Any, **kwargs: Any):
     return wrap
 
 
+# The host side's dependencies (pyproject.toml) by the module each is imported as
+HOST_PACKAGES = {"pydantic": "pydantic", "rich": "rich", "yaml": "pyyaml", "pynvml": "nvidia-ml-py",
+                 "psutil": "psutil", "matplotlib": "matplotlib", "uv": "uv"}
+
+
+def _importable(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
+
+
 def checked(fn):
     """Validate the flags against the task's annotations (dockyard/flags.py), then run it; a DockyardError
     becomes `error: ...` on stderr and its exit code."""
@@ -368,6 +380,12 @@ def checked(fn):
         from dockyard.common.errors import DockyardError
 
         release_setting_overrides()  # for the settings, and for what the task starts (`invoke test`'s pytest)
+        if missing := [package for module, package in HOST_PACKAGES.items() if not _importable(module)]:
+            # an invoke of another Python (a system or pipx one): a traceback, or one after a whole run (matplotlib)
+            print(f"error: this invoke runs on {shown(sys.executable)}, which lacks what dockyard's tasks need "
+                  f"({', '.join(missing)}): run the invoke of the venv dockyard is installed in (.venv/bin/invoke, or "
+                  "`. .venv/bin/activate` first; installed with `.venv/bin/pip install -e .`)", file=sys.stderr)
+            raise Exit(code=1)
         try:
             task_settings(c)  # every task refuses a bad setting, whether it reads it or not
             kwargs = parse_flags(fn, kwargs)
