@@ -36,6 +36,19 @@ def data_files_in(folder: Path) -> list[Path]:
     return sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in BUILDERS and not f.name.startswith("."))
 
 
+def saved_by_datasets(folder: Path) -> str:
+    """Where `folder` is what `datasets`' save_to_disk writes (Arrow files, read by load_from_disk only), what to do
+    instead; "" where it is not. Its dataset_info.json was read as data: "cannot read .../dataset_info.json:1: not
+    JSON ... each line must be one JSON object", or a DatasetDict's dataset_dict.json as "fields (splits)"."""
+    dict_of_splits = (folder / "dataset_dict.json").is_file()
+    if not dict_of_splits and not ((folder / "state.json").is_file() and any(folder.glob("*.arrow"))):
+        return ""
+    split = "['train']" if dict_of_splits else ""
+    return (f"a dataset saved with datasets' save_to_disk (Arrow files), which a run does not read: write it out as "
+            f"a data file first, datasets.load_from_disk(FOLDER){split}.to_json('train.jsonl') (or .to_parquet), "
+            "and give that file (docs/data.md)")
+
+
 def left_out(folder: Path) -> list[str]:
     """What a data folder holds besides the data files read from it (data_files_in): `B.JSONL`, `c.jsonl.gz`, a
     subfolder, a hidden data file. Said by the host and the trainer: a run read the one .jsonl of four without a

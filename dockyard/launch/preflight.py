@@ -45,6 +45,7 @@ from dockyard.common.data_files import (
     left_out,
     mixed_formats,
     other_format,
+    saved_by_datasets,
     unknown_format,
     unknown_type,
 )
@@ -406,6 +407,8 @@ def check_input(key: str, value: str, where: str, settings: Settings, liger: boo
     # blobs/<sha256> has no suffix, and its fields went unread here
     files = [Path(os.path.expanduser(value))] if path.is_file() else []
     if path.is_dir():
+        if saved := saved_by_datasets(path):
+            raise DockyardError(f"{where} {value}: {saved}")
         files = data_files_in(path)
         kinds = {BUILDERS[f.suffix] for f in files}
         if not kinds:

@@ -51,6 +51,7 @@ from dockyard.common.data_files import (
     other_format,
     other_kind,
     parquet_decoded,
+    saved_by_datasets,
     too_deep,
     too_wide,
     unknown_format,
@@ -216,6 +217,8 @@ def _files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise DockyardError(f"{path}: neither a file nor a folder (a device, pipe or socket): give a data file, or a "
                             "folder of them")
+    if saved := saved_by_datasets(path):
+        raise DockyardError(f"{path}: {saved}")
     files = data_files_in(path)
     if not files:
         raise DockyardError(f"no data at {path}: the folder holds no {', '.join(BUILDERS)} file")

@@ -181,6 +181,31 @@ def test_a_folder_must_hold_one_kind_of_file(tmp_path):
         data.read_rows(tmp_path)
 
 
+@pytest.mark.parametrize("splits", [False, True])
+def test_a_folder_datasets_saved_to_disk_is_refused_saying_how_to_write_it_out(tmp_path, splits):
+    """The newcomer audit: --data at a folder `save_to_disk` wrote was "cannot read .../dataset_info.json:1: not JSON
+    (Expecting property name enclosed in double quotes: column 2); each line must be one JSON object" (a
+    DatasetDict's: "cannot tell the data format from its fields (splits)"), on the host and in the trainer."""
+    import datasets
+
+    from tests.support.cli import invoke_here
+
+    saved = datasets.Dataset.from_list([{"text": f"ships leave Bergen at {h}"} for h in range(8)])
+    if splits:
+        saved = datasets.DatasetDict({"train": saved, "test": saved.select(range(2))})
+    folder = tmp_path / "saved"
+    saved.save_to_disk(str(folder))
+    says = (f"a dataset saved with datasets' save_to_disk (Arrow files), which a run does not read: write it out as a "
+            f"data file first, datasets.load_from_disk(FOLDER){'[' + repr('train') + ']' if splits else ''}"
+            ".to_json('train.jsonl') (or .to_parquet), and give that file (docs/data.md)")
+    with pytest.raises(DockyardError) as e:
+        data.read_rows(folder)
+    assert str(e.value) == f"{folder}: {says}"
+    r = invoke_here("run", "--dry", "--variant=cpu", f"--data={folder}",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    assert r.returncode == 1 and r.stderr.endswith(f"error: --data {folder}: {says}\n"), r.stderr
+
+
 def test_labels_may_be_names_or_integers(tok):
     assert data.label_names([{"text": "a", "label": 2}, {"text": "b", "label": 0}]) == ["0", "1", "2"]
     names = data.label_names([{"text": "a", "label": "spam"}, {"text": "b", "label": "ham"}])
