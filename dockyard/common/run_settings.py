@@ -297,6 +297,7 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                                 "after training; leave it out, and upload the run's model/ from a host with internet "
                                 "(`hf upload`)")
     merged = {k: v for layer, where in layers for k, v in plain_names(layer, where).items()}
+    check_epochs_take_effect(layers, merged)
     ours = {k: merged.pop(k) for k in list(merged) if k in RunSettings.model_fields}
     try:
         settings = RunSettings(**ours)
@@ -312,6 +313,19 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                             "give bfloat16, or pick a recipe that keeps float32 weights for the optimizer (zero2, "
                             "fsdp) or trains adapters (lora)")
     return settings, merged
+
+
+def check_epochs_take_effect(layers: tuple[tuple[dict[str, Any], str], ...], merged: dict[str, Any]) -> None:
+    """num_train_epochs given where max_steps (defaults.yaml's 50) is set too: the Trainer takes max_steps and ignores
+    the epochs (`-- --num_train_epochs 3` trained 50 steps, its only word "max_steps is given, it will override any
+    value given in num_train_epochs" in train.log)."""
+    given = [where for layer, where in layers[1:] if "num_train_epochs" in layer]  # defaults.yaml's own: never
+    steps = merged.get("max_steps")
+    if given and isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
+        steps_from = next(where for layer, where in reversed(layers) if "max_steps" in layer)
+        raise DockyardError(f"num_train_epochs in {given[-1]}: the Trainer ignores it while max_steps is set "
+                            f"(max_steps {steps}, from {steps_from}), and would stop after {steps} steps: add "
+                            "--max_steps -1 to train for num_train_epochs, or leave num_train_epochs out")
 
 
 NAME = re.compile(r"[A-Za-z_][\w.]*")  # a module's name (q_proj, mlp.down_proj), where a list of them is written a,b

@@ -344,3 +344,17 @@ def test_the_other_names_are_not_keys_and_point_at_keys():
     for hint in run_settings.OTHER_NAMES.values():
         named = re.findall(r"--(\w+)", hint)
         assert named and set(named) <= known | {"data", "model"}, hint
+
+
+def test_epochs_given_while_max_steps_ends_the_run_first_are_refused(tmp_path):
+    """The newcomer audit: `invoke run -- --num_train_epochs 3` trained defaults.yaml's 50 steps, the epochs ignored
+    by the Trainer ("max_steps is given, it will override any value given in num_train_epochs", in train.log only)."""
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)}
+    short_error(invoke_here("run", "--dry", "--variant=cpu", "--", "--num_train_epochs", "3", env=env),
+                "num_train_epochs in the overrides after --: the Trainer ignores it while max_steps is set (max_steps "
+                "50, from recipes/defaults.yaml), and would stop after 50 steps: add --max_steps -1 to train for "
+                "num_train_epochs, or leave num_train_epochs out")
+    short_error(invoke_here("run", "--dry", "--variant=cpu", "--", "--num_train_epochs", "3", "--max_steps", "8",
+                            env=env), "(max_steps 8, from the overrides after --)")
+    ok = invoke_here("run", "--dry", "--variant=cpu", "--", "--num_train_epochs", "3", "--max_steps", "-1", env=env)
+    assert ok.returncode == 0, ok.stderr
