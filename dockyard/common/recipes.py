@@ -14,6 +14,7 @@ Imports only the standard library, PyYAML and pydantic: the host (no torch) and 
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -333,6 +334,19 @@ class Recipe(BaseModel):
         return self.folder / name
 
 
+def closest_recipe(given: str, names: list[str]) -> str:
+    """The recipe a mistyped name most likely meant (`ZeRO2`, `zero-2`, `zero_3`, `zero2offload`), "" where none is
+    close; `deepspeed` is the default, DeepSpeed's ZeRO-2."""
+    def plain(name: str) -> str:
+        return re.sub(r"[\W_]", "", name.lower())
+
+    if plain(given) in ("deepspeed", "ds", "zero") and "zero2" in names:
+        return "zero2 (DeepSpeed ZeRO-2)"
+    same = [n for n in names if plain(n) == plain(given)]
+    near = same or difflib.get_close_matches(given.lower(), names, n=1, cutoff=0.75)
+    return near[0] if near else ""
+
+
 def load_recipe(name_or_dir: str | Path) -> Recipe:
     """A recipe by name (recipes/<name>/) or by the path of a folder holding a recipe.yaml."""
     folder = Path(name_or_dir)
@@ -345,8 +359,9 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
             raise DockyardError(f"the folder {str(name_or_dir)!r} holds no recipe.yaml: copy a recipe's folder to "
                                 f"start from (cp -r recipes/zero2 {shown(shlex.quote(str(name_or_dir)))}), or pick one of "
                                 f"{', '.join(names)}")
-        raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: pick one of {', '.join(names)} "
-                            f"or give a folder that holds a recipe.yaml")
+        near = closest_recipe(str(name_or_dir), names)
+        raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: " + (f"did you mean {near}? " if near else "")
+                            + f"pick one of {', '.join(names)} or give a folder that holds a recipe.yaml")
     files_inside(folder)
     try:
         text = read_bounded(path, MiB, "recipe.yaml").decode("utf-8-sig")  # a BOM (Windows editors) left out
@@ -521,7 +536,6 @@ def check_deepspeed_sections(cfg: dict[str, Any], path: Path | str) -> None:
 
 
 def _check_section(value: Any, spec: dict[str, Any], where: str, path: Path | str) -> None:
-    import difflib
     import json
 
     if "enum" in spec and (isinstance(value, bool) or value not in spec["enum"]):

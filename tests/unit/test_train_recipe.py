@@ -55,6 +55,21 @@ def test_unknown_recipe_lists_the_valid_names():
         load_recipe("zero9")
 
 
+@pytest.mark.parametrize("given,meant", [("zero-2", "zero2"), ("ZeRO2", "zero2"), ("Zero3", "zero3"),
+                                         ("zero3offload", "zero3-offload"), ("qlor", "qlora"),
+                                         ("deepspeed", "zero2 (DeepSpeed ZeRO-2)")])
+def test_a_mistyped_recipe_is_answered_with_the_one_it_likely_meant(given, meant):
+    """The newcomer audit: `--recipe=ZeRO2`, `zero-2` or `deepspeed` were answered with the list alone."""
+    with pytest.raises(DockyardError) as e:
+        load_recipe(given)
+    assert str(e.value).startswith(f"unknown recipe {given!r}: did you mean {meant}? pick one of ddp, "), str(e.value)
+
+
+def test_a_name_near_no_recipe_gets_the_list_alone():
+    with pytest.raises(DockyardError, match=r"^unknown recipe 'sgd': pick one of ddp, fsdp, "):
+        load_recipe("sgd")
+
+
 def test_a_folder_without_its_recipe_yaml_is_said_to_be_one(tmp_path):
     """`--recipe=/tmp/mine` (a folder made for a recipe, its recipe.yaml not there yet) was "unknown recipe
     '/tmp/mine': ... or give a folder that holds a recipe.yaml", as if it were no folder."""
