@@ -283,8 +283,21 @@ def reworded(e: ParseError, argv: list[str]) -> str:
             return f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ({_override_hint(task, token) or where})"
         if twice := _given_twice(argv, token):  # Invoke reads a flag's second value as a task
             return f"{twice} is given twice: give it once, as in {twice}={token}"
+        if recipe := _a_recipe(token, argv):
+            return f"no task named {token!r}: {recipe}"
         return f"no task named {token!r} (`invoke --list` lists the tasks)"
     return f"{said} ({where})"
+
+
+def _a_recipe(token: str, argv: list[str]) -> str:
+    """Where a word Invoke took for a task names a recipe (`invoke run zero2`), how to give it."""
+    from dockyard import ROOT
+
+    if not re.fullmatch(r"[\w-]+", token) or not (ROOT / "recipes" / token / "recipe.yaml").is_file():
+        return ""
+    before = argv[:argv.index(token)] if token in argv else argv
+    task = next((a for a in reversed(before) if a in _TAKES_OVERRIDES), "run")
+    return f"a recipe is given as a flag, as in `invoke {task} --recipe={token}`"
 
 
 def _override_hint(task: str | None, token: str) -> str:

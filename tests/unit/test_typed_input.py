@@ -232,6 +232,10 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["run", "--dry="], "--dry is a switch and takes no value"),
     (["slurm", "--out={tmp}/job.sbatch", "--runtime=pyxis", "pyxis"], "no task named 'pyxis'"),
     (["nosuchtask"], "no task named 'nosuchtask' (`invoke --list`"),
+    # the newcomer audit: a recipe given as a word was "no task named 'zero2' (`invoke --list` lists the tasks)"
+    (["run", "zero2"], "no task named 'zero2': a recipe is given as a flag, as in `invoke run --recipe=zero2`"),
+    (["slurm", "--nodes=2", "lora"], "no task named 'lora': a recipe is given as a flag, as in `invoke slurm "
+                                     "--recipe=lora`"),
     (["run", "--dry", "--recipe=lora", "--recipe=ddp"], "--recipe is given twice: give it once, as in --recipe=ddp"),
     (["plan", "--model", "1B", "--gpus", "1", "--gpus", "2"], "--gpus is given twice"),
     (["--help", "nosuchtask"], "no task named 'nosuchtask'"),
