@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,8 +174,13 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
                             f"./{value} in {Path.cwd()}) nor a hub id in the Hugging Face cache "
                             f"{settings.path(settings.hf_cache)} (runs are offline: on a machine with internet, "
                             f"`hf download{kind} {value}`, then copy its ~/.cache/huggingface into that folder)")
+    hub = ""
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*", value) and not looks_like_path(value):  # gpt2: a hub id of old, no org
+        named = "model is named org/name (gpt2 is openai-community/gpt2)" if key == "model" else \
+            "dataset is named org/name (squad is rajpurkar/squad)"
+        hub = f"; a hub {named} and read from the Hugging Face cache {settings.path(settings.hf_cache)}"
     raise DockyardError(f"{where} {value}: no such file or folder on this host (give an existing file or folder; it "
-                        "is mounted read-only into the run)")
+                        f"is mounted read-only into the run){hub}")
 
 
 def given_name(value: str, host: Path) -> str:

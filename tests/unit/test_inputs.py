@@ -80,6 +80,24 @@ def test_a_path_that_does_not_exist_is_a_short_error(settings, tmp_path, how):
         _argv(s, tmp_path, overrides=ov, **kw)
 
 
+@pytest.mark.parametrize("key,value,says", [
+    ("model", "gpt2", "; a hub model is named org/name (gpt2 is openai-community/gpt2) and read from the Hugging Face "
+                      "cache "),
+    ("data", "squad", "; a hub dataset is named org/name (squad is rajpurkar/squad) and read from the Hugging Face "
+                      "cache "),
+])
+def test_a_bare_name_that_is_no_path_says_how_a_hub_id_is_named(settings, tmp_path, key, value, says):
+    """The newcomer audit: `--model=gpt2` (the hub's id of old, without its org) was "no such file or folder on this
+    host" alone, where the user meant the hub's model."""
+    with pytest.raises(DockyardError) as e:
+        _argv(settings, tmp_path, **{key: value})
+    assert f"{key} {value}: no such file or folder on this host (give an existing file or folder; it is mounted " \
+           f"read-only into the run){says}" in str(e.value), str(e.value)
+    with pytest.raises(DockyardError) as e:
+        _argv(settings, tmp_path, data=str(tmp_path / "nope.jsonl"))
+    assert "hub" not in str(e.value)
+
+
 def test_checkout_recipes_are_mounted_over_the_images_and_a_recipe_folder_of_ones_own_too(settings, tmp_path,
                                                                                             monkeypatch):
     mine = tmp_path / "my-recipe"
