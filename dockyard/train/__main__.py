@@ -161,11 +161,12 @@ def in_words(recipe: Recipe, settings: RunSettings) -> str:
 def run_in_words(args: Any, settings: RunSettings, resolved: dict[str, dict[str, Any]], base: str = "") -> str:
     """The start-up line of what the run does, the `auto` settings as they resolved (the manifest's settings_resolved
     says why); it printed the settings as given, `auto` and the LoRA rank of a run with no adapters in them."""
-    length = (f"{args.max_steps} step{'s' * (args.max_steps != 1)}" if args.max_steps > 0
-              else f"{args.num_train_epochs:g} epoch(s)")
+    # by epochs, "1 epoch(s) of 16 examples" read as an epoch of 16 examples: the 16 are each step's
+    length = (f"{args.max_steps} step{'s' * (args.max_steps != 1)} of" if args.max_steps > 0
+              else f"{args.num_train_epochs:g} epoch(s) in steps of")
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-    said = [f"{length} of {per_step} examples ({args.per_device_train_batch_size} per process x "
+    said = [f"{length} {per_step} examples ({args.per_device_train_batch_size} per process x "
             f"{args.gradient_accumulation_steps} accumulated x {args.world_size} process(es)), "
             f"up to {settings.max_seq_length} tokens each",
             f"lr {args.learning_rate:g}", precision + (f", {base} base weights" if base else ""),

@@ -1030,6 +1030,10 @@ def test_the_start_up_lines_say_what_trains_as_resolved_not_the_settings_as_give
                     f"lr {args.learning_rate:g} · fp32 · gradient checkpointing off · torch_compile off · padding_free on")
     # a LoRA base on CPU is bf16 under fp32 compute: the line said "fp32" alone, the manifest and export bfloat16
     assert " · fp32, bfloat16 base weights · " in run_in_words(args, settings, {}, "bfloat16")
+    # the newcomer audit: a run by epochs said "1 epoch(s) of 16 examples", an epoch of 16 examples
+    by_epochs = cpu_arguments("ddp", {"max_steps": -1, "num_train_epochs": 1, "per_device_train_batch_size": 4}, tmp_path)
+    assert run_in_words(by_epochs, settings, {}).startswith("1 epoch(s) in steps of 4 examples (4 per process x 1 "
+                                                            "accumulated x 1 process(es)), up to 128 tokens each · ")
 
 
 @pytest.mark.parametrize("when", ["as the library unwinds", "as the record is written"])
