@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.common import runfolder
+from dockyard.common import locks, runfolder
 from dockyard.common.errors import DockyardError, loads, read_bounded
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
@@ -57,7 +57,8 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if out:  # before anything is made: the folder's name is printed (the command, where it was written) as it is
         scriptwords.one_line(str(target), "--out", "which would reach the terminal as it is where the export prints "
                                                    "the folder's name: give --out a name without control characters")
-    if target.exists() or target.is_symlink():
+    left = left_unfinished(target)
+    if (target.exists() or target.is_symlink()) and not (left and target.is_dir() and not target.is_symlink()):
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
     if out and target.is_relative_to(run_dir.resolve()):
         raise DockyardError(f"--out={out} is inside the run folder {run_dir}, whose files are the run's own: give a "
@@ -78,31 +79,62 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
                                None if dry or native else engine.engine_info(settings))
     if dry:
         engine.echo(argv, env)
+        if left and target.is_dir():
+            print(f"{target} is the folder of an export killed before it finished: the export removes it first")
         return target
     if not native:
         check_image(settings, run_image(settings, m), m.variant)
         caches.prepare(settings, compile_cache=False)
+    remove_left_unfinished(target, left)
     made = [target, *(p for p in target.parents if not os.path.lexists(p))]  # removed again if the export fails
+    marker = locks.partial(target)  # says the folder is being written until it is checked: see left_unfinished
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(marker, "x") as f:
+            f.write(f"invoke export (process {os.getpid()}) is writing {target.name}/ beside this file; where no such "
+                    "process runs, it was killed before it finished: that folder is no checked export, and the next "
+                    f"invoke export of run {run} there removes both\n")
         if out:
-            target.mkdir(parents=True)
+            target.mkdir()
         else:
             runfolder.make_dir(run_dir, target.name)
-    except OSError as e:  # a file in the way (--out=FILE/x), a folder this user cannot write
+    except (OSError, DockyardError) as e:  # a file in the way (--out=FILE/x), a folder this user cannot write
+        marker.unlink(missing_ok=True)
+        if isinstance(e, DockyardError):
+            raise
         raise DockyardError(f"cannot make the export folder {target}: {e.strerror or e}; give --out=FOLDER where you "
                             "can write") from None
     try:
         proc = engine.run(argv, env=env, check=False, host_paths=m.variant not in runfolder.NATIVE_VARIANTS)
     except BaseException:  # Ctrl-C, SIGTERM: the files written so far were never reloaded and compared
-        remove_unfinished(made)
+        remove_unfinished(made, marker)
         raise
     if proc.returncode:
-        remove_unfinished(made)
+        remove_unfinished(made, marker)
         raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above); nothing was "
                             "kept")
     if m.variant not in runfolder.NATIVE_VARIANTS:
         base_on_this_host(target, engine.container_paths_shown(argv))
+    marker.unlink()
     return target
+
+
+def left_unfinished(target: Path) -> list[Path]:
+    """The markers beside `target` of exports killed outright (SIGKILL, the OOM killer, a power cut) while they wrote
+    it: no clean-up ran, and the folder, with a whole Hugging Face folder's files never reloaded nor compared, blocked
+    the same export ("already exists")."""
+    return locks.left_behind(target.parent, {target.name})
+
+
+def remove_left_unfinished(target: Path, left: list[Path]) -> None:
+    """The folder and markers an export killed outright left (left_unfinished), removed and said."""
+    if not left:
+        return
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+        print(f"removed {target}: an export killed before it finished left it, never reloaded nor compared")
+    for p in left:
+        p.unlink(missing_ok=True)
 
 
 def base_on_this_host(target: Path, as_host) -> None:
@@ -132,11 +164,12 @@ def base_on_this_host(target: Path, as_host) -> None:
     print(f"  its base: {as_host(base)} (peft loads the adapter onto it)")
 
 
-def remove_unfinished(made: list[Path]) -> None:
+def remove_unfinished(made: list[Path], marker: Path) -> None:
     """The folder this export made, with what it wrote before it stopped: it looked like a whole Hugging Face folder
     (config.json, weights, tokenizer) that no check had passed, and it blocked the same export ("already exists").
-    Then the folders above it that the export made, where they are still empty ("nothing was kept")."""
+    Then its marker, and the folders above it that the export made, where they are still empty ("nothing was kept")."""
     shutil.rmtree(made[0], ignore_errors=True)  # made new by this export (one that existed was refused)
+    marker.unlink(missing_ok=True)
     for parent in made[1:]:
         try:
             parent.rmdir()  # empty only: another process may have put something there since

@@ -346,3 +346,77 @@ def test_a_manifest_nested_too_deeply_is_refused_naming_it(settings, tmp_path):
     (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(DockyardError, match=r"manifest.json is not valid JSON \(nested too deeply to read\)"):
         export.export(s, run="r1", dry=True)
+
+
+KILLED_EXPORT = """
+import sys, time, subprocess
+from pathlib import Path
+import yaml
+from dockyard import settings as settings_mod
+from dockyard.launch import export
+from dockyard.settings import ROOT
+
+s = settings_mod.load(yaml.safe_load((ROOT / "invoke.yaml").read_text())["dockyard"])
+s = s.model_copy(update={"runs_dir": Path(sys.argv[1])})
+export.check_image = lambda *a: None
+export.engine.engine_info = lambda settings: {}
+
+def container(argv, **kw):  # the image's exporter: its first files, then the kill
+    out = Path(sys.argv[1]) / "r1" / "export"
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"half")
+    Path(sys.argv[2]).touch()
+    time.sleep(600)
+
+export.engine.run = container
+export.export(s, run="r1")
+"""
+
+
+def test_an_export_killed_outright_is_removed_by_the_next_export_which_says_so(settings, tmp_path, monkeypatch,
+                                                                               capsys):
+    """`kill -9` of `invoke export` (the OOM killer, a CI job's end) as it writes: no clean-up runs. Its folder,
+    config.json and weights never reloaded nor compared, looked like a whole export, and the next export of the run
+    refused it: "already exists: give a new --out folder". The next export removes it and says so; an export whose
+    process still runs is left to finish."""
+    import signal
+    import subprocess
+    import time
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    written = tmp_path / "written"
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(tmp_path / "runs"), str(written)],
+                              cwd=Path(export.__file__).parents[2], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not written.exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "the export ended before it wrote"
+        time.sleep(0.02)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    marker = [p.name for p in run.iterdir() if p.name.startswith("export.")]
+    assert (run / "export" / "model.safetensors").exists() and len(marker) == 1, marker
+    assert "killed before it finished" in (run / marker[0]).read_text()
+
+    monkeypatch.setattr(export, "check_image", lambda *a: None)
+    monkeypatch.setattr(export.engine, "engine_info", lambda settings: {})
+    running = run / f"export.{os.getpid()}.0123456789ab.partial"  # as an export of this user's still under way
+    (run / marker[0]).rename(running)
+    with pytest.raises(DockyardError, match="already exists"):
+        export.export(s, run="r1", dry=True)
+    running.rename(run / marker[0])
+    export.export(s, run="r1", dry=True)
+    assert "is the folder of an export killed before it finished: the export removes it first" in capsys.readouterr().out
+    assert (run / "export" / "model.safetensors").exists()
+
+    def container(argv, **kw):
+        assert list((run / "export").iterdir()) == []
+        (run / "export" / "model.safetensors").write_bytes(b"whole")
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(export.engine, "run", container)
+    assert export.export(s, run="r1") == run / "export"
+    assert (f"removed {run / 'export'}: an export killed before it finished left it, never reloaded nor compared"
+            in capsys.readouterr().out)
+    assert sorted(p.name for p in run.iterdir()) == ["export", "manifest.json", "model"]
+    assert (run / "export" / "model.safetensors").read_bytes() == b"whole"
