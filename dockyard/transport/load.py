@@ -10,6 +10,7 @@ refused then puts the tags it moved back.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -20,7 +21,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dockyard import console, engine
-from dockyard.common.errors import DockyardError, loads, open_plain, problems
+from dockyard.common import locks
+from dockyard.common.errors import DockyardError, loads, open_plain, problems, read_bounded
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
@@ -39,6 +41,7 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     manifest = check_set(settings, paths)
     info = engine.engine_info(settings)
     store = inventory.engine_store(info)
+    said_killed_loads(settings, store)
     if already := already_loaded(settings, manifest, store):  # loaded before: nothing to hash, unpack or load
         print(f"{paths.archive.name}: every image it holds is already loaded here, as saved (same id; the archive "
               "itself was not read): nothing to do")
@@ -67,23 +70,77 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     load_argv = engine.docker(settings, "load")
     before = tag_snapshot(settings)
     touched = {ref for ref, _ in inventory.names(manifest["images"])}
+    journal = keep_journal(paths, manifest, before, touched)
     try:
-        with engine.sigterm_as_interrupt():
-            output = load_verified(paths, manifest, dec, load_argv, touched)
-            touched |= said_loaded(output)
-            loaded = check_loaded(settings, paths, manifest, store, load_argv, output)
-    except DockyardError as e:
-        undone = roll_back(settings, before, touched)
-        raise DockyardError(f"{e}{undone}") from None
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: ended Invoke with status 1 and not a word, the tags not undone
-        undone = roll_back(settings, before, touched)
-        raise DockyardError(f"loading {paths.archive.name}: interrupted ({str(e) or 'SIGINT'}); nothing was "
-                            f"loaded{undone}", exit_code=engine.interrupt_status(e)) from None
-    for ref, image_id in loaded:
-        print(f"loaded {ref} {image_id}")
-    for line in replaced_tags(before, loaded):
-        print(line)
+        try:
+            with engine.sigterm_as_interrupt():
+                output = load_verified(paths, manifest, dec, load_argv, touched)
+                touched |= said_loaded(output)
+                loaded = check_loaded(settings, paths, manifest, store, load_argv, output)
+        except DockyardError as e:
+            undone = roll_back(settings, before, touched)
+            raise DockyardError(f"{e}{undone}") from None
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: ended Invoke with status 1 and not a word, the tags not undone
+            undone = roll_back(settings, before, touched)
+            raise DockyardError(f"loading {paths.archive.name}: interrupted ({str(e) or 'SIGINT'}); nothing was "
+                                f"loaded{undone}", exit_code=engine.interrupt_status(e)) from None
+        for ref, image_id in loaded:
+            print(f"loaded {ref} {image_id}")
+        for line in replaced_tags(before, loaded):
+            print(line)
+    finally:
+        journal.unlink(missing_ok=True)
     return loaded
+
+
+JOURNAL = "load-tags.json"  # in the user's private folder, under locks.partial()'s name while a load runs
+
+
+def keep_journal(paths: ArchivePaths, manifest: dict, before: dict[str, str], touched: set[str]) -> Path:
+    """What the next load needs to say what this one did, should it be killed outright (SIGKILL, the OOM killer, a
+    CI job's end) once docker load has moved tags: the tags as they were, the names it touches, the images it
+    carries. Removed when this load ends, whichever way."""
+    journal = locks.partial(locks.private_folder() / JOURNAL)
+    record = {"archive": paths.archive.name, "images": manifest["images"], "touched": sorted(touched),
+              "before": {ref: image_id for ref, image_id in before.items() if ref}}
+    try:
+        with open(journal, "x") as f:
+            f.write(json.dumps(record))
+    except OSError as e:  # a full disk: refused before anything moved, not a traceback
+        journal.unlink(missing_ok=True)
+        raise DockyardError(f"cannot write {journal} ({e.strerror or e}), which keeps the engine's tags as they were "
+                            "until the load ends: free space there (or set TMPDIR), then load again") from None
+    return journal
+
+
+def said_killed_loads(settings: Settings, store: str) -> None:
+    """What a load killed outright after docker load had moved tags left unsaid (keep_journal): where it had loaded
+    its archive whole, the tags it took from other images (an image of the user's left untagged); where it was
+    killed before its check refused what docker load brought, each tag left on another image than the archive's, and
+    how to put it back. Said once: the journal goes."""
+    for journal in locks.left_behind(locks.private_folder(), {JOURNAL}):
+        try:
+            record = loads(read_bounded(journal, 16 << 20, "a load's journal"))
+            name, before, touched = str(record["archive"]), dict(record["before"]), list(record["touched"])
+            images = [i for i in record["images"] if isinstance(i, dict)]
+        except (ValueError, KeyError, TypeError, DockyardError):  # not one keep_journal wrote: nothing to say
+            journal.unlink(missing_ok=True)
+            continue
+        loaded, wrong = in_engine(settings, {"images": images}, store)
+        pid = locks.LEFT_PARTIAL.fullmatch(journal.name)[1]
+        if not wrong:
+            for line in replaced_tags(before, loaded):
+                print(f"{line}: by a load of {name} killed outright (process {pid}) before it could say so")
+        for ref in touched if wrong else []:
+            meta = engine.image_inspect(settings, ref)
+            now, was = (meta or {}).get("Id"), before.get(engine.familiar(ref))
+            if now and now != was and ref != now:
+                put_back = f"docker tag {was.removeprefix('sha256:')[:12]} {ref}" if was else f"docker rmi {ref}"
+                print(f"warning: {ref} names {now.removeprefix('sha256:')[:12]}, not the image {name} holds: a load "
+                      f"of it killed outright (process {pid}) before its check left it so; it named "
+                      f"{was.removeprefix('sha256:')[:12] if was else 'nothing'} before. Put it back: {put_back}",
+                      file=sys.stderr)
+        journal.unlink(missing_ok=True)
 
 
 def replaced_tags(before: dict[str, str], loaded: list[tuple[str, str]]) -> list[str]:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from dockyard import engine
+from dockyard import ROOT, engine
 from dockyard.transport.layout import ArchivePaths
-from tests.support.cli import invoke
+from tests.support.cli import INVOKE, invoke
 
 pytestmark = pytest.mark.engine
 P = f"dockyard-loaders-test-{os.getpid()}"
@@ -219,3 +219,67 @@ def test_a_refused_load_takes_back_the_name_it_gave_an_image_already_here(settin
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert image_id(settings, APP) is None, r.stderr
     assert image_id(settings, EVIL) == images["evil"]
+
+
+def docker_holding_after_load(settings, folder: Path) -> Path:
+    """A docker client that, once `docker load` has run, holds the next `image inspect` (the load's own check of what
+    it loaded) until it is killed, and marks `held`: the moment between docker load moving tags and the check."""
+    folder.mkdir()
+    real = engine.docker_binary(settings.docker)
+    (folder / "docker").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = load ]; then "{real}" "$@"; rc=$?; : > "{folder}/loaded"; exit $rc; fi\n'
+        f'if [ -e "{folder}/loaded" ] && [ "$1 $2" = "image inspect" ]; then : > "{folder}/held"; sleep 600; fi\n'
+        f'exec "{real}" "$@"\n')
+    (folder / "docker").chmod(0o755)
+    return folder / "docker"
+
+
+@pytest.mark.parametrize("archive", ["whole", "refused"])
+def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_load(settings, images, tmp_path,
+                                                                                         archive):
+    """`kill -9` of `invoke load` (the OOM killer, a CI job's end) once docker load has moved the archive's tag from
+    the user's image, before the load's own check: nothing ran to say it or to put it back. A whole archive had left
+    the user's image untagged without the line a load says of it, and the next load said "nothing to do"; one the
+    check would have refused left the tag on the image docker load brought, and the next load of it left it there.
+    The next load says either, once: the tag it replaced, or where the tag was and how to put it back."""
+    import signal
+    import time
+
+    paths = save(APP, tmp_path / "set")
+    if archive == "refused":  # docker loads another image under the archive's tag: only the check can tell
+        raw = saved_tar(settings, EVIL, rename={EVIL: APP}, config_as={images["evil"]: images["app"]})
+        reseal(paths, zstd(raw), len(raw))
+        forget(settings, EVIL)
+    forget(settings, APP)
+    docker(settings, "tag", images["victim"], APP)  # the archive's tag names the user's own image here, alone
+    docker(settings, "rmi", VICTIM)
+    client = docker_holding_after_load(settings, tmp_path / "bin")
+    killed = subprocess.Popen([*INVOKE, "load", f"--file={paths.archive}"], cwd=ROOT, start_new_session=True,
+                              env={**os.environ, "INVOKE_DOCKYARD_DOCKER": str(client)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (client.parent / "held").exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "the load ended before its check"
+        time.sleep(0.02)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    brought = images["app" if archive == "whole" else "evil"]
+    assert image_id(settings, APP) == brought  # as docker load left it
+
+    r = run_loader("invoke load", paths)
+    victim = images["victim"].removeprefix("sha256:")[:12]
+    if archive == "whole":
+        assert r.returncode == 0, r.stderr
+        assert (f"replaced tag {APP} (the image it named before, {victim}, is now untagged): by a load of "
+                f"{paths.archive.name} killed outright (process {killed.pid}) before it could say so") in r.stdout
+        assert "nothing to do" in r.stdout
+    else:
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert (f"warning: {APP} names {brought.removeprefix('sha256:')[:12]}, not the image {paths.archive.name} "
+                f"holds: a load of it killed outright (process {killed.pid}) before its check left it so; it named "
+                f"{victim} before. Put it back: docker tag {victim} {APP}") in r.stderr
+        docker(settings, "tag", victim, APP)
+        assert image_id(settings, APP) == images["victim"]
+    again = run_loader("invoke load", paths)
+    assert "killed outright" not in again.stdout + again.stderr  # said once
