@@ -8,6 +8,7 @@ used): an unknown key or a bad value is a short error naming the known keys.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -125,6 +126,19 @@ class Settings(BaseModel):
         return self.ca_bundle or os.environ.get("PIP_CERT", "")
 
 
+def closest_key(key: str, known: list[str], variable: bool) -> str:
+    """` (did you mean runs_dir?)` where an unknown setting is a known one misspelt (RUNSDIR, runs-dir, run_dir),
+    named as it was given (`variable`: INVOKE_DOCKYARD_RUNS_DIR); else "": the list of every key left the user to
+    find it."""
+    def plain(k: str) -> str:
+        return re.sub(r"[\W_]", "", k.lower())
+
+    near = [k for k in known if plain(k) == plain(key)] or difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+    if not near:
+        return ""
+    return f" (did you mean {ENV_PREFIX + near[0].upper() if variable else near[0]}?)"
+
+
 def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None,
          files: Mapping[str, str] | None = None) -> Settings:
     """Settings from Invoke's config subtree (a DataProxy or a plain dict) and the INVOKE_DOCKYARD_* variables;
@@ -139,7 +153,7 @@ def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = N
     for variables, keys in ((True, env), (False, raw)):
         unknown = sorted(set(keys) - set(known))
         if unknown:  # named where it came from: a key of ~/.invoke.yaml blamed on invoke.yaml sent users to the wrong file
-            names = [f"{ENV_PREFIX}{k.upper()}" if variables else k for k in unknown]
+            names = [(f"{ENV_PREFIX}{k.upper()}" if variables else k) + closest_key(k, known, variables) for k in unknown]
             where = (f"{ENV_PREFIX}*" if variables else
                      f"{', '.join(sorted({(files or {}).get(k, 'invoke.yaml') for k in unknown}))} (dockyard:)")
             raise DockyardError(f"unknown setting(s) in {where}: {', '.join(names)}; known: {', '.join(known)}")

@@ -167,7 +167,17 @@ def test_a_setting_of_another_shape_in_the_users_invoke_yaml_is_blamed_on_that_f
     # a key no setting has, there: named in that file (it was "unknown setting(s) in invoke.yaml", the project's)
     (home / ".invoke.yaml").write_text("dockyard:\n  runsdir: /scratch/runs\n")
     short_error(invoke_here("recipes", env={"HOME": str(home)}),
-                f"unknown setting(s) in {home / '.invoke.yaml'} (dockyard:): runsdir; known: ")
+                f"unknown setting(s) in {home / '.invoke.yaml'} (dockyard:): runsdir (did you mean runs_dir?); known: ")
+
+
+@pytest.mark.parametrize("given, meant", [("RUNSDIR", "RUNS_DIR"), ("RUN_DIR", "RUNS_DIR"), ("HFCACHE", "HF_CACHE"),
+                                          ("IMAGE", ""), ("NOPE", "")])
+def test_a_misspelt_setting_variable_names_the_one_meant(given, meant):
+    """INVOKE_DOCKYARD_RUNSDIR=... was refused with the list of all twenty keys, leaving the user to find runs_dir
+    in it; a name far from every key gets the list alone."""
+    r = invoke_here("recipes", env={f"INVOKE_DOCKYARD_{given}": "x"})
+    short_error(r, f"unknown setting(s) in INVOKE_DOCKYARD_*: INVOKE_DOCKYARD_{given}"
+                + (f" (did you mean INVOKE_DOCKYARD_{meant}?); known: " if meant else "; known: "))
 
 
 def test_a_folder_under_the_home_of_no_user_is_refused_not_made_in_the_checkout():
