@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import locks, runfolder
-from dockyard.common.errors import DockyardError, loads, read_bounded
+from dockyard.common.errors import DockyardError, loads, read_bounded, shown
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
 from dockyard.launch import caches, node, preflight, scriptwords
@@ -48,8 +48,12 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
                             + (f" (the newest: {', '.join(latest)})" if latest else ""))
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
     if m.status != "completed":  # said here, before an image starts to say it (the trainer's export checks it too)
-        raise DockyardError(f"run {run} did not complete (status {m.status}): it saved no model to export; "
-                            f"continue it (invoke run --resume --run-id={run}) or export a completed run")
+        # a run that failed before its first checkpoint (a setting, its data) has nothing for --resume to continue
+        then = (f"continue it (invoke run --resume --run-id={run})" if runfolder.complete_checkpoints(run_dir) else
+                f"it saved no checkpoint to resume either: fix what stopped it ({first_line(m.error)}) and start it "
+                "again")
+        raise DockyardError(f"run {run} did not complete (status {m.status}): it saved no model to export; {then}, or "
+                            "export a completed run")
     if merge and m.model and m.model.format == "full":  # it wrote a second copy of the model to merged/
         raise DockyardError(f"run {run} trained the whole model: it has no adapters for --merge to merge; export it "
                             f"as it is: invoke export --run={run}")
@@ -117,6 +121,12 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         base_on_this_host(target, engine.container_paths_shown(argv))
     marker.unlink()
     return target
+
+
+def first_line(error: str | None) -> str:
+    """A failed run's error as one short line for another message; its train.log where it recorded none."""
+    line = (error or "").strip().splitlines()[0] if (error or "").strip() else "see its train.log"
+    return shown(line if len(line) <= 160 else line[:157] + "...")
 
 
 def left_unfinished(target: Path) -> list[Path]:

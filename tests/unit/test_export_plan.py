@@ -63,6 +63,21 @@ def test_a_run_that_did_not_complete_is_refused_before_an_image_starts(settings,
     assert not (tmp_path / "runs" / "r1" / "export").exists()
 
 
+def test_a_failed_run_is_sent_to_resume_only_where_it_saved_a_checkpoint(settings, tmp_path):
+    """A run that failed on a setting before its first step was told to "continue it (invoke run --resume ...)",
+    which then had no checkpoint to continue from: it is told its error and to start it again."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path, status="failed", error="unknown trainer override(s): --max_stepz\nmore")
+    with pytest.raises(DockyardError) as early:
+        export.export(s, run="r1", dry=True)
+    assert str(early.value).endswith("it saved no checkpoint to resume either: fix what stopped it (unknown trainer "
+                                     "override(s): --max_stepz) and start it again, or export a completed run")
+    (run / "checkpoints" / "checkpoint-8").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-8" / "complete.json").write_text("{}")
+    with pytest.raises(DockyardError, match=r"continue it \(invoke run --resume --run-id=r1\), or export"):
+        export.export(s, run="r1", dry=True)
+
+
 def test_merging_a_full_fine_tune_is_refused_before_an_image_starts(settings, tmp_path):
     """`export --merge` of a ddp run said there were no adapters to merge, then wrote the model again to merged/
     (16 GB more for an 8B model)."""
