@@ -178,23 +178,29 @@ def not_utf8(line: bytes, e: UnicodeDecodeError) -> str:
     return f"(byte 0x{line[e.start]:02x} at column {e.start + 1}): it is not UTF-8 text; save it as UTF-8"
 
 
-def first_fields(path: Path) -> list[str] | None:
-    """The fields (with a value) of a JSON Lines file's first example (first_example), None where it has none."""
-    first = first_example(path)
-    return None if first is None else sorted(k for k, v in first[1].items() if v is not None)
+def valued(row: dict[str, Any]) -> list[str]:
+    """A row's fields that hold a value (not null), sorted: those that name its format."""
+    return sorted(k for k, v in row.items() if v is not None)
 
 
-def first_format(path: Path) -> str | None:
-    """The format a JSON Lines (or JSON) file's first example names, None where there is none to read; one whose
-    fields name none is refused as the trainer refuses it (unknown_format)."""
+def first_format(path: Path) -> tuple[str, list[str]] | None:
+    """The format a JSON Lines (or JSON) file's first example names, and its fields with a value; None where there
+    is none to read. One whose fields name none is refused as the trainer refuses it (unknown_format)."""
     first = first_example(path)
     if first is None:
         return None
     line, row = first
-    fields = sorted(k for k, v in row.items() if v is not None)
+    fields = valued(row)
     if not (fmt := format_of(fields)):
         raise unknown_format(str(path), fields, sorted(row), f"line {line}" if line else "")
-    return fmt
+    return fmt, fields
+
+
+def another_kind(path: Path) -> str:
+    """The refusal of a data file that is another kind than text by its first bytes (other_kind), or ""."""
+    with open(path, "rb") as f:
+        kind = other_kind(f.read(8))
+    return f"cannot read {path}: it is {kind}" if kind else ""
 
 
 def too_deep(path: Path) -> str:
@@ -331,9 +337,8 @@ def csv_header(path: Path) -> list[str] | None:
     """The column names a .csv file's first line gives (stripped, as the trainer reads them: data.read_csv), None
     where the host cannot tell (an empty first line, a quoted name holding a line break, csv's cell limit): the
     trainer says what it finds there."""
-    with open(path, "rb") as f:
-        if kind := other_kind(f.read(8)):  # its bytes were read as the header's field names
-            raise DockyardError(f"cannot read {path}: it is {kind}")
+    if said := another_kind(path):  # its bytes were read as the header's field names
+        raise DockyardError(said)
     with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
         head = f.readline(FIRST_LINE_LIMIT)
     if head.count('"') % 2:
@@ -350,10 +355,10 @@ def mixed_formats(files: list[Path]) -> DockyardError | None:
     example), or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file."""
     found: dict[str, list[str]] = {}
     for f in sorted(files):
-        fmt = first_format(f) if f.suffix in (".jsonl", ".json") else None
-        if fmt is None:
+        first = first_format(f) if f.suffix in (".jsonl", ".json") else None
+        if first is None:
             continue
-        found.setdefault(fmt, []).append(f.name)
+        found.setdefault(first[0], []).append(f.name)
     if len(found) < 2:
         return None
     said = "; ".join(f"{fmt}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}" for fmt, names in found.items())

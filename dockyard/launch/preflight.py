@@ -38,7 +38,6 @@ from dockyard.common.data_files import (
     BUILDERS,
     csv_header,
     data_files_in,
-    first_fields,
     first_format,
     format_of,
     holds_text,
@@ -193,9 +192,8 @@ def check_data_fields(files: list[Path]) -> tuple[str, list[str]]:
             raise unknown_format(str(f), header)
         fields = fields or header or []
     json_files = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # a .json of one array: its first object
-    fmt = (readable(json_files[0], first_format) if json_files else None) or ""
-    if fmt:
-        fields = readable(json_files[0], first_fields) or []
+    first = readable(json_files[0], first_format) if json_files else None
+    fmt, fields = first or ("", fields)
     try:
         mixed = mixed_formats(json_files) if len(json_files) > 1 else None
     except OSError as e:

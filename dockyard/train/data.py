@@ -41,6 +41,7 @@ from dockyard.common.data_files import (
     HUB_ID,
     MAX_FIELDS,
     NESTED,
+    another_kind,
     data_files_in,
     format_of,
     holds_text,
@@ -49,13 +50,13 @@ from dockyard.common.data_files import (
     not_an_object,
     not_utf8,
     other_format,
-    other_kind,
     parquet_decoded,
     saved_by_datasets,
     too_deep,
     too_wide,
     unknown_format,
     unknown_type,
+    valued,
 )
 from dockyard.common.errors import DockyardError, Stopped, causes, loads
 from dockyard.common.units import human
@@ -93,7 +94,7 @@ def load(settings: Any, tokenizer: Any, seed: int,
     eval_rows: list[dict[str, Any]] = []
     if settings.eval_data:
         eval_rows = read_rows(settings.eval_data)
-        if other := other_format(settings.eval_data, _fields(eval_rows[0]), fmt, source):
+        if other := other_format(settings.eval_data, valued(eval_rows[0]), fmt, source):
             raise other
         detect_format(eval_rows, settings.task, fmt, settings.eval_data)
     elif settings.eval_fraction:
@@ -275,9 +276,8 @@ def read_csv(files: list[Path]) -> list[dict[str, Any]]:
                             'as in "Where is it, exactly?",Bergen')
                     rows.append({k: v for k, v in zip(names, cells, strict=True) if v != ""})
         except UnicodeDecodeError as e:
-            with open(f, "rb") as head:
-                if kind := other_kind(head.read(8)):
-                    raise DockyardError(f"cannot read {f}: it is {kind}") from None
+            if said := another_kind(f):
+                raise DockyardError(said) from None
             raise DockyardError(f"cannot read {f}: it is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
                                 "UTF-8") from None
         except csv.Error as e:
@@ -492,7 +492,7 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
     """The format named in the recipe, or the one the fields of the first rows say; checked on every row."""
     # datasets gives every row every column of the file: a missing field is None. The fields some of the first rows
     # fill: a first row with an empty cell is then "example 1 lacks completion", not a format of no name
-    found = sorted({k for row in rows[:FORMAT_ROWS] for k in _fields(row)})
+    found = sorted({k for row in rows[:FORMAT_ROWS] for k in valued(row)})
     if task == "seq_cls" or named == "text_label":
         fmt, need = "text_label", ("text", "label")
     elif named != "auto":
@@ -510,12 +510,12 @@ def detect_format(rows: list[dict[str, Any]], task: str, named: str = "auto", so
     texts = [k for k in (*need, *(("input",) if fmt == "alpaca" else ())) if k in TEXT_FIELDS]
     for n, row in enumerate(rows, 1):
         missing = [k for k in need if row.get(k) is None]
-        if missing and not _fields(row):  # was "lacks text (fields found: ; ...)"
+        if missing and not valued(row):  # was "lacks text (fields found: ; ...)"
             raise DockyardError(f"{source}: example {n} has no field with a value (a line `null` or `{{}}`, or every "
                                 f"field null): remove it, or give it {', '.join(need)} as the {fmt} format needs")
         if missing:
             raise DockyardError(f"{source}: example {n} lacks {', '.join(missing)} for the {fmt} format "
-                                f"(fields found: {', '.join(_fields(row))}; expected: {', '.join(need)})")
+                                f"(fields found: {', '.join(valued(row))}; expected: {', '.join(need)})")
         odd = next((k for k in texts if row.get(k) is not None and not isinstance(row[k], str)), None)
         if odd:
             raise DockyardError(f"{source}: example {n}'s {odd} is {type(row[odd]).__name__} {str(row[odd])[:40]!r}, "
@@ -542,10 +542,6 @@ def say_unread(source: str, fmt: str, need: tuple[str, ...], found: list[str]) -
     more = f" and {len(unread) - 8} more" if len(unread) > 8 else ""
     log.warning("%s: the %s format reads %s; the field%s %s%s %s not trained on%s (docs/data.md)", source, fmt,
                 ", ".join(read), "s" * (len(unread) > 1), named, more, "are" if len(unread) > 1 else "is", hint)
-
-
-def _fields(row: dict[str, Any]) -> list[str]:
-    return sorted(k for k, v in row.items() if v is not None)
 
 
 CHAT_ROLES = {"system", "user", "assistant", "tool"}  # those every chat template knows; only the assistant's are learned
@@ -876,7 +872,7 @@ def label_names(rows: list[dict[str, Any]]) -> list[str]:
     missing = [n for n, r in enumerate(rows, 1) if r.get("text") is None or r.get("label") is None]
     if missing:
         raise DockyardError(f"seq_cls needs `text` and `label` in every example; example {missing[0]} lacks one "
-                            f"(fields found: {', '.join(_fields(rows[missing[0] - 1]))})")
+                            f"(fields found: {', '.join(valued(rows[missing[0] - 1]))})")
     whole_labels(rows)
     odd = next((n for n, r in enumerate(rows, 1) if isinstance(r["label"], bool)
                 or not isinstance(r["label"], (int, str))), 0)

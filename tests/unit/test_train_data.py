@@ -88,12 +88,12 @@ def test_json_nested_deeper_than_any_example_is_refused_before_pyarrow_reads_it(
     for path, where in ((jsonl, "deep.jsonl:2"), (whole, "deep.json")):
         with pytest.raises(DockyardError, match=f"cannot read .*{where}: nested more than 100 brackets deep"):
             data.read_rows(path)
-    from dockyard.common.data_files import first_fields
+    from dockyard.common.data_files import first_example
 
     first = tmp_path / "first.jsonl"
     first.write_text('{"text": "b", "x": ' + nested + "}\n")
     with pytest.raises(DockyardError, match="first.jsonl:1: nested more than 100"):
-        first_fields(first)  # what `invoke run --dry` reads
+        first_example(first)  # what `invoke run --dry` reads
     text = tmp_path / "brackets.jsonl"
     text.write_text(json.dumps({"text": "[" * 500 + '\\" {' * 200}) + "\n")
     assert data.read_rows(text)[0]["text"].startswith("[[[")
