@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, open_plain
 from dockyard.common.locks import held_alone
 from dockyard.common.tree import code_hash
 from dockyard.images import variants
@@ -115,18 +116,30 @@ def wheelhouse(settings: Settings, name: str = "auto", dry: bool = False) -> Non
 
 def download_wheelhouse(settings: Settings, variant: Variant, dry: bool = False) -> None:
     plan = wheelhouse_steps(settings, variant)
+    d = wheelhouse_dir(settings, variant)
+    if holds_the_lock(d, variant):  # carried in without the stamps: pip, which asks the index first, failed offline
+        print(f"wheelhouse {_shown(d)} holds every file of {variant.lock_file.name} (sha256 checked): nothing to "
+              "download" + ("" if dry else ", stamped as downloaded"))
+        if not dry:
+            stamp_wheelhouse(d, variant)
+        return
     if dry:
         print(plan.show())
         return
     variants.lock_hash(variant)  # a clear error when the lock is missing
-    d = wheelhouse_dir(settings, variant)
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # pip's own traceback ("NotADirectoryError: '/dev/null/cpu'") said it otherwise
         raise DockyardError(f"cannot make the wheelhouse folder {d} ({e.strerror}): set wheelhouse_dir "
                             "(INVOKE_DOCKYARD_WHEELHOUSE_DIR) to a folder you can write") from None
     for argv, env in plan.steps:
-        engine.run(argv, env=env, what=f"downloading the wheelhouse of {variant.name}")
+        try:
+            engine.run(argv, env=env, what=f"downloading the wheelhouse of {variant.name}")
+        except DockyardError as e:
+            raise FetchFailed(f"{e}\nwhere no package index answers: copy into {_shown(d)}/ the wheelhouse `invoke "
+                                f"wheelhouse --variant={variant.name}` made on a host where one does (the files are "
+                                "checked against the lock's sha256), or set index_url or find_links in invoke.yaml "
+                                "to an index or folder that holds them") from None
     stamp_wheelhouse(d, variant)
     size = sum(f.stat().st_size for f in d.iterdir())
     print(f"wheelhouse {_shown(d)}: {len(list(d.iterdir())) - 1} files, {size / 2**20:.0f} MiB")
@@ -134,6 +147,10 @@ def download_wheelhouse(settings: Settings, variant: Variant, dry: bool = False)
 
 def _shown(d: Path) -> Path:
     return d.relative_to(ROOT) if d.is_relative_to(ROOT) else d
+
+
+class FetchFailed(DockyardError):
+    """A download from a mirror or an index failed (no network, none answering): `invoke setup` says what then."""
 
 
 @dataclass
@@ -287,6 +304,26 @@ def stamp_wheelhouse(d: Path, variant: Variant) -> None:
     files = sorted(f for f in d.iterdir() if f.is_file() and not f.name.startswith("."))
     (d / WHEELHOUSE_FILES).write_text("".join(f"{f.stat().st_size} {f.name}\n" for f in files), errors="replace")
     (d / WHEELHOUSE_STAMP).write_text(variants.lock_hash(variant) + "\n")
+
+
+def holds_the_lock(d: Path, variant: Variant) -> bool:
+    """Whether folder `d` holds, for every package of the variant's lock, a file of a sha256 the lock allows: a
+    wheelhouse copied in from another host without its stamps (or its files alone) is complete as it is."""
+    try:
+        wanted = variants.parse_lock_hashes(variant.lock_file.read_text())
+        files = [f for f in d.iterdir() if not f.name.startswith(".")] if d.is_dir() else []
+    except OSError:
+        return False
+    if not wanted or len(files) < len(wanted) or not all(wanted.values()):
+        return False
+    have = set()
+    for f in files:
+        try:
+            with open_plain(f, "wheel") as fh:  # a pipe or a device named like a wheel is no wheel
+                have.add(hashlib.file_digest(fh, "sha256").hexdigest())
+        except (OSError, DockyardError):  # a folder, a file gone or unreadable: not one of the lock's
+            continue
+    return all(allowed & have for allowed in wanted.values())
 
 
 def wheelhouse_complete(settings: Settings, variant: Variant) -> bool:

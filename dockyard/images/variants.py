@@ -356,6 +356,22 @@ def parse_lock_pins(text: str) -> dict[str, str]:
     return pins
 
 
+def parse_lock_hashes(text: str) -> dict[str, set[str]]:
+    """Canonical name → the sha256 hashes its `--hash=sha256:...` lines allow, for every package of a lock file."""
+    hashes: dict[str, set[str]] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
+        if m:
+            name = canonical_name(m.group(1))
+            hashes[name] = set()
+        elif not line[:1].isspace():  # a comment or option line ends the package's hashes
+            name = None
+        if name is not None:
+            hashes[name] |= set(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+    return hashes
+
+
 CODE_LABEL = "dockyard.code"
 OPS_LABEL = "dockyard.ds_ops"
 ARCHS_LABEL = "dockyard.cuda_archs"

@@ -1,5 +1,6 @@
 """Build plans: the exact docker build / pip download / uv commands, built without running anything."""
 
+import contextlib
 import os
 import re
 import subprocess
@@ -446,3 +447,68 @@ def test_lock_says_when_pips_own_index_is_not_the_one_it_resolves_against(settin
     given = settings.model_copy(update={"index_url": "https://pypi.corp/simple"})
     build.lock(given, "cpu", dry=True)  # the index is invoke.yaml's: uv gets it, nothing to say
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.fixture
+def lock_of_two(tmp_path, monkeypatch):
+    """The cpu variant with a lock of two stub wheels (the real lock's form: `name==version \\`, then its hashes), and
+    an index URL at a loopback port nothing listens on: a pip that asks any index fails at once, as offline."""
+    files = tmp_path / "files"
+    wheels = [stub_wheel(files, "peft", "0.21.2"), stub_wheel(files, "einops", "0.8.2")]
+    lock = tmp_path / "cpu.txt"
+    lock.write_text("".join(f"{w.name.split('-')[0]}=={w.name.split('-')[1]} \\\n    --hash=sha256:{'0' * 64} \\\n"
+                            f"    --hash=sha256:{sha256(w)}\n    # via -r cpu.in\n" for w in wheels))
+    monkeypatch.setattr(variants.Variant, "lock_file", property(lambda self: lock))
+    with loopback_only_env() as offline:
+        for k, v in {**offline, "PIP_CONFIG_FILE": os.devnull, "PIP_RETRIES": "0", "PIP_FIND_LINKS": ""}.items():
+            monkeypatch.setenv(k, v)
+        yield wheels
+
+
+def test_a_wheelhouse_carried_in_without_its_stamps_is_checked_not_downloaded(settings, lock_of_two, tmp_path, capsys):
+    """An air-gapped host given the wheelhouse's files (copied without the hidden stamps `invoke wheelhouse` writes,
+    or from `pip download` elsewhere): setup, wheelhouse and build ran `pip download`, which asks the index before
+    it looks in the folder, and failed offline with every file there. The files are checked against the lock's
+    sha256 instead, and stamped."""
+    import shutil
+
+    with socket_closed() as url:
+        s = settings.model_copy(update={"wheelhouse_dir": tmp_path / "wh", "index_url": url, "extra_index_url": "",
+                                        "find_links": ""})
+        (tmp_path / "wh" / "cpu").mkdir(parents=True)
+        for w in lock_of_two:
+            shutil.copy(w, tmp_path / "wh" / "cpu")
+        variant = variants.resolve(s, "cpu")[0]
+        assert not build.wheelhouse_complete(s, variant)
+        build.wheelhouse(s, "cpu", dry=True)
+        assert "holds every file of cpu.txt (sha256 checked): nothing to download\n" in capsys.readouterr().out
+        assert not build.wheelhouse_complete(s, variant), "--dry stamped it"
+        build.wheelhouse(s, "cpu")
+        assert ("holds every file of cpu.txt (sha256 checked): nothing to download, stamped as downloaded"
+                in capsys.readouterr().out)
+        assert build.wheelhouse_complete(s, variant)
+
+
+def test_a_wheelhouse_no_index_answers_for_says_how_to_bring_it(settings, lock_of_two, tmp_path):
+    """A file of the lock missing (or another's in its place) and no index answering: pip's failure alone, with
+    nothing on what an offline host does about it."""
+    with socket_closed() as url:
+        s = settings.model_copy(update={"wheelhouse_dir": tmp_path / "wh", "index_url": url, "extra_index_url": "",
+                                        "find_links": ""})
+        (tmp_path / "wh" / "cpu").mkdir(parents=True)
+        (tmp_path / "wh" / "cpu" / lock_of_two[0].name).write_bytes(b"not the wheel the lock names")
+        with pytest.raises(DockyardError, match=r"downloading the wheelhouse of cpu failed (.|\n)*\nwhere no "
+                           r"package index answers: copy into .*wh/cpu/ the wheelhouse `invoke wheelhouse "
+                           r"--variant=cpu` made on a host where one does"):
+            build.wheelhouse(s, "cpu")
+        assert not build.wheelhouse_complete(s, variants.resolve(s, "cpu")[0])
+
+
+@contextlib.contextmanager
+def socket_closed():
+    """An index URL at a loopback port bound and never listening: refused at once."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
+        closed.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{closed.getsockname()[1]}/simple"
