@@ -91,7 +91,11 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
             engine.echo(argv)
             engine.echo_pipeline(tar, importer)
             return
-        engine.run(argv, what="debootstrap of the cpu base image")
+        try:
+            engine.run(argv, what="debootstrap of the cpu base image")
+        except DockyardError as e:
+            raise build.FetchFailed(f"{e}\nwhere {mirror} does not answer, give a Debian mirror that does (--mirror=URL, "
+                                "over http: `invoke build` runs apt-get in the image from it too)") from None
         with engine.Pipeline(tar, importer, stdout=engine.TAIL, what=f"importing {name}") as pipeline:
             pipeline.wait()
     print(f"base image: {name} made with debootstrap from {mirror}")
@@ -143,14 +147,33 @@ def _give(name: str, dir_fd: int | None, owner: tuple[int, int]) -> None:
             os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
 
 
+def without_them(settings: Settings, variant: variants.Variant) -> str:
+    """What a host that cannot make the base image or the wheelhouse (no mirror, no index: an air-gapped one) still
+    has: the image itself, where it was loaded, else how to carry it in."""
+    image = variants.tag(settings, variant)
+    try:
+        here = engine.image_inspect(settings, image)
+    except DockyardError:
+        here = None
+    if here:
+        return (f"{image} is here already: `invoke run` trains in it, the base image and the wheelhouse are needed "
+                "only to build it again")
+    return (f"or build {image} on a host that reaches them and carry it here (README, \"Air-gapped, step by step\": "
+            f"`invoke build --variant={variant.name} && invoke save --variant={variant.name}` there, `sh load.sh` "
+            "here)")
+
+
 def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     check_mirror(mirror)
     ensure_engine(settings, dry)
     variant, why = variants.resolve(settings, "auto")
     variants.say(why)
-    if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
-        ensure_cpu_base(settings, mirror, dry)
-    build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock
+    try:
+        if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
+            ensure_cpu_base(settings, mirror, dry)
+        build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock
+    except build.FetchFailed as e:
+        raise DockyardError(f"{e}; {without_them(settings, variant)}") from None
     if not dry:
         give_to_sudo_user(build.wheelhouse_dir(settings, variant))
     if dry:
