@@ -81,10 +81,18 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
     if probe:
         checks.append(container.check_ds_report(facts["ds_report"], probe, image))
         if probe is not auto:  # probed with another variant's image: the one runs pick is still missing
+            cuda = read_label(labels[probe.name], "dockyard.cuda") or probe.cuda
+            archs = read_label(labels[probe.name], variants.ARCHS_LABEL) or variants.cuda_archs(probe)
+            # the image here as the way out only where this host's driver and GPUs run it (`invoke run` refuses it
+            # otherwise): a CUDA 12 node sent the cu132 archive was told to run with --variant=cu132
+            runs = not host.gpus or not probe.is_cuda or (variants.driver_runs(cuda, host) is not False
+                                                          and not variants.gpus_without_code(archs, host))
             checks.append(Check("auto image", WARN, f"{variants.tag(settings, auto)} (what auto picks here) is not "
                                 f"here; the checks above ran in {image}",
-                                f"invoke build (builds {auto.name}), or load its archive (sh load.sh), or run with "
-                                f"--variant={probe.name}"))
+                                f"invoke build (builds {auto.name}), or load its archive (sh load.sh)" + (
+                                    f", or run with --variant={probe.name}" if runs else
+                                    f": {probe.name}, the image here, does not run on this host (variant "
+                                    f"{probe.name} above says why)")))
     else:
         checks.append(Check("deepspeed ops", WARN, f"no dockyard image here: {image}",
                             f"invoke build (builds {auto.name}), or load its archive (sh load.sh), then run doctor "

@@ -277,3 +277,26 @@ def test_doctor_port_without_a_peer_says_nothing_checks_it(tmp_path):
     r = invoke_here("doctor", "--json", "--port=2222", env={"DOCKYARD_NVML_REPLAY": str(replay)})
     assert "warning: --port=2222 is node 0's rendezvous port, checked with --peer=NODE0" in r.stderr, r.stderr
     assert not [c for c in json.loads(r.stdout)["checks"] if c["name"].startswith("peer")]
+
+
+def test_an_image_the_driver_cannot_run_is_not_offered_as_the_way_out(settings, engine_ready):
+    """A CUDA 12 node (T4s, driver 535) sent the cu132 archive instead of cu128's: doctor said "or run with
+    --variant=cu132", which `invoke run` then refuses (CUDA 13.2 needs a driver from 580 on). The image here is an
+    image of the test's own name standing for that archive; the engine and the probe container are real."""
+    import json
+
+    from tests.support.cli import docker, invoke
+
+    name = f"dockyard-doctor-test-{os.getpid()}"
+    docker(settings, "tag", settings.base_image_cpu, f"{name}:0.1.0-cu132")
+    try:
+        r = invoke("doctor", "--json", env={"DOCKYARD_NVML_REPLAY": str(FIXTURES / "nvml" / "hosts" / "t4x2_535.json"),
+                                            "INVOKE_DOCKYARD_IMAGE_NAME": name}, timeout=300)
+    finally:
+        docker(settings, "rmi", f"{name}:0.1.0-cu132", check=False)
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["auto variant"]["detail"] == "auto → cu128: 2 GPU(s), driver 535.183.01 supports CUDA 12.2"
+    assert checks["auto image"]["status"] == doctor.WARN
+    assert checks["auto image"]["fix"] == ("invoke build (builds cu128), or load its archive (sh load.sh): cu132, the "
+                                           "image here, does not run on this host (variant cu132 above says why)")
+    assert checks["variant cu132"]["fix"].startswith("upgrade the driver to 580 or newer to use cu132")
