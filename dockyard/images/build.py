@@ -58,7 +58,10 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
         print(f"# in {context}: this checkout's build files, {wheels}/ and {variant.lock_file.name} as wheels/")
         print(plan.show())
         return variants.tag(settings, variant)
-    engine.engine_info(settings)
+    too_old = engine_cannot_build(engine.engine_info(settings))
+    if too_old:
+        raise DockyardError(f"{too_old}: upgrade the engine to 20.10 or newer, or build on a host that has one and "
+                            f"load the image here (`invoke save --variant={variant.name}` there, `sh load.sh` here)")
     if not variant.base and not engine.image_inspect(settings, base_image(settings, variant)):
         raise DockyardError(f"base image {base_image(settings, variant)} is missing: run `invoke setup` "
                             "(makes it with debootstrap) or set base_image_cpu in invoke.yaml")
@@ -80,6 +83,21 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
     info = engine.image_inspect(settings, ref)
     print(f"built {ref} ({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
     return ref
+
+
+# images/Dockerfile's cache and bind mounts (RUN --mount) are stable in the engine's built-in Dockerfile frontend from
+# Docker 20.10 on; 19.03's took them only after a `# syntax=` line, which pulls a frontend image (offline: fails)
+BUILDS_FROM = (20, 10)
+
+
+def engine_cannot_build(info: dict) -> str:
+    """Why the engine `docker info` describes cannot build images/Dockerfile, or "" where it can (or cannot tell)."""
+    version = info.get("ServerVersion")
+    nums = [int(x) for x in re.findall(r"\d+", version)[:2]] if isinstance(version, str) else []
+    if len(nums) == 2 and tuple(nums) < BUILDS_FROM:
+        return (f"Docker {version} cannot build the images: its BuildKit reads RUN --mount (images/Dockerfile) only "
+                "from 20.10 on, and fails with 'Unknown flag: mount'")
+    return ""
 
 
 def lock(settings: Settings, name: str = "all", dry: bool = False) -> None:

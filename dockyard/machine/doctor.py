@@ -17,7 +17,7 @@ from dockyard import engine, gpus
 from dockyard.common.errors import DockyardError
 from dockyard.common.units import GIB
 from dockyard.gpus import Host, Link
-from dockyard.images import variants
+from dockyard.images import build, variants
 from dockyard.machine import container
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
@@ -33,7 +33,7 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
         info = None
         checks.append(check_engine_down(e))
     if info is not None:
-        checks += [check_engine(info), check_buildkit(settings)]
+        checks += [check_engine(info), check_buildkit(settings, info)]
     host, links = _gpu_facts(gpu_source)
     checks.append(check_gpus(host))
     if info is not None:
@@ -128,8 +128,13 @@ def check_engine_down(error: DockyardError) -> Check:
                  lines[0])
 
 
-def check_buildkit(settings: Settings) -> Check:
-    """BuildKit: the buildx plugin, or a pre-23 client where DOCKER_BUILDKIT=1 turns it on."""
+def check_buildkit(settings: Settings, info: dict | None = None) -> Check:
+    """BuildKit: the buildx plugin, or a pre-23 client where DOCKER_BUILDKIT=1 turns it on; and an engine whose
+    BuildKit reads the Dockerfile (`info`: its `docker info`)."""
+    too_old = build.engine_cannot_build(info or {})
+    if too_old:  # the engine's own frontend parses the Dockerfile, whichever client asks: a WARN, as runs still work
+        return Check("buildkit", WARN, too_old, "upgrade the engine to 20.10 or newer to build here; runs work as "
+                     "they are, in an image built elsewhere (`invoke save` there, `sh load.sh` here)")
     client = engine.docker_binary(settings.docker)
     buildx = engine.run(engine.docker(settings, "buildx", "version"), capture=True, check=False, quiet=True)
     if buildx.returncode == 0:  # "github.com/docker/buildx v0.17.1 <commit>"

@@ -512,3 +512,34 @@ def socket_closed():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
         closed.bind(("127.0.0.1", 0))
         yield f"http://127.0.0.1:{closed.getsockname()[1]}/simple"
+
+
+def test_an_engine_whose_buildkit_reads_no_run_mount_is_told_before_the_build(settings, monkeypatch, tmp_path):
+    """Docker 19.03 (Ubuntu 20.04's docker.io as released) passed doctor's engine and buildkit checks, then
+    `invoke build` failed inside docker with "Dockerfile parse error line 19: Unknown flag: mount": its built-in
+    Dockerfile frontend reads RUN --mount only after a `# syntax=` line, which pulls an image. The engine's answer is
+    a stand-in (this host's is newer); nothing is run."""
+    from dockyard.machine import doctor
+
+    monkeypatch.setattr(engine, "engine_info", lambda s: {"ServerVersion": "19.03.8", "Driver": "overlay2"})
+    real = engine.run
+
+    def git_only(argv, **kw):  # the checkout's revision and time, for the labels: nothing else may run
+        if argv[0] != "git":
+            pytest.fail(f"ran {argv}")
+        return real(argv, **kw)
+
+    monkeypatch.setattr(engine, "run", git_only)
+    s = settings.model_copy(update={"wheelhouse_dir": tmp_path})
+    with pytest.raises(DockyardError, match=r"^Docker 19\.03\.8 cannot build the images: its BuildKit reads RUN "
+                       r"--mount \(images/Dockerfile\) only from 20\.10 on, and fails with 'Unknown flag: mount': "
+                       r"upgrade the engine to 20\.10 or newer, or build on a host that has one and load the image "
+                       r"here \(`invoke save --variant=cpu` there, `sh load.sh` here\)$"):
+        build.build(s, "cpu")
+    check = doctor.check_buildkit(s, {"ServerVersion": "19.03.8"})
+    assert check.status == doctor.WARN and check.detail.startswith("Docker 19.03.8 cannot build the images")
+    assert check.fix.startswith("upgrade the engine to 20.10 or newer to build here; runs work as they are")
+    assert doctor.check_engine({"ServerVersion": "19.03.8"}).status == doctor.PASS, "it runs GPU containers (--gpus)"
+    for newer in ("20.10.24+dfsg1", "29.0.1"):
+        assert build.engine_cannot_build({"ServerVersion": newer}) == ""
+    assert build.engine_cannot_build({"ServerVersion": None}) == build.engine_cannot_build({}) == ""
