@@ -94,7 +94,9 @@ def engine_cannot_build(info: dict) -> str:
     """Why the engine `docker info` describes cannot build images/Dockerfile, or "" where it can (or cannot tell)."""
     version = info.get("ServerVersion")
     nums = [int(x) for x in re.findall(r"\d+", version)[:2]] if isinstance(version, str) else []
-    if len(nums) == 2 and tuple(nums) < BUILDS_FROM:
+    # Docker's versions are YY.MM from 17.03 on: a smaller major is another engine behind the same API (Podman 4
+    # and 5 build RUN --mount), not an old Docker
+    if len(nums) == 2 and (17, 0) <= tuple(nums) < BUILDS_FROM:
         return (f"Docker {version} cannot build the images: its BuildKit reads RUN --mount (images/Dockerfile) only "
                 "from 20.10 on, and fails with 'Unknown flag: mount'")
     return ""
