@@ -10,6 +10,7 @@ sizes as the manifest recorded when the run started) is mounted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -61,7 +62,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if out:  # before anything is made: the folder's name is printed (the command, where it was written) as it is
         scriptwords.one_line(str(target), "--out", "which would reach the terminal as it is where the export prints "
                                                    "the folder's name: give --out a name without control characters")
-    left = left_unfinished(target)
+    left = left_unfinished(settings, target, run)
     if (target.exists() or target.is_symlink()) and not (left and target.is_dir() and not target.is_symlink()):
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
     if out and target.is_relative_to(run_dir.resolve()):
@@ -79,8 +80,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         runfolder.check_makeable(target, "give --out=FOLDER where you can write")
     if native:
         preflight.check_native_python("exports", ("torch", "transformers", "peft"))
+    marker = locks.partial(target)  # says the folder is being written until it is checked: see left_unfinished
     argv, env = export_command(settings, m, run_dir, target, merge,
-                               None if dry or native else engine.engine_info(settings))
+                               None if dry or native else engine.engine_info(settings), container=container_of(marker))
     if dry:
         engine.echo(argv, env)
         if left and target.is_dir():
@@ -91,13 +93,13 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         caches.prepare(settings, compile_cache=False)
     remove_left_unfinished(target, left)
     made = [target, *(p for p in target.parents if not os.path.lexists(p))]  # removed again if the export fails
-    marker = locks.partial(target)  # says the folder is being written until it is checked: see left_unfinished
+    writer = "" if native else f" in container {container_of(marker)}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(marker, "x") as f:
-            f.write(f"invoke export (process {os.getpid()}) is writing {target.name}/ beside this file; where no such "
-                    "process runs, it was killed before it finished: that folder is no checked export, and the next "
-                    f"invoke export of run {run} there removes both\n")
+            f.write(f"invoke export (process {os.getpid()}) is writing {target.name}/ beside this file{writer}; where "
+                    "no such process runs, it was killed before it finished: that folder is no checked export, and the "
+                    f"next invoke export of run {run} there removes both, once nothing writes it any more\n")
         if out:
             target.mkdir()
         else:
@@ -129,11 +131,69 @@ def first_line(error: str | None) -> str:
     return shown(line if len(line) <= 160 else line[:157] + "...")
 
 
-def left_unfinished(target: Path) -> list[Path]:
+def left_unfinished(settings: Settings, target: Path, run: str) -> list[Path]:
     """The markers beside `target` of exports killed outright (SIGKILL, the OOM killer, a power cut) while they wrote
     it: no clean-up ran, and the folder, with a whole Hugging Face folder's files never reloaded nor compared, blocked
-    the same export ("already exists")."""
-    return locks.left_behind(target.parent, {target.name})
+    the same export ("already exists"). Refused while what that export started still writes the folder: `kill -9` of
+    `invoke export` alone leaves its container (or, --native, its Python) writing, and the folder was removed under
+    it."""
+    left = locks.left_behind(target.parent, {target.name})
+    for marker in left:
+        if writer := still_writing(settings, marker, target):
+            raise DockyardError(f"an export of run {run} into {target} is still being written by {writer[0]}, though "
+                                f"the invoke export that started it was killed: wait for it to end, or stop it "
+                                f"({writer[1]}), then export again; nothing was removed")
+    return left
+
+
+def container_of(marker: Path) -> str:
+    """The name of the container an export runs in: its marker's own (the pid and the random part of locks.partial's
+    name), so that the marker left by a killed export names the container that may still write its folder."""
+    pid, token = marker.name.removesuffix(".partial").rsplit(".", 2)[-2:]
+    return f"dockyard-export-{pid}-{token}"
+
+
+def still_writing(settings: Settings, marker: Path, target: Path) -> tuple[str, str] | None:
+    """What still writes `target` for the export whose `marker` was left ((what, how to stop it)), or None: the
+    container the marker names while the engine has it (created, running or paused; --rm removes it as it ends), else
+    a process of this user that is that export's Python (--native) or its `docker run` (which starts the container)."""
+    name = container_of(marker)
+    try:
+        said = read_bounded(marker, 4096, "export marker").decode(errors="replace")
+    except (OSError, DockyardError):
+        said = ""
+    if f"in container {name}" in said:
+        proc = engine.run(engine.docker(settings, "container", "inspect", "--format", "{{.State.Status}}", name),
+                          capture=True, check=False, quiet=True)
+        if proc.returncode == 0 and proc.stdout.strip() not in ("exited", "dead"):
+            return f"container {name}", f"docker stop {name}"
+        if proc.returncode:
+            engine.check_not_missing(proc)  # an engine that does not answer cannot say the container is gone
+    if pid := export_process(target, name):
+        return f"process {pid}", f"kill {pid}"
+    return None
+
+
+def export_process(target: Path, container: str) -> int | None:
+    """A process of this user (/proc) that writes `target` for an export: `python -m dockyard.train.export ... --out
+    TARGET` (--native), or the `docker run --name CONTAINER` that starts the container."""
+    out = os.fsencode(str(target))
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if entry.stat().st_uid != os.geteuid():
+                    continue
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    argv = f.read(1 << 16).split(b"\0")
+            except OSError:  # ended meanwhile
+                continue
+            native = b"dockyard.train.export" in argv and any(
+                a == b"--out" and b == out for a, b in zip(argv, argv[1:], strict=False))
+            if native or (b"--name" in argv and container.encode() in argv):
+                return int(entry.name)
+    return None
 
 
 def remove_left_unfinished(target: Path, left: list[Path]) -> None:
@@ -190,10 +250,10 @@ def remove_unfinished(made: list[Path], marker: Path) -> None:
 
 
 def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, target: Path,
-                merge: bool, engine_info: dict | None = None) -> tuple[list[str], dict]:
+                merge: bool, engine_info: dict | None = None, container: str = "") -> tuple[list[str], dict]:
     """The command that exports (pure but for checking the model folder): `docker run` of the run's image (on the
-    engine `engine_info` describes: {} or None, not asked), or this host's Python for a native run. Every value taken
-    from the manifest is checked first."""
+    engine `engine_info` describes: {} or None, not asked) in a container named `container`, or this host's Python
+    for a native run. Every value taken from the manifest is checked first."""
     m = m if isinstance(m, RunManifest) else runfolder.parse_manifest(m, run_dir / runfolder.MANIFEST)
     if m.run_id != run_dir.name:
         raise DockyardError(f"{run_dir}/manifest.json is the manifest of run {m.run_id!r}, not of {run_dir.name!r}: "
@@ -214,9 +274,10 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
     command = ["python", "-m", "dockyard.train.export", "--run-dir", node.run_dir_inside(run_dir.name),
                "--out", OUT, *tail]
     env = {"DS_ACCELERATOR": "cpu", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
-    argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir, name=f"dockyard-export-{os.getpid()}",
-                                  env=env, network_host=False, interactive="", command=command, mounts=mounts,
-                                  engine_info=engine_info or {})
+    argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir,
+                                      name=container or f"dockyard-export-{os.getpid()}", env=env,
+                                      network_host=False, interactive="", command=command, mounts=mounts,
+                                      engine_info=engine_info or {})
     return argv, {}
 
 
