@@ -18,20 +18,43 @@ from dockyard.common.errors import DockyardError
 
 
 @contextlib.contextmanager
-def held_alone(lock_file: Path, busy: str) -> Iterator[None]:
+def held_alone(lock_file: Path, busy: str, *, remove: bool = False) -> Iterator[None]:
     """Hold `lock_file` (made if missing) for the block; DockyardError(busy) when another process holds it.
-    Opened without following a link and without truncating: a link planted under its name writes nothing."""
-    try:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise DockyardError(f"cannot open the lock file {lock_file} ({e.strerror}): remove it if it is a link or "
-                            "not yours") from None
-    with os.fdopen(fd, "w") as lock:
+    Opened without following a link and without truncating: a link planted under its name writes nothing.
+    `remove`: the file goes as the block ends (one per archive path ever saved stayed in the private folder for good),
+    unlinked while still held. Every holder of such a file checks, once it holds it, that the name still leads to the
+    file it locked: a process that opened it just before the last holder unlinked it locks a file no name leads to,
+    and would run beside the next one, which makes and locks a new file under the name; it opens the name again."""
+    for _ in range(100):  # another try only where a holder unlinked the file between this open and this lock
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DockyardError(busy) from None
-        yield
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise DockyardError(f"cannot open the lock file {lock_file} ({e.strerror}): remove it if it is a link or "
+                                "not yours") from None
+        with os.fdopen(fd, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DockyardError(busy) from None
+            if remove and not names(lock_file, fd):
+                continue
+            try:
+                yield
+            finally:
+                if remove:
+                    lock_file.unlink(missing_ok=True)  # before the lock goes: see above
+            return
+    raise DockyardError(busy)
+
+
+def names(path: Path, fd: int) -> bool:
+    """Whether `path` (not followed, if a link) is the file open as `fd`."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def private_folder() -> Path:

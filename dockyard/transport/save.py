@@ -141,11 +141,11 @@ def exclusive(paths: ArchivePaths):
     """One save of an archive at a time, in any compression (they share the .sha256 and manifest): a second one
     (another shell, the same folder) is refused at once rather than publishing over the first's files. The lock
     lives outside the folder, which holds the set alone, in this user's private folder (a name in /tmp itself could
-    be a link another user planted)."""
+    be a link another user planted), and goes as the save ends."""
     key = hashlib.sha256(str(paths.archive.parent / paths.base).encode()).hexdigest()[:16]  # any compression
     with held_alone(private_folder() / f"save-{key}.lock",
                     f"another save of {paths.archive.name} into {paths.archive.parent} is under way: wait for it, "
-                    "or save into another --out=DIR"):
+                    "or save into another --out=DIR", remove=True):
         yield
 
 

@@ -89,9 +89,9 @@ def test_a_link_another_user_planted_in_the_temporary_folder_is_never_written_th
     private = shared / f"dockyard-{os.geteuid()}"
     assert private.is_dir() and private.stat().st_mode & 0o777 == 0o700
     # a link planted inside that folder (by the user's own processes) is not followed either
-    for lock in private.iterdir():
-        lock.unlink()
-        lock.symlink_to(victim)
+    key = hashlib.sha256(str(paths.archive.parent / paths.base).encode()).hexdigest()[:16]
+    (private / f"save-{key}.lock").unlink(missing_ok=True)  # gone as the save ended
+    (private / f"save-{key}.lock").symlink_to(victim)
     with pytest.raises(DockyardError, match="cannot open the lock file .* remove it if it is a link"):
         with save_mod.exclusive(paths):
             pass
@@ -109,6 +109,45 @@ def test_a_link_another_user_planted_in_the_temporary_folder_is_never_written_th
     with pytest.raises(DockyardError, match="writable by others"):
         with save_mod.exclusive(paths):
             pass
+
+
+def test_a_save_removes_its_lock_file_and_one_that_opened_it_as_it_went_does_not_run_beside_the_next(tmp_path,
+                                                                                                     monkeypatch):
+    """Every archive path ever saved left its empty lock file in the private folder for good
+    (`$TMPDIR/dockyard-<uid>/save-<hash>.lock`). It goes as the save ends. Removing it must not let two saves run at
+    once: a save that opened the file just before the one holding it removed it and ended gets the lock of a file no
+    name leads to, while the next save makes a new one under the name and locks that; it opens the name again, and is
+    refused while that save runs."""
+    import fcntl
+    import tempfile
+
+    from dockyard.common import locks
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    paths = ArchivePaths(tmp_path / "dist" / "x_1.tar.zst")
+    with save_mod.exclusive(paths):
+        assert [p.name for p in locks.private_folder().iterdir()][0].startswith("save-")
+    assert list(locks.private_folder().iterdir()) == [], "the lock file outlived the save"
+
+    first, then = save_mod.exclusive(paths), save_mod.exclusive(paths)
+    first.__enter__()
+    flock, raced = fcntl.flock, []
+
+    def late(fd, op):  # the second save, between its open and its lock: the first ends, a third starts
+        if not raced:
+            raced.append(fd)
+            first.__exit__(None, None, None)
+            then.__enter__()
+        return flock(fd, op)
+
+    monkeypatch.setattr(locks.fcntl, "flock", late)
+    try:
+        with pytest.raises(DockyardError, match="another save of x_1.tar.zst into .* is under way"):
+            with save_mod.exclusive(paths):
+                pass
+    finally:
+        then.__exit__(None, None, None)
+    assert raced and list(locks.private_folder().iterdir()) == []
 
 
 def test_a_save_into_a_shared_folder_writes_through_no_link_planted_there(tmp_path, monkeypatch, settings):
