@@ -69,8 +69,8 @@ case "${1:-}" in
 esac
 [ $# -le 1 ] || die "one archive at a time: sh load.sh ARCHIVE"
 
-field() {  # a value of the manifest's flat "load_sh" block (read only after the sha256 check)
-	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$work/manifest.json"
+field() {  # a value of the manifest's flat "load_sh" block (read only after the sha256 check); $2: another copy
+	sed -n "s/^    \"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "${2:-$work/manifest.json}"
 }
 
 # Whether every image of the manifest is in the engine as saved ("loaded REF ID" for each); `quiet`: without
@@ -147,6 +147,32 @@ case "$name" in
 *) unpack= ;;
 esac
 
+# A load.sh killed outright once docker load could move tags (its folder holds `before`, every tag as it was, written
+# just before docker load) put none back and said nothing; `invoke load` keeps a journal for the same. Said by the next
+# load.sh, once, as `invoke load` says it: a tag moved to the archive's image (from an image of the user's, now
+# untagged or not), or a tag left on another image than the archive's (the check never ran), and how to put it back.
+said_moved() {  # the folder of a killed load.sh, its process id
+	[ -f "$1/before" ] && [ -f "$1/manifest.json" ] || return 0
+	docker info >/dev/null 2>&1 || return 1  # kept for a load.sh that can ask the engine
+	archive=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1/manifest.json")
+	for ref in $( (for pair in $(field check_images "$1/manifest.json"); do echo "${pair%%=*}"; done
+		sed -n 's/^Loaded image: //p' "$1/load.out" 2>/dev/null) | sort -u); do
+		now=$(docker image inspect --format '{{.Id}}' "$ref" 2>/dev/null)
+		was=$(awk -v r="$ref" '$2 == r { print $1; exit }' "$1/before")
+		[ -n "$now" ] && [ "$now" != "$was" ] || continue
+		short=$(printf '%s' "${was#sha256:}" | cut -c1-12)
+		IMAGES=$(for pair in $(field check_images "$1/manifest.json"); do [ "${pair%%=*}" = "$ref" ] && echo "$pair"; done)
+		LAYERS=$(for pair in $(field check_layers "$1/manifest.json"); do [ "${pair%%=*}" = "$ref" ] && echo "$pair"; done)
+		if as_saved quiet >/dev/null; then
+			[ -n "$was" ] || continue
+			kept=$(docker image inspect --format '{{range .RepoTags}}{{.}} {{end}}' "$was" 2>/dev/null | sed 's/ *$//; s/ /, /g')
+			echo "load.sh: replaced tag $ref (the image it named before, $short, ${kept:+still tagged }${kept:-is now untagged}): by a load of $archive killed outright (process $2) before it could say so"
+		else
+			echo "load.sh: warning: $ref names $(printf '%s' "${now#sha256:}" | cut -c1-12), not the image $archive holds: a load of it killed outright (process $2) before its check left it so; it named ${short:-nothing} before. Put it back: $(if [ -n "$was" ]; then echo "docker tag $short $ref"; else echo "docker rmi $ref"; fi)" >&2
+		fi
+	done
+}
+
 # Every file is read once, into a private folder, and checked and used there: a file changed in the shared
 # folder after its check (another writer, an NFS scratch) is never what gets loaded.
 # A load.sh killed outright (kill -9, the OOM killer, a power cut) runs no trap: its copy stayed in TMPDIR for good.
@@ -157,6 +183,7 @@ for old in "${TMPDIR:-/tmp}"/dockyard-load.*; do
 	pid=${pid%%.*}
 	case $pid in '' | *[!0-9]*) continue ;; esac
 	kill -0 "$pid" 2>/dev/null && continue
+	said_moved "$old" "$pid" || continue
 	rm -rf "$old" && echo "load.sh: removed $old, the private copy of a load.sh killed before it could remove it" >&2
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.XXXXXX") || die "cannot make a private folder in ${TMPDIR:-/tmp}"

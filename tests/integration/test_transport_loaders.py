@@ -283,3 +283,52 @@ def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next
         assert image_id(settings, APP) == images["victim"]
     again = run_loader("invoke load", paths)
     assert "killed outright" not in again.stdout + again.stderr  # said once
+
+
+@pytest.mark.parametrize("archive", ["whole", "refused"])
+def test_a_load_sh_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_load_sh(settings, images,
+                                                                                             tmp_path, archive):
+    """The same for `sh load.sh` (a node with only sh and Docker): killed once docker load has moved the archive's
+    tag from the user's image, before its check, it said nothing, and only `invoke load` kept a journal for the next
+    load to read. Its private folder, which the next load.sh removes, holds the tags as they were: the next load.sh
+    says, once, what moved and how to put it back, as `invoke load` does."""
+    import signal
+    import time
+
+    paths = save(APP, tmp_path / "set")
+    if archive == "refused":
+        raw = saved_tar(settings, EVIL, rename={EVIL: APP}, config_as={images["evil"]: images["app"]})
+        reseal(paths, zstd(raw), len(raw))
+        forget(settings, EVIL)
+    forget(settings, APP)
+    docker(settings, "tag", images["victim"], APP)
+    docker(settings, "rmi", VICTIM)
+    client = docker_holding_after_load(settings, tmp_path / "bin")
+    killed = subprocess.Popen(["sh", str(paths.loader), str(paths.archive)], start_new_session=True,
+                              env={**os.environ, "PATH": f"{client.parent}:{os.environ['PATH']}"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (client.parent / "held").exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "the load ended before its check"
+        time.sleep(0.02)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    brought = images["app" if archive == "whole" else "evil"]
+    assert image_id(settings, APP) == brought
+
+    r = run_loader("sh load.sh", paths)
+    victim = images["victim"].removeprefix("sha256:")[:12]
+    if archive == "whole":
+        assert r.returncode == 0, r.stderr
+        assert (f"load.sh: replaced tag {APP} (the image it named before, {victim}, is now untagged): by a load of "
+                f"{paths.archive.name} killed outright (process {killed.pid}) before it could say so") in r.stdout
+        assert "nothing to do" in r.stdout
+    else:
+        assert r.returncode == 1, r.stderr
+        assert (f"load.sh: warning: {APP} names {brought.removeprefix('sha256:')[:12]}, not the image "
+                f"{paths.archive.name} holds: a load of it killed outright (process {killed.pid}) before its check "
+                f"left it so; it named {victim} before. Put it back: docker tag {victim} {APP}") in r.stderr
+        docker(settings, "tag", victim, APP)
+        assert image_id(settings, APP) == images["victim"]
+    again = run_loader("sh load.sh", paths)
+    assert "killed outright" not in again.stdout + again.stderr  # said once
