@@ -57,6 +57,15 @@ class ArchivePaths:
         return [p for suffix in SUFFIXES.values()
                 if (p := self._beside(suffix)) != self.archive and (p.exists() or p.is_symlink())]
 
+    def check_whole(self, missing: str) -> None:
+        """The archive, its .sha256 and .manifest.json each there as a file; `missing` says how to get a set whole."""
+        for p in (self.archive, self.sha256, self.manifest):
+            if p.is_dir():
+                raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
+                                    "(NAME.tar.zst), its .sha256 and .manifest.json beside it")
+            if not p.exists():
+                raise DockyardError(f"{p} is missing: {missing}")
+
     def manifest_bytes(self) -> bytes:
         """The .manifest.json as it is on disk, read as untrusted (bounded: not a pipe, at most MANIFEST_LIMIT)."""
         return read_bounded(self.manifest, MANIFEST_LIMIT, "archive manifest (.manifest.json)")

@@ -427,13 +427,7 @@ def check_set(settings: Settings, paths: ArchivePaths, nothing: str = "nothing w
     """The signature (when configured), the .sha256 and the manifest, each read once, checked against each
     other; returns the manifest. The archive itself is not read: its bytes are checked as they are used. A refusal
     ends with `nothing` (what was not done: `invoke ship` checks the set before copying anything)."""
-    for p in (paths.archive, paths.sha256, paths.manifest):
-        if p.is_dir():
-            raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
-                                "(NAME.tar.zst), its .sha256 and .manifest.json beside it")
-        if not p.exists():
-            raise DockyardError(f"{p} is missing: an archive travels with its .sha256 and .manifest.json "
-                                "(copy all three, or use `invoke ship`)")
+    paths.check_whole("an archive travels with its .sha256 and .manifest.json (copy all three, or use `invoke ship`)")
     raw = paths.manifest_bytes()
     if settings.allowed_signers:
         principal = verify_signature(settings.path(settings.allowed_signers), paths, raw, nothing)

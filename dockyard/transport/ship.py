@@ -48,13 +48,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     Returns the (ref, id) pairs load.sh reported when loading, else [].
     """
     paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
-    for p in (paths.archive, paths.sha256, paths.manifest):
-        if p.is_dir():
-            raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
-                                "(NAME.tar.zst), its .sha256 and .manifest.json beside it")
-        if not p.exists():
-            raise DockyardError(f"{p} is missing: ship an archive written by `invoke save` (it writes the "
-                                ".sha256 and .manifest.json beside it)")
+    paths.check_whole("ship an archive written by `invoke save` (it writes the .sha256 and .manifest.json beside it)")
     r = parse_to(to, port, identity)
     check_identity(identity)
     # what `invoke load` checks before reading the archive: the signature where allowed_signers is set, the .sha256
