@@ -333,6 +333,84 @@ def holds_text(path: Path) -> bool:
     return False
 
 
+# Characters of the data `invoke run` reads to count its examples (examples_in): a step's worth of any real data is
+# far less; past them (a few examples of megabytes each) the count is the trainer's.
+COUNT_LIMIT = 64 << 20
+_MORE_OBJECTS = re.compile(r"}[ \t\r\f\v]*{")  # a second JSON object on the line: `datasets` reads each as a row
+
+
+class _Uncounted(Exception):
+    """The data cannot be counted cheaply here (COUNT_LIMIT read, a line the count cannot read)."""
+
+
+def examples_in(files: list[Path], enough: int) -> int | None:
+    """The examples (rows) the trainer reads from these .jsonl, .json, .csv or .txt files, as many as there are up to
+    `enough` (counting stops there: a file of 50 GB is read no further than a step's worth); None where that is not
+    known cheaply: a .parquet file (the host has no pyarrow), past COUNT_LIMIT characters, a JSON Lines line that
+    opens an array, a .json file of one array past FIRST_LINE_LIMIT bytes. Never fewer than the trainer finds: a line
+    it drops (blank, its example empty) may be counted, one it reads is."""
+    total, left = 0, [COUNT_LIMIT]
+
+    def lines(f: Any) -> Iterator[str]:  # the file's lines (\n, \r\n or \r), within what is left of COUNT_LIMIT
+        while line := f.readline(left[0] + 1):
+            left[0] -= len(line)
+            if left[0] < 0:
+                raise _Uncounted
+            yield line
+
+    try:
+        for path in files:
+            if path.suffix not in (".jsonl", ".json", ".csv", ".txt"):
+                return None
+            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+                for n in _COUNTERS[path.suffix](f, lines(f)):
+                    total += n
+                    if total >= enough:
+                        return total
+    except (_Uncounted, csv.Error, OSError):
+        return None
+    return total
+
+
+def _text_rows(_f: Any, lines: Iterator[str]) -> Iterator[int]:
+    """A .txt file: a row per line holding more than whitespace (`datasets` splits at \n, \r\n and \r)."""
+    return (1 for line in lines if line.strip())
+
+
+def _json_lines_rows(_f: Any, lines: Iterator[str]) -> Iterator[int]:
+    """JSON Lines: a row per JSON object, most often one a line; `{...} {...}` on one line is two rows."""
+    for line in lines:
+        if text := line.strip():
+            if text.startswith("["):  # an array over lines, or of objects on one: not counted here
+                raise _Uncounted
+            yield 1 + len(_MORE_OBJECTS.findall(text))
+
+
+def _json_rows(f: Any, lines: Iterator[str]) -> Iterator[int]:
+    """A .json file: the elements of its one JSON array (or 1, one object), else it is read as JSON Lines."""
+    head = f.read(FIRST_LINE_LIMIT + 1)
+    if len(head) <= FIRST_LINE_LIMIT:
+        try:
+            value = loads(head)
+        except ValueError:
+            value = None
+        if isinstance(value, (list, dict)):
+            yield len(value) if isinstance(value, list) else 1
+            return
+    f.seek(0)
+    yield from _json_lines_rows(f, lines)
+
+
+def _csv_rows(_f: Any, lines: Iterator[str]) -> Iterator[int]:
+    """A .csv file: a row per record after the header that holds a cell of more than whitespace (data.read_csv)."""
+    reader = csv.reader(lines)
+    if next(reader, None):
+        yield from (1 for cells in reader if any(c.strip() for c in cells))
+
+
+_COUNTERS = {".txt": _text_rows, ".jsonl": _json_lines_rows, ".json": _json_rows, ".csv": _csv_rows}
+
+
 def csv_header(path: Path) -> list[str] | None:
     """The column names a .csv file's first line gives (stripped, as the trainer reads them: data.read_csv), None
     where the host cannot tell (an empty first line, a quoted name holding a line break, csv's cell limit): the

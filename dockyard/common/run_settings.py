@@ -783,12 +783,15 @@ def batch_split(global_batch: int | str, micro: int | str, accumulation: int | s
     return Batch(per, processes, micro, accumulation)
 
 
-def check_batch_within_data(global_batch: int, examples: int, packed: bool, processes: int = 1) -> None:
+def check_batch_within_data(global_batch: int, examples: int, packed: bool, processes: int = 1,
+                            at_most: str = "") -> None:
     """A step takes `global_batch` examples; with fewer in the data, each epoch was one step over whatever there was,
     while the run said it trained on global_batch. The batch the error offers splits over the run's `processes` (it
-    offered `at most 1` to a run of 2 processes, which refuses any global_batch that is not a multiple of 2)."""
+    offered `at most 1` to a run of 2 processes, which refuses any global_batch that is not a multiple of 2).
+    `at_most`: said after the count where it is a bound (the host's, before eval_fraction's share is chosen)."""
     if global_batch > examples:
-        what = f"{examples} blocks of max_seq_length tokens (its documents packed)" if packed else f"{examples} examples"
+        what = (f"{examples} blocks of max_seq_length tokens (its documents packed)" if packed
+                else f"{examples} example{'s' * (examples != 1)}{at_most}")
         fix = (f"set global_batch (or per_device_train_batch_size × gradient_accumulation_steps × processes) to at "
                f"most {examples - examples % processes}" if examples >= processes else
                f"each of the run's {processes} processes takes one example a step at least: give fewer processes "

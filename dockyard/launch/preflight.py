@@ -8,8 +8,9 @@ minutes later, inside the container, refused now with the same reason and no eng
   dividing it) as the trainer's autos check them, and an eval_strategy with held-out data to evaluate on (eval_data
   or eval_fraction);
 - the strategy against the host: FSDP without GPUs (the HF Trainer would fall back to DDP; the trainer stops);
-- the inputs against what the trainer reads: a data file of a known type that is not empty (or a folder of them), a
-  model folder with config.json, a hub id that is in the Hugging Face cache (runs are offline);
+- the inputs against what the trainer reads: a data file of a known type that is not empty (or a folder of them)
+  and holds a step's worth of examples (check_enough_examples), a model folder with config.json, a hub id that is
+  in the Hugging Face cache (runs are offline);
 - `--resume` names the run it continues (`--run-id`), and continues it with the recipe it was started with;
 - the runs folder's disk has room for the checkpoints and the model the run writes (check_runs_disk);
 - on GPUs, at least one example fits the smallest of them by the plan's estimate, as the trainer's autos size the
@@ -38,6 +39,7 @@ from dockyard.common.data_files import (
     BUILDERS,
     csv_header,
     data_files_in,
+    examples_in,
     first_format,
     format_of,
     holds_text,
@@ -54,11 +56,13 @@ from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_
 from dockyard.common.run_settings import (
     AUTO,
     TINY_MODEL,
+    Batch,
     RunSettings,
     auto_switch,
     batch_split,
     blame_kept,
     check_autos,
+    check_batch_within_data,
     check_evaluation,
     check_known_overrides,
     check_known_settings,
@@ -153,10 +157,13 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
         resolve_numa_binding(run_settings.numa_binding, None, None)
         check_cpu_training(training)
     liger = auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True
+    # the examples of one optimizer step, all processes' (the autos pick how each process splits its share)
+    batch = batch_split(run_settings.global_batch, *check_autos(training, recipe), processes) if processes else None
     trained = ("", "")  # the training data's format and where it is given
     for key, value, where in inputs.resolved(settings, overrides, data=data, model=model,
                                              recipe_settings=recipe.settings):
         files = check_input(key, value, where, settings, liger)
+        fmt, fields = "", []
         if run_settings.task == "causal_lm" and run_settings.data_format == "auto":
             # the format the data's fields name (a named one: check_overrides), and those fields
             fmt, fields = check_data_fields(files)
@@ -165,6 +172,27 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
                 trained = (fmt, f"{where} {value}")
             if key == "eval_data" and fields and (other := other_format(f"{where} {value}", fields, *trained)):
                 raise other
+        if key == "data" and batch:
+            check_enough_examples(files, run_settings, batch, fmt or format_of(fields), gpus_in_effect)
+
+
+def check_enough_examples(files: list[Path], run_settings: RunSettings, batch: Batch, fmt: str, gpus: bool) -> None:
+    """Data of fewer examples than one optimizer step takes (`batch`), refused in the trainer's words
+    (check_batch_within_data), which it said once the image had started and the data and model were read: counted
+    here up to a step's worth (data_files.examples_in). `fmt`: the format the data's fields name ("": not known here).
+    Left to the trainer where the host cannot count: documents that may be packed into blocks of tokens (packing true,
+    or auto on GPUs for text: autos.resolve_packing), a hub dataset, Parquet, examples of megabytes each."""
+    fmt = fmt or ("text" if any(f.suffix == ".txt" for f in files) else
+                  run_settings.data_format if run_settings.data_format != AUTO else "")
+    packs = run_settings.packing is True or (run_settings.packing == AUTO and gpus and run_settings.task == "causal_lm"
+                                             and run_settings.padding_free is not True and fmt in ("text", ""))
+    held = run_settings.eval_fraction > 0  # the trainer holds out one example or more (data.split)
+    if not files or packs or (counted := examples_in(files, batch.global_batch + held)) is None:
+        return
+    if held and counted < 2:
+        raise DockyardError("eval_fraction needs at least 2 examples")  # data.split's words
+    share = f" at most (of its {counted}, eval_fraction {run_settings.eval_fraction:g} holds out one or more)"
+    check_batch_within_data(batch.global_batch, counted - held, False, batch.processes, share if held else "")
 
 
 def check_model_config(folder: Path, liger: bool) -> None:

@@ -19,6 +19,7 @@ import pytest
 from dockyard import ROOT
 from tests.support.archive_sets import make_set
 from tests.support.cli import invoke_here, short_error
+from tests.support.data import a_step_of
 
 NVML_HOSTS = ROOT / "tests" / "fixtures" / "nvml" / "hosts"
 
@@ -52,7 +53,7 @@ def test_a_data_file_that_is_a_link_to_a_blob_is_read_by_the_name_it_was_given(t
     trainer reads its kind from."""
     blob = tmp_path / "blobs" / ("9f86d081" * 8)
     blob.parent.mkdir()
-    blob.write_text('{"text": "hello"}\n')
+    blob.write_text(a_step_of('{"text": "hello"}'))
     link = tmp_path / "snapshots" / "rev" / "train.jsonl"
     link.parent.mkdir(parents=True)
     link.symlink_to(os.path.relpath(blob, link.parent))
@@ -65,7 +66,7 @@ def test_a_data_file_that_is_a_link_to_a_blob_is_read_by_the_name_it_was_given(t
 
 def test_a_link_whose_own_name_holds_a_colon_is_refused_as_a_mount(tmp_path):
     blob = tmp_path / "blob"
-    blob.write_text('{"text": "hello"}\n')
+    blob.write_text(a_step_of('{"text": "hello"}'))
     link = tmp_path / "a:b.jsonl"
     link.symlink_to(blob)
     short_error(invoke_here("run", "--dry", "--variant=cpu", f"--data={link}",

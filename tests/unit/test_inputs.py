@@ -13,12 +13,13 @@ from dockyard.images import build, variants
 from dockyard.launch import run as launch_run
 from dockyard.train import manifest
 from tests.support.cli import invoke_here, short_error
+from tests.support.data import a_step_of
 
 
 @pytest.fixture
 def files(tmp_path):
     data = tmp_path / "my data.jsonl"
-    data.write_text('{"text": "x"}\n')
+    data.write_text(a_step_of('{"text": "x"}'))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -176,7 +177,7 @@ def test_a_path_holding_a_colon_is_refused_naming_where_it_came_from_before_anyt
     """docker's -v splits on ':' and refused the command `invoke run` printed, after the run folder was made."""
     odd = tmp_path / "a:b"
     odd.mkdir()
-    (odd / "d.jsonl").write_text('{"text": "x"}\n')
+    (odd / "d.jsonl").write_text(a_step_of('{"text": "x"}'))
     data = str(odd / "d.jsonl")
     args, env = [], {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
     if how == "--data":

@@ -18,6 +18,7 @@ import pytest
 from dockyard import ROOT
 from dockyard.common import run_settings
 from tests.support.cli import invoke_here
+from tests.support.data import STEP, a_step_of
 
 
 @pytest.fixture
@@ -99,6 +100,94 @@ def test_inputs_are_checked_against_what_the_trainer_reads(env, tmp_path, model)
     refused(dry(env, "--data=acme/chats"), "`hf download --repo-type dataset acme/chats`")
 
 
+def test_data_of_fewer_examples_than_one_step_is_refused_before_the_image_starts_in_the_trainers_words(
+        env, tmp_path, capsys):
+    """Two examples for a step of 16 (8 per process, 2 CPU processes) passed `--dry`; the run started the image, read
+    the data and the model, and the trainer refused it. The host counts the examples now (as the trainer reads them:
+    two JSON objects on a line, a .txt line ended by \r, a .csv cell over lines) and says the trainer's words."""
+    from dockyard.train.__main__ import main
+
+    two = tmp_path / "two.jsonl"
+    two.write_text('{"text": "ships sail"}\n\n{"text": "at dawn"}\n')
+    says = ("error: global_batch 16: the training data holds 2 examples, fewer than one optimizer step takes; set "
+            "global_batch (or per_device_train_batch_size × gradient_accumulation_steps × processes) to at most 2, or "
+            "give more data")
+    refused(dry(env, f"--data={two}"), says)
+    refused(dry(env, "--native", "--cpu", f"--data={two}"), says)
+    # the trainer (in this process: one process, so the step of two is given)
+    assert main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--data", str(two), "--global_batch",
+                 "16"]) == 1
+    assert says in capsys.readouterr().err, "the trainer's own words"
+    assert dry(env, "--nproc=1", f"--data={two}", "--", "--global_batch", "2").returncode == 0
+    # counted as `datasets` reads them: each counts 3, which a step of 4 needs more than
+    for name, text in (("a.jsonl", '{"text": "a"}\n{"text": "b"} {"text": "c"}\n'),
+                       ("a.txt", "a\rb\r\n\n  \nc"),
+                       ("a.csv", 'text\n"a\n\nb"\n,\nc\nd\n')):
+        (tmp_path / name).write_text(text, newline="")
+        refused(dry(env, f"--data={tmp_path / name}", "--", "--global_batch", "4"), "holds 3 examples, fewer than one")
+        assert dry(env, f"--data={tmp_path / name}", "--", "--global_batch", "2").returncode == 0, name
+    # a folder's files together; a .json file's array
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for n in range(3):
+        (folder / f"{n}.jsonl").write_text(a_step_of('{"text": "x"}')[:STEP * 14 // 4])  # 16 lines each
+    refused(dry(env, f"--data={folder}", "--", "--global_batch", "64"), "holds 48 examples")
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps([{"text": "x"}] * 5))
+    refused(dry(env, f"--data={array}"), "holds 5 examples")
+    # a share held out: at most all but one are trained on
+    refused(dry(env, f"--data={two}", "--", "--eval_fraction", "0.5", "--global_batch", "2"),
+            "holds 1 example at most (of its 2, eval_fraction 0.5 holds out one or more), fewer than one optimizer "
+            "step takes; each of the run's 2 processes takes one example a step at least")
+
+
+def test_the_host_counts_a_step_of_examples_and_no_further(env, tmp_path):
+    """The count stops at a step's worth: a data file of 50 GB (sparse here) is not read to its end, by the count
+    or by any other check of the host; one whose few first examples run on for megabytes is left to the trainer."""
+    import time
+
+    big = tmp_path / "big.jsonl"
+    big.write_text(a_step_of('{"text": "ships sail"}'))
+    with big.open("r+b") as f:
+        f.truncate(50 << 30)
+    began = time.monotonic()
+    assert dry(env, f"--data={big}").returncode == 0
+    few = tmp_path / "few.jsonl"
+    few.write_text('{"text": "ships sail"}\n{"text": "' + "x" * 1000)
+    with few.open("r+b") as f:
+        f.truncate(50 << 30)
+    assert dry(env, f"--data={few}").returncode == 0, "not counted: the trainer's to say"
+    assert time.monotonic() - began < 30
+
+
+def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(tmp_path):
+    """Documents the trainer may pack into blocks of tokens (packing true, or auto on GPUs for text) are as many
+    examples as their tokens make, which the host does not know: not counted there."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+    from dockyard.common.run_settings import batch_split, resolve_settings
+    from dockyard.launch.preflight import check_enough_examples
+
+    two = tmp_path / "two.jsonl"
+    two.write_text('{"text": "a"}\n{"text": "b"}\n')
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": []}\n')
+    recipe = load_recipe("ddp")
+    batch = batch_split("auto", "auto", "auto", 2)
+
+    def check(files, fmt, gpus, **given):
+        check_enough_examples(files, resolve_settings(recipe, given)[0], batch, fmt, gpus)
+
+    check([two], "text", gpus=True)  # packing auto on GPUs: joined into blocks
+    check([two], "", gpus=True)
+    check([two], "text", gpus=False, packing=True)
+    for files, fmt, gpus, given in (([two], "text", False, {}), ([chat], "messages", True, {}),
+                                    ([two], "text", True, {"packing": False}),
+                                    ([two], "text", True, {"padding_free": True})):
+        with pytest.raises(DockyardError, match="global_batch 16: the training data holds"):
+            check(files, fmt, gpus, **given)
+
+
 def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
     """`--data=empty.jsonl` (a file saved before it was written) was accepted by `--dry` and by `invoke run`, which
     started the container and loaded the model before the trainer said the file held no examples."""
@@ -110,9 +199,9 @@ def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path)
     folder.mkdir()
     (folder / "a.jsonl").write_text("")
     refused(dry(env, f"--data={folder}"), "holds no examples (its files are empty)")
-    (folder / "b.jsonl").write_text('{"text": "x"}\n')
+    (folder / "b.jsonl").write_text(a_step_of('{"text": "x"}'))
     assert dry(env, f"--data={folder}").returncode == 0
-    empty.write_text('{"text": "x"}\n')
+    empty.write_text(a_step_of('{"text": "x"}'))
     assert dry(env, f"--data={empty}").returncode == 0
 
 
@@ -595,7 +684,7 @@ def test_data_whose_first_example_names_no_format_is_refused_before_the_image_st
     import json
 
     qa = tmp_path / "qa.jsonl"
-    qa.write_text("\n" + json.dumps({"question": "2+2?", "answer": "4", "id": None}) + "\n")
+    qa.write_text("\n" + a_step_of(json.dumps({"question": "2+2?", "answer": "4", "id": None})))
     refused(dry(env, f"--data={qa}"), f"{qa}: cannot tell the data format from its fields (answer, question); rename "
                                       "them to one of messages (messages); sharegpt (conversations); alpaca ")
     folder = tmp_path / "folder"
@@ -604,7 +693,7 @@ def test_data_whose_first_example_names_no_format_is_refused_before_the_image_st
     (folder / "b.jsonl").write_text('["not", "an object"]\n')
     # every file's first line is read (a folder is one format): the second file's too
     refused(dry(env, f"--data={folder}"), f"cannot read {folder / 'b.jsonl'}:1: an array, not an object")
-    (folder / "b.jsonl").write_text('{"text": "fine too"}\n["not", "an object"]\n')
+    (folder / "b.jsonl").write_text(a_step_of('{"text": "fine too"}', '["not", "an object"]'))
     assert dry(env, f"--data={folder}").returncode == 0, "its first lines name the format; the trainer reads the rest"
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "cut short\n')
@@ -648,7 +737,7 @@ def test_eval_data_in_another_format_than_the_training_data_is_refused_before_th
     trainer refused it in the container: "example 1 lacks prompt, completion". Its first example says it now, on
     the host; held-out rows that have the training format's fields (and others) are that format's."""
     train, held = tmp_path / "train.jsonl", tmp_path / "held.csv"
-    train.write_text('{"prompt": "Which port?", "completion": " Bergen"}\n')
+    train.write_text(a_step_of('{"prompt": "Which port?", "completion": " Bergen"}'))
     held.write_text("text\nShips leave Bergen at dawn.\n")
     refused(dry(env, f"--data={train}", "--", "--eval_data", str(held)),
             f"-- --eval_data {held}: its first example is in the text format (text), and held-out examples must be in "
@@ -671,7 +760,7 @@ def test_data_given_by_a_link_to_a_file_without_a_suffix_is_read_on_the_host(env
     link = tmp_path / "train.jsonl"
     link.symlink_to(blob)
     refused(dry(env, f"--data={link}"), f"{link}: cannot tell the data format from its fields (answer, question)")
-    blob.write_text('{"prompt": "Which port?", "completion": " Bergen"}\n')
+    blob.write_text(a_step_of('{"prompt": "Which port?", "completion": " Bergen"}'))
     assert dry(env, f"--data={link}").returncode == 0
 
 
@@ -713,7 +802,7 @@ def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_sta
     for header, row in (("\ufeffprompt,completion", "2+2?,4"), ('"prompt", completion', "2+2?,4"),
                         ("id,prompt,completion", "7,2+2?,4")):
         fine = tmp_path / "fine.csv"
-        fine.write_text(f"{header}\n{row}\n", encoding="utf-8")
+        fine.write_text(f"{header}\n" + a_step_of(row), encoding="utf-8")
         assert dry(env, f"--data={fine}").returncode == 0, header
     folder = tmp_path / "folder"
     folder.mkdir()
@@ -825,7 +914,7 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
     folder = tmp_path / "fold"
     (folder / "sub").mkdir(parents=True)
     for name in ("a.jsonl", "B.JSONL", "sub/d.jsonl"):
-        (folder / name).write_text('{"text": "ships sail"}\n')
+        (folder / name).write_text(a_step_of('{"text": "ships sail"}'))
     (folder / "c.jsonl.gz").write_bytes(b"\x1f\x8b")
     (folder / ".old.jsonl").write_text('{"text": "hidden"}\n')
     r = dry(env, f"--data={folder}")
@@ -841,7 +930,7 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(env, tmp_path):
 def test_a_json_lines_file_that_starts_with_a_byte_order_mark_passes_as_the_trainer_reads_it(env, tmp_path):
     """Windows editors save UTF-8 with a BOM: `--dry` refused the file ("Unexpected UTF-8 BOM"), the trainer read it."""
     f = tmp_path / "bom.jsonl"
-    f.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ships sail"}\n')
+    f.write_bytes(b"\xef\xbb\xbf" + a_step_of('{"text": "ships sail"}').encode())
     assert dry(env, f"--data={f}").returncode == 0
 
 
@@ -851,7 +940,7 @@ def test_a_resume_in_a_container_asks_for_the_inputs_it_mounted_with_the_whole_c
     The host now says what to give again, before anything starts; given, the resume goes on."""
     data = tmp_path / "my data" / "chat.jsonl"
     data.parent.mkdir()
-    data.write_text('{"text": "ships sail"}\n')
+    data.write_text(a_step_of('{"text": "ships sail"}'))
     folder = _finished_run(tmp_path / "runs", "c1", "ddp")
     m = json.loads((folder / "manifest.json").read_text())
     m["variant"] = "cpu"
@@ -874,7 +963,7 @@ def test_a_node_resumed_after_it_was_lost_is_not_given_another_nodes_inputs_as_i
 
     data = tmp_path / "node1" / "chat.jsonl"
     data.parent.mkdir()
-    data.write_text('{"text": "ships sail"}\n')
+    data.write_text(a_step_of('{"text": "ships sail"}'))
     folder = _finished_run(tmp_path / "runs", "m1", "ddp")
     m = json.loads((folder / "manifest.json").read_text())
     m |= {"variant": "cpu", "status": "failed", "nodes": 2, "node_rank": 1, "world_size": 4,
@@ -923,10 +1012,10 @@ def test_a_data_folder_of_two_formats_is_refused_by_the_host_and_by_the_trainer(
     refused(dry(env, f"--data={folder}"), says)
     with pytest.raises(DockyardError, match=re.escape(says)):
         data.read_rows(folder)
-    (folder / "alpaca.jsonl").write_text('{"messages": [{"role": "user", "content": "2+2?"}, '
-                                         '{"role": "assistant", "content": "4"}]}\n')
+    (folder / "alpaca.jsonl").write_text(a_step_of('{"messages": [{"role": "user", "content": "2+2?"}, '
+                                                   '{"role": "assistant", "content": "4"}]}'))
     assert dry(env, f"--data={folder}").returncode == 0
-    assert len(data.read_rows(folder)) == 2
+    assert len(data.read_rows(folder)) == 1 + STEP
 
 
 @pytest.mark.parametrize("name", ["slurm", "k8s"])
@@ -1062,7 +1151,7 @@ def test_a_native_run_gets_the_model_and_data_settings_as_a_run_in_the_image_doe
     model.mkdir()
     (model / "config.json").write_text((run_settings.TINY_MODEL / "config.json").read_text())
     data = tmp_path / "d.jsonl"
-    data.write_text('{"text": "ships sail"}\n')
+    data.write_text(a_step_of('{"text": "ships sail"}'))
     r = invoke_here("run", "--dry", "--native", env={**env, "INVOKE_DOCKYARD_MODEL": str(model),
                                                      "INVOKE_DOCKYARD_DATA": str(data)})
     assert r.returncode == 0, r.stderr
@@ -1078,7 +1167,7 @@ def test_an_input_path_holding_a_control_character_is_refused_natively_too(env, 
     """`invoke run --native --data=<a name with ESC[31m>` was taken and printed raw (the terminal turned red); a run
     in the image refused it. Each way it is given (flag, override) is refused, naming it."""
     data = tmp_path / "a\x1b[31mred.jsonl"
-    data.write_text('{"text": "ships sail"}\n')
+    data.write_text(a_step_of('{"text": "ships sail"}'))
     flags = ["--native", "--cpu"] if native else []
     refused(dry(env, *flags, f"--data={data}"), "--data '" + str(tmp_path) + "/a\\x1b[31mred.jsonl': holds the control "
             "character '\\x1b'")

@@ -20,6 +20,7 @@ import pytest
 
 from dockyard.common.errors import DockyardError
 from dockyard.launch import slurm
+from tests.support.data import a_step_of
 
 SCONTROL = """#!/bin/sh
 case "$2" in
@@ -350,7 +351,7 @@ def test_an_input_given_after_the_dashes_is_the_file_it_names_where_invoke_slurm
     node trained on the checkout's data/ (its sample, for data/sample.jsonl), not the user's file; a path that names
     nothing was written into the script, to fail on every node once the job had waited in the queue."""
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "sample.jsonl").write_text('{"text": "mine"}\n')
+    (tmp_path / "data" / "sample.jsonl").write_text(a_step_of('{"text": "mine"}'))
     monkeypatch.chdir(tmp_path)
     text = slurm.script(settings, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu",
                         overrides=["--data=data/sample.jsonl", "--max_steps", "5"])
@@ -399,13 +400,13 @@ def test_the_data_and_model_settings_are_checked_and_written_into_the_script_for
     runtime's script named it nowhere: its nodes read the setting from the job's environment, where it may not be
     (they trained on the sample), and a setting naming nothing was written into the script, to fail on every node."""
     data = tmp_path / "mine.jsonl"
-    data.write_text('{"text": "mine"}\n')
+    data.write_text(a_step_of('{"text": "mine"}'))
     with_data = settings.model_copy(update={"data": str(data)})
     text = slurm.script(with_data, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--max_steps", "5"])
     assert f"-- --max_steps 5 --data {data} \"${{@:n+2}}\"" in text, text
     # an override still wins over the setting, as in `invoke run`
     other = tmp_path / "other.jsonl"
-    other.write_text('{"text": "other"}\n')
+    other.write_text(a_step_of('{"text": "other"}'))
     text = slurm.script(with_data, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=["--data", str(other)])
     assert f"-- --data {other} \"${{@:n+2}}\"" in text and str(data) not in text
     with pytest.raises(DockyardError, match=f"setting data {tmp_path}/nowhere.jsonl: no such file or folder"):

@@ -456,7 +456,7 @@ def test_the_global_batch_a_too_small_data_set_is_offered_splits_over_the_runs_p
 
     with pytest.raises(DockyardError, match=r"holds 15 examples, .* to at most 14, or give more data"):
         check_batch_within_data(16, 15, False, processes=2)
-    with pytest.raises(DockyardError, match=r"holds 1 examples, .*each of the run's 2 processes takes one example a "
+    with pytest.raises(DockyardError, match=r"holds 1 example, .*each of the run's 2 processes takes one example a "
                                             r"step at least: give fewer processes \(--nproc\), or give more data"):
         check_batch_within_data(2, 1, False, processes=2)
     check_batch_within_data(16, 16, False, processes=2)
