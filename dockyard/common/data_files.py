@@ -116,6 +116,39 @@ def not_an_object(line: str) -> str:
     return f"{'null' if value is None else kind}, not an object; each line must be one JSON object"
 
 
+def not_examples(path: Path) -> str:
+    """The refusal of a JSON (or JSON Lines) file that is one JSON array of something else than examples (objects),
+    "" where it is no array or one of objects: `datasets` read ["a", "b"] as rows of a field `text` that the file never
+    names, and trained on them (a list of file names or ids, as documents); [1, 2] the same, refused by the trainer as
+    "example 1's text is int"; and [null, {...}] crashed the process (SIGSEGV, no word of the file). Read whole up to
+    FIRST_LINE_LIMIT bytes; a larger file, by its first element."""
+    with open(path, "rb") as f:
+        head = f.read(FIRST_LINE_LIMIT + 1)
+    text = head.decode("utf-8-sig", errors="replace").lstrip()
+    if not text.startswith("["):
+        return ""
+    try:
+        items = (loads(text) if len(head) <= FIRST_LINE_LIMIT else
+                 [json.JSONDecoder().raw_decode(text[1:].lstrip())[0]])
+    except (ValueError, RecursionError):  # not one JSON value: its own refusal says why
+        return ""
+    if path.suffix == ".jsonl" and isinstance(items, list):  # `datasets` reads it as one array, as a .json file's
+        return "" if items and all(isinstance(v, dict) for v in items) else \
+            f"cannot read {path}:1: an array, not an object; each line must be one JSON object"
+    if items == []:  # `datasets`: 'Instruction "train" corresponds to no data!'
+        return f"cannot read {path}: an empty JSON array, which holds no examples: give the data your examples are in"
+    n, item = next(((n, v) for n, v in enumerate(items, 1) if not isinstance(v, dict)), (0, None)) \
+        if isinstance(items, list) else (0, None)
+    if not n:
+        return ""
+    said = json.dumps(item)
+    kind = "null" if item is None else {list: "an array", str: "a string", bool: "true or false"}.get(
+        type(item), "a number") + f" ({said[:60]}{'...' if len(said) > 60 else ''})"
+    return (f"cannot read {path}: element {n} of its JSON array is {kind}, not an example; each example is an object "
+            'whose fields name its format, e.g. {"text": "..."} for a document (a list of file names or ids is not '
+            "data: give the data files, or their folder) (docs/data.md)")
+
+
 def first_example(path: Path) -> tuple[int, dict[str, Any]] | None:
     """(its line, 0 in a .json file's array, and) a JSON Lines file's first example, as the trainer finds the format from
     it; a first line that is not a JSON object is refused as the trainer would refuse it. None for a file with no

@@ -45,6 +45,7 @@ from dockyard.common.data_files import (
     holds_text,
     left_out,
     mixed_formats,
+    not_examples,
     other_format,
     saved_by_datasets,
     unknown_format,
@@ -173,13 +174,16 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
             if key == "eval_data" and fields and (other := other_format(f"{where} {value}", fields, *trained)):
                 raise other
         if key == "data" and batch:
-            check_enough_examples(files, run_settings, batch, fmt or format_of(fields), gpus_in_effect)
+            check_enough_examples(f"{where} {value}", files, run_settings, batch, fmt or format_of(fields),
+                                  gpus_in_effect)
 
 
-def check_enough_examples(files: list[Path], run_settings: RunSettings, batch: Batch, fmt: str, gpus: bool) -> None:
+def check_enough_examples(given: str, files: list[Path], run_settings: RunSettings, batch: Batch, fmt: str,
+                          gpus: bool) -> None:
     """Data of fewer examples than one optimizer step takes (`batch`), refused in the trainer's words
     (check_batch_within_data), which it said once the image had started and the data and model were read: counted
-    here up to a step's worth (data_files.examples_in). `fmt`: the format the data's fields name ("": not known here).
+    here up to a step's worth (data_files.examples_in); none at all (a .csv header alone) said as that. `given`: the
+    data as given (`--data PATH`); `fmt`: the format the data's fields name ("": not known here).
     Left to the trainer where the host cannot count: documents that may be packed into blocks of tokens (packing true,
     or auto on GPUs for text: autos.resolve_packing), a hub dataset, Parquet, examples of megabytes each."""
     fmt = fmt or ("text" if any(f.suffix == ".txt" for f in files) else
@@ -189,6 +193,9 @@ def check_enough_examples(files: list[Path], run_settings: RunSettings, batch: B
     held = run_settings.eval_fraction > 0  # the trainer holds out one example or more (data.split)
     if not files or packs or (counted := examples_in(files, batch.global_batch + held)) is None:
         return
+    if not counted:
+        raise DockyardError(f"{given}: holds no examples (only a header, or blank rows): give the data your examples "
+                            "are in (formats: docs/data.md)")
     if held and counted < 2:
         raise DockyardError("eval_fraction needs at least 2 examples")  # data.split's words
     share = f" at most (of its {counted}, eval_fraction {run_settings.eval_fraction:g} holds out one or more)"
@@ -446,6 +453,9 @@ def check_input(key: str, value: str, where: str, settings: Settings, liger: boo
             print(f"warning: {where} {value}: not read (only {', '.join(BUILDERS)} files not hidden are data): "
                   f"{', '.join(skipped[:10])}" + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""),
                   file=sys.stderr)
+    if said := next((said for f in files if f.suffix in (".json", ".jsonl") and (said := readable(f, not_examples))),
+                    ""):
+        raise DockyardError(said)
     if files and not any(readable(f, holds_text) for f in files):
         empty = "the file is empty" if path.is_file() else "its files are empty"
         raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "

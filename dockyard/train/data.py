@@ -48,6 +48,7 @@ from dockyard.common.data_files import (
     left_out,
     mixed_formats,
     not_an_object,
+    not_examples,
     not_utf8,
     other_format,
     parquet_decoded,
@@ -327,13 +328,16 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         try:
             where = too_deep(Path(f)) if Path(f).suffix != ".parquet" else ""
             null = "" if where or Path(f).suffix == ".parquet" else _null_first(Path(f))
-            wide = [] if where or null else too_wide(Path(f))
+            odd = "" if where or null or Path(f).suffix == ".parquet" else not_examples(Path(f))
+            wide = [] if where or null or odd else too_wide(Path(f))
         except OSError as e:
             raise DockyardError(f"cannot read {f}: {e.strerror or e}") from None
         if where:
             raise DockyardError(f"cannot read {where}: {NESTED}")
         if null:
             raise DockyardError(f"cannot read {null}: null, not an object; each line must be one JSON object")
+        if odd:
+            raise DockyardError(odd)
         if wide:
             raise too_many_fields(f, wide)
     if parquet := [Path(f) for f in given if Path(f).suffix == ".parquet"]:

@@ -132,6 +132,9 @@ def test_data_of_fewer_examples_than_one_step_is_refused_before_the_image_starts
     for n in range(3):
         (folder / f"{n}.jsonl").write_text(a_step_of('{"text": "x"}')[:STEP * 14 // 4])  # 16 lines each
     refused(dry(env, f"--data={folder}", "--", "--global_batch", "64"), "holds 48 examples")
+    header = tmp_path / "header.csv"
+    header.write_text("prompt,completion\n,\n")
+    refused(dry(env, f"--data={header}"), f"--data {header}: holds no examples (only a header, or blank rows)")
     array = tmp_path / "array.json"
     array.write_text(json.dumps([{"text": "x"}] * 5))
     refused(dry(env, f"--data={array}"), "holds 5 examples")
@@ -176,7 +179,7 @@ def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(
     batch = batch_split("auto", "auto", "auto", 2)
 
     def check(files, fmt, gpus, **given):
-        check_enough_examples(files, resolve_settings(recipe, given)[0], batch, fmt, gpus)
+        check_enough_examples("--data X", files, resolve_settings(recipe, given)[0], batch, fmt, gpus)
 
     check([two], "text", gpus=True)  # packing auto on GPUs: joined into blocks
     check([two], "", gpus=True)
@@ -186,6 +189,42 @@ def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(
                                     ([two], "text", True, {"padding_free": True})):
         with pytest.raises(DockyardError, match="global_batch 16: the training data holds"):
             check(files, fmt, gpus, **given)
+
+
+@pytest.mark.parametrize("array, said", [
+    (["train-1.jsonl", "train-2.jsonl"], 'element 1 of its JSON array is a string ("train-1.jsonl"), not an example'),
+    ([17, 42], "element 1 of its JSON array is a number (17), not an example"),
+    ([None, {"text": "ships sail"}], "element 1 of its JSON array is null, not an example"),
+    ([{"text": "ships sail"}, "at dawn"], 'element 2 of its JSON array is a string ("at dawn"), not an example'),
+    ([], "an empty JSON array, which holds no examples"),
+])
+def test_a_json_array_of_other_things_than_examples_is_refused_by_the_host_and_the_trainer(env, tmp_path, array, said):
+    """`datasets` read a .json file of ["a", "b"] as rows of a field `text` the file never names: a list of file names
+    (or ids) passed `--dry` and was trained on as documents. [17, 42] was refused in the container as "example 1's text
+    is int"; [null, {...}] crashed the trainer (SIGSEGV, no word of the file); [] was 'Instruction "train" corresponds
+    to no data!'. Each is said now, by the host (whatever the task) and the trainer, with what an example is."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.train import data
+
+    f = tmp_path / "data.json"
+    f.write_text(json.dumps(array * (STEP if array and isinstance(array[0], str) else 1)))
+    refused(dry(env, f"--data={f}"), f"error: cannot read {f}: {said}")
+    refused(dry(env, f"--data={f}", "--", "--task", "seq_cls"), said)
+    with pytest.raises(DockyardError, match=re.escape(f"cannot read {f}: {said}")):
+        data.read_rows(f)
+    if array:
+        assert 'each example is an object whose fields name its format, e.g. {"text": "..."}' in dry(
+            env, f"--data={f}").stderr
+    f.write_text(json.dumps([{"text": "ships sail"}] * STEP))
+    assert dry(env, f"--data={f}").returncode == 0
+    if array:  # one array in a .jsonl file: `datasets` reads it so too (its first line was checked for causal_lm only)
+        lines = tmp_path / "data.jsonl"
+        lines.write_text(json.dumps(array) + "\n")
+        if not isinstance(array[0], dict):
+            refused(dry(env, f"--data={lines}", "--", "--task", "seq_cls"), f"cannot read {lines}:1: an array, not "
+                    "an object; each line must be one JSON object")
+            with pytest.raises(DockyardError, match="an array, not an object"):
+                data.read_rows(lines)
 
 
 def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
