@@ -1,5 +1,6 @@
 """What the trainer reads as data, known to the host too (`invoke run --dry` checks inputs as the trainer will)."""
 
+import collections
 import csv
 import io
 import json
@@ -458,7 +459,19 @@ def csv_header(path: Path) -> list[str] | None:
         names = next(csv.reader(io.StringIO(head)), None)
     except csv.Error:
         return None
-    return sorted(n.strip() for n in names if n.strip()) if names else None
+    if not names:
+        return None
+    if said := named_twice(path, [n.strip() for n in names]):
+        raise DockyardError(said)
+    return sorted(n.strip() for n in names if n.strip())
+
+
+def named_twice(path: Path, names: list[str]) -> str:
+    """The refusal of a .csv header (its names stripped) that names a column twice (a row kept the last one's cell,
+    unsaid), or "". A column of no name is none: a spreadsheet's trailing empty columns (`text,,`), pandas' index
+    (`,text`), whose cells are no field (data.read_csv); two of them were "the header names  twice"."""
+    twice = sorted(n for n, times in collections.Counter(n for n in names if n).items() if times > 1)
+    return f"{path}:1: the header names {', '.join(twice)} twice: name each column once" if twice else ""
 
 
 def mixed_formats(files: list[Path]) -> DockyardError | None:

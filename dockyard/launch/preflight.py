@@ -456,6 +456,8 @@ def check_input(key: str, value: str, where: str, settings: Settings, liger: boo
     if said := next((said for f in files if f.suffix in (".json", ".jsonl") and (said := readable(f, not_examples))),
                     ""):
         raise DockyardError(said)
+    for f in (f for f in files if f.suffix == ".csv"):  # its header (a column named twice), whatever the task
+        readable(f, csv_header)
     if files and not any(readable(f, holds_text) for f in files):
         empty = "the file is empty" if path.is_file() else "its files are empty"
         raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "

@@ -16,7 +16,6 @@ rows (or named with the `data_format` setting):
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import csv
 import json
@@ -47,6 +46,7 @@ from dockyard.common.data_files import (
     holds_text,
     left_out,
     mixed_formats,
+    named_twice,
     not_an_object,
     not_examples,
     not_utf8,
@@ -254,9 +254,8 @@ def read_csv(files: list[Path]) -> list[dict[str, Any]]:
                 if not names:
                     continue
                 names = [n.strip() for n in names]  # `prompt, completion`: the space is no part of the name
-                # a dict keeps the last, unsaid (counted once: names.count per column took minutes for 400k)
-                if twice := sorted(n for n, times in collections.Counter(names).items() if times > 1):
-                    raise DockyardError(f"{f}:1: the header names {', '.join(twice)} twice: name each column once")
+                if twice := named_twice(f, names):  # a dict keeps the last, unsaid
+                    raise DockyardError(twice)
                 if header and sorted(names) != sorted(header):
                     raise DockyardError(f"{f} has the fields {','.join(names)} but {files[0].name} has "
                                         f"{','.join(header)}: keep one kind of row per folder")
@@ -275,7 +274,7 @@ def read_csv(files: list[Path]) -> list[dict[str, Any]]:
                             f"{f}:{reader.line_num}: {len(cells)} cells, but the header names {len(names)} "
                             f"({','.join(names)}): put a cell that holds a comma (or a line break) in double quotes, "
                             'as in "Where is it, exactly?",Bergen')
-                    rows.append({k: v for k, v in zip(names, cells, strict=True) if v != ""})
+                    rows.append({k: v for k, v in zip(names, cells, strict=True) if v != "" and k})  # k "": no field
         except UnicodeDecodeError as e:
             if said := another_kind(f):
                 raise DockyardError(said) from None

@@ -843,6 +843,14 @@ def test_a_csv_file_whose_header_names_no_format_is_refused_before_the_image_sta
         fine = tmp_path / "fine.csv"
         fine.write_text(f"{header}\n" + a_step_of(row), encoding="utf-8")
         assert dry(env, f"--data={fine}").returncode == 0, header
+    # a name twice, whatever the task (the trainer's words); columns of no name (`text,,`, pandas' index) are none
+    twice = tmp_path / "twice.csv"
+    twice.write_text("text,label,text\n" + a_step_of("a,1,b"))
+    for task in ("causal_lm", "seq_cls"):
+        refused(dry(env, f"--data={twice}", "--", "--task", task), f"{twice}:1: the header names text twice: name "
+                "each column once")
+    twice.write_text("text,label,,\n" + a_step_of("a,1,,"))
+    assert dry(env, f"--data={twice}", "--", "--task", "seq_cls").returncode == 0
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "a.csv").write_text("prompt,completion\nQ,A\n")

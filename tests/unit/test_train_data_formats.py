@@ -656,6 +656,19 @@ def test_a_csv_header_with_spaces_a_name_twice_or_a_quote_left_open_is_said_as_i
         data.read_csv([open_quote])
 
 
+def test_columns_a_csv_header_names_nothing_are_no_fields_and_no_name_given_twice(tmp_path):
+    """Red-team pass: a spreadsheet's .csv of `text,,` (two trailing empty columns) passed `--dry` and the trainer
+    refused it as "the header names  twice: name each column once", naming nothing; `text,` was read. pandas'
+    to_csv writes its index as a column of no name (`,text`), read as a field "" beside text. A column of no name is
+    no field now, however many there are."""
+    trailing = tmp_path / "trailing.csv"
+    trailing.write_text("text,,\nships sail,,\nat dawn,,\n")
+    assert data.read_csv([trailing]) == [{"text": "ships sail"}, {"text": "at dawn"}]
+    index = tmp_path / "index.csv"
+    index.write_text(",text\n0,ships sail\n1,at dawn\n")
+    assert data.read_csv([index]) == [{"text": "ships sail"}, {"text": "at dawn"}]
+
+
 def test_a_csv_header_of_many_columns_is_read_not_hung_on(tmp_path):
     """The tenth red-team pass: the check for a name given twice counted each name over the whole header, 400,000
     columns (19 MB) took half an hour in every process, silently. 100,000 took minutes; now well under a second."""
