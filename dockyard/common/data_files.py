@@ -359,11 +359,15 @@ def _nests_past(data: bytes) -> bool:
 
 
 def holds_text(path: Path) -> bool:
-    """Whether a data file holds anything but whitespace, read only up to its first other byte."""
+    """Whether a data file holds anything but whitespace (and a byte order mark before it), read only up to its first
+    other byte. A BOM and a blank line passed as text, and `datasets` said 'Instruction "train" corresponds to no
+    data!'."""
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 16):
+        chunk = f.read(1 << 16).removeprefix(b"\xef\xbb\xbf")
+        while chunk:
             if chunk.strip():
                 return True
+            chunk = f.read(1 << 16)
     return False
 
 

@@ -194,7 +194,7 @@ def check_enough_examples(given: str, files: list[Path], run_settings: RunSettin
     if not files or packs or (counted := examples_in(files, batch.global_batch + held)) is None:
         return
     if not counted:
-        raise DockyardError(f"{given}: holds no examples (only a header, or blank rows): give the data your examples "
+        raise DockyardError(f"{given}: holds no examples (a header, or blank lines, alone): give the data your examples "
                             "are in (formats: docs/data.md)")
     if held and counted < 2:
         raise DockyardError("eval_fraction needs at least 2 examples")  # data.split's words

@@ -134,7 +134,7 @@ def test_data_of_fewer_examples_than_one_step_is_refused_before_the_image_starts
     refused(dry(env, f"--data={folder}", "--", "--global_batch", "64"), "holds 48 examples")
     header = tmp_path / "header.csv"
     header.write_text("prompt,completion\n,\n")
-    refused(dry(env, f"--data={header}"), f"--data {header}: holds no examples (only a header, or blank rows)")
+    refused(dry(env, f"--data={header}"), f"--data {header}: holds no examples (a header, or blank lines, alone)")
     array = tmp_path / "array.json"
     array.write_text(json.dumps([{"text": "x"}] * 5))
     refused(dry(env, f"--data={array}"), "holds 5 examples")
@@ -230,9 +230,19 @@ def test_a_json_array_of_other_things_than_examples_is_refused_by_the_host_and_t
 def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
     """`--data=empty.jsonl` (a file saved before it was written) was accepted by `--dry` and by `invoke run`, which
     started the container and loaded the model before the trainer said the file held no examples."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.train import data
+
     empty = tmp_path / "chat.jsonl"
     empty.write_text("\n  \n")
     refused(dry(env, f"--data={empty}"), f"--data {empty}: holds no examples (the file is empty)")
+    # a byte order mark alone (an editor's empty file saved as UTF-8 with one): the trainer said 'Instruction "train"
+    # corresponds to no data!'
+    empty.write_bytes(b"\xef\xbb\xbf\n")
+    refused(dry(env, f"--data={empty}"), f"--data {empty}: holds no examples (the file is empty)")
+    with pytest.raises(DockyardError, match=re.escape(f"{empty} holds no examples (the file is empty)")):
+        data.read_rows(empty)
+    empty.write_text("\n  \n")
     refused(dry(env, "--", "--eval_data", str(empty), "--eval_steps", "2"), "holds no examples")
     folder = tmp_path / "shards"
     folder.mkdir()
