@@ -108,9 +108,11 @@ def not_an_object(line: str) -> str:
     if raw.count(b"[") + raw.count(b"{") > NESTING_LIMIT and _nests_past(raw):
         return NESTED
     try:
-        value = loads(line.rstrip("\r\n")) if line.strip() else {}
+        value = loads(line.rstrip("\r\n"), object_pairs_hook=_once) if line.strip() else {}
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
+    except _Twice as e:  # `datasets`: "JSON parse error: Column(/text) was specified twice in row 0"
+        return f"names the field {e.args[0]} twice in one object: name each field once"
     if isinstance(value, dict):
         return ""
     kind = {list: "an array", str: "a string", bool: "true or false"}.get(type(value), "a number")
@@ -148,6 +150,19 @@ def not_examples(path: Path) -> str:
     return (f"cannot read {path}: element {n} of its JSON array is {kind}, not an example; each example is an object "
             'whose fields name its format, e.g. {"text": "..."} for a document (a list of file names or ids is not '
             "data: give the data files, or their folder) (docs/data.md)")
+
+
+class _Twice(Exception):
+    """A JSON object that names a field twice (json keeps the last one's value, pyarrow refuses the file)."""
+
+
+def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
 
 
 def first_example(path: Path) -> tuple[int, dict[str, Any]] | None:

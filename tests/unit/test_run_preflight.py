@@ -227,6 +227,29 @@ def test_a_json_array_of_other_things_than_examples_is_refused_by_the_host_and_t
                 data.read_rows(lines)
 
 
+def test_a_json_line_that_names_a_field_twice_is_said_by_its_line(env, tmp_path):
+    """Red-team pass: `{"text": "a", "text": "b"}` passed `--dry` (Python's json keeps the last) and the trainer said
+    pyarrow's "JSON parse error: Column(/text) was specified twice in row 0"; on a later line, "in row 1" for line 2.
+    One line of a chat whose turn named `content` twice was read as two rows of a turn each, unsaid. The host says
+    the first line, the trainer any line, by its number."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.train import data
+
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"text": "a", "text": "b"}\n' + a_step_of('{"text": "c"}'))
+    said = f"cannot read {twice}:1: names the field text twice in one object: name each field once"
+    refused(dry(env, f"--data={twice}"), said)
+    with pytest.raises(DockyardError, match=re.escape(said)):
+        data.read_rows(twice)
+    twice.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "c", "completion": "d", "completion": "e"}\n')
+    with pytest.raises(DockyardError, match=re.escape(f"{twice}:2: names the field completion twice in one object")):
+        data.read_rows(twice)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "a", "content": "b"}, '
+                    '{"role": "assistant", "content": "c"}]}\n')
+    refused(dry(env, f"--data={chat}"), f"{chat}:1: names the field content twice in one object")
+
+
 def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
     """`--data=empty.jsonl` (a file saved before it was written) was accepted by `--dry` and by `invoke run`, which
     started the container and loaded the model before the trainer said the file held no examples."""
