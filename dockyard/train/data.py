@@ -42,6 +42,7 @@ from dockyard.common.data_files import (
     NESTED,
     another_kind,
     data_files_in,
+    first_example,
     format_of,
     holds_text,
     left_out,
@@ -328,6 +329,10 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
             where = too_deep(Path(f)) if Path(f).suffix != ".parquet" else ""
             null = "" if where or Path(f).suffix == ".parquet" else _null_first(Path(f))
             odd = "" if where or null or Path(f).suffix == ".parquet" else not_examples(Path(f))
+            if not (where or null or odd) and Path(f).suffix == ".jsonl":
+                # its first example as the host reads it: `datasets`, where pyarrow refuses a file of one line (a
+                # field named twice), reads its object as columns, a chat's turns as rows of one turn each
+                first_example(Path(f))
             wide = [] if where or null or odd else too_wide(Path(f))
         except OSError as e:
             raise DockyardError(f"cannot read {f}: {e.strerror or e}") from None

@@ -230,8 +230,8 @@ def test_a_json_array_of_other_things_than_examples_is_refused_by_the_host_and_t
 def test_a_json_line_that_names_a_field_twice_is_said_by_its_line(env, tmp_path):
     """Red-team pass: `{"text": "a", "text": "b"}` passed `--dry` (Python's json keeps the last) and the trainer said
     pyarrow's "JSON parse error: Column(/text) was specified twice in row 0"; on a later line, "in row 1" for line 2.
-    One line of a chat whose turn named `content` twice was read as two rows of a turn each, unsaid. The host says
-    the first line, the trainer any line, by its number."""
+    A file of one chat line whose turn named `content` twice was read as two rows of a turn each, unsaid. Said now by
+    its line, on the host (the first) and in the trainer."""
     from dockyard.common.errors import DockyardError
     from dockyard.train import data
 
@@ -248,6 +248,8 @@ def test_a_json_line_that_names_a_field_twice_is_said_by_its_line(env, tmp_path)
     chat.write_text('{"messages": [{"role": "user", "content": "a", "content": "b"}, '
                     '{"role": "assistant", "content": "c"}]}\n')
     refused(dry(env, f"--data={chat}"), f"{chat}:1: names the field content twice in one object")
+    with pytest.raises(DockyardError, match=re.escape(f"{chat}:1: names the field content twice in one object")):
+        data.read_rows(chat)
 
 
 def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
