@@ -434,6 +434,10 @@ class SteadyState(_Loose):
     profiled_steps_included: list[int] | None = None  # ...counted, the run having no other windows to measure
 
 
+class ResumedRecord(_Loose):
+    step: Count | None = None  # the checkpoint's step this attempt continued from
+
+
 class ProfileRecord(_Loose):
     steps: list[int]
     gpu_busy: float | None = None  # None: no GPU kernel recorded (CPU)
@@ -473,6 +477,7 @@ class RunManifest(_Loose):
     metrics: MetricsRecord | None = None
     inputs: dict[str, InputRecord] = {}
     profile: ProfileRecord | None = None
+    resumed: ResumedRecord | None = None    # a resume: its tokens/s counts this attempt's steps alone
     error: str | None = None
 
 

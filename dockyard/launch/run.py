@@ -633,7 +633,7 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
             return f"{x:.4f}" if x is not None else "not finite"
 
         print(f"  steps {met.steps} · loss {loss(met.loss_first)} → {loss(met.loss_last)}"
-              + (f" · {met.tokens_per_second:.0f} tokens/s {_rate_kind(met)}" if met.tokens_per_second is not None
+              + (f" · {met.tokens_per_second:.0f} tokens/s {_rate_kind(met, _resumed_at(m))}" if met.tokens_per_second is not None
                  else " · no throughput measured")
               + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · " + _peak(met))
     if m.profile and len(m.profile.steps) == 2:
@@ -697,22 +697,34 @@ def resume_command(r: RunRequest, run_id: str) -> str:
     return shlex.join(["invoke", "run", "--resume", *flags, *tail])
 
 
-def _rate_kind(met: runfolder.MetricsRecord) -> str:
-    """What the run's tokens/s is: its steady state, or (a run of a few steps) one that holds the warm-up."""
-    included = met.steady_state.profiled_steps_included if met.steady_state else None
+def _resumed_at(m: runfolder.RunManifest) -> int:
+    """The step this attempt resumed from (0: it started the run): its tokens/s counts the steps after it alone."""
+    return (m.resumed.step or 0) if m.resumed else 0
+
+
+def _rate_kind(met: runfolder.MetricsRecord, resumed_at: int = 0) -> str:
+    """What the run's tokens/s is: its steady state, or (a run of a few steps) one that holds the warm-up; for a resume,
+    of the steps it trained since (the rate of the steps before is the earlier attempt's, in metrics.jsonl)."""
+    steady = met.steady_state
+    since = f"since the resume at step {resumed_at}" if resumed_at else ""
+    included = steady.profiled_steps_included if steady else None
     if included and len(included) == 2:
         return (f"(the profiled steps {included[0]}-{included[1]} included, slowed by the profiler: too few other "
-                "steps to leave them out)")
-    if met.steady_state and met.steady_state.warm_up_left_out is False:
-        steady = met.steady_state
-        if steady.from_step and steady.to_step and steady.from_step > 1:  # only the first window was left out
-            return (f"(steps {steady.from_step}-{steady.to_step}, part of the warm-up included: too few steps to "
-                    "leave all of it out)")
+                f"steps{' ' + since if since else ''} to leave them out)")
+    steps = f"steps {steady.from_step}-{steady.to_step}" if steady and steady.from_step and steady.to_step else ""
+    if steady and steady.warm_up_left_out is False:
+        if steps and steady.from_step > resumed_at + 1:  # only the attempt's first window was left out
+            return (f"({steps}{' ' + since if since else ''}, part of the warm-up included: too few steps to leave "
+                    "all of it out)")
+        if since:
+            return f"({steps + ' ' if steps else 'steps '}{since}, all of them warm-up: too few to leave it out)"
         return "(warm-up included: too few steps to leave it out)"
-    left_out = met.steady_state.profiled_steps_left_out if met.steady_state else None
-    if left_out and len(left_out) == 2:
-        return f"(steady state, the profiled steps {left_out[0]}-{left_out[1]} left out)"
-    return "(steady state)"
+    left_out = steady.profiled_steps_left_out if steady else None
+    profiled = (f", the profiled steps {left_out[0]}-{left_out[1]} left out" if left_out and len(left_out) == 2
+                else "")
+    if since:
+        return f"(steady state{' of ' + steps if steps else ''}, {since}{profiled})"
+    return f"(steady state{profiled})"
 
 
 def _from_cache(use: dict[str, int] | None) -> str:

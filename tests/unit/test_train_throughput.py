@@ -297,3 +297,34 @@ def test_the_time_to_the_first_step_counts_from_the_process_start(tmp_path):
     said = json.loads((run / "manifest.json").read_text())["metrics"]["seconds_to_first_step"]
     step_1_line = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["time"]  # written as step 1 ends
     assert step_1_line - began - 1.5 < said <= step_1_line - began + 0.1, (said, step_1_line - began)
+
+
+@pytest.mark.parametrize("first_step, steps, said", [
+    # resumed at 6 with --max_steps 8 (logging_steps 5): steps 7-8 are all of this attempt, its first window (the
+    # data already trained skipped) included
+    (6, 8, "(steps 7-8 since the resume at step 6, all of them warm-up: too few to leave it out)"),
+    (6, 14, "(steady state of steps 12-14, since the resume at step 6)"),
+    (0, 3, "(steps 2-3, part of the warm-up included: too few steps to leave all of it out)"),
+    (0, 14, "(steady state)"),
+])
+def test_the_summary_says_which_steps_a_resumed_runs_rate_counts(tmp_path, monkeypatch, capsys, first_step, steps,
+                                                                 said):
+    """A resume of 2 steps said "10522 tokens/s (steps 7-8, part of the warm-up included: too few steps to leave all
+    of it out)": steps 7-8 were the whole attempt, every one of them warm-up; and a longer resume's "(steady state)"
+    did not say the rate is the resumed steps' alone (the earlier attempt's are not in it)."""
+    from dockyard.common.recipes import load_recipe
+    from dockyard.launch import run as launch_run
+    from dockyard.train import manifest
+
+    log = _logged_run(tmp_path, monkeypatch, steps, first_step=first_step, seconds=lambda step: 0.01,
+                      logs=lambda step: step % 5 == 0 or step == 1)
+    steady = log.steady_state()
+    # by hand: the windows of this attempt, its first left out where another follows, then those after its warm-up
+    windows = [w for w in log.windows if w["from_step"] > first_step]
+    after = [w for w in windows[1:] if w["step"] > first_step + callbacks.WARMUP_STEPS] or windows[1:] or windows
+    assert (steady["from_step"], steady["to_step"]) == (after[0]["from_step"], after[-1]["step"])
+    resumed = {"resumed": {"from": f"checkpoint-{first_step}", "step": first_step}} if first_step else {}
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {
+        "steps": steps, "tokens_per_second": steady["tokens_per_second"], "steady_state": steady}, resumed))
+    launch_run.summarise(tmp_path)
+    assert f"{steady['tokens_per_second']:.0f} tokens/s {said} ·" in capsys.readouterr().out
