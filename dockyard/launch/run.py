@@ -711,7 +711,8 @@ def _rate_kind(met: runfolder.MetricsRecord, resumed_at: int = 0) -> str:
     if included and len(included) == 2:
         return (f"(the profiled steps {included[0]}-{included[1]} included, slowed by the profiler: too few other "
                 f"steps{' ' + since if since else ''} to leave them out)")
-    steps = f"steps {steady.from_step}-{steady.to_step}" if steady and steady.from_step and steady.to_step else ""
+    steps = "" if not (steady and steady.from_step and steady.to_step) else (
+        f"step {steady.to_step}" if steady.from_step == steady.to_step else f"steps {steady.from_step}-{steady.to_step}")
     if steady and steady.warm_up_left_out is False:
         if steps and steady.from_step > resumed_at + 1:  # only the attempt's first window was left out
             return (f"({steps}{' ' + since if since else ''}, part of the warm-up included: too few steps to leave "

@@ -305,6 +305,7 @@ def test_the_time_to_the_first_step_counts_from_the_process_start(tmp_path):
     (6, 8, "(steps 7-8 since the resume at step 6, all of them warm-up: too few to leave it out)"),
     (6, 14, "(steady state of steps 12-14, since the resume at step 6)"),
     (0, 3, "(steps 2-3, part of the warm-up included: too few steps to leave all of it out)"),
+    (0, 2, "(step 2, part of the warm-up included: too few steps to leave all of it out)"),  # not "steps 2-2"
     (0, 14, "(steady state)"),
 ])
 def test_the_summary_says_which_steps_a_resumed_runs_rate_counts(tmp_path, monkeypatch, capsys, first_step, steps,
