@@ -508,9 +508,12 @@ def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
     if p.settings.task == "seq_cls":  # a classifier has no vocab × hidden head (its hidden × labels one is negligible)
         params -= 0 if tied else p.shape.vocab * p.shape.hidden
         tied = False  # no head multiplies by the embedding: it is a lookup only
+    # LoRA, QLoRA: the adapters (and a classifier's head) are what trains, each weight through all three matmuls
+    trained = (sum(getattr(w, "ds_numel", w.numel()) for w in p.model.parameters() if w.requires_grad)
+               if p.recipe.peft else 0)  # ds_numel: a ZeRO-3 placeholder's full size
     flops = mfu.flops_per_token(parameters=params, vocab=p.shape.vocab, hidden=p.shape.hidden,
                                 attention_width=p.shape.q_width, layers=p.shape.layers, tied=tied,
-                                adapters=bool(p.recipe.peft),
+                                adapters=bool(p.recipe.peft), adapter_params=trained,
                                 seq_len=mfu.attention_length([len(ex["input_ids"]) for ex in p.examples]))
     return flops, peak
 

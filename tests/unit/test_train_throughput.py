@@ -329,3 +329,38 @@ def test_the_summary_says_which_steps_a_resumed_runs_rate_counts(tmp_path, monke
         "steps": steps, "tokens_per_second": steady["tokens_per_second"], "steady_state": steady}, resumed))
     launch_run.summarise(tmp_path)
     assert f"{steady['tokens_per_second']:.0f} tokens/s {said} ·" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rank", [16, 64])
+def test_a_lora_run_s_mfu_counts_the_adapters_own_matmuls(monkeypatch, rank):
+    """LoRA's FLOPs per token were 4·N for the frozen base alone, "the adapters' own FLOPs being negligible": the
+    adapters go through all three matmuls (forward, activation and weight gradients), 6 per trained weight, 1.8 % of
+    the FLOPs of a 1.1B Llama at rank 16 and 7.3 % at rank 64, left out of its MFU. The GPU is faked (torch.cuda's two
+    reads); the adapters are real modules of rank `rank` on each linear layer of a 1.1B Llama's shape."""
+    from dockyard.common.memory import Shape
+    from dockyard.train import __main__ as train_main
+    from dockyard.train import mfu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    vocab, hidden, inter, kv, layers = 32000, 2048, 5632, 256, 22
+    linears = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, inter), (hidden, inter),
+               (inter, hidden)]
+    body = layers * sum(a * b for a, b in linears)
+    shape = Shape(params=body + 2 * vocab * hidden, largest_layer=vocab * hidden, hidden=hidden, layers=layers,
+                  vocab=vocab, intermediate=inter, kv_hidden=kv, linear_params=body, lora_params=0)
+    # one layer's adapters as PEFT adds them (A: in x r, B: r x out, trained), on every layer, and a frozen weight
+    layer = torch.nn.ModuleList([*(torch.nn.Linear(a, rank, bias=False, device="meta") for a, _ in linears),
+                                 *(torch.nn.Linear(rank, b, bias=False, device="meta") for _, b in linears)])
+    frozen = torch.nn.Linear(8, 8, device="meta").requires_grad_(False)
+    adapters = layers * sum(rank * (a + b) for a, b in linears)
+    model = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=False), parameters=lambda: [
+        *(w for _ in range(layers) for w in layer.parameters()), *frozen.parameters()])
+    p = SimpleNamespace(args=SimpleNamespace(bf16=True, fp16=False, local_process_index=0), shape=shape, model=model,
+                        recipe=SimpleNamespace(peft="lora"), settings=SimpleNamespace(task="causal_lm"),
+                        examples=[{"input_ids": [0] * 1024}])
+    flops, peak = train_main.flops_and_peak(p)
+    base = body + vocab * hidden  # the decoder's linear layers and the untied head; the input embedding is a lookup
+    assert flops == 4 * base + 6 * adapters + 12 * layers * hidden * 1024
+    assert peak == mfu.peak_flops("NVIDIA H100 80GB HBM3", "bf16")
+    assert abs(6 * adapters / (4 * base) - {16: 0.018, 64: 0.073}[rank]) < 0.001  # what the docstring says it adds
