@@ -81,12 +81,16 @@ def _finish(run: Run, error: str | None) -> None:
 
 
 def measured_so_far(log: Any) -> dict[str, Any]:
-    """A run that stopped (failed, interrupted): the steps it trained, the time it took to its first step and spent
-    saving and evaluating up to then, as a completed run reports them (its manifest had them null, and its steps were
-    the last logged one: "steps 1" where checkpoint-2 was complete and the run said to continue from it)."""
+    """A run that stopped (failed, interrupted): the steps it trained, the rate of the logging windows it closed, the
+    time it took to its first step and spent saving and evaluating up to then, as a completed run reports them (its
+    manifest had them null, "no throughput measured" after 14 windows in metrics.jsonl, and its steps were the last
+    logged one: "steps 1" where checkpoint-2 was complete and the run said to continue from it)."""
     if log is None:
         return {}
-    return {**({"steps": log.steps_done} if log.steps_done else {}),
+    steady = log.steady_state()  # rank 0's record of the windows (their tokens summed over the ranks as each closed)
+    rate = {"tokens_per_second": steady["tokens_per_second"], "mfu": steady["mfu"], "steady_state": steady} \
+        if steady else {}
+    return {**({"steps": log.steps_done} if log.steps_done else {}), **rate,
             "seconds_to_first_step": log.seconds_to_first_step, "seconds_saving": round(log.seconds_saving, 3),
             "seconds_evaluating": round(log.seconds_evaluating, 3)}
 

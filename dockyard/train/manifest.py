@@ -89,7 +89,7 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
         "rendezvous": nodes.rendezvous(),
         "strategy": {"requested": recipe.strategy if recipe else "", "in_effect": in_effect,
                      "peft": recipe.peft if recipe else None},
-        # A failed run reports what it got to: the last logged step, and no throughput.
+        # A failed run reports what it got to: its steps, and the rate of the windows it logged (if any).
         "metrics": {"steps": metrics.get("steps", seen[-1]["step"] if seen else 0),
                     "loss_first": seen[0]["loss"] if seen else None,
                     "loss_last": seen[-1]["loss"] if seen else None,

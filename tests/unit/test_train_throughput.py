@@ -84,14 +84,16 @@ def test_the_steps_under_the_profiler_are_left_out_of_the_steady_state(tmp_path,
 
 
 def _logged_run(tmp_path, monkeypatch, steps: int, *, seconds, logs, first_step: int = 0,
-                profiled: tuple[int, int] | None = None) -> MetricsLog:
+                profiled: tuple[int, int] | None = None, max_steps: int = 0) -> MetricsLog:
     """MetricsLog through steps first_step + 1 to `steps` in the Trainer's callback order: step s takes
-    `seconds(s)` and holds 100 tokens; the Trainer asks for a window where `logs(s)`, the callback where it must."""
+    `seconds(s)` and holds 100 tokens; the Trainer asks for a window where `logs(s)`, the callback where it must;
+    `max_steps`: the run's, where it stopped before (`steps` by default)."""
     clock = Clock()
     monkeypatch.setattr(callbacks, "time", clock)
     tokens = TokenCount()
     log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens, profiled=profiled)
-    args, state = SimpleNamespace(world_size=1, device="cpu"), SimpleNamespace(global_step=first_step, max_steps=steps)
+    args = SimpleNamespace(world_size=1, device="cpu")
+    state = SimpleNamespace(global_step=first_step, max_steps=max_steps or steps)
     log.on_train_begin(args, state, None)
     for step in range(first_step + 1, steps + 1):
         tokens.add([{"input_ids": torch.ones(1, 100)}])
@@ -364,3 +366,30 @@ def test_a_lora_run_s_mfu_counts_the_adapters_own_matmuls(monkeypatch, rank):
     assert flops == 4 * base + 6 * adapters + 12 * layers * hidden * 1024
     assert peak == mfu.peak_flops("NVIDIA H100 80GB HBM3", "bf16")
     assert abs(6 * adapters / (4 * base) - {16: 0.018, 64: 0.073}[rank]) < 0.001  # what the docstring says it adds
+
+
+def test_a_stopped_run_reports_the_rate_of_the_windows_it_logged(tmp_path, monkeypatch, capsys):
+    """Ctrl-C at step 69 of a ddp run logging every 5 steps: metrics.jsonl held 14 windows, and the manifest's
+    tokens_per_second was null, `invoke run` saying "no throughput measured". The windows it logged are measured: the
+    rate after warm-up is theirs, as a completed run's."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+    from dockyard.launch import run as launch_run
+    from dockyard.train import ending, manifest
+
+    # stopped at step 69 of 2000: the window of steps 66-69 never closed (max_steps is the Trainer's 2000)
+    log = _logged_run(tmp_path, monkeypatch, 69, seconds=lambda step: 0.05 if step <= 5 else 0.01,
+                      logs=lambda step: step % 5 == 0 or step == 1, max_steps=2000)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    after = [x for x in lines if x["step"] > callbacks.WARMUP_STEPS]  # by hand: steps 6-65, 100 tokens each
+    by_hand = sum(x["tokens"] for x in after) / sum(x["seconds"] for x in after)
+    assert by_hand == pytest.approx(100 / 0.01)
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "failed", 1, None,
+                                            ending.measured_so_far(log), {"error": "interrupted (SIGINT)"}))
+    with pytest.raises(DockyardError, match="interrupted"):
+        launch_run.summarise(tmp_path)
+    said = capsys.readouterr().out
+    m = json.loads((tmp_path / "manifest.json").read_text())["metrics"]
+    assert m["tokens_per_second"] == pytest.approx(by_hand, rel=1e-3), m
+    assert (m["steady_state"]["from_step"], m["steady_state"]["to_step"]) == (6, 65)
+    assert f"{m['tokens_per_second']:.0f} tokens/s (steady state)" in said and "no throughput" not in said, said
