@@ -261,8 +261,9 @@ def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:
                 unpack.stdin.close()
             except BrokenPipeError:  # the decompressor stopped (damage) or was stopped (a refusal)
                 pass
-            except BaseException as e:
+            except BaseException as e:  # the archive could not be read to its end (EIO: a failing disk)
                 failed.append(e)
+                unpack.kill()  # its input never ends: stopped, or the gate waits for its output for ever
 
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
@@ -272,6 +273,8 @@ def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:
                 raise DockyardError("the tar holds more than 1 MiB after its end")
         except Truncated:  # the decompressor stopped: when it failed (a damaged stream), its message says why
             feeder.join()
+            if failed:  # it was stopped because the archive could not be read: that is why
+                raise failed[0] from None
             unpack.wait()
             raise
         except BaseException:

@@ -8,6 +8,7 @@ outcome that matters is whether the end of the tar got there (without it, docker
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import hashlib
 import io
@@ -254,6 +255,44 @@ def test_a_stream_that_does_not_decompress_is_named_damaged_or_says_why(tmp_path
     assert raw.startswith(got) and len(got) <= end_of(raw)
     if not load_started:
         assert got == b""
+
+
+class FailingDisk:
+    """The archive's file, whose reads fail after its first `good` bytes (EIO), as on a disk with a bad sector: the
+    one stand-in here (a real read error needs a failing device); the decompressor, the pipes and the threads are
+    real."""
+
+    def __init__(self, path, good: int):
+        self.f, self.left = open(path, "rb"), good
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.f.close()
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        data = self.f.read(self.left if n < 0 else min(n, self.left))
+        self.left -= len(data)
+        return data
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["none", "zstd"])
+def test_an_archive_whose_read_fails_partway_is_said_not_waited_on(tmp_path, monkeypatch, method):
+    """A read error partway through a compressed archive (the decompressor's feeder failed) left `invoke load`
+    waiting for ever: the decompressor waited for the rest of its input, and the tar's reader for its output. The
+    read error is said, as for an uncompressed archive (`error: Input/output error`), and docker load never gets
+    the end of its tar."""
+    raw, image = saved()
+    paths, manifest = archive_set(tmp_path, raw, [image], method)
+    monkeypatch.setattr(load_mod, "open_plain", lambda path, what: FailingDisk(path, manifest["archive_bytes"] // 2))
+    with pytest.raises(OSError, match="Input/output error"):
+        into_cat(tmp_path, paths, manifest, method)
+    got = received_by(tmp_path)
+    assert raw.startswith(got) and len(got) < end_of(raw)
 
 
 # --- the tar as docker reads it --------------------------------------------------------------------
