@@ -671,8 +671,11 @@ def test_load_sh_stopped_mid_load_leaves_no_private_copy_and_stops_docker_load(t
     # ignored, and a shell cannot trap a signal ignored when it started
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL)) as loader:
-        deadline = time.monotonic() + 30
-        while not pid_file.exists() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        # its pid written whole, not the file alone: the shell makes it before echo writes, and a docker load killed
+        # in between (the signal below) left it empty, for int() to fail on
+        while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
+            assert loader.poll() is None and time.monotonic() < deadline, "docker load never started"
             time.sleep(0.05)
         assert any(p.name.startswith("t_1.tar") for p in private.glob("*/*")), "no private copy to remove"
         time.sleep(0.3)  # load.sh is waiting on the stream docker load does not read
