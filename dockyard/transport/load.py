@@ -9,13 +9,14 @@ refused then puts the tags it moved back.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -220,26 +221,27 @@ def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, lo
         gate = TarGate(docker_load.stdin.write, manifest["tar_bytes"] + TAR_SLACK)
         damaged = DockyardError(f"{name} does not match its sha256: the archive is damaged or was changed (it is "
                                 "read once, as it is loaded). Copy it again; nothing was loaded.")
-        try:
-            if dec:
-                unpacked(archive, dec, gate, name)
-            else:
-                gate.run(archive)
-            archive.drain()
-        except (DockyardError, BrokenPipeError) as e:
-            archive.drain()  # a damaged archive is said to be damaged, whatever its damage did downstream
+        with read_errors_said(name):
+            try:
+                if dec:
+                    unpacked(archive, dec, gate, name)
+                else:
+                    gate.run(archive)
+                archive.drain()
+            except (DockyardError, BrokenPipeError) as e:
+                archive.drain()  # a damaged archive is said to be damaged, whatever its damage did downstream
+                if not archive.matches(manifest):
+                    raise damaged from None
+                if isinstance(e, TooLong):
+                    raise DockyardError(f"{name} decompresses to more than its manifest declares ({manifest['tar_bytes']} "
+                                        "bytes of tar): stopped there, refused, nothing was loaded") from None
+                if isinstance(e, BrokenPipeError):  # docker load stopped reading: its exit code and output say why
+                    docker_load.wait()
+                    raise DockyardError(f"docker load stopped reading {name} before its end, before it was verified: "
+                                        "refused\n" + console.tail(docker_load.output())) from None
+                raise DockyardError(f"{name}: {e}: refused, nothing was loaded") from None
             if not archive.matches(manifest):
-                raise damaged from None
-            if isinstance(e, TooLong):
-                raise DockyardError(f"{name} decompresses to more than its manifest declares ({manifest['tar_bytes']} "
-                                    "bytes of tar): stopped there, refused, nothing was loaded") from None
-            if isinstance(e, BrokenPipeError):  # docker load stopped reading: its exit code and output say why
-                docker_load.wait()
-                raise DockyardError(f"docker load stopped reading {name} before its end, before it was verified: "
-                                    "refused\n" + console.tail(docker_load.output())) from None
-            raise DockyardError(f"{name}: {e}: refused, nothing was loaded") from None
-        if not archive.matches(manifest):
-            raise damaged
+                raise damaged
         names |= tar_names(gate.naming, manifest, name)
         try:
             docker_load.stdin.write(gate.tail)
@@ -247,6 +249,19 @@ def load_verified(paths: ArchivePaths, manifest: dict, dec: list[str] | None, lo
             pass
         docker_load.wait()
         return docker_load.output(whole=True)  # with many images, what docker load names is more than a tail
+
+
+@contextlib.contextmanager
+def read_errors_said(name: str) -> Iterator[None]:
+    """The archive that could not be read to its end (EIO: a failing disk, a lost NFS server), said as that, naming it:
+    it was a bare `error: Input/output error`, or a wait for ever where the decompressor's input never ended."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise DockyardError(f"reading {name} failed ({e.strerror or e}) before its end, before it was verified: "
+                            "nothing was loaded. Check the disk it is on, or copy it again") from None
 
 
 def unpacked(archive: Hashed, dec: list[str], gate: TarGate, name: str) -> None:

@@ -15,6 +15,7 @@ import io
 import json
 import lzma
 import os
+import re
 import signal
 import subprocess
 import tarfile
@@ -284,12 +285,14 @@ class FailingDisk:
 def test_an_archive_whose_read_fails_partway_is_said_not_waited_on(tmp_path, monkeypatch, method):
     """A read error partway through a compressed archive (the decompressor's feeder failed) left `invoke load`
     waiting for ever: the decompressor waited for the rest of its input, and the tar's reader for its output. The
-    read error is said, as for an uncompressed archive (`error: Input/output error`), and docker load never gets
-    the end of its tar."""
+    read error is said, naming the archive (for either, it was a bare `error: Input/output error`), and docker
+    load never gets the end of its tar."""
     raw, image = saved()
     paths, manifest = archive_set(tmp_path, raw, [image], method)
     monkeypatch.setattr(load_mod, "open_plain", lambda path, what: FailingDisk(path, manifest["archive_bytes"] // 2))
-    with pytest.raises(OSError, match="Input/output error"):
+    with pytest.raises(DockyardError, match=rf"^reading {re.escape(paths.archive.name)} failed \(Input/output error\) "
+                       "before its end, before it was verified: nothing was loaded. Check the disk it is on, or copy "
+                       "it again$"):
         into_cat(tmp_path, paths, manifest, method)
     got = received_by(tmp_path)
     assert raw.startswith(got) and len(got) < end_of(raw)
