@@ -13,6 +13,7 @@ import sys
 import time
 
 from tests.support.cli import INVOKE, invoke
+from tests.support.processes import said_by
 from tests.support.training import ROOT, env
 
 SHORT = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_seq_length", "32", "--logging_steps", "1",
@@ -43,7 +44,7 @@ def test_links_planted_during_a_run_and_before_its_resume_are_never_followed(tmp
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not (run / "train.log").exists():  # what a container of another run does while this one trains
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        assert proc.poll() is None and time.monotonic() < deadline, said_by(proc)
         time.sleep(0.05)
     (run / "monitor.json").symlink_to(bashrc)
     (run / "loss.png").symlink_to(keys)

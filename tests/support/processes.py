@@ -26,6 +26,18 @@ def kill_tree(pid: int) -> None:
         psutil.wait_procs(below, timeout=10)
 
 
+def said_by(p: subprocess.Popen) -> str:
+    """What a process printed, for the message of an assertion that gave up waiting on it: one still running (a
+    deadline passed) is stopped first, with all it started. communicate() on it raised TimeoutExpired, or waited for
+    ever, in the message's place, hiding what the test was waiting for."""
+    running = p.poll() is None
+    if running:
+        kill_tree(p.pid)
+    out, err = p.communicate(timeout=30)
+    how = "still running at the deadline: stopped" if running else f"ended with exit {p.returncode}"
+    return f"{how}\n{(out or '')[-2000:]}\n{(err or '')[-3000:]}"
+
+
 def bounded_run(argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     """subprocess.run(argv, capture_output=True, text=True) for a command fed hostile input that may, where the
     code under test regresses, read a device for ever or wait on a pipe: it runs in a session of its own, may write

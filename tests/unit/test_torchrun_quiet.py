@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from dockyard import ROOT
-from tests.support.processes import kill_tree
+from tests.support.processes import kill_tree, said_by
 
 
 def run(args: list[str], cwd, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -354,7 +354,7 @@ def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_nev
     try:
         deadline = time.monotonic() + 120
         while not ((tmp_path / "started0").exists() and (tmp_path / "started1").exists()):
-            assert time.monotonic() < deadline and node1.poll() is None, node1.communicate(timeout=30)
+            assert time.monotonic() < deadline and node1.poll() is None, said_by(node1)
             time.sleep(0.2)
         kill_tree(node0.pid)  # node 0's machine gone: its agent (and the store) and its worker
         out, err = node1.communicate(timeout=120)
@@ -472,7 +472,7 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     try:
         deadline = time.monotonic() + 120
         while not ((tmp_path / "started0").exists() and (tmp_path / "started1").exists()):
-            assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate(timeout=30)
+            assert time.monotonic() < deadline and procs[1].poll() is None, said_by(procs[1])
             time.sleep(0.2)
         if not case.startswith(("node 0 failed", "node 1 failed")):
             kill_tree(procs[0].pid)  # node 0's machine gone
@@ -590,7 +590,7 @@ def test_a_record_of_an_earlier_attempt_is_not_taken_for_this_ones(tmp_path):
     try:
         deadline = time.monotonic() + 180
         while not ((tmp_path / "started0-1").exists() and (tmp_path / "started1-1").exists()):
-            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate(timeout=30)
+            assert time.monotonic() < deadline and procs[0].poll() is None, said_by(procs[0])
             time.sleep(0.2)
         kill_tree(procs[1].pid)  # node 1's machine gone, in the second attempt
         (tmp_path / "node1-gone").touch()
