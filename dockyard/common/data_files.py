@@ -115,8 +115,13 @@ def not_an_object(line: str) -> str:
         return f"names the field {e.args[0]} twice in one object: name each field once"
     if isinstance(value, dict):
         return ""
-    kind = {list: "an array", str: "a string", bool: "true or false"}.get(type(value), "a number")
-    return f"{'null' if value is None else kind}, not an object; each line must be one JSON object"
+    return f"{json_kind(value)}, not an object; each line must be one JSON object"
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value that is no object is, in words: null, an array, a string, true or false, a number."""
+    return "null" if value is None else {list: "an array", str: "a string", bool: "true or false"}.get(type(value),
+                                                                                                      "a number")
 
 
 def not_examples(path: Path) -> str:
@@ -145,8 +150,7 @@ def not_examples(path: Path) -> str:
     if not n:
         return ""
     said = json.dumps(item)
-    kind = "null" if item is None else {list: "an array", str: "a string", bool: "true or false"}.get(
-        type(item), "a number") + f" ({said[:60]}{'...' if len(said) > 60 else ''})"
+    kind = json_kind(item) + ("" if item is None else f" ({said[:60]}{'...' if len(said) > 60 else ''})")
     return (f"cannot read {path}: element {n} of its JSON array is {kind}, not an example; each example is an object "
             'whose fields name its format, e.g. {"text": "..."} for a document (a list of file names or ids is not '
             "data: give the data files, or their folder) (docs/data.md)")
