@@ -10,7 +10,6 @@ sizes as the manifest recorded when the run started) is mounted.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -175,24 +174,19 @@ def still_writing(settings: Settings, marker: Path, target: Path) -> tuple[str, 
 
 
 def export_process(target: Path, container: str) -> int | None:
-    """A process of this user (/proc) that writes `target` for an export: `python -m dockyard.train.export ... --out
-    TARGET` (--native), or the `docker run --name CONTAINER` that starts the container."""
-    out = os.fsencode(str(target))
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                if entry.stat().st_uid != os.geteuid():
-                    continue
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    argv = f.read(1 << 16).split(b"\0")
-            except OSError:  # ended meanwhile
-                continue
-            native = b"dockyard.train.export" in argv and any(
-                a == b"--out" and b == out for a, b in zip(argv, argv[1:], strict=False))
-            if native or (b"--name" in argv and container.encode() in argv):
-                return int(entry.name)
+    """A process of this user that writes `target` for an export: `python -m dockyard.train.export ... --out TARGET`
+    (--native), or the `docker run --name CONTAINER` that starts the container."""
+    import psutil
+
+    out = str(target)
+    for proc in psutil.process_iter(["uids", "cmdline"]):  # one ended meanwhile, or not readable: None
+        uids, argv = proc.info["uids"], proc.info["cmdline"] or []
+        if proc.pid == os.getpid() or uids is None or uids.effective != os.geteuid():
+            continue
+        native = "dockyard.train.export" in argv and any(
+            a == "--out" and b == out for a, b in zip(argv, argv[1:], strict=False))
+        if native or ("--name" in argv and container in argv):
+            return proc.pid
     return None
 
 
