@@ -235,14 +235,11 @@ def docker_holding_after_load(settings, folder: Path) -> Path:
     return folder / "docker"
 
 
-@pytest.mark.parametrize("archive", ["whole", "refused"])
-def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_load(settings, images, tmp_path,
-                                                                                         archive):
-    """`kill -9` of `invoke load` (the OOM killer, a CI job's end) once docker load has moved the archive's tag from
-    the user's image, before the load's own check: nothing ran to say it or to put it back. A whole archive had left
-    the user's image untagged without the line a load says of it, and the next load said "nothing to do"; one the
-    check would have refused left the tag on the image docker load brought, and the next load of it left it there.
-    The next load says either, once: the tag it replaced, or where the tag was and how to put it back."""
+def killed_after_docker_load(settings, images, tmp_path, archive: str, loader: str) -> tuple[ArchivePaths, int, str]:
+    """An archive set of APP (`archive` "refused": another image under its tag, which only the load's own check can
+    tell) whose tag names the user's own image here alone, loaded by `loader` ("invoke load" or "sh load.sh") and
+    killed outright (SIGKILL to its process group) once docker load has moved the tag, before that check. Returns the
+    set, the pid killed and the image docker load left under the tag."""
     import signal
     import time
 
@@ -255,10 +252,13 @@ def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next
     docker(settings, "tag", images["victim"], APP)  # the archive's tag names the user's own image here, alone
     docker(settings, "rmi", VICTIM)
     client = docker_holding_after_load(settings, tmp_path / "bin")
-    killed = subprocess.Popen([*INVOKE, "load", f"--file={paths.archive}"], cwd=ROOT, start_new_session=True,
-                              env={**os.environ, "INVOKE_DOCKYARD_DOCKER": str(client)},
+    argv, env, wait = {
+        "invoke load": ([*INVOKE, "load", f"--file={paths.archive}"], {"INVOKE_DOCKYARD_DOCKER": str(client)}, 60),
+        "sh load.sh": (["sh", str(paths.loader), str(paths.archive)],
+                       {"PATH": f"{client.parent}:{os.environ['PATH']}"}, 120)}[loader]
+    killed = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, env={**os.environ, **env},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + wait
     while not (client.parent / "held").exists():
         assert killed.poll() is None and time.monotonic() < deadline, "the load ended before its check"
         time.sleep(0.02)
@@ -266,18 +266,30 @@ def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next
     killed.wait()
     brought = images["app" if archive == "whole" else "evil"]
     assert image_id(settings, APP) == brought  # as docker load left it
+    return paths, killed.pid, brought
+
+
+@pytest.mark.parametrize("archive", ["whole", "refused"])
+def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_load(settings, images, tmp_path,
+                                                                                         archive):
+    """`kill -9` of `invoke load` (the OOM killer, a CI job's end) once docker load has moved the archive's tag from
+    the user's image, before the load's own check: nothing ran to say it or to put it back. A whole archive had left
+    the user's image untagged without the line a load says of it, and the next load said "nothing to do"; one the
+    check would have refused left the tag on the image docker load brought, and the next load of it left it there.
+    The next load says either, once: the tag it replaced, or where the tag was and how to put it back."""
+    paths, killed, brought = killed_after_docker_load(settings, images, tmp_path, archive, "invoke load")
 
     r = run_loader("invoke load", paths)
     victim = images["victim"].removeprefix("sha256:")[:12]
     if archive == "whole":
         assert r.returncode == 0, r.stderr
         assert (f"replaced tag {APP} (the image it named before, {victim}, is now untagged): by a load of "
-                f"{paths.archive.name} killed outright (process {killed.pid}) before it could say so") in r.stdout
+                f"{paths.archive.name} killed outright (process {killed}) before it could say so") in r.stdout
         assert "nothing to do" in r.stdout
     else:
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert (f"warning: {APP} names {brought.removeprefix('sha256:')[:12]}, not the image {paths.archive.name} "
-                f"holds: a load of it killed outright (process {killed.pid}) before its check left it so; it named "
+                f"holds: a load of it killed outright (process {killed}) before its check left it so; it named "
                 f"{victim} before. Put it back: docker tag {victim} {APP}") in r.stderr
         docker(settings, "tag", victim, APP)
         assert image_id(settings, APP) == images["victim"]
@@ -292,41 +304,19 @@ def test_a_load_sh_killed_outright_after_docker_load_moved_tags_is_said_by_the_n
     tag from the user's image, before its check, it said nothing, and only `invoke load` kept a journal for the next
     load to read. Its private folder, which the next load.sh removes, holds the tags as they were: the next load.sh
     says, once, what moved and how to put it back, as `invoke load` does."""
-    import signal
-    import time
-
-    paths = save(APP, tmp_path / "set")
-    if archive == "refused":
-        raw = saved_tar(settings, EVIL, rename={EVIL: APP}, config_as={images["evil"]: images["app"]})
-        reseal(paths, zstd(raw), len(raw))
-        forget(settings, EVIL)
-    forget(settings, APP)
-    docker(settings, "tag", images["victim"], APP)
-    docker(settings, "rmi", VICTIM)
-    client = docker_holding_after_load(settings, tmp_path / "bin")
-    killed = subprocess.Popen(["sh", str(paths.loader), str(paths.archive)], start_new_session=True,
-                              env={**os.environ, "PATH": f"{client.parent}:{os.environ['PATH']}"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not (client.parent / "held").exists():
-        assert killed.poll() is None and time.monotonic() < deadline, "the load ended before its check"
-        time.sleep(0.02)
-    os.killpg(killed.pid, signal.SIGKILL)
-    killed.wait()
-    brought = images["app" if archive == "whole" else "evil"]
-    assert image_id(settings, APP) == brought
+    paths, killed, brought = killed_after_docker_load(settings, images, tmp_path, archive, "sh load.sh")
 
     r = run_loader("sh load.sh", paths)
     victim = images["victim"].removeprefix("sha256:")[:12]
     if archive == "whole":
         assert r.returncode == 0, r.stderr
         assert (f"load.sh: replaced tag {APP} (the image it named before, {victim}, is now untagged): by a load of "
-                f"{paths.archive.name} killed outright (process {killed.pid}) before it could say so") in r.stdout
+                f"{paths.archive.name} killed outright (process {killed}) before it could say so") in r.stdout
         assert "nothing to do" in r.stdout
     else:
         assert r.returncode == 1, r.stderr
         assert (f"load.sh: warning: {APP} names {brought.removeprefix('sha256:')[:12]}, not the image "
-                f"{paths.archive.name} holds: a load of it killed outright (process {killed.pid}) before its check "
+                f"{paths.archive.name} holds: a load of it killed outright (process {killed}) before its check "
                 f"left it so; it named {victim} before. Put it back: docker tag {victim} {APP}") in r.stderr
         docker(settings, "tag", victim, APP)
         assert image_id(settings, APP) == images["victim"]
