@@ -181,19 +181,38 @@ def cuda_version(text: str) -> tuple[int, ...]:
 
 
 # CUDA's minor-version compatibility: what is built with CUDA X.y runs on every driver of major X or newer
-# (12.x from driver 525.60.13 on, 13.x from 580 on); only PTX JIT for an arch not compiled in needs X.y itself.
+# (12.x from driver 525.60.13 on, 13.x from 580 on: NVIDIA's release notes' table of minimum drivers; 525.60.11
+# reports CUDA 12.0 and is below it); only PTX JIT for an arch not compiled in needs X.y itself.
 MIN_DRIVER = {12: "525.60.13", 13: "580"}
 
 
 def driver_runs(image_cuda: str, host: Host) -> bool | None:
-    """Whether the host's driver runs an image built for `image_cuda`: by the CUDA version NVML reports, else by the
-    driver version (MIN_DRIVER); None where NVML could read neither."""
+    """Whether the host's driver runs an image built for `image_cuda`: by the CUDA version NVML reports and, where it
+    is read too, the driver version (MIN_DRIVER); None where NVML could read neither."""
     if re.fullmatch(r"\d+\.\d+", host.cuda):
-        return cuda_version(image_cuda)[0] <= cuda_version(host.cuda)[0]
+        return cuda_version(image_cuda)[0] <= cuda_version(host.cuda)[0] and not below_minimum(image_cuda, host)
     least = MIN_DRIVER.get(cuda_version(image_cuda)[0])
     if least is None or not re.fullmatch(r"\d+(\.\d+)*", host.driver):
         return None
     return cuda_version(host.driver) >= cuda_version(least)
+
+
+def below_minimum(image_cuda: str, host: Host) -> str:
+    """The driver CUDA `image_cuda` builds need (MIN_DRIVER) where this host's is older, else "" (or unread)."""
+    least = MIN_DRIVER.get(cuda_version(image_cuda)[0], "")
+    older = least and re.fullmatch(r"\d+(\.\d+)*", host.driver) and cuda_version(host.driver) < cuda_version(least)
+    return least if older else ""
+
+
+def short_of(image_cuda: str, host: Host) -> str:
+    """Why the driver does not run CUDA `image_cuda` builds, in words (driver_runs said False)."""
+    least = below_minimum(image_cuda, host)
+    if not least or (host.cuda and cuda_version(image_cuda)[0] > cuda_version(host.cuda)[0]):
+        return driver_says(host)
+    if host.cuda:
+        return (f"driver {host.driver} (CUDA {host.cuda}) is older than {least}, the first that runs CUDA "
+                f"{cuda_version(image_cuda)[0]} builds")
+    return f"driver {host.driver} is older than {least} (NVML could not read its CUDA version)"
 
 
 def driver_says(host: Host) -> str:
@@ -270,8 +289,10 @@ def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
             "the driver with nvidia-smi")
     if not fits:
         have = ", ".join(f"{v.name} (CUDA {v.cuda})" for v in cuda)
+        least = below_minimum(min(cuda, key=lambda v: cuda_version(v.cuda)).cuda, host)
         raise DockyardError(
-            f"{driver_says(host)}, older than every CUDA variant: {have}. "
+            f"{driver_says(host)}, older than every CUDA variant: {have}"
+            f"{f' (its CUDA needs driver {least} or newer)' if least else ''}. "
             "Upgrade the driver, or add a variant for an older CUDA to the variants file (images/variants.yaml)."
         )
     with_code = [v for v in fits if not gpus_without_code(cuda_archs(v), host)]

@@ -424,8 +424,8 @@ def driver_too_old(settings: Settings, variant: Variant, host: Host) -> str:
     least = variants.MIN_DRIVER.get(variants.cuda_version(variant.cuda)[0])
     use = (f"use --variant={instead.name} (CUDA {instead.cuda}, which this driver runs; --variant=auto picks it) or "
            if instead else "")
-    return (f"image {variant.name} needs CUDA {variant.cuda} but {variants.driver_says(host)}: {use}upgrade the "
-            f"driver{f' to {least} or newer' if least else ''}. --disable-require starts it anyway, which helps only "
+    return (f"image {variant.name} needs CUDA {variant.cuda} but {variants.short_of(variant.cuda, host)}: {use}"
+            f"upgrade the driver{f' to {least} or newer' if least else ''}. --disable-require starts it anyway, which helps only "
             "an image holding CUDA's forward-compatibility libraries (an nvidia/cuda base's /usr/local/cuda/compat; "
             "the Debian-based builds hold none)")
 

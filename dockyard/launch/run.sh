@@ -54,13 +54,14 @@ smi() {  # SMI=what `nvidia-smi ARGS` says, or the run stops with its first line
 	die "nvidia-smi fails here (${said:-exit $rc}): the NVIDIA driver is installed but does not work; after a driver upgrade, reboot (or --cpu to train on CPU)"
 }
 # Whether this node's driver runs CUDA $1, as invoke run decides (dockyard/images/variants.py driver_runs): a CUDA X.y
-# build runs on any driver of CUDA X or newer (minor-version compatibility); where nvidia-smi gives no CUDA version, by
-# the driver's version (the least for CUDA X). Exit 0: yes, 1: no, 2: cannot tell.
+# build runs on any driver of CUDA X or newer (minor-version compatibility) from the least for CUDA X on (525.60.11
+# says CUDA 12.0 and is below 525.60.13); by that least alone where nvidia-smi gives no CUDA version. Exit 0: yes, 1: no,
+# 2: cannot tell.
 runs() {
 	case $1 in '' | .* | *[!0-9.]*) return 2 ;; esac
-	if [ -n "$HOST_CUDA" ]; then [ "${1%%.*}" -le "${HOST_CUDA%%.*}" ]; return; fi
+	if [ -n "$HOST_CUDA" ]; then [ "${1%%.*}" -le "${HOST_CUDA%%.*}" ] || return 1; fi
 	least=$(least_driver "$1")
-	[ -n "$least" ] && [ -n "$DRIVER" ] || return 2
+	if [ -z "$least" ] || [ -z "$DRIVER" ]; then [ -z "$HOST_CUDA" ] && return 2; return 0; fi
 	awk -v a="$DRIVER" -v b="$least" 'BEGIN { n = split(a, x, "."); m = split(b, y, "."); if (m > n) n = m
 		for (i = 1; i <= n; i++) if (x[i] + 0 != y[i] + 0) exit (x[i] + 0 < y[i] + 0); exit 0 }'
 }

@@ -240,14 +240,6 @@ def _min_driver(cuda: str) -> str:
     return f" to {variants.MIN_DRIVER[major]} or newer" if major in variants.MIN_DRIVER else ""
 
 
-def _short_of(cuda: str, host: Host) -> str:
-    """Why the driver does not run CUDA `cuda`, as a sentence: by the CUDA version NVML read, else by its version."""
-    if host.cuda:
-        return variants.driver_says(host)
-    least = variants.MIN_DRIVER[variants.cuda_version(cuda)[0]]
-    return f"driver {host.driver} is older than {least} (NVML could not read its CUDA version)"
-
-
 def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None],
                    image_archs: dict[str, str | None] | None = None) -> list[Check]:
     """Which variants the driver runs and have code for the GPUs (the image's dockyard.cuda and dockyard.cuda_archs
@@ -273,7 +265,8 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
                 compat = f", as a CUDA {host.cuda} driver runs any CUDA {host.cuda.split('.')[0]} build" if older else ""
                 out.append(Check(f"variant {name}", PASS, f"{name} needs CUDA {cuda} ({where}): {driver} runs it{compat}"))
             else:
-                out.append(Check(f"variant {name}", WARN, f"{name} needs CUDA {cuda} ({where}) but {_short_of(cuda, host)}",
+                out.append(Check(f"variant {name}", WARN,
+                                 f"{name} needs CUDA {cuda} ({where}) but {variants.short_of(cuda, host)}",
                                  f"upgrade the driver{_min_driver(cuda)} to use {name}; auto picks another variant "
                                  "where one runs here (see `auto variant`)"))
     try:

@@ -9,6 +9,7 @@ import pytest
 
 from dockyard import gpus
 from dockyard.common.errors import DockyardError
+from dockyard.images import variants
 from dockyard.launch import run as launch_run
 from dockyard.machine import doctor
 from dockyard.machine import planner as plan_mod
@@ -183,6 +184,32 @@ def test_cu132_on_a_cuda_12_driver_names_the_variant_that_runs_there(settings, c
            "runs; --variant=auto picks it) or upgrade the driver to 580 or newer." in said
     assert "--disable-require starts it anyway, which helps only an image holding CUDA's forward-compatibility " \
            "libraries" in said and "the Debian-based builds hold none" in said
+
+
+def test_a_cuda_12_driver_below_nvidias_least_for_cuda_12_is_refused_as_the_docs_say(settings, capsys, monkeypatch,
+                                                                                    tmp_path):
+    """Driver 525.60.11 reports CUDA 12.0 and is below 525.60.13, the least NVIDIA's release notes give CUDA 12.x builds
+    (README, docs/images.md): cu128 passed on the CUDA major alone, run --dry and doctor too."""
+    import json
+
+    recording = json.loads((HOSTS / "t4x2_535.json").read_text())
+    recording["host"] |= {"driver": "525.60.11", "cuda": "12.0"}
+    (tmp_path / "t4x2_525.json").write_text(json.dumps(recording))
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(tmp_path / "t4x2_525.json"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(DockyardError) as refused:
+        dry_run(settings, capsys, variant="cu128")
+    assert str(refused.value).startswith("image cu128 needs CUDA 12.8 but driver 525.60.11 (CUDA 12.0) is older than "
+                                         "525.60.13, the first that runs CUDA 12 builds: upgrade the driver to "
+                                         "525.60.13 or newer."), refused.value
+    with pytest.raises(DockyardError, match=r"older than every CUDA variant: .*cu128 \(CUDA 12\.8\) \(its CUDA needs "
+                                            r"driver 525\.60\.13 or newer\)\. Upgrade the driver"):
+        dry_run(settings, capsys)
+    checks = {c.name: c for c in doctor.check_variants(variants.all_variants(settings), gpus.read_host(), {})}
+    assert checks["variant cu128"].status == doctor.WARN and "is older than 525.60.13" in checks["variant cu128"].detail
+    recording["host"]["driver"] = "525.60.13"  # the least itself runs it
+    (tmp_path / "t4x2_525.json").write_text(json.dumps(recording))
+    assert "auto → cu128" in dry_run(settings, capsys)
 
 
 def test_fewer_processes_than_gpus_are_given_their_gpus_alone(settings, capsys, replay):

@@ -342,6 +342,17 @@ def test_without_a_cuda_version_the_driver_s_own_version_decides(node):
     assert "--gpus" in argv, proc.stderr
 
 
+def test_a_cuda_12_driver_below_the_least_for_cuda_12_is_refused_as_invoke_run_refuses_it(node):
+    """525.60.11 says CUDA 12.0 and is below 525.60.13 (NVIDIA's least for CUDA 12.x builds): run.sh passed it on the
+    CUDA major alone."""
+    proc, argv = node("--run-id=c6", variant="cu128", gpus=1, FAKE_DRIVER="525.60.11", FAKE_CUDA="12.0")
+    assert proc.returncode == 1 and not argv
+    assert "image cu128 needs CUDA 12.8 but driver 525.60.11 supports CUDA 12.0: upgrade the driver to 525.60.13 or " \
+           "newer" in proc.stderr
+    proc, argv = node("--run-id=c7", variant="cu128", gpus=1, FAKE_DRIVER="525.60.13", FAKE_CUDA="12.0")
+    assert "--gpus" in argv, proc.stderr
+
+
 @pytest.mark.parametrize(("visible", "device", "nproc"), [
     ("1", '"device=1"', 1), ("GPU-1111-uuid", '"device=1"', 1), ("GPU-11", '"device=1"', 1),  # a unique start
     ("2, 0", '"device=2,0"', 2), ("0,0", '"device=0"', 1),
