@@ -234,6 +234,57 @@ REQUIRE_FIX = ("the image's NVIDIA_REQUIRE_CUDA (set by an nvidia/cuda base: a -
                "against the image's CUDA itself), or use a variant this driver runs")
 
 
+def require_of(image: dict | None) -> str:
+    """The NVIDIA_REQUIRE_CUDA an image sets, from its `docker image inspect` ("" for none: the Debian-based builds)."""
+    for item in ((image or {}).get("Config") or {}).get("Env") or []:
+        name, _, value = str(item).partition("=")
+        if name == "NVIDIA_REQUIRE_CUDA":
+            return value
+    return ""
+
+
+def require_refuses(require: str, host: Host) -> str:
+    """The condition of an NVIDIA_REQUIRE_CUDA by which the NVIDIA toolkit refuses this driver ("cuda>=12.8"), or ""
+    where it admits it or may. The toolkit reads alternatives apart by spaces, each a comma-separated list of
+    conditions that must all hold: nvidia/cuda's "brand=tesla,driver>=535,driver<536" admits a 535 driver on
+    data-center GPUs, which NVML was not asked about (a brand, unknown here, may hold)."""
+    alternatives = require.split()
+    if not alternatives or any(_conditions_hold(alt, host) is not False for alt in alternatives):
+        return ""
+    return next((alt for alt in alternatives if alt.startswith("cuda")), alternatives[0])
+
+
+def _conditions_hold(alternative: str, host: Host) -> bool | None:
+    """Whether every condition of one alternative holds: None where one turns on what NVML did not say."""
+    held: list[bool | None] = []
+    for condition in alternative.split(","):
+        m = re.fullmatch(r"(cuda|driver)(>=|<=|==|!=|=|<|>)(\d+(?:\.\d+)*)", condition)
+        have = (host.cuda if m.group(1) == "cuda" else host.driver) if m else ""
+        if not re.fullmatch(r"\d+(\.\d+)*", have):  # brand=, arch=, or a version NVML could not read
+            held.append(None)
+            continue
+        a, b = cuda_version(have), cuda_version(m.group(3))
+        held.append({">=": a >= b, "<=": a <= b, "==": a == b, "!=": a != b, "=": a == b, "<": a < b,
+                     ">": a > b}[m.group(2)])
+    return False if False in held else None if None in held else True
+
+
+def require_unmet(variant: Variant, image: dict | None, host: Host) -> tuple[str, str]:
+    """Why the NVIDIA toolkit would refuse to start `image` (its inspect) on this driver, said of the image ("sets
+    NVIDIA_REQUIRE_CUDA ..."), and the way out; ("", "") where its NVIDIA_REQUIRE_CUDA admits the driver, or may."""
+    refused = require_refuses(require_of(image), host)
+    if not refused:
+        return "", ""
+    major = cuda_version(variant.cuda)[0] if variant.is_cuda else 0
+    why = f" (a CUDA {major} driver runs any CUDA {major} build: docs/images.md)" if major and driver_runs(
+        variant.cuda, host) else ""
+    base = (((image or {}).get("Config") or {}).get("Labels") or {}).get("dockyard.base")
+    plain = (f"the plain image (`invoke build --variant={variant.name}`, without --devel)"
+             if variant.devel and base == variant.devel.base else "an image built without such a base")
+    return (f"sets NVIDIA_REQUIRE_CUDA {refused} (from its base image), and {driver_says(host)}: the NVIDIA toolkit "
+            "would refuse to start it", f"--disable-require starts it{why}, or use {plain}")
+
+
 def arch_runs(archs: str, capability: str) -> bool:
     """Whether a GPU of compute capability `capability` ("8.9") has code in a build for `archs` ("7.5;8.6;12.0+PTX"):
     machine code of its major at or below its minor (sm_86 runs on 8.9), or PTX at or below it (JIT-compiled).

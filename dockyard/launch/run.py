@@ -166,6 +166,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={recipe_arg}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
+        unmet, way_out = variants.require_unmet(chosen, image, host)
+        if on_gpus and not r.disable_require and unmet:  # docker's refusal at start, said before anything starts
+            raise DockyardError(f"image {variants.tag(settings, chosen)} {unmet}. {way_out}")
         if on_gpus:
             preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))

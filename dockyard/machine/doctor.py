@@ -46,7 +46,7 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
               for name, v in all_variants.items()}
     labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
     checks += check_variants(all_variants, host, {n: read_label(ln, "dockyard.cuda") for n, ln in labels.items()},
-                             {n: read_label(ln, variants.ARCHS_LABEL) for n, ln in labels.items()})
+                             {n: read_label(ln, variants.ARCHS_LABEL) for n, ln in labels.items()}, images)
     if info is None:
         return checks
     try:
@@ -241,9 +241,11 @@ def _min_driver(cuda: str) -> str:
 
 
 def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | None],
-                   image_archs: dict[str, str | None] | None = None) -> list[Check]:
+                   image_archs: dict[str, str | None] | None = None,
+                   images: dict[str, dict | None] | None = None) -> list[Check]:
     """Which variants the driver runs and have code for the GPUs (the image's dockyard.cuda and dockyard.cuda_archs
-    labels when built, else variants.yaml), and what auto picks."""
+    labels when built, else variants.yaml), whether the NVIDIA toolkit starts the image here (its
+    NVIDIA_REQUIRE_CUDA, from `images`, their inspects), and what auto picks."""
     out = []
     if host.gpus:
         for name, v in all_variants.items():
@@ -259,6 +261,9 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             elif (runs := variants.driver_runs(cuda, host)) is None:
                 out.append(Check(f"variant {name}", WARN, f"cannot tell whether {name} (CUDA {cuda}, {where}) runs "
                                  f"on {variants.driver_says(host)}", f"--variant={name} runs it anyway"))
+            elif runs and (unmet := variants.require_unmet(v, (images or {}).get(name), host))[0]:
+                out.append(Check(f"variant {name}", WARN, f"{name} needs CUDA {cuda} ({where}), which this driver "
+                                 f"runs, but its image {unmet[0]}", f"invoke run {unmet[1]}"))
             elif runs:
                 driver = f"driver {host.driver}" if host.driver else "the driver"
                 older = host.cuda and variants.cuda_version(host.cuda) < variants.cuda_version(cuda)

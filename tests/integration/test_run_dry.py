@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from dockyard import engine
+from dockyard import ROOT, engine
+from dockyard.images import variants
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.engine
@@ -29,3 +30,46 @@ def test_the_dry_line_is_the_line_that_runs(cpu_image, settings, tmp_path):
     assert _docker_run_line(dry.stderr) == _docker_run_line(real.stderr)
     image_id = engine.image_inspect(settings, cpu_image)["Id"]
     assert f"DOCKYARD_IMAGE_ID={image_id}" in _docker_run_line(dry.stderr)
+
+
+def test_an_image_whose_nvidia_require_cuda_leaves_the_driver_out_is_refused_before_it_starts(settings, tmp_path):
+    """`invoke build --variant=cu128 --devel` builds FROM nvidia/cuda, whose NVIDIA_REQUIRE_CUDA (cuda>=12.8) the
+    NVIDIA toolkit holds against the driver: on a 535 driver (CUDA 12.2) docker refused to start it, and `run --dry`
+    had passed; only the failed run then spoke of --disable-require. A stand-in image (no files: the devel build's
+    env and labels) on the recorded 535 host: refused by run --dry with the way out, passed with --disable-require,
+    and doctor says it of the variant."""
+    import json
+
+    cu128 = variants.all_variants(settings)["cu128"]
+    name = f"dockyard-requiretest-{os.getpid()}"
+    tag = f"{name}:0.1.0-cu128"
+    (tmp_path / "Dockerfile").write_text(
+        'FROM scratch\nENV NVIDIA_REQUIRE_CUDA="cuda>=12.8 brand=tesla,driver>=470,driver<471 '
+        'brand=unknown,driver>=470,driver<471"\n'
+        f'LABEL dockyard.variant=cu128 dockyard.cuda=12.8 dockyard.nvcc=base dockyard.base="{cu128.devel.base}"\n')
+    engine.run(engine.docker(settings, "build", "-q", "-t", tag, str(tmp_path)), capture=True, quiet=True)
+    env = {"INVOKE_DOCKYARD_IMAGE_NAME": name, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"),
+           "DOCKYARD_NVML_REPLAY": str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "t4x2_535.json")}
+    try:
+        refused = invoke("run", "--dry", "--variant=cu128", "--recipe=ddp", env=env, timeout=300)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert (f"error: image {tag} sets NVIDIA_REQUIRE_CUDA cuda>=12.8 (from its base image), and driver 535.183.01 "
+                "supports CUDA 12.2: the NVIDIA toolkit would refuse to start it. --disable-require starts it (a CUDA 12 "
+                "driver runs any CUDA 12 build: docs/images.md), or use the plain image (`invoke build "
+                "--variant=cu128`, without --devel)") in refused.stderr, refused.stderr
+        assert "+ " not in refused.stderr, "no command printed"
+        real = invoke("run", "--variant=cu128", "--recipe=ddp", "--run-id=req", env=env, timeout=300)
+        assert real.returncode == 1 and f"error: image {tag} sets NVIDIA_REQUIRE_CUDA cuda>=12.8" in real.stderr, \
+            real.stderr
+        assert not (tmp_path / "runs" / "req").exists(), "refused before the run folder is made"
+        given = invoke("run", "--dry", "--variant=cu128", "--recipe=ddp", "--disable-require", env=env, timeout=300)
+        assert given.returncode == 0, given.stderr
+        assert "NVIDIA_DISABLE_REQUIRE=1" in _docker_run_line(given.stderr)
+        doctor = invoke("doctor", "--json", env=env, timeout=300)
+        checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+        assert checks["variant cu128"]["status"] == "warn", checks["variant cu128"]
+        assert "its image sets NVIDIA_REQUIRE_CUDA cuda>=12.8" in checks["variant cu128"]["detail"]
+        assert checks["variant cu128"]["fix"].startswith("invoke run --disable-require starts it")
+    finally:
+        engine.run(engine.docker(settings, "rmi", "-f", tag), capture=True, check=False, quiet=True)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a dry run makes nothing"

@@ -291,3 +291,22 @@ def test_build_then_run_on_one_command_line_says_how_the_variant_was_chosen_once
     assert r.returncode == 0, r.stderr
     said = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("auto → ")]
     assert len(said) == 1 and said[0].startswith("auto → cpu"), said
+
+
+# nvidia/cuda:12.8.1's NVIDIA_REQUIRE_CUDA, shortened: CUDA 12.8, or one of the driver branches it names on the brands
+# it names (GeForce and TITAN are not among them)
+REQUIRE_128 = ("cuda>=12.8 brand=unknown,driver>=470,driver<471 brand=tesla,driver>=470,driver<471 "
+               "brand=tesla,driver>=535,driver<536 brand=nvidia,driver>=550,driver<551")
+
+
+@pytest.mark.parametrize(("driver", "cuda", "refused"), [
+    ("530.30.02", "12.1", "cuda>=12.8"),   # no branch of it: the toolkit refuses, whatever the GPU
+    ("535.183.01", "12.2", ""),            # its 535 branch, on a Tesla: starts (NVML gives no brand here: may)
+    ("570.133.20", "12.8", ""),            # cuda>=12.8 holds
+    ("545.23.08", "", ""),                 # CUDA version unread: cannot tell, not refused
+])
+def test_the_toolkits_require_cuda_is_read_as_it_reads_it(driver, cuda, refused):
+    """Alternatives apart by spaces, conditions apart by commas that must all hold: a refusal is predicted only where
+    every alternative fails on what NVML says, never on a brand it was not asked."""
+    assert variants.require_refuses(REQUIRE_128, Host(driver=driver, cuda=cuda)) == refused
+    assert variants.require_refuses("", Host(driver=driver, cuda=cuda)) == ""  # the Debian-based builds set none
