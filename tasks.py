@@ -102,7 +102,8 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
                       "with --nodes > 1 required, the same on every node",
             "resume": "continue the run named by --run-id from its last checkpoint, with its recipe and settings (give "
                       "--data and --model again: a resume mounts only what its command names)",
-            "disable_require": "set NVIDIA_DISABLE_REQUIRE=1 (only when CUDA forward compatibility applies)",
+            "disable_require": ("set NVIDIA_DISABLE_REQUIRE=1: start an image whose NVIDIA_REQUIRE_CUDA the driver misses "
+                                "(a --devel build on an older CUDA 12 driver: docs/images.md)"),
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "gpus": "which GPUs by index or UUID, e.g. 0,2 (not a count: --gpus=2 is GPU 2 alone), or all (default: "
