@@ -19,6 +19,7 @@ from dockyard import settings as settings_mod
 from dockyard.images import variants
 from dockyard.settings import ROOT
 from tests.support.buildcache import build_image
+from tests.support.ports import held_port
 
 
 def _import_tasks_keeping_the_setting_overrides() -> None:
@@ -119,6 +120,14 @@ def process_state_as_it_was():
     for key, value in environ.items():
         if key != "PYTEST_CURRENT_TEST" and os.environ.get(key) != value:
             os.environ[key] = value
+
+
+@pytest.fixture
+def loopback_port():
+    """A port on 127.0.0.1 that nothing listens on, held for the test (tests/support/ports.py): for torchrun's
+    rendezvous or a gloo group the test starts, or a port that must refuse."""
+    with held_port() as port:
+        yield port
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.launch import multinode, node
 from dockyard.train import manifest, nodes
+from tests.support.ports import held_port
 
 ROUTE = {"iface": "ens5", "addr": "10.0.0.2"}
 
@@ -269,14 +270,6 @@ def test_the_lost_node_is_named_as_a_collective_names_it():
     assert never.startswith("lost node 1: it stopped answering") and "never started" in never
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _heartbeats(monkeypatch, port, bound, ranks=(0, 1)):
     """One Heartbeat per node rank, as each node's first process makes it, in this process (real TCPStore)."""
     import queue
@@ -294,14 +287,14 @@ def _heartbeats(monkeypatch, port, bound, ranks=(0, 1)):
     return beats, said
 
 
-def test_heartbeats_through_a_real_store_name_a_node_that_goes_silent(monkeypatch):
+def test_heartbeats_through_a_real_store_name_a_node_that_goes_silent(monkeypatch, loopback_port):
     import datetime
     import queue
     import time
 
     from torch.distributed import TCPStore
 
-    port = _free_port()
+    port = loopback_port
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     beats, said = _heartbeats(monkeypatch, port, bound=1.5)
     beats[0].phase = "setting up the process group"
@@ -320,13 +313,13 @@ def test_heartbeats_through_a_real_store_name_a_node_that_goes_silent(monkeypatc
         said[1].get(timeout=0.1)
 
 
-def test_a_node_done_with_its_run_is_not_lost_and_losing_the_store_names_its_node(monkeypatch):
+def test_a_node_done_with_its_run_is_not_lost_and_losing_the_store_names_its_node(monkeypatch, loopback_port):
     import datetime
     import time
 
     from torch.distributed import TCPStore
 
-    port = _free_port()
+    port = loopback_port
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     beats, said = _heartbeats(monkeypatch, port, bound=1.0)
     for b in beats.values():
@@ -370,7 +363,7 @@ def _node_0_of_two_beside_the_store(monkeypatch, port: int) -> None:
     monkeypatch.setenv("DOCKYARD_RENDEZVOUS", json.dumps({"local_addr": "127.0.0.9"}))
 
 
-def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_nodes(monkeypatch):
+def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_nodes(monkeypatch, loopback_port):
     """torchrun hosts its store on the node it ranked first, which sorting addresses as text may make node 1
     (10.0.0.10 before 10.0.0.9): lost before it said who it is, it is still named, as the other of two nodes."""
     import datetime
@@ -379,7 +372,7 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
 
     from torch.distributed import TCPStore
 
-    port = _free_port()
+    port = loopback_port
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     _node_0_of_two_beside_the_store(monkeypatch, port)
     said: queue.Queue = queue.Queue()
@@ -391,14 +384,14 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
     assert beat.verdict == message
 
 
-def test_a_store_gone_before_the_heartbeat_reached_it_is_named_within_the_bound(monkeypatch):
+def test_a_store_gone_before_the_heartbeat_reached_it_is_named_within_the_bound(monkeypatch, loopback_port):
     """Node 1, hosting torchrun's store, killed between the rendezvous and this process's first beat: TCPStore's
     own connect would retry for twice its timeout plus a random pause (52 s for a 20 s bound, once past the
     multinode test's bound); the store must be called lost a bound after the watch started."""
     import queue
     import time
 
-    _node_0_of_two_beside_the_store(monkeypatch, _free_port())  # nobody listens there any more
+    _node_0_of_two_beside_the_store(monkeypatch, loopback_port)  # nobody listens there
     said: queue.Queue = queue.Queue()
     started = time.monotonic()
     nodes.Heartbeat(said.put, bound=3).start()
@@ -409,7 +402,8 @@ def test_a_store_gone_before_the_heartbeat_reached_it_is_named_within_the_bound(
                               "not reachable for 3 s"), message
 
 
-def test_a_broken_connection_that_names_no_peer_is_explained_by_the_store_lost_with_its_host(monkeypatch):
+def test_a_broken_connection_that_names_no_peer_is_explained_by_the_store_lost_with_its_host(monkeypatch,
+                                                                                              loopback_port):
     """Setting up a gloo group goes through torchrun's store: with its host (node 1, ranked first) killed, the main
     thread fails with "DistNetworkError: Broken pipe", naming nobody. The heartbeat finds the store gone within a
     beat, and that verdict is the error's explanation; an error of another kind waits for nothing."""
@@ -418,7 +412,7 @@ def test_a_broken_connection_that_names_no_peer_is_explained_by_the_store_lost_w
 
     from torch.distributed import TCPStore
 
-    port = _free_port()
+    port = loopback_port
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     _node_0_of_two_beside_the_store(monkeypatch, port)
     beat = nodes.Heartbeat(lambda message: None, bound=20).start()  # node 1 (the store's host) never beats
@@ -456,22 +450,22 @@ def _two_nodes_check(tmp_path, nodes: list[dict]) -> list[dict]:
 
     from dockyard import ROOT
 
-    port = _free_port()
     procs = []
-    for rank, n in enumerate(nodes):
-        n["runs"].mkdir(exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "DOCKYARD_NODE_RANK": str(n["node_rank"]), "DOCKYARD_SHARED_TIMEOUT": str(n.get("timeout", 5)),
-               **({"DOCKYARD_RENDEZVOUS": json.dumps({"local_addr": n["addr"]})} if "addr" in n else {})}
-        procs.append(subprocess.Popen([sys.executable, "-c", SHARED_CHECK, str(n["runs"]),
-                                       json.dumps(n.get("started_with", {}))], env=env, cwd=tmp_path,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    said = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-2000:]
-        said.append(json.loads(out.strip().splitlines()[-1]))
+    with held_port() as port:  # until rank 0's store has it: rank 0 binds it when it gets there
+        for rank, n in enumerate(nodes):
+            n["runs"].mkdir(exist_ok=True)
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                   "DOCKYARD_NODE_RANK": str(n["node_rank"]), "DOCKYARD_SHARED_TIMEOUT": str(n.get("timeout", 5)),
+                   **({"DOCKYARD_RENDEZVOUS": json.dumps({"local_addr": n["addr"]})} if "addr" in n else {})}
+            procs.append(subprocess.Popen([sys.executable, "-c", SHARED_CHECK, str(n["runs"]),
+                                           json.dumps(n.get("started_with", {}))], env=env, cwd=tmp_path,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        said = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+            said.append(json.loads(out.strip().splitlines()[-1]))
     return said
 
 
@@ -597,16 +591,12 @@ def test_a_store_that_cannot_be_reached_names_the_other_of_two_nodes(monkeypatch
     assert nodes.lost_node(error, []) is None
 
 
-def test_doctor_peer_that_ssh_cannot_reach_is_a_failed_check_in_the_report(settings):
+def test_doctor_peer_that_ssh_cannot_reach_is_a_failed_check_in_the_report(settings, loopback_port):
     """ssh to the peer failing by itself (here: nothing listens on the loopback port it is pointed at) used to end
     doctor with ssh's error alone, no report; it is the `peer ssh` check, failed with ssh's reason."""
-    import socket
-
     from dockyard.machine import peer
 
-    with socket.socket() as s:  # a loopback port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port  # nothing listens there
     checks = peer.diagnose(settings.model_copy(update={"ssh": f"ssh -o BatchMode=yes -p {port}"}), "127.0.0.1", port)
     by_name = {c.name: c for c in checks}
     assert by_name["peer ssh"].status == "fail" and "Connection refused" in by_name["peer ssh"].detail
@@ -622,17 +612,13 @@ def test_resume_of_a_run_killed_while_saving_its_first_checkpoint_starts_it_agai
     assert manifest.check_run_dir(tmp_path, resume=True) is None
 
 
-def test_doctor_peer_reaches_the_ssh_port_and_the_ipv6_address_it_was_given(settings):
+def test_doctor_peer_reaches_the_ssh_port_and_the_ipv6_address_it_was_given(settings, loopback_port):
     """`--peer=host:2222` was read as host and a folder: ssh went to port 22 and the report blamed it; an IPv6
     address was cut at its first colon (`--peer=fd00::2`: "cannot resolve 'fd00'")."""
-    import socket
-
     from dockyard.common.errors import DockyardError
     from dockyard.machine import peer
 
-    with socket.socket() as s:  # a loopback port nothing listens on: ssh's refusal names the port it tried
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port  # nothing listens there: ssh's refusal names the port it tried
     batch = settings.model_copy(update={"ssh": "ssh -o BatchMode=yes"})
     by_name = {c.name: c for c in peer.diagnose(batch, f"ssh://127.0.0.1:{port}", port)}
     assert f"port {port}: Connection refused" in by_name["peer ssh"].detail
@@ -654,7 +640,8 @@ def _ssh_here(tmp_path):
     return str(fake)
 
 
-def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_a_moment(settings, tmp_path):
+def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_a_moment(settings, tmp_path,
+                                                                                        loopback_port):
     """A refused rendezvous port passed whatever refused it: before node 0 starts nothing listens, but a firewall
     that rejects refuses the same way. doctor now opens a listener on the peer at that port and connects again;
     here nothing is in the way, and the port is free again at once."""
@@ -663,9 +650,7 @@ def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_
     from dockyard.machine import peer
     from dockyard.transport import remote
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port  # the listener binds it as node 0's torch would: with SO_REUSEADDR
     here = settings.model_copy(update={"ssh": _ssh_here(tmp_path)})
     r = remote.Remote("peer")
     started = time.monotonic()
@@ -674,8 +659,10 @@ def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_
     assert check.status == "pass" and "nothing listens yet" in check.detail and "was reached from here" in check.detail, \
         check
     assert took < peer.CONNECT_TIMEOUT, f"the listener was waited for after it was reached: {took:.1f} s"
-    with socket.socket() as s:  # the listener is gone: the port is free for node 0's run
+    with socket.socket() as s:  # the listener is gone: the port is free for node 0's run (whose torch listens there
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as this does; a listener left there is refused)
         s.bind(("", port))
+        s.listen()
 
 
 def test_doctor_peer_says_when_the_port_is_taken_there_and_a_refusal_cannot_be_told(settings, tmp_path):

@@ -196,14 +196,10 @@ def test_an_omp_num_threads_that_is_not_a_thread_count_is_refused_naming_it(tmp_
                                     "cores)"), (value, r.stderr)
 
 
-def test_nodes_that_never_meet_are_one_line_naming_the_rendezvous_and_what_to_check(tmp_path):
+def test_nodes_that_never_meet_are_one_line_naming_the_rendezvous_and_what_to_check(tmp_path, loopback_port):
     """Node 0 alone: torchrun's 45-line traceback ending in a bare RendezvousTimeoutError. Real torchrun, two nodes
     asked for on loopback, the second never started."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port
     (tmp_path / "worker.py").write_text("print('never started')\n")
     alone = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
                  "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone1",
@@ -325,19 +321,17 @@ except BaseException as e:
 
 
 @pytest.mark.parametrize("worker", ["bare", "the trainer's ending"])
-def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_never_met(tmp_path, worker):
+def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_never_met(tmp_path, worker,
+                                                                                      loopback_port):
     """Node 0's machine gone mid-run: node 1's torchrun, whose next look at the rendezvous failed, said "cannot reach
     the rendezvous ...: start every node with the same --run-id, --master-addr and --master-port", advice for nodes
     that never met, after torch's warnings that its keep-alive and shutdown of the rendezvous had failed: one line
     now. And node 1's trainer, stopped by its torchrun, said first "error: stopped by SIGTERM: another rank failed (its
     error is above) ...", with nothing above (the failure was node 0's): torchrun's line alone says it now. Real
     torchrun, two agents on loopback; node 0's agent and worker killed once both workers run."""
-    import socket
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port
     (tmp_path / "worker.py").write_text(TRAINER_WORKER if worker != "bare" else
                                         "import os, sys, time\nopen(sys.argv[1] + os.environ['RANK'], 'w')\n"
                                         "time.sleep(60)\n")
@@ -437,7 +431,7 @@ def test_a_rank_stopped_after_another_failed_on_its_node_leaves_the_reason_to_th
 
 @pytest.mark.parametrize("case", ["node 0 lost", "own error", "earlier attempt", "node 0's record there",
                                   "node 0 failed", "node 0 failed, its socket closed", "node 1 failed"])
-def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
+def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case, loopback_port):
     """Node 0's container killed at step 12, torchrun's store on node 1 (node 0 at x.9, node 1 at x.10): node 1's agent
     stopped its workers at once, and its manifest said "stopped by SIGTERM: another rank failed (its error is above)",
     with no error above and no lost node named. The run then had no manifest.json at all (node 0 writes it): node 0's
@@ -448,12 +442,9 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case):
     node 1 said "lost node 0" whether its agent saw the rendezvous end or its workers saw node 0's sockets close; nor
     is node 1 in node 0's record, the run's, where node 1 ran out of memory."""
     import json
-    import socket
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = loopback_port
     (tmp_path / "worker.py").write_text(WORKER_RECORDING_A_STOP)
     earlier = json.dumps({"run_id": "met2", "status": "failed", "metrics": {"steps": 40}, "error": STOPPED_BEFORE})
     if case == "earlier attempt":
@@ -578,7 +569,7 @@ time.sleep(60)
 """
 
 
-def test_a_record_of_an_earlier_attempt_is_not_taken_for_this_ones(tmp_path):
+def test_a_record_of_an_earlier_attempt_is_not_taken_for_this_ones(tmp_path, loopback_port):
     """--max-restarts=1 on two nodes: in the first attempt node 1 ran out of memory (its record says so) and both
     nodes restarted; in the second, node 1's machine went down, and node 0 recorded it lost. Node 0's torchrun read
     every record written since it started as this attempt's, and its manifest, the run's, said "node 1 ... failed
@@ -586,7 +577,7 @@ def test_a_record_of_an_earlier_attempt_is_not_taken_for_this_ones(tmp_path):
     import json
     import time
 
-    procs = _two_agents_restarting_once(tmp_path, WORKER_FAILING_IN_TWO_ATTEMPTS, "att1")
+    procs = _two_agents_restarting_once(tmp_path, WORKER_FAILING_IN_TWO_ATTEMPTS, "att1", loopback_port)
     try:
         deadline = time.monotonic() + 180
         while not ((tmp_path / "started0-1").exists() and (tmp_path / "started1-1").exists()):
@@ -626,14 +617,14 @@ print(json.dumps({"node": node, "count": os.environ.get("TORCHELASTIC_RESTART_CO
 """
 
 
-def test_a_node_restarted_for_another_nodes_failure_continues_the_run_as_that_node_does(tmp_path):
+def test_a_node_restarted_for_another_nodes_failure_continues_the_run_as_that_node_does(tmp_path, loopback_port):
     """--max-restarts on two nodes, node 1's worker failed and node 0's was well: torchrun restarts node 0's workers as
     node 1 rejoins, with TORCHELASTIC_RESTART_COUNT 0 (only a node's own failures count), so the trainer took node 0's
     second attempt for a new run (in the folder the first wrote) while node 1's resumed. The image's torchrun counts
     the nodes' meetings for its workers. Two real agents on loopback."""
     import json
 
-    procs = _two_agents_restarting_once(tmp_path, WORKER_RESTARTED_FOR_ANOTHER_NODE, "rs1")
+    procs = _two_agents_restarting_once(tmp_path, WORKER_RESTARTED_FOR_ANOTHER_NODE, "rs1", loopback_port)
     said = {}
     try:
         for rank, p in procs.items():
@@ -648,14 +639,9 @@ def test_a_node_restarted_for_another_nodes_failure_continues_the_run_as_that_no
     assert second[0] == {"node": "0", "count": "0", "restarted": True}, second  # torch's count says no restart
 
 
-def _two_agents_restarting_once(tmp_path, worker: str, rdzv_id: str) -> dict[int, subprocess.Popen]:
-    """Two nodes' agents of the image's torchrun on loopback, one worker each, --max-restarts=1; `worker` is given
-    `--run-dir tmp_path` and its node's DOCKYARD_NODE_RANK."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _two_agents_restarting_once(tmp_path, worker: str, rdzv_id: str, port: int) -> dict[int, subprocess.Popen]:
+    """Two nodes' agents of the image's torchrun on loopback, one worker each, --max-restarts=1, their rendezvous at
+    127.0.0.1:`port` (held by the test); `worker` is given `--run-dir tmp_path` and its node's DOCKYARD_NODE_RANK."""
     (tmp_path / "worker.py").write_text(worker)
     procs = {}
     for rank in (0, 1):
