@@ -18,12 +18,13 @@ import hashlib
 import html
 import http.server
 import re
-import socket
 import threading
 import zipfile
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+
+from tests.support.ports import held_port
 
 
 def normalized(name: str) -> str:
@@ -97,9 +98,8 @@ def serve_index(root: Path, wheels: list[Path]):
 def loopback_only_env():
     """Proxy variables that send whatever is not for 127.0.0.1 or ::1 to a loopback port that refuses it (bound,
     never listening): a resolver given no index of ours fails at once instead of asking DNS for pypi.org."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
-        closed.bind(("127.0.0.1", 0))
-        proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with held_port() as port:
+        proxy = f"http://127.0.0.1:{port}"
         env = {k: proxy for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")}
         yield env | {"NO_PROXY": "127.0.0.1,::1", "no_proxy": "127.0.0.1,::1"}
 

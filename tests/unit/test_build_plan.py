@@ -12,6 +12,7 @@ from dockyard import engine
 from dockyard.common.errors import DockyardError
 from dockyard.images import build, variants
 from dockyard.settings import ROOT
+from tests.support.ports import held_port
 from tests.support.stub_index import loopback_only_env, serve_index, sha256, stub_wheel
 
 
@@ -507,11 +508,8 @@ def test_a_wheelhouse_no_index_answers_for_says_how_to_bring_it(settings, lock_o
 @contextlib.contextmanager
 def socket_closed():
     """An index URL at a loopback port bound and never listening: refused at once."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
-        closed.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{closed.getsockname()[1]}/simple"
+    with held_port() as port:
+        yield f"http://127.0.0.1:{port}/simple"
 
 
 def test_an_engine_whose_buildkit_reads_no_run_mount_is_told_before_the_build(settings, monkeypatch, tmp_path):
