@@ -55,15 +55,21 @@ class Cluster:
         return "\n".join(out)
 
 
-def _free_port() -> int:
-    while True:
-        port = random.randrange(20000, 30000)
+def _free_ports() -> tuple[int, int]:
+    """Two different free ports for slurmctld and slurmd, between 29000 and the kernel's ephemeral ports (32768 on,
+    where any connect() may take one): the Slurm tests give their rendezvous (MASTER_PORT) a port from 20000 to
+    29000, which drawn from the same range could be a daemon's, and the two daemons' could be one."""
+    ports: list[int] = []
+    while len(ports) < 2:
+        port = random.randrange(29000, 32768)
         with socket.socket() as s:
             try:
                 s.bind(("0.0.0.0", port))
             except OSError:
                 continue
-            return port
+        if port not in ports:
+            ports.append(port)
+    return ports[0], ports[1]
 
 
 def _config(base: Path, node, ctl_port: int, d_port: int) -> str:
@@ -121,7 +127,7 @@ def _start(cluster: Cluster, node) -> None:
     key = b / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
-    cluster.conf.write_text(_config(b, node, _free_port(), _free_port()))
+    cluster.conf.write_text(_config(b, node, *_free_ports()))
     prolog = b / "taskprolog.sh"
     prolog.write_text(f'#!/bin/sh\n[ "$SLURMD_NODENAME" = dy2 ] && echo "export DOCKER_HOST=unix://{node.sock}"\n'
                       "exit 0\n")
