@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import secrets
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -77,11 +79,17 @@ def private_folder() -> Path:
 def partial(path: Path) -> Path:
     """A name beside `path` to write it under until whole, which no one can guess: in a folder others may write, a
     link planted under a predictable name (`<name>.<pid>.partial`) was written through and chmod'ed. Open it with
-    mode "x" (O_EXCL: made new, never through a link)."""
-    return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.partial")
+    mode "x" (O_EXCL: made new, never through a link). It names the writer's host too (host_tag): see left_behind."""
+    return path.with_name(f"{path.name}.{os.getpid()}.{host_tag()}-{secrets.token_hex(6)}.partial")
 
 
-LEFT_PARTIAL = re.compile(r".*\.(\d+)\.[0-9a-f]+\.partial(\.sig)?")  # partial()'s names: the pid is the writer's
+def host_tag() -> str:
+    """8 hex digits naming this host (of its host name), put in partial() names beside the writer's pid."""
+    return hashlib.sha256(socket.gethostname().encode(errors="replace")).hexdigest()[:8]
+
+
+# partial()'s names: the pid is the writer's, on the host the tag names (names made before the tag have none)
+LEFT_PARTIAL = re.compile(r".*\.(\d+)\.(?:([0-9a-f]{8})-)?[0-9a-f]+\.partial(\.sig)?")
 
 
 def gone(pid: int) -> bool:
@@ -97,12 +105,15 @@ def gone(pid: int) -> bool:
 
 def left_behind(folder: Path, names: set[str] | None = None) -> list[Path]:
     """This user's partial() files (of `names`, or any) in `folder` whose writer is gone (killed with SIGKILL, a
-    power cut): nothing else ever removes them."""
+    power cut): nothing else ever removes them. Only those written on this host: a folder on shared storage (NFS: the
+    runs folder of several nodes, a home's layer cache, a team's --out) holds another node's, whose pid says nothing
+    here; those were removed under their live writer (its save or export then failed, or exported nothing)."""
     found = []
     with contextlib.suppress(OSError):
         for p in folder.iterdir():
             m = LEFT_PARTIAL.fullmatch(p.name)
-            if not m or (names is not None and p.name[:m.start(1) - 1] not in names) or not gone(int(m[1])):
+            if (not m or (names is not None and p.name[:m.start(1) - 1] not in names)
+                    or m[2] not in (None, host_tag()) or not gone(int(m[1]))):
                 continue
             with contextlib.suppress(OSError):
                 st = p.lstat()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dockyard import engine
+from dockyard.common import locks
 from dockyard.common.errors import DockyardError, loads
 
 MIN_LAYER = 1 << 20          # smaller layers are not worth a frame (or a cache entry) of their own
@@ -74,7 +75,7 @@ class LayerCache:
 
     def partial(self, digest_hint: str) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
-        return self.dir / f".{digest_hint}.{os.getpid()}.{threading.get_ident()}.partial"
+        return self.dir / f".{digest_hint}.{os.getpid()}.{locks.host_tag()}-{threading.get_ident()}.partial"
 
     def keep(self, partial: Path, digest: str, sha: str, size: int) -> None:
         frame, total = self._paths(digest)

@@ -309,3 +309,40 @@ def test_the_save_bar_ends_at_the_tar_docker_save_streamed_never_past_its_total(
     monkeypatch.setattr(console, "progress", lambda things=False: console.Lines(things))  # a log: the same count
     save_mod.save(s, image="t:2", out=str(tmp_path / "dist"), compress="none")
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"save t_2.tar: {read} of {read} (100%), ")
+
+
+WRITER_ON = """
+import socket, sys
+from pathlib import Path
+socket.gethostname = lambda: sys.argv[1]  # the node whose save this process stands for
+from dockyard.common import locks
+from dockyard.transport.frames import LayerCache
+out, cache = Path(sys.argv[2]), LayerCache(Path(sys.argv[3]), "zstd", 3, 1 << 30)
+for p in (locks.partial(out / "x_1.tar.zst"), cache.partial("ab" * 32)):
+    p.write_bytes(b"half a layer")
+"""
+
+
+def test_a_save_leaves_the_partial_files_another_node_writes_in_a_shared_folder(tmp_path, capsys):
+    """A save's output folder and layer cache on shared storage (NFS: a home's ~/.cache, a team's --out): a second
+    node's save took the partial archive and frame a first node's save was writing for those of a save killed outright
+    (their pid runs on no process here) and removed them under it, and that save failed. Now a partial file names its
+    host: another node's is left to it, this host's of a writer that is gone is removed."""
+    import socket
+    import subprocess
+    import sys
+
+    from dockyard.common import locks
+    from dockyard.transport.frames import LayerCache
+
+    out, cache = tmp_path / "dist", LayerCache(tmp_path / "cache", "zstd", 3, 1 << 30)
+    out.mkdir()
+    for host in ("node-b", socket.gethostname()):  # another node's writer, then one of this host's; each ends (pid gone)
+        subprocess.run([sys.executable, "-c", WRITER_ON, host, str(out), str(tmp_path / "cache")], check=True,
+                       cwd=Path(save_mod.__file__).parents[2])
+    written = sorted(p.name for p in [*out.iterdir(), *cache.dir.iterdir()])
+    assert len(written) == 4, written
+    save_mod.remove_left_behind(ArchivePaths(out / "x_1.tar.zst"), cache)
+    assert "removed 2 partial file(s) of 24 B" in capsys.readouterr().out
+    kept = sorted(p.name for p in [*out.iterdir(), *cache.dir.iterdir()])
+    assert len(kept) == 2 and all(f".{locks.host_tag()}-" not in name for name in kept), kept
