@@ -124,6 +124,7 @@ if [ -z "$name" ]; then
 		die "name the archive to load (sh load.sh NAME), one of: $found"
 	fi
 	name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1")
+	case $name in *[![:print:]]*) die "$1 names as its archive a name holding a control character (said as it is, an escape sequence drives the terminal), which no save gives an archive: refused, nothing was loaded" ;; esac
 	# read before any check: a name with a path (../../x) would have the copy below opened over that file, emptying it
 	case $name in '' | */* | -*) die "$1 names the archive '$name', which is not a file name beside it: refused, nothing was loaded" ;; esac
 fi
@@ -245,6 +246,11 @@ got=$(sha256 <"$work/manifest.json")
 
 [ "$(sed -n 's/^  "archive_sha256": "\([0-9a-f]*\)",$/\1/p' "$work/manifest.json")" = "$(listed "$name")" ] \
 	|| die "$base.sha256 and $base.manifest.json disagree about $name: refused, nothing was loaded"
+# `invoke save` writes the manifest in printable ASCII (JSON escapes anything else), and `invoke load` reads it as JSON,
+# where no raw control character can be: one here (an escape sequence in a tag of a crafted set, with a .sha256 to
+# match) reached the terminal as it was wherever a line below names a tag, and the next load.sh's said_moved too.
+[ "$(LC_ALL=C tr -d '\n -~' <"$work/manifest.json" | wc -c | tr -d ' ')" -eq 0 ] \
+	|| die "$base.manifest.json holds control characters or bytes outside ASCII, which no manifest invoke save writes holds (a tag's escape sequence would drive the terminal): refused, nothing was loaded"
 
 IMAGES=$(field check_images)
 LAYERS=$(field check_layers)

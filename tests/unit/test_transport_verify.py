@@ -139,6 +139,43 @@ def test_load_sh_refuses_a_manifest_it_cannot_trust_before_docker_load(tmp_path,
     assert r.returncode == 1 and "refused" in r.stderr and "loading" not in r.stdout
 
 
+@pytest.mark.parametrize("where", ["check_images", "archive", "archive found"])
+def test_load_sh_refuses_a_manifest_holding_an_escape_sequence_before_any_of_it_reaches_the_terminal(tmp_path, where):
+    """A crafted set (a .sha256 to match) whose manifest names a tag, or its archive, with a raw escape sequence: JSON
+    allows none, so `invoke load` refuses it, but load.sh read it with sed and said the tag as it was ("load.sh: <ESC>]0;
+    ...<ESC>[2J t:1 is missing") after docker load had run, retitling and clearing the terminal. Now refused after the
+    manifest's sha256, before the engine is asked anything, and nothing of it is shown; `sh load.sh` alone, which takes
+    the archive's name from the one manifest beside it, refuses such a name as it reads it ("... is missing here")."""
+    import io
+    import tarfile
+
+    loader = write_loader(tmp_path)
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w", format=tarfile.GNU_FORMAT) as t:
+        member = tarfile.TarInfo("manifest.json")
+        member.size = 2
+        t.addfile(member, io.BytesIO(b"[]"))
+    paths = make_set(tmp_path, payload=tar.getvalue(), name="t_1.tar")
+    escape = "\x1b]0;owned\x07\x1b[2J"
+    text = paths.manifest.read_text().replace('"tar_bytes": 10000', f'"tar_bytes": {len(tar.getvalue())}')
+    text = text.replace('"t:1=sha256', f'"{escape}t:1=sha256') if where == "check_images" else \
+        text.replace('"archive": "t_1.tar"', f'"archive": "{escape}t_1.tar"')
+    paths.manifest.write_text(text)
+    reseal(paths)
+    bin_dir = tmp_path / "bin"  # an engine that holds nothing and loads what it is given
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\ncase "$1 $2" in\n'
+                                    '"info "* | "image ls") exit 0 ;;\n"load ") cat >/dev/null; exit 0 ;;\nesac\nexit 1\n')
+    (bin_dir / "docker").chmod(0o755)
+    r = subprocess.run(["sh", loader, *([] if where == "archive found" else [paths.archive.name])], cwd=tmp_path,
+                       capture_output=True, text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert r.returncode == 1 and "\x1b" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert ("t_1.manifest.json names as its archive a name holding a control character" if where == "archive found" else
+            "t_1.manifest.json holds control characters or bytes outside ASCII, which no manifest invoke save writes "
+            "holds") in r.stderr and "nothing was loaded" in r.stderr
+    assert not (tmp_path / "docker-used").exists()  # refused before the engine was asked anything
+
+
 @hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 def test_any_sha256_file_verifies_or_is_refused_never_a_crash(tmp_path, content):
