@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
@@ -539,7 +540,21 @@ def copy_context(dst: Path, variant: Variant, wheels: Path | None = None) -> Pat
     for f in (ROOT / "images").iterdir():  # the Dockerfile and the scripts its steps bind-mount
         if f.is_file():
             shutil.copy2(f, dst / "images" / f.name)
-    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant.name, dst / "wheels", copy_function=os.link)
+    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant.name, dst / "wheels", copy_function=_linked)
     shutil.copy2(variant.lock_file, dst / "wheels" / "lock.txt")
     shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
     return dst
+
+
+def _linked(src: str, dst: str) -> None:
+    """A wheel hard-linked into the context by the file it names: a wheelhouse carried in as links (`cp -s`, links
+    into a shared store) passed the lock's check through them (holds_the_lock), and os.link linked the links
+    themselves, which lead nowhere inside the build (pip failed there, minutes in). Copied where no hard link can be
+    made: another file system, another user's file."""
+    real = os.path.realpath(src)
+    try:
+        os.link(real, dst)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM):
+            raise
+        shutil.copy2(real, dst)

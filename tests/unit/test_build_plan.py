@@ -490,6 +490,25 @@ def test_a_wheelhouse_carried_in_without_its_stamps_is_checked_not_downloaded(se
         assert build.wheelhouse_complete(s, variant)
 
 
+def test_a_wheelhouse_carried_in_as_links_reaches_the_build_as_its_files(settings, lock_of_two, tmp_path):
+    """A wheelhouse carried in as links to its files (`cp -s` from a mounted store, a folder of links into a shared
+    cache) passed the lock's check through them and was stamped complete, and the build's context held the links
+    themselves, which lead nowhere inside the build: pip failed there on every wheel. The context now holds the
+    files the links name."""
+    s = settings.model_copy(update={"wheelhouse_dir": tmp_path / "wh"})
+    (tmp_path / "wh" / "cpu").mkdir(parents=True)
+    for w in lock_of_two:
+        (tmp_path / "wh" / "cpu" / w.name).symlink_to(w)
+    variant = variants.resolve(s, "cpu")[0]
+    build.wheelhouse(s, "cpu")  # checked against the lock through the links, and stamped
+    assert build.wheelhouse_complete(s, variant)
+    context = build.copy_context(tmp_path / "context", variant, wheels=tmp_path / "wh" / "cpu")
+    sent = {p.name: p for p in (context / "wheels").iterdir() if p.suffix == ".whl"}
+    assert sorted(sent) == sorted(w.name for w in lock_of_two)
+    for w in lock_of_two:
+        assert not sent[w.name].is_symlink() and sha256(sent[w.name]) == sha256(w), w.name
+
+
 def test_a_wheelhouse_no_index_answers_for_says_how_to_bring_it(settings, lock_of_two, tmp_path):
     """A file of the lock missing (or another's in its place) and no index answering: pip's failure alone, with
     nothing on what an offline host does about it."""
