@@ -761,6 +761,21 @@ def test_a_run_id_whose_run_failed_before_training_says_how_to_use_it_again(env,
     assert "rm -r" not in r.stderr
 
 
+def test_data_of_thousands_of_fields_naming_no_format_is_refused_in_a_short_line(env, tmp_path):
+    """A .csv header of 200,000 columns (or a JSON line whose field name is megabytes) naming no format was refused
+    with every name in the line: 1.7 MB of error on the terminal. The first names are said, and how many more."""
+    wide = tmp_path / "wide.csv"
+    wide.write_text(",".join(f"c{i}" for i in range(200_000)) + "\n" + ",".join("x" * 200_000) + "\n")
+    r = dry(env, f"--data={wide}")
+    refused(r, f"{wide}: cannot tell the data format from its fields (c0, c1, c10, c100, c1000, c10000, c100000, ")
+    assert "c100012 and 199980 more); rename them to one of messages" in r.stderr and len(r.stderr) < 4000, len(r.stderr)
+    long = tmp_path / "long.jsonl"
+    long.write_text(a_step_of('{"' + "q" * 1_000_000 + '": "a"}'))
+    r = dry(env, f"--data={long}")
+    refused(r, f"{long}: cannot tell the data format from its fields ({'q' * 57}...); rename them")
+    assert len(r.stderr) < 4000, len(r.stderr)
+
+
 def test_data_whose_first_example_names_no_format_is_refused_before_the_image_starts(env, tmp_path):
     """`qa.jsonl` with question/answer fields was refused inside the container, ~15 s later, leaving a failed run
     folder; its first line, read on the host, says the same now (the trainer's own words, from the same rules)."""
