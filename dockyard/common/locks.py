@@ -122,6 +122,20 @@ def left_behind(folder: Path, names: set[str] | None = None) -> list[Path]:
     return found
 
 
+def written_elsewhere(folder: Path, names: set[str]) -> list[Path]:
+    """This user's partial() files of `names` in `folder` that another host wrote (its tag): left to that host, whose
+    writer may still run (left_behind)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for p in folder.iterdir():
+            m = LEFT_PARTIAL.fullmatch(p.name)
+            if m and p.name[:m.start(1) - 1] in names and m[2] not in (None, host_tag()):
+                with contextlib.suppress(OSError):
+                    if p.lstat().st_uid == os.geteuid():
+                        found.append(p)
+    return found
+
+
 def names_a_folder(v: str) -> bool:
     """Whether a path as the user wrote it can only be a folder: it ends in `/`, `.` or `..` (`DIR/.` would
     otherwise read as the file DIR), or a folder is there."""

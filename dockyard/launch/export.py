@@ -63,6 +63,11 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
                                                    "the folder's name: give --out a name without control characters")
     left = left_unfinished(settings, target, run)
     if (target.exists() or target.is_symlink()) and not (left and target.is_dir() and not target.is_symlink()):
+        if elsewhere := locks.written_elsewhere(target.parent, {target.name}):
+            raise DockyardError(f"{target} is being written by an export on another host, or was left by one killed "
+                                f"there (its marker {elsewhere[0].name}; this host cannot tell which): export there, "
+                                f"which removes what a killed one left, or remove {target} and that marker once "
+                                "nothing writes it")
         raise DockyardError(f"{target} already exists: give a new --out folder (an export never overwrites)")
     if out and target.is_relative_to(run_dir.resolve()):
         raise DockyardError(f"--out={out} is inside the run folder {run_dir}, whose files are the run's own: give a "

@@ -3,6 +3,7 @@ overwritten, a missing run said plainly. Nothing runs (the export itself: tests/
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -37,6 +38,32 @@ def test_export_runs_in_the_runs_image_with_its_model_mounted_read_only(settings
     assert "--gpus" not in argv
     assert argv[argv.index(REF):] == [REF, "python", "-m", "dockyard.train.export", "--run-dir",
                                       "/workspace/runs/r1", "--out", "/workspace/export", "--merge"]
+
+
+def test_an_export_another_host_writes_in_a_shared_runs_folder_is_left_to_it(settings, tmp_path, monkeypatch):
+    """A run folder on storage several nodes share (a multi-node run's): node B's export of a run that node A was
+    exporting took A's marker for one of an export killed outright (its pid runs nothing on B) and removed the folder
+    A's export was writing. B now leaves it, and says whose it is and what to do."""
+    import subprocess
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path)
+    (run / "export").mkdir()
+    (run / "export" / "model.safetensors").write_bytes(b"half")
+    marker = subprocess.run([sys.executable, "-c", "import socket, sys; socket.gethostname = lambda: 'node-a'; "
+                             "from dockyard.common import locks; print(locks.partial(__import__('pathlib').Path("
+                             "sys.argv[1])))", str(run / "export")], capture_output=True, text=True, check=True,
+                            cwd=Path(export.__file__).parents[2]).stdout.strip()  # its pid: a process that ended
+    Path(marker).write_text("invoke export is writing export/ beside this file\n")
+    monkeypatch.setattr(export, "check_image", lambda *a: None)
+    monkeypatch.setattr(export.engine, "engine_info", lambda settings: {})
+    monkeypatch.setattr(export.caches, "prepare", lambda *a, **kw: None)
+    monkeypatch.setattr(export.engine, "run", lambda argv, **kw: pytest.fail(f"ran {argv}, after: "
+                                                                              f"{sorted(os.listdir(run))}"))
+    with pytest.raises(DockyardError, match=rf"^{re.escape(str(run / 'export'))} is being written by an export on "
+                       rf"another host, or was left by one killed there \(its marker {re.escape(Path(marker).name)};"):
+        export.export(s, run="r1")
+    assert (run / "export" / "model.safetensors").read_bytes() == b"half" and Path(marker).exists()
 
 
 def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
