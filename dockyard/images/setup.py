@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import urllib.parse
@@ -141,10 +142,19 @@ def give_to_sudo_user(wheels: Path, checkout: Path = ROOT, environ=os.environ) -
 
 
 def _give(name: str, dir_fd: int | None, owner: tuple[int, int]) -> None:
-    """`name` (never a link's target) made the user's where root owns it; a file removed meanwhile is left alone."""
-    with contextlib.suppress(FileNotFoundError):
-        if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid == 0:
-            os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
+    """`name` (never a link's target) made the user's where root owns it; a file removed meanwhile is left alone. A
+    file of several names is left too: one root downloaded has one, and a hard link the user made in the wheelhouse
+    (where fs.protected_hardlinks is 0) to a file of root's (/etc/shadow) gave the user that file."""
+    try:  # checked and given through one descriptor: a name swapped between the two gives nothing
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:  # removed meanwhile, or a link (O_NOFOLLOW: ELOOP), which is the user's own
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1):
+            os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
 
 
 def without_them(settings: Settings, variant: variants.Variant) -> str:

@@ -80,3 +80,23 @@ def test_giving_the_wheelhouse_back_follows_no_folder_swapped_for_a_link_and_min
     setup.give_to_sudo_user(wheels, checkout, environ={"SUDO_UID": "65534", "SUDO_GID": "65533"})
     assert (outside / "x.whl").stat().st_uid == 0 and outside.stat().st_uid == 0
     assert wheels.stat().st_uid == 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setup hands files back only as root (sudo)")
+def test_a_hard_link_in_the_wheelhouse_to_a_file_of_root_s_stays_root_s(tmp_path):
+    """The user owns the checkout, so the wheelhouse folder sudo's setup downloads into may be theirs; where
+    fs.protected_hardlinks is 0 they can hard-link a file of root's there (/etc/shadow, made here by root in their
+    stead), and the hand-back made that file the user's. A file of several names stays as it is; the wheels root
+    downloaded (one name each) go to the user."""
+    checkout = tmp_path / "dockyard"
+    wheels = checkout / "images" / "wheelhouse" / "cpu"
+    wheels.mkdir(parents=True)
+    (wheels / "torch.whl").write_bytes(b"x")
+    shadow = tmp_path / "etc" / "shadow"
+    shadow.parent.mkdir()
+    shadow.write_text("root:$6$secret:19000:0:99999:7:::\n")
+    shadow.chmod(0o640)
+    os.link(shadow, wheels / "peft.whl")
+    setup.give_to_sudo_user(wheels, checkout, environ={"SUDO_UID": "65534", "SUDO_GID": "65533"})
+    assert (shadow.stat().st_uid, shadow.stat().st_gid) == (0, 0)
+    assert (wheels / "torch.whl").stat().st_uid == 65534 and wheels.stat().st_uid == 65534
