@@ -422,6 +422,7 @@ class MetricsRecord(_Loose):
     mfu: float | None = None
     peak_memory_bytes: Count | None = None
     peak_memory_kind: Words | None = None  # "gpu_reserved" (torch's pool, the largest rank) or "rss" (CPU)
+    peak_memory_rank: Count | None = None  # the rank whose peak it is
     compile_cache: dict[str, int] | None = None  # graphs loaded from the compile cache (hits) or compiled (misses)
     steady_state: SteadyState | None = None
 

@@ -660,8 +660,10 @@ def _peak(met: runfolder.MetricsRecord) -> str:
     """The peak memory as measured: torch's GPU pool of the largest rank, or the largest process's RSS on CPU."""
     size = met.peak_memory_bytes or 0
     shown = f"{size / 2**30:.1f} GiB" if size >= 10 * 2**30 else f"{size / 2**20:.0f} MiB"
-    kind = {"rss": "peak RSS {} (the largest process)", "gpu_reserved": "peak GPU memory {} (reserved, the largest "
-            "rank)"}.get(met.peak_memory_kind or "", "peak memory {}")
+    largest = f"the largest: rank {met.peak_memory_rank}" if met.peak_memory_rank is not None else None
+    kind = {"rss": f"peak RSS {{}} ({largest or 'the largest process'})",
+            "gpu_reserved": f"peak GPU memory {{}} (reserved, {largest or 'the largest rank'})"}.get(
+        met.peak_memory_kind or "", "peak memory {}")
     return kind.format(shown)
 
 

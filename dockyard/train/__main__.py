@@ -520,6 +520,8 @@ def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
 
 def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     """The reference logits, the saved model, and the run's figures (peak memory, throughput) over all ranks."""
+    from dockyard.train.callbacks import over_ranks  # lazy: see the note on the imports
+
     args = p.args
     compiled = strategy.compile_cache_use()  # training's graphs (the reference logits below may compile more)
     run.doing("saving the model")
@@ -529,16 +531,13 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     trainer.save_model(str(run.opts.run_dir / runfolder.MODEL))
     runfolder.share_weights(run.opts.run_dir / runfolder.MODEL)  # every rank, as each may have written: a chmod is idempotent
     final_save = time.perf_counter() - saving  # after training: never taken out of its time (metrics.seconds)
-    peak = torch.tensor(manifest.peak_memory_bytes(), device=args.device)
-    trained = torch.tensor(metrics.tokens_trained, device=args.device)
-    if run.world_size > 1:
-        torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-        torch.distributed.all_reduce(trained)
+    trained, (peak, peak_rank) = over_ranks(metrics.tokens_trained, manifest.peak_memory_bytes(), run.world_size,
+                                            args.device)
     # The steady state: logging windows after warm-up, saves and evaluation left out (callbacks.MetricsLog);
     # with nothing logged, the whole run less saves and evaluation.
     steady = metrics.steady_state() or {
-        "tokens": int(trained.item()), "seconds": round(metrics.seconds, 4), "warm_up_left_out": False,
-        "tokens_per_second": round(trained.item() / metrics.seconds, 2) if metrics.seconds > 0 else 0.0, "mfu": None}
+        "tokens": trained, "seconds": round(metrics.seconds, 4), "warm_up_left_out": False,
+        "tokens_per_second": round(trained / metrics.seconds, 2) if metrics.seconds > 0 else 0.0, "mfu": None}
     run.metrics = {"steps": trainer.state.global_step,
                    "tokens_per_second": steady["tokens_per_second"],
                    "mfu": steady["mfu"],
@@ -547,8 +546,8 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                    "seconds_evaluating": round(metrics.seconds_evaluating, 3),
                    "compile_cache": compiled,
                    "steady_state": steady,
-                   "peak_memory_bytes": int(peak.item()),
-                   "peak_memory_kind": "gpu_reserved" if torch.cuda.is_available() else "rss"}
+                   "peak_memory_bytes": peak, "peak_memory_kind": manifest.peak_memory_kind(),
+                   "peak_memory_rank": peak_rank}
 
 
 def reference_logits(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str, Any]:

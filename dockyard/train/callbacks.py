@@ -156,6 +156,8 @@ class MetricsLog(TrainerCallback):
         self._paused = 0.0             # seconds saving or evaluating within the open window
         self._step_lr: float | None = None  # the learning rate the current step trains with
         self.steps_done = 0            # the Trainer's global step after the last step that ended (a resume's, at first)
+        # (bytes, rank): the largest process's peak memory as of the last window closed, which a failed run reports
+        self.peak_memory: tuple[int, int] | None = None
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
         # The rate this step's update uses. The Trainer logs the scheduler's last rate, read after the optimizer step
@@ -226,7 +228,8 @@ class MetricsLog(TrainerCallback):
         _synchronize()
         now, count = time.perf_counter(), self.tokens.value
         start, start_count, start_step = self._window
-        tokens = _sum_over_ranks(count - start_count, self.world, self.device)
+        tokens, self.peak_memory = over_ranks(count - start_count, manifest.peak_memory_bytes(), self.world,
+                                              self.device)
         seconds = max(now - start - self._paused, 1e-9)
         self.windows.append({"from_step": start_step + 1, "step": step, "tokens": tokens, "seconds": seconds})
         self._window, self._mark, self._paused = (now, count, step), now, 0.0
@@ -289,12 +292,16 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _sum_over_ranks(n: int, world: int, device: Any) -> int:
+def over_ranks(tokens: int, peak: int, world: int, device: Any) -> tuple[int, tuple[int, int]]:
+    """`tokens` summed over the ranks, and the largest of their `peak`s (memory) with its rank, in one collective."""
     import torch
     import torch.distributed as dist
 
     if world <= 1 or not (dist.is_available() and dist.is_initialized()):
-        return n
-    total = torch.tensor([n], dtype=torch.int64, device=device)
-    dist.all_reduce(total)
-    return int(total.item())
+        return tokens, (peak, 0)
+    mine = torch.tensor([tokens, peak], dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    rows = [row.tolist() for row in every]
+    largest = max(range(world), key=lambda rank: rows[rank][1])
+    return sum(row[0] for row in rows), (rows[largest][1], largest)

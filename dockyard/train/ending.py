@@ -71,8 +71,9 @@ def _finish(run: Run, error: str | None) -> None:
     if error and (error.startswith(STOPPED) or (not error.startswith("lost ") and nodes.CUT_OFF.search(error))):
         error = _first_failure(run) or error
     extra = {**run.record.to_json(), **({"error": error} if error else {})}
+    measured = run.metrics or {**measured_so_far(run.log), **_largest_peak(run)}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
-                            run.check.in_effect if run.check else None, run.metrics or measured_so_far(run.log), extra)
+                            run.check.in_effect if run.check else None, measured, extra)
     try:
         manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
     except OSError as e:  # a full disk: the error above is what the user needs
@@ -95,6 +96,21 @@ def measured_so_far(log: Any) -> dict[str, Any]:
             "seconds_evaluating": round(log.seconds_evaluating, 3)}
 
 
+def _largest_peak(run: Run) -> dict[str, Any]:
+    """A run that stopped: the largest peak memory any rank reached, and that rank, without a collective (a rank may
+    be gone): this process's own, every rank's as of the last logging window (callbacks.MetricsLog), and that of each
+    rank that failed, from its note (_tell_the_writer). A completed run measures it over the ranks at its end (its
+    manifest had rank 0's alone where rank 1 had run out of memory)."""
+    rank = os.environ.get("RANK", "0").strip()
+    found = [(manifest.peak_memory_bytes(), int(rank) if rank.isascii() and rank.isdecimal() else 0)]
+    if run.log is not None and run.log.peak_memory:
+        found.append(run.log.peak_memory)
+    found += [(note["peak_memory_bytes"], note["rank"]) for note in _notes(run)
+              if type(note.get("peak_memory_bytes")) is int and 0 <= note["peak_memory_bytes"] < 2**63]
+    peak, rank_of_peak = max(found)
+    return {"peak_memory_bytes": peak, "peak_memory_kind": manifest.peak_memory_kind(), "peak_memory_rank": rank_of_peak}
+
+
 def _attempt() -> str:
     """This start of the run: torchrun's run id and restart count (a file of an earlier attempt is not this one's)."""
     return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{restarts()}"
@@ -105,27 +121,34 @@ def _tell_the_writer(run: Run, error: str) -> None:
     rank = os.environ.get("RANK", "0")
     try:
         runfolder.write(run.opts.run_dir, f"{runfolder.RANK_FAILED}{rank}",
-                        json.dumps({"attempt": _attempt(), "rank": int(rank), "error": error[:4000]}))
+                        json.dumps({"attempt": _attempt(), "rank": int(rank), "error": error[:4000],
+                                    "peak_memory_bytes": manifest.peak_memory_bytes()}))
     except (OSError, DockyardError, ValueError):
         pass  # its error is on its stderr anyway
 
 
 def _first_failure(run: Run) -> str | None:
-    """The error of the lowest rank of this attempt that failed, from its note (untrusted: checked, never followed)."""
+    """The error of the lowest rank of this attempt that failed, from its note."""
+    found = [(note["rank"], note["error"]) for note in _notes(run) if isinstance(note.get("error"), str)]
+    if not found:
+        return None
+    rank, error = min(found)
+    return f"{error} (rank {rank}; torchrun then stopped the others)"
+
+
+def _notes(run: Run) -> list[dict[str, Any]]:
+    """The notes this attempt's failed ranks left (_tell_the_writer), read as untrusted: checked, never followed."""
     found = []
     try:
         names = [n for n in os.listdir(run.opts.run_dir) if n.startswith(runfolder.RANK_FAILED)]
         for name in names:
             note = loads(runfolder.read_text(run.opts.run_dir, name, limit=1 << 16) or "null")
-            if (isinstance(note, dict) and note.get("attempt") == _attempt() and isinstance(note.get("rank"), int)
-                    and isinstance(note.get("error"), str)):
-                found.append((note["rank"], note["error"]))
+            if (isinstance(note, dict) and note.get("attempt") == _attempt() and type(note.get("rank")) is int
+                    and 0 <= note["rank"] < 2**31):
+                found.append(note)
     except (OSError, ValueError, DockyardError):
-        return None
-    if not found:
-        return None
-    rank, error = min(found)
-    return f"{error} (rank {rank}; torchrun then stopped the others)"
+        return []
+    return found
 
 
 def lost(run: Run, message: str) -> NoReturn:

@@ -30,6 +30,13 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def peak_memory_kind() -> str:
+    """What peak_memory_bytes measures here: "gpu_reserved" (torch's pool) or "rss" (the process, on CPU)."""
+    import torch
+
+    return "gpu_reserved" if torch.cuda.is_available() else "rss"
+
+
 def logged(run_dir: Path, name: str = runfolder.METRICS) -> list[dict[str, Any]]:
     """The lines of metrics.jsonl that are JSON objects with a step (a damaged line is skipped, not a crash)."""
     rows = []
