@@ -29,6 +29,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -595,6 +596,43 @@ def check_steps_left(run_dir: Path, max_steps: Any, last: Path | None, completed
 def manifest_file(node_rank: int) -> str:
     """Node 0's manifest is the run's; every other node of a multi-node run writes its own beside it."""
     return MANIFEST if node_rank == 0 else f"manifest-node{node_rank}.json"
+
+
+NODE_MANIFEST = re.compile(r"manifest-node([1-9][0-9]{0,5})\.json")
+
+
+def record_for(run_dir: Path, node_rank: int) -> tuple[str, RunManifest] | None:
+    """The record a node's --resume reads the run from, and its file's name (records_for's first); None where no
+    node wrote one."""
+    return next(records_for(run_dir, node_rank), None)
+
+
+def records_for(run_dir: Path, node_rank: int) -> Iterator[tuple[str, RunManifest]]:
+    """The run's records a node's --resume may read (record_names), each with its file's name, best first. Another
+    node's that is no manifest is passed over: only the fallback, not this node's to refuse."""
+    for name in record_names(run_dir, node_rank):
+        try:
+            m = read_manifest(run_dir, name)
+        except DockyardError:
+            if name in (manifest_file(node_rank), MANIFEST):
+                raise
+            continue
+        if m is not None:
+            yield name, m
+
+
+def record_names(run_dir: Path, node_rank: int) -> list[str]:
+    """The files of the run's records in run_dir that a node's --resume may read, best first: the node's own; where it
+    wrote none (lost before it could), the run's manifest.json, then the other nodes' records, lowest node first (both
+    nodes lost: node 1 failed and wrote its own, node 0 went down without one, and node 1, having lost no node 0, made
+    no manifest.json of its record: node 0's resume was refused as a run that had written no record at all)."""
+    try:
+        names = set(os.listdir(run_dir))
+    except OSError:
+        return []
+    others = sorted(int(found[1]) for name in names if (found := NODE_MANIFEST.fullmatch(name)))
+    return [name for name in dict.fromkeys([manifest_file(node_rank), MANIFEST, *map(manifest_file, others)])
+            if name in names]
 
 
 def run_dir_of(cmd: list[str]) -> str:

@@ -94,34 +94,34 @@ def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
 
 def trained_where(run_dir: Path, node_rank: int) -> bool | None:
     """Whether the run in run_dir trained on this host (--native), as its manifest says; None without one."""
-    m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank)) or runfolder.read_manifest(run_dir)
-    return None if m is None else m.variant in runfolder.NATIVE_VARIANTS
+    found = runfolder.record_for(run_dir, node_rank)
+    return None if found is None else found[1].variant in runfolder.NATIVE_VARIANTS
 
 
-def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -> tuple[dict[str, str], int]:
+def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -> tuple[dict[str, str], int, str]:
     """`--resume` of a run trained in a container: the host paths of the inputs it mounted (its manifest's `inputs`)
-    that this command does not give again, and the node whose record names them. The run's settings hold the paths
-    inside the container, and a resume mounts only what its command names (a manifest any container can write never
-    chooses a host folder to mount): without them the trainer refused after the container had started, naming a
-    /workspace path the user never typed. A node that wrote no record of its own (lost before it could) finds the
-    run's manifest.json, another node's where its `node_rank` says so (the node that lost node 0 writes it): those
-    are that node's host paths, not this one's."""
-    own = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank))
-    m = own or runfolder.read_manifest(run_dir)
-    if m is None:
-        return {}, node_rank
+    that this command does not give again, the node whose record names them, and that record's file. The run's
+    settings hold the paths inside the container, and a resume mounts only what its command names (a manifest any
+    container can write never chooses a host folder to mount): without them the trainer refused after the container
+    had started, naming a /workspace path the user never typed. A node that wrote no record of its own (lost before it
+    could) finds the run's manifest.json, or another node's record (runfolder.record_for): those are that node's host
+    paths, not this one's."""
+    found = runfolder.record_for(run_dir, node_rank)
+    if found is None:
+        return {}, node_rank, runfolder.manifest_file(node_rank)
+    name, m = found
+    own = name == runfolder.manifest_file(node_rank)
     whose = m.node_rank if m.node_rank is not None else node_rank if own else 0  # one of before node_rank: node 0's
     return {key: rec.path for key in ("data", "model", "eval_data")
             if (rec := m.inputs.get(key)) and rec.path and rec.inside.startswith(inputs.INPUTS + "/")
-            and not given.get(key)}, whose
+            and not given.get(key)}, whose, name
 
 
 def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
     """`--resume`: the recipe the run was started with, as its manifest names it; a --recipe naming another is
     refused (DeepSpeed cannot continue another strategy's checkpoint, and the failed try would overwrite the record
     of the run). The manifest names a recipe folder of your own by the folder's name: that one is given again."""
-    recorded = next((m.recipe for name in dict.fromkeys((runfolder.manifest_file(node_rank), runfolder.MANIFEST))
-                     if (m := runfolder.read_manifest(run_dir, name)) and m.recipe), "")
+    recorded = next((m.recipe for _, m in runfolder.records_for(run_dir, node_rank) if m.recipe), "")
     if given:
         folder = Path(os.path.expanduser(given))
         name = folder.resolve().name if (folder / "recipe.yaml").is_file() else given

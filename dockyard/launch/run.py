@@ -110,7 +110,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                             f"{resume_command(replace(r, native=native), r.run_id)}")
     if resumed and not r.native:
         given = {"data": r.data, "model": r.model, **inputs.override_values(overrides)}
-        again, whose = preflight.inputs_to_give_again(resumed, r.node_rank, given)
+        again, whose, record = preflight.inputs_to_give_again(resumed, r.node_rank, given)
         if again:
             fixed = replace(r, data=again.get("data", r.data), model=again.get("model", r.model),
                             overrides=(*r.overrides, *(["--eval_data", again["eval_data"]] if "eval_data" in again
@@ -120,7 +120,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 # another node's paths: said as theirs, offered where this node's are the same (shared storage, as a
                 # run of several nodes mostly has); the trainer holds what it is given against that record's fingerprint
                 raise DockyardError(f"--resume: run {r.run_id} holds no record of what node {r.node_rank} read (it "
-                                    f"wrote none, lost before it could; {runfolder.MANIFEST} is node {whose}'s), and a "
+                                    f"wrote none, lost before it could; {record} is node {whose}'s), and a "
                                     f"resume mounts what its command names: give node {r.node_rank}'s as it was "
                                     f"started. Node {whose} read {read}; where node {r.node_rank}'s "
                                     f"{'is' if len(again) == 1 else 'are'} there too: {resume_command(fixed, r.run_id)}")

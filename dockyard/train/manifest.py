@@ -212,7 +212,7 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
 def check_same_recipe(run_dir: Path, recipe: str) -> None:
     """--resume with the recipe the run was started with: a checkpoint holds one strategy's state (DeepSpeed's
     engine files, DDP's optimizer), which another strategy cannot load, or loads wrongly."""
-    was = recorded(run_dir).get("recipe")
+    was = run_record(run_dir).get("recipe")
     if isinstance(was, str) and was and was != recipe:
         raise DockyardError(f"--resume: {run_dir} was trained with recipe {was}, not {recipe}: resume it with "
                             f"--recipe {was} (a checkpoint holds one strategy's state)")
@@ -231,7 +231,7 @@ def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str
     hold them against, a path written into that file (by anything that ran in the folder) is not read. `every`:
     all three held against the record (a checkpoint continues), else only `from_saved` (nothing trained yet: what is
     given now is a fresh start's)."""
-    was = recorded(run_dir).get("inputs")
+    was = run_record(run_dir).get("inputs")
     if not isinstance(was, dict):
         if from_saved:
             named = ", ".join(f"{k} {given.get(k) or '(none)'}" for k in from_saved)
@@ -279,6 +279,16 @@ def recorded(run_dir: Path, name: str = runfolder.MANIFEST) -> dict[str, Any]:
     except (OSError, ValueError, DockyardError):
         return {}
     return raw if isinstance(raw, dict) else {}
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """The record a resume is held against: the run's manifest.json or, where no node wrote that, another node's
+    (runfolder.records_for: both nodes lost, node 0 without a record); {} where there is none, or it is no manifest."""
+    try:
+        found = runfolder.record_for(run_dir, 0)
+    except DockyardError:  # a manifest.json that is no manifest: read as recorded() reads it
+        found = None
+    return recorded(run_dir, found[0] if found else runfolder.MANIFEST)
 
 
 def complete_checkpoint(path: Path) -> bool:

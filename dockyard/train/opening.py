@@ -88,7 +88,10 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
     except DockyardError as e:
         raise blame_kept(e, run.kept_overrides) from None
     run.run_dir_ok = True
-    run.manifest_found = (run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
+    # a resume of a folder holding another node's record alone (both nodes lost, this one before writing its own)
+    # treats it as its own: a refused resume leaves it the record the next resume reads (runfolder.records_for)
+    run.manifest_found = ((run_dir / runfolder.manifest_file(nodes.node_rank())).exists()
+                          or (run.opts.resume and bool(runfolder.record_names(run_dir, nodes.node_rank()))))
     if run.opts.resume:
         manifest.check_same_recipe(run_dir, recipe.name)
     from_saved = [k for k in manifest.INPUT_KEYS if k in run.kept_overrides]

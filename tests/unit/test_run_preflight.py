@@ -1060,31 +1060,47 @@ def test_a_resume_in_a_container_asks_for_the_inputs_it_mounted_with_the_whole_c
     assert r.returncode == 0, r.stderr
 
 
-def test_a_node_resumed_after_it_was_lost_is_not_given_another_nodes_inputs_as_its_own(env, tmp_path, monkeypatch):
-    """Node 0 lost before it wrote its record: node 1 wrote the run's manifest.json (its node_rank says whose), and node
-    0's `invoke run --resume` without --data said "run m1 read data <node 1's path> ...: give it again", another node's
-    host path as this node's own. Said now as node 1's, offered where node 0's is at that path too (the trainer holds it
-    against the record's fingerprint); given, the resume goes on. Node 1 still gets its own record's paths."""
-    from dockyard.launch import multinode
-
+def _node_1s_record(tmp_path, run_id: str, recipe: str, error: str):
+    """A run of two nodes in a container whose node 1 failed (`error`) and wrote its manifest-node1.json, naming the
+    data it read at its host path (returned); node 0 wrote no record."""
     data = tmp_path / "node1" / "chat.jsonl"
     data.parent.mkdir()
     data.write_text(a_step_of('{"text": "ships sail"}'))
-    folder = _finished_run(tmp_path / "runs", "m1", "ddp")
+    folder = _finished_run(tmp_path / "runs", run_id, recipe)
     m = json.loads((folder / "manifest.json").read_text())
-    m |= {"variant": "cpu", "status": "failed", "nodes": 2, "node_rank": 1, "world_size": 4,
-          "error": "lost node 0 (198.18.0.1, host gpu-a): it stopped answering",
+    m |= {"variant": "cpu", "status": "failed", "nodes": 2, "node_rank": 1, "world_size": 4, "error": error,
           "inputs": {"data": {"path": str(data), "inside": "/workspace/inputs/data/chat.jsonl"}}}
-    (folder / "manifest.json").write_text(json.dumps(m))
     (folder / "manifest-node1.json").write_text(json.dumps(m))
+    (folder / "manifest.json").unlink()
+    return folder, data
+
+
+@pytest.mark.parametrize("record", ["manifest.json", "manifest-node1.json"])
+def test_a_node_resumed_after_it_was_lost_is_not_given_another_nodes_inputs_as_its_own(env, tmp_path, monkeypatch,
+                                                                                       record):
+    """Node 0 lost before it wrote its record: node 1 wrote the run's manifest.json (its node_rank says whose), and node
+    0's `invoke run --resume` without --data said "run m1 read data <node 1's path> ...: give it again", another node's
+    host path as this node's own. Said now as node 1's, offered where node 0's is at that path too (the trainer holds it
+    against the record's fingerprint); given, the resume goes on with the run's recipe. Node 1 still gets its own
+    record's paths. Both nodes lost, node 1 failing on its own error first: no node recorded node 0 lost, so there is
+    manifest-node1.json alone, and node 0's resume was refused as a run that wrote no record ("has no manifest naming
+    its recipe: give the recipe it was started with"): read the same way now."""
+    from dockyard.launch import multinode
+
+    error = ("lost node 0 (198.18.0.1, host gpu-a): it stopped answering" if record == "manifest.json" else
+             "out of GPU memory at micro-batch 8 (CUDA out of memory)")
+    folder, data = _node_1s_record(tmp_path, "m1", "zero2", error)
+    if record == "manifest.json":  # made the run's by node 1's torchrun (torchrun.settle)
+        (folder / "manifest.json").write_text((folder / "manifest-node1.json").read_text())
     nodes = ("--nodes=2", "--master-addr=198.18.0.1")
     monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.1"})
     r = dry(env, "--resume", "--run-id=m1", *nodes, "--node-rank=0")
     refused(r, "--resume: run m1 holds no record of what node 0 read (it wrote none, lost before it could; "
-               "manifest.json is node 1's), and a resume mounts what its command names: give node 0's as it was "
+               f"{record} is node 1's), and a resume mounts what its command names: give node 0's as it was "
                f"started. Node 1 read data {data}; where node 0's is there too: invoke run --resume --run-id=m1 "
                f"--variant=cpu --data={data} --nodes=2 --node-rank=0 --master-addr=198.18.0.1 --master-port=29500")
-    assert dry(env, "--resume", "--run-id=m1", *nodes, "--node-rank=0", f"--data={data}").returncode == 0
+    r = dry(env, "--resume", "--run-id=m1", *nodes, "--node-rank=0", f"--data={data}")
+    assert r.returncode == 0 and _trainer_recipe(r) == "zero2", r.stderr
     monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.2"})
     r = dry(env, "--resume", "--run-id=m1", *nodes, "--node-rank=1")
     refused(r, f"--resume: run m1 read data {data}, and a resume mounts what its command names: give it again: ")
@@ -1279,3 +1295,4 @@ def test_an_input_path_holding_a_control_character_is_refused_natively_too(env, 
             "character '\\x1b'")
     refused(dry(env, *flags, "--", "--eval_data", str(data)), "-- --eval_data '")
     assert "\x1b" not in dry(env, *flags, f"--data={data}").stderr
+

@@ -247,6 +247,29 @@ def test_a_resume_without_the_runs_own_model_and_data_is_refused_and_the_record_
         manifest.check_same_inputs(run_dir, {"model": "", "data": str(data)})
 
 
+def test_a_resume_after_both_nodes_were_lost_is_held_against_the_record_node_1_left(tmp_path, capsys):
+    """Both nodes of a run lost: node 1 failed and wrote its manifest-node1.json, node 0 went down without a record, so
+    there is no manifest.json. The resume was held against no record at all: other data (or another recipe) trained on
+    from the checkpoint without a word. Held against node 1's record now, as against a manifest.json of node 1's."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"text": "my own data"}\n' * 8)
+    run_dir = tmp_path / "run"
+    _run_with_checkpoints(run_dir, 12)
+    record = json.loads((run_dir / "manifest.json").read_text())
+    record |= {"status": "failed", "nodes": 2, "node_rank": 1, "error": "out of GPU memory at micro-batch 8",
+               "inputs": manifest.inputs_record({"data": str(data)})}
+    (run_dir / "manifest-node1.json").write_text(json.dumps(record))
+    (run_dir / "manifest.json").unlink()
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"text": "other data"}\n' * 8)
+    err = _resume(run_dir, capsys, "--data", str(other))
+    assert f"error: --resume: run was trained with data {data}, not {other}" in err, err
+    with pytest.raises(DockyardError, match="was trained with recipe ddp, not zero2"):
+        manifest.check_same_recipe(run_dir, "zero2")
+    manifest.check_same_inputs(run_dir, {"model": "", "data": str(data), "eval_data": ""})  # its own: taken
+    assert not (run_dir / "manifest.json").exists()  # a refused resume writes no record
+
+
 def test_a_resume_reads_no_data_path_from_the_run_folder_without_the_manifests_record(tmp_path, capsys):
     """The fourth red-team pass: overrides.json naming another file, the manifest's `inputs` removed (anything that
     trained in the folder can write both): the resume trained on that file and reported completed."""
