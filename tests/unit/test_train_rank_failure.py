@@ -81,6 +81,20 @@ def test_a_note_of_another_attempt_or_a_planted_one_is_not_taken(monkeypatch, tm
     assert written_error(tmp_path) == STOPPED
 
 
+@pytest.mark.parametrize("peak", [10**30, 2**63, "9" * 20])
+def test_a_planted_peak_in_a_note_is_not_taken_for_the_runs(monkeypatch, tmp_path, peak):
+    """A failed rank's note carries its peak memory for the manifest (test_run_failed_peak, for real); the note is
+    anyone's to write: a figure no process reaches (10**30 bytes made the host refuse the whole manifest) is passed
+    over, and the writer's own stands."""
+    play(monkeypatch, tmp_path, 1, "invalid training setting: nonsense")
+    note = tmp_path / f"{runfolder.RANK_FAILED}1"
+    note.write_text(json.dumps({**json.loads(note.read_text()), "peak_memory_bytes": peak}))
+    play(monkeypatch, tmp_path, 0, STOPPED)
+    metrics = json.loads((tmp_path / runfolder.MANIFEST).read_text())["metrics"]
+    assert 0 < metrics["peak_memory_bytes"] < 2**63 and metrics["peak_memory_rank"] == 0
+    assert written_error(tmp_path).startswith("invalid training setting: nonsense (rank 1;")  # the error still taken
+
+
 def test_a_rank_stopped_by_torchrun_leaves_no_note_and_the_writer_keeps_its_own_error(monkeypatch, tmp_path):
     play(monkeypatch, tmp_path, 1, STOPPED)
     play(monkeypatch, tmp_path, 1, STOPPED, verdict="node 1 stopped answering")  # its message says so first
