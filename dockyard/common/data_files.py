@@ -1,9 +1,11 @@
 """What the trainer reads as data, known to the host too (`invoke run --dry` checks inputs as the trainer will)."""
 
+import bisect
 import collections
 import csv
 import io
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -401,6 +403,21 @@ def holds_text(path: Path) -> bool:
 # far less; past them (a few examples of megabytes each) the count is the trainer's.
 COUNT_LIMIT = 64 << 20
 _MORE_OBJECTS = re.compile(r"}[ \t\r\f\v]*{")  # a second JSON object on the line: `datasets` reads each as a row
+
+
+def held_out(examples: int, fraction: float) -> int:
+    """How many of `examples` rows eval_fraction `fraction` holds out (data.split): its share rounded, one at least and
+    never all. The trainer's split and the host's count (preflight.check_enough_examples) both read it."""
+    return min(examples - 1, max(1, round(examples * fraction)))
+
+
+def examples_for(trained: int, fraction: float) -> int:
+    """The fewest examples of which `trained` are left to train on once eval_fraction `fraction` holds out its share
+    (held_out; 2 at least, which split needs): how far the host counts."""
+    if not fraction:
+        return trained
+    enough = math.ceil((trained + 1) / (1 - fraction)) + 1  # its share rounded up, more than `trained` are left
+    return 2 + bisect.bisect_left(range(2, enough + 1), trained, key=lambda n: n - held_out(n, fraction))
 
 
 class _Uncounted(Exception):

@@ -39,9 +39,11 @@ from dockyard.common.data_files import (
     BUILDERS,
     csv_header,
     data_files_in,
+    examples_for,
     examples_in,
     first_format,
     format_of,
+    held_out,
     holds_text,
     left_out,
     mixed_formats,
@@ -183,22 +185,26 @@ def check_enough_examples(given: str, files: list[Path], run_settings: RunSettin
     """Data of fewer examples than one optimizer step takes (`batch`), refused in the trainer's words
     (check_batch_within_data), which it said once the image had started and the data and model were read: counted
     here up to a step's worth (data_files.examples_in); none at all (a .csv header alone) said as that. `given`: the
-    data as given (`--data PATH`); `fmt`: the format the data's fields name ("": not known here).
-    Left to the trainer where the host cannot count: documents that may be packed into blocks of tokens (packing true,
-    or auto on GPUs for text: autos.resolve_packing), a hub dataset, Parquet, examples of megabytes each."""
+    data as given (`--data PATH`); `fmt`: the format the data's fields name ("": not known here). eval_fraction's
+    share is held out as data.split holds it out (data_files.held_out): 2 of 11 examples at 0.2, where the host held
+    out one and passed 9 for a step of 10. Left to the trainer where the host cannot count: documents that may be
+    packed into blocks of tokens (packing true, or auto on GPUs for text: autos.resolve_packing), a hub dataset,
+    Parquet, examples of megabytes each."""
     fmt = fmt or ("text" if any(f.suffix == ".txt" for f in files) else
                   run_settings.data_format if run_settings.data_format != AUTO else "")
     packs = run_settings.packing is True or (run_settings.packing == AUTO and gpus and run_settings.task == "causal_lm"
                                              and run_settings.padding_free is not True and fmt in ("text", ""))
-    held = run_settings.eval_fraction > 0  # the trainer holds out one example or more (data.split)
-    if not files or packs or (counted := examples_in(files, batch.global_batch + held)) is None:
+    fraction = run_settings.eval_fraction  # its share, held out of training as data.split holds it out
+    enough = examples_for(batch.global_batch, fraction)
+    if not files or packs or (counted := examples_in(files, enough)) is None:
         return
     if not counted:
         raise DockyardError(f"{given}: holds no examples (a header, or blank lines, alone): give the data your examples "
                             "are in (formats: docs/data.md)")
-    if held and counted < 2:
+    if fraction and counted < 2:
         raise DockyardError("eval_fraction needs at least 2 examples")  # data.split's words
-    share = f" at most (of its {counted}, eval_fraction {run_settings.eval_fraction:g} holds out one or more)"
+    held = held_out(counted, fraction) if fraction else 0
+    share = f" at most (of its {counted}, eval_fraction {fraction:g} holds out {held})"
     check_batch_within_data(batch.global_batch, counted - held, False, batch.processes, share if held else "")
 
 

@@ -44,6 +44,7 @@ from dockyard.common.data_files import (
     data_files_in,
     first_example,
     format_of,
+    held_out,
     holds_text,
     left_out,
     mixed_formats,
@@ -936,7 +937,7 @@ def split(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[
         raise DockyardError("eval_fraction needs at least 2 different examples (every example is the same)")
     order = list(groups.values())
     random.Random(seed).shuffle(order)
-    k = min(len(rows) - 1, max(1, round(len(rows) * fraction)))
+    k = held_out(len(rows), fraction)
     held: set[int] = set()
     for group in order[:-1]:  # never all of them
         if len(held) >= k:

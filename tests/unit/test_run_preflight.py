@@ -140,8 +140,49 @@ def test_data_of_fewer_examples_than_one_step_is_refused_before_the_image_starts
     refused(dry(env, f"--data={array}"), "holds 5 examples")
     # a share held out: at most all but one are trained on
     refused(dry(env, f"--data={two}", "--", "--eval_fraction", "0.5", "--global_batch", "2"),
-            "holds 1 example at most (of its 2, eval_fraction 0.5 holds out one or more), fewer than one optimizer "
+            "holds 1 example at most (of its 2, eval_fraction 0.5 holds out 1), fewer than one optimizer "
             "step takes; each of the run's 2 processes takes one example a step at least")
+
+
+def test_the_share_eval_fraction_holds_out_is_the_one_the_trainer_holds_out(env, tmp_path, capsys):
+    """eval_fraction 0.2 of 11 examples holds out 2 (data.split): the host held out one, passed 9 for a step of 10,
+    and the trainer refused them once the image had started. The host's verdict is now the trainer's (its data.load
+    and step check, run in this process, as its main does) across fractions, counts and steps."""
+    from transformers import AutoTokenizer
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.run_settings import TINY_MODEL, RunSettings, check_batch_within_data
+    from dockyard.train import data
+    from dockyard.train.__main__ import main
+
+    eleven = tmp_path / "eleven.jsonl"
+    eleven.write_text("".join(json.dumps({"text": f"ship {n} sails"}) + "\n" for n in range(11)))
+    says = "global_batch 10: the training data holds 9 examples at most (of its 11, eval_fraction 0.2 holds out 2)"
+    refused(dry(env, "--nproc=1", f"--data={eleven}", "--", "--eval_fraction", "0.2", "--global_batch", "10"), says)
+    assert main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r"), "--", "--data", str(eleven), "--eval_fraction",
+                 "0.2", "--global_batch", "10"]) == 1
+    assert "global_batch 10: the training data holds 9 examples, fewer than one" in capsys.readouterr().err
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL)
+    verdicts = []
+    for count, fraction, step in ((11, 0.2, 9), (10, 0.2, 8), (10, 0.2, 9), (12, 0.25, 9), (12, 0.25, 10),
+                                  (20, 0.3, 14), (20, 0.3, 15), (9, 0.5, 4), (9, 0.5, 5), (7, 0.1, 6), (2, 0.5, 1),
+                                  (3, 0.9, 2)):
+        given = tmp_path / f"{count}.jsonl"
+        given.write_text("".join(json.dumps({"text": f"ship {n} sails"}) + "\n" for n in range(count)))
+        host = dry(env, "--nproc=1", f"--data={given}", "--", "--eval_fraction", str(fraction), "--global_batch",
+                   str(step))
+        try:
+            loaded = data.load(RunSettings(data=str(given), eval_fraction=fraction), tok, seed=42)
+            check_batch_within_data(step, len(loaded.train), False)
+            trainer = ""
+        except DockyardError as e:
+            trainer = str(e)
+        verdicts.append(bool(trainer))
+        assert (host.returncode != 0) == bool(trainer), (count, fraction, step, host.stderr, trainer)
+        if trainer:  # its words, the host's count said as a bound
+            held, fix = trainer.split(", fewer than")
+            assert held in host.stderr and f"fewer than{fix}" in host.stderr, (host.stderr, trainer)
+    assert 0 < sum(verdicts) < len(verdicts), "both verdicts are tried"
 
 
 def test_the_host_counts_a_step_of_examples_and_no_further(env, tmp_path, settings):
