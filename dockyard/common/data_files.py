@@ -386,16 +386,19 @@ def _nests_past(data: bytes) -> bool:
     return False
 
 
-def holds_text(path: Path) -> bool:
+def holds_text(path: Path, within: int | None = None) -> bool | None:
     """Whether a data file holds anything but whitespace (and a byte order mark before it), read only up to its first
     other byte. A BOM and a blank line passed as text, and `datasets` said 'Instruction "train" corresponds to no
-    data!'."""
+    data!'. `within`: the bytes read at most (the host's, COUNT_LIMIT), None where they are all whitespace and the
+    file goes on: a blank file of gigabytes was read to its end before `invoke run` said a word."""
+    read = 0
     with open(path, "rb") as f:
-        chunk = f.read(1 << 16).removeprefix(b"\xef\xbb\xbf")
-        while chunk:
-            if chunk.strip():
+        while chunk := f.read(1 << 16):
+            if (chunk if read else chunk.removeprefix(b"\xef\xbb\xbf")).strip():
                 return True
-            chunk = f.read(1 << 16)
+            read += len(chunk)
+            if within is not None and read >= within:
+                return None if f.read(1) else False
     return False
 
 

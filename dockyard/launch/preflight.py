@@ -37,6 +37,7 @@ from dockyard.common.autos import (
 )
 from dockyard.common.data_files import (
     BUILDERS,
+    COUNT_LIMIT,
     csv_header,
     data_files_in,
     examples_for,
@@ -242,6 +243,26 @@ def check_data_fields(files: list[Path]) -> tuple[str, list[str]]:
     if mixed:
         raise mixed
     return fmt, fields
+
+
+def check_holds_text(files: list[Path], given: str, one: bool) -> None:
+    """Data files of whitespace alone refused, each read up to its first other byte and no further than COUNT_LIMIT (a
+    blank file of gigabytes was read to its end here): one whose first COUNT_LIMIT bytes are whitespace alone is said
+    in a warning and left to the trainer, which reads on."""
+    found = []
+    for f in files:
+        found.append(readable(f, lambda p: holds_text(p, COUNT_LIMIT)))
+        if found[-1]:
+            return
+    if None in found:
+        whose = "its" if one else "each of its files'"
+        print(f"warning: {given}: whitespace alone (blank lines, spaces) in {whose} "
+              f"first {COUNT_LIMIT >> 20} MiB, no example: not read further here; the trainer reads on and says what "
+              "it finds", file=sys.stderr)
+        return
+    empty = "the file is empty" if one else "its files are empty"
+    raise DockyardError(f"{given}: holds no examples ({empty}): give the data your examples are in (formats: "
+                        "docs/data.md)")
 
 
 def readable(path: Path, read: Callable[[Path], T]) -> T:
@@ -464,10 +485,8 @@ def check_input(key: str, value: str, where: str, settings: Settings, liger: boo
         raise DockyardError(said)
     for f in (f for f in files if f.suffix == ".csv"):  # its header (a column named twice), whatever the task
         readable(f, csv_header)
-    if files and not any(readable(f, holds_text) for f in files):
-        empty = "the file is empty" if path.is_file() else "its files are empty"
-        raise DockyardError(f"{where} {value}: holds no examples ({empty}): give the data your examples are in "
-                            "(formats: docs/data.md)")
+    if files:
+        check_holds_text(files, f"{where} {value}", path.is_file())
     if link := next((f for f in files if f.is_symlink() and not f.resolve().is_relative_to(path)), None):
         raise DockyardError(f"{where} {value}: {link.name} is a link to {os.readlink(link)}, outside the folder, "
                             "which is mounted alone into the run (the link would point at nothing there): copy the "

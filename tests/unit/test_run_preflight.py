@@ -213,6 +213,32 @@ def test_the_host_counts_a_step_of_examples_and_no_further(env, tmp_path, settin
         assert dry(env, f"--data={data}").returncode == 0
 
 
+def test_a_blank_file_of_gigabytes_is_read_no_further_than_a_step_of_examples(env, tmp_path):
+    """A data file of whitespace alone (a 2 GB .jsonl of newlines and spaces) was read to its end by the host before
+    it said "holds no examples". Every read of the host is bounded (COUNT_LIMIT): it says what it found there, and
+    leaves the rest to the trainer. Measured as this process's bytes read (/proc/self/io), as the test above."""
+    from dockyard.common.data_files import COUNT_LIMIT
+
+    def bytes_read() -> int:
+        return int(re.search(r"^rchar: (\d+)$", Path("/proc/self/io").read_text(), re.M)[1])
+
+    blank = tmp_path / "blank.jsonl"
+    with blank.open("wb") as f:
+        for _ in range(4 * COUNT_LIMIT >> 20):
+            f.write(b" \n" * (1 << 19))
+    for name in ("blank.jsonl", "blank.txt"):
+        blank = blank.rename(tmp_path / name)
+        before = bytes_read()
+        r = dry(env, f"--data={blank}")
+        assert bytes_read() - before < 3 * COUNT_LIMIT, f"{name} was read far past a step's worth"
+        assert r.returncode == 0, r.stderr
+        assert (f"warning: --data {blank}: whitespace alone (blank lines, spaces) in its first 64 MiB, no example: not "
+                "read further here; the trainer reads on and says what it finds") in r.stderr
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"\xef\xbb\xbf \n\n\t\n")
+    refused(dry(env, f"--data={small}"), f"--data {small}: holds no examples (the file is empty)")
+
+
 def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(tmp_path):
     """Documents the trainer may pack into blocks of tokens (packing true, or auto on GPUs for text) are as many
     examples as their tokens make, which the host does not know: not counted there."""
