@@ -121,7 +121,7 @@ def not_an_object(line: str) -> str:
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
     except _Twice as e:  # `datasets`: "JSON parse error: Column(/text) was specified twice in row 0"
-        return f"names the field {e.args[0]} twice in one object: name each field once"
+        return TWICE.format(e.args[0])
     if isinstance(value, dict):
         return ""
     return f"{json_kind(value)}, not an object; each line must be one JSON object"
@@ -165,6 +165,20 @@ def not_examples(path: Path) -> str:
             "data: give the data files, or their folder) (docs/data.md)")
 
 
+TWICE = "names the field {} twice in one object: name each field once"
+
+
+def named_twice_in(line: str) -> str:
+    """Why a JSON Lines line names a field twice (TWICE), "" where it does not or is no JSON (its own refusal)."""
+    try:
+        loads(line, object_pairs_hook=_once)
+    except _Twice as e:
+        return TWICE.format(e.args[0])
+    except ValueError:
+        pass
+    return ""
+
+
 class _Twice(Exception):
     """A JSON object that names a field twice (json keeps the last one's value, pyarrow refuses the file)."""
 
@@ -198,8 +212,8 @@ def first_example(path: Path) -> tuple[int, dict[str, Any]] | None:
             n += 1
             if n == 1 and (kind := other_kind(raw)):  # was "not JSON (Expecting value: column 1)"
                 raise DockyardError(f"cannot read {path}: it is {kind}")
-            try:
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a BOM: the trainer reads past it
+            try:  # a BOM: the trainer reads past it, and counts it in a column (data._bad_utf8_line)
+                line = raw.decode("utf-8").removeprefix("\ufeff" if n == 1 else "")
             except UnicodeDecodeError as e:  # the trainer's words, before the image starts
                 raise DockyardError(f"cannot read {path}:{n} {not_utf8(raw, e)}") from None
             if not line.strip():
@@ -238,6 +252,24 @@ def unknown_type(suffix: str) -> str:
 def not_utf8(line: bytes, e: UnicodeDecodeError) -> str:
     """Where a line's first byte that is not UTF-8 is, and the fix (a line of a file saved as Latin-1, cp1252)."""
     return f"(byte 0x{line[e.start]:02x} at column {e.start + 1}): it is not UTF-8 text; save it as UTF-8"
+
+
+def not_utf8_in(path: Path, text: str, line: int) -> str:
+    """The refusal of the first byte of `text` that is not UTF-8 (`text` read with errors="surrogateescape" from the
+    start of line `line`, its lines counted at \n as the trainer counts them: data._bad_utf8_line) in first_example's
+    words, naming its line; "" where there is none."""
+    if not (bad := _ESCAPED.search(text)):
+        return ""
+    start, end = text.rfind("\n", 0, bad.start()) + 1, text.find("\n", bad.start())
+    raw = text[start:end if end >= 0 else None].encode("utf-8", "surrogateescape")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"cannot read {path}:{line + text.count(chr(10), 0, start)} {not_utf8(raw, e)}"
+    return ""
+
+
+_ESCAPED = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, read with errors="surrogateescape"
 
 
 def valued(row: dict[str, Any]) -> list[str]:
@@ -432,22 +464,31 @@ def examples_in(files: list[Path], enough: int) -> int | None:
     `enough` (counting stops there: a file of 50 GB is read no further than a step's worth); None where that is not
     known cheaply: a .parquet file (the host has no pyarrow), past COUNT_LIMIT characters, a JSON Lines line that
     opens an array, a .json file of one array past FIRST_LINE_LIMIT bytes. Never fewer than the trainer finds: a line
-    it drops (blank, its example empty) may be counted, one it reads is."""
+    it drops (blank, its example empty) may be counted, one it reads is. A line read here that the trainer would
+    refuse, a byte that is not UTF-8 or a JSON object naming a field twice, is refused in first_example's words: line 1
+    alone was, and the trainer refused line 3 once the image had started."""
     total, left = 0, [COUNT_LIMIT]
 
-    def lines(f: Any) -> Iterator[str]:  # the file's lines (\n, \r\n or \r), within what is left of COUNT_LIMIT
+    def lines(path: Path, f: Any) -> Iterator[str]:  # the file's lines (\n, \r\n or \r), within COUNT_LIMIT
+        number, parts = 1, []  # the line as the trainer counts lines (at \n), and its text before this one (at \r)
         while line := f.readline(left[0] + 1):
             left[0] -= len(line)
             if left[0] < 0:
                 raise _Uncounted
-            yield line
+            if _ESCAPED.search(line):
+                raise DockyardError(not_utf8_in(path, "".join(parts) + line, number))
+            yield line if number > 1 or parts else line.removeprefix("\ufeff")  # a BOM: not the first line's text
+            if line.endswith("\n"):
+                number, parts = number + 1, []
+            else:
+                parts.append(line)
 
     try:
         for path in files:
             if path.suffix not in (".jsonl", ".json", ".csv", ".txt"):
                 return None
-            with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-                for n in _COUNTERS[path.suffix](f, lines(f)):
+            with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+                for n in _COUNTERS[path.suffix](path, f, lines(path, f)):
                     total += n
                     if total >= enough:
                         return total
@@ -456,36 +497,40 @@ def examples_in(files: list[Path], enough: int) -> int | None:
     return total
 
 
-def _text_rows(_f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _text_rows(_path: Path, _f: Any, lines: Iterator[str]) -> Iterator[int]:
     """A .txt file: a row per line holding more than whitespace (`datasets` splits at \n, \r\n and \r)."""
     return (1 for line in lines if line.strip())
 
 
-def _json_lines_rows(_f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _json_lines_rows(path: Path, _f: Any, lines: Iterator[str]) -> Iterator[int]:
     """JSON Lines: a row per JSON object, most often one a line; `{...} {...}` on one line is two rows."""
-    for line in lines:
+    for n, line in enumerate(lines, 1):
         if text := line.strip():
             if text.startswith("["):  # an array over lines, or of objects on one: not counted here
                 raise _Uncounted
+            if twice := named_twice_in(text):  # numbered as data._bad_json_line numbers it
+                raise DockyardError(f"cannot read {path}:{n}: {twice}")
             yield 1 + len(_MORE_OBJECTS.findall(text))
 
 
-def _json_rows(f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _json_rows(path: Path, f: Any, lines: Iterator[str]) -> Iterator[int]:
     """A .json file: the elements of its one JSON array (or 1, one object), else it is read as JSON Lines."""
     head = f.read(FIRST_LINE_LIMIT + 1)
     if len(head) <= FIRST_LINE_LIMIT:
         try:
-            value = loads(head)
+            value = loads(head.removeprefix("\ufeff"))
         except ValueError:
             value = None
         if isinstance(value, (list, dict)):
+            if said := not_utf8_in(path, head, 1):
+                raise DockyardError(said)
             yield len(value) if isinstance(value, list) else 1
             return
     f.seek(0)
-    yield from _json_lines_rows(f, lines)
+    yield from _json_lines_rows(path, f, lines)
 
 
-def _csv_rows(_f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _csv_rows(_path: Path, _f: Any, lines: Iterator[str]) -> Iterator[int]:
     """A .csv file: a row per record after the header that holds a cell of more than whitespace (data.read_csv)."""
     reader = csv.reader(lines)
     if next(reader, None):

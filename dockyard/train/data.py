@@ -280,8 +280,9 @@ def read_csv(files: list[Path]) -> list[dict[str, Any]]:
         except UnicodeDecodeError as e:
             if said := another_kind(f):
                 raise DockyardError(said) from None
-            raise DockyardError(f"cannot read {f}: it is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
-                                "UTF-8") from None
+            where = _bad_utf8_line([str(f)])  # its line, as the host names it (its byte was within a block)
+            raise DockyardError(f"cannot read {where}" if where else f"cannot read {f}: it is not UTF-8 text "
+                                f"({e.reason} at byte {e.start}); save it as UTF-8") from None
         except csv.Error as e:
             raise DockyardError(f"cannot read {f}: line {reader.line_num}: {e}") from None
     labels = [r.get("label") for r in rows]
@@ -366,7 +367,8 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
         if builder == "parquet" and all(_parquet_rows(f) == 0 for f in kwargs["data_files"]):
             # pyarrow's own words were "BatchSize must be greater than 0, got 0"
             raise DockyardError(f"{what} holds no examples (its table has no rows)") from None
-        if isinstance(e.__cause__ or e, UnicodeDecodeError):
+        # a .json file's array: "Invalid octet in UTF-8 sequence when decoding 'string' at position 25"
+        if isinstance(e.__cause__ or e, UnicodeDecodeError) or "in UTF-8 sequence" in _first_line(e):
             where = _bad_utf8_line(kwargs["data_files"])
             raise DockyardError(f"cannot read {where}" if where else f"cannot read {what}: it is not UTF-8 text "
                                 f"({_first_line(e)}); save it as UTF-8") from None

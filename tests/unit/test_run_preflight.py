@@ -239,6 +239,38 @@ def test_a_blank_file_of_gigabytes_is_read_no_further_than_a_step_of_examples(en
     refused(dry(env, f"--data={small}"), f"--data {small}: holds no examples (the file is empty)")
 
 
+def test_a_line_the_host_counts_is_refused_as_the_trainer_refuses_it(env, tmp_path):
+    """A line past the first that is not UTF-8 (a Latin-1 é), or a JSON object naming a field twice, passed the host,
+    which read it while counting a step of examples, and the trainer refused it once the image had started. The host
+    refuses it now in the trainer's words (its data.load, in this process), naming the line and byte as the trainer
+    does (a first line after a BOM named the byte 3 before it); a line past a step's worth is still not read."""
+    from transformers import AutoTokenizer
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.run_settings import TINY_MODEL, RunSettings
+    from dockyard.train import data
+
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL)
+    step = a_step_of('{"text": "d"}').encode()  # the rest of a step, after the line
+    for name, text, where in (
+            ("latin.jsonl", b'{"text": "a"}\n{"text": "b"}\n{"text": "caf\xe9"}\n' + step, ":3 (byte 0xe9 at column 14)"),
+            ("twice.jsonl", b'{"text": "a"}\n\n{"text": "b", "text": "c"}\n' + step, ":3: names the field text twice"),
+            ("latin.txt", b"\xef\xbb\xbfa\r\nb\rcaf\xe9\n" + a_step_of("d").encode(), ":2 (byte 0xe9 at column 6)"),
+            ("latin.csv", b'text\na\n"b\nc"\ncaf\xe9\n' + a_step_of("d").encode(), ":5 (byte 0xe9 at column 4)"),
+            ("latin.json", b'[{"text": "a"},\n {"text": "caf\xe9"}' + b', {"text": "d"}' * STEP + b"]\n",
+             ":2 (byte 0xe9 at column 15)"),
+            ("bom.jsonl", b'\xef\xbb\xbf{"text": "caf\xff"}\n' + step, ":1 (byte 0xff at column 17)")):  # a BOM's 3 bytes
+        given = tmp_path / name
+        given.write_bytes(text)
+        with pytest.raises(DockyardError) as trainer:
+            data.load(RunSettings(data=str(given)), tok, seed=42)
+        assert str(trainer.value).startswith(f"cannot read {given}{where}"), trainer.value  # its line, its byte
+        refused(dry(env, f"--data={given}"), f"error: {trainer.value}")
+        if name not in ("latin.json", "bom.jsonl"):  # read a step or not: an array whole, a first line
+            assert dry(env, "--nproc=1", f"--data={given}", "--", "--global_batch", "1").returncode == 0, \
+                f"{name}: read past the step of one example"
+
+
 def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(tmp_path):
     """Documents the trainer may pack into blocks of tokens (packing true, or auto on GPUs for text) are as many
     examples as their tokens make, which the host does not know: not counted there."""
