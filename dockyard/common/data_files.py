@@ -3,13 +3,14 @@
 import bisect
 import collections
 import csv
+import functools
 import io
 import json
 import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dockyard.common.errors import DockyardError, loads, shown
 
@@ -138,31 +139,77 @@ def not_examples(path: Path) -> str:
     "" where it is no array or one of objects: `datasets` read ["a", "b"] as rows of a field `text` that the file never
     names, and trained on them (a list of file names or ids, as documents); [1, 2] the same, refused by the trainer as
     "example 1's text is int"; and [null, {...}] crashed the process (SIGSEGV, no word of the file). Read whole up to
-    FIRST_LINE_LIMIT bytes; a larger file, by its first element."""
-    with open(path, "rb") as f:
-        head = f.read(FIRST_LINE_LIMIT + 1)
-    text = head.decode("utf-8-sig", errors="replace").lstrip()
-    if not text.startswith("["):
+    FIRST_LINE_LIMIT bytes (json_document); a larger file, by its first element."""
+    doc = json_document(path) or _first_element(path)
+    if not doc.array:
         return ""
-    try:
-        items = (loads(text) if len(head) <= FIRST_LINE_LIMIT else
-                 [json.JSONDecoder().raw_decode(text[1:].lstrip())[0]])
-    except (ValueError, RecursionError):  # not one JSON value: its own refusal says why
-        return ""
-    if path.suffix == ".jsonl" and isinstance(items, list):  # `datasets` reads it as one array, as a .json file's
-        return "" if items and all(isinstance(v, dict) for v in items) else \
+    if path.suffix == ".jsonl":  # `datasets` reads it as one array, as a .json file's
+        return "" if doc.rows != 0 and doc.odd is None else \
             f"cannot read {path}:1: an array, not an object; each line must be one JSON object"
-    if items == []:  # `datasets`: 'Instruction "train" corresponds to no data!'
+    if doc.rows == 0:  # `datasets`: 'Instruction "train" corresponds to no data!'
         return f"cannot read {path}: an empty JSON array, which holds no examples: give the data your examples are in"
-    n, item = next(((n, v) for n, v in enumerate(items, 1) if not isinstance(v, dict)), (0, None)) \
-        if isinstance(items, list) else (0, None)
-    if not n:
+    if doc.odd is None:
         return ""
+    n, item = doc.odd
     said = json.dumps(item)
     kind = json_kind(item) + ("" if item is None else f" ({said[:60]}{'...' if len(said) > 60 else ''})")
     return (f"cannot read {path}: element {n} of its JSON array is {kind}, not an example; each example is an object "
             'whose fields name its format, e.g. {"text": "..."} for a document (a list of file names or ids is not '
             "data: give the data files, or their folder) (docs/data.md)")
+
+
+class Document(NamedTuple):
+    """A JSON (or JSON Lines) file read as one JSON value: what the host's checks ask of it (json_document)."""
+
+    array: bool                    # it is one JSON array (else one object, or JSON Lines)
+    rows: int | None               # the array's elements, 1 for one object; None: no one value, or not known
+    first: dict[str, Any] | None   # the array's first object
+    odd: tuple[int, Any] | None    # the array's first element that is no object, and its place (from 1)
+    not_utf8: str                  # the refusal of its first byte that is not UTF-8 (not_utf8_in), or ""
+
+
+def json_document(path: Path) -> Document | None:
+    """A JSON (or JSON Lines) file of up to FIRST_LINE_LIMIT bytes, read whole once while it is unchanged: not_examples,
+    first_example and the count (examples_in) each read it, and `invoke run --dry` read a .json file three times.
+    None for a larger file."""
+    st = path.stat()
+    return None if st.st_size > FIRST_LINE_LIMIT else _document(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)  # what was read, not the value: a 16 MB file's objects would stay in memory
+def _document(path: Path, _size: int, _mtime: int) -> Document:
+    data = path.read_bytes()
+    try:
+        value = loads(data.decode("utf-8-sig", errors="replace"))  # its fields printable, whatever its bytes
+    except ValueError:
+        value = None
+    if not isinstance(value, (list, dict)):
+        return _NO_VALUE
+    items = value if isinstance(value, list) else [value]
+    try:
+        data.decode("utf-8")
+        bad = ""
+    except UnicodeDecodeError:
+        bad = not_utf8_in(path, data.decode("utf-8", errors="surrogateescape"), 1)
+    return Document(isinstance(value, list), len(items), next((v for v in items if isinstance(v, dict)), None),
+                    next(((n, v) for n, v in enumerate(items, 1) if not isinstance(v, dict)), None), bad)
+
+
+def _first_element(path: Path) -> Document:
+    """A larger JSON file, by its first FIRST_LINE_LIMIT bytes: whether it opens an array, and its first element."""
+    with open(path, "rb") as f:
+        text = f.read(FIRST_LINE_LIMIT).decode("utf-8-sig", errors="replace").lstrip()
+    if not text.startswith("["):
+        return _NO_VALUE
+    try:
+        item = json.JSONDecoder().raw_decode(text[1:].lstrip())[0]
+    except (ValueError, RecursionError):  # not one JSON value: its own refusal says why
+        return _NO_VALUE
+    one = isinstance(item, dict)
+    return Document(True, None, item if one else None, None if one else (1, item), "")
+
+
+_NO_VALUE = Document(False, None, None, None, "")  # JSON Lines, or no JSON: read by lines
 
 
 TWICE = "names the field {} twice in one object: name each field once"
@@ -198,14 +245,8 @@ def first_example(path: Path) -> tuple[int, dict[str, Any]] | None:
     example in its first FIRST_LINE_LIMIT bytes (the trainer says what it finds there). A .json file holding one
     JSON array (of up to FIRST_LINE_LIMIT bytes): its first object; else it is read as JSON Lines, as `datasets`
     reads it."""
-    if path.suffix == ".json" and path.stat().st_size <= FIRST_LINE_LIMIT:
-        try:
-            value = loads(path.read_bytes().decode("utf-8-sig", errors="replace"))
-        except ValueError:
-            value = None
-        if isinstance(value, list):
-            first = next((v for v in value if isinstance(v, dict)), None)
-            return None if first is None else (0, first)
+    if path.suffix == ".json" and (doc := json_document(path)) and doc.array:
+        return None if doc.first is None else (0, doc.first)
     with open(path, "rb") as f:
         n = 0
         while (raw := f.readline(FIRST_LINE_LIMIT - f.tell() + 1)) and f.tell() <= FIRST_LINE_LIMIT:
@@ -488,7 +529,7 @@ def examples_in(files: list[Path], enough: int) -> int | None:
             if path.suffix not in (".jsonl", ".json", ".csv", ".txt"):
                 return None
             with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-                for n in _COUNTERS[path.suffix](path, f, lines(path, f)):
+                for n in _COUNTERS[path.suffix](path, lines(path, f)):
                     total += n
                     if total >= enough:
                         return total
@@ -497,12 +538,12 @@ def examples_in(files: list[Path], enough: int) -> int | None:
     return total
 
 
-def _text_rows(_path: Path, _f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _text_rows(_path: Path, lines: Iterator[str]) -> Iterator[int]:
     """A .txt file: a row per line holding more than whitespace (`datasets` splits at \n, \r\n and \r)."""
     return (1 for line in lines if line.strip())
 
 
-def _json_lines_rows(path: Path, _f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _json_lines_rows(path: Path, lines: Iterator[str]) -> Iterator[int]:
     """JSON Lines: a row per JSON object, most often one a line; `{...} {...}` on one line is two rows."""
     for n, line in enumerate(lines, 1):
         if text := line.strip():
@@ -513,24 +554,18 @@ def _json_lines_rows(path: Path, _f: Any, lines: Iterator[str]) -> Iterator[int]
             yield 1 + len(_MORE_OBJECTS.findall(text))
 
 
-def _json_rows(path: Path, f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _json_rows(path: Path, lines: Iterator[str]) -> Iterator[int]:
     """A .json file: the elements of its one JSON array (or 1, one object), else it is read as JSON Lines."""
-    head = f.read(FIRST_LINE_LIMIT + 1)
-    if len(head) <= FIRST_LINE_LIMIT:
-        try:
-            value = loads(head.removeprefix("\ufeff"))
-        except ValueError:
-            value = None
-        if isinstance(value, (list, dict)):
-            if said := not_utf8_in(path, head, 1):
-                raise DockyardError(said)
-            yield len(value) if isinstance(value, list) else 1
-            return
-    f.seek(0)
-    yield from _json_lines_rows(path, f, lines)
+    doc = json_document(path)
+    if doc and doc.rows is not None:
+        if doc.not_utf8:
+            raise DockyardError(doc.not_utf8)
+        yield doc.rows
+        return
+    yield from _json_lines_rows(path, lines)
 
 
-def _csv_rows(_path: Path, _f: Any, lines: Iterator[str]) -> Iterator[int]:
+def _csv_rows(_path: Path, lines: Iterator[str]) -> Iterator[int]:
     """A .csv file: a row per record after the header that holds a cell of more than whitespace (data.read_csv)."""
     reader = csv.reader(lines)
     if next(reader, None):

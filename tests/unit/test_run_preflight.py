@@ -271,6 +271,21 @@ def test_a_line_the_host_counts_is_refused_as_the_trainer_refuses_it(env, tmp_pa
                 f"{name}: read past the step of one example"
 
 
+def test_a_json_file_is_read_once_by_the_host(env, tmp_path):
+    """`--dry` read a .json file of one array three times over (for its elements, its first example and its count of
+    examples): 48 MB of a file of 16 MB. Read once now, measured as this process's bytes read (/proc/self/io)."""
+    from dockyard.common.data_files import FIRST_LINE_LIMIT
+
+    def bytes_read() -> int:
+        return int(re.search(r"^rchar: (\d+)$", Path("/proc/self/io").read_text(), re.M)[1])
+
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps([{"text": f"ship {n} sails " + "x" * 400} for n in range(FIRST_LINE_LIMIT // 480)]))
+    before = bytes_read()
+    assert dry(env, f"--data={array}").returncode == 0
+    assert bytes_read() - before < 1.5 * array.stat().st_size, "read more than once"
+
+
 def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(tmp_path):
     """Documents the trainer may pack into blocks of tokens (packing true, or auto on GPUs for text) are as many
     examples as their tokens make, which the host does not know: not counted there."""
