@@ -77,7 +77,9 @@ check_driver() {
 	driver_facts
 	IMAGE_CUDA=$(cuda_of "$IMAGE")
 	runs "$IMAGE_CUDA"
-	[ $? -eq 1 ] && [ -z "$DISABLE_REQUIRE" ] || return 0
+	fits=$?
+	[ -z "$DISABLE_REQUIRE" ] || return 0
+	if [ $fits -ne 1 ]; then check_require "$fits"; return 0; fi
 	instead=
 	for pair in @CUDA_VARIANTS@; do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
 	least=$(least_driver "$IMAGE_CUDA")
@@ -86,6 +88,58 @@ check_driver() {
 	fix=${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }
 	[ -z "$loaded" ] || fix="$loaded is loaded here and runs on this driver: --image=$loaded; or "
 	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${fix}upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
+}
+# The image's NVIDIA_REQUIRE_CUDA (an nvidia/cuda base's: a --devel build; the Debian-based builds set none), which the
+# NVIDIA toolkit holds against the driver as the container starts: docker's refusal, said before anything starts with
+# the way out, as invoke run says it (dockyard/images/variants.py require_unmet).
+check_require() {  # runs' exit for the image's CUDA (0: this driver runs it)
+	require=$(docker image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE" 2>/dev/null \
+		| sed -n 's/^NVIDIA_REQUIRE_CUDA=//p' | head -n 1)
+	refused=$(require_refuses "$require")
+	[ -n "$refused" ] || return 0
+	major=${IMAGE_CUDA%%.*}
+	why=
+	[ "$1" -ne 0 ] || why=" (a CUDA $major driver runs any CUDA $major build)"
+	die "image $IMAGE sets NVIDIA_REQUIRE_CUDA $refused (from its base image), and driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: the NVIDIA toolkit would refuse to start it. --disable-require starts it$why, or load the $VARIANT image built without --devel (invoke build --variant=$VARIANT, then invoke save)"
+}
+# The condition of an NVIDIA_REQUIRE_CUDA by which the toolkit refuses this driver (DRIVER, HOST_CUDA), or nothing where
+# it admits it or may, read as invoke run reads it (variants.require_refuses): alternatives apart by blanks, each of
+# comma-separated conditions that must all hold; one on what nvidia-smi does not say (brand=, arch=, an unread
+# version) may hold. Versions compare number by number, a shorter one first where it is the other's start (12.8 <
+# 12.8.0), as Python compares variants.cuda_version's tuples.
+require_refuses() {  # NVIDIA_REQUIRE_CUDA
+	REQUIRE=$1 awk -v driver="$DRIVER" -v cuda="$HOST_CUDA" '
+	function cmp(a, b,   x, y, n, m, i) {
+		n = split(a, x, "."); m = split(b, y, ".")
+		for (i = 1; i <= n && i <= m; i++) if (x[i] + 0 != y[i] + 0) return x[i] + 0 < y[i] + 0 ? -1 : 1
+		return n < m ? -1 : n > m ? 1 : 0
+	}
+	function holds(cond,   key, rest, op, v, have, c) {  # 1, 0, or -1: cannot tell
+		if (cond ~ /^cuda/) { key = "cuda"; rest = substr(cond, 5); have = cuda }
+		else if (cond ~ /^driver/) { key = "driver"; rest = substr(cond, 7); have = driver }
+		else return -1
+		if (rest ~ /^(>=|<=|==|!=)/) { op = substr(rest, 1, 2); v = substr(rest, 3) }
+		else if (rest ~ /^[=<>]/) { op = substr(rest, 1, 1); v = substr(rest, 2) }
+		else return -1
+		if (v !~ /^[0-9]+(\.[0-9]+)*$/ || have !~ /^[0-9]+(\.[0-9]+)*$/) return -1
+		c = cmp(have, v)
+		return op == ">=" ? c >= 0 : op == "<=" ? c <= 0 : op == "==" || op == "=" ? c == 0 : op == "!=" ? c != 0 \
+			: op == "<" ? c < 0 : c > 0
+	}
+	BEGIN {
+		n = split(ENVIRON["REQUIRE"], alts, /[ \t\n\r\f\v]+/)
+		for (i = 1; i <= n; i++) {
+			if (alts[i] == "") continue
+			all = 1; k = split(alts[i], conds, ",")
+			for (j = 1; j <= k; j++) { h = holds(conds[j]); if (h == 0) { all = 0; break } }
+			if (all) exit  # holds, or may
+			if (first == "") first = alts[i]
+			if (said == "" && alts[i] ~ /^cuda/) said = alts[i]
+		}
+		said = said == "" ? first : said
+		gsub(/[^ -~]/, "?", said)  # the image says it: no escape sequence of its reaches the terminal
+		printf "%s", said
+	}'
 }
 # CUDA_VISIBLE_DEVICES as invoke run reads it (dockyard/gpus.py select): GPU indices or UUIDs (or a UUID's unique start,
 # GPU-5d5b), comma-separated, each a GPU of nvidia-smi -L's list ($SMI); docker gets their indices (--gpus

@@ -30,6 +30,7 @@ image) if [ "$2" = ls ]; then  # the images FAKE_LOADED names, of the variant a 
        *".Id}} {{index"*) echo "$FAKE_SET_ID ${ref##*-}" ;;
        *dockyard.variant*) echo "${ref##*-}" ;;
        *dockyard.cuda*) for pair in $FAKE_CUDA_LABELS; do [ "${pair%%=*}" != "${ref##*-}" ] || echo "${pair#*=}"; done ;;
+       *Config.Env*) echo PATH=/usr/bin; [ -z "${FAKE_REQUIRE-}" ] || echo "NVIDIA_REQUIRE_CUDA=$FAKE_REQUIRE" ;;
        *) echo sha256:feed ;;
        esac ;;
 run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
@@ -411,6 +412,57 @@ def test_disable_require_runs_an_image_newer_than_the_driver_as_invoke_run_does(
                                   overrides=[], disable_require=True, checkout_recipes=False)
     wanted = [a for a in plan.argv if a.startswith("NVIDIA_DISABLE_REQUIRE")]
     assert wanted and all(a in argv for a in wanted)
+
+
+# nvidia/cuda:12.8.1's NVIDIA_REQUIRE_CUDA, shortened (as tests/unit/test_variants.py has it): CUDA 12.8, or one of the
+# driver branches it names on the brands it names
+REQUIRE_128 = ("cuda>=12.8 brand=unknown,driver>=470,driver<471 brand=tesla,driver>=470,driver<471 "
+               "brand=tesla,driver>=535,driver<536 brand=nvidia,driver>=550,driver<551")
+
+
+def test_an_image_whose_nvidia_require_cuda_leaves_the_driver_out_is_refused_before_docker_as_invoke_run_does(node):
+    """A --devel cu128 image (FROM nvidia/cuda: NVIDIA_REQUIRE_CUDA cuda>=12.8 or some driver branches) on a 530
+    driver (CUDA 12.1, which runs CUDA 12.8 builds): run.sh passed its own driver check and docker refused at start
+    ("unsatisfied condition: cuda>=12.8"); invoke run refuses first, saying --disable-require. run.sh now does the
+    same. The GPU is faked: a stand-in nvidia-smi (the driver's header) and docker (the image's env) on PATH."""
+    old = {"FAKE_DRIVER": "530.30.02", "FAKE_CUDA": "12.1", "FAKE_REQUIRE": REQUIRE_128}
+    for dry in ([], ["--dry"]):
+        proc, argv = node("--run-id=q1", *dry, variant="cu128", gpus=2, **old)
+        assert proc.returncode == 1 and not argv and not proc.stdout and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert proc.stderr == (
+            "run.sh: image dockyard:0.1.0-cu128 sets NVIDIA_REQUIRE_CUDA cuda>=12.8 (from its base image), and driver "
+            "530.30.02 supports CUDA 12.1: the NVIDIA toolkit would refuse to start it. --disable-require starts it (a "
+            "CUDA 12 driver runs any CUDA 12 build), or load the cu128 image built without --devel (invoke build "
+            "--variant=cu128, then invoke save)\n")
+    proc, argv = node("--run-id=q2", "--disable-require", variant="cu128", gpus=2, **old)
+    assert "NVIDIA_DISABLE_REQUIRE=1" in argv and argv[argv.index("--gpus") + 1] == "all", proc.stderr
+    proc, argv = node("--run-id=q3", "--cpu", variant="cu128", gpus=2, **old)  # no GPU, no toolkit
+    assert "DS_ACCELERATOR=cpu" in argv, proc.stderr
+    proc, argv = node("--run-id=q4", variant="cu128", gpus=2, **{**old, "FAKE_REQUIRE": ""})  # the Debian-based build
+    assert "--gpus" in argv and "NVIDIA_DISABLE_REQUIRE=1" not in argv, proc.stderr
+
+
+@pytest.mark.parametrize(("driver", "cuda", "require"), [
+    ("530.30.02", "12.1", REQUIRE_128),     # no alternative holds
+    ("535.183.01", "12.2", REQUIRE_128),    # its 535 branch on a Tesla: may (nvidia-smi is not asked the brand)
+    ("570.133.20", "12.8", REQUIRE_128),    # cuda>=12.8 holds
+    ("545.23.08", "N/A", REQUIRE_128),      # no CUDA version in the header: cannot tell
+    ("580.65.06", "13.0", "cuda>=13.1"),    # one alternative, its CUDA minor above the driver's
+    ("560.35.03", "12.6", "driver>=570,driver<571 driver>=575"),  # none names CUDA: the first is said
+    ("560.35.03", "12.6", "cuda>=12.6.0"),  # 12.6 is before 12.6.0, as invoke run compares them
+    ("560.35.03", "12.6", "cuda=>12.1 cuda>=12.8"),  # a condition it cannot read may hold
+    ("560.35.03", "12.6", "brand=\x1b[2J,driver>=570"),  # the image's escape sequence is not said as it is
+])
+def test_run_sh_reads_nvidia_require_cuda_as_invoke_run_reads_it(node, driver, cuda, require):
+    """The same requirement on the same driver: run.sh refuses where invoke run (variants.require_refuses) does, naming
+    the same condition, and starts where it does not (stand-in nvidia-smi and docker on PATH, as above)."""
+    refused = variants.require_refuses(require, Host(driver=driver, cuda=cuda if cuda != "N/A" else ""))
+    proc, argv = node("--run-id=q5", variant="cu128", gpus=1, FAKE_DRIVER=driver, FAKE_CUDA=cuda, FAKE_REQUIRE=require)
+    if refused:
+        said = "".join(c if " " <= c <= "~" else "?" for c in refused)
+        assert proc.returncode == 1 and not argv and f"sets NVIDIA_REQUIRE_CUDA {said} (from" in proc.stderr, proc.stderr
+    else:
+        assert "--gpus" in argv, proc.stderr
 
 
 def test_without_home_the_hugging_face_cache_is_never_a_folder_in_tmp(node, tmp_path):
