@@ -169,12 +169,14 @@ visible() {
 DEFAULT=@IMAGE_DEFAULT_Q@
 image_of_the_set() {
 	case $0 in */*) here run.sh "${0%/*}/" ;; *) HERE=./ ;; esac
-	found= archives= other=
+	found= archives= other= skipped=0
 	for m in "$HERE"*.manifest.json; do
 		grep -q '"dockyard.variant"' "$m" 2>/dev/null || continue  # a set of other images (invoke save takes any)
 		images=$(sed -n 's/^    "check_images": "\(.*\)",\{0,1\}$/\1/p' "$m" 2>/dev/null)
 		[ -n "$images" ] || continue
 		name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$m")
+		# said below as it is: an escape sequence in either would drive the terminal (no name invoke save writes has one)
+		printable "${m##*/}$name" || { skipped=$((skipped + 1)); continue; }
 		archives="$archives${archives:+, }${name:-${m##*/}}"
 		for pair in $images; do
 			ref=${pair%%=*} id=${pair#*=}
@@ -186,6 +188,7 @@ image_of_the_set() {
 			if [ "${got%% *}" = "$id" ]; then found="$found${found:+ }$ref"; else other="$other${other:+ }$ref"; fi
 		done
 	done
+	[ "$skipped" -eq 0 ] || echo "run.sh: skipped $skipped archive manifest(s) beside run.sh whose name, or the archive name in it, holds a control character or a byte outside ASCII, which none invoke save writes holds (said as it is, an escape sequence would drive the terminal)" >&2
 	[ -n "$archives" ] || { IMAGE=$DEFAULT; return; }
 	[ -n "$found" ] || [ -z "$other" ] \
 		|| die "$other here is another build than the one in the archives here ($archives): load theirs, sh load.sh NAME (or --image=REF)"
@@ -200,6 +203,8 @@ image_of_the_set() {
 	case "$found" in *' '*) die "several images of the archives here are loaded ($(printf '%s' "$found" | sed 's/ /, /g')): pick one, --image=REF" ;; esac
 	IMAGE=$found
 }
+# Whether a name is printable ASCII (load.sh's printable())
+printable() { [ "$(printf '%s' "$1" | LC_ALL=C tr -d ' -~' | wc -c | tr -d ' ')" -eq 0 ]; }
 # Of the images $@, those this node's driver runs; all of them with --cpu, without a working driver or where none runs.
 runnable() {
 	{ [ -z "$CPU" ] && command -v nvidia-smi >/dev/null 2>&1 && SMI=$(nvidia-smi 2>&1); } || { echo "$*"; return; }

@@ -114,15 +114,32 @@ if [ -n "${1:-}" ] && { [ -f "$1" ] || [ "$1" != "$(basename "$1")" ]; }; then
 else
 	cd "$(dirname "$0")" || die "cannot enter the loader's folder"
 fi
+# A name found in this folder is said, or taken, only where it is printable ASCII, as every name invoke save writes is:
+# said as it is, a file name's escape sequence would drive the terminal. Others are skipped, and that is said.
+printable() { [ "$(printf '%s' "$1" | LC_ALL=C tr -d ' -~' | wc -c | tr -d ' ')" -eq 0 ]; }
+skipped=0
+said_skipped() {
+	[ "$skipped" -eq 0 ] || echo "load.sh: skipped $skipped file(s) here whose name holds a control character or a byte outside ASCII, which no name invoke save writes holds (said as it is, an escape sequence would drive the terminal): rename them to load them" >&2
+}
 name=$(basename "${1:-}")
 if [ -z "$name" ]; then
-	set -- *.manifest.json
-	if [ $# -ne 1 ] || [ ! -f "$1" ]; then
+	manifests=0
+	for f in *.manifest.json; do
+		[ -f "$f" ] || continue
+		if printable "$f"; then manifests=$((manifests + 1)) manifest=$f; else skipped=$((skipped + 1)); fi
+	done
+	if [ "$manifests" -ne 1 ]; then
 		found=
-		for f in *.tar.zst *.tar.gz *.tar; do [ -f "$f" ] && found="${found:+$found, }$f"; done
+		for f in *.tar.zst *.tar.gz *.tar; do
+			[ -f "$f" ] || continue
+			if printable "$f"; then found="${found:+$found, }$f"; else skipped=$((skipped + 1)); fi
+		done
+		said_skipped
 		[ -n "$found" ] || die "no archive beside load.sh in $(pwd): copy it here with its .sha256 and .manifest.json, or name it: sh load.sh PATH/NAME.tar.zst"
 		die "name the archive to load (sh load.sh NAME), one of: $found"
 	fi
+	said_skipped
+	set -- "$manifest"
 	name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1")
 	case $name in *[![:print:]]*) die "$1 names as its archive a name holding a control character (said as it is, an escape sequence drives the terminal), which no save gives an archive: refused, nothing was loaded" ;; esac
 	# read before any check: a name with a path (../../x) would have the copy below opened over that file, emptying it

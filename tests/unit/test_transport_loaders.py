@@ -855,6 +855,41 @@ def test_load_sh_without_a_name_lists_the_archives_it_found(tmp_path):
     assert r.returncode == 1 and r.stderr.startswith(f"load.sh: no archive beside load.sh in {empty}: copy it here")
 
 
+ESCAPES = "\x1b]0;owned\x07\x1b[2J"  # an xterm title, then the screen cleared
+
+
+def test_load_sh_says_no_name_it_finds_beside_it_that_holds_an_escape_sequence(tmp_path):
+    """`sh load.sh` without a name lists the archives beside it, and names the one manifest there in what it says of
+    it: a file named with an escape sequence (dropped in a shared folder of sets) reached the terminal as it was and
+    drove it. Such names are skipped, and that is said."""
+    make_set(tmp_path)
+    make_set(tmp_path, name="u_2.tar.gz", tag="u:2")
+    (tmp_path / f"{ESCAPES}x.tar.zst").write_bytes(b"")
+    r = subprocess.run(["sh", str(write_loader(tmp_path))], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 1 and "\x1b" not in r.stderr and "\x07" not in r.stderr, repr(r.stderr)
+    assert r.stderr.splitlines() == [
+        "load.sh: skipped 1 file(s) here whose name holds a control character or a byte outside ASCII, which no name "
+        "invoke save writes holds (said as it is, an escape sequence would drive the terminal): rename them to load them",
+        "load.sh: name the archive to load (sh load.sh NAME), one of: t_1.tar.zst, u_2.tar.gz"]
+
+    alone = tmp_path / "alone"  # the one manifest beside load.sh, named with an escape sequence, naming no file
+    alone.mkdir()
+    (alone / f"{ESCAPES}.manifest.json").write_text('{\n  "archive": "../x",\n}\n')
+    r = subprocess.run(["sh", str(write_loader(alone))], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 1 and "\x1b" not in r.stderr and "\x07" not in r.stderr, repr(r.stderr)
+    assert "load.sh: skipped 1 file(s) here whose name holds a control character" in r.stderr
+    assert f"load.sh: no archive beside load.sh in {alone}" in r.stderr
+
+    beside = tmp_path / "beside"  # one set, and a manifest so named beside it: the set is the one there is to load
+    beside.mkdir()
+    make_set(beside)
+    (beside / f"{ESCAPES}.manifest.json").write_text("{}\n")
+    r = subprocess.run(["sh", str(write_loader(beside))], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**engine_answering_info(tmp_path), "TMPDIR": str(tmp_path)})
+    assert "\x1b" not in r.stderr + r.stdout and "skipped 1 file(s)" in r.stderr, repr(r.stderr)
+    assert "verifying t_1.tar.zst" in r.stdout, r.stdout + r.stderr
+
+
 def test_the_tools_load_sh_needs_are_said_where_the_user_reads_them():
     """load.sh stops without GNU tar (it reads the tar before docker load does); README's step 3 and `invoke save
     --help` listed sh, sha256sum, docker and zstd/gzip only."""

@@ -302,6 +302,25 @@ def test_run_sh_finds_the_sets_beside_it_from_another_folder(node, tmp_path, too
     assert proc.returncode == 0 and "'dockyard:0.1.0-cu128'" in proc.stdout, proc.stderr
 
 
+def test_run_sh_says_no_name_of_a_manifest_beside_it_that_holds_an_escape_sequence(node, tmp_path):
+    """run.sh names the archives beside it when none of their images is loaded: a manifest there named with an escape
+    sequence, or naming such an archive, reached the terminal as it was and drove it. It is skipped, and that is
+    said."""
+    escapes = "\x1b]0;owned\x07\x1b[2J"
+    archive = archive_set_of(tmp_path, "dockyard:0.1.0-cu128")
+    crafted = (tmp_path / "dockyard_0.1.0-cu128.manifest.json").read_text()
+    (tmp_path / f"{escapes}.manifest.json").write_text(crafted)
+    (tmp_path / "other.manifest.json").write_text(crafted.replace(archive, f"{escapes}.tar.zst"))
+    proc, argv = node("--run-id=e1", variant="cu128", FAKE_LOADED="")
+    assert proc.returncode == 1 and not argv and "\x1b" not in proc.stderr and "\x07" not in proc.stderr, \
+        repr(proc.stderr)
+    assert proc.stderr.splitlines() == [
+        "run.sh: skipped 2 archive manifest(s) beside run.sh whose name, or the archive name in it, holds a control "
+        "character or a byte outside ASCII, which none invoke save writes holds (said as it is, an escape sequence would "
+        "drive the terminal)",
+        f"run.sh: the image of {archive} is not loaded here: load it first, sh load.sh {archive}"]
+
+
 def test_a_driver_that_is_installed_but_fails_stops_the_run_instead_of_training_on_cpu(node):
     """nvidia-smi fails as it does after a driver upgrade without a reboot: that is said, with the fix; it is no
     node without GPUs. --cpu trains on CPU anyway."""
