@@ -13,6 +13,9 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -115,10 +118,11 @@ def keep_journal(paths: ArchivePaths, manifest: dict, before: dict[str, str], to
 
 
 def said_killed_loads(settings: Settings, store: str) -> None:
-    """What a load killed outright after docker load had moved tags left unsaid (keep_journal): where it had loaded
-    its archive whole, the tags it took from other images (an image of the user's left untagged); where it was
-    killed before its check refused what docker load brought, each tag left on another image than the archive's, and
-    how to put it back. Said once: the journal goes."""
+    """What a load killed outright after docker load had moved tags left unsaid (keep_journal), or a `sh load.sh`
+    (its private folder, killed_load_sh_folders): where it had loaded its archive whole, the tags it took from other
+    images (an image of the user's left untagged); where it was killed before its check refused what docker load
+    brought, each tag left on another image than the archive's, and how to put it back. Said once: the journal goes,
+    and the folder, as the next load.sh removes it."""
     for journal in locks.left_behind(locks.private_folder(), {JOURNAL}):
         try:
             record = loads(read_bounded(journal, 16 << 20, "a load's journal"))
@@ -127,21 +131,76 @@ def said_killed_loads(settings: Settings, store: str) -> None:
         except (ValueError, KeyError, TypeError, DockyardError):  # not one keep_journal wrote: nothing to say
             journal.unlink(missing_ok=True)
             continue
-        loaded, wrong = in_engine(settings, {"images": images}, store)
-        pid = locks.LEFT_PARTIAL.fullmatch(journal.name)[1]
-        if not wrong:
-            for line in replaced_tags(before, loaded):
-                print(f"{line}: by a load of {name} killed outright (process {pid}) before it could say so")
-        for ref in touched if wrong else []:
-            meta = engine.image_inspect(settings, ref)
-            now, was = (meta or {}).get("Id"), before.get(engine.familiar(ref))
-            if now and now != was and ref != now:
-                put_back = f"docker tag {was.removeprefix('sha256:')[:12]} {ref}" if was else f"docker rmi {ref}"
-                print(f"warning: {ref} names {now.removeprefix('sha256:')[:12]}, not the image {name} holds: a load "
-                      f"of it killed outright (process {pid}) before its check left it so; it named "
-                      f"{was.removeprefix('sha256:')[:12] if was else 'nothing'} before. Put it back: {put_back}",
-                      file=sys.stderr)
+        say_killed(settings, store, name, before, touched, images, locks.LEFT_PARTIAL.fullmatch(journal.name)[1])
         journal.unlink(missing_ok=True)
+    for folder, pid in killed_load_sh_folders():
+        try:
+            record = load_sh_record(folder)
+        except (OSError, DockyardError):  # killed before docker load (no `before`): nothing moved
+            record = None
+        if record:
+            say_killed(settings, store, *record, pid)
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            print(f"removed {folder}, the private copy of a load.sh killed before it could remove it",
+                  file=sys.stderr)
+
+
+def say_killed(settings: Settings, store: str, name: str, before: dict[str, str], touched: list[str],
+               images: list[dict], pid: str) -> None:
+    """What the load of `name` (process `pid`), killed outright with the tags as they were `before` it, did to the
+    names it `touched`: the tags it replaced where its `images` are in the engine as saved, else where each is left."""
+    loaded, wrong = in_engine(settings, {"images": images}, store)
+    if not wrong:
+        for line in replaced_tags(before, loaded):
+            print(f"{line}: by a load of {name} killed outright (process {pid}) before it could say so")
+    for ref in touched if wrong else []:
+        meta = engine.image_inspect(settings, ref)
+        now, was = (meta or {}).get("Id"), before.get(engine.familiar(ref))
+        if now and now != was and ref != now:
+            put_back = f"docker tag {was.removeprefix('sha256:')[:12]} {ref}" if was else f"docker rmi {ref}"
+            print(f"warning: {ref} names {now.removeprefix('sha256:')[:12]}, not the image {name} holds: a load "
+                  f"of it killed outright (process {pid}) before its check left it so; it named "
+                  f"{was.removeprefix('sha256:')[:12] if was else 'nothing'} before. Put it back: {put_back}",
+                  file=sys.stderr)
+
+
+# load.sh's private folder (mktemp -d "$TMPDIR/dockyard-load.$$.XXXXXX"), which it keeps in the form said_moved (in
+# load.sh) reads: `manifest.json`, the set's, checked; `before`, written just before docker load, as tag_snapshot lists
+# the tags; `load.out`, what docker load said
+LOAD_SH_FOLDER = re.compile(r"dockyard-load\.(\d+)\..+")
+
+
+def killed_load_sh_folders() -> list[tuple[Path, str]]:
+    """(folder, pid) of this user's load.sh folders whose load.sh is gone (killed outright: no trap ran), as the next
+    load.sh finds them in the temporary folder: a folder, not a link, this user's."""
+    found = []
+    with contextlib.suppress(OSError):
+        for p in Path(tempfile.gettempdir()).iterdir():
+            m = LOAD_SH_FOLDER.fullmatch(p.name)
+            if not m or not locks.gone(int(m[1])):
+                continue
+            with contextlib.suppress(OSError):
+                st = p.lstat()
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                    found.append((p, m[1]))
+    return found
+
+
+def load_sh_record(folder: Path) -> tuple[str, dict[str, str], list[str], list[dict]]:
+    """The archive's name, the tags as they were, the names the load touched and the images it carries, from the
+    folder of a killed load.sh (as said_moved reads them); refused where docker load had not started (no `before`)."""
+    manifest = read_manifest(read_bounded(folder / "manifest.json", 16 << 20, "archive manifest"), "its manifest")
+    before = tags_listed(read_bounded(folder / "before", 64 << 20, "list of tags").decode(errors="replace"))
+    said = []
+    with contextlib.suppress(OSError, DockyardError):
+        said = read_bounded(folder / "load.out", 16 << 20, "docker load output").decode(errors="replace").splitlines()
+    touched = {ref for ref, _ in inventory.names(manifest["images"])}
+    for ref in said_loaded(said):  # the names docker load gave, the manifest's or not (the check never ran)
+        with contextlib.suppress(DockyardError):
+            touched.add(engine.reference(ref))
+    name = str(manifest.get("archive", ""))  # JSON's escapes can give it what load.sh's check of the bytes passed
+    return (name if name.isascii() and name.isprintable() else "an archive"), before, sorted(touched), manifest["images"]
 
 
 def replaced_tags(before: dict[str, str], loaded: list[tuple[str, str]]) -> list[str]:
@@ -401,8 +460,12 @@ def _bare_tag(ref: object) -> bool:
 
 def tag_snapshot(settings: Settings) -> dict[str, str]:
     """Every tag the engine holds → the image id it names, and "" → the ids of all its images (one per line)."""
-    out = engine.run(engine.docker(settings, "image", "ls", "-a", "--no-trunc", "--format",
-                                   "{{.ID}} {{.Repository}}:{{.Tag}}"), capture=True, quiet=True).stdout
+    return tags_listed(engine.run(engine.docker(settings, "image", "ls", "-a", "--no-trunc", "--format",
+                                                "{{.ID}} {{.Repository}}:{{.Tag}}"), capture=True, quiet=True).stdout)
+
+
+def tags_listed(out: str) -> dict[str, str]:
+    """tag_snapshot of what `docker image ls` listed (load.sh keeps the same list, its `before`)."""
     tags, ids = {}, []
     for line in out.splitlines():
         image_id, _, ref = line.partition(" ")

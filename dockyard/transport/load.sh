@@ -169,6 +169,8 @@ esac
 # just before docker load) put none back and said nothing; `invoke load` keeps a journal for the same. Said by the next
 # load.sh, once, as `invoke load` says it: a tag moved to the archive's image (from an image of the user's, now
 # untagged or not), or a tag left on another image than the archive's (the check never ran), and how to put it back.
+# `invoke load` reads the same folder (load.py load_sh_record: its name, `manifest.json`, `before`, `load.out`), says
+# the same and removes it: keep the four as they are.
 said_moved() {  # the folder of a killed load.sh, its process id
 	[ -f "$1/before" ] && [ -f "$1/manifest.json" ] || return 0
 	docker info >/dev/null 2>&1 || return 1  # kept for a load.sh that can ask the engine

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -269,56 +270,60 @@ def killed_after_docker_load(settings, images, tmp_path, archive: str, loader: s
     return paths, killed.pid, brought
 
 
-@pytest.mark.parametrize("archive", ["whole", "refused"])
-def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_load(settings, images, tmp_path,
-                                                                                         archive):
-    """`kill -9` of `invoke load` (the OOM killer, a CI job's end) once docker load has moved the archive's tag from
-    the user's image, before the load's own check: nothing ran to say it or to put it back. A whole archive had left
-    the user's image untagged without the line a load says of it, and the next load said "nothing to do"; one the
-    check would have refused left the tag on the image docker load brought, and the next load of it left it there.
-    The next load says either, once: the tag it replaced, or where the tag was and how to put it back."""
-    paths, killed, brought = killed_after_docker_load(settings, images, tmp_path, archive, "invoke load")
-
-    r = run_loader("invoke load", paths)
+def said_what_moved(settings, images, r: subprocess.CompletedProcess, paths: ArchivePaths, archive: str, killed: int,
+                    brought: str, said_by: str) -> None:
+    """Checks what the load after the one killed outright (killed_after_docker_load) says, as `said_by` ("invoke load",
+    or "sh load.sh", whose lines start with `load.sh:`) says it: the tag it replaced, or where the tag is left and how
+    to put it back (then done here, as the user would)."""
+    at = "load.sh: " if said_by == "sh load.sh" else ""
     victim = images["victim"].removeprefix("sha256:")[:12]
     if archive == "whole":
         assert r.returncode == 0, r.stderr
-        assert (f"replaced tag {APP} (the image it named before, {victim}, is now untagged): by a load of "
+        assert (f"{at}replaced tag {APP} (the image it named before, {victim}, is now untagged): by a load of "
                 f"{paths.archive.name} killed outright (process {killed}) before it could say so") in r.stdout
         assert "nothing to do" in r.stdout
     else:
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-        assert (f"warning: {APP} names {brought.removeprefix('sha256:')[:12]}, not the image {paths.archive.name} "
+        assert (f"{at}warning: {APP} names {brought.removeprefix('sha256:')[:12]}, not the image {paths.archive.name} "
                 f"holds: a load of it killed outright (process {killed}) before its check left it so; it named "
                 f"{victim} before. Put it back: docker tag {victim} {APP}") in r.stderr
         docker(settings, "tag", victim, APP)
         assert image_id(settings, APP) == images["victim"]
-    again = run_loader("invoke load", paths)
+
+
+@pytest.mark.parametrize("archive", ["whole", "refused"])
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_load_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_load(settings, images, tmp_path,
+                                                                                         loader, archive):
+    """`kill -9` of `invoke load` (the OOM killer, a CI job's end) once docker load has moved the archive's tag from
+    the user's image, before the load's own check: nothing ran to say it or to put it back. A whole archive had left
+    the user's image untagged without the line a load says of it, and the next load said "nothing to do"; one the
+    check would have refused left the tag on the image docker load brought, and the next load of it left it there.
+    The next load says either, once: the tag it replaced, or where the tag was and how to put it back. The same for
+    `sh load.sh` (a node with only sh and Docker), whose private folder, which the next load.sh removes, holds the tags
+    as they were: the next load.sh says it, as `invoke load` does."""
+    paths, killed, brought = killed_after_docker_load(settings, images, tmp_path, archive, loader)
+
+    said_what_moved(settings, images, run_loader(loader, paths), paths, archive, killed, brought, loader)
+    again = run_loader(loader, paths)
     assert "killed outright" not in again.stdout + again.stderr  # said once
 
 
 @pytest.mark.parametrize("archive", ["whole", "refused"])
-def test_a_load_sh_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_load_sh(settings, images,
-                                                                                             tmp_path, archive):
-    """The same for `sh load.sh` (a node with only sh and Docker): killed once docker load has moved the archive's
-    tag from the user's image, before its check, it said nothing, and only `invoke load` kept a journal for the next
-    load to read. Its private folder, which the next load.sh removes, holds the tags as they were: the next load.sh
-    says, once, what moved and how to put it back, as `invoke load` does."""
+def test_a_load_sh_killed_outright_after_docker_load_moved_tags_is_said_by_the_next_invoke_load(settings, images,
+                                                                                                 tmp_path, archive):
+    """`kill -9` of `sh load.sh` once docker load has moved the archive's tag from the user's image, then `invoke load`
+    (the node has the checkout too): `invoke load` read only its own journal and said nothing of the moved tag, and
+    the private folder, the archive's size, stayed. It now reads the killed load.sh's folder (the plain files load.sh
+    keeps for the next load.sh), says what moved as for its own, removes the folder, and the next load.sh says it no
+    more."""
     paths, killed, brought = killed_after_docker_load(settings, images, tmp_path, archive, "sh load.sh")
+    left = list(Path(tempfile.gettempdir()).glob(f"dockyard-load.{killed}.*"))
+    assert len(left) == 1, "the killed load.sh left its folder"
 
-    r = run_loader("sh load.sh", paths)
-    victim = images["victim"].removeprefix("sha256:")[:12]
-    if archive == "whole":
-        assert r.returncode == 0, r.stderr
-        assert (f"load.sh: replaced tag {APP} (the image it named before, {victim}, is now untagged): by a load of "
-                f"{paths.archive.name} killed outright (process {killed}) before it could say so") in r.stdout
-        assert "nothing to do" in r.stdout
-    else:
-        assert r.returncode == 1, r.stderr
-        assert (f"load.sh: warning: {APP} names {brought.removeprefix('sha256:')[:12]}, not the image "
-                f"{paths.archive.name} holds: a load of it killed outright (process {killed}) before its check "
-                f"left it so; it named {victim} before. Put it back: docker tag {victim} {APP}") in r.stderr
-        docker(settings, "tag", victim, APP)
-        assert image_id(settings, APP) == images["victim"]
+    r = run_loader("invoke load", paths)
+    said_what_moved(settings, images, r, paths, archive, killed, brought, "invoke load")
+    assert f"removed {left[0]}, the private copy of a load.sh killed before it could remove it" in r.stderr
+    assert not left[0].exists()
     again = run_loader("sh load.sh", paths)
     assert "killed outright" not in again.stdout + again.stderr  # said once

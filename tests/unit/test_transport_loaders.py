@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -888,6 +889,33 @@ def test_load_sh_says_no_name_it_finds_beside_it_that_holds_an_escape_sequence(t
                        env={**engine_answering_info(tmp_path), "TMPDIR": str(tmp_path)})
     assert "\x1b" not in r.stderr + r.stdout and "skipped 1 file(s)" in r.stderr, repr(r.stderr)
     assert "verifying t_1.tar.zst" in r.stdout, r.stdout + r.stderr
+
+
+def test_invoke_load_reads_a_killed_load_sh_s_folder_as_it_reads_its_own_journal(tmp_path, monkeypatch, capsys):
+    """invoke load says what a load.sh killed outright left unsaid, from the plain files of its private folder (the
+    real kill: tests/integration/test_transport_loaders.py), and removes the folder as load.sh would. What a folder
+    holds is the user's own, but its manifest came from the set: a name JSON's escapes gave an escape sequence is not
+    said as it is; a folder of a load.sh killed before docker load (no `before`) goes without a word of tags."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(load_mod.locks, "private_folder", lambda: tmp_path / "private")
+    with subprocess.Popen(["true"]) as ended:
+        pass  # a process id that ran, and is gone
+    paths = make_set(tmp_path)
+    manifest = json.loads(paths.manifest.read_text())
+    moved, early = tmp_path / f"dockyard-load.{ended.pid}.aB3dEf", tmp_path / f"dockyard-load.{ended.pid}.gH4iJk"
+    for folder in (moved, early):
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps({**manifest, "archive": "\x1b[2Jt_1.tar.zst"}, indent=2))
+    (moved / "before").write_text(f"sha256:{'b' * 64} t:1\nsha256:{'c' * 64} <none>:<none>\n")
+    (moved / "load.out").write_text("Loaded image: t:1\n")
+    monkeypatch.setattr(load_mod.engine, "image_inspect", lambda s, ref: {"Id": "sha256:" + "a" * 64})
+    load_mod.said_killed_loads(Settings(), "classic")
+    out, err = capsys.readouterr()
+    assert out == (f"replaced tag t:1 (the image it named before, {'b' * 12}, is now untagged): by a load of an "
+                   f"archive killed outright (process {ended.pid}) before it could say so\n")
+    assert sorted(err.splitlines()) == sorted(f"removed {f}, the private copy of a load.sh killed before it could "
+                                              "remove it" for f in (moved, early))
+    assert not moved.exists() and not early.exists()
 
 
 def test_the_tools_load_sh_needs_are_said_where_the_user_reads_them():
