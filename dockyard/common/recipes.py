@@ -143,7 +143,8 @@ Formula = Callable[[Sizes], "tuple[int, int]"]  # → (GPU bytes per device, hos
 @dataclass(frozen=True)
 class Strategy:
     """One way to spread training over processes. `model_states` is the planner's memory formula;
-    zero2/zero3 and their offloads are DeepSpeed's own estimators with zero.Init (tests pin them)."""
+    zero2/zero3 and their offloads are DeepSpeed's own estimators with zero.Init (tests pin them; zero2-offload's
+    host memory per node on several nodes is counted for that node's processes: _zero2_offload)."""
 
     name: str
     engine: str                      # "ddp" | "deepspeed" | "fsdp"
@@ -200,7 +201,11 @@ def _zero2(s: Sizes) -> tuple[int, int]:
 
 
 def _zero2_offload(s: Sizes) -> tuple[int, int]:
-    return 2 * s.params, int(s.params * max(4 * s.world_size, 16) * BUFFER)
+    # Per node: each of its processes loads an fp32 copy (4 bytes × its GPUs), then its share of the optimizer
+    # partitions stays pinned (16 bytes / nodes), as DeepSpeed's ZeRO-3 estimator counts without zero.Init. DeepSpeed's
+    # ZeRO-2 one takes 4 × every GPU of every node, which on one node is the same figure and on 4 nodes of 8 asked a
+    # node for 1.4 TiB to train 8B parameters (the trainer refused the run)
+    return 2 * s.params, int(s.params * max(4 * s.gpus_per_node, 16 / s.nodes) * BUFFER)
 
 
 def _zero3(s: Sizes) -> tuple[int, int]:
