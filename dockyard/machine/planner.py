@@ -359,8 +359,8 @@ def print_plan(result: dict) -> None:
                   "(the trainer's margin), at micro-batch × accumulation steps as the trainer picks them; C compiled, L "
                   "Liger's kernels, where the trainer turns them on by itself. per GPU: a step's peak, calibrated on "
                   "measured runs (not states + activ.); w/ ckpt: the same with gradient checkpointing. host: what "
-                  "offloading holds in RAM all run (no RAM: more than this host has); host*: RAM only while every "
-                  "process loads the checkpoint, not counted. disk: a long run's peak (its checkpoints and the final "
+                  "offloading holds in RAM all run (no RAM: more than this host has); host*: RAM only while the "
+                  "checkpoint loads, not counted. disk: a long run's peak (its checkpoints and the final "
                   "model). How each is worked out: docs/machine.md.[/]")
 
 

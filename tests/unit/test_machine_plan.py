@@ -77,6 +77,18 @@ def test_a_node_of_a_zero2_offload_run_over_several_nodes_is_asked_for_its_own_p
                                     shape.params, 256 * GIB)
 
 
+def test_fsdps_host_figure_holds_the_fp32_model_its_first_process_loads():
+    """fsdp of Llama-3.1-8B on 8 GPUs: the plan's host column said 23.5 GiB (ZeRO-3's zero.Init figure, 4 bytes of
+    the largest layer per process), where the recipe's loading (cpu_ram_efficient_loading) has one process of the
+    node read the whole model in fp32, 29.9 GiB before any buffer; zero3's stays its own."""
+    shape = memory.shape_from_folder(LLAMA_8B)
+    rows = {r["recipe"]: r for r in planner.plan(shape, gpus=8, gpu_mem=80 * GIB, cpu_mem=1024 * GIB,
+                                                 seq_len=2048)["recipes"]}
+    assert rows["fsdp"]["host_bytes"] >= 4 * shape.params
+    assert rows["fsdp"]["model_states_bytes"] == rows["zero3"]["model_states_bytes"]  # FULL_SHARD shards like ZeRO-3
+    assert rows["zero3"]["host_bytes"] < 4 * shape.params  # zero.Init: each process reads its own partition
+
+
 @pytest.mark.parametrize("world", [1, 8])
 def test_ddp_and_adapter_model_states_are_pinned(world):
     """Hand-computed, not by the function under test: DDP keeps fp32 weights 4 + grads 4 + Adam 8 + the bf16
