@@ -364,7 +364,8 @@ def doctor(c, json=False, record: Place = "", peer="", port: Port = 29500):
 @task(help={"model": "a local model folder (config.json; no weights are read), a hub model org/name in the hf_cache "
                      "folder, or a parameter count: 8B, 1.5B, 350M (default: the `model` setting of invoke.yaml)",
             "gpus": "GPUs per node (default: what NVML sees)",
-            "gpu_mem": "GiB per GPU (default: what NVML sees)",
+            "gpu_mem": "GiB per GPU, nvidia-smi's memory.total MiB / 1024: an L40S sold as 48 GB has 45, an H100 80GB "
+                       "79.6 (default: what NVML sees)",
             "cpu_mem": "GiB of host memory per node (default: this host's)",
             "seq_len": "tokens per sequence: auto (or 0, the default) is 2048, or the model's context where shorter",
             "batch": "examples per micro-batch per GPU: auto (or 0, the default) sizes each recipe as a run with no "
