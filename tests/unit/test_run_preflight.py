@@ -271,6 +271,30 @@ def test_a_line_the_host_counts_is_refused_as_the_trainer_refuses_it(env, tmp_pa
                 f"{name}: read past the step of one example"
 
 
+def test_a_file_of_blank_lines_ending_in_cr_alone_is_counted_in_little_memory(tmp_path):
+    """The count kept every part of a line read at \\r until a \\n ended it, to name a byte that is not UTF-8 at its
+    column: a .txt of blank lines ending in \\r alone (old Mac line ends) piled them up, 2 GB held by `invoke run
+    --dry` for 60 MB read. It keeps their length alone, and names the same column."""
+    import tracemalloc
+
+    from dockyard.common.data_files import examples_in
+    from dockyard.common.errors import DockyardError
+
+    blank = tmp_path / "blank_cr.txt"
+    blank.write_bytes(b"ships sail\r" + b" \r" * (2 << 20))
+    tracemalloc.start()
+    try:
+        assert examples_in([blank], STEP) == 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"{peak >> 20} MiB held to count {blank.stat().st_size >> 20} MiB"
+    latin = tmp_path / "latin_cr.txt"
+    latin.write_bytes(b"a\r" + b" \r" * 1000 + b"caf\xe9\n")  # one line as the trainer counts lines (at \\n)
+    with pytest.raises(DockyardError, match=re.escape(f"{latin}:1 (byte 0xe9 at column {2 + 2000 + 4})")):
+        examples_in([latin], STEP)
+
+
 def test_a_json_file_is_read_once_by_the_host(env, tmp_path):
     """`--dry` read a .json file of one array three times over (for its elements, its first example and its count of
     examples): 48 MB of a file of 16 MB. Read once now, measured as this process's bytes read (/proc/self/io)."""
