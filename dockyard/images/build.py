@@ -550,8 +550,11 @@ def _linked(src: str, dst: str) -> None:
     """A wheel hard-linked into the context by the file it names: a wheelhouse carried in as links (`cp -s`, links
     into a shared store) passed the lock's check through them (holds_the_lock), and os.link linked the links
     themselves, which lead nowhere inside the build (pip failed there, minutes in). Copied where no hard link can be
-    made: another file system, another user's file."""
+    made: another file system, another user's file. A link to nothing (a wheel its store has dropped since, beside the
+    lock's) is no wheel pip could take: left out, where linking the file it names failed the build."""
     real = os.path.realpath(src)
+    if not os.path.exists(real):
+        return
     try:
         os.link(real, dst)
     except OSError as e:

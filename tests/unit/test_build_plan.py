@@ -494,11 +494,13 @@ def test_a_wheelhouse_carried_in_as_links_reaches_the_build_as_its_files(setting
     """A wheelhouse carried in as links to its files (`cp -s` from a mounted store, a folder of links into a shared
     cache) passed the lock's check through them and was stamped complete, and the build's context held the links
     themselves, which lead nowhere inside the build: pip failed there on every wheel. The context now holds the
-    files the links name."""
+    files the links name; a link to nothing beside them (a wheel its store has dropped since) is left out, where it
+    failed the build ("No such file or directory")."""
     s = settings.model_copy(update={"wheelhouse_dir": tmp_path / "wh"})
     (tmp_path / "wh" / "cpu").mkdir(parents=True)
     for w in lock_of_two:
         (tmp_path / "wh" / "cpu" / w.name).symlink_to(w)
+    (tmp_path / "wh" / "cpu" / "dropped-0.1-py3-none-any.whl").symlink_to(tmp_path / "store" / "dropped.whl")
     variant = variants.resolve(s, "cpu")[0]
     build.wheelhouse(s, "cpu")  # checked against the lock through the links, and stamped
     assert build.wheelhouse_complete(s, variant)
