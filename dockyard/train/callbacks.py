@@ -302,6 +302,6 @@ def over_ranks(tokens: int, peak: int, world: int, device: Any) -> tuple[int, tu
     mine = torch.tensor([tokens, peak], dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
-    rows = [row.tolist() for row in every]
+    rows = torch.stack(every).tolist()  # one copy to the host, not one per rank (each a GPU sync)
     largest = max(range(world), key=lambda rank: rows[rank][1])
     return sum(row[0] for row in rows), (rows[largest][1], largest)
