@@ -165,20 +165,21 @@ def say_killed(settings: Settings, store: str, name: str, before: dict[str, str]
                   file=sys.stderr)
 
 
-# load.sh's private folder (mktemp -d "$TMPDIR/dockyard-load.$$.XXXXXX"), which it keeps in the form said_moved (in
-# load.sh) reads: `manifest.json`, the set's, checked; `before`, written just before docker load, as tag_snapshot lists
-# the tags; `load.out`, what docker load said
-LOAD_SH_FOLDER = re.compile(r"dockyard-load\.(\d+)\..+")
+# load.sh's private folder (mktemp -d "$TMPDIR/dockyard-load.$$.HOST_TAG.XXXXXX", its host's locks.host_tag; none
+# before the tag), which it keeps in the form said_moved (in load.sh) reads: `manifest.json`, the set's, checked;
+# `before`, written just before docker load, as tag_snapshot lists the tags; `load.out`, what docker load said
+LOAD_SH_FOLDER = re.compile(r"dockyard-load\.(\d+)\.(?:([0-9a-f]{8})\.)?[^.]+")
 
 
 def killed_load_sh_folders() -> list[tuple[Path, str]]:
     """(folder, pid) of this user's load.sh folders whose load.sh is gone (killed outright: no trap ran), as the next
-    load.sh finds them in the temporary folder: a folder, not a link, this user's."""
+    load.sh finds them in the temporary folder: a folder, not a link, this user's, made on this host (a TMPDIR nodes
+    share holds other nodes' folders, whose load.sh may run: locks.left_behind)."""
     found = []
     with contextlib.suppress(OSError):
         for p in Path(tempfile.gettempdir()).iterdir():
             m = LOAD_SH_FOLDER.fullmatch(p.name)
-            if not m or not locks.gone(int(m[1])):
+            if not m or m[2] not in (None, locks.host_tag()) or not locks.gone(int(m[1])):
                 continue
             with contextlib.suppress(OSError):
                 st = p.lstat()

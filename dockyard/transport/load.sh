@@ -196,17 +196,22 @@ said_moved() {  # the folder of a killed load.sh, its process id
 # Every file is read once, into a private folder, and checked and used there: a file changed in the shared
 # folder after its check (another writer, an NFS scratch) is never what gets loaded.
 # A load.sh killed outright (kill -9, the OOM killer, a power cut) runs no trap: its copy stayed in TMPDIR for good.
-# This user's whose load.sh is gone (the pid in the name) are removed first, and said.
+# This user's whose load.sh is gone (the pid in the name) are removed first, and said: only those made on this host (the
+# tag of its name beside the pid, as invoke's locks.host_tag makes it), for a TMPDIR several nodes share (a scratch with
+# room, loaded on every node at once) holds the folders of other nodes' live load.sh, whose pid says nothing here.
+HOST_TAG=$(printf '%s' "$(uname -n)" | sha256 | cut -c1-8)
 for old in "${TMPDIR:-/tmp}"/dockyard-load.*; do
 	[ -d "$old" ] && [ -O "$old" ] && [ ! -h "$old" ] || continue
 	pid=${old##*/dockyard-load.}
+	tag=${pid#*.}  # "TAG.XXXXXX", or "XXXXXX" for a folder made before the tag
 	pid=${pid%%.*}
 	case $pid in '' | *[!0-9]*) continue ;; esac
+	case $tag in *.*) [ "${tag%%.*}" = "$HOST_TAG" ] || continue ;; esac
 	kill -0 "$pid" 2>/dev/null && continue
 	said_moved "$old" "$pid" || continue
 	rm -rf "$old" && echo "load.sh: removed $old, the private copy of a load.sh killed before it could remove it" >&2
 done
-work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.XXXXXX") || die "cannot make a private folder in ${TMPDIR:-/tmp}"
+work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.$HOST_TAG.XXXXXX") || die "cannot make a private folder in ${TMPDIR:-/tmp}"
 # The folder (a full-size copy of the archive) goes however the script ends. A signal ends it through `exit`,
 # which runs the EXIT trap (dash runs none for a signal alone). The long steps run in the background and are
 # waited for: a trapped signal stops `wait` at once, where it would wait for a command in the foreground to end.

@@ -918,6 +918,35 @@ def test_invoke_load_reads_a_killed_load_sh_s_folder_as_it_reads_its_own_journal
     assert not moved.exists() and not early.exists()
 
 
+def test_a_private_folder_another_node_made_in_a_shared_tmpdir_is_left_to_it(tmp_path, monkeypatch, capsys):
+    """A TMPDIR several nodes share (a scratch with room for the private copy, the set loaded on every node at once):
+    the next load.sh, or invoke load, judged another node's folder by its pid, which runs nothing here, and removed it
+    under that node's live load.sh (and invoke load said its tags had moved). A folder's name carries its host's tag
+    now (invoke's locks.host_tag, which load.sh makes the same way); one of another host is left, one of this host's
+    (or of none, made before the tag) whose load.sh is gone is removed, and load.sh makes its own under its tag."""
+    from dockyard.common import locks
+
+    argv, env, private = load_sh_set(tmp_path, 'ls "$TMPDIR" >"$TMPDIR/../during"; exec cat >/dev/null')
+    with subprocess.Popen(["true"]) as ended:
+        pass  # a process id that ran, and is gone here
+    other = "0" * 8 if locks.host_tag() != "0" * 8 else "1" * 8
+    here, elsewhere = (private / f"dockyard-load.{ended.pid}.{tag}.aB3dEf" for tag in (locks.host_tag(), other))
+    for folder in (here, elsewhere):
+        folder.mkdir()
+        (folder / "t_1.tar").write_bytes(b"copy")
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)  # the stand-in engine loads nothing
+    assert f"removed {here}," in r.stderr and str(elsewhere) not in r.stderr, r.stderr
+    assert list(private.iterdir()) == [elsewhere], "another node's folder was removed"
+    own = [n for n in (tmp_path / "during").read_text().split() if n != elsewhere.name]
+    assert len(own) == 1 and own[0].startswith("dockyard-load.") and f".{locks.host_tag()}." in own[0], own
+    here.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setattr(load_mod.locks, "private_folder", lambda: tmp_path / "mine")
+    load_mod.said_killed_loads(Settings(), "classic")
+    assert capsys.readouterr().err == f"removed {here}, the private copy of a load.sh killed before it could remove it\n"
+    assert list(private.iterdir()) == [elsewhere]
+
+
 def test_the_tools_load_sh_needs_are_said_where_the_user_reads_them():
     """load.sh stops without GNU tar (it reads the tar before docker load does); README's step 3 and `invoke save
     --help` listed sh, sha256sum, docker and zstd/gzip only."""
