@@ -85,15 +85,18 @@ def unknown_format(source: str, fields: list[str], named: list[str] | None = Non
                              f"none): fill in its fields or remove it; an example has those of one of "
                              f"{expected}{header} (docs/data.md)")
     # data_format cannot help here: a named format needs the same fields
-    return DockyardError(f"{source}: cannot tell the data format from its fields ({some(fields)}); rename them "
+    return DockyardError(f"{source}: cannot tell the data format from its fields ({fields_said(fields)}); rename them "
                          f"to one of {expected}{header} (docs/data.md)")
 
 
-def some(names: list[str], most: int = 20) -> str:
-    """Field names for a message: the first `most`, each cut at 60 characters (a .csv header of 200,000 columns, or a
-    field name of megabytes, was said whole: an error line of megabytes)."""
-    cut = [n if len(n) <= 60 else n[:57] + "..." for n in names[:most]]
-    return ", ".join(cut) + (f" and {len(names) - most} more" if len(names) > most else "")
+FIELDS_SAID = 20  # field names a message names, each cut at 60 characters
+
+
+def fields_said(names: list[str]) -> str:
+    """Field names for a message, the first FIELDS_SAID of them cut short: a .csv header of 200,000 columns, or a field
+    name of megabytes, was said whole, an error line of megabytes."""
+    cut = [n if len(n) <= 60 else n[:57] + "..." for n in names[:FIELDS_SAID]]
+    return ", ".join(cut) + (f" and {len(names) - FIELDS_SAID} more" if len(names) > FIELDS_SAID else "")
 
 
 def other_format(source: str, fields: list[str], fmt: str, train: str) -> DockyardError | None:
