@@ -151,8 +151,9 @@ def left_unfinished(settings: Settings, target: Path, run: str) -> list[Path]:
 
 
 def container_of(marker: Path) -> str:
-    """The name of the container an export runs in: its marker's own (the pid and the random part of locks.partial's
-    name), so that the marker left by a killed export names the container that may still write its folder."""
+    """The name of the container an export runs in: its marker's own (the pid, host tag and random part of
+    locks.partial's name), so that the marker left by a killed export names the container that may still write its
+    folder."""
     pid, token = marker.name.removesuffix(".partial").rsplit(".", 2)[-2:]
     return f"dockyard-export-{pid}-{token}"
 
