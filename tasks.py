@@ -87,6 +87,10 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
 
 # --- training --------------------------------------------------------------------------------
 
+DISABLE_REQUIRE = ("set NVIDIA_DISABLE_REQUIRE=1: start an image whose NVIDIA_REQUIRE_CUDA the driver misses (a --devel "
+                   "build on an older CUDA 12 driver: docs/images.md)")
+
+
 @task(help={"recipe": "which strategy (see `invoke recipes`); default zero2, or with --resume the run's own",
             "variant": "image variant; default auto",
             "nproc": "processes on this node: default (or 0) one per GPU, or 2 on a CPU-only host",
@@ -102,8 +106,7 @@ def setup(c, mirror="http://deb.debian.org/debian", dry=False):
                       "with --nodes > 1 required, the same on every node",
             "resume": "continue the run named by --run-id from its last checkpoint, with its recipe and settings (give "
                       "--data and --model again: a resume mounts only what its command names)",
-            "disable_require": ("set NVIDIA_DISABLE_REQUIRE=1: start an image whose NVIDIA_REQUIRE_CUDA the driver misses "
-                                "(a --devel build on an older CUDA 12 driver: docs/images.md)"),
+            "disable_require": DISABLE_REQUIRE,
             "native": "run the entry point on this host instead of in the image (for development)",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "gpus": "which GPUs by index or UUID, e.g. 0,2 (not a count: --gpus=2 is GPU 2 alone), or all (default: "
@@ -221,15 +224,16 @@ def recipes(c):
 
 @task(help={"variant": "image variant; default auto", "dry": "print the command and run nothing",
             "cpu": "no GPU even in a CUDA image: work in its stack on a host without GPUs",
-            "keep": "keep the container when you leave it, to `invoke commit` what you changed (it says the name)"})
-def shell(c, variant="auto", dry=False, cpu=False, keep=False):
+            "keep": "keep the container when you leave it, to `invoke commit` what you changed (it says the name)",
+            "disable_require": DISABLE_REQUIRE})
+def shell(c, variant="auto", dry=False, cpu=False, keep=False, disable_require=False):
     """An interactive shell in the image, with the same mounts, user and flags as `invoke run`.
 
     Commands piped into it run there (`echo ds_report | invoke shell`), and exit with their status. The container
     is removed when you leave it, with what you changed in it, unless --keep."""
     from dockyard.launch import run as launch_run
 
-    launch_run.shell(_settings(c), variant=variant, dry=dry, cpu=cpu, keep=keep)
+    launch_run.shell(_settings(c), variant=variant, dry=dry, cpu=cpu, keep=keep, disable_require=disable_require)
 
 
 # --- moving images ---------------------------------------------------------------------------

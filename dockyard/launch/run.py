@@ -271,9 +271,11 @@ def _traces(run_dir: Path, node_rank: int) -> tuple:
 
 
 def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: bool = False,
-          keep: bool = False) -> None:
+          keep: bool = False, disable_require: bool = False) -> None:
     """`cpu`: no GPU even in a CUDA image, as `invoke run --cpu` (a build host without GPUs works in a CUDA image's
-    stack). `keep`: the container stays after the shell ends, for `invoke commit` (removed otherwise)."""
+    stack). `keep`: the container stays after the shell ends, for `invoke commit` (removed otherwise).
+    `disable_require`: as `invoke run --disable-require` (a --devel image on an older CUDA 12 driver, which the NVIDIA
+    toolkit refuses by the image's NVIDIA_REQUIRE_CUDA: refused here first, with that way out)."""
     host = select(read_host())  # CUDA_VISIBLE_DEVICES, as for `invoke run`
     chosen, why = variants.resolve(settings, variant, host)
     variants.say(why, err=True)
@@ -281,8 +283,10 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     gpus = chosen.is_cuda and not cpu
     info = {} if dry else engine.engine_info(settings)  # --dry asks no engine, as `run --dry`: what the host tells
     if gpus:
-        check_gpu_host(settings, chosen, host, info, False)
+        check_gpu_host(settings, chosen, host, info, disable_require)
     env = {envvars.IMAGE_REF: image, envvars.VARIANT: chosen.name}
+    if gpus and disable_require:
+        env["NVIDIA_DISABLE_REQUIRE"] = "1"
     if chosen.is_cuda and cpu:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     mounts = inputs.read_only_mounts(settings, "", []).volumes
@@ -296,12 +300,15 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     if keep:
         print(f"the container stays when you leave it: `invoke commit --container={name}` makes an image of what you "
               f"changed (`{engine.shown(engine.docker(settings, 'rm', name))}` drops it)", file=sys.stderr)
+    built = _image_if_there(settings, image) if dry else engine.image_inspect(settings, image)
+    if not built and not dry:  # docker run would look for it in a registry (docker.io/library/...), in a project of none
+        raise DockyardError(f"image {image} not built: `invoke build --variant={chosen.name}`")
+    unmet, way_out = variants.require_unmet(chosen, built, host)
+    if gpus and not disable_require and unmet:  # docker's refusal at start, said first (as `invoke run`)
+        raise DockyardError(f"image {image} {unmet}. {way_out}")
     if dry:
         engine.echo(argv)
         return
-    built = engine.image_inspect(settings, image)
-    if not built:  # docker run would look for it in a registry (docker.io/library/...), in a project of none
-        raise DockyardError(f"image {image} not built: `invoke build --variant={chosen.name}`")
     build.warn_if_stale(built, image)
     runs.mkdir(parents=True, exist_ok=True)
     caches.prepare(settings, compile_cache=True)

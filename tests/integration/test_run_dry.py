@@ -65,6 +65,13 @@ def test_an_image_whose_nvidia_require_cuda_leaves_the_driver_out_is_refused_bef
         given = invoke("run", "--dry", "--variant=cu128", "--recipe=ddp", "--disable-require", env=env, timeout=300)
         assert given.returncode == 0, given.stderr
         assert "NVIDIA_DISABLE_REQUIRE=1" in _docker_run_line(given.stderr)
+        # invoke shell had no --disable-require: docker refused the devel image there, with no way out
+        shell = invoke("shell", "--dry", "--variant=cu128", env=env, timeout=300)
+        assert shell.returncode == 1 and "Traceback" not in shell.stderr, shell.stderr
+        assert f"error: image {tag} sets NVIDIA_REQUIRE_CUDA cuda>=12.8" in shell.stderr and "+ " not in shell.stderr
+        shell = invoke("shell", "--dry", "--variant=cu128", "--disable-require", env=env, timeout=300)
+        assert shell.returncode == 0, shell.stderr
+        assert "NVIDIA_DISABLE_REQUIRE=1" in _docker_run_line(shell.stderr)
         doctor = invoke("doctor", "--json", env=env, timeout=300)
         checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
         assert checks["variant cu128"]["status"] == "warn", checks["variant cu128"]
