@@ -90,44 +90,88 @@ def _decoder_shape(hidden: int, layers: int, intermediate: int, kv: int) -> tupl
 
 @dataclass(frozen=True)
 class Published:
-    """A published decoder's shape (its config.json), which a bare count near its size is planned as."""
+    """A published decoder: the settings of its config.json that size it, which a bare count near its size is
+    planned with (counted by model_config, as its own config.json would be)."""
 
     name: str
-    params: int
+    repo: str            # its hub id: `hf download REPO config.json` fetches what plans it exactly
+    model_type: str
     hidden: int
     layers: int
+    heads: int
+    kv_heads: int
     intermediate: int
-    kv_hidden: int
     vocab: int
+    tied: bool = False   # tie_word_embeddings
+
+    def config(self) -> dict:
+        return {"model_type": self.model_type, "hidden_size": self.hidden, "num_hidden_layers": self.layers,
+                "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
+                "intermediate_size": self.intermediate, "vocab_size": self.vocab,
+                "tie_word_embeddings": self.tied}
+
+    def shape(self) -> Shape:
+        return Shape(**model_config.count_settings(self.config(), Path(self.repo, "config.json"), LORA_RANK))
 
 
-# the models people mean by "1B", "7B", "70B": a count within NEAR of one of these takes its shape (the guess of
-# shape_from_count made 7B a model of hidden 3840 and 30 layers, no model anyone trains: its activations 12 % short)
+# the models people mean by "1B", "7B", "70B", from their config.json (tests hold each count to the one transformers
+# builds): a count within NEAR of one of these takes its shape (the guess of shape_from_count made 7B a model of
+# hidden 3840 and 30 layers, no model anyone trains: its activations 12 % short)
 PUBLISHED = (
-    Published("TinyLlama 1.1B", 1_100_048_384, 2048, 22, 5632, 256, 32000),
-    Published("Llama 3.2 1B", 1_235_814_400, 2048, 16, 8192, 512, 128256),
-    Published("Llama 3.2 3B", 3_212_749_824, 3072, 28, 8192, 1024, 128256),
-    Published("Llama 2 7B", 6_738_415_616, 4096, 32, 11008, 4096, 32000),
-    Published("Llama 3.1 8B", 8_030_261_248, 4096, 32, 14336, 1024, 128256),
-    Published("Llama 2 13B", 13_015_864_320, 5120, 40, 13824, 5120, 32000),
-    Published("Llama 3.1 70B", 70_553_706_496, 8192, 80, 28672, 1024, 128256),
-    Published("Llama 3.1 405B", 405_853_388_800, 16384, 126, 53248, 1024, 128256),
+    Published("Qwen2.5 0.5B", "Qwen/Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 4864, 151936, tied=True),
+    Published("TinyLlama 1.1B", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "llama", 2048, 22, 32, 4,
+              5632, 32000),
+    Published("Llama 3.2 1B", "meta-llama/Llama-3.2-1B", "llama", 2048, 16, 32, 8, 8192, 128256, tied=True),
+    Published("Qwen2.5 1.5B", "Qwen/Qwen2.5-1.5B", "qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True),
+    Published("Qwen2.5 3B", "Qwen/Qwen2.5-3B", "qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True),
+    Published("Llama 3.2 3B", "meta-llama/Llama-3.2-3B", "llama", 3072, 28, 24, 8, 8192, 128256, tied=True),
+    Published("Llama 2 7B", "meta-llama/Llama-2-7b-hf", "llama", 4096, 32, 32, 32, 11008, 32000),
+    Published("Mistral 7B", "mistralai/Mistral-7B-v0.1", "mistral", 4096, 32, 32, 8, 14336, 32000),
+    Published("Qwen2.5 7B", "Qwen/Qwen2.5-7B", "qwen2", 3584, 28, 28, 4, 18944, 152064),
+    Published("Llama 3.1 8B", "meta-llama/Llama-3.1-8B", "llama", 4096, 32, 32, 8, 14336, 128256),
+    Published("Llama 2 13B", "meta-llama/Llama-2-13b-hf", "llama", 5120, 40, 40, 40, 13824, 32000),
+    Published("Qwen2.5 14B", "Qwen/Qwen2.5-14B", "qwen2", 5120, 48, 40, 8, 13824, 152064),
+    Published("Qwen2.5 32B", "Qwen/Qwen2.5-32B", "qwen2", 5120, 64, 40, 8, 27648, 152064),
+    Published("Llama 3.1 70B", "meta-llama/Llama-3.1-70B", "llama", 8192, 80, 64, 8, 28672, 128256),
+    Published("Qwen2.5 72B", "Qwen/Qwen2.5-72B", "qwen2", 8192, 80, 64, 8, 29568, 152064),
+    Published("Llama 3.1 405B", "meta-llama/Llama-3.1-405B", "llama", 16384, 126, 128, 8, 53248, 128256),
 )
 NEAR = 1.15  # a count within 15 % of a published model's
 
 
+def _per_token(shape: Shape) -> int:
+    """Activation bytes per token at the GPU peak, before any recipe's factor: what autograd keeps of every layer
+    (activation_bytes) and the fp32 loss head's 12·vocab (see gpu_activation_bytes). Linear in the tokens (SDPA
+    keeps no seq×seq matrix), so the model it ranks first is the same at every sequence length and micro-batch; with
+    checkpointing too. (Liger's kernels, which drop the head, can put Llama 3.1 8B 2 % over Qwen2.5 7B: within the
+    plan's margin.)"""
+    return activation_bytes(shape, 1, 1, False) + 8 * shape.vocab
+
+
 def shape_from_count(params: int) -> Shape:
-    """The shape of the published model nearest a bare parameter count (within NEAR), else a Llama-3-shaped guess:
-    P ≈ 13·h²·(h/128) + 2·vocab·h, solved for h. Llama 3's vocabulary while its embeddings take at most half the
-    count; a small model's vocabulary shrinks to that half (a 125M model with 128k entries would be embeddings and
-    little else)."""
+    """The shape of a published model near a bare parameter count (within NEAR), else a Llama-3-shaped guess:
+    P ≈ 13·h²·(h/128) + 2·vocab·h, solved for h. Where several are near (7B: Llama 2 7B, Mistral 7B, Qwen2.5 7B,
+    Llama 3.1 8B), the one whose activations take the most memory, so that a plan's "fits" holds for whichever the
+    user means; unless the count is one's to three figures (8.03B), which names that model. The guess: Llama 3's
+    vocabulary while its embeddings take at most half the count; a small model's vocabulary shrinks to that half (a
+    125M model with 128k entries would be embeddings and little else)."""
     if params <= 0:
         raise DockyardError(f"a model needs parameters, got {params}")
-    near = min(PUBLISHED, key=lambda m: max(params / m.params, m.params / params))
-    if max(params / near.params, near.params / params) <= NEAR:
-        return _shape_of(params, near.hidden, near.layers, near.intermediate, near.kv_hidden, near.vocab,
-                         f"assumed {near.name}'s shape (hidden {near.hidden}, {near.layers} layers, vocab "
-                         f"{near.vocab}), the published model nearest {params / 1e9:.3g}B")
+    near = [(m, shape) for m in PUBLISHED if max(params / (shape := m.shape()).params, shape.params / params) <= NEAR]
+    # its count, or its count to three figures (8.03B: Llama 3.1 8B, 7.24B: Mistral 7B), names that model; a round
+    # count (7B, 8B, 70B) is any of those near it
+    named = [(m, shape) for m, shape in near if params in (shape.params, int(float(f"{shape.params:.3g}")))]
+    if near:
+        model, shape = named[0] if named else max(near, key=lambda ms: _per_token(ms[1]))
+        others = [] if named else [m.name for m, _ in near if m is not model]
+        why = (f"of the published models near {params / 1e9:.3g}B ({', '.join(others)} too) the one whose activations "
+               "take the most memory" if others else f"the published model {'of' if named else 'nearest'} "
+               f"{params / 1e9:.3g}B")
+        linear = min(shape.linear_params, params)
+        return replace(shape, params=params, linear_params=linear, source=(
+            f"assumed {model.name}'s shape (hidden {shape.hidden}, {shape.layers} layers, vocab {shape.vocab}), "
+            f"{why}; for exact numbers give --model your model's folder (its config.json alone will do: "
+            f"{model.repo}'s, for this one)"))
     lo, hi = 1.0, 1e6
     for _ in range(200):  # bisection: P is increasing in h
         mid = (lo + hi) / 2

@@ -117,7 +117,12 @@ def count(folder: Path, lora_rank: int) -> dict:
         if (folder / ADAPTER).is_file():
             check_model_folder(folder, str(folder))  # says what an adapter is and what to pass instead
         raise DockyardError(f"{folder} has no config.json: pass a model folder or a count like --model=8B")
-    cfg = json_object(path, "model settings")
+    return count_settings(json_object(path, "model settings"), path, lora_rank)
+
+
+def count_settings(cfg: dict, path: Path, lora_rank: int) -> dict:
+    """count() of config.json's settings `cfg` (read from `path`, which messages name): memory.PUBLISHED's models
+    are counted by it from their published settings too."""
     kind = cfg.get("model_type") or ""
     if not isinstance(kind, str):
         raise DockyardError(f"{path}: model_type {kind!r}: takes the model's type as text (\"llama\", \"qwen2\")")

@@ -155,18 +155,67 @@ def test_a_bare_count_guesses_a_model_of_that_size(count):
 def test_a_count_near_a_published_model_is_planned_with_that_models_shape():
     """`--model=7B` was planned as hidden 3840 and 30 layers, a model nobody trains (Llama 2 7B and Mistral 7B are
     4096 and 32): its activations came out 12 % short. A count within 15 % of a published model's takes that
-    model's shape, said in the source; the 8B one is what the model's own config.json counts; a count near none is
-    the Llama-3-shaped guess, said as such."""
+    model's shape, said in the source; a count that is one's to three figures (8.03B) is what that model's own
+    config.json counts; a count near none is the Llama-3-shaped guess, said as such.
+
+    7B was Llama 2 7B's shape until Qwen2.5 7B and Llama 3.1 8B joined the list: all four are near 7B, and a user
+    saying 7B may mean any of them, so it is now planned as the one whose activations take the most memory (Qwen2.5
+    7B: 152k vocabulary, MLP 18944 wide), which Llama 2 7B's 32k vocabulary left a quarter short."""
     folder = memory.shape_from_folder(LLAMA_8B)
-    counted = planner.shape_for("8B")
+    counted = planner.shape_for("8.03B")
     for field in ("hidden", "layers", "intermediate", "kv_hidden", "vocab", "largest_layer", "linear_params",
                   "lora_params"):
         assert getattr(counted, field) == getattr(folder, field), field
+    assert "assumed Llama 3.1 8B's shape (hidden 4096, 32 layers, vocab 128256)" in counted.source
     seven = planner.shape_for("7B")
-    assert (seven.hidden, seven.layers, seven.params) == (4096, 32, 7 * 10**9)
-    assert "assumed Llama 2 7B's shape (hidden 4096, 32 layers, vocab 32000)" in seven.source
+    assert (seven.hidden, seven.layers, seven.params) == (3584, 28, 7 * 10**9)
+    assert "assumed Qwen2.5 7B's shape (hidden 3584, 28 layers, vocab 152064)" in seven.source
+    assert "Llama 2 7B, Mistral 7B, Llama 3.1 8B" in seven.source
+    assert "nearest 405B" in planner.shape_for("405B").source  # near one: as before
     assert (planner.shape_for("70B").hidden, planner.shape_for("70B").layers) == (8192, 80)
-    assert "Llama-3-like" in planner.shape_for("34B").source  # 2x from 13B and 70B: near none
+    assert "Llama-3-like" in planner.shape_for("45B").source  # from 32B and 70B: near none
+
+
+# Parameter counts of the model transformers builds from each one's published config.json (on the meta device)
+BUILT = {"Llama 2 7B": 6_738_415_616, "Llama 3.1 8B": 8_030_261_248, "Mistral 7B": 7_241_732_096,
+         "Qwen2.5 14B": 14_770_033_664, "Qwen2.5 3B": 3_085_938_688, "Llama 2 13B": 13_015_864_320,
+         "Llama 3.1 70B": 70_553_706_496, "Llama 3.1 405B": 405_853_388_800, "TinyLlama 1.1B": 1_100_048_384,
+         "Llama 3.2 1B": 1_235_814_400, "Llama 3.2 3B": 3_212_749_824}
+
+
+def test_the_published_models_are_counted_as_transformers_builds_them():
+    """Each published model of the list is counted by model_config from its config.json's settings: the count
+    transformers gives the built model."""
+    counted = {m.name: m.shape().params for m in memory.PUBLISHED}
+    assert {name: counted[name] for name in BUILT} == BUILT
+    assert len({m.name for m in memory.PUBLISHED}) == len(memory.PUBLISHED)
+
+
+# Qwen/Qwen2.5-14B's config.json, the settings that size it
+QWEN_14B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 5120,
+            "intermediate_size": 13824, "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+            "vocab_size": 152064, "max_position_embeddings": 131072, "tie_word_embeddings": False}
+
+
+def test_a_count_near_several_published_models_plans_the_activations_of_the_largest(tmp_path):
+    """`--model=14B` was planned as Llama 2 13B (32k vocabulary, full-width K/V), which left Qwen2.5 14B's
+    activations (152k vocabulary: its logits) about a quarter short: a plan's "fits" that would not. Now every
+    recipe's activations are at least Qwen2.5 14B's, as its config.json counts, and the plan says which shape it
+    assumed and how to plan exactly."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_14B))  # the folder of the model the user means
+    exact, counted = memory.shape_from_folder(tmp_path), planner.shape_for("14B")
+    rows = [{r["recipe"]: r for r in planner.plan(shape, gpus=1, gpu_mem=80 * GIB, cpu_mem=512 * GIB, seq_len=4096,
+                                                  batch=1)["recipes"]} for shape in (exact, counted)]
+    assert rows[0].keys() == rows[1].keys()
+    for name, row in rows[1].items():
+        for key in ("activation_bytes", "activation_bytes_checkpointed"):
+            assert row[key] >= rows[0][name][key], (name, key)
+    proc = subprocess.run([sys.executable, "-m", "invoke", "plan", "--model=14B", "--seq-len=4096", "--gpus=1",
+                           "--gpu-mem=80", "--cpu-mem=512"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())  # the table's console wraps long lines
+    assert "assumed Qwen2.5 14B's shape (hidden 5120, 48 layers, vocab 152064)" in out
+    assert "(Llama 2 13B too)" in out and "config.json alone will do: Qwen/Qwen2.5-14B's" in out
 
 
 def test_a_count_is_a_count_even_where_a_folder_of_that_name_is_here(tmp_path, monkeypatch):
