@@ -19,6 +19,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -331,20 +332,42 @@ def holds_the_lock(d: Path, variant: Variant) -> bool:
     """Whether folder `d` holds, for every package of the variant's lock, a file of a sha256 the lock allows: a
     wheelhouse copied in from another host without its stamps (or its files alone) is complete as it is."""
     try:
-        wanted = variants.parse_lock_hashes(variant.lock_file.read_text())
+        text = variant.lock_file.read_text()
+        wanted, pins = variants.parse_lock_hashes(text), variants.parse_lock_pins(text)
         files = [f for f in d.iterdir() if not f.name.startswith(".")] if d.is_dir() else []
     except OSError:
         return False
     if not wanted or len(files) < len(wanted) or not all(wanted.values()):
         return False
-    have = set()
+    have: dict[str, Path] = {}
     for f in files:
         try:
             with open_plain(f, "wheel") as fh:  # a pipe or a device named like a wheel is no wheel
-                have.add(hashlib.file_digest(fh, "sha256").hexdigest())
+                have[hashlib.file_digest(fh, "sha256").hexdigest()] = f
         except (OSError, DockyardError):  # a folder, a file gone or unreadable: not one of the lock's
             continue
-    return all(allowed & have for allowed in wanted.values())
+    if not all(allowed & have.keys() for allowed in wanted.values()):
+        return False
+    for name, allowed in wanted.items():
+        check_named(have[min(allowed & have.keys())], name, pins.get(name, ""))
+    return True
+
+
+def check_named(f: Path, name: str, version: str) -> None:
+    """A file of the lock's sha256 for `name`==`version` must be named so, or pip's --no-index finds no file for it and
+    the build fails minutes in: a wheel saved by a browser from an index writes its version's + as %2B
+    (torch-2.10.0%2Bcu128-...whl)."""
+    if f.name.endswith(".whl"):  # name-version-[build-]python-abi-platform.whl, the name's - written _
+        dist, _, rest = f.name.partition("-")
+        said = rest.split("-")[0]
+    else:  # a source archive: name-version.tar.gz, the name's - kept
+        dist, _, said = re.sub(r"\.(tar\.gz|zip)$", "", f.name).rpartition("-")
+    if variants.canonical_name(dist) == name and said.lower() == version.lower():
+        return
+    fixed = urllib.parse.unquote(f.name)
+    rename = f"rename it to {fixed}" if fixed != f.name else f"name it as pip downloads it ({name}-{version}-...)"
+    raise DockyardError(f"wheelhouse {_shown(f.parent)}: {f.name} holds {name}=={version} of the lock (its sha256), "
+                        f"but its name says otherwise, and pip finds a package's files by name: {rename}")
 
 
 def wheelhouse_complete(settings: Settings, variant: Variant) -> bool:

@@ -490,6 +490,29 @@ def test_a_wheelhouse_carried_in_without_its_stamps_is_checked_not_downloaded(se
         assert build.wheelhouse_complete(s, variant)
 
 
+def test_a_wheel_of_the_lock_saved_under_another_name_is_named_with_the_fix(settings, tmp_path, monkeypatch):
+    """A wheelhouse carried in without its stamps is checked by sha256 (holds_the_lock); a wheel saved by a browser
+    from an index writes its version's + as %2B (torch-2.13.0%2Bcpu-...whl), which pip's --no-index, finding a
+    package's files by name, does not take: the check passed it and the build failed minutes in. It names the file and
+    the name to give it; a file of the right name passes."""
+    files = tmp_path / "files"
+    wheel = stub_wheel(files, "torch", "2.13.0+cpu")
+    lock = tmp_path / "cpu.txt"
+    lock.write_text(f"torch==2.13.0+cpu \\\n    --hash=sha256:{sha256(wheel)}\n    # via -r cpu.in\n")
+    monkeypatch.setattr(variants.Variant, "lock_file", property(lambda self: lock))
+    variant = variants.resolve(settings, "cpu")[0]
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    saved = wh / wheel.name.replace("+", "%2B")
+    saved.write_bytes(wheel.read_bytes())
+    with pytest.raises(DockyardError) as e:
+        build.holds_the_lock(wh, variant)
+    assert (f"{saved.name} holds torch==2.13.0+cpu of the lock (its sha256), but its name says otherwise, and pip finds "
+            f"a package's files by name: rename it to {wheel.name}") in str(e.value)
+    saved.rename(wh / wheel.name)
+    assert build.holds_the_lock(wh, variant)
+
+
 def test_a_wheelhouse_carried_in_as_links_reaches_the_build_as_its_files(settings, lock_of_two, tmp_path):
     """A wheelhouse carried in as links to its files (`cp -s` from a mounted store, a folder of links into a shared
     cache) passed the lock's check through them and was stamped complete, and the build's context held the links
