@@ -166,9 +166,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
                                     f"--variant={chosen.name}` (or `invoke build run --recipe={recipe_arg}`)")
             build.warn_if_stale(image, variants.tag(settings, chosen))
-        unmet, way_out = variants.require_unmet(chosen, image, host)
-        if on_gpus and not r.disable_require and unmet:  # docker's refusal at start, said before anything starts
-            raise DockyardError(f"image {variants.tag(settings, chosen)} {unmet}. {way_out}")
+        if on_gpus and not r.disable_require:
+            check_require(variants.tag(settings, chosen), chosen, image, host)
         if on_gpus:
             preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))
@@ -303,9 +302,8 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     built = _image_if_there(settings, image) if dry else engine.image_inspect(settings, image)
     if not built and not dry:  # docker run would look for it in a registry (docker.io/library/...), in a project of none
         raise DockyardError(f"image {image} not built: `invoke build --variant={chosen.name}`")
-    unmet, way_out = variants.require_unmet(chosen, built, host)
-    if gpus and not disable_require and unmet:  # docker's refusal at start, said first (as `invoke run`)
-        raise DockyardError(f"image {image} {unmet}. {way_out}")
+    if gpus and not disable_require:
+        check_require(image, chosen, built, host)
     if dry:
         engine.echo(argv)
         return
@@ -395,6 +393,14 @@ def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, 
     if nproc < 1:
         raise DockyardError(f"--nproc must be at least 1 (got {nproc})")
     return Topology(nproc, nodes, node_rank, master_addr, master_port)
+
+
+def check_require(tag: str, variant: Variant, image: dict | None, host: Host) -> None:
+    """An image (`image`, its inspect) whose NVIDIA_REQUIRE_CUDA leaves this driver out: docker's refusal at start,
+    said before anything starts, with the way out (run and shell; --disable-require skips it)."""
+    unmet, way_out = variants.require_unmet(variant, image, host)
+    if unmet:
+        raise DockyardError(f"image {tag} {unmet}. {way_out}")
 
 
 def check_gpu_host(settings: Settings, variant: Variant, host: Host, engine_info: dict,
