@@ -103,12 +103,13 @@ class Published:
     intermediate: int
     vocab: int
     tied: bool = False   # tie_word_embeddings
+    head_dim: int = 0    # where config.json sets it apart from hidden / heads (Qwen3's 128 at every size)
 
     def config(self) -> dict:
         return {"model_type": self.model_type, "hidden_size": self.hidden, "num_hidden_layers": self.layers,
                 "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
                 "intermediate_size": self.intermediate, "vocab_size": self.vocab,
-                "tie_word_embeddings": self.tied}
+                "tie_word_embeddings": self.tied} | ({"head_dim": self.head_dim} if self.head_dim else {})
 
     def shape(self) -> Shape:
         return Shape(**model_config.count_settings(self.config(), Path(self.repo, "config.json"), LORA_RANK))
@@ -119,19 +120,25 @@ class Published:
 # hidden 3840 and 30 layers, no model anyone trains: its activations 12 % short)
 PUBLISHED = (
     Published("Qwen2.5 0.5B", "Qwen/Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 4864, 151936, tied=True),
+    Published("Qwen3 0.6B", "Qwen/Qwen3-0.6B", "qwen3", 1024, 28, 16, 8, 3072, 151936, tied=True, head_dim=128),
     Published("TinyLlama 1.1B", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "llama", 2048, 22, 32, 4,
               5632, 32000),
     Published("Llama 3.2 1B", "meta-llama/Llama-3.2-1B", "llama", 2048, 16, 32, 8, 8192, 128256, tied=True),
     Published("Qwen2.5 1.5B", "Qwen/Qwen2.5-1.5B", "qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True),
+    Published("Qwen3 1.7B", "Qwen/Qwen3-1.7B", "qwen3", 2048, 28, 16, 8, 6144, 151936, tied=True, head_dim=128),
     Published("Qwen2.5 3B", "Qwen/Qwen2.5-3B", "qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True),
     Published("Llama 3.2 3B", "meta-llama/Llama-3.2-3B", "llama", 3072, 28, 24, 8, 8192, 128256, tied=True),
+    Published("Qwen3 4B", "Qwen/Qwen3-4B", "qwen3", 2560, 36, 32, 8, 9728, 151936, tied=True, head_dim=128),
     Published("Llama 2 7B", "meta-llama/Llama-2-7b-hf", "llama", 4096, 32, 32, 32, 11008, 32000),
     Published("Mistral 7B", "mistralai/Mistral-7B-v0.1", "mistral", 4096, 32, 32, 8, 14336, 32000),
     Published("Qwen2.5 7B", "Qwen/Qwen2.5-7B", "qwen2", 3584, 28, 28, 4, 18944, 152064),
     Published("Llama 3.1 8B", "meta-llama/Llama-3.1-8B", "llama", 4096, 32, 32, 8, 14336, 128256),
+    Published("Qwen3 8B", "Qwen/Qwen3-8B", "qwen3", 4096, 36, 32, 8, 12288, 151936, head_dim=128),
     Published("Llama 2 13B", "meta-llama/Llama-2-13b-hf", "llama", 5120, 40, 40, 40, 13824, 32000),
     Published("Qwen2.5 14B", "Qwen/Qwen2.5-14B", "qwen2", 5120, 48, 40, 8, 13824, 152064),
+    Published("Qwen3 14B", "Qwen/Qwen3-14B", "qwen3", 5120, 40, 40, 8, 17408, 151936, head_dim=128),
     Published("Qwen2.5 32B", "Qwen/Qwen2.5-32B", "qwen2", 5120, 64, 40, 8, 27648, 152064),
+    Published("Qwen3 32B", "Qwen/Qwen3-32B", "qwen3", 5120, 64, 64, 8, 25600, 151936, head_dim=128),
     Published("Llama 3.1 70B", "meta-llama/Llama-3.1-70B", "llama", 8192, 80, 64, 8, 28672, 128256),
     Published("Qwen2.5 72B", "Qwen/Qwen2.5-72B", "qwen2", 8192, 80, 64, 8, 29568, 152064),
     Published("Llama 3.1 405B", "meta-llama/Llama-3.1-405B", "llama", 16384, 126, 128, 8, 53248, 128256),

@@ -176,11 +176,34 @@ def test_a_count_near_a_published_model_is_planned_with_that_models_shape():
     assert "Llama-3-like" in planner.shape_for("45B").source  # from 32B and 70B: near none
 
 
+
+# Qwen/Qwen3-0.6B's config.json, the settings that size it: its heads are 128 wide, not hidden / heads = 64
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "head_dim": 128,
+             "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+def test_a_qwen3_count_is_planned_with_its_heads_as_wide_as_its_config_sets_them(tmp_path):
+    """Qwen3 was not in the list: `--model=0.6B` was planned as a guessed Llama-3-like model (hidden 1408, 11
+    layers) and `--model=4B` as hidden 3200, 25 layers, where Qwen3 0.6B and 4B are 28 and 36 layers with attention
+    twice as wide as their hidden size (head_dim 128). A count of Qwen3's is planned as its config.json counts."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
+    folder, counted = memory.shape_from_folder(tmp_path), planner.shape_for("0.596B")
+    for field in ("hidden", "layers", "intermediate", "kv_hidden", "q_hidden", "vocab", "largest_layer",
+                  "linear_params", "lora_params"):
+        assert getattr(counted, field) == getattr(folder, field), field
+    assert counted.q_hidden == 2 * counted.hidden
+    assert "assumed Qwen3 0.6B's shape (hidden 1024, 28 layers, vocab 151936)" in planner.shape_for("0.6B").source
+    assert (planner.shape_for("4B").hidden, planner.shape_for("4B").layers) == (2560, 36)
+
 # Parameter counts of the model transformers builds from each one's published config.json (on the meta device)
 BUILT = {"Llama 2 7B": 6_738_415_616, "Llama 3.1 8B": 8_030_261_248, "Mistral 7B": 7_241_732_096,
          "Qwen2.5 14B": 14_770_033_664, "Qwen2.5 3B": 3_085_938_688, "Llama 2 13B": 13_015_864_320,
          "Llama 3.1 70B": 70_553_706_496, "Llama 3.1 405B": 405_853_388_800, "TinyLlama 1.1B": 1_100_048_384,
-         "Llama 3.2 1B": 1_235_814_400, "Llama 3.2 3B": 3_212_749_824}
+         "Llama 3.2 1B": 1_235_814_400, "Llama 3.2 3B": 3_212_749_824,
+         # Qwen3's, as keras-hub's Qwen3 presets publish them
+         "Qwen3 0.6B": 596_049_920, "Qwen3 1.7B": 1_720_574_976, "Qwen3 4B": 4_022_468_096,
+         "Qwen3 8B": 8_190_735_360, "Qwen3 14B": 14_768_307_200, "Qwen3 32B": 32_762_123_264}
 
 
 def test_the_published_models_are_counted_as_transformers_builds_them(tmp_path):
@@ -224,7 +247,7 @@ def test_a_count_near_several_published_models_plans_the_activations_of_the_larg
     assert proc.returncode == 0, proc.stderr
     out = " ".join(proc.stdout.split())  # the table's console wraps long lines
     assert "assumed Qwen2.5 14B's shape (hidden 5120, 48 layers, vocab 152064)" in out
-    assert "(Llama 2 13B too)" in out and "config.json alone will do: Qwen/Qwen2.5-14B's" in out
+    assert "(Llama 2 13B, Qwen3 14B too)" in out and "config.json alone will do: Qwen/Qwen2.5-14B's" in out
 
 
 def test_a_count_is_a_count_even_where_a_folder_of_that_name_is_here(tmp_path, monkeypatch):
