@@ -103,7 +103,7 @@ class Published:
     intermediate: int
     vocab: int
     tied: bool = False   # tie_word_embeddings
-    head_dim: int = 0    # where config.json sets it apart from hidden / heads (Qwen3's 128 at every size)
+    head_dim: int = 0    # where config.json sets it apart from hidden / heads (Qwen3's 128, Gemma's 256)
 
     def config(self) -> dict:
         return {"model_type": self.model_type, "hidden_size": self.hidden, "num_hidden_layers": self.layers,
@@ -126,6 +126,8 @@ PUBLISHED = (
     Published("Llama 3.2 1B", "meta-llama/Llama-3.2-1B", "llama", 2048, 16, 32, 8, 8192, 128256, tied=True),
     Published("Qwen2.5 1.5B", "Qwen/Qwen2.5-1.5B", "qwen2", 1536, 28, 12, 2, 8960, 151936, tied=True),
     Published("Qwen3 1.7B", "Qwen/Qwen3-1.7B", "qwen3", 2048, 28, 16, 8, 6144, 151936, tied=True, head_dim=128),
+    Published("Gemma 2B", "google/gemma-2b", "gemma", 2048, 18, 8, 1, 16384, 256000, tied=True, head_dim=256),
+    Published("Gemma 2 2B", "google/gemma-2-2b", "gemma2", 2304, 26, 8, 4, 9216, 256000, tied=True, head_dim=256),
     Published("Qwen2.5 3B", "Qwen/Qwen2.5-3B", "qwen2", 2048, 36, 16, 2, 11008, 151936, tied=True),
     Published("Llama 3.2 3B", "meta-llama/Llama-3.2-3B", "llama", 3072, 28, 24, 8, 8192, 128256, tied=True),
     Published("Qwen3 4B", "Qwen/Qwen3-4B", "qwen3", 2560, 36, 32, 8, 9728, 151936, tied=True, head_dim=128),
@@ -134,9 +136,14 @@ PUBLISHED = (
     Published("Qwen2.5 7B", "Qwen/Qwen2.5-7B", "qwen2", 3584, 28, 28, 4, 18944, 152064),
     Published("Llama 3.1 8B", "meta-llama/Llama-3.1-8B", "llama", 4096, 32, 32, 8, 14336, 128256),
     Published("Qwen3 8B", "Qwen/Qwen3-8B", "qwen3", 4096, 36, 32, 8, 12288, 151936, head_dim=128),
+    Published("Gemma 7B", "google/gemma-7b", "gemma", 3072, 28, 16, 16, 24576, 256000, tied=True, head_dim=256),
+    Published("Gemma 2 9B", "google/gemma-2-9b", "gemma2", 3584, 42, 16, 8, 14336, 256000, tied=True,
+              head_dim=256),
     Published("Llama 2 13B", "meta-llama/Llama-2-13b-hf", "llama", 5120, 40, 40, 40, 13824, 32000),
     Published("Qwen2.5 14B", "Qwen/Qwen2.5-14B", "qwen2", 5120, 48, 40, 8, 13824, 152064),
     Published("Qwen3 14B", "Qwen/Qwen3-14B", "qwen3", 5120, 40, 40, 8, 17408, 151936, head_dim=128),
+    Published("Gemma 2 27B", "google/gemma-2-27b", "gemma2", 4608, 46, 32, 16, 36864, 256000, tied=True,
+              head_dim=128),
     Published("Qwen2.5 32B", "Qwen/Qwen2.5-32B", "qwen2", 5120, 64, 40, 8, 27648, 152064),
     Published("Qwen3 32B", "Qwen/Qwen3-32B", "qwen3", 5120, 64, 64, 8, 25600, 151936, head_dim=128),
     Published("Llama 3.1 70B", "meta-llama/Llama-3.1-70B", "llama", 8192, 80, 64, 8, 28672, 128256),

@@ -201,9 +201,12 @@ BUILT = {"Llama 2 7B": 6_738_415_616, "Llama 3.1 8B": 8_030_261_248, "Mistral 7B
          "Qwen2.5 14B": 14_770_033_664, "Qwen2.5 3B": 3_085_938_688, "Llama 2 13B": 13_015_864_320,
          "Llama 3.1 70B": 70_553_706_496, "Llama 3.1 405B": 405_853_388_800, "TinyLlama 1.1B": 1_100_048_384,
          "Llama 3.2 1B": 1_235_814_400, "Llama 3.2 3B": 3_212_749_824,
-         # Qwen3's, as keras-hub's Qwen3 presets publish them
+         # Qwen3's, as keras-hub's Qwen3 presets publish them (qwen3_presets.py)
          "Qwen3 0.6B": 596_049_920, "Qwen3 1.7B": 1_720_574_976, "Qwen3 4B": 4_022_468_096,
-         "Qwen3 8B": 8_190_735_360, "Qwen3 14B": 14_768_307_200, "Qwen3 32B": 32_762_123_264}
+         "Qwen3 8B": 8_190_735_360, "Qwen3 14B": 14_768_307_200, "Qwen3 32B": 32_762_123_264,
+         # Gemma's, as keras-hub's Gemma presets publish them (gemma_presets.py)
+         "Gemma 2B": 2_506_172_416, "Gemma 7B": 8_537_680_896, "Gemma 2 2B": 2_614_341_888,
+         "Gemma 2 9B": 9_241_705_984, "Gemma 2 27B": 27_227_128_320}
 
 
 def test_the_published_models_are_counted_as_transformers_builds_them(tmp_path):
