@@ -173,11 +173,11 @@ LOAD_SH_FOLDER = re.compile(r"dockyard-load\.(\d+)\.(?:([0-9a-f]{8})\.)?[^.]+")
 
 def killed_load_sh_folders() -> list[tuple[Path, str]]:
     """(folder, pid) of this user's load.sh folders whose load.sh is gone (killed outright: no trap ran), as the next
-    load.sh finds them in the temporary folder: a folder, not a link, this user's, made on this host (a TMPDIR nodes
-    share holds other nodes' folders, whose load.sh may run: locks.left_behind)."""
+    load.sh finds them in its temporary folder (load_sh_tmpdir): a folder, not a link, this user's, made on this host
+    (a TMPDIR nodes share holds other nodes' folders, whose load.sh may run: locks.left_behind)."""
     found = []
     with contextlib.suppress(OSError):
-        for p in Path(tempfile.gettempdir()).iterdir():
+        for p in load_sh_tmpdir().iterdir():
             m = LOAD_SH_FOLDER.fullmatch(p.name)
             if not m or m[2] not in (None, locks.host_tag()) or not locks.gone(int(m[1])):
                 continue
@@ -186,6 +186,12 @@ def killed_load_sh_folders() -> list[tuple[Path, str]]:
                 if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
                     found.append((p, m[1]))
     return found
+
+
+def load_sh_tmpdir() -> Path:
+    """Where load.sh makes its private folder: `${TMPDIR:-/tmp}`. Not Python's tempfile.gettempdir(), which takes TEMP
+    or TMP where TMPDIR is unset (or empty): a killed load.sh's folder in /tmp went unseen, and stayed."""
+    return Path(os.environ.get("TMPDIR") or "/tmp")
 
 
 def load_sh_record(folder: Path) -> tuple[str, dict[str, str], list[str], list[dict]]:

@@ -14,13 +14,13 @@ import json
 import os
 import subprocess
 import tarfile
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from dockyard import ROOT, engine
 from dockyard.transport.layout import ArchivePaths
+from dockyard.transport.load import load_sh_tmpdir
 from tests.support.cli import INVOKE, invoke
 
 pytestmark = pytest.mark.engine
@@ -318,7 +318,7 @@ def test_a_load_sh_killed_outright_after_docker_load_moved_tags_is_said_by_the_n
     keeps for the next load.sh), says what moved as for its own, removes the folder, and the next load.sh says it no
     more."""
     paths, killed, brought = killed_after_docker_load(settings, images, tmp_path, archive, "sh load.sh")
-    left = list(Path(tempfile.gettempdir()).glob(f"dockyard-load.{killed}.*"))
+    left = list(load_sh_tmpdir().glob(f"dockyard-load.{killed}.*"))
     assert len(left) == 1, "the killed load.sh left its folder"
 
     r = run_loader("invoke load", paths)

@@ -896,7 +896,7 @@ def test_invoke_load_reads_a_killed_load_sh_s_folder_as_it_reads_its_own_journal
     real kill: tests/integration/test_transport_loaders.py), and removes the folder as load.sh would. What a folder
     holds is the user's own, but its manifest came from the set: a name JSON's escapes gave an escape sequence is not
     said as it is; a folder of a load.sh killed before docker load (no `before`) goes without a word of tags."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where load.sh made its folder
     monkeypatch.setattr(load_mod.locks, "private_folder", lambda: tmp_path / "private")
     with subprocess.Popen(["true"]) as ended:
         pass  # a process id that ran, and is gone
@@ -940,11 +940,34 @@ def test_a_private_folder_another_node_made_in_a_shared_tmpdir_is_left_to_it(tmp
     own = [n for n in (tmp_path / "during").read_text().split() if n != elsewhere.name]
     assert len(own) == 1 and own[0].startswith("dockyard-load.") and f".{locks.host_tag()}." in own[0], own
     here.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv("TMPDIR", str(private))
     monkeypatch.setattr(load_mod.locks, "private_folder", lambda: tmp_path / "mine")
     load_mod.said_killed_loads(Settings(), "classic")
     assert capsys.readouterr().err == f"removed {here}, the private copy of a load.sh killed before it could remove it\n"
     assert list(private.iterdir()) == [elsewhere]
+
+
+def test_invoke_load_looks_for_a_killed_load_sh_s_folder_where_load_sh_made_it(tmp_path, monkeypatch, capsys):
+    """load.sh makes its private folder in ${TMPDIR:-/tmp}; invoke load looked in Python's temporary folder, which is
+    TMP's (or TEMP's) where TMPDIR is unset: a killed load.sh's folder in /tmp (the archive's size) went unseen by
+    invoke load, and stayed. It looks where load.sh makes it now."""
+    from dockyard.common import locks
+
+    with subprocess.Popen(["true"]) as ended:
+        pass  # a process id that ran, and is gone
+    monkeypatch.delenv("TMPDIR", raising=False)
+    monkeypatch.setenv("TMP", str(tmp_path))  # Python's temporary folder, not load.sh's
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads the environment again
+    monkeypatch.setattr(load_mod.locks, "private_folder", lambda: tmp_path / "private")
+    killed = Path(tempfile.mkdtemp(prefix=f"dockyard-load.{ended.pid}.{locks.host_tag()}.", dir="/tmp"))
+    try:
+        (killed / "t_1.tar").write_bytes(b"copy")  # killed before docker load: no `before`
+        load_mod.said_killed_loads(Settings(), "classic")
+        said = capsys.readouterr().err  # (and any other this user's load.sh left there, killed)
+        assert f"removed {killed}, the private copy of a load.sh killed before it could remove it\n" in said, said
+        assert not killed.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(killed)], check=True)
 
 
 def test_the_tools_load_sh_needs_are_said_where_the_user_reads_them():
