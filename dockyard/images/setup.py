@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
+from dockyard.gpus import Host, read_host
 from dockyard.images import build, variants
 from dockyard.settings import ROOT, Settings
 
@@ -157,36 +159,47 @@ def _give(name: str, dir_fd: int | None, owner: tuple[int, int]) -> None:
         os.close(fd)
 
 
-def without_them(settings: Settings, variant: variants.Variant) -> str:
-    """What a host that cannot make the base image or the wheelhouse (no mirror, no index: an air-gapped one) still
-    has: the image itself, where it was loaded, else how to carry it in."""
-    image = variants.tag(settings, variant)
+def trains_here(settings: Settings, variant: variants.Variant, host: Host) -> tuple[str, str]:
+    """The command that trains in the variant's image where it is here (loaded from an archive, built before), and why
+    it takes a flag; ("", "") where it is not. --disable-require where the image's NVIDIA_REQUIRE_CUDA (a --devel
+    build's nvidia/cuda base) leaves this driver out: plain `invoke run` refuses it."""
     try:
-        here = engine.image_inspect(settings, image)
+        here = engine.image_inspect(settings, variants.tag(settings, variant))
     except DockyardError:
         here = None
-    if here:
-        return (f"{image} is here already: `invoke run` trains in it, the base image and the wheelhouse are needed "
-                "only to build it again")
-    return (f"or build {image} on a host that reaches them and carry it here (README, \"Air-gapped, step by step\": "
-            f"`invoke build --variant={variant.name} && invoke save --variant={variant.name}` there, `sh load.sh` "
-            "here)")
+    if not here:
+        return "", ""
+    if variants.require_unmet(variant, here, host)[0]:
+        return "`invoke run --disable-require`", " (its NVIDIA_REQUIRE_CUDA, from a --devel build's base, leaves this driver out)"
+    return "`invoke run`", ""
 
 
 def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
     check_mirror(mirror)
     ensure_engine(settings, dry)
-    variant, why = variants.resolve(settings, "auto")
+    host = read_host()
+    variant, why = variants.resolve(settings, "auto", host)
     variants.say(why)
+    image = variants.tag(settings, variant)
+    ready = f"ready: `invoke build run --recipe=zero2` builds {image} and trains in it"
     try:
         if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
             ensure_cpu_base(settings, mirror, dry)
         build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock
     except build.FetchFailed as e:
-        raise DockyardError(f"{e}; {without_them(settings, variant)}") from None
+        run, flagged = trains_here(settings, variant, host)
+        if not run:
+            raise DockyardError(f"{e}; or build {image} on a host that reaches them and carry it here (README, "
+                                f"\"Air-gapped, step by step\": `invoke build --variant={variant.name} && invoke save "
+                                f"--variant={variant.name}` there, `sh load.sh` here)") from None
+        # ready for what such a host is for, training in an image carried in (an air-gapped one): exit 0, so that
+        # `invoke setup && invoke run` trains; what building needs is said, not failed on
+        print(f"warning: {e}; {image} is here already: {run} trains in it{flagged}, the base image and the wheelhouse "
+              "are needed only to build it again", file=sys.stderr)
+        ready = f"ready to train: {run} trains in {image} (building it needs what the warning above says)"
     if not dry:
         give_to_sudo_user(build.wheelhouse_dir(settings, variant))
     if dry:
         print("dry run: nothing was installed, made or downloaded")
     else:
-        print(f"ready: `invoke build run --recipe=zero2` builds {variants.tag(settings, variant)} and trains in it")
+        print(ready)

@@ -45,19 +45,42 @@ def test_setup_where_no_mirror_answers_says_how_to_get_an_image(settings, engine
                     "step by step\": `invoke build --variant=cu128 && invoke save --variant=cu128` there, `sh load.sh` "
                     "here)"), r.stderr
     r = _offline_setup(tmp_path, INVOKE_DOCKYARD_IMAGE_NAME=loaded, **missing)
-    assert r.returncode == 1 and r.stderr.strip().endswith(
-        f"; {loaded}:0.1.0-cu128 is here already: `invoke run` trains in it, the base image and the wheelhouse are "
+    ready_to_train(r, loaded, "`invoke run`", "")
+
+
+def ready_to_train(r: subprocess.CompletedProcess, loaded: str, run: str, flagged: str) -> None:
+    """An image loaded here trains whatever setup could not fetch: setup said so and failed (exit 1), and a script's
+    `invoke setup && invoke run` stopped there. It warns of what building needs, and ends ready, exit 0."""
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "\nwarning: " in f"\n{r.stderr}" and r.stderr.strip().endswith(
+        f"; {loaded}:0.1.0-cu128 is here already: {run} trains in it{flagged}, the base image and the wheelhouse are "
         "needed only to build it again"), r.stderr
+    assert r.stdout.strip().splitlines()[-1] == (f"ready to train: {run} trains in {loaded}:0.1.0-cu128 (building it "
+                                                 "needs what the warning above says)"), r.stdout
 
 
 def test_setup_where_no_index_answers_says_how_to_bring_the_wheelhouse(settings, engine_ready, tmp_path, loaded):
     """The base image is here; pip's download of the wheelhouse fails offline."""
     r = _offline_setup(tmp_path, INVOKE_DOCKYARD_IMAGE_NAME=loaded)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    ready_to_train(r, loaded, "`invoke run`", "")
     assert f"base image: {settings.base_image_cpu} present" in r.stdout
     said = r.stderr.strip().splitlines()[-1]
-    assert said == (f"where no package index answers: copy into {tmp_path}/wh/cu128/ the wheelhouse `invoke wheelhouse "
-                    "--variant=cu128` made on a host where one does (the files are checked against the lock's "
-                    "sha256), or set index_url or find_links in invoke.yaml to an index or folder that holds them; "
-                    f"{loaded}:0.1.0-cu128 is here already: `invoke run` trains in it, the base image and the "
-                    "wheelhouse are needed only to build it again"), r.stderr
+    assert said.startswith(f"where no package index answers: copy into {tmp_path}/wh/cu128/ the wheelhouse `invoke "
+                           "wheelhouse --variant=cu128` made on a host where one does (the files are checked against "
+                           "the lock's sha256), or set index_url or find_links in invoke.yaml to an index or folder "
+                           "that holds them; "), r.stderr
+
+
+def test_setup_with_a_devel_image_loaded_says_the_flag_it_trains_with(settings, engine_ready, tmp_path):
+    """A --devel cu128 image (FROM nvidia/cuda, whose NVIDIA_REQUIRE_CUDA is cuda>=12.8) loaded on a CUDA 12.2 driver:
+    setup said plain `invoke run` trains in it, which docker refuses to start there; it names --disable-require."""
+    name = f"dockyard-offline-devel-test-{os.getpid()}"
+    box = docker(settings, "create", settings.base_image_cpu, "true").stdout.strip()
+    try:
+        docker(settings, "commit", "--change", "ENV NVIDIA_REQUIRE_CUDA=cuda>=12.8", box, f"{name}:0.1.0-cu128")
+        r = _offline_setup(tmp_path, INVOKE_DOCKYARD_IMAGE_NAME=name)
+        ready_to_train(r, name, "`invoke run --disable-require`",
+                       " (its NVIDIA_REQUIRE_CUDA, from a --devel build's base, leaves this driver out)")
+    finally:
+        docker(settings, "rm", box, check=False)
+        docker(settings, "rmi", f"{name}:0.1.0-cu128", check=False)
