@@ -108,32 +108,30 @@ def left_behind(folder: Path, names: set[str] | None = None) -> list[Path]:
     power cut): nothing else ever removes them. Only those written on this host: a folder on shared storage (NFS: the
     runs folder of several nodes, a home's layer cache, a team's --out) holds another node's, whose pid says nothing
     here; those were removed under their live writer (its save or export then failed, or exported nothing)."""
-    found = []
-    with contextlib.suppress(OSError):
-        for p in folder.iterdir():
-            m = LEFT_PARTIAL.fullmatch(p.name)
-            if (not m or (names is not None and p.name[:m.start(1) - 1] not in names)
-                    or m[2] not in (None, host_tag()) or not gone(int(m[1]))):
-                continue
-            with contextlib.suppress(OSError):
-                st = p.lstat()
-                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-                    found.append(p)
-    return found
+    return [p for p, m, st in _partials(folder, names)
+            if m[2] in (None, host_tag()) and gone(int(m[1])) and stat.S_ISREG(st.st_mode)]
 
 
 def written_elsewhere(folder: Path, names: set[str]) -> list[Path]:
     """This user's partial() files of `names` in `folder` that another host wrote (its tag): left to that host, whose
     writer may still run (left_behind)."""
-    found = []
+    return [p for p, m, _ in _partials(folder, names) if m[2] not in (None, host_tag())]
+
+
+def _partials(folder: Path, names: set[str] | None) -> Iterator[tuple[Path, re.Match[str], os.stat_result]]:
+    """This user's partial() names in `folder` (of `names`, or any), each with its match of LEFT_PARTIAL (pid, host
+    tag) and its lstat; a folder or file that cannot be read is none."""
     with contextlib.suppress(OSError):
         for p in folder.iterdir():
             m = LEFT_PARTIAL.fullmatch(p.name)
-            if m and p.name[:m.start(1) - 1] in names and m[2] not in (None, host_tag()):
-                with contextlib.suppress(OSError):
-                    if p.lstat().st_uid == os.geteuid():
-                        found.append(p)
-    return found
+            if not m or (names is not None and p.name[:m.start(1) - 1] not in names):
+                continue
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            if st.st_uid == os.geteuid():
+                yield p, m, st
 
 
 def names_a_folder(v: str) -> bool:
