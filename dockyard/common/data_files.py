@@ -143,6 +143,8 @@ def not_examples(path: Path) -> str:
     names, and trained on them (a list of file names or ids, as documents); [1, 2] the same, refused by the trainer as
     "example 1's text is int"; and [null, {...}] crashed the process (SIGSEGV, no word of the file). Read whole up to
     FIRST_LINE_LIMIT bytes (json_document); a larger file, by its first element."""
+    if path.suffix == ".jsonl" and not opens_array(path):  # JSON Lines, as nearly every .jsonl file is
+        return ""
     doc = json_document(path) or _first_element(path)
     if not doc.array:
         return ""
@@ -159,6 +161,20 @@ def not_examples(path: Path) -> str:
     return (f"cannot read {path}: element {n} of its JSON array is {kind}, not an example; each example is an object "
             'whose fields name its format, e.g. {"text": "..."} for a document (a list of file names or ids is not '
             "data: give the data files, or their folder) (docs/data.md)")
+
+
+def opens_array(path: Path) -> bool:
+    """Whether a file's text opens a JSON array (`[`, past a byte order mark and whitespace), read no further than
+    that: only such a JSON Lines file can be one array, which not_examples reads whole. It read every .jsonl file whole
+    (up to FIRST_LINE_LIMIT) to find none there, and first_example and the count then read its first line again."""
+    read = 0
+    with open(path, "rb") as f:
+        while read < FIRST_LINE_LIMIT and (chunk := f.read(1 << 12)):
+            text = chunk.decode("utf-8", errors="replace").removeprefix("" if read else "\ufeff").lstrip()
+            read += len(chunk)
+            if text:
+                return text.startswith("[")
+    return False
 
 
 class Document(NamedTuple):
@@ -611,12 +627,14 @@ def named_twice(path: Path, names: list[str]) -> str:
     return f"{path}:1: the header names {', '.join(twice)} twice: name each column once" if twice else ""
 
 
-def mixed_formats(files: list[Path]) -> DockyardError | None:
+def mixed_formats(files: list[Path], known: dict[Path, tuple[str, list[str]] | None] | None = None
+                  ) -> DockyardError | None:
     """The refusal of a folder whose JSON Lines (or JSON) files are in different formats (by each file's first
-    example), or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file."""
+    example), or None: `datasets` reads a folder as one table, and refused it as "Couldn't cast", naming no file.
+    `known`: what first_format already found of some files, not read again."""
     found: dict[str, list[str]] = {}
     for f in sorted(files):
-        first = first_format(f) if f.suffix in (".jsonl", ".json") else None
+        first = (known[f] if known and f in known else first_format(f)) if f.suffix in (".jsonl", ".json") else None
         if first is None:
             continue
         found.setdefault(first[0], []).append(f.name)

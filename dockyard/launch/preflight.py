@@ -236,8 +236,8 @@ def check_data_fields(files: list[Path]) -> tuple[str, list[str]]:
     json_files = sorted(f for f in files if f.suffix in (".jsonl", ".json"))  # a .json of one array: its first object
     first = readable(json_files[0], first_format) if json_files else None
     fmt, fields = first or ("", fields)
-    try:
-        mixed = mixed_formats(json_files) if len(json_files) > 1 else None
+    try:  # the first file's first example, read once
+        mixed = mixed_formats(json_files, {json_files[0]: first}) if len(json_files) > 1 else None
     except OSError as e:
         raise DockyardError(f"cannot read the data file {e.filename}: {e.strerror or e}") from None
     if mixed:

@@ -310,6 +310,35 @@ def test_a_json_file_is_read_once_by_the_host(env, tmp_path):
     assert bytes_read() - before < 1.5 * array.stat().st_size, "read more than once"
 
 
+def test_a_json_lines_file_is_read_by_the_host_no_further_than_its_checks_need(env, tmp_path):
+    """`--dry` read every .jsonl file whole up to 16 MiB to learn it was not one JSON array (not_examples), then its
+    first line again for the format, and, in a folder of several, the first file's first example once more for the
+    folder's formats: 16.5 MB read for a 15 MB file of which a step's worth of lines is counted. A JSON Lines file is
+    read whole only where it opens with `[`, and the first example once for its format (the count reads it too)."""
+    from dockyard.common.data_files import FIRST_LINE_LIMIT
+
+    def bytes_read(*args: str) -> int:
+        def rchar() -> int:
+            return int(re.search(r"^rchar: (\d+)$", Path("/proc/self/io").read_text(), re.M)[1])
+
+        before = rchar()
+        assert dry(env, *args).returncode == 0
+        return rchar() - before
+
+    bytes_read()  # what any --dry reads (this process's first imports among them)
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("".join(json.dumps({"text": f"ship {n} sails " + "x" * 400}) + "\n"
+                             for n in range(FIRST_LINE_LIMIT // 480)))
+    assert bytes_read(f"--data={lines}") < lines.stat().st_size / 4, "a JSON Lines file read whole"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"text": "long " * (FIRST_LINE_LIMIT // 7)}) + "\n"
+                                    + '{"text": "short"}\n' * 40)
+    (folder / "b.jsonl").write_text('{"text": "short"}\n' * 40)
+    first = (folder / "a.jsonl").stat().st_size
+    assert bytes_read(f"--data={folder}") < 2.5 * first, "its first example read more than once for its format"
+
+
 def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(tmp_path):
     """Documents the trainer may pack into blocks of tokens (packing true, or auto on GPUs for text) are as many
     examples as their tokens make, which the host does not know: not counted there."""
