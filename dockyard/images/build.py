@@ -563,21 +563,32 @@ def copy_context(dst: Path, variant: Variant, wheels: Path | None = None) -> Pat
     for f in (ROOT / "images").iterdir():  # the Dockerfile and the scripts its steps bind-mount
         if f.is_file():
             shutil.copy2(f, dst / "images" / f.name)
-    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant.name, dst / "wheels", copy_function=_linked)
+    shutil.copytree(wheels or ROOT / "images" / "wheelhouse" / variant.name, dst / "wheels", copy_function=_linked,
+                    ignore=_no_wheels)
     shutil.copy2(variant.lock_file, dst / "wheels" / "lock.txt")
     shutil.copy2(ROOT / ".dockerignore", dst / ".dockerignore")
     return dst
+
+
+def _no_wheels(folder: str, names: list[str]) -> set[str]:
+    """What of a wheelhouse folder is left out of the context: a link to nothing (a wheel its store has dropped since,
+    beside the lock's), where linking the file it names failed the build; a link to what is no file (/dev/zero, a
+    pipe, nor a pipe itself), which the copy below read without end, filling the disk; a link to a folder (/), which
+    copytree walked whole. None is a wheel pip could take (--find-links reads the folder's own files)."""
+    left = set()
+    for name in names:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) and (os.path.islink(path) or not os.path.isdir(path)):  # isfile: a plain file,
+            left.add(name)                                                                   # through a link
+    return left
 
 
 def _linked(src: str, dst: str) -> None:
     """A wheel hard-linked into the context by the file it names: a wheelhouse carried in as links (`cp -s`, links
     into a shared store) passed the lock's check through them (holds_the_lock), and os.link linked the links
     themselves, which lead nowhere inside the build (pip failed there, minutes in). Copied where no hard link can be
-    made: another file system, another user's file. A link to nothing (a wheel its store has dropped since, beside the
-    lock's) is no wheel pip could take: left out, where linking the file it names failed the build."""
+    made: another file system, another user's file. Links to anything but a file are left out (_no_wheels)."""
     real = os.path.realpath(src)
-    if not os.path.exists(real):
-        return
     try:
         os.link(real, dst)
     except OSError as e:

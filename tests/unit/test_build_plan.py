@@ -534,6 +534,33 @@ def test_a_wheelhouse_carried_in_as_links_reaches_the_build_as_its_files(setting
         assert not sent[w.name].is_symlink() and sha256(sent[w.name]) == sha256(w), w.name
 
 
+def test_a_wheelhouse_link_to_no_file_is_left_out_of_the_context(settings, lock_of_two, tmp_path):
+    """A link beside the lock's wheels to what is no file: /dev/zero was copied into the build's context without end
+    (another file system: no hard link), filling the disk; a link to a folder (/) had copytree walk all of it; a pipe
+    waited for ever. None is a wheel pip could take: each is left out, the lock's wheels reach the context. (The copy
+    runs in a process whose files may grow to 1 MiB: before, it failed there instead of filling this disk.)"""
+    wh = tmp_path / "wh" / "cpu"
+    wh.mkdir(parents=True)
+    for w in lock_of_two:
+        (wh / w.name).symlink_to(w)
+    (wh / "zero-0.1-py3-none-any.whl").symlink_to("/dev/zero")
+    (tmp_path / "tree" / "deep").mkdir(parents=True)
+    (tmp_path / "tree" / "deep" / "x.whl").write_bytes(b"x")
+    (wh / "everything").symlink_to(tmp_path / "tree")
+    os.mkfifo(tmp_path / "pipe")
+    (wh / "pipe-0.1-py3-none-any.whl").symlink_to(tmp_path / "pipe")
+    os.mkfifo(wh / "fifo-0.1-py3-none-any.whl")
+    script = ("import resource, sys; from pathlib import Path; from dockyard.images import build, variants; "
+              "from tests.conftest import settings; resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)); "
+              "build.copy_context(Path(sys.argv[1]), variants.resolve(settings.__wrapped__(), 'cpu')[0], "
+              "wheels=Path(sys.argv[2]))")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "context"), str(wh)], cwd=ROOT, timeout=60,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sent = sorted(p.name for p in (tmp_path / "context" / "wheels").iterdir())
+    assert sent == sorted([*(w.name for w in lock_of_two), "lock.txt"])
+
+
 def test_a_wheelhouse_no_index_answers_for_says_how_to_bring_it(settings, lock_of_two, tmp_path):
     """A file of the lock missing (or another's in its place) and no index answering: pip's failure alone, with
     nothing on what an offline host does about it."""
