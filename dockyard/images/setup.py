@@ -146,14 +146,19 @@ def give_to_sudo_user(wheels: Path, checkout: Path = ROOT, environ=os.environ) -
 def _give(name: str, dir_fd: int | None, owner: tuple[int, int]) -> None:
     """`name` (never a link's target) made the user's where root owns it; a file removed meanwhile is left alone. A
     file of several names is left too: one root downloaded has one, and a hard link the user made in the wheelhouse
-    (where fs.protected_hardlinks is 0) to a file of root's (/etc/shadow) gave the user that file."""
+    (where fs.protected_hardlinks is 0) to a file of root's (/etc/shadow) gave the user that file. Its names are
+    counted before it is opened, by the name: the user's link, removed once it was opened (inotify says when), left
+    the open file one name, and the count read then passed /etc/shadow."""
     try:  # checked and given through one descriptor: a name swapped between the two gives nothing
+        named = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:  # removed meanwhile, or a link (O_NOFOLLOW: ELOOP), which is the user's own
         return
     try:
         st = os.fstat(fd)
-        if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1):
+        # the file named had one name, and it is the file opened: a file of root's elsewhere has a name there too
+        alone = named.st_nlink == 1 and (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino)
+        if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or (alone and st.st_nlink == 1)):
             os.fchown(fd, *owner)
     finally:
         os.close(fd)

@@ -82,12 +82,9 @@ def test_giving_the_wheelhouse_back_follows_no_folder_swapped_for_a_link_and_min
     assert wheels.stat().st_uid == 65534
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="setup hands files back only as root (sudo)")
-def test_a_hard_link_in_the_wheelhouse_to_a_file_of_root_s_stays_root_s(tmp_path):
-    """The user owns the checkout, so the wheelhouse folder sudo's setup downloads into may be theirs; where
-    fs.protected_hardlinks is 0 they can hard-link a file of root's there (/etc/shadow, made here by root in their
-    stead), and the hand-back made that file the user's. A file of several names stays as it is; the wheels root
-    downloaded (one name each) go to the user."""
+def _wheelhouse_linking_a_file_of_root_s(tmp_path):
+    """A checkout whose wheelhouse holds a wheel root downloaded (torch.whl) and the user's hard link (peft.whl) to a
+    file of root's (a stand-in /etc/shadow): the checkout, the wheelhouse and that file."""
     checkout = tmp_path / "dockyard"
     wheels = checkout / "images" / "wheelhouse" / "cpu"
     wheels.mkdir(parents=True)
@@ -97,6 +94,38 @@ def test_a_hard_link_in_the_wheelhouse_to_a_file_of_root_s_stays_root_s(tmp_path
     shadow.write_text("root:$6$secret:19000:0:99999:7:::\n")
     shadow.chmod(0o640)
     os.link(shadow, wheels / "peft.whl")
+    return checkout, wheels, shadow
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setup hands files back only as root (sudo)")
+def test_a_hard_link_in_the_wheelhouse_to_a_file_of_root_s_stays_root_s(tmp_path):
+    """The user owns the checkout, so the wheelhouse folder sudo's setup downloads into may be theirs; where
+    fs.protected_hardlinks is 0 they can hard-link a file of root's there (/etc/shadow, made here by root in their
+    stead), and the hand-back made that file the user's. A file of several names stays as it is; the wheels root
+    downloaded (one name each) go to the user."""
+    checkout, wheels, shadow = _wheelhouse_linking_a_file_of_root_s(tmp_path)
     setup.give_to_sudo_user(wheels, checkout, environ={"SUDO_UID": "65534", "SUDO_GID": "65533"})
     assert (shadow.stat().st_uid, shadow.stat().st_gid) == (0, 0)
     assert (wheels / "torch.whl").stat().st_uid == 65534 and wheels.stat().st_uid == 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setup hands files back only as root (sudo)")
+def test_a_hard_link_removed_once_setup_opened_it_leaves_root_s_file_root_s(tmp_path, monkeypatch):
+    """The user's hard link to a file of root's (fs.protected_hardlinks 0) has two names when setup opens it, and
+    one when the user removes theirs right after (inotify tells them of the open): the file's count of names, read
+    then, said 1, and /etc/shadow (made here by root in its stead) became the user's. Setup opening the link is
+    followed here by the user's removal, as a user who wins that race does."""
+    checkout, wheels, shadow = _wheelhouse_linking_a_file_of_root_s(tmp_path)
+    real_open = os.open
+
+    def open_then_lose_the_race(name, flags, mode=0o777, *, dir_fd=None):
+        fd = real_open(name, flags, mode, dir_fd=dir_fd)
+        if name == "peft.whl":
+            os.unlink(name, dir_fd=dir_fd)  # the user's, in their own folder
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_lose_the_race)
+    setup.give_to_sudo_user(wheels, checkout, environ={"SUDO_UID": "65534", "SUDO_GID": "65533"})
+    monkeypatch.undo()
+    assert (shadow.stat().st_uid, shadow.stat().st_gid) == (0, 0)
+    assert (wheels / "torch.whl").stat().st_uid == 65534
