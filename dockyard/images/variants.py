@@ -258,9 +258,10 @@ def _conditions_hold(alternative: str, host: Host) -> bool | None:
     """Whether every condition of one alternative holds: None where one turns on what NVML did not say."""
     held: list[bool | None] = []
     for condition in alternative.split(","):
-        m = re.fullmatch(r"(cuda|driver)(>=|<=|==|!=|=|<|>)(\d+(?:\.\d+)*)", condition)
+        # a version of ASCII digits, each number of 9 at most: one of 5000 digits was past int()'s limit, a traceback
+        m = re.fullmatch(r"(cuda|driver)(>=|<=|==|!=|=|<|>)([0-9]{1,9}(?:\.[0-9]{1,9})*)", condition)
         have = (host.cuda if m.group(1) == "cuda" else host.driver) if m else ""
-        if not re.fullmatch(r"\d+(\.\d+)*", have):  # brand=, arch=, or a version NVML could not read
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", have):  # brand=, arch=, or a version NVML could not read
             held.append(None)
             continue
         a, b = cuda_version(have), cuda_version(m.group(3))

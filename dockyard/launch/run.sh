@@ -121,7 +121,9 @@ require_refuses() {  # NVIDIA_REQUIRE_CUDA
 		if (rest ~ /^(>=|<=|==|!=)/) { op = substr(rest, 1, 2); v = substr(rest, 3) }
 		else if (rest ~ /^[=<>]/) { op = substr(rest, 1, 1); v = substr(rest, 2) }
 		else return -1
-		if (v !~ /^[0-9]+(\.[0-9]+)*$/ || have !~ /^[0-9]+(\.[0-9]+)*$/) return -1
+		# numbers of 9 digits at most, as invoke run reads them (no interval expression: mawk has none)
+		if (v !~ /^[0-9]+(\.[0-9]+)*$/ || v ~ /[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]/ \
+			|| have !~ /^[0-9]+(\.[0-9]+)*$/) return -1
 		c = cmp(have, v)
 		return op == ">=" ? c >= 0 : op == "<=" ? c <= 0 : op == "==" || op == "=" ? c == 0 : op == "!=" ? c != 0 \
 			: op == "<" ? c < 0 : c > 0

@@ -471,6 +471,9 @@ def test_an_image_whose_nvidia_require_cuda_leaves_the_driver_out_is_refused_bef
     ("560.35.03", "12.6", "cuda>=12.6.0"),  # 12.6 is before 12.6.0, as invoke run compares them
     ("560.35.03", "12.6", "cuda=>12.1 cuda>=12.8"),  # a condition it cannot read may hold
     ("560.35.03", "12.6", "brand=\x1b[2J,driver>=570"),  # the image's escape sequence is not said as it is
+    ("560.35.03", "12.6", "cuda>=1" + "0" * 5000),  # a number past int()'s 4300 digits: a traceback, now unread
+    ("560.35.03", "12.6", "cuda>=1000000000 cuda>=12.8"),  # of 10 digits: unread by both (may hold)
+    ("560.35.03", "12.6", "cuda>=\u0661\u0663.\u0660"),  # Arabic-Indic digits, which Python's \d took: unread
 ])
 def test_run_sh_reads_nvidia_require_cuda_as_invoke_run_reads_it(node, driver, cuda, require):
     """The same requirement on the same driver: run.sh refuses where invoke run (variants.require_refuses) does, naming

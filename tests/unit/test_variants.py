@@ -310,3 +310,14 @@ def test_the_toolkits_require_cuda_is_read_as_it_reads_it(driver, cuda, refused)
     every alternative fails on what NVML says, never on a brand it was not asked."""
     assert variants.require_refuses(REQUIRE_128, Host(driver=driver, cuda=cuda)) == refused
     assert variants.require_refuses("", Host(driver=driver, cuda=cuda)) == ""  # the Debian-based builds set none
+
+
+def test_a_require_cuda_of_a_number_past_nine_digits_is_read_as_one_that_may_hold():
+    """An image's NVIDIA_REQUIRE_CUDA of a 5000-digit version (a crafted image, loaded or pulled) ended `invoke run`,
+    shell and doctor in a traceback (int()'s limit of 4300 digits); one of other digits (\\d matched Arabic-Indic
+    ones) was compared as a version, where run.sh read neither. Both are conditions read as may-hold, as any other
+    the host cannot read."""
+    host = Host(driver="535.183.01", cuda="12.2")
+    assert variants.require_refuses("cuda>=1" + "0" * 5000, host) == ""
+    assert variants.require_refuses("cuda>=\u0661\u0663.\u0660", host) == ""
+    assert variants.require_refuses("cuda>=999999999", host) == "cuda>=999999999"  # 9 digits: read
