@@ -1,6 +1,5 @@
 """What the trainer reads as data, known to the host too (`invoke run --dry` checks inputs as the trainer will)."""
 
-import bisect
 import collections
 import csv
 import functools
@@ -514,7 +513,13 @@ def examples_for(trained: int, fraction: float) -> int:
     if not fraction:
         return trained
     enough = math.ceil((trained + 1) / (1 - fraction)) + 1  # its share rounded up, more than `trained` are left
-    return 2 + bisect.bisect_left(range(2, enough + 1), trained, key=lambda n: n - held_out(n, fraction))
+    # bisected by hand: bisect over range() takes its length as a C ssize_t, which an eval_fraction of 1 - 1e-16
+    # passes at a step of 1024 (OverflowError, a traceback of `invoke run --dry`)
+    lo, hi = 2, enough + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if mid - held_out(mid, fraction) >= trained else (mid + 1, hi)
+    return lo
 
 
 class _Uncounted(Exception):

@@ -144,6 +144,16 @@ def test_data_of_fewer_examples_than_one_step_is_refused_before_the_image_starts
             "step takes; each of the run's 2 processes takes one example a step at least")
 
 
+def test_an_eval_fraction_just_below_one_is_counted_without_a_traceback(env, tmp_path):
+    """eval_fraction 0.9999999999999999 (below 1, which the setting allows) at a step of 2048: the fewest examples
+    that leave a step passed 9.2e18, the length bisect takes of a range as a C ssize_t, and `invoke run --dry` ended
+    in an OverflowError traceback. The data is counted, and refused in the trainer's words."""
+    fifty = tmp_path / "fifty.jsonl"
+    fifty.write_text("".join(json.dumps({"text": f"ship {n} sails"}) + "\n" for n in range(50)))
+    refused(dry(env, "--nproc=1", f"--data={fifty}", "--", "--eval_fraction", "0.9999999999999999", "--global_batch",
+                "2048"), "global_batch 2048: the training data holds 1 example at most (of its 50")
+
+
 def test_the_share_eval_fraction_holds_out_is_the_one_the_trainer_holds_out(env, tmp_path, capsys):
     """eval_fraction 0.2 of 11 examples holds out 2 (data.split): the host held out one, passed 9 for a step of 10,
     and the trainer refused them once the image had started. The host's verdict is now the trainer's (its data.load
