@@ -84,8 +84,10 @@ def partial(path: Path) -> Path:
 
 
 def host_tag() -> str:
-    """8 hex digits naming this host (of its host name), put in partial() names beside the writer's pid."""
-    return hashlib.sha256(socket.gethostname().encode(errors="replace")).hexdigest()[:8]
+    """8 hex digits naming this host (of its host name), put in partial() names beside the writer's pid. Of the name's
+    bytes, as load.sh's (uname -n): a name that is not UTF-8 (sethostname takes any bytes) was hashed with a ? for
+    each byte, another tag, and invoke load took this host's killed load.sh folders for another host's."""
+    return hashlib.sha256(os.fsencode(socket.gethostname())).hexdigest()[:8]
 
 
 # partial()'s names: the pid is the writer's, on the host the tag names (names made before the tag have none)

@@ -970,6 +970,21 @@ def test_invoke_load_looks_for_a_killed_load_sh_s_folder_where_load_sh_made_it(t
         subprocess.run(["rm", "-rf", str(killed)], check=True)
 
 
+def test_load_sh_and_invoke_tag_a_host_name_that_is_not_utf8_alike(tmp_path, monkeypatch):
+    """A host name of bytes outside UTF-8 (sethostname takes any; Python reads it with surrogateescape): invoke's
+    host tag hashed a ? for each such byte and load.sh (uname -n) the bytes, so invoke load took this host's folder of
+    a killed load.sh for another host's and left it, the archive's size, in TMPDIR. A stand-in uname says the name."""
+    from dockyard.common import locks
+
+    argv, env, private = load_sh_set(tmp_path, 'ls "$TMPDIR" >"$TMPDIR/../during"; exec cat >/dev/null')
+    (tmp_path / "bin" / "uname").write_bytes(b"#!/bin/sh\nprintf 'node\\377x\\n'\n")
+    (tmp_path / "bin" / "uname").chmod(0o755)
+    monkeypatch.setattr(locks.socket, "gethostname", lambda: "node\udcffx")  # as Python reads those bytes
+    subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    made = (tmp_path / "during").read_text().split()
+    assert len(made) == 1 and f".{locks.host_tag()}." in made[0], (made, locks.host_tag())
+
+
 def test_the_tools_load_sh_needs_are_said_where_the_user_reads_them():
     """load.sh stops without GNU tar (it reads the tar before docker load does); README's step 3 and `invoke save
     --help` listed sh, sha256sum, docker and zstd/gzip only."""
