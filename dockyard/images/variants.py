@@ -248,7 +248,9 @@ def require_refuses(require: str, host: Host) -> str:
     where it admits it or may. The toolkit reads alternatives apart by spaces, each a comma-separated list of
     conditions that must all hold: nvidia/cuda's "brand=tesla,driver>=535,driver<536" admits a 535 driver on
     data-center GPUs, which NVML was not asked about (a brand, unknown here, may hold)."""
-    alternatives = require.split()
+    # apart by ASCII blanks, as run.sh's awk: str.split() also took \x1c-\x1f and \x85 for blanks, refusing what
+    # run.sh (and the toolkit, which splits at spaces) read as one condition it cannot tell
+    alternatives = [alt for alt in re.split(r"[ \t\n\r\f\v]+", require) if alt]
     if not alternatives or any(_conditions_hold(alt, host) is not False for alt in alternatives):
         return ""
     return next((alt for alt in alternatives if alt.startswith("cuda")), alternatives[0])

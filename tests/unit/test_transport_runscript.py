@@ -474,6 +474,7 @@ def test_an_image_whose_nvidia_require_cuda_leaves_the_driver_out_is_refused_bef
     ("560.35.03", "12.6", "cuda>=1" + "0" * 5000),  # a number past int()'s 4300 digits: a traceback, now unread
     ("560.35.03", "12.6", "cuda>=1000000000 cuda>=12.8"),  # of 10 digits: unread by both (may hold)
     ("560.35.03", "12.6", "cuda>=\u0661\u0663.\u0660"),  # Arabic-Indic digits, which Python's \d took: unread
+    ("560.35.03", "12.6", "cuda>=99\x1ccuda>=98"),  # \x1c is no blank to the toolkit nor awk (str.split's)
 ])
 def test_run_sh_reads_nvidia_require_cuda_as_invoke_run_reads_it(node, driver, cuda, require):
     """The same requirement on the same driver: run.sh refuses where invoke run (variants.require_refuses) does, naming
