@@ -61,6 +61,8 @@ DriverVersion = Annotated[str, StringConstraints(pattern=r"^([0-9]{1,6}(\.[0-9]{
 MAX_GPUS = 256
 Index = Annotated[int, Field(ge=0, lt=MAX_GPUS)]
 Bytes = Annotated[int, Field(ge=0, le=2**50)]
+# a GPU's brand in the words of NVIDIA_REQUIRE_CUDA's brand= conditions ("tesla", "geforce", "nvidia"): NVML_BRANDS
+Brand = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]{0,40}$")]
 
 
 @with_config(ConfigDict(strict=True, extra="forbid"))  # as strict as Recording, which it is read in
@@ -72,6 +74,7 @@ class Gpu:
     uuid: str = ""
     capability: Version = ""  # CUDA compute capability, "7.5" on a T4: decides bf16 or fp16
     mig: bool = False     # MIG mode on: NVML counts the physical GPU, utilisation reads are not supported
+    brand: Brand = ""     # NVML's product brand (NVML_BRANDS); "" where unread (recordings made before it was read)
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,13 @@ _PATHS = {0: "same board", 10: "one PCIe switch", 20: "several PCIe switches", 3
           40: "same NUMA node", 50: "across CPU sockets"}
 
 
+# nvml.h's nvmlBrandType_t, named as nvidia/cuda images' NVIDIA_REQUIRE_CUDA names them (brand=tesla, brand=nvidiartx,
+# brand=vapps): an NVML of more brands than these says "unknown" here, as the NVIDIA toolkit says it
+NVML_BRANDS = {0: "unknown", 1: "quadro", 2: "tesla", 3: "nvs", 4: "grid", 5: "geforce", 6: "titan", 7: "vapps",
+               8: "vpc", 9: "vcs", 10: "vws", 11: "cloudgaming", 12: "quadrortx", 13: "nvidiartx", 14: "nvidia",
+               15: "geforcertx", 16: "titanrtx"}
+
+
 def cuda_from_int(v: int) -> str:
     """NVML's cudaDriverVersion (12080) as "12.8"."""
     return f"{v // 1000}.{(v % 1000) // 10}"
@@ -227,9 +237,11 @@ class Nvml:
         mem = _read(nv, nv.nvmlDeviceGetMemoryInfo, h)
         cc = _read(nv, nv.nvmlDeviceGetCudaComputeCapability, h)
         mig = _read(nv, nv.nvmlDeviceGetMigMode, h)
+        brand = _read(nv, nv.nvmlDeviceGetBrand, h)
         return Gpu(i, _text(_read(nv, nv.nvmlDeviceGetName, h, default="unknown GPU")),
                    int(mem.total) if mem is not None else 0, _text(_read(nv, nv.nvmlDeviceGetUUID, h, default="")),
-                   f"{cc[0]}.{cc[1]}" if cc else "", bool(mig and mig[0] == nv.NVML_DEVICE_MIG_ENABLE))
+                   f"{cc[0]}.{cc[1]}" if cc else "", bool(mig and mig[0] == nv.NVML_DEVICE_MIG_ENABLE),
+                   "" if brand is None else NVML_BRANDS.get(int(brand), "unknown"))
 
     def host(self) -> Host:
         nv = self.nv

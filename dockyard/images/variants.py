@@ -18,7 +18,7 @@ from dockyard import __version__
 from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
 from dockyard.common.recipes import YAML_ERRORS, read_yaml
 from dockyard.engine import familiar
-from dockyard.gpus import Host
+from dockyard.gpus import Gpu, Host
 from dockyard.settings import IMAGE_NAME, ROOT, Settings
 
 PINNED = ("torch", "triton", "deepspeed", "bitsandbytes", "transformers", "peft", "accelerate", "nvidia-ml-py",
@@ -246,24 +246,52 @@ def require_of(image: dict | None) -> str:
 def require_refuses(require: str, host: Host) -> str:
     """The condition of an NVIDIA_REQUIRE_CUDA by which the NVIDIA toolkit refuses this driver ("cuda>=12.8"), or ""
     where it admits it or may. The toolkit reads alternatives apart by spaces, each a comma-separated list of
-    conditions that must all hold: nvidia/cuda's "brand=tesla,driver>=535,driver<536" admits a 535 driver on
-    data-center GPUs, which NVML was not asked about (a brand, unknown here, may hold)."""
-    # apart by ASCII blanks, as run.sh's awk: str.split() also took \x1c-\x1f and \x85 for blanks, refusing what
-    # run.sh (and the toolkit, which splits at spaces) read as one condition it cannot tell
-    alternatives = [alt for alt in re.split(r"[ \t\n\r\f\v]+", require) if alt]
-    if not alternatives or any(_conditions_hold(alt, host) is not False for alt in alternatives):
+    conditions that must all hold, for each GPU the container is given: nvidia/cuda's "brand=tesla,driver>=535,
+    driver<536" admits a 535 driver on a Tesla, not on a GeForce. A GPU whose brand NVML did not say (a recording
+    made before it was read) may hold any brand=."""
+    alternatives = _alternatives(require)
+    if all(_admits(alternatives, host, brand) for brand in {g.brand for g in host.gpus} or {""}):
         return ""
     return next((alt for alt in alternatives if alt.startswith("cuda")), alternatives[0])
 
 
-def _conditions_hold(alternative: str, host: Host) -> bool | None:
+def _alternatives(require: str) -> list[str]:
+    """NVIDIA_REQUIRE_CUDA's alternatives, apart by ASCII blanks as run.sh's awk reads them: str.split() also took
+    \\x1c-\\x1f and \\x85 for blanks, refusing what run.sh (and the toolkit, which splits at spaces) read as one
+    condition it cannot tell."""
+    return [alt for alt in re.split(r"[ \t\n\r\f\v]+", require) if alt]
+
+
+def refused_for_brand(require: str, host: Host) -> list[Gpu]:
+    """The GPUs the toolkit refuses for their brand alone: it admits this driver on other brands, not on theirs."""
+    alternatives = _alternatives(require)
+    return [g for g in host.gpus if g.brand and _admits(alternatives, host, "") and
+            not _admits(alternatives, host, g.brand)]
+
+
+# The brands libnvidia-container's requirement check calls by name (its driver.c: nvmlDeviceGetBrand); it calls every
+# other brand (NVIDIA, NVIDIA RTX, Quadro RTX, the vGPU ones) "Unknown", which nvidia/cuda's brand=unknown admits. A
+# brand= is held against that name and against NVML's own (brand=nvidia), case aside, as the toolkit compares them.
+TOOLKIT_NAMED_BRANDS = {"quadro", "tesla", "nvs", "grid", "geforce", "titan"}
+
+
+def _admits(alternatives: list[str], host: Host, brand: str) -> bool:
+    """Whether one alternative holds, or may, on a GPU of `brand` ("" for unread) on this driver."""
+    return not alternatives or any(_conditions_hold(alt, host, brand) is not False for alt in alternatives)
+
+
+def _conditions_hold(alternative: str, host: Host, brand: str) -> bool | None:
     """Whether every condition of one alternative holds: None where one turns on what NVML did not say."""
     held: list[bool | None] = []
     for condition in alternative.split(","):
+        if (said := re.fullmatch(r"brand(!?=)([A-Za-z0-9_]+)", condition)) and brand:
+            names = {brand, brand if brand in TOOLKIT_NAMED_BRANDS else "unknown"}
+            held.append((said.group(2).lower() in names) == (said.group(1) == "="))
+            continue
         # a version of ASCII digits, each number of 9 at most: one of 5000 digits was past int()'s limit, a traceback
         m = re.fullmatch(r"(cuda|driver)(>=|<=|==|!=|=|<|>)([0-9]{1,9}(?:\.[0-9]{1,9})*)", condition)
         have = (host.cuda if m.group(1) == "cuda" else host.driver) if m else ""
-        if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", have):  # brand=, arch=, or a version NVML could not read
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", have):  # arch=, an unread brand or version
             held.append(None)
             continue
         a, b = cuda_version(have), cuda_version(m.group(3))
@@ -284,8 +312,11 @@ def require_unmet(variant: Variant, image: dict | None, host: Host) -> tuple[str
     base = (((image or {}).get("Config") or {}).get("Labels") or {}).get("dockyard.base")
     plain = (f"the plain image (`invoke build --variant={variant.name}`, without --devel)"
              if variant.devel and base == variant.devel.base else "an image built without such a base")
-    return (f"sets NVIDIA_REQUIRE_CUDA {refused} (from its base image), and {driver_says(host)}: the NVIDIA toolkit "
-            "would refuse to start it", f"--disable-require starts it{why}, or use {plain}")
+    branded = refused_for_brand(require_of(image), host)
+    brands = "; it admits this driver on other brands of GPU only, not on " + ", ".join(
+        f"GPU {g.index} ({g.name}, brand={g.brand})" for g in branded) if branded else ""
+    return (f"sets NVIDIA_REQUIRE_CUDA {refused} (from its base image), and {driver_says(host)}{brands}: the NVIDIA "
+            "toolkit would refuse to start it", f"--disable-require starts it{why}, or use {plain}")
 
 
 def arch_runs(archs: str, capability: str) -> bool:

@@ -78,8 +78,9 @@ check_driver() {
 	IMAGE_CUDA=$(cuda_of "$IMAGE")
 	runs "$IMAGE_CUDA"
 	fits=$?
+	FITS=$fits  # for check_require, once the GPUs the run is given are known
 	[ -z "$DISABLE_REQUIRE" ] || return 0
-	if [ $fits -ne 1 ]; then check_require "$fits"; return 0; fi
+	[ $fits -eq 1 ] || return 0
 	instead=
 	for pair in @CUDA_VARIANTS@; do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
 	least=$(least_driver "$IMAGE_CUDA")
@@ -90,31 +91,52 @@ check_driver() {
 	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${fix}upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
 }
 # The image's NVIDIA_REQUIRE_CUDA (an nvidia/cuda base's: a --devel build; the Debian-based builds set none), which the
-# NVIDIA toolkit holds against the driver as the container starts: docker's refusal, said before anything starts with
-# the way out, as invoke run says it (dockyard/images/variants.py require_unmet).
-check_require() {  # runs' exit for the image's CUDA (0: this driver runs it)
+# NVIDIA toolkit holds against the driver, and the brand of each GPU given to the container, as the container starts:
+# docker's refusal, said before anything starts with the way out, as invoke run says it (dockyard/images/variants.py
+# require_unmet).
+check_require() {  # FITS: runs' exit for the image's CUDA (0: this driver runs it)
 	require=$(docker image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE" 2>/dev/null \
 		| sed -n 's/^NVIDIA_REQUIRE_CUDA=//p' | head -n 1)
-	refused=$(require_refuses "$require")
+	[ -n "$require" ] || return 0
+	case $require in *brand*) gpus=$(brands) ;; *) gpus= ;; esac  # nvidia-smi -q takes a while: only where it counts
+	refused=$(require_refuses "$require" "$gpus")
 	[ -n "$refused" ] || return 0
 	major=${IMAGE_CUDA%%.*}
 	why=
-	[ "$1" -ne 0 ] || why=" (a CUDA $major driver runs any CUDA $major build)"
-	die "image $IMAGE sets NVIDIA_REQUIRE_CUDA $refused (from its base image), and driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: the NVIDIA toolkit would refuse to start it. --disable-require starts it$why, or load the $VARIANT image built without --devel (invoke build --variant=$VARIANT, then invoke save)"
+	[ "$FITS" -ne 0 ] || why=" (a CUDA $major driver runs any CUDA $major build)"
+	branded=
+	case $refused in *"	"*) branded="; it admits this driver on other brands of GPU only, not on this node's GPUs of${refused#*	}" ;; esac
+	die "image $IMAGE sets NVIDIA_REQUIRE_CUDA ${refused%%	*} (from its base image), and driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}$branded: the NVIDIA toolkit would refuse to start it. --disable-require starts it$why, or load the $VARIANT image built without --devel (invoke build --variant=$VARIANT, then invoke save)"
 }
-# The condition of an NVIDIA_REQUIRE_CUDA by which the toolkit refuses this driver (DRIVER, HOST_CUDA), or nothing where
-# it admits it or may, read as invoke run reads it (variants.require_refuses): alternatives apart by blanks, each of
-# comma-separated conditions that must all hold; one on what nvidia-smi does not say (brand=, arch=, an unread
-# version) may hold. Versions compare number by number, a shorter one first where it is the other's start (12.8 <
-# 12.8.0), as Python compares variants.cuda_version's tuples.
-require_refuses() {  # NVIDIA_REQUIRE_CUDA
-	REQUIRE=$1 awk -v driver="$DRIVER" -v cuda="$HOST_CUDA" '
+# The brand of each GPU the run is given ($chosen, else all), from nvidia-smi -q's "Product Brand" (--query-gpu has no
+# field for it), in brand='s words: "GeForce" is geforce, "NVIDIA RTX" nvidiartx (gpus.NVML_BRANDS); "?" where it says
+# none (N/A). Nothing where nvidia-smi -q says nothing: every brand= may hold then.
+brands() {
+	for id in $(printf '%s' "${chosen:-all}" | tr ',' ' '); do
+		if [ "$id" = all ]; then nvidia-smi -q 2>/dev/null; else nvidia-smi -q -i "$id" 2>/dev/null; fi
+	done | sed -n 's/^[[:space:]]*Product Brand[[:space:]]*:[[:space:]]*//p' \
+		| tr 'A-Z' 'a-z' | tr -d ' \r' | sed 's/^.*[^a-z0-9].*$/?/; s/^$/?/' | sort -u | tr '\n' ' '
+}
+# The condition of an NVIDIA_REQUIRE_CUDA by which the toolkit refuses this driver (DRIVER, HOST_CUDA) on a GPU of one
+# of the brands $2 names, or nothing where it admits it or may on each, read as invoke run reads it
+# (variants.require_refuses): alternatives apart by blanks, each of comma-separated conditions that must all hold; one
+# on what nvidia-smi does not say (arch=, an unread brand or version) may hold. A brand= holds where it names the
+# brand or, for one the toolkit does not call by name, unknown (variants.TOOLKIT_NAMED_BRANDS). Versions compare
+# number by number, a shorter one first where it is the other's start (12.8 < 12.8.0), as Python compares
+# variants.cuda_version's tuples. Where the brands alone are refused, a tab and " brand=B" for each follow.
+require_refuses() {  # NVIDIA_REQUIRE_CUDA brands
+	REQUIRE=$1 awk -v driver="$DRIVER" -v cuda="$HOST_CUDA" -v brands="$2" '
 	function cmp(a, b,   x, y, n, m, i) {
 		n = split(a, x, "."); m = split(b, y, ".")
 		for (i = 1; i <= n && i <= m; i++) if (x[i] + 0 != y[i] + 0) return x[i] + 0 < y[i] + 0 ? -1 : 1
 		return n < m ? -1 : n > m ? 1 : 0
 	}
-	function holds(cond,   key, rest, op, v, have, c) {  # 1, 0, or -1: cannot tell
+	function holds(cond, brand,   key, rest, op, v, have, c) {  # 1, 0, or -1: cannot tell
+		if (cond ~ /^brand!?=[A-Za-z0-9_]+$/ && brand != "" && brand != "?") {
+			v = tolower(substr(cond, index(cond, "=") + 1))
+			c = v == brand || (v == "unknown" && brand !~ /^(quadro|tesla|nvs|grid|geforce|titan)$/)
+			return cond ~ /^brand!=/ ? !c : c
+		}
 		if (cond ~ /^cuda/) { key = "cuda"; rest = substr(cond, 5); have = cuda }
 		else if (cond ~ /^driver/) { key = "driver"; rest = substr(cond, 7); have = driver }
 		else return -1
@@ -128,19 +150,28 @@ require_refuses() {  # NVIDIA_REQUIRE_CUDA
 		return op == ">=" ? c >= 0 : op == "<=" ? c <= 0 : op == "==" || op == "=" ? c == 0 : op == "!=" ? c != 0 \
 			: op == "<" ? c < 0 : c > 0
 	}
-	BEGIN {
-		n = split(ENVIRON["REQUIRE"], alts, /[ \t\n\r\f\v]+/)
+	function admits(brand,   i, j, k, all, conds, seen) {  # 1 where one alternative holds, or may, on a GPU of brand
 		for (i = 1; i <= n; i++) {
 			if (alts[i] == "") continue
-			all = 1; k = split(alts[i], conds, ",")
-			for (j = 1; j <= k; j++) { h = holds(conds[j]); if (h == 0) { all = 0; break } }
-			if (all) exit  # holds, or may
+			seen = 1; all = 1; k = split(alts[i], conds, ",")
+			for (j = 1; j <= k; j++) if (holds(conds[j], brand) == 0) { all = 0; break }
+			if (all) return 1
+		}
+		return !seen
+	}
+	BEGIN {
+		n = split(ENVIRON["REQUIRE"], alts, /[ \t\n\r\f\v]+/)
+		m = split(brands, b, " ")
+		for (i = 1; i <= m; i++) if (!admits(b[i])) refused = refused " brand=" b[i]
+		if (refused == "" && (m > 0 || admits(""))) exit  # admitted on every GPU, or may be
+		for (i = 1; i <= n; i++) {
+			if (alts[i] == "") continue
 			if (first == "") first = alts[i]
 			if (said == "" && alts[i] ~ /^cuda/) said = alts[i]
 		}
 		said = said == "" ? first : said
 		gsub(/[^ -~]/, "?", said)  # the image says it: no escape sequence of its reaches the terminal
-		printf "%s", said
+		printf "%s%s", said, admits("") ? "\t" refused : ""
 	}'
 }
 # CUDA_VISIBLE_DEVICES as invoke run reads it (dockyard/gpus.py select): GPU indices or UUIDs (or a UUID's unique start,
@@ -150,9 +181,10 @@ visible() {
 	cvd=${CUDA_VISIBLE_DEVICES-}
 	fix="nvidia-smi -L lists them; unset CUDA_VISIBLE_DEVICES for every GPU, or --cpu for none"
 	case $cvd in *[!A-Za-z0-9,\ -]*) die "CUDA_VISIBLE_DEVICES holds what is no GPU index or UUID: give them comma-separated ($fix)" ;; esac
+	chosen=
 	[ -n "$(printf '%s' "$cvd" | tr -d ' ')" ] || return 0
 	have=$(printf '%s\n' "$SMI" | sed -n 's/^GPU \([0-9]*\):.*/\1/p' | awk '{ printf "%s%s", sep, $0; sep = ", " }')
-	chosen= COUNT=0
+	COUNT=0
 	for token in $(printf '%s' "$cvd" | tr ',' ' '); do
 		case $token in MIG-*) die "CUDA_VISIBLE_DEVICES=$cvd names a MIG device ($token): runs take whole GPUs; name the GPU, or turn MIG off (nvidia-smi -mig 0)" ;; esac
 		index=$(printf '%s\n' "$SMI" | awk -v t="$token" '/^GPU [0-9]+:/ { i = substr($2, 1, length($2) - 1); u = $NF
@@ -286,6 +318,7 @@ else
 		|| die "GPUs found, but Docker has no NVIDIA runtime: install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker, restart dockerd (or --cpu)"
 	GPUS=all COUNT=$(printf '%s\n' "$SMI" | grep -c '^GPU')
 	visible
+	[ -n "$DISABLE_REQUIRE" ] || check_require
 	[ -n "$NPROC" ] || NPROC=$COUNT
 fi
 [ -n "$NPROC" ] || NPROC=@CPU_NPROC@

@@ -80,3 +80,38 @@ def test_an_image_whose_nvidia_require_cuda_leaves_the_driver_out_is_refused_bef
     finally:
         engine.run(engine.docker(settings, "rmi", "-f", tag), capture=True, check=False, quiet=True)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a dry run makes nothing"
+
+
+def test_a_devel_image_is_refused_on_a_geforce_its_requirement_leaves_out_and_runs_on_a_tesla(settings, tmp_path):
+    """nvidia/cuda:12.8's NVIDIA_REQUIRE_CUDA admits driver 535 on Tesla (and other data-center brands), not on
+    GeForce: run --dry passed on a GeForce host (the brand was never read) and docker's NVIDIA toolkit refused the
+    container at start. A stand-in image with that env (no files), on recorded hosts (no GPU here: NVML replayed)."""
+    from tests.support.nvml import REQUIRE_CUDA_128
+
+    cu128 = variants.all_variants(settings)["cu128"]
+    name = f"dockyard-brandtest-{os.getpid()}"
+    tag = f"{name}:0.1.0-cu128"
+    (tmp_path / "Dockerfile").write_text(
+        f'FROM scratch\nENV NVIDIA_REQUIRE_CUDA="{REQUIRE_CUDA_128}"\n'
+        f'LABEL dockyard.variant=cu128 dockyard.cuda=12.8 dockyard.nvcc=base dockyard.base="{cu128.devel.base}"\n')
+    engine.run(engine.docker(settings, "build", "-q", "-t", tag, str(tmp_path)), capture=True, quiet=True)
+    hosts = ROOT / "tests" / "fixtures" / "nvml" / "hosts"
+    env = {"INVOKE_DOCKYARD_IMAGE_NAME": name, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    try:
+        geforce = {**env, "DOCKYARD_NVML_REPLAY": str(hosts / "rtx3090x2_535.json")}
+        refused = invoke("run", "--dry", "--variant=cu128", "--recipe=ddp", env=geforce, timeout=300)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr and "+ " not in refused.stderr
+        assert (f"error: image {tag} sets NVIDIA_REQUIRE_CUDA cuda>=12.8 (from its base image), and driver 535.183.01 "
+                "supports CUDA 12.2; it admits this driver on other brands of GPU only, not on GPU 0 (NVIDIA GeForce "
+                "RTX 3090, brand=geforce), GPU 1 (NVIDIA GeForce RTX 3090, brand=geforce): the NVIDIA toolkit would "
+                "refuse to start it. --disable-require starts it (a CUDA 12 driver runs any CUDA 12 build: "
+                "docs/images.md), or use the plain image (`invoke build --variant=cu128`, without --devel)"
+                ) in refused.stderr, refused.stderr
+        given = invoke("run", "--dry", "--variant=cu128", "--recipe=ddp", "--disable-require", env=geforce,
+                       timeout=300)
+        assert given.returncode == 0 and "NVIDIA_DISABLE_REQUIRE=1" in _docker_run_line(given.stderr), given.stderr
+        tesla = invoke("run", "--dry", "--variant=cu128", "--recipe=ddp", timeout=300,
+                       env={**env, "DOCKYARD_NVML_REPLAY": str(hosts / "v100x2_535.json")})
+        assert tesla.returncode == 0 and "NVIDIA_DISABLE_REQUIRE" not in _docker_run_line(tesla.stderr), tesla.stderr
+    finally:
+        engine.run(engine.docker(settings, "rmi", "-f", tag), capture=True, check=False, quiet=True)

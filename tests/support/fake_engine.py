@@ -18,8 +18,9 @@ from dockyard import engine
 
 class FakeEngine:
     def __init__(self, tags: dict[str, str] | None = None, images: set[str] | None = None,
-                 container: Callable[[list[str]], int] | None = None):
+                 container: Callable[[list[str]], int] | None = None, configs: dict[str, dict] | None = None):
         self.tags = dict(tags or {})
+        self.configs = dict(configs or {})  # image id → its inspect's Config (Env, Labels)
         self.images = set(images or ()) | set(self.tags.values())
         self.container = container
         self.calls: list[list[str]] = []
@@ -58,7 +59,7 @@ class FakeEngine:
                     return 1, f"Error response from daemon: No such image: {ref}"
                 return 0, json.dumps([{"Id": image_id, "RepoTags": sorted(r for r, t in self.tags.items()
                                                                          if t == image_id),
-                                       "Config": {"Labels": {}}}])
+                                       "Config": self.configs.get(image_id, {"Labels": {}})}])
             case ["tag", source, target]:
                 image_id = self._id(source)
                 if image_id is None:

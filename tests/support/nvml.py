@@ -10,13 +10,21 @@ from types import SimpleNamespace
 
 from dockyard import gpus
 
+# nvidia/cuda:12.8.1's NVIDIA_REQUIRE_CUDA (a --devel cu128 build's), shortened to its 470, 535 and 550 driver
+# branches: CUDA 12.8, or one of those drivers on the brands it names (GeForce and TITAN are not among them)
+REQUIRE_CUDA_128 = "cuda>=12.8 " + " ".join(
+    f"brand={brand},driver>={branch},driver<{branch + 1}" for branch in (470, 535, 550)
+    for brand in ("unknown", "grid", "tesla", "nvidia", "quadro", "quadrortx", "nvidiartx", "vapps", "vpc", "vcs", "vws",
+                  "cloudgaming"))
+
 
 class NVMLError(Exception):
     pass
 
 
-def fake_pynvml(n=2, mig=False, util: list[float] | None = None):
-    """`n` Tesla T4s, each `util` percent busy (42 where not given), 1 GiB of 16 in use."""
+def fake_pynvml(n=2, mig=False, util: list[float] | None = None, brand: int = 14):
+    """`n` Tesla T4s, each `util` percent busy (42 where not given), 1 GiB of 16 in use, of NVML brand `brand`
+    (14, NVML_BRAND_NVIDIA: a T4's, as `nvidia-smi -q` says "Product Brand: NVIDIA" of one on driver 530)."""
     def p2p(a, b, index):
         if not isinstance(index, int):  # what ctypes does with (0,)
             raise ctypes.ArgumentError("argument 3: TypeError: wrong type")
@@ -34,6 +42,7 @@ def fake_pynvml(n=2, mig=False, util: list[float] | None = None):
         nvmlDeviceGetName=lambda h: b"Tesla T4", nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
         nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=16 * 2**30, used=2**30),
         nvmlDeviceGetCudaComputeCapability=lambda h: (7, 5), nvmlDeviceGetMigMode=lambda h: (int(mig), int(mig)),
+        nvmlDeviceGetBrand=lambda h: brand,
         nvmlSystemGetDriverVersion=lambda: "535.183.01", nvmlSystemGetCudaDriverVersion=lambda: 12020,
         nvmlDeviceGetUtilizationRates=utilisation, nvmlDeviceGetComputeRunningProcesses=lambda h: [])
 

@@ -33,6 +33,18 @@ def test_host_has_capability_and_mig_and_mig_sampling_goes_on():
     assert r.util is None and r.mem == 2**30  # utilisation not supported on MIG (unknown, not 0 %); memory still read
 
 
+@pytest.mark.parametrize(("brand", "said"), [(5, "geforce"), (2, "tesla"), (14, "nvidia"), (13, "nvidiartx"),
+                                             (19, "unknown")])  # a brand newer than dockyard: the toolkit's Unknown
+def test_each_gpus_brand_is_read_in_the_words_of_nvidia_require_cuda(brand, said):
+    """NVML's nvmlDeviceGetBrand (FAKE pynvml, no GPU here), named as brand= conditions name it; an NVML that cannot
+    say it leaves "" (may hold any brand=) and the other facts."""
+    assert [g.brand for g in gpus.Nvml(fake_pynvml(brand=brand), [0, 1]).host().gpus] == [said, said]
+    nv = fake_pynvml()
+    nv.nvmlDeviceGetBrand = lambda h: (_ for _ in ()).throw(NVMLError("Not Supported"))
+    g = gpus.Nvml(nv, [0]).host().gpus[0]
+    assert g.brand == "" and g.capability == "7.5"
+
+
 def test_a_recorded_mig_host_replays_its_utilisation_as_unknown_and_older_recordings_still_read():
     path = gpus.Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts" / "a100_mig_570.json"
     assert gpus.Recorded.from_file(path).sample()[0].util is None
@@ -41,7 +53,8 @@ def test_a_recorded_mig_host_replays_its_utilisation_as_unknown_and_older_record
     assert gpus.Recorded(gpus.Recording.model_validate_json(json.dumps(data))).sample()[0].util == 0.0
 
 
-@pytest.mark.parametrize("name", ["t4x2_535", "h100x8_580", "a100_mig_570", "l40sx2_550"])
+@pytest.mark.parametrize("name", ["t4x2_535", "h100x8_580", "a100_mig_570", "l40sx2_550", "rtx3090x2_535",
+                                  "v100x2_535"])
 def test_replay_file_replaces_nvml_for_read_host_and_facts(monkeypatch, name):
     path = gpus.Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts" / f"{name}.json"
     monkeypatch.setenv(gpus.REPLAY_ENV, str(path))
@@ -64,6 +77,7 @@ def test_record_writes_what_replay_reads(monkeypatch, tmp_path):
     monkeypatch.setenv(gpus.REPLAY_ENV, str(out))
     host, links = gpus.facts()
     assert host.driver == "535.183.01" and [g.capability for g in host.gpus] == ["7.5", "7.5"] and links[0].p2p
+    assert [g.brand for g in host.gpus] == ["nvidia", "nvidia"]
 
 
 def test_unreadable_replay_file_is_a_short_error(monkeypatch, tmp_path):

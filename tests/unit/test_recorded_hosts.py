@@ -463,3 +463,50 @@ def test_a_recording_of_a_gpu_whose_memory_nvml_could_not_read_replays(tmp_path,
     host, _ = gpus.facts()
     assert host.count == 1 and host.gpus[0].memory_bytes == 0
     assert "docker run" in dry_run(settings, capsys)
+
+
+@pytest.mark.parametrize(("host", "refused"), [("rtx3090x2_535", True), ("v100x2_535", False), ("t4x2_535", False),
+                                               ("t4x2_535_unbranded", False)])
+def test_a_devel_image_on_a_geforce_with_a_driver_its_requirement_names_for_other_brands_is_refused(
+        settings, capsys, monkeypatch, tmp_path, host, refused):
+    """nvidia/cuda:12.8's NVIDIA_REQUIRE_CUDA (a --devel cu128 build's) admits driver 535 on Tesla, NVIDIA and other
+    data-center brands, not on GeForce or TITAN. The brand was never read, so run --dry passed on a GeForce host and
+    docker's NVIDIA toolkit refused the container at start ("unsatisfied condition: cuda>=12.8"). NVML's brand (the
+    recording's: no GPU here) now decides it: the GeForce host is refused, naming its GPUs' brand and the ways out;
+    a Tesla host and a T4 (brand NVIDIA, the toolkit's Unknown) pass, and so does a recording without brands."""
+    from tests.support.fake_engine import FakeEngine
+    from tests.support.nvml import REQUIRE_CUDA_128
+
+    cu128 = variants.all_variants(settings)["cu128"]
+    tag = variants.tag(settings, cu128)
+    settings = FakeEngine({tag: f"sha256:{'d' * 64}"}, configs={f"sha256:{'d' * 64}": {
+        "Env": ["PATH=/usr/bin", f"NVIDIA_REQUIRE_CUDA={REQUIRE_CUDA_128}"],
+        "Labels": {"dockyard.variant": "cu128", "dockyard.cuda": "12.8", "dockyard.base": cu128.devel.base}}}
+    ).install(monkeypatch, settings)
+    recording = (HOSTS / f"{host.removesuffix('_unbranded')}.json").read_text()
+    if host.endswith("_unbranded"):  # as recordings made before the brand was read say it: not at all
+        recording = recording.replace(',\n    "brand": "nvidia"', "")
+        assert '"brand"' not in recording
+    (tmp_path / "host.json").write_text(recording)
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(tmp_path / "host.json"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if not refused:
+        assert "--gpus all" in dry_run(settings, capsys, variant="cu128")
+        return
+    with pytest.raises(DockyardError) as said:
+        dry_run(settings, capsys, variant="cu128")
+    assert str(said.value) == (
+        f"image {tag} sets NVIDIA_REQUIRE_CUDA cuda>=12.8 (from its base image), and driver 535.183.01 supports CUDA "
+        "12.2; it admits this driver on other brands of GPU only, not on GPU 0 (NVIDIA GeForce RTX 3090, "
+        "brand=geforce), GPU 1 (NVIDIA GeForce RTX 3090, brand=geforce): the NVIDIA toolkit would refuse to start it. "
+        "--disable-require starts it (a CUDA 12 driver runs any CUDA 12 build: docs/images.md), or use the plain image "
+        "(`invoke build --variant=cu128`, without --devel)")
+    assert "+ " not in capsys.readouterr().err  # refused before any command is printed
+    assert "--gpus all" in dry_run(settings, capsys, variant="cu128", disable_require=True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # one GPU given: that one is named
+    with pytest.raises(DockyardError, match=r"not on GPU 1 \(NVIDIA GeForce RTX 3090, brand=geforce\): the NVIDIA"):
+        dry_run(settings, capsys, variant="cu128")
+    checks = {c.name: c for c in doctor.check_variants(variants.all_variants(settings), gpus.read_host(),
+                                                        {}, images={"cu128": {"Config": {"Env": [
+                                                            f"NVIDIA_REQUIRE_CUDA={REQUIRE_CUDA_128}"]}}})}
+    assert checks["variant cu128"].status == doctor.WARN and "brand=geforce" in checks["variant cu128"].detail

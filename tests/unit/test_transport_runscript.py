@@ -36,13 +36,23 @@ image) if [ "$2" = ls ]; then  # the images FAKE_LOADED names, of the variant a 
 run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
 """
-# nvidia-smi as a node's driver shows it: its header (driver, CUDA version), its list (-L) of FAKE_GPU_COUNT GPUs;
-# with FAKE_SMI_ERROR, a driver that is installed but fails.
+# nvidia-smi as a node's driver shows it: its header (driver, CUDA version), its list (-L) of FAKE_GPU_COUNT GPUs,
+# its query (-q, of all GPUs or -i one) whose Product Brand lines say FAKE_BRANDS (one per GPU, as -q writes them:
+# "GeForce", "NVIDIA_RTX" for "NVIDIA RTX"; none where unset); with FAKE_SMI_ERROR, a driver that is installed but fails.
 FAKE_SMI = """#!/bin/sh
 [ -z "${FAKE_SMI_ERROR-}" ] || { printf '%s\\n' "$FAKE_SMI_ERROR"; exit 18; }
 case "${1-}" in
 -L) i=0
     while [ "$i" -lt "$FAKE_GPU_COUNT" ]; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i$i$i$i-uuid)"; i=$((i + 1)); done ;;
+-q) echo "==============NVSMI LOG=============="; echo "Attached GPUs                             : $FAKE_GPU_COUNT"
+    i=0
+    for brand in ${FAKE_BRANDS-}; do
+        if [ "${2-}" != -i ] || [ "$3" = "$i" ]; then
+            echo "GPU 00000000:0$i:00.0"; echo "    Product Name                          : a GPU"
+            echo "    Product Brand                         : $brand" | tr _ ' '
+        fi
+        i=$((i + 1))
+    done ;;
 '') echo "| NVIDIA-SMI $FAKE_DRIVER    Driver Version: $FAKE_DRIVER    CUDA Version: $FAKE_CUDA     |" ;;
 esac
 """
@@ -486,6 +496,39 @@ def test_run_sh_reads_nvidia_require_cuda_as_invoke_run_reads_it(node, driver, c
         assert proc.returncode == 1 and not argv and f"sets NVIDIA_REQUIRE_CUDA {said} (from" in proc.stderr, proc.stderr
     else:
         assert "--gpus" in argv, proc.stderr
+
+
+@pytest.mark.parametrize(("brands", "visible", "refused"), [
+    ("GeForce GeForce", "", True),       # nvidia/cuda:12.8 admits driver 535 on other brands only
+    ("Tesla Tesla", "", False),
+    ("NVIDIA NVIDIA", "", False),        # a T4, an H100: the toolkit calls NVIDIA "Unknown", which it admits
+    ("NVIDIA_RTX NVIDIA_RTX", "", False),
+    ("Tesla GeForce", "0", False),       # the toolkit holds the GPUs the container is given to it, no other
+    ("Tesla GeForce", "1", True),
+    ("N/A N/A", "", False),              # no brand said: may
+    ("", "", False),                     # no Product Brand line at all: may
+])
+def test_run_sh_holds_brand_conditions_against_the_brand_nvidia_smi_says(node, brands, visible, refused):
+    """run.sh took every brand= as may-hold: on a GeForce node with driver 535 it started a --devel cu128 image and
+    docker's NVIDIA toolkit refused it ("unsatisfied condition: cuda>=12.8"). nvidia-smi's --query-gpu has no field
+    for the brand; -q's "Product Brand" line says it, and run.sh now holds it against the image's requirement as invoke
+    run does (a stand-in nvidia-smi says the brands: no GPU here)."""
+    from tests.support.nvml import REQUIRE_CUDA_128
+
+    proc, argv = node("--run-id=b1", variant="cu128", gpus=2, FAKE_DRIVER="535.183.01", FAKE_CUDA="12.2",
+                      FAKE_REQUIRE=REQUIRE_CUDA_128, FAKE_BRANDS=brands, CUDA_VISIBLE_DEVICES=visible)
+    if not refused:
+        assert "--gpus" in argv, proc.stderr
+        return
+    assert proc.returncode == 1 and not argv and proc.stderr == (
+        "run.sh: image dockyard:0.1.0-cu128 sets NVIDIA_REQUIRE_CUDA cuda>=12.8 (from its base image), and driver "
+        "535.183.01 supports CUDA 12.2; it admits this driver on other brands of GPU only, not on this node's GPUs of "
+        "brand=geforce: the NVIDIA toolkit would refuse to start it. --disable-require starts it (a CUDA 12 driver runs "
+        "any CUDA 12 build), or load the cu128 image built without --devel (invoke build --variant=cu128, then invoke "
+        "save)\n")
+    proc, argv = node("--run-id=b2", "--disable-require", variant="cu128", gpus=2, FAKE_DRIVER="535.183.01",
+                      FAKE_CUDA="12.2", FAKE_REQUIRE=REQUIRE_CUDA_128, FAKE_BRANDS=brands, CUDA_VISIBLE_DEVICES=visible)
+    assert "NVIDIA_DISABLE_REQUIRE=1" in argv, proc.stderr
 
 
 def test_without_home_the_hugging_face_cache_is_never_a_folder_in_tmp(node, tmp_path):

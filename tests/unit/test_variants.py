@@ -5,6 +5,7 @@ import pytest
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Gpu, Host
 from dockyard.images import build, variants
+from tests.support.nvml import REQUIRE_CUDA_128
 
 H100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * 2**30)
 
@@ -301,7 +302,7 @@ REQUIRE_128 = ("cuda>=12.8 brand=unknown,driver>=470,driver<471 brand=tesla,driv
 
 @pytest.mark.parametrize(("driver", "cuda", "refused"), [
     ("530.30.02", "12.1", "cuda>=12.8"),   # no branch of it: the toolkit refuses, whatever the GPU
-    ("535.183.01", "12.2", ""),            # its 535 branch, on a Tesla: starts (NVML gives no brand here: may)
+    ("535.183.01", "12.2", ""),            # its 535 branch, on a GPU whose brand NVML did not say: may
     ("570.133.20", "12.8", ""),            # cuda>=12.8 holds
     ("545.23.08", "", ""),                 # CUDA version unread: cannot tell, not refused
 ])
@@ -321,3 +322,27 @@ def test_a_require_cuda_of_a_number_past_nine_digits_is_read_as_one_that_may_hol
     assert variants.require_refuses("cuda>=1" + "0" * 5000, host) == ""
     assert variants.require_refuses("cuda>=\u0661\u0663.\u0660", host) == ""
     assert variants.require_refuses("cuda>=999999999", host) == "cuda>=999999999"  # 9 digits: read
+
+
+@pytest.mark.parametrize(("brands", "refused"), [
+    (["tesla"], ""),                        # a V100: its brand is named
+    (["nvidia"], ""),                       # a T4, an H100 (NVML_BRAND_NVIDIA): the toolkit calls it Unknown
+    (["nvidiartx"], ""),                    # an RTX A6000: brand=nvidiartx, and Unknown to the toolkit
+    (["geforce"], "cuda>=12.8"),            # a GeForce on 535: docker's "unsatisfied condition: cuda>=12.8"
+    (["titan"], "cuda>=12.8"),
+    (["tesla", "geforce"], "cuda>=12.8"),   # the toolkit holds every GPU the container is given to it
+    ([""], ""),                             # a brand NVML did not say (a recording made before it was read): may
+])
+def test_a_brand_condition_is_held_against_each_gpus_brand_as_the_toolkit_names_it(brands, refused):
+    """A brand= was taken as may-hold, the GPU's brand never read: a GeForce on a 535 driver passed invoke run's
+    check and docker's NVIDIA toolkit then refused the devel image at start. NVML's brand now decides it, as
+    libnvidia-container does: its own name for the six brands it names, "unknown" for the rest (NVIDIA, NVIDIA RTX)."""
+    host = Host("535.183.01", "12.2", [Gpu(i, "GPU", 1 << 30, brand=b) for i, b in enumerate(brands)])
+    assert variants.require_refuses(REQUIRE_CUDA_128, host) == refused
+    assert [g.brand for g in variants.refused_for_brand(REQUIRE_CUDA_128, host)] == [b for b in brands if b in (
+        "geforce", "titan")]
+    assert variants.require_refuses("cuda>=12.8 brand!=GeForce,driver>=535", host) == (  # != and case as the toolkit
+        "cuda>=12.8" if "geforce" in brands else "")
+    old = Host("530.30.02", "12.1", host.gpus)  # no 530 branch on any brand: refused, and not for the brand
+    assert variants.require_refuses(REQUIRE_CUDA_128, old) == "cuda>=12.8" and not variants.refused_for_brand(
+        REQUIRE_CUDA_128, old)
