@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -25,6 +26,13 @@ def test_nvml_host_links_and_samples():
     assert all(0 <= r.util <= 100 and 0 < r.mem <= r.mem_total == g.memory_bytes
                for r, g in zip(readings, host.gpus, strict=True))
     assert doctor.check_gpus(host).status == doctor.PASS
+    # the brand NVIDIA_REQUIRE_CUDA's brand= is held against, as NVML says it and as run.sh reads it from nvidia-smi -q
+    # (its "Product Brand", lowercase, blanks out): the two must agree, or run.sh and invoke run decide apart
+    assert all(g.brand in gpus.NVML_BRANDS.values() for g in host.gpus), [g.brand for g in host.gpus]
+    said = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, timeout=60).stdout
+    smi = [ln.split(":", 1)[1].strip().lower().replace(" ", "") for ln in said.splitlines()
+           if ln.strip().startswith("Product Brand")]
+    assert smi == [g.brand for g in host.gpus], (smi, host.gpus)
 
 
 def test_monitor_samples_the_gpus(tmp_path):
