@@ -200,7 +200,8 @@ def _explaining(parse, name: str):
         try:
             parse(self)
         except ParseError as e:
-            raise ParseError(f"error: {shown(reworded(e, self.core.unparsed))}", e.context) from None
+            raise ParseError(f"error: {shown(reworded(e, self.core.unparsed, self.collection.task_names))}",
+                             e.context) from None
         if name == "parse_tasks" and (refused := invokes_own_flags(self) or empty_value(self)):
             raise ParseError(f"error: {shown(refused)}")
 
@@ -263,9 +264,10 @@ _NO_VALUE = re.compile(r"Flag <\w+: ([\w-]+)[^>]*> needed value")
 _UNKNOWN = re.compile(r"No idea what (['\"])(.*)\1 is!", re.S)
 
 
-def reworded(e: ParseError, argv: list[str]) -> str:
+def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -> str:
     """What an Invoke ParseError means, in the words of dockyard's errors: what was wrong and where help is. `argv`:
-    what the parser was given (Invoke reads `--dry=yes` as the switch, then a task named `yes`)."""
+    what the parser was given (Invoke reads `--dry=yes` as the switch, then a task named `yes`); `tasks`: the task
+    names, for a misspelt one."""
     said, task = str(e), getattr(e.context, "name", None)
     where = f"`invoke --help {task}` says what each flag takes" if task else "`invoke --list` lists the tasks"
     if m := _NO_VALUE.match(said):
@@ -280,24 +282,44 @@ def reworded(e: ParseError, argv: list[str]) -> str:
         if switch:
             return f"{switch} is a switch and takes no value: give {switch} alone ({where})"
         if token.startswith("-"):
-            return f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ({_override_hint(task, token) or where})"
+            near = _closest(token, getattr(e.context, "flags", {}))
+            return (f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ("
+                    f"{_override_hint(task, token) or (f'did you mean {near}? ' if near else '') + where})")
         if twice := _given_twice(argv, token):  # Invoke reads a flag's second value as a task
             return f"{twice} is given twice: give it once, as in {twice}={token}"
         if recipe := _a_recipe(token, argv):
             return f"no task named {token!r}: {recipe}"
-        return f"no task named {token!r} (`invoke --list` lists the tasks)"
+        # a word after a task is more often that task's argument than a second task: only the first is matched
+        near = "" if set(argv[:argv.index(token)] if token in argv else argv) & set(tasks) else _closest(token, tasks)
+        return f"no task named {token!r} ({f'did you mean {near}? ' if near else ''}`invoke --list` lists the tasks)"
     return f"{said} ({where})"
+
+
+def _closest(typed: str, names: typing.Iterable[str]) -> str:
+    """The name `typed` is most likely a slip of (`--varaint` of --variant, `doctr` of doctor), or "": the leading
+    dashes every flag shares would make any two flags look alike."""
+    import difflib
+
+    plain = {name.lstrip("-"): name for name in names}
+    near = difflib.get_close_matches(typed.partition("=")[0].lstrip("-"), list(plain), n=1, cutoff=0.8)
+    return plain[near[0]] if near else ""
 
 
 def _a_recipe(token: str, argv: list[str]) -> str:
     """Where a word Invoke took for a task names a recipe (`invoke run zero2`), how to give it."""
     from dockyard import ROOT
 
-    if not re.fullmatch(r"[\w-]+", token) or not (ROOT / "recipes" / token / "recipe.yaml").is_file():
+    if not re.fullmatch(r"[\w-]+", token):
         return ""
     before = argv[:argv.index(token)] if token in argv else argv
-    task = next((a for a in reversed(before) if a in _TAKES_OVERRIDES), "run")
-    return f"a recipe is given as a flag, as in `invoke {task} --recipe={token}`"
+    task = next((a for a in reversed(before) if a in _TAKES_OVERRIDES), None)
+    recipe = token if (ROOT / "recipes" / token / "recipe.yaml").is_file() else ""
+    if not recipe and task:  # a recipe misspelt, after a task that takes one (`invoke run lroa`)
+        from dockyard.common.recipes import closest_recipe
+
+        names = sorted(p.parent.name for p in (ROOT / "recipes").glob("*/recipe.yaml"))
+        recipe = closest_recipe(token, names).split(" ")[0]
+    return f"a recipe is given as a flag, as in `invoke {task or 'run'} --recipe={recipe}`" if recipe else ""
 
 
 def _override_hint(task: str | None, token: str) -> str:

@@ -226,7 +226,11 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
      "invoke run has no flag --max_steps (a trainer setting goes after a bare --, as in `invoke run --recipe=R -- "
      "--max_steps VALUE`)"),
     (["slurm", "--learning-rate=1e-4"], "goes after a bare --, as in `invoke slurm --recipe=R -- --learning_rate VALUE`"),
-    (["run", "--recipes=lora"], "invoke run has no flag --recipes (`invoke --help run`"),
+    # a newcomer's slips: a flag, a task or a recipe misspelt was refused without the name meant
+    (["run", "--recipes=lora"], "invoke run has no flag --recipes (did you mean --recipe? `invoke --help run`"),
+    (["run", "--varaint=cpu"], "invoke run has no flag --varaint (did you mean --variant? `invoke --help run`"),
+    (["doctr"], "no task named 'doctr' (did you mean doctor? `invoke --list`"),
+    (["run", "lroa"], "no task named 'lroa': a recipe is given as a flag, as in `invoke run --recipe=lora`"),
     (["plan", "--max_steps=3"], "invoke plan has no flag --max_steps (`invoke --help plan`"),
     (["run", "--dry=yes"], "--dry is a switch and takes no value"),
     (["run", "--dry="], "--dry is a switch and takes no value"),
