@@ -215,6 +215,17 @@ def export(c, run="", merge=False, out: Place = "", native=False, dry=False):
 
 
 @task
+def runs(c):
+    """List the runs in the runs folder, newest first: recipe, status, steps, loss, where each trained.
+
+    A run that stopped (status failed: an error, or interrupted) continues from its last checkpoint with
+    `invoke run --resume --run-id=ID`; a completed one is exported with `invoke export --run=ID`."""
+    from dockyard.launch import runs as runs_mod
+
+    runs_mod.list_runs(_settings(c))
+
+
+@task
 def recipes(c):
     """List the recipes, each with the one line that says when to pick it."""
     from dockyard.common import recipes as recipes_mod

@@ -231,18 +231,25 @@ def hold(run_dir: Path) -> int | None:
 
 def check_idle(run_dir: Path) -> None:
     """Refuse a run folder whose TRAINING_LOCK a process holds (`hold`), before anything starts; makes nothing."""
+    if training_now(run_dir):
+        raise DockyardError(f"--resume: {_training_now(run_dir)}")
+
+
+def training_now(run_dir: Path) -> bool:
+    """Whether a process holds the run folder's TRAINING_LOCK (`hold`) now; takes nothing, makes nothing."""
     try:
         fd = os.open(run_dir / TRAINING_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:  # none: no run took it; a link or a fifo: refused by the trainer's own `hold`
-        return
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise DockyardError(f"--resume: {_training_now(run_dir)}") from None
+        return True
     except OSError:  # a file system without locks (hold): nothing to tell
         pass
     finally:
         os.close(fd)
+    return False
 
 
 def _training_now(run_dir: Path) -> str:

@@ -11,4 +11,5 @@
   slurm      `invoke slurm`: an sbatch script
   k8s        `invoke k8s`: an Indexed Job + Service, and a Kubeflow TrainJob
   export     `invoke export`: a run's model as a plain Hugging Face folder
+  runs       `invoke runs`: the runs folder, one line per run
 """

@@ -45,7 +45,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if m is None:
         latest = runfolder.latest_runs(runs)
         raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run"
-                            + (f" (the newest: {', '.join(latest)})" if latest else ""))
+                            + (f" (the newest: {', '.join(latest)}; `invoke runs` lists them all)" if latest else ""))
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
     if m.status != "completed":  # said here, before an image starts to say it (the trainer's export checks it too)
         # a run that failed before its first checkpoint (a setting, its data) has nothing for --resume to continue

@@ -1,0 +1,64 @@
+"""`invoke runs`: the runs folder at a glance, one line per run, newest first.
+
+After a few runs the folder holds ids made from the time (lora-20261206-220013): which one completed, which one
+stopped and can be resumed, which loss it reached, was a `cat` of each manifest. Each manifest is read as the
+summary at the end of a run reads it (runfolder.read_manifest: untrusted, checked, never through a link).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from dockyard.common import runfolder
+from dockyard.common.errors import DockyardError, shown
+from dockyard.settings import Settings
+
+HEADER = ("run id", "recipe", "status", "steps", "loss first → last", "where", "last written")
+
+
+def list_runs(settings: Settings) -> None:
+    """Print the runs folder's runs, one line each, newest first, and what to do next with one. Plain columns, never
+    cut: a run id is what the next command takes, whole, however narrow the terminal."""
+    runs = settings.path(settings.runs_dir)
+    rows = [tuple(shown(cell) for cell in run_line(d)) for d in run_folders(runs)]  # a folder any container named
+    if not rows:
+        print(f"no runs in {runs} yet: `invoke run --recipe=lora` trains one (`invoke recipes` lists the others)")
+        return
+    print(f"runs in {runs}, newest first")
+    widths = [max(len(row[i]) for row in (HEADER, *rows)) for i in range(len(HEADER))]
+    for row in (HEADER, *rows):
+        cells = (cell.rjust(w) if i == 3 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+        print("  ".join(cells).rstrip())
+    print("`invoke export --run=ID` writes a completed run's model as a Hugging Face folder; "
+          "`invoke run --resume --run-id=ID` continues one that stopped")
+
+
+def run_folders(runs: Path) -> list[Path]:
+    """The run folders, newest first (the time their folder last changed); links are no run's folder."""
+    try:
+        found = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:  # no runs folder yet
+        return []
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def run_line(run_dir: Path) -> tuple[str, ...]:
+    """One run folder's row: run id, recipe, status, steps, loss first → last, where it trained, when its folder last
+    changed; from its manifest, or why there is none."""
+    written = dt.datetime.fromtimestamp(run_dir.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    if runfolder.training_now(run_dir):  # a resume's manifest is the attempt before's until this one ends
+        return run_dir.name, "", "training now", "", "", "", written
+    try:
+        m = runfolder.read_manifest(run_dir)
+    except DockyardError:  # a manifest a container damaged, or a run cut off while writing it: the others are listed
+        return run_dir.name, "", "unreadable manifest.json", "", "", "", written
+    if m is None:
+        return run_dir.name, "", "no manifest (stopped before it began?)", "", "", "", written
+    met = m.metrics
+    loss = (f"{met.loss_first:.4f} → {met.loss_last:.4f}" if met and met.loss_first is not None
+            and met.loss_last is not None else "")
+    where = "native" if m.variant in runfolder.NATIVE_VARIANTS else m.variant
+    return (run_dir.name, m.recipe, m.status, str(met.steps) if met and met.steps is not None else "", loss,
+            f"{where} ×{m.world_size}" if m.world_size else where, written)
+

@@ -1,0 +1,80 @@
+"""`invoke runs`: a newcomer's runs folder at a glance (the newcomer audit: after a few runs there was no command that
+listed them, `invoke runs` was "no task named 'runs'", and which one completed or could be resumed was a `cat` of
+each manifest). Each manifest is read as untrusted, as the run's own summary reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from dockyard.common import runfolder
+from tests.support.cli import invoke_here
+
+
+def _run(runs, name, age, **manifest):
+    folder = runs / name
+    folder.mkdir(parents=True)
+    if manifest:
+        (folder / "manifest.json").write_text(json.dumps({"run_id": name, "variant": "cpu", "world_size": 2,
+                                                          **manifest}))
+    return _aged(folder, age)
+
+
+def _aged(folder, age):
+    os.utime(folder, (1_800_000_000 - age, 1_800_000_000 - age))
+    return folder
+
+
+def _listed(runs):
+    r = invoke_here("runs", env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return r.stdout
+
+
+def test_the_runs_are_listed_newest_first_with_their_status_and_loss(tmp_path):
+    runs = tmp_path / "runs"
+    _run(runs, "lora-old", 300, recipe="lora", status="completed",
+         metrics={"steps": 50, "loss_first": 6.2327, "loss_last": 5.3215})
+    _run(runs, "zero2-stopped", 200, recipe="zero2", status="failed", metrics={"steps": 20})
+    _run(runs, "ddp-native", 100, recipe="ddp", status="completed", variant="native",
+         metrics={"steps": 5, "loss_first": 6.0, "loss_last": 5.9})
+    _run(runs, "empty", 50)  # stopped before the trainer wrote anything
+    damaged = _run(runs, "damaged", 10)
+    (damaged / "manifest.json").write_text('{"run_id": "damaged", "status": "compl')  # cut off as it was written
+    _aged(damaged, 10)
+    out = _listed(runs)
+    lines = out.splitlines()
+    order = [next(i for i, line in enumerate(lines) if line.startswith(name + " "))
+             for name in ("damaged", "empty", "ddp-native", "zero2-stopped", "lora-old")]
+    assert order == sorted(order), out
+    row = {line.split()[0]: line for line in lines}
+    assert "lora" in row["lora-old"] and "completed" in row["lora-old"] and "6.2327 → 5.3215" in row["lora-old"]
+    assert "failed" in row["zero2-stopped"] and " 20 " in row["zero2-stopped"]
+    assert "native" in row["ddp-native"]
+    assert "no manifest" in row["empty"]
+    assert "unreadable" in row["damaged"]
+    # the ids whole, whatever the width, and what to do next with one
+    assert "invoke run --resume --run-id=ID" in out and "invoke export --run=ID" in out
+
+
+def test_a_run_training_now_says_so(tmp_path):
+    folder = _run(tmp_path / "runs", "zero2-now", 0)
+    fd = runfolder.hold(folder)  # as the trainer holds it while it trains
+    try:
+        assert "training now" in _listed(tmp_path / "runs")
+    finally:
+        os.close(fd)
+
+
+def test_what_a_container_wrote_reaches_the_terminal_escaped(tmp_path):
+    runs = tmp_path / "runs"
+    _run(runs, "evil\x1b[2J", 0)
+    _run(runs, "planted", 5, recipe="lora\x1b[31m", status="completed")
+    out = _listed(runs)
+    assert "\x1b" not in out and "evil\\x1b[2J" in out
+    assert "unreadable" in next(line for line in out.splitlines() if line.startswith("planted"))
+
+
+def test_no_runs_yet_says_how_to_make_one(tmp_path):
+    out = _listed(tmp_path / "nothing-here")
+    assert "no runs in" in out and "invoke run --recipe=" in out
