@@ -69,6 +69,8 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
                             "(makes it with debootstrap) or set base_image_cpu in invoke.yaml")
     if need_wheels:
         download_wheelhouse(settings, variant)
+    ref = variants.tag(settings, variant)
+    before = engine.image_inspect(settings, ref)
     tracker = _StepTracker()
     with _only_build_of(context):
         shutil.rmtree(context, ignore_errors=True)
@@ -76,14 +78,17 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
         try:
             with tracker.heartbeat():
                 for argv, env in plan.steps:
-                    engine.run(argv, env=env, on_line=tracker, what=f"building {variants.tag(settings, variant)}")
+                    engine.run(argv, env=env, on_line=tracker, what=f"building {ref}")
         except DockyardError as e:
             raise DockyardError(f"{tracker.failure()}\n{e}") from None
         finally:
             shutil.rmtree(context, ignore_errors=True)
-    ref = variants.tag(settings, variant)
     info = engine.image_inspect(settings, ref)
-    print(f"built {ref} ({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
+    if before and before.get("Id") == info["Id"]:  # "built" read as if it had been made again, minutes of it
+        print(f"{ref} is up to date: every step came from the build cache, the image is the one built before "
+              f"({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
+    else:
+        print(f"built {ref} ({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
     return ref
 
 

@@ -26,6 +26,8 @@ def test_a_rebuild_with_nothing_changed_is_the_same_image(settings, cpu_image):
     drop_context_copies(settings)
     after = engine.image_inspect(settings, cpu_image)
     assert after["Id"] == before["Id"], "a rebuild from the cache is the image it was"
+    # and says so: a newcomer read "built dockyard:0.1.0-cpu" as a new image, made again
+    assert f"{cpu_image} is up to date" in r.stdout and "\nbuilt " not in r.stdout, r.stdout[-2000:]
     assert after["Config"]["Labels"]["org.opencontainers.image.created"] == build.build_time()  # the commit's
 
 
