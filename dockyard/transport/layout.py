@@ -29,6 +29,15 @@ LOADER_TEMPLATE = Path(__file__).parent / "load.sh"
 MANIFEST_LIMIT, SUMS_LIMIT, SIGNATURE_LIMIT = 16 * MiB, 64 * 1024, 64 * 1024
 
 
+def archives_in(folder: Path, most: int = 3) -> list[str]:
+    """The names of the archives in `folder` (those `invoke save` writes, by their suffix), at most `most`."""
+    try:
+        names = sorted(p.name for p in folder.iterdir() if p.name.endswith(tuple(SUFFIXES.values())) and p.is_file())
+    except OSError:
+        return []
+    return names[:most]
+
+
 @dataclass(frozen=True)
 class ArchivePaths:
     """The files of one archive: `<base><suffix>` and its companions in the same folder."""
@@ -41,8 +50,13 @@ class ArchivePaths:
         for suffix in SUFFIXES.values():
             if name.endswith(suffix):
                 return name[: -len(suffix)]
-        raise DockyardError(f"{self.archive} is not an image archive: expected a name ending in "
-                            + ", ".join(SUFFIXES.values()))
+        # `--file=images/dist`, the folder the save printed, or load.sh beside the archive: name the archive(s) there
+        folder = self.archive if self.archive.is_dir() else self.archive.parent
+        found = archives_in(folder)
+        raise DockyardError(f"{self.archive} is {'a folder, ' if folder is self.archive else ''}not an image archive: "
+                            f"expected a name ending in {', '.join(SUFFIXES.values())}"
+                            + (f"; {'it' if folder is self.archive else 'its folder'} holds "
+                               f"{', '.join(str(folder / name) for name in found)}" if found else ""))
 
     @property
     def method(self) -> str:

@@ -202,6 +202,16 @@ def test_a_file_of_the_set_that_is_a_folder_is_one_error_line(tmp_path, which):
             run()
 
 
+def test_the_folder_of_an_archive_given_for_it_names_the_archive(tmp_path):
+    """The newcomer audit: `invoke load --file=images/dist` (the folder the save printed), or load.sh beside the
+    archive, was "not an image archive: expected a name ending in ..." with no word of the archive sitting there."""
+    paths = make_set(tmp_path)
+    write_loader(tmp_path)
+    for wrong in (tmp_path, tmp_path / "load.sh"):
+        with pytest.raises(DockyardError, match=f"not an image archive: .* holds {paths.archive}$"):
+            load_mod.load(Settings(), str(wrong))
+
+
 def test_a_sign_key_that_is_no_key_is_refused_before_the_save(tmp_path, monkeypatch):
     """`--sign=FOLDER` (or a file of anything) was refused by ssh-keygen after the whole save had run; real keys,
     private and public, are taken."""
