@@ -25,6 +25,7 @@ from dockyard.images import variants
 from dockyard.launch import caches, node, preflight, scriptwords
 from dockyard.launch import run as launch_run
 from dockyard.launch.inputs import INPUTS
+from dockyard.launch.runs import newest_runs
 from dockyard.settings import ROOT, Settings
 
 OUT = "/workspace/export"
@@ -43,9 +44,8 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     run_dir = runs / run
     m = runfolder.read_manifest(run_dir) if run_dir.is_dir() or run_dir.is_symlink() else None
     if m is None:
-        latest = runfolder.latest_runs(runs)
-        raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run"
-                            + (f" (the newest: {', '.join(latest)}; `invoke runs` lists them all)" if latest else ""))
+        raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run "
+                            f"({newest_runs(runs)})")
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
     if m.status != "completed":  # said here, before an image starts to say it (the trainer's export checks it too)
         # a run that failed before its first checkpoint (a setting, its data) has nothing for --resume to continue

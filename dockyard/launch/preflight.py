@@ -81,6 +81,7 @@ from dockyard.common.units import GIB
 from dockyard.images.variants import Variant
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
+from dockyard.launch.runs import newest_runs
 from dockyard.settings import Settings
 
 T = TypeVar("T")
@@ -89,10 +90,8 @@ T = TypeVar("T")
 def check_resume(settings: Settings, resume: bool, run_id: str) -> None:
     """`--resume` names the run folder it continues."""
     if resume and not run_id:
-        runs = settings.path(settings.runs_dir)
-        latest = runfolder.latest_runs(runs)
-        offer = f"the newest in {runs}: {', '.join(latest)}" if latest else f"`ls {runs}`"
-        raise DockyardError(f"--resume needs --run-id: the run folder to continue ({offer})")
+        raise DockyardError(f"--resume needs --run-id: the run folder to continue "
+                            f"({newest_runs(settings.path(settings.runs_dir))})")
 
 
 def trained_where(run_dir: Path, node_rank: int) -> bool | None:

@@ -26,6 +26,7 @@ from dockyard.images import build, variants
 from dockyard.images.variants import Variant
 from dockyard.launch import caches, inputs, monitor, multinode, node, preflight, scriptwords
 from dockyard.launch.node import CPU_NPROC, Rendezvous
+from dockyard.launch.runs import newest_runs
 from dockyard.settings import ROOT, Settings
 
 DEFAULT_RECIPE = "zero2"  # a new run's, when --recipe is not given
@@ -478,7 +479,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     d = runs / run_id
     if resume:
         if not d.is_dir() and not d.is_symlink():
-            raise DockyardError(f"--resume: no run folder {d} to resume")
+            raise DockyardError(f"--resume: no run folder {d} to resume ({newest_runs(runs)})")
         runfolder.check(d)  # a link planted in it (monitor.json -> ~/.bashrc) is refused before anything runs
     elif node_rank == 0 and d.exists() and any(not runfolder.OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run{_never_trained(d)}: pick another --run-id, or add "

@@ -34,6 +34,13 @@ def list_runs(settings: Settings) -> None:
           "`invoke run --resume --run-id=ID` continues one that stopped")
 
 
+def newest_runs(runs: Path) -> str:
+    """What an error missing a run id offers: the newest ids, and where to see them all."""
+    latest = runfolder.latest_runs(runs)
+    return (f"the newest in {runs}: {', '.join(latest)}; `invoke runs` lists them all" if latest else
+            f"{runs} holds no run yet")
+
+
 def run_folders(runs: Path) -> list[Path]:
     """The run folders, newest first (the time their folder last changed); links are no run's folder."""
     try:

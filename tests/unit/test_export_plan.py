@@ -72,8 +72,8 @@ def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
     (run / "export").mkdir()
     with pytest.raises(DockyardError, match="already exists"):
         export.export(s, run="r1", dry=True)
-    with pytest.raises(DockyardError, match=r"no run 'nope' in .*: give the id of a completed run \(the newest: r1; "
-                                               r"`invoke runs` lists them all\)"):
+    with pytest.raises(DockyardError, match=r"no run 'nope' in .*: give the id of a completed run \(the newest in "
+                                               r".*: r1; `invoke runs` lists them all\)"):
         export.export(s, run="nope", dry=True)
     m, _ = _run(tmp_path / "b", inputs={"model": {"path": str(tmp_path / "gone"), "inside": "/workspace/inputs/model",
                                                   "sha256": "0" * 64}})

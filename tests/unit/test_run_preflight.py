@@ -517,7 +517,10 @@ def test_resume_needs_the_run_id(env):
         _finished_run(runs, name, "ddp")
         os.utime(runs / name, (1e9 + i, 1e9 + i))
     refused(dry(env, "--resume"), f"--resume needs --run-id: the run folder to continue (the newest in {runs}: "
-                                  "newest, newer, old)")
+                                  "newest, newer, old; `invoke runs` lists them all)")
+    # a run id that names no folder (mistyped) offers them too
+    refused(dry(env, "--resume", "--run-id=nwest"), f"--resume: no run folder {runs / 'nwest'} to resume (the newest "
+                                                   f"in {runs}: newest, newer, old; `invoke runs` lists them all)")
 
 
 def _finished_run(runs, run_id, recipe, native=False):
