@@ -571,6 +571,11 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [p for p in checkpoints_started(run_dir) if (p / COMPLETE).is_file()]
 
 
+# folders of the runs folder that tasks other than `invoke run` write (dockyard.launch.slurm, k8s, run.shell): no run's
+TOOL_FOLDERS = {"slurm": "the sbatch scripts of `invoke slurm`", "k8s": "the manifests of `invoke k8s`",
+                "shell": "the files of `invoke shell` sessions"}
+
+
 def latest_runs(runs: Path, count: int = 3) -> list[str]:
     """The ids of the runs folder's newest runs (those holding a manifest), newest first: what an error missing one
     offers."""

@@ -459,8 +459,6 @@ def not_a_run_id(run_id: str) -> str:
     if len(run_id) > RUN_ID_CHARS and RUN_ID.fullmatch(run_id[:RUN_ID_CHARS]):
         return f"{shown} is {len(run_id):,} characters: use at most {RUN_ID_CHARS}"
     return f"{shown}: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most {RUN_ID_CHARS}"
-# folders of the runs folder that tasks other than `invoke run` write (dockyard.launch.slurm, dockyard.launch.k8s)
-TOOL_FOLDERS = {"slurm": "the sbatch scripts of `invoke slurm`", "k8s": "the manifests of `invoke k8s`"}
 
 
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
@@ -473,8 +471,8 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     if why := not_a_run_id(run_id):
         # It names the container too (dockyard-<run-id>): docker's rule, checked before anything is made.
         raise DockyardError(f"--run-id {why} (it names the run folder and the container)")
-    if run_id in TOOL_FOLDERS:
-        raise DockyardError(f"--run-id {run_id}: the runs folder's {run_id}/ holds {TOOL_FOLDERS[run_id]}, not a run: "
+    if run_id in runfolder.TOOL_FOLDERS:
+        raise DockyardError(f"--run-id {run_id}: the runs folder's {run_id}/ holds {runfolder.TOOL_FOLDERS[run_id]}, not a run: "
                             "pick another --run-id")
     d = runs / run_id
     if resume:

@@ -7,7 +7,9 @@ summary at the end of a run reads it (runfolder.read_manifest: untrusted, checke
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import stat
 from pathlib import Path
 
 from dockyard.common import runfolder
@@ -42,18 +44,26 @@ def newest_runs(runs: Path) -> str:
 
 
 def run_folders(runs: Path) -> list[Path]:
-    """The run folders, newest first (the time their folder last changed); links are no run's folder."""
+    """The run folders, newest first (the time their folder last changed); links are no run's folder, nor the
+    folders other tasks write there (runfolder.TOOL_FOLDERS), nor one removed while they are read."""
+    found = []
     try:
-        found = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()]
+        for p in runs.iterdir():
+            with contextlib.suppress(OSError):
+                if p.name not in runfolder.TOOL_FOLDERS and stat.S_ISDIR((st := p.lstat()).st_mode):
+                    found.append((st.st_mtime, p))
     except OSError:  # no runs folder yet
         return []
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    return [p for _, p in sorted(found, key=lambda found: found[0], reverse=True)]
 
 
 def run_line(run_dir: Path) -> tuple[str, ...]:
     """One run folder's row: run id, recipe, status, steps, loss first → last, where it trained, when its folder last
     changed; from its manifest, or why there is none."""
-    written = dt.datetime.fromtimestamp(run_dir.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    try:
+        written = dt.datetime.fromtimestamp(run_dir.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    except OSError:  # removed since the folder was read
+        return run_dir.name, "", "removed while listed", "", "", "", ""
     if runfolder.training_now(run_dir):  # a resume's manifest is the attempt before's until this one ends
         return run_dir.name, "", "training now", "", "", "", written
     try:

@@ -1320,10 +1320,10 @@ def test_a_data_folder_of_two_formats_is_refused_by_the_host_and_by_the_trainer(
     assert len(data.read_rows(folder)) == 1 + STEP
 
 
-@pytest.mark.parametrize("name", ["slurm", "k8s"])
+@pytest.mark.parametrize("name", ["slurm", "k8s", "shell"])
 def test_a_run_id_naming_the_folder_of_invoke_slurm_or_k8s_is_refused(env, tmp_path, name):
-    """runs/slurm/ and runs/k8s/ hold what `invoke slurm` and `invoke k8s` write: a run there would mix with them
-    (and `already holds a run` would call their scripts a run)."""
+    """runs/slurm/, runs/k8s/ and runs/shell/ hold what `invoke slurm`, `invoke k8s` and `invoke shell` write: a run
+    there would mix with them (and `already holds a run` would call their scripts a run)."""
     r = dry(env, f"--run-id={name}")
     refused(r, f"--run-id {name}: the runs folder's {name}/ holds the ")
     assert "pick another --run-id" in r.stderr and not (tmp_path / "runs" / name).exists()

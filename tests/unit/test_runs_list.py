@@ -39,6 +39,8 @@ def test_the_runs_are_listed_newest_first_with_their_status_and_loss(tmp_path):
     _run(runs, "ddp-native", 100, recipe="ddp", status="completed", variant="native",
          metrics={"steps": 5, "loss_first": 6.0, "loss_last": 5.9})
     _run(runs, "empty", 50)  # stopped before the trainer wrote anything
+    for tool in ("slurm", "k8s", "shell"):  # what invoke slurm, k8s and shell write there: no run's
+        _run(runs, tool, 0)
     damaged = _run(runs, "damaged", 10)
     (damaged / "manifest.json").write_text('{"run_id": "damaged", "status": "compl')  # cut off as it was written
     _aged(damaged, 10)
@@ -53,6 +55,7 @@ def test_the_runs_are_listed_newest_first_with_their_status_and_loss(tmp_path):
     assert "native" in row["ddp-native"]
     assert "no manifest" in row["empty"]
     assert "unreadable" in row["damaged"]
+    assert not {"slurm", "k8s", "shell"} & set(row), out
     # the ids whole, whatever the width, and what to do next with one
     assert "invoke run --resume --run-id=ID" in out and "invoke export --run=ID" in out
 
