@@ -269,8 +269,13 @@ def claim(folder: Path, marker: str | None = None) -> None:
             folder.mkdir(exist_ok=True)
             dfd = _open_folder(folder)
             try:
-                os.close(os.open(_plain(marker), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 0o666, dir_fd=dfd))
+                fd = os.open(_plain(marker), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o666, dir_fd=dfd)
+                mine, made_by = os.fstat(fd).st_uid, os.fstat(dfd).st_uid
+                os.close(fd)
+                if made_by != mine:  # by the marker's owner: this process as the file system sees it (NFS squashes)
+                    _unlink(marker, dfd)
+                    raise DockyardError(_others_folder(folder, made_by))
             finally:
                 os.close(dfd)
     except FileExistsError:
@@ -278,6 +283,15 @@ def claim(folder: Path, marker: str | None = None) -> None:
                             "it at the same moment): pick another --run-id, or add --resume to continue it") from None
     except OSError as e:  # a runs folder this user cannot write, a read-only file system
         raise DockyardError(f"cannot make the run folder {folder}: {e.strerror or e}; {RUNS_FIX}") from None
+
+
+def _others_folder(folder: Path, uid: int) -> str:
+    """A run folder of several nodes that another user made before node 0 claimed it (a shared runs folder, an id
+    known ahead: a job script's): its owner may rename and replace any file a run writes there, the checkpoints a
+    resume loads among them."""
+    return (f"run folder {folder} was made by another user (uid {uid}), who can replace what a run writes in it (its "
+            "checkpoints among them): pick another --run-id, or remove that folder first where it is a leftover of "
+            "yours")
 
 
 RUNS_FIX = "set the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR) to a folder you can write"

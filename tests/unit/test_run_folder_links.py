@@ -213,6 +213,31 @@ def test_of_runs_claiming_one_folder_at_once_exactly_one_gets_it(tmp_path, marke
         (folder / "manifest-node1.json").read_text()  # the losers deleted nothing
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a folder of another user's is made (chown) only as root")
+def test_node_0_does_not_claim_a_run_folder_another_user_made(tmp_path, monkeypatch):
+    """A shared runs folder (mode 1777): another user made runs/job7 (mode 0777) before a run of two nodes with that
+    --run-id started, and node 0 claimed it and trained there, in a folder whose owner may replace every file the run
+    writes (its checkpoints, which a resume loads). Refused now, leaving nothing there; the user's own folder (node 1
+    made it first) is claimed as before."""
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o1777)
+    theirs = runs / "job7"
+    theirs.mkdir()
+    theirs.chmod(0o777)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(DockyardError) as e:
+        runfolder.claim(theirs, runfolder.CLAIM)
+    assert str(e.value) == (f"run folder {theirs} was made by another user (uid 65534), who can replace what a run "
+                            "writes in it (its checkpoints among them): pick another --run-id, or remove that folder "
+                            "first where it is a leftover of yours")
+    assert os.listdir(theirs) == []
+    mine = runs / "job8"
+    mine.mkdir()
+    (mine / "manifest-node1.json").write_text("{}")
+    runfolder.claim(mine, runfolder.CLAIM)
+    assert (mine / runfolder.CLAIM).is_file()
+
+
 def test_a_failed_run_is_reported_from_its_manifest_whatever_it_holds(tmp_path, capsys):
     run = tmp_path / "r1"
     run.mkdir()
