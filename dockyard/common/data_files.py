@@ -126,7 +126,7 @@ def not_an_object(line: str) -> str:
     except _Twice as e:  # `datasets`: "JSON parse error: Column(/text) was specified twice in row 0"
         return TWICE.format(e.args[0])
     if isinstance(value, dict):
-        return ""
+        return lone_surrogate(line, value)
     return f"{json_kind(value)}, not an object; each line must be one JSON object"
 
 
@@ -233,15 +233,43 @@ _NO_VALUE = Document(False, None, None, None, "")  # JSON Lines, or no JSON: rea
 TWICE = "names the field {} twice in one object: name each field once"
 
 
-def named_twice_in(line: str) -> str:
-    """Why a JSON Lines line names a field twice (TWICE), "" where it does not or is no JSON (its own refusal)."""
+def datasets_refuses(line: str) -> str:
+    """Why a JSON Lines line names a field twice (TWICE) or holds half a surrogate pair (lone_surrogate), "" where it
+    does not or is no JSON (its own refusal)."""
     try:
-        loads(line, object_pairs_hook=_once)
+        return lone_surrogate(line, loads(line, object_pairs_hook=_once))
     except _Twice as e:
         return TWICE.format(e.args[0])
     except ValueError:
         pass
     return ""
+
+
+# `datasets` (pyarrow): "JSON parse error: The surrogate pair in string is invalid. in row 30", of no line or fix,
+# once the image had started; Python's json takes the escape as a character of its own, which is no character
+LONE = ("a \\u{:04x} escape, half of a UTF-16 surrogate pair without its other half (no character: a text cut inside "
+        "an emoji, or a tool that escaped it wrongly): write the character itself, or both halves of its pair")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(line: str, value: Any) -> str:
+    """Why a JSON Lines line whose JSON `value` was read from `line` is refused for a lone surrogate escape (LONE), ""
+    where it holds none: json reads a pair whole, so any surrogate left in a string (or a field's name) is alone."""
+    if not _SURROGATE_ESCAPE.search(line):  # the rare line: nearly every one is passed over here
+        return ""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo += [*v.keys(), *v.values()]
+        elif isinstance(v, list):
+            todo += v
+        elif isinstance(v, str) and (half := _SURROGATE.search(v)):
+            return LONE.format(ord(half[0]))
+    return ""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Twice(Exception):
@@ -577,7 +605,7 @@ def _json_lines_rows(path: Path, lines: Iterator[str]) -> Iterator[int]:
         if text := line.strip():
             if text.startswith("["):  # an array over lines, or of objects on one: not counted here
                 raise _Uncounted
-            if twice := named_twice_in(text):  # numbered as data._bad_json_line numbers it
+            if twice := datasets_refuses(text):  # numbered as data._bad_json_line numbers it
                 raise DockyardError(f"cannot read {path}:{n}: {twice}")
             yield 1 + len(_MORE_OBJECTS.findall(text))
 
@@ -609,8 +637,11 @@ def csv_header(path: Path) -> list[str] | None:
     trainer says what it finds there."""
     if said := another_kind(path):  # its bytes were read as the header's field names
         raise DockyardError(said)
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         head = f.readline(FIRST_LINE_LIMIT)
+    if said := not_utf8_in(path, head, 1):  # was "cannot tell the format from its fields (t\ufffdxt): rename them"
+        raise DockyardError(said)
+    head = head.removeprefix("\ufeff")
     if head.count('"') % 2:
         return None
     try:

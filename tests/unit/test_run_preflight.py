@@ -253,7 +253,8 @@ def test_a_line_the_host_counts_is_refused_as_the_trainer_refuses_it(env, tmp_pa
     """A line past the first that is not UTF-8 (a Latin-1 é), or a JSON object naming a field twice, passed the host,
     which read it while counting a step of examples, and the trainer refused it once the image had started. The host
     refuses it now in the trainer's words (its data.load, in this process), naming the line and byte as the trainer
-    does (a first line after a BOM named the byte 3 before it); a line past a step's worth is still not read."""
+    does (a first line after a BOM named the byte 3 before it); a line past a step's worth is still not read. A .csv
+    header that is not UTF-8 and a line holding half a surrogate pair (\\ud83d) likewise."""
     from transformers import AutoTokenizer
 
     from dockyard.common.errors import DockyardError
@@ -269,14 +270,21 @@ def test_a_line_the_host_counts_is_refused_as_the_trainer_refuses_it(env, tmp_pa
             ("latin.csv", b'text\na\n"b\nc"\ncaf\xe9\n' + a_step_of("d").encode(), ":5 (byte 0xe9 at column 4)"),
             ("latin.json", b'[{"text": "a"},\n {"text": "caf\xe9"}' + b', {"text": "d"}' * STEP + b"]\n",
              ":2 (byte 0xe9 at column 15)"),
-            ("bom.jsonl", b'\xef\xbb\xbf{"text": "caf\xff"}\n' + step, ":1 (byte 0xff at column 17)")):  # a BOM's 3 bytes
+            ("bom.jsonl", b'\xef\xbb\xbf{"text": "caf\xff"}\n' + step, ":1 (byte 0xff at column 17)"),  # a BOM's 3 bytes
+            # a header saved as Latin-1, or UTF-16 (a spreadsheet's "Unicode text"): "cannot tell the data format from
+            # its fields (compl\ufffdtion, prompt); rename them", or of ��t\x00e\x00x\x00t\x00
+            ("latin_header.csv", b"prompt,compl\xe9tion\nq,a\n", ":1 (byte 0xe9 at column 13)"),
+            # half a surrogate pair: pyarrow's "The surrogate pair in string is invalid. in row 0", no line, no fix
+            ("half.jsonl", b'{"text": "a"}\n{"text": "an emoji cut \\ud83d"}\n' + step,
+             ":2: a \\ud83d escape, half of a UTF-16 surrogate pair without its other half"),
+            ("utf16.csv", "text\na\n".encode("utf-16"), ":1 (byte 0xff at column 1)")):
         given = tmp_path / name
         given.write_bytes(text)
         with pytest.raises(DockyardError) as trainer:
             data.load(RunSettings(data=str(given)), tok, seed=42)
         assert str(trainer.value).startswith(f"cannot read {given}{where}"), trainer.value  # its line, its byte
         refused(dry(env, f"--data={given}"), f"error: {trainer.value}")
-        if name not in ("latin.json", "bom.jsonl"):  # read a step or not: an array whole, a first line
+        if name not in ("latin.json", "bom.jsonl", "latin_header.csv", "utf16.csv"):  # an array whole, a first line
             assert dry(env, "--nproc=1", f"--data={given}", "--", "--global_batch", "1").returncode == 0, \
                 f"{name}: read past the step of one example"
 
