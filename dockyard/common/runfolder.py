@@ -28,6 +28,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -504,22 +505,23 @@ class RunManifest(_Loose):
     error: str | None = None
 
 
-def read_manifest(folder: Path, name: str = MANIFEST) -> RunManifest | None:
-    """The run's manifest, checked; None when the run wrote none."""
+def read_manifest(folder: Path, name: str = MANIFEST, fix: str = "") -> RunManifest | None:
+    """The run's manifest, checked; None when the run wrote none. `fix`: what the refusal of one that is no manifest
+    (cut short, another program's) tells the user to do."""
     text = read_text(folder, name, MANIFEST_LIMIT)
     if text is None:
         return None
     try:
-        return parse_manifest(loads(text), folder / name)
+        return parse_manifest(loads(text), folder / name, fix)
     except ValueError as e:  # json.JSONDecodeError
-        raise DockyardError(f"{folder / name} is not valid JSON ({e}): not a manifest the trainer wrote") from None
+        raise DockyardError(f"{folder / name} is not valid JSON ({e}): not a manifest the trainer wrote{fix}") from None
 
 
-def parse_manifest(raw: object, where: Path | str) -> RunManifest:
+def parse_manifest(raw: object, where: Path | str, fix: str = "") -> RunManifest:
     try:
         return RunManifest.model_validate(raw)
     except ValidationError as e:
-        raise DockyardError(f"{where} is not a manifest the trainer writes ({problems(e, 'manifest')})") from None
+        raise DockyardError(f"{where} is not a manifest the trainer writes ({problems(e, 'manifest')}){fix}") from None
 
 
 # --- below: opening by name, never through a link -------------------------------------------------------
@@ -637,8 +639,10 @@ def records_for(run_dir: Path, node_rank: int) -> Iterator[tuple[str, RunManifes
     """The run's records a node's --resume may read (record_names), each with its file's name, best first. Another
     node's that is no manifest is passed over: only the fallback, not this node's to refuse."""
     for name in record_names(run_dir, node_rank):
-        try:
-            m = read_manifest(run_dir, name)
+        path = shlex.quote(str(run_dir / name))
+        try:  # was refused without a way on: "... is not valid JSON (...): not a manifest the trainer wrote"
+            m = read_manifest(run_dir, name, f"; move it aside (mv {path} {path}.broken) and resume again, as a node "
+                                             "that wrote no record (--resume then says what to give)")
         except DockyardError:
             if name in (manifest_file(node_rank), MANIFEST):
                 raise

@@ -1294,6 +1294,29 @@ def test_a_node_resumed_after_it_was_lost_is_not_given_another_nodes_inputs_as_i
     refused(r, f"--resume: run m1 read data {data}, and a resume mounts what its command names: give it again: ")
 
 
+def test_a_nodes_record_cut_short_is_refused_with_the_way_on(env, tmp_path, monkeypatch):
+    """Both nodes lost, node 1's manifest-node1.json cut short (a copy interrupted, a disk that filled): node 1's
+    `invoke run --resume` said "... is not valid JSON (...): not a manifest the trainer wrote", and no more. It says
+    what to do now; done, the resume goes on as one of a node that wrote no record (node 0's manifest.json read)."""
+    from dockyard.launch import multinode
+
+    folder, data = _node_1s_record(tmp_path, "m2", "zero2", "out of GPU memory at micro-batch 8")
+    record = folder / "manifest-node1.json"
+    (folder / "manifest.json").write_text(record.read_text().replace('"node_rank": 1', '"node_rank": 0'))
+    record.write_text(record.read_text()[:40])
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.2"})
+    resume = ("--resume", "--run-id=m2", "--nodes=2", "--master-addr=198.18.0.1", "--node-rank=1")
+    r = dry(env, *resume)
+    refused(r, f"error: {record} is not valid JSON (Unterminated string starting at: line 1")
+    assert r.stderr.rstrip().endswith(f"not a manifest the trainer wrote; move it aside (mv {record} {record}.broken) "
+                                      "and resume again, as a node that wrote no record (--resume then says what to "
+                                      "give)"), r.stderr
+    record.rename(f"{record}.broken")
+    refused(dry(env, *resume), "--resume: run m2 holds no record of what node 1 read (it wrote none, lost before it "
+            f"could; manifest.json is node 0's), and a resume mounts what its command names: give node 1's as it was "
+            f"started. Node 0 read data {data}")
+
+
 def test_a_run_resumes_where_it_trained_on_this_host_or_in_an_image(env, tmp_path):
     """A --native run resumed without --native passed the host's checks, started the image and was refused there:
     "lora1 was trained with data /d/chat.jsonl, not /d/chat.jsonl" (the host's path, not mounted). Said on the host
