@@ -119,11 +119,14 @@ def inputs_to_give_again(run_dir: Path, node_rank: int, given: dict[str, str]) -
             and not given.get(key)}, whose, name
 
 
-def resumed_recipe(run_dir: Path, given: str, node_rank: int = 0) -> str:
+def resumed_recipe(run_dir: Path, given: str) -> str:
     """`--resume`: the recipe the run was started with, as its manifest names it; a --recipe naming another is
     refused (DeepSpeed cannot continue another strategy's checkpoint, and the failed try would overwrite the record
     of the run). The manifest names a recipe folder of your own by the folder's name: that one is given again."""
-    recorded = next((m.recipe for _, m in runfolder.records_for(run_dir, node_rank) if m.recipe), "")
+    # the run's, read as every node's trainer holds the resume to it (manifest.check_same_recipe: manifest.json
+    # first): read this node's own first, a record naming another recipe had the host refuse the --recipe the trainer
+    # asked for, and the trainer the one the host took
+    recorded = next((m.recipe for _, m in runfolder.records_for(run_dir, 0) if m.recipe), "")
     if given:
         folder = Path(os.path.expanduser(given))
         name = folder.resolve().name if (folder / "recipe.yaml").is_file() else given

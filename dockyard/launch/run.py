@@ -103,7 +103,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     resumed = new_run_dir(settings, "", r.run_id, True, r.node_rank) if r.resume else None
     if resumed and r.node_rank == 0:  # the other nodes' trainers start beside node 0's, which holds it
         runfolder.check_idle(resumed)
-    recipe_arg = preflight.resumed_recipe(resumed, r.recipe, r.node_rank) if resumed else r.recipe or DEFAULT_RECIPE
+    recipe_arg = preflight.resumed_recipe(resumed, r.recipe) if resumed else r.recipe or DEFAULT_RECIPE
     if resumed and (native := preflight.trained_where(resumed, r.node_rank)) is not None and native != r.native:
         # its paths are the host's, or the container's: the other way the trainer met them as another data file
         raise DockyardError(f"--resume: run {r.run_id} was trained "

@@ -1294,6 +1294,26 @@ def test_a_node_resumed_after_it_was_lost_is_not_given_another_nodes_inputs_as_i
     refused(r, f"--resume: run m1 read data {data}, and a resume mounts what its command names: give it again: ")
 
 
+def test_a_node_resumes_with_the_recipe_its_trainer_holds_the_run_to(env, tmp_path, monkeypatch):
+    """Node 1's record names another recipe than the run's manifest.json (a record of another run copied in, or
+    crafted): node 1's `invoke run --resume` took its own record's zero3, which the trainer refused ("was trained with
+    recipe ddp, not zero3: resume it with --recipe ddp"), and --recipe ddp the host refused ("run m3 was started with
+    recipe zero3 ... leave --recipe out"): each refusal sent the user to the other. The host reads the recipe as the
+    trainer does now, the run's manifest.json first."""
+    from dockyard.launch import multinode
+    from dockyard.train import manifest
+
+    folder = _finished_run(tmp_path / "runs", "m3", "ddp")
+    m = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest-node1.json").write_text(json.dumps(m | {"node_rank": 1, "recipe": "zero3"}))
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.2"})
+    resume = ("--resume", "--run-id=m3", "--nodes=2", "--master-addr=198.18.0.1", "--node-rank=1")
+    r = dry(env, *resume)
+    assert r.returncode == 0, r.stderr
+    manifest.check_same_recipe(folder, _trainer_recipe(r))  # the trainer takes it
+    assert dry(env, *resume, "--recipe=ddp").returncode == 0
+
+
 def test_a_nodes_record_cut_short_is_refused_with_the_way_on(env, tmp_path, monkeypatch):
     """Both nodes lost, node 1's manifest-node1.json cut short (a copy interrupted, a disk that filled): node 1's
     `invoke run --resume` said "... is not valid JSON (...): not a manifest the trainer wrote", and no more. It says
