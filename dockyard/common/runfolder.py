@@ -21,6 +21,7 @@ file is opened relative to it, so a folder swapped for a link after the check is
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -595,11 +596,12 @@ TOOL_FOLDERS = {"slurm": "the sbatch scripts of `invoke slurm`", "k8s": "the man
 def latest_runs(runs: Path, count: int = 3) -> list[str]:
     """The ids of the runs folder's newest runs (those holding a manifest), newest first: what an error missing one
     offers."""
-    try:
-        found = [(p.stat().st_mtime, p.name) for p in runs.iterdir()
-                 if p.is_dir() and not p.is_symlink() and (p / MANIFEST).is_file()]
-    except OSError:
-        return []
+    found = []
+    with contextlib.suppress(OSError):  # no runs folder, or one this user cannot list: none offered
+        for p in runs.iterdir():
+            with contextlib.suppress(OSError):  # a folder this user may not open, or one removed since: the rest count
+                if p.is_dir() and not p.is_symlink() and (p / MANIFEST).is_file():
+                    found.append((p.stat().st_mtime, p.name))
     return [name for _, name in sorted(found, reverse=True)[:count]]
 
 

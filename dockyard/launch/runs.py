@@ -45,15 +45,19 @@ def newest_runs(runs: Path) -> str:
 
 def run_folders(runs: Path) -> list[Path]:
     """The run folders, newest first (the time their folder last changed); links are no run's folder, nor the
-    folders other tasks write there (runfolder.TOOL_FOLDERS), nor one removed while they are read."""
+    folders other tasks write there (runfolder.TOOL_FOLDERS), nor one removed while they are read. A runs folder
+    that cannot be read is said, not listed as empty ("no runs yet" of a folder of runs this user may not open)."""
     found = []
     try:
         for p in runs.iterdir():
             with contextlib.suppress(OSError):
                 if p.name not in runfolder.TOOL_FOLDERS and stat.S_ISDIR((st := p.lstat()).st_mode):
                     found.append((st.st_mtime, p))
-    except OSError:  # no runs folder yet
+    except FileNotFoundError:  # no runs folder yet
         return []
+    except OSError as e:
+        raise DockyardError(f"cannot list the runs folder {runs}: {e.strerror or e}; give runs_dir (invoke.yaml, or "
+                            "INVOKE_DOCKYARD_RUNS_DIR) a folder this user can read") from None
     return [p for _, p in sorted(found, key=lambda found: found[0], reverse=True)]
 
 
@@ -68,6 +72,8 @@ def run_line(run_dir: Path) -> tuple[str, ...]:
         return run_dir.name, "", "training now", "", "", "", written
     try:
         m = runfolder.read_manifest(run_dir)
+    except OSError as e:  # another user's folder this one may not open: the other runs are listed
+        return run_dir.name, "", f"unreadable folder ({e.strerror or e})", "", "", "", written
     except DockyardError:  # a manifest a container damaged, or a run cut off while writing it: the others are listed
         return run_dir.name, "", "unreadable manifest.json", "", "", "", written
     if m is None:

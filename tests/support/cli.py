@@ -10,12 +10,16 @@ from pathlib import Path
 from dockyard import ROOT
 
 INVOKE = [sys.executable, "-m", "invoke"]
+# root without the capabilities that read past file modes: a file or folder of mode 0 is refused to it as to a user
+AS_A_USER = [] if os.geteuid() else ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                                     "--bounding-set=-dac_override,-dac_read_search"]
 
 
-def invoke(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """Run `invoke ARGS` as a user would, from the project root."""
-    return subprocess.run([*INVOKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def invoke(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: int = 1800,
+           as_a_user: bool = False) -> subprocess.CompletedProcess:
+    """Run `invoke ARGS` as a user would, from the project root; `as_a_user`: one file modes hold to, even as root."""
+    return subprocess.run([*(AS_A_USER if as_a_user else []), *INVOKE, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def invoke_here(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ import pytest
 
 from dockyard import ROOT
 from tests.support.archive_sets import make_set
-from tests.support.cli import invoke_here, short_error
+from tests.support.cli import invoke, invoke_here, short_error
 from tests.support.data import a_step_of
 
 NVML_HOSTS = ROOT / "tests" / "fixtures" / "nvml" / "hosts"
@@ -220,17 +220,11 @@ def test_a_plan_on_a_host_without_gpus_names_the_flag_it_lacks(tmp_path):
 def test_an_unreadable_manifest_is_named_with_its_folder(tmp_path):
     """A run's files are opened by name within their folder: "error: manifest.json: Permission denied" named no run.
     Played as a user who cannot read it (root without the capabilities that read past file modes)."""
-    import subprocess
-    import sys
-
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text("{}")
     (run / "manifest.json").chmod(0)
-    as_user = [] if os.geteuid() else ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
-                                       "--bounding-set=-dac_override,-dac_read_search"]
-    r = subprocess.run([*as_user, sys.executable, "-m", "invoke", "export", "--run=r1"], cwd=ROOT, capture_output=True,
-                       text=True, env={**os.environ, "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    r = invoke("export", "--run=r1", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}, as_a_user=True)
     short_error(r, f"{run}/manifest.json: Permission denied")
 
 

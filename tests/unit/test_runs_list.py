@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from dockyard.common import runfolder
-from tests.support.cli import invoke_here
+from tests.support.cli import invoke, invoke_here
 
 
 def _run(runs, name, age, **manifest):
@@ -81,3 +83,35 @@ def test_what_a_container_wrote_reaches_the_terminal_escaped(tmp_path):
 def test_no_runs_yet_says_how_to_make_one(tmp_path):
     out = _listed(tmp_path / "nothing-here")
     assert "no runs in" in out and "invoke run --recipe=" in out
+
+
+def test_a_run_folder_this_user_cannot_open_is_said_and_the_others_listed(tmp_path):
+    """Another user's run folder of mode 0700 in a shared runs folder ended `invoke runs` as 'error: /…/runs/theirs:
+    Permission denied', no run listed; and the runs an error missing a run id offers were none ('holds no run
+    yet'). Played as a user (root without the capabilities that read past file modes)."""
+    runs = tmp_path / "runs"
+    _run(runs, "mine", 100, recipe="lora", status="completed", metrics={"steps": 5})
+    _run(runs, "theirs", 0).chmod(0)
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(runs)}
+    r = invoke("runs", env=env, as_a_user=True)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    row = {line.split()[0]: line for line in r.stdout.splitlines()}
+    assert "completed" in row["mine"] and "unreadable folder (Permission denied)" in row["theirs"], r.stdout
+    missing = invoke("export", "--run=nope", env=env, as_a_user=True)
+    assert missing.returncode == 1 and f"the newest in {runs}: mine;" in missing.stderr, missing.stderr
+
+
+@pytest.mark.parametrize("unlistable", ["no read permission", "a file"])
+def test_a_runs_folder_that_cannot_be_listed_is_said_not_listed_as_empty(tmp_path, unlistable):
+    """A runs folder this user may not list (mode 0300), or runs_dir naming a file, was 'no runs in /…/runs yet:
+    `invoke run --recipe=lora` trains one', exit 0: a folder of runs said to hold none."""
+    runs = tmp_path / "runs"
+    if unlistable == "a file":
+        runs.write_text("")
+    else:
+        _run(runs, "mine", 0, recipe="lora", status="completed")
+        runs.chmod(0o300)
+    r = invoke("runs", env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs)}, as_a_user=True)
+    assert r.returncode == 1 and "no runs in" not in r.stdout + r.stderr, r.stdout
+    assert r.stderr.startswith(f"error: cannot list the runs folder {runs}: ") and "runs_dir" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
