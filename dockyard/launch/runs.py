@@ -16,6 +16,7 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, shown
 from dockyard.settings import Settings
 
+LISTED = (stat.S_IFDIR, stat.S_IFLNK)
 HEADER = ("run id", "recipe", "status", "steps", "loss first → last", "where", "last written")
 
 
@@ -44,14 +45,15 @@ def newest_runs(runs: Path) -> str:
 
 
 def run_folders(runs: Path) -> list[Path]:
-    """The run folders, newest first (the time their folder last changed); links are no run's folder, nor the
-    folders other tasks write there (runfolder.TOOL_FOLDERS), nor one removed while they are read. A runs folder
+    """The run folders, newest first (the time their folder last changed), and the links among them (no run's
+    folder: never followed, but said, as export and --resume refuse them); not the folders other tasks write there
+    (runfolder.TOOL_FOLDERS), nor one removed while they are read. A runs folder
     that cannot be read is said, not listed as empty ("no runs yet" of a folder of runs this user may not open)."""
     found = []
     try:
         for p in runs.iterdir():
             with contextlib.suppress(OSError):
-                if p.name not in runfolder.TOOL_FOLDERS and stat.S_ISDIR((st := p.lstat()).st_mode):
+                if p.name not in runfolder.TOOL_FOLDERS and stat.S_IFMT((st := p.lstat()).st_mode) in LISTED:
                     found.append((st.st_mtime, p))
     except FileNotFoundError:  # no runs folder yet
         return []
@@ -65,9 +67,12 @@ def run_line(run_dir: Path) -> tuple[str, ...]:
     """One run folder's row: run id, recipe, status, steps, loss first → last, where it trained, when its folder last
     changed; from its manifest, or why there is none."""
     try:
-        written = dt.datetime.fromtimestamp(run_dir.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+        st = run_dir.lstat()
     except OSError:  # removed since the folder was read
         return run_dir.name, "", "removed while listed", "", "", "", ""
+    written = dt.datetime.fromtimestamp(st.st_mtime).strftime("%Y-%m-%d %H:%M")
+    if stat.S_ISLNK(st.st_mode):  # one a container planted, or a run moved away and linked back: never followed
+        return run_dir.name, "", "a link, not a run folder: remove it", "", "", "", written
     if runfolder.training_now(run_dir):  # a resume's manifest is the attempt before's until this one ends
         return run_dir.name, "", "training now", "", "", "", written
     try:

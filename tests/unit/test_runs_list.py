@@ -115,3 +115,15 @@ def test_a_runs_folder_that_cannot_be_listed_is_said_not_listed_as_empty(tmp_pat
     assert r.returncode == 1 and "no runs in" not in r.stdout + r.stderr, r.stdout
     assert r.stderr.startswith(f"error: cannot list the runs folder {runs}: ") and "runs_dir" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_link_in_the_runs_folder_is_said_not_followed(tmp_path):
+    """A run folder moved to another disk and linked back (or a link a container planted) was left out of `invoke
+    runs` without a word, while `invoke export --run=ID` and --resume refuse it as a link: the user saw no such run."""
+    runs = tmp_path / "runs"
+    _run(runs, "mine", 100, recipe="lora", status="completed")
+    moved = _run(tmp_path / "elsewhere", "moved", 0, recipe="lora", status="completed")
+    (runs / "moved").symlink_to(moved)
+    row = {line.split()[0]: line for line in _listed(runs).splitlines()}
+    assert "a link, not a run folder: remove it" in row["moved"] and "completed" not in row["moved"], row
+    assert "completed" in row["mine"]
