@@ -81,6 +81,22 @@ def test_a_run_folder_that_cannot_be_made_is_a_short_error_not_a_traceback(tmp_p
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("given", [None, "max_split_size_mb:128"])
+def test_the_trainer_asks_for_growable_cuda_segments_unless_the_user_set_the_allocator(tmp_path, monkeypatch, given):
+    """ZeRO-2 ran out of GPU memory with memory free, fragmented (the pitfalls: DeepSpeedExamples#336): the trainer
+    sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before any CUDA tensor, natively too (the image's ENV is
+    not there), and keeps a value the user set."""
+    from dockyard.train.__main__ import main
+
+    if given is None:
+        monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    else:
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", given)
+    (tmp_path / "runs").write_text("a file: the run ends before its model loads")
+    assert main(["--recipe", "zero2", "--run-dir", str(tmp_path / "runs" / "r1")]) != 0
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == (given or "expandable_segments:True")
+
+
 @pytest.mark.parametrize("held", [[], ["runA/"], ["notes.txt"]], ids=["empty", "the-runs-folder", "a-folder-of-ones-own"])
 def test_resume_of_a_folder_that_holds_no_run_is_refused_and_writes_nothing_there(tmp_path, capsys, held):
     """--resume of the runs folder itself (or an empty folder, a typo of one's own) was taken for a run that failed
