@@ -18,7 +18,9 @@ from dockyard import engine
 
 class FakeEngine:
     def __init__(self, tags: dict[str, str] | None = None, images: set[str] | None = None,
-                 container: Callable[[list[str]], int] | None = None, configs: dict[str, dict] | None = None):
+                 container: Callable[[list[str]], int] | None = None, configs: dict[str, dict] | None = None,
+                 root: str = ""):
+        self.root = root  # `docker info`'s DockerRootDir, where docker load unpacks; "" for none said
         self.tags = dict(tags or {})
         self.configs = dict(configs or {})  # image id → its inspect's Config (Env, Labels)
         self.images = set(images or ()) | set(self.tags.values())
@@ -49,7 +51,8 @@ class FakeEngine:
     def _answer(self, args: list[str]) -> tuple[int, str]:
         match args:
             case ["info", *_]:
-                return 0, json.dumps({"Runtimes": {"runc": {}}, "DriverStatus": [], "ServerErrors": None})
+                return 0, json.dumps({"Runtimes": {"runc": {}}, "DriverStatus": [], "ServerErrors": None,
+                                      **({"DockerRootDir": self.root} if self.root else {})})
             case ["image", "ls", *_]:
                 named = {i: [r for r, t in self.tags.items() if t == i] for i in self.images}
                 return 0, "".join(f"{i} {ref}\n" for i in sorted(self.images) for ref in named[i] or ["<none>:<none>"])

@@ -1011,3 +1011,43 @@ def test_load_sh_removes_the_private_copy_a_load_sh_killed_outright_left(tmp_pat
     assert f"load.sh: removed {dead}, the private copy of a load.sh killed before it could remove it" in r.stderr, \
         r.stderr
     assert list(private.iterdir()) == [live], "a copy of a load.sh that runs is kept"
+
+
+ROOT_ASKED = """#!/bin/sh
+# A stand-in docker client whose engine keeps its data in $ENGINE_ROOT and holds no image; any docker load, or any
+# other command, leaves $USED.
+case "$1 $2" in
+"info --format") echo "$ENGINE_ROOT" ;;
+"info "*) exit 0 ;;
+"image inspect") exit 1 ;;
+*) echo "$*" >>"$USED"; exit 1 ;;
+esac
+"""
+
+
+def test_a_load_the_engines_disk_has_no_room_for_is_refused_before_docker_load(tmp_path, settings, monkeypatch):
+    """pitfalls.md: docker load unpacks the whole tar under <data-root>/tmp first, so an engine's disk without room
+    fails part-way, a layer store half written. invoke load and load.sh each ask the engine for its folder and refuse
+    before docker load runs (here an archive whose manifest says a petabyte of tar: no disk holds it)."""
+    from tests.support.fake_engine import FakeEngine
+
+    root = tmp_path / "engine"
+    root.mkdir()
+    paths = make_set(tmp_path)
+    reseal(paths, {"tar_bytes": 1 << 50, "load_sh": {"check_images": "t:1=sha256:" + "a" * 64, "require_chains": "",
+                                                     "need_kb": str(2 * (1 << 50) // 1024)}})
+    fake = FakeEngine(root=str(root))
+    s = fake.install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    with pytest.raises(DockyardError, match=rf"not enough space in {root}: .* free, docker load needs about [0-9.]+ TB\. "
+                                            "Free space on the engine's disk"):
+        load_mod.load(s, str(paths.archive))
+    assert not fake.docker_calls("load")
+    write_loader(tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "docker").write_text(ROOT_ASKED)
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    r = subprocess.run(["sh", "load.sh", paths.archive.name], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "ENGINE_ROOT": str(root), "TMPDIR": str(tmp_path),
+                            "USED": str(tmp_path / "docker-used")})
+    assert r.returncode == 1 and f"not enough space for docker load in {root}" in r.stderr, r.stderr
+    assert not (tmp_path / "docker-used").exists()
