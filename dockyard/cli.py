@@ -300,8 +300,8 @@ def _closest(typed: str, names: typing.Iterable[str]) -> str:
     dashes every flag shares would make any two flags look alike."""
     import difflib
 
-    plain = {name.lstrip("-"): name for name in names}
-    near = difflib.get_close_matches(typed.partition("=")[0].lstrip("-"), list(plain), n=1, cutoff=0.8)
+    plain = {name.lstrip("-").lower(): name for name in names}  # --VARIANT is --variant's slip too
+    near = difflib.get_close_matches(typed.partition("=")[0].lstrip("-").lower(), list(plain), n=1, cutoff=0.8)
     return plain[near[0]] if near else ""
 
 
@@ -314,7 +314,8 @@ def _a_recipe(token: str, argv: list[str]) -> str:
     before = argv[:argv.index(token)] if token in argv else argv
     task = next((a for a in reversed(before) if a in _TAKES_OVERRIDES), None)
     recipe = token if (ROOT / "recipes" / token / "recipe.yaml").is_file() else ""
-    if not recipe and task:  # a recipe misspelt, after a task that takes one (`invoke run lroa`)
+    given = any(a == "--recipe" or a.startswith("--recipe=") for a in before)  # then a stray word is no recipe meant
+    if not recipe and task and not given:  # a recipe misspelt, after a task that takes one (`invoke run lroa`)
         from dockyard.common.recipes import closest_recipe
 
         names = sorted(p.parent.name for p in (ROOT / "recipes").glob("*/recipe.yaml"))

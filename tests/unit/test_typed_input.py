@@ -231,6 +231,9 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["run", "--varaint=cpu"], "invoke run has no flag --varaint (did you mean --variant? `invoke --help run`"),
     (["doctr"], "no task named 'doctr' (did you mean doctor? `invoke --list`"),
     (["run", "lroa"], "no task named 'lroa': a recipe is given as a flag, as in `invoke run --recipe=lora`"),
+    # ... not one the user gave already, whose stray word is something else; and a flag in capitals is a slip too
+    (["run", "--recipe=lora", "lroa"], "no task named 'lroa' (`invoke --list` lists the tasks)"),
+    (["run", "--VARIANT=cpu"], "invoke run has no flag --VARIANT (did you mean --variant? `invoke --help run`"),
     (["plan", "--max_steps=3"], "invoke plan has no flag --max_steps (`invoke --help plan`"),
     (["run", "--dry=yes"], "--dry is a switch and takes no value"),
     (["run", "--dry="], "--dry is a switch and takes no value"),
