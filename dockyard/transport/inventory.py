@@ -12,6 +12,7 @@ import datetime
 import hashlib
 import json
 import os
+import shlex
 import socket
 import sys
 from collections.abc import Callable
@@ -95,6 +96,8 @@ def write_inventory(settings: Settings, out: str = "") -> Path:
                             "folder) where you can write.") from None
     print(f"wrote {path}: {len(inv['images'])} images, {len(inv['chain_ids'])} layers, "
           f"{inv['engine']['store']} image store")
+    # the file is only useful where archives are saved: the step after it, pasteable there once the file is copied
+    print(f"next: copy it to the host that saves archives, then there: invoke save --thin-for={shlex.quote(path.name)}")
     return path
 
 

@@ -409,7 +409,8 @@ packed=$(grep -E -m 1 '^(1f8b08|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)' "
 [ "$(awk '{ n += $1 } END { printf "%.0f", n }' "$work/p/sizes")" -le "$limit" ] \
 	|| die "the tar of $name holds a sparse file: docker load would write its holes out in full, past every size the manifest declares: refused, nothing was loaded"
 
-echo "loading $name ..."
+# docker load prints nothing until it is done (no progress without a terminal): how long to expect, said first
+echo "loading $name: docker load unpacks $((TAR_BYTES / 1048576)) MiB of layers (about a minute for each few GB) and says nothing until it is done ..."
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
 # that decompresses to more is stopped there, and docker load is killed before its input ends, so it loads
 # nothing (`invoke load` does the same). Its input is a fifo this shell holds open until the count is known.

@@ -105,6 +105,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         left = sum(layer["bytes"] for layer in manifest["layers"] if not layer["included"])
         print(f"thin for {thin_for}: left out {len(thin['omitted'])} layers ({human(left)}) the target "
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
+    print(ship_hint(paths.archive))
     print(load_hint(paths.archive))
     if runner:
         print(f"train there without the project: {runscript.train_hint()}")
@@ -128,6 +129,12 @@ def check_key_file(key: Path, given: str) -> None:
         raise DockyardError(f"--sign={given}: cannot read it ({e.strerror or e})") from None
     if not head.startswith(KEY_STARTS):
         raise DockyardError(f"--sign={given}: not an ssh key file ({kind})")
+
+
+def ship_hint(archive: Path) -> str:
+    """How the set reaches a node, quoted for a shell: the step after a save on a build host (the image is here)."""
+    return (f"ship it: invoke ship --file={shlex.quote(str(archive))} --to=NODE:/dir  (or carry "
+            f"{shlex.quote(str(archive.parent))}/ there: the archive, its .sha256 and .manifest.json, load.sh, run.sh)")
 
 
 def load_hint(archive: Path) -> str:
@@ -278,8 +285,10 @@ def stream_save(settings: Settings, images: list[dict], sink: Callable[[bytes], 
     engine.echo_pipeline(save_argv, *([comp_argv] if comp_argv else []))
     total = sum(i["bytes"] for i in images)
     if total > 1 << 30:  # the engine writes nothing until it has gathered the layers: a wait at 0 % is expected
-        print(f"docker save reads every layer of {console.human(total)}, also those a thin archive leaves out; the engine "
-              "gathers them first, so the count may stay near 0 for a minute or two", file=sys.stderr, flush=True)
+        print(f"docker save reads every layer of {console.human(total)}"
+              + (", also those this thin archive leaves out" if omit else "")
+              + "; the engine gathers them first, so the count may stay near 0 for a minute or two",
+              file=sys.stderr, flush=True)
     out_hash, out_bytes = hashlib.sha256(), 0
 
     def emit(chunk: bytes) -> None:

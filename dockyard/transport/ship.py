@@ -88,7 +88,12 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     run_there(settings, r, f"cd {rpath(r.dir)} && grep -F {shlex.quote('  ' + paths.manifest.name)} "
                            f"{shlex.quote(paths.sha256.name)} | sha256sum -c -", "verifying the manifest")
     print(f"shipped {name} to {r.where()}: sha256 verified there")
-    if not load:
+    train = f"cd {rpath(r.dir)} && {runscript.train_hint()}" if "run.sh" in companions else ""
+    if not load:  # what the node's user types next, pasteable there
+        print(f"next, on {r.host}: cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}  (or ship again with --load "
+              "to load it from here)")
+        if train:
+            print(f"then train there: {train}")
         return []
     print(f"loading {name} on {r.host}: load.sh there checks it again and docker load unpacks "
           f"{console.human(manifest['tar_bytes'])}, unless its images are loaded there already (a minute for each "
@@ -98,6 +103,8 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     said = [line.split() for line in out.stdout.splitlines() if line.startswith(("loaded ", "already here: "))]
     for words in said:
         print(f"{'loaded' if words[0] == 'loaded' else 'already'} on {r.host}: {words[-2]} {words[-1]}")
+    if train:
+        print(f"train there: {train}")
     return [(words[-2], words[-1]) for words in said]
 
 

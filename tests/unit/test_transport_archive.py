@@ -63,6 +63,31 @@ def test_the_load_command_save_prints_can_be_pasted_into_a_shell():
     assert shlex.split(beside.removesuffix(")")) == ["sh", "load.sh", "t_2.tar.zst"]
 
 
+def test_a_save_ends_with_the_commands_that_take_the_set_to_a_node(tmp_path, monkeypatch, capsys):
+    """A save on a build host ended "load it: invoke load ...", though the image is already there: the step after
+    it, the ship (or carrying the folder), went unsaid; and a full save's wait note spoke of "those a thin archive
+    leaves out". Now it prints a pasteable `invoke ship` of the archive it wrote, and names a thin archive only for
+    a thin save."""
+    raw, image, _, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "save-docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    # as large as an image whose save makes the engine wait (the note is printed from 1 GiB)
+    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": 2 << 30, "chain_ids": []}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    monkeypatch.setattr(save_mod.console, "check_free", lambda *a, **k: None)  # 2 GiB declared, a few kB written
+    save_mod.save(Settings(docker=str(docker), layer_cache_gb=0), image="t:2", out=str(tmp_path / "dist a"),
+                  compress="none")
+    out, err = capsys.readouterr()
+    ship_line = next((line for line in out.splitlines() if line.startswith("ship it: ")), None)
+    assert ship_line is not None, out
+    command = ship_line.removeprefix("ship it: ").split("  (or carry ")[0]
+    archive = next((tmp_path / "dist a").glob("*.tar"))
+    assert shlex.split(command) == ["invoke", "ship", f"--file={archive}", "--to=NODE:/dir"]
+    assert "docker save reads every layer" in err and "thin" not in err, err
+
+
 def test_a_link_another_user_planted_in_the_temporary_folder_is_never_written_through(tmp_path, monkeypatch):
     """The save's lock used a name in /tmp everyone could compute (dockyard-save-<sha of the archive path>.lock) and
     opened it with "w": a link planted there by another user emptied whatever it pointed at (the saving user's

@@ -110,6 +110,17 @@ def test_invoke_inventory_writes_into_a_folder_it_is_given_and_says_what_it_cann
             inventory.write_inventory(settings, where)
 
 
+def test_invoke_inventory_says_where_the_file_goes_next(tmp_path, monkeypatch, capsys):
+    """`invoke inventory` (run on the node) ended "wrote FILE: 17 images, ...": that the file is for `invoke save
+    --thin-for` on the host that saves archives went unsaid. Now it says the next step, pasteable there."""
+    import shlex
+
+    settings = FakeEngine().install(monkeypatch, Settings())
+    written = inventory.write_inventory(settings, str(tmp_path))
+    line = next((x for x in capsys.readouterr().out.splitlines() if x.startswith("next: ")), "")
+    assert shlex.split(line.partition(", then there: ")[2]) == ["invoke", "save", f"--thin-for={written.name}"], line
+
+
 def test_the_inventory_and_a_gpu_record_replace_a_link_planted_under_their_name(tmp_path, monkeypatch):
     """`inventory --out` (a predictable inventory-<host>.json in a dist folder others may share) and `doctor
     --record` wrote through a link planted under that name, into the file it pointed at."""

@@ -658,6 +658,15 @@ def test_load_sh_says_docker_load_failed_when_it_stops_reading_partway(tmp_path)
     assert list(private.iterdir()) == []
 
 
+def test_load_sh_says_how_much_docker_load_unpacks_before_its_silent_wait(tmp_path):
+    """load.sh printed "loading t_1.tar ..." and then nothing for as long as docker load took (40 s for the 2 GB cpu
+    image, minutes for a CUDA one): nothing said whether that wait was expected. Now the line names the size."""
+    argv, env, _ = load_sh_set(tmp_path, "exec cat >/dev/null")
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("loading t_1.tar")), "")
+    assert "docker load unpacks 2 MiB of layers" in line and "says nothing until it is done" in line, r.stdout
+
+
 def test_load_sh_stops_a_tar_longer_than_its_manifest_declares(tmp_path):
     argv, env, private = load_sh_set(tmp_path, "exec cat >/dev/null")
     reseal(ArchivePaths(tmp_path / "t_1.tar"), {"tar_bytes": 1000})

@@ -93,6 +93,21 @@ def test_ctrl_c_during_the_copy_says_what_is_kept_and_how_to_go_on(tmp_path):
                                 "run the same `invoke ship` again to continue where it stopped"), p.stdout + p.stderr
 
 
+def test_a_ship_ends_with_what_to_type_on_the_node(tmp_path, capsys):
+    """A ship without --load ended "shipped x.tar.zst to node7:DIR: sha256 verified there", and the node's user was
+    left to find the folder and the loader. Now it prints the command to paste there, naming the folder the set
+    arrived in and the archive (load.sh takes the only one, but a folder may hold several)."""
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    there = tmp_path / "on the node"
+    ship.ship_file(local_node(tmp_path), str(archive), f"node7:{there}", transport="ssh")
+    out = capsys.readouterr().out
+    line = next((x for x in out.splitlines() if x.startswith("next, on node7: ")), None)
+    assert line is not None, out
+    command = shlex.split(line.removeprefix("next, on node7: ").split("  (or ")[0])
+    assert command == ["cd", str(there), "&&", "sh", "load.sh", "x.tar.zst"]
+    assert {"load.sh", "x.tar.zst"} <= {p.name for p in there.iterdir()}
+
+
 def test_an_archive_damaged_here_is_blamed_here_not_on_the_copy(tmp_path):
     s = local_node(tmp_path)
     good = archive_set(tmp_path / "good", b"archive bytes", b"archive bytes")
