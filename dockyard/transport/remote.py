@@ -138,11 +138,20 @@ def rpath(folder: str, name: str = "") -> str:
 
 
 def run_there(settings: Settings, r: Remote, script: str, what: str, check: bool = True,
-              input: bytes | None = None) -> subprocess.CompletedProcess:
+              input: bytes | None = None, held: bool = False) -> subprocess.CompletedProcess:
     """A script on the node, its output captured. A failure says `{what} on {host} failed: ` and the node's last
-    line on stderr, which holds the cause: the ssh command, quoted twice over, would bury it."""
-    p = engine.run(ssh_argv(settings, r, script), capture=True, check=False, quiet=True, input=input,
-                   what=f"{what} on {r.host}")
+    line on stderr, which holds the cause: the ssh command, quoted twice over, would bury it.
+
+    `held`: ssh's stdin is a pipe this end holds open until the script has ended, for a script that stops its work
+    when that pipe ends (held_open): Ctrl-C here, or a cut link, then stops it there."""
+    argv = ssh_argv(settings, r, script)
+    if held:
+        with engine.Pipeline(argv, stdin=engine.PIPE, stdout=engine.PIPE, quiet=True, what=f"{what} on {r.host}") as s:
+            out = s.stdout.read().decode(errors="replace")
+            code = s.wait(check=False)[0]
+            p = subprocess.CompletedProcess(argv, code, out, "\n".join(s.output(whole=True)))
+    else:
+        p = engine.run(argv, capture=True, check=False, quiet=True, input=input, what=f"{what} on {r.host}")
     if p.returncode == SSH_FAILED:
         raise unreachable(r, p.stderr)
     if check and p.returncode != 0:
@@ -150,6 +159,21 @@ def run_there(settings: Settings, r: Remote, script: str, what: str, check: bool
         raise DockyardError(f"{what} on {r.host} failed: "
                             + (said[-1] if said else f"exit {p.returncode}, with nothing on stderr"))
     return p
+
+
+def held_open(command: str) -> str:
+    """A sh line that runs the simple `command` on the node while the ssh that started it lasts (run_there's
+    `held`). sshd signals nothing to a command without a terminal when its client goes: a load.sh went on unseen
+    after a Ctrl-C here, then died at its next line of output and left its full-size private copy of the archive.
+    Here a watcher reads ssh's stdin; its end (the client gone) sends the command SIGTERM, which load.sh traps to
+    stop docker load and remove its copy. Background commands read /dev/null unless told: the watcher is given fd 3."""
+    return ("exec 3<&0\n"
+            f"{command} </dev/null 3<&- & p=$!\n"
+            "(cat <&3 >/dev/null 2>&1; kill -TERM $p 2>/dev/null) >/dev/null 2>&1 & w=$!\n"
+            "exec 3<&-\n"
+            "wait $p; rc=$?\n"
+            "kill $w 2>/dev/null\n"  # the command ended by itself: the watcher's kill must never come (its pid goes)
+            "exit $rc\n")
 
 
 def sha256_there(settings: Settings, r: Remote, name: str, have: dict[str, str]) -> str:

@@ -29,6 +29,7 @@ from dockyard.transport.load import check_set, sha256_file
 from dockyard.transport.remote import (
     Remote,
     check_identity,
+    held_open,
     node_state,
     parse_to,
     remote_inventory,
@@ -98,7 +99,14 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     print(f"loading {name} on {r.host}: load.sh there checks it again and docker load unpacks "
           f"{console.human(manifest['tar_bytes'])}, unless its images are loaded there already (a minute for each "
           "few GB) ...", flush=True)
-    out = run_there(settings, r, f"cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}", f"loading {name}")
+    load_there = f"cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}"
+    try:
+        out = run_there(settings, r, f"cd {rpath(r.dir)} || exit 1\n" + held_open(f"sh load.sh {shlex.quote(name)}"),
+                        f"loading {name}", held=True)
+    except KeyboardInterrupt as e:  # the ssh goes with this end, and load.sh there with it
+        raise DockyardError(f"interrupted: the load on {r.host} was stopped (load.sh there stops docker load and "
+                            f"removes its private copy); {name} stays there, verified: ship again with --load, or "
+                            f"there: {load_there}", exit_code=engine.interrupt_status(e)) from None
     # "loaded REF ID", or "already here: REF ID" for an image load.sh found there as saved and did not load
     said = [line.split() for line in out.stdout.splitlines() if line.startswith(("loaded ", "already here: "))]
     for words in said:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shlex
@@ -106,6 +107,72 @@ def test_a_ship_ends_with_what_to_type_on_the_node(tmp_path, capsys):
     command = shlex.split(line.removeprefix("next, on node7: ").split("  (or ")[0])
     assert command == ["cd", str(there), "&&", "sh", "load.sh", "x.tar.zst"]
     assert {"load.sh", "x.tar.zst"} <= {p.name for p in there.iterdir()}
+
+
+CTRL_C_SHIP_LOAD = """
+import sys
+from dockyard.common.errors import DockyardError
+from dockyard.settings import Settings
+from dockyard.transport import ship
+try:
+    ship.ship_file(Settings(ssh=sys.argv[1]), sys.argv[2], sys.argv[3], load=True, transport="ssh")
+except DockyardError as e:
+    print(f"exit={e.exit_code} {e}")
+"""
+
+
+def test_ctrl_c_while_the_node_loads_stops_load_sh_there_and_leaves_no_copy(tmp_path):
+    """Ctrl-C in `invoke ship --load` while the node loaded stopped the ssh here, and load.sh went on there unseen
+    (sshd signals nothing to a command without a terminal); it died at its next line of output and left its
+    full-size private copy of the archive in the node's TMPDIR (625 MB for the cpu image). Now load.sh there stops
+    with the ssh: docker load is stopped, the copy removed, and the ship says how to load again. The node's commands
+    run in a session of their own, as sshd starts them, so the Ctrl-C (to this process group) reaches only ssh."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dockyard import ROOT
+    from tests.support.archive_sets import make_set, reseal
+    from tests.support.save_tars import fake_save
+
+    raw, _, _, _ = fake_save(big_bytes=2 << 20)
+    (tmp_path / "set").mkdir()
+    paths = make_set(tmp_path / "set", raw, name="t_1.tar")
+    reseal(paths, {"tar_bytes": len(raw)})
+    bin_dir, private, pid_file = tmp_path / "bin", tmp_path / "private", tmp_path / "load.pid"
+    bin_dir.mkdir()
+    private.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = load ] || exit 0\necho $$ >"{pid_file}"\nexec sleep 120\n')
+    ssh = bin_dir / "ssh"
+    ssh.write_text('#!/bin/sh\nfor last; do :; done\nexec 3<&0\nsetsid sh -c "$last" <&3 3<&- &\nwait $!\n')
+    for tool in (bin_dir / "docker", ssh):
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(private)}
+    with subprocess.Popen([sys.executable, "-c", CTRL_C_SHIP_LOAD, str(ssh), str(paths.archive),
+                           f"node7:{tmp_path / 'there'}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True,  # its own group, as a terminal's
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as shipping:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
+            assert shipping.poll() is None and time.monotonic() < deadline, shipping.communicate()
+            time.sleep(0.05)
+        docker_load = int(pid_file.read_text())
+        try:
+            os.killpg(shipping.pid, signal.SIGINT)  # Ctrl-C
+            out, err = shipping.communicate(timeout=60)
+            said = out.splitlines()[-1]
+            assert said.startswith("exit=130 interrupted: the load on node7 was stopped"), out + err
+            assert said.endswith(f"there: cd {tmp_path / 'there'} && sh load.sh t_1.tar"), out
+            deadline = time.monotonic() + 20
+            while Path(f"/proc/{docker_load}").exists() or list(private.iterdir()):
+                assert time.monotonic() < deadline, f"left on the node: {list(private.iterdir())}, docker load " \
+                                                    f"{'running' if Path(f'/proc/{docker_load}').exists() else 'gone'}"
+                time.sleep(0.1)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(docker_load, signal.SIGKILL)
 
 
 def test_an_archive_damaged_here_is_blamed_here_not_on_the_copy(tmp_path):
