@@ -41,9 +41,12 @@ from dockyard.transport.layout import (
 from dockyard.transport.load import sign_file
 from dockyard.transport.tarstream import TarPump
 
-# Compressed size as a share of the tar, for the free-space check: zstd/gzip reach 35-40 % on
-# images of wheels and shared libraries; 60 % leaves room for images that compress badly.
+# Compressed size as a share of the tar, for the free-space check: zstd/gzip reach 30-40 % on
+# images of wheels and shared libraries (the cpu image: 625 MB of 2.07 GB); 60 % leaves room for images that compress
+# badly. Below LEAST_SHARE's the save cannot fit and is refused; between the two it is tried, said first: a disk that
+# fills stops it and removes what it wrote (write_failed), where a refusal turned away a save that had room.
 COMPRESSED_SHARE = {"zstd": 0.6, "gzip": 0.6, "none": 1.0}
+LEAST_SHARE = {"zstd": 0.25, "gzip": 0.3, "none": 1.0}
 MARGIN = 64 << 20
 
 
@@ -76,7 +79,13 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     archive_need = compressed + MARGIN
     cache = layer_cache(settings, compress, level)
     remove_left_behind(paths, cache)  # before the free-space check, which they took from
-    console.check_free(out_dir, archive_need, "the archive", "Free some space or pass --out=DIR on a larger disk.")
+    least = int(tar_estimate * LEAST_SHARE[compress]) + MARGIN
+    console.check_free(out_dir, least, "the archive", "Free some space or pass --out=DIR on a larger disk.")
+    if (free := shutil.disk_usage(console.existing(out_dir)).free) < archive_need:
+        print(f"warning: {console.human(free)} free in {out_dir}, and the archive may take up to "
+              f"{console.human(archive_need)} ({console.human(tar_estimate)} of images, which {compress} makes "
+              f"{LEAST_SHARE[compress]:.0%}-{COMPRESSED_SHARE[compress]:.0%} of): saving; where the disk fills, the "
+              "save stops and removes what it wrote", file=sys.stderr)
     if cache is not None:
         cache.keeping = room_to_keep(cache, out_dir, archive_need, compressed)
     try:

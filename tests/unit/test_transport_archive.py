@@ -272,6 +272,19 @@ def test_a_save_refused_says_what_to_type_instead(tmp_path, monkeypatch, setting
         save_mod.save(settings, image="x:1", out=str(tmp_path / "dist"), thin_for="node7.json")
 
 
+def _saving_t2(tmp_path, monkeypatch, **layers):
+    """An image t:2 a stand-in `docker save` streams (fake_save's tar), and the settings that save it with a layer
+    cache in tmp_path: (the tar, the settings)."""
+    raw, image, _, _ = fake_save(**layers)
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": len(raw), "chain_ids": []}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    return raw, Settings(docker=str(docker), layer_cache=str(tmp_path / "cache"))
+
+
 def test_a_layer_cache_without_room_beside_the_archive_keeps_nothing_instead_of_failing_the_save(tmp_path, monkeypatch,
                                                                                                 capsys):
     """The free-space check counted the archive alone, and the layer cache (on the same disk, ~/.cache) keeps a second
@@ -281,14 +294,7 @@ def test_a_layer_cache_without_room_beside_the_archive_keeps_nothing_instead_of_
     import shutil
     from collections import namedtuple
 
-    raw, image, _, _ = fake_save(big_bytes=2 << 20)  # a layer large enough for a frame (and a cache entry) of its own
-    (tmp_path / "save.tar").write_bytes(raw)
-    docker = tmp_path / "docker"
-    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
-    docker.chmod(0o755)
-    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": len(raw), "chain_ids": []}
-    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
-    s = Settings(docker=str(docker), layer_cache=str(tmp_path / "cache"))
+    raw, s = _saving_t2(tmp_path, monkeypatch, big_bytes=2 << 20)  # a layer large enough for a frame of its own
     archive_need = int(len(raw) * save_mod.COMPRESSED_SHARE["zstd"]) + save_mod.MARGIN
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, archive_need + (1 << 20)))
@@ -303,6 +309,30 @@ def test_a_layer_cache_without_room_beside_the_archive_keeps_nothing_instead_of_
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, 1 << 40))  # room: kept, as ever
     save_mod.save(s, image="t:2", out=str(tmp_path / "dist"))
     assert len(list((tmp_path / "cache").rglob("*.frame"))) == 1 and "layer cache: kept" in capsys.readouterr().out
+
+
+def test_a_disk_that_may_hold_the_archive_is_tried_not_refused(tmp_path, monkeypatch, capsys):
+    """The free-space check took every archive to be 60 % of its tar, where the images compress to 30-40 % (the cpu
+    image: 625 MB of 2.07 GB), and refused a save that had room: 1 GB free for the cpu image was "needs about
+    1.3 GB". Now a save that may fit is tried, said first (a disk that fills stops it and removes what it wrote);
+    one that cannot fit even at the best compression is refused before anything is written."""
+    import shutil
+    from collections import namedtuple
+
+    raw, s = _saving_t2(tmp_path, monkeypatch)
+    usage = namedtuple("usage", "total used free")
+
+    room = int(len(raw) * 0.4) + save_mod.MARGIN  # room for an archive of 40 % of the tar, as the CUDA images make
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, room))
+    save_mod.save(s, image="t:2", out=str(tmp_path / "dist"))
+    said = capsys.readouterr().err
+    assert "warning: " in said and "may take up to" in said and "the save stops and removes what it wrote" in said
+    assert load_mod.verify(s, ArchivePaths(tmp_path / "dist" / "t_2.tar.zst"))["archive"] == "t_2.tar.zst"
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, save_mod.MARGIN // 2))  # none at all
+    with pytest.raises(DockyardError, match="not enough space in .*other: .* free, the archive needs about"):
+        save_mod.save(s, image="t:2", out=str(tmp_path / "other"))
+    assert not (tmp_path / "other").exists()
 
 
 def test_the_save_bar_ends_at_the_tar_docker_save_streamed_never_past_its_total(tmp_path, monkeypatch, capsys):
