@@ -115,9 +115,17 @@ def route_to(host: str, flag: str = "--master-addr") -> dict[str, str]:
         for a in link.get("addr_info", []):
             if a.get("local") == addr:
                 return {"iface": link["ifname"], "addr": addr}
-    routes = _ip_json("route", "get", addr)
+    try:
+        routes = _ip_json("route", "get", addr)
+    except DockyardError as e:  # ip's "RTNETLINK answers: Network is unreachable": a mistyped address, mostly
+        routes, said = [], str(e).rpartition(": ")[2]
+    else:
+        said = "no route"
     if not routes:
-        raise DockyardError(f"no route to {host} ({addr}): check the network, or give --iface=NAME")
+        whose = "node 0's address" if flag == "--master-addr" else "an address"
+        raise DockyardError(f"{flag} {host}: this node has no route to {addr} ({said}): give {whose} on the network "
+                            "the nodes share (`ip -4 addr` there shows it; `ip route` here, the networks this node "
+                            "reaches), or --iface=NAME")
     return {"iface": routes[0].get("dev", ""), "addr": routes[0].get("prefsrc", "")}
 
 

@@ -59,6 +59,24 @@ def test_a_master_address_no_node_holds_is_refused_by_name(addr, says):
         multinode.route_to(addr)
 
 
+
+def test_a_master_address_this_node_has_no_route_to_says_what_to_give(tmp_path, monkeypatch):
+    """A mistyped --master-addr on a node without a default route (a cluster's private network): `ip route get`
+    fails, and that was the whole error, "`ip route get 198.19.71.1` failed: RTNETLINK answers: Network is
+    unreachable", with no word of the flag or what to give. `ip` here answers as it did in a network namespace."""
+    fake = tmp_path / "ip"
+    fake.write_text('#!/bin/sh\ncase "$*" in\n  *route*) echo "RTNETLINK answers: Network is unreachable" >&2; '
+                    'exit 2;;\n  *) echo "[]";;\nesac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(DockyardError) as refused:
+        multinode.route_to("198.19.71.1")
+    assert str(refused.value) == (
+        "--master-addr 198.19.71.1: this node has no route to 198.19.71.1 (Network is unreachable): give node 0's "
+        "address on the network the nodes share (`ip -4 addr` there shows it; `ip route` here, the networks this node "
+        "reaches), or --iface=NAME")
+
+
 @pytest.mark.parametrize("name", ["node0..cluster", "a" * 64 + ".cluster"])
 def test_a_name_no_host_can_have_is_one_line_not_a_traceback(name):
     """An empty label, or one past 63 characters, fails as the name is encoded, before any lookup: it was a
