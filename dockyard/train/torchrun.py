@@ -18,6 +18,9 @@ store is then held by the first worker).
 And it gives each worker its share of the node's CPU cores (OMP_NUM_THREADS, where not set): torchrun sets 1 for
 every worker (and prints four lines asking to tune it), which left DeepSpeed's CPU Adam, the optimizer step of the
 offload recipes, on one core per GPU however many the node has.
+
+A node of several says whom it waits for as it starts, and that the nodes met, and one that cannot reach node 0's
+store gives up within the join timeout (connect_within_join_timeout).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 from dockyard.common import envvars, runfolder
@@ -71,11 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     # below in one line, and the manifest names node 0
     logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").setLevel(logging.ERROR)
     fresh_store_per_attempt()
+    connect_within_join_timeout()
     args = sys.argv[1:] if argv is None else argv
     given = torchrun_args(args)
     if given and (bad := bad_value(given)):
         print(f"torchrun: {bad}", file=sys.stderr)
         return 2
+    if given and (waits := waiting(given)):
+        print(f"torchrun: {waits}", file=sys.stderr, flush=True)
     if given and no_gpu_for_one_per_gpu(given):
         print("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: give a number of "
               "processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add the GPUs (compose/gpu.yml)",
@@ -162,10 +169,13 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
 
     conf = dict(kv.split("=", 1) for kv in (a.rdzv_conf or "").split(",") if "=" in kv)
     waited = f" within {conf['join_timeout']} s" if "join_timeout" in conf else ""
+    addr, _, port = a.rdzv_endpoint.rpartition(":")
     fix = (f"start every node with the same --run-id, --master-addr and --master-port (--nodes={a.nnodes}); "
            "invoke doctor --peer=HOST checks the port from another node")
     if isinstance(error, RendezvousTimeoutError):
-        return f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}"
+        return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}; a node that "
+                f"was started but did not join cannot reach {addr} (its --master-addr) on TCP port {port}: a "
+                "firewall, or another address")
     cause, said = underlying(error)
     if MET and conf.get("is_host") != "1":
         # the nodes had met and trained (or were starting to): node 0's agent, which holds the rendezvous, is gone.
@@ -177,8 +187,49 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
         port = a.rdzv_endpoint.rsplit(":", 1)[-1]
         return (f"port {port} is taken on this node, which hosts the rendezvous {a.rdzv_id} (node 0): give every node "
                 "another --master-port (or stop what holds it)")
-    return (f"cannot reach the rendezvous {a.rdzv_id} at {a.rdzv_endpoint} (node 0 hosts it; "
-            f"{type(cause).__name__}: {said}): {fix}")
+    return (f"cannot reach the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited} (node 0 hosts it; "
+            f"{type(cause).__name__}: {said}): check that node 0 runs (--node-rank=0, started within --join-timeout "
+            f"of this node), that {addr} is its address (--master-addr), and that no firewall drops TCP port {port} "
+            f"on the way; start every node with the same --run-id and --master-port (--nodes={a.nnodes}); invoke "
+            f"doctor --peer={addr} checks the port from here")
+
+
+def waiting(a: argparse.Namespace) -> str | None:
+    """What this node waits for, for how long, said as it starts: a node alone waited silently for the whole join
+    timeout (two minutes by default; one started before node 0 twice that), with no word of whom it waited for."""
+    conf = dict(kv.split("=", 1) for kv in (a.rdzv_conf or "").split(",") if "=" in kv)
+    nodes = str(a.nnodes).split(":")[-1]
+    if not (nodes.isdecimal() and int(nodes) > 1) or a.standalone:
+        return None
+    me, bound = _node_rank(), f" up to {conf['join_timeout']} s" if "join_timeout" in conf else ""
+    this = f"node {me} of {nodes}" if me is not None else f"this node (one of {nodes})"
+    MEETING.update(rdzv_id=a.rdzv_id, nodes=nodes, since=time.monotonic())
+    if conf.get("is_host") == "1":
+        return (f"{this} hosts the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}: waiting{bound} for the other "
+                "node(s) to join")
+    return f"{this} joining the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}: waiting{bound} for node 0, which hosts it"
+
+
+def connect_within_join_timeout() -> None:
+    """A node reaching node 0's store (torchrun's c10d backend) gives up within the join timeout, not torch's 60 s
+    read timeout twice over: TCPStore retries its connect once more after its timeout (measured: 128 s with
+    --join-timeout=20, and the same with 120), so a third of the bound, as the nodes' heartbeat takes
+    (dockyard.train.nodes). The same timeout bounds the rendezvous' own store operations, which take milliseconds. A
+    read_timeout given in --rdzv-conf is kept."""
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    first = c10d.create_backend
+    if getattr(first, "connect_within_join_timeout", False):
+        return
+
+    def create_backend(params):
+        join = params.get("join_timeout")
+        if params.get("read_timeout") is None and str(join).isascii() and str(join).isdecimal():
+            params.config["read_timeout"] = str(max(2, int(join) // 3))
+        return first(params)
+
+    create_backend.connect_within_join_timeout = True
+    c10d.create_backend = create_backend
 
 
 def underlying(error: BaseException) -> tuple[BaseException, str]:
@@ -342,6 +393,7 @@ def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:
 # may still be writing theirs until it joins too, and this attempt's start only once all have.
 MET: list[dict[int, tuple[int, int, int] | None]] = []
 RECORDS: dict[int, Path] = {}  # each node's record (main)
+MEETING: dict = {}  # the rendezvous of several nodes this node waits for, and since when (waiting)
 
 
 def fresh_store_per_attempt() -> None:
@@ -360,6 +412,11 @@ def fresh_store_per_attempt() -> None:
             os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         met = first(self)
         MET.append(_stamps())  # the nodes met: a rendezvous lost from here on is a node lost, not a wrong command
+        if MEETING:  # (several nodes) the counterpart of waiting()'s line: the wait is over
+            when = (f"again (attempt {len(MET)})" if len(MET) > 1 else
+                    f"after {time.monotonic() - MEETING['since']:.0f} s")
+            print(f"torchrun: the {MEETING['nodes']} nodes met in the rendezvous {MEETING['rdzv_id']} {when}; the "
+                  "workers start", file=sys.stderr, flush=True)
         os.environ[envvars.ATTEMPT] = str(len(MET))  # the workers this round starts inherit it (ending.restarts)
         return met
 

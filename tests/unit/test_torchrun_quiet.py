@@ -205,12 +205,74 @@ def test_nodes_that_never_meet_are_one_line_naming_the_rendezvous_and_what_to_ch
                  "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone1",
                  "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
                 cwd=tmp_path,
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": "0"})
+    assert alone.stderr.startswith(f"torchrun: node 0 of 2 hosts the rendezvous alone1 at 127.0.0.1:{port}: waiting up "
+                                   "to 3 s for the other node(s) to join\n"), alone.stderr
     assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr
     assert alone.stderr.strip().splitlines()[-1] == (
         f"torchrun: not every node joined the rendezvous alone1 at 127.0.0.1:{port} within 3 s: start every node with "
         "the same --run-id, --master-addr and --master-port (--nodes=2); invoke doctor --peer=HOST checks the port from "
-        "another node")
+        "another node; a node that was started but did not join cannot reach 127.0.0.1 (its --master-addr) on TCP port "
+        f"{port}: a firewall, or another address")
+
+
+def test_each_node_says_whom_it_waits_for_and_one_that_cannot_reach_node_0_gives_up_within_the_join_timeout(
+        tmp_path, loopback_port):
+    """Node 1 started before node 0 (or told another --master-addr, or behind a firewall): silent, it waited for torch's
+    60 s read timeout twice over (128 s with --join-timeout=20 between two network namespaces), then said to start
+    every node alike, not what to check. Now it says whom it waits for at once, gives up within the join timeout, and
+    names node 0, its address, the port and a firewall. Real torchrun, on loopback, a port nothing listens on."""
+    import time
+
+    port = loopback_port
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    started = time.monotonic()
+    r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=far1",
+             "--rdzv-conf=is_host=0,join_timeout=6", "--local-addr=127.0.0.1", "worker.py"],
+            cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": "1"},
+            timeout=90)
+    took = time.monotonic() - started
+    said = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and "Traceback" not in r.stderr and took < 6 + 30, (took, r.stderr)  # 30: torch's import
+    assert said[0] == (f"torchrun: node 1 of 2 joining the rendezvous far1 at 127.0.0.1:{port}: waiting up to 6 s for "
+                       "node 0, which hosts it"), said
+    assert said[-1].startswith(f"torchrun: cannot reach the rendezvous far1 at 127.0.0.1:{port} within 6 s (node 0 "
+                               "hosts it; "), said
+    assert said[-1].endswith(f"check that node 0 runs (--node-rank=0, started within --join-timeout of this node), "
+                             f"that 127.0.0.1 is its address (--master-addr), and that no firewall drops TCP port {port} "
+                             "on the way; start every node with the same --run-id and --master-port (--nodes=2); "
+                             "invoke doctor --peer=127.0.0.1 checks the port from here"), said
+
+
+
+def test_nodes_that_meet_each_say_so_with_how_long_they_waited(tmp_path, loopback_port):
+    """The counterpart of the waiting line: torchrun said nothing between starting and the workers' own output, so a
+    node that had waited did not say that the wait was over. Two real torchruns on loopback, node 1 a moment late."""
+    import time
+
+    port = loopback_port
+    (tmp_path / "worker.py").write_text("print('trained', flush=True)\n")
+    nodes = []
+    for rank in (0, 1):
+        nodes.append(subprocess.Popen(
+            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=met1",
+             f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=60", "--local-addr=127.0.0.1", "worker.py"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}))
+        time.sleep(3)
+    try:
+        said = [p.communicate(timeout=120) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                kill_tree(p.pid)
+    for rank, (p, (out, err)) in enumerate(zip(nodes, said, strict=True)):
+        assert p.returncode == 0 and out.count("trained") == 1, (rank, out, err)
+        lines = err.strip().splitlines()
+        assert re.fullmatch(r"torchrun: the 2 nodes met in the rendezvous met1 after \d+ s; the workers start",
+                            lines[1]), (rank, err)
 
 
 def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
@@ -365,7 +427,9 @@ def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_nev
     assert node1.returncode == 1 and said, err[-3000:]
     # torch's "W1206 06:08:14.441000 11715 .../dynamic_rendezvous.py:1298] The node '127.0.0.1_11715_0' has failed to
     # shutdown the rendezvous 'met1' due to an error of type RendezvousConnectionError." (and its keep-alive's) before it
-    assert err.splitlines() == said[-1:], err[-3000:]
+    # (after its own lines saying whom it waited for, and that the nodes met)
+    assert err.splitlines()[:2] == said[:2] and " met in the rendezvous met1 after " in said[1], err[-3000:]
+    assert err.splitlines()[2:] == said[-1:], err[-3000:]
     assert said[-1].startswith(f"torchrun: the rendezvous met1 at 127.0.0.1:{port} went away after the nodes had met ("), \
         err[-3000:]
     assert said[-1].endswith("): node 0, which hosts it, stopped or was lost (its own output, or the run's manifest, "
