@@ -62,6 +62,7 @@ def _finish(run: Run, error: str | None) -> None:
         error = f"{verdict}: {error}"  # e.g. torchrun's SIGTERM, when this node's other process stopped first
     elif error and run.record.nodes_seen:
         error = nodes.explain(error, run.opts.run_dir, run.record.nodes_seen)
+    run.error = error
     if not nodes.first_of_node():
         if error and not stopped:
             _tell_the_writer(run, error)
@@ -232,6 +233,10 @@ def failed(raised: BaseException, run: Run | None) -> int:
         return 128 + signal.SIGTERM
     if run:
         finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
+        if run.error and run.error.startswith("lost node "):
+            # a collective cut off by another node lost (gloo's "Connection reset by peer" from its address): said in
+            # one line as it was recorded (nodes.explain, or the heartbeat's verdict), not in a traceback per rank
+            return 1
     raise raised
 
 

@@ -94,6 +94,7 @@ class Run:
     record: Record = field(default_factory=Record)
     heartbeat: Any = None              # several nodes: nodes.Heartbeat, which also says what this node is doing
     finished: bool = False             # the manifest is written (by the main thread, or by the heartbeat's)
+    error: str | None = None           # the error as finish recorded it: a lost node named first, where one was
     unusable_caches: list[str] = field(default_factory=list)  # compile cache folders not used, and why
     training_lock: int | None = None     # the run folder's lock this process holds (runfolder.hold)
     overrides: dict[str, Any] = field(default_factory=dict)   # the settings given after `--`, a resume's merged in

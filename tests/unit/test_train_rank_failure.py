@@ -292,3 +292,30 @@ def test_torchruns_sigterm_eaten_by_a_librarys_except_exception_still_stops_the_
     assert written_error(run_dir) == STOPPED
     assert capsys.readouterr().err.startswith(f"error: {STOPPED}")
 
+
+
+def test_a_collective_cut_off_by_a_lost_node_is_one_line_naming_it_not_a_traceback(monkeypatch, tmp_path, capsys):
+    """Node 1 killed mid-run (two network namespaces, ddp): node 0 said "error: lost node 1 (198.19.70.2, host vm): it
+    stopped answering" and then printed rank 0's 40-line traceback of gloo's "Read error [198.19.70.2]:11485:
+    Connection reset by peer", an error of no known kind to ending.failed, though it had just been named. No signal
+    follows here (torchrun's comes only once this process has exited): the error is the run's, said once."""
+    nodes_seen = [{"node_rank": 0, "addr": "198.18.0.1", "host": "gpu-a"},
+                  {"node_rank": 1, "addr": "198.18.0.2", "host": "gpu-b"}]
+
+    def cut_off(overrides, run):
+        run.run_dir_ok = True
+        run.opts.run_dir.mkdir()
+        run.record.nodes_seen = nodes_seen
+        raise RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                           "[198.18.0.2]:11485: Connection reset by peer. This is typically caused by a remote worker "
+                           "hanging or bugs in the application.")
+
+    monkeypatch.setattr(trainer, "train", cut_off)
+    monkeypatch.setattr(ending, "PEER_GONE_S", 0.3)
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("DOCKYARD_NODE_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "r"
+    assert main_of(run_dir) == 1
+    assert capsys.readouterr().err == "error: lost node 1 (198.18.0.2, host gpu-b): it stopped answering\n"
+    assert written_error(run_dir).startswith("lost node 1 (198.18.0.2, host gpu-b): it stopped answering: "
+                                             "RuntimeError: ")
