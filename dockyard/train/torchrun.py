@@ -20,7 +20,7 @@ every worker (and prints four lines asking to tune it), which left DeepSpeed's C
 offload recipes, on one core per GPU however many the node has.
 
 A node of several says whom it waits for as it starts, and that the nodes met, and one that cannot reach node 0's
-store gives up within the join timeout (connect_within_join_timeout).
+store gives up within the join timeout; a node given another --run-id than node 0's is told so (rendezvous_store).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     # below in one line, and the manifest names node 0
     logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous").setLevel(logging.ERROR)
     fresh_store_per_attempt()
-    connect_within_join_timeout()
+    rendezvous_store()
     args = sys.argv[1:] if argv is None else argv
     given = torchrun_args(args)
     if given and (bad := bad_value(given)):
@@ -172,6 +172,13 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
     addr, _, port = a.rdzv_endpoint.rpartition(":")
     fix = (f"start every node with the same --run-id, --master-addr and --master-port (--nodes={a.nnodes}); "
            "invoke doctor --peer=HOST checks the port from another node")
+    if OTHER_RUN:
+        return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {OTHER_RUN[0]}, not this node's {a.rdzv_id}: start "
+                f"every node with the same --run-id (node 0's is {OTHER_RUN[0]}); where both runs are meant, give this "
+                "one another --master-port")
+    if isinstance(error, RendezvousTimeoutError) and (others := came_for(a)):
+        return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node came for "
+                f"the rendezvous {', '.join(others)}: start every node with the same --run-id ({a.rdzv_id} here)")
     if isinstance(error, RendezvousTimeoutError):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}; a node that "
                 f"was started but did not join cannot reach {addr} (its --master-addr) on TCP port {port}: a "
@@ -210,26 +217,49 @@ def waiting(a: argparse.Namespace) -> str | None:
     return f"{this} joining the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}: waiting{bound} for node 0, which hosts it"
 
 
-def connect_within_join_timeout() -> None:
-    """A node reaching node 0's store (torchrun's c10d backend) gives up within the join timeout, not torch's 60 s
-    read timeout twice over: TCPStore retries its connect once more after its timeout (measured: 128 s with
-    --join-timeout=20, and the same with 120), so a third of the bound, as the nodes' heartbeat takes
-    (dockyard.train.nodes). The same timeout bounds the rendezvous' own store operations, which take milliseconds. A
-    read_timeout given in --rdzv-conf is kept."""
+def rendezvous_store() -> None:
+    """torchrun's c10d backend, as its store is made:
+    - a node reaching node 0's store gives up within the join timeout, not torch's 60 s read timeout twice over:
+      TCPStore retries its connect once more after its timeout (measured: 128 s with --join-timeout=20, and the same
+      with 120), so a third of the bound, as the nodes' heartbeat takes (dockyard.train.nodes). The same timeout bounds
+      the rendezvous' own store operations, which take milliseconds. A read_timeout given in --rdzv-conf is kept.
+    - node 0 leaves its rendezvous id in the store, and every other node the one it came for: a node given another
+      --run-id reached node 0 and then both waited out the join timeout, each told to check a firewall. It stops at
+      once saying node 0's id, and node 0 says, when its wait ends, which ids came."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
     first = c10d.create_backend
-    if getattr(first, "connect_within_join_timeout", False):
+    if getattr(first, "rendezvous_store", False):
         return
 
     def create_backend(params):
         join = params.get("join_timeout")
         if params.get("read_timeout") is None and str(join).isascii() and str(join).isdecimal():
             params.config["read_timeout"] = str(max(2, int(join) // 3))
-        return first(params)
+        backend, store = first(params)
+        STORE[:] = [store]  # held: node 0's not_met reads who came, from its own store
+        if params.get_as_bool("is_host"):
+            store.set(HOSTED, params.run_id)
+        else:
+            store.append(CAME_FOR, f"{params.run_id}\n")
+            hosted = store.get(HOSTED).decode(errors="replace") if store.check([HOSTED]) else params.run_id
+            if hosted != params.run_id:
+                OTHER_RUN.append(hosted)
+                raise RendezvousConnectionError(f"node 0 hosts the rendezvous {hosted}")
+        return backend, store
 
-    create_backend.connect_within_join_timeout = True
+    create_backend.rendezvous_store = True
     c10d.create_backend = create_backend
+
+
+def came_for(a: argparse.Namespace) -> list[str]:
+    """The other rendezvous ids the nodes that reached this node's store came for (node 0's, as its wait ends)."""
+    with contextlib.suppress(Exception):  # a store gone already: nothing to say
+        if STORE and STORE[0].check([CAME_FOR]):
+            ids = STORE[0].get(CAME_FOR).decode(errors="replace").split()
+            return sorted(set(ids) - {a.rdzv_id})
+    return []
 
 
 def underlying(error: BaseException) -> tuple[BaseException, str]:
@@ -394,6 +424,10 @@ def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:
 MET: list[dict[int, tuple[int, int, int] | None]] = []
 RECORDS: dict[int, Path] = {}  # each node's record (main)
 MEETING: dict = {}  # the rendezvous of several nodes this node waits for, and since when (waiting)
+# in the c10d store: node 0's rendezvous id, and the ones the other nodes came for (rendezvous_store)
+HOSTED, CAME_FOR = "dockyard/rendezvous-id", "dockyard/came-for"
+STORE: list = []  # the c10d backend's store, once made
+OTHER_RUN: list[str] = []  # node 0's rendezvous id, where it is not this node's
 
 
 def fresh_store_per_attempt() -> None:

@@ -275,6 +275,41 @@ def test_nodes_that_meet_each_say_so_with_how_long_they_waited(tmp_path, loopbac
                             lines[1]), (rank, err)
 
 
+
+def test_a_node_given_another_run_id_is_told_node_0_s_at_once_and_node_0_which_came(tmp_path, loopback_port):
+    """--run-id mn70p on node 0 and mn70q on node 1 (two network namespaces): node 1 reached node 0's store, and both
+    waited out the join timeout, each then told to check a firewall or its --master-addr. Two real torchruns on
+    loopback: node 1 stops at once naming node 0's id, and node 0, when its wait ends, the id that came."""
+    import time
+
+    port = loopback_port
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    nodes = []
+    for rank, run_id in ((0, "idA"), (1, "idB")):
+        nodes.append(subprocess.Popen(
+            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+             f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=20", "--local-addr=127.0.0.1", "worker.py"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}))
+        time.sleep(3)
+    try:
+        node1 = nodes[1].communicate(timeout=15)  # within the join timeout: node 0 still waits
+        assert nodes[0].poll() is None, "node 0 should still be waiting"
+        node0 = nodes[0].communicate(timeout=120)
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                kill_tree(p.pid)
+    assert nodes[1].returncode == 1 and "Traceback" not in node1[1], node1[1]
+    assert node1[1].strip().splitlines()[-1] == (
+        f"torchrun: node 0 at 127.0.0.1:{port} hosts the rendezvous idA, not this node's idB: start every node with "
+        "the same --run-id (node 0's is idA); where both runs are meant, give this one another --master-port")
+    assert nodes[0].returncode == 1 and node0[1].strip().splitlines()[-1] == (
+        f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{port} within 20 s: a node came for the "
+        "rendezvous idB: start every node with the same --run-id (idA here)"), node0[1]
+
+
 def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
     """compose/multinode.yml's default (DOCKYARD_NPROC=gpu) on a node without GPUs: torchrun's ValueError traceback
     ("Cuda is not available"). CUDA_VISIBLE_DEVICES="" hides any GPU this runs on."""
