@@ -482,6 +482,12 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     elif node_rank == 0 and d.exists() and any(not runfolder.OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run{_never_trained(d)}: pick another --run-id, or add "
                             "--resume to continue it")
+    elif node_rank > 0 and (d / runfolder.manifest_file(node_rank)).is_file():
+        # this node's own record: an earlier start of this id (a new run's node I writes it only as it ends). Node 0
+        # refuses such a folder; this node waited out the join timeout, then summarised that old record as its run's
+        raise DockyardError(f"run folder {d} already holds a run (this node's record "
+                            f"{runfolder.manifest_file(node_rank)}, of an earlier start){_never_trained(d)}: pick "
+                            "another --run-id, or add --resume to continue it")
     return d
 
 

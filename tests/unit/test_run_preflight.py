@@ -1294,6 +1294,29 @@ def test_a_node_resumed_after_it_was_lost_is_not_given_another_nodes_inputs_as_i
     refused(r, f"--resume: run m1 read data {data}, and a resume mounts what its command names: give it again: ")
 
 
+
+def test_node_1_started_again_on_a_run_id_it_has_a_record_of_is_refused_as_node_0_is(env, tmp_path, monkeypatch):
+    """Two nodes started with another recipe each failed ("the nodes were not started alike"); both started again with
+    the same --run-id: node 0 was refused ("already holds a run ... rm -r"), node 1 waited out the join timeout for
+    it, then printed its old manifest-node1.json as this run's outcome ("run mn70r: failed · recipe ddp ... the nodes
+    were not started alike"). Node 1 is now refused at once in node 0's words."""
+    from dockyard.launch import multinode
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    record = {"run_id": "r1", "status": "failed", "metrics": {"steps": 0},
+              "error": "the nodes were not started alike: node 1 with recipe ddp (node 0: lora)"}
+    (run / "manifest.json").write_text(json.dumps(record))
+    (run / "manifest-node1.json").write_text(json.dumps({**record, "node_rank": 1}))
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.2"})
+    refused(dry(env, "--run-id=r1", "--nodes=2", "--master-addr=198.18.0.1", "--node-rank=1"),
+            f"run folder {run} already holds a run (this node's record manifest-node1.json, of an earlier start), which "
+            "failed before it trained (the nodes were not started alike: node 1 with recipe ddp (node 0: lora)); to "
+            f"use the id again, remove it: rm -r {run}. Otherwise: pick another --run-id, or add --resume")
+    (run / "manifest-node1.json").unlink()  # a new run's node 1: node 0's record alone is no refusal of node 1's
+    assert dry(env, "--run-id=r1", "--nodes=2", "--master-addr=198.18.0.1", "--node-rank=1").returncode == 0
+
+
 def test_a_node_resumes_with_the_recipe_its_trainer_holds_the_run_to(env, tmp_path, monkeypatch):
     """Node 1's record names another recipe than the run's manifest.json (a record of another run copied in, or
     crafted): node 1's `invoke run --resume` took its own record's zero3, which the trainer refused ("was trained with
