@@ -7,6 +7,7 @@ create runs/<run-id>/ → `docker run` (GPUs, --ipc=host, ulimits, mounts, host 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
@@ -188,6 +189,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         # --run-id at once, one gets the folder and the other stops here, touching nothing of it.
         runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
     else:
+        made_here = not run_dir.exists()  # (another node's) a folder for node 0 to claim, which this node made first
         run_dir.mkdir(parents=True, exist_ok=True)  # node 0's, on a shared folder; or the run being resumed
     before = _traces(run_dir, r.node_rank)
     # the GPUs this run was given (--gpus, CUDA_VISIBLE_DEVICES), none on CPU: the others are no part of its verdict
@@ -202,7 +204,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
             after = _traces(run_dir, r.node_rank)
             refused = bool(proc.returncode and r.resume and before[0] and after == before)
             never_started = bool(proc.returncode and made and not _trainer_wrote(run_dir, r.node_rank))
-            if (refused or never_started) and watching:  # the run's plots and verdict stay those of the run it
+            # another node's that never met node 0 (or was refused by it): node 0 keeps nothing; nor does it
+            not_here = bool(proc.returncode and not made and not r.resume and not _trainer_wrote(run_dir, r.node_rank))
+            if (refused or never_started or not_here) and watching:  # the run's plots and verdict stay those of the run it
                 watching.discard()  # was; a run that never started has none ("balanced" said of a refusal)
     if interrupted:
         raise _interrupted(r, run_dir, interrupted, made) from None
@@ -221,6 +225,16 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         raise DockyardError(f"--resume of run {run_dir.name} trained on and then failed (exit {proc.returncode}; see "
                             f"{run_dir}/train.log){newest}: its manifest was not rewritten and still describes the run "
                             "before this resume")
+    if not_here:
+        # its monitor's empty samples file was all it left (listed by `invoke runs` as a run with no manifest)
+        with contextlib.suppress(OSError):
+            samples = run_dir / watching.name(runfolder.MONITOR_SAMPLES) if watching else None
+            if samples and samples.stat(follow_symlinks=False).st_size == 0:
+                samples.unlink()
+            if made_here:
+                run_dir.rmdir()  # empty: node 0 made nothing there since
+        raise DockyardError(f"the run did not start on this node (exit {proc.returncode}, for the reason above); "
+                            "nothing of this node's was kept, so the same command can be run again")
     if never_started:
         # The trainer refused before its log, or never started (docker refused the run): keep nothing that would
         # block the same --run-id. The reason is the line above, whoever said it (the trainer, torchrun, docker).

@@ -1317,6 +1317,23 @@ def test_node_1_started_again_on_a_run_id_it_has_a_record_of_is_refused_as_node_
     assert dry(env, "--run-id=r1", "--nodes=2", "--master-addr=198.18.0.1", "--node-rank=1").returncode == 0
 
 
+
+def test_node_1_that_never_met_node_0_keeps_nothing_as_node_0_keeps_nothing(env, tmp_path, monkeypatch, loopback_port):
+    """Node 1 started alone (node 0 not started, or at another address): node 0 in its place says "nothing was kept,
+    so the same command can be run again" and removes the folder; node 1 left runs/ID holding its monitor's files,
+    listed by `invoke runs` as a run "no manifest (stopped before it began?)", said "monitor: no samples" and "the
+    run wrote no manifest". A real native torchrun as node 1, its node 0 a loopback port nothing listens on."""
+    from dockyard.launch import multinode
+
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "lo", "addr": "198.18.0.2"})
+    r = invoke_here("run", "--native", "--cpu", "--recipe=lora", "--nproc=1", "--nodes=2", "--node-rank=1",
+                    "--master-addr=127.0.0.1", f"--master-port={loopback_port}", "--run-id=r1", "--join-timeout=6",
+                    env=env)
+    refused(r, "the run did not start on this node (exit 1, for the reason above); nothing of this node's was kept, so "
+               "the same command can be run again")
+    assert "no samples" not in r.stderr and not (tmp_path / "runs" / "r1").exists(), r.stderr
+
+
 def test_a_node_resumes_with_the_recipe_its_trainer_holds_the_run_to(env, tmp_path, monkeypatch):
     """Node 1's record names another recipe than the run's manifest.json (a record of another run copied in, or
     crafted): node 1's `invoke run --resume` took its own record's zero3, which the trainer refused ("was trained with
