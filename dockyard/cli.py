@@ -275,7 +275,8 @@ def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -
         return (f"{flag} needs a value, as in {flag}=VALUE; a value that starts with '-' is read as another flag "
                 f"({where})")
     if m := _UNKNOWN.match(said):
-        token = m[2]
+        token = m[2]  # as Invoke's repr() wrote it: escapes already escaped, in its quotes
+        named = f"{m[1]}{token}{m[1]}"
         switches = {f for f, arg in getattr(e.context, "flags", {}).items() if arg.kind is bool}
         switch = next((flag for flag, eq, value in (a.partition("=") for a in argv)
                        if flag in switches and eq and value == token), None)
@@ -288,10 +289,10 @@ def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -
         if twice := _given_twice(argv, token):  # Invoke reads a flag's second value as a task
             return f"{twice} is given twice: give it once, as in {twice}={token}"
         if recipe := _a_recipe(token, argv):
-            return f"no task named {token!r}: {recipe}"
+            return f"no task named {named}: {recipe}"
         # a word after a task is more often that task's argument than a second task: only the first is matched
         near = "" if set(argv[:argv.index(token)] if token in argv else argv) & set(tasks) else _closest(token, tasks)
-        return f"no task named {token!r} ({f'did you mean {near}? ' if near else ''}`invoke --list` lists the tasks)"
+        return f"no task named {named} ({f'did you mean {near}? ' if near else ''}`invoke --list` lists the tasks)"
     return f"{said} ({where})"
 
 

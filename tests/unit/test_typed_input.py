@@ -239,6 +239,8 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["run", "--dry="], "--dry is a switch and takes no value"),
     (["slurm", "--out={tmp}/job.sbatch", "--runtime=pyxis", "pyxis"], "no task named 'pyxis'"),
     (["nosuchtask"], "no task named 'nosuchtask' (`invoke --list`"),
+    # an escape in the word, written escaped once (it was repr()'d twice over: 'ev\\x1bil')
+    (["ev\x1bil"], "no task named 'ev\\x1bil' (`invoke --list`"),
     # the newcomer audit: a recipe given as a word was "no task named 'zero2' (`invoke --list` lists the tasks)"
     (["run", "zero2"], "no task named 'zero2': a recipe is given as a flag, as in `invoke run --recipe=zero2`"),
     (["slurm", "--nodes=2", "lora"], "no task named 'lora': a recipe is given as a flag, as in `invoke slurm "
