@@ -29,13 +29,15 @@ LOADER_TEMPLATE = Path(__file__).parent / "load.sh"
 MANIFEST_LIMIT, SUMS_LIMIT, SIGNATURE_LIMIT = 16 * MiB, 64 * 1024, 64 * 1024
 
 
-def archives_in(folder: Path, most: int = 3) -> list[str]:
-    """The names of the archives in `folder` (those `invoke save` writes, by their suffix), at most `most`."""
+def archives_in(folder: Path, most: int = 3) -> str:
+    """The archives in `folder` (those `invoke save` writes, by their suffix), named: at most `most`, then how many
+    more; "" where there are none."""
     try:
         names = sorted(p.name for p in folder.iterdir() if p.name.endswith(tuple(SUFFIXES.values())) and p.is_file())
     except OSError:
-        return []
-    return names[:most]
+        return ""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(str(folder / name) for name in names[:most]) + more
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,7 @@ class ArchivePaths:
         found = archives_in(folder)
         raise DockyardError(f"{self.archive} is {'a folder, ' if folder is self.archive else ''}not an image archive: "
                             f"expected a name ending in {', '.join(SUFFIXES.values())}"
-                            + (f"; {'it' if folder is self.archive else 'its folder'} holds "
-                               f"{', '.join(str(folder / name) for name in found)}" if found else ""))
+                            + (f"; {'it' if folder is self.archive else 'its folder'} holds {found}" if found else ""))
 
     @property
     def method(self) -> str:

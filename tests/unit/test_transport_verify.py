@@ -210,6 +210,11 @@ def test_the_folder_of_an_archive_given_for_it_names_the_archive(tmp_path):
     for wrong in (tmp_path, tmp_path / "load.sh"):
         with pytest.raises(DockyardError, match=f"not an image archive: .* holds {paths.archive}$"):
             load_mod.load(Settings(), str(wrong))
+    for n in range(4):  # a folder of many: three named, and how many more (there were three, and no word of the rest)
+        (tmp_path / f"other{n}.tar.zst").write_bytes(b"")
+    with pytest.raises(DockyardError, match=r"holds \S+/other0.tar.zst, \S+/other1.tar.zst, \S+/other2.tar.zst and 2 "
+                                            r"more$"):
+        load_mod.load(Settings(), str(tmp_path))
 
 
 def test_a_sign_key_that_is_no_key_is_refused_before_the_save(tmp_path, monkeypatch):
