@@ -152,7 +152,10 @@ def check_buildkit(settings: Settings, info: dict | None = None) -> Check:
 def check_gpus(host: Host) -> Check:
     if not host.gpus:
         return Check("gpus", PASS, f"no NVIDIA GPU ({host.error or 'NVML sees none'}): the cpu variant will be used")
-    names = sorted({g.name + (f" (compute {g.capability})" if g.capability else "") for g in host.gpus})
+    # the brand NVIDIA_REQUIRE_CUDA's brand= is held against (a --devel image refused on a GeForce: variants)
+    names = sorted({g.name + (f" ({said})" if (said := ", ".join(
+        ([f"compute {g.capability}"] if g.capability else []) + ([f"brand {g.brand}"] if g.brand else []))) else "")
+        for g in host.gpus})
     mem = min(g.memory_bytes for g in host.gpus) / GIB
     detail = f"{host.count} × {', '.join(names)} ({mem:.1f} GiB each), {variants.driver_says(host)}"
     if not host.cuda:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dockyard.common.errors import DockyardError
-from dockyard.gpus import Host, Recorded
+from dockyard.gpus import Gpu, Host, Recorded
 from dockyard.images import variants
 from dockyard.machine import container, doctor
 from dockyard.settings import Settings
@@ -98,6 +98,15 @@ def test_gpus_without_nvidia_runtime_fail_with_the_fix(monkeypatch):
     assert doctor.check_runtime(host, {"Runtimes": {"nvidia": {}}}, []).status == doctor.PASS
     assert doctor.check_runtime(host, {}, ["/etc/cdi/nvidia.yaml"]).status == doctor.PASS
     assert "2 × NVIDIA A100-SXM4-80GB (80.0 GiB each), driver 570.124.06" in doctor.check_gpus(host).detail
+
+
+def test_doctor_says_each_gpus_brand_which_a_devel_images_requirement_is_held_against():
+    """A --devel image is refused on a GeForce with a 535 driver for its brand (variants.require_refuses): doctor's GPU
+    line said the model and its compute capability, not the brand the refusal names."""
+    host = Host("535.183.01", "12.2", [Gpu(0, "NVIDIA GeForce RTX 3090", 24 << 30, capability="8.6", brand="geforce")])
+    assert "1 × NVIDIA GeForce RTX 3090 (compute 8.6, brand geforce) (24.0 GiB each)" in doctor.check_gpus(host).detail
+    unread = Host("535.183.01", "12.2", [Gpu(0, "Tesla T4", 15 << 30, capability="7.5")])  # a recording without it
+    assert "1 × Tesla T4 (compute 7.5) (15.0 GiB each)" in doctor.check_gpus(unread).detail
 
 
 def test_doctor_names_nvlink_pairs_and_warns_of_gpus_across_sockets_without_p2p():
