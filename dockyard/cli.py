@@ -317,10 +317,9 @@ def _a_recipe(token: str, argv: list[str]) -> str:
     recipe = token if (ROOT / "recipes" / token / "recipe.yaml").is_file() else ""
     given = any(a == "--recipe" or a.startswith("--recipe=") for a in before)  # then a stray word is no recipe meant
     if not recipe and task and not given:  # a recipe misspelt, after a task that takes one (`invoke run lroa`)
-        from dockyard.common.recipes import closest_recipe
+        from dockyard.common.recipes import closest_recipe, folder_names
 
-        names = sorted(p.parent.name for p in (ROOT / "recipes").glob("*/recipe.yaml"))
-        recipe = closest_recipe(token, names).split(" ")[0]
+        recipe = closest_recipe(token, folder_names()).split(" ")[0]
     return f"a recipe is given as a flag, as in `invoke {task or 'run'} --recipe={recipe}`" if recipe else ""
 
 

@@ -14,12 +14,13 @@ from dockyard.common.units import human
 TAIL_LINES = 20  # how much of a failed command's output an error message quotes
 
 
-def check_free(folder: Path, need: int, what: str, hint: str) -> None:
-    """Refuse before writing when `folder` (or its nearest existing parent) lacks `need` bytes."""
+def check_free(folder: Path, need: int, what: str, hint: str) -> int:
+    """Refuse before writing when `folder` (or its nearest existing parent) lacks `need` bytes; the bytes free."""
     free = shutil.disk_usage(existing(folder)).free
     if free < need:
         raise DockyardError(f"not enough space in {folder}: {human(free)} free, {what} needs about "
                             f"{human(need)}. {hint}")
+    return free
 
 
 def existing(folder: Path) -> Path:

@@ -359,6 +359,12 @@ def closest_recipe(given: str, names: list[str]) -> str:
     return near[0] if near else ""
 
 
+def folder_names() -> list[str]:
+    """The names of the folders under recipes/ that hold a recipe.yaml, loaded or not: what a misspelt name is held
+    against (closest_recipe)."""
+    return sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
+
+
 def load_recipe(name_or_dir: str | Path) -> Recipe:
     """A recipe by name (recipes/<name>/) or by the path of a folder holding a recipe.yaml."""
     folder = Path(name_or_dir)
@@ -366,7 +372,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         folder = RECIPES / str(name_or_dir)
     path = folder / "recipe.yaml"
     if not path.is_file():
-        names = sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
+        names = folder_names()
         if Path(name_or_dir).is_dir():  # a folder of one's own, without its recipe.yaml (a name is looked up first)
             raise DockyardError(f"the folder {str(name_or_dir)!r} holds no recipe.yaml: copy a recipe's folder to "
                                 f"start from (cp -r recipes/zero2 {shown(shlex.quote(str(name_or_dir)))}), or pick one of "

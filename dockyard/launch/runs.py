@@ -60,7 +60,7 @@ def run_folders(runs: Path) -> list[Path]:
     except OSError as e:
         raise DockyardError(f"cannot list the runs folder {runs}: {e.strerror or e}; give runs_dir (invoke.yaml, or "
                             "INVOKE_DOCKYARD_RUNS_DIR) a folder this user can read") from None
-    return [p for _, p in sorted(found, key=lambda found: found[0], reverse=True)]
+    return [p for _, p in sorted(found, key=lambda seen: seen[0], reverse=True)]
 
 
 def run_line(run_dir: Path) -> tuple[str, ...]:
@@ -89,4 +89,3 @@ def run_line(run_dir: Path) -> tuple[str, ...]:
     where = "native" if m.variant in runfolder.NATIVE_VARIANTS else m.variant
     return (run_dir.name, m.recipe, m.status, str(met.steps) if met and met.steps is not None else "", loss,
             f"{where} ×{m.world_size}" if m.world_size else where, written)
-

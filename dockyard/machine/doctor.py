@@ -16,7 +16,7 @@ from pathlib import Path
 from dockyard import engine, gpus
 from dockyard.common.errors import DockyardError
 from dockyard.common.units import GIB
-from dockyard.gpus import Host, Link
+from dockyard.gpus import Gpu, Host, Link
 from dockyard.images import build, variants
 from dockyard.machine import container
 from dockyard.machine.check import FAIL, PASS, WARN, Check
@@ -149,13 +149,17 @@ def check_buildkit(settings: Settings, info: dict | None = None) -> Check:
                  "to a client that has it")
 
 
+def _gpu_words(g: Gpu) -> str:
+    """A GPU as doctor names it: its model, compute capability and brand where NVML said them (the brand is what
+    NVIDIA_REQUIRE_CUDA's brand= is held against: a --devel image refused on a GeForce, variants.require_unmet)."""
+    said = [words for words in (g.capability and f"compute {g.capability}", g.brand and f"brand {g.brand}") if words]
+    return g.name + (f" ({', '.join(said)})" if said else "")
+
+
 def check_gpus(host: Host) -> Check:
     if not host.gpus:
         return Check("gpus", PASS, f"no NVIDIA GPU ({host.error or 'NVML sees none'}): the cpu variant will be used")
-    # the brand NVIDIA_REQUIRE_CUDA's brand= is held against (a --devel image refused on a GeForce: variants)
-    names = sorted({g.name + (f" ({said})" if (said := ", ".join(
-        ([f"compute {g.capability}"] if g.capability else []) + ([f"brand {g.brand}"] if g.brand else []))) else "")
-        for g in host.gpus})
+    names = sorted({_gpu_words(g) for g in host.gpus})
     mem = min(g.memory_bytes for g in host.gpus) / GIB
     detail = f"{host.count} × {', '.join(names)} ({mem:.1f} GiB each), {variants.driver_says(host)}"
     if not host.cuda:

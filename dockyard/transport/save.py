@@ -80,8 +80,8 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     cache = layer_cache(settings, compress, level)
     remove_left_behind(paths, cache)  # before the free-space check, which they took from
     least = int(tar_estimate * LEAST_SHARE[compress]) + MARGIN
-    console.check_free(out_dir, least, "the archive", "Free some space or pass --out=DIR on a larger disk.")
-    if (free := shutil.disk_usage(console.existing(out_dir)).free) < archive_need:
+    free = console.check_free(out_dir, least, "the archive", "Free some space or pass --out=DIR on a larger disk.")
+    if free < archive_need:
         print(f"warning: {console.human(free)} free in {out_dir}, and the archive may take up to "
               f"{console.human(archive_need)} ({console.human(tar_estimate)} of images, which {compress} makes "
               f"{LEAST_SHARE[compress]:.0%}-{COMPRESSED_SHARE[compress]:.0%} of): saving; where the disk fills, the "
