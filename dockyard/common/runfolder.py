@@ -21,7 +21,6 @@ file is opened relative to it, so a folder swapped for a link after the check is
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -591,18 +590,6 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 # folders of the runs folder that tasks other than `invoke run` write (dockyard.launch.slurm, k8s, run.shell): no run's
 TOOL_FOLDERS = {"slurm": "the sbatch scripts of `invoke slurm`", "k8s": "the manifests of `invoke k8s`",
                 "shell": "the files of `invoke shell` sessions"}
-
-
-def latest_runs(runs: Path, count: int = 3) -> list[str]:
-    """The ids of the runs folder's newest runs (those holding a manifest), newest first: what an error missing one
-    offers."""
-    found = []
-    with contextlib.suppress(OSError):  # no runs folder, or one this user cannot list: none offered
-        for p in runs.iterdir():
-            with contextlib.suppress(OSError):  # a folder this user may not open, or one removed since: the rest count
-                if p.is_dir() and not p.is_symlink() and (p / MANIFEST).is_file():
-                    found.append((p.stat().st_mtime, p.name))
-    return [name for _, name in sorted(found, reverse=True)[:count]]
 
 
 def checkpoint_step(checkpoint: Path | str) -> int:

@@ -37,9 +37,17 @@ def list_runs(settings: Settings) -> None:
           "`invoke run --resume --run-id=ID` continues one that stopped")
 
 
-def newest_runs(runs: Path) -> str:
-    """What an error missing a run id offers: the newest ids, and where to see them all."""
-    latest = runfolder.latest_runs(runs)
+def newest_runs(runs: Path, count: int = 3) -> str:
+    """What an error missing a run id offers: the ids of the newest runs (folders holding a manifest), and where to
+    see them all. Never an error of its own: a runs folder this user cannot list offers none."""
+    latest = []
+    with contextlib.suppress(DockyardError):
+        for p in run_folders(runs):
+            with contextlib.suppress(OSError):  # a folder this user may not open, or one removed since: the rest count
+                if not p.is_symlink() and (p / runfolder.MANIFEST).is_file():
+                    latest.append(p.name)
+            if len(latest) == count:
+                break
     return (f"the newest in {runs}: {', '.join(latest)}; `invoke runs` lists them all" if latest else
             f"{runs} holds no run yet")
 
