@@ -233,7 +233,7 @@ def failed(raised: BaseException, run: Run | None) -> int:
         return 128 + signal.SIGTERM
     if run:
         finish(run, "".join(traceback.format_exception_only(type(e), e)).strip())
-        if run.error and run.error.startswith("lost node "):
+        if run.error and nodes.LOST_SAID.match(run.error):
             # a collective cut off by another node lost (gloo's "Connection reset by peer" from its address): said in
             # one line as it was recorded (nodes.explain, or the heartbeat's verdict), not in a traceback per rank
             return 1

@@ -26,6 +26,9 @@ from dockyard.common import envvars, runfolder, tree
 from dockyard.common.errors import DockyardError, first_line, loads
 from dockyard.common.recipes import Recipe
 
+# how every way of finding a node gone words it (explain, the heartbeat's verdict; torchrun's records, ending's one line)
+LOST_SAID = re.compile(r"lost node (\d{1,6})\b")
+
 
 def first_of_node() -> bool:
     """This process is its node's first (local rank 0; one started without torchrun is): the one that says what every

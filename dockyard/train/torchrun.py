@@ -39,6 +39,7 @@ from pathlib import Path
 from dockyard.common import envvars, runfolder
 from dockyard.common.cores import usable_cores
 from dockyard.common.errors import DockyardError, first_line, shown
+from dockyard.train.nodes import LOST_SAID
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
 # and says it is invalid in three lines of its own, as it loads
@@ -299,7 +300,7 @@ def settle(args: list[str], a: argparse.Namespace | None, error: BaseException |
     if not (record.get("status") == "failed" and isinstance(record.get("error"), str)):
         return
     said = record["error"]
-    lost = LOST_NODE.match(said)
+    lost = LOST_SAID.match(said)
     node_0_gone = me != 0 and error is not None and said.startswith(STOPPED)
     first = _failed_first(path.parent, int(lost[1]) if lost else 0, me, found) if lost or node_0_gone else None
     if first:
@@ -319,13 +320,12 @@ def settle(args: list[str], a: argparse.Namespace | None, error: BaseException |
     if record["error"] != said:
         with contextlib.suppress(OSError, DockyardError):
             runfolder.write(path.parent, path.name, text)
-    if me != 0 and (lost := LOST_NODE.match(record["error"])) and lost[1] == "0":
+    if me != 0 and (lost := LOST_SAID.match(record["error"])) and lost[1] == "0":
         with contextlib.suppress(OSError, DockyardError):
             runfolder.create(path.parent, runfolder.MANIFEST, text)
 
 
-# how every way of finding a node gone words it (dockyard.train.nodes), and how settle() words a node's failure
-LOST_NODE = re.compile(r"lost node (\d{1,6})\b")
+# how settle() words a node's failure
 FAILED_FIRST = re.compile(r"node (\d{1,6}) \(.*?\) failed first: ")
 
 
@@ -350,7 +350,7 @@ def _failed_first(run_dir: Path, node: int, me: int, found: dict[int, tuple[int,
         error = str(record.get("error") or "")
         if UNRECORDED in error or error.startswith(STOPPED):
             return None
-        if named := LOST_NODE.match(error) or FAILED_FIRST.match(error):
+        if named := LOST_SAID.match(error) or FAILED_FIRST.match(error):
             node = int(named[1])
             continue
         return node, first_line(error, 200) or "no error recorded"
