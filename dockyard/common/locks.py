@@ -98,7 +98,7 @@ def gone(pid: int) -> bool:
     """Whether no process of that id runs on this host (one that does may be another than the writer: kept)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # past any pid_t: digits a name made up (os.kill's OverflowError)
         return True
     except OSError:  # another user's
         return False

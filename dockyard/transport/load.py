@@ -168,7 +168,7 @@ def say_killed(settings: Settings, store: str, name: str, before: dict[str, str]
 # load.sh's private folder (mktemp -d "$TMPDIR/dockyard-load.$$.HOST_TAG.XXXXXX", its host's locks.host_tag; none
 # before the tag), which it keeps in the form said_moved (in load.sh) reads: `manifest.json`, the set's, checked;
 # `before`, written just before docker load, as tag_snapshot lists the tags; `load.out`, what docker load said
-LOAD_SH_FOLDER = re.compile(r"dockyard-load\.(\d+)\.(?:([0-9a-f]{8})\.)?[^.]+")
+LOAD_SH_FOLDER = re.compile(r"dockyard-load\.([0-9]+)\.(?:([0-9a-f]{8})\.)?[^.]+")
 
 
 def killed_load_sh_folders() -> list[tuple[Path, str]]:
@@ -179,11 +179,11 @@ def killed_load_sh_folders() -> list[tuple[Path, str]]:
     with contextlib.suppress(OSError):
         for p in load_sh_tmpdir().iterdir():
             m = LOAD_SH_FOLDER.fullmatch(p.name)
-            if not m or m[2] not in (None, locks.host_tag()) or not locks.gone(int(m[1])):
+            if not m or m[2] not in (None, locks.host_tag()):
                 continue
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # this user's folder first: anyone may make such a name in /tmp
                 st = p.lstat()
-                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and locks.gone(int(m[1])):
                     found.append((p, m[1]))
     return found
 

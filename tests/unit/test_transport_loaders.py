@@ -979,6 +979,25 @@ def test_invoke_load_looks_for_a_killed_load_sh_s_folder_where_load_sh_made_it(t
         subprocess.run(["rm", "-rf", str(killed)], check=True)
 
 
+def test_a_load_sh_folder_name_of_a_pid_no_process_can_have_ends_no_load_in_a_traceback(tmp_path, monkeypatch, capsys):
+    """Anyone may make a name in /tmp: another local user's `mkdir /tmp/dockyard-load.99999999999999999999999.x`
+    ended every other user's invoke load in an OverflowError traceback (os.kill of a pid past a C long), before the
+    name was found to be no folder of this user's. Another's such name is left alone, and this user's own folder of a
+    pid no process can have is a killed load.sh's, removed as load.sh removes it."""
+    from dockyard.common import locks
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(load_mod.locks, "private_folder", lambda: tmp_path / "private")
+    theirs = tmp_path / f"dockyard-load.{'9' * 23}.x"  # not this user's folder (a file; another user's on a real /tmp)
+    theirs.write_bytes(b"")
+    mine = tmp_path / f"dockyard-load.{'9' * 30}.{locks.host_tag()}.bbbbbb"
+    mine.mkdir()
+    (mine / "t_1.tar").write_bytes(b"copy")  # killed before docker load: no `before`
+    load_mod.said_killed_loads(Settings(), "classic")
+    assert theirs.exists() and not mine.exists()
+    assert f"removed {mine}, the private copy of a load.sh killed before it could remove it" in capsys.readouterr().err
+
+
 def test_load_sh_and_invoke_tag_a_host_name_that_is_not_utf8_alike(tmp_path, monkeypatch):
     """A host name of bytes outside UTF-8 (sethostname takes any; Python reads it with surrogateescape): invoke's
     host tag hashed a ? for each such byte and load.sh (uname -n) the bytes, so invoke load took this host's folder of
