@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         settle(args, given, None, this_attempts())
         return 1
     except (RendezvousTimeoutError, RendezvousConnectionError) as e:
-        print(f"torchrun: {not_met(given, e)}", file=sys.stderr, flush=True)
+        # escaped: the rendezvous ids it names are read from the store, which anyone who reaches its port may write
+        print(f"torchrun: {shown(not_met(given, e))}", file=sys.stderr, flush=True)
         if MET and isinstance(e, RendezvousConnectionError):
             settle(args, given, e, this_attempts())
         return 1
