@@ -78,7 +78,7 @@ def run_line(run_dir: Path) -> tuple[str, ...]:
         st = run_dir.lstat()
     except OSError:  # removed since the folder was read
         return run_dir.name, "", "removed while listed", "", "", "", ""
-    written = dt.datetime.fromtimestamp(st.st_mtime).strftime("%Y-%m-%d %H:%M")
+    written = when(st.st_mtime)
     if stat.S_ISLNK(st.st_mode):  # one a container planted, or a run moved away and linked back: never followed
         return run_dir.name, "", "a link, not a run folder: remove it", "", "", "", written
     if runfolder.training_now(run_dir):  # a resume's manifest is the attempt before's until this one ends
@@ -97,3 +97,12 @@ def run_line(run_dir: Path) -> tuple[str, ...]:
     where = "native" if m.variant in runfolder.NATIVE_VARIANTS else m.variant
     return (run_dir.name, m.recipe, m.status, str(met.steps) if met and met.steps is not None else "", loss,
             f"{where} ×{m.world_size}" if m.world_size else where, written)
+
+
+def when(mtime: float) -> str:
+    """A folder's time as the list says it; "?" for one no date holds (a container's `touch -d @1e15` on tmpfs or
+    btrfs, which keep any time: fromtimestamp's ValueError ended the whole list in a traceback)."""
+    try:
+        return dt.datetime.fromtimestamp(mtime).strftime("%Y-%m-%d %H:%M")
+    except (ValueError, OverflowError, OSError):
+        return "?"

@@ -127,3 +127,24 @@ def test_a_link_in_the_runs_folder_is_said_not_followed(tmp_path):
     row = {line.split()[0]: line for line in _listed(runs).splitlines()}
     assert "a link, not a run folder: remove it" in row["moved"] and "completed" not in row["moved"], row
     assert "completed" in row["mine"]
+
+
+@pytest.mark.parametrize("mtime", [1e15, -1e12])
+def test_a_run_folder_of_a_time_no_date_holds_is_listed_not_a_traceback(mtime):
+    """tmpfs and btrfs keep any time a folder is given (ext4 stops at 2446): a container's `touch -d @1000000000000000`
+    on its run folder (or another user's in a shared runs folder) ended `invoke runs` in fromtimestamp's ValueError
+    traceback ('year 31690708 is out of range'), no run listed. On tmpfs (/dev/shm), as a runs folder there is."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    runs = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        _run(runs, "mine", 100, recipe="lora", status="completed")
+        odd = _run(runs, "odd", 0, recipe="lora", status="completed")
+        os.utime(odd, (0, mtime))
+        assert odd.stat().st_mtime == mtime  # kept as given, as tmpfs keeps it
+        row = {line.split()[0]: line for line in _listed(runs).splitlines()}
+        assert "completed" in row["mine"] and "completed" in row["odd"] and row["odd"].rstrip().endswith("?"), row
+    finally:
+        shutil.rmtree(runs)
