@@ -24,17 +24,24 @@ def list_runs(settings: Settings) -> None:
     """Print the runs folder's runs, one line each, newest first, and what to do next with one. Plain columns, never
     cut: a run id is what the next command takes, whole, however narrow the terminal."""
     runs = settings.path(settings.runs_dir)
-    rows = [tuple(shown(cell) for cell in run_line(d)) for d in run_folders(runs)]  # a folder any container named
+    rows = [tuple(map(cell, run_line(d))) for d in run_folders(runs)]  # a folder any container named
     if not rows:
         print(f"no runs in {runs} yet: `invoke run --recipe=lora` trains one (`invoke recipes` lists the others)")
         return
     print(f"runs in {runs}, newest first")
     widths = [max(len(row[i]) for row in (HEADER, *rows)) for i in range(len(HEADER))]
     for row in (HEADER, *rows):
-        cells = (cell.rjust(w) if i == 3 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+        cells = (text.rjust(w) if i == 3 else text.ljust(w) for i, (text, w) in enumerate(zip(row, widths, strict=True)))
         print("  ".join(cells).rstrip())
     print("`invoke export --run=ID` writes a completed run's model as a Hugging Face folder; "
           "`invoke run --resume --run-id=ID` continues one that stopped")
+
+
+def cell(text: str) -> str:
+    """A cell as the list shows it: escaped as every message is (errors.shown), and a line break or a tab too, which
+    shown keeps: a folder a container named 'x<newline>lora-0101  lora  completed ...' was a row of its own, a run
+    that is not there listed as completed."""
+    return shown(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def newest_runs(runs: Path, count: int = 3) -> str:

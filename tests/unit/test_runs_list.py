@@ -148,3 +148,14 @@ def test_a_run_folder_of_a_time_no_date_holds_is_listed_not_a_traceback(mtime):
         assert "completed" in row["mine"] and "completed" in row["odd"] and row["odd"].rstrip().endswith("?"), row
     finally:
         shutil.rmtree(runs)
+
+
+def test_a_folder_named_with_a_line_break_is_one_row_not_a_forged_one(tmp_path):
+    """shown() keeps a line break: a folder a container named 'x<newline>lora-20261207  lora  completed ...' was
+    listed as two lines, the second a run that is not there, completed, in the id column."""
+    runs = tmp_path / "runs"
+    _run(runs, "mine", 100, recipe="lora", status="completed")
+    _run(runs, "x\nforged-run  lora  completed  500  1.2 → 0.3  cpu ×2\tx", 0)
+    out = _listed(runs)
+    assert not any(line.startswith("forged-run") for line in out.splitlines()), out
+    assert "x\\nforged-run  lora  completed  500  1.2 → 0.3  cpu ×2\\tx " in out, out
