@@ -314,7 +314,8 @@ def _a_recipe(token: str, argv: list[str]) -> str:
         return ""
     before = argv[:argv.index(token)] if token in argv else argv
     task = next((a for a in reversed(before) if a in _TAKES_OVERRIDES), None)
-    recipe = token if (ROOT / "recipes" / token / "recipe.yaml").is_file() else ""
+    # os.path: a word past a file name's 255 bytes (a pasted hash) is none, not is_file()'s ENAMETOOLONG traceback
+    recipe = token if os.path.isfile(ROOT / "recipes" / token / "recipe.yaml") else ""
     given = any(a == "--recipe" or a.startswith("--recipe=") for a in before)  # then a stray word is no recipe meant
     if not recipe and task and not given:  # a recipe misspelt, after a task that takes one (`invoke run lroa`)
         from dockyard.common.recipes import closest_recipe, folder_names

@@ -239,6 +239,9 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["run", "--dry="], "--dry is a switch and takes no value"),
     (["slurm", "--out={tmp}/job.sbatch", "--runtime=pyxis", "pyxis"], "no task named 'pyxis'"),
     (["nosuchtask"], "no task named 'nosuchtask' (`invoke --list`"),
+    # a word past a file name's 255 bytes (a pasted hash), looked up as a recipe folder: ENAMETOOLONG's traceback
+    (["run", "a" * 300], f"no task named '{'a' * 300}' (`invoke --list`"),
+    (["a" * 300], f"no task named '{'a' * 300}' (`invoke --list`"),
     # an escape in the word, written escaped once (it was repr()'d twice over: 'ev\\x1bil')
     (["ev\x1bil"], "no task named 'ev\\x1bil' (`invoke --list`"),
     # the newcomer audit: a recipe given as a word was "no task named 'zero2' (`invoke --list` lists the tasks)"
