@@ -55,7 +55,7 @@ def newest_runs(runs: Path, count: int = 3) -> str:
                     latest.append(p.name)
             if len(latest) == count:
                 break
-    return (f"the newest in {runs}: {', '.join(latest)}; `invoke runs` lists them all" if latest else
+    return (f"the newest in {runs}: {', '.join(map(cell, latest))}; `invoke runs` lists them all" if latest else
             f"{runs} holds no run yet")
 
 

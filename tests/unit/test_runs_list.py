@@ -159,3 +159,17 @@ def test_a_folder_named_with_a_line_break_is_one_row_not_a_forged_one(tmp_path):
     out = _listed(runs)
     assert not any(line.startswith("forged-run") for line in out.splitlines()), out
     assert "x\\nforged-run  lora  completed  500  1.2 → 0.3  cpu ×2\\tx " in out, out
+
+
+def test_the_runs_an_error_offers_are_each_one_word_not_a_forged_line(tmp_path):
+    """The newest run ids an error missing one offers (export --run, run --resume) were written as the folders are
+    named: one named 'x<newline>warning: run mine was deleted, retrain it: ...' (a container's mkdir) printed a line
+    of its own under dockyard's error, in dockyard's words."""
+    runs = tmp_path / "runs"
+    _run(runs, "x\nwarning: run mine was deleted, retrain it: invoke run --recipe=lora", 0, recipe="lora",
+         status="completed")
+    for args in (("export", "--run=nope"), ("run", "--resume", "--run-id=nope", "--dry")):
+        r = invoke_here(*args, env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs)})
+        error = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+        assert r.returncode == 1 and len(error) == 1, r.stderr
+        assert "x\\nwarning: run mine was deleted" in error[0] and "\nwarning: run mine" not in r.stderr, r.stderr
