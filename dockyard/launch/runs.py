@@ -17,14 +17,18 @@ from dockyard.common.errors import DockyardError, shown
 from dockyard.settings import Settings
 
 LISTED = (stat.S_IFDIR, stat.S_IFLNK)
+# a cell's width, but the run id's: a recipe's name is at most 64 characters (runfolder.NAME_MAX); a planted
+# manifest's recipe of 60 MB padded every row to that width
+WIDEST = 64
 HEADER = ("run id", "recipe", "status", "steps", "loss first → last", "where", "last written")
 
 
 def list_runs(settings: Settings) -> None:
-    """Print the runs folder's runs, one line each, newest first, and what to do next with one. Plain columns, never
-    cut: a run id is what the next command takes, whole, however narrow the terminal."""
+    """Print the runs folder's runs, one line each, newest first, and what to do next with one. Plain columns, the run
+    id never cut: it is what the next command takes, whole, however narrow the terminal."""
     runs = settings.path(settings.runs_dir)
-    rows = [tuple(map(cell, run_line(d))) for d in run_folders(runs)]  # a folder any container named
+    # a folder any container named, a manifest any container wrote: the id whole, the rest at most WIDEST wide
+    rows = [(cell(run_id), *(cut(cell(text)) for text in rest)) for run_id, *rest in map(run_line, run_folders(runs))]
     if not rows:
         print(f"no runs in {runs} yet: `invoke run --recipe=lora` trains one (`invoke recipes` lists the others)")
         return
@@ -42,6 +46,10 @@ def cell(text: str) -> str:
     shown keeps: a folder a container named 'x<newline>lora-0101  lora  completed ...' was a row of its own, a run
     that is not there listed as completed."""
     return shown(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
+def cut(text: str) -> str:
+    return text if len(text) <= WIDEST else text[:WIDEST - 1] + "…"
 
 
 def newest_runs(runs: Path, count: int = 3) -> str:

@@ -173,3 +173,17 @@ def test_the_runs_an_error_offers_are_each_one_word_not_a_forged_line(tmp_path):
         error = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
         assert r.returncode == 1 and len(error) == 1, r.stderr
         assert "x\\nwarning: run mine was deleted" in error[0] and "\nwarning: run mine" not in r.stderr, r.stderr
+
+
+def test_a_planted_manifest_of_a_huge_recipe_name_leaves_the_list_readable(tmp_path):
+    """A manifest a container wrote with a recipe of 100,000 letters (up to the 64 MiB a manifest may be) padded every
+    row of `invoke runs` to that width: 100 kB of blanks per line, the list lost in them. Cells but the run id are cut
+    at 64 characters."""
+    runs = tmp_path / "runs"
+    _run(runs, "mine", 100, recipe="lora", status="completed", metrics={"steps": 5, "loss_first": 1e300,
+                                                                       "loss_last": 0.5})
+    _run(runs, "planted", 0, recipe="r" * 100_000, status="completed")
+    out = _listed(runs)
+    assert max(len(line) for line in out.splitlines()) < 400, max(len(line) for line in out.splitlines())
+    row = {line.split()[0]: line for line in out.splitlines()}
+    assert "r" * 63 + "…" in row["planted"] and "completed" in row["planted"] and "lora" in row["mine"], out
