@@ -46,6 +46,8 @@ from dockyard.common.recipes import (
 )
 
 DATA = ROOT / "data"
+# the checkout's data/ files the image ships (the default data of each task): nothing else a user keeps in data/
+SAMPLES = {"causal_lm": "sample.jsonl", "seq_cls": "sample-classify.jsonl"}
 TINY_MODEL = ROOT / "dockyard" / "train" / "assets" / "tiny-llama"  # the tokenizer and config the trainer ships
 # TrainingArguments' fields and number types, as the pinned transformers has them: the host has no transformers
 TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
@@ -142,7 +144,7 @@ class RunSettings(BaseModel):
     def data_path(self) -> Path:
         if self.data:
             return Path(self.data)
-        return DATA / ("sample-classify.jsonl" if self.task == "seq_cls" else "sample.jsonl")
+        return DATA / SAMPLES[self.task]
 
     @property
     def profiled(self) -> tuple[int, int] | None:

@@ -27,6 +27,7 @@ from dockyard import engine
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, open_plain
 from dockyard.common.locks import held_alone
+from dockyard.common.run_settings import SAMPLES
 from dockyard.common.tree import code_hash
 from dockyard.images import variants
 from dockyard.images.variants import Variant
@@ -561,9 +562,14 @@ def copy_context(dst: Path, variant: Variant, wheels: Path | None = None) -> Pat
     """What the build reads: the checkout's build files copied; the variant's wheelhouse (`wheels`, default the
     checkout's) hard-linked and its lock copied into wheels/, which the Dockerfile bind-mounts by that fixed name
     (the build cache then holds one copy of the wheels, the context's, not a second in a build stage: 3-4 GB per
-    CUDA variant). Also for rebuilds that edit files safely."""
-    for name in ("dockyard", "data", "recipes"):
+    CUDA variant). Also for rebuilds that edit files safely. Of data/, the samples only: a user's dataset kept there
+    (`--data=data/mine.jsonl` is mounted) went into every image and every archive saved from it, a link there to
+    /dev/zero into the context without end."""
+    for name in ("dockyard", "recipes"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "data").mkdir()
+    for sample in SAMPLES.values():
+        shutil.copy2(ROOT / "data" / sample, dst / "data" / sample)
     (dst / "images").mkdir()
     for f in (ROOT / "images").iterdir():  # the Dockerfile and the scripts its steps bind-mount
         if f.is_file():

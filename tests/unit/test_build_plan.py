@@ -3,6 +3,7 @@
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -559,6 +560,32 @@ def test_a_wheelhouse_link_to_no_file_is_left_out_of_the_context(settings, lock_
     assert proc.returncode == 0, proc.stderr[-2000:]
     sent = sorted(p.name for p in (tmp_path / "context" / "wheels").iterdir())
     assert sent == sorted([*(w.name for w in lock_of_two), "lock.txt"])
+
+
+def test_only_the_sample_data_of_the_checkout_goes_into_the_image(settings, lock_of_two, tmp_path, monkeypatch):
+    """A user's dataset kept in the checkout's data/ (`--data=data/mine.jsonl`, mounted when the run starts) was
+    copied into the build's context, so into every image and every archive saved from it (gigabytes shipped to the
+    air-gapped node, their data in an image others pull); a link there to /dev/zero was read without end. The
+    context's data/ holds the samples the trainer falls back on, nothing else."""
+    checkout = tmp_path / "checkout"
+    (checkout / "data").mkdir(parents=True)
+    for name in ("dockyard", "recipes", "images", ".dockerignore"):
+        (checkout / name).symlink_to(ROOT / name)
+    for sample in ("sample.jsonl", "sample-classify.jsonl"):
+        shutil.copy2(ROOT / "data" / sample, checkout / "data" / sample)
+    (checkout / "data" / "mine.jsonl").write_text('{"text": "private"}\n')
+    (checkout / "data" / "corpus").mkdir()
+    (checkout / "data" / "corpus" / "part-0.jsonl").write_text('{"text": "private"}\n')
+    (checkout / "data" / "zero.jsonl").symlink_to("/dev/zero")
+    monkeypatch.setattr(build, "ROOT", checkout)
+    wh = tmp_path / "wh" / "cpu"
+    wh.mkdir(parents=True)
+    for w in lock_of_two:
+        shutil.copy2(w, wh / w.name)
+    context = build.copy_context(tmp_path / "context", variants.resolve(settings, "cpu")[0], wheels=wh)
+    assert sorted(p.name for p in (context / "data").iterdir()) == ["sample-classify.jsonl", "sample.jsonl"]
+    for sample in ("sample.jsonl", "sample-classify.jsonl"):
+        assert sha256(context / "data" / sample) == sha256(ROOT / "data" / sample)
 
 
 def test_a_wheelhouse_no_index_answers_for_says_how_to_bring_it(settings, lock_of_two, tmp_path):
