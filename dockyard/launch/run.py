@@ -14,6 +14,7 @@ import re
 import reprlib
 import shlex
 import shutil
+import stat
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -475,10 +476,27 @@ def not_a_run_id(run_id: str) -> str:
     return f"{shown}: use letters, digits, '_', '.' and '-', starting with a letter or digit, at most {RUN_ID_CHARS}"
 
 
+def _others_may_swap(runs: Path) -> str:
+    """A runs folder every user may write, not sticky (a shared folder made with chmod 777): any of them may rename a
+    run folder of this user's and put one of theirs in its place, checkpoints a resume loads included. Said, not
+    refused: a volume shared by design (a cluster's, every pod's uid) is often so."""
+    try:
+        st = os.stat(runs)
+    except OSError:
+        return ""
+    if not st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_ISVTX:
+        return ""
+    return (f"the runs folder {runs} can be written by every user and is not sticky (mode {stat.filemode(st.st_mode)}): "
+            f"any of them could rename a run folder of yours and put theirs in its place, checkpoints included; "
+            f"`chmod +t {runs}` keeps each user's folders their own, as in /tmp")
+
+
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:
     """runs/<run-id>/, refusing to overwrite a run. Only node 0 owns the folder: on a shared filesystem the
     other nodes find it already made by node 0 (and they must be given the same --run-id)."""
     runs = settings.path(settings.runs_dir)
+    if swappable := _others_may_swap(runs):
+        print(f"warning: {swappable}", file=sys.stderr)
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
     run_id = run_id or f"{runfolder.recipe_name(recipe)}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"

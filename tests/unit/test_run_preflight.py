@@ -531,6 +531,21 @@ def test_resume_needs_the_run_id(env):
                                                    f"in {runs}: newest, newer, old; `invoke runs` lists them all)")
 
 
+def test_a_runs_folder_every_user_may_write_and_rename_in_is_said(env):
+    """A shared runs folder made with chmod 777 (no sticky bit): any user may rename a run folder of another's and
+    put theirs in its place, the checkpoints a resume loads included. Nothing said so. Said now, with the fix
+    (chmod +t, as /tmp is); not refused (a cluster's volume every pod's uid writes is often so), and not said once
+    the folder is sticky or only its owner writes it."""
+    runs = Path(env["INVOKE_DOCKYARD_RUNS_DIR"])
+    runs.mkdir()
+    said = "can be written by every user and is not sticky (mode drwxrwxrwx)"
+    for mode, warned in ((0o777, True), (0o1777, False), (0o755, False)):
+        os.chmod(runs, mode)
+        r = dry(env)
+        assert r.returncode == 0, r.stderr
+        assert (said in r.stderr and f"`chmod +t {runs}`" in r.stderr) == warned, (oct(mode), r.stderr)
+
+
 def _finished_run(runs, run_id, recipe, native=False):
     """A run folder as a completed run leaves it: its manifest.json (the keys the trainer writes) and a checkpoint;
     trained in the cpu image, or on this host (`native`)."""
