@@ -250,6 +250,58 @@ runnable() {
 	done
 	echo "${kept:-$*}"
 }
+# A recipe name the image holds none of ($RECIPES), refused as invoke run refuses it (recipes.load_recipe), with its
+# did-you-mean. A path (a folder inside the image) is the trainer's to judge, and so is every name where the image
+# listed no recipes.
+known_recipe() {
+	[ -n "$RECIPES" ] || return 0
+	case $RECIPE in */*) return 0 ;; *[[:space:]]*) ;; *) case " $RECIPES" in *" $RECIPE "*) return 0 ;; esac ;; esac
+	near=$(closest_recipe "$RECIPE")
+	why=${near:+did you mean $near? }
+	[ ! -d "$HERE" ] || why="the folder $RECIPE here holds no recipe.yaml; "
+	[ -z "$RESUME" ] || [ -n "$RECIPE_GIVEN" ] || why="the run $RUN_ID trained with it: give its folder again (--recipe=FOLDER), or "
+	die "--recipe=$RECIPE: image $IMAGE holds no recipe $RECIPE: ${why}pick one of $(printf '%s' "${RECIPES% }" | sed 's/ /, /g') or give a folder that holds a recipe.yaml"
+}
+# closest_recipe (dockyard/common/recipes.py) in awk: of $RECIPES, the one the name $1 most likely meant, or nothing.
+# The same letters and digits (ZeRO2, zero_2), zero2 for DeepSpeed, else difflib.get_close_matches(name, names, 1,
+# 0.75): the name of the highest SequenceMatcher ratio, twice the characters of the blocks the two have in common (the
+# longest first, earliest in the name; then the same on either side of it) over both lengths; the last of equal ones.
+closest_recipe() {
+	NAMES=$RECIPES awk -v given="$1" '
+	function plain(s) { s = tolower(s); gsub(/[^a-z0-9]/, "", s); return s }
+	function common(a, b,   n, m, lo, hi, blo, bhi, i, j, k, best, bi, bj) {
+		n = 1; LO[1] = 0; HI[1] = length(a); BLO[1] = 0; BHI[1] = length(b)
+		while (n > 0) {
+			lo = LO[n]; hi = HI[n]; blo = BLO[n]; bhi = BHI[n]; n--
+			best = 0; split("", prev)
+			for (i = lo; i < hi; i++) {
+				split("", cur)
+				for (j = blo; j < bhi; j++) if (substr(a, i + 1, 1) == substr(b, j + 1, 1)) {
+					k = cur[j] = ((j - 1) in prev ? prev[j - 1] : 0) + 1
+					if (k > best) { best = k; bi = i - k + 1; bj = j - k + 1 }
+				}
+				split("", prev); for (j in cur) prev[j] = cur[j]
+			}
+			if (!best) continue
+			m += best
+			n++; LO[n] = lo; HI[n] = bi; BLO[n] = blo; BHI[n] = bj
+			n++; LO[n] = bi + best; HI[n] = hi; BLO[n] = bj + best; BHI[n] = bhi
+		}
+		return m
+	}
+	BEGIN {
+		n = split(ENVIRON["NAMES"], names, " "); g = plain(given); w = tolower(given)
+		if ((g == "deepspeed" || g == "ds" || g == "zero") && index(" " ENVIRON["NAMES"], " zero2 ")) {
+			print "zero2 (DeepSpeed ZeRO-2)"; exit
+		}
+		for (i = 1; i <= n; i++) if (plain(names[i]) == g) { print names[i]; exit }
+		for (i = 1; i <= n; i++) {
+			r = 2 * common(names[i], w) / (length(names[i]) + length(w))
+			if (r >= 0.75 && (r > top || (r == top && (names[i] "") > (pick "")))) { top = r; pick = names[i] }
+		}
+		if (pick != "") print pick
+	}'
+}
 
 RECIPE=@DEFAULT_RECIPE@ RECIPE_GIVEN= DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN= DISABLE_REQUIRE= RESUME=
 while [ $# -gt 0 ]; do
@@ -298,8 +350,12 @@ VARIANT=$(docker image inspect --format '{{index .Config.Labels "dockyard.varian
 	|| die "image $IMAGE is not loaded here: sh load.sh first (or --image=REF)"
 IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")
 # A container cannot lock more memory than the engine itself may, and gets the engine's limit by default: ask
-# for unlimited (NCCL, RDMA) only where the engine has it.
-MEMLOCK=$(docker run --rm --entrypoint sh "$IMAGE" -c 'ulimit -H -l' 2>/dev/null)
+# for unlimited (NCCL, RDMA) only where the engine has it. The same container lists the recipes the image holds (the
+# folders the trainer looks a name up in): a misspelt --recipe is refused before the run's container starts.
+PROBE=$(docker run --rm --entrypoint sh "$IMAGE" -c \
+	'ulimit -H -l; for f in @IMAGE_RECIPES@/*/recipe.yaml; do [ ! -f "$f" ] || echo "${f%/recipe.yaml}"; done' 2>/dev/null)
+MEMLOCK=$(printf '%s\n' "$PROBE" | head -n 1)
+RECIPES=$(printf '%s\n' "$PROBE" | sed -n '2,$s|.*/||p' | LC_ALL=C sort | tr '\n' ' ')
 case "$MEMLOCK" in unlimited | '' | *[!0-9]*) MEMLOCK=-1 ;; *) MEMLOCK=$((MEMLOCK * 1024)) ;; esac
 
 # A CUDA image trains on the node's GPUs unless --cpu. A node without an NVIDIA driver (no nvidia-smi) trains on CPU;
@@ -372,6 +428,7 @@ if [ -n "$RESUME" ]; then
 fi
 RECIPE_IN=$RECIPE
 here --recipe "$RECIPE"
+[ -f "$HERE/recipe.yaml" ] || known_recipe
 if [ -f "$HERE/recipe.yaml" ]; then
 	mountable --recipe "$RECIPE"
 	folder=$(cd "$HERE" && pwd)

@@ -20,7 +20,7 @@ from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import node
 from dockyard.launch import run as launch_run
-from dockyard.launch.inputs import INPUTS, USER_RECIPES
+from dockyard.launch.inputs import IMAGE_ROOT, INPUTS, USER_RECIPES
 from dockyard.settings import Settings
 
 TEMPLATE = Path(__file__).parent / "run.sh"
@@ -82,7 +82,7 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
                         "@CUDA_VARIANTS@": " ".join(shlex.quote(f"{v.name}={v.cuda}") for v in newest_first),
                         "@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
                         "@CPU_NPROC@": str(node.CPU_NPROC), "@ROOTLESS_SHM@": engine.ROOTLESS_SHM,
-                        "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES,
+                        "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES, "@IMAGE_RECIPES@": f"{IMAGE_ROOT}/recipes",
                         "@DEFAULT_RECIPE@": launch_run.DEFAULT_RECIPE,
                         "@DATA_SUFFIXES@": " ".join(BUILDERS),
                         "@COMMAND@": "\n".join(lines)}.items():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dockyard import ROOT
+from dockyard.common.recipes import closest_recipe, folder_names
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import run as launch_run
@@ -33,7 +34,9 @@ image) if [ "$2" = ls ]; then  # the images FAKE_LOADED names, of the variant a 
        *Config.Env*) echo PATH=/usr/bin; [ -z "${FAKE_REQUIRE-}" ] || echo "NVIDIA_REQUIRE_CUDA=$FAKE_REQUIRE" ;;
        *) echo sha256:feed ;;
        esac ;;
-run) case "$*" in *"ulimit -H -l"*) echo 8192 ;; *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
+run) case "$*" in  # run.sh's probe: the engine's memlock limit, then the recipe folders FAKE_RECIPES names
+     *"ulimit -H -l"*) echo 8192; for r in ${FAKE_RECIPES-}; do echo "/opt/dockyard/recipes/$r"; done ;;
+     *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
 """
 # nvidia-smi as a node's driver shows it: its header (driver, CUDA version), its list (-L) of FAKE_GPU_COUNT GPUs,
@@ -562,6 +565,40 @@ def test_run_sh_and_load_sh_say_how_they_are_used_and_a_run_that_never_began_lea
     assert argv and proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == "run.sh: the run stopped before it began (exit 0): its reason is above"
     assert not (tmp_path / "runs" / "typo").exists()
+
+
+def test_a_recipe_name_the_image_holds_none_of_is_refused_before_docker_with_the_name_meant(node, tmp_path):
+    """`sh run.sh --recipe=zreo2` started the run's container (seconds of a CUDA image's noise on a GPU node) for the
+    trainer inside to refuse the name; invoke run refuses it at once, with its did-you-mean. run.sh lists the recipes
+    the image holds (its /opt/dockyard/recipes, in the container it starts anyway for the engine's memlock limit) and
+    refuses a name it lacks before the run's container, as invoke run words it."""
+    held = {"FAKE_RECIPES": " ".join(reversed(folder_names()))}  # the recipes/ the image was built from
+    proc, argv = node("--recipe=zreo2", "--run-id=typo", **held)
+    assert proc.returncode == 1 and not argv, proc.stderr
+    assert proc.stderr == (f"run.sh: --recipe=zreo2: image dockyard:0.1.0-cpu holds no recipe zreo2: did you mean "
+                           f"zero2? pick one of {', '.join(folder_names())} or give a folder that holds a recipe.yaml\n")
+    assert not (tmp_path / "runs" / "typo").exists()
+    for typed in ("zero-2", "ZeRO3", "deepspeed", "lroa", "zero3-ofload", "fdsp", "dpp", "zero2-offlaod", "xyz",
+                  "qlora zero2"):  # (two names of the list, side by side)
+        proc, argv = node(f"--recipe={typed}", **held)
+        near = closest_recipe(typed, folder_names())
+        assert not argv and (f": did you mean {near}? pick one of" if near else f"recipe {typed}: pick one of") \
+            in proc.stderr, (typed, proc.stderr)
+    (tmp_path / "zreo3").mkdir()  # a folder of the user's without its recipe.yaml
+    proc, argv = node("--recipe=zreo3", **held)
+    assert not argv and "holds no recipe zreo3: the folder zreo3 here holds no recipe.yaml; pick one" in proc.stderr
+    for given in ("zero2", str(ROOT / "recipes" / "lora")):  # a name it holds, a folder of one's own: trained
+        proc, argv = node(f"--recipe={given}", **held)
+        assert argv[argv.index("--recipe") + 1].endswith(given.rsplit("/")[-1]), proc.stderr
+    proc, argv = node("--recipe=zreo2")  # an image that lists none (not asked): the trainer judges it, as before
+    assert argv[argv.index("--recipe") + 1] == "zreo2", proc.stderr
+    run_dir = tmp_path / "runs" / "r1"  # a resumed run of a folder recipe, its folder not given again
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": "r1", "recipe": "mine", "status": "failed"},
+                                                      indent=2) + "\n")
+    proc, argv = node("--run-id=r1", "--resume", **held)
+    assert not argv and "holds no recipe mine: the run r1 trained with it: give its folder again " \
+                        "(--recipe=FOLDER), or pick one of" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("after, says", [
