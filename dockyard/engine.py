@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from dockyard import console
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, paths_as
 from dockyard.settings import IMAGE_NAME, Settings
 
 # `invoke setup` as root, by this Python's path: a venv's invoke is not on root's PATH, so `sudo invoke setup` fails
@@ -239,20 +239,13 @@ def _show_rest(stream, as_host) -> None:
 
 def container_paths_shown(argv: list[str]):
     """A function turning the paths a `docker run` mounts (its `-v HOST:INSIDE[:ro]` flags) into this host's in a
-    line of its output: the trainer's "see /workspace/runs/exp1/train.log" is the user's runs folder, not a path
-    they have. The longest mount first; a path is replaced only whole (followed by /, a blank, punctuation or the
-    end)."""
+    line of its output (errors.paths_as)."""
     mounts = {}
     for flag, value in itertools.pairwise(argv):
         if flag == "-v" and ":" in value:
             host, inside = value.split(":")[:2]
-            if inside.startswith("/") and inside != "/":
-                mounts[inside] = host
-    if not mounts:
-        return lambda text: text
-    pattern = re.compile(r"(?<![\w/.-])(?:" + "|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
-                         + r""")(?=[/\s:;,.)'"\]]|$)""")
-    return lambda text: pattern.sub(lambda m: mounts[m.group(0)], text)
+            mounts[inside] = host
+    return paths_as(mounts)
 
 
 PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL

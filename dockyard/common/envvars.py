@@ -5,7 +5,8 @@ pods' command, compose) and read by the trainer in the image, or set by a user f
 IMAGE_REF = "DOCKYARD_IMAGE_REF"        # the image the run trains in, as the user named it (manifest: image.ref)
 IMAGE_ID = "DOCKYARD_IMAGE_ID"          # its id (manifest: image.id)
 VARIANT = "DOCKYARD_VARIANT"            # its variant (manifest: variant; "native" without one)
-HOST_PATHS = "DOCKYARD_HOST_PATHS"      # JSON {path inside: host path} of the mounted inputs (manifest: inputs)
+HOST_PATHS = "DOCKYARD_HOST_PATHS"      # JSON {path inside: host path} of the mounted inputs (manifest: inputs) and,
+                                        # from run.sh, its other mounts (the paths the trainer's lines name: on_host)
 NODE_RANK = "DOCKYARD_NODE_RANK"        # the node's rank as the user numbered it (--node-rank, SLURM_NODEID, ...)
 RENDEZVOUS = "DOCKYARD_RENDEZVOUS"      # JSON: how the nodes found each other (endpoint, id, join timeout, ...)
 CPU_SHARE = "DOCKYARD_CPU_SHARE"        # the OMP_NUM_THREADS the image's torchrun gave each process (the trainer
@@ -42,3 +43,17 @@ def shared_timeout() -> float:
         raise DockyardError(f"{SHARED_TIMEOUT}={raw!r}: give the seconds the nodes wait to see each other's files in "
                             "the run folder, e.g. 120 (at most 86400)")
     return value
+
+
+def host_paths() -> dict | None:
+    """DOCKYARD_HOST_PATHS, {path inside: host path}, as invoke run and run.sh set it; None where it is no JSON
+    object ({} where it is not set)."""
+    import os
+
+    from dockyard.common.errors import loads
+
+    try:
+        host = loads(os.environ.get(HOST_PATHS) or "{}")
+    except ValueError:
+        return None
+    return host if isinstance(host, dict) else None

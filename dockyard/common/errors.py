@@ -8,9 +8,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from dockyard.common import envvars
 
 MiB = 1 << 20
 
@@ -157,3 +161,23 @@ def shown(message: str) -> str:
     """A message as the terminal should show it: a control character the user typed (a carriage return, an escape
     sequence) is written escaped, so it can neither hide the message nor drive the terminal."""
     return "".join(ch if ch.isprintable() or ch in "\n\t" else ascii(ch)[1:-1] for ch in message)
+
+
+def paths_as(mounts: Mapping[str, str]) -> Callable[[str], str]:
+    """A function writing the paths inside a container that `mounts` names ({inside: host path}) as the host's in a
+    line the container printed: the trainer's "see /workspace/runs/exp1/train.log" is the user's runs folder, not a
+    path they have. The longest first; a path is replaced only whole (followed by /, a blank, punctuation or the end)."""
+    mounts = {inside: host for inside, host in mounts.items()
+              if isinstance(host, str) and inside.startswith("/") and inside != "/"}
+    if not mounts:
+        return lambda text: text
+    pattern = re.compile(r"(?<![\w/.-])(?:" + "|".join(re.escape(p) for p in sorted(mounts, key=len, reverse=True))
+                         + r""")(?=[/\s:;,.)'"\]]|$)""")
+    return lambda text: pattern.sub(lambda m: mounts[m.group(0)], text)
+
+
+def on_host(text: str) -> str:
+    """A line the trainer prints, naming the host's paths for the container's that DOCKYARD_HOST_PATHS maps (run.sh
+    names every mount there, its runs folder too: a run.sh user read "the model is in /workspace/runs/r1/model");
+    unchanged outside a container."""
+    return paths_as(envvars.host_paths() or {})(text)

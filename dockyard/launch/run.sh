@@ -386,6 +386,9 @@ case "$NPROC" in '' | *[!0-9]* | 0*) die "--nproc=$NPROC: give a whole number of
 
 # Inputs: a file is mounted alone, a folder whole, both read-only (as `invoke run` does).
 MOUNTS= EXTRA= HOST_PATHS=
+# A mount's host path, for the trainer (DOCKYARD_HOST_PATHS): an input's for the manifest's record, and every mount's
+# for the lines it prints, which name this node's paths, not the container's (as invoke run shows them)
+on_host() { HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$1")\": \"$(json "$2")\""; }  # inside host
 input() {  # key host-path
 	mountable "--$1" "$2"
 	here "--$1" "$2"; path=$HERE
@@ -409,7 +412,7 @@ input() {  # key host-path
 	if [ -d "$path" ]; then inside=@INPUTS@/$1; else inside=@INPUTS@/$1/$(basename "$path"); fi
 	MOUNTS="$MOUNTS $(q -v) $(q "$host:$inside:ro")"
 	EXTRA="$EXTRA $(q "--$1") $(q "$inside")"
-	HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$inside")\": \"$(json "$host")\""
+	on_host "$inside" "$host"
 }
 [ -z "$MODEL" ] || input model "$MODEL"
 [ -z "$DATA" ] || input data "$DATA"
@@ -435,7 +438,7 @@ if [ -f "$HERE/recipe.yaml" ]; then
 	mountable --recipe "$folder"
 	RECIPE_IN=@USER_RECIPES@/${folder##*/}
 	MOUNTS="$MOUNTS $(q -v) $(q "$folder:$RECIPE_IN:ro")"
-	HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$RECIPE_IN")\": \"$(json "$folder")\""
+	on_host "$RECIPE_IN" "$folder"
 fi
 # the recipe's name in a run id as invoke run writes it: letters, digits, _ . - (others become -), 64 at most
 if [ -z "$RUN_ID" ]; then

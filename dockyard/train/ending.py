@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, Stopped, causes, loads, shown
+from dockyard.common.errors import DockyardError, Stopped, causes, loads, on_host, shown
 from dockyard.train import LAUNCHER, manifest, nodes
 from dockyard.train.record import Run
 
@@ -78,8 +78,8 @@ def _finish(run: Run, error: str | None) -> None:
     try:
         manifest.write(run.opts.run_dir, record, runfolder.manifest_file(nodes.node_rank()))
     except OSError as e:  # a full disk: the error above is what the user needs
-        print(f"error: cannot write {run.opts.run_dir / runfolder.manifest_file(nodes.node_rank())}: {e.strerror}",
-              file=sys.stderr)
+        print(on_host(f"error: cannot write {run.opts.run_dir / runfolder.manifest_file(nodes.node_rank())}: "
+                      f"{e.strerror}"), file=sys.stderr)
 
 
 def measured_so_far(log: Any) -> dict[str, Any]:
@@ -156,7 +156,7 @@ def lost(run: Run, message: str) -> NoReturn:
     """Another node stopped answering (nodes.Heartbeat, from its thread): whatever the main thread waits for,
     the node's first process says so and writes the manifest, and every process of this node exits."""
     if nodes.first_of_node():
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        print(on_host(f"error: {message}"), file=sys.stderr, flush=True)
         finish(run, message)
     else:
         time.sleep(nodes.GRACE)
@@ -214,7 +214,8 @@ def failed(raised: BaseException, run: Run | None) -> int:
         if not stopped_by_torchrun and (nodes.first_of_node() or (run is not None and not run.same_everywhere)
                                        or not _said_by_the_first()):
             with contextlib.suppress(OSError):  # a pipe whose reader died with the launcher: the manifest says it
-                print(f"error: {shown(str(e))}", file=sys.stderr)  # a config.json's escape sequence stays text
+                # a config.json's escape sequence stays text; the container's paths are said as the host's
+                print(on_host(f"error: {shown(str(e))}"), file=sys.stderr)
         if run:
             finish(run, str(e))
         return e.exit_code

@@ -10,22 +10,23 @@ from pathlib import Path
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import runfolder
+from dockyard.common.errors import on_host
 
 
 def setup_logging(run_dir: Path, is_main: bool) -> None:
     """train.log (rank 0) gets every library's INFO less LOG_NOISE; the console gets the run's own lines and every
     warning. The libraries' INFO (the model's config printed twice, each file saved, "share your model on
     huggingface.co") made a 6-step run about 130 lines on the console."""
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name.split(".")[0] == "dockyard")
+    console.setFormatter(OnHost(fmt))
     handlers: list[logging.Handler] = [console]
     if is_main:
         log = logging.StreamHandler(runfolder.append(run_dir, runfolder.TRAIN_LOG))  # never through a link
         log.addFilter(not_noise)
+        log.setFormatter(logging.Formatter(fmt))
         handlers.append(log)
-    for h in handlers:
-        h.setFormatter(fmt)
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
     # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process;
     # and loads the same model and tokenizer: the Trainer's "The tokenizer has new PAD/BOS/EOS tokens" likewise
@@ -34,6 +35,13 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     transformers.utils.logging.disable_default_handler()
     transformers.utils.logging.enable_propagation()
     transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+
+
+class OnHost(logging.Formatter):
+    """The console's lines, naming the host's paths where the trainer runs in a container (errors.on_host)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return on_host(super().format(record))
 
 
 # INFO lines of the libraries that train.log leaves out: each config printed whole as JSON (the model's twice, its

@@ -111,27 +111,17 @@ def build(run_dir: Path, recipe: Any, status: str, world_size: int, in_effect: d
     }
 
 
-def _host_paths() -> dict | None:
-    """DOCKYARD_HOST_PATHS, {path inside: host path}, as invoke run and run.sh set it; None where it is no JSON
-    object ({} where it is not set)."""
-    try:
-        host = loads(os.environ.get(envvars.HOST_PATHS) or "{}")
-    except ValueError:
-        return None
-    return host if isinstance(host, dict) else None
-
-
 def host_path(inside: str) -> str:
     """The host path of a path inside the container (DOCKYARD_HOST_PATHS), or `inside` where none is known (a native
     run's own path, a hub id)."""
-    host = (_host_paths() or {}).get(inside, inside)
+    host = (envvars.host_paths() or {}).get(inside, inside)
     return host if isinstance(host, str) else inside
 
 
 def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
     """key → the host path (as `invoke run` / run.sh mounted it, from DOCKYARD_HOST_PATHS), the path inside, and
     its fingerprint; keys naming no local path (a hub id) record the name alone."""
-    host = _host_paths()
+    host = envvars.host_paths()
     if host is None:  # set by invoke run and run.sh: a record of where the inputs came from, no more
         if os.environ.get("LOCAL_RANK", "0") == "0":  # once per node, not per process
             log.warning(f"{envvars.HOST_PATHS} is not a JSON object: the manifest records the inputs' paths "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import envvars, runfolder, tree
-from dockyard.common.errors import DockyardError, first_line, loads
+from dockyard.common.errors import DockyardError, first_line, loads, on_host
 from dockyard.common.recipes import Recipe
 
 # how every way of finding a node gone words it (explain, the heartbeat's verdict; torchrun's records, ending's one line)
@@ -263,7 +263,7 @@ def explain(error: str, run_dir: Path, nodes: list[dict[str, Any]]) -> str:
     neighbour on the same node (which stopped first), or which torchrun stopped, sees only that."""
     lost = lost_node(error, nodes)
     if lost:
-        print(f"error: {lost}", file=sys.stderr, flush=True)
+        print(on_host(f"error: {lost}"), file=sys.stderr, flush=True)
         runfolder.write(run_dir, runfolder.LOST_NODE, lost)  # a random temporary name: containers of several nodes share pids
     else:
         try:

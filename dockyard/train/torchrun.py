@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dockyard.common import envvars, runfolder
 from dockyard.common.cores import usable_cores
-from dockyard.common.errors import DockyardError, first_line, shown
+from dockyard.common.errors import DockyardError, first_line, on_host, shown
 from dockyard.train.nodes import LOST_SAID
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
@@ -308,7 +308,7 @@ def settle(args: list[str], a: argparse.Namespace | None, error: BaseException |
         node, failed = first
         record["error"] = (f"node {node} ({_who(record, node, a)}) failed first: {failed} (its record: "
                            f"{runfolder.manifest_file(node)}); this node was stopped with it")
-        print(f"torchrun: {shown(record['error'])}", file=sys.stderr, flush=True)  # its words: anyone's to write
+        print(on_host(f"torchrun: {shown(record['error'])}"), file=sys.stderr, flush=True)  # anyone's words
     elif node_0_gone:  # (a reason of this node's own is kept)
         cause, detail = underlying(error)
         record["error"] = (f"lost node 0 ({_who(record, 0, a)}): its torchrun, which holds the rendezvous {a.rdzv_id} "

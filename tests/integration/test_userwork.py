@@ -91,6 +91,46 @@ def test_run_sh_trains_on_the_air_gapped_node(node, cpu_image, tmp_path):
     assert m["status"] == "completed" and m["metrics"]["steps"] == 3 and m["recipe"] == "ddp"
 
 
+def test_run_sh_refuses_a_recipe_the_image_lacks_at_once_and_its_lines_name_this_nodes_paths(settings, cpu_image,
+                                                                                                tmp_path):
+    """Through the real image and engine: `sh run.sh --recipe=zreo2` started the run's container for the trainer to
+    refuse the name; a run's lines named /workspace/runs/ID/model and /workspace/inputs/data/..., the container's
+    paths. The image's recipes are read in the probe run.sh starts anyway, and the trainer says the node's paths."""
+    import os
+    import subprocess
+
+    from dockyard.common.recipes import folder_names
+    from dockyard.launch import runscript
+
+    (tmp_path / "run.sh").write_text(runscript.render(settings, cpu_image, "cpu"))
+    data, runs = tmp_path / "node data" / "x.jsonl", tmp_path / "node runs"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(16)))
+
+    def run_sh(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "run.sh", f"--image={cpu_image}", f"--runs={runs}", "--nproc=1", *args],
+                              cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)}, capture_output=True, text=True,
+                              timeout=600)
+
+    proc = run_sh("--recipe=zreo2", "--run-id=typo")
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr == (
+        f"run.sh: --recipe=zreo2: image {cpu_image} holds no recipe zreo2: did you mean zero2? pick one of "
+        f"{', '.join(folder_names())} or give a folder that holds a recipe.yaml\n"), proc.stderr
+    assert not (runs / "typo").exists()
+
+    proc = run_sh("--recipe=ddp", "--run-id=r1", f"--data={data}", "--", "--max_steps", "1")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert f"data {data}: format prompt_completion" in said
+    assert f"the model is in {runs}/r1/model, the record in {runs}/r1/manifest.json" in said
+    assert "/workspace/" not in said, said[-3000:]
+    data.write_text(data.read_text() + "{not json\n")
+    proc = run_sh("--recipe=ddp", "--run-id=r2", f"--data={data}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and f"error: cannot read {data}:17: not JSON" in said, said[-3000:]
+    assert "/workspace/" not in said, said[-3000:]
+
+
 def test_invoke_shell_runs_the_commands_piped_into_it_and_exits_with_theirs(cpu_image, tmp_path):
     """Without a terminal, `invoke shell` gave docker no -i: bash in the container read nothing, ran nothing and
     exited 0, whatever was piped in. Now the commands reach it, as the image's user, and their exit status is the

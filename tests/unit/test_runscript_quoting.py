@@ -5,6 +5,7 @@ no attack may run ($MARK never appears)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -106,7 +107,9 @@ def test_hostile_names_reach_docker_as_the_words_they_are(settings, tmp_path_fac
     assert argv[argv.index("--recipe") + 1] == f"/workspace/recipes/{recipe}"
     assert argv[-4:] == ["--run_name", override, "--data", inside]
     (record,) = [a for a in argv if a.startswith("DOCKYARD_HOST_PATHS=")]
-    assert json.loads(record.split("=", 1)[1]) == {inside: f"{base}/{data}", f"/workspace/recipes/{recipe}": str(folder)}
+    mounts = dict(reversed(value.split(":")[:2]) for flag, value in itertools.pairwise(argv) if flag == "-v")
+    assert json.loads(record.split("=", 1)[1]) == mounts  # each mount's host path, for the lines the trainer says
+    assert mounts[inside] == f"{base}/{data}" and mounts[f"/workspace/recipes/{recipe}"] == str(folder)
 
 
 def test_a_leading_tilde_is_the_home_folder_as_invoke_run_reads_it(settings, tmp_path):

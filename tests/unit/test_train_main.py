@@ -1156,3 +1156,38 @@ def test_a_deepspeed_section_replaces_the_trainers_optimizer_and_schedule_for_bo
     assert guards.deepspeed_sections(SimpleNamespace(deepspeed=None)) == {}
     guards.check_optim(given)  # neither refuses: DeepSpeed's sections are used, not the Trainer's settings
     guards.check_schedule_kwargs(given)
+
+
+def test_the_lines_a_run_in_a_container_prints_name_the_hosts_paths_of_its_mounts(tmp_path, capsys, monkeypatch):
+    """A run.sh user read "data /workspace/inputs/data/x.jsonl: format ...", "the model is in /workspace/runs/r1/model,
+    the record in ..." and "error: cannot read /workspace/inputs/data/x.jsonl:2: ...": the container's paths, which
+    they do not have (invoke run rewrites the lines it streams; run.sh hands them on as they are). The trainer says
+    the host's paths of the mounts DOCKYARD_HOST_PATHS names (run.sh names them all). Here tmp_path/inside plays the
+    container's side."""
+    import logging
+
+    from dockyard.common import envvars
+    from dockyard.train.__main__ import main
+
+    inside = tmp_path / "inside"
+    data = inside / "inputs" / "x.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(16)))
+    monkeypatch.setenv(envvars.HOST_PATHS, json.dumps({str(inside / "runs"): "/node/my runs",
+                                                       str(data): "/node/data/x.jsonl"}))
+    monkeypatch.delenv(envvars.SUMMARISED, raising=False)  # as run.sh starts it: the trainer says how it went
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    code = main(["--recipe", "ddp", "--run-dir", str(inside / "runs" / "r1"), "--", "--data", str(data),
+                 "--max_steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "data /node/data/x.jsonl: format prompt_completion" in err
+    assert "the model is in /node/my runs/r1/model, the record in /node/my runs/r1/manifest.json" in err
+    assert str(inside) not in err
+    assert json.loads((inside / "runs" / "r1" / "manifest.json").read_text())["inputs"]["data"]["path"] == \
+        "/node/data/x.jsonl", "the record is as before"
+
+    data.write_text(data.read_text() + "{not json\n")
+    code = main(["--recipe", "ddp", "--run-dir", str(inside / "runs" / "r2"), "--", "--data", str(data)])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: cannot read /node/data/x.jsonl:17: not JSON" in err and str(inside) not in err, err

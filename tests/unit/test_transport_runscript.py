@@ -2,6 +2,7 @@
 file names and overrides reaching docker as single words, never run. A stand-in `docker` on PATH records the argv
 (the real script on a real node: tests/integration/test_userwork.py)."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dockyard import ROOT
+from dockyard.common import envvars
 from dockyard.common.recipes import closest_recipe, folder_names
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
@@ -120,11 +122,29 @@ def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, 
                            overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
                            checkout_recipes=False, summarised=False)  # run.sh prints no summary: the trainer does
     want = plan.argv[1:]  # the docker binary aside (a setting)
+    # and DOCKYARD_HOST_PATHS, every mount's host path for the trainer's lines (invoke run shows the lines it streams
+    # with this host's paths itself): test_run_sh_tells_the_trainer_the_host_path_of_every_mount
+    at = argv.index(next(a for a in argv if a.startswith(f"{envvars.HOST_PATHS}=")))
+    del argv[at - 1:at + 1]
     hf, compiled = ":/workspace/.cache/huggingface", ":/workspace/.cache/compile"
     assert f"{tmp_path}/.cache/huggingface{hf}" in argv, "the node's own cache ($HF_HOME or ~/.cache/huggingface)"
     assert f"{tmp_path}/.cache/dockyard/compile{compiled}" in argv, "the node's own compile cache"
     assert f"{settings.path(settings.compile_cache)}{compiled}" in want
     assert [a for a in argv if not a.endswith((hf, compiled))] == [a for a in want if not a.endswith((hf, compiled))]
+
+
+def test_run_sh_tells_the_trainer_the_host_path_of_every_mount(node, tmp_path):
+    """The trainer's lines in a run.sh run named the container's paths ("the model is in /workspace/runs/r1/model",
+    "data /workspace/inputs/data/x.jsonl"), where invoke run shows its streamed lines with this host's: run.sh names
+    the host path of each mount in DOCKYARD_HOST_PATHS, whose paths the trainer says (errors.on_host)."""
+    data = tmp_path / "my data" / "x.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"text": "a"}\n')
+    proc, argv = node("--run-id=m1", f"--data={data}", f"--recipe={ROOT / 'recipes' / 'lora'}")
+    said = json.loads(next(a for a in argv if a.startswith(f"{envvars.HOST_PATHS}=")).partition("=")[2])
+    mounts = dict(reversed(value.split(":")[:2]) for flag, value in itertools.pairwise(argv) if flag == "-v")
+    assert said == mounts, proc.stderr
+    assert said["/workspace/runs"] == str(tmp_path / "runs") and str(data) in said.values()
 
 
 def test_run_sh_keeps_compiled_kernels_in_a_folder_of_the_users_that_nobody_else_can_write(node, tmp_path):
