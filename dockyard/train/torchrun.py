@@ -178,9 +178,17 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
         return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {OTHER_RUN[0]}, not this node's {a.rdzv_id}: start "
                 f"every node with the same --run-id (node 0's is {OTHER_RUN[0]}); where both runs are meant, give this "
                 "one another --master-port")
-    if isinstance(error, RendezvousTimeoutError) and (others := came_for(a)):
+    if OTHER_COUNT:
+        return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {a.rdzv_id} for --nodes={OTHER_COUNT[0]}, this node "
+                f"was started with --nodes={a.nnodes}: start every node with the same --nodes (compose: NNODES), the "
+                "number of nodes the run has")
+    if isinstance(error, RendezvousTimeoutError) and (others := came_for(a, CAME_FOR)):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node came for "
                 f"the rendezvous {', '.join(others)}: start every node with the same --run-id ({a.rdzv_id} here)")
+    if isinstance(error, RendezvousTimeoutError) and (counts := came_for(a, CAME_WITH)):
+        return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node "
+                f"started with --nodes={', '.join(counts)} came: start every node with the same --nodes (compose: NNODES; "
+                f"{a.nnodes} here)")
     if isinstance(error, RendezvousTimeoutError):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}; a node that "
                 f"was started but did not join cannot reach {addr} (its --master-addr) on TCP port {port}: a "
@@ -227,7 +235,10 @@ def rendezvous_store() -> None:
       the rendezvous' own store operations, which take milliseconds. A read_timeout given in --rdzv-conf is kept.
     - node 0 leaves its rendezvous id in the store, and every other node the one it came for: a node given another
       --run-id reached node 0 and then both waited out the join timeout, each told to check a firewall. It stops at
-      once saying node 0's id, and node 0 says, when its wait ends, which ids came."""
+      once saying node 0's id, and node 0 says, when its wait ends, which ids came.
+    - the same for the number of nodes: a node given --nodes=3 beside a node 0 given 2 waited out the join timeout
+      and was told it could not reach node 0; one given 2 beside a node 0 given 3 met it and both trained, world size
+      2, node 0 saying "the 3 nodes met"."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
@@ -241,27 +252,41 @@ def rendezvous_store() -> None:
             params.config["read_timeout"] = str(max(2, int(join) // 3))
         backend, store = first(params)
         STORE[:] = [store]  # held: node 0's not_met reads who came, from its own store
+        count = _count(params.min_nodes, params.max_nodes)
         if params.get_as_bool("is_host"):
             store.set(HOSTED, params.run_id)
-        else:
-            store.append(CAME_FOR, f"{params.run_id}\n")
-            hosted = store.get(HOSTED).decode(errors="replace") if store.check([HOSTED]) else params.run_id
-            if hosted != params.run_id:
-                OTHER_RUN.append(hosted)
-                raise RendezvousConnectionError(f"node 0 hosts the rendezvous {hosted}")
+            store.set(HOSTED_COUNT, count)
+            return backend, store
+        store.append(CAME_FOR, f"{params.run_id}\n")
+        hosted = store.get(HOSTED).decode(errors="replace") if store.check([HOSTED]) else params.run_id
+        if hosted != params.run_id:
+            OTHER_RUN.append(hosted)
+            raise RendezvousConnectionError(f"node 0 hosts the rendezvous {hosted}")
+        store.append(CAME_WITH, f"{count}\n")
+        hosted = store.get(HOSTED_COUNT).decode(errors="replace") if store.check([HOSTED_COUNT]) else count
+        if hosted != count:
+            OTHER_COUNT.append(hosted)
+            raise RendezvousConnectionError(f"node 0 hosts the rendezvous for --nodes={hosted}")
         return backend, store
 
     create_backend.rendezvous_store = True
     c10d.create_backend = create_backend
 
 
-def came_for(a: argparse.Namespace) -> list[str]:
-    """The other rendezvous ids the nodes that reached this node's store came for (node 0's, as its wait ends)."""
+def came_for(a: argparse.Namespace, key: str) -> list[str]:
+    """What the nodes that reached this node's store came with (node 0's, as its wait ends), where it is not this
+    node's own: the rendezvous ids (CAME_FOR), or the numbers of nodes (CAME_WITH)."""
+    own = a.rdzv_id if key == CAME_FOR else str(a.nnodes)
     with contextlib.suppress(Exception):  # a store gone already: nothing to say
-        if STORE and STORE[0].check([CAME_FOR]):
-            ids = STORE[0].get(CAME_FOR).decode(errors="replace").split()
-            return sorted(set(ids) - {a.rdzv_id})
+        if STORE and STORE[0].check([key]):
+            said = STORE[0].get(key).decode(errors="replace").split()
+            return sorted(set(said) - {own})
     return []
+
+
+def _count(least: int, most: int) -> str:
+    """A number of nodes as --nnodes gives it: N, or MIN:MAX."""
+    return str(most) if least == most else f"{least}:{most}"
 
 
 def underlying(error: BaseException) -> tuple[BaseException, str]:
@@ -425,10 +450,13 @@ def no_gpu_for_one_per_gpu(given: argparse.Namespace) -> bool:
 MET: list[dict[int, tuple[int, int, int] | None]] = []
 RECORDS: dict[int, Path] = {}  # each node's record (main)
 MEETING: dict = {}  # the rendezvous of several nodes this node waits for, and since when (waiting)
-# in the c10d store: node 0's rendezvous id, and the ones the other nodes came for (rendezvous_store)
+# in the c10d store: node 0's rendezvous id and number of nodes, and those the other nodes came with
+# (rendezvous_store)
 HOSTED, CAME_FOR = "dockyard/rendezvous-id", "dockyard/came-for"
+HOSTED_COUNT, CAME_WITH = "dockyard/rendezvous-nodes", "dockyard/came-with-nodes"
 STORE: list = []  # the c10d backend's store, once made
 OTHER_RUN: list[str] = []  # node 0's rendezvous id, where it is not this node's
+OTHER_COUNT: list[str] = []  # node 0's number of nodes, where it is not this node's
 
 
 def fresh_store_per_attempt() -> None:

@@ -276,31 +276,38 @@ def test_nodes_that_meet_each_say_so_with_how_long_they_waited(tmp_path, loopbac
 
 
 
-def test_a_node_given_another_run_id_is_told_node_0_s_at_once_and_node_0_which_came(tmp_path, loopback_port):
-    """--run-id mn70p on node 0 and mn70q on node 1 (two network namespaces): node 1 reached node 0's store, and both
-    waited out the join timeout, each then told to check a firewall or its --master-addr. Two real torchruns on
-    loopback: node 1 stops at once naming node 0's id, and node 0, when its wait ends, the id that came."""
+def _node_1_refused_at_once(tmp_path, port: int, nodes: tuple, join_timeout: int):
+    """Two real torchruns on loopback, each (rank, run id, node count), node 1 3 s after node 0: node 1 must end
+    within the join timeout while node 0 still waits; both ended, their processes and (stdout, stderr) by rank."""
     import time
 
-    port = loopback_port
-    (tmp_path / "worker.py").write_text("print('never started')\n")
-    nodes = []
-    for rank, run_id in ((0, "idA"), (1, "idB")):
-        nodes.append(subprocess.Popen(
-            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
+    procs = []
+    for rank, run_id, count in nodes:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", f"--nnodes={count}",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-             f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=20", "--local-addr=127.0.0.1", "worker.py"],
+             f"--rdzv-conf=is_host={int(rank == 0)},join_timeout={join_timeout}", "--local-addr=127.0.0.1",
+             "worker.py"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}))
         time.sleep(3)
     try:
-        node1 = nodes[1].communicate(timeout=15)  # within the join timeout: node 0 still waits
-        assert nodes[0].poll() is None, "node 0 should still be waiting"
-        node0 = nodes[0].communicate(timeout=120)
+        node1 = procs[1].communicate(timeout=join_timeout - 5)
+        assert procs[0].poll() is None, "node 0 should still be waiting"
+        return procs, (procs[0].communicate(timeout=120), node1)
     finally:
-        for p in nodes:
+        for p in procs:
             if p.poll() is None:
                 kill_tree(p.pid)
+
+
+def test_a_node_given_another_run_id_is_told_node_0_s_at_once_and_node_0_which_came(tmp_path, loopback_port):
+    """--run-id mn70p on node 0 and mn70q on node 1 (two network namespaces): node 1 reached node 0's store, and both
+    waited out the join timeout, each then told to check a firewall or its --master-addr. Two real torchruns on
+    loopback: node 1 stops at once naming node 0's id, and node 0, when its wait ends, the id that came."""
+    port = loopback_port
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    nodes, (node0, node1) = _node_1_refused_at_once(tmp_path, port, ((0, "idA", 2), (1, "idB", 2)), join_timeout=20)
     assert nodes[1].returncode == 1 and "Traceback" not in node1[1], node1[1]
     assert node1[1].strip().splitlines()[-1] == (
         f"torchrun: node 0 at 127.0.0.1:{port} hosts the rendezvous idA, not this node's idB: start every node with "
@@ -338,6 +345,28 @@ def test_a_rendezvous_id_a_stranger_wrote_in_node_0_s_store_reaches_its_terminal
     assert err.strip().splitlines()[-1].startswith(
         f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within 10 s: a node came "
         "for the rendezvous \\x1b]0;pwned\\x07\\x1b[2Jevil"), err
+
+
+@pytest.mark.parametrize("node0, node1", [(3, 2), (2, 3)])
+def test_a_node_given_another_node_count_is_told_node_0_s_at_once_and_node_0_which_came(tmp_path, loopback_port,
+                                                                                        node0, node1):
+    """--nodes=3 on node 0 and 2 on node 1 (a typo on one node): the two met and trained, world size 2, node 0 saying
+    "the 3 nodes met". --nodes=2 on node 0 and 3 on node 1: both waited out the join timeout, node 1 told it could not
+    reach node 0, node 0 that not every node joined. Two real torchruns on loopback: node 1 stops at once naming node
+    0's count, and node 0, when its wait ends, the count that came; no worker starts."""
+    port = loopback_port
+    (tmp_path / "worker.py").write_text("print('trained', flush=True)\n")
+    nodes, (node0_said, node1_said) = _node_1_refused_at_once(tmp_path, port, ((0, "cnt1", node0), (1, "cnt1", node1)),
+                                                              join_timeout=15)
+    assert "trained" not in node0_said[0] + node1_said[0], "no worker trains in a run of another size than asked for"
+    assert nodes[1].returncode == 1 and "Traceback" not in node1_said[1], node1_said[1]
+    assert node1_said[1].strip().splitlines()[-1] == (
+        f"torchrun: node 0 at 127.0.0.1:{port} hosts the rendezvous cnt1 for --nodes={node0}, this node was started "
+        f"with --nodes={node1}: start every node with the same --nodes (compose: NNODES), the number of nodes the run "
+        "has"), node1_said[1]
+    assert nodes[0].returncode == 1 and node0_said[1].strip().splitlines()[-1] == (
+        f"torchrun: not every node joined the rendezvous cnt1 at 127.0.0.1:{port} within 15 s: a node started with "
+        f"--nodes={node1} came: start every node with the same --nodes (compose: NNODES; {node0} here)"), node0_said[1]
 
 
 def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
