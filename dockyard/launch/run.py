@@ -166,8 +166,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
             info = engine.engine_info(settings)
             image = engine.image_inspect(settings, variants.tag(settings, chosen))
             if not image:
-                raise DockyardError(f"image {variants.tag(settings, chosen)} not built: `invoke build "
-                                    f"--variant={chosen.name}` (or `invoke build run --recipe={recipe_arg}`)")
+                raise DockyardError(_no_image(variants.tag(settings, chosen), chosen.name, recipe_arg, topo.nodes))
             build.warn_if_stale(image, variants.tag(settings, chosen))
         if on_gpus and not r.disable_require:
             check_require(variants.tag(settings, chosen), chosen, image, host)
@@ -631,6 +630,16 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],
                            compile_cache=True)
     return RunCommand(argv, run_dir)
+
+
+def _no_image(tag: str, variant: str, recipe: str, nodes: int) -> str:
+    """What to do where the engine lacks the run's image: build it; on a node of several, ship the one built on another
+    node (every node runs the same image: docs/multinode.md), not build another here."""
+    if nodes > 1:
+        return (f"image {tag} is not on this node: every node runs the same image, built once: from the node that has "
+                f"it, `invoke ship --image={tag} --to=THIS_NODE` (or `invoke save --image={tag}` there and `invoke load "
+                f"--file=...` here); where no node has it yet, `invoke build --variant={variant}` on one, then ship it")
+    return f"image {tag} not built: `invoke build --variant={variant}` (or `invoke build run --recipe={recipe}`)"
 
 
 def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],

@@ -296,3 +296,21 @@ def test_shell_of_an_image_not_built_is_refused_not_pulled_from_a_registry(tmp_p
     monkeypatch.setattr(launch_run.os, "execvp", lambda *a: pytest.fail(f"started {a}"))
     r = invoke_here("shell", "--variant=cpu", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     short_error(r, "image dockyard:0.1.0-cpu not built: `invoke build --variant=cpu`")
+
+
+def test_a_node_of_several_without_the_image_is_told_to_ship_it_from_the_node_that_built_it(tmp_path, monkeypatch):
+    """Node 1 of a run of two, whose engine lacks the image: told `invoke build`, which makes another image there (an
+    hour's build, on an air-gapped node one that cannot fetch its wheels) where docs/multinode.md asks for the same
+    image on every node, built once and shipped. The engine here is a stand-in that has no image."""
+    from dockyard import engine
+
+    monkeypatch.setattr(launch_run, "read_host", lambda: Host(error="NVML unavailable (no driver)"))
+    monkeypatch.setattr(engine, "engine_info", lambda settings: {})
+    monkeypatch.setattr(engine, "image_inspect", lambda settings, ref: None)
+    r = invoke_here("run", "--variant=cpu", "--nodes=2", "--node-rank=1", "--master-addr=192.0.2.1", "--run-id=mn1",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "image dockyard:0.1.0-cpu is not on this node: every node runs the same image, built once: from the "
+                   "node that has it, `invoke ship --image=dockyard:0.1.0-cpu --to=THIS_NODE` (or `invoke save "
+                   "--image=dockyard:0.1.0-cpu` there and `invoke load --file=...` here)")
+    alone = invoke_here("run", "--variant=cpu", "--run-id=one1", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(alone, "image dockyard:0.1.0-cpu not built: `invoke build --variant=cpu`")
