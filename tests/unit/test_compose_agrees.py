@@ -61,10 +61,12 @@ def test_every_compose_example_runs_as_the_user_as_invoke_run_does(path):
         assert "DOCKYARD_MEMLOCK=<bytes> that `invoke doctor` prints" in text
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_the_multinode_service_starts_the_rendezvous_node_renders(tmp_path, rank):
+@pytest.mark.parametrize("rank, resume", [(0, False), (1, False), (0, True), (1, True)])
+def test_the_multinode_service_starts_the_rendezvous_node_renders(tmp_path, rank, resume):
+    """And DOCKYARD_RESUME=1 continues the run, as `invoke run --resume` does: after a lost node, the same command again
+    on every node met "already holds a run; ... add --resume", which the service had no way to add."""
     svc = _service("multinode.yml")
-    values = {**VALUES, "NODE_RANK": str(rank)}
+    values = {**VALUES, "NODE_RANK": str(rank), **({"DOCKYARD_RESUME": "1"} if resume else {})}
     env = {k: _compose(str(v), values) for k, v in svc["environment"].items()}
     rdzv = node.Rendezvous(endpoint=f"10.0.0.1:{node.PORT}", run_id="exp1", is_host=rank == 0, iface="eth0",
                            local_addr="10.0.0.2")
@@ -78,5 +80,19 @@ def test_the_multinode_service_starts_the_rendezvous_node_renders(tmp_path, rank
     p = subprocess.run(command, env={**env, **environment(tmp_path / "bin", log, tmp_path / "mark")},
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
-    expected = node.torchrun_argv("gpu", "2", rdzv.torchrun_flags()) + node.entry_argv("ddp", node.run_dir_inside("exp1"))
+    expected = node.torchrun_argv("gpu", "2", rdzv.torchrun_flags()) + node.entry_argv("ddp", node.run_dir_inside("exp1"),
+                                                                                         resume=resume)
     assert ["torchrun", *records(log)[0]["argv"]] == expected
+
+
+def test_the_multinode_service_refuses_a_resume_value_it_does_not_know(tmp_path):
+    svc = _service("multinode.yml")
+    values = {**VALUES, "NODE_RANK": "0", "DOCKYARD_RESUME": "yes"}
+    env = {k: _compose(str(v), values) for k, v in svc["environment"].items()}
+    recorder(tmp_path / "bin", "torchrun")
+    log = tmp_path / "argv"
+    p = subprocess.run([_compose(w, values) for w in svc["command"]],
+                       env={**env, **environment(tmp_path / "bin", log, tmp_path / "mark")},
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and not records(log), "refused before torchrun"
+    assert p.stderr == "DOCKYARD_RESUME='yes': give 1 to continue the run from its last checkpoint, or leave it out\n"
