@@ -209,6 +209,7 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
                              device=device, shape=shape, kind=shape.model_type if shape else "", liger=liger,
                              liger_broken=liger_broken, model=manifest.host_path(settings.model))
     run.record.settings_resolved = resolved.record
+    run.record.inputs = manifest.inputs_record(opening.run_inputs(settings))  # the nodes compare them (start_processes)
     args = start_processes(recipe, settings, resolved.overrides, run, resumed_from=last,
                            load_universal=opened.reshard is not None)
     environment.weight_bars(args.disable_tqdm)  # the recipe's "no progress bars", for loading and saving weights too
@@ -233,7 +234,6 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
             log.info("%s", said)
         run.doing("loading the data and the model")
 
-    run.record.inputs = manifest.inputs_record(opening.run_inputs(settings))
     # the tokenizer, the data and the model's files are read alike by every process: what one refuses, all do, and
     # the node's first says it (a bad row was said once per process, a line per GPU); a process's own failure among
     # them (its memory) is said by itself, SAY_ONCE_S later
@@ -347,7 +347,8 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     if nodes.several():
         _ = args.device  # NCCL's collectives need this rank's GPU chosen
         run.doing("checking that the run folder is shared")
-        started_with = nodes.started_with(recipe, run.opts.resume, overrides, run.record.recipe_files)
+        started_with = nodes.started_with(recipe, run.opts.resume, overrides, run.record.recipe_files,
+                                          run.record.inputs)
         run.record.nodes_seen = nodes.check_shared(run.opts.run_dir, started_with)
     run.doing("loading the data and the model")
     return args

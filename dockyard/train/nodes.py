@@ -170,15 +170,25 @@ def check_shared(run_dir: Path, started_with: dict[str, Any] | None = None,
 # checkout's recipes/ over the image's, and runs its own engine's image, so two nodes given the same command could
 # train with another recipe.yaml, ds_config.json or defaults.yaml, or another trainer, torch or DeepSpeed.
 RECIPE_FILE = "recipe file "
+INPUT = "input "  # the data and model each node's `invoke run` mounts from its own host path
 PACKAGES = ("torch", "deepspeed", "transformers", "peft", "accelerate")
 
 
 def started_with(recipe: Recipe, resume: bool, overrides: dict[str, Any],
-                 recipe_files: dict[str, str] | None) -> dict[str, Any]:
+                 recipe_files: dict[str, str] | None, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """What this node was started with, as every node compares it with node 0's (check_shared): its command line (the
-    recipe, --resume, the overrides) and what it trains with beyond it."""
+    recipe, --resume, the overrides) and what it trains with beyond it, the inputs' content among it (`inputs`: the
+    manifest's record of them)."""
     return {"recipe": recipe.name, "resume": resume, **{f"--{k}": v for k, v in overrides.items()},
-            **what_this_node_runs(read_by_the_trainer(recipe, recipe_files))}
+            **what_this_node_runs(read_by_the_trainer(recipe, recipe_files)), **inputs_read(inputs)}
+
+
+def inputs_read(inputs: dict[str, Any] | None) -> dict[str, str]:
+    """The fingerprint of each input (data, model, eval data) this node reads, not its path: one command mounts each
+    node's own file at that path, and node 1's older copy of the data trained its replica on other rows, "completed";
+    the same files at other host paths are alike."""
+    return {f"{INPUT}{key}": f"{found['sha256'][:12]} ({found['bytes']} bytes)" for key, found in (inputs or {}).items()
+            if isinstance(found, dict) and "sha256" in found}
 
 
 def read_by_the_trainer(recipe: Recipe, recipe_files: dict[str, str] | None) -> dict[str, str]:
@@ -230,6 +240,9 @@ def check_started_alike(everyone: list[dict[str, Any]]) -> None:
             why += ("; a recipe file of another content: each node reads its own checkout's recipes/ (and "
                     "recipes/defaults.yaml), so give every node the same checkout (git status, git log -1 on each), "
                     "or one shared checkout")
+        if any(k.startswith(INPUT) for k in keys_said):
+            why += ("; another data or model file at the same path: each node mounts its own --data and --model, so "
+                    "give every node the same files (shared storage, or the same copy on each)")
         if keys_said & {"dockyard code", *PACKAGES}:
             why += ("; another trainer or library: the nodes run other images, so give every node the same image "
                     "(invoke ship --image=IMAGE --to=NODE; invoke doctor --peer=NODE compares the image ids)")

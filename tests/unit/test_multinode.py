@@ -854,3 +854,25 @@ def test_two_nodes_on_one_host_get_containers_of_their_own(tmp_path, monkeypatch
     assert names == ["dockyard-t1-node0", "dockyard-t1-node1"]
     r = invoke_here("run", "--dry", "--variant=cpu", "--run-id=t1", env=env)  # one node: the run's own name
     assert re.findall(r"--name (\S+)", r.stdout + r.stderr) == ["dockyard-t1"]
+
+
+def test_nodes_whose_data_differs_at_the_same_path_are_refused_naming_it(tmp_path):
+    """One command on every node mounts each node's own --data path: node 1's older copy of the data (another file at
+    the same path) passed the check, and each node trained its replica on its own rows, "completed". The same file at
+    another host path is alike: the content is compared, not the path."""
+    recipe = load_recipe("ddp")
+    files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
+    for rank, rows in ((0, '{"text": "new rows"}\n'), (1, '{"text": "the old rows"}\n'), (2, '{"text": "new rows"}\n')):
+        (tmp_path / f"node{rank}").mkdir()
+        (tmp_path / f"node{rank}" / "chat.jsonl").write_text(rows)
+    started = [nodes.started_with(recipe, False, {}, files,
+                                  manifest.inputs_record({"data": str(tmp_path / f"node{rank}" / "chat.jsonl")}))
+               for rank in range(3)]
+    with pytest.raises(DockyardError) as e:
+        nodes.check_started_alike([{"node_rank": 0, "started_with": started[0]},
+                                   {"node_rank": 1, "started_with": started[1]}])
+    said = str(e.value)
+    assert said.startswith("the nodes were not started alike: node 1 with input data "), said
+    assert ("another data or model file at the same path: each node mounts its own --data and --model, so give every "
+            "node the same files (shared storage, or the same copy on each)") in said
+    nodes.check_started_alike([{"node_rank": 0, "started_with": started[0]}, {"node_rank": 1, "started_with": started[2]}])
