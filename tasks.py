@@ -158,7 +158,8 @@ def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0
 
     One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
     rank is SLURM_NODEID. Trainer overrides go after `--`; arguments after the script's name in `sbatch FILE
-    ...` go to `invoke run` (e.g. --resume)."""
+    ...` go to `invoke run` (e.g. --resume). Each job is a run of its own, <recipe>-slurm-<job id>: name another
+    with DOCKYARD_RUN_ID=ID at sbatch time, as a resume must (DOCKYARD_RUN_ID=ID sbatch FILE --resume)."""
     from dockyard.launch import slurm as slurm_mod
     from dockyard.transport import load
 
