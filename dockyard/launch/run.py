@@ -15,6 +15,7 @@ import reprlib
 import shlex
 import shutil
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -233,16 +234,31 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 samples.unlink()
             if made_here:
                 run_dir.rmdir()  # empty: node 0 made nothing there since
-        raise DockyardError(f"the run did not start on this node (exit {proc.returncode}, for the reason above); "
+        raise DockyardError(f"the run did not start on this node (exit {proc.returncode}, {_refused(proc, plan.argv)}); "
                             "nothing of this node's was kept, so the same command can be run again")
     if never_started:
         # The trainer refused before its log, or never started (docker refused the run): keep nothing that would
         # block the same --run-id. The reason is the line above, whoever said it (the trainer, torchrun, docker).
         shutil.rmtree(run_dir, ignore_errors=True)
-        why = variants.REQUIRE_FIX if variants.require_refused(proc.stderr or "") else "for the reason above"
+        why = _refused(proc, plan.argv)
         raise DockyardError(f"the run did not start (exit {proc.returncode}, {why}); nothing was kept, so the same "
                             "command can be run again")
     return summarise(run_dir, r.node_rank)
+
+
+def _refused(proc: subprocess.CompletedProcess, argv: list[str]) -> str:
+    """Why the run did not start, where docker's words say a way out: the NVIDIA toolkit refusing the image's
+    NVIDIA_REQUIRE_CUDA, or an engine that may not raise the containers' locked memory (one whose limit this host
+    cannot read: reached through DOCKER_HOST, or a dockerd without the right to raise it); else the reason above."""
+    said = proc.stderr or ""
+    if variants.require_refused(said):
+        return variants.REQUIRE_FIX
+    if "rlimit type 8" in said:
+        asked = next((a for a in argv if a.startswith("memlock=")), "memlock")
+        return (f"the engine cannot give the containers the locked memory asked for (--ulimit {asked}): set "
+                f"{envvars.MEMLOCK} to its hard limit in bytes (`invoke doctor` prints it on its ulimits line), or "
+                "let dockerd raise it (systemd: LimitMEMLOCK=infinity)")
+    return "for the reason above"
 
 
 def _interrupted(r: RunRequest, run_dir: Path, e: engine.Interrupted, made: bool) -> DockyardError:

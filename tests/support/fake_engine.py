@@ -30,11 +30,14 @@ class FakeEngine:
     def install(self, monkeypatch, settings):
         """Route dockyard.engine's runner (engine_info and image_inspect call it too) here; returns the settings
         with the docker client named `docker`, so that no client on PATH is looked for or run."""
+        self.host_run = engine.run  # what is not docker (`ip addr` for a run of several nodes) runs on this host
         monkeypatch.setattr(engine, "run", self.run)
         return settings.model_copy(update={"docker": "docker"})
 
-    def run(self, argv, *, capture=False, check=True, quiet=False, input=None, env=None, **_):
+    def run(self, argv, *, capture=False, check=True, quiet=False, input=None, env=None, **kw):
         argv = [str(a) for a in argv]
+        if argv[0] != "docker":
+            return self.host_run(argv, capture=capture, check=check, quiet=quiet, input=input, env=env, **kw)
         self.calls.append(argv)
         code, out = self._answer(argv[1:])
         if check and code:

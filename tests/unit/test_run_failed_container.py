@@ -216,3 +216,27 @@ def test_a_run_refused_before_its_log_gets_no_monitor_verdict(run_cpu, monkeypat
                                             r"kept"):
         go()
     assert "monitor:" not in capsys.readouterr().err and not run_dir.exists()
+
+
+def refused_for_locked_memory(argv: list[str]) -> tuple[int, str]:
+    """docker's words where the engine may not raise the containers' locked memory to what the run asks for."""
+    return 125, ("docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create "
+                 "failed: unable to start container process: error during container init: error setting rlimits for "
+                 "ready process: error setting rlimit type 8: operation not permitted: unknown.")
+
+
+@pytest.mark.parametrize("nodes", [{}, {"nodes": 2, "node_rank": 1, "master_addr": "192.0.2.1"}])
+def test_a_run_the_engine_refused_its_locked_memory_says_the_way_out(run_cpu, monkeypatch, nodes):
+    """An engine whose memlock limit this host cannot read (reached through DOCKER_HOST, or a dockerd without the
+    right to raise it): docker refused `--ulimit memlock=-1` with "error setting rlimit type 8", and the run (node 1
+    of two, walking docs/multinode.md) said only "did not start ... for the reason above"; the way out, DOCKYARD_MEMLOCK,
+    was in a table of the docs."""
+    monkeypatch.delenv("DOCKYARD_MEMLOCK")
+    monkeypatch.setattr(launch_run.engine, "daemon_memlock_hard_limit", lambda info: None)  # none this host can read
+    fake, run_dir, go = run_cpu(refused_for_locked_memory, **nodes)
+    with pytest.raises(DockyardError) as e:
+        go()
+    assert "did not start" in str(e.value) and "nothing" in str(e.value) and "kept" in str(e.value)
+    assert ("the engine cannot give the containers the locked memory asked for (--ulimit memlock=-1): set "
+            "DOCKYARD_MEMLOCK to its hard limit in bytes (`invoke doctor` prints it on its ulimits line), or let "
+            "dockerd raise it (systemd: LimitMEMLOCK=infinity)") in str(e.value), str(e.value)
