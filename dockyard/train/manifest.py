@@ -194,8 +194,8 @@ def check_run_dir(run_dir: Path, resume: bool) -> str | None:
         raise DockyardError(f"--resume: {run_dir} holds no checkpoint to continue from, and its record stays: start "
                             "the run again in a new run folder (invoke run: another --run-id)")
     if holds_run and not resume:
-        raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume to continue "
-                            f"it from its last checkpoint")
+        raise DockyardError(f"{run_dir} already holds a run; pick a new run folder, or add --resume (compose: "
+                            "DOCKYARD_RESUME=1) to continue it from its last checkpoint")
     return str(complete[-1]) if resume else None
 
 

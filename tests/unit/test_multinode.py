@@ -876,3 +876,13 @@ def test_nodes_whose_data_differs_at_the_same_path_are_refused_naming_it(tmp_pat
     assert ("another data or model file at the same path: each node mounts its own --data and --model, so give every "
             "node the same files (shared storage, or the same copy on each)") in said
     nodes.check_started_alike([{"node_rank": 0, "started_with": started[0]}, {"node_rank": 1, "started_with": started[2]}])
+
+
+def test_a_run_folder_that_holds_a_run_says_how_compose_adds_resume(tmp_path):
+    """compose/multinode.yml after a lost node, the same command again (walked on two nodes): "already holds a run;
+    ... add --resume", a flag the compose user has no place for; DOCKYARD_RESUME=1 is how compose gives it."""
+    (tmp_path / "manifest.json").write_text('{"status": "failed"}')
+    with pytest.raises(DockyardError) as e:
+        manifest.check_run_dir(tmp_path, resume=False)
+    assert str(e.value) == (f"{tmp_path} already holds a run; pick a new run folder, or add --resume (compose: "
+                            "DOCKYARD_RESUME=1) to continue it from its last checkpoint")
