@@ -151,9 +151,11 @@ def _remainder(c) -> list[str]:
             "image_file": "pyxis: the image as FILE.sqsh; apptainer: FILE.sif (on storage every node sees)",
             "join_timeout": "seconds the nodes wait for each other, joining and later (default 120): raise it where "
                             "nodes start minutes apart (pyxis unpacking a large squashfs)",
+            "max_restarts": "torchrun restarts of a node's workers before the job fails (default 0), as for invoke run",
             "out": "the script file to write, or a folder to write it into (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
 def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive: Place = "",
-          runtime="docker", image_file: Place = "", out: Place = "", join_timeout: Seconds = 120):
+          runtime="docker", image_file: Place = "", out: Place = "", join_timeout: Seconds = 120,
+          max_restarts: Restarts = 0):
     """Write (and print) an sbatch script that trains a recipe on several nodes under Slurm.
 
     One task per node runs `invoke run`; the first host of the allocation hosts the rendezvous and each node's
@@ -166,7 +168,7 @@ def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0
     settings = _settings(c)
     slurm_mod.write(settings, recipe=recipe, nodes=nodes, gpus_per_node=gpus_per_node, variant=variant,
                     archive=archive, runtime=runtime, image_file=image_file, out=out, join_timeout=join_timeout,
-                    overrides=_remainder(c),
+                    max_restarts=max_restarts, overrides=_remainder(c),
                     archive_tags=load.archived_tags(settings, archive) if runtime == "docker" else None)
 
 

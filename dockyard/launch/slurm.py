@@ -34,7 +34,8 @@ INVOKE = [sys.executable, "-m", "invoke"]  # what each node runs with --runtime=
 
 def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, overrides: list[str],
            variant: str = "auto", archive: str = "", master_port: int = node.PORT, runtime: str = "docker",
-           image_file: str = "", join_timeout: int = node.JOIN_TIMEOUT, archive_tags: list[str] | None = None) -> str:
+           image_file: str = "", join_timeout: int = node.JOIN_TIMEOUT, archive_tags: list[str] | None = None,
+           max_restarts: int = 0) -> str:
     """The sbatch script's text (pure). Every value in it is quoted for the shell(s) that read it, or refused.
     `archive_tags`: the images the archive holds (transport.load.archived_tags), one of which the script runs."""
     for flag, value in (("--recipe", recipe), ("--archive", archive), ("--image-file", image_file)):
@@ -43,7 +44,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     # a path the shell left as typed (`--archive='~/x.tar.zst'`) is the user's home's, as the checks below read it
     archive, image_file = os.path.expanduser(archive), os.path.expanduser(image_file)
     node.check_nodes(nodes, gpus_per_node)
-    node.check_restarts(0, join_timeout)
+    node.check_restarts(max_restarts, join_timeout)
     # what `invoke run` and the trainer would refuse on every node, once the job had waited in the queue: the
     # settings, the batch split over every node's processes, the data and model (a flag's, a setting's, the recipe's)
     loaded = load_recipe(recipe)
@@ -80,6 +81,8 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
                 '--master-port="$MASTER_PORT"']
         if join_timeout != node.JOIN_TIMEOUT:
             run.append(f"--join-timeout={int(join_timeout)}")
+    if max_restarts:
+        run.append(f"--max-restarts={int(max_restarts)}")
     run += ['--run-id="$RUN_ID"', '"$@"']  # the script's own overrides are in "$@" by now (_overrides_first)
     lines = [
         "#!/bin/bash",
@@ -119,7 +122,7 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     ]
     if runtime != "docker":
         return "\n".join(lines + _container_launch(settings, runtime, image_file, recipe, gpus_per_node, image,
-                                                    overrides, join_timeout)) + "\n"
+                                                    overrides, join_timeout, max_restarts)) + "\n"
     if archive:
         load = (f"docker image inspect {shlex.quote(image)} >/dev/null 2>&1 || "
                 f"exec {invoke} load {shlex.quote('--file=' + str(Path(archive).resolve()))}")
@@ -187,7 +190,7 @@ def _check_runtime(runtime: str, image_file: str, archive: str) -> None:
 
 
 def _container_launch(settings: Settings, runtime: str, image_file: str, recipe: str, gpus: int, image: str,
-                      overrides: list[str], join_timeout: int) -> list[str]:
+                      overrides: list[str], join_timeout: int, max_restarts: int = 0) -> list[str]:
     """srun of torchrun inside the container, one per node: the same rendezvous, and the same mounts, `invoke run`
     gives a node (this checkout's recipes, a recipe folder of one's own, the user's data and model, read-only)."""
     runs = str(caches.writable_mount(settings.path(settings.runs_dir), "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/shared/runs",
@@ -208,7 +211,8 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     # Each node advertises its own address (NODE_ADDRS: a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus or node.CPU_NPROC, endpoint="$MASTER_ADDR:$MASTER_PORT",
-        run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry, join_timeout=join_timeout)
+        run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry, join_timeout=join_timeout,
+        max_restarts=max_restarts)
     env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above).",
            # the trainer's environment, HOME left as the runtime sets it for the user
            "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in

@@ -196,6 +196,24 @@ def test_each_node_starts_torchrun_in_the_container_with_the_rendezvous_from_slu
         assert "--container-image" not in got["srun"]
 
 
+def test_restarts_of_the_workers_reach_every_node_in_the_container_and_through_invoke_run(settings, tmp_path):
+    """invoke run and invoke k8s take --max-restarts (torchrun restarts a node's workers after a failure, from the
+    last checkpoint); invoke slurm had no such flag, so a job's one failed worker ended the job. Given, it reaches
+    every node's torchrun (pyxis) and every node's invoke run (docker); a negative count is refused before the
+    script is written."""
+    image = tmp_path / "dockyard.sqsh"
+    image.write_text("")
+    got = _run(settings, tmp_path, "pyxis", str(image), max_restarts=3)
+    assert len(got["torchrun"]) == 2
+    for n in got["torchrun"]:
+        assert "--max-restarts=3" in n["argv"], n["argv"]
+    assert "--max-restarts=3" in slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, overrides=[],
+                                              max_restarts=3)
+    assert "--max-restarts" not in slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, overrides=[])
+    with pytest.raises(DockyardError, match=r"--max-restarts must be 0 or more \(got -1\)"):
+        slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, overrides=[], max_restarts=-1)
+
+
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
 def test_cpu_nodes_run_the_container_with_two_processes_each_and_deepspeed_on_the_cpu(settings, tmp_path, runtime):
     """--runtime=pyxis/apptainer without --gpus-per-node was refused: CPU nodes that run containers (and the cpu
