@@ -237,15 +237,15 @@ def _show_rest(stream, as_host) -> None:
             sys.stdout.flush()
 
 
+def mounts_of(argv: list[str]) -> dict[str, str]:
+    """The folders a `docker run` mounts, by its `-v HOST:INSIDE[:ro]` flags: {inside: host}."""
+    return {inside: host for flag, value in itertools.pairwise(argv) if flag == "-v" and ":" in value
+            for host, inside in [value.split(":")[:2]]}
+
+
 def container_paths_shown(argv: list[str]):
-    """A function turning the paths a `docker run` mounts (its `-v HOST:INSIDE[:ro]` flags) into this host's in a
-    line of its output (errors.paths_as)."""
-    mounts = {}
-    for flag, value in itertools.pairwise(argv):
-        if flag == "-v" and ":" in value:
-            host, inside = value.split(":")[:2]
-            mounts[inside] = host
-    return paths_as(mounts)
+    """A function turning the paths a `docker run` mounts into this host's in a line of its output (errors.paths_as)."""
+    return paths_as(mounts_of(argv))
 
 
 PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL

@@ -8,7 +8,6 @@ the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the
 
 from __future__ import annotations
 
-import itertools
 import re
 import shlex
 from pathlib import Path
@@ -62,9 +61,8 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     sharing = engine.host_sharing_flags({})
     at = next(i for i in range(len(flags)) if flags[i:i + len(sharing)] == sharing)
     # the node's folders the plan mounts (runs, caches), whose paths the trainer's lines say as the node's (on_host)
-    mounted = [value.split(":")[:2] for flag, value in itertools.pairwise(flags)
-               if flag == "-v" and any(m in value.split(":")[0] for m in MARKS)]
-    lines = [*(f"on_host {word(inside)} {word(host)}" for host, inside in mounted),
+    mounted = {inside: host for inside, host in engine.mounts_of(flags).items() if any(m in host for m in MARKS)}
+    lines = [*(f"on_host {word(inside)} {word(host)}" for inside, host in mounted.items()),
              "add " + " ".join(word(w) for w in flags[:at]),
              'cmd="$cmd $HOST_FLAGS"',
              "add " + " ".join(word(w) for w in flags[at + len(sharing):]),

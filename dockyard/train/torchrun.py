@@ -182,10 +182,10 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
         return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {a.rdzv_id} for --nodes={OTHER_COUNT[0]}, this node "
                 f"was started with --nodes={a.nnodes}: start every node with the same --nodes (compose: NNODES), the "
                 "number of nodes the run has")
-    if isinstance(error, RendezvousTimeoutError) and (others := came_for(a, CAME_FOR)):
+    if isinstance(error, RendezvousTimeoutError) and (others := came_for(CAME_FOR, a.rdzv_id)):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node came for "
                 f"the rendezvous {', '.join(others)}: start every node with the same --run-id ({a.rdzv_id} here)")
-    if isinstance(error, RendezvousTimeoutError) and (counts := came_for(a, CAME_WITH)):
+    if isinstance(error, RendezvousTimeoutError) and (counts := came_for(CAME_WITH, str(a.nnodes))):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node "
                 f"started with --nodes={', '.join(counts)} came: start every node with the same --nodes (compose: NNODES; "
                 f"{a.nnodes} here)")
@@ -273,10 +273,9 @@ def rendezvous_store() -> None:
     c10d.create_backend = create_backend
 
 
-def came_for(a: argparse.Namespace, key: str) -> list[str]:
+def came_for(key: str, own: str) -> list[str]:
     """What the nodes that reached this node's store came with (node 0's, as its wait ends), where it is not this
-    node's own: the rendezvous ids (CAME_FOR), or the numbers of nodes (CAME_WITH)."""
-    own = a.rdzv_id if key == CAME_FOR else str(a.nnodes)
+    node's `own`: the rendezvous ids (CAME_FOR), or the numbers of nodes (CAME_WITH)."""
     with contextlib.suppress(Exception):  # a store gone already: nothing to say
         if STORE and STORE[0].check([key]):
             said = STORE[0].get(key).decode(errors="replace").split()
