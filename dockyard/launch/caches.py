@@ -25,6 +25,8 @@ from dockyard.settings import Settings
 
 COMPILE_INSIDE = f"{node.WORKSPACE}/.cache/compile"  # the compile cache, as the container sees it
 HF_FIX = "set the hf_cache setting (INVOKE_DOCKYARD_HF_CACHE) to a folder you can write"
+HF_EXAMPLE = "INVOKE_DOCKYARD_HF_CACHE=~/.cache/huggingface"
+COMPILE_EXAMPLE = "INVOKE_DOCKYARD_COMPILE_CACHE=~/.cache/dockyard/compile"
 COMPILE_FIX = ('set the compile_cache setting (INVOKE_DOCKYARD_COMPILE_CACHE) to a folder of yours, or to "" for '
                "none (every run then compiles from scratch)")
 
@@ -82,20 +84,24 @@ def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> l
     """(host, inside, read-only) of the caches; the compile cache only for what trains (`compile_cache`).
     `separators`: what the runtime's mount list splits on (docker's -v: ':'; pyxis and Apptainer: ',' too)."""
     hf = settings.path(settings.hf_cache)
-    writable_mount(hf, "hf_cache", "INVOKE_DOCKYARD_HF_CACHE=~/.cache/huggingface", separators)
+    writable_mount(hf, "hf_cache", HF_EXAMPLE, separators)
     out = [(hf, node.HF_INSIDE, False)]
     folder = compile_folder(settings) if compile_cache else None
     if folder is not None:
-        writable_mount(folder, "compile_cache", "INVOKE_DOCKYARD_COMPILE_CACHE=~/.cache/dockyard/compile", separators)
+        writable_mount(folder, "compile_cache", COMPILE_EXAMPLE, separators)
         out.append((folder, COMPILE_INSIDE, False))
     return out
 
 
 def prepare(settings: Settings, compile_cache: bool) -> None:
     """Make the folders `volumes` mounts where missing (as this user: docker would make them as root, and the user
-    could then write neither), and refuse a compile cache another user could write."""
-    runfolder.make_folders(settings.path(settings.hf_cache), HF_FIX)
+    could then write neither), and refuse a compile cache another user could write. A folder own_folder refuses
+    is refused first: nothing is made in a system folder."""
+    hf = own_folder(settings.path(settings.hf_cache), "hf_cache", HF_EXAMPLE)
     folder = compile_folder(settings) if compile_cache else None
+    if folder is not None:
+        own_folder(folder, "compile_cache", COMPILE_EXAMPLE)
+    runfolder.make_folders(hf, HF_FIX)
     if folder is None:
         return
     if not os.path.lexists(folder):
@@ -108,8 +114,11 @@ def prepare(settings: Settings, compile_cache: bool) -> None:
 
 
 def check_compile_cache(settings: Settings) -> None:
-    """What prepare() would refuse in a compile cache that is there, making nothing (`invoke run --dry`)."""
+    """What prepare() would refuse in the compile cache, making nothing (`invoke run --dry`): a folder that holds
+    the checkout is said as such, before a shared one above it (/tmp) is found to be everyone's."""
     folder = compile_folder(settings)
+    if folder is not None:
+        own_folder(folder, "compile_cache", COMPILE_EXAMPLE)
     if folder is not None and os.path.lexists(folder):
         check_private(folder)
 

@@ -114,3 +114,29 @@ def test_invoke_run_refuses_a_bad_compile_cache_before_it_makes_the_run_folder(s
     with pytest.raises(DockyardError, match="did not start"):
         launch_run.run(s, request)
     assert len(ran) == 1 and f"{shared}:{INSIDE}" in ran[0]
+
+
+def test_a_shared_compile_cache_that_holds_the_checkout_is_refused_for_holding_it(settings, tmp_path, monkeypatch):
+    """A checkout cloned into /tmp, and INVOKE_DOCKYARD_COMPILE_CACHE=/tmp: the refusal named /tmp a folder every
+    user shares, which sends the user to chmod; the reason that matters is that every run's container would be
+    given the checkout to write. (ROOT is moved into a shared folder made here: the test's checkout stays put.)"""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr(caches, "ROOT", shared / "dockyard")
+    s = settings.model_copy(update={"hf_cache": tmp_path / "hf", "compile_cache": str(shared)})
+    for check in (lambda: caches.check_compile_cache(s), lambda: caches.prepare(s, compile_cache=True)):
+        with pytest.raises(DockyardError, match=r"the compile_cache setting .* holds the project's checkout"):
+            check()
+
+
+def test_a_cache_in_a_system_folder_is_refused_before_any_folder_is_made(settings, tmp_path):
+    """prepare() made the HF cache's folders first and refused them after: as root (the CI, many servers),
+    INVOKE_DOCKYARD_HF_CACHE=/usr/local/lib/x left a new folder in the system's tree behind the refusal."""
+    inside = Path("/usr/local/lib") / f"dockyard-test-{os.getpid()}" / "hf"
+    for s, which in ((settings.model_copy(update={"hf_cache": inside}), "hf_cache"),
+                     (settings.model_copy(update={"hf_cache": tmp_path / "hf", "compile_cache": str(inside)}),
+                      "compile_cache")):
+        with pytest.raises(DockyardError, match=f"the {which} setting .* is inside a system folder"):
+            caches.prepare(s, compile_cache=True)
+        assert not inside.parent.exists() and not (tmp_path / "hf").exists()
