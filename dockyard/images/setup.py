@@ -89,19 +89,38 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="dockyard-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
         argv = debootstrap_steps(rootfs, mirror)
-        tar, importer = ["tar", "-C", str(rootfs), "-c", "."], engine.docker(settings, "import", "-", name)
+        tar, importer = ["tar", "-C", str(rootfs), "-c", "."], engine.docker(settings, "import", "-")
         if dry:
             engine.echo(argv)
             engine.echo_pipeline(tar, importer)
+            engine.echo(engine.docker(settings, "tag", "IMPORTED_ID", name))
             return
         try:
             engine.run(argv, what="debootstrap of the cpu base image")
         except DockyardError as e:
             raise build.FetchFailed(f"{e}\nwhere {mirror} does not answer, give a Debian mirror that does (--mirror=URL, "
                                 "over http: `invoke build` runs apt-get in the image from it too)") from None
-        with engine.Pipeline(tar, importer, stdout=engine.TAIL, what=f"importing {name}") as pipeline:
-            pipeline.wait()
+        if not (rootfs / "bin" / "sh").exists():  # a debootstrap that said it succeeded and made no system
+            raise DockyardError(f"debootstrap finished but left no system in {rootfs} (no /bin/sh): check that "
+                                f"`{shutil.which('debootstrap')}` is Debian's debootstrap, then `invoke setup` again")
+        import_base(settings, tar, importer, name)
     print(f"base image: {name} made with debootstrap from {mirror}")
+
+
+def import_base(settings: Settings, tar: list[str], importer: list[str], name: str) -> None:
+    """tar | docker import, then the name given to what was imported: only a whole import is tagged. A tar that
+    failed part way would otherwise leave an empty or cut image under the base's name, which every build then
+    starts FROM (one failed setup broke the builds after it); what a failed import made is removed."""
+    with engine.Pipeline(tar, importer, stdout=engine.TAIL, what=f"importing {name}") as pipeline:
+        pipeline.wait(check=False)
+        imported = next((w for line in pipeline.output(whole=True) for w in line.split()
+                         if re.fullmatch(r"sha256:[0-9a-f]{64}", w)), "")
+        if any(pipeline.returncodes) or not imported:
+            if imported:
+                engine.run(engine.docker(settings, "rmi", imported), check=False, quiet=True, capture=True)
+            pipeline.check()
+            raise DockyardError(f"importing {name}: docker import printed no image id; run `invoke setup` again")
+    engine.run(engine.docker(settings, "tag", imported, name), what=f"naming {name}")
 
 
 def check_mirror(mirror: str) -> None:

@@ -59,3 +59,20 @@ def test_a_dry_setup_plans_no_debootstrap_of_a_base_image_that_is_there(settings
     assert "debootstrap --variant=minbase bookworm" in capsys.readouterr().err
     with pytest.raises(DockyardError, match="cannot reach the Docker engine"):
         setup.ensure_cpu_base(settings, "http://deb.debian.org/debian", dry=False)
+
+
+def test_a_debootstrap_that_made_no_system_leaves_no_base_image(monkeypatch, settings, tmp_path):
+    """A debootstrap that exits 0 and makes nothing (a wrapper, a stand-in put on PATH): setup piped the missing
+    folder's tar into `docker import` all the same, and an empty image took the base's name; every build after
+    started FROM it and failed far from the cause. It now stops before importing, naming the debootstrap it ran.
+    (debootstrap and the engine are stand-ins here; tests/integration/test_setup_base.py imports for real.)"""
+    ran, piped = [], []
+    monkeypatch.setattr(engine, "image_inspect", lambda _s, _ref: None)
+    monkeypatch.setattr(engine, "run", lambda argv, **kw: ran.append(list(argv)))
+    monkeypatch.setattr(engine, "Pipeline", lambda *argvs, **kw: piped.append(argvs))
+    monkeypatch.setattr(setup.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(setup.os, "geteuid", lambda: 0)
+    with pytest.raises(DockyardError, match=r"debootstrap finished but left no system in .*rootfs \(no /bin/sh\): "
+                                            r"check that `/usr/sbin/debootstrap` is Debian's"):
+        setup.ensure_cpu_base(settings, "http://deb.debian.org/debian")
+    assert [argv[0] for argv in ran] == ["debootstrap"] and piped == []
