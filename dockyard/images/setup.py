@@ -76,6 +76,10 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
         if not dry:
             raise
         present = None
+    if present and present.get("Size") == 0 and name.startswith("dockyard-base:"):  # an import of nothing (an
+        # earlier setup's failed tar named it): every build would start FROM it; made again
+        print(f"base image: {name} is empty (an earlier setup's import that failed): made again", file=sys.stderr)
+        present = None
     if present:  # --dry too: it printed the debootstrap of a base image that was there
         print(f"base image: {name} present")
         return

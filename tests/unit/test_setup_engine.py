@@ -76,3 +76,13 @@ def test_a_debootstrap_that_made_no_system_leaves_no_base_image(monkeypatch, set
                                             r"check that `/usr/sbin/debootstrap` is Debian's"):
         setup.ensure_cpu_base(settings, "http://deb.debian.org/debian")
     assert [argv[0] for argv in ran] == ["debootstrap"] and piped == []
+
+
+def test_an_empty_base_image_an_earlier_setup_left_is_made_again(monkeypatch, settings, capsys):
+    """A 0-byte dockyard-base image (what an earlier version's failed import named) was 'present' to setup, and every
+    build started FROM it. setup now makes it again. (The engine is a stand-in.)"""
+    monkeypatch.setattr(engine, "image_inspect", lambda _s, _ref: {"Id": "sha256:" + "e" * 64, "Size": 0})
+    setup.ensure_cpu_base(settings, "http://deb.debian.org/debian", dry=True)
+    said = capsys.readouterr()
+    assert f"base image: {settings.base_image_cpu} is empty" in said.err and "present" not in said.out
+    assert "debootstrap --variant=minbase bookworm" in said.err
