@@ -75,6 +75,9 @@ def _run(settings, tmp_path: Path, runtime: str, image_file: str, *after: str, r
     assert p.returncode == 0, p.stderr
     read = {f.name: f.read_text() for f in log.iterdir()}
     read["torchrun"] = [json.loads(line) for line in read.get("torchrun", "").splitlines()]
+    # every node started (its torchrun in the container, or invoke run): the tests' loops over the nodes check something
+    started = len(read["torchrun"]) if runtime != "docker" else len(read.get("invoke", "").splitlines())
+    assert started == 2, f"{started} of the 2 nodes started: {read}"
     return read
 
 
