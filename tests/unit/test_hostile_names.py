@@ -317,9 +317,11 @@ def test_an_output_named_dash_is_refused_not_written_as_a_file_named_dash(tmp_pa
 ])
 def test_a_cache_or_runs_folder_that_holds_the_system_or_the_home_folder_is_refused(tmp_path, setting, value, says):
     """The tenth red-team pass: INVOKE_DOCKYARD_HF_CACHE=/ (or ~, a slip) mounted the whole filesystem (or the
-    home folder, ~/.ssh in it) read-write into every run's container, which runs a model's and a data file's code."""
+    home folder, ~/.ssh in it) read-write into every run's container, which runs a model's and a data file's code.
+    The home folder is one outside every folder above the checkout (Debian's for a user without one): a checkout
+    cloned into the user's (~/dockyard) has it for ROOT.parent, which then holds the home folder too, said first."""
     env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_HF_CACHE": str(tmp_path / "hf"),
-           "INVOKE_DOCKYARD_COMPILE_CACHE": str(tmp_path / "compile"), setting: value}
+           "INVOKE_DOCKYARD_COMPILE_CACHE": str(tmp_path / "compile"), "HOME": "/nonexistent", setting: value}
     short_error(invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp", env=env), says)
     sqsh = tmp_path / "image.sqsh"
     sqsh.write_bytes(b"hsqs")
