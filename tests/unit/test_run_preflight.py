@@ -497,12 +497,15 @@ def test_native_without_the_training_stack_says_how_to_get_it(env, tmp_path, mon
     assert dry(env, "--native", "--recipe=ddp").returncode == 0
 
 
-def test_a_relative_path_that_is_not_there_is_refused_not_taken_for_a_hub_id(env):
+def test_a_relative_path_that_is_not_there_is_refused_not_taken_for_a_hub_id(env, tmp_path, monkeypatch):
     # models/x has a hub id's form: the error says both what it is not as a folder and as a hub id (it said only
-    # "no such file or folder", then how to download models/x from the hub)
+    # "no such file or folder", then how to download models/x from the hub). Run from a folder that holds none of
+    # these paths, not wherever pytest was started (a checkout with its own models/x there).
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
     r = dry(env, "--model=models/x")
     refused(r, f"--model models/x: neither a folder on this host (if you meant one: no such folder ./models/x in "
-               f"{Path.cwd()}) nor a hub id in the Hugging Face cache ")
+               f"{tmp_path / 'here'}) nor a hub id in the Hugging Face cache ")
     assert "`hf download models/x`" in r.stderr
     refused(dry(env, "--data=mydata/x"), "--data mydata/x: neither a file or folder on this host (if you meant one: "
                                          "no such file or folder ./mydata/x in ")
