@@ -18,6 +18,7 @@ import re
 import secrets
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -372,6 +373,23 @@ class Silence:
         return worst
 
 
+def _count(raw: bytes) -> int:
+    text = raw.decode("ascii")
+    if not text.isdecimal():
+        raise ValueError(text)
+    return int(text)
+
+
+def _node_info(raw: bytes) -> dict[str, Any] | None:
+    """What a node's heartbeat says of itself (Heartbeat.info), or None: a host or address that is no printable text
+    (a stranger's escape sequences) would reach the terminal in the verdict that names the node."""
+    info = loads(raw)
+    if not (isinstance(info, dict) and type(info.get("node_rank")) is int and all(
+            isinstance(info.get(k), str) and len(info[k]) <= 255 and info[k].isprintable() for k in ("host", "addr"))):
+        return None
+    return {k: info[k] for k in ("node_rank", "host", "addr")}
+
+
 def lost_message(node: int, silent: float, ever_beat: bool, info: dict[str, Any] | None, phase: str) -> str:
     """Said the way lost_node() says it, so that a user (and a test) reads one sentence for a lost node."""
     where = f" ({info['addr'] or '?'}, host {info['host']})" if info else ""
@@ -397,11 +415,12 @@ class Heartbeat:
         self.verdict: str | None = None
         self._infos: dict[int, dict[str, Any]] = {}
         self._store: Any = None
+        self._beats = 0  # this node's counter: written whole (set), never added to (see _watch)
+        self._done = 0   # DONE, once this node finished its run
+        self._writing = threading.Lock()  # the thread's beat and done()'s, one at a time
         self._stop = False  # tests: this node goes silent
 
     def start(self) -> Heartbeat:
-        import threading
-
         threading.Thread(target=self._run, name="dockyard-heartbeat", daemon=True).start()
         return self
 
@@ -410,7 +429,8 @@ class Heartbeat:
         watches them through the last barrier (a verdict then ends the process; its manifest is written)."""
         if self.first and self._store is not None:
             try:
-                self._store.add(BEAT.format(self.me), DONE)
+                self._done = DONE
+                self._beat()
             except Exception:  # noqa: BLE001 - the store's host finished first: nobody is left to tell
                 pass
 
@@ -441,11 +461,12 @@ class Heartbeat:
                 self._store.set(NODE.format(self.me), json.dumps(self.info))
             while not self._stop:
                 if self.first:
-                    self._store.add(BEAT.format(self.me), 1)
-                counts = {n: self._store.add(BEAT.format(n), 0) for n in self.others}
+                    self._beats += 1
+                    self._beat()
+                counts = {n: count for n in self.others if (count := self._read(BEAT.format(n), _count)) is not None}
                 for n in self.others:  # who each node is, as soon as it says: a lost store's host is named by it
-                    if n not in self._infos and self._store.check([NODE.format(n)]):
-                        self._infos[n] = loads(self._store.get(NODE.format(n)))
+                    if n not in self._infos and (info := self._read(NODE.format(n), _node_info)):
+                        self._infos[n] = info
                 lost = silence.see(counts, time.monotonic())
                 if lost:
                     n, silent, ever = lost
@@ -454,6 +475,23 @@ class Heartbeat:
         except Exception as e:  # noqa: BLE001 - the store's connection failed: its host is gone
             return self._store_lost(e)
         return None
+
+    # Anyone who reaches the store's port may write these keys (TCPStore has no password): a value of another shape
+    # is no news, never a failure of the store. A counter is set whole and read as text: TCPStore.add on a
+    # stranger's "abc" made the store drop the connection, and every node took the other for lost.
+    def _beat(self) -> None:
+        with self._writing:
+            self._store.set(BEAT.format(self.me), str(self._beats + self._done))
+
+    def _read(self, key: str, parse) -> Any:
+        """`parse` of the key's value, None where it is not set or not of the shape the nodes write."""
+        if not self._store.check([key]):
+            return None
+        raw = self._store.get(key)
+        try:
+            return parse(raw) if len(raw) <= 1024 else None
+        except (ValueError, TypeError, UnicodeDecodeError):
+            return None
 
     def _connect(self, deadline: float) -> Any:
         """torchrun's store, reached by `deadline` or lost. TCPStore's own connect retries for up to twice its

@@ -356,6 +356,41 @@ def test_a_node_done_with_its_run_is_not_lost_and_losing_the_store_names_its_nod
     assert message.startswith("lost node 0 (127.0.0.1, host ") and "torchrun's store there failed" in message
 
 
+@pytest.mark.parametrize("key, value", [
+    ("dockyard/beat/1", "abc"),  # TCPStore.add on it: the store drops the connection
+    ("dockyard/node/1", json.dumps({"node_rank": 1, "host": "\x1b]0;pwned\x07\x1b[2Jevil", "addr": "127.0.0.1"})),
+    ("dockyard/node/1", json.dumps({"node_rank": 1})),
+    ("dockyard/node/1", "{not json"),
+])
+def test_a_strangers_heartbeat_key_neither_stops_the_run_nor_reaches_the_terminal(monkeypatch, loopback_port, key,
+                                                                                 value):
+    """The heartbeat's keys live in torchrun's store, which anyone who reaches its port may write (TCPStore has no
+    password). Measured with two real torchruns on loopback: one `set('dockyard/beat/1', 'abc')` by a stranger stopped
+    a healthy run, each node recording the other as lost ("torchrun's store there failed") under torch's C++ frames; a
+    node's info of escape sequences reached node 0's terminal raw in its verdict; one of another shape ended the
+    heartbeat's thread in a traceback, so that a node lost later was never named. Nobody is lost while both beat, and
+    the node that then goes silent is named, as text."""
+    import datetime
+    import time
+
+    from torch.distributed import TCPStore
+
+    port = loopback_port
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5)).set(key, value)  # the stranger
+    bound = 3.0
+    beats, said = _heartbeats(monkeypatch, port, bound=bound)
+    beats[0].start()  # node 0 reads the stranger's value before node 1 says who it is
+    time.sleep(1.0)
+    beats[1].start()
+    time.sleep(bound + 1)
+    assert said[0].empty() and said[1].empty(), (said[0].queue, said[1].queue)
+    beats[1]._stop = True
+    message = said[0].get(timeout=bound + 30)
+    assert message.startswith("lost node 1 (127.0.0.1, host ") and "\x1b" not in message and "evil" not in message, message
+    del store
+
+
 def test_resume_after_a_run_lost_before_its_first_checkpoint_starts_it_again(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"status": "failed", "error": "lost node 1 (...)"}))
     _checkpoint(tmp_path, 5, shards=3, rng_states=0, state=False)  # lost while saving the first checkpoint
