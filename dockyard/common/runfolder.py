@@ -380,16 +380,19 @@ SMALL = 64 << 20  # files up to this size are hashed whole; bigger ones and fold
 MODEL_FILES_MAX = 10_000  # files in a model folder whose manifest record says no count (the largest hold a few hundred)
 
 
-def fingerprint(path: Path, most_files: int | None = None) -> dict[str, Any] | None:
+def fingerprint(path: Path, most_files: int | None = None, hidden: bool = True) -> dict[str, Any] | None:
     """What a run used, recorded so it can be checked later: size, and a sha256 of the file (small files) or of
     its list of (relative name, size) (big files and folders: hashing gigabytes of weights would delay every
     run). `most_files`: None where the folder holds more files than that (the walk stops there: a manifest's
-    recorded folder checked against /usr took minutes)."""
+    recorded folder checked against /usr took minutes). `hidden=False`: a folder's hidden files and folders left out,
+    which the trainer never reads (a model's .cache/ that `hf download --local-dir` writes, a .git/)."""
     if path.is_file():
         files = [path]
     else:
         files = []
         for p in tree.files(path):
+            if not hidden and any(part.startswith(".") for part in p.relative_to(path).parts):
+                continue
             files.append(p)
             if most_files is not None and len(files) > most_files:
                 return None

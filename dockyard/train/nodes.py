@@ -187,9 +187,17 @@ def started_with(recipe: Recipe, resume: bool, overrides: dict[str, Any],
 def inputs_read(inputs: dict[str, Any] | None) -> dict[str, str]:
     """The fingerprint of each input (data, model, eval data) this node reads, not its path: one command mounts each
     node's own file at that path, and node 1's older copy of the data trained its replica on other rows, "completed";
-    the same files at other host paths are alike."""
-    return {f"{INPUT}{key}": f"{found['sha256'][:12]} ({found['bytes']} bytes)" for key, found in (inputs or {}).items()
-            if isinstance(found, dict) and "sha256" in found}
+    the same files at other host paths are alike. A folder's hidden files are left out, as the trainer reads none: the
+    .cache/huggingface/ that `hf download --local-dir` leaves in a model folder holds each node's own download times,
+    and one model downloaded on each node was refused."""
+    read = {}
+    for key, found in (inputs or {}).items():
+        if not (isinstance(found, dict) and "sha256" in found):
+            continue
+        if found.get("hash_of") != "content" and isinstance(found.get("inside"), str):
+            found = runfolder.fingerprint(Path(found["inside"]), hidden=False) or found
+        read[f"{INPUT}{key}"] = f"{found['sha256'][:12]} ({found['bytes']} bytes)"
+    return read
 
 
 def read_by_the_trainer(recipe: Recipe, recipe_files: dict[str, str] | None) -> dict[str, str]:

@@ -921,3 +921,29 @@ def test_a_run_folder_that_holds_a_run_says_how_compose_adds_resume(tmp_path):
         manifest.check_run_dir(tmp_path, resume=False)
     assert str(e.value) == (f"{tmp_path} already holds a run; pick a new run folder, or add --resume (compose: "
                             "DOCKYARD_RESUME=1) to continue it from its last checkpoint")
+
+
+def test_the_same_model_downloaded_on_each_node_is_alike_whatever_its_hidden_files(tmp_path):
+    """`hf download ORG/NAME --local-dir DIR` on each node leaves DIR/.cache/huggingface/download/*.metadata beside the
+    files, each ending in the time of its download as Python writes a float (1733552345.1234567, or a digit shorter):
+    two nodes' copies of one model differed in those files' sizes nine times in ten, and the nodes refused to start,
+    "another data or model file at the same path ... give every node the same files" (reproduced: two real torchruns
+    on loopback, each node's copy mounted at one path). The trainer reads no hidden file: a .git/ or an editor's file
+    there is alike too; another weights file is still refused."""
+    recipe = load_recipe("ddp")
+    files = manifest.recipe_files(recipe, RECIPES / "defaults.yaml")
+    started = []
+    for rank, (stamp, weights) in enumerate((("1733552345.1234567", 4096), ("1733552346.12345", 4096),
+                                            ("1733552347.1234567", 4097))):
+        model = tmp_path / f"node{rank}" / "model"
+        (model / ".cache" / "huggingface" / "download").mkdir(parents=True)
+        for name, text in (("config.json", '{"model_type": "llama"}'), ("model.safetensors", "w" * weights)):
+            (model / name).write_text(text)
+            (model / ".cache" / "huggingface" / "download" / f"{name}.metadata").write_text(
+                f"{'a' * 40}\netag-{name}\n{stamp}\n")
+        (model / f".{rank}.swp").write_text("x" * rank)
+        started.append(nodes.started_with(recipe, False, {}, files, manifest.inputs_record({"model": str(model)})))
+    nodes.check_started_alike([{"node_rank": 0, "started_with": started[0]}, {"node_rank": 1, "started_with": started[1]}])
+    with pytest.raises(DockyardError, match="node 1 with input model "):
+        nodes.check_started_alike([{"node_rank": 0, "started_with": started[0]},
+                                   {"node_rank": 1, "started_with": started[2]}])
