@@ -493,17 +493,26 @@ def not_a_run_id(run_id: str) -> str:
 
 def _others_may_swap(runs: Path) -> str:
     """A runs folder every user may write, not sticky (a shared folder made with chmod 777): any of them may rename a
-    run folder of this user's and put one of theirs in its place, checkpoints a resume loads included. Said, not
-    refused: a volume shared by design (a cluster's, every pod's uid) is often so."""
-    try:
-        st = os.stat(runs)
-    except OSError:
-        return ""
-    if not st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_ISVTX:
-        return ""
-    return (f"the runs folder {runs} can be written by every user and is not sticky (mode {stat.filemode(st.st_mode)}): "
-            f"any of them could rename a run folder of yours and put theirs in its place, checkpoints included; "
-            f"`chmod +t {runs}` keeps each user's folders their own, as in /tmp")
+    run folder of this user's and put one of theirs in its place, checkpoints a resume loads included. So too a folder
+    above it (`/shared` of 777 holding the runs folder invoke run made): the runs folder itself may be renamed away.
+    Said, not refused: a volume shared by design (a cluster's, every pod's uid) is often so."""
+    for folder in (runs, *runs.parents):
+        try:
+            st = os.stat(folder)
+        except OSError:
+            continue
+        if not st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_ISVTX:
+            continue
+        mode = stat.filemode(st.st_mode)
+        if folder == runs:
+            return (f"the runs folder {runs} can be written by every user and is not sticky (mode {mode}): any of them "
+                    f"could rename a run folder of yours and put theirs in its place, checkpoints included; "
+                    f"`chmod +t {runs}` keeps each user's folders their own, as in /tmp")
+        return (f"the folder {folder}, on the way to the runs folder {runs}, can be written by every user and is not "
+                f"sticky (mode {mode}): any of them could rename the folder it holds there and put theirs in its place, "
+                f"run folders and checkpoints included; `chmod +t {folder}` keeps each user's folders their own, as "
+                "in /tmp")
+    return ""
 
 
 def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node_rank: int = 0) -> Path:

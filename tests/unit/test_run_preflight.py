@@ -549,6 +549,23 @@ def test_a_runs_folder_every_user_may_write_and_rename_in_is_said(env):
         assert (said in r.stderr and f"`chmod +t {runs}`" in r.stderr) == warned, (oct(mode), r.stderr)
 
 
+def test_a_folder_above_the_runs_folder_every_user_may_write_and_rename_in_is_said(env):
+    """INVOKE_DOCKYARD_RUNS_DIR=/shared/team/runs under a /shared/team made with chmod 777 (the runs folder invoke run
+    made there is 755): the warning looked at the runs folder alone and said nothing, while any user could rename the
+    runs folder away and put one of theirs, with the run folders and checkpoints a resume loads, in its place."""
+    shared = Path(env["INVOKE_DOCKYARD_RUNS_DIR"]) / "team"
+    runs = shared / "runs"
+    runs.mkdir(parents=True)
+    os.chmod(runs, 0o755)
+    for mode, warned in ((0o777, True), (0o1777, False), (0o755, False)):
+        os.chmod(shared, mode)
+        r = dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(runs)})
+        assert r.returncode == 0, r.stderr
+        assert (f"the folder {shared}, on the way to the runs folder {runs}, can be written by every user and is not "
+                f"sticky (mode drwxrwxrwx)" in r.stderr and f"`chmod +t {shared}`" in r.stderr) == warned, (oct(mode),
+                                                                                                       r.stderr)
+
+
 def _finished_run(runs, run_id, recipe, native=False):
     """A run folder as a completed run leaves it: its manifest.json (the keys the trainer writes) and a checkpoint;
     trained in the cpu image, or on this host (`native`)."""
