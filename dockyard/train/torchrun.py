@@ -185,7 +185,8 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
     if isinstance(error, RendezvousTimeoutError) and (others := came_for(CAME_FOR, a.rdzv_id)):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node came for "
                 f"the rendezvous {', '.join(others)}: start every node with the same --run-id ({a.rdzv_id} here)")
-    if isinstance(error, RendezvousTimeoutError) and (counts := came_for(CAME_WITH, str(a.nnodes))):
+    least, _, most = str(a.nnodes).partition(":")  # N or MIN:MAX (bad_value took it), as the store holds it: _count
+    if isinstance(error, RendezvousTimeoutError) and (counts := came_for(CAME_WITH, _count(int(least), int(most or least)))):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node "
                 f"started with --nodes={', '.join(counts)} came: start every node with the same --nodes (compose: NNODES; "
                 f"{a.nnodes} here)")

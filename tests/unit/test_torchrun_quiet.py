@@ -255,12 +255,7 @@ def test_nodes_that_meet_each_say_so_with_how_long_they_waited(tmp_path, loopbac
     (tmp_path / "worker.py").write_text("print('trained', flush=True)\n")
     nodes = []
     for rank in (0, 1):
-        nodes.append(subprocess.Popen(
-            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=met1",
-             f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=60", "--local-addr=127.0.0.1", "worker.py"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}))
+        nodes.append(_torchrun_node(tmp_path, port, rank, "met1", 2, join_timeout=60))
         time.sleep(3)
     try:
         said = [p.communicate(timeout=120) for p in nodes]
@@ -276,6 +271,16 @@ def test_nodes_that_meet_each_say_so_with_how_long_they_waited(tmp_path, loopbac
 
 
 
+def _torchrun_node(tmp_path, port: int, rank: int, run_id: str, nnodes, join_timeout: int) -> subprocess.Popen:
+    """A real torchrun of one process as node `rank` of `nnodes` on loopback, running tmp_path's worker.py."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", f"--nnodes={nnodes}",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+         f"--rdzv-conf=is_host={int(rank == 0)},join_timeout={join_timeout}", "--local-addr=127.0.0.1", "worker.py"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)})
+
+
 def _node_1_refused_at_once(tmp_path, port: int, nodes: tuple, join_timeout: int):
     """Two real torchruns on loopback, each (rank, run id, node count), node 1 3 s after node 0: node 1 must end
     within the join timeout while node 0 still waits; both ended, their processes and (stdout, stderr) by rank."""
@@ -283,13 +288,7 @@ def _node_1_refused_at_once(tmp_path, port: int, nodes: tuple, join_timeout: int
 
     procs = []
     for rank, run_id, count in nodes:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", f"--nnodes={count}",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-             f"--rdzv-conf=is_host={int(rank == 0)},join_timeout={join_timeout}", "--local-addr=127.0.0.1",
-             "worker.py"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}))
+        procs.append(_torchrun_node(tmp_path, port, rank, run_id, count, join_timeout))
         time.sleep(3)
     try:
         node1 = procs[1].communicate(timeout=join_timeout - 5)
@@ -367,6 +366,32 @@ def test_a_node_given_another_node_count_is_told_node_0_s_at_once_and_node_0_whi
     assert nodes[0].returncode == 1 and node0_said[1].strip().splitlines()[-1] == (
         f"torchrun: not every node joined the rendezvous cnt1 at 127.0.0.1:{port} within 15 s: a node started with "
         f"--nodes={node1} came: start every node with the same --nodes (compose: NNODES; {node0} here)"), node0_said[1]
+
+
+def test_nodes_given_one_count_as_min_max_are_not_told_to_give_the_same_count(tmp_path, loopback_port):
+    """--nnodes=3:3 on both nodes (a Kubeflow PyTorchJob's elastic policy writes PET_NNODES as MIN:MAX), the third node
+    never started: node 0's store holds the count as torch reads it (3), and node 0, comparing it with its own as typed
+    (3:3), ended its wait saying "a node started with --nodes=3 came: start every node with the same --nodes (3:3
+    here)", which every node was. It says what a wait that nobody cut short says: a node that did not join."""
+    import time
+
+    port = loopback_port
+    (tmp_path / "worker.py").write_text("print('never started')\n")
+    procs = []
+    try:
+        for rank in (0, 1):
+            procs.append(_torchrun_node(tmp_path, port, rank, "mm1", "3:3", join_timeout=10))
+            time.sleep(2)
+        _, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p.pid)
+    last = err.strip().splitlines()[-1]
+    assert procs[0].returncode == 1 and last.startswith(
+        f"torchrun: not every node joined the rendezvous mm1 at 127.0.0.1:{port} within 10 s: start every node with "
+        "the same --run-id"), err
+    assert "same --nodes" not in last, last
 
 
 def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
