@@ -265,9 +265,10 @@ known_recipe() {
 # closest_recipe (dockyard/common/recipes.py) in awk: of $RECIPES, the one the name $1 most likely meant, or nothing.
 # The same letters and digits (ZeRO2, zero_2), zero2 for DeepSpeed, else difflib.get_close_matches(name, names, 1,
 # 0.75): the name of the highest SequenceMatcher ratio, twice the characters of the blocks the two have in common (the
-# longest first, earliest in the name; then the same on either side of it) over both lengths; the last of equal ones.
+# longest first, earliest in the name; then the same on either side of it) over both lengths; the last of equal ones. The
+# name reaches awk through the environment: awk -v reads the escapes in it (lor\141 was lora).
 closest_recipe() {
-	NAMES=$RECIPES awk -v given="$1" '
+	NAMES=$RECIPES GIVEN=$1 awk '
 	function plain(s) { s = tolower(s); gsub(/[^a-z0-9]/, "", s); return s }
 	function common(a, b,   n, m, lo, hi, blo, bhi, i, j, k, best, bi, bj) {
 		n = 1; LO[1] = 0; HI[1] = length(a); BLO[1] = 0; BHI[1] = length(b)
@@ -290,7 +291,7 @@ closest_recipe() {
 		return m
 	}
 	BEGIN {
-		n = split(ENVIRON["NAMES"], names, " "); g = plain(given); w = tolower(given)
+		given = ENVIRON["GIVEN"]; n = split(ENVIRON["NAMES"], names, " "); g = plain(given); w = tolower(given)
 		if ((g == "deepspeed" || g == "ds" || g == "zero") && index(" " ENVIRON["NAMES"], " zero2 ")) {
 			print "zero2 (DeepSpeed ZeRO-2)"; exit
 		}

@@ -599,7 +599,7 @@ def test_a_recipe_name_the_image_holds_none_of_is_refused_before_docker_with_the
                            f"zero2? pick one of {', '.join(folder_names())} or give a folder that holds a recipe.yaml\n")
     assert not (tmp_path / "runs" / "typo").exists()
     for typed in ("zero-2", "ZeRO3", "deepspeed", "lroa", "zero3-ofload", "fdsp", "dpp", "zero2-offlaod", "xyz",
-                  "qlora zero2"):  # (two names of the list, side by side)
+                  "qlora zero2", "lor\\141"):  # (two names of the list, side by side; a backslash as typed)
         proc, argv = node(f"--recipe={typed}", **held)
         near = closest_recipe(typed, folder_names())
         assert not argv and (f": did you mean {near}? pick one of" if near else f"recipe {typed}: pick one of") \
