@@ -175,20 +175,20 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
     fix = (f"start every node with the same --run-id, --master-addr and --master-port (--nodes={a.nnodes}); "
            "invoke doctor --peer=HOST checks the port from another node")
     if OTHER_RUN:
-        return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {OTHER_RUN[0]}, not this node's {a.rdzv_id}: start "
-                f"every node with the same --run-id (node 0's is {OTHER_RUN[0]}); where both runs are meant, give this "
-                "one another --master-port")
+        return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {_few(OTHER_RUN)}, not this node's {a.rdzv_id}: "
+                f"start every node with the same --run-id (node 0's is {_few(OTHER_RUN)}); where both runs are meant, "
+                "give this one another --master-port")
     if OTHER_COUNT:
-        return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {a.rdzv_id} for --nodes={OTHER_COUNT[0]}, this node "
-                f"was started with --nodes={a.nnodes}: start every node with the same --nodes (compose: NNODES), the "
+        return (f"node 0 at {a.rdzv_endpoint} hosts the rendezvous {a.rdzv_id} for --nodes={_few(OTHER_COUNT)}, this "
+                f"node was started with --nodes={a.nnodes}: start every node with the same --nodes (compose: NNODES), the "
                 "number of nodes the run has")
     if isinstance(error, RendezvousTimeoutError) and (others := came_for(CAME_FOR, a.rdzv_id)):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node came for "
-                f"the rendezvous {', '.join(others)}: start every node with the same --run-id ({a.rdzv_id} here)")
+                f"the rendezvous {_few(others)}: start every node with the same --run-id ({a.rdzv_id} here)")
     least, _, most = str(a.nnodes).partition(":")  # N or MIN:MAX (bad_value took it), as the store holds it: _count
     if isinstance(error, RendezvousTimeoutError) and (counts := came_for(CAME_WITH, _count(int(least), int(most or least)))):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: a node "
-                f"started with --nodes={', '.join(counts)} came: start every node with the same --nodes (compose: NNODES; "
+                f"started with --nodes={_few(counts)} came: start every node with the same --nodes (compose: NNODES; "
                 f"{a.nnodes} here)")
     if isinstance(error, RendezvousTimeoutError):
         return (f"not every node joined the rendezvous {a.rdzv_id} at {a.rdzv_endpoint}{waited}: {fix}; a node that "
@@ -282,6 +282,13 @@ def came_for(key: str, own: str) -> list[str]:
             said = STORE[0].get(key).decode(errors="replace").split()
             return sorted(set(said) - {own})
     return []
+
+
+def _few(values: list[str], most: int = 3, width: int = 64) -> str:
+    """Values read from the store, as a line says them: anyone who reaches its port may write thousands, each as long
+    as they like (a stranger's 5,000 ids were one line of a megabyte)."""
+    said = ", ".join(v if len(v) <= width else v[:width - 1] + "…" for v in values[:most])
+    return said + (f", and {len(values) - most} more" if len(values) > most else "")
 
 
 def _count(least: int, most: int) -> str:

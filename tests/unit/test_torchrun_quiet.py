@@ -316,34 +316,49 @@ def test_a_node_given_another_run_id_is_told_node_0_s_at_once_and_node_0_which_c
         "rendezvous idB: start every node with the same --run-id (idA here)"), node0[1]
 
 
-def test_a_rendezvous_id_a_stranger_wrote_in_node_0_s_store_reaches_its_terminal_escaped(tmp_path, loopback_port):
-    """Node 0's store answers anyone who reaches its port (torch's TCPStore has no password): a stranger appending
-    an id of escape sequences to the ids the nodes came for had node 0 write them, raw, into its user's terminal as
-    its wait ended (a window title set, the screen cleared, the clipboard written: OSC 52). A real torchrun as node
-    0, and a stranger's TCPStore client: node 0's line shows the escapes as text."""
+def _node_0_beside_a_stranger(tmp_path, port: int, appended: str) -> tuple[int, str]:
+    """A real torchrun as node 0 of two, alone, and a stranger's TCPStore client that appends `appended` (Python
+    source of the value) to the ids the nodes came for: node 0's exit status and stderr once its wait ran out."""
     import time
 
     (tmp_path / "worker.py").write_text("print('never started')\n")
     (tmp_path / "stranger.py").write_text(
         "import sys\nfrom datetime import timedelta\nfrom torch.distributed import TCPStore\n"
         "s = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=False, timeout=timedelta(seconds=20))\n"
-        "s.append('dockyard/came-for', '\\x1b]0;pwned\\x07\\x1b[2Jevil\\n')\n")
-    node0 = subprocess.Popen(
-        [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
-         f"--rdzv-endpoint=127.0.0.1:{loopback_port}", "--rdzv-id=idA", "--rdzv-conf=is_host=1,join_timeout=10",
-         "--local-addr=127.0.0.1", "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": "0"})
+        f"s.append('dockyard/came-for', {appended})\n")
+    node0 = _torchrun_node(tmp_path, port, 0, "idA", 2, join_timeout=10)
     try:
         time.sleep(3)
-        run([sys.executable, "stranger.py", str(loopback_port)], cwd=tmp_path, timeout=30).check_returncode()
+        run([sys.executable, "stranger.py", str(port)], cwd=tmp_path, timeout=30).check_returncode()
         _, err = node0.communicate(timeout=120)
     finally:
         if node0.poll() is None:
             kill_tree(node0.pid)
-    assert node0.returncode == 1 and "\x1b" not in err and "\x07" not in err, err
+    return node0.returncode, err
+
+
+def test_a_rendezvous_id_a_stranger_wrote_in_node_0_s_store_reaches_its_terminal_escaped(tmp_path, loopback_port):
+    """Node 0's store answers anyone who reaches its port (torch's TCPStore has no password): a stranger appending
+    an id of escape sequences to the ids the nodes came for had node 0 write them, raw, into its user's terminal as
+    its wait ended (a window title set, the screen cleared, the clipboard written: OSC 52). A real torchrun as node
+    0, and a stranger's TCPStore client: node 0's line shows the escapes as text."""
+    returncode, err = _node_0_beside_a_stranger(tmp_path, loopback_port, "'\\x1b]0;pwned\\x07\\x1b[2Jevil\\n'")
+    assert returncode == 1 and "\x1b" not in err and "\x07" not in err, err
     assert err.strip().splitlines()[-1].startswith(
         f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within 10 s: a node came "
         "for the rendezvous \\x1b]0;pwned\\x07\\x1b[2Jevil"), err
+
+
+def test_the_rendezvous_ids_a_stranger_wrote_by_the_thousand_are_said_in_a_line_of_a_few(tmp_path, loopback_port):
+    """A stranger's client appending 5,000 made-up ids of 200 characters to the ids the nodes came for (anyone who
+    reaches node 0's port may: TCPStore has no password) had node 0 end its wait with one line of a megabyte, every
+    id written out. The first few are said, each cut, and how many more came."""
+    returncode, err = _node_0_beside_a_stranger(
+        tmp_path, loopback_port, "''.join(f'{i:05d}' + 'x' * 195 + '\\n' for i in range(5000))")
+    last = err.strip().splitlines()[-1]
+    assert returncode == 1 and len(last) < 1000, len(last)
+    assert last.startswith(f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within "
+                           "10 s: a node came for the rendezvous 00000xxx") and "and 4997 more" in last, last
 
 
 @pytest.mark.parametrize("node0, node1", [(3, 2), (2, 3)])
