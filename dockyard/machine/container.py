@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
@@ -73,6 +75,20 @@ def check_disk(free: int, data_root: str, image: str, image_bytes: int | None) -
         return Check("disk", WARN, detail, f"{image} (what auto picks here) {size}, and `docker load` unpacks a copy "
                                            f"of an image first: keep {DISK_WARN // GIB} GiB free")
     return Check("disk", PASS, detail)
+
+
+def disk_here(info: dict, image: str) -> Check | None:
+    """The engine's free disk read on this host, where no image is here to probe it in (a fresh host, before
+    `invoke setup`: when it matters most); None where the engine runs elsewhere (DOCKER_HOST, a docker context,
+    Docker Desktop's VM: its data root names another machine's folder) or its data root cannot be read."""
+    root = info.get("DockerRootDir") or ""
+    if info.get("Name") != socket.gethostname() or not root:
+        return None
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return None
+    return check_disk(free, root, image, None)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

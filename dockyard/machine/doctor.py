@@ -64,7 +64,8 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
                             "to test with",
                             "load one (sh load.sh, or invoke load --file=ARCHIVE), or where there is a network: "
                             "invoke setup, then invoke build"))
-        return checks
+        disk = container.disk_here(info, variants.tag(settings, auto))
+        return checks + ([disk] if disk else [])
     try:
         facts, refused = container.probe_container(settings, probe_image)
     except DockyardError as e:

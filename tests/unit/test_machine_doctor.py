@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
+import socket
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dockyard.common.errors import DockyardError
-from dockyard.gpus import Gpu, Host, Recorded
+from dockyard.gpus import Gpu, Host, Recorded, Recording
 from dockyard.images import variants
 from dockyard.machine import container, doctor
 from dockyard.settings import Settings
@@ -197,6 +200,31 @@ def test_the_disk_hint_names_the_image_auto_picks_here_and_its_size(monkeypatch)
     del sizes[variants.tag(settings, variants.all_variants(settings)["cu128"])]  # probed in cu132's, cu128 not here
     checks = _by_name(doctor.diagnose(settings, Recorded.from_file(FIXTURES / "nvml" / "hosts" / "l40sx2_550.json")))
     assert "-cu128 (what auto picks here) is not here yet, " in checks["disk"].fix
+
+
+def test_a_fresh_host_is_told_of_a_small_engine_disk_before_any_image_is_here(monkeypatch, tmp_path):
+    """The README: "Keep at least 50 GiB free for the engine (`invoke doctor` warns below that)". On a fresh host,
+    before `invoke setup` (no image, not even the base, to probe the disk in), doctor said nothing of the disk: a
+    host of 20 GiB free learnt it when the build failed. The engine's data root is read on this host where the engine
+    runs here; an engine elsewhere (its `docker info` names another host) gets no disk line rather than this host's."""
+    settings = Settings()
+    root = tmp_path / "docker"
+    root.mkdir()
+    here = {"ServerVersion": "27.5.1", "DockerRootDir": str(root), "Name": socket.gethostname()}
+    monkeypatch.setattr(doctor.engine, "image_inspect", lambda s, ref: None)  # nothing built, nothing loaded
+    monkeypatch.setattr(container.shutil, "disk_usage",
+                        lambda path: SimpleNamespace(free=20 * 2**30) if Path(path) == root else shutil.disk_usage(path))
+    no_gpu = Recorded(Recording(host=Host(error="NVML unavailable: no NVIDIA driver on this host")))
+
+    monkeypatch.setattr(doctor.engine, "engine_info", lambda s: here)
+    checks = _by_name(doctor.diagnose(settings, no_gpu))
+    assert checks["run container"].status == doctor.WARN  # no image: what it says is unchanged
+    assert checks["disk"].status == doctor.WARN
+    assert checks["disk"].detail == f"20 GiB free under the engine's data root {root}"
+    assert "keep 50 GiB free" in checks["disk"].fix
+
+    monkeypatch.setattr(doctor.engine, "engine_info", lambda s: {**here, "Name": "docker-desktop"})
+    assert "disk" not in _by_name(doctor.diagnose(settings, no_gpu))
 
 
 def test_probe_runs_with_the_launchers_flags():
