@@ -160,7 +160,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     else:
         info, image = {}, {}
         if r.dry:
-            image = _image_if_there(settings, variants.tag(settings, chosen))
+            image = _image_if_there(settings, variants.tag(settings, chosen), chosen.name, envvars.IMAGE_ID)
             if image:  # what the run would say: the dry run is where one looks before starting
                 build.warn_if_stale(image, variants.tag(settings, chosen))
         else:
@@ -330,7 +330,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     if keep:
         print(f"the container stays when you leave it: `invoke commit --container={name}` makes an image of what you "
               f"changed (`{engine.shown(engine.docker(settings, 'rm', name))}` drops it)", file=sys.stderr)
-    built = _image_if_there(settings, image) if dry else engine.image_inspect(settings, image)
+    built = _image_if_there(settings, image, chosen.name) if dry else engine.image_inspect(settings, image)
     if not built and not dry:  # docker run would look for it in a registry (docker.io/library/...), in a project of none
         raise DockyardError(f"image {image} not built: `invoke build --variant={chosen.name}`")
     if gpus and not disable_require:
@@ -823,14 +823,14 @@ def _from_cache(use: dict[str, int] | None) -> str:
     return f" ({use.get('hits', 0)} of {built} graphs from the compile cache)" if built else ""
 
 
-def _image_if_there(settings: Settings, tag: str) -> dict:
-    """`run --dry`: the image's id where an engine answers and holds it, so the command printed is the one that runs;
-    else a note says what the run fills in."""
+def _image_if_there(settings: Settings, tag: str, variant: str, blank: str = "") -> dict:
+    """`run --dry`, `shell --dry`: the image where an engine answers and holds it, so the command printed is the one
+    that runs; else a note says what is missing, how to make it, and what the command printed leaves `blank`."""
     try:
         image = engine.image_inspect(settings, tag) or {}
-    except DockyardError:
-        image = {}
+        missing = f"{tag} is not built yet: `invoke build --variant={variant}` builds it (without --dry this stops here)"
+    except DockyardError as e:
+        image, missing = {}, f"{str(e).splitlines()[0].rstrip('.')}; whether {tag} is built is not known"
     if not image:
-        print(f"note: {tag} is not built (or no engine answers): the run sets {envvars.IMAGE_ID} to its id",
-              file=sys.stderr)
+        print(f"note: {missing}" + (f"; {blank} below is left empty until then" if blank else ""), file=sys.stderr)
     return image

@@ -13,6 +13,7 @@ from dockyard.images import variants
 from dockyard.launch import run as launch_run
 from dockyard.machine import doctor
 from dockyard.machine import planner as plan_mod
+from tests.support.fake_engine import FakeEngine
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "hosts"
 
@@ -510,3 +511,21 @@ def test_a_devel_image_on_a_geforce_with_a_driver_its_requirement_names_for_othe
                                                         {}, images={"cu128": {"Config": {"Env": [
                                                             f"NVIDIA_REQUIRE_CUDA={REQUIRE_CUDA_128}"]}}})}
     assert checks["variant cu128"].status == doctor.WARN and "brand=geforce" in checks["variant cu128"].detail
+
+
+def test_a_dry_run_before_the_build_says_how_to_build_the_image(settings, capsys, replay, monkeypatch):
+    """A newcomer's `invoke run --dry` (or `invoke shell --dry`) before `invoke build` read 'note: dockyard:0.1.0-cpu is
+    not built (or no engine answers): the run sets DOCKYARD_IMAGE_ID to its id': which of the two, and what to do,
+    unsaid, and the shell's command holds no such variable. The note now says the image is not built yet and the
+    build that makes it; the run's says its id is left empty, the shell's names nothing it does not print."""
+    replay("t4x2_535")  # auto picks a CUDA image: the build named is that variant's
+    s = FakeEngine().install(monkeypatch, settings)
+    tag = variants.tag(s, variants.all_variants(s)["cu128"])
+    say = f"note: {tag} is not built yet: `invoke build --variant=cu128` builds it (without --dry this stops here)"
+
+    run = [ln for ln in dry_run(s, capsys).splitlines() if tag in ln and ln.startswith("note:")]
+    assert run == [f"{say}; DOCKYARD_IMAGE_ID below is left empty until then"]
+    launch_run.shell(s, dry=True)
+    err = capsys.readouterr().err
+    assert [ln for ln in err.splitlines() if tag in ln and ln.startswith("note:")] == [say]
+    assert "DOCKYARD_IMAGE_ID" not in err
