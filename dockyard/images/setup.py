@@ -87,9 +87,8 @@ def ensure_cpu_base(settings: Settings, mirror: str, dry: bool = False) -> None:
         argv = engine.docker(settings, "pull", name)
         engine.echo(argv) if dry else engine.run(argv, what=f"pulling {name}")
         return
-    if not shutil.which("debootstrap") and not dry:
-        raise DockyardError("debootstrap is missing: `apt-get install debootstrap`, or run setup as root "
-                            f"(`{engine.SUDO_SETUP}`: a venv's invoke is not on root's PATH)")
+    if not dry:
+        check_debootstrap()
     with tempfile.TemporaryDirectory(prefix="dockyard-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
         argv = debootstrap_steps(rootfs, mirror)
@@ -125,6 +124,19 @@ def import_base(settings: Settings, tar: list[str], importer: list[str], name: s
             pipeline.check()
             raise DockyardError(f"importing {name}: docker import printed no image id; run `invoke setup` again")
     engine.run(engine.docker(settings, "tag", imported, name), what=f"naming {name}")
+
+
+def check_debootstrap() -> None:
+    """debootstrap is here, and may run: it makes a root file system, so only root may (as another user it says
+    "E: debootstrap can only run as root", which setup's fetch error then took for a mirror that does not answer).
+    setup installs it only with the engine it installs: where an engine answers, the user installs it."""
+    root = os.geteuid() == 0
+    again = "then `invoke setup` again" if root else f"then `{engine.SUDO_SETUP}` (a venv's invoke is not on root's PATH)"
+    if not shutil.which("debootstrap"):
+        raise DockyardError(f"debootstrap is missing (setup installs it only where it installs the engine): "
+                            f"`{'' if root else 'sudo '}apt-get install debootstrap`, {again}")
+    if not root:
+        raise DockyardError(f"making the cpu base image runs debootstrap, which only root may run: {again.removeprefix('then ')}")
 
 
 def check_mirror(mirror: str) -> None:

@@ -86,3 +86,46 @@ def test_an_empty_base_image_an_earlier_setup_left_is_made_again(monkeypatch, se
     said = capsys.readouterr()
     assert f"base image: {settings.base_image_cpu} is empty" in said.err and "present" not in said.out
     assert "debootstrap --variant=minbase bookworm" in said.err
+
+
+@pytest.fixture
+def no_base(monkeypatch, settings):
+    """An engine that answers and holds no base image; debootstrap, were it run, is recorded, not run."""
+    ran = []
+    monkeypatch.setattr(engine, "image_inspect", lambda _s, _ref: None)
+    monkeypatch.setattr(engine, "run", lambda argv, **kw: ran.append(argv[0]))
+    monkeypatch.setattr(engine, "Pipeline", lambda *argvs, **kw: ran.append(argvs[0][0]))  # never the real import
+    return settings, ran
+
+
+def test_a_missing_debootstrap_is_said_with_what_installs_it_for_root_and_for_a_user(no_base, monkeypatch):
+    """Where an engine answers, setup installs nothing, so its base image needs debootstrap installed first (the
+    README says so). Root was told 'debootstrap is missing: `apt-get install debootstrap`, or run setup as root
+    (`sudo ... -m invoke setup`)': root already, no sudo on many root hosts, and setup run again would not install
+    it. Each is now told the install and the setup after it, root without sudo."""
+    settings, ran = no_base
+    monkeypatch.setattr(setup.shutil, "which", lambda name: None)
+    monkeypatch.setattr(setup.os, "geteuid", lambda: 0)
+    with pytest.raises(DockyardError) as root:
+        setup.ensure_cpu_base(settings, "http://deb.debian.org/debian")
+    assert "`apt-get install debootstrap`, then `invoke setup` again" in str(root.value)
+    assert "sudo" not in str(root.value) and "as root" not in str(root.value)
+    monkeypatch.setattr(setup.os, "geteuid", lambda: 1000)
+    with pytest.raises(DockyardError) as user:
+        setup.ensure_cpu_base(settings, "http://deb.debian.org/debian")
+    assert f"`sudo apt-get install debootstrap`, then `{engine.SUDO_SETUP}`" in str(user.value)
+    assert ran == []
+
+
+def test_a_user_is_told_debootstrap_needs_root_before_it_runs_not_that_the_mirror_failed(no_base, monkeypatch):
+    """A user in the docker group (not root) with debootstrap installed: setup ran it, it said 'E: debootstrap can
+    only run as root', and setup's error went on 'where http://deb.debian.org/debian does not answer, give a Debian
+    mirror that does': a mirror that answered, and no word of root. It now stops before, naming the setup as root."""
+    settings, ran = no_base
+    monkeypatch.setattr(setup.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(setup.os, "geteuid", lambda: 1000)
+    with pytest.raises(DockyardError) as user:
+        setup.ensure_cpu_base(settings, "http://deb.debian.org/debian")
+    assert str(user.value) == ("making the cpu base image runs debootstrap, which only root may run: "
+                               f"`{engine.SUDO_SETUP}` (a venv's invoke is not on root's PATH)")
+    assert "mirror" not in str(user.value) and ran == []
