@@ -33,11 +33,17 @@ from dockyard.settings import IMAGE_NAME, Settings
 
 # `invoke setup` as root, by this Python's path: a venv's invoke is not on root's PATH, so `sudo invoke setup` fails
 SUDO_SETUP = f"sudo {shlex.quote(sys.executable)} -m invoke setup"
-NO_ENGINE_HELP = (
-    f"no Docker engine answers. Install and start one: `{SUDO_SETUP}` (Debian/Ubuntu), or "
-    "`apt-get install docker.io && systemctl start docker`; where no init system runs, "
-    "`setsid dockerd >dockerd.log 2>&1 &`. Set DOCKER_HOST if your engine listens elsewhere."
-)
+
+
+def no_engine_help() -> str:
+    """How to get an engine, said to whoever runs the task: root is given no `sudo` (many root hosts have none:
+    "sudo: command not found")."""
+    sudo = "" if os.geteuid() == 0 else "sudo "
+    return (f"no Docker engine answers. Install and start one: `{sudo}{SUDO_SETUP.removeprefix('sudo ')}` "
+            f"(Debian/Ubuntu), or `{sudo}apt-get install docker.io && {sudo}systemctl start docker`; where no init "
+            f"system runs, `{sudo}setsid dockerd >dockerd.log 2>&1 &`. Set DOCKER_HOST if your engine listens elsewhere.")
+
+
 # The engine runs, but its socket lets in only root and the docker group (load.sh and run.sh say the same)
 NO_ACCESS_HELP = (
     "the Docker engine's socket lets in only root and the docker group: add your user to it, "
@@ -51,7 +57,7 @@ def no_engine(said: str) -> DockyardError:
     Said in docker's words for its socket ("... the Docker daemon socket at", 28's "... the docker API at"): ssh's
     "Permission denied (publickey)" for a DOCKER_HOST=ssh:// is no matter of this host's docker group."""
     denied = "permission denied while trying to connect to the docker" in said.lower()
-    return DockyardError(f"{NO_ACCESS_HELP if denied else NO_ENGINE_HELP}\n  ({said})")
+    return DockyardError(f"{NO_ACCESS_HELP if denied else no_engine_help()}\n  ({said})")
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -398,7 +404,7 @@ def docker_binary(setting: str = "") -> str:
                 return cand
     if seen:
         return seen[0]
-    raise DockyardError("no `docker` client on PATH. " + NO_ENGINE_HELP)
+    raise DockyardError("no `docker` client on PATH. " + no_engine_help())
 
 
 def docker(settings: Settings, *args: str) -> list[str]:

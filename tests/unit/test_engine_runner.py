@@ -70,20 +70,26 @@ def test_leaving_a_pipeline_by_an_exception_stops_its_commands():
         engine.Pipeline(["cat"], ["no-such-tool-here"], stdin=engine.PIPE, quiet=True)
 
 
-def test_no_engine_advice_gives_a_setup_command_root_can_run_from_a_venv(tmp_path):
-    """`sudo invoke setup` fails from a venv (root's PATH has no invoke): the advice names this Python instead."""
+@pytest.mark.parametrize("euid", [1000, 0], ids=["a user", "root"])
+def test_no_engine_advice_gives_a_setup_command_root_can_run_from_a_venv(tmp_path, monkeypatch, euid):
+    """`sudo invoke setup` fails from a venv (root's PATH has no invoke): the advice names this Python instead.
+    Root was told `sudo ...` too, where many root hosts (a cloud VM, a container) have no sudo: root is given none."""
     import shlex
     import sys
 
     from dockyard.settings import Settings
 
+    monkeypatch.setattr(engine.os, "geteuid", lambda: euid)
     silent = tmp_path / "docker"
     silent.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
     silent.chmod(0o755)
     with pytest.raises(DockyardError) as e:
         engine.engine_info(Settings(docker=str(silent)))
     said = str(e.value)
-    assert f"`sudo {shlex.quote(sys.executable)} -m invoke setup`" in said and "`sudo invoke setup`" not in said
+    sudo = "sudo " if euid else ""
+    assert f"`{sudo}{shlex.quote(sys.executable)} -m invoke setup`" in said and "`sudo invoke setup`" not in said
+    assert f"`{sudo}apt-get install docker.io && {sudo}systemctl start docker`" in said
+    assert ("sudo" in said) == bool(euid)
     assert "(Cannot connect to the Docker daemon)" in said
 
 
