@@ -47,16 +47,18 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run "
                             f"({newest_runs(runs)})")
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
+    # the commands said below, as the run needs them: one trained with --native resumes and exports with it
+    native_run = " --native" if m.variant in runfolder.NATIVE_VARIANTS else ""
     if m.status != "completed":  # said here, before an image starts to say it (the trainer's export checks it too)
         # a run that failed before its first checkpoint (a setting, its data) has nothing for --resume to continue
-        then = (f"continue it (invoke run --resume --run-id={run})" if runfolder.complete_checkpoints(run_dir) else
+        then = (f"continue it (invoke run --resume --run-id={run}{native_run})" if runfolder.complete_checkpoints(run_dir) else
                 f"it saved no checkpoint to resume either: fix what stopped it ({first_line(m.error)}) and start it "
                 "again")
         raise DockyardError(f"run {run} did not complete (status {m.status}): it saved no model to export; {then}, or "
                             "export a completed run")
     if merge and m.model and m.model.format == "full":  # it wrote a second copy of the model to merged/
         raise DockyardError(f"run {run} trained the whole model: it has no adapters for --merge to merge; export it "
-                            f"as it is: invoke export --run={run}")
+                            f"as it is: invoke export --run={run}{native_run}")
     target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
     if out:  # before anything is made: the folder's name is printed (the command, where it was written) as it is
         scriptwords.one_line(str(target), "--out", "which would reach the terminal as it is where the export prints "

@@ -106,6 +106,25 @@ def test_a_failed_run_is_sent_to_resume_only_where_it_saved_a_checkpoint(setting
         export.export(s, run="r1", dry=True)
 
 
+def test_the_commands_a_refused_export_of_a_native_run_gives_are_the_ones_that_run_it(settings, tmp_path):
+    """A run trained with --native: `invoke export --run=r1 --native` of it, failed, said 'continue it (invoke run
+    --resume --run-id=r1)', which then refused, 'resumes the same way: ... --native'; of a full fine-tune with --merge,
+    'export it as it is: invoke export --run=r1', which refused, 'say so: ... --native'. Each now names --native."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, run = _run(tmp_path, status="failed", variant="native", model={"format": "full"})
+    (run / "checkpoints" / "checkpoint-8").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-8" / "complete.json").write_text("{}")
+    with pytest.raises(DockyardError, match=r"continue it \(invoke run --resume --run-id=r1 --native\), or export"):
+        export.export(s, run="r1", dry=True, native=True)
+    m = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**m, "status": "completed"}))
+    with pytest.raises(DockyardError, match=r"export it as it is: invoke export --run=r1 --native$"):
+        export.export(s, run="r1", dry=True, native=True, merge=True)
+    (run / "manifest.json").write_text(json.dumps({**m, "variant": "cpu"}))  # a run in the image: as they were
+    with pytest.raises(DockyardError, match=r"continue it \(invoke run --resume --run-id=r1\), or export"):
+        export.export(s, run="r1", dry=True)
+
+
 def test_merging_a_full_fine_tune_is_refused_before_an_image_starts(settings, tmp_path):
     """`export --merge` of a ddp run said there were no adapters to merge, then wrote the model again to merged/
     (16 GB more for an 8B model)."""
