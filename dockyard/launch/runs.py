@@ -37,8 +37,11 @@ def list_runs(settings: Settings) -> None:
     for row in (HEADER, *rows):
         cells = (text.rjust(w) if i == 3 else text.ljust(w) for i, (text, w) in enumerate(zip(row, widths, strict=True)))
         print("  ".join(cells).rstrip())
+    # a run trained with --native is exported and resumed with it (both refuse it without, naming it)
+    native = any(row[HEADER.index("where")].startswith("native") for row in rows)
     print("`invoke export --run=ID` writes a completed run's model as a Hugging Face folder; "
-          "`invoke run --resume --run-id=ID` continues one that stopped")
+          "`invoke run --resume --run-id=ID` continues one that stopped"
+          + ("; add --native to either for a run whose `where` says native" if native else ""))
 
 
 def cell(text: str) -> str:

@@ -62,6 +62,18 @@ def test_the_runs_are_listed_newest_first_with_their_status_and_loss(tmp_path):
     assert "invoke run --resume --run-id=ID" in out and "invoke export --run=ID" in out
 
 
+def test_the_next_steps_say_a_native_run_needs_native_only_where_one_is_listed(tmp_path):
+    """A newcomer's runs made with --native (the README's CPU path) were listed with `where` native, under 'invoke
+    export --run=ID ...; invoke run --resume --run-id=ID ...': either as written is refused for such a run ('say so:
+    ... --native'). The line now says to add --native where a listed run trained natively, and only there."""
+    runs = tmp_path / "runs"
+    _run(runs, "lora-image", 100, recipe="lora", status="completed", metrics={"steps": 5})
+    last = _listed(runs).splitlines()[-1]
+    assert "--native" not in last and "invoke export --run=ID" in last
+    _run(runs, "ddp-native", 50, recipe="ddp", status="failed", variant="native", metrics={"steps": 5})
+    assert _listed(runs).splitlines()[-1].endswith("; add --native to either for a run whose `where` says native")
+
+
 def test_a_run_training_now_says_so(tmp_path):
     folder = _run(tmp_path / "runs", "zero2-now", 0)
     fd = runfolder.hold(folder)  # as the trainer holds it while it trains
