@@ -107,7 +107,8 @@ DISABLE_REQUIRE = ("set NVIDIA_DISABLE_REQUIRE=1: start an image whose NVIDIA_RE
             "resume": "continue the run named by --run-id from its last checkpoint, with its recipe and settings (give "
                       "--data and --model again: a resume mounts only what its command names)",
             "disable_require": DISABLE_REQUIRE,
-            "native": "run the entry point on this host instead of in the image (for development)",
+            "native": "train with this host's Python instead of in the image (it needs the training stack: pip "
+                      "install -e '.[train]'); the run is resumed and exported with --native too",
             "cpu": "train on CPU even in a CUDA image (gloo, no GPU): tries an image's stack on a host without GPUs",
             "gpus": "which GPUs by index or UUID, e.g. 0,2 (not a count: --gpus=2 is GPU 2 alone), or all (default: "
                     "CUDA_VISIBLE_DEVICES, else all): one process each",
