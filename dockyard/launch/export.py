@@ -36,9 +36,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     """Write the folder (default runs/<ID>/export, or runs/<ID>/merged with --merge); returns it. `native`: the
     user's word that the run was trained on this host, whose Python then exports it (never the manifest's alone:
     any container can write it, and would then move the export out of the image onto this host)."""
-    if not run:
-        raise DockyardError("--run is required: a run id (a folder under the runs folder)")
     runs = settings.path(settings.runs_dir)
+    if not run:
+        raise DockyardError(f"--run is required: the id of a completed run ({newest_runs(runs)})")
     if why := launch_run.not_a_run_id(run):
         raise DockyardError(f"--run {why}: give the name of a folder in {runs}")
     run_dir = runs / run

@@ -75,6 +75,9 @@ def test_existing_output_and_missing_runs_are_refused(settings, tmp_path):
     with pytest.raises(DockyardError, match=r"no run 'nope' in .*: give the id of a completed run \(the newest in "
                                                r".*: r1; `invoke runs` lists them all\)"):
         export.export(s, run="nope", dry=True)
+    # --run left out, as `invoke export` alone: the same offer ("a folder under the runs folder" named none)
+    with pytest.raises(DockyardError, match=r"^--run is required: the id of a completed run \(the newest in .*: r1; "):
+        export.export(s, run="", dry=True)
     m, _ = _run(tmp_path / "b", inputs={"model": {"path": str(tmp_path / "gone"), "inside": "/workspace/inputs/model",
                                                   "sha256": "0" * 64}})
     with pytest.raises(DockyardError, match="is gone"):
