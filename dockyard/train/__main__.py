@@ -326,7 +326,7 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     run.doing("setting up the process group")
     # every process, before any forms the group, in which DeepSpeed loads its ops (shm_comm on the CPU; cpu_adam
     # once the Trainer makes the optimizer): a lock a killed build of one left would hang the run without a word
-    removed, kept = environment.build_locks()
+    removed, kept = environment.build_locks(waits=recipe.strategy_spec.engine == "deepspeed")
     args = arguments.training_arguments(recipe, settings, overrides, run.opts.run_dir, load_universal)
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed

@@ -215,6 +215,27 @@ def test_a_lock_a_killed_op_build_left_is_removed_and_one_a_live_build_holds_is_
                     "this run waits for it"]
 
 
+def test_a_run_that_loads_no_deepspeed_op_is_told_of_no_build_it_does_not_wait_on(tmp_path):
+    """A newcomer's lora run (DDP: no DeepSpeed op loaded) started while another run built cpu_adam (an offload
+    recipe's first run, minutes on a small host) said 'DeepSpeed's cpu_adam op is being built by process N ...: this
+    run waits for it', and trained at once. A run whose recipe is not DeepSpeed's says nothing of a build going on,
+    live or recent; a lock a killed build left is still removed (the next offload run would wait on it forever)."""
+    live = _op_folder(tmp_path, "cpu_adam", 5)
+    recent = _op_folder(tmp_path, "shm_comm", 30)
+    dead = _op_folder(tmp_path, "fused_adam", environment.STALE_BUILD_S + 60)
+    holder = subprocess.Popen([sys.executable, "-c", "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "print(flush=True); time.sleep(60)", str(live / "lock")], stdout=subprocess.PIPE)
+    try:
+        holder.stdout.readline()  # it has the lock open
+        removed, kept = environment.build_locks(str(tmp_path), waits=False)
+        assert len(environment.build_locks(str(tmp_path))[1]) == 2, "a DeepSpeed run is told of both, as before"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert kept == [] and (live / "lock").exists() and (recent / "lock").exists()
+    assert len(removed) == 1 and not (dead / "lock").exists()
+
+
 def test_a_recent_lock_no_process_here_holds_is_kept_and_said_with_the_file_to_remove(tmp_path):
     """Another container's run may be building the op into the same cache (its processes are not seen here): a lock
     touched within STALE_BUILD_S stays, and the run says what it waits on and what to remove if no build runs."""
