@@ -32,9 +32,9 @@ def read_host() -> Host:
             try:
                 return nv.host()
             except nv.nv.NVMLError as e:
-                return Host(error=f"NVML cannot read the GPUs ({e})")
+                return Host(error=f"NVML cannot read the GPUs ({e})", driver_fault=True)
     except NvmlUnavailable as e:
-        return Host(error=str(e))
+        return Host(error=str(e), driver_fault=e.fault)
 
 
 def facts() -> tuple[Host, list[Link]]:
@@ -46,7 +46,7 @@ def facts() -> tuple[Host, list[Link]]:
         with nvml() as nv:
             return nv.host(), nv.links()
     except NvmlUnavailable as e:
-        return Host(error=str(e)), []
+        return Host(error=str(e), driver_fault=e.fault), []
 
 
 # "12.8", or "" where NVML could not read it
@@ -89,6 +89,9 @@ class Host:
     # are (an escape sequence in it reached the terminal)
     error: Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f-\x9f]*$", max_length=2000)] = ""
     visible: str = ""  # the devices chosen by --gpus or CUDA_VISIBLE_DEVICES, "0,2"; "" is all of them
+    # NVML's library is here and failed (a driver upgraded without a reboot: "Driver/library version mismatch"): a
+    # GPU host whose driver is broken, not a CPU host; `error` says how
+    driver_fault: bool = False
 
     @property
     def count(self) -> int:
@@ -199,7 +202,17 @@ def _read(nv, fn, *args, default=None):
 
 
 class NvmlUnavailable(Exception):
-    """No NVIDIA driver or library on this host: normal on a CPU host."""
+    """No NVIDIA driver or library on this host: normal on a CPU host. `fault`: the library is here and failed, a
+    GPU host's driver that does not answer, which no CPU host has."""
+
+    def __init__(self, message: str, fault: bool = False):
+        super().__init__(message)
+        self.fault = fault
+
+
+# How a driver that is there and fails is said: nvidia-smi fails the same way, and a reboot fixes the commonest
+DRIVER_FAULT_FIX = ("`nvidia-smi` says the same; after a driver upgrade, reboot (or reload the nvidia kernel modules), "
+                    "or train on CPU anyway with --variant=cpu")
 
 
 @contextlib.contextmanager
@@ -213,12 +226,18 @@ def nvml() -> Iterator[Nvml]:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
-        raise NvmlUnavailable(f"NVML unavailable ({e}): no NVIDIA driver on this host") from None
+        if e.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:  # no driver installed: a CPU host
+            raise NvmlUnavailable(f"no NVIDIA driver on this host (NVML: {e})") from None
+        if e.value == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:  # a CPU VM of an image that ships the driver, or a GPU
+            # host whose module did not load (a new kernel): the first trains on CPU, the second is told where to look
+            raise NvmlUnavailable(f"no NVIDIA driver loaded on this host (NVML: {e}; on a GPU host, `nvidia-smi` says "
+                                  "why)") from None
+        raise NvmlUnavailable(f"the NVIDIA driver does not answer (NVML: {e})", fault=True) from None
     try:
         try:
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         except pynvml.NVMLError as e:
-            raise NvmlUnavailable(f"NVML cannot list the GPUs ({e})") from None
+            raise NvmlUnavailable(f"NVML cannot list the GPUs ({e})", fault=True) from None
         yield Nvml(pynvml, handles)
     finally:
         pynvml.nvmlShutdown()

@@ -18,7 +18,7 @@ from dockyard import __version__
 from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
 from dockyard.common.recipes import YAML_ERRORS, read_yaml
 from dockyard.engine import familiar
-from dockyard.gpus import Gpu, Host
+from dockyard.gpus import DRIVER_FAULT_FIX, Gpu, Host
 from dockyard.settings import IMAGE_NAME, ROOT, Settings
 
 PINNED = ("torch", "triton", "deepspeed", "bitsandbytes", "transformers", "peft", "accelerate", "nvidia-ml-py",
@@ -358,6 +358,8 @@ def _cuda_variants(settings: Settings) -> list[Variant]:
 
 def pick_auto(variants: dict[str, Variant], host: Host) -> tuple[Variant, str]:
     """The newest CUDA variant the host driver supports, else cpu; with the reason in words."""
+    if not host.gpus and host.driver_fault:  # a GPU host whose driver fails: never trained on CPU unsaid
+        raise DockyardError(f"auto cannot pick a variant: {host.error}; {DRIVER_FAULT_FIX}")
     if not host.gpus:
         why = host.error or "NVML sees no GPU"
         return variants["cpu"], f"auto → cpu: {why}"

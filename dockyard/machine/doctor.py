@@ -158,6 +158,8 @@ def _gpu_words(g: Gpu) -> str:
 
 
 def check_gpus(host: Host) -> Check:
+    if not host.gpus and host.driver_fault:
+        return Check("gpus", FAIL, host.error, gpus.DRIVER_FAULT_FIX)
     if not host.gpus:
         return Check("gpus", PASS, f"no NVIDIA GPU ({host.error or 'NVML sees none'}): the cpu variant will be used")
     names = sorted({_gpu_words(g) for g in host.gpus})

@@ -113,3 +113,41 @@ def test_a_driver_whose_cuda_version_nvml_cannot_read_is_reported_and_auto_goes_
     assert checks["variant cu132"].status == doctor.WARN  # 13.x needs driver 580: told by the version alone
     picked, why = variants.resolve(Settings(), "auto")
     assert picked.name == "cu128" and "picked by the driver version" in why
+
+
+def test_a_driver_that_is_there_and_fails_is_said_and_never_taken_for_a_cpu_host(settings, monkeypatch):
+    """NVML's every failure read as 'NVML unavailable (...): no NVIDIA driver on this host': on a GPU host after a driver
+    upgrade without a reboot ("Driver/library version mismatch", nvidia-smi's own error), `invoke run` printed
+    'auto → cpu: ...' and went for the cpu image, and doctor passed the host ('the cpu variant will be used'). A missing
+    library (a CPU host) is said as before, in plainer words; any other failure is the driver's: doctor fails it, and
+    auto refuses to pick, naming the error and the ways out."""
+    import pynvml
+
+    from dockyard.images import variants
+    from dockyard.machine import doctor
+
+    monkeypatch.delenv(gpus.REPLAY_ENV, raising=False)
+
+    def fails(code):
+        def init():
+            raise pynvml.NVMLError(code)
+        monkeypatch.setattr(pynvml, "nvmlInit", init)
+        return gpus.read_host()
+
+    cpu_host = fails(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    assert not cpu_host.driver_fault and cpu_host.error.startswith("no NVIDIA driver on this host (NVML: ")
+    assert doctor.check_gpus(cpu_host).status == doctor.PASS
+    assert variants.resolve(settings, "auto", cpu_host)[0].name == "cpu"
+    unloaded = fails(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)  # a CPU VM of an image that ships the driver trains on CPU
+    assert not unloaded.driver_fault and variants.resolve(settings, "auto", unloaded)[0].name == "cpu"
+    assert "no NVIDIA driver loaded on this host" in unloaded.error and "nvidia-smi" in unloaded.error
+
+    broken = fails(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
+    assert broken.driver_fault and "no NVIDIA driver" not in broken.error
+    assert broken.error == "the NVIDIA driver does not answer (NVML: RM has detected an NVML/RM version mismatch.)"
+    check = doctor.check_gpus(broken)
+    assert check.status == doctor.FAIL and "reboot" in check.fix and "--variant=cpu" in check.fix
+    with pytest.raises(DockyardError, match=r"^auto cannot pick a variant: the NVIDIA driver does not answer \(NVML: "
+                                            r"RM has detected an NVML/RM version mismatch\.\); `nvidia-smi` says the same"):
+        variants.resolve(settings, "auto", broken)
+    assert variants.resolve(settings, "cpu", broken)[0].name == "cpu", "--variant=cpu trains on CPU anyway"
