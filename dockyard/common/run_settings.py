@@ -15,6 +15,7 @@ import json
 import math
 import re
 import reprlib
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -177,7 +178,7 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
     while i < len(argv):
         tok = argv[i]
         if not tok.startswith("--") or tok == "--":
-            raise DockyardError(f"override {tok!r} is not of the form --key value")
+            raise DockyardError(f"override {tok!r} is not of the form --key value{_as_flag(tok)}")
         key, eq, value = tok[2:].partition("=")
         if not eq:
             if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
@@ -195,6 +196,15 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
         out[key] = value if key in TEXT_KEYS and isinstance(read, (bool, int, float)) else read
         i += 1
     return out
+
+
+def _as_flag(tok: str) -> str:
+    """How an override typed as a name (`max_steps=10`, `-max_steps`, `max_steps 10`) is written: `--max_steps 10`."""
+    named = re.fullmatch(r"-?([A-Za-z_][\w-]*)(?:=(.*))?", tok, re.S)
+    if not named:  # a stray value, `--` again: no flag to name
+        return ""
+    value = f" {shlex.quote(named[2])}" if named[2] is not None else ""
+    return f": write it --{named[1]}{value}"
 
 
 TEXT_KEYS = {"run_name", "model", "data", "eval_data", "hub_model_id", "hub_revision"}

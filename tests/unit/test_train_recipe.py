@@ -148,6 +148,19 @@ def test_overrides_are_read_as_yaml_scalars():
         parse_overrides(["max_steps", "5"])
 
 
+@pytest.mark.parametrize(("typed", "write"), [("max_steps=10", "--max_steps 10"), ("-max_steps", "--max_steps"),
+                                              ("max_steps", "--max_steps"), ("run_name=a b", "--run_name 'a b'")])
+def test_an_override_typed_as_a_name_is_answered_with_how_to_write_it(typed, write):
+    """`invoke run -- max_steps=10` (Hydra's or a key=value habit) said "override 'max_steps=10' is not of the form
+    --key value", leaving the user to work out the rest; it now says how that one is written."""
+    with pytest.raises(DockyardError) as e:
+        parse_overrides([typed])
+    assert str(e.value) == f"override {typed!r} is not of the form --key value: write it {write}"
+    with pytest.raises(DockyardError) as stray:  # a value with no name before it: no flag to make up
+        parse_overrides(["--max_steps", "5", "6"])
+    assert str(stray.value) == "override '6' is not of the form --key value"
+
+
 
 def test_a_number_in_exponent_form_in_a_recipe_file_is_a_number(tmp_path):
     """YAML 1.1 (PyYAML) reads `1e-3` as text: `learning_rate: 1e-3` in a recipe was refused as "takes a finite
