@@ -40,7 +40,7 @@ def test_export_writes_a_folder_that_reloads_into_the_trained_model(tmp_path, re
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "largest logit difference" in r.stdout and "tolerance" in r.stdout
     # the saved model is the one that ended training (its probe): said, no warning (a real run's bf16/4-bit logits)
-    assert "differs from the model as training ended" in r.stdout and "warning" not in r.stderr, r.stderr
+    assert "model/ is the model as training ended" in r.stdout and "warning" not in r.stderr, r.stderr
     folder = runs / "r" / "export"
     assert (folder / "tokenizer.json").is_file()
     if recipe == "ddp":
@@ -58,7 +58,7 @@ def test_export_writes_a_folder_that_reloads_into_the_trained_model(tmp_path, re
         assert torch.allclose(got, torch.tensor(m["probe"]["logits"]), atol=margin), (got, m["probe"]["logits"])
         if recipe == "qlora":
             assert "4-bit model as trained differs from it by up to" in r.stdout
-        assert "differs from the model as training ended" in r.stdout and "warning" not in r.stderr, r.stderr
+        assert "model/ is the model as training ended" in r.stdout and "warning" not in r.stderr, r.stderr
 
     r = invoke("export", "--run=r", "--native", env=env)
     assert r.returncode == 1 and "already exists" in r.stderr, "an export never overwrites"
