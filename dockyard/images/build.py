@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -558,6 +559,20 @@ def _only_build_of(context: Path):
         yield
 
 
+def _sample(path: Path) -> Path:
+    """A sample the image carries (the data a run falls back on): a plain file of the checkout. One deleted was a
+    FileNotFoundError traceback, one replaced by a link was followed (to /dev/zero: read without end)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = 0
+    if not stat.S_ISREG(mode):
+        what = "missing" if not mode else "a link" if stat.S_ISLNK(mode) else "not a plain file"
+        raise DockyardError(f"{path} is {what}: every image carries it as the sample data a run falls back on; "
+                            f"restore the checkout's own (`git -C {ROOT} checkout -- data/{path.name}`), then build again")
+    return path
+
+
 def copy_context(dst: Path, variant: Variant, wheels: Path | None = None) -> Path:
     """What the build reads: the checkout's build files copied; the variant's wheelhouse (`wheels`, default the
     checkout's) hard-linked and its lock copied into wheels/, which the Dockerfile bind-mounts by that fixed name
@@ -569,7 +584,7 @@ def copy_context(dst: Path, variant: Variant, wheels: Path | None = None) -> Pat
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "data").mkdir()
     for sample in SAMPLES.values():
-        shutil.copy2(ROOT / "data" / sample, dst / "data" / sample)
+        shutil.copy2(_sample(ROOT / "data" / sample), dst / "data" / sample)
     (dst / "images").mkdir()
     for f in (ROOT / "images").iterdir():  # the Dockerfile and the scripts its steps bind-mount
         if f.is_file():

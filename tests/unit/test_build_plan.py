@@ -639,3 +639,26 @@ def test_an_engine_whose_buildkit_reads_no_run_mount_is_told_before_the_build(se
     for newer in ("20.10.24+dfsg1", "29.0.1", "5.4.2"):  # 5.4.2: Podman's, which builds RUN --mount
         assert build.engine_cannot_build({"ServerVersion": newer}) == ""
     assert build.engine_cannot_build({"ServerVersion": None}) == build.engine_cannot_build({}) == ""
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda p: p.unlink(), "is missing"),
+    (lambda p: (p.unlink(), p.symlink_to("/dev/zero")), "is a link"),
+])
+def test_a_sample_deleted_or_linked_in_the_checkout_is_one_line_naming_it(settings, lock_of_two, tmp_path,
+                                                                          monkeypatch, change, said):
+    """data/sample.jsonl deleted from the checkout: invoke build ended in a FileNotFoundError traceback; replaced
+    by a link, the link was followed (to /dev/zero: read without end). Each is now a line naming the file and how
+    to get it back."""
+    checkout = tmp_path / "checkout"
+    for name in ("dockyard", "recipes"):
+        (checkout / name).mkdir(parents=True)
+    (checkout / "data").mkdir()
+    for sample in ("sample.jsonl", "sample-classify.jsonl"):
+        shutil.copy2(ROOT / "data" / sample, checkout / "data" / sample)
+    change(checkout / "data" / "sample.jsonl")
+    monkeypatch.setattr(build, "ROOT", checkout)
+    with pytest.raises(DockyardError, match=rf"data/sample.jsonl {said}: every image carries it as the sample data "
+                                            rf"a run falls back on; restore the checkout's own \(`git -C {checkout} "
+                                            r"checkout -- data/sample.jsonl`\)"):
+        build.copy_context(tmp_path / "context", variants.resolve(settings, "cpu")[0], wheels=tmp_path / "wh")
