@@ -136,7 +136,9 @@ def resolved(settings: Settings, overrides: list[str], *, data: str = "", model:
         elif flag:
             yield key, flag, f"--{key}"
         elif value := getattr(settings, key, "") or "":
-            yield key, setting_input(settings, value), f"setting {key}"
+            # the variable wins over invoke.yaml: one set in a shell long ago is named, or the user looks in the file
+            env = f"INVOKE_DOCKYARD_{key.upper()}"
+            yield key, setting_input(settings, value), f"setting {key}" + (f" (from {env})" if os.environ.get(env) else "")
         elif value := recipe_settings.get(key):
             if not isinstance(value, str):
                 raise DockyardError(f"the recipe's settings: {key}: {value!r}: takes a file or folder's path, or a "

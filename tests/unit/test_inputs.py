@@ -196,6 +196,16 @@ def test_a_path_holding_a_colon_is_refused_naming_where_it_came_from_before_anyt
     assert not (tmp_path / "runs").exists() and not (odd / "runs").exists() and not (odd / "hf").exists()
 
 
+def test_a_data_setting_from_the_environment_that_is_not_there_names_the_variable(tmp_path):
+    """`INVOKE_DOCKYARD_DATA=/data/my.jsonl` (the README's example), set in a shell and forgotten, stopped a later
+    `invoke run` with 'setting data /data/my.jsonl: no such file or folder', and the user looked for `data:` in
+    invoke.yaml, which did not hold it. The variable is named; a setting of the file is said as before."""
+    gone = tmp_path / "my.jsonl"
+    r = invoke_here("run", "--dry", "--variant=cpu", "--recipe=ddp",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DATA": str(gone)})
+    short_error(r, f"setting data (from INVOKE_DOCKYARD_DATA) {gone}: no such file or folder on this host")
+
+
 def test_a_dry_run_says_when_the_image_holds_other_code_too(tmp_path, monkeypatch):
     """`invoke run --dry` printed the command and nothing of the image's code; the run then warned."""
     from tests.support.cli import invoke_here
