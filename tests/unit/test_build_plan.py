@@ -576,7 +576,9 @@ def test_only_the_sample_data_of_the_checkout_goes_into_the_image(settings, lock
     (checkout / "data" / "mine.jsonl").write_text('{"text": "private"}\n')
     (checkout / "data" / "corpus").mkdir()
     (checkout / "data" / "corpus" / "part-0.jsonl").write_text('{"text": "private"}\n')
-    (checkout / "data" / "zero.jsonl").symlink_to("/dev/zero")
+    (tmp_path / "elsewhere.jsonl").write_text('{"text": "private, outside the checkout"}\n')
+    (checkout / "data" / "linked.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")  # not /dev/zero: a regression
+    # would then fill this disk (it did once, in a check of this kind), where a plain file shows the same
     monkeypatch.setattr(build, "ROOT", checkout)
     wh = tmp_path / "wh" / "cpu"
     wh.mkdir(parents=True)
@@ -643,7 +645,8 @@ def test_an_engine_whose_buildkit_reads_no_run_mount_is_told_before_the_build(se
 
 @pytest.mark.parametrize("change, said", [
     (lambda p: p.unlink(), "is missing"),
-    (lambda p: (p.unlink(), p.symlink_to("/dev/zero")), "is a link"),
+    (lambda p: (p.unlink(), p.symlink_to(p.parent.parent / "elsewhere.jsonl")), "is a link"),  # never /dev/zero:
+    # the code before this test's fix copied it until this disk was full (33 GB, in the check that it failed)
 ])
 def test_a_sample_deleted_or_linked_in_the_checkout_is_one_line_naming_it(settings, lock_of_two, tmp_path,
                                                                           monkeypatch, change, said):
@@ -656,6 +659,7 @@ def test_a_sample_deleted_or_linked_in_the_checkout_is_one_line_naming_it(settin
     (checkout / "data").mkdir()
     for sample in ("sample.jsonl", "sample-classify.jsonl"):
         shutil.copy2(ROOT / "data" / sample, checkout / "data" / sample)
+    (checkout / "elsewhere.jsonl").write_text('{"text": "not the sample"}\n')
     change(checkout / "data" / "sample.jsonl")
     monkeypatch.setattr(build, "ROOT", checkout)
     with pytest.raises(DockyardError, match=rf"data/sample.jsonl {said}: every image carries it as the sample data "
