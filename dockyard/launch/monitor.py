@@ -161,7 +161,12 @@ def verdict(samples: list[dict], kind: str) -> dict:
     def idle_now(d: dict) -> bool:
         return d["util"] is not None and d["util"] < IDLE
 
-    active = [s for s in samples if any(d["util"] is not None and d["util"] >= busy_at for d in s["devices"])]
+    def working_from(level: float) -> list[dict]:
+        return [s for s in samples if any(d["util"] is not None and d["util"] >= level for d in s["devices"])]
+
+    # a run whose GPUs never reach BUSY still trains (an H100 at 30 %: it waits on data or the host): judged on the
+    # samples where some device works at all, it was told its GPUs "stayed idle: the training did not run on them"
+    active = working_from(busy_at) or working_from(IDLE)
     idle_in = collections.Counter(d["device"] for s in active for d in s["devices"] if idle_now(d))
     lopsided = sum(1 for s in active if any(idle_now(d) for d in s["devices"]))
     idle = [d for d in devices if active and idle_in[d] >= MOSTLY * len(active)]

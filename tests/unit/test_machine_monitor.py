@@ -61,6 +61,23 @@ def test_verdict_gpus_idle_for_the_whole_run():
     assert v["idle_whole_run"] and not v["unbalanced"] and "did not run on them" in v["message"]
 
 
+def test_gpus_that_train_below_busy_are_told_they_wait_not_that_the_training_did_not_run_on_them():
+    """An H100 at 30 % for two minutes (a run that waits on its data or the host): the verdict said "the GPUs stayed
+    idle for the whole run: the training did not run on them (the cpu variant, or CUDA not visible in the
+    container)", and so did a run of one process at 35 % on one of two GPUs, with no word of the idle one."""
+    slow = [{"t": float(t), "devices": [{"device": 0, "util": 30.0, "mem": 60 * 2**30, "mem_total": 80 * 2**30,
+                                         "pids": [7]}]} for t in range(120)]
+    v = monitor.verdict(slow, "gpu")
+    assert not v["idle_whole_run"] and "did not run on them" not in v["message"]
+    assert "30% of the time" in v["causes"][0] and "--profile_steps" in v["causes"][0]
+    one_of_two = [{"t": float(t), "devices": [
+        {"device": 0, "util": 35.0, "mem": 20 * 2**30, "mem_total": 24 * 2**30, "pids": [7]},
+        {"device": 1, "util": 0.0, "mem": 2**20, "mem_total": 24 * 2**30, "pids": []}]} for t in range(120)]
+    v = monitor.verdict(one_of_two, "gpu")
+    assert not v["idle_whole_run"] and v["unbalanced"] and v["idle_devices"] == [1]
+    assert any("nothing runs on GPU 1" in c for c in v["causes"])
+
+
 def test_verdict_nothing_on_the_idle_gpu():
     """Fewer processes than GPUs: GPU 1 neither works nor holds memory."""
     rows = [{"t": float(t), "devices": [{"device": 0, "util": 95.0, "mem": 20 * 2**30, "mem_total": 80 * 2**30, "pids": [7]},
@@ -97,7 +114,8 @@ def _two(util0: float, util1: list[float]) -> list[dict]:
 # were enough of them (MIN_ACTIVE) for a verdict on balance
 @pytest.mark.parametrize("samples, unbalanced, idle", [
     (_two(monitor.BUSY, [0.0] * 10), True, [1]),              # exactly BUSY is working
-    (_two(monitor.BUSY - 0.1, [0.0] * 10), False, []),        # just under: nobody works, nothing to compare
+    (_two(monitor.BUSY - 0.1, [0.0] * 10), True, [1]),        # just under, and nothing busier: judged as it works
+    (_two(monitor.IDLE - 0.1, [0.0] * 10), False, []),        # nobody works: nothing to compare
     (_two(95.0, [monitor.IDLE - 0.1] * 10), True, [1]),       # just under IDLE is idle
     (_two(95.0, [monitor.IDLE] * 10), False, []),             # exactly IDLE is not idle
     (_two(95.0, [0.0] * 5 + [60.0] * 5), True, [1]),          # idle in exactly MOSTLY (half) of the busy samples
