@@ -164,8 +164,9 @@ class Source(Protocol):
 
 
 # NVML's nvmlDeviceGetTopologyCommonAncestor levels, in the words `nvidia-smi topo -m` uses
+ACROSS_SOCKETS = "across CPU sockets"  # where PCIe has no peer-to-peer, whatever the BIOS says
 _PATHS = {0: "same board", 10: "one PCIe switch", 20: "several PCIe switches", 30: "PCIe host bridge",
-          40: "same NUMA node", 50: "across CPU sockets"}
+          40: "same NUMA node", 50: ACROSS_SOCKETS}
 
 
 # nvml.h's nvmlBrandType_t, named as nvidia/cuda images' NVIDIA_REQUIRE_CUDA names them (brand=tesla, brand=nvidiartx,

@@ -227,12 +227,26 @@ def check_topology(host: Host, links: list[Link]) -> Check | None:
     for link in links:
         kinds.setdefault(link.path + ("" if link.p2p else ", no P2P"), []).append(f"{link.a}-{link.b}")
     detail = "; ".join(f"{kind}: {' '.join(pairs)}" for kind, pairs in kinds.items()) or "NVML gave no topology"
-    no_p2p = [f"{link.a}-{link.b}" for link in links if not link.p2p]
+    no_p2p = [link for link in links if not link.p2p]
     if no_p2p:
         return Check("gpu topology", WARN, detail,
-                     f"no peer-to-peer between {' '.join(no_p2p)}: NCCL goes through host memory (slower "
-                     "all-reduce); on bare metal check IOMMU/ACS settings, in a VM ask for P2P passthrough")
+                     f"no peer-to-peer between {' '.join(f'{link.a}-{link.b}' for link in no_p2p)}: NCCL goes "
+                     f"through host memory (slower all-reduce); {_p2p_way_out(host, no_p2p)}")
     return Check("gpu topology", PASS, detail)
+
+
+def _p2p_way_out(host: Host, no_p2p: list[Link]) -> str:
+    """What may give the pairs P2P: BIOS or VM settings only where the hardware has it. NVIDIA's driver gives GeForce
+    cards none over PCIe, and PCIe has none between CPU sockets: there the IOMMU/ACS advice sent users into their
+    BIOS for nothing."""
+    geforce = {g.index for g in host.gpus if g.brand == "geforce" or (not g.brand and "GeForce" in g.name)}
+    if all(link.a in geforce or link.b in geforce for link in no_p2p):
+        return ("GeForce cards have none over PCIe (NVIDIA's driver leaves it off; an NVLink bridge gives a pair "
+                "of RTX 3090s P2P), so there is nothing to set")
+    if all(link.path == gpus.ACROSS_SOCKETS for link in no_p2p):
+        return ("PCIe has none between CPU sockets, so there is nothing to set; GPUs of one socket (`invoke run "
+                "--gpus=LIST`) have it where their bridge does")
+    return "on bare metal check IOMMU/ACS settings, in a VM ask for P2P passthrough"
 
 
 LABEL_FORMS = {"dockyard.cuda": r"\d{1,3}\.\d{1,3}", variants.ARCHS_LABEL: variants.ARCHS_FORM}

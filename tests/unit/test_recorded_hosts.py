@@ -101,6 +101,18 @@ def test_doctor_gpu_checks_on_recorded_host(replay, name):
         assert topo.status == doctor.PASS
 
 
+@pytest.mark.parametrize("name, way_out", [
+    ("rtx3090x2_535", "GeForce cards have none over PCIe"),
+    ("l40sx2_550", "PCIe has none between CPU sockets"),
+])
+def test_gpus_without_p2p_where_no_setting_gives_it_are_not_sent_to_the_bios(replay, name, way_out):
+    """Two RTX 3090s (NVIDIA's driver gives GeForce cards no PCIe P2P) and two L40S on two CPU sockets were told "on
+    bare metal check IOMMU/ACS settings, in a VM ask for P2P passthrough": a day in the BIOS that cannot give it."""
+    topo = doctor.check_topology(*replay(name))
+    assert topo.status == doctor.WARN and "host memory" in topo.fix and way_out in topo.fix
+    assert "IOMMU" not in topo.fix and "nothing to set" in topo.fix
+
+
 def test_plan_counts_the_recorded_gpus(replay, monkeypatch):
     """The GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` starts a process on each (the plan counted all 8)."""
     replay("h100x8_580")
