@@ -447,13 +447,15 @@ def check_gpu_host(settings: Settings, variant: Variant, host: Host, engine_info
         raise DockyardError(
             "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
             "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
-    if variants.driver_runs(variant.cuda, host) is False and not disable_require:  # None: cannot tell, the user chose
-        raise DockyardError(driver_too_old(settings, variant, host))
+    # the GPUs first: a torch without their code runs on no driver, and a V100 on 535 given cu132 was told to
+    # upgrade the driver to 580, after which it was refused for this
     lacking = variants.gpus_without_code(variants.cuda_archs(variant), host)
     if lacking:
         raise DockyardError(
             f"image {variant.name}'s torch has no code for {', '.join(lacking)} (it holds "
             f"{variants.cuda_archs(variant)}): use --variant=auto (picks one that has), or --gpus to leave it out")
+    if variants.driver_runs(variant.cuda, host) is False and not disable_require:  # None: cannot tell, the user chose
+        raise DockyardError(driver_too_old(settings, variant, host))
 
 
 def no_gpus(variant: Variant, host: Host) -> DockyardError:

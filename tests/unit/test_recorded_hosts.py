@@ -63,6 +63,20 @@ def test_run_dry_on_recorded_host(settings, capsys, replay, name):
     assert ("warning: MIG mode on GPU 0: " in out and "(`sudo nvidia-smi -i 0 -mig 0`)" in out) == (name == "a100_mig_570")
 
 
+def test_a_variant_without_code_for_the_gpus_is_refused_for_that_not_for_the_driver(settings, capsys, replay):
+    """Two V100s on driver 535 given --variant=cu132 were told "needs CUDA 13.2 but driver 535.183.01 supports CUDA
+    12.2: use --variant=cu128 ... or upgrade the driver to 580 or newer": a driver upgrade after which the run was
+    refused again, cu132's torch having no code for a V100 (7.0) on any driver."""
+    replay("v100x2_535")
+    with pytest.raises(DockyardError) as refused:
+        dry_run(settings, capsys, variant="cu132")
+    assert "has no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0)" in str(refused.value)
+    assert "upgrade the driver" not in str(refused.value) and "--variant=auto" in str(refused.value)
+    replay("t4x2_535")  # a T4 it has code for: the driver is what stops it
+    with pytest.raises(DockyardError, match="upgrade the driver to 580 or newer"):
+        dry_run(settings, capsys, variant="cu132")
+
+
 def test_a_native_run_on_a_gpu_host_asks_the_trainer_for_the_gpus(settings, capsys, replay):
     """`invoke run --native` on a GPU host whose Python has a CPU build of torch trained on CPU and said completed,
     under "auto → cu132" (no image is used). It now tells the trainer to use the GPUs (DS_ACCELERATOR=cuda, which it
