@@ -73,8 +73,7 @@ driver_facts() {  # DRIVER and HOST_CUDA from nvidia-smi's header ($SMI)
 	HOST_CUDA=$(printf '%s\n' "$SMI" | sed -n 's/.*CUDA Version: *\([0-9]\{1,3\}\.[0-9]\{1,3\}\).*/\1/p' | head -n 1)
 }
 cuda_of() { docker image inspect --format '{{index .Config.Labels "dockyard.cuda"}}' "$1" 2>/dev/null; }
-check_driver() {
-	driver_facts
+check_driver() {  # after driver_facts
 	IMAGE_CUDA=$(cuda_of "$IMAGE")
 	runs "$IMAGE_CUDA"
 	fits=$?
@@ -89,6 +88,37 @@ check_driver() {
 	fix=${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here) or }
 	[ -z "$loaded" ] || fix="$loaded is loaded here and runs on this driver: --image=$loaded; or "
 	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${fix}upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
+}
+# The GPUs the run is given ($chosen, else all) that the image's torch has no code for (its dockyard.cuda_archs label
+# against nvidia-smi's compute_cap, as invoke run reads them: variants.arch_runs): inside, torch stops at its first
+# kernel whatever the driver, a V100 (7.0) in the cu132 image. Names the image of a variant that has their code and
+# that this driver runs.
+check_archs() {
+	archs=$(docker image inspect --format '{{index .Config.Labels "@ARCHS_LABEL@"}}' "$IMAGE" 2>/dev/null)
+	CAPS=$(nvidia-smi --query-gpu=index,name,compute_cap --format=csv,noheader 2>/dev/null) || return 0
+	lacking=$(no_code "$archs")
+	[ -n "$lacking" ] || return 0
+	instead=
+	for triple in @VARIANT_ARCHS@; do
+		rest=${triple#*=}
+		[ -z "$(no_code "${rest#*=}")" ] && runs "${rest%%=*}" && { instead=${triple%%=*}; break; }
+	done
+	die "image $IMAGE's torch has no code for $lacking (it holds $archs), on any driver: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here), or }leave those GPUs out with CUDA_VISIBLE_DEVICES (or --cpu to train on CPU)"
+}
+# "GPU 0 (Tesla V100-SXM2-16GB, 7.0)" for each GPU of $CAPS (of $chosen, else all) without code in a build for $1
+# ("7.5;8.6;12.0+PTX"): machine code of its major at or below its minor, or PTX at or below it. None for no archs.
+no_code() {
+	printf '%s\n' "$CAPS" | awk -F', *' -v archs="$1" -v chosen=",$chosen," '
+	NF >= 3 && $3 ~ /^[0-9]+\.[0-9]+$/ && archs != "" && (chosen == ",," || index(chosen, "," $1 ",")) {
+		split($3, h, "."); ok = 0; n = split(archs, a, /[; ]+/)
+		for (i = 1; i <= n; i++) {
+			e = a[i]; ptx = sub(/\+PTX$/, "", e)
+			if (split(e, v, ".") < 2) continue
+			at_or_below = v[1] + 0 < h[1] + 0 || (v[1] + 0 == h[1] + 0 && v[2] + 0 <= h[2] + 0)
+			if (at_or_below && (ptx || v[1] + 0 == h[1] + 0)) ok = 1
+		}
+		if (!ok) { printf "%sGPU %s (%s, %s)", sep, $1, $2, $3; sep = ", " }
+	}'
 }
 # The image's NVIDIA_REQUIRE_CUDA (an nvidia/cuda base's: a --devel build; the Debian-based builds set none), which the
 # NVIDIA toolkit holds against the driver, and the brand of each GPU given to the container, as the container starts:
@@ -369,12 +399,14 @@ elif ! command -v nvidia-smi >/dev/null 2>&1; then
 	CPU=1
 else
 	smi
-	check_driver
+	driver_facts
 	smi -L
 	docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia || command -v nvidia-container-runtime-hook >/dev/null 2>&1 \
 		|| die "GPUs found, but Docker has no NVIDIA runtime: install the NVIDIA Container Toolkit, run nvidia-ctk runtime configure --runtime=docker, restart dockerd (or --cpu)"
 	GPUS=all COUNT=$(printf '%s\n' "$SMI" | grep -c '^GPU')
 	visible
+	check_archs  # before the driver: a newer driver runs no torch without the GPUs' code
+	check_driver
 	[ -n "$DISABLE_REQUIRE" ] || check_require
 	[ -n "$NPROC" ] || NPROC=$COUNT
 fi

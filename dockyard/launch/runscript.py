@@ -83,6 +83,9 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
                         "@MIN_DRIVER@": " ".join(shlex.quote(f"{major}={least}")
                                                  for major, least in variants.MIN_DRIVER.items()),
                         "@CUDA_VARIANTS@": " ".join(shlex.quote(f"{v.name}={v.cuda}") for v in newest_first),
+                        "@VARIANT_ARCHS@": " ".join(shlex.quote(f"{v.name}={v.cuda}={variants.cuda_archs(v)}")
+                                                    for v in newest_first),
+                        "@ARCHS_LABEL@": variants.ARCHS_LABEL,
                         "@IMAGE_DEFAULT_Q@": shlex.quote(image), "@IMAGE_DEFAULT@": image,
                         "@CPU_NPROC@": str(node.CPU_NPROC), "@ROOTLESS_SHM@": engine.ROOTLESS_SHM,
                         "@INPUTS@": INPUTS, "@USER_RECIPES@": USER_RECIPES, "@IMAGE_RECIPES@": f"{IMAGE_ROOT}/recipes",

@@ -32,6 +32,7 @@ image) if [ "$2" = ls ]; then  # the images FAKE_LOADED names, of the variant a 
        case "$*" in
        *".Id}} {{index"*) echo "$FAKE_SET_ID ${ref##*-}" ;;
        *dockyard.variant*) echo "${ref##*-}" ;;
+       *dockyard.cuda_archs*) for pair in $FAKE_ARCH_LABELS; do [ "${pair%%=*}" != "${ref##*-}" ] || echo "${pair#*=}"; done ;;
        *dockyard.cuda*) for pair in $FAKE_CUDA_LABELS; do [ "${pair%%=*}" != "${ref##*-}" ] || echo "${pair#*=}"; done ;;
        *Config.Env*) echo PATH=/usr/bin; [ -z "${FAKE_REQUIRE-}" ] || echo "NVIDIA_REQUIRE_CUDA=$FAKE_REQUIRE" ;;
        *) echo sha256:feed ;;
@@ -42,6 +43,7 @@ run) case "$*" in  # run.sh's probe: the engine's memlock limit, then the recipe
 esac
 """
 # nvidia-smi as a node's driver shows it: its header (driver, CUDA version), its list (-L) of FAKE_GPU_COUNT GPUs,
+# its compute capabilities (--query-gpu: each GPU FAKE_CAP, 9.0 unless set, named FAKE_GPU_NAME),
 # its query (-q, of all GPUs or -i one) whose Product Brand lines say FAKE_BRANDS (one per GPU, as -q writes them:
 # "GeForce", "NVIDIA_RTX" for "NVIDIA RTX"; none where unset); with FAKE_SMI_ERROR, a driver that is installed but fails.
 FAKE_SMI = """#!/bin/sh
@@ -57,6 +59,10 @@ case "${1-}" in
             echo "    Product Brand                         : $brand" | tr _ ' '
         fi
         i=$((i + 1))
+    done ;;
+--query-gpu=*) i=0
+    while [ "$i" -lt "$FAKE_GPU_COUNT" ]; do
+        echo "$i, ${FAKE_GPU_NAME-NVIDIA H100 80GB HBM3}, ${FAKE_CAP-9.0}"; i=$((i + 1))
     done ;;
 '') echo "| NVIDIA-SMI $FAKE_DRIVER    Driver Version: $FAKE_DRIVER    CUDA Version: $FAKE_CUDA     |" ;;
 esac
@@ -98,6 +104,8 @@ def node(tmp_path, settings, tools):
                "FAKE_GPU_COUNT": str(gpus), "FAKE_DRIVER": "580.65.06", "FAKE_CUDA": "13.0",
                "FAKE_SET_ID": f"sha256:{'a' * 64}",  # what archive_set_of's manifests say the images are
                "FAKE_CUDA_LABELS": " ".join(f"{v.name}={v.cuda}" for v in variants.all_variants(settings).values()),
+               "FAKE_ARCH_LABELS": " ".join(f"{v.name}={variants.cuda_archs(v)}"
+                                            for v in variants.all_variants(settings).values() if v.is_cuda),
                **env}
         proc = subprocess.run(["sh", "run.sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         return proc, out.read_bytes().decode().split("\0")[:-1] if out.exists() else []
@@ -384,6 +392,21 @@ def test_an_image_newer_than_the_driver_s_cuda_is_refused_naming_the_image_to_lo
     assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=2" in argv, proc.stderr
     proc, argv = node("--run-id=c3", "--cpu", variant="cu132", gpus=2, **old)
     assert "DS_ACCELERATOR=cpu" in argv and "--gpus" not in argv, proc.stderr
+
+
+@pytest.mark.parametrize("driver, cuda", [("535.183.01", "12.2"), ("580.65.06", "13.0")])
+def test_an_image_without_code_for_the_node_s_gpus_is_refused_naming_the_image_that_has(node, driver, cuda):
+    """Two V100s and the cu132 image (README's step 1 gives cu132 to drivers from 580 on): on 580 run.sh started it
+    and torch stopped at its first kernel in the container, cu132's torch having no sm_70; on 535 it was told to
+    upgrade the driver to 580, on which the same happened. It is refused for the GPUs, naming cu128, which has them."""
+    v100 = {"FAKE_DRIVER": driver, "FAKE_CUDA": cuda, "FAKE_CAP": "7.0", "FAKE_GPU_NAME": "Tesla V100-SXM2-16GB"}
+    proc, argv = node("--run-id=a1", variant="cu132", gpus=2, **v100)
+    assert proc.returncode == 1 and not argv and len(proc.stderr.splitlines()) == 1
+    assert ("image dockyard:0.1.0-cu132's torch has no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0), GPU 1 "
+            "(Tesla V100-SXM2-16GB, 7.0)") in proc.stderr and "upgrade the driver" not in proc.stderr
+    assert "load the cu128 image (invoke save --variant=cu128, then sh load.sh NAME here)" in proc.stderr
+    proc, argv = node("--run-id=a2", variant="cu128", gpus=2, **v100)
+    assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=2" in argv, proc.stderr
 
 
 def test_without_a_cuda_version_the_driver_s_own_version_decides(node):
