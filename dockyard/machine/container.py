@@ -58,9 +58,12 @@ def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
     if not gpu:
         return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
     if memlock != "unlimited" or small_stack:
+        # invoke run asks for dockerd's own hard limit (run.memlock_flag) whatever its defaults: --default-ulimit,
+        # the advice this gave, changed nothing
         return Check("ulimits", WARN, detail,
-                     "RDMA/NCCL want memlock unlimited and stack ≥ 64 MiB: the engine refused "
-                     "--ulimit memlock=-1 --ulimit stack=67108864; raise the engine's limits (dockerd --default-ulimit)")
+                     "RDMA/NCCL want memlock unlimited and stack ≥ 64 MiB, and a container gets no more than dockerd's "
+                     "own hard limits: raise them for the docker service (`sudo systemctl edit docker`: [Service] "
+                     "LimitMEMLOCK=infinity, LimitSTACK=infinity), then `sudo systemctl restart docker`")
     return Check("ulimits", PASS, detail)
 
 

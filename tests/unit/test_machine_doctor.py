@@ -165,6 +165,10 @@ def test_probe_output_and_its_checks():
     assert container.check_shm(64 * 2**20).status == doctor.FAIL
     assert container.check_ulimits("unlimited", "65536", gpu=True).status == doctor.PASS
     assert container.check_ulimits("8192", "8192", gpu=True).status == doctor.WARN
+    # where the limits come from: dockerd's own, which invoke run asks for (it said "raise the engine's limits
+    # (dockerd --default-ulimit)", which changes nothing a run asks), as invoke run's note says it
+    fix = container.check_ulimits("8192", "65536", gpu=True).fix
+    assert "LimitMEMLOCK=infinity" in fix and "systemctl edit docker" in fix and "default-ulimit" not in fix
     assert container.check_ulimits("8192", "8192", gpu=False).status == doctor.PASS
     # both limits in one unit, said: "memlock 8192, stack 65536 KiB" read as 8192 bytes of memlock
     # and the number compose/train.yml needs where the engine grants no unlimited memlock (its -1 failed to start)
