@@ -15,6 +15,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dockyard import __version__
+from dockyard.common.archs import arch_runs
 from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
 from dockyard.common.recipes import YAML_ERRORS, read_yaml
 from dockyard.engine import familiar
@@ -317,20 +318,6 @@ def require_unmet(variant: Variant, image: dict | None, host: Host) -> tuple[str
         f"GPU {g.index} ({g.name}, brand={g.brand})" for g in branded) if branded else ""
     return (f"sets NVIDIA_REQUIRE_CUDA {refused} (from its base image), and {driver_says(host)}{brands}: the NVIDIA "
             "toolkit would refuse to start it", f"--disable-require starts it{why}, or use {plain}")
-
-
-def arch_runs(archs: str, capability: str) -> bool:
-    """Whether a GPU of compute capability `capability` ("8.9") has code in a build for `archs` ("7.5;8.6;12.0+PTX"):
-    machine code of its major at or below its minor (sm_86 runs on 8.9), or PTX at or below it (JIT-compiled).
-    An unknown (or unreadable) capability or a variant that declares no archs is given the benefit of the doubt."""
-    if not re.fullmatch(r"\d+\.\d+", capability or "") or not archs:
-        return True
-    have = cuda_version(capability)
-    for entry in re.split(r"[;\s]+", archs.strip()):
-        arch = cuda_version(entry.replace("+PTX", ""))
-        if (arch[0] == have[0] and arch <= have) or ("+PTX" in entry and arch <= have):
-            return True
-    return False
 
 
 def gpus_without_code(archs: str, host: Host) -> list[str]:

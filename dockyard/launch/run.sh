@@ -90,7 +90,7 @@ check_driver() {  # after driver_facts
 	die "image $VARIANT needs CUDA $IMAGE_CUDA but driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}: ${fix}upgrade the driver${least:+ to $least or newer} (or --cpu to train on CPU)"
 }
 # The GPUs the run is given ($chosen, else all) that the image's torch has no code for (its dockyard.cuda_archs label
-# against nvidia-smi's compute_cap, as invoke run reads them: variants.arch_runs): inside, torch stops at its first
+# against nvidia-smi's compute_cap, as invoke run reads them: common/archs.py): inside, torch stops at its first
 # kernel whatever the driver, a V100 (7.0) in the cu132 image. Names the image of a variant that has their code and
 # that this driver runs.
 check_archs() {

@@ -10,10 +10,11 @@ import copy
 import inspect
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import recipes
+from dockyard.common import archs, recipes
 from dockyard.common.errors import DockyardError, json_object, problems
 from dockyard.common.run_settings import COMPILE_MODES
 from dockyard.common.units import GIB
@@ -38,6 +39,7 @@ def gpus_as_the_image_says(accelerator: str, native: bool = False) -> None:
     import torch
 
     if torch.cuda.is_available():
+        gpu_has_code(torch, native)
         return
     try:
         torch.cuda.init()
@@ -52,6 +54,24 @@ def gpus_as_the_image_says(accelerator: str, native: bool = False) -> None:
     raise DockyardError(f"this CUDA image (DS_ACCELERATOR=cuda) finds no usable GPU: {reason}. Check with nvidia-smi "
                         "that the driver works and supports the image's CUDA, and that the container was given the GPUs "
                         "(docker run --gpus); --cpu (invoke run, run.sh) trains on CPU instead (elsewhere: DS_ACCELERATOR=cpu)")
+
+
+def gpu_has_code(torch: Any, native: bool = False) -> None:
+    """This rank's GPU against the kernels its torch holds: a V100 (7.0) in the cu132 image, which a Slurm job's
+    container runtime, Kubernetes or compose start with no host check, met torch's "no kernel image is available for
+    execution on the device" at its first kernel, a traceback from every rank."""
+    held = archs.from_torch(torch.cuda.get_arch_list())
+    if not held:  # a torch that does not say: left to it
+        return
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    major, minor = torch.cuda.get_device_capability(index)
+    if archs.arch_runs(held, f"{major}.{minor}"):
+        return
+    whose = "this host's torch" if native else "this image's torch"
+    raise DockyardError(
+        f"{whose} {torch.__version__} has no code for GPU {index} ({torch.cuda.get_device_name(index)}, compute "
+        f"{major}.{minor}): it holds {held}. Use an image of a variant whose torch has (docs/images.md: a V100 takes "
+        f"cu128; invoke run's --variant=auto picks it), or leave this GPU out (CUDA_VISIBLE_DEVICES)")
 
 
 def deepspeed_launched(recipe_name: str, deepspeed: bool, environ: dict[str, str]) -> None:

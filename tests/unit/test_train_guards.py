@@ -371,6 +371,34 @@ def test_a_cuda_image_that_finds_no_usable_gpu_is_refused_with_torch_s_reason(mo
         guards.gpus_as_the_image_says("cuda", native=True)
 
 
+CU132_TORCH = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]  # no sm_70
+
+
+def cuda_on(monkeypatch, capability: tuple[int, int], name: str, arch_list: list[str] = CU132_TORCH) -> None:
+    """torch.cuda as a CUDA image's torch (built for `arch_list`) sees a GPU of `capability`."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: arch_list)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+
+
+def test_a_gpu_the_image_s_torch_has_no_code_for_is_refused_before_any_kernel(monkeypatch):
+    """A V100 (7.0) given the cu132 image by a launcher that checks nothing on the host (a Slurm job's pyxis or
+    Apptainer, Kubernetes, compose): torch's "no kernel image is available for execution on the device" at its
+    first kernel, a traceback from every rank. One line now, naming the GPU and the variant that has its code."""
+    cuda_on(monkeypatch, (7, 0), "Tesla V100-SXM2-16GB")
+    with pytest.raises(DockyardError) as e:
+        guards.gpus_as_the_image_says("cuda")
+    said = str(e.value)
+    assert "has no code for GPU 0 (Tesla V100-SXM2-16GB, compute 7.0): it holds 7.5;8.0;8.6;9.0;10.0;12.0;12.0+PTX" \
+        in said and "cu128" in said and "\n" not in said
+    for capability, name in (((9, 0), "NVIDIA H100 80GB HBM3"), ((8, 9), "NVIDIA L40S"), ((12, 1), "a GB10")):
+        cuda_on(monkeypatch, capability, name)  # its own code, an older minor's (sm_86 on 8.9), or PTX
+        guards.gpus_as_the_image_says("cuda")
+    cuda_on(monkeypatch, (7, 0), "Tesla V100-SXM2-16GB", ["sm_70", "sm_75", "sm_80", "sm_90a"])  # cu128's torch
+    guards.gpus_as_the_image_says("cuda")
+
+
 def test_the_trainer_in_a_cuda_image_without_a_usable_gpu_fails_instead_of_training_on_cpu(monkeypatch, tmp_path,
                                                                                           capsys):
     """What reaches the trainer directly (run.sh, Slurm, Kubernetes): one error line, a failed manifest, no training."""
