@@ -263,6 +263,7 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
     # GPUs said, maybe another server's; or a recorded server's (DOCKYARD_NVML_REPLAY), beside this one's RAM
     elsewhere = bool(gpus or gpu_mem_gib or os.environ.get(REPLAY_ENV))
     gpus_given = gpus
+    per_node = 0  # this host's GPUs, where the plan is for more of them than it has: several such nodes
     if not gpus or not gpu_mem_gib:
         if host is None:
             from dockyard.gpus import read_host, select
@@ -278,6 +279,7 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
             raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "
                                 "GPU's that NVML reports; say the slice's: --gpu-mem=GiB (`nvidia-smi -L` lists them)")
         gpus = gpus or host.count
+        per_node = host.count if gpus > host.count else 0
         unread = [str(g.index) for g in host.gpus if g.memory_bytes < GIB]
         if unread and not gpu_mem_gib:  # NVML gave no figure (or a byte): not a GPU on which "nothing fits"
             raise DockyardError(f"NVML could not read the memory of GPU {', '.join(unread)} (it said under 1 GiB): say "
@@ -296,18 +298,26 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
     result["seq_len_from"] = seq_from
     result["cpu_mem_elsewhere"] = this_host and elsewhere  # GPUs said for another server, with this one's RAM
     if rec := result["recommendation"]["recipe"]:
-        result["recommendation"]["command"] = run_command(rec, model, shape, gpus_given, seq_len, batch)
+        result["recommendation"]["command"] = run_command(rec, model, shape, gpus_given, seq_len, batch, per_node)
     return result
 
 
-def run_command(recipe: str, model: str, shape: Shape, gpus: int, seq_len: int, batch: int) -> str:
+def run_command(recipe: str, model: str, shape: Shape, gpus: int, seq_len: int, batch: int, per_node: int = 0) -> str:
     """The `invoke run` of the run the plan sized: its model (a count names none: MODEL_FOLDER to fill in), as many
     GPUs as it planned where it was told how many (a run takes every GPU it sees), its sequence length (a run's
-    default is 128 tokens, a plan's 2048) and micro-batch."""
+    default is 128 tokens, a plan's 2048) and micro-batch. `per_node`: this host's GPUs, where the plan is for more:
+    the run of each of the fewest nodes like it that share them out evenly (`--gpus=0,...,15` on a host of 8 was
+    refused, GPU 8 not being there)."""
     counted = shape.source.startswith("assumed")
+    if per_node:
+        nodes = next(n for n in range(-(-gpus // per_node), gpus + 1) if gpus % n == 0)
+        spread = [f"--nodes={nodes}", "--node-rank=RANK", "--master-addr=NODE0_ADDR", "--run-id=RUN_ID",
+                  *([f"--nproc={gpus // nodes}"] if gpus // nodes < per_node else [])]
+    else:
+        spread = [f"--gpus={','.join(map(str, range(gpus)))}"] if gpus else []
     words = ["invoke", "run", f"--recipe={recipe}", "--model=MODEL_FOLDER" if counted else f"--model={model}",
-             *([f"--gpus={','.join(map(str, range(gpus)))}"] if gpus else []), "--", "--max_seq_length",
-             str(seq_len), *(["--per_device_train_batch_size", str(batch)] if batch else [])]
+             *spread, "--", "--max_seq_length", str(seq_len),
+             *(["--per_device_train_batch_size", str(batch)] if batch else [])]
     return shlex.join(words)
 
 
@@ -350,6 +360,9 @@ def print_plan(result: dict) -> None:
                    "[bold red]no recipe fits[/]") + f" — {escape(rec['why'])}")
     if rec.get("command"):
         fill = " (MODEL_FOLDER: the folder of a model of that size)" if "MODEL_FOLDER" in rec["command"] else ""
+        if "--node-rank=RANK" in rec["command"]:
+            fill += (" (on each node: RANK its number from 0, NODE0_ADDR node 0's address, RUN_ID one name for all; "
+                     "docs/multinode.md)")
         console.print(f"run it: {escape(rec['command'])}{fill}", soft_wrap=True)  # whole, to copy
         # the recipes' max_steps and learning rate are sized for the sample model, and the default data is a sample
         console.print("  with your data (--data=PATH) and your run's length and learning rate after -- "

@@ -380,6 +380,30 @@ def test_the_plan_gives_the_command_of_the_run_it_sized_and_that_run_fits(tmp_pa
         "--per_device_train_batch_size 2")
 
 
+@pytest.mark.parametrize("gpus, spread", [
+    (16, "--nodes=2 --node-rank=RANK --master-addr=NODE0_ADDR --run-id=RUN_ID --"),
+    (12, "--nodes=2 --node-rank=RANK --master-addr=NODE0_ADDR --run-id=RUN_ID --nproc=6 --"),
+    (8, "--gpus=0,1,2,3,4,5,6,7 --"),
+])
+def test_a_plan_for_more_of_this_host_s_gpus_than_it_has_gives_the_run_of_several_such_nodes(tmp_path, monkeypatch,
+                                                                                            gpus, spread):
+    """`invoke plan --gpus=16` on a host of eight H100s (two such nodes) said `run it: invoke run ... --gpus=0,1,...,15`,
+    which invoke run refuses there ("GPU '8' (from --gpus=...) is not on this host"). It now gives each node's
+    command, the GPUs shared out evenly; the command, filled in, is one invoke run takes."""
+    from tests.support.cli import invoke_here
+
+    monkeypatch.setenv("DOCKYARD_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "h100x8_580.json"))
+    command = planner.plan_model(str(LLAMA_8B), gpus=gpus, cpu_mem_gib=2048)["recommendation"]["command"]
+    assert f"--model={LLAMA_8B} {spread} --max_seq_length 2048" in command
+    if gpus > 8:
+        env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_HF_CACHE": str(tmp_path / "hf")}
+        filled = command.replace("RANK", "1").replace("NODE0_ADDR", "192.0.2.1").replace("RUN_ID", "exp1").split()
+        flags = [w for w in filled[2:filled.index("--")] if not w.startswith("--model=")]  # the sample model: no disk
+        ran = invoke_here("run", "--dry", *flags, env=env)
+        assert ran.returncode == 0 and "--nnodes=2" in ran.stderr, ran.stderr
+        assert f"--nproc-per-node={gpus // 2}" in ran.stderr
+
+
 def test_a_plan_not_told_the_sequence_length_sizes_no_longer_one_than_the_model_has_positions(tmp_path):
     """`invoke plan --model=FOLDER` of a model of 512 positions sized runs of 2048 tokens and printed `run it: ...
     --max_seq_length 2048`: past its context (a model of learned positions, GPT-2's, refuses such examples). Not told,
