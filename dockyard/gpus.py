@@ -426,6 +426,16 @@ def select(host: Host, spec: str = "") -> Host:
     return replace(host, gpus=chosen, visible=",".join(str(g.index) for g in chosen))
 
 
+def hidden_by_environment(every: Host, kept: Host) -> str:
+    """Where CUDA_VISIBLE_DEVICES (not --gpus) left fewer of the host's GPUs than it has, which it leaves, in words;
+    "" otherwise. A value left in a shell (`export CUDA_VISIBLE_DEVICES=0` from an earlier test) trained on one of
+    two GPUs with no word of the other: "DDP uses only one of my GPUs"."""
+    if not every.gpus or len(kept.gpus) >= len(every.gpus):
+        return ""
+    return (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} leaves GPU "
+            f"{', '.join(str(g.index) for g in kept.gpus) or 'none'} of the {every.count}")
+
+
 def docker_gpus(host: Host) -> str:
     """docker's --gpus value: a device list needs the inner quotes, or docker splits it at the comma."""
     return f'"device={host.visible}"' if host.visible else "all"

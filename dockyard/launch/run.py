@@ -68,7 +68,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     r = replace(r, node_rank=node.given_rank(r.node_rank, r.nodes))
     if r.cpu and r.gpus.strip():
         raise DockyardError(f"--gpus={r.gpus} picks GPUs to train on, and --cpu trains on none: give one of them")
-    host = select(read_host(), r.gpus)
+    every = read_host()
+    host = select(every, r.gpus)
+    hidden = "" if r.gpus.strip() or r.cpu else gpus.hidden_by_environment(every, host)
     if len(host.gpus) == 1 and r.gpus.strip() == str(host.gpus[0].index) and host.gpus[0].index > 1:  # two meant?
         n = host.gpus[0].index
         print(f"--gpus={n} is GPU {n} alone (--gpus takes indices, as CUDA_VISIBLE_DEVICES); {n} GPUs: "
@@ -78,6 +80,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         variants.say(why)
         if not r.cpu:  # an image that cannot run here is said first, not after the run's other lines
             check_gpu_host(settings, chosen, host, {}, r.disable_require)
+    if hidden and chosen.is_cuda:  # said where it trains on GPUs, beside the other lines of which GPUs
+        print(f"{hidden}: the run takes no other (unset CUDA_VISIBLE_DEVICES for every GPU, or --gpus=LIST)",
+              file=sys.stderr)
     mig, advice = gpus.mig_advice(host)
     if mig and chosen.is_cuda and not r.cpu:
         print(f"warning: {mig}: {advice}", file=sys.stderr)

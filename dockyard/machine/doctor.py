@@ -36,6 +36,9 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
         checks += [check_engine(info), check_buildkit(settings, info)]
     host, links = _gpu_facts(gpu_source)
     checks.append(check_gpus(host))
+    visible = check_visible(host)
+    if visible:
+        checks.append(visible)
     if info is not None:
         checks.append(check_runtime(host, info, cdi_specs(info)))
     topo = check_topology(host, links)
@@ -173,6 +176,18 @@ def check_gpus(host: Host) -> Check:
     if mig:
         return Check("gpus", WARN, f"{detail}; {mig}", advice)
     return Check("gpus", PASS, detail)
+
+
+def check_visible(host: Host) -> Check | None:
+    """The GPUs this shell's CUDA_VISIBLE_DEVICES leaves to invoke run and plan (doctor checks them all)."""
+    try:
+        hidden = gpus.hidden_by_environment(host, gpus.select(host))
+    except DockyardError as e:
+        return Check("visible gpus", FAIL, str(e), "unset CUDA_VISIBLE_DEVICES, or name GPUs of this host in it")
+    if not hidden:
+        return None
+    return Check("visible gpus", WARN, f"{hidden} to invoke run and invoke plan",
+                 "unset CUDA_VISIBLE_DEVICES for every GPU (or pick per run with --gpus=LIST)")
 
 
 def check_runtime(host: Host, info: dict, cdi_specs: list[str]) -> Check:

@@ -127,6 +127,21 @@ def test_gpus_without_p2p_where_no_setting_gives_it_are_not_sent_to_the_bios(rep
     assert "IOMMU" not in topo.fix and "nothing to set" in topo.fix
 
 
+def test_a_cuda_visible_devices_left_in_the_shell_is_said_where_it_hides_gpus(settings, capsys, replay, monkeypatch):
+    """`export CUDA_VISIBLE_DEVICES=0` left from an earlier test: on two RTX 3090s invoke run trained ddp on one, saying
+    only "auto → cu128: 1 GPU(s)", and doctor said "2 × NVIDIA GeForce RTX 3090" and passed ("DDP uses only one of my
+    two GPUs"). Both now say which GPUs it leaves; --gpus (a choice made for this run) is not remarked on."""
+    host, _ = replay("rtx3090x2_535")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    out = dry_run(settings, capsys)
+    assert "CUDA_VISIBLE_DEVICES=0 leaves GPU 0 of the 2: the run takes no other" in out and "--nproc-per-node=1" in out
+    seen = doctor.check_visible(host)
+    assert seen.status == doctor.WARN and "CUDA_VISIBLE_DEVICES=0 leaves GPU 0 of the 2" in seen.detail
+    assert "CUDA_VISIBLE_DEVICES" not in dry_run(settings, capsys, gpus="0,1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert "leaves" not in dry_run(settings, capsys) and doctor.check_visible(host) is None
+
+
 def test_plan_counts_the_recorded_gpus(replay, monkeypatch):
     """The GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` starts a process on each (the plan counted all 8)."""
     replay("h100x8_580")
