@@ -421,8 +421,10 @@ def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, 
     if variant.is_cuda and not cpu:
         if not host.gpus:
             raise no_gpus(variant, host)
-        if nproc > host.count:
-            raise DockyardError(f"--nproc={nproc} but this host has {host.count} GPU(s): one process per GPU")
+        if nproc > host.count:  # of the GPUs chosen, where chosen: "this host has 1" read as a GPU unseen
+            has = (f"{host.count} GPU(s) are chosen ({host.visible}, by --gpus or CUDA_VISIBLE_DEVICES)" if host.visible
+                   else f"this host has {host.count} GPU(s)")
+            raise DockyardError(f"--nproc={nproc} but {has}: one process per GPU")
         nproc = nproc or host.count
     else:
         nproc = nproc or CPU_NPROC

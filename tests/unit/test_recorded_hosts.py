@@ -142,6 +142,16 @@ def test_a_cuda_visible_devices_left_in_the_shell_is_said_where_it_hides_gpus(se
     assert "leaves" not in dry_run(settings, capsys) and doctor.check_visible(host) is None
 
 
+def test_more_processes_than_the_gpus_chosen_is_refused_naming_the_choice(settings, capsys, replay):
+    """`--gpus=0 --nproc=2` on two RTX 3090s said "this host has 1 GPU(s)", as if GPU 1 were not seen."""
+    replay("rtx3090x2_535")
+    with pytest.raises(DockyardError, match=r"--nproc=2 but 1 GPU\(s\) are chosen \(0, by --gpus or "
+                                            r"CUDA_VISIBLE_DEVICES\): one process per GPU"):
+        dry_run(settings, capsys, gpus="0", nproc=2)
+    with pytest.raises(DockyardError, match=r"--nproc=3 but this host has 2 GPU\(s\)"):
+        dry_run(settings, capsys, nproc=3)
+
+
 def test_plan_counts_the_recorded_gpus(replay, monkeypatch):
     """The GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` starts a process on each (the plan counted all 8)."""
     replay("h100x8_580")
