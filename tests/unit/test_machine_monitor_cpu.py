@@ -205,17 +205,21 @@ def test_a_native_run_is_not_sampled_for_another_folder_of_the_same_name(tmp_pat
 
 
 class FakeNvml:
-    """A stand-in for pynvml (this CI has no GPU): a driver that is missing, or present with no GPU."""
+    """A stand-in for pynvml (this CI has no GPU): a driver that is missing, or present with no GPU. Its errors are
+    pynvml's own, which carry NVML's code (`value`), as dockyard.gpus reads it."""
 
-    class NVMLError(Exception):
-        pass
+    import pynvml
+
+    NVMLError = pynvml.NVMLError
+    NVML_ERROR_LIBRARY_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 
     def __init__(self, driver: bool):
         self.driver, self.opened, self.closed = driver, 0, 0
 
     def nvmlInit(self):
         if not self.driver:
-            raise self.NVMLError("Driver Not Loaded")
+            raise self.NVMLError(self.NVML_ERROR_DRIVER_NOT_LOADED)
         self.opened += 1
 
     def nvmlShutdown(self):
