@@ -13,3 +13,12 @@ def human(n: float) -> str:
         if abs(n) < 1000:
             return f"{n:.1f} {unit}"
     return f"{n / 1000:.1f} TB"
+
+
+def duration(seconds: float) -> str:
+    """A time span as a user reads it in a log: "42 s", "17 min", "3.3 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -13,6 +13,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from dockyard.common import runfolder
 from dockyard.common.run_settings import WARMUP_STEPS
+from dockyard.common.units import duration
 from dockyard.train import guards, manifest, strategy
 
 log = logging.getLogger("dockyard.train")
@@ -123,6 +124,10 @@ def window_line(step: int, max_steps: int, logs: dict[str, Any]) -> str:
             said.append(f"{num('tokens_per_second', '.0f')} tokens/s ({num('step_seconds', '.3g')} s/step)"
                         + (f", MFU {num('mfu', '.1%')}" if logs.get("mfu") is not None else "")
                         + (" (profiled)" if logs.get("profiled") else ""))
+        if isinstance(logs.get("step_seconds"), (int, float)) and step < max_steps:
+            # at this window's pace (checkpoints and evaluations to come not counted): what a log is read for
+            left = (max_steps - step) * logs["step_seconds"]
+            said.append(f"about {duration(left)} left" if left >= 0.5 else "less than a second left")
     if "eval_loss" in logs:
         said.append(f"eval_loss {num('eval_loss', '.4f')}"
                     + (f" ({num('eval_runtime', '.3g')} s)" if "eval_runtime" in logs else ""))

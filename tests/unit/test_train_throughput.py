@@ -275,8 +275,9 @@ def test_a_window_is_said_on_the_console_as_a_line_to_read_and_kept_whole_in_met
     logs = {"loss": 6.006850242614746, "grad_norm": 1.4774765968322754, "learning_rate": 0.0002500000000000001,
             "epoch": 0.024, "tokens": 1546, "seconds": 0.2716, "step_seconds": 0.1358, "tokens_per_second": 5692.86}
     assert window_line(3, 60, logs) == ("step 3/60 · loss 6.0069 · grad_norm 1.48 · lr 0.00025 · 5693 tokens/s "
-                                        "(0.136 s/step)")
-    assert window_line(3, 60, {**logs, "mfu": 0.4123}).endswith("5693 tokens/s (0.136 s/step), MFU 41.2%")
+                                        "(0.136 s/step) · about 8 s left")
+    assert window_line(3, 60, {**logs, "mfu": 0.4123}).endswith("5693 tokens/s (0.136 s/step), MFU 41.2% · about 8 s left")
+    assert window_line(60, 60, logs).endswith("(0.136 s/step)")  # the last step: nothing left to say
     assert window_line(2, 4, {"eval_loss": 5.9479756355285645, "eval_runtime": 0.5336, "epoch": 0.0168}) == (
         "step 2/4 · eval_loss 5.9480 (0.534 s)")
     assert window_line(5, 9, {"loss": None, "learning_rate": 1e-3}) == "step 5/9 · loss not finite · lr 0.001"
@@ -393,3 +394,15 @@ def test_a_stopped_run_reports_the_rate_of_the_windows_it_logged(tmp_path, monke
     assert m["tokens_per_second"] == pytest.approx(by_hand, rel=1e-3), m
     assert (m["steady_state"]["from_step"], m["steady_state"]["to_step"]) == (6, 65)
     assert f"{m['tokens_per_second']:.0f} tokens/s (steady state)" in said and "no throughput" not in said, said
+
+
+def test_a_long_run_says_how_long_it_has_left_at_each_window():
+    """A line said 'step 100/5000 · ... (2.4 s/step)' and left the user to work out that the run had over three hours
+    to go; a CI log or Slurm's output file of a run is read for exactly that."""
+    from dockyard.train.callbacks import window_line
+
+    logs = {"loss": 2.5, "learning_rate": 1e-4, "tokens_per_second": 3400.0, "step_seconds": 2.4}
+    assert window_line(100, 5000, logs).endswith("(2.4 s/step) · about 3.3 h left")
+    assert window_line(4000, 5000, logs).endswith("(2.4 s/step) · about 40 min left")
+    assert window_line(4990, 5000, logs).endswith("(2.4 s/step) · about 24 s left")
+    assert window_line(4999, 5000, {**logs, "step_seconds": 0.04}).endswith("(0.04 s/step) · less than a second left")
