@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from dockyard import engine, gpus
 from dockyard.common import autos, cores, disk, envvars, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
+from dockyard.common.units import duration
 from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
@@ -202,6 +204,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     interrupted = None
     with monitor.watch(run_dir, node_rank=r.node_rank,
                        devices=[g.index for g in host.gpus] if on_gpus else []) as watching:
+        started = time.monotonic()
         try:
             proc = engine.run(plan.argv, env=plan.env, check=False, host_paths=not r.native)
         except engine.Interrupted as e:
@@ -248,7 +251,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         why = _refused(proc, plan.argv)
         raise DockyardError(f"the run did not start (exit {proc.returncode}, {why}); nothing was kept, so the same "
                             "command can be run again")
-    return summarise(run_dir, r.node_rank)
+    return summarise(run_dir, r.node_rank, took=time.monotonic() - started)
 
 
 def _refused(proc: subprocess.CompletedProcess, argv: list[str]) -> str:
@@ -700,10 +703,11 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
                       env)
 
 
-def summarise(run_dir: Path, node_rank: int = 0) -> dict:
+def summarise(run_dir: Path, node_rank: int = 0, took: float | None = None) -> dict:
     """Read the trainer's manifest (node 0's, or this node's on the others) and print the lines a user looks at;
     a failed run is an error, said with the manifest's own words. The manifest is read as untrusted (any
-    container could have written it): checked with pydantic, never through a link."""
+    container could have written it): checked with pydantic, never through a link. `took`: the seconds the
+    command ran the trainer, said beside the status."""
     m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank))
     if m is None:
         log = (f"see {run_dir}/train.log" if (run_dir / runfolder.TRAIN_LOG).is_file() else
@@ -711,7 +715,8 @@ def summarise(run_dir: Path, node_rank: int = 0) -> dict:
         raise DockyardError(f"the run wrote no manifest ({run_dir / runfolder.manifest_file(node_rank)}): {log}")
     eff = (m.strategy.in_effect if m.strategy else None) or runfolder.InEffect()  # null: failed before the wrap
     met = m.metrics
-    print(f"run {m.run_id}: {m.status} · recipe {m.recipe} · world size {m.world_size} on {m.nodes} node(s)"
+    took_said = "" if took is None else f" {'in' if m.status == 'completed' else 'after'} {duration(took)}"
+    print(f"run {m.run_id}: {m.status}{took_said} · recipe {m.recipe} · world size {m.world_size} on {m.nodes} node(s)"
           + (f" · {eff.engine}" if eff.engine else "")
           + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
           + "".join(f", {what} offloaded to {to}" for what, to in (("optimizer", eff.offload_optimizer),

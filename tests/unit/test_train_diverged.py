@@ -96,3 +96,18 @@ def test_a_container_runs_summary_names_the_export_without_native(tmp_path, caps
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {"steps": 2}, {}))
     launch_run.summarise(tmp_path)
     assert f"next: invoke export --run={tmp_path.name} writes its model" in capsys.readouterr().out
+
+
+def test_the_summary_of_a_run_says_how_long_it_took(tmp_path, capsys):
+    """A run's last lines said what it trained (steps, loss, tokens/s) and never how long the command took: a
+    nohup or CI log's reader compared timestamps, a terminal's had none."""
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 2, None,
+                                            {"steps": 30, "tokens_per_second": 100.0}, {}))
+    launch_run.summarise(tmp_path, took=754.0)
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"run {tmp_path.name}: completed in 13 min · recipe ddp")
+
+    manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "failed", 2, None, {"steps": 3},
+                                            {"error": "rank 1 ran out of memory"}))
+    with pytest.raises(DockyardError):
+        launch_run.summarise(tmp_path, took=41.0)
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"run {tmp_path.name}: failed after 41 s · recipe ddp")
