@@ -16,9 +16,11 @@ def human(n: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """A time span as a user reads it in a log: "42 s", "17 min", "3.3 h"."""
+    """A time span as a user reads it in a log: "42 s", "2.5 min", "17 min", "3.3 h"."""
     if seconds < 90:
         return f"{seconds:.0f} s"
+    if seconds < 10 * 60:
+        return f"{seconds / 60:.1f} min"
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"

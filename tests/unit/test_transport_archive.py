@@ -363,7 +363,7 @@ def test_the_save_bar_ends_at_the_tar_docker_save_streamed_never_past_its_total(
 
     monkeypatch.setattr(console, "progress", lambda things=False: console.Lines(things))  # a log: the same count
     save_mod.save(s, image="t:2", out=str(tmp_path / "dist"), compress="none")
-    assert capsys.readouterr().err.splitlines()[-1].startswith(f"save t_2.tar: {read} of {read} (100%), ")
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"save t_2.tar: {read} of {read} (100%) in ")
 
 
 WRITER_ON = """
