@@ -27,6 +27,8 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.model_config import ADAPTER, check_shards_inside
 from dockyard.common.run_settings import MAX_LORA
+from dockyard.common.units import duration
+from dockyard.train import environment
 
 TEXTS = ["The harbour master counts the ships.", "Which port is number two?", "a b c d e f g"]
 
@@ -60,8 +62,6 @@ def quiet() -> None:
     """The console says what was exported and how it compared, without the libraries' noise the trainer leaves out
     too; the bars of each load and save as a run has them by default (disable_tqdm): on a terminal (minutes for a
     large model), not in a pipe or a log file."""
-    from dockyard.train import environment
-
     environment.quiet_libraries()
     environment.weight_bars(disable_tqdm=True)
 
@@ -78,18 +78,22 @@ def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
         dtype = getattr(torch, m["probe"]["dtype"])
         if adapter and merge:
             what = f"{m['strategy']['peft']} adapters merged into the {m['probe']['dtype']} base"
+            step(m, f"merging its adapters into the {m['probe']['dtype']} base and saving that to {out}")
             load_run_model(m, run_dir, dtype, quantized=False).merge_and_unload().save_pretrained(out)
         else:
             what = "adapter (load it onto the base with peft)" if adapter else "model"
             if merge:
                 print(f"note: run {m['run_id']} trained the whole model: there are no adapters to merge")
+            step(m, f"copying its {'adapter' if adapter else 'model'} to {out}")
             for f in (run_dir / "model").iterdir():  # what the Trainer saved, as it is: weights (or adapter), config
                 if f.is_file() and f.name != "training_args.bin":
                     shutil.copy2(f, out / f.name)
         tokenizer(run_dir / "model").save_pretrained(out)
         runfolder.share_weights(out)
+        step(m, "reloading the export to compare its logits with the run's model")
         check = compare(m, run_dir, out, dtype, reload_adapter=adapter and not merge)
-        print(f"exported {what} of run {m['run_id']} to {out}")
+        # since the process started: the libraries' import and the checks are part of the user's wait
+        print(f"exported {what} of run {m['run_id']} to {out} in {duration(environment.seconds_since_start())}")
         print(f"  reloaded and compared with the run's own model on {check['inputs']} inputs: largest logit difference "
               f"{check['max_abs_diff']:.2e} (tolerance {check['tolerance']:.1e}{', ' + check['why'] if check['why'] else ''})")
         if "vs_4bit_as_trained" in check:
@@ -111,6 +115,12 @@ def export(run_dir: Path, out: Path, merge: bool) -> dict[str, Any]:
         empty(out)  # what was written so far goes (the folder was empty), so the next try does not find it "not empty"
         raise
     return check
+
+
+def step(m: dict[str, Any], doing: str) -> None:
+    """A long step said as it starts, on stderr at once: a large model's load, save or reload takes minutes, and in
+    a log (or the image, which has no terminal) no bar shows them."""
+    print(f"export of run {m['run_id']}: {doing} ...", file=sys.stderr, flush=True)
 
 
 def empty(folder: Path) -> None:

@@ -26,10 +26,15 @@ def test_a_model_folder_that_does_not_load_is_one_line_and_leaves_the_export_fol
     out = tmp_path / "out"
     capsys.readouterr()  # the tiny model's progress bar
     assert export.main(["--run-dir", str(run), "--out", str(out)]) == 1
-    err = capsys.readouterr().err
+    err = _without_steps(capsys.readouterr().err)
     assert err.startswith("error: cannot export run r1: its model folder does not load (") and \
         err.rstrip().endswith("nothing was kept") and "Traceback" not in err, err
     assert list(out.iterdir()) == []
+
+
+def _without_steps(err: str) -> str:
+    """stderr less the lines that say each step as it starts (export.step)."""
+    return "".join(line for line in err.splitlines(keepends=True) if not line.startswith("export of run "))
 
 
 def test_a_probe_longer_than_the_trainer_records_is_refused(tmp_path):
@@ -299,7 +304,26 @@ def test_a_model_folder_changed_since_the_run_is_said_against_the_logits_recorde
     save_file(tensors, weights, metadata={"format": "pt"})
     assert export.main(["--run-dir", str(run), "--out", str(tmp_path / "changed")]) == 0
     out, err = capsys.readouterr()
+    err = _without_steps(err)
     assert err.startswith("warning: the run's model/ differs from the model as training ended") and \
         "were changed or replaced since the run" in err, (out, err)
     exported = load_file(tmp_path / "changed" / "model.safetensors")  # what model/ holds now, as the user asked
     assert all(torch.equal(exported[k], v) for k, v in tensors.items())
+
+
+def test_an_export_says_each_long_step_as_it_starts_and_how_long_it_took(tmp_path, capsys):
+    """`invoke export` printed nothing between its command line and 'exported ...': minutes of silence for a large
+    model (its load, its save, two reloads to compare) in a log, and in the image on a terminal too (no bars
+    there), then no word of how long it took."""
+    import re
+
+    run = tmp_path / "r1"
+    models.materialize_tiny_model(run / "model")
+    _completed_run(run)
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(run), "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[:2] == [f"export of run r1: copying its model to {tmp_path / 'out'} ...",
+                                "export of run r1: reloading the export to compare its logits with the run's model ..."]
+    assert re.fullmatch(rf"exported model of run r1 to {re.escape(str(tmp_path / 'out'))} in ([0-9]+ s|[0-9.]+ min|[0-9.]+ h)",
+                        out.splitlines()[0]), out
