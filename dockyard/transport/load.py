@@ -19,6 +19,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dockyard import console, engine
 from dockyard.common import locks
 from dockyard.common.errors import DockyardError, loads, open_plain, problems, read_bounded
+from dockyard.common.units import duration
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
@@ -41,6 +43,7 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
 
     The archive is opened once: the bytes hashed are the bytes loaded. A refused load leaves the engine's tags
     where they were."""
+    started = time.monotonic()
     paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
     manifest = check_set(settings, paths)
     info = engine.engine_info(settings)
@@ -92,6 +95,8 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
             print(f"loaded {ref} {image_id}")
         for line in replaced_tags(before, loaded):
             print(line)
+        # the last line, where a terminal's bar of the read is gone when it ends (not "loaded ...": ship reads those)
+        print(f"{paths.archive.name}: verified and loaded in {duration(time.monotonic() - started)}")
     finally:
         journal.unlink(missing_ok=True)
     return loaded

@@ -159,10 +159,9 @@ def test_load_sh_loads_the_copy_it_verified_not_the_shared_file(tmp_path, method
     assert list(private.iterdir()) == []  # the private copy is removed
 
 
-def test_a_load_that_moves_a_tag_off_another_image_says_so(tmp_path, settings, monkeypatch, capsys):
-    """t:1 named image K here; the archive's t:1 is A. docker load moved the tag and K became <none>, and `invoke
-    load` said only `loaded t:1 A` (docker's "renaming the old one" line is not shown)."""
-    fake = FakeEngine(tags={"t:1": K, "keep:1": C})
+def _load_of_a(tmp_path, settings, monkeypatch, tags: dict[str, str]) -> tuple[FakeEngine, str]:
+    """`invoke load` of an archive whose t:1 is A, on an engine holding `tags`: the fake engine, and what was said."""
+    fake = FakeEngine(tags=tags)
     s = fake.install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
     paths = make_set(tmp_path)  # its manifest: t:1 = A
 
@@ -173,8 +172,26 @@ def test_a_load_that_moves_a_tag_off_another_image_says_so(tmp_path, settings, m
 
     monkeypatch.setattr(load_mod, "load_verified", docker_load)
     load_mod.load(s, str(paths.archive))
+    return fake, paths.archive.name
+
+
+def test_a_load_that_moves_a_tag_off_another_image_says_so(tmp_path, settings, monkeypatch, capsys):
+    """t:1 named image K here; the archive's t:1 is A. docker load moved the tag and K became <none>, and `invoke
+    load` said only `loaded t:1 A` (docker's "renaming the old one" line is not shown)."""
+    fake, _ = _load_of_a(tmp_path, settings, monkeypatch, {"t:1": K, "keep:1": C})
     said = capsys.readouterr().out
     assert f"loaded t:1 {A}\nreplaced tag t:1 (the image it named before, {K[7:19]}, is now untagged)\n" in said
     assert "keep:1" not in said and fake.tags == {"t:1": A, "keep:1": C}
     assert load_mod.replaced_tags({"t:1": K, "old:1": K}, [("t:1", A)]) == [
         f"replaced tag t:1 (the image it named before, {K[7:19]}, still tagged old:1)"]
+
+
+def test_a_load_ends_with_what_was_done_and_how_long_it_took(tmp_path, settings, monkeypatch, capsys):
+    """On a terminal the bar of the archive's read goes when it ends (transient): what stayed was 'loaded t:1 A',
+    with no word of the archive verified nor of the minutes a CUDA image's load takes."""
+    import re
+
+    _, archive = _load_of_a(tmp_path, settings, monkeypatch, {})
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"loaded t:1 {A}"
+    assert re.fullmatch(rf"{re.escape(archive)}: verified and loaded in [0-9]+ s", said[-1]), said
