@@ -64,9 +64,13 @@ class Lines:
         if self.clock() - t["said"] >= self.LINE_EVERY:
             self._say(t)
 
-    def update(self, task: int, *, total: float) -> None:
-        """rich's Progress.update, as much as dockyard asks of it: a total known better as the work goes on."""
-        self.tasks[task]["total"] = total
+    def update(self, task: int, *, total: float | None = None, completed: float | None = None) -> None:
+        """rich's Progress.update, as much as dockyard asks of it: a total known better as the work goes on, or
+        the count so far as another program reports it (rsync's)."""
+        if total is not None:
+            self.tasks[task]["total"] = total
+        if completed is not None:
+            self.advance(task, completed - self.tasks[task]["completed"])
 
     def _say(self, t: dict, done: bool = False) -> None:
         import sys

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import fcntl
 import functools
+import io
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -122,6 +123,7 @@ def run(
     merge_stderr: bool = False,
     timeout: float | None = None,
     host_paths: bool = False,
+    progress: Callable[[str], bool] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run one command. `env` is added to the current environment.
 
@@ -129,6 +131,8 @@ def run(
     where merge_stderr; otherwise output streams to the terminal and only its last lines are kept for the error
     message; `on_line` sees each streamed line. `timeout` (capture only): seconds before it is stopped, an error.
     `host_paths`: a `docker run`'s streamed lines say the paths it mounts as this host's (container_paths_shown).
+    `progress`: the output is read as frames ended by \r or \n (a progress line redrawn in place, rsync's), each
+    offered to it as it comes; one it takes (True) is not printed, the others are, as lines.
     """
     argv = [str(a) for a in argv]
     if not quiet:
@@ -153,8 +157,12 @@ def run(
                 p.stdin.write(input)
                 p.stdin.close()
             with terminated_as_interrupted(p):
-                for raw in p.stdout:
-                    line = as_host(raw.decode(errors="replace"))
+                # universal newlines: a \r ends a frame, read as it comes (read by \n, a redrawn line waited for the end)
+                frames = io.TextIOWrapper(p.stdout, errors="replace", newline=None) if progress else None
+                for raw in frames or p.stdout:
+                    line = as_host(raw if frames else raw.decode(errors="replace"))
+                    if progress and (not line.strip() or progress(line.strip())):
+                        continue  # (a frame's \r after a \n reads as an empty line between them)
                     sys.stdout.write(line)
                     sys.stdout.flush()
                     tail_lines.append(line.rstrip())

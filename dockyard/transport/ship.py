@@ -14,12 +14,14 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded
+from dockyard.common.units import duration
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
@@ -48,6 +50,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     `transport` forces "rsync" or "ssh" (tests); by default rsync where the node has it.
     Returns the (ref, id) pairs load.sh reported when loading, else [].
     """
+    started = time.monotonic()
     paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
     paths.check_whole("ship an archive written by `invoke save` (it writes the .sha256 and .manifest.json beside it)")
     r = parse_to(to, port, identity)
@@ -88,7 +91,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     # The archive's sha256 was checked above; this checks that the manifest arrived intact.
     run_there(settings, r, f"cd {rpath(r.dir)} && grep -F {shlex.quote('  ' + paths.manifest.name)} "
                            f"{shlex.quote(paths.sha256.name)} | sha256sum -c -", "verifying the manifest")
-    print(f"shipped {name} to {r.where()}: sha256 verified there")
+    print(f"shipped {name} to {r.where()} in {duration(time.monotonic() - started)}: sha256 verified there")
     train = f"cd {rpath(r.dir)} && {runscript.train_hint()}" if "run.sh" in companions else ""
     if not load:  # what the node's user types next, pasteable there
         print(f"next, on {r.host}: cd {rpath(r.dir)} && sh load.sh {shlex.quote(name)}  (or ship again with --load "
@@ -252,12 +255,31 @@ def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str
     use = transport or ("rsync" if have.get("rsync") and engine.which("rsync") else "ssh")
     try:
         if use == "rsync":
-            engine.run(rsync_argv(settings, r, paths.archive, name + ".partial"), what=_copying(r))
+            _rsync_copy(settings, r, paths.archive, name + ".partial", offset)
         else:
             _append_copy(settings, r, paths.archive, name + ".partial", offset)
     except (engine.Interrupted, KeyboardInterrupt):  # Ctrl-C: what was copied stays there, for the next ship
         raise DockyardError(f"interrupted: the copy of {name} to {r.host} stopped; what arrived is kept: run the same "
                             "`invoke ship` again to continue where it stopped", exit_code=engine.INTERRUPTED) from None
+
+
+RSYNC_FRAME = re.compile(r"([\d,]+)\s+\d+%\s")  # --info=progress2: "  135,266,304  21%  128.97MB/s  0:00:03"
+
+
+def _rsync_copy(settings: Settings, r: Remote, local: Path, remote_name: str, offset: int) -> None:
+    """rsync's own progress frames, redrawn with \r, drive the copy's bar (in a log, a line now and then)."""
+    with console.progress() as bar:
+        size = local.stat().st_size
+        task = bar.add_task(f"copy {local.name}", total=size, completed=offset)
+
+        def frame(text: str) -> bool:
+            if m := RSYNC_FRAME.match(text):
+                # the bytes of the file as rsync counts them: a resumed copy's appended ones after what was there
+                bar.update(task, completed=min(size, max(offset, int(m.group(1).replace(",", "")))))
+                return True
+            return False
+
+        engine.run(rsync_argv(settings, r, local, remote_name), what=_copying(r), progress=frame)
 
 
 def _copying(r: Remote) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -485,3 +486,22 @@ def test_an_archive_swapped_for_a_pipe_after_its_checks_is_refused_by_the_ssh_co
     with pytest.raises(DockyardError) as said:
         ship.ship_file(s, str(archive), f"node7:{tmp_path / 'there'}", transport="ssh")
     assert str(said.value) == f"{archive}: not a plain file (a pipe, device or socket); give the archive itself"
+
+
+def test_the_copy_shows_its_progress_as_it_goes_and_a_log_gets_lines_not_carriage_returns(tmp_path, capsys):
+    """rsync's progress (\\r frames) reached the screen only when the copy ended, read by lines (a terminal showed
+    nothing for the minutes of a CUDA image's copy), and a log got them as one line of dozens of \\r frames. The
+    frames now drive the copy's own bar: on a terminal in place, in a log a line every half minute and one at the
+    end, with the rate. Here rsync is real, stderr is no terminal, and the node's ssh is this host's sh."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text('#!/bin/sh\nwhile [ "$1" != node7 ]; do shift; done; shift\nexec sh -c "$*"\n')
+    ssh.chmod(0o755)
+    content = bytes(range(256)) * 8192  # 2 MB
+    archive = archive_set(tmp_path / "set", content, content)
+    ship.ship_file(Settings(ssh=str(ssh)), str(archive), f"node7:{tmp_path / 'there'}", transport="rsync")
+    out, err = capsys.readouterr()
+    assert (tmp_path / "there" / "x.tar.zst").read_bytes() == content
+    assert "\r" not in out + err and "to-chk" not in out + err, (out, err)
+    assert any(line.startswith("copy x.tar.zst: 2.1 MB of 2.1 MB (100%) in ") for line in err.splitlines()), err
+    assert re.search(rf"^shipped x.tar.zst to node7:{re.escape(str(tmp_path / 'there'))} in [0-9]+ s: sha256 verified "
+                     "there$", out, re.M), out
