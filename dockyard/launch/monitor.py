@@ -240,7 +240,9 @@ def plot_usage(samples: list[dict], kind: str, title: str = "") -> bytes:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 6), layout="constrained")
-    fig.suptitle(title, fontsize=10)
+    # a CPU run's stand-in for gpu.png says so where a reader looks first, not in an axis label alone
+    fig.suptitle(title if kind == "gpu" else f"{title}\nno GPU in this run: each training rank's CPU use and resident "
+                 "memory", fontsize=10)
     util_ax, mem_ax = fig.subplots(2, 1, sharex=True)
     devices = sorted({d["device"] for s in samples for d in s["devices"]})
     for dev in devices:
@@ -252,7 +254,7 @@ def plot_usage(samples: list[dict], kind: str, title: str = "") -> bytes:
     util_ax.set_ylabel("GPU utilisation (%)" if kind == "gpu" else "CPU (% of one core)")
     mem_ax.set_ylabel("GPU memory used (GiB)" if kind == "gpu" else "RSS (GiB)")
     mem_ax.set_xlabel("seconds since start")
-    util_ax.legend(loc="upper right")
+    util_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside the curves, never on them
     util_ax.grid(alpha=0.3)
     mem_ax.grid(alpha=0.3)
     return _png(fig)

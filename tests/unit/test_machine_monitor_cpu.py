@@ -247,3 +247,22 @@ def test_a_run_on_cpu_of_a_host_with_gpus_samples_its_ranks_not_the_gpus(tmp_pat
         assert isinstance(source, monitor.Processes)
     with monitor.default_source(tmp_path, devices=[1]) as source:
         assert source.kind == "gpu" and [r.device for r in source.sample()] == [1]
+
+
+def test_the_cpu_plot_says_there_was_no_gpu_and_its_legend_covers_no_curve(monkeypatch):
+    """cpu.png, a CPU run's stand-in for gpu.png, was titled 'ntty: balanced: rank 0 33% of a core, ...': nothing on it
+    said the run had no GPU (a reader looking for GPU use met a CPU chart and had to work it out from an axis label),
+    and its legend, in the upper right, lay over the curves where a rank's use was high at the end."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figures = []
+    monkeypatch.setattr(monitor, "_png", lambda fig: figures.append(fig) or b"")
+    samples = [{"t": float(t), "devices": [{"device": r, "util": 40.0 if t > 5 else 10.0, "mem": 2**29}
+                                          for r in (0, 1)]} for t in range(20)]
+    monitor.plot_usage(samples, "cpu", "ntty: balanced: rank 0 33% of a core, rank 1 33% of a core")
+    (fig,) = figures
+    assert "no GPU" in fig.get_suptitle() and fig.get_suptitle().startswith("ntty: ")
+    FigureCanvasAgg(fig).draw()
+    for ax in fig.axes:
+        if legend := ax.get_legend():
+            assert not legend.get_window_extent().overlaps(ax.get_window_extent()), "the legend lies on the curves"
