@@ -13,6 +13,13 @@ set -u
 NAMESPACE=dockyard-archive
 
 die() { echo "load.sh: $*" >&2; exit 1; }
+beat() {  # "$1: still at it, N s so far ..." every LOAD_SH_EVERY seconds until killed (its sleep holds no output open)
+	t=0
+	while sleep "${LOAD_SH_EVERY:-30}" </dev/null >/dev/null 2>&1; do
+		t=$((t + ${LOAD_SH_EVERY:-30}))
+		echo "$1: still at it, $t s so far ..."
+	done
+}
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is missing on this node: $2"; }
 
 # docker reaches its engine, or the script stops with docker's own last words and the usual fix (run.sh is written
@@ -121,6 +128,7 @@ skipped=0
 said_skipped() {
 	[ "$skipped" -eq 0 ] || echo "load.sh: skipped $skipped file(s) here whose name holds a control character or a byte outside ASCII, which no name invoke save writes holds (said as it is, an escape sequence would drive the terminal): rename them to load them" >&2
 }
+began=$(date +%s)
 name=$(basename "${1:-}")
 if [ -z "$name" ]; then
 	manifests=0
@@ -218,7 +226,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.$HOST_TAG.XXXXXX") || die "ca
 # What they left running is stopped; a step stopped that way may still write its note into the folder as it
 # ends (a decompressor cut off writes "bad"), racing the removal: a second removal a moment later gets that too.
 running=
-trap 'kill $running 2>/dev/null; rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf "$work"; }' EXIT
+beater=
+trap 'kill $running $beater 2>/dev/null; rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf "$work"; }' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -318,9 +327,12 @@ mkfifo "$work/copy" || die "cannot make a fifo in $work"
 sha256 <"$work/copy" >"$work/copy.sha256" & hasher=$!
 tee "$work/$name" >"$work/copy" <"$name" & copier=$!
 running="$hasher $copier"
+beat "verifying $name" & beater=$!
 wait "$copier" || die "cannot copy $name into $work (full?): nothing was loaded"
 wait "$hasher"
 running=
+kill "$beater" 2>/dev/null
+beater=
 got=$(cat "$work/copy.sha256")
 [ "$got" = "$(listed "$name")" ] \
 	|| die "$name is damaged, truncated or was changed (sha256 mismatch: $got, expected $(listed "$name")): nothing was loaded. Copy it again."
@@ -394,11 +406,14 @@ PEEK
 echo "checking $name ..."
 mkdir "$work/x" && mkfifo "$work/count" || die "cannot make a folder and a fifo in $work"
 wc -c <"$work/count" >"$work/bytes" & running=$!
+beat "checking $name" & beater=$!
 { ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | head -c $((limit + 1)) | tee "$work/count" \
 	| { (cd "$work/x" && export PEEK_DIR="$work/p" && exec tar -x -f - --to-command='sh "$PEEK_DIR/peek.sh"') \
 		>"$work/starts" 2>"$work/tar.err" || : >"$work/badtar"; cat >/dev/null; }
 wait $running
 running=
+kill "$beater" 2>/dev/null
+beater=
 [ "$(tr -d ' ' <"$work/bytes")" -le "$limit" ] \
 	|| die "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): refused, nothing was loaded"
 [ -e "$work/bad" ] && die "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
@@ -409,8 +424,10 @@ packed=$(grep -E -m 1 '^(1f8b08|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)' "
 [ "$(awk '{ n += $1 } END { printf "%.0f", n }' "$work/p/sizes")" -le "$limit" ] \
 	|| die "the tar of $name holds a sparse file: docker load would write its holes out in full, past every size the manifest declares: refused, nothing was loaded"
 
-# docker load prints nothing until it is done (no progress without a terminal): how long to expect, said first
+# docker load prints nothing until it is done (no progress without a terminal): how long to expect, said first,
+# then a line every LOAD_SH_EVERY seconds (30) while it goes on: a log tells a slow load from a hung one
 echo "loading $name: docker load unpacks $((TAR_BYTES / 1048576)) MiB of layers (about a minute for each few GB) and says nothing until it is done ..."
+beat "loading $name" & beater=$!
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
 # that decompresses to more is stopped there, and docker load is killed before its input ends, so it loads
 # nothing (`invoke load` does the same). Its input is a fifo this shell holds open until the count is known.
@@ -443,6 +460,8 @@ fi
 exec 3>&-
 wait "$loader" || refuse "docker load failed (exit $?): refused"
 running=
+kill "$beater" 2>/dev/null
+beater=
 cat "$work/load.out"
 
 # The tar holds only the images the manifest names: docker load says which names and ids it loaded.
@@ -455,3 +474,4 @@ done
 
 as_saved >"$work/said" || refuse "docker load did not load every image of $name: refused"
 cat "$work/said"
+echo "$name: verified and loaded in $(($(date +%s) - began)) s"  # as `invoke load` ends (ship reads "loaded " lines)

@@ -1079,3 +1079,17 @@ def test_a_load_the_engines_disk_has_no_room_for_is_refused_before_docker_load(t
                             "USED": str(tmp_path / "docker-used")})
     assert r.returncode == 1 and f"not enough space for docker load in {root}" in r.stderr, r.stderr
     assert not (tmp_path / "docker-used").exists()
+
+
+def test_load_sh_says_it_is_still_at_work_while_docker_load_says_nothing(tmp_path):
+    """load.sh said 'loading ... says nothing until it is done' and then nothing for the minutes a CUDA image's
+    docker load takes: a log (CI, nohup, Slurm) could not tell a slow load from a hung one. It now says a line every
+    LOAD_SH_EVERY seconds (30 by default) while a long step goes on, and none is left running once it ends."""
+    argv, env, private = load_sh_set(tmp_path, "sleep 3; exec cat >/dev/null")
+    started = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, env={**env, "LOAD_SH_EVERY": "1"}, timeout=60)
+    assert time.monotonic() - started < 10, "a heartbeat kept the output open after load.sh ended"
+    beats = [x for x in r.stdout.splitlines() if x.startswith("loading t_1.tar: still at it, ")]
+    assert len(beats) >= 2 and all(x.endswith(" s so far ...") for x in beats), r.stdout + r.stderr
+    # (this fake engine then answers no image inspect: the load is refused, as it would be; the beats stopped)
+    assert "still at it" not in r.stdout.split("\n", r.stdout.count("\n"))[-1] and list(private.iterdir()) == []

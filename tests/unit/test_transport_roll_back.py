@@ -8,6 +8,7 @@ these run on hosts without Docker; tests/integration/test_transport_loaders.py l
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -156,6 +157,7 @@ def test_load_sh_loads_the_copy_it_verified_not_the_shared_file(tmp_path, method
     assert r.returncode == 0, r.stderr
     assert received.read_bytes() == raw, "docker load read the shared archive, not the verified copy"
     assert f"loaded t:1 {image_id}" in r.stdout
+    assert re.fullmatch(rf"{re.escape(paths.archive.name)}: verified and loaded in [0-9]+ s", r.stdout.splitlines()[-1])
     assert list(private.iterdir()) == []  # the private copy is removed
 
 
@@ -189,7 +191,6 @@ def test_a_load_that_moves_a_tag_off_another_image_says_so(tmp_path, settings, m
 def test_a_load_ends_with_what_was_done_and_how_long_it_took(tmp_path, settings, monkeypatch, capsys):
     """On a terminal the bar of the archive's read goes when it ends (transient): what stayed was 'loaded t:1 A',
     with no word of the archive verified nor of the minutes a CUDA image's load takes."""
-    import re
 
     _, archive = _load_of_a(tmp_path, settings, monkeypatch, {})
     said = capsys.readouterr().out.splitlines()
