@@ -330,7 +330,7 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     args = arguments.training_arguments(recipe, settings, overrides, run.opts.run_dir, load_universal)
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed
-    logs.setup_logging(run.opts.run_dir, run.is_main)
+    logs.setup_logging(run.opts.run_dir, run.is_main, lambda: run.phase)
     for line in removed + (kept if nodes.first_of_node() else []):  # a removal by the process that removed it
         log.warning("%s", line)
     if nodes.first_of_node():  # once per node (every process said them)

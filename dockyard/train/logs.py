@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import runfolder
 from dockyard.common.errors import on_host
+from dockyard.common.units import duration
 
 
-def setup_logging(run_dir: Path, is_main: bool) -> None:
+def setup_logging(run_dir: Path, is_main: bool, phase: Callable[[], str] = lambda: "") -> Quiet | None:
     """train.log (rank 0) gets every library's INFO less LOG_NOISE; the console gets the run's own lines and every
     warning. The libraries' INFO (the model's config printed twice, each file saved, "share your model on
     huggingface.co") made a 6-step run about 130 lines on the console."""
@@ -27,6 +31,9 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
         log.addFilter(not_noise)
         log.setFormatter(logging.Formatter(fmt))
         handlers.append(log)
+        quiet = Quiet(phase)
+        console.addFilter(quiet.heard)  # after the filter above: a line the console leaves out was not heard
+        quiet.start()
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
     # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process;
     # and loads the same model and tokenizer: the Trainer's "The tokenizer has new PAD/BOS/EOS tokens" likewise
@@ -35,6 +42,35 @@ def setup_logging(run_dir: Path, is_main: bool) -> None:
     transformers.utils.logging.disable_default_handler()
     transformers.utils.logging.enable_propagation()
     transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+    return quiet if is_main else None
+
+
+class Quiet(threading.Thread):
+    """Rank 0's console says something at least every `every` seconds: a large model's load, DeepSpeed's setup, a
+    first step that compiles, a checkpoint's save each take minutes without a line of their own; after `every`
+    seconds of silence a line says what the run is doing (`phase`, Run.doing's), "still loading the data and the
+    model, 45 s since the last line", in the console and train.log alike."""
+
+    def __init__(self, phase: Callable[[], str], every: float = 30.0):
+        super().__init__(name="dockyard-quiet", daemon=True)
+        self.phase, self.every = phase, every
+        self.last = time.monotonic()
+        self._done = threading.Event()
+
+    def heard(self, record: logging.LogRecord) -> bool:
+        """A console filter that lets every line through and notes when the last one came."""
+        self.last = time.monotonic()
+        return True
+
+    def run(self) -> None:
+        while not self._done.wait(self.every / 6):
+            silent = time.monotonic() - self.last
+            if silent >= self.every and (doing := self.phase()):
+                self.last = time.monotonic()  # one line per interval, whatever the console does with it
+                logging.getLogger("dockyard.train").info("still %s, %s since the last line", doing, duration(silent))
+
+    def stop(self) -> None:
+        self._done.set()
 
 
 class OnHost(logging.Formatter):

@@ -102,7 +102,11 @@ class Run:
     same_everywhere: bool = True  # its errors so far come of what every process reads alike: the command line, the
                                   # recipe and settings, the run folder (said by one process per node)
 
+    phase: str = ""               # what this process is doing (doing())
+
     def doing(self, phase: str) -> None:
-        """What this node is doing, for the message that names a node lost meanwhile."""
+        """What this node is doing, for the message that names a node lost meanwhile and for rank 0's line after a
+        silence (logs.Quiet)."""
+        self.phase = phase
         if self.heartbeat:
             self.heartbeat.phase = phase
