@@ -320,10 +320,13 @@ def plot_loss(series: dict[str, list[tuple[float, float]]], title: str = "") -> 
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 4.5), layout="constrained")
-    fig.suptitle(title, fontsize=10)
+    # a point is a logging window's mean (steps 1, 5, 10, ...), not one step's: said, as is which curve is which
+    shown = "training loss" + (" and loss on the held-out data" if "eval_loss" in series else "")
+    fig.suptitle(f"{title}: {shown} by step (the mean over each logging window)" if title else shown, fontsize=10)
     ax = fig.subplots()
     for key, points in series.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None, label=key)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None,
+                label=f"{key} ({'held-out data' if key == 'eval_loss' else 'training'})")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()

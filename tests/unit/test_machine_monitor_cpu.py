@@ -266,3 +266,21 @@ def test_the_cpu_plot_says_there_was_no_gpu_and_its_legend_covers_no_curve(monke
     for ax in fig.axes:
         if legend := ax.get_legend():
             assert not legend.get_window_extent().overlaps(ax.get_window_extent()), "the legend lies on the curves"
+
+
+def test_the_loss_plot_says_what_it_shows_and_plots_the_logged_points(monkeypatch, tmp_path):
+    """loss.png was titled with the run id alone ('ntty'): nothing said a point is a logging window's mean loss
+    (steps 1, 5, 10, ...), not one step's, nor which curve was held-out data."""
+    figures = []
+    monkeypatch.setattr(monitor, "_png", lambda fig: figures.append(fig) or b"")
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "loss": 6.0 - s / 10}) + "\n" for s in (1, 5, 10)) + json.dumps(
+        {"step": 10, "eval_loss": 5.5}) + "\n")
+    monitor.plot_loss(monitor.read_losses(tmp_path), "ntty")
+    (fig,) = figures
+    title = fig.get_suptitle()
+    assert title.startswith("ntty: ") and "mean over each logging window" in title and "held-out" in title, title
+    (ax,) = fig.axes
+    assert [list(line.get_xydata().tolist()) for line in ax.get_lines()] == [
+        [[1.0, 5.9], [5.0, 5.5], [10.0, 5.0]], [[10.0, 5.5]]]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["loss (training)", "eval_loss (held-out data)"]
