@@ -71,6 +71,13 @@ log = logging.getLogger("dockyard.train")
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
     """`started`: when the run began, on time.perf_counter's clock (the process's start, for the module run as a
     program: its interpreter and imports are time to the first step too); by default, now."""
+    try:
+        return _main(argv, started)
+    finally:
+        logs.stop_quiet()  # rank 0's "still ..." lines end with the run
+
+
+def _main(argv: list[str] | None, started: float | None) -> int:
     started = time.perf_counter() if started is None else started
     ending.begin()
     # Growable CUDA segments instead of fixed blocks: less fragmentation, the usual cause of ZeRO-2 running

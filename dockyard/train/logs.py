@@ -33,6 +33,8 @@ def setup_logging(run_dir: Path, is_main: bool, phase: Callable[[], str] = lambd
         handlers.append(log)
         quiet = Quiet(phase)
         console.addFilter(quiet.heard)  # after the filter above: a line the console leaves out was not heard
+        stop_quiet()  # one per process: a second run's logging in this process (tests, a retry) replaces it
+        Quiet.running = quiet
         quiet.start()
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers, force=True)
     # every rank reads the same data: its warnings (fields not trained on, examples cut) once, not once per process;
@@ -50,6 +52,8 @@ class Quiet(threading.Thread):
     first step that compiles, a checkpoint's save each take minutes without a line of their own; after `every`
     seconds of silence a line says what the run is doing (`phase`, Run.doing's), "still loading the data and the
     model, 45 s since the last line", in the console and train.log alike."""
+
+    running: Quiet | None = None  # this process's, which stop_quiet() ends
 
     def __init__(self, phase: Callable[[], str], every: float = 30.0):
         super().__init__(name="dockyard-quiet", daemon=True)
@@ -71,6 +75,15 @@ class Quiet(threading.Thread):
 
     def stop(self) -> None:
         self._done.set()
+
+
+def stop_quiet() -> None:
+    """End this process's Quiet, as the run ends: one left running said "still ..." into whatever logging the
+    process set up next (a test's captured stream, closed: a "--- Logging error ---" traceback there)."""
+    if Quiet.running is not None:
+        Quiet.running.stop()
+        Quiet.running.join(timeout=5)
+        Quiet.running = None
 
 
 class OnHost(logging.Formatter):

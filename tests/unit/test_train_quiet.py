@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import time
 
+import pytest
+
 from dockyard.train import logs
 
 
@@ -14,16 +16,17 @@ def test_a_silence_longer_than_the_interval_is_broken_by_what_the_run_is_doing(t
     phase = ["loading the data and the model"]
     handler = logging.StreamHandler()
     with caplog.at_level(logging.INFO, logger="dockyard.train"):
-        quiet = logs.Quiet(lambda: phase[0], every=0.3)
+        quiet = logs.Quiet(lambda: phase[0], every=1.0)  # 20x the lines' interval below: a loaded host's late
+        # wake-up is no silence
         handler.addFilter(quiet.heard)
         logging.getLogger("dockyard.train").addHandler(handler)
         try:
             quiet.start()
-            time.sleep(0.8)
+            time.sleep(2.6)
             phase[0] = "training (or saving a checkpoint)"
-            for _ in range(8):  # lines at a shorter interval: nothing is added
+            for _ in range(30):  # lines at a shorter interval: nothing is added
                 logging.getLogger("dockyard.train").info("step")
-                time.sleep(0.1)
+                time.sleep(0.05)
             said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still ")]
         finally:
             quiet.stop()
@@ -31,3 +34,25 @@ def test_a_silence_longer_than_the_interval_is_broken_by_what_the_run_is_doing(t
     assert said and all(s.startswith("still loading the data and the model, ") and s.endswith(" since the last line")
                         for s in said), said
     assert len(said) <= 3, said  # one per interval of silence, not one per check
+
+
+def test_the_run_s_quiet_ends_with_it_and_a_second_set_up_replaces_the_first(tmp_path):
+    """The thread was started and never stopped: a trainer run in a test's process left it saying "still ..." into the
+    next tests' captured streams, closed by then ("--- Logging error ---" and a traceback in four unrelated tests)."""
+    from dockyard.train import __main__ as trainer
+
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    try:
+        logs.setup_logging(tmp_path, True)
+        first = logs.Quiet.running
+        assert first is not None and first.is_alive()
+        logs.setup_logging(tmp_path, True)
+        assert not first.is_alive() and logs.Quiet.running is not first
+        with pytest.raises(SystemExit):  # a run that fails at once (its flags): its Quiet ends with it all the same
+            trainer.main(["--no-such-flag"])
+        assert logs.Quiet.running is None
+    finally:
+        logs.stop_quiet()
+        root.handlers[:], _ = kept
+        root.setLevel(kept[1])
