@@ -17,7 +17,7 @@ from dockyard.common.errors import on_host
 from dockyard.common.units import duration
 
 
-def setup_logging(run_dir: Path, is_main: bool, phase: Callable[[], str] = lambda: "") -> Quiet | None:
+def setup_logging(run_dir: Path, is_main: bool, phase: Callable[[], str] = lambda: "") -> None:
     """train.log (rank 0) gets every library's INFO less LOG_NOISE; the console gets the run's own lines and every
     warning. The libraries' INFO (the model's config printed twice, each file saved, "share your model on
     huggingface.co") made a 6-step run about 130 lines on the console."""
@@ -44,7 +44,6 @@ def setup_logging(run_dir: Path, is_main: bool, phase: Callable[[], str] = lambd
     transformers.utils.logging.disable_default_handler()
     transformers.utils.logging.enable_propagation()
     transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
-    return quiet if is_main else None
 
 
 class Quiet(threading.Thread):
