@@ -1093,3 +1093,14 @@ def test_load_sh_says_it_is_still_at_work_while_docker_load_says_nothing(tmp_pat
     assert len(beats) >= 2 and all(x.endswith(" s so far ...") for x in beats), r.stdout + r.stderr
     # (this fake engine then answers no image inspect: the load is refused, as it would be; the beats stopped)
     assert "still at it" not in r.stdout.split("\n", r.stdout.count("\n"))[-1] and list(private.iterdir()) == []
+
+
+@pytest.mark.parametrize("every", ["1s", "a[$(touch pwned)]", "0"])
+def test_a_load_sh_interval_that_is_no_number_of_seconds_is_said_and_the_default_kept(tmp_path, every):
+    """LOAD_SH_EVERY went into sleep and into the shell's arithmetic as it was: "1s" slept, then stopped the beat
+    with bash's "value too great for base" (sh is bash on many nodes); it is now said, and 30 s taken instead."""
+    argv, env, _ = load_sh_set(tmp_path, "exec cat >/dev/null")
+    r = subprocess.run(argv, capture_output=True, text=True, env={**env, "LOAD_SH_EVERY": every}, timeout=60,
+                       cwd=tmp_path)
+    assert f"load.sh: LOAD_SH_EVERY={every} is not a whole number of seconds above 0: a line every 30 s" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "pwned").exists()
