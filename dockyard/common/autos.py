@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dockyard.common import memory
+from dockyard.common import memory, precision
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import (
@@ -180,6 +180,12 @@ class Resolved:
                          for v in [self.record[key]["value"]])
 
 
+def computes_in_half(device: Device | None, overrides: dict[str, Any]) -> bool:
+    """Whether the run trains in 16-bit mixed precision, as the trainer will decide (by the GPU's capability and
+    the run's bf16/fp16)."""
+    return bool(precision.in_half(device.capability if device else None, overrides))
+
+
 # --- the training settings (before TrainingArguments) --------------------------------------------------
 
 def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_size: int, gpus_per_node: int,
@@ -224,7 +230,7 @@ def resolve(recipe: Recipe, settings: Any, overrides: dict[str, Any], *, world_s
 
     # what sizes the run besides the autos: the adapters' rank and dropout, the base's dtype
     regime = memory.Regime(float(settings.lora_dropout), lora_r=settings.lora_r, dtype=settings.dtype,
-                           logits=settings.task == "causal_lm")
+                           logits=settings.task == "causal_lm", half=computes_in_half(device, overrides))
     given = batch.given_micro
     if device is None or shape is None:
         m = given or _cpu_micro(per_rank)

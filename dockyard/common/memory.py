@@ -78,6 +78,7 @@ class Regime:
     accumulation: int = 1        # gradient accumulation steps: above 1, gradients stay allocated between steps
     lora_r: int = LORA_RANK      # the adapters' rank (lora, qlora)
     dtype: str = "auto"          # the weights' dtype setting: an adapter recipe's frozen base is 16-bit unless float32
+    half: bool = False           # computes in 16-bit mixed precision (GPUs, unless bf16/fp16 say otherwise: autos)
     logits: bool = True          # a causal LM's vocabulary-wide logits; a classifier (task seq_cls) has none
 
 
@@ -211,13 +212,22 @@ def shape_from_folder(folder: Path) -> Shape:
 
 # --- model states: the registry's formulas ---------------------------------------------------------
 
+def loaded_bytes(spec: recipes.Strategy, peft: str | None, regime: Regime) -> int:
+    """Bytes a full fine-tune's weight takes as each process loads it (model.weights_dtype decides the same way):
+    float32, but 16 bits where the dtype setting says so, or where the engine would cast it there anyway."""
+    if peft or regime.dtype == "float32":
+        return 4
+    return 2 if regime.dtype != "auto" or (regime.half and spec.casts_weights_to_half) else 4
+
+
 def model_states(strategy: str, peft: str | None, shape: Shape, world_size: int, gpus_per_node: int,
                  regime: Regime = Regime()) -> tuple[int, int]:
     """(GPU bytes per device, host bytes per node) for weights, gradients and optimizer states, with the run's
     adapter rank and, for an adapter recipe, its base's dtype (the registry's formulas hold a 16-bit base)."""
     gpu, host = recipes.model_states(strategy, peft, Sizes(
         params=shape.params, largest_layer=shape.largest_layer, world_size=world_size, gpus_per_node=gpus_per_node,
-        linear_params=shape.linear_params, lora_params=shape.adapter_params(regime.lora_r)))
+        linear_params=shape.linear_params, lora_params=shape.adapter_params(regime.lora_r),
+        loaded_bytes=loaded_bytes(recipes.strategy(strategy), peft, regime)))
     if peft and regime.dtype == "float32":  # 2 bytes more per weight that is not quantised, loaded twice as large
         gpu += 2 * (shape.params - (shape.linear_params if peft == "qlora" else 0))
         host *= 2

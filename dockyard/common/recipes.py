@@ -131,6 +131,7 @@ class Sizes:
     gpus_per_node: int
     linear_params: int = 0  # the decoder's linear weights: what QLoRA quantises
     lora_params: int = 0    # trainable parameters of the adapters
+    loaded_bytes: int = 4   # bytes a weight takes in host memory while each process loads the model (2: 16-bit)
 
     @property
     def nodes(self) -> int:
@@ -160,6 +161,13 @@ class Strategy:
     @property
     def offloads(self) -> bool:
         return self.offload_optimizer or self.offload_param
+
+    @property
+    def casts_weights_to_half(self) -> bool:
+        """Under 16-bit mixed precision the engine casts the model's weights to that type and makes the optimizer's
+        float32 copy from the cast ones (DeepSpeed ZeRO-1/2, without zero.Init): weights loaded in float32 end exactly
+        as weights loaded in 16 bits, having cost every process twice the host memory while loading."""
+        return self.engine == "deepspeed" and self.zero_stage in (1, 2)
 
     @property
     def shards_parameters(self) -> bool:
@@ -193,19 +201,20 @@ def _and(words: list[str]) -> str:
 
 
 def _replicated(s: Sizes) -> tuple[int, int]:
-    return FULL_STATES * s.params, int(s.params * 4 * s.gpus_per_node * BUFFER)
+    return FULL_STATES * s.params, int(s.params * s.loaded_bytes * s.gpus_per_node * BUFFER)
 
 
 def _zero2(s: Sizes) -> tuple[int, int]:
-    return 2 * s.params + int(FULL_STATES * s.params / s.world_size), int(s.params * 4 * s.gpus_per_node * BUFFER)
+    return (2 * s.params + int(FULL_STATES * s.params / s.world_size),
+            int(s.params * s.loaded_bytes * s.gpus_per_node * BUFFER))
 
 
 def _zero2_offload(s: Sizes) -> tuple[int, int]:
-    # Per node: each of its processes loads an fp32 copy (4 bytes × its GPUs), then its share of the optimizer
+    # Per node: each of its processes loads a copy (4 bytes a weight, 2 in 16 bits, × its GPUs), then its share of the optimizer
     # partitions stays pinned (16 bytes / nodes), as DeepSpeed's ZeRO-3 estimator counts without zero.Init. DeepSpeed's
     # ZeRO-2 one takes 4 × every GPU of every node, which on one node is the same figure and on 4 nodes of 8 asked a
     # node for 1.4 TiB to train 8B parameters (the trainer refused the run)
-    return 2 * s.params, int(s.params * max(4 * s.gpus_per_node, 16 / s.nodes) * BUFFER)
+    return 2 * s.params, int(s.params * max(s.loaded_bytes * s.gpus_per_node, 16 / s.nodes) * BUFFER)
 
 
 def _zero3(s: Sizes) -> tuple[int, int]:

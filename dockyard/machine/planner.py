@@ -160,7 +160,7 @@ def size_run(shape: Shape, recipe: Recipe, given: dict, *, gpus: int, device: au
     except DockyardError as e:
         raise DockyardError(f"recipe {recipe.name}: {e}") from None
     regime = Regime(lora_dropout=settings.lora_dropout, lora_r=settings.lora_r, dtype=settings.dtype,
-                    logits=settings.task == "causal_lm")
+                    logits=settings.task == "causal_lm", half=autos.computes_in_half(device, training))
     try:
         r = autos.resolve(recipe, settings, training, world_size=gpus, gpus_per_node=gpus, device=device, shape=shape,
                           kind=shape.model_type, liger=autos.LIGER_TYPES)

@@ -59,6 +59,7 @@ from dockyard.train import (
 )
 from dockyard.train import model as models
 from dockyard.train.export import PROBE_TOKENS
+from dockyard.train.precision import of_args as half_of
 from dockyard.train.record import Estimates, ModelRecord, Run
 
 # Imported inside functions, on purpose: transformers' Trainer, TrainingArguments (dockyard.train.arguments) and our
@@ -171,7 +172,7 @@ def run_in_words(args: Any, settings: RunSettings, resolved: dict[str, dict[str,
     # by epochs, "1 epoch(s) of 16 examples" read as an epoch of 16 examples: the 16 are each step's
     length = (f"{args.max_steps} step{'s' * (args.max_steps != 1)} of" if args.max_steps > 0
               else f"{args.num_train_epochs:g} epoch(s) in steps of")
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    precision = half_of(args) or "fp32"
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
     said = [f"{length} {per_step} examples ({args.per_device_train_batch_size} per process x "
             f"{args.gradient_accumulation_steps} accumulated x {args.world_size} process(es)), "
@@ -234,6 +235,9 @@ def prepare(overrides: dict[str, Any], run: Run) -> Prepared:
              f" (NUMA: {why})" if bound else "")
     # an adapter recipe's frozen base is loaded in 16 bits (model.weights_dtype), whatever the compute precision
     base = str(models.weights_dtype(settings, recipe)).removeprefix("torch.") if recipe.peft == "lora" else ""
+    if settings.dtype == "auto":
+        loaded_as, why = models.resolved_dtype(settings, recipe, half_of(args))
+        run.record.settings_resolved["dtype"] = {"value": loaded_as, "why": why}
     log.info("%s", run_in_words(args, settings, resolved.record, base))
     if opened.reshard:
         run.doing("converting the checkpoint to DeepSpeed's universal form")
@@ -395,7 +399,7 @@ def disk_needed(shape: Any, recipe: Recipe, settings: RunSettings, args: Any) ->
 def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer: Any, labels: Any, args: Any,
                record: ModelRecord) -> Any:
     """The model as the recipe trains it (precision, quantisation, adapters); what was loaded goes in its record."""
-    model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index)
+    model = models.load_model(model_dir, recipe, settings, tokenizer, labels, args.local_process_index, half_of(args))
     record.footprint_bytes = footprint(model)  # the base's weights as loaded
     if recipe.peft == "qlora":
         record.quantized_layers = models.count_4bit_layers(model)
@@ -506,7 +510,7 @@ def flops_and_peak(p: Prepared) -> tuple[float | None, float | None]:
     args = p.args
     # the mixed precision's dtype, or else the weights' own (a bf16 LoRA base with --bf16 false computes in bf16)
     weights = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(p.model, "dtype", None), "")
-    half = "bf16" if args.bf16 else "fp16" if args.fp16 else weights
+    half = half_of(args) or weights
     if not (torch.cuda.is_available() and half and p.shape and p.shape.layers and p.shape.hidden):
         return None, None
     peak = mfu.peak_flops(torch.cuda.get_device_name(args.local_process_index), half)
@@ -534,7 +538,7 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
     compiled = strategy.compile_cache_use()  # training's graphs (the reference logits below may compile more)
     run.doing("saving the model")
     run.record.reference_logits = reference_logits(trainer.model, p.examples[0]["input_ids"][:PROBE_TOKENS], args.device,
-                                                   models.weights_dtype(p.settings, p.recipe))
+                                                   models.weights_dtype(p.settings, p.recipe, half_of(args)))
     saving = time.perf_counter()
     trainer.save_model(str(run.opts.run_dir / runfolder.MODEL))
     runfolder.share_weights(run.opts.run_dir / runfolder.MODEL)  # every rank, as each may have written: a chmod is idempotent

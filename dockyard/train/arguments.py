@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dockyard.common import precision as common_precision
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import CHECKPOINTING_NAMES, RunSettings
@@ -41,7 +42,7 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     # YAML reads `--save_strategy no` as false: the strategies' "no" is what was meant
     overrides = {k: "no" if k.endswith("_strategy") and v is False else v for k, v in overrides.items()}
     args: dict[str, Any] = {
-        **precision.mixed_precision(precision.capability(), overrides),
+        **common_precision.mixed_precision(precision.capability(), overrides),
         # every parameter of these models gets a gradient: the Trainer's default (True for this model) makes
         # DDP walk the graph after every backward for nothing
         "ddp_find_unused_parameters": False,

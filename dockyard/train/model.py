@@ -17,6 +17,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from dockyard.common import memory, model_config, runfolder
+from dockyard.common import precision as common_precision
 from dockyard.common.errors import DockyardError, first_line, json_object
 from dockyard.common.model_config import check_model_folder, check_pad_token, check_shards_inside, check_sizes
 from dockyard.common.recipes import Recipe
@@ -34,15 +35,30 @@ CONFIG_ERRORS = (ValueError, TypeError, AttributeError, KeyError, RuntimeError, 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def weights_dtype(settings: RunSettings, recipe: Recipe) -> torch.dtype:
-    """auto: a LoRA base is frozen, so 16-bit weights lose nothing (bf16, or fp16 on GPUs without bf16);
-    a full fine-tune keeps fp32 weights and trains in bf16 mixed precision where the GPU has it (DeepSpeed
-    and FSDP cast for compute themselves)."""
+def weights_dtype(settings: RunSettings, recipe: Recipe, half: str = "") -> torch.dtype:
+    """The dtype the weights load in (resolved_dtype says why). `half`: the run's mixed precision ("bf16", "fp16"
+    or ""), which only a full fine-tune's auto reads."""
+    return DTYPES[resolved_dtype(settings, recipe, half)[0]]
+
+
+def resolved_dtype(settings: RunSettings, recipe: Recipe, half: str) -> tuple[str, str]:
+    """(dtype, why). auto: a LoRA base is frozen, so 16-bit weights lose nothing (bf16, or fp16 on GPUs without bf16);
+    a full fine-tune keeps fp32 weights and trains in mixed precision where the GPU has it, except under an engine
+    that casts the weights to the 16-bit type itself before it makes the optimizer's fp32 copy (ZeRO-1/2): loaded in
+    that type, they train bit for bit the same, and each process holds half the bytes while loading."""
     if settings.dtype != "auto":
-        return DTYPES[settings.dtype]
-    if not recipe.peft:
-        return torch.float32
-    return torch.float16 if precision.half_dtype(precision.capability()) == "fp16" else torch.bfloat16
+        return settings.dtype, "given"
+    if recipe.peft:
+        fp16 = common_precision.half_dtype(precision.capability()) == "fp16"
+        return ("float16" if fp16 else "bfloat16"), (f"{recipe.peft}: the base is frozen, so 16 bits lose nothing"
+                                                     + (" (float16: this GPU has no fast bfloat16)" if fp16 else ""))
+    if half and recipe.strategy_spec.casts_weights_to_half:
+        return ({"bf16": "bfloat16", "fp16": "float16"}[half],
+                f"{recipe.strategy}: DeepSpeed casts the weights to {half} for {half} mixed precision and makes its "
+                "float32 optimizer copy from those, so loading them in float32 would only double the host memory "
+                "each process takes while loading")
+    return "float32", "full fine-tuning: the optimizer updates float32 weights" + (
+        f" ({half} mixed precision computes in 16 bits)" if half else "")
 
 
 def materialize_tiny_model(folder: Path) -> None:
@@ -171,11 +187,12 @@ def quantization_config(dtype: torch.dtype) -> Any:
 
 
 def load_model(model_dir: str, recipe: Recipe, settings: RunSettings, tokenizer: Any, labels: list[str],
-               local_rank: int) -> Any:
-    """The base model as the recipe needs it (dtype, placement, 4-bit for QLoRA); adapters come after."""
+               local_rank: int, half: str = "") -> Any:
+    """The base model as the recipe needs it (dtype, placement, 4-bit for QLoRA); adapters come after. `half`: the
+    run's mixed precision (weights_dtype)."""
     guards.reject_prequantized(model_dir, recipe.strategy)
     check_shards_inside(Path(model_dir))
-    dtype = weights_dtype(settings, recipe)
+    dtype = weights_dtype(settings, recipe, half)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False,
                               "device_map": guards.device_map(recipe.strategy, local_rank, torch.cuda.is_available())}
     if recipe.peft == "qlora":

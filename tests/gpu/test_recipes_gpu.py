@@ -30,6 +30,12 @@ def test_recipe_trains_on_the_gpus_with_its_strategy_in_effect(tmp_path, name):
     if mfu.peak_flops(torch.cuda.get_device_name(), half):
         logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert 0 < m["metrics"]["mfu"] < 1 and all(0 < x["mfu"] < 1 for x in logged if "loss" in x), logged
+    # ZeRO-2 loads the weights in the 16-bit type DeepSpeed casts them to (half the host memory while loading)
+    recipe = load_recipe(name)
+    if not recipe.peft:
+        sixteen = recipe.strategy_spec.casts_weights_to_half
+        assert m["settings_resolved"]["dtype"]["value"] == ({"bf16": "bfloat16", "fp16": "float16"}[half] if sixteen
+                                                            else "float32"), m["settings_resolved"]["dtype"]
     # Trained in 16-bit mixed precision (bf16, fp16 before compute 8.0), reloaded in the weights' dtype.
     reloaded, trained = reload_logits(run, m), torch.tensor(m["probe"]["logits"])
     assert torch.allclose(reloaded, trained, atol=5e-2, rtol=5e-2), (reloaded, trained)

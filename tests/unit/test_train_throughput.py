@@ -193,7 +193,7 @@ def test_the_final_save_is_not_taken_out_of_the_training_time(tmp_path, monkeypa
     monkeypatch.setattr(trainer_main.models, "weights_dtype", lambda *a: None)
     tokens = TokenCount()
     log = MetricsLog(tmp_path / "metrics.jsonl", True, clock.perf_counter(), tokens)
-    args = SimpleNamespace(world_size=1, device="cpu")
+    args = SimpleNamespace(world_size=1, device="cpu", bf16=False, fp16=False)
     log.on_train_begin(args, SimpleNamespace(global_step=0), None)
     tokens.add([{"input_ids": torch.ones(1, 1000)}])
     clock.sleep(2.0)  # training, nothing logged
