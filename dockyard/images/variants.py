@@ -420,6 +420,21 @@ def resolve(settings: Settings, name: str = "auto", host: Host | None = None) ->
     return variants[name], f"variant {name}"
 
 
+def resolve_with_cpu(settings: Settings, name: str, host: Host, *, cpu: bool, on_cpu: str) -> tuple[Variant, str]:
+    """resolve, for a task with a --cpu flag (run, shell): `auto` on a GPU host where no CUDA variant runs (a CUDA 11
+    driver, GPUs no variant has code for) takes the cpu image with --cpu, which leaves the GPUs alone; without it the
+    refusal ends with that way out (`on_cpu`: what --cpu does, in words), as run.sh's does on a node."""
+    try:
+        return resolve(settings, name, host)
+    except DockyardError as e:
+        if name != "auto":
+            raise
+        if cpu:
+            return all_variants(settings)["cpu"], f"auto → cpu: --cpu, and {str(e).split('. ')[0]}"
+        said = str(e).rstrip(".")
+        raise DockyardError(said if "on CPU" in said else f"{said}; or {on_cpu} with --cpu") from None
+
+
 def tag(settings: Settings, variant: Variant) -> str:
     """The image reference: <image_name>:<project version>-<variant>."""
     return f"{settings.image_name}:{__version__}-{variant.name}"

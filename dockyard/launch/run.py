@@ -77,7 +77,7 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         n = host.gpus[0].index
         print(f"--gpus={n} is GPU {n} alone (--gpus takes indices, as CUDA_VISIBLE_DEVICES); {n} GPUs: "
               f"--gpus={','.join(map(str, range(n)))}", file=sys.stderr)
-    chosen, why = variants.resolve(settings, r.variant, host)
+    chosen, why = variants.resolve_with_cpu(settings, r.variant, host, cpu=r.cpu, on_cpu="train on CPU")
     if not r.native:
         variants.say(why)
         if not r.cpu:  # an image that cannot run here is said first, not after the run's other lines
@@ -315,7 +315,7 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     `disable_require`: as `invoke run --disable-require` (a --devel image on an older CUDA 12 driver, which the NVIDIA
     toolkit refuses by the image's NVIDIA_REQUIRE_CUDA: refused here first, with that way out)."""
     host = select(read_host())  # CUDA_VISIBLE_DEVICES, as for `invoke run`
-    chosen, why = variants.resolve(settings, variant, host)
+    chosen, why = variants.resolve_with_cpu(settings, variant, host, cpu=cpu, on_cpu="work on CPU")
     variants.say(why, err=True)
     image = variants.tag(settings, chosen)
     gpus = chosen.is_cuda and not cpu

@@ -580,3 +580,26 @@ def test_a_dry_run_before_the_build_says_how_to_build_the_image(settings, capsys
     err = capsys.readouterr().err
     assert [ln for ln in err.splitlines() if tag in ln and ln.startswith("note:")] == [say]
     assert "DOCKYARD_IMAGE_ID" not in err
+
+
+def test_on_a_cuda_11_driver_cpu_trains_on_cpu_and_the_refusal_says_so(settings, capsys, replay):
+    """Two A100s on driver 470 (CUDA 11.4, tests/fixtures/nvml/hosts/a100x2_470.json): no variant's CUDA runs there.
+    `invoke run --cpu` (and `invoke shell --cpu`), asked to leave the GPUs alone, were refused all the same with
+    auto's "older than every CUDA variant ... Upgrade the driver", and the refusal of a plain run named no way to
+    train until the driver is upgraded, where run.sh on such a node says "(or --cpu to train on CPU)". --cpu now takes
+    the cpu image, saying why; the refusal names the driver to upgrade to and --cpu."""
+    replay("a100x2_470")
+    with pytest.raises(DockyardError) as refused:
+        dry_run(settings, capsys)
+    said = str(refused.value)
+    assert "driver 470.256.02 supports CUDA 11.4" in said and "525.60.13 or newer" in said
+    assert said.endswith("; or train on CPU with --cpu") and len(said.splitlines()) == 1, said
+    out = dry_run(settings, capsys, cpu=True)
+    assert "auto → cpu: --cpu, and driver 470.256.02 supports CUDA 11.4" in out, out
+    assert f" {variants.tag(settings, variants.all_variants(settings)['cpu'])} torchrun" in out
+    assert "--gpus" not in out and "--nproc-per-node=2" in out
+    launch_run.shell(settings, dry=True, cpu=True)
+    err = capsys.readouterr().err
+    assert f" {variants.tag(settings, variants.all_variants(settings)['cpu'])} bash" in err and "--gpus" not in err
+    with pytest.raises(DockyardError, match=r"; or work on CPU with --cpu$"):
+        launch_run.shell(settings, dry=True)
