@@ -397,6 +397,7 @@ def plan(c, model: Place = "", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB
     GPU memory per device and host memory per node: model states as DeepSpeed counts them, plus
     activations with and without gradient checkpointing, at the micro-batch and accumulation a run
     of the recipe would take."""
+    from dockyard.images.variants import all_variants
     from dockyard.launch.inputs import setting_input
     from dockyard.machine import planner as plan_mod
 
@@ -405,7 +406,8 @@ def plan(c, model: Place = "", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB
     if not model and s.model:  # read as `invoke run` reads it
         model = setting_input(s, s.model)
     result = plan_mod.plan_model(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len,
-                                 batch=batch, hub_home=s.path(s.hf_cache), where=where)
+                                 batch=batch, hub_home=s.path(s.hf_cache), where=where,
+                                 variants=all_variants(s))
     print(plan_mod.to_json(result)) if json else plan_mod.print_plan(result)
 
 

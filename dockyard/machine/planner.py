@@ -31,6 +31,7 @@ from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import AUTO, batch_split, check_autos, resolve_settings
 from dockyard.common.units import GIB
 from dockyard.gpus import Host
+from dockyard.images.variants import Variant, pick_auto
 
 
 def parse_count(text: str) -> int | None:
@@ -239,10 +240,12 @@ SEQ_LEN = 2048  # what `invoke plan` sizes a sequence at where it is not told (t
 
 
 def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 0,
-               batch: int = 0, host: Host | None = None, hub_home: Path | None = None, where: str = "--model") -> dict:
+               batch: int = 0, host: Host | None = None, hub_home: Path | None = None, where: str = "--model",
+               variants: dict[str, Variant] | None = None) -> dict:
     """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given; `batch` 0
     is auto, `seq_len` 0 is SEQ_LEN or the model's context where that is shorter (a plan for 2048 tokens of a model
-    of 1024 positions printed a command the trainer refuses)."""
+    of 1024 positions printed a command the trainer refuses). `variants`: the images, to say where this host's GPUs,
+    planned, run none of them (a CUDA 11 driver), as `invoke run` would refuse the plan's command."""
     if seq_len < 0:
         raise DockyardError("--seq-len must be auto or at least 1")
     if batch < 0:
@@ -299,7 +302,19 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
     result["cpu_mem_elsewhere"] = this_host and elsewhere  # GPUs said for another server, with this one's RAM
     if rec := result["recommendation"]["recipe"]:
         result["recommendation"]["command"] = run_command(rec, model, shape, gpus_given, seq_len, batch, per_node)
+        result["recommendation"]["refused_here"] = refused_here(variants, host) if device else ""
     return result
+
+
+def refused_here(variants: dict[str, Variant] | None, host: Host | None) -> str:
+    """Why `invoke run` on this host, whose GPUs the plan read, would pick no image (auto's refusal), else ""."""
+    if not variants or host is None or not host.gpus:
+        return ""
+    try:
+        pick_auto(variants, host)
+    except DockyardError as e:
+        return str(e)
+    return ""
 
 
 def run_command(recipe: str, model: str, shape: Shape, gpus: int, seq_len: int, batch: int, per_node: int = 0) -> str:
@@ -364,6 +379,8 @@ def print_plan(result: dict) -> None:
             fill += (" (on each node: RANK its number from 0, NODE0_ADDR node 0's address, RUN_ID one name for all; "
                      "docs/multinode.md)")
         console.print(f"run it: {escape(rec['command'])}{fill}", soft_wrap=True)  # whole, to copy
+        if rec.get("refused_here"):
+            console.print(f"[yellow]  but not on this host as it is: {escape(rec['refused_here'])}[/]")
         # the recipes' max_steps and learning rate are sized for the sample model, and the default data is a sample
         console.print("  with your data (--data=PATH) and your run's length and learning rate after -- "
                       "(--max_steps N --learning_rate LR): the recipes' own suit the tiny sample model")

@@ -603,3 +603,23 @@ def test_on_a_cuda_11_driver_cpu_trains_on_cpu_and_the_refusal_says_so(settings,
     assert f" {variants.tag(settings, variants.all_variants(settings)['cpu'])} bash" in err and "--gpus" not in err
     with pytest.raises(DockyardError, match=r"; or work on CPU with --cpu$"):
         launch_run.shell(settings, dry=True)
+
+
+def test_a_plan_on_a_host_whose_driver_runs_no_image_says_so_beside_its_command(settings, capsys, replay):
+    """`invoke plan` on two A100s on driver 470 (CUDA 11.4) ended "run it: invoke run --recipe=ddp ...", which invoke
+    run there refuses ("older than every CUDA variant"): the plan's command is now followed by why it cannot run on
+    this host yet and the driver that runs it. A host whose driver runs an image, or a plan for GPUs given by --gpus
+    and --gpu-mem (another server's), gets no such line."""
+    replay("a100x2_470")
+    every = variants.all_variants(settings)
+    planned = plan_mod.plan_model("1B", cpu_mem_gib=512, variants=every)
+    assert planned["recommendation"]["recipe"] and "525.60.13 or newer" in planned["recommendation"]["refused_here"]
+    plan_mod.print_plan(planned)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "run it: invoke run --recipe=" in said
+    assert ("not on this host as it is: driver 470.256.02 supports CUDA 11.4, older than every CUDA variant" in
+            said.split("run it: ")[1]), said
+    elsewhere = plan_mod.plan_model("1B", gpus=2, gpu_mem_gib=40, cpu_mem_gib=512, variants=every)
+    assert elsewhere["recommendation"]["refused_here"] == ""
+    replay("t4x2_535")
+    assert plan_mod.plan_model("1B", cpu_mem_gib=512, variants=every)["recommendation"]["refused_here"] == ""
