@@ -87,7 +87,8 @@ class Lines:
         rate = (shown - t["begun_at"]) / took if took > 0 else 0.0
         if rate > 0 and not self.things:
             said += f", {human(rate)}/s"
-        if rate > 0 and t["total"] and not done and shown < t["total"]:
+        begun = t["total"] and shown - t["begun_at"] >= t["total"] / 100  # a rate read from less says nothing yet
+        if rate > 0 and begun and not done and shown < t["total"]:
             said += f", about {duration((t['total'] - shown) / rate)} left"
         print(f"{t['description']}: {said}", file=sys.stderr, flush=True)
 

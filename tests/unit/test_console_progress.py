@@ -68,3 +68,19 @@ def test_a_log_line_says_the_rate_and_the_time_left_as_a_bar_does(capsys):
         "ship dockyard_0.1.0-cu132.tar.zst: 2.0 GB of 2.0 GB (100%) in 1.7 min, 10.0 MB/s",
         "copy model: 6.0 MB, 30 s, 200.0 kB/s",
         "copy model: 7.0 MB in 31 s, 225.8 kB/s"]
+
+
+def test_a_log_line_gives_no_time_left_before_the_work_has_really_begun(capsys):
+    """`invoke save --variant=cu128 > log`: docker save gathers the layers for a minute before the first byte of the
+    8.4 GB comes, and the first line said '512 B of 8.4 GB (0%), 53 s, 10 B/s, about 241729.1 h left'. A rate read
+    from under 1% of the work says no time left yet; the lines after it do."""
+    clock = Clock()
+    with console.Lines(things=False, clock=clock) as bar:
+        task = bar.add_task("save dockyard_0.1.0-cu128.tar.zst", total=8_400_000_000)
+        clock.now += 53
+        bar.advance(task, 512)
+        clock.now += 30
+        bar.advance(task, 4_200_000_000)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "save dockyard_0.1.0-cu128.tar.zst: 512 B of 8.4 GB (0%), 53 s, 10 B/s"
+    assert lines[1].endswith("(50%), 83 s, 50.6 MB/s, about 83 s left")
