@@ -247,21 +247,21 @@ def check_data_fields(files: list[Path]) -> tuple[str, list[str]]:
     return fmt, fields
 
 
-def check_holds_text(files: list[Path], given: str, one: bool) -> None:
+def check_holds_text(files: list[Path], given: str, one: bool) -> bool:
     """Data files of whitespace alone refused, each read up to its first other byte and no further than COUNT_LIMIT (a
     blank file of gigabytes was read to its end here): one whose first COUNT_LIMIT bytes are whitespace alone is said
-    in a warning and left to the trainer, which reads on."""
+    in a warning and left to the trainer, which reads on (True: not read again here)."""
     found = []
     for f in files:
         found.append(readable(f, lambda p: holds_text(p, COUNT_LIMIT)))
         if found[-1]:
-            return
+            return False
     if None in found:
         whose = "its" if one else "each of its files'"
         print(f"warning: {given}: whitespace alone (blank lines, spaces) in {whose} "
               f"first {COUNT_LIMIT >> 20} MiB, no example: not read further here; the trainer reads on and says what "
               "it finds", file=sys.stderr)
-        return
+        return True
     empty = "the file is empty" if one else "its files are empty"
     raise DockyardError(f"{given}: holds no examples ({empty}): give the data your examples are in (formats: "
                         "docs/data.md)")
@@ -449,8 +449,9 @@ def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[
 
 
 def check_input(key: str, value: str, where: str, settings: Settings, liger: bool = False) -> list[Path]:
-    """A host path of the right kind, or a hub id in the cache; the data files it names ([] for a model or a hub
-    id). `liger`: use_liger_kernel is set true, which the model's type must have kernels for."""
+    """A host path of the right kind, or a hub id in the cache; the data files it names ([] for a model, a hub id, or
+    data whose first COUNT_LIMIT bytes are whitespace alone: the trainer's to read on). `liger`: use_liger_kernel is
+    set true, which the model's type must have kernels for."""
     path = host_path(value, where, settings, key)
     if path is None:
         return []  # a hub id found in the cache
@@ -487,10 +488,9 @@ def check_input(key: str, value: str, where: str, settings: Settings, liger: boo
         raise DockyardError(said)
     for f in (f for f in files if f.suffix == ".csv"):  # its header (a column named twice), whatever the task
         readable(f, csv_header)
-    if files:
-        check_holds_text(files, f"{where} {value}", path.is_file())
+    blank = bool(files) and check_holds_text(files, f"{where} {value}", path.is_file())
     if link := next((f for f in files if f.is_symlink() and not f.resolve().is_relative_to(path)), None):
         raise DockyardError(f"{where} {value}: {link.name} is a link to {os.readlink(link)}, outside the folder, "
                             "which is mounted alone into the run (the link would point at nothing there): copy the "
                             "file into the folder, or give the file itself")
-    return files
+    return [] if blank else files  # whitespace as far as the host reads: no format or count to find in it here

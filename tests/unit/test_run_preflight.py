@@ -226,7 +226,9 @@ def test_the_host_counts_a_step_of_examples_and_no_further(env, tmp_path, settin
 def test_a_blank_file_of_gigabytes_is_read_no_further_than_a_step_of_examples(env, tmp_path):
     """A data file of whitespace alone (a 2 GB .jsonl of newlines and spaces) was read to its end by the host before
     it said "holds no examples". Every read of the host is bounded (COUNT_LIMIT): it says what it found there, and
-    leaves the rest to the trainer. Measured as this process's bytes read (/proc/self/io), as the test above."""
+    leaves the rest to the trainer. Measured as this process's bytes read (/proc/self/io), as the test above. Read
+    once: after its warning ("not read further here") the host read the same bytes again, line by line, for a format
+    and a count of examples it could not find there (2.5 COUNT_LIMITs, 12 s of this host's CPU per --dry)."""
     from dockyard.common.data_files import COUNT_LIMIT
 
     def bytes_read() -> int:
@@ -240,7 +242,7 @@ def test_a_blank_file_of_gigabytes_is_read_no_further_than_a_step_of_examples(en
         blank = blank.rename(tmp_path / name)
         before = bytes_read()
         r = dry(env, f"--data={blank}")
-        assert bytes_read() - before < 3 * COUNT_LIMIT, f"{name} was read far past a step's worth"
+        assert bytes_read() - before < 1.5 * COUNT_LIMIT, f"{name} was read past its first COUNT_LIMIT, or again"
         assert r.returncode == 0, r.stderr
         assert (f"warning: --data {blank}: whitespace alone (blank lines, spaces) in its first 64 MiB, no example: not "
                 "read further here; the trainer reads on and says what it finds") in r.stderr
