@@ -215,6 +215,8 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     r = invoke_here(task, *args, f"--{flag}={value}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     if r.returncode:
         short_error(r, "")
+    else:  # taken: nothing went wrong on the way (a traceback printed by a thread or a logging handler exits 0)
+        assert "Traceback" not in r.stderr + r.stdout and "--- Logging error ---" not in r.stderr, r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args,says", [
