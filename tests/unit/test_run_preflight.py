@@ -301,7 +301,7 @@ def test_a_file_of_blank_lines_ending_in_cr_alone_is_counted_in_little_memory(tm
     from dockyard.common.errors import DockyardError
 
     blank = tmp_path / "blank_cr.txt"
-    blank.write_bytes(b"ships sail\r" + b" \r" * (2 << 20))
+    blank.write_bytes(b"ships sail\r" + b" \r" * (1 << 20))
     tracemalloc.start()
     try:
         assert examples_in([blank], STEP) == 1
