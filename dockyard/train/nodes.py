@@ -381,6 +381,9 @@ class Silence:
         return worst
 
 
+_UNSET = "\x00dockyard: not set"  # what _read asks compare_set for: neither a count nor JSON
+
+
 def _count(raw: bytes) -> int:
     text = raw.decode("ascii")
     if not text.isdecimal():
@@ -492,12 +495,13 @@ class Heartbeat:
             self._store.set(BEAT.format(self.me), str(self._beats + self._done))
 
     def _read(self, key: str, parse) -> Any:
-        """`parse` of the key's value, None where it is not set or not of the shape the nodes write."""
-        if not self._store.check([key]):
-            return None
-        raw = self._store.get(key)
+        """`parse` of the key's value, None where it is not set or not of the shape the nodes write. One request, which
+        never waits: a check, then a get, met a key a stranger deleted in between, and get waited the bound for it and
+        failed, the store taken for lost. compare_set of a value no node writes changes nothing and answers the value,
+        or that value where the key is not set."""
+        raw = self._store.compare_set(key, _UNSET, _UNSET)
         try:
-            return parse(raw) if len(raw) <= 1024 else None
+            return parse(raw) if raw != _UNSET.encode() and len(raw) <= 1024 else None
         except (ValueError, TypeError, UnicodeDecodeError):
             return None
 

@@ -391,6 +391,47 @@ def test_a_strangers_heartbeat_key_neither_stops_the_run_nor_reaches_the_termina
     del store
 
 
+def test_a_stranger_deleting_a_node_s_info_as_it_is_read_costs_no_false_verdict(monkeypatch, loopback_port):
+    """A stranger on the store's port deletes dockyard/node/1 right after each of node 0's requests that names it:
+    read as a check and then a get, the get met the key gone, waited the bound for it and failed, and node 0 took the
+    store for lost ("lost node 0 ...: torchrun's store there failed: wait timeout") while both nodes beat. Nobody is
+    lost while both beat; node 1, silent at last, is named by what it said of itself."""
+    import datetime
+    import time
+
+    from torch.distributed import TCPStore
+
+    port = loopback_port
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    stranger = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+
+    class DeletedAfterEachRead:
+        def __init__(self, store):
+            self.store = store
+
+        def __getattr__(self, name):
+            def call(*args):
+                answer = getattr(self.store, name)(*args)
+                if name != "set" and "dockyard/node/1" in str(args):
+                    stranger.delete_key("dockyard/node/1")
+                return answer
+            return call
+
+    bound = 3.0
+    beats, said = _heartbeats(monkeypatch, port, bound=bound)
+    connect = nodes.Heartbeat._connect
+    monkeypatch.setattr(beats[0], "_connect", lambda deadline: DeletedAfterEachRead(connect(beats[0], deadline)))
+    beats[1].start()
+    time.sleep(1.0)  # node 1 has said who it is
+    beats[0].start()
+    time.sleep(bound + 2)
+    assert said[0].empty() and said[1].empty(), (said[0].queue, said[1].queue)
+    beats[1]._stop = True
+    message = said[0].get(timeout=bound + 30)
+    assert message.startswith("lost node 1 (127.0.0.1, host ") and "no heartbeat" in message, message
+    del store
+
+
 def test_resume_after_a_run_lost_before_its_first_checkpoint_starts_it_again(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"status": "failed", "error": "lost node 1 (...)"}))
     _checkpoint(tmp_path, 5, shards=3, rng_states=0, state=False)  # lost while saving the first checkpoint
