@@ -507,8 +507,10 @@ def _others_may_swap(runs: Path) -> str:
     """A runs folder every user may write, not sticky (a shared folder made with chmod 777): any of them may rename a
     run folder of this user's and put one of theirs in its place, checkpoints a resume loads included. So too a folder
     above it (`/shared` of 777 holding the runs folder invoke run made): the runs folder itself may be renamed away.
-    Said, not refused: a volume shared by design (a cluster's, every pod's uid) is often so."""
-    for folder in (runs, *runs.parents):
+    Said, not refused: a volume shared by design (a cluster's, every pod's uid) is often so. The folders a link on the
+    way leads through too (~/proj a link to /shared/proj: /shared of 777 was never looked at)."""
+    real = runs.resolve()
+    for folder in dict.fromkeys((runs, *runs.parents, real, *real.parents)):
         try:
             st = os.stat(folder)
         except OSError:
@@ -516,11 +518,12 @@ def _others_may_swap(runs: Path) -> str:
         if not st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_ISVTX:
             continue
         mode = stat.filemode(st.st_mode)
-        if folder == runs:
+        if folder in (runs, real):
             return (f"the runs folder {runs} can be written by every user and is not sticky (mode {mode}): any of them "
                     f"could rename a run folder of yours and put theirs in its place, checkpoints included; "
                     f"`chmod +t {runs}` keeps each user's folders their own, as in /tmp")
-        return (f"the folder {folder}, on the way to the runs folder {runs}, can be written by every user and is not "
+        through = f" (through a link: {real})" if real != runs and folder not in runs.parents else ""
+        return (f"the folder {folder}, on the way to the runs folder {runs}{through}, can be written by every user and is not "
                 f"sticky (mode {mode}): any of them could rename the folder it holds there and put theirs in its place, "
                 f"run folders and checkpoints included; `chmod +t {folder}` keeps each user's folders their own, as "
                 "in /tmp")

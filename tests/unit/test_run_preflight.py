@@ -568,6 +568,24 @@ def test_a_folder_above_the_runs_folder_every_user_may_write_and_rename_in_is_sa
                                                                                                        r.stderr)
 
 
+def test_a_folder_every_user_may_write_reached_through_a_link_on_the_way_to_the_runs_folder_is_said(env):
+    """INVOKE_DOCKYARD_RUNS_DIR=~/proj/runs where ~/proj is a link to /shared/proj (a scratch volume linked into the
+    home folder), /shared made with chmod 777: the folders looked at were those of the path as written (~/proj, ~,
+    /), and nothing was said, while any user could rename /shared/proj away and put theirs, run folders and
+    checkpoints included, in its place."""
+    top = Path(env["INVOKE_DOCKYARD_RUNS_DIR"])
+    shared, home = top / "shared", top / "home"
+    (shared / "proj" / "runs").mkdir(parents=True)
+    home.mkdir()
+    (home / "proj").symlink_to(shared / "proj")
+    for mode, warned in ((0o777, True), (0o1777, False), (0o755, False)):
+        os.chmod(shared, mode)
+        r = dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(home / "proj" / "runs")})
+        assert r.returncode == 0, r.stderr
+        assert (f"the folder {shared}, on the way to the runs folder {home / 'proj' / 'runs'} (through a link: "
+                f"{shared / 'proj' / 'runs'}), can be written by every user" in r.stderr) == warned, (oct(mode), r.stderr)
+
+
 def _finished_run(runs, run_id, recipe, native=False):
     """A run folder as a completed run leaves it: its manifest.json (the keys the trainer writes) and a checkpoint;
     trained in the cpu image, or on this host (`native`)."""
