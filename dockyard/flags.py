@@ -12,6 +12,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from dockyard.common.envvars import MOST
+
 
 def _text_as(pattern: str, hint: str):
     """A validator that lets pydantic parse a typed number only when its text has this form (`two` or `nan` is
@@ -45,8 +47,8 @@ def _not_below(unset: int, low: int):
     return check
 
 
-Count = Annotated[int, Whole, Field(ge=0, le=4096)]                 # processes, GPUs: 0 = what the host has
-Nodes = Annotated[int, Whole, Field(ge=1, le=4096)]
+Count = Annotated[int, Whole, Field(ge=0, le=MOST)]                 # processes, GPUs: 0 = what the host has
+Nodes = Annotated[int, Whole, Field(ge=1, le=MOST)]
 Rank = Annotated[int, Whole, Field(le=4095), AfterValidator(_not_below(-1, 0))]  # -1: not given (required of several)
 Port = Annotated[int, Whole, Field(ge=1, le=65535)]
 PortOrConfig = Annotated[int, Whole, Field(ge=0, le=65535)]         # 0 = the ssh config's

@@ -145,9 +145,12 @@ def bad_value(a: argparse.Namespace) -> str | None:
     if not (len(parts) <= 2 and all(p.isascii() and p.isdecimal() for p in parts) and 0 < int(parts[0]) <= int(parts[-1])):
         return f"--nnodes={a.nnodes!r}: give the number of nodes, 1 or more (compose: NNODES)"
     nproc = str(a.nproc_per_node)
-    if not (nproc in ("gpu", "cpu", "auto", "xpu") or (nproc.isascii() and nproc.isdecimal() and int(nproc) > 0)):
-        return (f"--nproc-per-node={nproc!r}: give the processes of this node, 1 or more, or gpu for one per GPU "
-                "(compose: DOCKYARD_NPROC)")
+    # at most MOST, as invoke run and run.sh take: DOCKYARD_NPROC=99999999999 started workers until the host's memory
+    # ran out (225 of them froze a 23 GiB host for half an hour)
+    if not (nproc in ("gpu", "cpu", "auto", "xpu") or (nproc.isascii() and nproc.isdecimal() and len(nproc) <= 4
+                                                      and 0 < int(nproc) <= envvars.MOST)):
+        return (f"--nproc-per-node={nproc!r}: give the processes of this node, 1 to {envvars.MOST}, or gpu for one per "
+                "GPU (compose: DOCKYARD_NPROC)")
     if a.max_restarts < 0:
         return f"--max-restarts={a.max_restarts}: give 0 or more (compose: MAX_RESTARTS)"
     if a.rdzv_endpoint:

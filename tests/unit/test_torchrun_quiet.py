@@ -477,7 +477,7 @@ def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose
     cases = {
         "--nnodes=abc": "--nnodes='abc': give the number of nodes, 1 or more (compose: NNODES)",
         "--nnodes=2:1": "--nnodes='2:1': give the number of nodes, 1 or more (compose: NNODES)",
-        "--nproc-per-node=0": "--nproc-per-node='0': give the processes of this node, 1 or more, or gpu for one per "
+        "--nproc-per-node=0": "--nproc-per-node='0': give the processes of this node, 1 to 4096, or gpu for one per "
                               "GPU (compose: DOCKYARD_NPROC)",
         "--max-restarts=-1": "--max-restarts=-1: give 0 or more (compose: MAX_RESTARTS)",
         "--rdzv-endpoint=10.0.0.1:99999": "--rdzv-endpoint='10.0.0.1:99999': The port number of the rendezvous "
@@ -495,6 +495,20 @@ def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose
                 cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
         assert r.returncode == 2 and "never started" not in r.stdout, (flag, r.stderr[-1500:])
         assert r.stderr.strip() == f"torchrun: {said}", (flag, r.stderr[-1500:])
+
+
+def test_more_processes_of_a_node_than_invoke_run_takes_are_refused_before_any_starts():
+    """compose's DOCKYARD_NPROC=99999999999 (a typo, a value pasted twice) passed the check: torchrun started workers
+    until the host's memory ran out (225 of them froze a 23 GiB host for half an hour, reproduced). The image's
+    torchrun takes what invoke run and run.sh take, at most 4096. Read here without starting torchrun: the code before
+    the fix starts every one."""
+    from dockyard.train import torchrun
+
+    for nproc in ("4097", "99999999999", "1" * 5000):
+        given = torchrun.torchrun_args([f"--nproc-per-node={nproc}", "--standalone", "worker.py"])
+        assert torchrun.bad_value(given) == (f"--nproc-per-node={nproc!r}: give the processes of this node, 1 to 4096, "
+                                             "or gpu for one per GPU (compose: DOCKYARD_NPROC)")
+    assert torchrun.bad_value(torchrun.torchrun_args(["--nproc-per-node=4096", "--standalone", "worker.py"])) is None
 
 
 # A worker that ends as the trainer does (dockyard.train.ending: SIGTERM recorded, its one line said); the rank named
