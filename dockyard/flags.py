@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from dockyard.common.envvars import MOST
+from dockyard.common.envvars import LONGEST_WAIT, MOST
 
 
 def _text_as(pattern: str, hint: str):
@@ -52,7 +52,7 @@ Nodes = Annotated[int, Whole, Field(ge=1, le=MOST)]
 Rank = Annotated[int, Whole, Field(le=4095), AfterValidator(_not_below(-1, 0))]  # -1: not given (required of several)
 Port = Annotated[int, Whole, Field(ge=1, le=65535)]
 PortOrConfig = Annotated[int, Whole, Field(ge=0, le=65535)]         # 0 = the ssh config's
-Seconds = Annotated[int, Whole, Field(ge=1, le=7 * 24 * 3600)]
+Seconds = Annotated[int, Whole, Field(ge=1, le=LONGEST_WAIT)]
 Restarts = Annotated[int, Whole, Field(ge=0, le=1000)]
 Level = Annotated[int, Whole, Field(ge=0, le=22)]                   # 0 = the compressor's default
 GiB = Annotated[float, BeforeValidator(_decimal), Field(ge=0, le=2**20, allow_inf_nan=False)]  # 0 = what the host has

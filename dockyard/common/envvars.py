@@ -17,6 +17,7 @@ OPS_CACHE = "DOCKYARD_OPS_CACHE"        # the compile cache's folder for the C++
                                         # trainer builds them in a folder of its Python and torch under it
 JOIN_TIMEOUT = 120  # its join_timeout where none is given: seconds node 0 waits for the others (torchrun's: 600)
 MOST = 4096  # processes of a node, nodes of a run: what invoke run (flags.Count), run.sh and the image's torchrun take
+LONGEST_WAIT = 7 * 24 * 3600  # seconds the nodes may wait for each other (--join-timeout, JOIN_TIMEOUT): a week
 
 # user → trainer or host
 SHARED_TIMEOUT = "DOCKYARD_SHARED_TIMEOUT"  # seconds the nodes wait to see each other's files on shared storage

@@ -141,9 +141,11 @@ def bad_value(a: argparse.Namespace) -> str | None:
     DOCKYARD_NPROC=0, MAX_RESTARTS=-1, MASTER_PORT=99999). The line names the flag, its value and compose's variable."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+    # at most MOST (a value of 5,000 digits was Python's ValueError, a traceback, reading it)
     parts = str(a.nnodes).split(":")  # N, or MIN:MAX (elastic)
-    if not (len(parts) <= 2 and all(p.isascii() and p.isdecimal() for p in parts) and 0 < int(parts[0]) <= int(parts[-1])):
-        return f"--nnodes={a.nnodes!r}: give the number of nodes, 1 or more (compose: NNODES)"
+    if not (len(parts) <= 2 and all(p.isascii() and p.isdecimal() and len(p) <= 4 for p in parts)
+            and 0 < int(parts[0]) <= int(parts[-1]) <= envvars.MOST):
+        return f"--nnodes={a.nnodes!r}: give the number of nodes, 1 to {envvars.MOST} (compose: NNODES)"
     nproc = str(a.nproc_per_node)
     # at most MOST, as invoke run and run.sh take: DOCKYARD_NPROC=99999999999 started workers until the host's memory
     # ran out (225 of them froze a 23 GiB host for half an hour)
@@ -160,9 +162,10 @@ def bad_value(a: argparse.Namespace) -> str | None:
             return f"--rdzv-endpoint={a.rdzv_endpoint!r}: {e} (compose: MASTER_ADDR and MASTER_PORT)"
     conf = dict(kv.split("=", 1) for kv in (a.rdzv_conf or "").split(",") if "=" in kv)
     timeout = conf.get("join_timeout", "1").strip()
-    if not (timeout.isascii() and timeout.isdecimal() and int(timeout) > 0):
-        return (f"join_timeout={conf['join_timeout']!r} in --rdzv-conf: give whole seconds, 1 or more (compose: "
-                "JOIN_TIMEOUT; invoke run, slurm and k8s: --join-timeout)")
+    # at most a week: JOIN_TIMEOUT=99999999999999 was an OverflowError in torch's rendezvous, a traceback
+    if not (timeout.isascii() and timeout.isdecimal() and len(timeout) <= 7 and 0 < int(timeout) <= envvars.LONGEST_WAIT):
+        return (f"join_timeout={conf['join_timeout']!r} in --rdzv-conf: give whole seconds, 1 to {envvars.LONGEST_WAIT} "
+                "(a week; compose: JOIN_TIMEOUT; invoke run, slurm and k8s: --join-timeout)")
     return None
 
 

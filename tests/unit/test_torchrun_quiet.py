@@ -471,12 +471,14 @@ def test_a_signal_to_torchrun_is_one_line_with_128_and_the_signal(tmp_path):
 def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose_s_variable(tmp_path):
     """compose/multinode.yml hands its user's NNODES, DOCKYARD_NPROC, MASTER_ADDR:MASTER_PORT, JOIN_TIMEOUT and
     MAX_RESTARTS to torchrun unchecked: NNODES=abc, DOCKYARD_NPROC=0, MAX_RESTARTS=-1, MASTER_PORT=99999 or
-    JOIN_TIMEOUT=0 were torchrun's ValueError or AssertionError, 30 lines of traceback from deep in its launcher."""
+    JOIN_TIMEOUT=0 were torchrun's ValueError or AssertionError, 30 lines of traceback from deep in its launcher; an
+    NNODES of 5,000 digits Python's ValueError reading it, JOIN_TIMEOUT=99999999999999 torch's OverflowError."""
     (tmp_path / "worker.py").write_text("print('never started')\n")
     rdzv = ["--rdzv-backend=c10d", "--rdzv-id=x", "--local-addr=127.0.0.1"]
     cases = {
-        "--nnodes=abc": "--nnodes='abc': give the number of nodes, 1 or more (compose: NNODES)",
-        "--nnodes=2:1": "--nnodes='2:1': give the number of nodes, 1 or more (compose: NNODES)",
+        "--nnodes=abc": "--nnodes='abc': give the number of nodes, 1 to 4096 (compose: NNODES)",
+        "--nnodes=2:1": "--nnodes='2:1': give the number of nodes, 1 to 4096 (compose: NNODES)",
+        f"--nnodes=1:{'9' * 5000}": f"--nnodes='1:{'9' * 5000}': give the number of nodes, 1 to 4096 (compose: NNODES)",
         "--nproc-per-node=0": "--nproc-per-node='0': give the processes of this node, 1 to 4096, or gpu for one per "
                               "GPU (compose: DOCKYARD_NPROC)",
         "--max-restarts=-1": "--max-restarts=-1: give 0 or more (compose: MAX_RESTARTS)",
@@ -486,8 +488,11 @@ def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose
         "--rdzv-endpoint=a b:29500": "--rdzv-endpoint='a b:29500': The hostname of the rendezvous endpoint 'a b:29500' "
                                      "must be a dot-separated list of labels, an IPv4 address, or an IPv6 address. "
                                      "(compose: MASTER_ADDR and MASTER_PORT)",
-        "--rdzv-conf=is_host=1,join_timeout=0": "join_timeout='0' in --rdzv-conf: give whole seconds, 1 or more "
-                                                "(compose: JOIN_TIMEOUT; invoke run, slurm and k8s: --join-timeout)",
+        "--rdzv-conf=is_host=1,join_timeout=0": "join_timeout='0' in --rdzv-conf: give whole seconds, 1 to 604800 (a "
+                                                "week; compose: JOIN_TIMEOUT; invoke run, slurm and k8s: --join-timeout)",
+        "--rdzv-conf=is_host=1,join_timeout=99999999999999": "join_timeout='99999999999999' in --rdzv-conf: give whole "
+                                                             "seconds, 1 to 604800 (a week; compose: JOIN_TIMEOUT; invoke "
+                                                             "run, slurm and k8s: --join-timeout)",
     }
     for flag, said in cases.items():
         r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=1",
