@@ -15,7 +15,7 @@ NAMESPACE=dockyard-archive
 die() { echo "load.sh: $*" >&2; exit 1; }
 beat() {  # "$1: still at it, N s so far ..." every LOAD_SH_EVERY seconds until killed (its sleep holds no output open)
 	t=0 every=${LOAD_SH_EVERY:-30}
-	case $every in ''|*[!0-9]*|0) echo "load.sh: LOAD_SH_EVERY=$every is not a whole number of seconds above 0: a line every 30 s" >&2; every=30 ;; esac
+	case $every in ''|*[!0-9]*|0*) echo "load.sh: LOAD_SH_EVERY=$every is not a whole number of seconds above 0: a line every 30 s" >&2; every=30 ;; esac
 	while sleep "$every" </dev/null >/dev/null 2>&1; do
 		t=$((t + every))
 		echo "$1: still at it, $t s so far ..."

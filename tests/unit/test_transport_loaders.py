@@ -1095,10 +1095,12 @@ def test_load_sh_says_it_is_still_at_work_while_docker_load_says_nothing(tmp_pat
     assert "still at it" not in r.stdout.split("\n", r.stdout.count("\n"))[-1] and list(private.iterdir()) == []
 
 
-@pytest.mark.parametrize("every", ["1s", "a[$(touch pwned)]", "0"])
+@pytest.mark.parametrize("every", ["1s", "a[$(touch pwned)]", "0", "00", "08"])
 def test_a_load_sh_interval_that_is_no_number_of_seconds_is_said_and_the_default_kept(tmp_path, every):
     """LOAD_SH_EVERY went into sleep and into the shell's arithmetic as it was: "1s" slept, then stopped the beat
-    with bash's "value too great for base" (sh is bash on many nodes); it is now said, and 30 s taken instead."""
+    with bash's "value too great for base" (sh is bash on many nodes); "00" beat without pause, and "08" (a leading
+    zero) stopped it with dash's "Illegal number: 08" or bash's "value too great for base". It is now said, and 30 s
+    taken instead."""
     argv, env, _ = load_sh_set(tmp_path, "exec cat >/dev/null")
     r = subprocess.run(argv, capture_output=True, text=True, env={**env, "LOAD_SH_EVERY": every}, timeout=60,
                        cwd=tmp_path)
