@@ -263,7 +263,9 @@ def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str
                             "`invoke ship` again to continue where it stopped", exit_code=engine.INTERRUPTED) from None
 
 
-RSYNC_FRAME = re.compile(r"([\d,]+)\s+\d+%\s")  # --info=progress2: "  135,266,304  21%  128.97MB/s  0:00:03"
+# --info=progress2: "  135,266,304  21%  128.97MB/s  0:00:03"; a number, where the node's own lines come with them
+# (a login script's ",  95% of your quota" on stderr was int(''), a traceback)
+RSYNC_FRAME = re.compile(r"(\d[\d,]*)\s+\d+%\s")
 
 
 def _rsync_copy(settings: Settings, r: Remote, local: Path, remote_name: str, offset: int) -> None:

@@ -505,3 +505,19 @@ def test_the_copy_shows_its_progress_as_it_goes_and_a_log_gets_lines_not_carriag
     assert any(line.startswith("copy x.tar.zst: 2.1 MB of 2.1 MB (100%) in ") for line in err.splitlines()), err
     assert re.search(rf"^shipped x.tar.zst to node7:{re.escape(str(tmp_path / 'there'))} in [0-9]+ s: sha256 verified "
                      "there$", out, re.M), out
+
+
+def test_a_line_of_the_node_s_that_looks_like_a_progress_frame_is_no_traceback(tmp_path, capsys):
+    """What the node's shell says on stderr (a login script's quota line) reaches the copy's frames with rsync's: a
+    line starting with commas before a percentage (',  95% of your quota') was read as rsync's byte count, int('')
+    raised a ValueError, and ship ended in a traceback with rsync left copying. It is shown as the node's line."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text('#!/bin/sh\necho ",  95% of your quota is used " >&2\n'
+                   'while [ "$1" != node7 ]; do shift; done; shift\nexec sh -c "$*"\n')
+    ssh.chmod(0o755)
+    content = bytes(range(256)) * 4096
+    archive = archive_set(tmp_path / "set", content, content)
+    ship.ship_file(Settings(ssh=str(ssh)), str(archive), f"node7:{tmp_path / 'there'}", transport="rsync")
+    out, err = capsys.readouterr()
+    assert (tmp_path / "there" / "x.tar.zst").read_bytes() == content
+    assert ",  95% of your quota is used" in out + err, (out, err)
