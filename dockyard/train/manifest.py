@@ -135,6 +135,9 @@ def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
         out[key] = {"path": host.get(value, str(p)), "inside": value}
         if p.exists():
             out[key].update(runfolder.fingerprint(p))
+            if out[key].get("hash_of") != "content" and (read := runfolder.fingerprint(p, hidden=False)):
+                out[key]["read"] = read["sha256"]  # less its hidden files, which the trainer never reads: what a
+                #                                    resume and the other nodes compare (a vim swap file beside the data)
     return out
 
 
@@ -235,7 +238,8 @@ def check_same_inputs(run_dir: Path, given: dict[str, str], from_saved: list[str
             continue
         before = was.get(key) if isinstance(was.get(key), dict) else {}
         after = now.get(key, {})
-        if (before.get("sha256") or before.get("path")) != (after.get("sha256") or after.get("path")):
+        hashed = "read" if "read" in before else "sha256"  # (a record written before "read" was: the whole folder)
+        if (before.get(hashed) or before.get("path")) != (after.get(hashed) or after.get("path")):
             if before.get("path") and before.get("path") == after.get("path"):
                 raise DockyardError(f"--resume: {run_dir.name} was trained with {key} {before['path']}, which now "
                                     f"{'holds other content' if after.get('sha256') else 'cannot be read here'}: "

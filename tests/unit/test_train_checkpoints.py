@@ -247,6 +247,27 @@ def test_a_resume_without_the_runs_own_model_and_data_is_refused_and_the_record_
         manifest.check_same_inputs(run_dir, {"model": "", "data": str(data)})
 
 
+def test_a_resume_is_not_refused_for_a_hidden_file_beside_the_data_and_is_for_other_data(tmp_path):
+    """A data folder's fingerprint held its hidden files, which the trainer never reads: a resume while vim had a.jsonl
+    open (its .a.jsonl.swp in the folder), or of a model folder `hf download --local-dir` refreshed (its .cache/), was
+    refused, "run was trained with data DIR, which now holds other content: put back what it trained on". The resume
+    compares the files the trainer reads; another data file is still refused."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text('{"text": "my own data"}\n' * 8)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"status": "failed",
+                                                       "inputs": manifest.inputs_record({"data": str(data)})}))
+    (data / ".a.jsonl.swp").write_text("vim's swap file")
+    (data / ".git").mkdir()
+    (data / ".git" / "index").write_text("x" * 99)
+    manifest.check_same_inputs(run_dir, {"data": str(data)})
+    (data / "b.jsonl").write_text('{"text": "more"}\n')
+    with pytest.raises(DockyardError, match=f"trained with data {data}, which now holds other content: put back"):
+        manifest.check_same_inputs(run_dir, {"data": str(data)})
+
+
 def test_a_resume_after_both_nodes_were_lost_is_held_against_the_record_node_1_left(tmp_path, capsys):
     """Both nodes of a run lost: node 1 failed and wrote its manifest-node1.json, node 0 went down without a record, so
     there is no manifest.json. The resume was held against no record at all: other data (or another recipe) trained on
