@@ -30,6 +30,7 @@ from dockyard.common.errors import DockyardError, open_plain
 from dockyard.common.locks import held_alone
 from dockyard.common.run_settings import SAMPLES
 from dockyard.common.tree import code_hash
+from dockyard.common.units import duration
 from dockyard.images import variants
 from dockyard.images.variants import Variant
 from dockyard.settings import ROOT, Settings
@@ -42,6 +43,7 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(28, 16, -1)] + [
 
 def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, devel: bool = False,
           dry: bool = False) -> str:
+    began = time.monotonic()
     variant, why = variants.resolve(settings, name)
     if devel:
         variant = variant.on_devel_base()
@@ -86,11 +88,12 @@ def build(settings: Settings, name: str = "auto", *, no_cache: bool = False, dev
         finally:
             shutil.rmtree(context, ignore_errors=True)
     info = engine.image_inspect(settings, ref)
+    took = duration(time.monotonic() - began)  # the whole command's, wheelhouse download included
     if before and before.get("Id") == info["Id"]:  # "built" read as if it had been made again, minutes of it
         print(f"{ref} is up to date: every step came from the build cache, the image is the one built before "
-              f"({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
+              f"({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]}); checked in {took}")
     else:
-        print(f"built {ref} ({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
+        print(f"built {ref} in {took} ({info['Size'] / 1e9:.2f} GB, id {info['Id'][7:19]})")
     return ref
 
 
@@ -489,9 +492,10 @@ class _StepTracker:
         self._began: dict[str, float] = {}  # and when it began: BuildKit prints a step's line again as it resumes
         self.failed = ""
         self._heard = self._step_began = time.monotonic()
+        self._beaten = False  # whether the heartbeat spoke in this silence: its first word comes sooner
 
     def __call__(self, line: str) -> None:
-        self._heard = time.monotonic()
+        self._heard, self._beaten = time.monotonic(), False
         if m := self.STEP.match(line):
             step = f"[{m.group('step')}] {m.group('what')[:120]}"
             self._steps[m.group("n")] = step
@@ -507,18 +511,20 @@ class _StepTracker:
                 self._tool_errors[m.group("n")] = text[:240]
 
     @contextlib.contextmanager
-    def heartbeat(self, every: float = 60.0):
+    def heartbeat(self, every: float = 60.0, first: float | None = None):
         """A step can print nothing for many minutes (pip compiling DeepSpeed's ops: 10-15 min per CUDA variant on 2
-        cores): say every `every` seconds of silence that the build is alive, and where."""
+        cores): say that the build is alive, and where, after `first` seconds of silence (half of `every`: a user
+        wonders sooner than once a minute), then every `every` seconds while the silence lasts."""
         stop = threading.Event()
+        first = every / 2 if first is None else first
 
         def beat() -> None:
-            while not stop.wait(every / 4):
+            while not stop.wait(first / 4):
                 now = time.monotonic()
-                if now - self._heard >= every:
-                    self._heard = now
+                if now - self._heard >= (every if self._beaten else first):
+                    self._heard, self._beaten = now, True
                     hint = " (DeepSpeed's ops compile: 10-20 minutes cold)" if "deepspeed-build" in self.last else ""
-                    print(f"build: still at {self.last or 'the start'}, {_minutes(now - self._step_began)} in this "
+                    print(f"build: still at {self.last or 'the start'}, {duration(now - self._step_began)} in this "
                           f"step{hint}", flush=True)
 
         thread = threading.Thread(target=beat, name="dockyard-build-heartbeat", daemon=True)
@@ -533,10 +539,6 @@ class _StepTracker:
         """`build failed at step ...: reason`, for the error's first line."""
         return f"build failed at step {self.failed or self.last or '(before the first step)'}" + (
             f": {self.reason}" if self.reason else "")
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def staged_context_dir(wheels: Path, variant: str) -> Path:

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -184,11 +185,53 @@ def test_a_step_printed_again_as_it_resumes_keeps_its_time(capsys):
     """BuildKit prints a long step's line again after another step printed (a cached stage beside it): cu132's
     DeepSpeed step, 25 minutes in, was then said to be "74 s in this step"."""
     script = ("echo '#9 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 1; echo '#16 [base 1/3] FROM debian'; "
-              "echo '#16 CACHED'; echo '#9 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 2; echo '#9 DONE'")
+              "echo '#16 CACHED'; echo '#9 [deepspeed-build 1/1] RUN pip wheel deepspeed'; sleep 2.6; echo '#9 DONE'")
     beats = [b for b in _heartbeats(capsys, script, every=0.8) if b.startswith("build: still at [deepspeed-build")]
     assert beats, "no word during the silent step"
     seconds = [float(re.search(r", ([\d.]+) s in this step", b).group(1)) for b in beats]
     assert max(seconds) >= 2.5, beats  # counted from the step's first line, not from its line printed again
+
+
+def test_the_first_word_of_a_silence_comes_at_half_the_interval(capsys):
+    """The build's first 'still at' came after a full minute of silence: a user who saw a step's line and then
+    nothing for 40 s wondered whether it hung. The first word now comes at half the interval (30 s of 60), the
+    next ones a whole interval apart."""
+    script = "echo '#7 [runtime 3/5] RUN pip install --no-index /wheels/*.whl'; sleep 1.6; echo '#7 DONE 1.6s'"
+    beats = _heartbeats(capsys, script, every=2.0)
+    assert [b.split(",")[0] for b in beats] == ["build: still at [runtime 3/5] RUN pip install --no-index /wheels/*.whl"]
+
+
+def test_the_builds_last_line_says_how_long_it_took(settings, tmp_path, monkeypatch, capsys):
+    """`invoke build` ended "built dockyard:0.1.0-cpu (2.03 GB, id ...)": nothing said whether it took seconds (code
+    layers) or 40 minutes (a cold CUDA build), for the user who came back to it or read it in a CI log. The engine is
+    a stand-in: docker build is a command that takes a second; nothing reaches the real engine."""
+    real = engine.run
+    built = {"Id": "sha256:" + "ab" * 32, "Size": 2.03e9}
+    images = {}  # the tag's image before the build, then after
+
+    def stand_in(argv, **kw):
+        if argv[0] == "git":
+            return real(argv, **kw)
+        if argv[1:2] != ["build"] and "build" not in argv:
+            pytest.fail(f"ran {argv}")
+        kw["on_line"]("#7 [runtime 3/5] RUN pip install --no-index /wheels/*.whl")
+        time.sleep(1.2)
+        images["dockyard:0.1.0-cpu"] = built
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(engine, "run", stand_in)
+    monkeypatch.setattr(engine, "engine_info", lambda s: {"ServerVersion": "29.0.1", "Driver": "overlay2"})
+    monkeypatch.setattr(engine, "image_inspect", lambda s, ref: images.get(ref, {"Id": "the base"} if "base" in ref else None))
+    monkeypatch.setattr(build, "wheelhouse_complete", lambda s, v: True)
+    monkeypatch.setattr(build, "copy_context", lambda dst, variant, wheels=None: dst.mkdir(parents=True))
+    s = settings.model_copy(update={"wheelhouse_dir": tmp_path / "wh"})
+    assert build.build(s, "cpu") == "dockyard:0.1.0-cpu"
+    last = capsys.readouterr().out.splitlines()[-1]
+    took = re.fullmatch(r"built dockyard:0\.1\.0-cpu in (\d+) s \(2\.03 GB, id abababababab\)", last)
+    assert took and 1 <= int(took.group(1)) <= 30, last
+    build.build(s, "cpu")  # again: the image the engine holds is the one built before
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"dockyard:0\.1\.0-cpu is up to date: .*; checked in \d+ s", last), last
 
 
 def _heartbeats(capsys, script: str, every: float) -> list[str]:
