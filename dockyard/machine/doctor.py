@@ -336,15 +336,20 @@ def to_json(checks: list[Check]) -> str:
 
 
 def print_table(checks: list[Check]) -> None:
+    """One row a check: its name and verdict, never wrapped, then what was found with its fix on a line of its own
+    below: in 80 columns a fourth column for the fix (empty where a check passed) left each text column 22 wide, a
+    ulimits row 16 lines tall and DOCKYARD_MEMLOCK=8388608 broken in two."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_lines=False)
-    for col in ("check", "", "what was found", "fix"):
-        table.add_column(col, overflow="fold")
+    table.add_column("check", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    table.add_column("what was found, and the fix", overflow="fold")  # fold: a path longer than the column stays whole
     style = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
     for c in checks:
         # a GPU's name, a driver's error: what a host (or a recording) says, shown as text, never read as [tags]
-        table.add_row(escape(c.name), f"[{style[c.status]}]{c.status}[/]", escape(c.detail), escape(c.fix))
+        found = escape(c.detail) + (f"\n[bold]fix:[/] {escape(c.fix)}" if c.fix else "")
+        table.add_row(escape(c.name), f"[{style[c.status]}]{c.status}[/]", found)
     Console().print(table)

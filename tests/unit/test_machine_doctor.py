@@ -341,3 +341,29 @@ def test_an_image_the_driver_cannot_run_is_not_offered_as_the_way_out(settings, 
     assert checks["auto image"]["fix"] == ("invoke build (builds cu128), or load its archive (sh load.sh): cu132, the "
                                            "image here, does not run on this host (variant cu132 above says why)")
     assert checks["variant cu132"]["fix"].startswith("upgrade the driver to 580 or newer to use cu132")
+
+
+def test_the_table_reads_in_80_columns(monkeypatch, capsys):
+    """`COLUMNS=80 invoke doctor` (a laptop's terminal, an ssh window) drew four columns, the fix's empty wherever a
+    check passed: what was found and its fix each got 22 columns, the ulimits row ran 16 lines tall and its
+    DOCKYARD_MEMLOCK=8388608 was broken across two. Each check's name and verdict now keep a line; what was found
+    and the fix share the rest, every word of them whole."""
+    from dockyard.machine.check import FAIL, Check
+
+    checks = [container.check_ulimits("8192", "65536", gpu=True),
+              doctor.check_buildkit(Settings(), {"ServerVersion": "19.03.8"}),
+              Check("gpus in a container", FAIL, '0 of 2 GPU(s) visible: docker: Error response from daemon: could '
+                    'not select device driver "" with capabilities: [[gpu]].', "install and configure the NVIDIA "
+                    "Container Toolkit: `sudo nvidia-ctk runtime configure --runtime=docker`, restart the engine")]
+    monkeypatch.setenv("COLUMNS", "80")
+    doctor.print_table(checks)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(ln) for ln in lines) <= 80, "\n".join(lines)
+    cells = [ln.split("│") for ln in lines if ln.startswith("│")]
+    assert {c[1].strip() for c in cells} - {""} == {c.name for c in checks}, "a name wrapped"
+    said = " ".join(c[3].strip() for c in cells).split()
+    for c in checks:
+        for word in f"{c.detail} {c.fix}".split():
+            assert word in said, f"{word!r} broken across lines:\n" + "\n".join(lines)
+    ulimits = next(i for i, c in enumerate(cells) if c[1].strip() == "ulimits")
+    assert next(i for i, c in enumerate(cells) if c[1].strip() == "buildkit") - ulimits <= 10, "\n".join(lines)
