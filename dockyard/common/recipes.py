@@ -354,6 +354,11 @@ class Recipe(BaseModel):
     def file(self, name: str) -> Path:
         return self.folder / name
 
+    def deepspeed_ops(self) -> set[str]:
+        """The ops DeepSpeed loads as a run of this recipe makes its optimizer (compiling one the image lacks into
+        torch's extensions folder, under a lock every other run loading it waits on): none but DeepSpeed's."""
+        return optimizer_ops(read_deepspeed_config(self.file(self.deepspeed))) if self.deepspeed else set()
+
 
 def closest_recipe(given: str, names: list[str]) -> str:
     """The recipe a mistyped name most likely meant (`ZeRO2`, `zero-2`, `zero_3`, `zero2offload`), "" where none is
@@ -631,6 +636,13 @@ def deepspeed_cuda_ops(cfg: dict) -> dict[str, str]:
     if kind not in GPU_OPTIMIZER_OPS or optimizer_offloaded(cfg) or params.get("torch_adam") is True:
         return {}
     return {GPU_OPTIMIZER_OPS[kind]: f'"optimizer": {{"type": "{opt.get("type")}"}} without an offloaded optimizer'}
+
+
+def optimizer_ops(cfg: dict) -> set[str]:
+    """The ops a DeepSpeed config's optimizer loads, by their build folders' names: its CPU Adam (cpu_adam) where the
+    optimizer is offloaded, the `optimizer` section's fused op otherwise (the CPU's twin bears the same name); none
+    for the HF Trainer's torch AdamW (zero2, zero3)."""
+    return {"cpu_adam"} if optimizer_offloaded(cfg) else set(deepspeed_cuda_ops(cfg))
 
 
 def optimizer_offloaded(cfg: dict) -> bool:

@@ -335,9 +335,10 @@ def start_processes(recipe: Recipe, settings: RunSettings, overrides: dict[str, 
     """TrainingArguments, which form the process group; then the logs, and the checks that need every process.
     `load_universal`: DeepSpeed loads the checkpoint in its universal form (dockyard.train.universal)."""
     run.doing("setting up the process group")
-    # every process, before any forms the group, in which DeepSpeed loads its ops (shm_comm on the CPU; cpu_adam
-    # once the Trainer makes the optimizer): a lock a killed build of one left would hang the run without a word
-    removed, kept = environment.build_locks(waits=recipe.strategy_spec.engine == "deepspeed")
+    # every process, before any forms the group, in which DeepSpeed loads its ops (cpu_adam once the Trainer makes an
+    # offloaded optimizer; shm_comm on the CPU only as built into the image): a lock a killed build of one left would
+    # hang the run without a word
+    removed, kept = environment.build_locks(loads=recipe.deepspeed_ops())
     args = arguments.training_arguments(recipe, settings, overrides, run.opts.run_dir, load_universal)
     run.same_everywhere = False  # from here a process may fail on its own (its GPU, its shard, its data)
     run.world_size, run.is_main = args.world_size, args.process_index == 0  # what torch.distributed formed

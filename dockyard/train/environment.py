@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import stat
-from collections.abc import MutableMapping
+from collections.abc import Collection, MutableMapping
 from pathlib import Path
 
 from dockyard.common import envvars
@@ -238,16 +238,17 @@ def cpu_adam_to_compile() -> str | None:
 STALE_BUILD_S = 600
 
 
-def build_locks(root: str | None = None, now: float | None = None, waits: bool = True) -> tuple[list[str], list[str]]:
+def build_locks(root: str | None = None, now: float | None = None,
+                loads: Collection[str] | None = None) -> tuple[list[str], list[str]]:
     """The locks torch's builds of C++ ops left in the extensions folder (`root`, else torch's own), as (removed,
     kept) lines to say. torch builds an op under a lock file it makes and removes when done, and every other process
     loading that op waits until the file is gone, saying nothing: a build killed by SIGKILL (the OOM killer, torchrun
     after its grace period) left its lock, and every later run of an offload recipe sat silent forever before its
     first step. The lock records no owner, so one counts as left behind when no process this one can see has it
     open and nothing in its folder changed for STALE_BUILD_S; it is then removed, and the op built again. Any other
-    is said, with the file to remove, since the run waits on it; `waits` False (a recipe that is not DeepSpeed's, which
-    loads none of its ops) says none: a lora run beside an offload run's first build of cpu_adam was told it waited
-    for it, and did not."""
+    is said, with the file to remove, since the run waits on it, where the op is one the run `loads` (None: any): a
+    lora run, or a zero2 one (the Trainer's torch AdamW), beside an offload run's first build of cpu_adam was told it
+    waited for it, and did not."""
     import time
 
     if root is None:
@@ -266,7 +267,7 @@ def build_locks(root: str | None = None, now: float | None = None, waits: bool =
             continue
         op, since = lock.parent.name, time.strftime("%H:%M:%S", time.localtime(now - untouched))
         holder = _holder(lock)
-        if (holder or untouched <= STALE_BUILD_S) and not waits:
+        if (holder or untouched <= STALE_BUILD_S) and loads is not None and op not in loads:
             continue
         if holder:
             kept.append(f"DeepSpeed's {op} op is being built by process {holder} (nothing changed in its folder "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.common import recipes
 from dockyard.train import environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,13 +228,46 @@ def test_a_run_that_loads_no_deepspeed_op_is_told_of_no_build_it_does_not_wait_o
                                "print(flush=True); time.sleep(60)", str(live / "lock")], stdout=subprocess.PIPE)
     try:
         holder.stdout.readline()  # it has the lock open
-        removed, kept = environment.build_locks(str(tmp_path), waits=False)
+        removed, kept = environment.build_locks(str(tmp_path), loads=set())
         assert len(environment.build_locks(str(tmp_path))[1]) == 2, "a DeepSpeed run is told of both, as before"
     finally:
         holder.kill()
         holder.wait()
     assert kept == [] and (live / "lock").exists() and (recent / "lock").exists()
     assert len(removed) == 1 and not (dead / "lock").exists()
+
+
+@pytest.mark.parametrize("name", recipes.recipe_names())
+def test_only_a_recipe_that_loads_cpu_adam_is_told_it_waits_on_its_build(tmp_path, name):
+    """zero2 (no offload: the HF Trainer's torch AdamW, no DeepSpeed op) started beside an offload run's first build
+    of cpu_adam was told 'DeepSpeed's cpu_adam op is being built by process N ...: this run waits for it', and trained
+    at once. Each of the repository's recipes is told of that build where it loads cpu_adam (an offloaded optimizer)
+    and of no other op's; every recipe still removes a lock a killed build left."""
+    live = _op_folder(tmp_path, "cpu_adam", 5)
+    other = _op_folder(tmp_path, "fused_adam", 30)
+    dead = _op_folder(tmp_path, "deepspeed_shm_comm", environment.STALE_BUILD_S + 60)
+    holder = subprocess.Popen([sys.executable, "-c", "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "print(flush=True); time.sleep(60)", str(live / "lock")], stdout=subprocess.PIPE)
+    recipe = recipes.load_recipe(name)
+    try:
+        holder.stdout.readline()  # it has the lock open
+        removed, kept = environment.build_locks(str(tmp_path), loads=recipe.deepspeed_ops())
+    finally:
+        holder.kill()
+        holder.wait()
+    told = [line.split(" op ")[0] for line in kept]
+    assert told == (["DeepSpeed's cpu_adam"] if recipe.strategy_spec.offload_optimizer else []), kept
+    assert len(removed) == 1 and not (dead / "lock").exists() and (other / "lock").exists()
+
+
+def test_the_ops_a_deepspeed_config_makes_its_optimizer_with():
+    """What a run waits on follows its config: the HF Trainer's AdamW loads no op, an offloaded optimizer cpu_adam,
+    an `optimizer` section on the device its fused op (a user's ds_config)."""
+    assert recipes.optimizer_ops({"zero_optimization": {"stage": 2}}) == set()
+    assert recipes.optimizer_ops({"zero_optimization": {"offload_optimizer": {"device": "cpu"}},
+                                  "optimizer": {"type": "AdamW"}}) == {"cpu_adam"}
+    assert recipes.optimizer_ops({"optimizer": {"type": "AdamW"}}) == {"fused_adam"}
+    assert recipes.optimizer_ops({"optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}) == set()
 
 
 def test_a_recent_lock_no_process_here_holds_is_kept_and_said_with_the_file_to_remove(tmp_path):
