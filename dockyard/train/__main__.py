@@ -470,6 +470,8 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     run.check = check
     run.log = metrics
     run.doing("training (or saving a checkpoint)")
+    if p.recipe.strategy_spec.offload_optimizer:
+        logs.cpu_adam_to_train_log()  # its C++ "Adam Optimizer #0 is created with ..." lines
     if p.recipe.strategy_spec.offload_optimizer and nodes.first_of_node() and (folder := environment.cpu_adam_to_compile()):
         kept = os.environ.get(envvars.OPS_CACHE)  # the compile cache's (environment.compile_cache)
         log.warning("DeepSpeed compiles its cpu_adam op for the offloaded optimizer now: minutes without output%s",

@@ -3,12 +3,17 @@ run's own lines and every warning. __main__.start_processes calls setup_logging 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import transformers  # a lazy module: its submodules load when first used
 
@@ -83,6 +88,62 @@ def stop_quiet() -> None:
         Quiet.running.stop()
         Quiet.running.join(timeout=5)
         Quiet.running = None
+
+
+def cpu_adam_to_train_log() -> None:
+    """DeepSpeed's CPU Adam (the offload recipes' optimizer) prints from C++ as it is made, "Adam Optimizer #0 is
+    created with AVX512 arithmetic capability." and "Config: alpha=0.001000, betas=(...)": lines of no logger, which
+    reached the console between the run's own. What its making prints on stdout goes to train.log (logger
+    deepspeed.ops.adam, INFO) instead; its build, its stderr and its errors (exceptions) are left as they are."""
+    from deepspeed.ops.adam import cpu_adam
+
+    builder = cpu_adam.CPUAdamBuilder
+    if getattr(builder, "to_train_log", False):
+        return
+
+    class ToTrainLog(builder):
+        to_train_log = True
+
+        def load(self, *args, **kwargs):
+            return _MadeToTrainLog(super().load(*args, **kwargs))
+
+    cpu_adam.CPUAdamBuilder = ToTrainLog  # what DeepSpeedCPUAdam loads its op with
+
+
+class _MadeToTrainLog:
+    """The cpu_adam op, whose create_adam's printf lines go to train.log."""
+
+    def __init__(self, op: Any):
+        self._op = op
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._op, name)
+
+    def create_adam(self, *args: Any) -> Any:
+        with _stdout_to(logging.getLogger("deepspeed.ops.adam")):
+            return self._op.create_adam(*args)
+
+
+@contextlib.contextmanager
+def _stdout_to(logger: logging.Logger):
+    """What C code prints on this process's stdout meanwhile, as INFO lines of `logger`. C's stdio holds a pipe's
+    output until its buffer fills: flushed before (what was printed earlier goes where it went) and after."""
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    libc.fflush(None)
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as said:
+        os.dup2(said.fileno(), 1)
+        try:
+            yield
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+            said.seek(0)
+            for line in said.read().decode(errors="replace").splitlines():
+                if line.strip():
+                    logger.info("%s", line.rstrip())
 
 
 class OnHost(logging.Formatter):

@@ -681,6 +681,53 @@ def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_l
     assert not any(noise in log for noise in ("Model config", "Generate config", '"vocab_size"', "huggingface.co"))
 
 
+def test_deepspeeds_cpu_adam_lines_go_to_train_log_not_the_console(tmp_path, capfd, monkeypatch):
+    """An offload run's console had, between 'data ...' and 'step 1/...', DeepSpeed's C++ lines "Adam Optimizer #0 is
+    created with AVX512 arithmetic capability." and "Config: alpha=0.001000, ...": printf's, no logger's, so no
+    filter of the console's saw them. They go to train.log now; what the op says on stderr (where errors go) still
+    reaches the console. The real DeepSpeedCPUAdam, its C++ op a stand-in that prints as the real one does (C's
+    printf, held in stdio's buffer)."""
+    import ctypes
+    import logging
+
+    import torch
+    from deepspeed.ops.adam import cpu_adam
+
+    from dockyard.train import logs
+
+    libc = ctypes.CDLL(None)
+
+    class Op:
+        def create_adam(self, opt_id, *args):
+            libc.printf(b"Adam Optimizer #%d is created with %s arithmetic capability.\n", opt_id, b"AVX512")
+            os.write(2, b"cpu_adam: an error of its own\n")
+            return 0
+
+        def destroy_adam(self, opt_id):
+            return 0
+
+    class StandIn:
+        def load(self):
+            return Op()
+
+    monkeypatch.setattr(cpu_adam, "CPUAdamBuilder", StandIn)
+    with real_loggers():
+        try:
+            logs.setup_logging(tmp_path, is_main=True)
+            logs.cpu_adam_to_train_log()
+            cpu_adam.DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])
+            logging.getLogger("dockyard.train").info("step 1/3")
+            for h in logging.root.handlers:
+                h.flush()
+        finally:
+            logs.stop_quiet()
+    libc.fflush(None)
+    console = "".join(capfd.readouterr())
+    assert "step 1/3" in console and "cpu_adam: an error of its own" in console, console
+    assert "Adam Optimizer" not in console, console
+    assert "deepspeed.ops.adam: Adam Optimizer #0 is created with AVX512" in (tmp_path / "train.log").read_text()
+
+
 def test_a_data_warning_is_said_by_the_first_process_alone(tmp_path, capsys):
     """Every process reads the same data: each printed the same warnings (fields not trained on, examples cut),
     twice on two GPUs, eight times on eight. A process's own warnings are still said by each. The same for the
