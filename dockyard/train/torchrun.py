@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if given and (bad := bad_value(given)):
         print(f"torchrun: {bad}", file=sys.stderr)
         return 2
-    if given and (waits := waiting(given)):
+    waits = waiting(given) if given else None
+    if waits:
         print(f"torchrun: {waits}", file=sys.stderr, flush=True)
     if given and no_gpu_for_one_per_gpu(given):
         print("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: give a number of "
@@ -91,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if given:
         share_cpu_cores(given)
+        if not waits:
+            print(f"torchrun: {starting(given)}", file=sys.stderr, flush=True)
     # the nodes' records, stamped as each attempt begins (next_rendezvous): none of those is the attempt's to rewrite
     # or to read
     RECORDS.update(_records(args, given))
@@ -216,6 +219,19 @@ def not_met(a: argparse.Namespace, error: BaseException) -> str:
             f"of this node), that {addr} is its address (--master-addr), and that no firewall drops TCP port {port} "
             f"on the way; start every node with the same --run-id and --master-port (--nodes={a.nnodes}); invoke "
             f"doctor --peer={addr} checks the port from here")
+
+
+def starting(a: argparse.Namespace) -> str:
+    """What a node alone starts, said as it does: the trainer's processes each load torch, transformers and DeepSpeed
+    before the run's first line, and `invoke run` in the cpu image said nothing for 24 s after its `docker run` line
+    (48 s on a loaded host, minutes on a slow disk). A node of several says whom it waits for instead (waiting)."""
+    nproc = str(a.nproc_per_node)
+    procs = ("one process per GPU" if nproc == "gpu" else "1 process" if nproc == "1"
+             else f"{nproc} processes" if nproc.isdecimal() else f"processes ({nproc})")
+    if a.module and a.training_script == "dockyard.train":
+        return (f"starting {procs} of dockyard.train: each loads torch, transformers and DeepSpeed before the run's "
+                "first line (seconds to a minute)")
+    return f"starting {procs} of {a.training_script}"
 
 
 def waiting(a: argparse.Namespace) -> str | None:

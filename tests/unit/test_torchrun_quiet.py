@@ -78,6 +78,21 @@ def test_a_run_that_succeeds_exits_0(tmp_path):
     assert ok.returncode == 0 and "trained" in ok.stdout
 
 
+def test_a_node_alone_says_what_it_starts_before_its_workers_say_anything(tmp_path):
+    """`invoke run` in the cpu image said nothing for 24 s after its `docker run` line (48 s on a loaded host): the
+    trainer's processes each load torch, transformers and DeepSpeed before the run's first line. The launcher says what
+    it starts as it starts it, before any worker has loaded anything, and for the trainer what the wait is."""
+    from dockyard.train import torchrun
+
+    (tmp_path / "worker.py").write_text("import sys, time\ntime.sleep(1)\nprint('worker: loaded', file=sys.stderr)\n")
+    ok = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone", "worker.py"],
+             cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert ok.returncode == 0 and ok.stderr.splitlines()[0] == "torchrun: starting 2 processes of worker.py", ok.stderr
+    trainer = torchrun.torchrun_args(["--nproc-per-node=gpu", "--standalone", "-m", "dockyard.train", "--recipe", "ddp"])
+    assert torchrun.starting(trainer) == ("starting one process per GPU of dockyard.train: each loads torch, "
+                                          "transformers and DeepSpeed before the run's first line (seconds to a minute)")
+
+
 RESTARTED_WORKER = """
 import os, signal, time
 import torch
