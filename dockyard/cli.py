@@ -470,26 +470,12 @@ def forget_caught_interrupt() -> None:
     exec("pass")
 
 
-RANGE_WORDS = {"greater_than_equal": ("ge", "takes {} or more"), "greater_than": ("gt", "takes more than {}"),
-               "less_than_equal": ("le", "takes at most {}"), "less_than": ("lt", "takes less than {}")}
-
-
-def _flag_range(err: dict) -> str:
-    """A flag's problem in the words of the other flag errors ("takes 0 or more", not pydantic's "Input should be
-    greater than or equal to 0")."""
-    key, words = RANGE_WORDS.get(err["type"], ("", ""))
-    bound = (err.get("ctx") or {}).get(key)
-    if isinstance(bound, (int, float)):
-        return words.format(f"{bound:,}" if float(bound).is_integer() and abs(bound) >= 10_000 else f"{bound:g}")
-    return err["msg"].removeprefix("Value error, ")
-
-
 def parse_flags(fn, values: dict[str, Any]) -> dict[str, Any]:
     """The flags of task `fn` as their annotated types (dockyard/flags.py), or a DockyardError naming each bad one."""
     from pydantic import ConfigDict, ValidationError, create_model
 
     from dockyard import flags
-    from dockyard.common.errors import DockyardError
+    from dockyard.common.errors import DockyardError, problem_list
 
     hints = typing.get_type_hints(fn, globalns={**vars(flags), **fn.__globals__}, include_extras=True)
     typed = [p for p in inspect.signature(fn).parameters.values() if p.name in values and p.name in hints]
@@ -500,8 +486,8 @@ def parse_flags(fn, values: dict[str, Any]) -> dict[str, Any]:
     try:
         return values | dict(model(**{p.name: values[p.name] for p in typed}))
     except ValidationError as e:
-        bad = "; ".join(f"--{'.'.join(map(str, err['loc'])).replace('_', '-')}={err['input']!r}: {_flag_range(err)}"
-                        for err in e.errors())
+        bad = "; ".join(f"--{name.replace('_', '-')}{'=' + given if given else ''}: {words}"
+                        for name, given, words in problem_list(e))
         raise DockyardError(f"{bad} (`invoke --help {fn.__name__}` says what each flag takes)") from None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from dockyard import ENV_PREFIX, ROOT
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, problem_list, shown
 
 # what a command setting can hold, for its refusal
 COMMAND_EXAMPLES = {"ssh": "ssh -F ~/.ssh/cluster.conf -o 'ProxyJump gateway'", "compose": "docker compose"}
@@ -161,9 +161,9 @@ def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = N
         return Settings(**(raw | env))
     except ValidationError as e:
         said = []
-        for err in e.errors():
-            key = str(err["loc"][0]) if err["loc"] else ""
-            where = (f"{ENV_PREFIX}{key.upper()}={env[key]!r}" if key in env
-                     else f"{(files or {}).get(key, 'invoke.yaml')} dockyard.{key}")
-            said.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+        for key, value, words in problem_list(e, model=Settings):
+            # named where it came from, with the text typed (the variable's, not the value as read)
+            where = (f"{ENV_PREFIX}{key.upper()}={shown(repr(env[key]))}" if key in env
+                     else f"{(files or {}).get(key, 'invoke.yaml')} dockyard.{key}{' ' + value if value else ''}")
+            said.append(f"{where}: {words}")
         raise DockyardError(f"invalid setting: {'; '.join(said)}") from None

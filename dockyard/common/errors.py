@@ -48,19 +48,152 @@ def causes(error: BaseException, limit: int = 16) -> list[BaseException]:
     return chain
 
 
-def problems(error: Exception, where: str = "") -> str:
-    """A pydantic ValidationError as one line: `field.sub: message; ...` (`where` names a field-less error).
-    Anything else (a TypeError from bad keyword arguments) is its own message."""
-    errors = getattr(error, "errors", None)
-    if not callable(errors):
+def problems(error: Exception, where: str = "", known: list[str] | None = None, model: Any = None) -> str:
+    """A pydantic ValidationError as one line in our words: `field.sub 'given': takes ...; ...` (`where` names a
+    field-less error; `known`: the keys a key that is not one of them is held against; `model`: the pydantic model,
+    whose bounds say what a number takes). Anything else (a TypeError from bad keyword arguments) is its own
+    message."""
+    if not callable(getattr(error, "errors", None)):
         return str(error)
-    found = errors()
-    said = "; ".join(f"{'.'.join(map(str, e['loc'])) or where}: {e['msg']}" for e in found[:PROBLEMS_SAID])
+    found = [f"{name or where}{' ' + given if given else ''}: {words}"
+             for name, given, words in problem_list(error, known, model)]
+    said = "; ".join(found[:PROBLEMS_SAID])
     # a file of 5,000 bad entries was a quarter-megabyte line
     return said + (f"; and {len(found) - PROBLEMS_SAID} more" if len(found) > PROBLEMS_SAID else "")
 
 
 PROBLEMS_SAID = 5  # a validation error's problems said, at most
+
+
+def problem_list(error: Any, known: list[str] | None = None, model: Any = None) -> list[tuple[str, str, str]]:
+    """Each problem of a pydantic ValidationError as (the field, dotted; the value given, shown short, or "" where
+    there is none to show; what the field takes, in our words), one per field: the branches of a union (a number or
+    `auto`) are said together. pydantic's own wording ("Input should be a valid integer, unable to parse string as
+    an integer", "Extra inputs are not permitted") is a library's, not a user's, and names no accepted value."""
+    errs = error.errors()
+    bases = [_field_of(e["loc"], errs) for e in errs]
+    out: dict[str, tuple[str, list[str]]] = {}
+    for err, loc in zip(errs, bases, strict=True):
+        name = ".".join(map(str, loc))
+        given, words = _in_our_words(err, known if len(loc) == 1 else None)
+        _, said = out.setdefault(name, (given, []))
+        if words not in said:
+            said.append(words)
+    return [(name, given, (f"takes {takes}" if (takes := accepted(model, name)) and _typed(said) else _either(said)))
+            for name, (given, said) in out.items()]
+
+
+def _typed(said: list[str]) -> bool:
+    """Whether a field's problems are all of its type or bounds (not a validator's own words, which say more)."""
+    return all(s.startswith("takes ") for s in said)
+
+
+def accepted(model: Any, name: str) -> str:
+    """What a number or true/false field of pydantic `model` takes, from its type and bounds (`a whole number from 1
+    to 16777216`, `true, false or auto`): more than one error's words say; "" for another field, or no model."""
+    fields = getattr(model, "model_fields", None) or {}
+    if name not in fields:
+        return ""
+    schema = model.model_json_schema()["properties"][name]
+    choices = schema.get("anyOf", [schema])
+    consts = [str(c["const"]) for c in choices if "const" in c]
+    number = next((c for c in choices if c.get("type") in ("integer", "number")), None)
+    if number is not None and ("minimum" in number or "exclusiveMinimum" in number):
+        low = (f"from {_plain(number['minimum'])}" if "minimum" in number
+               else f"above {_plain(number['exclusiveMinimum'])}")
+        top = (f" to {_plain(number['maximum'])}" if "maximum" in number else
+               f" up to (not including) {_plain(number['exclusiveMaximum'])}" if "exclusiveMaximum" in number else
+               " or more")
+        kind = "a whole number" if number["type"] == "integer" else "a number"
+        return f"{kind} {low}{top}" + "".join(f", or {c}" for c in consts)
+    if any(c.get("type") == "boolean" for c in choices):
+        words = ["true", "false", *consts]
+        return f"{', '.join(words[:-1])} or {words[-1]}"
+    return ""
+
+
+def _plain(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _either(said: list[str]) -> str:
+    """One field's problems: the union's branches as one `takes A or B`, a validator's own words as they are."""
+    takes = [s.removeprefix("takes ") for s in said if s.startswith("takes ")]
+    rest = [s for s in said if not s.startswith("takes ")]
+    if len(takes) > 1:
+        takes = [", or ".join(takes)]
+    return "; ".join(rest + [f"takes {t}" for t in takes])
+
+
+# a union's branch, as pydantic names it in an error's location: int, constrained-int, literal['auto'], list[str]
+_BRANCH = re.compile(r"(constrained-|function-\w+\[)?(int|float|bool|str|bytes|none|literal|list|dict|tuple|set|"
+                     r"model|typed-dict|lax-or-strict|json-or-python|nullable|union|is-instance)\b.*", re.S)
+
+
+def _field_of(loc: tuple, errs: list[dict]) -> tuple:
+    """An error's location without the names of the union branches in it (pydantic says `global_batch.constrained-int`
+    and `global_batch.literal['auto']` for one setting): a part is a branch where another error shares what comes
+    before it."""
+    out = []
+    for i, part in enumerate(loc):
+        if i and isinstance(part, str) and _BRANCH.fullmatch(part) and sum(
+                1 for e in errs if tuple(e["loc"][:i]) == tuple(loc[:i])) > 1:
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+# what a value of each of pydantic's error types takes, in our words
+_TAKES = {
+    "int": "takes a whole number", "float": "takes a number", "bool": "takes true or false",
+    "finite_number": "takes a finite number (not nan or inf)", "string": "takes text",
+    "dict": "takes `key: value` entries (a mapping)", "model": "takes `key: value` entries (a mapping)",
+    "list": "takes a list, e.g. [a, b]", "tuple": "takes a list, e.g. [a, b]", "path": "takes a path (text)",
+    "none_required": "takes no value", "bytes": "takes text",
+}
+_BOUNDS = {"greater_than_equal": ("ge", "takes {} or more"), "greater_than": ("gt", "takes more than {}"),
+           "less_than_equal": ("le", "takes at most {}"), "less_than": ("lt", "takes less than {}"),
+           "multiple_of": ("multiple_of", "takes a multiple of {}")}
+
+
+def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
+    """(the value given, shown short; what the field takes) for one pydantic error."""
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    given = "given no value" if value is None else shown(_short(value))  # YAML's null, JSON's
+    if kind == "missing":
+        return "", "missing: add it"
+    if kind == "extra_forbidden":
+        return "", "is not a key here: remove it" + (f" (known: {', '.join(known)})" if known else "")
+    if kind in ("value_error", "assertion_error") and "error" in ctx:  # a validator's own words, which may quote it
+        words = str(ctx["error"]).removeprefix("Assertion failed, ")
+        return ("" if value is None or _short(value) in words else given), words
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        bound = ctx.get(key)
+        if isinstance(bound, (int, float)):
+            return given, words.format(f"{bound:,}" if float(bound).is_integer() and abs(bound) >= 10_000
+                                       else f"{bound:g}")
+    if kind in ("literal_error", "enum"):
+        return given, f"takes {ctx.get('expected', '')}".strip()
+    if kind in ("string_too_short", "string_too_long", "too_short", "too_long"):
+        count = ctx.get("min_length" if kind.endswith("short") else "max_length")
+        unit = ("character" if count == 1 else "characters") if kind.startswith("string") else \
+            ("entry" if count == 1 else "entries")
+        return given, f"takes {'at least' if kind.endswith('short') else 'at most'} {count} {unit}"
+    if kind == "string_pattern_mismatch":
+        return given, f"is not of the form {ctx.get('pattern', '')}"
+    stem = re.sub(r"_(type|parsing|from_float|fractional_part|too_big|unicode|attributes_type)$", "", kind)
+    if stem in _TAKES:
+        return given, _TAKES[stem]
+    msg = str(err.get("msg", kind))  # a kind not met here yet: pydantic's words, put as ours are
+    return given, re.sub(r"^(Value error, |Input should be )", lambda m: "" if m[1].startswith("Value") else "takes ",
+                         msg)
+
+
+def _short(value: Any) -> str:
+    """A value as a message quotes it: its repr, cut to 60 characters (a file of 5,000 entries is not written out)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:

@@ -277,6 +277,7 @@ def model_states(strategy_name: str, peft: str | None, sizes: Sizes) -> tuple[in
 
 # --- the recipe folders -------------------------------------------------------------------------------
 
+NOT_IN_THE_FILE = {"name", "folder", "command"}  # a recipe's name is its folder's, its command the file's first line
 # What the recipe itself decides; a run may not change them with overrides (that would be another recipe).
 STRATEGY_KEYS = ("deepspeed", "fsdp", "fsdp_config")
 
@@ -408,13 +409,14 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
         raise DockyardError(f"{path}: expected `key: value` lines (when, strategy, ...)")
-    if given := sorted({"name", "folder", "command"} & set(map(str, raw))):
+    if given := sorted(NOT_IN_THE_FILE & set(map(str, raw))):
         raise DockyardError(f"{path}: {', '.join(given)} cannot be set here: a recipe's name is its folder's name, and "
                             "its command is the file's first line (a comment); remove the key")
     try:
         recipe = Recipe(name=folder.name, folder=folder.resolve(), command=first[2:].strip(), **raw)
     except (ValidationError, TypeError) as e:
-        raise DockyardError(f"{path}: {problems(e, 'recipe')}") from None
+        known = [k for k in Recipe.model_fields if k not in NOT_IN_THE_FILE]
+        raise DockyardError(f"{path}: {problems(e, 'recipe', known=known)}") from None
     for f in (recipe.deepspeed, recipe.fsdp):
         if f and not recipe.file(f).is_file():
             raise DockyardError(f"{path}: names {f}, which is not in {folder}")

@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError, MiB, read_bounded, shown, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, accepted, problem_list, read_bounded, shown, yaml_problem
 from dockyard.common.recipes import (
     RECIPES,
     STRATEGY_KEYS,
@@ -293,7 +293,7 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                                 f"another recipe (invoke recipes) or make a recipe folder of your own")
     layers = ((defaults, "recipes/defaults.yaml"),
               (yaml12_numbers(recipe.settings), f"settings: in {recipe.folder / 'recipe.yaml'}"),
-              (overrides, "the overrides after --"))
+              (overrides, OVERRIDES_WHERE))
     dead = without_effect(recipe)
     for layer, where in layers:
         # defaults.yaml holds the LoRA settings and the schedule every recipe shares: there, only the run's own keys
@@ -314,7 +314,8 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
     try:
         settings = RunSettings(**ours)
     except ValidationError as e:
-        raise DockyardError(f"invalid setting: {_problems(e, ours)}") from None
+        origin = {k: where for layer, where in layers for k in plain_names(layer, where)}  # the last layer's wins
+        raise DockyardError(f"invalid setting: {_problems(e, ours, origin)}") from None
     if settings.dtype == "float16" and not recipe.peft and recipe.strategy_spec.engine == "ddp":
         # DDP's optimizer steps the model's own weights (DeepSpeed keeps an fp32 copy, FSDP upcasts them): Adam's state
         # in float16, where its eps (1e-8) and small squared gradients are 0, made the loss nan by step 4 on CPU, and
@@ -325,6 +326,9 @@ def resolve_settings(recipe: Recipe, overrides: dict[str, Any]) -> tuple[RunSett
                             "give bfloat16, or pick a recipe that keeps float32 weights for the optimizer (zero2, "
                             "fsdp) or trains adapters (lora)")
     return settings, merged
+
+
+OVERRIDES_WHERE = "the overrides after --"
 
 
 def check_epochs_take_effect(layers: tuple[tuple[dict[str, Any], str], ...], merged: dict[str, Any]) -> None:
@@ -853,49 +857,32 @@ def plain_names(layer: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _problems(error: ValidationError, given: dict[str, Any]) -> str:
-    """pydantic's words, but what a number or a switch setting takes in place of its union of errors, with the
-    value given."""
-    said = {}
-    for err in error.errors():
-        if not err["loc"]:  # the settings together (a model validator's): its own words
-            said[""] = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
-            continue
-        key = str(err["loc"][0])
-        if takes := number_range(key) or switch_choices(key):
-            value = "given no value" if given[key] is None else reprlib.repr(given[key])  # `--key ''`: YAML's null
-            said[key] = f"{key} {value}: {takes}"
-        elif key in given and given[key] is None:  # `--data=` or a bare `~`: YAML's null
-            said[key] = (f"{key}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as none): "
-                         f"give one, e.g. --{key} {'PATH' if key in ('model', 'data', 'eval_data') else 'VALUE'}")
-        else:
-            msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]  # a validator's own words
-            said[key] = "; ".join(filter(None, [said.get(key), f"{'.'.join(map(str, err['loc']))}: {msg}"]))
-    return "; ".join(said.values())
+def _problems(error: ValidationError, given: dict[str, Any], origin: dict[str, str]) -> str:
+    """Each problem in our words (errors.problem_list: what the setting takes, from its bounds), the setting named
+    as it was given: `--key` for an override, else the key and the file it came from (`origin`)."""
+    said = []
+    for key, value, words in problem_list(error, model=RunSettings):
+        where = origin.get(key, "")
+        value, place = (f" {value}" if value else ""), (f" ({where})" if where and where != OVERRIDES_WHERE else "")
+        name = f"--{key}" if where == OVERRIDES_WHERE else key
+        if key in given and given[key] is None and not number_range(key) and not switch_choices(key):
+            # `--data=` or a bare `~`: YAML's null
+            said.append(f"{name}{place}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as none): give "
+                        f"one, e.g. --{key} {'PATH' if key in ('model', 'data', 'eval_data') else 'VALUE'}")
+        elif key:
+            said.append(f"{name}{value}{place}: {words}")
+        else:  # the settings together (a model validator's): its own words
+            said.append(words)
+    return "; ".join(said)
 
 
 def number_range(name: str) -> str:
     """What a number setting takes, as a user reads it, from its bounds on RunSettings ("" for the others)."""
-    schema = RunSettings.model_json_schema()["properties"][name]
-    choices = schema.get("anyOf", [schema])
-    number = next((c for c in choices if c.get("type") in ("integer", "number")), None)
-    if number is None:
-        return ""
-    top = (f"to {_plain(number['maximum'])}" if "maximum" in number
-           else f"up to (not including) {_plain(number['exclusiveMaximum'])}")
-    return (f"{'a whole number' if number['type'] == 'integer' else 'a number'} from {_plain(number['minimum'])} "
-            f"{top}" + "".join(f", or {c['const']}" for c in choices if "const" in c))
+    takes = accepted(RunSettings, name)
+    return takes if takes.startswith(("a whole number", "a number")) else ""
 
 
 def switch_choices(name: str) -> str:
     """What a true/false setting takes ("true, false or auto" where it may be auto; "" for the others)."""
-    schema = RunSettings.model_json_schema()["properties"][name]
-    choices = schema.get("anyOf", [schema])
-    if not any(c.get("type") == "boolean" for c in choices):
-        return ""
-    words = ["true", "false", *(c["const"] for c in choices if "const" in c)]
-    return f"{', '.join(words[:-1])} or {words[-1]}"
-
-
-def _plain(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+    takes = accepted(RunSettings, name)
+    return takes if takes.startswith("true, false") else ""

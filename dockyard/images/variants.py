@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator
 
 from dockyard import __version__
 from dockyard.common.archs import arch_runs
@@ -49,27 +49,42 @@ class DevelBase(BaseModel):
         return a_base_image(v, empty=False)
 
 
+def form(pattern: str, takes: str) -> AfterValidator:
+    """Text that must match `pattern` (whole), refused in words (`takes`): a regular expression is no answer to a
+    user's "what does this field take?"."""
+    shape = re.compile(pattern)
+
+    def check(v: str) -> str:
+        if not shape.fullmatch(v):
+            raise ValueError(f"{v!r}: takes {takes}")
+        return v
+
+    return AfterValidator(check)
+
+
 ARCHS_FORM = r"\d{1,3}\.\d{1,3}(\+PTX)?([;\s]+\d{1,3}\.\d{1,3}(\+PTX)?)*"  # "7.5;8.0;9.0+PTX"
+ARCHS = form(f"({ARCHS_FORM})?", 'compute capabilities separated by ";", e.g. "7.5;8.0;9.0+PTX" (or "" for none)')
 # a Debian package (name, =version, :arch): `apt-get install ${OS_PACKAGES}` reads anything else as an option
 # (-oAPT::Update::Pre-Invoke::=...), splits it at blanks or expands it as a glob
-PACKAGE_FORM = r"^[a-z0-9][a-z0-9+.:=~_-]*$"
-Package = Annotated[str, Field(pattern=PACKAGE_FORM)]
+Package = Annotated[str, form(r"[a-z0-9][a-z0-9+.:=~_-]*", "a Debian package's name (with =version or :arch if "
+                                                          "need be), e.g. python3-dev")]
 
 
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # a name is a file name (images/locks/NAME.txt) and a tag's part (dockyard:0.1.0-NAME): a word
-    name: str = Field("", pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    name: Annotated[str, form(r"[a-z0-9][a-z0-9._-]{0,63}", "a word of lowercase letters, digits, '.', '_' and '-' "
+                                                        "(at most 64), as in cu132")] = ""
     description: str
     base: str
-    cuda: str = Field(pattern=r"^(\d{1,3}\.\d{1,3})?$")  # "13.2"; "" for cpu
-    python: str = Field(pattern=r"^3\.\d{1,2}$")
+    cuda: Annotated[str, form(r"(\d{1,3}\.\d{1,3})?", 'a CUDA version, e.g. "13.2", or "" for cpu')]
+    python: Annotated[str, form(r"3\.\d{1,2}", 'a Python 3 version, e.g. "3.11"')]
     os_packages: list[Package]
     # what DeepSpeed's ops are compiled for (TORCH_CUDA_ARCH_LIST): a mistake here surfaced minutes into the build
-    torch_cuda_arch_list: str = Field(pattern=f"^({ARCHS_FORM})?$")
+    torch_cuda_arch_list: Annotated[str, ARCHS]
     # the archs torch's libraries hold code for, as TORCH_CUDA_ARCH_LIST writes them: "7.5;8.0;9.0+PTX"
-    torch_archs: str = Field("", pattern=f"^({ARCHS_FORM})?$")
+    torch_archs: Annotated[str, ARCHS] = ""
     ds_ops: list[str]
     devel: DevelBase | None = None
     pins: dict[str, str]
@@ -160,7 +175,8 @@ def _load(path: Path) -> dict[str, Variant]:
         try:
             out[name] = Variant(name=name, **spec)
         except (ValidationError, TypeError) as e:
-            raise DockyardError(f"invalid variants file {path}: variant {name!r}: {problems(e)}") from None
+            raise DockyardError(f"invalid variants file {path}: variant {name!r}: "
+                                f"{problems(e, known=sorted(set(Variant.model_fields) - {'name'}))}") from None
     if "cpu" not in out:  # the variant of every host without GPUs, and auto's fallback
         raise DockyardError(f"invalid variants file {path}: it defines no `cpu` variant (hosts without GPUs use it)")
     for v in out.values():

@@ -733,17 +733,17 @@ def test_training_argument_numbers_that_are_numbers_are_taken(env):
 
 
 @pytest.mark.parametrize("override,says", [
-    (["--lora_r", "-3"], "lora_r -3: a whole number from 1 to 65536"),
-    (["--lora_alpha", "0"], "lora_alpha 0: a whole number from 1 to 65536"),
-    (["--max_seq_length", "-1"], "max_seq_length -1: a whole number from 1 to 16777216"),
-    (["--global_batch", "0"], "global_batch 0: a whole number from 1 to 1000000000000, or auto"),
-    (["--global_batch", "-4"], "global_batch -4: a whole number from 1 to 1000000000000, or auto"),
-    (["--lora_dropout", "5"], "lora_dropout 5: a number from 0 up to (not including) 1"),
-    (["--lora_dropout", "nan"], "lora_dropout nan: a number from 0 up to (not including) 1"),
-    (["--eval_fraction", "inf"], "eval_fraction inf: a number from 0 up to (not including) 1"),
-    (["--lora_dropout", "true"], "lora_dropout True: a number from 0"),
-    (["--padding_free", "maybe"], "padding_free 'maybe': true, false or auto"),  # once pydantic's union of errors
-    (["--packing", "2"], "packing 2: true, false or auto"),
+    (["--lora_r", "-3"], "--lora_r -3: takes a whole number from 1 to 65536"),
+    (["--lora_alpha", "0"], "--lora_alpha 0: takes a whole number from 1 to 65536"),
+    (["--max_seq_length", "-1"], "--max_seq_length -1: takes a whole number from 1 to 16777216"),
+    (["--global_batch", "0"], "--global_batch 0: takes a whole number from 1 to 1000000000000, or auto"),
+    (["--global_batch", "-4"], "--global_batch -4: takes a whole number from 1 to 1000000000000, or auto"),
+    (["--lora_dropout", "5"], "--lora_dropout 5: takes a number from 0 up to (not including) 1"),
+    (["--lora_dropout", "nan"], "--lora_dropout nan: takes a number from 0 up to (not including) 1"),
+    (["--eval_fraction", "inf"], "--eval_fraction inf: takes a number from 0 up to (not including) 1"),
+    (["--lora_dropout", "true"], "--lora_dropout True: takes a number from 0"),
+    (["--padding_free", "maybe"], "--padding_free 'maybe': takes true, false or auto"),  # once pydantic's union of errors
+    (["--packing", "2"], "--packing 2: takes true, false or auto"),
 ])
 def test_a_run_setting_out_of_its_range_is_refused_saying_what_it_takes(env, override, says):
     lora = ["--recipe=lora"] if override[0].startswith("--lora") else []  # the recipes with adapters read those
@@ -827,7 +827,7 @@ def test_numa_binding_true_on_cpu_and_an_empty_number_are_said_before_the_run_st
     """`--cpu -- --numa_binding true` passed `run --dry` and failed in the container; `--global_batch ''` was said
     to be "global_batch None"."""
     refused(dry(env, "--", "--numa_binding", "true"), "numa_binding true cannot bind: CPU: no GPU to bind near")
-    refused(dry(env, "--", "--global_batch", ""), "global_batch given no value: a whole number from 1")
+    refused(dry(env, "--", "--global_batch", ""), "--global_batch given no value: takes a whole number from 1")
     refused(dry(env, "--", "--max_steps", ""), "max_steps given no value: TrainingArguments.max_steps takes")
 
 

@@ -152,7 +152,7 @@ def test_a_setting_in_the_users_invoke_yaml_is_taken_and_a_bad_one_named(tmp_pat
 
     (home / ".invoke.yaml").write_text("dockyard:\n  image_name: My Images\n")
     short_error(invoke_here("recipes", env={"HOME": str(home)}),
-                f"invalid setting: {home / '.invoke.yaml'} dockyard.image_name: a docker repository name")
+                f"invalid setting: {home / '.invoke.yaml'} dockyard.image_name 'My Images': a docker repository name")
 
 
 def test_a_setting_of_another_shape_in_the_users_invoke_yaml_is_blamed_on_that_file(tmp_path):

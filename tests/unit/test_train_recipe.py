@@ -114,7 +114,7 @@ def test_an_empty_settings_key_is_no_settings(tmp_path):
     with pytest.raises(DockyardError, match="strategy zero2 needs `deepspeed:` naming its file"):
         load_recipe(tmp_path)
     (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: ddp\nsettings: [1]\n")
-    with pytest.raises(DockyardError, match="settings: Input should be a valid dictionary"):
+    with pytest.raises(DockyardError, match="settings \\[1\\]: takes `key: value` entries \\(a mapping\\)"):
         load_recipe(tmp_path)
 
 

@@ -215,7 +215,7 @@ def test_a_path_setting_given_no_value_says_so(tmp_path, typed):
     """`-- --data=` said "data: Input should be a valid string", not what was wrong with what was typed."""
     r = invoke_here("run", "--dry", "--variant=cpu", "--", *typed, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
     key = typed[0].strip("-=")
-    short_error(r, f"invalid setting: {key}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as "
+    short_error(r, f"invalid setting: --{key}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as "
                    f"none): give one, e.g. --{key} PATH")
 
 

@@ -77,7 +77,7 @@ def test_a_missing_or_foreign_inventory_is_refused(tmp_path):
     good = {"format": inventory.INVENTORY_FORMAT, "engine": {"store": "classic"}, "chain_ids": [BASE]}
     for foreign, says in (({}, "format"), ([1], "inventory"), ({**good, "chain_ids": "sha256:x"}, "chain_ids"),
                           ({**good, "chain_ids": [1]}, "chain_ids.0"), ({**good, "chain_ids": ["-x"]}, "chain_ids.0"),
-                          ({k: v for k, v in good.items() if k != "engine"}, "engine: Field required"),
+                          ({k: v for k, v in good.items() if k != "engine"}, "engine: missing: add it"),
                           ({**good, "engine": {"store": "zfs"}}, "engine.store")):
         (tmp_path / "x.json").write_text(json.dumps(foreign))
         with pytest.raises(DockyardError, match="not a dockyard inventory") as e:

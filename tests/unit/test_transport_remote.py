@@ -131,9 +131,9 @@ def test_the_inventory_script_is_read_like_docker_prints_it(tmp_path):
 
 @pytest.mark.parametrize("answer,says", [
     (b"not json\n" + remote.SEP.encode() + b"\n[]", "Invalid JSON"),
-    (docker_prints([1], []), "Input should be an object"),
-    (docker_prints({}, {"Id": "x"}), "Input should be a valid array"),
-    (docker_prints({}, [{"RootFS": {}}]), "Id: Field required"),
+    (docker_prints([1], []), "inventory [1]: takes `key: value` entries (a mapping)"),
+    (docker_prints({}, {"Id": "x"}), "takes a list"),
+    (docker_prints({}, [{"RootFS": {}}]), "Id: missing: add it"),
     (docker_prints({}, [{"Id": "x", "RootFS": {"Layers": ["sha256:../../etc"]}}]), "RootFS.Layers.0"),
     (docker_prints({"DriverStatus": "containerd"}, []), "DriverStatus"),
 ])

@@ -182,7 +182,8 @@ def test_an_unknown_setting_is_refused_listing_the_known_ones(name):
 
 
 @pytest.mark.parametrize("value,says", [
-    ("2.5", None), ("nan", "finite"), ("-1", "greater than or equal to 0"), ("lots", "valid number")])
+    ("2.5", None), ("nan", "takes a number from 0 to"), ("-1", "takes a number from 0 to"),
+    ("lots", "takes a number from 0 to")])
 def test_the_layer_cache_size_from_the_environment(value, says):
     """The case of issue 25: Invoke's own cast of INVOKE_DOCKYARD_LAYER_CACHE_GB used to be a traceback."""
     r = invoke_here("recipes", env={"INVOKE_DOCKYARD_LAYER_CACHE_GB": value})

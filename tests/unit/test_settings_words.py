@@ -1,0 +1,79 @@
+"""A wrong setting, wherever it is typed, is said in our words: which setting (and where it came from), what was
+given, and what it takes. pydantic's own wording ("Input should be a valid number, unable to parse string as a
+number", "Extra inputs are not permitted", "Field required", "String should match pattern '^3\\.\\d{1,2}$'") is a
+library's, and named nothing a user could type instead."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.support.cli import invoke_here, short_error
+
+PYDANTIC = ("Input should", "Extra inputs", "Field required", "String should", "Value error", "unable to parse",
+            "type=", "errors.pydantic.dev")
+
+
+def said_in_our_words(r, *parts: str) -> None:
+    short_error(r, "")
+    for words in PYDANTIC:
+        assert words not in r.stderr, r.stderr
+    for part in parts:
+        assert part in r.stderr, f"{r.stderr!r} does not say {part!r}"
+
+
+@pytest.mark.parametrize("env, parts", [
+    ({"INVOKE_DOCKYARD_LAYER_CACHE_GB": "lots"}, ["INVOKE_DOCKYARD_LAYER_CACHE_GB='lots'", "takes a number from 0 to"]),
+    ({"INVOKE_DOCKYARD_LAYER_CACHE_GB": "-1"}, ["INVOKE_DOCKYARD_LAYER_CACHE_GB='-1'", "takes a number from 0 to"]),
+])
+def test_an_environment_override_of_a_wrong_type_says_what_it_takes(env, parts):
+    said_in_our_words(invoke_here("recipes", env=env), *parts)
+
+
+def test_a_config_file_setting_of_a_wrong_type_names_the_file_the_value_and_what_it_takes(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text("dockyard:\n  image_name: 3\n  hf_cache: [a, b]\n")
+    said_in_our_words(invoke_here("-f", str(config), "recipes"), f"{config} dockyard.image_name 3: takes text",
+                      f"{config} dockyard.hf_cache ['a', 'b']: takes a path (text)")
+
+
+@pytest.mark.parametrize("typed, parts", [
+    (["--dtype", "float8"], ["--dtype 'float8': takes 'auto', 'bfloat16', 'float16' or 'float32'"]),
+    (["--data_format", "csv"], ["--data_format 'csv': takes 'auto', 'text'"]),
+    (["--global_batch", "0"], ["--global_batch 0: takes a whole number from 1 to", ", or auto"]),
+])
+def test_an_override_after_the_dashes_says_what_it_takes(tmp_path, typed, parts):
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", *typed, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path)})
+    said_in_our_words(r, *parts)
+
+
+@pytest.mark.parametrize("body, parts", [
+    ("when: x\nstrategy: ddp\nstratgy: ddp\n", ["stratgy: is not a key here", "known: when, strategy,"]),
+    ("strategy: ddp\n", ["when: missing"]),
+    ("when: x\nstrategy: ddp\nsettings: [1]\n", ["settings [1]: takes `key: value` entries"]),
+    ("when: x\nstrategy: ddp\nsettings: {dtype: float8}\n",
+     ["dtype 'float8' (settings: in ", "recipe.yaml): takes 'auto', 'bfloat16'"]),
+])
+def test_a_recipe_file_s_wrong_key_or_value_says_what_it_takes(tmp_path, body, parts):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text(f"# invoke run --recipe={folder}\n{body}")
+    r = invoke_here("run", "--dry", "--variant=cpu", f"--recipe={folder}",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    said_in_our_words(r, str(folder / "recipe.yaml"), *parts)
+
+
+@pytest.mark.parametrize("change, parts", [
+    ({"python": "3"}, ["python: '3': takes a Python 3 version"]),
+    ({"os_packages": ["python3", "-oAPT::x"]}, ["os_packages.1: '-oAPT::x': takes a Debian package's name"]),
+    ({"torch_archs": "8.0 sm_90"}, ["torch_archs: '8.0 sm_90': takes compute capabilities"]),
+])
+def test_a_variants_file_s_wrong_value_says_what_it_takes(tmp_path, change, parts):
+    from dockyard.settings import ROOT
+
+    raw = yaml.safe_load((ROOT / "images" / "variants.yaml").read_text())
+    raw["variants"]["cpu"].update(change)
+    (tmp_path / "variants.yaml").write_text(yaml.safe_dump(raw))
+    r = invoke_here("build", "--dry", "--variant=cpu",
+                    env={"INVOKE_DOCKYARD_VARIANTS_FILE": str(tmp_path / "variants.yaml")})
+    said_in_our_words(r, "variant 'cpu'", *parts)
