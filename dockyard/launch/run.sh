@@ -285,12 +285,14 @@ runnable() {
 # listed no recipes.
 known_recipe() {
 	[ -n "$RECIPES" ] || return 0
-	case $RECIPE in */*) return 0 ;; *[[:space:]]*) ;; *) case " $RECIPES" in *" $RECIPE "*) return 0 ;; esac ;; esac
+	NL='
+'  # $RECIPES holds a name a line: one may hold a blank (invoke run takes recipes/my recipe/ too)
+	case $RECIPE in */*) return 0 ;; *"$NL"*) ;; *) case "$NL$RECIPES$NL" in *"$NL$RECIPE$NL"*) return 0 ;; esac ;; esac
 	near=$(closest_recipe "$RECIPE")
 	why=${near:+did you mean $near? }
 	[ ! -d "$HERE" ] || why="the folder $RECIPE here holds no recipe.yaml; "
 	[ -z "$RESUME" ] || [ -n "$RECIPE_GIVEN" ] || why="the run $RUN_ID trained with it: give its folder again (--recipe=FOLDER), or "
-	die "--recipe=$RECIPE: image $IMAGE holds no recipe $RECIPE: ${why}pick one of $(printf '%s' "${RECIPES% }" | sed 's/ /, /g') or give a folder that holds a recipe.yaml"
+	die "--recipe=$RECIPE: image $IMAGE holds no recipe $RECIPE: ${why}pick one of $(printf '%s\n' "$RECIPES" | awk 'NR > 1 { printf ", " } { printf "%s", $0 }') or give a folder that holds a recipe.yaml"
 }
 # closest_recipe (dockyard/common/recipes.py) in awk: of $RECIPES, the one the name $1 most likely meant, or nothing.
 # The same letters and digits (ZeRO2, zero_2), zero2 for DeepSpeed, else difflib.get_close_matches(name, names, 1,
@@ -321,8 +323,8 @@ closest_recipe() {
 		return m
 	}
 	BEGIN {
-		given = ENVIRON["GIVEN"]; n = split(ENVIRON["NAMES"], names, " "); g = plain(given); w = tolower(given)
-		if ((g == "deepspeed" || g == "ds" || g == "zero") && index(" " ENVIRON["NAMES"], " zero2 ")) {
+		given = ENVIRON["GIVEN"]; n = split(ENVIRON["NAMES"], names, "\n"); g = plain(given); w = tolower(given)
+		if ((g == "deepspeed" || g == "ds" || g == "zero") && index("\n" ENVIRON["NAMES"] "\n", "\nzero2\n")) {
 			print "zero2 (DeepSpeed ZeRO-2)"; exit
 		}
 		for (i = 1; i <= n; i++) if (plain(names[i]) == g) { print names[i]; exit }
@@ -386,7 +388,7 @@ IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")
 PROBE=$(docker run --rm --entrypoint sh "$IMAGE" -c \
 	'ulimit -H -l; for f in @IMAGE_RECIPES@/*/recipe.yaml; do [ ! -f "$f" ] || echo "${f%/recipe.yaml}"; done' 2>/dev/null)
 MEMLOCK=$(printf '%s\n' "$PROBE" | head -n 1)
-RECIPES=$(printf '%s\n' "$PROBE" | sed -n '2,$s|.*/||p' | LC_ALL=C sort | tr '\n' ' ')
+RECIPES=$(printf '%s\n' "$PROBE" | sed -n '2,$s|.*/||p' | LC_ALL=C sort)  # one a line: a name may hold a blank
 case "$MEMLOCK" in unlimited | '' | *[!0-9]*) MEMLOCK=-1 ;; *) MEMLOCK=$((MEMLOCK * 1024)) ;; esac
 
 # A CUDA image trains on the node's GPUs unless --cpu. A node without an NVIDIA driver (no nvidia-smi) trains on CPU;

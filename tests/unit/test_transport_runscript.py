@@ -38,7 +38,8 @@ image) if [ "$2" = ls ]; then  # the images FAKE_LOADED names, of the variant a 
        *) echo sha256:feed ;;
        esac ;;
 run) case "$*" in  # run.sh's probe: the engine's memlock limit, then the recipe folders FAKE_RECIPES names
-     *"ulimit -H -l"*) echo 8192; for r in ${FAKE_RECIPES-}; do echo "/opt/dockyard/recipes/$r"; done ;;
+     *"ulimit -H -l"*) echo 8192; printf '%s\\n' "${FAKE_RECIPES-}" | while IFS= read -r r; do
+         [ -z "$r" ] || echo "/opt/dockyard/recipes/$r"; done ;;
      *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
 """
@@ -615,7 +616,7 @@ def test_a_recipe_name_the_image_holds_none_of_is_refused_before_docker_with_the
     trainer inside to refuse the name; invoke run refuses it at once, with its did-you-mean. run.sh lists the recipes
     the image holds (its /opt/dockyard/recipes, in the container it starts anyway for the engine's memlock limit) and
     refuses a name it lacks before the run's container, as invoke run words it."""
-    held = {"FAKE_RECIPES": " ".join(reversed(folder_names()))}  # the recipes/ the image was built from
+    held = {"FAKE_RECIPES": "\n".join(reversed(folder_names()))}  # the recipes/ the image was built from
     proc, argv = node("--recipe=zreo2", "--run-id=typo", **held)
     assert proc.returncode == 1 and not argv, proc.stderr
     assert proc.stderr == (f"run.sh: --recipe=zreo2: image dockyard:0.1.0-cpu holds no recipe zreo2: did you mean "
@@ -642,6 +643,21 @@ def test_a_recipe_name_the_image_holds_none_of_is_refused_before_docker_with_the
     proc, argv = node("--run-id=r1", "--resume", **held)
     assert not argv and "holds no recipe mine: the run r1 trained with it: give its folder again " \
                         "(--recipe=FOLDER), or pick one of" in proc.stderr, proc.stderr
+
+
+def test_a_recipe_of_the_image_whose_name_holds_a_blank_trains_as_invoke_run_trains_it(node, tmp_path):
+    """invoke run trains recipes/my recipe/ (a folder's name is the recipe's), but run.sh listed the image's recipes
+    apart by blanks and refused `--recipe='my recipe'` on the node ("holds no recipe my recipe: pick one of ..., my,
+    recipe, ..."). The list is one name a line now: the name is found, passed to the trainer as one word, and a
+    misspelling of it meets its did-you-mean; two names side by side are still no recipe."""
+    held = {"FAKE_RECIPES": "\n".join([*folder_names(), "my recipe"])}
+    proc, argv = node("--recipe=my recipe", "--run-id=b1", **held)
+    assert argv[argv.index("--recipe") + 1] == "my recipe", proc.stderr  # docker started (a stand-in here)
+    proc, argv = node("--recipe=my recipr", "--run-id=b2", **held)
+    assert not argv and "holds no recipe my recipr: did you mean my recipe? pick one of " in proc.stderr, proc.stderr
+    assert ", my recipe or give a folder" in proc.stderr or ", my recipe, " in proc.stderr, proc.stderr
+    proc, argv = node("--recipe=qlora zero2", "--run-id=b3", **held)
+    assert not argv and "holds no recipe qlora zero2: pick one of" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("after, says", [
