@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import re
 import reprlib
@@ -18,6 +19,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -251,7 +253,8 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         why = _refused(proc, plan.argv)
         raise DockyardError(f"the run did not start (exit {proc.returncode}, {why}); nothing was kept, so the same "
                             "command can be run again")
-    return summarise(run_dir, r.node_rank, took=time.monotonic() - started)
+    return summarise(run_dir, r.node_rank, took=time.monotonic() - started,
+                     as_host=(lambda text: text) if r.native else engine.container_paths_shown(plan.argv))
 
 
 def _refused(proc: subprocess.CompletedProcess, argv: list[str]) -> str:
@@ -660,6 +663,10 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     if cpu and variant.is_cuda:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     env |= node_env(topo)
+    # every folder the run mounts, as run.sh names them: the trainer writes the host's paths into train.log and the
+    # manifest's error (errors.on_host), which are read on the host
+    mounted = [(run_dir.parent, node.RUNS_INSIDE, False), *caches.volumes(settings, compile_cache=True), *seen.volumes]
+    env[envvars.HOST_PATHS] = json.dumps({inside: str(host) for host, inside, _ in mounted}, sort_keys=True)
     gpu = variant.is_cuda and not cpu
     command = torchrun_argv(topo) + node.entry_argv(seen.recipe, node.run_dir_inside(run_dir.name), seen.overrides,
                                                     resume)
@@ -706,11 +713,13 @@ def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: 
                       env)
 
 
-def summarise(run_dir: Path, node_rank: int = 0, took: float | None = None) -> dict:
+def summarise(run_dir: Path, node_rank: int = 0, took: float | None = None,
+              as_host: Callable[[str], str] = lambda text: text) -> dict:
     """Read the trainer's manifest (node 0's, or this node's on the others) and print the lines a user looks at;
     a failed run is an error, said with the manifest's own words. The manifest is read as untrusted (any
     container could have written it): checked with pydantic, never through a link. `took`: the seconds the
-    command ran the trainer, said beside the status."""
+    command ran the trainer, said beside the status. `as_host`: the container's paths in the manifest's error said as
+    this host's (engine.container_paths_shown; an image from before the trainer wrote them so)."""
     m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank))
     if m is None:
         log = (f"see {run_dir}/train.log" if (run_dir / runfolder.TRAIN_LOG).is_file() else
@@ -750,7 +759,7 @@ def summarise(run_dir: Path, node_rank: int = 0, took: float | None = None) -> d
               "usable); lower --learning_rate (and keep --max_grad_norm above 0)")
     print(f"  {run_dir}")
     if m.status != "completed":
-        raise DockyardError(f"run {m.run_id} {m.status}: {m.error or f'see {run_dir}/train.log'}")
+        raise DockyardError(f"run {m.run_id} {m.status}: {as_host(m.error or f'see {run_dir}/train.log')}")
     merge = " (--merge: one model with the adapters in it)" if _adapters(m) else ""
     native = " --native" if m.variant in runfolder.NATIVE_VARIANTS else ""  # export refuses a native run's export without it
     print(f"  next: invoke export --run={m.run_id}{native}{merge} writes its model as a plain Hugging Face folder")

@@ -49,6 +49,8 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
                            memlock="memlock=__MEMLOCK__", summarised=False)
     argv = plan.argv
     argv[argv.index("--recipe") + 1] = "__RECIPE__"
+    named = next(i for i, w in enumerate(argv) if w.startswith(f"{envvars.HOST_PATHS}="))
+    del argv[named - 1:named + 1]  # run.sh names the node's own mounts (on_host below)
     tag = variants.tag(s, variant)
     at = argv.index(tag)
     flags = [w.replace(tag, "__IMAGE__").replace(f"{envvars.VARIANT}={variant.name}", f"{envvars.VARIANT}=__VARIANT__")

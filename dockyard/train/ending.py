@@ -71,7 +71,8 @@ def _finish(run: Run, error: str | None) -> None:
     # the process that failed first says why in its note
     if error and (error.startswith(STOPPED) or (not error.startswith("lost ") and nodes.CUT_OFF.search(error))):
         error = _first_failure(run) or error
-    extra = {**run.record.to_json(), **({"error": error} if error else {})}
+    # the record is read on the host (invoke runs, the run's summary, a user): its paths, not the container's
+    extra = {**run.record.to_json(), **({"error": on_host(error)} if error else {})}
     measured = run.metrics or {**measured_so_far(run.log), **_largest_peak(run)}
     record = manifest.build(run.opts.run_dir, run.recipe, run.status, run.world_size,
                             run.check.in_effect if run.check else None, measured, extra)

@@ -34,7 +34,7 @@ def setup_logging(run_dir: Path, is_main: bool, phase: Callable[[], str] = lambd
     if is_main:
         log = logging.StreamHandler(runfolder.append(run_dir, runfolder.TRAIN_LOG))  # never through a link
         log.addFilter(not_noise)
-        log.setFormatter(logging.Formatter(fmt))
+        log.setFormatter(OnHost(fmt))  # train.log is read on the host: its paths, not the container's
         handlers.append(log)
         quiet = Quiet(phase)
         console.addFilter(quiet.heard)  # after the filter above: a line the console leaves out was not heard

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dockyard import ROOT
+from dockyard import ROOT, engine
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host
 from dockyard.images import build, variants
@@ -216,3 +216,22 @@ def test_a_dry_run_says_when_the_image_holds_other_code_too(tmp_path, monkeypatc
                     env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     assert r.returncode == 0, r.stderr
     assert "holds older (or other) code than this checkout's dockyard/" in r.stderr, r.stderr
+
+
+def test_the_trainer_is_told_the_host_path_of_every_folder_the_run_mounts(settings, tmp_path, files):
+    """invoke run told the trainer the host paths of the user's inputs alone: the runs folder's paths in train.log and
+    the manifest's error stayed the container's (/workspace/runs/r1/...). It names every mount now, as run.sh does,
+    and the summary's error line says a manifest's container paths as this host's."""
+    data, _ = files
+    argv = _argv(settings, tmp_path, data=str(data))
+    env = json.loads(next(a for a in argv if a.startswith("DOCKYARD_HOST_PATHS="))[len("DOCKYARD_HOST_PATHS="):])
+    assert env == engine.mounts_of(argv)
+    assert env["/workspace/runs"] == str(tmp_path / "runs")
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "manifest.json").write_text(json.dumps({
+        "run_id": "r1", "recipe": "ddp", "variant": "cpu", "status": "failed", "world_size": 2, "nodes": 1,
+        "error": "/workspace/inputs/data/my data.jsonl: example 41's text is int"}))
+    with pytest.raises(DockyardError) as e:
+        launch_run.summarise(run_dir, as_host=engine.container_paths_shown(argv))
+    assert str(e.value) == f"run r1 failed: {data}: example 41's text is int"

@@ -1238,3 +1238,32 @@ def test_the_lines_a_run_in_a_container_prints_name_the_hosts_paths_of_its_mount
     code = main(["--recipe", "ddp", "--run-dir", str(inside / "runs" / "r2"), "--", "--data", str(data)])
     err = capsys.readouterr().err
     assert code == 1 and "error: cannot read /node/data/x.jsonl:17: not JSON" in err and str(inside) not in err, err
+
+
+def test_a_failed_run_in_a_container_records_its_error_and_train_log_with_the_host_s_paths(tmp_path, capsys,
+                                                                                              monkeypatch):
+    """The console said "error: /tmp/w73/bad.jsonl: example 41's text is int" (errors.on_host), but the manifest's
+    error, which `invoke run`'s last line, `invoke runs` and a user read on the host, kept the container's path
+    (/workspace/inputs/data/bad.jsonl), and so did train.log's lines ("loading configuration file
+    /workspace/runs/r1/base/config.json"). Both are written with the host's paths of the mounts DOCKYARD_HOST_PATHS
+    names now (invoke run names them all, as run.sh does). Here tmp_path/inside plays the container's side."""
+    import logging
+
+    from dockyard.common import envvars
+    from dockyard.train.__main__ import main
+
+    inside = tmp_path / "inside"
+    data = inside / "inputs" / "x.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(16))
+                    + "{not json\n")
+    monkeypatch.setenv(envvars.HOST_PATHS, json.dumps({str(inside / "runs"): "/node/my runs",
+                                                       str(data): "/node/data/x.jsonl"}))
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    code = main(["--recipe", "ddp", "--run-dir", str(inside / "runs" / "r1"), "--", "--data", str(data)])
+    capsys.readouterr()
+    assert code == 1
+    error = json.loads((inside / "runs" / "r1" / "manifest.json").read_text())["error"]
+    assert "/node/data/x.jsonl:17: not JSON" in error and str(inside) not in error, error
+    log = (inside / "runs" / "r1" / "train.log").read_text()
+    assert "/node/my runs/r1" in log and str(inside) not in log, log

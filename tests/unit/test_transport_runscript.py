@@ -131,10 +131,12 @@ def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, 
                            overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
                            checkout_recipes=False, summarised=False)  # run.sh prints no summary: the trainer does
     want = plan.argv[1:]  # the docker binary aside (a setting)
-    # and DOCKYARD_HOST_PATHS, every mount's host path for the trainer's lines (invoke run shows the lines it streams
-    # with this host's paths itself): test_run_sh_tells_the_trainer_the_host_path_of_every_mount
-    at = argv.index(next(a for a in argv if a.startswith(f"{envvars.HOST_PATHS}=")))
-    del argv[at - 1:at + 1]
+    # and DOCKYARD_HOST_PATHS, every mount's host path for the trainer's lines, train.log and manifest, which each
+    # names as its own host has them (test_run_sh_tells_the_trainer_the_host_path_of_every_mount,
+    # test_inputs.py::test_the_trainer_is_told_the_host_path_of_every_folder_the_run_mounts)
+    for words in (argv, want):
+        at = words.index(next(a for a in words if a.startswith(f"{envvars.HOST_PATHS}=")))
+        del words[at - 1:at + 1]
     hf, compiled = ":/workspace/.cache/huggingface", ":/workspace/.cache/compile"
     assert f"{tmp_path}/.cache/huggingface{hf}" in argv, "the node's own cache ($HF_HOME or ~/.cache/huggingface)"
     assert f"{tmp_path}/.cache/dockyard/compile{compiled}" in argv, "the node's own compile cache"
