@@ -112,8 +112,7 @@ class RunSettings(BaseModel):
             value = value.strip()
         if not value or not (isinstance(value, str) or isinstance(value, list)
                              and all(isinstance(v, str) and v for v in value)):
-            raise ValueError(f"{reprlib.repr(value)}: give the names of the model's linear layers, as in "
-                             "q_proj,v_proj, or all-linear")
+            raise ValueError("give the names of the model's linear layers, as in q_proj,v_proj, or all-linear")
         if isinstance(value, str) and value != "all-linear":  # one name is a regular expression to peft
             try:
                 re.compile(value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -37,6 +38,10 @@ def test_a_run_mounts_the_compile_cache_and_points_inductor_and_triton_into_it(s
     assert f"TRITON_CACHE_DIR={INSIDE}/triton" in argv
 
     none = command(settings.model_copy(update={"compile_cache": ""}), tmp_path)  # "" = no cache
+    # DOCKYARD_HOST_PATHS (every mount's host path, for the trainer's messages) names the cache too: apart
+    paths = [json.loads(a.split("=", 1)[1]) for a in (argv, none) for a in a if a.startswith("DOCKYARD_HOST_PATHS=")]
+    assert paths[0] == {**paths[1], INSIDE: str(tmp_path / "cc")}
+    argv, none = ([a for a in x if not a.startswith("DOCKYARD_HOST_PATHS=")] for x in (argv, none))
     assert not [a for a in none if INSIDE in a]
     left = [a for i, a in enumerate(argv) if INSIDE not in a and not (i + 1 < len(argv) and INSIDE in argv[i + 1])]
     assert none == left, "the compile cache's mount and two variables are all it adds"

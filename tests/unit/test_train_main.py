@@ -925,7 +925,7 @@ def test_lora_target_modules_written_with_commas_are_the_names_they_list(tmp_pat
     settings, _ = resolve_settings(load_recipe("lora"), {"lora_target_modules": "q_proj, v_proj"})
     assert settings.lora_target_modules == ["q_proj", "v_proj"]
     for odd in (5, ",", ""):
-        with pytest.raises(DockyardError, match="lora_target_modules: .*give the names of the model's linear layers"):
+        with pytest.raises(DockyardError, match="lora_target_modules .*: give the names of the model's linear layers"):
             resolve_settings(load_recipe("lora"), {"lora_target_modules": odd})
     assert resolve_settings(load_recipe("lora"), {})[0].lora_target_modules == "all-linear"
 
