@@ -407,7 +407,7 @@ def plan(c, model: Place = "", gpus: Count = 0, gpu_mem: GiB = 0.0, cpu_mem: GiB
         model = setting_input(s, s.model)
     result = plan_mod.plan_model(model, gpus=gpus, gpu_mem_gib=gpu_mem, cpu_mem_gib=cpu_mem, seq_len=seq_len,
                                  batch=batch, hub_home=s.path(s.hf_cache), where=where,
-                                 variants=all_variants(s))
+                                 variants=lambda: all_variants(s))
     print(plan_mod.to_json(result)) if json else plan_mod.print_plan(result)
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -241,11 +242,12 @@ SEQ_LEN = 2048  # what `invoke plan` sizes a sequence at where it is not told (t
 
 def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 0,
                batch: int = 0, host: Host | None = None, hub_home: Path | None = None, where: str = "--model",
-               variants: dict[str, Variant] | None = None) -> dict:
+               variants: Callable[[], dict[str, Variant]] | None = None) -> dict:
     """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given; `batch` 0
     is auto, `seq_len` 0 is SEQ_LEN or the model's context where that is shorter (a plan for 2048 tokens of a model
-    of 1024 positions printed a command the trainer refuses). `variants`: the images, to say where this host's GPUs,
-    planned, run none of them (a CUDA 11 driver), as `invoke run` would refuse the plan's command."""
+    of 1024 positions printed a command the trainer refuses). `variants`: reads the images, to say where this host's
+    GPUs, planned, run none of them (a CUDA 11 driver), as `invoke run` would refuse the plan's command; read only
+    then."""
     if seq_len < 0:
         raise DockyardError("--seq-len must be auto or at least 1")
     if batch < 0:
@@ -306,12 +308,17 @@ def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_g
     return result
 
 
-def refused_here(variants: dict[str, Variant] | None, host: Host | None) -> str:
-    """Why `invoke run` on this host, whose GPUs the plan read, would pick no image (auto's refusal), else ""."""
-    if not variants or host is None or not host.gpus:
+def refused_here(variants: Callable[[], dict[str, Variant]] | None, host: Host | None) -> str:
+    """Why `invoke run` on this host, whose GPUs the plan read, would pick no image (auto's refusal), else "". A
+    plan needs no image: where the variants cannot be read (a project without images/), it says nothing of them."""
+    if variants is None or host is None or not host.gpus:
         return ""
     try:
-        pick_auto(variants, host)
+        known = variants()
+    except DockyardError:
+        return ""
+    try:
+        pick_auto(known, host)
     except DockyardError as e:
         return str(e)
     return ""

@@ -611,7 +611,10 @@ def test_a_plan_on_a_host_whose_driver_runs_no_image_says_so_beside_its_command(
     this host yet and the driver that runs it. A host whose driver runs an image, or a plan for GPUs given by --gpus
     and --gpu-mem (another server's), gets no such line."""
     replay("a100x2_470")
-    every = variants.all_variants(settings)
+
+    def every():
+        return variants.all_variants(settings)
+
     planned = plan_mod.plan_model("1B", cpu_mem_gib=512, variants=every)
     assert planned["recommendation"]["recipe"] and "525.60.13 or newer" in planned["recommendation"]["refused_here"]
     plan_mod.print_plan(planned)
@@ -623,3 +626,13 @@ def test_a_plan_on_a_host_whose_driver_runs_no_image_says_so_beside_its_command(
     assert elsewhere["recommendation"]["refused_here"] == ""
     replay("t4x2_535")
     assert plan_mod.plan_model("1B", cpu_mem_gib=512, variants=every)["recommendation"]["refused_here"] == ""
+
+
+def test_a_plan_needs_no_variants_file(settings, replay, tmp_path):
+    """A project of the user's own without images/ (a recipe folder and invoke.yaml): `invoke plan` stopped at "variants
+    file ... not found" once it read the variants to say whether this host runs an image. A plan needs no image: it
+    plans, and says nothing of images it cannot read."""
+    replay("a100x2_470")
+    missing = settings.model_copy(update={"variants_file": str(tmp_path / "none.yaml")})
+    planned = plan_mod.plan_model("1B", cpu_mem_gib=512, variants=lambda: variants.all_variants(missing))
+    assert planned["recommendation"]["recipe"] and planned["recommendation"]["refused_here"] == ""
