@@ -192,7 +192,11 @@ def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
 
 def _short(value: Any) -> str:
     """A value as a message quotes it: its repr, cut to 60 characters (a file of 5,000 entries is not written out)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300 digits, which cannot be written out
+        text = (f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if isinstance(value, int)
+                else "a value")
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -77,3 +77,24 @@ def test_a_variants_file_s_wrong_value_says_what_it_takes(tmp_path, change, part
     r = invoke_here("build", "--dry", "--variant=cpu",
                     env={"INVOKE_DOCKYARD_VARIANTS_FILE": str(tmp_path / "variants.yaml")})
     said_in_our_words(r, "variant 'cpu'", *parts)
+
+
+def test_a_number_too_long_to_write_out_is_said_by_its_length_not_a_traceback():
+    """A value past Python's 4,300 digits cannot be repr'd (ValueError): the message that quotes it raised instead."""
+    import sys
+
+    from pydantic import ValidationError
+
+    from dockyard.common import errors
+    from dockyard.common.run_settings import RunSettings
+
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        huge = 10**5000
+    finally:
+        sys.set_int_max_str_digits(limit)
+    with pytest.raises(ValidationError) as e:
+        RunSettings(max_seq_length=huge)
+    [(name, given, takes)] = errors.problem_list(e.value, model=RunSettings)
+    assert name == "max_seq_length" and "a number of about 5001 digits" in given and takes.startswith("takes ")
