@@ -864,7 +864,7 @@ def _problems(error: ValidationError, given: dict[str, Any], origin: dict[str, s
         where = origin.get(key, "")
         value, place = (f" {value}" if value else ""), (f" ({where})" if where and where != OVERRIDES_WHERE else "")
         name = f"--{key}" if where == OVERRIDES_WHERE else key
-        if key in given and given[key] is None and not number_range(key) and not switch_choices(key):
+        if key in given and given[key] is None and not accepted(RunSettings, key):  # not a number or a switch
             # `--data=` or a bare `~`: YAML's null
             said.append(f"{name}{place}: given no value (`--{key}=` with nothing after it, or a bare ~, reads as none): give "
                         f"one, e.g. --{key} {'PATH' if key in ('model', 'data', 'eval_data') else 'VALUE'}")
@@ -880,8 +880,3 @@ def number_range(name: str) -> str:
     takes = accepted(RunSettings, name)
     return takes if takes.startswith(("a whole number", "a number")) else ""
 
-
-def switch_choices(name: str) -> str:
-    """What a true/false setting takes ("true, false or auto" where it may be auto; "" for the others)."""
-    takes = accepted(RunSettings, name)
-    return takes if takes.startswith("true, false") else ""
