@@ -1267,3 +1267,44 @@ def test_a_failed_run_in_a_container_records_its_error_and_train_log_with_the_ho
     assert "/node/data/x.jsonl:17: not JSON" in error and str(inside) not in error, error
     log = (inside / "runs" / "r1" / "train.log").read_text()
     assert "/node/my runs/r1" in log and str(inside) not in log, log
+
+
+@pytest.mark.parametrize("share, refused", [(1.0, False), (0.6, True)])
+def test_a_node_with_the_host_memory_the_plan_counts_for_an_offload_run_is_not_refused_by_the_trainer(
+        tmp_path, capsys, monkeypatch, share, refused):
+    """zero2-offload on a node of 8 GPUs in bf16: `invoke plan` counts each process loading 16-bit weights (2 bytes a
+    weight, 8d48016), the trainer's host-memory guard counted 4: it asked the node for twice what the plan said and
+    refused the very run the plan recommended. No GPU here: the device is said as an H100's, the host's free memory
+    is the plan's figure (or less), and the run stops where the process group would form."""
+    import logging
+
+    from dockyard.common import memory
+    from dockyard.common.errors import DockyardError
+    from dockyard.machine import planner
+    from dockyard.train import __main__ as entry
+    from dockyard.train import environment, guards
+
+    h100 = autos.Device("NVIDIA H100 80GB HBM3", 80 << 30, (9, 0))
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(environment, "device_from_torch", lambda: h100)
+    run_dir = tmp_path / "r1"
+
+    def as_planned() -> int:  # the model is the tiny one the trainer makes in the run folder
+        shape = memory.shape_from_folder(run_dir / "base")
+        rows = planner.plan(shape, gpus=8, gpu_mem=h100.memory_bytes, cpu_mem=1 << 40, seq_len=128,
+                            device=h100)["recipes"]
+        return int(next(r for r in rows if r["recipe"] == "zero2-offload")["host_bytes"] * share)
+
+    def formed(*args, **kwargs):
+        raise DockyardError("the process group would form here")
+
+    monkeypatch.setattr(guards, "host_memory_available", as_planned)
+    monkeypatch.setattr(entry, "start_processes", formed)
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    code = entry.main(["--recipe", "zero2-offload", "--run-dir", str(run_dir), "--", "--max_steps", "1",
+                       "--max_seq_length", "128"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert ("host RAM" in err) is refused and ("the process group would form here" in err) is not refused, err
