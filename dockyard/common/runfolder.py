@@ -337,7 +337,9 @@ def check_makeable(folder: Path, fix: str) -> None:
         existing = existing.parent
     where = "" if existing == folder else f"cannot make the folder {folder}: "
     if not existing.is_dir():
-        raise DockyardError(f"{where}{existing} is a file, not a folder; {fix}")
+        what = ("a link that leads to no folder (to nothing, or round a loop of links)" if existing.is_symlink()
+                and not existing.exists() else "a file, not a folder")
+        raise DockyardError(f"{where}{existing} is {what}; {fix}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise DockyardError(f"{where}{existing} is not writable by you (uid {os.geteuid()}); {fix}")
 

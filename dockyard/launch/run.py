@@ -512,7 +512,10 @@ def _others_may_swap(runs: Path) -> str:
     above it (`/shared` of 777 holding the runs folder invoke run made): the runs folder itself may be renamed away.
     Said, not refused: a volume shared by design (a cluster's, every pod's uid) is often so. The folders a link on the
     way leads through too (~/proj a link to /shared/proj: /shared of 777 was never looked at)."""
-    real = runs.resolve()
+    try:
+        real = runs.resolve()
+    except (OSError, RuntimeError):  # a loop of links on the way: refused, in words, where the folder is made
+        real = runs
     for folder in dict.fromkeys((runs, *runs.parents, real, *real.parents)):
         try:
             st = os.stat(folder)

@@ -586,6 +586,22 @@ def test_a_folder_every_user_may_write_reached_through_a_link_on_the_way_to_the_
                 f"{shared / 'proj' / 'runs'}), can be written by every user" in r.stderr) == warned, (oct(mode), r.stderr)
 
 
+def test_a_runs_folder_on_a_loop_of_links_is_one_line_not_a_traceback(env):
+    """INVOKE_DOCKYARD_RUNS_DIR through a loop of links (~/proj -> ~/scratch -> ~/proj, a link made twice): the
+    warning about folders on the way, which follows the links since 0ebe7d3, ended in pathlib's RuntimeError
+    'Symlink loop from ...' under a traceback; the run is refused in one line, nothing made, as before that."""
+    top = Path(env["INVOKE_DOCKYARD_RUNS_DIR"])
+    top.mkdir()
+    (top / "proj").symlink_to(top / "scratch")
+    (top / "scratch").symlink_to(top / "proj")
+    r = dry({**env, "INVOKE_DOCKYARD_RUNS_DIR": str(top / "proj" / "runs")})
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"error: cannot make the folder {top / 'proj' / 'runs'}: {top / 'proj'} is a link that leads to no folder (to "
+        "nothing, or round a loop of links); set the runs_dir"), r.stderr
+    assert sorted(p.name for p in top.iterdir()) == ["proj", "scratch"]
+
+
 def _finished_run(runs, run_id, recipe, native=False):
     """A run folder as a completed run leaves it: its manifest.json (the keys the trainer writes) and a checkpoint;
     trained in the cpu image, or on this host (`native`)."""
