@@ -264,8 +264,9 @@ def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str
 
 
 # --info=progress2: "  135,266,304  21%  128.97MB/s  0:00:03"; a number, where the node's own lines come with them
-# (a login script's ",  95% of your quota" on stderr was int(''), a traceback)
-RSYNC_FRAME = re.compile(r"(\d[\d,]*)\s+\d+%\s")
+# (a login script's ",  95% of your quota" on stderr was int(''), a traceback), of at most 20 digits and 6 commas (a
+# line of 5,000 digits was Python's ValueError converting it)
+RSYNC_FRAME = re.compile(r"(\d[\d,]{0,25})\s+\d+%\s")
 
 
 def _rsync_copy(settings: Settings, r: Remote, local: Path, remote_name: str, offset: int) -> None:
