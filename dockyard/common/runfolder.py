@@ -121,13 +121,15 @@ def _aside(dfd: int, name: str, data: bytes | str, mode: int | None = None) -> s
 
 
 def append(folder: Path, name: str) -> IO[str]:
-    """folder/name opened to append text (made when missing); a link or anything but a regular file refused."""
+    """folder/name opened to append text (made when missing); a link or anything but a regular file refused. A
+    character UTF-8 cannot hold (a host path's byte that is not UTF-8, which Python reads as a surrogate) is written
+    escaped, as the console writes it: train.log raised on each line naming such a runs folder."""
     dfd = _open_folder(folder)
     try:
         fd = _open(folder, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, dfd)
     finally:
         os.close(dfd)
-    return os.fdopen(fd, "a", encoding="utf-8")
+    return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
 
 
 def read(folder: Path, name: str, limit: int | None = None) -> bytes | None:

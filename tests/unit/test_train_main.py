@@ -681,6 +681,26 @@ def test_the_console_gets_the_runs_own_lines_and_warnings_train_log_gets_every_l
     assert not any(noise in log for noise in ("Model config", "Generate config", '"vocab_size"', "huggingface.co"))
 
 
+def test_a_host_path_no_utf_8_can_write_is_said_in_train_log_not_a_logging_error(tmp_path, capfd, monkeypatch):
+    """A runs folder whose name is not UTF-8 (a Latin-1 'r\xe9seau' on an old file server): since 85af2df train.log
+    names the host's paths (DOCKYARD_HOST_PATHS, which Python reads with its surrogates), and every line naming the
+    run folder was logging's '--- Logging error --- UnicodeEncodeError: surrogates not allowed' traceback on the
+    console, the line lost from train.log. The character is written escaped, as the console writes it."""
+    import logging
+
+    from dockyard.train.logs import setup_logging
+
+    monkeypatch.setenv("DOCKYARD_HOST_PATHS", json.dumps({"/workspace/runs": "/srv/r\udce9seau/runs"}))
+    with real_loggers():
+        setup_logging(tmp_path, is_main=True)
+        logging.getLogger("dockyard.train").info("the model is in /workspace/runs/r1/model")
+        for h in logging.root.handlers:
+            h.flush()
+    console = capfd.readouterr().err  # the real stderr, whose errors are backslashreplace
+    assert "Logging error" not in console and "Traceback" not in console, console
+    assert "the model is in /srv/r\\udce9seau/runs/r1/model" in (tmp_path / "train.log").read_text()
+
+
 def test_deepspeeds_cpu_adam_lines_go_to_train_log_not_the_console(tmp_path, capfd, monkeypatch):
     """An offload run's console had, between 'data ...' and 'step 1/...', DeepSpeed's C++ lines "Adam Optimizer #0 is
     created with AVX512 arithmetic capability." and "Config: alpha=0.001000, ...": printf's, no logger's, so no
