@@ -89,6 +89,20 @@ def test_a_native_run_on_a_gpu_host_asks_the_trainer_for_the_gpus(settings, caps
     assert "--native: this host's Python trains, on CPU" in out and "DS_ACCELERATOR=cpu " in out
 
 
+def test_a_native_run_on_a_driver_no_image_runs_trains_on_its_gpus_with_the_hosts_torch(settings, capsys, replay):
+    """Two A100s on driver 470 (CUDA 11.4): no image variant runs there, and `invoke run --native` was refused with the
+    images' "older than every CUDA variant ... Upgrade the driver", though a native run trains with this host's torch
+    (a build for CUDA 11 runs on that driver) and uses no image. It trains on both GPUs; a run in an image is still
+    refused, and --cpu still trains on CPU."""
+    replay("a100x2_470")
+    out = dry_run(settings, capsys, native=True)
+    assert "--native: this host's Python trains, on 2 GPU(s)" in out and "DS_ACCELERATOR=cuda " in out, out
+    assert "--nproc-per-node=2" in out and "older than every" not in out, out
+    assert "DS_ACCELERATOR=cpu " in dry_run(settings, capsys, native=True, cpu=True)
+    with pytest.raises(DockyardError, match="older than every CUDA variant.*or train on CPU with --cpu"):
+        dry_run(settings, capsys)
+
+
 def test_run_dry_splits_the_global_batch_over_the_hosts_gpus(settings, capsys, replay):
     """Eight H100s, eight processes: a global batch of 12 cannot be split, refused before a command is printed (it
     passed, and the trainer refused it in the container)."""
