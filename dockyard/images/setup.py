@@ -22,6 +22,37 @@ from dockyard.settings import ROOT, Settings
 APT_PACKAGES = ["docker.io", "debootstrap", "zstd", "pigz", "openssh-client", "rsync"]
 
 
+def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
+    check_mirror(mirror)
+    ensure_engine(settings, dry)
+    host = read_host()
+    variant, why = variants.resolve(settings, "auto", host)
+    variants.say(why)
+    image = variants.tag(settings, variant)
+    ready = f"ready: `invoke build run --recipe=zero2` builds {image} and trains in it"
+    try:
+        if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
+            ensure_cpu_base(settings, mirror, dry)
+        build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock
+    except build.FetchFailed as e:
+        run, flagged = trains_here(settings, variant, host)
+        if not run:
+            raise DockyardError(f"{e}; or build {image} on a host that reaches them and carry it here (README, "
+                                f"\"Air-gapped, step by step\": `invoke build --variant={variant.name} && invoke save "
+                                f"--variant={variant.name}` there, `sh load.sh` here)") from None
+        # ready for what such a host is for, training in an image carried in (an air-gapped one): exit 0, so that
+        # `invoke setup && invoke run` trains; what building needs is said, not failed on
+        print(f"warning: {e}; {image} is here already: {run} trains in it{flagged}, the base image and the wheelhouse "
+              "are needed only to build it again", file=sys.stderr)
+        ready = f"ready to train: {run} trains in {image} (building it needs what the warning above says)"
+    if not dry:
+        give_to_sudo_user(build.wheelhouse_dir(settings, variant))
+    if dry:
+        print("dry run: nothing was installed, made or downloaded")
+    else:
+        print(ready)
+
+
 def _is_debian() -> bool:
     return Path("/etc/debian_version").exists()
 
@@ -212,34 +243,3 @@ def trains_here(settings: Settings, variant: variants.Variant, host: Host) -> tu
     if variants.require_unmet(variant, here, host)[0]:
         return "`invoke run --disable-require`", " (its NVIDIA_REQUIRE_CUDA, from a --devel build's base, leaves this driver out)"
     return "`invoke run`", ""
-
-
-def setup(settings: Settings, mirror: str, dry: bool = False) -> None:
-    check_mirror(mirror)
-    ensure_engine(settings, dry)
-    host = read_host()
-    variant, why = variants.resolve(settings, "auto", host)
-    variants.say(why)
-    image = variants.tag(settings, variant)
-    ready = f"ready: `invoke build run --recipe=zero2` builds {image} and trains in it"
-    try:
-        if not variant.base:  # every variant but one naming a registry base builds FROM the debootstrap image
-            ensure_cpu_base(settings, mirror, dry)
-        build.wheelhouse(settings, variant.name, dry=dry)  # nothing to download where it matches the lock
-    except build.FetchFailed as e:
-        run, flagged = trains_here(settings, variant, host)
-        if not run:
-            raise DockyardError(f"{e}; or build {image} on a host that reaches them and carry it here (README, "
-                                f"\"Air-gapped, step by step\": `invoke build --variant={variant.name} && invoke save "
-                                f"--variant={variant.name}` there, `sh load.sh` here)") from None
-        # ready for what such a host is for, training in an image carried in (an air-gapped one): exit 0, so that
-        # `invoke setup && invoke run` trains; what building needs is said, not failed on
-        print(f"warning: {e}; {image} is here already: {run} trains in it{flagged}, the base image and the wheelhouse "
-              "are needed only to build it again", file=sys.stderr)
-        ready = f"ready to train: {run} trains in {image} (building it needs what the warning above says)"
-    if not dry:
-        give_to_sudo_user(build.wheelhouse_dir(settings, variant))
-    if dry:
-        print("dry run: nothing was installed, made or downloaded")
-    else:
-        print(ready)

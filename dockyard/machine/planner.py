@@ -34,6 +34,113 @@ from dockyard.common.units import GIB
 from dockyard.gpus import Host
 from dockyard.images.variants import Variant, pick_auto
 
+SEQ_LEN = 2048  # what `invoke plan` sizes a sequence at where it is not told (the model's context where shorter)
+
+
+def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 0,
+               batch: int = 0, host: Host | None = None, hub_home: Path | None = None, where: str = "--model",
+               variants: Callable[[], dict[str, Variant]] | None = None) -> dict:
+    """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given; `batch` 0
+    is auto, `seq_len` 0 is SEQ_LEN or the model's context where that is shorter (a plan for 2048 tokens of a model
+    of 1024 positions printed a command the trainer refuses). `variants`: reads the images, to say where this host's
+    GPUs, planned, run none of them (a CUDA 11 driver), as `invoke run` would refuse the plan's command; read only
+    then."""
+    if seq_len < 0:
+        raise DockyardError("--seq-len must be auto or at least 1")
+    if batch < 0:
+        raise DockyardError("--batch must be auto or at least 1")
+    for flag, value in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib), ("--cpu-mem", cpu_mem_gib)):
+        if value < 0:
+            raise DockyardError(f"{flag}={value}: must be positive (or 0 for what this host has)")
+        if flag != "--gpus" and 0 < value < 1:  # 1e-300 planned a GPU of 0 bytes: "no recipe fits"
+            raise DockyardError(f"{flag}={value:g}: it is in GiB, and no GPU or host has under 1 GiB to train in "
+                                f"(e.g. {flag}=80; 0 for what this host has)")
+    shape = shape_for(model, hub_home, where)
+    shorter = shape.context if 0 < shape.context < SEQ_LEN else 0
+    seq_from = "--seq-len" if seq_len else "the model's context" if shorter else "default"
+    seq_len = seq_len or shorter or SEQ_LEN
+    device = None
+    from dockyard.gpus import REPLAY_ENV
+
+    # GPUs said, maybe another server's; or a recorded server's (DOCKYARD_NVML_REPLAY), beside this one's RAM
+    elsewhere = bool(gpus or gpu_mem_gib or os.environ.get(REPLAY_ENV))
+    gpus_given = gpus
+    per_node = 0  # this host's GPUs, where the plan is for more of them than it has: several such nodes
+    if not gpus or not gpu_mem_gib:
+        if host is None:
+            from dockyard.gpus import read_host, select
+
+            host = select(read_host())  # the GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` takes them
+        if not host.gpus:
+            missing = " and ".join(f for f, v in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib)) if not v)
+            said = host.error if host.error.startswith("CUDA_VISIBLE_DEVICES") else "NVML sees no GPU on this host"
+            raise DockyardError(f"{said}: say what to plan for, with {missing} too (0, the default, is this "
+                                f"host's; e.g. --gpus={gpus or 8} --gpu-mem={gpu_mem_gib or 80:g})")
+        mig = [str(g.index) for g in host.gpus if g.mig]
+        if mig and not gpu_mem_gib:
+            raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "
+                                "GPU's that NVML reports; say the slice's: --gpu-mem=GiB (`nvidia-smi -L` lists them)")
+        gpus = gpus or host.count
+        per_node = host.count if gpus > host.count else 0
+        unread = [str(g.index) for g in host.gpus if g.memory_bytes < GIB]
+        if unread and not gpu_mem_gib:  # NVML gave no figure (or a byte): not a GPU on which "nothing fits"
+            raise DockyardError(f"NVML could not read the memory of GPU {', '.join(unread)} (it said under 1 GiB): say "
+                                "how much each has, --gpu-mem=GiB (nvidia-smi's memory.total)")
+        gpu_mem_gib = gpu_mem_gib or min(g.memory_bytes for g in host.gpus) / GIB
+        seen = autos.device_from_host(host)  # its compute capability decides compiling
+        device = autos.Device(seen.name, int(gpu_mem_gib * GIB), seen.capability)
+    this_host = not cpu_mem_gib
+    if this_host:
+        import psutil
+
+        cpu_mem_gib = psutil.virtual_memory().total / GIB
+    result = plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
+                  seq_len=seq_len, batch=batch, device=device)
+    result["cpu_mem_from"] = "this host" if this_host else "--cpu-mem"
+    result["seq_len_from"] = seq_from
+    result["cpu_mem_elsewhere"] = this_host and elsewhere  # GPUs said for another server, with this one's RAM
+    if rec := result["recommendation"]["recipe"]:
+        result["recommendation"]["command"] = run_command(rec, model, shape, gpus_given, seq_len, batch, per_node)
+        result["recommendation"]["refused_here"] = refused_here(variants, host) if device else ""
+    return result
+
+
+def refused_here(variants: Callable[[], dict[str, Variant]] | None, host: Host | None) -> str:
+    """Why `invoke run` on this host, whose GPUs the plan read, would pick no image (auto's refusal), else "". A
+    plan needs no image: where the variants cannot be read (a project without images/), it says nothing of them."""
+    if variants is None or host is None or not host.gpus:
+        return ""
+    try:
+        known = variants()
+    except DockyardError:
+        return ""
+    try:
+        pick_auto(known, host)
+    except DockyardError as e:
+        return str(e)
+    return ""
+
+
+def run_command(recipe: str, model: str, shape: Shape, gpus: int, seq_len: int, batch: int, per_node: int = 0) -> str:
+    """The `invoke run` of the run the plan sized: its model (a count names none: MODEL_FOLDER to fill in), as many
+    GPUs as it planned where it was told how many (a run takes every GPU it sees), its sequence length (a run's
+    default is 128 tokens, a plan's 2048) and micro-batch. `per_node`: this host's GPUs, where the plan is for more:
+    the run of each of the fewest nodes like it that share them out evenly (`--gpus=0,...,15` on a host of 8 was
+    refused, GPU 8 not being there)."""
+    counted = shape.source.startswith("assumed")
+    if per_node:
+        nodes = next(n for n in range(-(-gpus // per_node), gpus + 1) if gpus % n == 0)
+        spread = [f"--nodes={nodes}", "--node-rank=RANK", "--master-addr=NODE0_ADDR", "--run-id=RUN_ID",
+                  *([f"--nproc={gpus // nodes}"] if gpus // nodes < per_node else [])]
+    else:
+        spread = [f"--gpus={','.join(map(str, range(gpus)))}"] if gpus else []
+    words = ["invoke", "run", f"--recipe={recipe}", "--model=MODEL_FOLDER" if counted else f"--model={model}",
+             *spread, "--", "--max_seq_length", str(seq_len),
+             *(["--per_device_train_batch_size", str(batch)] if batch else [])]
+    return shlex.join(words)
+
+
+# --- the model: a folder, a hub id or a parameter count ------------------------------------------------
 
 def parse_count(text: str) -> int | None:
     """"8B", "1.5b", "350M", "8030261248" → a parameter count; None when it is not a count."""
@@ -235,113 +342,7 @@ def _how(r: dict, checkpointing: bool) -> str:
     return f" with {' and '.join(on)}" if on else ""
 
 
-# --- the task's front end -----------------------------------------------------------------------------
-
-SEQ_LEN = 2048  # what `invoke plan` sizes a sequence at where it is not told (the model's context where shorter)
-
-
-def plan_model(model: str, *, gpus: int = 0, gpu_mem_gib: float = 0.0, cpu_mem_gib: float = 0.0, seq_len: int = 0,
-               batch: int = 0, host: Host | None = None, hub_home: Path | None = None, where: str = "--model",
-               variants: Callable[[], dict[str, Variant]] | None = None) -> dict:
-    """`invoke plan`: fill GPU count and memory from NVML (and host memory from the OS) where not given; `batch` 0
-    is auto, `seq_len` 0 is SEQ_LEN or the model's context where that is shorter (a plan for 2048 tokens of a model
-    of 1024 positions printed a command the trainer refuses). `variants`: reads the images, to say where this host's
-    GPUs, planned, run none of them (a CUDA 11 driver), as `invoke run` would refuse the plan's command; read only
-    then."""
-    if seq_len < 0:
-        raise DockyardError("--seq-len must be auto or at least 1")
-    if batch < 0:
-        raise DockyardError("--batch must be auto or at least 1")
-    for flag, value in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib), ("--cpu-mem", cpu_mem_gib)):
-        if value < 0:
-            raise DockyardError(f"{flag}={value}: must be positive (or 0 for what this host has)")
-        if flag != "--gpus" and 0 < value < 1:  # 1e-300 planned a GPU of 0 bytes: "no recipe fits"
-            raise DockyardError(f"{flag}={value:g}: it is in GiB, and no GPU or host has under 1 GiB to train in "
-                                f"(e.g. {flag}=80; 0 for what this host has)")
-    shape = shape_for(model, hub_home, where)
-    shorter = shape.context if 0 < shape.context < SEQ_LEN else 0
-    seq_from = "--seq-len" if seq_len else "the model's context" if shorter else "default"
-    seq_len = seq_len or shorter or SEQ_LEN
-    device = None
-    from dockyard.gpus import REPLAY_ENV
-
-    # GPUs said, maybe another server's; or a recorded server's (DOCKYARD_NVML_REPLAY), beside this one's RAM
-    elsewhere = bool(gpus or gpu_mem_gib or os.environ.get(REPLAY_ENV))
-    gpus_given = gpus
-    per_node = 0  # this host's GPUs, where the plan is for more of them than it has: several such nodes
-    if not gpus or not gpu_mem_gib:
-        if host is None:
-            from dockyard.gpus import read_host, select
-
-            host = select(read_host())  # the GPUs CUDA_VISIBLE_DEVICES leaves, as `invoke run` takes them
-        if not host.gpus:
-            missing = " and ".join(f for f, v in (("--gpus", gpus), ("--gpu-mem", gpu_mem_gib)) if not v)
-            said = host.error if host.error.startswith("CUDA_VISIBLE_DEVICES") else "NVML sees no GPU on this host"
-            raise DockyardError(f"{said}: say what to plan for, with {missing} too (0, the default, is this "
-                                f"host's; e.g. --gpus={gpus or 8} --gpu-mem={gpu_mem_gib or 80:g})")
-        mig = [str(g.index) for g in host.gpus if g.mig]
-        if mig and not gpu_mem_gib:
-            raise DockyardError(f"GPU {', '.join(mig)} is in MIG mode: a process gets one slice's memory, not the "
-                                "GPU's that NVML reports; say the slice's: --gpu-mem=GiB (`nvidia-smi -L` lists them)")
-        gpus = gpus or host.count
-        per_node = host.count if gpus > host.count else 0
-        unread = [str(g.index) for g in host.gpus if g.memory_bytes < GIB]
-        if unread and not gpu_mem_gib:  # NVML gave no figure (or a byte): not a GPU on which "nothing fits"
-            raise DockyardError(f"NVML could not read the memory of GPU {', '.join(unread)} (it said under 1 GiB): say "
-                                "how much each has, --gpu-mem=GiB (nvidia-smi's memory.total)")
-        gpu_mem_gib = gpu_mem_gib or min(g.memory_bytes for g in host.gpus) / GIB
-        seen = autos.device_from_host(host)  # its compute capability decides compiling
-        device = autos.Device(seen.name, int(gpu_mem_gib * GIB), seen.capability)
-    this_host = not cpu_mem_gib
-    if this_host:
-        import psutil
-
-        cpu_mem_gib = psutil.virtual_memory().total / GIB
-    result = plan(shape, gpus=gpus, gpu_mem=int(gpu_mem_gib * GIB), cpu_mem=int(cpu_mem_gib * GIB),
-                  seq_len=seq_len, batch=batch, device=device)
-    result["cpu_mem_from"] = "this host" if this_host else "--cpu-mem"
-    result["seq_len_from"] = seq_from
-    result["cpu_mem_elsewhere"] = this_host and elsewhere  # GPUs said for another server, with this one's RAM
-    if rec := result["recommendation"]["recipe"]:
-        result["recommendation"]["command"] = run_command(rec, model, shape, gpus_given, seq_len, batch, per_node)
-        result["recommendation"]["refused_here"] = refused_here(variants, host) if device else ""
-    return result
-
-
-def refused_here(variants: Callable[[], dict[str, Variant]] | None, host: Host | None) -> str:
-    """Why `invoke run` on this host, whose GPUs the plan read, would pick no image (auto's refusal), else "". A
-    plan needs no image: where the variants cannot be read (a project without images/), it says nothing of them."""
-    if variants is None or host is None or not host.gpus:
-        return ""
-    try:
-        known = variants()
-    except DockyardError:
-        return ""
-    try:
-        pick_auto(known, host)
-    except DockyardError as e:
-        return str(e)
-    return ""
-
-
-def run_command(recipe: str, model: str, shape: Shape, gpus: int, seq_len: int, batch: int, per_node: int = 0) -> str:
-    """The `invoke run` of the run the plan sized: its model (a count names none: MODEL_FOLDER to fill in), as many
-    GPUs as it planned where it was told how many (a run takes every GPU it sees), its sequence length (a run's
-    default is 128 tokens, a plan's 2048) and micro-batch. `per_node`: this host's GPUs, where the plan is for more:
-    the run of each of the fewest nodes like it that share them out evenly (`--gpus=0,...,15` on a host of 8 was
-    refused, GPU 8 not being there)."""
-    counted = shape.source.startswith("assumed")
-    if per_node:
-        nodes = next(n for n in range(-(-gpus // per_node), gpus + 1) if gpus % n == 0)
-        spread = [f"--nodes={nodes}", "--node-rank=RANK", "--master-addr=NODE0_ADDR", "--run-id=RUN_ID",
-                  *([f"--nproc={gpus // nodes}"] if gpus // nodes < per_node else [])]
-    else:
-        spread = [f"--gpus={','.join(map(str, range(gpus)))}"] if gpus else []
-    words = ["invoke", "run", f"--recipe={recipe}", "--model=MODEL_FOLDER" if counted else f"--model={model}",
-             *spread, "--", "--max_seq_length", str(seq_len),
-             *(["--per_device_train_batch_size", str(batch)] if batch else [])]
-    return shlex.join(words)
-
+# --- what it prints ---------------------------------------------------------------------------------------
 
 def print_plan(result: dict) -> None:
     from rich.console import Console
