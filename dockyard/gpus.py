@@ -390,18 +390,17 @@ def select(host: Host, spec: str = "") -> Host:
     flag = spec.strip()
     if flag.lower() == "all":  # docker's word for every GPU: as leaving --gpus out
         return host
-    spec = (spec or os.environ.get("CUDA_VISIBLE_DEVICES", "")).strip()
-    if not spec or not host.gpus:
+    if not host.gpus or (not flag and os.environ.get("CUDA_VISIBLE_DEVICES") is None):
         return host
-    source = f"--gpus={flag}" if flag else f"CUDA_VISIBLE_DEVICES={spec}"
+    if flag:
+        source, tokens = f"--gpus={flag}", [t.strip() for t in flag.split(",") if t.strip()]
+    else:
+        spec = os.environ["CUDA_VISIBLE_DEVICES"].strip()
+        source, tokens = f"CUDA_VISIBLE_DEVICES={spec or repr(spec)}", cuda_reads(spec)[0]
+        if not tokens:  # CUDA sees no GPU (-1, an empty value), and the run trains on CPU as CUDA would
+            return replace(host, gpus=[], visible="", error=f"{source} hides every GPU")
     chosen, seen = [], set()
-    for token in (t.strip() for t in spec.split(",") if t.strip()):
-        if not flag and (token == "NoDevFiles" or (token.startswith("-") and token[1:].isdigit())):
-            # CUDA's rule for the usual ways to hide GPUs (-1; Slurm's NoDevFiles for a job given none): the list
-            # ends here; with none before it, CUDA sees no GPU, and the run trains on CPU as CUDA would
-            if not chosen:
-                return replace(host, gpus=[], visible="", error=f"CUDA_VISIBLE_DEVICES={spec} hides every GPU")
-            break
+    for token in tokens:
         if token.startswith("MIG-"):
             raise DockyardError(f"{token} (from {source}) is a MIG device: runs take whole "
                                 "GPUs; name the GPU, or turn MIG off (`invoke doctor` says how)")
@@ -426,14 +425,29 @@ def select(host: Host, spec: str = "") -> Host:
     return replace(host, gpus=chosen, visible=",".join(str(g.index) for g in chosen))
 
 
+def cuda_reads(spec: str) -> tuple[list[str], str]:
+    """The entries of CUDA_VISIBLE_DEVICES that CUDA reads, and where it stopped reading with entries left, in words
+    ("" where it read them all). CUDA reads the list up to its first entry that names no device (an empty one, as in
+    `0,,1`; -1; Slurm's NoDevFiles for a job given none; a word) and sees no GPU after it: `0,,1` is GPU 0 alone."""
+    entries = [t.strip() for t in spec.split(",")]
+    for n, token in enumerate(entries):
+        if not (token.isdigit() or token.startswith(("GPU-", "MIG-"))):
+            left = any(entries[n + 1:])
+            return entries[:n], (f"CUDA reads no further than its {f'entry {token!r}' if token else 'empty entry'}"
+                                 if left else "")
+    return entries, ""
+
+
 def hidden_by_environment(every: Host, kept: Host) -> str:
     """Where CUDA_VISIBLE_DEVICES (not --gpus) left fewer of the host's GPUs than it has, which it leaves, in words;
     "" otherwise. A value left in a shell (`export CUDA_VISIBLE_DEVICES=0` from an earlier test) trained on one of
     two GPUs with no word of the other: "DDP uses only one of my GPUs"."""
     if not every.gpus or len(kept.gpus) >= len(every.gpus):
         return ""
-    return (f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} leaves GPU "
-            f"{', '.join(str(g.index) for g in kept.gpus) or 'none'} of the {every.count}")
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    _, stopped = cuda_reads(spec.strip())
+    return (f"CUDA_VISIBLE_DEVICES={spec} leaves GPU {', '.join(str(g.index) for g in kept.gpus) or 'none'} of "
+            f"the {every.count}{f' ({stopped})' if stopped else ''}")
 
 
 def docker_gpus(host: Host) -> str:

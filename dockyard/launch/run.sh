@@ -205,17 +205,22 @@ require_refuses() {  # NVIDIA_REQUIRE_CUDA brands
 	}'
 }
 # CUDA_VISIBLE_DEVICES as invoke run reads it (dockyard/gpus.py select): GPU indices or UUIDs (or a UUID's unique start,
-# GPU-5d5b), comma-separated, each a GPU of nvidia-smi -L's list ($SMI); docker gets their indices (--gpus
-# '"device=0,2"'), torchrun one process each. A MIG device is refused: runs take whole GPUs.
+# GPU-5d5b), comma-separated, each a GPU of nvidia-smi -L's list ($SMI), read as CUDA reads them: up to the first entry
+# that names no device (an empty one, as in 0,,1; -1; a word), after which CUDA sees none (set but empty, it sees
+# none at all); docker gets their indices (--gpus '"device=0,2"'), torchrun one process each. A MIG device is
+# refused: runs take whole GPUs.
 visible() {
-	cvd=${CUDA_VISIBLE_DEVICES-}
+	chosen=
+	[ -n "${CUDA_VISIBLE_DEVICES+set}" ] || return 0
+	cvd=$CUDA_VISIBLE_DEVICES
 	fix="nvidia-smi -L lists them; unset CUDA_VISIBLE_DEVICES for every GPU, or --cpu for none"
 	case $cvd in *[!A-Za-z0-9,\ -]*) die "CUDA_VISIBLE_DEVICES holds what is no GPU index or UUID: give them comma-separated ($fix)" ;; esac
-	chosen=
-	[ -n "$(printf '%s' "$cvd" | tr -d ' ')" ] || return 0
 	have=$(printf '%s\n' "$SMI" | sed -n 's/^GPU \([0-9]*\):.*/\1/p' | awk '{ printf "%s%s", sep, $0; sep = ", " }')
 	COUNT=0
-	for token in $(printf '%s' "$cvd" | tr ',' ' '); do
+	rest=$cvd,
+	while [ -n "$rest" ]; do
+		token=$(printf '%s' "${rest%%,*}" | sed 's/^ *//; s/ *$//') rest=${rest#*,}
+		case $token in GPU-*|MIG-*) ;; ''|*[!0-9]*) break ;; esac  # names no device: CUDA reads no further
 		case $token in MIG-*) die "CUDA_VISIBLE_DEVICES=$cvd names a MIG device ($token): runs take whole GPUs; name the GPU, or turn MIG off (nvidia-smi -mig 0)" ;; esac
 		index=$(printf '%s\n' "$SMI" | awk -v t="$token" '/^GPU [0-9]+:/ { i = substr($2, 1, length($2) - 1); u = $NF
 			sub(/\)$/, "", u); if ((t ~ /^[0-9]+$/ && t + 0 == i + 0) || t == u || (t ~ /^GPU-./ && index(u, t) == 1)) {
@@ -224,7 +229,8 @@ visible() {
 		[ -n "$index" ] || die "GPU $token (from CUDA_VISIBLE_DEVICES=$cvd) is not on this node: it has ${have:-none} ($fix)"
 		case ",$chosen," in *",$index,"*) ;; *) chosen=$chosen${chosen:+,}$index COUNT=$((COUNT + 1)) ;; esac
 	done
-	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES=$cvd names no GPU ($fix)"
+	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES='$cvd' hides every GPU, as CUDA reads it ($fix)"
+	[ -z "$(printf '%s' "$rest" | tr -d ', ')" ] || printf '%s\n' "run.sh: CUDA_VISIBLE_DEVICES=$cvd leaves GPU $chosen: CUDA reads no further than its ${token:+entry '$token'}${token:-empty entry}" >&2
 	GPUS="\"device=$chosen\""
 }
 # With no --image: the dockyard image of the archive sets beside this script (their manifests name them and their ids,

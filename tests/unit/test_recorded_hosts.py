@@ -156,6 +156,40 @@ def test_a_cuda_visible_devices_left_in_the_shell_is_said_where_it_hides_gpus(se
     assert "leaves" not in dry_run(settings, capsys) and doctor.check_visible(host) is None
 
 
+@pytest.mark.parametrize("visible", ["0,,1", "0, ,1", "0,-1,1", "0,NoDevFiles,1", "0,x,1"])
+def test_cuda_visible_devices_is_read_as_cuda_reads_it_up_to_an_entry_naming_no_device(settings, capsys, replay,
+                                                                                       monkeypatch, visible):
+    """`CUDA_VISIBLE_DEVICES=0,,1` (a variable glued from two) was "GPU 0, 1" to invoke run, plan and doctor, and the
+    run trained on both, where CUDA stops at the empty entry: every CUDA program of that shell sees GPU 0 alone. What
+    CUDA sees is what dockyard takes, and it says where CUDA stopped."""
+    host, _ = replay("rtx3090x2_535")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    out = dry_run(settings, capsys)
+    assert "--nproc-per-node=1" in out and "device=0" in out and "device=0,1" not in out, out
+    stop = "its empty entry" if visible.split(",")[1].strip() == "" else f"its entry {visible.split(',')[1]!r}"
+    said = f"CUDA_VISIBLE_DEVICES={visible} leaves GPU 0 of the 2 (CUDA reads no further than {stop})"
+    assert f"{said}: the run takes no other" in out
+    seen = doctor.check_visible(host)
+    assert seen.status == doctor.WARN and said in seen.detail
+    assert plan_mod.plan_model("1.5B")["gpus"] == 1
+
+
+@pytest.mark.parametrize("visible", ["", " ", ",0", "0,1,"])
+def test_cuda_visible_devices_set_but_empty_hides_every_gpu_and_a_trailing_comma_drops_none(settings, capsys, replay,
+                                                                                            monkeypatch, visible):
+    """`export CUDA_VISIBLE_DEVICES=` (how many hide GPUs from CUDA) trained on every GPU, as if it were unset; CUDA
+    sees none, and the run trains on CPU as with -1. A trailing comma leaves the GPUs before it, with no remark."""
+    replay("rtx3090x2_535")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    out = dry_run(settings, capsys)
+    if visible.startswith("0"):
+        assert "--nproc-per-node=2" in out and "CUDA_VISIBLE_DEVICES=" not in out, out
+        return
+    assert "auto → cpu: CUDA_VISIBLE_DEVICES=" in out and "hides every GPU" in out, out
+    with pytest.raises(DockyardError, match="hides every GPU: say what to plan for"):
+        plan_mod.plan_model("1.5B")
+
+
 def test_more_processes_than_the_gpus_chosen_is_refused_naming_the_choice(settings, capsys, replay):
     """`--gpus=0 --nproc=2` on two RTX 3090s said "this host has 1 GPU(s)", as if GPU 1 were not seen."""
     replay("rtx3090x2_535")

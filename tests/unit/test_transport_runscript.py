@@ -434,15 +434,20 @@ def test_a_cuda_12_driver_below_the_least_for_cuda_12_is_refused_as_invoke_run_r
 
 @pytest.mark.parametrize(("visible", "device", "nproc"), [
     ("1", '"device=1"', 1), ("GPU-1111-uuid", '"device=1"', 1), ("GPU-11", '"device=1"', 1),  # a unique start
-    ("2, 0", '"device=2,0"', 2), ("0,0", '"device=0"', 1),
-    ("", "all", 3)])
+    ("2, 0", '"device=2,0"', 2), ("0,0", '"device=0"', 1), ("1,2,", '"device=1,2"', 2),
+    ("0,,1", '"device=0"', 1), ("2,-1,1", '"device=2"', 1),  # CUDA reads no further than an entry naming no device
+    (None, "all", 3)])
 def test_cuda_visible_devices_picks_the_gpus_docker_gets_one_process_each(node, visible, device, nproc):
-    """As invoke run reads it: indices or UUIDs; docker gets the indices as its device list."""
-    proc, argv = node("--run-id=v1", variant="cu132", gpus=3, CUDA_VISIBLE_DEVICES=visible)
+    """As invoke run reads it: indices or UUIDs, up to an entry naming no device, as CUDA reads them (`0,,1` trained
+    on GPUs 0 and 1, where CUDA sees GPU 0 alone); docker gets the indices as its device list."""
+    proc, argv = node("--run-id=v1", variant="cu132", gpus=3, **({} if visible is None else
+                                                                 {"CUDA_VISIBLE_DEVICES": visible}))
     assert argv[argv.index("--gpus") + 1] == device and f"--nproc-per-node={nproc}" in argv, proc.stderr
+    cut = visible in ("0,,1", "2,-1,1")  # said where GPUs named after the stop are left out
+    assert (f"CUDA_VISIBLE_DEVICES={visible} leaves GPU" in proc.stderr) == cut, proc.stderr
 
 
-@pytest.mark.parametrize("visible", ["3", "-1", "GPU-nope", ",", "0;touch x"])
+@pytest.mark.parametrize("visible", ["3", "-1", "GPU-nope", ",", "0;touch x", ""])
 def test_cuda_visible_devices_naming_no_gpu_of_the_node_is_refused(node, visible):
     proc, argv = node("--run-id=v2", variant="cu132", gpus=2, CUDA_VISIBLE_DEVICES=visible)
     assert proc.returncode == 1 and not argv and "CUDA_VISIBLE_DEVICES" in proc.stderr, proc.stderr
@@ -565,7 +570,8 @@ def test_run_sh_holds_brand_conditions_against_the_brand_nvidia_smi_says(node, b
     from tests.support.nvml import REQUIRE_CUDA_128
 
     proc, argv = node("--run-id=b1", variant="cu128", gpus=2, FAKE_DRIVER="535.183.01", FAKE_CUDA="12.2",
-                      FAKE_REQUIRE=REQUIRE_CUDA_128, FAKE_BRANDS=brands, CUDA_VISIBLE_DEVICES=visible)
+                      FAKE_REQUIRE=REQUIRE_CUDA_128, FAKE_BRANDS=brands,
+                      **({"CUDA_VISIBLE_DEVICES": visible} if visible else {}))
     if not refused:
         assert "--gpus" in argv, proc.stderr
         return
@@ -576,7 +582,8 @@ def test_run_sh_holds_brand_conditions_against_the_brand_nvidia_smi_says(node, b
         "any CUDA 12 build), or load the cu128 image built without --devel (invoke build --variant=cu128, then invoke "
         "save)\n")
     proc, argv = node("--run-id=b2", "--disable-require", variant="cu128", gpus=2, FAKE_DRIVER="535.183.01",
-                      FAKE_CUDA="12.2", FAKE_REQUIRE=REQUIRE_CUDA_128, FAKE_BRANDS=brands, CUDA_VISIBLE_DEVICES=visible)
+                      FAKE_CUDA="12.2", FAKE_REQUIRE=REQUIRE_CUDA_128, FAKE_BRANDS=brands,
+                      **({"CUDA_VISIBLE_DEVICES": visible} if visible else {}))
     assert "NVIDIA_DISABLE_REQUIRE=1" in argv, proc.stderr
 
 
