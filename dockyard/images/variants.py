@@ -447,8 +447,14 @@ def resolve_with_cpu(settings: Settings, name: str, host: Host, *, cpu: bool, on
             raise
         if cpu:
             return all_variants(settings)["cpu"], f"auto → cpu: --cpu, and {str(e).split('. ')[0]}"
-        said = str(e).rstrip(".")
-        raise DockyardError(said if "on CPU" in said else f"{said}; or {on_cpu} with --cpu") from None
+        raise DockyardError(with_cpu_way_out(str(e), f"{on_cpu} with --cpu")) from None
+
+
+def with_cpu_way_out(refusal: str, way_out: str) -> str:
+    """auto's refusal on a GPU host (a CUDA 11 driver) ending with the way to train until it is fixed: said by
+    invoke run and shell (`--cpu`) and by doctor (`invoke run --cpu`), unless the refusal names CPU already."""
+    said = refusal.rstrip(".")
+    return said if "on CPU" in said else f"{said}; or {way_out}"
 
 
 def tag(settings: Settings, variant: Variant) -> str:

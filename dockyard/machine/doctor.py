@@ -317,7 +317,8 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
         _, why = variants.pick_auto(all_variants, host)
         out.append(Check("auto variant", PASS, why))
     except DockyardError as e:
-        out.append(Check("auto variant", FAIL, "auto picks no variant on this host", str(e)))
+        out.append(Check("auto variant", FAIL, "auto picks no variant on this host",
+                         variants.with_cpu_way_out(str(e), "train on CPU with `invoke run --cpu`")))
     return out
 
 

@@ -653,6 +653,18 @@ def test_on_a_cuda_11_driver_cpu_trains_on_cpu_and_the_refusal_says_so(settings,
         launch_run.shell(settings, dry=True)
 
 
+def test_doctor_on_a_cuda_11_driver_names_the_way_to_train_that_invoke_run_names(settings, replay):
+    """doctor's "auto variant" on driver 470 (CUDA 11.4) said to upgrade the driver or add a variant, where invoke run
+    on the same host ends "; or train on CPU with --cpu": doctor names the same way out, as its command."""
+    host, _ = replay("a100x2_470")
+    auto = {c.name: c for c in doctor.check_variants(variants.all_variants(settings), host, {})}["auto variant"]
+    with pytest.raises(DockyardError) as refused:
+        launch_run.run(settings, launch_run.RunRequest(recipe="ddp", dry=True))
+    assert auto.status == doctor.FAIL and "525.60.13 or newer" in auto.fix
+    assert auto.fix.endswith("; or train on CPU with `invoke run --cpu`") and len(auto.fix.splitlines()) == 1
+    assert auto.fix.removesuffix("`invoke run --cpu`") == str(refused.value).removesuffix("--cpu")
+
+
 def test_a_plan_on_a_host_whose_driver_runs_no_image_says_so_beside_its_command(settings, capsys, replay):
     """`invoke plan` on two A100s on driver 470 (CUDA 11.4) ended "run it: invoke run --recipe=ddp ...", which invoke
     run there refuses ("older than every CUDA variant"): the plan's command is now followed by why it cannot run on
