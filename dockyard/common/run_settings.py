@@ -117,8 +117,9 @@ class RunSettings(BaseModel):
             try:
                 re.compile(value)
             except (re.error, RecursionError, OverflowError) as e:  # a traceback from peft, after the model loaded
-                raise ValueError(f"{reprlib.repr(value)} is not a regular expression ({e}); give the names of the "
-                                 "model's linear layers, as in q_proj,v_proj, or all-linear") from None
+                # the value is the formatter's to quote (errors.problem_list), once, as it quotes every setting's
+                raise ValueError(f"is not a regular expression ({e}); give the names of the model's linear layers, "
+                                 "as in q_proj,v_proj, or all-linear") from None
         return value
 
     @field_validator("profile_steps", mode="before")

@@ -118,8 +118,13 @@ def test_a_target_modules_expression_that_backtracks_or_does_not_compile_is_one_
     from dockyard.common.errors import DockyardError
 
     recipe = load_recipe("lora")
-    with pytest.raises(DockyardError, match=r"lora_target_modules.*'\(\[' is not a regular expression"):
-        resolve_settings(recipe, {"lora_target_modules": "(["})
+    # quoted once, by the setting's name, however long (it was twice past reprlib's 30 characters)
+    for target in ("([", "model.layers.[0-9]+.self_attn.(q|v)_proj("):
+        with pytest.raises(DockyardError) as refused:
+            resolve_settings(recipe, {"lora_target_modules": target})
+        said = str(refused.value)
+        assert said.startswith(f"invalid setting: --lora_target_modules {target!r}: is not a regular expression (")
+        assert said.count(target) == 1 and "\n" not in said, said
     models.materialize_tiny_model(tmp_path / "base")
     tokenizer = models.load_tokenizer(str(tmp_path / "base"))
     monkeypatch.setattr(models, "MATCH_SECONDS", 1)
