@@ -136,8 +136,9 @@ def inputs_record(paths: dict[str, str]) -> dict[str, Any]:
         if p.exists():
             out[key].update(runfolder.fingerprint(p))
             if out[key].get("hash_of") != "content" and (read := runfolder.fingerprint(p, hidden=False)):
-                out[key]["read"] = read["sha256"]  # less its hidden files, which the trainer never reads: what a
-                #                                    resume and the other nodes compare (a vim swap file beside the data)
+                # less its hidden files, which the trainer never reads: what a resume and the other nodes compare (a
+                # vim swap file beside the data)
+                out[key] |= {"read": read["sha256"], "read_bytes": read["bytes"]}
     return out
 
 

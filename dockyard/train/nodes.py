@@ -189,12 +189,15 @@ def inputs_read(inputs: dict[str, Any] | None) -> dict[str, str]:
     node's own file at that path, and node 1's older copy of the data trained its replica on other rows, "completed";
     the same files at other host paths are alike. A folder's hidden files are left out, as the trainer reads none: the
     .cache/huggingface/ that `hf download --local-dir` leaves in a model folder holds each node's own download times,
-    and one model downloaded on each node was refused."""
+    and one model downloaded on each node was refused. That fingerprint is the record's `read` (what a resume compares
+    too); a record without it (a file hashed whole, or one written before it) is the file's, or the folder's walked."""
     read = {}
     for key, found in (inputs or {}).items():
         if not (isinstance(found, dict) and "sha256" in found):
             continue
-        if found.get("hash_of") != "content" and isinstance(found.get("inside"), str):
+        if "read" in found and "read_bytes" in found:
+            found = {"sha256": found["read"], "bytes": found["read_bytes"]}
+        elif found.get("hash_of") != "content" and isinstance(found.get("inside"), str):
             found = runfolder.fingerprint(Path(found["inside"]), hidden=False) or found
         read[f"{INPUT}{key}"] = f"{found['sha256'][:12]} ({found['bytes']} bytes)"
     return read

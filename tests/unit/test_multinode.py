@@ -988,3 +988,24 @@ def test_the_same_model_downloaded_on_each_node_is_alike_whatever_its_hidden_fil
     with pytest.raises(DockyardError, match="node 1 with input model "):
         nodes.check_started_alike([{"node_rank": 0, "started_with": started[0]},
                                    {"node_rank": 1, "started_with": started[2]}])
+
+
+def test_the_nodes_compare_the_inputs_fingerprint_the_manifest_records_and_an_older_record_still_works(tmp_path):
+    """The nodes' check walked each input folder again for its fingerprint less hidden files, which the manifest had
+    just recorded as `read` (what a resume compares): two walks of one folder, which can disagree (a file written
+    between them) and cost a second walk of a data folder of many files. It reads the record's `read` now; a record
+    without it (written before, or a file hashed whole) is walked as before, and says the same of the same folder."""
+    model = tmp_path / "model"
+    (model / ".cache").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"w" * 4096)
+    (model / ".cache" / "download.metadata").write_text("1733552345.1234567\n")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a"}\n')
+    record = manifest.inputs_record({"model": str(model), "data": str(data)})
+    older = {key: {k: v for k, v in found.items() if k not in ("read", "read_bytes")} for key, found in record.items()}
+    assert nodes.inputs_read(older) == nodes.inputs_read(record), "the record's and the walk's fingerprints agree"
+    assert nodes.inputs_read(record)["input model"] == f"{record['model']['read'][:12]} (4098 bytes)"
+    (model / "tokenizer.json").write_text("{}")  # after the record: the nodes compare what the manifest holds
+    assert nodes.inputs_read(record)["input model"] == f"{record['model']['read'][:12]} (4098 bytes)"
+    assert nodes.inputs_read(older)["input model"] != nodes.inputs_read(record)["input model"]
