@@ -626,12 +626,14 @@ def memlock_given(daemon_hard_limit: int | None) -> int | None:
 def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
                     env: dict[str, str], network_host: bool, interactive: str, command: list[str],
                     mounts: list[tuple[Path, str, bool]], engine_info: dict, memlock: str | None = None,
-                    devices: list[str] | None = None, compile_cache: bool = False, keep: bool = False) -> list[str]:
+                    devices: list[str] | None = None, compile_cache: bool = False, keep: bool = False,
+                    host_paths: bool = False) -> list[str]:
     """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes.
     `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry.
     `compile_cache`: mount it (what trains); caches.prepare() makes the folders first. `interactive`: "tty" (a
     terminal, -it), "stdin" (the commands piped in, -i), or "" (none). `keep`: the container is not removed when it
-    ends (`invoke shell --keep`, to commit it)."""
+    ends (`invoke shell --keep`, to commit it). `host_paths`: tell the trainer the host path of every folder mounted
+    (DOCKYARD_HOST_PATHS, from the -v list itself), which it writes into train.log and the manifest's error."""
     memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
     argv = engine.docker(settings, "run", *([] if keep else ["--rm"]), "--init", *engine.host_sharing_flags(engine_info),
                          "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
@@ -644,15 +646,18 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
     else:
         argv += ["--add-host", ":".join(node.LOOPBACK_V4MAPPED)]
     argv += devices or []  # multinode.infiniband_flags()
-    cache_env = caches.compile_env(settings) if compile_cache else {}
-    for k, v in {**node.container_env(), **cache_env, **env}.items():
-        argv += ["-e", f"{k}={v}"]
     # docker's -v splits on ':' (the user's files and recipes are checked where they are named: inputs.py)
     vols = caches.volumes(settings, compile_cache)
     if run_dir is not None:
         caches.writable_mount(run_dir.parent, "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs")
         vols.append((run_dir.parent, node.RUNS_INSIDE, False))
-    for host_path, target, ro in vols + mounts:
+    vols += mounts
+    if host_paths:
+        env = {**env, envvars.HOST_PATHS: json.dumps({inside: str(host) for host, inside, _ in vols}, sort_keys=True)}
+    cache_env = caches.compile_env(settings) if compile_cache else {}
+    for k, v in {**node.container_env(), **cache_env, **env}.items():
+        argv += ["-e", f"{k}={v}"]
+    for host_path, target, ro in vols:
         argv += ["-v", f"{host_path}:{target}{':ro' if ro else ''}"]
     return argv + ["-w", node.WORKDIR, image, *command]
 
@@ -672,17 +677,13 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
         check_gpu_host(settings, variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
     seen = inputs.read_only_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
-    env = {envvars.IMAGE_REF: image, envvars.IMAGE_ID: image_id, envvars.VARIANT: variant.name, **seen.env,
+    env = {envvars.IMAGE_REF: image, envvars.IMAGE_ID: image_id, envvars.VARIANT: variant.name,
            **({envvars.SUMMARISED: "1"} if summarised else {})}
     if disable_require:
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     if cpu and variant.is_cuda:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
     env |= node_env(topo)
-    # every folder the run mounts, as run.sh names them: the trainer writes the host's paths into train.log and the
-    # manifest's error (errors.on_host), which are read on the host
-    mounted = [(run_dir.parent, node.RUNS_INSIDE, False), *caches.volumes(settings, compile_cache=True), *seen.volumes]
-    env[envvars.HOST_PATHS] = json.dumps({inside: str(host) for host, inside, _ in mounted}, sort_keys=True)
     gpu = variant.is_cuda and not cpu
     command = torchrun_argv(topo) + node.entry_argv(seen.recipe, node.run_dir_inside(run_dir.name), seen.overrides,
                                                     resume)
@@ -691,7 +692,7 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
                            env=env, network_host=topo.nodes > 1, interactive="", command=command,
                            mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],
-                           compile_cache=True)
+                           compile_cache=True, host_paths=True)  # every folder mounted, as run.sh names them
     return RunCommand(argv, run_dir)
 
 

@@ -218,6 +218,24 @@ def test_a_dry_run_says_when_the_image_holds_other_code_too(tmp_path, monkeypatc
     assert "holds older (or other) code than this checkout's dockyard/" in r.stderr, r.stderr
 
 
+def test_the_host_paths_the_trainer_is_told_are_the_docker_run_s_own_mounts_whatever_it_mounts(settings, tmp_path,
+                                                                                                files):
+    """DOCKYARD_HOST_PATHS was built from a second list of the run's mounts (the runs folder, caches.volumes and the
+    inputs', typed again beside docker_run_argv's): one list now makes both, so a mount added to the docker command
+    is named to the trainer too. Each kind of mount: the runs folder, the caches, a data file, a model folder, a
+    recipe folder of one's own, this checkout's recipes."""
+    import shutil
+
+    data, model = files
+    mine = tmp_path / "my recipe"
+    shutil.copytree(ROOT / "recipes" / "ddp", mine)
+    for kw in ({}, {"data": str(data), "model": str(model)}, {"data": str(data), "recipe": str(mine)}):
+        argv = _argv(settings, tmp_path, **kw)
+        named = json.loads(next(a for a in argv if a.startswith("DOCKYARD_HOST_PATHS=")).partition("=")[2])
+        assert named == engine.mounts_of(argv) and len(named) == len(_volumes(argv)), kw
+        assert sum(a.startswith("DOCKYARD_HOST_PATHS=") for a in argv) == 1
+
+
 def test_the_trainer_is_told_the_host_path_of_every_folder_the_run_mounts(settings, tmp_path, files):
     """invoke run told the trainer the host paths of the user's inputs alone: the runs folder's paths in train.log and
     the manifest's error stayed the container's (/workspace/runs/r1/...). It names every mount now, as run.sh does,
