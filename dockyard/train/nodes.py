@@ -385,6 +385,7 @@ class Silence:
 
 
 _UNSET = "\x00dockyard: not set"  # what _read asks compare_set for: neither a count nor JSON
+_ASK_AGAIN = object()  # a node's info not set yet (or deleted): asked again at the next beat
 
 
 def _count(raw: bytes) -> int:
@@ -428,6 +429,7 @@ class Heartbeat:
         self.phase = "starting"
         self.verdict: str | None = None
         self._infos: dict[int, dict[str, Any]] = {}
+        self._asked: set[int] = set()  # the nodes whose info was read (of the nodes' shape or not): not read again
         self._store: Any = None
         self._beats = 0  # this node's counter: written whole (set), never added to (see _watch)
         self._done = 0   # DONE, once this node finished its run
@@ -478,9 +480,13 @@ class Heartbeat:
                     self._beats += 1
                     self._beat()
                 counts = {n: count for n in self.others if (count := self._read(BEAT.format(n), _count)) is not None}
-                for n in self.others:  # who each node is, as soon as it says: a lost store's host is named by it
-                    if n not in self._infos and (info := self._read(NODE.format(n), _node_info)):
-                        self._infos[n] = info
+                for n in self.others:  # who each node is, asked once it beats (it says so first), and once (_read)
+                    if n not in self._asked and counts.get(n, 0) > 0:  # a lost store's host is named by it
+                        info = self._read(NODE.format(n), _node_info, absent=_ASK_AGAIN)
+                        if info is not _ASK_AGAIN:
+                            self._asked.add(n)
+                            if info:
+                                self._infos[n] = info
                 lost = silence.see(counts, time.monotonic())
                 if lost:
                     n, silent, ever = lost
@@ -497,14 +503,21 @@ class Heartbeat:
         with self._writing:
             self._store.set(BEAT.format(self.me), str(self._beats + self._done))
 
-    def _read(self, key: str, parse) -> Any:
-        """`parse` of the key's value, None where it is not set or not of the shape the nodes write. One request, which
-        never waits: a check, then a get, met a key a stranger deleted in between, and get waited the bound for it and
-        failed, the store taken for lost. compare_set of a value no node writes changes nothing and answers the value,
-        or that value where the key is not set."""
+    def _read(self, key: str, parse, absent: Any = None) -> Any:
+        """`parse` of the key's value, None where it is not of the shape the nodes write (`absent` where it is not set).
+        One request, which never waits: a check, then a get, met a key a stranger deleted in between, and get waited
+        the bound for it and failed, the store taken for lost. compare_set of a value no node writes changes nothing
+        and answers the value, or that value where the key is not set.
+        A value is read whole: torch's Store has no ranged get and no size of a value (get, compare_set and multi_get
+        answer it all; check says only whether it is set). So a node's info, which its node writes once, is read
+        once (_watch): a stranger's megabytes there were downloaded by every process at every beat for the whole run.
+        A counter is read every beat; its node sets it again at every beat, so a stranger's value there lasts one
+        beat unless the stranger sends it again each time."""
         raw = self._store.compare_set(key, _UNSET, _UNSET)
+        if raw == _UNSET.encode():
+            return absent
         try:
-            return parse(raw) if raw != _UNSET.encode() and len(raw) <= 1024 else None
+            return parse(raw) if len(raw) <= 1024 else None
         except (ValueError, TypeError, UnicodeDecodeError):
             return None
 

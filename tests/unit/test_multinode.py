@@ -304,6 +304,24 @@ def _heartbeats(monkeypatch, port, bound, ranks=(0, 1)):
     return beats, said
 
 
+def _after_each_request(monkeypatch, beat, seen):
+    """`beat`'s connection to the store, calling `seen(name, args, answer)` after each of its requests (a stranger
+    acting in between, or a count of what it downloads)."""
+    class Watched:
+        def __init__(self, store):
+            self.store = store
+
+        def __getattr__(self, name):
+            def call(*args):
+                answer = getattr(self.store, name)(*args)
+                seen(name, args, answer)
+                return answer
+            return call
+
+    connect = nodes.Heartbeat._connect
+    monkeypatch.setattr(beat, "_connect", lambda deadline: Watched(connect(beat, deadline)))
+
+
 def test_heartbeats_through_a_real_store_name_a_node_that_goes_silent(monkeypatch, loopback_port):
     """Two nodes' heartbeats through a real store: nobody is lost while both beat, and the one that goes silent is
     named about a bound later. The bound is 3 s, not less: with 1.5 s, a loaded CI host that left a beat's thread
@@ -405,22 +423,13 @@ def test_a_stranger_deleting_a_node_s_info_as_it_is_read_costs_no_false_verdict(
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     stranger = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
 
-    class DeletedAfterEachRead:
-        def __init__(self, store):
-            self.store = store
-
-        def __getattr__(self, name):
-            def call(*args):
-                answer = getattr(self.store, name)(*args)
-                if name != "set" and "dockyard/node/1" in str(args):
-                    stranger.delete_key("dockyard/node/1")
-                return answer
-            return call
+    def delete_after_each_read(name, args, answer):
+        if name != "set" and "dockyard/node/1" in str(args):
+            stranger.delete_key("dockyard/node/1")
 
     bound = 3.0
     beats, said = _heartbeats(monkeypatch, port, bound=bound)
-    connect = nodes.Heartbeat._connect
-    monkeypatch.setattr(beats[0], "_connect", lambda deadline: DeletedAfterEachRead(connect(beats[0], deadline)))
+    _after_each_request(monkeypatch, beats[0], delete_after_each_read)
     beats[1].start()
     time.sleep(1.0)  # node 1 has said who it is
     beats[0].start()
@@ -429,6 +438,38 @@ def test_a_stranger_deleting_a_node_s_info_as_it_is_read_costs_no_false_verdict(
     beats[1]._stop = True
     message = said[0].get(timeout=bound + 30)
     assert message.startswith("lost node 1 (127.0.0.1, host ") and "no heartbeat" in message, message
+    del store
+
+
+def test_a_strangers_megabytes_in_a_node_s_info_are_downloaded_once_not_at_every_beat(monkeypatch, loopback_port):
+    """A stranger on the store's port sets dockyard/node/1 to a megabyte once: every process of every other node
+    downloaded it at every beat (each 0.5 to 5 s) for the whole run, as a value not of the nodes' shape was asked for
+    again. torch's Store cannot read less than a whole value (no ranged get, no size of a value), so a node's info,
+    which its node writes once, before its first beat, is read once that node beats, and then never again. The
+    counters its node sets anew at every beat are read at every beat (a stranger's value lasts one beat there)."""
+    import datetime
+    import time
+
+    from torch.distributed import TCPStore
+
+    port = loopback_port
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    stranger = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    downloaded = []
+    bound = 3.0
+    beats, said = _heartbeats(monkeypatch, port, bound=bound)
+    _after_each_request(monkeypatch, beats[0], lambda name, args, answer: downloaded.append(len(answer)) if isinstance(
+        answer, bytes) and len(answer) > 1024 else None)
+    beats[1].start()
+    time.sleep(1.0)  # node 1 has said who it is, and beats
+    stranger.set("dockyard/node/1", "x" * (1 << 20))
+    beats[0].start()
+    time.sleep(bound + 1)  # several beats (one each 0.5 s)
+    assert said[0].empty() and said[1].empty(), (said[0].queue, said[1].queue)
+    assert len(downloaded) <= 1, f"the stranger's megabyte was downloaded {len(downloaded)} times"
+    beats[1]._stop = True
+    message = said[0].get(timeout=bound + 30)
+    assert message.startswith("lost node 1: it stopped answering (no heartbeat for "), message
     del store
 
 
