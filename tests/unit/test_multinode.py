@@ -304,6 +304,17 @@ def _heartbeats(monkeypatch, port, bound, ranks=(0, 1)):
     return beats, said
 
 
+def _said_who_it_is(store, rank, within=30.0):
+    """Until node `rank`'s heartbeat has written its info (once, before its first beat): a fixed second was not enough
+    on a loaded host, where the info then came after a stranger's write and overwrote it."""
+    import time
+
+    until = time.monotonic() + within
+    while not store.check([nodes.NODE.format(rank)]):
+        assert time.monotonic() < until, f"node {rank} wrote no info within {within:g} s"
+        time.sleep(0.05)
+
+
 def _after_each_request(monkeypatch, beat, seen):
     """`beat`'s connection to the store, calling `seen(name, args, answer)` after each of its requests (a stranger
     acting in between, or a count of what it downloads)."""
@@ -431,7 +442,7 @@ def test_a_stranger_deleting_a_node_s_info_as_it_is_read_costs_no_false_verdict(
     beats, said = _heartbeats(monkeypatch, port, bound=bound)
     _after_each_request(monkeypatch, beats[0], delete_after_each_read)
     beats[1].start()
-    time.sleep(1.0)  # node 1 has said who it is
+    _said_who_it_is(store, 1)
     beats[0].start()
     time.sleep(bound + 2)
     assert said[0].empty() and said[1].empty(), (said[0].queue, said[1].queue)
@@ -461,7 +472,7 @@ def test_a_strangers_megabytes_in_a_node_s_info_are_downloaded_once_not_at_every
     _after_each_request(monkeypatch, beats[0], lambda name, args, answer: downloaded.append(len(answer)) if isinstance(
         answer, bytes) and len(answer) > 1024 else None)
     beats[1].start()
-    time.sleep(1.0)  # node 1 has said who it is, and beats
+    _said_who_it_is(store, 1)
     stranger.set("dockyard/node/1", "x" * (1 << 20))
     beats[0].start()
     time.sleep(bound + 1)  # several beats (one each 0.5 s)
