@@ -146,15 +146,21 @@ def check_ours(path: Path | str, flag: str, marker: bytes, what: str) -> None:
     """A plain file under `path` that the task did not write (its first 4 KiB lack `marker`) is refused, not replaced:
     `--record=~/.bashrc` or `--out=notes.txt` was written over without a word. Nothing there, an empty file, or one
     of the task's own is fine; a link under the name is replaced, never read through."""
+    if not_ours(path, marker):
+        raise DockyardError(f"{flag}={path} holds a file that is not {what}: give another name, or remove that file "
+                            "first (it is replaced whole)")
+
+
+def not_ours(path: Path | str, marker: bytes) -> bool:
+    """Whether `path` is a plain file, not empty, whose first 4 KiB lack `marker`: one a task that writes that name
+    whole did not write. Nothing there, or a link (replaced, never read through), is not."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:  # nothing there, a link, or what check_named_output and the write say
-        return
+        return False
     with os.fdopen(fd, "rb") as f:
         head = f.read(4096) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    if head and marker not in head:
-        raise DockyardError(f"{flag}={path} holds a file that is not {what}: give another name, or remove that file "
-                            "first (it is replaced whole)")
+    return bool(head) and marker not in head
 
 
 def check_named_output(path: Path | str, flag: str) -> None:

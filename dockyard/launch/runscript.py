@@ -24,6 +24,7 @@ from dockyard.launch.inputs import IMAGE_ROOT, INPUTS, USER_RECIPES
 from dockyard.settings import Settings
 
 TEMPLATE = Path(__file__).parent / "run.sh"
+MARK = b"# Trains a dockyard recipe in a loaded image"  # in every run.sh a save wrote (its second line)
 # load.sh (transport.layout.LOADER_TEMPLATE), read for its engine() alone: a file, not an import (transport imports
 # launch to write run.sh)
 LOADER = Path(__file__).parents[1] / "transport" / "load.sh"

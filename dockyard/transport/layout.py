@@ -23,6 +23,7 @@ SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
 DEFAULT_LEVEL = {"zstd": 2, "gzip": 6, "none": 0}
 LEVELS = {"zstd": range(1, 23), "gzip": range(1, 10), "none": range(0, 1)}
 LOADER_TEMPLATE = Path(__file__).parent / "load.sh"
+LOADER_MARK = b"# Loads a dockyard image archive"  # in every load.sh a save wrote (its second line)
 
 # what the small files of an archive set may hold (they are read whole, as untrusted input): a manifest lists a few
 # images and their layers, a .sha256 three lines, an ssh signature about 300 bytes (load.sh copies as much)

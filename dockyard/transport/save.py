@@ -31,6 +31,7 @@ from dockyard.transport import inventory, remote
 from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
 from dockyard.transport.layout import (
     FORMAT,
+    LOADER_MARK,
     SUFFIXES,
     ArchivePaths,
     archive_name,
@@ -67,6 +68,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         raise DockyardError(f"{named} names a file; give a folder (the archive set is several files)")
     refs = [r.strip() for r in image.split(",") if r.strip()] or [default_image(settings, variant)]
     images = inventory.inspect_images(settings, refs)
+    check_companions(out_dir, images, f"--out={out}" if out else f"{out_dir} (the dist_dir setting)")
     tool = (compressor_argv(compress, level) or [""])[0]
     if tool and not engine.which(tool):
         raise DockyardError(f"{tool} is not installed: install it (apt-get install {compress}) or pass "
@@ -119,6 +121,17 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if runner:
         print(f"train there without the project: {runscript.train_hint()}")
     return manifest
+
+
+def check_companions(out_dir: Path, images: list[dict], named: str) -> None:
+    """load.sh (and run.sh, for a dockyard image) are written whole into the archive's folder, over an earlier save's:
+    one there that no save wrote (a project's own run.sh, --out=.) is refused before the save, not replaced after it."""
+    marks = {"load.sh": LOADER_MARK, **({"run.sh": runscript.MARK} if runscript.dockyard_variant(images) else {})}
+    for name, mark in marks.items():
+        path = out_dir / name
+        if locks.not_ours(path, mark) or (path.is_dir() and not path.is_symlink()):
+            raise DockyardError(f"{named} holds {name}, which `invoke save` did not write (it writes load.sh and run.sh "
+                                "beside the archive, replacing its own): give another --out, or move that file away")
 
 
 KEY_STARTS = (b"-----BEGIN ", b"ssh-", b"ecdsa-", b"sk-")  # a private key (PEM/OpenSSH), or a public key's line

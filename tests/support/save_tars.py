@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import tarfile
+from pathlib import Path
 
 
 def member(tf: tarfile.TarFile, name: str, data: bytes = b"", kind=tarfile.REGTYPE, link: str = "") -> None:
@@ -64,3 +65,14 @@ def fake_oci_save() -> tuple[bytes, dict, str, str]:
         member(t, "manifest.json", json.dumps(manifest).encode())
     image = {"ref": "t:3", "id": image_id, "diff_ids": [big_id, small_id]}
     return buf.getvalue(), image, big_id, small_id
+
+
+def saving_docker(folder: Path) -> tuple[Path, dict]:
+    """A `docker` in `folder` whose `docker save` prints fake_save()'s tar (nothing else is asked of it), and that
+    image as inventory.inspect_images finds it (tagged t:2)."""
+    raw, image, _, _ = fake_save()
+    (folder / "save.tar").write_bytes(raw)
+    docker = folder / "save-docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {folder / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    return docker, {**image, "tags": ["t:2"], "labels": {}, "bytes": len(raw), "chain_ids": []}

@@ -14,7 +14,7 @@ from dockyard.transport import inventory
 from dockyard.transport import load as load_mod
 from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths
-from tests.support.save_tars import fake_save
+from tests.support.save_tars import fake_save, saving_docker
 
 BASE, RUN = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 IMAGE = {"ref": "x:1", "id": "sha256:" + "0" * 64, "tags": [], "diff_ids": [BASE, RUN],
@@ -401,3 +401,33 @@ def test_a_save_leaves_the_partial_files_another_node_writes_in_a_shared_folder(
     assert "removed 2 partial file(s) of 24 B" in capsys.readouterr().out
     kept = sorted(p.name for p in [*out.iterdir(), *cache.dir.iterdir()])
     assert len(kept) == 2 and all(f".{locks.host_tag()}-" not in name for name in kept), kept
+
+
+def test_a_load_sh_or_run_sh_of_the_users_own_in_the_out_folder_is_refused_before_the_save(tmp_path, monkeypatch):
+    """`invoke save --out=.` in a project of one's own replaced its run.sh (and a load.sh) with dockyard's, made
+    executable, without a word, after minutes of saving. Now a file there that no save wrote is refused before the
+    engine is asked to save; an earlier save's own are replaced, as ever, and run.sh is left alone by an image that
+    writes none."""
+    docker, image = saving_docker(tmp_path)
+    ours = {**image, "labels": {"dockyard.variant": "cpu"}}
+    found = [ours]
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: found)
+    s = Settings(docker=str(docker), layer_cache_gb=0)
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("run.sh", "load.sh"):
+        (project / name).write_text("#!/bin/sh\necho my own\n")
+        with pytest.raises(DockyardError, match=rf"^--out={project} holds {name}, which `invoke save` did not write "
+                                                r"\(it writes load.sh and run.sh beside the archive, replacing its "
+                                                r"own\): give another --out, or move that file away$"):
+            save_mod.save(s, image="t:2", out=str(project), compress="none")
+        assert [p.name for p in project.iterdir()] == [name], "nothing written beside it"
+        assert (project / name).read_text() == "#!/bin/sh\necho my own\n"
+        (project / name).unlink()
+    save_mod.save(s, image="t:2", out=str(project), compress="none")
+    assert {"load.sh", "run.sh"} <= {p.name for p in project.iterdir()}
+    save_mod.save(s, image="t:2", out=str(project), compress="gzip")  # an earlier save's companions are replaced
+    (project / "run.sh").write_text("#!/bin/sh\necho my own\n")
+    found = [{**ours, "labels": {}}]  # no dockyard image: no run.sh written, the user's stays
+    save_mod.save(s, image="t:2", out=str(project), compress="none")
+    assert (project / "run.sh").read_text() == "#!/bin/sh\necho my own\n"

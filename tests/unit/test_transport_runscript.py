@@ -719,14 +719,10 @@ def test_the_command_save_suggests_trains_the_recipe_run_sh_trains_without_one(n
     from dockyard.settings import Settings
     from dockyard.transport import inventory
     from dockyard.transport import save as save_mod
-    from tests.support.save_tars import fake_save
+    from tests.support.save_tars import saving_docker
 
-    raw, image, _, _ = fake_save()
-    (tmp_path / "save.tar").write_bytes(raw)
-    docker = tmp_path / "save-docker"
-    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
-    docker.chmod(0o755)
-    found = {**image, "tags": ["t:2"], "labels": {"dockyard.variant": "cpu"}, "bytes": len(raw), "chain_ids": []}
+    docker, image = saving_docker(tmp_path)
+    found = {**image, "labels": {"dockyard.variant": "cpu"}}
     monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
     save_mod.save(Settings(docker=str(docker), layer_cache_gb=0), image="t:2", out=str(tmp_path / "dist"),
                   compress="none")
