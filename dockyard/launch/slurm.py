@@ -21,6 +21,7 @@ import stat
 import sys
 from pathlib import Path
 
+from dockyard import ENV_PREFIX
 from dockyard.common import envvars, locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
@@ -128,15 +129,26 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
                 f"exec {invoke} load {shlex.quote('--file=' + str(Path(archive).resolve()))}")
         lines += ["# The image on every node, from the archive where a node lacks it (`invoke save` wrote it).",
                   f"srun --ntasks-per-node=1 bash -c {shlex.quote(load)}"]
-    # Each node's `invoke run` reads the runs folder this script was written for (its log's, --output above), not
-    # whatever the sbatch environment says: the job log and the run folder went to two places.
-    lines += ["# The runs folder `invoke slurm` was given (the job log's): every node's run goes there.",
-              f"export INVOKE_DOCKYARD_RUNS_DIR={shlex.quote(str(runs))}"]
+    # Each node's `invoke run` reads the settings this script was written with, not whatever the sbatch environment
+    # says (--export=NONE, another shell): the job log and the run folder went to two places, and the archive was
+    # checked for one image while the nodes ran another.
+    lines += ["# The settings `invoke slurm` was given (its runs folder is the job log's): every node's run reads them.",
+              "export " + " ".join(f"{ENV_PREFIX}{key.upper()}={shlex.quote(value)}"
+                                   for key, value in _node_settings(settings).items())]
     lines += _overrides_first(overrides)
     # Quoted twice: each word for the node's bash, the whole line for this one (SLURM_NODEID is each node's own).
     lines += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
               + shlex.quote(f"exec {invoke} {' '.join(run)}") + ' bash "$@"']
     return "\n".join(lines) + "\n"
+
+
+def _node_settings(settings: Settings) -> dict[str, str]:
+    """The settings each node's `invoke run` reads (docker runtime) that this host may have from its environment or its
+    ~/.invoke.yaml: the image (its name, the variants file), the runs folder, and the caches it mounts."""
+    values = {"image_name": settings.image_name, "variants_file": str(settings.path(settings.variants_file)),
+              "runs_dir": str(settings.path(settings.runs_dir)), "hf_cache": str(settings.path(settings.hf_cache)),
+              "compile_cache": str(caches.compile_folder(settings) or "")}
+    return {key: scriptwords.one_line(value, f"the {key} setting") for key, value in values.items()}
 
 
 # Every node's address, in SLURM_NODEID order (NODE_ADDRS, node 0's is MASTER_ADDR), as an IPv4 address: torchrun,

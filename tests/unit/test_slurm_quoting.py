@@ -88,8 +88,13 @@ def _recipe_folder(base: Path, name: str) -> Path:
     return folder
 
 
-def _submit(base: Path, text: str, *after: str, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """Run the script as sbatch would on node 0 (the stand-ins start each node's part)."""
+RECORDED = ("DOCKYARD_RENDEZVOUS", "DOCKYARD_NODE_RANK", "INVOKE_DOCKYARD_RUNS_DIR")
+
+
+def _submit(base: Path, text: str, *after: str, record: tuple[str, ...] = RECORDED,
+            **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run the script as sbatch would on node 0 (the stand-ins start each node's part); `record`: the variables each
+    stand-in records."""
     script = base / "job.sbatch"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, "bash -n: not valid bash"
@@ -101,11 +106,10 @@ def _submit(base: Path, text: str, *after: str, **env: str) -> tuple[subprocess.
     # bytes, decoded here: text=True reads "\r" as a line end, and the script says the value it refused as given
     p = subprocess.run(["bash", str(script), *after], capture_output=True, timeout=60,
                        env=environment(bin_, log, base / "pwned", SLURM_JOB_ID="77", SLURM_JOB_NODELIST="gpu-[a-b]",
-                                       RECORD_ENV="DOCKYARD_RENDEZVOUS,DOCKYARD_NODE_RANK,INVOKE_DOCKYARD_RUNS_DIR",
-                                       **env))
+                                       RECORD_ENV=",".join(record), **env))
     p.stdout, p.stderr = p.stdout.decode(), p.stderr.decode()
     assert not (base / "pwned").exists(), "a value ran as a command"
-    return p, records(log, ("DOCKYARD_RENDEZVOUS", "DOCKYARD_NODE_RANK", "INVOKE_DOCKYARD_RUNS_DIR"))
+    return p, records(log, record)
 
 
 def _refused(e: DockyardError, values: dict[str, str], refuses: dict[str, str] | None = None) -> None:
@@ -304,3 +308,38 @@ def test_trainer_settings_given_before_the_double_dash_are_refused_where_the_nod
     assert p.returncode == 0, p.stderr
     argvs = [r["argv"][r["argv"].index("--run-dir") + 2:] for r in got if r["tool"] == "torchrun"]
     assert argvs == [["--resume", "--", "--max_steps", "50", "--max_steps", "5"]] * 2
+
+
+def test_the_settings_each_docker_node_reads_are_the_scripts_whatever_the_jobs_environment_says(settings, tmp_path):
+    """INVOKE_DOCKYARD_IMAGE_NAME=reg.example/team/dockyard in the shell that ran `invoke slurm --archive=...`: the
+    script checked for, and loaded, reg.example/team/dockyard:..., while each node's `invoke run` read the setting from
+    the job's environment (sbatch --export=NONE, or submitted from another shell) and ran dockyard:..., another image
+    or none; likewise a variants file of one's own (its variants unknown to the nodes) and the Hugging Face cache a hub
+    model is looked up in. Each node's `invoke run` now reads the settings the script was written with, as it
+    already read its runs folder."""
+    variants_file = tmp_path / "my variants.yaml"
+    variants_file.write_text((slurm.ROOT / settings.variants_file).read_text())
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "image_name": "reg.example/team/dockyard",
+                                    "variants_file": variants_file, "hf_cache": tmp_path / "h f",
+                                    "compile_cache": str(tmp_path / "compiled")})
+    recorder(tmp_path / "bin", "invoke")
+    recorder(tmp_path / "bin", "srun", then=SRUN)
+    with mock.patch.object(slurm, "INVOKE", [str(tmp_path / "bin" / "invoke")]):
+        text = slurm.script(s, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=[])
+    names = ("IMAGE_NAME", "VARIANTS_FILE", "HF_CACHE", "COMPILE_CACHE", "RUNS_DIR")
+    p, got = _submit(tmp_path, text, record=tuple(f"INVOKE_DOCKYARD_{n}" for n in names),
+                     INVOKE_DOCKYARD_IMAGE_NAME="dockyard", INVOKE_DOCKYARD_HF_CACHE="/elsewhere")
+    assert p.returncode == 0, p.stderr
+    nodes = [r["env"] for r in got if r["tool"] == "invoke"]
+    assert nodes == 2 * [{"INVOKE_DOCKYARD_IMAGE_NAME": "reg.example/team/dockyard",
+                          "INVOKE_DOCKYARD_VARIANTS_FILE": str(variants_file), "INVOKE_DOCKYARD_HF_CACHE": str(tmp_path / "h f"),
+                          "INVOKE_DOCKYARD_COMPILE_CACHE": str(tmp_path / "compiled"),
+                          "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}], nodes
+    # the image each node's `invoke run` then runs is the one `invoke slurm` checked the archive for
+    from dockyard import settings as settings_mod
+    from dockyard.images import variants
+
+    on_node = settings_mod.load({"variants_file": "images/variants.yaml"}, environ=nodes[0])
+    cpu = variants.resolve(on_node, "cpu")[0]
+    assert variants.tag(on_node, cpu) == variants.tag(s, variants.resolve(s, "cpu")[0]) == \
+        "reg.example/team/dockyard:0.1.0-cpu"
