@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from dockyard import engine
-from dockyard.common import envvars, runfolder
+from dockyard.common import envvars, locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.images import variants
@@ -66,6 +66,9 @@ HEADER = {
 # `{claim}`, and the image {image} pullable or loaded on every node (`invoke load`).
 """,
 }
+
+
+WRITTEN_BY = b"# Written by `invoke k8s`"  # how each file this writes starts (HEADER)
 
 
 @dataclass
@@ -286,6 +289,10 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
+    for path in paths.values():  # a manifest of the user's own there is neither an earlier run's nor replaced by --resume
+        if locks.not_ours(path, WRITTEN_BY) or (path.is_dir() and not path.is_symlink()):
+            raise DockyardError(f"{'--out ' if out else ''}{folder} holds {path.name}, which `invoke k8s` did not write "
+                                "(it writes job.yaml and trainjob.yaml there): give another --out, or move that file away")
     if s.resume and (other := _written_for(paths["job"])) not in (None, s.run_id):
         raise DockyardError(f"{folder} holds the manifests of run {other}, not of {s.run_id}: --resume would replace "
                             f"them; give --run-id={other} to continue that run, or another --out for {s.run_id}")

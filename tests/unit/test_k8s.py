@@ -161,6 +161,23 @@ def test_the_files_of_a_run_are_written_again_only_to_continue_it(settings, tmp_
     assert (tmp_path / "out" / "job.yaml").read_text() == resumed, "nothing rewritten"
 
 
+@pytest.mark.parametrize("name", ["job.yaml", "trainjob.yaml"])
+def test_a_manifest_of_the_users_own_in_the_out_folder_is_never_taken_for_ours_nor_replaced(settings, tmp_path, name):
+    """`invoke k8s --out=~/k8s`, a folder holding a job.yaml of the user's own: it was "the files of an earlier
+    `invoke k8s` ... to continue that run, add --resume", and --resume then replaced the user's file with ours. A
+    file there that `invoke k8s` did not write is refused, with or without --resume, and left as it was."""
+    out = tmp_path / "k8s"
+    out.mkdir()
+    (out / name).write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: mine\n")
+    for resume in (False, True):
+        with pytest.raises(DockyardError, match=rf"^--out {out} holds {name}, which `invoke k8s` did not write \(it "
+                                                r"writes job.yaml and trainjob.yaml there\): give another --out, or "
+                                                r"move that file away$"):
+            k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=str(out), resume=resume)
+        assert [p.name for p in out.iterdir()] == [name]
+        assert (out / name).read_text() == "apiVersion: v1\nkind: Pod\nmetadata:\n  name: mine\n"
+
+
 def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_gives(settings, tmp_path):
     """Trainer v2's torch runtime numbers the nodes and names node 0 in PET_* variables (here set by hand, as
     the runtime would: no cluster): the flags given on top of them bound the join and host the store on node 0."""
