@@ -125,7 +125,7 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     if resume and not run_id:
         raise DockyardError("--resume needs --run-id: the run to continue (the --run-id its manifests were written "
                             f"with; its folder is on the claim {runs_claim})")
-    run_id = run_id or f"{recipe}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_id = run_id or default_run_id(recipe)
     if not (NAME.fullmatch(run_id) and len(run_id) <= NAME_MAX):
         raise DockyardError(f"--run-id {run_id!r}: on Kubernetes it names the Job and its pods: use at most "
                             f"{NAME_MAX} lowercase letters, digits and '-', starting and ending with a letter or digit")
@@ -143,6 +143,14 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
     return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or node.CPU_NPROC, image=image,
                 run_id=run_id, claim=runs_claim, shm=shm, overrides=list(overrides or []), max_restarts=max_restarts,
                 resume=resume, join_timeout=join_timeout, compile_cache=bool(settings.compile_cache.strip()))
+
+
+def default_run_id(recipe: str) -> str:
+    """<recipe>-<time> as a Kubernetes name (NAME, NAME_MAX): a recipe named with capitals, '_' or '.' (or a long name)
+    made a default refused as if the user had given it as --run-id."""
+    when = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stem = re.sub(r"[^a-z0-9]+", "-", recipe.lower()).strip("-")[:NAME_MAX - len(when) - 1].strip("-")
+    return f"{stem or 'run'}-{when}"
 
 
 # Where the pods find a model or data of the user's: on the claim, or in the image. `invoke run` mounts a host path

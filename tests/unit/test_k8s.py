@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -176,6 +178,22 @@ def test_a_manifest_of_the_users_own_in_the_out_folder_is_never_taken_for_ours_n
             k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=str(out), resume=resume)
         assert [p.name for p in out.iterdir()] == [name]
         assert (out / name).read_text() == "apiVersion: v1\nkind: Pod\nmetadata:\n  name: mine\n"
+
+
+def test_a_recipe_whose_name_is_no_kubernetes_name_still_gets_a_default_run_id(settings, tmp_path, monkeypatch):
+    """`invoke k8s --recipe=Zero2_Long_Context_Llama` (a recipe folder of one's own in recipes/: uppercase, '_', 25
+    letters) was refused as "--run-id 'Zero2_Long_Context_Llama-20261207-112233': ... use at most 40 lowercase
+    letters", a flag the user never gave, for the default id made of the recipe's name. The default is now made a
+    Kubernetes name (lowercase, '-' for the rest, cut to fit with its time), and the pods still run that recipe."""
+    from dockyard.common import recipes
+
+    shutil.copytree(recipes.RECIPES / "zero2", tmp_path / "Zero2_Long_Context_Llama.v2")
+    monkeypatch.setattr(recipes, "RECIPES", tmp_path)
+    monkeypatch.setattr(k8s, "RECIPES", tmp_path)
+    s = k8s.spec(settings, recipe="Zero2_Long_Context_Llama.v2", nodes=2, gpus_per_node=0)
+    assert re.fullmatch(r"zero2-long-context-llama-\d{8}-\d{6}", s.run_id), s.run_id
+    assert k8s.NAME.fullmatch(s.run_id) and len(s.run_id) <= k8s.NAME_MAX
+    assert "--recipe Zero2_Long_Context_Llama.v2 " in s.entry()
 
 
 def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_gives(settings, tmp_path):
