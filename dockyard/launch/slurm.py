@@ -124,17 +124,17 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
     if runtime != "docker":
         return "\n".join(lines + _container_launch(settings, runtime, image_file, recipe, gpus_per_node, image,
                                                     overrides, join_timeout, max_restarts)) + "\n"
+    # Each node's `invoke load` and `invoke run` read the settings this script was written with, not whatever the
+    # sbatch environment says (--export=NONE, another shell): the job log and the run folder went to two places, the
+    # archive was checked for one image while the nodes ran another, and loaded unsigned where its signature was checked.
+    lines += ["# The settings `invoke slurm` was given (its runs folder is the job log's): every node reads them.",
+              "export " + " ".join(f"{ENV_PREFIX}{key.upper()}={shlex.quote(value)}"
+                                   for key, value in _node_settings(settings).items())]
     if archive:
         load = (f"docker image inspect {shlex.quote(image)} >/dev/null 2>&1 || "
                 f"exec {invoke} load {shlex.quote('--file=' + str(Path(archive).resolve()))}")
         lines += ["# The image on every node, from the archive where a node lacks it (`invoke save` wrote it).",
                   f"srun --ntasks-per-node=1 bash -c {shlex.quote(load)}"]
-    # Each node's `invoke run` reads the settings this script was written with, not whatever the sbatch environment
-    # says (--export=NONE, another shell): the job log and the run folder went to two places, and the archive was
-    # checked for one image while the nodes ran another.
-    lines += ["# The settings `invoke slurm` was given (its runs folder is the job log's): every node's run reads them.",
-              "export " + " ".join(f"{ENV_PREFIX}{key.upper()}={shlex.quote(value)}"
-                                   for key, value in _node_settings(settings).items())]
     lines += _overrides_first(overrides)
     # Quoted twice: each word for the node's bash, the whole line for this one (SLURM_NODEID is each node's own).
     lines += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "
@@ -143,11 +143,14 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
 
 
 def _node_settings(settings: Settings) -> dict[str, str]:
-    """The settings each node's `invoke run` reads (docker runtime) that this host may have from its environment or its
-    ~/.invoke.yaml: the image (its name, the variants file), the runs folder, and the caches it mounts."""
+    """The settings each node's `invoke load` and `invoke run` read (docker runtime) that this host may have from its
+    environment or its ~/.invoke.yaml: the image (its name, the variants file), the runs folder, the caches it mounts,
+    and the signers an archive must be signed by."""
     values = {"image_name": settings.image_name, "variants_file": str(settings.path(settings.variants_file)),
               "runs_dir": str(settings.path(settings.runs_dir)), "hf_cache": str(settings.path(settings.hf_cache)),
               "compile_cache": str(caches.compile_folder(settings) or "")}
+    if settings.allowed_signers:  # where it is set (an empty one would turn off a node's own): the archive's load
+        values["allowed_signers"] = str(settings.path(settings.allowed_signers))
     return {key: scriptwords.one_line(value, f"the {key} setting") for key, value in values.items()}
 
 

@@ -343,3 +343,30 @@ def test_the_settings_each_docker_node_reads_are_the_scripts_whatever_the_jobs_e
     cpu = variants.resolve(on_node, "cpu")[0]
     assert variants.tag(on_node, cpu) == variants.tag(s, variants.resolve(s, "cpu")[0]) == \
         "reg.example/team/dockyard:0.1.0-cpu"
+
+
+def test_each_node_loads_the_archive_with_the_settings_of_the_script_its_signers_included(settings, tmp_path):
+    """allowed_signers set in the shell that ran `invoke slurm --archive=...` (the archive's signature checked there):
+    each node's `invoke load` ran before the script's settings were exported, with the job's environment alone, and
+    loaded the archive on the shared storage unsigned, or swapped since; it also looked for the image under the
+    job's image name. The load now reads the script's settings; allowed_signers only where it is set, so that a
+    node's own (its ~/.invoke.yaml) is never turned off by an empty one."""
+    archive, signers = tmp_path / "a.tar.zst", tmp_path / "allowed signers"
+    archive.write_bytes(b"")
+    signers.write_text("me@example namespaces=\"file\" ssh-ed25519 AAAA\n")
+    recorder(tmp_path / "bin", "invoke")
+    recorder(tmp_path / "bin", "srun", then=SRUN)
+    names = ("INVOKE_DOCKYARD_ALLOWED_SIGNERS", "INVOKE_DOCKYARD_IMAGE_NAME")
+    for written, job, loaded in ((str(signers), "", str(signers)), ("", "/node/signers", "/node/signers")):
+        s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "image_name": "reg.example/team/dockyard",
+                                        "allowed_signers": written})
+        with mock.patch.object(slurm, "INVOKE", [str(tmp_path / "bin" / "invoke")]):
+            text = slurm.script(s, recipe="ddp", nodes=2, gpus_per_node=0, variant="cpu", overrides=[],
+                                archive=str(archive))
+        (tmp_path / "argv.jsonl").unlink(missing_ok=True)
+        p, got = _submit(tmp_path, text, record=names, INVOKE_DOCKYARD_IMAGE_NAME="dockyard",
+                         **({"INVOKE_DOCKYARD_ALLOWED_SIGNERS": job} if job else {}))
+        assert p.returncode == 0, p.stderr
+        loads = [r["env"] for r in got if r["tool"] == "invoke" and r["argv"][0] == "load"]
+        assert loads == 2 * [{"INVOKE_DOCKYARD_ALLOWED_SIGNERS": loaded,
+                              "INVOKE_DOCKYARD_IMAGE_NAME": "reg.example/team/dockyard"}], loads
