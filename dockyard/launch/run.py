@@ -66,8 +66,18 @@ class RunRequest:
 
 
 def run(settings: Settings, r: RunRequest) -> dict | None:
-    """`invoke run`: validate the request (topology, what the trainer would refuse, disk), then dispatch it: print
-    the command (--dry), or run it and summarise the run from its manifest."""
+    """`invoke run`: validate the request (topology, what the trainer would refuse, disk) into the command that trains,
+    then dispatch it: print it (--dry), or run it and summarise the run from its manifest."""
+    command, devices = prepare(settings, r)
+    if r.dry:
+        engine.echo(command.argv, command.env)
+        return None
+    return execute(settings, r, command, devices)
+
+
+def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
+    """Every check a run passes before anything is made, and the command that trains (in the image, or --native on this
+    host), with the GPUs it is given by index ([] on CPU: the monitor watches no other). Runs nothing, makes nothing."""
     overrides = list(r.overrides)
     r = replace(r, node_rank=node.given_rank(r.node_rank, r.nodes))
     if r.cpu and r.gpus.strip():
@@ -164,9 +174,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
     if r.native:
-        plan = native_command(settings, recipe=recipe_arg, topo=topo, run_dir=run_dir, overrides=overrides,
-                           resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model,
-                           visible=host.visible)
+        command = native_command(settings, recipe=recipe_arg, topo=topo, run_dir=run_dir, overrides=overrides,
+                                 resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model,
+                                 visible=host.visible)
     else:
         info, image = {}, {}
         if r.dry:
@@ -184,14 +194,18 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
         if on_gpus:
             preflight.check_cuda_ops(recipe, variants.tag(settings, chosen), variants.cuda_ops_the_image_can_load(
                 chosen, ((image or {}).get("Config") or {}).get("Labels")))
-        plan = run_command(settings, recipe=recipe_arg, variant=chosen, host=host, engine_info=info, topo=topo,
-                        run_dir=run_dir, overrides=overrides, resume=r.resume, disable_require=r.disable_require,
-                        image_id=image.get("Id", ""),
-                        memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=on_gpus),
-                        cpu=r.cpu, data=r.data, model=r.model)
-    if r.dry:
-        engine.echo(plan.argv, plan.env)
-        return None
+        command = run_command(settings, recipe=recipe_arg, variant=chosen, host=host, engine_info=info, topo=topo,
+                              run_dir=run_dir, overrides=overrides, resume=r.resume,
+                              disable_require=r.disable_require, image_id=image.get("Id", ""),
+                              memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=on_gpus),
+                              cpu=r.cpu, data=r.data, model=r.model)
+    return command, [g.index for g in host.gpus] if on_gpus else []
+
+
+def execute(settings: Settings, r: RunRequest, command: RunCommand, devices: list[int]) -> dict:
+    """Claim the run folder, run the command under the monitor, and say the outcome: the summary of the manifest, or
+    why the run did not start, keeping nothing that would block the same command again."""
+    run_dir = command.run_dir
     if not r.native:
         caches.prepare(settings, compile_cache=True)  # before the run folder: a refusal leaves nothing behind
     made = not r.resume and r.node_rank == 0
@@ -205,11 +219,10 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
     before = _traces(run_dir, r.node_rank)
     # the GPUs this run was given (--gpus, CUDA_VISIBLE_DEVICES), none on CPU: the others are no part of its verdict
     interrupted = None
-    with monitor.watch(run_dir, node_rank=r.node_rank,
-                       devices=[g.index for g in host.gpus] if on_gpus else []) as watching:
+    with monitor.watch(run_dir, node_rank=r.node_rank, devices=devices) as watching:
         started = time.monotonic()
         try:
-            proc = engine.run(plan.argv, env=plan.env, check=False, host_paths=not r.native)
+            proc = engine.run(command.argv, env=command.env, check=False, host_paths=not r.native)
         except engine.Interrupted as e:
             interrupted = e
         else:
@@ -245,17 +258,17 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
                 samples.unlink()
             if made_here:
                 run_dir.rmdir()  # empty: node 0 made nothing there since
-        raise DockyardError(f"the run did not start on this node (exit {proc.returncode}, {_refused(proc, plan.argv)}); "
+        raise DockyardError(f"the run did not start on this node (exit {proc.returncode}, {_refused(proc, command.argv)}); "
                             "nothing of this node's was kept, so the same command can be run again")
     if never_started:
         # The trainer refused before its log, or never started (docker refused the run): keep nothing that would
         # block the same --run-id. The reason is the line above, whoever said it (the trainer, torchrun, docker).
         shutil.rmtree(run_dir, ignore_errors=True)
-        why = _refused(proc, plan.argv)
+        why = _refused(proc, command.argv)
         raise DockyardError(f"the run did not start (exit {proc.returncode}, {why}); nothing was kept, so the same "
                             "command can be run again")
     return summarise(run_dir, r.node_rank, took=time.monotonic() - started,
-                     as_host=(lambda text: text) if r.native else engine.container_paths_shown(plan.argv))
+                     as_host=(lambda text: text) if r.native else engine.container_paths_shown(command.argv))
 
 
 def _refused(proc: subprocess.CompletedProcess, argv: list[str]) -> str:
