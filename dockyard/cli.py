@@ -297,12 +297,16 @@ def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -
 
 
 def _closest(typed: str, names: typing.Iterable[str]) -> str:
-    """The name `typed` is most likely a slip of (`--varaint` of --variant, `doctr` of doctor), or "": the leading
-    dashes every flag shares would make any two flags look alike."""
+    """The name `typed` is most likely a slip of (`--varaint` of --variant, `doctr` of doctor, `rnu` of run), or "":
+    the leading dashes every flag shares would make any two flags look alike."""
     import difflib
 
     plain = {name.lstrip("-").lower(): name for name in names}  # --VARIANT is --variant's slip too
-    near = difflib.get_close_matches(typed.partition("=")[0].lstrip("-").lower(), list(plain), n=1, cutoff=0.8)
+    word = typed.partition("=")[0].lstrip("-").lower()
+    # two letters swapped: in a short name (run, dry, cpu) difflib's likeness falls below any safe cutoff
+    swapped = [n for n in plain if len(n) == len(word) and
+               any(word[:i] + word[i + 1] + word[i] + word[i + 2:] == n for i in range(len(word) - 1))]
+    near = swapped or difflib.get_close_matches(word, list(plain), n=1, cutoff=0.8)
     return plain[near[0]] if near else ""
 
 

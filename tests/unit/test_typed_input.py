@@ -233,6 +233,10 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["run", "--recipes=lora"], "invoke run has no flag --recipes (did you mean --recipe? `invoke --help run`"),
     (["run", "--varaint=cpu"], "invoke run has no flag --varaint (did you mean --variant? `invoke --help run`"),
     (["doctr"], "no task named 'doctr' (did you mean doctor? `invoke --list`"),
+    # two letters swapped in a short name: difflib's likeness (0.67 for rnu and run) is below its cutoff
+    (["rnu", "--dry"], "no task named 'rnu' (did you mean run? `invoke --list`"),
+    (["run", "--dyr"], "invoke run has no flag --dyr (did you mean --dry? `invoke --help run`"),
+    (["shell", "--cup"], "invoke shell has no flag --cup (did you mean --cpu? `invoke --help shell`"),
     (["run", "lroa"], "no task named 'lroa': a recipe is given as a flag, as in `invoke run --recipe=lora`"),
     # ... not one the user gave already, whose stray word is something else; and a flag in capitals is a slip too
     (["run", "--recipe=lora", "lroa"], "no task named 'lroa' (`invoke --list` lists the tasks)"),
