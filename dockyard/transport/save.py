@@ -107,8 +107,12 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if cache is not None and cache.bytes_kept:  # disk taken that the user did not name: said, with its setting
         print(f"layer cache: kept {human(cache.bytes_kept)} of compressed layers in {cache.dir} for the next save "
               "(up to the layer_cache_gb setting, 0 keeps none)")
+    rate = human(got.pump.bytes_read / max(got.seconds, 1e-9))
+    # a thin archive's tar is a few kB of what docker save streamed: the rate is of the stream, said with its size
+    read = (f"the tar read at {rate}/s" if got.pump.bytes_read == manifest["tar_bytes"] else
+            f"docker save's {human(got.pump.bytes_read)} of tar read at {rate}/s, the layers left out included")
     print(f"wrote {paths.archive}: {human(got.out_bytes)} from {human(manifest['tar_bytes'])} of tar in "
-          f"{got.seconds:.1f} s (the tar read at {human(got.pump.bytes_read / max(got.seconds, 1e-9))}/s)")
+          f"{got.seconds:.1f} s ({read})")
     for old in stale:
         print(f"removed {old.name} (an earlier save): {paths.sha256.name} and {paths.manifest.name} now describe "
               f"{paths.archive.name}, so no loader would take it")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -86,6 +87,29 @@ def test_a_save_ends_with_the_commands_that_take_the_set_to_a_node(tmp_path, mon
     archive = next((tmp_path / "dist a").glob("*.tar"))
     assert shlex.split(command) == ["invoke", "ship", f"--file={archive}", "--to=NODE:/dir"]
     assert "docker save reads every layer" in err and "thin" not in err, err
+
+
+def test_a_thin_save_says_the_size_docker_save_streamed_beside_the_rate_it_streamed_at(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """A thin save ended "wrote ...: 4.7 kB from 48.1 kB of tar in 20.3 s (the tar read at 103.9 MB/s)": 48 kB in
+    20 s is not 104 MB/s, since the rate was of the 2.1 GB docker save streamed. The line names that size too."""
+    raw, image, big_id, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "save-docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": len(raw), "chain_ids": inventory.chain_ids(
+        image["diff_ids"])}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    monkeypatch.setattr(save_mod, "thin_record", lambda settings, images, thin_for: {
+        "for": thin_for, "target_host": "n7", "omitted": [big_id], "requires": inventory.chain_ids([big_id])})
+    manifest = save_mod.save(Settings(docker=str(docker), layer_cache_gb=0), image="t:2",
+                             out=str(tmp_path / "dist"), compress="none", thin_for="inv.json")
+    wrote = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote "))
+    assert manifest["tar_bytes"] < len(raw) // 2, manifest["tar_bytes"]  # the big layer left out
+    assert f"from {save_mod.console.human(manifest['tar_bytes'])} of tar" in wrote, wrote
+    streamed = re.search(r"docker save's ([\d.]+) kB of tar read at ", wrote)
+    assert streamed and float(streamed[1]) * 1000 > 0.9 * len(raw), wrote  # its end-of-archive padding aside
 
 
 def test_a_link_another_user_planted_in_the_temporary_folder_is_never_written_through(tmp_path, monkeypatch):
