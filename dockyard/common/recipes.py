@@ -401,8 +401,10 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     except UnicodeDecodeError as e:
         raise DockyardError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
     first = text.splitlines()[0] if text else ""
-    if not first.startswith("# "):
-        raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe")
+    if not first.startswith("#"):  # `#invoke run ...` is a comment too
+        named = folder.name if folder.parent == RECIPES else shown(shlex.quote(str(name_or_dir)))
+        raise DockyardError(f"{path}: the first line must be a comment giving the command that runs the recipe: "
+                            f"add `# invoke run --recipe={named}` as its first line")
     try:
         raw = read_yaml(text, path) or {}
     except YAML_ERRORS as e:
@@ -413,7 +415,7 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
         raise DockyardError(f"{path}: {', '.join(given)} cannot be set here: a recipe's name is its folder's name, and "
                             "its command is the file's first line (a comment); remove the key")
     try:
-        recipe = Recipe(name=folder.name, folder=folder.resolve(), command=first[2:].strip(), **raw)
+        recipe = Recipe(name=folder.name, folder=folder.resolve(), command=first.lstrip("#").strip(), **raw)
     except (ValidationError, TypeError) as e:
         known = [k for k in Recipe.model_fields if k not in NOT_IN_THE_FILE]
         raise DockyardError(f"{path}: {problems(e, 'recipe', known=known)}") from None

@@ -86,6 +86,20 @@ def test_a_recipe_folder_outside_the_project_loads(tmp_path):
     assert (r.name, r.strategy, r.file(r.deepspeed)) == (tmp_path.name, "zero3", tmp_path / "ds.json")
 
 
+def test_a_recipe_without_its_command_line_is_told_the_line_to_add_and_any_comment_is_one(tmp_path):
+    """A recipe.yaml copied without its first line was refused with "the first line must be a comment giving the
+    command that runs the recipe", and no line to write; `#invoke run ...` (no blank after the #), a comment to
+    YAML and to any reader, was refused in the same words."""
+    mine = tmp_path / "my recipe"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text("when: Mine.\nstrategy: ddp\n")
+    with pytest.raises(DockyardError) as e:
+        load_recipe(str(mine))
+    assert f"add `# invoke run --recipe='{mine}'` as its first line" in str(e.value), e.value
+    (mine / "recipe.yaml").write_text("#invoke run --recipe=mine\nwhen: Mine.\nstrategy: ddp\n")
+    assert load_recipe(str(mine)).command == "invoke run --recipe=mine"
+
+
 @pytest.mark.parametrize("body, problem", [
     ("strategy: zero2\ndeepspeed: ds.json\nfsdp: fsdp.yaml\n", "not both"),
     ("strategy: zero2\n", "needs `deepspeed:`"),
