@@ -290,6 +290,9 @@ def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -
             return f"{twice} is given twice: give it once, as in {twice}={token}"
         if recipe := _a_recipe(token, argv):
             return f"no task named {named}: {recipe}"
+        if token.lower() == "help" and argv and argv[0] == token:  # git's and docker's way: `invoke help run`
+            after = next((a for a in argv[1:] if a in tasks), "TASK")
+            return f"no task named {named}: help on a task is `invoke --help {after}` (or `invoke {after} -h`)"
         # a word after a task is more often that task's argument than a second task: only the first is matched
         near = "" if set(argv[:argv.index(token)] if token in argv else argv) & set(tasks) else _closest(token, tasks)
         return f"no task named {named} ({f'did you mean {near}? ' if near else ''}`invoke --list` lists the tasks)"

@@ -237,6 +237,9 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["rnu", "--dry"], "no task named 'rnu' (did you mean run? `invoke --list`"),
     (["run", "--dyr"], "invoke run has no flag --dyr (did you mean --dry? `invoke --help run`"),
     (["shell", "--cup"], "invoke shell has no flag --cup (did you mean --cpu? `invoke --help shell`"),
+    # git's and docker's way of asking for help was a task not there, and no word of how to ask
+    (["help", "run"], "no task named 'help': help on a task is `invoke --help run` (or `invoke run -h`)"),
+    (["help"], "no task named 'help': help on a task is `invoke --help TASK` (or `invoke TASK -h`)"),
     (["run", "lroa"], "no task named 'lroa': a recipe is given as a flag, as in `invoke run --recipe=lora`"),
     # ... not one the user gave already, whose stray word is something else; and a flag in capitals is a slip too
     (["run", "--recipe=lora", "lroa"], "no task named 'lroa' (`invoke --list` lists the tasks)"),
