@@ -87,7 +87,8 @@ def training_arguments(recipe: Recipe, settings: RunSettings, overrides: dict[st
     guards.check_optim(targs)
     guards.check_schedule_kwargs(targs)
     if recipe.deepspeed and not cuda:
-        guards.cpu_collectives_as_built()  # before DeepSpeed's communication starts (here, or in the Trainer)
+        # before DeepSpeed's communication starts (here, or in the Trainer): torchrun's WORLD_SIZE, all nodes' processes
+        guards.cpu_collectives_as_built(int(os.environ.get("WORLD_SIZE", "1")))
     if recipe.deepspeed and not cuda and targs.world_size > 1:
         # On CPU the Trainer sets up a plain gloo process group and leaves DeepSpeed's communication layer
         # uninitialised: ZeRO-3's zero.Init would then see a world of one and refuse the batch sizes.

@@ -560,15 +560,17 @@ def check_offload_memory(strategy: str, need: int, params: int, available: int) 
             f"a recipe that offloads less (invoke plan), or raise the container's memory limit")
 
 
-def cpu_collectives_as_built() -> bool:
+def cpu_collectives_as_built(world_size: int) -> bool:
     """On CPU, DeepSpeed's shared-memory allreduce (its deepspeed_shm_comm op) where the image holds it built for
     the CPU: the cpu variant. Elsewhere (a CUDA image trained with --cpu, a native run) DeepSpeed compiled it at every
     start, in a container whose compile cache starts empty: 1-2 minutes of g++ on every process before the first
-    step, for a run that checks a stack. Such a run uses gloo's collectives, as torch does: False."""
+    step, for a run that checks a stack. Such a run uses gloo's collectives, as torch does: False. So does a run of
+    one process, which has no other to share memory with (loading the op printed "DeepSpeed ... deepspeed_shm_comm_op
+    built successfully" on the console, of an op built into the image)."""
     import deepspeed.ops
     from deepspeed.git_version_info import accelerator_name, installed_ops
 
-    if installed_ops.get("deepspeed_shm_comm") and accelerator_name == "cpu":
+    if installed_ops.get("deepspeed_shm_comm") and accelerator_name == "cpu" and world_size > 1:
         return True
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read by deepspeed.comm when it starts
     return False

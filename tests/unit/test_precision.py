@@ -67,7 +67,7 @@ from pathlib import Path
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import RunSettings
 from dockyard.train import guards, model as models
-guards.cpu_collectives_as_built()  # as the trainer: no shared-memory op compiled for a CPU run
+guards.cpu_collectives_as_built(1)  # as the trainer: no shared-memory op compiled for a CPU run
 tmp = Path(sys.argv[1])
 torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1)
 models.materialize_tiny_model(tmp / "tiny")

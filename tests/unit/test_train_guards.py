@@ -422,7 +422,7 @@ import json
 from dockyard.train import guards
 import deepspeed.ops
 from deepspeed.comm.torch import build_shm_op
-kept = guards.cpu_collectives_as_built()
+kept = guards.cpu_collectives_as_built(2)
 print(json.dumps({"kept": kept, "op": build_shm_op() is not None}))
 """
 
@@ -444,6 +444,25 @@ def test_a_cpu_run_without_deepspeeds_shm_op_built_uses_gloo_instead_of_compilin
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"kept": False, "op": False}
     assert "built successfully" not in r.stdout + r.stderr and "ninja" not in r.stdout + r.stderr
+
+
+def test_a_one_process_cpu_run_of_the_cpu_image_leaves_the_shared_memory_op_unloaded_and_unsaid(monkeypatch, capsys):
+    """A zero2 run of one process in the cpu image (--nproc=1, or a resume on one) printed "DeepSpeed
+    deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" among the run's lines: DeepSpeed loading the op the
+    image holds built, for an allreduce with no other process. With two processes the op is kept (and its line was
+    already left out); with one, gloo's collectives, and nothing loaded or said."""
+    import deepspeed.git_version_info as built
+    import deepspeed.ops
+    from deepspeed.comm.torch import build_shm_op
+
+    monkeypatch.setattr(built, "installed_ops", {**built.installed_ops, "deepspeed_shm_comm": True})  # the cpu image's
+    monkeypatch.setattr(built, "accelerator_name", "cpu")
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", True)
+    assert guards.cpu_collectives_as_built(2) is True
+    assert deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] is True, "two processes share the op"
+    assert guards.cpu_collectives_as_built(1) is False
+    assert build_shm_op() is None
+    assert "built successfully" not in capsys.readouterr().out
 
 
 def _strategy_of(body: dict) -> str:
