@@ -337,8 +337,15 @@ def diff_summary(diff: list[tuple[str, str]], top: int = 5) -> str:
 
 
 def most_under(paths: list[str], top: int = 5) -> str:
-    """"/root/.cache (9), /opt/venv (4)": the folders two levels down that hold most of `paths`."""
-    where = collections.Counter("/".join(path.split("/")[:3]) or "/" for path in paths)
+    """"/root/.cache (9), /opt/venv (4)": the folders two levels down that hold most of `paths`. A file nearer the
+    top (/tmp/notes.txt) counts in its own folder (/tmp): "most under /tmp/notes.txt" named a file as a folder."""
+    folders = {path.rsplit("/", 1)[0] for path in paths}  # a path that holds another is a folder
+
+    def place(path: str) -> str:
+        top_two = "/".join(path.split("/")[:3])
+        return (top_two if top_two != path or path in folders else path.rsplit("/", 1)[0]) or "/"
+
+    where = collections.Counter(place(path) for path in paths)
     return ", ".join(f"{d} ({n})" for d, n in where.most_common(top))
 
 

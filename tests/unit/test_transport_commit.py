@@ -91,6 +91,9 @@ def test_drift_lists_packages_changed_by_hand_against_the_lock():
 def test_diff_summary_counts_and_places():
     s = commit.diff_summary(commit.parse_diff(DIFF))
     assert s.startswith("12 added, 2 changed, 2 deleted; most under /root/.ssh (4)")
+    # a file one folder down is counted in that folder: "most under /tmp/nc74.txt (1)" named a file as a folder
+    assert "/work (2)" in s and "/root (1)" in s and "/work/.env" not in s, s
+    assert commit.diff_summary([("C", "/tmp"), ("A", "/tmp/nc74.txt")]) == "1 added, 1 changed, 0 deleted; most under /tmp (1)"
 
 
 def test_default_tag_says_where_it_came_from():
@@ -328,4 +331,4 @@ def test_the_shells_mounts_are_not_the_containers_changes(tmp_path, monkeypatch,
     commit.commit(settings, "dockyard-shell-1", tag="t:9")
 
     said = capsys.readouterr().out
-    assert "  1 added, 1 changed, 0 deleted; most under /tmp/mark (1)\n" in said and committed.exists()
+    assert "  1 added, 1 changed, 0 deleted; most under /tmp (1)\n" in said and committed.exists()
