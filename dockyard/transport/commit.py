@@ -15,6 +15,7 @@ import fnmatch
 import hashlib
 import json
 import re
+import shlex
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError
@@ -135,6 +136,8 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
     if partly:
         print(f"  note: {len(partly)} text file(s) longer than {console.human(SCAN_BYTES)} were read for tokens in "
               f"that much of their start only, most under {most_under(partly)}")
+    if not secrets:  # the step after it: what a commit is for, carrying the image to another node
+        print(f"next: invoke save --image={shlex.quote(tag)} writes it as an archive to carry to another node")
     return tag
 
 

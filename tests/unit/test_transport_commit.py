@@ -188,6 +188,24 @@ def container(tmp_path, monkeypatch, files: dict[str, str]):
     return Settings(docker=str(client)), tmp_path / "fs.committed"
 
 
+def test_a_commit_ends_with_the_save_that_carries_its_image_to_another_node(tmp_path, monkeypatch, capsys):
+    """`invoke commit` ended at "drift from the lock: none": the step it is for (the image to another server, the
+    README's "Moving images") went unsaid, where run, save and inventory each end with theirs. A pasteable
+    `invoke save --image=TAG` now; a commit holding secrets (--allow-secrets) is told not to ship it, and gets none."""
+    import shlex
+
+    settings, committed = container(tmp_path, monkeypatch, {"/workspace/notes.txt": "kept\n"})
+    tag = commit.commit(settings, "box", tag="team/img:v1")
+    said = capsys.readouterr().out
+    line = next((x for x in said.splitlines() if x.startswith("next: ")), None)
+    assert committed.exists() and line is not None, said
+    assert shlex.split(line.removeprefix("next: ").split(" writes ")[0]) == ["invoke", "save", f"--image={tag}"]
+    settings, _ = container(tmp_path / "2", monkeypatch, {"/root/.netrc": f"password {HF}\n"})
+    commit.commit(settings, "box", tag="t:9", allow_secrets=True)
+    said = capsys.readouterr().out
+    assert "do not push or ship it" in said and "next: invoke save" not in said, said
+
+
 def test_a_token_behind_hundreds_of_cached_downloads_is_found(tmp_path, monkeypatch):
     """600 wheels in pip's cache come before /workspace/run.sh in `docker diff`: the cache is not read (nothing a
     user writes is there), run.sh is, and the commit is refused without making the image."""
