@@ -125,8 +125,8 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         remove_unfinished(made, marker)
         raise DockyardError(f"export of run {run} failed (exit {proc.returncode}; the reason is above); nothing was "
                             "kept")
-    if m.variant not in runfolder.NATIVE_VARIANTS:
-        base_on_this_host(target, engine.container_paths_shown(argv))
+    base_on_this_host(target, engine.container_paths_shown(argv) if m.variant not in runfolder.NATIVE_VARIANTS
+                      else lambda path: path)  # a native export wrote this host's paths; its base is said too
     marker.unlink()
     return target
 
@@ -221,18 +221,19 @@ def base_on_this_host(target: Path, as_host) -> None:
     except (ValueError, DockyardError):
         return
     base = c.get("base_model_name_or_path") if isinstance(c, dict) else None
-    if not isinstance(base, str) or as_host(base) == base:
+    if not isinstance(base, str):
         return
-    c["base_model_name_or_path"] = as_host(base)
-    config.write_text(json.dumps(c, indent=2) + "\n")
-    card = target / "README.md"
-    if card.is_file() and not card.is_symlink():
-        try:  # peft's model card names the base too; a card past 1 MiB is none of peft's, and left as it is
-            text = read_bounded(card, 1 << 20, "model card").decode(errors="replace")
-        except DockyardError:
-            text = ""
-        if text:
-            card.write_text(text.replace(base, as_host(base)))
+    if as_host(base) != base:
+        c["base_model_name_or_path"] = as_host(base)
+        config.write_text(json.dumps(c, indent=2) + "\n")
+        card = target / "README.md"
+        if card.is_file() and not card.is_symlink():
+            try:  # peft's model card names the base too; a card past 1 MiB is none of peft's, and left as it is
+                text = read_bounded(card, 1 << 20, "model card").decode(errors="replace")
+            except DockyardError:
+                text = ""
+            if text:
+                card.write_text(text.replace(base, as_host(base)))
     print(f"  its base: {as_host(base)} (peft loads the adapter onto it)")
 
 

@@ -393,6 +393,19 @@ def test_an_exported_adapter_names_its_base_where_it_is_on_this_host(settings, t
     assert config == {"base_model_name_or_path": str(run / "base"), "r": 8}
     assert (run / "export" / "README.md").read_text() == f"base_model: {run / 'base'}\n"
     assert f"its base: {run / 'base'}" in capsys.readouterr().out
+    # a run trained with --native, exported on this host: its adapter named its base already, which went unsaid
+    native = settings.model_copy(update={"runs_dir": tmp_path / "n" / "runs"})
+    _, run = _run(tmp_path / "n", variant="native", model={"base": str(tmp_path / "n" / "runs" / "r1" / "base"),
+                                                           "format": "adapter"})
+    (run / "base").mkdir()
+
+    def on_this_host(argv, **kw):
+        (run / "export" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(run / "base")}))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(export.engine, "run", on_this_host)
+    export.export(native, run="r1", native=True)
+    assert f"its base: {run / 'base'} (peft loads the adapter onto it)" in capsys.readouterr().out
 
 
 def test_an_export_into_the_run_folder_itself_is_refused(settings, tmp_path):
