@@ -425,6 +425,9 @@ def test(c, k="", x=False):
     Tests that need a GPU skip, saying why, where there is none."""
     import shlex
 
+    from dockyard.cli import check_test_tools
+
+    check_test_tools()  # the README's host install has no ruff, pytest nor torch: said before anything runs
     c.run(shlex.join([sys.executable, "-m", "ruff", "check", "."]), pty=False)
     picked = (["-k", k] if k else []) + (["-x"] if x else [])
     sessions = (["-n", "auto", "--maxprocesses=8", "tests/unit"], ["tests/integration", "tests/gpu"])

@@ -415,6 +415,22 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+# What `invoke test` runs besides the host side (pyproject.toml's dev and train extras), by module
+TEST_PACKAGES = {"ruff": "ruff", "pytest": "pytest", "xdist": "pytest-xdist", "pytest_timeout": "pytest-timeout",
+                 "hypothesis": "hypothesis", "torch": "torch", "deepspeed": "deepspeed"}
+
+
+def check_test_tools() -> None:
+    """`invoke test` from the README's host install (`pip install -e .`) ended "No module named ruff", exit 1, with no
+    word of what to install: the tools and the training stack are said before anything runs."""
+    from dockyard.common.errors import DockyardError
+
+    if missing := [package for module, package in TEST_PACKAGES.items() if not _importable(module)]:
+        raise DockyardError(f"invoke test runs ruff and pytest in this invoke's Python ({shown(sys.executable)}), which "
+                            f"lacks {', '.join(missing)}: install the test tools and the training stack the tests "
+                            "train with, `pip install -e '.[train,dev]'` (README, Development)")
+
+
 def checked(fn):
     """Validate the flags against the task's annotations (dockyard/flags.py), then run it; a DockyardError
     becomes `error: ...` on stderr and its exit code."""

@@ -33,3 +33,28 @@ def test_the_host_packages_are_pyprojects_dependencies():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in deps}
     assert names == set(HOST_PACKAGES.values()) | {"invoke"}
+
+
+# ruff missing (the README's host install: `pip install -e .`); anything `invoke test` would run stops the program
+WITHOUT_RUFF = ("import sys, invoke; sys.modules['ruff'] = None; "
+                "invoke.Context.run = lambda self, command, **kw: sys.exit(f'ran: {command}'); "
+                "from invoke.main import program; program.run()")
+
+
+def test_invoke_test_without_the_test_tools_says_what_to_install_before_running_anything():
+    """`invoke test` from the README's host install ended "/path/python3: No module named ruff", exit 1, and no
+    word of what to install (README's Development: `pip install -e '.[train,dev]'`)."""
+    r = subprocess.run([sys.executable, "-c", WITHOUT_RUFF, "test"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1 and "ran: " not in r.stderr + r.stdout, r.stderr[-2000:]
+    assert r.stderr.startswith(f"error: invoke test runs ruff and pytest in this invoke's Python ({sys.executable}), "
+                               "which lacks ruff: install the test tools and the training stack the tests train "
+                               "with, `pip install -e '.[train,dev]'`"), r.stderr
+
+
+def test_the_test_packages_are_pyprojects_dev_and_train_extras():
+    from dockyard.cli import TEST_PACKAGES
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in extras["dev"] + extras["train"]}
+    assert set(TEST_PACKAGES.values()) <= names
