@@ -135,7 +135,9 @@ def load(settings: Any, tokenizer: Any, seed: int,
                  settings.max_seq_length)
     else:
         labels = []
-        done = tokenize(rows, fmt, tokenizer, settings.max_seq_length)
+        # "example 2: no assistant turn" named no file: the training data's is said as the evaluation data's is
+        done = tokenize(rows, fmt, tokenizer, settings.max_seq_length, what=source if not settings.eval_fraction
+                        else f"the training share of {source}")
         held = (tokenize(eval_rows, fmt, tokenizer, settings.max_seq_length, what=f"the evaluation data "
                          f"({eval_source})") if eval_rows else Tokenized([]))
     for what, got, total in (("", done, len(rows)), ("eval_", held, len(eval_rows))):

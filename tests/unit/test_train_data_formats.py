@@ -611,6 +611,12 @@ def test_a_chat_error_in_the_evaluation_data_names_that_file_and_an_assistant_fi
     with pytest.raises(DockyardError, match=r"the evaluation data \(.*held.jsonl\): example 3: no assistant turn, so "
                                             r"nothing to learn \(roles found: user;"):
         data.load(RunSettings(data=str(train), eval_data=str(held)), tok, seed=0)
+    # the training data's own such example names its file too (it said "example 2: ..." alone)
+    roles = jsonl(tmp_path / "roles.jsonl", [{"messages": CHAT[1:3]}] + [{"messages": [
+        {"role": "human", "content": "hi"}, {"role": "bot", "content": "yo"}]}] * 2)
+    with pytest.raises(DockyardError, match=r"^\S*roles.jsonl: example 2: no assistant turn, so nothing to learn "
+                                            r"\(roles found: bot, human;"):
+        data.load(RunSettings(data=str(roles)), tok, seed=0)
     rows = data.read_rows(jsonl(tmp_path / "first.jsonl", [{"messages": CHAT[1:3]}, {"messages": CHAT[2:3]}]))
     with pytest.raises(DockyardError, match="example 2: the conversation opens with an assistant turn"):
         data.tokenize(rows, "messages", tok, 512)
