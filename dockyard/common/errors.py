@@ -166,7 +166,9 @@ def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
         return "", "is not a key here: remove it" + (f" (known: {', '.join(known)})" if known else "")
     if kind in ("value_error", "assertion_error") and "error" in ctx:  # a validator's own words, which may quote it
         words = str(ctx["error"]).removeprefix("Assertion failed, ")
-        return ("" if value is None or _short(value) in words else given), words
+        # quoted as a word of its own: one inside another was a coincidence (profile_steps 0 in "e.g. 20-22")
+        quoted = re.search(rf"(?<![\w.+-]){re.escape(_short(value))}(?![\w.+-])", words)
+        return ("" if value is None or quoted else given), words
     if kind in _BOUNDS:
         key, words = _BOUNDS[kind]
         bound = ctx.get(key)

@@ -125,10 +125,11 @@ class RunSettings(BaseModel):
     @field_validator("profile_steps", mode="before")
     @classmethod
     def _steps_to_profile(cls, value: Any) -> str:
+        # the value is the formatter's to quote (errors.problem_list), once, as it quotes every setting's
         if value is True:  # `-- --profile_steps` with no value reads as a switch (parse_overrides)
-            raise ValueError("--profile_steps was given no value: put a step or a range of steps after it, e.g. 20-22")
+            raise ValueError("was given no value; put a step or a range of steps after it, e.g. 20-22")
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError(f"{reprlib.repr(value)} is not a step or a range of steps: give N or A-B, e.g. 20-22")
+            raise ValueError(NOT_STEPS)
         return "-".join(map(str, profile_range(value) or ()))
 
     @model_validator(mode="after")
@@ -155,20 +156,28 @@ class RunSettings(BaseModel):
 
 def profile_range(value: int | str) -> tuple[int, int] | None:
     """profile_steps as (first, last) optimizer steps, counted from 1; "" is None. Raises ValueError (pydantic says
-    it as the setting's error) for anything else than N or A-B with 1 <= A <= B < A + MAX_PROFILED."""
+    it as the setting's error, quoting the value) for anything else than N or A-B with 1 <= A <= B < A + MAX_PROFILED
+    and B a step a run can reach (a step of 5,000 digits was Python's own words on int()'s limit)."""
     text = str(value).strip()
     if not text:
         return None
-    first, dash, last = text.partition("-")
-    if not (first.strip().isdecimal() and (not dash or last.strip().isdecimal())):
-        raise ValueError(f"{text!r} is not a step or a range of steps: give N or A-B, e.g. 20-22")
+    first, dash, last = (part.strip() for part in text.partition("-"))
+    if not (first.isdecimal() and (not dash or last.isdecimal())):
+        raise ValueError(NOT_STEPS)
+    if max(len(first.lstrip("0")), len(last.lstrip("0"))) > len(str(WIDEST_INT)) \
+            or max(int(first), int(last) if dash else 0) > WIDEST_INT:
+        raise ValueError(f"names a step past any run's last (at most {WIDEST_INT:,}); profile steps within the "
+                         "run, e.g. 20-22")
     a, b = int(first), int(last) if dash else int(first)
     if a < 1 or b < a:
-        raise ValueError(f"{text!r}: steps count from 1 and a range runs upwards (A-B with A <= B), e.g. 20-22")
+        raise ValueError("steps count from 1 and a range runs upwards; give A-B with 1 <= A <= B, e.g. 20-22")
     if b - a >= MAX_PROFILED:
-        raise ValueError(f"{text!r} holds {b - a + 1} steps: profile at most {MAX_PROFILED} (each adds megabytes of "
+        raise ValueError(f"holds {b - a + 1:,} steps; profile at most {MAX_PROFILED} (each adds megabytes of "
                          "trace), e.g. 20-22")
     return a, b
+
+
+NOT_STEPS = "is not a step or a range of steps; give N or A-B, e.g. 20-22"
 
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
@@ -863,7 +872,9 @@ def _problems(error: ValidationError, given: dict[str, Any], origin: dict[str, s
     said = []
     for key, value, words in problem_list(error, model=RunSettings):
         where = origin.get(key, "")
-        value, place = (f" {value}" if value else ""), (f" ({where})" if where and where != OVERRIDES_WHERE else "")
+        bare = key in given and given[key] is True and not accepted(RunSettings, key)  # `--key` alone: not a switch
+        value, place = (f" {value}" if value and not bare else ""), \
+            (f" ({where})" if where and where != OVERRIDES_WHERE else "")
         name = f"--{key}" if where == OVERRIDES_WHERE else key
         if key in given and given[key] is None and not accepted(RunSettings, key):  # not a number or a switch
             # `--data=` or a bare `~`: YAML's null

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -34,6 +35,27 @@ def test_a_profile_steps_that_names_no_steps_is_refused_saying_what_to_give(give
     with pytest.raises(DockyardError, match="profile_steps") as e:
         resolve_settings(load_recipe("ddp"), {"profile_steps": given})
     assert says in str(e.value) and "e.g. 20-22" in str(e.value)
+
+
+@pytest.mark.parametrize("given, quoted", [
+    ("abc", "'abc'"), ("x" * 40, repr("x" * 40)), ("5-1", "'5-1'"), ("1-50", "'1-50'"), (0, "0"), ([1, 2], "[1, 2]"),
+    ("1-" + "1" * 40, repr("1-" + "1" * 40)), ("7" * 5000, repr("7" * 5000)[:57] + "..."), (True, ""),
+])
+def test_a_profile_steps_refusal_says_its_value_once_as_every_setting_s(given, quoted):
+    """Its validator quoted the value as well as the settings' formatter (`--profile_steps: 'abc' is not ...`; past
+    reprlib's 30 characters both quoted it: twice), a bare `--profile_steps` was `--profile_steps True: --profile_steps
+    was given no value`, and a step of 5,000 digits was Python's "Exceeds the limit (4300 digits) for integer string
+    conversion ... use sys.set_int_max_str_digits()". Now each is `--profile_steps 'value': what is wrong; what to
+    give`, the value once (none for a bare flag), one short line."""
+    with pytest.raises(DockyardError) as e:
+        resolve_settings(load_recipe("ddp"), {"profile_steps": given})
+    said = str(e.value)
+    assert said.startswith(f"invalid setting: --profile_steps{' ' + quoted if quoted else ''}: "), said
+    assert "e.g. 20-22" in said and "\n" not in said and len(said) < 250, said
+    assert not quoted or len(re.findall(rf"(?<![\w-]){re.escape(quoted)}(?![\w-])", said)) == 1, said
+    if isinstance(given, str):  # reprlib's cut of it, besides the formatter's, said it twice
+        assert said.count("'" + given[:20]) == 1, said
+    assert "True" not in said and "set_int_max_str_digits" not in said, said
 
 
 def test_the_host_refuses_steps_past_the_runs_last_before_it_starts():
