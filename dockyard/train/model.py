@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import re
+import reprlib
 import shutil
 import tempfile
 import warnings
@@ -410,9 +411,10 @@ def add_lora(model: Any, recipe: Recipe, settings: RunSettings, gradient_checkpo
         except ValueError as e:  # peft's NoMatchingPeftModuleError is one: names that match no layer of the model
             if "not found in the base model" not in str(e):
                 raise
-            raise DockyardError(f"lora_target_modules {settings.lora_target_modules}: {first_line(e, 200)} Give the "
-                                "names of its linear layers (q_proj,v_proj ...; config.json's model_type says "
-                                "which), or all-linear") from None
+            # peft's words quote the names again, whole (a long expression twice): they say nothing more than this
+            raise DockyardError(f"lora_target_modules {reprlib.repr(settings.lora_target_modules)}: matches no layer "
+                                "of the model; give the names of its linear layers (q_proj,v_proj ...; config.json's "
+                                "model_type says which), or all-linear") from None
     if weights_dtype(settings, recipe) == torch.float16:
         precision.upcast_trainable(model)
     return model
@@ -428,10 +430,10 @@ def check_module_pattern(pattern: str, model: Any, named: str, then: str) -> Non
             for name, _ in model.named_modules():
                 re.fullmatch(pattern, name)
     except (re.error, RecursionError, OverflowError) as e:
-        raise DockyardError(f"{named} {pattern!r} is not a regular expression ({e}); {then}") from None
+        raise DockyardError(f"{named} {reprlib.repr(pattern)}: is not a regular expression ({e}); {then}") from None
     except TooSlow:
-        raise DockyardError(f"{named} {pattern!r}: matching it against the model's module names took more than "
-                            f"{MATCH_SECONDS} s (nested repeats backtrack without end); {then}") from None
+        raise DockyardError(f"{named} {reprlib.repr(pattern)}: matching it against the model's module names took "
+                            f"more than {MATCH_SECONDS} s (nested repeats backtrack without end); {then}") from None
 
 
 @contextlib.contextmanager

@@ -138,3 +138,29 @@ def test_a_target_modules_expression_that_backtracks_or_does_not_compile_is_one_
             model = models.add_lora(model, recipe, settings, gradient_checkpointing=False)
             layers = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if "lora_A" in n}
             assert layers == {"q_proj", "v_proj"}
+
+
+def test_a_target_modules_expression_the_model_refuses_at_train_time_is_said_once_and_short(tmp_path, monkeypatch):
+    """The trainer's own refusals of lora_target_modules (an expression that matches no layer, one that backtracks)
+    said a long expression whole, and twice where it matched nothing: ours, then peft's 'Target modules <it> not found
+    in the base model. Please check the target modules and try again.', cut at 200 characters mid-expression. Now as
+    every setting's: `lora_target_modules '<it, short>': what is wrong; what to give`, the expression once."""
+    import pytest
+
+    from dockyard.common.errors import DockyardError
+
+    recipe = load_recipe("lora")
+    models.materialize_tiny_model(tmp_path / "base")
+    tokenizer = models.load_tokenizer(str(tmp_path / "base"))
+    monkeypatch.setattr(models, "MATCH_SECONDS", 1)
+    nowhere = "model.layers.[0-9]+.self_attn.(query|value)_projection_of_a_model_this_is_not" * 3
+    slow = "(.*.*)*(z|" + "y" * 200 + ")"
+    for target, says in ((nowhere, ": matches no layer of the model; give the names of its linear layers"),
+                         (slow, ": matching it against the model's module names took more than 1 s")):
+        settings, _ = resolve_settings(recipe, {"lora_target_modules": target})
+        model = models.load_model(str(tmp_path / "base"), recipe, settings, tokenizer, [], 0)
+        with pytest.raises(DockyardError) as refused:
+            models.add_lora(model, recipe, settings, gradient_checkpointing=False)
+        said = str(refused.value)
+        assert said.startswith(f"lora_target_modules {target[:10]!r}"[:-1]) and says in said, said
+        assert said.count(target[:10]) == 1 and len(said) < 300 and "\n" not in said, said

@@ -209,7 +209,7 @@ def test_a_target_modules_expression_that_backtracks_without_end_is_refused_with
     assert err.startswith(f"error: {adapter}: `target_modules` '(.*.*)*z': matching it against the model's module "
                           "names took more than 1 s") and "the run folder was changed after the run" in err, err
     _edit(adapter, target_modules="((")
-    assert "`target_modules` '((' is not a regular expression (" in _refused(run, out, capsys)
+    assert "`target_modules` '((': is not a regular expression (" in _refused(run, out, capsys)
     _edit(adapter, target_modules=r".*\.(q|v)_proj")  # an expression peft takes, as the trainer does
     assert export.main(["--run-dir", str(run), "--out", str(out)]) == 0
 

@@ -811,8 +811,8 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
     ("ddp", ["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs", "{foo: 1}"],
      "gradient_checkpointing_kwargs (or activation_checkpointing_kwargs): unknown key(s) foo; torch.utils.checkpoint "
      "takes debug, determinism_check, early_stop, preserve_rng_state, use_reentrant"),
-    ("lora", ["--lora_target_modules", "[foo]"], "lora_target_modules ['foo']: Target modules {'foo'} not found in "
-     "the base model"),
+    ("lora", ["--lora_target_modules", "[foo]"], "lora_target_modules ['foo']: matches no layer of the model; give "
+     "the names of its linear layers"),
     # red-team pass: the schedule reads its kwargs step by step. polynomial's negative power trained the whole run, then
     # stopped at its last step with a ZeroDivisionError traceback (no model saved); inverse_sqrt's timescale 0 divided
     # by zero as the schedule was made (a traceback: not one of the errors said in one line); a nan num_cycles and a
