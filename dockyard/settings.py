@@ -83,8 +83,9 @@ class Settings(BaseModel):
         # kept as checked: `~/bin/docker` is run as the path it names, not as a file named `~` (no shell expands it)
         client = os.path.expanduser(v)
         if v and not shutil.which(client):
-            raise ValueError(f"{v!r} is not an executable docker client (give its path, or \"\" for the first "
-                             "`docker` on PATH that can use BuildKit)")
+            # the value is the formatter's to quote (load), once, as it quotes every setting's
+            raise ValueError("is not an executable docker client; give its path, or \"\" for the first `docker` on "
+                             "PATH that can use BuildKit")
         return client
 
     @field_validator("ssh", "compose")
@@ -107,7 +108,7 @@ class Settings(BaseModel):
     @classmethod
     def _a_path(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, str) and v != v.strip():  # " /scratch/runs" was a folder " " in the checkout
-            raise ValueError(f"{v!r} begins or ends with a space, which would be part of the path: remove it")
+            raise ValueError("begins or ends with a space, which would be part of the path; remove it")
         if isinstance(v, str) and not v and info.field_name not in ("compile_cache", "data", "model"):  # "": none
             raise ValueError("must name a file or folder (an empty value would be the project root itself)")
         if isinstance(v, str) and "\0" in v:  # YAML's "\x00": os calls raise ValueError, shown as a traceback
@@ -163,7 +164,8 @@ def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = N
         said = []
         for key, value, words in problem_list(e, model=Settings):
             # named where it came from, with the text typed (the variable's, not the value as read)
-            where = (f"{ENV_PREFIX}{key.upper()}={shown(repr(env[key]))}" if key in env
+            # (cut short as the formatter cuts it: a variable of 5,000 characters was said whole)
+            where = (f"{ENV_PREFIX}{key.upper()}={value or shown(repr(env[key]))}" if key in env
                      else f"{(files or {}).get(key, 'invoke.yaml')} dockyard.{key}{' ' + value if value else ''}")
             said.append(f"{where}: {words}")
         raise DockyardError(f"invalid setting: {'; '.join(said)}") from None

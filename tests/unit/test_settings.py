@@ -56,7 +56,7 @@ def test_a_path_setting_with_a_space_at_either_end_is_refused_not_made_a_folder_
     " " in the checkout, holding scratch/runs."""
     r = invoke_here("run", "--dry", "--variant=cpu", env={f"INVOKE_DOCKYARD_{key}": value})
     short_error(r, f"INVOKE_DOCKYARD_{key}='{value}'")
-    assert "begins or ends with a space, which would be part of the path: remove it" in r.stderr
+    assert "begins or ends with a space, which would be part of the path; remove it" in r.stderr
     assert not (ROOT / " ").exists()
 
 

@@ -30,6 +30,23 @@ def test_an_environment_override_of_a_wrong_type_says_what_it_takes(env, parts):
     said_in_our_words(invoke_here("recipes", env=env), *parts)
 
 
+def test_a_setting_its_validator_refuses_is_quoted_once_and_short_from_a_variable_or_a_file(tmp_path):
+    """The docker and path settings' validators quoted the value as well as the settings' formatter: a variable was
+    always said twice (`INVOKE_DOCKYARD_DOCKER='/nope': '/nope' is not an executable docker client`), whole however
+    long, and a config file's once after a colon (`dockyard.docker: '/nope' is ...`), twice past 60 characters. Now
+    each is `<where> '<value, short>': what is wrong; what to do`, the value once."""
+    far = "/nonexistent/" + "d" * 80
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"dockyard:\n  docker: {far}\n  runs_dir: ' /x'\n")
+    for r, quoted in ((invoke_here("recipes", env={"INVOKE_DOCKYARD_DOCKER": far}), f"INVOKE_DOCKYARD_DOCKER='{far[:40]}"),
+                      (invoke_here("recipes", env={"INVOKE_DOCKYARD_DOCKER": "/nope"}), "INVOKE_DOCKYARD_DOCKER='/nope': "),
+                      (invoke_here("-f", str(config), "recipes"), f"{config} dockyard.docker '{far[:40]}")):
+        said_in_our_words(r, quoted, ": is not an executable docker client; give its path")
+        assert r.stderr.count("/nonexistent/ddd") + r.stderr.count("'/nope'") == 1 and len(r.stderr) < 500, r.stderr
+    said_in_our_words(invoke_here("-f", str(config), "recipes"),
+                      f"{config} dockyard.runs_dir ' /x': begins or ends with a space")
+
+
 def test_a_config_file_setting_of_a_wrong_type_names_the_file_the_value_and_what_it_takes(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("dockyard:\n  image_name: 3\n  hf_cache: [a, b]\n")
