@@ -304,21 +304,23 @@ class Recipe(BaseModel):
     @classmethod
     def _known_strategy(cls, v: str) -> str:
         if v not in STRATEGIES:
-            raise ValueError(f"unknown strategy {v!r}; valid: {', '.join(STRATEGIES)}")
+            # the value is the formatter's to quote (errors.problems), once, as it quotes every field's
+            raise ValueError(f"is not a known strategy; give one of {', '.join(STRATEGIES)}")
         return v
 
     @field_validator("peft")
     @classmethod
     def _known_adapter(cls, v: str | None) -> str | None:
         if v is not None and v not in ADAPTERS:
-            raise ValueError(f"unknown adapter {v!r}; valid: {', '.join(ADAPTERS)}")
+            raise ValueError(f"is not a known adapter; give one of {', '.join(ADAPTERS)}, or leave peft out")
         return v
 
     @field_validator("deepspeed", "fsdp")
     @classmethod
     def _in_the_folder(cls, v: str | None) -> str | None:
         if v is not None and (not v or "/" in v or "\\" in v or v in (".", "..")):
-            raise ValueError(f"{v!r} is not the name of a file in the recipe folder (a recipe travels as one folder)")
+            raise ValueError("is not the name of a file in the recipe folder; name one there (a recipe travels as "
+                             "one folder)")
         return v
 
     @model_validator(mode="after")

@@ -56,7 +56,7 @@ def form(pattern: str, takes: str) -> AfterValidator:
 
     def check(v: str) -> str:
         if not shape.fullmatch(v):
-            raise ValueError(f"{v!r}: takes {takes}")
+            raise ValueError(f"takes {takes}")  # the value is the formatter's to quote (errors.problems), once
         return v
 
     return AfterValidator(check)

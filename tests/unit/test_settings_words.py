@@ -81,9 +81,9 @@ def test_a_recipe_file_s_wrong_key_or_value_says_what_it_takes(tmp_path, body, p
 
 
 @pytest.mark.parametrize("change, parts", [
-    ({"python": "3"}, ["python: '3': takes a Python 3 version"]),
-    ({"os_packages": ["python3", "-oAPT::x"]}, ["os_packages.1: '-oAPT::x': takes a Debian package's name"]),
-    ({"torch_archs": "8.0 sm_90"}, ["torch_archs: '8.0 sm_90': takes compute capabilities"]),
+    ({"python": "3"}, ["python '3': takes a Python 3 version"]),
+    ({"os_packages": ["python3", "-oAPT::x"]}, ["os_packages.1 '-oAPT::x': takes a Debian package's name"]),
+    ({"torch_archs": "8.0 sm_90"}, ["torch_archs '8.0 sm_90': takes compute capabilities"]),
 ])
 def test_a_variants_file_s_wrong_value_says_what_it_takes(tmp_path, change, parts):
     from dockyard.settings import ROOT
@@ -94,6 +94,29 @@ def test_a_variants_file_s_wrong_value_says_what_it_takes(tmp_path, change, part
     r = invoke_here("build", "--dry", "--variant=cpu",
                     env={"INVOKE_DOCKYARD_VARIANTS_FILE": str(tmp_path / "variants.yaml")})
     said_in_our_words(r, "variant 'cpu'", *parts)
+
+
+def test_a_recipe_or_variants_value_its_validator_refuses_is_quoted_once_however_long(tmp_path):
+    """The recipe file's strategy, peft and strategy-file checks and the variants file's form checks quoted the value
+    as well as the formatter: once after a colon (`strategy: unknown strategy 'zero5'`, `python: '3': takes ...`),
+    twice past 60 characters. Now `<field> '<value, short>': what is wrong; what to give`, the value once."""
+    from dockyard.settings import ROOT
+
+    long = "zero" + "9" * 80
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text(f"# invoke run --recipe={folder}\nwhen: x\nstrategy: {long}\n")
+    r = invoke_here("run", "--dry", "--variant=cpu", f"--recipe={folder}",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    said_in_our_words(r, f"strategy '{long[:40]}", ": is not a known strategy; give one of ddp, ")
+    assert r.stderr.count("zero999") == 1, r.stderr
+    raw = yaml.safe_load((ROOT / "images" / "variants.yaml").read_text())
+    raw["variants"]["cpu"]["python"] = "3." + "7" * 80
+    (tmp_path / "variants.yaml").write_text(yaml.safe_dump(raw))
+    r = invoke_here("build", "--dry", "--variant=cpu",
+                    env={"INVOKE_DOCKYARD_VARIANTS_FILE": str(tmp_path / "variants.yaml")})
+    said_in_our_words(r, "python '3.777", ": takes a Python 3 version")
+    assert r.stderr.count("3.777") == 1, r.stderr
 
 
 def test_a_number_too_long_to_write_out_is_said_by_its_length_not_a_traceback():

@@ -105,8 +105,8 @@ def test_a_recipe_without_its_command_line_is_told_the_line_to_add_and_any_comme
     ("strategy: zero2\n", "needs `deepspeed:`"),
     ("strategy: ddp\nfsdp: fsdp.yaml\n", "takes no `fsdp:`"),
     ("strategy: zero2\ndeepspeed: ds.json\nsettings: {fsdp: true}\n", "set by the strategy file"),
-    ("strategy: zero5\ndeepspeed: ds.json\n", "unknown strategy 'zero5'"),
-    ("strategy: ddp\npeft: dora\n", "unknown adapter 'dora'"),
+    ("strategy: zero5\ndeepspeed: ds.json\n", "strategy 'zero5': is not a known strategy; give one of ddp, "),
+    ("strategy: ddp\npeft: dora\n", "peft 'dora': is not a known adapter; give one of lora, qlora"),
 ])
 def test_invalid_recipes_are_refused(tmp_path, body, problem):
     for name in ("ds.json", "fsdp.yaml"):
