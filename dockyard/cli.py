@@ -509,8 +509,13 @@ def parse_flags(fn, values: dict[str, Any]) -> dict[str, Any]:
     try:
         return values | dict(model(**{p.name: values[p.name] for p in typed}))
     except ValidationError as e:
-        bad = "; ".join(f"--{name.replace('_', '-')}{'=' + given if given else ''}: {words}"
-                        for name, given, words in problem_list(e))
+        # the model: a flag's range is said from its bounds (a number past 4,300 digits had pydantic's words only)
+        bad = "; ".join(f"--{name.replace('_', '-')}{_as_typed(given)}: {words}"
+                        for name, given, words in problem_list(e, model=model))
         raise DockyardError(f"{bad} (`invoke --help {fn.__name__}` says what each flag takes)") from None
 
 
+def _as_typed(given: str) -> str:
+    """A refused flag's value as problem_list shows it: `='text'` as typed, or ` (a number of 5,000 digits)` where it
+    is said by its length (no text typed after `=`)."""
+    return "" if not given else f"={given}" if given[0] in "'\"" else f" ({given})"

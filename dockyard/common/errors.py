@@ -97,7 +97,8 @@ def accepted(model: Any, name: str) -> str:
     schema = model.model_json_schema()["properties"][name]
     choices = schema.get("anyOf", [schema])
     consts = [str(c["const"]) for c in choices if "const" in c]
-    number = next((c for c in choices if c.get("type") in ("integer", "number")), None)
+    number = next(({_BOUND_NAMES.get(k, k): v for k, v in c.items()} for c in choices
+                   if c.get("type") in ("integer", "number")), None)
     if number is not None and ("minimum" in number or "exclusiveMinimum" in number):
         low = (f"from {_plain(number['minimum'])}" if "minimum" in number
                else f"above {_plain(number['exclusiveMinimum'])}")
@@ -110,6 +111,11 @@ def accepted(model: Any, name: str) -> str:
         words = ["true", "false", *consts]
         return f"{', '.join(words[:-1])} or {words[-1]}"
     return ""
+
+
+# a bound set after a validator (dockyard.flags' Whole, then Field(ge=0, le=4096)) is in pydantic's schema by its
+# Field name, not JSON Schema's: a flag's range went unsaid
+_BOUND_NAMES = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
 
 
 def _plain(x: float) -> str:
@@ -184,7 +190,10 @@ def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
         return given, f"takes {'at least' if kind.endswith('short') else 'at most'} {count} {unit}"
     if kind == "string_pattern_mismatch":
         return given, f"is not of the form {ctx.get('pattern', '')}"
-    stem = re.sub(r"_(type|parsing|from_float|fractional_part|too_big|unicode|attributes_type)$", "", kind)
+    # int_parsing_size: a number past pydantic's 4,300 digits, "Unable to parse input string as an integer, exceeded
+    # maximum size", which said no range
+    stem = re.sub(r"_(type|parsing|parsing_size|from_float|fractional_part|too_big|unicode|attributes_type)$", "",
+                  kind)
     if stem in _TAKES:
         return given, _TAKES[stem]
     msg = str(err.get("msg", kind))  # a kind not met here yet: pydantic's words, put as ours are
@@ -193,12 +202,15 @@ def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
 
 
 def _short(value: Any) -> str:
-    """A value as a message quotes it: its repr, cut to 60 characters (a file of 5,000 entries is not written out)."""
+    """A value as a message quotes it: its repr, cut to 60 characters (a file of 5,000 entries is not written out);
+    a number too long for that by its length (`--nproc=<5,000 digits>` was 57 of them and an ellipsis)."""
     try:
         text = repr(value)
     except ValueError:  # an int past Python's 4300 digits, which cannot be written out
         text = (f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if isinstance(value, int)
                 else "a value")
+    if len(text) > 60 and isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+        text = f"a number of {sum(c.isdigit() for c in value):,} digits"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

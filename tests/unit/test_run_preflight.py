@@ -1243,8 +1243,8 @@ def test_restarts_on_one_node_reach_torchrun_and_the_flags_of_several_nodes_are_
     r = dry(env, "--iface=eth0", "--join-timeout=30", "--master-port=29600")
     assert r.returncode == 0 and "warning: --master-port, --iface, --join-timeout: for several nodes" in r.stderr, \
         r.stderr
-    refused(dry(env, "--max-restarts=-1"), "--max-restarts='-1': takes 0 or more (`invoke --help run`")
-    refused(dry(env, "--nproc=5000"), "--nproc='5000': takes at most 4096")
+    refused(dry(env, "--max-restarts=-1"), "--max-restarts='-1': takes a whole number from 0 to 1000 (`invoke --help run`")
+    refused(dry(env, "--nproc=5000"), "--nproc='5000': takes a whole number from 0 to 4096")
 
 
 def test_the_flags_of_an_image_given_with_native_are_said_to_do_nothing(env):

@@ -86,6 +86,22 @@ def test_a_number_flag_is_its_number_or_a_short_error_naming_it(task, flag, whol
 
 
 @pytest.mark.parametrize("task,flag,whole", NUMBER_FLAGS)
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_a_number_flag_given_thousands_of_digits_is_one_short_line_naming_its_range(task, flag, whole, sign, tmp_path):
+    """`invoke run --nproc=<5,000 digits>` said pydantic's "Unable to parse input string as an integer, exceeded
+    maximum size" after 57 of the digits, and no range: the flags' bounds were not read (a bound set after Whole is in
+    pydantic's schema as `le`, not `maximum`). Now: `--nproc (a number of 5,000 digits): takes a whole number from 0
+    to 4096`, as an out-of-range count is said."""
+    args = [a.format(tmp=tmp_path) for a in STOP_EARLY[task] if not a.startswith(f"--{flag}=")]
+    r = invoke_here(task, *args, f"--{flag}={sign}{'9' * 5000}", env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, f"--{flag} (a number of 5,000 digits): takes a ")
+    said = r.stderr.strip()
+    assert "99999" not in said and "Unable to parse" not in said and len(said) < 200, said
+    if flag not in ("node-rank",):  # its -1 (not given) is no bound to say: it takes 0 or more, at most 4095
+        assert re.search(r": takes (a whole number|a number) from \d+ to \d+", said), said
+
+
+@pytest.mark.parametrize("task,flag,whole", NUMBER_FLAGS)
 def test_a_number_flag_shows_that_it_takes_a_value(task, flag, whole):
     """Not shown as a switch, and as what it takes: a size in GiB was shown `--gpu-mem=STRING` (it takes a number
     only: `80GB` is refused), plan's micro-batch `--batch=INT` (it takes auto too)."""
