@@ -165,7 +165,7 @@ _BOUNDS = {"greater_than_equal": ("ge", "takes {} or more"), "greater_than": ("g
 def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
     """(the value given, shown short; what the field takes) for one pydantic error."""
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
-    given = "given no value" if value is None else shown(_short(value))  # YAML's null, JSON's
+    given = "given no value" if value is None else shown(short(value))  # YAML's null, JSON's
     if kind == "missing":
         return "", "missing: add it"
     if kind == "extra_forbidden":
@@ -173,7 +173,7 @@ def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
     if kind in ("value_error", "assertion_error") and "error" in ctx:  # a validator's own words, which may quote it
         words = str(ctx["error"]).removeprefix("Assertion failed, ")
         # quoted as a word of its own: one inside another was a coincidence (profile_steps 0 in "e.g. 20-22")
-        quoted = re.search(rf"(?<![\w.+-]){re.escape(_short(value))}(?![\w.+-])", words)
+        quoted = re.search(rf"(?<![\w.+-]){re.escape(short(value))}(?![\w.+-])", words)
         return ("" if value is None or quoted else given), words
     if kind in _BOUNDS:
         key, words = _BOUNDS[kind]
@@ -201,7 +201,7 @@ def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
                          msg)
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     """A value as a message quotes it: its repr, cut to 60 characters (a file of 5,000 entries is not written out);
     a number too long for that by its length (`--nproc=<5,000 digits>` was 57 of them and an ellipsis)."""
     try:
@@ -209,8 +209,9 @@ def _short(value: Any) -> str:
     except ValueError:  # an int past Python's 4300 digits, which cannot be written out
         text = (f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if isinstance(value, int)
                 else "a value")
-    if len(text) > 60 and isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
-        text = f"a number of {sum(c.isdigit() for c in value):,} digits"
+    if len(text) > 60 and isinstance(value, (int, str)) and not isinstance(value, bool) \
+            and re.fullmatch(r"\s*[+-]?[0-9]+\s*", str(value)):  # a str: past YAML's and int()'s 4,300 digits
+        text = f"a number of {sum(c.isdigit() for c in text):,} digits"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -34,7 +34,16 @@ from pydantic import (
 )
 
 from dockyard import ROOT
-from dockyard.common.errors import DockyardError, MiB, accepted, problem_list, read_bounded, shown, yaml_problem
+from dockyard.common.errors import (
+    DockyardError,
+    MiB,
+    accepted,
+    problem_list,
+    read_bounded,
+    short,
+    shown,
+    yaml_problem,
+)
 from dockyard.common.recipes import (
     RECIPES,
     STRATEGY_KEYS,
@@ -731,9 +740,16 @@ def check_number(key: str, value: Any, kind: str) -> None:
     if value is True:  # `-- --max_steps` with no value reads as a switch (parse_overrides)
         raise DockyardError(f"--{key} was given no value: put {'a whole number' if whole else 'a number'} after it "
                             f"(--{key} N; true and yes are not numbers)")
-    shown = "given no value" if value is None else reprlib.repr(value)  # `--key ''`: YAML's null
-    raise DockyardError(f"{key} {shown}: TrainingArguments.{key} takes "
-                        f"{'a whole number' if whole else 'a finite number'}"
+    # a whole number past what the field holds (a str: past YAML's 4,300 digits) was 'takes a whole number'
+    huge = (isinstance(value, int) and not isinstance(value, bool)
+            or isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value))
+    bounded = key in RANGES and RANGES[key].high != math.inf
+    takes = (f"a number {RANGES[key].words()}" if huge and bounded else
+             f"a whole number of at most {len(str(WIDEST_INT))} digits (up to {WIDEST_INT:,})" if whole and huge
+             else "a whole number" if whole else
+             "a finite number (a float ends near 1.8e308)" if huge else "a finite number")
+    shown = "given no value" if value is None else short(value)  # `--key ''`: YAML's null
+    raise DockyardError(f"{key} {shown}: TrainingArguments.{key} takes {takes}"
                         + (", or auto" if auto else ", or null (its default)" if optional else ""))
 
 

@@ -715,6 +715,16 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     (["--save_total_limit", "all"], "save_total_limit 'all': TrainingArguments.save_total_limit takes a whole number, "
                                     "or null"),
     (["--per_device_train_batch_size", "nan"], "takes a whole number, or auto"),
+    # a whole number past the field, or past YAML's 4,300 digits (read as text), was 'takes a whole number' after 12
+    # of its digits in quotes; a float's, 'takes a finite number'
+    (["--max_steps", "9" * 5000], "max_steps a number of 5,000 digits: TrainingArguments.max_steps takes a whole "
+                                  "number of at most 19 digits (up to 9,223,372,036,854,775,807)"),
+    (["--max_steps", "9" * 20], "max_steps 99999999999999999999: TrainingArguments.max_steps takes a whole number "
+                                "of at most 19 digits"),
+    (["--seed", "-" + "9" * 400], "seed a number of 400 digits: TrainingArguments.seed takes a number from 0 to "
+                                  "4294967295"),
+    (["--learning_rate", "9" * 5000], "learning_rate a number of 5,000 digits: TrainingArguments.learning_rate takes a "
+                                      "finite number (a float ends near 1.8e308)"),
     # a flag with no value read as a switch was "max_steps True: ... takes a whole number"
     (["--max_steps"], "--max_steps was given no value: put a whole number after it (--max_steps N; true and yes "
                       "are not numbers)"),
