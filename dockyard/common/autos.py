@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dockyard.common import memory, precision
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, short
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import (
     AUTO,
@@ -456,7 +456,7 @@ def resolve_padding_free(value: Any, fmt: str, task: str, device: Device | None,
     if value is False:
         return False, "set"
     if value != AUTO:
-        raise DockyardError(f"padding_free must be true, false or auto (got {value!r})")
+        raise DockyardError(f"padding_free must be true, false or auto (got {short(value)})")
     if device is None:
         return False, "CPU: padded batches"
     if task != "causal_lm" or fmt not in PADDING_FREE_FORMATS:
@@ -511,7 +511,7 @@ def resolve_packing(value: Any, fmt: str, task: str, device: Device | None, padd
     if value is False:
         return False, SET
     if value != AUTO:
-        raise DockyardError(f"packing must be true, false or auto (got {value!r})")
+        raise DockyardError(f"packing must be true, false or auto (got {short(value)})")
     if device is None:
         return False, "CPU: one example per document, cut at max_seq_length"
     if task != "causal_lm" or fmt != "text":
@@ -551,7 +551,7 @@ def resolve_numa_binding(value: Any, device: Device | None, place: Placement | N
     if value is False:
         return False, SET
     if value not in (True, AUTO):
-        raise DockyardError(f"numa_binding must be true, false or auto (got {value!r})")
+        raise DockyardError(f"numa_binding must be true, false or auto (got {short(value)})")
     why_not = ""
     if device is None:
         why_not = "CPU: no GPU to bind near"

@@ -846,14 +846,14 @@ def auto_count(value: Any, key: str) -> int | str:
         return AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         unit = "steps" if key == "gradient_accumulation_steps" else "examples"
-        raise DockyardError(f"{key} must be a whole number of {unit}, 1 or more, or auto (got {value!r})")
+        raise DockyardError(f"{key} must be a whole number of {unit}, 1 or more, or auto (got {short(value)})")
     return value
 
 
 def auto_switch(value: Any, key: str) -> bool | str:
     if value == AUTO or isinstance(value, bool):
         return value
-    raise DockyardError(f"{either_name(key)} must be true, false or auto (got {value!r})")
+    raise DockyardError(f"{either_name(key)} must be true, false or auto (got {short(value)})")
 
 
 # transformers 5 renamed gradient checkpointing (the old names warn, and go in v6): a recipe may use either name,

@@ -781,6 +781,10 @@ def test_a_run_setting_out_of_its_range_is_refused_saying_what_it_takes(env, ove
     (["--gradient_checkpointing", "sometimes"], "gradient_checkpointing (or activation_checkpointing) must be true, "
                                                 "false or auto (got 'sometimes')"),
     (["--torch_compile", "7"], "torch_compile must be true, false or auto"),
+    # a switch given thousands of characters said them all: "(got '7777...<5,000 of them>')"
+    (["--use_liger_kernel", "7" * 5000], "use_liger_kernel must be true, false or auto (got a number of 5,000 digits)"),
+    (["--gradient_checkpointing", "x" * 5000], "gradient_checkpointing (or activation_checkpointing) must be true, "
+                                               f"false or auto (got '{'x' * 56}...)"),
     (["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be a whole number of examples, 1 or "
                                              "more, or auto (got 0)"),
     (["--global_batch", "16", "--per_device_train_batch_size", "3"], "per_device_train_batch_size 3 does not divide "
