@@ -21,7 +21,7 @@ import invoke
 from invoke import Argument, Exit, ParseError, Task
 
 from dockyard import ENV_PREFIX
-from dockyard.common.errors import shown
+from dockyard.common.errors import cut, shown
 
 _held: dict[str, str] = {}
 
@@ -457,7 +457,7 @@ def checked(fn):
         except BrokenPipeError:
             stop_quietly_for_a_reader_that_left()
         except OSError as e:  # what no check foresaw (a path the filesystem refuses): its cause in one line
-            where = f"{e.filename}: " if e.filename else ""
+            where = f"{cut(str(e.filename))}: " if e.filename else ""  # "File name too long": 5,000 characters
             print(f"error: {shown(where + (e.strerror or str(e)))}", file=sys.stderr)
             raise Exit(code=1) from None
 

@@ -215,6 +215,12 @@ def short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def cut(text: str, limit: int = 120) -> str:
+    """Text a user typed (a path) as a message says it, unquoted: at most `limit` characters (a path of 5,000
+    characters, which no filesystem holds, was said whole)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def first_line(error: BaseException, limit: int = 300) -> str:
     """An exception's message cut to its first line (at most `limit` characters), for one line of our own."""
     return (str(error).strip().splitlines() or [""])[0][:limit]

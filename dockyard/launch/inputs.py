@@ -21,7 +21,7 @@ from typing import Any
 
 from dockyard.common import envvars
 from dockyard.common.data_files import HUB_ID  # a hub id as the trainer reads one
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, cut
 from dockyard.common.model_config import cached_snapshot
 from dockyard.common.recipes import load_recipe
 from dockyard.launch import scriptwords
@@ -160,7 +160,12 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
     has the form org/name and that model or dataset is in the Hugging Face cache (the `hf_cache` setting): runs are
     offline, so it could not be found anywhere else. Anything else is refused before the run starts."""
     p = Path(os.path.expanduser(value))
-    if p.exists():
+    try:
+        found = p.exists()
+    except OSError as e:  # ENAMETOOLONG: the catch-all's "<the path, whole>: File name too long", naming no setting
+        raise DockyardError(f"{where} {cut(value)}: no path this host can have ({e.strerror}: a name holds at most "
+                            "255 bytes, a path 4,096); give an existing file or folder") from None
+    if found:
         return p.resolve()
     if not looks_like_path(value) and HUB_ID.fullmatch(value) and in_hub_cache(settings, value, key):
         home = settings.path(settings.hf_cache)

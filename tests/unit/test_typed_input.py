@@ -387,3 +387,16 @@ def test_a_path_from_home_is_taken_from_home(tmp_path, monkeypatch):
                     env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     assert r.returncode == 0, r.stderr
     assert "#SBATCH" in (tmp_path / "job.sbatch").read_text()
+
+
+@pytest.mark.parametrize("key", ["data", "model", "eval_data"])
+@pytest.mark.parametrize("native", [[], ["--native"]])
+def test_a_path_override_no_file_could_have_is_one_short_line_naming_it(key, native, tmp_path):
+    """`invoke run --dry -- --data=<5,000 characters>` (a path after the dashes, which no Place flag reads) fell to
+    the catch-all: the 5,000 characters, then 'File name too long', naming no setting. Now the override, its path
+    cut to 120 characters, and what a path holds."""
+    r = invoke_here("run", "--dry", "--variant=cpu", *native, "--", f"--{key}=/tmp/{'7' * 5000}",
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, f"-- --{key} /tmp/777")
+    assert "no path this host can have (File name too long: a name holds at most 255 bytes" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()[-1]) < 300, r.stderr
