@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import archs, recipes
-from dockyard.common.errors import DockyardError, json_object, problems
+from dockyard.common.errors import DockyardError, cut, json_object, problems, short
 from dockyard.common.run_settings import COMPILE_MODES
 from dockyard.common.units import GIB
 
@@ -120,11 +120,12 @@ def check_report_to(value: Any) -> None:
 
     names = [value] if value is None or isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise DockyardError(f"report_to {value!r}: takes an integration's name, a list of them, or none")
+        raise DockyardError(f"report_to {short(value)}: takes an integration's name, a list of them, or none")
     have = get_available_reporting_integrations()
     missing = [n for n in names if n not in ("none", "all", *have)]
     if missing:
-        raise DockyardError(f"report_to {', '.join(missing)}: not installed in this image (installed: "
+        # cut, as every value said back: a name of 5,000 characters was said whole
+        raise DockyardError(f"report_to {cut(', '.join(missing))}: not installed in this image (installed: "
                             f"{', '.join(have) or 'none'}); use --report_to none, or install it in an image "
                             "of your own")
 
@@ -161,7 +162,7 @@ def check_optim(args: Any) -> None:
                                 "default (adamw_torch_fused), adamw_8bit or adafactor, or install it in an image of "
                                 "your own") from None
         if "model" not in said.lower():  # one that needs the model to be made is the Trainer's to check, later
-            raise DockyardError(f"optim {name}, optim_args {args.optim_args!r}: {said[:200]}; optim_args takes "
+            raise DockyardError(f"optim {name}, optim_args {short(args.optim_args)}: {said[:200]}; optim_args takes "
                                 "key=value pairs, comma-separated (as in momentum=0.9 for sgd)") from None
         return
     check_optim_args_read(args, kwargs, name)
@@ -189,12 +190,13 @@ def check_optim_args_read(args: Any, kwargs: dict[str, Any], name: str) -> None:
     pairs = [p.partition("=") for p in str(args.optim_args or "").replace(" ", "").split(",") if p]
     for key, _, value in pairs:
         if key in PER_GROUP:
-            raise DockyardError(f"optim_args {key}={value}: the Trainer sets {key} on every parameter group, over "
-                                f"what optim_args gives the optimizer; give {PER_GROUP[key]} {value} instead")
+            raise DockyardError(f"optim_args {cut(f'{key}={value}')}: the Trainer sets {key} on every parameter "
+                                f"group, over what optim_args gives the optimizer; give {PER_GROUP[key]} {cut(value, 40)} "
+                                "instead")
         without = [f"{k}={v}" for k, _, v in pairs if k != key]
         if made_with(args, without) == kwargs and made_with(args, [*without, f"{key}={OTHER_VALUE}"]) == kwargs:
-            raise DockyardError(f"optim_args {key}={value}: optim {name} reads no {key} (the Trainer would leave it "
-                                "out without a word); leave it out, or pick an optimizer that takes it (sgd: "
+            raise DockyardError(f"optim_args {cut(f'{key}={value}')}: optim {name} reads no {cut(key, 40)} (the Trainer "
+                                "would leave it out without a word); leave it out, or pick an optimizer that takes it (sgd: "
                                 "momentum, dampening, nesterov; rmsprop: momentum, alpha, eps, centered; adagrad: "
                                 "lr_decay, eps)")
 

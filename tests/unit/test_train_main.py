@@ -1328,3 +1328,27 @@ def test_a_node_with_the_host_memory_the_plan_counts_for_an_offload_run_is_not_r
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
     assert ("host RAM" in err) is refused and ("the process group would form here" in err) is not refused, err
+
+
+def test_the_trainers_report_to_and_optim_args_refusals_say_a_long_value_cut(tmp_path):
+    """report_to and optim_args are read by the trainer as it starts (the host takes any text): a name of 5,000
+    characters was said whole in 'report_to <it>: not installed in this image', and optim_args' refusals the same.
+    Each says it cut, as every value said back, in one short line."""
+    from transformers import TrainingArguments
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.train import guards
+
+    long = "q" * 5000
+    said = []
+    for refuse in (lambda: guards.check_report_to(long), lambda: guards.check_report_to([long, long]),
+                   lambda: guards.check_optim(TrainingArguments(output_dir=str(tmp_path), optim_args=long)),
+                   lambda: guards.check_optim(TrainingArguments(output_dir=str(tmp_path), optim="sgd",
+                                                                optim_args=f"{long}=1")),
+                   lambda: guards.check_optim(TrainingArguments(output_dir=str(tmp_path), optim="sgd",
+                                                                optim_args="weight_decay=0." + "1" * 5000))):
+        with pytest.raises(DockyardError) as refused:
+            refuse()
+        said.append(str(refused.value))
+    assert [s.split(" ")[0] for s in said] == ["report_to"] * 2 + ["optim"] + ["optim_args"] * 2, said
+    assert all(len(s) < 400 and "\n" not in s for s in said), [len(s) for s in said]
