@@ -231,6 +231,8 @@ def yaml_problem(error: Exception) -> str:
     column 13`) instead of the several lines PyYAML writes. Anything else is its own message."""
     mark = getattr(error, "problem_mark", None)
     said = getattr(error, "problem", None) or str(error)
+    if isinstance(error, ValueError) and "integer string conversion" in said:  # int()'s: PyYAML reads digits with it
+        said = TOO_MANY_DIGITS  # not Python's "use sys.set_int_max_str_digits() to increase the limit"
     return said + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark else "")
 
 
@@ -288,7 +290,10 @@ def loads(text: str | bytes, **kw) -> Any:
     except ValueError as e:
         if "integer string conversion" not in str(e):
             raise
-        raise _Unreadable("a number of more digits than can be read (4,300)", "", 0) from None
+        raise _Unreadable(TOO_MANY_DIGITS, "", 0) from None
+
+
+TOO_MANY_DIGITS = "a number of more digits than can be read (4,300)"
 
 
 class _Unreadable(json.JSONDecodeError):

@@ -138,3 +138,21 @@ def test_a_number_too_long_to_write_out_is_said_by_its_length_not_a_traceback():
         RunSettings(max_seq_length=huge)
     [(name, given, takes)] = errors.problem_list(e.value, model=RunSettings)
     assert name == "max_seq_length" and "a number of about 5001 digits" in given and takes.startswith("takes ")
+
+
+def test_a_yaml_file_holding_a_number_of_thousands_of_digits_is_said_in_our_words(tmp_path):
+    """PyYAML reads digits with int(), which past 4,300 refuses in Python's words: a recipe or config file holding
+    such a number was "is not valid YAML: Exceeds the limit (4300 digits) for integer string conversion: value has
+    5000 digits; use sys.set_int_max_str_digits() to increase the limit", advice for a programmer. Now as JSON's
+    (errors.loads): "a number of more digits than can be read (4,300)"."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "recipe.yaml").write_text(f"# invoke run --recipe={folder}\nwhen: x\nstrategy: ddp\nsettings:\n"
+                                        f"  max_steps: {'7' * 5000}\n")
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"dockyard:\n  layer_cache_gb: {'7' * 5000}\n")
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    for r, where in ((invoke_here("run", "--dry", "--variant=cpu", f"--recipe={folder}", env=env), folder / "recipe.yaml"),
+                     (invoke_here("-f", str(config), "recipes", env=env), config)):
+        said_in_our_words(r, f"{where} is not valid YAML: a number of more digits than can be read (4,300)")
+        assert "set_int_max_str_digits" not in r.stderr, r.stderr
