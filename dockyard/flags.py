@@ -49,7 +49,8 @@ def _not_below(unset: int, low: int):
 
 Count = Annotated[int, Whole, Field(ge=0, le=MOST)]                 # processes, GPUs: 0 = what the host has
 Nodes = Annotated[int, Whole, Field(ge=1, le=MOST)]
-Rank = Annotated[int, Whole, Field(le=4095), AfterValidator(_not_below(-1, 0))]  # -1: not given (required of several)
+# -1: not given (required of several); the schema says the range a user gives (errors.accepted reads it)
+Rank = Annotated[int, Whole, Field(le=4095, json_schema_extra={"minimum": 0}), AfterValidator(_not_below(-1, 0))]
 Port = Annotated[int, Whole, Field(ge=1, le=65535)]
 PortOrConfig = Annotated[int, Whole, Field(ge=0, le=65535)]         # 0 = the ssh config's
 Seconds = Annotated[int, Whole, Field(ge=1, le=LONGEST_WAIT)]
