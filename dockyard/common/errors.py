@@ -174,7 +174,9 @@ def _in_our_words(err: Mapping, known: list[str] | None) -> tuple[str, str]:
         words = str(ctx["error"]).removeprefix("Assertion failed, ")
         # quoted as a word of its own: one inside another was a coincidence (profile_steps 0 in "e.g. 20-22")
         quoted = re.search(rf"(?<![\w.+-]){re.escape(short(value))}(?![\w.+-])", words)
-        return ("" if value is None or quoted else given), words
+        # of a mapping, the words name the entry: 60 characters of the whole ("pins {'torch': ...: pin peft: ...")
+        # said nothing more
+        return ("" if value is None or quoted or isinstance(value, Mapping) else given), words
     if kind in _BOUNDS:
         key, words = _BOUNDS[kind]
         bound = ctx.get(key)

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, fie
 
 from dockyard import __version__
 from dockyard.common.archs import arch_runs
-from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, problems, read_bounded, short, yaml_problem
 from dockyard.common.recipes import YAML_ERRORS, read_yaml
 from dockyard.engine import familiar
 from dockyard.gpus import DRIVER_FAULT_FIX, Gpu, Host
@@ -70,6 +70,11 @@ Package = Annotated[str, form(r"[a-z0-9][a-z0-9+.:=~_-]*", "a Debian package's n
                                                           "need be), e.g. python3-dev")]
 
 
+# one exact version, as uv reads a requirement line: `0.21.2\n--index-url X` was an option of its own, `>=0.1` a
+# comparison of none (said as pins.<name> '<it>': the formatter quotes the entry, not the whole mapping)
+PinVersion = Annotated[str, form(r"([0-9][0-9A-Za-z.+!-]*)?", 'one exact version (2.1.0, 2.13.0+cpu), or "" for none')]
+
+
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -87,7 +92,7 @@ class Variant(BaseModel):
     torch_archs: Annotated[str, ARCHS] = ""
     ds_ops: list[str]
     devel: DevelBase | None = None
-    pins: dict[str, str]
+    pins: dict[str, PinVersion]
 
     @field_validator("base")
     @classmethod
@@ -96,14 +101,11 @@ class Variant(BaseModel):
 
     @field_validator("pins")
     @classmethod
-    def _versions(cls, pins: dict[str, str]) -> dict[str, str]:
-        """Each pin a package name and one version (uv reads them as requirement lines: `0.21.2\n--index-url X`
-        was an option of its own, `>=0.1` a comparison of none)."""
-        for name, version in pins.items():
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or not re.fullmatch(r"([0-9][0-9A-Za-z.+!-]*)?",
-                                                                                          version):
-                raise ValueError(f"pin {name}: {version!r}: give a package name and one exact version (2.1.0, "
-                                 "2.13.0+cpu), or \"\" for none")
+    def _names(cls, pins: dict[str, str]) -> dict[str, str]:
+        """Each pin a package name (uv reads them as requirement lines); its version is PinVersion's to check."""
+        for name in pins:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                raise ValueError(f"{short(name)} is not a package name: name each pin as pip does (torch, deepspeed)")
         return pins
 
     @field_validator("ds_ops")

@@ -255,8 +255,10 @@ def test_a_variants_file_setting_a_key_twice_or_pinning_no_torch_is_refused(tmp_
     (lambda raw: raw["variants"]["cu132"].update(cuda="13.x"), r"cuda '13\.x': takes a CUDA version"),  # doctor's ValueError
     (lambda raw: raw["variants"]["cpu"].update(python="3.11; id"), r"python '3\.11; id': takes a Python 3 version"),
     (lambda raw: raw["variants"]["cpu"]["pins"].update(peft="0.21.2\n--index-url http://127.0.0.1:9/simple"),
-     r"pin peft: .*give a package name and one exact version"),
-    (lambda raw: raw["variants"]["cpu"]["pins"].update(peft=">=0.1"), r"pin peft: '>=0.1'"),
+     r"pins\.peft '0\.21\.2\\n--index-url .*': takes one exact version \(2\.1\.0, 2\.13\.0\+cpu\)"),
+    (lambda raw: raw["variants"]["cpu"]["pins"].update(peft=">=0.1"), r"pins\.peft '>=0\.1': takes one exact version"),
+    (lambda raw: raw["variants"]["cpu"]["pins"].update({"bad name": "1.0"}),
+     r"pins: 'bad name' is not a package name: name each pin as pip does"),
     (lambda raw: raw["variants"]["cpu"].update(ds_ops=["BOGUS_OP"]), r"unknown DeepSpeed op\(s\) BOGUS_OP"),
     (lambda raw: raw["variants"]["cu132"].update(base="nvidia/cuda:13.2 devel"), r"base '.*devel': an image name"),
     (lambda raw: raw["variants"]["cu128"]["devel"].update(base=""), r"devel.base '': an image name: "),
@@ -283,6 +285,7 @@ def test_a_variants_file_of_hostile_or_odd_values_is_refused_in_one_line(tmp_pat
     with pytest.raises(DockyardError, match=r"invalid variants file .*" + says) as e:
         variants._load(bad)
     assert "\n" not in str(e.value)
+    assert "{'" not in str(e.value), "a mapping's problem names its entry, not 60 characters of the whole"
 
 
 def test_build_then_run_on_one_command_line_says_how_the_variant_was_chosen_once():
