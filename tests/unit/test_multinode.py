@@ -376,8 +376,9 @@ def test_a_node_done_with_its_run_is_not_lost_and_losing_the_store_names_its_nod
     beats, said = _heartbeats(monkeypatch, port, bound=bound)
     for b in beats.values():
         b.start()
-    time.sleep(1.5)
+    _said_who_it_is(store, 0)  # node 0 reached the store (a done() before that tells nobody)
     beats[0].done()  # node 0 finished first, then is silent for good
+    beats[0]._stop = True  # (as its process ends: a thread still beating kept node 1 from ever calling it lost)
     time.sleep(bound + 1)
     assert said[1].empty(), "a node done with its run is not lost"
     del store  # the store's host (node 0's torchrun) is gone
@@ -385,38 +386,52 @@ def test_a_node_done_with_its_run_is_not_lost_and_losing_the_store_names_its_nod
     assert message.startswith("lost node 0 (127.0.0.1, host ") and "torchrun's store there failed" in message
 
 
-@pytest.mark.parametrize("key, value", [
-    ("dockyard/beat/1", "abc"),  # TCPStore.add on it: the store drops the connection
-    ("dockyard/node/1", json.dumps({"node_rank": 1, "host": "\x1b]0;pwned\x07\x1b[2Jevil", "addr": "127.0.0.1"})),
-    ("dockyard/node/1", json.dumps({"node_rank": 1})),
-    ("dockyard/node/1", "{not json"),
+@pytest.mark.parametrize("key, value, named", [
+    ("dockyard/beat/1", "abc", "lost node 1 (127.0.0.1, host "),  # TCPStore.add on it: the store drops the connection
+    ("dockyard/node/1", json.dumps({"node_rank": 1, "host": "\x1b]0;pwned\x07\x1b[2Jevil", "addr": "127.0.0.1"}),
+     "lost node 1: it stopped answering (no heartbeat for "),  # node 1 named without the stranger's info
+    ("dockyard/node/1", json.dumps({"node_rank": 1}), "lost node 1: it stopped answering (no heartbeat for "),
+    ("dockyard/node/1", "{not json", "lost node 1: it stopped answering (no heartbeat for "),
 ])
 def test_a_strangers_heartbeat_key_neither_stops_the_run_nor_reaches_the_terminal(monkeypatch, loopback_port, key,
-                                                                                 value):
+                                                                                 value, named):
     """The heartbeat's keys live in torchrun's store, which anyone who reaches its port may write (TCPStore has no
     password). Measured with two real torchruns on loopback: one `set('dockyard/beat/1', 'abc')` by a stranger stopped
     a healthy run, each node recording the other as lost ("torchrun's store there failed") under torch's C++ frames; a
     node's info of escape sequences reached node 0's terminal raw in its verdict; one of another shape ended the
     heartbeat's thread in a traceback, so that a node lost later was never named. Nobody is lost while both beat, and
-    the node that then goes silent is named, as text."""
+    the node that then goes silent is named, as text.
+    Node 0 is watched until it has read the stranger's value: a node's info is read once that node beats, and node 1
+    writes its own before its first beat, so a stranger's info written before node 1 started was overwritten unread
+    (the three info cases passed with node 0's checks of it removed); a counter, node 1 sets at its first beat."""
     import datetime
+    import threading
     import time
 
     from torch.distributed import TCPStore
 
     port = loopback_port
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
-    TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5)).set(key, value)  # the stranger
+    stranger = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
     bound = 3.0
     beats, said = _heartbeats(monkeypatch, port, bound=bound)
-    beats[0].start()  # node 0 reads the stranger's value before node 1 says who it is
-    time.sleep(1.0)
-    beats[1].start()
+    read = threading.Event()  # node 0 got the stranger's value from the store
+    _after_each_request(monkeypatch, beats[0], lambda name, args, answer: read.set() if (
+        args[:1] == (key,) and answer == value.encode()) else None)
+    info = key == nodes.NODE.format(1)
+    if info:  # the stranger writes over what node 1 said of itself; node 0 reads it once node 1 beats
+        beats[1].start()
+        _said_who_it_is(store, 1)
+    stranger.set(key, value)
+    beats[0].start()
+    assert read.wait(30), f"node 0 never read the stranger's {key}"
+    if not info:  # node 1 beats on the stranger's counter
+        beats[1].start()
     time.sleep(bound + 1)
     assert said[0].empty() and said[1].empty(), (said[0].queue, said[1].queue)
     beats[1]._stop = True
     message = said[0].get(timeout=bound + 30)
-    assert message.startswith("lost node 1 (127.0.0.1, host ") and "\x1b" not in message and "evil" not in message, message
+    assert message.startswith(named) and "\x1b" not in message and "evil" not in message, message
     del store
 
 
