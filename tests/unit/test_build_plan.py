@@ -192,13 +192,44 @@ def test_a_step_printed_again_as_it_resumes_keeps_its_time(capsys):
     assert max(seconds) >= 2.5, beats  # counted from the step's first line, not from its line printed again
 
 
-def test_the_first_word_of_a_silence_comes_at_half_the_interval(capsys):
+def test_the_first_word_of_a_silence_comes_at_half_the_interval(capsys, monkeypatch):
     """The build's first 'still at' came after a full minute of silence: a user who saw a step's line and then
     nothing for 40 s wondered whether it hung. The first word now comes at half the interval (30 s of 60), the
-    next ones a whole interval apart."""
-    script = "echo '#7 [runtime 3/5] RUN pip install --no-index /wheels/*.whl'; sleep 1.6; echo '#7 DONE 1.6s'"
-    beats = _heartbeats(capsys, script, every=2.0)
-    assert [b.split(",")[0] for b in beats] == ["build: still at [runtime 3/5] RUN pip install --no-index /wheels/*.whl"]
+    next ones a whole interval apart.
+    The heartbeat's clock is the test's: with a real one (a step silent 1.6 s, the word due at 1 s), a loaded host
+    that woke the heartbeat's thread half a second late failed it. Each time set is read by the thread's own check
+    before anything is asserted of it."""
+    import threading
+
+    now, checks = [1000.0], [0]
+
+    def clock() -> float:
+        if threading.current_thread().name == "dockyard-build-heartbeat":
+            checks[0] += 1
+        return now[0]
+
+    def at(seconds: float) -> list[str]:
+        """The words said once the heartbeat checked the silence with `seconds` past the step's line."""
+        now[0], seen = 1000.0 + seconds, checks[0]
+        deadline = time.monotonic() + 60  # the real clock: a heartbeat that stopped checking fails, not hangs
+        while checks[0] < seen + 2:  # one check may have read the time before it was set
+            assert time.monotonic() < deadline, "the heartbeat stopped checking"
+            time.sleep(0.01)
+        said.extend(ln.split(",")[0] for ln in capsys.readouterr().out.splitlines() if ln.startswith("build: still at"))
+        return said
+
+    said: list[str] = []
+    word = "build: still at [runtime 3/5] RUN pip install --no-index /wheels/*.whl"
+    t = build._StepTracker()
+    monkeypatch.setattr(build.time, "monotonic", clock)
+    with t.heartbeat(every=2.0):
+        t("#7 [runtime 3/5] RUN pip install --no-index /wheels/*.whl")
+        assert at(0.99) == [], "a word before half the interval"
+        assert at(1.0) == [word], "no word at half the interval"
+        assert at(2.99) == [word], "the next word sooner than a whole interval after the first"
+        assert at(3.0) == [word, word]
+        t("#7 DONE 3.0s")
+        assert at(3.99) == [word, word], "a word in a new silence shorter than half the interval"
 
 
 def test_the_builds_last_line_says_how_long_it_took(settings, tmp_path, monkeypatch, capsys):

@@ -534,7 +534,6 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
     (10.0.0.10 before 10.0.0.9): lost before it said who it is, it is still named, as the other of two nodes."""
     import datetime
     import queue
-    import time
 
     from torch.distributed import TCPStore
 
@@ -543,7 +542,7 @@ def test_losing_the_store_before_its_host_said_who_it_is_names_the_other_of_two_
     _node_0_of_two_beside_the_store(monkeypatch, port)
     said: queue.Queue = queue.Queue()
     beat = nodes.Heartbeat(said.put, bound=60).start()  # node 1 never beats: only the store's loss can end this
-    time.sleep(1.0)
+    _said_who_it_is(store, 0)  # it reached the store (lost before that, it is named only at the bound: 60 s)
     del store
     message = said.get(timeout=15)
     assert message.startswith("lost node 1 (127.0.0.1): it stopped answering (torchrun's store there failed")
@@ -584,7 +583,7 @@ def test_a_broken_connection_that_names_no_peer_is_explained_by_the_store_lost_w
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     _node_0_of_two_beside_the_store(monkeypatch, port)
     beat = nodes.Heartbeat(lambda message: None, bound=20).start()  # node 1 (the store's host) never beats
-    time.sleep(1.0)
+    _said_who_it_is(store, 0)  # it reached the store (lost before that, it is named only at the bound: 20 s)
     started = time.monotonic()
     assert beat.verdict_for("ValueError: max_steps must be positive", []) is None
     # (a broken connection's wait is a beat and 2 s, 4 s here: less than one beat is no wait, even on a loaded host)

@@ -296,16 +296,40 @@ def _torchrun_node(tmp_path, port: int, rank: int, run_id: str, nnodes, join_tim
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)})
 
 
-def _node_1_refused_at_once(tmp_path, port: int, nodes: tuple, join_timeout: int):
-    """Two real torchruns on loopback, each (rank, run id, node count), node 1 3 s after node 0: node 1 must end
-    within the join timeout while node 0 still waits; both ended, their processes and (stdout, stderr) by rank."""
+def _hosting(node0: subprocess.Popen, port: int, bound: float = 120):
+    """A client of node 0's store once node 0 hosts its rendezvous there (its id and number of nodes written): a node
+    that came before that found nothing to compare with. A fixed 3 s was the host's to miss (torch's import alone
+    takes longer on a loaded one)."""
+    import datetime
     import time
 
+    from torch.distributed import TCPStore
+
+    from dockyard.train import torchrun
+
+    deadline = time.monotonic() + bound
+    store = None
+    while store is None or not store.check([torchrun.HOSTED_COUNT]):
+        assert node0.poll() is None and time.monotonic() < deadline, "node 0 never hosted: " + said_by(node0)
+        if store is None:
+            try:
+                store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+            except RuntimeError:  # nothing listens there yet (torch's DistNetworkError)
+                pass
+        time.sleep(0.1)
+    return store
+
+
+def _node_1_refused_at_once(tmp_path, port: int, nodes: tuple, join_timeout: int):
+    """Two real torchruns on loopback, each (rank, run id, node count), node 1 once node 0 hosts the rendezvous:
+    node 1 must end within the join timeout while node 0 still waits; both ended, their processes and (stdout,
+    stderr) by rank."""
     procs = []
-    for rank, run_id, count in nodes:
-        procs.append(_torchrun_node(tmp_path, port, rank, run_id, count, join_timeout))
-        time.sleep(3)
     try:
+        for rank, run_id, count in nodes:
+            procs.append(_torchrun_node(tmp_path, port, rank, run_id, count, join_timeout))
+            if rank == 0:
+                _hosting(procs[0], port)
         node1 = procs[1].communicate(timeout=join_timeout - 5)
         assert procs[0].poll() is None, "node 0 should still be waiting"
         return procs, (procs[0].communicate(timeout=120), node1)
@@ -332,19 +356,14 @@ def test_a_node_given_another_run_id_is_told_node_0_s_at_once_and_node_0_which_c
 
 
 def _node_0_beside_a_stranger(tmp_path, port: int, appended: str) -> tuple[int, str]:
-    """A real torchrun as node 0 of two, alone, and a stranger's TCPStore client that appends `appended` (Python
-    source of the value) to the ids the nodes came for: node 0's exit status and stderr once its wait ran out."""
-    import time
-
+    """A real torchrun as node 0 of two, alone, and a stranger's TCPStore client (this test's) that appends
+    `appended` to the ids the nodes came for once node 0 hosts the rendezvous, well within its wait (a stranger's
+    process started a fixed 3 s after node 0, which then had to load torch, could come after a loaded host's node 0
+    had ended its wait): node 0's exit status and stderr once its wait ran out."""
     (tmp_path / "worker.py").write_text("print('never started')\n")
-    (tmp_path / "stranger.py").write_text(
-        "import sys\nfrom datetime import timedelta\nfrom torch.distributed import TCPStore\n"
-        "s = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=False, timeout=timedelta(seconds=20))\n"
-        f"s.append('dockyard/came-for', {appended})\n")
     node0 = _torchrun_node(tmp_path, port, 0, "idA", 2, join_timeout=10)
     try:
-        time.sleep(3)
-        run([sys.executable, "stranger.py", str(port)], cwd=tmp_path, timeout=30).check_returncode()
+        _hosting(node0, port).append("dockyard/came-for", appended)
         _, err = node0.communicate(timeout=120)
     finally:
         if node0.poll() is None:
@@ -357,7 +376,7 @@ def test_a_rendezvous_id_a_stranger_wrote_in_node_0_s_store_reaches_its_terminal
     an id of escape sequences to the ids the nodes came for had node 0 write them, raw, into its user's terminal as
     its wait ended (a window title set, the screen cleared, the clipboard written: OSC 52). A real torchrun as node
     0, and a stranger's TCPStore client: node 0's line shows the escapes as text."""
-    returncode, err = _node_0_beside_a_stranger(tmp_path, loopback_port, "'\\x1b]0;pwned\\x07\\x1b[2Jevil\\n'")
+    returncode, err = _node_0_beside_a_stranger(tmp_path, loopback_port, "\x1b]0;pwned\x07\x1b[2Jevil\n")
     assert returncode == 1 and "\x1b" not in err and "\x07" not in err, err
     assert err.strip().splitlines()[-1].startswith(
         f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within 10 s: a node came "
@@ -369,7 +388,7 @@ def test_the_rendezvous_ids_a_stranger_wrote_by_the_thousand_are_said_in_a_line_
     reaches node 0's port may: TCPStore has no password) had node 0 end its wait with one line of a megabyte, every
     id written out. The first few are said, each cut, and how many more came."""
     returncode, err = _node_0_beside_a_stranger(
-        tmp_path, loopback_port, "''.join(f'{i:05d}' + 'x' * 195 + '\\n' for i in range(5000))")
+        tmp_path, loopback_port, "".join(f"{i:05d}" + "x" * 195 + "\n" for i in range(5000)))
     last = err.strip().splitlines()[-1]
     assert returncode == 1 and len(last) < 1000, len(last)
     assert last.startswith(f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within "
@@ -402,16 +421,23 @@ def test_nodes_given_one_count_as_min_max_are_not_told_to_give_the_same_count(tm
     """--nnodes=3:3 on both nodes (a Kubeflow PyTorchJob's elastic policy writes PET_NNODES as MIN:MAX), the third node
     never started: node 0's store holds the count as torch reads it (3), and node 0, comparing it with its own as typed
     (3:3), ended its wait saying "a node started with --nodes=3 came: start every node with the same --nodes (3:3
-    here)", which every node was. It says what a wait that nobody cut short says: a node that did not join."""
+    here)", which every node was. It says what a wait that nobody cut short says: a node that did not join.
+    Node 1 is seen to come, its count in node 0's store, before node 0's wait ends: one that came later (a loaded
+    host) left nothing to compare, and the test passed whatever node 0 made of a count."""
     import time
+
+    from dockyard.train import torchrun
 
     port = loopback_port
     (tmp_path / "worker.py").write_text("print('never started')\n")
     procs = []
     try:
-        for rank in (0, 1):
-            procs.append(_torchrun_node(tmp_path, port, rank, "mm1", "3:3", join_timeout=10))
-            time.sleep(2)
+        procs.append(_torchrun_node(tmp_path, port, 0, "mm1", "3:3", join_timeout=10))
+        store = _hosting(procs[0], port)
+        procs.append(_torchrun_node(tmp_path, port, 1, "mm1", "3:3", join_timeout=10))
+        while not store.check([torchrun.CAME_WITH]):
+            assert procs[0].poll() is None, "node 1 came after node 0's wait (nothing tested): " + said_by(procs[1])
+            time.sleep(0.1)
         _, err = procs[0].communicate(timeout=120)
     finally:
         for p in procs:

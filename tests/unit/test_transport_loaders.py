@@ -35,6 +35,7 @@ from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths, write_loader
 from dockyard.transport.tarstream import TarGate, TarPump, TooLong, compressed
 from tests.support.archive_sets import engine_answering_info, keypair, make_set, reseal
+from tests.support.processes import kill_tree
 from tests.support.save_tars import fake_save, member
 
 
@@ -1085,15 +1086,42 @@ def test_a_load_the_engines_disk_has_no_room_for_is_refused_before_docker_load(t
 def test_load_sh_says_it_is_still_at_work_while_docker_load_says_nothing(tmp_path):
     """load.sh said 'loading ... says nothing until it is done' and then nothing for the minutes a CUDA image's
     docker load takes: a log (CI, nohup, Slurm) could not tell a slow load from a hung one. It now says a line every
-    LOAD_SH_EVERY seconds (30 by default) while a long step goes on, and none is left running once it ends."""
-    argv, env, private = load_sh_set(tmp_path, "sleep 3; exec cat >/dev/null")
-    started = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, env={**env, "LOAD_SH_EVERY": "1"}, timeout=60)
-    assert time.monotonic() - started < 10, "a heartbeat kept the output open after load.sh ended"
-    beats = [x for x in r.stdout.splitlines() if x.startswith("loading t_1.tar: still at it, ")]
-    assert len(beats) >= 2 and all(x.endswith(" s so far ...") for x in beats), r.stdout + r.stderr
-    # (this fake engine then answers no image inspect: the load is refused, as it would be; the beats stopped)
-    assert "still at it" not in r.stdout.split("\n", r.stdout.count("\n"))[-1] and list(private.iterdir()) == []
+    LOAD_SH_EVERY seconds (30 by default) while a long step goes on, and none is left running once it ends.
+    The stand-in docker load lasts until two lines came (it slept 3 s for lines every second: a loaded host's late
+    beats failed the test), within 20 s (the default's 30 s would not do). That the beats stopped is the output
+    closing as load.sh ends (the line after stdout's last newline was checked for a beat: always empty)."""
+    import queue
+    import threading
+
+    go = tmp_path / "go"
+    argv, env, private = load_sh_set(tmp_path, f'while [ ! -e "{go}" ]; do sleep 0.05; done; exec cat >/dev/null')
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**env, "LOAD_SH_EVERY": "1"}) as p:
+        lines: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=lambda: [*map(lines.put, p.stdout), lines.put(None)], daemon=True)
+        reader.start()
+        said: list[str] = []
+        deadline = time.monotonic() + 20
+        try:
+            while sum(x.startswith("loading t_1.tar: still at it, ") for x in said) < 2:
+                said.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+                assert said[-1] is not None, f"load.sh ended before its second line of work: {said[:-1]}"
+            go.touch()  # docker load ends
+            ended = time.monotonic()
+            reader.join(timeout=60)
+            assert time.monotonic() - ended < 10, "a heartbeat kept the output open after load.sh ended"
+        except BaseException:
+            kill_tree(p.pid)  # load.sh, its beat and the stand-in docker load
+            raise
+        p.wait(timeout=60)
+        while (line := lines.get(timeout=1)) is not None:
+            said.append(line)
+        err = p.stderr.read()
+    out = "".join(said)
+    beats = [x for x in out.splitlines() if x.startswith("loading t_1.tar: still at it, ")]
+    assert all(x.endswith(" s so far ...") for x in beats), out + err
+    # (this fake engine then answers no image inspect: the load is refused, as it would be)
+    assert "did not load every image of t_1.tar: refused" in err and list(private.iterdir()) == [], out + err
 
 
 @pytest.mark.parametrize("every", ["1s", "a[$(touch pwned)]", "0", "00", "08"])
