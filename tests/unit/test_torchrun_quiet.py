@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import shlex
@@ -13,6 +14,13 @@ import pytest
 
 from dockyard import ROOT
 from tests.support.processes import kill_tree, said_by
+
+
+def bare(tmp_path) -> dict[str, str]:
+    """A launcher's environment of its own: torch and dockyard, the system's tools, and the test's folder as TMPDIR,
+    where torchrun makes the log folder it never removes (torch's DefaultLogsSpecs: a /tmp/torchelastic_* left by
+    each launch of every test here)."""
+    return {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}
 
 
 def run(args: list[str], cwd, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -38,12 +46,12 @@ def test_a_failed_worker_is_one_line_with_torchruns_exit_status_not_a_traceback(
     (tmp_path / "worker.py").write_text("import sys\nprint('error: the reason, in one line', file=sys.stderr)\n"
                                         "raise SystemExit(3)\n")
     plain = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--standalone",
-                 "worker.py"], cwd=tmp_path)
+                 "worker.py"], cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)})
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "train.log").write_text("error: the reason, in one line\n")
     quiet = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
                  "worker.py", "--run-dir", "run"], cwd=tmp_path,
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                env=bare(tmp_path))
     assert plain.returncode == quiet.returncode == 1
     assert "Traceback" in plain.stderr and "ChildFailedError" in plain.stderr  # what users saw
     assert "Traceback" not in quiet.stderr and "error: the reason, in one line" in quiet.stderr
@@ -54,7 +62,7 @@ def test_a_failed_worker_is_one_line_with_torchruns_exit_status_not_a_traceback(
     (tmp_path / "run" / "train.log").unlink()
     again = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
                  "worker.py", "--run-dir", "run"], cwd=tmp_path,
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                env=bare(tmp_path))
     assert again.stderr.rstrip().endswith("exit 3; its reason is above"), again.stderr
 
 
@@ -63,7 +71,7 @@ def test_a_worker_killed_by_sigkill_is_said_to_have_said_nothing(tmp_path):
     looking for a line no process could print."""
     (tmp_path / "worker.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone", "worker.py"],
-            cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+            cwd=tmp_path, env=bare(tmp_path))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.rstrip().splitlines()[-1].startswith(
         "torchrun: worker.py failed: rank 0 (local rank 0) first, signal SIGKILL; killed, so it could say nothing: "
@@ -74,7 +82,7 @@ def test_a_run_that_succeeds_exits_0(tmp_path):
     (tmp_path / "worker.py").write_text("print('trained')\n")
     ok = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
               "worker.py"], cwd=tmp_path,
-             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+             env=bare(tmp_path))
     assert ok.returncode == 0 and "trained" in ok.stdout
 
 
@@ -86,7 +94,7 @@ def test_a_node_alone_says_what_it_starts_before_its_workers_say_anything(tmp_pa
 
     (tmp_path / "worker.py").write_text("import sys, time\ntime.sleep(1)\nprint('worker: loaded', file=sys.stderr)\n")
     ok = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone", "worker.py"],
-             cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+             cwd=tmp_path, env=bare(tmp_path))
     assert ok.returncode == 0 and ok.stderr.splitlines()[0] == "torchrun: starting 2 processes of worker.py", ok.stderr
     trainer = torchrun.torchrun_args(["--nproc-per-node=gpu", "--standalone", "-m", "dockyard.train", "--recipe", "ddp"])
     assert torchrun.starting(trainer) == ("starting one process per GPU of dockyard.train: each loads torch, "
@@ -125,7 +133,7 @@ def test_restarted_workers_meet_in_a_store_of_their_own_not_their_dead_predecess
     p = subprocess.Popen([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone",
                           "--max-restarts=3", "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+                         env={**bare(tmp_path), "OMP_NUM_THREADS": "1"})
     try:
         stdout, stderr = p.communicate(timeout=180)
     finally:
@@ -151,7 +159,7 @@ def _threads(tmp_path, nproc: int, **env: str) -> tuple[set[str], str]:
     (tmp_path / "worker.py").write_text(THREADS_WORKER)
     p = run([sys.executable, "-m", "dockyard.train.torchrun", f"--nproc-per-node={nproc}", "--standalone",
              "worker.py"], cwd=tmp_path,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **env})
+            env={**bare(tmp_path), **env})
     assert p.returncode == 0, p.stderr[-3000:]
     return set(re.findall(r"threads (\d+) torch (\d+) share ([-\d]+)", p.stdout)), p.stderr
 
@@ -204,7 +212,7 @@ def test_an_omp_num_threads_that_is_not_a_thread_count_is_refused_naming_it(tmp_
     for value in ("abc", "", "0", "-2", "1.5", "²"):  # ²: a digit to str.isdigit, not to int()
         r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
                  "worker.py"], cwd=tmp_path,
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": value})
+                env={**bare(tmp_path), "OMP_NUM_THREADS": value})
         assert r.returncode == 2 and "trained" not in r.stdout, (value, r.stdout, r.stderr)
         assert r.stderr.strip() == (f"torchrun: OMP_NUM_THREADS={value!r}: give a whole number of CPU threads per "
                                     "process, 1 or more, or unset it (each process then gets its share of the node's "
@@ -220,7 +228,7 @@ def test_nodes_that_never_meet_are_one_line_naming_the_rendezvous_and_what_to_ch
                  "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=alone1",
                  "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
                 cwd=tmp_path,
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": "0"})
+                env={**bare(tmp_path), "DOCKYARD_NODE_RANK": "0"})
     assert alone.stderr.startswith(f"torchrun: node 0 of 2 hosts the rendezvous alone1 at 127.0.0.1:{port}: waiting up "
                                    "to 3 s for the other node(s) to join\n"), alone.stderr
     assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr
@@ -245,7 +253,7 @@ def test_each_node_says_whom_it_waits_for_and_one_that_cannot_reach_node_0_gives
     r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=far1",
              "--rdzv-conf=is_host=0,join_timeout=6", "--local-addr=127.0.0.1", "worker.py"],
-            cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": "1"},
+            cwd=tmp_path, env={**bare(tmp_path), "DOCKYARD_NODE_RANK": "1"},
             timeout=90)
     took = time.monotonic() - started
     said = r.stderr.strip().splitlines()
@@ -293,7 +301,7 @@ def _torchrun_node(tmp_path, port: int, rank: int, run_id: str, nnodes, join_tim
          "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
          f"--rdzv-conf=is_host={int(rank == 0)},join_timeout={join_timeout}", "--local-addr=127.0.0.1", "worker.py"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)})
+        env={**bare(tmp_path), "DOCKYARD_NODE_RANK": str(rank)})
 
 
 def _hosting(node0: subprocess.Popen, port: int, bound: float = 120):
@@ -456,7 +464,7 @@ def test_one_process_per_gpu_where_torch_sees_none_is_one_line(tmp_path):
     (tmp_path / "worker.py").write_text("print('never started')\n")
     r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=gpu", "--standalone",
              "worker.py"], cwd=tmp_path,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+            env={**bare(tmp_path), "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 2 and "Traceback" not in r.stderr and "never started" not in r.stdout, r.stderr
     assert r.stderr.strip() == ("torchrun: --nproc-per-node=gpu (one process per GPU), but torch sees no GPU here: "
                                 "give a number of processes (compose: DOCKYARD_NPROC=2 on a node without GPUs), or add "
@@ -476,7 +484,7 @@ def test_node_0_whose_rendezvous_port_is_taken_is_told_so_not_to_start_the_other
                  "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=taken1",
                  "--rdzv-conf=is_host=1,join_timeout=3", "--local-addr=127.0.0.1", "worker.py"],
                 cwd=tmp_path,
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                env=bare(tmp_path))
     finally:
         held.close()
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
@@ -493,7 +501,7 @@ def test_a_signal_to_torchrun_is_one_line_with_128_and_the_signal(tmp_path):
     (tmp_path / "worker.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(3600)\n")
     p = subprocess.Popen([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone",
                           "worker.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                         env=bare(tmp_path))
     try:
         assert select.select([p.stdout], [], [], 120)[0], "the worker did not start within 120 s"
         assert p.stdout.readline().strip() == "started"
@@ -538,7 +546,7 @@ def test_values_torchrun_refuses_only_in_a_traceback_are_one_line_naming_compose
     for flag, said in cases.items():
         r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=1",
                  "--rdzv-endpoint=127.0.0.1:1", "--rdzv-conf=is_host=1,join_timeout=3", *rdzv, flag, "worker.py"],
-                cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+                cwd=tmp_path, env=bare(tmp_path), timeout=120)
         assert r.returncode == 2 and "never started" not in r.stdout, (flag, r.stderr[-1500:])
         assert r.stderr.strip() == f"torchrun: {said}", (flag, r.stderr[-1500:])
 
@@ -595,7 +603,7 @@ def test_node_0_lost_after_the_nodes_met_is_said_as_such_not_as_a_rendezvous_nev
     (tmp_path / "worker.py").write_text(TRAINER_WORKER if worker != "bare" else
                                         "import os, sys, time\nopen(sys.argv[1] + os.environ['RANK'], 'w')\n"
                                         "time.sleep(3600)\n")
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    env = bare(tmp_path)
     procs = []
     for host in (1, 0):
         procs.append(subprocess.Popen(
@@ -683,7 +691,7 @@ def test_a_rank_stopped_after_another_failed_on_its_node_leaves_the_reason_to_th
     (tmp_path / "worker.py").write_text(TRAINER_WORKER)
     r = run([sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=2", "--standalone",
              "--local-addr=127.0.0.1", "worker.py", str(tmp_path / "started")], cwd=tmp_path,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "FAIL_RANK": "1"})
+            env={**bare(tmp_path), "OMP_NUM_THREADS": "1", "FAIL_RANK": "1"})
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and [line for line in lines if line.startswith("error: ")] == [
         "error: invalid training setting: nonsense"], r.stderr[-3000:]
@@ -716,7 +724,7 @@ def test_a_node_stopped_because_node_0_went_away_records_why(tmp_path, case, loo
         (tmp_path / "manifest.json").write_text(node_0s)
     procs = {}
     for rank in (0, 1):
-        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank), "CASE": case}
+        env = {**bare(tmp_path), "DOCKYARD_NODE_RANK": str(rank), "CASE": case}
         procs[rank] = subprocess.Popen(
             [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=met2", f"--rdzv-conf=is_host={int(rank == 0)},join_timeout=30",
@@ -906,7 +914,7 @@ def _two_agents_restarting_once(tmp_path, worker: str, rdzv_id: str, port: int) 
     (tmp_path / "worker.py").write_text(worker)
     procs = {}
     for rank in (0, 1):
-        env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "DOCKYARD_NODE_RANK": str(rank)}
+        env = {**bare(tmp_path), "DOCKYARD_NODE_RANK": str(rank)}
         procs[rank] = subprocess.Popen(
             [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
              f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}",
