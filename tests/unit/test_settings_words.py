@@ -30,11 +30,12 @@ def test_an_environment_override_of_a_wrong_type_says_what_it_takes(env, parts):
     said_in_our_words(invoke_here("recipes", env=env), *parts)
 
 
-def test_a_setting_its_validator_refuses_is_quoted_once_and_short_from_a_variable_or_a_file(tmp_path):
+def test_a_setting_its_validator_refuses_is_quoted_once_and_short_from_a_variable_or_a_file(tmp_path, monkeypatch):
     """The docker and path settings' validators quoted the value as well as the settings' formatter: a variable was
     always said twice (`INVOKE_DOCKYARD_DOCKER='/nope': '/nope' is not an executable docker client`), whole however
     long, and a config file's once after a colon (`dockyard.docker: '/nope' is ...`), twice past 60 characters. Now
     each is `<where> '<value, short>': what is wrong; what to do`, the value once."""
+    monkeypatch.delenv("INVOKE_DOCKYARD_DOCKER", raising=False)  # .ci/run sets it, and it overrides the file's
     far = "/nonexistent/" + "d" * 80
     config = tmp_path / "mine.yaml"
     config.write_text(f"dockyard:\n  docker: {far}\n  runs_dir: ' /x'\n")
