@@ -13,7 +13,10 @@ set -u
 NAMESPACE=dockyard-archive
 
 die() { echo "load.sh: $*" >&2; exit 1; }
-beat() {  # "$1: still at it, N s so far ..." every LOAD_SH_EVERY seconds until killed (its sleep holds no output open)
+# "$1: still at it, N s so far ..." every LOAD_SH_EVERY seconds until killed (its sleep holds no output open); killed
+# with SIGKILL: a SIGTERM sent before the subshell set its signals up (a step that ended at once) was lost, as it is
+# where SIGTERM is ignored on entry, and the loop went on after the script ended
+beat() {
 	t=0 every=${LOAD_SH_EVERY:-30}
 	case $every in ''|*[!0-9]*|0*) echo "load.sh: LOAD_SH_EVERY=$every is not a whole number of seconds above 0: a line every 30 s" >&2; every=30 ;; esac
 	while sleep "$every" </dev/null >/dev/null 2>&1; do
@@ -228,7 +231,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.$HOST_TAG.XXXXXX") || die "ca
 # ends (a decompressor cut off writes "bad"), racing the removal: a second removal a moment later gets that too.
 running=
 beater=
-trap 'kill $running $beater 2>/dev/null; rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf "$work"; }' EXIT
+trap 'kill $running 2>/dev/null; kill -9 $beater 2>/dev/null; rm -rf "$work" 2>/dev/null || { sleep 1; rm -rf "$work"; }' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -332,7 +335,7 @@ beat "verifying $name" & beater=$!
 wait "$copier" || die "cannot copy $name into $work (full?): nothing was loaded"
 wait "$hasher"
 running=
-kill "$beater" 2>/dev/null
+kill -9 "$beater" 2>/dev/null
 beater=
 got=$(cat "$work/copy.sha256")
 [ "$got" = "$(listed "$name")" ] \
@@ -413,7 +416,7 @@ beat "checking $name" & beater=$!
 		>"$work/starts" 2>"$work/tar.err" || : >"$work/badtar"; cat >/dev/null; }
 wait $running
 running=
-kill "$beater" 2>/dev/null
+kill -9 "$beater" 2>/dev/null
 beater=
 [ "$(tr -d ' ' <"$work/bytes")" -le "$limit" ] \
 	|| die "$name decompresses to more than its manifest declares ($TAR_BYTES bytes of tar): refused, nothing was loaded"
@@ -461,7 +464,7 @@ fi
 exec 3>&-
 wait "$loader" || refuse "docker load failed (exit $?): refused"
 running=
-kill "$beater" 2>/dev/null
+kill -9 "$beater" 2>/dev/null
 beater=
 cat "$work/load.out"
 

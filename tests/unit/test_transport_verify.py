@@ -126,6 +126,32 @@ def test_load_sh_loads_the_archive_named_by_its_path_never_a_namesake_beside_it(
     assert r.returncode == 1 and "nowhere/t_1.tar.zst is missing" in r.stderr
 
 
+def test_load_sh_stops_its_line_of_work_however_soon_the_step_ends_and_whatever_sigterm_does(tmp_path):
+    """load.sh's "still at it" lines come from a background loop it stopped with kill's SIGTERM. A step that ends at
+    once (a small archive) sent it before the loop's shell had set its signals up, and dash then lost it; a load.sh
+    started where SIGTERM is ignored (inherited: a job runner's, a daemon's) cannot undo that either. The loop went on
+    for good after load.sh ended, a line every 30 s into the output (met as this test file's namesake case hanging 300 s
+    in a loaded suite: the loop held its pipe open). It is stopped with SIGKILL now. Here SIGTERM is ignored, which
+    makes the lost signal certain."""
+    import signal
+
+    (tmp_path / "a").mkdir()
+    loader = write_loader(tmp_path / "a")
+    theirs = make_set(tmp_path / "a")
+    theirs.archive.write_bytes(b"changed" + theirs.archive.read_bytes()[7:])  # verified, then refused: the loop ran
+    with subprocess.Popen(["sh", loader, theirs.archive.name], cwd=tmp_path / "a", stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env={**engine_answering_info(tmp_path), "LOAD_SH_EVERY": "1"},
+                          start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) as p:
+        try:
+            out, err = p.communicate(timeout=30)  # the output closes once load.sh and all it started are gone
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise AssertionError("load.sh's line of work went on after load.sh ended, holding its output open") from None
+    assert p.returncode == 1 and "t_1.tar.zst is damaged" in err, err
+
+
 @pytest.mark.parametrize("changes", [
     {"load_sh": {"check_images": "-q=sha256:" + "a" * 64, "require_chains": "", "need_kb": "20"}},
     {"tar_bytes": "lots"},
