@@ -68,6 +68,7 @@ class RunRequest:
 def run(settings: Settings, r: RunRequest) -> dict | None:
     """`invoke run`: validate the request (topology, what the trainer would refuse, disk) into the command that trains,
     then dispatch it: print it (--dry), or run it and summarise the run from its manifest."""
+    r = replace(r, node_rank=node.given_rank(r.node_rank, r.nodes))  # -1, not given: 0 on one node (refused on more)
     command, devices = prepare(settings, r)
     if r.dry:
         engine.echo(command.argv, command.env)
@@ -77,9 +78,9 @@ def run(settings: Settings, r: RunRequest) -> dict | None:
 
 def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
     """Every check a run passes before anything is made, and the command that trains (in the image, or --native on this
-    host), with the GPUs it is given by index ([] on CPU: the monitor watches no other). Runs nothing, makes nothing."""
+    host), with the GPUs it is given by index ([] on CPU: the monitor watches no other). Runs nothing, makes nothing.
+    `r`: its node rank settled (run)."""
     overrides = list(r.overrides)
-    r = replace(r, node_rank=node.given_rank(r.node_rank, r.nodes))
     if r.cpu and r.gpus.strip():
         raise DockyardError(f"--gpus={r.gpus} picks GPUs to train on, and --cpu trains on none: give one of them")
     every = read_host()

@@ -175,6 +175,22 @@ def test_a_dry_run_loads_its_recipe_once(settings, tmp_path, monkeypatch, native
     assert loaded == ["zero2"]
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_a_run_of_one_node_given_no_node_rank_is_executed_as_node_0(settings, tmp_path, monkeypatch, native):
+    """`invoke run` (no --node-rank: -1, not given, as tasks.py passes it) is node 0's run. When the checks and the
+    command were split from their execution, the request's settled rank stayed with the checks, and execution read -1:
+    a completed native run said 'the run wrote no manifest (.../manifest-node-1.json)' and named its monitor files node
+    -1's. The execution is a stand-in here (the real one trains): what it is handed is what it would claim, watch and
+    summarise with."""
+    handed = []
+    monkeypatch.setattr(launch_run, "execute", lambda settings, r, command, devices: handed.append(r.node_rank))
+    monkeypatch.setattr(launch_run.engine, "engine_info", lambda settings: {})
+    monkeypatch.setattr(launch_run.engine, "image_inspect", lambda settings, ref: {"Id": "sha256:" + "a" * 64})
+    s = settings.model_copy(update={"runs_dir": tmp_path})
+    launch_run.run(s, launch_run.RunRequest(recipe="ddp", variant="cpu", native=native, cpu=native, node_rank=-1))
+    assert handed == [0]
+
+
 def test_existing_run_is_never_overwritten(settings, tmp_path):
     s = settings.model_copy(update={"runs_dir": tmp_path})
     (tmp_path / "r1").mkdir()
