@@ -57,10 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ  # a level the user set (to debug a rendezvous) is kept
     if quiet:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.run import main as torchrun  # (and torch's elastic modules, read by _launch)
 
     if quiet:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
@@ -97,6 +94,34 @@ def main(argv: list[str] | None = None) -> int:
     # the nodes' records, stamped as each attempt begins (next_rendezvous): none of those is the attempt's to rewrite
     # or to read
     RECORDS.update(_records(args, given))
+    with logs_folder(given) as logs:
+        return _launch(torchrun, [*logs, *args], args, given)
+
+
+@contextlib.contextmanager
+def logs_folder(given: argparse.Namespace | None):
+    """torchrun's --log-dir, a folder removed as it ends: where none is given, torch makes /tmp/torchelastic_<random>
+    and never removes it (each `invoke run --native` left one in the host's /tmp). It holds each worker's error file,
+    read when a worker fails (ChildFailedError), so it goes once the failure is said. A --log-dir given is kept."""
+    if given is None or given.log_dir:
+        yield []
+        return
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="dockyard-torchrun-")
+    try:
+        yield ["--log-dir", folder]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _launch(torchrun, argv: list[str], args: list[str], given: argparse.Namespace | None) -> int:
+    """torchrun itself, its failures said in one line each (`args`: as the caller gave them)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
+
     try:
         torchrun(argv)
     except ChildFailedError as e:
