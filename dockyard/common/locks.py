@@ -163,6 +163,20 @@ def not_ours(path: Path | str, marker: bytes) -> bool:
     return bool(head) and marker not in head
 
 
+def not_written_by(path: Path | str, marker: bytes) -> bool:
+    """Whether a name a task writes on its own (a companion the user did not name) holds anything that task did not
+    write: a link (the user's run.sh -> scripts/train.sh), an empty file, a fifo or a folder, or a plain file whose
+    first 4 KiB lack `marker`. The task writes a plain file holding `marker`, or nothing is there."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (or no folder to hold it: the caller says so)
+        return False
+    except OSError:  # a link (ELOOP), or what cannot be opened: not the task's own either way
+        return True
+    with os.fdopen(fd, "rb") as f:
+        return not (stat.S_ISREG(os.fstat(fd).st_mode) and marker in f.read(4096))
+
+
 def check_named_output(path: Path | str, flag: str) -> None:
     """A file the user named for a task to write whole (--out, --record): refused where that name holds, or links to,
     anything but a plain file (/dev/null, /dev/stdout, a fifo, a socket), or names a folder (as written: `DIR/.` is

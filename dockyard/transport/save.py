@@ -129,11 +129,12 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
 
 def check_companions(out_dir: Path, images: list[dict], named: str) -> None:
     """load.sh (and run.sh, for a dockyard image) are written whole into the archive's folder, over an earlier save's:
-    one there that no save wrote (a project's own run.sh, --out=.) is refused before the save, not replaced after it."""
+    one there that no save wrote (a project's own run.sh, --out=.; a link to its script, an empty one) is refused
+    before the save, not replaced after it."""
     marks = {"load.sh": LOADER_MARK, **({"run.sh": runscript.MARK} if runscript.dockyard_variant(images) else {})}
     for name, mark in marks.items():
         path = out_dir / name
-        if locks.not_ours(path, mark) or (path.is_dir() and not path.is_symlink()):
+        if locks.not_written_by(path, mark):
             raise DockyardError(f"{named} holds {name}, which `invoke save` did not write (it writes load.sh and run.sh "
                                 "beside the archive, replacing its own): give another --out, or move that file away")
 

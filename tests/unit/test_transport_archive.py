@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -455,3 +456,33 @@ def test_a_load_sh_or_run_sh_of_the_users_own_in_the_out_folder_is_refused_befor
     found = [{**ours, "labels": {}}]  # no dockyard image: no run.sh written, the user's stays
     save_mod.save(s, image="t:2", out=str(project), compress="none")
     assert (project / "run.sh").read_text() == "#!/bin/sh\necho my own\n"
+
+
+@pytest.mark.parametrize("kind", ["link", "empty", "fifo"])
+def test_a_link_an_empty_file_or_a_fifo_named_run_sh_in_the_out_folder_is_refused_not_replaced(tmp_path, monkeypatch,
+                                                                                               kind):
+    """A save writes its load.sh and run.sh as plain files holding their templates' second line; anything else under
+    those names is the user's. A project's run.sh that links to its real script (run.sh -> scripts/train.sh), an empty
+    one (`touch run.sh`, to be filled later) or a fifo was replaced by dockyard's, executable, without a word, after the
+    save: what ./run.sh started had changed. Now each is refused before the engine is asked, and left as it was."""
+    docker, image = saving_docker(tmp_path)
+    monkeypatch.setattr(inventory, "inspect_images",
+                        lambda settings, refs: [{**image, "labels": {"dockyard.variant": "cpu"}}])
+    s = Settings(docker=str(docker), layer_cache_gb=0)
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    (project / "scripts" / "train.sh").write_text("#!/bin/sh\necho my own\n")
+    for name in ("run.sh", "load.sh"):
+        there = project / name
+        if kind == "link":
+            there.symlink_to("scripts/train.sh")
+        elif kind == "empty":
+            there.touch()
+        else:
+            os.mkfifo(there)
+        with pytest.raises(DockyardError, match=rf"^--out={project} holds {name}, which `invoke save` did not write"):
+            save_mod.save(s, image="t:2", out=str(project), compress="none")
+        assert sorted(p.name for p in project.iterdir()) == sorted([name, "scripts"]), "nothing written beside it"
+        assert there.is_symlink() if kind == "link" else there.stat().st_size == 0
+        assert (project / "scripts" / "train.sh").read_text() == "#!/bin/sh\necho my own\n"
+        there.unlink()
