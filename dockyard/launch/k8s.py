@@ -297,8 +297,11 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
-    for path in paths.values():  # a manifest of the user's own there is neither an earlier run's nor replaced by --resume
-        if locks.not_ours(path, WRITTEN_BY) or (path.is_dir() and not path.is_symlink()):
+    # A manifest of the user's own there is neither an earlier run's nor replaced by --resume; in a folder of the user's,
+    # nor is a link to one or an empty file (in the runs folder a link is a container's, replaced: runfolder.write).
+    theirs = locks.not_ours if folder.is_relative_to(os.path.abspath(runs)) else locks.not_written_by
+    for path in paths.values():
+        if theirs(path, WRITTEN_BY) or (path.is_dir() and not path.is_symlink()):
             raise DockyardError(f"{'--out ' if out else ''}{folder} holds {path.name}, which `invoke k8s` did not write "
                                 "(it writes job.yaml and trainjob.yaml there): give another --out, or move that file away")
     if s.resume and (other := _written_for(paths["job"])) not in (None, s.run_id):

@@ -180,6 +180,31 @@ def test_a_manifest_of_the_users_own_in_the_out_folder_is_never_taken_for_ours_n
         assert (out / name).read_text() == "apiVersion: v1\nkind: Pod\nmetadata:\n  name: mine\n"
 
 
+@pytest.mark.parametrize("kind", ["link", "empty"])
+def test_a_link_to_the_users_manifest_or_an_empty_one_in_the_out_folder_is_refused_not_replaced(settings, tmp_path,
+                                                                                               kind):
+    """`invoke k8s --out=~/proj/deploy`, whose job.yaml links to the user's own manifest (job.yaml -> ../k8s/job.yaml)
+    or is an empty file: it was "the files of an earlier `invoke k8s` ... add --resume", and --resume replaced the link
+    (or the file) with ours. `invoke k8s` writes neither a link nor an empty file: each is refused, with or without
+    --resume, and left as it was."""
+    out = tmp_path / "deploy"
+    out.mkdir()
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: mine\n")
+    for name in ("job.yaml", "trainjob.yaml"):
+        if kind == "link":
+            (out / name).symlink_to(mine)
+        else:
+            (out / name).touch()
+        for resume in (False, True):
+            with pytest.raises(DockyardError, match=rf"^--out {out} holds {name}, which `invoke k8s` did not write"):
+                k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=str(out), resume=resume)
+            assert [p.name for p in out.iterdir()] == [name]
+            assert (out / name).is_symlink() if kind == "link" else (out / name).stat().st_size == 0
+        (out / name).unlink()
+    assert mine.read_text() == "apiVersion: v1\nkind: Pod\nmetadata:\n  name: mine\n"
+
+
 def test_a_recipe_whose_name_is_no_kubernetes_name_still_gets_a_default_run_id(settings, tmp_path, monkeypatch):
     """`invoke k8s --recipe=Zero2_Long_Context_Llama` (a recipe folder of one's own in recipes/: uppercase, '_', 25
     letters) was refused as "--run-id 'Zero2_Long_Context_Llama-20261207-112233': ... use at most 40 lowercase
