@@ -38,6 +38,9 @@ NAME_MAX = 40  # pods are named <name>-<index>-<suffix>, hostnames <name>-<index
 # a Kubernetes quantity the API server takes: bytes (at most 19 digits), or up to 999999 of a unit
 QUANTITY = re.compile(r"[0-9]{1,19}|[0-9]{1,6}(\.[0-9]{1,3})?(Ki|Mi|Gi|Ti|k|M|G|T)")
 SHM_LEAST = 256 << 20  # bytes: Docker's 64 MB default /dev/shm is what fails NCCL (nccl#342; docs/multinode.md)
+# bytes: more memory than any node holds (the largest single machines hold about 48 TB); a memory-backed /dev/shm
+# counts against the pod's memory, and --shm=999999Ti was written into the manifests, to fail only on the nodes
+SHM_MOST = 64 << 40
 UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30,
          "Ti": 1 << 40}
 
@@ -138,6 +141,11 @@ def spec(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, var
                             f"buffers of the GPUs of a node, needs {SHM_LEAST >> 20}Mi at the least (Docker's default "
                             "of 64 MB already fails it: a bus error, or posix_fallocate failed); a number without a unit "
                             "is bytes: give 16Gi or so")
+    if _bytes(shm) > SHM_MOST:
+        least = f"{SHM_LEAST >> 20}Mi to " if gpus_per_node else "at most "
+        raise DockyardError(f"--shm {shm!r} is {_bytes(shm):,.0f} bytes, more memory than any node holds (the /dev/shm "
+                            f"is memory-backed: it counts against the pod's memory): give {least}{SHM_MOST >> 40}Ti, "
+                            "e.g. 16Gi")
     if not image:
         image = variants.tag(settings, node.cluster_variant(settings, variant, gpus_per_node))
     return Spec(recipe=recipe, nodes=nodes, gpus=gpus_per_node, nproc=gpus_per_node or node.CPU_NPROC, image=image,

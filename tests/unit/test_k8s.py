@@ -252,6 +252,11 @@ def test_each_trainjob_node_starts_the_same_rendezvous_from_what_the_runtime_giv
     ({"shm": "16"}, "--shm '16' is 16 bytes: .* needs 256Mi at the least .* a number without a unit is bytes"),
     ({"shm": "64M"}, "--shm '64M' is 64,000,000 bytes"),
     ({"shm": "0.1Gi"}, "--shm '0.1Gi' is 107,374,182 bytes"),
+    # a /dev/shm of more memory than any node holds was written into the manifests, to fail only on the nodes
+    ({"shm": "999999Ti"}, f"--shm .999999Ti. is {999999 << 40:,} bytes, more memory than any node holds .* "
+                          "give 256Mi to 64Ti"),
+    ({"shm": "9999999999999999999"}, "more memory than any node holds .* give 256Mi to 64Ti"),
+    ({"shm": "65Ti", "gpus_per_node": 0}, "--shm '65Ti' .* give at most 64Ti"),
     ({"image": "x;$(id)"}, r"--image 'x;\$\(id\)' is not an image name"),  # written, then failed in the kubelet
     ({"image": "Registry.Local/Dockyard:1"}, "is not an image name"),  # the path is lowercase
     ({"image": "dockyard:0.1.0-été"}, "is not an image name"),  # a tag is ASCII (docker's rule): \w took it
@@ -269,6 +274,7 @@ def test_shm_takes_a_quantity_of_bytes_or_of_a_unit(settings):
     assert _spec(settings, shm="256Mi").shm == "256Mi" and _spec(settings, shm="1G").shm == "1G"
     # CPU pods: gloo and DeepSpeed's CPU collectives trained here on a /dev/shm of 4 KiB
     assert _spec(settings, shm="16", gpus_per_node=0).shm == "16"
+    assert _spec(settings, shm="64Ti").shm == "64Ti" and _spec(settings, shm="2Ti").shm == "2Ti"  # the largest nodes
 
 
 @pytest.mark.parametrize("image", ["dockyard:0.1.0-cu132", "registry.local:5000/team/dockyard:0.1.0-cu132",
