@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,11 +118,21 @@ class ArchivePaths:
 
 
 def archive_name(refs: list[str], method: str, thin: bool) -> str:
-    """A file name that says what is inside: `dockyard_0.1.0-cpu.tar.zst`, `..-thin.tar.zst`."""
+    """A file name that says what is inside: `dockyard_0.1.0-cpu.tar.zst`, `..-thin.tar.zst`. A name of refs of the
+    form name[:tag] reads back as one set of refs (its `_` is the `:`); any other ref's (a registry path, a digest,
+    a `_` of its own) ends in @ and a hash of the refs: a/b:c and a_b:c were both a_b_c.tar.zst, and the second save
+    replaced the first's archive without a word."""
     stem = "+".join(r.replace("/", "_").replace(":", "_").replace("@", "_") for r in refs)
-    if len(stem) > 120:
+    if not all(PLAIN_REF.fullmatch(r) for r in refs):  # no plain ref's name holds an @
+        stem = stem[:100] + "@" + hashlib.sha256("\n".join(refs).encode()).hexdigest()[:12]
+    elif len(stem) > 120:
         stem = stem[:100] + "+" + hashlib.sha256(stem.encode()).hexdigest()[:12]
     return stem + ("-thin" if thin else "") + SUFFIXES[method]
+
+
+# a ref whose archive name is the ref with its `:` as `_`: no `_`, `/` or `@` of its own, and not ending in -thin
+# (`x:1-thin` was named as a thin archive of x:1)
+PLAIN_REF = re.compile(r"[A-Za-z0-9.-]+(:[A-Za-z0-9.-]+)?(?<!-thin)", re.ASCII)
 
 
 def sums_bytes(path: Path) -> bytes:

@@ -486,3 +486,29 @@ def test_a_link_an_empty_file_or_a_fifo_named_run_sh_in_the_out_folder_is_refuse
         assert there.is_symlink() if kind == "link" else there.stat().st_size == 0
         assert (project / "scripts" / "train.sh").read_text() == "#!/bin/sh\necho my own\n"
         there.unlink()
+
+
+def test_images_whose_refs_differ_only_in_their_separators_are_saved_side_by_side(tmp_path, monkeypatch):
+    """Every `/`, `:` and `@` of a ref was an `_` of the archive's name: `invoke save --image=team/img:1` and then
+    `--image=team_img:1` into one folder both wrote team_img_1.tar.zst, and the second replaced the first's archive
+    (and its manifest and checksums) without a word. Now each image has an archive of its own, each verifying and
+    naming its image; a ref of the plain name:tag form keeps the name it had (t_2.tar.zst, which load.sh and the docs
+    show)."""
+    raw, image, _, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [
+        {**image, "ref": ref, "tags": [ref], "labels": {}, "bytes": len(raw), "chain_ids": []} for ref in refs])
+    s = Settings(docker=str(docker), layer_cache_gb=0)
+    out = tmp_path / "dist"
+    refs = ["team/img:1", "team_img:1", "team:img_1", "team/img/1", "t:2-thin", "t/2", "t:2"]
+    for ref in refs:
+        save_mod.save(s, image=ref, out=str(out))
+    archives = sorted(out.glob("*.tar.zst"))
+    assert len(archives) == len(refs), [p.name for p in archives]
+    assert {load_mod.verify(s, ArchivePaths(p))["images"][0]["ref"] for p in archives} == set(refs)
+    assert (out / "t_2.tar.zst").is_file(), "a plain ref's archive keeps its name"
+    save_mod.save(s, image="team/img:1", out=str(out))  # the same image again: its own archive, replaced
+    assert len(list(out.glob("*.tar.zst"))) == len(refs)
