@@ -86,6 +86,25 @@ def write(folder: Path, name: str, data: bytes | str, mode: int | None = None) -
         os.close(dfd)
 
 
+def write_all(folder: Path, files: dict[str, bytes | str]) -> None:
+    """Replace each folder/name with its data, as one set (a k8s job.yaml and trainjob.yaml): every file is written
+    aside before any is put in place, so a full disk or a Ctrl-C while writing leaves the folder as it was; then each
+    is renamed into place (never half-written, never through a link)."""
+    dfd = _open_folder(folder)
+    aside: list[str] = []
+    try:
+        for name, data in files.items():
+            aside.append(_aside(dfd, name, data))
+        for name, tmp in zip(files, aside, strict=True):
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except IsADirectoryError:
+        raise DockyardError(f"{folder / name} is a folder, where a file is written: remove it") from None
+    finally:
+        for tmp in aside:  # those not renamed: a failure or an interrupt before
+            _unlink(tmp, dfd)
+        os.close(dfd)
+
+
 def create(folder: Path, name: str, data: bytes | str) -> bool:
     """Make folder/name with `data` where nothing has that name yet: whole or not at all (written aside, then linked to
     the name, which link(2) never follows nor replaces). False where something has it: another writer's file, even one

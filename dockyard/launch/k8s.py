@@ -326,10 +326,12 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
                             "written")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        texts = {}
         for kind, path in paths.items():
             header = HEADER[kind].format(path=shlex.quote(str(path)), claim=s.claim, image=s.image, runtime=RUNTIME)
-            text = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
-            runfolder.write(folder, path.name, text)  # the runs folder is the containers': no link followed
+            texts[path.name] = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
+        # both or neither: a job.yaml alone (the disk filled on the second) was then "the files of an earlier invoke k8s"
+        runfolder.write_all(folder, texts)  # the runs folder is the containers': no link followed
     except OSError as e:
         raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
     cpu = "" if s.gpus else " (CPU nodes: --gpus-per-node=G for nodes of G GPUs each)"

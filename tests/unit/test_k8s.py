@@ -8,6 +8,7 @@ under bash with a stand-in `torchrun` that records its arguments and the environ
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -161,6 +162,30 @@ def test_the_files_of_a_run_are_written_again_only_to_continue_it(settings, tmp_
                                             "give --run-id=exp1 to continue that run, or another --out for exp2"):
         k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp2", out=out, resume=True)
     assert (tmp_path / "out" / "job.yaml").read_text() == resumed, "nothing rewritten"
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_disk_that_fills_while_the_manifests_are_written_leaves_the_folder_as_it_was(settings, tmp_path,
+                                                                                      monkeypatch, resume):
+    """The two files were written one after the other: where the disk filled on trainjob.yaml, job.yaml stayed
+    alone (the next `invoke k8s` took it for an earlier run's files; with --resume, a job.yaml of the new settings
+    beside the old trainjob.yaml). Now both are written aside first: a write that fails leaves the folder as it was."""
+    out = tmp_path / "out"
+    if resume:
+        k8s.write(settings, recipe="ddp", nodes=2, gpus_per_node=0, run_id="exp1", out=str(out))
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if out.exists() else {}
+    real_open = os.open
+
+    def full_on_the_second(path, flags, *args, **kw):  # the disk fills as trainjob.yaml is written
+        if "trainjob.yaml" in str(path) and flags & os.O_CREAT:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", full_on_the_second)
+    with pytest.raises(DockyardError, match="cannot write the manifests into .*: No space left on device"):
+        k8s.write(settings, recipe="ddp", nodes=4, gpus_per_node=0, run_id="exp1", out=str(out), resume=resume)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "the folder as it was, nothing aside left in it"
 
 
 @pytest.mark.parametrize("name", ["job.yaml", "trainjob.yaml"])
