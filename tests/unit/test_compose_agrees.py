@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from dockyard.common import envvars
+from dockyard.common.errors import cut
 from dockyard.launch import node
 from dockyard.settings import ROOT
 from tests.support.hostile import environment, recorder, records
@@ -85,14 +86,36 @@ def test_the_multinode_service_starts_the_rendezvous_node_renders(tmp_path, rank
     assert ["torchrun", *records(log)[0]["argv"]] == expected
 
 
-def test_the_multinode_service_refuses_a_resume_value_it_does_not_know(tmp_path):
+def _multinode(tmp_path, values: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """multinode.yml's command run with `values` as compose fills them in, and a recording torchrun: what it did, and
+    the torchrun calls it made (all of them so far in tmp_path)."""
     svc = _service("multinode.yml")
-    values = {**VALUES, "NODE_RANK": "0", "DOCKYARD_RESUME": "yes"}
     env = {k: _compose(str(v), values) for k, v in svc["environment"].items()}
     recorder(tmp_path / "bin", "torchrun")
     log = tmp_path / "argv"
     p = subprocess.run([_compose(w, values) for w in svc["command"]],
                        env={**env, **environment(tmp_path / "bin", log, tmp_path / "mark")},
                        capture_output=True, text=True, timeout=30)
-    assert p.returncode == 2 and not records(log), "refused before torchrun"
+    return p, records(log)
+
+
+def test_the_multinode_service_refuses_a_resume_value_it_does_not_know(tmp_path):
+    p, torchruns = _multinode(tmp_path, {**VALUES, "NODE_RANK": "0", "DOCKYARD_RESUME": "yes"})
+    assert p.returncode == 2 and not torchruns, "refused before torchrun"
     assert p.stderr == "DOCKYARD_RESUME='yes': give 1 to continue the run from its last checkpoint, or leave it out\n"
+
+
+@pytest.mark.parametrize("given", ["120,last_call_timeout=1", "120,is_host=1", "0", "0120", "604801", "9" * 5000, "2m"])
+def test_the_multinode_service_takes_a_join_timeout_of_whole_seconds_in_range_alone(tmp_path, given):
+    """JOIN_TIMEOUT is pasted into --rdzv-conf after `join_timeout=`: `120,last_call_timeout=1` (or `120,is_host=1`
+    on a node that does not host the store) passed torchrun's check of join_timeout and handed torch's rendezvous a key
+    of the user's; it also made the DOCKYARD_RENDEZVOUS record, which is JSON, unreadable (as 0120 does). Now the
+    service takes whole seconds from 1 to a week, as torchrun and invoke run do, and refuses anything else before
+    torchrun starts."""
+    p, torchruns = _multinode(tmp_path, {**VALUES, "NODE_RANK": "1", "JOIN_TIMEOUT": given})
+    assert p.returncode == 2 and not torchruns, (p.stderr, "refused before torchrun")
+    # the value said cut, as every other value is (5,000 digits were said whole)
+    assert p.stderr == f"JOIN_TIMEOUT='{cut(given, 60)}': give whole seconds, 1 to {envvars.LONGEST_WAIT} (a week)\n"
+    for taken in ("1", str(envvars.LONGEST_WAIT)):  # the range's ends, as torchrun's check takes them
+        p, torchruns = _multinode(tmp_path, {**VALUES, "NODE_RANK": "1", "JOIN_TIMEOUT": taken})
+        assert p.returncode == 0 and f"join_timeout={taken}" in torchruns[-1]["argv"][5], p.stderr
