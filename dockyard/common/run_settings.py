@@ -76,6 +76,7 @@ WIDEST_INT = 2**63 - 1    # torch's and numpy's widest integer: a count past it 
 # logging windows ending within a run's first 5 steps are warm-up (set-up, compilation, allocator): the throughput
 # leaves them out (dockyard.train.callbacks)
 WARMUP_STEPS = 5
+MAX_LEARNING_RATE = 100   # past it a learning rate is a slip of the keyboard (3e4 for 3e-4): RANGES
 MAX_PROFILED = 10         # steps profile_steps may hold: each profiled step of a 1B model adds megabytes of trace
 
 # from 0 up to, not including, 1 (an int 0 too; never true/false, nan or inf)
@@ -672,8 +673,11 @@ class Range:
 
 
 RANGES: dict[str, Range] = {
-    **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "max_grad_norm", "warmup_steps",
-                     "save_total_limit"), Range(0)),  # save_total_limit 0: keep all
+    **dict.fromkeys(("weight_decay", "adam_epsilon", "max_grad_norm", "warmup_steps", "save_total_limit"),
+                    Range(0)),  # save_total_limit 0: keep all
+    # torch takes any rate of 0 or more: 1e20 (3e4 for 3e-4) trained to nan without a word. Fine-tuning rates are
+    # 1e-6 to 1e-2, SGD's rarely past 1; 100 leaves room for any optimizer's (AWD-LSTM's SGD took 30)
+    "learning_rate": Range(0, MAX_LEARNING_RATE),
     # each process forks that many workers, each preparing that many batches ahead: 10**5 workers forked a
     # 500 MB process 10**5 times, and a prefetch factor of 10**18 spun every rank at 100 % before its first batch
     "dataloader_num_workers": Range(0, 64),
