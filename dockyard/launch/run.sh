@@ -294,19 +294,20 @@ known_recipe() {
 	NL='
 '  # $RECIPES holds a name a line: one may hold a blank (invoke run takes recipes/my recipe/ too)
 	case $RECIPE in */*) return 0 ;; *"$NL"*) ;; *) case "$NL$RECIPES$NL" in *"$NL$RECIPE$NL"*) return 0 ;; esac ;; esac
-	near=$(closest_recipe "$RECIPE")
+	near=$(closest "$RECIPE" "$RECIPES")
 	why=${near:+did you mean $near? }
 	[ ! -d "$HERE" ] || why="the folder $RECIPE here holds no recipe.yaml; "
 	[ -z "$RESUME" ] || [ -n "$RECIPE_GIVEN" ] || why="the run $RUN_ID trained with it: give its folder again (--recipe=FOLDER), or "
 	die "--recipe=$RECIPE: image $IMAGE holds no recipe $RECIPE: ${why}pick one of $(printf '%s\n' "$RECIPES" | awk 'NR > 1 { printf ", " } { printf "%s", $0 }') or give a folder that holds a recipe.yaml"
 }
-# closest_recipe (dockyard/common/recipes.py) in awk: of $RECIPES, the one the name $1 most likely meant, or nothing.
+# closest_recipe (dockyard/common/recipes.py) in awk: of the names $2 (one a line), the one the name $1 most likely
+# meant, or nothing; of run.sh's options too (unknown_option).
 # The same letters and digits (ZeRO2, zero_2), zero2 for DeepSpeed, else difflib.get_close_matches(name, names, 1,
 # 0.75): the name of the highest SequenceMatcher ratio, twice the characters of the blocks the two have in common (the
 # longest first, earliest in the name; then the same on either side of it) over both lengths; the last of equal ones. The
 # name reaches awk through the environment: awk -v reads the escapes in it (lor\141 was lora).
-closest_recipe() {
-	NAMES=$RECIPES GIVEN=$1 awk '
+closest() {
+	NAMES=$2 GIVEN=$1 awk '
 	function plain(s) { s = tolower(s); gsub(/[^a-z0-9]/, "", s); return s }
 	function common(a, b,   n, m, lo, hi, blo, bhi, i, j, k, best, bi, bj) {
 		n = 1; LO[1] = 0; HI[1] = length(a); BLO[1] = 0; BHI[1] = length(b)
@@ -342,6 +343,37 @@ closest_recipe() {
 	}'
 }
 
+# An option run.sh does not take, answered as invoke run answers a flag it lacks: invoke run's flags that run.sh has
+# another way for, a switch given a value, a value after a space, else the option it most likely meant.
+unknown_option() {
+	name=${1%%=*} value=
+	[ "$name" = "$1" ] || value=${1#*=}
+	case $name in
+	--gpus) die "unknown option $1: run.sh takes the GPUs from CUDA_VISIBLE_DEVICES, as in CUDA_VISIBLE_DEVICES=${value:-0,2} sh run.sh ..." ;;
+	--variant) die "unknown option $1: run.sh trains in a loaded image: give it as --image=${DEFAULT%-*}-${value:-VARIANT} (sh load.sh its archive first)" ;;
+	--native | --nodes | --node-rank | --master-addr | --master-port | --iface | --join-timeout | --max-restarts)
+		die "unknown option $1: run.sh trains in the image on this node alone; several nodes, or a host's own Python, take invoke run (the checkout and a venv: README, Air-gapped step 5)" ;;
+	--cpu | --dry | --resume | --disable-require | --help)
+		[ "$name" = "$1" ] || die "$name is a switch and takes no value: give $name alone" ;;
+	--recipe | --data | --model | --run-id | --runs | --nproc | --image)
+		[ "$name" != "$1" ] || die "$1 needs its value after '=', as in $1=VALUE (options take the form --name=value)" ;;
+	esac
+	near=$(case $name in --?*) closest "${name#--}" "$OPTIONS" ;; esac)
+	die "unknown option $1 (${near:+did you mean --$near? }options take the form --name=value; trainer overrides go after --)"
+}
+OPTIONS='recipe
+data
+model
+run-id
+runs
+nproc
+image
+cpu
+disable-require
+dry
+resume
+help'  # the options the loop below takes, a name a line
+
 RECIPE=@DEFAULT_RECIPE@ RECIPE_GIVEN= DATA= MODEL= RUN_ID= RUNS=./runs NPROC= CPU= DRY= IMAGE= IMAGE_GIVEN= DISABLE_REQUIRE= RESUME=
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -358,7 +390,7 @@ while [ $# -gt 0 ]; do
 	--resume) RESUME=1 ;;
 	-h | --help) sed -n '2,/^set -u/s/^# \{0,1\}//p' "$0"; exit 0 ;;
 	--) shift; break ;;
-	*) die "unknown option $1 (options take the form --name=value; trainer overrides go after --)" ;;
+	*) unknown_option "$1" ;;
 	esac
 	shift
 done

@@ -732,3 +732,45 @@ def test_the_command_save_suggests_trains_the_recipe_run_sh_trains_without_one(n
 
     assert f"--recipe={argv[argv.index('--recipe') + 1]} " in hint
     assert re.search(r"--recipe=(\S+)", hint)[1] == launch_run.DEFAULT_RECIPE
+
+
+@pytest.mark.parametrize("typed, says, then", [
+    ("--daat=/tmp", "did you mean --data? ", "--data=/tmp"),
+    ("--recpie=ddp", "did you mean --recipe? ", "--recipe=ddp"),
+    ("--run_id=g1", "did you mean --run-id? ", "--run-id=g1"),
+    ("--nprocs=1", "did you mean --nproc? ", "--nproc=1"),
+    ("--recipe", "--recipe needs its value after '=', as in --recipe=VALUE", "--recipe=ddp"),
+    ("--cpu=yes", "--cpu is a switch and takes no value: give --cpu alone", "--cpu"),
+    ("--variant=cu132", "give it as --image=dockyard:0.1.0-cu132 (sh load.sh its archive first)",
+     "--image=dockyard:0.1.0-cu132"),
+])
+def test_an_option_run_sh_lacks_is_answered_with_the_one_meant_which_then_trains(node, tmp_path, typed, says, then):
+    """The newcomer's walk: `sh run.sh --daat=x`, `--recpie=ddp` or `--cpu=yes` was "unknown option ... (options take
+    the form --name=value ...)" where `invoke run` names the flag meant, and invoke run's `--gpus=1` and
+    `--variant=cu132` were "unknown option" too, leaving the user to find CUDA_VISIBLE_DEVICES in --help and that
+    run.sh takes an image. Each is refused before docker, saying the option (or the way) meant, and that one trains."""
+    loaded = {"FAKE_LOADED": "dockyard:0.1.0-cpu dockyard:0.1.0-cu132"}
+    proc, argv = node(typed, **loaded)
+    assert proc.returncode == 1 and not argv and says in proc.stderr, proc.stderr
+    proc, argv = node(then, **loaded)
+    assert argv, proc.stderr  # docker started (a stand-in here)
+    if then.startswith("--image="):
+        assert then.partition("=")[2] in argv, argv
+    proc, argv = node("--max_stepz=3", **loaded)  # nothing near: the old words, pointing trainer settings past --
+    assert not argv and proc.stderr == ("run.sh: unknown option --max_stepz=3 (options take the form --name=value; "
+                                        "trainer overrides go after --)\n")
+
+
+def test_invoke_runs_gpus_flag_given_to_run_sh_says_how_run_sh_picks_gpus_and_that_way_trains_on_them(node):
+    """`sh run.sh --gpus=1` (invoke run's flag) was "unknown option": run.sh takes the GPUs from CUDA_VISIBLE_DEVICES,
+    which it now says with the GPUs given; done so, docker is given that GPU alone. Its multi-node flags and --native
+    say that those take invoke run."""
+    proc, argv = node("--gpus=1", "--run-id=g1", variant="cu132", gpus=2)
+    assert proc.returncode == 1 and not argv, proc.stderr
+    assert "run.sh takes the GPUs from CUDA_VISIBLE_DEVICES, as in CUDA_VISIBLE_DEVICES=1 sh run.sh" in proc.stderr
+    proc, argv = node("--run-id=g1", variant="cu132", gpus=2, CUDA_VISIBLE_DEVICES="1")
+    assert argv[argv.index("--gpus") + 1] == '"device=1"' and "--nproc-per-node=1" in argv, argv
+    for flag in ("--nodes=2", "--native", "--master-addr=10.0.0.1"):  # invoke run's, which run.sh has no way for
+        proc, argv = node(flag, variant="cu132", gpus=2)
+        assert not argv and "run.sh trains in the image on this node alone; several nodes, or a host's own Python, " \
+                            "take invoke run" in proc.stderr, proc.stderr
