@@ -90,9 +90,10 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
         n = host.gpus[0].index
         print(f"--gpus={n} is GPU {n} alone (--gpus takes indices, as CUDA_VISIBLE_DEVICES); {n} GPUs: "
               f"--gpus={','.join(map(str, range(n)))}", file=sys.stderr)
-    chosen, why = (native_variant(settings, r, host) if r.native else
-                   variants.resolve_with_cpu(settings, r.variant, host, cpu=r.cpu, on_cpu="train on CPU"))
-    if not r.native:
+    if r.native:
+        chosen = native_variant(settings, r, host)
+    else:
+        chosen, why = variants.resolve_with_cpu(settings, r.variant, host, cpu=r.cpu, on_cpu="train on CPU")
         variants.say(why)
         if not r.cpu:  # an image that cannot run here is said first, not after the run's other lines
             check_gpu_host(settings, chosen, host, {}, r.disable_require)
@@ -423,7 +424,7 @@ def check_one_node(r: RunRequest) -> None:
               f"{'it does' if len(given) == 1 else 'they do'} nothing", file=sys.stderr)
 
 
-def native_variant(settings: Settings, r: RunRequest, host: Host) -> tuple[Variant, str]:
+def native_variant(settings: Settings, r: RunRequest, host: Host) -> Variant:
     """--native trains with this host's torch, in no image: what `auto` weighs to pick an image (the CUDA the driver
     runs, the GPUs an image's torch has code for) is no rule of this run's, and a CUDA 11 driver with a torch built for
     it was refused as "older than every CUDA variant". A variant says here only whether the run trains on the GPUs:
@@ -431,8 +432,8 @@ def native_variant(settings: Settings, r: RunRequest, host: Host) -> tuple[Varia
     if r.variant == "auto" and host.gpus and not r.cpu:
         cuda = [v for v in variants.all_variants(settings).values() if v.is_cuda]
         if cuda:
-            return cuda[0], f"--native: {host.count} GPU(s), this host's torch"
-    return variants.resolve_with_cpu(settings, r.variant, host, cpu=r.cpu, on_cpu="train on CPU")
+            return cuda[0]
+    return variants.resolve_with_cpu(settings, r.variant, host, cpu=r.cpu, on_cpu="train on CPU")[0]
 
 
 def check_native(r: RunRequest, chosen: Variant) -> None:
