@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from dockyard import ENV_PREFIX, ROOT
-from dockyard.common.errors import DockyardError, problem_list, shown
+from dockyard.common.errors import DockyardError, cut, problem_list, short, shown
 
 # what a command setting can hold, for its refusal
 COMMAND_EXAMPLES = {"ssh": "ssh -F ~/.ssh/cluster.conf -o 'ProxyJump gateway'", "compose": "docker compose"}
@@ -119,7 +119,9 @@ class Settings(BaseModel):
         """A setting's path made absolute against the project root (with ~ expanded)."""
         p = Path(os.path.expanduser(p))
         if str(p).startswith("~"):  # ~name of no user here: it was taken as a folder named so in the checkout
-            raise DockyardError(f"{p}: no user {str(p)[1:].split('/')[0]!r} on this host: give the folder's path")
+            # cut: a value of 5,000 characters (INVOKE_DOCKYARD_RUNS_DIR=~...) was said whole, twice
+            raise DockyardError(f"{cut(str(p))}: no user {short(str(p)[1:].split('/')[0])} on this host: give the "
+                                "folder's path")
         return p if p.is_absolute() else ROOT / p
 
     @property
@@ -165,7 +167,8 @@ def load(config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = N
         for key, value, words in problem_list(e, model=Settings):
             # named where it came from, with the text typed (the variable's, not the value as read)
             # (cut short as the formatter cuts it: a variable of 5,000 characters was said whole)
-            where = (f"{ENV_PREFIX}{key.upper()}={value or shown(repr(env[key]))}" if key in env
+            # value is "" where the validator's words quote it (errors.short): the variable's is said as short
+            where = (f"{ENV_PREFIX}{key.upper()}={value or shown(short(env[key]))}" if key in env
                      else f"{(files or {}).get(key, 'invoke.yaml')} dockyard.{key}{' ' + value if value else ''}")
             said.append(f"{where}: {words}")
         raise DockyardError(f"invalid setting: {'; '.join(said)}") from None

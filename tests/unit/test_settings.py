@@ -188,3 +188,13 @@ def test_a_folder_under_the_home_of_no_user_is_refused_not_made_in_the_checkout(
     with pytest.raises(DockyardError, match="~nosuchuser/x: no user 'nosuchuser' on this host"):
         load({"runs_dir": "~nosuchuser/x"}).path("~nosuchuser/x")
     assert load({}).path("~/x") == Path.home() / "x"
+
+
+@pytest.mark.parametrize("key", ["RUNS_DIR", "HF_CACHE"])
+def test_a_long_setting_variable_is_said_cut_in_its_refusal(key):
+    """INVOKE_DOCKYARD_RUNS_DIR=~<5,000 characters>/runs (a value pasted twice, a generated one) was said whole, twice:
+    a refusal of 10,000 characters. It is cut as every other value is said (errors.cut, errors.short)."""
+    user = "q" * 5000
+    r = invoke_here("run", "--recipe=ddp", "--native", "--cpu", "--dry", env={f"INVOKE_DOCKYARD_{key}": f"~{user}/x"})
+    short_error(r, "no user 'qqqq")
+    assert "... on this host: give the folder's path" in r.stderr and len(r.stderr) < 400, r.stderr[:600]
