@@ -98,22 +98,54 @@ def main(argv: list[str] | None = None) -> int:
         return _launch(torchrun, [*logs, *args], args, given)
 
 
+LOGS_PREFIX = "dockyard-torchrun-"
+
+
 @contextlib.contextmanager
 def logs_folder(given: argparse.Namespace | None):
     """torchrun's --log-dir, a folder removed as it ends: where none is given, torch makes /tmp/torchelastic_<random>
     and never removes it (each `invoke run --native` left one in the host's /tmp). It holds each worker's error file,
-    read when a worker fails (ChildFailedError), so it goes once the failure is said. A --log-dir given is kept."""
+    read when a worker fails (ChildFailedError), so it goes once the failure is said. A --log-dir given is kept.
+    A launcher killed outright (SIGKILL, the OOM killer) cannot remove its own: the folder's lock file, held while it
+    runs, tells the next launcher that its owner is gone, and that one removes it."""
     if given is None or given.log_dir:
         yield []
         return
+    import fcntl
     import shutil
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="dockyard-torchrun-")
+    remove_orphaned_logs(Path(tempfile.gettempdir()))
+    folder = tempfile.mkdtemp(prefix=LOGS_PREFIX)
+    held = open(os.path.join(folder, ".held"), "w")  # held for the run, closed below
     try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(held.name, os.path.join(folder, ".owner"))  # appears locked: no sweep takes a folder being made
         yield ["--log-dir", folder]
     finally:
+        held.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_orphaned_logs(tmp: Path) -> None:
+    """Remove the log folders in `tmp` whose launchers are gone: their `.owner` is ours and no process holds its lock.
+    A folder without one (being made, or not ours) is left alone."""
+    import fcntl
+    import shutil
+
+    with contextlib.suppress(OSError):
+        for folder in tmp.iterdir():
+            if not folder.name.startswith(LOGS_PREFIX):
+                continue
+            with contextlib.suppress(OSError):
+                fd = os.open(folder / ".owner", os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    if os.fstat(fd).st_uid != os.getuid() or folder.is_symlink():
+                        continue
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError where its launcher still runs
+                    shutil.rmtree(folder, ignore_errors=True)
+                finally:
+                    os.close(fd)
 
 
 def _launch(torchrun, argv: list[str], args: list[str], given: argparse.Namespace | None) -> int:

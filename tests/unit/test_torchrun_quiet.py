@@ -99,6 +99,41 @@ def test_a_run_that_succeeds_exits_0_and_leaves_no_log_folder_behind(tmp_path):
     assert kept.returncode == 0 and (tmp_path / "mine").is_dir() and list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_the_log_folder_of_a_launcher_killed_outright_is_removed_by_the_next_and_a_running_ones_is_kept(tmp_path):
+    """A launcher killed with SIGKILL (the OOM killer, a node-lost test) cannot remove its log folder: one
+    /tmp/dockyard-torchrun-* was left in this host's /tmp each hour of CI. The next launch removes it; the folder of a
+    launcher still running is left alone."""
+    import time
+
+    (tmp_path / "tmp").mkdir()
+    env = {**bare(tmp_path), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "waits.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    (tmp_path / "worker.py").write_text("print('trained')\n")
+    launch = [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", "--standalone"]
+
+    def started() -> subprocess.Popen:
+        p = subprocess.Popen([*launch, "waits.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while "started" not in p.stdout.readline():  # its folder is made before the worker starts
+            assert p.poll() is None and time.monotonic() < deadline, said_by(p)
+        return p
+
+    killed = started()
+    [orphan] = list((tmp_path / "tmp").iterdir())
+    kill_tree(killed.pid)  # SIGKILL to the launcher and its worker: no finally runs
+    killed.wait(timeout=30)
+    running = started()
+    try:
+        assert not orphan.exists(), "the killed launcher's log folder is still there"
+        [kept] = list((tmp_path / "tmp").iterdir())
+        ok = run([*launch, "worker.py"], cwd=tmp_path, env=env)
+        assert ok.returncode == 0 and "trained" in ok.stdout, ok.stderr
+        assert list((tmp_path / "tmp").iterdir()) == [kept]  # the running launcher's, in use
+    finally:
+        kill_tree(running.pid)
+        running.wait(timeout=30)
+
+
 def test_a_node_alone_says_what_it_starts_before_its_workers_say_anything(tmp_path):
     """`invoke run` in the cpu image said nothing for 24 s after its `docker run` line (48 s on a loaded host): the
     trainer's processes each load torch, transformers and DeepSpeed before the run's first line. The launcher says what
