@@ -168,10 +168,13 @@ def not_written_by(path: Path | str, marker: bytes) -> bool:
     write: a link (the user's run.sh -> scripts/train.sh), an empty file, a fifo or a folder, or a plain file whose
     first 4 KiB lack `marker`. The task writes a plain file holding `marker`, or nothing is there."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):  # nothing there (or no folder to hold it: the caller says so)
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a link, a fifo, a folder
+            return True
+    except OSError:  # nothing there, or no folder to hold it (a file, a loop of links on the way): the caller says so
         return False
-    except OSError:  # a link (ELOOP), or what cannot be opened: not the task's own either way
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # swapped for a link since, or unreadable: not the task's own either way
         return True
     with os.fdopen(fd, "rb") as f:
         return not (stat.S_ISREG(os.fstat(fd).st_mode) and marker in f.read(4096))
