@@ -19,7 +19,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, with_config
 
 from dockyard.common import locks
-from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded
+from dockyard.common.errors import DockyardError, MiB, cut, json_object, problems, read_bounded, short
 
 
 def read_host() -> Host:
@@ -382,10 +382,10 @@ def select(host: Host, spec: str = "") -> Host:
     """`host` limited to the GPUs of `spec` (`--gpus=0,2`) or else of CUDA_VISIBLE_DEVICES: indices or UUIDs.
     The process count follows what is left; docker gets the same list (`--gpus '"device=0,2"'`)."""
     if spec.strip() and not host.gpus:  # CUDA_VISIBLE_DEVICES left set on a host without GPUs is no request
-        raise DockyardError(f"--gpus={spec}, but {host.error or 'NVML sees no GPU on this host'}: leave --gpus out to "
+        raise DockyardError(f"--gpus={cut(spec, 60)}, but {host.error or 'NVML sees no GPU on this host'}: leave --gpus out to "
                             "train on CPU")
     if spec.strip() and not spec.replace(",", "").strip():  # `--gpus=$A,$B` with both empty: no GPU named
-        raise DockyardError(f"--gpus={spec!r} names no GPU: give indices or UUIDs, as in --gpus=0,2 (leave it out for "
+        raise DockyardError(f"--gpus={short(spec)} names no GPU: give indices or UUIDs, as in --gpus=0,2 (leave it out for "
                             "all of them; --cpu trains on CPU)")
     flag = spec.strip()
     if flag.lower() == "all":  # docker's word for every GPU: as leaving --gpus out
@@ -393,32 +393,32 @@ def select(host: Host, spec: str = "") -> Host:
     if not host.gpus or (not flag and os.environ.get("CUDA_VISIBLE_DEVICES") is None):
         return host
     if flag:
-        source, tokens = f"--gpus={flag}", [t.strip() for t in flag.split(",") if t.strip()]
+        source, tokens = f"--gpus={cut(flag, 60)}", [t.strip() for t in flag.split(",") if t.strip()]
     else:
         spec = os.environ["CUDA_VISIBLE_DEVICES"].strip()
-        source, tokens = f"CUDA_VISIBLE_DEVICES={spec or repr(spec)}", cuda_reads(spec)[0]
+        source, tokens = f"CUDA_VISIBLE_DEVICES={cut(spec, 60) or repr(spec)}", cuda_reads(spec)[0]
         if not tokens:  # CUDA sees no GPU (-1, an empty value), and the run trains on CPU as CUDA would
             return replace(host, gpus=[], visible="", error=f"{source} hides every GPU")
     chosen, seen = [], set()
     for token in tokens:
         if token.startswith("MIG-"):
-            raise DockyardError(f"{token} (from {source}) is a MIG device: runs take whole "
+            raise DockyardError(f"{cut(token, 60)} (from {source}) is a MIG device: runs take whole "
                                 "GPUs; name the GPU, or turn MIG off (`invoke doctor` says how)")
         found = [g for g in host.gpus if (gpu_index(token) == g.index) or g.uuid == token]
         # or the start of one GPU's UUID, as CUDA takes it (GPU-5d5b)
         found = found or [g for g in host.gpus if len(token) > 4 and token.startswith("GPU-") and g.uuid.startswith(token)]
         if len(found) > 1:
-            raise DockyardError(f"{token} (from {source}) starts the UUID of several GPUs: "
+            raise DockyardError(f"{cut(token, 60)} (from {source}) starts the UUID of several GPUs: "
                                 "give more of it")
         if not found:
             count = (f"; --gpus takes GPUs by index, not a count: --gpus={','.join(map(str, range(len(host.gpus))))} "
                      f"for {flag} of them" if gpu_index(flag) == len(host.gpus) else "")
-            raise DockyardError(f"GPU {token!r} (from {source}) is not on this host: "
+            raise DockyardError(f"GPU {short(token)} (from {source}) is not on this host: "
                                 f"it has {', '.join(str(g.index) for g in host.gpus)}{count}")
         if flag and token in seen:  # typed twice (0,0 for 0,1?): CUDA_VISIBLE_DEVICES's repeat is one GPU, as
             # CUDA sees it (and run.sh takes it)
-            raise DockyardError(f"--gpus={flag}: GPU {token} is named twice; one process per GPU, so name each GPU "
-                                "once")
+            raise DockyardError(f"--gpus={cut(flag, 60)}: GPU {cut(token, 60)} is named twice; one process per GPU, so "
+                                "name each GPU once")
         seen.add(token)
         if found[0] not in chosen:
             chosen.append(found[0])
@@ -433,7 +433,7 @@ def cuda_reads(spec: str) -> tuple[list[str], str]:
     for n, token in enumerate(entries):
         if not (token.isdigit() or token.startswith(("GPU-", "MIG-"))):
             left = any(entries[n + 1:])
-            return entries[:n], (f"CUDA reads no further than its {f'entry {token!r}' if token else 'empty entry'}"
+            return entries[:n], (f"CUDA reads no further than its {f'entry {short(token)}' if token else 'empty entry'}"
                                  if left else "")
     return entries, ""
 
@@ -446,7 +446,7 @@ def hidden_by_environment(every: Host, kept: Host) -> str:
         return ""
     spec = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     _, stopped = cuda_reads(spec.strip())
-    return (f"CUDA_VISIBLE_DEVICES={spec} leaves GPU {', '.join(str(g.index) for g in kept.gpus) or 'none'} of "
+    return (f"CUDA_VISIBLE_DEVICES={cut(spec, 60)} leaves GPU {', '.join(str(g.index) for g in kept.gpus) or 'none'} of "
             f"the {every.count}{f' ({stopped})' if stopped else ''}")
 
 

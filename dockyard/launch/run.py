@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dockyard import engine, gpus
 from dockyard.common import autos, cores, disk, envvars, runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, cut
 from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.common.units import duration
 from dockyard.gpus import Host, docker_gpus, read_host, select
@@ -82,7 +82,7 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
     `r`: its node rank settled (run)."""
     overrides = list(r.overrides)
     if r.cpu and r.gpus.strip():
-        raise DockyardError(f"--gpus={r.gpus} picks GPUs to train on, and --cpu trains on none: give one of them")
+        raise DockyardError(f"--gpus={cut(r.gpus, 60)} picks GPUs to train on, and --cpu trains on none: give one of them")
     every = read_host()
     host = select(every, r.gpus)
     hidden = "" if r.gpus.strip() or r.cpu else gpus.hidden_by_environment(every, host)

@@ -696,3 +696,24 @@ def test_a_plan_needs_no_variants_file(settings, replay, tmp_path):
     missing = settings.model_copy(update={"variants_file": str(tmp_path / "none.yaml")})
     planned = plan_mod.plan_model("1B", cpu_mem_gib=512, variants=lambda: variants.all_variants(missing))
     assert planned["recommendation"]["recipe"] and planned["recommendation"]["refused_here"] == ""
+
+
+@pytest.mark.parametrize("gpus,visible", [("0," + "a" * 5000, None), ("0,0" + "1" * 5000, None), (" ," * 2500, None),
+                                          ("", "0,GPU-" + "a" * 5000), ("", "0,9" + "9" * 5000),
+                                          ("", "1,,0" + ",1" * 2500)])
+def test_a_gpu_list_of_thousands_of_characters_is_said_in_a_line_not_twice_whole(settings, capsys, replay, monkeypatch,
+                                                                                 gpus, visible):
+    """--gpus or CUDA_VISIBLE_DEVICES of 5,000 characters (a variable glued from a file, a loop's output) was said
+    whole, and twice: 'GPU '<the entry>' (from --gpus=<the list>) is not on this host', 10,000 characters of error;
+    a list CUDA reads no further than an empty entry of was said whole in the run's note of the GPUs it leaves. Each
+    is one line of a few hundred characters, still naming the flag or variable and what to do."""
+    replay("t4x2_535")
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    try:
+        said = [line for line in dry_run(settings, capsys, gpus=gpus).splitlines() if "CUDA_VISIBLE_DEVICES=" in line]
+    except DockyardError as e:
+        said = [str(e)]
+        assert "--gpus=" in said[0] if gpus else "CUDA_VISIBLE_DEVICES=" in said[0], said[0]
+        assert "it has 0, 1" in said[0] or "names no GPU" in said[0], said[0]
+    assert said and all(len(line) < 400 for line in said), [len(line) for line in said]
