@@ -196,6 +196,8 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
     i = 0
     while i < len(argv):
         tok = argv[i]
+        if tok.lstrip("-") in HELP_WORDS:  # not "write it --help": no trainer setting is named that
+            raise DockyardError(f"override {tok!r}: {HELP_ASKED}")
         if not tok.startswith("--") or tok == "--":
             raise DockyardError(f"override {tok!r} is not of the form --key value{_as_flag(tok)}")
         key, eq, value = tok[2:].partition("=")
@@ -215,6 +217,13 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
         out[key] = value if key in TEXT_KEYS and isinstance(read, (bool, int, float)) else read
         i += 1
     return out
+
+
+# help asked after `--` (`invoke run -- --help`, the trainer's options wanted): where it is, and what `--` takes
+HELP_WORDS = ("help", "h")
+HELP_ASKED = ("help is not a trainer setting: `invoke --help run` (or slurm, k8s) says the task's flags; after -- go "
+              "the trainer's settings, the keys of recipes/defaults.yaml and any transformers.TrainingArguments field "
+              "(e.g. -- --max_steps 50)")
 
 
 def _as_flag(tok: str) -> str:
@@ -502,6 +511,8 @@ RUN_FLAGS = frozenset({"dry", "native", "cpu", "resume", "run_id", "recipe", "va
 def check_known_overrides(given: dict[str, Any]) -> None:
     """Every override after `--` a known key; a typo is named with the key it is closest to."""
     known = known_keys()
+    if asked := [key for key in HELP_WORDS if key in given]:
+        raise DockyardError(f"override --{asked[0]}: {HELP_ASKED}")
     if unknown := sorted(set(given) - known):
         said = []
         for key in unknown:

@@ -399,3 +399,13 @@ def test_a_path_override_no_file_could_have_is_one_short_line_naming_it(key, nat
     short_error(r, f"-- --{key} /tmp/777")
     assert "no path this host can have (File name too long: a name holds at most 255 bytes" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()[-1]) < 300, r.stderr
+
+
+@pytest.mark.parametrize("typed", ["help", "-h", "--help", "--h", "-help"])
+def test_help_asked_after_the_dashes_is_answered_with_where_help_is(typed, tmp_path):
+    """`invoke run -- help` (or -h, or --help: the trainer's options asked for) said "override 'help' is not of the
+    form --key value: write it --help", and `-- --help` then "unknown trainer override(s): --help", a way round to
+    nowhere. Each now says where help is: the task's, and what after `--` takes."""
+    r = invoke_here("run", "--dry", "--variant=cpu", "--", typed, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "`invoke --help run`")
+    assert "write it" not in r.stderr and "recipes/defaults.yaml" in r.stderr, r.stderr
