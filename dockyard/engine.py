@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from dockyard import console
-from dockyard.common.errors import DockyardError, paths_as
+from dockyard.common.errors import DockyardError, paths_as, short
 from dockyard.settings import IMAGE_NAME, Settings
 
 # `invoke setup` as root, by this Python's path: a venv's invoke is not on root's PATH, so `sudo invoke setup` fails
@@ -474,7 +474,7 @@ def reference(ref: str, what: str = "image") -> str:
     """`ref` if it can be an image or container name, id or digest; refused otherwise, before docker reads a
     leading '-' as one of its options."""
     if not ref or ref.startswith("-") or len(ref) > 512 or not all(c.isprintable() and not c.isspace() for c in ref):
-        raise DockyardError(f"{what} {ref!r} is not a docker reference (a name[:tag], an id or a digest)")
+        raise DockyardError(f"{what} {short(ref)} is not a docker reference (a name[:tag], an id or a digest)")
     return ref
 
 

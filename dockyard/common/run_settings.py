@@ -38,6 +38,7 @@ from dockyard.common.errors import (
     DockyardError,
     MiB,
     accepted,
+    cut,
     problem_list,
     read_bounded,
     short,
@@ -517,7 +518,7 @@ def check_known_overrides(given: dict[str, Any]) -> None:
         said = []
         for key in unknown:
             close = difflib.get_close_matches(key, sorted(known), n=1)
-            said.append(f"--{key}" + (f" ({GONE[key]})" if key in GONE else
+            said.append(f"--{cut(key, 60)}" + (f" ({GONE[key]})" if key in GONE else
                                       " (a flag of invoke run: put it before --)" if key in RUN_FLAGS else
                                       f" (did you mean {OTHER_NAMES[key]}?)" if key in OTHER_NAMES else
                                       f" (did you mean --{close[0]}?)" if close else ""))

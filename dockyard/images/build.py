@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dockyard import engine
 from dockyard.common import runfolder
-from dockyard.common.errors import DockyardError, open_plain
+from dockyard.common.errors import DockyardError, open_plain, short
 from dockyard.common.locks import held_alone
 from dockyard.common.run_settings import SAMPLES
 from dockyard.common.tree import code_hash
@@ -276,7 +276,7 @@ def _selected(settings: Settings, name: str) -> list[Variant]:
     if name == "all":
         return list(known.values())
     if name != "auto" and name not in known:
-        raise DockyardError(f"unknown variant {name!r}; valid: all, auto, {', '.join(known)}")
+        raise DockyardError(f"unknown variant {short(name)}; valid: all, auto, {', '.join(known)}")
     return [variants.resolve(settings, name)[0]]
 
 

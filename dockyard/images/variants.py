@@ -434,7 +434,7 @@ def resolve(settings: Settings, name: str = "auto", host: Host | None = None) ->
             host = read_host()
         return pick_auto(variants, host)
     if name not in variants:
-        raise DockyardError(f"unknown variant {name!r}; valid: auto, {', '.join(variants)}")
+        raise DockyardError(f"unknown variant {short(name)}; valid: auto, {', '.join(variants)}")
     return variants[name], f"variant {name}"
 
 

@@ -409,3 +409,17 @@ def test_help_asked_after_the_dashes_is_answered_with_where_help_is(typed, tmp_p
     r = invoke_here("run", "--dry", "--variant=cpu", "--", typed, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
     short_error(r, "`invoke --help run`")
     assert "write it" not in r.stderr and "recipes/defaults.yaml" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args", [["run", "--dry", "--variant={long}"], ["shell", "--dry", "--variant={long}"],
+                                  ["lock", "--variant={long}"], ["save", "--image={long}", "--out={tmp}/dist"],
+                                  ["run", "--dry", "--variant=cpu", "--", "--{long}", "1"]])
+def test_a_name_of_thousands_of_characters_is_said_cut(args, tmp_path):
+    """A variant, an image or a trainer setting's name given 5,000 characters (a variable holding a file, a paste)
+    was said whole: 'unknown variant '<5,000 characters>'; valid: ...', 'image '<5,000>' is not a docker reference',
+    'unknown trainer override(s): --<5,000>'. Each is one line that still names the flag and what it takes."""
+    long = "a" * 5000
+    r = invoke_here(*[a.format(long=long, tmp=tmp_path) for a in args],
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
+    short_error(r, "unknown variant", "is not a docker reference", "unknown trainer override")
+    assert len(r.stderr) < 600, len(r.stderr)
