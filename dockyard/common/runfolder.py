@@ -335,7 +335,18 @@ def users_folder(folder: Path, runs: Path) -> Path:
     """A folder the user named for an output (--out): a link on its way there (~/jobs -> /scratch/jobs) is the user's
     own, followed; inside the runs folder, where something in a container could have planted one, none is."""
     absolute = Path(os.path.abspath(os.path.expanduser(folder)))
-    return absolute if absolute.is_relative_to(os.path.abspath(runs)) else absolute.resolve()
+    return absolute if absolute.is_relative_to(os.path.abspath(runs)) else followed(absolute, "--out")
+
+
+def followed(path: Path | str, flag: str) -> Path:
+    """A path the user named, `~` expanded and the links on its way followed (their own: ~/out -> /scratch/out); a loop
+    of links on the way (~/proj -> ~/scratch -> ~/proj, a link made twice) is refused naming `flag`: pathlib's
+    'RuntimeError: Symlink loop' was a traceback."""
+    try:
+        return Path(os.path.expanduser(path)).resolve()
+    except RuntimeError:
+        raise DockyardError(f"{flag}={path}: a link on its way leads round a loop of links (a link made twice?): give "
+                            "a path without it") from None
 
 
 def make_folders(folder: Path, fix: str) -> Path:

@@ -59,7 +59,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if merge and m.model and m.model.format == "full":  # it wrote a second copy of the model to merged/
         raise DockyardError(f"run {run} trained the whole model: it has no adapters for --merge to merge; export it "
                             f"as it is: invoke export --run={run}{native_run}")
-    target = Path(os.path.expanduser(out)).resolve() if out else run_dir / ("merged" if merge else "export")
+    target = runfolder.followed(out, "--out") if out else run_dir / ("merged" if merge else "export")
     if out:  # before anything is made: the folder's name is printed (the command, where it was written) as it is
         scriptwords.one_line(str(target), "--out", "which would reach the terminal as it is where the export prints "
                                                    "the folder's name: give --out a name without control characters")

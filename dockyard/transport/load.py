@@ -26,7 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dockyard import console, engine
-from dockyard.common import locks
+from dockyard.common import locks, runfolder
 from dockyard.common.errors import DockyardError, loads, open_plain, problems, read_bounded
 from dockyard.common.units import duration
 from dockyard.settings import Settings
@@ -44,7 +44,7 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     The archive is opened once: the bytes hashed are the bytes loaded. A refused load leaves the engine's tags
     where they were."""
     started = time.monotonic()
-    paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
+    paths = ArchivePaths(runfolder.followed(file, "--file"))
     manifest = check_set(settings, paths)
     info = engine.engine_info(settings)
     store = inventory.engine_store(info)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dockyard import console, engine
-from dockyard.common import locks
+from dockyard.common import locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.locks import held_alone, partial, private_folder
 from dockyard.launch import runscript
@@ -62,7 +62,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         check_key_file(key, sign)
     if thin_for.startswith("ssh://"):
         remote.parse_ssh_url(thin_for)  # a malformed destination is said before the engine is asked anything
-    out_dir = Path(os.path.expanduser(out)).resolve() if out else settings.path(settings.dist_dir)
+    out_dir = runfolder.followed(out, "--out") if out else settings.path(settings.dist_dir)
     if out_dir.exists() and not out_dir.is_dir():  # mkdir's own words were "File exists"
         named = f"--out={out}" if out else f"{out_dir} (the dist_dir setting)"
         raise DockyardError(f"{named} names a file; give a folder (the archive set is several files)")

@@ -10,7 +10,6 @@ loading.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shlex
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from dockyard import console, engine
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded
 from dockyard.common.units import duration
 from dockyard.launch import runscript
@@ -51,7 +51,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
     Returns the (ref, id) pairs load.sh reported when loading, else [].
     """
     started = time.monotonic()
-    paths = ArchivePaths(Path(os.path.expanduser(file)).resolve())
+    paths = ArchivePaths(runfolder.followed(file, "--file"))
     paths.check_whole("ship an archive written by `invoke save` (it writes the .sha256 and .manifest.json beside it)")
     r = parse_to(to, port, identity)
     check_identity(identity)

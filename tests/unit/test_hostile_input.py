@@ -547,3 +547,27 @@ def test_values_a_dry_run_took_and_the_real_command_would_not_are_refused(args, 
     printed commands under /etc/passwd/; plan planned a GPU of 0 bytes ("no recipe fits")."""
     r = invoke_here(*args, env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), **env})
     short_error(r, says)
+
+
+@pytest.mark.parametrize("args", [["save", "--out={out}"], ["k8s", "--recipe=ddp", "--nodes=2", "--out={out}"],
+                                  ["slurm", "--recipe=ddp", "--nodes=2", "--out={out}/job.sbatch"],
+                                  ["export", "--run=r1", "--out={out}"], ["load", "--file={out}/x.tar.zst"],
+                                  ["ship", "--file={out}/x.tar.zst", "--to=ssh://127.0.0.1/tmp/x"]])
+def test_an_out_folder_through_a_loop_of_links_is_one_line_not_a_traceback(args, tmp_path):
+    """--out=~/proj/out where ~/proj -> ~/scratch -> ~/proj (a link made twice): invoke save, k8s, slurm and export
+    follow the user's links on the way (Path.resolve), and a loop ended them in pathlib's 'RuntimeError: Symlink loop
+    from ...' under a traceback, as the runs folder's did before d5d3b6d. Each is one line naming the flag and the
+    loop; nothing is made, the engine never asked."""
+    (tmp_path / "proj").symlink_to(tmp_path / "scratch")
+    (tmp_path / "scratch").symlink_to(tmp_path / "proj")
+    runs = tmp_path / "runs"
+    (runs / "r1" / "model").mkdir(parents=True)  # a completed run, for the export
+    (runs / "r1" / "manifest.json").write_text(json.dumps({"run_id": "r1", "status": "completed", "variant": "cpu",
+                                                           "image": {"ref": "dockyard:0.1.0-cpu", "id": "sha256:x"}}))
+    r = invoke_here(*[a.format(out=tmp_path / "proj" / "out") for a in args],
+                    env={"INVOKE_DOCKYARD_RUNS_DIR": str(runs), "INVOKE_DOCKYARD_DOCKER": "/bin/false"})
+    short_error(r, "round a loop of links")
+    assert "--out" in r.stderr or "--file" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["proj", "runs", "scratch"]
+    assert [p.name for p in runs.iterdir()] == ["r1"]
+    assert sorted(p.name for p in (runs / "r1").iterdir()) == ["manifest.json", "model"]
