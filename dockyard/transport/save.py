@@ -120,7 +120,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         left = sum(layer["bytes"] for layer in manifest["layers"] if not layer["included"])
         print(f"thin for {thin_for}: left out {len(thin['omitted'])} layers ({human(left)}) the target "
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
-    print(ship_hint(paths.archive))
+    print(ship_hint(paths))
     print(load_hint(paths.archive))
     if runner:
         print(f"train there without the project: {runscript.train_hint()}")
@@ -158,10 +158,14 @@ def check_key_file(key: Path, given: str) -> None:
         raise DockyardError(f"--sign={given}: not an ssh key file ({kind})")
 
 
-def ship_hint(archive: Path) -> str:
-    """How the set reaches a node, quoted for a shell: the step after a save on a build host (the image is here)."""
+def ship_hint(paths: ArchivePaths) -> str:
+    """How the set reaches a node, quoted for a shell: the step after a save on a build host (the image is here).
+    The files to carry are those in the folder: the signature where the save signed (a node given allowed signers
+    refuses the set without it), run.sh where there is one (a save of a dockyard image writes it)."""
+    archive, folder = paths.archive, paths.archive.parent
+    files = (archive, paths.sha256, paths.manifest, paths.signature, folder / "load.sh", folder / "run.sh")
     return (f"ship it: invoke ship --file={shlex.quote(str(archive))} --to=NODE:/dir  (or carry "
-            f"{shlex.quote(str(archive.parent))}/ there: the archive, its .sha256 and .manifest.json, load.sh, run.sh)")
+            f"{shlex.quote(str(folder))}/ there: {', '.join(shlex.quote(f.name) for f in files if f.exists())})")
 
 
 def load_hint(archive: Path) -> str:

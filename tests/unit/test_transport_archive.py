@@ -16,6 +16,7 @@ from dockyard.transport import inventory
 from dockyard.transport import load as load_mod
 from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths
+from tests.support.archive_sets import keypair
 from tests.support.save_tars import fake_save, saving_docker
 
 BASE, RUN = "sha256:" + "a" * 64, "sha256:" + "b" * 64
@@ -88,6 +89,38 @@ def test_a_save_ends_with_the_commands_that_take_the_set_to_a_node(tmp_path, mon
     archive = next((tmp_path / "dist a").glob("*.tar"))
     assert shlex.split(command) == ["invoke", "ship", f"--file={archive}", "--to=NODE:/dir"]
     assert "docker save reads every layer" in err and "thin" not in err, err
+
+
+def test_the_files_a_save_says_to_carry_are_those_it_wrote_and_carried_alone_they_verify_on_the_node(
+        tmp_path, monkeypatch, capsys):
+    """A signed save ended "(or carry DIST/ there: the archive, its .sha256 and .manifest.json, load.sh, run.sh)":
+    the .manifest.json.sig went unsaid, and a node given those files and allowed signers refused the set ("not
+    signed", met walking save -> carry -> load.sh); a save of an image other than dockyard's named a run.sh it
+    never wrote. The line names the files the save left in the folder, and those alone verify where signatures
+    are required."""
+    raw, image, _, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "save-docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    found = {**image, "tags": ["t:2"], "labels": {}, "bytes": len(raw), "chain_ids": []}  # not a dockyard image
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    key = keypair(tmp_path, "release")
+    dist, node = tmp_path / "dist", tmp_path / "node"
+    save_mod.save(Settings(docker=str(docker), layer_cache_gb=0), image="t:2", out=str(dist), compress="none",
+                  sign=str(key))
+    ship_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ship it: "))
+    named = [shlex.split(name)[0] for name in
+             ship_line.split("  (or carry ", 1)[1].split(" there: ", 1)[1].removesuffix(")").split(", ")]
+    assert sorted(named) == sorted(f.name for f in dist.iterdir()), ship_line
+    node.mkdir()
+    for name in named:
+        (node / name).write_bytes((dist / name).read_bytes())
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f'release@site namespaces="{load_mod.SIGN_NAMESPACE}" '
+                       + " ".join(key.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    archive = next(node.glob("*.tar"))
+    load_mod.verify(Settings(allowed_signers=str(allowed)), ArchivePaths(archive))
 
 
 def test_a_thin_save_says_the_size_docker_save_streamed_beside_the_rate_it_streamed_at(tmp_path, monkeypatch,
