@@ -78,6 +78,27 @@ def test_a_folder_without_its_recipe_yaml_is_said_to_be_one(tmp_path):
         load_recipe(str(tmp_path))
 
 
+def test_a_path_to_a_recipe_folder_with_a_slip_in_it_is_said_to_be_no_folder_and_the_one_meant_loads(tmp_path):
+    """The newcomer's walk: `--recipe=/tmp/nc75min` (their folder is /tmp/nc75mine) and `--recipe=mine/recipe.yaml`
+    were "unknown recipe '...': pick one of ddp, ... or give a folder that holds a recipe.yaml", as if a folder had
+    been given (on a node, after run.sh had started the image). A path that is not there is said to be no folder,
+    with the folder beside it that holds a recipe and was likely meant; the file, with its folder; each then loads."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: ddp\n")
+    (tmp_path / "mind").mkdir()  # a folder as close, but holding no recipe: not the one meant
+    with pytest.raises(DockyardError) as e:
+        load_recipe(str(tmp_path / "mien"))
+    assert str(e.value).startswith(f"unknown recipe '{tmp_path}/mien': no such folder (did you mean {mine}?): give a "
+                                   "folder that holds a recipe.yaml, or pick one of ddp, "), str(e.value)
+    assert load_recipe(str(mine)).name == "mine"
+    with pytest.raises(DockyardError, match=r"^unknown recipe '\.\./x': no such folder: give a folder that holds"):
+        load_recipe("../x")
+    with pytest.raises(DockyardError) as e:
+        load_recipe(str(mine / "recipe.yaml"))
+    assert str(e.value) == f"--recipe '{mine}/recipe.yaml' is a file: give the folder that holds it, --recipe={mine}"
+
+
 def test_a_recipe_folder_outside_the_project_loads(tmp_path):
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
     (tmp_path / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: zero3\n"
