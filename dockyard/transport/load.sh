@@ -117,17 +117,34 @@ if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	case "$ALLOWED_SIGNERS" in /*) ;; *) ALLOWED_SIGNERS="$(pwd)/$ALLOWED_SIGNERS" ;; esac
 fi
 
+# printable: a name of printable ASCII alone, said as it is (an escape sequence in a file name drives the terminal).
+printable() { [ "$(printf '%s' "$1" | LC_ALL=C tr -d ' -~' | wc -c | tr -d ' ')" -eq 0 ]; }
 # ARCHIVE is found as given (from the caller's folder), or by a bare name beside load.sh; never a same-named
-# file elsewhere.
+# file elsewhere. A folder (the one the set was carried in) is no archive: its archives, or its load.sh, are named.
+if [ -n "${1:-}" ] && [ -d "$1" ]; then
+	found=
+	for f in "${1%/}"/*.tar.zst "${1%/}"/*.tar.gz "${1%/}"/*.tar; do
+		[ -f "$f" ] && printable "$f" && found="${found:+$found, or }sh load.sh $f"
+	done
+	die "$1 is a folder, not an archive: ${found:+name the archive in it, }${found:-it holds no archive (.tar.zst, .tar.gz or .tar)}"
+fi
+# An archive that is not there: the archive of its name beside it (another compression, or the name without its
+# ending) is named, else how to bring it.
+missing() {
+	for g in "${1%.tar*}.tar.zst" "${1%.tar*}.tar.gz" "${1%.tar*}.tar"; do
+		[ ! -f "$g" ] || die "$1 is missing here: did you mean sh load.sh $g?"
+	done
+	die "$1 is missing here: copy the archive with its .sha256 and .manifest.json"
+}
 if [ -n "${1:-}" ] && { [ -f "$1" ] || [ "$1" != "$(basename "$1")" ]; }; then
-	[ -f "$1" ] || die "$1 is missing: copy the archive with its .sha256 and .manifest.json"
+	[ -f "$1" ] || missing "$1"
 	cd "$(dirname "$1")" || die "cannot enter the folder of $1"
 else
 	cd "$(dirname "$0")" || die "cannot enter the loader's folder"
 fi
-# A name found in this folder is said, or taken, only where it is printable ASCII, as every name invoke save writes is:
-# said as it is, a file name's escape sequence would drive the terminal. Others are skipped, and that is said.
-printable() { [ "$(printf '%s' "$1" | LC_ALL=C tr -d ' -~' | wc -c | tr -d ' ')" -eq 0 ]; }
+# A name found in this folder is said, or taken, only where it is printable ASCII (printable, above), as every name
+# invoke save writes is: said as it is, a file name's escape sequence would drive the terminal. Others are skipped,
+# and that is said.
 skipped=0
 said_skipped() {
 	[ "$skipped" -eq 0 ] || echo "load.sh: skipped $skipped file(s) here whose name holds a control character or a byte outside ASCII, which no name invoke save writes holds (said as it is, an escape sequence would drive the terminal): rename them to load them" >&2
@@ -164,6 +181,7 @@ case "$name" in *.manifest.json | *.manifest.json.sig | *.sha256)
 esac
 base=${name%.tar*}
 for f in "$name" "$base.sha256" "$base.manifest.json"; do
+	[ -f "$f" ] || [ "$f" != "$name" ] || missing "$f"
 	[ -f "$f" ] || die "$f is missing here: copy the archive with its .sha256 and .manifest.json"
 done
 

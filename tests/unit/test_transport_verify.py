@@ -99,6 +99,42 @@ def test_load_sh_finds_its_archive_and_refuses_damage_before_docker_load(tmp_pat
     assert r.returncode == 1 and "t_3.tar.zst is missing here" in r.stderr
 
 
+def test_load_sh_given_the_sets_folder_or_another_ending_names_the_archive_and_that_command_checks_it(tmp_path):
+    """The newcomer's walk: `sh load.sh /tmp/node` (the folder the set was carried in) said "/tmp/node is missing",
+    of a folder that is there; `sh load.sh dockyard_0.1.0-cu128.tar.gz` (or without its ending) beside the .tar.zst
+    said "... is missing here: copy the archive". A folder is said to be one, naming the archive in it; a name
+    whose archive is here under another ending is answered with it. The command named then checks that archive
+    (damaged here, so that no engine is needed past `docker info`)."""
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    loader = write_loader(carried)
+    paths = make_set(carried)
+    data = bytearray(paths.archive.read_bytes())
+    data[100] ^= 1
+    paths.archive.write_bytes(data)
+    env = engine_answering_info(tmp_path)
+
+    def load_sh(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", *argv], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    for typed, says in ((str(carried), f"{carried} is a folder, not an archive: name the archive in it, "
+                                       f"sh load.sh {paths.archive}"),
+                        ("carried/", "carried/ is a folder, not an archive: name the archive in it, "
+                                     "sh load.sh carried/t_1.tar.zst"),
+                        ("carried/t_1.tar.gz", "carried/t_1.tar.gz is missing here: did you mean sh load.sh "
+                                               "carried/t_1.tar.zst?"),
+                        ("t_1", "t_1 is missing here: did you mean sh load.sh t_1.tar.zst?")):  # beside load.sh
+        r = load_sh(loader, typed)
+        assert r.returncode == 1 and r.stderr == f"load.sh: {says}\n", (typed, r.stderr)
+        meant = says.rsplit("sh load.sh ", 1)[1].removesuffix("?")
+        r = load_sh(loader, meant)
+        assert r.returncode == 1 and "t_1.tar.zst is damaged" in r.stderr, (meant, r.stderr)
+    (tmp_path / "empty").mkdir()
+    r = load_sh(loader, "empty")
+    assert r.stderr == "load.sh: empty is a folder, not an archive: it holds no archive (.tar.zst, .tar.gz or .tar)\n"
+    assert not (tmp_path / "docker-used").exists(), "the engine was asked for more than whether it answers"
+
+
 @pytest.mark.parametrize("which", ["empty", "archive only", "manifest only", "another file too"])
 def test_load_sh_refuses_a_sha256_file_that_does_not_list_exactly_the_set(tmp_path, which):
     loader = write_loader(tmp_path)
