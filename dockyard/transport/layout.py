@@ -81,7 +81,8 @@ class ArchivePaths:
                 raise DockyardError(f"{p} is a folder, not a file of an archive set: --file names the archive "
                                     "(NAME.tar.zst), its .sha256 and .manifest.json beside it")
             if not p.exists():
-                raise DockyardError(f"{p} is missing: {missing}")
+                other = self.other_compressions() if p == self.archive else []  # x.tar.gz given, x.tar.zst here
+                raise DockyardError(f"{p} is missing: " + (f"did you mean {other[0]}?" if other else missing))
 
     def manifest_bytes(self) -> bytes:
         """The .manifest.json as it is on disk, read as untrusted (bounded: not a pipe, at most MANIFEST_LIMIT)."""

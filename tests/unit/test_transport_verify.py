@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
 from dockyard.transport import load as load_mod
-from dockyard.transport.layout import write_loader
+from dockyard.transport.layout import ArchivePaths, write_loader
 from tests.support.archive_sets import engine_answering_info, keypair, make_set, reseal
 from tests.support.processes import bounded_run
 
@@ -133,6 +133,19 @@ def test_load_sh_given_the_sets_folder_or_another_ending_names_the_archive_and_t
     r = load_sh(loader, "empty")
     assert r.stderr == "load.sh: empty is a folder, not an archive: it holds no archive (.tar.zst, .tar.gz or .tar)\n"
     assert not (tmp_path / "docker-used").exists(), "the engine was asked for more than whether it answers"
+
+
+def test_an_archive_named_with_another_ending_than_its_own_is_answered_with_the_one_there_which_verifies(tmp_path):
+    """`invoke load --file=x.tar.gz` (and `invoke ship --file=...`) beside x.tar.zst said "x.tar.gz is missing: an
+    archive travels with its .sha256 and .manifest.json", as load.sh did: it names the archive there, which loads."""
+    paths = make_set(tmp_path)
+    typed = tmp_path / "t_1.tar.gz"
+    with pytest.raises(DockyardError) as e:
+        load_mod.verify(Settings(), ArchivePaths(typed))
+    assert str(e.value) == f"{typed} is missing: did you mean {paths.archive}?"
+    assert load_mod.verify(Settings(), ArchivePaths(paths.archive))["archive"] == "t_1.tar.zst"
+    with pytest.raises(DockyardError, match=r"t_2.tar.zst is missing: an archive travels with its .sha256"):
+        load_mod.verify(Settings(), ArchivePaths(tmp_path / "t_2.tar.zst"))  # none of that name: as before
 
 
 @pytest.mark.parametrize("which", ["empty", "archive only", "manifest only", "another file too"])
