@@ -15,7 +15,6 @@ Imports only the standard library, PyYAML and pydantic: the host (no torch) and 
 from __future__ import annotations
 
 import difflib
-import itertools
 import math
 import os
 import re
@@ -383,17 +382,6 @@ def folder_names() -> list[str]:
     return sorted(p.parent.name for p in RECIPES.glob("*/recipe.yaml"))
 
 
-def folder_near(path: Path) -> str:
-    """The folder beside `path` (which is not there) that holds a recipe.yaml and whose name is closest to its name,
-    or "": the path of one's own recipe with a slip in its last part. At most a thousand entries are looked at."""
-    try:
-        beside = [p.name for p in itertools.islice(path.parent.iterdir(), 1000) if (p / "recipe.yaml").is_file()]
-    except OSError:  # no such parent, or not ours to read
-        return ""
-    near = difflib.get_close_matches(path.name, beside, n=1, cutoff=0.75)
-    return str(path.parent / near[0]) if near else ""
-
-
 def load_recipe(name_or_dir: str | Path) -> Recipe:
     """A recipe by name (recipes/<name>/) or by the path of a folder holding a recipe.yaml."""
     folder = Path(name_or_dir)
@@ -411,9 +399,9 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
             raise DockyardError(f"--recipe {str(name_or_dir)!r} is a file: give the folder that holds it, "
                                 f"--recipe={shown(shlex.quote(str(given.parent)))}")
         if "/" in str(name_or_dir):  # a path, not a name: a folder of one's own that is not there (a typo in it)
-            near = folder_near(given)
+            near = tree.near(given, lambda p: (p / "recipe.yaml").is_file())  # the folder of one's recipe, mistyped
             raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: no such folder" + (
-                f" (did you mean {shown(near)}?)" if near else "") + ": give a folder that holds a recipe.yaml, or "
+                f" (did you mean {shown(str(near))}?)" if near else "") + ": give a folder that holds a recipe.yaml, or "
                 f"pick one of {', '.join(names)}")
         near = closest_recipe(str(name_or_dir), names)
         raise DockyardError(f"unknown recipe {str(name_or_dir)!r}: " + (f"did you mean {near}? " if near else "")

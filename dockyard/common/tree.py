@@ -7,10 +7,24 @@ the runs folder mounted can make, was a RecursionError traceback in `invoke expo
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+
+def near(path: Path, keep: Callable[[Path], bool] = lambda p: True) -> Path | None:
+    """The entry beside `path` (which is not there) whose name is closest to its name, of those `keep` takes, or
+    None: the path meant where its last part has a slip (chat.jsnl for chat.jsonl). A thousand entries are looked
+    at, at most."""
+    try:
+        beside = [p.name for p in itertools.islice(path.parent.iterdir(), 1000) if keep(p)]
+    except OSError:  # no such folder, or not ours to read
+        return None
+    meant = difflib.get_close_matches(path.name, beside, n=1, cutoff=0.75)
+    return path.parent / meant[0] if meant else None
 
 
 def walk(top: Path) -> Iterator[tuple[Path, list[str], list[str]]]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import envvars
+from dockyard.common import envvars, tree
 from dockyard.common.data_files import HUB_ID  # a hub id as the trainer reads one
 from dockyard.common.errors import DockyardError, cut
 from dockyard.common.model_config import cached_snapshot
@@ -186,8 +186,10 @@ def host_path(value: str, where: str, settings: Settings, key: str = "data") -> 
         named = "model is named org/name (gpt2 is openai-community/gpt2)" if key == "model" else \
             "dataset is named org/name (squad is rajpurkar/squad)"
         hub = f"; a hub {named} and read from the Hugging Face cache {settings.path(settings.hf_cache)}"
-    raise DockyardError(f"{where} {value}: no such file or folder on this host (give an existing file or folder; it "
-                        f"is mounted read-only into the run){hub}")
+    meant = tree.near(p) if looks_like_path(value) or "/" in value else None  # chat.jsnl for chat.jsonl
+    raise DockyardError(f"{where} {value}: no such file or folder on this host (" + (
+        f"did you mean {cut(str(meant))}?" if meant else "give an existing file or folder; it is mounted read-only "
+        "into the run") + f"){hub}")
 
 
 def given_name(value: str, host: Path) -> str:

@@ -343,6 +343,20 @@ closest() {
 	}'
 }
 
+# Of a path that is not there, the entry beside it whose name is closest (chat.jsnl for chat.jsonl) as " (did you
+# mean PATH?)", else nothing: as invoke run (common/tree.near), of the first thousand entries, printable ones only.
+near_path() {
+	dir=$(dirname -- "$1") names= n=0
+	[ -d "$dir" ] || return 0
+	for f in "$dir"/* "$dir"/.[!.]*; do
+		[ -e "$f" ] || continue
+		n=$((n + 1)) names="$names${f##*/}
+"
+		[ "$n" -lt 1000 ] || break
+	done
+	meant=$(closest "$(basename -- "$1")" "$(printf '%s' "$names" | LC_ALL=C grep -v '[^ -~]')")
+	case $meant in '' | *' (DeepSpeed ZeRO-2)') ;; *) printf ' (did you mean %s/%s?)' "${dir%/}" "$meant" ;; esac
+}
 # An option run.sh does not take, answered as invoke run answers a flag it lacks: invoke run's flags that run.sh has
 # another way for, a switch given a value, a value after a space, else the option it most likely meant.
 unknown_option() {
@@ -465,7 +479,7 @@ on_host() { HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$1")\": \"$(json "
 input() {  # key host-path
 	mountable "--$1" "$2"
 	here "--$1" "$2"; path=$HERE
-	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node"
+	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node$(near_path "$path")"
 	# what the trainer would refuse once the run folder is made (as invoke run checks it on its host)
 	if [ "$1" = model ]; then
 		if [ ! -f "$path/config.json" ]; then

@@ -81,6 +81,21 @@ def test_a_path_that_does_not_exist_is_a_short_error(settings, tmp_path, how):
         _argv(s, tmp_path, overrides=ov, **kw)
 
 
+def test_a_data_or_model_path_with_a_slip_in_its_name_is_answered_with_the_one_beside_it_which_mounts(settings,
+                                                                                                   tmp_path, files):
+    """The newcomer's walk: `--data=/tmp/d/chat.jsnl` beside chat.jsonl, or `--model=/tmp/modle`, was "no such file
+    or folder on this host (give an existing file or folder ...)" alone. The entry beside it closest by name is
+    named (did you mean ...?), and mounts; a path near nothing is said as before."""
+    data, model = files
+    for key, typed, meant in (("data", tmp_path / "my data.jsnl", data), ("model", tmp_path / "modle", model)):
+        with pytest.raises(DockyardError) as e:
+            _argv(settings, tmp_path, **{key: str(typed)})
+        assert str(e.value) == f"--{key} {typed}: no such file or folder on this host (did you mean {meant}?)"
+        assert any(v.startswith(f"{meant}:") for v in _volumes(_argv(settings, tmp_path, **{key: str(meant)})))
+    with pytest.raises(DockyardError, match=r"zzz.jsonl: no such file or folder on this host \(give an existing"):
+        _argv(settings, tmp_path, data=str(tmp_path / "zzz.jsonl"))
+
+
 @pytest.mark.parametrize("key,value,says", [
     ("model", "gpt2", "; a hub model is named org/name (gpt2 is openai-community/gpt2) and read from the Hugging Face "
                       "cache "),

@@ -222,6 +222,23 @@ def test_a_cuda_image_without_gpus_trains_on_cpu_and_bad_input_is_refused(node):
     assert proc.returncode == 1 and "--run-id" in proc.stderr and not argv
 
 
+def test_a_data_or_model_path_with_a_slip_in_its_name_is_answered_on_the_node_with_the_one_beside_it(node, tmp_path):
+    """`sh run.sh --data=chat.jsnl` beside chat.jsonl was "no such file or folder on this node" alone: the entry
+    beside it closest by name is named, as invoke run names it, and that one is mounted."""
+    (tmp_path / "chat.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    for typed, meant in (("--data=chat.jsnl", "./chat.jsonl"), (f"--model={tmp_path}/models/tiyn",
+                                                                f"{tmp_path}/models/tiny")):
+        proc, argv = node(typed)
+        assert proc.returncode == 1 and not argv, proc.stderr
+        assert proc.stderr.endswith(f"{typed}: no such file or folder on this node (did you mean {meant}?)\n"), \
+            proc.stderr
+    proc, argv = node("--data=./chat.jsonl", "--run-id=m1")
+    assert f"{tmp_path}/chat.jsonl:/workspace/inputs/data/chat.jsonl:ro" in argv, proc.stderr
+    proc, argv = node("--data=zzz.jsonl")
+    assert not argv and proc.stderr.endswith("--data=zzz.jsonl: no such file or folder on this node\n"), proc.stderr
+
+
 def test_data_and_model_the_trainer_would_refuse_are_refused_before_docker_naming_this_nodes_path(node, tmp_path):
     """`sh run.sh --data=load.sh` started the container, which refused /workspace/inputs/data/load.sh (a path the
     user does not have) and left a failed run folder; a folder without config.json as --model likewise."""
