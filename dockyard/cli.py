@@ -202,7 +202,7 @@ def _explaining(parse, name: str):
         except ParseError as e:
             raise ParseError(f"error: {shown(reworded(e, self.core.unparsed, self.collection.task_names))}",
                              e.context) from None
-        if name == "parse_tasks" and (refused := invokes_own_flags(self) or empty_value(self)):
+        if name == "parse_tasks" and (refused := invokes_own_flags(self) or empty_value(self) or dry_for_some(self)):
             raise ParseError(f"error: {shown(refused)}")
 
     wrapper.explained = True
@@ -227,6 +227,28 @@ def empty_value(program: invoke.Program) -> str | None:
             return (f"{flag}= is given no value (a variable left unset?): give it one, or leave {flag} out for its "
                     f"default (`invoke --help {task}` says each)")
     return None
+
+
+def dry_for_some(program: invoke.Program) -> str | None:
+    """Invoke gives a flag to the task it follows: `invoke build run --recipe=zero2 --dry` built the image for real
+    (minutes, and the tag moved) and only the run was dry. A --dry given to one task of several is refused unless
+    every task of the line has it: the refusal, or None."""
+    tasks = [(c.name, c.args["dry"].value if "dry" in c.args else None) for c in program.tasks]
+    if len(tasks) < 2 or not any(dry for _, dry in tasks):
+        return None
+    wet = [name for name, dry in tasks if dry is False]
+    lacking = [name for name, dry in tasks if dry is None]
+    if not wet and not lacking:
+        return None
+    why = []
+    if wet:
+        why.append(f"{', '.join(wet)} {'was' if len(wet) == 1 else 'were'} not")
+    if lacking:
+        why.append(f"{', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no --dry")
+    each = " ".join(f"{name} --dry" for name, dry in tasks if dry is not None)
+    return (f"--dry was given to {', '.join(name for name, dry in tasks if dry)}, but {' and '.join(why)}, and would "
+            f"run for real: Invoke gives a flag to the task it follows, so give --dry after each task's name "
+            f"(`invoke {each}`)" + (f", and run {', '.join(lacking)} on its own" if lacking else ""))
 
 
 def invokes_own_flags(program: invoke.Program) -> str | None:

@@ -307,6 +307,30 @@ def test_invokes_own_flags_after_a_task_are_refused_and_the_task_does_nothing(ar
     assert invoke_here("slurm", "--help").returncode == 0  # --help after a task stays help on it
 
 
+@pytest.mark.parametrize("args,says", [
+    (["shell", "--variant=cpu", "run", "--variant=cpu", "--dry"],
+     "--dry was given to run, but shell was not, and would run for real: Invoke gives a flag to the task it follows, "
+     "so give --dry after each task's name (`invoke shell --dry run --dry`)"),
+    (["save", "--variant=cpu", "run", "--recipe=zero2", "--dry"],
+     "--dry was given to run, but save has no --dry, and would run for real: Invoke gives a flag to the task it "
+     "follows, so give --dry after each task's name (`invoke run --dry`), and run save on its own"),
+])
+def test_a_dry_given_to_one_task_of_several_is_refused_before_any_runs(args, says, tmp_path):
+    """The newcomer's walk: `invoke build run --recipe=zer2 --dry` (the README's `build run` line, --dry added to
+    see it) built the image for real and moved its tag, then refused the recipe: Invoke gives --dry to the task it
+    follows. A line where --dry reaches some tasks and not others is refused before any task asks the engine (a
+    stand-in here, which records any call, and a private image name)."""
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
+    docker.chmod(0o755)
+    env = {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
+           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DIST_DIR": str(tmp_path / "dist")}
+    r = invoke_here(*args, env=env)
+    short_error(r, says)
+    assert r.returncode == 1 and not (tmp_path / "docker-used").exists() and not (tmp_path / "dist").exists()
+    assert "--dry was given" not in invoke_here("shell", "--dry", "run", "--dry", env=env).stderr  # each its own
+
+
 def test_shell_completion_still_answers():
     """The shell's completion runs `invoke --complete -- invoke ru`: what follows -- there is the line typed, not
     trainer overrides (refusing it left Tab completing nothing, with an error in the terminal)."""
