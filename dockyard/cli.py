@@ -202,7 +202,8 @@ def _explaining(parse, name: str):
         except ParseError as e:
             raise ParseError(f"error: {shown(reworded(e, self.core.unparsed, self.collection.task_names))}",
                              e.context) from None
-        if name == "parse_tasks" and (refused := invokes_own_flags(self) or empty_value(self) or dry_for_some(self)):
+        if name == "parse_tasks" and (refused := invokes_own_flags(self) or empty_value(self) or dry_for_some(self)
+                                              or a_recipe_of_the_line(self)):
             raise ParseError(f"error: {shown(refused)}")
 
     wrapper.explained = True
@@ -226,6 +227,24 @@ def empty_value(program: invoke.Program) -> str | None:
         if empty and arg is not None and arg.kind is not bool:
             return (f"{flag}= is given no value (a variable left unset?): give it one, or leave {flag} out for its "
                     f"default (`invoke --help {task}` says each)")
+    return None
+
+
+def a_recipe_of_the_line(program: invoke.Program) -> str | None:
+    """`invoke build run --recipe=zer2` built the image (minutes; a CUDA image's, a quarter of an hour) before the run
+    refused the recipe: a task checks its flags as it starts. Where several tasks share a line, a --recipe the
+    recipes hold none of is refused before the first runs: the refusal, or None."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+
+    if len(program.tasks) < 2:
+        return None
+    for c in program.tasks:
+        if "recipe" in c.args and c.args["recipe"].value:
+            try:
+                load_recipe(os.path.expanduser(c.args["recipe"].value))
+            except DockyardError as e:
+                return f"invoke {c.name}: {e} (nothing ran: the line's tasks start only once every one's recipe is found)"
     return None
 
 

@@ -331,6 +331,28 @@ def test_a_dry_given_to_one_task_of_several_is_refused_before_any_runs(args, say
     assert "--dry was given" not in invoke_here("shell", "--dry", "run", "--dry", env=env).stderr  # each its own
 
 
+@pytest.mark.parametrize("args", [["save", "--variant=cpu", "run", "--recipe=zer2"],
+                                  ["shell", "--variant=cpu", "k8s", "--recipe={tmp}/mien", "--out={tmp}/out"]])
+def test_a_recipe_of_a_later_task_that_is_not_there_is_refused_before_the_first_task_runs(args, tmp_path):
+    """The newcomer's walk: `invoke build run --recipe=zer2` (the README's quick start, with a slip) built the image
+    (a quarter of an hour for a CUDA one) and only then heard "unknown recipe 'zer2'": each task checks its flags as
+    it starts. A line of several tasks has its --recipe values found first, and is refused, naming the task and the
+    recipe meant, before any task asks the engine (a stand-in here, which records any call)."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: zero2\n")
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
+    docker.chmod(0o755)
+    env = {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
+           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DIST_DIR": str(tmp_path / "dist")}
+    r = invoke_here(*[a.format(tmp=tmp_path) for a in args], env=env)
+    task, meant = ("run", "did you mean zero2?") if "run" in args else ("k8s", f"(did you mean {tmp_path}/mine?)")
+    short_error(r, f"invoke {task}: unknown recipe ")
+    assert meant in r.stderr and "(nothing ran: the line's tasks start only once every one's recipe is found)" \
+        in r.stderr, r.stderr
+    assert r.returncode == 1 and not (tmp_path / "docker-used").exists() and not (tmp_path / "out").exists()
+
+
 def test_shell_completion_still_answers():
     """The shell's completion runs `invoke --complete -- invoke ru`: what follows -- there is the line typed, not
     trainer overrides (refusing it left Tab completing nothing, with an error in the terminal)."""
