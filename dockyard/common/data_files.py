@@ -405,7 +405,7 @@ def too_deep(path: Path) -> str:
 # 7.6 GB of memory and 3 GB of cache in every process before a line was read. A training format reads a handful.
 MAX_FIELDS = 1000
 TABLE_CHUNK = 10 << 20  # bytes of a JSON Lines file `datasets` makes its table's columns from (a field new after
-#                         them is refused as it casts the rest: data._new_field_line)
+#                         them is refused as it casts the rest: data.read._new_field_line)
 
 
 def too_wide(path: Path) -> list[str]:
@@ -605,7 +605,7 @@ def _json_lines_rows(path: Path, lines: Iterator[str]) -> Iterator[int]:
         if text := line.strip():
             if text.startswith("["):  # an array over lines, or of objects on one: not counted here
                 raise _Uncounted
-            if twice := datasets_refuses(text):  # numbered as data._bad_json_line numbers it
+            if twice := datasets_refuses(text):  # numbered as data.read._bad_json_line numbers it
                 raise DockyardError(f"cannot read {path}:{n}: {twice}")
             yield 1 + len(_MORE_OBJECTS.findall(text))
 
@@ -622,7 +622,7 @@ def _json_rows(path: Path, lines: Iterator[str]) -> Iterator[int]:
 
 
 def _csv_rows(_path: Path, lines: Iterator[str]) -> Iterator[int]:
-    """A .csv file: a row per record after the header that holds a cell of more than whitespace (data.read_csv)."""
+    """A .csv file: a row per record after the header that holds a cell of more than whitespace (data.read.read_csv)."""
     reader = csv.reader(lines)
     if next(reader, None):
         yield from (1 for cells in reader if any(c.strip() for c in cells))
@@ -632,7 +632,7 @@ _COUNTERS = {".txt": _text_rows, ".jsonl": _json_lines_rows, ".json": _json_rows
 
 
 def csv_header(path: Path) -> list[str] | None:
-    """The column names a .csv file's first line gives (stripped, as the trainer reads them: data.read_csv), None
+    """The column names a .csv file's first line gives (stripped, as the trainer reads them: data.read.read_csv), None
     where the host cannot tell (an empty first line, a quoted name holding a line break, csv's cell limit): the
     trainer says what it finds there."""
     if said := another_kind(path):  # its bytes were read as the header's field names
@@ -658,7 +658,7 @@ def csv_header(path: Path) -> list[str] | None:
 def named_twice(path: Path, names: list[str]) -> str:
     """The refusal of a .csv header (its names stripped) that names a column twice (a row kept the last one's cell,
     unsaid), or "". A column of no name is none: a spreadsheet's trailing empty columns (`text,,`), pandas' index
-    (`,text`), whose cells are no field (data.read_csv); two of them were "the header names  twice"."""
+    (`,text`), whose cells are no field (data.read.read_csv); two of them were "the header names  twice"."""
     twice = sorted(n for n, times in collections.Counter(n for n in names if n).items() if times > 1)
     return f"{path}:1: the header names {', '.join(twice)} twice: name each column once" if twice else ""
 

@@ -228,6 +228,13 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     return (str(error).strip().splitlines() or [""])[0][:limit]
 
 
+def cause_line(error: BaseException) -> str:
+    """first_line of what raised `error` (its __cause__, where a library wrapped it), or its type's name where it
+    says nothing."""
+    cause = error.__cause__ or error
+    return first_line(cause) or type(cause).__name__
+
+
 def yaml_problem(error: Exception) -> str:
     """A YAML error as one line: what is wrong and where (`expected ',' or ']', but got '<stream end>' at line 1,
     column 13`) instead of the several lines PyYAML writes. Anything else is its own message."""

@@ -58,6 +58,7 @@ from dockyard.train import (
     universal,
 )
 from dockyard.train import model as models
+from dockyard.train.data.batches import collate, collate_packed
 from dockyard.train.export import PROBE_TOKENS
 from dockyard.train.precision import of_args as half_of
 from dockyard.train.record import Estimates, ModelRecord, Run
@@ -459,8 +460,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
         # profiled step ends falls in a window the steady state leaves out
         trainer = CountingTrainer(model=p.model, args=p.args, train_dataset=p.examples,
                                   eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
-                                  data_collator=(data.collate_packed() if p.padding_free
-                                                 else data.collate(p.tokenizer.pad_token_id)),
+                                  data_collator=(collate_packed() if p.padding_free else collate(p.tokenizer.pad_token_id)),
                                   callbacks=[FirstStep(lambda: began(run, p)), check, ScheduleCheck(), ResumedRate(),
                                              PublishCheckpoint(), *profile, metrics])
     except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)

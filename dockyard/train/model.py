@@ -24,7 +24,7 @@ from dockyard.common.model_config import check_model_folder, check_pad_token, ch
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import guards, precision
-from dockyard.train.data import TooSlow, time_limit
+from dockyard.train.limits import TooSlow, time_limit
 
 log = logging.getLogger("dockyard.train")
 

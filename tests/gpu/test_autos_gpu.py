@@ -133,7 +133,7 @@ def test_a_packed_row_trains_what_its_examples_train_apart_on_the_gpu():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dockyard.common.run_settings import TINY_MODEL
-    from dockyard.train.data import collate, collate_packed
+    from dockyard.train.data.batches import collate, collate_packed
     from tests.unit.test_padding_free import EXAMPLES
 
     torch.manual_seed(0)

@@ -14,6 +14,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.run_settings import DATA, TINY_MODEL, RunSettings
 from dockyard.gpus import Recorded
 from dockyard.train import data
+from dockyard.train.data import read, tokens
 from tests.support.measured import H100
 
 GPU = autos.device_from_host(Recorded.from_file(H100).host())
@@ -30,7 +31,7 @@ def documents(tok, rows):
 
 def test_every_token_of_every_document_is_trained_once_in_order_and_none_is_padding(tok):
     rows = [{"text": "short one"}, {"text": "word " * 90}, {"text": "a middle sized document of a few words"}]
-    blocks = data.pack_text(rows, tok, 16)
+    blocks = tokens.pack_text(rows, tok, 16)
     stream = [t for d in documents(tok, rows) for t in d]
     assert [t for b in blocks for t in b["input_ids"]] == stream  # nothing cut, nothing added, the order kept
     assert all(len(b["input_ids"]) == 16 for b in blocks[:-1]) and 1 < len(blocks[-1]["input_ids"]) <= 16
@@ -44,14 +45,14 @@ def test_every_token_of_every_document_is_trained_once_in_order_and_none_is_padd
 def test_a_last_block_of_one_token_is_left_out(tok):
     rows = [{"text": "word " * 20}]
     n = len(documents(tok, rows)[0])
-    blocks = data.pack_text(rows, tok, n - 1)  # one token left over: it predicts nothing
+    blocks = tokens.pack_text(rows, tok, n - 1)  # one token left over: it predicts nothing
     assert [len(b["input_ids"]) for b in blocks] == [n - 1]
 
 
 def test_load_packs_the_sample_and_says_so(tok):
     settings = RunSettings(max_seq_length=128, eval_fraction=0.1)
     loaded = data.load(settings, tok, seed=0, packing=lambda fmt: (fmt == "text", "why"))
-    rows = data.read_rows(DATA / "sample.jsonl")
+    rows = read.read_rows(DATA / "sample.jsonl")
     tokens = sum(len(d) for d in documents(tok, rows))
     assert loaded.info["packed"] is True and loaded.info["truncated"] == 0 and loaded.packing == (True, "why")
     assert sum(len(b["input_ids"]) for b in loaded.train + loaded.eval) == tokens
@@ -113,8 +114,8 @@ def test_a_long_document_is_packed_a_piece_at_a_time_to_the_tokens_of_a_whole_re
         return tok(text, **kw)
 
     counting.eos_token_id = tok.eos_token_id
-    monkeypatch.setattr(data, "PIECE_CHARS", 4096)
-    blocks = data.pack_text([{"text": text}, {"text": "short one"}], counting, 512)
+    monkeypatch.setattr(tokens, "PIECE_CHARS", 4096)
+    blocks = tokens.pack_text([{"text": text}, {"text": "short one"}], counting, 512)
     stream = [t for d in documents(tok, [{"text": text}, {"text": "short one"}]) for t in d]
     assert [t for b in blocks for t in b["input_ids"]] == stream
     assert max(seen) <= 4096 and len([n for n in seen if n > 64]) >= len(text) // 4096, "read in pieces"

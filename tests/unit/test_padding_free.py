@@ -8,7 +8,8 @@ import torch
 
 from dockyard.common.run_settings import TINY_MODEL
 from dockyard.train.callbacks import TokenCount
-from dockyard.train.data import IGNORE, collate, collate_packed
+from dockyard.train.data.batches import collate, collate_packed
+from dockyard.train.data.tokens import IGNORE
 
 EXAMPLES = [  # a prompt left out of the loss, as the instruction formats make them
     {"input_ids": [1, 17, 43, 88, 12, 5, 2], "labels": [IGNORE, IGNORE, IGNORE, 88, 12, 5, 2]},

@@ -17,6 +17,7 @@ import pytest
 
 from dockyard import ROOT
 from dockyard.common import run_settings
+from dockyard.train.data import read
 from tests.support.cli import invoke_here
 from tests.support.data import STEP, a_step_of
 
@@ -400,14 +401,13 @@ def test_a_json_array_of_other_things_than_examples_is_refused_by_the_host_and_t
     is int"; [null, {...}] crashed the trainer (SIGSEGV, no word of the file); [] was 'Instruction "train" corresponds
     to no data!'. Each is said now, by the host (whatever the task) and the trainer, with what an example is."""
     from dockyard.common.errors import DockyardError
-    from dockyard.train import data
 
     f = tmp_path / "data.json"
     f.write_text(json.dumps(array * (STEP if array and isinstance(array[0], str) else 1)))
     refused(dry(env, f"--data={f}"), f"error: cannot read {f}: {said}")
     refused(dry(env, f"--data={f}", "--", "--task", "seq_cls"), said)
     with pytest.raises(DockyardError, match=re.escape(f"cannot read {f}: {said}")):
-        data.read_rows(f)
+        read.read_rows(f)
     if array:
         assert 'each example is an object whose fields name its format, e.g. {"text": "..."}' in dry(
             env, f"--data={f}").stderr
@@ -420,7 +420,7 @@ def test_a_json_array_of_other_things_than_examples_is_refused_by_the_host_and_t
             refused(dry(env, f"--data={lines}", "--", "--task", "seq_cls"), f"cannot read {lines}:1: an array, not "
                     "an object; each line must be one JSON object")
             with pytest.raises(DockyardError, match="an array, not an object"):
-                data.read_rows(lines)
+                read.read_rows(lines)
 
 
 def test_a_json_line_that_names_a_field_twice_is_said_by_its_line(env, tmp_path):
@@ -429,30 +429,28 @@ def test_a_json_line_that_names_a_field_twice_is_said_by_its_line(env, tmp_path)
     A file of one chat line whose turn named `content` twice was read as two rows of a turn each, unsaid. Said now by
     its line, on the host (the first) and in the trainer."""
     from dockyard.common.errors import DockyardError
-    from dockyard.train import data
 
     twice = tmp_path / "twice.jsonl"
     twice.write_text('{"text": "a", "text": "b"}\n' + a_step_of('{"text": "c"}'))
     said = f"cannot read {twice}:1: names the field text twice in one object: name each field once"
     refused(dry(env, f"--data={twice}"), said)
     with pytest.raises(DockyardError, match=re.escape(said)):
-        data.read_rows(twice)
+        read.read_rows(twice)
     twice.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "c", "completion": "d", "completion": "e"}\n')
     with pytest.raises(DockyardError, match=re.escape(f"{twice}:2: names the field completion twice in one object")):
-        data.read_rows(twice)
+        read.read_rows(twice)
     chat = tmp_path / "chat.jsonl"
     chat.write_text('{"messages": [{"role": "user", "content": "a", "content": "b"}, '
                     '{"role": "assistant", "content": "c"}]}\n')
     refused(dry(env, f"--data={chat}"), f"{chat}:1: names the field content twice in one object")
     with pytest.raises(DockyardError, match=re.escape(f"{chat}:1: names the field content twice in one object")):
-        data.read_rows(chat)
+        read.read_rows(chat)
 
 
 def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path):
     """`--data=empty.jsonl` (a file saved before it was written) was accepted by `--dry` and by `invoke run`, which
     started the container and loaded the model before the trainer said the file held no examples."""
     from dockyard.common.errors import DockyardError
-    from dockyard.train import data
 
     empty = tmp_path / "chat.jsonl"
     empty.write_text("\n  \n")
@@ -462,7 +460,7 @@ def test_an_empty_data_file_is_refused_before_the_engine_is_asked(env, tmp_path)
     empty.write_bytes(b"\xef\xbb\xbf\n")
     refused(dry(env, f"--data={empty}"), f"--data {empty}: holds no examples (the file is empty)")
     with pytest.raises(DockyardError, match=re.escape(f"{empty} holds no examples (the file is empty)")):
-        data.read_rows(empty)
+        read.read_rows(empty)
     empty.write_text("\n  \n")
     refused(dry(env, "--", "--eval_data", str(empty), "--eval_steps", "2"), "holds no examples")
     folder = tmp_path / "shards"
@@ -1479,7 +1477,6 @@ def test_a_run_resumes_where_it_trained_on_this_host_or_in_an_image(env, tmp_pat
 def test_a_data_folder_of_two_formats_is_refused_by_the_host_and_by_the_trainer(env, tmp_path):
     """A chat file beside an alpaca file: the run started, then `datasets` said "Couldn't cast", naming no file."""
     from dockyard.common.errors import DockyardError
-    from dockyard.train import data
 
     folder = tmp_path / "mixed"
     folder.mkdir()
@@ -1489,11 +1486,11 @@ def test_a_data_folder_of_two_formats_is_refused_by_the_host_and_by_the_trainer(
     says = "its files are in different data formats (alpaca: alpaca.jsonl; messages: chat.jsonl)"
     refused(dry(env, f"--data={folder}"), says)
     with pytest.raises(DockyardError, match=re.escape(says)):
-        data.read_rows(folder)
+        read.read_rows(folder)
     (folder / "alpaca.jsonl").write_text(a_step_of('{"messages": [{"role": "user", "content": "2+2?"}, '
                                                    '{"role": "assistant", "content": "4"}]}'))
     assert dry(env, f"--data={folder}").returncode == 0
-    assert len(data.read_rows(folder)) == 1 + STEP
+    assert len(read.read_rows(folder)) == 1 + STEP
 
 
 @pytest.mark.parametrize("name", ["slurm", "k8s", "shell"])

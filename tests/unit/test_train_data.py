@@ -10,7 +10,8 @@ from transformers import AutoTokenizer
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.run_settings import DATA, TINY_MODEL
-from dockyard.train import data
+from dockyard.train import guards
+from dockyard.train.data import batches, formats, read, tokens
 
 
 @pytest.fixture(scope="module")
@@ -24,56 +25,56 @@ def write(path, rows):
 
 
 def test_the_shipped_samples_cover_both_tasks(tok):
-    lm = data.causal_lm_examples(data.read_rows(DATA / "sample.jsonl"), tok, 128)
+    lm = tokens.causal_lm_examples(read.read_rows(DATA / "sample.jsonl"), tok, 128)
     assert len(lm) == 2000 and all(ex["input_ids"] == ex["labels"] for ex in lm[:5])
-    rows = data.read_rows(DATA / "sample-classify.jsonl")
-    assert data.label_names(rows) == ["calm", "storm"]
+    rows = read.read_rows(DATA / "sample-classify.jsonl")
+    assert formats.label_names(rows) == ["calm", "storm"]
 
 
 def test_prompt_completion_learns_only_the_completion(tok, tmp_path):
-    rows = data.read_rows(write(tmp_path / "pc.jsonl", [{"prompt": "Which port?", "completion": " Bergen"}]))
-    [ex] = data.causal_lm_examples(rows, tok, 64)
+    rows = read.read_rows(write(tmp_path / "pc.jsonl", [{"prompt": "Which port?", "completion": " Bergen"}]))
+    [ex] = tokens.causal_lm_examples(rows, tok, 64)
     prompt_len = len(tok("Which port?")["input_ids"])
-    assert ex["labels"][:prompt_len] == [data.IGNORE] * prompt_len
+    assert ex["labels"][:prompt_len] == [tokens.IGNORE] * prompt_len
     assert ex["labels"][prompt_len:] == ex["input_ids"][prompt_len:]
     assert ex["input_ids"][-1] == tok.eos_token_id
 
 
 def test_plain_text_files_are_one_document_per_line(tok, tmp_path):
     (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
-    rows = data.read_rows(tmp_path)  # a folder: every data file in it, of one kind
+    rows = read.read_rows(tmp_path)  # a folder: every data file in it, of one kind
     assert rows == [{"text": "first line"}, {"text": "second line"}]
 
 
 def test_examples_are_truncated_to_max_seq_length(tok):
-    [ex] = data.causal_lm_examples([{"text": "word " * 200}], tok, 16)
+    [ex] = tokens.causal_lm_examples([{"text": "word " * 200}], tok, 16)
     assert len(ex["input_ids"]) == len(ex["labels"]) == 16
 
 
 def test_examples_with_nothing_to_learn_are_not_told_to_raise_max_seq_length(tok):
     """Empty documents were refused with "raise max_seq_length", which cannot help; a cut example still is."""
     with pytest.raises(DockyardError, match="every one is empty") as empty:
-        data.causal_lm_examples([{"text": ""}] * 2, tok, 64)
+        tokens.causal_lm_examples([{"text": ""}] * 2, tok, 64)
     assert "max_seq_length" not in str(empty.value)
     with pytest.raises(DockyardError, match="within max_seq_length=4: raise it"):
-        data.causal_lm_examples([{"prompt": "Which port is number two on the list?", "completion": " Bergen"}], tok, 4)
+        tokens.causal_lm_examples([{"prompt": "Which port is number two on the list?", "completion": " Bergen"}], tok, 4)
 
 
 def test_rows_without_a_known_format_are_refused_with_the_fields_found(tok):
     with pytest.raises(DockyardError, match=r"fields \(answer, question\).*messages \(messages\)"):
-        data.causal_lm_examples([{"question": "x", "answer": "y"}], tok, 64)
+        tokens.causal_lm_examples([{"question": "x", "answer": "y"}], tok, 64)
 
 
 def test_bad_files_are_refused_with_their_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{not json}\n')
     with pytest.raises(DockyardError, match="bad.jsonl:2"):
-        data.read_rows(bad)
+        read.read_rows(bad)
     with pytest.raises(DockyardError, match="no data at"):
-        data.read_rows(tmp_path / "missing.jsonl")
+        read.read_rows(tmp_path / "missing.jsonl")
     (tmp_path / "x.md").write_text("# notes")
     with pytest.raises(DockyardError, match="unknown data file type .md"):
-        data.read_rows(tmp_path / "x.md")
+        read.read_rows(tmp_path / "x.md")
 
 
 @pytest.mark.parametrize("depth", [101, 5_000, 50_000])
@@ -87,7 +88,7 @@ def test_json_nested_deeper_than_any_example_is_refused_before_pyarrow_reads_it(
     whole.write_text('[{"text": "a", "x": ' + nested + "}]")
     for path, where in ((jsonl, "deep.jsonl:2"), (whole, "deep.json")):
         with pytest.raises(DockyardError, match=f"cannot read .*{where}: nested more than 100 brackets deep"):
-            data.read_rows(path)
+            read.read_rows(path)
     from dockyard.common.data_files import first_example
 
     first = tmp_path / "first.jsonl"
@@ -96,7 +97,7 @@ def test_json_nested_deeper_than_any_example_is_refused_before_pyarrow_reads_it(
         first_example(first)  # what `invoke run --dry` reads
     text = tmp_path / "brackets.jsonl"
     text.write_text(json.dumps({"text": "[" * 500 + '\\" {' * 200}) + "\n")
-    assert data.read_rows(text)[0]["text"].startswith("[[[")
+    assert read.read_rows(text)[0]["text"].startswith("[[[")
 
 
 def test_rows_naming_thousands_of_fields_are_refused_before_datasets_makes_a_table_of_them(tmp_path):
@@ -118,10 +119,10 @@ def test_rows_naming_thousands_of_fields_are_refused_before_datasets_makes_a_tab
         started = time.monotonic()
         with pytest.raises(DockyardError, match=rf"cannot read .*{path.name}: its rows name more than 1,000 different "
                                                 r"fields \(text, k0, k1, k2, k3, ...\); .*keep the fields your data"):
-            data.read_rows(path)
+            read.read_rows(path)
         assert time.monotonic() - started < 20  # a guard against the minute it took, not a speed goal
     fine = write(tmp_path / "fine.jsonl", [{"text": "a", f"k{i}": 1} for i in range(50)])
-    assert [r["text"] for r in data.read_rows(fine)] == ["a"] * 50
+    assert [r["text"] for r in read.read_rows(fine)] == ["a"] * 50
 
 
 def test_parquet_rows_that_decode_past_what_each_process_can_hold_are_refused_before_datasets_reads_them(
@@ -143,13 +144,13 @@ def test_parquet_rows_that_decode_past_what_each_process_can_hold_are_refused_be
         for _ in range(5):
             w.write_table(pa.table({"text": pa.DictionaryArray.from_arrays(indices, pa.array(["x" * 400]))}))
     assert bomb.stat().st_size < 1_000_000
-    processes = math.ceil(data.host_memory_available() / 1e9) + 1
+    processes = math.ceil(guards.host_memory_available() / 1e9) + 1
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     started = time.monotonic()
     with pytest.raises(DockyardError, match=rf"cannot read .*bomb.parquet \(.* kB of Parquet\): its rows decode to "
                                             rf"more than .* [MG]B, held by each of this node's {processes} process\(es\), "
                                             r"and the node has .* free .*train on a part of it"):
-        data.read_rows(bomb)
+        read.read_rows(bomb)
     assert time.monotonic() - started < 20  # counted, not decoded: a guard, not a speed goal
 
 
@@ -171,14 +172,14 @@ def test_the_decoded_size_counted_is_what_the_decoded_rows_take(tmp_path):
     assert abs(counted - table.nbytes) < 0.05 * table.nbytes
     assert path.stat().st_size < table.nbytes / 20  # the file is far smaller than its rows: what is counted is not it
     assert parquet_decoded(path, past=1_000_000) < 0.2 * table.nbytes  # stops soon past what it is asked about
-    assert data.read_rows(path)[0]["system"] == rows[0]["system"]
+    assert read.read_rows(path)[0]["system"] == rows[0]["system"]
 
 
 def test_a_folder_must_hold_one_kind_of_file(tmp_path):
     write(tmp_path / "a.jsonl", [{"text": "a"}])
     (tmp_path / "b.txt").write_text("b\n")
     with pytest.raises(DockyardError, match="mixes data files of different kinds"):
-        data.read_rows(tmp_path)
+        read.read_rows(tmp_path)
 
 
 @pytest.mark.parametrize("splits", [False, True])
@@ -199,7 +200,7 @@ def test_a_folder_datasets_saved_to_disk_is_refused_saying_how_to_write_it_out(t
             f"data file first, datasets.load_from_disk(FOLDER){'[' + repr('train') + ']' if splits else ''}"
             ".to_json('train.jsonl') (or .to_parquet), and give that file (docs/data.md)")
     with pytest.raises(DockyardError) as e:
-        data.read_rows(folder)
+        read.read_rows(folder)
     assert str(e.value) == f"{folder}: {says}"
     r = invoke_here("run", "--dry", "--variant=cpu", f"--data={folder}",
                     env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")})
@@ -207,16 +208,16 @@ def test_a_folder_datasets_saved_to_disk_is_refused_saying_how_to_write_it_out(t
 
 
 def test_labels_may_be_names_or_integers(tok):
-    assert data.label_names([{"text": "a", "label": 2}, {"text": "b", "label": 0}]) == ["0", "1", "2"]
-    names = data.label_names([{"text": "a", "label": "spam"}, {"text": "b", "label": "ham"}])
-    examples = data.seq_cls_examples([{"text": "a", "label": "spam"}], tok, 8, names).examples
+    assert formats.label_names([{"text": "a", "label": 2}, {"text": "b", "label": 0}]) == ["0", "1", "2"]
+    names = formats.label_names([{"text": "a", "label": "spam"}, {"text": "b", "label": "ham"}])
+    examples = tokens.seq_cls_examples([{"text": "a", "label": "spam"}], tok, 8, names).examples
     assert names == ["ham", "spam"] and examples[0]["labels"] == 1
     with pytest.raises(DockyardError, match="`text` and `label`"):
-        data.label_names([{"text": "a"}])
+        formats.label_names([{"text": "a"}])
 
 
 def test_batches_pad_with_masked_positions_the_loss_skips():
-    pad = data.collate(0)
+    pad = batches.collate(0)
     batch = pad([{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8], "labels": [8]}])
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
@@ -237,7 +238,7 @@ def test_a_text_field_holding_numbers_or_token_ids_is_refused_not_trained_on_as_
     """A .jsonl of {"text": 5} or of token ids in "text" trained on the digits "5" or "[101, 2023, 102]" (str() of the
     value), without a word: now the example and the field are named."""
     with pytest.raises(DockyardError, match=re.escape(said)):
-        data.causal_lm_examples(data.read_rows(write(tmp_path / "d.jsonl", rows)), tok, 64)
+        tokens.causal_lm_examples(read.read_rows(write(tmp_path / "d.jsonl", rows)), tok, 64)
 
 
 
@@ -245,4 +246,4 @@ def test_a_byte_order_mark_is_no_text_of_a_text_files_first_line(tmp_path):
     """Editors on Windows start a .txt file with one: it was trained on as the first document's first tokens."""
     path = tmp_path / "notes.txt"
     path.write_bytes("\ufeffhello world\nsecond line\n".encode())
-    assert data.read_rows(path) == [{"text": "hello world"}, {"text": "second line"}]
+    assert read.read_rows(path) == [{"text": "hello world"}, {"text": "second line"}]

@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
-from dockyard.train import data
+from dockyard.train import data, limits
+from dockyard.train.data import formats, read, tokens
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Which port?"},
         {"role": "assistant", "content": "Bergen"}, {"role": "user", "content": "And the next?"},
@@ -33,7 +34,7 @@ def learned_text(tok, ex) -> list[str]:
     """The runs of tokens the loss counts, decoded."""
     runs, cur = [], []
     for i, label in zip(ex["input_ids"], ex["labels"], strict=True):
-        if label == data.IGNORE:
+        if label == tokens.IGNORE:
             if cur:
                 runs.append(tok.decode(cur))
             cur = []
@@ -44,10 +45,10 @@ def learned_text(tok, ex) -> list[str]:
 
 
 def one_example(tok, path, fmt_expected):
-    rows = data.read_rows(path)
-    fmt = data.detect_format(rows, "causal_lm", "auto", str(path))
+    rows = read.read_rows(path)
+    fmt = formats.detect_format(rows, "causal_lm", "auto", str(path))
     assert fmt == fmt_expected
-    [ex] = data.tokenize(rows, fmt, tok, 512).examples
+    [ex] = tokens.tokenize(rows, fmt, tok, 512).examples
     return ex
 
 
@@ -57,7 +58,7 @@ def test_messages_learn_only_the_assistant_turns(tok, tmp_path):
     assert [t.strip() for t in learned] == [f"Bergen{tok.eos_token}", f"Stavanger{tok.eos_token}"]
     whole = tok.decode(ex["input_ids"])
     assert "Which port?" in whole and "Be brief." in whole and "<|assistant|>" in whole
-    assert tok.chat_template == data.FALLBACK_CHAT_TEMPLATE  # saved with the model: inference sees the same
+    assert tok.chat_template == tokens.FALLBACK_CHAT_TEMPLATE  # saved with the model: inference sees the same
 
 
 def test_a_tokenizer_with_its_own_chat_template_is_used(tok, tmp_path):
@@ -103,15 +104,15 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tok, tmp_path, monkeypa
     (repo / "snapshots" / revision / "data").mkdir(parents=True)
     jsonl(repo / "snapshots" / revision / "data" / "train.jsonl", [{"messages": CHAT[1:3]}])
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert data.read_rows("acme/chats") == [{"messages": CHAT[1:3]}]
+    assert read.read_rows("acme/chats") == [{"messages": CHAT[1:3]}]
     with pytest.raises(DockyardError, match="acme/missing is not in the local Hugging Face cache.*hf download"):
-        data.read_rows("acme/missing")
+        read.read_rows("acme/missing")
     # its files get a local file's checks before pyarrow reads them: one line nested 60,000 deep in a cached dataset
     # crashed every process (SIGSEGV, no manifest), where the same file given by path was refused by its line
     deep = repo / "snapshots" / revision / "data" / "train.jsonl"
     deep.write_text('{"messages": []}\n' + '{"text": "x", "y": ' + "[" * 200 + "]" * 200 + "}\n")
     with pytest.raises(DockyardError, match=r"cannot read .*train.jsonl:2: nested more than 100 brackets deep"):
-        data.read_rows("acme/chats")
+        read.read_rows("acme/chats")
 
 
 @pytest.mark.parametrize("rows, named, message", [
@@ -126,10 +127,10 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tok, tmp_path, monkeypa
     ([{"text": "a"}], "messages", r"lacks messages for the messages format \(fields found: text"),
 ])
 def test_a_wrong_schema_stops_before_training_naming_the_fields(tok, tmp_path, rows, named, message):
-    rows = data.read_rows(jsonl(tmp_path / "bad.jsonl", rows))
+    rows = read.read_rows(jsonl(tmp_path / "bad.jsonl", rows))
     with pytest.raises(DockyardError, match=message):
-        fmt = data.detect_format(rows, "causal_lm", named, "bad.jsonl")
-        data.tokenize(rows, fmt, tok, 64)
+        fmt = formats.detect_format(rows, "causal_lm", named, "bad.jsonl")
+        tokens.tokenize(rows, fmt, tok, 64)
 
 
 @pytest.mark.parametrize("rows, said", [
@@ -144,9 +145,9 @@ def test_a_wrong_schema_stops_before_training_naming_the_fields(tok, tmp_path, r
 def test_a_field_of_the_format_that_is_null_or_an_empty_chat_is_named_with_its_example(tok, tmp_path, rows, said):
     """Red-team pass: `{"prompt": "a", "completion": null}` was "cannot tell the data format from its fields
     (prompt); rename them"; `{"messages": []}` was "no assistant turn, so nothing to learn (roles found: ; ...)"."""
-    rows = data.read_rows(jsonl(tmp_path / "nulls.jsonl", rows))
+    rows = read.read_rows(jsonl(tmp_path / "nulls.jsonl", rows))
     with pytest.raises(DockyardError) as refused:
-        data.tokenize(rows, data.detect_format(rows, "causal_lm", "auto", "nulls.jsonl"), tok, 64)
+        tokens.tokenize(rows, formats.detect_format(rows, "causal_lm", "auto", "nulls.jsonl"), tok, 64)
     assert said in str(refused.value) and "cannot tell" not in str(refused.value)
 
 
@@ -154,9 +155,9 @@ def test_fields_of_no_format_are_asked_to_be_renamed_and_a_csv_without_header_is
     """question/answer rows were told "or name it with data_format", which cannot help (a named format needs the same
     fields: `--data_format prompt_completion` then failed with "lacks prompt, completion" after another start), and a
     CSV without its header line had its first row taken for the field names, unsaid."""
-    qa = data.read_rows(jsonl(tmp_path / "qa.jsonl", [{"question": "Which port?", "answer": "Bergen"}]))
+    qa = read.read_rows(jsonl(tmp_path / "qa.jsonl", [{"question": "Which port?", "answer": "Bergen"}]))
     with pytest.raises(DockyardError) as refused:
-        data.detect_format(qa, "causal_lm", "auto", "qa.jsonl")
+        formats.detect_format(qa, "causal_lm", "auto", "qa.jsonl")
     said = str(refused.value)
     assert "fields (answer, question); rename them to one of" in said and "prompt_completion (prompt+completion)" in said
     assert "data_format" not in said and "header" not in said and "first line" not in said
@@ -164,7 +165,7 @@ def test_fields_of_no_format_are_asked_to_be_renamed_and_a_csv_without_header_is
     csv.write_text("Which port?,Bergen\nWhich city?,Oslo\n")
     with pytest.raises(DockyardError, match=r"qa.csv: .*fields \(Bergen, Which port\?\).*a .csv file's first line must "
                                             r"name them, e.g. prompt,completion"):
-        data.detect_format(data.read_rows(csv), "causal_lm", "auto", str(csv))
+        formats.detect_format(read.read_rows(csv), "causal_lm", "auto", str(csv))
 
 
 def test_an_eval_fraction_holds_out_rows_by_the_seed(tok, tmp_path):
@@ -206,10 +207,10 @@ def test_a_huge_document_is_cut_from_its_head_alone_as_from_the_whole(tok):
     counting.chat_template, counting.eos_token_id = tok.chat_template, tok.eos_token_id
     words = "the quick brown fox jumps over the lazy dog. " * 2000
     rows = [{"text": words}, {"text": "short one"}]
-    whole = data.tokenize(rows, "text", tok, 16)
-    head = data.tokenize(rows, "text", counting, 16)
+    whole = tokens.tokenize(rows, "text", tok, 16)
+    head = tokens.tokenize(rows, "text", counting, 16)
     assert head.examples == whole.examples and head.truncated == whole.truncated == 1
-    assert seen == [16 * data.CHARS_PER_TOKEN_BOUND, len("short one")], "the long one's head alone was tokenized"
+    assert seen == [16 * tokens.CHARS_PER_TOKEN_BOUND, len("short one")], "the long one's head alone was tokenized"
 
 
 LONG = "the quick brown fox jumps over the lazy dog. " * 2000  # 90 kB: 20,000 tokens
@@ -236,11 +237,11 @@ def test_a_huge_prompt_completion_or_chat_turn_is_read_from_its_head_alone_to_th
     counting.apply_chat_template = tok.apply_chat_template
     rows = [row, {"prompt": "p", "completion": " c"} if fmt == "prompt_completion" else
             {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
-    whole = data.tokenize(rows, fmt, tok, 10**9)
+    whole = tokens.tokenize(rows, fmt, tok, 10**9)
     cut = [{"input_ids": e["input_ids"][:KEEP], "labels": e["labels"][:KEEP]} for e in whole.examples]
-    head = data.tokenize(rows, fmt, counting, KEEP)
-    assert head.examples == [e for e in cut if any(x != data.IGNORE for x in e["labels"][1:])]
-    assert head.truncated == 1 and max(seen) <= KEEP * data.CHARS_PER_TOKEN_BOUND, "the long piece's head alone was read"
+    head = tokens.tokenize(rows, fmt, counting, KEEP)
+    assert head.examples == [e for e in cut if any(x != tokens.IGNORE for x in e["labels"][1:])]
+    assert head.truncated == 1 and max(seen) <= KEEP * tokens.CHARS_PER_TOKEN_BOUND, "the long piece's head alone was read"
 
 
 def test_a_huge_classifier_text_is_read_from_its_head_alone_to_the_same_tokens(tok):
@@ -251,10 +252,10 @@ def test_a_huge_classifier_text_is_read_from_its_head_alone_to_the_same_tokens(t
         return tok(text, **kw)
 
     rows = [{"text": LONG, "label": "a"}, {"text": "short", "label": "b"}]
-    head = data.seq_cls_examples(rows, counting, 16, ["a", "b"])
+    head = tokens.seq_cls_examples(rows, counting, 16, ["a", "b"])
     assert [e["input_ids"] for e in head.examples] == [tok(LONG, truncation=True, max_length=16)["input_ids"],
                                                        tok("short")["input_ids"]]
-    assert head.truncated == 1 and max(seen) <= 16 * data.CHARS_PER_TOKEN_BOUND
+    assert head.truncated == 1 and max(seen) <= 16 * tokens.CHARS_PER_TOKEN_BOUND
 
 
 def test_cut_examples_are_counted_and_said(tok, tmp_path, caplog):
@@ -270,27 +271,27 @@ def test_a_file_that_is_not_utf8_or_empty_says_so(tmp_path):
     latin.write_bytes('{"text": "smørbrød på bordet"}\n'.encode("latin-1"))
     with pytest.raises(DockyardError, match=f"cannot read {latin}:1 \\(byte 0xf8 at column 13\\): it is not UTF-8 "
                                             "text; save it as UTF-8"):
-        data.read_rows(latin)
+        read.read_rows(latin)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DockyardError, match=r"empty.jsonl holds no examples \(the file is empty\)"):
-        data.read_rows(tmp_path / "empty.jsonl")
+        read.read_rows(tmp_path / "empty.jsonl")
     # a parquet table of no rows (the tenth red-team pass): pyarrow's "BatchSize must be greater than 0, got 0"
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "none.parquet")
     with pytest.raises(DockyardError, match=r"none.parquet holds no examples \(its table has no rows\)"):
-        data.read_rows(tmp_path / "none.parquet")
+        read.read_rows(tmp_path / "none.parquet")
     # a file the run may not read was an OSError traceback from every process (as root, whom chmod 000 does not
     # stop, a file whose read fails for anyone stands in)
     folder = tmp_path / "shards"
     folder.mkdir()
     (folder / "a.jsonl").symlink_to("/proc/self/mem")
     with pytest.raises(DockyardError, match=f"cannot read {folder / 'a.jsonl'}: Input/output error$"):
-        data.read_rows(folder)
+        read.read_rows(folder)
     os.mkfifo(tmp_path / "pipe.jsonl")  # was a NotADirectoryError traceback
     with pytest.raises(DockyardError, match="pipe.jsonl: neither a file nor a folder"):
-        data.read_rows(tmp_path / "pipe.jsonl")
+        read.read_rows(tmp_path / "pipe.jsonl")
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json"])
@@ -302,7 +303,7 @@ def test_a_file_whose_first_value_is_null_is_refused_not_a_crash(tmp_path, suffi
     f.write_bytes(b"\xef\xbb\xbf\n null \r\n" + b'{"text": "a"}\n')
     with pytest.raises(DockyardError, match=f"cannot read {f}:2: null, not an object; each line must be one JSON "
                                             "object"):
-        data.read_rows(f)
+        read.read_rows(f)
 
 
 def test_a_compressed_data_file_is_said_as_that(tmp_path):
@@ -314,11 +315,11 @@ def test_a_compressed_data_file_is_said_as_that(tmp_path):
     packed.write_bytes(gzip.compress(b"prompt,completion\nq,a\n"))
     with pytest.raises(DockyardError, match=f"cannot read {packed}: it is gzip-compressed: decompress it first "
                                             r"\(gunzip\)"):
-        data.read_rows(packed)
+        read.read_rows(packed)
     packed.rename(tmp_path / "train.csv.gz")
     with pytest.raises(DockyardError, match=r"unknown data file type .gz \(a compressed file: decompress it first, "
                                             r"gunzip\); use .jsonl"):
-        data.read_rows(tmp_path / "train.csv.gz")
+        read.read_rows(tmp_path / "train.csv.gz")
 
 
 def test_a_line_that_is_not_a_json_object_is_named_with_what_is_wrong_in_its_own_numbering(tmp_path, caplog):
@@ -330,7 +331,7 @@ def test_a_line_that_is_not_a_json_object_is_named_with_what_is_wrong_in_its_own
         bad = tmp_path / "bad.jsonl"
         bad.write_text(good + tail)
         with caplog.at_level("ERROR"), pytest.raises(DockyardError) as e:
-            data.read_rows(bad)
+            read.read_rows(bad)
         assert str(e.value) == f"cannot read {bad}:11: {says}; each line must be one JSON object"
         assert not [r for r in caplog.records if r.name.startswith("datasets")], "said once, by the refusal"
 
@@ -339,11 +340,11 @@ def test_a_chat_template_that_refuses_a_conversation_names_the_example(tok, tmp_
     """A template that raises ("roles must alternate") was a jinja2 traceback with no example number."""
     tok.chat_template = ("{% for m in messages %}{% if loop.index0 > 0 and m['role'] == 'system' %}"
                          "{{ raise_exception('roles must alternate') }}{% endif %}{{ m['content'] }}{% endfor %}")
-    rows = data.read_rows(jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT[1:3]},
+    rows = read.read_rows(jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT[1:3]},
                                                           {"messages": [*CHAT[1:3], *CHAT[:1], *CHAT[3:]]}]))
     with pytest.raises(DockyardError, match="example 2: the model's chat template refuses this conversation: "
                                             "roles must alternate"):
-        data.tokenize(rows, "messages", tok, 512)
+        tokens.tokenize(rows, "messages", tok, 512)
 
 
 @pytest.mark.parametrize("label, message", [
@@ -354,7 +355,7 @@ def test_a_chat_template_that_refuses_a_conversation_names_the_example(tok, tmp_
 def test_a_label_that_is_not_a_class_is_refused(label, message):
     """`"label": [1]` was a TypeError (unhashable), `"label": 10**12` built a list of 10^12 class names."""
     with pytest.raises(DockyardError, match=message):
-        data.label_names([{"text": "a", "label": 0}, {"text": "b", "label": label}])
+        formats.label_names([{"text": "a", "label": 0}, {"text": "b", "label": label}])
 
 
 def test_a_fractional_label_in_a_file_is_named_by_its_own_example(tmp_path):
@@ -362,11 +363,11 @@ def test_a_fractional_label_in_a_file_is_named_by_its_own_example(tmp_path):
     and the refusal named example 1's "label 0.0". Whole numbers read as floats are their classes; the fraction is
     named where it is."""
     rows = [{"text": f"t{i}", "label": i % 2} for i in range(40)] + [{"text": "x", "label": 0.5}]
-    read = data.read_rows(jsonl(tmp_path / "labels.jsonl", rows))
-    assert isinstance(read[0]["label"], float), "datasets casts the column (what this guards against)"
+    got = read.read_rows(jsonl(tmp_path / "labels.jsonl", rows))
+    assert isinstance(got[0]["label"], float), "datasets casts the column (what this guards against)"
     with pytest.raises(DockyardError, match=r"example 41: label 0.5 is neither a class name nor a class number"):
-        data.label_names(read)
-    assert data.label_names(data.read_rows(jsonl(tmp_path / "whole.jsonl", rows[:40] + [{"text": "y", "label": 1.0}]))) \
+        formats.label_names(got)
+    assert formats.label_names(read.read_rows(jsonl(tmp_path / "whole.jsonl", rows[:40] + [{"text": "y", "label": 1.0}]))) \
         == ["0", "1"]
 
 
@@ -374,7 +375,7 @@ def test_a_subset_of_many_classes_keeps_its_class_numbers():
     """40 examples of a 77-class set (a smoke test on a sample) hold 33 of its labels: trained before, then refused
     as "most classes without an example", with advice (renumber) that breaks agreement with the full set."""
     rows = [{"text": str(i), "label": label} for i, label in enumerate([0, 3, 17, 40, 74] * 8)]
-    assert data.label_names(rows) == [str(i) for i in range(75)]
+    assert formats.label_names(rows) == [str(i) for i in range(75)]
 
 
 def test_a_csv_row_with_an_unquoted_comma_is_refused_by_its_line_not_cut(tmp_path):
@@ -384,9 +385,9 @@ def test_a_csv_row_with_an_unquoted_comma_is_refused_by_its_line_not_cut(tmp_pat
     f.write_text("prompt,completion\nWhere is it, exactly?, Bergen\nWhich port?, Oslo\n")
     with pytest.raises(DockyardError, match=r"c.csv:2: 3 cells, but the header names 2 \(prompt,completion\): put a "
                                             "cell that holds a comma .* in double quotes"):
-        data.read_rows(f)
+        read.read_rows(f)
     f.write_text('prompt,completion\n"Where is it, exactly?", Bergen\n')
-    assert data.read_rows(f) == [{"prompt": "Where is it, exactly?", "completion": " Bergen"}]
+    assert read.read_rows(f) == [{"prompt": "Where is it, exactly?", "completion": " Bergen"}]
 
 
 def test_csv_cells_are_the_text_written_and_whole_number_labels_are_class_numbers(tmp_path):
@@ -394,16 +395,16 @@ def test_csv_cells_are_the_text_written_and_whole_number_labels_are_class_number
     a bool: a cell is its text now; an empty cell is no value, and a label column of whole numbers counts classes."""
     f = tmp_path / "qa.csv"
     f.write_text("\ufeffprompt,completion\nWhat is 2+2?,4\nSay nothing,NA\nIs it?,true\n")
-    assert [r["completion"] for r in data.read_rows(f)] == ["4", "NA", "true"]
+    assert [r["completion"] for r in read.read_rows(f)] == ["4", "NA", "true"]
     f.write_text("text,label\nstorm,2\ncalm,0\n\nempty,\n")
-    assert data.read_rows(f)[2] == {"text": "empty"}
+    assert read.read_rows(f)[2] == {"text": "empty"}
     f.write_text("text,label\nstorm,2\ncalm,0\n")
-    assert data.label_names(data.read_rows(f)) == ["0", "1", "2"]
+    assert formats.label_names(read.read_rows(f)) == ["0", "1", "2"]
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.csv").write_text("text,label\nx,1\n")
     (tmp_path / "d" / "b.csv").write_text("prompt,completion\nx,y\n")
     with pytest.raises(DockyardError, match="b.csv has the fields prompt,completion but a.csv has text,label"):
-        data.read_rows(tmp_path / "d")
+        read.read_rows(tmp_path / "d")
 
 
 def _settings(path, **kw):
@@ -455,7 +456,7 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(tmp_path, caplog):
         jsonl(tmp_path / name, [{"text": "ships sail"}])
     jsonl(tmp_path / ".old.jsonl", [{"text": "a stale copy ls does not show"}] * 50)  # was 50 of the 51 trained on
     (tmp_path / ".DS_Store").write_bytes(b"\0")
-    assert data.read_rows(tmp_path) == [{"text": "ships sail"}]
+    assert read.read_rows(tmp_path) == [{"text": "ships sail"}]
     assert ("not read (only .jsonl, .json, .parquet, .csv, .txt files not hidden are data): .old.jsonl, B.JSONL, sub/"
             in caplog.text)
 
@@ -463,12 +464,12 @@ def test_files_of_a_data_folder_that_are_not_read_are_named(tmp_path, caplog):
 def test_a_chat_template_that_never_ends_is_stopped_and_named(tok, monkeypatch):
     """A model folder's chat template of two nested loops of 10^5 hung the run after its settings line (killed at 110
     s, nothing said)."""
-    monkeypatch.setattr(data, "RENDER_SECONDS", 0.5)
+    monkeypatch.setattr(tokens, "RENDER_SECONDS", 0.5)
     tok.chat_template = ("{% for i in range(100000) %}{% for k in range(100000) %}{% endfor %}{% endfor %}"
                          "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     with pytest.raises(DockyardError, match=r"example 1: the model's chat template took more than 0.5 s to render one "
                                             "conversation"):
-        data.tokenize([{"messages": CHAT}], "messages", tok, 64)
+        tokens.tokenize([{"messages": CHAT}], "messages", tok, 64)
 
 
 @pytest.mark.parametrize("builds", [
@@ -481,16 +482,16 @@ def test_a_chat_template_that_builds_a_string_of_gigabytes_is_stopped_and_named(
     than the process held; past that it is refused in a line, and the process's own limit is as it was."""
     import resource
 
-    monkeypatch.setattr(data, "RENDER_BYTES", 256 << 20)
+    monkeypatch.setattr(tokens, "RENDER_BYTES", 256 << 20)
     tok.chat_template = builds + "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     before = resource.getrlimit(resource.RLIMIT_AS)
     with pytest.raises(DockyardError, match=r"example 1: the model's chat template took more than 268.4 MB of memory "
                                             r"to render one conversation \(a string without end\?\): check "
                                             "chat_template"):
-        data.tokenize([{"messages": CHAT}], "messages", tok, 64)
+        tokens.tokenize([{"messages": CHAT}], "messages", tok, 64)
     assert resource.getrlimit(resource.RLIMIT_AS) == before
     tok.chat_template = "{% set s = 'x' * 10**6 %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    assert data.tokenize([{"messages": CHAT}], "messages", tok, 64).examples  # a megabyte is no bomb
+    assert tokens.tokenize([{"messages": CHAT}], "messages", tok, 64).examples  # a megabyte is no bomb
 
 
 @pytest.mark.parametrize("fmt, row", [("text", {"text": "hello " + "x" * 30}),
@@ -515,9 +516,9 @@ def test_a_tokenizer_that_fails_on_an_example_is_one_line_naming_it(tmp_path, fm
                                             r"Onig: Regex search error: retry-limit-in-match over\): check "
                                             "tokenizer.json"):
         if fmt == "packed":
-            data.pack_text(rows, bad, 64)
+            tokens.pack_text(rows, bad, 64)
         else:
-            data.tokenize(rows, fmt, bad, 64)
+            tokens.tokenize(rows, fmt, bad, 64)
 
 
 def test_the_chat_templates_time_limit_leaves_an_alarm_set_by_its_caller_in_place():
@@ -529,17 +530,17 @@ def test_the_chat_templates_time_limit_leaves_an_alarm_set_by_its_caller_in_plac
     before = signal.signal(signal.SIGALRM, lambda *_: fired.append("outer"))
     try:
         signal.setitimer(signal.ITIMER_REAL, 5)
-        with data.time_limit(1):
+        with limits.time_limit(1):
             pass
         assert 4 < signal.getitimer(signal.ITIMER_REAL)[0] <= 5, "the caller's alarm is set again, as it was"
         signal.setitimer(signal.ITIMER_REAL, 0.1, 7)  # a repeating one, due first: the limit still holds, and then
-        with pytest.raises(data.TooSlow), data.time_limit(0.2):  # the caller's fires, and repeats as it did
+        with pytest.raises(limits.TooSlow), limits.time_limit(0.2):  # the caller's fires, and repeats as it did
             time.sleep(2)
         time.sleep(0.1)
         assert fired == ["outer"] and signal.getitimer(signal.ITIMER_REAL)[1] == 7
         fired.clear()
         signal.setitimer(signal.ITIMER_REAL, 0.2)
-        with data.time_limit(10):  # the caller's is due first: it fires, with its own handler
+        with limits.time_limit(10):  # the caller's is due first: it fires, with its own handler
             time.sleep(0.5)
         assert fired == ["outer"]
     finally:
@@ -551,7 +552,7 @@ def test_a_bad_line_after_a_byte_order_mark_is_named_not_the_mark(tmp_path):
     f = tmp_path / "bom.jsonl"
     f.write_bytes(b"\xef\xbb\xbf" + b'{"text": "ships sail"}\n{"text": "a"}\n{"text": \n')
     with pytest.raises(DockyardError, match=r"bom.jsonl:3: not JSON"):
-        data.read_rows(f)
+        read.read_rows(f)
 
 
 def test_a_first_row_with_an_empty_cell_is_named_not_taken_for_another_format(tmp_path, caplog):
@@ -560,10 +561,10 @@ def test_a_first_row_with_an_empty_cell_is_named_not_taken_for_another_format(tm
     f = tmp_path / "pc.csv"
     f.write_text("prompt,completion\nWhich port?,\nWhich city?,Oslo\n")
     with pytest.raises(DockyardError, match=r"example 1 lacks completion for the prompt_completion format"):
-        data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f))
+        formats.detect_format(read.read_rows(f), "causal_lm", "auto", str(f))
     caplog.set_level("WARNING", logger="dockyard.train")
     f = jsonl(tmp_path / "cls.jsonl", [{"text": "storm coming", "label": "storm"}])
-    assert data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f)) == "text"
+    assert formats.detect_format(read.read_rows(f), "causal_lm", "auto", str(f)) == "text"
     assert "has a label field, which causal language modelling does not read" in caplog.text
     assert "add --task seq_cls" in caplog.text
 
@@ -571,14 +572,14 @@ def test_a_first_row_with_an_empty_cell_is_named_not_taken_for_another_format(tm
 def test_class_numbers_with_no_example_are_said(caplog):
     """Labels 1 and 5 made a head of six classes, four never seen, without a word."""
     caplog.set_level("WARNING", logger="dockyard.train")
-    assert data.label_names([{"text": "a", "label": 1}, {"text": "b", "label": 5}]) == ["0", "1", "2", "3", "4", "5"]
+    assert formats.label_names([{"text": "a", "label": 1}, {"text": "b", "label": 5}]) == ["0", "1", "2", "3", "4", "5"]
     assert "classes 0, 2, 3, 4 have no example" in caplog.text
 
 
 def test_a_chat_template_that_renders_no_assistant_text_is_said(tok):
     tok.chat_template = "{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
     with pytest.raises(DockyardError, match="example 1: the model's chat template renders nothing for an assistant turn"):
-        data.tokenize([{"messages": CHAT}], "messages", tok, 64)
+        tokens.tokenize([{"messages": CHAT}], "messages", tok, 64)
 
 
 def test_fields_the_format_does_not_read_are_named(tmp_path, caplog):
@@ -586,17 +587,17 @@ def test_fields_the_format_does_not_read_are_named(tmp_path, caplog):
     caplog.set_level("WARNING", logger="dockyard.train")
     f = jsonl(tmp_path / "pc.jsonl", [{"prompt": "Which port?", "completion": " Bergen", "system": "Be brief."},
                                       {"prompt": "Which city?", "completion": " Oslo", "id": 7}])
-    assert data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f)) == "prompt_completion"
+    assert formats.detect_format(read.read_rows(f), "causal_lm", "auto", str(f)) == "prompt_completion"
     assert "the fields id, system are not trained on" in caplog.text
     assert "write it into each prompt or write the rows as messages" in caplog.text
     caplog.clear()
     f = jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "Name a port.", "output": "Bergen", "system": "Be brief."}])
-    assert data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f)) == "alpaca"
+    assert formats.detect_format(read.read_rows(f), "causal_lm", "auto", str(f)) == "alpaca"
     assert "not trained on" not in caplog.text
     # the names are the data's: a terminal escape is shown, not played; thousands of keys are not a line of thousands
     keys = {"text": "ships", "\x1b]0;owned\x07": 1, **{f"k{i}": i for i in range(500)}}
     f = jsonl(tmp_path / "wide.jsonl", [keys])
-    data.detect_format(data.read_rows(f), "causal_lm", "auto", str(f))
+    formats.detect_format(read.read_rows(f), "causal_lm", "auto", str(f))
     said = caplog.text.splitlines()[-1]
     assert "\x1b" not in said and "'\\x1b]0;owned\\x07'" in said and "and 493 more are not trained on" in said
     assert len(said) < 600
@@ -617,9 +618,9 @@ def test_a_chat_error_in_the_evaluation_data_names_that_file_and_an_assistant_fi
     with pytest.raises(DockyardError, match=r"^\S*roles.jsonl: example 2: no assistant turn, so nothing to learn "
                                             r"\(roles found: bot, human;"):
         data.load(RunSettings(data=str(roles)), tok, seed=0)
-    rows = data.read_rows(jsonl(tmp_path / "first.jsonl", [{"messages": CHAT[1:3]}, {"messages": CHAT[2:3]}]))
+    rows = read.read_rows(jsonl(tmp_path / "first.jsonl", [{"messages": CHAT[1:3]}, {"messages": CHAT[2:3]}]))
     with pytest.raises(DockyardError, match="example 2: the conversation opens with an assistant turn"):
-        data.tokenize(rows, "messages", tok, 512)
+        tokens.tokenize(rows, "messages", tok, 512)
 
 
 def test_a_field_that_only_later_rows_have_is_named_with_its_line(tmp_path):
@@ -631,7 +632,7 @@ def test_a_field_that_only_later_rows_have_is_named_with_its_line(tmp_path):
     jsonl(folder / "b.jsonl", [{"prompt": "p", "completion": " c"}, {"prompt": "p", "completion": " c", "source": "x"}])
     with pytest.raises(DockyardError, match=r"b.jsonl:2: it has the field source, which a.jsonl:1 has not.*give every "
                                             r"row the same fields"):
-        data.read_rows(folder)
+        read.read_rows(folder)
 
 
 def test_chat_turns_of_a_role_no_template_learns_are_said(tok, tmp_path, caplog):
@@ -651,15 +652,15 @@ def test_a_csv_header_with_spaces_a_name_twice_or_a_quote_left_open_is_said_as_i
     ... put a cell that holds a comma in double quotes", the opposite of the fix."""
     spaced = tmp_path / "spaced.csv"
     spaced.write_text("prompt, completion\nWhich port?,Bergen\n")
-    assert data.read_csv([spaced]) == [{"prompt": "Which port?", "completion": "Bergen"}]
+    assert read.read_csv([spaced]) == [{"prompt": "Which port?", "completion": "Bergen"}]
     twice = tmp_path / "twice.csv"
     twice.write_text("text,text\na,b\n")
     with pytest.raises(DockyardError, match="twice.csv:1: the header names text twice"):
-        data.read_csv([twice])
+        read.read_csv([twice])
     open_quote = tmp_path / "open.csv"
     open_quote.write_text('text,label\n"unterminated,1\nb,2\n')
     with pytest.raises(DockyardError, match=r"open.csv:2: a double quote opened on this line is never closed"):
-        data.read_csv([open_quote])
+        read.read_csv([open_quote])
 
 
 def test_columns_a_csv_header_names_nothing_are_no_fields_and_no_name_given_twice(tmp_path):
@@ -669,10 +670,10 @@ def test_columns_a_csv_header_names_nothing_are_no_fields_and_no_name_given_twic
     no field now, however many there are."""
     trailing = tmp_path / "trailing.csv"
     trailing.write_text("text,,\nships sail,,\nat dawn,,\n")
-    assert data.read_csv([trailing]) == [{"text": "ships sail"}, {"text": "at dawn"}]
+    assert read.read_csv([trailing]) == [{"text": "ships sail"}, {"text": "at dawn"}]
     index = tmp_path / "index.csv"
     index.write_text(",text\n0,ships sail\n1,at dawn\n")
-    assert data.read_csv([index]) == [{"text": "ships sail"}, {"text": "at dawn"}]
+    assert read.read_csv([index]) == [{"text": "ships sail"}, {"text": "at dawn"}]
 
 
 def test_a_csv_header_of_many_columns_is_read_not_hung_on(tmp_path):
@@ -684,11 +685,11 @@ def test_a_csv_header_of_many_columns_is_read_not_hung_on(tmp_path):
     names = ["text", *(f"c{i}" for i in range(100_000))]
     wide.write_text(",".join(names) + "\n" + ",".join(["hello", *[""] * 100_000]) + "\n")
     started = time.monotonic()
-    assert data.read_csv([wide])[0]["text"] == "hello"
+    assert read.read_csv([wide])[0]["text"] == "hello"
     assert time.monotonic() - started < 30  # a hang's guard, not a speed goal
     wide.write_text(",".join([*names, "c5"]) + "\n")
     with pytest.raises(DockyardError, match="the header names c5 twice"):
-        data.read_csv([wide])
+        read.read_csv([wide])
 
 
 def test_a_csv_of_many_empty_columns_takes_the_memory_of_its_filled_cells(tmp_path):
@@ -703,13 +704,13 @@ def test_a_csv_of_many_empty_columns_takes_the_memory_of_its_filled_cells(tmp_pa
     wide.write_text(",".join(names) + "\n" + "\n".join([row] * 1_000) + "\n")
     tracemalloc.start()
     try:
-        rows = data.read_csv([wide])
+        rows = read.read_csv([wide])
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
     assert held < wide.stat().st_size  # was 50x the file: 1,000 dicts of 2,002 keys
     assert rows[999] == {"prompt": "Which port?", "completion": "Bergen"}
-    assert data.detect_format(rows, "causal_lm", "auto", str(wide)) == "prompt_completion"
+    assert formats.detect_format(rows, "causal_lm", "auto", str(wide)) == "prompt_completion"
 
 
 def test_a_class_the_held_out_share_took_whole_is_blamed_on_the_split_not_the_data(tok, tmp_path):
@@ -749,7 +750,7 @@ def test_json_files_of_different_formats_in_a_folder_are_named_file_by_file(tmp_
     (tmp_path / "c.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     with pytest.raises(DockyardError, match=r"different data formats \(text: a.json; prompt_completion: b.json; "
                                             r"messages: c.jsonl\)"):
-        data.read_rows(tmp_path)
+        read.read_rows(tmp_path)
 
 
 def test_a_chat_of_many_turns_is_read_up_to_what_is_kept_and_a_conversation_past_a_thousand_is_refused(tok):
@@ -761,11 +762,11 @@ def test_a_chat_of_many_turns_is_read_up_to_what_is_kept_and_a_conversation_past
     pairs = [m for i in range(450) for m in ({"role": "user", "content": f"Which port {i}?"},
                                             {"role": "assistant", "content": "Bergen"})]
     started = time.monotonic()
-    done = data.tokenize([{"messages": pairs}], "messages", tok, 128)
+    done = tokens.tokenize([{"messages": pairs}], "messages", tok, 128)
     assert time.monotonic() - started < 10  # the guard against the minutes it took, not a speed goal
     assert done.truncated == 1 and len(done.examples[0]["input_ids"]) == 128
-    whole = data.tokenize([{"messages": pairs[:40]}], "messages", tok, 4096).examples[0]
+    whole = tokens.tokenize([{"messages": pairs[:40]}], "messages", tok, 4096).examples[0]
     assert len(whole["input_ids"]) > 128 and done.examples[0]["input_ids"] == whole["input_ids"][:128]
     with pytest.raises(DockyardError, match="example 1: 1,002 turns in one conversation, past the 1,000 a chat "
                                             "example is read with .*: split it into several conversations"):
-        data.tokenize([{"messages": pairs + pairs[:102]}], "messages", tok, 128)
+        tokens.tokenize([{"messages": pairs + pairs[:102]}], "messages", tok, 128)

@@ -9,23 +9,25 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from dockyard.common.data_files import FORMATS
 from dockyard.train import data
+from dockyard.train.data import formats, read
 
-FIELDS = sorted({f for fields in data.FORMATS.values() for f in fields})
+FIELDS = sorted({f for fields in FORMATS.values() for f in fields})
 VALUES = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ho"}],
           "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ho"}]}
 
 
 def completes_another(fmt: str, columns: set[str]) -> bool:
-    return any(other != fmt and set(fields) <= columns for other, fields in data.FORMATS.items())
+    return any(other != fmt and set(fields) <= columns for other, fields in FORMATS.items())
 
 
 @st.composite
 def dataset_with_extra_columns(draw):
     """(format, rows): rows of one format, each with the same extra columns: some named like another format's
     fields (never all of another format's), some unrelated."""
-    fmt = draw(st.sampled_from(sorted(data.FORMATS)))
-    own = set(data.FORMATS[fmt])
+    fmt = draw(st.sampled_from(sorted(FORMATS)))
+    own = set(FORMATS[fmt])
     borrowed = draw(st.sets(st.sampled_from([f for f in FIELDS if f not in own])))
     if completes_another(fmt, own | borrowed):
         borrowed = set()
@@ -41,7 +43,7 @@ def dataset_with_extra_columns(draw):
 @given(dataset_with_extra_columns())
 def test_a_dataset_with_extra_columns_is_read_as_its_own_format(case):
     fmt, rows = case
-    assert data.detect_format(rows, "causal_lm", "auto", "d.jsonl") == fmt
+    assert formats.detect_format(rows, "causal_lm", "auto", "d.jsonl") == fmt
 
 
 def test_a_text_file_with_a_column_named_like_another_formats_field_is_text(tmp_path):
@@ -49,7 +51,7 @@ def test_a_text_file_with_a_column_named_like_another_formats_field_is_text(tmp_
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps({"text": f"story {i}", "prompt": "write", "instruction": "x"}) + "\n"
                             for i in range(3)))
-    assert data.detect_format(data.read_rows(path), "causal_lm", "auto", str(path)) == "text"
+    assert formats.detect_format(read.read_rows(path), "causal_lm", "auto", str(path)) == "text"
 
 
 @hsettings(max_examples=500, deadline=None)

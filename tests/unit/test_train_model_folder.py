@@ -13,8 +13,8 @@ import pytest
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
 from dockyard.common.run_settings import RunSettings
-from dockyard.train import data
 from dockyard.train import model as models
+from dockyard.train.data import tokens
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def test_a_long_example_is_cut_without_transformers_warning_of_indexing_errors(c
     transformers.utils.logging.enable_propagation()  # as the trainer does: its warnings reach the run's log
     try:
         tok = models.load_tokenizer(str(models.TINY_MODEL))
-        done = data.tokenize([{"prompt": "Which port? " * 60, "completion": " Bergen " * 40}], "prompt_completion",
+        done = tokens.tokenize([{"prompt": "Which port? " * 60, "completion": " Bergen " * 40}], "prompt_completion",
                              tok, 1024)
     finally:
         transformers.utils.logging.disable_propagation()
