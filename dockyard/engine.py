@@ -156,7 +156,7 @@ def run(
             if input is not None:
                 p.stdin.write(input)
                 p.stdin.close()
-            with terminated_as_interrupted(p):
+            with sigterm_as_interrupt(p):
                 # universal newlines: a \r ends a frame, read as it comes (read by \n, a redrawn line waited for the end)
                 frames = io.TextIOWrapper(p.stdout, errors="replace", newline=None) if progress else None
                 for raw in frames or p.stdout:
@@ -192,35 +192,20 @@ def run(
 
 
 @contextlib.contextmanager
-def terminated_as_interrupted(p: subprocess.Popen):
-    """SIGTERM (systemd, a CI job's end, `kill`) while `p` runs: passed on to `p`, then taken as Ctrl-C is. Ctrl-C
-    reaches the whole process group; SIGTERM reached this process alone, which died and left the command running
-    (a training container went on, holding the name its resume needs)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        with contextlib.suppress(ProcessLookupError):
-            p.send_signal(signal.SIGTERM)  # `docker run` passes it to the container's init; torchrun to its workers
-        raise KeyboardInterrupt("SIGTERM")
-
-    before = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM while the block runs is raised as KeyboardInterrupt("SIGTERM"), so that the task's own clean-up for
-    Ctrl-C runs for both (interrupt_status gives each its exit status); main thread only."""
+def sigterm_as_interrupt(p: subprocess.Popen | None = None):
+    """SIGTERM (systemd, a CI job's end, `kill`) while the block runs is raised as KeyboardInterrupt("SIGTERM"), so
+    that the task's own clean-up for Ctrl-C runs for both (interrupt_status gives each its exit status); main thread
+    only. A command `p` the block runs is sent the SIGTERM first: Ctrl-C reaches the whole process group, SIGTERM
+    reached this process alone, which died and left the command running (a training container went on, holding the
+    name its resume needs)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum, _frame):
+        if p is not None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)  # `docker run` passes it to the container's init; torchrun to its workers
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     before = signal.signal(signal.SIGTERM, stop)
@@ -240,7 +225,7 @@ class Interrupted(DockyardError):
 
 def interrupt_status(e: KeyboardInterrupt) -> int:
     """The exit status of a task a signal interrupted: Ctrl-C's KeyboardInterrupt, or one a SIGTERM handler raised
-    with the signal's name (terminated_as_interrupted, sigterm_as_interrupt): 128 + its number."""
+    with the signal's name (sigterm_as_interrupt): 128 + its number."""
     return 128 + getattr(signal, str(e) or "SIGINT", signal.SIGINT)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from dockyard.common.errors import DockyardError, loads, shown
+from dockyard.common.errors import DockyardError, SetTwice, loads, one_of_each, shown
 
 # file suffix -> the `datasets` builder that reads it
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
@@ -120,10 +120,10 @@ def not_an_object(line: str) -> str:
     if raw.count(b"[") + raw.count(b"{") > NESTING_LIMIT and _nests_past(raw):
         return NESTED
     try:
-        value = loads(line.rstrip("\r\n"), object_pairs_hook=_once) if line.strip() else {}
+        value = loads(line.rstrip("\r\n"), object_pairs_hook=one_of_each) if line.strip() else {}
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
-    except _Twice as e:  # `datasets`: "JSON parse error: Column(/text) was specified twice in row 0"
+    except SetTwice as e:  # `datasets`: "JSON parse error: Column(/text) was specified twice in row 0"
         return TWICE.format(e.args[0])
     if isinstance(value, dict):
         return lone_surrogate(line, value)
@@ -237,8 +237,8 @@ def datasets_refuses(line: str) -> str:
     """Why a JSON Lines line names a field twice (TWICE) or holds half a surrogate pair (lone_surrogate), "" where it
     does not or is no JSON (its own refusal)."""
     try:
-        return lone_surrogate(line, loads(line, object_pairs_hook=_once))
-    except _Twice as e:
+        return lone_surrogate(line, loads(line, object_pairs_hook=one_of_each))
+    except SetTwice as e:
         return TWICE.format(e.args[0])
     except ValueError:
         pass
@@ -270,19 +270,6 @@ def lone_surrogate(line: str, value: Any) -> str:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class _Twice(Exception):
-    """A JSON object that names a field twice (json keeps the last one's value, pyarrow refuses the file)."""
-
-
-def _once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Twice(key)
-        out[key] = value
-    return out
 
 
 def first_example(path: Path) -> tuple[int, dict[str, Any]] | None:

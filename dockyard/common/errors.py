@@ -273,15 +273,17 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     return data
 
 
-class _SetTwice(ValueError):
-    pass
+class SetTwice(Exception):
+    """A key set twice in one JSON object (json keeps the last one's value without a word; pyarrow refuses the
+    file): the key is args[0]. Not a ValueError, which loads reads as json's own."""
 
 
-def _one_of_each(pairs: list[tuple[str, object]]) -> dict:
-    seen: dict = {}
+def one_of_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object_pairs_hook for loads: a JSON object, refused (SetTwice) where it sets a key twice."""
+    seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise _SetTwice(key)
+            raise SetTwice(key)
         seen[key] = value
     return seen
 
@@ -318,8 +320,8 @@ def json_object(path: Path, what: str, limit: int = 64 * MiB, one_of_each_key: b
     people write by hand."""
     try:
         data = loads(read_bounded(path, limit, f"JSON file of {what}"),
-                          object_pairs_hook=_one_of_each if one_of_each_key else None)
-    except _SetTwice as e:
+                          object_pairs_hook=one_of_each if one_of_each_key else None)
+    except SetTwice as e:
         raise DockyardError(f"{path}: {str(e.args[0])!r} is set twice in one object (keep one: the second would "
                             "silently replace the first)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

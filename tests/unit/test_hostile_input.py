@@ -83,6 +83,9 @@ def broken_recipe(tmp_path, ds_config: str):
      "zero_optimization.offload_optimizer.device is 'cpu', zero2 keeps it on the GPU"),
     # json keeps the last of a key set twice, without a word
     ('{"zero_optimization": {"stage": 2, "overlap_comm": true, "stage": 3}}', "'stage' is set twice in one object"),
+    # a key set twice whose name holds the words of Python's digit-limit error: said as a number of too many digits
+    ('{"zero_optimization": {"stage": 2}, "integer string conversion": 1, "integer string conversion": 2}',
+     "'integer string conversion' is set twice in one object"),
     # NVMe offload passed as "no offload" (only "cpu" was one): the strategy check stopped the run once loaded
     ('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}',
      'zero_optimization.offload_optimizer.device "nvme": no strategy here offloads to NVMe'),

@@ -24,8 +24,13 @@ def write(path, rows):
     return path
 
 
+def causal_lm_examples(rows, tok, max_len):
+    """The rows' examples as a causal-LM run makes them, their format found from their fields."""
+    return tokens.tokenize(rows, formats.detect_format(rows, "causal_lm"), tok, max_len).examples
+
+
 def test_the_shipped_samples_cover_both_tasks(tok):
-    lm = tokens.causal_lm_examples(read.read_rows(DATA / "sample.jsonl"), tok, 128)
+    lm = causal_lm_examples(read.read_rows(DATA / "sample.jsonl"), tok, 128)
     assert len(lm) == 2000 and all(ex["input_ids"] == ex["labels"] for ex in lm[:5])
     rows = read.read_rows(DATA / "sample-classify.jsonl")
     assert formats.label_names(rows) == ["calm", "storm"]
@@ -33,7 +38,7 @@ def test_the_shipped_samples_cover_both_tasks(tok):
 
 def test_prompt_completion_learns_only_the_completion(tok, tmp_path):
     rows = read.read_rows(write(tmp_path / "pc.jsonl", [{"prompt": "Which port?", "completion": " Bergen"}]))
-    [ex] = tokens.causal_lm_examples(rows, tok, 64)
+    [ex] = causal_lm_examples(rows, tok, 64)
     prompt_len = len(tok("Which port?")["input_ids"])
     assert ex["labels"][:prompt_len] == [tokens.IGNORE] * prompt_len
     assert ex["labels"][prompt_len:] == ex["input_ids"][prompt_len:]
@@ -47,22 +52,22 @@ def test_plain_text_files_are_one_document_per_line(tok, tmp_path):
 
 
 def test_examples_are_truncated_to_max_seq_length(tok):
-    [ex] = tokens.causal_lm_examples([{"text": "word " * 200}], tok, 16)
+    [ex] = causal_lm_examples([{"text": "word " * 200}], tok, 16)
     assert len(ex["input_ids"]) == len(ex["labels"]) == 16
 
 
 def test_examples_with_nothing_to_learn_are_not_told_to_raise_max_seq_length(tok):
     """Empty documents were refused with "raise max_seq_length", which cannot help; a cut example still is."""
     with pytest.raises(DockyardError, match="every one is empty") as empty:
-        tokens.causal_lm_examples([{"text": ""}] * 2, tok, 64)
+        causal_lm_examples([{"text": ""}] * 2, tok, 64)
     assert "max_seq_length" not in str(empty.value)
     with pytest.raises(DockyardError, match="within max_seq_length=4: raise it"):
-        tokens.causal_lm_examples([{"prompt": "Which port is number two on the list?", "completion": " Bergen"}], tok, 4)
+        causal_lm_examples([{"prompt": "Which port is number two on the list?", "completion": " Bergen"}], tok, 4)
 
 
 def test_rows_without_a_known_format_are_refused_with_the_fields_found(tok):
     with pytest.raises(DockyardError, match=r"fields \(answer, question\).*messages \(messages\)"):
-        tokens.causal_lm_examples([{"question": "x", "answer": "y"}], tok, 64)
+        causal_lm_examples([{"question": "x", "answer": "y"}], tok, 64)
 
 
 def test_bad_files_are_refused_with_their_line(tmp_path):
@@ -238,7 +243,7 @@ def test_a_text_field_holding_numbers_or_token_ids_is_refused_not_trained_on_as_
     """A .jsonl of {"text": 5} or of token ids in "text" trained on the digits "5" or "[101, 2023, 102]" (str() of the
     value), without a word: now the example and the field are named."""
     with pytest.raises(DockyardError, match=re.escape(said)):
-        tokens.causal_lm_examples(read.read_rows(write(tmp_path / "d.jsonl", rows)), tok, 64)
+        causal_lm_examples(read.read_rows(write(tmp_path / "d.jsonl", rows)), tok, 64)
 
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from dockyard.common.errors import DockyardError, Stopped, cause_line
 from dockyard.common.units import human
-from dockyard.train.data.formats import CHAT_FORMATS, CHAT_ROLES, detect_format, to_messages, whole_labels
+from dockyard.train.data.formats import CHAT_FORMATS, CHAT_ROLES, to_messages, whole_labels
 from dockyard.train.limits import TooSlow, memory_limit, time_limit
 
 log = logging.getLogger(__package__)  # dockyard.train.data, whichever module says it: rank 0 alone (logs.setup_logging)
@@ -79,11 +79,6 @@ class Tokenized:
     truncated: int = 0     # examples cut at max_seq_length
     dropped: int = 0       # examples with no token left to learn from after the cut
     other_roles: dict[str, int] = field(default_factory=dict)  # chat roles the loss never learns: examples of each
-
-
-def causal_lm_examples(rows: list[dict[str, Any]], tokenizer: Any, max_len: int,
-                       fmt: str = "auto") -> list[dict[str, list[int]]]:
-    return tokenize(rows, fmt if fmt != "auto" else detect_format(rows, "causal_lm"), tokenizer, max_len).examples
 
 
 # characters of a document tokenized when only its first max_len tokens are kept: a token is rarely 8 characters,
