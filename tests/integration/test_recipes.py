@@ -217,7 +217,7 @@ def test_a_setting_every_process_refuses_is_said_once_per_node(tmp_path):
     proc = train("ddp", tmp_path / "run", "--max_steps", "4", "--learning_rate", "-1", ok=False)
     assert proc.returncode != 0 and "Invalid learning rate" not in proc.stderr, proc.stderr[-3000:]
     said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # (plain torchrun adds its table)
-    assert said == ["error: learning_rate -1: TrainingArguments.learning_rate takes a number 0 or more"], said
+    assert said == ["error: learning_rate -1: TrainingArguments.learning_rate takes a number from 0 to 100"], said
     assert not (tmp_path / "run").exists(), "refused before the run folder was made"
 
 

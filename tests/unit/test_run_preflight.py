@@ -721,8 +721,10 @@ def test_dry_prints_the_command_the_run_starts(env, model):
                                 "of at most 19 digits"),
     (["--seed", "-" + "9" * 400], "seed a number of 400 digits: TrainingArguments.seed takes a number from 0 to "
                                   "4294967295"),
+    (["--weight_decay", "9" * 5000], "weight_decay a number of 5,000 digits: TrainingArguments.weight_decay takes a "
+                                     "finite number (a float ends near 1.8e308)"),
     (["--learning_rate", "9" * 5000], "learning_rate a number of 5,000 digits: TrainingArguments.learning_rate takes a "
-                                      "finite number (a float ends near 1.8e308)"),
+                                      "number from 0 to 100"),
     # a flag with no value read as a switch was "max_steps True: ... takes a whole number"
     (["--max_steps"], "--max_steps was given no value: put a whole number after it (--max_steps N; true and yes "
                       "are not numbers)"),
@@ -731,7 +733,7 @@ def test_dry_prints_the_command_the_run_starts(env, model):
     (["--learning_rate", "--max_steps", "5"], "--learning_rate was given no value: put a number after it"),
     # in range: torch's "Invalid learning rate: -1" was two tracebacks from inside the container; max_steps 0 trained
     # by epochs, -3 too; bf16 "maybe" was taken as it was, and nothing said what it became
-    (["--learning_rate", "-1"], "learning_rate -1: TrainingArguments.learning_rate takes a number 0 or more"),
+    (["--learning_rate", "-1"], "learning_rate -1: TrainingArguments.learning_rate takes a number from 0 to 100"),
     (["--max_steps", "0"], "max_steps 0: give the number of optimizer steps, 1 or more (or -1 to train for "),
     (["--max_steps", "-3"], "max_steps -3: give the number of optimizer steps"),
     (["--adam_beta2", "1"], "adam_beta2 1: TrainingArguments.adam_beta2 takes a number from 0 up to (not including) 1"),
