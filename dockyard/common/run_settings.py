@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from dockyard import ROOT
+from dockyard.common import passthrough
 from dockyard.common.errors import (
     DockyardError,
     MiB,
@@ -554,6 +555,7 @@ def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, .
     kinds = training_arguments()
     for key, value in training.items():
         check_number(key, value, kinds.get(key, ""))
+    passthrough.check(training)
     for key in ("log_level", "log_level_replica"):  # the Trainer looks it up in a table of these: a KeyError
         if key in training and str(training[key]) not in LOG_LEVELS:
             raise DockyardError(f"{key} {training[key]!r}: give one of {', '.join(LOG_LEVELS)}")

@@ -46,7 +46,7 @@ def made_from_the_settings(e: BaseException) -> bool:
 
 def before_the_first_step(e: BaseException, recipe: Recipe, given: dict[str, Any]) -> DockyardError:
     """An error the Trainer raised setting up its first step, most often from a setting it takes as it is and reads only
-    now (`lr_scheduler_type warmup_stable_decay` without its kwargs, `--lr_scheduler_kwargs '{min_lr: 1e-5}'` for a
+    now (`lr_scheduler_type inverse_sqrt` with `{timescale: 0}`, `--lr_scheduler_kwargs '{min_lr: 1e-5}'` for a
     schedule without it), or a DeepSpeed config value that disagrees with the training settings. One line naming the
     settings involved and where each was set (`given`: those after `--`; the recipe's settings:; defaults.yaml; its
     DeepSpeed config), never those that played no part; the traceback in train.log (rank 0) for a fault elsewhere."""

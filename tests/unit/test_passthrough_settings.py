@@ -4,6 +4,8 @@ setting, and the values transformers takes (and trains with) still taken. Throug
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 import tasks  # noqa: F401 - the tasks the CLI runs
@@ -37,3 +39,58 @@ def test_a_learning_rate_no_run_means_is_refused_and_any_optimizers_own_is_taken
         refused(dry("--learning_rate", typed), "learning_rate", "takes a number from 0 to 100")
     for fine in ("1e-4", "0.5", "1", "30"):  # 30: SGD's, in AWD-LSTM
         assert dry("--learning_rate", fine, "--optim", "sgd").returncode == 0
+
+
+def test_schedule_kwargs_the_schedule_does_not_read_or_cannot_do_without_are_refused_before_the_run(dry):
+    """`--lr_scheduler_kwargs '{foo: 1}'` (or `5`, or a schedule's kwarg given to another) passed --dry: the trainer
+    refused it once the image had started (reduce_lr_on_plateau's: torch, once the model had loaded), and
+    `warmup_stable_decay` or `cosine_with_min_lr` without the kwarg it needs stopped the run once the model had
+    loaded."""
+    refused(dry("--lr_scheduler_kwargs", "{foo: 1}"), "lr_scheduler_kwargs foo: lr_scheduler_type cosine reads no foo "
+                                                     "(it takes num_cycles); leave it out")
+    refused(dry("--lr_scheduler_kwargs", "5"), "lr_scheduler_kwargs 5: takes a mapping")
+    refused(dry("--lr_scheduler_type", "constant", "--lr_scheduler_kwargs", "{num_cycles: 5}"),
+            "lr_scheduler_type constant reads no kwargs", "pick a schedule that reads num_cycles (cosine,")
+    refused(dry("--lr_scheduler_type", "warmup_stable_decay"), "lr_scheduler_type warmup_stable_decay needs "
+                                                             "num_decay_steps in lr_scheduler_kwargs")
+    refused(dry("--lr_scheduler_type", "reduce_lr_on_plateau", "--lr_scheduler_kwargs", "{foo: 1}", "--eval_fraction",
+                "0.1"), "lr_scheduler_type reduce_lr_on_plateau reads no foo (it takes mode, factor, patience")
+    refused(dry("--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", "{num_cycles: 0.5}"),
+            "needs min_lr or min_lr_rate")
+    for fine in (["--lr_scheduler_kwargs", "{num_cycles: 0.25}"],
+                 ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", "{min_lr: 1e-5}"],
+                 ["--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs", "{num_decay_steps: 10}"],
+                 ["--lr_scheduler_type", "reduce_lr_on_plateau", "--lr_scheduler_kwargs", "{patience: 2}",
+                  "--eval_fraction", "0.1"]):
+        assert dry(*fine).returncode == 0, fine
+
+
+def test_the_schedules_kwargs_the_host_knows_are_what_the_pinned_transformers_reads():
+    """What the host checks lr_scheduler_kwargs against, asked of transformers as the trainer asks it; and each
+    schedule said to need a kwarg is one transformers cannot make without it (and can with it)."""
+    import torch
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+    from transformers.optimization import GreedyLR, SchedulerType, get_scheduler
+
+    from dockyard.common import passthrough
+    from dockyard.train import guards
+
+    handed_to = {"reduce_lr_on_plateau": ReduceLROnPlateau, "greedy": GreedyLR}  # their kwargs: the class's parameters
+    read = {t.value: guards.schedule_kwargs(t) for t in SchedulerType}
+    assert {t for t, keys in read.items() if keys is None} == set(handed_to)
+    read |= {t: tuple(inspect.signature(c).parameters)[1:] for t, c in handed_to.items()}  # less the optimizer
+    assert passthrough.SCHEDULE_KWARGS == read
+    assert set(passthrough.HANDED_NONE) == {t.value for t in SchedulerType if not guards.hands_on_kwargs(t)}
+
+    def made(kind, kwargs) -> bool:
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        try:
+            get_scheduler(kind, optimizer, num_warmup_steps=1, num_training_steps=10, scheduler_specific_kwargs=kwargs)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    for kind in passthrough.SCHEDULE_KWARGS:
+        needs = passthrough.SCHEDULE_NEEDS.get(kind, ())
+        assert made(kind, {}) == (not needs), kind
+        assert all(made(kind, {key: passthrough.EXAMPLES[key]}) for key in needs), kind

@@ -286,7 +286,8 @@ def test_optim_args_given_at_the_optimizers_own_default_are_taken(tmp_path):
     ("constant_with_warmup", {"a": 1, "b": 2}, "lr_scheduler_kwargs a, b: lr_scheduler_type constant_with_warmup reads "
      "no kwargs (the Trainer would drop them without a word); leave them out"),
     ("cosine", {"min_lr": 1e-5}, "lr_scheduler_kwargs min_lr: lr_scheduler_type cosine reads no min_lr (it takes "
-     "num_cycles); leave it out, or pick a schedule that reads min_lr (cosine_with_min_lr, cosine_warmup_with_min_lr)"),
+     "num_cycles); leave it out, or pick a schedule that reads min_lr (reduce_lr_on_plateau, cosine_with_min_lr, "
+     "cosine_warmup_with_min_lr, greedy)"),
     ("polynomial", {"power": 2.0, "foo": 1}, "lr_scheduler_kwargs foo: lr_scheduler_type polynomial reads no foo (it "
      "takes lr_end, power); leave it out"),
 ])
@@ -800,10 +801,14 @@ def test_a_refusal_made_alike_by_every_process_is_said_by_the_first_and_by_anoth
 
 
 @pytest.mark.parametrize("recipe, override, says", [
-    ("ddp", ["--lr_scheduler_type", "warmup_stable_decay"], "the Trainer stopped before its first step: TypeError: "
-     "get_wsd_schedule() missing 1 required positional argument: 'num_decay_steps'. The learning-rate schedule read "
-     "--lr_scheduler_type warmup_stable_decay, with warmup_steps 0 of recipes/defaults.yaml: check them; the traceback "
-     "is in the run's train.log"),
+    ("ddp", ["--lr_scheduler_type", "reduce_lr_on_plateau", "--lr_scheduler_kwargs", "{mode: sideways}",
+             "--eval_fraction", "0.1"], "the Trainer stopped before its first step: ValueError: mode sideways is "
+     "unknown!. The learning-rate schedule read --lr_scheduler_type reduce_lr_on_plateau, --lr_scheduler_kwargs "
+     "{'mode': 'sideways'}, with warmup_steps 0 of recipes/defaults.yaml: check them; the traceback is in the run's "
+     "train.log"),
+    # a kwarg the schedule cannot be made without: refused with the other settings, before the model loads
+    ("ddp", ["--lr_scheduler_type", "warmup_stable_decay"], "lr_scheduler_type warmup_stable_decay needs num_decay_steps "
+     "in lr_scheduler_kwargs"),
     ("ddp", ["--optim_args", "foo"], "optim adamw_torch_fused, optim_args 'foo': not enough values to unpack "
      "(expected 2, got 1); optim_args takes key=value pairs"),
     ("ddp", ["--accelerator_config", "notajson"], "accelerator_config 'notajson': give its settings as a mapping "
@@ -858,12 +863,11 @@ def test_a_resume_given_a_schedule_the_trainer_cannot_make_blames_the_setting_no
     record = (run / "manifest.json").read_text()
     capsys.readouterr()
     code = main(["--recipe", "ddp", "--run-dir", str(run), "--resume", "--", "--max_steps", "2",
-                 "--lr_scheduler_type", "warmup_stable_decay"])
+                 "--lr_scheduler_type", "inverse_sqrt", "--lr_scheduler_kwargs", "{timescale: 0}"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
-    assert ("error: the Trainer stopped before its first step: TypeError: get_wsd_schedule() missing 1 required "
-            "positional argument: 'num_decay_steps'. The learning-rate schedule read --lr_scheduler_type "
-            "warmup_stable_decay") in err
+    assert ("error: the Trainer stopped before its first step: ZeroDivisionError: division by zero. The learning-rate "
+            "schedule read --lr_scheduler_type inverse_sqrt, --lr_scheduler_kwargs {'timescale': 0}") in err
     assert "not a checkpoint the Trainer wrote" not in err, err
     assert (run / "manifest.json").read_text() == record and (run / "checkpoints" / "checkpoint-1").is_dir()
 
@@ -897,15 +901,16 @@ def test_a_setting_of_the_recipe_the_trainer_refuses_as_it_starts_is_one_line_na
     logging.basicConfig(handlers=[logging.NullHandler()], force=True)
     recipe = tmp_path / "wsd"
     recipe.mkdir()
-    (recipe / "recipe.yaml").write_text("# invoke run --recipe=wsd\nwhen: a schedule without its kwargs\nstrategy: ddp\n"
-                                        "settings: {lr_scheduler_type: warmup_stable_decay, max_steps: 1}\n")
+    (recipe / "recipe.yaml").write_text("# invoke run --recipe=wsd\nwhen: a schedule it cannot make\nstrategy: ddp\n"
+                                        "settings: {lr_scheduler_type: inverse_sqrt, lr_scheduler_kwargs: {timescale: 0},"
+                                        " max_steps: 1}\n")
     code = main(["--recipe", str(recipe), "--run-dir", str(tmp_path / "r1")])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err
-    assert ("error: the Trainer stopped before its first step: TypeError: get_wsd_schedule() missing 1 required "
-            "positional argument: 'num_decay_steps'. The learning-rate schedule read lr_scheduler_type "
-            f"warmup_stable_decay in the recipe's settings: ({recipe / 'recipe.yaml'}), with warmup_steps 0 of "
-            "recipes/defaults.yaml: check them; the traceback is in the run's train.log") in err, err
+    assert ("error: the Trainer stopped before its first step: ZeroDivisionError: division by zero. The learning-rate "
+            f"schedule read lr_scheduler_type inverse_sqrt in the recipe's settings: ({recipe / 'recipe.yaml'}), "
+            f"lr_scheduler_kwargs {{'timescale': 0}} in the recipe's settings: ({recipe / 'recipe.yaml'}), with "
+            "warmup_steps 0 of recipes/defaults.yaml: check them; the traceback is in the run's train.log") in err, err
 
 
 def test_a_deepspeed_config_value_the_trainer_disagrees_with_is_said_not_the_overrides(tmp_path):

@@ -1,0 +1,72 @@
+"""The TrainingArguments the run hands the Trainer as they are given, which the Trainer reads only as it starts or not at
+all: each value checked here as the pinned transformers would read it, without transformers (the host has none), so
+`invoke run --dry`, `invoke plan`, slurm and k8s refuse it before an image starts; the trainer runs the same checks
+again (run_settings.check_training_numbers) and asks transformers itself (dockyard.train.guards).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dockyard.common.errors import DockyardError, cut, short
+
+
+def check(training: dict[str, Any]) -> None:
+    """Every pass-through value of the run's TrainingArguments (`training`) one the Trainer takes and reads."""
+    check_schedule_kwargs(training.get("lr_scheduler_kwargs"), training.get("lr_scheduler_type", "linear"))
+
+
+# --- lr_scheduler_kwargs ---------------------------------------------------------------------------------------------
+
+# The lr_scheduler_kwargs each lr_scheduler_type reads, as the pinned transformers' get_scheduler makes it (its
+# function's parameters less those get_scheduler sets; constant and constant_with_warmup are handed none): what
+# guards.schedule_kwargs asks of transformers in the trainer; reduce_lr_on_plateau and greedy hand them on to a class
+# (torch's ReduceLROnPlateau, transformers' GreedyLR): its parameters, which it refused only as the Trainer made it,
+# after the model had loaded (a test keeps this current)
+PLATEAU = ("mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "min_lr", "eps")
+SCHEDULE_KWARGS: dict[str, tuple[str, ...]] = {
+    "linear": (), "cosine": ("num_cycles",), "cosine_with_restarts": ("num_cycles",),
+    "polynomial": ("lr_end", "power"), "constant": (), "constant_with_warmup": (), "inverse_sqrt": ("timescale",),
+    "reduce_lr_on_plateau": PLATEAU, "cosine_with_min_lr": ("num_cycles", "min_lr", "min_lr_rate"),
+    "cosine_warmup_with_min_lr": ("num_cycles", "min_lr", "min_lr_rate", "warmup_lr_rate"),
+    "warmup_stable_decay": ("num_decay_steps", "num_stable_steps", "warmup_type", "decay_type", "min_lr_ratio",
+                            "num_cycles"),
+    "greedy": (*PLATEAU[:6], "warmup", "min_lr", "max_lr", "eps", "verbose", "smooth", "window_size", "reset_start"),
+}
+HANDED_NONE = ("constant", "constant_with_warmup")  # get_scheduler drops their kwargs, where the others' are a TypeError
+# The schedules that cannot be made without one of these kwargs: transformers' ValueError ("One of min_lr or min_lr_rate
+# should be set") or TypeError (num_decay_steps) as the Trainer made the schedule, after the model had loaded
+SCHEDULE_NEEDS = {"cosine_with_min_lr": ("min_lr", "min_lr_rate"), "cosine_warmup_with_min_lr": ("min_lr", "min_lr_rate"),
+                  "warmup_stable_decay": ("num_decay_steps",)}
+
+
+def check_schedule_kwargs(given: Any, kind: Any) -> None:
+    """lr_scheduler_kwargs a mapping of the keys schedule `kind` reads, holding those it needs (`--lr_scheduler_kwargs
+    '{foo: 1}'` passed --dry and stopped the run once the model had loaded, or trained as if not given)."""
+    kind = str(kind)
+    if kind not in SCHEDULE_KWARGS:  # not a schedule: check_number says so
+        return
+    needs = SCHEDULE_NEEDS.get(kind, ())
+    if given is None and not needs:
+        return
+    if given is not None and not isinstance(given, dict):
+        raise DockyardError(f"lr_scheduler_kwargs {short(given)}: takes a mapping of the schedule's settings, as in "
+                            "--lr_scheduler_kwargs '{num_cycles: 0.5}'")
+    given = given or {}
+    takes = SCHEDULE_KWARGS[kind]
+    unread = [str(k) for k in given if k not in takes]
+    if unread:
+        said, it = cut(", ".join(unread), 80), "it" if len(unread) == 1 else "them"
+        elsewhere = [t for t, keys in SCHEDULE_KWARGS.items() if keys and unread[0] in keys]
+        why = (f"reads no {said} (it takes {', '.join(takes)})" if takes else
+               f"reads no kwargs (the Trainer would drop {it} without a word)" if kind in HANDED_NONE else
+               "takes no kwargs")
+        raise DockyardError(f"lr_scheduler_kwargs {said}: lr_scheduler_type {kind} {why}; leave {it} out"
+                            + (f", or pick a schedule that reads {unread[0]} ({', '.join(elsewhere)})" if elsewhere
+                               else ""))
+    if needs and not set(needs) & set(given):
+        raise DockyardError(f"lr_scheduler_type {kind} needs {' or '.join(needs)} in lr_scheduler_kwargs: give it, as in "
+                            f"--lr_scheduler_kwargs '{{{needs[0]}: {EXAMPLES[needs[0]]}}}'")
+
+
+EXAMPLES = {"min_lr": 1e-5, "min_lr_rate": 0.1, "num_decay_steps": 10}
