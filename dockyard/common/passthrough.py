@@ -6,6 +6,7 @@ again (run_settings.check_training_numbers) and asks transformers itself (dockya
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from dockyard.common.errors import DockyardError, cut, short
@@ -14,6 +15,7 @@ from dockyard.common.errors import DockyardError, cut, short
 def check(training: dict[str, Any]) -> None:
     """Every pass-through value of the run's TrainingArguments (`training`) one the Trainer takes and reads."""
     check_schedule_kwargs(training.get("lr_scheduler_kwargs"), training.get("lr_scheduler_type", "linear"))
+    check_optim_args(training.get("optim_args"))
 
 
 # --- lr_scheduler_kwargs ---------------------------------------------------------------------------------------------
@@ -70,3 +72,30 @@ def check_schedule_kwargs(given: Any, kind: Any) -> None:
 
 
 EXAMPLES = {"min_lr": 1e-5, "min_lr_rate": 0.1, "num_decay_steps": 10}
+
+
+# --- optim_args ------------------------------------------------------------------------------------------------------
+
+OPTIM_ARGS = "key=value pairs, comma-separated, as in --optim_args momentum=0.9,nesterov=True (with --optim sgd)"
+KEY = re.compile(r"[A-Za-z_]\w*")  # a keyword argument of the optimizer's maker
+
+
+def check_optim_args(given: Any) -> None:
+    """optim_args the text the Trainer splits into key=value pairs (its _parse_optim_args): a number, a mapping, or a
+    pair without its `=` passed --dry and stopped the run in the trainer, or with a traceback on every rank. Which keys
+    the optimizer reads is asked of transformers in the trainer, before the model loads (guards.check_optim)."""
+    if given is None or given == "":
+        return
+    if given is True:  # `-- --optim_args` with no value reads as a switch
+        raise DockyardError(f"--optim_args was given no value: give {OPTIM_ARGS}")
+    if isinstance(given, dict):  # `--optim_args '{momentum: 0.9}'`, read as a mapping
+        pairs = ",".join(f"{k}={v}" for k, v in given.items())
+        raise DockyardError(f"optim_args {short(given)}: the Trainer reads it as text, not a mapping: write "
+                            f"--optim_args {cut(pairs, 80)} ({OPTIM_ARGS.split(', as in')[0]})")
+    if not isinstance(given, str):
+        raise DockyardError(f"optim_args {short(given)}: takes {OPTIM_ARGS}")
+    for pair in given.replace(" ", "").split(","):
+        key, eq, value = pair.partition("=")
+        if not eq or "=" in value or not KEY.fullmatch(key):
+            raise DockyardError(f"optim_args {short(given)}: {cut(pair, 40)!r} is not a key=value pair; give "
+                                f"{OPTIM_ARGS}")

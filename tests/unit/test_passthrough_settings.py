@@ -94,3 +94,26 @@ def test_the_schedules_kwargs_the_host_knows_are_what_the_pinned_transformers_re
         needs = passthrough.SCHEDULE_NEEDS.get(kind, ())
         assert made(kind, {}) == (not needs), kind
         assert all(made(kind, {key: passthrough.EXAMPLES[key]}) for key in needs), kind
+
+
+def test_optim_args_the_trainer_cannot_split_into_pairs_are_refused_before_the_run(dry, tmp_path):
+    """`--optim_args foo` (or 5, or a mapping, or a trailing comma) passed --dry and stopped the run in the trainer;
+    each is text transformers' own parser cannot split into key=value pairs, or no text at all."""
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_optimizer import _parse_optim_args
+
+    for typed in ("foo", "momentum=0.9,", "a=b=c", "=3", "momentum=0.9;nesterov=True"):
+        refused(dry("--optim", "sgd", "--optim_args", typed), f"optim_args {typed!r}: ", "is not a key=value pair")
+        try:  # transformers' refusal too, or a key no optimizer reads
+            assert "" in _parse_optim_args(typed)
+        except ValueError:
+            pass
+    refused(dry("--optim_args", "5"), "optim_args 5: takes key=value pairs, comma-separated")
+    refused(dry("--optim", "sgd", "--optim_args", "{momentum: 0.9, nesterov: true}"),
+            "optim_args {'momentum': 0.9, 'nesterov': True}: the Trainer reads it as text, not a mapping: write "
+            "--optim_args momentum=0.9,nesterov=True")
+    refused(dry("--optim_args"), "--optim_args was given no value")
+    for fine in ("momentum=0.9,nesterov=True", " momentum = 0.9 ", "momentum=0.9,dampening=0"):
+        assert dry("--optim", "sgd", "--optim_args", fine).returncode == 0, fine
+        args = TrainingArguments(output_dir=str(tmp_path), optim="sgd", optim_args=fine, use_cpu=True)
+        assert Trainer.get_optimizer_cls_and_kwargs(args)[1]["momentum"] == 0.9  # transformers takes it
