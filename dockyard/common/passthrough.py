@@ -16,6 +16,7 @@ def check(training: dict[str, Any]) -> None:
     """Every pass-through value of the run's TrainingArguments (`training`) one the Trainer takes and reads."""
     check_schedule_kwargs(training.get("lr_scheduler_kwargs"), training.get("lr_scheduler_type", "linear"))
     check_optim_args(training.get("optim_args"))
+    check_label_names(training.get("label_names"))
 
 
 # --- lr_scheduler_kwargs ---------------------------------------------------------------------------------------------
@@ -99,3 +100,25 @@ def check_optim_args(given: Any) -> None:
         if not eq or "=" in value or not KEY.fullmatch(key):
             raise DockyardError(f"optim_args {short(given)}: {cut(pair, 40)!r} is not a key=value pair; give "
                                 f"{OPTIM_ARGS}")
+
+
+# --- label_names -----------------------------------------------------------------------------------------------------
+
+LABELS = "labels"  # the one label column of the run's batches, either task's (dockyard.train.data), the models' own name
+
+
+def check_label_names(given: Any) -> None:
+    """label_names none (the model's own, `labels`) or [labels]: the Trainer looks each name up in every evaluation
+    batch, where the run's hold their labels as `labels` alone. `--label_names labels` (text, not a list) stopped the
+    run with a TypeError once the model had loaded; `[label]` trained and evaluated with no loss, unsaid."""
+    if given is None or given == [LABELS]:
+        return
+    if not isinstance(given, list) or not given or not all(isinstance(n, str) and n for n in given):
+        raise DockyardError(f"label_names {short(given)}: takes a list of names, as in --label_names '[{LABELS}]' "
+                            "(the default); leave it out")
+    other = ", ".join(n for n in given if n != LABELS)
+    if not other:  # [labels, labels]: each read as a label of its own
+        raise DockyardError(f"label_names {short(given)}: names {LABELS} more than once; leave label_names out")
+    raise DockyardError(f"label_names {short(given)}: the run's batches hold their labels as {LABELS} alone, and an "
+                        f"evaluation would find no {cut(other, 60)} and compute no loss: leave label_names out "
+                        f"(the model's own, {LABELS})")

@@ -117,3 +117,16 @@ def test_optim_args_the_trainer_cannot_split_into_pairs_are_refused_before_the_r
         assert dry("--optim", "sgd", "--optim_args", fine).returncode == 0, fine
         args = TrainingArguments(output_dir=str(tmp_path), optim="sgd", optim_args=fine, use_cpu=True)
         assert Trainer.get_optimizer_cls_and_kwargs(args)[1]["momentum"] == 0.9  # transformers takes it
+
+
+def test_label_names_other_than_the_batches_labels_are_refused_before_the_run(dry):
+    """`--label_names labels` (text, not a list) passed --dry and stopped the run with a TypeError once the model had
+    loaded; `--label_names '[foo]'` passed, trained, and evaluated with no loss: metrics.jsonl held no eval_loss, and the
+    run said completed. The run's batches hold their labels as `labels`, either task's."""
+    for typed in ("labels", "5", "[1]", "[]", "{a: 1}"):
+        refused(dry("--label_names", typed), "label_names", "takes a list of names, as in --label_names '[labels]'")
+    refused(dry("--label_names", "[label]", "--eval_fraction", "0.1"),
+            "label_names ['label']: the run's batches hold their labels as labels alone, and an evaluation would find "
+            "no label and compute no loss")
+    assert dry("--label_names", "[labels]", "--eval_fraction", "0.1").returncode == 0
+    assert dry("--label_names", "[labels]", "--task", "seq_cls").returncode == 0
