@@ -6,6 +6,7 @@ again (run_settings.check_training_numbers) and asks transformers itself (dockya
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -17,6 +18,7 @@ def check(training: dict[str, Any]) -> None:
     check_schedule_kwargs(training.get("lr_scheduler_kwargs"), training.get("lr_scheduler_type", "linear"))
     check_optim_args(training.get("optim_args"))
     check_label_names(training.get("label_names"))
+    check_report_to(training.get("report_to"))
 
 
 # --- lr_scheduler_kwargs ---------------------------------------------------------------------------------------------
@@ -122,3 +124,51 @@ def check_label_names(given: Any) -> None:
     raise DockyardError(f"label_names {short(given)}: the run's batches hold their labels as {LABELS} alone, and an "
                         f"evaluation would find no {cut(other, 60)} and compute no loss: leave label_names out "
                         f"(the model's own, {LABELS})")
+
+
+# --- report_to -------------------------------------------------------------------------------------------------------
+
+# transformers' reporting integrations (integration_utils.INTEGRATION_TO_CALLBACK of the pin; a test keeps them current).
+# These send the run elsewhere: to a service on the internet, which the training nodes cannot reach (runs are offline),
+# or to Kubeflow's trainer server, which no run of dockyard's is given:
+REMOTE = {"azure_ml": "Azure ML", "comet_ml": "Comet's servers", "neptune": "Neptune's servers",
+          "wandb": "Weights & Biases' servers", "clearml": "a ClearML server", "dagshub": "DagsHub's servers",
+          "swanlab": "SwanLab's cloud", "kubeflow": "Kubeflow's trainer server (KUBEFLOW_TRAINER_SERVER_URL)"}
+# these write where the run trains, once one of their packages is installed there (transformers' is_*_available)
+LOCAL = {"tensorboard": ("tensorboard", "tensorboardx"), "mlflow": ("mlflow", "mlflow-skinny"), "trackio": ("trackio",),
+         "codecarbon": ("codecarbon",), "flyte": ("flytekit",), "dvclive": ("dvclive",)}
+ALONE = ("none", "all")  # transformers reads them as the whole value only: in a list with others, a ValueError
+LEAVE = "leave it out (report_to none: the run's metrics are in its metrics.jsonl and loss.png)"
+
+
+def check_report_to(given: Any, installed: tuple[str, ...] | None = None, where: str = "") -> None:
+    """report_to none, all, or integrations transformers knows that report where the run trains, installed there
+    (`installed`, what `where` has; None: not known here, the trainer asks its own transformers): `--report_to wandb`
+    passed --dry and stopped the run once the model had loaded (no such package in any image; offline, no server)."""
+    if given is None:
+        return
+    names = [given] if isinstance(given, str) else given
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise DockyardError(f"report_to {short(given)}: takes an integration's name, a list of them, or none")
+    if len(names) > 1 and set(names) & set(ALONE):
+        raise DockyardError(f"report_to {short(given)}: none and all stand alone (transformers refuses them in a "
+                            "list): give none, all, or the integrations' names")
+    known = (*ALONE, *LOCAL, *REMOTE)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            raise DockyardError(f"report_to {cut(name, 60)}: " + (f"did you mean {close[0]}? " if close else "")
+                                + f"transformers reports to {', '.join(sorted((*LOCAL, *REMOTE)))}, or none")
+        if name in REMOTE:
+            raise DockyardError(f"report_to {name}: it sends the run to {REMOTE[name]}, which the training nodes "
+                                f"cannot reach (runs are offline); {LEAVE}")
+    missing = [n for n in names if installed is not None and n in LOCAL and n not in installed]
+    if missing:
+        raise DockyardError(f"report_to {', '.join(missing)}: not installed in {where} (installed: "
+                            f"{', '.join(installed) or 'none'}); {LEAVE}, or install {LOCAL[missing[0]][0]} in {where}")
+
+
+def reporters_in(packages: set[str]) -> tuple[str, ...]:
+    """The LOCAL integrations these installed `packages` (pip's names) make available."""
+    names = {re.sub(r"[-_.]+", "-", p).lower() for p in packages}
+    return tuple(n for n, needs in LOCAL.items() if names & set(needs))

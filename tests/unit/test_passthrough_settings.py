@@ -130,3 +130,46 @@ def test_label_names_other_than_the_batches_labels_are_refused_before_the_run(dr
             "no label and compute no loss")
     assert dry("--label_names", "[labels]", "--eval_fraction", "0.1").returncode == 0
     assert dry("--label_names", "[labels]", "--task", "seq_cls").returncode == 0
+
+
+def test_report_to_an_integration_the_run_cannot_report_to_is_refused_before_the_run(dry, monkeypatch):
+    """`--report_to wandb` (or a misspelt name, or 5) passed --dry: the run stopped once the model had loaded, wandb
+    being in no image, and its servers out of the offline training nodes' reach. Now: a name transformers knows, none
+    and all alone, none that reports to a server, and installed where the run trains (the image's lock; --native, this
+    host's Python)."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_reporting_integration_callbacks,
+    )
+
+    from dockyard.common import passthrough
+
+    assert set(passthrough.REMOTE) | set(passthrough.LOCAL) == set(INTEGRATION_TO_CALLBACK)
+    assert not set(passthrough.REMOTE) & set(passthrough.LOCAL)
+    for name in ("wandb", "comet_ml", "neptune", "clearml"):
+        refused(dry("--report_to", name), f"report_to {name}: it sends the run to ", "cannot reach (runs are offline)")
+    refused(dry("--report_to", "tensorbord"), "report_to tensorbord: did you mean tensorboard?")
+    refused(dry("--report_to", "5"), "report_to 5: takes an integration's name, a list of them, or none")
+    for typed in ("[none, tensorboard]", "[all, mlflow]"):
+        refused(dry("--report_to", typed), "none and all stand alone")
+        with pytest.raises(ValueError):  # as transformers' Trainer refuses them
+            get_reporting_integration_callbacks(read_as_an_override(typed))
+    with pytest.raises(ValueError):
+        get_reporting_integration_callbacks(["tensorbord"])
+    refused(dry("--report_to", "tensorboard"), "report_to tensorboard: not installed in the cpu image (installed: none)")
+    for fine in ("none", "all", "[none]"):
+        assert dry("--report_to", fine).returncode == 0, fine
+    # --native: this host's Python, with the package and without
+    have = [SimpleNamespace(metadata={"Name": "tensorboardX"})]
+    monkeypatch.setattr("importlib.metadata.distributions", lambda: iter(have))
+    assert dry("--report_to", "[tensorboard]", native=True).returncode == 0
+    have.clear()
+    refused(dry("--report_to", "tensorboard", native=True), "not installed in this host's Python (--native)")
+
+
+def read_as_an_override(typed: str):
+    from dockyard.common.run_settings import parse_overrides
+
+    return parse_overrides(["--report_to", typed])["report_to"]

@@ -156,7 +156,9 @@ def test_checkpointing_kwargs_that_are_not_a_mapping_are_a_short_error(tmp_path,
     (["--max_steps", "1e30"], "max_steps 1e+30: TrainingArguments.max_steps takes a whole number"),
     (["--seed", "nan"], "seed nan: TrainingArguments.seed takes a whole number"),
     (["--num_train_epochs", "inf", "--max_steps", "-1"], "num_train_epochs inf: TrainingArguments.num_train_epochs"),
-    (["--report_to", "wandb"], "report_to wandb: not installed in this image (installed: "),
+    (["--report_to", "tensorboard"], "report_to tensorboard: not installed in this image (installed: "),
+    (["--report_to", "wandb"], "report_to wandb: it sends the run to Weights & Biases' servers, which the training "
+                               "nodes cannot reach (runs are offline)"),
     # KeyError in the Trainer's table of levels; torch's uniform_ at the first step; the Trainer's "evaluation requires
     # an eval_dataset"; peft's error for a name of no layer
     (["--log_level", "foo"], "log_level 'foo': give one of detail, debug, info, warning, error, critical, passive"),
