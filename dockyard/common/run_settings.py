@@ -537,6 +537,7 @@ def check_known_settings(recipe: Recipe, training: dict[str, Any]) -> None:
                             "or a transformers.TrainingArguments field")
 
 
+START_METHODS = ("fork", "spawn", "forkserver")  # torch.multiprocessing.get_all_start_methods() on Linux
 DDP_BACKENDS = ("nccl", "gloo")  # what torch.distributed holds in the images (no MPI, no oneCCL)
 COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch's own: others need packages no image has
 # torch.compile's modes, as torch._inductor.list_mode_options() names them in the pinned torch (the host has no torch;
@@ -584,6 +585,12 @@ def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, .
     if training.get("dataloader_prefetch_factor") is not None and not training.get("dataloader_num_workers"):
         raise DockyardError("dataloader_prefetch_factor works with dataloader_num_workers above 0 (the batches each "
                             "worker prepares ahead): set both, or leave out dataloader_prefetch_factor")
+    context = training.get("dataloader_multiprocessing_context")
+    if context is not None and (context not in START_METHODS or not training.get("dataloader_num_workers")):
+        # torch's DataLoader refuses both, as the Trainer makes it: once the model had loaded
+        raise DockyardError(f"dataloader_multiprocessing_context {reprlib.repr(context)}: how dataloader_num_workers' "
+                            f"workers start ({', '.join(START_METHODS)}), with dataloader_num_workers above 0: set both, "
+                            "or leave it out")
     if training.get("ddp_backend") not in (None, *DDP_BACKENDS):  # accelerate's "not available" at the model's load
         raise DockyardError(f"ddp_backend {reprlib.repr(training['ddp_backend'])}: the images hold "
                             f"{' and '.join(DDP_BACKENDS)}: give one of them, or leave it out (nccl on GPUs, gloo on "

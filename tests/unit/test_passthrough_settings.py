@@ -173,3 +173,22 @@ def read_as_an_override(typed: str):
     from dockyard.common.run_settings import parse_overrides
 
     return parse_overrides(["--report_to", typed])["report_to"]
+
+
+def test_a_dataloader_start_method_torch_refuses_is_refused_before_the_run(dry):
+    """`--dataloader_multiprocessing_context spawn` with the default 0 workers (or a start method torch has not) passed
+    --dry; torch's DataLoader refused it as the Trainer made it, once the model had loaded."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    for given in (["spawn"], ["sideways", "--dataloader_num_workers", "2"]):
+        refused(dry("--dataloader_multiprocessing_context", *given), "dataloader_multiprocessing_context",
+                "with dataloader_num_workers above 0: set both")
+        with pytest.raises(ValueError):  # as torch refuses it
+            DataLoader(range(4), num_workers=int(given[2]) if len(given) > 1 else 0, multiprocessing_context=given[0])
+    assert dry("--dataloader_multiprocessing_context", "spawn", "--dataloader_num_workers", "2").returncode == 0
+    DataLoader(range(4), num_workers=2, multiprocessing_context="spawn")  # torch takes it
+
+    from dockyard.common.run_settings import START_METHODS
+
+    assert set(START_METHODS) == set(torch.multiprocessing.get_all_start_methods())
