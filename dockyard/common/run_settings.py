@@ -537,6 +537,9 @@ def check_known_settings(recipe: Recipe, training: dict[str, Any]) -> None:
                             "or a transformers.TrainingArguments field")
 
 
+# transformers' AcceleratorConfig fields (trainer_pt_utils, the pin; a test keeps them current)
+ACCELERATOR_CONFIG = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking",
+                      "gradient_accumulation_kwargs", "use_configured_state")
 START_METHODS = ("fork", "spawn", "forkserver")  # torch.multiprocessing.get_all_start_methods() on Linux
 DDP_BACKENDS = ("nccl", "gloo")  # what torch.distributed holds in the images (no MPI, no oneCCL)
 COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch's own: others need packages no image has
@@ -570,6 +573,10 @@ def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, .
         # batch it reported
         raise DockyardError("accelerator_config: leave split_batches out: global_batch says what each step trains over "
                             "all processes, and the project splits it (split_batches would train less than it says)")
+    # TrainingArguments' TypeError once the image had started: --dry took any key
+    if unknown := sorted(set(training.get("accelerator_config") or {}) - set(ACCELERATOR_CONFIG), key=str):
+        raise DockyardError(f"accelerator_config: unknown key(s) {cut(', '.join(map(str, unknown)), 80)}; transformers' "
+                            f"AcceleratorConfig takes {', '.join(k for k in ACCELERATOR_CONFIG if k != 'split_batches')}")
     if training.get("parallelism_config") is not None:  # an object of accelerate's: a string was a traceback per rank
         raise DockyardError("parallelism_config cannot be given as a setting: the recipe's strategy decides how the "
                             "model is split (invoke recipes); leave it out")

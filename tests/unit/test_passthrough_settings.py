@@ -192,3 +192,22 @@ def test_a_dataloader_start_method_torch_refuses_is_refused_before_the_run(dry):
     from dockyard.common.run_settings import START_METHODS
 
     assert set(START_METHODS) == set(torch.multiprocessing.get_all_start_methods())
+
+
+def test_an_accelerator_config_key_transformers_does_not_know_is_refused_before_the_run(dry):
+    """`--accelerator_config '{even_batch: false}'` (a misspelt key) passed --dry; TrainingArguments refused it with
+    a TypeError once the image had started and read the data."""
+    from dataclasses import fields
+
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    refused(dry("--accelerator_config", "{even_batch: false}"), "accelerator_config: unknown key(s) even_batch; "
+                                                               "transformers' AcceleratorConfig takes dispatch_batches")
+    with pytest.raises(TypeError):
+        AcceleratorConfig(even_batch=False)
+    assert dry("--accelerator_config", "{even_batches: false, non_blocking: true}").returncode == 0
+    AcceleratorConfig(even_batches=False, non_blocking=True)
+
+    from dockyard.common.run_settings import ACCELERATOR_CONFIG
+
+    assert ACCELERATOR_CONFIG == tuple(f.name for f in fields(AcceleratorConfig))
