@@ -563,6 +563,7 @@ def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, .
     for key in ("log_level", "log_level_replica"):  # the Trainer looks it up in a table of these: a KeyError
         if key in training and str(training[key]) not in LOG_LEVELS:
             raise DockyardError(f"{key} {training[key]!r}: give one of {', '.join(LOG_LEVELS)}")
+    check_debug(training.get("debug"))
     if training.get("accelerator_config") is not None and not isinstance(training["accelerator_config"], dict):
         # a file's path: the Trainer reads it in each process, unchecked (split_batches in it; a fifo hung the run)
         raise DockyardError(f"accelerator_config {shown(str(training['accelerator_config']))[:80]!r}: give its "
@@ -636,6 +637,21 @@ def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, .
                                 f"{' or '.join(json.dumps(t) for t in takes)}")
 
 
+def check_debug(given: Any) -> None:
+    """debug the option TrainingArguments knows that does something here: a word of its own was its ValueError once the
+    image had started, one in a list went unread, and tpu_metrics_debug does nothing off a TPU."""
+    if given in (None, "", []):
+        return
+    names = given.split() if isinstance(given, str) else given
+    if not isinstance(names, list) or not all(n in DEBUG_OPTIONS for n in names):
+        raise DockyardError(f"debug {short(given)}: give {DEBUG_OPTIONS[0]} (each layer's activations and weights "
+                            "checked for inf and nan, said as it is met), or leave it out")
+    if "tpu_metrics_debug" in names:
+        raise DockyardError(f"debug {short(given)}: tpu_metrics_debug prints a TPU's metrics, and the runs train on GPUs "
+                            f"or CPUs: leave it out (or give {DEBUG_OPTIONS[0]})")
+
+
+DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")  # transformers' DebugOption (debug_utils, the pin)
 # what torch.utils.checkpoint.checkpoint takes besides the function and its inputs (context_fn, a function, cannot be
 # written in a setting)
 CHECKPOINT_KWARGS = {"use_reentrant": (True, False), "preserve_rng_state": (True, False),

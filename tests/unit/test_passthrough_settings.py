@@ -211,3 +211,24 @@ def test_an_accelerator_config_key_transformers_does_not_know_is_refused_before_
     from dockyard.common.run_settings import ACCELERATOR_CONFIG
 
     assert ACCELERATOR_CONFIG == tuple(f.name for f in fields(AcceleratorConfig))
+
+
+def test_a_debug_option_transformers_does_not_know_or_that_does_nothing_here_is_refused_before_the_run(dry, tmp_path):
+    """`--debug underflow` passed --dry and was TrainingArguments' ValueError once the image had started; written as a
+    list (`'[underflow]'`) it went unread, and tpu_metrics_debug does nothing off a TPU."""
+    from transformers import TrainingArguments
+    from transformers.debug_utils import DebugOption
+
+    refused(dry("--debug", "underflow"), "debug 'underflow': give underflow_overflow")
+    with pytest.raises(ValueError):
+        TrainingArguments(output_dir=str(tmp_path), debug="underflow", use_cpu=True)
+    refused(dry("--debug", "[underflow]"), "debug ['underflow']: give underflow_overflow")
+    refused(dry("--debug", "tpu_metrics_debug"), "tpu_metrics_debug prints a TPU's metrics")
+    for fine in ("underflow_overflow", "[underflow_overflow]", ""):
+        assert dry("--debug", fine).returncode == 0, fine
+    assert TrainingArguments(output_dir=str(tmp_path), debug="underflow_overflow", use_cpu=True).debug == [
+        DebugOption.UNDERFLOW_OVERFLOW]
+
+    from dockyard.common.run_settings import DEBUG_OPTIONS
+
+    assert DEBUG_OPTIONS == tuple(d.value for d in DebugOption)
