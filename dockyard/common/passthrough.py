@@ -141,10 +141,10 @@ ALONE = ("none", "all")  # transformers reads them as the whole value only: in a
 LEAVE = "leave it out (report_to none: the run's metrics are in its metrics.jsonl and loss.png)"
 
 
-def check_report_to(given: Any, installed: tuple[str, ...] | None = None, where: str = "") -> None:
-    """report_to none, all, or integrations transformers knows that report where the run trains, installed there
-    (`installed`, what `where` has; None: not known here, the trainer asks its own transformers): `--report_to wandb`
-    passed --dry and stopped the run once the model had loaded (no such package in any image; offline, no server)."""
+def check_report_to(given: Any) -> None:
+    """report_to none, all, or integrations transformers knows that report where the run trains (installed there:
+    check_installed): `--report_to wandb` passed --dry and stopped the run in the trainer (no such package in any
+    image; offline, no server)."""
     if given is None:
         return
     names = [given] if isinstance(given, str) else given
@@ -162,13 +162,44 @@ def check_report_to(given: Any, installed: tuple[str, ...] | None = None, where:
         if name in REMOTE:
             raise DockyardError(f"report_to {name}: it sends the run to {REMOTE[name]}, which the training nodes "
                                 f"cannot reach (runs are offline); {LEAVE}")
-    missing = [n for n in names if installed is not None and n in LOCAL and n not in installed]
+
+
+# --- what the settings need installed where the run trains -----------------------------------------------------------
+
+# The optimizers whose maker imports a package of its own (pip's name), as the pinned transformers' get_optimizer_cls_and
+# _kwargs does: without it, its ImportError (or ValueError) in the trainer, once the image had started (a test keeps
+# this current)
+BNB = "bitsandbytes"
+OPTIM_PACKAGES = {
+    "adamw_torch_xla": "torch-xla", "adamw_torch_npu_fused": "torch-npu", "adamw_anyprecision": "torchdistx",
+    **dict.fromkeys(("adamw_torch_4bit", "adamw_torch_8bit"), "torchao"),
+    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",
+                     "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit",
+                     "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit"), BNB),
+    **dict.fromkeys(("galore_adamw", "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise",
+                     "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise"), "galore-torch"),
+    **dict.fromkeys(("lomo", "adalomo"), "lomo-optim"), "grokadamw": "grokadamw",
+    **dict.fromkeys(("schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd"), "schedulefree"),
+    **dict.fromkeys(("apollo_adamw", "apollo_adamw_layerwise"), "apollo-torch"), "stable_adamw": "torch-optimi",
+}
+
+
+def check_installed(training: dict[str, Any], packages: frozenset[str], where: str) -> None:
+    """What report_to and optim name installed where the run trains (`packages`, pip's names, that `where` has):
+    `--optim galore_adamw` or `--report_to tensorboard` passed --dry, and the trainer refused them once the image had
+    started. A recipe whose DeepSpeed config makes its own optimizer never gets here with optim (resolve_settings)."""
+    have = {_pip_name(p) for p in packages}
+    optim = training.get("optim")
+    if optim in OPTIM_PACKAGES and OPTIM_PACKAGES[optim] not in have:
+        raise DockyardError(f"optim {optim}: needs {OPTIM_PACKAGES[optim]}, which {where} has not; use the default "
+                            f"(adamw_torch_fused), or install {OPTIM_PACKAGES[optim]} in {where}")
+    given = training.get("report_to")
+    reporting = tuple(n for n, needs in LOCAL.items() if have & set(needs))
+    missing = [n for n in ([given] if isinstance(given, str) else given or []) if n in LOCAL and n not in reporting]
     if missing:
         raise DockyardError(f"report_to {', '.join(missing)}: not installed in {where} (installed: "
-                            f"{', '.join(installed) or 'none'}); {LEAVE}, or install {LOCAL[missing[0]][0]} in {where}")
+                            f"{', '.join(reporting) or 'none'}); {LEAVE}, or install {LOCAL[missing[0]][0]} in {where}")
 
 
-def reporters_in(packages: set[str]) -> tuple[str, ...]:
-    """The LOCAL integrations these installed `packages` (pip's names) make available."""
-    names = {re.sub(r"[-_.]+", "-", p).lower() for p in packages}
-    return tuple(n for n, needs in LOCAL.items() if names & set(needs))
+def _pip_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()

@@ -147,14 +147,14 @@ def resumed_recipe(run_dir: Path, given: str) -> str:
 
 def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_in_effect: bool, processes: int,
               data: str = "", model: str = "", resumed: Path | None = None, liger_absent: str = "",
-              reporters: Reporters | None = None, gpus_fix: str = "run it on GPUs") -> None:
+              installed: Installed | None = None, gpus_fix: str = "run it on GPUs") -> None:
     """Refuse what the run would refuse (pure: reads files, runs nothing); `processes`: all the run's, every node's;
     `resumed`: the run folder --resume continues, whose own settings the run keeps; `liger_absent`: why liger-kernel
-    is not where the run trains ("": it is); `reporters`: the report_to integrations installed where the run trains
-    (None: not known here); `gpus_fix`: how to give a recipe that needs GPUs some."""
+    is not where the run trains ("": it is); `installed`: the packages installed where the run trains (None: not
+    known here); `gpus_fix`: how to give a recipe that needs GPUs some."""
     saved = resumed_settings(resumed) if resumed else None
     run_settings, training = check_overrides(recipe, overrides, processes, saved=saved, liger_absent=liger_absent,
-                                             reporters=reporters)
+                                             installed=installed)
     if resumed:  # a run at its max_steps already: refused here, not once the image has started
         complete, m = runfolder.complete_checkpoints(resumed), runfolder.read_manifest(resumed)
         if complete:
@@ -292,23 +292,23 @@ def liger_absent(gpus: bool, variant: Variant | None = None, native: bool = Fals
     return "" if pinned else f"the {variant.name} image has no liger-kernel (the CUDA images pin it)"
 
 
-class Reporters(NamedTuple):
-    """The report_to integrations installed where a run trains, and the words for that place."""
+class Installed(NamedTuple):
+    """The packages installed where a run trains (pip's names), and the words for that place."""
 
-    installed: tuple[str, ...]
+    packages: frozenset[str]
     where: str
 
 
-def reporters(variant: Variant | None = None, native: bool = False) -> Reporters | None:
-    """What report_to can name where the run trains: the integrations the image's lock pins, or this host's Python
-    has (--native); None where the image is not known here (a cluster's)."""
+def installed(variant: Variant | None = None, native: bool = False) -> Installed | None:
+    """What the run's settings can ask of the packages where it trains (report_to's integrations, optim's makers): those
+    the image's lock pins, or this host's Python has (--native); None where the image is not known here (a cluster's)."""
     if native:
-        return Reporters(passthrough.reporters_in({d.metadata["Name"] or "" for d in importlib.metadata.distributions()}),
+        return Installed(frozenset(d.metadata["Name"] or "" for d in importlib.metadata.distributions()),
                          "this host's Python (--native)")
     if variant is None or not variant.lock_file.is_file():
         return None
     pins = {line.partition("==")[0].strip() for line in variant.lock_file.read_text().splitlines() if "==" in line}
-    return Reporters(passthrough.reporters_in(pins), f"the {variant.name} image")
+    return Installed(frozenset(pins), f"the {variant.name} image")
 
 
 def check_native_python(does: str = "trains", needs: tuple[str, ...] = ("torch", "transformers", "deepspeed")) -> None:
@@ -443,11 +443,11 @@ def check_cpu_training(training: dict[str, Any]) -> None:
 
 
 def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[str, Any] | None = None,
-                    liger_absent: str = "", reporters: Reporters | None = None) -> tuple[RunSettings, dict[str, Any]]:
+                    liger_absent: str = "", installed: Installed | None = None) -> tuple[RunSettings, dict[str, Any]]:
     """Every override a known key with a valid value, as the trainer checks them (dockyard.common.run_settings), and
     the batch settings split over the run's `processes` (0: not known here; the trainer checks the split); a resume's
     on top of the run's own (`saved`), as the trainer merges them. `liger_absent`: why liger-kernel is not where
-    the run trains ("": it is, or not known here); `reporters`: the report_to integrations installed there."""
+    the run trains ("": it is, or not known here); `installed`: the packages installed there."""
     given = parse_overrides(overrides)
     check_known_overrides(given)
     given, kept, _ = resumed_with(spec, saved or {}, given)
@@ -455,8 +455,8 @@ def check_overrides(spec, overrides: list[str], processes: int = 0, saved: dict[
         run_settings, training = resolve_settings(spec, given)
         check_known_settings(spec, training)
         check_training_numbers(training)
-        if reporters:
-            passthrough.check_report_to(training.get("report_to"), reporters.installed, reporters.where)
+        if installed:
+            passthrough.check_installed(training, installed.packages, installed.where)
         micro, accumulation = check_autos(training, spec)
         if liger_absent and auto_switch(training.get("use_liger_kernel", AUTO), "use_liger_kernel") is True:
             raise DockyardError(f"use_liger_kernel true cannot run here: {liger_absent}; set it to auto or false")

@@ -157,7 +157,7 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
     no_liger = preflight.liger_absent(on_gpus, chosen, r.native)
     preflight.check_run(settings, recipe=recipe, overrides=overrides, data=r.data, model=r.model,
                         gpus_in_effect=on_gpus, processes=topo.nproc * topo.nodes, resumed=resumed,
-                        liger_absent=no_liger, reporters=preflight.reporters(chosen, r.native))
+                        liger_absent=no_liger, installed=preflight.installed(chosen, r.native))
     if r.native:
         preflight.check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)

@@ -232,3 +232,40 @@ def test_a_debug_option_transformers_does_not_know_or_that_does_nothing_here_is_
     from dockyard.common.run_settings import DEBUG_OPTIONS
 
     assert DEBUG_OPTIONS == tuple(d.value for d in DebugOption)
+
+
+def test_an_optimizer_whose_package_is_not_where_the_run_trains_is_refused_before_the_run(dry, monkeypatch, tmp_path):
+    """`--optim galore_adamw` (and 21 more whose package no image has) passed --dry: the trainer refused it once the
+    image had started. The host asks the image's lock (--native: this host's Python) for the package the optimizer's
+    maker imports."""
+    from types import SimpleNamespace
+
+    from transformers import Trainer, TrainingArguments
+    from transformers.training_args import OptimizerNames
+
+    refused(dry("--optim", "galore_adamw"), "optim galore_adamw: needs galore-torch, which the cpu image has not")
+    refused(dry("--optim", "schedule_free_adamw", recipe="zero2"), "needs schedulefree")
+    assert dry("--optim", "adamw_bnb_8bit").returncode == 0  # bitsandbytes: in every image's lock
+    have = [SimpleNamespace(metadata={"Name": "schedulefree"})]
+    monkeypatch.setattr("importlib.metadata.distributions", lambda: iter(have))
+    assert dry("--optim", "schedule_free_adamw", native=True).returncode == 0
+    refused(dry("--optim", "adamw_8bit", native=True), "optim adamw_8bit: needs bitsandbytes, which this host's Python "
+                                                       "(--native) has not")
+    monkeypatch.undo()
+
+    from dockyard.common import passthrough
+
+    # each optimizer this Python's transformers cannot make is one said to need a package it has not: the same set
+    unmade = {}
+    for name in OptimizerNames:
+        try:
+            Trainer.get_optimizer_cls_and_kwargs(TrainingArguments(output_dir=str(tmp_path), optim=name, use_cpu=True))
+        except (ImportError, ValueError) as e:
+            unmade[name.value] = str(e)
+    import importlib.util
+
+    module = {"torch-optimi": "optimi"}  # the package's import name, where it is not its pip name's
+    absent = {o: p for o, p in passthrough.OPTIM_PACKAGES.items()
+              if importlib.util.find_spec(module.get(p, p.replace("-", "_"))) is None}
+    assert set(unmade) == set(absent)
+    assert all(p in said or p.replace("-", "_") in said for o, p in absent.items() for said in [unmade[o]])
