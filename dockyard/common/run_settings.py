@@ -738,6 +738,9 @@ RANGES: dict[str, Range] = {
     # (1 - ε)·nll + ε·smooth: at 1 or more the correct token's loss is pushed the wrong way (10 meant for 10 %)
     "label_smoothing_factor": Range(0, 1, open_high=True),
     "torch_empty_cache_steps": Range(1),  # TrainingArguments: "must be a positive integer" (null: never)
+    # seconds a collective waits for the other processes: 0 (meant as "never") timed every process out as it
+    # connected, and 10**13 was gloo's "Invalid timeout" (nanoseconds past int64), both once the image had started
+    "ddp_timeout": Range(1, 10**9),
 }
 
 

@@ -269,3 +269,14 @@ def test_an_optimizer_whose_package_is_not_where_the_run_trains_is_refused_befor
               if importlib.util.find_spec(module.get(p, p.replace("-", "_"))) is None}
     assert set(unmade) == set(absent)
     assert all(p in said or p.replace("-", "_") in said for o, p in absent.items() for said in [unmade[o]])
+
+
+def test_a_collective_timeout_no_process_group_can_keep_is_refused_before_the_run(dry):
+    """`--ddp_timeout 0` (meant as "never") passed --dry, and every process of the run timed out as it connected
+    ("The client socket has timed out after 0ms"); 10**13 seconds was gloo's "Invalid timeout" (its nanoseconds past
+    int64). Both met once the image had started."""
+    for typed in ("0", "-5", "10000000000000"):
+        refused(dry("--ddp_timeout", typed), f"ddp_timeout {typed}: TrainingArguments.ddp_timeout takes a number from 1 "
+                                             "to 1000000000")
+    for fine in ("1800", "86400", "1000000000"):  # a day; 31 years
+        assert dry("--ddp_timeout", fine).returncode == 0, fine
