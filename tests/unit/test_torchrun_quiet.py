@@ -421,9 +421,11 @@ def _node_0_beside_a_stranger(tmp_path, port: int, appended: str) -> tuple[int, 
     """A real torchrun as node 0 of two, alone, and a stranger's TCPStore client (this test's) that appends
     `appended` to the ids the nodes came for once node 0 hosts the rendezvous, well within its wait (a stranger's
     process started a fixed 3 s after node 0, which then had to load torch, could come after a loaded host's node 0
-    had ended its wait): node 0's exit status and stderr once its wait ran out."""
+    had ended its wait): node 0's exit status and stderr once its wait ran out. The wait is 20 s: this test's client
+    met node 0's store slow to answer on a loaded host, and retried (torch's 5 s timeout, then a delay of up to 5 s),
+    which a wait of 10 s could not hold."""
     (tmp_path / "worker.py").write_text("print('never started')\n")
-    node0 = _torchrun_node(tmp_path, port, 0, "idA", 2, join_timeout=10)
+    node0 = _torchrun_node(tmp_path, port, 0, "idA", 2, join_timeout=20)
     try:
         _hosting(node0, port).append("dockyard/came-for", appended)
         _, err = node0.communicate(timeout=120)
@@ -441,7 +443,7 @@ def test_a_rendezvous_id_a_stranger_wrote_in_node_0_s_store_reaches_its_terminal
     returncode, err = _node_0_beside_a_stranger(tmp_path, loopback_port, "\x1b]0;pwned\x07\x1b[2Jevil\n")
     assert returncode == 1 and "\x1b" not in err and "\x07" not in err, err
     assert err.strip().splitlines()[-1].startswith(
-        f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within 10 s: a node came "
+        f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within 20 s: a node came "
         "for the rendezvous \\x1b]0;pwned\\x07\\x1b[2Jevil"), err
 
 
@@ -454,7 +456,7 @@ def test_the_rendezvous_ids_a_stranger_wrote_by_the_thousand_are_said_in_a_line_
     last = err.strip().splitlines()[-1]
     assert returncode == 1 and len(last) < 1000, len(last)
     assert last.startswith(f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within "
-                           "10 s: a node came for the rendezvous 00000xxx") and "and 4997 more" in last, last
+                           "20 s: a node came for the rendezvous 00000xxx") and "and 4997 more" in last, last
 
 
 @pytest.mark.parametrize("node0, node1", [(3, 2), (2, 3)])
