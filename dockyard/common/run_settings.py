@@ -677,6 +677,41 @@ def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
     if str(strategy) in ("steps", "epoch") and not (settings.eval_data or settings.eval_fraction):
         raise DockyardError(f"eval_strategy {strategy} needs held-out data: add --eval_fraction 0.05 or --eval_data "
                             "FILE (or --eval_strategy no)")
+    if training.get("load_best_model_at_end") is True:
+        check_best_model_saved(training, bool(held_out))
+
+
+def check_best_model_saved(training: dict[str, Any], held_out: bool) -> None:
+    """load_best_model_at_end's checkpoints saved where the run evaluates, as TrainingArguments requires (its
+    ValueError once the image had started): the strategies the trainer gives it (dockyard.train.arguments.evaluation:
+    every logging step with held-out data) and the run's save_strategy and save_steps."""
+    def named(key: str, default: str) -> str:  # YAML reads `no` as false
+        value = training.get(key, default)
+        return "no" if value is False else str(value)
+
+    evaluated, saved = named("eval_strategy", "steps" if held_out else "no"), named("save_strategy", "steps")
+    if saved == "best":
+        return
+    if evaluated != saved:
+        raise DockyardError(f"load_best_model_at_end true requires the save and eval strategy to match, except when "
+                            f"save_strategy is best, but found eval_strategy {evaluated} and save_strategy {saved}: "
+                            f"give --save_strategy {evaluated} (or best), or leave load_best_model_at_end out")
+    every = training.get("eval_steps") or training.get("logging_steps") or 5
+    save_steps = training.get("save_steps", 500)
+    if evaluated == "steps" and not _multiple(save_steps, every):
+        raise DockyardError(f"load_best_model_at_end true requires the saving steps to be a round multiple of the "
+                            f"evaluation steps, but found save_steps {save_steps:g} and eval_steps {every:g}: give "
+                            f"--save_steps a multiple of {every:g} (or --save_strategy best), or leave "
+                            "load_best_model_at_end out")
+
+
+def _multiple(save_steps: float, eval_steps: float) -> bool:
+    """save_steps a multiple of eval_steps, as TrainingArguments counts it: whole steps, or both shares of the run
+    (below 1), which it compares in millionths."""
+    if save_steps % eval_steps == 0:
+        return True
+    million = 1_000_000
+    return save_steps < 1 and eval_steps < 1 and (save_steps * million) % (eval_steps * million) == 0
 
 
 def check_profile(settings: RunSettings, training: dict[str, Any]) -> None:

@@ -109,14 +109,14 @@ def test_a_resume_of_a_run_still_training_is_refused_before_it_starts(tmp_path):
 def test_a_run_that_fails_before_its_log_exists_is_told_from_its_manifest_and_kept(tmp_path):
     # a value only the trainer can judge (TrainingArguments' own check): the host's --dry checks pass it, the
     # trainer refuses it before its log exists
-    # (an enum's unknown name is the host's to refuse now, and so is a `debug` word: TrainingArguments alone matches
-    # the strategies load_best_model_at_end reads)
-    r = invoke("run", "--native", "--variant=cpu", "--recipe=ddp", "--run-id=early", "--", "--load_best_model_at_end",
-               "true", "--eval_fraction", "0.1", "--eval_strategy", "epoch", "--save_strategy", "steps",
-               env=_env(tmp_path), timeout=600)
+    # (an enum's unknown name is the host's to refuse now, and so are a `debug` word and load_best_model_at_end's
+    # strategies: TrainingArguments alone knows whether accelerate's state was configured before it)
+    r = invoke("run", "--native", "--variant=cpu", "--recipe=ddp", "--run-id=early", "--", "--accelerator_config",
+               "{use_configured_state: true}", env=_env(tmp_path), timeout=600)
     last = r.stderr.strip().splitlines()[-1]
-    assert r.returncode != 0 and last.startswith("error: run early failed: invalid training setting: "
-                                                 "--load_best_model_at_end requires the save and eval strategy"), last
+    assert r.returncode != 0 and last.startswith("error: run early failed: invalid training setting: Passing "
+                                                 "`'use_configured_state':True` to the AcceleratorConfig requires a "
+                                                 "pre-configured `AcceleratorState`"), last
     assert not (tmp_path / "runs" / "early" / "train.log").exists()
     assert "did not start" not in r.stderr and "AttributeError" not in r.stderr
     # torchrun says its part in one line too (it printed forty lines of traceback and a table under the reason)

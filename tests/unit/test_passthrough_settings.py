@@ -280,3 +280,36 @@ def test_a_collective_timeout_no_process_group_can_keep_is_refused_before_the_ru
                                              "to 1000000000")
     for fine in ("1800", "86400", "1000000000"):  # a day; 31 years
         assert dry("--ddp_timeout", fine).returncode == 0, fine
+
+
+def test_load_best_model_at_end_with_checkpoints_not_saved_where_the_run_evaluates_is_refused_before_the_run(
+        dry, tmp_path):
+    """`--load_best_model_at_end true --eval_strategy epoch --save_strategy steps` passed --dry; TrainingArguments
+    refused it once the image had started. Each refused here is refused by TrainingArguments too, given the
+    strategies the trainer gives it (an evaluation every logging step with held-out data), and each taken is taken."""
+    from transformers import TrainingArguments
+
+    def trainer_takes(**given) -> bool:
+        args = {"eval_strategy": "steps", "eval_steps": given.get("logging_steps", 5), "save_steps": 25, **given}
+        try:
+            TrainingArguments(output_dir=str(tmp_path), use_cpu=True, load_best_model_at_end=True, **args)
+        except ValueError:
+            return False
+        return True
+
+    best = ("--load_best_model_at_end", "true", "--eval_fraction", "0.1")
+    for given, says in (({"eval_strategy": "epoch", "save_strategy": "steps"},
+                         "found eval_strategy epoch and save_strategy steps: give --save_strategy epoch (or best)"),
+                        ({"save_strategy": "epoch"}, "found eval_strategy steps and save_strategy epoch"),
+                        ({"logging_steps": 10}, "found save_steps 25 and eval_steps 10: give --save_steps a multiple "
+                                                "of 10"),
+                        ({"eval_steps": 0.3, "save_steps": 0.5}, "found save_steps 0.5 and eval_steps 0.3"),
+                        ({"eval_steps": 0.3}, "found save_steps 25 and eval_steps 0.3")):
+        typed = [x for k, v in given.items() for x in (f"--{k}", str(v))]
+        refused(dry(*best, *typed), "load_best_model_at_end true requires the ", says)
+        assert not trainer_takes(**given), given
+    for given in ({}, {"save_strategy": "best"}, {"eval_strategy": "epoch", "save_strategy": "epoch"},
+                  {"eval_steps": 5, "save_steps": 50}, {"eval_steps": 0.1, "save_steps": 0.3}):
+        typed = [x for k, v in given.items() for x in (f"--{k}", str(v))]
+        assert dry(*best, *typed).returncode == 0, given
+        assert trainer_takes(**given), given
