@@ -45,7 +45,7 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     m = runfolder.read_manifest(run_dir) if run_dir.is_dir() or run_dir.is_symlink() else None
     if m is None:
         raise DockyardError(f"no run {run!r} in {runs} (no manifest.json): give the id of a completed run "
-                            f"({newest_runs(runs)})")
+                            f"({newest_runs(runs, given=run)})")
     runfolder.check(run_dir)  # the export reads the run's model: never through a link planted in the folder
     # the commands said below, as the run needs them: one trained with --native resumes and exports with it
     native_run = " --native" if m.variant in runfolder.NATIVE_VARIANTS else ""

@@ -582,7 +582,7 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
     d = runs / run_id
     if resume:
         if not d.is_dir() and not d.is_symlink():
-            raise DockyardError(f"--resume: no run folder {d} to resume ({newest_runs(runs)})")
+            raise DockyardError(f"--resume: no run folder {d} to resume ({newest_runs(runs, given=run_id)})")
         runfolder.check(d)  # a link planted in it (monitor.json -> ~/.bashrc) is refused before anything runs
     elif node_rank == 0 and d.exists() and any(not runfolder.OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run{_never_trained(d)}: pick another --run-id, or add "

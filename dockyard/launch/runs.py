@@ -12,7 +12,7 @@ import datetime as dt
 import stat
 from pathlib import Path
 
-from dockyard.common import runfolder
+from dockyard.common import runfolder, tree
 from dockyard.common.errors import DockyardError, shown
 from dockyard.settings import Settings
 
@@ -55,15 +55,27 @@ def cut(text: str) -> str:
     return text if len(text) <= WIDEST else text[:WIDEST - 1] + "…"
 
 
-def newest_runs(runs: Path, count: int = 3) -> str:
-    """What an error missing a run id offers: the ids of the newest runs (folders holding a manifest), and where to
-    see them all. Never an error of its own: a runs folder this user cannot list offers none."""
+def newest_runs(runs: Path, count: int = 3, given: str = "") -> str:
+    """What an error missing a run id offers: the run id closest to the one `given` (a slip: did you mean), the ids
+    of the newest runs (folders holding a manifest), and where to see them all. Never an error of its own: a runs
+    folder this user cannot list offers none."""
+    meant = tree.near(runs / given, keep=_a_run) if given else None
+    return (f"did you mean {cell(meant.name)}? " if meant else "") + _newest(runs, count)
+
+
+def _a_run(p: Path) -> bool:
+    """A run's folder (it holds a manifest), not a link; not a folder this user may not open, or one removed since."""
+    with contextlib.suppress(OSError):
+        return not p.is_symlink() and (p / runfolder.MANIFEST).is_file()
+    return False
+
+
+def _newest(runs: Path, count: int) -> str:
     latest = []
     with contextlib.suppress(DockyardError):
         for p in run_folders(runs):
-            with contextlib.suppress(OSError):  # a folder this user may not open, or one removed since: the rest count
-                if not p.is_symlink() and (p / runfolder.MANIFEST).is_file():
-                    latest.append(p.name)
+            if _a_run(p):  # the rest count
+                latest.append(p.name)
             if len(latest) == count:
                 break
     return (f"the newest in {runs}: {', '.join(map(cell, latest))}; `invoke runs` lists them all" if latest else

@@ -500,3 +500,25 @@ def test_an_export_killed_outright_is_removed_by_the_next_export_which_says_so(s
             in capsys.readouterr().out)
     assert sorted(p.name for p in run.iterdir()) == ["export", "manifest.json", "model"]
     assert (run / "export" / "model.safetensors").read_bytes() == b"whole"
+
+
+def test_a_misspelt_run_id_is_answered_with_the_run_meant(settings, tmp_path):
+    """`invoke export --run=lora-1r3` listed the three newest runs and said nothing of lora-lr3, an older one: the
+    refusal names the closest run id, as a misspelt recipe or setting is answered (a resume's too)."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
+    _, first = _run(tmp_path)
+    meant = first.rename(first.parent / "lora-lr3")
+    for age, name in enumerate(("a1", "a2", "a3", "lora-lr3")):  # lora-lr3 the oldest of four
+        if name != "lora-lr3":
+            _, r = _run(tmp_path / name)
+            r.rename(meant.parent / name)
+        os.utime(meant.parent / name, (1e9 - age * 100, 1e9 - age * 100))
+    with pytest.raises(DockyardError, match=r"^no run 'lora-1r3' in .*: give the id of a completed run \(did you mean "
+                                            r"lora-lr3\? the newest in .*: a1, a2, a3; `invoke runs` lists them all\)"):
+        export.export(s, run="lora-1r3", dry=True)
+    with pytest.raises(DockyardError, match=r"^no run 'zzzz' in .*: give the id of a completed run \(the newest in "):
+        export.export(s, run="zzzz", dry=True)  # nothing near: no guess
+    from dockyard.launch import run as launch_run
+
+    with pytest.raises(DockyardError, match=r"^--resume: no run folder .*lora-1r3 to resume \(did you mean lora-lr3\? "):
+        launch_run.new_run_dir(s, "ddp", "lora-1r3", resume=True)

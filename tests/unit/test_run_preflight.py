@@ -529,9 +529,10 @@ def test_resume_needs_the_run_id(env):
         os.utime(runs / name, (1e9 + i, 1e9 + i))
     refused(dry(env, "--resume"), f"--resume needs --run-id: the run folder to continue (the newest in {runs}: "
                                   "newest, newer, old; `invoke runs` lists them all)")
-    # a run id that names no folder (mistyped) offers them too
-    refused(dry(env, "--resume", "--run-id=nwest"), f"--resume: no run folder {runs / 'nwest'} to resume (the newest "
-                                                   f"in {runs}: newest, newer, old; `invoke runs` lists them all)")
+    # a run id that names no folder (mistyped) offers them too, and the one meant
+    refused(dry(env, "--resume", "--run-id=nwest"), f"--resume: no run folder {runs / 'nwest'} to resume (did you mean "
+                                                   f"newest? the newest in {runs}: newest, newer, old; `invoke runs` "
+                                                   "lists them all)")
 
 
 def test_a_runs_folder_every_user_may_write_and_rename_in_is_said(env):
