@@ -433,7 +433,12 @@ def native_variant(settings: Settings, r: RunRequest, host: Host) -> Variant:
         cuda = [v for v in variants.all_variants(settings).values() if v.is_cuda]
         if cuda:
             return cuda[0]
-    return variants.resolve_with_cpu(settings, r.variant, host, cpu=r.cpu, on_cpu="train on CPU")[0]
+    chosen = variants.resolve_with_cpu(settings, r.variant, host, cpu=r.cpu, on_cpu="train on CPU")[0]
+    if chosen.is_cuda and not r.cpu and not host.gpus:  # no image's stack to try on CPU (no_gpus): this host's own
+        raise DockyardError(f"--native --variant={r.variant} trains on this host's NVIDIA GPUs but "
+                            f"{host.error or 'NVML sees none'}; add --cpu to train on its CPUs with its own torch, or "
+                            "run it on a host with GPUs")
+    return chosen
 
 
 def check_native(r: RunRequest, chosen: Variant) -> None:

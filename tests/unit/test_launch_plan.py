@@ -253,6 +253,20 @@ def test_shell_cpu_opens_a_cuda_image_on_a_host_without_gpus(tmp_path, monkeypat
     assert invoke_here("shell", "--dry", "--variant=cu128", "--cpu", env=env).returncode == 0
 
 
+def test_a_native_run_of_a_cuda_variant_on_a_host_without_gpus_is_told_what_a_native_run_can_do(tmp_path,
+                                                                                                   monkeypatch):
+    """`invoke run --native --variant=cu132` on a host without GPUs was told to try "this image's stack" on CPU, and
+    --native uses no image: it is told to add --cpu (this host's torch on its CPUs), or to run on a GPU host."""
+    monkeypatch.setattr(launch_run, "read_host", lambda: Host(error="NVML unavailable (no driver)"))
+    env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    r = invoke_here("run", "--dry", "--native", "--variant=cu132", env=env)
+    short_error(r, "--native --variant=cu132 trains on this host's NVIDIA GPUs but NVML unavailable (no driver); add "
+                   "--cpu to train on its CPUs with its own torch, or run it on a host with GPUs")
+    assert "image" not in r.stderr, r.stderr
+    assert invoke_here("run", "--dry", "--native", "--variant=cu132", "--cpu", env=env).returncode == 0
+    short_error(invoke_here("run", "--dry", "--variant=cu132", env=env), "this image's stack")  # in the image: so
+
+
 def test_a_shell_kept_for_commit_is_not_removed_and_says_the_name_to_commit(tmp_path, monkeypatch):
     """The newcomer audit: `invoke shell --help` said "(then `invoke commit`)", yet the shell's container was
     `docker run --rm`: what was installed in it was gone when it ended, and commit found no container. It still goes
