@@ -26,9 +26,10 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_save_that_runs_out_of_space_says_so_whole_with_the_ways_out(small_disk):
+def test_a_save_that_runs_out_of_space_says_so_whole_with_the_ways_out(small_disk, tmp_path):
     run = small_disk / "run"
-    proc = train("ddp", run, "--max_steps", "8", "--save_steps", "4", "--logging_steps", "1", ok=False)
+    proc = train("ddp", run, "--max_steps", "8", "--save_steps", "4", "--logging_steps", "1", ok=False,
+                 logs=tmp_path / "torchrun-logs")  # torchrun's, off the full disk
     assert proc.returncode != 0
     said = next((line for line in proc.stderr.splitlines() if "ran out of space" in line), "")
     assert said.startswith("error: the disk holding"), proc.stderr[-3000:]

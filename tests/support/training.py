@@ -33,14 +33,18 @@ def env(gpu: bool = False) -> dict[str, str]:
     return e
 
 
-def command(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: bool = False) -> list[str]:
-    return [*TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "-m", "dockyard.train",
+def command(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: bool = False,
+            logs: Path | None = None) -> list[str]:
+    """torchrun of the trainer, its logs folder in `logs` (default: torchrun-logs beside the run folder, in the test's
+    own tmp folder): plain torchrun makes a /tmp/torchelastic_<random> per run and never removes it."""
+    logs = logs or run_dir.parent / "torchrun-logs"
+    return [*TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "--log-dir", str(logs), "-m", "dockyard.train",
             "--recipe", recipe, "--run-dir", str(run_dir), *(["--resume"] if resume else []), "--", *overrides]
 
 
 def train(recipe: str, run_dir: Path, *overrides: str, nproc: int = 2, resume: bool = False,
-          ok: bool = True, gpu: bool = False) -> subprocess.CompletedProcess:
-    proc = subprocess.run(command(recipe, run_dir, *overrides, nproc=nproc, resume=resume), cwd=ROOT,
+          ok: bool = True, gpu: bool = False, logs: Path | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(recipe, run_dir, *overrides, nproc=nproc, resume=resume, logs=logs), cwd=ROOT,
                           env=env(gpu),
                           capture_output=True, text=True, timeout=900)
     if ok and proc.returncode != 0:
