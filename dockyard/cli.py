@@ -248,11 +248,17 @@ def a_recipe_of_the_line(program: invoke.Program) -> str | None:
     return None
 
 
+# tasks that only look and say (no --dry, nothing to run for real): `invoke doctor run --dry` checks the host, then
+# prints the run's command, as each did on its own line
+CHANGE_NOTHING = ("recipes", "runs", "plan", "doctor")
+
+
 def dry_for_some(program: invoke.Program) -> str | None:
     """Invoke gives a flag to the task it follows: `invoke build run --recipe=zero2 --dry` built the image for real
     (minutes, and the tag moved) and only the run was dry. A --dry given to one task of several is refused unless
     every task of the line has it: the refusal, or None."""
-    tasks = [(c.name, c.args["dry"].value if "dry" in c.args else None) for c in program.tasks]
+    tasks = [(c.name, c.args["dry"].value if "dry" in c.args else None) for c in program.tasks
+             if c.name not in CHANGE_NOTHING]
     if len(tasks) < 2 or not any(dry for _, dry in tasks):
         return None
     wet = [name for name, dry in tasks if dry is False]

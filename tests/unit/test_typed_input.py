@@ -331,6 +331,25 @@ def test_a_dry_given_to_one_task_of_several_is_refused_before_any_runs(args, say
     assert "--dry was given" not in invoke_here("shell", "--dry", "run", "--dry", env=env).stderr  # each its own
 
 
+@pytest.mark.parametrize("first,says", [(["recipes"], "zero2"), (["runs"], ""), (["doctor"], "check")])
+def test_a_task_that_only_looks_beside_a_dry_run_is_not_refused(first, says, tmp_path):
+    """`invoke doctor run --dry` (check the host, then see the run's command), `invoke recipes run --dry`: each task
+    worked on its own line and together before 0cb8394, whose check of a --dry given to some tasks refused them as
+    'doctor has no --dry, and would run for real'; these tasks change nothing, so there is nothing to run dry. The
+    line runs both (a stand-in docker that answers nothing: the run's command is still printed; doctor's failed
+    engine check ends the line there, as on its own)."""
+    docker = tmp_path / "docker"
+    docker.write_text("#!/bin/sh\nexit 1\n")
+    docker.chmod(0o755)
+    env = {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
+           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
+    r = invoke_here(*first, "run", "--dry", "--recipe=ddp", env=env)
+    assert "--dry was given" not in r.stderr and says in r.stdout, r.stderr  # the first task ran
+    if first != ["doctor"]:
+        assert r.returncode == 0 and "dockyard.train --recipe ddp" in r.stderr, r.stderr  # its command, printed
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 @pytest.mark.parametrize("args", [["save", "--variant=cpu", "run", "--recipe=zer2"],
                                   ["shell", "--variant=cpu", "k8s", "--recipe={tmp}/mien", "--out={tmp}/out"]])
 def test_a_recipe_of_a_later_task_that_is_not_there_is_refused_before_the_first_task_runs(args, tmp_path):
