@@ -144,8 +144,8 @@ LEAVE = "leave it out (report_to none: the run's metrics are in its metrics.json
 def check_report_to(given: Any) -> None:
     """report_to none, all, or integrations transformers knows that report where the run trains (installed there:
     check_installed): `--report_to wandb` passed --dry and stopped the run in the trainer (no such package in any
-    image; offline, no server)."""
-    if given is None:
+    image; offline, no server). An empty list is none, as transformers reads `none` itself."""
+    if given is None or given == []:
         return
     names = [given] if isinstance(given, str) else given
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):

@@ -169,6 +169,22 @@ def test_report_to_an_integration_the_run_cannot_report_to_is_refused_before_the
     refused(dry("--report_to", "tensorboard", native=True), "not installed in this host's Python (--native)")
 
 
+def test_report_to_an_empty_list_reports_nowhere_as_transformers_reads_it(dry):
+    """`report_to: []` (a recipe's settings, or `-- --report_to '[]'`) is what transformers makes of `none`: the
+    trainer's guard took it before e8865a0, whose host check refused it as 'takes an integration's name, a list of
+    them, or none', and the trainer's check_training_numbers the same."""
+    from transformers import TrainingArguments
+    from transformers.integrations.integration_utils import get_reporting_integration_callbacks
+
+    from dockyard.common.run_settings import check_training_numbers
+
+    assert TrainingArguments(output_dir="/nonexistent", report_to="none").report_to == []
+    assert get_reporting_integration_callbacks(read_as_an_override("[]")) == []
+    r = dry("--report_to", "[]")
+    assert r.returncode == 0, r.stderr
+    check_training_numbers({"report_to": []})  # the trainer's check: no refusal
+
+
 def read_as_an_override(typed: str):
     from dockyard.common.run_settings import parse_overrides
 
