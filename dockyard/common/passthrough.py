@@ -173,7 +173,7 @@ BNB = "bitsandbytes"
 OPTIM_PACKAGES = {
     "adamw_torch_xla": "torch-xla", "adamw_torch_npu_fused": "torch-npu", "adamw_anyprecision": "torchdistx",
     **dict.fromkeys(("adamw_torch_4bit", "adamw_torch_8bit"), "torchao"),
-    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",
+    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",
                      "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit",
                      "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit"), BNB),
     **dict.fromkeys(("galore_adamw", "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise",

@@ -287,6 +287,26 @@ def test_an_optimizer_whose_package_is_not_where_the_run_trains_is_refused_befor
     assert all(p in said or p.replace("-", "_") in said for o, p in absent.items() for said in [unmade[o]])
 
 
+def test_each_optimizer_transformers_makes_with_a_package_is_said_to_need_it(dry, monkeypatch):
+    """`--optim ademamix` (bitsandbytes' AdEMAMix, as ademamix_8bit) was missing from OPTIM_PACKAGES: --native on a
+    host without bitsandbytes passed --dry, and the trainer refused it once it had started. The test above cannot see
+    it where bitsandbytes is installed (this venv), so each of transformers' own tables of optimizers made by a
+    package is read here."""
+    from transformers import trainer_optimizer as made
+
+    from dockyard.common import passthrough
+
+    tables = {"_BITSANDBYTES_OPTIMIZERS": "bitsandbytes", "_GALORE_OPTIMIZERS": "galore-torch",
+              "_APOLLO_OPTIMIZERS": "apollo-torch", "_TORCHAO_OPTIMIZERS": "torchao",
+              "_SCHEDULE_FREE_OPTIMIZERS": "schedulefree"}
+    for table, package in tables.items():
+        for name in getattr(made, table):
+            assert passthrough.OPTIM_PACKAGES.get(name.value) == package, (name.value, package)
+    monkeypatch.setattr("importlib.metadata.distributions", lambda: iter([]))
+    refused(dry("--optim", "ademamix", native=True), "optim ademamix: needs bitsandbytes, which this host's Python "
+                                                     "(--native) has not")
+
+
 def test_a_collective_timeout_no_process_group_can_keep_is_refused_before_the_run(dry):
     """`--ddp_timeout 0` (meant as "never") passed --dry, and every process of the run timed out as it connected
     ("The client socket has timed out after 0ms"); 10**13 seconds was gloo's "Invalid timeout" (its nanoseconds past
