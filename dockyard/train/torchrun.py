@@ -119,8 +119,12 @@ def logs_folder(given: argparse.Namespace | None):
     folder = tempfile.mkdtemp(prefix=LOGS_PREFIX)
     held = open(os.path.join(folder, ".held"), "w")  # held for the run, closed below
     try:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.rename(held.name, os.path.join(folder, ".owner"))  # appears locked: no sweep takes a folder being made
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # ENOLCK, ENOSYS: a TMPDIR without locks (NFS, Lustre without flock): no .owner, never swept
+            pass
+        else:
+            os.rename(held.name, os.path.join(folder, ".owner"))  # appears locked: no sweep takes one being made
         yield ["--log-dir", folder]
     finally:
         held.close()

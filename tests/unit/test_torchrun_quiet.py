@@ -978,3 +978,27 @@ def _two_agents_restarting_once(tmp_path, worker: str, rdzv_id: str, port: int) 
              "--local-addr=127.0.0.1", "worker.py", "--run-dir", str(tmp_path)],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return procs
+
+
+def test_a_tmpdir_without_locks_still_trains_and_its_log_folder_is_removed(tmp_path, monkeypatch):
+    """7b5cf05's log folder holds a lock while its launcher runs; where TMPDIR's file system has no locks (NFS without
+    its lock service: ENOLCK; Lustre mounted without flock: ENOSYS), taking it raised out of the launcher and the run
+    never started (runfolder's own lock trains unguarded there). The launcher goes on with its --log-dir, a sweep by
+    another launcher leaves that folder alone (no lock says its owner is gone), and it is removed as the run ends."""
+    import argparse
+    import errno
+    import fcntl
+    import tempfile
+
+    from dockyard.train import torchrun
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with torchrun.logs_folder(argparse.Namespace(log_dir=None)) as logs:
+        assert logs[0] == "--log-dir" and os.path.isdir(logs[1]) and logs[1].startswith(str(tmp_path))
+        torchrun.remove_orphaned_logs(tmp_path)  # another launcher's sweep, as this one runs
+        assert os.path.isdir(logs[1])
+    assert not os.path.exists(logs[1]) and not os.listdir(tmp_path)
