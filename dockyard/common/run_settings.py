@@ -670,7 +670,8 @@ def check_evaluation(settings: RunSettings, training: dict[str, Any]) -> None:
         raise DockyardError("eval_on_start needs held-out data: add --eval_fraction 0.05 or --eval_data FILE")
     held_out = settings.eval_data or settings.eval_fraction
     for key, value, needs in (("load_best_model_at_end", True, "to choose the best checkpoint by"),
-                              ("lr_scheduler_type", "reduce_lr_on_plateau", "whose loss lowers the learning rate")):
+                              ("lr_scheduler_type", "reduce_lr_on_plateau", "whose loss lowers the learning rate"),
+                              ("lr_scheduler_type", "greedy", "whose loss steers the learning rate")):
         if training.get(key) == value and (not held_out or strategy in ("no", False)):
             raise DockyardError(f"{key} {str(value).lower()} needs an evaluation {needs}: add --eval_fraction 0.05 "
                                 "or --eval_data FILE (and leave eval_strategy as it is), or leave it out")

@@ -349,3 +349,15 @@ def test_load_best_model_at_end_with_checkpoints_not_saved_where_the_run_evaluat
         typed = [x for k, v in given.items() for x in (f"--{k}", str(v))]
         assert dry(*best, *typed).returncode == 0, given
         assert trainer_takes(**given), given
+
+
+def test_a_schedule_steered_by_the_evaluation_loss_without_an_evaluation_is_refused_before_the_run(dry):
+    """`--lr_scheduler_type greedy` (transformers' GreedyLR, steered by the evaluation loss, as reduce_lr_on_plateau)
+    with no held-out data passed --dry; TrainingArguments refused it only inside the trainer ("requires an eval
+    strategy")."""
+    for kind in ("greedy", "reduce_lr_on_plateau"):
+        refused(dry("--lr_scheduler_type", kind), f"lr_scheduler_type {kind} needs an evaluation",
+                "--eval_fraction 0.05")
+        refused(dry("--lr_scheduler_type", kind, "--eval_fraction", "0.1", "--eval_strategy", "no"),
+                f"lr_scheduler_type {kind} needs an evaluation")
+        assert dry("--lr_scheduler_type", kind, "--eval_fraction", "0.1").returncode == 0
