@@ -51,7 +51,10 @@ def test_saving_and_evaluating_leave_the_reported_tokens_per_second_alone(tmp_pa
     ratio = rate(after) / rate(between)
     print(f"windows after a save or an evaluation at {ratio:.3f}x the tokens/s of those between")
     # Counted in, the pauses would read those windows at about half the speed; a step left out with them, at twice.
-    assert 0.85 < ratio < 1.15, (rate(after), rate(between))
+    # The bounds sit between those and 1: a CI host running every test 30 % slower than usual, reclaiming memory
+    # (kswapd) as the checkpoints were written back, read 0.801 here (0.92 to 0.97 on a quiet one, before and after
+    # the change it ran), the step after a save paying for the save's writeback, which no bound at 0.85 holds
+    assert 0.7 < ratio < 1.4, (rate(after), rate(between))
     # What was left out is what the run spent saving and evaluating, and it was much: counted in, those windows
     # would read far below the others (the wall time between their lines, less their `seconds`)
     def wall(w: dict) -> float:
