@@ -185,21 +185,18 @@ OPTIM_PACKAGES = {
 
 
 def check_installed(training: dict[str, Any], packages: frozenset[str], where: str) -> None:
-    """What report_to and optim name installed where the run trains (`packages`, pip's names, that `where` has):
-    `--optim galore_adamw` or `--report_to tensorboard` passed --dry, and the trainer refused them once the image had
-    started. A recipe whose DeepSpeed config makes its own optimizer never gets here with optim (resolve_settings)."""
-    have = {_pip_name(p) for p in packages}
+    """What report_to and optim name installed where the run trains (`packages`: the canonical names, PEP 503, of
+    those `where` has, as launch.preflight.installed gives them): `--optim galore_adamw` or `--report_to tensorboard`
+    passed --dry, and the trainer refused them once the image had started. A recipe whose DeepSpeed config makes its
+    own optimizer never gets here with optim (resolve_settings)."""
     optim = training.get("optim")
-    if optim in OPTIM_PACKAGES and OPTIM_PACKAGES[optim] not in have:
+    if optim in OPTIM_PACKAGES and OPTIM_PACKAGES[optim] not in packages:
         raise DockyardError(f"optim {optim}: needs {OPTIM_PACKAGES[optim]}, which {where} has not; use the default "
                             f"(adamw_torch_fused), or install {OPTIM_PACKAGES[optim]} in {where}")
     given = training.get("report_to")
-    reporting = tuple(n for n, needs in LOCAL.items() if have & set(needs))
+    reporting = tuple(n for n, needs in LOCAL.items() if packages & set(needs))
     missing = [n for n in ([given] if isinstance(given, str) else given or []) if n in LOCAL and n not in reporting]
     if missing:
         raise DockyardError(f"report_to {', '.join(missing)}: not installed in {where} (installed: "
                             f"{', '.join(reporting) or 'none'}); {LEAVE}, or install {LOCAL[missing[0]][0]} in {where}")
 
-
-def _pip_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()

@@ -79,7 +79,7 @@ from dockyard.common.run_settings import (
     resumed_with,
 )
 from dockyard.common.units import GIB
-from dockyard.images.variants import Variant
+from dockyard.images.variants import Variant, canonical_name, parse_lock_pins
 from dockyard.launch import inputs
 from dockyard.launch.inputs import host_path
 from dockyard.launch.runs import newest_runs
@@ -293,7 +293,7 @@ def liger_absent(gpus: bool, variant: Variant | None = None, native: bool = Fals
 
 
 class Installed(NamedTuple):
-    """The packages installed where a run trains (pip's names), and the words for that place."""
+    """The packages installed where a run trains (their canonical names, PEP 503), and the words for that place."""
 
     packages: frozenset[str]
     where: str
@@ -303,12 +303,11 @@ def installed(variant: Variant | None = None, native: bool = False) -> Installed
     """What the run's settings can ask of the packages where it trains (report_to's integrations, optim's makers): those
     the image's lock pins, or this host's Python has (--native); None where the image is not known here (a cluster's)."""
     if native:
-        return Installed(frozenset(d.metadata["Name"] or "" for d in importlib.metadata.distributions()),
+        return Installed(frozenset(canonical_name(d.metadata["Name"] or "") for d in importlib.metadata.distributions()),
                          "this host's Python (--native)")
     if variant is None or not variant.lock_file.is_file():
         return None
-    pins = {line.partition("==")[0].strip() for line in variant.lock_file.read_text().splitlines() if "==" in line}
-    return Installed(frozenset(pins), f"the {variant.name} image")
+    return Installed(frozenset(parse_lock_pins(variant.lock_file.read_text())), f"the {variant.name} image")
 
 
 def check_native_python(does: str = "trains", needs: tuple[str, ...] = ("torch", "transformers", "deepspeed")) -> None:
