@@ -72,31 +72,21 @@ OTHER_NODES_FILE = re.compile(r"[^.]+-node[1-9][0-9]*(\.[a-z]+)+")
 
 def write(folder: Path, name: str, data: bytes | str, mode: int | None = None) -> None:
     """Replace folder/name with `data` in one step (never half-written, never through a link); `mode`: chmod it."""
-    dfd = _open_folder(folder)
-    try:
-        tmp = _aside(dfd, name, data, mode)
-        try:
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            _unlink(tmp, dfd)
-            raise
-    except IsADirectoryError:
-        raise DockyardError(f"{folder / name} is a folder, where a file is written: remove it") from None
-    finally:
-        os.close(dfd)
+    write_all(folder, {name: data}, mode)
 
 
-def write_all(folder: Path, files: dict[str, bytes | str]) -> None:
+def write_all(folder: Path, files: dict[str, bytes | str], mode: int | None = None) -> None:
     """Replace each folder/name with its data, as one set (a k8s job.yaml and trainjob.yaml): every file is written
     aside before any is put in place, so a full disk or a Ctrl-C while writing leaves the folder as it was; then each
-    is renamed into place (never half-written, never through a link)."""
+    is renamed into place (never half-written, never through a link); `mode`: chmod them."""
     dfd = _open_folder(folder)
     aside: list[str] = []
     try:
         for name, data in files.items():
-            aside.append(_aside(dfd, name, data))
-        for name, tmp in zip(files, aside, strict=True):
+            aside.append(_aside(dfd, name, data, mode))
+        for name, tmp in zip(files, list(aside), strict=True):
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            aside.remove(tmp)
     except IsADirectoryError:
         raise DockyardError(f"{folder / name} is a folder, where a file is written: remove it") from None
     finally:
