@@ -153,7 +153,8 @@ def _remainder(c) -> list[str]:
             "join_timeout": "seconds the nodes wait for each other, joining and later (default 120): raise it where "
                             "nodes start minutes apart (pyxis unpacking a large squashfs)",
             "max_restarts": "torchrun restarts of a node's workers before the job fails (default 0), as for invoke run",
-            "out": "the script file to write, or a folder to write it into (default: <runs>/slurm/<recipe>-<nodes>n.sbatch)"})
+            "out": "the script file to write, or a folder to write it into (default: "
+                   "<jobs>/slurm/<recipe>-<nodes>n.sbatch, the jobs_dir setting; never in the runs folder)"})
 def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", archive: Place = "",
           runtime="docker", image_file: Place = "", out: Place = "", join_timeout: Seconds = 120,
           max_restarts: Restarts = 0):
@@ -185,7 +186,8 @@ def slurm(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0
             "join_timeout": "seconds the pods wait for each other, joining and later (default 120): raise it where "
                             "pods start minutes apart (a node pulling the image for the first time)",
             "resume": "continue the run --run-id from its last complete checkpoint",
-            "out": "folder to write job.yaml and trainjob.yaml into (default: <runs>/k8s/<run-id>/)"})
+            "out": "folder to write job.yaml and trainjob.yaml into (default: <jobs>/k8s/<run-id>/, the jobs_dir "
+                   "setting; never in the runs folder)"})
 def k8s(c, recipe: Place = "zero2", nodes: Nodes = 2, gpus_per_node: Count = 0, variant="auto", image="", run_id="",
         runs_claim="dockyard-runs",
         shm="16Gi", max_restarts: Restarts = 0, resume=False, out: Place = "", join_timeout: Seconds = 120):

@@ -41,6 +41,7 @@ class Settings(BaseModel):
     image_name: str = "dockyard"
     variants_file: Path = Path("images/variants.yaml")
     runs_dir: Path = Path("runs")
+    jobs_dir: Path = Path("jobs")  # out of every container's reach (dockyard.launch.caches.check_out_of_reach)
     wheelhouse_dir: Path = Path("images/wheelhouse")
     dist_dir: Path = Path("images/dist")
     docker: str = ""
@@ -103,7 +104,7 @@ class Settings(BaseModel):
             raise ValueError(f"must name a command and its options, as in {example}")
         return shlex.join(os.path.expanduser(w) if w.startswith("~") else w for w in words)
 
-    @field_validator("variants_file", "runs_dir", "wheelhouse_dir", "dist_dir", "hf_cache", "layer_cache",
+    @field_validator("variants_file", "runs_dir", "jobs_dir", "wheelhouse_dir", "dist_dir", "hf_cache", "layer_cache",
                      "compile_cache", "data", "model", mode="before")
     @classmethod
     def _a_path(cls, v: Any, info: ValidationInfo) -> Any:

@@ -92,6 +92,13 @@ def private_layer_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def private_jobs_folder(tmp_path_factory):
+    """`invoke slurm` and `invoke k8s` without --out write their files into a folder of the suite's own, not the
+    checkout's jobs/."""
+    os.environ["INVOKE_DOCKYARD_JOBS_DIR"] = str(tmp_path_factory.mktemp("jobs"))
+
+
+@pytest.fixture(scope="session", autouse=True)
 def private_compile_cache(tmp_path_factory):
     """Runs in the images keep torch.compile's kernels in a cache of the suite's own (made 0700), not the user's."""
     os.environ["INVOKE_DOCKYARD_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compile-cache"))

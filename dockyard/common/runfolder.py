@@ -614,8 +614,10 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [p for p in checkpoints_started(run_dir) if (p / COMPLETE).is_file()]
 
 
-# folders of the runs folder that tasks other than `invoke run` write (dockyard.launch.slurm, k8s, run.shell): no run's
-TOOL_FOLDERS = {"slurm": "the sbatch scripts of `invoke slurm`", "k8s": "the manifests of `invoke k8s`",
+# folders of the runs folder that tasks other than `invoke run` write, or wrote (run.shell; slurm and k8s before
+# the jobs folder): no run's
+TOOL_FOLDERS = {"slurm": "the sbatch scripts `invoke slurm` wrote before it wrote them into the jobs folder",
+                "k8s": "the manifests `invoke k8s` wrote before it wrote them into the jobs folder",
                 "shell": "the files of `invoke shell` sessions"}
 
 

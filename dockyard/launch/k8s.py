@@ -29,7 +29,7 @@ from dockyard.common import envvars, locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
 from dockyard.images import variants
-from dockyard.launch import inputs, node, preflight, scriptwords
+from dockyard.launch import caches, inputs, node, preflight, scriptwords
 from dockyard.settings import Settings
 
 RUNTIME = "torch-distributed"  # Kubeflow Trainer's ClusterTrainingRuntime for torchrun
@@ -285,7 +285,7 @@ RUN_LABEL = re.compile(r"^\s*dockyard/run-id: ['\"]?([a-z0-9-]+)['\"]?\s*$", re.
 
 def _written_for(job: Path) -> str | None:
     """The run id an earlier `invoke k8s` wrote job.yaml for (its pods' label), or None (no such file, or not ours)."""
-    try:  # the runs folder is the containers': a link or a fifo planted there is not read through
+    try:  # a link or a fifo there is not read through
         fd = os.open(job, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
@@ -297,19 +297,22 @@ def _written_for(job: Path) -> str | None:
 
 
 def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
-    """Write job.yaml and trainjob.yaml (default folder: <runs>/k8s/<run-id>/) and say how to apply them."""
+    """Write job.yaml and trainjob.yaml (default folder: <jobs>/k8s/<run-id>/) and say how to apply them. Never in
+    the runs folder: its containers could change the manifests before kubectl applies them."""
     s = spec(settings, **kw)
     # expanduser: the shell leaves a ~ after `=` (`--out=~/x`) as it is
     runs = settings.path(settings.runs_dir)
-    folder = runfolder.users_folder(Path(out), runs) if out else runs / "k8s" / s.run_id
+    folder = runfolder.users_folder(Path(out), runs) if out else settings.path(settings.jobs_dir) / "k8s" / s.run_id
     scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
+    caches.check_out_of_reach(settings, folder, "--out" if out else "the jobs_dir setting's folder",
+                              "give --out=FOLDER outside it" if out else "set the jobs_dir setting to a folder outside "
+                              "it (INVOKE_DOCKYARD_JOBS_DIR=~/jobs), or give --out=FOLDER")
     paths = {"job": folder / "job.yaml", "trainjob": folder / "trainjob.yaml"}
     docs = {"job": job_manifests(s), "trainjob": [trainjob_manifest(s)]}
-    # A manifest of the user's own there is neither an earlier run's nor replaced by --resume; in a folder of the user's,
-    # nor is a link to one or an empty file (in the runs folder a link is a container's, replaced: runfolder.write).
-    theirs = locks.not_ours if folder.is_relative_to(os.path.abspath(runs)) else locks.not_written_by
+    # A manifest of the user's own there is neither an earlier run's nor replaced by --resume, nor is a link to one or
+    # an empty file.
     for path in paths.values():
-        if theirs(path, WRITTEN_BY) or (path.is_dir() and not path.is_symlink()):
+        if locks.not_written_by(path, WRITTEN_BY) or (path.is_dir() and not path.is_symlink()):
             raise DockyardError(f"{'--out ' if out else ''}{folder} holds {path.name}, which `invoke k8s` did not write "
                                 "(it writes job.yaml and trainjob.yaml there): give another --out, or move that file away")
     if s.resume and (other := _written_for(paths["job"])) not in (None, s.run_id):
@@ -331,7 +334,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
             header = HEADER[kind].format(path=shlex.quote(str(path)), claim=s.claim, image=s.image, runtime=RUNTIME)
             texts[path.name] = header + yaml.safe_dump_all(docs[kind], sort_keys=False, width=1 << 16)
         # both or neither: a job.yaml alone (the disk filled on the second) was then "the files of an earlier invoke k8s"
-        runfolder.write_all(folder, texts)  # the runs folder is the containers': no link followed
+        runfolder.write_all(folder, texts)  # replaces a link, never writes through one
     except OSError as e:
         raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
     cpu = "" if s.gpus else " (CPU nodes: --gpus-per-node=G for nodes of G GPUs each)"

@@ -286,25 +286,29 @@ def _inputs_from_here(settings: Settings, overrides: list[str]) -> list[str]:
 
 
 def write(settings: Settings, *, out: str = "", **kw) -> Path:
-    """Write the script (default: <runs>/slurm/<recipe>-<nodes>n.sbatch; --out=FOLDER: that name in FOLDER), print
-    it, and say how to submit it."""
+    """Write the script (default: <jobs>/slurm/<recipe>-<nodes>n.sbatch; --out=FOLDER: that name in FOLDER), print
+    it, and say how to submit it. Never in the runs folder: its containers could change the script before sbatch
+    runs it."""
     text = script(settings, **kw)
     if kw.get("runtime", "docker") != "docker":  # (a docker node's `invoke run` makes them itself)
         caches.prepare(settings, compile_cache=True)  # the folders the containers mount, made as the user, checked
     runs = settings.path(settings.runs_dir)
     name = f"{runfolder.recipe_name(kw['recipe'])}-{kw['nodes']}n.sbatch"
-    path = Path(os.path.expanduser(out)) if out else runs / "slurm" / name
+    path = Path(os.path.expanduser(out)) if out else settings.path(settings.jobs_dir) / "slurm" / name
     if out and locks.names_a_folder(os.path.expanduser(out)):  # a folder the user named (never a link planted in the runs folder)
         path = path / name
     fix = "give --out=FILE in a folder you can write"
     if out:
         path = runfolder.users_folder(path.parent, runs) / path.name
         locks.check_named_output(path, "--out")
+    caches.check_out_of_reach(settings, path, "--out" if out else "the jobs_dir setting's script",
+                              "give --out=FILE outside it" if out else "set the jobs_dir setting to a folder outside "
+                              "it (INVOKE_DOCKYARD_JOBS_DIR=~/jobs), or give --out=FILE")
     runfolder.make_folders(runs, runfolder.RUNS_FIX)  # Slurm writes the job's output there
     runfolder.make_folders(path.parent, fix)
     replaced = _replaces(path, text)
     try:
-        runfolder.write(path.parent, path.name, text, mode=0o755)  # the runs folder is the containers': no link followed
+        runfolder.write(path.parent, path.name, text, mode=0o755)  # replaces a link, never writes through one
     except OSError as e:  # a folder this user cannot write, a read-only file system: the temporary file is gone
         raise DockyardError(f"cannot write the script {path}: {e.strerror or e}; {fix}") from None
     print(text, end="")

@@ -292,25 +292,45 @@ def test_a_recipe_file_linked_from_outside_its_folder_is_refused(tmp_path):
     assert recipes.load_recipe(folder).deepspeed == "ds_config.json"
 
 
-def test_the_slurm_script_and_the_kubernetes_files_in_the_runs_folder_replace_planted_links(settings, tmp_path):
-    """Their default place is the runs folder, which containers write: a link there (to ~/.bashrc) was written
-    through, and the sbatch script's chmod 755 applied to the target."""
+def test_the_slurm_script_and_the_kubernetes_files_are_written_where_no_runs_container_can_change_them(settings, tmp_path):
+    """A run's container has the runs folder (and the caches) to write: the sbatch script and the manifests written
+    there by default (runs/slurm, runs/k8s) could be rewritten by code in a container, and the user's next `sbatch`
+    or `kubectl apply` ran what it left. By default they go to the jobs folder, out of every mount `invoke run` gives a
+    container to write; an --out inside the runs folder is refused, nothing written; a link planted in the jobs
+    folder is replaced, not written through."""
     from dockyard.launch import k8s, slurm
+    from dockyard.launch import run as launch_run
 
-    s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
-    (tmp_path / "runs" / "slurm").mkdir(parents=True)
-    (tmp_path / "runs" / "k8s" / "r1").mkdir(parents=True)
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "jobs_dir": tmp_path / "jobs"})
+    argv = launch_run.docker_run_argv(s, "img", gpus=False, run_dir=tmp_path / "runs" / "r1", name="n", env={},
+                                      network_host=False, interactive="", command=[], mounts=[], engine_info={},
+                                      memlock="memlock=-1", compile_cache=True)
+    writable = [Path(v.split(":")[0]) for flag, v in zip(argv, argv[1:], strict=False)
+                if flag == "-v" and not v.endswith(":ro")]
+    assert tmp_path / "runs" in writable
+
+    (tmp_path / "jobs" / "slurm").mkdir(parents=True)
     bashrc = _outside(tmp_path, ".bashrc")
     bashrc.chmod(0o600)
-    planted = [tmp_path / "runs" / "slurm" / "zero2-2n.sbatch", tmp_path / "runs" / "k8s" / "r1" / "job.yaml",
-               tmp_path / "runs" / "k8s" / "r1" / ".trainjob.yaml.partial"]
-    for link in planted:
-        link.symlink_to(bashrc)
+    (tmp_path / "jobs" / "slurm" / "zero2-2n.sbatch").symlink_to(bashrc)
     script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
-    k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r1", resume=True)
+    paths = k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r1")
+    for written in (script, *paths.values()):
+        assert not any(written.is_relative_to(folder) for folder in writable), (written, writable)
     assert bashrc.read_text() == "# .bashrc: the user's own\n" and bashrc.stat().st_mode & 0o777 == 0o600
     assert not script.is_symlink() and script.stat().st_mode & 0o777 == 0o755 and "srun" in script.read_text()
-    assert "kind: Job" in (tmp_path / "runs" / "k8s" / "r1" / "job.yaml").read_text()
+    assert "kind: Job" in paths["job"].read_text()
+
+    for out in (tmp_path / "runs" / "slurm" / "x.sbatch", tmp_path / "runs" / "k8s"):
+        with pytest.raises(DockyardError, match="which every run's container can write"):
+            if out.suffix:
+                slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu", out=str(out))
+            else:
+                k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2", out=str(out))
+        assert not out.exists()
+    inside = s.model_copy(update={"jobs_dir": tmp_path / "runs" / "jobs"})
+    with pytest.raises(DockyardError, match="the jobs_dir setting.s script .*INVOKE_DOCKYARD_JOBS_DIR"):
+        slurm.write(inside, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
 
 
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
