@@ -221,24 +221,41 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
         wrap = []
     else:
         container = []
-        wrap = ["apptainer", "exec", *(["--nv"] if gpus else []), "--bind", spec, "--pwd", node.WORKDIR, image_file]
+        # --cleanenv, --no-home: neither the host's environment nor its home folder reaches the container (a host
+        # PYTHONPATH, LD_PRELOAD or NCCL_* changed what trained; the home folder was the container's to write, ~/.bashrc
+        # and ~/.ssh included), as in the docker form; what the trainer needs is passed by name (_APPTAINER_PASSES)
+        wrap = ["bash", "-c", _APPTAINER_PASSES, "bash", "apptainer", "exec", *(["--nv"] if gpus else []),
+                "--bind", spec, "--pwd", node.WORKDIR, "--cleanenv", "--no-home", image_file]
     entry = node.entry_shell(seen.recipe, node.run_dir_inside("$RUN_ID"), expand_run_dir=True, args='"$@"')
     # Each node advertises its own address (NODE_ADDRS: a hostname can resolve to 127.0.1.1 on the node, or not at all).
     inner = "ADDRS=($NODE_ADDRS); " + node.node_command(
         index="$SLURM_NODEID", nnodes="$SLURM_NNODES", nproc=gpus or node.CPU_NPROC, endpoint="$MASTER_ADDR:$MASTER_PORT",
         run_id="$RUN_ID", local_addr="${ADDRS[$SLURM_NODEID]}", entry=entry, join_timeout=join_timeout,
         max_restarts=max_restarts)
-    env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above).",
-           # the trainer's environment, HOME left as the runtime sets it for the user
-           "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in
-                                {envvars.IMAGE_REF: image, **node.container_env(), **caches.compile_env(settings),
-                                 **seen.env, **({} if gpus else {"DS_ACCELERATOR": "cpu"})}.items() if k != "HOME")]
+    # the trainer's environment, HOME left as the runtime sets it for the user
+    trainer = {k: v for k, v in {envvars.IMAGE_REF: image, **node.container_env(), **caches.compile_env(settings),
+                                 **seen.env, **({} if gpus else {"DS_ACCELERATOR": "cpu"})}.items() if k != "HOME"}
+    env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above)"
+           + (", those variables alone." if runtime == "apptainer" else "."),
+           "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in trainer.items())]
+    if runtime == "apptainer":
+        env.append(f"export {_PASSED}={shlex.quote(' '.join([*trainer, *JOB_VARIABLES]))}")
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     each = "one process per GPU" if gpus else f"{node.CPU_NPROC} processes on the CPUs (no GPU asked)"
     return [*env, *_resume_alone_before_overrides(), *_overrides_first(seen.overrides),
             f"# {what} on every node; torchrun starts there, {each}.",
             shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
             + ' bash "$@"']
+
+
+# What crosses into an Apptainer container started with --cleanenv: the job's variables the node's command reads
+# (SLURM_NODEID is each node's own), the GPUs Slurm gave the job's task, the interface the user names for gloo and
+# NCCL (docs/multinode.md: exported before sbatch), and the trainer's environment exported above.
+JOB_VARIABLES = ("NODE_ADDRS", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "SLURM_NODEID", "SLURM_NNODES",
+                 "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_PASSED = "DOCKYARD_APPTAINER_PASSES"  # the names, exported by the script; each node's bash passes those set there
+_APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERENV_$v=${{!v}}"; done; '
+                     'exec "$@"')
 
 
 def _resume_alone_before_overrides() -> list[str]:

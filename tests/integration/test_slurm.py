@@ -83,15 +83,18 @@ def test_sbatch_of_the_written_script_trains_zero2_across_both_nodes(cluster, no
 
 # Apptainer cannot be installed here. This stand-in does what `apptainer exec` does for the script, with the
 # node's Docker engine: the host's network and /etc/hosts (where this machine's name resolves to no address of
-# the test network), the --bind folders, --pwd, the job's environment, the image named in the .sif file (here: a
-# text file holding the image reference). It records its own arguments.
+# the test network), the --bind folders, --pwd, the job's environment (with --cleanenv: the APPTAINERENV_ variables
+# alone, without their prefix), the image named in the .sif file (here: a text file holding the image reference).
+# It records its own arguments.
 APPTAINER = r"""#!/bin/bash
 echo "$*" >> "$APPTAINER_LOG"
 [ "$1" = exec ] && shift
 binds=()
+pass='^(SLURM_|DOCKYARD_|MASTER_|RUN_ID=|NODE_ADDRS=|HF_|TORCHINDUCTOR_|TRITON_)'
 while [[ $1 == --* ]]; do
   case $1 in
-    --nv) shift ;;
+    --nv|--no-home) shift ;;
+    --cleanenv) pass='^APPTAINERENV_'; shift ;;
     --bind) IFS=, read -ra list <<< "$2"; for b in "${list[@]}"; do binds+=(-v "$b"); done; shift 2 ;;
     --pwd) pwd=$2; shift 2 ;;
     *) echo "apptainer stand-in: unknown option $1" >&2; exit 2 ;;
@@ -99,8 +102,7 @@ while [[ $1 == --* ]]; do
 done
 image=$(cat "$1"); shift
 envs=()
-while IFS= read -r -d '' kv; do envs+=(-e "$kv"); done \
-  < <(env -0 | grep -zE '^(SLURM_|DOCKYARD_|MASTER_|RUN_ID=|NODE_ADDRS=|HF_|TORCHINDUCTOR_|TRITON_)')
+while IFS= read -r -d '' kv; do envs+=(-e "${kv#APPTAINERENV_}"); done < <(env -0 | grep -zE "$pass")
 exec /usr/bin/docker run --rm --network host --ipc=host --user "$(id -u):$(id -g)" "${binds[@]}" -w "$pwd" \
   "${envs[@]}" "$image" "$@"
 """
@@ -133,6 +135,7 @@ def test_the_apptainer_script_trains_across_both_nodes(cluster, node, cpu_image,
     assert sub.returncode == 0, f"sbatch: {sub.stderr}\n--- job output\n{out[-5000:]}\n{cluster.logs()}"
     calls = (tmp_path / "app.log").read_text().splitlines()
     assert len(calls) == 2 and all(c.startswith("exec --bind ") and str(sif) in c for c in calls)  # no GPU: no --nv
+    assert all("--cleanenv" in c.split() and "--no-home" in c.split() for c in calls), "no host environment, no home"
     assert f"{os.environ['INVOKE_DOCKYARD_COMPILE_CACHE']}:/workspace/.cache/compile" in calls[0]  # the suite's own
     m0 = json.loads((runs / "app1" / "manifest.json").read_text())
     m1 = json.loads((runs / "app1" / "manifest-node1.json").read_text())

@@ -35,16 +35,25 @@ for i in 0 1; do SLURM_NODEID=$i SLURM_NNODES=2 "$@" || exit $?; done
 APPTAINER = """#!/bin/bash
 echo "$@" >> "$LOG/apptainer"
 shift  # exec
-while [[ $1 == --* ]]; do [[ $1 == --nv ]] && shift || shift 2; done
+clean=""
+while [[ $1 == --* ]]; do
+  case $1 in --nv|--no-home) shift ;; --cleanenv) clean=1; shift ;; *) shift 2 ;; esac
+done
 shift  # the .sif
-exec "$@"
+[[ -z $clean ]] && exec "$@"
+# --cleanenv: the APPTAINERENV_ variables alone, without their prefix (PATH: the image's; LOG: the stand-ins')
+passed=()
+while IFS= read -r -d '' kv; do passed+=("${kv#APPTAINERENV_}"); done < <(env -0 | grep -z '^APPTAINERENV_')
+exec env -i PATH="$PATH" LOG="$LOG" "${passed[@]}" "$@"
 """
 TORCHRUN = """#!/bin/bash
 python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank": os.environ.get("DOCKYARD_NODE_RANK"),
   "rdzv": json.loads(os.environ["DOCKYARD_RENDEZVOUS"]), "image": os.environ.get("DOCKYARD_IMAGE_REF"),
   "hf_offline": os.environ.get("HF_HUB_OFFLINE"), "host_paths": os.environ.get("DOCKYARD_HOST_PATHS"),
   "compile": [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")],
-  "accelerator": os.environ.get("DS_ACCELERATOR")}))' "$@" \
+  "accelerator": os.environ.get("DS_ACCELERATOR"), "pythonpath": os.environ.get("PYTHONPATH"),
+  "nccl": [os.environ.get("NCCL_SOCKET_IFNAME"), os.environ.get("NCCL_DEBUG")],
+  "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}))' "$@" \
   >> "$LOG/torchrun"
 """
 
@@ -215,6 +224,27 @@ def test_restarts_of_the_workers_reach_every_node_in_the_container_and_through_i
     assert "--max-restarts" not in slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, overrides=[])
     with pytest.raises(DockyardError, match=r"--max-restarts must be 0 or more \(got -1\)"):
         slurm.script(settings, recipe="zero2", nodes=2, gpus_per_node=4, overrides=[], max_restarts=-1)
+
+
+def test_the_apptainer_container_gets_neither_the_hosts_environment_nor_its_home_but_what_the_trainer_needs(
+        settings, tmp_path):
+    """`apptainer exec` passes the host's whole environment and mounts the user's home: a PYTHONPATH, an NCCL_* or
+    anything else set where sbatch ran reached the trainer (works on my box, breaks on the cluster), and the home folder
+    (~/.bashrc, ~/.ssh) was the container's to write. With --cleanenv and --no-home the trainer gets what the docker
+    form gives it with -e, the job's rendezvous, the GPUs Slurm bound to the task and the interface the user named for
+    NCCL and gloo (docs/multinode.md), and nothing else."""
+    image = tmp_path / "dy.sif"
+    image.write_text("")
+    host = {"PYTHONPATH": str(Path.home() / ".local" / "lib"), "NCCL_DEBUG": "TRACE", "NCCL_SOCKET_IFNAME": "ib0",
+            "CUDA_VISIBLE_DEVICES": "2,3", "DOCKYARD_RUN_ID": "zero2-slurm-77"}
+    got = _run(settings, tmp_path, "apptainer", str(image), env=host)
+    calls = got["apptainer"].splitlines()
+    assert len(calls) == 2 and all("--cleanenv" in c.split() and "--no-home" in c.split() for c in calls), calls
+    for i, n in enumerate(got["torchrun"]):
+        assert n["pythonpath"] is None and n["nccl"] == ["ib0", None], n  # the host's, left out; the interface, named
+        assert n["rank"] == str(i) and n["rdzv"]["id"] == "zero2-slurm-77" and n["rdzv"]["local_addr"] == f"10.9.0.{i + 1}"
+        assert n["image"].endswith("-cu132") and n["hf_offline"] == "1" and n["gpus"] == "2,3"
+        assert n["compile"] == ["/workspace/.cache/compile/inductor", "/workspace/.cache/compile/triton"]
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])

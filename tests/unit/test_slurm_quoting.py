@@ -219,7 +219,7 @@ def test_container_nodes_get_every_value_as_one_word_and_nothing_runs(settings, 
     else:
         calls = [r["argv"] for r in got if r["tool"] == "apptainer"]
         assert len(calls) == 2 and all(c[:4] == ["exec", "--nv", "--bind", calls[0][3]] for c in calls)
-        assert calls[0][6] == str(image_file.resolve())
+        assert calls[0][6:9] == ["--cleanenv", "--no-home", str(image_file.resolve())]
         spec = calls[0][3]
     assert spec.startswith(f"{runs_dir}:/workspace/runs,")
     assert f"{folder.resolve()}:{inside}:ro" in spec.split(",")
