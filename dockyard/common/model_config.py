@@ -7,13 +7,15 @@ model_type is counted as a Llama-style decoder, said so in the result. Standard 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dockyard.common import runfolder
 from dockyard.common.data_files import HUB_ID
-from dockyard.common.errors import DockyardError, json_object
+from dockyard.common.errors import DockyardError, json_object, loads
 
 # model_type → how its decoder layer differs from Llama's:
 #   qkv_bias: q/k/v projections always have a bias (Qwen2); "flag": when `attention_bias` says so (Llama:
@@ -221,3 +223,26 @@ def cached_snapshot(hub_home: Path, repo_id: str) -> Path | None:
         return named
     found = [d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()]
     return max(found, key=lambda d: d.stat().st_mtime, default=None)
+
+
+def rename_base(folder: Path, as_named: Callable[[str], str]) -> str | None:
+    """The base an adapter folder names (adapter_config.json's base_model_name_or_path, where peft's AutoPeftModel
+    looks for it), renamed `as_named(base)` there and in peft's model card (README.md); None where the folder holds
+    no adapter config naming one. Read and written through no link (a run folder is the containers')."""
+    try:
+        config = loads(runfolder.read(folder, ADAPTER, 1 << 20) or b"null")
+    except (ValueError, DockyardError):
+        return None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str):
+        return None
+    named = as_named(base)
+    if named != base:
+        runfolder.write(folder, ADAPTER, json.dumps({**config, "base_model_name_or_path": named}, indent=2) + "\n")
+        try:  # peft's model card names the base too; a card past 1 MiB is none of peft's, and left as it is
+            card = runfolder.read_text(folder, "README.md", 1 << 20)
+        except DockyardError:
+            card = None
+        if card:
+            runfolder.write(folder, "README.md", card.replace(base, named))
+    return named

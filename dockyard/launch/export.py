@@ -10,7 +10,6 @@ sizes as the manifest recorded when the run started) is mounted.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -18,8 +17,8 @@ import sys
 from pathlib import Path
 
 from dockyard import engine
-from dockyard.common import locks, runfolder
-from dockyard.common.errors import DockyardError, loads, read_bounded, shown
+from dockyard.common import locks, model_config, runfolder
+from dockyard.common.errors import DockyardError, read_bounded, shown
 from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
 from dockyard.launch import caches, node, preflight, scriptwords
@@ -210,31 +209,13 @@ def remove_left_unfinished(target: Path, left: list[Path]) -> None:
 
 
 def base_on_this_host(target: Path, as_host) -> None:
-    """An adapter's base named where it is on this host: the export in the image wrote the path it saw the base at
-    (/workspace/inputs/model, /workspace/runs/ID/base) into adapter_config.json and the model card, where peft's
-    AutoPeftModel on this host (or anyone the folder is given to) looks for it."""
-    config = target / "adapter_config.json"
-    if not config.is_file() or config.is_symlink():
-        return
-    try:
-        c = loads(read_bounded(config, 1 << 20, "adapter_config.json"))
-    except (ValueError, DockyardError):
-        return
-    base = c.get("base_model_name_or_path") if isinstance(c, dict) else None
-    if not isinstance(base, str):
-        return
-    if as_host(base) != base:
-        c["base_model_name_or_path"] = as_host(base)
-        config.write_text(json.dumps(c, indent=2) + "\n")
-        card = target / "README.md"
-        if card.is_file() and not card.is_symlink():
-            try:  # peft's model card names the base too; a card past 1 MiB is none of peft's, and left as it is
-                text = read_bounded(card, 1 << 20, "model card").decode(errors="replace")
-            except DockyardError:
-                text = ""
-            if text:
-                card.write_text(text.replace(base, as_host(base)))
-    print(f"  its base: {as_host(base)} (peft loads the adapter onto it)")
+    """An adapter's base named where it is on this host: an export in the image (of a run older than the trainer's own
+    renaming) wrote the path it saw the base at (/workspace/inputs/model, /workspace/runs/ID/base) into
+    adapter_config.json and the model card, where peft's AutoPeftModel on this host (or anyone the folder is given to)
+    looks for it."""
+    base = model_config.rename_base(target, as_host)
+    if base is not None:
+        print(f"  its base: {base} (peft loads the adapter onto it)")
 
 
 def remove_unfinished(made: list[Path], marker: Path) -> None:

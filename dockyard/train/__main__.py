@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
-from dockyard.common import autos, disk, envvars, memory, runfolder
-from dockyard.common.errors import DockyardError, Stopped, first_line
+from dockyard.common import autos, disk, envvars, memory, model_config, runfolder
+from dockyard.common.errors import DockyardError, Stopped, first_line, on_host
 from dockyard.common.recipes import Recipe
 from dockyard.common.run_settings import RunSettings, check_batch_within_data, parse_overrides
 from dockyard.common.runfolder import METRICS
@@ -545,6 +545,8 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                                                    models.weights_dtype(p.settings, p.recipe, half_of(args)))
     saving = time.perf_counter()
     trainer.save_model(str(run.opts.run_dir / runfolder.MODEL))
+    if p.recipe.peft and args.should_save:  # the process that saved it
+        model_config.rename_base(run.opts.run_dir / runfolder.MODEL, lambda base: base_for_host(p.settings, base))
     runfolder.share_weights(run.opts.run_dir / runfolder.MODEL)  # every rank, as each may have written: a chmod is idempotent
     final_save = time.perf_counter() - saving  # after training: never taken out of its time (metrics.seconds)
     trained, (peak, peak_rank) = over_ranks(metrics.tokens_trained, manifest.peak_memory_bytes(), run.world_size,
@@ -564,6 +566,16 @@ def save_and_measure(p: Prepared, trainer: Any, metrics: Any, run: Run) -> None:
                    "steady_state": steady,
                    "peak_memory_bytes": peak, "peak_memory_kind": manifest.peak_memory_kind(),
                    "peak_memory_rank": peak_rank}
+
+
+def base_for_host(settings: RunSettings, base: str) -> str:
+    """The base an adapter names (peft writes the path this process loaded it from) as the user has it: a hub model
+    by its id (the cache's snapshot folder inside the image is no path of theirs), a folder by its path on the host
+    (/workspace/inputs/model, /workspace/runs/ID/base are the container's: AutoPeftModel on the host found nothing
+    there); a native run's path is the host's already."""
+    if settings.model and not Path(settings.model).is_dir():
+        return settings.model
+    return on_host(base)
 
 
 def reference_logits(model: Any, input_ids: list[int], device: Any, dtype: Any) -> dict[str, Any]:

@@ -327,3 +327,38 @@ def test_an_export_says_each_long_step_as_it_starts_and_how_long_it_took(tmp_pat
                                 "export of run r1: reloading the export to compare its logits with the run's model ..."]
     assert re.fullmatch(rf"exported model of run r1 to {re.escape(str(tmp_path / 'out'))} in ([0-9]+ s|[0-9.]+ min|[0-9.]+ h)",
                         out.splitlines()[0]), out
+
+
+def test_a_runs_adapter_names_its_base_where_the_host_has_it_and_the_export_still_reloads_it(tmp_path):
+    """A LoRA run's model/adapter_config.json named the base where the container saw it (/workspace/runs/ID/base,
+    /workspace/inputs/model): `invoke export` rewrote it, but a user who took the run folder's adapter to peft's
+    AutoPeftModel on the host got a path that does not exist there. The trainer names it as the host has it
+    (DOCKYARD_HOST_PATHS: the runs folder mounted under another path, as `invoke run` and run.sh mount it), in the
+    config and peft's model card; the export in the image still reloads and compares it."""
+    import subprocess
+
+    from peft import AutoPeftModelForCausalLM
+
+    from dockyard.settings import ROOT
+    from tests.support import training
+
+    inside, host = tmp_path / "workspace-runs", tmp_path / "host-runs"  # the runs folder: the container's path, the host's
+    inside.mkdir()
+    done = subprocess.run(training.command("lora", inside / "r1", "--max_steps", "2", "--per_device_train_batch_size",
+                                           "2", "--max_seq_length", "32", nproc=1, logs=tmp_path / "logs"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**training.env(), "DOCKYARD_HOST_PATHS": json.dumps({str(inside): str(host)})})
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert export.main(["--run-dir", str(inside / "r1"), "--out", str(tmp_path / "out")]) == 0  # in the image
+    inside.rename(host)  # on the host, only the host's path is there
+    model = host / "r1" / "model"
+    assert json.loads((model / "adapter_config.json").read_text())["base_model_name_or_path"] == str(host / "r1" / "base")
+    assert str(inside) not in (model / "README.md").read_text()
+    assert AutoPeftModelForCausalLM.from_pretrained(model).peft_config["default"].r == 16
+    # a hub model: by its id, not by the cache's snapshot folder inside the image
+    from types import SimpleNamespace
+
+    from dockyard.train.__main__ import base_for_host
+
+    snapshot = "/workspace/.cache/huggingface/hub/models--org--name/snapshots/0123abcd"
+    assert base_for_host(SimpleNamespace(model="org/name"), snapshot) == "org/name"
