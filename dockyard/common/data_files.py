@@ -25,6 +25,10 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
 }
+# A chat row's turns and the key naming each turn's role, by format; ShareGPT's speakers (`from`) as chat roles
+TURNS = {"messages": ("messages", "role"), "sharegpt": ("conversations", "from")}
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "model": "assistant", "tool": "tool", "function_call": "assistant", "observation": "tool"}
 FIRST_LINE_LIMIT = 1 << 24  # bytes of a JSON Lines file's first example the host reads (an example is far less)
 # Brackets deep in one example: a chat nests 3 or 4. pyarrow's JSON reader (under `datasets`) crashes the process
 # (SIGSEGV, no word of the file) near 50,000; Python's json raises RecursionError near 1,000.
@@ -134,6 +138,42 @@ def json_kind(value: Any) -> str:
     """What a JSON value that is no object is, in words: null, an array, a string, true or false, a number."""
     return "null" if value is None else {list: "an array", str: "a string", bool: "true or false"}.get(type(value),
                                                                                                       "a number")
+
+
+def turn_role(turn: dict[str, Any], fmt: str) -> str | None:
+    """A chat turn's role as the trainer takes it (a `messages` turn's `role`, any text; a ShareGPT turn's `from`, one
+    SHAREGPT_ROLES knows), None where it has none the trainer takes."""
+    role = turn.get(TURNS[fmt][1])
+    if fmt == "sharegpt":
+        return SHAREGPT_ROLES.get(str(role))
+    return role if isinstance(role, str) else None
+
+
+def bad_role(path: Path, fmt: str) -> str:
+    """"" or the one line that names the first chat turn of a JSON Lines file whose role the trainer refuses (it did,
+    once the image had started and the model had loaded): the file, its line, the role as written and what the format
+    takes. Read no further than COUNT_LIMIT bytes; a line that is no JSON object is said elsewhere (or by the trainer),
+    as is a .json file of one array."""
+    if fmt not in TURNS or path.suffix not in (".jsonl", ".json"):
+        return ""
+    key, role_key = TURNS[fmt]
+    takes = (f"one of {', '.join(SHAREGPT_ROLES)}" if fmt == "sharegpt"
+             else "the role as text (system, user, assistant, tool)")
+    with open(path, "rb") as f:
+        n = 0
+        while (raw := f.readline(COUNT_LIMIT - f.tell() + 1)) and f.tell() <= COUNT_LIMIT:
+            n += 1
+            try:
+                row = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            turns = row.get(key) if isinstance(row, dict) else None
+            for turn in turns if isinstance(turns, list) else []:
+                if isinstance(turn, dict) and turn_role(turn, fmt) is None:
+                    role = f"{role_key!r} {shown(repr(turn[role_key]))[:80]}" if role_key in turn else f"no {role_key!r}"
+                    return (f"{path}:{n}: a turn of {role}, which the {fmt} format does not take: give {takes} "
+                            "(docs/data.md)")
+    return ""
 
 
 def not_examples(path: Path) -> str:

@@ -39,6 +39,7 @@ from dockyard.common.autos import (
 from dockyard.common.data_files import (
     BUILDERS,
     COUNT_LIMIT,
+    bad_role,
     csv_header,
     data_files_in,
     examples_for,
@@ -181,6 +182,8 @@ def check_run(settings: Settings, *, recipe: Recipe, overrides: list[str], gpus_
                 trained = (fmt, f"{where} {value}")
             if key == "eval_data" and fields and (other := other_format(f"{where} {value}", fields, *trained)):
                 raise other
+        if run_settings.task == "causal_lm":
+            check_chat_roles(files, fmt if run_settings.data_format == AUTO else run_settings.data_format)
         if key == "data" and batch:
             check_enough_examples(f"{where} {value}", files, run_settings, batch, fmt or format_of(fields),
                                   gpus_in_effect)
@@ -248,6 +251,14 @@ def check_data_fields(files: list[Path]) -> tuple[str, list[str]]:
     if mixed:
         raise mixed
     return fmt, fields
+
+
+def check_chat_roles(files: list[Path], fmt: str) -> None:
+    """A chat turn whose role the trainer refuses (a ShareGPT `from` it does not know, a `messages` role that is not
+    text), named by its file and line before the image starts (data_files.bad_role)."""
+    for f in sorted(files):
+        if said := readable(f, lambda p: bad_role(p, fmt)):
+            raise DockyardError(said)
 
 
 def check_holds_text(files: list[Path], given: str, one: bool) -> bool:

@@ -1652,3 +1652,41 @@ def test_an_input_path_holding_a_control_character_is_refused_natively_too(env, 
     refused(dry(env, *flags, "--", "--eval_data", str(data)), "-- --eval_data '")
     assert "\x1b" not in dry(env, *flags, f"--data={data}").stderr
 
+
+
+CHAT_OK = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+           "conversations": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}]}
+
+
+@pytest.mark.parametrize("key,turn,says", [
+    ("conversations", {"from": "bot", "value": "4"}, "a turn of 'from' 'bot', which the sharegpt format does not take: "
+                                                      "give one of system, human, user, gpt"),
+    ("messages", {"role": None, "content": "4"}, "a turn of 'role' None, which the messages format does not take"),
+    ("messages", {"content": "4"}, "a turn of no 'role', which the messages format does not take"),
+    ("conversations", {"from": "\x1b[2Jbot", "value": "4"}, r"a turn of 'from' '\x1b[2Jbot', which"),
+])
+def test_a_chat_turn_of_a_role_the_trainer_refuses_is_named_by_its_file_and_line_before_the_run(env, tmp_path, key,
+                                                                                                turn, says):
+    """A ShareGPT `from` the trainer does not know, a `messages` turn without a role as text: `invoke run --dry`
+    passed, and the trainer refused `example 3: a turn without a known 'from'` once the image had started and the
+    model had loaded. The host's data checks name the file, its line and the role, in one line, before anything
+    starts; a role the trainer takes (any text in `messages`: a warning there) is not refused."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.train.data.formats import to_messages
+
+    good, bad = {key: CHAT_OK[key]}, {key: [CHAT_OK[key][0], turn]}
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in [good, good, bad] + [good] * 17) + "\n")  # a step: 16
+    r = dry(env, f"--data={data}")
+    refused(r, f"{data}:3: {says}")
+    assert r.stderr.count("\n") == 1, r.stderr  # one line
+    fmt = "sharegpt" if key == "conversations" else "messages"
+    with pytest.raises(DockyardError, match="a turn without a known"):  # the trainer's refusal of the same turn
+        to_messages(bad, fmt, 3)
+    assert dry(env, f"--data={data}", "--", "--data_format", fmt).returncode != 0  # the format named, not found
+    data.write_text("\n".join(json.dumps(row) for row in [good] * 20) + "\n")
+    assert dry(env, f"--data={data}").returncode == 0
+    if key == "messages":  # a role of its own: the trainer takes it, and says it is not learned
+        narrated = {"messages": [{"role": "narrator", "content": "A quiz."}, *CHAT_OK["messages"]]}
+        data.write_text("\n".join(json.dumps(row) for row in [good, narrated] * 10) + "\n")
+        assert dry(env, f"--data={data}").returncode == 0

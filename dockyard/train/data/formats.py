@@ -7,7 +7,7 @@ import logging
 import reprlib
 from typing import Any
 
-from dockyard.common.data_files import FORMATS, HOLDS, format_of, unknown_format, valued
+from dockyard.common.data_files import FORMATS, HOLDS, format_of, turn_role, unknown_format, valued
 from dockyard.common.errors import DockyardError
 
 log = logging.getLogger(__package__)  # dockyard.train.data, whichever module says it: rank 0 alone (logs.setup_logging)
@@ -15,8 +15,6 @@ log = logging.getLogger(__package__)  # dockyard.train.data, whichever module sa
 
 CHAT_FORMATS = ("messages", "alpaca", "sharegpt")
 TEXT_FIELDS = ("text", "prompt", "completion", "instruction", "input", "output")  # a string each
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "model": "assistant", "tool": "tool", "function_call": "assistant", "observation": "tool"}
 ALPACA_PROMPT = "{instruction}\n\n{input}"
 MAX_CLASSES = 1 << 16  # a classifier's outputs: more is an id read as a class number (a head of 10^12 outputs)
 
@@ -98,10 +96,8 @@ def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
                             "it in, or leave the example out")
     messages = []
     for t in turns:
-        role, content = t.get(role_key), t.get(text_key)
-        if fmt == "sharegpt":
-            role = SHAREGPT_ROLES.get(str(role))
-        if not isinstance(role, str) or not isinstance(content, str):
+        role, content = turn_role(t, fmt), t.get(text_key)
+        if role is None or not isinstance(content, str):
             raise DockyardError(f"example {n}: a turn without a known {role_key!r} or a text {text_key!r} ({t!r:.120})")
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "assistant" for m in messages):
