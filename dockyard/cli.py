@@ -285,7 +285,7 @@ def invokes_own_flags(program: invoke.Program) -> str | None:
         return None
     if program.core.remainder and not _TAKES_OVERRIDES & {t.name for t in program.tasks}:
         named = " ".join(t.name for t in program.tasks) or "invoke"
-        return (f"{named} takes nothing after -- ({program.core.remainder}): only "
+        return (f"{named} takes nothing after -- ({cut(program.core.remainder, 60)}): only "
                 f"{', '.join(sorted(_TAKES_OVERRIDES))} pass what follows it to the trainer; give flags before --, "
                 "as `invoke --help TASK` lists them")
     if program.core[0].args["dry"].value:
@@ -323,7 +323,10 @@ def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -
                 f"({where})")
     if m := _UNKNOWN.match(said):
         token = m[2]  # as Invoke's repr() wrote it: escapes already escaped, in its quotes
-        named = f"{m[1]}{token}{m[1]}"
+        # a name of thousands of characters (a pasted file, a variable holding one) is said by its start, as `short`
+        # says a value: enough to recognise it, not a screen of it
+        said_token = cut(token, 60)
+        named = f"{m[1]}{token}{m[1]}" if said_token == token else f"{m[1]}{said_token}"
         switches = {f for f, arg in getattr(e.context, "flags", {}).items() if arg.kind is bool}
         switch = next((flag for flag, eq, value in (a.partition("=") for a in argv)
                        if flag in switches and eq and value == token), None)
@@ -331,10 +334,10 @@ def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -
             return f"{switch} is a switch and takes no value: give {switch} alone ({where})"
         if token.startswith("-"):
             near = _closest(token, getattr(e.context, "flags", {}))
-            return (f"{f'invoke {task}' if task else 'invoke'} has no flag {token} ("
+            return (f"{f'invoke {task}' if task else 'invoke'} has no flag {said_token} ("
                     f"{_override_hint(task, token) or (f'did you mean {near}? ' if near else '') + where})")
         if twice := _given_twice(argv, token):  # Invoke reads a flag's second value as a task
-            return f"{twice} is given twice: give it once, as in {twice}={token}"
+            return f"{twice} is given twice: give it once, as in {twice}={said_token}"
         if recipe := _a_recipe(token, argv):
             return f"no task named {named}: {recipe}"
         if token.lower() == "help" and argv and argv[0] == token:  # git's and docker's way: `invoke help run`
