@@ -360,21 +360,24 @@ near_path() {
 # An option run.sh does not take, answered as invoke run answers a flag it lacks: invoke run's flags that run.sh has
 # another way for, a switch given a value, a value after a space, else the option it most likely meant.
 unknown_option() {
-	name=${1%%=*} value=
-	[ "$name" = "$1" ] || value=${1#*=}
+	name=${1%%=*} value= typed=$(short "$1")
+	[ "$name" = "$1" ] || value=$(short "${1#*=}")
 	case $name in
-	--gpus) die "unknown option $1: run.sh takes the GPUs from CUDA_VISIBLE_DEVICES, as in CUDA_VISIBLE_DEVICES=${value:-0,2} sh run.sh ..." ;;
-	--variant) die "unknown option $1: run.sh trains in a loaded image: give it as --image=${DEFAULT%-*}-${value:-VARIANT} (sh load.sh its archive first)" ;;
+	--gpus) die "unknown option $typed: run.sh takes the GPUs from CUDA_VISIBLE_DEVICES, as in CUDA_VISIBLE_DEVICES=${value:-0,2} sh run.sh ..." ;;
+	--variant) die "unknown option $typed: run.sh trains in a loaded image: give it as --image=${DEFAULT%-*}-${value:-VARIANT} (sh load.sh its archive first)" ;;
 	--native | --nodes | --node-rank | --master-addr | --master-port | --iface | --join-timeout | --max-restarts)
-		die "unknown option $1: run.sh trains in the image on this node alone; several nodes, or a host's own Python, take invoke run (the checkout and a venv: README, Air-gapped step 5)" ;;
+		die "unknown option $typed: run.sh trains in the image on this node alone; several nodes, or a host's own Python, take invoke run (the checkout and a venv: README, Air-gapped step 5)" ;;
 	--cpu | --dry | --resume | --disable-require | --help)
 		[ "$name" = "$1" ] || die "$name is a switch and takes no value: give $name alone" ;;
 	--recipe | --data | --model | --run-id | --runs | --nproc | --image)
 		[ "$name" != "$1" ] || die "$1 needs its value after '=', as in $1=VALUE (options take the form --name=value)" ;;
 	esac
 	near=$(case $name in --?*) closest "${name#--}" "$OPTIONS" ;; esac)
-	die "unknown option $1 (${near:+did you mean --$near? }options take the form --name=value; trainer overrides go after --)"
+	die "unknown option $typed (${near:+did you mean --$near? }options take the form --name=value; trainer overrides go after --)"
 }
+# What a user typed, as a message quotes it (invoke's errors.short): its first 60 characters, else 57 and "..." (an
+# option of thousands of characters was echoed whole)
+short() { if [ ${#1} -le 60 ]; then printf '%s' "$1"; else printf '%.57s...' "$1"; fi; }
 OPTIONS='recipe
 data
 model

@@ -791,3 +791,15 @@ def test_invoke_runs_gpus_flag_given_to_run_sh_says_how_run_sh_picks_gpus_and_th
         proc, argv = node(flag, variant="cu132", gpus=2)
         assert not argv and "run.sh trains in the image on this node alone; several nodes, or a host's own Python, " \
                             "take invoke run" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("typed", ["--{long}", "--{long}=1", "--gpus={long}", "--variant={long}"])
+def test_an_unknown_option_of_thousands_of_characters_is_said_by_its_start(node, typed):
+    """`sh run.sh --<5,000 characters>` echoed the option whole, a screen of it, where invoke run says a flag it lacks
+    by its first 60 characters: run.sh says it so too, and the rest of its line (what to do) is still said."""
+    long = "zero2-" + "x" * 4994
+    proc, argv = node(typed.format(long=long))
+    assert proc.returncode == 1 and not argv, proc.stderr
+    said = proc.stderr.strip()
+    assert said.startswith("run.sh: unknown option --") and "zero2-xxx" in said and "..." in said, said[:400]
+    assert "x" * 100 not in said and len(said) < 400 and "\n" not in said, said[:400]
