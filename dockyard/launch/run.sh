@@ -287,18 +287,28 @@ runnable() {
 	echo "${kept:-$*}"
 }
 # A recipe name the image holds none of ($RECIPES), refused as invoke run refuses it (recipes.load_recipe), with its
-# did-you-mean. A path (a folder inside the image) is the trainer's to judge, and so is every name where the image
-# listed no recipes.
+# did-you-mean; a path that is no recipe folder on this node nor inside the image (the probe's `in-image`), too: the
+# trainer refused `--recipe=/host/typo` only once the run's container had started. Where the image listed no recipes
+# (its probe failed), the trainer judges it, as before.
 known_recipe() {
 	[ -n "$RECIPES" ] || return 0
 	NL='
 '  # $RECIPES holds a name a line: one may hold a blank (invoke run takes recipes/my recipe/ too)
-	case $RECIPE in */*) return 0 ;; *"$NL"*) ;; *) case "$NL$RECIPES$NL" in *"$NL$RECIPE$NL"*) return 0 ;; esac ;; esac
+	case $RECIPE in */*) recipe_path; return 0 ;; *"$NL"*) ;; *) case "$NL$RECIPES$NL" in *"$NL$RECIPE$NL"*) return 0 ;; esac ;; esac
 	near=$(closest "$RECIPE" "$RECIPES")
 	why=${near:+did you mean $near? }
 	[ ! -d "$HERE" ] || why="the folder $RECIPE here holds no recipe.yaml; "
 	[ -z "$RESUME" ] || [ -n "$RECIPE_GIVEN" ] || why="the run $RUN_ID trained with it: give its folder again (--recipe=FOLDER), or "
 	die "--recipe=$RECIPE: image $IMAGE holds no recipe $RECIPE: ${why}pick one of $(printf '%s\n' "$RECIPES" | awk 'NR > 1 { printf ", " } { printf "%s", $0 }') or give a folder that holds a recipe.yaml"
+}
+# A --recipe path ($HERE: here's) that holds no recipe.yaml on this node: taken where it is a recipe's folder inside the
+# image, else refused in load_recipe's words
+recipe_path() {
+	case "$NL$PROBE$NL" in *"${NL}in-image$NL"*) return 0 ;; esac
+	pick="pick one of $(printf '%s\n' "$RECIPES" | awk 'NR > 1 { printf ", " } { printf "%s", $0 }')"
+	[ ! -d "$HERE" ] || die "--recipe=$RECIPE: the folder holds no recipe.yaml: give a folder that holds one, or $pick"
+	[ "${HERE##*/}" != recipe.yaml ] || [ ! -f "$HERE" ] || die "--recipe=$RECIPE is a file: give the folder that holds it, --recipe=$(dirname -- "$RECIPE")"
+	die "--recipe=$RECIPE: no such folder on this node, nor in image $IMAGE$(near_path "$HERE"): give a folder that holds a recipe.yaml, or $pick"
 }
 # closest_recipe (dockyard/common/recipes.py) in awk: of the names $2 (one a line), the one the name $1 most likely
 # meant, or nothing; of run.sh's options too (unknown_option).
@@ -439,9 +449,11 @@ VARIANT=$(docker image inspect --format '{{index .Config.Labels "dockyard.varian
 IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")
 # A container cannot lock more memory than the engine itself may, and gets the engine's limit by default: ask
 # for unlimited (NCCL, RDMA) only where the engine has it. The same container lists the recipes the image holds (the
-# folders the trainer looks a name up in): a misspelt --recipe is refused before the run's container starts.
+# folders the trainer looks a name up in), and says whether --recipe is a folder with a recipe.yaml inside the image
+# (a line `in-image`): a misspelt --recipe, a name or a path, is refused before the run's container starts.
 PROBE=$(docker run --rm --entrypoint sh "$IMAGE" -c \
-	'ulimit -H -l; for f in @IMAGE_RECIPES@/*/recipe.yaml; do [ ! -f "$f" ] || echo "${f%/recipe.yaml}"; done' 2>/dev/null)
+	'ulimit -H -l; for f in @IMAGE_RECIPES@/*/recipe.yaml; do [ ! -f "$f" ] || echo "${f%/recipe.yaml}"; done
+	[ ! -f "$1/recipe.yaml" ] || echo in-image' sh "$RECIPE" 2>/dev/null)
 MEMLOCK=$(printf '%s\n' "$PROBE" | head -n 1)
 RECIPES=$(printf '%s\n' "$PROBE" | sed -n '2,$s|.*/||p' | LC_ALL=C sort)  # one a line: a name may hold a blank
 case "$MEMLOCK" in unlimited | '' | *[!0-9]*) MEMLOCK=-1 ;; *) MEMLOCK=$((MEMLOCK * 1024)) ;; esac

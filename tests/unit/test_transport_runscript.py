@@ -37,9 +37,11 @@ image) if [ "$2" = ls ]; then  # the images FAKE_LOADED names, of the variant a 
        *Config.Env*) echo PATH=/usr/bin; [ -z "${FAKE_REQUIRE-}" ] || echo "NVIDIA_REQUIRE_CUDA=$FAKE_REQUIRE" ;;
        *) echo sha256:feed ;;
        esac ;;
-run) case "$*" in  # run.sh's probe: the engine's memlock limit, then the recipe folders FAKE_RECIPES names
+run) case "$*" in  # run.sh's probe: the engine's memlock limit, then the recipe folders FAKE_RECIPES names, then
+     # whether the --recipe it is given (its last word) is one of the folders inside the image FAKE_IMAGE_FOLDERS names
      *"ulimit -H -l"*) echo 8192; printf '%s\\n' "${FAKE_RECIPES-}" | while IFS= read -r r; do
-         [ -z "$r" ] || echo "/opt/dockyard/recipes/$r"; done ;;
+         [ -z "$r" ] || echo "/opt/dockyard/recipes/$r"; done
+         for last do :; done; case " ${FAKE_IMAGE_FOLDERS-} " in *" $last "*) echo in-image ;; esac ;;
      *) printf '%s\\0' "$@" >"$ARGV_OUT" ;; esac ;;
 esac
 """
@@ -669,6 +671,33 @@ def test_a_recipe_name_the_image_holds_none_of_is_refused_before_docker_with_the
     proc, argv = node("--run-id=r1", "--resume", **held)
     assert not argv and "holds no recipe mine: the run r1 trained with it: give its folder again " \
                         "(--recipe=FOLDER), or pick one of" in proc.stderr, proc.stderr
+
+
+def test_a_recipe_path_that_is_no_recipe_folder_here_nor_in_the_image_is_refused_before_docker(node, tmp_path):
+    """`sh run.sh --recipe=/host/typo` started the run's container, whose trainer then refused the path it could not
+    find ("unknown recipe '/host/typo': no such folder"), leaving a run folder. run.sh refuses it before the run's
+    container, as invoke run words it, with the folder beside it that was likely meant; a recipe's folder inside the
+    image (its probe says so) still trains."""
+    held = {"FAKE_RECIPES": "\n".join(folder_names()), "FAKE_IMAGE_FOLDERS": "/opt/dockyard/recipes/lora"}
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "recipe.yaml").write_text("# invoke run --recipe=mine\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for typed, says in [
+        ("/host/typo", "--recipe=/host/typo: no such folder on this node, nor in image dockyard:0.1.0-cpu: give a "
+                       "folder that holds a recipe.yaml, or pick one of "),
+        (f"{tmp_path}/mnie", f"no such folder on this node, nor in image dockyard:0.1.0-cpu (did you mean {mine}?)"),
+        ("./empty", "--recipe=./empty: the folder holds no recipe.yaml: give a folder that holds one, or pick one of"),
+        ("mine/recipe.yaml", "--recipe=mine/recipe.yaml is a file: give the folder that holds it, --recipe=mine"),
+    ]:
+        proc, argv = node(f"--recipe={typed}", "--run-id=t1", **held)
+        assert proc.returncode == 1 and not argv, proc.stderr
+        assert proc.stderr.startswith("run.sh: ") and says in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert not (tmp_path / "runs" / "t1").exists()
+    for given in (str(mine), "/opt/dockyard/recipes/lora"):  # a folder here, a recipe's folder inside the image
+        proc, argv = node(f"--recipe={given}", "--run-id=t2", **held)
+        assert argv and argv[argv.index("--recipe") + 1].endswith(given.rsplit("/")[-1]), proc.stderr
 
 
 def test_a_recipe_of_the_image_whose_name_holds_a_blank_trains_as_invoke_run_trains_it(node, tmp_path):
