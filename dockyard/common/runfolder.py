@@ -273,6 +273,33 @@ def claim(folder: Path, marker: str | None = None) -> None:
     """Make a new run folder, atomically: an existing one (another run's, even one made a moment ago) is refused
     and left as it is. With `marker`, the folder may already exist (the other nodes of a run make it too) and the
     claim is that file, made with O_EXCL. The runs folder above it is made when missing."""
+    try:
+        _claim(folder, marker)
+    except FileExistsError:
+        raise DockyardError(f"run folder {folder} already holds a run (another run has this id, or one started with "
+                            "it at the same moment): pick another --run-id, or add --resume to continue it") from None
+
+
+def claim_free(folder: Path, marker: str | None = None) -> Path:
+    """claim() for a run id dockyard chose (the recipe and the second): the folder, or where another run holds it
+    (two runs started in the same second), the first of folder-2, folder-3, ... that none holds, each claimed as
+    atomically. The folder claimed."""
+    for n in range(1, FREE_TRIES + 1):
+        mine = folder if n == 1 else folder.with_name(f"{folder.name}-{n}")
+        try:
+            _claim(mine, marker)
+            return mine
+        except FileExistsError:
+            continue
+    raise DockyardError(f"run folders {folder} to {folder.name}-{FREE_TRIES} are all taken: give the run an id of "
+                        "its own (--run-id=ID)")
+
+
+FREE_TRIES = 99  # runs of one recipe started in the same second that get an id of their own
+
+
+def _claim(folder: Path, marker: str | None) -> None:
+    """claim's making of the folder (or its marker); FileExistsError where it is another run's."""
     make_folders(folder.parent, RUNS_FIX)
     try:
         if marker is None:
@@ -291,8 +318,7 @@ def claim(folder: Path, marker: str | None = None) -> None:
             finally:
                 os.close(dfd)
     except FileExistsError:
-        raise DockyardError(f"run folder {folder} already holds a run (another run has this id, or one started with "
-                            "it at the same moment): pick another --run-id, or add --resume to continue it") from None
+        raise
     except OSError as e:  # a runs folder this user cannot write, a read-only file system
         raise DockyardError(f"cannot make the run folder {folder}: {e.strerror or e}; {RUNS_FIX}") from None
 

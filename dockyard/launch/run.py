@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import io
 import json
 import os
 import re
@@ -211,7 +212,20 @@ def execute(settings: Settings, r: RunRequest, command: RunCommand, devices: lis
     if not r.native:
         caches.prepare(settings, compile_cache=True)  # before the run folder: a refusal leaves nothing behind
     made = not r.resume and r.node_rank == 0
-    if made:
+    if made and not r.run_id:
+        # an id of dockyard's choosing: another run started in the same second may have claimed it since it was
+        # chosen; this one takes the next free (-2, -3, ...), and its command is planned again for it (said once)
+        run_dir = runfolder.claim_free(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
+        if run_dir != command.run_dir:
+            r = replace(r, run_id=run_dir.name)
+            try:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    command, devices = prepare(settings, r)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()  # what this run claimed, empty
+                raise
+    elif made:
         # One os.mkdir (or, on a folder the other r.nodes share, one O_EXCL file): of two runs given the same
         # --run-id at once, one gets the folder and the other stops here, touching nothing of it.
         runfolder.claim(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
@@ -577,6 +591,8 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
         print(f"warning: {swappable}", file=sys.stderr)
     if node_rank > 0 and not run_id:
         raise DockyardError("with --node-rank > 0, give the same --run-id as node 0")
+    ours = not run_id  # the recipe and the second: of runs started in the same second, each claims the first free
+    # of the id, its -2, -3, ... as it starts (execute), so that one taken is no refusal here
     run_id = run_id or f"{runfolder.recipe_name(recipe)}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if why := not_a_run_id(run_id):
         # It names the container too (dockyard-<run-id>): docker's rule, checked before anything is made.
@@ -589,7 +605,8 @@ def new_run_dir(settings: Settings, recipe: str, run_id: str, resume: bool, node
         if not d.is_dir() and not d.is_symlink():
             raise DockyardError(f"--resume: no run folder {d} to resume ({newest_runs(runs, given=run_id)})")
         runfolder.check(d)  # a link planted in it (monitor.json -> ~/.bashrc) is refused before anything runs
-    elif node_rank == 0 and d.exists() and any(not runfolder.OTHER_NODES_FILE.fullmatch(p.name) for p in d.iterdir()):
+    elif node_rank == 0 and not ours and d.exists() and any(not runfolder.OTHER_NODES_FILE.fullmatch(p.name)
+                                                            for p in d.iterdir()):
         raise DockyardError(f"run folder {d} already holds a run{_never_trained(d)}: pick another --run-id, or add "
                             "--resume to continue it")
     elif node_rank > 0 and (d / runfolder.manifest_file(node_rank)).is_file():

@@ -240,3 +240,48 @@ def test_a_run_the_engine_refused_its_locked_memory_says_the_way_out(run_cpu, mo
     assert ("the engine cannot give the containers the locked memory asked for (--ulimit memlock=-1): set "
             "DOCKYARD_MEMLOCK to its hard limit in bytes (`invoke doctor` prints it on its ulimits line), or let "
             "dockerd raise it (systemd: LimitMEMLOCK=infinity)") in str(e.value), str(e.value)
+
+
+def trainer_that_completes(argv: list[str]) -> int:
+    """The container: a run that trains and ends, its completed manifest in the run folder it was given."""
+    from dockyard.train import manifest
+
+    run_dir = host_folder(argv, argv[argv.index("--run-dir") + 1])
+    manifest.write(run_dir, manifest.build(run_dir, load_recipe("ddp"), "completed", 1, None, {}, {}),
+                   runfolder.manifest_file(0))
+    return 0
+
+
+def test_runs_started_in_the_same_second_without_a_run_id_each_get_a_folder_of_their_own(run_cpu, monkeypatch, capsys):
+    """Two `invoke run --recipe=ddp` started in the same second got the same default id (ddp-<that second>): the second
+    was refused ("already holds a run ...: pick another --run-id"), whether it began after the first had claimed the
+    folder or while both were being checked. The first keeps the id's usual form; the second gets ddp-<second>-2, its
+    folder claimed with one mkdir, and its container and mounts name that folder."""
+    second = launch_run.dt.datetime(2026, 12, 7, 18, 30, 5)
+    monkeypatch.setattr(launch_run.dt, "datetime", type("Frozen", (launch_run.dt.datetime,),
+                                                        {"now": classmethod(lambda cls, tz=None: second)}))
+    for _ in range(2):  # one after the other, in the same second
+        fake, runs, go = run_cpu(trainer_that_completes, run_id="")  # (no id: the runs folder)
+        go()
+    assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == ["ddp-20261207-183005", "ddp-20261207-183005-2"]
+
+    # at the same moment: another run claims the next free id (-3) while this one is being checked
+    prepare = launch_run.prepare
+
+    def another_run_claims_it_meanwhile(settings, r):
+        command, devices = prepare(settings, r)
+        if not r.run_id:
+            command.run_dir.with_name(f"{command.run_dir.name}-3").mkdir()
+        return command, devices
+
+    monkeypatch.setattr(launch_run, "prepare", another_run_claims_it_meanwhile)
+    fake, _, go = run_cpu(trainer_that_completes, run_id="")
+    go()
+    mine = runs / "ddp-20261207-183005-4"
+    assert runfolder.read_manifest(mine).status == "completed"
+    assert not any((runs / "ddp-20261207-183005-3").iterdir())  # the other run's, left as it was
+    argv = fake.docker_calls("run")[0]
+    assert argv[argv.index("--name") + 1] == "dockyard-ddp-20261207-183005-4", argv
+    said = capsys.readouterr()
+    assert "run ddp-20261207-183005-4: completed" in said.out
+    assert said.err.count("disk: the run writes about") == 3, said.err  # planned again for its id: said once a run
