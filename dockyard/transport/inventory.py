@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
 
 from dockyard import engine
-from dockyard.common import locks
+from dockyard.common import locks, runfolder
 from dockyard.common.errors import DockyardError, problems, read_bounded
 from dockyard.images import variants
 from dockyard.settings import Settings
@@ -82,6 +82,8 @@ def write_inventory(settings: Settings, out: str = "") -> Path:
     """This node's inventory, written to `out` (a file, or a folder to hold inventory-<host>.json)."""
     path = Path(os.path.expanduser(out)) if out else settings.path(settings.dist_dir)
     folder = not out or locks.names_a_folder(os.path.expanduser(out))
+    if out:  # the links on the way followed, as save's --out: a loop of them was mkdir's bare "File exists"
+        path = runfolder.followed(path, "--out") if folder else runfolder.followed(path.parent, "--out") / path.name
     if not folder:
         locks.check_named_output(path, "--out")  # before the engine is asked
         locks.check_ours(path, "--out", b'"format"', "an inventory")

@@ -555,12 +555,15 @@ def test_values_a_dry_run_took_and_the_real_command_would_not_are_refused(args, 
 @pytest.mark.parametrize("args", [["save", "--out={out}"], ["k8s", "--recipe=ddp", "--nodes=2", "--out={out}"],
                                   ["slurm", "--recipe=ddp", "--nodes=2", "--out={out}/job.sbatch"],
                                   ["export", "--run=r1", "--out={out}"], ["load", "--file={out}/x.tar.zst"],
-                                  ["ship", "--file={out}/x.tar.zst", "--to=ssh://127.0.0.1/tmp/x"]])
+                                  ["ship", "--file={out}/x.tar.zst", "--to=ssh://127.0.0.1/tmp/x"],
+                                  ["inventory", "--out={out}"], ["inventory", "--out={out}/"],
+                                  ["inventory", "--out={out}/x.json"]])
 def test_an_out_folder_through_a_loop_of_links_is_one_line_not_a_traceback(args, tmp_path):
     """--out=~/proj/out where ~/proj -> ~/scratch -> ~/proj (a link made twice): invoke save, k8s, slurm and export
     follow the user's links on the way (Path.resolve), and a loop ended them in pathlib's 'RuntimeError: Symlink loop
     from ...' under a traceback, as the runs folder's did before d5d3b6d. Each is one line naming the flag and the
-    loop; nothing is made, the engine never asked."""
+    loop; nothing is made, the engine never asked. invoke inventory's --out, a file or a folder on the way through such
+    a loop, said only "cannot write the inventory to ...: File exists" (mkdir's word) after asking the engine."""
     (tmp_path / "proj").symlink_to(tmp_path / "scratch")
     (tmp_path / "scratch").symlink_to(tmp_path / "proj")
     runs = tmp_path / "runs"
