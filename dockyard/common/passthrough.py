@@ -92,8 +92,11 @@ def check_optim_args(given: Any) -> None:
     if given is True:  # `-- --optim_args` with no value reads as a switch
         raise DockyardError(f"--optim_args was given no value: give {OPTIM_ARGS}")
     if isinstance(given, dict):  # `--optim_args '{momentum: 0.9}'`, read as a mapping
-        pairs = ",".join(f"{k}={v}" for k, v in given.items())
-        raise DockyardError(f"optim_args {short(given)}: the Trainer reads it as text, not a mapping: write "
+        pairs = ",".join(_as_pair(k, v) for k, v in given.items())
+        bare = [str(k) for k, v in given.items() if v is None]  # `{a:1}`: the key `a:1`, no value (`a=None` was said)
+        why = (f"YAML reads {cut(', '.join(bare), 40)} as a key without a value (a value follows ': ', with its blank), "
+               "and " if bare else "")
+        raise DockyardError(f"optim_args {short(given)}: {why}the Trainer reads it as text, not a mapping: write "
                             f"--optim_args {cut(pairs, 80)} ({OPTIM_ARGS.split(', as in')[0]})")
     if not isinstance(given, str):
         raise DockyardError(f"optim_args {short(given)}: takes {OPTIM_ARGS}")
@@ -102,6 +105,15 @@ def check_optim_args(given: Any) -> None:
         if not eq or "=" in value or not KEY.fullmatch(key):
             raise DockyardError(f"optim_args {short(given)}: {cut(pair, 40)!r} is not a key=value pair; give "
                                 f"{OPTIM_ARGS}")
+
+
+def _as_pair(key: Any, value: Any) -> str:
+    """One entry of a mapping given as optim_args, as the key=value pair meant: a key YAML read without a value is
+    `a:1` typed without a blank (a=1), or a key alone (a=VALUE)."""
+    if value is not None:
+        return f"{key}={value}"
+    name, colon, meant = str(key).partition(":")
+    return f"{name.strip()}={meant.strip() if colon and meant.strip() else 'VALUE'}"
 
 
 # --- label_names -----------------------------------------------------------------------------------------------------

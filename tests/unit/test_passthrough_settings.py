@@ -113,6 +113,11 @@ def test_optim_args_the_trainer_cannot_split_into_pairs_are_refused_before_the_r
             "optim_args {'momentum': 0.9, 'nesterov': True}: the Trainer reads it as text, not a mapping: write "
             "--optim_args momentum=0.9,nesterov=True")
     refused(dry("--optim_args"), "--optim_args was given no value")
+    # `{a:1}` without the blank YAML wants is the key `a:1` with no value: `a:1=None` was the pair suggested
+    refused(dry("--optim", "sgd", "--optim_args", "{momentum:0.9, nesterov: true, dampening}"),
+            "optim_args {'momentum:0.9': None, 'nesterov': True, 'dampening': None}: YAML reads momentum:0.9, dampening "
+            "as a key without a value (a value follows ': ', with its blank), and the Trainer reads it as text, not a "
+            "mapping: write --optim_args momentum=0.9,nesterov=True,dampening=VALUE")
     for fine in ("momentum=0.9,nesterov=True", " momentum = 0.9 ", "momentum=0.9,dampening=0"):
         assert dry("--optim", "sgd", "--optim_args", fine).returncode == 0, fine
         args = TrainingArguments(output_dir=str(tmp_path), optim="sgd", optim_args=fine, use_cpu=True)
