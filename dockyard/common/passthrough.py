@@ -69,9 +69,14 @@ def check_schedule_kwargs(given: Any, kind: Any) -> None:
         raise DockyardError(f"lr_scheduler_kwargs {said}: lr_scheduler_type {kind} {why}; leave {it} out"
                             + (f", or pick a schedule that reads {unread[0]} ({', '.join(elsewhere)})" if elsewhere
                                else ""))
-    if needs and not set(needs) & set(given):
-        raise DockyardError(f"lr_scheduler_type {kind} needs {' or '.join(needs)} in lr_scheduler_kwargs: give it, as in "
-                            f"--lr_scheduler_kwargs '{{{needs[0]}: {EXAMPLES[needs[0]]}}}'")
+    valued = [k for k in needs if given.get(k) is not None]  # `{min_lr: null}`: given, yet none for transformers
+    if needs and not valued:
+        null = next((f" ({k}: null gives none)" for k in needs if k in given), "")
+        raise DockyardError(f"lr_scheduler_type {kind} needs {' or '.join(needs)} in lr_scheduler_kwargs{null}: give "
+                            f"it, as in --lr_scheduler_kwargs '{{{needs[0]}: {EXAMPLES[needs[0]]}}}'")
+    if len(valued) > 1:  # transformers' "Only one of min_lr or min_lr_rate should be set", as the Trainer made it
+        raise DockyardError(f"lr_scheduler_kwargs gives {' and '.join(valued)}: lr_scheduler_type {kind} takes one of "
+                            "them; leave the other out")
 
 
 EXAMPLES = {"min_lr": 1e-5, "min_lr_rate": 0.1, "num_decay_steps": 10}

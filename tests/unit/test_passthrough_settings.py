@@ -57,6 +57,15 @@ def test_schedule_kwargs_the_schedule_does_not_read_or_cannot_do_without_are_ref
                 "0.1"), "lr_scheduler_type reduce_lr_on_plateau reads no foo (it takes mode, factor, patience")
     refused(dry("--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", "{num_cycles: 0.5}"),
             "needs min_lr or min_lr_rate")
+    # a kwarg it needs given as null (none, to transformers), or both of two it takes one of: passed --dry, and
+    # stopped the run once the model had loaded
+    refused(dry("--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", "{min_lr: null}"),
+            "lr_scheduler_type cosine_with_min_lr needs min_lr or min_lr_rate in lr_scheduler_kwargs (min_lr: null "
+            "gives none): give it, as in --lr_scheduler_kwargs '{min_lr: 1e-05}'")
+    refused(dry("--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs", "{num_decay_steps: ~}"),
+            "needs num_decay_steps in lr_scheduler_kwargs (num_decay_steps: null gives none)")
+    refused(dry("--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", "{min_lr: 1e-5, min_lr_rate: 0.1}"),
+            "lr_scheduler_kwargs gives min_lr and min_lr_rate: lr_scheduler_type cosine_with_min_lr takes one of them")
     for fine in (["--lr_scheduler_kwargs", "{num_cycles: 0.25}"],
                  ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", "{min_lr: 1e-5}"],
                  ["--lr_scheduler_type", "warmup_stable_decay", "--lr_scheduler_kwargs", "{num_decay_steps: 10}"],
@@ -94,6 +103,8 @@ def test_the_schedules_kwargs_the_host_knows_are_what_the_pinned_transformers_re
         needs = passthrough.SCHEDULE_NEEDS.get(kind, ())
         assert made(kind, {}) == (not needs), kind
         assert all(made(kind, {key: passthrough.EXAMPLES[key]}) for key in needs), kind
+        assert not any(made(kind, {key: None}) for key in needs), kind  # null: not given
+        assert len(needs) < 2 or not made(kind, {key: passthrough.EXAMPLES[key] for key in needs}), kind  # one of them
 
 
 def test_optim_args_the_trainer_cannot_split_into_pairs_are_refused_before_the_run(dry, tmp_path):
