@@ -299,8 +299,9 @@ def liger_absent(gpus: bool, variant: Variant | None = None, native: bool = Fals
         return "" if importlib.util.find_spec("liger_kernel") else "this host's Python has no liger-kernel (--native)"
     if variant is None:
         return ""
-    pinned = variant.lock_file.is_file() and "\nliger-kernel==" in variant.lock_file.read_text()
-    return "" if pinned else f"the {variant.name} image has no liger-kernel (the CUDA images pin it)"
+    pinned = installed(variant)  # the lock's pins, by canonical name, as report_to's and optim's checks read them
+    return "" if pinned and "liger-kernel" in pinned.packages else (f"the {variant.name} image has no liger-kernel (the "
+                                                                    "CUDA images pin it)")
 
 
 class Installed(NamedTuple):

@@ -1690,3 +1690,25 @@ def test_a_chat_turn_of_a_role_the_trainer_refuses_is_named_by_its_file_and_line
         narrated = {"messages": [{"role": "narrator", "content": "A quiz."}, *CHAT_OK["messages"]]}
         data.write_text("\n".join(json.dumps(row) for row in [good, narrated] * 10) + "\n")
         assert dry(env, f"--data={data}").returncode == 0
+
+
+def test_whether_an_image_has_liger_is_read_from_its_lock_as_every_package_is(monkeypatch, tmp_path, settings):
+    """liger_absent read the image's lock with a substring test of its own ("\\nliger-kernel=="), where report_to's and
+    optim's checks ask preflight.installed (the lock's pins by canonical name, PEP 503): a lock naming it another way
+    pip writes (Liger_Kernel==, or on the lock's first line) was "the image has no liger-kernel" to the one and pinned to
+    the other. Now one reading: for every variant, and for such a lock."""
+    from dockyard.images import variants
+    from dockyard.launch import preflight
+
+    for v in variants.all_variants(settings).values():  # the real locks: cpu has none, the CUDA images pin it
+        pinned = preflight.installed(v)
+        assert (preflight.liger_absent(True, v) == "") == bool(pinned and "liger-kernel" in pinned.packages), v.name
+    lock = tmp_path / "lock.txt"
+    monkeypatch.setattr(variants.Variant, "lock_file", property(lambda self: lock))
+    cu = variants.resolve(settings, "cu132")[0]
+    for text in ("liger-kernel==0.8.5 \\\n    --hash=sha256:ab\ntorch==2.9.0\n", "torch==2.9.0\nLiger_Kernel==0.8.5\n"):
+        lock.write_text(text)
+        assert preflight.liger_absent(True, cu) == "", text
+    lock.write_text("torch==2.9.0\n    #   liger-kernel\n")  # named in a comment (what needs it), not pinned
+    assert "the cu132 image has no liger-kernel" in preflight.liger_absent(True, cu)
+    assert preflight.liger_absent(False, cu).startswith("this run trains on CPU")
