@@ -543,7 +543,9 @@ if [ -f "$HERE/recipe.yaml" ]; then
 	on_host "$RECIPE_IN" "$folder"
 fi
 # the recipe's name in a run id as invoke run writes it: letters, digits, _ . - (others become -), 64 at most
+CHOSEN=  # the id run.sh chose: of runs started in the same second, each claims the first free of it, its -2, -3, ...
 if [ -z "$RUN_ID" ]; then
+	CHOSEN=1
 	RUN_ID=$(printf '%s' "${RECIPE_IN##*/}" | tr -c 'A-Za-z0-9_.-' '-' | sed 's/^[-._]*//' | cut -c1-64)
 	RUN_ID=${RUN_ID:-run}-$(date +%Y%m%d-%H%M%S)
 fi
@@ -554,7 +556,7 @@ mkdir -p "$HERE" || die "cannot make the runs folder $RUNS"
 RUNS=$(cd "$HERE" && pwd)
 mountable --runs "$RUNS"
 RUN_DIR=$RUNS/$RUN_ID
-[ -n "$RESUME" ] || [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id, or continue it (--resume)"
+[ -n "$RESUME$CHOSEN" ] || [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id, or continue it (--resume)"
 # Never a folder in /tmp: another user could have made /tmp/.cache/huggingface first, and it is mounted read-write
 [ -n "${HF_HOME:-}${HOME:-}" ] || die "neither HF_HOME nor HOME is set: set HF_HOME to your Hugging Face cache (a folder of yours)"
 # torch.compile's and Triton's caches: the kernels one run compiled, loaded by the next instead of compiled again. The
@@ -577,7 +579,18 @@ esac
 HF=${HF_HOME:-$HOME/.cache/huggingface}
 mountable HF_HOME "$HF"
 here HF_HOME "$HF"
-mkdir -p "$HERE" "$RUN_DIR" || die "cannot make $HF or $RUN_DIR"
+mkdir -p "$HERE" || die "cannot make $HF"
+if [ -n "$CHOSEN" ]; then  # one mkdir each, as invoke run claims it: of two runs, one gets the folder
+	base=$RUN_ID n=1
+	until mkdir "$RUN_DIR" 2>/dev/null; do
+		[ -e "$RUN_DIR" ] || [ -L "$RUN_DIR" ] || die "cannot make the run folder $RUN_DIR"
+		n=$((n + 1))
+		[ "$n" -le 99 ] || die "run folders $RUNS/$base to $base-99 are all taken: give the run an id of its own (--run-id=ID)"
+		RUN_ID=$base-$n RUN_DIR=$RUNS/$base-$n
+	done
+else
+	mkdir -p "$RUN_DIR" || die "cannot make $RUN_DIR"
+fi
 HF=$(cd "$HERE" && pwd)  # docker -v takes a relative path for a volume's name
 mountable HF_HOME "$HF"
 

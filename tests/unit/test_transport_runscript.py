@@ -832,3 +832,21 @@ def test_an_unknown_option_of_thousands_of_characters_is_said_by_its_start(node,
     said = proc.stderr.strip()
     assert said.startswith("run.sh: unknown option --") and "zero2-xxx" in said and "..." in said, said[:400]
     assert "x" * 100 not in said and len(said) < 400 and "\n" not in said, said[:400]
+
+
+def test_runs_started_in_the_same_second_without_a_run_id_each_get_a_folder_of_their_own(node, tmp_path):
+    """Two `sh run.sh` started in the same second without --run-id got the same id (<recipe>-<second>): one after the
+    other, the second was refused ("already holds a run"); at once, both trained in one folder, and docker refused the
+    second container's name. As invoke run: the id keeps its form where free, else the first free of its -2, -3, ...,
+    claimed with one mkdir; an id given is refused as before."""
+    (tmp_path / "bin" / "date").write_text("#!/bin/sh\necho 20261207-183005\n")  # every run in that second
+    (tmp_path / "bin" / "date").chmod(0o755)
+    base = f"{launch_run.DEFAULT_RECIPE}-20261207-183005"
+    for taken in (base, f"{base}-2"):  # earlier runs of that second
+        (tmp_path / "runs" / taken).mkdir(parents=True)
+        (tmp_path / "runs" / taken / "manifest.json").write_text('{\n  "status": "completed",\n}\n')
+    proc, argv = node()
+    assert argv[argv.index("--name") + 1] == f"dockyard-{base}-3", proc.stderr
+    assert f"-> {tmp_path}/runs/{base}-3" in proc.stderr.replace("→", "->"), proc.stderr
+    proc, argv = node(f"--run-id={base}")
+    assert proc.returncode == 1 and not argv and "already holds a run: pick another --run-id" in proc.stderr
