@@ -42,8 +42,10 @@ mountable() {  # what path
 	case $2 in *[[:cntrl:]]*) die "$1: the path holds a control character (a newline?): rename it" ;; esac
 	case $2 in *:*) die "$1=$2: docker -v cannot mount a path holding ':': rename it" ;; esac
 }
-# load.sh's engine(), copied in when run.sh is written:
-@ENGINE@
+# load.sh's engine() and its driver check (runs, least_driver, driver_facts), copied in when run.sh is written, with
+# the least driver of each CUDA major that load.sh reads from the manifest:
+CUDA_LEAST=@MIN_DRIVER@
+@LOADER_FUNCTIONS@
 smi() {  # SMI=what `nvidia-smi ARGS` says, or the run stops with its first line
 	SMI=$(nvidia-smi "$@" 2>&1) && return
 	rc=$?
@@ -53,25 +55,8 @@ smi() {  # SMI=what `nvidia-smi ARGS` says, or the run stops with its first line
 	esac
 	die "nvidia-smi fails here (${said:-exit $rc}): the NVIDIA driver is installed but does not work; after a driver upgrade, reboot (or --cpu to train on CPU)"
 }
-# Whether this node's driver runs CUDA $1, as invoke run decides (dockyard/images/variants.py driver_runs): a CUDA X.y
-# build runs on any driver of CUDA X or newer (minor-version compatibility) from the least for CUDA X on (525.60.11
-# says CUDA 12.0 and is below 525.60.13); by that least alone where nvidia-smi gives no CUDA version. Exit 0: yes, 1: no,
-# 2: cannot tell.
-runs() {
-	case $1 in '' | .* | *[!0-9.]*) return 2 ;; esac
-	if [ -n "$HOST_CUDA" ]; then [ "${1%%.*}" -le "${HOST_CUDA%%.*}" ] || return 1; fi
-	least=$(least_driver "$1")
-	if [ -z "$least" ] || [ -z "$DRIVER" ]; then [ -z "$HOST_CUDA" ] && return 2; return 0; fi
-	awk -v a="$DRIVER" -v b="$least" 'BEGIN { n = split(a, x, "."); m = split(b, y, "."); if (m > n) n = m
-		for (i = 1; i <= n; i++) if (x[i] + 0 != y[i] + 0) exit (x[i] + 0 < y[i] + 0); exit 0 }'
-}
-least_driver() { for pair in @MIN_DRIVER@; do [ "${pair%%=*}" != "${1%%.*}" ] || echo "${pair#*=}"; done; }
 # The image's CUDA (its dockyard.cuda label) against the driver's, from nvidia-smi's header ("Driver Version: 535.183.01
 # CUDA Version: 12.2"): inside, torch would find no usable GPU. Names the image to load instead, newest first.
-driver_facts() {  # DRIVER and HOST_CUDA from nvidia-smi's header ($SMI)
-	DRIVER=$(printf '%s\n' "$SMI" | sed -n 's/.*Driver Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
-	HOST_CUDA=$(printf '%s\n' "$SMI" | sed -n 's/.*CUDA Version: *\([0-9]\{1,3\}\.[0-9]\{1,3\}\).*/\1/p' | head -n 1)
-}
 cuda_of() { docker image inspect --format '{{index .Config.Labels "dockyard.cuda"}}' "$1" 2>/dev/null; }
 check_driver() {  # after driver_facts
 	IMAGE_CUDA=$(cuda_of "$IMAGE")

@@ -33,6 +33,7 @@ MARKS = {"/__RUNS__": "RUNS", "__RUN_ID__": "RUN_ID", "/__HF__": "HF", "/__COMPI
          "__RECIPE__": "RECIPE_IN", "__IMAGE__": "IMAGE", "__VARIANT__": "VARIANT", "__MEMLOCK__": "MEMLOCK",
          str(NPROC): "NPROC"}
 OVERRIDES = "__OVERRIDES__"             # where the user's overrides and the rewritten input paths go
+LOADER_FUNCTIONS = ("engine", "runs", "least_driver", "driver_facts")  # load.sh's, copied into run.sh
 
 
 def render(settings: Settings, image: str, variant_name: str) -> str:
@@ -79,12 +80,10 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
              "add " + " ".join(word(w) for w in command[command.index("--"):command.index(OVERRIDES)]),
              'add "$@"',
              'cmd="$cmd$EXTRA"']
-    newest_first = sorted((v for v in variants.all_variants(settings).values() if v.is_cuda),
-                          key=lambda v: variants.cuda_version(v.cuda), reverse=True)
+    newest_first = cuda_newest_first(settings)
     text = TEMPLATE.read_text()
-    for mark, value in {"@ENGINE@": engine_check(),
-                        "@MIN_DRIVER@": " ".join(shlex.quote(f"{major}={least}")
-                                                 for major, least in variants.MIN_DRIVER.items()),
+    for mark, value in {"@LOADER_FUNCTIONS@": loader_functions(),
+                        "@MIN_DRIVER@": shlex.quote(least_drivers()),
                         "@CUDA_VARIANTS@": " ".join(shlex.quote(f"{v.name}={v.cuda}") for v in newest_first),
                         "@VARIANT_ARCHS@": " ".join(shlex.quote(f"{v.name}={v.cuda}={variants.cuda_archs(v)}")
                                                     for v in newest_first),
@@ -104,9 +103,35 @@ def train_hint() -> str:
     return f"sh run.sh --recipe={launch_run.DEFAULT_RECIPE} --data=FILE --model=DIR -- --max_steps 100"
 
 
-def engine_check() -> str:
-    """load.sh's engine(): whether docker reaches its engine, said in docker's own words with the usual fix."""
-    return re.search(r"^engine\(\) \{\n.*?^\}$", LOADER.read_text(), re.M | re.S).group()
+def loader_functions() -> str:
+    """load.sh's functions run.sh shares: engine() (whether docker reaches its engine, said in docker's own words with
+    the usual fix) and the driver check (runs, least_driver, driver_facts: invoke run's rule in sh)."""
+    text = LOADER.read_text()
+    return "\n".join(re.search(rf"^{name}\(\) \{{(?:[^\n]*\}}|[^\n]*\n.*?^\}})$", text, re.M | re.S).group()
+                     for name in LOADER_FUNCTIONS)
+
+
+def least_drivers() -> str:
+    """The least driver of each CUDA major, as load.sh's least_driver reads them: "12=525.60.13 13=580"."""
+    return " ".join(f"{major}={least}" for major, least in variants.MIN_DRIVER.items())
+
+
+def cuda_newest_first(settings: Settings) -> list[variants.Variant]:
+    """The CUDA variants, newest CUDA first: the order in which a node is told the one its driver runs."""
+    return sorted((v for v in variants.all_variants(settings).values() if v.is_cuda),
+                  key=lambda v: variants.cuda_version(v.cuda), reverse=True)
+
+
+def driver_fields(settings: Settings, images: list[dict]) -> dict[str, str]:
+    """What load.sh holds against the node's driver before it copies and loads the set (the manifest's load_sh block):
+    the CUDA of the image run.sh trains in (its dockyard.cuda label; none for cpu), the least driver of each CUDA
+    major, and the variants with their CUDA, newest first, to name the one this driver runs."""
+    chosen = dockyard_variant(images)
+    labels = next((i.get("labels") or {} for i in images if chosen and i["ref"] == chosen[0]), {})
+    return {"cuda_image": chosen[0] if chosen else "",
+            "needs_cuda": labels.get("dockyard.cuda") or "",
+            "cuda_least": least_drivers(),
+            "cuda_variants": " ".join(f"{v.name}={v.cuda}" for v in cuda_newest_first(settings))}
 
 
 def word(w: str) -> str:

@@ -9,6 +9,8 @@
 #   sh load.sh [ARCHIVE]       load ARCHIVE (default: the only archive in this folder)
 #   sh load.sh --inventory     print this node's layer inventory (for `invoke save --thin-for=FILE`)
 #   ALLOWED_SIGNERS=FILE sh load.sh ...   also require a good `ssh-keygen -Y` signature by a key in FILE
+#   LOAD_SH_ANY_DRIVER=1 sh load.sh ...   load a CUDA image this node's NVIDIA driver cannot run (refused otherwise,
+#                                         before the copy: run.sh would refuse it; run.sh --cpu trains in it)
 set -u
 NAMESPACE=dockyard-archive
 
@@ -37,6 +39,24 @@ engine() {
 	*) fix="start dockerd, or set DOCKER_HOST to where it listens" ;;
 	esac
 	die "docker cannot reach an engine: ${said:-docker info failed, saying nothing} ($fix)"
+}
+
+# Whether this node's driver runs CUDA $1, as invoke run decides (dockyard/images/variants.py driver_runs): a CUDA X.y
+# build runs on any driver of CUDA X or newer (minor-version compatibility) from the least for CUDA X on (CUDA_LEAST:
+# "12=525.60.13 13=580"; 525.60.11 says CUDA 12.0 and is below 525.60.13); by that least alone where nvidia-smi gives
+# no CUDA version. Exit 0: yes, 1: no, 2: cannot tell. After driver_facts. (run.sh is written with these three too.)
+runs() {
+	case $1 in '' | .* | *[!0-9.]*) return 2 ;; esac
+	if [ -n "$HOST_CUDA" ]; then [ "${1%%.*}" -le "${HOST_CUDA%%.*}" ] || return 1; fi
+	least=$(least_driver "$1")
+	if [ -z "$least" ] || [ -z "$DRIVER" ]; then [ -z "$HOST_CUDA" ] && return 2; return 0; fi
+	awk -v a="$DRIVER" -v b="$least" 'BEGIN { n = split(a, x, "."); m = split(b, y, "."); if (m > n) n = m
+		for (i = 1; i <= n; i++) if (x[i] + 0 != y[i] + 0) exit (x[i] + 0 < y[i] + 0); exit 0 }'
+}
+least_driver() { for pair in $CUDA_LEAST; do [ "${pair%%=*}" != "${1%%.*}" ] || echo "${pair#*=}"; done; }
+driver_facts() {  # DRIVER and HOST_CUDA from nvidia-smi's header ($SMI: "Driver Version: 535.183.01   CUDA Version: 12.2")
+	DRIVER=$(printf '%s\n' "$SMI" | sed -n 's/.*Driver Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+	HOST_CUDA=$(printf '%s\n' "$SMI" | sed -n 's/.*CUDA Version: *\([0-9]\{1,3\}\.[0-9]\{1,3\}\).*/\1/p' | head -n 1)
 }
 
 sha256() {  # of stdin; OpenSSL where it is there: several times faster than coreutils on large archives
@@ -326,6 +346,25 @@ MAX_CHAINS=8192
 for pair in $IMAGES; do
 	case "$pair" in -*) die "$base.manifest.json names an image ${pair%%=*}, which is not a reference: refused" ;; esac
 done
+
+# The node's driver against the CUDA of the image run.sh trains in (needs_cuda, its dockyard.cuda label), before the
+# copy and the load (minutes, and the disk of a CUDA image): run.sh refuses an image this driver cannot run, so the
+# node is told now, with the variant its driver runs. Only where nvidia-smi answers: a node without a driver (a build
+# host, a CPU node: run.sh --cpu) loads any image, and run.sh says what is wrong with a driver that fails.
+NEEDS_CUDA=$(field needs_cuda)
+CUDA_LEAST=$(field cuda_least)
+if [ -n "$NEEDS_CUDA" ] && [ -z "${LOAD_SH_ANY_DRIVER:-}" ] && SMI=$(nvidia-smi 2>/dev/null); then
+	driver_facts
+	runs "$NEEDS_CUDA"
+	if [ $? -eq 1 ]; then
+		instead=
+		for pair in $(field cuda_variants); do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
+		least=$(least_driver "$NEEDS_CUDA")
+		fix="upgrade the driver${least:+ to $least or newer}"
+		[ -z "$instead" ] && fix="U${fix#u}" || fix="Carry the $instead archive instead (invoke save --variant=$instead), or $fix"
+		die "$(field cuda_image) needs CUDA $NEEDS_CUDA but this node's driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}, so run.sh would refuse it: nothing was copied or loaded. $fix; LOAD_SH_ANY_DRIVER=1 sh load.sh loads it anyway (for run.sh --cpu)"
+	fi
+fi
 
 # Before the copy, which takes minutes for a large archive: an engine that cannot be reached is said at once.
 engine

@@ -273,7 +273,7 @@ def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], metho
             got = stream_save(settings, images, f.write, method=method, level=level,
                               omit=(thin or {}).get("omitted", ()), spool_dir=paths.archive.parent,
                               label=f"save {paths.archive.name}", cache=cache)
-        manifest = _manifest(paths, images, got, method, level, thin)
+        manifest = _manifest(paths, images, got, method, level, thin, runscript.driver_fields(settings, images))
         with open(partials[1], "x") as f:
             f.write(json.dumps(manifest, indent=2) + "\n")
         if key:
@@ -399,7 +399,7 @@ def pump_framed(pump: TarPump, src, compressor: list[str], emit: Callable[[bytes
 
 
 def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: str, level: int,
-              thin: dict | None) -> dict:
+              thin: dict | None, driver: dict[str, str]) -> dict:
     layers, seen = [], set()
     included = {got.pump.layers[n][0] for n in got.pump.layers if n not in got.pump.omitted}
     sizes = {d: b for d, b in got.pump.layers.values()}
@@ -426,5 +426,6 @@ def _manifest(paths: ArchivePaths, images: list[dict], got: Streamed, method: st
             "check_layers": " ".join(f"{ref}={','.join(i['diff_ids'])}" for ref, i in named),
             "require_chains": " ".join((thin or {}).get("requires") or []),
             "need_kb": str(2 * got.pump.bytes_out // 1024),  # docker load unpacks, then applies
+            **driver,  # the node's driver is held against the image's CUDA before the copy
         },
     }

@@ -29,6 +29,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from dockyard.common.errors import DockyardError
+from dockyard.images import variants
+from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import load as load_mod
 from dockyard.transport import save as save_mod
@@ -222,8 +224,8 @@ def test_an_archive_written_like_invoke_save_loads_under_its_own_manifest(tmp_pa
     paths = ArchivePaths(tmp_path / "t_2.tar.zst")
     paths.archive.write_bytes(packed)
     got = save_mod.Streamed(pump, len(packed), hashlib.sha256(packed).hexdigest(), 1.0)
-    manifest = save_mod._manifest(paths, [{**image, "tags": ["t:2"], "labels": {}, "chain_ids": []}], got, "zstd", 2,
-                                 None)
+    images = [{**image, "tags": ["t:2"], "labels": {}, "chain_ids": []}]
+    manifest = save_mod._manifest(paths, images, got, "zstd", 2, None, runscript.driver_fields(Settings(), images))
     assert into_cat(tmp_path, paths, manifest, "zstd") == ({"t:2"}, raw)
 
 
@@ -703,6 +705,53 @@ def test_load_sh_stopped_mid_load_leaves_no_private_copy_and_stops_docker_load(t
     while alive(docker_load):
         assert time.monotonic() < deadline, "docker load was left running"
         time.sleep(0.05)
+
+
+# --- load.sh against the node's NVIDIA driver ---------------------------------------------------------------
+
+def driver_set(tmp_path, settings, variant: str, driver: str, cuda: str) -> tuple[list[str], dict]:
+    """The set `invoke save --variant=VARIANT` writes (its manifest's load_sh block as save makes it, from the image's
+    labels) on a node whose nvidia-smi says `driver` and `cuda` (no nvidia-smi where driver is empty); an engine that
+    answers and holds no image."""
+    v = variants.all_variants(settings)[variant]
+    ref = f"dockyard:0.1.0-{variant}"
+    images = [{"ref": ref, "tags": [ref], "id": "sha256:" + "a" * 64, "diff_ids": [],
+               "labels": {"dockyard.variant": v.name, "dockyard.cuda": v.cuda}}]
+    paths = make_set(tmp_path, name=f"dockyard_0.1.0-{variant}.tar.zst", tag=ref)
+    reseal(paths, {"images": images, "load_sh": {"check_images": f"{ref}=sha256:" + "a" * 64, "require_chains": "",
+                                                 "need_kb": "20", **runscript.driver_fields(settings, images)}})
+    env = engine_answering_info(tmp_path)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.unlink(missing_ok=True)
+    if driver:
+        smi.write_text(f"#!/bin/sh\necho '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}  |'\n")
+        smi.chmod(0o755)
+    return ["sh", str(write_loader(tmp_path)), paths.archive.name], env
+
+
+def test_load_sh_refuses_an_image_the_nodes_driver_cannot_run_before_copying_it(tmp_path, settings):
+    """A CUDA 12 node (535: CUDA 12.2) given the cu132 set: load.sh copied, hashed and loaded it (minutes, and 15 GB of
+    disk), and only run.sh then said the driver runs cu128. Now load.sh says so before the copy, naming cu128; cu128
+    loads there, and so does cu132 on a 580 driver, on a node without a driver, or with LOAD_SH_ANY_DRIVER=1."""
+    argv, env = driver_set(tmp_path, settings, "cu132", "535.183.01", "12.2")
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert ("load.sh: dockyard:0.1.0-cu132 needs CUDA 13.2 but this node's driver 535.183.01 supports CUDA 12.2, so "
+            "run.sh would refuse it: nothing was copied or loaded. Carry the cu128 archive instead (invoke save "
+            "--variant=cu128), or upgrade the driver to 580 or newer") in r.stderr, r.stderr
+    assert "verifying" not in r.stdout and not (tmp_path / "docker-used").exists()
+    for variant, driver, cuda, extra in [("cu128", "535.183.01", "12.2", {}), ("cu132", "580.65.06", "13.0", {}),
+                                         ("cu132", "", "", {}), ("cu132", "535.183.01", "12.2",
+                                                                 {"LOAD_SH_ANY_DRIVER": "1"})]:
+        argv, env = driver_set(tmp_path, settings, variant, driver, cuda)
+        r = subprocess.run(argv, capture_output=True, text=True, env={**env, **extra}, timeout=60)
+        assert "needs CUDA" not in r.stderr and f"verifying dockyard_0.1.0-{variant}.tar.zst" in r.stdout, \
+            (variant, driver, r.stderr)
+    # a driver below the least for CUDA 12 (525.60.11 says CUDA 12.0): no variant runs there
+    argv, env = driver_set(tmp_path, settings, "cu128", "525.60.11", "12.0")
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "needs CUDA 12.8 but this node's driver 525.60.11 supports CUDA 12.0" in r.stderr
+    assert "Upgrade the driver to 525.60.13 or newer" in r.stderr and "Carry" not in r.stderr, r.stderr
 
 
 def alive(pid: int) -> bool:

@@ -123,6 +123,10 @@ def test_run_sh_is_valid_posix_sh(settings, tmp_path):
         assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0
         if Path("/bin/dash").exists():
             assert subprocess.run(["dash", "-n", str(script)]).returncode == 0
+        # load.sh's functions it is written with, each once and as load.sh has it
+        loader = (ROOT / "dockyard" / "transport" / "load.sh").read_text()
+        for name in runscript.LOADER_FUNCTIONS:
+            assert script.read_text().count(f"\n{name}() {{") == 1 and f"\n{name}() {{" in loader, name
 
 
 def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, settings, tmp_path):
