@@ -122,6 +122,29 @@ def cuda_newest_first(settings: Settings) -> list[variants.Variant]:
                   key=lambda v: variants.cuda_version(v.cuda), reverse=True)
 
 
+def node_needs(settings: Settings, images: list[dict]) -> str:
+    """What a node needs to train in the set's CUDA image, said by `invoke save` before gigabytes are carried: its
+    driver and its GPUs, and the variant that serves the drivers and GPUs this one leaves out; "" for a cpu image."""
+    chosen = dockyard_variant(images)
+    v = variants.all_variants(settings).get(chosen[1]) if chosen else None
+    if v is None or not v.is_cuda:
+        return ""
+    major = variants.cuda_version(v.cuda)[0]
+    archs = variants.cuda_archs(v).replace("+PTX", "").split(";")
+    line = (f"the node: {chosen[0]} needs an NVIDIA driver {variants.MIN_DRIVER.get(major, f'of CUDA {major}')} or "
+            f"newer (CUDA {major}) and GPUs of compute capability {', '.join(archs)} (or a newer minor of one): there, "
+            "`nvidia-smi --query-gpu=driver_version,compute_cap --format=csv` says both (load.sh refuses a driver it "
+            "cannot run)")
+    for w in cuda_newest_first(settings):
+        other = variants.cuda_version(w.cuda)[0]
+        serves = [f"a CUDA {other} driver ({variants.MIN_DRIVER.get(other, 'any')} or newer)"] if other < major else []
+        lacking = [a for a in variants.cuda_archs(w).replace("+PTX", "").split(";") if a not in archs]
+        serves += [f"GPUs of {', '.join(lacking)}"] if lacking else []
+        if serves:
+            line += f"; {' or '.join(serves)} take {w.name} (invoke save --variant={w.name})"
+    return line
+
+
 def driver_fields(settings: Settings, images: list[dict]) -> dict[str, str]:
     """What load.sh holds against the node's driver before it copies and loads the set (the manifest's load_sh block):
     the CUDA of the image run.sh trains in (its dockyard.cuda label; none for cpu), the least driver of each CUDA

@@ -122,6 +122,9 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
     print(ship_hint(paths))
     print(load_hint(paths.archive))
+    needs = runscript.node_needs(settings, images)
+    if needs:
+        print(needs)
     if runner:
         print(f"train there without the project: {runscript.train_hint()}")
     return manifest

@@ -784,6 +784,36 @@ def test_the_command_save_suggests_trains_the_recipe_run_sh_trains_without_one(n
     assert re.search(r"--recipe=(\S+)", hint)[1] == launch_run.DEFAULT_RECIPE
 
 
+@pytest.mark.parametrize("host", ["rtx3090x2_535", "t4x2_535", "v100x2_535", "l40sx2_550", "h100x1_580"])
+def test_invoke_save_says_which_nodes_its_cuda_image_trains_on_and_names_the_variant_for_the_others(
+        tmp_path, monkeypatch, capsys, host):
+    """`invoke save --variant=cu132` said how to ship, load and train, and nothing of the node's driver: the user of a
+    CUDA 12 server (535, 550) learnt it after carrying gigabytes, from run.sh. The save now says the driver and GPUs
+    the image needs and names the variant for the drivers it leaves out: on each recorded host, where the driver is
+    older than the one named, the variant named is the one invoke run's auto picks there."""
+    from dockyard import gpus
+    from dockyard.settings import Settings
+    from dockyard.transport import inventory
+    from dockyard.transport import save as save_mod
+    from tests.support.save_tars import saving_docker
+
+    docker, image = saving_docker(tmp_path)
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [
+        {**image, "ref": "dockyard:0.1.0-cu132", "tags": ["dockyard:0.1.0-cu132"],
+         "labels": {"dockyard.variant": "cu132"}}])
+    settings = Settings(docker=str(docker), layer_cache_gb=0)
+    save_mod.save(settings, image="dockyard:0.1.0-cu132", out=str(tmp_path / "dist"), compress="none")
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("the node: "))
+    monkeypatch.setenv(gpus.REPLAY_ENV, str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / f"{host}.json"))
+    node_host = gpus.read_host()
+    picked = variants.resolve(settings, "auto", node_host)[0].name
+    least = line.split("needs an NVIDIA driver ", 1)[1].split(" ", 1)[0]
+    if variants.cuda_version(node_host.driver) >= variants.cuda_version(least):
+        assert picked == "cu132", line
+    else:
+        assert f"take {picked} (invoke save --variant={picked})" in line, (host, line)
+
+
 @pytest.mark.parametrize("typed, says, then", [
     ("--daat=/tmp", "did you mean --data? ", "--data=/tmp"),
     ("--recpie=ddp", "did you mean --recipe? ", "--recipe=ddp"),
