@@ -42,7 +42,7 @@ mountable() {  # what path
 	case $2 in *[[:cntrl:]]*) die "$1: the path holds a control character (a newline?): rename it" ;; esac
 	case $2 in *:*) die "$1=$2: docker -v cannot mount a path holding ':': rename it" ;; esac
 }
-# load.sh's engine() and its driver check (runs, least_driver, driver_facts), copied in when run.sh is written, with
+# load.sh's engine() and its driver and GPU checks (runs, least_driver, driver_facts, no_code), copied in when run.sh is written, with
 # the least driver of each CUDA major that load.sh reads from the manifest:
 CUDA_LEAST=@MIN_DRIVER@
 @LOADER_FUNCTIONS@
@@ -89,21 +89,6 @@ check_archs() {
 		[ -z "$(no_code "${rest#*=}")" ] && runs "${rest%%=*}" && { instead=${triple%%=*}; break; }
 	done
 	die "image $IMAGE's torch has no code for $lacking (it holds $archs), on any driver: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here), or }leave those GPUs out with CUDA_VISIBLE_DEVICES (or --cpu to train on CPU)"
-}
-# "GPU 0 (Tesla V100-SXM2-16GB, 7.0)" for each GPU of $CAPS (of $chosen, else all) without code in a build for $1
-# ("7.5;8.6;12.0+PTX"): machine code of its major at or below its minor, or PTX at or below it. None for no archs.
-no_code() {
-	printf '%s\n' "$CAPS" | awk -F', *' -v archs="$1" -v chosen=",$chosen," '
-	NF >= 3 && $3 ~ /^[0-9]+\.[0-9]+$/ && archs != "" && (chosen == ",," || index(chosen, "," $1 ",")) {
-		split($3, h, "."); ok = 0; n = split(archs, a, /[; ]+/)
-		for (i = 1; i <= n; i++) {
-			e = a[i]; ptx = sub(/\+PTX$/, "", e)
-			if (split(e, v, ".") < 2) continue
-			at_or_below = v[1] + 0 < h[1] + 0 || (v[1] + 0 == h[1] + 0 && v[2] + 0 <= h[2] + 0)
-			if (at_or_below && (ptx || v[1] + 0 == h[1] + 0)) ok = 1
-		}
-		if (!ok) { printf "%sGPU %s (%s, %s)", sep, $1, $2, $3; sep = ", " }
-	}'
 }
 # The image's NVIDIA_REQUIRE_CUDA (an nvidia/cuda base's: a --devel build; the Debian-based builds set none), which the
 # NVIDIA toolkit holds against the driver, and the brand of each GPU given to the container, as the container starts:

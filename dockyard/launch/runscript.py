@@ -33,7 +33,7 @@ MARKS = {"/__RUNS__": "RUNS", "__RUN_ID__": "RUN_ID", "/__HF__": "HF", "/__COMPI
          "__RECIPE__": "RECIPE_IN", "__IMAGE__": "IMAGE", "__VARIANT__": "VARIANT", "__MEMLOCK__": "MEMLOCK",
          str(NPROC): "NPROC"}
 OVERRIDES = "__OVERRIDES__"             # where the user's overrides and the rewritten input paths go
-LOADER_FUNCTIONS = ("engine", "runs", "least_driver", "driver_facts")  # load.sh's, copied into run.sh
+LOADER_FUNCTIONS = ("engine", "runs", "least_driver", "driver_facts", "no_code")  # load.sh's, copied into run.sh
 
 
 def render(settings: Settings, image: str, variant_name: str) -> str:
@@ -133,8 +133,8 @@ def node_needs(settings: Settings, images: list[dict]) -> str:
     archs = variants.cuda_archs(v).replace("+PTX", "").split(";")
     line = (f"the node: {chosen[0]} needs an NVIDIA driver {variants.MIN_DRIVER.get(major, f'of CUDA {major}')} or "
             f"newer (CUDA {major}) and GPUs of compute capability {', '.join(archs)} (or a newer minor of one): there, "
-            "`nvidia-smi --query-gpu=driver_version,compute_cap --format=csv` says both (load.sh refuses a driver it "
-            "cannot run)")
+            "`nvidia-smi --query-gpu=driver_version,compute_cap --format=csv` says both (load.sh refuses a driver or "
+            "GPUs it cannot run)")
     for w in cuda_newest_first(settings):
         other = variants.cuda_version(w.cuda)[0]
         serves = [f"a CUDA {other} driver ({variants.MIN_DRIVER.get(other, 'any')} or newer)"] if other < major else []
@@ -146,15 +146,17 @@ def node_needs(settings: Settings, images: list[dict]) -> str:
 
 
 def driver_fields(settings: Settings, images: list[dict]) -> dict[str, str]:
-    """What load.sh holds against the node's driver before it copies and loads the set (the manifest's load_sh block):
-    the CUDA of the image run.sh trains in (its dockyard.cuda label; none for cpu), the least driver of each CUDA
-    major, and the variants with their CUDA, newest first, to name the one this driver runs."""
+    """What load.sh holds against the node's driver and GPUs before it copies and loads the set (the manifest's load_sh
+    block): the CUDA and GPU archs of the image run.sh trains in (its dockyard.cuda and cuda_archs labels; none for
+    cpu), the least driver of each CUDA major, and the variants with their CUDA and archs, newest first, to name the
+    one that runs there."""
     chosen = dockyard_variant(images)
     labels = next((i.get("labels") or {} for i in images if chosen and i["ref"] == chosen[0]), {})
     return {"cuda_image": chosen[0] if chosen else "",
             "needs_cuda": labels.get("dockyard.cuda") or "",
+            "needs_archs": labels.get(variants.ARCHS_LABEL) or "",
             "cuda_least": least_drivers(),
-            "cuda_variants": " ".join(f"{v.name}={v.cuda}" for v in cuda_newest_first(settings))}
+            "cuda_variants": " ".join(f"{v.name}={v.cuda}={variants.cuda_archs(v)}" for v in cuda_newest_first(settings))}
 
 
 def word(w: str) -> str:

@@ -9,8 +9,8 @@
 #   sh load.sh [ARCHIVE]       load ARCHIVE (default: the only archive in this folder)
 #   sh load.sh --inventory     print this node's layer inventory (for `invoke save --thin-for=FILE`)
 #   ALLOWED_SIGNERS=FILE sh load.sh ...   also require a good `ssh-keygen -Y` signature by a key in FILE
-#   LOAD_SH_ANY_DRIVER=1 sh load.sh ...   load a CUDA image this node's NVIDIA driver cannot run (refused otherwise,
-#                                         before the copy: run.sh would refuse it; run.sh --cpu trains in it)
+#   LOAD_SH_ANY_DRIVER=1 sh load.sh ...   load a CUDA image this node's NVIDIA driver or GPUs cannot run (refused
+#                                         otherwise, before the copy: run.sh would refuse it; run.sh --cpu trains in it)
 set -u
 NAMESPACE=dockyard-archive
 
@@ -57,6 +57,22 @@ least_driver() { for pair in $CUDA_LEAST; do [ "${pair%%=*}" != "${1%%.*}" ] || 
 driver_facts() {  # DRIVER and HOST_CUDA from nvidia-smi's header ($SMI: "Driver Version: 535.183.01   CUDA Version: 12.2")
 	DRIVER=$(printf '%s\n' "$SMI" | sed -n 's/.*Driver Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)
 	HOST_CUDA=$(printf '%s\n' "$SMI" | sed -n 's/.*CUDA Version: *\([0-9]\{1,3\}\.[0-9]\{1,3\}\).*/\1/p' | head -n 1)
+}
+
+# "GPU 0 (Tesla V100-SXM2-16GB, 7.0)" for each GPU of $CAPS (of $chosen, else all) without code in a build for $1
+# ("7.5;8.6;12.0+PTX"): machine code of its major at or below its minor, or PTX at or below it. None for no archs.
+no_code() {
+	printf '%s\n' "$CAPS" | awk -F', *' -v archs="$1" -v chosen=",$chosen," '
+	NF >= 3 && $3 ~ /^[0-9]+\.[0-9]+$/ && archs != "" && (chosen == ",," || index(chosen, "," $1 ",")) {
+		split($3, h, "."); ok = 0; n = split(archs, a, /[; ]+/)
+		for (i = 1; i <= n; i++) {
+			e = a[i]; ptx = sub(/\+PTX$/, "", e)
+			if (split(e, v, ".") < 2) continue
+			at_or_below = v[1] + 0 < h[1] + 0 || (v[1] + 0 == h[1] + 0 && v[2] + 0 <= h[2] + 0)
+			if (at_or_below && (ptx || v[1] + 0 == h[1] + 0)) ok = 1
+		}
+		if (!ok) { printf "%sGPU %s (%s, %s)", sep, $1, $2, $3; sep = ", " }
+	}'
 }
 
 sha256() {  # of stdin; OpenSSL where it is there: several times faster than coreutils on large archives
@@ -347,22 +363,36 @@ for pair in $IMAGES; do
 	case "$pair" in -*) die "$base.manifest.json names an image ${pair%%=*}, which is not a reference: refused" ;; esac
 done
 
-# The node's driver against the CUDA of the image run.sh trains in (needs_cuda, its dockyard.cuda label), before the
-# copy and the load (minutes, and the disk of a CUDA image): run.sh refuses an image this driver cannot run, so the
-# node is told now, with the variant its driver runs. Only where nvidia-smi answers: a node without a driver (a build
-# host, a CPU node: run.sh --cpu) loads any image, and run.sh says what is wrong with a driver that fails.
+# The node's driver and GPUs against the image run.sh trains in (needs_cuda and needs_archs: its dockyard.cuda and
+# dockyard.cuda_archs labels), before the copy and the load (minutes, and the disk of a CUDA image): run.sh refuses an
+# image this driver cannot run, or whose torch has no code for these GPUs (a V100 given cu132), so the node is told
+# now, with the variant that runs here. Only where nvidia-smi answers: a node without a driver (a build host, a CPU
+# node: run.sh --cpu) loads any image, and run.sh says what is wrong with a driver that fails.
 NEEDS_CUDA=$(field needs_cuda)
 CUDA_LEAST=$(field cuda_least)
+chosen=  # every GPU (no_code)
 if [ -n "$NEEDS_CUDA" ] && [ -z "${LOAD_SH_ANY_DRIVER:-}" ] && SMI=$(nvidia-smi 2>/dev/null); then
 	driver_facts
+	CAPS=$(nvidia-smi --query-gpu=index,name,compute_cap --format=csv,noheader 2>/dev/null) || CAPS=
+	lacking=$(no_code "$(field needs_archs)")
 	runs "$NEEDS_CUDA"
-	if [ $? -eq 1 ]; then
+	if [ $? -eq 1 ] || [ -n "$lacking" ]; then
 		instead=
-		for pair in $(field cuda_variants); do runs "${pair#*=}" && { instead=${pair%%=*}; break; }; done
+		for triple in $(field cuda_variants); do  # name=cuda=archs, newest first
+			rest=${triple#*=}
+			[ -z "$(no_code "${rest#*=}")" ] && runs "${rest%%=*}" && { instead=${triple%%=*}; break; }
+		done
 		least=$(least_driver "$NEEDS_CUDA")
-		fix="upgrade the driver${least:+ to $least or newer}"
-		[ -z "$instead" ] && fix="U${fix#u}" || fix="Carry the $instead archive instead (invoke save --variant=$instead), or $fix"
-		die "$(field cuda_image) needs CUDA $NEEDS_CUDA but this node's driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}, so run.sh would refuse it: nothing was copied or loaded. $fix; LOAD_SH_ANY_DRIVER=1 sh load.sh loads it anyway (for run.sh --cpu)"
+		if [ -n "$lacking" ]; then
+			why="holds a torch with no code for $lacking (it has $(field needs_archs)), on any driver"
+			fix="No variant has code for them"
+			[ -z "$instead" ] || fix="Carry the $instead archive instead (invoke save --variant=$instead): its torch has their code"
+		else
+			why="needs CUDA $NEEDS_CUDA but this node's driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}"
+			fix="Upgrade the driver${least:+ to $least or newer}"
+			[ -z "$instead" ] || fix="Carry the $instead archive instead (invoke save --variant=$instead), or u${fix#U}"
+		fi
+		die "$(field cuda_image) $why, so run.sh would refuse it: nothing was copied or loaded. $fix; LOAD_SH_ANY_DRIVER=1 sh load.sh loads it anyway (for run.sh --cpu)"
 	fi
 fi
 

@@ -709,14 +709,16 @@ def test_load_sh_stopped_mid_load_leaves_no_private_copy_and_stops_docker_load(t
 
 # --- load.sh against the node's NVIDIA driver ---------------------------------------------------------------
 
-def driver_set(tmp_path, settings, variant: str, driver: str, cuda: str) -> tuple[list[str], dict]:
+def driver_set(tmp_path, settings, variant: str, driver: str, cuda: str,
+               gpu: str = "NVIDIA H100 80GB HBM3, 9.0") -> tuple[list[str], dict]:
     """The set `invoke save --variant=VARIANT` writes (its manifest's load_sh block as save makes it, from the image's
-    labels) on a node whose nvidia-smi says `driver` and `cuda` (no nvidia-smi where driver is empty); an engine that
-    answers and holds no image."""
+    labels) on a node whose nvidia-smi says `driver` and `cuda`, and two GPUs `gpu` (name, compute capability); no
+    nvidia-smi where driver is empty; an engine that answers and holds no image."""
     v = variants.all_variants(settings)[variant]
     ref = f"dockyard:0.1.0-{variant}"
     images = [{"ref": ref, "tags": [ref], "id": "sha256:" + "a" * 64, "diff_ids": [],
-               "labels": {"dockyard.variant": v.name, "dockyard.cuda": v.cuda}}]
+               "labels": {"dockyard.variant": v.name, "dockyard.cuda": v.cuda,
+                          variants.ARCHS_LABEL: variants.cuda_archs(v)}}]
     paths = make_set(tmp_path, name=f"dockyard_0.1.0-{variant}.tar.zst", tag=ref)
     reseal(paths, {"images": images, "load_sh": {"check_images": f"{ref}=sha256:" + "a" * 64, "require_chains": "",
                                                  "need_kb": "20", **runscript.driver_fields(settings, images)}})
@@ -724,7 +726,8 @@ def driver_set(tmp_path, settings, variant: str, driver: str, cuda: str) -> tupl
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.unlink(missing_ok=True)
     if driver:
-        smi.write_text(f"#!/bin/sh\necho '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}  |'\n")
+        smi.write_text(f"#!/bin/sh\ncase \"$*\" in --query-gpu=*) echo '0, {gpu}'; echo '1, {gpu}' ;;\n"
+                       f"*) echo '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}  |' ;; esac\n")
         smi.chmod(0o755)
     return ["sh", str(write_loader(tmp_path)), paths.archive.name], env
 
@@ -752,6 +755,24 @@ def test_load_sh_refuses_an_image_the_nodes_driver_cannot_run_before_copying_it(
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 1 and "needs CUDA 12.8 but this node's driver 525.60.11 supports CUDA 12.0" in r.stderr
     assert "Upgrade the driver to 525.60.13 or newer" in r.stderr and "Carry" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("driver, cuda", [("535.183.01", "12.2"), ("580.65.06", "13.0")])
+def test_load_sh_refuses_an_image_without_code_for_the_nodes_gpus_before_copying_it(tmp_path, settings, driver, cuda):
+    """Two V100s (7.0) given the cu132 set: load.sh loaded it, on a 580 driver as on 535, and run.sh then refused it
+    (cu132's torch has no sm_70). load.sh now says so before the copy, naming cu128, whose torch has V100 code and
+    which loads there."""
+    v100 = "Tesla V100-SXM2-16GB, 7.0"
+    argv, env = driver_set(tmp_path, settings, "cu132", driver, cuda, gpu=v100)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert ("load.sh: dockyard:0.1.0-cu132 holds a torch with no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0), GPU 1 "
+            "(Tesla V100-SXM2-16GB, 7.0)") in r.stderr and "upgrade the driver" not in r.stderr, r.stderr
+    assert "Carry the cu128 archive instead (invoke save --variant=cu128): its torch has their code" in r.stderr
+    assert "verifying" not in r.stdout and not (tmp_path / "docker-used").exists()
+    argv, env = driver_set(tmp_path, settings, "cu128", driver, cuda, gpu=v100)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert "no code" not in r.stderr and "verifying dockyard_0.1.0-cu128.tar.zst" in r.stdout, r.stderr
 
 
 def alive(pid: int) -> bool:
