@@ -334,8 +334,9 @@ def reworded(e: ParseError, argv: list[str], tasks: typing.Iterable[str] = ()) -
             return f"{switch} is a switch and takes no value: give {switch} alone ({where})"
         if token.startswith("-"):
             near = _closest(token, getattr(e.context, "flags", {}))
+            hint = _override_hint(task, token) or _covers_all(task, token)
             return (f"{f'invoke {task}' if task else 'invoke'} has no flag {said_token} ("
-                    f"{_override_hint(task, token) or (f'did you mean {near}? ' if near else '') + where})")
+                    f"{hint or (f'did you mean {near}? ' if near else '') + where})")
         if twice := _given_twice(argv, token):  # Invoke reads a flag's second value as a task
             return f"{twice} is given twice: give it once, as in {twice}={said_token}"
         if recipe := _a_recipe(token, argv):
@@ -379,6 +380,19 @@ def _a_recipe(token: str, argv: list[str]) -> str:
 
         recipe = closest_recipe(token, folder_names()).split(" ")[0]
     return f"a recipe is given as a flag, as in `invoke {task or 'run'} --recipe={recipe}`" if recipe else ""
+
+
+# A flag a task lacks because it covers every value of it at once: `invoke plan --recipe=lora` (the newcomer's way to
+# ask whether lora fits) was only "has no flag --recipe".
+_COVERS_ALL = {
+    ("plan", "--recipe"): "plan sizes every recipe at once, a row each, and recommends one: leave --recipe out",
+    ("doctor", "--variant"): "doctor holds every variant against this host's driver, a `variant` row each: leave "
+                             "--variant out",
+}
+
+
+def _covers_all(task: str | None, token: str) -> str:
+    return _COVERS_ALL.get((task, token.partition("=")[0]), "")
 
 
 def _override_hint(task: str | None, token: str) -> str:

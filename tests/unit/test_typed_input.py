@@ -239,6 +239,11 @@ def test_a_text_flag_of_a_dry_task_is_taken_or_ashort_error(task, flag, value, t
     (["slurm", "--out={tmp}/job.sbatch", "--runtime=--archive"], "--runtime needs a value, as in --runtime=VALUE"),
     (["slurm", "--runtime"], "--runtime needs a value"),
     (["plan", "--nosuch=3"], "invoke plan has no flag --nosuch (`invoke --help plan`"),
+    # the newcomer's way to ask whether one recipe fits, or one variant runs: plan and doctor cover them all at once
+    (["plan", "--recipe=lora", "--model=7b"], "invoke plan has no flag --recipe (plan sizes every recipe at once, a row "
+                                              "each, and recommends one: leave --recipe out)"),
+    (["doctor", "--variant=cu128"], "invoke doctor has no flag --variant (doctor holds every variant against this "
+                                    "host's driver, a `variant` row each: leave --variant out)"),
     # a trainer setting typed as the task's own flag (the `--` forgotten) is told where it goes; a typo of a flag is not
     (["run", "--recipe=lora", "--max_steps", "5"],
      "invoke run has no flag --max_steps (a trainer setting goes after a bare --, as in `invoke run --recipe=R -- "
