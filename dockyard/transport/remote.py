@@ -186,8 +186,9 @@ def sha256_there(settings: Settings, r: Remote, name: str, have: dict[str, str])
 # --- what the node has ---------------------------------------------------------------------------
 
 def node_state(settings: Settings, r: Remote, name: str) -> dict[str, str]:
-    """The node's tools (name → path, empty when missing), free_kb in its folder, and the sizes of
-    `name` there (final) and of a cut copy (partial), where they exist."""
+    """The node's tools (name → path, empty when missing), free_kb in its folder, the sizes of `name` there (final)
+    and of a cut copy (partial), where they exist, and its nvidia-smi's driver line (smi) and GPUs (gpus: "name,
+    capability;" each), where it has a working one."""
     return parse_node_state(run_there(settings, r, node_state_script(r.dir, name),
                                       "asking which tools and how much space it has")
                             .stdout)
@@ -199,6 +200,9 @@ def node_state_script(folder: str, name: str) -> str:
         "for t in rsync zstd gzip sha256sum openssl docker; do printf '%s=%s\\n' $t \"$(command -v $t)\"; done\n"
         f"p={d}; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done\n"
         "printf 'free_kb=%s\\n' \"$(df -Pk \"$p\" | awk 'NR == 2 { print $4 }')\"\n"
+        # the NVIDIA driver's header line and each GPU's name and compute capability, where nvidia-smi answers
+        "s=$(nvidia-smi 2>/dev/null | grep -m 1 'Driver Version') && printf 'smi=%s\\n' \"$s\" && printf 'gpus=%s\\n' "
+        "\"$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | tr '\\n' ';')\"\n"
         # a link is no cut copy of ours (in a folder others write, one planted there would be appended to)
         f"f={rpath(folder, name + '.partial')}; [ -f \"$f\" ] && [ ! -L \"$f\" ] "
         "&& printf 'partial=%s\\n' \"$(wc -c < \"$f\")\"\n"

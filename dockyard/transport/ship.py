@@ -22,6 +22,8 @@ from dockyard import console, engine
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded
 from dockyard.common.units import duration
+from dockyard.gpus import Gpu, Host
+from dockyard.images import variants
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
@@ -71,6 +73,7 @@ def ship_file(settings: Settings, file: str, to: str, port: int = 0, identity: s
             raise DockyardError(f"{r.host} has no {tool} ({why}): install it there"
                                 + (", or save with --compress=gzip" if tool == "zstd" else ""))
     check_thin_fits(settings, r, manifest)
+    check_node_runs(settings, r, manifest, have, load)
 
     if int(have.get("final", -1)) == manifest["archive_bytes"] and sha256_there(settings, r, name, have) == expected:
         print(f"{r.where(name)} is already there and verified")
@@ -129,6 +132,7 @@ def ship_image(settings: Settings, image: str, to: str, port: int = 0, identity:
     have = node_state(settings, r, "")
     if not have.get("docker"):
         raise DockyardError(f"{r.host} has no docker to load into")
+    check_node_runs(settings, r, {"images": images}, have, load=True)
     wanted = inventory.names(images)
     found, bad, store = images_there(settings, r, wanted)
     if not bad and store == "classic":  # there as saved, by id (load.already_loaded): a stream would send nothing new
@@ -213,6 +217,47 @@ def _inspected(r: Remote, ref: str, line: str, nothing: str) -> dict | None:
         raise DockyardError(f"{r.host} answered `docker image inspect {ref}` with what docker does not print "
                             f"({problems(e, 'answer')}): refused, {nothing}. Check the docker client on the "
                             "node.") from None
+
+
+def check_node_runs(settings: Settings, r: Remote, manifest: dict, have: dict[str, str], load: bool) -> None:
+    """The node's NVIDIA driver and GPUs (its nvidia-smi, asked with its tools) against the set's CUDA image, before the
+    copy: load.sh there refuses an image they cannot run, once gigabytes have been carried. With --load (and a stream,
+    which always loads) that is refused here, naming the variant that runs there; without, said as a warning (the set
+    may be passed on, or trained in on CPU with run.sh --cpu). A node without a working nvidia-smi is not asked
+    (load.sh there says the same)."""
+    chosen = runscript.dockyard_variant(manifest["images"])
+    labels = next((i["labels"] for i in manifest["images"] if chosen and i["ref"] == chosen[0]), {})
+    cuda, archs = labels.get("dockyard.cuda", ""), labels.get(variants.ARCHS_LABEL, "")
+    host = node_host(have)
+    if not re.fullmatch(r"\d+\.\d+", cuda) or host is None:
+        return
+    lacking = variants.gpus_without_code(archs, host) if archs else []
+    if variants.driver_runs(cuda, host) is not False and not lacking:
+        return
+    why = f"its torch has no code for {', '.join(lacking)}" if lacking else variants.short_of(cuda, host)
+    runs = [v.name for v in runscript.cuda_newest_first(settings)
+            if variants.driver_runs(v.cuda, host) and not variants.gpus_without_code(variants.cuda_archs(v), host)]
+    fix = (f"ship the {runs[0]} archive instead (invoke save --variant={runs[0]})" if runs else
+           "upgrade its driver" if not lacking else "no variant has code for those GPUs")
+    said = f"{chosen[0]} cannot train on {r.host}: {why}, so load.sh there would refuse it"
+    if load:
+        raise DockyardError(f"{said}: nothing was copied. {fix[0].upper()}{fix[1:]}")
+    print(f"warning: {said} ({fix}); copying it all the same, without --load", file=sys.stderr)
+
+
+def node_host(have: dict[str, str]) -> Host | None:
+    """What the node's nvidia-smi said (node_state's smi and gpus) as the Host the variants' rules read; None where it
+    said nothing, or what no nvidia-smi says."""
+    if not have.get("smi"):
+        return None
+    driver = re.search(r"Driver Version: *([0-9][0-9.]*)", have["smi"])
+    cuda = re.search(r"CUDA Version: *(\d{1,3}\.\d{1,3})", have["smi"])
+    gpus = [g.rpartition(",") for g in have.get("gpus", "").split(";") if g.strip()]
+    try:
+        return Host(driver=driver[1] if driver else "", cuda=cuda[1] if cuda else "",
+                    gpus=[Gpu(i, name.strip(), 0, capability=cap.strip()) for i, (name, _, cap) in enumerate(gpus)])
+    except ValidationError:
+        return None
 
 
 def check_thin_fits(settings: Settings, r: Remote, manifest: dict) -> None:

@@ -110,6 +110,67 @@ def test_a_ship_ends_with_what_to_type_on_the_node(tmp_path, capsys):
     assert {"load.sh", "x.tar.zst"} <= {p.name for p in there.iterdir()}
 
 
+NODE_SMI = """#!/bin/sh
+case "$*" in
+--query-gpu=*) echo "$GPU"; echo "$GPU" ;;
+*) echo "| NVIDIA-SMI $DRV   Driver Version: $DRV   CUDA Version: $CU  |" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("drv, cu, gpu, says", [
+    ("535.183.01", "12.2", "Tesla T4, 7.5", "driver 535.183.01 supports CUDA 12.2"),
+    ("580.65.06", "13.0", "Tesla V100-SXM2-16GB, 7.0", "its torch has no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0)"),
+])
+def test_a_set_the_nodes_driver_or_gpus_cannot_run_is_refused_before_the_copy(tmp_path, monkeypatch, capsys,
+                                                                                drv, cu, gpu, says):
+    """`invoke ship --load` of the cu132 set to a CUDA 12 node (or to V100s) copied the gigabytes, then load.sh there
+    refused it. The node's nvidia-smi is asked with its tools, before the copy: with --load the ship is refused,
+    naming the variant auto picks for such a node; without, it is said and the set copied; an H100 on 580 is not
+    warned."""
+    from dockyard.images import variants
+    from tests.support.archive_sets import make_set
+    from tests.support.archive_sets import reseal as reseal_set
+
+    (tmp_path / "set").mkdir()
+    paths = make_set(tmp_path / "set", name="dockyard_0.1.0-cu132.tar.zst", tag="dockyard:0.1.0-cu132")
+    cu132 = variants.all_variants(Settings())["cu132"]
+    labels = {"dockyard.variant": "cu132", "dockyard.cuda": cu132.cuda, variants.ARCHS_LABEL: variants.cuda_archs(cu132)}
+    reseal_set(paths, {"images": [{"ref": "dockyard:0.1.0-cu132", "tags": ["dockyard:0.1.0-cu132"],
+                                   "id": "sha256:" + "a" * 64, "diff_ids": [], "labels": labels}]})
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text(NODE_SMI)
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")  # the node's PATH: this sh's
+    for k, v in {"DRV": drv, "CU": cu, "GPU": gpu}.items():
+        monkeypatch.setenv(k, v)
+    node = ship.node_host({"smi": f"Driver Version: {drv}   CUDA Version: {cu}", "gpus": f"{gpu};{gpu};"})
+    picked = variants.resolve(Settings(), "auto", node)[0].name
+    there = tmp_path / "there"
+    with pytest.raises(DockyardError) as e:
+        ship.ship_file(local_node(tmp_path), str(paths.archive), f"node7:{there}", load=True, transport="ssh")
+    assert f"dockyard:0.1.0-cu132 cannot train on node7: {says}" in str(e.value), e.value
+    assert f"nothing was copied. Ship the {picked} archive instead (invoke save --variant={picked})" in str(e.value)
+    assert not there.exists() or paths.archive.name not in {p.name for p in there.iterdir()}
+    ship.ship_file(local_node(tmp_path), str(paths.archive), f"node7:{there}", transport="ssh")
+    err = capsys.readouterr().err
+    assert f"warning: dockyard:0.1.0-cu132 cannot train on node7: {says}" in err, err
+    assert paths.archive.name in {p.name for p in there.iterdir()}
+    for k, v in {"DRV": "580.65.06", "CU": "13.0", "GPU": "NVIDIA H100 80GB HBM3, 9.0"}.items():
+        monkeypatch.setenv(k, v)
+    ship.ship_file(local_node(tmp_path), str(paths.archive), f"node7:{tmp_path / 'h100'}", transport="ssh")
+    assert "cannot train" not in capsys.readouterr().err
+    # a stream (invoke ship --image) always loads: refused before docker save is asked for anything
+    for k, v in {"DRV": drv, "CU": cu, "GPU": gpu}.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "bin" / "docker").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    image = json.loads(paths.manifest.read_text())["images"][0]
+    monkeypatch.setattr(ship.inventory, "inspect_images", lambda settings, refs: [image])
+    with pytest.raises(DockyardError, match=f"cannot train on node7: {re.escape(says)}.*Ship the {picked} archive"):
+        ship.ship_image(local_node(tmp_path), "dockyard:0.1.0-cu132", "node7")
+
+
 CTRL_C_SHIP_LOAD = """
 import sys
 from dockyard.common.errors import DockyardError
