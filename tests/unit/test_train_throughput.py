@@ -200,7 +200,7 @@ def test_the_final_save_is_not_taken_out_of_the_training_time(tmp_path, monkeypa
     log.on_train_end(args, None, None)
     trainer = SimpleNamespace(model=None, state=SimpleNamespace(global_step=3),
                               save_model=lambda path: clock.sleep(5.0))  # a slow final save
-    p = SimpleNamespace(args=args, examples=[{"input_ids": [1]}], settings=None, recipe=None)
+    p = SimpleNamespace(args=args, examples=[{"input_ids": [1]}], settings=None, recipe=SimpleNamespace(peft=None))
     run = SimpleNamespace(doing=lambda phase: None, opts=SimpleNamespace(run_dir=tmp_path), world_size=1,
                           record=SimpleNamespace(reference_logits=None), metrics={})
     trainer_main.save_and_measure(p, trainer, log, run)
