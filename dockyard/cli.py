@@ -400,7 +400,8 @@ def _override_hint(task: str | None, token: str) -> str:
     Read only on this error, so that `invoke --list` does not import the settings model."""
     if task not in _TAKES_OVERRIDES or not token.startswith("--"):
         return ""
-    from dockyard.common.run_settings import RunSettings, training_arguments
+    from dockyard.common.run_settings import RunSettings
+    from dockyard.common.training_args import training_arguments
 
     key = token[2:].partition("=")[0].replace("-", "_")
     if key not in set(RunSettings.model_fields) | set(training_arguments()):

@@ -3,8 +3,13 @@ dockyard but each other (tests/unit/test_layers.py holds that).
 
   errors        DockyardError, the one error type: a short message that says how to fix it
   recipes       the recipe registry: what each strategy is (engine, stage, offload, adapters)
-  run_settings  a run's settings: recipes/defaults.yaml + the recipe's file + the trainer overrides; the auto
-                settings' values and the batch split, checked alike by the host and the trainer
+  run_settings  a run's settings: recipes/defaults.yaml + the recipe's file + the trainer overrides, merged into
+                the project's own (RunSettings) and TrainingArguments'; which keys a run takes; what a resume keeps
+  overrides     the trainer overrides after `--` read as YAML scalars (and `1e-3` as a number, in the files too)
+  training_args TrainingArguments' values checked without transformers: types, ranges, the names a field takes
+  passthrough   the TrainingArguments handed to the Trainer as given, checked as the pinned transformers reads them
+  batch         a step's examples split (global_batch, micro-batch, accumulation) and the auto settings' values,
+                checked alike by the host and the trainer
   model_config  a model folder's config.json -> its shape (no weights read)
   memory        the memory model: a model's shape, a recipe's GPU and host bytes, the auto micro-batch's fit
   autos         what the `auto` settings become on a GPU (micro-batch, checkpointing, compile, Liger, packing):

@@ -31,17 +31,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dockyard.common import memory, precision
+from dockyard.common.batch import LIGER_AND_COMPILE, PER_PROCESS, auto_switch, batch_split, check_autos
 from dockyard.common.errors import DockyardError, short
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import (
-    AUTO,
-    AUTO_TRAINING_ARGUMENTS,
-    LIGER_AND_COMPILE,
-    PER_PROCESS,
-    auto_switch,
-    batch_split,
-    check_autos,
-)
+from dockyard.common.training_args import AUTO, AUTO_TRAINING_ARGUMENTS
 from dockyard.common.units import GIB
 
 SET = "set"                    # the why of a setting given in a recipe or on the command line, not resolved

@@ -22,7 +22,7 @@ def half_dtype(cap: tuple[int, int] | None) -> str:
 def mixed_precision(cap: tuple[int, int] | None, overrides: dict[str, Any]) -> dict[str, bool]:
     """TrainingArguments' bf16/fp16: each as given (`--bf16 false` on an H100 trains in fp32), else by capability;
     one given true switches the other off (the Trainer refuses both; both given true is refused with the settings:
-    run_settings.check_training_numbers)."""
+    training_args.check_training_numbers)."""
     kind = half_dtype(cap)
     given = {k: overrides[k] in _TRUE for k in ("bf16", "fp16") if overrides.get(k) is not None}
     bf16 = given.get("bf16", kind == "bf16" and not given.get("fp16"))

@@ -23,6 +23,7 @@ from dockyard.common.runfolder import RunManifest
 from dockyard.images import variants
 from dockyard.launch import caches, node, preflight, scriptwords
 from dockyard.launch import run as launch_run
+from dockyard.launch.command import docker_run_argv
 from dockyard.launch.inputs import INPUTS
 from dockyard.launch.runs import newest_runs
 from dockyard.settings import ROOT, Settings
@@ -258,10 +259,9 @@ def export_command(settings: Settings, m: dict | RunManifest, run_dir: Path, tar
     command = ["python", "-m", "dockyard.train.export", "--run-dir", node.run_dir_inside(run_dir.name),
                "--out", OUT, *tail]
     env = {"DS_ACCELERATOR": "cpu", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
-    argv = launch_run.docker_run_argv(settings, image, gpus=False, run_dir=run_dir,
-                                      name=container or f"dockyard-export-{os.getpid()}", env=env,
-                                      network_host=False, interactive="", command=command, mounts=mounts,
-                                      engine_info=engine_info or {})
+    argv = docker_run_argv(settings, image, gpus=False, run_dir=run_dir,
+                           name=container or f"dockyard-export-{os.getpid()}", env=env, network_host=False,
+                           interactive="", command=command, mounts=mounts, engine_info=engine_info or {})
     return argv, {}
 
 

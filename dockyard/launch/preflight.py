@@ -36,6 +36,7 @@ from dockyard.common.autos import (
     liger_uncovered,
     resolve_numa_binding,
 )
+from dockyard.common.batch import Batch, auto_switch, batch_split, check_autos, check_batch_within_data
 from dockyard.common.data_files import (
     BUILDERS,
     COUNT_LIMIT,
@@ -58,27 +59,21 @@ from dockyard.common.data_files import (
 )
 from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.model_config import check_model_folder
+from dockyard.common.overrides import parse_overrides
 from dockyard.common.recipes import Recipe, check_deepspeed_ops, read_deepspeed_config, recipe_names, strategy
 from dockyard.common.run_settings import (
-    AUTO,
     TINY_MODEL,
-    Batch,
     RunSettings,
-    auto_switch,
-    batch_split,
     blame_kept,
-    check_autos,
-    check_batch_within_data,
     check_evaluation,
     check_known_overrides,
     check_known_settings,
     check_profile,
     check_same_shape,
-    check_training_numbers,
-    parse_overrides,
     resolve_settings,
     resumed_with,
 )
+from dockyard.common.training_args import AUTO, check_training_numbers
 from dockyard.common.units import GIB
 from dockyard.images.variants import Variant, canonical_name, parse_lock_pins
 from dockyard.launch import inputs

@@ -1,8 +1,9 @@
-"""`invoke run` and `invoke shell`: the one place that builds `docker run`, and the torchrun launch line.
+"""`invoke run` and `invoke shell`: check the request, then dispatch it.
 
-A run is: pick the variant → check the host can run it (engine, NVIDIA runtime, driver ≥ image CUDA) →
-create runs/<run-id>/ → `docker run` (GPUs, --ipc=host, ulimits, mounts, host UID/GID) of
-`torchrun ... -m dockyard.train` → read the manifest the trainer wrote and summarise it.
+A run is: pick the variant → check what would fail later (the host's GPUs and driver, the topology, the trainer's
+settings, the inputs, the disk: dockyard.launch.preflight) → the command that trains (dockyard.launch.command:
+`docker run` of `torchrun ... -m dockyard.train`, or --native on this host) → claim runs/<run-id>/ → run it under the
+monitor → summarise the manifest the trainer wrote (dockyard.launch.summary). `--dry` stops at the command, printed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import io
-import json
 import os
 import re
 import reprlib
@@ -20,22 +20,31 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dockyard import engine, gpus
 from dockyard.common import autos, cores, disk, envvars, runfolder
 from dockyard.common.errors import DockyardError, cut
 from dockyard.common.recipes import RECIPES, load_recipe
-from dockyard.common.units import duration
 from dockyard.gpus import Host, docker_gpus, read_host, select
 from dockyard.images import build, variants
 from dockyard.images.variants import Variant
-from dockyard.launch import caches, inputs, monitor, multinode, node, preflight, scriptwords
-from dockyard.launch.node import CPU_NPROC, Rendezvous
+from dockyard.launch import caches, inputs, monitor, multinode, node, preflight
+from dockyard.launch.command import (
+    RunCommand,
+    check_gpu_host,
+    check_require,
+    container_name,
+    docker_run_argv,
+    memlock_flag,
+    native_command,
+    run_command,
+    validate_topology,
+)
 from dockyard.launch.runs import newest_runs
-from dockyard.settings import ROOT, Settings
+from dockyard.launch.summary import summarise
+from dockyard.settings import Settings
 
 DEFAULT_RECIPE = "zero2"  # a new run's, when --recipe is not given
 
@@ -386,46 +395,6 @@ def shell(settings: Settings, *, variant: str = "auto", dry: bool = False, cpu: 
     os.execvp(argv[0], argv)
 
 
-@dataclass
-class Topology:
-    nproc: int
-    nodes: int = 1
-    node_rank: int = 0
-    master_addr: str = ""
-    master_port: int = node.PORT
-    rendezvous: Rendezvous | None = None  # several nodes: torchrun's c10d rendezvous
-    max_restarts: int = 0  # one node: torchrun's restarts (several: in the rendezvous' flags)
-
-
-def container_name(run_id: str, nodes: int, node_rank: int) -> str:
-    """The run's container: dockyard-<run-id>, and its node's rank where the run has several nodes, so that two of
-    them on one host (a test of several nodes on one machine) are not refused by docker as one name used twice."""
-    return f"dockyard-{run_id}" + (f"-node{node_rank}" if nodes > 1 else "")
-
-
-@dataclass
-class RunCommand:
-    argv: list[str]
-    run_dir: Path
-    env: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def torchrun_argv(topo: Topology, launcher: list[str] | None = None) -> list[str]:
-    """torchrun for this node: alone, or through the rendezvous of several (multinode.rendezvous())."""
-    return node.torchrun_argv(topo.nproc, topo.nodes, topo.rendezvous.torchrun_flags() if topo.nodes > 1 else None,
-                              launcher, max_restarts=topo.max_restarts)
-
-
-def node_env(topo: Topology) -> dict[str, str]:
-    """What the trainer of a node of several reads: the rendezvous, and which node it is."""
-    if not topo.rendezvous:
-        return {}
-    # and how long the nodes wait to see each other's files in the run folder, where the user said
-    shared = {envvars.SHARED_TIMEOUT: f"{envvars.shared_timeout():g}"} if os.environ.get(envvars.SHARED_TIMEOUT) else {}
-    return topo.rendezvous.env() | {envvars.NODE_RANK: str(topo.node_rank)} | shared
-
-
 def check_one_node(r: RunRequest) -> None:
     """The flags of several nodes, given for one, do nothing (torchrun runs standalone): said, not refused (a job
     script that always passes them may run one node)."""
@@ -463,80 +432,6 @@ def check_native(r: RunRequest, chosen: Variant) -> None:
     if given:
         print(f"warning: {', '.join(given)}: for the image a run trains in; --native trains with this host's Python and "
               f"its own torch, in no container, so {'it does' if len(given) == 1 else 'they do'} nothing", file=sys.stderr)
-
-
-def validate_topology(nproc: int, nodes: int, node_rank: int, master_addr: str, master_port: int,
-                      host: Host, variant: Variant, cpu: bool = False) -> Topology:
-    node.check_nodes(nodes)
-    if nodes > 1 and not master_addr:
-        raise DockyardError("--nodes > 1 needs --master-addr: the address of node 0, reachable from every node")
-    node.check_rank_and_port(node_rank, nodes, master_port)
-    if variant.is_cuda and not cpu:
-        if not host.gpus:
-            raise no_gpus(variant, host)
-        if nproc > host.count:  # of the GPUs chosen, where chosen: "this host has 1" read as a GPU unseen
-            has = (f"{host.count} GPU(s) are chosen ({host.visible}, by --gpus or CUDA_VISIBLE_DEVICES)" if host.visible
-                   else f"this host has {host.count} GPU(s)")
-            raise DockyardError(f"--nproc={nproc} but {has}: one process per GPU")
-        nproc = nproc or host.count
-    else:
-        nproc = nproc or CPU_NPROC
-    if nproc < 1:
-        raise DockyardError(f"--nproc must be at least 1 (got {nproc})")
-    return Topology(nproc, nodes, node_rank, master_addr, master_port)
-
-
-def check_require(tag: str, variant: Variant, image: dict | None, host: Host) -> None:
-    """An image (`image`, its inspect) whose NVIDIA_REQUIRE_CUDA leaves this driver out: docker's refusal at start,
-    said before anything starts, with the way out (run and shell; --disable-require skips it)."""
-    unmet, way_out = variants.require_unmet(variant, image, host)
-    if unmet:
-        raise DockyardError(f"image {tag} {unmet}. {way_out}")
-
-
-def check_gpu_host(settings: Settings, variant: Variant, host: Host, engine_info: dict,
-                   disable_require: bool) -> None:
-    """Refuse before starting what would fail inside the container with a cryptic message."""
-    if not variant.is_cuda:
-        return
-    if not host.gpus:
-        raise no_gpus(variant, host)
-    # engine_info is {} on `run --dry`, which asks no engine: nothing known about its runtimes then
-    if engine_info and "nvidia" not in (engine_info.get("Runtimes") or {}) \
-            and not engine.which("nvidia-container-runtime-hook"):
-        raise DockyardError(
-            "GPUs found, but the Docker engine has no NVIDIA runtime (`docker info` lists none): install the "
-            "NVIDIA Container Toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker`, restart dockerd")
-    # the GPUs first: a torch without their code runs on no driver, and a V100 on 535 given cu132 was told to
-    # upgrade the driver to 580, after which it was refused for this
-    lacking = variants.gpus_without_code(variants.cuda_archs(variant), host)
-    if lacking:
-        raise DockyardError(
-            f"image {variant.name}'s torch has no code for {', '.join(lacking)} (it holds "
-            f"{variants.cuda_archs(variant)}): use --variant=auto (picks one that has), or --gpus to leave it out")
-    if variants.driver_runs(variant.cuda, host) is False and not disable_require:  # None: cannot tell, the user chose
-        raise DockyardError(driver_too_old(settings, variant, host))
-
-
-def no_gpus(variant: Variant, host: Host) -> DockyardError:
-    """A CUDA variant asked for on a host where NVML sees no GPU: why, and what to run instead."""
-    return DockyardError(f"variant {variant.name} needs NVIDIA GPUs but {host.error or 'NVML sees none'}; "
-                         "use --variant=cpu (or --cpu to try this image's stack on CPU)")
-
-
-def driver_too_old(settings: Settings, variant: Variant, host: Host) -> str:
-    """Why `variant` cannot run on this driver, naming the variant that does (as run.sh names the image to load) and
-    the driver it needs. NVIDIA_DISABLE_REQUIRE only lifts the toolkit's check: a CUDA build newer than the driver
-    then runs only on CUDA's forward-compatibility libraries inside the image, which a registry-free build lacks, so
-    torch would find no usable GPU."""
-    instead = variants.runs_instead(settings, host)
-    least = variants.MIN_DRIVER.get(variants.cuda_version(variant.cuda)[0])
-    use = (f"use --variant={instead.name} (CUDA {instead.cuda}, which this driver runs; --variant=auto picks it) or "
-           if instead else "")
-    return (f"image {variant.name} needs CUDA {variant.cuda} but {variants.short_of(variant.cuda, host)}: {use}"
-            f"upgrade the driver{f' to {least} or newer' if least else ''}. --disable-require starts it anyway, which helps only "
-            "an image holding CUDA's forward-compatibility libraries (an nvidia/cuda base's /usr/local/cuda/compat; "
-            "the Debian-based builds hold none)")
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -632,107 +527,6 @@ def _never_trained(run_dir: Path) -> str:
             f"rm -r {shlex.quote(str(run_dir))}. Otherwise")
 
 
-def memlock_flag(daemon_hard_limit: int | None, say: bool = True) -> str:
-    """Unlimited locked memory (NCCL, RDMA, pinned buffers), or the most the engine can grant. An engine reached
-    through DOCKER_HOST has limits this host cannot read: DOCKYARD_MEMLOCK=BYTES says them (as for compose). `say`:
-    note a limit, for GPU runs (a CPU run needs no locked memory: doctor passes it)."""
-    daemon_hard_limit = memlock_given(daemon_hard_limit)
-    if daemon_hard_limit is None:
-        return "memlock=-1"
-    if say:
-        print(f"note: dockerd's hard memlock limit is {daemon_hard_limit} bytes, so containers get that, not "
-              "unlimited; for NCCL/RDMA set LimitMEMLOCK=infinity for the docker service (systemctl edit docker)",
-              file=sys.stderr)
-    return f"memlock={daemon_hard_limit}"
-
-
-def memlock_given(daemon_hard_limit: int | None) -> int | None:
-    """The engine's hard memlock limit in bytes as DOCKYARD_MEMLOCK says it, where set (-1 or `unlimited`: none, as
-    compose reads -1), else `daemon_hard_limit`; None: unlimited."""
-    value = os.environ.get(envvars.MEMLOCK, "").strip()
-    if not value:
-        return daemon_hard_limit
-    if value.lower() in ("-1", "unlimited"):
-        return None
-    if not re.fullmatch(r"[0-9]{1,18}", value):  # docker reads an int64
-        raise DockyardError(f"{envvars.MEMLOCK}={value!r}: give the engine's hard memlock limit in bytes (a whole "
-                            "number, 0 or more), or -1 or `unlimited` where it has none")
-    return int(value)
-
-
-def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir: Path | None, name: str,
-                    env: dict[str, str], network_host: bool, interactive: str, command: list[str],
-                    mounts: list[tuple[Path, str, bool]], engine_info: dict, memlock: str | None = None,
-                    devices: list[str] | None = None, compile_cache: bool = False, keep: bool = False,
-                    host_paths: bool = False) -> list[str]:
-    """Every `docker run` of the project: same flags for training, `invoke shell` and doctor's probes.
-    `engine_info`: `docker info` of the engine that runs it (rootless or remapped, it decides the user), {} on --dry.
-    `compile_cache`: mount it (what trains); caches.prepare() makes the folders first. `interactive`: "tty" (a
-    terminal, -it), "stdin" (the commands piped in, -i), or "" (none). `keep`: the container is not removed when it
-    ends (`invoke shell --keep`, to commit it). `host_paths`: tell the trainer the host path of every folder mounted
-    (DOCKYARD_HOST_PATHS, from the -v list itself), which it writes into train.log and the manifest's error."""
-    memlock = memlock or memlock_flag(engine.daemon_memlock_hard_limit(engine_info), say=False)
-    argv = engine.docker(settings, "run", *([] if keep else ["--rm"]), "--init", *engine.host_sharing_flags(engine_info),
-                         "--ulimit", memlock, "--ulimit", "stack=67108864", "--name", name)
-    if interactive:
-        argv += ["-it"] if interactive == "tty" else ["-i"]
-    if gpus:
-        argv += ["--gpus", gpus if isinstance(gpus, str) else "all"]  # a str: gpus.docker_gpus()
-    if network_host:  # the host's /etc/hosts is the container's: an --add-host would replace it with docker's own
-        argv += ["--network", "host"]
-    else:
-        argv += ["--add-host", ":".join(node.LOOPBACK_V4MAPPED)]
-    argv += devices or []  # multinode.infiniband_flags()
-    # docker's -v splits on ':' (the user's files and recipes are checked where they are named: inputs.py)
-    vols = caches.volumes(settings, compile_cache)
-    if run_dir is not None:
-        caches.writable_mount(run_dir.parent, "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs")
-        vols.append((run_dir.parent, node.RUNS_INSIDE, False))
-    vols += mounts
-    if host_paths:
-        env = {**env, envvars.HOST_PATHS: json.dumps({inside: str(host) for host, inside, _ in vols}, sort_keys=True)}
-    cache_env = caches.compile_env(settings) if compile_cache else {}
-    for k, v in {**node.container_env(), **cache_env, **env}.items():
-        argv += ["-e", f"{k}={v}"]
-    for host_path, target, ro in vols:
-        argv += ["-v", f"{host_path}:{target}{':ro' if ro else ''}"]
-    return argv + ["-w", node.WORKDIR, image, *command]
-
-
-def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host, engine_info: dict,
-             topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
-             disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
-             cpu: bool = False, data: str = "", model: str = "", checkout_recipes: bool = True,
-             ib_root: Path = multinode.INFINIBAND, summarised: bool = True) -> RunCommand:
-    """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
-
-    `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
-    host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout).
-    `recipe` is --recipe as given (a name or a folder), which run() has already loaded. `summarised`: the command
-    prints the run's summary (`invoke run`; run.sh does not), so the trainer need not."""
-    if not cpu:
-        check_gpu_host(settings, variant, host, engine_info, disable_require)
-    image = variants.tag(settings, variant)
-    seen = inputs.read_only_mounts(settings, recipe, overrides, data=data, model=model, checkout_recipes=checkout_recipes)
-    env = {envvars.IMAGE_REF: image, envvars.IMAGE_ID: image_id, envvars.VARIANT: variant.name,
-           **({envvars.SUMMARISED: "1"} if summarised else {})}
-    if disable_require:
-        env["NVIDIA_DISABLE_REQUIRE"] = "1"
-    if cpu and variant.is_cuda:
-        env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
-    env |= node_env(topo)
-    gpu = variant.is_cuda and not cpu
-    command = torchrun_argv(topo) + node.entry_argv(seen.recipe, node.run_dir_inside(run_dir.name), seen.overrides,
-                                                    resume)
-    argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
-                           name=container_name(run_dir.name, topo.nodes, topo.node_rank),
-                           env=env, network_host=topo.nodes > 1, interactive="", command=command,
-                           mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
-                           devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],
-                           compile_cache=True, host_paths=True)  # every folder mounted, as run.sh names them
-    return RunCommand(argv, run_dir)
-
-
 def _no_image(tag: str, variant: str, recipe: str, nodes: int) -> str:
     """What to do where the engine lacks the run's image: build it; on a node of several, ship the one built on another
     node (every node runs the same image: docs/multinode.md), not build another here."""
@@ -741,104 +535,6 @@ def _no_image(tag: str, variant: str, recipe: str, nodes: int) -> str:
                 f"it, `invoke ship --image={tag} --to=THIS_NODE` (or `invoke save --image={tag}` there and `invoke load "
                 f"--file=...` here); where no node has it yet, `invoke build --variant={variant}` on one, then ship it")
     return f"image {tag} not built: `invoke build --variant={variant}` (or `invoke build run --recipe={recipe}`)"
-
-
-def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
-                resume: bool = False, cpu: bool = True, data: str = "", model: str = "",
-                visible: str = "") -> RunCommand:
-    """The same entry point on this host, without a container (development, or GPU hosts without Docker); `recipe`
-    as in run_command; `visible`: the GPUs picked (--gpus, --nproc), by nvidia-smi's indices."""
-    env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), envvars.SUMMARISED: "1"}
-    # on GPUs the trainer refuses a torch that finds none (a CPU build, a driver older than its CUDA): it trained on
-    # CPU and said completed
-    env["DS_ACCELERATOR"] = "cpu" if cpu else "cuda"
-    if visible and not cpu:  # `--native --gpus=2,3` trained on GPUs 0 and 1; CUDA counts in nvidia-smi's order so
-        env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
-    env |= node_env(topo)
-    launcher = [sys.executable, "-m", "dockyard.train.torchrun"]  # torchrun, without its traceback on a failure
-    # the inputs given by flag or by invoke.yaml (a run in the image mounts both; the trainer reads neither setting,
-    # and a native run with `model:` set trained the sample model); those after -- are in the overrides already, and
-    # the recipe's own the trainer reads from the recipe
-    given = list(inputs.resolved(settings, overrides, data=data, model=model))
-    for _, value, where in given:  # no script carries them, but the terminal and the manifest would, as they are
-        scriptwords.one_line(value, where, "which would reach the terminal as it is where the run prints it; rename it")
-    overrides = [*overrides, *(a for key, value, where in given if not where.startswith("-- ") for a in (f"--{key}", value))]
-    return RunCommand(torchrun_argv(topo, launcher) + node.entry_argv(recipe, str(run_dir), overrides, resume), run_dir,
-                      env)
-
-
-def summarise(run_dir: Path, node_rank: int = 0, took: float | None = None,
-              as_host: Callable[[str], str] = lambda text: text) -> dict:
-    """Read the trainer's manifest (node 0's, or this node's on the others) and print the lines a user looks at;
-    a failed run is an error, said with the manifest's own words. The manifest is read as untrusted (any
-    container could have written it): checked with pydantic, never through a link. `took`: the seconds the
-    command ran the trainer, said beside the status. `as_host`: the container's paths in the manifest's error said as
-    this host's (engine.container_paths_shown; an image from before the trainer wrote them so)."""
-    m = runfolder.read_manifest(run_dir, runfolder.manifest_file(node_rank))
-    if m is None:
-        log = (f"see {run_dir}/train.log" if (run_dir / runfolder.TRAIN_LOG).is_file() else
-               "the trainer did not start on this node (the reason is above)")
-        raise DockyardError(f"the run wrote no manifest ({run_dir / runfolder.manifest_file(node_rank)}): {log}")
-    eff = (m.strategy.in_effect if m.strategy else None) or runfolder.InEffect()  # null: failed before the wrap
-    met = m.metrics
-    took_said = "" if took is None else f" {'in' if m.status == 'completed' else 'after'} {duration(took)}"
-    print(f"run {m.run_id}: {m.status}{took_said} · recipe {m.recipe} · world size {m.world_size} on {m.nodes} node(s)"
-          + (f" · {eff.engine}" if eff.engine else "")
-          + (f" ZeRO-{eff.zero_stage}" if eff.zero_stage is not None else "")
-          + "".join(f", {what} offloaded to {to}" for what, to in (("optimizer", eff.offload_optimizer),
-                                                                   ("parameters", eff.offload_param))
-                    if to in ("cpu", "nvme"))
-          + _adapters(m)
-          + (f" · compiled {eff.compiled.split(' (')[0]}" if eff.compiled else "")
-          + _from_cache(met.compile_cache if met else None)
-          + (" · stopped before its strategy took effect" if not eff.engine and m.status != "completed" else ""))
-    diverged = met.loss_non_finite_at_step if met else None
-    if met and (diverged is not None or (met.loss_first is not None and met.loss_last is not None)):
-        # a run that failed early logged no loss; a failed run measured no throughput (null): no rate, not 0 tokens/s;
-        # a diverged run's losses are null where they were not finite
-        def loss(x: float | None) -> str:
-            return f"{x:.4f}" if x is not None else "not finite"
-
-        print(f"  steps {met.steps} · loss {loss(met.loss_first)} → {loss(met.loss_last)}"
-              + (f" · {met.tokens_per_second:.0f} tokens/s {_rate_kind(met, _resumed_at(m))}" if met.tokens_per_second is not None
-                 else " · no throughput measured")
-              + (f" · MFU {met.mfu:.1%}" if met.mfu else "") + " · " + _peak(met))
-    if m.profile and len(m.profile.steps) == 2:
-        busy = (f"GPU busy {m.profile.gpu_busy:.0%} of it, by kind of kernel" if m.profile.gpu_busy is not None
-                else "CPU operators only")
-        print(f"  profile of steps {m.profile.steps[0]}-{m.profile.steps[1]}: {busy} in "
-              f"{run_dir / runfolder.PROFILE / runfolder.PROFILE_SUMMARY}")
-    if diverged is not None:
-        print(f"  warning: the loss became non-finite at step {diverged}: the run diverged (the model it saved is not "
-              "usable); lower --learning_rate (and keep --max_grad_norm above 0)")
-    print(f"  {run_dir}")
-    if m.status != "completed":
-        raise DockyardError(f"run {m.run_id} {m.status}: {as_host(m.error or f'see {run_dir}/train.log')}")
-    merge = " (--merge: one model with the adapters in it)" if _adapters(m) else ""
-    native = " --native" if m.variant in runfolder.NATIVE_VARIANTS else ""  # export refuses a native run's export without it
-    print(f"  next: invoke export --run={m.run_id}{native}{merge} writes its model as a plain Hugging Face folder")
-    return m.model_dump()
-
-
-def _peak(met: runfolder.MetricsRecord) -> str:
-    """The peak memory as measured: torch's GPU pool of the largest rank, or the largest process's RSS on CPU."""
-    size = met.peak_memory_bytes or 0
-    shown = f"{size / 2**30:.1f} GiB" if size >= 10 * 2**30 else f"{size / 2**20:.0f} MiB"
-    largest = f"the largest: rank {met.peak_memory_rank}" if met.peak_memory_rank is not None else None
-    kind = {"rss": f"peak RSS {{}} ({largest or 'the largest process'})",
-            "gpu_reserved": f"peak GPU memory {{}} (reserved, {largest or 'the largest rank'})"}.get(
-        met.peak_memory_kind or "", "peak memory {}")
-    return kind.format(shown)
-
-
-def _adapters(m: runfolder.RunManifest) -> str:
-    """What a LoRA or QLoRA run trained: adapters, on a base held in 4 bits (as the model record measured it)."""
-    peft = m.strategy.peft if m.strategy else None
-    if peft not in ("lora", "qlora"):
-        return ""
-    layers = m.model.quantized_layers if m.model else None
-    return " + LoRA adapters" + (f" on a 4-bit base ({layers} layers)" if peft == "qlora" and layers else
-                                 " on a 4-bit base" if peft == "qlora" else "")
 
 
 def resume_command(r: RunRequest, run_id: str) -> str:
@@ -864,43 +560,6 @@ def resume_command(r: RunRequest, run_id: str) -> str:
     mounted = inputs.override_values(list(r.overrides))  # inputs given after --: mounted only where given again
     tail = ["--", *(w for k, v in mounted.items() for w in (f"--{k}", v))] if mounted else []
     return shlex.join(["invoke", "run", "--resume", *flags, *tail])
-
-
-def _resumed_at(m: runfolder.RunManifest) -> int:
-    """The step this attempt resumed from (0: it started the run): its tokens/s counts the steps after it alone."""
-    return (m.resumed.step or 0) if m.resumed else 0
-
-
-def _rate_kind(met: runfolder.MetricsRecord, resumed_at: int = 0) -> str:
-    """What the run's tokens/s is: its steady state, or (a run of a few steps) one that holds the warm-up; for a resume,
-    of the steps it trained since (the rate of the steps before is the earlier attempt's, in metrics.jsonl)."""
-    steady = met.steady_state
-    since = f"since the resume at step {resumed_at}" if resumed_at else ""
-    included = steady.profiled_steps_included if steady else None
-    if included and len(included) == 2:
-        return (f"(the profiled steps {included[0]}-{included[1]} included, slowed by the profiler: too few other "
-                f"steps{' ' + since if since else ''} to leave them out)")
-    steps = "" if not (steady and steady.from_step and steady.to_step) else (
-        f"step {steady.to_step}" if steady.from_step == steady.to_step else f"steps {steady.from_step}-{steady.to_step}")
-    if steady and steady.warm_up_left_out is False:
-        if steps and steady.from_step > resumed_at + 1:  # only the attempt's first window was left out
-            return (f"({steps}{' ' + since if since else ''}, part of the warm-up included: too few steps to leave "
-                    "all of it out)")
-        if since:
-            return f"({steps + ' ' if steps else 'steps '}{since}, all of them warm-up: too few to leave it out)"
-        return "(warm-up included: too few steps to leave it out)"
-    left_out = steady.profiled_steps_left_out if steady else None
-    profiled = (f", the profiled steps {left_out[0]}-{left_out[1]} left out" if left_out and len(left_out) == 2
-                else "")
-    if since:
-        return f"(steady state{' of ' + steps if steps else ''}, {since}{profiled})"
-    return f"(steady state{profiled})"
-
-
-def _from_cache(use: dict[str, int] | None) -> str:
-    """How many of the graphs the run compiled came from the compile cache (caches.py), where it compiled any."""
-    built = sum((use or {}).get(k, 0) for k in ("hits", "misses", "bypassed"))
-    return f" ({use.get('hits', 0)} of {built} graphs from the compile cache)" if built else ""
 
 
 def _image_if_there(settings: Settings, tag: str, variant: str, blank: str = "") -> dict:

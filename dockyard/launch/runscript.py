@@ -1,6 +1,6 @@
 """run.sh: `invoke run` for a node with only sh and Docker, written beside load.sh in every archive set.
 
-The docker command in it is `launch_run.run_command`'s own, rendered with marks where a node's values go (its user, run
+The docker command in it is `command.run_command`'s own, rendered with marks where a node's values go (its user, run
 folder, Hugging Face and compile caches, process count, recipe, overrides) and each mark turned into a shell variable: the
 flags, mounts, environment and torchrun line cannot drift from `invoke run`'s. What only a node can know (GPUs and
 the NVIDIA runtime, the user's files) is found by the script itself (run.sh, the template).
@@ -20,6 +20,7 @@ from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
 from dockyard.launch import node
 from dockyard.launch import run as launch_run
+from dockyard.launch.command import Topology, run_command
 from dockyard.launch.inputs import IMAGE_ROOT, INPUTS, USER_RECIPES
 from dockyard.settings import Settings
 
@@ -45,10 +46,9 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
     host = Host(cuda=variant.cuda, gpus=[Gpu(0, "", 0)]) if variant.is_cuda else Host()
     s = settings.model_copy(update={"docker": "docker", "hf_cache": Path("/__HF__"), "compile_cache": "/__COMPILE__",
                                     "data": "", "model": ""})
-    plan = launch_run.run_command(s, recipe="ddp", variant=variant, host=host, engine_info={},
-                           topo=launch_run.Topology(nproc=NPROC), run_dir=Path("/__RUNS__/__RUN_ID__"),
-                           overrides=[OVERRIDES], image_id="__IMAGE_ID__", checkout_recipes=False,
-                           memlock="memlock=__MEMLOCK__", summarised=False)
+    plan = run_command(s, recipe="ddp", variant=variant, host=host, engine_info={}, topo=Topology(nproc=NPROC),
+                       run_dir=Path("/__RUNS__/__RUN_ID__"), overrides=[OVERRIDES], image_id="__IMAGE_ID__",
+                       checkout_recipes=False, memlock="memlock=__MEMLOCK__", summarised=False)
     argv = plan.argv
     argv[argv.index("--recipe") + 1] = "__RECIPE__"
     named = next(i for i, w in enumerate(argv) if w.startswith(f"{envvars.HOST_PATHS}="))

@@ -13,7 +13,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.common.units import GIB, human
 from dockyard.images import variants
 from dockyard.launch import caches
-from dockyard.launch.run import docker_run_argv
+from dockyard.launch.command import docker_run_argv
 from dockyard.machine.check import FAIL, PASS, WARN, Check
 from dockyard.settings import Settings
 
@@ -58,7 +58,7 @@ def check_ulimits(memlock: str, stack: str, gpu: bool) -> Check:
     if not gpu:
         return Check("ulimits", PASS, detail + " (only GPU runs need memlock unlimited)")
     if memlock != "unlimited" or small_stack:
-        # invoke run asks for dockerd's own hard limit (run.memlock_flag) whatever its defaults: --default-ulimit,
+        # invoke run asks for dockerd's own hard limit (command.memlock_flag) whatever its defaults: --default-ulimit,
         # the advice this gave, changed nothing
         return Check("ulimits", WARN, detail,
                      "RDMA/NCCL want memlock unlimited and stack ≥ 64 MiB, and a container gets no more than dockerd's "

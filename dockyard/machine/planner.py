@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from dockyard.common import autos, disk, model_config, recipes
+from dockyard.common.batch import batch_split, check_autos
 from dockyard.common.errors import DockyardError
 from dockyard.common.memory import (
     MARGIN,
@@ -29,7 +30,8 @@ from dockyard.common.memory import (
 )
 from dockyard.common.model_config import MAX_PARAMS, cached_snapshot
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import AUTO, batch_split, check_autos, resolve_settings
+from dockyard.common.run_settings import resolve_settings
+from dockyard.common.training_args import AUTO
 from dockyard.common.units import GIB
 from dockyard.gpus import Host
 from dockyard.images.variants import Variant, pick_auto

@@ -34,9 +34,11 @@ import torch.distributed as dist
 import transformers  # a lazy module: its submodules load when first used
 
 from dockyard.common import autos, disk, envvars, memory, model_config, runfolder
+from dockyard.common.batch import check_batch_within_data
 from dockyard.common.errors import DockyardError, Stopped, first_line, on_host
+from dockyard.common.overrides import parse_overrides
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import RunSettings, check_batch_within_data, parse_overrides
+from dockyard.common.run_settings import RunSettings
 from dockyard.common.runfolder import METRICS
 from dockyard.train import (
     LAUNCHER,

@@ -19,8 +19,9 @@ import torch
 from dockyard.common import precision as common_precision
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import Recipe
-from dockyard.common.run_settings import CHECKPOINTING_NAMES, RunSettings
+from dockyard.common.run_settings import RunSettings
 from dockyard.common.runfolder import CHECKPOINTS
+from dockyard.common.training_args import CHECKPOINTING_NAMES
 from dockyard.train import guards, precision
 
 # transformers' TrainingArguments is imported inside training_arguments, on purpose: see the note on the imports in

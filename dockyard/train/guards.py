@@ -16,7 +16,7 @@ from typing import Any
 
 from dockyard.common import archs, recipes
 from dockyard.common.errors import DockyardError, cut, json_object, problems, short
-from dockyard.common.run_settings import COMPILE_MODES
+from dockyard.common.training_args import COMPILE_MODES
 from dockyard.common.units import GIB
 
 
@@ -132,7 +132,7 @@ def check_report_to(value: Any) -> None:
 
 def compile_modes(given: Any) -> tuple[str, ...]:
     """torch.compile's modes as this torch names them, for a run given a torch_compile_mode (the host checks the
-    pinned torch's, run_settings.COMPILE_MODES; importing inductor takes a second, so only where one is given)."""
+    pinned torch's, training_args.COMPILE_MODES; importing inductor takes a second, so only where one is given)."""
     if given is None:
         return COMPILE_MODES
     try:

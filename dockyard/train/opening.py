@@ -11,22 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from dockyard.common import autos, envvars, runfolder
+from dockyard.common.batch import batch_split, check_autos
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, Recipe, load_recipe
 from dockyard.common.run_settings import (
     RunSettings,
-    batch_split,
     blame_kept,
-    check_autos,
     check_evaluation,
     check_known_overrides,
     check_known_settings,
     check_profile,
     check_same_shape,
-    check_training_numbers,
     resolve_settings,
     resumed_with,
 )
+from dockyard.common.training_args import check_training_numbers
 from dockyard.train import checkpoints, ending, guards, manifest, nodes, universal
 from dockyard.train.record import Run
 

@@ -4,7 +4,7 @@ A trainer that refuses a setting says why in one line and exits 1; torchrun then
 own main, and Python printed forty lines of traceback and a table under that line. Here the failure is one line too:
 which rank failed first, how, where its reason is. The exit status is torchrun's (1). The images' `torchrun` is this
 (images/Dockerfile), so every launcher that starts torchrun in an image (invoke run, run.sh, Slurm, Kubernetes,
-compose) gets it; native runs start it by name (dockyard.launch.run.native_command).
+compose) gets it; native runs start it by name (dockyard.launch.command.native_command).
 
 It also makes restarts (--max-restarts) work. torchrun's agent holds the store the workers' process group meets
 in, and its handler is meant to start a new one for each attempt (pytorch/pytorch#135957); torch 2.10-2.15 start

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from dockyard import engine
+from dockyard.launch import command as launch_command
 from dockyard.launch import node, runscript
-from dockyard.launch import run as launch_run
 
 ROOTLESS_USER = "dyrootless"  # made here when missing: rootless Docker is a user's own engine
 ROOTLESS_SCRIPT = Path("/usr/share/docker.io/contrib/dockerd-rootless.sh")  # Debian's docker.io (rootlesskit, uidmap)
@@ -152,10 +152,10 @@ def test_a_container_started_as_the_project_starts_one_writes_the_users_run_fold
         mine = settings.model_copy(update={"hf_cache": runs / "hf"})  # the user's own, as ~/.cache/huggingface
         inside = f"{node.RUNS_INSIDE}/{run_dir.name}/train.log"
         info = engine.engine_info(settings)
-        argv = launch_run.docker_run_argv(mine, settings.base_image_cpu, gpus=False, run_dir=run_dir,
-                                          name=f"dy-{kind}", env={}, network_host=False, interactive="", mounts=[],
-                                          command=["sh", "-c", f"echo trained > {inside}; df -k /dev/shm"],
-                                          engine_info=info, memlock=memlock_of(proc) if kind != "rootless" else None)
+        argv = launch_command.docker_run_argv(mine, settings.base_image_cpu, gpus=False, run_dir=run_dir,
+                                              name=f"dy-{kind}", env={}, network_host=False, interactive="", mounts=[],
+                                              command=["sh", "-c", f"echo trained > {inside}; df -k /dev/shm"],
+                                              engine_info=info, memlock=memlock_of(proc) if kind != "rootless" else None)
         done = subprocess.run(argv, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         log = run_dir / "train.log"
@@ -179,7 +179,7 @@ def memlock_of(proc: subprocess.Popen) -> str:
     line = next(x for x in Path(f"/proc/{proc.pid}/limits").read_text().splitlines()
                 if x.startswith("Max locked memory"))
     hard = line.split()[4]
-    return launch_run.memlock_flag(None if hard == "unlimited" else int(hard), say=False)
+    return launch_command.memlock_flag(None if hard == "unlimited" else int(hard), say=False)
 
 
 def test_run_sh_on_such_a_node_starts_the_container_as_invoke_run_does(settings, mapped, tmp_path):

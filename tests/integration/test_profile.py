@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from dockyard.launch import run as launch_run
+from dockyard.launch import summary as launch_summary
 from tests.support.training import manifest, train
 
 STEPS = ["--max_steps", "12", "--per_device_train_batch_size", "4", "--max_seq_length", "64", "--logging_steps", "2",
@@ -33,7 +33,7 @@ def test_the_profiled_steps_leave_a_trace_per_rank_and_a_summary_and_stay_out_of
     assert steady["profiled_steps_left_out"] == [7, 8]
     assert steady["tokens"] == sum(x["tokens"] for s, x in logged.items() if s in (6, 10, 12))  # 6, 9-12
     # what `invoke run` prints of it, from the manifest
-    launch_run.summarise(run)
+    launch_summary.summarise(run)
     said = capsys.readouterr().out
     assert "tokens/s (steady state, the profiled steps 7-8 left out)" in said, said
     assert f"profile of steps 7-8: CPU operators only in {run / 'profile' / 'summary.txt'}" in said, said

@@ -17,6 +17,7 @@ import pytest
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host
 from dockyard.launch import caches, monitor
+from dockyard.launch import command as launch_command
 from dockyard.launch import run as launch_run
 from tests.support.fake_engine import FakeEngine
 
@@ -25,9 +26,9 @@ INSIDE = "/workspace/.cache/compile"
 
 def command(settings, tmp_path) -> list[str]:
     v = launch_run.variants.resolve(settings, "cpu")[0]
-    return launch_run.run_command(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
-                                  topo=launch_run.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1", overrides=[],
-                                  memlock="memlock=-1").argv
+    return launch_command.run_command(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
+                                      topo=launch_command.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1", overrides=[],
+                                      memlock="memlock=-1").argv
 
 
 def test_a_run_mounts_the_compile_cache_and_points_inductor_and_triton_into_it(settings, tmp_path):

@@ -414,7 +414,8 @@ override_words = st.one_of(st.text(max_size=12), st.sampled_from(["--max_steps",
 @hsettings(max_examples=300, deadline=None)
 @given(st.lists(override_words, max_size=6))
 def test_any_trainer_overrides_are_settings_or_a_refusal(argv):
-    from dockyard.common.run_settings import parse_overrides, resolve_settings
+    from dockyard.common.overrides import parse_overrides
+    from dockyard.common.run_settings import resolve_settings
 
     try:
         overrides = parse_overrides(argv)

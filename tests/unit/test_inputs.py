@@ -10,7 +10,9 @@ from dockyard import ROOT, engine
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Host
 from dockyard.images import build, variants
+from dockyard.launch import command as launch_command
 from dockyard.launch import run as launch_run
+from dockyard.launch import summary as launch_summary
 from dockyard.train import manifest
 from tests.support.cli import invoke_here, short_error
 from tests.support.data import a_step_of
@@ -28,8 +30,8 @@ def files(tmp_path):
 
 def _argv(settings, tmp_path, recipe="ddp", overrides=(), **kw):
     v = variants.resolve(settings, "cpu")[0]
-    t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v)
-    return launch_run.run_command(settings, recipe=recipe, variant=v, host=Host(), engine_info={}, topo=t,
+    t = launch_command.validate_topology(0, 1, 0, "", 29500, Host(), v)
+    return launch_command.run_command(settings, recipe=recipe, variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **kw).argv
 
 
@@ -266,5 +268,5 @@ def test_the_trainer_is_told_the_host_path_of_every_folder_the_run_mounts(settin
         "run_id": "r1", "recipe": "ddp", "variant": "cpu", "status": "failed", "world_size": 2, "nodes": 1,
         "error": "/workspace/inputs/data/my data.jsonl: example 41's text is int"}))
     with pytest.raises(DockyardError) as e:
-        launch_run.summarise(run_dir, as_host=engine.container_paths_shown(argv))
+        launch_summary.summarise(run_dir, as_host=engine.container_paths_shown(argv))
     assert str(e.value) == f"run r1 failed: {data}: example 41's text is int"

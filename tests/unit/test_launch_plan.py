@@ -11,6 +11,7 @@ from dockyard.common import recipes
 from dockyard.common.errors import DockyardError
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
+from dockyard.launch import command as launch_command
 from dockyard.launch import multinode, node
 from dockyard.launch import run as launch_run
 from tests.support.cli import invoke_here, short_error
@@ -22,9 +23,9 @@ NVIDIA_ENGINE = {"Runtimes": {"runc": {}, "nvidia": {}}}
 
 def _plan(settings, tmp_path, variant="cu132", host=TWO_GPUS, info=NVIDIA_ENGINE, overrides=(), **topo):
     v = variants.resolve(settings, variant)[0]
-    t = launch_run.validate_topology(topo.pop("nproc", 0), topo.pop("nodes", 1), topo.pop("node_rank", 0),
+    t = launch_command.validate_topology(topo.pop("nproc", 0), topo.pop("nodes", 1), topo.pop("node_rank", 0),
                                  topo.pop("master_addr", ""), topo.pop("master_port", 29500), host, v)
-    return launch_run.run_command(settings, recipe="zero2", variant=v, host=host, engine_info=info, topo=t,
+    return launch_command.run_command(settings, recipe="zero2", variant=v, host=host, engine_info=info, topo=t,
                            run_dir=tmp_path / "runs" / "r1", overrides=list(overrides), **topo)
 
 
@@ -63,11 +64,11 @@ def test_disable_require_is_opt_in(settings, tmp_path):
 
 def _two_nodes(settings, tmp_path, node_rank, ib_root):
     v = variants.resolve(settings, "cu132")[0]
-    t = launch_run.validate_topology(0, 2, node_rank, "10.1.2.3", 29600, TWO_GPUS, v)
+    t = launch_command.validate_topology(0, 2, node_rank, "10.1.2.3", 29600, TWO_GPUS, v)
     t.rendezvous = multinode.rendezvous(master_addr="10.1.2.3", master_port=29600, node_rank=node_rank, run_id="exp1",
                                         join_timeout=90, max_restarts=1,
                                         routes={"iface": "ens5", "addr": f"10.1.2.{3 + node_rank}"})
-    return launch_run.run_command(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
+    return launch_command.run_command(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
                            run_dir=tmp_path / "runs" / "exp1", overrides=[], ib_root=ib_root)
 
 
@@ -149,9 +150,9 @@ def test_driver_older_than_image_cuda_is_refused_before_starting(settings, tmp_p
 def test_cuda_image_on_a_host_without_gpus_trains_on_cpu_only_when_asked(settings, tmp_path):
     v = variants.resolve(settings, "cu132")[0]
     with pytest.raises(DockyardError, match="needs NVIDIA GPUs.*--variant=cpu.*--cpu"):
-        launch_run.validate_topology(0, 1, 0, "", 29500, Host(error="NVML unavailable"), v)
-    t = launch_run.validate_topology(0, 1, 0, "", 29500, Host(), v, cpu=True)
-    argv = launch_run.run_command(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
+        launch_command.validate_topology(0, 1, 0, "", 29500, Host(error="NVML unavailable"), v)
+    t = launch_command.validate_topology(0, 1, 0, "", 29500, Host(), v, cpu=True)
+    argv = launch_command.run_command(settings, recipe="zero2", variant=v, host=Host(), engine_info={}, topo=t,
                            run_dir=tmp_path / "r", overrides=[], cpu=True).argv
     assert "--gpus" not in argv and "DS_ACCELERATOR=cpu" in argv, "DeepSpeed must not look for a GPU"
     assert _after_image(argv, "dockyard:0.1.0-cu132")[1] == f"--nproc-per-node={node.CPU_NPROC}"
@@ -216,8 +217,8 @@ def test_node_0_is_not_refused_for_what_the_other_nodes_wrote_first(settings, tm
 
 
 def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):
-    assert launch_run.memlock_flag(None) == "memlock=-1"
-    assert launch_run.memlock_flag(8388608) == "memlock=8388608"
+    assert launch_command.memlock_flag(None) == "memlock=-1"
+    assert launch_command.memlock_flag(8388608) == "memlock=8388608"
     assert "LimitMEMLOCK=infinity" in capsys.readouterr().err
 
 
@@ -225,7 +226,7 @@ def test_memlock_is_unlimited_unless_the_engine_cannot_grant_it(capsys):
                                         ("unlimited", "memlock=-1")])
 def test_dockyard_memlock_says_the_engines_limit_in_bytes_or_unlimited(capsys, monkeypatch, value, flag):
     monkeypatch.setenv("DOCKYARD_MEMLOCK", value)
-    assert launch_run.memlock_flag(None) == flag and launch_run.memlock_flag(4096) == flag
+    assert launch_command.memlock_flag(None) == flag and launch_command.memlock_flag(4096) == flag
     err = capsys.readouterr().err
     assert ("hard memlock limit is -1" not in err) and (("LimitMEMLOCK" in err) == (flag != "memlock=-1"))
 

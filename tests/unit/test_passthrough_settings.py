@@ -192,7 +192,7 @@ def test_report_to_an_empty_list_reports_nowhere_as_transformers_reads_it(dry):
     from transformers import TrainingArguments
     from transformers.integrations.integration_utils import get_reporting_integration_callbacks
 
-    from dockyard.common.run_settings import check_training_numbers
+    from dockyard.common.training_args import check_training_numbers
 
     assert TrainingArguments(output_dir="/nonexistent", report_to="none").report_to == []
     assert get_reporting_integration_callbacks(read_as_an_override("[]")) == []
@@ -202,7 +202,7 @@ def test_report_to_an_empty_list_reports_nowhere_as_transformers_reads_it(dry):
 
 
 def read_as_an_override(typed: str):
-    from dockyard.common.run_settings import parse_overrides
+    from dockyard.common.overrides import parse_overrides
 
     return parse_overrides(["--report_to", typed])["report_to"]
 
@@ -221,7 +221,7 @@ def test_a_dataloader_start_method_torch_refuses_is_refused_before_the_run(dry):
     assert dry("--dataloader_multiprocessing_context", "spawn", "--dataloader_num_workers", "2").returncode == 0
     DataLoader(range(4), num_workers=2, multiprocessing_context="spawn")  # torch takes it
 
-    from dockyard.common.run_settings import START_METHODS
+    from dockyard.common.training_args import START_METHODS
 
     assert set(START_METHODS) == set(torch.multiprocessing.get_all_start_methods())
 
@@ -240,7 +240,7 @@ def test_an_accelerator_config_key_transformers_does_not_know_is_refused_before_
     assert dry("--accelerator_config", "{even_batches: false, non_blocking: true}").returncode == 0
     AcceleratorConfig(even_batches=False, non_blocking=True)
 
-    from dockyard.common.run_settings import ACCELERATOR_CONFIG
+    from dockyard.common.training_args import ACCELERATOR_CONFIG
 
     assert ACCELERATOR_CONFIG == tuple(f.name for f in fields(AcceleratorConfig))
 
@@ -261,7 +261,7 @@ def test_a_debug_option_transformers_does_not_know_or_that_does_nothing_here_is_
     assert TrainingArguments(output_dir=str(tmp_path), debug="underflow_overflow", use_cpu=True).debug == [
         DebugOption.UNDERFLOW_OVERFLOW]
 
-    from dockyard.common.run_settings import DEBUG_OPTIONS
+    from dockyard.common.training_args import DEBUG_OPTIONS
 
     assert DEBUG_OPTIONS == tuple(d.value for d in DebugOption)
 

@@ -35,7 +35,7 @@ def test_mixed_precision_switched_off_trains_in_fp32_on_any_gpu(cap):
 
 def test_both_16_bit_kinds_asked_for_is_refused_not_one_picked(tmp_path):
     from dockyard.common.errors import DockyardError
-    from dockyard.common.run_settings import check_training_numbers
+    from dockyard.common.training_args import check_training_numbers
 
     with pytest.raises(DockyardError, match="bf16 and fp16 are both true: give one"):
         check_training_numbers({"bf16": True, "fp16": True})

@@ -18,6 +18,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.gpus import Recorded
 from dockyard.launch import monitor
 from dockyard.launch import run as launch_run
+from dockyard.launch import summary as launch_summary
 from dockyard.train import manifest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
@@ -246,7 +247,7 @@ def test_a_failed_run_is_reported_from_its_manifest_whatever_it_holds(tmp_path, 
         "strategy": {"requested": "ddp", "in_effect": None, "peft": None},
         "metrics": {"steps": 0, "loss_first": None, "loss_last": None}, "error": "unknown setting(s): nope"}))
     with pytest.raises(DockyardError, match=r"run r1 failed: unknown setting\(s\): nope"):
-        launch_run.summarise(run)
+        launch_summary.summarise(run)
     assert "run r1: failed · recipe ddp" in capsys.readouterr().out
     for text, says in (("{", "is not valid JSON"), ("[]", "not a manifest the trainer writes"),
                        ('{"run_id": "r1", "status": "failed", "strategy": {"in_effect": 3}}', "strategy.in_effect"),
@@ -255,7 +256,7 @@ def test_a_failed_run_is_reported_from_its_manifest_whatever_it_holds(tmp_path, 
                         "metrics.compile_cache.hits")):
         (run / "manifest.json").write_text(text)
         with pytest.raises(DockyardError, match=says):
-            launch_run.summarise(run)
+            launch_summary.summarise(run)
 
 
 def test_a_fifo_planted_as_the_manifest_does_not_hang_the_host(tmp_path):
@@ -263,7 +264,7 @@ def test_a_fifo_planted_as_the_manifest_does_not_hang_the_host(tmp_path):
     run.mkdir()
     os.mkfifo(run / "manifest.json")
     result = []
-    t = threading.Thread(target=lambda: result.append(pytest.raises(DockyardError, launch_run.summarise, run)), daemon=True)
+    t = threading.Thread(target=lambda: result.append(pytest.raises(DockyardError, launch_summary.summarise, run)), daemon=True)
     t.start()
     t.join(10)
     assert not t.is_alive(), "summarise blocked on a fifo"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dockyard import ROOT
-from dockyard.common import run_settings
+from dockyard.common import run_settings, training_args
 from dockyard.train.data import read
 from tests.support.cli import invoke_here
 from tests.support.data import STEP, a_step_of
@@ -161,8 +161,9 @@ def test_the_share_eval_fraction_holds_out_is_the_one_the_trainer_holds_out(env,
     and step check, run in this process, as its main does) across fractions, counts and steps."""
     from transformers import AutoTokenizer
 
+    from dockyard.common.batch import check_batch_within_data
     from dockyard.common.errors import DockyardError
-    from dockyard.common.run_settings import TINY_MODEL, RunSettings, check_batch_within_data
+    from dockyard.common.run_settings import TINY_MODEL, RunSettings
     from dockyard.train import data
     from dockyard.train.__main__ import main
 
@@ -363,9 +364,10 @@ def test_a_json_lines_file_is_read_by_the_host_no_further_than_its_checks_need(e
 def test_the_examples_of_one_step_are_counted_only_where_the_host_can_know_them(tmp_path):
     """Documents the trainer may pack into blocks of tokens (packing true, or auto on GPUs for text) are as many
     examples as their tokens make, which the host does not know: not counted there."""
+    from dockyard.common.batch import batch_split
     from dockyard.common.errors import DockyardError
     from dockyard.common.recipes import load_recipe
-    from dockyard.common.run_settings import batch_split, resolve_settings
+    from dockyard.common.run_settings import resolve_settings
     from dockyard.launch.preflight import check_enough_examples
 
     two = tmp_path / "two.jsonl"
@@ -913,10 +915,10 @@ def test_the_training_arguments_snapshot_is_the_pinned_transformers():
             return ""
         return number.pop().__name__ + ("|None" if type(None) in choices else "")
 
-    assert run_settings.training_arguments() == {f.name: kind(f.type) for f in fields(TrainingArguments)}
-    assert run_settings.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
-    assert run_settings.training_arguments()["bf16"] == "bool"  # and the switches
-    assert "adamw_torch_fused" in run_settings.training_arguments()["optim"].split(",")  # and the names
+    assert training_args.training_arguments() == {f.name: kind(f.type) for f in fields(TrainingArguments)}
+    assert training_args.training_arguments()["max_steps"] == "int"  # the snapshot holds the types, not only names
+    assert training_args.training_arguments()["bf16"] == "bool"  # and the switches
+    assert "adamw_torch_fused" in training_args.training_arguments()["optim"].split(",")  # and the names
 
 
 def test_a_recipe_saved_with_a_byte_order_mark_passes_the_dry_run(env, tmp_path):
@@ -938,11 +940,11 @@ def test_the_hosts_names_of_modes_and_samplers_are_torchs_and_transformers():
 
     from dockyard.train import guards
 
-    assert run_settings.COMPILE_MODES == tuple(list_mode_options())
+    assert training_args.COMPILE_MODES == tuple(list_mode_options())
     assert guards.compile_modes("fastest") == tuple(list_mode_options())
     sampler = next(f for f in fields(TrainingArguments) if f.name == "train_sampling_strategy")
-    assert run_settings.SAMPLING_STRATEGIES == tuple(sampler.metadata["choices"])
-    for value in (*run_settings.TOKENS_SEEN, True, False):  # what TrainingArguments and the Trainer read
+    assert training_args.SAMPLING_STRATEGIES == tuple(sampler.metadata["choices"])
+    for value in (*training_args.TOKENS_SEEN, True, False):  # what TrainingArguments and the Trainer read
         TrainingArguments(output_dir="/nonexistent", include_num_input_tokens_seen=value, use_cpu=True)
 
 

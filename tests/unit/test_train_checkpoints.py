@@ -492,8 +492,9 @@ def test_a_resume_on_another_number_of_processes_trains_over_the_runs_own_global
     as given, and one given with the resume takes its place."""
     from types import SimpleNamespace
 
+    from dockyard.common.batch import batch_split
     from dockyard.common.recipes import load_recipe
-    from dockyard.common.run_settings import batch_split, blame_kept, resolve_settings, resumed_with
+    from dockyard.common.run_settings import blame_kept, resolve_settings, resumed_with
     from dockyard.train.__main__ import kept_for_resume
 
     recipe = load_recipe("ddp")

@@ -12,7 +12,7 @@ import pytest
 
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import load_recipe
-from dockyard.launch import run as launch_run
+from dockyard.launch import summary as launch_summary
 from dockyard.train import manifest
 from dockyard.train.callbacks import MetricsLog, TokenCount
 
@@ -46,7 +46,7 @@ def test_a_diverged_run_writes_null_for_its_non_finite_numbers_and_says_where_it
     assert written["metrics"]["loss_non_finite_at_step"] == 2 and written["metrics"]["loss_last"] is None
     assert written["probe"]["logits"] == [None, None, 0.5] and written["status"] == "completed"
 
-    assert launch_run.summarise(tmp_path)["status"] == "completed"
+    assert launch_summary.summarise(tmp_path)["status"] == "completed"
     out = capsys.readouterr().out
     assert "loss 6.2000 → not finite" in out
     assert "warning: the loss became non-finite at step 2: the run diverged" in out
@@ -67,7 +67,7 @@ def test_the_summary_of_a_failed_run_that_diverged_still_says_so(tmp_path, capsy
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 2, "loss": null}\n')
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "failed", 1, None, {}, {"error": "boom"}))
     with pytest.raises(DockyardError, match="failed: boom"):
-        launch_run.summarise(tmp_path)
+        launch_summary.summarise(tmp_path)
     assert "non-finite at step 2" in capsys.readouterr().out
 
 
@@ -78,7 +78,7 @@ def test_a_run_that_diverged_before_its_first_logged_loss_still_shows_its_figure
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None,
                                             {"steps": 10, "tokens_per_second": 22014.0, "peak_memory_bytes": 2**30,
                                              "peak_memory_kind": "rss"}, {}))
-    launch_run.summarise(tmp_path)
+    launch_summary.summarise(tmp_path)
     out = capsys.readouterr().out
     assert "steps 10 · loss not finite → not finite · 22014 tokens/s (steady state)" in out
     # what the figure is (it read "peak memory 1024 MiB" on CPU too), and what a finished run is for next
@@ -94,7 +94,7 @@ def test_a_container_runs_summary_names_the_export_without_native(tmp_path, caps
     monkeypatch.setenv(envvars.VARIANT, "cpu")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 2, "loss": 6.0}\n')
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {"steps": 2}, {}))
-    launch_run.summarise(tmp_path)
+    launch_summary.summarise(tmp_path)
     assert f"next: invoke export --run={tmp_path.name} writes its model" in capsys.readouterr().out
 
 
@@ -103,11 +103,11 @@ def test_the_summary_of_a_run_says_how_long_it_took(tmp_path, capsys):
     nohup or CI log's reader compared timestamps, a terminal's had none."""
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 2, None,
                                             {"steps": 30, "tokens_per_second": 100.0}, {}))
-    launch_run.summarise(tmp_path, took=754.0)
+    launch_summary.summarise(tmp_path, took=754.0)
     assert capsys.readouterr().out.splitlines()[0].startswith(f"run {tmp_path.name}: completed in 13 min · recipe ddp")
 
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "failed", 2, None, {"steps": 3},
                                             {"error": "rank 1 ran out of memory"}))
     with pytest.raises(DockyardError):
-        launch_run.summarise(tmp_path, took=41.0)
+        launch_summary.summarise(tmp_path, took=41.0)
     assert capsys.readouterr().out.splitlines()[0].startswith(f"run {tmp_path.name}: failed after 41 s · recipe ddp")

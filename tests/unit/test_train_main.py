@@ -470,8 +470,8 @@ def test_a_global_batch_larger_than_the_data_is_refused_before_the_model_loads(t
 def test_the_global_batch_a_too_small_data_set_is_offered_splits_over_the_runs_processes():
     """Red-team pass: 15 examples on 2 processes were offered `at most 15`, and 1 example `at most 1`: both a global
     batch the run refuses ("cannot be split evenly over 2 processes")."""
+    from dockyard.common.batch import check_batch_within_data
     from dockyard.common.errors import DockyardError
-    from dockyard.common.run_settings import check_batch_within_data
 
     with pytest.raises(DockyardError, match=r"holds 15 examples, .* to at most 14, or give more data"):
         check_batch_within_data(16, 15, False, processes=2)

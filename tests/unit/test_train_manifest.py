@@ -55,12 +55,12 @@ def test_the_summary_of_a_run_that_failed_mid_way_gives_no_rate_it_did_not_measu
     import pytest
 
     from dockyard.common.errors import DockyardError
-    from dockyard.launch import run as launch_run
+    from dockyard.launch import summary as launch_summary
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 10, "loss": 5.0}\n')
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "failed", 2, None, {}, {"error": "boom"}))
     with pytest.raises(DockyardError, match="failed: boom"):
-        launch_run.summarise(tmp_path)
+        launch_summary.summarise(tmp_path)
     said = capsys.readouterr().out
     assert "steps 10 · loss 6.5000 → 5.0000 · no throughput measured ·" in said and "tokens/s" not in said, said
 
@@ -68,7 +68,7 @@ def test_the_summary_of_a_run_that_failed_mid_way_gives_no_rate_it_did_not_measu
 def test_the_summary_says_when_a_run_was_too_short_for_a_steady_state(tmp_path, capsys):
     """A compiled run of 3 steps printed "25 tokens/s (steady state)": its only windows held the compiling. The
     manifest's steady_state says whether the warm-up was left out; the summary now says which rate it gives."""
-    from dockyard.launch import run as launch_run
+    from dockyard.launch import summary as launch_summary
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 6.5}\n{"step": 3, "loss": 6.0}\n')
     for steady, says in (({"warm_up_left_out": False}, "25 tokens/s (warm-up included: too few steps to leave it out)"),
@@ -80,14 +80,14 @@ def test_the_summary_says_when_a_run_was_too_short_for_a_steady_state(tmp_path, 
                           "to leave them out)")):
         manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {
             "steps": 3, "tokens_per_second": 25.0, "steady_state": steady}, {}))
-        launch_run.summarise(tmp_path)
+        launch_summary.summarise(tmp_path)
         assert says in capsys.readouterr().out
 
 
 def test_the_summary_names_adapters_a_4_bit_base_and_offloading(tmp_path, capsys):
     """"recipe qlora · ddp" or "zero3-offload · deepspeed ZeRO-3" said nothing of LoRA, of the 4-bit base or of the
     state moved to host memory: what a user reads to know what trained."""
-    from dockyard.launch import run as launch_run
+    from dockyard.launch import summary as launch_summary
 
     for recipe, in_effect, extra, says in (
             ("zero3-offload", strategy.describe("deepspeed", 3, "cpu", "cpu"), {},
@@ -98,18 +98,18 @@ def test_the_summary_names_adapters_a_4_bit_base_and_offloading(tmp_path, capsys
             ("ddp", strategy.describe("ddp"), {"model": {"format": "full"}}, "· ddp\n")):
         manifest.write(tmp_path, manifest.build(tmp_path, load_recipe(recipe), "completed", 1, in_effect,
                                                 {"steps": 3, "tokens_per_second": 25.0}, extra))
-        launch_run.summarise(tmp_path)
+        launch_summary.summarise(tmp_path)
         assert says in capsys.readouterr().out
 
 
 def test_a_run_that_failed_before_its_strategy_took_effect_says_so(tmp_path, capsys):
     """The failed run's line read "world size 2 on 1 node(s) + LoRA adapters": no strategy, and no word why."""
     from dockyard.common.errors import DockyardError
-    from dockyard.launch import run as launch_run
+    from dockyard.launch import summary as launch_summary
 
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("lora"), "failed", 2, None, {}, {}))
     with contextlib.suppress(DockyardError):  # a failed run is an error, said after its line
-        launch_run.summarise(tmp_path)
+        launch_summary.summarise(tmp_path)
     said = capsys.readouterr().out
     assert "world size 2 on 1 node(s) + LoRA adapters · stopped before its strategy took effect" in said, said
 

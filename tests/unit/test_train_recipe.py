@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from dockyard.common.errors import DockyardError
+from dockyard.common.overrides import parse_overrides
 from dockyard.common.recipes import RECIPES, list_recipes, load_recipe, recipe_names
-from dockyard.common.run_settings import parse_overrides, resolve_settings
+from dockyard.common.run_settings import resolve_settings
 
 
 def test_recipes_and_settings_read_without_torch():

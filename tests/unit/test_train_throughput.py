@@ -318,7 +318,7 @@ def test_the_summary_says_which_steps_a_resumed_runs_rate_counts(tmp_path, monke
     of it out)": steps 7-8 were the whole attempt, every one of them warm-up; and a longer resume's "(steady state)"
     did not say the rate is the resumed steps' alone (the earlier attempt's are not in it)."""
     from dockyard.common.recipes import load_recipe
-    from dockyard.launch import run as launch_run
+    from dockyard.launch import summary as launch_summary
     from dockyard.train import manifest
 
     log = _logged_run(tmp_path, monkeypatch, steps, first_step=first_step, seconds=lambda step: 0.01,
@@ -331,7 +331,7 @@ def test_the_summary_says_which_steps_a_resumed_runs_rate_counts(tmp_path, monke
     resumed = {"resumed": {"from": f"checkpoint-{first_step}", "step": first_step}} if first_step else {}
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "completed", 1, None, {
         "steps": steps, "tokens_per_second": steady["tokens_per_second"], "steady_state": steady}, resumed))
-    launch_run.summarise(tmp_path)
+    launch_summary.summarise(tmp_path)
     assert f"{steady['tokens_per_second']:.0f} tokens/s {said} ·" in capsys.readouterr().out
 
 
@@ -376,7 +376,7 @@ def test_a_stopped_run_reports_the_rate_of_the_windows_it_logged(tmp_path, monke
     rate after warm-up is theirs, as a completed run's."""
     from dockyard.common.errors import DockyardError
     from dockyard.common.recipes import load_recipe
-    from dockyard.launch import run as launch_run
+    from dockyard.launch import summary as launch_summary
     from dockyard.train import ending, manifest
 
     # stopped at step 69 of 2000: the window of steps 66-69 never closed (max_steps is the Trainer's 2000)
@@ -389,7 +389,7 @@ def test_a_stopped_run_reports_the_rate_of_the_windows_it_logged(tmp_path, monke
     manifest.write(tmp_path, manifest.build(tmp_path, load_recipe("ddp"), "failed", 1, None,
                                             ending.measured_so_far(log), {"error": "interrupted (SIGINT)"}))
     with pytest.raises(DockyardError, match="interrupted"):
-        launch_run.summarise(tmp_path)
+        launch_summary.summarise(tmp_path)
     said = capsys.readouterr().out
     m = json.loads((tmp_path / "manifest.json").read_text())["metrics"]
     assert m["tokens_per_second"] == pytest.approx(by_hand, rel=1e-3), m

@@ -13,16 +13,18 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tasks  # noqa: F401 - the tasks the CLI runs
-from dockyard.common import run_settings
+from dockyard.common import run_settings, training_args
 from dockyard.common.errors import DockyardError
-from dockyard.common.run_settings import AUTO_TRAINING_ARGUMENTS, RunSettings, number_range, parse_overrides
+from dockyard.common.overrides import parse_overrides
+from dockyard.common.run_settings import RunSettings, number_range
+from dockyard.common.training_args import AUTO_TRAINING_ARGUMENTS
 from dockyard.launch.node import CPU_NPROC
 from tests.support.cli import invoke_here, short_error
 
 RUN_NUMBERS = sorted(k for k in RunSettings.model_fields if number_range(k))
 TRAINING_NUMBERS = ["learning_rate", "max_steps", "per_device_train_batch_size", "save_steps", "save_total_limit",
                     "warmup_steps"]
-KINDS = run_settings.training_arguments()
+KINDS = training_args.training_arguments()
 WHOLE = {k for k in RUN_NUMBERS if number_range(k).startswith("a whole")} | {
     k for k in TRAINING_NUMBERS if KINDS[k].startswith("int")}
 
@@ -200,7 +202,8 @@ def test_a_resume_leaves_out_what_an_older_run_saved_to_no_effect():
 
 def test_choices_and_names_a_user_may_well_give_are_taken():
     from dockyard.common.recipes import load_recipe
-    from dockyard.common.run_settings import check_training_numbers, resolve_settings
+    from dockyard.common.run_settings import resolve_settings
+    from dockyard.common.training_args import check_training_numbers
 
     check_training_numbers({"log_level": "detail", "neftune_noise_alpha": 0, "label_smoothing_factor": 0.1,
                             "accelerator_config": {"even_batches": False}})  # transformers takes them all

@@ -15,6 +15,7 @@ from dockyard.common import envvars
 from dockyard.common.recipes import closest_recipe, folder_names
 from dockyard.gpus import Gpu, Host
 from dockyard.images import variants
+from dockyard.launch import command as launch_command
 from dockyard.launch import run as launch_run
 from dockyard.launch import runscript
 from tests.support.archive_sets import make_set, reseal
@@ -132,10 +133,10 @@ def test_run_sh_is_valid_posix_sh(settings, tmp_path):
 def test_run_sh_gives_docker_the_flags_and_torchrun_line_invoke_run_gives(node, settings, tmp_path):
     _, argv = node("--recipe=ddp", "--run-id=r1", "--", "--max_steps", "2")
     v = variants.resolve(settings, "cpu")[0]
-    plan = launch_run.run_command(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
-                           topo=launch_run.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1",
-                           overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
-                           checkout_recipes=False, summarised=False)  # run.sh prints no summary: the trainer does
+    plan = launch_command.run_command(settings, recipe="ddp", variant=v, host=Host(), engine_info={},
+                                      topo=launch_command.Topology(nproc=2), run_dir=tmp_path / "runs" / "r1",
+                                      overrides=["--max_steps", "2"], image_id="sha256:feed", memlock="memlock=8388608",
+                                      checkout_recipes=False, summarised=False)  # run.sh prints no summary: the trainer does
     want = plan.argv[1:]  # the docker binary aside (a setting)
     # and DOCKYARD_HOST_PATHS, every mount's host path for the trainer's lines, train.log and manifest, which each
     # names as its own host has them (test_run_sh_tells_the_trainer_the_host_path_of_every_mount,
@@ -513,9 +514,10 @@ def test_disable_require_runs_an_image_newer_than_the_driver_as_invoke_run_does(
     proc, argv = node("--run-id=f1", "--disable-require", variant="cu132", gpus=2, **old)
     assert argv[argv.index("--gpus") + 1] == "all" and "--nproc-per-node=2" in argv, proc.stderr
     v = variants.resolve(settings, "cu132")[0]
-    plan = launch_run.run_command(settings, recipe="ddp", variant=v, host=Host("535.183.01", "12.2", [Gpu(0, "H100", 80 << 30)]),
-                                  engine_info={}, topo=launch_run.Topology(nproc=2), run_dir=tmp_path / "r",
-                                  overrides=[], disable_require=True, checkout_recipes=False)
+    host = Host("535.183.01", "12.2", [Gpu(0, "H100", 80 << 30)])
+    plan = launch_command.run_command(settings, recipe="ddp", variant=v, host=host, engine_info={},
+                                      topo=launch_command.Topology(nproc=2), run_dir=tmp_path / "r",
+                                      overrides=[], disable_require=True, checkout_recipes=False)
     wanted = [a for a in plan.argv if a.startswith("NVIDIA_DISABLE_REQUIRE")]
     assert wanted and all(a in argv for a in wanted)
 

@@ -17,7 +17,7 @@ from dockyard.common import recipes, runfolder
 from dockyard.common.errors import DockyardError, json_object
 from dockyard.common.recipes import RECIPES
 from dockyard.launch import monitor
-from dockyard.launch.run import summarise
+from dockyard.launch.summary import summarise
 from dockyard.train import checkpoints, guards, manifest
 from tests.support.cli import invoke_here, short_error
 

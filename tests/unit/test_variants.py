@@ -171,7 +171,7 @@ def test_auto_skips_a_variant_without_code_for_the_gpus(settings):
 
 
 def test_run_refuses_an_image_without_code_for_a_gpu(settings):
-    from dockyard.launch.run import check_gpu_host
+    from dockyard.launch.command import check_gpu_host
 
     cu132 = variants.resolve(settings, "cu132")[0]
     with pytest.raises(DockyardError, match=r"cu132's torch has no code for GPU 1 \(Tesla V100-SXM2-32GB, 7\.0\)"):
