@@ -476,9 +476,3 @@ def _problems(error: ValidationError, given: dict[str, Any], origin: dict[str, s
             said.append(words)
     return "; ".join(said)
 
-
-def number_range(name: str) -> str:
-    """What a number setting takes, as a user reads it, from its bounds on RunSettings ("" for the others)."""
-    takes = accepted(RunSettings, name)
-    return takes if takes.startswith(("a whole number", "a number")) else ""
-

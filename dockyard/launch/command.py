@@ -33,7 +33,6 @@ class RunCommand:
     argv: list[str]
     run_dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

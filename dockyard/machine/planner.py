@@ -211,7 +211,7 @@ ASSUMED_CAPABILITY = (8, 0)  # a GPU given by --gpu-mem alone: every variant's G
 
 
 def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, batch: int = 0,
-         recipe_list: list[Recipe] | None = None, device: autos.Device | None = None) -> dict:
+         device: autos.Device | None = None) -> dict:
     """Every recipe (every folder under recipes/, in the registry's order) on `gpus` GPUs of `gpu_mem` bytes
     with `cpu_mem` bytes of host memory, and the pick. Each row is the run the trainer takes with the recipe's
     settings on that GPU (`size_run`): `batch` 0 is a run with no tuning flags (the micro-batch auto), a `batch`
@@ -220,7 +220,7 @@ def plan(shape: Shape, *, gpus: int, gpu_mem: int, cpu_mem: int, seq_len: int, b
         raise DockyardError("--gpus must be at least 1")
     device = device or autos.Device(f"{gpu_mem / GIB:.0f} GiB GPU", gpu_mem, ASSUMED_CAPABILITY)
     rows = []
-    listed, broken = recipes.read_recipes() if recipe_list is None else (recipe_list, {})
+    listed, broken = recipes.read_recipes()
     for recipe in listed:
         given = {"max_seq_length": seq_len, **({"per_device_train_batch_size": batch} if batch else {})}
         try:

@@ -14,12 +14,19 @@ from hypothesis import strategies as st
 
 import tasks  # noqa: F401 - the tasks the CLI runs
 from dockyard.common import run_settings, training_args
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, accepted
 from dockyard.common.overrides import parse_overrides
-from dockyard.common.run_settings import RunSettings, number_range
+from dockyard.common.run_settings import RunSettings
 from dockyard.common.training_args import AUTO_TRAINING_ARGUMENTS
 from dockyard.launch.node import CPU_NPROC
 from tests.support.cli import invoke_here, short_error
+
+
+def number_range(name: str) -> str:
+    """What a number setting takes, as an error says it, from its bounds on RunSettings ("" for the others)."""
+    takes = accepted(RunSettings, name)
+    return takes if takes.startswith(("a whole number", "a number")) else ""
+
 
 RUN_NUMBERS = sorted(k for k in RunSettings.model_fields if number_range(k))
 TRAINING_NUMBERS = ["learning_rate", "max_steps", "per_device_train_batch_size", "save_steps", "save_total_limit",
