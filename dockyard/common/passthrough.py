@@ -1,7 +1,7 @@
 """The TrainingArguments the run hands the Trainer as they are given, which the Trainer reads only as it starts or not at
 all: each value checked here as the pinned transformers would read it, without transformers (the host has none), so
 `invoke run --dry`, `invoke plan`, slurm and k8s refuse it before an image starts; the trainer runs the same checks
-again (run_settings.check_training_numbers) and asks transformers itself (dockyard.train.guards).
+again (training_args.check_training_numbers) and asks transformers itself (dockyard.train.guards).
 """
 
 from __future__ import annotations
