@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -342,10 +343,13 @@ def test_nodes_that_meet_each_say_so_with_how_long_they_waited(tmp_path, loopbac
 
 
 
-def _torchrun_node(tmp_path, port: int, rank: int, run_id: str, nnodes, join_timeout: int) -> subprocess.Popen:
-    """A real torchrun of one process as node `rank` of `nnodes` on loopback, running tmp_path's worker.py."""
+def _torchrun_node(tmp_path, port: int, rank: int, run_id: str, nnodes, join_timeout: int,
+                   go: Path | None = None) -> subprocess.Popen:
+    """A real torchrun of one process as node `rank` of `nnodes` on loopback, running tmp_path's worker.py; given `go`,
+    one whose Python imports torch's launcher at once and starts it once the test has written `go` (PREWARMED)."""
+    start = [sys.executable, "-c", PREWARMED, str(go)] if go else [sys.executable, "-m", "dockyard.train.torchrun"]
     return subprocess.Popen(
-        [sys.executable, "-m", "dockyard.train.torchrun", "--nproc-per-node=1", f"--nnodes={nnodes}",
+        [*start, "--nproc-per-node=1", f"--nnodes={nnodes}",
          "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
          f"--rdzv-conf=is_host={int(rank == 0)},join_timeout={join_timeout}", "--local-addr=127.0.0.1", "worker.py"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -355,7 +359,8 @@ def _torchrun_node(tmp_path, port: int, rank: int, run_id: str, nnodes, join_tim
 def _hosting(node0: subprocess.Popen, port: int, bound: float = 120):
     """A client of node 0's store once node 0 hosts its rendezvous there (its id and number of nodes written): a node
     that came before that found nothing to compare with. A fixed 3 s was the host's to miss (torch's import alone
-    takes longer on a loaded one)."""
+    takes longer on a loaded one). The client connects once the port listens: one that tried before, each try torch's
+    5 s timeout and a delay of up to 5 s, came up to 10 s into node 0's wait."""
     import datetime
     import time
 
@@ -367,30 +372,56 @@ def _hosting(node0: subprocess.Popen, port: int, bound: float = 120):
     store = None
     while store is None or not store.check([torchrun.HOSTED_COUNT]):
         assert node0.poll() is None and time.monotonic() < deadline, "node 0 never hosted: " + said_by(node0)
-        if store is None:
-            try:
-                store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
-            except RuntimeError:  # nothing listens there yet (torch's DistNetworkError)
-                pass
+        if store is None and _listening(port):
+            store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
         time.sleep(0.1)
     return store
 
 
-# node 0's wait in the tests of a node 1 refused at once: node 1 (a Python importing torch, then torchrun) must be
-# refused within it; 10-15 s was missed on a loaded 2-core host (CI's unit tests run beside the images' builds)
-JOIN = 30
+def _listening(port: int) -> bool:
+    """Whether a socket listens on TCP `port` here, as the kernel's tables say (no connection made: the port's holder,
+    tests/support/ports.py, is bound there without listening)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):  # tcp6: a kernel without IPv6
+            continue
+        with open(table) as f:
+            for line in list(f)[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+# node 0's wait in the tests of a node 1 that comes once node 0 hosts: node 1 must be refused (or come) within it. A
+# node 1 started then, a Python importing torch and then torchrun, missed 10-15 s on a loaded 2-core host (CI's unit
+# tests run beside the images' builds), and 30 s was sat out by each test; node 1 now imports torch beside node 0
+# (PREWARMED) and is let go once node 0 hosts: what is left of its start is the launcher's own, a second or two
+JOIN = 15
+
+# python -c PREWARMED GO ARGS...: dockyard.train.torchrun ARGS as `python -m` runs it, once the file GO exists, torch's
+# launcher imported before (dockyard's launcher itself is not: run as __main__, it is not also a module of its own)
+PREWARMED = """import os, runpy, sys, time
+import torch.distributed.run
+import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend
+go, deadline = sys.argv.pop(1), time.monotonic() + 300
+while not os.path.exists(go):
+    assert time.monotonic() < deadline, "never let go"
+    time.sleep(0.05)
+runpy.run_module("dockyard.train.torchrun", run_name="__main__", alter_sys=True)
+"""
 
 
 def _node_1_refused_at_once(tmp_path, port: int, nodes: tuple, join_timeout: int):
-    """Two real torchruns on loopback, each (rank, run id, node count), node 1 once node 0 hosts the rendezvous:
-    node 1 must end within the join timeout while node 0 still waits; both ended, their processes and (stdout,
-    stderr) by rank."""
+    """Two real torchruns on loopback, each (rank, run id, node count), node 1 let go once node 0 hosts the
+    rendezvous: node 1 must end within the join timeout while node 0 still waits; both ended, their processes and
+    (stdout, stderr) by rank."""
     procs = []
     try:
         for rank, run_id, count in nodes:
-            procs.append(_torchrun_node(tmp_path, port, rank, run_id, count, join_timeout))
-            if rank == 0:
-                _hosting(procs[0], port)
+            procs.append(_torchrun_node(tmp_path, port, rank, run_id, count, join_timeout,
+                                        go=tmp_path / "go" if rank else None))
+        _hosting(procs[0], port)
+        (tmp_path / "go").touch()
         # node 1 ends before node 0's wait (started earlier) does: it was refused, not timed out
         node1 = procs[1].communicate(timeout=join_timeout)
         assert procs[0].poll() is None, "node 0 should still be waiting"
@@ -421,11 +452,10 @@ def _node_0_beside_a_stranger(tmp_path, port: int, appended: str) -> tuple[int, 
     """A real torchrun as node 0 of two, alone, and a stranger's TCPStore client (this test's) that appends
     `appended` to the ids the nodes came for once node 0 hosts the rendezvous, well within its wait (a stranger's
     process started a fixed 3 s after node 0, which then had to load torch, could come after a loaded host's node 0
-    had ended its wait): node 0's exit status and stderr once its wait ran out. The wait is 20 s: this test's client
-    met node 0's store slow to answer on a loaded host, and retried (torch's 5 s timeout, then a delay of up to 5 s),
-    which a wait of 10 s could not hold."""
+    had ended its wait): node 0's exit status and stderr once its wait ran out. The wait is JOIN: a wait of 10 s
+    missed this test's client, which then tried to connect before node 0 listened (see _hosting)."""
     (tmp_path / "worker.py").write_text("print('never started')\n")
-    node0 = _torchrun_node(tmp_path, port, 0, "idA", 2, join_timeout=20)
+    node0 = _torchrun_node(tmp_path, port, 0, "idA", 2, join_timeout=JOIN)
     try:
         _hosting(node0, port).append("dockyard/came-for", appended)
         _, err = node0.communicate(timeout=120)
@@ -443,8 +473,8 @@ def test_a_rendezvous_id_a_stranger_wrote_in_node_0_s_store_reaches_its_terminal
     returncode, err = _node_0_beside_a_stranger(tmp_path, loopback_port, "\x1b]0;pwned\x07\x1b[2Jevil\n")
     assert returncode == 1 and "\x1b" not in err and "\x07" not in err, err
     assert err.strip().splitlines()[-1].startswith(
-        f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within 20 s: a node came "
-        "for the rendezvous \\x1b]0;pwned\\x07\\x1b[2Jevil"), err
+        f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within {JOIN} s: a node "
+        "came for the rendezvous \\x1b]0;pwned\\x07\\x1b[2Jevil"), err
 
 
 def test_the_rendezvous_ids_a_stranger_wrote_by_the_thousand_are_said_in_a_line_of_a_few(tmp_path, loopback_port):
@@ -456,7 +486,7 @@ def test_the_rendezvous_ids_a_stranger_wrote_by_the_thousand_are_said_in_a_line_
     last = err.strip().splitlines()[-1]
     assert returncode == 1 and len(last) < 1000, len(last)
     assert last.startswith(f"torchrun: not every node joined the rendezvous idA at 127.0.0.1:{loopback_port} within "
-                           "20 s: a node came for the rendezvous 00000xxx") and "and 4997 more" in last, last
+                           f"{JOIN} s: a node came for the rendezvous 00000xxx") and "and 4997 more" in last, last
 
 
 @pytest.mark.parametrize("node0, node1", [(3, 2), (2, 3)])
@@ -497,8 +527,9 @@ def test_nodes_given_one_count_as_min_max_are_not_told_to_give_the_same_count(tm
     procs = []
     try:
         procs.append(_torchrun_node(tmp_path, port, 0, "mm1", "3:3", join_timeout=JOIN))
+        procs.append(_torchrun_node(tmp_path, port, 1, "mm1", "3:3", join_timeout=JOIN, go=tmp_path / "go"))
         store = _hosting(procs[0], port)
-        procs.append(_torchrun_node(tmp_path, port, 1, "mm1", "3:3", join_timeout=JOIN))
+        (tmp_path / "go").touch()
         while not store.check([torchrun.CAME_WITH]):
             assert procs[0].poll() is None, "node 1 came after node 0's wait (nothing tested): " + said_by(procs[1])
             time.sleep(0.1)
