@@ -52,13 +52,16 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
                 topo: Topology, run_dir: Path, overrides: list[str], resume: bool = False,
                 disable_require: bool = False, image_id: str = "", memlock: str = "memlock=-1",
                 cpu: bool = False, data: str = "", model: str = "", checkout_recipes: bool = True,
-                ib_root: Path = multinode.INFINIBAND, summarised: bool = True) -> RunCommand:
+                ib_root: Path = multinode.INFINIBAND, summarised: bool = True,
+                fabric: dict[str, str] | None = None) -> RunCommand:
     """The `docker run` that trains `recipe` in the image of `variant` (pure: runs nothing).
 
     `cpu`: no GPU even in a CUDA image (gloo, DeepSpeed's CPU accelerator): checks an image's stack on a
     host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout).
     `recipe` is --recipe as given (a name or a folder), which run() has already loaded. `summarised`: the command
-    prints the run's summary (`invoke run`; run.sh does not), so the trainer need not."""
+    prints the run's summary (`invoke run`; run.sh does not), so the trainer need not. `fabric`: the node's NCCL_*, FI_*
+    and UCX_* settings (node.fabric_env) where it is a node of several, given on as they are; no other variable of the
+    host's reaches the trainer."""
     if not cpu:
         check_gpu_host(settings, variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
@@ -69,7 +72,7 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
         env["NVIDIA_DISABLE_REQUIRE"] = "1"
     if cpu and variant.is_cuda:
         env["DS_ACCELERATOR"] = "cpu"  # the image says cuda; DeepSpeed would look for a GPU
-    env |= node_env(topo)
+    env |= node_env(topo) | (fabric or {})
     gpu = variant.is_cuda and not cpu
     command = torchrun_argv(topo) + node.entry_argv(seen.recipe, node.run_dir_inside(run_dir.name), seen.overrides,
                                                     resume)
@@ -84,16 +87,17 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
 
 def native_command(settings: Settings, *, recipe: str, topo: Topology, run_dir: Path, overrides: list[str],
                    resume: bool = False, cpu: bool = True, data: str = "", model: str = "",
-                   visible: str = "") -> RunCommand:
+                   visible: str = "", fabric: dict[str, str] | None = None) -> RunCommand:
     """The same entry point on this host, without a container (development, or GPU hosts without Docker); `recipe`
-    as in run_command; `visible`: the GPUs picked (--gpus, --nproc), by nvidia-smi's indices."""
+    as in run_command; `visible`: the GPUs picked (--gpus, --nproc), by nvidia-smi's indices; `fabric`: as in
+    run_command (this host's environment is the trainer's already: given, its NCCL_SOCKET_IFNAME is the user's)."""
     env = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), envvars.SUMMARISED: "1"}
     # on GPUs the trainer refuses a torch that finds none (a CPU build, a driver older than its CUDA): it trained on
     # CPU and said completed
     env["DS_ACCELERATOR"] = "cpu" if cpu else "cuda"
     if visible and not cpu:  # `--native --gpus=2,3` trained on GPUs 0 and 1; CUDA counts in nvidia-smi's order so
         env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
-    env |= node_env(topo)
+    env |= node_env(topo) | (fabric or {})
     launcher = [sys.executable, "-m", "dockyard.train.torchrun"]  # torchrun, without its traceback on a failure
     # the inputs given by flag or by invoke.yaml (a run in the image mounts both; the trainer reads neither setting,
     # and a native run with `model:` set trained the sample model); those after -- are in the overrides already, and

@@ -7,6 +7,7 @@ sbatch script, the Kubernetes pods) is rendered here.
   entry_shell       the same as one shell line, for the scripts and pods
   node_command      the shell line a scheduler starts on each node (Slurm's SLURM_NODEID, an Indexed Job's index)
   container_env     the trainer's container environment: HOME, Hugging Face's cache, offline
+  fabric_env        the fabric's settings (NCCL_*, FI_*, UCX_*) of the node's environment, which every launcher passes
   cluster_variant   `auto` on a cluster: the nodes' GPUs decide, not this host's
   check_*           the node count, rank, port and restart checks every launcher makes
 compose/*.yml are static YAML with their own text: tests/unit/test_compose_agrees.py holds them to this module.
@@ -15,8 +16,10 @@ compose/*.yml are static YAML with their own text: tests/unit/test_compose_agree
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dockyard.common import envvars, runfolder
@@ -161,6 +164,25 @@ def container_env() -> dict[str, str]:
     """The trainer's container environment on every launcher: a HOME any user id can write, and Hugging Face's
     cache at its mounted folder, never asked over the network."""
     return {"HOME": "/tmp", "HF_HOME": HF_INSIDE, "HF_HUB_OFFLINE": "1"}
+
+
+# The fabric's settings a cluster's user sets in the job's environment: NCCL's (NCCL_IB_HCA, NCCL_NET_GDR_LEVEL,
+# NCCL_DEBUG...), libfabric's (FI_PROVIDER, FI_EFA_*: AWS EFA) and UCX's (some InfiniBand stacks). Left out, a job that
+# used InfiniBand fell back to sockets, or hung. Every launcher of several nodes (whose containers have the host's
+# network) gives the trainer those set where the node starts (a name bash can export: the job's environment holds no
+# other), and none of the host's other variables.
+FABRIC_PREFIXES = ("NCCL", "FI", "UCX")
+FABRIC_NAME = rf"({'|'.join(FABRIC_PREFIXES)})_[A-Za-z0-9_]+"  # a whole name (slurm.py: the same, in bash)
+
+
+def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
+    """The fabric's settings in `environ` (the node's), as they are. `iface`: the interface this command's --iface
+    named, whose NCCL_SOCKET_IFNAME (Rendezvous.env) wins over the environment's; without it the environment's wins
+    over the interface found towards node 0, as the trainer leaves a user's own (dockyard.train.nodes.pin_interface)."""
+    env = {k: v for k, v in sorted(environ.items()) if re.fullmatch(FABRIC_NAME, k)}
+    if iface:
+        env.pop("NCCL_SOCKET_IFNAME", None)
+    return env
 
 
 def cluster_variant(settings: Settings, variant: str, gpus_per_node: int) -> Variant:

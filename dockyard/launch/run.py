@@ -185,10 +185,14 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
     if need:
         print(f"disk: the run writes about {disk.size(need['total_bytes'])} ({disk.describe(need)}); "
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
+    # the node's NCCL_*, FI_*, UCX_* settings, where the container has the host's network and InfiniBand devices (a
+    # node of several): a one-node run's has its own network and no such device, whose names (NCCL_SOCKET_IFNAME=ib0,
+    # NCCL_NET=IB) then stopped NCCL; a run without a container has its host's environment as it is
+    fabric = node.fabric_env(os.environ, r.iface) if r.nodes > 1 else {}
     if r.native:
         command = native_command(settings, recipe=recipe_arg, topo=topo, run_dir=run_dir, overrides=overrides,
                                  resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model,
-                                 visible=host.visible)
+                                 visible=host.visible, fabric=fabric)
     else:
         info, image = {}, {}
         if r.dry:
@@ -210,7 +214,7 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
                               run_dir=run_dir, overrides=overrides, resume=r.resume,
                               disable_require=r.disable_require, image_id=image.get("Id", ""),
                               memlock=memlock_flag(engine.daemon_memlock_hard_limit(info), say=on_gpus),
-                              cpu=r.cpu, data=r.data, model=r.model)
+                              cpu=r.cpu, data=r.data, model=r.model, fabric=fabric)
     return command, [g.index for g in host.gpus] if on_gpus else []
 
 

@@ -222,8 +222,9 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     else:
         container = []
         # --cleanenv, --no-home: neither the host's environment nor its home folder reaches the container (a host
-        # PYTHONPATH, LD_PRELOAD or NCCL_* changed what trained; the home folder was the container's to write, ~/.bashrc
-        # and ~/.ssh included), as in the docker form; what the trainer needs is passed by name (_APPTAINER_PASSES)
+        # PYTHONPATH, LD_PRELOAD or HF_* changed what trained; the home folder was the container's to write, ~/.bashrc
+        # and ~/.ssh included), as in the docker form; what the trainer needs, and the fabric's settings, are passed by
+        # name (_APPTAINER_PASSES)
         wrap = ["bash", "-c", _APPTAINER_PASSES, "bash", "apptainer", "exec", *(["--nv"] if gpus else []),
                 "--bind", spec, "--pwd", node.WORKDIR, "--cleanenv", "--no-home", image_file]
     entry = node.entry_shell(seen.recipe, node.run_dir_inside("$RUN_ID"), expand_run_dir=True, args='"$@"')
@@ -236,7 +237,7 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     trainer = {k: v for k, v in {envvars.IMAGE_REF: image, **node.container_env(), **caches.compile_env(settings),
                                  **seen.env, **({} if gpus else {"DS_ACCELERATOR": "cpu"})}.items() if k != "HOME"}
     env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above)"
-           + (", those variables alone." if runtime == "apptainer" else "."),
+           + (", those variables and the fabric's (NCCL_*, FI_*, UCX_*) alone." if runtime == "apptainer" else "."),
            "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in trainer.items())]
     if runtime == "apptainer":
         env.append(f"export {_PASSED}={shlex.quote(' '.join([*trainer, *JOB_VARIABLES]))}")
@@ -249,13 +250,18 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
 
 
 # What crosses into an Apptainer container started with --cleanenv: the job's variables the node's command reads
-# (SLURM_NODEID is each node's own), the GPUs Slurm gave the job's task, the interface the user names for gloo and
-# NCCL (docs/multinode.md: exported before sbatch), and the trainer's environment exported above.
+# (SLURM_NODEID is each node's own), the GPUs Slurm gave the job's task, the interface the user names for gloo
+# (docs/multinode.md: exported before sbatch), the trainer's environment exported above, and the fabric's settings
+# set on the node (NCCL_*, FI_*, UCX_*: node.fabric_env, as `invoke run` gives them with -e).
 JOB_VARIABLES = ("NODE_ADDRS", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "SLURM_NODEID", "SLURM_NNODES",
-                 "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+                 "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME")
 _PASSED = "DOCKYARD_APPTAINER_PASSES"  # the names, exported by the script; each node's bash passes those set there
 _APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERENV_$v=${{!v}}"; done; '
-                     'exec "$@"')
+                     # (${!P@}: the names of the node's variables that start with P, each a shell variable's, so the
+                     # pattern is node.FABRIC_NAME; core bash, where compgen needs its completion built in)
+                     f'for v in {" ".join(f"${{!{p}_@}}" for p in node.FABRIC_PREFIXES)}; do '
+                     f'case $v in {"|".join(f"{p}_?*" for p in node.FABRIC_PREFIXES)}) '
+                     'export "APPTAINERENV_$v=${!v}" ;; esac; done; exec "$@"')
 
 
 def _resume_alone_before_overrides() -> list[str]:

@@ -52,7 +52,8 @@ python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank"
   "hf_offline": os.environ.get("HF_HUB_OFFLINE"), "host_paths": os.environ.get("DOCKYARD_HOST_PATHS"),
   "compile": [os.environ.get("TORCHINDUCTOR_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")],
   "accelerator": os.environ.get("DS_ACCELERATOR"), "pythonpath": os.environ.get("PYTHONPATH"),
-  "nccl": [os.environ.get("NCCL_SOCKET_IFNAME"), os.environ.get("NCCL_DEBUG")],
+  "fabric": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "FI_", "UCX_"))},
+  "others": sorted(k for k in os.environ if k in ("LD_PRELOAD", "TORCH_NCCL_BLOCKING_WAIT", "MY_NCCL_X", "NCCL")),
   "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}))' "$@" \
   >> "$LOG/torchrun"
 """
@@ -228,23 +229,86 @@ def test_restarts_of_the_workers_reach_every_node_in_the_container_and_through_i
 
 def test_the_apptainer_container_gets_neither_the_hosts_environment_nor_its_home_but_what_the_trainer_needs(
         settings, tmp_path):
-    """`apptainer exec` passes the host's whole environment and mounts the user's home: a PYTHONPATH, an NCCL_* or
+    """`apptainer exec` passes the host's whole environment and mounts the user's home: a PYTHONPATH, an LD_PRELOAD or
     anything else set where sbatch ran reached the trainer (works on my box, breaks on the cluster), and the home folder
     (~/.bashrc, ~/.ssh) was the container's to write. With --cleanenv and --no-home the trainer gets what the docker
-    form gives it with -e, the job's rendezvous, the GPUs Slurm bound to the task and the interface the user named for
-    NCCL and gloo (docs/multinode.md), and nothing else."""
+    form gives it with -e, the job's rendezvous, the GPUs Slurm bound to the task, the interface the user named for
+    NCCL and gloo (docs/multinode.md) and the fabric's settings (the next test), and nothing else."""
     image = tmp_path / "dy.sif"
     image.write_text("")
-    host = {"PYTHONPATH": str(Path.home() / ".local" / "lib"), "NCCL_DEBUG": "TRACE", "NCCL_SOCKET_IFNAME": "ib0",
-            "CUDA_VISIBLE_DEVICES": "2,3", "DOCKYARD_RUN_ID": "zero2-slurm-77"}
+    host = {"PYTHONPATH": str(Path.home() / ".local" / "lib"), "LD_PRELOAD": "/home/u/libhack.so",
+            "NCCL_SOCKET_IFNAME": "ib0", "CUDA_VISIBLE_DEVICES": "2,3", "DOCKYARD_RUN_ID": "zero2-slurm-77"}
     got = _run(settings, tmp_path, "apptainer", str(image), env=host)
     calls = got["apptainer"].splitlines()
     assert len(calls) == 2 and all("--cleanenv" in c.split() and "--no-home" in c.split() for c in calls), calls
     for i, n in enumerate(got["torchrun"]):
-        assert n["pythonpath"] is None and n["nccl"] == ["ib0", None], n  # the host's, left out; the interface, named
+        assert n["pythonpath"] is None and n["others"] == [], n  # the host's, left out
+        assert n["fabric"] == {"NCCL_SOCKET_IFNAME": "ib0"}, n  # the interface the user named
         assert n["rank"] == str(i) and n["rdzv"]["id"] == "zero2-slurm-77" and n["rdzv"]["local_addr"] == f"10.9.0.{i + 1}"
         assert n["image"].endswith("-cu132") and n["hf_offline"] == "1" and n["gpus"] == "2,3"
         assert n["compile"] == ["/workspace/.cache/compile/inductor", "/workspace/.cache/compile/triton"]
+
+
+# The fabric's settings a user sets for an InfiniBand or EFA job (values as NCCL reads them: '=' for exact names,
+# ':' for ports, ','; and a blank, quotes, $ and a newline, which must reach it as they are), and what is no such setting
+FABRIC = {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_IB_GID_INDEX": "3",
+          "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0", "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
+          "UCX_TLS": "rc,sm 'x' $HOME \"y\"\nz"}
+NOT_FABRIC = {"LD_PRELOAD": "/home/u/libhack.so", "TORCH_NCCL_BLOCKING_WAIT": "1", "MY_NCCL_X": "1", "NCCL": "1"}
+
+
+@pytest.mark.parametrize("runtime", ["docker", "pyxis", "apptainer"])
+def test_the_fabrics_settings_of_the_job_reach_the_trainer_in_every_form_and_no_other_variable(
+        settings, tmp_path, monkeypatch, runtime):
+    """A cluster's users set the fabric's settings in the job's environment (NCCL_IB_HCA, NCCL_NET_GDR_LEVEL,
+    NCCL_IB_GID_INDEX, NCCL_DEBUG; FI_PROVIDER and FI_EFA_* on AWS EFA; UCX_* on some InfiniBand stacks). The
+    Apptainer form (--cleanenv) and the docker form (each node's `invoke run`, whose docker run got -e for its own
+    variables alone) left them out: a job that used InfiniBand fell back to sockets, or hung. Now every form gives the
+    trainer each NCCL_*, FI_* and UCX_* variable set on the node, as it is, and no other of the host's (pyxis passes
+    the job's environment itself); the user's NCCL_SOCKET_IFNAME wins over the interface found towards node 0, as the
+    trainer leaves a user's own, and --iface (a flag of the command) over both. A one-node run's container, on a
+    network of its own, gets none (as before)."""
+    job = {**FABRIC, **NOT_FABRIC, "DOCKYARD_RUN_ID": "zero2-slurm-77"}
+    for name in [k for k in os.environ if k.startswith(("NCCL_", "FI_", "UCX_"))]:  # this machine's own, if any
+        monkeypatch.delenv(name)
+    if runtime != "docker":
+        image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
+        image.write_text("")
+        for n in _run(settings, tmp_path, runtime, str(image), env=job)["torchrun"]:
+            assert n["fabric"] == FABRIC, n
+            if runtime == "apptainer":
+                assert n["others"] == [] and n["pythonpath"] is None, n
+        return
+    # the docker form: each node runs `invoke run --nodes ...` in the job's environment (the script's own line, above)
+    from dockyard import engine
+    from dockyard.launch import multinode
+    from dockyard.launch import run as launch_run
+    from tests.support.cli import invoke_here
+    monkeypatch.setattr(multinode, "route_to", lambda host, flag="": {"iface": "ens5", "addr": "10.9.0.2"})
+    monkeypatch.setattr(launch_run, "_image_if_there", lambda *a, **kw: {})  # no engine asked
+    shown: list[tuple[list[str], dict]] = []
+    monkeypatch.setattr(engine, "echo", lambda argv, env=None: shown.append((list(argv), dict(env or {}))))
+
+    def container_env(*flags: str, env: dict) -> dict[str, str]:
+        """The trainer's environment that `invoke run --dry FLAGS` shows: its docker run's -e (--native: what it adds
+        to this host's)."""
+        shown.clear()
+        r = invoke_here("run", "--dry", "--variant=cpu", "--run-id=zero2-slurm-77", *flags,
+                        env={"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), **env})
+        assert r.returncode == 0 and len(shown) == 1, r.stderr
+        argv, added = shown[0]
+        return added if "--native" in flags else dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-e")
+
+    node1 = ("--nodes=2", "--node-rank=1", "--master-addr=10.9.0.1")
+    got = container_env(*node1, env={**job, "NCCL_IB-HCA": "typo"})
+    assert {k: v for k, v in got.items() if k.startswith(("NCCL_", "FI_", "UCX_"))} == FABRIC, got
+    assert not set(got) & {*NOT_FABRIC, "NCCL_IB-HCA"} and got["GLOO_SOCKET_IFNAME"] == "ens5"
+    assert container_env(*node1, "--iface=ens5", env=job)["NCCL_SOCKET_IFNAME"] == "ens5", "the flag given wins"
+    assert container_env(*node1, "--native", "--cpu", env=job)["NCCL_SOCKET_IFNAME"] == "ib0", "--native: the same"
+    assert "NCCL_DEBUG" not in container_env(*node1, env={}), "nothing set, nothing passed"
+    # one node: its container has its own network and none of the InfiniBand devices, which the host's names (an
+    # NCCL_SOCKET_IFNAME of ib0, a cluster's login shell sets it for every job) would send NCCL looking for
+    assert not [k for k in container_env(env=job) if k.startswith(("NCCL_", "FI_", "UCX_"))]
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
