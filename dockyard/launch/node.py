@@ -7,7 +7,8 @@ sbatch script, the Kubernetes pods) is rendered here.
   entry_shell       the same as one shell line, for the scripts and pods
   node_command      the shell line a scheduler starts on each node (Slurm's SLURM_NODEID, an Indexed Job's index)
   container_env     the trainer's container environment: HOME, Hugging Face's cache, offline
-  fabric_env        the fabric's settings (NCCL_*, FI_*, UCX_*) of the node's environment, which every launcher passes
+  fabric_env        the fabric's settings (NCCL_*, FI_*, UCX_*) of the node's environment, which every launcher of
+                    several nodes passes
   cluster_variant   `auto` on a cluster: the nodes' GPUs decide, not this host's
   check_*           the node count, rank, port and restart checks every launcher makes
 compose/*.yml are static YAML with their own text: tests/unit/test_compose_agrees.py holds them to this module.
@@ -173,15 +174,17 @@ def container_env() -> dict[str, str]:
 # other), and none of the host's other variables.
 FABRIC_PREFIXES = ("NCCL", "FI", "UCX")
 FABRIC_NAME = rf"({'|'.join(FABRIC_PREFIXES)})_[A-Za-z0-9_]+"  # a whole name (slurm.py: the same, in bash)
+SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # the interfaces gloo and NCCL take (Rendezvous.env)
 
 
 def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
-    """The fabric's settings in `environ` (the node's), as they are. `iface`: the interface this command's --iface
-    named, whose NCCL_SOCKET_IFNAME (Rendezvous.env) wins over the environment's; without it the environment's wins
-    over the interface found towards node 0, as the trainer leaves a user's own (dockyard.train.nodes.pin_interface)."""
-    env = {k: v for k, v in sorted(environ.items()) if re.fullmatch(FABRIC_NAME, k)}
-    if iface:
-        env.pop("NCCL_SOCKET_IFNAME", None)
+    """The fabric's settings in `environ` (the node's), as they are, and the interface it names for gloo. `iface`: the
+    interface this command's --iface named, which wins over the environment's for both (Rendezvous.env); without it
+    the environment's win over the interface found towards node 0, as the trainer leaves a user's own
+    (dockyard.train.nodes.pin_interface) and the containers of the sbatch script see them."""
+    env = {k: v for k, v in sorted(environ.items()) if re.fullmatch(FABRIC_NAME, k) or k == SOCKET_IFNAMES[0]}
+    for name in SOCKET_IFNAMES if iface else ():
+        env.pop(name, None)
     return env
 
 

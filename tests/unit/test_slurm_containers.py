@@ -266,7 +266,8 @@ def test_the_fabrics_settings_of_the_job_reach_the_trainer_in_every_form_and_no_
     variables alone) left them out: a job that used InfiniBand fell back to sockets, or hung. Now every form gives the
     trainer each NCCL_*, FI_* and UCX_* variable set on the node, as it is, and no other of the host's (pyxis passes
     the job's environment itself); the user's NCCL_SOCKET_IFNAME wins over the interface found towards node 0, as the
-    trainer leaves a user's own, and --iface (a flag of the command) over both. A one-node run's container, on a
+    trainer leaves a user's own, and --iface (a flag of the command) over both; so does GLOO_SOCKET_IFNAME, which the
+    containers of pyxis and Apptainer saw and the docker form's invoke run replaced. A one-node run's container, on a
     network of its own, gets none (as before)."""
     job = {**FABRIC, **NOT_FABRIC, "DOCKYARD_RUN_ID": "zero2-slurm-77"}
     for name in [k for k in os.environ if k.startswith(("NCCL_", "FI_", "UCX_"))]:  # this machine's own, if any
@@ -304,6 +305,8 @@ def test_the_fabrics_settings_of_the_job_reach_the_trainer_in_every_form_and_no_
     assert {k: v for k, v in got.items() if k.startswith(("NCCL_", "FI_", "UCX_"))} == FABRIC, got
     assert not set(got) & {*NOT_FABRIC, "NCCL_IB-HCA"} and got["GLOO_SOCKET_IFNAME"] == "ens5"
     assert container_env(*node1, "--iface=ens5", env=job)["NCCL_SOCKET_IFNAME"] == "ens5", "the flag given wins"
+    assert container_env(*node1, env={**job, "GLOO_SOCKET_IFNAME": "ib0"})["GLOO_SOCKET_IFNAME"] == "ib0", "gloo's too"
+    assert container_env(*node1, "--iface=ens5", env={"GLOO_SOCKET_IFNAME": "ib0"})["GLOO_SOCKET_IFNAME"] == "ens5"
     assert container_env(*node1, "--native", "--cpu", env=job)["NCCL_SOCKET_IFNAME"] == "ib0", "--native: the same"
     assert "NCCL_DEBUG" not in container_env(*node1, env={}), "nothing set, nothing passed"
     # one node: its container has its own network and none of the InfiniBand devices, which the host's names (an
