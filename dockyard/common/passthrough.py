@@ -154,6 +154,10 @@ REMOTE = {"azure_ml": "Azure ML", "comet_ml": "Comet's servers", "neptune": "Nep
 # these write where the run trains, once one of their packages is installed there (transformers' is_*_available)
 LOCAL = {"tensorboard": ("tensorboard", "tensorboardx"), "mlflow": ("mlflow", "mlflow-skinny"), "trackio": ("trackio",),
          "codecarbon": ("codecarbon",), "flyte": ("flytekit",), "dvclive": ("dvclive",)}
+# the packages (canonical names) that make transformers count a REMOTE integration installed (integration_utils'
+# is_*_available), which `report_to all` then reports to: dagshub's needs mlflow too, azure_ml's counts only without it
+REMOTE_PACKAGES = {"wandb": ("wandb",), "comet_ml": ("comet-ml",), "neptune": ("neptune", "neptune-client"),
+                   "clearml": ("clearml",), "swanlab": ("swanlab",), "dagshub": ("dagshub",), "azure_ml": ("azureml-core",)}
 ALONE = ("none", "all")  # transformers reads them as the whole value only: in a list with others, a ValueError
 LEAVE = "leave it out (report_to none: the run's metrics are in its metrics.jsonl and loss.png)"
 
@@ -211,9 +215,27 @@ def check_installed(training: dict[str, Any], packages: frozenset[str], where: s
         raise DockyardError(f"optim {optim}: needs {OPTIM_PACKAGES[optim]}, which {where} has not; use the default "
                             f"(adamw_torch_fused), or install {OPTIM_PACKAGES[optim]} in {where}")
     given = training.get("report_to")
+    check_all_reports_here(given, remote_installed(packages), where)
     reporting = tuple(n for n, needs in LOCAL.items() if packages & set(needs))
     missing = [n for n in ([given] if isinstance(given, str) else given or []) if n in LOCAL and n not in reporting]
     if missing:
         raise DockyardError(f"report_to {', '.join(missing)}: not installed in {where} (installed: "
                             f"{', '.join(reporting) or 'none'}); {LEAVE}, or install {LOCAL[missing[0]][0]} in {where}")
 
+
+def remote_installed(packages: frozenset[str]) -> list[str]:
+    """The REMOTE integrations transformers counts as installed where `packages` are (report_to all's, of those)."""
+    mlflow = bool(packages & set(LOCAL["mlflow"]))
+    return [n for n, needs in REMOTE_PACKAGES.items() if packages & set(needs)
+            and (n != "dagshub" or mlflow) and (n != "azure_ml" or not mlflow)]
+
+
+def check_all_reports_here(given: Any, remote: list[str], where: str) -> None:
+    """report_to all reports to every integration installed where the run trains (`remote`: those of them that send the
+    run elsewhere): `--report_to all` on a host whose Python has wandb passed --dry, where `--report_to wandb` is
+    refused, and the run then reported to W&B's servers, or stopped in the trainer where it could not reach them."""
+    if remote and given in ("all", ["all"]):
+        raise DockyardError(f"report_to all: reports to every integration installed in {where}, and "
+                            f"{', '.join(remote)} {'sends' if len(remote) == 1 else 'send'} the run to "
+                            f"{REMOTE[remote[0]]}, which the training nodes cannot reach (runs are offline): name the "
+                            f"integrations to report to (as in --report_to tensorboard), or {LEAVE}")

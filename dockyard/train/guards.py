@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dockyard.common import archs, recipes
+from dockyard.common import archs, passthrough, recipes
 from dockyard.common.errors import DockyardError, cut, json_object, problems, short
 from dockyard.common.training_args import COMPILE_MODES
 from dockyard.common.units import GIB
@@ -115,13 +115,16 @@ def peft_training_args(args: dict[str, Any], peft: str | None) -> dict[str, Any]
 
 def check_report_to(value: Any) -> None:
     """`report_to` names only integrations this image has: the Trainer raises a RuntimeError for one that is not
-    installed, after the model has loaded. "none" and "all" (every one installed) are always fine."""
+    installed, after the model has loaded. "none" is always fine, "all" (every one installed) where none installed
+    sends the run elsewhere (passthrough.REMOTE)."""
     from transformers.integrations import get_available_reporting_integrations
 
     names = [value] if value is None or isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise DockyardError(f"report_to {short(value)}: takes an integration's name, a list of them, or none")
     have = get_available_reporting_integrations()
+    passthrough.check_all_reports_here(value, [n for n in have if n in passthrough.REMOTE],
+                                       "the Python this run trains with")
     missing = [n for n in names if n not in ("none", "all", *have)]
     if missing:
         # cut, as every value said back: a name of 5,000 characters was said whole

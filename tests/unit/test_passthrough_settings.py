@@ -9,6 +9,7 @@ import inspect
 import pytest
 
 import tasks  # noqa: F401 - the tasks the CLI runs
+from dockyard.common.errors import DockyardError
 from tests.support.cli import invoke_here, short_error
 
 
@@ -377,3 +378,37 @@ def test_a_schedule_steered_by_the_evaluation_loss_without_an_evaluation_is_refu
         refused(dry("--lr_scheduler_type", kind, "--eval_fraction", "0.1", "--eval_strategy", "no"),
                 f"lr_scheduler_type {kind} needs an evaluation")
         assert dry("--lr_scheduler_type", kind, "--eval_fraction", "0.1").returncode == 0
+
+
+def test_report_to_all_where_an_integration_that_reports_elsewhere_is_installed_is_refused_before_the_run(
+        dry, monkeypatch):
+    """`--report_to all` reports to every integration installed where the run trains: on a host whose Python has wandb
+    (--native), it passed --dry, where `--report_to wandb` is refused, and the run reported to W&B's servers (or stopped
+    in the trainer, out of their reach). Refused by the host and the trainer's guard; all is still taken where only
+    local integrations are installed, as dagshub without mlflow (which transformers does not count)."""
+    from types import SimpleNamespace
+
+    import transformers.integrations
+
+    from dockyard.train import guards
+
+    have = [SimpleNamespace(metadata={"Name": "wandb"}), SimpleNamespace(metadata={"Name": "tensorboard"})]
+    monkeypatch.setattr("importlib.metadata.distributions", lambda: iter(have))
+    for typed in ("all", "[all]"):
+        refused(dry("--report_to", typed, native=True), "report_to all: reports to every integration installed in "
+                "this host's Python (--native), and wandb sends the run to Weights & Biases' servers")
+    assert dry("--report_to", "tensorboard", native=True).returncode == 0  # named: reported there alone
+    have[:] = [SimpleNamespace(metadata={"Name": n}) for n in ("tensorboard", "dagshub")]
+    assert dry("--report_to", "all", native=True).returncode == 0
+    have.append(SimpleNamespace(metadata={"Name": "mlflow"}))
+    refused(dry("--report_to", "all", native=True), "dagshub sends the run to DagsHub's servers")
+    monkeypatch.undo()  # transformers' lazy imports read the real distributions
+
+    # the trainer's guard, which run.sh's and --native's runs meet: transformers' own count of what is installed
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations",
+                        lambda: ["tensorboard", "comet_ml"])
+    with pytest.raises(DockyardError, match="report_to all: .* comet_ml sends the run to Comet's servers"):
+        guards.check_report_to("all")
+    guards.check_report_to("tensorboard")
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations", lambda: ["tensorboard"])
+    guards.check_report_to("all")
