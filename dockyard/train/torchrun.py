@@ -133,18 +133,22 @@ def logs_folder(given: argparse.Namespace | None):
 
 def remove_orphaned_logs(tmp: Path) -> None:
     """Remove the log folders in `tmp` whose launchers are gone: their `.owner` is ours and no process holds its lock.
-    A folder without one (being made, or not ours) is left alone."""
+    A folder without one (being made, or not ours) is left alone. TMPDIR is anyone's (/tmp): `.owner` is opened
+    without waiting (a fifo of that name, planted by another user, blocked the open and hung every launch) and only a
+    plain file's lock is asked."""
     import fcntl
     import shutil
+    import stat
 
     with contextlib.suppress(OSError):
         for folder in tmp.iterdir():
             if not folder.name.startswith(LOGS_PREFIX):
                 continue
             with contextlib.suppress(OSError):
-                fd = os.open(folder / ".owner", os.O_RDONLY | os.O_NOFOLLOW)
+                fd = os.open(folder / ".owner", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
                 try:
-                    if os.fstat(fd).st_uid != os.getuid() or folder.is_symlink():
+                    owner = os.fstat(fd)
+                    if not stat.S_ISREG(owner.st_mode) or owner.st_uid != os.getuid() or folder.is_symlink():
                         continue
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError where its launcher still runs
                     shutil.rmtree(folder, ignore_errors=True)

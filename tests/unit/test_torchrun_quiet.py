@@ -1036,3 +1036,22 @@ def test_a_tmpdir_without_locks_still_trains_and_its_log_folder_is_removed(tmp_p
         torchrun.remove_orphaned_logs(tmp_path)
         assert os.path.isdir(logs[1])
     assert not os.path.exists(logs[1]) and not os.listdir(tmp_path)
+
+
+def test_a_fifo_planted_as_a_log_folders_owner_file_neither_hangs_the_launcher_nor_is_removed(tmp_path):
+    """7b5cf05's sweep opened each dockyard-torchrun-*/.owner in TMPDIR to read whose it is before asking: in a /tmp
+    every user writes (a native run on a shared host), a fifo of that name in a folder of another user's blocked that
+    open for good, and every launch hung before torchrun started, saying nothing. The sweep now opens it without
+    waiting and asks only a plain file's lock; the planted folder is left as it is."""
+    planted = tmp_path / "dockyard-torchrun-planted"
+    planted.mkdir()
+    os.mkfifo(planted / ".owner")
+    sweep = ("import sys; from pathlib import Path; from dockyard.train.torchrun import remove_orphaned_logs; "
+             "remove_orphaned_logs(Path(sys.argv[1]))")
+    try:
+        done = subprocess.run([sys.executable, "-c", sweep, str(tmp_path)], env=bare(tmp_path), capture_output=True,
+                              text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sweep hung on the fifo: the launcher never started torchrun")
+    assert done.returncode == 0, done.stderr
+    assert (planted / ".owner").exists(), "the planted folder is someone else's to remove"
