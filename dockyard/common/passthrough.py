@@ -143,6 +143,33 @@ def check_label_names(given: Any) -> None:
                         f"(the model's own, {LABELS})")
 
 
+# --- accelerator_config's gradient_accumulation_kwargs ---------------------------------------------------------------
+
+# accelerate's GradientAccumulationPlugin, less num_steps (the pin; a test keeps them current)
+ACCUMULATION_KWARGS = ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
+
+
+def check_accumulation_kwargs(given: Any) -> None:
+    """accelerator_config's gradient_accumulation_kwargs, which the Trainer hands to accelerate's
+    GradientAccumulationPlugin as it is made, once the model has loaded: a mapping of its settings (5, or a key it has
+    not, was its TypeError there), without num_steps, which replaced the gradient_accumulation_steps the run settles
+    from global_batch (each step then trained num_steps times the global batch the run said; above 1, a ValueError)."""
+    if given is None:
+        return
+    example = "as in --accelerator_config '{gradient_accumulation_kwargs: {sync_each_batch: true}}'"
+    if not isinstance(given, dict):
+        raise DockyardError(f"accelerator_config: gradient_accumulation_kwargs {short(given)}: takes a mapping of "
+                            f"accelerate's settings ({', '.join(ACCUMULATION_KWARGS)}), {example}")
+    if "num_steps" in given:
+        raise DockyardError("accelerator_config: gradient_accumulation_kwargs: leave num_steps out: global_batch says "
+                            "what each step trains over all processes, and the run settles gradient_accumulation_steps "
+                            "from it (num_steps would replace it, and each step train more than it says); give "
+                            "--global_batch, or --gradient_accumulation_steps")
+    if unknown := [str(k) for k in given if k not in ACCUMULATION_KWARGS]:
+        raise DockyardError(f"accelerator_config: gradient_accumulation_kwargs: unknown key(s) "
+                            f"{cut(', '.join(unknown), 80)}; accelerate takes {', '.join(ACCUMULATION_KWARGS)}")
+
+
 # --- report_to -------------------------------------------------------------------------------------------------------
 
 # transformers' reporting integrations (integration_utils.INTEGRATION_TO_CALLBACK of the pin; a test keeps them current).

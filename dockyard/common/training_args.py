@@ -79,6 +79,7 @@ def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, .
     if unknown := sorted(set(training.get("accelerator_config") or {}) - set(ACCELERATOR_CONFIG), key=str):
         raise DockyardError(f"accelerator_config: unknown key(s) {cut(', '.join(map(str, unknown)), 80)}; transformers' "
                             f"AcceleratorConfig takes {', '.join(k for k in ACCELERATOR_CONFIG if k != 'split_batches')}")
+    passthrough.check_accumulation_kwargs((training.get("accelerator_config") or {}).get("gradient_accumulation_kwargs"))
     if training.get("parallelism_config") is not None:  # an object of accelerate's: a string was a traceback per rank
         raise DockyardError("parallelism_config cannot be given as a setting: the recipe's strategy decides how the "
                             "model is split (invoke recipes); leave it out")

@@ -5,6 +5,7 @@ setting, and the values transformers takes (and trains with) still taken. Throug
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 
@@ -202,10 +203,10 @@ def test_report_to_an_empty_list_reports_nowhere_as_transformers_reads_it(dry):
     check_training_numbers({"report_to": []})  # the trainer's check: no refusal
 
 
-def read_as_an_override(typed: str):
+def read_as_an_override(typed: str, key: str = "report_to"):
     from dockyard.common.overrides import parse_overrides
 
-    return parse_overrides(["--report_to", typed])["report_to"]
+    return parse_overrides([f"--{key}", typed])[key]
 
 
 def test_a_dataloader_start_method_torch_refuses_is_refused_before_the_run(dry):
@@ -412,3 +413,27 @@ def test_report_to_all_where_an_integration_that_reports_elsewhere_is_installed_
     guards.check_report_to("tensorboard")
     monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations", lambda: ["tensorboard"])
     guards.check_report_to("all")
+
+
+def test_gradient_accumulation_kwargs_accelerate_cannot_take_or_that_replace_the_runs_accumulation_are_refused(dry):
+    """accelerator_config's gradient_accumulation_kwargs is handed to accelerate's GradientAccumulationPlugin as the
+    Trainer is made, after the model has loaded: `{gradient_accumulation_kwargs: 5}` (or a key it has not) passed --dry
+    and stopped the run there with a TypeError, and `{num_steps: 8}` replaced the gradient_accumulation_steps the run
+    settles from global_batch (where it is 1: each step trained 8 times the global batch the run said and recorded;
+    above 1, a ValueError there). Refused by the host and the trainer's check; accelerate's own settings still taken."""
+    from dataclasses import fields
+
+    from accelerate.utils import GradientAccumulationPlugin
+
+    from dockyard.common import passthrough
+    from dockyard.common.training_args import check_training_numbers
+
+    for typed, says in (("{gradient_accumulation_kwargs: 5}", "gradient_accumulation_kwargs 5: takes a mapping"),
+                        ("{gradient_accumulation_kwargs: {foo: 1}}", "gradient_accumulation_kwargs: unknown key(s) foo"),
+                        ("{gradient_accumulation_kwargs: {num_steps: 8}}", "gradient_accumulation_kwargs: leave num_steps out")):
+        refused(dry("--accelerator_config", typed), f"accelerator_config: {says}")
+        with pytest.raises(DockyardError, match=re.escape(says)):  # the trainer's check, for run.sh and --native
+            check_training_numbers({"accelerator_config": read_as_an_override(typed, "accelerator_config")})
+    assert dry("--accelerator_config", "{gradient_accumulation_kwargs: {sync_each_batch: true}}").returncode == 0
+    GradientAccumulationPlugin(sync_each_batch=True)
+    assert set(passthrough.ACCUMULATION_KWARGS) == {f.name for f in fields(GradientAccumulationPlugin)} - {"num_steps"}
