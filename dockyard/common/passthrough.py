@@ -19,6 +19,7 @@ def check(training: dict[str, Any]) -> None:
     check_optim_args(training.get("optim_args"))
     check_label_names(training.get("label_names"))
     check_report_to(training.get("report_to"))
+    check_liger_config(training.get("liger_kernel_config"))
 
 
 # --- lr_scheduler_kwargs ---------------------------------------------------------------------------------------------
@@ -168,6 +169,21 @@ def check_accumulation_kwargs(given: Any) -> None:
     if unknown := [str(k) for k in given if k not in ACCUMULATION_KWARGS]:
         raise DockyardError(f"accelerator_config: gradient_accumulation_kwargs: unknown key(s) "
                             f"{cut(', '.join(unknown), 80)}; accelerate takes {', '.join(ACCUMULATION_KWARGS)}")
+
+
+# --- liger_kernel_config ---------------------------------------------------------------------------------------------
+
+
+def check_liger_config(given: Any) -> None:
+    """liger_kernel_config a mapping of Liger's kernels to true or false: transformers spreads it as keyword arguments
+    into Liger's patch of the model as the Trainer is made (apply_liger_kernel: `**kernel_config`), once the model has
+    loaded, wherever use_liger_kernel is on (auto: GPU runs), so 5 or a list was a TypeError there. Which kernels a model
+    has is Liger's to say: it leaves out those the model's patch does not take."""
+    if given is None:
+        return
+    if not isinstance(given, dict) or not all(isinstance(k, str) for k in given):  # keyword arguments: names
+        raise DockyardError(f"liger_kernel_config {short(given)}: takes a mapping of Liger's kernels to true or false, "
+                            "as in --liger_kernel_config '{rope: false}', or leave it out (every kernel the model has)")
 
 
 # --- report_to -------------------------------------------------------------------------------------------------------

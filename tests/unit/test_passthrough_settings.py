@@ -437,3 +437,23 @@ def test_gradient_accumulation_kwargs_accelerate_cannot_take_or_that_replace_the
     assert dry("--accelerator_config", "{gradient_accumulation_kwargs: {sync_each_batch: true}}").returncode == 0
     GradientAccumulationPlugin(sync_each_batch=True)
     assert set(passthrough.ACCUMULATION_KWARGS) == {f.name for f in fields(GradientAccumulationPlugin)} - {"num_steps"}
+
+
+def test_a_liger_kernel_config_that_is_not_a_mapping_of_kernel_names_is_refused_before_the_run(dry):
+    """liger_kernel_config is spread as keyword arguments into Liger's patch of the model (transformers'
+    apply_liger_kernel: `**kernel_config`) as the Trainer is made, after the model has loaded, wherever
+    use_liger_kernel is on (defaults.yaml's auto: every GPU run Liger applies to): `-- --liger_kernel_config 5` (or
+    '[rope]', or a key that is no name) passed --dry and stopped the run there with a TypeError. Refused by the host
+    and the trainer's check; a mapping of kernel names to true or false is still taken."""
+    import inspect
+
+    from transformers.integrations import liger
+
+    from dockyard.common.run_settings import check_training_numbers
+
+    assert "**kernel_config" in inspect.getsource(liger.apply_liger_kernel)  # how the pinned transformers reads it
+    for typed in ("5", "[rope]", "{1: true}"):
+        refused(dry("--liger_kernel_config", typed), "liger_kernel_config ", "takes a mapping of Liger's kernels")
+        with pytest.raises(DockyardError, match="takes a mapping of Liger's kernels"):  # the trainer's check
+            check_training_numbers({"liger_kernel_config": read_as_an_override(typed, "liger_kernel_config")})
+    assert dry("--liger_kernel_config", "{rope: false, swiglu: true}").returncode == 0
