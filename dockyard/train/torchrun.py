@@ -94,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     # the nodes' records, stamped as each attempt begins (next_rendezvous): none of those is the attempt's to rewrite
     # or to read
     RECORDS.update(_records(args, given))
-    with logs_folder(given) as logs:
-        return _launch(torchrun, [*logs, *args], args, given)
+    try:
+        with logs_folder(given) as logs:
+            return _launch(torchrun, [*logs, *args], args, given)
+    except DockyardError as e:
+        print(f"torchrun: {e}", file=sys.stderr)
+        return 1
 
 
 LOGS_PREFIX = "dockyard-torchrun-"
@@ -115,9 +119,17 @@ def logs_folder(given: argparse.Namespace | None):
     import shutil
     import tempfile
 
-    remove_orphaned_logs(Path(tempfile.gettempdir()))
-    folder = tempfile.mkdtemp(prefix=LOGS_PREFIX)
-    held = open(os.path.join(folder, ".held"), "w")  # held for the run, closed below
+    tmp = tempfile.gettempdir()
+    remove_orphaned_logs(Path(tmp))
+    folder = ""
+    try:
+        folder = tempfile.mkdtemp(prefix=LOGS_PREFIX)
+        held = open(os.path.join(folder, ".held"), "w")  # held for the run, closed below
+    except OSError as e:  # no room in TMPDIR (its last inode, a quota): the folder without .owner no sweep removes
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise DockyardError(f"cannot make its log folder in {shown(tmp)} ({e.strerror}): free room there (df -h, df -i), "
+                            "or set TMPDIR to a folder that has some") from None
     try:
         try:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)

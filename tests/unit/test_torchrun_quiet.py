@@ -1055,3 +1055,29 @@ def test_a_fifo_planted_as_a_log_folders_owner_file_neither_hangs_the_launcher_n
         pytest.fail("the sweep hung on the fifo: the launcher never started torchrun")
     assert done.returncode == 0, done.stderr
     assert (planted / ".owner").exists(), "the planted folder is someone else's to remove"
+
+
+def test_a_tmpdir_with_no_room_for_the_log_folder_is_said_in_one_line_and_leaves_nothing(tmp_path):
+    """7b5cf05's log folder is made, then its lock file in it: where TMPDIR had room for the folder and not the file
+    (its last inode, its quota), the launcher ended in OSError's traceback ('No space left on device: .../.held')
+    and left the folder, without the .owner that lets a later sweep remove it. Now one line says where and how to
+    free it, exit 1, and the folder is gone."""
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "worker.py").write_text("print('trained')\n")
+    # the lock file's open fails as on a full disk (the folder itself is made)
+    full = ("import builtins, errno, sys\n"
+            "from dockyard.train import torchrun\n"
+            "def no_room(path, *a, **k):\n"
+            "    if str(path).endswith('.held'):\n"
+            "        raise OSError(errno.ENOSPC, 'No space left on device', str(path))\n"
+            "    return builtins.open(path, *a, **k)\n"
+            "torchrun.open = no_room\n"
+            "sys.exit(torchrun.main(sys.argv[1:]))\n")
+    done = run([sys.executable, "-c", full, "--nproc-per-node=1", "--standalone", "worker.py"], cwd=tmp_path,
+               env={**bare(tmp_path), "TMPDIR": str(tmp_path / "tmp")})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "trained" not in done.stdout
+    said = [line for line in done.stderr.splitlines() if "log folder" in line]
+    assert said and said[0].startswith("torchrun: cannot make its log folder in ") and "No space left" in said[0], \
+        done.stderr
+    assert list((tmp_path / "tmp").iterdir()) == [], "the half-made log folder is left"
