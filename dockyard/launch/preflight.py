@@ -310,11 +310,22 @@ def installed(variant: Variant | None = None, native: bool = False) -> Installed
     """What the run's settings can ask of the packages where it trains (report_to's integrations, optim's makers): those
     the image's lock pins, or this host's Python has (--native); None where the image is not known here (a cluster's)."""
     if native:
-        return Installed(frozenset(canonical_name(d.metadata["Name"] or "") for d in importlib.metadata.distributions()),
-                         "this host's Python (--native)")
+        return Installed(host_packages(), "this host's Python (--native)")
     if variant is None or not variant.lock_file.is_file():
         return None
     return Installed(frozenset(parse_lock_pins(variant.lock_file.read_text())), f"the {variant.name} image")
+
+
+def host_packages() -> frozenset[str]:
+    """The packages this host's Python has, by canonical name; one whose metadata cannot be read (not UTF-8: a
+    half-written install, a dist-info copied from elsewhere on PYTHONPATH) is passed over, where it was a traceback."""
+    names = set()
+    for d in importlib.metadata.distributions():
+        try:
+            names.add(canonical_name(d.metadata["Name"] or ""))
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+            continue
+    return frozenset(names)
 
 
 def check_native_python(does: str = "trains", needs: tuple[str, ...] = ("torch", "transformers", "deepspeed")) -> None:

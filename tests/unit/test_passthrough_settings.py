@@ -457,3 +457,21 @@ def test_a_liger_kernel_config_that_is_not_a_mapping_of_kernel_names_is_refused_
         with pytest.raises(DockyardError, match="takes a mapping of Liger's kernels"):  # the trainer's check
             check_training_numbers({"liger_kernel_config": read_as_an_override(typed, "liger_kernel_config")})
     assert dry("--liger_kernel_config", "{rope: false, swiglu: true}").returncode == 0
+
+
+def test_a_package_of_the_hosts_python_whose_metadata_cannot_be_read_is_passed_over_not_a_traceback(dry, monkeypatch):
+    """--native asks this host's Python which packages it has (report_to's integrations, optim's makers): a package
+    whose METADATA is not UTF-8 (a half-written install, a dist-info copied from elsewhere, on PYTHONPATH) ended
+    `invoke run --native --dry` in a UnicodeDecodeError traceback. It is passed over; the others are read."""
+    from types import SimpleNamespace
+
+    class Unreadable:
+        @property
+        def metadata(self):
+            return b"Name: bad\xff".decode()
+
+    have = [Unreadable(), SimpleNamespace(metadata={"Name": "tensorboard"})]
+    monkeypatch.setattr("importlib.metadata.distributions", lambda: iter(have))
+    r = dry("--report_to", "tensorboard", native=True)
+    assert r.returncode == 0, r.stderr
+    refused(dry("--optim", "galore_adamw", native=True), "optim galore_adamw: needs galore-torch")
