@@ -449,7 +449,7 @@ def test_a_liger_kernel_config_that_is_not_a_mapping_of_kernel_names_is_refused_
 
     from transformers.integrations import liger
 
-    from dockyard.common.run_settings import check_training_numbers
+    from dockyard.common.training_args import check_training_numbers
 
     assert "**kernel_config" in inspect.getsource(liger.apply_liger_kernel)  # how the pinned transformers reads it
     for typed in ("5", "[rope]", "{1: true}"):
