@@ -20,6 +20,9 @@
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
 die() { printf '%s\n' "run.sh: $*" >&2; exit 1; }
+# What a user typed, as a message quotes it (invoke's errors.short): its first 60 characters, else 57 and "..." (an
+# option of thousands of characters was echoed whole); a path's first 120 ($2: as errors.cut says paths)
+short() { if [ ${#1} -le "${2:-60}" ]; then printf '%s' "$1"; else printf "%.$((${2:-60} - 3))s..." "$1"; fi; }
 # One word, quoted for eval (the '.' keeps the trailing newlines that $(...) would strip).
 q() { qv=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${qv%.}"; }
 cmd=
@@ -30,8 +33,8 @@ json() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
 # A leading ~ is the home folder, as invoke run reads it (the shell leaves --runs=~/x as typed).
 here() {  # what path
 	case $2 in
-	'~' | '~/'*) [ -n "${HOME:-}" ] || die "$1=$2: HOME is not set: give the full path"; HERE=$HOME${2#'~'} ;;
-	'~'*) die "$1=$2: run.sh reads ~ as your home folder only: give the full path" ;;
+	'~' | '~/'*) [ -n "${HOME:-}" ] || die "$1=$(short "$2" 120): HOME is not set: give the full path"; HERE=$HOME${2#'~'} ;;
+	'~'*) die "$1=$(short "$2" 120): run.sh reads ~ as your home folder only: give the full path" ;;
 	/*) HERE=$2 ;;
 	*) HERE=./$2 ;;
 	esac
@@ -40,7 +43,7 @@ here() {  # what path
 # and -v splits on ':'.
 mountable() {  # what path
 	case $2 in *[[:cntrl:]]*) die "$1: the path holds a control character (a newline?): rename it" ;; esac
-	case $2 in *:*) die "$1=$2: docker -v cannot mount a path holding ':': rename it" ;; esac
+	case $2 in *:*) die "$1=$(short "$2" 120): docker -v cannot mount a path holding ':': rename it" ;; esac
 }
 # load.sh's engine() and its driver and GPU checks (runs, least_driver, driver_facts, no_code), copied in when run.sh is written, with
 # the least driver of each CUDA major that load.sh reads from the manifest:
@@ -88,7 +91,7 @@ check_archs() {
 		rest=${triple#*=}
 		[ -z "$(no_code "${rest#*=}")" ] && runs "${rest%%=*}" && { instead=${triple%%=*}; break; }
 	done
-	die "image $IMAGE's torch has no code for $lacking (it holds $archs), on any driver: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here), or }leave those GPUs out with CUDA_VISIBLE_DEVICES (or --cpu to train on CPU)"
+	die "image $(short "$IMAGE")'s torch has no code for $lacking (it holds $archs), on any driver: ${instead:+load the $instead image (invoke save --variant=$instead, then sh load.sh NAME here), or }leave those GPUs out with CUDA_VISIBLE_DEVICES (or --cpu to train on CPU)"
 }
 # The image's NVIDIA_REQUIRE_CUDA (an nvidia/cuda base's: a --devel build; the Debian-based builds set none), which the
 # NVIDIA toolkit holds against the driver, and the brand of each GPU given to the container, as the container starts:
@@ -106,7 +109,7 @@ check_require() {  # FITS: runs' exit for the image's CUDA (0: this driver runs 
 	[ "$FITS" -ne 0 ] || why=" (a CUDA $major driver runs any CUDA $major build)"
 	branded=
 	case $refused in *"	"*) branded="; it admits this driver on other brands of GPU only, not on this node's GPUs of${refused#*	}" ;; esac
-	die "image $IMAGE sets NVIDIA_REQUIRE_CUDA ${refused%%	*} (from its base image), and driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}$branded: the NVIDIA toolkit would refuse to start it. --disable-require starts it$why, or load the $VARIANT image built without --devel (invoke build --variant=$VARIANT, then invoke save)"
+	die "image $(short "$IMAGE") sets NVIDIA_REQUIRE_CUDA ${refused%%	*} (from its base image), and driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}$branded: the NVIDIA toolkit would refuse to start it. --disable-require starts it$why, or load the $VARIANT image built without --devel (invoke build --variant=$VARIANT, then invoke save)"
 }
 # The brand of each GPU the run is given ($chosen, else all), from nvidia-smi -q's "Product Brand" (--query-gpu has no
 # field for it), in brand='s words: "GeForce" is geforce, "NVIDIA RTX" nvidiartx (gpus.NVML_BRANDS); "?" where it says
@@ -191,15 +194,15 @@ visible() {
 	while [ -n "$rest" ]; do
 		token=$(printf '%s' "${rest%%,*}" | sed 's/^ *//; s/ *$//') rest=${rest#*,}
 		case $token in GPU-*|MIG-*) ;; ''|*[!0-9]*) break ;; esac  # names no device: CUDA reads no further
-		case $token in MIG-*) die "CUDA_VISIBLE_DEVICES=$cvd names a MIG device ($token): runs take whole GPUs; name the GPU, or turn MIG off (nvidia-smi -mig 0)" ;; esac
+		case $token in MIG-*) die "CUDA_VISIBLE_DEVICES=$(short "$cvd") names a MIG device ($(short "$token")): runs take whole GPUs; name the GPU, or turn MIG off (nvidia-smi -mig 0)" ;; esac
 		index=$(printf '%s\n' "$SMI" | awk -v t="$token" '/^GPU [0-9]+:/ { i = substr($2, 1, length($2) - 1); u = $NF
 			sub(/\)$/, "", u); if ((t ~ /^[0-9]+$/ && t + 0 == i + 0) || t == u || (t ~ /^GPU-./ && index(u, t) == 1)) {
 			hit = i; n++ } } END { if (n > 1) print "several"; else if (n) print hit }')
-		[ "$index" != several ] || die "$token (from CUDA_VISIBLE_DEVICES=$cvd) starts the UUID of several GPUs: give more of it ($fix)"
-		[ -n "$index" ] || die "GPU $token (from CUDA_VISIBLE_DEVICES=$cvd) is not on this node: it has ${have:-none} ($fix)"
+		[ "$index" != several ] || die "$(short "$token") (from CUDA_VISIBLE_DEVICES=$(short "$cvd")) starts the UUID of several GPUs: give more of it ($fix)"
+		[ -n "$index" ] || die "GPU $(short "$token") (from CUDA_VISIBLE_DEVICES=$(short "$cvd")) is not on this node: it has ${have:-none} ($fix)"
 		case ",$chosen," in *",$index,"*) ;; *) chosen=$chosen${chosen:+,}$index COUNT=$((COUNT + 1)) ;; esac
 	done
-	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES='$cvd' hides every GPU, as CUDA reads it ($fix)"
+	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES='$(short "$cvd")' hides every GPU, as CUDA reads it ($fix)"
 	[ -z "$(printf '%s' "$rest" | tr -d ', ')" ] || printf '%s\n' "run.sh: CUDA_VISIBLE_DEVICES=$cvd leaves GPU $chosen: CUDA reads no further than its ${token:+entry '$token'}${token:-empty entry}" >&2
 	GPUS="\"device=$chosen\""
 }
@@ -267,18 +270,18 @@ known_recipe() {
 	case $RECIPE in */*) recipe_path; return 0 ;; *"$NL"*) ;; *) case "$NL$RECIPES$NL" in *"$NL$RECIPE$NL"*) return 0 ;; esac ;; esac
 	near=$(closest "$RECIPE" "$RECIPES")
 	why=${near:+did you mean $near? }
-	[ ! -d "$HERE" ] || why="the folder $RECIPE here holds no recipe.yaml; "
-	[ -z "$RESUME" ] || [ -n "$RECIPE_GIVEN" ] || why="the run $RUN_ID trained with it: give its folder again (--recipe=FOLDER), or "
-	die "--recipe=$RECIPE: image $IMAGE holds no recipe $RECIPE: ${why}pick one of $(printf '%s\n' "$RECIPES" | awk 'NR > 1 { printf ", " } { printf "%s", $0 }') or give a folder that holds a recipe.yaml"
+	[ ! -d "$HERE" ] || why="the folder $(short "$RECIPE" 120) here holds no recipe.yaml; "
+	[ -z "$RESUME" ] || [ -n "$RECIPE_GIVEN" ] || why="the run $(short "$RUN_ID") trained with it: give its folder again (--recipe=FOLDER), or "
+	die "--recipe=$(short "$RECIPE"): image $(short "$IMAGE") holds no recipe $(short "$RECIPE"): ${why}pick one of $(printf '%s\n' "$RECIPES" | awk 'NR > 1 { printf ", " } { printf "%s", $0 }') or give a folder that holds a recipe.yaml"
 }
 # A --recipe path ($HERE: here's) that holds no recipe.yaml on this node: taken where it is a recipe's folder inside the
 # image, else refused in load_recipe's words
 recipe_path() {
 	case "$NL$PROBE$NL" in *"${NL}in-image$NL"*) return 0 ;; esac
 	pick="pick one of $(printf '%s\n' "$RECIPES" | awk 'NR > 1 { printf ", " } { printf "%s", $0 }')"
-	[ ! -d "$HERE" ] || die "--recipe=$RECIPE: the folder holds no recipe.yaml: give a folder that holds one, or $pick"
-	[ "${HERE##*/}" != recipe.yaml ] || [ ! -f "$HERE" ] || die "--recipe=$RECIPE is a file: give the folder that holds it, --recipe=$(dirname -- "$RECIPE")"
-	die "--recipe=$RECIPE: no such folder on this node, nor in image $IMAGE$(near_path "$HERE"): give a folder that holds a recipe.yaml, or $pick"
+	[ ! -d "$HERE" ] || die "--recipe=$(short "$RECIPE" 120): the folder holds no recipe.yaml: give a folder that holds one, or $pick"
+	[ "${HERE##*/}" != recipe.yaml ] || [ ! -f "$HERE" ] || die "--recipe=$(short "$RECIPE" 120) is a file: give the folder that holds it, --recipe=$(short "$(dirname -- "$RECIPE")" 120)"
+	die "--recipe=$(short "$RECIPE" 120): no such folder on this node, nor in image $(short "$IMAGE")$(near_path "$HERE"): give a folder that holds a recipe.yaml, or $pick"
 }
 # closest_recipe (dockyard/common/recipes.py) in awk: of the names $2 (one a line), the one the name $1 most likely
 # meant, or nothing; of run.sh's options too (unknown_option).
@@ -355,9 +358,6 @@ unknown_option() {
 	near=$(case $name in --?*) closest "${name#--}" "$OPTIONS" ;; esac)
 	die "unknown option $typed (${near:+did you mean --$near? }options take the form --name=value; trainer overrides go after --)"
 }
-# What a user typed, as a message quotes it (invoke's errors.short): its first 60 characters, else 57 and "..." (an
-# option of thousands of characters was echoed whole)
-short() { if [ ${#1} -le 60 ]; then printf '%s' "$1"; else printf '%.57s...' "$1"; fi; }
 OPTIONS='recipe
 data
 model
@@ -400,7 +400,7 @@ for a do
 	--eval_data | --eval_data=*) die "--eval_data after --: run.sh mounts --data and --model only; hold out a share of --data instead (-- --eval_fraction 0.05), or use invoke run --data=... -- --eval_data PATH" ;;
 	esac
 done
-[ -z "$IMAGE_GIVEN" ] || case $IMAGE in '' | -* | *[[:cntrl:][:space:]]*) die "--image=$IMAGE is not an image reference" ;; esac
+[ -z "$IMAGE_GIVEN" ] || case $IMAGE in '' | -* | *[[:cntrl:][:space:]]*) die "--image=$(short "$IMAGE") is not an image reference" ;; esac
 [ -n "$RECIPE" ] || die "--recipe= needs a recipe name or folder"
 
 command -v docker >/dev/null 2>&1 || die "docker is missing on this node: install Docker"
@@ -415,7 +415,7 @@ case $(docker info --format '{{json .SecurityOptions}}' 2>/dev/null) in
 esac
 [ -n "$IMAGE_GIVEN" ] || image_of_the_set
 VARIANT=$(docker image inspect --format '{{index .Config.Labels "dockyard.variant"}}' "$IMAGE" 2>/dev/null) \
-	|| die "image $IMAGE is not loaded here: sh load.sh first (or --image=REF)"
+	|| die "image $(short "$IMAGE") is not loaded here: sh load.sh first (or --image=REF)"
 IMAGE_ID=$(docker image inspect --format '{{.Id}}' "$IMAGE")
 # A container cannot lock more memory than the engine itself may, and gets the engine's limit by default: ask
 # for unlimited (NCCL, RDMA) only where the engine has it. The same container lists the recipes the image holds (the
@@ -451,10 +451,10 @@ else
 fi
 [ -n "$NPROC" ] || NPROC=@CPU_NPROC@
 # invoke run's range (dockyard/flags.py): 1 to 4096; the length first, so that test never reads an overflowing number
-case "$NPROC" in '' | *[!0-9]* | 0*) die "--nproc=$NPROC: give a whole number of processes from 1 to 4096" ;; esac
-[ ${#NPROC} -le 4 ] && [ "$NPROC" -le 4096 ] || die "--nproc=$NPROC: give a whole number of processes from 1 to 4096"
+case "$NPROC" in '' | *[!0-9]* | 0*) die "--nproc=$(short "$NPROC"): give a whole number of processes from 1 to 4096" ;; esac
+[ ${#NPROC} -le 4 ] && [ "$NPROC" -le 4096 ] || die "--nproc=$(short "$NPROC"): give a whole number of processes from 1 to 4096"
 [ -z "$GPUS" ] || [ "$NPROC" -le "$COUNT" ] \
-	|| die "--nproc=$NPROC but this node has $COUNT GPU(s)${CUDA_VISIBLE_DEVICES:+ in CUDA_VISIBLE_DEVICES}: one process per GPU"
+	|| die "--nproc=$(short "$NPROC") but this node has $COUNT GPU(s)${CUDA_VISIBLE_DEVICES:+ in CUDA_VISIBLE_DEVICES}: one process per GPU"
 
 # Inputs: a file is mounted alone, a folder whole, both read-only (as `invoke run` does).
 MOUNTS= EXTRA= HOST_PATHS=
@@ -464,20 +464,20 @@ on_host() { HOST_PATHS="$HOST_PATHS${HOST_PATHS:+, }\"$(json "$1")\": \"$(json "
 input() {  # key host-path
 	mountable "--$1" "$2"
 	here "--$1" "$2"; path=$HERE
-	[ -e "$path" ] || die "--$1=$2: no such file or folder on this node$(near_path "$path")"
+	[ -e "$path" ] || die "--$1=$(short "$2" 120): no such file or folder on this node$(near_path "$path")"
 	# what the trainer would refuse once the run folder is made (as invoke run checks it on its host)
 	if [ "$1" = model ]; then
 		if [ ! -f "$path/config.json" ]; then
-			[ -f "$path/adapter_config.json" ] && die "--model=$2: a LoRA adapter (adapter_config.json), not a model: pass the base it was trained on, or merge the two into one model folder first (invoke export --run=ID --merge)"
-			die "--model=$2: not a model folder (no config.json in it): give the folder from_pretrained reads (config.json, weights, tokenizer)"
+			[ -f "$path/adapter_config.json" ] && die "--model=$(short "$2" 120): a LoRA adapter (adapter_config.json), not a model: pass the base it was trained on, or merge the two into one model folder first (invoke export --run=ID --merge)"
+			die "--model=$(short "$2" 120): not a model folder (no config.json in it): give the folder from_pretrained reads (config.json, weights, tokenizer)"
 		fi
-		[ -f "$path/adapter_config.json" ] && die "--model=$2: holds a LoRA adapter (adapter_config.json) beside the model, which transformers would load on top of it: merge them into one model folder first (invoke export --run=ID --merge), or move adapter_config.json out to train the base alone"
+		[ -f "$path/adapter_config.json" ] && die "--model=$(short "$2" 120): holds a LoRA adapter (adapter_config.json) beside the model, which transformers would load on top of it: merge them into one model folder first (invoke export --run=ID --merge), or move adapter_config.json out to train the base alone"
 	elif [ -f "$path" ]; then
 		suffix=.${path##*.}
 		case "${path##*/}" in *.*) ;; *) suffix='(none)' ;; esac
-		case " @DATA_SUFFIXES@ " in *" $suffix "*) ;; *) die "--data=$2: unknown data file type $suffix; use @DATA_SUFFIXES@ (docs/data.md)" ;; esac
+		case " @DATA_SUFFIXES@ " in *" $suffix "*) ;; *) die "--data=$(short "$2" 120): unknown data file type $suffix; use @DATA_SUFFIXES@ (docs/data.md)" ;; esac
 	elif [ ! -d "$path" ]; then
-		die "--data=$2: neither a file nor a folder (a device, pipe or socket): give a data file, or a folder of them"
+		die "--data=$(short "$2" 120): neither a file nor a folder (a device, pipe or socket): give a data file, or a folder of them"
 	fi
 	host=$(cd "$(dirname "$path")" && pwd)/$(basename "$path")
 	mountable "--$1" "$host"
@@ -489,15 +489,15 @@ input() {  # key host-path
 [ -z "$MODEL" ] || input model "$MODEL"
 [ -z "$DATA" ] || input data "$DATA"
 run_id_ok() {
-	case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$RUN_ID: start with a letter or digit" ;; esac
-	case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$RUN_ID: use letters, digits, '_', '.' and '-'" ;; esac
+	case "$RUN_ID" in [A-Za-z0-9]*) ;; *) die "--run-id=$(short "$RUN_ID"): start with a letter or digit" ;; esac
+	case "$RUN_ID" in *[!A-Za-z0-9_.-]*) die "--run-id=$(short "$RUN_ID"): use letters, digits, '_', '.' and '-'" ;; esac
 }
 # A resumed run continues with its own recipe (its manifest's), unless --recipe names it again (a folder of yours)
 if [ -n "$RESUME" ]; then
-	[ -n "$RUN_ID" ] || die "--resume needs --run-id=ID: the run to continue, a folder in --runs ($RUNS)"
+	[ -n "$RUN_ID" ] || die "--resume needs --run-id=ID: the run to continue, a folder in --runs ($(short "$RUNS" 120))"
 	run_id_ok
 	here --runs "$RUNS"
-	[ -f "$HERE/$RUN_ID/manifest.json" ] || die "--resume: $RUNS/$RUN_ID holds no run (no manifest.json): check --run-id and --runs"
+	[ -f "$HERE/$RUN_ID/manifest.json" ] || die "--resume: $(short "$RUNS/$RUN_ID" 120) holds no run (no manifest.json): check --run-id and --runs"
 	was=$(sed -n 's/^  "recipe": "\(.*\)",$/\1/p' "$HERE/$RUN_ID/manifest.json")
 	[ -n "$RECIPE_GIVEN" ] || RECIPE=${was:-$RECIPE}
 fi
@@ -522,11 +522,11 @@ fi
 run_id_ok
 mountable --runs "$RUNS"
 here --runs "$RUNS"
-mkdir -p "$HERE" || die "cannot make the runs folder $RUNS"
+mkdir -p "$HERE" || die "cannot make the runs folder $(short "$RUNS" 120)"
 RUNS=$(cd "$HERE" && pwd)
 mountable --runs "$RUNS"
 RUN_DIR=$RUNS/$RUN_ID
-[ -n "$RESUME$CHOSEN" ] || [ ! -e "$RUN_DIR/manifest.json" ] || die "$RUN_DIR already holds a run: pick another --run-id, or continue it (--resume)"
+[ -n "$RESUME$CHOSEN" ] || [ ! -e "$RUN_DIR/manifest.json" ] || die "$(short "$RUN_DIR" 120) already holds a run: pick another --run-id, or continue it (--resume)"
 # Never a folder in /tmp: another user could have made /tmp/.cache/huggingface first, and it is mounted read-write
 [ -n "${HF_HOME:-}${HOME:-}" ] || die "neither HF_HOME nor HOME is set: set HF_HOME to your Hugging Face cache (a folder of yours)"
 # torch.compile's and Triton's caches: the kernels one run compiled, loaded by the next instead of compiled again. The
@@ -536,30 +536,30 @@ RUN_DIR=$RUNS/$RUN_ID
 COMPILE=${DOCKYARD_COMPILE_CACHE:-$HOME/.cache/dockyard/compile}
 mountable DOCKYARD_COMPILE_CACHE "$COMPILE"
 here DOCKYARD_COMPILE_CACHE "$COMPILE"
-[ -e "$HERE" ] || (umask 077 && mkdir -p "$HERE") || die "cannot make the compile cache $COMPILE: set DOCKYARD_COMPILE_CACHE to a folder you can write"
-[ -d "$HERE" ] || die "the compile cache $COMPILE is not a folder: set DOCKYARD_COMPILE_CACHE to a folder of yours"
+[ -e "$HERE" ] || (umask 077 && mkdir -p "$HERE") || die "cannot make the compile cache $(short "$COMPILE" 120): set DOCKYARD_COMPILE_CACHE to a folder you can write"
+[ -d "$HERE" ] || die "the compile cache $(short "$COMPILE" 120) is not a folder: set DOCKYARD_COMPILE_CACHE to a folder of yours"
 COMPILE=$(cd "$HERE" && pwd -P)
 mountable DOCKYARD_COMPILE_CACHE "$COMPILE"
-[ -O "$COMPILE" ] || die "the compile cache $COMPILE is not yours, and runs execute the code compiled into it: set DOCKYARD_COMPILE_CACHE to a folder of yours"
+[ -O "$COMPILE" ] || die "the compile cache $(short "$COMPILE" 120) is not yours, and runs execute the code compiled into it: set DOCKYARD_COMPILE_CACHE to a folder of yours"
 case $(ls -ld "$COMPILE") in ?????w???[tT]* | ????????w[tT]*)
-	die "the compile cache $COMPILE is a folder every user shares, and runs execute the code compiled into it: set DOCKYARD_COMPILE_CACHE to a folder of yours" ;;
+	die "the compile cache $(short "$COMPILE" 120) is a folder every user shares, and runs execute the code compiled into it: set DOCKYARD_COMPILE_CACHE to a folder of yours" ;;
 ?????w* | ????????w*)
-	die "the compile cache $COMPILE can be written by others, and runs execute the code compiled into it: chmod go-w $COMPILE, or set DOCKYARD_COMPILE_CACHE to a folder of yours" ;;
+	die "the compile cache $(short "$COMPILE" 120) can be written by others, and runs execute the code compiled into it: chmod go-w $COMPILE, or set DOCKYARD_COMPILE_CACHE to a folder of yours" ;;
 esac
 HF=${HF_HOME:-$HOME/.cache/huggingface}
 mountable HF_HOME "$HF"
 here HF_HOME "$HF"
-mkdir -p "$HERE" || die "cannot make $HF"
+mkdir -p "$HERE" || die "cannot make $(short "$HF" 120)"
 if [ -n "$CHOSEN" ]; then  # one mkdir each, as invoke run claims it: of two runs, one gets the folder
 	base=$RUN_ID n=1
 	until mkdir "$RUN_DIR" 2>/dev/null; do
-		[ -e "$RUN_DIR" ] || [ -L "$RUN_DIR" ] || die "cannot make the run folder $RUN_DIR"
+		[ -e "$RUN_DIR" ] || [ -L "$RUN_DIR" ] || die "cannot make the run folder $(short "$RUN_DIR" 120)"
 		n=$((n + 1))
-		[ "$n" -le 99 ] || die "run folders $RUNS/$base to $base-99 are all taken: give the run an id of its own (--run-id=ID)"
+		[ "$n" -le 99 ] || die "run folders $(short "$RUNS/$base" 120) to $(short "$base")-99 are all taken: give the run an id of its own (--run-id=ID)"
 		RUN_ID=$base-$n RUN_DIR=$RUNS/$base-$n
 	done
 else
-	mkdir -p "$RUN_DIR" || die "cannot make $RUN_DIR"
+	mkdir -p "$RUN_DIR" || die "cannot make $(short "$RUN_DIR" 120)"
 fi
 HF=$(cd "$HERE" && pwd)  # docker -v takes a relative path for a volume's name
 mountable HF_HOME "$HF"

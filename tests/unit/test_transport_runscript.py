@@ -886,3 +886,34 @@ def test_runs_started_in_the_same_second_without_a_run_id_each_get_a_folder_of_t
     assert f"-> {tmp_path}/runs/{base}-3" in proc.stderr.replace("→", "->"), proc.stderr
     proc, argv = node(f"--run-id={base}")
     assert proc.returncode == 1 and not argv and "already holds a run: pick another --run-id" in proc.stderr
+
+
+LONG = "x" * 5000
+
+
+@pytest.mark.parametrize("typed, env", [
+    (("--nproc=9" + "9" * 4999,), {}),
+    (("--run-id=-" + LONG,), {}),
+    (("--run-id=a" + LONG + "!",), {}),
+    (("--resume", "--run-id=a" + LONG), {}),
+    (("--image=-" + LONG,), {}),
+    (("--recipe=" + LONG,), {"FAKE_RECIPES": "lora"}),
+    (("--recipe=./" + LONG,), {"FAKE_RECIPES": "lora"}),
+    (("--data=" + LONG,), {}),
+    (("--model=/" + LONG,), {}),
+    (("--runs=a:" + LONG,), {}),
+    (("--runs=~" + LONG,), {}),
+    ((), {"CUDA_VISIBLE_DEVICES": "7" * 5000}),
+    ((), {"CUDA_VISIBLE_DEVICES": "GPU-" + "a" * 5000}),
+])
+def test_a_value_of_thousands_of_characters_is_said_by_its_start_in_every_error(node, typed, env):
+    """run.sh said --nproc=, --run-id=, --image=, --recipe=, a path or CUDA_VISIBLE_DEVICES of thousands of characters
+    whole in its error, a screen of it: each is said by its start and '...' (a value's 57 characters, a path's 117, as
+    invoke run says them), and the rest of the line (what to do) is still said."""
+    gpus = {"gpus": 2, "variant": "cu132"} if "CUDA_VISIBLE_DEVICES" in env else {}
+    proc, argv = node(*typed, **gpus, **env)
+    said = proc.stderr.strip()
+    assert proc.returncode == 1 and not argv and said.startswith("run.sh: "), said[:400]
+    assert "..." in said and len(said) < 600 and "\n" not in said, said[:600]
+    for ch in "x97a":
+        assert ch * 118 not in said, said[:600]
