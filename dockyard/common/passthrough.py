@@ -7,6 +7,7 @@ again (training_args.check_training_numbers) and asks transformers itself (docky
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from typing import Any
 
@@ -15,11 +16,45 @@ from dockyard.common.errors import DockyardError, cut, short
 
 def check(training: dict[str, Any]) -> None:
     """Every pass-through value of the run's TrainingArguments (`training`) one the Trainer takes and reads."""
+    for key, value in training.items():
+        if key != "optim_args":  # text, not a mapping: check_optim_args says the pairs meant
+            check_colons(key, value)
     check_schedule_kwargs(training.get("lr_scheduler_kwargs"), training.get("lr_scheduler_type", "linear"))
     check_optim_args(training.get("optim_args"))
     check_label_names(training.get("label_names"))
     check_report_to(training.get("report_to"))
     check_liger_config(training.get("liger_kernel_config"))
+
+
+# --- a mapping's `a:1` ----------------------------------------------------------------------------------------------
+
+def check_colons(key: str, given: Any) -> None:
+    """A mapping-valued setting (lr_scheduler_kwargs, accelerator_config, gradient_checkpointing_kwargs, ...) typed
+    `{min_lr:1e-5}`, without the blank YAML wants after the colon: YAML reads the key `min_lr:1e-5` with no value, which
+    each setting's own check refused as an unknown key of that name."""
+    if not isinstance(given, dict) or not (bare := colon_keys(given)):
+        return
+    raise DockyardError(f"{key} {short(given)}: {without_blank(bare)}: write --{key} '{cut(_written(given), 80)}'")
+
+
+def colon_keys(given: dict) -> list[str]:
+    """The keys of `given`, however deep in mappings, that YAML read from `a:1` typed without the blank."""
+    inner = [k for v in given.values() if isinstance(v, dict) for k in colon_keys(v)]
+    return [str(k) for k, v in given.items() if v is None and ":" in str(k)] + inner
+
+
+def without_blank(keys: list[str]) -> str:
+    """Why `keys` were read as keys with no value (every mapping-valued setting's words, and optim_args')."""
+    return f"YAML reads {cut(', '.join(keys), 40)} as a key without a value (a value follows ': ', with its blank)"
+
+
+def _written(given: Any) -> str:
+    """A mapping as the flow YAML meant, `a:1` with its blank (`{a: 1}`)."""
+    if not isinstance(given, dict):
+        return json.dumps(given, default=str)
+    pairs = (f"{str(k).partition(':')[0].strip()}: {str(k).partition(':')[2].strip()}" if v is None and ":" in str(k)
+             else f"{k}: {_written(v)}" for k, v in given.items())
+    return "{" + ", ".join(pairs) + "}"
 
 
 # --- lr_scheduler_kwargs ---------------------------------------------------------------------------------------------
@@ -100,8 +135,7 @@ def check_optim_args(given: Any) -> None:
     if isinstance(given, dict):  # `--optim_args '{momentum: 0.9}'`, read as a mapping
         pairs = ",".join(_as_pair(k, v) for k, v in given.items())
         bare = [str(k) for k, v in given.items() if v is None]  # `{a:1}`: the key `a:1`, no value (`a=None` was said)
-        why = (f"YAML reads {cut(', '.join(bare), 40)} as a key without a value (a value follows ': ', with its blank), "
-               "and " if bare else "")
+        why = f"{without_blank(bare)}, and " if bare else ""
         raise DockyardError(f"optim_args {short(given)}: {why}the Trainer reads it as text, not a mapping: write "
                             f"--optim_args {cut(pairs, 80)} ({OPTIM_ARGS.split(', as in')[0]})")
     if not isinstance(given, str):

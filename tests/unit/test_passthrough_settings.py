@@ -475,3 +475,24 @@ def test_a_package_of_the_hosts_python_whose_metadata_cannot_be_read_is_passed_o
     r = dry("--report_to", "tensorboard", native=True)
     assert r.returncode == 0, r.stderr
     refused(dry("--optim", "galore_adamw", native=True), "optim galore_adamw: needs galore-torch")
+
+
+@pytest.mark.parametrize("key, typed, meant, other", [
+    ("lr_scheduler_kwargs", "{min_lr:1e-5}", "{min_lr: 1e-5}", ("--lr_scheduler_type", "cosine_with_min_lr")),
+    ("lr_scheduler_kwargs", "{num_cycles: 0.5, min_lr:1e-5}", "{num_cycles: 0.5, min_lr: 1e-5}",
+     ("--lr_scheduler_type", "cosine_with_min_lr")),
+    ("accelerator_config", "{even_batches:false}", "{even_batches: false}", ()),
+    ("accelerator_config", "{gradient_accumulation_kwargs: {sync_each_batch:true}}",
+     "{gradient_accumulation_kwargs: {sync_each_batch: true}}", ()),
+    ("gradient_checkpointing_kwargs", "{use_reentrant:false}", "{use_reentrant: false}", ()),
+])
+def test_a_mapping_setting_typed_without_the_blank_after_a_colon_is_said_so_with_the_mapping_meant(
+        dry, key, typed, meant, other):
+    """`--lr_scheduler_kwargs '{min_lr:1e-5}'` (no blank after the colon: YAML reads one key `min_lr:1e-5`, no value)
+    was refused as an unknown key `min_lr:1e-5`, accelerator_config's and gradient_checkpointing_kwargs' too, where
+    optim_args said why: every mapping-valued setting now says it in optim_args' words, with the mapping meant, which
+    the run then takes."""
+    r = dry(*other, f"--{key}", typed)
+    refused(r, f"{key} ", "as a key without a value (a value follows ': ', with its blank): "
+            f"write --{key} '{meant}'")
+    assert dry(*other, f"--{key}", meant).returncode == 0
