@@ -289,21 +289,24 @@ def save(c, image="", out: Place = "", compress="zstd", level: Level = 0, thin_f
                  sign=sign, variant=variant)
 
 
-@task(help={"file": "the archive (<name>.tar.zst/.tar.gz/.tar), with its .sha256 and .manifest.json beside it"})
-def load(c, file: Place = ""):
+@task(help={"file": "the archive (<name>.tar.zst/.tar.gz/.tar), with its .sha256 and .manifest.json beside it",
+            "any_driver": "load a CUDA image this host's driver or GPUs cannot run (to train with invoke run --cpu, or "
+                          "to pass it on), which is otherwise refused before the archive is read"})
+def load(c, file: Place = "", any_driver: bool = False):
     """Verify an archive, then load it; a damaged or tampered one is refused.
 
     Checks the sha256 of archive and manifest (and the signature when `allowed_signers` is set), then
     loads it and checks that every image is there with the right id. A damaged, truncated or tampered
     archive is refused and nothing is loaded. Where every image it holds is here already, with the ids its
     manifest names, the archive is not read at all ("nothing to do"): check a copy before carrying it with
-    `sha256sum -c NAME.sha256` beside it."""
+    `sha256sum -c NAME.sha256` beside it. A CUDA image this host's driver or GPUs cannot run is refused before it
+    is read, naming the variant that runs here, as load.sh refuses it."""
     from dockyard.common.errors import DockyardError
     from dockyard.transport import load as load_mod
 
     if not file:
         raise DockyardError("--file is required: the archive to load (e.g. images/dist/dockyard_0.1.0-cpu.tar.zst)")
-    load_mod.load(_settings(c), file)
+    load_mod.load(_settings(c), file, any_driver)
 
 
 @task(help={"out": "file to write, or a folder to hold inventory-<hostname>.json (default: images/dist/)"})

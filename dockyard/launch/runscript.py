@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import NamedTuple
 
 from dockyard import engine
 from dockyard.common import envvars
@@ -120,6 +121,34 @@ def cuda_newest_first(settings: Settings) -> list[variants.Variant]:
     """The CUDA variants, newest CUDA first: the order in which a node is told the one its driver runs."""
     return sorted((v for v in variants.all_variants(settings).values() if v.is_cuda),
                   key=lambda v: variants.cuda_version(v.cuda), reverse=True)
+
+
+class Unfit(NamedTuple):
+    """Why a host cannot train in a set's CUDA image: the image, the reason in words, and the variant that runs there
+    ("" where none does); `lacking` where its GPUs, not its driver, are the reason."""
+    ref: str
+    why: str
+    instead: str
+    lacking: bool
+
+
+def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit | None:
+    """Where `host`'s driver or GPUs cannot run the set's CUDA image (invoke run's rules: variants.driver_runs and
+    gpus_without_code, which load.sh and run.sh hold too), why, and the variant that runs there; None where they can,
+    or where nothing is known (a cpu image, a set saved without the image's CUDA, a host without a readable driver).
+    invoke ship asks it of the node before the copy, invoke load of this host before the load."""
+    chosen = dockyard_variant(images)
+    labels = next((i.get("labels") or {} for i in images if chosen and i["ref"] == chosen[0]), {})
+    cuda, archs = labels.get("dockyard.cuda", ""), labels.get(variants.ARCHS_LABEL, "")
+    if not chosen or not re.fullmatch(r"\d+\.\d+", cuda) or host is None or host.error:
+        return None
+    lacking = variants.gpus_without_code(archs, host) if archs else []
+    if variants.driver_runs(cuda, host) is not False and not lacking:
+        return None
+    why = f"its torch has no code for {', '.join(lacking)}" if lacking else variants.short_of(cuda, host)
+    runs = [v.name for v in cuda_newest_first(settings)
+            if variants.driver_runs(v.cuda, host) and not variants.gpus_without_code(variants.cuda_archs(v), host)]
+    return Unfit(chosen[0], why, runs[0] if runs else "", bool(lacking))
 
 
 def node_needs(settings: Settings, images: list[dict]) -> str:

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dockyard import console, engine
+from dockyard import console, engine, gpus
 from dockyard.common import locks, runfolder
 from dockyard.common.errors import DockyardError, loads, open_plain, problems, read_bounded
 from dockyard.common.units import duration
+from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 from dockyard.transport.layout import ArchivePaths, decompressor_argv, read_sums
@@ -38,11 +39,12 @@ SIGN_NAMESPACE = "dockyard-archive"
 TAR_SLACK = 1 << 20  # past the manifest's tar_bytes (load.sh allows as much): the end of a tar is padded
 
 
-def load(settings: Settings, file: str) -> list[tuple[str, str]]:
+def load(settings: Settings, file: str, any_driver: bool = False) -> list[tuple[str, str]]:
     """Verify, then load an archive; returns (ref, id) of every image it holds, checked in the engine.
 
     The archive is opened once: the bytes hashed are the bytes loaded. A refused load leaves the engine's tags
-    where they were."""
+    where they were. A CUDA image this host's driver or GPUs cannot run is refused before it is read, as load.sh
+    refuses it (unless `any_driver`: for invoke run --cpu, or to pass it on)."""
     started = time.monotonic()
     paths = ArchivePaths(runfolder.followed(file, "--file"))
     manifest = check_set(settings, paths)
@@ -55,6 +57,8 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
         for ref, image_id in already:
             print(f"already here: {ref} {image_id}")  # not "loaded": nothing was
         return already
+    if not any_driver:
+        check_host_runs(settings, paths, manifest)
     requires = (manifest.get("thin") or {}).get("requires") or []
     if requires:
         if store == "containerd":
@@ -100,6 +104,20 @@ def load(settings: Settings, file: str) -> list[tuple[str, str]]:
     finally:
         journal.unlink(missing_ok=True)
     return loaded
+
+
+def check_host_runs(settings: Settings, paths: ArchivePaths, manifest: dict) -> None:
+    """This host's driver and GPUs (NVML, or DOCKYARD_NVML_REPLAY) against the set's CUDA image, by the rule invoke
+    ship holds a node's to (runscript.unfit_on): a CUDA 12 host given the cu132 set loaded gigabytes that invoke run
+    then refused. A host without a readable driver loads as before (invoke run says what is wrong)."""
+    unfit = runscript.unfit_on(settings, manifest["images"], gpus.read_host())
+    if unfit is None:
+        return
+    fix = (f"Load the {unfit.instead} archive instead (invoke save --variant={unfit.instead})" if unfit.instead else
+           "Upgrade the driver" if not unfit.lacking else "No variant has code for those GPUs")
+    raise DockyardError(f"{unfit.ref} cannot train here: {unfit.why}, so invoke run would refuse it: nothing was "
+                        f"loaded from {paths.archive.name}. {fix}; invoke load --any-driver loads it anyway (for "
+                        "invoke run --cpu)")
 
 
 JOURNAL = "load-tags.json"  # in the user's private folder, under locks.partial()'s name while a load runs

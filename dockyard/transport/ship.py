@@ -23,7 +23,6 @@ from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded
 from dockyard.common.units import duration
 from dockyard.gpus import Gpu, Host
-from dockyard.images import variants
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
@@ -225,21 +224,12 @@ def check_node_runs(settings: Settings, r: Remote, manifest: dict, have: dict[st
     which always loads) that is refused here, naming the variant that runs there; without, said as a warning (the set
     may be passed on, or trained in on CPU with run.sh --cpu). A node without a working nvidia-smi is not asked
     (load.sh there says the same)."""
-    chosen = runscript.dockyard_variant(manifest["images"])
-    labels = next((i["labels"] for i in manifest["images"] if chosen and i["ref"] == chosen[0]), {})
-    cuda, archs = labels.get("dockyard.cuda", ""), labels.get(variants.ARCHS_LABEL, "")
-    host = node_host(have)
-    if not re.fullmatch(r"\d+\.\d+", cuda) or host is None:
+    unfit = runscript.unfit_on(settings, manifest["images"], node_host(have))
+    if unfit is None:
         return
-    lacking = variants.gpus_without_code(archs, host) if archs else []
-    if variants.driver_runs(cuda, host) is not False and not lacking:
-        return
-    why = f"its torch has no code for {', '.join(lacking)}" if lacking else variants.short_of(cuda, host)
-    runs = [v.name for v in runscript.cuda_newest_first(settings)
-            if variants.driver_runs(v.cuda, host) and not variants.gpus_without_code(variants.cuda_archs(v), host)]
-    fix = (f"ship the {runs[0]} archive instead (invoke save --variant={runs[0]})" if runs else
-           "upgrade its driver" if not lacking else "no variant has code for those GPUs")
-    said = f"{chosen[0]} cannot train on {r.host}: {why}, so load.sh there would refuse it"
+    fix = (f"ship the {unfit.instead} archive instead (invoke save --variant={unfit.instead})" if unfit.instead else
+           "upgrade its driver" if not unfit.lacking else "no variant has code for those GPUs")
+    said = f"{unfit.ref} cannot train on {r.host}: {unfit.why}, so load.sh there would refuse it"
     if load:
         raise DockyardError(f"{said}: nothing was copied. {fix[0].upper()}{fix[1:]}")
     print(f"warning: {said} ({fix}); copying it all the same, without --load", file=sys.stderr)

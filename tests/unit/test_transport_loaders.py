@@ -28,6 +28,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from dockyard import ROOT
 from dockyard.common.errors import DockyardError
 from dockyard.images import variants
 from dockyard.launch import runscript
@@ -37,6 +38,7 @@ from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths, write_loader
 from dockyard.transport.tarstream import TarGate, TarPump, TooLong, compressed
 from tests.support.archive_sets import engine_answering_info, keypair, make_set, reseal
+from tests.support.fake_engine import FakeEngine
 from tests.support.processes import kill_tree
 from tests.support.save_tars import fake_save, member
 
@@ -773,6 +775,42 @@ def test_load_sh_refuses_an_image_without_code_for_the_nodes_gpus_before_copying
     argv, env = driver_set(tmp_path, settings, "cu128", driver, cuda, gpu=v100)
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert "no code" not in r.stderr and "verifying dockyard_0.1.0-cu128.tar.zst" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("host, variant, instead", [
+    ("t4x2_535", "cu132", "cu128"),  # the driver: CUDA 12.2
+    ("v100x2_535", "cu132", "cu128"),  # the GPUs (7.0) and the driver
+    ("h100x1_580", "cu132", ""),
+    ("v100x2_535", "cu128", ""),
+    ("t4x2_535", "cu128", ""),
+])
+def test_invoke_load_refuses_an_image_this_hosts_driver_or_gpus_cannot_run_before_reading_it(
+        tmp_path, settings, monkeypatch, host, variant, instead):
+    """`invoke load` (a node with the checkout) of the cu132 set on a CUDA 12 driver (535) or on V100s hashed and
+    loaded it, and invoke run then refused it, where load.sh now refuses it before the copy. invoke load holds this
+    host's driver and GPUs against the set's image by the same rule (what invoke ship asks of a node), before the
+    archive is read, naming the variant that runs here; --any-driver loads it anyway; what runs here loads."""
+    driver_set(tmp_path, settings, variant, "", "")
+    monkeypatch.setenv("DOCKYARD_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / f"{host}.json"))
+    s = FakeEngine().install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    read = []
+
+    def docker_load(*_):  # the archive read and loaded: stopped there, the rule having let it through
+        read.append(True)
+        raise DockyardError("read")
+
+    monkeypatch.setattr(load_mod, "load_verified", docker_load)
+    archive = str(tmp_path / f"dockyard_0.1.0-{variant}.tar.zst")
+    if instead:
+        with pytest.raises(DockyardError) as e:
+            load_mod.load(s, archive)
+        assert not read and f"dockyard:0.1.0-{variant} cannot train here: " in str(e.value), str(e.value)
+        assert (f"nothing was loaded from dockyard_0.1.0-{variant}.tar.zst. Load the {instead} archive instead "
+                f"(invoke save --variant={instead}); invoke load --any-driver loads it anyway") in str(e.value)
+        assert ("no code for GPU 0 (Tesla V100" in str(e.value)) == host.startswith("v100"), str(e.value)
+    with pytest.raises(DockyardError, match="^read"):
+        load_mod.load(s, archive, any_driver=bool(instead))
+    assert read == [True]
 
 
 def alive(pid: int) -> bool:
