@@ -296,7 +296,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             lacking = variants.gpus_without_code(archs, host)
             if lacking:
                 out.append(Check(f"variant {name}", WARN, f"its torch has no code for {', '.join(lacking)} "
-                                 f"(it holds {archs})", f"auto skips {name} on this host; use another variant"))
+                                 f"(it holds {archs})", f"auto skips {name} on this host; {_instead(all_variants, host)}"))
             elif (runs := variants.driver_runs(cuda, host)) is None:
                 out.append(Check(f"variant {name}", WARN, f"cannot tell whether {name} (CUDA {cuda}, {where}) runs "
                                  f"on {variants.driver_says(host)}", f"--variant={name} runs it anyway"))
@@ -311,8 +311,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             else:
                 out.append(Check(f"variant {name}", WARN,
                                  f"{name} needs CUDA {cuda} ({where}) but {variants.short_of(cuda, host)}",
-                                 f"upgrade the driver{_min_driver(cuda)} to use {name}; auto picks another variant "
-                                 "where one runs here (see `auto variant`)"))
+                                 f"upgrade the driver{_min_driver(cuda)} to use {name}; {_instead(all_variants, host)}"))
     try:
         _, why = variants.pick_auto(all_variants, host)
         out.append(Check("auto variant", PASS, why))
@@ -320,6 +319,19 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
         out.append(Check("auto variant", FAIL, "auto picks no variant on this host",
                          variants.with_cpu_way_out(str(e), "train on CPU with `invoke run --cpu`")))
     return out
+
+
+def _instead(all_variants: dict, host: Host) -> str:
+    """The variant that trains here in place of one that does not, as auto picks it (`use cu128 (invoke run
+    --variant=cu128, or leave --variant out: auto picks it)`); where auto picks none, the `auto variant` check says
+    why."""
+    try:
+        pick, _ = variants.pick_auto(all_variants, host)
+    except DockyardError:
+        return "auto picks no variant here either (see `auto variant`)"
+    if not pick.is_cuda:
+        return "auto picks cpu here (see `auto variant`)"
+    return f"use {pick.name} (invoke run --variant={pick.name}, or leave --variant out: auto picks it)"
 
 
 def _gpu_facts(source: gpus.Recorded | None) -> tuple[Host, list[Link]]:

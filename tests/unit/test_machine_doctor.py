@@ -60,7 +60,7 @@ def test_each_variant_line_is_a_sentence_naming_the_variant_and_what_it_needs(al
     checks = _by_name(doctor.check_variants(all_variants, host, {"cu132": "13.2", "cu128": None}))
     assert checks["variant cu132"].detail == ("cu132 needs CUDA 13.2 (its image's label) but driver 550.54.15 supports "
                                               "CUDA 12.4")
-    assert checks["variant cu132"].fix.startswith("upgrade the driver to 580 or newer to use cu132; auto picks ")
+    assert checks["variant cu132"].fix.startswith("upgrade the driver to 580 or newer to use cu132; use cu128 (")
     assert checks["variant cu128"].detail == ("cu128 needs CUDA 12.8 (variants.yaml, as its image is not here): "
                                               "driver 550.54.15 runs it, as a CUDA 12.4 driver runs any CUDA 12 build")
     no_cuda = dataclasses.replace(host, cuda="")  # NVML read the driver's version alone

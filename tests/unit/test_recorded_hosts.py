@@ -717,3 +717,18 @@ def test_a_gpu_list_of_thousands_of_characters_is_said_in_a_line_not_twice_whole
         assert "--gpus=" in said[0] if gpus else "CUDA_VISIBLE_DEVICES=" in said[0], said[0]
         assert "it has 0, 1" in said[0] or "names no GPU" in said[0], said[0]
     assert said and all(len(line) < 400 for line in said), [len(line) for line in said]
+
+
+@pytest.mark.parametrize("host", ["v100x2_535", "t4x2_535"])
+def test_doctor_names_the_variant_that_trains_here_in_place_of_one_that_cannot(settings, replay, host):
+    """`invoke doctor` on V100s said of cu132 (no code for their 7.0) "use another variant", and on a CUDA 12 driver
+    "auto picks another variant", where it could name the one that runs there: it names it now, the one auto picks
+    (cu128), which the same checks pass."""
+    replay(host)
+    every = variants.all_variants(settings)
+    checks = {c.name: c for c in doctor.check_variants(every, gpus.read_host(), {})}
+    meant = variants.pick_auto(every, gpus.read_host())[0].name
+    assert meant != "cu132" and checks[f"variant {meant}"].status == doctor.PASS
+    assert checks["variant cu132"].status == doctor.WARN
+    assert f"use {meant} (invoke run --variant={meant}, or leave --variant out" in checks["variant cu132"].fix, \
+        checks["variant cu132"]
