@@ -455,6 +455,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
     tokens = TokenCount()
     metrics = MetricsLog(run.opts.run_dir / METRICS, run.is_main, run.started, tokens, *flops_and_peak(p),
                          profiled=p.settings.profiled)
+    as_host = (lambda base: base_for_host(p.settings, base)) if p.recipe.peft else None  # a checkpoint's adapter
     profile = ([StepProfiler(run.opts.run_dir, p.settings.profiled, p.args.process_index, run.world_size)]
                if p.settings.profiled else [])
     try:
@@ -464,7 +465,7 @@ def fit(p: Prepared, run: Run) -> tuple[Any, Any]:
                                   eval_dataset=p.eval_examples or None, processing_class=p.tokenizer,
                                   data_collator=(collate_packed() if p.padding_free else collate(p.tokenizer.pad_token_id)),
                                   callbacks=[FirstStep(lambda: began(run, p)), check, ScheduleCheck(), ResumedRate(),
-                                             PublishCheckpoint(), *profile, metrics])
+                                             PublishCheckpoint(as_host), *profile, metrics])
     except ValueError as e:  # the Trainer's own check of its arguments together (TrainingArguments checked each)
         raise DockyardError(f"invalid training settings: {' '.join(str(e).split())}") from None
     for cb in (PrinterCallback, ProgressCallback):  # metrics.jsonl and train.log carry the losses

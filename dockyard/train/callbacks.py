@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dockyard.common import runfolder
+from dockyard.common import model_config, runfolder
 from dockyard.common.run_settings import WARMUP_STEPS
 from dockyard.common.units import duration
 from dockyard.train import guards, manifest, strategy
@@ -77,12 +78,19 @@ class ResumedRate(TrainerCallback):
 class PublishCheckpoint(TrainerCallback):
     """A checkpoint counts once every rank has written its part: the Trainer writes trainer_state.json from rank 0
     while other ranks may still be writing their RNG state (and on other nodes, their shards). on_save runs on every
-    rank after the Trainer's save; after a barrier, rank 0 adds the marker manifest.complete_checkpoint looks for."""
+    rank after the Trainer's save; after a barrier, rank 0 adds the marker manifest.complete_checkpoint looks for.
+    An adapter's checkpoint names its base as the host has it (`as_host`, as the run's model/ does), before the marker:
+    resume reads only the adapter's weights onto the base the run loads, never the base the checkpoint names."""
+
+    def __init__(self, as_host: Callable[[str], str] | None = None):
+        self.as_host = as_host
 
     def on_save(self, args, state, control, **kwargs):
         _barrier()
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if self.as_host and args.should_save:  # the process that saved it
+            model_config.rename_base(checkpoint, self.as_host)
         if args.process_index == 0:
-            checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             runfolder.share_weights(checkpoint)
             manifest.mark_complete(checkpoint, state.global_step)
         _barrier()  # nobody trains on (and may be killed) before the marker is there

@@ -362,3 +362,44 @@ def test_a_runs_adapter_names_its_base_where_the_host_has_it_and_the_export_stil
 
     snapshot = "/workspace/.cache/huggingface/hub/models--org--name/snapshots/0123abcd"
     assert base_for_host(SimpleNamespace(model="org/name"), snapshot) == "org/name"
+
+
+def test_a_runs_checkpoints_name_their_adapters_base_where_the_host_has_it_and_resume_still_reads_them(tmp_path):
+    """A LoRA run's model/ names its base as the host has it, but its checkpoint-N/ adapters still named the
+    container's (/workspace/runs/ID/base): a user who took a checkpoint's adapter to peft's AutoPeftModel on the host
+    got a path that does not exist there. Each checkpoint names it so too (DOCKYARD_HOST_PATHS: the runs folder mounted
+    under another path), and the run resumes from it where the container sees it (resume reads the adapter's weights
+    onto the base the run loads, never the base the checkpoint names)."""
+    import subprocess
+
+    from peft import AutoPeftModelForCausalLM
+
+    from dockyard.settings import ROOT
+    from tests.support import training
+
+    inside, host = tmp_path / "workspace-runs", tmp_path / "host-runs"  # the runs folder: the container's path, the host's
+    inside.mkdir()
+    mapped = {**training.env(), "DOCKYARD_HOST_PATHS": json.dumps({str(inside): str(host)})}
+
+    def lora(*overrides: str, resume: bool = False) -> str:
+        done = subprocess.run(training.command("lora", inside / "r1", "--per_device_train_batch_size", "2",
+                                               "--max_seq_length", "32", "--save_steps", "1", *overrides, nproc=1,
+                                               resume=resume, logs=tmp_path / "logs"),
+                              cwd=ROOT, capture_output=True, text=True, timeout=900, env=mapped)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done.stdout + done.stderr
+
+    lora("--max_steps", "2")
+    kept = sorted((inside / "r1" / "checkpoints").glob("checkpoint-*"))
+    assert [c.name for c in kept] == ["checkpoint-1", "checkpoint-2"], kept
+    for checkpoint in kept:
+        said = json.loads((checkpoint / "adapter_config.json").read_text())["base_model_name_or_path"]
+        assert said == str(host / "r1" / "base"), said
+        assert str(inside) not in (checkpoint / "README.md").read_text()
+    said = lora("--max_steps", "3", resume=True)  # in the container's view, from checkpoint-2
+    assert "--resume: max_steps 3, where the run was started with 2" in said and "run r1 completed: 3 steps" in said
+    assert training.manifest(inside / "r1")["status"] == "completed"
+    assert json.loads((inside / "r1" / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
+    assert (inside / "r1" / "checkpoints" / "checkpoint-3").is_dir()
+    inside.rename(host)  # on the host, only the host's path is there
+    assert AutoPeftModelForCausalLM.from_pretrained(host / "r1" / "checkpoints" / "checkpoint-2").peft_config["default"].r == 16
