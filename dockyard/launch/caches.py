@@ -81,19 +81,20 @@ def own_folder(path: Path, setting: str, example: str) -> Path:
                         f"write: give it a folder of its own, e.g. {example}")
 
 
-def check_out_of_reach(settings: Settings, path: Path, named: str, fix: str) -> None:
+def check_out_of_reach(settings: Settings, path: Path, named: str, fix: str,
+                       use: str = "you hand it to the cluster") -> None:
     """A file the user later hands to a cluster as it is (`invoke slurm`'s sbatch script, `invoke k8s`'s manifests) is
     never written where a run's container can write: the runs folder, the Hugging Face cache, the compile cache. Code
     in a container (a model's, a data loader's) rewrote the script there, and the user's next `sbatch` ran it.
-    `named`: where the path came from (--out, the jobs_dir setting); `fix`: what to give instead."""
+    `named`: where the path came from (--out, the jobs_dir setting); `fix`: what to give instead; `use`: what the
+    user does with it next (`invoke save`'s load.sh and run.sh: run them on another host)."""
     real = Path(os.path.realpath(path))
     for setting, folder in (("runs_dir", settings.path(settings.runs_dir)), ("hf_cache", settings.path(settings.hf_cache)),
                             ("compile_cache", compile_folder(settings))):
         inner = Path(os.path.realpath(folder)) if folder is not None else None
         if inner is not None and (real == inner or inner in real.parents):
             raise DockyardError(f"{named} {path} is inside {folder} (the {setting} setting), which every run's container "
-                                f"can write: a run could change what is written there before you hand it to the "
-                                f"cluster; {fix}")
+                                f"can write: a run could change what is written there before {use}; {fix}")
 
 
 def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> list[tuple[Path, str, bool]]:

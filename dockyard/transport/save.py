@@ -25,7 +25,7 @@ from dockyard import console, engine
 from dockyard.common import locks, runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.locks import held_alone, partial, private_folder
-from dockyard.launch import runscript
+from dockyard.launch import caches, runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory, remote
 from dockyard.transport.frames import FramedSink, LayerCache, StaleNames
@@ -63,6 +63,11 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if thin_for.startswith("ssh://"):
         remote.parse_ssh_url(thin_for)  # a malformed destination is said before the engine is asked anything
     out_dir = runfolder.followed(out, "--out") if out else settings.path(settings.dist_dir)
+    # load.sh and run.sh, which the user runs on the node the archive goes to: never where a run's container can write
+    caches.check_out_of_reach(settings, out_dir, "--out" if out else "the dist_dir setting's folder",
+                              "give --out=DIR outside it" if out else "set the dist_dir setting to a folder outside "
+                              "it (INVOKE_DOCKYARD_DIST_DIR=~/dist), or give --out=DIR",
+                              use="you load the archive with its load.sh or train with its run.sh")
     if out_dir.exists() and not out_dir.is_dir():  # mkdir's own words were "File exists"
         named = f"--out={out}" if out else f"{out_dir} (the dist_dir setting)"
         raise DockyardError(f"{named} names a file; give a folder (the archive set is several files)")

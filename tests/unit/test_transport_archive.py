@@ -545,3 +545,28 @@ def test_images_whose_refs_differ_only_in_their_separators_are_saved_side_by_sid
     assert (out / "t_2.tar.zst").is_file(), "a plain ref's archive keeps its name"
     save_mod.save(s, image="team/img:1", out=str(out))  # the same image again: its own archive, replaced
     assert len(list(out.glob("*.tar.zst"))) == len(refs)
+
+
+def test_an_archive_set_is_never_written_where_a_runs_container_can_rewrite_its_load_sh(tmp_path, monkeypatch):
+    """load.sh and run.sh are what the user runs on the node the archive goes to (`sh load.sh`, `sh run.sh`), and the
+    runs folder (and the caches) every run's container can write: saved there (--out=runs/dist, or a dist_dir inside
+    the runs folder), code in any later run's container could rewrite them before they ran. Such an --out or
+    dist_dir is refused before the engine is asked to save, nothing written; a folder beside the runs folder saves."""
+    docker, image = saving_docker(tmp_path)
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [{**image, "labels": {"dockyard.variant":
+                                                                                                    "cpu"}}])
+    runs, hf = tmp_path / "runs", tmp_path / "hf"
+    s = Settings(docker=str(docker), layer_cache_gb=0, runs_dir=runs, hf_cache=hf)
+    runs.mkdir()
+    (tmp_path / "to-runs").symlink_to(runs)
+    for out in (runs / "dist", tmp_path / "to-runs" / "dist", hf / "x", runs / ".." / "runs"):
+        with pytest.raises(DockyardError, match=r"^--out .* is inside .*which every run's container can write: a run "
+                                                r"could change what is written there before you load the archive "
+                                                r"with its load.sh .*give --out=DIR outside it$"):
+            save_mod.save(s, image="t:2", out=str(out), compress="none")
+    with pytest.raises(DockyardError, match=r"^the dist_dir setting's folder .* is inside .* \(the runs_dir setting\)"
+                                            r".*INVOKE_DOCKYARD_DIST_DIR"):
+        save_mod.save(s.model_copy(update={"dist_dir": runs / "dist"}), image="t:2", compress="none")
+    assert list(runs.iterdir()) == [] and not hf.exists()
+    save_mod.save(s, image="t:2", out=str(tmp_path / "dist"), compress="none")
+    assert {"load.sh", "run.sh"} <= {p.name for p in (tmp_path / "dist").iterdir()}
