@@ -125,18 +125,21 @@ def cuda_newest_first(settings: Settings) -> list[variants.Variant]:
 
 class Unfit(NamedTuple):
     """Why a host cannot train in a set's CUDA image: the image, the reason in words, and the variant that runs there
-    ("" where none does); `lacking` where its GPUs, not its driver, are the reason."""
+    ("" where none does); `lacking` where its GPUs, not its driver, are the reason; `usable`: the GPUs that have its
+    code where others lack it (the image loads: run.sh and invoke run train on those, given them alone)."""
     ref: str
     why: str
     instead: str
     lacking: bool
+    usable: tuple[int, ...] = ()
 
 
 def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit | None:
     """Where `host`'s driver or GPUs cannot run the set's CUDA image (invoke run's rules: variants.driver_runs and
     gpus_without_code, which load.sh and run.sh hold too), why, and the variant that runs there; None where they can,
     or where nothing is known (a cpu image, a set saved without the image's CUDA, a host without a readable driver).
-    invoke ship asks it of the node before the copy, invoke load of this host before the load."""
+    Where only some GPUs lack its code, `usable` names the others: a note, not a refusal. invoke ship asks it of the
+    node before the copy, invoke load of this host before the load."""
     chosen = dockyard_variant(images)
     labels = next((i.get("labels") or {} for i in images if chosen and i["ref"] == chosen[0]), {})
     cuda, archs = labels.get("dockyard.cuda", ""), labels.get(variants.ARCHS_LABEL, "")
@@ -146,6 +149,9 @@ def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit
     if variants.driver_runs(cuda, host) is not False and not lacking:
         return None
     why = f"its torch has no code for {', '.join(lacking)}" if lacking else variants.short_of(cuda, host)
+    usable = tuple(g.index for g in host.gpus if archs and variants.arch_runs(archs, g.capability))
+    if variants.driver_runs(cuda, host) is not False and usable:  # a V100 beside an H100: trained on the H100
+        return Unfit(chosen[0], why, "", True, usable)
     runs = [v.name for v in cuda_newest_first(settings)
             if variants.driver_runs(v.cuda, host) and not variants.gpus_without_code(variants.cuda_archs(v), host)]
     return Unfit(chosen[0], why, runs[0] if runs else "", bool(lacking))

@@ -375,8 +375,19 @@ if [ -n "$NEEDS_CUDA" ] && [ -z "${LOAD_SH_ANY_DRIVER:-}" ] && SMI=$(nvidia-smi 
 	driver_facts
 	CAPS=$(nvidia-smi --query-gpu=index,name,compute_cap --format=csv,noheader 2>/dev/null) || CAPS=
 	lacking=$(no_code "$(field needs_archs)")
+	usable=  # the GPUs its torch has code for: where some have, run.sh trains on them (CUDA_VISIBLE_DEVICES)
+	for chosen in $(printf '%s\n' "$CAPS" | awk -F', *' 'NF >= 3 && $1 ~ /^[0-9]+$/ && $3 ~ /^[0-9]+\.[0-9]+$/ { print $1 }'); do
+		[ -n "$(no_code "$(field needs_archs)")" ] || usable=$usable${usable:+,}$chosen
+	done
+	chosen=
 	runs "$NEEDS_CUDA"
-	if [ $? -eq 1 ] || [ -n "$lacking" ]; then
+	driver_ok=$?
+	if [ "$driver_ok" -ne 1 ] && [ -n "$lacking" ] && [ -n "$usable" ]; then
+		printf 'load.sh: note: %s holds a torch with no code for %s, which run.sh refuses to train on: give it the others, as in CUDA_VISIBLE_DEVICES=%s sh run.sh ...\n' \
+			"$(field cuda_image)" "$lacking" "$usable" >&2
+		lacking=
+	fi
+	if [ "$driver_ok" -eq 1 ] || [ -n "$lacking" ]; then
 		instead=
 		for triple in $(field cuda_variants); do  # name=cuda=archs, newest first
 			rest=${triple#*=}
