@@ -126,12 +126,19 @@ def cuda_newest_first(settings: Settings) -> list[variants.Variant]:
 class Unfit(NamedTuple):
     """Why a host cannot train in a set's CUDA image: the image, the reason in words, and the variant that runs there
     ("" where none does); `lacking` where its GPUs, not its driver, are the reason; `usable`: the GPUs that have its
-    code where others lack it (the image loads: run.sh and invoke run train on those, given them alone)."""
+    code where others lack it (the image loads: run.sh and invoke run train on those, given them alone; `instead`
+    then trains on all of them)."""
+
     ref: str
     why: str
     instead: str
     lacking: bool
     usable: tuple[int, ...] = ()
+
+    def or_instead(self) -> str:
+        """The note's last words where another variant trains on every GPU of the host."""
+        return (f"; or carry the {self.instead} archive (invoke save --variant={self.instead}), whose torch has code "
+                "for every GPU here") if self.instead else ""
 
 
 def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit | None:
@@ -149,12 +156,12 @@ def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit
     if variants.driver_runs(cuda, host) is not False and not lacking:
         return None
     why = f"its torch has no code for {', '.join(lacking)}" if lacking else variants.short_of(cuda, host)
+    best = variants.runs_instead(settings, host)  # auto's pick: its driver runs it, its torch has every GPU's code
+    instead = best.name if best is not None and best.name != chosen[1] else ""
     usable = tuple(g.index for g in host.gpus if archs and variants.arch_runs(archs, g.capability))
     if variants.driver_runs(cuda, host) is not False and usable:  # a V100 beside an H100: trained on the H100
-        return Unfit(chosen[0], why, "", True, usable)
-    runs = [v.name for v in cuda_newest_first(settings)
-            if variants.driver_runs(v.cuda, host) and not variants.gpus_without_code(variants.cuda_archs(v), host)]
-    return Unfit(chosen[0], why, runs[0] if runs else "", bool(lacking))
+        return Unfit(chosen[0], why, instead, True, usable)
+    return Unfit(chosen[0], why, instead, bool(lacking))
 
 
 def node_needs(settings: Settings, images: list[dict]) -> str:

@@ -115,7 +115,7 @@ def check_host_runs(settings: Settings, paths: ArchivePaths, manifest: dict) -> 
         return
     if unfit.usable:  # a V100 beside an H100: invoke run trains on the H100, given it alone
         print(f"note: {unfit.ref}: {unfit.why}, which invoke run refuses to train on: give it the others, as in "
-              f"invoke run --gpus={','.join(map(str, unfit.usable))}", file=sys.stderr)
+              f"invoke run --gpus={','.join(map(str, unfit.usable))}{unfit.or_instead()}", file=sys.stderr)
         return
     fix = (f"Load the {unfit.instead} archive instead (invoke save --variant={unfit.instead})" if unfit.instead else
            "Upgrade the driver" if not unfit.lacking else "No variant has code for those GPUs")

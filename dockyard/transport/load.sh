@@ -382,17 +382,20 @@ if [ -n "$NEEDS_CUDA" ] && [ -z "${LOAD_SH_ANY_DRIVER:-}" ] && SMI=$(nvidia-smi 
 	chosen=
 	runs "$NEEDS_CUDA"
 	driver_ok=$?
-	if [ "$driver_ok" -ne 1 ] && [ -n "$lacking" ] && [ -n "$usable" ]; then
-		printf 'load.sh: note: %s holds a torch with no code for %s, which run.sh refuses to train on: give it the others, as in CUDA_VISIBLE_DEVICES=%s sh run.sh ...\n' \
-			"$(field cuda_image)" "$lacking" "$usable" >&2
-		lacking=
-	fi
+	instead=  # the variant this driver runs with code for every GPU here (invoke run's auto), newest first
 	if [ "$driver_ok" -eq 1 ] || [ -n "$lacking" ]; then
-		instead=
-		for triple in $(field cuda_variants); do  # name=cuda=archs, newest first
+		for triple in $(field cuda_variants); do  # name=cuda=archs
 			rest=${triple#*=}
 			[ -z "$(no_code "${rest#*=}")" ] && runs "${rest%%=*}" && { instead=${triple%%=*}; break; }
 		done
+	fi
+	if [ "$driver_ok" -ne 1 ] && [ -n "$lacking" ] && [ -n "$usable" ]; then
+		printf 'load.sh: note: %s holds a torch with no code for %s, which run.sh refuses to train on: give it the others, as in CUDA_VISIBLE_DEVICES=%s sh run.sh ...%s\n' \
+			"$(field cuda_image)" "$lacking" "$usable" \
+			"${instead:+; or carry the $instead archive (invoke save --variant=$instead), whose torch has code for every GPU here}" >&2
+		lacking=
+	fi
+	if [ "$driver_ok" -eq 1 ] || [ -n "$lacking" ]; then
 		least=$(least_driver "$NEEDS_CUDA")
 		if [ -n "$lacking" ]; then
 			why="holds a torch with no code for $lacking (it has $(field needs_archs)), on any driver"

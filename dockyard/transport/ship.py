@@ -229,7 +229,8 @@ def check_node_runs(settings: Settings, r: Remote, manifest: dict, have: dict[st
         return
     if unfit.usable:  # as load.sh there: run.sh trains on the GPUs that have its code, given them alone
         print(f"note: {unfit.ref} on {r.host}: {unfit.why}, which run.sh refuses to train on: give it the others "
-              f"there, as in CUDA_VISIBLE_DEVICES={','.join(map(str, unfit.usable))} sh run.sh ...", file=sys.stderr)
+              f"there, as in CUDA_VISIBLE_DEVICES={','.join(map(str, unfit.usable))} sh run.sh ...{unfit.or_instead()}",
+              file=sys.stderr)
         return
     fix = (f"ship the {unfit.instead} archive instead (invoke save --variant={unfit.instead})" if unfit.instead else
            "upgrade its driver" if not unfit.lacking else "no variant has code for those GPUs")

@@ -818,8 +818,9 @@ def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_
     """A node of a V100 (7.0) and an H100 (9.0) given the cu132 set, on a 580 driver: load.sh refused it whole ("no
     code for GPU 0"), though run.sh trains in it on the H100 (CUDA_VISIBLE_DEVICES=1, as invoke run takes --gpus=1),
     and said LOAD_SH_ANY_DRIVER=1 was for run.sh --cpu. It now loads it, with a note naming the GPU left out and the
-    CUDA_VISIBLE_DEVICES that leaves it out; and `invoke ship --load` there copies it (the same rule). A node whose
-    every GPU lacks code is still refused (the test before)."""
+    CUDA_VISIBLE_DEVICES that leaves it out, and the archive whose torch trains on both (cu128, auto's pick there: a
+    note naming only the H100 had half the node train); `invoke ship --load` and `invoke load` there say the same
+    (the same rule). A node whose every GPU lacks code is still refused (the test before)."""
     from dockyard.transport import ship
     from dockyard.transport.remote import Remote
 
@@ -831,7 +832,8 @@ def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert "verifying dockyard_0.1.0-cu132.tar.zst" in r.stdout, r.stderr
     assert ("load.sh: note: dockyard:0.1.0-cu132 holds a torch with no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0), "
-            "which run.sh refuses to train on: give it the others, as in CUDA_VISIBLE_DEVICES=1 sh run.sh ...") \
+            "which run.sh refuses to train on: give it the others, as in CUDA_VISIBLE_DEVICES=1 sh run.sh ...; or carry "
+            "the cu128 archive (invoke save --variant=cu128), whose torch has code for every GPU here") \
         in r.stderr, r.stderr
     manifest = {"images": [{"ref": "dockyard:0.1.0-cu132", "labels": {
         "dockyard.variant": "cu132", "dockyard.cuda": variants.all_variants(settings)["cu132"].cuda,
@@ -839,11 +841,13 @@ def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_
     mixed = {"smi": "Driver Version: 580.65.06   CUDA Version: 13.0",
              "gpus": "Tesla V100-SXM2-16GB, 7.0;NVIDIA H100 80GB HBM3, 9.0;"}
     ship.check_node_runs(settings, Remote(host="node7", dir="/x"), manifest, mixed, load=True)  # no refusal
-    assert "CUDA_VISIBLE_DEVICES=1 sh run.sh" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "CUDA_VISIBLE_DEVICES=1 sh run.sh" in said and "invoke save --variant=cu128" in said, said
     from dockyard.transport import load as load_mod
     monkeypatch.setattr("dockyard.gpus.read_host", lambda *a, **k: ship.node_host(mixed))
     load_mod.check_host_runs(settings, None, manifest)  # invoke load on such a host: loaded, with the GPUs to give
-    assert "invoke run --gpus=1" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "invoke run --gpus=1" in said and "invoke save --variant=cu128" in said, said
     with pytest.raises(DockyardError, match="cannot train on node7: its torch has no code for GPU 0 .*GPU 1"):
         ship.check_node_runs(settings, Remote(host="node7", dir="/x"), manifest,
                              {**mixed, "gpus": "Tesla V100-SXM2-16GB, 7.0;Tesla V100-SXM2-16GB, 7.0;"}, load=True)
