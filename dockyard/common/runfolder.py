@@ -280,14 +280,14 @@ def claim(folder: Path, marker: str | None = None) -> None:
                             "it at the same moment): pick another --run-id, or add --resume to continue it") from None
 
 
-def claim_free(folder: Path, marker: str | None = None) -> Path:
+def claim_free(folder: Path) -> Path:
     """claim() for a run id dockyard chose (the recipe and the second): the folder, or where another run holds it
-    (two runs started in the same second), the first of folder-2, folder-3, ... that none holds, each claimed as
-    atomically. The folder claimed."""
+    (two runs started in the same second), the first of folder-2, folder-3, ... that none holds, each one os.mkdir.
+    The folder claimed. One node's alone: a run of several nodes is given its id (the other nodes must know it)."""
     for n in range(1, FREE_TRIES + 1):
         mine = folder if n == 1 else folder.with_name(f"{folder.name}-{n}")
         try:
-            _claim(mine, marker)
+            _claim(mine, None)
             return mine
         except FileExistsError:
             continue

@@ -227,8 +227,9 @@ def execute(settings: Settings, r: RunRequest, command: RunCommand, devices: lis
     made = not r.resume and r.node_rank == 0
     if made and not r.run_id:
         # an id of dockyard's choosing: another run started in the same second may have claimed it since it was
-        # chosen; this one takes the next free (-2, -3, ...), and its command is planned again for it (said once)
-        run_dir = runfolder.claim_free(run_dir, runfolder.CLAIM if r.nodes > 1 else None)
+        # chosen; this one takes the next free (-2, -3, ...), and its command is planned again for it (said once).
+        # One node's: --nodes > 1 needs --run-id (multinode.rendezvous)
+        run_dir = runfolder.claim_free(run_dir)
         if run_dir != command.run_dir:
             r = replace(r, run_id=run_dir.name)
             try:
