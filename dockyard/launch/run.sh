@@ -203,7 +203,10 @@ visible() {
 		case ",$chosen," in *",$index,"*) ;; *) chosen=$chosen${chosen:+,}$index COUNT=$((COUNT + 1)) ;; esac
 	done
 	[ -n "$chosen" ] || die "CUDA_VISIBLE_DEVICES='$(short "$cvd")' hides every GPU, as CUDA reads it ($fix)"
-	[ -z "$(printf '%s' "$rest" | tr -d ', ')" ] || printf '%s\n' "run.sh: CUDA_VISIBLE_DEVICES=$cvd leaves GPU $chosen: CUDA reads no further than its ${token:+entry '$token'}${token:-empty entry}" >&2
+	if [ -n "$(printf '%s' "$rest" | tr -d ', ')" ]; then
+		if [ -n "$token" ]; then token="entry '$(short "$token")'"; else token="empty entry"; fi
+		printf '%s\n' "run.sh: CUDA_VISIBLE_DEVICES=$(short "$cvd") leaves GPU $chosen: CUDA reads no further than its $token" >&2
+	fi
 	GPUS="\"device=$chosen\""
 }
 # With no --image: the dockyard image of the archive sets beside this script (their manifests name them and their ids,

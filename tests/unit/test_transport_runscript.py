@@ -469,6 +469,9 @@ def test_cuda_visible_devices_picks_the_gpus_docker_gets_one_process_each(node, 
     assert argv[argv.index("--gpus") + 1] == device and f"--nproc-per-node={nproc}" in argv, proc.stderr
     cut = visible in ("0,,1", "2,-1,1")  # said where GPUs named after the stop are left out
     assert (f"CUDA_VISIBLE_DEVICES={visible} leaves GPU" in proc.stderr) == cut, proc.stderr
+    if cut:  # the entry it stops at, said once ("its entry '-1'-1" where ${token:-...} gave the entry again)
+        stop = "entry '-1'" if "-1" in visible else "empty entry"
+        assert f"CUDA reads no further than its {stop}\n" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("visible", ["3", "-1", "GPU-nope", ",", "0;touch x", ""])
