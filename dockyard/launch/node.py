@@ -182,7 +182,7 @@ def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
     interface this command's --iface named, which wins over the environment's for both (Rendezvous.env); without it
     the environment's win over the interface found towards node 0, as the trainer leaves a user's own
     (dockyard.train.nodes.pin_interface) and the containers of the sbatch script see them."""
-    env = {k: v for k, v in sorted(environ.items()) if re.fullmatch(FABRIC_NAME, k) or k == SOCKET_IFNAMES[0]}
+    env = {k: v for k, v in sorted(environ.items()) if re.fullmatch(FABRIC_NAME, k) or k == "GLOO_SOCKET_IFNAME"}
     for name in SOCKET_IFNAMES if iface else ():
         env.pop(name, None)
     return env

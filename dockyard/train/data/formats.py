@@ -7,7 +7,7 @@ import logging
 import reprlib
 from typing import Any
 
-from dockyard.common.data_files import FORMATS, HOLDS, format_of, turn_role, unknown_format, valued
+from dockyard.common.data_files import FORMATS, HOLDS, TURNS, format_of, turn_role, unknown_format, valued
 from dockyard.common.errors import DockyardError
 
 log = logging.getLogger(__package__)  # dockyard.train.data, whichever module says it: rank 0 alone (logs.setup_logging)
@@ -86,9 +86,8 @@ def to_messages(row: dict[str, Any], fmt: str, n: int) -> list[dict[str, str]]:
         if row.get("system"):
             messages.insert(0, {"role": "system", "content": str(row["system"])})
         return messages
-    turns = row["conversations"] if fmt == "sharegpt" else row["messages"]
-    role_key, text_key = ("from", "value") if fmt == "sharegpt" else ("role", "content")
-    key = "conversations" if fmt == "sharegpt" else "messages"
+    key, role_key = TURNS[fmt]
+    turns, text_key = row[key], "value" if fmt == "sharegpt" else "content"
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
         raise DockyardError(f"example {n}: `{key}` must be a list of {{{role_key!r}: ..., {text_key!r}: ...}} objects")
     if not turns:  # was "no assistant turn, so nothing to learn (roles found: ; ...)"
