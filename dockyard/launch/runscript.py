@@ -135,6 +135,13 @@ class Unfit(NamedTuple):
     lacking: bool
     usable: tuple[int, ...] = ()
 
+    def fix(self, verb: str) -> str:
+        """What to do where the host cannot train in it, as invoke load and invoke ship say it: `verb` ("load",
+        "ship") the variant that runs there, else upgrade the driver, else that none has code for those GPUs."""
+        if self.instead:
+            return f"{verb} the {self.instead} archive instead (invoke save --variant={self.instead})"
+        return "no variant has code for those GPUs" if self.lacking else "upgrade the driver"
+
     def or_instead(self) -> str:
         """The note's last words where another variant trains on every GPU of the host."""
         return (f"; or carry the {self.instead} archive (invoke save --variant={self.instead}), whose torch has code "

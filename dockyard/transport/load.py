@@ -117,11 +117,10 @@ def check_host_runs(settings: Settings, paths: ArchivePaths, manifest: dict) -> 
         print(f"note: {unfit.ref}: {unfit.why}, which invoke run refuses to train on: give it the others, as in "
               f"invoke run --gpus={','.join(map(str, unfit.usable))}{unfit.or_instead()}", file=sys.stderr)
         return
-    fix = (f"Load the {unfit.instead} archive instead (invoke save --variant={unfit.instead})" if unfit.instead else
-           "Upgrade the driver" if not unfit.lacking else "No variant has code for those GPUs")
+    fix = unfit.fix("load")
     raise DockyardError(f"{unfit.ref} cannot train here: {unfit.why}, so invoke run would refuse it: nothing was "
-                        f"loaded from {paths.archive.name}. {fix}; invoke load --any-driver loads it anyway (for "
-                        "invoke run --cpu)")
+                        f"loaded from {paths.archive.name}. {fix[0].upper()}{fix[1:]}; invoke load --any-driver loads it "
+                        "anyway (for invoke run --cpu)")
 
 
 JOURNAL = "load-tags.json"  # in the user's private folder, under locks.partial()'s name while a load runs

@@ -232,8 +232,7 @@ def check_node_runs(settings: Settings, r: Remote, manifest: dict, have: dict[st
               f"there, as in CUDA_VISIBLE_DEVICES={','.join(map(str, unfit.usable))} sh run.sh ...{unfit.or_instead()}",
               file=sys.stderr)
         return
-    fix = (f"ship the {unfit.instead} archive instead (invoke save --variant={unfit.instead})" if unfit.instead else
-           "upgrade its driver" if not unfit.lacking else "no variant has code for those GPUs")
+    fix = unfit.fix("ship")
     said = f"{unfit.ref} cannot train on {r.host}: {unfit.why}, so load.sh there would refuse it"
     if load:
         raise DockyardError(f"{said}: nothing was copied. {fix[0].upper()}{fix[1:]}")
