@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from dockyard.common.errors import DockyardError, cut, short
+from dockyard.common.errors import DockyardError, cut, short, shown
 
 
 def check(training: dict[str, Any]) -> None:
@@ -24,6 +24,7 @@ def check(training: dict[str, Any]) -> None:
     check_label_names(training.get("label_names"))
     check_report_to(training.get("report_to"))
     check_liger_config(training.get("liger_kernel_config"))
+    check_accelerator_config(training.get("accelerator_config"))
 
 
 # --- a mapping's `a:1` ----------------------------------------------------------------------------------------------
@@ -178,10 +179,34 @@ def check_label_names(given: Any) -> None:
                         f"(the model's own, {LABELS})")
 
 
-# --- accelerator_config's gradient_accumulation_kwargs ---------------------------------------------------------------
+# --- accelerator_config, and its gradient_accumulation_kwargs ---------------------------------------------------------
 
+# transformers' AcceleratorConfig fields (trainer_pt_utils, the pin; a test keeps them current)
+ACCELERATOR_CONFIG = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking",
+                      "gradient_accumulation_kwargs", "use_configured_state")
 # accelerate's GradientAccumulationPlugin, less num_steps (the pin; a test keeps them current)
 ACCUMULATION_KWARGS = ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
+
+
+def check_accelerator_config(given: Any) -> None:
+    """accelerator_config a mapping of AcceleratorConfig's own keys, without split_batches; its
+    gradient_accumulation_kwargs as check_accumulation_kwargs says."""
+    if given is None:
+        return
+    if not isinstance(given, dict):
+        # a file's path: the Trainer reads it in each process, unchecked (split_batches in it; a fifo hung the run)
+        raise DockyardError(f"accelerator_config {shown(str(given))[:80]!r}: give its settings as a mapping after --, "
+                            "as in --accelerator_config '{even_batches: false}', not a file's name")
+    if "split_batches" in json.dumps(given, default=str):
+        # each process then takes its share of one micro-batch: the run trained half (of 2 processes) the global
+        # batch it reported
+        raise DockyardError("accelerator_config: leave split_batches out: global_batch says what each step trains over "
+                            "all processes, and the project splits it (split_batches would train less than it says)")
+    # TrainingArguments' TypeError once the image had started: --dry took any key
+    if unknown := sorted(set(given) - set(ACCELERATOR_CONFIG), key=str):
+        raise DockyardError(f"accelerator_config: unknown key(s) {cut(', '.join(map(str, unknown)), 80)}; transformers' "
+                            f"AcceleratorConfig takes {', '.join(k for k in ACCELERATOR_CONFIG if k != 'split_batches')}")
+    check_accumulation_kwargs(given.get("gradient_accumulation_kwargs"))
 
 
 def check_accumulation_kwargs(given: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from dockyard import ROOT
 from dockyard.common import passthrough
-from dockyard.common.errors import DockyardError, cut, short, shown
+from dockyard.common.errors import DockyardError, short
 
 # TrainingArguments' fields and number types, as the pinned transformers has them: the host has no transformers
 TRAINING_ARGUMENTS = ROOT / "dockyard" / "train" / "assets" / "training_arguments.txt"
@@ -38,9 +38,6 @@ def training_arguments() -> dict[str, str]:
     return dict((line.split() + [""])[:2] for line in lines if line.strip() and not line.startswith("#"))
 
 
-# transformers' AcceleratorConfig fields (trainer_pt_utils, the pin; a test keeps them current)
-ACCELERATOR_CONFIG = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking",
-                      "gradient_accumulation_kwargs", "use_configured_state")
 START_METHODS = ("fork", "spawn", "forkserver")  # torch.multiprocessing.get_all_start_methods() on Linux
 DDP_BACKENDS = ("nccl", "gloo")  # what torch.distributed holds in the images (no MPI, no oneCCL)
 COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch's own: others need packages no image has
@@ -54,9 +51,10 @@ TOKENS_SEEN = ("all", "non_padding", "no")
 
 
 def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, ...] = COMPILE_MODES) -> None:
-    """Every TrainingArguments number of resolve_settings' second half valid (check_number): the host checks them
-    before a run starts (`invoke run`, slurm, k8s), the trainer again for what reaches it directly (run.sh, native),
-    with its torch's `compile_modes`."""
+    """Every TrainingArguments value of resolve_settings' second half as the pinned transformers reads it: each number
+    in its range (check_number), the values handed on as given (passthrough.check), the names looked up in a table
+    (log levels, debug, strategies, compile modes...). The host checks them before a run starts (`invoke run`, slurm,
+    k8s), the trainer again for what reaches it directly (run.sh, native), with its torch's `compile_modes`."""
     kinds = training_arguments()
     for key, value in training.items():
         check_number(key, value, kinds.get(key, ""))
@@ -65,21 +63,6 @@ def check_training_numbers(training: dict[str, Any], compile_modes: tuple[str, .
         if key in training and str(training[key]) not in LOG_LEVELS:
             raise DockyardError(f"{key} {training[key]!r}: give one of {', '.join(LOG_LEVELS)}")
     check_debug(training.get("debug"))
-    if training.get("accelerator_config") is not None and not isinstance(training["accelerator_config"], dict):
-        # a file's path: the Trainer reads it in each process, unchecked (split_batches in it; a fifo hung the run)
-        raise DockyardError(f"accelerator_config {shown(str(training['accelerator_config']))[:80]!r}: give its "
-                            "settings as a mapping after --, as in --accelerator_config '{even_batches: false}', not "
-                            "a file's name")
-    if "split_batches" in json.dumps(training.get("accelerator_config"), default=str):
-        # each process then takes its share of one micro-batch: the run trained half (of 2 processes) the global
-        # batch it reported
-        raise DockyardError("accelerator_config: leave split_batches out: global_batch says what each step trains over "
-                            "all processes, and the project splits it (split_batches would train less than it says)")
-    # TrainingArguments' TypeError once the image had started: --dry took any key
-    if unknown := sorted(set(training.get("accelerator_config") or {}) - set(ACCELERATOR_CONFIG), key=str):
-        raise DockyardError(f"accelerator_config: unknown key(s) {cut(', '.join(map(str, unknown)), 80)}; transformers' "
-                            f"AcceleratorConfig takes {', '.join(k for k in ACCELERATOR_CONFIG if k != 'split_batches')}")
-    passthrough.check_accumulation_kwargs((training.get("accelerator_config") or {}).get("gradient_accumulation_kwargs"))
     if training.get("parallelism_config") is not None:  # an object of accelerate's: a string was a traceback per rank
         raise DockyardError("parallelism_config cannot be given as a setting: the recipe's strategy decides how the "
                             "model is split (invoke recipes); leave it out")

@@ -242,7 +242,7 @@ def test_an_accelerator_config_key_transformers_does_not_know_is_refused_before_
     assert dry("--accelerator_config", "{even_batches: false, non_blocking: true}").returncode == 0
     AcceleratorConfig(even_batches=False, non_blocking=True)
 
-    from dockyard.common.training_args import ACCELERATOR_CONFIG
+    from dockyard.common.passthrough import ACCELERATOR_CONFIG
 
     assert ACCELERATOR_CONFIG == tuple(f.name for f in fields(AcceleratorConfig))
 
