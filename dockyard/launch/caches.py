@@ -88,11 +88,11 @@ def check_out_of_reach(settings: Settings, path: Path, named: str, fix: str,
     in a container (a model's, a data loader's) rewrote the script there, and the user's next `sbatch` ran it.
     `named`: where the path came from (--out, the jobs_dir setting); `fix`: what to give instead; `use`: what the
     user does with it next (`invoke save`'s load.sh and run.sh: run them on another host)."""
-    real = Path(os.path.realpath(path))
+    places = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}  # as typed, and where its links lead
     for setting, folder in (("runs_dir", settings.path(settings.runs_dir)), ("hf_cache", settings.path(settings.hf_cache)),
                             ("compile_cache", compile_folder(settings))):
-        inner = Path(os.path.realpath(folder)) if folder is not None else None
-        if inner is not None and (real == inner or inner in real.parents):
+        inner = {Path(os.path.abspath(folder)), Path(os.path.realpath(folder))} if folder is not None else set()
+        if any(p == i or i in p.parents for p in places for i in inner):
             raise DockyardError(f"{named} {path} is inside {folder} (the {setting} setting), which every run's container "
                                 f"can write: a run could change what is written there before {use}; {fix}")
 

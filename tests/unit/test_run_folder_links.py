@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -329,6 +330,16 @@ def test_the_slurm_script_and_the_kubernetes_files_are_written_where_no_runs_con
             else:
                 k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2", out=str(out))
         assert not out.exists()
+    elsewhere = tmp_path / "elsewhere"  # a link a container planted in the runs folder: the path as typed is inside
+    elsewhere.mkdir()
+    (tmp_path / "runs" / "planted").symlink_to(elsewhere)
+    for out in (tmp_path / "runs" / "planted" / "x.sbatch", tmp_path / "runs" / "planted"):
+        with pytest.raises(DockyardError, match=f"{re.escape(str(out))} is inside .*which every run's container can write"):
+            if out.suffix:
+                slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu", out=str(out))
+            else:
+                k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2", out=str(out))
+    assert not any(elsewhere.iterdir())
     inside = s.model_copy(update={"jobs_dir": tmp_path / "runs" / "jobs"})
     with pytest.raises(DockyardError, match="the jobs_dir setting.s script .*INVOKE_DOCKYARD_JOBS_DIR"):
         slurm.write(inside, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
