@@ -237,7 +237,7 @@ def a_recipe_of_the_line(program: invoke.Program) -> str | None:
     from dockyard.common.errors import DockyardError
     from dockyard.common.recipes import load_recipe
 
-    if len(program.tasks) < 2:
+    if len(program.tasks) < 2 or asks_help(program):
         return None
     for c in program.tasks:
         if "recipe" in c.args and c.args["recipe"].value:
@@ -246,6 +246,13 @@ def a_recipe_of_the_line(program: invoke.Program) -> str | None:
             except DockyardError as e:
                 return f"invoke {c.name}: {e} (nothing ran: the line's tasks start only once every one's recipe is found)"
     return None
+
+
+def asks_help(program: invoke.Program) -> bool:
+    """--help (or -h) before any `--`: Invoke answers it with a task's help and runs nothing, so nothing of the line
+    is checked (`invoke build run --recipe=zer2 --help` was the recipe's refusal, not run's help)."""
+    tokens = program.core.unparsed
+    return any(t in ("--help", "-h") for t in tokens[:tokens.index("--") if "--" in tokens else len(tokens)])
 
 
 # tasks that only look and say (no --dry, nothing to run for real): `invoke doctor run --dry` checks the host, then
@@ -259,7 +266,7 @@ def dry_for_some(program: invoke.Program) -> str | None:
     every task of the line has it: the refusal, or None."""
     tasks = [(c.name, c.args["dry"].value if "dry" in c.args else None) for c in program.tasks
              if c.name not in CHANGE_NOTHING]
-    if len(tasks) < 2 or not any(dry for _, dry in tasks):
+    if len(tasks) < 2 or not any(dry for _, dry in tasks) or asks_help(program):
         return None
     wet = [name for name, dry in tasks if dry is False]
     lacking = [name for name, dry in tasks if dry is None]

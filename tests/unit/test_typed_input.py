@@ -399,6 +399,19 @@ def test_a_recipe_of_a_later_task_that_is_not_there_is_refused_before_the_first_
     assert r.returncode == 1 and not (tmp_path / "docker-used").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args", [["build", "run", "--recipe=zer2", "--help"], ["build", "run", "--dry", "-h"]])
+def test_help_asked_on_a_line_of_several_tasks_is_answered_not_the_lines_checks(args, tmp_path):
+    """`invoke build run --recipe=zer2 --help` (a newcomer asking how to name the recipe) was refused for the recipe
+    ('unknown recipe zer2 ... nothing ran'), and `invoke build run --dry -h` for --dry given to run alone: the line's
+    checks answered where Invoke answers --help with run's help and runs nothing."""
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
+    docker.chmod(0o755)
+    r = invoke_here(*args, env={"INVOKE_DOCKYARD_DOCKER": str(docker)})
+    assert r.returncode == 0 and "Usage:" in r.stdout and "--recipe" in r.stdout, r.stderr
+    assert "error" not in r.stderr and not (tmp_path / "docker-used").exists(), r.stderr
+
+
 def test_shell_completion_still_answers():
     """The shell's completion runs `invoke --complete -- invoke ru`: what follows -- there is the line typed, not
     trainer overrides (refusing it left Tab completing nothing, with an error in the terminal)."""
