@@ -203,7 +203,7 @@ def _explaining(parse, name: str):
             raise ParseError(f"error: {shown(reworded(e, self.core.unparsed, self.collection.task_names))}",
                              e.context) from None
         if name == "parse_tasks" and (refused := invokes_own_flags(self) or empty_value(self) or dry_for_some(self)
-                                              or a_recipe_of_the_line(self)):
+                                              or a_recipe_of_the_line(self) or overrides_of_the_line(self)):
             raise ParseError(f"error: {shown(refused)}")
 
     wrapper.explained = True
@@ -245,6 +245,31 @@ def a_recipe_of_the_line(program: invoke.Program) -> str | None:
                 load_recipe(os.path.expanduser(c.args["recipe"].value))
             except DockyardError as e:
                 return f"invoke {c.name}: {e} (nothing ran: the line's tasks start only once every one's recipe is found)"
+    return None
+
+
+def overrides_of_the_line(program: invoke.Program) -> str | None:
+    """`invoke build run --recipe=zero2 -- --max_stepz 5` built the image (minutes) before the run refused the
+    override. Where several tasks share a line, the trainer overrides after `--` are checked first against the recipe
+    of each task that takes them (run, slurm, k8s), as the run checks them (preflight.check_overrides, with nothing of
+    the host known: it refuses no more than the run would); a --resume, whose run keeps settings of its own, is left
+    to its task. The refusal, or None."""
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.recipes import load_recipe
+    from dockyard.launch import preflight
+    from dockyard.launch.run import DEFAULT_RECIPE
+
+    argv = program.argv[1:]  # as the shell gave them (tasks.py's _remainder): Invoke's remainder is one string
+    if len(program.tasks) < 2 or "--" not in argv or asks_help(program):
+        return None
+    overrides = argv[argv.index("--") + 1:]
+    for c in program.tasks:
+        if c.name in ("run", "slurm", "k8s") and not ("resume" in c.args and c.args["resume"].value):
+            try:
+                preflight.check_overrides(load_recipe(os.path.expanduser(c.args["recipe"].value or DEFAULT_RECIPE)),
+                                          overrides)
+            except DockyardError as e:
+                return f"invoke {c.name}: {e} (nothing ran: the line's tasks start only once its overrides are taken)"
     return None
 
 

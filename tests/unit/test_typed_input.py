@@ -399,6 +399,29 @@ def test_a_recipe_of_a_later_task_that_is_not_there_is_refused_before_the_first_
     assert r.returncode == 1 and not (tmp_path / "docker-used").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args, says", [
+    (["build", "run", "--recipe=zero2", "--", "--max_stepz", "5"], "invoke run: unknown trainer override(s): "
+                                                                    "--max_stepz (did you mean --max_steps?)"),
+    (["save", "--variant=cpu", "run", "--", "--learning_rate", "-1"], "invoke run: learning_rate -1: "),
+    (["build", "slurm", "--", "--lora_r", "8"], "invoke slurm: lora_r in the overrides after --: recipe zero2 trains the whole")])
+def test_a_trainer_override_a_later_task_refuses_is_refused_before_the_first_task_runs(args, says, tmp_path):
+    """`invoke build run -- --max_stepz 5` built the image (minutes; a quarter of an hour for a CUDA one) and only
+    then heard "unknown trainer override --max_stepz". A line of several tasks has its overrides checked first, as
+    the run checks them against its recipe, before any task asks the engine (a stand-in here, which records any
+    call); overrides the recipe takes go on to the tasks."""
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
+    docker.chmod(0o755)
+    env = {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
+           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DIST_DIR": str(tmp_path / "dist")}
+    r = invoke_here(*args, env=env)
+    short_error(r, says)
+    assert "(nothing ran: the line's tasks start only once its overrides are taken)" in r.stderr, r.stderr
+    assert r.returncode == 1 and not (tmp_path / "docker-used").exists()
+    r = invoke_here("build", "run", "--recipe=lora", "--", "--lora_r", "8", env=env)  # taken: build asks the engine
+    assert "override" not in r.stderr and (tmp_path / "docker-used").exists(), r.stderr
+
+
 @pytest.mark.parametrize("args", [["build", "run", "--recipe=zer2", "--help"], ["build", "run", "--dry", "-h"]])
 def test_help_asked_on_a_line_of_several_tasks_is_answered_not_the_lines_checks(args, tmp_path):
     """`invoke build run --recipe=zer2 --help` (a newcomer asking how to name the recipe) was refused for the recipe
