@@ -553,6 +553,11 @@ HF=${HF_HOME:-$HOME/.cache/huggingface}
 mountable HF_HOME "$HF"
 here HF_HOME "$HF"
 mkdir -p "$HERE" || die "cannot make $(short "$HF" 120)"
+HF=$(cd "$HERE" && pwd)  # docker -v takes a relative path for a volume's name
+mountable HF_HOME "$HF"
+# The run folder last, once nothing above can refuse (a refusal left an empty one), and taken away again by --dry and
+# a run that never began only where this run.sh made it (--dry --run-id=ID removed an empty folder of the user's).
+MADE=
 if [ -n "$CHOSEN" ]; then  # one mkdir each, as invoke run claims it: of two runs, one gets the folder
 	base=$RUN_ID n=1
 	until mkdir "$RUN_DIR" 2>/dev/null; do
@@ -561,16 +566,16 @@ if [ -n "$CHOSEN" ]; then  # one mkdir each, as invoke run claims it: of two run
 		[ "$n" -le 99 ] || die "run folders $(short "$RUNS/$base" 120) to $(short "$base")-99 are all taken: give the run an id of its own (--run-id=ID)"
 		RUN_ID=$base-$n RUN_DIR=$RUNS/$base-$n
 	done
-else
+	MADE=1
+elif [ ! -d "$RUN_DIR" ]; then  # (a folder there already: --resume's, or one made for the run)
 	mkdir -p "$RUN_DIR" || die "cannot make $(short "$RUN_DIR" 120)"
+	MADE=1
 fi
-HF=$(cd "$HERE" && pwd)  # docker -v takes a relative path for a volume's name
-mountable HF_HOME "$HF"
 
 # The command `invoke run` would give (rendered from its plan by dockyard/launch/runscript.py):
 @COMMAND@
 
-if [ -n "$DRY" ]; then printf '%s\n' "$cmd"; rmdir "$RUN_DIR" 2>/dev/null; exit 0; fi
+if [ -n "$DRY" ]; then printf '%s\n' "$cmd"; [ -z "$MADE" ] || rmdir "$RUN_DIR" 2>/dev/null; exit 0; fi
 printf '%s\n' "run.sh: ${RESUME:+resuming }training $RECIPE_IN in $IMAGE ($VARIANT${GPUS:+, GPUs}${CPU:+, CPU}), $NPROC process(es) → $RUN_DIR" >&2
 eval "$cmd"
 rc=$?

@@ -527,6 +527,18 @@ def test_disable_require_runs_an_image_newer_than_the_driver_as_invoke_run_does(
 
 # nvidia/cuda:12.8.1's NVIDIA_REQUIRE_CUDA, shortened (as tests/unit/test_variants.py has it): CUDA 12.8, or one of the
 # driver branches it names on the brands it names
+def test_dry_leaves_a_run_folder_it_did_not_make_and_takes_away_the_one_it_made(node, tmp_path):
+    """`sh run.sh --dry --run-id=ID` removed the folder runs/ID where it was there already and empty (one the user
+    made for the run, to set its owner or a quota): --dry changes nothing. The folder a --dry made for its own plan
+    is still taken away."""
+    (tmp_path / "runs" / "mine").mkdir(parents=True)
+    proc, _ = node("--dry", "--run-id=mine")
+    assert proc.returncode == 0 and "'docker' 'run'" in proc.stdout, proc.stderr
+    assert (tmp_path / "runs" / "mine").is_dir()
+    proc, _ = node("--dry", "--run-id=fresh")
+    assert proc.returncode == 0 and not (tmp_path / "runs" / "fresh").exists(), proc.stderr
+
+
 REQUIRE_128 = ("cuda>=12.8 brand=unknown,driver>=470,driver<471 brand=tesla,driver>=470,driver<471 "
                "brand=tesla,driver>=535,driver<536 brand=nvidia,driver>=550,driver<551")
 
