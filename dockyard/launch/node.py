@@ -188,6 +188,20 @@ def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
     return env
 
 
+# NCCL's settings of one node's own transport and of its log, which a one-node run's container is given where set on
+# the host: NCCL_P2P_DISABLE=1 is the way out of a hang on GPUs whose P2P the hardware claims and does not give (ACS
+# on, some consumer boards), NCCL_DEBUG=INFO the way to see why. Not those that name a network, an interface or a
+# host's file (NCCL_SOCKET_IFNAME=ib0, NCCL_NET=IB, NCCL_IB_*, NCCL_TOPO_FILE): the container has a network of its
+# own and none of the InfiniBand devices, and a cluster's login shell sets them for every job.
+LOCAL_NCCL_NAME = (r"NCCL_(P2P_[A-Z_]+|SHM_[A-Z_]+|NVLS_ENABLE|CUMEM_ENABLE|DEBUG|DEBUG_SUBSYS|ALGO|PROTO|"
+                   r"(MIN|MAX)_NCHANNELS|BUFFSIZE|NTHREADS)")
+
+
+def local_nccl_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The NCCL settings in `environ` (this host's) that a one-node run's container is given (LOCAL_NCCL_NAME)."""
+    return {k: v for k, v in sorted(environ.items()) if re.fullmatch(LOCAL_NCCL_NAME, k)}
+
+
 def cluster_variant(settings: Settings, variant: str, gpus_per_node: int) -> Variant:
     """The variant a cluster's nodes run. `auto`: their GPUs decide, not this (login) host's: the newest CUDA
     variant, or cpu without GPUs."""

@@ -187,8 +187,9 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
               f"{disk.size(disk.free_bytes(run_dir.parent))} free in {run_dir.parent}", file=sys.stderr)
     # the node's NCCL_*, FI_*, UCX_* settings, where the container has the host's network and InfiniBand devices (a
     # node of several): a one-node run's has its own network and no such device, whose names (NCCL_SOCKET_IFNAME=ib0,
-    # NCCL_NET=IB) would stop NCCL there; a run without a container has its host's environment as it is
-    fabric = node.fabric_env(os.environ, r.iface) if r.nodes > 1 else {}
+    # NCCL_NET=IB) would stop NCCL there, and gets NCCL's settings of its own transport and log alone
+    # (NCCL_P2P_DISABLE, NCCL_DEBUG); a run without a container has its host's environment as it is
+    fabric = node.fabric_env(os.environ, r.iface) if r.nodes > 1 else node.local_nccl_env(os.environ)
     if r.native:
         command = native_command(settings, recipe=recipe_arg, topo=topo, run_dir=run_dir, overrides=overrides,
                                  resume=r.resume, cpu=r.cpu or not chosen.is_cuda, data=r.data, model=r.model,
