@@ -16,6 +16,7 @@ compose/*.yml are static YAML with their own text: tests/unit/test_compose_agree
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import shlex
@@ -193,13 +194,15 @@ def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
 # on, some consumer boards), NCCL_DEBUG=INFO the way to see why. Not those that name a network, an interface or a
 # host's file (NCCL_SOCKET_IFNAME=ib0, NCCL_NET=IB, NCCL_IB_*, NCCL_TOPO_FILE): the container has a network of its
 # own and none of the InfiniBand devices, and a cluster's login shell sets them for every job.
-LOCAL_NCCL_NAME = (r"NCCL_(P2P_[A-Z_]+|SHM_[A-Z_]+|NVLS_ENABLE|CUMEM_ENABLE|DEBUG|DEBUG_SUBSYS|ALGO|PROTO|"
-                   r"(MIN|MAX)_NCHANNELS|BUFFSIZE|NTHREADS)")
+# Shell patterns (run.sh's `case` holds the same words).
+LOCAL_NCCL = ("NCCL_P2P_*", "NCCL_SHM_*", "NCCL_NVLS_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+              "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_NTHREADS")
 
 
 def local_nccl_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The NCCL settings in `environ` (this host's) that a one-node run's container is given (LOCAL_NCCL_NAME)."""
-    return {k: v for k, v in sorted(environ.items()) if re.fullmatch(LOCAL_NCCL_NAME, k)}
+    """The NCCL settings in `environ` (this host's) that a one-node run's container is given (LOCAL_NCCL)."""
+    return {k: v for k, v in sorted(environ.items())
+            if re.fullmatch(r"NCCL_[A-Z0-9_]+", k) and any(fnmatch.fnmatchcase(k, p) for p in LOCAL_NCCL)}
 
 
 def cluster_variant(settings: Settings, variant: str, gpus_per_node: int) -> Variant:

@@ -74,6 +74,10 @@ def render(settings: Settings, image: str, variant_name: str) -> str:
              '[ -z "$GPUS" ] || add --gpus "$GPUS"',
              '[ -z "$CPU" ] || add -e DS_ACCELERATOR=cpu  # the image says cuda; DeepSpeed would look for a GPU',
              '[ -z "$DISABLE_REQUIRE" ] || add -e NVIDIA_DISABLE_REQUIRE=1  # as invoke run --disable-require',
+             # NCCL's settings of the node's own transport and log set here (NCCL_P2P_DISABLE=1 sh run.sh), as
+             # invoke run gives them (node.local_nccl_env): by name, docker takes the value from run.sh's environment
+             "for v in $(env | sed -n 's/^\\(NCCL_[A-Z0-9_]*\\)=.*/\\1/p'); do case $v in "
+             + "|".join(node.LOCAL_NCCL) + ') add -e "$v" ;; esac; done',
              f'[ -z "$HOST_PATHS" ] || add -e "{envvars.HOST_PATHS}={{$HOST_PATHS}}"',
              'cmd="$cmd$MOUNTS"',
              "add \"$IMAGE\" " + " ".join(word(w) for w in command[:command.index("--")]),

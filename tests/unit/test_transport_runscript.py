@@ -527,6 +527,20 @@ def test_disable_require_runs_an_image_newer_than_the_driver_as_invoke_run_does(
 
 # nvidia/cuda:12.8.1's NVIDIA_REQUIRE_CUDA, shortened (as tests/unit/test_variants.py has it): CUDA 12.8, or one of the
 # driver branches it names on the brands it names
+def test_nccls_settings_of_the_nodes_own_transport_reach_the_container_and_no_network_name(node):
+    """`NCCL_P2P_DISABLE=1 sh run.sh` (the way out of a hang on GPUs whose P2P is claimed and broken) reached no
+    container: run.sh passed none of the node's NCCL settings. It passes those of the node's own transport and log by
+    name (docker takes the value from run.sh's environment), as invoke run does, and no name of a network or an
+    interface (the container has a network of its own)."""
+    proc, argv = node("--run-id=n1", variant="cu132", gpus=2, NCCL_P2P_DISABLE="1", NCCL_DEBUG="INFO",
+                      NCCL_SOCKET_IFNAME="ib0", NCCL_NET="IB", NCCL_IB_HCA="mlx5_0", NCCL_P2P_LEVEL="NVL")
+    passed = {argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "-e"}
+    assert {"NCCL_P2P_DISABLE", "NCCL_DEBUG", "NCCL_P2P_LEVEL"} <= passed, (passed, proc.stderr)
+    assert not {"NCCL_SOCKET_IFNAME", "NCCL_NET", "NCCL_IB_HCA"} & {p.partition("=")[0] for p in passed}, passed
+    _, argv = node("--run-id=n2", variant="cu132", gpus=2)
+    assert not [w for w in argv if w.startswith("NCCL_")], argv
+
+
 def test_dry_leaves_a_run_folder_it_did_not_make_and_takes_away_the_one_it_made(node, tmp_path):
     """`sh run.sh --dry --run-id=ID` removed the folder runs/ID where it was there already and empty (one the user
     made for the run, to set its owner or a quota): --dry changes nothing. The folder a --dry made for its own plan
