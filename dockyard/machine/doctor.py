@@ -296,7 +296,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             lacking = variants.gpus_without_code(archs, host)
             if lacking:
                 out.append(Check(f"variant {name}", WARN, f"its torch has no code for {', '.join(lacking)} "
-                                 f"(it holds {archs})", f"auto skips {name} on this host; {_instead(all_variants, host)}"))
+                                 f"(it holds {archs})", f"auto skips {name} on this host; {_instead(all_variants, host, name)}"))
             elif (runs := variants.driver_runs(cuda, host)) is None:
                 out.append(Check(f"variant {name}", WARN, f"cannot tell whether {name} (CUDA {cuda}, {where}) runs "
                                  f"on {variants.driver_says(host)}", f"--variant={name} runs it anyway"))
@@ -311,7 +311,7 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
             else:
                 out.append(Check(f"variant {name}", WARN,
                                  f"{name} needs CUDA {cuda} ({where}) but {variants.short_of(cuda, host)}",
-                                 f"upgrade the driver{_min_driver(cuda)} to use {name}; {_instead(all_variants, host)}"))
+                                 f"upgrade the driver{_min_driver(cuda)} to use {name}; {_instead(all_variants, host, name)}"))
     try:
         _, why = variants.pick_auto(all_variants, host)
         out.append(Check("auto variant", PASS, why))
@@ -321,16 +321,20 @@ def check_variants(all_variants: dict, host: Host, image_cuda: dict[str, str | N
     return out
 
 
-def _instead(all_variants: dict, host: Host) -> str:
-    """The variant that trains here in place of one that does not, as auto picks it (`use cu128 (invoke run
+def _instead(all_variants: dict, host: Host, name: str) -> str:
+    """The variant that trains here in place of `name`, whose image does not, as auto picks it (`use cu128 (invoke run
     --variant=cu128, or leave --variant out: auto picks it)`); where auto picks none, the `auto variant` check says
-    why."""
+    why. Auto reads variants.yaml, the check the image's labels: where auto picks `name` itself, its image was built
+    to another CUDA or other GPUs than variants.yaml now says, and a build makes it anew."""
     try:
         pick, _ = variants.pick_auto(all_variants, host)
     except DockyardError:
         return "auto picks no variant here either (see `auto variant`)"
     if not pick.is_cuda:
         return "auto picks cpu here (see `auto variant`)"
+    if pick.name == name:
+        return (f"its image was built otherwise than variants.yaml now says {name} is, which runs here: build it "
+                f"again (invoke build --variant={name})")
     return f"use {pick.name} (invoke run --variant={pick.name}, or leave --variant out: auto picks it)"
 
 

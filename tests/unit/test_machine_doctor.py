@@ -52,6 +52,18 @@ def test_old_driver_with_a_new_cuda_image(all_variants):
     assert checks["auto variant"].status == doctor.PASS and "auto → cu128" in checks["auto variant"].detail
 
 
+def test_an_image_built_otherwise_than_variants_yaml_is_told_to_build_again_not_to_use_itself(all_variants):
+    """An H100 host whose cu132 image was built for other GPUs (its archs label without 9.0) than variants.yaml now
+    says: doctor warned "auto skips cu132 on this host; use cu132 (... auto picks it)", as auto reads variants.yaml.
+    It now says to build that image again."""
+    host, _ = _host("hosts/h100x1_580.json")
+    checks = _by_name(doctor.check_variants(all_variants, host, {"cu132": "13.2", "cu128": None},
+                                            image_archs={"cu132": "8.0;8.6"}))
+    fix = checks["variant cu132"].fix
+    assert checks["variant cu132"].status == doctor.WARN and "use cu132" not in fix, fix
+    assert "build it again (invoke build --variant=cu132)" in fix, fix
+
+
 def test_each_variant_line_is_a_sentence_naming_the_variant_and_what_it_needs(all_variants):
     """On a 550 driver the line for cu132 read "CUDA 13.2 (image label) is newer than driver 550.54.15 supports CUDA
     12.4", and its fix "upgrade the driver (driver ≥ 580)". Each line now says what the variant needs and what the
