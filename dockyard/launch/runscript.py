@@ -129,7 +129,8 @@ def cuda_newest_first(settings: Settings) -> list[variants.Variant]:
 
 class Unfit(NamedTuple):
     """Why a host cannot train in a set's CUDA image: the image, the reason in words, and the variant that runs there
-    ("" where none does); `lacking` where its GPUs, not its driver, are the reason; `usable`: the GPUs that have its
+    ("" where none does); `lacking` where its GPUs are why and no driver would change that (none has its code);
+    `usable`: the GPUs that have its
     code where others lack it (the image loads: run.sh and invoke run train on those, given them alone; `instead`
     then trains on all of them)."""
 
@@ -166,13 +167,16 @@ def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit
     lacking = variants.gpus_without_code(archs, host) if archs else []
     if variants.driver_runs(cuda, host) is not False and not lacking:
         return None
-    why = f"its torch has no code for {', '.join(lacking)}" if lacking else variants.short_of(cuda, host)
+    short = variants.driver_runs(cuda, host) is False
+    no_code = f"its torch has no code for {', '.join(lacking)}" if lacking else ""
+    # the driver first where it falls short too: an upgrade trains on the GPUs that have the code
+    why = f"{variants.short_of(cuda, host)}{f', and {no_code}' if no_code else ''}" if short else no_code
     best = variants.runs_instead(settings, host)  # auto's pick: its driver runs it, its torch has every GPU's code
     instead = best.name if best is not None and best.name != chosen[1] else ""
     usable = tuple(g.index for g in host.gpus if archs and variants.arch_runs(archs, g.capability))
-    if variants.driver_runs(cuda, host) is not False and usable:  # a V100 beside an H100: trained on the H100
+    if not short and usable:  # a V100 beside an H100: trained on the H100
         return Unfit(chosen[0], why, instead, True, usable)
-    return Unfit(chosen[0], why, instead, bool(lacking))
+    return Unfit(chosen[0], why, instead, bool(lacking) and not usable)  # lacking: no driver gives it those GPUs
 
 
 def node_needs(settings: Settings, images: list[dict]) -> str:

@@ -397,14 +397,19 @@ if [ -n "$NEEDS_CUDA" ] && [ -z "${LOAD_SH_ANY_DRIVER:-}" ] && SMI=$(nvidia-smi 
 	fi
 	if [ "$driver_ok" -eq 1 ] || [ -n "$lacking" ]; then
 		least=$(least_driver "$NEEDS_CUDA")
-		if [ -n "$lacking" ]; then
+		if [ "$driver_ok" -ne 1 ]; then
 			why="holds a torch with no code for $lacking (it has $(field needs_archs)), on any driver"
 			fix="No variant has code for them"
 			[ -z "$instead" ] || fix="Carry the $instead archive instead (invoke save --variant=$instead): its torch has their code"
-		else
-			why="needs CUDA $NEEDS_CUDA but this node's driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}"
+		else  # the driver, and where some GPUs lack its code, those too: an upgrade trains on the others
+			why="needs CUDA $NEEDS_CUDA but this node's driver ${DRIVER:-(version unknown)}${HOST_CUDA:+ supports CUDA $HOST_CUDA}${lacking:+, and it holds a torch with no code for $lacking}"
 			fix="Upgrade the driver${least:+ to $least or newer}"
-			[ -z "$instead" ] || fix="Carry the $instead archive instead (invoke save --variant=$instead), or u${fix#U}"
+			if [ -n "$lacking" ] && [ -z "$usable" ]; then
+				fix="No variant has code for $lacking"
+				[ -z "$instead" ] || fix="Carry the $instead archive instead (invoke save --variant=$instead): its torch has their code"
+			else
+				[ -z "$instead" ] || fix="Carry the $instead archive instead (invoke save --variant=$instead), or u${fix#U}"
+			fi
 		fi
 		die "$(field cuda_image) $why, so run.sh would refuse it: nothing was copied or loaded. $fix; LOAD_SH_ANY_DRIVER=1 sh load.sh loads it anyway (for run.sh --cpu)"
 	fi

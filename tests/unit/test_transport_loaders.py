@@ -768,8 +768,11 @@ def test_load_sh_refuses_an_image_without_code_for_the_nodes_gpus_before_copying
     argv, env = driver_set(tmp_path, settings, "cu132", driver, cuda, gpu=v100)
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
-    assert ("load.sh: dockyard:0.1.0-cu132 holds a torch with no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0), GPU 1 "
-            "(Tesla V100-SXM2-16GB, 7.0)") in r.stderr and "upgrade the driver" not in r.stderr, r.stderr
+    gpus_ = "no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0), GPU 1 (Tesla V100-SXM2-16GB, 7.0)"
+    said = (f"load.sh: dockyard:0.1.0-cu132 holds a torch with {gpus_}" if driver.startswith("580") else  # the GPUs
+            f"load.sh: dockyard:0.1.0-cu132 needs CUDA 13.2 but this node's driver {driver} supports CUDA {cuda}, and "
+            f"it holds a torch with {gpus_}")  # the driver too, said first: no upgrade makes the V100s train
+    assert said in r.stderr and "upgrade the driver" not in r.stderr, r.stderr
     assert "Carry the cu128 archive instead (invoke save --variant=cu128): its torch has their code" in r.stderr
     assert "verifying" not in r.stdout and not (tmp_path / "docker-used").exists()
     argv, env = driver_set(tmp_path, settings, "cu128", driver, cuda, gpu=v100)
@@ -811,6 +814,34 @@ def test_invoke_load_refuses_an_image_this_hosts_driver_or_gpus_cannot_run_befor
     with pytest.raises(DockyardError, match="^read"):
         load_mod.load(s, archive, any_driver=bool(instead))
     assert read == [True]
+
+
+def test_a_node_whose_driver_and_some_gpus_both_fall_short_is_told_the_driver_first(tmp_path, settings):
+    """A V100 beside an H100 on a 535 driver (CUDA 12.2), given the cu132 set: load.sh said it 'holds a torch with no
+    code for GPU 0 ..., on any driver', and invoke ship named the V100 alone, though the driver stands in the way of
+    the H100 too (an upgrade trains there). Both now name the driver, then the GPU; the archive to carry instead is
+    still cu128 (auto's pick, code for both)."""
+    from dockyard.transport import ship
+    from dockyard.transport.remote import Remote
+
+    argv, env = driver_set(tmp_path, settings, "cu132", "535.183.01", "12.2")
+    (tmp_path / "bin" / "nvidia-smi").write_text(
+        "#!/bin/sh\ncase \"$*\" in --query-gpu=*) echo '0, Tesla V100-SXM2-16GB, 7.0'; "
+        "echo '1, NVIDIA H100 80GB HBM3, 9.0' ;;\n"
+        "*) echo '| NVIDIA-SMI 535.183.01   Driver Version: 535.183.01   CUDA Version: 12.2  |' ;; esac\n")
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0 and "verifying" not in r.stdout, r.stderr
+    assert ("needs CUDA 13.2 but this node's driver 535.183.01 supports CUDA 12.2, and it holds a torch with no code "
+            "for GPU 0 (Tesla V100-SXM2-16GB, 7.0)") in r.stderr, r.stderr
+    assert "Carry the cu128 archive instead (invoke save --variant=cu128), or upgrade the driver" in r.stderr, r.stderr
+    manifest = {"images": [{"ref": "dockyard:0.1.0-cu132", "labels": {
+        "dockyard.variant": "cu132", "dockyard.cuda": variants.all_variants(settings)["cu132"].cuda,
+        variants.ARCHS_LABEL: variants.cuda_archs(variants.all_variants(settings)["cu132"])}}]}
+    mixed = {"smi": "Driver Version: 535.183.01   CUDA Version: 12.2",
+             "gpus": "Tesla V100-SXM2-16GB, 7.0;NVIDIA H100 80GB HBM3, 9.0;"}
+    with pytest.raises(DockyardError, match=r"cannot train on node7: driver 535\.183\.01 .*, and its torch has no "
+                                            r"code for GPU 0 .*Ship the cu128 archive instead"):
+        ship.check_node_runs(settings, Remote(host="node7", dir="/x"), manifest, mixed, load=True)
 
 
 def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_path, settings, monkeypatch,
