@@ -816,6 +816,29 @@ def test_invoke_load_refuses_an_image_this_hosts_driver_or_gpus_cannot_run_befor
     assert read == [True]
 
 
+def v100_beside_h100(tmp_path, settings, driver: str, cuda: str):
+    """driver_set's cu132 set on a node of a V100 (GPU 0) and an H100 (GPU 1): its stand-in nvidia-smi says both."""
+    argv, env = driver_set(tmp_path, settings, "cu132", driver, cuda)
+    (tmp_path / "bin" / "nvidia-smi").write_text(
+        "#!/bin/sh\ncase \"$*\" in --query-gpu=*) echo '0, Tesla V100-SXM2-16GB, 7.0'; "
+        "echo '1, NVIDIA H100 80GB HBM3, 9.0' ;;\n"
+        f"*) echo '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}  |' ;; esac\n")
+    return argv, env
+
+
+def v100_beside_h100_smi(driver: str, cuda: str) -> dict[str, str]:
+    """What invoke ship reads of that node's nvidia-smi (ship.node_state's smi and gpus)."""
+    return {"smi": f"Driver Version: {driver}   CUDA Version: {cuda}",
+            "gpus": "Tesla V100-SXM2-16GB, 7.0;NVIDIA H100 80GB HBM3, 9.0;"}
+
+
+def cu132_set(settings) -> dict:
+    """A manifest of the cu132 set, its image labelled as a build labels it (variant, CUDA, archs)."""
+    v = variants.all_variants(settings)["cu132"]
+    return {"images": [{"ref": "dockyard:0.1.0-cu132", "labels": {
+        "dockyard.variant": "cu132", "dockyard.cuda": v.cuda, variants.ARCHS_LABEL: variants.cuda_archs(v)}}]}
+
+
 def test_a_node_whose_driver_and_some_gpus_both_fall_short_is_told_the_driver_first(tmp_path, settings):
     """A V100 beside an H100 on a 535 driver (CUDA 12.2), given the cu132 set: load.sh said it 'holds a torch with no
     code for GPU 0 ..., on any driver', and invoke ship named the V100 alone, though the driver stands in the way of
@@ -824,21 +847,13 @@ def test_a_node_whose_driver_and_some_gpus_both_fall_short_is_told_the_driver_fi
     from dockyard.transport import ship
     from dockyard.transport.remote import Remote
 
-    argv, env = driver_set(tmp_path, settings, "cu132", "535.183.01", "12.2")
-    (tmp_path / "bin" / "nvidia-smi").write_text(
-        "#!/bin/sh\ncase \"$*\" in --query-gpu=*) echo '0, Tesla V100-SXM2-16GB, 7.0'; "
-        "echo '1, NVIDIA H100 80GB HBM3, 9.0' ;;\n"
-        "*) echo '| NVIDIA-SMI 535.183.01   Driver Version: 535.183.01   CUDA Version: 12.2  |' ;; esac\n")
+    argv, env = v100_beside_h100(tmp_path, settings, "535.183.01", "12.2")
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode != 0 and "verifying" not in r.stdout, r.stderr
     assert ("needs CUDA 13.2 but this node's driver 535.183.01 supports CUDA 12.2, and it holds a torch with no code "
             "for GPU 0 (Tesla V100-SXM2-16GB, 7.0)") in r.stderr, r.stderr
     assert "Carry the cu128 archive instead (invoke save --variant=cu128), or upgrade the driver" in r.stderr, r.stderr
-    manifest = {"images": [{"ref": "dockyard:0.1.0-cu132", "labels": {
-        "dockyard.variant": "cu132", "dockyard.cuda": variants.all_variants(settings)["cu132"].cuda,
-        variants.ARCHS_LABEL: variants.cuda_archs(variants.all_variants(settings)["cu132"])}}]}
-    mixed = {"smi": "Driver Version: 535.183.01   CUDA Version: 12.2",
-             "gpus": "Tesla V100-SXM2-16GB, 7.0;NVIDIA H100 80GB HBM3, 9.0;"}
+    manifest, mixed = cu132_set(settings), v100_beside_h100_smi("535.183.01", "12.2")
     with pytest.raises(DockyardError, match=r"cannot train on node7: driver 535\.183\.01 .*, and its torch has no "
                                             r"code for GPU 0 .*Ship the cu128 archive instead"):
         ship.check_node_runs(settings, Remote(host="node7", dir="/x"), manifest, mixed, load=True)
@@ -855,22 +870,14 @@ def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_
     from dockyard.transport import ship
     from dockyard.transport.remote import Remote
 
-    argv, env = driver_set(tmp_path, settings, "cu132", "580.65.06", "13.0")
-    (tmp_path / "bin" / "nvidia-smi").write_text(
-        "#!/bin/sh\ncase \"$*\" in --query-gpu=*) echo '0, Tesla V100-SXM2-16GB, 7.0'; "
-        "echo '1, NVIDIA H100 80GB HBM3, 9.0' ;;\n"
-        "*) echo '| NVIDIA-SMI 580.65.06   Driver Version: 580.65.06   CUDA Version: 13.0  |' ;; esac\n")
+    argv, env = v100_beside_h100(tmp_path, settings, "580.65.06", "13.0")
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert "verifying dockyard_0.1.0-cu132.tar.zst" in r.stdout, r.stderr
     assert ("load.sh: note: dockyard:0.1.0-cu132 holds a torch with no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0), "
             "which run.sh refuses to train on: give it the others, as in CUDA_VISIBLE_DEVICES=1 sh run.sh ...; or carry "
             "the cu128 archive (invoke save --variant=cu128), whose torch has code for every GPU here") \
         in r.stderr, r.stderr
-    manifest = {"images": [{"ref": "dockyard:0.1.0-cu132", "labels": {
-        "dockyard.variant": "cu132", "dockyard.cuda": variants.all_variants(settings)["cu132"].cuda,
-        variants.ARCHS_LABEL: variants.cuda_archs(variants.all_variants(settings)["cu132"])}}]}
-    mixed = {"smi": "Driver Version: 580.65.06   CUDA Version: 13.0",
-             "gpus": "Tesla V100-SXM2-16GB, 7.0;NVIDIA H100 80GB HBM3, 9.0;"}
+    manifest, mixed = cu132_set(settings), v100_beside_h100_smi("580.65.06", "13.0")
     ship.check_node_runs(settings, Remote(host="node7", dir="/x"), manifest, mixed, load=True)  # no refusal
     said = capsys.readouterr().err
     assert "CUDA_VISIBLE_DEVICES=1 sh run.sh" in said and "invoke save --variant=cu128" in said, said

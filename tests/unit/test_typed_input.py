@@ -334,6 +334,16 @@ def test_invokes_own_flags_after_a_task_are_refused_and_the_task_does_nothing(ar
     assert invoke_here("slurm", "--help").returncode == 0  # --help after a task stays help on it
 
 
+def recording_engine(tmp_path: Path) -> dict[str, str]:
+    """The settings of a line's test: a stand-in docker that records any call in tmp_path/docker-used and answers
+    nothing, a private image name, runs and dist folders in tmp_path."""
+    docker = tmp_path / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
+    docker.chmod(0o755)
+    return {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
+            "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DIST_DIR": str(tmp_path / "dist")}
+
+
 @pytest.mark.parametrize("args,says", [
     (["shell", "--variant=cpu", "run", "--variant=cpu", "--dry"],
      "--dry was given to run, but shell was not, and would run for real: Invoke gives a flag to the task it follows, "
@@ -347,11 +357,7 @@ def test_a_dry_given_to_one_task_of_several_is_refused_before_any_runs(args, say
     see it) built the image for real and moved its tag, then refused the recipe: Invoke gives --dry to the task it
     follows. A line where --dry reaches some tasks and not others is refused before any task asks the engine (a
     stand-in here, which records any call, and a private image name)."""
-    docker = tmp_path / "docker"
-    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
-    docker.chmod(0o755)
-    env = {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
-           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DIST_DIR": str(tmp_path / "dist")}
+    env = recording_engine(tmp_path)
     r = invoke_here(*args, env=env)
     short_error(r, says)
     assert r.returncode == 1 and not (tmp_path / "docker-used").exists() and not (tmp_path / "dist").exists()
@@ -386,11 +392,7 @@ def test_a_recipe_of_a_later_task_that_is_not_there_is_refused_before_the_first_
     recipe meant, before any task asks the engine (a stand-in here, which records any call)."""
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "recipe.yaml").write_text("# invoke run --recipe=mine\nwhen: Mine.\nstrategy: zero2\n")
-    docker = tmp_path / "docker"
-    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
-    docker.chmod(0o755)
-    env = {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
-           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DIST_DIR": str(tmp_path / "dist")}
+    env = recording_engine(tmp_path)
     r = invoke_here(*[a.format(tmp=tmp_path) for a in args], env=env)
     task, meant = ("run", "did you mean zero2?") if "run" in args else ("k8s", f"(did you mean {tmp_path}/mine?)")
     short_error(r, f"invoke {task}: unknown recipe ")
@@ -409,11 +411,7 @@ def test_a_trainer_override_a_later_task_refuses_is_refused_before_the_first_tas
     then heard "unknown trainer override --max_stepz". A line of several tasks has its overrides checked first, as
     the run checks them against its recipe, before any task asks the engine (a stand-in here, which records any
     call); overrides the recipe takes go on to the tasks."""
-    docker = tmp_path / "docker"
-    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
-    docker.chmod(0o755)
-    env = {"INVOKE_DOCKYARD_DOCKER": str(docker), "INVOKE_DOCKYARD_IMAGE_NAME": "dockyard-test-private",
-           "INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs"), "INVOKE_DOCKYARD_DIST_DIR": str(tmp_path / "dist")}
+    env = recording_engine(tmp_path)
     r = invoke_here(*args, env=env)
     short_error(r, says)
     assert "(nothing ran: the line's tasks start only once its overrides are taken)" in r.stderr, r.stderr
@@ -427,10 +425,7 @@ def test_help_asked_on_a_line_of_several_tasks_is_answered_not_the_lines_checks(
     """`invoke build run --recipe=zer2 --help` (a newcomer asking how to name the recipe) was refused for the recipe
     ('unknown recipe zer2 ... nothing ran'), and `invoke build run --dry -h` for --dry given to run alone: the line's
     checks answered where Invoke answers --help with run's help and runs nothing."""
-    docker = tmp_path / "docker"
-    docker.write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/docker-used"\nexit 1\n')
-    docker.chmod(0o755)
-    r = invoke_here(*args, env={"INVOKE_DOCKYARD_DOCKER": str(docker)})
+    r = invoke_here(*args, env=recording_engine(tmp_path))
     assert r.returncode == 0 and "Usage:" in r.stdout and "--recipe" in r.stdout, r.stderr
     assert "error" not in r.stderr and not (tmp_path / "docker-used").exists(), r.stderr
 
