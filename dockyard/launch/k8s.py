@@ -303,7 +303,8 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     # expanduser: the shell leaves a ~ after `=` (`--out=~/x`) as it is
     runs = settings.path(settings.runs_dir)
     folder = runfolder.users_folder(Path(out), runs) if out else settings.path(settings.jobs_dir) / "k8s" / s.run_id
-    scriptwords.one_line(str(folder), "--out")  # named in the header comments: a newline would end the comment
+    # named in the header comments: a newline would end the comment
+    scriptwords.one_line(str(folder), "--out" if out else "the jobs_dir setting")
     caches.check_out_of_reach(settings, folder, "--out" if out else "the jobs_dir setting's folder",
                               "give --out=FOLDER outside it" if out else "set the jobs_dir setting to a folder outside "
                               "it (INVOKE_DOCKYARD_JOBS_DIR=~/jobs), or give --out=FOLDER")

@@ -324,6 +324,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     if out:
         path = runfolder.users_folder(path.parent, runs) / path.name
         locks.check_named_output(path, "--out")
+    scriptwords.one_line(str(path), "--out" if out else "the jobs_dir setting")  # said in the lines it prints
     caches.check_out_of_reach(settings, path, "--out" if out else "the jobs_dir setting's script",
                               "give --out=FILE outside it" if out else "set the jobs_dir setting to a folder outside "
                               "it (INVOKE_DOCKYARD_JOBS_DIR=~/jobs), or give --out=FILE")

@@ -340,6 +340,12 @@ def test_the_slurm_script_and_the_kubernetes_files_are_written_where_no_runs_con
             else:
                 k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2", out=str(out))
     assert not any(elsewhere.iterdir())
+    newline = s.model_copy(update={"jobs_dir": tmp_path / "a\nb"})  # printed in the lines that say how to submit
+    with pytest.raises(DockyardError, match="the jobs_dir setting .* holds the control character"):
+        slurm.write(newline, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
+    with pytest.raises(DockyardError, match="the jobs_dir setting .* holds the control character"):
+        k8s.write(newline, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r3")
+    assert not (tmp_path / "a\nb").exists()
     inside = s.model_copy(update={"jobs_dir": tmp_path / "runs" / "jobs"})
     with pytest.raises(DockyardError, match="the jobs_dir setting.s script .*INVOKE_DOCKYARD_JOBS_DIR"):
         slurm.write(inside, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
