@@ -5,8 +5,11 @@ CPython then marks the interpreter to end by SIGINT, which the CLI's error path 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from dockyard import ROOT
 
@@ -37,3 +40,39 @@ def test_an_interrupt_caught_after_exec_ran_code_still_exits_with_the_status_cho
                        text=True, timeout=120)
     assert r.returncode == 130, (r.returncode, r.stderr[-2000:])  # -2 (ended by SIGINT) before the fix
     assert "error: interrupted (SIGINT)" in r.stderr and "Traceback" not in r.stderr
+
+
+WRAPPED = '''
+import signal
+
+import invoke
+from dockyard.cli import checked
+from dockyard.transport.save import interrupts_as_errors
+
+
+class Field:  # as a dataclass field a lazy import builds: the signal lands in its __set_name__
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt(signal.Signals.{sig}.name)
+
+
+def body(c):
+    with interrupts_as_errors("saving dockyard-0.1.0-cpu"):
+        class Locals:  # Python raises the interrupt as "RuntimeError: Error calling __set_name__ ..."
+            buffer = Field()
+
+
+try:
+    checked(body)(invoke.Context())
+except invoke.Exit as e:
+    raise SystemExit(e.code)
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_python_wraps_while_a_class_is_built_still_ends_the_save_with_its_clean_up_and_status(tmp_path, sig):
+    (tmp_path / "wrapped_task.py").write_text(WRAPPED.replace("{sig}", sig.name))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    r = subprocess.run([sys.executable, "-m", "wrapped_task"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 128 + sig, (r.returncode, r.stderr[-2000:])  # 1, on a RuntimeError's traceback, before
+    assert f"interrupted ({sig.name}); the partial files were removed" in r.stderr and "Traceback" not in r.stderr
