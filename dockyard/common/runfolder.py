@@ -284,15 +284,31 @@ def claim_free(folder: Path) -> Path:
     """claim() for a run id dockyard chose (the recipe and the second): the folder, or where another run holds it
     (two runs started in the same second), the first of folder-2, folder-3, ... that none holds, each one os.mkdir.
     The folder claimed. One node's alone: a run of several nodes is given its id (the other nodes must know it)."""
-    for n in range(1, FREE_TRIES + 1):
-        mine = folder if n == 1 else folder.with_name(f"{folder.name}-{n}")
+    for mine in _free_names(folder):
         try:
             _claim(mine, None)
             return mine
         except FileExistsError:
             continue
-    raise DockyardError(f"run folders {folder} to {folder.name}-{FREE_TRIES} are all taken: give the run an id of "
-                        "its own (--run-id=ID)")
+    raise DockyardError(_all_taken(folder))
+
+
+def first_free(folder: Path) -> Path:
+    """The folder claim_free would claim now, claiming nothing (a dry run shows the id the real run would take)."""
+    mine = next((mine for mine in _free_names(folder) if not os.path.lexists(mine)), None)
+    if mine is None:
+        raise DockyardError(_all_taken(folder))
+    return mine
+
+
+def _free_names(folder: Path):
+    """The folders claim_free tries, in turn: folder, folder-2, folder-3, ..."""
+    for n in range(1, FREE_TRIES + 1):
+        yield folder if n == 1 else folder.with_name(f"{folder.name}-{n}")
+
+
+def _all_taken(folder: Path) -> str:
+    return f"run folders {folder} to {folder.name}-{FREE_TRIES} are all taken: give the run an id of its own (--run-id=ID)"
 
 
 FREE_TRIES = 99  # runs of one recipe started in the same second that get an id of their own

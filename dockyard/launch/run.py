@@ -171,6 +171,8 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
     if r.native:
         preflight.check_native_python()
     run_dir = resumed or new_run_dir(settings, recipe_arg, r.run_id, r.resume, r.node_rank)
+    if r.dry and not (resumed or r.run_id):  # the id execute's claim_free would take now, taken by no one here
+        run_dir = runfolder.first_free(run_dir)
     runfolder.check_makeable(run_dir.parent, runfolder.RUNS_FIX)  # what claiming the run folder would find, --dry too
     runfolder.check_makeable(settings.path(settings.hf_cache), caches.HF_FIX)  # what caches.prepare would find
     if not r.native:

@@ -252,6 +252,29 @@ def trainer_that_completes(argv: list[str]) -> int:
     return 0
 
 
+def test_dry_shows_the_id_and_folder_the_run_would_take_where_the_default_id_is_taken(run_cpu, monkeypatch, capsys):
+    """`invoke run --dry` in a second whose default id another run holds showed that id (ddp-<second>), where the real
+    run takes ddp-<second>-2: --dry shows the container and run folder the run would get, and makes none of them."""
+    second = launch_run.dt.datetime(2026, 12, 7, 18, 30, 5)
+    monkeypatch.setattr(launch_run.dt, "datetime", type("Frozen", (launch_run.dt.datetime,),
+                                                        {"now": classmethod(lambda cls, tz=None: second)}))
+    fake, runs, go = run_cpu(trainer_that_completes, run_id="")
+    go()  # the run that holds the default id
+    capsys.readouterr()
+    fake, _, go = run_cpu(trainer_that_completes, run_id="", dry=True)
+    before = sorted(p.name for p in runs.iterdir())
+    go()
+    printed = capsys.readouterr().err  # the command, echoed
+    assert "--name dockyard-ddp-20261207-183005-2 " in printed, printed
+    assert printed.rstrip().endswith("--run-dir /workspace/runs/ddp-20261207-183005-2"), printed  # the trainer's folder
+    assert sorted(p.name for p in runs.iterdir()) == before  # nothing claimed
+    assert not fake.docker_calls("run")
+
+    fake, _, go = run_cpu(trainer_that_completes, run_id="")  # the real run takes what --dry showed
+    go()
+    assert fake.docker_calls("run")[0][fake.docker_calls("run")[0].index("--name") + 1] == "dockyard-ddp-20261207-183005-2"
+
+
 def test_runs_started_in_the_same_second_without_a_run_id_each_get_a_folder_of_their_own(run_cpu, monkeypatch, capsys):
     """Two `invoke run --recipe=ddp` started in the same second got the same default id (ddp-<that second>): the second
     was refused ("already holds a run ...: pick another --run-id"), whether it began after the first had claimed the
