@@ -20,9 +20,6 @@
 # Everything after -- overrides the recipe's settings (recipes/defaults.yaml in the image).
 set -u
 die() { printf '%s\n' "run.sh: $*" >&2; exit 1; }
-# What a user typed, as a message quotes it (invoke's errors.short): its first 60 characters, else 57 and "..." (an
-# option of thousands of characters was echoed whole); a path's first 120 ($2: as errors.cut says paths)
-short() { if [ ${#1} -le "${2:-60}" ]; then printf '%s' "$1"; else printf "%.$((${2:-60} - 3))s..." "$1"; fi; }
 # One word, quoted for eval (the '.' keeps the trailing newlines that $(...) would strip).
 q() { qv=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${qv%.}"; }
 cmd=

@@ -35,7 +35,7 @@ MARKS = {"/__RUNS__": "RUNS", "__RUN_ID__": "RUN_ID", "/__HF__": "HF", "/__COMPI
          "__RECIPE__": "RECIPE_IN", "__IMAGE__": "IMAGE", "__VARIANT__": "VARIANT", "__MEMLOCK__": "MEMLOCK",
          str(NPROC): "NPROC"}
 OVERRIDES = "__OVERRIDES__"             # where the user's overrides and the rewritten input paths go
-LOADER_FUNCTIONS = ("engine", "runs", "least_driver", "driver_facts", "no_code")  # load.sh's, copied into run.sh
+LOADER_FUNCTIONS = ("short", "engine", "runs", "least_driver", "driver_facts", "no_code")  # load.sh's, copied into run.sh
 
 
 def render(settings: Settings, image: str, variant_name: str) -> str:
@@ -109,8 +109,9 @@ def train_hint() -> str:
 
 
 def loader_functions() -> str:
-    """load.sh's functions run.sh shares: engine() (whether docker reaches its engine, said in docker's own words with
-    the usual fix) and the driver check (runs, least_driver, driver_facts: invoke run's rule in sh)."""
+    """load.sh's functions run.sh shares: short() (a value as a message quotes it), engine() (whether docker reaches its
+    engine, said in docker's own words with the usual fix) and the driver check (runs, least_driver, driver_facts:
+    invoke run's rule in sh)."""
     text = LOADER.read_text()
     return "\n".join(re.search(rf"^{name}\(\) \{{(?:[^\n]*\}}|[^\n]*\n.*?^\}})$", text, re.M | re.S).group()
                      for name in LOADER_FUNCTIONS)

@@ -15,12 +15,31 @@ set -u
 NAMESPACE=dockyard-archive
 
 die() { echo "load.sh: $*" >&2; exit 1; }
+# What a user gave, as a message quotes it (invoke's errors.short; run.sh has it too): its first 60 characters, else
+# 57 and "..." (a value of thousands of characters was said whole); a path's first 120 ($2: as errors.cut says
+# paths). In characters of UTF-8, cut between two: dash counts and cuts bytes (${#1}, printf %.Ns), which split an é
+# in half. So bytes, in bash too (LC_ALL=C): a character is a byte other than 10xxxxxx, and the 10xxxxxx after it.
+short() {
+	(
+		export LC_ALL=C
+		n=${2:-60} tail=$(printf '[\200-\277]')
+		chars=$(printf '%s' "$1" | tr -d '\200-\277')
+		[ ${#chars} -gt "$n" ] || { printf '%s' "$1"; exit 0; }
+		cut=$(printf "%.$(((n - 3) * 4))s" "$1")  # the first n - 3 characters, whole, and some more
+		chars=$(printf '%s' "$cut" | tr -d '\200-\277') left=${#chars}
+		while [ "$left" -gt $((n - 3)) ]; do  # the last character off, a cut one first
+			while case $cut in *$tail) ;; *) false ;; esac; do cut=${cut%?}; done
+			cut=${cut%?} left=$((left - 1))
+		done
+		printf '%s...' "$cut"
+	)
+}
 # "$1: still at it, N s so far ..." every LOAD_SH_EVERY seconds until killed (its sleep holds no output open); killed
 # with SIGKILL: a SIGTERM sent before the subshell set its signals up (a step that ended at once) was lost, as it is
 # where SIGTERM is ignored on entry, and the loop went on after the script ended
 beat() {
 	t=0 every=${LOAD_SH_EVERY:-30}
-	case $every in ''|*[!0-9]*|0*) echo "load.sh: LOAD_SH_EVERY=$every is not a whole number of seconds above 0: a line every 30 s" >&2; every=30 ;; esac
+	case $every in ''|*[!0-9]*|0*) echo "load.sh: LOAD_SH_EVERY=$(short "$every") is not a whole number of seconds above 0: a line every 30 s" >&2; every=30 ;; esac
 	while sleep "$every" </dev/null >/dev/null 2>&1; do
 		t=$((t + every))
 		echo "$1: still at it, $t s so far ..."
@@ -112,7 +131,7 @@ inventory() {
 [ "${1:-}" = --inventory ] && { inventory; exit 0; }
 case "${1:-}" in
 -h | --help) sed -n '2,/^set -u/s/^# \{0,1\}//p' "$0"; exit 0 ;;
--*) die "unknown option $1: sh load.sh [ARCHIVE] or sh load.sh --inventory (sh load.sh --help says more)" ;;
+-*) die "unknown option $(short "$1"): sh load.sh [ARCHIVE] or sh load.sh --inventory (sh load.sh --help says more)" ;;
 esac
 [ $# -le 1 ] || die "one archive at a time: sh load.sh ARCHIVE"
 
@@ -149,7 +168,7 @@ as_saved() {
 
 # ALLOWED_SIGNERS is a file named from the caller's folder, as ARCHIVE is: made absolute before the cd below.
 if [ -n "${ALLOWED_SIGNERS:-}" ]; then
-	[ -f "$ALLOWED_SIGNERS" ] || die "ALLOWED_SIGNERS=$ALLOWED_SIGNERS: no such file (an ssh allowed_signers file)"
+	[ -f "$ALLOWED_SIGNERS" ] || die "ALLOWED_SIGNERS=$(short "$ALLOWED_SIGNERS" 120): no such file (an ssh allowed_signers file)"
 	case "$ALLOWED_SIGNERS" in /*) ;; *) ALLOWED_SIGNERS="$(pwd)/$ALLOWED_SIGNERS" ;; esac
 fi
 
@@ -162,19 +181,19 @@ if [ -n "${1:-}" ] && [ -d "$1" ]; then
 	for f in "${1%/}"/*.tar.zst "${1%/}"/*.tar.gz "${1%/}"/*.tar; do
 		[ -f "$f" ] && printable "$f" && found="${found:+$found, or }sh load.sh $f"
 	done
-	die "$1 is a folder, not an archive: ${found:+name the archive in it, }${found:-it holds no archive (.tar.zst, .tar.gz or .tar)}"
+	die "$(short "$1" 120) is a folder, not an archive: ${found:+name the archive in it, }${found:-it holds no archive (.tar.zst, .tar.gz or .tar)}"
 fi
 # An archive that is not there: the archive of its name beside it (another compression, or the name without its
 # ending) is named, else how to bring it.
 missing() {
 	for g in "${1%.tar*}.tar.zst" "${1%.tar*}.tar.gz" "${1%.tar*}.tar"; do
-		[ ! -f "$g" ] || die "$1 is missing here: did you mean sh load.sh $g?"
+		[ ! -f "$g" ] || die "$(short "$1" 120) is missing here: did you mean sh load.sh $(short "$g" 120)?"
 	done
-	die "$1 is missing here: copy the archive with its .sha256 and .manifest.json"
+	die "$(short "$1" 120) is missing here: copy the archive with its .sha256 and .manifest.json"
 }
 if [ -n "${1:-}" ] && { [ -f "$1" ] || [ "$1" != "$(basename "$1")" ]; }; then
 	[ -f "$1" ] || missing "$1"
-	cd "$(dirname "$1")" || die "cannot enter the folder of $1"
+	cd "$(dirname "$1")" || die "cannot enter the folder of $(short "$1" 120)"
 else
 	cd "$(dirname "$0")" || die "cannot enter the loader's folder"
 fi
@@ -200,7 +219,7 @@ if [ -z "$name" ]; then
 			if printable "$f"; then found="${found:+$found, }$f"; else skipped=$((skipped + 1)); fi
 		done
 		said_skipped
-		[ -n "$found" ] || die "no archive beside load.sh in $(pwd): copy it here with its .sha256 and .manifest.json, or name it: sh load.sh PATH/NAME.tar.zst"
+		[ -n "$found" ] || die "no archive beside load.sh in $(short "$(pwd)" 120): copy it here with its .sha256 and .manifest.json, or name it: sh load.sh PATH/NAME.tar.zst"
 		die "name the archive to load (sh load.sh NAME), one of: $found"
 	fi
 	said_skipped
@@ -208,17 +227,17 @@ if [ -z "$name" ]; then
 	name=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1")
 	case $name in *[![:print:]]*) die "$1 names as its archive a name holding a control character (said as it is, an escape sequence drives the terminal), which no save gives an archive: refused, nothing was loaded" ;; esac
 	# read before any check: a name with a path (../../x) would have the copy below opened over that file, emptying it
-	case $name in '' | */* | -*) die "$1 names the archive '$name', which is not a file name beside it: refused, nothing was loaded" ;; esac
+	case $name in '' | */* | -*) die "$1 names the archive '$(short "$name" 120)', which is not a file name beside it: refused, nothing was loaded" ;; esac
 fi
 case "$name" in *.manifest.json | *.manifest.json.sig | *.sha256)
 	stem=${name%.sig}
 	stem=${stem%.manifest.json}
-	die "$name is a companion of the archive, not the archive: give the archive itself (its .tar.zst, .tar.gz or .tar beside it), e.g. sh load.sh ${stem%.sha256}.tar.zst" ;;
+	die "$(short "$name" 120) is a companion of the archive, not the archive: give the archive itself (its .tar.zst, .tar.gz or .tar beside it), e.g. sh load.sh $(short "${stem%.sha256}.tar.zst" 120)" ;;
 esac
 base=${name%.tar*}
 for f in "$name" "$base.sha256" "$base.manifest.json"; do
 	[ -f "$f" ] || [ "$f" != "$name" ] || missing "$f"
-	[ -f "$f" ] || die "$f is missing here: copy the archive with its .sha256 and .manifest.json"
+	[ -f "$f" ] || die "$(short "$f" 120) is missing here: copy the archive with its .sha256 and .manifest.json"
 done
 
 need sha256sum "install coreutils"
@@ -275,9 +294,9 @@ for old in "${TMPDIR:-/tmp}"/dockyard-load.*; do
 	case $tag in *.*) [ "${tag%%.*}" = "$HOST_TAG" ] || continue ;; esac
 	kill -0 "$pid" 2>/dev/null && continue
 	said_moved "$old" "$pid" || continue
-	rm -rf "$old" && echo "load.sh: removed $old, the private copy of a load.sh killed before it could remove it" >&2
+	rm -rf "$old" && echo "load.sh: removed $(short "$old" 120), the private copy of a load.sh killed before it could remove it" >&2
 done
-work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.$HOST_TAG.XXXXXX") || die "cannot make a private folder in ${TMPDIR:-/tmp}"
+work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.$HOST_TAG.XXXXXX") || die "cannot make a private folder in $(short "${TMPDIR:-/tmp}" 120)"
 # The folder (a full-size copy of the archive) goes however the script ends. A signal ends it through `exit`,
 # which runs the EXIT trap (dash runs none for a signal alone). The long steps run in the background and are
 # waited for: a trapped signal stops `wait` at once, where it would wait for a command in the foreground to end.
@@ -294,7 +313,7 @@ trap 'exit 143' TERM
 # characters) in either case, as sha256sum -c takes them.
 head -c 65537 "$base.sha256" >"$work/sums.read" && head -c 16777217 "$base.manifest.json" >"$work/manifest.json" \
 	&& awk '{ print tolower(substr($0, 1, 64)) substr($0, 65) }' "$work/sums.read" >"$work/sums" \
-	|| die "cannot copy $base.sha256 and $base.manifest.json into $work"
+	|| die "cannot copy $base.sha256 and $base.manifest.json into $(short "$work" 120)"
 [ "$(wc -c <"$work/sums.read" | tr -d ' ')" -le 65536 ] \
 	|| die "$base.sha256 is more than 64 KiB, more than any checksum file of a set holds (two lines): refused, nothing was loaded. Copy the set again"
 [ "$(wc -c <"$work/manifest.json" | tr -d ' ')" -le 16777216 ] \
@@ -309,7 +328,7 @@ if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	[ -f "$base.manifest.json.sig" ] \
 		|| die "$base.manifest.json.sig is not a plain file (a pipe, a device, a link to nothing): give the signature \`invoke save --sign\` writes. Refused, nothing was loaded"
 	head -c 65537 "$base.manifest.json.sig" >"$work/manifest.json.sig" \
-		|| die "cannot copy $base.manifest.json.sig into $work: refused, nothing was loaded"
+		|| die "cannot copy $base.manifest.json.sig into $(short "$work" 120): refused, nothing was loaded"
 	[ "$(wc -c <"$work/manifest.json.sig" | tr -d ' ')" -le 65536 ] \
 		|| die "$base.manifest.json.sig is more than 64 KiB, more than any ssh signature holds: give the signature \`invoke save --sign\` writes. Refused, nothing was loaded"
 	who=$(ssh-keygen -Y find-principals -s "$work/manifest.json.sig" -f "$ALLOWED_SIGNERS" 2>/dev/null | head -n 1)
@@ -431,14 +450,14 @@ fi
 # The archive is copied once into the private folder, hashed on the way: what is loaded is that copy.
 free=$(df -Pk "$work" | awk 'NR == 2 { print $4 }')
 [ "$free" -ge $((ARCHIVE_BYTES / 1024 + 1024)) ] \
-	|| die "not enough space in $work for a private copy of $name (${free} KiB free, $((ARCHIVE_BYTES / 1024)) KiB needed): set TMPDIR to a folder with room"
+	|| die "not enough space in $(short "$work" 120) for a private copy of $name (${free} KiB free, $((ARCHIVE_BYTES / 1024)) KiB needed): set TMPDIR to a folder with room"
 echo "verifying $name ($((ARCHIVE_BYTES / 1048576)) MiB: its sha256, on the way to a private copy that is what gets loaded) ..."
-mkfifo "$work/copy" || die "cannot make a fifo in $work"
+mkfifo "$work/copy" || die "cannot make a fifo in $(short "$work" 120)"
 sha256 <"$work/copy" >"$work/copy.sha256" & hasher=$!
 tee "$work/$name" >"$work/copy" <"$name" & copier=$!
 running="$hasher $copier"
 beat "verifying $name" & beater=$!
-wait "$copier" || die "cannot copy $name into $work (full?): nothing was loaded"
+wait "$copier" || die "cannot copy $name into $(short "$work" 120) (full?): nothing was loaded"
 wait "$hasher"
 running=
 kill -9 "$beater" 2>/dev/null
@@ -495,7 +514,7 @@ limit=$((TAR_BYTES + 1048576))  # the tar as written can pad a little past what 
 # A tar's files hold no more bytes than the tar itself, except sparse files: their holes take no room in the tar,
 # and docker load writes them out in full (a 649-byte archive wrote 1 GiB). GNU tar gives each file's size as
 # written out: the files of the tar, and of each layer's own tar, may not add up to more than that tar's bytes.
-mkdir "$work/p" && : >"$work/p/sizes" || die "cannot make a folder in $work"
+mkdir "$work/p" && : >"$work/p/sizes" || die "cannot make a folder in $(short "$work" 120)"
 cat >"$work/p/peek.sh" <<'PEEK'
 # one file of the tar on stdin (GNU tar --to-command): its first bytes and name, and, for a layer, its own tar's size
 case $TAR_FILENAME in
@@ -514,7 +533,7 @@ esac
 echo "$TAR_SIZE" >>"$PEEK_DIR/sizes"
 PEEK
 echo "checking $name ..."
-mkdir "$work/x" && mkfifo "$work/count" || die "cannot make a folder and a fifo in $work"
+mkdir "$work/x" && mkfifo "$work/count" || die "cannot make a folder and a fifo in $(short "$work" 120)"
 wc -c <"$work/count" >"$work/bytes" & running=$!
 beat "checking $name" & beater=$!
 { ${unpack:-cat} "$work/$name" 2>"$work/unpack.err" || : >"$work/bad"; } | head -c $((limit + 1)) | tee "$work/count" \
@@ -543,7 +562,7 @@ beat "loading $name" & beater=$!
 # nothing (`invoke load` does the same). Its input is a fifo this shell holds open until the count is known.
 # When docker load itself stops reading (a full disk), head cannot write the limit: that is docker load's failure,
 # said with its own exit code and message, not a tar longer than declared.
-mkfifo "$work/tar" || die "cannot make a fifo in $work"
+mkfifo "$work/tar" || die "cannot make a fifo in $(short "$work" 120)"
 docker load <"$work/tar" >"$work/load.out" 2>&1 & loader=$!
 running=$loader
 exec 3>"$work/tar"

@@ -157,3 +157,15 @@ def test_an_image_that_is_not_a_reference_is_refused(settings, tmp_path, image):
         runscript.render(settings, image, "cpu")
     p, argv = _node(settings, tmp_path, f"--image={image}")
     assert p.returncode == 1 and "is not an image reference" in p.stderr and not argv
+
+
+@pytest.mark.parametrize("typed, said", [
+    ("--data=/" + "é" * 300, "--data=/" + "é" * 116 + "...: no such file"),  # a path: its first 117 characters
+    ("--nproc=" + "é" * 300, "--nproc=" + "é" * 57 + "...: give a whole number"),  # a value: its first 57
+    ("--nproc=" + "a" * 40 + "é" * 300, "--nproc=" + "a" * 40 + "é" * 17 + "...: give"),
+])
+def test_a_long_value_is_cut_between_two_characters_not_inside_one(settings, tmp_path, typed, said):
+    """run.sh's short() counted and cut bytes under dash (the sh it runs under): a value of é (two bytes each) was said
+    by 28 and a half of them, the half a byte no UTF-8 reader takes. It counts and cuts characters now."""
+    p, argv = _node(settings, tmp_path, typed)  # its stderr read as UTF-8: half a character fails here
+    assert p.returncode == 1 and not argv and said in p.stderr, p.stderr[:600]

@@ -680,6 +680,30 @@ def test_load_sh_stops_a_tar_longer_than_its_manifest_declares(tmp_path):
     assert r.returncode == 1 and "decompresses to more than its manifest declares (1000 bytes" in r.stderr, r.stderr
 
 
+LONG = "é" * 3000  # two bytes a character: a cut that counts bytes, or cuts between them, is seen
+
+
+@pytest.mark.parametrize("typed, env", [
+    (["--" + LONG], {}),                                            # an option
+    (["/nowhere/" + LONG + ".tar.zst"], {}),                        # an archive's path
+    ([LONG + ".tar.zst"], {}),                                      # an archive's name
+    ([], {"ALLOWED_SIGNERS": "/nowhere/" + LONG}),                  # a setting's path
+    ([], {"TMPDIR": "/nowhere/" + LONG}),                           # the private copy's folder
+    ([], {"LOAD_SH_EVERY": LONG}),                                  # a setting's value (a warning)
+])
+def test_load_sh_says_a_value_of_thousands_of_characters_by_its_start_cut_between_characters(tmp_path, typed, env):
+    """load.sh said an archive's name or path, ALLOWED_SIGNERS, TMPDIR or LOAD_SH_EVERY of thousands of characters whole
+    in its line, where run.sh says them by their start: it says each by its first characters and '...' (a value's 57, a
+    path's 117), the rest of the line (what to do) still said, and never half of a UTF-8 character (dash counts and
+    cuts bytes)."""
+    argv, base_env, _ = load_sh_set(tmp_path, "exec cat >/dev/null")
+    r = subprocess.run([*argv[:2], *(typed or argv[2:])], capture_output=True, env={**base_env, **env}, timeout=60)
+    said = next(line for line in r.stderr.decode().splitlines() if "é" in line)  # UTF-8 whole, else an error here
+    assert said.startswith("load.sh: ") and "é..." in said and len(said) < 400, said[:600]
+    assert "é" * 118 not in said and said.count("é") >= 55, said[:600]  # of 57 characters, "--" among them
+    assert r.returncode == 1 or "LOAD_SH_EVERY" in env, r.stderr.decode()[:600]  # that one warns, and loads on
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_load_sh_stopped_mid_load_leaves_no_private_copy_and_stops_docker_load(tmp_path, sig):
     """Killed while docker load (which reads nothing here) holds up the load: load.sh ends at once with 128 + the
