@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-from dockyard import engine
+from dockyard import engine, gpus
 from dockyard.common import locks, runfolder
 from dockyard.common.errors import DockyardError, problems, read_bounded
+from dockyard.gpus import MAX_GPUS, DriverVersion, Version, Words
 from dockyard.images import variants
 from dockyard.settings import Settings
 
@@ -39,7 +40,12 @@ def layer_inventory(settings: Settings) -> dict:
     ids = sorted(set(ids))
     inspected = json.loads(engine.run(engine.docker(settings, "image", "inspect", *ids), capture=True,
                                       quiet=True).stdout) if ids else []
-    return inventory_from(info, inspected, socket.gethostname())
+    inv = inventory_from(info, inspected, socket.gethostname())
+    host = gpus.read_host()
+    if not host.error:  # the driver, as load.sh --inventory records nvidia-smi's: what a thin save checks it by
+        inv["driver"] = {"version": host.driver, "cuda": host.cuda,
+                         "gpus": [{"name": g.name, "capability": g.capability} for g in host.gpus]}
+    return inv
 
 
 def inventory_from(info: dict, inspected: list[dict], host: str) -> dict:
@@ -130,14 +136,38 @@ class _Engine(BaseModel):
     store: Literal["classic", "containerd"]
 
 
+class _Gpu(BaseModel):
+    name: Words
+    capability: Version
+
+
+class _Driver(BaseModel):
+    """The node's NVIDIA driver and GPUs as its nvidia-smi (load.sh --inventory) or NVML (invoke inventory) said them."""
+    version: DriverVersion
+    cuda: Version = ""
+    gpus: Annotated[list[_Gpu], Field(max_length=MAX_GPUS)] = []
+
+
 class _Inventory(BaseModel):
-    """What omission_for reads; the rest (images, created, ...) is carried along."""
+    """What omission_for and driver_host read; the rest (images, created, ...) is carried along. An inventory made
+    before `driver` was recorded, or on a node without nvidia-smi, has none."""
     model_config = ConfigDict(extra="allow")
 
     format: Literal["dockyard-inventory/1"]
     host: str = ""
     engine: _Engine
     chain_ids: list[Digest]
+    driver: _Driver | None = None
+
+
+def driver_host(inv: dict) -> gpus.Host | None:
+    """The inventory's driver and GPUs as the Host the variants' rules read (runscript.unfit_on); None where it
+    records none."""
+    driver = inv.get("driver")
+    if not driver:
+        return None
+    return gpus.Host(driver=driver["version"], cuda=driver["cuda"],
+                     gpus=[gpus.Gpu(i, g["name"], 0, capability=g["capability"]) for i, g in enumerate(driver["gpus"])])
 
 
 class _Info(BaseModel):

@@ -125,7 +125,20 @@ inventory() {
 		"$(hostname)" "$(store)"
 	sep=
 	for c in $(chain_ids); do printf '%s"%s"' "$sep" "$c"; sep=', '; done
-	printf ']}\n'
+	printf ']'
+	# the node's driver and GPUs, as the load checks them (below), for `invoke save --thin-for` to check: none
+	# without an nvidia-smi that answers. A GPU's name in printable ASCII, JSON's \ and " escaped
+	if SMI=$(nvidia-smi 2>/dev/null); then
+		driver_facts
+		printf ',\n "driver": {"version": "%s", "cuda": "%s", "gpus": [' "$DRIVER" "$HOST_CUDA"
+		nvidia-smi --query-gpu=index,name,compute_cap --format=csv,noheader 2>/dev/null \
+			| LC_ALL=C awk -F', *' 'NF >= 3 && $1 ~ /^[0-9]+$/ && $NF ~ /^[0-9]+\.[0-9]+$/ {
+				name = $2; for (i = 3; i < NF; i++) name = name ", " $i
+				gsub(/[^ -~]/, "", name); gsub(/\\/, "\\\\", name); gsub(/"/, "\\\"", name)
+				printf "%s{\"name\": \"%s\", \"capability\": \"%s\"}", sep, name, $NF; sep = ", " }'
+		printf ']}'
+	fi
+	printf '}\n'
 }
 
 [ "${1:-}" = --inventory ] && { inventory; exit 0; }

@@ -263,11 +263,32 @@ def thin_record(settings: Settings, images: list[dict], thin_for: str) -> dict |
     """The manifest's `thin` record for --thin-for (an inventory file or ssh://node), or None where an
     image store needs a full archive."""
     target = remote.target_inventory(settings, thin_for)
+    check_target_runs(settings, images, target, thin_for)
     omitted = inventory.omission_for(settings, images, target, thin_for)
     if omitted is None:
         return None
     return {"for": thin_for, "target_host": target.get("host", ""), "omitted": sorted(omitted.diff_ids),
             "requires": omitted.requires}
+
+
+def check_target_runs(settings: Settings, images: list[dict], target: dict, thin_for: str) -> None:
+    """The target's driver and GPUs, where its inventory records them (load.sh --inventory, invoke inventory), against
+    the set's CUDA image, by the rule load.sh there holds it to (runscript.unfit_on), before the save: said as invoke
+    ship says it of a copy it does not load (a warning: the set may still be loaded for run.sh --cpu), or the note of
+    the GPUs it trains on. An inventory without them (an older one, a node without nvidia-smi) is not asked."""
+    unfit = runscript.unfit_on(settings, images, inventory.driver_host(target))
+    if unfit is None:
+        return
+    node = target.get("host") or thin_for
+    if unfit.usable:
+        print(f"note: {unfit.ref} on {node}: {unfit.why}, which run.sh refuses to train on: give it the others there, "
+              f"as in CUDA_VISIBLE_DEVICES={','.join(map(str, unfit.usable))} sh run.sh ...{unfit.or_instead()}",
+              file=sys.stderr)
+        return
+    fix = (f"save the {unfit.instead} archive for it instead: invoke save --variant={unfit.instead} "
+           f"--thin-for={shlex.quote(thin_for)}" if unfit.instead else unfit.fix("save"))
+    print(f"warning: {unfit.ref} cannot train on {node}: {unfit.why}, so load.sh there would refuse it ({fix}); "
+          "saving it all the same (LOAD_SH_ANY_DRIVER=1 sh load.sh loads it there, for run.sh --cpu)", file=sys.stderr)
 
 
 def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], method: str, level: int,

@@ -17,6 +17,7 @@ import lzma
 import os
 import re
 import signal
+import socket
 import subprocess
 import tarfile
 import tempfile
@@ -33,6 +34,7 @@ from dockyard.common.errors import DockyardError
 from dockyard.images import variants
 from dockyard.launch import runscript
 from dockyard.settings import Settings
+from dockyard.transport import inventory
 from dockyard.transport import load as load_mod
 from dockyard.transport import save as save_mod
 from dockyard.transport.layout import ArchivePaths, write_loader
@@ -881,6 +883,49 @@ def test_a_node_whose_driver_and_some_gpus_both_fall_short_is_told_the_driver_fi
     with pytest.raises(DockyardError, match=r"cannot train on node7: driver 535\.183\.01 .*, and its torch has no "
                                             r"code for GPU 0 .*Ship the cu128 archive instead"):
         ship.check_node_runs(settings, Remote(host="node7", dir="/x"), manifest, mixed, load=True)
+
+
+def test_a_thin_save_for_a_nodes_inventory_checks_its_driver_and_gpus_as_load_sh_there_does(tmp_path, settings,
+                                                                                             monkeypatch, capsys):
+    """`sh load.sh --inventory` (what a node records for `invoke save --thin-for`) recorded no driver: a thin save of
+    the cu132 set for a CUDA 12 node (535) said nothing, and load.sh there refused it after the copy. The inventory now
+    records nvidia-smi's driver and GPUs (nothing where there is no nvidia-smi), and the thin save warns as invoke ship
+    does of a copy it does not load, naming the archive to save instead; a node whose other GPUs have the code gets
+    the note; an inventory without them (an older one, a node without nvidia-smi) is saved for as before."""
+    s = FakeEngine().install(monkeypatch, settings)
+    images = [{**cu132_set(settings)["images"][0], "diff_ids": [], "chain_ids": []}]
+
+    def thin_save_for(inventory_json: str) -> str:
+        (tmp_path / "inv.json").write_text(inventory_json)
+        capsys.readouterr()
+        assert save_mod.thin_record(s, images, str(tmp_path / "inv.json")) is not None
+        return capsys.readouterr().err
+
+    argv, env = driver_set(tmp_path, settings, "cu132", "535.183.01", "12.2")
+    inv = subprocess.run([*argv[:2], "--inventory"], capture_output=True, text=True, env=env, timeout=60)
+    cuda12 = json.loads(inv.stdout)
+    assert inv.returncode == 0 and json.loads(inv.stdout)["driver"] == {"version": "535.183.01", "cuda": "12.2", "gpus": [
+        {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}] * 2}, inv.stdout + inv.stderr
+    said = thin_save_for(inv.stdout)
+    assert (f"warning: dockyard:0.1.0-cu132 cannot train on {socket.gethostname()}: driver 535.183.01 supports CUDA "
+            "12.2, so load.sh there would refuse it (save the cu128 archive for it instead: invoke save "
+            f"--variant=cu128 --thin-for={tmp_path / 'inv.json'}); saving it all the same") in said, said
+
+    argv, env = v100_beside_h100(tmp_path, settings, "580.65.06", "13.0")  # the H100 trains: a note
+    said = thin_save_for(subprocess.run([*argv[:2], "--inventory"], capture_output=True, text=True, env=env).stdout)
+    assert "note: dockyard:0.1.0-cu132 on " in said and "no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0)" in said
+    assert "CUDA_VISIBLE_DEVICES=1 sh run.sh" in said and "warning" not in said, said
+
+    argv, env = driver_set(tmp_path, settings, "cu132", "", "")  # no nvidia-smi: nothing recorded, nothing said
+    inv = subprocess.run([*argv[:2], "--inventory"], capture_output=True, text=True, env=env, timeout=60)
+    assert "driver" not in json.loads(inv.stdout), inv.stdout
+    assert thin_save_for(inv.stdout) == ""
+    assert thin_save_for(json.dumps({k: v for k, v in cuda12.items() if k != "driver"})) == ""  # one made before
+
+    # invoke inventory records the same, from NVML
+    monkeypatch.setenv("DOCKYARD_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "t4x2_535.json"))
+    said = thin_save_for(json.dumps(inventory.layer_inventory(s)))
+    assert "warning: dockyard:0.1.0-cu132 cannot train on " in said and "driver 535." in said, said
 
 
 def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_path, settings, monkeypatch,
