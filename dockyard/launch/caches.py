@@ -1,6 +1,7 @@
-"""The host folders a run's container writes besides its run folder, mounted read-write (and so no place for a file
-the host later runs: check_out_of_reach):
+"""The host folders a run's container writes, mounted read-write (and so no place for a file the host later runs:
+check_out_of_reach, from the same list, writable_folders):
 
+  runs_dir       the runs folder (every run's folder in it)
   hf_cache       Hugging Face's cache (HF_HOME inside)
   compile_cache  torch.compile's and Triton's caches, and the C++ ops torch builds on first use (TORCHINDUCTOR_CACHE_DIR,
                  TRITON_CACHE_DIR, DOCKYARD_OPS_CACHE inside: DeepSpeed's cpu_adam in a CUDA image run with --cpu):
@@ -89,25 +90,33 @@ def check_out_of_reach(settings: Settings, path: Path, named: str, fix: str,
     `named`: where the path came from (--out, the jobs_dir setting); `fix`: what to give instead; `use`: what the
     user does with it next (`invoke save`'s load.sh and run.sh: run them on another host)."""
     places = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}  # as typed, and where its links lead
-    for setting, folder in (("runs_dir", settings.path(settings.runs_dir)), ("hf_cache", settings.path(settings.hf_cache)),
-                            ("compile_cache", compile_folder(settings))):
-        inner = {Path(os.path.abspath(folder)), Path(os.path.realpath(folder))} if folder is not None else set()
+    for setting, folder, _ in writable_folders(settings, True, settings.path(settings.runs_dir)):
+        inner = {Path(os.path.abspath(folder)), Path(os.path.realpath(folder))}
         if any(p == i or i in p.parents for p in places for i in inner):
             raise DockyardError(f"{named} {path} is inside {folder} (the {setting} setting), which every run's container "
                                 f"can write: a run could change what is written there before {use}; {fix}")
 
 
-def volumes(settings: Settings, compile_cache: bool, separators: str = ":") -> list[tuple[Path, str, bool]]:
-    """(host, inside, read-only) of the caches; the compile cache only for what trains (`compile_cache`).
-    `separators`: what the runtime's mount list splits on (docker's -v: ':'; pyxis and Apptainer: ',' too)."""
-    hf = settings.path(settings.hf_cache)
-    writable_mount(hf, "hf_cache", HF_EXAMPLE, separators)
-    out = [(hf, node.HF_INSIDE, False)]
+def volumes(settings: Settings, compile_cache: bool, separators: str = ":",
+            runs: Path | None = None) -> list[tuple[Path, str, bool]]:
+    """(host, inside, read-only) of every folder a container is given to write (writable_folders): the caches, the
+    compile cache only for what trains (`compile_cache`), and the runs folder `runs` where given. `separators`: what
+    the runtime's mount list splits on (docker's -v: ':'; pyxis and Apptainer: ',' too)."""
+    return [(writable_mount(folder, setting, EXAMPLES[setting], separators), inside, False)
+            for setting, folder, inside in writable_folders(settings, compile_cache, runs)]
+
+
+def writable_folders(settings: Settings, compile_cache: bool, runs: Path | None) -> list[tuple[str, Path, str]]:
+    """The host folders a container is given to write, each as (its setting, the folder, where the container sees it):
+    what volumes() mounts, and check_out_of_reach keeps every file the host later runs out of. One list, so that a
+    folder mounted for a container to write is one refused for such a file."""
     folder = compile_folder(settings) if compile_cache else None
-    if folder is not None:
-        writable_mount(folder, "compile_cache", COMPILE_EXAMPLE, separators)
-        out.append((folder, COMPILE_INSIDE, False))
-    return out
+    return [*([("runs_dir", runs, node.RUNS_INSIDE)] if runs is not None else []),
+            ("hf_cache", settings.path(settings.hf_cache), node.HF_INSIDE),
+            *([("compile_cache", folder, COMPILE_INSIDE)] if folder is not None else [])]
+
+
+EXAMPLES = {"runs_dir": "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs", "hf_cache": HF_EXAMPLE, "compile_cache": COMPILE_EXAMPLE}
 
 
 def prepare(settings: Settings, compile_cache: bool) -> None:

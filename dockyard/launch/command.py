@@ -134,11 +134,7 @@ def docker_run_argv(settings: Settings, image: str, *, gpus: bool | str, run_dir
         argv += ["--add-host", ":".join(node.LOOPBACK_V4MAPPED)]
     argv += devices or []  # multinode.infiniband_flags()
     # docker's -v splits on ':' (the user's files and recipes are checked where they are named: inputs.py)
-    vols = caches.volumes(settings, compile_cache)
-    if run_dir is not None:
-        caches.writable_mount(run_dir.parent, "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs")
-        vols.append((run_dir.parent, node.RUNS_INSIDE, False))
-    vols += mounts
+    vols = caches.volumes(settings, compile_cache, runs=run_dir.parent if run_dir is not None else None) + mounts
     if host_paths:
         env = {**env, envvars.HOST_PATHS: json.dumps({inside: str(host) for host, inside, _ in vols}, sort_keys=True)}
     cache_env = caches.compile_env(settings) if compile_cache else {}

@@ -208,11 +208,10 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
                       overrides: list[str], join_timeout: int, max_restarts: int = 0) -> list[str]:
     """srun of torchrun inside the container, one per node: the same rendezvous, and the same mounts, `invoke run`
     gives a node (this checkout's recipes, a recipe folder of one's own, the user's data and model, read-only)."""
-    runs = str(caches.writable_mount(settings.path(settings.runs_dir), "runs_dir", "INVOKE_DOCKYARD_RUNS_DIR=/shared/runs",
-                                     ",:"))
     seen = inputs.read_only_mounts(settings, recipe, overrides, separators=",:")
-    # the Hugging Face cache, and the compile cache (write() makes it first): a later job loads the kernels compiled
-    mounts = [(runs, node.RUNS_INSIDE, False), *caches.volumes(settings, True, separators=",:"), *seen.volumes]
+    # the runs folder, the Hugging Face cache, and the compile cache (write() makes it first): a later job loads the
+    # kernels compiled
+    mounts = [*caches.volumes(settings, True, separators=",:", runs=settings.path(settings.runs_dir)), *seen.volumes]
     spec = ",".join(f"{src}:{dst}" + (":ro" if ro else "") for src, dst, ro in mounts)
     image_file = str(Path(image_file).resolve())
     if runtime == "pyxis":

@@ -351,6 +351,52 @@ def test_the_slurm_script_and_the_kubernetes_files_are_written_where_no_runs_con
         slurm.write(inside, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
 
 
+def test_every_folder_a_container_is_given_to_write_is_refused_for_a_file_the_host_runs_later(settings, tmp_path):
+    """What check_out_of_reach refused was a list of its own (the runs folder, the caches), beside the mounts
+    `docker run` and Slurm's containers are given: a folder mounted read-write and left off that list would take the
+    sbatch script, the Kubernetes manifests or a save's load.sh, for code in a container to change before the host
+    runs them. Both now read one list (caches.writable_folders): every folder mounted read-write, by `invoke run` and
+    `invoke shell` (docker -v) as by a Slurm job's containers (pyxis), is refused as --out and as the jobs_dir and
+    dist_dir settings' folders, and nothing is written there."""
+    from dockyard.launch import k8s, slurm
+    from dockyard.transport import save as save_mod
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "jobs_dir": tmp_path / "jobs",
+                                    "hf_cache": tmp_path / "hf", "compile_cache": str(tmp_path / "compile")})
+    argv = launch_run.docker_run_argv(s, "img", gpus=False, run_dir=tmp_path / "runs" / "r1", name="n", env={},
+                                      network_host=False, interactive="", command=[], mounts=[], engine_info={},
+                                      memlock="memlock=-1", compile_cache=True)
+    writable = {Path(v.split(":")[0]) for flag, v in zip(argv, argv[1:], strict=False)
+                if flag == "-v" and not v.endswith(":ro")}
+    image_file = tmp_path / "dockyard.sqsh"
+    image_file.write_bytes(b"")
+    text = slurm.script(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu", runtime="pyxis",
+                        image_file=str(image_file))
+    spec = next(w for w in text.split() if w.startswith("--container-mounts=")).removeprefix("--container-mounts=")
+    pyxis = {Path(m.split(":")[0]) for m in spec.split(",") if not m.endswith(":ro")}
+    assert writable == pyxis and {tmp_path / "runs", tmp_path / "hf", tmp_path / "compile"} <= writable, (writable, pyxis)
+
+    def writes_into(job: Path) -> list:  # each writer of a file the host runs later, given `job`
+        return [
+            lambda: slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu",
+                                out=str(job / "x.sbatch")),
+            lambda: k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2", out=str(job)),
+            lambda: slurm.write(s.model_copy(update={"jobs_dir": job}), recipe="zero2", nodes=2, gpus_per_node=0,
+                                overrides=[], variant="cpu"),
+            lambda: k8s.write(s.model_copy(update={"jobs_dir": job}), recipe="zero2", nodes=2, gpus_per_node=0,
+                              variant="cpu", run_id="r3"),
+            lambda: save_mod.save(s, image="x:1", out=str(job)),
+            lambda: save_mod.save(s.model_copy(update={"dist_dir": job}), image="x:1"),
+        ]
+
+    for folder in sorted(writable):
+        for refused in writes_into(folder / "jobs"):
+            with pytest.raises(DockyardError, match=f"is inside {re.escape(str(folder))} .*which every run's container "
+                                                    "can write"):
+                refused()
+        assert not (folder / "jobs").exists(), folder
+
+
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
     """overrides.json (what the run was given after `--`, which --resume trains with again) sits in a folder every
     run's container can write: a link is not followed, and anything but the trainer's shape is refused by name."""
