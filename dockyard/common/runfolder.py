@@ -363,11 +363,14 @@ def recipe_name(recipe: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", name).lstrip("-._")[:NAME_MAX] or "run"
 
 
-def users_folder(folder: Path, runs: Path) -> Path:
+def users_folder(folder: Path | str, writable: list[Path]) -> Path:
     """A folder the user named for an output (--out): a link on its way there (~/jobs -> /scratch/jobs) is the user's
-    own, followed; inside the runs folder, where something in a container could have planted one, none is."""
+    own, followed; inside a folder a run's container can write (`writable`: caches.container_writable, the runs folder
+    and the caches), where code in a container could have planted one, none is: the path as typed is what the check
+    that follows (caches.check_out_of_reach) refuses."""
     absolute = Path(os.path.abspath(os.path.expanduser(folder)))
-    return absolute if absolute.is_relative_to(os.path.abspath(runs)) else followed(absolute, "--out")
+    inside = any(absolute.is_relative_to(os.path.abspath(w)) for w in writable)
+    return absolute if inside else followed(absolute, "--out")
 
 
 def followed(path: Path | str, flag: str) -> Path:

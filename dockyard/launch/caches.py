@@ -90,7 +90,7 @@ def check_out_of_reach(settings: Settings, path: Path, named: str, fix: str,
     `named`: where the path came from (--out, the jobs_dir setting); `fix`: what to give instead; `use`: what the
     user does with it next (`invoke save`'s load.sh and run.sh: run them on another host)."""
     places = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}  # as typed, and where its links lead
-    for setting, folder, _ in writable_folders(settings, True, settings.path(settings.runs_dir)):
+    for setting, folder, _ in _every_writable(settings):
         inner = {Path(os.path.abspath(folder)), Path(os.path.realpath(folder))}
         if any(p == i or i in p.parents for p in places for i in inner):
             raise DockyardError(f"{named} {path} is inside {folder} (the {setting} setting), which every run's container "
@@ -114,6 +114,16 @@ def writable_folders(settings: Settings, compile_cache: bool, runs: Path | None)
     return [*([("runs_dir", runs, node.RUNS_INSIDE)] if runs is not None else []),
             ("hf_cache", settings.path(settings.hf_cache), node.HF_INSIDE),
             *([("compile_cache", folder, COMPILE_INSIDE)] if folder is not None else [])]
+
+
+def container_writable(settings: Settings) -> list[Path]:
+    """Every host folder some run's container is given to write (the runs folder, the caches): where a link may have
+    been planted (runfolder.users_folder follows none there)."""
+    return [folder for _, folder, _ in _every_writable(settings)]
+
+
+def _every_writable(settings: Settings) -> list[tuple[str, Path, str]]:
+    return writable_folders(settings, True, settings.path(settings.runs_dir))
 
 
 EXAMPLES = {"runs_dir": "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs", "hf_cache": HF_EXAMPLE, "compile_cache": COMPILE_EXAMPLE}

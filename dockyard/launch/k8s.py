@@ -301,8 +301,8 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
     the runs folder: its containers could change the manifests before kubectl applies them."""
     s = spec(settings, **kw)
     # expanduser: the shell leaves a ~ after `=` (`--out=~/x`) as it is
-    runs = settings.path(settings.runs_dir)
-    folder = runfolder.users_folder(Path(out), runs) if out else settings.path(settings.jobs_dir) / "k8s" / s.run_id
+    folder = (runfolder.users_folder(Path(out), caches.container_writable(settings)) if out
+              else settings.path(settings.jobs_dir) / "k8s" / s.run_id)
     # named in the header comments: a newline would end the comment
     scriptwords.one_line(str(folder), "--out" if out else "the jobs_dir setting")
     caches.check_out_of_reach(settings, folder, "--out" if out else "the jobs_dir setting's folder",

@@ -321,7 +321,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
         path = path / name
     fix = "give --out=FILE in a folder you can write"
     if out:
-        path = runfolder.users_folder(path.parent, runs) / path.name
+        path = runfolder.users_folder(path.parent, caches.container_writable(settings)) / path.name
         locks.check_named_output(path, "--out")
     scriptwords.one_line(str(path), "--out" if out else "the jobs_dir setting")  # said in the lines it prints
     caches.check_out_of_reach(settings, path, "--out" if out else "the jobs_dir setting's script",

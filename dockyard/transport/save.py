@@ -62,7 +62,7 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         check_key_file(key, sign)
     if thin_for.startswith("ssh://"):
         remote.parse_ssh_url(thin_for)  # a malformed destination is said before the engine is asked anything
-    out_dir = runfolder.followed(out, "--out") if out else settings.path(settings.dist_dir)
+    out_dir = runfolder.users_folder(out, caches.container_writable(settings)) if out else settings.path(settings.dist_dir)
     # load.sh and run.sh, which the user runs on the node the archive goes to: never where a run's container can write
     caches.check_out_of_reach(settings, out_dir, "--out" if out else "the dist_dir setting's folder",
                               "give --out=DIR outside it" if out else "set the dist_dir setting to a folder outside "

@@ -397,6 +397,42 @@ def test_every_folder_a_container_is_given_to_write_is_refused_for_a_file_the_ho
         assert not (folder / "jobs").exists(), folder
 
 
+def test_an_out_through_a_link_planted_in_any_folder_a_container_writes_is_refused_not_followed(settings, tmp_path):
+    """runfolder.users_folder follows the links on the way to an --out (the user's own: ~/jobs -> /scratch/jobs), but
+    none inside the runs folder, where code in a container could have planted one: the path as typed is refused
+    there (the branch the last stop judged dead: without it the link was followed and the script written where it
+    led). The caches are mounted for containers to write as the runs folder is, and a link planted in the Hugging
+    Face cache or the compile cache was followed: `invoke slurm --out=~/.cache/huggingface/x/job.sbatch` wrote the
+    script wherever the container pointed x, and `invoke save --out` followed a link planted in the runs folder too.
+    Now no link inside any folder a container writes is followed (one list, caches.writable_folders), by slurm, k8s
+    or save, and the --out is refused as typed, nothing written; a link of one's own elsewhere is still followed."""
+    from dockyard.launch import k8s, slurm
+    from dockyard.transport import save as save_mod
+
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "jobs_dir": tmp_path / "jobs",
+                                    "hf_cache": tmp_path / "hf", "compile_cache": str(tmp_path / "compile")})
+    elsewhere = tmp_path / "elsewhere"  # where a container's link leads: outside every mount
+    elsewhere.mkdir()
+    for folder in (tmp_path / "runs", tmp_path / "hf", tmp_path / "compile"):
+        folder.mkdir()
+        (folder / "planted").symlink_to(elsewhere)
+        out = folder / "planted"
+        for write in (lambda out=out: slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[],
+                                                  variant="cpu", out=str(out / "x.sbatch")),
+                      lambda out=out: k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2",
+                                                out=str(out)),
+                      lambda out=out: save_mod.save(s, image="x:1", out=str(out))):
+            with pytest.raises(DockyardError, match=f"--out {re.escape(str(out))}(/x.sbatch)? is inside "
+                                                    f"{re.escape(str(folder))} .*which every run's container can write"):
+                write()
+        assert not any(elsewhere.iterdir()), folder
+    mine = tmp_path / "mine"  # the user's own link to a folder of theirs: followed
+    mine.symlink_to(elsewhere)
+    script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu",
+                         out=str(mine / "x.sbatch"))
+    assert script == elsewhere / "x.sbatch" and script.is_file()
+
+
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
     """overrides.json (what the run was given after `--`, which --resume trains with again) sits in a folder every
     run's container can write: a link is not followed, and anything but the trainer's shape is refused by name."""
