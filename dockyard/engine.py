@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from dockyard import console
-from dockyard.common.errors import DockyardError, paths_as, short
+from dockyard.common.errors import DockyardError, paths_as, short, signals_unwrapped
 from dockyard.settings import IMAGE_NAME, Settings
 
 # `invoke setup` as root, by this Python's path: a venv's invoke is not on root's PATH, so `sudo invoke setup` fails
@@ -210,27 +210,10 @@ def sigterm_as_interrupt(p: subprocess.Popen | None = None):
 
     before = signal.signal(signal.SIGTERM, stop)
     try:
-        yield
-    except RuntimeError as e:
-        if (interrupt := wrapped_interrupt(e)) is None:
-            raise
-        raise interrupt from None
+        with signals_unwrapped():  # one that landed while a lazy import built a class: still the interrupt
+            yield
     finally:
         signal.signal(signal.SIGTERM, before)
-
-
-def wrapped_interrupt(e: RuntimeError) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM that Python turned into `RuntimeError: Error calling __set_name__ ...`: a signal landing
-    while a lazy import builds a class (rich's dataclasses) is raised wrapped so, and a stopped save ended on that
-    traceback with status 1 instead of its clean-up and 130 or 143 (CI, about 1 run in 20 with the CPU busy)."""
-    seen: BaseException | None = e
-    for _ in range(8):  # a wrapper of a wrapper, never a loop
-        seen = seen.__cause__ if seen is not None else None
-        if isinstance(seen, KeyboardInterrupt):
-            return seen
-        if not isinstance(seen, RuntimeError):
-            return None
-    return None
 
 
 class Interrupted(DockyardError):

@@ -5,12 +5,13 @@ Standard library only: the trainer imports this inside the image as cheaply as t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -46,6 +47,34 @@ def causes(error: BaseException, limit: int = 16) -> list[BaseException]:
             and nxt not in chain:
         chain.append(nxt)
     return chain
+
+
+def wrapped_signal(e: BaseException, kinds: tuple[type[BaseException], ...] = (KeyboardInterrupt,)) \
+        -> BaseException | None:
+    """The Ctrl-C (or SIGTERM, or another signal handler's exception of `kinds`) that Python 3.11 raised wrapped as
+    `RuntimeError: Error calling __set_name__ ...`: a signal landing while a lazy import builds a class (rich's
+    dataclasses, torch's) is raised so, and no `except KeyboardInterrupt` took it (a stopped save ended on that
+    traceback with status 1 instead of its clean-up and 130 or 143: CI, about 1 run in 20 with the CPU busy)."""
+    seen: BaseException | None = e
+    for _ in range(8):  # a wrapper of a wrapper, never a loop
+        if not isinstance(seen, RuntimeError):
+            return None
+        seen = seen.__cause__
+        if isinstance(seen, kinds):
+            return seen
+    return None
+
+
+@contextlib.contextmanager
+def signals_unwrapped(kinds: tuple[type[BaseException], ...] = (KeyboardInterrupt,)) -> Iterator[None]:
+    """The block's Ctrl-C (or other exception of `kinds`) that Python wrapped (wrapped_signal) is raised as itself,
+    for the `except KeyboardInterrupt` around it."""
+    try:
+        yield
+    except RuntimeError as e:
+        if (inner := wrapped_signal(e, kinds)) is None:
+            raise
+        raise inner from None
 
 
 def problems(error: Exception, where: str = "", known: list[str] | None = None, model: Any = None) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dockyard.common import envvars, runfolder
 from dockyard.common.cores import usable_cores
-from dockyard.common.errors import DockyardError, first_line, on_host, shown
+from dockyard.common.errors import DockyardError, first_line, on_host, shown, signals_unwrapped
 from dockyard.train.nodes import LOST_SAID
 
 # torch (and dockyard.train.cpus, which imports it) load after main()'s check of OMP_NUM_THREADS: libgomp reads it,
@@ -46,6 +46,16 @@ from dockyard.train.nodes import LOST_SAID
 
 
 def main(argv: list[str] | None = None) -> int:
+    """torchrun, for both of its entries: the image's /opt/venv/bin/torchrun (which calls this) and `python -m`."""
+    try:
+        with signals_unwrapped():  # Ctrl-C landing while torch's import builds a dataclass: Python wraps it
+            return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while torch still imports: its traceback from deep in the import
+        print("torchrun: stopped by SIGINT before it started the workers", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def _main(argv: list[str] | None) -> int:
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads is not None and not (threads.strip().isascii() and threads.strip().isdigit() and int(threads) > 0):
         print(f"torchrun: OMP_NUM_THREADS={threads!r}: give a whole number of CPU threads per process, 1 or more, or "
@@ -608,8 +618,4 @@ def share_cpu_cores(given: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C while torch still imports: its traceback from deep in the import
-        print("torchrun: stopped by SIGINT before it started the workers", file=sys.stderr)
-        sys.exit(128 + signal.SIGINT)
+    sys.exit(main())

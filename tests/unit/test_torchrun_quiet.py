@@ -1081,3 +1081,40 @@ def test_a_tmpdir_with_no_room_for_the_log_folder_is_said_in_one_line_and_leaves
     assert said and said[0].startswith("torchrun: cannot make its log folder in ") and "No space left" in said[0], \
         done.stderr
     assert list((tmp_path / "tmp").iterdir()) == [], "the half-made log folder is left"
+
+
+def image_torchrun() -> str:
+    """The image's /opt/venv/bin/torchrun, as images/Dockerfile writes it (printf's \\n as newlines)."""
+    written = re.search(r"printf '(#!/opt/venv/bin/python\\n.*?)'\s*\\\s*\n\s*> /opt/venv/bin/torchrun",
+                        (ROOT / "images" / "Dockerfile").read_text(), re.S)
+    assert written, "images/Dockerfile no longer writes /opt/venv/bin/torchrun with printf"
+    return written.group(1).replace("\\n", "\n")
+
+
+# torch, as a Ctrl-C finds it while it still imports (seconds, more on a busy machine): the handler's
+# KeyboardInterrupt raised where the signal landed; in a dataclass's field, Python 3.11 raises it wrapped in
+# "RuntimeError: Error calling __set_name__ on 'Field' instance ..."
+TORCH_IMPORTING = """
+class Field:
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt
+{where}
+"""
+
+
+@pytest.mark.parametrize("where", ["class ThreadLocals:\n    buffer = Field()", "raise KeyboardInterrupt"],
+                         ids=["in-a-class-being-built", "elsewhere"])
+@pytest.mark.parametrize("entry", ["image", "module"])
+def test_ctrl_c_while_torch_imports_ends_torchrun_in_one_line_from_either_entry(tmp_path, entry, where):
+    """The image's torchrun (which every launcher in the image starts) calls main(); only `python -m` had the
+    handler for a Ctrl-C before torch was imported: in the image it ended on KeyboardInterrupt's traceback from deep
+    in torch's import, and on either entry a Ctrl-C landing while torch's import built a dataclass ended on
+    'RuntimeError: Error calling __set_name__ ...', status 1."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(TORCH_IMPORTING.replace("{where}", where))
+    launcher = [sys.executable, "-c", image_torchrun()] if entry == "image" else \
+        [sys.executable, "-m", "dockyard.train.torchrun"]
+    done = run([*launcher, "--nproc-per-node=1", "--standalone", "worker.py"], cwd=tmp_path,
+               env={**bare(tmp_path), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}, timeout=120)
+    assert done.returncode == 128 + signal.SIGINT, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.strip() == "torchrun: stopped by SIGINT before it started the workers", done.stderr[-2000:]
