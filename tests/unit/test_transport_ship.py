@@ -95,6 +95,41 @@ def test_ctrl_c_during_the_copy_says_what_is_kept_and_how_to_go_on(tmp_path):
                                 "run the same `invoke ship` again to continue where it stopped"), p.stdout + p.stderr
 
 
+CTRL_C_AS_RICH_LOADS = """
+from dockyard import console
+
+
+class Field:  # as a dataclass field rich's import builds (ConsoleThreadLocals): the Ctrl-C lands in its __set_name__
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt
+
+
+def loading_rich(things=False):
+    class ConsoleThreadLocals:  # Python raises the interrupt as "RuntimeError: Error calling __set_name__ ..."
+        buffer = Field()
+
+
+console.progress = loading_rich
+"""
+
+
+def test_ctrl_c_while_the_copy_s_bar_loads_rich_still_says_what_is_kept(tmp_path):
+    """The copy's bar is a ship's first use of rich: a Ctrl-C landing while its import built a dataclass (how the
+    last CI's save failed) ended the ship on 'RuntimeError: Error calling __set_name__ ...', a traceback and status 1,
+    not the copy's own words and 130."""
+    import subprocess
+    import sys
+
+    from dockyard import ROOT
+
+    archive = archive_set(tmp_path / "set", b"archive bytes", b"archive bytes")
+    p = subprocess.run([sys.executable, "-c", CTRL_C_AS_RICH_LOADS + CTRL_C_SHIP, local_node(tmp_path).ssh,
+                        str(archive), f"node7:{tmp_path / 'there'}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert p.stdout.strip() == ("exit=130 interrupted: the copy of x.tar.zst to node7 stopped; what arrived is kept: "
+                                "run the same `invoke ship` again to continue where it stopped"), p.stdout + p.stderr
+
+
 def test_a_ship_ends_with_what_to_type_on_the_node(tmp_path, capsys):
     """A ship without --load ended "shipped x.tar.zst to node7:DIR: sha256 verified there", and the node's user was
     left to find the folder and the loader. Now it prints the command to paste there, naming the folder the set
