@@ -10,7 +10,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, Stopped
 from dockyard.common.run_settings import TINY_MODEL, RunSettings
 from dockyard.train import data, limits
 from dockyard.train.data import formats, read, tokens
@@ -770,3 +770,49 @@ def test_a_chat_of_many_turns_is_read_up_to_what_is_kept_and_a_conversation_past
     with pytest.raises(DockyardError, match="example 1: 1,002 turns in one conversation, past the 1,000 a chat "
                                             "example is read with .*: split it into several conversations"):
         tokens.tokenize([{"messages": pairs + pairs[:102]}], "messages", tok, 128)
+
+
+class Field:  # as a dataclass field a lazy import builds: the signal's exception raised in its __set_name__
+    def __init__(self, stop: BaseException):
+        self.stop = stop
+
+    def __set_name__(self, owner, name):
+        raise self.stop
+
+
+def loads_lazily(call, stop: BaseException):
+    """`call`, whose first use imports something that builds a class (jinja2 on a first chat template, say), where
+    the signal lands: Python 3.11 raises it as "RuntimeError: Error calling __set_name__ ..."."""
+    def first_use(*args, **kwargs):
+        class Loaded:  # noqa: F841 - built for its field's __set_name__
+            buffer = Field(stop)
+        return call(*args, **kwargs)
+    return first_use
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), Stopped("stopped by SIGTERM", exit_code=143)],
+                         ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("fmt", ["messages", "text"])
+def test_a_signal_landing_in_a_lazy_import_while_tokenizing_stays_that_signal(tok, fmt, stop):
+    """A Ctrl-C or the trainer's SIGTERM landing while the chat template's first render imported jinja2 ended the run
+    as 'example 1: the model's chat template refuses this conversation: ...' (and while the tokenizer's did, 'the
+    model's tokenizer cannot encode it (RuntimeError: ...)'), status 1, the model blamed: the run was stopped, not
+    refused. The signal's exception now comes out as itself, which the trainer records as the stop it was."""
+    if fmt == "messages":
+        tok.apply_chat_template = loads_lazily(tok.apply_chat_template, stop)
+        runs_it = tok
+    else:
+        runs_it = loads_lazily(tok, stop)
+        runs_it.chat_template, runs_it.eos_token_id = tok.chat_template, tok.eos_token_id
+    rows = [{"messages": CHAT}] if fmt == "messages" else [{"text": "the quick brown fox"}]
+    with pytest.raises(type(stop)) as raised:
+        tokens.tokenize(rows, fmt, runs_it, 64)
+    assert raised.value is stop
+
+
+def test_the_template_s_alarm_landing_in_a_lazy_import_is_said_as_the_template_s_time(tok):
+    """The render's time limit is an alarm: landing in a class being built, it read 'the model's chat template refuses
+    this conversation: TooSlow'."""
+    tok.apply_chat_template = loads_lazily(tok.apply_chat_template, limits.TooSlow())
+    with pytest.raises(DockyardError, match=r"^example 1: the model's chat template took more than \d+ s to render"):
+        tokens.tokenize([{"messages": CHAT}], "messages", tok, 64)

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from dockyard.common.errors import DockyardError, Stopped, cause_line
+from dockyard.common.errors import DockyardError, Stopped, cause_line, signals_unwrapped
 from dockyard.common.units import human
 from dockyard.train.data.formats import CHAT_FORMATS, CHAT_ROLES, to_messages, whole_labels
 from dockyard.train.limits import TooSlow, memory_limit, time_limit
@@ -17,6 +17,11 @@ log = logging.getLogger(__package__)  # dockyard.train.data, whichever module sa
 
 
 IGNORE = -100  # label value the loss skips
+
+# What a signal handler raises while a text is tokenized or a template rendered (Ctrl-C, the trainer's SIGTERM, the
+# template's alarm): each passes through as itself, also where Python wrapped it in "RuntimeError: Error calling
+# __set_name__ ..." (landing while a lazy import, jinja2's or the tokenizer's, built a class)
+STOPS = (KeyboardInterrupt, Stopped, TooSlow)
 
 
 # For a tokenizer without a chat template of its own (the tiny sample model, base models): role tags, the
@@ -157,8 +162,9 @@ def encode(tokenizer: Any, text: str, **kwargs: Any) -> list[int]:
     backtracking limit (a Rust panic, which is a BaseException), a WordPiece vocabulary without its [UNK], ... were a
     traceback of hundreds of lines on every rank."""
     try:
-        return tokenizer(text, **kwargs)["input_ids"]
-    except (KeyboardInterrupt, SystemExit, TooSlow, Stopped, DockyardError):
+        with signals_unwrapped(STOPS):
+            return tokenizer(text, **kwargs)["input_ids"]
+    except (*STOPS, SystemExit, DockyardError):
         raise
     except BaseException as e:  # noqa: BLE001 - pyo3's PanicException derives from BaseException alone
         raise CannotEncode(f"the model's tokenizer cannot encode it ({type(e).__name__}: {cause_line(e)}): check "
@@ -172,7 +178,7 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int, keep: in
     continuation), tokenized on its own; `keep`: only the first `keep` tokens are used (0: all)."""
     def render(msgs: list[dict[str, str]], generation_prompt: bool) -> str:
         try:
-            with time_limit(RENDER_SECONDS), memory_limit(RENDER_BYTES):
+            with signals_unwrapped(STOPS), time_limit(RENDER_SECONDS), memory_limit(RENDER_BYTES):
                 return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
         except TooSlow:
             raise DockyardError(f"example {n}: the model's chat template took more than {RENDER_SECONDS} s to render "
