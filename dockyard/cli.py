@@ -534,7 +534,7 @@ def checked(fn):
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
-        from dockyard.common.errors import DockyardError
+        from dockyard.common.errors import DockyardError, signals_unwrapped
 
         release_setting_overrides()  # for the settings, and for what the task starts (`invoke test`'s pytest)
         if missing := [package for module, package in HOST_PACKAGES.items() if not _importable(module)]:
@@ -544,9 +544,12 @@ def checked(fn):
                   "`. .venv/bin/activate` first; installed with `.venv/bin/pip install -e .`)", file=sys.stderr)
             raise Exit(code=1)
         try:
-            task_settings(c)  # every task refuses a bad setting, whether it reads it or not
-            kwargs = parse_flags(fn, kwargs)
-            return fn(c, *args, **kwargs)
+            # a Ctrl-C landing while a lazy import builds a class (rich's tables and bars, a task's first) is raised by
+            # Python wrapped in a RuntimeError: a traceback, where the task ends as a Ctrl-C does
+            with signals_unwrapped():
+                task_settings(c)  # every task refuses a bad setting, whether it reads it or not
+                kwargs = parse_flags(fn, kwargs)
+                return fn(c, *args, **kwargs)
         except DockyardError as e:
             print(f"error: {shown(str(e))}", file=sys.stderr)
             forget_caught_interrupt()

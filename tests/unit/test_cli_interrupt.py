@@ -76,3 +76,36 @@ def test_a_signal_python_wraps_while_a_class_is_built_still_ends_the_save_with_i
                        text=True, timeout=120)
     assert r.returncode == 128 + sig, (r.returncode, r.stderr[-2000:])  # 1, on a RuntimeError's traceback, before
     assert f"interrupted ({sig.name}); the partial files were removed" in r.stderr and "Traceback" not in r.stderr
+
+
+TASKS = '''
+from dockyard.cli import task  # as tasks.py's: checked, then Invoke's
+
+
+class Field:  # as a dataclass field a lazy import builds (rich's, for a task's first table): the Ctrl-C lands here
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt
+
+
+@task
+def wrapped(c):
+    class ConsoleThreadLocals:  # Python raises the interrupt as "RuntimeError: Error calling __set_name__ ..."
+        buffer = Field()
+
+
+@task
+def plain(c):
+    raise KeyboardInterrupt
+'''
+
+
+def test_a_ctrl_c_python_wraps_while_a_class_is_built_ends_any_task_as_a_ctrl_c_does(tmp_path):
+    """A task of no clean-up of its own (doctor, plan, inventory: rich's tables and bars are their first lazy
+    imports) ended on 'RuntimeError: Error calling __set_name__ ...' and its traceback when the Ctrl-C landed while a
+    class was built; it ends as any other Ctrl-C of the task does. Real invoke, a tasks module of two tasks."""
+    (tmp_path / "wrapped_tasks.py").write_text(TASKS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    said = {name: subprocess.run([sys.executable, "-m", "invoke", "-c", "wrapped_tasks", name], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=120) for name in ("plain", "wrapped")}
+    assert "Traceback" not in said["wrapped"].stderr, said["wrapped"].stderr[-2000:]
+    assert (said["wrapped"].returncode, said["wrapped"].stderr) == (said["plain"].returncode, said["plain"].stderr)
