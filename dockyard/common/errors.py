@@ -11,8 +11,10 @@ import json
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any, BinaryIO
 
 from dockyard.common import envvars
@@ -63,6 +65,32 @@ def wrapped_signal(e: BaseException, kinds: tuple[type[BaseException], ...] = (K
         if isinstance(seen, kinds):
             return seen
     return None
+
+
+def in_set_name(frame: FrameType | None) -> bool:
+    """Whether a signal handler called at `frame` runs inside a `__set_name__` (a class being built: a dataclass's
+    fields, as a lazy import builds transformers' TrainingArguments, rich's, triton's): what it raises there Python
+    3.11 raises wrapped in a RuntimeError, which every library's `except Exception` takes for a failure of its own."""
+    while frame is not None:
+        if frame.f_code.co_name == "__set_name__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def raised_outside_a_class_being_built(handler: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+    """Signal handler `handler`, whose exception never lands inside a class being built (in_set_name): there the
+    signal is sent again a moment later (building a class takes microseconds), from a thread: os.kill of this process
+    from here would run this handler again at once, still inside."""
+    def handle(signum: int, frame: Any) -> None:
+        if in_set_name(frame):
+            again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+            again.daemon = True
+            again.start()
+            return
+        handler(signum, frame)
+
+    return handle
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import pickle
-import signal
 import sys
 import time
 import warnings
@@ -106,7 +105,7 @@ def _main(argv: list[str] | None, started: float | None) -> int:
     run = None
     try:
         try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C from here on: the clean-up below
+            ending.interrupt_at_ctrl_c()  # Ctrl-C from here on: the clean-up below
             nodes.check_launcher_numbers()  # before anything reads them as numbers
             nodes.node_rank()  # a node rank of no number is said here, before anything would record it
             nodes.pin_interface()  # before torch.distributed starts

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError, Stopped, causes, loads, on_host, shown
+from dockyard.common.errors import (
+    DockyardError,
+    Stopped,
+    causes,
+    loads,
+    on_host,
+    raised_outside_a_class_being_built,
+    shown,
+)
 from dockyard.train import LAUNCHER, manifest, nodes
 from dockyard.train.record import Run
 
@@ -32,10 +40,19 @@ SAY_ONCE_S = 5  # seconds the other processes of a node wait, refusing what its 
 
 def begin() -> None:
     """From here on torchrun's SIGTERM raises Stopped, so that the run is recorded on the way out. Once per
-    process, but main() may be called again in one (the tests)."""
+    process, but main() may be called again in one (the tests). Neither it nor Ctrl-C's KeyboardInterrupt
+    (interrupt_at_ctrl_c) is raised inside a class being built (raised_outside_a_class_being_built): Python 3.11 raised
+    it there wrapped in "RuntimeError: Error calling __set_name__ ...", which a library's `except Exception` around an
+    import took for its own failure (liger-kernel's "does not import", huggingface_hub's "not in the cache"), the
+    stop spent and the run going on, or recorded as that failure."""
     _signalled.clear()
     _recorded.clear()
-    signal.signal(signal.SIGTERM, _stopped)
+    signal.signal(signal.SIGTERM, raised_outside_a_class_being_built(_stopped))
+
+
+def interrupt_at_ctrl_c() -> None:
+    """Ctrl-C from here on raises KeyboardInterrupt, as Python's own handler does, for the run's clean-up."""
+    signal.signal(signal.SIGINT, raised_outside_a_class_being_built(signal.default_int_handler))
 
 
 def finish(run: Run, error: str | None) -> None:

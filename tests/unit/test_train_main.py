@@ -1054,6 +1054,74 @@ def test_a_run_stopped_while_a_library_wraps_the_stop_in_its_own_error_is_one_li
     assert m["status"] == "failed" and m["error"].startswith("stopped by SIGTERM"), m["error"]
 
 
+# liger-kernel, as a signal finds its import (seconds: triton, transformers' models): the class its import builds
+# holds a dataclass field, in whose __set_name__ the signal lands
+LIGER_IMPORTING = """
+import os, signal
+
+
+class Field:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.{sig})  # torchrun's SIGTERM, or Ctrl-C, landing while the class is built
+        for _ in range(1000):  # where Python looks for signals
+            pass
+
+
+class LigerConfig:
+    rms_norm = Field()
+
+
+monkey_patch = None
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_landing_while_a_library_import_builds_a_class_is_not_taken_for_the_library_s_failure(
+        tmp_path, capsys, monkeypatch, sig):
+    """A signal landing while an import built a class (a dataclass's fields) was raised by Python 3.11 wrapped in
+    'RuntimeError: Error calling __set_name__ ...', which the libraries' and the trainer's own `except Exception`
+    around an import took for a failure of the import: the trainer's check of liger-kernel said it "does not
+    import", and the run went on to train, its stop spent (every later SIGTERM ignored, until torchrun's SIGKILL: no
+    manifest). The trainer's signals are now raised once the class is built. liger-kernel is a stand-in whose
+    import gets the signal; Trainer.train one that says the run went on."""
+    import logging
+    import signal
+    import sys
+
+    import transformers
+
+    from dockyard.train.__main__ import main
+
+    (tmp_path / "liger_kernel" / "transformers").mkdir(parents=True)
+    (tmp_path / "liger_kernel" / "__init__.py").write_text("")
+    (tmp_path / "liger_kernel" / "transformers" / "__init__.py").write_text(
+        LIGER_IMPORTING.replace("{sig}", sig) + "_apply_liger_kernel_to_instance = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("liger_kernel")]:
+        monkeypatch.delitem(sys.modules, name)
+
+    def went_on(self, *args, **kwargs):
+        trained.append(sig)
+        raise AssertionError("the run went on to train past its stop")
+
+    trained: list[str] = []
+
+    monkeypatch.setattr(transformers.Trainer, "train", went_on)
+    logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = main(["--recipe", "ddp", "--run-dir", str(tmp_path / "r1"), "--", "--max_steps", "1"])
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    err = capsys.readouterr().err
+    m = json.loads((tmp_path / "r1" / "manifest.json").read_text())
+    assert trained == [] and code == 128 + getattr(signal, sig), (trained, code, err[-2000:])
+    assert m["status"] == "failed" and m["error"].startswith(
+        "stopped by SIGTERM" if sig == "SIGTERM" else "interrupted (SIGINT)"), m["error"]
+    assert "went on to train" not in m["error"] and m["metrics"]["steps"] == 0
+
+
 def test_ctrl_c_before_the_first_checkpoint_does_not_point_to_one(tmp_path, capsys, monkeypatch):
     """"continue it from its last complete checkpoint with --resume" when no checkpoint had been saved: --resume then
     started from step 0. Trainer.train is a stand-in raising what Ctrl-C raises."""
