@@ -510,6 +510,15 @@ CODE_LABEL = "dockyard.code"
 OPS_LABEL = "dockyard.ds_ops"
 ARCHS_LABEL = "dockyard.cuda_archs"
 TOOLKIT_LABEL = "dockyard.nvcc"  # where the image's nvcc comes from (wheels, base), empty when it has none
+LABEL_FORMS = {"dockyard.cuda": r"\d{1,3}\.\d{1,3}", ARCHS_LABEL: ARCHS_FORM}
+
+
+def image_label(labels: dict, key: str) -> str | None:
+    """An image's dockyard.cuda or cuda_archs label as the build writes it, else None (unknown): an image loaded from
+    an archive carries whatever labels it was given (a set's manifest carries them too), and `dockyard.cuda=13.x` or
+    `cuda_archs=sm_90` was a ValueError traceback in invoke doctor, load and ship."""
+    value = labels.get(key)
+    return value if isinstance(value, str) and re.fullmatch(LABEL_FORMS[key], value) else None
 
 # DeepSpeed's name of each op a ds_ops entry builds (DS_BUILD_<entry>=1).
 OP_NAMES = {"CPU_ADAM": "cpu_adam", "FUSED_ADAM": "fused_adam", "AIO": "async_io", "SHM_COMM": "deepspeed_shm_comm",

@@ -162,8 +162,8 @@ def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit
     node before the copy, invoke load of this host before the load."""
     chosen = dockyard_variant(images)
     labels = next((i.get("labels") or {} for i in images if chosen and i["ref"] == chosen[0]), {})
-    cuda, archs = labels.get("dockyard.cuda", ""), labels.get(variants.ARCHS_LABEL, "")
-    if not chosen or not re.fullmatch(r"\d+\.\d+", cuda) or host is None or host.error:
+    cuda, archs = variants.image_label(labels, "dockyard.cuda"), variants.image_label(labels, variants.ARCHS_LABEL) or ""
+    if not chosen or not cuda or host is None or host.error:
         return None
     lacking = variants.gpus_without_code(archs, host) if archs else []
     if variants.driver_runs(cuda, host) is not False and not lacking:
@@ -211,8 +211,8 @@ def driver_fields(settings: Settings, images: list[dict]) -> dict[str, str]:
     chosen = dockyard_variant(images)
     labels = next((i.get("labels") or {} for i in images if chosen and i["ref"] == chosen[0]), {})
     return {"cuda_image": chosen[0] if chosen else "",
-            "needs_cuda": labels.get("dockyard.cuda") or "",
-            "needs_archs": labels.get(variants.ARCHS_LABEL) or "",
+            "needs_cuda": variants.image_label(labels, "dockyard.cuda") or "",
+            "needs_archs": variants.image_label(labels, variants.ARCHS_LABEL) or "",
             "cuda_least": least_drivers(),
             "cuda_variants": " ".join(f"{v.name}={v.cuda}={variants.cuda_archs(v)}" for v in cuda_newest_first(settings))}
 

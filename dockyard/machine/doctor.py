@@ -48,8 +48,9 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
     images = {name: engine.image_inspect(settings, variants.tag(settings, v)) if info is not None else None
               for name, v in all_variants.items()}
     labels = {name: ((img or {}).get("Config") or {}).get("Labels") or {} for name, img in images.items()}
-    checks += check_variants(all_variants, host, {n: read_label(ln, "dockyard.cuda") for n, ln in labels.items()},
-                             {n: read_label(ln, variants.ARCHS_LABEL) for n, ln in labels.items()}, images)
+    label = variants.image_label
+    checks += check_variants(all_variants, host, {n: label(ln, "dockyard.cuda") for n, ln in labels.items()},
+                             {n: label(ln, variants.ARCHS_LABEL) for n, ln in labels.items()}, images)
     if info is None:
         return checks
     try:
@@ -85,8 +86,8 @@ def diagnose(settings: Settings, gpu_source: gpus.Recorded | None = None) -> lis
     if probe:
         checks.append(container.check_ds_report(facts["ds_report"], probe, image))
         if probe is not auto:  # probed with another variant's image: the one runs pick is still missing
-            cuda = read_label(labels[probe.name], "dockyard.cuda") or probe.cuda
-            archs = read_label(labels[probe.name], variants.ARCHS_LABEL) or variants.cuda_archs(probe)
+            cuda = variants.image_label(labels[probe.name], "dockyard.cuda") or probe.cuda
+            archs = variants.image_label(labels[probe.name], variants.ARCHS_LABEL) or variants.cuda_archs(probe)
             # the image here as the way out only where this host's driver and GPUs run it (`invoke run` refuses it
             # otherwise): a CUDA 12 node sent the cu132 archive was told to run with --variant=cu132
             runs = not host.gpus or not probe.is_cuda or (variants.driver_runs(cuda, host) is not False
@@ -262,16 +263,6 @@ def _p2p_way_out(host: Host, no_p2p: list[Link]) -> str:
         return ("PCIe has none between CPU sockets, so there is nothing to set; GPUs of one socket (`invoke run "
                 "--gpus=LIST`) have it where their bridge does")
     return "on bare metal check IOMMU/ACS settings, in a VM ask for P2P passthrough"
-
-
-LABEL_FORMS = {"dockyard.cuda": r"\d{1,3}\.\d{1,3}", variants.ARCHS_LABEL: variants.ARCHS_FORM}
-
-
-def read_label(labels: dict, key: str) -> str | None:
-    """An image's label as the build writes it, else None (the variant's own value is then used): an image loaded
-    from an archive carries whatever labels it was given, and `dockyard.cuda=13.x` was a ValueError traceback."""
-    value = labels.get(key)
-    return value if isinstance(value, str) and re.fullmatch(LABEL_FORMS[key], value) else None
 
 
 def _min_driver(cuda: str) -> str:

@@ -842,6 +842,29 @@ def test_invoke_load_refuses_an_image_this_hosts_driver_or_gpus_cannot_run_befor
     assert read == [True]
 
 
+@pytest.mark.parametrize("archs", ["abc", "9.0;", "sm_90", "1e9"])
+def test_invoke_load_of_a_set_whose_image_labels_no_build_writes_is_no_traceback(tmp_path, settings, monkeypatch,
+                                                                                archs):
+    """A set's manifest carries the image's labels as the image had them: an image built or relabelled elsewhere
+    (dockyard.cuda_archs "abc") made invoke load (and invoke ship, by the same rule) end in a ValueError traceback on
+    any host with a GPU. A label of no build's form is unknown, as invoke doctor reads it: the driver's check still
+    holds, the GPUs' is left to invoke run."""
+    driver_set(tmp_path, settings, "cu132", "", "")
+    paths = ArchivePaths(tmp_path / "dockyard_0.1.0-cu132.tar.zst")
+    manifest = json.loads(paths.manifest.read_bytes())
+    manifest["images"][0]["labels"][variants.ARCHS_LABEL] = archs
+    reseal(paths, {"images": manifest["images"]})
+    s = FakeEngine().install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    monkeypatch.setattr(load_mod, "load_verified", lambda *_: (_ for _ in ()).throw(DockyardError("read")))
+    for host, refused in [("h100x1_580", False), ("v100x2_535", True)]:
+        monkeypatch.setenv("DOCKYARD_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / f"{host}.json"))
+        with pytest.raises(DockyardError) as e:
+            load_mod.load(s, str(paths.archive))
+        assert ("cannot train here: driver 535" in str(e.value)) == refused and "no code" not in str(e.value), \
+            str(e.value)
+        assert str(e.value) == "read" or refused, str(e.value)
+
+
 def v100_beside_h100(tmp_path, settings, driver: str, cuda: str):
     """driver_set's cu132 set on a node of a V100 (GPU 0) and an H100 (GPU 1): its stand-in nvidia-smi says both."""
     argv, env = driver_set(tmp_path, settings, "cu132", driver, cuda)
