@@ -124,11 +124,13 @@ def not_an_object(line: str) -> str:
     if raw.count(b"[") + raw.count(b"{") > NESTING_LIMIT and _nests_past(raw):
         return NESTED
     try:
-        value = loads(line.rstrip("\r\n"), object_pairs_hook=one_of_each) if line.strip() else {}
+        value = json_line(line.rstrip("\r\n")) if line.strip() else {}
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
     except SetTwice as e:  # `datasets`: "JSON parse error: Column(/text) was specified twice in row 0"
         return TWICE.format(e.args[0])
+    except PastDouble as e:
+        return PAST_DOUBLE.format(e.args[0] if len(e.args[0]) <= 20 else e.args[0][:20] + "...")
     if isinstance(value, dict):
         return lone_surrogate(line, value)
     return f"{json_kind(value)}, not an object; each line must be one JSON object"
@@ -271,15 +273,43 @@ _NO_VALUE = Document(False, None, None, None, "")  # JSON Lines, or no JSON: rea
 
 
 TWICE = "names the field {} twice in one object: name each field once"
+# `datasets` (pyarrow): "JSON parse error: Number too big to be stored in double. in row 1", of no line (its rows count
+# from 0) or fix, once the image had started; Python's json reads such a number as infinity
+PAST_DOUBLE = ("the number {} is past a double's range (about 1.8e308), which `datasets` cannot read: write a smaller "
+               "one, or quote it to keep it as text")
+
+
+class PastDouble(ValueError):
+    """A JSON number of a line that no double holds (its text: args[0])."""
+
+
+_EXPONENT = re.compile(r"-?\d+(?:\.(\d+))?[eE]([+-]?\d+)")
+
+
+def _double(text: str) -> float:
+    """A JSON number as Python reads it, PastDouble where pyarrow refuses it: by its exponent less its digits after the
+    point, past 308 (1e309, -2.5E+400); 2e308 and a 400-digit number pyarrow reads as infinity, and so does this."""
+    value = float(text)
+    if math.isinf(value) and (m := _EXPONENT.fullmatch(text)) and int(m[2]) - len(m[1] or "") > 308:
+        raise PastDouble(text)
+    return value
+
+
+def json_line(line: str) -> Any:
+    """One JSON Lines line as `datasets` takes it: a field named twice (SetTwice) and a number no double holds
+    (PastDouble) refused, as pyarrow refuses them."""
+    return loads(line, object_pairs_hook=one_of_each, parse_float=_double)
 
 
 def datasets_refuses(line: str) -> str:
     """Why a JSON Lines line names a field twice (TWICE) or holds half a surrogate pair (lone_surrogate), "" where it
     does not or is no JSON (its own refusal)."""
     try:
-        return lone_surrogate(line, loads(line, object_pairs_hook=one_of_each))
+        return lone_surrogate(line, json_line(line))
     except SetTwice as e:
         return TWICE.format(e.args[0])
+    except PastDouble:
+        return not_an_object(line)
     except ValueError:
         pass
     return ""

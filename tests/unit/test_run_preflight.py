@@ -293,6 +293,31 @@ def test_a_line_the_host_counts_is_refused_as_the_trainer_refuses_it(env, tmp_pa
                 f"{name}: read past the step of one example"
 
 
+@pytest.mark.parametrize("number", ["1e999", "-2.5E+400", "1.5e" + "9" * 30])
+def test_a_number_no_double_holds_is_refused_by_its_line_and_a_fix(env, tmp_path, number):
+    """A number past a double's range on a line (a score of 1e999, a float printed by a tool that writes Infinity so):
+    Python's json reads it as infinity and passed it, and the trainer stopped on pyarrow's "JSON parse error: Number
+    too big to be stored in double. in row 1", of no line (its row counts from 0) and no fix. The trainer and the
+    host now name the line and the number, and say how to write it."""
+    from transformers import AutoTokenizer
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.run_settings import TINY_MODEL, RunSettings
+    from dockyard.train import data
+
+    given = tmp_path / "scores.jsonl"
+    given.write_text('{"text": "a", "score": 1}\n{"text": "b", "score": ' + number + "}\n"
+                     + a_step_of('{"text": "d", "score": 2}'))
+    with pytest.raises(DockyardError) as trainer:
+        data.load(RunSettings(data=str(given)), AutoTokenizer.from_pretrained(TINY_MODEL), seed=42)
+    said = f"cannot read {given}:2: the number {number[:20]}"
+    assert str(trainer.value).startswith(said) and "quote it" in str(trainer.value), trainer.value
+    refused(dry(env, f"--data={given}"), f"error: {trainer.value}")
+    given.write_text(a_step_of('{"text": "d", "score": 2e308}', '{"text": "e", "score": ' + "1" * 400 + ".0}"))
+    data.load(RunSettings(data=str(given)), AutoTokenizer.from_pretrained(TINY_MODEL), seed=42)  # read, as before
+    assert dry(env, f"--data={given}").returncode == 0, "pyarrow reads these as infinity: so does the host"
+
+
 def test_a_file_of_blank_lines_ending_in_cr_alone_is_counted_in_little_memory(tmp_path):
     """The count kept every part of a line read at \\r until a \\n ended it, to name a byte that is not UTF-8 at its
     column: a .txt of blank lines ending in \\r alone (old Mac line ends) piled them up, 2 GB held by `invoke run
