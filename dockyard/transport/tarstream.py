@@ -237,6 +237,9 @@ class TarGate:
             if kind in (b"x", b"L", b"K"):
                 if kind == b"x" and pax is not None:
                     raise DockyardError("the tar gives one member two PAX headers")
+                if size > EXTENDED_CAP:  # read whole into memory: held to what docker's reader takes, before it
+                    raise DockyardError(f"the tar holds an extended header of {size} bytes, more than docker's reader "
+                                        f"takes ({EXTENDED_CAP >> 20} MiB), which docker save never writes")
                 raw = self._read(src, _padded(size))
                 data = raw[:size]
                 self.write(header)

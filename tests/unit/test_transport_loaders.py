@@ -392,6 +392,35 @@ def test_the_gate_refuses_a_file_docker_load_would_decompress_by_itself(start, k
     assert g.tail
 
 
+@pytest.mark.parametrize("kind", [b"x", b"L", b"K"])
+@pytest.mark.parametrize("size", [b"%011o\0" % (64 << 20), bytes([0x80]) + (1 << 80).to_bytes(11, "big")],
+                         ids=["64MiB", "2**80"])
+def test_the_gate_refuses_an_extended_header_larger_than_dockers_reader_takes_before_reading_it(kind, size):
+    """A PAX or GNU long-name header of the outer tar was read whole into memory before the stream's limit was held
+    against it: one claiming 64 MiB held 64 MiB (a decompression bomb behind a header claiming gigabytes held them
+    all: invoke load killed for memory), one of 2**80 bytes (base-256) was an OverflowError traceback. Go's reader,
+    docker load's, takes 1 MiB at most there (the inner layers' headers are held to it already): so does the gate,
+    before reading it."""
+    header = header_with(tar_of(("a", b"", tarfile.REGTYPE, "")), 124, size)
+    header = header_with(header, 156, kind)
+    read = []
+
+    class Stream(io.RawIOBase):  # the header, then a decompressor's endless zeros, counted as the gate reads them
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            start = sum(read)
+            data = (header[:512][start:] + bytes(len(b)))[:len(b)]
+            b[:len(data)] = data
+            read.append(len(data))
+            return len(data)
+
+    with pytest.raises(DockyardError, match="an extended header of .* bytes, more than docker's reader takes"):
+        TarGate(io.BytesIO().write, 1 << 40).run(io.BufferedReader(Stream()))
+    assert sum(read) < 2 << 20, f"{sum(read)} bytes read of a header refused"
+
+
 def pax_record(key: str, value: str) -> bytes:
     body = f" {key}={value}\n"
     n = len(body) + len(str(len(body)))
