@@ -471,6 +471,14 @@ def deepspeed_matches(cfg: dict, spec: Strategy, path: Path) -> None:
                             f"recipe's strategy" + (f" ({' or '.join(match)} for this stage)" if match else ""))
 
 
+# The fsdp_config keys TrainingArguments reads (each may start with fsdp_, which it drops): any other it ignores
+FSDP_KEYS = ("version", "min_num_params", "transformer_layer_cls_to_wrap", "cpu_offload", "auto_wrap_policy",
+             "cpu_ram_efficient_loading", "state_dict_type", "activation_checkpointing", "reshard_after_forward",
+             "forward_prefetch", "backward_prefetch", "use_orig_params", "sync_module_states", "limit_all_gathers",
+             "xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings")
+FSDP_RENAMED = {"offload_params": "cpu_offload"}  # accelerate's config files' names, which TrainingArguments does not read
+
+
 def read_fsdp_file(path: Path) -> dict[str, Any]:
     """A recipe's FSDP file: `fsdp: true` and `fsdp_config:` (TrainingArguments' settings of those names), FSDP2.
     Read by the host (`run --dry`, `invoke recipes`) and the trainer. Anything else started a run that stopped only
@@ -490,6 +498,14 @@ def read_fsdp_file(path: Path) -> dict[str, Any]:
     settings = raw.get("fsdp_config") or {}
     if not isinstance(settings, dict):
         raise DockyardError(f"{path}: fsdp_config {settings!r}: takes `key: value` lines of FSDP settings")
+    for key in settings:  # transformers reads these alone (a leading fsdp_ dropped), and the rest not at all
+        name = str(key).removeprefix("fsdp_")
+        if name not in FSDP_KEYS:
+            near = FSDP_RENAMED.get(name) or next(iter(difflib.get_close_matches(name, FSDP_KEYS, n=1)), "")
+            hint = (f" (accelerate's name: write {near})" if name in FSDP_RENAMED else
+                    f" (did you mean {near}?)" if near else "")
+            raise DockyardError(f"{path}: fsdp_config.{key}: not a setting transformers reads{hint}, which it would "
+                                "drop without a word; check the spelling against TrainingArguments' fsdp_config")
     version = settings.get("version", settings.get("fsdp_version", 2))
     if version != STRATEGIES["fsdp"].fsdp_version:
         raise DockyardError(f"{path}: fsdp_config version {version!r}: the fsdp strategy is FSDP2, `version: 2` "

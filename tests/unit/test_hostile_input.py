@@ -111,10 +111,16 @@ def test_a_broken_ds_config_is_refused_by_the_host(ds_config, says, tmp_path):
     (("fsdp: true", "fsdp: false"), "fsdp False: write `fsdp: true`"),
     (("fsdp: true", "fsdp: full_shard auto_wrap"), "fsdp 'full_shard auto_wrap': write `fsdp: true`"),
     (("version: 2", "version: 1"), "fsdp_config version 1: the fsdp strategy is FSDP2"),
+    # a key transformers does not read was dropped without a word: a misspelt one, or accelerate's name for the
+    # offload (its config files' fsdp_offload_params), which trained with the weights on the GPU, out of memory
+    (("version: 2", "version: 2\n  reshard_after_forwrd: false"),
+     "fsdp_config.reshard_after_forwrd: not a setting transformers reads (did you mean reshard_after_forward?)"),
+    (("version: 2", "version: 2\n  fsdp_offload_params: true"),
+     "fsdp_config.fsdp_offload_params: not a setting transformers reads (accelerate's name: write cpu_offload)"),
 ])
 def test_an_fsdp_file_that_is_not_fsdp2_is_refused_by_the_host(edit, says, tmp_path):
     """`fsdp: false` trained with DDP until the strategy check stopped it, once the model had loaded on every GPU;
-    FSDP1 the same way."""
+    FSDP1 the same way. A key of fsdp_config that transformers does not read was dropped silently."""
     folder = tmp_path / "fsdp-mine"
     shutil.copytree(ROOT / "recipes" / "fsdp", folder)
     (folder / "fsdp.yaml").write_text((folder / "fsdp.yaml").read_text().replace(*edit))
@@ -122,6 +128,19 @@ def test_an_fsdp_file_that_is_not_fsdp2_is_refused_by_the_host(edit, says, tmp_p
         recipes.load_recipe(folder)
     r = invoke("run", "--dry", "--variant=cpu", f"--recipe={folder}")
     assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_fsdp_config_keys_the_host_takes_are_those_the_installed_transformers_reads():
+    """recipes.FSDP_KEYS against TrainingArguments' own reading of fsdp_config (its source: what it gets, indexes or
+    sets a default for), so a newer transformers' key is not refused, nor a dropped one taken."""
+    import inspect
+
+    from transformers import TrainingArguments
+
+    source = inspect.getsource(TrainingArguments)
+    read = set(re.findall(r'(?<!_)fsdp_config(?:\.get\(|\[|\.setdefault\()"(\w+)"', source))
+    assert read and read == set(recipes.FSDP_KEYS), read ^ set(recipes.FSDP_KEYS)
+    assert not set(recipes.FSDP_RENAMED) & read and set(recipes.FSDP_RENAMED.values()) <= read
 
 
 @pytest.mark.parametrize("settings,says", [
