@@ -30,10 +30,13 @@ TURNS = {"messages": ("messages", "role"), "sharegpt": ("conversations", "from")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "model": "assistant", "tool": "tool", "function_call": "assistant", "observation": "tool"}
 FIRST_LINE_LIMIT = 1 << 24  # bytes of a JSON Lines file's first example the host reads (an example is far less)
-# Brackets deep in one example: a chat nests 3 or 4. pyarrow's JSON reader (under `datasets`) crashes the process
-# (SIGSEGV, no word of the file) near 50,000; Python's json raises RecursionError near 1,000.
-NESTING_LIMIT = 100
-NESTED = f"nested more than {NESTING_LIMIT} brackets deep, which no training example is (a crafted or broken line)"
+# Brackets deep in one example: a chat nests 3 or 4. `datasets` makes a table of the examples whose schema nests as
+# deep (the example's object one level, each list or object in it one more), and Arrow refuses a 64th level ("Recursion
+# level in ArrowSchema struct exceeded", of no line); pyarrow's JSON reader crashes the process (SIGSEGV, no word of the
+# file) near 50,000, Python's json raises RecursionError near 1,000. A .json file's array around them is no level.
+NESTING_LIMIT = 63
+NESTED = (f"nests more than {NESTING_LIMIT} levels deep (the example's object one, each list or object in it one more), "
+          "which `datasets` cannot read: flatten that field, or leave it out")
 _JSON_EVENTS = re.compile(rb'["\\\[\]{}]')
 
 
@@ -302,8 +305,11 @@ def json_line(line: str) -> Any:
 
 
 def datasets_refuses(line: str) -> str:
-    """Why a JSON Lines line names a field twice (TWICE) or holds half a surrogate pair (lone_surrogate), "" where it
-    does not or is no JSON (its own refusal)."""
+    """Why a JSON Lines line names a field twice (TWICE), holds half a surrogate pair (lone_surrogate), a number no
+    double holds (PAST_DOUBLE) or nests past NESTING_LIMIT (NESTED), "" where it does not or is no JSON (its own
+    refusal)."""
+    if line.count("[") + line.count("{") > NESTING_LIMIT and _nests_past(line.encode("utf-8", "replace")):
+        return NESTED
     try:
         return lone_surrogate(line, json_line(line))
     except SetTwice as e:
@@ -449,7 +455,8 @@ def too_deep(path: Path) -> str:
     cannot nest that deep, so only the rare line with more is read bracket by bracket."""
     if path.suffix == ".json":
         data = path.read_bytes()
-        return str(path) if data.count(b"[") + data.count(b"{") > NESTING_LIMIT and _nests_past(data) else ""
+        deepest = NESTING_LIMIT + 1  # the array around the examples
+        return str(path) if data.count(b"[") + data.count(b"{") > deepest and _nests_past(data, deepest) else ""
     with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
             if line.count(b"[") + line.count(b"{") > NESTING_LIMIT and _nests_past(line):
@@ -540,8 +547,8 @@ def _json_lines(data: bytes) -> Iterator[object]:
             continue
 
 
-def _nests_past(data: bytes) -> bool:
-    """Whether JSON text opens more than NESTING_LIMIT brackets at once (brackets in strings are text)."""
+def _nests_past(data: bytes, limit: int = NESTING_LIMIT) -> bool:
+    """Whether JSON text opens more than `limit` brackets at once (brackets in strings are text)."""
     depth, in_string, skip = 0, False, -1
     for m in _JSON_EVENTS.finditer(data):
         pos = m.start()
@@ -557,7 +564,7 @@ def _nests_past(data: bytes) -> bool:
             in_string = True
         elif c in (0x5B, 0x7B):
             depth += 1
-            if depth > NESTING_LIMIT:
+            if depth > limit:
                 return True
         elif c in (0x5D, 0x7D):
             depth -= 1

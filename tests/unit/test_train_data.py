@@ -82,27 +82,37 @@ def test_bad_files_are_refused_with_their_line(tmp_path):
         read.read_rows(tmp_path / "x.md")
 
 
-@pytest.mark.parametrize("depth", [101, 5_000, 50_000])
+@pytest.mark.parametrize("depth", [63, 100, 5_000, 50_000])
 def test_json_nested_deeper_than_any_example_is_refused_before_pyarrow_reads_it(tmp_path, depth):
     """At 50,000 brackets pyarrow's reader crashed every process (SIGSEGV), saying nothing of the file; at 5,000
-    the trainer's own line check raised RecursionError (a traceback); on the host at 1,000. Brackets inside a
-    string are text, and are read."""
+    the trainer's own line check raised RecursionError (a traceback); on the host at 1,000. From 64 levels (a field
+    nested 63 deep in the example's object) up to 100, the host passed it and the trainer stopped on `datasets`'
+    "Recursion level in ArrowSchema struct exceeded", of no line or fix. Brackets inside a string are text, and are
+    read; 63 levels are read, in a .jsonl and a .json file (whose array around the examples is no level)."""
     nested = "[" * depth + "]" * depth
     jsonl, whole = tmp_path / "deep.jsonl", tmp_path / "deep.json"
     jsonl.write_text('{"text": "a"}\n{"text": "b", "x": ' + nested + "}\n")
     whole.write_text('[{"text": "a", "x": ' + nested + "}]")
     for path, where in ((jsonl, "deep.jsonl:2"), (whole, "deep.json")):
-        with pytest.raises(DockyardError, match=f"cannot read .*{where}: nested more than 100 brackets deep"):
+        with pytest.raises(DockyardError, match=f"cannot read .*{where}: nests more than 63 levels deep"):
             read.read_rows(path)
     from dockyard.common.data_files import first_example
 
     first = tmp_path / "first.jsonl"
     first.write_text('{"text": "b", "x": ' + nested + "}\n")
-    with pytest.raises(DockyardError, match="first.jsonl:1: nested more than 100"):
+    with pytest.raises(DockyardError, match="first.jsonl:1: nests more than 63 levels"):
         first_example(first)  # what `invoke run --dry` reads
+    from dockyard.common.data_files import examples_in
+
+    with pytest.raises(DockyardError, match="deep.jsonl:2: nests more than 63 levels"):
+        examples_in([jsonl], 16)  # and the lines it counts
     text = tmp_path / "brackets.jsonl"
     text.write_text(json.dumps({"text": "[" * 500 + '\\" {' * 200}) + "\n")
     assert read.read_rows(text)[0]["text"].startswith("[[[")
+    deepest = "[" * 62 + "]" * 62
+    jsonl.write_text('{"text": "a"}\n{"text": "b", "x": ' + deepest + "}\n")
+    whole.write_text('[{"text": "a", "x": ' + deepest + "}]")
+    assert len(read.read_rows(jsonl)) == 2 and len(read.read_rows(whole)) == 1
 
 
 def test_rows_naming_thousands_of_fields_are_refused_before_datasets_makes_a_table_of_them(tmp_path):

@@ -111,7 +111,7 @@ def test_a_hub_dataset_is_read_from_the_local_cache_only(tok, tmp_path, monkeypa
     # crashed every process (SIGSEGV, no manifest), where the same file given by path was refused by its line
     deep = repo / "snapshots" / revision / "data" / "train.jsonl"
     deep.write_text('{"messages": []}\n' + '{"text": "x", "y": ' + "[" * 200 + "]" * 200 + "}\n")
-    with pytest.raises(DockyardError, match=r"cannot read .*train.jsonl:2: nested more than 100 brackets deep"):
+    with pytest.raises(DockyardError, match=r"cannot read .*train.jsonl:2: nests more than 63 levels deep"):
         read.read_rows("acme/chats")
 
 
