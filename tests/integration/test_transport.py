@@ -125,6 +125,20 @@ def test_plain_docker_load_and_load_sh_work_on_node2(node, images, shipped):
     assert node.image_id(images["v1"]) == images["v1_id"]
 
 
+
+def test_a_gzip_set_loads_on_a_node_by_load_sh_and_by_plain_docker_load(node, images, tmp_path):
+    """--compress=gzip is for a node without zstd: its set loads there by load.sh and by gzip -dc | docker load."""
+    r = invoke("save", f"--image={images['v1']}", f"--out={tmp_path}", "--compress=gzip", "--level=1")
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / f"{IMAGE}_v1.tar.gz"
+    node.wipe()
+    node.ssh(f"gzip -dc {path} | docker load")
+    assert node.image_id(images["v1"]) == images["v1_id"]
+    node.wipe()
+    r = node.ssh(f"sh {tmp_path}/load.sh {path.name}")
+    assert f"loaded {images['v1']} {images['v1_id']}" in r.stdout
+    assert node.image_id(images["v1"]) == images["v1_id"]
+
 def test_thin_archive_after_a_recipe_change(node, images, full, shipped, ssh_env, tmp_path):
     _ensure_v1(node, images, shipped)
     dist = full[0].parent
