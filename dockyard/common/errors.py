@@ -86,8 +86,11 @@ def raised_outside_a_class_being_built(handler: Callable[[int, Any], None]) -> C
         if in_set_name(frame):
             again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
             again.daemon = True
-            again.start()
-            return
+            try:
+                again.start()
+                return
+            except RuntimeError:  # no thread to be had (a pid limit): raised here, wrapped, rather than lost
+                pass
         handler(signum, frame)
 
     return handle

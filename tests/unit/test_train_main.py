@@ -1426,3 +1426,37 @@ def test_the_trainers_report_to_and_optim_args_refusals_say_a_long_value_cut(tmp
         said.append(str(refused.value))
     assert [s.split(" ")[0] for s in said] == ["report_to"] * 2 + ["optim"] + ["optim_args"] * 2, said
     assert all(len(s) < 400 and "\n" not in s for s in said), [len(s) for s in said]
+
+
+def test_a_stop_that_cannot_be_deferred_for_want_of_a_thread_is_raised_not_lost(monkeypatch):
+    """Inside a class being built, the trainer's signal is sent again from a thread; a process at its pid limit has
+    no thread to give (Timer.start: "can't start new thread", a stand-in here), and that RuntimeError took the
+    signal's place, the stop lost. The stop is then raised where it landed (wrapped, which the trainer unwraps)."""
+    import os
+    import signal
+    import threading
+
+    from dockyard.common.errors import raised_outside_a_class_being_built, wrapped_signal
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop(signum)
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    class Field:
+        def __set_name__(self, owner, name):
+            os.kill(os.getpid(), signal.SIGUSR1)  # the signal lands here, while the class is built
+
+    monkeypatch.setattr(threading.Timer, "start", no_thread)
+    before = signal.signal(signal.SIGUSR1, raised_outside_a_class_being_built(stop))
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            class Built:  # noqa: F841 - built for its field's __set_name__
+                buffer = Field()
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert isinstance(wrapped_signal(raised.value, (Stop,)), Stop), raised.value.__cause__
