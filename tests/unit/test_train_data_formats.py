@@ -816,3 +816,11 @@ def test_the_template_s_alarm_landing_in_a_lazy_import_is_said_as_the_template_s
     tok.apply_chat_template = loads_lazily(tok.apply_chat_template, limits.TooSlow())
     with pytest.raises(DockyardError, match=r"^example 1: the model's chat template took more than \d+ s to render"):
         tokens.tokenize([{"messages": CHAT}], "messages", tok, 64)
+
+
+def test_the_template_s_memory_limit_landing_in_a_lazy_import_is_said_as_the_template_s_memory(tok):
+    """The render's memory limit (RLIMIT_AS) can run out while the first render's import builds a class: that read
+    'the model's chat template refuses this conversation: MemoryError', where the limit is meant to be said."""
+    tok.apply_chat_template = loads_lazily(tok.apply_chat_template, MemoryError())
+    with pytest.raises(DockyardError, match=r"^example 1: the model's chat template took more than .* of memory"):
+        tokens.tokenize([{"messages": CHAT}], "messages", tok, 64)

@@ -178,7 +178,7 @@ def chat_tokens(messages: list[dict[str, str]], tokenizer: Any, n: int, keep: in
     continuation), tokenized on its own; `keep`: only the first `keep` tokens are used (0: all)."""
     def render(msgs: list[dict[str, str]], generation_prompt: bool) -> str:
         try:
-            with signals_unwrapped(STOPS), time_limit(RENDER_SECONDS), memory_limit(RENDER_BYTES):
+            with signals_unwrapped((*STOPS, MemoryError)), time_limit(RENDER_SECONDS), memory_limit(RENDER_BYTES):
                 return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
         except TooSlow:
             raise DockyardError(f"example {n}: the model's chat template took more than {RENDER_SECONDS} s to render "
