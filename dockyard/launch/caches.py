@@ -126,7 +126,7 @@ def _every_writable(settings: Settings) -> list[tuple[str, Path, str]]:
     return writable_folders(settings, True, settings.path(settings.runs_dir))
 
 
-EXAMPLES = {"runs_dir": "INVOKE_DOCKYARD_RUNS_DIR=/big/disk/runs", "hf_cache": HF_EXAMPLE, "compile_cache": COMPILE_EXAMPLE}
+EXAMPLES = {"runs_dir": "INVOKE_DOCKYARD_RUNS_DIR=/shared/runs", "hf_cache": HF_EXAMPLE, "compile_cache": COMPILE_EXAMPLE}
 
 
 def prepare(settings: Settings, compile_cache: bool) -> None:
