@@ -367,10 +367,19 @@ def users_folder(folder: Path | str, writable: list[Path]) -> Path:
     """A folder the user named for an output (--out): a link on its way there (~/jobs -> /scratch/jobs) is the user's
     own, followed; inside a folder a run's container can write (`writable`: caches.container_writable, the runs folder
     and the caches), where code in a container could have planted one, none is: the path as typed is what the check
-    that follows (caches.check_out_of_reach) refuses."""
+    that follows (caches.check_out_of_reach) refuses. Such a folder is known as written and where its links lead, and
+    the path typed through a link of the user's own to it (~ a link to /nfs/home/u, the runs folder resolved) is
+    followed as far as that folder and no further: compared as written alone, it was missed, and a planted link
+    followed."""
     absolute = Path(os.path.abspath(os.path.expanduser(folder)))
-    inside = any(absolute.is_relative_to(os.path.abspath(w)) for w in writable)
-    return absolute if inside else followed(absolute, "--out")
+    inner = {Path(route(w)) for w in writable for route in (os.path.abspath, os.path.realpath)}
+    if any(absolute.is_relative_to(w) for w in inner):
+        return absolute
+    for above in (*reversed(absolute.parents), absolute):  # from / down: the first that leads into one
+        led = Path(os.path.realpath(above))
+        if any(led.is_relative_to(w) for w in inner):
+            return led / absolute.relative_to(above)
+    return followed(absolute, "--out")
 
 
 def followed(path: Path | str, flag: str) -> Path:

@@ -397,6 +397,17 @@ def test_every_folder_a_container_is_given_to_write_is_refused_for_a_file_the_ho
         assert not (folder / "jobs").exists(), folder
 
 
+def _writers_to(s, out: Path) -> list:
+    """Each command that writes a file the host hands on later, given --out `out`: invoke slurm, k8s and save."""
+    from dockyard.launch import k8s, slurm
+    from dockyard.transport import save as save_mod
+
+    return [lambda: slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu",
+                                out=str(out / "x.sbatch")),
+            lambda: k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2", out=str(out)),
+            lambda: save_mod.save(s, image="x:1", out=str(out))]
+
+
 def test_an_out_through_a_link_planted_in_any_folder_a_container_writes_is_refused_not_followed(settings, tmp_path):
     """runfolder.users_folder follows the links on the way to an --out (the user's own: ~/jobs -> /scratch/jobs), but
     none inside the runs folder, where code in a container could have planted one: the path as typed is refused
@@ -406,8 +417,7 @@ def test_an_out_through_a_link_planted_in_any_folder_a_container_writes_is_refus
     script wherever the container pointed x, and `invoke save --out` followed a link planted in the runs folder too.
     Now no link inside any folder a container writes is followed (one list, caches.writable_folders), by slurm, k8s
     or save, and the --out is refused as typed, nothing written; a link of one's own elsewhere is still followed."""
-    from dockyard.launch import k8s, slurm
-    from dockyard.transport import save as save_mod
+    from dockyard.launch import slurm
 
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "jobs_dir": tmp_path / "jobs",
                                     "hf_cache": tmp_path / "hf", "compile_cache": str(tmp_path / "compile")})
@@ -417,11 +427,7 @@ def test_an_out_through_a_link_planted_in_any_folder_a_container_writes_is_refus
         folder.mkdir()
         (folder / "planted").symlink_to(elsewhere)
         out = folder / "planted"
-        for write in (lambda out=out: slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[],
-                                                  variant="cpu", out=str(out / "x.sbatch")),
-                      lambda out=out: k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r2",
-                                                out=str(out)),
-                      lambda out=out: save_mod.save(s, image="x:1", out=str(out))):
+        for write in _writers_to(s, out):
             with pytest.raises(DockyardError, match=f"--out {re.escape(str(out))}(/x.sbatch)? is inside "
                                                     f"{re.escape(str(folder))} .*which every run's container can write"):
                 write()
@@ -431,6 +437,35 @@ def test_an_out_through_a_link_planted_in_any_folder_a_container_writes_is_refus
     script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu",
                          out=str(mine / "x.sbatch"))
     assert script == elsewhere / "x.sbatch" and script.is_file()
+
+
+@pytest.mark.parametrize("aliased", ["the settings", "the --out"])
+def test_an_out_through_a_planted_link_is_refused_whichever_route_names_the_folder_a_container_writes(
+        settings, tmp_path, aliased):
+    """users_folder told an --out inside a folder a container writes by comparing the path as typed with the setting
+    as written: where the two named that folder by different routes (the runs folder resolved, /nfs/home/u/proj/runs,
+    and --out=~/proj/runs/x/job.sbatch with ~ a link to /nfs/home/u; hf_cache=~/.cache/huggingface with ~/.cache a
+    link to /scratch/cache, and the --out typed through /scratch), it missed, followed the link a container planted
+    at x, and the script was written where x led. Each folder is here reached through a link of the user's own
+    (alias -> real), the settings written one way and the --out typed the other: refused by slurm, k8s and save,
+    nothing written where the planted link leads."""
+    real, alias = tmp_path / "real", tmp_path / "alias"
+    real.mkdir()
+    alias.symlink_to(real)
+    named, typed = (alias, real) if aliased == "the settings" else (real, alias)
+    s = settings.model_copy(update={"runs_dir": named / "runs", "jobs_dir": tmp_path / "jobs",
+                                    "hf_cache": named / "hf", "compile_cache": str(named / "compile")})
+    elsewhere = tmp_path / "elsewhere"  # where a container's link leads: outside every mount
+    elsewhere.mkdir()
+    for folder in ("runs", "hf", "compile"):
+        (real / folder).mkdir()
+        (real / folder / "planted").symlink_to(elsewhere)
+        out = typed / folder / "planted"
+        for write in _writers_to(s, out):
+            with pytest.raises(DockyardError, match=f"is inside {re.escape(str(named / folder))} .*which every run's "
+                                                    "container can write"):
+                write()
+        assert not any(elsewhere.iterdir()), folder
 
 
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
