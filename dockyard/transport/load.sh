@@ -14,7 +14,7 @@
 set -u
 NAMESPACE=dockyard-archive
 
-die() { echo "load.sh: $*" >&2; exit 1; }
+die() { printf '%s\n' "load.sh: $*" >&2; exit 1; }
 # What a user gave, as a message quotes it (invoke's errors.short; run.sh has it too): its first 60 characters, else
 # 57 and "..." (a value of thousands of characters was said whole); a path's first 120 ($2: as errors.cut says
 # paths). In characters of UTF-8, cut between two: dash counts and cuts bytes (${#1}, printf %.Ns), which split an é
@@ -39,10 +39,10 @@ short() {
 # where SIGTERM is ignored on entry, and the loop went on after the script ended
 beat() {
 	t=0 every=${LOAD_SH_EVERY:-30}
-	case $every in ''|*[!0-9]*|0*) echo "load.sh: LOAD_SH_EVERY=$(short "$every") is not a whole number of seconds above 0: a line every 30 s" >&2; every=30 ;; esac
+	case $every in ''|*[!0-9]*|0*) printf '%s\n' "load.sh: LOAD_SH_EVERY=$(short "$every") is not a whole number of seconds above 0: a line every 30 s" >&2; every=30 ;; esac
 	while sleep "$every" </dev/null >/dev/null 2>&1; do
 		t=$((t + every))
-		echo "$1: still at it, $t s so far ..."
+		printf '%s\n' "$1: still at it, $t s so far ..."
 	done
 }
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is missing on this node: $2"; }
@@ -170,9 +170,9 @@ as_saved() {
 		want=${pair#*=}
 		got=$(docker image inspect --format "$format" "$ref" 2>/dev/null)
 		if [ "$got" = "$want" ]; then
-			echo "loaded $ref $(docker image inspect --format '{{.Id}}' "$ref")"
+			printf '%s\n' "loaded $ref $(docker image inspect --format '{{.Id}}' "$ref")"
 		else
-			[ "${1:-}" = quiet ] || echo "load.sh: $ref is ${got:-missing}, expected $want" >&2
+			[ "${1:-}" = quiet ] || printf '%s\n' "load.sh: $ref is ${got:-missing}, expected $want" >&2
 			bad=1
 		fi
 	done
@@ -273,20 +273,20 @@ said_moved() {  # the folder of a killed load.sh, its process id
 	[ -f "$1/before" ] && [ -f "$1/manifest.json" ] || return 0
 	docker info >/dev/null 2>&1 || return 1  # kept for a load.sh that can ask the engine
 	archive=$(sed -n 's/^  "archive": "\(.*\)",$/\1/p' "$1/manifest.json")
-	for ref in $( (for pair in $(field check_images "$1/manifest.json"); do echo "${pair%%=*}"; done
+	for ref in $( (for pair in $(field check_images "$1/manifest.json"); do printf '%s\n' "${pair%%=*}"; done
 		sed -n 's/^Loaded image: //p' "$1/load.out" 2>/dev/null) | sort -u); do
 		now=$(docker image inspect --format '{{.Id}}' "$ref" 2>/dev/null)
 		was=$(awk -v r="$ref" '$2 == r { print $1; exit }' "$1/before")
 		[ -n "$now" ] && [ "$now" != "$was" ] || continue
 		short=$(printf '%s' "${was#sha256:}" | cut -c1-12)
-		IMAGES=$(for pair in $(field check_images "$1/manifest.json"); do [ "${pair%%=*}" = "$ref" ] && echo "$pair"; done)
-		LAYERS=$(for pair in $(field check_layers "$1/manifest.json"); do [ "${pair%%=*}" = "$ref" ] && echo "$pair"; done)
+		IMAGES=$(for pair in $(field check_images "$1/manifest.json"); do [ "${pair%%=*}" = "$ref" ] && printf '%s\n' "$pair"; done)
+		LAYERS=$(for pair in $(field check_layers "$1/manifest.json"); do [ "${pair%%=*}" = "$ref" ] && printf '%s\n' "$pair"; done)
 		if as_saved quiet >/dev/null; then
 			[ -n "$was" ] || continue
 			kept=$(docker image inspect --format '{{range .RepoTags}}{{.}} {{end}}' "$was" 2>/dev/null | sed 's/ *$//; s/ /, /g')
-			echo "load.sh: replaced tag $ref (the image it named before, $short, ${kept:+still tagged }${kept:-is now untagged}): by a load of $archive killed outright (process $2) before it could say so"
+			printf '%s\n' "load.sh: replaced tag $ref (the image it named before, $short, ${kept:+still tagged }${kept:-is now untagged}): by a load of $archive killed outright (process $2) before it could say so"
 		else
-			echo "load.sh: warning: $ref names $(printf '%s' "${now#sha256:}" | cut -c1-12), not the image $archive holds: a load of it killed outright (process $2) before its check left it so; it named ${short:-nothing} before. Put it back: $(if [ -n "$was" ]; then echo "docker tag $short $ref"; else echo "docker rmi $ref"; fi)" >&2
+			printf '%s\n' "load.sh: warning: $ref names $(printf '%s' "${now#sha256:}" | cut -c1-12), not the image $archive holds: a load of it killed outright (process $2) before its check left it so; it named ${short:-nothing} before. Put it back: $(if [ -n "$was" ]; then printf '%s\n' "docker tag $short $ref"; else printf '%s\n' "docker rmi $ref"; fi)" >&2
 		fi
 	done
 }
@@ -307,7 +307,7 @@ for old in "${TMPDIR:-/tmp}"/dockyard-load.*; do
 	case $tag in *.*) [ "${tag%%.*}" = "$HOST_TAG" ] || continue ;; esac
 	kill -0 "$pid" 2>/dev/null && continue
 	said_moved "$old" "$pid" || continue
-	rm -rf "$old" && echo "load.sh: removed $(short "$old" 120), the private copy of a load.sh killed before it could remove it" >&2
+	rm -rf "$old" && printf '%s\n' "load.sh: removed $(short "$old" 120), the private copy of a load.sh killed before it could remove it" >&2
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/dockyard-load.$$.$HOST_TAG.XXXXXX") || die "cannot make a private folder in $(short "${TMPDIR:-/tmp}" 120)"
 # The folder (a full-size copy of the archive) goes however the script ends. A signal ends it through `exit`,
@@ -352,7 +352,7 @@ if [ -n "${ALLOWED_SIGNERS:-}" ]; then
 	signed=$(sed -n 's/.*"archive_sha256": "\([0-9a-f]*\)".*/\1/p' "$work/manifest.json")
 	listed=$(grep "  $name\$" "$work/sums" | cut -d' ' -f1)
 	[ -n "$signed" ] && [ "$signed" = "$listed" ] || die "$base.sha256 does not match the signed manifest: refused, nothing was loaded"
-	echo "signature good: signed by $who"
+	printf '%s\n' "signature good: signed by $who"
 fi
 
 # Exactly the two lines `invoke save` writes: an empty, partial or padded .sha256 would verify less than it claims.
@@ -456,7 +456,7 @@ size=$(wc -c <"$name" | tr -d ' ')
 # alone (the digest of the image's config and layers), so on the classic store only: containerd names an image by a
 # manifest it writes on import, and the same layers under another config are another image.
 if [ "$(store)" = classic ] && as_saved quiet >"$work/said"; then
-	echo "$name: every image it holds is already loaded here, as saved (same id; the archive itself was not read): nothing to do"
+	printf '%s\n' "$name: every image it holds is already loaded here, as saved (same id; the archive itself was not read): nothing to do"
 	sed 's/^loaded /already here: /' "$work/said"  # not "loaded": nothing was
 	exit 0
 fi
@@ -464,7 +464,7 @@ fi
 free=$(df -Pk "$work" | awk 'NR == 2 { print $4 }')
 [ "$free" -ge $((ARCHIVE_BYTES / 1024 + 1024)) ] \
 	|| die "not enough space in $(short "$work" 120) for a private copy of $name (${free} KiB free, $((ARCHIVE_BYTES / 1024)) KiB needed): set TMPDIR to a folder with room"
-echo "verifying $name ($((ARCHIVE_BYTES / 1048576)) MiB: its sha256, on the way to a private copy that is what gets loaded) ..."
+printf '%s\n' "verifying $name ($((ARCHIVE_BYTES / 1048576)) MiB: its sha256, on the way to a private copy that is what gets loaded) ..."
 mkfifo "$work/copy" || die "cannot make a fifo in $(short "$work" 120)"
 sha256 <"$work/copy" >"$work/copy.sha256" & hasher=$!
 tee "$work/$name" >"$work/copy" <"$name" & copier=$!
@@ -498,7 +498,7 @@ fi
 docker image ls -a --no-trunc --format '{{.ID}} {{.Repository}}:{{.Tag}}' >"$work/before" \
 	|| die "docker cannot list its images"
 roll_back() {
-	names=$(for pair in $IMAGES; do echo "${pair%%=*}"; done; sed -n 's/^Loaded image: //p' "$work/load.out" 2>/dev/null)
+	names=$(for pair in $IMAGES; do printf '%s\n' "${pair%%=*}"; done; sed -n 's/^Loaded image: //p' "$work/load.out" 2>/dev/null)
 	moved=
 	for ref in $(printf '%s\n' "$names" | sort -u); do
 		now=$(docker image inspect --format '{{.Id}}' "$ref" 2>/dev/null)
@@ -514,7 +514,7 @@ roll_back() {
 	for id in $(sort -u "$work/new" 2>/dev/null); do
 		grep -q "^$id " "$work/before" || docker rmi "$id" >/dev/null 2>&1
 	done
-	[ -z "$moved" ] || echo "load.sh: the tags the load moved are back where they were:$moved; the images it brought are removed" >&2
+	[ -z "$moved" ] || printf '%s\n' "load.sh: the tags the load moved are back where they were:$moved; the images it brought are removed" >&2
 }
 refuse() { cat "$work/load.out" >&2 2>/dev/null; roll_back; die "$@"; }
 
@@ -538,14 +538,14 @@ case $TAR_FILENAME in
 	tee "$f" | { LC_ALL=C tar -tv --numeric-owner -f - 2>/dev/null | awk '{ n += $3 } END { printf "%.0f\n", n }' >"$f.n"
 		cat >/dev/null; }
 	wait
-	echo "$(cat "$f.start") $TAR_FILENAME"
-	[ "$(cat "$f.n")" -le "$TAR_SIZE" ] || echo "$TAR_FILENAME" >>"$PEEK_DIR/sparse"
+	printf '%s\n' "$(cat "$f.start") $TAR_FILENAME"
+	[ "$(cat "$f.n")" -le "$TAR_SIZE" ] || printf '%s\n' "$TAR_FILENAME" >>"$PEEK_DIR/sparse"
 	rm -f "$f" "$f.start" "$f.n" ;;
-*) od -An -tx1 -N6 | tr -d ' \n'; echo " $TAR_FILENAME"; cat >/dev/null ;;
+*) od -An -tx1 -N6 | tr -d ' \n'; printf '%s\n' " $TAR_FILENAME"; cat >/dev/null ;;
 esac
 echo "$TAR_SIZE" >>"$PEEK_DIR/sizes"
 PEEK
-echo "checking $name ..."
+printf '%s\n' "checking $name ..."
 mkdir "$work/x" && mkfifo "$work/count" || die "cannot make a folder and a fifo in $(short "$work" 120)"
 wc -c <"$work/count" >"$work/bytes" & running=$!
 beat "checking $name" & beater=$!
@@ -568,7 +568,7 @@ packed=$(grep -E -m 1 '^(1f8b08|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)' "
 
 # docker load prints nothing until it is done (no progress without a terminal): how long to expect, said first,
 # then a line every LOAD_SH_EVERY seconds (30) while it goes on: a log tells a slow load from a hung one
-echo "loading $name: docker load unpacks $((TAR_BYTES / 1048576)) MiB of layers (about a minute for each few GB) and says nothing until it is done ..."
+printf '%s\n' "loading $name: docker load unpacks $((TAR_BYTES / 1048576)) MiB of layers (about a minute for each few GB) and says nothing until it is done ..."
 beat "loading $name" & beater=$!
 # At most what the manifest declares reaches docker load (the free-space check counted that much): an archive
 # that decompresses to more is stopped there, and docker load is killed before its input ends, so it loads
@@ -616,4 +616,4 @@ done
 
 as_saved >"$work/said" || refuse "docker load did not load every image of $name: refused"
 cat "$work/said"
-echo "$name: verified and loaded in $(($(date +%s) - began)) s"  # as `invoke load` ends (ship reads "loaded " lines)
+printf '%s\n' "$name: verified and loaded in $(($(date +%s) - began)) s"  # as `invoke load` ends (ship reads "loaded " lines)

@@ -735,6 +735,28 @@ def test_load_sh_says_a_value_of_thousands_of_characters_by_its_start_cut_betwee
     assert r.returncode == 1 or "LOAD_SH_EVERY" in env, r.stderr.decode()[:600]  # that one warns, and loads on
 
 
+BACKSLASHED = r"a\033]0;x\007\c"  # printable ASCII, which dash's echo read as ESC ] 0 ; x BEL (the terminal's title), then a cut
+
+
+@pytest.mark.parametrize("typed, says", [
+    (["--" + BACKSLASHED], "unknown option --" + BACKSLASHED + ": sh load.sh [ARCHIVE]"),     # die
+    (["named/" + BACKSLASHED + ".tar.zst"], BACKSLASHED + ".sha256 is missing here: copy"),   # die, a path
+    (["named"], "name the archive in it, sh load.sh named/" + BACKSLASHED + ".tar.zst"),     # die, a file's name
+    ([], "LOAD_SH_EVERY=" + BACKSLASHED + " is not a whole number"),                          # a warning
+])
+def test_load_sh_says_a_value_holding_backslashes_as_typed_not_as_escapes(tmp_path, typed, says):
+    r"""load.sh said names and values through dash's echo, which reads backslash escapes: an archive named
+    a\033]0;x\007.tar.zst (printable ASCII, so said) set the terminal's title, and a \c cut the line there, the fix
+    with it. Under dash, each is now said as typed, with the rest of its line, and no control byte."""
+    argv, env, _ = load_sh_set(tmp_path, "exec cat >/dev/null")
+    (tmp_path / "named").mkdir()
+    (tmp_path / "named" / (BACKSLASHED + ".tar.zst")).write_bytes(b"")
+    r = subprocess.run(["dash", argv[1], *(typed or argv[2:])], capture_output=True, cwd=tmp_path, timeout=60,
+                       env={**env, "LOAD_SH_EVERY": BACKSLASHED} if not typed else env)
+    assert not re.search(rb"[\x00-\x08\x0b-\x1f\x7f]", r.stdout + r.stderr), r.stderr[:600]
+    assert says in r.stderr.decode(), r.stderr.decode()[:600]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_load_sh_stopped_mid_load_leaves_no_private_copy_and_stops_docker_load(tmp_path, sig):
     """Killed while docker load (which reads nothing here) holds up the load: load.sh ends at once with 128 + the
