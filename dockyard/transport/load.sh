@@ -24,7 +24,8 @@ short() {
 		export LC_ALL=C
 		n=${2:-60} tail=$(printf '[\200-\277]')
 		chars=$(printf '%s' "$1" | tr -d '\200-\277')
-		[ ${#chars} -gt "$n" ] || { printf '%s' "$1"; exit 0; }
+		# past 4 bytes a character too: bytes that start none (10xxxxxx alone: Latin-1's ° ± µ, garbage) count none
+		[ ${#chars} -gt "$n" ] || [ ${#1} -gt $((n * 4)) ] || { printf '%s' "$1"; exit 0; }
 		cut=$(printf "%.$(((n - 3) * 4))s" "$1")  # the first n - 3 characters, whole, and some more
 		chars=$(printf '%s' "$cut" | tr -d '\200-\277') left=${#chars}
 		while [ "$left" -gt $((n - 3)) ]; do  # the last character off, a cut one first

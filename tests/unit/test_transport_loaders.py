@@ -735,6 +735,20 @@ def test_load_sh_says_a_value_of_thousands_of_characters_by_its_start_cut_betwee
     assert r.returncode == 1 or "LOAD_SH_EVERY" in env, r.stderr.decode()[:600]  # that one warns, and loads on
 
 
+@pytest.mark.parametrize("shell", ["dash", "bash"])
+def test_load_sh_says_a_value_of_bytes_that_start_no_utf8_character_by_its_start_too(tmp_path, shell):
+    """short() counted characters as the bytes that start one (any but 10xxxxxx): a value of those alone (a Latin-1
+    name of ° ± ² µ · « » ©, all 0xA0-0xBF, or garbage) counted none and was said whole, at any length. It is now cut
+    past 4 bytes a character too: said by its start and '...', the rest of the line still said."""
+    argv, env, _ = load_sh_set(tmp_path, "exec cat >/dev/null")
+    latin1 = "°±²µ·«»©".encode("latin-1") * 400  # 3,200 bytes, no UTF-8 character start among them
+    r = subprocess.run([shell, argv[1], b"--" + latin1], capture_output=True, env=env, timeout=60)
+    said = next(line for line in r.stderr.splitlines() if line.startswith(b"load.sh: unknown option --"))
+    assert len(said) < 400 and said.endswith(b"...: sh load.sh [ARCHIVE] or sh load.sh --inventory (sh load.sh "
+                                             b"--help says more)"), said[:600]
+    assert said.removeprefix(b"load.sh: unknown option ").startswith(b"--" + latin1[:200]) and r.returncode == 1, said
+
+
 BACKSLASHED = r"a\033]0;x\007\c"  # printable ASCII, which dash's echo read as ESC ] 0 ; x BEL (the terminal's title), then a cut
 
 
