@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from dockyard import ROOT
 from dockyard.common import tree
-from dockyard.common.errors import DockyardError, MiB, json_object, problems, read_bounded, shown, yaml_problem
+from dockyard.common.errors import DockyardError, MiB, cut, json_object, problems, read_bounded, short, shown, yaml_problem
 
 RECIPES = ROOT / "recipes"
 # What yaml.safe_load raises besides YAMLError: its constructors convert tagged and date-like scalars with int(),
@@ -491,24 +491,24 @@ def read_fsdp_file(path: Path) -> dict[str, Any]:
         raise DockyardError(f"{path}: expected `fsdp:` and `fsdp_config:` lines")
     extra = sorted(set(raw) - {"fsdp", "fsdp_config"})
     if extra:
-        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {', '.join(map(str, extra))}")
+        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {cut(', '.join(map(str, extra)))}")
     if raw.get("fsdp") is not True:  # false or left out: no FSDP at all; text or a list: transformers' deprecated form
-        raise DockyardError(f"{path}: fsdp {raw.get('fsdp')!r}: write `fsdp: true` (the sharding, offload and "
+        raise DockyardError(f"{path}: fsdp {short(raw.get('fsdp'))}: write `fsdp: true` (the sharding, offload and "
                             "wrapping go under fsdp_config:, as in recipes/fsdp/fsdp.yaml)")
     settings = raw.get("fsdp_config") or {}
     if not isinstance(settings, dict):
-        raise DockyardError(f"{path}: fsdp_config {settings!r}: takes `key: value` lines of FSDP settings")
+        raise DockyardError(f"{path}: fsdp_config {short(settings)}: takes `key: value` lines of FSDP settings")
     for key in settings:  # transformers reads these alone (a leading fsdp_ dropped), and the rest not at all
         name = str(key).removeprefix("fsdp_")
         if name not in FSDP_KEYS:
             near = FSDP_RENAMED.get(name) or next(iter(difflib.get_close_matches(name, FSDP_KEYS, n=1)), "")
             hint = (f" (accelerate's name: write {near})" if name in FSDP_RENAMED else
                     f" (did you mean {near}?)" if near else "")
-            raise DockyardError(f"{path}: fsdp_config.{key}: not a setting transformers reads{hint}, which it would "
-                                "drop without a word; check the spelling against TrainingArguments' fsdp_config")
+            raise DockyardError(f"{path}: fsdp_config.{cut(str(key), 60)}: not a setting transformers reads{hint}, which "
+                                "it would drop without a word; check the spelling against TrainingArguments' fsdp_config")
     version = settings.get("version", settings.get("fsdp_version", 2))
     if version != STRATEGIES["fsdp"].fsdp_version:
-        raise DockyardError(f"{path}: fsdp_config version {version!r}: the fsdp strategy is FSDP2, `version: 2` "
+        raise DockyardError(f"{path}: fsdp_config version {short(version)}: the fsdp strategy is FSDP2, `version: 2` "
                             "(1 is torch's deprecated FSDP, which the run's checks refuse once the model has loaded)")
     return {**raw, "fsdp_config": settings}
 

@@ -130,6 +130,27 @@ def test_an_fsdp_file_that_is_not_fsdp2_is_refused_by_the_host(edit, says, tmp_p
     assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("written,says", [
+    (lambda t: t.replace("version: 2", "version: 2\n  " + "k" * 1000 + ": false"),
+     "fsdp_config." + "k" * 57 + "...: not a setting"),
+    (lambda t: t + "k" * 1000 + ": 1\n", "belong here, not " + "k" * 117 + "..."),
+    (lambda t: t.replace("fsdp: true", "fsdp: " + "k" * 5000), "fsdp '" + "k" * 56 + "...: write `fsdp: true`"),
+    (lambda t: t.split("fsdp_config:")[0] + "fsdp_config: " + "k" * 5000 + "\n",
+     "fsdp_config '" + "k" * 56 + "...: takes `key: value` lines"),
+])
+def test_an_fsdp_file_says_a_key_or_value_of_thousands_of_characters_by_its_start(written, says, tmp_path):
+    """The refusals of a recipe's FSDP file said the key or value at fault whole: a key of 1,000 characters (YAML's
+    most) under fsdp_config or beside it, a value of fsdp or fsdp_config of thousands, was written out in full in the
+    one line of the error. Each is now said by its start, as the other readers say what a user gave (errors.short,
+    errors.cut)."""
+    folder = tmp_path / "fsdp-mine"
+    shutil.copytree(ROOT / "recipes" / "fsdp", folder)
+    (folder / "fsdp.yaml").write_text(written((folder / "fsdp.yaml").read_text()))
+    with pytest.raises(DockyardError) as refused:
+        recipes.load_recipe(folder)
+    assert says in str(refused.value) and len(str(refused.value)) < 500, str(refused.value)[:600]
+
+
 def test_the_fsdp_config_keys_the_host_takes_are_those_the_installed_transformers_reads():
     """recipes.FSDP_KEYS against TrainingArguments' own reading of fsdp_config (its source: what it gets, indexes or
     sets a default for), so a newer transformers' key is not refused, nor a dropped one taken."""
