@@ -375,11 +375,31 @@ def users_folder(folder: Path | str, writable: list[Path]) -> Path:
     inner = {Path(route(w)) for w in writable for route in (os.path.abspath, os.path.realpath)}
     if any(absolute.is_relative_to(w) for w in inner):
         return absolute
-    for above in (*reversed(absolute.parents), absolute):  # from / down: the first that leads into one
-        led = Path(os.path.realpath(above))
-        if any(led.is_relative_to(w) for w in inner):
-            return led / absolute.relative_to(above)
-    return followed(absolute, "--out")
+    led = led_into(absolute, inner)
+    return led if led is not None else followed(absolute, "--out")
+
+
+def led_into(path: Path, inner: set[Path]) -> Path | None:
+    """`path` (absolute) with its links followed one at a time from /, as the kernel does: the path reached as soon as
+    it is inside one of `inner` (the rest as typed, none of its links followed), else None. realpath follows a chain
+    of links at once: ~/latest -> runs/exp1, exp1 a link a container planted, resolved past the runs folder without a
+    trace of it."""
+    parts, now, hops = list(path.parts[1:]), Path("/"), 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        step = now.parent if part == ".." else now / part
+        if any(step.is_relative_to(w) for w in inner):
+            return step.joinpath(*parts)
+        if part != ".." and os.path.islink(step) and hops < 40:  # past 40 (a loop): followed() says so
+            hops += 1
+            target = Path(os.readlink(step))
+            parts = [*target.parts[1:], *parts] if target.is_absolute() else [*target.parts, *parts]
+            now = Path("/") if target.is_absolute() else now
+            continue
+        now = step
+    return None
 
 
 def followed(path: Path | str, flag: str) -> Path:

@@ -92,7 +92,8 @@ def check_out_of_reach(settings: Settings, path: Path, named: str, fix: str,
     places = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}  # as typed, and where its links lead
     for setting, folder, _ in _every_writable(settings):
         inner = {Path(os.path.abspath(folder)), Path(os.path.realpath(folder))}
-        if any(p == i or i in p.parents for p in places for i in inner):
+        if any(p == i or i in p.parents for p in places for i in inner) \
+                or runfolder.led_into(Path(os.path.abspath(path)), inner) is not None:  # through a link planted there
             raise DockyardError(f"{named} {path} is inside {folder} (the {setting} setting), which every run's container "
                                 f"can write: a run could change what is written there before {use}; {fix}")
 

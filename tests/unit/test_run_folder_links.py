@@ -468,6 +468,30 @@ def test_an_out_through_a_planted_link_is_refused_whichever_route_names_the_fold
         assert not any(elsewhere.iterdir()), folder
 
 
+
+def test_a_link_of_ones_own_to_an_entry_a_container_replaced_with_a_link_is_refused_not_followed(settings, tmp_path):
+    """A user's own link to an entry of the runs folder (~/latest -> runs/exp1, a common habit), where code in a
+    container replaced exp1 with a link of its own: the path was resolved through both links at once (realpath), the
+    runs folder never seen on the way, and slurm, k8s and save wrote where the planted link led; the jobs_dir setting
+    through it was taken too. The links are now followed one at a time, and the path stops inside the runs folder."""
+    from dockyard.launch import caches
+
+    runs, home, elsewhere = tmp_path / "runs", tmp_path / "home", tmp_path / "elsewhere"
+    for folder in (runs, home, elsewhere):
+        folder.mkdir()
+    (runs / "exp1").symlink_to(elsewhere)  # planted by a run's container
+    (home / "latest").symlink_to(runs / "exp1")  # the user's own
+    s = settings.model_copy(update={"runs_dir": runs, "jobs_dir": tmp_path / "jobs", "hf_cache": tmp_path / "hf",
+                                    "compile_cache": str(tmp_path / "compile")})
+    for write in _writers_to(s, home / "latest"):
+        with pytest.raises(DockyardError, match=f"is inside {re.escape(str(runs))} .*which every run's container can"):
+            write()
+    with pytest.raises(DockyardError, match=f"jobs_dir .* is inside {re.escape(str(runs))} "):
+        caches.check_out_of_reach(s, home / "latest" / "jobs", "the jobs_dir setting", "set another")
+    assert not any(elsewhere.iterdir())
+    (home / "mine").symlink_to(elsewhere)  # a link of one's own that passes no such folder is followed as before
+    assert runfolder.users_folder(home / "mine" / "x", caches.container_writable(s)) == elsewhere / "x"
+
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
     """overrides.json (what the run was given after `--`, which --resume trains with again) sits in a folder every
     run's container can write: a link is not followed, and anything but the trainer's shape is refused by name."""
