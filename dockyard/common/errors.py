@@ -391,6 +391,12 @@ def json_object(path: Path, what: str, limit: int = 64 * MiB, one_of_each_key: b
     return data
 
 
+def on_one_line(text: str) -> str:
+    """Text a user gave (a key of a file), as one line of a message says it: every character that is not printable,
+    a newline and a tab too, written escaped (a YAML key "a\\nb" split the error's line in two)."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def shown(message: str) -> str:
     """A message as the terminal should show it: a control character the user typed (a carriage return, an escape
     sequence) is written escaped, so it can neither hide the message nor drive the terminal."""

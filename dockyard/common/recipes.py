@@ -29,7 +29,18 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from dockyard import ROOT
 from dockyard.common import tree
-from dockyard.common.errors import DockyardError, MiB, cut, json_object, problems, read_bounded, short, shown, yaml_problem
+from dockyard.common.errors import (
+    DockyardError,
+    MiB,
+    cut,
+    json_object,
+    on_one_line,
+    problems,
+    read_bounded,
+    short,
+    shown,
+    yaml_problem,
+)
 
 RECIPES = ROOT / "recipes"
 # What yaml.safe_load raises besides YAMLError: its constructors convert tagged and date-like scalars with int(),
@@ -489,9 +500,10 @@ def read_fsdp_file(path: Path) -> dict[str, Any]:
         raise DockyardError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
         raise DockyardError(f"{path}: expected `fsdp:` and `fsdp_config:` lines")
-    extra = sorted(set(raw) - {"fsdp", "fsdp_config"})
+    extra = sorted(set(raw) - {"fsdp", "fsdp_config"}, key=str)  # keys of YAML's any type: 1 beside "x"
     if extra:
-        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not {cut(', '.join(map(str, extra)))}")
+        raise DockyardError(f"{path}: only `fsdp` and `fsdp_config` belong here, not "
+                            f"{cut(on_one_line(', '.join(map(str, extra))))}")
     if raw.get("fsdp") is not True:  # false or left out: no FSDP at all; text or a list: transformers' deprecated form
         raise DockyardError(f"{path}: fsdp {short(raw.get('fsdp'))}: write `fsdp: true` (the sharding, offload and "
                             "wrapping go under fsdp_config:, as in recipes/fsdp/fsdp.yaml)")
@@ -504,8 +516,9 @@ def read_fsdp_file(path: Path) -> dict[str, Any]:
             near = FSDP_RENAMED.get(name) or next(iter(difflib.get_close_matches(name, FSDP_KEYS, n=1)), "")
             hint = (f" (accelerate's name: write {near})" if name in FSDP_RENAMED else
                     f" (did you mean {near}?)" if near else "")
-            raise DockyardError(f"{path}: fsdp_config.{cut(str(key), 60)}: not a setting transformers reads{hint}, which "
-                                "it would drop without a word; check the spelling against TrainingArguments' fsdp_config")
+            raise DockyardError(f"{path}: fsdp_config.{cut(on_one_line(str(key)), 60)}: not a setting transformers "
+                                f"reads{hint}, which it would drop without a word; check the spelling against "
+                                "TrainingArguments' fsdp_config")
     version = settings.get("version", settings.get("fsdp_version", 2))
     if version != STRATEGIES["fsdp"].fsdp_version:
         raise DockyardError(f"{path}: fsdp_config version {short(version)}: the fsdp strategy is FSDP2, `version: 2` "

@@ -618,3 +618,20 @@ def test_an_out_folder_through_a_loop_of_links_is_one_line_not_a_traceback(args,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["proj", "runs", "scratch"]
     assert [p.name for p in runs.iterdir()] == ["r1"]
     assert sorted(p.name for p in (runs / "r1").iterdir()) == ["manifest.json", "model"]
+
+
+@pytest.mark.parametrize("written,says", [
+    (lambda t: t + "1: x\nk: y\n", "only `fsdp` and `fsdp_config` belong here, not 1, k"),
+    (lambda t: t.replace("version: 2", 'version: 2\n  "sharded\\nweights": true'),
+     "fsdp_config.sharded\\nweights: not a setting"),
+])
+def test_an_fsdp_file_with_keys_of_mixed_types_or_a_newline_is_refused_in_one_line(written, says, tmp_path):
+    """Keys beside fsdp of two types (YAML's 1 beside k) ended in "TypeError: '<' not supported between instances of
+    'str' and 'int'", a traceback, where one line should say which keys do not belong; a quoted key holding a newline
+    split the refusal's line in two."""
+    folder = tmp_path / "fsdp-mine"
+    shutil.copytree(ROOT / "recipes" / "fsdp", folder)
+    (folder / "fsdp.yaml").write_text(written((folder / "fsdp.yaml").read_text()))
+    with pytest.raises(DockyardError) as refused:
+        recipes.load_recipe(folder)
+    assert says in str(refused.value) and "\n" not in str(refused.value), str(refused.value)[:600]
