@@ -1454,9 +1454,10 @@ def test_a_stop_that_cannot_be_deferred_for_want_of_a_thread_is_raised_not_lost(
     monkeypatch.setattr(threading.Timer, "start", no_thread)
     before = signal.signal(signal.SIGUSR1, raised_outside_a_class_being_built(stop))
     try:
-        with pytest.raises(RuntimeError) as raised:
+        with pytest.raises((RuntimeError, Stop)) as raised:  # wrapped by Python 3.11; 3.12 and later raise it as it is
             class Built:  # noqa: F841 - built for its field's __set_name__
                 buffer = Field()
     finally:
         signal.signal(signal.SIGUSR1, before)
-    assert isinstance(wrapped_signal(raised.value, (Stop,)), Stop), raised.value.__cause__
+    assert isinstance(raised.value, Stop) or isinstance(wrapped_signal(raised.value, (Stop,)), Stop), \
+        raised.value.__cause__
