@@ -153,6 +153,16 @@ class Unfit(NamedTuple):
         return (f"; or carry the {self.instead} archive (invoke save --variant={self.instead}), whose torch has code "
                 "for every GPU here") if self.instead else ""
 
+    def node_note(self, node: str) -> str:
+        """The note for another node (invoke ship's, save --thin-for's) where some of its GPUs lack the image's code:
+        load.sh there loads it, and run.sh trains on the others."""
+        return (f"note: {self.ref} on {node}: {self.why}, which run.sh refuses to train on: give it the others there, "
+                f"as in CUDA_VISIBLE_DEVICES={','.join(map(str, self.usable))} sh run.sh ...{self.or_instead()}")
+
+    def refused_on(self, node: str) -> str:
+        """Why load.sh on another node would refuse the set (invoke ship's words, save --thin-for's)."""
+        return f"{self.ref} cannot train on {node}: {self.why}, so load.sh there would refuse it"
+
 
 def unfit_on(settings: Settings, images: list[dict], host: Host | None) -> Unfit | None:
     """Where `host`'s driver or GPUs cannot run the set's CUDA image (invoke run's rules: variants.driver_runs and

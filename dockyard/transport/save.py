@@ -281,14 +281,12 @@ def check_target_runs(settings: Settings, images: list[dict], target: dict, thin
         return
     node = target.get("host") or thin_for
     if unfit.usable:
-        print(f"note: {unfit.ref} on {node}: {unfit.why}, which run.sh refuses to train on: give it the others there, "
-              f"as in CUDA_VISIBLE_DEVICES={','.join(map(str, unfit.usable))} sh run.sh ...{unfit.or_instead()}",
-              file=sys.stderr)
+        print(unfit.node_note(node), file=sys.stderr)
         return
     fix = (f"save the {unfit.instead} archive for it instead: invoke save --variant={unfit.instead} "
            f"--thin-for={shlex.quote(thin_for)}" if unfit.instead else unfit.fix("save"))
-    print(f"warning: {unfit.ref} cannot train on {node}: {unfit.why}, so load.sh there would refuse it ({fix}); "
-          "saving it all the same (LOAD_SH_ANY_DRIVER=1 sh load.sh loads it there, for run.sh --cpu)", file=sys.stderr)
+    print(f"warning: {unfit.refused_on(node)} ({fix}); saving it all the same (LOAD_SH_ANY_DRIVER=1 sh load.sh loads "
+          "it there, for run.sh --cpu)", file=sys.stderr)
 
 
 def write_set(settings: Settings, paths: ArchivePaths, images: list[dict], method: str, level: int,

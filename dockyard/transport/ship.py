@@ -228,12 +228,10 @@ def check_node_runs(settings: Settings, r: Remote, manifest: dict, have: dict[st
     if unfit is None:
         return
     if unfit.usable:  # as load.sh there: run.sh trains on the GPUs that have its code, given them alone
-        print(f"note: {unfit.ref} on {r.host}: {unfit.why}, which run.sh refuses to train on: give it the others "
-              f"there, as in CUDA_VISIBLE_DEVICES={','.join(map(str, unfit.usable))} sh run.sh ...{unfit.or_instead()}",
-              file=sys.stderr)
+        print(unfit.node_note(r.host), file=sys.stderr)
         return
     fix = unfit.fix("ship")
-    said = f"{unfit.ref} cannot train on {r.host}: {unfit.why}, so load.sh there would refuse it"
+    said = unfit.refused_on(r.host)
     if load:
         raise DockyardError(f"{said}: nothing was copied. {fix[0].upper()}{fix[1:]}")
     print(f"warning: {said} ({fix}); copying it all the same, without --load", file=sys.stderr)
