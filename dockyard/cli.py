@@ -8,12 +8,15 @@ one-letter forms: `-h` is help on every task. Only Invoke is imported here: `inv
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
 import os
 import re
+import signal
 import sys
+import threading
 import typing
 from typing import Any
 
@@ -21,7 +24,7 @@ import invoke
 from invoke import Argument, Exit, ParseError, Task
 
 from dockyard import ENV_PREFIX
-from dockyard.common.errors import cut, shown
+from dockyard.common.errors import cut, raised_outside_a_class_being_built, shown
 
 _held: dict[str, str] = {}
 
@@ -534,7 +537,7 @@ def checked(fn):
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
-        from dockyard.common.errors import DockyardError, signals_unwrapped
+        from dockyard.common.errors import DockyardError
 
         release_setting_overrides()  # for the settings, and for what the task starts (`invoke test`'s pytest)
         if missing := [package for module, package in HOST_PACKAGES.items() if not _importable(module)]:
@@ -544,9 +547,7 @@ def checked(fn):
                   "`. .venv/bin/activate` first; installed with `.venv/bin/pip install -e .`)", file=sys.stderr)
             raise Exit(code=1)
         try:
-            # a Ctrl-C landing while a lazy import builds a class (rich's tables and bars, a task's first) is raised by
-            # Python wrapped in a RuntimeError: a traceback, where the task ends as a Ctrl-C does
-            with signals_unwrapped():
+            with ctrl_c_outside_classes_being_built():
                 task_settings(c)  # every task refuses a bad setting, whether it reads it or not
                 kwargs = parse_flags(fn, kwargs)
                 return fn(c, *args, **kwargs)
@@ -562,6 +563,25 @@ def checked(fn):
             raise Exit(code=1) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def ctrl_c_outside_classes_being_built():
+    """Ctrl-C while the block runs is never raised inside a class being built (raised_outside_a_class_being_built, as
+    in the trainer): Python 3.11 raised it there wrapped in "RuntimeError: Error calling __set_name__ ..." (a lazy
+    import building a dataclass: rich's tables and bars, a task's first), a traceback where the task ends as a Ctrl-C
+    does, or, under a library's or our own `except Exception` around the import, taken for a failure and lost. Only
+    where Ctrl-C raises KeyboardInterrupt (Python's own handler: one a background job ignores stays ignored), on the
+    main thread; the handler before is put back after. engine.sigterm_as_interrupt does the same for SIGTERM."""
+    before = signal.getsignal(signal.SIGINT)
+    if before is not signal.default_int_handler or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, raised_outside_a_class_being_built(signal.default_int_handler))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def task_settings(c):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from dockyard import console
-from dockyard.common.errors import DockyardError, paths_as, short, signals_unwrapped
+from dockyard.common.errors import DockyardError, paths_as, raised_outside_a_class_being_built, short
 from dockyard.settings import IMAGE_NAME, Settings
 
 # `invoke setup` as root, by this Python's path: a venv's invoke is not on root's PATH, so `sudo invoke setup` fails
@@ -197,7 +197,9 @@ def sigterm_as_interrupt(p: subprocess.Popen | None = None):
     that the task's own clean-up for Ctrl-C runs for both (interrupt_status gives each its exit status); main thread
     only. A command `p` the block runs is sent the SIGTERM first: Ctrl-C reaches the whole process group, SIGTERM
     reached this process alone, which died and left the command running (a training container went on, holding the
-    name its resume needs)."""
+    name its resume needs). Never raised inside a class being built (raised_outside_a_class_being_built): Python 3.11
+    raised it there wrapped in a RuntimeError, a traceback and status 1 (cli.ctrl_c_outside_classes_being_built, for
+    Ctrl-C)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -208,10 +210,9 @@ def sigterm_as_interrupt(p: subprocess.Popen | None = None):
                 p.send_signal(signal.SIGTERM)  # `docker run` passes it to the container's init; torchrun to its workers
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    before = signal.signal(signal.SIGTERM, stop)
+    before = signal.signal(signal.SIGTERM, raised_outside_a_class_being_built(stop))
     try:
-        with signals_unwrapped():  # one that landed while a lazy import built a class: still the interrupt
-            yield
+        yield
     finally:
         signal.signal(signal.SIGTERM, before)
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from dockyard import console, engine
 from dockyard.common import runfolder
-from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded, signals_unwrapped
+from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded
 from dockyard.common.units import duration
 from dockyard.gpus import Gpu, Host
 from dockyard.launch import runscript
@@ -291,13 +291,10 @@ def copy(settings: Settings, r: Remote, paths: ArchivePaths, have: dict[str, str
         print(f"resuming the copy at {console.human(offset)} of {console.human(size)}", file=sys.stderr)
     use = transport or ("rsync" if have.get("rsync") and engine.which("rsync") else "ssh")
     try:
-        # the copy's bar is a ship's first use of rich: a Ctrl-C landing while its import builds a dataclass is raised
-        # wrapped in a RuntimeError (a traceback, status 1)
-        with signals_unwrapped():
-            if use == "rsync":
-                _rsync_copy(settings, r, paths.archive, name + ".partial", offset)
-            else:
-                _append_copy(settings, r, paths.archive, name + ".partial", offset)
+        if use == "rsync":
+            _rsync_copy(settings, r, paths.archive, name + ".partial", offset)
+        else:
+            _append_copy(settings, r, paths.archive, name + ".partial", offset)
     except (engine.Interrupted, KeyboardInterrupt):  # Ctrl-C: what was copied stays there, for the next ship
         raise DockyardError(f"interrupted: the copy of {name} to {r.host} stopped; what arrived is kept: run the same "
                             "`invoke ship` again to continue where it stopped", exit_code=engine.INTERRUPTED) from None

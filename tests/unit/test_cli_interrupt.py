@@ -42,23 +42,37 @@ def test_an_interrupt_caught_after_exec_ran_code_still_exits_with_the_status_cho
     assert "error: interrupted (SIGINT)" in r.stderr and "Traceback" not in r.stderr
 
 
-WRAPPED = '''
+# A signal sent while a class is built, as one lands while a lazy import builds a dataclass: its handler runs inside
+# the field's __set_name__ (the loop's jumps run it), where Python 3.11 raises what it raises wrapped in
+# "RuntimeError: Error calling __set_name__ ...". The import goes on for a while after (the task's work).
+LANDS_IN_A_CLASS = '''
+import os
 import signal
+import time
 
+
+class Field:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.{sig})
+        for _ in range(100_000):
+            pass
+
+
+def building_a_class():
+    class Locals:  # noqa: F841 - built for its field's __set_name__
+        buffer = Field()
+    time.sleep(20)  # where the signal that was kept out of the class lands
+'''
+
+WRAPPED = LANDS_IN_A_CLASS + '''
 import invoke
 from dockyard.cli import checked
 from dockyard.transport.save import interrupts_as_errors
 
 
-class Field:  # as a dataclass field a lazy import builds: the signal lands in its __set_name__
-    def __set_name__(self, owner, name):
-        raise KeyboardInterrupt(signal.Signals.{sig}.name)
-
-
 def body(c):
     with interrupts_as_errors("saving dockyard-0.1.0-cpu"):
-        class Locals:  # Python raises the interrupt as "RuntimeError: Error calling __set_name__ ..."
-            buffer = Field()
+        building_a_class()
 
 
 try:
@@ -68,44 +82,58 @@ except invoke.Exit as e:
 '''
 
 
+def as_from_a_terminal():  # Ctrl-C not ignored, even where the tests run in a background job (which ignores it)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_python_wraps_while_a_class_is_built_still_ends_the_save_with_its_clean_up_and_status(tmp_path, sig):
+def test_a_signal_landing_while_a_class_is_built_still_ends_the_save_with_its_clean_up_and_status(tmp_path, sig):
+    """Python 3.11 raised a save's Ctrl-C or SIGTERM that landed while a lazy import built a dataclass as
+    'RuntimeError: Error calling __set_name__ ...': a traceback and status 1, not the save's clean-up and 130 or 143
+    (CI, about 1 run in 20 with the CPU busy). The CLI's handlers raise it once the class is built."""
     (tmp_path / "wrapped_task.py").write_text(WRAPPED.replace("{sig}", sig.name))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     r = subprocess.run([sys.executable, "-m", "wrapped_task"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 128 + sig, (r.returncode, r.stderr[-2000:])  # 1, on a RuntimeError's traceback, before
+                       text=True, timeout=120, preexec_fn=as_from_a_terminal)
+    assert r.returncode == 128 + sig, (r.returncode, r.stderr[-2000:])  # 1, on a RuntimeError's traceback, unhandled
     assert f"interrupted ({sig.name}); the partial files were removed" in r.stderr and "Traceback" not in r.stderr
 
 
-TASKS = '''
+TASKS = LANDS_IN_A_CLASS.replace("{sig}", "SIGINT") + '''
 from dockyard.cli import task  # as tasks.py's: checked, then Invoke's
 
 
-class Field:  # as a dataclass field a lazy import builds (rich's, for a task's first table): the Ctrl-C lands here
-    def __set_name__(self, owner, name):
-        raise KeyboardInterrupt
+@task
+def wrapped(c):  # a task's first table or bar: rich's import builds its dataclasses
+    building_a_class()
 
 
 @task
-def wrapped(c):
-    class ConsoleThreadLocals:  # Python raises the interrupt as "RuntimeError: Error calling __set_name__ ..."
-        buffer = Field()
+def guarded(c):  # an import under an `except Exception` (an optional package's, a plot that may fail)
+    try:
+        building_a_class()
+    except Exception:
+        pass
 
 
 @task
 def plain(c):
-    raise KeyboardInterrupt
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(20)
 '''
 
 
-def test_a_ctrl_c_python_wraps_while_a_class_is_built_ends_any_task_as_a_ctrl_c_does(tmp_path):
+def test_a_ctrl_c_landing_while_a_class_is_built_ends_any_task_as_a_ctrl_c_does(tmp_path):
     """A task of no clean-up of its own (doctor, plan, inventory: rich's tables and bars are their first lazy
     imports) ended on 'RuntimeError: Error calling __set_name__ ...' and its traceback when the Ctrl-C landed while a
-    class was built; it ends as any other Ctrl-C of the task does. Real invoke, a tasks module of two tasks."""
+    class was built; under an `except Exception` around the import the Ctrl-C was taken for a failure and lost, the
+    task going on. Either ends as any other Ctrl-C of the task does. Real invoke, a tasks module of three tasks."""
     (tmp_path / "wrapped_tasks.py").write_text(TASKS)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     said = {name: subprocess.run([sys.executable, "-m", "invoke", "-c", "wrapped_tasks", name], cwd=tmp_path, env=env,
-                                 capture_output=True, text=True, timeout=120) for name in ("plain", "wrapped")}
-    assert "Traceback" not in said["wrapped"].stderr, said["wrapped"].stderr[-2000:]
-    assert (said["wrapped"].returncode, said["wrapped"].stderr) == (said["plain"].returncode, said["plain"].stderr)
+                                 capture_output=True, text=True, timeout=120, preexec_fn=as_from_a_terminal)
+            for name in ("plain", "wrapped", "guarded")}
+    for name in ("wrapped", "guarded"):
+        assert "Traceback" not in said[name].stderr, said[name].stderr[-2000:]
+        assert (said[name].returncode, said[name].stderr) == (said["plain"].returncode, said["plain"].stderr), name
+    assert said["plain"].returncode != 0
