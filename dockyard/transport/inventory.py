@@ -43,9 +43,14 @@ def layer_inventory(settings: Settings) -> dict:
     inv = inventory_from(info, inspected, socket.gethostname())
     host = gpus.read_host()
     if not host.error:  # the driver, as load.sh --inventory records nvidia-smi's: what a thin save checks it by
-        inv["driver"] = {"version": host.driver, "cuda": host.cuda,
-                         "gpus": [{"name": g.name, "capability": g.capability} for g in host.gpus]}
+        inv["driver"] = driver_record(host)
     return inv
+
+
+def driver_record(host: gpus.Host) -> dict:
+    """An inventory's `driver` block: the host's driver and GPUs, what driver_host reads back."""
+    return {"version": host.driver, "cuda": host.cuda,
+            "gpus": [{"name": g.name, "capability": g.capability} for g in host.gpus]}
 
 
 def inventory_from(info: dict, inspected: list[dict], host: str) -> dict:

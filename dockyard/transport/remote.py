@@ -14,8 +14,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from dockyard import engine
 from dockyard.common.errors import DockyardError
+from dockyard.gpus import Gpu, Host
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 
@@ -194,15 +197,20 @@ def node_state(settings: Settings, r: Remote, name: str) -> dict[str, str]:
                             .stdout)
 
 
+# the NVIDIA driver's header line and each GPU's name and compute capability, where nvidia-smi answers (smi=, gpus=:
+# what node_host reads)
+NVIDIA_SMI_SCRIPT = (
+    "s=$(nvidia-smi 2>/dev/null | grep -m 1 'Driver Version') && printf 'smi=%s\\n' \"$s\" && printf 'gpus=%s\\n' "
+    "\"$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | tr '\\n' ';')\"\n")
+
+
 def node_state_script(folder: str, name: str) -> str:
     d = rpath(folder)
     return (
         "for t in rsync zstd gzip sha256sum openssl docker; do printf '%s=%s\\n' $t \"$(command -v $t)\"; done\n"
         f"p={d}; while [ ! -d \"$p\" ]; do p=$(dirname \"$p\"); done\n"
         "printf 'free_kb=%s\\n' \"$(df -Pk \"$p\" | awk 'NR == 2 { print $4 }')\"\n"
-        # the NVIDIA driver's header line and each GPU's name and compute capability, where nvidia-smi answers
-        "s=$(nvidia-smi 2>/dev/null | grep -m 1 'Driver Version') && printf 'smi=%s\\n' \"$s\" && printf 'gpus=%s\\n' "
-        "\"$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | tr '\\n' ';')\"\n"
+        + NVIDIA_SMI_SCRIPT +
         # a link is no cut copy of ours (in a folder others write, one planted there would be appended to)
         f"f={rpath(folder, name + '.partial')}; [ -f \"$f\" ] && [ ! -L \"$f\" ] "
         "&& printf 'partial=%s\\n' \"$(wc -c < \"$f\")\"\n"
@@ -214,15 +222,32 @@ def parse_node_state(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-INVENTORY_SCRIPT = (
+def node_host(have: dict[str, str]) -> Host | None:
+    """What the node's nvidia-smi said (node_state's smi and gpus) as the Host the variants' rules read; None where it
+    said nothing, or what no nvidia-smi says."""
+    if not have.get("smi"):
+        return None
+    driver = re.search(r"Driver Version: *([0-9][0-9.]*)", have["smi"])
+    cuda = re.search(r"CUDA Version: *(\d{1,3}\.\d{1,3})", have["smi"])
+    gpus = [g.rpartition(",") for g in have.get("gpus", "").split(";") if g.strip()]
+    try:
+        return Host(driver=driver[1] if driver else "", cuda=cuda[1] if cuda else "",
+                    gpus=[Gpu(i, name.strip(), 0, capability=cap.strip()) for i, (name, _, cap) in enumerate(gpus)])
+    except ValidationError:
+        return None
+
+
+# the node's nvidia-smi first, as invoke ship reads it (a thin save checks the node's driver by it), then docker's
+INVENTORY_SCRIPT = NVIDIA_SMI_SCRIPT + "echo " + SEP + "\n" + (
     "docker info --format '{{json .}}' && echo " + SEP + " && "
     "ids=$(docker image ls -aq --no-trunc | sort -u) && "
     "if [ -n \"$ids\" ]; then docker image inspect $ids; else echo '[]'; fi")
 
 
 def remote_inventory(settings: Settings, r: Remote) -> dict:
-    """The node's layer inventory, read over ssh with its own docker (no project needed there). What the node
-    sends is untrusted: at most INVENTORY_CAP bytes are read, and it must have the shape docker prints."""
+    """The node's layer inventory, read over ssh with its own docker (no project needed there), and its driver and
+    GPUs where its nvidia-smi answers (as load.sh --inventory records them, read as invoke ship reads them). What the
+    node sends is untrusted: at most INVENTORY_CAP bytes are read, and it must have the shape docker prints."""
     what = f"reading the image inventory of {r.host}"
     with engine.Pipeline(ssh_argv(settings, r, INVENTORY_SCRIPT), stdout=engine.PIPE, quiet=True, what=what) as p:
         out = p.stdout.read(inventory.INVENTORY_CAP + 1)
@@ -234,11 +259,14 @@ def remote_inventory(settings: Settings, r: Remote) -> dict:
     if code == SSH_FAILED:
         raise unreachable(r, "\n".join(said))
     last = (said or ["no answer"])[-1]
-    info, sep, images = out.partition((SEP + "\n").encode())
-    if code != 0 or not sep:
+    smi, sep, rest = out.partition((SEP + "\n").encode())
+    info, sep2, images = rest.partition((SEP + "\n").encode())
+    if code != 0 or not (sep and sep2):
         raise DockyardError(f"cannot read the images of {r.host} over ssh (is docker there, and may this "
                             f"user use it?): {last}")
-    return inventory.inventory_from_json(info, images, r.host)
+    inv = inventory.inventory_from_json(info, images, r.host)
+    host = node_host(parse_node_state(smi.decode(errors="replace")))
+    return {**inv, "driver": inventory.driver_record(host)} if host else inv
 
 
 def target_inventory(settings: Settings, thin_for: str) -> dict:

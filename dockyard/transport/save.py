@@ -272,10 +272,11 @@ def thin_record(settings: Settings, images: list[dict], thin_for: str) -> dict |
 
 
 def check_target_runs(settings: Settings, images: list[dict], target: dict, thin_for: str) -> None:
-    """The target's driver and GPUs, where its inventory records them (load.sh --inventory, invoke inventory), against
-    the set's CUDA image, by the rule load.sh there holds it to (runscript.unfit_on), before the save: said as invoke
-    ship says it of a copy it does not load (a warning: the set may still be loaded for run.sh --cpu), or the note of
-    the GPUs it trains on. An inventory without them (an older one, a node without nvidia-smi) is not asked."""
+    """The target's driver and GPUs, where its inventory records them (load.sh --inventory, invoke inventory, or its
+    nvidia-smi read over ssh as invoke ship reads it), against the set's CUDA image, by the rule load.sh there holds
+    it to (runscript.unfit_on), before the save: said as invoke ship says it of a copy it does not load (a warning:
+    the set may still be loaded for run.sh --cpu), or the note of the GPUs it trains on. An inventory without them (an
+    older one, a node without nvidia-smi) is not asked."""
     unfit = runscript.unfit_on(settings, images, inventory.driver_host(target))
     if unfit is None:
         return

@@ -22,7 +22,6 @@ from dockyard import console, engine
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError, MiB, loads, open_plain, problems, read_bounded
 from dockyard.common.units import duration
-from dockyard.gpus import Gpu, Host
 from dockyard.launch import runscript
 from dockyard.settings import Settings
 from dockyard.transport import inventory
@@ -33,6 +32,7 @@ from dockyard.transport.remote import (
     Remote,
     check_identity,
     held_open,
+    node_host,
     node_state,
     parse_to,
     remote_inventory,
@@ -235,21 +235,6 @@ def check_node_runs(settings: Settings, r: Remote, manifest: dict, have: dict[st
     if load:
         raise DockyardError(f"{said}: nothing was copied. {fix[0].upper()}{fix[1:]}")
     print(f"warning: {said} ({fix}); copying it all the same, without --load", file=sys.stderr)
-
-
-def node_host(have: dict[str, str]) -> Host | None:
-    """What the node's nvidia-smi said (node_state's smi and gpus) as the Host the variants' rules read; None where it
-    said nothing, or what no nvidia-smi says."""
-    if not have.get("smi"):
-        return None
-    driver = re.search(r"Driver Version: *([0-9][0-9.]*)", have["smi"])
-    cuda = re.search(r"CUDA Version: *(\d{1,3}\.\d{1,3})", have["smi"])
-    gpus = [g.rpartition(",") for g in have.get("gpus", "").split(";") if g.strip()]
-    try:
-        return Host(driver=driver[1] if driver else "", cuda=cuda[1] if cuda else "",
-                    gpus=[Gpu(i, name.strip(), 0, capability=cap.strip()) for i, (name, _, cap) in enumerate(gpus)])
-    except ValidationError:
-        return None
 
 
 def check_thin_fits(settings: Settings, r: Remote, manifest: dict) -> None:

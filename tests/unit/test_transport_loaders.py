@@ -819,10 +819,17 @@ def driver_set(tmp_path, settings, variant: str, driver: str, cuda: str,
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.unlink(missing_ok=True)
     if driver:
-        smi.write_text(f"#!/bin/sh\ncase \"$*\" in --query-gpu=*) echo '0, {gpu}'; echo '1, {gpu}' ;;\n"
-                       f"*) echo '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}  |' ;; esac\n")
-        smi.chmod(0o755)
+        stand_in_smi(smi, driver, cuda, [gpu, gpu])
     return ["sh", str(write_loader(tmp_path)), paths.archive.name], env
+
+
+def stand_in_smi(path, driver: str, cuda: str, gpus: list[str]) -> None:
+    """An nvidia-smi that says `driver` and `cuda` in its header, and `gpus` (name, compute capability) to a
+    --query-gpu, with their indexes where it asks for index (load.sh does; invoke ship does not)."""
+    lines = "".join(f"echo \"${{i:+{n}, }}{gpu}\"; " for n, gpu in enumerate(gpus))
+    path.write_text(f"#!/bin/sh\ncase \"$*\" in *--query-gpu=index,*) i=1; {lines};; --query-gpu=*) {lines};;\n"
+                    f"*) echo '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}  |' ;; esac\n")
+    path.chmod(0o755)
 
 
 def test_load_sh_refuses_an_image_the_nodes_driver_cannot_run_before_copying_it(tmp_path, settings):
@@ -933,10 +940,7 @@ def test_invoke_load_of_a_set_whose_image_labels_no_build_writes_is_no_traceback
 def v100_beside_h100(tmp_path, settings, driver: str, cuda: str):
     """driver_set's cu132 set on a node of a V100 (GPU 0) and an H100 (GPU 1): its stand-in nvidia-smi says both."""
     argv, env = driver_set(tmp_path, settings, "cu132", driver, cuda)
-    (tmp_path / "bin" / "nvidia-smi").write_text(
-        "#!/bin/sh\ncase \"$*\" in --query-gpu=*) echo '0, Tesla V100-SXM2-16GB, 7.0'; "
-        "echo '1, NVIDIA H100 80GB HBM3, 9.0' ;;\n"
-        f"*) echo '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}  |' ;; esac\n")
+    stand_in_smi(tmp_path / "bin" / "nvidia-smi", driver, cuda, ["Tesla V100-SXM2-16GB, 7.0", "NVIDIA H100 80GB HBM3, 9.0"])
     return argv, env
 
 
@@ -1014,6 +1018,48 @@ def test_a_thin_save_for_a_nodes_inventory_checks_its_driver_and_gpus_as_load_sh
     monkeypatch.setenv("DOCKYARD_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "hosts" / "t4x2_535.json"))
     said = thin_save_for(json.dumps(inventory.layer_inventory(s)))
     assert "warning: dockyard:0.1.0-cu132 cannot train on " in said and "driver 535." in said, said
+
+
+def node_over_ssh(tmp_path, settings):
+    """An `ssh` setting whose node is this host: it runs the script it is sent with tmp_path/bin first on PATH
+    (driver_set's nvidia-smi), and a docker there that holds no image."""
+    (tmp_path / "bin" / "docker").write_text(
+        "#!/bin/sh\ncase \"$1\" in info) echo '{\"ServerVersion\": \"27.0\", \"DriverStatus\": []}' ;; esac\n")
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f'#!/bin/sh\nfor a; do last=$a; done\nPATH={tmp_path / "bin"}:/usr/bin:/bin exec sh -c "$last"\n')
+    ssh.chmod(0o755)
+    return settings.model_copy(update={"ssh": str(ssh)})
+
+
+def test_a_thin_save_for_a_node_over_ssh_checks_its_driver_and_gpus_as_invoke_ship_does(tmp_path, settings,
+                                                                                         monkeypatch, capsys):
+    """`invoke save --thin-for=ssh://node` read the node's images over ssh, but not its nvidia-smi: a thin save of the
+    cu132 set for a CUDA 12 node (535) said nothing, where invoke ship warns before the copy and the same save for
+    that node's inventory file (load.sh --inventory) warns too; load.sh there then refused it after the copy. The
+    inventory read over ssh now holds the driver and GPUs as invoke ship reads them, and the save says what it says
+    for the inventory file, naming the archive to save instead; a node whose other GPUs have the code gets the note;
+    a node without nvidia-smi is saved for as before."""
+    images = [{**cu132_set(settings)["images"][0], "diff_ids": [], "chain_ids": []}]
+
+    def thin_save_for_node() -> str:
+        s = node_over_ssh(tmp_path, FakeEngine().install(monkeypatch, settings))
+        capsys.readouterr()
+        assert save_mod.thin_record(s, images, "ssh://gpu@node7") is not None
+        return capsys.readouterr().err
+
+    driver_set(tmp_path, settings, "cu132", "535.183.01", "12.2")
+    said = thin_save_for_node()
+    assert ("warning: dockyard:0.1.0-cu132 cannot train on gpu@node7: driver 535.183.01 supports CUDA 12.2, so load.sh "
+            "there would refuse it (save the cu128 archive for it instead: invoke save --variant=cu128 "
+            "--thin-for=ssh://gpu@node7); saving it all the same") in said, said
+
+    v100_beside_h100(tmp_path, settings, "580.65.06", "13.0")  # the H100 trains: a note
+    said = thin_save_for_node()
+    assert "note: dockyard:0.1.0-cu132 on gpu@node7" in said and "no code for GPU 0 (Tesla V100-SXM2-16GB, 7.0)" in said
+    assert "CUDA_VISIBLE_DEVICES=1 sh run.sh" in said and "warning" not in said, said
+
+    driver_set(tmp_path, settings, "cu132", "", "")  # no nvidia-smi: nothing said
+    assert thin_save_for_node() == ""
 
 
 def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_path, settings, monkeypatch,

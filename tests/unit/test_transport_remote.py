@@ -10,7 +10,7 @@ import pytest
 
 from dockyard.common.errors import DockyardError
 from dockyard.settings import Settings
-from dockyard.transport import remote
+from dockyard.transport import inventory, remote
 from dockyard.transport.inventory import INVENTORY_FORMAT
 from dockyard.transport.remote import Remote
 
@@ -112,8 +112,9 @@ def fake_node(tmp_path, stdout: bytes, code: int = 0) -> Settings:
     return Settings(ssh=str(ssh))
 
 
-def docker_prints(info, inspected) -> bytes:
-    return (json.dumps(info) + "\n" + remote.SEP + "\n" + json.dumps(inspected)).encode()
+def docker_prints(info, inspected, smi: str = "") -> bytes:
+    """What INVENTORY_SCRIPT prints: the node's nvidia-smi lines (none: no nvidia-smi), docker info, the images."""
+    return (smi + remote.SEP + "\n" + json.dumps(info) + "\n" + remote.SEP + "\n" + json.dumps(inspected)).encode()
 
 
 LAYERS = ["sha256:" + "a" * 64]
@@ -129,8 +130,21 @@ def test_the_inventory_script_is_read_like_docker_prints_it(tmp_path):
     assert sent[:4] == ["-p", "2200", "-i", "/keys/k"] and "node7" in sent
 
 
+def test_the_inventory_read_over_ssh_holds_the_nodes_driver_where_its_nvidia_smi_says_one_a_thin_save_can_read(
+        tmp_path):
+    """What a thin save checks the node by (inventory.driver_host), read as invoke ship reads nvidia-smi; a node
+    without nvidia-smi records none."""
+    smi = "smi=| NVIDIA-SMI 535.183.01   Driver Version: 535.183.01   CUDA Version: 12.2 |\n"
+    answer = docker_prints({}, [], smi + "gpus=Tesla T4, 7.5;Tesla T4, 7.5;\n")
+    host = inventory.driver_host(remote.remote_inventory(fake_node(tmp_path, answer), Remote("node7")))
+    assert (host.driver, host.cuda, [(g.name, g.capability) for g in host.gpus]) == (
+        "535.183.01", "12.2", [("Tesla T4", "7.5")] * 2)
+    assert inventory.driver_host(remote.remote_inventory(fake_node(tmp_path, docker_prints({}, [])),
+                                                         Remote("node7"))) is None
+
+
 @pytest.mark.parametrize("answer,says", [
-    (b"not json\n" + remote.SEP.encode() + b"\n[]", "Invalid JSON"),
+    (remote.SEP.encode() + b"\nnot json\n" + remote.SEP.encode() + b"\n[]", "Invalid JSON"),
     (docker_prints([1], []), "inventory [1]: takes `key: value` entries (a mapping)"),
     (docker_prints({}, {"Id": "x"}), "takes a list"),
     (docker_prints({}, [{"RootFS": {}}]), "Id: missing: add it"),
