@@ -7,6 +7,7 @@ ProxyJump all apply. Nothing but sh, coreutils and docker is needed on the node.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import shlex
@@ -14,11 +15,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from dockyard import engine
 from dockyard.common.errors import DockyardError
-from dockyard.gpus import Gpu, Host
+from dockyard.gpus import Host
 from dockyard.settings import Settings
 from dockyard.transport import inventory
 
@@ -230,11 +231,16 @@ def node_host(have: dict[str, str]) -> Host | None:
     driver = re.search(r"Driver Version: *([0-9][0-9.]*)", have["smi"])
     cuda = re.search(r"CUDA Version: *(\d{1,3}\.\d{1,3})", have["smi"])
     gpus = [g.rpartition(",") for g in have.get("gpus", "").split(";") if g.strip()]
-    try:
-        return Host(driver=driver[1] if driver else "", cuda=cuda[1] if cuda else "",
-                    gpus=[Gpu(i, name.strip(), 0, capability=cap.strip()) for i, (name, _, cap) in enumerate(gpus)])
+    try:  # checked as a recorded host is (a Host alone is not): no escape sequence in a GPU's name reaches the terminal
+        return _HOST.validate_json(json.dumps({
+            "driver": driver[1] if driver else "", "cuda": cuda[1] if cuda else "",
+            "gpus": [{"index": i, "name": name.strip(), "memory_bytes": 0, "capability": cap.strip()}
+                     for i, (name, _, cap) in enumerate(gpus)]}))
     except ValidationError:
         return None
+
+
+_HOST = TypeAdapter(Host)
 
 
 # the node's nvidia-smi first, as invoke ship reads it (a thin save checks the node's driver by it), then docker's

@@ -1062,6 +1062,28 @@ def test_a_thin_save_for_a_node_over_ssh_checks_its_driver_and_gpus_as_invoke_sh
     assert thin_save_for_node() == ""
 
 
+@pytest.mark.parametrize("gpu", ["Tesla V100\x1b[2J\x1b]0;owned\x07-SXM2-16GB, 7.0", "Tesla V100-SXM2-16GB, sm_70"])
+def test_what_no_nvidia_smi_says_of_a_nodes_gpus_is_not_read_nor_said(tmp_path, settings, monkeypatch, capsys, gpu):
+    """A node's nvidia-smi naming a GPU with an escape sequence (a node is another machine): invoke ship's note of the
+    GPUs the cu132 set has no code for wrote it to this terminal (cleared it, set its title), as save --thin-for=ssh
+    did; node_host built its Host unchecked (a Host alone checks nothing), where an inventory file's driver is
+    checked. What no nvidia-smi says (that, or a capability that is no version) is now read as no nvidia-smi, by both:
+    nothing said, as for a node without one (load.sh there checks it)."""
+    from dockyard.transport import ship
+    from dockyard.transport.remote import Remote
+
+    driver_set(tmp_path, settings, "cu132", "580.65.06", "13.0")
+    stand_in_smi(tmp_path / "bin" / "nvidia-smi", "580.65.06", "13.0", [gpu, "NVIDIA H100 80GB HBM3, 9.0"])
+    smi = {"smi": "Driver Version: 580.65.06   CUDA Version: 13.0", "gpus": f"{gpu};NVIDIA H100 80GB HBM3, 9.0;"}
+    capsys.readouterr()
+    ship.check_node_runs(settings, Remote(host="node7", dir="/x"), cu132_set(settings), smi, load=True)
+    s = node_over_ssh(tmp_path, FakeEngine().install(monkeypatch, settings))
+    images = [{**cu132_set(settings)["images"][0], "diff_ids": [], "chain_ids": []}]
+    assert save_mod.thin_record(s, images, "ssh://node7") is not None
+    said = capsys.readouterr().err
+    assert said == "", said
+
+
 def test_load_sh_loads_an_image_for_a_node_whose_other_gpus_it_has_code_for(tmp_path, settings, monkeypatch,
                                                                              capsys):
     """A node of a V100 (7.0) and an H100 (9.0) given the cu132 set, on a 580 driver: load.sh refused it whole ("no
