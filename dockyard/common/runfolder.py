@@ -383,14 +383,16 @@ def led_into(path: Path, inner: set[Path]) -> Path | None:
     """`path` (absolute) with its links followed one at a time from /, as the kernel does: the path reached as soon as
     it is inside one of `inner` (the rest as typed, none of its links followed), else None. realpath follows a chain
     of links at once: ~/latest -> runs/exp1, exp1 a link a container planted, resolved past the runs folder without a
-    trace of it."""
+    trace of it. A folder of `inner` is known by its path and by what it is (its device and inode): reached through a
+    second mount point (a bind mount of it, or of a folder above it), it is the same folder under another name."""
     parts, now, hops = list(path.parts[1:]), Path("/"), 0
+    known = {i for i in map(_identity, inner) if i is not None}
     while parts:
         part = parts.pop(0)
         if part in ("", "."):
             continue
         step = now.parent if part == ".." else now / part
-        if any(step.is_relative_to(w) for w in inner):
+        if any(step.is_relative_to(w) for w in inner) or _identity(step) in known:
             return step.joinpath(*parts)
         if part != ".." and os.path.islink(step) and hops < 40:  # past 40 (a loop): followed() says so
             hops += 1
@@ -400,6 +402,15 @@ def led_into(path: Path, inner: set[Path]) -> Path | None:
             continue
         now = step
     return None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """What a folder is, whatever path names it (the same under every mount point): None where nothing is there."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # missing, not searchable, a name too long
+        return None
+    return st.st_dev, st.st_ino
 
 
 def followed(path: Path | str, flag: str) -> Path:

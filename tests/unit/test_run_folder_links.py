@@ -4,10 +4,12 @@ Real files, real links, real processes; the GPU readings are recorded ones fed t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import re
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -491,6 +493,51 @@ def test_a_link_of_ones_own_to_an_entry_a_container_replaced_with_a_link_is_refu
     assert not any(elsewhere.iterdir())
     (home / "mine").symlink_to(elsewhere)  # a link of one's own that passes no such folder is followed as before
     assert runfolder.users_folder(home / "mine" / "x", caches.container_writable(s)) == elsewhere / "x"
+
+@contextlib.contextmanager
+def bind_mounted(folder: Path, at: Path):
+    """`folder` mounted a second time at `at` (a bind mount: the same folder under another name, as a second mount of
+    /home or of a scratch filesystem gives it), unmounted after."""
+    at.mkdir()
+    subprocess.run(["mount", "--bind", str(folder), str(at)], check=True, capture_output=True)
+    try:
+        yield at
+    finally:
+        subprocess.run(["umount", str(at)], check=True, capture_output=True)
+
+
+def test_an_out_through_a_second_mount_of_a_folder_a_container_writes_is_refused(settings, tmp_path):
+    """A folder a run's container writes was known by its path, as written or resolved: the same folder reached
+    through a second mount point (a bind mount of it, or of a folder above it: /home mounted again at /mnt/home) was
+    another path, and slurm, k8s and save wrote the sbatch script, the manifests or load.sh there, or through a link
+    a container planted there; the jobs_dir setting through it was taken too. A folder is now known also by what it is
+    (its device and inode), on the way to the path: refused, nothing written; a second mount of a folder of one's own
+    is written through as before."""
+    from dockyard.launch import caches, slurm
+
+    real, elsewhere = tmp_path / "real", tmp_path / "elsewhere"  # elsewhere: where a container's link leads
+    real.mkdir()
+    elsewhere.mkdir()
+    s = settings.model_copy(update={"runs_dir": real / "runs", "jobs_dir": tmp_path / "jobs", "hf_cache": real / "hf",
+                                    "compile_cache": str(real / "compile")})
+    for folder in ("runs", "hf", "compile"):
+        (real / folder).mkdir()
+        (real / folder / "planted").symlink_to(elsewhere)
+    with bind_mounted(real, tmp_path / "again"), bind_mounted(real / "runs", tmp_path / "runs-again"):
+        for out in [tmp_path / "again" / f / name for f in ("runs", "hf", "compile") for name in ("planted", "jobs")] \
+                + [tmp_path / "runs-again" / "planted", tmp_path / "runs-again" / "jobs"]:
+            for write in _writers_to(s, out):
+                with pytest.raises(DockyardError, match=f"--out {re.escape(str(out))}(/x.sbatch)? is inside .*which "
+                                                        "every run's container can write"):
+                    write()
+        with pytest.raises(DockyardError, match=f"jobs_dir .* is inside {re.escape(str(real / 'runs'))} "):
+            caches.check_out_of_reach(s, tmp_path / "runs-again" / "jobs", "the jobs_dir setting", "set another")
+        assert not any(elsewhere.iterdir()) and not any((real / f / "jobs").exists() for f in ("runs", "hf", "compile"))
+        with bind_mounted(elsewhere, tmp_path / "mine"):  # one's own folder, mounted twice: written through
+            script = slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu",
+                                 out=str(tmp_path / "mine" / "x.sbatch"))
+            assert script == tmp_path / "mine" / "x.sbatch" and (elsewhere / "x.sbatch").is_file()
+
 
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
     """overrides.json (what the run was given after `--`, which --resume trains with again) sits in a folder every
