@@ -89,11 +89,13 @@ def check_out_of_reach(settings: Settings, path: Path, named: str, fix: str,
     in a container (a model's, a data loader's) rewrote the script there, and the user's next `sbatch` ran it.
     `named`: where the path came from (--out, the jobs_dir setting); `fix`: what to give instead; `use`: what the
     user does with it next (`invoke save`'s load.sh and run.sh: run them on another host)."""
-    places = {Path(os.path.abspath(path)), Path(os.path.realpath(path))}  # as typed, and where its links lead
+    # the path with its `..` taken as written, and as the kernel takes them (after the link before them): each walked
+    # from / as the kernel walks it, a link at a time, and stopped as soon as it is inside the folder (by its path,
+    # as written or resolved, or by what it is: through a bind mount of it), before a link planted there is followed
+    places = {Path(os.path.abspath(path)), Path(path).absolute()}
     for setting, folder, _ in _every_writable(settings):
         inner = {Path(os.path.abspath(folder)), Path(os.path.realpath(folder))}
-        if any(p == i or i in p.parents for p in places for i in inner) \
-                or runfolder.led_into(Path(os.path.abspath(path)), inner) is not None:  # through a link planted there
+        if any(runfolder.led_into(p, inner) is not None for p in places):
             raise DockyardError(f"{named} {path} is inside {folder} (the {setting} setting), which every run's container "
                                 f"can write: a run could change what is written there before {use}; {fix}")
 

@@ -539,6 +539,36 @@ def test_an_out_through_a_second_mount_of_a_folder_a_container_writes_is_refused
             assert script == tmp_path / "mine" / "x.sbatch" and (elsewhere / "x.sbatch").is_file()
 
 
+def test_a_setting_whose_dotdot_follows_a_link_planted_in_a_folder_a_container_writes_is_refused(settings, tmp_path):
+    """A jobs_dir or dist_dir setting through the runs folder and out again (runs/exp1/../../jobs): the file is opened
+    as the kernel reads its path, `..` taken after the link before it, so a link a container planted at exp1 chose
+    where `..` led; the check read the path with its `..` struck out as written (inside no such folder) and resolved
+    (where the planted link led: no such folder either), and slurm, k8s and save wrote the sbatch script, the
+    manifests and load.sh where the container chose. check_out_of_reach now walks the path as the kernel does, from /
+    a link at a time, as well as as written, one check where there were three: refused as soon as it enters the
+    folder, nothing written."""
+    from dockyard.launch import k8s, slurm
+    from dockyard.transport import save as save_mod
+
+    runs, chosen = tmp_path / "runs", tmp_path / "chosen"  # chosen: where a container's link has `..` lead
+    (chosen / "a" / "b").mkdir(parents=True)
+    runs.mkdir()
+    (runs / "exp1").symlink_to(chosen / "a" / "b")  # planted by a run's container
+    s = settings.model_copy(update={"runs_dir": runs, "hf_cache": tmp_path / "hf",
+                                    "compile_cache": str(tmp_path / "compile")})
+    through = runs / "exp1" / ".." / ".." / "jobs"
+    for write in [
+        lambda: slurm.write(s.model_copy(update={"jobs_dir": through}), recipe="zero2", nodes=2, gpus_per_node=0,
+                            overrides=[], variant="cpu"),
+        lambda: k8s.write(s.model_copy(update={"jobs_dir": through}), recipe="zero2", nodes=2, gpus_per_node=0,
+                          variant="cpu", run_id="r3"),
+        lambda: save_mod.save(s.model_copy(update={"dist_dir": through}), image="x:1"),
+    ]:
+        with pytest.raises(DockyardError, match=f"is inside {re.escape(str(runs))} .*which every run's container can"):
+            write()
+    assert not (chosen / "jobs").exists() and not (tmp_path / "jobs").exists()
+
+
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
     """overrides.json (what the run was given after `--`, which --resume trains with again) sits in a folder every
     run's container can write: a link is not followed, and anything but the trainer's shape is refused by name."""
