@@ -130,7 +130,26 @@ def unreachable(r: Remote, stderr: str) -> DockyardError:
 def ssh_argv(settings: Settings, r: Remote, script: str) -> list[str]:
     """Run a POSIX sh script on the node, whatever the remote user's login shell is. `--`: nothing after it is an
     option, whatever the host word holds."""
-    return [*ssh_base(settings, r), "--", r.host, "sh -c " + shlex.quote(script)]
+    return [*ssh_base(settings, r), "--", r.host, sh_command(script)]
+
+
+# sshd hands the command to the user's login shell (`$SHELL -c COMMAND`), and not every one leaves a single-quoted word
+# as it is: csh and tcsh end it at a newline ("Unmatched '.": every multi-line script, the node's state first of all,
+# so no `invoke ship` got further for a tcsh user) and read `!` as history; fish reads `\\` and `\'` in it as escapes.
+MANGLED = re.compile(r"[^ -~]|[\\!]")  # anything but printable ASCII, a backslash, a `!`
+
+
+def sh_command(script: str) -> str:
+    """`sh -c SCRIPT` as one command line that sh, bash, dash, zsh, fish, csh and tcsh all pass to sh unchanged. A script
+    with a character one of them changes goes as sh's printf %b would write it: those characters, and the ones sh's
+    double quotes expand, as octal escapes (\\0ooo, a backslash no shell above reads before a digit); sh writes it back
+    and runs it."""
+    if not MANGLED.search(script):
+        return "sh -c " + shlex.quote(script)
+    text = "".join(chr(b) if 32 <= b < 127 and chr(b) not in "\\!'\"$`" else f"\\0{b:03o}"
+                   for b in script.encode(errors="surrogateescape"))
+    # the x kept at the end: $(...) drops the newlines a script ends with
+    return "sh -c " + shlex.quote(f's=$(printf %b "{text}x") && eval "${{s%x}}"')
 
 
 def rpath(folder: str, name: str = "") -> str:

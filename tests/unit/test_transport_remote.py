@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -70,6 +72,39 @@ def test_ssh_honours_the_users_ssh_and_its_options():
     assert argv[-3:-1] == ["--", "node7"] and argv[-1] == "sh -c " + shlex.quote("echo 'hi' && true")
     # The remote command runs in POSIX sh whatever the login shell is: check the quoting round-trips.
     assert subprocess.run(["sh", "-c", argv[-1]], capture_output=True, text=True).stdout == "hi\n"
+
+
+LOGIN_SHELLS = ("sh", "bash", "dash", "zsh", "fish", "csh", "tcsh")  # .ci/run installs them
+
+
+@pytest.mark.parametrize("login_shell", LOGIN_SHELLS)
+def test_what_runs_on_the_node_is_the_script_whatever_the_users_login_shell(login_shell, tmp_path):
+    """sshd runs the command as `$SHELL -c COMMAND`. A tcsh user's node answered "Unmatched '''." to every script of
+    several lines (the node's state, asked first by every `invoke ship`; load.sh's watcher); csh and tcsh also took a
+    `!` in a folder's name as history ("Event not found"), fish a doubled backslash in it as one. Here the login shell
+    is real, and a folder's name holds all of those."""
+    shell = shutil.which(login_shell)
+    assert shell, f"{login_shell} is not installed (.ci/run installs it: apt-get install {login_shell})"
+    folder = tmp_path / "in box!1 a\\\\b c\\ 'q' $HOME `x` \"z\" é"
+    folder.mkdir()
+    (folder / "x.tar").write_bytes(b"12345")
+    (folder / "x.tar.partial").write_bytes(b"12")
+
+    def on_the_node(script: str) -> subprocess.CompletedProcess:
+        command = remote.ssh_argv(Settings(), Remote("node7", str(folder)), script)[-1]
+        # ssh's stdin stays open while the command runs (run_there's `held`)
+        with subprocess.Popen([shell, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env={**os.environ, "HOME": "/h"}) as p:
+            out = p.stdout.read()
+            return subprocess.CompletedProcess(command, p.wait(timeout=30), out)
+
+    state = remote.parse_node_state(on_the_node(remote.node_state_script(str(folder), "x.tar")).stdout.decode())
+    assert (state.get("final"), state.get("partial"), state.get("sha256sum")) == ("5", "2", shutil.which("sha256sum"))
+    # load.sh's run over ssh, as ship --load starts it: its output, and its exit code, come back as they are
+    held = on_the_node(f"cd {remote.rpath(str(folder))} || exit 1\n" + remote.held_open("ls; echo '!x' $HOME; exit 3"))
+    assert (held.stdout, held.returncode) == (b"x.tar\nx.tar.partial\n!x /h\n", 3)
+    # a script of one line without such characters goes as it is written
+    assert on_the_node("printf '%s' \"$HOME\" '{{json .}}'").stdout == b"/h{{json .}}"
 
 
 def effective(argv: list[str]) -> dict[str, str]:
