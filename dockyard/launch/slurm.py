@@ -215,6 +215,8 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     spec = ",".join(f"{src}:{dst}" + (":ro" if ro else "") for src, dst, ro in mounts)
     image_file = str(Path(image_file).resolve())
     if runtime == "pyxis":
+        # srun gives its task, and pyxis the container, the job's whole environment by default (a host PYTHONPATH,
+        # LD_PRELOAD or HF_* changed what trained): --export names what crosses (_PYXIS_EXPORT), and Slurm's own
         container = [f"--container-image={image_file}", f"--container-mounts={spec}",
                      f"--container-workdir={node.WORKDIR}", "--no-container-mount-home"]
         wrap = []
@@ -235,32 +237,49 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     # the trainer's environment, HOME left as the runtime sets it for the user
     trainer = {k: v for k, v in {envvars.IMAGE_REF: image, **node.container_env(), **caches.compile_env(settings),
                                  **seen.env, **({} if gpus else {"DS_ACCELERATOR": "cpu"})}.items() if k != "HOME"}
-    env = ["# The containers see the job's environment (NODE_ADDRS, MASTER_ADDR, RUN_ID... exported above)"
-           + (", those variables and the fabric's (NCCL_*, FI_*, UCX_*) alone." if runtime == "apptainer" else "."),
-           "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in trainer.items())]
-    if runtime == "apptainer":
-        env.append(f"export {_PASSED}={shlex.quote(' '.join([*trainer, *JOB_VARIABLES]))}")
+    env = ["# The containers see of the job's environment the variables the trainer needs (NODE_ADDRS, MASTER_ADDR, "
+           "RUN_ID... exported above) and the fabric's (NCCL_*, FI_*, UCX_*) alone"
+           + (" (and pyxis's, enroot's, the GPUs': ENROOT_*, PYXIS_*, NVIDIA_*)." if runtime == "pyxis" else "."),
+           "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in trainer.items()),
+           f"export {_PASSED}={shlex.quote(' '.join([*trainer, *JOB_VARIABLES]))}"]
+    export = []
+    if runtime == "pyxis":
+        env.append(_PYXIS_EXPORT)
+        export = ['--export="$passes"']
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     each = "one process per GPU" if gpus else f"{node.CPU_NPROC} processes on the CPUs (no GPU asked)"
     return [*env, *_resume_alone_before_overrides(), *_overrides_first(seen.overrides),
             f"# {what} on every node; torchrun starts there, {each}.",
-            shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *container, *wrap, "bash", "-c", inner])
-            + ' bash "$@"']
+            " ".join([shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]), *export,
+                      shlex.join([*container, *wrap, "bash", "-c", inner]), 'bash "$@"'])]
 
 
-# What crosses into an Apptainer container started with --cleanenv: the job's variables the node's command reads
-# (SLURM_NODEID is each node's own), the GPUs Slurm gave the job's task, the interface the user names for gloo
-# (docs/multinode.md: exported before sbatch), the trainer's environment exported above, and the fabric's settings
-# set on the node (NCCL_*, FI_*, UCX_*: node.fabric_env, as `invoke run` gives them with -e).
+# What crosses into an Apptainer container started with --cleanenv, or a pyxis one (srun --export): the job's
+# variables the node's command reads (SLURM_NODEID is each node's own), the GPUs Slurm gave the job's task, the
+# interface the user names for gloo (docs/multinode.md: exported before sbatch), the trainer's environment exported
+# above, and the fabric's settings set on the node (NCCL_*, FI_*, UCX_*: node.fabric_env, as `invoke run` gives them
+# with -e).
 JOB_VARIABLES = ("NODE_ADDRS", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "SLURM_NODEID", "SLURM_NNODES",
                  "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME")
-_PASSED = "DOCKYARD_APPTAINER_PASSES"  # the names, exported by the script; each node's bash passes those set there
+_PASSED = "DOCKYARD_CONTAINER_PASSES"  # the names, exported by the script; what is set of them crosses
 _APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERENV_$v=${{!v}}"; done; '
                      # (${!P@}: the names of the node's variables that start with P, each a shell variable's, so the
                      # pattern is node.FABRIC_NAME; core bash, where compgen needs its completion built in)
                      f'for v in {" ".join(f"${{!{p}_@}}" for p in node.FABRIC_PREFIXES)}; do '
                      f'case $v in {"|".join(f"{p}_?*" for p in node.FABRIC_PREFIXES)}) '
                      'export "APPTAINERENV_$v=${!v}" ;; esac; done; exec "$@"')
+
+
+# pyxis: srun's --export names the variables it gives each node's task (Slurm's SLURM_* go too, and what slurmstepd
+# sets, CUDA_VISIBLE_DEVICES of the task's GPUs among them), and pyxis gives the container the task's environment (the
+# image's own value of a variable winning). Named: PATH (where srun finds bash; the image's wins inside) and HOME, as
+# pyxis gave them; what the trainer needs (_PASSED), where set; the fabric's settings set in the job's environment; and
+# what pyxis, enroot and enroot's GPU hook read of it (PYXIS_*, ENROOT_*, NVIDIA_*: the GPUs a container is given).
+PYXIS_OWN = ("PYXIS", "ENROOT", "NVIDIA")
+_PYXIS_EXPORT = (f'passes=PATH,HOME; for v in ${_PASSED}; do if [[ -v $v ]]; then passes+=",$v"; fi; done; '
+                 f'for v in {" ".join(f"${{!{p}_@}}" for p in (*node.FABRIC_PREFIXES, *PYXIS_OWN))}; do '
+                 f'case $v in {"|".join(f"{p}_?*" for p in (*node.FABRIC_PREFIXES, *PYXIS_OWN))}) passes+=",$v" ;; '
+                 'esac; done')
 
 
 def _resume_alone_before_overrides() -> list[str]:

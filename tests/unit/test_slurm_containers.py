@@ -29,8 +29,18 @@ case "$2" in
 esac
 """
 SRUN = """#!/bin/bash
-while [[ $1 == --* ]]; do echo "$1" >> "$LOG/srun"; shift; done
-for i in 0 1; do SLURM_NODEID=$i SLURM_NNODES=2 "$@" || exit $?; done
+export=ALL
+while [[ $1 == --* ]]; do echo "$1" >> "$LOG/srun"; [[ $1 == --export=* ]] && export=${1#--export=}; shift; done
+# --export=NAMES: the task gets Slurm's SLURM_* and the named variables alone (LOG: the stand-ins')
+passed=()
+if [[ $export != ALL ]]; then
+  IFS=, read -ra names <<< "$export"
+  for v in "${names[@]}" ${!SLURM_@}; do [[ -v $v ]] && passed+=("$v=${!v}"); done
+fi
+for i in 0 1; do
+  if [[ $export == ALL ]]; then SLURM_NODEID=$i SLURM_NNODES=2 "$@" || exit $?
+  else env -i LOG="$LOG" "${passed[@]}" SLURM_NODEID=$i SLURM_NNODES=2 "$@" || exit $?; fi
+done
 """
 APPTAINER = """#!/bin/bash
 echo "$@" >> "$LOG/apptainer"
@@ -263,22 +273,21 @@ def test_the_fabrics_settings_of_the_job_reach_the_trainer_in_every_form_and_no_
     """A cluster's users set the fabric's settings in the job's environment (NCCL_IB_HCA, NCCL_NET_GDR_LEVEL,
     NCCL_IB_GID_INDEX, NCCL_DEBUG; FI_PROVIDER and FI_EFA_* on AWS EFA; UCX_* on some InfiniBand stacks). The
     Apptainer form (--cleanenv) and the docker form (each node's `invoke run`, whose docker run got -e for its own
-    variables alone) left them out: a job that used InfiniBand fell back to sockets, or hung. Now every form gives the
-    trainer each NCCL_*, FI_* and UCX_* variable set on the node, as it is, and no other of the host's (pyxis passes
-    the job's environment itself); the user's NCCL_SOCKET_IFNAME wins over the interface found towards node 0, as the
-    trainer leaves a user's own, and --iface (a flag of the command) over both; so does GLOO_SOCKET_IFNAME, which the
-    containers of pyxis and Apptainer saw and the docker form's invoke run replaced. A one-node run's container, on a
-    network of its own, gets none (as before)."""
+    variables alone) left them out: a job that used InfiniBand fell back to sockets, or hung. Now every form gives
+    the trainer each NCCL_*, FI_* and UCX_* variable set on the node, as it is, and no other of the host's (pyxis
+    gave its container the job's whole environment, a host PYTHONPATH and LD_PRELOAD included; srun --export now
+    names what crosses, as Slurm's stand-in here honours it); the user's NCCL_SOCKET_IFNAME wins over the interface
+    found towards node 0, as the trainer leaves a user's own, and --iface (a flag of the command) over both; so does
+    GLOO_SOCKET_IFNAME, which the containers of pyxis and Apptainer saw and the docker form's invoke run replaced. A
+    one-node run's container, on a network of its own, gets none (as before)."""
     job = {**FABRIC, **NOT_FABRIC, "DOCKYARD_RUN_ID": "zero2-slurm-77"}
     for name in [k for k in os.environ if k.startswith(("NCCL_", "FI_", "UCX_"))]:  # this machine's own, if any
         monkeypatch.delenv(name)
     if runtime != "docker":
         image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
         image.write_text("")
-        for n in _run(settings, tmp_path, runtime, str(image), env=job)["torchrun"]:
-            assert n["fabric"] == FABRIC, n
-            if runtime == "apptainer":
-                assert n["others"] == [] and n["pythonpath"] is None, n
+        for n in _run(settings, tmp_path, runtime, str(image), env={**job, "PYTHONPATH": "/home/u/lib"})["torchrun"]:
+            assert n["fabric"] == FABRIC and n["others"] == [] and n["pythonpath"] is None, n
         return
     # the docker form: each node runs `invoke run --nodes ...` in the job's environment (the script's own line, above)
     from dockyard import engine
