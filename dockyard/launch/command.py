@@ -60,8 +60,8 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     host without GPUs. `checkout_recipes`: this checkout's recipes/ over the image's (run.sh has no checkout).
     `recipe` is --recipe as given (a name or a folder), which run() has already loaded. `summarised`: the command
     prints the run's summary (`invoke run`; run.sh does not), so the trainer need not. `fabric`: the node's NCCL_*, FI_*
-    and UCX_* settings (node.fabric_env) where it is a node of several, given on as they are; no other variable of the
-    host's reaches the trainer."""
+    and UCX_* settings (node.fabric_env) where it is a node of several, given on as they are, a file one names mounted
+    read-only where it is (node.fabric_files); no other variable of the host's reaches the trainer."""
     if not cpu:
         check_gpu_host(settings, variant, host, engine_info, disable_require)
     image = variants.tag(settings, variant)
@@ -79,7 +79,8 @@ def run_command(settings: Settings, *, recipe: str, variant: Variant, host: Host
     argv = docker_run_argv(settings, image, gpus=gpu and docker_gpus(host), run_dir=run_dir,
                            name=container_name(run_dir.name, topo.nodes, topo.node_rank),
                            env=env, network_host=topo.nodes > 1, interactive="", command=command,
-                           mounts=seen.volumes, engine_info=engine_info, memlock=memlock,
+                           mounts=[*seen.volumes, *node.fabric_files(fabric or {})], engine_info=engine_info,
+                           memlock=memlock,
                            devices=multinode.infiniband_flags(ib_root) if gpu and topo.nodes > 1 else [],
                            compile_cache=True, host_paths=True)  # every folder mounted, as run.sh names them
     return RunCommand(argv, run_dir)

@@ -9,6 +9,7 @@ sbatch script, the Kubernetes pods) is rendered here.
   container_env     the trainer's container environment: HOME, Hugging Face's cache, offline
   fabric_env        the fabric's settings (NCCL_*, FI_*, UCX_*) of the node's environment, which every launcher of
                     several nodes passes
+  fabric_files      the node's files they name (NCCL_TOPO_FILE), which every launcher of several nodes mounts
   cluster_variant   `auto` on a cluster: the nodes' GPUs decide, not this host's
   check_*           the node count, rank, port and restart checks every launcher makes
 compose/*.yml are static YAML with their own text: tests/unit/test_compose_agrees.py holds them to this module.
@@ -23,11 +24,13 @@ import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from dockyard.common import envvars, runfolder
-from dockyard.common.errors import DockyardError
+from dockyard.common.errors import DockyardError, cut
 from dockyard.images import variants
 from dockyard.images.variants import Variant
+from dockyard.launch import scriptwords
 from dockyard.settings import Settings
 
 WORKSPACE = "/workspace"
@@ -187,6 +190,32 @@ def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
     for name in SOCKET_IFNAMES if iface else ():
         env.pop(name, None)
     return env
+
+
+# The fabric's settings that name a file of the node's: NCCL_TOPO_FILE, its PCI/NVLink/NIC topology (cloud VMs give NCCL
+# one, their own being virtual). The container does not see the host's files: NCCL warned that it could not open the
+# file and went on without it, its rings and NIC choices those of the topology it could see. Every launcher of
+# several nodes mounts it read-only at the same path, or refuses.
+FABRIC_FILES = ("NCCL_TOPO_FILE",)
+
+
+def fabric_files(fabric: Mapping[str, str], separators: str = ":") -> list[tuple[Path, str, bool]]:
+    """The files the fabric's settings (fabric_env's) name, as read-only mounts at the same path, each checked here
+    (`separators`: those of the runtime's mount list, as inputs.read_only_mounts)."""
+    mounts = []
+    for name in FABRIC_FILES:
+        value = fabric.get(name, "")
+        if not value:
+            continue
+        scriptwords.mount_path(value, name, separators)
+        path = Path(value)
+        if not path.is_absolute() or not path.is_file():
+            why = "not an absolute path" if not path.is_absolute() else "no such file on this node"
+            raise DockyardError(f"{name}={cut(value)}: {why}, and NCCL in the container would go on without it: "
+                                "give the node's topology file by its absolute path (the container sees it there, "
+                                f"read-only), or unset {name}")
+        mounts.append((path, value, True))
+    return mounts
 
 
 # NCCL's settings of one node's own transport and of its log, which a one-node run's container is given where set on

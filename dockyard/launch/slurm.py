@@ -217,8 +217,10 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
     if runtime == "pyxis":
         # srun gives its task, and pyxis the container, the job's whole environment by default (a host PYTHONPATH,
         # LD_PRELOAD or HF_* changed what trained): --export names what crosses (_PYXIS_EXPORT), and Slurm's own
-        container = [f"--container-image={image_file}", f"--container-mounts={spec}",
-                     f"--container-workdir={node.WORKDIR}", "--no-container-mount-home"]
+        # (shell words: the mounts end with the files the fabric's settings name, $files of _FABRIC_FILES)
+        container = [shlex.quote(f"--container-image={image_file}"),
+                     shlex.quote(f"--container-mounts={spec}") + '"$files"',
+                     shlex.quote(f"--container-workdir={node.WORKDIR}"), "--no-container-mount-home"]
         wrap = []
     else:
         container = []
@@ -244,14 +246,14 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
            f"export {_PASSED}={shlex.quote(' '.join([*trainer, *JOB_VARIABLES]))}"]
     export = []
     if runtime == "pyxis":
-        env.append(_PYXIS_EXPORT)
+        env += [_PYXIS_EXPORT, _FABRIC_FILES]
         export = ['--export="$passes"']
     what = {"pyxis": "pyxis/enroot runs the squashfs", "apptainer": "Apptainer runs the .sif"}[runtime]
     each = "one process per GPU" if gpus else f"{node.CPU_NPROC} processes on the CPUs (no GPU asked)"
     return [*env, *_resume_alone_before_overrides(), *_overrides_first(seen.overrides),
             f"# {what} on every node; torchrun starts there, {each}.",
             " ".join([shlex.join(["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]), *export,
-                      shlex.join([*container, *wrap, "bash", "-c", inner]), 'bash "$@"'])]
+                      *container, shlex.join([*wrap, "bash", "-c", inner]), 'bash "$@"'])]
 
 
 # What crosses into an Apptainer container started with --cleanenv, or a pyxis one (srun --export): the job's
@@ -262,12 +264,23 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
 JOB_VARIABLES = ("NODE_ADDRS", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "SLURM_NODEID", "SLURM_NNODES",
                  "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME")
 _PASSED = "DOCKYARD_CONTAINER_PASSES"  # the names, exported by the script; what is set of them crosses
+# The files the fabric's settings name (node.FABRIC_FILES: NCCL_TOPO_FILE), set in the job's environment, checked as
+# node.fabric_files checks them for `invoke run` (on each node for Apptainer, on node 0 for pyxis, whose srun line is
+# node 0's), and appended to $files as mounts of the runtime's list, ",SRC:DST:ro" each: the container sees each at
+# the path the variable names, read-only, where NCCL opens it.
+_FABRIC_FILES = "files=; " + "; ".join(
+    f'if [[ -n ${{{n}:-}} ]]; then if [[ ${n} != /* || ${n} == *[,:]* || ! -f ${n} ]]; then '
+    f"printf 'dockyard: {n}=%s: no such file on %s (an absolute path, without , or :), and NCCL in the container "
+    f"would go on without it: give the topology file of the node by its absolute path, or unset {n}\\n' "
+    f'"${n}" "$(hostname)" >&2; exit 2; fi; files+=",${n}:${n}:ro"; fi' for n in node.FABRIC_FILES)
 _APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERENV_$v=${{!v}}"; done; '
                      # (${!P@}: the names of the node's variables that start with P, each a shell variable's, so the
                      # pattern is node.FABRIC_NAME; core bash, where compgen needs its completion built in)
                      f'for v in {" ".join(f"${{!{p}_@}}" for p in node.FABRIC_PREFIXES)}; do '
                      f'case $v in {"|".join(f"{p}_?*" for p in node.FABRIC_PREFIXES)}) '
-                     'export "APPTAINERENV_$v=${!v}" ;; esac; done; exec "$@"')
+                     'export "APPTAINERENV_$v=${!v}" ;; esac; done; '
+                     + _FABRIC_FILES + '; if [[ -n $files ]]; then set -- "$1" "$2" --bind "${files#,}" "${@:3}"; fi; '
+                     'exec "$@"')
 
 
 # pyxis: srun's --export names the variables it gives each node's task (Slurm's SLURM_* go too, and what slurmstepd

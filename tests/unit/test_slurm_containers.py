@@ -328,6 +328,33 @@ def test_the_fabrics_settings_of_the_job_reach_the_trainer_in_every_form_and_no_
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_the_nccl_topology_file_of_the_job_is_mounted_where_it_names_or_the_job_stops(settings, tmp_path, runtime):
+    """NCCL_TOPO_FILE set in the job's environment reached the containers, and the file did not: NCCL warned that it
+    could not open it and went on without it. The container runtime mounts it read-only at that path (pyxis's
+    --container-mounts, Apptainer's --bind); one that is no file there stops the job in one line, no node started."""
+    image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
+    image.write_text("")
+    topo = tmp_path / "ndv5-topo.xml"
+    topo.write_text("<system version='1'></system>\n")
+    got = _run(settings, tmp_path, runtime, str(image), env={"NCCL_TOPO_FILE": str(topo)})
+    for n in got["torchrun"]:
+        assert n["fabric"]["NCCL_TOPO_FILE"] == str(topo), n
+    if runtime == "pyxis":
+        assert f"{topo}:{topo}:ro" in _mounts(got, runtime), got["srun"]
+    else:
+        calls = got["apptainer"].splitlines()
+        assert len(calls) == 2 and all(c.split()[:3] == ["exec", "--bind", f"{topo}:{topo}:ro"] for c in calls), calls
+    for given in (str(tmp_path / "missing.xml"), str(tmp_path), "topo.xml", f"{topo},x"):
+        shutil.rmtree(tmp_path / "bin")
+        shutil.rmtree(tmp_path / "log")
+        failed = _run(settings, tmp_path, runtime, str(image), env={"NCCL_TOPO_FILE": given}, check=False)
+        said = failed["stderr"].strip().splitlines()
+        assert failed["returncode"] == 2 and len(said) == 1, failed
+        assert said[0].startswith(f"dockyard: NCCL_TOPO_FILE={given}: no such file on ") and "unset NCCL_TOPO_FILE" in said[0]
+        assert not (tmp_path / "log" / "torchrun").exists()
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
 def test_cpu_nodes_run_the_container_with_two_processes_each_and_deepspeed_on_the_cpu(settings, tmp_path, runtime):
     """--runtime=pyxis/apptainer without --gpus-per-node was refused: CPU nodes that run containers (and the cpu
     image on them) had only --runtime=docker."""
