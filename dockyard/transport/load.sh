@@ -188,6 +188,9 @@ fi
 
 # printable: a name of printable ASCII alone, said as it is (an escape sequence in a file name drives the terminal).
 printable() { [ "$(printf '%s' "$1" | LC_ALL=C tr -d ' -~' | wc -c | tr -d ' ')" -eq 0 ]; }
+# A file's name from inside an archive, as a line may say it: its bytes other than printable ASCII as '?' (a name is
+# the archive maker's: an escape sequence in it reached the terminal), by its first 120 characters.
+member() { short "$(printf '%s' "$1" | LC_ALL=C tr -c ' -~' '?')" 120; }
 # ARCHIVE is found as given (from the caller's folder), or by a bare name beside load.sh; never a same-named
 # file elsewhere. A folder (the one the set was carried in) is no archive: its archives, or its load.sh, are named.
 if [ -n "${1:-}" ] && [ -d "$1" ]; then
@@ -562,8 +565,8 @@ beater=
 [ -e "$work/bad" ] && die "$name does not decompress ($(tail -n 1 "$work/unpack.err")): nothing was loaded"
 [ -e "$work/badtar" ] && die "the tar of $name does not read as one ($(tail -n 1 "$work/tar.err")): refused, nothing was loaded"
 packed=$(grep -E -m 1 '^(1f8b08|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)' "$work/starts")
-[ -z "$packed" ] || die "the tar's ${packed#* } is compressed: docker load would inflate it past every size the manifest declares, and docker save never writes one: refused, nothing was loaded"
-[ ! -e "$work/p/sparse" ] || die "the tar's $(head -n 1 "$work/p/sparse") holds a sparse file: docker load would write its holes out in full, past every size the manifest declares: refused, nothing was loaded"
+[ -z "$packed" ] || die "the tar's $(member "${packed#* }") is compressed: docker load would inflate it past every size the manifest declares, and docker save never writes one: refused, nothing was loaded"
+[ ! -e "$work/p/sparse" ] || die "the tar's $(member "$(head -n 1 "$work/p/sparse")") holds a sparse file: docker load would write its holes out in full, past every size the manifest declares: refused, nothing was loaded"
 [ "$(awk '{ n += $1 } END { printf "%.0f", n }' "$work/p/sizes")" -le "$limit" ] \
 	|| die "the tar of $name holds a sparse file: docker load would write its holes out in full, past every size the manifest declares: refused, nothing was loaded"
 

@@ -749,6 +749,47 @@ def test_load_sh_says_a_value_of_bytes_that_start_no_utf8_character_by_its_start
     assert said.removeprefix(b"load.sh: unknown option ").startswith(b"--" + latin1[:200]) and r.returncode == 1, said
 
 
+def hostile_member_tar(tmp_path, where: str) -> tuple[bytes, str]:
+    """A tar (PAX names) of one file whose name, from the archive's maker, holds an escape sequence (the terminal's
+    title) and 600 characters: gzip-compressed (`where` "compressed"), or a layer whose own tar holds a sparse file of
+    4 MiB of hole ("sparse", made by GNU tar; no byte of the hole is written here)."""
+    name = "\x1b]0;owned\x07" + "n" * 600
+    if where == "compressed":
+        name, data = name + ".json", gzip.compress(b"x" * 1000)
+    else:
+        files = tmp_path / "files"
+        files.mkdir()
+        with open(files / "holes.bin", "wb") as f:
+            f.truncate(4 << 20)
+        subprocess.run(["tar", "--sparse", "--format=posix", "-C", str(files), "-cf", str(tmp_path / "l.tar"),
+                        "holes.bin"], check=True)
+        name, data = "blobs/sha256/" + name, (tmp_path / "l.tar").read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        member(t, name, data)
+    return buf.getvalue(), name
+
+
+@pytest.mark.parametrize("where, says", [("compressed", " is compressed: "), ("sparse", " holds a sparse file: ")])
+def test_load_sh_says_a_refused_member_of_the_tar_by_a_printable_start_of_its_name(tmp_path, where, says):
+    """load.sh refused a tar member that is compressed, or a layer holding a sparse file, naming the member as the
+    archive wrote it: an escape sequence in the name reached the user's terminal, and a name of thousands of
+    characters was said whole. It is said as the other refusals say a name: unprintable bytes as '?', by its start."""
+    raw, name = hostile_member_tar(tmp_path, where)
+    paths = make_set(tmp_path, raw, name="t_1.tar")
+    reseal(paths, {"tar_bytes": len(raw)})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = load ] || exit 0\nexec cat >/dev/null\n')
+    (bin_dir / "docker").chmod(0o755)
+    r = subprocess.run(["sh", str(write_loader(tmp_path)), paths.archive.name], capture_output=True, timeout=60,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(tmp_path)})
+    said = next(line for line in r.stderr.decode().splitlines() if says in line)
+    assert r.returncode == 1 and "nothing was loaded" in said, r.stderr
+    assert "\x1b" not in said and "\x07" not in said and "?]0;owned?nnn" in said, said
+    assert len(said) < 400 and "n" * 50 in said and "n..." in said, said
+
+
 BACKSLASHED = r"a\033]0;x\007\c"  # printable ASCII, which dash's echo read as ESC ] 0 ; x BEL (the terminal's title), then a cut
 
 
