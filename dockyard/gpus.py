@@ -397,8 +397,11 @@ def select(host: Host, spec: str = "") -> Host:
     else:
         spec = os.environ["CUDA_VISIBLE_DEVICES"].strip()
         source, tokens = f"CUDA_VISIBLE_DEVICES={cut(spec, 60) or repr(spec)}", cuda_reads(spec)[0]
-        if not tokens:  # CUDA sees no GPU (-1, an empty value), and the run trains on CPU as CUDA would
-            return replace(host, gpus=[], visible="", error=f"{source} hides every GPU")
+    if said := not_ascii(flag or spec):  # as run.sh refuses it; CUDA reads no GPU there
+        raise DockyardError(f"{source} holds {said}: name a GPU by its index in the digits 0-9 (as in 0,2) or by its "
+                            "UUID (nvidia-smi -L lists them)")
+    if not flag and not tokens:  # CUDA sees no GPU (-1, an empty value), and the run trains on CPU as CUDA would
+        return replace(host, gpus=[], visible="", error=f"{source} hides every GPU")
     chosen, seen = [], set()
     for token in tokens:
         if token.startswith("MIG-"):
@@ -425,13 +428,21 @@ def select(host: Host, spec: str = "") -> Host:
     return replace(host, gpus=chosen, visible=",".join(str(g.index) for g in chosen))
 
 
+def not_ascii(spec: str) -> str:
+    """The first character of a GPU list that is not ASCII, in words (a fullwidth `０`, an Arabic `٣`), "" where there
+    is none: Python's isdigit() takes them, CUDA and run.sh do not, and `０,１` was "GPU '０' is not on this host: it has
+    0, 1"."""
+    odd = next((c for c in spec if not c.isascii()), "")
+    return f"{odd!r} (U+{ord(odd):04X}), which is no ASCII character" if odd else ""
+
+
 def cuda_reads(spec: str) -> tuple[list[str], str]:
     """The entries of CUDA_VISIBLE_DEVICES that CUDA reads, and where it stopped reading with entries left, in words
     ("" where it read them all). CUDA reads the list up to its first entry that names no device (an empty one, as in
     `0,,1`; -1; Slurm's NoDevFiles for a job given none; a word) and sees no GPU after it: `0,,1` is GPU 0 alone."""
     entries = [t.strip() for t in spec.split(",")]
     for n, token in enumerate(entries):
-        if not (token.isdigit() or token.startswith(("GPU-", "MIG-"))):
+        if not ((token.isascii() and token.isdigit()) or token.startswith(("GPU-", "MIG-"))):
             left = any(entries[n + 1:])
             return entries[:n], (f"CUDA reads no further than its {f'entry {short(token)}' if token else 'empty entry'}"
                                  if left else "")

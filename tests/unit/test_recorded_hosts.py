@@ -190,6 +190,28 @@ def test_cuda_visible_devices_set_but_empty_hides_every_gpu_and_a_trailing_comma
         plan_mod.plan_model("1.5B")
 
 
+@pytest.mark.parametrize("typed, odd", [("０,１", "'０' (U+FF10)"), ("0,１", "'１' (U+FF11)"), ("1٣", "'٣' (U+0663)")])
+@pytest.mark.parametrize("by", ["CUDA_VISIBLE_DEVICES", "--gpus"])
+def test_gpus_named_in_digits_other_than_ascii_are_refused_saying_which_character(settings, capsys, replay,
+                                                                                   monkeypatch, typed, odd, by):
+    """Fullwidth (an IME's `０,１`) or other Unicode digits are digits to Python's isdigit(), not to CUDA or run.sh
+    (which refuses them): `invoke run` said "GPU '０' (from CUDA_VISIBLE_DEVICES=０,１) is not on this host: it has 0,
+    1", a GPU that looks like one it has. It names the character that is no ASCII one, and how to write the list."""
+    host, _ = replay("rtx3090x2_535")
+    if by == "--gpus":
+        kw = {"gpus": typed}
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", typed)
+        kw = {}
+    said = f"{by}={typed} holds {odd}, which is no ASCII character: name a GPU by its index in the digits 0-9"
+    with pytest.raises(DockyardError) as refused:
+        dry_run(settings, capsys, **kw)
+    assert str(refused.value).startswith(said) and "\n" not in str(refused.value), refused.value
+    if by == "CUDA_VISIBLE_DEVICES":
+        seen = doctor.check_visible(host)
+        assert seen.status == doctor.FAIL and said in seen.detail, seen
+
+
 def test_more_processes_than_the_gpus_chosen_is_refused_naming_the_choice(settings, capsys, replay):
     """`--gpus=0 --nproc=2` on two RTX 3090s said "this host has 1 GPU(s)", as if GPU 1 were not seen."""
     replay("rtx3090x2_535")
@@ -338,15 +360,16 @@ def test_a_gpus_flag_that_reads_as_a_count_says_it_is_an_index(settings, capsys,
         dry_run(settings, capsys, gpus="2")
 
 
-@pytest.mark.parametrize("spec", ["²", "0" * 5000 + "1"])
-def test_a_gpu_index_python_reads_as_digits_but_int_does_not_is_refused_in_one_line(spec, replay, monkeypatch):
+@pytest.mark.parametrize("spec, says", [("²", "which is no ASCII character"),
+                                         ("0" * 5000 + "1", "is not on this host: it has 0, 1")])
+def test_a_gpu_index_python_reads_as_digits_but_int_does_not_is_refused_in_one_line(spec, says, replay, monkeypatch):
     """`--gpus=²` (a digit to str.isdigit, not to int) and CUDA_VISIBLE_DEVICES of 5,000 digits (past int()'s limit)
     were ValueError tracebacks."""
     host, _ = replay("t4x2_535")
-    with pytest.raises(DockyardError, match="is not on this host: it has 0, 1"):
+    with pytest.raises(DockyardError, match=says):
         gpus.select(host, spec)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", spec)
-    with pytest.raises(DockyardError, match="is not on this host: it has 0, 1"):
+    with pytest.raises(DockyardError, match=says):
         gpus.select(host)
 
 
