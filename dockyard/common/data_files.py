@@ -134,6 +134,8 @@ def not_an_object(line: str) -> str:
         return TWICE.format(e.args[0])
     except PastDouble as e:
         return PAST_DOUBLE.format(e.args[0] if len(e.args[0]) <= 20 else e.args[0][:20] + "...")
+    except NotJsonNumber as e:
+        return NOT_JSON_NUMBER.format(e.args[0])
     if isinstance(value, dict):
         return lone_surrogate(line, value)
     return f"{json_kind(value)}, not an object; each line must be one JSON object"
@@ -286,6 +288,22 @@ class PastDouble(ValueError):
     """A JSON number of a line that no double holds (its text: args[0])."""
 
 
+# NaN, Infinity, -Infinity: Python's json reads and writes them (json.dumps of a float nan), JSON does not allow them.
+# `datasets` read `{"text": NaN}` as a number, then as no value: "example 1 has no field with a value (... every field
+# null)", of a line whose field is there.
+NOT_JSON_NUMBER = ("{} is a number JSON does not allow (Python's json.dumps writes a float's nan or inf so, and `datasets` "
+                   "reads a field holding it as null): write null where there is no value, or quote it to keep it as "
+                   "text")
+
+
+class NotJsonNumber(ValueError):
+    """NaN, Infinity or -Infinity on a line (args[0])."""
+
+
+def _no_constant(name: str) -> Any:
+    raise NotJsonNumber(name)
+
+
 _EXPONENT = re.compile(r"-?\d+(?:\.(\d+))?[eE]([+-]?\d+)")
 
 
@@ -300,21 +318,21 @@ def _double(text: str) -> float:
 
 def json_line(line: str) -> Any:
     """One JSON Lines line as `datasets` takes it: a field named twice (SetTwice) and a number no double holds
-    (PastDouble) refused, as pyarrow refuses them."""
-    return loads(line, object_pairs_hook=one_of_each, parse_float=_double)
+    (PastDouble) refused, as pyarrow refuses them, and NaN or Infinity (NotJsonNumber), which it misreads."""
+    return loads(line, object_pairs_hook=one_of_each, parse_float=_double, parse_constant=_no_constant)
 
 
 def datasets_refuses(line: str) -> str:
     """Why a JSON Lines line names a field twice (TWICE), holds half a surrogate pair (lone_surrogate), a number no
-    double holds (PAST_DOUBLE) or nests past NESTING_LIMIT (NESTED), "" where it does not or is no JSON (its own
-    refusal)."""
+    double holds (PAST_DOUBLE), NaN or Infinity (NOT_JSON_NUMBER) or nests past NESTING_LIMIT (NESTED), "" where it
+    does not or is no JSON (its own refusal)."""
     if line.count("[") + line.count("{") > NESTING_LIMIT and _nests_past(line.encode("utf-8", "replace")):
         return NESTED
     try:
         return lone_surrogate(line, json_line(line))
     except SetTwice as e:
         return TWICE.format(e.args[0])
-    except PastDouble:
+    except (PastDouble, NotJsonNumber):
         return not_an_object(line)
     except ValueError:
         pass
@@ -461,6 +479,22 @@ def too_deep(path: Path) -> str:
         for n, line in enumerate(f, 1):
             if line.count(b"[") + line.count(b"{") > NESTING_LIMIT and _nests_past(line):
                 return f"{path}:{n}"
+    return ""
+
+
+def not_json_number(path: Path) -> str:
+    """FILE:LINE: why, of the first line of a JSON Lines file that holds NaN or Infinity outside its strings, or "":
+    read before `datasets` is, which reads them (as no value where a field holds text), where the host refuses them
+    in the lines it counts. A line that names neither is passed over unparsed."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if b"NaN" in raw or b"Infinity" in raw:
+                try:
+                    loads(raw.decode("utf-8", errors="replace").removeprefix("\ufeff"), parse_constant=_no_constant)
+                except NotJsonNumber as e:
+                    return f"{path}:{n}: {NOT_JSON_NUMBER.format(e.args[0])}"
+                except ValueError:  # no JSON: its own refusal
+                    continue
     return ""
 
 

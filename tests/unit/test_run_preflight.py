@@ -318,6 +318,37 @@ def test_a_number_no_double_holds_is_refused_by_its_line_and_a_fix(env, tmp_path
     assert dry(env, f"--data={given}").returncode == 0, "pyarrow reads these as infinity: so does the host"
 
 
+@pytest.mark.parametrize("rows, line, word", [
+    (['{"text": NaN}'], 1, "NaN"),
+    (['{"prompt": "q", "completion": "a"}', '{"prompt": "q", "completion": "b"}',
+      '{"prompt": "q", "completion": Infinity}'], 3, "Infinity"),
+    (['{"text": "a", "score": 1}', '{"text": "b", "score": -Infinity}'], 2, "-Infinity"),
+])
+def test_nan_or_infinity_on_a_line_is_refused_by_its_line_as_no_json_number(env, tmp_path, rows, line, word):
+    """`{"text": NaN}` (Python's json.dumps writes a float nan so) passed the host, and the trainer, once the image had
+    started, said "example 1 has no field with a value (... every field null)", or of `"completion": Infinity` that
+    example 3 "lacks completion": `datasets` reads such a field as null. JSON allows no such number: the trainer and
+    the host both name the line and the word, and say what to write; "NaN" within a string is text, read as before."""
+    from transformers import AutoTokenizer
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.run_settings import TINY_MODEL, RunSettings
+    from dockyard.train import data
+
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL)
+    given = tmp_path / "scores.jsonl"
+    fine = rows[0].replace("NaN", '"NaN"') if word == "NaN" else rows[0]
+    given.write_text("\n".join(rows) + "\n" + a_step_of(fine))
+    with pytest.raises(DockyardError) as trainer:
+        data.load(RunSettings(data=str(given)), tok, seed=42)
+    said = f"cannot read {given}:{line}: {word} is a number JSON does not allow"
+    assert str(trainer.value).startswith(said) and "write null" in str(trainer.value), trainer.value
+    refused(dry(env, f"--data={given}"), f"error: {trainer.value}")
+    given.write_text(a_step_of(fine.replace("Infinity", '"Infinity"').replace("-\"", '"-')))
+    data.load(RunSettings(data=str(given)), tok, seed=42)  # quoted: text, read as before
+    assert dry(env, f"--data={given}").returncode == 0
+
+
 def test_a_file_of_blank_lines_ending_in_cr_alone_is_counted_in_little_memory(tmp_path):
     """The count kept every part of a line read at \\r until a \\n ended it, to name a byte that is not UTF-8 at its
     column: a .txt of blank lines ending in \\r alone (old Mac line ends) piled them up, 2 GB held by `invoke run
