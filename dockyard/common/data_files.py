@@ -129,6 +129,8 @@ def not_an_object(line: str) -> str:
     try:
         value = json_line(line.rstrip("\r\n")) if line.strip() else {}
     except json.JSONDecodeError as e:  # its line is always 1 here: the column says where
+        if e.msg == "Extra data" and _opens_object(e.doc[e.pos:]):
+            return TWO_OBJECTS.format(e.colno)
         return f"not JSON ({e.msg}: column {e.colno}); each line must be one JSON object"
     except SetTwice as e:  # `datasets`: "JSON parse error: Column(/text) was specified twice in row 0"
         return TWICE.format(e.args[0])
@@ -139,6 +141,23 @@ def not_an_object(line: str) -> str:
     if isinstance(value, dict):
         return lone_surrogate(line, value)
     return f"{json_kind(value)}, not an object; each line must be one JSON object"
+
+
+# `{...} {...}` on one line: `datasets` read it as two rows, where the host's checks of a line's example (its format, a
+# chat's roles, its fields) read one, and line 1 was refused as "not JSON (Extra data)"; two files joined without a
+# line break between them (cat a.jsonl b.jsonl, a.jsonl's last line unended) make one.
+TWO_OBJECTS = ("two JSON objects on one line (the second from column {}); each line must be one JSON object: put a line "
+               "break between them")
+_SIDE_BY_SIDE = r"}[ \t\r\f\v]*{"  # where a line may hold a second object (a string may hold these too)
+_MORE_OBJECTS, _SECOND_OBJECT = re.compile(_SIDE_BY_SIDE), re.compile(_SIDE_BY_SIDE.encode())
+
+
+def _opens_object(text: str) -> bool:
+    """Whether `text` starts with a JSON object (past whitespace)."""
+    try:
+        return isinstance(json.JSONDecoder().raw_decode(text.lstrip())[0], dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def json_kind(value: Any) -> str:
@@ -482,19 +501,18 @@ def too_deep(path: Path) -> str:
     return ""
 
 
-def not_json_number(path: Path) -> str:
-    """FILE:LINE: why, of the first line of a JSON Lines file that holds NaN or Infinity outside its strings, or "":
-    read before `datasets` is, which reads them (as no value where a field holds text), where the host refuses them
-    in the lines it counts. A line that names neither is passed over unparsed."""
+def misread_line(path: Path) -> str:
+    """FILE:LINE: why, of the first line of a JSON Lines file that `datasets` would read without a word as something
+    else than the line's one object: NaN or Infinity outside its strings (NOT_JSON_NUMBER, read as null in a text
+    field), two objects (TWO_OBJECTS, read as two rows); "" where there is none. Read before `datasets` is; the host
+    refuses such lines among those it counts. Only a line holding one of those words, or `}` and `{` side by side, is
+    parsed."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
-            if b"NaN" in raw or b"Infinity" in raw:
-                try:
-                    loads(raw.decode("utf-8", errors="replace").removeprefix("\ufeff"), parse_constant=_no_constant)
-                except NotJsonNumber as e:
-                    return f"{path}:{n}: {NOT_JSON_NUMBER.format(e.args[0])}"
-                except ValueError:  # no JSON: its own refusal
-                    continue
+            if b"NaN" in raw or b"Infinity" in raw or _SECOND_OBJECT.search(raw):
+                line = raw.decode("utf-8", errors="replace").removeprefix("\ufeff" if n == 1 else "")
+                if why := not_an_object(line):
+                    return f"{path}:{n}: {why}"
     return ""
 
 
@@ -624,7 +642,6 @@ def holds_text(path: Path, within: int | None = None) -> bool | None:
 # Characters of the data `invoke run` reads to count its examples (examples_in): a step's worth of any real data is
 # far less; past them (a few examples of megabytes each) the count is the trainer's.
 COUNT_LIMIT = 64 << 20
-_MORE_OBJECTS = re.compile(r"}[ \t\r\f\v]*{")  # a second JSON object on the line: `datasets` reads each as a row
 
 
 def held_out(examples: int, fraction: float) -> int:
@@ -698,14 +715,14 @@ def _text_rows(_path: Path, lines: Iterator[str]) -> Iterator[int]:
 
 
 def _json_lines_rows(path: Path, lines: Iterator[str]) -> Iterator[int]:
-    """JSON Lines: a row per JSON object, most often one a line; `{...} {...}` on one line is two rows."""
+    """JSON Lines: a row per line holding a JSON object; `{...} {...}` on one line is refused (TWO_OBJECTS)."""
     for n, line in enumerate(lines, 1):
         if text := line.strip():
             if text.startswith("["):  # an array over lines, or of objects on one: not counted here
                 raise _Uncounted
-            if twice := datasets_refuses(text):  # numbered as data.read._bad_json_line numbers it
-                raise DockyardError(f"cannot read {path}:{n}: {twice}")
-            yield 1 + len(_MORE_OBJECTS.findall(text))
+            if twice := datasets_refuses(text) or (_MORE_OBJECTS.search(text) and not_an_object(text)):
+                raise DockyardError(f"cannot read {path}:{n}: {twice}")  # numbered as data.read._bad_json_line does
+            yield 1
 
 
 def _json_rows(path: Path, lines: Iterator[str]) -> Iterator[int]:

@@ -121,7 +121,7 @@ def test_data_of_fewer_examples_than_one_step_is_refused_before_the_image_starts
     assert says in capsys.readouterr().err, "the trainer's own words"
     assert dry(env, "--nproc=1", f"--data={two}", "--", "--global_batch", "2").returncode == 0
     # counted as `datasets` reads them: each counts 3, which a step of 4 needs more than
-    for name, text in (("a.jsonl", '{"text": "a"}\n{"text": "b"} {"text": "c"}\n'),
+    for name, text in (("a.jsonl", '{"text": "a"}\n{"text": "b"}\n \n{"text": "c"}\n'),  # two on a line: refused
                        ("a.txt", "a\rb\r\n\n  \nc"),
                        ("a.csv", 'text\n"a\n\nb"\n,\nc\nd\n')):
         (tmp_path / name).write_text(text, newline="")
@@ -346,6 +346,35 @@ def test_nan_or_infinity_on_a_line_is_refused_by_its_line_as_no_json_number(env,
     refused(dry(env, f"--data={given}"), f"error: {trainer.value}")
     given.write_text(a_step_of(fine.replace("Infinity", '"Infinity"').replace("-\"", '"-')))
     data.load(RunSettings(data=str(given)), tok, seed=42)  # quoted: text, read as before
+    assert dry(env, f"--data={given}").returncode == 0
+
+
+@pytest.mark.parametrize("rows, line, column", [
+    (['{"text": "a"} {"text": "b"}'], 1, 15),
+    (['{"text": "a"}', '{"text": "b"}{"text": "c"}'], 2, 14),
+])
+def test_two_json_objects_on_one_line_are_refused_by_host_and_trainer_alike(env, tmp_path, rows, line, column):
+    """`{"text": "a"} {"text": "b"}` (two files joined, the first's last line unended): on line 1 the host and the
+    trainer refused it as "not JSON (Extra data: column 15)"; on any later line both took it, `datasets` as two rows,
+    where the host's checks of a line's example (format, roles, fields) read none of them. Both now refuse it wherever
+    it is, naming the line and saying to put a line break between them; braces side by side in a string are text."""
+    from transformers import AutoTokenizer
+
+    from dockyard.common.errors import DockyardError
+    from dockyard.common.run_settings import TINY_MODEL, RunSettings
+    from dockyard.train import data
+
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL)
+    given = tmp_path / "joined.jsonl"
+    given.write_text("\n".join(rows) + "\n" + a_step_of('{"text": "d"}'))
+    with pytest.raises(DockyardError) as trainer:
+        data.load(RunSettings(data=str(given)), tok, seed=42)
+    said = (f"cannot read {given}:{line}: two JSON objects on one line (the second from column {column}); each line "
+            "must be one JSON object: put a line break between them")
+    assert str(trainer.value) == said, trainer.value
+    refused(dry(env, f"--data={given}"), f"error: {said}")
+    given.write_text(a_step_of('{"text": "a} {b"}'))  # in a string: one example, read as before
+    assert len(data.load(RunSettings(data=str(given)), tok, seed=42).train) == STEP
     assert dry(env, f"--data={given}").returncode == 0
 
 

@@ -24,11 +24,11 @@ from dockyard.common.data_files import (
     first_example,
     holds_text,
     left_out,
+    misread_line,
     mixed_formats,
     named_twice,
     not_an_object,
     not_examples,
-    not_json_number,
     not_utf8,
     parquet_decoded,
     saved_by_datasets,
@@ -188,8 +188,8 @@ def _load(what: str, builder: str, **kwargs: Any) -> list[dict[str, Any]]:
                 # its first example as the host reads it: `datasets`, where pyarrow refuses a file of one line (a
                 # field named twice), reads its object as columns, a chat's turns as rows of one turn each
                 first_example(Path(f))
-                if constant := not_json_number(Path(f)):
-                    raise DockyardError(f"cannot read {constant}")
+                if misread := misread_line(Path(f)):
+                    raise DockyardError(f"cannot read {misread}")
             wide = [] if where or null or odd else too_wide(Path(f))
         except OSError as e:
             raise DockyardError(f"cannot read {f}: {e.strerror or e}") from None
