@@ -59,7 +59,9 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if merge and m.model and m.model.format == "full":  # it wrote a second copy of the model to merged/
         raise DockyardError(f"run {run} trained the whole model: it has no adapters for --merge to merge; export it "
                             f"as it is: invoke export --run={run}{native_run}")
-    target = runfolder.followed(out, "--out") if out else run_dir / ("merged" if merge else "export")
+    # --out: a link of the user's own followed, none in a folder a container writes (checked below, as save's --out)
+    target = (runfolder.users_folder(out, caches.container_writable(settings)) if out else
+              run_dir / ("merged" if merge else "export"))
     if out:  # before anything is made: the folder's name is printed (the command, where it was written) as it is
         scriptwords.one_line(str(target), "--out", "which would reach the terminal as it is where the export prints "
                                                    "the folder's name: give --out a name without control characters")
@@ -74,6 +76,11 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
     if out and target.is_relative_to(run_dir.resolve()):
         raise DockyardError(f"--out={out} is inside the run folder {run_dir}, whose files are the run's own: give a "
                             "folder outside it (or leave out --out: runs/<ID>/export)")
+    if out:  # another run's folder (its export mixed into that run's), the runs folder, a cache: every run's
+        # container writes there, and could change the exported model before it is loaded or shipped
+        own = run_dir / ("merged" if merge else "export")
+        caches.check_out_of_reach(settings, target, "--out", f"give --out a folder outside it (or leave out --out for "
+                                  f"the run's own, {own})", use="you load or ship the model")
     if m.variant in runfolder.NATIVE_VARIANTS and not native:
         raise DockyardError(f"run {run} was trained on this host (--native): its export runs here too, in this host's "
                             f"Python; say so: invoke export --run={run} --native")

@@ -417,6 +417,29 @@ def test_an_export_into_the_run_folder_itself_is_refused(settings, tmp_path):
     assert list((run / "model").iterdir()) == []
 
 
+@pytest.mark.parametrize("where", ["another run's folder", "the runs folder", "the hf cache", "a link to a run's"])
+def test_an_export_into_a_folder_a_container_writes_is_refused_before_anything_is_made(settings, tmp_path, where):
+    """`--out=runs/r2/export` wrote run r1's export into run r2's folder (which `invoke export --run=r2` then found
+    taken), and any --out in the runs folder or a cache is a folder every run's container writes, where code in one
+    could change the exported model before it is loaded or shipped. Refused as invoke save's --out is, a link of the
+    user's own to such a folder too; a folder elsewhere is taken as before."""
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "hf_cache": tmp_path / "hf"})
+    _, run = _run(tmp_path)
+    (tmp_path / "runs" / "r2").mkdir()
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "mine").symlink_to(tmp_path / "runs" / "r2")
+    out = {"another run's folder": tmp_path / "runs" / "r2" / "export", "the runs folder": tmp_path / "runs" / "mine",
+           "the hf cache": tmp_path / "hf" / "export", "a link to a run's": tmp_path / "mine" / "export"}[where]
+    inside = tmp_path / ("hf" if where == "the hf cache" else "runs")
+    with pytest.raises(DockyardError) as refused:
+        export.export(s, run="r1", out=str(out), dry=True)
+    said = str(refused.value)
+    assert f"is inside {inside} (the {'hf_cache' if 'hf' in where else 'runs_dir'} setting), which every run's " \
+           "container can write" in said and f"leave out --out for the run's own, {run / 'export'}" in said, said
+    assert not out.exists() and sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r1", "r2"]
+    assert export.export(s, run="r1", out=str(tmp_path / "elsewhere"), dry=True) == tmp_path / "elsewhere"
+
+
 def test_a_manifest_nested_too_deeply_is_refused_naming_it(settings, tmp_path):
     """A run folder any container can write: JSON nested 100k deep was a RecursionError traceback."""
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs"})
