@@ -149,7 +149,7 @@ def not_an_object(line: str) -> str:
 TWO_OBJECTS = ("two JSON objects on one line (the second from column {}); each line must be one JSON object: put a line "
                "break between them")
 _SIDE_BY_SIDE = r"}[ \t\r\f\v]*{"  # where a line may hold a second object (a string may hold these too)
-_MORE_OBJECTS, _SECOND_OBJECT = re.compile(_SIDE_BY_SIDE), re.compile(_SIDE_BY_SIDE.encode())
+_MORE_OBJECTS = re.compile(_SIDE_BY_SIDE)
 
 
 def _opens_object(text: str) -> bool:
@@ -504,16 +504,29 @@ def too_deep(path: Path) -> str:
 def misread_line(path: Path) -> str:
     """FILE:LINE: why, of the first line of a JSON Lines file that `datasets` would read without a word as something
     else than the line's one object: NaN or Infinity outside its strings (NOT_JSON_NUMBER, read as null in a text
-    field), two objects (TWO_OBJECTS, read as two rows); "" where there is none. Read before `datasets` is; the host
-    refuses such lines among those it counts. Only a line holding one of those words, or `}` and `{` side by side, is
-    parsed."""
+    field), two objects (TWO_OBJECTS, read as two rows); "" where there is none. Read before `datasets` is, in chunks
+    searched whole (a file of gigabytes, by every process); the host refuses such lines among those it counts. Only a
+    line holding one of those words, or `}` and `{` side by side, is parsed."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            if b"NaN" in raw or b"Infinity" in raw or _SECOND_OBJECT.search(raw):
-                line = raw.decode("utf-8", errors="replace").removeprefix("\ufeff" if n == 1 else "")
-                if why := not_an_object(line):
+        before = 0  # the lines before this chunk
+        while chunk := f.read(MISREAD_CHUNK):
+            chunk += f.readline()  # to its line's end
+            at = 0
+            while m := _MISREAD.search(chunk, at):
+                start, end = chunk.rfind(b"\n", 0, m.start()) + 1, chunk.find(b"\n", m.end())
+                n = before + chunk.count(b"\n", 0, start) + 1
+                line = chunk[start:None if end < 0 else end].decode("utf-8", errors="replace")
+                if why := not_an_object(line.removeprefix("\ufeff" if n == 1 else "")):
                     return f"{path}:{n}: {why}"
+                if end < 0:
+                    break
+                at = end
+            before += chunk.count(b"\n")
     return ""
+
+
+MISREAD_CHUNK = 16 << 20
+_MISREAD = re.compile(rb"NaN|Infinity|" + _SIDE_BY_SIDE.encode())
 
 
 # Different top-level fields in one data file. `datasets` reads a file as one table with a column for each field any

@@ -262,3 +262,22 @@ def test_a_byte_order_mark_is_no_text_of_a_text_files_first_line(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_bytes("\ufeffhello world\nsecond line\n".encode())
     assert read.read_rows(path) == [{"text": "hello world"}, {"text": "second line"}]
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+def test_the_scan_for_lines_datasets_misreads_names_the_line_wherever_its_chunks_end(tmp_path, monkeypatch, chunk):
+    """The trainer's scan of a .jsonl file for NaN or Infinity, or two objects on a line, reads it in chunks (a file of
+    gigabytes, in every process): the line it names is the file's line whichever chunk it falls in, a BOM before line
+    1 is no part of it, and the words and braces within strings are text."""
+    from dockyard.common import data_files
+
+    monkeypatch.setattr(data_files, "MISREAD_CHUNK", chunk)
+    text = ['{"text": "NaN is a word"}', '{"text": "a} {b Infinity"}'] * 50
+    given = tmp_path / "data.jsonl"
+    given.write_text("\ufeff" + "\n".join([*text, '{"text": "x", "score": Infinity}', *text]) + "\n")
+    assert data_files.misread_line(given).startswith(f"{given}:101: Infinity is a number JSON does not allow")
+    given.write_text("\ufeff" + "\n".join(text))  # no line break at its end
+    assert data_files.misread_line(given) == ""
+    given.write_text('\ufeff{"text": "a"}{"text": "b"}')
+    assert data_files.misread_line(given).startswith(f"{given}:1: two JSON objects on one line (the second from "
+                                                     "column 14)")
