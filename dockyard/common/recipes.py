@@ -402,9 +402,12 @@ def load_recipe(name_or_dir: str | Path) -> Recipe:
     if not path.is_file():
         names = folder_names()
         if Path(name_or_dir).is_dir():  # a folder of one's own, without its recipe.yaml (a name is looked up first)
+            # its contents (/.), since the folder is there: `cp -r DIR FOLDER` would copy DIR into it; by the
+            # checkout's path, since the user may stand anywhere (invoke -r)
+            source = shlex.quote(f"{RECIPES / 'zero2'}/.")
             raise DockyardError(f"the folder {str(name_or_dir)!r} holds no recipe.yaml: copy a recipe's folder to "
-                                f"start from (cp -r recipes/zero2 {shown(shlex.quote(str(name_or_dir)))}), or pick one of "
-                                f"{', '.join(names)}")
+                                f"start from (cp -r {shown(source)} {shown(shlex.quote(str(name_or_dir)))}), or pick "
+                                f"one of {', '.join(names)}")
         given = Path(name_or_dir)
         if given.name == "recipe.yaml" and given.is_file():  # the file itself (--recipe=mine/recipe.yaml)
             raise DockyardError(f"--recipe {str(name_or_dir)!r} is a file: give the folder that holds it, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 
@@ -71,12 +72,21 @@ def test_a_name_near_no_recipe_gets_the_list_alone():
         load_recipe("sgd")
 
 
-def test_a_folder_without_its_recipe_yaml_is_said_to_be_one(tmp_path):
+def test_a_folder_without_its_recipe_yaml_is_said_to_be_one_and_the_copy_it_says_makes_it_a_recipe(tmp_path):
     """`--recipe=/tmp/mine` (a folder made for a recipe, its recipe.yaml not there yet) was "unknown recipe
-    '/tmp/mine': ... or give a folder that holds a recipe.yaml", as if it were no folder."""
-    with pytest.raises(DockyardError, match=f"the folder '{tmp_path}' holds no recipe.yaml: copy a recipe's folder to "
-                                            f"start from \\(cp -r recipes/zero2 {tmp_path}\\)"):
-        load_recipe(str(tmp_path))
+    '/tmp/mine': ... or give a folder that holds a recipe.yaml", as if it were no folder. The copy it then said,
+    `cp -r recipes/zero2 /tmp/mine`, put zero2/ inside the folder (which is there: that is this case), and from
+    any folder but the checkout (`invoke -r`) found no recipes/: the same refusal followed. Typed where the user
+    stands, the copy it says now makes the folder a recipe."""
+    mine, elsewhere = tmp_path / "my recipe", tmp_path / "elsewhere"
+    mine.mkdir()
+    elsewhere.mkdir()
+    with pytest.raises(DockyardError, match=f"the folder '{mine}' holds no recipe.yaml: copy a recipe's folder to "
+                                            "start from \\(cp ") as e:
+        load_recipe(str(mine))
+    copy = re.search(r"\((cp [^)]*)\)", str(e.value)).group(1)
+    subprocess.run(shlex.split(copy), cwd=elsewhere, check=True)
+    assert load_recipe(str(mine)).strategy == load_recipe("zero2").strategy
 
 
 def test_a_path_to_a_recipe_folder_with_a_slip_in_it_is_said_to_be_no_folder_and_the_one_meant_loads(tmp_path):
