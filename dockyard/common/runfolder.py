@@ -699,11 +699,16 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [p for p in checkpoints_started(run_dir) if (p / COMPLETE).is_file()]
 
 
+# where the runs that no launcher of ours gives the compile cache (compose, the pods of `invoke k8s`) keep it: in the
+# runs folder they mount (dockyard.launch.node.COMPILE_IN_RUNS)
+CACHES_IN_RUNS = ".cache"
+
 # folders of the runs folder that tasks other than `invoke run` write, or wrote (run.shell; slurm and k8s before
-# the jobs folder): no run's
+# the jobs folder), or runs write beside their own: no run's
 TOOL_FOLDERS = {"slurm": "the sbatch scripts `invoke slurm` wrote before it wrote them into the jobs folder",
                 "k8s": "the manifests `invoke k8s` wrote before it wrote them into the jobs folder",
-                "shell": "the files of `invoke shell` sessions"}
+                "shell": "the files of `invoke shell` sessions",
+                CACHES_IN_RUNS: "the compile cache of compose runs and of the pods of `invoke k8s`"}
 
 
 def checkpoint_step(checkpoint: Path | str) -> int:

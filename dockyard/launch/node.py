@@ -151,7 +151,7 @@ def expanding(text: str) -> str:
 # Kubernetes pods): in the runs folder, which they mount already. The trainer makes the folders for the run's user
 # alone, and uses them only while they stay so (dockyard.train.environment); whoever can write the runs folder can
 # already write the checkpoints a resume loads.
-COMPILE_IN_RUNS = f"{RUNS_INSIDE}/.cache/compile"
+COMPILE_IN_RUNS = f"{RUNS_INSIDE}/{runfolder.CACHES_IN_RUNS}/compile"
 
 
 def compile_in_runs_env() -> dict[str, str]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import PurePosixPath
 
 import pytest
 
 from dockyard.common import runfolder
+from dockyard.launch import node
 from tests.support.cli import invoke, invoke_here
 
 
@@ -60,6 +62,20 @@ def test_the_runs_are_listed_newest_first_with_their_status_and_loss(tmp_path):
     assert not {"slurm", "k8s", "shell"} & set(row), out
     # the ids whole, whatever the width, and what to do next with one
     assert "invoke run --resume --run-id=ID" in out and "invoke export --run=ID" in out
+
+
+def test_the_compile_cache_compose_and_k8s_keep_in_the_runs_folder_is_no_run(tmp_path):
+    """The newcomer's walk: after a run of compose/train.yml (the pods of `invoke k8s` too), which keeps its compiled
+    kernels in the runs folder's .cache/compile, `invoke runs` listed '.cache ... no manifest (stopped before it
+    began?)', a run that never was, and a runs folder holding that alone was not 'no runs yet'."""
+    runs = tmp_path / "runs"
+    cache = runs / PurePosixPath(node.COMPILE_IN_RUNS).relative_to(node.RUNS_INSIDE)
+    (cache / "inductor").mkdir(parents=True)  # as the trainer makes it there
+    assert "no runs in" in _listed(runs)
+    _run(runs, "ddp-compose", 100, recipe="ddp", status="completed", metrics={"steps": 50})
+    out = _listed(runs)
+    rows = [line.split()[0] for line in out.splitlines()[2:-1]]
+    assert rows == ["ddp-compose"], out
 
 
 def test_the_next_steps_say_a_native_run_needs_native_only_where_one_is_listed(tmp_path):
