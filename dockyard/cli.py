@@ -327,18 +327,32 @@ def invokes_own_flags(program: invoke.Program) -> str | None:
         have = sorted(t.name for t in program.collection.tasks.values() if "dry" in {a.name for a in t.get_arguments()})
         tasks = [t.name for t in program.tasks]
         example = tasks[0] if tasks and tasks[0] in have else "run"
+        if task := _task_before(program, {"--dry", "-R"}):  # given where a task's own --dry goes: that task has none
+            return (f"invoke {task} has no --dry; the tasks with one: {', '.join(have)} "
+                    f"(given after the task's name, as in `invoke {example} --dry`)")
         return (f"Invoke's own --dry would not stop the task: only {', '.join(have)} have a --dry of their own, "
                 f"given after the task's name, as in `invoke {example} --dry`")
     for arg in program.core_via_tasks.args.values():
         if arg.got_value and arg.name != "help":
             flags = {("-" if len(n) == 1 else "--") + n for n in arg.names}
-            task = None
-            for token in program.core.unparsed:
-                if token.partition("=")[0] in flags:
-                    return (f"invoke {task} has no flag {token.partition('=')[0]} (`invoke --help {task}` says what "
-                            f"each flag takes)")
-                task = token if token in program.collection.task_names else task
+            if task := _task_before(program, flags):
+                flag = next(t.partition("=")[0] for t in program.core.unparsed if t.partition("=")[0] in flags)
+                return f"invoke {task} has no flag {flag} (`invoke --help {task}` says what each flag takes)"
             return f"{max(flags, key=len)} is Invoke's own flag: give it before the task's name"
+    return None
+
+
+def _task_before(program: invoke.Program, flags: set[str]) -> str | None:
+    """The task whose name came before the first of `flags` on the line that is not that task's own flag (as typed,
+    `--flag=value` too); None when none did (the flag was given before every task's name)."""
+    task, own = None, set()
+    for token in program.core.unparsed:
+        if token.partition("=")[0] in flags - own:
+            return task
+        if token in program.collection.task_names:
+            task = token
+            own = {("-" if len(n) == 1 else "--") + n.replace("_", "-")
+                   for a in program.collection[token].get_arguments() for n in a.names}
     return None
 
 

@@ -315,7 +315,9 @@ def test_a_task_or_flag_name_of_thousands_of_characters_is_said_by_its_start(arg
 
 
 @pytest.mark.parametrize("args,says", [
-    (["slurm", "--out={tmp}/out", "--dry"], "Invoke's own --dry would not stop the task: only build, export"),
+    (["slurm", "--out={tmp}/out", "--dry"], "invoke slurm has no --dry; the tasks with one: build, export"),
+    (["save", "--dry"], "invoke save has no --dry; the tasks with one: build, export"),
+    (["run", "--dry", "save", "-R"], "invoke save has no --dry; the tasks with one: build, export"),
     (["k8s", "--out={tmp}/out", "--dry"], "as in `invoke run --dry`"),
     (["-R", "slurm", "--out={tmp}/out"], "Invoke's own --dry would not stop the task"),
     (["--dry", "run", "--variant=cpu"], "as in `invoke run --dry`"),
@@ -327,7 +329,8 @@ def test_a_task_or_flag_name_of_thousands_of_characters_is_said_by_its_start(arg
 def test_invokes_own_flags_after_a_task_are_refused_and_the_task_does_nothing(args, says, tmp_path):
     """Invoke reads its own flags after a task's name too: `invoke slurm --dry` was Invoke's --dry (it only echoes
     shell commands) and the task ran for real, writing its files (`invoke save --dry` wrote the archive). And a task
-    that does not pass the overrides after `--` to the trainer ignored them without a word."""
+    that does not pass the overrides after `--` to the trainer ignored them without a word. A --dry after the name of a
+    task that has none is said to be that: `invoke save --dry` was told to give --dry after the task's name, as it was."""
     r = invoke_here(*[a.format(tmp=tmp_path) for a in args])
     short_error(r, says)
     assert r.returncode == 1 and not (tmp_path / "out").exists()
