@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from dockyard import engine
+from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.launch import node
 from dockyard.launch.node import Rendezvous
@@ -28,11 +29,12 @@ INFINIBAND = Path("/dev/infiniband")
 
 
 def rendezvous(*, master_addr: str, master_port: int, node_rank: int, run_id: str, join_timeout: int,
-               max_restarts: int, iface: str = "", routes: dict | None = None) -> Rendezvous:
-    """The rendezvous of this node. `routes` (tests): what `route_to` would find, instead of asking `ip`."""
+               max_restarts: int, recipe: str, iface: str = "", routes: dict | None = None) -> Rendezvous:
+    """The rendezvous of this node. `recipe`: the one the user gave, for the run id an error suggests; `routes`
+    (tests): what `route_to` would find, instead of asking `ip`."""
     if not run_id:
         raise DockyardError("--nodes > 1 needs --run-id, the same on every node: it names the rendezvous and the "
-                            "shared run folder (e.g. --run-id=zero2-exp1 on each node)")
+                            f"shared run folder (e.g. --run-id={runfolder.recipe_name(recipe)}-exp1 on each node)")
     node.check_restarts(max_restarts, join_timeout)
     found = routes if routes is not None else route_to(master_addr)
     reached = found.get("addr")  # this node's address towards --master-addr: that address, where it is this node's

@@ -131,7 +131,8 @@ def prepare(settings: Settings, r: RunRequest) -> tuple[RunCommand, list[int]]:
     else:
         topo.rendezvous = multinode.rendezvous(master_addr=r.master_addr, master_port=r.master_port, node_rank=r.node_rank,
                                                run_id=r.run_id, join_timeout=r.join_timeout,
-                                               max_restarts=r.max_restarts, iface=r.iface)
+                                               max_restarts=r.max_restarts, recipe=r.recipe or DEFAULT_RECIPE,
+                                               iface=r.iface)
     preflight.check_resume(settings, r.resume, r.run_id)
     # the recipe, loaded once here: a bad --recipe is reported as such, not through the run id derived from it;
     # a resumed run keeps its own (its manifest names it); then what the trainer would refuse

@@ -66,7 +66,7 @@ def _two_nodes(settings, tmp_path, node_rank, ib_root):
     v = variants.resolve(settings, "cu132")[0]
     t = launch_command.validate_topology(0, 2, node_rank, "10.1.2.3", 29600, TWO_GPUS, v)
     t.rendezvous = multinode.rendezvous(master_addr="10.1.2.3", master_port=29600, node_rank=node_rank, run_id="exp1",
-                                        join_timeout=90, max_restarts=1,
+                                        join_timeout=90, max_restarts=1, recipe="zero2",
                                         routes={"iface": "ens5", "addr": f"10.1.2.{3 + node_rank}"})
     return launch_command.run_command(settings, recipe="zero2", variant=v, host=TWO_GPUS, engine_info=NVIDIA_ENGINE, topo=t,
                            run_dir=tmp_path / "runs" / "exp1", overrides=[], ib_root=ib_root)

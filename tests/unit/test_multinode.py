@@ -13,7 +13,7 @@ import pytest
 from dockyard.common import runfolder
 from dockyard.common.errors import DockyardError
 from dockyard.common.recipes import RECIPES, load_recipe
-from dockyard.launch import multinode, node
+from dockyard.launch import multinode, node, run
 from dockyard.train import manifest, nodes
 from tests.support.ports import held_port
 
@@ -22,13 +22,28 @@ ROUTE = {"iface": "ens5", "addr": "10.0.0.2"}
 
 def _rdzv(**kw):
     args = dict(master_addr="10.0.0.1", master_port=29500, node_rank=1, run_id="exp1", join_timeout=120,
-                max_restarts=0, routes=ROUTE) | kw
+                max_restarts=0, recipe="zero2", routes=ROUTE) | kw
     return multinode.rendezvous(**args)
 
 
 def test_every_node_needs_the_same_run_id_and_is_told_so():
     with pytest.raises(DockyardError, match="needs --run-id, the same on every node"):
         _rdzv(run_id="")
+
+
+@pytest.mark.parametrize("recipe, suggested", [("lora", "lora-exp1"), ("zero3-offload", "zero3-offload-exp1"),
+                                               ("{tmp}/my recipe/", "my-recipe-exp1")])
+def test_the_run_id_a_multinode_run_is_told_to_give_is_built_from_its_recipe(recipe, suggested, tmp_path):
+    """`invoke run --recipe=lora --nodes=2` without --run-id was told `--run-id=zero2-exp1` whatever the recipe: a
+    user who copied it named a LoRA run zero2. The id suggested is now the recipe's (a folder's own name), and one
+    the run takes."""
+    (tmp_path / "my recipe").mkdir()
+    (tmp_path / "my recipe" / "recipe.yaml").write_text("strategy: zero2\n")
+    with pytest.raises(DockyardError) as e:
+        _rdzv(run_id="", recipe=recipe.format(tmp=tmp_path))
+    given = re.search(r"--run-id=(\S+) on each node", str(e.value))[1]
+    assert given == suggested
+    assert _rdzv(run_id=given).run_id == given and not run.not_a_run_id(given)
 
 
 @pytest.mark.parametrize("kw, message", [(dict(join_timeout=0), "--join-timeout"),
@@ -944,7 +959,7 @@ def test_inputs_host_paths_of_no_meaning_are_warned_of_and_the_inside_paths_reco
 def test_node_0_given_an_address_not_its_own_is_warned_that_the_others_will_look_there(capsys):
     """`--node-rank=0 --master-addr=<node 1's address>`: node 0 hosted the store at home while the others looked for
     it at node 1, and both waited past the join bound."""
-    args = dict(master_port=29500, run_id="exp1", join_timeout=120, max_restarts=0,
+    args = dict(master_port=29500, run_id="exp1", join_timeout=120, max_restarts=0, recipe="zero2",
                 routes={"iface": "eth0", "addr": "10.0.0.1"})
     multinode.rendezvous(master_addr="10.0.0.5", node_rank=0, **args)
     assert ("warning: --master-addr 10.0.0.5 is not an address of this node, yet --node-rank=0 hosts the rendezvous "
@@ -970,7 +985,7 @@ def test_a_master_address_given_with_its_port_or_in_brackets_says_how_to_give_it
     give node 0's IP address", which it was."""
     with pytest.raises(DockyardError) as e:
         multinode.rendezvous(master_addr=given, master_port=29500, node_rank=1, run_id="r", join_timeout=120,
-                             max_restarts=0)
+                             max_restarts=0, recipe="zero2")
     assert str(e.value) == says
 
 
