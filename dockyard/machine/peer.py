@@ -113,7 +113,7 @@ def check_port(address: str, port: int, probe: Callable[[], str] | None = None) 
     if refused != "refused":
         return Check("rendezvous port", FAIL, f"{address}:{port}: {refused} within {CONNECT_TIMEOUT} s", dropped)
     said = probe() if probe else ""
-    idle = f"{address}:{port} answers; nothing listens yet (normal until node 0 starts `invoke run`)"
+    idle = f"{address}:{port} refused the connection: no run listens there yet (normal until node 0 starts `invoke run`)"
     if said == "reached":
         return Check("rendezvous port", PASS, f"{idle}, and a listener doctor opened there for a moment was reached "
                                               "from here")

@@ -163,7 +163,7 @@ def test_doctor_peer_checks_the_route_port_and_image_of_the_other_node(node, nod
     assert checks["peer route"]["status"] == "pass" and f"through {node.veth}" in checks["peer route"]["detail"]
     assert f"this node's address {node.host_addr}" in checks["peer route"]["detail"]
     port = checks["rendezvous port"]
-    assert port["status"] == "pass" and "nothing listens yet" in port["detail"]
+    assert port["status"] == "pass" and "no run listens there yet" in port["detail"]
     assert "a listener doctor opened there for a moment was reached from here" in port["detail"]  # through real ssh
     assert checks["same image"]["status"] == "pass" and node_image in checks["same image"]["detail"]
     assert checks["infiniband"]["status"] == "pass" and checks["peer shm"]["status"] in ("pass", "warn")

@@ -831,6 +831,18 @@ def _ssh_here(tmp_path):
     return str(fake)
 
 
+def test_doctor_peer_says_a_refused_port_is_one_no_run_listens_on_yet(loopback_port):
+    """`invoke doctor --peer` said of node 0's port before its run "answers; nothing listens yet", which read as a
+    contradiction (answers what?). It now says what happened and what it means: the connection was refused, no run
+    listens there yet."""
+    from dockyard.machine import peer
+
+    check = peer.check_port("127.0.0.1", loopback_port)
+    assert check.status == "pass"
+    assert check.detail.startswith(f"127.0.0.1:{loopback_port} refused the connection: no run listens there yet "
+                                   "(normal until node 0 starts `invoke run`)"), check.detail
+
+
 def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_a_moment(settings, tmp_path,
                                                                                         loopback_port, monkeypatch):
     """A refused rendezvous port passed whatever refused it: before node 0 starts nothing listens, but a firewall
@@ -856,7 +868,7 @@ def test_doctor_peer_tells_a_port_nothing_listens_on_yet_by_listening_there_for_
     here = settings.model_copy(update={"ssh": _ssh_here(tmp_path)})
     r = remote.Remote("peer")
     check = peer.check_port("127.0.0.1", port, lambda: peer.listen_there(here, r, "no-such-image", "127.0.0.1", port))
-    assert check.status == "pass" and "nothing listens yet" in check.detail and "was reached from here" in check.detail, \
+    assert check.status == "pass" and "no run listens there yet" in check.detail and "was reached from here" in check.detail, \
         check
     [listener] = started
     assert listener.returncode == 0, f"the listener was waited for after it was reached, then ended: {listener.returncode}"
@@ -878,7 +890,7 @@ def test_doctor_peer_says_when_the_port_is_taken_there_and_a_refusal_cannot_be_t
         here = settings.model_copy(update={"ssh": _ssh_here(tmp_path)})
         check = peer.check_port("127.0.0.1", port,
                                 lambda: peer.listen_there(here, remote.Remote("peer"), "x", "127.0.0.1", port))
-    assert check.status == "pass" and "nothing listens yet" in check.detail
+    assert check.status == "pass" and "no run listens there yet" in check.detail
     assert f"whether a firewall rejects it is not known: port {port} is taken there (Address already in use)" \
         in check.detail
 
