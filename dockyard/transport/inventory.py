@@ -264,6 +264,22 @@ def names(images: list[dict]) -> list[tuple[str, dict]]:
     return [(ref, img) for img in images for ref in img["tags"] or [img["id"]]]
 
 
+def held_as_saved(images: list[dict], target: dict) -> list[str] | None:
+    """The names `images` are saved under (names(): their tags, or the id of an untagged one) that `target` (an
+    inventory) already gives the same image id: what loading them there would change nothing of; None where it lists
+    no images (load.sh --inventory records the layers alone). Its images are carried along unchecked (_Inventory): an
+    entry that is not what an inventory writes holds nothing."""
+    if not target.get("images") or not isinstance(target["images"], list):
+        return None
+    there: dict[str, str] = {}
+    for img in target["images"]:
+        if isinstance(img, dict) and isinstance(img.get("id"), str):
+            tags = img.get("tags") if isinstance(img.get("tags"), list) else []
+            there.update({name: img["id"] for name in [img["id"], *tags] if isinstance(name, str)})
+    saved = [(name, img.get("id")) for img in images for name in img.get("tags") or [img.get("id")]]
+    return [name for name, image_id in saved if name and there.get(name) == image_id]
+
+
 def loaded_as_saved(meta: dict | None, img: dict, store: str) -> str:
     """"" when the engine holds the image the archive carries, else what is wrong with it.
 

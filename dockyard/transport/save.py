@@ -125,6 +125,9 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
         left = sum(layer["bytes"] for layer in manifest["layers"] if not layer["included"])
         print(f"thin for {thin_for}: left out {len(thin['omitted'])} layers ({human(left)}) the target "
               f"holds; it must still hold them when loading ({len(thin['requires'])} chain ids in the manifest)")
+        if not any(layer["included"] for layer in manifest["layers"]) and already_there(thin_for, thin, images,
+                                                                                         paths, runner):
+            return manifest
     print(ship_hint(paths))
     print(load_hint(paths.archive))
     needs = runscript.node_needs(settings, images)
@@ -133,6 +136,27 @@ def save(settings: Settings, image: str = "", out: str = "", compress: str = "zs
     if runner:
         print(f"train there without the project: {runscript.train_hint()}")
     return manifest
+
+
+def already_there(thin_for: str, thin: dict, images: list[dict], paths: ArchivePaths,
+                  runner: tuple[str, str] | None) -> bool:
+    """A thin archive for a target that holds every layer carries the images' configs and tags alone (a few kB), which
+    `docker load` there turns into the images where it lacks them (a rebuild that changed a label or the name alone).
+    Said as such; where the target already has every image as saved, said instead that it has, and how to train there,
+    for there is nothing to ship (True: the ship and load hints are not said)."""
+    size = console.human(paths.archive.stat().st_size)
+    lacking = [name for name, _ in inventory.names(images) if name not in (thin["held"] or [])]
+    if lacking:
+        unknown = " where the node lacks it (its inventory, load.sh's, names no images)" if thin["held"] is None else ""
+        print(f"{thin_for} holds every layer already: this archive ({size}) carries the config and name of "
+              f"{', '.join(lacking)} alone, which loading it there adds{unknown}")
+        return False
+    print(f"{thin_for} already has {', '.join(thin['held'])} (the same image id) and every layer: nothing to ship "
+          f"or load there (the archive, {size}, was written all the same; loading it changes nothing)")
+    if runner:
+        print(f"train there: invoke run --variant={runner[1]} (or, without the project, with this set's run.sh: "
+              f"{runscript.train_hint()})")
+    return True
 
 
 def check_companions(out_dir: Path, images: list[dict], named: str) -> None:
@@ -268,7 +292,7 @@ def thin_record(settings: Settings, images: list[dict], thin_for: str) -> dict |
     if omitted is None:
         return None
     return {"for": thin_for, "target_host": target.get("host", ""), "omitted": sorted(omitted.diff_ids),
-            "requires": omitted.requires}
+            "requires": omitted.requires, "held": inventory.held_as_saved(images, target)}
 
 
 def check_target_runs(settings: Settings, images: list[dict], target: dict, thin_for: str) -> None:

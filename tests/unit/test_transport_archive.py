@@ -35,7 +35,7 @@ def test_thin_for_a_containerd_node_writes_a_full_archive(tmp_path, monkeypatch,
     inv.write_text(json.dumps({"format": inventory.INVENTORY_FORMAT, "host": "n7",
                                "engine": {"store": "classic"}, "chain_ids": [BASE]}))
     thin = save_mod.thin_record(Settings(), [IMAGE], str(inv))
-    assert thin == {"for": str(inv), "target_host": "n7", "omitted": [BASE], "requires": [BASE]}
+    assert thin == {"for": str(inv), "target_host": "n7", "omitted": [BASE], "requires": [BASE], "held": None}
 
 
 def test_save_refuses_bad_choices_before_asking_the_engine(monkeypatch):
@@ -144,6 +144,44 @@ def test_a_thin_save_says_the_size_docker_save_streamed_beside_the_rate_it_strea
     assert f"from {save_mod.console.human(manifest['tar_bytes'])} of tar" in wrote, wrote
     streamed = re.search(r"docker save's ([\d.]+) kB of tar read at ", wrote)
     assert streamed and float(streamed[1]) * 1000 > 0.9 * len(raw), wrote  # its end-of-archive padding aside
+
+
+@pytest.mark.parametrize("has_the_image", [True, False, None])
+def test_a_thin_save_for_a_node_holding_every_layer_says_whether_the_node_already_has_the_image(
+        tmp_path, monkeypatch, capsys, has_the_image):
+    """`invoke save --thin-for=...` for a node holding every layer wrote a 4 kB archive and said to ship and load it,
+    as for any other. Such an archive carries the image's config and tag alone: loaded where the node holds the
+    layers but not the image (a rebuild that changed a label), `docker load` makes the image; where the node has the
+    image itself, it changes nothing. The save now says which: the name it adds, or that the node already has the
+    image, with nothing to ship and how to train there; an inventory naming no images (load.sh's: None here) cannot
+    tell, and says so."""
+    raw, image, _, _ = fake_save()
+    (tmp_path / "save.tar").write_bytes(raw)
+    docker = tmp_path / "save-docker"
+    docker.write_text(f'#!/bin/sh\n[ "$1" = save ] && exec cat {tmp_path / "save.tar"}\nexit 1\n')
+    docker.chmod(0o755)
+    chains = inventory.chain_ids(image["diff_ids"])
+    found = {**image, "tags": ["t:2"], "labels": {"dockyard.variant": "cpu"}, "bytes": len(raw), "chain_ids": chains}
+    monkeypatch.setattr(inventory, "inspect_images", lambda settings, refs: [found])
+    monkeypatch.setattr(inventory.engine, "engine_info", lambda settings: {})  # a classic store here
+    other = {"id": "sha256:" + "9" * 64, "tags": ["t:1"], "diff_ids": image["diff_ids"], "chain_ids": chains}
+    held = {"id": image["id"], "tags": ["t:2"], "diff_ids": image["diff_ids"], "chain_ids": chains}
+    inv = tmp_path / "node7.json"
+    inv.write_text(json.dumps({"format": inventory.INVENTORY_FORMAT, "host": "node7", "engine": {"store": "classic"},
+                               "images": {True: [other, held], False: [other], None: []}[has_the_image],
+                               "chain_ids": chains}))
+    manifest = save_mod.save(Settings(docker=str(docker), layer_cache_gb=0), image="t:2", out=str(tmp_path / "dist"),
+                             compress="none", thin_for=str(inv))
+    out = capsys.readouterr().out
+    assert not any(layer["included"] for layer in manifest["layers"])
+    assert (tmp_path / "dist" / "t_2-thin.tar").is_file()  # written all the same: a save, ship and load still work
+    if has_the_image:
+        assert f"{inv} already has t:2 (the same image id) and every layer: nothing to ship or load there" in out, out
+        assert "train there: invoke run --variant=cpu" in out and "ship it:" not in out, out
+    else:
+        assert f"{inv} holds every layer already: this archive" in out, out
+        assert "carries the config and name of t:2 alone, which loading it there adds" in out and "ship it:" in out, out
+        assert ("where the node lacks it (its inventory, load.sh's, names no images)" in out) == (has_the_image is None)
 
 
 def test_a_link_another_user_planted_in_the_temporary_folder_is_never_written_through(tmp_path, monkeypatch):
