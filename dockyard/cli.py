@@ -547,7 +547,8 @@ def check_test_tools() -> None:
 
 def checked(fn):
     """Validate the flags against the task's annotations (dockyard/flags.py), then run it; a DockyardError
-    becomes `error: ...` on stderr and its exit code."""
+    becomes `error: ...` on stderr and its exit code, a Ctrl-C (or the SIGTERM engine.sigterm_as_interrupt raises
+    as one) that no clean-up of the task caught `error: interrupted (SIGINT)` and 130 (143)."""
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
@@ -569,6 +570,13 @@ def checked(fn):
             print(f"error: {shown(str(e))}", file=sys.stderr)
             forget_caught_interrupt()
             raise Exit(code=e.exit_code) from None
+        except KeyboardInterrupt as e:  # a task of no clean-up of its own (doctor, plan, inventory): Invoke's own
+            # handling ended it with status 1 and no word, a Ctrl-C a script could not tell from a failure
+            from dockyard.engine import interrupt_status
+
+            print(f"error: interrupted ({str(e) or 'SIGINT'})", file=sys.stderr)
+            forget_caught_interrupt()
+            raise Exit(code=interrupt_status(e)) from None
         except BrokenPipeError:
             stop_quietly_for_a_reader_that_left()
         except OSError as e:  # what no check foresaw (a path the filesystem refuses): its cause in one line

@@ -137,3 +137,54 @@ def test_a_ctrl_c_landing_while_a_class_is_built_ends_any_task_as_a_ctrl_c_does(
         assert "Traceback" not in said[name].stderr, said[name].stderr[-2000:]
         assert (said[name].returncode, said[name].stderr) == (said["plain"].returncode, said["plain"].stderr), name
     assert said["plain"].returncode != 0
+
+
+SIGNALLED_TASKS = '''
+import os
+import signal
+import time
+
+from dockyard.cli import task
+from dockyard.engine import sigterm_as_interrupt
+from dockyard.transport.save import interrupts_as_errors
+
+
+@task
+def looking(c):  # doctor, plan, inventory: no clean-up of their own
+    os.kill(os.getpid(), signal.{sig})
+    time.sleep(20)
+
+
+@task
+def terminated(c):  # a SIGTERM sigterm_as_interrupt raises as a Ctrl-C, and no clean-up of the task caught
+    with sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.{sig})
+        time.sleep(20)
+
+
+@task
+def cleaning_up(c):  # a save's clean-up: its own words and status
+    with interrupts_as_errors("saving dockyard-0.1.0-cpu"):
+        os.kill(os.getpid(), signal.{sig})
+        time.sleep(20)
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_task_of_no_clean_up_of_its_own_ends_an_interrupt_with_one_line_and_the_status_of_one_that_has(tmp_path,
+                                                                                                         sig):
+    """Ctrl-C of `invoke doctor`, `plan`, `inventory` ended, under Invoke, with status 1 and not a word (Invoke's own
+    KeyboardInterrupt handling), where a save or a load ends with "error: ...: interrupted (SIGINT) ..." and 130: a
+    script could not tell a Ctrl-C from a failure. Now any task ends it with one line and 130 (143 for the SIGTERM
+    sigterm_as_interrupt raises as one). Real invoke, real signals."""
+    (tmp_path / "signalled_tasks.py").write_text(SIGNALLED_TASKS.replace("{sig}", sig.name))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    tasks = ("cleaning-up", "terminated") if sig == signal.SIGTERM else ("cleaning-up", "looking")
+    said = {name: subprocess.run([sys.executable, "-m", "invoke", "-c", "signalled_tasks", name], cwd=tmp_path,
+                                 env=env, capture_output=True, text=True, timeout=120, preexec_fn=as_from_a_terminal)
+            for name in tasks}
+    assert said["cleaning-up"].returncode == 128 + sig, said["cleaning-up"].stderr[-2000:]
+    for name in tasks[1:]:
+        r = said[name]
+        assert r.returncode == said["cleaning-up"].returncode, (name, r.returncode, r.stderr[-2000:])  # 1 before
+        assert r.stderr.splitlines() == [f"error: interrupted ({sig.name})"], r.stderr[-2000:]
