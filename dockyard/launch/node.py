@@ -9,7 +9,7 @@ sbatch script, the Kubernetes pods) is rendered here.
   container_env     the trainer's container environment: HOME, Hugging Face's cache, offline
   fabric_env        the fabric's settings (NCCL_*, FI_*, UCX_*) of the node's environment, which every launcher of
                     several nodes passes
-  fabric_files      the node's files they name (NCCL_TOPO_FILE), which every launcher of several nodes mounts
+  fabric_files      the node's files they name (NCCL_TOPO_FILE, NCCL_GRAPH_FILE), which every launcher of several nodes mounts
   cluster_variant   `auto` on a cluster: the nodes' GPUs decide, not this host's
   check_*           the node count, rank, port and restart checks every launcher makes
 compose/*.yml are static YAML with their own text: tests/unit/test_compose_agrees.py holds them to this module.
@@ -192,18 +192,21 @@ def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
     return env
 
 
-# The fabric's settings that name a file of the node's: NCCL_TOPO_FILE, its PCI/NVLink/NIC topology (cloud VMs give NCCL
-# one, their own being virtual). The container does not see the host's files: NCCL warned that it could not open the
-# file and went on without it, its rings and NIC choices those of the topology it could see. Every launcher of
-# several nodes mounts it read-only at the same path, or refuses.
-FABRIC_FILES = ("NCCL_TOPO_FILE",)
+# The fabric's settings that name a file of the node's, each with what it is and what NCCL does where it cannot open
+# it. NCCL_TOPO_FILE: the node's PCI/NVLink/NIC topology (cloud VMs give NCCL one, their own being virtual); NCCL warned
+# that it could not open it and went on without it, its rings and NIC choices those of the topology it could see.
+# NCCL_GRAPH_FILE: the rings and trees NCCL is to use, as NCCL_GRAPH_DUMP_FILE wrote them; NCCL failed the first
+# collective ("unhandled system error", "Could not open XML graph file"). The container does not see the host's
+# files: every launcher of several nodes mounts each read-only at the same path, or refuses.
+FABRIC_FILES = {"NCCL_TOPO_FILE": ("topology file", "would go on without it"),
+                "NCCL_GRAPH_FILE": ("graph file", "would fail as it starts, unable to open it")}
 
 
 def fabric_files(fabric: Mapping[str, str], separators: str = ":") -> list[tuple[Path, str, bool]]:
     """The files the fabric's settings (fabric_env's) name, as read-only mounts at the same path, each checked here
     (`separators`: those of the runtime's mount list, as inputs.read_only_mounts)."""
     mounts = []
-    for name in FABRIC_FILES:
+    for name, (what, without) in FABRIC_FILES.items():
         value = fabric.get(name, "")
         if not value:
             continue
@@ -211,9 +214,8 @@ def fabric_files(fabric: Mapping[str, str], separators: str = ":") -> list[tuple
         path = Path(value)
         if not path.is_absolute() or not path.is_file():
             why = "not an absolute path" if not path.is_absolute() else "no such file on this node"
-            raise DockyardError(f"{name}={cut(value)}: {why}, and NCCL in the container would go on without it: "
-                                "give the node's topology file by its absolute path (the container sees it there, "
-                                f"read-only), or unset {name}")
+            raise DockyardError(f"{name}={cut(value)}: {why}, and NCCL in the container {without}: give the node's "
+                                f"{what} by its absolute path (the container sees it there, read-only), or unset {name}")
         mounts.append((path, value, True))
     return mounts
 

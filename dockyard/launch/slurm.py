@@ -264,15 +264,16 @@ def _container_launch(settings: Settings, runtime: str, image_file: str, recipe:
 JOB_VARIABLES = ("NODE_ADDRS", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "SLURM_NODEID", "SLURM_NNODES",
                  "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME")
 _PASSED = "DOCKYARD_CONTAINER_PASSES"  # the names, exported by the script; what is set of them crosses
-# The files the fabric's settings name (node.FABRIC_FILES: NCCL_TOPO_FILE), set in the job's environment, checked as
-# node.fabric_files checks them for `invoke run` (on each node for Apptainer, on node 0 for pyxis, whose srun line is
-# node 0's), and appended to $files as mounts of the runtime's list, ",SRC:DST:ro" each: the container sees each at
-# the path the variable names, read-only, where NCCL opens it.
+# The files the fabric's settings name (node.FABRIC_FILES: NCCL_TOPO_FILE, NCCL_GRAPH_FILE), set in the job's
+# environment, checked as node.fabric_files checks them for `invoke run` (on each node for Apptainer, on node 0 for
+# pyxis, whose srun line is node 0's), and appended to $files as mounts of the runtime's list, ",SRC:DST:ro" each: the
+# container sees each at the path the variable names, read-only, where NCCL opens it.
 _FABRIC_FILES = "files=; " + "; ".join(
     f'if [[ -n ${{{n}:-}} ]]; then if [[ ${n} != /* || ${n} == *[,:]* || ! -f ${n} ]]; then '
     f"printf 'dockyard: {n}=%s: no such file on %s (an absolute path, without , or :), and NCCL in the container "
-    f"would go on without it: give the topology file of the node by its absolute path, or unset {n}\\n' "
-    f'"${n}" "$(hostname)" >&2; exit 2; fi; files+=",${n}:${n}:ro"; fi' for n in node.FABRIC_FILES)
+    f"{without}: give the {what} of the node by its absolute path, or unset {n}\\n' "
+    f'"${n}" "$(hostname)" >&2; exit 2; fi; files+=",${n}:${n}:ro"; fi'
+    for n, (what, without) in node.FABRIC_FILES.items())
 _APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERENV_$v=${{!v}}"; done; '
                      # (${!P@}: the names of the node's variables that start with P, each a shell variable's, so the
                      # pattern is node.FABRIC_NAME; core bash, where compgen needs its completion built in)

@@ -1032,10 +1032,12 @@ def test_two_nodes_on_one_host_get_containers_of_their_own(tmp_path, monkeypatch
     assert re.findall(r"--name (\S+)", r.stdout + r.stderr) == ["dockyard-t1"]
 
 
-def test_the_nccl_topology_file_a_node_names_is_seen_by_its_container_or_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["NCCL_TOPO_FILE", "NCCL_GRAPH_FILE"])
+def test_the_nccl_topology_file_a_node_names_is_seen_by_its_container_or_refused(tmp_path, monkeypatch, name):
     """NCCL_TOPO_FILE (a cloud VM's topology file for NCCL) reached the container of a node of several, and the file
-    did not: NCCL warned that it could not open it and went on without it. It is mounted read-only at the same path;
-    one that is not a file here, or not an absolute path, is refused in one line before anything starts."""
+    did not: NCCL warned that it could not open it and went on without it. NCCL_GRAPH_FILE (the rings and trees NCCL
+    is to use) the same, where NCCL failed as it started. Each is mounted read-only at the same path; one that is not
+    a file here, or not an absolute path, is refused in one line before anything starts."""
     from tests.support.cli import invoke_here, short_error
 
     monkeypatch.setattr(multinode, "route_to", lambda host, flag="--master-addr": {"iface": "eth9", "addr": "198.18.0.2"})
@@ -1043,18 +1045,18 @@ def test_the_nccl_topology_file_a_node_names_is_seen_by_its_container_or_refused
     topo.write_text("<system version='1'></system>\n")
     env = {"INVOKE_DOCKYARD_RUNS_DIR": str(tmp_path / "runs")}
     node1 = ("run", "--dry", "--variant=cpu", "--nodes=2", "--node-rank=1", "--master-addr=198.18.0.2", "--run-id=t1")
-    r = invoke_here(*node1, env={**env, "NCCL_TOPO_FILE": str(topo)})
+    r = invoke_here(*node1, env={**env, name: str(topo)})
     assert r.returncode == 0, r.stderr
     said = r.stdout + r.stderr
-    assert shlex.quote(f"{topo}:{topo}:ro") in said and shlex.quote(f"NCCL_TOPO_FILE={topo}") in said, said
+    assert shlex.quote(f"{topo}:{topo}:ro") in said and shlex.quote(f"{name}={topo}") in said, said
     for given, why in ((str(tmp_path / "missing.xml"), "no such file on this node"), (str(tmp_path), "no such file"),
                        ("topo.xml", "not an absolute path")):
-        r = invoke_here(*node1, env={**env, "NCCL_TOPO_FILE": given})
-        short_error(r, f"NCCL_TOPO_FILE={given}: {why}")
-        assert "unset NCCL_TOPO_FILE" in r.stderr and not (tmp_path / "runs").exists()
+        r = invoke_here(*node1, env={**env, name: given})
+        short_error(r, f"{name}={given}: {why}")
+        assert f"unset {name}" in r.stderr and not (tmp_path / "runs").exists()
     # one node: its container gets no NCCL setting that names a file of the host's (as before), and mounts none
-    r = invoke_here("run", "--dry", "--variant=cpu", "--run-id=t1", env={**env, "NCCL_TOPO_FILE": "/missing.xml"})
-    assert r.returncode == 0 and "NCCL_TOPO_FILE" not in r.stdout + r.stderr, r.stderr
+    r = invoke_here("run", "--dry", "--variant=cpu", "--run-id=t1", env={**env, name: "/missing.xml"})
+    assert r.returncode == 0 and name not in r.stdout + r.stderr, r.stderr
 
 
 def test_nodes_whose_data_differs_at_the_same_path_are_refused_naming_it(tmp_path):

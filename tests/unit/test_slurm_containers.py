@@ -327,18 +327,21 @@ def test_the_fabrics_settings_of_the_job_reach_the_trainer_in_every_form_and_no_
             if k.startswith(("NCCL_", "FI_", "UCX_"))} == local
 
 
+@pytest.mark.parametrize("name", ["NCCL_TOPO_FILE", "NCCL_GRAPH_FILE"])
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
-def test_the_nccl_topology_file_of_the_job_is_mounted_where_it_names_or_the_job_stops(settings, tmp_path, runtime):
+def test_the_nccl_topology_file_of_the_job_is_mounted_where_it_names_or_the_job_stops(settings, tmp_path, runtime,
+                                                                                    name):
     """NCCL_TOPO_FILE set in the job's environment reached the containers, and the file did not: NCCL warned that it
-    could not open it and went on without it. The container runtime mounts it read-only at that path (pyxis's
-    --container-mounts, Apptainer's --bind); one that is no file there stops the job in one line, no node started."""
+    could not open it and went on without it; NCCL_GRAPH_FILE the same, where NCCL failed as it started. The container
+    runtime mounts it read-only at that path (pyxis's --container-mounts, Apptainer's --bind); one that is no file there
+    stops the job in one line, no node started."""
     image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
     image.write_text("")
     topo = tmp_path / "ndv5-topo.xml"
     topo.write_text("<system version='1'></system>\n")
-    got = _run(settings, tmp_path, runtime, str(image), env={"NCCL_TOPO_FILE": str(topo)})
+    got = _run(settings, tmp_path, runtime, str(image), env={name: str(topo)})
     for n in got["torchrun"]:
-        assert n["fabric"]["NCCL_TOPO_FILE"] == str(topo), n
+        assert n["fabric"][name] == str(topo), n
     if runtime == "pyxis":
         assert f"{topo}:{topo}:ro" in _mounts(got, runtime), got["srun"]
     else:
@@ -347,10 +350,10 @@ def test_the_nccl_topology_file_of_the_job_is_mounted_where_it_names_or_the_job_
     for given in (str(tmp_path / "missing.xml"), str(tmp_path), "topo.xml", f"{topo},x"):
         shutil.rmtree(tmp_path / "bin")
         shutil.rmtree(tmp_path / "log")
-        failed = _run(settings, tmp_path, runtime, str(image), env={"NCCL_TOPO_FILE": given}, check=False)
+        failed = _run(settings, tmp_path, runtime, str(image), env={name: given}, check=False)
         said = failed["stderr"].strip().splitlines()
         assert failed["returncode"] == 2 and len(said) == 1, failed
-        assert said[0].startswith(f"dockyard: NCCL_TOPO_FILE={given}: no such file on ") and "unset NCCL_TOPO_FILE" in said[0]
+        assert said[0].startswith(f"dockyard: {name}={given}: no such file on ") and f"unset {name}" in said[0]
         assert not (tmp_path / "log" / "torchrun").exists()
 
 
