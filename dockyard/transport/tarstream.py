@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from dockyard.common.errors import DockyardError, loads
+from dockyard.common.errors import DockyardError, cut, loads
 from dockyard.engine import CHUNK
 from dockyard.transport.frames import FramedSink, StaleNames
 
@@ -263,12 +263,12 @@ class TarGate:
     def _member(self, src, header: bytes, name: str, kind: bytes, size: int, link: str) -> None:
         path = posixpath.normpath("/" + name).lstrip("/")
         if any(path.startswith(p + "/") for p in self.links):
-            raise DockyardError(f"the tar writes {name} through a link it made")
+            raise DockyardError(f"the tar writes {cut(name)} through a link it made")
         if kind == b"2":
             self.links.add(path)
         naming = path in NAMING
         if naming and kind != b"0":
-            raise DockyardError(f"the tar's {path} is a link or a folder, not a file")
+            raise DockyardError(f"the tar's {cut(path)} is a link or a folder, not a file")
         self.write(header)
         n, kept, left = _padded(size), bytearray(), size
         layer = LayerHeaders(path) if kind == b"0" and (path.endswith("/layer.tar") or path.startswith(BLOBS)) else None
@@ -277,7 +277,7 @@ class TarGate:
             chunk = self._read(src, min(n, CHUNK))
             n -= len(chunk)
             if first and (packed := compressed(chunk[:size])):
-                raise DockyardError(f"the tar's {path} is {packed}-compressed: docker load would inflate it past "
+                raise DockyardError(f"the tar's {cut(path)} is {packed}-compressed: docker load would inflate it past "
                                     "every size the manifest declares, and docker save never writes one")
             first = False
             if layer and left > 0:
@@ -286,7 +286,7 @@ class TarGate:
             if naming and len(kept) < size:
                 kept += chunk
                 if len(kept) > NAMING_CAP:
-                    raise DockyardError(f"the tar's {path} is larger than any docker save writes")
+                    raise DockyardError(f"the tar's {cut(path)} is larger than any docker save writes")
             self.write(chunk)
         if naming:
             self.naming.append((path, bytes(kept[:size])))
@@ -382,10 +382,10 @@ class LayerHeaders:
         self.extended, self.want, self.skip = b"", BLOCK, self.pad
 
     def _refused(self, what: str) -> DockyardError:
-        return DockyardError(f"the tar's {self.path} holds {what}, which docker save never writes")
+        return DockyardError(f"the tar's {cut(self.path)} holds {what}, which docker save never writes")
 
     def _sparse(self, name: str) -> None:
-        raise DockyardError(f"the tar's {self.path} holds a sparse file ({name[:200]!r}): docker load would write "
+        raise DockyardError(f"the tar's {cut(self.path)} holds a sparse file ({cut(name)!r}): docker load would write "
                             "its holes out in full, past every size the manifest declares")
 # What docker load decompresses by itself wherever a layer begins so (moby's archive.DetectCompression): a layer
 # file docker save writes is a plain tar (its sha256 is the layer's diff id), never one of these

@@ -790,6 +790,26 @@ def test_load_sh_says_a_refused_member_of_the_tar_by_a_printable_start_of_its_na
     assert len(said) < 400 and "n" * 50 in said and "n..." in said, said
 
 
+@pytest.mark.parametrize("where, says", [("compressed", "-compressed: "), ("sparse", " holds a sparse file ")])
+def test_invoke_load_says_a_refused_member_of_the_tar_by_the_start_of_its_name(tmp_path, settings, monkeypatch, where,
+                                                                              says):
+    """`invoke load` refused a tar member that is compressed, or a layer holding a sparse file, naming the member by
+    its whole path (600 characters of the archive maker's said in the one line), where load.sh says its first 120.
+    It is cut as load.sh cuts it; a control character in it is written escaped, as in every error line."""
+    from dockyard.common.errors import shown
+
+    raw, name = hostile_member_tar(tmp_path, where)
+    paths = make_set(tmp_path, raw, name="t_1.tar")
+    reseal(paths, {"tar_bytes": len(raw)})
+    s = FakeEngine().install(monkeypatch, settings.model_copy(update={"allowed_signers": ""}))
+    with pytest.raises(DockyardError) as e:
+        load_mod.load(s, str(paths.archive))
+    said = shown(str(e.value))  # the line as the CLI writes it
+    assert says in said and "\n" not in said, said
+    assert "\x1b" not in said and "\\x1b]0;owned\\x07nnn" in said, said
+    assert len(said) < 400 and "n" * 50 in said and "n..." in said, said
+
+
 BACKSLASHED = r"a\033]0;x\007\c"  # printable ASCII, which dash's echo read as ESC ] 0 ; x BEL (the terminal's title), then a cut
 
 
