@@ -77,10 +77,13 @@ def export(settings: Settings, *, run: str, merge: bool = False, out: str = "", 
         raise DockyardError(f"--out={out} is inside the run folder {run_dir}, whose files are the run's own: give a "
                             "folder outside it (or leave out --out: runs/<ID>/export)")
     if out:  # another run's folder (its export mixed into that run's), the runs folder, a cache: every run's
-        # container writes there, and could change the exported model before it is loaded or shipped
+        # container writes there, and could change the exported model before it is loaded or shipped. The run's own
+        # export folder is in the runs folder too: said as no way out of their reach, which --out alone gives
         own = run_dir / ("merged" if merge else "export")
-        caches.check_out_of_reach(settings, target, "--out", f"give --out a folder outside it (or leave out --out for "
-                                  f"the run's own, {own})", use="you load or ship the model")
+        caches.check_out_of_reach(settings, target, "--out", "give --out a folder outside the runs folder and the "
+                                  f"caches, out of every run's reach (without --out the export stays in the run's own "
+                                  f"folder, {own}, which every run's container can write too)",
+                                  use="you load or ship the model")
     if m.variant in runfolder.NATIVE_VARIANTS and not native:
         raise DockyardError(f"run {run} was trained on this host (--native): its export runs here too, in this host's "
                             f"Python; say so: invoke export --run={run} --native")

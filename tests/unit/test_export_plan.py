@@ -422,7 +422,8 @@ def test_an_export_into_a_folder_a_container_writes_is_refused_before_anything_i
     """`--out=runs/r2/export` wrote run r1's export into run r2's folder (which `invoke export --run=r2` then found
     taken), and any --out in the runs folder or a cache is a folder every run's container writes, where code in one
     could change the exported model before it is loaded or shipped. Refused as invoke save's --out is, a link of the
-    user's own to such a folder too; a folder elsewhere is taken as before."""
+    user's own to such a folder too; a folder elsewhere is taken as before. The refusal does not offer the run's own
+    export folder as out of reach: it is in the runs folder too."""
     s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "hf_cache": tmp_path / "hf"})
     _, run = _run(tmp_path)
     (tmp_path / "runs" / "r2").mkdir()
@@ -435,7 +436,11 @@ def test_an_export_into_a_folder_a_container_writes_is_refused_before_anything_i
         export.export(s, run="r1", out=str(out), dry=True)
     said = str(refused.value)
     assert f"is inside {inside} (the {'hf_cache' if 'hf' in where else 'runs_dir'} setting), which every run's " \
-           "container can write" in said and f"leave out --out for the run's own, {run / 'export'}" in said, said
+           "container can write" in said and "give --out a folder outside the runs folder and the caches" in said, said
+    # the run's own export folder is in the runs folder too: named as no way out of the containers' reach (it was
+    # offered as the way out, "or leave out --out for the run's own, runs/r1/export", in the same line)
+    assert f"without --out the export stays in the run's own folder, {run / 'export'}, which every run's container " \
+           "can write too" in said, said
     assert not out.exists() and sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r1", "r2"]
     assert export.export(s, run="r1", out=str(tmp_path / "elsewhere"), dry=True) == tmp_path / "elsewhere"
 
