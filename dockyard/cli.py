@@ -561,12 +561,15 @@ def checked(fn):
                   f"({', '.join(missing)}): run the invoke of the venv dockyard is installed in (.venv/bin/invoke, or "
                   "`. .venv/bin/activate` first; installed with `.venv/bin/pip install -e .`)", file=sys.stderr)
             raise Exit(code=1)
+        interrupted_commands()  # (one a task before it on the line took, and ended as interrupted)
         try:
             with ctrl_c_outside_classes_being_built():
                 task_settings(c)  # every task refuses a bad setting, whether it reads it or not
                 kwargs = parse_flags(fn, kwargs)
-                return fn(c, *args, **kwargs)
+                done = fn(c, *args, **kwargs)
         except DockyardError as e:
+            if (status := interrupted_commands()) and e.exit_code not in INTERRUPT_STATUSES:
+                interrupted(status)  # a command's interrupt, taken for a check's failure (doctor's "1 check(s) failed")
             print(f"error: {shown(str(e))}", file=sys.stderr)
             forget_caught_interrupt()
             raise Exit(code=e.exit_code) from None
@@ -574,17 +577,35 @@ def checked(fn):
             # handling ended it with status 1 and no word, a Ctrl-C a script could not tell from a failure
             from dockyard.engine import interrupt_status
 
-            print(f"error: interrupted ({str(e) or 'SIGINT'})", file=sys.stderr)
-            forget_caught_interrupt()
-            raise Exit(code=interrupt_status(e)) from None
+            interrupted(interrupt_status(e))
         except BrokenPipeError:
             stop_quietly_for_a_reader_that_left()
         except OSError as e:  # what no check foresaw (a path the filesystem refuses): its cause in one line
             where = f"{cut(str(e.filename))}: " if e.filename else ""  # "File name too long": 5,000 characters
             print(f"error: {shown(where + (e.strerror or str(e)))}", file=sys.stderr)
             raise Exit(code=1) from None
+        if status := interrupted_commands():  # a command's interrupt a task took for a failure and went on from
+            interrupted(status)
+        return done
 
     return wrapper
+
+
+INTERRUPT_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+
+
+def interrupted(status: int) -> typing.NoReturn:
+    """End the task as a signal interrupted it: one line, and the signal's status (130 for Ctrl-C, 143 for SIGTERM)."""
+    print(f"error: interrupted ({signal.Signals(status - 128).name})", file=sys.stderr)
+    forget_caught_interrupt()
+    raise Exit(code=status) from None
+
+
+def interrupted_commands() -> int | None:
+    """The status of a command a signal interrupted while the task ran (engine.interrupted_commands), or None; the
+    engine is read only where a task imported it (it ran no command otherwise)."""
+    engine = sys.modules.get("dockyard.engine")
+    return engine.interrupted_commands() if engine is not None else None
 
 
 @contextlib.contextmanager

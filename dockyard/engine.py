@@ -184,6 +184,7 @@ def run(
             with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):  # another Ctrl-C: at once
                 p.wait(timeout=STOP_WAIT)
                 rest.join(timeout=2)  # its last lines, printed before what this says
+        _INTERRUPTED.append(code)
         raise Interrupted(f"interrupted: {shown(argv)}", stopped=p is None or p.poll() is not None,
                           exit_code=code) from None
     if check and proc.returncode != 0:
@@ -223,6 +224,20 @@ class Interrupted(DockyardError):
     def __init__(self, message: str, stopped: bool, exit_code: int | None = None):
         super().__init__(message, exit_code=exit_code or INTERRUPTED)  # 130 for Ctrl-C, 143 for SIGTERM
         self.stopped = stopped
+
+
+# The statuses of the commands a signal interrupted (run's Interrupted), until the task's end takes them
+# (interrupted_commands): an Interrupted is a DockyardError, which code that runs a command as a check takes for the
+# check's failure (doctor's container probe: "1 check(s) failed", status 1) and goes on from
+_INTERRUPTED: list[int] = []
+
+
+def interrupted_commands() -> int | None:
+    """The status (130 for Ctrl-C, 143 for SIGTERM) of the first command a signal interrupted since the last call, or
+    None; forgotten once said (cli.checked: a task ends as interrupted, whatever it made of it)."""
+    first = _INTERRUPTED[0] if _INTERRUPTED else None
+    _INTERRUPTED.clear()
+    return first
 
 
 def interrupt_status(e: KeyboardInterrupt) -> int:

@@ -188,3 +188,42 @@ def test_a_task_of_no_clean_up_of_its_own_ends_an_interrupt_with_one_line_and_th
         r = said[name]
         assert r.returncode == said["cleaning-up"].returncode, (name, r.returncode, r.stderr[-2000:])  # 1 before
         assert r.stderr.splitlines() == [f"error: interrupted ({sig.name})"], r.stderr[-2000:]
+
+
+PROBING_TASKS = '''
+import os
+import signal
+import threading
+
+from dockyard import engine
+from dockyard.cli import task
+from dockyard.common.errors import DockyardError
+
+
+@task
+def probing(c, streamed=False):  # as doctor's container check: a command's failure is a failed check, and it goes on
+    threading.Timer(1, os.killpg, (0, signal.{sig})).start()  # as a terminal's Ctrl-C: the command gets it too
+    failed = []
+    try:
+        engine.run(["sleep", "30"], quiet=True, capture=not streamed)
+    except DockyardError:
+        failed.append("run container")
+    if failed:
+        raise DockyardError(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+    print("every check passed")
+'''
+
+
+@pytest.mark.parametrize("sig, streamed", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, True)],
+                         ids=["ctrl-c", "ctrl-c-streamed", "sigterm-streamed"])
+def test_a_command_interrupted_under_a_check_ends_the_task_as_interrupted(tmp_path, sig, streamed):
+    """Ctrl-C while invoke doctor probed a container (docker run) was taken for the probe's failure: doctor went on
+    and ended "error: 1 check(s) failed: run container", status 1 (engine.run's Interrupted is a DockyardError, which
+    the check catches). A task any of whose commands a signal interrupted ends as interrupted: one line, 130 (143)."""
+    (tmp_path / "probing_tasks.py").write_text(PROBING_TASKS.replace("{sig}", sig.name))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    r = subprocess.run([sys.executable, "-m", "invoke", "-c", "probing_tasks", "probing",
+                        *(["--streamed"] if streamed else [])], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120, preexec_fn=as_from_a_terminal, start_new_session=True)  # its own group
+    assert r.returncode == 128 + sig, (r.returncode, r.stderr[-2000:])  # 1, "1 check(s) failed: run container"
+    assert r.stderr.splitlines() == [f"error: interrupted ({sig.name})"], r.stderr[-2000:]
