@@ -192,24 +192,28 @@ def fabric_env(environ: Mapping[str, str], iface: str = "") -> dict[str, str]:
     return env
 
 
-# The fabric's settings that name a file of the node's, each with what it is and what NCCL does where it cannot open
-# it. NCCL_TOPO_FILE: the node's PCI/NVLink/NIC topology (cloud VMs give NCCL one, their own being virtual); NCCL warned
-# that it could not open it and went on without it, its rings and NIC choices those of the topology it could see.
-# NCCL_GRAPH_FILE: the rings and trees NCCL is to use, as NCCL_GRAPH_DUMP_FILE wrote them; NCCL failed the first
-# collective ("unhandled system error", "Could not open XML graph file"). The container does not see the host's
-# files: every launcher of several nodes mounts each read-only at the same path, or refuses.
-FABRIC_FILES = {"NCCL_TOPO_FILE": ("topology file", "would go on without it"),
-                "NCCL_GRAPH_FILE": ("graph file", "would fail as it starts, unable to open it")}
+# The fabric's settings that name a file of the node's, each with what it is, what NCCL does where it cannot open it,
+# and whether that fails it. NCCL_TOPO_FILE: the node's PCI/NVLink/NIC topology (cloud VMs give NCCL one, their own
+# being virtual); NCCL warned that it could not open it and went on without it, its rings and NIC choices those of the
+# topology it could see. NCCL_GRAPH_FILE: the rings and trees NCCL is to use, as NCCL_GRAPH_DUMP_FILE wrote them; NCCL
+# failed as it started ("Could not open XML graph file", an unhandled system error), set but empty too (an image's
+# NCCL_GRAPH_FILE="", a way to unset it that is none). The container does not see the host's files: every launcher of
+# several nodes mounts each read-only at the same path, or refuses.
+FABRIC_FILES = {"NCCL_TOPO_FILE": ("topology file", "would go on without it", False),
+                "NCCL_GRAPH_FILE": ("graph file", "would fail as it starts, unable to open it", True)}
 
 
 def fabric_files(fabric: Mapping[str, str], separators: str = ":") -> list[tuple[Path, str, bool]]:
     """The files the fabric's settings (fabric_env's) name, as read-only mounts at the same path, each checked here
     (`separators`: those of the runtime's mount list, as inputs.read_only_mounts)."""
     mounts = []
-    for name, (what, without) in FABRIC_FILES.items():
-        value = fabric.get(name, "")
-        if not value:
+    for name, (what, without, fails) in FABRIC_FILES.items():
+        value = fabric.get(name)
+        if value is None or not (value or fails):
             continue
+        if not value:
+            raise DockyardError(f"{name} is set but empty, and NCCL in the container {without}: give the node's "
+                                f"{what} by its absolute path, or unset {name}")
         scriptwords.mount_path(value, name, separators)
         path = Path(value)
         if not path.is_absolute() or not path.is_file():

@@ -268,12 +268,12 @@ _PASSED = "DOCKYARD_CONTAINER_PASSES"  # the names, exported by the script; what
 # environment, checked as node.fabric_files checks them for `invoke run` (on each node for Apptainer, on node 0 for
 # pyxis, whose srun line is node 0's), and appended to $files as mounts of the runtime's list, ",SRC:DST:ro" each: the
 # container sees each at the path the variable names, read-only, where NCCL opens it.
-_FABRIC_FILES = "files=; " + "; ".join(
-    f'if [[ -n ${{{n}:-}} ]]; then if [[ ${n} != /* || ${n} == *[,:]* || ! -f ${n} ]]; then '
+_FABRIC_FILES = "files=; " + "; ".join(  # (set but empty: a file NCCL fails without is refused as no file)
+    f'if [[ {f"-v {n}" if fails else f"-n ${{{n}:-}}"} ]]; then if [[ ${n} != /* || ${n} == *[,:]* || ! -f ${n} ]]; then '
     f"printf 'dockyard: {n}=%s: no such file on %s (an absolute path, without , or :), and NCCL in the container "
     f"{without}: give the {what} of the node by its absolute path, or unset {n}\\n' "
     f'"${n}" "$(hostname)" >&2; exit 2; fi; files+=",${n}:${n}:ro"; fi'
-    for n, (what, without) in node.FABRIC_FILES.items())
+    for n, (what, without, fails) in node.FABRIC_FILES.items())
 _APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERENV_$v=${{!v}}"; done; '
                      # (${!P@}: the names of the node's variables that start with P, each a shell variable's, so the
                      # pattern is node.FABRIC_NAME; core bash, where compgen needs its completion built in)

@@ -1054,6 +1054,14 @@ def test_the_nccl_topology_file_a_node_names_is_seen_by_its_container_or_refused
         r = invoke_here(*node1, env={**env, name: given})
         short_error(r, f"{name}={given}: {why}")
         assert f"unset {name}" in r.stderr and not (tmp_path / "runs").exists()
+    # set but empty (an image's NCCL_GRAPH_FILE="", a way to unset it that is none): NCCL opens "", which fails it
+    # for the graph file, and is warned of for the topology file
+    r = invoke_here(*node1, env={**env, name: ""})
+    if name == "NCCL_GRAPH_FILE":
+        short_error(r, f"{name} is set but empty, and NCCL in the container would fail as it starts")
+        assert f"unset {name}" in r.stderr and not (tmp_path / "runs").exists()
+    else:
+        assert r.returncode == 0 and f"{name}=" in r.stdout + r.stderr, r.stderr
     # one node: its container gets no NCCL setting that names a file of the host's (as before), and mounts none
     r = invoke_here("run", "--dry", "--variant=cpu", "--run-id=t1", env={**env, name: "/missing.xml"})
     assert r.returncode == 0 and name not in r.stdout + r.stderr, r.stderr

@@ -355,6 +355,18 @@ def test_the_nccl_topology_file_of_the_job_is_mounted_where_it_names_or_the_job_
         assert failed["returncode"] == 2 and len(said) == 1, failed
         assert said[0].startswith(f"dockyard: {name}={given}: no such file on ") and f"unset {name}" in said[0]
         assert not (tmp_path / "log" / "torchrun").exists()
+    # set but empty: NCCL opens "", which fails it for the graph file (the job stops), and is warned of for the
+    # topology file (the job runs, as before)
+    shutil.rmtree(tmp_path / "bin")
+    shutil.rmtree(tmp_path / "log")
+    if name == "NCCL_GRAPH_FILE":
+        empty = _run(settings, tmp_path, runtime, str(image), env={name: ""}, check=False)
+        said = empty["stderr"].strip().splitlines()
+        assert empty["returncode"] == 2 and said[0].startswith(f"dockyard: {name}=: no such file on "), empty
+        assert not (tmp_path / "log" / "torchrun").exists()
+    else:
+        empty = _run(settings, tmp_path, runtime, str(image), env={name: ""})
+        assert all(n["fabric"][name] == "" for n in empty["torchrun"]), empty
 
 
 @pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
