@@ -350,3 +350,14 @@ def test_the_shells_mounts_are_not_the_containers_changes(tmp_path, monkeypatch,
 
     said = capsys.readouterr().out
     assert "  1 added, 1 changed, 0 deleted; most under /tmp (1)\n" in said and committed.exists()
+
+
+@pytest.mark.parametrize("tag", ["Img:v1", "img:-x", "img:" + "a" * 129, "img:v1@sha256:" + "a" * 64, "a..b:v1",
+                                 "img:v1:v2"])
+def test_a_tag_docker_would_refuse_is_refused_before_the_container_is_read(tag):
+    """Such a --tag passed, the container's changed files were read for tokens (minutes, for thousands), and only
+    then did `docker commit` refuse it: "invalid reference format" under the command line. Refused first now,
+    saying the form, before any docker command (the client here would say "no container c1")."""
+    with pytest.raises(DockyardError, match="is not a tag docker takes") as e:
+        commit.commit(Settings(docker="/bin/false"), "c1", tag=tag)
+    assert len(str(e.value).splitlines()) == 1
