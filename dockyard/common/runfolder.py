@@ -41,6 +41,9 @@ from dockyard.common.errors import DockyardError, loads, problems
 
 MANIFEST_LIMIT = 64 << 20  # bytes: a manifest is a few KiB; a bigger "manifest" is not one the trainer wrote
 RUNS_INSIDE = "/workspace/runs"  # the runs folder as a container sees it (dockyard.launch.node mounts it there)
+# a run's name, its folder's in the runs folder (invoke run --run-id, compose's DOCKYARD_RUN_ID): no dot folder
+# (.cache holds the compile cache), no folder within another, which `invoke runs` and export never find
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # The files of runs/<id>/, written by the trainer (T) or by the host (H), and read by the other.
 MANIFEST = "manifest.json"       # T: node 0's record of the run (status, strategy in effect, metrics)
 METRICS = "metrics.jsonl"        # T: one line per logging window

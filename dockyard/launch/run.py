@@ -12,7 +12,6 @@ import contextlib
 import datetime as dt
 import io
 import os
-import re
 import reprlib
 import shlex
 import shutil
@@ -443,7 +442,7 @@ def check_native(r: RunRequest, chosen: Variant) -> None:
               f"its own torch, in no container, so {'it does' if len(given) == 1 else 'they do'} nothing", file=sys.stderr)
 
 
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+RUN_ID = runfolder.RUN_ID
 RUN_ID_CHARS = 128
 
 

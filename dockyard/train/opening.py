@@ -52,11 +52,14 @@ def open_run_folder(overrides: dict[str, Any], run: Run) -> Opened:
         raise DockyardError(f"--run-dir {str(run.opts.run_dir_given)!r}: that is the folder the trainer was started "
                             "in; give the run a folder of its own (runs/<name>)")
     given = str(run.opts.run_dir_given)
-    if given.startswith(runfolder.RUNS_INSIDE + "/") and not os.path.normpath(given).startswith(
-            runfolder.RUNS_INSIDE + "/"):  # compose's DOCKYARD_RUN_ID=../x: a folder off the mount, lost with the container
+    if given.startswith(runfolder.RUNS_INSIDE + "/") and not runfolder.RUN_ID.fullmatch(
+            given[len(runfolder.RUNS_INSIDE) + 1:].rstrip("/")):
+        # compose/train.yml's DOCKYARD_RUN_ID, unchecked: ../x was a folder off the mount, lost with the container;
+        # .cache the compile cache's folder, exp/1 a folder in another, neither found by `invoke runs` or export
         raise DockyardError(f"--run-dir {given}: that is not a folder of its own in the runs folder "
-                            f"({runfolder.RUNS_INSIDE}, the mount of yours), and what the run writes there would go "
-                            "with the container; name the run with letters, digits, _ . - (DOCKYARD_RUN_ID, --run-id)")
+                            f"({runfolder.RUNS_INSIDE}, the mount of yours) that `invoke runs` and export find; name "
+                            "the run with letters, digits, _ . -, starting with a letter or digit (DOCKYARD_RUN_ID, "
+                            "--run-id)")
     if run_dir.exists() and not run_dir.is_dir():
         raise DockyardError(f"--run-dir {run_dir} is a file, not a folder: pick a new run folder")
     if run.opts.resume and not run_dir.is_dir():  # a typo: nothing is made

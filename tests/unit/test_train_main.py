@@ -494,6 +494,29 @@ def test_a_run_folder_off_the_containers_runs_mount_is_refused_and_nothing_made(
     assert not Path("/workspace/escaped").exists() and not Path("/workspace/runs").exists()
 
 
+@pytest.mark.parametrize("run_id", [".cache", ".cache/compile", "exp/1", "-x", "_x"])
+def test_a_run_folder_no_run_id_names_in_the_runs_mount_is_refused_and_nothing_made(capsys, monkeypatch, tmp_path,
+                                                                                      run_id):
+    """compose/train.yml's DOCKYARD_RUN_ID=.cache trained into the folder of the compile cache the runs execute, and
+    exp/1 into a folder within another: runs `invoke runs` never listed and export refused. Refused by the name,
+    before any folder is made (the mount here a folder of the test's)."""
+    from dockyard.common import runfolder
+    from dockyard.train.__main__ import main
+
+    runs = tmp_path / "runs"
+    (runs / ".cache" / "compile").mkdir(parents=True)
+    monkeypatch.setattr(runfolder, "RUNS_INSIDE", str(runs))
+
+    def went_on(path):  # the step after the folder is made: never reached
+        raise AssertionError(f"the run went on in {path}")
+    monkeypatch.setattr(runfolder, "check", went_on)
+    assert main(["--recipe", "ddp", "--run-dir", f"{runs}/{run_id}"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: --run-dir {runs}/{run_id}: that is not a folder of its own in the runs folder" in err, err
+    assert "DOCKYARD_RUN_ID" in err and "Traceback" not in err
+    assert sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*")) == [".cache", ".cache/compile"]
+
+
 def test_a_fresh_start_in_a_folder_a_killed_run_left_starts_metrics_afresh(tmp_path):
     """A run killed before its first checkpoint leaves metrics.jsonl and no manifest: the next run in that folder
     appended its lines to the old ones."""
