@@ -396,9 +396,17 @@ def default_tag(source: str, image_name: str, now: datetime.datetime) -> str:
     if source.startswith("sha256:"):
         return f"{image_name}:commit-{stamp}"
     source = source.split("@", 1)[0]
-    if ":" in source.rsplit("/", 1)[-1]:
-        return f"{source}-commit-{stamp}"
-    return f"{source}:commit-{stamp}"
+    if ":" not in source.rsplit("/", 1)[-1]:
+        return f"{source}:commit-{stamp}"
+    # a commit of a commit's container takes the new time in place of the old (each appended its own, and the fifth
+    # one's tag, past docker's 128 characters, was refused once its files were read); a long tag cut to leave room
+    name, old = source.rsplit(":", 1)
+    old = COMMIT_STAMP.sub("", old)
+    return f"{name}:{old[:TAG_CHARS - len(stamp) - 8]}-commit-{stamp}" if old else f"{name}:commit-{stamp}"
+
+
+COMMIT_STAMP = re.compile(r"(?:^|-)commit-[0-9]{8}-[0-9]{6}$")  # the time default_tag appends
+TAG_CHARS = 128  # docker's longest tag
 
 
 def commit_argv(settings: Settings, container: str, tag: str, labels: dict[str, str]) -> list[str]:

@@ -106,6 +106,22 @@ def test_default_tag_says_where_it_came_from():
     assert commit.default_tag("python:3.12" + digest, "dockyard", now) == "python:3.12-commit-20261122-040506"
 
 
+def test_a_commit_of_a_commits_container_gets_a_tag_docker_takes():
+    """Each commit of a container started from a commit appended its time to the source's: the fifth one's tag was
+    past docker's 128 characters, refused by `docker commit` only after the container's files were read."""
+    source = "dockyard:0.1.0-cpu"
+    for minute in range(10):
+        now = datetime.datetime(2026, 11, 22, 4, minute, 6, tzinfo=datetime.timezone.utc)
+        source = commit.default_tag(source, "dockyard", now)
+        assert source == f"dockyard:0.1.0-cpu-commit-20261122-04{minute:02}06"
+        commit.check_tag(source)
+    now = datetime.datetime(2026, 11, 22, 4, 5, 6, tzinfo=datetime.timezone.utc)
+    assert commit.default_tag("img:commit-20261122-040000", "d", now) == "img:commit-20261122-040506"
+    long = commit.default_tag("reg:5000/img:" + "v" * 128, "d", now)
+    assert long.endswith("-commit-20261122-040506") and len(long.split(":")[-1]) == 128
+    commit.check_tag(long)
+
+
 HF = "hf_" + "A1b2C3d4" * 5
 AWS_ID = "AKIA" + "ABCDEFGHIJKLMNOP"
 GH = "ghp_" + "x" * 36
