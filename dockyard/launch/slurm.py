@@ -33,6 +33,9 @@ RUNTIMES = {"docker": "", "pyxis": ".sqsh", "apptainer": ".sif"}  # and the imag
 INVOKE = [sys.executable, "-m", "invoke"]  # what each node runs with --runtime=docker (this checkout's Python)
 
 
+RUNS_SETTING = "the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR)"
+
+
 def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, overrides: list[str],
            variant: str = "auto", archive: str = "", master_port: int = node.PORT, runtime: str = "docker",
            image_file: str = "", join_timeout: int = node.JOIN_TIMEOUT, archive_tags: list[str] | None = None,
@@ -67,9 +70,10 @@ def script(settings: Settings, *, recipe: str, nodes: int, gpus_per_node: int, o
                             f"script runs: give the archive of {chosen.name} (invoke save --variant={chosen.name}), or "
                             "the variant the archive holds (--variant=...)")
     runs = settings.path(settings.runs_dir)
-    scriptwords.one_line(str(runs), "the runs_dir setting")
+    # named with its variable, as invoke run names it: one set in a shell long ago is not in invoke.yaml
+    scriptwords.one_line(str(runs), RUNS_SETTING)
     if "\\" in str(runs):
-        raise DockyardError(f"the runs_dir setting {str(runs)!r}: Slurm reads a backslash in --output as "
+        raise DockyardError(f"{RUNS_SETTING} {str(runs)!r}: Slurm reads a backslash in --output as "
                             "\"no %j here\": use a folder without one")
     # A recipe folder is named by its absolute path (the script runs from this checkout) and by its own name.
     recipe_arg = str(Path(recipe).resolve()) if (Path(recipe) / "recipe.yaml").is_file() else recipe

@@ -370,3 +370,14 @@ def test_each_node_loads_the_archive_with_the_settings_of_the_script_its_signers
         loads = [r["env"] for r in got if r["tool"] == "invoke" and r["argv"][0] == "load"]
         assert loads == 2 * [{"INVOKE_DOCKYARD_ALLOWED_SIGNERS": loaded,
                               "INVOKE_DOCKYARD_IMAGE_NAME": "reg.example/team/dockyard"}], loads
+
+
+@pytest.mark.parametrize("runs", ["/tmp/a\nb", "/tmp/a\\b"])
+def test_a_runs_folder_no_script_carries_is_refused_naming_its_variable(monkeypatch, runs):
+    """INVOKE_DOCKYARD_RUNS_DIR with a newline or backslash: invoke run named the variable, invoke slurm "the runs_dir
+    setting" alone, which a user who set the variable long ago looked for in invoke.yaml, in vain."""
+    from dockyard.settings import Settings
+
+    with pytest.raises(DockyardError) as e:
+        slurm.script(Settings(runs_dir=runs), recipe="ddp", nodes=2, gpus_per_node=0, overrides=[])
+    assert str(e.value).startswith("the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR) ") and "\n" not in str(e.value)
