@@ -149,15 +149,19 @@ class Variant(BaseModel):
         return "\n".join(lines + ["setuptools", "wheel", "ninja", "psutil", "pyyaml"]) + "\n"
 
 
+# where the setting is set: one exported in a shell long ago was looked for in invoke.yaml alone
+VARIANTS_FILE_SET = "invoke.yaml (or INVOKE_DOCKYARD_VARIANTS_FILE)"
+
+
 @lru_cache(maxsize=8)
 def _load(path: Path) -> dict[str, Variant]:
     try:
         raw = read_yaml(read_bounded(path, 4 * MiB, "variants file").decode(), path)  # a key set twice refused
     except FileNotFoundError:
-        raise DockyardError(f"variants file {path} not found: set `variants_file` in invoke.yaml") from None
+        raise DockyardError(f"variants file {path} not found: set `variants_file` in {VARIANTS_FILE_SET}") from None
     except OSError as e:  # a folder, a file this user may not read
         raise DockyardError(f"cannot read the variants file {path} ({e.strerror}): set `variants_file` in "
-                            "invoke.yaml to a readable file") from None
+                            f"{VARIANTS_FILE_SET} to a readable file") from None
     except UnicodeDecodeError as e:
         raise DockyardError(f"the variants file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except YAML_ERRORS as e:

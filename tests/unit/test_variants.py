@@ -232,6 +232,16 @@ def test_every_task_refuses_a_variants_file_that_is_a_folder_in_one_line(tmp_pat
 
 
 
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.mkdir()], ids=["missing", "a folder"])
+def test_a_variants_file_not_read_names_the_variable_it_may_have_been_set_by(tmp_path, make):
+    """INVOKE_DOCKYARD_VARIANTS_FILE naming a file gone or a folder was answered "set `variants_file` in invoke.yaml",
+    which holds the right one: the user looked there for what the variable set."""
+    path = tmp_path / "variants.yaml"
+    make(path)
+    with pytest.raises(DockyardError, match=r"set `variants_file` in invoke.yaml \(or INVOKE_DOCKYARD_VARIANTS_FILE\)"):
+        variants._load(path)
+
+
 def test_a_variants_file_setting_a_key_twice_or_pinning_no_torch_is_refused(tmp_path):
     """A second `os_packages:` under a variant silently replaced the first; `torch: ""` built an image labelled with
     no torch."""
