@@ -352,6 +352,8 @@ def _others_folder(folder: Path, uid: int) -> str:
 
 
 RUNS_FIX = "set the runs_dir setting (INVOKE_DOCKYARD_RUNS_DIR) to a folder you can write"
+# where invoke slurm and k8s write by default: "give --out" alone left the setting that named it unsaid
+JOBS_FIX = "set the jobs_dir setting (INVOKE_DOCKYARD_JOBS_DIR) to a folder you can write"
 
 
 NAME_MAX = 64  # of a recipe's name in a run id: room for the date (or -slurm-JOBID) within the id's 128 characters

@@ -337,7 +337,8 @@ def write(settings: Settings, *, out: str = "", **kw) -> dict[str, Path]:
         # both or neither: a job.yaml alone (the disk filled on the second) was then "the files of an earlier invoke k8s"
         runfolder.write_all(folder, texts)  # replaces a link, never writes through one
     except OSError as e:
-        raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; give --out=FOLDER") from None
+        raise DockyardError(f"cannot write the manifests into {folder}: {e.strerror}; "
+                            f"{'' if out else runfolder.JOBS_FIX + ', or '}give --out=FOLDER") from None
     cpu = "" if s.gpus else " (CPU nodes: --gpus-per-node=G for nodes of G GPUs each)"
     print(f"run {s.run_id}: {s.nodes} node(s) × {s.nproc} process(es), image {s.image}{cpu}")
     print(f"  without an operator:   kubectl apply -f {shlex.quote(str(paths['job']))}")

@@ -356,7 +356,7 @@ def write(settings: Settings, *, out: str = "", **kw) -> Path:
     path = Path(os.path.expanduser(out)) if out else settings.path(settings.jobs_dir) / "slurm" / name
     if out and locks.names_a_folder(os.path.expanduser(out)):  # a folder the user named (never a link planted in the runs folder)
         path = path / name
-    fix = "give --out=FILE in a folder you can write"
+    fix = "give --out=FILE in a folder you can write" if out else f"{runfolder.JOBS_FIX}, or give --out=FILE"
     if out:
         path = runfolder.users_folder(path.parent, caches.container_writable(settings)) / path.name
         locks.check_named_output(path, "--out")

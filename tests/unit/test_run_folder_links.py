@@ -353,6 +353,21 @@ def test_the_slurm_script_and_the_kubernetes_files_are_written_where_no_runs_con
         slurm.write(inside, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
 
 
+def test_a_jobs_folder_that_cannot_be_made_names_the_setting_that_named_it(settings, tmp_path):
+    """INVOKE_DOCKYARD_JOBS_DIR naming a file (or a folder this user cannot write): invoke slurm and k8s, given no
+    --out, said "give --out" alone, and not which setting put the script there. Nothing is written."""
+    from dockyard.launch import k8s, slurm
+
+    (tmp_path / "file").write_text("mine\n")
+    s = settings.model_copy(update={"runs_dir": tmp_path / "runs", "jobs_dir": tmp_path / "file"})
+    said = r"Not a directory; set the jobs_dir setting \(INVOKE_DOCKYARD_JOBS_DIR\) to a folder you can write, or give --out"
+    with pytest.raises(DockyardError, match=said):
+        slurm.write(s, recipe="zero2", nodes=2, gpus_per_node=0, overrides=[], variant="cpu")
+    with pytest.raises(DockyardError, match=said):
+        k8s.write(s, recipe="zero2", nodes=2, gpus_per_node=0, variant="cpu", run_id="r1")
+    assert (tmp_path / "file").read_text() == "mine\n"
+
+
 def test_every_folder_a_container_is_given_to_write_is_refused_for_a_file_the_host_runs_later(settings, tmp_path):
     """What check_out_of_reach refused was a list of its own (the runs folder, the caches), beside the mounts
     `docker run` and Slurm's containers are given: a folder mounted read-write and left off that list would take the
