@@ -95,6 +95,9 @@ def commit(settings: Settings, container: str, tag: str = "", allow_secrets: boo
                      quiet=True)
     if got.returncode != 0:
         engine.check_not_missing(got)
+        if engine.image_inspect(settings, container):  # --container=dockyard:0.1.0-cpu: the image it was started from
+            raise DockyardError(f"{container} is an image, not a container: give the container to commit, one started "
+                                "from it (`docker ps -a` lists them; `invoke shell --keep` keeps the one you leave)")
         raise DockyardError(f"no container {container}: see `docker ps -a`")
     found = engine.docker_json(settings, got.stdout, "container inspect", list)
     meta = found[0] if found and isinstance(found[0], dict) else None

@@ -377,3 +377,17 @@ def test_a_tag_docker_would_refuse_is_refused_before_the_container_is_read(tag):
     with pytest.raises(DockyardError, match="is not a tag docker takes") as e:
         commit.commit(Settings(docker="/bin/false"), "c1", tag=tag)
     assert len(str(e.value).splitlines()) == 1
+
+
+def test_an_image_given_as_the_container_is_said_to_be_an_image(tmp_path):
+    """`invoke commit --container=dockyard:0.1.0-cpu` (the image, not the container started from it) was answered
+    "no container dockyard:0.1.0-cpu", though `docker images` lists it."""
+    client = tmp_path / "docker"
+    client.write_text('#!/bin/sh\n[ "$1" = image ] && { echo \'[{"Id": "sha256:ab"}]\'; exit 0; }\n'
+                      'echo "Error: No such container: $3" >&2; exit 1\n')
+    client.chmod(0o755)
+    with pytest.raises(DockyardError, match=r"^img:1 is an image, not a container: give the container to commit"):
+        commit.commit(Settings(docker=str(client)), "img:1")
+    client.write_text('#!/bin/sh\necho "Error: No such $2: $3" >&2; exit 1\n')
+    with pytest.raises(DockyardError, match=r"^no container c1: see `docker ps -a`$"):
+        commit.commit(Settings(docker=str(client)), "c1")
