@@ -19,7 +19,7 @@ import shlex
 
 from dockyard import console, engine
 from dockyard.common.errors import DockyardError, short
-from dockyard.images.variants import canonical_name, of_tag, parse_lock_pins
+from dockyard.images.variants import all_variants, canonical_name, of_tag, parse_lock_pins
 from dockyard.settings import IMAGE_NAME, ROOT, Settings
 
 # (pattern on the path, what it is): files that hold credentials in the usual places.
@@ -161,6 +161,14 @@ def check_not_a_build(settings: Settings, tag: str) -> None:
         raise DockyardError(f"--tag={tag} is the tag `invoke build --variant={variant.name}` gives its image: a "
                             "container committed under it would pass for that reproducible build. Give another "
                             "tag, or leave --tag out for a dated one")
+    # nor a base a build starts FROM: `invoke build` took the container changed by hand into every image built on it
+    built_on = [name for name, v in all_variants(settings).items()
+                if engine.familiar(tag) in {engine.familiar(b) for b in (v.base or settings.base_image_cpu,
+                                                                         v.devel.base if v.devel else "") if b}]
+    if built_on:
+        raise DockyardError(f"--tag={tag} is the base image `invoke build` builds {', '.join(built_on)} from: a "
+                            "container committed under it would be built into each of them. Give another tag, or "
+                            "leave --tag out for a dated one")
 
 
 def refusal(container: str, secrets: list[tuple[str, str]], unread: list[str], running: bool = True) -> str:

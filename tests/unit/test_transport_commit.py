@@ -329,6 +329,15 @@ def test_a_commit_never_takes_a_built_images_own_tag(tag):
         commit.commit(Settings(docker="/bin/false"), "c1", tag=tag)  # a client that would say "no container c1"
 
 
+@pytest.mark.parametrize("tag", ["dockyard-base:bookworm", "docker.io/library/dockyard-base:bookworm",
+                                 "nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04"])
+def test_a_commit_never_takes_the_tag_of_a_base_a_build_starts_from(tag):
+    """`--tag=dockyard-base:bookworm` replaced the base `invoke build` starts cpu and cu132 from (base_image_cpu):
+    every later build took in the container changed by hand. Refused before any docker command, as a build's tag."""
+    with pytest.raises(DockyardError, match=r"is the base image `invoke build` builds .* from"):
+        commit.commit(Settings(docker="/bin/false"), "c1", tag=tag)  # a client that would say "no container c1"
+
+
 @pytest.mark.parametrize("client", ["/bin/true", "/bin/echo"])
 def test_a_docker_setting_that_is_no_docker_client_is_one_line(client):
     with pytest.raises(DockyardError, match="did not answer as a Docker client does"):
