@@ -267,6 +267,16 @@ def _index_env(settings: Settings, prefix: str) -> dict[str, str]:
     can hold a token, and a command line is readable by every user of the host (ps); the echo hides it (engine.shown)."""
     given = {"INDEX_URL": settings.index_url, "EXTRA_INDEX_URL": settings.extra_index_url,
              "FIND_LINKS": settings.find_links}
+    for key, value in given.items():
+        # pypi.corp/simple, the scheme left out: pip and uv took it for a folder here and said "torch was not found in
+        # the package registry", naming neither the setting nor the URL (said here without the value: it may hold a
+        # token)
+        # (a relative folder: lock runs uv in the project root, wheelhouse pip where invoke was started)
+        if any("://" not in word and not Path(word).exists() and not (ROOT / word).exists() for word in value.split()):
+            setting = key.lower()
+            raise DockyardError(f"the {setting} setting (INVOKE_DOCKYARD_{key}) is neither a URL nor a folder on this "
+                                f"host: give the index's URL with its scheme (https://pypi.example.com/simple), or a "
+                                "folder that exists")
     return {prefix + k: v for k, v in given.items() if v}
 
 

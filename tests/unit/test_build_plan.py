@@ -143,6 +143,25 @@ def test_a_token_in_an_index_url_is_never_printed_nor_on_a_command_line(settings
     assert got == s.index_url
 
 
+@pytest.mark.parametrize("key", ["index_url", "extra_index_url", "find_links"])
+def test_an_index_setting_that_is_no_url_nor_folder_is_refused_without_its_value(settings, cu132, tmp_path, key):
+    """index_url: alice:TOKEN@pypi.corp/simple (the scheme left out) reached uv, which took it for a folder and said
+    "torch was not found in the package registry", naming neither the setting nor the URL. Refused before pip or uv
+    runs, the value unsaid (it may hold a token); a URL, or a folder that exists, is taken as before."""
+    from dockyard.common.errors import DockyardError
+
+    bad = settings.model_copy(update={key: "https://ok.corp/simple alice:s3cret@pypi.corp/simple"})
+    for steps in (lambda s: build.lock_steps(s, cu132, cu132.lock_file), lambda s: build.wheelhouse_steps(s, cu132)):
+        with pytest.raises(DockyardError, match=rf"^the {key} setting \(INVOKE_DOCKYARD_{key.upper()}\) is neither a "
+                                                r"URL nor a folder on this host: give the index's URL with its scheme"
+                           ) as e:
+            steps(bad)
+        assert "s3cret" not in str(e.value)
+        for good in ("https://pypi.corp/simple", f"file://{tmp_path}", str(tmp_path)):
+            (_, env), = steps(settings.model_copy(update={key: good})).steps
+            assert good in env.values()
+
+
 def test_dockerfile_stays_offline_and_layers_code_last():
     text = (ROOT / "images" / "Dockerfile").read_text()
     assert not re.search(r"^#\s*syntax=", text, re.M), "a syntax line makes BuildKit pull a frontend (fails offline)"
