@@ -39,8 +39,9 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
             if key not in TEXT_KEYS:
                 raise DockyardError(f"{flag} {e.problem}") from None
             read = value
-        # a name or a path is the text typed: `--run_name yes` was recorded as true, `--data 2024` refused as a number
-        out[key] = value if key in TEXT_KEYS and isinstance(read, (bool, int, float)) else read
+        # a name or a path is the text typed: `--run_name yes` was recorded as true, `--data 2024` refused as a number,
+        # `--run_name ::` refused as a mapping's key without a value and `--run_name '{a}'` recorded as {a: null}
+        out[key] = value if key in TEXT_KEYS and not isinstance(read, (str, type(None))) else read
         i += 1
     return out
 

@@ -128,6 +128,7 @@ def _default_run_id(folder_name: str) -> str:
 @EXAMPLES
 @example(recipe="-r $(touch \"$MARK\")", archive="a b", runs="r u'n # %j", override=ATTACK, after=ATTACK)
 @example(recipe="r", archive="a", runs="r", override=ATTACK, after="--")  # the script's overrides follow it
+@example(recipe="'", archive="'", runs="'", override="::", after="'")  # a run name YAML reads as a mapping
 @given(recipe=path_name, archive=path_name, runs=path_name, override=hostile_value,
        after=hostile_text.filter(lambda s: "\0" not in s))
 def test_docker_nodes_get_every_value_as_one_word_and_nothing_runs(settings, tmp_path_factory, recipe, archive, runs,

@@ -262,6 +262,9 @@ def test_a_name_or_a_path_is_the_text_typed_not_what_yaml_makes_of_it():
         {"run_name": "yes", "data": "2024", "max_steps": 5}
     assert parse_overrides(["--run_name", "1e5", "--model=007"]) == {"run_name": "1e5", "model": "007"}
     assert parse_overrides(["--data="]) == {"data": None}  # given nothing: said so, not the sample data
+    # YAML's mappings and lists: `::` was refused as a key without a value, `{a}` recorded as {a: null}
+    typed = ["::", "{a}", "[1]", "a: b", "[a.jsonl, b.jsonl]"]
+    assert [parse_overrides(["--run_name", v, "--model", v]) for v in typed] == [{"run_name": v, "model": v} for v in typed]
 
 
 def test_a_number_in_exponent_form_is_a_number_within_a_mapping_too(tmp_path):
