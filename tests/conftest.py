@@ -36,9 +36,13 @@ def _import_tasks_keeping_the_setting_overrides() -> None:
 _import_tasks_keeping_the_setting_overrides()
 
 # Property tests are timed by nothing but pytest-timeout: Hypothesis's 200 ms deadline per example failed them on a
-# loaded CI host ("Unreliable test timings"), where a test had not set its own.
-hypothesis_settings.register_profile("dockyard", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-hypothesis_settings.load_profile("dockyard")
+# loaded CI host ("Unreliable test timings"), where a test had not set its own. The examples are the same in every run
+# (derandomize): a new random example that finds a bug turned a CI red on a change that had nothing to do with it
+# (`--run_name ::`, found so). HYPOTHESIS_PROFILE=explore draws new examples each run, to look for more.
+hypothesis_settings.register_profile("dockyard", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                                     derandomize=True)
+hypothesis_settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dockyard"))
 
 
 IMAGES = ("cpu_image", "cuda_image", "cuda12_image")  # the order .ci/run builds them in
