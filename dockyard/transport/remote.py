@@ -249,12 +249,23 @@ def node_host(have: dict[str, str]) -> Host | None:
         return None
     driver = re.search(r"Driver Version: *([0-9][0-9.]*)", have["smi"])
     cuda = re.search(r"CUDA Version: *(\d{1,3}\.\d{1,3})", have["smi"])
-    gpus = [g.rpartition(",") for g in have.get("gpus", "").split(";") if g.strip()]
-    try:  # checked as a recorded host is (a Host alone is not): no escape sequence in a GPU's name reaches the terminal
+    gpus = [g.rpartition(",") for g in have.get("gpus", "").split(";") if "," in g]
+
+    def host(listed: list[tuple[str, str, str]]) -> Host:
+        # checked as a recorded host is (a Host alone is not): no escape sequence in a GPU's name reaches the terminal;
+        # a capability that is no version (sm_70, [N/A]) is one not known
         return _HOST.validate_json(json.dumps({
             "driver": driver[1] if driver else "", "cuda": cuda[1] if cuda else "",
-            "gpus": [{"index": i, "name": name.strip(), "memory_bytes": 0, "capability": cap.strip()}
-                     for i, (name, _, cap) in enumerate(gpus)]}))
+            "gpus": [{"index": i, "name": name.strip(), "memory_bytes": 0,
+                      "capability": cap.strip() if re.fullmatch(r"\d{1,3}\.\d{1,3}", cap.strip()) else ""}
+                     for i, (name, _, cap) in enumerate(listed)]}))
+
+    try:
+        return host(gpus)
+    except ValidationError:  # its GPUs said in words no GPU has: the driver is still the driver (a 470 asked for
+        pass  # compute_cap, which it does not know, answers so on stdout; load.sh refuses a driver that old)
+    try:
+        return host([])
     except ValidationError:
         return None
 

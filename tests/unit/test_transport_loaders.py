@@ -1607,3 +1607,26 @@ def test_a_load_sh_interval_that_is_no_number_of_seconds_is_said_and_the_default
                        cwd=tmp_path)
     assert f"load.sh: LOAD_SH_EVERY={every} is not a whole number of seconds above 0: a line every 30 s" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "pwned").exists()
+
+
+def test_a_node_whose_old_driver_knows_no_compute_cap_is_still_warned_of_by_its_driver(tmp_path, settings, capsys):
+    """A driver before 510 (470 LTS) answers nvidia-smi's compute_cap query with 'Field "compute_cap" is not a valid
+    field to query.' on stdout: read as a GPU's words, which no GPU has, it discarded the node's whole reading, driver
+    included, and invoke ship and save --thin-for=ssh:// said nothing of a driver load.sh there refuses. The driver is
+    kept, the GPUs read as unknown."""
+    from dockyard.transport import ship
+    from dockyard.transport.remote import Remote
+
+    driver_set(tmp_path, settings, "cu132", "470.182.03", "11.4")
+    smi = {"smi": "| NVIDIA-SMI 470.182.03   Driver Version: 470.182.03   CUDA Version: 11.4 |",
+           "gpus": 'Field "compute_cap" is not a valid field to query.;'}
+    host = ship.node_host(smi)
+    assert host is not None and (host.driver, host.cuda) == ("470.182.03", "11.4"), host
+    capsys.readouterr()
+    try:
+        ship.check_node_runs(settings, Remote(host="node7", dir="/x"), cu132_set(settings), smi, load=False)
+    except DockyardError as e:
+        said = str(e)
+    else:
+        said = capsys.readouterr().err
+    assert "470.182.03" in said and "refuse" in said, said
