@@ -620,11 +620,15 @@ def ctrl_c_outside_classes_being_built():
     if before is not signal.default_int_handler or threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.signal(signal.SIGINT, raised_outside_a_class_being_built(signal.default_int_handler))
+    handler = raised_outside_a_class_being_built(signal.default_int_handler)
+    signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        try:
+            handler.flush()  # a Ctrl-C held back in the block's last moment: raised here, not lost
+        finally:
+            signal.signal(signal.SIGINT, before)
 
 
 def task_settings(c):

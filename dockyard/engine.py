@@ -211,11 +211,15 @@ def sigterm_as_interrupt(p: subprocess.Popen | None = None):
                 p.send_signal(signal.SIGTERM)  # `docker run` passes it to the container's init; torchrun to its workers
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    before = signal.signal(signal.SIGTERM, raised_outside_a_class_being_built(stop))
+    handler = raised_outside_a_class_being_built(stop)
+    before = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        try:
+            handler.flush()  # a SIGTERM held back in the block's last moment: raised here, before the one put back
+        finally:
+            signal.signal(signal.SIGTERM, before)
 
 
 class Interrupted(DockyardError):

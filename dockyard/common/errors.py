@@ -78,22 +78,47 @@ def in_set_name(frame: FrameType | None) -> bool:
     return False
 
 
-def raised_outside_a_class_being_built(handler: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+def raised_outside_a_class_being_built(handler: Callable[[int, Any], None]) -> Deferring:
     """Signal handler `handler`, whose exception never lands inside a class being built (in_set_name): there the
     signal is sent again a moment later (building a class takes microseconds), from a thread: os.kill of this process
-    from here would run this handler again at once, still inside."""
-    def handle(signum: int, frame: Any) -> None:
+    from here would run this handler again at once, still inside. Where it is put back, flush() first: a signal not yet
+    sent again is handled then, not lost with the process nor taken by the handler put back."""
+    return Deferring(handler)
+
+
+class Deferring:
+    """raised_outside_a_class_being_built's handler: `pending` the signal deferred and not yet sent again."""
+
+    def __init__(self, handler: Callable[[int, Any], None]):
+        self.handler, self.pending, self._lock = handler, 0, threading.Lock()
+
+    def __call__(self, signum: int, frame: Any) -> None:
         if in_set_name(frame):
-            again = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+            with self._lock:
+                self.pending = signum
+            again = threading.Timer(0.01, self._again)
             again.daemon = True
             try:
                 again.start()
                 return
             except RuntimeError:  # no thread to be had (a pid limit): raised here, wrapped, rather than lost
-                pass
-        handler(signum, frame)
+                with self._lock:
+                    self.pending = 0
+        self.handler(signum, frame)
 
-    return handle
+    def _again(self) -> None:
+        with self._lock:
+            signum, self.pending = self.pending, 0
+        if signum:
+            os.kill(os.getpid(), signum)
+
+    def flush(self) -> None:
+        """The signal deferred and not yet sent again, handled now (the block it was deferred in is ending: the task
+        ended within the moment, and the daemon thread would have died with the process)."""
+        with self._lock:
+            signum, self.pending = self.pending, 0
+        if signum:
+            self.handler(signum, None)
 
 
 @contextlib.contextmanager

@@ -117,6 +117,12 @@ def guarded(c):  # an import under an `except Exception` (an optional package's,
 
 
 @task
+def last(c):  # the class built as the task's last act: it ends within the moment the Ctrl-C is held back
+    class Locals:  # noqa: F841 - built for its field's __set_name__
+        buffer = Field()
+
+
+@task
 def plain(c):
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(20)
@@ -132,11 +138,38 @@ def test_a_ctrl_c_landing_while_a_class_is_built_ends_any_task_as_a_ctrl_c_does(
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     said = {name: subprocess.run([sys.executable, "-m", "invoke", "-c", "wrapped_tasks", name], cwd=tmp_path, env=env,
                                  capture_output=True, text=True, timeout=120, preexec_fn=as_from_a_terminal)
-            for name in ("plain", "wrapped", "guarded")}
-    for name in ("wrapped", "guarded"):
+            for name in ("plain", "wrapped", "guarded", "last")}
+    for name in ("wrapped", "guarded", "last"):  # last: ended 0, the Ctrl-C lost with the thread that held it back
         assert "Traceback" not in said[name].stderr, said[name].stderr[-2000:]
         assert (said[name].returncode, said[name].stderr) == (said["plain"].returncode, said["plain"].stderr), name
     assert said["plain"].returncode != 0
+
+
+HELD_BACK_AT_THE_END = LANDS_IN_A_CLASS.replace("{sig}", "SIGTERM") + '''
+import sys
+
+from dockyard.engine import sigterm_as_interrupt
+
+try:
+    with sigterm_as_interrupt():
+        class Locals:  # noqa: F841 - built for its field's __set_name__, the block's last act
+            buffer = Field()
+except KeyboardInterrupt as e:
+    print(f"interrupted ({e})")
+    sys.exit(143)
+print("went on")
+'''
+
+
+def test_a_sigterm_held_back_as_the_block_ends_is_raised_in_it_not_lost_nor_left_to_the_handler_put_back(tmp_path):
+    """A SIGTERM landing in a class the block builds last was held back 10 ms, from a thread: the block ended first and
+    the handler put back (the default: killed outright, a save's partial files left) took it, or the process ended and
+    the thread with it. It is raised as the block ends, for the task's clean-up."""
+    (tmp_path / "held_back.py").write_text(HELD_BACK_AT_THE_END)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    r = subprocess.run([sys.executable, "-m", "held_back"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert (r.returncode, r.stdout) == (143, "interrupted (SIGTERM)\n"), (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 SIGNALLED_TASKS = '''
