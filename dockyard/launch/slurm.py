@@ -292,9 +292,13 @@ _APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERE
 # sets, CUDA_VISIBLE_DEVICES of the task's GPUs among them), and pyxis gives the container the task's environment (the
 # image's own value of a variable winning). Named: PATH (where srun finds bash; the image's wins inside) and HOME, as
 # pyxis gave them; what the trainer needs (_PASSED), where set; the fabric's settings set in the job's environment; and
-# what pyxis, enroot and enroot's GPU hook read of it (PYXIS_*, ENROOT_*, NVIDIA_*: the GPUs a container is given).
-PYXIS_OWN = ("PYXIS", "ENROOT", "NVIDIA")
-_PYXIS_EXPORT = (f'passes=PATH,HOME; for v in ${_PASSED}; do if [[ -v $v ]]; then passes+=",$v"; fi; done; '
+# what pyxis, enroot and enroot's default hooks read of it (PYXIS_*, ENROOT_*, NVIDIA_*: the GPUs a container is given;
+# MELLANOX_*: its InfiniBand devices, none without it; XDG_*: enroot's runtime and data folders).
+PYXIS_OWN = ("PYXIS", "ENROOT", "NVIDIA", "MELLANOX", "XDG")
+# and these, where set: enroot's temporary folder (TMPDIR), who runs it (getpass in the container: USER, LOGNAME), TERM
+PYXIS_NAMES = ("TMPDIR", "USER", "LOGNAME", "TERM")
+_PYXIS_EXPORT = (f'passes=PATH,HOME; for v in ${_PASSED} {" ".join(PYXIS_NAMES)}; do if [[ -v $v ]]; then passes+=",$v"; '
+                 'fi; done; '
                  f'for v in {" ".join(f"${{!{p}_@}}" for p in (*node.FABRIC_PREFIXES, *PYXIS_OWN))}; do '
                  f'case $v in {"|".join(f"{p}_?*" for p in (*node.FABRIC_PREFIXES, *PYXIS_OWN))}) passes+=",$v" ;; '
                  'esac; done')

@@ -64,7 +64,9 @@ python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "rank"
   "accelerator": os.environ.get("DS_ACCELERATOR"), "pythonpath": os.environ.get("PYTHONPATH"),
   "fabric": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "FI_", "UCX_"))},
   "others": sorted(k for k in os.environ if k in ("LD_PRELOAD", "TORCH_NCCL_BLOCKING_WAIT", "MY_NCCL_X", "NCCL")),
-  "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}))' "$@" \
+  "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+  "enroot": {k: v for k, v in os.environ.items() if k in ("MELLANOX_VISIBLE_DEVICES", "XDG_RUNTIME_DIR", "TMPDIR")}}))' \
+  "$@" \
   >> "$LOG/torchrun"
 """
 
@@ -286,8 +288,15 @@ def test_the_fabrics_settings_of_the_job_reach_the_trainer_in_every_form_and_no_
     if runtime != "docker":
         image = tmp_path / f"dy{slurm.RUNTIMES[runtime]}"
         image.write_text("")
-        for n in _run(settings, tmp_path, runtime, str(image), env={**job, "PYTHONPATH": "/home/u/lib"})["torchrun"]:
+        # what pyxis hands enroot and its default hooks of the job's environment (pyxis: the task's, after --export):
+        # 99-mellanox.sh mounts no InfiniBand device without MELLANOX_VISIBLE_DEVICES, enroot's runtime folder is
+        # XDG_RUNTIME_DIR's, its temporary one TMPDIR's (the trainer's tempfile skips a folder it cannot write)
+        enroot = {"MELLANOX_VISIBLE_DEVICES": "all", "XDG_RUNTIME_DIR": "/run/user/1000", "TMPDIR": "/scratch/tmp"}
+        got = _run(settings, tmp_path, runtime, str(image), env={**job, **enroot, "PYTHONPATH": "/home/u/lib"})
+        for n in got["torchrun"]:
             assert n["fabric"] == FABRIC and n["others"] == [] and n["pythonpath"] is None, n
+            if runtime == "pyxis":
+                assert n["enroot"] == enroot, n
         return
     # the docker form: each node runs `invoke run --nodes ...` in the job's environment (the script's own line, above)
     from dockyard import engine
