@@ -398,6 +398,9 @@ def led_into(path: Path, inner: set[Path]) -> Path | None:
             continue
         step = now.parent if part == ".." else now / part
         if any(step.is_relative_to(w) for w in inner) or _identity(step) in known:
+            if parts[:1] == [".."] and not os.path.islink(step) and (step in inner or _identity(step) in known):
+                now = step  # the folder itself and out by `..`: its parent, which no container changes (runs/../jobs)
+                continue
             return step.joinpath(*parts)
         if part != ".." and os.path.islink(step) and hops < 40:  # past 40 (a loop): followed() says so
             hops += 1

@@ -582,6 +582,11 @@ def test_a_setting_whose_dotdot_follows_a_link_planted_in_a_folder_a_container_w
         with pytest.raises(DockyardError, match=f"is inside {re.escape(str(runs))} .*which every run's container can"):
             write()
     assert not (chosen / "jobs").exists() and not (tmp_path / "jobs").exists()
+    # out of the folder itself by `..` is its parent, which no container changes: taken (it was said to be inside runs)
+    beside = runs / ".." / "jobs"
+    slurm.write(s.model_copy(update={"jobs_dir": beside}), recipe="zero2", nodes=2, gpus_per_node=0, overrides=[],
+                variant="cpu")
+    assert [f.suffix for f in (tmp_path / "jobs" / "slurm").iterdir()] == [".sbatch"]
 
 
 def test_the_settings_a_resume_takes_again_are_read_as_untrusted(tmp_path):
