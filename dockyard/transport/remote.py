@@ -149,7 +149,8 @@ def sh_command(script: str) -> str:
     text = "".join(chr(b) if 32 <= b < 127 and chr(b) not in "\\!'\"$`" else f"\\0{b:03o}"
                    for b in script.encode(errors="surrogateescape"))
     # the x kept at the end: $(...) drops the newlines a script ends with
-    return "sh -c " + shlex.quote(f's=$(printf %b "{text}x") && eval "${{s%x}}"')
+    return "sh -c " + shlex.quote(f'_dockyard_script=$(printf %b "{text}x") && _dockyard_script=${{_dockyard_script%x}} '
+                                  '&& eval "$_dockyard_script"')
 
 
 def rpath(folder: str, name: str = "") -> str:
@@ -219,9 +220,11 @@ def node_state(settings: Settings, r: Remote, name: str) -> dict[str, str]:
 
 # the NVIDIA driver's header line and each GPU's name and compute capability, where nvidia-smi answers (smi=, gpus=:
 # what node_host reads)
+# (an nvidia-smi of a GPU fallen off the bus hangs for minutes: 20 s each, where coreutils' timeout is there)
 NVIDIA_SMI_SCRIPT = (
-    "s=$(nvidia-smi 2>/dev/null | grep -m 1 'Driver Version') && printf 'smi=%s\\n' \"$s\" && printf 'gpus=%s\\n' "
-    "\"$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | tr '\\n' ';')\"\n")
+    "t=; command -v timeout >/dev/null 2>&1 && t='timeout 20'; "
+    "s=$($t nvidia-smi 2>/dev/null | grep -m 1 'Driver Version') && printf 'smi=%s\\n' \"$s\" && printf 'gpus=%s\\n' "
+    "\"$($t nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | tr '\\n' ';')\"\n")
 
 
 def node_state_script(folder: str, name: str) -> str:

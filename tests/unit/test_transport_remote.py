@@ -77,6 +77,32 @@ def test_ssh_honours_the_users_ssh_and_its_options():
 LOGIN_SHELLS = ("sh", "bash", "dash", "zsh", "fish", "csh", "tcsh")  # .ci/run installs them
 
 
+@pytest.mark.parametrize("login_shell", ["sh", "tcsh"])
+def test_a_script_sent_through_its_escaped_form_starts_with_none_of_its_own_variables_set(login_shell):
+    """The escaped form (a script of several lines) held the script in `s`, which it then ran: a script reading `s`
+    before setting it (NVIDIA_SMI_SCRIPT sets one) read its own text."""
+    said = subprocess.run([login_shell, "-c", remote.sh_command('echo "[$s]"\necho done!')], capture_output=True,
+                          text=True, timeout=30)
+    assert said.stdout == "[]\ndone!\n", said
+
+
+def test_the_nodes_nvidia_smi_is_asked_under_a_time_limit(tmp_path):
+    """An nvidia-smi of a GPU fallen off the bus hangs for minutes: invoke ship's question of the node, and a thin
+    save's over ssh, waited on it without end. Each nvidia-smi the node runs is under coreutils' timeout (a stand-in
+    here records how it is called, and runs it)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "timeout").write_text('#!/bin/sh\necho "$*" >> "$LOG"\nshift\nexec "$@"\n')
+    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho '| Driver Version: 580.65.06   CUDA Version: 13.0 |'\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    log = tmp_path / "log"
+    r = subprocess.run(["sh", "-c", remote.NVIDIA_SMI_SCRIPT], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "LOG": str(log)})
+    assert "smi=| Driver Version: 580.65.06" in r.stdout, r
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["20", "20"], log.read_text()
+
+
 @pytest.mark.parametrize("login_shell", LOGIN_SHELLS)
 def test_what_runs_on_the_node_is_the_script_whatever_the_users_login_shell(login_shell, tmp_path):
     """sshd runs the command as `$SHELL -c COMMAND`. A tcsh user's node answered "Unmatched '''." to every script of
