@@ -273,10 +273,13 @@ _PASSED = "DOCKYARD_CONTAINER_PASSES"  # the names, exported by the script; what
 # pyxis, whose srun line is node 0's), and appended to $files as mounts of the runtime's list, ",SRC:DST:ro" each: the
 # container sees each at the path the variable names, read-only, where NCCL opens it.
 _FABRIC_FILES = "files=; " + "; ".join(  # (set but empty: a file NCCL fails without is refused as no file)
-    f'if [[ {f"-v {n}" if fails else f"-n ${{{n}:-}}"} ]]; then if [[ ${n} != /* || ${n} == *[,:]* || ! -f ${n} ]]; then '
-    f"printf 'dockyard: {n}=%s: no such file on %s (an absolute path, without , or :), and NCCL in the container "
-    f"{without}: give the {what} of the node by its absolute path, or unset {n}\\n' "
-    f'"${n}" "$(hostname)" >&2; exit 2; fi; files+=",${n}:${n}:ro"; fi'
+    f'if [[ {f"-v {n}" if fails else f"-n ${{{n}:-}}"} ]]; then why=; if [[ -z ${n} ]]; then why="set but empty"; '
+    f'elif [[ ${n} != /* ]]; then why="not an absolute path"; '
+    f'elif [[ ${n} == *[,:]* ]]; then why="a path holding , or : (the mount list splits on them)"; '
+    f'elif [[ ! -f ${n} ]]; then why="no such file on $(hostname)"; fi; if [[ -n $why ]]; then '
+    f"printf 'dockyard: {n}=%s: %s, and NCCL in the container {without}: give the {what} of the node by its absolute "
+    f"path, or unset {n}\\n' "
+    f'"${n}" "$why" >&2; exit 2; fi; files+=",${n}:${n}:ro"; fi'
     for n, (what, without, fails) in node.FABRIC_FILES.items())
 _APPTAINER_PASSES = (f'for v in ${_PASSED}; do [[ -v $v ]] && export "APPTAINERENV_$v=${{!v}}"; done; '
                      # (${!P@}: the names of the node's variables that start with P, each a shell variable's, so the

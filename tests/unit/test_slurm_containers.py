@@ -356,13 +356,14 @@ def test_the_nccl_topology_file_of_the_job_is_mounted_where_it_names_or_the_job_
     else:
         calls = got["apptainer"].splitlines()
         assert len(calls) == 2 and all(c.split()[:3] == ["exec", "--bind", f"{topo}:{topo}:ro"] for c in calls), calls
-    for given in (str(tmp_path / "missing.xml"), str(tmp_path), "topo.xml", f"{topo},x"):
+    for given, why in ((str(tmp_path / "missing.xml"), "no such file on "), (str(tmp_path), "no such file on "),
+                       ("topo.xml", "not an absolute path,"), (f"{topo},x", "a path holding , or :")):
         shutil.rmtree(tmp_path / "bin")
         shutil.rmtree(tmp_path / "log")
         failed = _run(settings, tmp_path, runtime, str(image), env={name: given}, check=False)
         said = failed["stderr"].strip().splitlines()
         assert failed["returncode"] == 2 and len(said) == 1, failed
-        assert said[0].startswith(f"dockyard: {name}={given}: no such file on ") and f"unset {name}" in said[0]
+        assert said[0].startswith(f"dockyard: {name}={given}: {why}") and f"unset {name}" in said[0], said
         assert not (tmp_path / "log" / "torchrun").exists()
     # set but empty: NCCL opens "", which fails it for the graph file (the job stops), and is warned of for the
     # topology file (the job runs, as before)
@@ -371,7 +372,7 @@ def test_the_nccl_topology_file_of_the_job_is_mounted_where_it_names_or_the_job_
     if name == "NCCL_GRAPH_FILE":
         empty = _run(settings, tmp_path, runtime, str(image), env={name: ""}, check=False)
         said = empty["stderr"].strip().splitlines()
-        assert empty["returncode"] == 2 and said[0].startswith(f"dockyard: {name}=: no such file on "), empty
+        assert empty["returncode"] == 2 and said[0].startswith(f"dockyard: {name}=: set but empty, "), empty
         assert not (tmp_path / "log" / "torchrun").exists()
     else:
         empty = _run(settings, tmp_path, runtime, str(image), env={name: ""})
