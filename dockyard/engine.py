@@ -149,14 +149,18 @@ def run(
             tail = err.strip().splitlines()[-console.TAIL_LINES:]
         else:
             tail_lines: collections.deque[str] = collections.deque(maxlen=console.TAIL_LINES)
-            p = subprocess.Popen(
-                argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                stdin=subprocess.PIPE if input is not None else None,
-            )
-            if input is not None:
-                p.stdin.write(input)
-                p.stdin.close()
-            with sigterm_as_interrupt(p):
+            started: list[subprocess.Popen] = []
+            # the SIGTERM handler before the command starts: one between the two killed this process outright, the
+            # command (a training container) left running
+            with sigterm_as_interrupt(started):
+                p = subprocess.Popen(
+                    argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    stdin=subprocess.PIPE if input is not None else None,
+                )
+                started.append(p)
+                if input is not None:
+                    p.stdin.write(input)
+                    p.stdin.close()
                 # universal newlines: a \r ends a frame, read as it comes (read by \n, a redrawn line waited for the end)
                 frames = io.TextIOWrapper(p.stdout, errors="replace", newline=None) if progress else None
                 for raw in frames or p.stdout:
@@ -193,20 +197,20 @@ def run(
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt(p: subprocess.Popen | None = None):
+def sigterm_as_interrupt(commands: list[subprocess.Popen] | None = None):
     """SIGTERM (systemd, a CI job's end, `kill`) while the block runs is raised as KeyboardInterrupt("SIGTERM"), so
     that the task's own clean-up for Ctrl-C runs for both (interrupt_status gives each its exit status); main thread
-    only. A command `p` the block runs is sent the SIGTERM first: Ctrl-C reaches the whole process group, SIGTERM
-    reached this process alone, which died and left the command running (a training container went on, holding the
-    name its resume needs). Never raised inside a class being built (raised_outside_a_class_being_built): Python 3.11
-    raised it there wrapped in a RuntimeError, a traceback and status 1 (cli.ctrl_c_outside_classes_being_built, for
-    Ctrl-C)."""
+    only. The commands the block runs (`commands`, filled as it starts them) are sent the SIGTERM first: Ctrl-C
+    reaches the whole process group, SIGTERM reached this process alone, which died and left the command running (a
+    training container went on, holding the name its resume needs). Never raised inside a class being built
+    (raised_outside_a_class_being_built): Python 3.11 raised it there wrapped in a RuntimeError, a traceback and
+    status 1 (cli.ctrl_c_outside_classes_being_built, for Ctrl-C)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum, _frame):
-        if p is not None:
+        for p in commands or ():
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)  # `docker run` passes it to the container's init; torchrun to its workers
         raise KeyboardInterrupt(signal.Signals(signum).name)
