@@ -569,7 +569,9 @@ def checked(fn):
                 done = fn(c, *args, **kwargs)
         except DockyardError as e:
             if (status := interrupted_commands()) and e.exit_code not in INTERRUPT_STATUSES:
-                interrupted(status)  # a command's interrupt, taken for a check's failure (doctor's "1 check(s) failed")
+                # a command's interrupt, taken for a check's failure (doctor's "1 check(s) failed"): the status of the
+                # interrupt, and what the task said (a load's roll-back of its tags)
+                interrupted(status, str(e))
             print(f"error: {shown(str(e))}", file=sys.stderr)
             forget_caught_interrupt()
             raise Exit(code=e.exit_code) from None
@@ -594,9 +596,11 @@ def checked(fn):
 INTERRUPT_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 
 
-def interrupted(status: int) -> typing.NoReturn:
-    """End the task as a signal interrupted it: one line, and the signal's status (130 for Ctrl-C, 143 for SIGTERM)."""
-    print(f"error: interrupted ({signal.Signals(status - 128).name})", file=sys.stderr)
+def interrupted(status: int, said: str = "") -> typing.NoReturn:
+    """End the task as a signal interrupted it: one line (with what the task `said` of it), and the signal's status
+    (130 for Ctrl-C, 143 for SIGTERM)."""
+    print(f"error: interrupted ({signal.Signals(status - 128).name})" + (f": {shown(said)}" if said else ""),
+          file=sys.stderr)
     forget_caught_interrupt()
     raise Exit(code=status) from None
 

@@ -90,7 +90,7 @@ def load(settings: Settings, file: str, any_driver: bool = False) -> list[tuple[
                 loaded = check_loaded(settings, paths, manifest, store, load_argv, output)
         except DockyardError as e:
             undone = roll_back(settings, before, touched)
-            raise DockyardError(f"{e}{undone}") from None
+            raise DockyardError(f"{e}{undone}", exit_code=e.exit_code) from None  # (an interrupted command's 130)
         except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: ended Invoke with status 1 and not a word, the tags not undone
             undone = roll_back(settings, before, touched)
             raise DockyardError(f"loading {paths.archive.name}: interrupted ({str(e) or 'SIGINT'}); nothing was "
