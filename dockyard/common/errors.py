@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import re
+import signal
 import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -90,7 +91,8 @@ class Deferring:
     """raised_outside_a_class_being_built's handler: `pending` the signal deferred and not yet sent again."""
 
     def __init__(self, handler: Callable[[int, Any], None]):
-        self.handler, self.pending, self._lock = handler, 0, threading.Lock()
+        # (re-entrant: a second signal's handler may run in the main thread while it holds the lock)
+        self.handler, self.pending, self._lock = handler, 0, threading.RLock()
 
     def __call__(self, signum: int, frame: Any) -> None:
         if in_set_name(frame):
@@ -107,18 +109,21 @@ class Deferring:
         self.handler(signum, frame)
 
     def _again(self) -> None:
-        with self._lock:
-            signum, self.pending = self.pending, 0
-        if signum:
-            os.kill(os.getpid(), signum)
+        with self._lock:  # sent while held: flush() then finds it pending, or sent
+            if self.pending:
+                os.kill(os.getpid(), self.pending)
+                self.pending = 0
 
     def flush(self) -> None:
         """The signal deferred and not yet sent again, handled now (the block it was deferred in is ending: the task
-        ended within the moment, and the daemon thread would have died with the process)."""
+        ended within the moment, and the daemon thread would have died with the process); one sent again and not yet
+        handled is handled here too, before the handler is put back (pthread_sigmask runs the handlers due)."""
         with self._lock:
             signum, self.pending = self.pending, 0
         if signum:
             self.handler(signum, None)
+        elif threading.current_thread() is threading.main_thread():
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 @contextlib.contextmanager
