@@ -220,9 +220,10 @@ def node_state(settings: Settings, r: Remote, name: str) -> dict[str, str]:
 
 # the NVIDIA driver's header line and each GPU's name and compute capability, where nvidia-smi answers (smi=, gpus=:
 # what node_host reads)
-# (an nvidia-smi of a GPU fallen off the bus hangs for minutes: 20 s each, where coreutils' timeout is there)
+# (an nvidia-smi of a GPU fallen off the bus hangs for minutes: 20 s each, where a timeout that takes `timeout 20 CMD`
+# is there: coreutils', a busybox's since 1.30; an older busybox's wants -t, and fails at once)
 NVIDIA_SMI_SCRIPT = (
-    "t=; command -v timeout >/dev/null 2>&1 && t='timeout 20'; "
+    "t=; timeout 20 true >/dev/null 2>&1 && t='timeout 20'; "
     "s=$($t nvidia-smi 2>/dev/null | grep -m 1 'Driver Version') && printf 'smi=%s\\n' \"$s\" && printf 'gpus=%s\\n' "
     "\"$($t nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | tr '\\n' ';')\"\n")
 
