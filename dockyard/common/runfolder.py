@@ -397,8 +397,9 @@ def led_into(path: Path, inner: set[Path]) -> Path | None:
         if part in ("", "."):
             continue
         step = now.parent if part == ".." else now / part
-        if any(step.is_relative_to(w) for w in inner) or _identity(step) in known:
-            if parts[:1] == [".."] and not os.path.islink(step) and (step in inner or _identity(step) in known):
+        same = _identity(step) in known  # (its device and inode: the folder itself, under another mount point)
+        if same or any(step.is_relative_to(w) for w in inner):
+            if parts[:1] == [".."] and not os.path.islink(step) and (same or step in inner):
                 now = step  # the folder itself and out by `..`: its parent, which no container changes (runs/../jobs)
                 continue
             return step.joinpath(*parts)

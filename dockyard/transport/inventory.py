@@ -276,8 +276,7 @@ def held_as_saved(images: list[dict], target: dict) -> list[str] | None:
         if isinstance(img, dict) and isinstance(img.get("id"), str):
             tags = img.get("tags") if isinstance(img.get("tags"), list) else []
             there.update({name: img["id"] for name in [img["id"], *tags] if isinstance(name, str)})
-    saved = [(name, img.get("id")) for img in images for name in img.get("tags") or [img.get("id")]]
-    return [name for name, image_id in saved if name and there.get(name) == image_id]
+    return [name for name, img in names(images) if there.get(name) == img["id"]]
 
 
 def loaded_as_saved(meta: dict | None, img: dict, store: str) -> str:
